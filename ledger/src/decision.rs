@@ -1,0 +1,623 @@
+//! Decision records: what an agent (or the gate in front of its tool calls) appends.
+//!
+//! The wire form is one JSON object per decision (SPEC section 3). Unknown fields are an
+//! error. Raw call arguments never enter the ledger: [`Decision::seal_args`] replaces
+//! `args` by `args_digest`, BLAKE3 over the canonical JSON of the arguments.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::DecisionError;
+
+/// Longest `args_preview` the ledger stores, in bytes.
+pub const MAX_PREVIEW_BYTES: usize = 256;
+/// Longest text field (run, tool, operation, goal, note, ...) the ledger stores, in bytes.
+pub const MAX_TEXT_BYTES: usize = 1024;
+/// Longest canonical plaintext of one decision, in bytes.
+pub const MAX_DECISION_BYTES: usize = 16 * 1024;
+
+/// What a decision record is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A run begins: its goal and budget.
+    Start,
+    /// The gate allowed a call.
+    Allow,
+    /// The gate refused a call.
+    Deny,
+    /// What happened to an allowed call.
+    Outcome,
+    /// Attempt slots or reserved cents given back.
+    Refund,
+    /// A human approved going beyond the budget.
+    Override,
+    /// The run ended.
+    Stop,
+}
+
+impl Kind {
+    /// The kind's name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Start => "start",
+            Kind::Allow => "allow",
+            Kind::Deny => "deny",
+            Kind::Outcome => "outcome",
+            Kind::Refund => "refund",
+            Kind::Override => "override",
+            Kind::Stop => "stop",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a caller must do when it meets a reason code (SPEC section 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Stop this run: retrying cannot succeed within its budget.
+    Stop,
+    /// Back off and retry later (after `retry_after_ms` where given).
+    Backoff,
+    /// Ask a human: only an override (or a human check of remote state) can unblock it.
+    AskHuman,
+    /// The run finished its task.
+    Done,
+}
+
+macro_rules! reasons {
+    ($( $(#[$doc:meta])* $variant:ident = $name:literal => $action:ident, )*) => {
+        /// A typed reason code (SPEC section 4).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum Reason {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl Reason {
+            /// Every reason code, in SPEC order.
+            pub const ALL: &'static [Reason] = &[$(Reason::$variant,)*];
+
+            /// The code as it appears in JSON.
+            pub fn as_str(self) -> &'static str {
+                match self { $( Reason::$variant => $name, )* }
+            }
+
+            /// What the caller must do: stop, back off, or ask a human.
+            pub fn action(self) -> Action {
+                match self { $( Reason::$variant => Action::$action, )* }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// The run used all its attempts.
+    AttemptsExhausted = "attempts_exhausted" => Stop,
+    /// The run's spend limit is reached.
+    BudgetExceeded = "budget_exceeded" => Stop,
+    /// The call needs more cents than remain to reserve; an override can grant them.
+    ReservationInsufficient = "reservation_insufficient" => AskHuman,
+    /// The run's deadline has passed.
+    RunDeadlineExhausted = "run_deadline_exhausted" => Stop,
+    /// The gate's own rate limit: retry later.
+    RateLimitExceeded = "rate_limit_exceeded" => Backoff,
+    /// The upstream asked us to back off (429/503 with Retry-After).
+    UpstreamBackoff = "upstream_backoff" => Backoff,
+    /// The same call was repeated: a loop.
+    LoopRepeatedCall = "loop_repeated_call" => Stop,
+    /// The run polled a remote operation more often than allowed.
+    PollAllowanceExhausted = "poll_allowance_exhausted" => Stop,
+    /// Agent-calls-agent chain went too deep.
+    ChainDepthExceeded = "chain_depth_exceeded" => Stop,
+    /// Too many side-effecting calls; a human may allow more.
+    SideEffectLimitExceeded = "side_effect_limit_exceeded" => AskHuman,
+    /// The tool's circuit breaker is open: retry after it half-opens.
+    CircuitOpen = "circuit_open" => Backoff,
+    /// Policy blocks this tool; an override can grant it.
+    ToolBlocked = "tool_blocked" => AskHuman,
+    /// The call is outside the run's scope.
+    ScopeViolation = "scope_violation" => Stop,
+    /// The call needs a human's approval first.
+    ApprovalRequired = "approval_required" => AskHuman,
+    /// The approval that would allow this call has expired.
+    ApprovalExpired = "approval_expired" => AskHuman,
+    /// The call differs from what was approved.
+    ApprovalMismatch = "approval_mismatch" => AskHuman,
+    /// A non-idempotent write's outcome is unknown: a human must check before any retry.
+    OutcomeUnknownNonIdempotent = "outcome_unknown_non_idempotent" => AskHuman,
+    /// An operator killed the run.
+    KilledByOperator = "killed_by_operator" => Stop,
+    /// The run completed its task (stop only).
+    Completed = "completed" => Done,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The side-effect class of a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// No side effect.
+    Read,
+    /// Repeating it is harmless.
+    IdempotentWrite,
+    /// Repeating it does the thing twice.
+    NonIdempotentWrite,
+}
+
+/// What happened to an allowed call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Succeeded.
+    Ok,
+    /// Failed with an error response.
+    Error,
+    /// No response in time.
+    Timeout,
+    /// Accepted; the remote work is still running.
+    Running,
+    /// Unknown: the response was lost.
+    Unknown,
+}
+
+/// How the call reaches its destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    /// An HTTP request.
+    Http,
+    /// A command over SSH.
+    Ssh,
+    /// A local tool.
+    Tool,
+    /// A model call.
+    Model,
+}
+
+/// A run's allocation, given at `start`. Every dimension is optional.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// External attempts allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u64>,
+    /// Run deadline, ms after start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Spend allowed, in cents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spend_cents: Option<u64>,
+    /// Side-effecting calls allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_effects: Option<u64>,
+    /// Status polls allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub polls: Option<u64>,
+    /// Deepest agent chain allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u64>,
+}
+
+/// What an override approved beyond the budget.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scope {
+    /// Extra attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u64>,
+    /// Extra cents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cents: Option<u64>,
+    /// A tool otherwise blocked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The operation the approval is for, if it is that narrow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+}
+
+/// One dimension's use at decision time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limit {
+    /// Used so far.
+    pub used: u64,
+    /// The limit.
+    pub limit: u64,
+}
+
+/// One decision of the budget gate (SPEC section 3).
+///
+/// Deserialize it from the agent's JSON, then [`Decision::validate`] and
+/// [`Decision::seal_args`] (the ledger's append does both). What the ledger stores is the
+/// canonical JSON of the sealed decision: no raw `args`, only `args_digest`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    /// The agent run this belongs to.
+    #[serde(default)]
+    pub run: String,
+    /// What the record is about.
+    pub kind: Option<Kind>,
+    /// Which worker/process wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// The writer's monotonic elapsed ms since run start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
+    /// The task (start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<String>,
+    /// The allocation (start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    /// Tool name (allow, deny).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The logical operation, e.g. `export.status:ea91` (allow, deny).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    /// Raw call arguments: input only, never stored (replaced by `args_digest`).
+    #[serde(default, skip_serializing)]
+    pub args: Option<Value>,
+    /// BLAKE3 of the canonical JSON of `args`, lowercase hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args_digest: Option<String>,
+    /// A bounded, caller-chosen preview of the arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args_preview: Option<String>,
+    /// Side-effect class (allow, deny).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<Effect>,
+    /// The caller's idempotency key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Destination class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// How the call travels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<Channel>,
+    /// Agent chain depth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u64>,
+    /// Parent run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Typed reason code (required for deny and stop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    /// The run's external attempt number this record is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u64>,
+    /// Spend reserved before the call (allow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve_cents: Option<u64>,
+    /// Outcome status (required for outcome).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    /// Actual spend (outcome).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_cents: Option<u64>,
+    /// Remote operation id (outcome).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_ref: Option<String>,
+    /// Last observed remote state (outcome).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<String>,
+    /// Upstream Retry-After, ms (outcome).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// The attempt refunded (required for refund).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of: Option<u64>,
+    /// Attempt slots returned (refund).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u64>,
+    /// Reserved cents released (refund).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cents: Option<u64>,
+    /// Who approved (override).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approver: Option<String>,
+    /// What was approved (override).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    /// Digest of exactly what was approved (override), lowercase hex BLAKE3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// When the approval expires, in the run's `at_ms` time (override).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+    /// Free text (override).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Snapshot of `{dimension: {used, limit}}` at decision time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<BTreeMap<String, Limit>>,
+}
+
+const ALL: &[Kind] = &[
+    Kind::Start,
+    Kind::Allow,
+    Kind::Deny,
+    Kind::Outcome,
+    Kind::Refund,
+    Kind::Override,
+    Kind::Stop,
+];
+const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
+
+/// The dimensions a `limits` snapshot may name.
+pub const LIMIT_DIMENSIONS: &[&str] = &[
+    "attempts",
+    "deadline_ms",
+    "spend_cents",
+    "side_effects",
+    "polls",
+    "depth",
+    "rate",
+];
+
+impl Decision {
+    /// Parse one decision from JSON text, strictly (unknown fields, wrong types and
+    /// trailing data are errors).
+    pub fn from_json(text: &str) -> Result<Decision, DecisionError> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let d = Decision::deserialize(&mut de).map_err(|e| DecisionError::Json {
+            message: e.to_string(),
+        })?;
+        de.end().map_err(|e| DecisionError::Json {
+            message: e.to_string(),
+        })?;
+        Ok(d)
+    }
+
+    /// The record's kind. Validated decisions always have one.
+    pub fn kind(&self) -> Kind {
+        self.kind.unwrap_or(Kind::Start)
+    }
+
+    /// Check the decision against SPEC section 3: required fields per kind, fields only
+    /// on the kinds they belong to, bounded text, well-formed digests.
+    pub fn validate(&self) -> Result<(), DecisionError> {
+        let kind = self.kind.ok_or(DecisionError::Missing { field: "kind" })?;
+        if self.run.is_empty() {
+            return Err(DecisionError::Missing { field: "run" });
+        }
+        let texts: [(&'static str, Option<&str>); 15] = [
+            ("run", Some(self.run.as_str())),
+            ("worker", self.worker.as_deref()),
+            ("goal", self.goal.as_deref()),
+            ("tool", self.tool.as_deref()),
+            ("operation", self.operation.as_deref()),
+            ("idempotency_key", self.idempotency_key.as_deref()),
+            ("target", self.target.as_deref()),
+            ("parent", self.parent.as_deref()),
+            ("remote_ref", self.remote_ref.as_deref()),
+            ("observed", self.observed.as_deref()),
+            ("approver", self.approver.as_deref()),
+            ("note", self.note.as_deref()),
+            (
+                "scope.tool",
+                self.scope.as_ref().and_then(|s| s.tool.as_deref()),
+            ),
+            (
+                "scope.operation",
+                self.scope.as_ref().and_then(|s| s.operation.as_deref()),
+            ),
+            ("digest", self.digest.as_deref()),
+        ];
+        for (field, value) in texts {
+            if let Some(v) = value {
+                if v.len() > MAX_TEXT_BYTES {
+                    return Err(DecisionError::TooLong {
+                        field,
+                        len: v.len(),
+                        max: MAX_TEXT_BYTES,
+                    });
+                }
+            }
+        }
+        if let Some(p) = &self.args_preview {
+            if p.len() > MAX_PREVIEW_BYTES {
+                return Err(DecisionError::TooLong {
+                    field: "args_preview",
+                    len: p.len(),
+                    max: MAX_PREVIEW_BYTES,
+                });
+            }
+        }
+        let present: [(&'static str, bool, &[Kind]); 31] = [
+            ("worker", self.worker.is_some(), ALL),
+            ("at_ms", self.at_ms.is_some(), ALL),
+            ("goal", self.goal.is_some(), &[Kind::Start]),
+            ("budget", self.budget.is_some(), &[Kind::Start]),
+            ("tool", self.tool.is_some(), CALL),
+            ("operation", self.operation.is_some(), CALL),
+            ("args", self.args.is_some(), CALL),
+            ("args_digest", self.args_digest.is_some(), CALL),
+            ("args_preview", self.args_preview.is_some(), CALL),
+            ("effect", self.effect.is_some(), CALL),
+            ("idempotency_key", self.idempotency_key.is_some(), CALL),
+            ("target", self.target.is_some(), CALL),
+            ("channel", self.channel.is_some(), CALL),
+            ("depth", self.depth.is_some(), CALL),
+            ("parent", self.parent.is_some(), &[Kind::Start, Kind::Allow, Kind::Deny]),
+            ("reason", self.reason.is_some(), ALL),
+            ("attempt", self.attempt.is_some(), &[Kind::Allow, Kind::Deny, Kind::Outcome]),
+            ("reserve_cents", self.reserve_cents.is_some(), &[Kind::Allow]),
+            ("status", self.status.is_some(), &[Kind::Outcome]),
+            ("settled_cents", self.settled_cents.is_some(), &[Kind::Outcome]),
+            ("remote_ref", self.remote_ref.is_some(), &[Kind::Outcome]),
+            ("observed", self.observed.is_some(), &[Kind::Outcome]),
+            ("retry_after_ms", self.retry_after_ms.is_some(), &[Kind::Outcome, Kind::Deny]),
+            ("of", self.of.is_some(), &[Kind::Refund]),
+            ("slots", self.slots.is_some(), &[Kind::Refund]),
+            ("cents", self.cents.is_some(), &[Kind::Refund]),
+            ("approver", self.approver.is_some(), &[Kind::Override]),
+            ("scope", self.scope.is_some(), &[Kind::Override]),
+            ("digest", self.digest.is_some(), &[Kind::Override]),
+            ("expires_ms", self.expires_ms.is_some(), &[Kind::Override]),
+            ("limits", self.limits.is_some(), &[Kind::Allow, Kind::Deny, Kind::Stop]),
+        ];
+        for (field, is_present, kinds) in present {
+            if is_present && !kinds.contains(&kind) {
+                return Err(DecisionError::NotAllowed { field, kind });
+            }
+        }
+        if self.note.is_some() && !matches!(kind, Kind::Override | Kind::Stop) {
+            return Err(DecisionError::NotAllowed {
+                field: "note",
+                kind,
+            });
+        }
+        match kind {
+            Kind::Deny | Kind::Stop if self.reason.is_none() => {
+                return Err(DecisionError::Missing { field: "reason" })
+            }
+            Kind::Outcome if self.status.is_none() => {
+                return Err(DecisionError::Missing { field: "status" })
+            }
+            Kind::Refund if self.of.is_none() => {
+                return Err(DecisionError::Missing { field: "of" })
+            }
+            _ => {}
+        }
+        if self.reason == Some(Reason::Completed) && kind != Kind::Stop {
+            return Err(DecisionError::Invalid {
+                field: "reason",
+                why: "`completed` is for stop records only",
+            });
+        }
+        for (field, digest) in [
+            ("args_digest", self.args_digest.as_deref()),
+            ("digest", self.digest.as_deref()),
+        ] {
+            if let Some(d) = digest {
+                if !is_digest_hex(d) {
+                    return Err(DecisionError::Invalid {
+                        field,
+                        why: "must be 64 lowercase hex characters (a BLAKE3 digest)",
+                    });
+                }
+            }
+        }
+        if let (Some(args), Some(given)) = (&self.args, &self.args_digest) {
+            if &args_digest(args) != given {
+                return Err(DecisionError::Invalid {
+                    field: "args_digest",
+                    why: "does not match the BLAKE3 digest of canonical `args`",
+                });
+            }
+        }
+        if let Some(limits) = &self.limits {
+            for name in limits.keys() {
+                if !LIMIT_DIMENSIONS.contains(&name.as_str()) {
+                    return Err(DecisionError::Invalid {
+                        field: "limits",
+                        why: "unknown dimension (known: attempts, deadline_ms, spend_cents, side_effects, polls, depth, rate)",
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Replace raw `args` by their digest. Raw arguments never reach the store.
+    pub fn seal_args(&mut self) {
+        if let Some(args) = self.args.take() {
+            self.args_digest = Some(args_digest(&args));
+        }
+    }
+
+    /// The canonical stored JSON of a validated, sealed decision (fixed field order,
+    /// no whitespace). The verifier re-encodes what it decrypts and rejects any record
+    /// whose plaintext is not exactly this form.
+    pub fn to_canonical_json(&self) -> Vec<u8> {
+        debug_assert!(self.args.is_none(), "seal_args before storing");
+        // Serializing a struct of strings, integers and enums cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Parse a stored plaintext strictly: it must be a valid decision in exactly its
+    /// canonical form, with no raw `args`.
+    pub fn from_stored(bytes: &[u8]) -> Result<Decision, DecisionError> {
+        let text = std::str::from_utf8(bytes).map_err(|_| DecisionError::Json {
+            message: "stored decision is not UTF-8".into(),
+        })?;
+        let d = Decision::from_json(text)?;
+        if d.args.is_some() {
+            return Err(DecisionError::Invalid {
+                field: "args",
+                why: "raw arguments must never be stored",
+            });
+        }
+        d.validate()?;
+        if d.to_canonical_json() != bytes {
+            return Err(DecisionError::NotCanonical);
+        }
+        Ok(d)
+    }
+}
+
+fn is_digest_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// BLAKE3 over the canonical JSON of `args`, lowercase hex (SPEC section 3).
+pub fn args_digest(args: &Value) -> String {
+    let mut buf = Vec::with_capacity(128);
+    canonical_json(args, &mut buf);
+    blake3::hash(&buf).to_hex().to_string()
+}
+
+/// Canonical JSON: object keys sorted by their UTF-8 bytes, no insignificant whitespace,
+/// strings and numbers as serde_json writes them. Does not depend on serde_json's map order.
+pub fn canonical_json(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push(b'{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                // Writing a string to a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut *out, k);
+                out.push(b':');
+                canonical_json(&map[k.as_str()], out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical_json(v, out);
+            }
+            out.push(b']');
+        }
+        scalar => {
+            let _ = serde_json::to_writer(&mut *out, scalar);
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Typed errors. Each names what was wrong and where.
+
+use std::path::PathBuf;
+
+use crate::decision::Kind;
+
+/// A decision that the ledger refuses (SPEC section 3). Nothing is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecisionError {
+    /// Not valid JSON, an unknown field, or a field of the wrong type.
+    #[error("invalid decision JSON: {message}")]
+    Json {
+        /// serde_json's description, with line and column.
+        message: String,
+    },
+    /// A required field is absent.
+    #[error("missing required field `{field}`")]
+    Missing {
+        /// The field.
+        field: &'static str,
+    },
+    /// A field given on a kind it does not belong to.
+    #[error("field `{field}` is not allowed on a `{kind}` decision")]
+    NotAllowed {
+        /// The field.
+        field: &'static str,
+        /// The decision's kind.
+        kind: Kind,
+    },
+    /// A text field over its bound.
+    #[error("field `{field}` is {len} bytes; at most {max} are stored")]
+    TooLong {
+        /// The field.
+        field: &'static str,
+        /// Its length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A field whose value is malformed.
+    #[error("field `{field}`: {why}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A stored decision that is valid but not in its one canonical encoding.
+    #[error("stored decision is not in canonical form")]
+    NotCanonical,
+}
+
+/// A malformed entry, checkpoint, key or export (strict decoding).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FormatError {
+    /// Fewer bytes than the structure needs.
+    #[error("truncated: {what} needs {need} bytes, {have} present")]
+    Truncated {
+        /// What was being read.
+        what: &'static str,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// Bytes after the end of the structure.
+    #[error("{count} trailing bytes after {what}")]
+    TrailingBytes {
+        /// What was read.
+        what: &'static str,
+        /// How many bytes were left over.
+        count: usize,
+    },
+    /// A version this build does not read.
+    #[error("unknown {what} version {version}")]
+    UnknownVersion {
+        /// What carries the version.
+        what: &'static str,
+        /// The version found.
+        version: u32,
+    },
+    /// An entry type this build does not know.
+    #[error("unknown entry type {0}")]
+    UnknownEntryType(u8),
+    /// A field whose value breaks the format's rules.
+    #[error("{what}: {why}")]
+    Invalid {
+        /// The structure or field.
+        what: &'static str,
+        /// The rule broken.
+        why: String,
+    },
+}
+
+impl FormatError {
+    pub(crate) fn invalid(what: &'static str, why: impl Into<String>) -> FormatError {
+        FormatError::Invalid {
+            what,
+            why: why.into(),
+        }
+    }
+}
+
+/// Cryptographic failure: a signature or ciphertext that does not verify.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CryptoError {
+    /// The signature does not verify under the expected key.
+    #[error("bad signature on {what}")]
+    BadSignature {
+        /// What was signed.
+        what: &'static str,
+    },
+    /// The key id on a signature is not the expected key's.
+    #[error("{what} is signed by key {found}, expected key {expected}")]
+    WrongKey {
+        /// What was signed.
+        what: &'static str,
+        /// The expected key id (hex).
+        expected: String,
+        /// The key id found (hex).
+        found: String,
+    },
+    /// A ciphertext that does not authenticate (wrong key, or modified).
+    #[error("record does not decrypt (wrong auditor key, or modified ciphertext or header)")]
+    Decrypt,
+    /// A key that is not a valid point or scalar.
+    #[error("invalid key: {0}")]
+    InvalidKey(&'static str),
+}
+
+/// Any error of the ledger library.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The decision was refused; nothing was written.
+    #[error(transparent)]
+    Decision(#[from] DecisionError),
+    /// Decision number `index` of a batch was refused; nothing of the batch was written.
+    #[error("decision {index} of the batch: {source}")]
+    InBatch {
+        /// 0-based position in the batch.
+        index: usize,
+        /// Why it was refused.
+        source: DecisionError,
+    },
+    /// Malformed bytes.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// A signature or ciphertext failed.
+    #[error(transparent)]
+    Crypto(#[from] CryptoError),
+    /// A file system operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file involved.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The embedded store failed.
+    #[error("store: {0}")]
+    Store(String),
+    /// A key file has permissions that let others read it.
+    #[error("{path}: key file is readable by others (mode {mode:o}); run `chmod 600 {path}`")]
+    KeyPermissions {
+        /// The key file.
+        path: PathBuf,
+        /// Its mode.
+        mode: u32,
+    },
+    /// The directory already holds a ledger.
+    #[error("{0}: a ledger already exists here")]
+    AlreadyExists(PathBuf),
+    /// The directory holds no ledger.
+    #[error("{0}: no ledger here (create one with `tally init`)")]
+    NotALedger(PathBuf),
+    /// The writer key does not belong to the ledger's current epoch.
+    #[error("writer key is for epoch {key_epoch} but the ledger is at epoch {ledger_epoch}; the writer cannot continue this ledger")]
+    KeyEpochMismatch {
+        /// The key file's epoch.
+        key_epoch: u32,
+        /// The stored chain's epoch.
+        ledger_epoch: u32,
+    },
+    /// An earlier write failed in a way that leaves durability unknown; the ledger
+    /// refuses all further appends until reopened (fail closed).
+    #[error("ledger is closed after a failed write: {0}")]
+    Poisoned(String),
+    /// The stored chain does not verify on open.
+    #[error("stored chain is inconsistent at seq {seq}: {why}")]
+    Corrupt {
+        /// First bad entry.
+        seq: u64,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Result alias for the ledger library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

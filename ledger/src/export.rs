@@ -1,0 +1,281 @@
+//! The export file: one self-describing file holding a ledger's entries and checkpoints,
+//! for offline audit.
+//!
+//! Layout: the 16-byte magic `tally export v1\n`, then frames `tag (u8) | len (u32 BE) |
+//! payload`, in [`Frame`] order, then one end frame (tag `0xff`, 16 bytes: entry count and
+//! checkpoint count, u64 BE each), then nothing. A file cut inside a frame is *torn*; a
+//! file cut between frames (no end frame) is *cut clean*: the reader tells them apart.
+
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::format::{Frame, EXPORT_MAGIC, FRAME_CHECKPOINT, FRAME_END, FRAME_ENTRY, MAX_FRAME_LEN};
+
+/// A malformed export file, with the byte offset where reading stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// Not an export file (or an unknown export version).
+    #[error("not a tally export v1 file (bad magic)")]
+    BadMagic,
+    /// The file ends inside a frame: a torn write or a cut mid-record.
+    #[error("torn frame at byte {offset}: file ends {missing} bytes early")]
+    Torn {
+        /// Offset of the frame's first byte.
+        offset: u64,
+        /// How many bytes the frame still needed.
+        missing: u64,
+    },
+    /// The file ends between frames with no end marker: cut at a frame boundary.
+    #[error("export ends at byte {offset} without its end marker (cut at a frame boundary)")]
+    CutClean {
+        /// Offset where the file ends.
+        offset: u64,
+    },
+    /// A frame tag this version does not know.
+    #[error("unknown frame tag {tag:#04x} at byte {offset}")]
+    BadTag {
+        /// Offset of the frame.
+        offset: u64,
+        /// The tag.
+        tag: u8,
+    },
+    /// A frame longer than any valid entry.
+    #[error("frame at byte {offset} claims {len} bytes (at most {MAX_FRAME_LEN})")]
+    FrameTooLarge {
+        /// Offset of the frame.
+        offset: u64,
+        /// Its claimed length.
+        len: u64,
+    },
+    /// The end marker's counts differ from the frames read.
+    #[error("end marker at byte {offset} counts {claimed_entries} entries and {claimed_checkpoints} checkpoints; the file holds {entries} and {checkpoints}")]
+    CountMismatch {
+        /// Offset of the end frame.
+        offset: u64,
+        /// Entries claimed.
+        claimed_entries: u64,
+        /// Checkpoints claimed.
+        claimed_checkpoints: u64,
+        /// Entries read.
+        entries: u64,
+        /// Checkpoints read.
+        checkpoints: u64,
+    },
+    /// Bytes after the end marker.
+    #[error("bytes after the end marker at byte {offset}")]
+    TrailingBytes {
+        /// Offset of the first extra byte.
+        offset: u64,
+    },
+    /// Reading failed.
+    #[error("read error at byte {offset}: {message}")]
+    Io {
+        /// Offset where it failed.
+        offset: u64,
+        /// The OS error.
+        message: String,
+    },
+}
+
+/// Writes an export file frame by frame.
+pub struct ExportWriter<W: Write> {
+    out: W,
+    entries: u64,
+    checkpoints: u64,
+}
+
+impl<W: Write> ExportWriter<W> {
+    /// Start an export: writes the magic.
+    pub fn new(mut out: W) -> io::Result<ExportWriter<W>> {
+        out.write_all(EXPORT_MAGIC)?;
+        Ok(ExportWriter {
+            out,
+            entries: 0,
+            checkpoints: 0,
+        })
+    }
+
+    /// Append one frame.
+    pub fn frame(&mut self, frame: &Frame) -> io::Result<()> {
+        let (tag, payload) = match frame {
+            Frame::Entry(b) => {
+                self.entries += 1;
+                (FRAME_ENTRY, b)
+            }
+            Frame::Checkpoint(b) => {
+                self.checkpoints += 1;
+                (FRAME_CHECKPOINT, b)
+            }
+        };
+        self.out.write_all(&[tag])?;
+        self.out.write_all(&(payload.len() as u32).to_be_bytes())?;
+        self.out.write_all(payload)
+    }
+
+    /// Write the end marker and return the output.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.out.write_all(&[FRAME_END])?;
+        self.out.write_all(&16u32.to_be_bytes())?;
+        self.out.write_all(&self.entries.to_be_bytes())?;
+        self.out.write_all(&self.checkpoints.to_be_bytes())?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// Write `frames` to an export file at `out`, durably: the file is written beside `out`
+/// and renamed into place after an fsync. Returns (entries, checkpoints) written.
+pub fn export_frames(frames: impl Iterator<Item = Result<Frame>>, out: &Path) -> Result<(u64, u64)> {
+    let tmp = out.with_extension("partial");
+    let file = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let mut w = ExportWriter::new(BufWriter::new(file)).map_err(|e| Error::io(&tmp, e))?;
+    for frame in frames {
+        w.frame(&frame?).map_err(|e| Error::io(&tmp, e))?;
+    }
+    let counts = (w.entries, w.checkpoints);
+    let buf = w.finish().map_err(|e| Error::io(&tmp, e))?;
+    let file = buf.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
+    file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
+    crate::keys::sync_parent(out)?;
+    Ok(counts)
+}
+
+/// Reads an export file frame by frame, strictly.
+pub struct ExportReader<R: Read> {
+    input: BufReader<R>,
+    offset: u64,
+    entries: u64,
+    checkpoints: u64,
+    done: bool,
+}
+
+impl<R: Read> ExportReader<R> {
+    /// Start reading: checks the magic.
+    pub fn new(input: R) -> Result<ExportReader<R>, ExportError> {
+        let mut input = BufReader::with_capacity(1 << 20, input);
+        let mut magic = [0u8; 16];
+        let n = read_full(&mut input, &mut magic).map_err(|e| ExportError::Io {
+            offset: 0,
+            message: e.to_string(),
+        })?;
+        if n != 16 || &magic != EXPORT_MAGIC {
+            return Err(ExportError::BadMagic);
+        }
+        Ok(ExportReader {
+            input,
+            offset: 16,
+            entries: 0,
+            checkpoints: 0,
+            done: false,
+        })
+    }
+
+    /// Byte offset of the next frame.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn read_frame(&mut self) -> Result<Option<Frame>, ExportError> {
+        let start = self.offset;
+        let io = |e: io::Error| ExportError::Io {
+            offset: start,
+            message: e.to_string(),
+        };
+        let mut head = [0u8; 5];
+        let n = read_full(&mut self.input, &mut head).map_err(io)?;
+        if n == 0 {
+            return Err(ExportError::CutClean { offset: start });
+        }
+        if n < 5 {
+            return Err(ExportError::Torn {
+                offset: start,
+                missing: (5 - n) as u64,
+            });
+        }
+        let tag = head[0];
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as u64;
+        let max = if tag == FRAME_END { 16 } else { MAX_FRAME_LEN as u64 };
+        if !matches!(tag, FRAME_ENTRY | FRAME_CHECKPOINT | FRAME_END) {
+            return Err(ExportError::BadTag { offset: start, tag });
+        }
+        if len > max || (tag == FRAME_END && len != 16) {
+            return Err(ExportError::FrameTooLarge { offset: start, len });
+        }
+        let mut payload = vec![0u8; len as usize];
+        let n = read_full(&mut self.input, &mut payload).map_err(io)?;
+        if (n as u64) < len {
+            return Err(ExportError::Torn {
+                offset: start,
+                missing: len - n as u64,
+            });
+        }
+        self.offset += 5 + len;
+        match tag {
+            FRAME_ENTRY => {
+                self.entries += 1;
+                Ok(Some(Frame::Entry(payload)))
+            }
+            FRAME_CHECKPOINT => {
+                self.checkpoints += 1;
+                Ok(Some(Frame::Checkpoint(payload)))
+            }
+            _ => {
+                let claimed_entries = u64::from_be_bytes(payload[..8].try_into().unwrap_or_default());
+                let claimed_checkpoints = u64::from_be_bytes(payload[8..].try_into().unwrap_or_default());
+                if claimed_entries != self.entries || claimed_checkpoints != self.checkpoints {
+                    return Err(ExportError::CountMismatch {
+                        offset: start,
+                        claimed_entries,
+                        claimed_checkpoints,
+                        entries: self.entries,
+                        checkpoints: self.checkpoints,
+                    });
+                }
+                let mut extra = [0u8; 1];
+                if read_full(&mut self.input, &mut extra).map_err(io)? != 0 {
+                    return Err(ExportError::TrailingBytes {
+                        offset: self.offset,
+                    });
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl<R: Read> Iterator for ExportReader<R> {
+    type Item = Result<Frame, ExportError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.read_frame() {
+            Ok(Some(f)) => Some(Ok(f)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}

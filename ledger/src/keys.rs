@@ -1,0 +1,367 @@
+//! Keys: epoch signing keys, per-epoch data keys agreed with the auditor, key files.
+//!
+//! No primitive is implemented here: Ed25519 is ed25519-dalek, X25519 is x25519-dalek,
+//! the AEAD is XChaCha20-Poly1305 from RustCrypto, the KDF is BLAKE3's derive_key.
+//! Secrets live in zeroizing types and in 0600 files; they are never printed.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+
+use chacha20poly1305::aead::{Aead, AeadInPlace, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use rand_core::{OsRng, RngCore};
+use x25519_dalek::{EphemeralSecret, PublicKey, StaticSecret};
+use zeroize::Zeroizing;
+
+use crate::error::{CryptoError, Error, FormatError, Result};
+use crate::format::{key_id, parse_decimal, parse_hex, LedgerId, CONTEXT_DATA_KEY};
+
+/// An epoch's symmetric key for record encryption. Zeroized on drop.
+pub struct DataKey {
+    cipher: XChaCha20Poly1305,
+}
+
+impl DataKey {
+    fn from_bytes(key: &Zeroizing<[u8; 32]>) -> DataKey {
+        DataKey {
+            cipher: XChaCha20Poly1305::new(key.as_ref().into()),
+        }
+    }
+
+    /// Encrypt `plaintext` onto `out`, which holds exactly the entry header: the header is
+    /// bound as associated data, and `out` becomes the whole entry.
+    pub fn seal_into(&self, nonce: &[u8; 24], plaintext: &[u8], out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(plaintext);
+        let (header, body) = out.split_at_mut(start);
+        // Encryption only fails for messages beyond 256 GiB.
+        let tag = self
+            .cipher
+            .encrypt_in_place_detached(XNonce::from_slice(nonce), header, body)
+            .unwrap_or_default();
+        out.extend_from_slice(&tag);
+    }
+
+    /// Encrypt a decision: the header is bound as associated data.
+    pub fn seal(&self, nonce: &[u8; 24], header: &[u8], plaintext: &[u8]) -> Vec<u8> {
+        self.cipher
+            .encrypt(
+                XNonce::from_slice(nonce),
+                Payload {
+                    msg: plaintext,
+                    aad: header,
+                },
+            )
+            // Encryption only fails for messages beyond 256 GiB.
+            .unwrap_or_default()
+    }
+
+    /// Decrypt a decision body; fails if header or body were modified or the key is wrong.
+    pub fn open(&self, nonce: &[u8; 24], header: &[u8], body: &[u8]) -> Result<Vec<u8>, CryptoError> {
+        self.cipher
+            .decrypt(XNonce::from_slice(nonce), Payload { msg: body, aad: header })
+            .map_err(|_| CryptoError::Decrypt)
+    }
+}
+
+fn kdf(shared: &[u8; 32], ephemeral: &[u8; 32], recipient: &[u8; 32], ledger: LedgerId, epoch: u32) -> Zeroizing<[u8; 32]> {
+    let mut material = Zeroizing::new([0u8; 32 + 32 + 32 + 16 + 4]);
+    material[..32].copy_from_slice(shared);
+    material[32..64].copy_from_slice(ephemeral);
+    material[64..96].copy_from_slice(recipient);
+    material[96..112].copy_from_slice(&ledger.0);
+    material[112..].copy_from_slice(&epoch.to_be_bytes());
+    Zeroizing::new(blake3::derive_key(CONTEXT_DATA_KEY, material.as_ref()))
+}
+
+/// The writer's side of an epoch's key agreement: a fresh ephemeral X25519 secret with the
+/// auditor's public key. The ephemeral secret is consumed here; the writer keeps only the
+/// derived data key for the epoch, so it cannot re-derive any other epoch's key.
+pub fn agree_writer(recipient: &[u8; 32], ledger: LedgerId, epoch: u32) -> Result<([u8; 32], Zeroizing<[u8; 32]>), CryptoError> {
+    let secret = EphemeralSecret::random_from_rng(OsRng);
+    let ephemeral = PublicKey::from(&secret).to_bytes();
+    let shared = secret.diffie_hellman(&PublicKey::from(*recipient));
+    if !shared.was_contributory() {
+        return Err(CryptoError::InvalidKey("auditor public key is a low-order point"));
+    }
+    Ok((ephemeral, kdf(shared.as_bytes(), &ephemeral, recipient, ledger, epoch)))
+}
+
+/// A data key from raw bytes (the writer's key file).
+pub fn data_key(bytes: &Zeroizing<[u8; 32]>) -> DataKey {
+    DataKey::from_bytes(bytes)
+}
+
+/// The auditor's X25519 key pair.
+pub struct AuditorKey {
+    secret: StaticSecret,
+}
+
+impl AuditorKey {
+    /// A new random key pair.
+    pub fn generate() -> AuditorKey {
+        AuditorKey {
+            secret: StaticSecret::random_from_rng(OsRng),
+        }
+    }
+
+    /// The public half, for `tally init --recipient`.
+    pub fn public(&self) -> [u8; 32] {
+        PublicKey::from(&self.secret).to_bytes()
+    }
+
+    /// The data key of an epoch, from the ephemeral key in its genesis or certificate.
+    pub fn epoch_key(&self, ephemeral: &[u8; 32], ledger: LedgerId, epoch: u32) -> Result<DataKey, CryptoError> {
+        let shared = self.secret.diffie_hellman(&PublicKey::from(*ephemeral));
+        if !shared.was_contributory() {
+            return Err(CryptoError::InvalidKey("epoch ephemeral key is a low-order point"));
+        }
+        let key = kdf(shared.as_bytes(), ephemeral, &self.public(), ledger, epoch);
+        Ok(DataKey::from_bytes(&key))
+    }
+
+    /// Write `auditor.key` (0600) and its `.pub` beside it. Refuses to overwrite.
+    pub fn write(&self, secret_path: &Path) -> Result<()> {
+        let secret_hex = Zeroizing::new(hex::encode(self.secret.as_bytes()));
+        let text = Zeroizing::new(format!("{AUDITOR_SECRET_HEADER}{}\n", secret_hex.as_str()));
+        write_new_secret(secret_path, text.as_bytes())?;
+        let pub_path = secret_path.with_extension("pub");
+        write_new(&pub_path, format!("{AUDITOR_PUBLIC_HEADER}{}\n", hex::encode(self.public())).as_bytes(), 0o644)
+    }
+
+    /// Read an auditor secret key file; refuses files others can read.
+    pub fn read(path: &Path) -> Result<AuditorKey> {
+        let text = read_secret(path)?;
+        let hexpart = strip_line(&text, AUDITOR_SECRET_HEADER, path, "auditor secret key")?;
+        let bytes = Zeroizing::new(parse_hex::<32>(hexpart, "auditor secret key")?);
+        Ok(AuditorKey {
+            secret: StaticSecret::from(*bytes),
+        })
+    }
+}
+
+const AUDITOR_SECRET_HEADER: &str = "tally auditor secret key v1\n";
+const AUDITOR_PUBLIC_HEADER: &str = "tally auditor public key v1\n";
+const LEDGER_PUBLIC_HEADER: &str = "tally ledger public key v1\n";
+const WRITER_HEADER: &str = "tally writer key v1\n";
+
+/// Read an auditor public key file (`auditor.pub`).
+pub fn read_auditor_public(path: &Path) -> Result<[u8; 32]> {
+    let text = fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let hexpart = strip_line(&text, AUDITOR_PUBLIC_HEADER, path, "auditor public key")?;
+    Ok(parse_hex::<32>(hexpart, "auditor public key")?)
+}
+
+fn strip_line<'a>(text: &'a str, header: &str, _path: &Path, what: &'static str) -> Result<&'a str, FormatError> {
+    text.strip_prefix(header)
+        .and_then(|r| r.strip_suffix('\n'))
+        .filter(|r| !r.contains('\n'))
+        .ok_or_else(|| FormatError::invalid(what, format!("file must be `{}` and one line of hex", header.trim_end())))
+}
+
+/// The ledger's public verification key file (`ledger.pub`): ledger id and the genesis
+/// (epoch 0) Ed25519 key. All later epoch keys are certified from it inside the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LedgerPublic {
+    /// The ledger id.
+    pub ledger_id: LedgerId,
+    /// Epoch 0 verifying key.
+    pub verifying_key: [u8; 32],
+}
+
+impl LedgerPublic {
+    /// Text form.
+    pub fn to_text(&self) -> String {
+        format!(
+            "{LEDGER_PUBLIC_HEADER}ledger {}\nkey {}\n",
+            self.ledger_id,
+            hex::encode(self.verifying_key)
+        )
+    }
+
+    /// Parse the text form strictly.
+    pub fn from_text(text: &str) -> Result<LedgerPublic, FormatError> {
+        let bad = || FormatError::invalid("ledger public key", "expected `tally ledger public key v1`, `ledger <hex>`, `key <hex>`");
+        let rest = text.strip_prefix(LEDGER_PUBLIC_HEADER).ok_or_else(bad)?;
+        let mut lines = rest.split('\n');
+        let id = lines.next().and_then(|l| l.strip_prefix("ledger ")).ok_or_else(bad)?;
+        let key = lines.next().and_then(|l| l.strip_prefix("key ")).ok_or_else(bad)?;
+        if lines.next() != Some("") || lines.next().is_some() {
+            return Err(bad());
+        }
+        Ok(LedgerPublic {
+            ledger_id: LedgerId(parse_hex::<16>(id, "ledger id")?),
+            verifying_key: parse_hex::<32>(key, "ledger key")?,
+        })
+    }
+
+    /// Read `ledger.pub`.
+    pub fn read(path: &Path) -> Result<LedgerPublic> {
+        let text = fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Ok(LedgerPublic::from_text(&text)?)
+    }
+}
+
+/// Verify an Ed25519 signature with a raw 32-byte key.
+pub fn verify_signature(key: &[u8; 32], message: &[u8], signature: &[u8; 64], what: &'static str) -> Result<(), CryptoError> {
+    let vk = VerifyingKey::from_bytes(key).map_err(|_| CryptoError::InvalidKey("not an Ed25519 point"))?;
+    vk.verify_strict(message, &Signature::from_bytes(signature))
+        .map_err(|_| CryptoError::BadSignature { what })
+}
+
+/// Verify a checkpoint's key id and signature under the given epoch key.
+pub fn verify_checkpoint(cp: &crate::format::Checkpoint, key: &[u8; 32]) -> Result<(), CryptoError> {
+    let expected = key_id(key);
+    if cp.key_id != expected {
+        return Err(CryptoError::WrongKey {
+            what: "checkpoint",
+            expected: hex::encode(expected),
+            found: hex::encode(cp.key_id),
+        });
+    }
+    verify_signature(key, cp.body().as_bytes(), &cp.signature, "checkpoint")
+}
+
+/// The writer's secrets for its current epoch: signing key and data key.
+pub struct EpochSecrets {
+    /// The epoch.
+    pub epoch: u32,
+    /// Ed25519 signing key (zeroized on drop).
+    pub signing: SigningKey,
+    /// Raw data key (zeroized on drop).
+    pub data: Zeroizing<[u8; 32]>,
+    /// Seq of the entry that began this epoch (genesis or its certificate).
+    pub from_seq: u64,
+    /// Wall time the epoch began, ms since the Unix epoch.
+    pub since_ms: u64,
+}
+
+impl EpochSecrets {
+    /// A fresh epoch: new signing key, new data key agreed with the auditor.
+    /// Returns the secrets and the ephemeral public key to publish.
+    pub fn generate(epoch: u32, recipient: &[u8; 32], ledger: LedgerId) -> Result<(EpochSecrets, [u8; 32]), CryptoError> {
+        let (ephemeral, data) = agree_writer(recipient, ledger, epoch)?;
+        let signing = SigningKey::generate(&mut OsRng);
+        let secrets = EpochSecrets {
+            epoch,
+            signing,
+            data,
+            from_seq: 0,
+            since_ms: 0,
+        };
+        Ok((secrets, ephemeral))
+    }
+
+    /// The verifying key.
+    pub fn verifying_key(&self) -> [u8; 32] {
+        self.signing.verifying_key().to_bytes()
+    }
+
+    /// Sign a message.
+    pub fn sign(&self, message: &[u8]) -> [u8; 64] {
+        self.signing.sign(message).to_bytes()
+    }
+
+    fn to_text(&self, ledger: LedgerId) -> Zeroizing<String> {
+        let sign = Zeroizing::new(hex::encode(self.signing.to_bytes()));
+        let data = Zeroizing::new(hex::encode(self.data.as_ref()));
+        Zeroizing::new(format!(
+            "{WRITER_HEADER}ledger {ledger}\nepoch {}\nfrom {}\nsince {}\nsign {}\ndata {}\n",
+            self.epoch,
+            self.from_seq,
+            self.since_ms,
+            sign.as_str(),
+            data.as_str()
+        ))
+    }
+
+    /// Write the secrets to `path` (0600) durably, replacing any file there atomically.
+    pub fn write(&self, path: &Path, ledger: LedgerId) -> Result<()> {
+        let tmp = path.with_extension("tmp");
+        let _ = fs::remove_file(&tmp);
+        write_new_secret(&tmp, self.to_text(ledger).as_bytes())?;
+        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+        sync_parent(path)
+    }
+
+    /// Read a writer key file.
+    pub fn read(path: &Path, ledger: LedgerId) -> Result<EpochSecrets> {
+        let text = read_secret(path)?;
+        let bad = || FormatError::invalid("writer key", "malformed writer key file");
+        let rest = text.strip_prefix(WRITER_HEADER).ok_or_else(bad)?;
+        let mut lines = rest.split('\n');
+        let mut field = |name: &str| lines.next().and_then(|l| l.strip_prefix(name)).ok_or_else(bad);
+        let id = LedgerId(parse_hex::<16>(field("ledger ")?, "writer key ledger")?);
+        let epoch = u32::try_from(parse_decimal(field("epoch ")?, "writer key epoch")?).map_err(|_| bad())?;
+        let from_seq = parse_decimal(field("from ")?, "writer key from")?;
+        let since_ms = parse_decimal(field("since ")?, "writer key since")?;
+        let sign = Zeroizing::new(parse_hex::<32>(field("sign ")?, "writer signing key")?);
+        let data = Zeroizing::new(parse_hex::<32>(field("data ")?, "writer data key")?);
+        if lines.next() != Some("") || lines.next().is_some() {
+            return Err(bad().into());
+        }
+        if id != ledger {
+            return Err(FormatError::invalid("writer key", format!("belongs to ledger {id}, not {ledger}")).into());
+        }
+        Ok(EpochSecrets {
+            epoch,
+            signing: SigningKey::from_bytes(&sign),
+            data,
+            from_seq,
+            since_ms,
+        })
+    }
+}
+
+/// 16 random bytes (ledger ids, nonce prefixes).
+pub fn random16() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    OsRng.fill_bytes(&mut b);
+    b
+}
+
+fn read_secret(path: &Path) -> Result<Zeroizing<String>> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(Error::KeyPermissions {
+                path: path.to_path_buf(),
+                mode,
+            });
+        }
+    }
+    Ok(Zeroizing::new(fs::read_to_string(path).map_err(|e| Error::io(path, e))?))
+}
+
+fn write_new_secret(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_new(path, bytes, 0o600)
+}
+
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    let mut opts = OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(mode);
+    }
+    #[cfg(not(unix))]
+    let _ = mode;
+    let mut f = opts.open(path).map_err(|e| Error::io(path, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(path, e))?;
+    f.sync_all().map_err(|e| Error::io(path, e))?;
+    Ok(())
+}
+
+/// fsync the directory holding `path`, so a create or rename in it is durable.
+pub fn sync_parent(path: &Path) -> Result<()> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    File::open(parent)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(parent, e))
+}

@@ -1,0 +1,548 @@
+//! The append API: the only way decisions enter a ledger.
+//!
+//! There is no update, delete or rewind. Appends from many threads share commit groups:
+//! each group is encrypted and chained, sealed by one checkpoint, written in one atomic
+//! batch, flushed and fsynced once, and only then acknowledged.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::{Decision, MAX_DECISION_BYTES};
+use crate::error::{DecisionError, Error, Result};
+use crate::format::{
+    entry_hash, key_id, Checkpoint, Entry, EntryType, Frame, Hash, Header, LedgerId,
+    DOMAIN_EPOCH, DOMAIN_GENESIS, EPOCH_BODY_LEN, GENESIS_BODY_LEN, HEADER_LEN, TAG_LEN,
+};
+use crate::keys::{self, DataKey, EpochSecrets, LedgerPublic};
+use crate::store::{Frames, Store};
+
+/// File names inside a ledger directory.
+pub mod files {
+    /// The auditors' verification key.
+    pub const PUBLIC: &str = "ledger.pub";
+    /// The writer's current epoch secrets (0600).
+    pub const WRITER_KEY: &str = "writer.key";
+    /// The next epoch's secrets while a rotation commits (0600).
+    pub const WRITER_KEY_NEXT: &str = "writer.key.next";
+    /// Rotation settings.
+    pub const CONFIG: &str = "config.json";
+}
+
+/// What the ledger acknowledges for each durable decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The entry's position in the chain.
+    pub seq: u64,
+    /// The entry's chain hash, lowercase hex.
+    #[serde(with = "hash_hex")]
+    pub hash: Hash,
+}
+
+mod hash_hex {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::format::{parse_hex, Hash};
+
+    pub fn serialize<S: Serializer>(h: &Hash, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&h.to_string())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Hash, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_hex::<32>(&s, "hash")
+            .map(Hash)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// When the writer moves to a new key epoch. Rotation happens at commit-group
+/// boundaries, so an epoch may exceed `records` by up to one group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rotation {
+    /// Rotate after this many entries in an epoch.
+    pub records: u64,
+    /// Rotate after this many ms of wall time in an epoch.
+    pub ms: u64,
+}
+
+impl Default for Rotation {
+    fn default() -> Rotation {
+        Rotation {
+            records: 100_000,
+            ms: 600_000,
+        }
+    }
+}
+
+struct Pending {
+    plaintexts: Vec<Vec<u8>>,
+    reply: mpsc::Sender<Result<Vec<Receipt>>>,
+}
+
+struct Writer {
+    dir: PathBuf,
+    store: Store,
+    ledger_id: LedgerId,
+    recipient: [u8; 32],
+    rotation: Rotation,
+    next_seq: u64,
+    head: Hash,
+    last_wall: u64,
+    secrets: EpochSecrets,
+    cipher: DataKey,
+    epoch_from_seq: u64,
+    epoch_since_ms: u64,
+    nonce_prefix: [u8; 16],
+    checkpoint: Checkpoint,
+    poisoned: Option<String>,
+}
+
+/// An open ledger: the append side. Holds the store's exclusive lock.
+pub struct Ledger {
+    dir: PathBuf,
+    ledger_id: LedgerId,
+    queue: Mutex<Vec<Pending>>,
+    writer: Mutex<Writer>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock poisons the ledger through `Writer::poisoned` where
+    // it matters; the data itself stays consistent, so recover the guard.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Prepare decisions for the store: validate, replace raw args by their digest, encode.
+/// The first refused decision is named by its index; nothing is written.
+pub fn prepare(decisions: Vec<Decision>) -> Result<Vec<Vec<u8>>> {
+    let single = decisions.len() == 1;
+    decisions
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut d)| {
+            let wrap = |source: DecisionError| {
+                if single {
+                    Error::Decision(source)
+                } else {
+                    Error::InBatch { index, source }
+                }
+            };
+            d.validate().map_err(wrap)?;
+            d.seal_args();
+            let bytes = d.to_canonical_json();
+            if bytes.len() > MAX_DECISION_BYTES {
+                return Err(wrap(DecisionError::TooLong {
+                    field: "decision",
+                    len: bytes.len(),
+                    max: MAX_DECISION_BYTES,
+                }));
+            }
+            Ok(bytes)
+        })
+        .collect()
+}
+
+impl Ledger {
+    /// Create a new ledger in `dir` (created 0700) whose records only the holder of the
+    /// auditor key for `recipient` can decrypt. Writes `ledger.pub` for auditors.
+    pub fn init(dir: &Path, recipient: &[u8; 32], rotation: Rotation) -> Result<LedgerPublic> {
+        if dir.join(files::PUBLIC).exists() || dir.join("store").exists() {
+            return Err(Error::AlreadyExists(dir.to_path_buf()));
+        }
+        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| Error::io(dir, e))?;
+        }
+        let ledger_id = LedgerId(keys::random16());
+        let (mut secrets, ephemeral) = EpochSecrets::generate(0, recipient, ledger_id)?;
+        let wall = now_ms();
+        secrets.from_seq = 0;
+        secrets.since_ms = wall;
+        let header = Header {
+            entry_type: EntryType::Genesis,
+            ledger_id,
+            seq: 0,
+            epoch: 0,
+            wall_ms: wall,
+            prev_hash: Hash::default(),
+            nonce: [0; 24],
+            body_len: GENESIS_BODY_LEN as u32,
+        };
+        let vk = secrets.verifying_key();
+        let mut bytes = header.encode().to_vec();
+        bytes.extend_from_slice(&vk);
+        bytes.extend_from_slice(recipient);
+        bytes.extend_from_slice(&ephemeral);
+        let sig = secrets.sign(&[DOMAIN_GENESIS, &bytes[..]].concat());
+        bytes.extend_from_slice(&sig);
+        let head = entry_hash(&bytes);
+        let checkpoint = sign_checkpoint(&secrets, ledger_id, 1, head, wall);
+
+        let config = serde_json::to_vec_pretty(&rotation).unwrap_or_default();
+        fs::write(dir.join(files::CONFIG), config).map_err(|e| Error::io(dir.join(files::CONFIG), e))?;
+        secrets.write(&dir.join(files::WRITER_KEY), ledger_id)?;
+        let store = Store::open(dir)?;
+        store.commit(&[(0, bytes)], Some((1, checkpoint.to_text().as_bytes())))?;
+        drop(store);
+        let public = LedgerPublic {
+            ledger_id,
+            verifying_key: vk,
+        };
+        let pub_path = dir.join(files::PUBLIC);
+        fs::write(&pub_path, public.to_text()).map_err(|e| Error::io(&pub_path, e))?;
+        keys::sync_parent(&pub_path)?;
+        Ok(public)
+    }
+
+    /// Open an existing ledger for appending. Takes the store's exclusive lock; finishes
+    /// or discards a key rotation that a crash interrupted.
+    pub fn open(dir: &Path) -> Result<Ledger> {
+        let pub_path = dir.join(files::PUBLIC);
+        if !pub_path.exists() {
+            return Err(Error::NotALedger(dir.to_path_buf()));
+        }
+        let public = LedgerPublic::read(&pub_path)?;
+        let ledger_id = public.ledger_id;
+        let config_path = dir.join(files::CONFIG);
+        let config = fs::read(&config_path).map_err(|e| Error::io(&config_path, e))?;
+        let rotation: Rotation = serde_json::from_slice(&config).map_err(|e| Error::Corrupt {
+            seq: 0,
+            why: format!("{}: {e}", config_path.display()),
+        })?;
+        let store = Store::open(dir)?;
+        let corrupt = |seq: u64, why: String| Error::Corrupt { seq, why };
+        let genesis_bytes = store
+            .entry(0)?
+            .ok_or_else(|| corrupt(0, "no genesis entry".into()))?;
+        let genesis = Entry::decode(&genesis_bytes).map_err(|e| corrupt(0, e.to_string()))?;
+        let g = genesis
+            .genesis()
+            .ok_or_else(|| corrupt(0, "entry 0 is not a genesis".into()))?;
+        if genesis.header.ledger_id != ledger_id || g.verifying_key != public.verifying_key {
+            return Err(corrupt(0, "genesis does not match ledger.pub".into()));
+        }
+        let (last_seq, last_bytes) = store
+            .last_entry()?
+            .ok_or_else(|| corrupt(0, "empty store".into()))?;
+        let last = Entry::decode(&last_bytes).map_err(|e| corrupt(last_seq, e.to_string()))?;
+        if last.header.seq != last_seq {
+            return Err(corrupt(last_seq, "entry is stored under another seq".into()));
+        }
+        let epoch = last.header.epoch;
+
+        let key_path = dir.join(files::WRITER_KEY);
+        let next_path = dir.join(files::WRITER_KEY_NEXT);
+        if next_path.exists() {
+            let next = EpochSecrets::read(&next_path, ledger_id)?;
+            if next.epoch == epoch {
+                // The certificate committed; the rename did not.
+                fs::rename(&next_path, &key_path).map_err(|e| Error::io(&key_path, e))?;
+            } else {
+                // The certificate never became durable: this key was never used.
+                fs::remove_file(&next_path).map_err(|e| Error::io(&next_path, e))?;
+            }
+            keys::sync_parent(&key_path)?;
+        }
+        let secrets = EpochSecrets::read(&key_path, ledger_id)?;
+        if secrets.epoch != epoch {
+            return Err(Error::KeyEpochMismatch {
+                key_epoch: secrets.epoch,
+                ledger_epoch: epoch,
+            });
+        }
+        let (cp_size, cp_text) = store
+            .last_checkpoint()?
+            .ok_or_else(|| corrupt(0, "no checkpoint".into()))?;
+        let checkpoint = Checkpoint::from_text(&cp_text).map_err(|e| corrupt(cp_size, e.to_string()))?;
+        if checkpoint.epoch == epoch && checkpoint.key_id != key_id(&secrets.verifying_key()) {
+            return Err(corrupt(cp_size, "writer key does not match the key that sealed the ledger".into()));
+        }
+        let cipher = keys::data_key(&secrets.data);
+        let writer = Writer {
+            dir: dir.to_path_buf(),
+            store,
+            ledger_id,
+            recipient: g.recipient,
+            rotation,
+            next_seq: last_seq + 1,
+            head: last.hash(),
+            last_wall: last.header.wall_ms.max(checkpoint.wall_ms),
+            epoch_from_seq: secrets.from_seq,
+            epoch_since_ms: secrets.since_ms,
+            secrets,
+            cipher,
+            nonce_prefix: keys::random16(),
+            checkpoint,
+            poisoned: None,
+        };
+        Ok(Ledger {
+            dir: dir.to_path_buf(),
+            ledger_id,
+            queue: Mutex::new(Vec::new()),
+            writer: Mutex::new(writer),
+        })
+    }
+
+    /// The ledger's id.
+    pub fn id(&self) -> LedgerId {
+        self.ledger_id
+    }
+
+    /// The ledger directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Append one decision. Returns once it is durable and sealed.
+    pub fn append(&self, decision: Decision) -> Result<Receipt> {
+        let mut receipts = self.append_batch(vec![decision])?;
+        receipts
+            .pop()
+            .ok_or_else(|| Error::Poisoned("commit returned no receipt".into()))
+    }
+
+    /// Append decisions atomically: all are validated first, and either all become
+    /// durable with consecutive seqs or none is written.
+    pub fn append_batch(&self, decisions: Vec<Decision>) -> Result<Vec<Receipt>> {
+        let plaintexts = prepare(decisions)?;
+        self.append_prepared(plaintexts)
+    }
+
+    /// Append already prepared (validated, canonical) decisions; see [`prepare`].
+    pub fn append_prepared(&self, plaintexts: Vec<Vec<u8>>) -> Result<Vec<Receipt>> {
+        if plaintexts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (reply, rx) = mpsc::channel();
+        lock(&self.queue).push(Pending { plaintexts, reply });
+        loop {
+            if let Ok(result) = rx.try_recv() {
+                return result;
+            }
+            // Whoever holds the writer commits everything queued so far: group commit.
+            let mut writer = lock(&self.writer);
+            let group = std::mem::take(&mut *lock(&self.queue));
+            if !group.is_empty() {
+                writer.commit(group, false);
+            }
+        }
+    }
+
+    /// Move to a new key epoch now: the new keys are certified by the current signing
+    /// key inside the chain, and the current secrets are destroyed.
+    pub fn rotate(&self) -> Result<Checkpoint> {
+        let mut writer = lock(&self.writer);
+        let group = std::mem::take(&mut *lock(&self.queue));
+        writer.commit(group, true);
+        match &writer.poisoned {
+            Some(why) => Err(Error::Poisoned(why.clone())),
+            None => Ok(writer.checkpoint.clone()),
+        }
+    }
+
+    /// The latest signed checkpoint.
+    pub fn checkpoint(&self) -> Checkpoint {
+        lock(&self.writer).checkpoint.clone()
+    }
+
+    /// The current key epoch.
+    pub fn epoch(&self) -> u32 {
+        lock(&self.writer).secrets.epoch
+    }
+
+    /// A consistent snapshot of the ledger up to its latest checkpoint, in frame order.
+    /// Appends continue while it is read.
+    pub fn snapshot(&self) -> Snapshot {
+        let writer = lock(&self.writer);
+        Snapshot {
+            size: writer.checkpoint.size,
+            frames: writer.store.frames(),
+        }
+    }
+
+    /// Export a consistent snapshot to `out` (see [`crate::export`]).
+    pub fn export(&self, out: &Path) -> Result<(u64, u64)> {
+        crate::export::export_frames(self.snapshot(), out)
+    }
+}
+
+/// Frames of a ledger up to a checkpoint, read while the ledger keeps appending.
+pub struct Snapshot {
+    size: u64,
+    frames: Frames,
+}
+
+impl Snapshot {
+    /// Entries in the snapshot.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl Iterator for Snapshot {
+    type Item = Result<Frame>;
+
+    fn next(&mut self) -> Option<Result<Frame>> {
+        loop {
+            let frame = match self.frames.next()? {
+                Ok(f) => f,
+                Err(e) => return Some(Err(e)),
+            };
+            match &frame {
+                // Entries come in seq order: the first beyond the snapshot ends it.
+                Frame::Entry(b) => match Header::decode(b) {
+                    Ok(h) if h.seq >= self.size => return None,
+                    _ => return Some(Ok(frame)),
+                },
+                Frame::Checkpoint(t) => match Checkpoint::from_text(t) {
+                    Ok(c) if c.size > self.size => continue,
+                    _ => return Some(Ok(frame)),
+                },
+            }
+        }
+    }
+}
+
+fn sign_checkpoint(secrets: &EpochSecrets, ledger_id: LedgerId, size: u64, head: Hash, wall_ms: u64) -> Checkpoint {
+    let body = Checkpoint::body_text(ledger_id, size, head, secrets.epoch, wall_ms);
+    Checkpoint {
+        ledger_id,
+        size,
+        head,
+        epoch: secrets.epoch,
+        wall_ms,
+        key_id: key_id(&secrets.verifying_key()),
+        signature: secrets.sign(body.as_bytes()),
+    }
+}
+
+impl Writer {
+    fn commit(&mut self, group: Vec<Pending>, force_rotate: bool) {
+        if let Some(why) = &self.poisoned {
+            for p in group {
+                let _ = p.reply.send(Err(Error::Poisoned(why.clone())));
+            }
+            return;
+        }
+        match self.write_group(&group, force_rotate) {
+            Ok(mut receipts) => {
+                for p in group.into_iter().rev() {
+                    let mine = receipts.split_off(receipts.len() - p.plaintexts.len());
+                    let _ = p.reply.send(Ok(mine));
+                }
+            }
+            Err(e) => {
+                // Durability of this group is unknown: refuse everything from now on.
+                let why = e.to_string();
+                self.poisoned = Some(why.clone());
+                let mut group = group.into_iter();
+                if let Some(first) = group.next() {
+                    let _ = first.reply.send(Err(e));
+                }
+                for p in group {
+                    let _ = p.reply.send(Err(Error::Poisoned(why.clone())));
+                }
+            }
+        }
+    }
+
+    fn write_group(&mut self, group: &[Pending], force_rotate: bool) -> Result<Vec<Receipt>> {
+        let wall = now_ms().max(self.last_wall);
+        let count: usize = group.iter().map(|p| p.plaintexts.len()).sum();
+        let mut entries: Vec<(u64, Vec<u8>)> = Vec::with_capacity(count + 1);
+        let due = self.next_seq - self.epoch_from_seq >= self.rotation.records
+            || wall.saturating_sub(self.epoch_since_ms) >= self.rotation.ms;
+        let rotated = force_rotate || due;
+        if rotated {
+            entries.push(self.rotate(wall)?);
+        }
+        let mut receipts = Vec::with_capacity(count);
+        for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
+            let seq = self.next_seq;
+            let mut nonce = [0u8; 24];
+            nonce[..16].copy_from_slice(&self.nonce_prefix);
+            nonce[16..].copy_from_slice(&seq.to_be_bytes());
+            let header = Header {
+                entry_type: EntryType::Decision,
+                ledger_id: self.ledger_id,
+                seq,
+                epoch: self.secrets.epoch,
+                wall_ms: wall,
+                prev_hash: self.head,
+                nonce,
+                body_len: (plaintext.len() + TAG_LEN) as u32,
+            };
+            let mut bytes = Vec::with_capacity(HEADER_LEN + plaintext.len() + TAG_LEN);
+            bytes.extend_from_slice(&header.encode());
+            self.cipher.seal_into(&nonce, plaintext, &mut bytes);
+            self.head = entry_hash(&bytes);
+            self.next_seq += 1;
+            receipts.push(Receipt {
+                seq,
+                hash: self.head,
+            });
+            entries.push((seq, bytes));
+        }
+        let checkpoint = sign_checkpoint(&self.secrets, self.ledger_id, self.next_seq, self.head, wall);
+        self.store
+            .commit(&entries, Some((checkpoint.size, checkpoint.to_text().as_bytes())))?;
+        self.checkpoint = checkpoint;
+        self.last_wall = wall;
+        if rotated {
+            let key_path = self.dir.join(files::WRITER_KEY);
+            fs::rename(self.dir.join(files::WRITER_KEY_NEXT), &key_path)
+                .map_err(|e| Error::io(&key_path, e))?;
+            keys::sync_parent(&key_path)?;
+        }
+        Ok(receipts)
+    }
+
+    /// Start the next epoch: certify its keys with the current key, persist them as
+    /// `writer.key.next`, and switch. The old secrets are dropped (zeroized) here; the old
+    /// key file is replaced once the certificate is durable.
+    fn rotate(&mut self, wall: u64) -> Result<(u64, Vec<u8>)> {
+        let epoch = self.secrets.epoch + 1;
+        let seq = self.next_seq;
+        let (mut next, ephemeral) = EpochSecrets::generate(epoch, &self.recipient, self.ledger_id)?;
+        next.from_seq = seq;
+        next.since_ms = wall;
+        let header = Header {
+            entry_type: EntryType::Epoch,
+            ledger_id: self.ledger_id,
+            seq,
+            epoch,
+            wall_ms: wall,
+            prev_hash: self.head,
+            nonce: [0; 24],
+            body_len: EPOCH_BODY_LEN as u32,
+        };
+        let mut bytes = header.encode().to_vec();
+        bytes.extend_from_slice(&next.verifying_key());
+        bytes.extend_from_slice(&ephemeral);
+        let sig = self.secrets.sign(&[DOMAIN_EPOCH, &bytes[..]].concat());
+        bytes.extend_from_slice(&sig);
+        let next_path = self.dir.join(files::WRITER_KEY_NEXT);
+        let _ = fs::remove_file(&next_path);
+        next.write(&next_path, self.ledger_id)?;
+        self.cipher = keys::data_key(&next.data);
+        self.epoch_from_seq = seq;
+        self.epoch_since_ms = wall;
+        self.secrets = next;
+        self.head = entry_hash(&bytes);
+        self.next_seq += 1;
+        Ok((seq, bytes))
+    }
+}
