@@ -1,1 +1,77 @@
-fn main() {}
+//! The `tally` binary: argument parsing, output and exit codes. The work is done by
+//! `tally-ledger` and `tally-verify`.
+
+mod cli;
+mod commands;
+mod demo;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, Command};
+use tally_ledger::Rotation;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            // A closed pipe (e.g. `tally verify ... | head`) is not an error.
+            if e
+                .chain()
+                .filter_map(|c| c.downcast_ref::<std::io::Error>())
+                .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("tally: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<u8> {
+    match command {
+        Command::Keygen { out } => commands::keygen(&out),
+        Command::Init {
+            ledger,
+            recipient,
+            rotate_records,
+            rotate_secs,
+        } => commands::init(
+            &ledger,
+            &recipient,
+            Rotation {
+                records: rotate_records,
+                ms: rotate_secs.saturating_mul(1000),
+            },
+        ),
+        Command::Append {
+            ledger,
+            json,
+            batch,
+        } => commands::append(&ledger, json.as_deref(), batch),
+        Command::Checkpoint { ledger } => commands::checkpoint(&ledger),
+        Command::Rotate { ledger } => commands::rotate(&ledger),
+        Command::Export { ledger, out } => commands::export(&ledger, &out),
+        Command::Verify { read, auditor_key } => commands::verify(&read, auditor_key.as_deref()),
+        Command::Loops {
+            read,
+            auditor_key,
+            force,
+        } => commands::loops(&read, &auditor_key, force),
+        Command::Handoff {
+            read,
+            auditor_key,
+            run,
+            force,
+        } => commands::handoff(&read, &auditor_key, run.as_deref(), force),
+        Command::Serve {
+            ledger,
+            socket,
+            listen,
+        } => commands::serve(ledger, socket, listen),
+        Command::Demo { dir } => demo::run(dir.as_deref()),
+    }
+}

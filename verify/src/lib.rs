@@ -1,7 +1,21 @@
 //! tally's offline verifier.
+//!
+//! [`verify`] walks a ledger's frames (from an export file or a copy of the store) in
+//! one streaming pass with nothing but the ledger's public key: it proves the chain
+//! intact, checks every epoch certificate and checkpoint, matches anchors, and tells a
+//! torn tail from a clean cut from an unsealed one. With the auditor key it decrypts each
+//! decision and checks it against SPEC section 3, handing each to the [`analysis`]
+//! (loops, consistency audit, handoffs). It depends on `tally-ledger` for the format
+//! and keys only, and opens nothing for writing.
 #![forbid(unsafe_code)]
 
 pub mod analysis;
 pub mod event;
+pub mod finding;
+pub mod report;
+pub mod walk;
 
 pub use event::Event;
+pub use finding::{Finding, FindingKind};
+pub use report::{AnchorStatus, Report, Tail, Verdict};
+pub use walk::{verify, Options, SourceError};

@@ -1,0 +1,151 @@
+//! Command-line definitions only (clap). Behaviour lives in `commands.rs`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// tally: an append-only, hash-chained, encrypted audit ledger for AI-agent budget
+/// decisions, and the offline verifier that audits it.
+///
+/// Exit codes: 0 verified intact, 1 tampering or inconsistency found, 2 usage or I/O
+/// error, 3 intact but incomplete evidence (unsealed tail, or a required anchor missing).
+#[derive(Parser, Debug)]
+#[command(name = "tally", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options shared by the commands that read a ledger for the auditor.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReadArgs {
+    /// A ledger directory (when no writer holds it) or an export file.
+    pub path: PathBuf,
+    /// The ledger's public verification key (ledger.pub), obtained from the ledger's owner.
+    #[arg(long)]
+    pub key: PathBuf,
+    /// A checkpoint held elsewhere that the ledger must contain (repeatable).
+    #[arg(long = "anchor", value_name = "CP")]
+    pub anchors: Vec<PathBuf>,
+    /// Exit 3 unless at least one --anchor is given and matched.
+    #[arg(long)]
+    pub require_anchor: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The subcommands (SPEC section 6).
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create the auditor's X25519 key pair: FILE (0600) and FILE with extension .pub.
+    Keygen {
+        /// Where to write the secret key.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Create a new ledger whose records only the auditor can decrypt.
+    Init {
+        /// The ledger directory to create (0700).
+        #[arg(long)]
+        ledger: PathBuf,
+        /// The auditor's public key (auditor.pub).
+        #[arg(long)]
+        recipient: PathBuf,
+        /// Rotate key epochs after this many entries.
+        #[arg(long, default_value_t = 100_000)]
+        rotate_records: u64,
+        /// Rotate key epochs after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        rotate_secs: u64,
+    },
+    /// Append decisions: one JSON object as argument, or NDJSON on stdin. Prints one
+    /// receipt (seq, hash) per decision, once durable.
+    Append {
+        /// The ledger directory.
+        #[arg(long)]
+        ledger: PathBuf,
+        /// One decision as JSON; without it, NDJSON is read from stdin.
+        json: Option<String>,
+        /// With NDJSON on stdin: decisions per atomic commit.
+        #[arg(long, default_value_t = 10_000)]
+        batch: usize,
+    },
+    /// Print the latest signed checkpoint (text) on stdout, to keep elsewhere as an anchor.
+    Checkpoint {
+        /// The ledger directory.
+        #[arg(long)]
+        ledger: PathBuf,
+    },
+    /// Start a new key epoch now (the old epoch's secrets are destroyed).
+    Rotate {
+        /// The ledger directory.
+        #[arg(long)]
+        ledger: PathBuf,
+    },
+    /// Write one self-describing file for offline audit.
+    Export {
+        /// The ledger directory.
+        #[arg(long)]
+        ledger: PathBuf,
+        /// The export file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Prove a ledger or export intact, with only its public key.
+    Verify {
+        /// What to read and check against.
+        #[command(flatten)]
+        read: ReadArgs,
+        /// Also decrypt every decision and check it (auditor.key).
+        #[arg(long)]
+        auditor_key: Option<PathBuf>,
+    },
+    /// Reconstruct loops: retry storms, identical repeated calls, endless polling.
+    Loops {
+        /// What to read and check against.
+        #[command(flatten)]
+        read: ReadArgs,
+        /// The auditor's secret key.
+        #[arg(long)]
+        auditor_key: PathBuf,
+        /// Report even if the chain does not verify (every page says so).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Resumable handoff summaries: why each run stopped and what is safe to resume.
+    Handoff {
+        /// What to read and check against.
+        #[command(flatten)]
+        read: ReadArgs,
+        /// The auditor's secret key.
+        #[arg(long)]
+        auditor_key: PathBuf,
+        /// Only this run.
+        #[arg(long)]
+        run: Option<String>,
+        /// Report even if the chain does not verify (every page says so).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Run the append daemon: HTTP/1.1 JSON on a Unix socket (and optionally loopback TCP).
+    Serve {
+        /// The ledger directory.
+        #[arg(long)]
+        ledger: PathBuf,
+        /// The Unix socket to listen on.
+        #[arg(long)]
+        socket: PathBuf,
+        /// Also listen on this loopback TCP address (e.g. 127.0.0.1:7878).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// The whole story on the embedded store: agents append decisions, the ledger is
+    /// exported and verified, loops are found and handoffs printed.
+    Demo {
+        /// Keep the demo's files here (default: a temporary directory, removed after).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}

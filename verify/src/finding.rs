@@ -1,0 +1,115 @@
+//! Findings: what the verifier found wrong, each naming the entry (seq) where it is.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// What kind of break a finding is. Stable snake_case names in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FindingKind {
+    /// An entry that does not decode (strict format rules).
+    Malformed,
+    /// An entry of another ledger (spliced in).
+    WrongLedger,
+    /// An entry whose seq is not the next one (gap, duplicate or reorder).
+    SeqBreak,
+    /// An entry whose previous-hash is not the hash of the entry before it.
+    BrokenLink,
+    /// Genesis missing, not matching `ledger.pub`, or badly signed.
+    BadGenesis,
+    /// An entry whose epoch breaks continuity.
+    EpochBreak,
+    /// An epoch certificate not signed by the previous epoch's key.
+    BadEpochCertificate,
+    /// The ledger's wall time goes backwards.
+    TimeRegression,
+    /// A checkpoint that does not parse.
+    CheckpointMalformed,
+    /// A checkpoint of another ledger.
+    CheckpointWrongLedger,
+    /// A checkpoint whose key id or signature is wrong for its epoch.
+    CheckpointBadSignature,
+    /// A checkpoint signed with another epoch's key than the one in force at its size
+    /// (e.g. old records re-sealed with a later key).
+    CheckpointWrongEpoch,
+    /// A checkpoint whose head is not the chain's hash at its size.
+    CheckpointHeadMismatch,
+    /// Two checkpoints (or a checkpoint and an anchor) of the same size with different heads.
+    Fork,
+    /// A checkpoint at a position other than right after the entry it seals, or sealing
+    /// entries that are not present (the ledger was truncated).
+    CheckpointMisplaced,
+    /// A checkpoint dated before the entries it seals.
+    CheckpointTime,
+    /// An anchor the ledger does not contain: truncation or rollback.
+    AnchorMissing,
+    /// An anchor that is not a valid checkpoint of this ledger.
+    AnchorInvalid,
+    /// The export ends inside a frame (torn write or cut mid-record).
+    TornTail,
+    /// The export's framing is broken (unknown tag, bad counts, trailing bytes).
+    ExportMalformed,
+    /// The store could not be read.
+    StoreError,
+    /// A decision that does not decrypt with the auditor key.
+    Undecryptable,
+    /// A decrypted decision that breaks SPEC section 3 or is not canonical.
+    InvalidDecision,
+}
+
+impl FindingKind {
+    /// The JSON name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::Malformed => "malformed",
+            FindingKind::WrongLedger => "wrong_ledger",
+            FindingKind::SeqBreak => "seq_break",
+            FindingKind::BrokenLink => "broken_link",
+            FindingKind::BadGenesis => "bad_genesis",
+            FindingKind::EpochBreak => "epoch_break",
+            FindingKind::BadEpochCertificate => "bad_epoch_certificate",
+            FindingKind::TimeRegression => "time_regression",
+            FindingKind::CheckpointMalformed => "checkpoint_malformed",
+            FindingKind::CheckpointWrongLedger => "checkpoint_wrong_ledger",
+            FindingKind::CheckpointBadSignature => "checkpoint_bad_signature",
+            FindingKind::CheckpointWrongEpoch => "checkpoint_wrong_epoch",
+            FindingKind::CheckpointHeadMismatch => "checkpoint_head_mismatch",
+            FindingKind::Fork => "fork",
+            FindingKind::CheckpointMisplaced => "checkpoint_misplaced",
+            FindingKind::CheckpointTime => "checkpoint_time",
+            FindingKind::AnchorMissing => "anchor_missing",
+            FindingKind::AnchorInvalid => "anchor_invalid",
+            FindingKind::TornTail => "torn_tail",
+            FindingKind::ExportMalformed => "export_malformed",
+            FindingKind::StoreError => "store_error",
+            FindingKind::Undecryptable => "undecryptable",
+            FindingKind::InvalidDecision => "invalid_decision",
+        }
+    }
+}
+
+impl fmt::Display for FindingKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One thing found wrong.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// What kind of break.
+    pub kind: FindingKind,
+    /// The entry where it is: the first bad seq (for a checkpoint: its size; for a torn
+    /// export: the seq the torn frame would have had).
+    pub seq: u64,
+    /// Why, in words.
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "seq {}: {}: {}", self.seq, self.kind, self.detail)
+    }
+}

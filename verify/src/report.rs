@@ -1,0 +1,240 @@
+//! The verification report: verdict, what is sealed, anchors, findings, tail.
+//! Its JSON form is the stable schema documented in `docs/VERIFY.md`.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use tally_ledger::Checkpoint;
+
+use crate::finding::Finding;
+
+/// The one-word outcome, and the exit code it maps to (SPEC section 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every entry verified and sealed; every anchor matched. Exit 0.
+    Intact,
+    /// Tampering or inconsistency found. Exit 1.
+    Tampered,
+    /// What is there is intact, but evidence is incomplete (unsealed tail, export cut at a
+    /// frame boundary, or a required anchor missing). Exit 3.
+    Incomplete,
+}
+
+impl Verdict {
+    /// The process exit code.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Verdict::Intact => 0,
+            Verdict::Tampered => 1,
+            Verdict::Incomplete => 3,
+        }
+    }
+}
+
+/// How the ledger ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Tail {
+    /// Every entry is sealed by a checkpoint.
+    Complete,
+    /// `count` entries from seq `from` are not covered by any valid checkpoint.
+    Unsealed {
+        /// First unsealed seq.
+        from: u64,
+        /// How many.
+        count: u64,
+    },
+    /// The export ends between frames without its end marker.
+    CutClean {
+        /// Where the file ends.
+        offset: u64,
+    },
+    /// The export ends inside a frame.
+    Torn {
+        /// Where the torn frame starts.
+        offset: u64,
+    },
+}
+
+/// Whether an anchor was found in the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnchorStatus {
+    /// The ledger contains exactly this checkpoint.
+    Matched,
+    /// The ledger reaches the anchor's size but disagrees with it.
+    Mismatch,
+    /// The ledger is shorter than the anchor.
+    Missing,
+}
+
+/// One anchor's result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AnchorResult {
+    /// Entries the anchor seals.
+    pub size: u64,
+    /// Its head hash.
+    pub head: String,
+    /// What the verifier found.
+    pub status: AnchorStatus,
+}
+
+/// A checkpoint, as reported.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CheckpointSummary {
+    /// Entries sealed.
+    pub size: u64,
+    /// Head hash.
+    pub head: String,
+    /// Signing epoch.
+    pub epoch: u32,
+    /// Wall time, ms since the Unix epoch.
+    pub time_ms: u64,
+}
+
+impl From<&Checkpoint> for CheckpointSummary {
+    fn from(c: &Checkpoint) -> CheckpointSummary {
+        CheckpointSummary {
+            size: c.size,
+            head: c.head.to_string(),
+            epoch: c.epoch,
+            time_ms: c.wall_ms,
+        }
+    }
+}
+
+/// Everything `tally verify` found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// The ledger id (from `ledger.pub`).
+    pub ledger_id: String,
+    /// Entries read (genesis, epoch certificates and decisions).
+    pub entries: u64,
+    /// Decision entries among them.
+    pub decisions: u64,
+    /// Key epochs seen (genesis is epoch 0).
+    pub epochs: u32,
+    /// Entries `0..sealed` are verified and covered by a valid checkpoint, with no finding
+    /// before it.
+    pub sealed: u64,
+    /// The checkpoint that seals them.
+    pub last_checkpoint: Option<CheckpointSummary>,
+    /// Each anchor's result.
+    pub anchors: Vec<AnchorResult>,
+    /// Whether an anchor was required.
+    pub require_anchor: bool,
+    /// Decisions decrypted and valid (with an auditor key).
+    pub decrypted: Option<u64>,
+    /// The auditor key given is not this ledger's recipient (nothing was decrypted).
+    pub auditor_key_mismatch: bool,
+    /// What is wrong, in seq order.
+    pub findings: Vec<Finding>,
+    /// Findings beyond the kept ones.
+    pub findings_omitted: u64,
+    /// How the ledger ends.
+    pub tail: Tail,
+}
+
+impl Report {
+    /// The verdict.
+    pub fn verdict(&self) -> Verdict {
+        if !self.findings.is_empty() || self.findings_omitted > 0 {
+            Verdict::Tampered
+        } else if !matches!(self.tail, Tail::Complete) || self.anchor_required_and_missing() {
+            Verdict::Incomplete
+        } else {
+            Verdict::Intact
+        }
+    }
+
+    fn anchor_required_and_missing(&self) -> bool {
+        self.require_anchor && !self.anchors.iter().any(|a| a.status == AnchorStatus::Matched)
+    }
+
+    /// The first finding, if any.
+    pub fn first_break(&self) -> Option<&Finding> {
+        self.findings.first()
+    }
+
+    /// The human-readable report: a verdict line first, then details and findings.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let last = self.entries.saturating_sub(1);
+        match self.verdict() {
+            Verdict::Intact => {
+                let _ = writeln!(
+                    out,
+                    "INTACT: all {} entries (seq 0..={last}) verified and sealed",
+                    self.entries
+                );
+            }
+            Verdict::Tampered => {
+                let f = &self.findings[0];
+                let _ = writeln!(out, "TAMPERED: first bad seq {}: {} ({})", f.seq, f.detail, f.kind);
+            }
+            Verdict::Incomplete => {
+                let why = match self.tail {
+                    Tail::Unsealed { from, count } => format!(
+                        "{count} entries (seq {from}..={}) are NOT sealed by any checkpoint",
+                        from + count - 1
+                    ),
+                    Tail::CutClean { offset } => format!(
+                        "the export ends at byte {offset} without its end marker (cut at a frame boundary)"
+                    ),
+                    _ => "no matching anchor was given, and one is required (--require-anchor)".into(),
+                };
+                let sealed = match self.sealed {
+                    0 => "nothing is sealed".to_string(),
+                    s => format!("seq 0..={} verified and sealed", s - 1),
+                };
+                let _ = writeln!(out, "INCOMPLETE: {sealed}; {why}");
+            }
+        }
+        let _ = writeln!(out, "  ledger      {}", self.ledger_id);
+        let _ = writeln!(
+            out,
+            "  entries     {} ({} decisions, {} key epochs)",
+            self.entries, self.decisions, self.epochs
+        );
+        match &self.last_checkpoint {
+            Some(c) => {
+                let _ = writeln!(
+                    out,
+                    "  sealed      seq 0..={} by checkpoint size {} epoch {} head {}",
+                    c.size - 1,
+                    c.size,
+                    c.epoch,
+                    &c.head[..16]
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  sealed      nothing");
+            }
+        }
+        if let Tail::Unsealed { from, count } = self.tail {
+            let _ = writeln!(out, "  unsealed    seq {from}..={} ({count} entries)", from + count - 1);
+        }
+        for a in &self.anchors {
+            let _ = writeln!(out, "  anchor      size {} head {}: {:?}", a.size, &a.head[..16], a.status);
+        }
+        if self.require_anchor && self.anchors.is_empty() {
+            let _ = writeln!(out, "  anchor      none given, but --require-anchor is set");
+        }
+        if self.auditor_key_mismatch {
+            let _ = writeln!(out, "  decrypted   nothing: the auditor key is not this ledger's recipient");
+        } else if let Some(d) = self.decrypted {
+            let _ = writeln!(out, "  decrypted   {d} of {} decisions, each valid per SPEC section 3", self.decisions);
+        }
+        if !self.findings.is_empty() {
+            let _ = writeln!(out, "findings ({}):", self.findings.len() as u64 + self.findings_omitted);
+            for f in &self.findings {
+                let _ = writeln!(out, "  seq {:<8} {:<26} {}", f.seq, f.kind.as_str(), f.detail);
+            }
+            if self.findings_omitted > 0 {
+                let _ = writeln!(out, "  ... and {} more", self.findings_omitted);
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,543 @@
+//! The chain walk: one streaming pass over a ledger's frames.
+//!
+//! Integrity needs only the ledger's public key: strict decoding, ledger id, seq
+//! continuity, hash links, genesis, epoch certificates, checkpoints, anchors, tail.
+//! With the auditor key each decision is also decrypted (in parallel batches) and checked
+//! against SPEC section 3. Memory is constant in the number of entries: one hash, the
+//! epoch keys (one per epoch), a bounded batch, and at most `max_findings` findings.
+
+use std::collections::HashMap;
+
+use tally_ledger::export::ExportError;
+use tally_ledger::format::{entry_hash, Entry, EntryType, Hash};
+use tally_ledger::keys::{verify_checkpoint, verify_signature, AuditorKey, DataKey, LedgerPublic};
+use tally_ledger::{Checkpoint, Decision, Frame, LedgerId};
+
+use crate::event::Event;
+use crate::finding::{Finding, FindingKind};
+use crate::report::{AnchorResult, AnchorStatus, Report, Tail};
+
+/// Where frames come from failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// The export file is malformed or cut.
+    #[error(transparent)]
+    Export(#[from] ExportError),
+    /// The store could not be read.
+    #[error("store: {0}")]
+    Store(String),
+}
+
+/// What the verifier checks against.
+pub struct Options {
+    /// The ledger's public verification key (`ledger.pub`).
+    pub public: LedgerPublic,
+    /// The auditor's decryption key, to decrypt and check every decision.
+    pub auditor: Option<AuditorKey>,
+    /// Checkpoints held elsewhere that the ledger must contain.
+    pub anchors: Vec<Checkpoint>,
+    /// Fail (exit 3) unless at least one anchor is given and matched.
+    pub require_anchor: bool,
+    /// Findings kept in the report; more are counted, not kept.
+    pub max_findings: usize,
+    /// Threads for decryption.
+    pub threads: usize,
+}
+
+impl Options {
+    /// Options with defaults: no auditor key, no anchors, 1000 findings, 2 threads.
+    pub fn new(public: LedgerPublic) -> Options {
+        Options {
+            public,
+            auditor: None,
+            anchors: Vec::new(),
+            require_anchor: false,
+            max_findings: 1000,
+            threads: 2,
+        }
+    }
+}
+
+const BATCH: usize = 4096;
+
+struct Pending {
+    seq: u64,
+    wall_ms: u64,
+    epoch: u32,
+    bytes: Vec<u8>,
+}
+
+struct Walk<'a> {
+    opts: &'a Options,
+    ledger_id: LedgerId,
+    next_seq: u64,
+    head: Hash,
+    head_epoch: u32,
+    head_wall: u64,
+    epoch_keys: Vec<[u8; 32]>,
+    data_keys: HashMap<u32, DataKey>,
+    decrypt: bool,
+    batch: Vec<Pending>,
+    decisions: u64,
+    decrypted: u64,
+    findings: Vec<Finding>,
+    omitted: u64,
+    broken: bool,
+    sealed: u64,
+    last_checkpoint: Option<Checkpoint>,
+    heads_here: Vec<Hash>,
+    anchors: Vec<(Checkpoint, Option<AnchorStatus>)>,
+    auditor_mismatch: bool,
+    tail: Tail,
+}
+
+/// Verify a ledger from its frames. `sink` receives every decrypted, valid decision in
+/// seq order (only with an auditor key); `progress` is called with the entry count now
+/// and then.
+pub fn verify(
+    frames: impl Iterator<Item = Result<Frame, SourceError>>,
+    opts: &Options,
+    mut sink: impl FnMut(Event),
+    mut progress: impl FnMut(u64),
+) -> Report {
+    let mut anchors: Vec<(Checkpoint, Option<AnchorStatus>)> =
+        opts.anchors.iter().cloned().map(|a| (a, None)).collect();
+    anchors.sort_by_key(|(a, _)| a.size);
+    let mut w = Walk {
+        opts,
+        ledger_id: opts.public.ledger_id,
+        next_seq: 0,
+        head: Hash::default(),
+        head_epoch: 0,
+        head_wall: 0,
+        epoch_keys: Vec::new(),
+        data_keys: HashMap::new(),
+        decrypt: opts.auditor.is_some(),
+        batch: Vec::new(),
+        decisions: 0,
+        decrypted: 0,
+        findings: Vec::new(),
+        omitted: 0,
+        broken: false,
+        sealed: 0,
+        last_checkpoint: None,
+        heads_here: Vec::new(),
+        anchors,
+        auditor_mismatch: false,
+        tail: Tail::Complete,
+    };
+    for frame in frames {
+        match frame {
+            Ok(Frame::Entry(bytes)) => {
+                w.entry(bytes);
+                if w.batch.len() >= BATCH {
+                    w.flush(&mut sink);
+                }
+                if w.next_seq % 65_536 == 0 {
+                    progress(w.next_seq);
+                }
+            }
+            Ok(Frame::Checkpoint(text)) => w.checkpoint(&text),
+            Err(SourceError::Export(ExportError::CutClean { offset })) => {
+                w.tail = Tail::CutClean { offset };
+            }
+            Err(SourceError::Export(ExportError::Torn { offset, missing })) => {
+                w.find(
+                    FindingKind::TornTail,
+                    w.next_seq,
+                    format!("the export ends inside a frame at byte {offset} ({missing} bytes missing): a torn write or a cut mid-record"),
+                );
+                w.tail = Tail::Torn { offset };
+            }
+            Err(SourceError::Export(e)) => {
+                w.find(FindingKind::ExportMalformed, w.next_seq, e.to_string())
+            }
+            Err(SourceError::Store(e)) => w.find(FindingKind::StoreError, w.next_seq, e),
+        }
+    }
+    w.flush(&mut sink);
+    progress(w.next_seq);
+    w.finish()
+}
+
+impl Walk<'_> {
+    fn find(&mut self, kind: FindingKind, seq: u64, detail: impl Into<String>) {
+        self.broken = true;
+        if self.findings.len() < self.opts.max_findings {
+            self.findings.push(Finding {
+                kind,
+                seq,
+                detail: detail.into(),
+            });
+        } else {
+            self.omitted += 1;
+        }
+    }
+
+    fn entry(&mut self, bytes: Vec<u8>) {
+        let expected = self.next_seq;
+        let entry = match Entry::decode(&bytes) {
+            Ok(e) => e,
+            Err(e) => {
+                self.find(FindingKind::Malformed, expected, format!("entry does not decode: {e}"));
+                // Resynchronise on the stored bytes so one bad entry is one finding.
+                self.head = entry_hash(&bytes);
+                self.next_seq += 1;
+                return;
+            }
+        };
+        let h = entry.header;
+        if h.ledger_id != self.ledger_id {
+            self.find(
+                FindingKind::WrongLedger,
+                h.seq,
+                format!("entry belongs to ledger {}, not {} (spliced from another ledger)", h.ledger_id, self.ledger_id),
+            );
+        }
+        if h.seq != expected {
+            let what = if h.seq < expected { "duplicated or reordered" } else { "entries missing" };
+            self.find(
+                FindingKind::SeqBreak,
+                expected,
+                format!("expected seq {expected}, found seq {} ({what})", h.seq),
+            );
+        }
+        if h.prev_hash != self.head {
+            self.find(
+                FindingKind::BrokenLink,
+                h.seq,
+                format!("previous-hash {} is not the hash {} of the entry before", short(&h.prev_hash), short(&self.head)),
+            );
+        }
+        if h.wall_ms < self.head_wall {
+            self.find(
+                FindingKind::TimeRegression,
+                h.seq,
+                format!("wall time {} ms is before the previous entry's {} ms", h.wall_ms, self.head_wall),
+            );
+        }
+        match h.entry_type {
+            EntryType::Genesis => self.genesis(&entry),
+            EntryType::Epoch => self.epoch_cert(&entry),
+            EntryType::Decision => {
+                self.decisions += 1;
+                if self.epoch_keys.is_empty() {
+                    self.find(FindingKind::BadGenesis, h.seq, "decision before any genesis");
+                } else if h.epoch != self.head_epoch {
+                    self.find(
+                        FindingKind::EpochBreak,
+                        h.seq,
+                        format!("decision claims epoch {} but epoch {} is in force", h.epoch, self.head_epoch),
+                    );
+                }
+            }
+            _ => self.find(FindingKind::Malformed, h.seq, "unknown entry type"),
+        }
+        self.head = entry.hash();
+        self.head_wall = h.wall_ms;
+        self.head_epoch = h.epoch;
+        self.next_seq = h.seq.max(expected) + 1;
+        if self.decrypt && h.entry_type == EntryType::Decision {
+            self.batch.push(Pending {
+                seq: h.seq,
+                wall_ms: h.wall_ms,
+                epoch: h.epoch,
+                bytes,
+            });
+        }
+        self.check_anchors();
+    }
+
+    fn genesis(&mut self, entry: &Entry<'_>) {
+        let seq = entry.header.seq;
+        let Some(g) = entry.genesis() else { return };
+        if !self.epoch_keys.is_empty() {
+            self.find(FindingKind::BadGenesis, seq, "a second genesis entry");
+            return;
+        }
+        if g.verifying_key != self.opts.public.verifying_key {
+            self.find(
+                FindingKind::BadGenesis,
+                seq,
+                format!(
+                    "genesis key {} is not the key in ledger.pub {} (wrong verification key, or another ledger)",
+                    hex::encode(tally_ledger::format::key_id(&g.verifying_key)),
+                    hex::encode(tally_ledger::format::key_id(&self.opts.public.verifying_key))
+                ),
+            );
+        } else if verify_signature(&g.verifying_key, &entry.signed_message(), &g.signature, "genesis").is_err() {
+            self.find(FindingKind::BadGenesis, seq, "genesis signature does not verify");
+        }
+        self.epoch_keys.push(g.verifying_key);
+        if let Some(auditor) = &self.opts.auditor {
+            if auditor.public() != g.recipient {
+                self.auditor_mismatch = true;
+                self.decrypt = false;
+                self.batch.clear();
+            } else {
+                self.add_data_key(0, &g.ephemeral, seq);
+            }
+        }
+    }
+
+    fn epoch_cert(&mut self, entry: &Entry<'_>) {
+        let h = entry.header;
+        let Some(c) = entry.epoch_cert() else { return };
+        let current = self.head_epoch;
+        if self.epoch_keys.is_empty() {
+            self.find(FindingKind::BadGenesis, h.seq, "epoch certificate before any genesis");
+        } else if h.epoch != current + 1 {
+            self.find(
+                FindingKind::EpochBreak,
+                h.seq,
+                format!("certificate for epoch {} follows epoch {current}", h.epoch),
+            );
+        } else {
+            let signer = self.epoch_keys[self.epoch_keys.len() - 1];
+            if verify_signature(&signer, &entry.signed_message(), &c.signature, "epoch certificate").is_err() {
+                self.find(
+                    FindingKind::BadEpochCertificate,
+                    h.seq,
+                    format!("epoch {} key is not certified by epoch {current}'s key", h.epoch),
+                );
+            }
+        }
+        // Keep walking with the claimed key so later entries are judged on their own.
+        while self.epoch_keys.len() <= h.epoch as usize {
+            self.epoch_keys.push(c.verifying_key);
+        }
+        self.epoch_keys[h.epoch as usize] = c.verifying_key;
+        if self.decrypt {
+            self.add_data_key(h.epoch, &c.ephemeral, h.seq);
+        }
+    }
+
+    fn add_data_key(&mut self, epoch: u32, ephemeral: &[u8; 32], seq: u64) {
+        let Some(auditor) = &self.opts.auditor else { return };
+        match auditor.epoch_key(ephemeral, self.ledger_id, epoch) {
+            Ok(k) => {
+                self.data_keys.insert(epoch, k);
+            }
+            Err(e) => self.find(FindingKind::Undecryptable, seq, format!("epoch {epoch} data key: {e}")),
+        }
+    }
+
+    fn checkpoint(&mut self, text: &[u8]) {
+        let n = self.next_seq;
+        let cp = match Checkpoint::from_text(text) {
+            Ok(cp) => cp,
+            Err(e) => {
+                self.find(FindingKind::CheckpointMalformed, n, format!("checkpoint after seq {}: {e}", n.saturating_sub(1)));
+                return;
+            }
+        };
+        if let Err((kind, why)) = self.check_seal(&cp, "checkpoint") {
+            self.find(kind, cp.size.min(n), why);
+            return;
+        }
+        if !self.broken {
+            self.sealed = cp.size;
+            self.last_checkpoint = Some(cp);
+        }
+    }
+
+    /// Check a checkpoint or anchor against the chain at the current position.
+    fn check_seal(&mut self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
+        let n = self.next_seq;
+        if cp.ledger_id != self.ledger_id {
+            return Err((
+                FindingKind::CheckpointWrongLedger,
+                format!("{what} belongs to ledger {}, not {}", cp.ledger_id, self.ledger_id),
+            ));
+        }
+        if cp.size != n {
+            return Err((
+                FindingKind::CheckpointMisplaced,
+                if cp.size > n {
+                    format!("{what} seals {} entries but only {n} precede it (entries were removed: truncated)", cp.size)
+                } else {
+                    format!("{what} seals {} entries but stands after entry {}", cp.size, n - 1)
+                },
+            ));
+        }
+        let Some(key) = self.epoch_keys.get(cp.epoch as usize).copied() else {
+            return Err((
+                FindingKind::CheckpointBadSignature,
+                format!("{what} claims epoch {} but the ledger has no key for it here", cp.epoch),
+            ));
+        };
+        if let Err(e) = verify_checkpoint(cp, &key) {
+            return Err((FindingKind::CheckpointBadSignature, format!("{what} of epoch {}: {e}", cp.epoch)));
+        }
+        if cp.epoch != self.head_epoch {
+            return Err((
+                FindingKind::CheckpointWrongEpoch,
+                format!(
+                    "{what} is signed by epoch {}'s key, but entry {} is in epoch {} (re-sealed with another epoch's key)",
+                    cp.epoch,
+                    n - 1,
+                    self.head_epoch
+                ),
+            ));
+        }
+        if !self.heads_here.is_empty() && self.heads_here.iter().any(|h| *h != cp.head) {
+            self.heads_here.push(cp.head);
+            return Err((
+                FindingKind::Fork,
+                format!("two validly signed checkpoints of size {n} with different heads"),
+            ));
+        }
+        self.heads_here.push(cp.head);
+        if cp.head != self.head {
+            return Err((
+                FindingKind::CheckpointHeadMismatch,
+                format!("{what} head {} is not the chain's hash {} at size {n}", short(&cp.head), short(&self.head)),
+            ));
+        }
+        if cp.wall_ms < self.head_wall {
+            return Err((
+                FindingKind::CheckpointTime,
+                format!("{what} time {} ms is before the entry it seals ({} ms)", cp.wall_ms, self.head_wall),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_anchors(&mut self) {
+        self.heads_here.clear();
+        let n = self.next_seq;
+        let mut i = 0;
+        while i < self.anchors.len() {
+            if self.anchors[i].0.size == n && self.anchors[i].1.is_none() {
+                let anchor = self.anchors[i].0.clone();
+                let status = match self.check_seal(&anchor, "anchor") {
+                    Ok(()) => AnchorStatus::Matched,
+                    Err((kind, why)) => {
+                        let kind = match kind {
+                            FindingKind::CheckpointHeadMismatch | FindingKind::Fork => FindingKind::Fork,
+                            _ => FindingKind::AnchorInvalid,
+                        };
+                        self.find(kind, n - 1, why);
+                        AnchorStatus::Mismatch
+                    }
+                };
+                self.anchors[i].1 = Some(status);
+                // The anchor's head stays in `heads_here` so a stored checkpoint of the
+                // same size with another head is reported as a fork.
+            }
+            i += 1;
+        }
+    }
+
+    fn flush(&mut self, sink: &mut impl FnMut(Event)) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let keys = &self.data_keys;
+        let threads = self.opts.threads.max(1);
+        let chunk = batch.len().div_ceil(threads);
+        let results: Vec<Vec<Result<Decision, String>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = batch
+                .chunks(chunk)
+                .map(|part| s.spawn(move || part.iter().map(|p| open(keys, p)).collect::<Vec<_>>()))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| vec![Err("decryption thread panicked".into())]))
+                .collect()
+        });
+        for (p, r) in batch.iter().zip(results.into_iter().flatten()) {
+            match r {
+                Ok(decision) => {
+                    self.decrypted += 1;
+                    sink(Event {
+                        seq: p.seq,
+                        wall_ms: p.wall_ms,
+                        epoch: p.epoch,
+                        decision,
+                    });
+                }
+                Err(why) if why.starts_with("invalid:") => {
+                    self.find(FindingKind::InvalidDecision, p.seq, why["invalid:".len()..].trim_start())
+                }
+                Err(why) => self.find(FindingKind::Undecryptable, p.seq, why),
+            }
+        }
+    }
+
+    fn finish(mut self) -> Report {
+        let n = self.next_seq;
+        for i in 0..self.anchors.len() {
+            if self.anchors[i].1.is_none() {
+                let a = self.anchors[i].0.clone();
+                let why = if a.ledger_id != self.ledger_id {
+                    format!("anchor belongs to ledger {}, not {}", a.ledger_id, self.ledger_id)
+                } else {
+                    format!(
+                        "anchor seals {} entries but the ledger has {n}: it was truncated or rolled back",
+                        a.size
+                    )
+                };
+                let kind = if a.ledger_id != self.ledger_id {
+                    FindingKind::AnchorInvalid
+                } else {
+                    FindingKind::AnchorMissing
+                };
+                self.find(kind, n.min(a.size), why);
+                self.anchors[i].1 = Some(AnchorStatus::Missing);
+            }
+        }
+        if n == 0 && self.findings.is_empty() && !matches!(self.tail, Tail::CutClean { .. }) {
+            self.find(FindingKind::BadGenesis, 0, "the ledger holds no entries");
+        }
+        self.findings.sort_by_key(|f| f.seq);
+        let unsealed = n.saturating_sub(self.sealed);
+        let tail = match self.tail {
+            Tail::Complete if unsealed > 0 => Tail::Unsealed {
+                from: self.sealed,
+                count: unsealed,
+            },
+            t => t,
+        };
+        Report {
+            ledger_id: self.ledger_id.to_string(),
+            entries: n,
+            decisions: self.decisions,
+            epochs: self.epoch_keys.len() as u32,
+            sealed: self.sealed,
+            last_checkpoint: self.last_checkpoint.as_ref().map(Into::into),
+            anchors: self
+                .anchors
+                .iter()
+                .map(|(a, s)| AnchorResult {
+                    size: a.size,
+                    head: a.head.to_string(),
+                    status: s.unwrap_or(AnchorStatus::Missing),
+                })
+                .collect(),
+            require_anchor: self.opts.require_anchor,
+            decrypted: self.opts.auditor.as_ref().map(|_| self.decrypted),
+            auditor_key_mismatch: self.auditor_mismatch,
+            findings: self.findings,
+            findings_omitted: self.omitted,
+            tail,
+        }
+    }
+}
+
+fn open(keys: &HashMap<u32, DataKey>, p: &Pending) -> Result<Decision, String> {
+    let entry = Entry::decode(&p.bytes).map_err(|e| e.to_string())?;
+    let key = keys
+        .get(&p.epoch)
+        .ok_or_else(|| format!("no data key for epoch {}", p.epoch))?;
+    let plain = key
+        .open(&entry.header.nonce, entry.header_bytes(), entry.body())
+        .map_err(|e| e.to_string())?;
+    Decision::from_stored(&plain).map_err(|e| format!("invalid: {e}"))
+}
+
+fn short(h: &Hash) -> String {
+    h.to_string()[..16].to_string()
+}
