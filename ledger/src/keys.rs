@@ -107,6 +107,13 @@ impl AuditorKey {
         }
     }
 
+    /// A key pair from a secret's 32 bytes (test vectors, key import).
+    pub fn from_bytes(secret: [u8; 32]) -> AuditorKey {
+        AuditorKey {
+            secret: StaticSecret::from(secret),
+        }
+    }
+
     /// The public half, for `tally init --recipient`.
     pub fn public(&self) -> [u8; 32] {
         PublicKey::from(&self.secret).to_bytes()
@@ -252,6 +259,17 @@ impl EpochSecrets {
             since_ms: 0,
         };
         Ok((secrets, ephemeral))
+    }
+
+    /// Secrets from raw bytes (test vectors, and attack simulations in tests).
+    pub fn from_bytes(epoch: u32, signing: [u8; 32], data: [u8; 32]) -> EpochSecrets {
+        EpochSecrets {
+            epoch,
+            signing: SigningKey::from_bytes(&signing),
+            data: Zeroizing::new(data),
+            from_seq: 0,
+            since_ms: 0,
+        }
     }
 
     /// The verifying key.

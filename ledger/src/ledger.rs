@@ -159,6 +159,9 @@ impl Ledger {
         if dir.join(files::PUBLIC).exists() || dir.join("store").exists() {
             return Err(Error::AlreadyExists(dir.to_path_buf()));
         }
+        let ledger_id = LedgerId(keys::random16());
+        // Refuse a bad recipient before anything touches the disk.
+        let (mut secrets, ephemeral) = EpochSecrets::generate(0, recipient, ledger_id)?;
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         #[cfg(unix)]
         {
@@ -166,8 +169,6 @@ impl Ledger {
             fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
                 .map_err(|e| Error::io(dir, e))?;
         }
-        let ledger_id = LedgerId(keys::random16());
-        let (mut secrets, ephemeral) = EpochSecrets::generate(0, recipient, ledger_id)?;
         let wall = now_ms();
         secrets.from_seq = 0;
         secrets.since_ms = wall;

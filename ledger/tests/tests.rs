@@ -1,1 +1,5 @@
+//! tally-ledger integration tests (one binary; modules by topic).
 
+mod decisions;
+mod store;
+mod vectors;

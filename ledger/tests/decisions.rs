@@ -1,0 +1,154 @@
+//! Decision records: every kind round-trips; every kind of bad input gets its typed error.
+
+use serde_json::json;
+use tally_ledger::decision::{args_digest, canonical_json, Action, Reason};
+use tally_ledger::{Decision, DecisionError, Kind};
+
+/// One valid decision of each kind, with every field that kind may carry.
+pub fn every_kind() -> Vec<Decision> {
+    [
+        json!({"run":"r1","kind":"start","worker":"w1","at_ms":0,"goal":"export the Q3 report",
+               "budget":{"attempts":5,"deadline_ms":60000,"spend_cents":500,"side_effects":2,"polls":10,"depth":3},
+               "parent":"r0"}),
+        json!({"run":"r1","kind":"allow","worker":"w1","at_ms":10,"tool":"http","operation":"export.create",
+               "args":{"url":"https://x.example/export","body":{"q":3}},"args_preview":"POST /export",
+               "effect":"non_idempotent_write","idempotency_key":"k1","target":"billing-api","channel":"http",
+               "depth":1,"attempt":1,"reserve_cents":25,"limits":{"attempts":{"used":1,"limit":5}}}),
+        json!({"run":"r1","kind":"deny","at_ms":20,"tool":"http","operation":"export.create","effect":"read",
+               "reason":"upstream_backoff","attempt":2,"retry_after_ms":1000,"limits":{"rate":{"used":10,"limit":10}}}),
+        json!({"run":"r1","kind":"outcome","at_ms":30,"attempt":1,"status":"running","settled_cents":20,
+               "remote_ref":"ea91","observed":"queued","retry_after_ms":500}),
+        json!({"run":"r1","kind":"refund","at_ms":40,"of":2,"slots":1,"cents":5}),
+        json!({"run":"r1","kind":"override","at_ms":50,"approver":"alice@example.com",
+               "scope":{"attempts":2,"cents":100,"tool":"http","operation":"export.create"},
+               "digest":"0000000000000000000000000000000000000000000000000000000000000000",
+               "expires_ms":3600000,"note":"one more try"}),
+        json!({"run":"r1","kind":"stop","at_ms":60,"reason":"completed","note":"done",
+               "limits":{"spend_cents":{"used":45,"limit":500}}}),
+    ]
+    .into_iter()
+    .map(|v| Decision::from_json(&v.to_string()).unwrap())
+    .collect()
+}
+
+#[test]
+fn every_kind_round_trips_canonically() {
+    let kinds: Vec<Kind> = every_kind().iter().map(|d| d.kind()).collect();
+    assert_eq!(kinds.len(), 7);
+    for mut d in every_kind() {
+        d.validate().unwrap();
+        d.seal_args();
+        let stored = d.to_canonical_json();
+        let back = Decision::from_stored(&stored).unwrap();
+        assert_eq!(back, d, "{}", d.kind());
+        assert_eq!(back.to_canonical_json(), stored);
+    }
+}
+
+#[test]
+fn raw_args_never_reach_the_stored_form() {
+    let mut d = every_kind().remove(1);
+    let digest = args_digest(d.args.as_ref().unwrap());
+    d.seal_args();
+    let stored = String::from_utf8(d.to_canonical_json()).unwrap();
+    assert!(!stored.contains("x.example"), "{stored}");
+    assert!(!stored.contains("\"args\""), "{stored}");
+    assert!(stored.contains(&digest));
+    let with_args = stored.replacen('{', r#"{"args":{"a":1},"#, 1);
+    assert!(matches!(
+        Decision::from_stored(with_args.as_bytes()),
+        Err(DecisionError::Invalid { field: "args", .. })
+    ));
+}
+
+#[test]
+fn canonical_json_sorts_keys_and_drops_whitespace() {
+    let v: serde_json::Value =
+        serde_json::from_str(r#"{ "b" : 1, "a" : [1, {"d": 2, "c": "x y"}] }"#).unwrap();
+    let mut out = Vec::new();
+    canonical_json(&v, &mut out);
+    assert_eq!(out, br#"{"a":[1,{"c":"x y","d":2}],"b":1}"#);
+    assert_eq!(
+        args_digest(&v),
+        blake3::hash(br#"{"a":[1,{"c":"x y","d":2}],"b":1}"#).to_hex().to_string()
+    );
+}
+
+#[test]
+fn stored_form_must_be_canonical() {
+    let mut d = every_kind().remove(0);
+    d.seal_args();
+    let stored = String::from_utf8(d.to_canonical_json()).unwrap();
+    let spaced = stored.replacen(':', ": ", 1);
+    assert_eq!(Decision::from_stored(spaced.as_bytes()), Err(DecisionError::NotCanonical));
+}
+
+fn refused(json: &str) -> DecisionError {
+    match Decision::from_json(json) {
+        Err(e) => e,
+        Ok(d) => d.validate().expect_err(json),
+    }
+}
+
+#[test]
+fn bad_input_gets_a_typed_error_naming_the_field() {
+    use DecisionError::*;
+    let cases: &[(&str, DecisionError)] = &[
+        (r#"{"kind":"start"}"#, Missing { field: "run" }),
+        (r#"{"run":"r"}"#, Missing { field: "kind" }),
+        (r#"{"run":"r","kind":"deny","tool":"t"}"#, Missing { field: "reason" }),
+        (r#"{"run":"r","kind":"stop"}"#, Missing { field: "reason" }),
+        (r#"{"run":"r","kind":"outcome"}"#, Missing { field: "status" }),
+        (r#"{"run":"r","kind":"refund"}"#, Missing { field: "of" }),
+        (r#"{"run":"r","kind":"start","tool":"t"}"#, NotAllowed { field: "tool", kind: Kind::Start }),
+        (r#"{"run":"r","kind":"outcome","status":"ok","reserve_cents":1}"#, NotAllowed { field: "reserve_cents", kind: Kind::Outcome }),
+        (r#"{"run":"r","kind":"allow","goal":"g"}"#, NotAllowed { field: "goal", kind: Kind::Allow }),
+        (r#"{"run":"r","kind":"allow","note":"n"}"#, NotAllowed { field: "note", kind: Kind::Allow }),
+        (r#"{"run":"r","kind":"deny","reason":"completed"}"#, Invalid { field: "reason", why: "`completed` is for stop records only" }),
+        (r#"{"run":"r","kind":"override","digest":"ABC"}"#, Invalid { field: "digest", why: "must be 64 lowercase hex characters (a BLAKE3 digest)" }),
+        (r#"{"run":"r","kind":"allow","args":{"a":1},"args_digest":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+         Invalid { field: "args_digest", why: "does not match the BLAKE3 digest of canonical `args`" }),
+    ];
+    for (json, want) in cases {
+        assert_eq!(&refused(json), want, "{json}");
+    }
+    let long = format!(r#"{{"run":"r","kind":"allow","args_preview":"{}"}}"#, "x".repeat(257));
+    assert_eq!(refused(&long), TooLong { field: "args_preview", len: 257, max: 256 });
+    let long = format!(r#"{{"run":"{}","kind":"start"}}"#, "x".repeat(1025));
+    assert_eq!(refused(&long), TooLong { field: "run", len: 1025, max: 1024 });
+    assert!(matches!(refused(r#"{"run":"r","kind":"stop","reason":"completed","limits":{"cpu":{"used":1,"limit":2}}}"#), Invalid { field: "limits", .. }));
+}
+
+#[test]
+fn json_errors_are_strict() {
+    for bad in [
+        r#"{"run":"r","kind":"start","bogus":1}"#,
+        r#"{"run":"r","kind":"start"} trailing"#,
+        r#"{"run":"r","kind":"start","run":"again"}"#,
+        r#"{"run":"r","kind":"launch"}"#,
+        r#"{"run":"r","kind":"start","at_ms":-1}"#,
+        r#"{"run":"r","kind":"start","at_ms":"5"}"#,
+        r#"{"run":"r","kind":"start","budget":{"attempts":1,"tokens":5}}"#,
+        r#"{"run":"r","kind":"deny","reason":"because"}"#,
+        r#"[{"run":"r","kind":"start"}]"#,
+        "",
+    ] {
+        assert!(matches!(Decision::from_json(bad), Err(DecisionError::Json { .. })), "{bad}");
+    }
+    let e = Decision::from_json(r#"{"run":"r","kind":"start","bogus":1}"#).unwrap_err();
+    assert!(e.to_string().contains("unknown field `bogus`"), "{e}");
+}
+
+#[test]
+fn every_reason_says_what_to_do() {
+    assert_eq!(Reason::ALL.len(), 19);
+    for r in Reason::ALL {
+        let name = serde_json::to_value(r).unwrap();
+        assert_eq!(name, r.as_str());
+    }
+    assert_eq!(Reason::UpstreamBackoff.action(), Action::Backoff);
+    assert_eq!(Reason::AttemptsExhausted.action(), Action::Stop);
+    assert_eq!(Reason::ApprovalRequired.action(), Action::AskHuman);
+    assert_eq!(Reason::OutcomeUnknownNonIdempotent.action(), Action::AskHuman);
+    assert_eq!(Reason::Completed.action(), Action::Done);
+}

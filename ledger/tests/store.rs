@@ -1,0 +1,256 @@
+//! The append API and store: atomic batches, unchanged store on bad input, rotation and
+//! its crash recovery, key file permissions, export framing.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tally_ledger::export::{ExportError, ExportReader, ExportWriter};
+use tally_ledger::format::{Entry, EntryType};
+use tally_ledger::keys::{AuditorKey, EpochSecrets};
+use tally_ledger::ledger::files;
+use tally_ledger::{Decision, DecisionError, Error, Frame, Ledger, Rotation};
+
+use crate::decisions::every_kind;
+
+fn new_ledger(dir: &Path, rotation: Rotation) -> (Ledger, AuditorKey) {
+    let auditor = AuditorKey::generate();
+    Ledger::init(dir, &auditor.public(), rotation).unwrap();
+    (Ledger::open(dir).unwrap(), auditor)
+}
+
+fn decision(run: &str, i: u64) -> Decision {
+    Decision::from_json(&format!(
+        r#"{{"run":"{run}","kind":"allow","tool":"search","args":{{"q":{i}}},"attempt":{i}}}"#
+    ))
+    .unwrap()
+}
+
+fn frames(l: &Ledger) -> Vec<Frame> {
+    l.snapshot().map(Result::unwrap).collect()
+}
+
+/// Decrypt every decision of a ledger's snapshot with the auditor key, checking links.
+fn read_back(l: &Ledger, auditor: &AuditorKey) -> Vec<Decision> {
+    let mut out = Vec::new();
+    let mut keys = std::collections::HashMap::new();
+    let mut prev = None;
+    for f in frames(l) {
+        let Frame::Entry(bytes) = f else { continue };
+        let e = Entry::decode(&bytes).unwrap();
+        if let Some(p) = prev {
+            assert_eq!(e.header.prev_hash, p);
+        }
+        prev = Some(e.hash());
+        match e.header.entry_type {
+            EntryType::Genesis => {
+                let g = e.genesis().unwrap();
+                keys.insert(0, auditor.epoch_key(&g.ephemeral, e.header.ledger_id, 0).unwrap());
+            }
+            EntryType::Epoch => {
+                let c = e.epoch_cert().unwrap();
+                let k = auditor.epoch_key(&c.ephemeral, e.header.ledger_id, e.header.epoch).unwrap();
+                keys.insert(e.header.epoch, k);
+            }
+            _ => {
+                let plain = keys[&e.header.epoch]
+                    .open(&e.header.nonce, e.header_bytes(), e.body())
+                    .unwrap();
+                out.push(Decision::from_stored(&plain).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_kind_round_trips_through_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, auditor) = new_ledger(&dir.path().join("l"), Rotation::default());
+    let receipts = l.append_batch(every_kind()).unwrap();
+    assert_eq!(receipts.iter().map(|r| r.seq).collect::<Vec<_>>(), (1..=7).collect::<Vec<_>>());
+    let mut want = every_kind();
+    want.iter_mut().for_each(Decision::seal_args);
+    assert_eq!(read_back(&l, &auditor), want);
+    assert_eq!(l.checkpoint().size, 8);
+    assert_eq!(l.checkpoint().head, receipts[6].hash);
+}
+
+#[test]
+fn bad_input_changes_nothing_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, _) = new_ledger(&dir.path().join("l"), Rotation::default());
+    l.append_batch((0..5).map(|i| decision("r", i)).collect()).unwrap();
+    let before = frames(&l);
+    let cp = l.checkpoint();
+    let mut batch: Vec<Decision> = (0..4).map(|i| decision("r", i)).collect();
+    batch[2].reason = None;
+    batch[2].kind = Some(tally_ledger::Kind::Deny);
+    match l.append_batch(batch) {
+        Err(Error::InBatch { index: 2, source: DecisionError::Missing { field: "reason" } }) => {}
+        other => panic!("{other:?}"),
+    }
+    let mut big = decision("r", 1);
+    big.args_preview = Some("p".repeat(300));
+    assert!(matches!(l.append(big), Err(Error::Decision(DecisionError::TooLong { .. }))));
+    assert_eq!(frames(&l), before);
+    assert_eq!(l.checkpoint(), cp);
+    // And the next good append takes the next seq: no gap.
+    assert_eq!(l.append(decision("r", 9)).unwrap().seq, 6);
+}
+
+#[test]
+fn concurrent_appenders_get_unique_gap_free_seqs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, auditor) = new_ledger(&dir.path().join("l"), Rotation::default());
+    let l = Arc::new(l);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                (0..50)
+                    .map(|i| l.append(decision(&format!("run{t}"), i)).unwrap().seq)
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut seqs: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
+    assert_eq!(read_back(&l, &auditor).len(), 400);
+}
+
+#[test]
+fn reopen_continues_the_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l");
+    let (l, auditor) = new_ledger(&path, Rotation::default());
+    let first = l.append(decision("r", 1)).unwrap();
+    drop(l);
+    let l = Ledger::open(&path).unwrap();
+    let second = l.append(decision("r", 2)).unwrap();
+    assert_eq!(second.seq, first.seq + 1);
+    assert_eq!(read_back(&l, &auditor).len(), 2);
+}
+
+#[test]
+fn epochs_rotate_by_count_and_on_demand() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l");
+    let (l, auditor) = new_ledger(&path, Rotation { records: 5, ms: u64::MAX });
+    for i in 0..12 {
+        l.append(decision("r", i)).unwrap();
+    }
+    let by_count = l.epoch();
+    assert!(by_count >= 2, "epoch {by_count}");
+    l.rotate().unwrap();
+    assert_eq!(l.epoch(), by_count + 1);
+    assert_eq!(l.checkpoint().epoch, by_count + 1);
+    assert!(!path.join(files::WRITER_KEY_NEXT).exists());
+    let key = EpochSecrets::read(&path.join(files::WRITER_KEY), l.id()).unwrap();
+    assert_eq!(key.epoch, by_count + 1);
+    assert_eq!(read_back(&l, &auditor).len(), 12);
+}
+
+#[test]
+fn interrupted_rotation_is_finished_or_discarded_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l");
+    let (l, _) = new_ledger(&path, Rotation::default());
+    let id = l.id();
+    // Crash before the certificate was durable: the stray next key is discarded.
+    drop(l);
+    EpochSecrets::from_bytes(1, [7; 32], [8; 32])
+        .write(&path.join(files::WRITER_KEY_NEXT), id)
+        .unwrap();
+    let l = Ledger::open(&path).unwrap();
+    assert_eq!(l.epoch(), 0);
+    assert!(!path.join(files::WRITER_KEY_NEXT).exists());
+    // Crash after the certificate was durable but before the rename: the next key is adopted.
+    let old = std::fs::read(path.join(files::WRITER_KEY)).unwrap();
+    l.rotate().unwrap();
+    drop(l);
+    std::fs::rename(path.join(files::WRITER_KEY), path.join(files::WRITER_KEY_NEXT)).unwrap();
+    std::fs::write(path.join(files::WRITER_KEY), old).unwrap();
+    let l = Ledger::open(&path).unwrap();
+    assert_eq!(l.epoch(), 1);
+    l.append(decision("r", 1)).unwrap();
+}
+
+#[cfg(unix)]
+#[test]
+fn key_files_are_private_and_refused_when_not() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l");
+    let (l, _) = new_ledger(&path, Rotation::default());
+    drop(l);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o700);
+    assert_eq!(mode(&path.join(files::WRITER_KEY)), 0o600);
+    let key = dir.path().join("auditor.key");
+    AuditorKey::generate().write(&key).unwrap();
+    assert_eq!(mode(&key), 0o600);
+    std::fs::set_permissions(path.join(files::WRITER_KEY), std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(matches!(Ledger::open(&path), Err(Error::KeyPermissions { mode: 0o644, .. })));
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert!(matches!(AuditorKey::read(&key), Err(Error::KeyPermissions { .. })));
+}
+
+#[test]
+fn init_refuses_an_existing_ledger_and_open_a_missing_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l");
+    let (l, auditor) = new_ledger(&path, Rotation::default());
+    drop(l);
+    assert!(matches!(Ledger::init(&path, &auditor.public(), Rotation::default()), Err(Error::AlreadyExists(_))));
+    assert!(matches!(Ledger::open(&dir.path().join("nope")), Err(Error::NotALedger(_))));
+}
+
+#[test]
+fn a_low_order_recipient_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Ledger::init(&dir.path().join("l"), &[0u8; 32], Rotation::default());
+    assert!(matches!(r, Err(Error::Crypto(_))), "{r:?}");
+    assert!(!dir.path().join("l").exists(), "nothing was created");
+}
+
+fn export_bytes(l: &Ledger) -> Vec<u8> {
+    let mut w = ExportWriter::new(Vec::new()).unwrap();
+    for f in frames(l) {
+        w.frame(&f).unwrap();
+    }
+    w.finish().unwrap()
+}
+
+fn read_all(bytes: &[u8]) -> Result<Vec<Frame>, ExportError> {
+    ExportReader::new(bytes)?.collect()
+}
+
+#[test]
+fn export_framing_tells_torn_from_cut_from_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, _) = new_ledger(&dir.path().join("l"), Rotation::default());
+    l.append_batch((0..3).map(|i| decision("r", i)).collect()).unwrap();
+    let bytes = export_bytes(&l);
+    assert_eq!(read_all(&bytes).unwrap(), frames(&l));
+    // The file written by Ledger::export is the same bytes.
+    let out = dir.path().join("x.tex");
+    l.export(&out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+
+    let end = bytes.len() - 21; // the end frame is 5 + 16 bytes
+    assert_eq!(read_all(&bytes[..end]), Err(ExportError::CutClean { offset: end as u64 }));
+    assert!(matches!(read_all(&bytes[..end - 3]), Err(ExportError::Torn { .. })));
+    assert!(matches!(read_all(&bytes[..bytes.len() - 1]), Err(ExportError::Torn { .. })));
+    let mut extra = bytes.clone();
+    extra.push(0);
+    assert!(matches!(read_all(&extra), Err(ExportError::TrailingBytes { .. })));
+    let mut counts = bytes.clone();
+    let n = counts.len();
+    counts[n - 9] ^= 1;
+    assert!(matches!(read_all(&counts), Err(ExportError::CountMismatch { .. })));
+    let mut tag = bytes.clone();
+    tag[16] = 9;
+    assert!(matches!(read_all(&tag), Err(ExportError::BadTag { offset: 16, tag: 9 })));
+    assert!(matches!(ExportReader::new(&b"not an export at all"[..]), Err(ExportError::BadMagic)));
+}

@@ -1,0 +1,151 @@
+//! The test vectors of docs/FORMAT.md, rebuilt from their inputs byte for byte.
+
+use tally_ledger::format::{
+    entry_hash, key_id, Checkpoint, Entry, EntryType, Hash, Header, LedgerId, DOMAIN_GENESIS,
+    GENESIS_BODY_LEN, TAG_LEN,
+};
+use tally_ledger::keys::{verify_checkpoint, verify_signature, AuditorKey, EpochSecrets};
+use tally_ledger::Decision;
+
+pub struct Vectors {
+    pub auditor_public: [u8; 32],
+    pub ephemeral_public: [u8; 32],
+    pub verifying_key: [u8; 32],
+    pub genesis: Vec<u8>,
+    pub decision: Vec<u8>,
+    pub checkpoint: String,
+}
+
+const ID: LedgerId = LedgerId([0xaa; 16]);
+const WALL: u64 = 1_700_000_000_000;
+const PLAINTEXT: &str = r#"{"run":"r1","kind":"start","goal":"demo"}"#;
+
+pub fn build() -> Vectors {
+    let auditor = AuditorKey::from_bytes([0x11; 32]);
+    let ephemeral_public = AuditorKey::from_bytes([0x22; 32]).public();
+    let data = auditor.epoch_key(&ephemeral_public, ID, 0).unwrap();
+    let signer = EpochSecrets::from_bytes(0, [0x33; 32], [0; 32]);
+    let vk = signer.verifying_key();
+
+    let gh = Header {
+        entry_type: EntryType::Genesis,
+        ledger_id: ID,
+        seq: 0,
+        epoch: 0,
+        wall_ms: WALL,
+        prev_hash: Hash::default(),
+        nonce: [0; 24],
+        body_len: GENESIS_BODY_LEN as u32,
+    };
+    let mut genesis = gh.encode().to_vec();
+    genesis.extend_from_slice(&vk);
+    genesis.extend_from_slice(&auditor.public());
+    genesis.extend_from_slice(&ephemeral_public);
+    let sig = signer.sign(&[DOMAIN_GENESIS, &genesis[..]].concat());
+    genesis.extend_from_slice(&sig);
+
+    let mut nonce = [0x44u8; 24];
+    nonce[16..].copy_from_slice(&1u64.to_be_bytes());
+    let dh = Header {
+        entry_type: EntryType::Decision,
+        ledger_id: ID,
+        seq: 1,
+        epoch: 0,
+        wall_ms: WALL + 1,
+        prev_hash: entry_hash(&genesis),
+        nonce,
+        body_len: (PLAINTEXT.len() + TAG_LEN) as u32,
+    };
+    let mut decision = dh.encode().to_vec();
+    data.seal_into(&nonce, PLAINTEXT.as_bytes(), &mut decision);
+
+    let head = entry_hash(&decision);
+    let body = Checkpoint::body_text(ID, 2, head, 0, WALL + 2);
+    let cp = Checkpoint {
+        ledger_id: ID,
+        size: 2,
+        head,
+        epoch: 0,
+        wall_ms: WALL + 2,
+        key_id: key_id(&vk),
+        signature: signer.sign(body.as_bytes()),
+    };
+    Vectors {
+        auditor_public: auditor.public(),
+        ephemeral_public,
+        verifying_key: vk,
+        genesis,
+        decision,
+        checkpoint: cp.to_text(),
+    }
+}
+
+// The values in docs/FORMAT.md. If one changes, the format changed: bump the version.
+const AUDITOR_PUBLIC: &str = "7b4e909bbe7ffe44c465a220037d608ee35897d31ef972f07f74892cb0f73f13";
+const EPHEMERAL_PUBLIC: &str = "0faa684ed28867b97f4a6a2dee5df8ce974e76b7018e3f22a1c4cf2678570f20";
+const VERIFYING_KEY: &str = "17cb79fb2b4120f2b1ec65e4198d6e08b28e813feb01e4a400839b85e18080ce";
+const GENESIS: &str = "0100aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa0000000000000000000000000000018bcfe568000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000a017cb79fb2b4120f2b1ec65e4198d6e08b28e813feb01e4a400839b85e18080ce7b4e909bbe7ffe44c465a220037d608ee35897d31ef972f07f74892cb0f73f130faa684ed28867b97f4a6a2dee5df8ce974e76b7018e3f22a1c4cf2678570f2077068b6222ee14145fac1c45a2a2736f48cc77a0532686c4eb87e5a16408bfa65c3ca24f6a134c4ecfec6ad5916246cf61e2cb75c561eca2ede2f0be20ceb601";
+const GENESIS_HASH: &str = "d068fd911e6f4effbdfeb3e4f4cafcc0dd92513deaf9ef7c9d328cfeaf5f9666";
+const DECISION: &str = "0101aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa0000000000000001000000000000018bcfe56801d068fd911e6f4effbdfeb3e4f4cafcc0dd92513deaf9ef7c9d328cfeaf5f96664444444444444444444444444444444400000000000000010000003964e0cb47955bc0ed4ba1fa48232e3e96282b69ff482cdf47a298587675eb382a1b84f403cdf39b4b4ab2c522ea7ec56a2a9f32f61d2d9b0ae0";
+const DECISION_HASH: &str = "1dedcbaf7da875bdade93723957284a7e16e4353d0906210e5c2e454a2ac4578";
+const CHECKPOINT: &str = concat!(
+    "tally checkpoint v1\n",
+    "ledger aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+    "size 2\n",
+    "head 1dedcbaf7da875bdade93723957284a7e16e4353d0906210e5c2e454a2ac4578\n",
+    "epoch 0\n",
+    "time 1700000000002\n",
+    "\n",
+    "— a45d0e72 834318383c598bda5e07b9659a0995f398027057b3d707a0917fa6f03e98bee6750aa04f517bf22070ed50966fa2e8dcffb54332b7b99b9fb46f7e239b276f08\n",
+);
+
+/// Not a check: prints the values for docs/FORMAT.md after a deliberate format change.
+/// `cargo test -p tally-ledger --test tests print_vectors -- --ignored --nocapture`
+#[test]
+#[ignore = "generator, not a check"]
+fn print_vectors() {
+    let v = build();
+    println!("AUDITOR_PUBLIC {}", hex::encode(v.auditor_public));
+    println!("EPHEMERAL_PUBLIC {}", hex::encode(v.ephemeral_public));
+    println!("VERIFYING_KEY {}", hex::encode(v.verifying_key));
+    println!("GENESIS {}", hex::encode(&v.genesis));
+    println!("GENESIS_HASH {}", entry_hash(&v.genesis));
+    println!("DECISION {}", hex::encode(&v.decision));
+    println!("DECISION_HASH {}", entry_hash(&v.decision));
+    println!("CHECKPOINT\n{}", v.checkpoint);
+}
+
+#[test]
+fn vectors_match_docs() {
+    let v = build();
+    assert_eq!(hex::encode(v.auditor_public), AUDITOR_PUBLIC);
+    assert_eq!(hex::encode(v.ephemeral_public), EPHEMERAL_PUBLIC);
+    assert_eq!(hex::encode(v.verifying_key), VERIFYING_KEY);
+    assert_eq!(hex::encode(&v.genesis), GENESIS);
+    assert_eq!(entry_hash(&v.genesis).to_string(), GENESIS_HASH);
+    assert_eq!(hex::encode(&v.decision), DECISION);
+    assert_eq!(entry_hash(&v.decision).to_string(), DECISION_HASH);
+    assert_eq!(v.checkpoint, CHECKPOINT);
+}
+
+#[test]
+fn vectors_decode_verify_and_decrypt() {
+    let genesis = hex::decode(GENESIS).unwrap();
+    let g = Entry::decode(&genesis).unwrap();
+    let body = g.genesis().unwrap();
+    verify_signature(&body.verifying_key, &g.signed_message(), &body.signature, "genesis").unwrap();
+
+    let decision = hex::decode(DECISION).unwrap();
+    let d = Entry::decode(&decision).unwrap();
+    assert_eq!(d.header.prev_hash, g.hash());
+    let auditor = AuditorKey::from_bytes([0x11; 32]);
+    let key = auditor.epoch_key(&body.ephemeral, d.header.ledger_id, 0).unwrap();
+    let plain = key.open(&d.header.nonce, d.header_bytes(), d.body()).unwrap();
+    assert_eq!(plain, PLAINTEXT.as_bytes());
+    assert_eq!(Decision::from_stored(&plain).unwrap().goal.as_deref(), Some("demo"));
+
+    let cp = Checkpoint::from_text(CHECKPOINT.as_bytes()).unwrap();
+    assert_eq!(cp.head, d.hash());
+    verify_checkpoint(&cp, &body.verifying_key).unwrap();
+    assert_eq!(cp.to_text(), CHECKPOINT, "checkpoint text round-trips exactly");
+}
