@@ -171,6 +171,9 @@ pub enum Error {
         /// Its mode.
         mode: u32,
     },
+    /// Another writer (another `tally` process or `tally serve`) holds the store.
+    #[error("{0}: the ledger is held by another writer (is `tally serve` running? use its API, or stop it)")]
+    Busy(PathBuf),
     /// The directory already holds a ledger.
     #[error("{0}: a ledger already exists here")]
     AlreadyExists(PathBuf),

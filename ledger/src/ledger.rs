@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Mutex, MutexGuard};
+use std::sync::{mpsc, Condvar, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -101,11 +101,23 @@ struct Writer {
     poisoned: Option<String>,
 }
 
+/// Decisions waiting for the next commit group, and whether a leader is committing.
+#[derive(Default)]
+struct Queue {
+    pending: Vec<Pending>,
+    leader: bool,
+}
+
 /// An open ledger: the append side. Holds the store's exclusive lock.
+///
+/// Group commit: an appender queues its decisions; if no commit is under way it becomes
+/// the leader and commits everything queued as one group; otherwise it waits until its
+/// receipts arrive or the leader's slot is free.
 pub struct Ledger {
     dir: PathBuf,
     ledger_id: LedgerId,
-    queue: Mutex<Vec<Pending>>,
+    queue: Mutex<Queue>,
+    turn: Condvar,
     writer: Mutex<Writer>,
 }
 
@@ -292,7 +304,8 @@ impl Ledger {
         Ok(Ledger {
             dir: dir.to_path_buf(),
             ledger_id,
-            queue: Mutex::new(Vec::new()),
+            queue: Mutex::new(Queue::default()),
+            turn: Condvar::new(),
             writer: Mutex::new(writer),
         })
     }
@@ -328,26 +341,44 @@ impl Ledger {
             return Ok(Vec::new());
         }
         let (reply, rx) = mpsc::channel();
-        lock(&self.queue).push(Pending { plaintexts, reply });
+        let mut queue = lock(&self.queue);
+        queue.pending.push(Pending { plaintexts, reply });
         loop {
             if let Ok(result) = rx.try_recv() {
                 return result;
             }
-            // Whoever holds the writer commits everything queued so far: group commit.
-            let mut writer = lock(&self.writer);
-            let group = std::mem::take(&mut *lock(&self.queue));
-            if !group.is_empty() {
-                writer.commit(group, false);
+            if !queue.leader {
+                queue = self.lead(queue, false);
+                continue;
             }
+            queue = self.turn.wait(queue).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Commit everything queued as one group (the caller holds the leader's slot for the
+    /// duration), then wake the waiters: their receipts are already in their channels.
+    fn lead<'a>(&'a self, mut queue: MutexGuard<'a, Queue>, force_rotate: bool) -> MutexGuard<'a, Queue> {
+        queue.leader = true;
+        let group = std::mem::take(&mut queue.pending);
+        drop(queue);
+        if !group.is_empty() || force_rotate {
+            lock(&self.writer).commit(group, force_rotate);
+        }
+        let mut queue = lock(&self.queue);
+        queue.leader = false;
+        self.turn.notify_all();
+        queue
     }
 
     /// Move to a new key epoch now: the new keys are certified by the current signing
     /// key inside the chain, and the current secrets are destroyed.
     pub fn rotate(&self) -> Result<Checkpoint> {
-        let mut writer = lock(&self.writer);
-        let group = std::mem::take(&mut *lock(&self.queue));
-        writer.commit(group, true);
+        let mut queue = lock(&self.queue);
+        while queue.leader {
+            queue = self.turn.wait(queue).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(self.lead(queue, true));
+        let writer = lock(&self.writer);
         match &writer.poisoned {
             Some(why) => Err(Error::Poisoned(why.clone())),
             None => Ok(writer.checkpoint.clone()),

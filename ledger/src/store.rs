@@ -1,18 +1,24 @@
 //! The embedded store: one sled tree holding entries and checkpoints.
 //!
-//! Keys: `e` + seq (u64 big-endian) -> entry bytes; `c` + size (u64 big-endian) ->
-//! checkpoint text. A commit group is one `apply_batch` (atomic in sled), so entries and
-//! the checkpoint that seals them land together or not at all.
+//! Keys: `e` + seq of its first entry (u64 big-endian) -> a chunk of up to
+//! [`CHUNK_ENTRIES`] consecutive entries, each as `len (u32 BE) | entry bytes`;
+//! `c` + size (u64 big-endian) -> checkpoint text. Chunking keeps sled's per-key cost
+//! per chunk, not per decision. A commit group is one `apply_batch` (atomic in sled),
+//! so entries and the checkpoint that seals them land together or not at all.
 //!
 //! Durability: sled 0.34's `flush()` ends in `sync_file_range`, which neither flushes the
 //! drive's cache nor the file's metadata (sled issue #1452). After every flush we
 //! `fsync` the log file (`db`) ourselves; only then is a commit acknowledged.
 
+use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::format::Frame;
+
+/// Most entries stored under one sled key.
+pub const CHUNK_ENTRIES: usize = 32;
 
 const ENTRY_PREFIX: u8 = b'e';
 const CHECKPOINT_PREFIX: u8 = b'c';
@@ -39,22 +45,42 @@ impl Store {
     /// Open (or create) the store under `dir/store`.
     pub fn open(dir: &Path) -> Result<Store> {
         let path = dir.join("store");
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(&path)
             .flush_every_ms(None)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(store_err)?;
+            .mode(sled::Mode::HighThroughput);
+        // sled's lock outlives a dropped handle for a moment (its threads let go late), so
+        // a reopen in the same process retries briefly before calling the store busy.
+        let mut tries = 0;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    tries += 1;
+                    if tries > 100 {
+                        return Err(Error::Busy(dir.to_path_buf()));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => return Err(store_err(e)),
+            }
+        };
         let log_path = path.join("db");
         let log = File::open(&log_path).map_err(|e| Error::io(&log_path, e))?;
         Ok(Store { db, path, log })
     }
 
-    /// Commit entries (with their seqs) and a checkpoint atomically and durably.
+    /// Commit consecutive entries (with their seqs) and a checkpoint atomically and durably.
     pub fn commit(&self, entries: &[(u64, Vec<u8>)], checkpoint: Option<(u64, &[u8])>) -> Result<()> {
         let mut batch = sled::Batch::default();
-        for (seq, bytes) in entries {
-            batch.insert(&key(ENTRY_PREFIX, *seq), bytes.as_slice());
+        for chunk in entries.chunks(CHUNK_ENTRIES) {
+            let len: usize = chunk.iter().map(|(_, b)| 4 + b.len()).sum();
+            let mut value = Vec::with_capacity(len);
+            for (_, bytes) in chunk {
+                value.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+                value.extend_from_slice(bytes);
+            }
+            batch.insert(&key(ENTRY_PREFIX, chunk[0].0), value);
         }
         if let Some((size, text)) = checkpoint {
             batch.insert(&key(CHECKPOINT_PREFIX, size), text);
@@ -84,16 +110,30 @@ impl Store {
 
     /// The entry at `seq`.
     pub fn entry(&self, seq: u64) -> Result<Option<Vec<u8>>> {
-        Ok(self
+        let Some(kv) = self
             .db
-            .get(key(ENTRY_PREFIX, seq))
-            .map_err(store_err)?
-            .map(|v| v.to_vec()))
+            .range(key(ENTRY_PREFIX, 0)..=key(ENTRY_PREFIX, seq))
+            .next_back()
+        else {
+            return Ok(None);
+        };
+        let (k, v) = kv.map_err(store_err)?;
+        let first = decode_key(&k)?;
+        let mut entries = split_chunk(first, &v)?;
+        let index = (seq - first) as usize;
+        Ok((index < entries.len()).then(|| entries.swap_remove(index)))
     }
 
     /// The last entry: (seq, bytes).
     pub fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>> {
-        self.last(ENTRY_PREFIX)
+        match self.last(ENTRY_PREFIX)? {
+            None => Ok(None),
+            Some((first, chunk)) => {
+                let mut entries = split_chunk(first, &chunk)?;
+                let n = entries.len() as u64;
+                Ok(entries.pop().map(|e| (first + n - 1, e)))
+            }
+        }
     }
 
     /// The last checkpoint: (size, text).
@@ -117,11 +157,29 @@ impl Store {
         Frames {
             entries: self.db.scan_prefix([ENTRY_PREFIX]),
             checkpoints: self.db.scan_prefix([CHECKPOINT_PREFIX]),
+            chunk: VecDeque::new(),
             next_entry: None,
             next_checkpoint: None,
             failed: false,
         }
     }
+}
+
+/// Split a stored chunk into its entries; a malformed chunk is a store error naming its seq.
+fn split_chunk(first: u64, mut chunk: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    while !chunk.is_empty() {
+        let bad = || Error::Store(format!("malformed chunk of entries from seq {first}"));
+        let len_bytes: [u8; 4] = chunk.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?;
+        let len = u32::from_be_bytes(len_bytes) as usize;
+        let entry = chunk.get(4..4 + len).ok_or_else(bad)?;
+        out.push(entry.to_vec());
+        chunk = &chunk[4 + len..];
+    }
+    if out.is_empty() || out.len() > CHUNK_ENTRIES {
+        return Err(Error::Store(format!("chunk from seq {first} holds {} entries", out.len())));
+    }
+    Ok(out)
 }
 
 fn decode_key(k: &[u8]) -> Result<u64> {
@@ -137,17 +195,32 @@ fn decode_key(k: &[u8]) -> Result<u64> {
 pub struct Frames {
     entries: sled::Iter,
     checkpoints: sled::Iter,
+    chunk: VecDeque<(u64, Vec<u8>)>,
     next_entry: Option<(u64, Vec<u8>)>,
     next_checkpoint: Option<(u64, Vec<u8>)>,
     failed: bool,
 }
 
 impl Frames {
-    fn pull(it: &mut sled::Iter, slot: &mut Option<(u64, Vec<u8>)>) -> Result<()> {
-        if slot.is_none() {
-            if let Some(kv) = it.next() {
+    fn pull_entry(&mut self) -> Result<()> {
+        if self.next_entry.is_none() {
+            if self.chunk.is_empty() {
+                if let Some(kv) = self.entries.next() {
+                    let (k, v) = kv.map_err(store_err)?;
+                    let first = decode_key(&k)?;
+                    self.chunk = (first..).zip(split_chunk(first, &v)?).collect();
+                }
+            }
+            self.next_entry = self.chunk.pop_front();
+        }
+        Ok(())
+    }
+
+    fn pull_checkpoint(&mut self) -> Result<()> {
+        if self.next_checkpoint.is_none() {
+            if let Some(kv) = self.checkpoints.next() {
                 let (k, v) = kv.map_err(store_err)?;
-                *slot = Some((decode_key(&k)?, v.to_vec()));
+                self.next_checkpoint = Some((decode_key(&k)?, v.to_vec()));
             }
         }
         Ok(())
@@ -161,8 +234,7 @@ impl Iterator for Frames {
         if self.failed {
             return None;
         }
-        let pulled = Frames::pull(&mut self.entries, &mut self.next_entry)
-            .and_then(|_| Frames::pull(&mut self.checkpoints, &mut self.next_checkpoint));
+        let pulled = self.pull_entry().and_then(|_| self.pull_checkpoint());
         if let Err(e) = pulled {
             self.failed = true;
             return Some(Err(e));
