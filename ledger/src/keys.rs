@@ -89,6 +89,20 @@ pub fn agree_writer(recipient: &[u8; 32], ledger: LedgerId, epoch: u32) -> Resul
     Ok((ephemeral, kdf(shared.as_bytes(), &ephemeral, recipient, ledger, epoch)))
 }
 
+/// The writer's side of the agreement from a given ephemeral secret, for test vectors and
+/// benchmarks that need reproducible keys. The ledger itself always draws a fresh secret
+/// ([`agree_writer`]).
+pub fn agree_from_secret(secret: [u8; 32], recipient: &[u8; 32], ledger: LedgerId, epoch: u32) -> Result<([u8; 32], DataKey), CryptoError> {
+    let secret = StaticSecret::from(secret);
+    let ephemeral = PublicKey::from(&secret).to_bytes();
+    let shared = secret.diffie_hellman(&PublicKey::from(*recipient));
+    if !shared.was_contributory() {
+        return Err(CryptoError::InvalidKey("auditor public key is a low-order point"));
+    }
+    let key = kdf(shared.as_bytes(), &ephemeral, recipient, ledger, epoch);
+    Ok((ephemeral, DataKey::from_bytes(&key)))
+}
+
 /// A data key from raw bytes (the writer's key file).
 pub fn data_key(bytes: &Zeroizing<[u8; 32]>) -> DataKey {
     DataKey::from_bytes(bytes)

@@ -149,7 +149,11 @@ impl Report {
     }
 
     fn anchor_required_and_missing(&self) -> bool {
-        self.require_anchor && !self.anchors.iter().any(|a| a.status == AnchorStatus::Matched)
+        self.require_anchor
+            && !self
+                .anchors
+                .iter()
+                .any(|a| a.status == AnchorStatus::Matched)
     }
 
     /// The first finding, if any.
@@ -171,7 +175,11 @@ impl Report {
             }
             Verdict::Tampered => {
                 let f = &self.findings[0];
-                let _ = writeln!(out, "TAMPERED: first bad seq {}: {} ({})", f.seq, f.detail, f.kind);
+                let _ = writeln!(
+                    out,
+                    "TAMPERED: first bad seq {}: {} ({})",
+                    f.seq, f.detail, f.kind
+                );
             }
             Verdict::Incomplete => {
                 let why = match self.tail {
@@ -213,23 +221,50 @@ impl Report {
             }
         }
         if let Tail::Unsealed { from, count } = self.tail {
-            let _ = writeln!(out, "  unsealed    seq {from}..={} ({count} entries)", from + count - 1);
+            let _ = writeln!(
+                out,
+                "  unsealed    seq {from}..={} ({count} entries)",
+                from + count - 1
+            );
         }
         for a in &self.anchors {
-            let _ = writeln!(out, "  anchor      size {} head {}: {:?}", a.size, &a.head[..16], a.status);
+            let _ = writeln!(
+                out,
+                "  anchor      size {} head {}: {:?}",
+                a.size,
+                &a.head[..16],
+                a.status
+            );
         }
         if self.require_anchor && self.anchors.is_empty() {
             let _ = writeln!(out, "  anchor      none given, but --require-anchor is set");
         }
         if self.auditor_key_mismatch {
-            let _ = writeln!(out, "  decrypted   nothing: the auditor key is not this ledger's recipient");
+            let _ = writeln!(
+                out,
+                "  decrypted   nothing: the auditor key is not this ledger's recipient"
+            );
         } else if let Some(d) = self.decrypted {
-            let _ = writeln!(out, "  decrypted   {d} of {} decisions, each valid per SPEC section 3", self.decisions);
+            let _ = writeln!(
+                out,
+                "  decrypted   {d} of {} decisions, each valid per SPEC section 3",
+                self.decisions
+            );
         }
         if !self.findings.is_empty() {
-            let _ = writeln!(out, "findings ({}):", self.findings.len() as u64 + self.findings_omitted);
+            let _ = writeln!(
+                out,
+                "findings ({}):",
+                self.findings.len() as u64 + self.findings_omitted
+            );
             for f in &self.findings {
-                let _ = writeln!(out, "  seq {:<8} {:<26} {}", f.seq, f.kind.as_str(), f.detail);
+                let _ = writeln!(
+                    out,
+                    "  seq {:<8} {:<26} {}",
+                    f.seq,
+                    f.kind.as_str(),
+                    f.detail
+                );
             }
             if self.findings_omitted > 0 {
                 let _ = writeln!(out, "  ... and {} more", self.findings_omitted);

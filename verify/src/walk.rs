@@ -6,7 +6,9 @@
 //! against SPEC section 3. Memory is constant in the number of entries: one hash, the
 //! epoch keys (one per epoch), a bounded batch, and at most `max_findings` findings.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
 
 use tally_ledger::export::ExportError;
 use tally_ledger::format::{entry_hash, Entry, EntryType, Hash};
@@ -59,13 +61,26 @@ impl Options {
     }
 }
 
-const BATCH: usize = 4096;
+const BATCH: usize = 2048;
 
 struct Pending {
     seq: u64,
     wall_ms: u64,
     epoch: u32,
+    key: Arc<DataKey>,
     bytes: Vec<u8>,
+}
+
+type Opened = Vec<Result<Decision, String>>;
+
+/// The decryption pipeline: batches go out to worker threads, results come back in any
+/// order and are delivered in batch order. At most `2 * threads` batches are in flight.
+struct Pipeline {
+    work: Option<SyncSender<(u64, Vec<Pending>)>>,
+    done: Receiver<(u64, Vec<Pending>, Opened)>,
+    sent: u64,
+    delivered: u64,
+    reorder: BTreeMap<u64, (Vec<Pending>, Opened)>,
 }
 
 struct Walk<'a> {
@@ -76,9 +91,10 @@ struct Walk<'a> {
     head_epoch: u32,
     head_wall: u64,
     epoch_keys: Vec<[u8; 32]>,
-    data_keys: HashMap<u32, DataKey>,
+    data_keys: HashMap<u32, Arc<DataKey>>,
     decrypt: bool,
     batch: Vec<Pending>,
+    pipeline: Option<Pipeline>,
     decisions: u64,
     decrypted: u64,
     findings: Vec<Finding>,
@@ -104,61 +120,89 @@ pub fn verify(
     let mut anchors: Vec<(Checkpoint, Option<AnchorStatus>)> =
         opts.anchors.iter().cloned().map(|a| (a, None)).collect();
     anchors.sort_by_key(|(a, _)| a.size);
-    let mut w = Walk {
-        opts,
-        ledger_id: opts.public.ledger_id,
-        next_seq: 0,
-        head: Hash::default(),
-        head_epoch: 0,
-        head_wall: 0,
-        epoch_keys: Vec::new(),
-        data_keys: HashMap::new(),
-        decrypt: opts.auditor.is_some(),
-        batch: Vec::new(),
-        decisions: 0,
-        decrypted: 0,
-        findings: Vec::new(),
-        omitted: 0,
-        broken: false,
-        sealed: 0,
-        last_checkpoint: None,
-        heads_here: Vec::new(),
-        anchors,
-        auditor_mismatch: false,
-        tail: Tail::Complete,
-    };
-    for frame in frames {
-        match frame {
-            Ok(Frame::Entry(bytes)) => {
-                w.entry(bytes);
-                if w.batch.len() >= BATCH {
-                    w.flush(&mut sink);
+    std::thread::scope(|scope| {
+        let pipeline = opts.auditor.as_ref().map(|_| {
+            let threads = opts.threads.max(1);
+            let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<Pending>)>(2 * threads);
+            let (done_tx, done_rx) = mpsc::channel();
+            let work_rx = Arc::new(Mutex::new(work_rx));
+            for _ in 0..threads {
+                let (work_rx, done_tx) = (Arc::clone(&work_rx), done_tx.clone());
+                scope.spawn(move || loop {
+                    let job = work_rx.lock().map(|rx| rx.recv());
+                    let Ok(Ok((id, batch))) = job else { break };
+                    let opened: Opened = batch.iter().map(open).collect();
+                    if done_tx.send((id, batch, opened)).is_err() {
+                        break;
+                    }
+                });
+            }
+            Pipeline {
+                work: Some(work_tx),
+                done: done_rx,
+                sent: 0,
+                delivered: 0,
+                reorder: BTreeMap::new(),
+            }
+        });
+        let mut w = Walk {
+            opts,
+            ledger_id: opts.public.ledger_id,
+            next_seq: 0,
+            head: Hash::default(),
+            head_epoch: 0,
+            head_wall: 0,
+            epoch_keys: Vec::new(),
+            data_keys: HashMap::new(),
+            decrypt: opts.auditor.is_some(),
+            batch: Vec::new(),
+            pipeline,
+            decisions: 0,
+            decrypted: 0,
+            findings: Vec::new(),
+            omitted: 0,
+            broken: false,
+            sealed: 0,
+            last_checkpoint: None,
+            heads_here: Vec::new(),
+            anchors,
+            auditor_mismatch: false,
+            tail: Tail::Complete,
+        };
+        for frame in frames {
+            match frame {
+                Ok(Frame::Entry(bytes)) => {
+                    w.entry(bytes);
+                    if w.batch.len() >= BATCH {
+                        w.flush(&mut sink);
+                    }
+                    if w.next_seq % 65_536 == 0 {
+                        progress(w.next_seq);
+                    }
                 }
-                if w.next_seq % 65_536 == 0 {
-                    progress(w.next_seq);
+                Ok(Frame::Checkpoint(text)) => w.checkpoint(&text),
+                Err(SourceError::Export(ExportError::CutClean { offset })) => {
+                    w.tail = Tail::CutClean { offset };
                 }
+                Err(SourceError::Export(ExportError::Torn { offset, missing })) => {
+                    w.find(
+                        FindingKind::TornTail,
+                        w.next_seq,
+                        format!("the export ends inside a frame at byte {offset} ({missing} bytes missing): a torn write or a cut mid-record"),
+                    );
+                    w.tail = Tail::Torn { offset };
+                }
+                Err(SourceError::Export(e)) => {
+                    w.find(FindingKind::ExportMalformed, w.next_seq, e.to_string())
+                }
+                Err(SourceError::Store(e)) => w.find(FindingKind::StoreError, w.next_seq, e),
             }
-            Ok(Frame::Checkpoint(text)) => w.checkpoint(&text),
-            Err(SourceError::Export(ExportError::CutClean { offset })) => {
-                w.tail = Tail::CutClean { offset };
-            }
-            Err(SourceError::Export(ExportError::Torn { offset, missing })) => {
-                w.find(
-                    FindingKind::TornTail,
-                    w.next_seq,
-                    format!("the export ends inside a frame at byte {offset} ({missing} bytes missing): a torn write or a cut mid-record"),
-                );
-                w.tail = Tail::Torn { offset };
-            }
-            Err(SourceError::Export(e)) => {
-                w.find(FindingKind::ExportMalformed, w.next_seq, e.to_string())
-            }
-            Err(SourceError::Store(e)) => w.find(FindingKind::StoreError, w.next_seq, e),
         }
-    }
-    w.flush(&mut sink);
-    progress(w.next_seq);
-    w.finish()
+        w.flush(&mut sink);
+        w.drain(&mut sink);
+        progress(w.next_seq);
+        w.finish()
+    })
 }
 
 impl Walk<'_> {
@@ -180,7 +224,11 @@ impl Walk<'_> {
         let entry = match Entry::decode(&bytes) {
             Ok(e) => e,
             Err(e) => {
-                self.find(FindingKind::Malformed, expected, format!("entry does not decode: {e}"));
+                self.find(
+                    FindingKind::Malformed,
+                    expected,
+                    format!("entry does not decode: {e}"),
+                );
                 // Resynchronise on the stored bytes so one bad entry is one finding.
                 self.head = entry_hash(&bytes);
                 self.next_seq += 1;
@@ -192,11 +240,18 @@ impl Walk<'_> {
             self.find(
                 FindingKind::WrongLedger,
                 h.seq,
-                format!("entry belongs to ledger {}, not {} (spliced from another ledger)", h.ledger_id, self.ledger_id),
+                format!(
+                    "entry belongs to ledger {}, not {} (spliced from another ledger)",
+                    h.ledger_id, self.ledger_id
+                ),
             );
         }
         if h.seq != expected {
-            let what = if h.seq < expected { "duplicated or reordered" } else { "entries missing" };
+            let what = if h.seq < expected {
+                "duplicated or reordered"
+            } else {
+                "entries missing"
+            };
             self.find(
                 FindingKind::SeqBreak,
                 expected,
@@ -207,14 +262,21 @@ impl Walk<'_> {
             self.find(
                 FindingKind::BrokenLink,
                 h.seq,
-                format!("previous-hash {} is not the hash {} of the entry before", short(&h.prev_hash), short(&self.head)),
+                format!(
+                    "previous-hash {} is not the hash {} of the entry before",
+                    short(&h.prev_hash),
+                    short(&self.head)
+                ),
             );
         }
         if h.wall_ms < self.head_wall {
             self.find(
                 FindingKind::TimeRegression,
                 h.seq,
-                format!("wall time {} ms is before the previous entry's {} ms", h.wall_ms, self.head_wall),
+                format!(
+                    "wall time {} ms is before the previous entry's {} ms",
+                    h.wall_ms, self.head_wall
+                ),
             );
         }
         match h.entry_type {
@@ -223,12 +285,19 @@ impl Walk<'_> {
             EntryType::Decision => {
                 self.decisions += 1;
                 if self.epoch_keys.is_empty() {
-                    self.find(FindingKind::BadGenesis, h.seq, "decision before any genesis");
+                    self.find(
+                        FindingKind::BadGenesis,
+                        h.seq,
+                        "decision before any genesis",
+                    );
                 } else if h.epoch != self.head_epoch {
                     self.find(
                         FindingKind::EpochBreak,
                         h.seq,
-                        format!("decision claims epoch {} but epoch {} is in force", h.epoch, self.head_epoch),
+                        format!(
+                            "decision claims epoch {} but epoch {} is in force",
+                            h.epoch, self.head_epoch
+                        ),
                     );
                 }
             }
@@ -239,12 +308,23 @@ impl Walk<'_> {
         self.head_epoch = h.epoch;
         self.next_seq = h.seq.max(expected) + 1;
         if self.decrypt && h.entry_type == EntryType::Decision {
-            self.batch.push(Pending {
-                seq: h.seq,
-                wall_ms: h.wall_ms,
-                epoch: h.epoch,
-                bytes,
-            });
+            match self.data_keys.get(&h.epoch) {
+                Some(key) => self.batch.push(Pending {
+                    seq: h.seq,
+                    wall_ms: h.wall_ms,
+                    epoch: h.epoch,
+                    key: Arc::clone(key),
+                    bytes,
+                }),
+                None => self.find(
+                    FindingKind::Undecryptable,
+                    h.seq,
+                    format!(
+                        "no data key for epoch {}: its certificate is missing or invalid",
+                        h.epoch
+                    ),
+                ),
+            }
         }
         self.check_anchors();
     }
@@ -266,8 +346,19 @@ impl Walk<'_> {
                     hex::encode(tally_ledger::format::key_id(&self.opts.public.verifying_key))
                 ),
             );
-        } else if verify_signature(&g.verifying_key, &entry.signed_message(), &g.signature, "genesis").is_err() {
-            self.find(FindingKind::BadGenesis, seq, "genesis signature does not verify");
+        } else if verify_signature(
+            &g.verifying_key,
+            &entry.signed_message(),
+            &g.signature,
+            "genesis",
+        )
+        .is_err()
+        {
+            self.find(
+                FindingKind::BadGenesis,
+                seq,
+                "genesis signature does not verify",
+            );
         }
         self.epoch_keys.push(g.verifying_key);
         if let Some(auditor) = &self.opts.auditor {
@@ -286,7 +377,11 @@ impl Walk<'_> {
         let Some(c) = entry.epoch_cert() else { return };
         let current = self.head_epoch;
         if self.epoch_keys.is_empty() {
-            self.find(FindingKind::BadGenesis, h.seq, "epoch certificate before any genesis");
+            self.find(
+                FindingKind::BadGenesis,
+                h.seq,
+                "epoch certificate before any genesis",
+            );
         } else if h.epoch != current + 1 {
             self.find(
                 FindingKind::EpochBreak,
@@ -295,11 +390,21 @@ impl Walk<'_> {
             );
         } else {
             let signer = self.epoch_keys[self.epoch_keys.len() - 1];
-            if verify_signature(&signer, &entry.signed_message(), &c.signature, "epoch certificate").is_err() {
+            if verify_signature(
+                &signer,
+                &entry.signed_message(),
+                &c.signature,
+                "epoch certificate",
+            )
+            .is_err()
+            {
                 self.find(
                     FindingKind::BadEpochCertificate,
                     h.seq,
-                    format!("epoch {} key is not certified by epoch {current}'s key", h.epoch),
+                    format!(
+                        "epoch {} key is not certified by epoch {current}'s key",
+                        h.epoch
+                    ),
                 );
             }
         }
@@ -314,12 +419,18 @@ impl Walk<'_> {
     }
 
     fn add_data_key(&mut self, epoch: u32, ephemeral: &[u8; 32], seq: u64) {
-        let Some(auditor) = &self.opts.auditor else { return };
+        let Some(auditor) = &self.opts.auditor else {
+            return;
+        };
         match auditor.epoch_key(ephemeral, self.ledger_id, epoch) {
             Ok(k) => {
-                self.data_keys.insert(epoch, k);
+                self.data_keys.insert(epoch, Arc::new(k));
             }
-            Err(e) => self.find(FindingKind::Undecryptable, seq, format!("epoch {epoch} data key: {e}")),
+            Err(e) => self.find(
+                FindingKind::Undecryptable,
+                seq,
+                format!("epoch {epoch} data key: {e}"),
+            ),
         }
     }
 
@@ -328,7 +439,11 @@ impl Walk<'_> {
         let cp = match Checkpoint::from_text(text) {
             Ok(cp) => cp,
             Err(e) => {
-                self.find(FindingKind::CheckpointMalformed, n, format!("checkpoint after seq {}: {e}", n.saturating_sub(1)));
+                self.find(
+                    FindingKind::CheckpointMalformed,
+                    n,
+                    format!("checkpoint after seq {}: {e}", n.saturating_sub(1)),
+                );
                 return;
             }
         };
@@ -348,7 +463,10 @@ impl Walk<'_> {
         if cp.ledger_id != self.ledger_id {
             return Err((
                 FindingKind::CheckpointWrongLedger,
-                format!("{what} belongs to ledger {}, not {}", cp.ledger_id, self.ledger_id),
+                format!(
+                    "{what} belongs to ledger {}, not {}",
+                    cp.ledger_id, self.ledger_id
+                ),
             ));
         }
         if cp.size != n {
@@ -357,18 +475,28 @@ impl Walk<'_> {
                 if cp.size > n {
                     format!("{what} seals {} entries but only {n} precede it (entries were removed: truncated)", cp.size)
                 } else {
-                    format!("{what} seals {} entries but stands after entry {}", cp.size, n - 1)
+                    format!(
+                        "{what} seals {} entries but stands after entry {}",
+                        cp.size,
+                        n - 1
+                    )
                 },
             ));
         }
         let Some(key) = self.epoch_keys.get(cp.epoch as usize).copied() else {
             return Err((
                 FindingKind::CheckpointBadSignature,
-                format!("{what} claims epoch {} but the ledger has no key for it here", cp.epoch),
+                format!(
+                    "{what} claims epoch {} but the ledger has no key for it here",
+                    cp.epoch
+                ),
             ));
         };
         if let Err(e) = verify_checkpoint(cp, &key) {
-            return Err((FindingKind::CheckpointBadSignature, format!("{what} of epoch {}: {e}", cp.epoch)));
+            return Err((
+                FindingKind::CheckpointBadSignature,
+                format!("{what} of epoch {}: {e}", cp.epoch),
+            ));
         }
         if cp.epoch != self.head_epoch {
             return Err((
@@ -392,13 +520,20 @@ impl Walk<'_> {
         if cp.head != self.head {
             return Err((
                 FindingKind::CheckpointHeadMismatch,
-                format!("{what} head {} is not the chain's hash {} at size {n}", short(&cp.head), short(&self.head)),
+                format!(
+                    "{what} head {} is not the chain's hash {} at size {n}",
+                    short(&cp.head),
+                    short(&self.head)
+                ),
             ));
         }
         if cp.wall_ms < self.head_wall {
             return Err((
                 FindingKind::CheckpointTime,
-                format!("{what} time {} ms is before the entry it seals ({} ms)", cp.wall_ms, self.head_wall),
+                format!(
+                    "{what} time {} ms is before the entry it seals ({} ms)",
+                    cp.wall_ms, self.head_wall
+                ),
             ));
         }
         Ok(())
@@ -415,7 +550,9 @@ impl Walk<'_> {
                     Ok(()) => AnchorStatus::Matched,
                     Err((kind, why)) => {
                         let kind = match kind {
-                            FindingKind::CheckpointHeadMismatch | FindingKind::Fork => FindingKind::Fork,
+                            FindingKind::CheckpointHeadMismatch | FindingKind::Fork => {
+                                FindingKind::Fork
+                            }
                             _ => FindingKind::AnchorInvalid,
                         };
                         self.find(kind, n - 1, why);
@@ -430,39 +567,63 @@ impl Walk<'_> {
         }
     }
 
+    /// Hand the current batch to the pipeline and deliver whatever is ready.
     fn flush(&mut self, sink: &mut impl FnMut(Event)) {
-        if self.batch.is_empty() {
-            return;
+        let Some(p) = &mut self.pipeline else { return };
+        if !self.batch.is_empty() {
+            let batch = std::mem::take(&mut self.batch);
+            if let Some(work) = &p.work {
+                // Blocks while 2 * threads batches are in flight: bounded memory.
+                if work.send((p.sent, batch)).is_ok() {
+                    p.sent += 1;
+                }
+            }
         }
-        let batch = std::mem::take(&mut self.batch);
-        let keys = &self.data_keys;
-        let threads = self.opts.threads.max(1);
-        let chunk = batch.len().div_ceil(threads);
-        let results: Vec<Vec<Result<Decision, String>>> = std::thread::scope(|s| {
-            let handles: Vec<_> = batch
-                .chunks(chunk)
-                .map(|part| s.spawn(move || part.iter().map(|p| open(keys, p)).collect::<Vec<_>>()))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| vec![Err("decryption thread panicked".into())]))
-                .collect()
-        });
-        for (p, r) in batch.iter().zip(results.into_iter().flatten()) {
-            match r {
-                Ok(decision) => {
-                    self.decrypted += 1;
-                    sink(Event {
-                        seq: p.seq,
-                        wall_ms: p.wall_ms,
-                        epoch: p.epoch,
-                        decision,
-                    });
+        while let Ok((id, batch, opened)) = p.done.try_recv() {
+            p.reorder.insert(id, (batch, opened));
+        }
+        self.deliver(sink);
+    }
+
+    /// Wait for every batch in flight and deliver it.
+    fn drain(&mut self, sink: &mut impl FnMut(Event)) {
+        let Some(p) = &mut self.pipeline else { return };
+        p.work = None; // workers stop once the queue is empty
+        while p.delivered + (p.reorder.len() as u64) < p.sent {
+            match p.done.recv() {
+                Ok((id, batch, opened)) => {
+                    p.reorder.insert(id, (batch, opened));
                 }
-                Err(why) if why.starts_with("invalid:") => {
-                    self.find(FindingKind::InvalidDecision, p.seq, why["invalid:".len()..].trim_start())
+                Err(_) => break,
+            }
+        }
+        self.deliver(sink);
+    }
+
+    /// Deliver finished batches in order: events to the sink, failures as findings.
+    fn deliver(&mut self, sink: &mut impl FnMut(Event)) {
+        loop {
+            let Some(p) = &mut self.pipeline else { return };
+            let Some((batch, opened)) = p.reorder.remove(&p.delivered) else {
+                return;
+            };
+            p.delivered += 1;
+            for (p, r) in batch.into_iter().zip(opened) {
+                match r {
+                    Ok(decision) => {
+                        self.decrypted += 1;
+                        sink(Event {
+                            seq: p.seq,
+                            wall_ms: p.wall_ms,
+                            epoch: p.epoch,
+                            decision,
+                        });
+                    }
+                    Err(why) => match why.strip_prefix("invalid: ") {
+                        Some(why) => self.find(FindingKind::InvalidDecision, p.seq, why),
+                        None => self.find(FindingKind::Undecryptable, p.seq, why),
+                    },
                 }
-                Err(why) => self.find(FindingKind::Undecryptable, p.seq, why),
             }
         }
     }
@@ -473,7 +634,10 @@ impl Walk<'_> {
             if self.anchors[i].1.is_none() {
                 let a = self.anchors[i].0.clone();
                 let why = if a.ledger_id != self.ledger_id {
-                    format!("anchor belongs to ledger {}, not {}", a.ledger_id, self.ledger_id)
+                    format!(
+                        "anchor belongs to ledger {}, not {}",
+                        a.ledger_id, self.ledger_id
+                    )
                 } else {
                     format!(
                         "anchor seals {} entries but the ledger has {n}: it was truncated or rolled back",
@@ -527,12 +691,10 @@ impl Walk<'_> {
     }
 }
 
-fn open(keys: &HashMap<u32, DataKey>, p: &Pending) -> Result<Decision, String> {
+fn open(p: &Pending) -> Result<Decision, String> {
     let entry = Entry::decode(&p.bytes).map_err(|e| e.to_string())?;
-    let key = keys
-        .get(&p.epoch)
-        .ok_or_else(|| format!("no data key for epoch {}", p.epoch))?;
-    let plain = key
+    let plain = p
+        .key
         .open(&entry.header.nonce, entry.header_bytes(), entry.body())
         .map_err(|e| e.to_string())?;
     Decision::from_stored(&plain).map_err(|e| format!("invalid: {e}"))

@@ -1,2 +1,224 @@
-//! Loops, consistency audit and handoffs over verified, decrypted decisions.
-//! (Being written: see issue 4.)
+//! Loops, consistency audit and handoffs over verified, decrypted decisions (issue 4).
+//!
+//! Feed every [`Event`] of a verified ledger, in seq order, to [`Analysis::push`], then
+//! [`Analysis::finish`] for a [`Report`]: the [`Loop`]s runs fell into, the
+//! [`AuditFinding`]s where decisions break their run's own budget or history, and one
+//! [`Handoff`] per run. Render it with [`render_loops_text`], [`render_findings_text`],
+//! [`render_handoffs_text`], or serialize it (the `*_json` functions give the documented,
+//! versioned schemas of `docs/REPORTS.md`).
+//!
+//! Memory is bounded per run: the analysis keeps windows and counters, never the events.
+//! Thresholds are in [`Config`]; its defaults are documented there and in
+//! `docs/REPORTS.md`.
+
+mod audit;
+mod handoff;
+mod loops;
+mod render;
+mod run;
+pub mod scenarios;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+pub use audit::{AuditFinding, AuditKind, Dimension, Mismatch};
+pub use handoff::{
+    Attempts, Completed, Coverage, Handoff, Observed, Pending, PendingStatus, ResumeAction,
+    ResumeStep, Spend, StopReason, StopStatus, UnsafeAction, UnsafeKind, When,
+};
+pub use loops::{Clock, Loop, LoopEnd, Pattern, PollEvidence};
+pub use render::{
+    render_findings_json, render_findings_text, render_handoffs_json, render_handoffs_text,
+    render_loops_json, render_loops_text, REPORT_VERSION,
+};
+
+use crate::Event;
+use loops::ToolStorms;
+use run::{RunState, Sink};
+
+/// Loop thresholds and output bounds. `Config::default()` holds the documented defaults.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Config {
+    /// Exact repetition: this many identical calls (same run, tool and `args_digest`;
+    /// retries after a failure and calls after a write by the run do not count) within
+    /// `repeat_window_ms`. Default 3.
+    pub repeat_min: u64,
+    /// The exact-repetition window, ms of run time. Default 60 000.
+    pub repeat_window_ms: u64,
+    /// High call count: this many calls of one tool in one run (polls excluded) within
+    /// `burst_window_ms`. Default 30.
+    pub burst_min: u64,
+    /// The high-call-count window, ms of run time. Default 60 000.
+    pub burst_window_ms: u64,
+    /// Retry storm: at least this many failures (`error`/`timeout` outcomes and back-off
+    /// refusals) of identical calls in a run, or of one tool across workers and runs.
+    /// Default 4.
+    pub storm_min_failures: u64,
+    /// A storm ends after this many ms with no failure (run time within a run, wall time
+    /// across runs). Default 60 000.
+    pub storm_window_ms: u64,
+    /// A storm across workers or runs needs failures from at least this many distinct
+    /// (run, worker) sources. Default 3.
+    pub storm_min_sources: u64,
+    /// Calls made before an upstream Retry-After elapsed that make a retry series a storm,
+    /// or a polling series a loop. Default 2.
+    pub retry_after_ignored_min: u64,
+    /// Polling with no change of observed state for this many polls, and not finished
+    /// `ok`, is a loop. Default 20.
+    pub poll_stall_min: u64,
+    /// Completed operations a handoff lists (the latest; all are counted). Default 50.
+    pub max_listed: usize,
+    /// Findings reported per run; the rest are counted in `findings_omitted`.
+    /// Default 1000.
+    pub max_findings_per_run: u64,
+    /// Attempts per run remembered while awaiting their outcome; beyond it the oldest is
+    /// forgotten. Default 65 536.
+    pub max_open_attempts: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            repeat_min: 3,
+            repeat_window_ms: 60_000,
+            burst_min: 30,
+            burst_window_ms: 60_000,
+            storm_min_failures: 4,
+            storm_window_ms: 60_000,
+            storm_min_sources: 3,
+            retry_after_ignored_min: 2,
+            poll_stall_min: 20,
+            max_listed: 50,
+            max_findings_per_run: 1000,
+            max_open_attempts: 65_536,
+        }
+    }
+}
+
+impl Config {
+    /// Identical calls further apart than this belong to separate series.
+    fn series_gap_ms(&self) -> u64 {
+        self.repeat_window_ms.max(self.storm_window_ms)
+    }
+}
+
+/// Everything the analysis found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// Loops, by first seq.
+    pub loops: Vec<Loop>,
+    /// Audit findings, by seq.
+    pub findings: Vec<AuditFinding>,
+    /// Findings beyond `Config::max_findings_per_run`, counted, not listed.
+    pub findings_omitted: u64,
+    /// One handoff per run, in order of the run's first record.
+    pub handoffs: Vec<Handoff>,
+}
+
+impl Report {
+    /// Record which checkpoint covers each run: a run whose last seq is below
+    /// `sealed_size` is covered by the checkpoint over the first `sealed_size` entries
+    /// (chain head `head`, signed in `epoch`); any other run is not yet sealed.
+    pub fn set_coverage(&mut self, sealed_size: u64, head: String, epoch: u32) {
+        for h in &mut self.handoffs {
+            h.checkpoint = if h.last_seq < sealed_size {
+                Coverage::Covered {
+                    size: sealed_size,
+                    head: head.clone(),
+                    epoch,
+                }
+            } else {
+                Coverage::NotYetSealed { sealed_size }
+            };
+        }
+    }
+
+    /// The handoff of `run`, if the ledger has it.
+    pub fn handoff(&self, run: &str) -> Option<&Handoff> {
+        self.handoffs.iter().find(|h| h.run == run)
+    }
+}
+
+/// The streaming analysis: push events in seq order, then finish.
+#[derive(Debug)]
+pub struct Analysis {
+    config: Config,
+    runs: HashMap<String, RunState>,
+    order: Vec<String>,
+    storms: ToolStorms,
+    sink: Sink,
+}
+
+impl Analysis {
+    /// A new analysis with these thresholds.
+    pub fn new(config: Config) -> Analysis {
+        Analysis {
+            config,
+            runs: HashMap::new(),
+            order: Vec::new(),
+            storms: ToolStorms::default(),
+            sink: Sink::default(),
+        }
+    }
+
+    /// Take the next event. Events must arrive in seq order.
+    pub fn push(&mut self, event: &Event) {
+        let name = &event.decision.run;
+        if !self.runs.contains_key(name) {
+            self.order.push(name.clone());
+            self.runs.insert(name.clone(), RunState::new(name, event));
+        }
+        if let Some(run) = self.runs.get_mut(name) {
+            run.push(event, &self.config, &mut self.sink, &mut self.storms);
+        }
+    }
+
+    /// Close every open window and build the report.
+    pub fn finish(self) -> Report {
+        let Analysis {
+            config,
+            mut runs,
+            order,
+            storms,
+            mut sink,
+        } = self;
+        for name in &order {
+            if let Some(run) = runs.get_mut(name) {
+                run.finish(&config, &mut sink);
+            }
+        }
+        sink.loops
+            .extend(storms.finish(&config, |r| runs.get(r).and_then(|s| s.halt())));
+        loops::dedupe(&mut sink.loops);
+        sink.loops.sort_by_key(|l| (l.first_seq, l.last_seq));
+        sink.findings.sort_by_key(|f| f.seq);
+        let handoffs = order
+            .iter()
+            .filter_map(|name| {
+                let run = runs.get(name)?;
+                let of_run: Vec<&Loop> = sink
+                    .loops
+                    .iter()
+                    .filter(|l| l.runs.iter().any(|r| r == name))
+                    .collect();
+                Some(handoff::build(run, &of_run, run.findings))
+            })
+            .collect();
+        Report {
+            loops: sink.loops,
+            findings: sink.findings,
+            findings_omitted: sink.findings_omitted,
+            handoffs,
+        }
+    }
+
+    /// Analyse a whole sequence of events.
+    pub fn run<'a>(config: Config, events: impl IntoIterator<Item = &'a Event>) -> Report {
+        let mut analysis = Analysis::new(config);
+        for e in events {
+            analysis.push(e);
+        }
+        analysis.finish()
+    }
+}

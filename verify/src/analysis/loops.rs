@@ -1,0 +1,765 @@
+//! Loop reconstruction: exact repetition, high call count, retry storms and polling.
+//!
+//! Each detector keeps a small window per key (run and tool, arguments or remote
+//! operation), never the events themselves; a key that falls silent for longer than its
+//! window is closed and forgotten.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use serde::Serialize;
+use tally_ledger::{Action, Reason, Status};
+
+use super::Config;
+
+/// Most distinct workers (or runs) a loop names; the rest are counted, not listed.
+const MAX_NAMED: usize = 16;
+
+/// How a loop was recognised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pattern {
+    /// The same tool with the same argument digest, again and again, with no write of
+    /// the run in between and no failure to explain it.
+    ExactRepetition,
+    /// Very many calls of one tool in a short window, arguments varying.
+    HighCallCount,
+    /// Failures followed by retries: identical retries within a run, or many workers or
+    /// runs hammering one failing tool at once.
+    RetryStorm,
+    /// Status checks of one remote operation that never progress, ignore Retry-After, or
+    /// exceed the run's poll allowance.
+    Polling,
+}
+
+impl Pattern {
+    /// The pattern's name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pattern::ExactRepetition => "exact_repetition",
+            Pattern::HighCallCount => "high_call_count",
+            Pattern::RetryStorm => "retry_storm",
+            Pattern::Polling => "polling",
+        }
+    }
+}
+
+/// Which clock a loop's times are on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Clock {
+    /// The run's own elapsed ms (`at_ms`, else wall time since the run's first record).
+    Run,
+    /// The ledger's wall time, ms since the Unix epoch (loops across runs).
+    Wall,
+}
+
+/// What ended a loop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LoopEnd {
+    /// The gate refused the loop's last call with this code.
+    Refused {
+        /// The refusal's reason code.
+        reason: Reason,
+        /// The refusal's seq.
+        seq: u64,
+    },
+    /// The run stopped while the loop was going on.
+    RunStopped {
+        /// The stop record's reason code.
+        reason: Reason,
+        /// The stop record's seq.
+        seq: u64,
+    },
+    /// The loop's last call succeeded (the tool recovered, the job finished).
+    Succeeded {
+        /// The seq of the `ok` outcome.
+        seq: u64,
+    },
+    /// The agent stopped repeating by itself (silent for longer than the window) and the
+    /// run went on.
+    Abandoned,
+    /// The ledger ends with the loop still going and the run not stopped.
+    NeverStopped,
+}
+
+/// Evidence about a polling loop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PollEvidence {
+    /// The run's poll allowance (`budget.polls`), if it has one.
+    pub allowance: Option<u64>,
+    /// Whether the run polled past its allowance (or was refused for it).
+    pub over_allowance: bool,
+    /// How often the observed remote state changed while polling.
+    pub state_changes: u64,
+    /// The longest stretch of polls with no change of observed state.
+    pub unchanged_polls: u64,
+    /// The last observed remote state.
+    pub last_observed: Option<String>,
+}
+
+/// One loop: a run (or several) doing the same thing over and over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Loop {
+    /// How it was recognised.
+    pub pattern: Pattern,
+    /// The run(s) it belongs to: one for a loop within a run, several across runs.
+    pub runs: Vec<String>,
+    /// Distinct workers seen in it (at most 16 named).
+    pub workers: Vec<String>,
+    /// The tool called.
+    pub tool: Option<String>,
+    /// The logical operation of the last call in the loop.
+    pub operation: Option<String>,
+    /// The argument digest, when every call in the loop had the same one.
+    pub args_digest: Option<String>,
+    /// The remote operation polled (polling loops).
+    pub remote_ref: Option<String>,
+    /// Calls in the loop (allows and refusals). For retry storms across runs or
+    /// workers: calls whose result (an outcome or a refusal) fell in the storm.
+    pub count: u64,
+    /// First seq of the loop.
+    pub first_seq: u64,
+    /// Last seq of the loop.
+    pub last_seq: u64,
+    /// The clock `first_ms` and `last_ms` are on.
+    pub clock: Clock,
+    /// When the loop began.
+    pub first_ms: u64,
+    /// When the loop's last record was written.
+    pub last_ms: u64,
+    /// `last_ms - first_ms`.
+    pub span_ms: u64,
+    /// Cents reserved by the loop's calls.
+    pub reserved_cents: u64,
+    /// Cents settled by the loop's calls' outcomes.
+    pub settled_cents: u64,
+    /// Failed results in the loop: `error` or `timeout` outcomes and back-off refusals.
+    pub failures: u64,
+    /// Calls made before an upstream Retry-After had elapsed.
+    pub ignored_retry_after: u64,
+    /// Polling evidence (polling loops only).
+    pub poll: Option<PollEvidence>,
+    /// What ended it.
+    pub ended_by: LoopEnd,
+}
+
+/// Why a tracker is being closed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Close {
+    /// Silent for longer than the window.
+    Gap,
+    /// The run stopped.
+    Stop { reason: Reason, seq: u64 },
+    /// The ledger ended; `stop` is the run's stop if it has one.
+    Finish { stop: Option<(Reason, u64)> },
+}
+
+/// The extent of a loop candidate: seq and time range, count, spend, workers, ending.
+#[derive(Clone, Debug)]
+struct Span {
+    first_seq: u64,
+    last_seq: u64,
+    first_ms: u64,
+    last_ms: u64,
+    count: u64,
+    reserved: u64,
+    settled: u64,
+    workers: BTreeSet<String>,
+    refused: Option<(Reason, u64)>,
+    ok: Option<u64>,
+}
+
+impl Span {
+    fn new(seq: u64, ms: u64) -> Span {
+        Span {
+            first_seq: seq,
+            last_seq: seq,
+            first_ms: ms,
+            last_ms: ms,
+            count: 0,
+            reserved: 0,
+            settled: 0,
+            workers: BTreeSet::new(),
+            refused: None,
+            ok: None,
+        }
+    }
+
+    fn touch(&mut self, seq: u64, ms: u64) {
+        self.last_seq = self.last_seq.max(seq);
+        self.last_ms = self.last_ms.max(ms);
+    }
+
+    fn call(&mut self, c: &CallFacts<'_>) {
+        self.touch(c.seq, c.ms);
+        self.count += 1;
+        self.reserved += c.reserve;
+        if let Some(w) = c.worker {
+            if self.workers.len() < MAX_NAMED && !self.workers.contains(w) {
+                self.workers.insert(w.to_owned());
+            }
+        }
+        self.refused = c.refused.map(|r| (r, c.seq));
+        self.ok = None;
+    }
+
+    fn end(&self, close: Close) -> LoopEnd {
+        if let Some((reason, seq)) = self.refused {
+            return LoopEnd::Refused { reason, seq };
+        }
+        if let Some(seq) = self.ok {
+            return LoopEnd::Succeeded { seq };
+        }
+        match close {
+            Close::Stop { reason, seq } => LoopEnd::RunStopped { reason, seq },
+            Close::Finish { stop: None } => LoopEnd::NeverStopped,
+            Close::Finish { stop: Some(_) } | Close::Gap => LoopEnd::Abandoned,
+        }
+    }
+
+    fn to_loop(&self, pattern: Pattern, runs: Vec<String>, clock: Clock, close: Close) -> Loop {
+        Loop {
+            pattern,
+            runs,
+            workers: self.workers.iter().cloned().collect(),
+            tool: None,
+            operation: None,
+            args_digest: None,
+            remote_ref: None,
+            count: self.count,
+            first_seq: self.first_seq,
+            last_seq: self.last_seq,
+            clock,
+            first_ms: self.first_ms,
+            last_ms: self.last_ms,
+            span_ms: self.last_ms - self.first_ms,
+            reserved_cents: self.reserved,
+            settled_cents: self.settled,
+            failures: 0,
+            ignored_retry_after: 0,
+            poll: None,
+            ended_by: self.end(close),
+        }
+    }
+}
+
+/// One allow or deny, as the loop detectors see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallFacts<'a> {
+    pub seq: u64,
+    /// Run time.
+    pub ms: u64,
+    pub worker: Option<&'a str>,
+    pub operation: Option<&'a str>,
+    pub reserve: u64,
+    /// The refusal's reason, for a deny.
+    pub refused: Option<Reason>,
+    /// Retry-After given on a refusal.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// One outcome, as the loop detectors see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutcomeFacts<'a> {
+    pub seq: u64,
+    /// Run time.
+    pub ms: u64,
+    pub status: Status,
+    pub settled: u64,
+    pub retry_after_ms: Option<u64>,
+    pub observed: Option<&'a str>,
+}
+
+fn is_backoff(reason: Option<Reason>) -> bool {
+    reason.is_some_and(|r| r.action() == Action::Backoff)
+}
+
+/// Identical calls (same run, tool and argument digest).
+#[derive(Clone, Debug)]
+pub(crate) struct CallSeries {
+    span: Span,
+    tool: String,
+    operation: Option<String>,
+    digest: String,
+    /// Times of the recent calls that were not retries after a failure.
+    repeats: VecDeque<u64>,
+    repetition: bool,
+    failures: u64,
+    ignored: u64,
+    last_failed: bool,
+    backoff_until: Option<u64>,
+    /// The run's write count after this series' last call.
+    writes_seen: u64,
+}
+
+impl CallSeries {
+    pub fn new(tool: &str, digest: &str, seq: u64, ms: u64) -> CallSeries {
+        CallSeries {
+            span: Span::new(seq, ms),
+            tool: tool.to_owned(),
+            operation: None,
+            digest: digest.to_owned(),
+            repeats: VecDeque::new(),
+            repetition: false,
+            failures: 0,
+            ignored: 0,
+            last_failed: false,
+            backoff_until: None,
+            writes_seen: 0,
+        }
+    }
+
+    /// Run time of the last record in the series.
+    pub fn last_ms(&self) -> u64 {
+        self.span.last_ms
+    }
+
+    /// `writes` is the run's count of allowed writes before this call; `own_write`
+    /// whether this call is itself an allowed write.
+    pub fn call(&mut self, c: &CallFacts<'_>, writes: u64, own_write: bool, cfg: &Config) {
+        if self.backoff_until.is_some_and(|until| c.ms < until) {
+            self.ignored += 1;
+        }
+        if !self.last_failed {
+            // A write by the run since our last call changed the world: re-reading is fair.
+            if writes != self.writes_seen {
+                self.repeats.clear();
+            }
+            self.repeats.push_back(c.ms);
+            while self.repeats.len() as u64 > cfg.repeat_min {
+                self.repeats.pop_front();
+            }
+            if self.repeats.len() as u64 == cfg.repeat_min
+                && self
+                    .repeats
+                    .front()
+                    .is_some_and(|first| c.ms.saturating_sub(*first) <= cfg.repeat_window_ms)
+            {
+                self.repetition = true;
+            }
+        }
+        self.last_failed = false;
+        if is_backoff(c.refused) {
+            self.failures += 1;
+            self.last_failed = true;
+        }
+        if let Some(ra) = c.retry_after_ms {
+            self.backoff_until = Some(c.ms + ra);
+        }
+        self.writes_seen = writes + u64::from(own_write);
+        self.operation = c.operation.map(str::to_owned);
+        self.span.call(c);
+    }
+
+    pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
+        self.span.touch(o.seq, o.ms);
+        self.span.settled += o.settled;
+        match o.status {
+            Status::Error | Status::Timeout => {
+                self.failures += 1;
+                self.last_failed = true;
+            }
+            Status::Unknown => self.last_failed = true,
+            Status::Ok => {
+                self.last_failed = false;
+                self.span.ok = Some(o.seq);
+            }
+            Status::Running => {}
+        }
+        if let Some(ra) = o.retry_after_ms {
+            self.backoff_until = Some(o.ms + ra);
+        }
+    }
+
+    pub fn pattern(&self, cfg: &Config) -> Option<Pattern> {
+        if self.failures >= cfg.storm_min_failures || self.ignored >= cfg.retry_after_ignored_min {
+            Some(Pattern::RetryStorm)
+        } else if self.repetition {
+            Some(Pattern::ExactRepetition)
+        } else {
+            None
+        }
+    }
+
+    pub fn close(&self, run: &str, close: Close, cfg: &Config) -> Option<Loop> {
+        let pattern = self.pattern(cfg)?;
+        let mut l = self
+            .span
+            .to_loop(pattern, vec![run.to_owned()], Clock::Run, close);
+        l.tool = Some(self.tool.clone());
+        l.operation = self.operation.clone();
+        l.args_digest = Some(self.digest.clone());
+        l.failures = self.failures;
+        l.ignored_retry_after = self.ignored;
+        Some(l)
+    }
+}
+
+/// Status checks of one remote operation.
+#[derive(Clone, Debug)]
+pub(crate) struct PollSeries {
+    span: Span,
+    tool: Option<String>,
+    operation: Option<String>,
+    remote_ref: String,
+    allowance: Option<u64>,
+    over_allowance: bool,
+    state_changes: u64,
+    unchanged: u64,
+    max_unchanged: u64,
+    last_observed: Option<String>,
+    ignored: u64,
+    backoff_until: Option<u64>,
+    finished_ok: bool,
+}
+
+impl PollSeries {
+    /// `observed` is the state last seen before polling began (the creating call's).
+    pub fn new(
+        remote_ref: &str,
+        observed: Option<String>,
+        allowance: Option<u64>,
+        backoff_until: Option<u64>,
+        seq: u64,
+        ms: u64,
+    ) -> PollSeries {
+        PollSeries {
+            span: Span::new(seq, ms),
+            tool: None,
+            operation: None,
+            remote_ref: remote_ref.to_owned(),
+            allowance,
+            over_allowance: false,
+            state_changes: 0,
+            unchanged: 0,
+            max_unchanged: 0,
+            last_observed: observed,
+            ignored: 0,
+            backoff_until,
+            finished_ok: false,
+        }
+    }
+
+    /// `polls_allowed` is the run's count of allowed polls including this one.
+    pub fn call(&mut self, c: &CallFacts<'_>, tool: Option<&str>, polls_allowed: u64) {
+        if self.backoff_until.is_some_and(|until| c.ms < until) {
+            self.ignored += 1;
+        }
+        if c.refused == Some(Reason::PollAllowanceExhausted)
+            || self
+                .allowance
+                .is_some_and(|a| c.refused.is_none() && polls_allowed > a)
+        {
+            self.over_allowance = true;
+        }
+        if let Some(ra) = c.retry_after_ms {
+            self.backoff_until = Some(c.ms + ra);
+        }
+        self.unchanged += 1;
+        self.max_unchanged = self.max_unchanged.max(self.unchanged);
+        self.tool = tool.map(str::to_owned);
+        self.operation = c.operation.map(str::to_owned);
+        self.span.call(c);
+    }
+
+    pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
+        self.span.touch(o.seq, o.ms);
+        self.span.settled += o.settled;
+        if let Some(state) = o.observed {
+            if self.last_observed.as_deref().is_some_and(|s| s != state) {
+                self.state_changes += 1;
+                self.unchanged = 0;
+            }
+            self.last_observed = Some(state.to_owned());
+        }
+        if o.status == Status::Ok {
+            self.finished_ok = true;
+            self.span.ok = Some(o.seq);
+        }
+        if let Some(ra) = o.retry_after_ms {
+            self.backoff_until = Some(o.ms + ra);
+        }
+    }
+
+    pub fn flagged(&self, cfg: &Config) -> bool {
+        self.over_allowance
+            || self.ignored >= cfg.retry_after_ignored_min
+            || (!self.finished_ok && self.max_unchanged >= cfg.poll_stall_min)
+    }
+
+    pub fn close(&self, run: &str, close: Close, cfg: &Config) -> Option<Loop> {
+        if !self.flagged(cfg) {
+            return None;
+        }
+        let mut l = self
+            .span
+            .to_loop(Pattern::Polling, vec![run.to_owned()], Clock::Run, close);
+        l.tool = self.tool.clone();
+        l.operation = self.operation.clone();
+        l.remote_ref = Some(self.remote_ref.clone());
+        l.ignored_retry_after = self.ignored;
+        l.poll = Some(PollEvidence {
+            allowance: self.allowance,
+            over_allowance: self.over_allowance,
+            state_changes: self.state_changes,
+            unchanged_polls: self.max_unchanged,
+            last_observed: self.last_observed.clone(),
+        });
+        Some(l)
+    }
+}
+
+/// Calls of one tool in a run, whatever their arguments.
+#[derive(Clone, Debug)]
+pub(crate) struct Burst {
+    span: Span,
+    tool: String,
+    operation: Option<String>,
+    recent: VecDeque<u64>,
+    flagged: bool,
+}
+
+impl Burst {
+    pub fn new(tool: &str, seq: u64, ms: u64) -> Burst {
+        Burst {
+            span: Span::new(seq, ms),
+            tool: tool.to_owned(),
+            operation: None,
+            recent: VecDeque::new(),
+            flagged: false,
+        }
+    }
+
+    pub fn last_ms(&self) -> u64 {
+        self.span.last_ms
+    }
+
+    pub fn call(&mut self, c: &CallFacts<'_>, cfg: &Config) {
+        self.recent.push_back(c.ms);
+        while self.recent.len() as u64 > cfg.burst_min {
+            self.recent.pop_front();
+        }
+        if self.recent.len() as u64 == cfg.burst_min
+            && self
+                .recent
+                .front()
+                .is_some_and(|first| c.ms.saturating_sub(*first) <= cfg.burst_window_ms)
+        {
+            self.flagged = true;
+        }
+        self.operation = c.operation.map(str::to_owned);
+        self.span.call(c);
+    }
+
+    pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
+        self.span.settled += o.settled;
+        if o.status == Status::Ok {
+            self.span.ok = Some(o.seq);
+        }
+    }
+
+    pub fn close(&self, run: &str, close: Close) -> Option<Loop> {
+        if !self.flagged {
+            return None;
+        }
+        let mut l = self.span.to_loop(
+            Pattern::HighCallCount,
+            vec![run.to_owned()],
+            Clock::Run,
+            close,
+        );
+        // A burst's calls vary, so its end is what happened to the run, not one call.
+        l.ended_by = match (self.span.refused, close) {
+            (Some((reason, seq)), _) => LoopEnd::Refused { reason, seq },
+            (None, Close::Stop { reason, seq }) => LoopEnd::RunStopped { reason, seq },
+            (None, Close::Finish { stop: None }) => LoopEnd::NeverStopped,
+            (None, _) => LoopEnd::Abandoned,
+        };
+        l.tool = Some(self.tool.clone());
+        l.operation = self.operation.clone();
+        Some(l)
+    }
+}
+
+/// Failures of one tool across all workers and runs, on the ledger's wall clock.
+#[derive(Clone, Debug)]
+struct ToolStorm {
+    span: Span,
+    failures: u64,
+    last_failure_ms: u64,
+    sources: BTreeSet<(String, Option<String>)>,
+    sources_total: u64,
+    runs: BTreeSet<String>,
+    operation: Option<String>,
+}
+
+/// Cross-worker and cross-run retry storms, one open storm per tool at a time.
+#[derive(Debug, Default)]
+pub(crate) struct ToolStorms {
+    open: HashMap<String, ToolStorm>,
+}
+
+/// A result of one call of a tool, for the cross-run storm detector.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ToolResult<'a> {
+    pub tool: &'a str,
+    pub run: &'a str,
+    pub worker: Option<&'a str>,
+    pub operation: Option<&'a str>,
+    pub seq: u64,
+    pub wall_ms: u64,
+    pub failed: bool,
+    pub refused: Option<Reason>,
+    pub ok: bool,
+    pub reserved: u64,
+    pub settled: u64,
+}
+
+impl ToolStorms {
+    /// Record one result; returns a storm the result's gap closed, if it was one.
+    pub fn result(
+        &mut self,
+        r: &ToolResult<'_>,
+        cfg: &Config,
+        stop_of: impl Fn(&str) -> Option<(Reason, u64)>,
+    ) -> Option<Loop> {
+        let mut closed = None;
+        if let Some(storm) = self.open.get(r.tool) {
+            if r.wall_ms.saturating_sub(storm.last_failure_ms) > cfg.storm_window_ms {
+                closed = self
+                    .open
+                    .remove(r.tool)
+                    .and_then(|s| close_storm(r.tool, &s, Close::Gap, cfg, &stop_of));
+            }
+        }
+        if !r.failed && !self.open.contains_key(r.tool) {
+            return closed;
+        }
+        let storm = self
+            .open
+            .entry(r.tool.to_owned())
+            .or_insert_with(|| ToolStorm {
+                span: Span::new(r.seq, r.wall_ms),
+                failures: 0,
+                last_failure_ms: r.wall_ms,
+                sources: BTreeSet::new(),
+                sources_total: 0,
+                runs: BTreeSet::new(),
+                operation: None,
+            });
+        storm.span.call(&CallFacts {
+            seq: r.seq,
+            ms: r.wall_ms,
+            worker: r.worker,
+            operation: r.operation,
+            reserve: r.reserved,
+            refused: r.refused,
+            retry_after_ms: None,
+        });
+        storm.span.settled += r.settled;
+        if r.ok {
+            storm.span.ok = Some(r.seq);
+        }
+        storm.operation = r.operation.map(str::to_owned).or(storm.operation.take());
+        if r.failed {
+            storm.failures += 1;
+            storm.last_failure_ms = r.wall_ms;
+            let source = (r.run.to_owned(), r.worker.map(str::to_owned));
+            if !storm.sources.contains(&source) {
+                storm.sources_total += 1;
+                if storm.sources.len() < 4 * MAX_NAMED {
+                    storm.sources.insert(source);
+                }
+            }
+            if storm.runs.len() < MAX_NAMED {
+                storm.runs.insert(r.run.to_owned());
+            }
+        }
+        closed
+    }
+
+    /// Close every open storm at the end of the ledger.
+    pub fn finish(
+        self,
+        cfg: &Config,
+        stop_of: impl Fn(&str) -> Option<(Reason, u64)>,
+    ) -> Vec<Loop> {
+        let mut out: Vec<Loop> = self
+            .open
+            .iter()
+            .filter_map(|(tool, storm)| {
+                close_storm(tool, storm, Close::Finish { stop: None }, cfg, &stop_of)
+            })
+            .collect();
+        out.sort_by_key(|l| l.first_seq);
+        out
+    }
+}
+
+fn close_storm(
+    tool: &str,
+    storm: &ToolStorm,
+    close: Close,
+    cfg: &Config,
+    stop_of: &impl Fn(&str) -> Option<(Reason, u64)>,
+) -> Option<Loop> {
+    if storm.failures < cfg.storm_min_failures || storm.sources_total < cfg.storm_min_sources {
+        return None;
+    }
+    // At the end of the ledger the storm is over only if every run in it stopped.
+    let close = match close {
+        Close::Finish { .. } => {
+            let stops: Option<Vec<(Reason, u64)>> = storm.runs.iter().map(|r| stop_of(r)).collect();
+            Close::Finish {
+                stop: stops.and_then(|s| s.into_iter().max_by_key(|(_, seq)| *seq)),
+            }
+        }
+        other => other,
+    };
+    let mut l = storm.span.to_loop(
+        Pattern::RetryStorm,
+        storm.runs.iter().cloned().collect(),
+        Clock::Wall,
+        close,
+    );
+    if let (
+        Close::Finish {
+            stop: Some((reason, seq)),
+        },
+        LoopEnd::Abandoned,
+    ) = (close, &l.ended_by)
+    {
+        l.ended_by = LoopEnd::RunStopped { reason, seq };
+    }
+    l.tool = Some(tool.to_owned());
+    l.operation = storm.operation.clone();
+    l.failures = storm.failures;
+    Some(l)
+}
+
+/// Drop loops another loop already explains: identical-retry storms inside a storm
+/// across workers or runs, and high call counts overlapping a sharper loop of the tool.
+pub(crate) fn dedupe(loops: &mut Vec<Loop>) {
+    let overlaps = |a: &Loop, b: &Loop| a.first_seq <= b.last_seq && b.first_seq <= a.last_seq;
+    let keep: Vec<bool> = loops
+        .iter()
+        .map(|l| {
+            !loops.iter().any(|other| {
+                if std::ptr::eq(l, other) || other.tool != l.tool || !overlaps(l, other) {
+                    return false;
+                }
+                let shares_run = l.runs.iter().any(|r| other.runs.contains(r));
+                match (l.pattern, l.clock, other.pattern, other.clock) {
+                    (Pattern::RetryStorm, Clock::Run, Pattern::RetryStorm, Clock::Wall) => {
+                        shares_run
+                    }
+                    (Pattern::HighCallCount, _, p, _) => shares_run && p != Pattern::HighCallCount,
+                    _ => false,
+                }
+            })
+        })
+        .collect();
+    let mut keep = keep.into_iter();
+    loops.retain(|_| keep.next().unwrap_or(true));
+}

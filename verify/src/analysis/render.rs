@@ -1,0 +1,540 @@
+//! Text for people and JSON for programs (schemas in `docs/REPORTS.md`).
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::audit::{AuditFinding, AuditKind};
+use super::handoff::{Coverage, Handoff, PendingStatus, StopStatus, When};
+use super::loops::{Clock, Loop, LoopEnd};
+use super::Report;
+
+/// The version of the JSON report schemas; it changes only when a field is removed or
+/// changes meaning (new fields may be added within a version).
+pub const REPORT_VERSION: u32 = 1;
+
+/// A duration in words: `850 ms`, `12.5 s`, `3 min 05 s`, `2 h 03 min`.
+fn duration(ms: u64) -> String {
+    match ms {
+        0..=999 => format!("{ms} ms"),
+        1_000..=59_999 => format!("{}.{} s", ms / 1000, ms % 1000 / 100),
+        60_000..=3_599_999 => format!("{} min {:02} s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{} h {:02} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// Wall time as UTC, `2024-05-01T12:00:00.000Z`.
+fn utc(ms: u64) -> String {
+    let days = (ms / 86_400_000) as i64;
+    let in_day = ms % 86_400_000;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        in_day / 3_600_000,
+        in_day % 3_600_000 / 60_000,
+        in_day % 60_000 / 1000,
+        in_day % 1000
+    )
+}
+
+fn moment(w: When) -> String {
+    format!("t+{} ({})", duration(w.run_ms), utc(w.wall_ms))
+}
+
+fn name(tool: Option<&str>, operation: Option<&str>) -> String {
+    match (tool, operation) {
+        (Some(t), Some(o)) if o != t => format!("{t} ({o})"),
+        (Some(t), _) => t.to_owned(),
+        (None, Some(o)) => o.to_owned(),
+        (None, None) => "(no tool)".to_owned(),
+    }
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn loop_end(end: &LoopEnd) -> String {
+    match end {
+        LoopEnd::Refused { reason, seq } => format!("refused with {reason} at seq {seq}"),
+        LoopEnd::RunStopped { reason, seq } => format!("the run stopped ({reason}) at seq {seq}"),
+        LoopEnd::Succeeded { seq } => format!("a call succeeded at seq {seq}"),
+        LoopEnd::Abandoned => "the agent stopped repeating by itself".to_owned(),
+        LoopEnd::NeverStopped => "never stopped: still going when the ledger ends".to_owned(),
+    }
+}
+
+/// The loops as text, one paragraph each.
+pub fn render_loops_text(report: &Report) -> String {
+    let mut out = String::new();
+    if report.loops.is_empty() {
+        out.push_str("No loops found.\n");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{} found.",
+        plural(report.loops.len() as u64, "loop", "loops")
+    );
+    for (i, l) in report.loops.iter().enumerate() {
+        let _ = writeln!(out);
+        let runs = match l.runs.as_slice() {
+            [one] => format!("run {one}"),
+            many => format!("{} runs ({})", many.len(), many.join(", ")),
+        };
+        let _ = writeln!(
+            out,
+            "{}. {} in {runs}: {}",
+            i + 1,
+            l.pattern.as_str(),
+            name(l.tool.as_deref(), l.operation.as_deref())
+        );
+        let span = match l.clock {
+            Clock::Run => format!(
+                "t+{} .. t+{} ({})",
+                duration(l.first_ms),
+                duration(l.last_ms),
+                duration(l.span_ms)
+            ),
+            Clock::Wall => format!(
+                "{} .. {} ({})",
+                utc(l.first_ms),
+                utc(l.last_ms),
+                duration(l.span_ms)
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "   {}, seq {}..{}, {span}",
+            plural(l.count, "call", "calls"),
+            l.first_seq,
+            l.last_seq
+        );
+        let mut evidence = Vec::new();
+        if l.failures > 0 {
+            evidence.push(plural(l.failures, "failure", "failures"));
+        }
+        if l.ignored_retry_after > 0 {
+            evidence.push(format!(
+                "{} before the upstream's Retry-After",
+                plural(l.ignored_retry_after, "call", "calls")
+            ));
+        }
+        if let Some(p) = &l.poll {
+            if p.over_allowance {
+                match p.allowance {
+                    Some(a) => evidence.push(format!("past its poll allowance of {a}")),
+                    None => evidence.push("refused for its poll allowance".to_owned()),
+                }
+            }
+            evidence.push(format!(
+                "{} of observed state, longest stretch unchanged {}",
+                plural(p.state_changes, "change", "changes"),
+                plural(p.unchanged_polls, "poll", "polls")
+            ));
+            if let Some(s) = &p.last_observed {
+                evidence.push(format!("last seen \"{s}\""));
+            }
+        }
+        if let Some(r) = &l.remote_ref {
+            evidence.push(format!("remote operation {r}"));
+        }
+        if !evidence.is_empty() {
+            let _ = writeln!(out, "   {}", evidence.join("; "));
+        }
+        let _ = writeln!(
+            out,
+            "   spend during the loop: {}¢ reserved, {}¢ settled",
+            l.reserved_cents, l.settled_cents
+        );
+        if !l.workers.is_empty() {
+            let _ = writeln!(out, "   workers: {}", l.workers.join(", "));
+        }
+        let _ = writeln!(out, "   ended: {}", loop_end(&l.ended_by));
+    }
+    out
+}
+
+fn finding_text(f: &AuditKind) -> String {
+    match f {
+        AuditKind::AllowBeyondLimit {
+            dimension,
+            used,
+            limit,
+        } => format!(
+            "allowed beyond its {} limit ({used} of {limit}) with no override",
+            dimension.as_str()
+        ),
+        AuditKind::OverrideExpired {
+            dimension,
+            used,
+            limit,
+            override_seq,
+            expires_ms,
+            at_ms,
+        } => format!(
+            "allowed beyond its {} limit ({used} of {limit}) on the override at seq \
+             {override_seq}, which expired at t+{} (call at t+{})",
+            dimension.as_str(),
+            duration(*expires_ms),
+            duration(*at_ms)
+        ),
+        AuditKind::OverrideReused {
+            dimension,
+            used,
+            limit,
+            override_seq,
+        } => format!(
+            "allowed beyond its {} limit ({used} of {limit}) on the override at seq \
+             {override_seq}, already used up",
+            dimension.as_str()
+        ),
+        AuditKind::OverrideMismatch {
+            dimension,
+            used,
+            limit,
+            override_seq,
+            field,
+        } => format!(
+            "allowed beyond its {} limit ({used} of {limit}); the override at seq \
+             {override_seq} approved a different {}",
+            dimension.as_str(),
+            match field {
+                super::audit::Mismatch::Digest => "call (digest)",
+                super::audit::Mismatch::Tool => "tool",
+                super::audit::Mismatch::Operation => "operation",
+            }
+        ),
+        AuditKind::OverrideWithoutApprover => {
+            "override with no approver: nobody is accountable for it".to_owned()
+        }
+        AuditKind::RefundWithoutAttempt { of } => {
+            format!("refund of attempt {of}, which was never allowed")
+        }
+        AuditKind::RefundedTwice { of } => format!("attempt {of} refunded a second time"),
+        AuditKind::SettledAboveReservation {
+            attempt,
+            reserved_cents,
+            settled_cents,
+        } => format!(
+            "attempt {attempt} settled {settled_cents}¢ against a reservation of {reserved_cents}¢"
+        ),
+        AuditKind::NonIdempotentRepeatedAfterUnknown {
+            attempt,
+            earlier_attempt,
+            earlier_seq,
+            status,
+        } => format!(
+            "non-idempotent write repeated{} after attempt {}'s outcome was {} (seq \
+             {earlier_seq}), with no human override in between",
+            attempt
+                .map(|a| format!(" as attempt {a}"))
+                .unwrap_or_default(),
+            earlier_attempt.map_or("?".to_owned(), |a| a.to_string()),
+            serde_json::to_value(status)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ),
+        AuditKind::DecisionAfterStop { stop_seq, record } => {
+            format!("{record} record after the run stopped at seq {stop_seq}")
+        }
+        AuditKind::OutcomeWithoutAllow { attempt } => {
+            format!("outcome for attempt {attempt}, which was never allowed")
+        }
+    }
+}
+
+/// The audit findings as text, one line each.
+pub fn render_findings_text(report: &Report) -> String {
+    let mut out = String::new();
+    let total = report.findings.len() as u64 + report.findings_omitted;
+    if total == 0 {
+        out.push_str(
+            "No inconsistencies: every decision is consistent with its run's budget and history.\n",
+        );
+        return out;
+    }
+    let _ = writeln!(out, "{}.", plural(total, "finding", "findings"));
+    for AuditFinding { seq, run, kind } in &report.findings {
+        let _ = writeln!(
+            out,
+            "seq {seq}  run {run}  {}: {}",
+            kind.as_str(),
+            finding_text(kind)
+        );
+    }
+    if report.findings_omitted > 0 {
+        let _ = writeln!(
+            out,
+            "({} more not listed: over the per-run limit)",
+            report.findings_omitted
+        );
+    }
+    out
+}
+
+fn handoff_text(h: &Handoff, out: &mut String) {
+    let goal = h
+        .goal
+        .as_deref()
+        .map(|g| format!("\"{g}\""))
+        .unwrap_or_else(|| "(no start record)".to_owned());
+    let _ = writeln!(out, "Run {}: {goal}", h.run);
+    if let Some(p) = &h.parent {
+        let _ = writeln!(out, "  Parent run: {p}");
+    }
+    if !h.workers.is_empty() {
+        let _ = writeln!(out, "  Workers: {}", h.workers.join(", "));
+    }
+    let stop = match (h.stop.status, h.stop.reason) {
+        (StopStatus::Stopped, Some(r)) => format!("stopped: {r}"),
+        (StopStatus::Refused, Some(r)) => format!("refused with {r} (no stop record)"),
+        _ => "still running (no stop record)".to_owned(),
+    };
+    let when = match (h.stop.seq, h.stop.at) {
+        (Some(seq), Some(at)) => format!(" at seq {seq}, {}", moment(at)),
+        _ => String::new(),
+    };
+    let _ = writeln!(out, "  Status: {stop}{when}");
+    let limit = h
+        .attempts
+        .limit
+        .map_or("no limit".to_owned(), |l| l.to_string());
+    let mut attempts = format!("{} of {limit}", h.attempts.used);
+    if h.attempts.approved_extra > 0 {
+        let _ = write!(
+            attempts,
+            " ({} approved beyond it)",
+            h.attempts.approved_extra
+        );
+    }
+    if h.attempts.refunded > 0 {
+        let _ = write!(attempts, " ({} refunded)", h.attempts.refunded);
+    }
+    let _ = writeln!(out, "  Attempts: {attempts}");
+    let spend_limit = h
+        .spend
+        .limit_cents
+        .map_or("no limit".to_owned(), |l| format!("{l}¢"));
+    let _ = writeln!(
+        out,
+        "  Spend: {}¢ reserved, {}¢ settled (limit {spend_limit})",
+        h.spend.reserved_cents, h.spend.settled_cents
+    );
+    if h.completed_total == 0 {
+        let _ = writeln!(out, "  Completed: nothing external.");
+    } else {
+        let shown = h.completed.len() as u64;
+        let more = if shown < h.completed_total {
+            format!(" (latest {shown} of {})", h.completed_total)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "  Completed{more}:");
+        for c in &h.completed {
+            let remote = c
+                .remote_ref
+                .as_deref()
+                .map(|r| format!(" -> {r}"))
+                .unwrap_or_default();
+            let seen = c
+                .observed
+                .as_deref()
+                .map(|s| format!(" \"{s}\""))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    - {}{remote}{seen} (seq {}, {})",
+                name(c.tool.as_deref(), c.operation.as_deref()),
+                c.seq,
+                moment(c.at)
+            );
+        }
+    }
+    if h.pending.is_empty() {
+        let _ = writeln!(out, "  Pending external work: none.");
+    } else {
+        let _ = writeln!(out, "  Pending external work:");
+        for p in &h.pending {
+            let state = match p.status {
+                PendingStatus::Running => "still running",
+                PendingStatus::Unknown => "OUTCOME UNKNOWN",
+                PendingStatus::Timeout => "timed out, outcome unknown",
+                PendingStatus::NoOutcome => "no outcome recorded",
+            };
+            let remote = p
+                .remote_ref
+                .as_deref()
+                .map(|r| format!(" {r}"))
+                .unwrap_or_default();
+            let attempt = p
+                .attempt
+                .map(|a| format!(" attempt {a}"))
+                .unwrap_or_default();
+            let seen = p
+                .observed
+                .as_deref()
+                .map(|s| format!(", last seen \"{s}\""))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    - {}{remote}{attempt}: {state}{seen} (seq {}, {})",
+                name(p.tool.as_deref(), p.operation.as_deref()),
+                p.seq,
+                moment(p.since)
+            );
+        }
+    }
+    match &h.last_observed {
+        Some(o) => {
+            let remote = o
+                .remote_ref
+                .as_deref()
+                .map(|r| format!(" of {r}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  Last observed state{remote}: \"{}\" at seq {}, {}",
+                o.state,
+                o.seq,
+                moment(o.at)
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  Last observed state: none recorded.");
+        }
+    }
+    let _ = writeln!(out, "  Safe to resume:");
+    if h.safe_resume.is_empty() {
+        let _ = writeln!(
+            out,
+            "    - nothing certain: read the loops and findings first"
+        );
+    }
+    for s in &h.safe_resume {
+        let when = s
+            .not_before
+            .map(|w| format!(", not before {}", moment(w)))
+            .unwrap_or_default();
+        let _ = writeln!(out, "    - {}{when}", s.what);
+    }
+    if h.unsafe_actions.is_empty() {
+        let _ = writeln!(out, "  Must not repeat: nothing known.");
+    } else {
+        let _ = writeln!(out, "  Must not repeat:");
+        for u in &h.unsafe_actions {
+            let _ = writeln!(out, "    - {} (seq {})", u.what, u.seq);
+        }
+    }
+    if h.loops > 0 || h.findings > 0 {
+        let _ = writeln!(
+            out,
+            "  Evidence: {} and {} (see tally loops and tally verify)",
+            plural(h.loops, "loop", "loops"),
+            plural(h.findings, "audit finding", "audit findings")
+        );
+    }
+    let cover = match &h.checkpoint {
+        Coverage::Covered { size, head, epoch } => format!(
+            "covered by the checkpoint over {size} entries (head {}, epoch {epoch})",
+            head.get(..16).unwrap_or(head)
+        ),
+        Coverage::NotYetSealed { sealed_size } => format!(
+            "NOT YET SEALED: records up to seq {} are past the latest checkpoint ({sealed_size} entries)",
+            h.last_seq
+        ),
+        Coverage::Unknown => "not determined".to_owned(),
+    };
+    let _ = writeln!(out, "  Checkpoint: {cover}");
+}
+
+/// The handoffs as text: every run's, or only `run`'s.
+pub fn render_handoffs_text(report: &Report, run: Option<&str>) -> String {
+    let mut out = String::new();
+    let mut any = false;
+    for h in report
+        .handoffs
+        .iter()
+        .filter(|h| run.map_or(true, |r| r == h.run))
+    {
+        if any {
+            out.push('\n');
+        }
+        any = true;
+        handoff_text(h, &mut out);
+    }
+    if !any {
+        match run {
+            Some(r) => {
+                let _ = writeln!(out, "No run named {r} in this ledger.");
+            }
+            None => out.push_str("No runs in this ledger.\n"),
+        }
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct LoopsDoc<'a> {
+    version: u32,
+    loops: &'a [Loop],
+}
+
+#[derive(Serialize)]
+struct FindingsDoc<'a> {
+    version: u32,
+    findings: &'a [AuditFinding],
+    findings_omitted: u64,
+}
+
+#[derive(Serialize)]
+struct HandoffsDoc<'a> {
+    version: u32,
+    handoffs: Vec<&'a Handoff>,
+}
+
+fn pretty(doc: &impl Serialize) -> String {
+    // These documents have only string keys, so serialization cannot fail.
+    let mut text = serde_json::to_string_pretty(doc).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// The loops as JSON: `{"version": 1, "loops": [...]}`.
+pub fn render_loops_json(report: &Report) -> String {
+    pretty(&LoopsDoc {
+        version: REPORT_VERSION,
+        loops: &report.loops,
+    })
+}
+
+/// The findings as JSON: `{"version": 1, "findings": [...], "findings_omitted": n}`.
+pub fn render_findings_json(report: &Report) -> String {
+    pretty(&FindingsDoc {
+        version: REPORT_VERSION,
+        findings: &report.findings,
+        findings_omitted: report.findings_omitted,
+    })
+}
+
+/// The handoffs as JSON, every run's or only `run`'s: `{"version": 1, "handoffs": [...]}`.
+pub fn render_handoffs_json(report: &Report, run: Option<&str>) -> String {
+    pretty(&HandoffsDoc {
+        version: REPORT_VERSION,
+        handoffs: report
+            .handoffs
+            .iter()
+            .filter(|h| run.map_or(true, |r| r == h.run))
+            .collect(),
+    })
+}

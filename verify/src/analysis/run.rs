@@ -1,0 +1,1011 @@
+//! One run's state while the ledger streams by: its budget and what it has used, its
+//! open attempts, pending work, overrides, and the loop windows of its calls.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use tally_ledger::decision::Budget;
+use tally_ledger::{Action, Decision, Effect, Kind, Reason, Status};
+
+use super::audit::{self, Approvable, AuditFinding, AuditKind, Dimension, Excess, Override};
+use super::handoff::{Completed, Observed, Pending, PendingStatus, StopReason, StopStatus, When};
+use super::loops::{
+    Burst, CallFacts, CallSeries, Close, Loop, OutcomeFacts, PollSeries, ToolResult, ToolStorms,
+};
+use super::Config;
+use crate::Event;
+
+/// Most workers a handoff names.
+const MAX_WORKERS: usize = 16;
+/// Records of a run between sweeps of its silent loop windows.
+const SWEEP_EVERY: u32 = 512;
+
+/// What the analysis emits while streaming.
+#[derive(Debug, Default)]
+pub(crate) struct Sink {
+    pub loops: Vec<Loop>,
+    pub findings: Vec<AuditFinding>,
+    pub findings_omitted: u64,
+}
+
+/// Attempt numbers as sorted, disjoint, non-adjacent inclusive ranges: attempts are
+/// numbered in order, so this stays a handful of ranges however long the run.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Ranges(Vec<(u64, u64)>);
+
+impl Ranges {
+    pub fn contains(&self, x: u64) -> bool {
+        let i = self.0.partition_point(|r| r.1 < x);
+        i < self.0.len() && self.0[i].0 <= x
+    }
+
+    pub fn insert(&mut self, x: u64) {
+        if self.contains(x) {
+            return;
+        }
+        let i = self.0.partition_point(|r| r.1 < x);
+        let joins_prev = i > 0 && self.0[i - 1].1 + 1 == x;
+        let joins_next = i < self.0.len() && x.checked_add(1) == Some(self.0[i].0);
+        match (joins_prev, joins_next) {
+            (true, true) => {
+                self.0[i - 1].1 = self.0[i].1;
+                self.0.remove(i);
+            }
+            (true, false) => self.0[i - 1].1 = x,
+            (false, true) => self.0[i].0 = x,
+            (false, false) => self.0.insert(i, (x, x)),
+        }
+    }
+}
+
+/// Which loop window an attempt's outcome belongs to.
+#[derive(Clone, Debug)]
+enum Track {
+    None,
+    Series(String),
+    Poll(String),
+}
+
+/// An allowed attempt awaiting its (final) outcome.
+#[derive(Clone, Debug)]
+struct Call {
+    seq: u64,
+    tool: Option<String>,
+    operation: Option<String>,
+    args_digest: Option<String>,
+    effect: Option<Effect>,
+    idempotency_key: Option<String>,
+    reserve: Option<u64>,
+    reserve_open: u64,
+    settled: u64,
+    track: Track,
+    worker: Option<String>,
+    outcome_seen: bool,
+    at: When,
+}
+
+/// A non-idempotent write whose outcome is unknown.
+#[derive(Clone, Debug)]
+struct UnknownWrite {
+    attempt: Option<u64>,
+    outcome_seq: u64,
+    status: Status,
+    tool: Option<String>,
+    operation: Option<String>,
+    args_digest: Option<String>,
+    idempotency_key: Option<String>,
+    /// A human override matching it came after the unknown outcome.
+    cleared: bool,
+}
+
+/// A remote operation the run has seen, so later calls naming it are polls.
+#[derive(Clone, Debug, Default)]
+struct RemoteRef {
+    observed: Option<String>,
+    backoff_until: Option<u64>,
+}
+
+/// A stop record or stopping refusal.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Halt {
+    pub reason: Reason,
+    pub seq: u64,
+    pub at: When,
+}
+
+/// The latest back-off the run was told to honour.
+#[derive(Clone, Debug)]
+pub(crate) struct Backoff {
+    pub not_before: When,
+    pub tool: Option<String>,
+    pub operation: Option<String>,
+    /// The refusal's code; `None` for an upstream Retry-After on an outcome.
+    pub refused: Option<Reason>,
+    pub seq: u64,
+}
+
+/// A refusal that only a human can lift, not yet followed by an allow of that call.
+#[derive(Clone, Debug)]
+pub(crate) struct Ask {
+    pub tool: Option<String>,
+    pub operation: Option<String>,
+    pub reason: Reason,
+    pub seq: u64,
+}
+
+/// One run's state.
+#[derive(Debug)]
+pub(crate) struct RunState {
+    pub name: String,
+    pub goal: Option<String>,
+    pub parent: Option<String>,
+    pub budget: Budget,
+    origin_wall: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub workers: BTreeSet<String>,
+    pub stop: Option<Halt>,
+    first_stop_refusal: Option<Halt>,
+    pub allows: u64,
+    pub refunded_slots: u64,
+    pub reserved_gross: u64,
+    pub released: u64,
+    pub settled: u64,
+    open_reserved: u64,
+    writes: u64,
+    polls: u64,
+    pub uses_granted: u64,
+    pub cents_granted: u64,
+    allowed: Ranges,
+    refunded: Ranges,
+    open: BTreeMap<u64, Call>,
+    overrides: Vec<Override>,
+    unknown_writes: HashMap<String, UnknownWrite>,
+    pending: BTreeMap<String, Pending>,
+    pub completed: VecDeque<Completed>,
+    pub completed_total: u64,
+    pub last_observed: Option<Observed>,
+    pub backoff: Option<Backoff>,
+    pub asks: Vec<Ask>,
+    refs: HashMap<String, RemoteRef>,
+    series: HashMap<String, CallSeries>,
+    poll_series: HashMap<String, PollSeries>,
+    bursts: HashMap<String, Burst>,
+    since_sweep: u32,
+    pub findings: u64,
+}
+
+fn is_write(effect: Option<Effect>) -> bool {
+    matches!(
+        effect,
+        Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
+    )
+}
+
+/// The key identical writes share: tool and argument digest (else operation).
+fn write_key(tool: Option<&str>, digest: Option<&str>, operation: Option<&str>) -> String {
+    format!(
+        "{}\u{0}{}",
+        tool.unwrap_or(""),
+        digest.or(operation).unwrap_or("")
+    )
+}
+
+impl RunState {
+    pub fn new(name: &str, e: &Event) -> RunState {
+        RunState {
+            name: name.to_owned(),
+            goal: None,
+            parent: None,
+            budget: Budget::default(),
+            origin_wall: e.wall_ms,
+            first_seq: e.seq,
+            last_seq: e.seq,
+            workers: BTreeSet::new(),
+            stop: None,
+            first_stop_refusal: None,
+            allows: 0,
+            refunded_slots: 0,
+            reserved_gross: 0,
+            released: 0,
+            settled: 0,
+            open_reserved: 0,
+            writes: 0,
+            polls: 0,
+            uses_granted: 0,
+            cents_granted: 0,
+            allowed: Ranges::default(),
+            refunded: Ranges::default(),
+            open: BTreeMap::new(),
+            overrides: Vec::new(),
+            unknown_writes: HashMap::new(),
+            pending: BTreeMap::new(),
+            completed: VecDeque::new(),
+            completed_total: 0,
+            last_observed: None,
+            backoff: None,
+            asks: Vec::new(),
+            refs: HashMap::new(),
+            series: HashMap::new(),
+            poll_series: HashMap::new(),
+            bursts: HashMap::new(),
+            since_sweep: 0,
+            findings: 0,
+        }
+    }
+
+    /// The run's clock: the writer's `at_ms`, else wall time since the run's first record.
+    fn when(&self, e: &Event) -> When {
+        When {
+            run_ms: e
+                .decision
+                .at_ms
+                .unwrap_or(e.wall_ms.saturating_sub(self.origin_wall)),
+            wall_ms: e.wall_ms,
+        }
+    }
+
+    fn flag(&mut self, sink: &mut Sink, cfg: &Config, seq: u64, kind: AuditKind) {
+        self.findings += 1;
+        if self.findings > cfg.max_findings_per_run {
+            sink.findings_omitted += 1;
+        } else {
+            sink.findings.push(AuditFinding {
+                seq,
+                run: self.name.clone(),
+                kind,
+            });
+        }
+    }
+
+    pub fn push(&mut self, e: &Event, cfg: &Config, sink: &mut Sink, storms: &mut ToolStorms) {
+        let d = &e.decision;
+        let at = self.when(e);
+        self.last_seq = e.seq;
+        if let Some(w) = &d.worker {
+            if self.workers.len() < MAX_WORKERS && !self.workers.contains(w) {
+                self.workers.insert(w.clone());
+            }
+        }
+        if let Some(stop) = self.stop {
+            let kind = AuditKind::DecisionAfterStop {
+                stop_seq: stop.seq,
+                record: d.kind(),
+            };
+            self.flag(sink, cfg, e.seq, kind);
+        }
+        match d.kind() {
+            Kind::Start => {
+                self.goal = d.goal.clone().or(self.goal.take());
+                self.parent = d.parent.clone().or(self.parent.take());
+                if let Some(b) = &d.budget {
+                    self.budget = b.clone();
+                }
+            }
+            Kind::Allow | Kind::Deny => self.call(e, at, cfg, sink, storms),
+            Kind::Outcome => self.outcome(e, at, cfg, sink, storms),
+            Kind::Refund => self.refund(d, e.seq, cfg, sink),
+            Kind::Override => self.approve(d, e.seq, cfg, sink),
+            Kind::Stop => {
+                if let (None, Some(reason)) = (self.stop, d.reason) {
+                    self.stop = Some(Halt {
+                        reason,
+                        seq: e.seq,
+                        at,
+                    });
+                    self.close_all(Close::Stop { reason, seq: e.seq }, cfg, sink);
+                }
+            }
+        }
+        self.since_sweep += 1;
+        if self.since_sweep >= SWEEP_EVERY {
+            self.since_sweep = 0;
+            self.sweep(at.run_ms, cfg, sink);
+        }
+    }
+
+    /// A call that names a remote operation the run has seen (`...:REF`), or carries a
+    /// `polls` limit, is a status check of that operation; writes never are.
+    fn poll_ref(&self, d: &Decision) -> Option<String> {
+        if is_write(d.effect) {
+            return None;
+        }
+        if let Some(op) = &d.operation {
+            let tail = op.rsplit(':').next().unwrap_or(op);
+            if self.refs.contains_key(tail) {
+                return Some(tail.to_owned());
+            }
+        }
+        if d.limits.as_ref().is_some_and(|l| l.contains_key("polls")) {
+            return d.operation.clone().or_else(|| d.tool.clone());
+        }
+        None
+    }
+
+    fn call(
+        &mut self,
+        e: &Event,
+        at: When,
+        cfg: &Config,
+        sink: &mut Sink,
+        storms: &mut ToolStorms,
+    ) {
+        let d = &e.decision;
+        let allowed = d.kind() == Kind::Allow;
+        let refused = if allowed { None } else { d.reason };
+        let reserve = if allowed {
+            d.reserve_cents.unwrap_or(0)
+        } else {
+            0
+        };
+        let write = allowed && is_write(d.effect);
+        let poll = self.poll_ref(d);
+        if allowed && poll.is_some() {
+            self.polls += 1;
+        }
+        let facts = CallFacts {
+            seq: e.seq,
+            ms: at.run_ms,
+            worker: d.worker.as_deref(),
+            operation: d.operation.as_deref(),
+            reserve,
+            refused,
+            retry_after_ms: if allowed { None } else { d.retry_after_ms },
+        };
+
+        let track = if let Some(r) = &poll {
+            let remote = self.refs.get(r).cloned().unwrap_or_default();
+            let allowance = self.budget.polls;
+            self.poll_series
+                .entry(r.clone())
+                .or_insert_with(|| {
+                    PollSeries::new(
+                        r,
+                        remote.observed,
+                        allowance,
+                        remote.backoff_until,
+                        e.seq,
+                        at.run_ms,
+                    )
+                })
+                .call(&facts, d.tool.as_deref(), self.polls);
+            Track::Poll(r.clone())
+        } else if let (Some(tool), Some(digest)) = (&d.tool, &d.args_digest) {
+            let key = format!("{tool}\u{0}{digest}");
+            let silent = self
+                .series
+                .get(&key)
+                .is_some_and(|s| at.run_ms.saturating_sub(s.last_ms()) > cfg.series_gap_ms());
+            if silent {
+                if let Some(l) = self
+                    .series
+                    .remove(&key)
+                    .and_then(|s| s.close(&self.name, Close::Gap, cfg))
+                {
+                    sink.loops.push(l);
+                }
+            }
+            self.series
+                .entry(key.clone())
+                .or_insert_with(|| CallSeries::new(tool, digest, e.seq, at.run_ms))
+                .call(&facts, self.writes, write, cfg);
+            Track::Series(key)
+        } else {
+            Track::None
+        };
+        if let (None, Some(tool)) = (&poll, &d.tool) {
+            let silent = self
+                .bursts
+                .get(tool)
+                .is_some_and(|b| at.run_ms.saturating_sub(b.last_ms()) > cfg.burst_window_ms);
+            if silent {
+                if let Some(l) = self
+                    .bursts
+                    .remove(tool)
+                    .and_then(|b| b.close(&self.name, Close::Gap))
+                {
+                    sink.loops.push(l);
+                }
+            }
+            self.bursts
+                .entry(tool.clone())
+                .or_insert_with(|| Burst::new(tool, e.seq, at.run_ms))
+                .call(&facts, cfg);
+        }
+        if let (false, Some(tool)) = (allowed, &d.tool) {
+            let result = ToolResult {
+                tool,
+                run: &self.name,
+                worker: d.worker.as_deref(),
+                operation: d.operation.as_deref(),
+                seq: e.seq,
+                wall_ms: e.wall_ms,
+                failed: refused.is_some_and(|r| r.action() == Action::Backoff),
+                refused,
+                ok: false,
+                reserved: 0,
+                settled: 0,
+            };
+            if let Some(l) = storms.result(&result, cfg, |_| None) {
+                sink.loops.push(l);
+            }
+        }
+
+        if allowed {
+            self.allow(e, at, write, poll.is_some(), track, cfg, sink);
+        } else if let Some(reason) = d.reason {
+            self.refusal(d, e.seq, at, reason);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn allow(
+        &mut self,
+        e: &Event,
+        at: When,
+        write: bool,
+        poll: bool,
+        track: Track,
+        cfg: &Config,
+        sink: &mut Sink,
+    ) {
+        let d = &e.decision;
+        let reserve = d.reserve_cents.unwrap_or(0);
+        self.allows += 1;
+        if write {
+            self.writes += 1;
+        }
+        let call = Approvable {
+            tool: d.tool.as_deref(),
+            operation: d.operation.as_deref(),
+            args_digest: d.args_digest.as_deref(),
+        };
+
+        if d.effect == Some(Effect::NonIdempotentWrite) {
+            let key = write_key(call.tool, call.args_digest, call.operation);
+            if let Some(u) = self.unknown_writes.get(&key) {
+                // The same idempotency key lets the remote side drop the duplicate.
+                let deduplicated =
+                    u.idempotency_key.is_some() && u.idempotency_key == d.idempotency_key;
+                if !u.cleared && !deduplicated {
+                    let kind = AuditKind::NonIdempotentRepeatedAfterUnknown {
+                        attempt: d.attempt,
+                        earlier_attempt: u.attempt,
+                        earlier_seq: u.outcome_seq,
+                        status: u.status,
+                    };
+                    self.flag(sink, cfg, e.seq, kind);
+                }
+            }
+        }
+
+        let (excess, need_use, need_cents) = self.excess(d, at, reserve, write, poll);
+        if let Some(x) = excess {
+            match audit::use_override(&mut self.overrides, &call, at.run_ms, need_use, need_cents) {
+                Ok(()) => {
+                    self.uses_granted += u64::from(need_use);
+                    self.cents_granted += need_cents;
+                }
+                Err(problem) => self.flag(sink, cfg, e.seq, x.finding(problem)),
+            }
+        }
+
+        self.reserved_gross += reserve;
+        self.open_reserved += reserve;
+        self.asks
+            .retain(|a| !(a.tool == d.tool && a.operation == d.operation));
+        if let Some(attempt) = d.attempt {
+            self.allowed.insert(attempt);
+            if self.open.len() >= cfg.max_open_attempts {
+                // Bounded memory: forget the oldest attempt still awaiting an outcome.
+                self.open.pop_first();
+            }
+            self.open.insert(
+                attempt,
+                Call {
+                    seq: e.seq,
+                    tool: d.tool.clone(),
+                    operation: d.operation.clone(),
+                    args_digest: d.args_digest.clone(),
+                    effect: d.effect,
+                    idempotency_key: d.idempotency_key.clone(),
+                    reserve: d.reserve_cents,
+                    reserve_open: reserve,
+                    settled: 0,
+                    track,
+                    worker: d.worker.clone(),
+                    outcome_seen: false,
+                    at,
+                },
+            );
+        }
+    }
+
+    /// The first limit this allow exceeds, whether it needs an override's call, and the
+    /// cents beyond the spend limit (counters already include the call).
+    fn excess(
+        &self,
+        d: &Decision,
+        at: When,
+        reserve: u64,
+        write: bool,
+        poll: bool,
+    ) -> (Option<Excess>, bool, u64) {
+        let b = &self.budget;
+        let mut first: Option<Excess> = None;
+        let mut need_use = false;
+        let mut need_cents = 0;
+        let mut check = |dimension: Dimension, used: u64, limit: Option<u64>| {
+            if let Some(limit) = limit.filter(|l| used > *l) {
+                first.get_or_insert(Excess {
+                    dimension,
+                    used,
+                    limit,
+                });
+                if dimension == Dimension::SpendCents {
+                    need_cents = used - limit;
+                } else {
+                    need_use = true;
+                }
+            }
+        };
+        check(
+            Dimension::Attempts,
+            self.allows.saturating_sub(self.refunded_slots),
+            b.attempts,
+        );
+        check(
+            Dimension::SpendCents,
+            self.settled + self.open_reserved + reserve,
+            b.spend_cents.map(|l| l + self.cents_granted),
+        );
+        if write {
+            check(Dimension::SideEffects, self.writes, b.side_effects);
+        }
+        if poll {
+            check(Dimension::Polls, self.polls, b.polls);
+        }
+        if let Some(depth) = d.depth {
+            check(Dimension::Depth, depth, b.depth);
+        }
+        check(Dimension::DeadlineMs, at.run_ms, b.deadline_ms);
+        (first, need_use, need_cents)
+    }
+
+    fn refusal(&mut self, d: &Decision, seq: u64, at: When, reason: Reason) {
+        let action = reason.action();
+        if action == Action::Stop && self.first_stop_refusal.is_none() {
+            self.first_stop_refusal = Some(Halt { reason, seq, at });
+        }
+        if action == Action::AskHuman {
+            self.asks
+                .retain(|a| !(a.tool == d.tool && a.operation == d.operation));
+            self.asks.push(Ask {
+                tool: d.tool.clone(),
+                operation: d.operation.clone(),
+                reason,
+                seq,
+            });
+        }
+        if action == Action::Backoff || d.retry_after_ms.is_some() {
+            let wait = d.retry_after_ms.unwrap_or(0);
+            self.backoff = Some(Backoff {
+                not_before: When {
+                    run_ms: at.run_ms + wait,
+                    wall_ms: at.wall_ms + wait,
+                },
+                tool: d.tool.clone(),
+                operation: d.operation.clone(),
+                refused: Some(reason),
+                seq,
+            });
+        }
+    }
+
+    fn outcome(
+        &mut self,
+        e: &Event,
+        at: When,
+        cfg: &Config,
+        sink: &mut Sink,
+        storms: &mut ToolStorms,
+    ) {
+        let d = &e.decision;
+        let Some(status) = d.status else { return };
+        if let Some(attempt) = d.attempt.filter(|a| !self.allowed.contains(*a)) {
+            self.flag(sink, cfg, e.seq, AuditKind::OutcomeWithoutAllow { attempt });
+        }
+        let settled = d.settled_cents.unwrap_or(0);
+        self.settled += settled;
+        let mut call = d.attempt.and_then(|a| self.open.remove(&a));
+        let facts = OutcomeFacts {
+            seq: e.seq,
+            ms: at.run_ms,
+            status,
+            settled,
+            retry_after_ms: d.retry_after_ms,
+            observed: d.observed.as_deref(),
+        };
+
+        if let Some(c) = call.as_mut() {
+            c.outcome_seen = true;
+            if d.settled_cents.is_some() {
+                c.settled += settled;
+                self.open_reserved -= c.reserve_open.min(self.open_reserved);
+                c.reserve_open = 0;
+                if let Some(reserved) = c.reserve.filter(|r| c.settled > *r) {
+                    let kind = AuditKind::SettledAboveReservation {
+                        attempt: d.attempt.unwrap_or(0),
+                        reserved_cents: reserved,
+                        settled_cents: c.settled,
+                    };
+                    self.flag(sink, cfg, e.seq, kind);
+                }
+            }
+            match &c.track {
+                Track::Series(k) => {
+                    if let Some(s) = self.series.get_mut(k) {
+                        s.outcome(&facts);
+                    }
+                }
+                Track::Poll(k) => {
+                    if let Some(s) = self.poll_series.get_mut(k) {
+                        s.outcome(&facts);
+                    }
+                }
+                Track::None => {}
+            }
+            if let Some(tool) = &c.tool {
+                if !matches!(c.track, Track::Poll(_)) {
+                    if let Some(b) = self.bursts.get_mut(tool) {
+                        b.outcome(&facts);
+                    }
+                }
+                let result = ToolResult {
+                    tool,
+                    run: &self.name,
+                    worker: c.worker.as_deref(),
+                    operation: c.operation.as_deref(),
+                    seq: e.seq,
+                    wall_ms: e.wall_ms,
+                    failed: matches!(status, Status::Error | Status::Timeout),
+                    refused: None,
+                    ok: status == Status::Ok,
+                    reserved: c.reserve.unwrap_or(0),
+                    settled,
+                };
+                if let Some(l) = storms.result(&result, cfg, |_| None) {
+                    sink.loops.push(l);
+                }
+            }
+        }
+
+        let polled = match call.as_ref().map(|c| &c.track) {
+            Some(Track::Poll(r)) => Some(r.clone()),
+            _ => None,
+        };
+        let remote = d.remote_ref.clone().or_else(|| polled.clone());
+        if let Some(r) = &remote {
+            let known = self.refs.entry(r.clone()).or_default();
+            if d.observed.is_some() {
+                known.observed = d.observed.clone();
+            }
+            if let Some(ra) = d.retry_after_ms {
+                known.backoff_until = Some(at.run_ms + ra);
+            }
+        }
+        if let Some(state) = &d.observed {
+            self.last_observed = Some(Observed {
+                state: state.clone(),
+                remote_ref: remote.clone(),
+                seq: e.seq,
+                at,
+            });
+        }
+        let not_before = d.retry_after_ms.map(|ra| When {
+            run_ms: at.run_ms + ra,
+            wall_ms: at.wall_ms + ra,
+        });
+        if let Some(nb) = not_before {
+            self.backoff = Some(Backoff {
+                not_before: nb,
+                tool: call.as_ref().and_then(|c| c.tool.clone()),
+                operation: call.as_ref().and_then(|c| c.operation.clone()),
+                refused: None,
+                seq: e.seq,
+            });
+        }
+
+        let attempt_key = d.attempt.map(|a| format!("attempt {a}"));
+        match status {
+            Status::Running => {
+                let key = remote.clone().or(attempt_key);
+                if let Some(key) = key {
+                    let fresh = self.pending_from(
+                        e.seq,
+                        d.attempt,
+                        call.as_ref(),
+                        &remote,
+                        PendingStatus::Running,
+                        at,
+                    );
+                    let p = self.pending.entry(key).or_insert(fresh);
+                    p.seq = e.seq;
+                    p.since = at;
+                    if d.observed.is_some() {
+                        p.observed = d.observed.clone();
+                    }
+                    if not_before.is_some() {
+                        p.not_before = not_before;
+                    }
+                }
+            }
+            Status::Unknown | Status::Timeout => {
+                let effect = call.as_ref().and_then(|c| c.effect);
+                if polled.is_none() && effect != Some(Effect::Read) {
+                    let pending_status = if status == Status::Unknown {
+                        PendingStatus::Unknown
+                    } else {
+                        PendingStatus::Timeout
+                    };
+                    if let Some(key) = d.remote_ref.clone().or(attempt_key) {
+                        let p = self.pending_from(
+                            e.seq,
+                            d.attempt,
+                            call.as_ref(),
+                            &remote,
+                            pending_status,
+                            at,
+                        );
+                        self.pending.insert(key, p);
+                    }
+                }
+                if let Some(c) = call
+                    .as_ref()
+                    .filter(|c| c.effect == Some(Effect::NonIdempotentWrite))
+                {
+                    let key = write_key(
+                        c.tool.as_deref(),
+                        c.args_digest.as_deref(),
+                        c.operation.as_deref(),
+                    );
+                    self.unknown_writes.insert(
+                        key,
+                        UnknownWrite {
+                            attempt: d.attempt,
+                            outcome_seq: e.seq,
+                            status,
+                            tool: c.tool.clone(),
+                            operation: c.operation.clone(),
+                            args_digest: c.args_digest.clone(),
+                            idempotency_key: c.idempotency_key.clone(),
+                            cleared: false,
+                        },
+                    );
+                }
+            }
+            Status::Ok | Status::Error => {
+                let mut resolved = attempt_key.and_then(|k| self.pending.remove(&k));
+                if polled.is_none() || status == Status::Ok {
+                    if let Some(r) = &remote {
+                        resolved = self.pending.remove(r).or(resolved);
+                        if let Some(series) = self.poll_series.remove(r) {
+                            if let Some(l) = series.close(&self.name, Close::Gap, cfg) {
+                                sink.loops.push(l);
+                            }
+                        }
+                        self.refs.remove(r);
+                    }
+                }
+                if let Some(a) = d.attempt {
+                    self.unknown_writes.retain(|_, u| u.attempt != Some(a));
+                }
+                if status == Status::Ok {
+                    let from_call = call
+                        .as_ref()
+                        .filter(|c| is_write(c.effect) || remote.is_some());
+                    let done = match (&resolved, from_call) {
+                        (Some(p), _) => {
+                            Some((p.attempt, p.tool.clone(), p.operation.clone(), p.effect))
+                        }
+                        (None, Some(c)) => {
+                            Some((d.attempt, c.tool.clone(), c.operation.clone(), c.effect))
+                        }
+                        (None, None) => None,
+                    };
+                    if let Some((attempt, tool, operation, effect)) = done {
+                        self.complete(
+                            Completed {
+                                seq: e.seq,
+                                attempt,
+                                tool,
+                                operation,
+                                effect,
+                                remote_ref: remote.clone(),
+                                observed: d.observed.clone(),
+                                at,
+                            },
+                            cfg,
+                        );
+                    }
+                }
+            }
+        }
+        if let (Some(a), Some(c)) = (d.attempt, call) {
+            if status == Status::Running {
+                self.open.insert(a, c);
+            }
+        }
+    }
+
+    fn pending_from(
+        &self,
+        seq: u64,
+        attempt: Option<u64>,
+        call: Option<&Call>,
+        remote: &Option<String>,
+        status: PendingStatus,
+        at: When,
+    ) -> Pending {
+        Pending {
+            seq,
+            attempt,
+            tool: call.and_then(|c| c.tool.clone()),
+            operation: call.and_then(|c| c.operation.clone()),
+            effect: call.and_then(|c| c.effect),
+            remote_ref: remote.clone(),
+            status,
+            observed: None,
+            since: at,
+            not_before: None,
+        }
+    }
+
+    fn complete(&mut self, done: Completed, cfg: &Config) {
+        self.completed_total += 1;
+        if self.completed.len() >= cfg.max_listed {
+            self.completed.pop_front();
+        }
+        self.completed.push_back(done);
+    }
+
+    fn refund(&mut self, d: &Decision, seq: u64, cfg: &Config, sink: &mut Sink) {
+        let Some(of) = d.of else { return };
+        if !self.allowed.contains(of) {
+            self.flag(sink, cfg, seq, AuditKind::RefundWithoutAttempt { of });
+            return;
+        }
+        if self.refunded.contains(of) {
+            self.flag(sink, cfg, seq, AuditKind::RefundedTwice { of });
+            return;
+        }
+        self.refunded.insert(of);
+        self.refunded_slots += d.slots.unwrap_or(0);
+        let cents = d
+            .cents
+            .unwrap_or(0)
+            .min(self.reserved_gross - self.released);
+        self.released += cents;
+        self.open_reserved -= cents.min(self.open_reserved);
+        if let Some(c) = self.open.get_mut(&of) {
+            c.reserve_open -= cents.min(c.reserve_open);
+        }
+    }
+
+    fn approve(&mut self, d: &Decision, seq: u64, cfg: &Config, sink: &mut Sink) {
+        let o = Override::new(
+            seq,
+            d.approver.as_deref(),
+            d.scope.as_ref(),
+            d.digest.as_deref(),
+            d.expires_ms,
+        );
+        if !o.approved {
+            self.flag(sink, cfg, seq, AuditKind::OverrideWithoutApprover);
+        } else {
+            for u in self.unknown_writes.values_mut() {
+                let write = Approvable {
+                    tool: u.tool.as_deref(),
+                    operation: u.operation.as_deref(),
+                    args_digest: u.args_digest.as_deref(),
+                };
+                if o.mismatch(&write).is_none() {
+                    u.cleared = true;
+                }
+            }
+        }
+        self.overrides.push(o);
+    }
+
+    /// Close loop windows silent for longer than their window.
+    fn sweep(&mut self, now: u64, cfg: &Config, sink: &mut Sink) {
+        let gap = cfg.series_gap_ms();
+        let name = &self.name;
+        self.series.retain(|_, s| {
+            let keep = now.saturating_sub(s.last_ms()) <= gap;
+            if !keep {
+                sink.loops.extend(s.close(name, Close::Gap, cfg));
+            }
+            keep
+        });
+        self.bursts.retain(|_, b| {
+            let keep = now.saturating_sub(b.last_ms()) <= cfg.burst_window_ms;
+            if !keep {
+                sink.loops.extend(b.close(name, Close::Gap));
+            }
+            keep
+        });
+    }
+
+    fn close_all(&mut self, close: Close, cfg: &Config, sink: &mut Sink) {
+        let name = &self.name;
+        for (_, s) in self.series.drain() {
+            sink.loops.extend(s.close(name, close, cfg));
+        }
+        for (_, p) in self.poll_series.drain() {
+            sink.loops.extend(p.close(name, close, cfg));
+        }
+        for (_, b) in self.bursts.drain() {
+            sink.loops.extend(b.close(name, close));
+        }
+    }
+
+    /// Close every loop window at the end of the ledger.
+    pub fn finish(&mut self, cfg: &Config, sink: &mut Sink) {
+        let stop = self.stop.map(|h| (h.reason, h.seq));
+        self.close_all(Close::Finish { stop }, cfg, sink);
+    }
+
+    pub fn stop_reason(&self) -> StopReason {
+        match (self.stop, self.first_stop_refusal) {
+            (Some(h), _) => StopReason {
+                status: StopStatus::Stopped,
+                reason: Some(h.reason),
+                action: Some(h.reason.action()),
+                seq: Some(h.seq),
+                at: Some(h.at),
+            },
+            (None, Some(h)) => StopReason {
+                status: StopStatus::Refused,
+                reason: Some(h.reason),
+                action: Some(h.reason.action()),
+                seq: Some(h.seq),
+                at: Some(h.at),
+            },
+            (None, None) => StopReason {
+                status: StopStatus::Running,
+                reason: None,
+                action: None,
+                seq: None,
+                at: None,
+            },
+        }
+    }
+
+    /// Pending work: unresolved outcomes, then writes with no outcome at all.
+    pub fn pending_work(&self) -> Vec<Pending> {
+        let mut out: Vec<Pending> = self.pending.values().cloned().collect();
+        for (attempt, c) in &self.open {
+            if !c.outcome_seen && is_write(c.effect) {
+                out.push(Pending {
+                    seq: c.seq,
+                    attempt: Some(*attempt),
+                    tool: c.tool.clone(),
+                    operation: c.operation.clone(),
+                    effect: c.effect,
+                    remote_ref: None,
+                    status: PendingStatus::NoOutcome,
+                    observed: None,
+                    since: c.at,
+                    not_before: None,
+                });
+            }
+        }
+        out.sort_by_key(|p| p.seq);
+        out
+    }
+
+    /// The run's stop, for loops across runs.
+    pub fn halt(&self) -> Option<(Reason, u64)> {
+        self.stop.map(|h| (h.reason, h.seq))
+    }
+}
