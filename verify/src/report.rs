@@ -200,10 +200,13 @@ impl Report {
             }
         }
         let _ = writeln!(out, "  ledger      {}", self.ledger_id);
+        let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let _ = writeln!(
             out,
-            "  entries     {} ({} decisions, {} key epochs)",
-            self.entries, self.decisions, self.epochs
+            "  entries     {} ({}, {})",
+            self.entries,
+            plural(self.decisions, "decision", "decisions"),
+            plural(self.epochs.into(), "key epoch", "key epochs")
         );
         match &self.last_checkpoint {
             Some(c) => {
