@@ -260,10 +260,21 @@ impl Iterator for Frames {
 /// `scratch` (which must be empty) and that copy is opened.
 pub fn open_copy(dir: &Path, scratch: &Path) -> Result<Store> {
     let src = dir.join("store");
-    if !src.join("db").is_file() {
+    let db = src.join("db");
+    if !db.is_file() {
         return Err(Error::NotALedger(dir.to_path_buf()));
     }
+    // sled holds an exclusive flock on `db` while a writer has the store open. A shared
+    // lock here refuses a live store (its copy could be torn) and keeps a writer from
+    // opening it while we copy.
+    let guard = File::open(&db).map_err(|e| Error::io(&db, e))?;
+    match guard.try_lock_shared() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Busy(dir.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&db, e)),
+    }
     copy_dir(&src, &scratch.join("store"))?;
+    drop(guard);
     Store::open(scratch)
 }
 

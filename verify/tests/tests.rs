@@ -1,1 +1,3 @@
+//! Integration tests of tally-verify: one binary, one module per area.
 
+mod analysis;

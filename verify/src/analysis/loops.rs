@@ -739,27 +739,42 @@ fn close_storm(
 }
 
 /// Drop loops another loop already explains: identical-retry storms inside a storm
-/// across workers or runs, and high call counts overlapping a sharper loop of the tool.
+/// across workers or runs, and high call counts overlapping a sharper loop of the same
+/// run and tool. Linear in the number of loops (indexed by tool, and by run and tool).
 pub(crate) fn dedupe(loops: &mut Vec<Loop>) {
     let overlaps = |a: &Loop, b: &Loop| a.first_seq <= b.last_seq && b.first_seq <= a.last_seq;
-    let keep: Vec<bool> = loops
-        .iter()
-        .map(|l| {
-            !loops.iter().any(|other| {
-                if std::ptr::eq(l, other) || other.tool != l.tool || !overlaps(l, other) {
-                    return false;
+    let keep: Vec<bool> = {
+        let mut storms: HashMap<Option<&str>, Vec<&Loop>> = HashMap::new();
+        let mut sharp: HashMap<(&str, Option<&str>), Vec<&Loop>> = HashMap::new();
+        for l in loops.iter() {
+            let tool = l.tool.as_deref();
+            if l.clock == Clock::Wall {
+                storms.entry(tool).or_default().push(l);
+            }
+            if l.pattern != Pattern::HighCallCount {
+                for run in &l.runs {
+                    sharp.entry((run.as_str(), tool)).or_default().push(l);
                 }
-                let shares_run = l.runs.iter().any(|r| other.runs.contains(r));
-                match (l.pattern, l.clock, other.pattern, other.clock) {
-                    (Pattern::RetryStorm, Clock::Run, Pattern::RetryStorm, Clock::Wall) => {
-                        shares_run
-                    }
-                    (Pattern::HighCallCount, _, p, _) => shares_run && p != Pattern::HighCallCount,
-                    _ => false,
+            }
+        }
+        loops
+            .iter()
+            .map(|l| {
+                let tool = l.tool.as_deref();
+                let run = l.runs.first().map(String::as_str).unwrap_or("");
+                match (l.pattern, l.clock) {
+                    (Pattern::RetryStorm, Clock::Run) => !storms.get(&tool).is_some_and(|v| {
+                        v.iter()
+                            .any(|s| s.runs.iter().any(|r| r == run) && overlaps(l, s))
+                    }),
+                    (Pattern::HighCallCount, _) => !sharp
+                        .get(&(run, tool))
+                        .is_some_and(|v| v.iter().any(|s| overlaps(l, s))),
+                    _ => true,
                 }
             })
-        })
-        .collect();
+            .collect()
+    };
     let mut keep = keep.into_iter();
     loops.retain(|_| keep.next().unwrap_or(true));
 }

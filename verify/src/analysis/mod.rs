@@ -47,7 +47,7 @@ pub struct Config {
     /// The exact-repetition window, ms of run time. Default 60 000.
     pub repeat_window_ms: u64,
     /// High call count: this many calls of one tool in one run (polls excluded) within
-    /// `burst_window_ms`. Default 30.
+    /// `burst_window_ms`. Default 60 (a call a second, sustained).
     pub burst_min: u64,
     /// The high-call-count window, ms of run time. Default 60 000.
     pub burst_window_ms: u64,
@@ -82,7 +82,7 @@ impl Default for Config {
         Config {
             repeat_min: 3,
             repeat_window_ms: 60_000,
-            burst_min: 30,
+            burst_min: 60,
             burst_window_ms: 60_000,
             storm_min_failures: 4,
             storm_window_ms: 60_000,
@@ -214,7 +214,7 @@ impl Analysis {
     }
 
     /// Analyse a whole sequence of events.
-    pub fn run<'a>(config: Config, events: impl IntoIterator<Item = &'a Event>) -> Report {
+    pub fn analyse<'a>(config: Config, events: impl IntoIterator<Item = &'a Event>) -> Report {
         let mut analysis = Analysis::new(config);
         for e in events {
             analysis.push(e);

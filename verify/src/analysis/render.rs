@@ -325,10 +325,10 @@ fn handoff_text(h: &Handoff, out: &mut String) {
     let spend_limit = h
         .spend
         .limit_cents
-        .map_or("no limit".to_owned(), |l| format!("{l}¢"));
+        .map_or("no limit".to_owned(), |l| format!("limit {l}¢"));
     let _ = writeln!(
         out,
-        "  Spend: {}¢ reserved, {}¢ settled (limit {spend_limit})",
+        "  Spend: {}¢ reserved, {}¢ settled ({spend_limit})",
         h.spend.reserved_cents, h.spend.settled_cents
     );
     if h.completed_total == 0 {

@@ -936,15 +936,16 @@ impl RunState {
         });
     }
 
+    /// Close every loop window (taking the maps, so a stopped run keeps no capacity).
     fn close_all(&mut self, close: Close, cfg: &Config, sink: &mut Sink) {
         let name = &self.name;
-        for (_, s) in self.series.drain() {
+        for s in std::mem::take(&mut self.series).into_values() {
             sink.loops.extend(s.close(name, close, cfg));
         }
-        for (_, p) in self.poll_series.drain() {
+        for p in std::mem::take(&mut self.poll_series).into_values() {
             sink.loops.extend(p.close(name, close, cfg));
         }
-        for (_, b) in self.bursts.drain() {
+        for b in std::mem::take(&mut self.bursts).into_values() {
             sink.loops.extend(b.close(name, close));
         }
     }
