@@ -55,7 +55,11 @@ impl Store {
         let db = loop {
             match config.open() {
                 Ok(db) => break db,
-                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // sled 0.34 reports a held lock as `Other("could not acquire lock ...")`.
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.to_string().contains("could not acquire lock") =>
+                {
                     tries += 1;
                     if tries > 100 {
                         return Err(Error::Busy(dir.to_path_buf()));

@@ -1,1 +1,10 @@
+//! Workspace-level adversarial tests of the verifier (SPEC section 5, issue 3).
 
+mod crafted;
+mod flips;
+mod keys;
+mod roundtrip;
+mod seals;
+mod store;
+mod tamper;
+mod truncation;

@@ -183,6 +183,14 @@ fn main() {
     assert_eq!(report.verdict(), Verdict::Intact, "{}", report.to_text());
     assert_eq!(seen, n);
 
+    let mut analysis = tally_verify::analysis::Analysis::new(Default::default());
+    let t = Instant::now();
+    let report = verify(frames(&path), &opts, |e| analysis.push(&e), |_| {});
+    let found = analysis.finish();
+    let reporting = t.elapsed();
+    assert_eq!(report.verdict(), Verdict::Intact);
+    let loops = found.loops.len();
+
     let rate = |d: std::time::Duration| (n + 1) as f64 / d.as_secs_f64();
     println!("## Verifier: {n} decisions, {} bytes of entries ({:.0} B/entry), export {file_len} bytes\n", entry_bytes, entry_bytes as f64 / n as f64);
     println!("| pass | records/s | vs primitive over the same bytes |\n|---|---|---|");
@@ -200,9 +208,15 @@ fn main() {
         rate(decrypting),
         rate(decrypting) / aead_rate
     );
+    println!(
+        "| `tally loops`/`handoff` work: verify + decrypt + loops, audit, handoffs ({} runs, {loops} loops) | {:.0} | {:.1} s in all |",
+        found.handoffs.len(),
+        rate(reporting),
+        reporting.as_secs_f64()
+    );
     println!();
     println!(
-        "peak RSS: {rss_integrity} KiB after the integrity pass, {} KiB after both passes",
+        "peak RSS: {rss_integrity} KiB after the integrity pass, {} KiB after all passes",
         peak_rss_kib()
     );
 }

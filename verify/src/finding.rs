@@ -101,8 +101,11 @@ impl fmt::Display for FindingKind {
 pub struct Finding {
     /// What kind of break.
     pub kind: FindingKind,
-    /// The entry where it is: the first bad seq (for a checkpoint: its size; for a torn
-    /// export: the seq the torn frame would have had).
+    /// Where it is: the position of the first bad entry in the ledger as read (equal to
+    /// its seq while the chain is intact; a duplicate or inserted entry is named by where
+    /// it stands, so a finding never falls inside the range reported as sealed). For a
+    /// checkpoint or anchor: its size. For a torn or malformed export: the position the
+    /// next entry would have had.
     pub seq: u64,
     /// Why, in words.
     pub detail: String,

@@ -86,6 +86,10 @@ struct Pipeline {
 struct Walk<'a> {
     opts: &'a Options,
     ledger_id: LedgerId,
+    /// Entries read so far: where the next entry stands, and the seq findings name.
+    position: u64,
+    /// The seq the chain expects next (follows the entries' claims after a break, so one
+    /// duplicate or gap is one finding, not one per later entry).
     next_seq: u64,
     head: Hash,
     head_epoch: u32,
@@ -105,6 +109,8 @@ struct Walk<'a> {
     heads_here: Vec<Hash>,
     anchors: Vec<(Checkpoint, Option<AnchorStatus>)>,
     auditor_mismatch: bool,
+    /// Genesis belongs to another ledger than `ledger.pub` (reported once).
+    foreign: bool,
     tail: Tail,
 }
 
@@ -148,6 +154,7 @@ pub fn verify(
         let mut w = Walk {
             opts,
             ledger_id: opts.public.ledger_id,
+            position: 0,
             next_seq: 0,
             head: Hash::default(),
             head_epoch: 0,
@@ -167,6 +174,7 @@ pub fn verify(
             heads_here: Vec::new(),
             anchors,
             auditor_mismatch: false,
+            foreign: false,
             tail: Tail::Complete,
         };
         for frame in frames {
@@ -176,8 +184,8 @@ pub fn verify(
                     if w.batch.len() >= BATCH {
                         w.flush(&mut sink);
                     }
-                    if w.next_seq % 65_536 == 0 {
-                        progress(w.next_seq);
+                    if w.position % 65_536 == 0 {
+                        progress(w.position);
                     }
                 }
                 Ok(Frame::Checkpoint(text)) => w.checkpoint(&text),
@@ -187,20 +195,20 @@ pub fn verify(
                 Err(SourceError::Export(ExportError::Torn { offset, missing })) => {
                     w.find(
                         FindingKind::TornTail,
-                        w.next_seq,
+                        w.position,
                         format!("the export ends inside a frame at byte {offset} ({missing} bytes missing): a torn write or a cut mid-record"),
                     );
                     w.tail = Tail::Torn { offset };
                 }
                 Err(SourceError::Export(e)) => {
-                    w.find(FindingKind::ExportMalformed, w.next_seq, e.to_string())
+                    w.find(FindingKind::ExportMalformed, w.position, e.to_string())
                 }
-                Err(SourceError::Store(e)) => w.find(FindingKind::StoreError, w.next_seq, e),
+                Err(SourceError::Store(e)) => w.find(FindingKind::StoreError, w.position, e),
             }
         }
         w.flush(&mut sink);
         w.drain(&mut sink);
-        progress(w.next_seq);
+        progress(w.position);
         w.finish()
     })
 }
@@ -220,26 +228,36 @@ impl Walk<'_> {
     }
 
     fn entry(&mut self, bytes: Vec<u8>) {
+        let at = self.position;
+        self.position += 1;
         let expected = self.next_seq;
         let entry = match Entry::decode(&bytes) {
             Ok(e) => e,
             Err(e) => {
-                self.find(
-                    FindingKind::Malformed,
-                    expected,
-                    format!("entry does not decode: {e}"),
-                );
+                self.find(FindingKind::Malformed, at, format!("entry does not decode: {e}"));
                 // Resynchronise on the stored bytes so one bad entry is one finding.
                 self.head = entry_hash(&bytes);
-                self.next_seq += 1;
+                self.next_seq = expected.saturating_add(1);
                 return;
             }
         };
         let h = entry.header;
-        if h.ledger_id != self.ledger_id {
+        if at == 0 && h.entry_type == EntryType::Genesis && h.ledger_id != self.ledger_id {
+            self.find(
+                FindingKind::BadGenesis,
+                at,
+                format!(
+                    "ledger.pub is for ledger {}, but this is ledger {} (wrong verification key)",
+                    self.ledger_id, h.ledger_id
+                ),
+            );
+            // Judge the rest against its own genesis: one finding, not one per entry.
+            self.ledger_id = h.ledger_id;
+            self.foreign = true;
+        } else if h.ledger_id != self.ledger_id {
             self.find(
                 FindingKind::WrongLedger,
-                h.seq,
+                at,
                 format!(
                     "entry belongs to ledger {}, not {} (spliced from another ledger)",
                     h.ledger_id, self.ledger_id
@@ -254,14 +272,14 @@ impl Walk<'_> {
             };
             self.find(
                 FindingKind::SeqBreak,
-                expected,
+                at,
                 format!("expected seq {expected}, found seq {} ({what})", h.seq),
             );
         }
         if h.prev_hash != self.head {
             self.find(
                 FindingKind::BrokenLink,
-                h.seq,
+                at,
                 format!(
                     "previous-hash {} is not the hash {} of the entry before",
                     short(&h.prev_hash),
@@ -272,7 +290,7 @@ impl Walk<'_> {
         if h.wall_ms < self.head_wall {
             self.find(
                 FindingKind::TimeRegression,
-                h.seq,
+                at,
                 format!(
                     "wall time {} ms is before the previous entry's {} ms",
                     h.wall_ms, self.head_wall
@@ -280,20 +298,16 @@ impl Walk<'_> {
             );
         }
         match h.entry_type {
-            EntryType::Genesis => self.genesis(&entry),
-            EntryType::Epoch => self.epoch_cert(&entry),
+            EntryType::Genesis => self.genesis(&entry, at),
+            EntryType::Epoch => self.epoch_cert(&entry, at),
             EntryType::Decision => {
                 self.decisions += 1;
                 if self.epoch_keys.is_empty() {
-                    self.find(
-                        FindingKind::BadGenesis,
-                        h.seq,
-                        "decision before any genesis",
-                    );
+                    self.find(FindingKind::BadGenesis, at, "decision before any genesis");
                 } else if h.epoch != self.head_epoch {
                     self.find(
                         FindingKind::EpochBreak,
-                        h.seq,
+                        at,
                         format!(
                             "decision claims epoch {} but epoch {} is in force",
                             h.epoch, self.head_epoch
@@ -301,12 +315,11 @@ impl Walk<'_> {
                     );
                 }
             }
-            _ => self.find(FindingKind::Malformed, h.seq, "unknown entry type"),
+            _ => self.find(FindingKind::Malformed, at, "unknown entry type"),
         }
         self.head = entry.hash();
         self.head_wall = h.wall_ms;
-        self.head_epoch = h.epoch;
-        self.next_seq = h.seq.max(expected) + 1;
+        self.next_seq = h.seq.saturating_add(1);
         if self.decrypt && h.entry_type == EntryType::Decision {
             match self.data_keys.get(&h.epoch) {
                 Some(key) => self.batch.push(Pending {
@@ -318,7 +331,7 @@ impl Walk<'_> {
                 }),
                 None => self.find(
                     FindingKind::Undecryptable,
-                    h.seq,
+                    at,
                     format!(
                         "no data key for epoch {}: its certificate is missing or invalid",
                         h.epoch
@@ -329,14 +342,15 @@ impl Walk<'_> {
         self.check_anchors();
     }
 
-    fn genesis(&mut self, entry: &Entry<'_>) {
-        let seq = entry.header.seq;
+    fn genesis(&mut self, entry: &Entry<'_>, seq: u64) {
         let Some(g) = entry.genesis() else { return };
         if !self.epoch_keys.is_empty() {
             self.find(FindingKind::BadGenesis, seq, "a second genesis entry");
             return;
         }
-        if g.verifying_key != self.opts.public.verifying_key {
+        if self.foreign {
+            // Already reported: ledger.pub belongs to another ledger.
+        } else if g.verifying_key != self.opts.public.verifying_key {
             self.find(
                 FindingKind::BadGenesis,
                 seq,
@@ -372,49 +386,38 @@ impl Walk<'_> {
         }
     }
 
-    fn epoch_cert(&mut self, entry: &Entry<'_>) {
+    fn epoch_cert(&mut self, entry: &Entry<'_>, at: u64) {
         let h = entry.header;
         let Some(c) = entry.epoch_cert() else { return };
         let current = self.head_epoch;
         if self.epoch_keys.is_empty() {
-            self.find(
-                FindingKind::BadGenesis,
-                h.seq,
-                "epoch certificate before any genesis",
-            );
-        } else if h.epoch != current + 1 {
+            self.find(FindingKind::BadGenesis, at, "epoch certificate before any genesis");
+            return;
+        }
+        if current.checked_add(1) != Some(h.epoch) {
+            // Not adopted: a claimed epoch never sizes anything (one flipped bit must not
+            // make the verifier reserve a key per epoch up to 2^32).
             self.find(
                 FindingKind::EpochBreak,
-                h.seq,
+                at,
                 format!("certificate for epoch {} follows epoch {current}", h.epoch),
             );
-        } else {
-            let signer = self.epoch_keys[self.epoch_keys.len() - 1];
-            if verify_signature(
-                &signer,
-                &entry.signed_message(),
-                &c.signature,
-                "epoch certificate",
-            )
-            .is_err()
-            {
-                self.find(
-                    FindingKind::BadEpochCertificate,
-                    h.seq,
-                    format!(
-                        "epoch {} key is not certified by epoch {current}'s key",
-                        h.epoch
-                    ),
-                );
-            }
+            return;
         }
-        // Keep walking with the claimed key so later entries are judged on their own.
-        while self.epoch_keys.len() <= h.epoch as usize {
-            self.epoch_keys.push(c.verifying_key);
+        let signer = self.epoch_keys[self.epoch_keys.len() - 1];
+        if verify_signature(&signer, &entry.signed_message(), &c.signature, "epoch certificate").is_err() {
+            self.find(
+                FindingKind::BadEpochCertificate,
+                at,
+                format!("epoch {} key is not certified by epoch {current}'s key", h.epoch),
+            );
         }
-        self.epoch_keys[h.epoch as usize] = c.verifying_key;
+        // Walk on with the new key (already reported if uncertified), so later entries
+        // are judged on their own.
+        self.epoch_keys.push(c.verifying_key);
+        self.head_epoch = h.epoch;
         if self.decrypt {
-            self.add_data_key(h.epoch, &c.ephemeral, h.seq);
+            self.add_data_key(h.epoch, &c.ephemeral, at);
         }
     }
 
@@ -483,30 +486,32 @@ impl Walk<'_> {
                 },
             ));
         }
-        let Some(key) = self.epoch_keys.get(cp.epoch as usize).copied() else {
+        let key = self.epoch_keys.get(cp.epoch as usize).copied();
+        if cp.epoch != self.head_epoch {
+            let signed = match key {
+                Some(k) if verify_checkpoint(cp, &k).is_ok() => "validly signed",
+                _ => "claiming to be signed",
+            };
+            return Err((
+                FindingKind::CheckpointWrongEpoch,
+                format!(
+                    "{what} is {signed} by epoch {}'s key, but entry {} is in epoch {} (re-sealed with another epoch's key)",
+                    cp.epoch,
+                    n - 1,
+                    self.head_epoch
+                ),
+            ));
+        }
+        let Some(key) = key else {
             return Err((
                 FindingKind::CheckpointBadSignature,
-                format!(
-                    "{what} claims epoch {} but the ledger has no key for it here",
-                    cp.epoch
-                ),
+                format!("{what} claims epoch {} but the ledger has no key for it here", cp.epoch),
             ));
         };
         if let Err(e) = verify_checkpoint(cp, &key) {
             return Err((
                 FindingKind::CheckpointBadSignature,
                 format!("{what} of epoch {}: {e}", cp.epoch),
-            ));
-        }
-        if cp.epoch != self.head_epoch {
-            return Err((
-                FindingKind::CheckpointWrongEpoch,
-                format!(
-                    "{what} is signed by epoch {}'s key, but entry {} is in epoch {} (re-sealed with another epoch's key)",
-                    cp.epoch,
-                    n - 1,
-                    self.head_epoch
-                ),
             ));
         }
         if !self.heads_here.is_empty() && self.heads_here.iter().any(|h| *h != cp.head) {
@@ -555,7 +560,7 @@ impl Walk<'_> {
                             }
                             _ => FindingKind::AnchorInvalid,
                         };
-                        self.find(kind, n - 1, why);
+                        self.find(kind, n, why);
                         AnchorStatus::Mismatch
                     }
                 };
@@ -629,7 +634,7 @@ impl Walk<'_> {
     }
 
     fn finish(mut self) -> Report {
-        let n = self.next_seq;
+        let n = self.position;
         for i in 0..self.anchors.len() {
             if self.anchors[i].1.is_none() {
                 let a = self.anchors[i].0.clone();

@@ -1,0 +1,183 @@
+//! Single-bit flips (SPEC 5.1): anywhere in an export, in any stored entry, and in the
+//! store's file on disk. None may verify intact.
+//!
+//! Every bit is flipped when [`exhaustive`] holds (optimized crypto, or
+//! `TALLY_EXHAUSTIVE=1`); otherwise an even sample, so that the debug suite stays fast.
+//! Flips that make an entry claim an epoch of 2^20 or more are skipped here (they run
+//! the verifier out of memory; see `crafted::huge_epoch_claim_is_bounded`).
+
+use std::fs;
+
+use tally_ledger::store::open_copy;
+use tally_ledger::Frame;
+use tally_tests::*;
+use tally_verify::Verdict::{Intact, Tampered};
+use tally_verify::{Report, SourceError};
+
+/// 8 entries in 2 epochs: G C1 | E1 E2 C3 | E3(cert) C4 | E4 E5 E6 E7 C8.
+fn small() -> Fixture {
+    Fixture::new(&[Step::Append(2), Step::Rotate, Step::Append(4)])
+}
+
+fn first_line(report: &Report) -> String {
+    report
+        .to_text()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn every_bit_flip_in_an_export_is_tampered() {
+    let fx = small();
+    let export = fx.export();
+    let opts = fx.options();
+    assert_intact(&verify_export(&export, &opts).expect("export"));
+    let bits = bits_to_flip(export.len(), 128);
+    let failures = par_failures(&bits, |&bit| {
+        let mut bytes = export.clone();
+        flip(&mut bytes, bit);
+        if claims_huge_epoch(&bytes) {
+            return None;
+        }
+        match verify_export(&bytes, &opts) {
+            // Not an export at all: the magic.
+            Err(_) if bit < 16 * 8 => None,
+            Err(e) => Some(format!("bit {bit}: {e}")),
+            Ok(r) if r.verdict() == Tampered => None,
+            Ok(r) => Some(format!("bit {bit} (byte {}): {}", bit / 8, first_line(&r))),
+        }
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} flips not caught:\n{}",
+        failures.len(),
+        bits.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn every_bit_flip_in_a_stored_entry_is_tampered() {
+    let fx = small();
+    let frames = fx.frames();
+    let opts = fx.options();
+    // (frame index, byte in frame) for every byte of every entry.
+    let bytes: Vec<(usize, usize)> = frames
+        .iter()
+        .enumerate()
+        .flat_map(|(i, f)| match f {
+            Frame::Entry(b) => (0..b.len()).map(|j| (i, j)).collect(),
+            Frame::Checkpoint(_) => Vec::new(),
+        })
+        .collect();
+    let bits = bits_to_flip(bytes.len(), 72);
+    let failures = par_failures(&bits, |&bit| {
+        let (i, j) = bytes[bit / 8];
+        let mut frames = frames.clone();
+        if let Frame::Entry(b) = &mut frames[i] {
+            flip(b, j * 8 + bit % 8);
+        }
+        if claims_huge_epoch(&write_export(&frames)) {
+            return None;
+        }
+        let r = verify_frames(&frames, &opts);
+        (r.verdict() != Tampered)
+            .then(|| format!("frame {i} byte {j} bit {}: {}", bit % 8, first_line(&r)))
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} flips not caught:\n{}",
+        failures.len(),
+        bits.len(),
+        failures.join("\n")
+    );
+}
+
+/// What became of one flip in the sled file.
+#[derive(Debug, Default)]
+struct Outcomes {
+    refused: usize,
+    unchanged: usize,
+    caught: usize,
+}
+
+/// Flip bits in the sled log file of a closed ledger and verify the directory as
+/// `tally verify DIR` does (through a copy of the store), with the ledger's last
+/// checkpoint held as an anchor. sled may refuse to open, report an error, or recover
+/// an older state; unless every frame reads back unchanged (the flip hit bytes sled does
+/// not use), the verdict must not be intact.
+#[test]
+fn bit_flips_in_the_store_file_are_never_intact() {
+    let fx = Fixture::new(&[Step::Append(1), Step::Append(2), Step::Append(1)]);
+    let original = fx.frames();
+    let anchor = checkpoints(&original).pop().expect("checkpoint");
+    let Fixture {
+        tmp,
+        dir,
+        ledger,
+        public,
+        ..
+    } = fx;
+    drop(ledger);
+    let db = fs::read(dir.join("store").join("db")).expect("sled log");
+    let used = db.iter().rposition(|&b| b != 0).expect("a non-empty log") + 1;
+    // Every stored frame is in the log as is: flip inside each one, and across the rest.
+    let mut positions: Vec<usize> = original
+        .iter()
+        .map(|f| match f {
+            Frame::Entry(b) | Frame::Checkpoint(b) => b,
+        })
+        .map(|b| {
+            db.windows(b.len())
+                .position(|w| w == &b[..])
+                .expect("frame in the log")
+                + b.len() / 2
+        })
+        .map(|byte| byte * 8 + byte % 8)
+        .collect();
+    positions.extend(sample_bits(used, if exhaustive() { 400 } else { 40 }));
+    let mut opts = tally_verify::Options::new(public);
+    opts.anchors.push(anchor);
+    let outcomes = std::sync::Mutex::new(Outcomes::default());
+    let failures = par_failures(&positions, |&bit| {
+        let scratch = tempfile::tempdir_in(tmp.path()).expect("scratch");
+        let copy = scratch.path().join("ledger");
+        copy_dir(&dir, &copy);
+        let mut bytes = db.clone();
+        flip(&mut bytes, bit);
+        fs::write(copy.join("store").join("db"), &bytes).expect("write flipped log");
+        let Ok(store) = open_copy(&copy, &scratch.path().join("read")) else {
+            outcomes.lock().expect("outcomes").refused += 1;
+            return None;
+        };
+        let frames: Vec<Result<Frame, SourceError>> = store
+            .frames()
+            .map(|f| f.map_err(|e| SourceError::Store(e.to_string())))
+            .collect();
+        let unchanged = frames
+            .iter()
+            .map(|f| f.as_ref().ok())
+            .eq(original.iter().map(Some));
+        let report = tally_verify::verify(frames.into_iter(), &opts, |_| {}, |_| {});
+        let mut o = outcomes.lock().expect("outcomes");
+        match (unchanged, report.verdict()) {
+            (true, Intact) => o.unchanged += 1,
+            (false, v) if v != Intact => o.caught += 1,
+            _ => {
+                return Some(format!(
+                    "byte {} bit {}: unchanged {unchanged}: {}",
+                    bit / 8,
+                    bit % 8,
+                    first_line(&report)
+                ))
+            }
+        }
+        None
+    });
+    let outcomes = outcomes.into_inner().expect("outcomes");
+    eprintln!("{} flips in the sled log: {outcomes:?}", positions.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(outcomes.caught + outcomes.refused > 0, "{outcomes:?}");
+}

@@ -1,0 +1,134 @@
+//! Keys (SPEC 5.3, 5.4): the wrong verification key, ledgers across many epoch
+//! rotations, and the wrong auditor key.
+
+use tally_ledger::keys::{AuditorKey, LedgerPublic};
+use tally_ledger::Rotation;
+use tally_tests::*;
+use tally_verify::FindingKind::*;
+use tally_verify::Verdict::{Intact, Tampered};
+
+#[test]
+fn verification_key_of_another_ledger() {
+    let fx = Fixture::new(&[Step::Append(2)]);
+    let other = fx.sibling(&[Step::Append(2)]);
+    // The right ledger id with another key: the genesis does not match ledger.pub.
+    let public = LedgerPublic {
+        ledger_id: fx.id(),
+        verifying_key: other.public.verifying_key,
+    };
+    let report = verify_export(&fx.export(), &tally_verify::Options::new(public)).expect("export");
+    assert_eq!(findings(&report), [(BadGenesis, 0)], "{}", report.to_text());
+    // Another ledger's ledger.pub altogether.
+    let report = verify_export(&fx.export(), &other.options()).expect("export");
+    assert_eq!(report.verdict(), Tampered);
+    assert!(
+        findings(&report).contains(&(BadGenesis, 0)),
+        "{}",
+        report.to_text()
+    );
+    assert_eq!(report.sealed, 0);
+}
+
+#[test]
+fn verification_key_of_another_ledger_is_bad_genesis_first() {
+    let fx = Fixture::new(&[Step::Append(2)]);
+    let other = fx.sibling(&[Step::Append(2)]);
+    let report = verify_export(&fx.export(), &other.options()).expect("export");
+    assert_first(&report, Tampered, BadGenesis, 0);
+}
+
+const ROTATIONS: &[Step] = &[
+    Step::Append(2),
+    Step::Rotate,
+    Step::Append(1),
+    Step::Rotate,
+    Step::Rotate,
+    Step::Append(3),
+    Step::Rotate,
+    Step::Append(1),
+    Step::Append(1),
+];
+
+fn assert_decrypts_all(fx: &Fixture, epochs: u32) {
+    let export = fx.export();
+    let report = verify_export(&export, &fx.options()).expect("export");
+    assert_intact(&report);
+    assert_eq!(report.epochs, epochs);
+    assert_eq!(report.decrypted, None);
+    let (report, events) = verify_export_events(&export, &fx.auditor_options()).expect("export");
+    assert_intact(&report);
+    assert_eq!(report.decrypted, Some(fx.appended.len() as u64));
+    let got: Vec<_> = events.iter().map(|e| e.decision.clone()).collect();
+    assert_eq!(got, fx.appended);
+    assert!(events
+        .windows(2)
+        .all(|w| w[0].seq < w[1].seq && w[0].epoch <= w[1].epoch));
+    assert_eq!(events.last().expect("events").epoch, epochs - 1);
+}
+
+#[test]
+fn ledger_across_many_rotations_verifies_intact() {
+    let fx = Fixture::new(ROTATIONS);
+    assert_decrypts_all(&fx, 5);
+    // The store itself, read through a copy (the ledger closed, as `tally verify DIR`).
+    let appended = fx.appended.len() as u64;
+    let Fixture {
+        tmp,
+        dir,
+        ledger,
+        public,
+        ..
+    } = fx;
+    drop(ledger);
+    let scratch = tmp.path().join("scratch");
+    let store = open_store_copy(&dir, &scratch);
+    let frames: Vec<_> = store.frames().map(|f| f.expect("store frame")).collect();
+    let mut opts = tally_verify::Options::new(public);
+    opts.auditor = Some(AuditorKey::read(&tmp.path().join("auditor.key")).expect("auditor"));
+    let report = verify_frames(&frames, &opts);
+    assert_intact(&report);
+    assert_eq!(report.decrypted, Some(appended));
+}
+
+#[test]
+fn automatic_rotation_inside_commit_groups_verifies_intact() {
+    // Rotation due every 3 entries: the certificate lands in the same group as decisions.
+    let rotation = Rotation {
+        records: 3,
+        ms: u64::MAX,
+    };
+    let steps = [
+        Step::Append(2),
+        Step::Append(1),
+        Step::Append(4),
+        Step::Append(1),
+        Step::Append(1),
+        Step::Append(2),
+    ];
+    let fx = Fixture::build(&AuditorKey::generate(), rotation, &steps);
+    let epochs = fx.ledger.epoch() + 1;
+    assert!(epochs >= 4, "{epochs} epochs");
+    assert_decrypts_all(&fx, epochs);
+}
+
+#[test]
+fn wrong_auditor_key_decrypts_nothing() {
+    let fx = Fixture::new(ROTATIONS);
+    let mut opts = fx.options();
+    opts.auditor = Some(AuditorKey::generate());
+    let (report, events) = verify_export_events(&fx.export(), &opts).expect("export");
+    assert!(report.auditor_key_mismatch);
+    assert_eq!(report.decrypted, Some(0));
+    assert!(events.is_empty());
+    // The chain itself is intact; the report says nothing was decrypted.
+    assert_eq!(report.verdict(), Intact);
+    assert!(report.findings.is_empty());
+    assert!(
+        report.to_text().contains("decrypted   nothing"),
+        "{}",
+        report.to_text()
+    );
+    // The right key: no mismatch.
+    let report = verify_export(&fx.export(), &fx.auditor_options()).expect("export");
+    assert!(!report.auditor_key_mismatch);
+}

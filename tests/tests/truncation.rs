@@ -1,0 +1,147 @@
+//! Truncation and rollback (SPEC 5.2): clean cuts, torn tails, checkpoints left behind,
+//! and a truncated copy that keeps appending.
+
+use tally_ledger::Frame;
+use tally_tests::*;
+use tally_verify::FindingKind::*;
+use tally_verify::Verdict::{Incomplete, Intact, Tampered};
+use tally_verify::{AnchorStatus, Tail};
+
+/// Start offset of every frame in an export of `frames`, then of the end frame.
+fn frame_offsets(frames: &[Frame]) -> Vec<usize> {
+    let mut at = 16;
+    let mut out = vec![at];
+    for f in frames {
+        at += 5 + match f {
+            Frame::Entry(b) | Frame::Checkpoint(b) => b.len(),
+        };
+        out.push(at);
+    }
+    out
+}
+
+fn small() -> Fixture {
+    // G C1 E1 C2 E2(cert) C3 E3 E4 C5
+    Fixture::new(&[Step::Append(1), Step::Rotate, Step::Append(2)])
+}
+
+#[test]
+fn cut_at_every_frame_boundary_is_incomplete_never_intact() {
+    let fx = small();
+    let export = fx.export();
+    let frames = parse_frames(&export);
+    let offsets = frame_offsets(&frames);
+    assert_eq!(*offsets.last().expect("end") + END_FRAME_LEN, export.len());
+    for (i, &cut) in offsets.iter().enumerate() {
+        let report = verify_export(&export[..cut], &fx.options()).expect("magic intact");
+        let text = report.to_text();
+        assert_eq!(report.verdict(), Incomplete, "cut after {i} frames\n{text}");
+        assert_eq!(report.verdict().exit_code(), 3);
+        assert!(report.findings.is_empty(), "{text}");
+        assert_eq!(report.tail, Tail::CutClean { offset: cut as u64 });
+        assert_eq!(report.entries, entry_count(&frames[..i]));
+        assert!(
+            text.starts_with("INCOMPLETE") && !text.contains("INTACT"),
+            "{text}"
+        );
+    }
+    assert_intact(&verify_export(&export, &fx.options()).expect("export"));
+}
+
+#[test]
+fn cut_mid_record_is_a_torn_tail() {
+    let fx = small();
+    let export = fx.export();
+    let frames = parse_frames(&export);
+    let offsets = frame_offsets(&frames);
+    let ends: Vec<usize> = offsets[1..].iter().copied().chain([export.len()]).collect();
+    for (i, (&start, &end)) in offsets.iter().zip(&ends).enumerate() {
+        let cuts: Vec<usize> = if exhaustive() {
+            (start + 1..end).collect()
+        } else {
+            vec![start + 1, start + 4, start + 5, (start + end) / 2, end - 1]
+        };
+        let seq = entry_count(&frames[..i]);
+        for cut in cuts {
+            let report = verify_export(&export[..cut], &fx.options()).expect("magic intact");
+            assert_eq!(
+                findings(&report),
+                [(TornTail, seq)],
+                "cut at {cut} in frame {i}\n{}",
+                report.to_text()
+            );
+            assert_eq!(report.verdict(), Tampered);
+            assert_eq!(
+                report.tail,
+                Tail::Torn {
+                    offset: start as u64
+                }
+            );
+        }
+    }
+}
+
+#[test]
+fn entries_removed_but_later_checkpoints_kept() {
+    let fx = Fixture::standard();
+    let mut frames = fx.frames();
+    frames.retain(|f| !matches!(f, Frame::Entry(b) if header(b).seq >= 5));
+    let report = verify_export(&write_export(&frames), &fx.options()).expect("export");
+    let all = assert_first(&report, Tampered, CheckpointMisplaced, 5);
+    assert_eq!(
+        all,
+        vec![(CheckpointMisplaced, 5); 5],
+        "checkpoints 6, 7, 8, 9, 10"
+    );
+    assert_eq!(report.sealed, 4);
+}
+
+/// The writer's directory is copied at size 4 (keys and all); the original goes on to
+/// size 7 and hands out its checkpoint; the copy appends other records.
+#[test]
+fn truncate_and_keep_appending_is_caught_by_an_anchor() {
+    let fx = Fixture::new(&[Step::Append(1), Step::Rotate, Step::Append(1)]);
+    let (fx, mut longer) = fx.fork();
+    let (mut original, mut shorter) = fx.fork();
+    let common = original.ledger.checkpoint();
+    assert_eq!(common.size, 4);
+    original.apply(&[Step::Append(1), Step::Append(1), Step::Append(1)]);
+    let anchor = original.ledger.checkpoint();
+    assert_eq!(anchor.size, 7);
+    for i in 0..4 {
+        longer.append_batch(vec![decision(100 + i)]);
+    }
+    shorter.append_batch(vec![decision(200)]);
+    let with = |anchor: &tally_ledger::Checkpoint| {
+        let mut o = original.options();
+        o.anchors.push(anchor.clone());
+        o
+    };
+    // The copy holds a different size-7 history: a fork.
+    let report = verify_export(&longer.export(), &with(&anchor)).expect("export");
+    let all = findings(&report);
+    assert_eq!(report.verdict(), Tampered);
+    assert!(
+        all.contains(&(Fork, 7)) && all.iter().all(|f| f.0 == Fork),
+        "{}",
+        report.to_text()
+    );
+    assert_eq!(report.anchors[0].status, AnchorStatus::Mismatch);
+    // The copy is shorter than the anchor: rolled back.
+    let report = verify_export(&shorter.export(), &with(&anchor)).expect("export");
+    assert_eq!(
+        findings(&report),
+        [(AnchorMissing, 5)],
+        "{}",
+        report.to_text()
+    );
+    assert_eq!(report.anchors[0].status, AnchorStatus::Missing);
+    // Both copies do contain the common checkpoint, and on their own look intact: only
+    // an anchor held elsewhere tells them apart.
+    for copy in [&longer, &shorter] {
+        let report = verify_export(&copy.export(), &with(&common)).expect("export");
+        assert_eq!(report.verdict(), Intact, "{}", report.to_text());
+        assert_eq!(report.anchors[0].status, AnchorStatus::Matched);
+    }
+    assert_intact(&verify_export(&original.export(), &with(&anchor)).expect("export"));
+}
