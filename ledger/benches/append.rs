@@ -86,7 +86,8 @@ fn durable(threads: usize, batch: usize) -> Run {
             std::thread::spawn(move || {
                 let mut i = t as u64 * 1_000_000_000;
                 while Instant::now() < stop {
-                    let ds: Vec<Decision> = (0..batch).map(|k| sample_decision(i + k as u64)).collect();
+                    let ds: Vec<Decision> =
+                        (0..batch).map(|k| sample_decision(i + k as u64)).collect();
                     i += batch as u64;
                     ledger.append_batch(ds).unwrap();
                 }
@@ -99,7 +100,11 @@ fn durable(threads: usize, batch: usize) -> Run {
     let elapsed = start.elapsed();
     let cp = ledger.checkpoint();
     let decisions = cp.size - size0;
-    let groups = ledger.snapshot().filter(|f| matches!(f, Ok(tally_ledger::Frame::Checkpoint(_)))).count() as u64 - 1;
+    let groups = ledger
+        .snapshot()
+        .filter(|f| matches!(f, Ok(tally_ledger::Frame::Checkpoint(_))))
+        .count() as u64
+        - 1;
     drop(ledger);
     let bytes = dir_bytes(&dir.join("store"));
     Run {
@@ -144,7 +149,11 @@ fn main() {
         std::hint::black_box(d.to_canonical_json());
     });
     let tmp = tempfile::tempdir().unwrap();
-    let db = sled::Config::new().path(tmp.path().join("s")).flush_every_ms(None).open().unwrap();
+    let db = sled::Config::new()
+        .path(tmp.path().join("s"))
+        .flush_every_ms(None)
+        .open()
+        .unwrap();
     let mut k = 0u64;
     let chunk = vec![7u8; (entry_len + 4) * tally_ledger::store::CHUNK_ENTRIES];
     let t_sled = per_op(|| {
@@ -164,9 +173,15 @@ fn main() {
     println!("## Primitives (ns per operation, this run)\n");
     println!("| primitive | size | ns/op |\n|---|---|---|");
     println!("| BLAKE3 keyed hash | {entry_len} B entry | {t_blake3:.0} |");
-    println!("| XChaCha20-Poly1305 seal | {} B decision | {t_aead:.0} |", plaintext.len());
+    println!(
+        "| XChaCha20-Poly1305 seal | {} B decision | {t_aead:.0} |",
+        plaintext.len()
+    );
     println!("| Ed25519 sign | 200 B checkpoint | {t_sign:.0} |");
-    println!("| sled insert of one chunk (no flush) | {} B ({chunk_entries} entries) | {t_sled:.0} |", chunk.len());
+    println!(
+        "| sled insert of one chunk (no flush) | {} B ({chunk_entries} entries) | {t_sled:.0} |",
+        chunk.len()
+    );
     println!("| write 4 KiB + fsync | 4096 B | {t_fsync:.0} |");
     println!("| parse + validate + digest + canonical JSON | 1 decision | {t_json:.0} |");
     println!();

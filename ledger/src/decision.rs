@@ -458,15 +458,35 @@ impl Decision {
             ("target", self.target.is_some(), CALL),
             ("channel", self.channel.is_some(), CALL),
             ("depth", self.depth.is_some(), CALL),
-            ("parent", self.parent.is_some(), &[Kind::Start, Kind::Allow, Kind::Deny]),
+            (
+                "parent",
+                self.parent.is_some(),
+                &[Kind::Start, Kind::Allow, Kind::Deny],
+            ),
             ("reason", self.reason.is_some(), ALL),
-            ("attempt", self.attempt.is_some(), &[Kind::Allow, Kind::Deny, Kind::Outcome]),
-            ("reserve_cents", self.reserve_cents.is_some(), &[Kind::Allow]),
+            (
+                "attempt",
+                self.attempt.is_some(),
+                &[Kind::Allow, Kind::Deny, Kind::Outcome],
+            ),
+            (
+                "reserve_cents",
+                self.reserve_cents.is_some(),
+                &[Kind::Allow],
+            ),
             ("status", self.status.is_some(), &[Kind::Outcome]),
-            ("settled_cents", self.settled_cents.is_some(), &[Kind::Outcome]),
+            (
+                "settled_cents",
+                self.settled_cents.is_some(),
+                &[Kind::Outcome],
+            ),
             ("remote_ref", self.remote_ref.is_some(), &[Kind::Outcome]),
             ("observed", self.observed.is_some(), &[Kind::Outcome]),
-            ("retry_after_ms", self.retry_after_ms.is_some(), &[Kind::Outcome, Kind::Deny]),
+            (
+                "retry_after_ms",
+                self.retry_after_ms.is_some(),
+                &[Kind::Outcome, Kind::Deny],
+            ),
             ("of", self.of.is_some(), &[Kind::Refund]),
             ("slots", self.slots.is_some(), &[Kind::Refund]),
             ("cents", self.cents.is_some(), &[Kind::Refund]),
@@ -474,7 +494,11 @@ impl Decision {
             ("scope", self.scope.is_some(), &[Kind::Override]),
             ("digest", self.digest.is_some(), &[Kind::Override]),
             ("expires_ms", self.expires_ms.is_some(), &[Kind::Override]),
-            ("limits", self.limits.is_some(), &[Kind::Allow, Kind::Deny, Kind::Stop]),
+            (
+                "limits",
+                self.limits.is_some(),
+                &[Kind::Allow, Kind::Deny, Kind::Stop],
+            ),
         ];
         for (field, is_present, kinds) in present {
             if is_present && !kinds.contains(&kind) {

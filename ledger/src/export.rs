@@ -127,7 +127,10 @@ impl<W: Write> ExportWriter<W> {
 
 /// Write `frames` to an export file at `out`, durably: the file is written beside `out`
 /// and renamed into place after an fsync. Returns (entries, checkpoints) written.
-pub fn export_frames(frames: impl Iterator<Item = Result<Frame>>, out: &Path) -> Result<(u64, u64)> {
+pub fn export_frames(
+    frames: impl Iterator<Item = Result<Frame>>,
+    out: &Path,
+) -> Result<(u64, u64)> {
     let tmp = out.with_extension("partial");
     let file = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let mut w = ExportWriter::new(BufWriter::new(file)).map_err(|e| Error::io(&tmp, e))?;
@@ -136,7 +139,9 @@ pub fn export_frames(frames: impl Iterator<Item = Result<Frame>>, out: &Path) ->
     }
     let counts = (w.entries, w.checkpoints);
     let buf = w.finish().map_err(|e| Error::io(&tmp, e))?;
-    let file = buf.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
+    let file = buf
+        .into_inner()
+        .map_err(|e| Error::io(&tmp, e.into_error()))?;
     file.sync_all().map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
     crate::keys::sync_parent(out)?;
@@ -197,7 +202,11 @@ impl<R: Read> ExportReader<R> {
         }
         let tag = head[0];
         let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as u64;
-        let max = if tag == FRAME_END { 16 } else { MAX_FRAME_LEN as u64 };
+        let max = if tag == FRAME_END {
+            16
+        } else {
+            MAX_FRAME_LEN as u64
+        };
         if !matches!(tag, FRAME_ENTRY | FRAME_CHECKPOINT | FRAME_END) {
             return Err(ExportError::BadTag { offset: start, tag });
         }
@@ -223,8 +232,10 @@ impl<R: Read> ExportReader<R> {
                 Ok(Some(Frame::Checkpoint(payload)))
             }
             _ => {
-                let claimed_entries = u64::from_be_bytes(payload[..8].try_into().unwrap_or_default());
-                let claimed_checkpoints = u64::from_be_bytes(payload[8..].try_into().unwrap_or_default());
+                let claimed_entries =
+                    u64::from_be_bytes(payload[..8].try_into().unwrap_or_default());
+                let claimed_checkpoints =
+                    u64::from_be_bytes(payload[8..].try_into().unwrap_or_default());
                 if claimed_entries != self.entries || claimed_checkpoints != self.checkpoints {
                     return Err(ExportError::CountMismatch {
                         offset: start,

@@ -366,7 +366,13 @@ impl Checkpoint {
 
     /// The signed text of this checkpoint.
     pub fn body(&self) -> String {
-        Checkpoint::body_text(self.ledger_id, self.size, self.head, self.epoch, self.wall_ms)
+        Checkpoint::body_text(
+            self.ledger_id,
+            self.size,
+            self.head,
+            self.epoch,
+            self.wall_ms,
+        )
     }
 
     /// The portable text form (stored, exported and printed as is): the body, a blank
@@ -385,18 +391,20 @@ impl Checkpoint {
     pub fn from_text(text: &[u8]) -> Result<Checkpoint, FormatError> {
         let text = std::str::from_utf8(text)
             .map_err(|_| FormatError::invalid("checkpoint", "not UTF-8"))?;
-        let rest = text
-            .strip_prefix(CP_FIRST)
-            .ok_or_else(|| FormatError::invalid("checkpoint", "does not start with `tally checkpoint v1`"))?;
+        let rest = text.strip_prefix(CP_FIRST).ok_or_else(|| {
+            FormatError::invalid("checkpoint", "does not start with `tally checkpoint v1`")
+        })?;
         let mut lines = rest.split_inclusive('\n');
         let mut field = |name: &'static str| -> Result<&str, FormatError> {
-            let line = lines
-                .next()
-                .ok_or_else(|| FormatError::invalid("checkpoint", format!("missing `{name}` line")))?;
+            let line = lines.next().ok_or_else(|| {
+                FormatError::invalid("checkpoint", format!("missing `{name}` line"))
+            })?;
             line.strip_suffix('\n')
                 .and_then(|l| l.strip_prefix(name))
                 .and_then(|l| l.strip_prefix(' '))
-                .ok_or_else(|| FormatError::invalid("checkpoint", format!("expected `{name} ...` line")))
+                .ok_or_else(|| {
+                    FormatError::invalid("checkpoint", format!("expected `{name} ...` line"))
+                })
         };
         let ledger_id = LedgerId(parse_hex::<16>(field("ledger")?, "checkpoint ledger")?);
         let size = parse_decimal(field("size")?, "checkpoint size")?;
@@ -405,7 +413,10 @@ impl Checkpoint {
             .map_err(|_| FormatError::invalid("checkpoint epoch", "out of range"))?;
         let wall_ms = parse_decimal(field("time")?, "checkpoint time")?;
         if lines.next() != Some("\n") {
-            return Err(FormatError::invalid("checkpoint", "expected a blank line before the signature"));
+            return Err(FormatError::invalid(
+                "checkpoint",
+                "expected a blank line before the signature",
+            ));
         }
         let sig_line = lines
             .next()
@@ -413,10 +424,18 @@ impl Checkpoint {
         let sig = sig_line
             .strip_suffix('\n')
             .and_then(|l| l.strip_prefix(CP_SIG_PREFIX))
-            .ok_or_else(|| FormatError::invalid("checkpoint", "signature line must be `— <key id> <signature>`"))?;
-        let (kid, signature) = sig
-            .split_once(' ')
-            .ok_or_else(|| FormatError::invalid("checkpoint", "signature line must be `— <key id> <signature>`"))?;
+            .ok_or_else(|| {
+                FormatError::invalid(
+                    "checkpoint",
+                    "signature line must be `— <key id> <signature>`",
+                )
+            })?;
+        let (kid, signature) = sig.split_once(' ').ok_or_else(|| {
+            FormatError::invalid(
+                "checkpoint",
+                "signature line must be `— <key id> <signature>`",
+            )
+        })?;
         let key_id = parse_hex::<4>(kid, "checkpoint key id")?;
         let signature = parse_hex::<64>(signature, "checkpoint signature")?;
         if let Some(extra) = lines.next() {
@@ -426,7 +445,10 @@ impl Checkpoint {
             });
         }
         if size == 0 {
-            return Err(FormatError::invalid("checkpoint size", "a checkpoint seals at least genesis"));
+            return Err(FormatError::invalid(
+                "checkpoint size",
+                "a checkpoint seals at least genesis",
+            ));
         }
         Ok(Checkpoint {
             ledger_id,
@@ -443,7 +465,10 @@ impl Checkpoint {
 /// Parse lowercase hex of exactly `N` bytes.
 pub fn parse_hex<const N: usize>(s: &str, what: &'static str) -> Result<[u8; N], FormatError> {
     if s.len() != 2 * N || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        return Err(FormatError::invalid(what, format!("expected {} lowercase hex characters", 2 * N)));
+        return Err(FormatError::invalid(
+            what,
+            format!("expected {} lowercase hex characters", 2 * N),
+        ));
     }
     let mut out = [0u8; N];
     hex::decode_to_slice(s, &mut out).map_err(|e| FormatError::invalid(what, e.to_string()))?;
@@ -452,10 +477,15 @@ pub fn parse_hex<const N: usize>(s: &str, what: &'static str) -> Result<[u8; N],
 
 /// Parse a canonical decimal u64: digits only, no sign, no leading zero (except "0").
 pub fn parse_decimal(s: &str, what: &'static str) -> Result<u64, FormatError> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0')) {
-        return Err(FormatError::invalid(what, "expected a canonical decimal number"));
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0'))
+    {
+        return Err(FormatError::invalid(
+            what,
+            "expected a canonical decimal number",
+        ));
     }
-    s.parse().map_err(|_| FormatError::invalid(what, "number out of range"))
+    s.parse()
+        .map_err(|_| FormatError::invalid(what, "number out of range"))
 }
 
 /// One item of a ledger's content, in order: entries by seq, each checkpoint right after

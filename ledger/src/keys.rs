@@ -59,14 +59,31 @@ impl DataKey {
     }
 
     /// Decrypt a decision body; fails if header or body were modified or the key is wrong.
-    pub fn open(&self, nonce: &[u8; 24], header: &[u8], body: &[u8]) -> Result<Vec<u8>, CryptoError> {
+    pub fn open(
+        &self,
+        nonce: &[u8; 24],
+        header: &[u8],
+        body: &[u8],
+    ) -> Result<Vec<u8>, CryptoError> {
         self.cipher
-            .decrypt(XNonce::from_slice(nonce), Payload { msg: body, aad: header })
+            .decrypt(
+                XNonce::from_slice(nonce),
+                Payload {
+                    msg: body,
+                    aad: header,
+                },
+            )
             .map_err(|_| CryptoError::Decrypt)
     }
 }
 
-fn kdf(shared: &[u8; 32], ephemeral: &[u8; 32], recipient: &[u8; 32], ledger: LedgerId, epoch: u32) -> Zeroizing<[u8; 32]> {
+fn kdf(
+    shared: &[u8; 32],
+    ephemeral: &[u8; 32],
+    recipient: &[u8; 32],
+    ledger: LedgerId,
+    epoch: u32,
+) -> Zeroizing<[u8; 32]> {
     let mut material = Zeroizing::new([0u8; 32 + 32 + 32 + 16 + 4]);
     material[..32].copy_from_slice(shared);
     material[32..64].copy_from_slice(ephemeral);
@@ -79,25 +96,41 @@ fn kdf(shared: &[u8; 32], ephemeral: &[u8; 32], recipient: &[u8; 32], ledger: Le
 /// The writer's side of an epoch's key agreement: a fresh ephemeral X25519 secret with the
 /// auditor's public key. The ephemeral secret is consumed here; the writer keeps only the
 /// derived data key for the epoch, so it cannot re-derive any other epoch's key.
-pub fn agree_writer(recipient: &[u8; 32], ledger: LedgerId, epoch: u32) -> Result<([u8; 32], Zeroizing<[u8; 32]>), CryptoError> {
+pub fn agree_writer(
+    recipient: &[u8; 32],
+    ledger: LedgerId,
+    epoch: u32,
+) -> Result<([u8; 32], Zeroizing<[u8; 32]>), CryptoError> {
     let secret = EphemeralSecret::random_from_rng(OsRng);
     let ephemeral = PublicKey::from(&secret).to_bytes();
     let shared = secret.diffie_hellman(&PublicKey::from(*recipient));
     if !shared.was_contributory() {
-        return Err(CryptoError::InvalidKey("auditor public key is a low-order point"));
+        return Err(CryptoError::InvalidKey(
+            "auditor public key is a low-order point",
+        ));
     }
-    Ok((ephemeral, kdf(shared.as_bytes(), &ephemeral, recipient, ledger, epoch)))
+    Ok((
+        ephemeral,
+        kdf(shared.as_bytes(), &ephemeral, recipient, ledger, epoch),
+    ))
 }
 
 /// The writer's side of the agreement from a given ephemeral secret, for test vectors and
 /// benchmarks that need reproducible keys. The ledger itself always draws a fresh secret
 /// ([`agree_writer`]).
-pub fn agree_from_secret(secret: [u8; 32], recipient: &[u8; 32], ledger: LedgerId, epoch: u32) -> Result<([u8; 32], DataKey), CryptoError> {
+pub fn agree_from_secret(
+    secret: [u8; 32],
+    recipient: &[u8; 32],
+    ledger: LedgerId,
+    epoch: u32,
+) -> Result<([u8; 32], DataKey), CryptoError> {
     let secret = StaticSecret::from(secret);
     let ephemeral = PublicKey::from(&secret).to_bytes();
     let shared = secret.diffie_hellman(&PublicKey::from(*recipient));
     if !shared.was_contributory() {
-        return Err(CryptoError::InvalidKey("auditor public key is a low-order point"));
+        return Err(CryptoError::InvalidKey(
+            "auditor public key is a low-order point",
+        ));
     }
     let key = kdf(shared.as_bytes(), &ephemeral, recipient, ledger, epoch);
     Ok((ephemeral, DataKey::from_bytes(&key)))
@@ -134,10 +167,17 @@ impl AuditorKey {
     }
 
     /// The data key of an epoch, from the ephemeral key in its genesis or certificate.
-    pub fn epoch_key(&self, ephemeral: &[u8; 32], ledger: LedgerId, epoch: u32) -> Result<DataKey, CryptoError> {
+    pub fn epoch_key(
+        &self,
+        ephemeral: &[u8; 32],
+        ledger: LedgerId,
+        epoch: u32,
+    ) -> Result<DataKey, CryptoError> {
         let shared = self.secret.diffie_hellman(&PublicKey::from(*ephemeral));
         if !shared.was_contributory() {
-            return Err(CryptoError::InvalidKey("epoch ephemeral key is a low-order point"));
+            return Err(CryptoError::InvalidKey(
+                "epoch ephemeral key is a low-order point",
+            ));
         }
         let key = kdf(shared.as_bytes(), ephemeral, &self.public(), ledger, epoch);
         Ok(DataKey::from_bytes(&key))
@@ -149,7 +189,11 @@ impl AuditorKey {
         let text = Zeroizing::new(format!("{AUDITOR_SECRET_HEADER}{}\n", secret_hex.as_str()));
         write_new_secret(secret_path, text.as_bytes())?;
         let pub_path = secret_path.with_extension("pub");
-        write_new(&pub_path, format!("{AUDITOR_PUBLIC_HEADER}{}\n", hex::encode(self.public())).as_bytes(), 0o644)
+        write_new(
+            &pub_path,
+            format!("{AUDITOR_PUBLIC_HEADER}{}\n", hex::encode(self.public())).as_bytes(),
+            0o644,
+        )
     }
 
     /// Read an auditor secret key file; refuses files others can read.
@@ -175,11 +219,21 @@ pub fn read_auditor_public(path: &Path) -> Result<[u8; 32]> {
     Ok(parse_hex::<32>(hexpart, "auditor public key")?)
 }
 
-fn strip_line<'a>(text: &'a str, header: &str, _path: &Path, what: &'static str) -> Result<&'a str, FormatError> {
+fn strip_line<'a>(
+    text: &'a str,
+    header: &str,
+    _path: &Path,
+    what: &'static str,
+) -> Result<&'a str, FormatError> {
     text.strip_prefix(header)
         .and_then(|r| r.strip_suffix('\n'))
         .filter(|r| !r.contains('\n'))
-        .ok_or_else(|| FormatError::invalid(what, format!("file must be `{}` and one line of hex", header.trim_end())))
+        .ok_or_else(|| {
+            FormatError::invalid(
+                what,
+                format!("file must be `{}` and one line of hex", header.trim_end()),
+            )
+        })
 }
 
 /// The ledger's public verification key file (`ledger.pub`): ledger id and the genesis
@@ -204,11 +258,22 @@ impl LedgerPublic {
 
     /// Parse the text form strictly.
     pub fn from_text(text: &str) -> Result<LedgerPublic, FormatError> {
-        let bad = || FormatError::invalid("ledger public key", "expected `tally ledger public key v1`, `ledger <hex>`, `key <hex>`");
+        let bad = || {
+            FormatError::invalid(
+                "ledger public key",
+                "expected `tally ledger public key v1`, `ledger <hex>`, `key <hex>`",
+            )
+        };
         let rest = text.strip_prefix(LEDGER_PUBLIC_HEADER).ok_or_else(bad)?;
         let mut lines = rest.split('\n');
-        let id = lines.next().and_then(|l| l.strip_prefix("ledger ")).ok_or_else(bad)?;
-        let key = lines.next().and_then(|l| l.strip_prefix("key ")).ok_or_else(bad)?;
+        let id = lines
+            .next()
+            .and_then(|l| l.strip_prefix("ledger "))
+            .ok_or_else(bad)?;
+        let key = lines
+            .next()
+            .and_then(|l| l.strip_prefix("key "))
+            .ok_or_else(bad)?;
         if lines.next() != Some("") || lines.next().is_some() {
             return Err(bad());
         }
@@ -226,14 +291,23 @@ impl LedgerPublic {
 }
 
 /// Verify an Ed25519 signature with a raw 32-byte key.
-pub fn verify_signature(key: &[u8; 32], message: &[u8], signature: &[u8; 64], what: &'static str) -> Result<(), CryptoError> {
-    let vk = VerifyingKey::from_bytes(key).map_err(|_| CryptoError::InvalidKey("not an Ed25519 point"))?;
+pub fn verify_signature(
+    key: &[u8; 32],
+    message: &[u8],
+    signature: &[u8; 64],
+    what: &'static str,
+) -> Result<(), CryptoError> {
+    let vk = VerifyingKey::from_bytes(key)
+        .map_err(|_| CryptoError::InvalidKey("not an Ed25519 point"))?;
     vk.verify_strict(message, &Signature::from_bytes(signature))
         .map_err(|_| CryptoError::BadSignature { what })
 }
 
 /// Verify a checkpoint's key id and signature under the given epoch key.
-pub fn verify_checkpoint(cp: &crate::format::Checkpoint, key: &[u8; 32]) -> Result<(), CryptoError> {
+pub fn verify_checkpoint(
+    cp: &crate::format::Checkpoint,
+    key: &[u8; 32],
+) -> Result<(), CryptoError> {
     let expected = key_id(key);
     if cp.key_id != expected {
         return Err(CryptoError::WrongKey {
@@ -262,7 +336,11 @@ pub struct EpochSecrets {
 impl EpochSecrets {
     /// A fresh epoch: new signing key, new data key agreed with the auditor.
     /// Returns the secrets and the ephemeral public key to publish.
-    pub fn generate(epoch: u32, recipient: &[u8; 32], ledger: LedgerId) -> Result<(EpochSecrets, [u8; 32]), CryptoError> {
+    pub fn generate(
+        epoch: u32,
+        recipient: &[u8; 32],
+        ledger: LedgerId,
+    ) -> Result<(EpochSecrets, [u8; 32]), CryptoError> {
         let (ephemeral, data) = agree_writer(recipient, ledger, epoch)?;
         let signing = SigningKey::generate(&mut OsRng);
         let secrets = EpochSecrets {
@@ -324,9 +402,15 @@ impl EpochSecrets {
         let bad = || FormatError::invalid("writer key", "malformed writer key file");
         let rest = text.strip_prefix(WRITER_HEADER).ok_or_else(bad)?;
         let mut lines = rest.split('\n');
-        let mut field = |name: &str| lines.next().and_then(|l| l.strip_prefix(name)).ok_or_else(bad);
+        let mut field = |name: &str| {
+            lines
+                .next()
+                .and_then(|l| l.strip_prefix(name))
+                .ok_or_else(bad)
+        };
         let id = LedgerId(parse_hex::<16>(field("ledger ")?, "writer key ledger")?);
-        let epoch = u32::try_from(parse_decimal(field("epoch ")?, "writer key epoch")?).map_err(|_| bad())?;
+        let epoch = u32::try_from(parse_decimal(field("epoch ")?, "writer key epoch")?)
+            .map_err(|_| bad())?;
         let from_seq = parse_decimal(field("from ")?, "writer key from")?;
         let since_ms = parse_decimal(field("since ")?, "writer key since")?;
         let sign = Zeroizing::new(parse_hex::<32>(field("sign ")?, "writer signing key")?);
@@ -335,7 +419,11 @@ impl EpochSecrets {
             return Err(bad().into());
         }
         if id != ledger {
-            return Err(FormatError::invalid("writer key", format!("belongs to ledger {id}, not {ledger}")).into());
+            return Err(FormatError::invalid(
+                "writer key",
+                format!("belongs to ledger {id}, not {ledger}"),
+            )
+            .into());
         }
         Ok(EpochSecrets {
             epoch,
@@ -367,7 +455,9 @@ fn read_secret(path: &Path) -> Result<Zeroizing<String>> {
             });
         }
     }
-    Ok(Zeroizing::new(fs::read_to_string(path).map_err(|e| Error::io(path, e))?))
+    Ok(Zeroizing::new(
+        fs::read_to_string(path).map_err(|e| Error::io(path, e))?,
+    ))
 }
 
 fn write_new_secret(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -392,7 +482,10 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 
 /// fsync the directory holding `path`, so a create or rename in it is durable.
 pub fn sync_parent(path: &Path) -> Result<()> {
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     File::open(parent)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(parent, e))

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::decision::{Decision, MAX_DECISION_BYTES};
 use crate::error::{DecisionError, Error, Result};
 use crate::format::{
-    entry_hash, key_id, Checkpoint, Entry, EntryType, Frame, Hash, Header, LedgerId,
-    DOMAIN_EPOCH, DOMAIN_GENESIS, EPOCH_BODY_LEN, GENESIS_BODY_LEN, HEADER_LEN, TAG_LEN,
+    entry_hash, key_id, Checkpoint, Entry, EntryType, Frame, Hash, Header, LedgerId, DOMAIN_EPOCH,
+    DOMAIN_GENESIS, EPOCH_BODY_LEN, GENESIS_BODY_LEN, HEADER_LEN, TAG_LEN,
 };
 use crate::keys::{self, DataKey, EpochSecrets, LedgerPublic};
 use crate::store::{Frames, Store};
@@ -205,7 +205,8 @@ impl Ledger {
         let checkpoint = sign_checkpoint(&secrets, ledger_id, 1, head, wall);
 
         let config = serde_json::to_vec_pretty(&rotation).unwrap_or_default();
-        fs::write(dir.join(files::CONFIG), config).map_err(|e| Error::io(dir.join(files::CONFIG), e))?;
+        fs::write(dir.join(files::CONFIG), config)
+            .map_err(|e| Error::io(dir.join(files::CONFIG), e))?;
         secrets.write(&dir.join(files::WRITER_KEY), ledger_id)?;
         let store = Store::open(dir)?;
         store.commit(&[(0, bytes)], Some((1, checkpoint.to_text().as_bytes())))?;
@@ -252,7 +253,10 @@ impl Ledger {
             .ok_or_else(|| corrupt(0, "empty store".into()))?;
         let last = Entry::decode(&last_bytes).map_err(|e| corrupt(last_seq, e.to_string()))?;
         if last.header.seq != last_seq {
-            return Err(corrupt(last_seq, "entry is stored under another seq".into()));
+            return Err(corrupt(
+                last_seq,
+                "entry is stored under another seq".into(),
+            ));
         }
         let epoch = last.header.epoch;
 
@@ -279,9 +283,13 @@ impl Ledger {
         let (cp_size, cp_text) = store
             .last_checkpoint()?
             .ok_or_else(|| corrupt(0, "no checkpoint".into()))?;
-        let checkpoint = Checkpoint::from_text(&cp_text).map_err(|e| corrupt(cp_size, e.to_string()))?;
+        let checkpoint =
+            Checkpoint::from_text(&cp_text).map_err(|e| corrupt(cp_size, e.to_string()))?;
         if checkpoint.epoch == epoch && checkpoint.key_id != key_id(&secrets.verifying_key()) {
-            return Err(corrupt(cp_size, "writer key does not match the key that sealed the ledger".into()));
+            return Err(corrupt(
+                cp_size,
+                "writer key does not match the key that sealed the ledger".into(),
+            ));
         }
         let cipher = keys::data_key(&secrets.data);
         let writer = Writer {
@@ -357,7 +365,11 @@ impl Ledger {
 
     /// Commit everything queued as one group (the caller holds the leader's slot for the
     /// duration), then wake the waiters: their receipts are already in their channels.
-    fn lead<'a>(&'a self, mut queue: MutexGuard<'a, Queue>, force_rotate: bool) -> MutexGuard<'a, Queue> {
+    fn lead<'a>(
+        &'a self,
+        mut queue: MutexGuard<'a, Queue>,
+        force_rotate: bool,
+    ) -> MutexGuard<'a, Queue> {
         queue.leader = true;
         let group = std::mem::take(&mut queue.pending);
         drop(queue);
@@ -448,7 +460,13 @@ impl Iterator for Snapshot {
     }
 }
 
-fn sign_checkpoint(secrets: &EpochSecrets, ledger_id: LedgerId, size: u64, head: Hash, wall_ms: u64) -> Checkpoint {
+fn sign_checkpoint(
+    secrets: &EpochSecrets,
+    ledger_id: LedgerId,
+    size: u64,
+    head: Hash,
+    wall_ms: u64,
+) -> Checkpoint {
     let body = Checkpoint::body_text(ledger_id, size, head, secrets.epoch, wall_ms);
     Checkpoint {
         ledger_id,
@@ -528,9 +546,17 @@ impl Writer {
             });
             entries.push((seq, bytes));
         }
-        let checkpoint = sign_checkpoint(&self.secrets, self.ledger_id, self.next_seq, self.head, wall);
-        self.store
-            .commit(&entries, Some((checkpoint.size, checkpoint.to_text().as_bytes())))?;
+        let checkpoint = sign_checkpoint(
+            &self.secrets,
+            self.ledger_id,
+            self.next_seq,
+            self.head,
+            wall,
+        );
+        self.store.commit(
+            &entries,
+            Some((checkpoint.size, checkpoint.to_text().as_bytes())),
+        )?;
         self.checkpoint = checkpoint;
         self.last_wall = wall;
         if rotated {

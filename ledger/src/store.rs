@@ -75,7 +75,11 @@ impl Store {
     }
 
     /// Commit consecutive entries (with their seqs) and a checkpoint atomically and durably.
-    pub fn commit(&self, entries: &[(u64, Vec<u8>)], checkpoint: Option<(u64, &[u8])>) -> Result<()> {
+    pub fn commit(
+        &self,
+        entries: &[(u64, Vec<u8>)],
+        checkpoint: Option<(u64, &[u8])>,
+    ) -> Result<()> {
         let mut batch = sled::Batch::default();
         for chunk in entries.chunks(CHUNK_ENTRIES) {
             let len: usize = chunk.iter().map(|(_, b)| 4 + b.len()).sum();
@@ -174,21 +178,31 @@ fn split_chunk(first: u64, mut chunk: &[u8]) -> Result<Vec<Vec<u8>>> {
     let mut out = Vec::new();
     while !chunk.is_empty() {
         let bad = || Error::Store(format!("malformed chunk of entries from seq {first}"));
-        let len_bytes: [u8; 4] = chunk.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?;
+        let len_bytes: [u8; 4] = chunk
+            .get(..4)
+            .ok_or_else(bad)?
+            .try_into()
+            .map_err(|_| bad())?;
         let len = u32::from_be_bytes(len_bytes) as usize;
         let entry = chunk.get(4..4 + len).ok_or_else(bad)?;
         out.push(entry.to_vec());
         chunk = &chunk[4 + len..];
     }
     if out.is_empty() || out.len() > CHUNK_ENTRIES {
-        return Err(Error::Store(format!("chunk from seq {first} holds {} entries", out.len())));
+        return Err(Error::Store(format!(
+            "chunk from seq {first} holds {} entries",
+            out.len()
+        )));
     }
     Ok(out)
 }
 
 fn decode_key(k: &[u8]) -> Result<u64> {
     if k.len() != 9 {
-        return Err(Error::Store(format!("malformed store key of {} bytes", k.len())));
+        return Err(Error::Store(format!(
+            "malformed store key of {} bytes",
+            k.len()
+        )));
     }
     let mut n = [0u8; 8];
     n.copy_from_slice(&k[1..]);

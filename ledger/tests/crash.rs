@@ -19,7 +19,9 @@ const DIR_VAR: &str = "TALLY_CRASH_DIR";
 #[test]
 #[ignore = "run by crash::kill_9_loses_no_acknowledged_append as its child process"]
 fn crash_child_writer() {
-    let Ok(dir) = std::env::var(DIR_VAR) else { return };
+    let Ok(dir) = std::env::var(DIR_VAR) else {
+        return;
+    };
     let ledger = Arc::new(Ledger::open(Path::new(&dir)).unwrap());
     let threads: Vec<_> = (0..4)
         .map(|t| {
@@ -45,7 +47,13 @@ fn crash_child_writer() {
 
 fn run_and_kill(dir: &Path, acks_wanted: usize) -> HashMap<u64, String> {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "crash::crash_child_writer", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "crash::crash_child_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(DIR_VAR, dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -70,7 +78,11 @@ fn run_and_kill(dir: &Path, acks_wanted: usize) -> HashMap<u64, String> {
             acks.insert(seq.parse().unwrap(), hash.to_string());
         }
     }
-    assert!(acks.len() >= acks_wanted.min(50), "child acknowledged only {} appends", acks.len());
+    assert!(
+        acks.len() >= acks_wanted.min(50),
+        "child acknowledged only {} appends",
+        acks.len()
+    );
     acks
 }
 
@@ -103,9 +115,13 @@ fn walk(ledger: &Ledger, auditor: &AuditorKey) -> HashMap<u64, String> {
                     EntryType::Epoch => {
                         let c = e.epoch_cert().unwrap();
                         let signer = keys.last().unwrap();
-                        verify_signature(signer, &e.signed_message(), &c.signature, "epoch").unwrap();
+                        verify_signature(signer, &e.signed_message(), &c.signature, "epoch")
+                            .unwrap();
                         keys.push(c.verifying_key);
-                        data.insert(e.header.epoch, auditor.epoch_key(&c.ephemeral, id, e.header.epoch).unwrap());
+                        data.insert(
+                            e.header.epoch,
+                            auditor.epoch_key(&c.ephemeral, id, e.header.epoch).unwrap(),
+                        );
                     }
                     _ => {
                         let plain = data[&e.header.epoch]
@@ -129,14 +145,26 @@ fn kill_9_loses_no_acknowledged_append() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("l");
     let auditor = AuditorKey::generate();
-    Ledger::init(&dir, &auditor.public(), Rotation { records: 50, ms: u64::MAX }).unwrap();
+    Ledger::init(
+        &dir,
+        &auditor.public(),
+        Rotation {
+            records: 50,
+            ms: u64::MAX,
+        },
+    )
+    .unwrap();
     let mut acknowledged = HashMap::new();
     for round in 0..3 {
         acknowledged.extend(run_and_kill(&dir, 150 + 100 * round));
         let ledger = Ledger::open(&dir).unwrap();
         let stored = walk(&ledger, &auditor);
         for (seq, hash) in &acknowledged {
-            assert_eq!(stored.get(seq), Some(hash), "acknowledged seq {seq} after round {round}");
+            assert_eq!(
+                stored.get(seq),
+                Some(hash),
+                "acknowledged seq {seq} after round {round}"
+            );
         }
     }
 }

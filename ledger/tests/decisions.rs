@@ -70,7 +70,9 @@ fn canonical_json_sorts_keys_and_drops_whitespace() {
     assert_eq!(out, br#"{"a":[1,{"c":"x y","d":2}],"b":1}"#);
     assert_eq!(
         args_digest(&v),
-        blake3::hash(br#"{"a":[1,{"c":"x y","d":2}],"b":1}"#).to_hex().to_string()
+        blake3::hash(br#"{"a":[1,{"c":"x y","d":2}],"b":1}"#)
+            .to_hex()
+            .to_string()
     );
 }
 
@@ -80,7 +82,10 @@ fn stored_form_must_be_canonical() {
     d.seal_args();
     let stored = String::from_utf8(d.to_canonical_json()).unwrap();
     let spaced = stored.replacen(':', ": ", 1);
-    assert_eq!(Decision::from_stored(spaced.as_bytes()), Err(DecisionError::NotCanonical));
+    assert_eq!(
+        Decision::from_stored(spaced.as_bytes()),
+        Err(DecisionError::NotCanonical)
+    );
 }
 
 fn refused(json: &str) -> DecisionError {
@@ -96,27 +101,99 @@ fn bad_input_gets_a_typed_error_naming_the_field() {
     let cases: &[(&str, DecisionError)] = &[
         (r#"{"kind":"start"}"#, Missing { field: "run" }),
         (r#"{"run":"r"}"#, Missing { field: "kind" }),
-        (r#"{"run":"r","kind":"deny","tool":"t"}"#, Missing { field: "reason" }),
+        (
+            r#"{"run":"r","kind":"deny","tool":"t"}"#,
+            Missing { field: "reason" },
+        ),
         (r#"{"run":"r","kind":"stop"}"#, Missing { field: "reason" }),
-        (r#"{"run":"r","kind":"outcome"}"#, Missing { field: "status" }),
+        (
+            r#"{"run":"r","kind":"outcome"}"#,
+            Missing { field: "status" },
+        ),
         (r#"{"run":"r","kind":"refund"}"#, Missing { field: "of" }),
-        (r#"{"run":"r","kind":"start","tool":"t"}"#, NotAllowed { field: "tool", kind: Kind::Start }),
-        (r#"{"run":"r","kind":"outcome","status":"ok","reserve_cents":1}"#, NotAllowed { field: "reserve_cents", kind: Kind::Outcome }),
-        (r#"{"run":"r","kind":"allow","goal":"g"}"#, NotAllowed { field: "goal", kind: Kind::Allow }),
-        (r#"{"run":"r","kind":"allow","note":"n"}"#, NotAllowed { field: "note", kind: Kind::Allow }),
-        (r#"{"run":"r","kind":"deny","reason":"completed"}"#, Invalid { field: "reason", why: "`completed` is for stop records only" }),
-        (r#"{"run":"r","kind":"override","digest":"ABC"}"#, Invalid { field: "digest", why: "must be 64 lowercase hex characters (a BLAKE3 digest)" }),
-        (r#"{"run":"r","kind":"allow","args":{"a":1},"args_digest":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
-         Invalid { field: "args_digest", why: "does not match the BLAKE3 digest of canonical `args`" }),
+        (
+            r#"{"run":"r","kind":"start","tool":"t"}"#,
+            NotAllowed {
+                field: "tool",
+                kind: Kind::Start,
+            },
+        ),
+        (
+            r#"{"run":"r","kind":"outcome","status":"ok","reserve_cents":1}"#,
+            NotAllowed {
+                field: "reserve_cents",
+                kind: Kind::Outcome,
+            },
+        ),
+        (
+            r#"{"run":"r","kind":"allow","goal":"g"}"#,
+            NotAllowed {
+                field: "goal",
+                kind: Kind::Allow,
+            },
+        ),
+        (
+            r#"{"run":"r","kind":"allow","note":"n"}"#,
+            NotAllowed {
+                field: "note",
+                kind: Kind::Allow,
+            },
+        ),
+        (
+            r#"{"run":"r","kind":"deny","reason":"completed"}"#,
+            Invalid {
+                field: "reason",
+                why: "`completed` is for stop records only",
+            },
+        ),
+        (
+            r#"{"run":"r","kind":"override","digest":"ABC"}"#,
+            Invalid {
+                field: "digest",
+                why: "must be 64 lowercase hex characters (a BLAKE3 digest)",
+            },
+        ),
+        (
+            r#"{"run":"r","kind":"allow","args":{"a":1},"args_digest":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            Invalid {
+                field: "args_digest",
+                why: "does not match the BLAKE3 digest of canonical `args`",
+            },
+        ),
     ];
     for (json, want) in cases {
         assert_eq!(&refused(json), want, "{json}");
     }
-    let long = format!(r#"{{"run":"r","kind":"allow","args_preview":"{}"}}"#, "x".repeat(257));
-    assert_eq!(refused(&long), TooLong { field: "args_preview", len: 257, max: 256 });
+    let long = format!(
+        r#"{{"run":"r","kind":"allow","args_preview":"{}"}}"#,
+        "x".repeat(257)
+    );
+    assert_eq!(
+        refused(&long),
+        TooLong {
+            field: "args_preview",
+            len: 257,
+            max: 256
+        }
+    );
     let long = format!(r#"{{"run":"{}","kind":"start"}}"#, "x".repeat(1025));
-    assert_eq!(refused(&long), TooLong { field: "run", len: 1025, max: 1024 });
-    assert!(matches!(refused(r#"{"run":"r","kind":"stop","reason":"completed","limits":{"cpu":{"used":1,"limit":2}}}"#), Invalid { field: "limits", .. }));
+    assert_eq!(
+        refused(&long),
+        TooLong {
+            field: "run",
+            len: 1025,
+            max: 1024
+        }
+    );
+    assert!(matches!(
+        refused(
+            r#"{"run":"r","kind":"stop","reason":"completed","limits":{"cpu":{"used":1,"limit":2}}}"#
+        ),
+        Invalid {
+            field: "limits",
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -133,7 +210,10 @@ fn json_errors_are_strict() {
         r#"[{"run":"r","kind":"start"}]"#,
         "",
     ] {
-        assert!(matches!(Decision::from_json(bad), Err(DecisionError::Json { .. })), "{bad}");
+        assert!(
+            matches!(Decision::from_json(bad), Err(DecisionError::Json { .. })),
+            "{bad}"
+        );
     }
     let e = Decision::from_json(r#"{"run":"r","kind":"start","bogus":1}"#).unwrap_err();
     assert!(e.to_string().contains("unknown field `bogus`"), "{e}");
@@ -149,6 +229,9 @@ fn every_reason_says_what_to_do() {
     assert_eq!(Reason::UpstreamBackoff.action(), Action::Backoff);
     assert_eq!(Reason::AttemptsExhausted.action(), Action::Stop);
     assert_eq!(Reason::ApprovalRequired.action(), Action::AskHuman);
-    assert_eq!(Reason::OutcomeUnknownNonIdempotent.action(), Action::AskHuman);
+    assert_eq!(
+        Reason::OutcomeUnknownNonIdempotent.action(),
+        Action::AskHuman
+    );
     assert_eq!(Reason::Completed.action(), Action::Done);
 }

@@ -44,11 +44,18 @@ fn read_back(l: &Ledger, auditor: &AuditorKey) -> Vec<Decision> {
         match e.header.entry_type {
             EntryType::Genesis => {
                 let g = e.genesis().unwrap();
-                keys.insert(0, auditor.epoch_key(&g.ephemeral, e.header.ledger_id, 0).unwrap());
+                keys.insert(
+                    0,
+                    auditor
+                        .epoch_key(&g.ephemeral, e.header.ledger_id, 0)
+                        .unwrap(),
+                );
             }
             EntryType::Epoch => {
                 let c = e.epoch_cert().unwrap();
-                let k = auditor.epoch_key(&c.ephemeral, e.header.ledger_id, e.header.epoch).unwrap();
+                let k = auditor
+                    .epoch_key(&c.ephemeral, e.header.ledger_id, e.header.epoch)
+                    .unwrap();
                 keys.insert(e.header.epoch, k);
             }
             _ => {
@@ -67,7 +74,10 @@ fn every_kind_round_trips_through_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let (l, auditor) = new_ledger(&dir.path().join("l"), Rotation::default());
     let receipts = l.append_batch(every_kind()).unwrap();
-    assert_eq!(receipts.iter().map(|r| r.seq).collect::<Vec<_>>(), (1..=7).collect::<Vec<_>>());
+    assert_eq!(
+        receipts.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        (1..=7).collect::<Vec<_>>()
+    );
     let mut want = every_kind();
     want.iter_mut().for_each(Decision::seal_args);
     assert_eq!(read_back(&l, &auditor), want);
@@ -79,19 +89,26 @@ fn every_kind_round_trips_through_the_store() {
 fn bad_input_changes_nothing_on_disk() {
     let dir = tempfile::tempdir().unwrap();
     let (l, _) = new_ledger(&dir.path().join("l"), Rotation::default());
-    l.append_batch((0..5).map(|i| decision("r", i)).collect()).unwrap();
+    l.append_batch((0..5).map(|i| decision("r", i)).collect())
+        .unwrap();
     let before = frames(&l);
     let cp = l.checkpoint();
     let mut batch: Vec<Decision> = (0..4).map(|i| decision("r", i)).collect();
     batch[2].reason = None;
     batch[2].kind = Some(tally_ledger::Kind::Deny);
     match l.append_batch(batch) {
-        Err(Error::InBatch { index: 2, source: DecisionError::Missing { field: "reason" } }) => {}
+        Err(Error::InBatch {
+            index: 2,
+            source: DecisionError::Missing { field: "reason" },
+        }) => {}
         other => panic!("{other:?}"),
     }
     let mut big = decision("r", 1);
     big.args_preview = Some("p".repeat(300));
-    assert!(matches!(l.append(big), Err(Error::Decision(DecisionError::TooLong { .. }))));
+    assert!(matches!(
+        l.append(big),
+        Err(Error::Decision(DecisionError::TooLong { .. }))
+    ));
     assert_eq!(frames(&l), before);
     assert_eq!(l.checkpoint(), cp);
     // And the next good append takes the next seq: no gap.
@@ -113,7 +130,10 @@ fn concurrent_appenders_get_unique_gap_free_seqs() {
             })
         })
         .collect();
-    let mut seqs: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let mut seqs: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
     seqs.sort_unstable();
     assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
     assert_eq!(read_back(&l, &auditor).len(), 400);
@@ -136,7 +156,13 @@ fn reopen_continues_the_chain() {
 fn epochs_rotate_by_count_and_on_demand() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l");
-    let (l, auditor) = new_ledger(&path, Rotation { records: 5, ms: u64::MAX });
+    let (l, auditor) = new_ledger(
+        &path,
+        Rotation {
+            records: 5,
+            ms: u64::MAX,
+        },
+    );
     for i in 0..12 {
         l.append(decision("r", i)).unwrap();
     }
@@ -169,7 +195,11 @@ fn interrupted_rotation_is_finished_or_discarded_on_open() {
     let old = std::fs::read(path.join(files::WRITER_KEY)).unwrap();
     l.rotate().unwrap();
     drop(l);
-    std::fs::rename(path.join(files::WRITER_KEY), path.join(files::WRITER_KEY_NEXT)).unwrap();
+    std::fs::rename(
+        path.join(files::WRITER_KEY),
+        path.join(files::WRITER_KEY_NEXT),
+    )
+    .unwrap();
     std::fs::write(path.join(files::WRITER_KEY), old).unwrap();
     let l = Ledger::open(&path).unwrap();
     assert_eq!(l.epoch(), 1);
@@ -190,10 +220,20 @@ fn key_files_are_private_and_refused_when_not() {
     let key = dir.path().join("auditor.key");
     AuditorKey::generate().write(&key).unwrap();
     assert_eq!(mode(&key), 0o600);
-    std::fs::set_permissions(path.join(files::WRITER_KEY), std::fs::Permissions::from_mode(0o644)).unwrap();
-    assert!(matches!(Ledger::open(&path), Err(Error::KeyPermissions { mode: 0o644, .. })));
+    std::fs::set_permissions(
+        path.join(files::WRITER_KEY),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    assert!(matches!(
+        Ledger::open(&path),
+        Err(Error::KeyPermissions { mode: 0o644, .. })
+    ));
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
-    assert!(matches!(AuditorKey::read(&key), Err(Error::KeyPermissions { .. })));
+    assert!(matches!(
+        AuditorKey::read(&key),
+        Err(Error::KeyPermissions { .. })
+    ));
 }
 
 #[test]
@@ -202,8 +242,14 @@ fn init_refuses_an_existing_ledger_and_open_a_missing_one() {
     let path = dir.path().join("l");
     let (l, auditor) = new_ledger(&path, Rotation::default());
     drop(l);
-    assert!(matches!(Ledger::init(&path, &auditor.public(), Rotation::default()), Err(Error::AlreadyExists(_))));
-    assert!(matches!(Ledger::open(&dir.path().join("nope")), Err(Error::NotALedger(_))));
+    assert!(matches!(
+        Ledger::init(&path, &auditor.public(), Rotation::default()),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        Ledger::open(&dir.path().join("nope")),
+        Err(Error::NotALedger(_))
+    ));
 }
 
 #[test]
@@ -230,7 +276,8 @@ fn read_all(bytes: &[u8]) -> Result<Vec<Frame>, ExportError> {
 fn export_framing_tells_torn_from_cut_from_complete() {
     let dir = tempfile::tempdir().unwrap();
     let (l, _) = new_ledger(&dir.path().join("l"), Rotation::default());
-    l.append_batch((0..3).map(|i| decision("r", i)).collect()).unwrap();
+    l.append_batch((0..3).map(|i| decision("r", i)).collect())
+        .unwrap();
     let bytes = export_bytes(&l);
     assert_eq!(read_all(&bytes).unwrap(), frames(&l));
     // The file written by Ledger::export is the same bytes.
@@ -239,18 +286,39 @@ fn export_framing_tells_torn_from_cut_from_complete() {
     assert_eq!(std::fs::read(&out).unwrap(), bytes);
 
     let end = bytes.len() - 21; // the end frame is 5 + 16 bytes
-    assert_eq!(read_all(&bytes[..end]), Err(ExportError::CutClean { offset: end as u64 }));
-    assert!(matches!(read_all(&bytes[..end - 3]), Err(ExportError::Torn { .. })));
-    assert!(matches!(read_all(&bytes[..bytes.len() - 1]), Err(ExportError::Torn { .. })));
+    assert_eq!(
+        read_all(&bytes[..end]),
+        Err(ExportError::CutClean { offset: end as u64 })
+    );
+    assert!(matches!(
+        read_all(&bytes[..end - 3]),
+        Err(ExportError::Torn { .. })
+    ));
+    assert!(matches!(
+        read_all(&bytes[..bytes.len() - 1]),
+        Err(ExportError::Torn { .. })
+    ));
     let mut extra = bytes.clone();
     extra.push(0);
-    assert!(matches!(read_all(&extra), Err(ExportError::TrailingBytes { .. })));
+    assert!(matches!(
+        read_all(&extra),
+        Err(ExportError::TrailingBytes { .. })
+    ));
     let mut counts = bytes.clone();
     let n = counts.len();
     counts[n - 9] ^= 1;
-    assert!(matches!(read_all(&counts), Err(ExportError::CountMismatch { .. })));
+    assert!(matches!(
+        read_all(&counts),
+        Err(ExportError::CountMismatch { .. })
+    ));
     let mut tag = bytes.clone();
     tag[16] = 9;
-    assert!(matches!(read_all(&tag), Err(ExportError::BadTag { offset: 16, tag: 9 })));
-    assert!(matches!(ExportReader::new(&b"not an export at all"[..]), Err(ExportError::BadMagic)));
+    assert!(matches!(
+        read_all(&tag),
+        Err(ExportError::BadTag { offset: 16, tag: 9 })
+    ));
+    assert!(matches!(
+        ExportReader::new(&b"not an export at all"[..]),
+        Err(ExportError::BadMagic)
+    ));
 }

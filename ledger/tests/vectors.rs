@@ -133,19 +133,36 @@ fn vectors_decode_verify_and_decrypt() {
     let genesis = hex::decode(GENESIS).unwrap();
     let g = Entry::decode(&genesis).unwrap();
     let body = g.genesis().unwrap();
-    verify_signature(&body.verifying_key, &g.signed_message(), &body.signature, "genesis").unwrap();
+    verify_signature(
+        &body.verifying_key,
+        &g.signed_message(),
+        &body.signature,
+        "genesis",
+    )
+    .unwrap();
 
     let decision = hex::decode(DECISION).unwrap();
     let d = Entry::decode(&decision).unwrap();
     assert_eq!(d.header.prev_hash, g.hash());
     let auditor = AuditorKey::from_bytes([0x11; 32]);
-    let key = auditor.epoch_key(&body.ephemeral, d.header.ledger_id, 0).unwrap();
-    let plain = key.open(&d.header.nonce, d.header_bytes(), d.body()).unwrap();
+    let key = auditor
+        .epoch_key(&body.ephemeral, d.header.ledger_id, 0)
+        .unwrap();
+    let plain = key
+        .open(&d.header.nonce, d.header_bytes(), d.body())
+        .unwrap();
     assert_eq!(plain, PLAINTEXT.as_bytes());
-    assert_eq!(Decision::from_stored(&plain).unwrap().goal.as_deref(), Some("demo"));
+    assert_eq!(
+        Decision::from_stored(&plain).unwrap().goal.as_deref(),
+        Some("demo")
+    );
 
     let cp = Checkpoint::from_text(CHECKPOINT.as_bytes()).unwrap();
     assert_eq!(cp.head, d.hash());
     verify_checkpoint(&cp, &body.verifying_key).unwrap();
-    assert_eq!(cp.to_text(), CHECKPOINT, "checkpoint text round-trips exactly");
+    assert_eq!(
+        cp.to_text(),
+        CHECKPOINT,
+        "checkpoint text round-trips exactly"
+    );
 }

@@ -200,7 +200,8 @@ impl Report {
             }
         }
         let _ = writeln!(out, "  ledger      {}", self.ledger_id);
-        let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let plural =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let _ = writeln!(
             out,
             "  entries     {} ({}, {})",

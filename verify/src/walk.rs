@@ -184,7 +184,7 @@ pub fn verify(
                     if w.batch.len() >= BATCH {
                         w.flush(&mut sink);
                     }
-                    if w.position % 65_536 == 0 {
+                    if w.position.is_multiple_of(65_536) {
                         progress(w.position);
                     }
                 }
@@ -234,7 +234,11 @@ impl Walk<'_> {
         let entry = match Entry::decode(&bytes) {
             Ok(e) => e,
             Err(e) => {
-                self.find(FindingKind::Malformed, at, format!("entry does not decode: {e}"));
+                self.find(
+                    FindingKind::Malformed,
+                    at,
+                    format!("entry does not decode: {e}"),
+                );
                 // Resynchronise on the stored bytes so one bad entry is one finding.
                 self.head = entry_hash(&bytes);
                 self.next_seq = expected.saturating_add(1);
@@ -391,7 +395,11 @@ impl Walk<'_> {
         let Some(c) = entry.epoch_cert() else { return };
         let current = self.head_epoch;
         if self.epoch_keys.is_empty() {
-            self.find(FindingKind::BadGenesis, at, "epoch certificate before any genesis");
+            self.find(
+                FindingKind::BadGenesis,
+                at,
+                "epoch certificate before any genesis",
+            );
             return;
         }
         if current.checked_add(1) != Some(h.epoch) {
@@ -405,11 +413,21 @@ impl Walk<'_> {
             return;
         }
         let signer = self.epoch_keys[self.epoch_keys.len() - 1];
-        if verify_signature(&signer, &entry.signed_message(), &c.signature, "epoch certificate").is_err() {
+        if verify_signature(
+            &signer,
+            &entry.signed_message(),
+            &c.signature,
+            "epoch certificate",
+        )
+        .is_err()
+        {
             self.find(
                 FindingKind::BadEpochCertificate,
                 at,
-                format!("epoch {} key is not certified by epoch {current}'s key", h.epoch),
+                format!(
+                    "epoch {} key is not certified by epoch {current}'s key",
+                    h.epoch
+                ),
             );
         }
         // Walk on with the new key (already reported if uncertified), so later entries
@@ -505,7 +523,10 @@ impl Walk<'_> {
         let Some(key) = key else {
             return Err((
                 FindingKind::CheckpointBadSignature,
-                format!("{what} claims epoch {} but the ledger has no key for it here", cp.epoch),
+                format!(
+                    "{what} claims epoch {} but the ledger has no key for it here",
+                    cp.epoch
+                ),
             ));
         };
         if let Err(e) = verify_checkpoint(cp, &key) {

@@ -465,7 +465,7 @@ pub fn render_handoffs_text(report: &Report, run: Option<&str>) -> String {
     for h in report
         .handoffs
         .iter()
-        .filter(|h| run.map_or(true, |r| r == h.run))
+        .filter(|h| run.is_none_or(|r| r == h.run))
     {
         if any {
             out.push('\n');
@@ -534,7 +534,7 @@ pub fn render_handoffs_json(report: &Report, run: Option<&str>) -> String {
         handoffs: report
             .handoffs
             .iter()
-            .filter(|h| run.map_or(true, |r| r == h.run))
+            .filter(|h| run.is_none_or(|r| r == h.run))
             .collect(),
     })
 }
