@@ -36,6 +36,38 @@ pub struct ReadArgs {
     pub json: bool,
 }
 
+/// Loop thresholds (defaults and their meaning: docs/REPORTS.md).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Thresholds {
+    /// Exact repetition: identical calls (same tool and args digest) that make a loop [default: 3].
+    #[arg(long, value_name = "N")]
+    pub repeat_min: Option<u64>,
+    /// Exact repetition window, ms of run time [default: 60000].
+    #[arg(long, value_name = "MS")]
+    pub repeat_window_ms: Option<u64>,
+    /// High call count: calls of one tool in the window that make a loop [default: 60].
+    #[arg(long, value_name = "N")]
+    pub burst_min: Option<u64>,
+    /// High call count window, ms of run time [default: 60000].
+    #[arg(long, value_name = "MS")]
+    pub burst_window_ms: Option<u64>,
+    /// Retry storm: failures of identical calls (or of one tool across runs) [default: 4].
+    #[arg(long, value_name = "N")]
+    pub storm_min_failures: Option<u64>,
+    /// A storm ends after this many ms without a failure [default: 60000].
+    #[arg(long, value_name = "MS")]
+    pub storm_window_ms: Option<u64>,
+    /// A storm across workers or runs needs this many distinct sources [default: 3].
+    #[arg(long, value_name = "N")]
+    pub storm_min_sources: Option<u64>,
+    /// Calls before an upstream Retry-After elapsed that make retries or polls a loop [default: 2].
+    #[arg(long, value_name = "N")]
+    pub retry_after_ignored_min: Option<u64>,
+    /// Polls with no change of observed state that make polling a loop [default: 20].
+    #[arg(long, value_name = "N")]
+    pub poll_stall_min: Option<u64>,
+}
+
 /// The subcommands (SPEC section 6).
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -113,6 +145,9 @@ pub enum Command {
         /// Report even if the chain does not verify (every page says so).
         #[arg(long)]
         force: bool,
+        /// Loop thresholds.
+        #[command(flatten)]
+        thresholds: Thresholds,
     },
     /// Resumable handoff summaries: why each run stopped and what is safe to resume.
     Handoff {
@@ -128,6 +163,9 @@ pub enum Command {
         /// Report even if the chain does not verify (every page says so).
         #[arg(long)]
         force: bool,
+        /// Loop thresholds.
+        #[command(flatten)]
+        thresholds: Thresholds,
     },
     /// Run the append daemon: HTTP/1.1 JSON on a Unix socket (and optionally loopback TCP).
     Serve {

@@ -9,9 +9,10 @@ use anyhow::{bail, Context, Result};
 use tally_ledger::export::ExportReader;
 use tally_ledger::keys::{read_auditor_public, AuditorKey, LedgerPublic};
 use tally_ledger::{Checkpoint, Decision, Frame, Ledger, Rotation};
-use tally_verify::{Event, Options, Report, SourceError};
+use tally_verify::analysis::{self, Analysis};
+use tally_verify::{Event, Options, Report, SourceError, Verdict};
 
-use crate::cli::ReadArgs;
+use crate::cli::{ReadArgs, Thresholds};
 
 /// What a command ends with: its exit code.
 pub type Code = u8;
@@ -82,13 +83,20 @@ pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Code> {
     Ok(0)
 }
 
-fn flush(ledger: &Ledger, pending: &mut Vec<Decision>, first_line: usize, out: &mut impl Write) -> Result<()> {
+fn flush(
+    ledger: &Ledger,
+    pending: &mut Vec<Decision>,
+    first_line: usize,
+    out: &mut impl Write,
+) -> Result<()> {
     if pending.is_empty() {
         return Ok(());
     }
     let receipts = ledger
         .append_batch(std::mem::take(pending))
-        .with_context(|| format!("batch starting at stdin line {first_line}: nothing of it was written"))?;
+        .with_context(|| {
+            format!("batch starting at stdin line {first_line}: nothing of it was written")
+        })?;
     for r in receipts {
         writeln!(out, "{}", serde_json::to_string(&r)?)?;
     }
@@ -104,7 +112,10 @@ pub fn checkpoint(ledger: &Path) -> Result<Code> {
 pub fn rotate(ledger: &Path) -> Result<Code> {
     let ledger = open(ledger)?;
     let cp = ledger.rotate()?;
-    eprintln!("now in key epoch {}; the previous epoch's secrets are destroyed", cp.epoch);
+    eprintln!(
+        "now in key epoch {}; the previous epoch's secrets are destroyed",
+        cp.epoch
+    );
     Ok(0)
 }
 
@@ -138,11 +149,13 @@ impl Audit {
         options.threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         if let Some(k) = auditor_key {
             options.auditor = Some(
-                AuditorKey::read(k).with_context(|| format!("reading the auditor key {}", k.display()))?,
+                AuditorKey::read(k)
+                    .with_context(|| format!("reading the auditor key {}", k.display()))?,
             );
         }
         for a in &read.anchors {
-            let text = std::fs::read(a).with_context(|| format!("reading anchor {}", a.display()))?;
+            let text =
+                std::fs::read(a).with_context(|| format!("reading anchor {}", a.display()))?;
             let cp = Checkpoint::from_text(&text)
                 .with_context(|| format!("anchor {} is not a tally checkpoint", a.display()))?;
             options.anchors.push(cp);
@@ -164,13 +177,18 @@ impl Audit {
             let frames = store
                 .frames()
                 .map(|f| f.map_err(|e| SourceError::Store(e.to_string())));
-            Ok(tally_verify::verify(frames, &self.options, sink, |n| progress.show(n)))
+            Ok(tally_verify::verify(frames, &self.options, sink, |n| {
+                progress.show(n)
+            }))
         } else {
-            let file = File::open(&self.path).with_context(|| format!("opening {}", self.path.display()))?;
+            let file = File::open(&self.path)
+                .with_context(|| format!("opening {}", self.path.display()))?;
             let reader = ExportReader::new(file)
                 .with_context(|| format!("{} is not a tally export", self.path.display()))?;
             let frames = reader.map(|f: Result<Frame, _>| f.map_err(SourceError::from));
-            Ok(tally_verify::verify(frames, &self.options, sink, |n| progress.show(n)))
+            Ok(tally_verify::verify(frames, &self.options, sink, |n| {
+                progress.show(n)
+            }))
         }
     }
 }
@@ -206,7 +224,12 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
     let audit = Audit::from_args(read, auditor_key)?;
     let report = audit.run(|_| {})?;
     if report.auditor_key_mismatch {
-        bail!("the auditor key {} is not this ledger's recipient: nothing can be decrypted with it", auditor_key.map(|p| p.display().to_string()).unwrap_or_default());
+        bail!(
+            "the auditor key {} is not this ledger's recipient: nothing can be decrypted with it",
+            auditor_key
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
     }
     if audit.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -216,12 +239,146 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
     Ok(report.verdict().exit_code())
 }
 
-pub fn loops(_read: &ReadArgs, _auditor_key: &Path, _force: bool) -> Result<Code> {
-    bail!("WIRING: loops")
+/// Verify with the auditor key and run the analysis over every decision. Refuses a
+/// ledger that does not verify unless `force`; then every page says so.
+fn analyse(
+    read: &ReadArgs,
+    auditor_key: &Path,
+    force: bool,
+    thresholds: &Thresholds,
+) -> Result<Option<(Report, analysis::Report)>> {
+    let audit = Audit::from_args(read, Some(auditor_key))?;
+    let mut analysis = Analysis::new(config(thresholds));
+    let report = audit.run(|e| analysis.push(&e))?;
+    if report.auditor_key_mismatch {
+        bail!(
+            "the auditor key {} is not this ledger's recipient: nothing can be decrypted with it",
+            auditor_key.display()
+        );
+    }
+    if report.verdict() == Verdict::Tampered && !force {
+        eprint!("{}", report.to_text());
+        eprintln!("tally: refusing to report on a ledger that does not verify (use --force to report anyway)");
+        return Ok(None);
+    }
+    let mut found = analysis.finish();
+    if let Some(cp) = &report.last_checkpoint {
+        found.set_coverage(report.sealed, cp.head.clone(), cp.epoch);
+    }
+    Ok(Some((report, found)))
 }
-pub fn handoff(_read: &ReadArgs, _auditor_key: &Path, _run: Option<&str>, _force: bool) -> Result<Code> {
-    bail!("WIRING: handoff")
+
+/// The documented defaults, with each threshold given on the command line over it.
+fn config(t: &Thresholds) -> analysis::Config {
+    let mut c = analysis::Config::default();
+    let set = |field: &mut u64, given: Option<u64>| {
+        if let Some(v) = given {
+            *field = v;
+        }
+    };
+    set(&mut c.repeat_min, t.repeat_min);
+    set(&mut c.repeat_window_ms, t.repeat_window_ms);
+    set(&mut c.burst_min, t.burst_min);
+    set(&mut c.burst_window_ms, t.burst_window_ms);
+    set(&mut c.storm_min_failures, t.storm_min_failures);
+    set(&mut c.storm_window_ms, t.storm_window_ms);
+    set(&mut c.storm_min_sources, t.storm_min_sources);
+    set(&mut c.retry_after_ignored_min, t.retry_after_ignored_min);
+    set(&mut c.poll_stall_min, t.poll_stall_min);
+    c
 }
-pub fn serve(_l: PathBuf, _s: PathBuf, _a: Option<std::net::SocketAddr>) -> Result<Code> {
-    bail!("WIRING: serve")
+
+/// The warning every page carries when a report is forced over a broken chain.
+fn unverified_banner(report: &Report) -> Option<String> {
+    (report.verdict() == Verdict::Tampered).then(|| {
+        let first = report
+            .first_break()
+            .map(|f| f.to_string())
+            .unwrap_or_default();
+        format!("WARNING: this ledger did NOT verify ({first}); what follows may be false.\n")
+    })
+}
+
+/// Text with the banner above and below, or JSON wrapped with the verification result.
+fn emit(report: &Report, json: bool, text: String, json_body: String, key: &str) -> Result<()> {
+    if json {
+        let body: serde_json::Value = serde_json::from_str(&json_body)?;
+        let wrapped = serde_json::json!({
+            "verification": {
+                "verdict": report.verdict(),
+                "first_bad": report.first_break(),
+                "sealed": report.sealed,
+                "entries": report.entries,
+            },
+            key: body,
+        });
+        println!("{}", serde_json::to_string_pretty(&wrapped)?);
+    } else {
+        let banner = unverified_banner(report).unwrap_or_default();
+        print!("{banner}{text}{banner}");
+    }
+    Ok(())
+}
+
+fn analysis_code(report: &Report, found: &analysis::Report) -> Code {
+    match report.verdict() {
+        Verdict::Tampered => 1,
+        _ if !found.findings.is_empty() => 1,
+        v => v.exit_code(),
+    }
+}
+
+pub fn loops(
+    read: &ReadArgs,
+    auditor_key: &Path,
+    force: bool,
+    thresholds: &Thresholds,
+) -> Result<Code> {
+    let Some((report, found)) = analyse(read, auditor_key, force, thresholds)? else {
+        return Ok(1);
+    };
+    let text = format!(
+        "{}\n{}",
+        analysis::render_loops_text(&found),
+        analysis::render_findings_text(&found)
+    );
+    let json = format!(
+        "{{\"loops\":{},\"findings\":{}}}",
+        analysis::render_loops_json(&found),
+        analysis::render_findings_json(&found)
+    );
+    emit(&report, read.json, text, json, "analysis")?;
+    Ok(analysis_code(&report, &found))
+}
+
+pub fn handoff(
+    read: &ReadArgs,
+    auditor_key: &Path,
+    run: Option<&str>,
+    force: bool,
+    thresholds: &Thresholds,
+) -> Result<Code> {
+    let Some((report, found)) = analyse(read, auditor_key, force, thresholds)? else {
+        return Ok(1);
+    };
+    if let Some(run) = run {
+        if found.handoff(run).is_none() {
+            bail!("no run named {run:?} in this ledger");
+        }
+    }
+    let text = analysis::render_handoffs_text(&found, run);
+    let json = analysis::render_handoffs_json(&found, run);
+    emit(&report, read.json, text, json, "handoffs")?;
+    Ok(analysis_code(&report, &found))
+}
+
+pub fn serve(
+    ledger: PathBuf,
+    socket: PathBuf,
+    listen: Option<std::net::SocketAddr>,
+) -> Result<Code> {
+    let mut options = tally_daemon::ServeOptions::new(ledger, socket);
+    options.listen = listen;
+    tally_daemon::run(options)?;
+    Ok(0)
 }

@@ -18,8 +18,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             // A closed pipe (e.g. `tally verify ... | head`) is not an error.
-            if e
-                .chain()
+            if e.chain()
                 .filter_map(|c| c.downcast_ref::<std::io::Error>())
                 .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
             {
@@ -60,13 +59,15 @@ fn run(command: Command) -> anyhow::Result<u8> {
             read,
             auditor_key,
             force,
-        } => commands::loops(&read, &auditor_key, force),
+            thresholds,
+        } => commands::loops(&read, &auditor_key, force, &thresholds),
         Command::Handoff {
             read,
             auditor_key,
             run,
             force,
-        } => commands::handoff(&read, &auditor_key, run.as_deref(), force),
+            thresholds,
+        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &thresholds),
         Command::Serve {
             ledger,
             socket,

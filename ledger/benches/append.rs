@@ -193,7 +193,7 @@ fn main() {
         let rate = r.decisions as f64 / r.elapsed.as_secs_f64();
         let per_group = r.decisions as f64 / r.groups.max(1) as f64;
         // What the primitives alone allow at this group size, on one core: per decision
-        // one hash and one seal; per chunk of up to 32 entries one sled insert; per group
+        // one hash and one seal; per chunk of up to 16 entries one sled insert; per group
         // one signature and one fsync. (Parsing is the caller's work, in its own thread.)
         let per_chunk = per_group.min(chunk_entries);
         let bound_ns = t_blake3 + t_aead + t_sled / per_chunk + (t_sign + t_fsync) / per_group;

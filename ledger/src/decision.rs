@@ -378,6 +378,11 @@ impl Decision {
     /// Parse one decision from JSON text, strictly (unknown fields, wrong types and
     /// trailing data are errors).
     pub fn from_json(text: &str) -> Result<Decision, DecisionError> {
+        // serde's derive also accepts a struct written as an array (`["r","start"]`):
+        // refuse that second encoding wherever a struct stands.
+        if text.contains('[') {
+            reject_struct_arrays(text)?;
+        }
         let mut de = serde_json::Deserializer::from_str(text);
         let d = Decision::deserialize(&mut de).map_err(|e| DecisionError::Json {
             message: e.to_string(),
@@ -598,6 +603,32 @@ impl Decision {
         }
         Ok(d)
     }
+}
+
+fn reject_struct_arrays(text: &str) -> Result<(), DecisionError> {
+    let array = |at: &str| DecisionError::Json {
+        message: format!("{at} must be a JSON object, not an array"),
+    };
+    // Malformed JSON is left to the typed parse that follows, which reports it precisely.
+    let Ok(value) = serde_json::from_str::<Value>(text) else {
+        return Ok(());
+    };
+    let Value::Object(map) = &value else {
+        return Err(array("a decision"));
+    };
+    for field in ["budget", "scope"] {
+        if matches!(map.get(field), Some(Value::Array(_))) {
+            return Err(array(field));
+        }
+    }
+    match map.get("limits") {
+        Some(Value::Array(_)) => return Err(array("limits")),
+        Some(Value::Object(limits)) if limits.values().any(Value::is_array) => {
+            return Err(array("each limit"));
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn is_digest_hex(s: &str) -> bool {

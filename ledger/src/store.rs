@@ -1,7 +1,7 @@
 //! The embedded store: one sled tree holding entries and checkpoints.
 //!
 //! Keys: `e` + seq of its first entry (u64 big-endian) -> a chunk of up to
-//! [`CHUNK_ENTRIES`] consecutive entries, each as `len (u32 BE) | entry bytes`;
+//! [`CHUNK_ENTRIES`] consecutive entries (closed early at [`CHUNK_BYTES`]), each as `len (u32 BE) | entry bytes`;
 //! `c` + size (u64 big-endian) -> checkpoint text. Chunking keeps sled's per-key cost
 //! per chunk, not per decision. A commit group is one `apply_batch` (atomic in sled),
 //! so entries and the checkpoint that seals them land together or not at all.
@@ -10,15 +10,20 @@
 //! drive's cache nor the file's metadata (sled issue #1452). After every flush we
 //! `fsync` the log file (`db`) ourselves; only then is a commit acknowledged.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::format::Frame;
 
 /// Most entries stored under one sled key.
-pub const CHUNK_ENTRIES: usize = 32;
+pub const CHUNK_ENTRIES: usize = 16;
+/// A chunk closes once it reaches this many bytes. sled splits a leaf above 16 items and
+/// writes any node over 128 KiB to a separate blob file; 16 chunks of at most ~6 KiB keep
+/// ordinary leaves inline in its log.
+pub const CHUNK_BYTES: usize = 6 * 1024;
 
 const ENTRY_PREFIX: u8 = b'e';
 const CHECKPOINT_PREFIX: u8 = b'c';
@@ -39,6 +44,9 @@ pub struct Store {
     db: sled::Db,
     path: PathBuf,
     log: File,
+    /// Blob files already fsynced: sled writes large nodes to `blobs/` without syncing
+    /// them, so each new one is synced once, at the commit that follows it.
+    synced_blobs: Mutex<HashSet<std::ffi::OsString>>,
 }
 
 impl Store {
@@ -71,7 +79,12 @@ impl Store {
         };
         let log_path = path.join("db");
         let log = File::open(&log_path).map_err(|e| Error::io(&log_path, e))?;
-        Ok(Store { db, path, log })
+        Ok(Store {
+            db,
+            path,
+            log,
+            synced_blobs: Mutex::new(HashSet::new()),
+        })
     }
 
     /// Commit consecutive entries (with their seqs) and a checkpoint atomically and durably.
@@ -81,14 +94,22 @@ impl Store {
         checkpoint: Option<(u64, &[u8])>,
     ) -> Result<()> {
         let mut batch = sled::Batch::default();
-        for chunk in entries.chunks(CHUNK_ENTRIES) {
-            let len: usize = chunk.iter().map(|(_, b)| 4 + b.len()).sum();
-            let mut value = Vec::with_capacity(len);
-            for (_, bytes) in chunk {
-                value.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-                value.extend_from_slice(bytes);
+        let mut value: Vec<u8> = Vec::new();
+        let (mut first, mut count) = (0, 0);
+        for (seq, bytes) in entries {
+            if count == 0 {
+                first = *seq;
             }
-            batch.insert(&key(ENTRY_PREFIX, chunk[0].0), value);
+            value.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+            value.extend_from_slice(bytes);
+            count += 1;
+            if count == CHUNK_ENTRIES || value.len() >= CHUNK_BYTES {
+                batch.insert(&key(ENTRY_PREFIX, first), std::mem::take(&mut value));
+                count = 0;
+            }
+        }
+        if count > 0 {
+            batch.insert(&key(ENTRY_PREFIX, first), value);
         }
         if let Some((size, text)) = checkpoint {
             batch.insert(&key(CHECKPOINT_PREFIX, size), text);
@@ -104,14 +125,41 @@ impl Store {
         self.log
             .sync_all()
             .map_err(|e| Error::io(self.path.join("db"), e))?;
+        self.sync_new_blobs()
+    }
+
+    /// fsync blob files written since the last sync, then the blobs directory. A blob
+    /// that disappeared meanwhile was superseded by sled and is not needed.
+    fn sync_new_blobs(&self) -> Result<()> {
         let blobs = self.path.join("blobs");
-        if blobs.is_dir() {
-            for f in fs::read_dir(&blobs).map_err(|e| Error::io(&blobs, e))? {
-                let p = f.map_err(|e| Error::io(&blobs, e))?.path();
-                File::open(&p)
-                    .and_then(|f| f.sync_all())
-                    .map_err(|e| Error::io(&p, e))?;
+        let dir = match fs::read_dir(&blobs) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(&blobs, e)),
+        };
+        let mut synced = self.synced_blobs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut new = false;
+        for item in dir {
+            let name = item.map_err(|e| Error::io(&blobs, e))?.file_name();
+            if synced.contains(&name) {
+                continue;
             }
+            let p = blobs.join(&name);
+            match File::open(&p).and_then(|f| f.sync_all()) {
+                Ok(()) => {
+                    synced.insert(name);
+                    new = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(&p, e)),
+            }
+        }
+        if new {
+            File::open(&blobs)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| Error::io(&blobs, e))?;
+            // Forget names sled has since deleted, so the set stays as small as the dir.
+            synced.retain(|n| blobs.join(n).exists());
         }
         Ok(())
     }

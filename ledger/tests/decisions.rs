@@ -208,6 +208,10 @@ fn json_errors_are_strict() {
         r#"{"run":"r","kind":"start","budget":{"attempts":1,"tokens":5}}"#,
         r#"{"run":"r","kind":"deny","reason":"because"}"#,
         r#"[{"run":"r","kind":"start"}]"#,
+        r#"["r","start"]"#,
+        r#"{"run":"r","kind":"start","budget":[3]}"#,
+        r#"{"run":"r","kind":"override","scope":[1,2]}"#,
+        r#"{"run":"r","kind":"stop","reason":"completed","limits":{"attempts":[1,2]}}"#,
         "",
     ] {
         assert!(

@@ -1,0 +1,432 @@
+//! The HTTP API: routes and handlers. There is no route that updates, deletes or
+//! rewinds anything.
+
+use std::io::{self, Write};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tally_ledger::export::ExportWriter;
+use tally_ledger::{Error as LedgerError, Ledger};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::commit::{Job, LedgerState, Message};
+use crate::error::ApiError;
+use crate::limit::{Peer, RateLimit};
+use crate::parse::{parse_body, Framing};
+use crate::runs::{Delta, Runs};
+use crate::wire::Health;
+
+/// Exports stream at most this many at once; more wait their turn.
+pub(crate) const MAX_EXPORTS: usize = 2;
+/// Export bytes are sent in chunks of about this size.
+const EXPORT_CHUNK: usize = 64 * 1024;
+
+/// Shared state of all handlers.
+pub(crate) struct App {
+    pub ledger: Arc<Ledger>,
+    pub state: Arc<LedgerState>,
+    pub runs: Runs,
+    pub in_flight: Arc<Semaphore>,
+    pub max_in_flight: usize,
+    pub exports: Arc<Semaphore>,
+    queue: mpsc::Sender<Message>,
+    rate: Option<RateLimit>,
+    max_body_bytes: usize,
+    max_batch: usize,
+    read_timeout: Duration,
+}
+
+/// What [`App::new`] needs from the options.
+pub(crate) struct Limits {
+    pub max_body_bytes: usize,
+    pub max_in_flight: usize,
+    pub max_batch: usize,
+    pub rate_per_sec: Option<u32>,
+    pub read_timeout: Duration,
+}
+
+/// Bodies larger than this are parsed and validated on a blocking thread, so one big
+/// batch does not stall the connections sharing its async worker.
+const INLINE_PARSE_BYTES: usize = 32 * 1024;
+
+impl App {
+    pub fn new(
+        ledger: Arc<Ledger>,
+        state: Arc<LedgerState>,
+        queue: mpsc::Sender<Message>,
+        limits: Limits,
+    ) -> App {
+        let max_in_flight = limits.max_in_flight.max(1);
+        App {
+            runs: Runs::new(state.checkpoint().size),
+            ledger,
+            state,
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
+            exports: Arc::new(Semaphore::new(MAX_EXPORTS)),
+            queue,
+            rate: limits.rate_per_sec.map(RateLimit::new),
+            max_body_bytes: limits.max_body_bytes,
+            max_batch: limits.max_batch.max(1),
+            read_timeout: limits.read_timeout,
+        }
+    }
+
+    /// Tell the committer to finish; call only while holding every in-flight slot.
+    pub async fn stop_committer(&self) {
+        let _ = self.queue.send(Message::Stop).await;
+    }
+}
+
+/// The router: every route the daemon has.
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/decisions", post(post_decisions))
+        .route("/v1/runs/{run}", get(get_run))
+        .route("/v1/checkpoint", get(get_checkpoint))
+        .route("/v1/health", get(get_health))
+        .route("/v1/export", get(get_export))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(app)
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {method} {}; see docs/DAEMON.md", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
+    let allow = if uri.path() == "/v1/decisions" {
+        "POST"
+    } else {
+        "GET, HEAD"
+    };
+    let mut response = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{method} is not allowed on {}; the ledger is append-only (allowed: {allow})",
+            uri.path()
+        ),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    response
+}
+
+fn framing(headers: &HeaderMap) -> Result<Framing, ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(Framing::Json);
+    };
+    let value = value.to_str().unwrap_or("");
+    let mime = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match mime.as_str() {
+        "application/json" => Ok(Framing::Json),
+        "application/x-ndjson" | "application/ndjson" => Ok(Framing::Ndjson),
+        _ => Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("content type `{value}` is not accepted; send application/json (one decision) or application/x-ndjson (one per line)"),
+        )
+        .close()),
+    }
+}
+
+fn too_large(max: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("request body is over {max} bytes; split the batch"),
+    )
+    .close()
+}
+
+/// Read the whole body within the read timeout and the size limit.
+async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > app.max_body_bytes as u64) {
+        return Err(too_large(app.max_body_bytes));
+    }
+    let limited = Limited::new(body, app.max_body_bytes);
+    match tokio::time::timeout(app.read_timeout, limited.collect()).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "request body did not arrive within {} ms",
+                app.read_timeout.as_millis()
+            ),
+        )
+        .close()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(too_large(app.max_body_bytes))
+        }
+        Ok(Err(e)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "body_read_failed",
+            format!("reading the request body failed: {e}"),
+        )
+        .close()),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
+}
+
+fn rate_limited(secs: u64) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        format!("this client is over its decisions-per-second limit; retry after {secs} s"),
+    );
+    e.retry_after_secs = Some(secs);
+    e.close()
+}
+
+async fn post_decisions(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<Peer>,
+    request: Request,
+) -> Result<Json<Vec<tally_ledger::Receipt>>, ApiError> {
+    let (parts, body) = request.into_parts();
+    let framing = framing(&parts.headers)?;
+    if let Some(rate) = &app.rate {
+        // Refuse an over-limit client before reading its body; it pays below.
+        rate.take(peer, 0).map_err(rate_limited)?;
+    }
+    if let Some(why) = app.state.failure() {
+        return Err(ApiError::unavailable(why));
+    }
+    // Backpressure: wait for an in-flight slot. It travels with the decisions to the
+    // committer and is released once they are committed or refused.
+    let permit = Arc::clone(&app.in_flight)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
+    let bytes = read_body(&app, &parts.headers, body).await?;
+    let max_batch = app.max_batch;
+    let (deltas, plaintexts) = if bytes.len() <= INLINE_PARSE_BYTES {
+        prepare(&bytes, framing, max_batch)?
+    } else {
+        tokio::task::spawn_blocking(move || prepare(&bytes, framing, max_batch))
+            .await
+            .map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            })??
+    };
+    if let Some(rate) = &app.rate {
+        rate.take(peer, plaintexts.len()).map_err(rate_limited)?;
+    }
+    let (reply, receipts) = oneshot::channel();
+    let job = Job {
+        plaintexts,
+        reply,
+        permit,
+    };
+    app.queue
+        .send(Message::Job(job))
+        .await
+        .map_err(|_| ApiError::unavailable("the committer has stopped"))?;
+    match receipts.await {
+        Ok(Ok(receipts)) => {
+            app.runs.apply(deltas, &receipts);
+            Ok(Json(receipts))
+        }
+        Ok(Err(why)) => Err(ApiError::unavailable(why)),
+        Err(_) => Err(ApiError::unavailable(
+            "the committer stopped before answering",
+        )),
+    }
+}
+
+/// Parse, validate and encode a body: per-run counter deltas and the plaintexts.
+fn prepare(
+    bytes: &[u8],
+    framing: Framing,
+    max_batch: usize,
+) -> Result<(Vec<Delta>, Vec<Vec<u8>>), ApiError> {
+    let parsed = parse_body(bytes, framing, max_batch)?;
+    let deltas: Vec<Delta> = parsed.decisions.iter().map(Delta::of).collect();
+    let plaintexts = tally_ledger::ledger::prepare(parsed.decisions).map_err(|e| match e {
+        LedgerError::Decision(d) => ApiError::decision(&d),
+        LedgerError::InBatch { index, source } => {
+            let line = parsed.lines.as_ref().and_then(|l| l.get(index).copied());
+            let mut error = ApiError::decision(&source).line(line);
+            if let Some(line) = line {
+                error.detail.message = format!("line {line}: {}", error.detail.message);
+            }
+            error
+        }
+        other => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_decision",
+            other.to_string(),
+        ),
+    })?;
+    Ok((deltas, plaintexts))
+}
+
+async fn get_run(
+    State(app): State<Arc<App>>,
+    Path(run): Path<String>,
+) -> Result<Response, ApiError> {
+    match app.runs.get(&run) {
+        Some(counters) => Ok(Json(counters).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "run_not_found",
+            format!(
+                "no decision of run `{run}` was appended since this daemon started (seq {}); counters cover only those, `tally handoff` covers the whole ledger",
+                app.runs.since_seq()
+            ),
+        )),
+    }
+}
+
+async fn get_checkpoint(State(app): State<Arc<App>>) -> Response {
+    let text = app.state.checkpoint().to_text();
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+}
+
+async fn get_health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiError> {
+    if let Some(why) = app.state.failure() {
+        return Err(ApiError::unavailable(why));
+    }
+    let checkpoint = app.state.checkpoint();
+    Ok(Json(Health {
+        status: "ok".into(),
+        ledger_id: app.ledger.id().to_string(),
+        size: checkpoint.size,
+        epoch: checkpoint.epoch,
+        in_flight: app.max_in_flight - app.in_flight.available_permits(),
+    }))
+}
+
+async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    let permit = Arc::clone(&app.exports)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
+    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
+    let (size_tx, size_rx) = oneshot::channel();
+    let ledger = Arc::clone(&app.ledger);
+    tokio::task::spawn_blocking(move || {
+        let snapshot = ledger.snapshot();
+        let _ = size_tx.send(snapshot.size());
+        let chunks = Chunks {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(EXPORT_CHUNK),
+        };
+        let written = (|| {
+            let mut w = ExportWriter::new(chunks)?;
+            for frame in snapshot {
+                w.frame(&frame.map_err(io::Error::other)?)?;
+            }
+            w.finish()?.flush()
+        })();
+        if let Err(e) = written {
+            // The body ends in an error: the client sees a torn export, never a short
+            // one that looks complete (an export without its end frame is refused).
+            let _ = tx.blocking_send(Err(e));
+        }
+        // Release the ledger before the slot: shutdown waits on the slots, then the
+        // ledger's lock must be free.
+        drop(ledger);
+        drop(permit);
+    });
+    let size = size_rx.await.map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "export task ended early",
+        )
+    })?;
+    let mut response = Body::new(ExportBody { rx }).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_static("attachment; filename=\"ledger.tally-export\""),
+    );
+    headers.insert("x-tally-snapshot-size", HeaderValue::from(size));
+    Ok(response)
+}
+
+/// `Write` into the export body's channel, in chunks.
+struct Chunks {
+    tx: mpsc::Sender<io::Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl Chunks {
+    fn send(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(
+            &mut self.buf,
+            Vec::with_capacity(EXPORT_CHUNK),
+        ));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "export client went away"))
+    }
+}
+
+impl Write for Chunks {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= EXPORT_CHUNK {
+            self.send()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send()
+    }
+}
+
+/// The streamed export body.
+struct ExportBody {
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+}
+
+impl http_body::Body for ExportBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<io::Result<http_body::Frame<Bytes>>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|r| r.map(http_body::Frame::data)))
+    }
+}

@@ -1,0 +1,190 @@
+//! A small async client for Rust agents (and this crate's tests and load generator): one
+//! keep-alive HTTP/1.1 connection to the daemon, over its Unix socket or TCP loopback.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tally_daemon::client::ClientError> {
+//! let mut client = tally_daemon::client::Client::unix("/run/tally/tally.sock").await?;
+//! let receipts = client.append(r#"{"run":"r1","kind":"start","goal":"export report"}"#).await?;
+//! println!("seq {} hash {}", receipts[0].seq, receipts[0].hash);
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use axum::http::{header, Method, Request, StatusCode};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tally_ledger::Receipt;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
+
+use crate::wire::{ErrorDetail, ErrorReply};
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// Connecting failed (no daemon on that socket, permission denied, ...).
+    #[error("cannot connect to the daemon: {0}")]
+    Connect(std::io::Error),
+    /// The connection failed mid-request: the outcome of an append is unknown.
+    #[error("HTTP: {0}")]
+    Http(#[from] hyper::Error),
+    /// The daemon refused the request with a typed error.
+    #[error("{status}: {} ({})", error.message, error.code)]
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The daemon's typed error.
+        error: ErrorDetail,
+    },
+    /// The reply was not what the API promises.
+    #[error("unexpected reply ({status}): {why}")]
+    Unexpected {
+        /// The HTTP status.
+        status: u16,
+        /// What was wrong with it.
+        why: String,
+    },
+}
+
+/// A reply: status, content type and the whole body.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The `Content-Type` header, if any.
+    pub content_type: Option<String>,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// One connection to the daemon. Requests on it run one at a time; open one client per
+/// concurrent worker.
+pub struct Client {
+    sender: SendRequest<Full<Bytes>>,
+    host: &'static str,
+}
+
+impl Client {
+    /// Connect over the daemon's Unix socket.
+    pub async fn unix(path: impl AsRef<Path>) -> Result<Client, ClientError> {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(ClientError::Connect)?;
+        Client::handshake(stream, "localhost").await
+    }
+
+    /// Connect over TCP loopback.
+    pub async fn tcp(addr: SocketAddr) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(ClientError::Connect)?;
+        stream.set_nodelay(true).map_err(ClientError::Connect)?;
+        Client::handshake(stream, "localhost").await
+    }
+
+    async fn handshake<I>(io: I, host: &'static str) -> Result<Client, ClientError>
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, connection) = http1::handshake(TokioIo::new(io)).await?;
+        tokio::spawn(async move {
+            // Ends when the client is dropped or the daemon closes the connection; the
+            // next request then reports the error.
+            let _ = connection.await;
+        });
+        Ok(Client { sender, host })
+    }
+
+    /// Send one request and read the whole reply.
+    pub async fn request(
+        &mut self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: impl Into<Bytes>,
+    ) -> Result<Reply, ClientError> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, self.host);
+        if let Some(ct) = content_type {
+            builder = builder.header(header::CONTENT_TYPE, ct);
+        }
+        let request =
+            builder
+                .body(Full::new(body.into()))
+                .map_err(|e| ClientError::Unexpected {
+                    status: 0,
+                    why: format!("bad request: {e}"),
+                })?;
+        self.sender.ready().await?;
+        let response = self.sender.send_request(request).await?;
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok(Reply {
+            status,
+            content_type,
+            body,
+        })
+    }
+
+    /// Append one decision (a JSON object) and return its receipt once durable.
+    pub async fn append(&mut self, decision: &str) -> Result<Vec<Receipt>, ClientError> {
+        let reply = self
+            .request(
+                Method::POST,
+                "/v1/decisions",
+                Some("application/json"),
+                Bytes::copy_from_slice(decision.as_bytes()),
+            )
+            .await?;
+        receipts(reply)
+    }
+
+    /// Append an NDJSON batch (one decision per line), atomically.
+    pub async fn append_ndjson(
+        &mut self,
+        batch: impl Into<Bytes>,
+    ) -> Result<Vec<Receipt>, ClientError> {
+        let reply = self
+            .request(
+                Method::POST,
+                "/v1/decisions",
+                Some("application/x-ndjson"),
+                batch,
+            )
+            .await?;
+        receipts(reply)
+    }
+}
+
+/// The receipts of a successful append, or the daemon's typed error.
+pub fn receipts(reply: Reply) -> Result<Vec<Receipt>, ClientError> {
+    let status = reply.status.as_u16();
+    if reply.status.is_success() {
+        return serde_json::from_slice(&reply.body).map_err(|e| ClientError::Unexpected {
+            status,
+            why: e.to_string(),
+        });
+    }
+    match serde_json::from_slice::<ErrorReply>(&reply.body) {
+        Ok(r) => Err(ClientError::Refused {
+            status,
+            error: r.error,
+        }),
+        Err(e) => Err(ClientError::Unexpected {
+            status,
+            why: format!("error reply is not typed JSON: {e}"),
+        }),
+    }
+}

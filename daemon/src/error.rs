@@ -1,0 +1,179 @@
+//! Typed errors: [`DaemonError`] for starting and running the daemon, and [`ApiError`]
+//! for what one HTTP request gets back.
+
+use std::io;
+use std::path::PathBuf;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tally_ledger::DecisionError;
+
+use crate::wire::{ErrorDetail, ErrorReply};
+
+/// Why the daemon could not start, or ended with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DaemonError {
+    /// Opening the ledger failed (not a ledger, locked by another process, ...).
+    #[error("ledger: {0}")]
+    Ledger(#[from] tally_ledger::Error),
+    /// The ledger directory is open to other users; only the daemon's user may reach it.
+    #[error("{path}: ledger directory has mode {mode:o}; only the daemon's user may read it: run `chmod 700 {path}`")]
+    LedgerPermissions {
+        /// The ledger directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Another process is already serving on the socket path.
+    #[error(
+        "{path}: another process is listening on this socket; stop it or choose another --socket"
+    )]
+    SocketInUse {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The socket path exists and is not a socket; the daemon never deletes such a file.
+    #[error("{path}: exists and is not a socket; remove it or choose another --socket")]
+    SocketPathTaken {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// A TCP listen address that is not loopback: the daemon has no authentication, so it
+    /// only listens where local processes alone can reach it.
+    #[error("{addr}: not a loopback address; the daemon only listens on 127.0.0.0/8 or ::1")]
+    NotLoopback {
+        /// The refused address.
+        addr: std::net::SocketAddr,
+    },
+    /// Binding a listener failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The socket path or TCP address.
+        addr: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A file system operation on the socket failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file involved.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The async runtime could not be built.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(io::Error),
+    /// SIGTERM/SIGINT handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signal(io::Error),
+    /// The ledger stopped accepting writes while the daemon ran (every later append got
+    /// 503 and nothing unconfirmed was acknowledged). Restart once the cause is fixed.
+    #[error("the ledger failed while serving and refused appends from then on: {0}")]
+    LedgerFailed(String),
+}
+
+impl DaemonError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> DaemonError {
+        DaemonError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// An HTTP error reply: status and the typed JSON body
+/// `{"error": {"code", "message", "field"?, "line"?, "column"?}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ApiError {
+    pub status: StatusCode,
+    pub detail: Box<ErrorDetail>,
+    pub retry_after_secs: Option<u64>,
+    pub close: bool,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            detail: Box::new(ErrorDetail {
+                code: code.to_string(),
+                message: message.into(),
+                field: None,
+                line: None,
+                column: None,
+            }),
+            retry_after_secs: None,
+            close: false,
+        }
+    }
+
+    pub fn field(mut self, field: impl Into<String>) -> ApiError {
+        self.detail.field = Some(field.into());
+        self
+    }
+
+    pub fn line(mut self, line: Option<usize>) -> ApiError {
+        self.detail.line = line;
+        self
+    }
+
+    pub fn column(mut self, column: Option<usize>) -> ApiError {
+        self.detail.column = column;
+        self
+    }
+
+    /// Ask hyper to close the connection after the reply (the body was not read whole).
+    pub fn close(mut self) -> ApiError {
+        self.close = true;
+        self
+    }
+
+    /// A decision the ledger refused (400), naming the field at fault.
+    pub fn decision(e: &DecisionError) -> ApiError {
+        let bad = StatusCode::BAD_REQUEST;
+        match e {
+            DecisionError::Missing { field } => {
+                ApiError::new(bad, "missing_field", e.to_string()).field(*field)
+            }
+            DecisionError::NotAllowed { field, .. } => {
+                ApiError::new(bad, "field_not_allowed", e.to_string()).field(*field)
+            }
+            DecisionError::TooLong { field, .. } => {
+                ApiError::new(bad, "field_too_long", e.to_string()).field(*field)
+            }
+            DecisionError::Invalid { field, .. } => {
+                ApiError::new(bad, "invalid_field", e.to_string()).field(*field)
+            }
+            DecisionError::Json { .. } => ApiError::new(bad, "invalid_json", e.to_string()),
+            _ => ApiError::new(bad, "invalid_decision", e.to_string()),
+        }
+    }
+
+    /// The ledger cannot write: fail closed (503), acknowledge nothing.
+    pub fn unavailable(why: impl std::fmt::Display) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ledger_unavailable",
+            format!("the ledger cannot write; nothing in this request is acknowledged: {why}"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let reply = ErrorReply {
+            error: *self.detail,
+        };
+        let mut response = (self.status, axum::Json(reply)).into_response();
+        let headers = response.headers_mut();
+        if let Some(secs) = self.retry_after_secs {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.close {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+}

@@ -1,0 +1,218 @@
+//! tally's append daemon: the one process that owns a ledger, serving an HTTP/1.1 JSON
+//! API on a Unix socket (and optionally TCP loopback) so agents in any language can
+//! append decisions without being able to touch the store.
+//!
+//! * `POST /v1/decisions`: one JSON decision, or NDJSON for a batch. The reply
+//!   `[{"seq", "hash"}]` is sent only after the decisions are durable and sealed by a
+//!   signed checkpoint; a batch is atomic.
+//! * `GET /v1/runs/{run}`, `GET /v1/checkpoint`, `GET /v1/health`, `GET /v1/export`
+//!   (a consistent `tally export v1` snapshot while appends go on).
+//! * No route updates, deletes or rewinds anything.
+//!
+//! Errors are typed JSON ([`wire::ErrorReply`]). When the ledger cannot write, every
+//! append gets 503 and nothing is acknowledged (fail closed). Concurrent requests share
+//! the ledger's group commits; connections and in-flight appends are bounded (excess
+//! waits: backpressure), bodies are size-limited, slow clients time out, and an optional
+//! per-peer rate limit keeps one client from starving the rest.
+//!
+//! SIGTERM or SIGINT ([`run`]) stops accepting, drains in-flight requests and removes the
+//! socket. Every commit already seals a checkpoint, so the last acknowledged decision is
+//! sealed when the daemon exits; no key rotation happens at shutdown. A restart continues
+//! the chain. Rust agents can use [`client::Client`]. See `docs/DAEMON.md`.
+#![forbid(unsafe_code)]
+
+mod api;
+pub mod client;
+mod commit;
+pub mod error;
+mod limit;
+mod parse;
+mod runs;
+mod server;
+pub mod wire;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tally_ledger::Ledger;
+
+pub use error::DaemonError;
+
+/// How to serve. Build with [`ServeOptions::new`], then adjust fields.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ServeOptions {
+    /// The ledger directory ([`run`] opens it; [`serve`] is given the open ledger).
+    pub ledger: PathBuf,
+    /// The Unix socket path. A stale socket left by a dead daemon is replaced; a live
+    /// one, or a file that is not a socket, is refused.
+    pub socket: PathBuf,
+    /// Also listen on this TCP address; it must be loopback.
+    pub listen: Option<SocketAddr>,
+    /// The socket file's permission bits (default `0o660`: the daemon's user and group).
+    pub socket_mode: u32,
+    /// Give the socket file to this group, so agents in it can connect (default: the
+    /// daemon's group).
+    pub socket_gid: Option<u32>,
+    /// Largest request body accepted, in bytes (default 4 MiB); larger gets 413.
+    pub max_body_bytes: usize,
+    /// Most decisions in one request (default 10,000); more gets 413.
+    pub max_batch: usize,
+    /// Append requests processed at once (default 256); more wait for a slot.
+    pub max_in_flight: usize,
+    /// Open connections (default 1,024); more wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// Decisions per second each peer (Unix uid or TCP address) may append; `None`
+    /// (the default) for no limit. Over the limit: 429 with `Retry-After`.
+    pub rate_per_sec: Option<u32>,
+    /// Request headers, and then the whole body, must each arrive within this time
+    /// (default 10 s); a slow body gets 408, slow headers a closed connection. Idle
+    /// keep-alive connections are closed after this long too.
+    pub read_timeout: Duration,
+}
+
+impl ServeOptions {
+    /// Defaults for serving the ledger in `ledger` on the socket `socket`.
+    pub fn new(ledger: impl Into<PathBuf>, socket: impl Into<PathBuf>) -> ServeOptions {
+        ServeOptions {
+            ledger: ledger.into(),
+            socket: socket.into(),
+            listen: None,
+            socket_mode: 0o660,
+            socket_gid: None,
+            max_body_bytes: 4 * 1024 * 1024,
+            max_batch: 10_000,
+            max_in_flight: 256,
+            max_connections: 1024,
+            rate_per_sec: None,
+            read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Open the ledger in `options.ledger`, serve until SIGTERM or SIGINT, drain, and
+/// return. Blocking: builds its own tokio runtime. The ledger (and its lock) is
+/// released when this returns.
+pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
+    check_ledger_dir(&options.ledger)?;
+    let ledger = Arc::new(Ledger::open(&options.ledger)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // Every in-flight append blocks one thread while its group commits.
+        .max_blocking_threads(options.max_in_flight.max(1) + 16)
+        .build()
+        .map_err(DaemonError::Runtime)?;
+    let result = runtime.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        };
+        serve(ledger, options, shutdown).await
+    });
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
+}
+
+/// Refuse a ledger directory that other users can enter: agents must reach only the
+/// socket (SPEC 5.5).
+fn check_ledger_dir(dir: &Path) -> Result<(), DaemonError> {
+    let meta = std::fs::metadata(dir).map_err(|e| DaemonError::io(dir, e))?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(DaemonError::LedgerPermissions {
+            path: dir.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+/// Serve `ledger` until `shutdown` resolves; then stop accepting, let in-flight requests
+/// finish (each acknowledged decision is durable and sealed), wait for every append
+/// already handed to the ledger, remove the socket, and return.
+///
+/// `options.ledger` is not used (the ledger is given open). Returns
+/// [`DaemonError::LedgerFailed`] if the ledger stopped accepting writes while serving.
+pub async fn serve(
+    ledger: Arc<Ledger>,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), DaemonError> {
+    let checkpoint = {
+        let ledger = Arc::clone(&ledger);
+        tokio::task::spawn_blocking(move || ledger.checkpoint())
+            .await
+            .map_err(|e| DaemonError::Runtime(std::io::Error::other(e)))?
+    };
+    let tcp = server::bind_tcp(options.listen).await?;
+    let socket = server::Socket::bind(&options.socket, options.socket_mode, options.socket_gid)?;
+    let state = Arc::new(commit::LedgerState {
+        checkpoint: std::sync::Mutex::new(checkpoint),
+        failure: std::sync::Mutex::new(None),
+    });
+    let max_in_flight = options.max_in_flight.max(1);
+    let (queue, jobs) = tokio::sync::mpsc::channel(max_in_flight + 1);
+    let committer = match commit::start(Arc::clone(&ledger), Arc::clone(&state), jobs) {
+        Ok(handle) => handle,
+        Err(e) => {
+            socket.close();
+            return Err(DaemonError::Runtime(e));
+        }
+    };
+    let app = Arc::new(api::App::new(
+        ledger,
+        Arc::clone(&state),
+        queue,
+        api::Limits {
+            max_body_bytes: options.max_body_bytes,
+            max_in_flight,
+            max_batch: options.max_batch,
+            rate_per_sec: options.rate_per_sec,
+            read_timeout: options.read_timeout,
+        },
+    ));
+    let router = api::router(Arc::clone(&app));
+    let (graceful, mut connections) = server::accept_loop(
+        &socket,
+        &tcp,
+        router,
+        options.max_connections,
+        options.read_timeout,
+        shutdown,
+    )
+    .await;
+    // Stop accepting: new clients now fail to connect instead of queueing.
+    socket.close();
+    drop(tcp);
+    // Each open connection finishes the request it is in; idle ones close now.
+    graceful.shutdown().await;
+    while connections.join_next().await.is_some() {}
+    // Appends whose client went away still complete; wait for every one, then for exports.
+    let drained = Arc::clone(&app.in_flight)
+        .acquire_many_owned(max_in_flight as u32)
+        .await;
+    let exports = Arc::clone(&app.exports)
+        .acquire_many_owned(api::MAX_EXPORTS as u32)
+        .await;
+    app.stop_committer().await;
+    drop((drained, exports, app));
+    tokio::task::spawn_blocking(move || committer.join())
+        .await
+        .map_err(|e| DaemonError::Runtime(std::io::Error::other(e)))?
+        .map_err(|_| {
+            DaemonError::Runtime(std::io::Error::other("the committer thread panicked"))
+        })?;
+    match state.failure() {
+        Some(why) => Err(DaemonError::LedgerFailed(why)),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,213 @@
+//! Listeners, connections and the shutdown sequence.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tower::ServiceExt;
+
+use crate::error::DaemonError;
+use crate::limit::Peer;
+
+/// The Unix socket this daemon created, removed again on shutdown only if it is still
+/// the same file.
+pub(crate) struct Socket {
+    pub listener: UnixListener,
+    path: PathBuf,
+    dev_ino: (u64, u64),
+}
+
+impl Socket {
+    /// Bind `path` with `mode` (and group `gid`) applied before any client can connect:
+    /// the socket is bound under a temporary name, its mode set, then renamed into place.
+    pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<Socket, DaemonError> {
+        clear_stale(path)?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "tally.sock".into());
+        let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+        clear_stale(&tmp)?;
+        let listener = UnixListener::bind(&tmp).map_err(|source| DaemonError::Bind {
+            addr: path.display().to_string(),
+            source,
+        })?;
+        let placed = (|| {
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+            if gid.is_some() {
+                std::os::unix::fs::chown(&tmp, None, gid)?;
+            }
+            std::fs::rename(&tmp, path)?;
+            std::fs::symlink_metadata(path)
+        })();
+        match placed {
+            Ok(meta) => Ok(Socket {
+                listener,
+                path: path.to_path_buf(),
+                dev_ino: (meta.dev(), meta.ino()),
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(DaemonError::io(path, e))
+            }
+        }
+    }
+
+    /// Stop listening and remove the socket file if it is still ours.
+    pub fn close(self) {
+        drop(self.listener);
+        if let Ok(meta) = std::fs::symlink_metadata(&self.path) {
+            if (meta.dev(), meta.ino()) == self.dev_ino {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// Remove a socket file left by a daemon that died; refuse a live socket or a non-socket.
+fn clear_stale(path: &Path) -> Result<(), DaemonError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(DaemonError::io(path, e)),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(DaemonError::SocketPathTaken {
+            path: path.to_path_buf(),
+        });
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(DaemonError::SocketInUse {
+            path: path.to_path_buf(),
+        }),
+        Err(_) => match std::fs::remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(DaemonError::io(path, e)),
+        },
+    }
+}
+
+/// Bind the optional TCP listener; loopback only.
+pub(crate) async fn bind_tcp(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, DaemonError> {
+    let Some(addr) = addr else { return Ok(None) };
+    if !addr.ip().is_loopback() {
+        return Err(DaemonError::NotLoopback { addr });
+    }
+    TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|source| DaemonError::Bind {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+async fn accept_tcp(listener: &Option<TcpListener>) -> io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Accept connections until `shutdown` resolves, then stop accepting and let every open
+/// connection finish the request it is in (idle keep-alive connections close at once).
+pub(crate) async fn accept_loop(
+    socket: &Socket,
+    tcp: &Option<TcpListener>,
+    router: Router,
+    max_connections: usize,
+    read_timeout: Duration,
+    shutdown: impl Future<Output = ()>,
+) -> (GracefulShutdown, JoinSet<()>) {
+    let graceful = GracefulShutdown::new();
+    let mut tasks = JoinSet::new();
+    let connections = Arc::new(Semaphore::new(max_connections.max(1)));
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        // Slowloris: headers must arrive within the read timeout; this also closes idle
+        // keep-alive connections after that long.
+        .header_read_timeout(read_timeout)
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        // Reap finished connection tasks so the set does not grow.
+        while tasks.try_join_next().is_some() {}
+        // Bounded connections: at the limit, stop accepting; the kernel's backlog queues.
+        let permit = tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            p = Arc::clone(&connections).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            accepted = socket.listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let peer = stream.peer_cred().map(|c| Peer::Uid(c.uid())).unwrap_or(Peer::Unknown);
+                    serve_connection(&builder, &graceful, &mut tasks, &router, stream, peer, permit);
+                }
+                Err(e) => backoff(e).await,
+            },
+            accepted = accept_tcp(tcp) => match accepted {
+                Ok((stream, addr)) => {
+                    let _ = stream.set_nodelay(true);
+                    serve_connection(&builder, &graceful, &mut tasks, &router, stream, Peer::Ip(addr.ip()), permit);
+                }
+                Err(e) => backoff(e).await,
+            },
+        }
+    }
+    (graceful, tasks)
+}
+
+/// Accept errors (out of file descriptors, a connection reset before accept) are not
+/// fatal; pause briefly so they do not spin.
+async fn backoff(_error: io::Error) {
+    tokio::time::sleep(Duration::from_millis(20)).await;
+}
+
+fn serve_connection<I>(
+    builder: &http1::Builder,
+    graceful: &GracefulShutdown,
+    tasks: &mut JoinSet<()>,
+    router: &Router,
+    io: I,
+    peer: Peer,
+    permit: OwnedSemaphorePermit,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = router
+        .clone()
+        .map_request(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(peer);
+            request
+        });
+    let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+    let watched = graceful.watch(connection);
+    tasks.spawn(async move {
+        // A connection error (client went away, header timeout) ends only that connection.
+        let _ = watched.await;
+        drop(permit);
+    });
+}

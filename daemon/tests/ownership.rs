@@ -1,0 +1,119 @@
+//! Agents reach only the socket: a client running as another user appends through it but
+//! cannot open, change or delete the store. Needs root (to switch users) and `runuser`
+//! and `curl`; skipped with a printed reason otherwise.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Output};
+
+use tally_ledger::Receipt;
+
+use crate::common::{walk, Daemon};
+
+const NOBODY: &str = "nobody";
+
+fn as_nobody(args: &[&str]) -> Output {
+    Command::new("runuser")
+        .args(["-u", NOBODY, "--"])
+        .args(args)
+        .output()
+        .expect("runuser")
+}
+
+fn available(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn nobody_gid() -> Option<u32> {
+    let out = Command::new("id").args(["-g", NOBODY]).output().ok()?;
+    String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_uid_appends_through_the_socket_but_cannot_touch_the_store() {
+    let root = std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false);
+    if !root {
+        println!("SKIPPED another_uid_appends_through_the_socket: needs root to run a client as `{NOBODY}`");
+        return;
+    }
+    let Some(gid) = nobody_gid() else {
+        println!("SKIPPED another_uid_appends_through_the_socket: no `{NOBODY}` user");
+        return;
+    };
+    for tool in ["runuser", "curl"] {
+        if !available(tool) {
+            println!("SKIPPED another_uid_appends_through_the_socket: `{tool}` is not installed");
+            return;
+        }
+    }
+    let mut daemon = Daemon::start(move |o| o.socket_gid = Some(gid)).await;
+    // Only the ledger directory's own 0700 protects the store: its parent is open.
+    std::fs::set_permissions(daemon.dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod parent");
+    let ledger = daemon.ledger_dir.clone();
+    let socket = daemon.socket.to_string_lossy().into_owned();
+    assert_eq!(
+        std::fs::metadata(&ledger)
+            .expect("ledger")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+
+    let out = as_nobody(&[
+        "curl",
+        "-sS",
+        "--unix-socket",
+        &socket,
+        "-H",
+        "content-type: application/json",
+        "-d",
+        r#"{"run":"from-nobody","kind":"start","goal":"prove the socket is the only way in"}"#,
+        "http://localhost/v1/decisions",
+    ]);
+    assert!(
+        out.status.success(),
+        "curl as nobody: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let receipts: Vec<Receipt> = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(receipts[0].seq, 1);
+
+    let store = ledger.join("store");
+    let db = store.join("db");
+    let key = ledger.join("writer.key");
+    let (l, s, d, k) = (p(&ledger), p(&store), p(&db), p(&key));
+    let append = format!("echo x >> {d}");
+    let attempts: [(&str, Vec<&str>); 6] = [
+        ("list the ledger", vec!["ls", l.as_str()]),
+        ("read the store", vec!["cat", d.as_str()]),
+        ("read the writer key", vec!["cat", k.as_str()]),
+        ("append to the store", vec!["sh", "-c", append.as_str()]),
+        ("delete the store", vec!["rm", "-rf", s.as_str()]),
+        (
+            "rename the ledger",
+            vec!["mv", l.as_str(), "/tmp/stolen-ledger"],
+        ),
+    ];
+    for (what, args) in &attempts {
+        let out = as_nobody(args);
+        assert!(!out.status.success(), "nobody could {what}");
+    }
+    assert!(db.is_file() && key.is_file(), "the store is intact");
+    daemon.shutdown().await.expect("clean shutdown");
+    let chain = walk(&daemon.ledger_dir, &daemon.auditor);
+    assert_eq!(chain.entries.len(), 2);
+    chain.assert_holds(&receipts);
+}
+
+fn p(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}

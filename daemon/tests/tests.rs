@@ -1,0 +1,11 @@
+//! The append daemon's integration tests: each starts the real server on a temporary
+//! Unix socket over a temporary ledger and checks the store afterwards.
+
+mod common;
+
+mod api;
+mod concurrency;
+mod failure;
+mod kill;
+mod lifecycle;
+mod ownership;
