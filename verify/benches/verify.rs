@@ -31,7 +31,18 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// Decision `i`: odd ones are the outcome of the allow before them, as a gate records.
 fn decision(i: u64) -> Vec<u8> {
+    if i % 2 == 0 {
+        let d = Decision::from_json(&format!(
+            r#"{{"run":"run-{}","kind":"outcome","worker":"w{}","at_ms":{i},"attempt":{},"status":"ok","settled_cents":1,"remote_ref":"ea91","observed":"running"}}"#,
+            (i - 1) % 97,
+            (i - 1) % 8,
+            i - 1
+        ))
+        .unwrap();
+        return d.to_canonical_json();
+    }
     let mut d = Decision::from_json(&format!(
         r#"{{"run":"run-{}","kind":"allow","worker":"w{}","at_ms":{i},"tool":"http.get","operation":"export.status:ea91","args":{{"url":"https://api.example.com/v1/exports/ea91","i":{i}}},"effect":"read","channel":"http","attempt":{i},"reserve_cents":2}}"#,
         i % 97,

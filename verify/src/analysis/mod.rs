@@ -73,7 +73,7 @@ pub struct Config {
     /// Default 1000.
     pub max_findings_per_run: u64,
     /// Attempts per run remembered while awaiting their outcome; beyond it the oldest is
-    /// forgotten. Default 65 536.
+    /// forgotten. Default 4096 (about 1 MiB per run at most).
     pub max_open_attempts: usize,
 }
 
@@ -91,7 +91,7 @@ impl Default for Config {
             poll_stall_min: 20,
             max_listed: 50,
             max_findings_per_run: 1000,
-            max_open_attempts: 65_536,
+            max_open_attempts: 4096,
         }
     }
 }
