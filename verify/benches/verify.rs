@@ -33,7 +33,7 @@ fn peak_rss_kib() -> u64 {
 
 /// Decision `i`: odd ones are the outcome of the allow before them, as a gate records.
 fn decision(i: u64) -> Vec<u8> {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         let d = Decision::from_json(&format!(
             r#"{{"run":"run-{}","kind":"outcome","worker":"w{}","at_ms":{i},"attempt":{},"status":"ok","settled_cents":1,"remote_ref":"ea91","observed":"running"}}"#,
             (i - 1) % 97,
