@@ -16,7 +16,11 @@ use x25519_dalek::{EphemeralSecret, PublicKey, StaticSecret};
 use zeroize::Zeroizing;
 
 use crate::error::{CryptoError, Error, FormatError, Result};
-use crate::format::{key_id, parse_decimal, parse_hex, LedgerId, CONTEXT_DATA_KEY};
+use crate::format::{
+    key_id, parse_decimal, parse_hex, Checkpoint, EntryType, Hash, Header, LedgerId,
+    CONTEXT_DATA_KEY, DOMAIN_EPOCH, DOMAIN_GENESIS, EPOCH_BODY_LEN, GENESIS_BODY_LEN, HEADER_LEN,
+    TAG_LEN,
+};
 
 /// An epoch's symmetric key for record encryption. Zeroized on drop.
 pub struct DataKey {
@@ -28,6 +32,35 @@ impl DataKey {
         DataKey {
             cipher: XChaCha20Poly1305::new(key.as_ref().into()),
         }
+    }
+
+    /// Build a decision entry (FORMAT.md): header, then `plaintext` sealed with the header
+    /// as associated data.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decision_entry(
+        &self,
+        ledger_id: LedgerId,
+        seq: u64,
+        epoch: u32,
+        wall_ms: u64,
+        prev_hash: Hash,
+        nonce: [u8; 24],
+        plaintext: &[u8],
+    ) -> Vec<u8> {
+        let header = Header {
+            entry_type: EntryType::Decision,
+            ledger_id,
+            seq,
+            epoch,
+            wall_ms,
+            prev_hash,
+            nonce,
+            body_len: (plaintext.len() + TAG_LEN) as u32,
+        };
+        let mut bytes = Vec::with_capacity(HEADER_LEN + plaintext.len() + TAG_LEN);
+        bytes.extend_from_slice(&header.encode());
+        self.seal_into(&nonce, plaintext, &mut bytes);
+        bytes
     }
 
     /// Encrypt `plaintext` onto `out`, which holds exactly the entry header: the header is
@@ -372,6 +405,82 @@ impl EpochSecrets {
     /// Sign a message.
     pub fn sign(&self, message: &[u8]) -> [u8; 64] {
         self.signing.sign(message).to_bytes()
+    }
+
+    /// Seal the first `size` entries, whose last has hash `head`, with this epoch's key.
+    pub fn sign_checkpoint(
+        &self,
+        ledger_id: LedgerId,
+        size: u64,
+        head: Hash,
+        wall_ms: u64,
+    ) -> Checkpoint {
+        let body = Checkpoint::body_text(ledger_id, size, head, self.epoch, wall_ms);
+        Checkpoint {
+            ledger_id,
+            size,
+            head,
+            epoch: self.epoch,
+            wall_ms,
+            key_id: key_id(&self.verifying_key()),
+            signature: self.sign(body.as_bytes()),
+        }
+    }
+
+    /// The genesis entry (seq 0) of a ledger whose epoch 0 key is this one.
+    pub fn genesis_entry(
+        &self,
+        ledger_id: LedgerId,
+        wall_ms: u64,
+        recipient: &[u8; 32],
+        ephemeral: &[u8; 32],
+    ) -> Vec<u8> {
+        let header = Header {
+            entry_type: EntryType::Genesis,
+            ledger_id,
+            seq: 0,
+            epoch: 0,
+            wall_ms,
+            prev_hash: Hash::default(),
+            nonce: [0; 24],
+            body_len: GENESIS_BODY_LEN as u32,
+        };
+        let mut bytes = header.encode().to_vec();
+        bytes.extend_from_slice(&self.verifying_key());
+        bytes.extend_from_slice(recipient);
+        bytes.extend_from_slice(ephemeral);
+        let sig = self.sign(&[DOMAIN_GENESIS, &bytes[..]].concat());
+        bytes.extend_from_slice(&sig);
+        bytes
+    }
+
+    /// The epoch certificate entry at `seq` for `next` (the following epoch), signed with
+    /// this epoch's key.
+    pub fn certify_epoch(
+        &self,
+        next: &EpochSecrets,
+        ephemeral: &[u8; 32],
+        ledger_id: LedgerId,
+        seq: u64,
+        wall_ms: u64,
+        prev_hash: Hash,
+    ) -> Vec<u8> {
+        let header = Header {
+            entry_type: EntryType::Epoch,
+            ledger_id,
+            seq,
+            epoch: next.epoch,
+            wall_ms,
+            prev_hash,
+            nonce: [0; 24],
+            body_len: EPOCH_BODY_LEN as u32,
+        };
+        let mut bytes = header.encode().to_vec();
+        bytes.extend_from_slice(&next.verifying_key());
+        bytes.extend_from_slice(ephemeral);
+        let sig = self.sign(&[DOMAIN_EPOCH, &bytes[..]].concat());
+        bytes.extend_from_slice(&sig);
+        bytes
     }
 
     fn to_text(&self, ledger: LedgerId) -> Zeroizing<String> {

@@ -13,10 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decision::{Decision, MAX_DECISION_BYTES};
 use crate::error::{DecisionError, Error, Result};
-use crate::format::{
-    entry_hash, key_id, Checkpoint, Entry, EntryType, Frame, Hash, Header, LedgerId, DOMAIN_EPOCH,
-    DOMAIN_GENESIS, EPOCH_BODY_LEN, GENESIS_BODY_LEN, HEADER_LEN, TAG_LEN,
-};
+use crate::format::{entry_hash, key_id, Checkpoint, Entry, Frame, Hash, Header, LedgerId};
 use crate::keys::{self, DataKey, EpochSecrets, LedgerPublic};
 use crate::store::{Frames, Store};
 
@@ -184,25 +181,10 @@ impl Ledger {
         let wall = now_ms();
         secrets.from_seq = 0;
         secrets.since_ms = wall;
-        let header = Header {
-            entry_type: EntryType::Genesis,
-            ledger_id,
-            seq: 0,
-            epoch: 0,
-            wall_ms: wall,
-            prev_hash: Hash::default(),
-            nonce: [0; 24],
-            body_len: GENESIS_BODY_LEN as u32,
-        };
         let vk = secrets.verifying_key();
-        let mut bytes = header.encode().to_vec();
-        bytes.extend_from_slice(&vk);
-        bytes.extend_from_slice(recipient);
-        bytes.extend_from_slice(&ephemeral);
-        let sig = secrets.sign(&[DOMAIN_GENESIS, &bytes[..]].concat());
-        bytes.extend_from_slice(&sig);
+        let bytes = secrets.genesis_entry(ledger_id, wall, recipient, &ephemeral);
         let head = entry_hash(&bytes);
-        let checkpoint = sign_checkpoint(&secrets, ledger_id, 1, head, wall);
+        let checkpoint = secrets.sign_checkpoint(ledger_id, 1, head, wall);
 
         let config = serde_json::to_vec_pretty(&rotation).unwrap_or_default();
         fs::write(dir.join(files::CONFIG), config)
@@ -460,25 +442,6 @@ impl Iterator for Snapshot {
     }
 }
 
-fn sign_checkpoint(
-    secrets: &EpochSecrets,
-    ledger_id: LedgerId,
-    size: u64,
-    head: Hash,
-    wall_ms: u64,
-) -> Checkpoint {
-    let body = Checkpoint::body_text(ledger_id, size, head, secrets.epoch, wall_ms);
-    Checkpoint {
-        ledger_id,
-        size,
-        head,
-        epoch: secrets.epoch,
-        wall_ms,
-        key_id: key_id(&secrets.verifying_key()),
-        signature: secrets.sign(body.as_bytes()),
-    }
-}
-
 impl Writer {
     fn commit(&mut self, group: Vec<Pending>, force_rotate: bool) {
         if let Some(why) = &self.poisoned {
@@ -525,19 +488,15 @@ impl Writer {
             let mut nonce = [0u8; 24];
             nonce[..16].copy_from_slice(&self.nonce_prefix);
             nonce[16..].copy_from_slice(&seq.to_be_bytes());
-            let header = Header {
-                entry_type: EntryType::Decision,
-                ledger_id: self.ledger_id,
+            let bytes = self.cipher.decision_entry(
+                self.ledger_id,
                 seq,
-                epoch: self.secrets.epoch,
-                wall_ms: wall,
-                prev_hash: self.head,
+                self.secrets.epoch,
+                wall,
+                self.head,
                 nonce,
-                body_len: (plaintext.len() + TAG_LEN) as u32,
-            };
-            let mut bytes = Vec::with_capacity(HEADER_LEN + plaintext.len() + TAG_LEN);
-            bytes.extend_from_slice(&header.encode());
-            self.cipher.seal_into(&nonce, plaintext, &mut bytes);
+                plaintext,
+            );
             self.head = entry_hash(&bytes);
             self.next_seq += 1;
             receipts.push(Receipt {
@@ -546,13 +505,9 @@ impl Writer {
             });
             entries.push((seq, bytes));
         }
-        let checkpoint = sign_checkpoint(
-            &self.secrets,
-            self.ledger_id,
-            self.next_seq,
-            self.head,
-            wall,
-        );
+        let checkpoint =
+            self.secrets
+                .sign_checkpoint(self.ledger_id, self.next_seq, self.head, wall);
         self.store.commit(
             &entries,
             Some((checkpoint.size, checkpoint.to_text().as_bytes())),
@@ -577,21 +532,9 @@ impl Writer {
         let (mut next, ephemeral) = EpochSecrets::generate(epoch, &self.recipient, self.ledger_id)?;
         next.from_seq = seq;
         next.since_ms = wall;
-        let header = Header {
-            entry_type: EntryType::Epoch,
-            ledger_id: self.ledger_id,
-            seq,
-            epoch,
-            wall_ms: wall,
-            prev_hash: self.head,
-            nonce: [0; 24],
-            body_len: EPOCH_BODY_LEN as u32,
-        };
-        let mut bytes = header.encode().to_vec();
-        bytes.extend_from_slice(&next.verifying_key());
-        bytes.extend_from_slice(&ephemeral);
-        let sig = self.secrets.sign(&[DOMAIN_EPOCH, &bytes[..]].concat());
-        bytes.extend_from_slice(&sig);
+        let bytes =
+            self.secrets
+                .certify_epoch(&next, &ephemeral, self.ledger_id, seq, wall, self.head);
         let next_path = self.dir.join(files::WRITER_KEY_NEXT);
         let _ = fs::remove_file(&next_path);
         next.write(&next_path, self.ledger_id)?;

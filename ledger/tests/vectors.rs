@@ -1,9 +1,6 @@
 //! The test vectors of docs/FORMAT.md, rebuilt from their inputs byte for byte.
 
-use tally_ledger::format::{
-    entry_hash, key_id, Checkpoint, Entry, EntryType, Hash, Header, LedgerId, DOMAIN_GENESIS,
-    GENESIS_BODY_LEN, TAG_LEN,
-};
+use tally_ledger::format::{entry_hash, Checkpoint, Entry, LedgerId};
 use tally_ledger::keys::{verify_checkpoint, verify_signature, AuditorKey, EpochSecrets};
 use tally_ledger::Decision;
 
@@ -27,49 +24,22 @@ pub fn build() -> Vectors {
     let signer = EpochSecrets::from_bytes(0, [0x33; 32], [0; 32]);
     let vk = signer.verifying_key();
 
-    let gh = Header {
-        entry_type: EntryType::Genesis,
-        ledger_id: ID,
-        seq: 0,
-        epoch: 0,
-        wall_ms: WALL,
-        prev_hash: Hash::default(),
-        nonce: [0; 24],
-        body_len: GENESIS_BODY_LEN as u32,
-    };
-    let mut genesis = gh.encode().to_vec();
-    genesis.extend_from_slice(&vk);
-    genesis.extend_from_slice(&auditor.public());
-    genesis.extend_from_slice(&ephemeral_public);
-    let sig = signer.sign(&[DOMAIN_GENESIS, &genesis[..]].concat());
-    genesis.extend_from_slice(&sig);
+    let genesis = signer.genesis_entry(ID, WALL, &auditor.public(), &ephemeral_public);
 
     let mut nonce = [0x44u8; 24];
     nonce[16..].copy_from_slice(&1u64.to_be_bytes());
-    let dh = Header {
-        entry_type: EntryType::Decision,
-        ledger_id: ID,
-        seq: 1,
-        epoch: 0,
-        wall_ms: WALL + 1,
-        prev_hash: entry_hash(&genesis),
+    let decision = data.decision_entry(
+        ID,
+        1,
+        0,
+        WALL + 1,
+        entry_hash(&genesis),
         nonce,
-        body_len: (PLAINTEXT.len() + TAG_LEN) as u32,
-    };
-    let mut decision = dh.encode().to_vec();
-    data.seal_into(&nonce, PLAINTEXT.as_bytes(), &mut decision);
+        PLAINTEXT.as_bytes(),
+    );
 
     let head = entry_hash(&decision);
-    let body = Checkpoint::body_text(ID, 2, head, 0, WALL + 2);
-    let cp = Checkpoint {
-        ledger_id: ID,
-        size: 2,
-        head,
-        epoch: 0,
-        wall_ms: WALL + 2,
-        key_id: key_id(&vk),
-        signature: signer.sign(body.as_bytes()),
-    };
+    let cp = signer.sign_checkpoint(ID, 2, head, WALL + 2);
     Vectors {
         auditor_public: auditor.public(),
         ephemeral_public,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tally_ledger::export::{ExportError, ExportReader, ExportWriter};
-use tally_ledger::format::{entry_hash, key_id, Hash, Header, LedgerId};
+use tally_ledger::format::{entry_hash, Hash, Header, LedgerId};
 use tally_ledger::keys::{verify_signature, AuditorKey, EpochSecrets, LedgerPublic};
 use tally_ledger::ledger::files;
 use tally_ledger::store::{open_copy, Store};
@@ -455,16 +455,7 @@ pub fn sign_checkpoint(
     head: Hash,
     wall_ms: u64,
 ) -> Checkpoint {
-    let body = Checkpoint::body_text(ledger_id, size, head, secrets.epoch, wall_ms);
-    Checkpoint {
-        ledger_id,
-        size,
-        head,
-        epoch: secrets.epoch,
-        wall_ms,
-        key_id: key_id(&secrets.verifying_key()),
-        signature: secrets.sign(body.as_bytes()),
-    }
+    secrets.sign_checkpoint(ledger_id, size, head, wall_ms)
 }
 
 /// A checkpoint as a frame.

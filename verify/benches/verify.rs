@@ -12,10 +12,7 @@ use std::time::Instant;
 use chacha20poly1305::aead::{AeadInPlace, KeyInit};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use tally_ledger::export::{ExportReader, ExportWriter};
-use tally_ledger::format::{
-    entry_hash, key_id, Checkpoint, EntryType, Hash, Header, LedgerId, DOMAIN_GENESIS,
-    GENESIS_BODY_LEN, TAG_LEN,
-};
+use tally_ledger::format::{entry_hash, LedgerId};
 use tally_ledger::keys::{agree_from_secret, AuditorKey, EpochSecrets, LedgerPublic};
 use tally_ledger::{Decision, Frame};
 use tally_verify::{verify, Options, Verdict};
@@ -65,22 +62,7 @@ fn synthesize(path: &std::path::Path, n: u64, auditor: &AuditorKey) -> (LedgerPu
     ))
     .unwrap();
     let wall = 1_700_000_000_000u64;
-    let gh = Header {
-        entry_type: EntryType::Genesis,
-        ledger_id: id,
-        seq: 0,
-        epoch: 0,
-        wall_ms: wall,
-        prev_hash: Hash::default(),
-        nonce: [0; 24],
-        body_len: GENESIS_BODY_LEN as u32,
-    };
-    let mut g = gh.encode().to_vec();
-    g.extend_from_slice(&vk);
-    g.extend_from_slice(&auditor.public());
-    g.extend_from_slice(&ephemeral);
-    let sig = signer.sign(&[DOMAIN_GENESIS, &g[..]].concat());
-    g.extend_from_slice(&sig);
+    let g = signer.genesis_entry(id, wall, &auditor.public(), &ephemeral);
     let mut head = entry_hash(&g);
     w.frame(&Frame::Entry(g)).unwrap();
     let mut bytes = 0u64;
@@ -88,32 +70,12 @@ fn synthesize(path: &std::path::Path, n: u64, auditor: &AuditorKey) -> (LedgerPu
         let plain = decision(seq);
         let mut nonce = [7u8; 24];
         nonce[16..].copy_from_slice(&seq.to_be_bytes());
-        let h = Header {
-            entry_type: EntryType::Decision,
-            ledger_id: id,
-            seq,
-            epoch: 0,
-            wall_ms: wall + seq,
-            prev_hash: head,
-            nonce,
-            body_len: (plain.len() + TAG_LEN) as u32,
-        };
-        let mut e = h.encode().to_vec();
-        data.seal_into(&nonce, &plain, &mut e);
+        let e = data.decision_entry(id, seq, 0, wall + seq, head, nonce, &plain);
         head = entry_hash(&e);
         bytes += e.len() as u64;
         w.frame(&Frame::Entry(e)).unwrap();
         if seq % 1000 == 0 || seq == n {
-            let body = Checkpoint::body_text(id, seq + 1, head, 0, wall + seq);
-            let cp = Checkpoint {
-                ledger_id: id,
-                size: seq + 1,
-                head,
-                epoch: 0,
-                wall_ms: wall + seq,
-                key_id: key_id(&vk),
-                signature: signer.sign(body.as_bytes()),
-            };
+            let cp = signer.sign_checkpoint(id, seq + 1, head, wall + seq);
             w.frame(&Frame::Checkpoint(cp.to_text().into_bytes()))
                 .unwrap();
         }
