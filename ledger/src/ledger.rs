@@ -170,7 +170,31 @@ impl Ledger {
         }
         let ledger_id = LedgerId(keys::random16());
         // Refuse a bad recipient before anything touches the disk.
-        let (mut secrets, ephemeral) = EpochSecrets::generate(0, recipient, ledger_id)?;
+        let (secrets, ephemeral) = EpochSecrets::generate(0, recipient, ledger_id)?;
+        let created = !dir.exists();
+        let result = Ledger::write_new(dir, ledger_id, secrets, &ephemeral, recipient, rotation);
+        if result.is_err() {
+            // Leave nothing half-made: the whole directory if we made it, else our files.
+            if created {
+                let _ = fs::remove_dir_all(dir);
+            } else {
+                for f in [files::CONFIG, files::WRITER_KEY, files::PUBLIC] {
+                    let _ = fs::remove_file(dir.join(f));
+                }
+                let _ = fs::remove_dir_all(dir.join("store"));
+            }
+        }
+        result
+    }
+
+    fn write_new(
+        dir: &Path,
+        ledger_id: LedgerId,
+        mut secrets: EpochSecrets,
+        ephemeral: &[u8; 32],
+        recipient: &[u8; 32],
+        rotation: Rotation,
+    ) -> Result<LedgerPublic> {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         #[cfg(unix)]
         {
@@ -182,7 +206,7 @@ impl Ledger {
         secrets.from_seq = 0;
         secrets.since_ms = wall;
         let vk = secrets.verifying_key();
-        let bytes = secrets.genesis_entry(ledger_id, wall, recipient, &ephemeral);
+        let bytes = secrets.genesis_entry(ledger_id, wall, recipient, ephemeral);
         let head = entry_hash(&bytes);
         let checkpoint = secrets.sign_checkpoint(ledger_id, 1, head, wall);
 

@@ -253,6 +253,30 @@ fn init_refuses_an_existing_ledger_and_open_a_missing_one() {
 }
 
 #[test]
+fn a_failed_init_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l");
+    let auditor = AuditorKey::generate();
+    // `store` already there counts as a ledger: refused before any write.
+    std::fs::create_dir_all(path.join("store")).unwrap();
+    assert!(matches!(
+        Ledger::init(&path, &auditor.public(), Rotation::default()),
+        Err(Error::AlreadyExists(_))
+    ));
+    std::fs::remove_dir(path.join("store")).unwrap();
+    // A directory where the key file's temporary copy goes: init fails after writing
+    // config.json, and takes back everything it wrote.
+    std::fs::create_dir(path.join("writer.tmp")).unwrap();
+    let r = Ledger::init(&path, &auditor.public(), Rotation::default());
+    assert!(matches!(r, Err(Error::Io { .. })), "{r:?}");
+    let left: Vec<_> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, ["writer.tmp"]);
+}
+
+#[test]
 fn a_low_order_recipient_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let r = Ledger::init(&dir.path().join("l"), &[0u8; 32], Rotation::default());

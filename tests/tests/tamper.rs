@@ -71,9 +71,18 @@ fn modified_header_field_is_caught() {
     // wall_ms of seq 6 (bytes 30..38), sealed by checkpoint 7.
     let mut frames = fx.frames();
     entry_mut(&mut frames, 6)[37] ^= 0x01;
-    assert_eq!(
-        findings(&verify_frames(&frames, &fx.options())),
-        [(CheckpointHeadMismatch, 7), (BrokenLink, 7)]
+    // When seq 6 and 7 share a millisecond, the bumped time also precedes seq 7's: a
+    // time_regression at 7 is then a correct extra finding, so it is allowed there only.
+    let all = findings(&verify_frames(&frames, &fx.options()));
+    let structural: Vec<_> = all
+        .iter()
+        .filter(|(k, _)| *k != TimeRegression)
+        .copied()
+        .collect();
+    assert_eq!(structural, [(CheckpointHeadMismatch, 7), (BrokenLink, 7)]);
+    assert!(
+        all.iter().all(|(k, seq)| *k != TimeRegression || *seq == 7),
+        "{all:?}"
     );
     // The header is the AEAD's associated data.
     assert_first(
