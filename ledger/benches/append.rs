@@ -5,6 +5,11 @@
 //! time per measurement (default 3).
 
 use std::io::Write;
+
+/// As in the `tally` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

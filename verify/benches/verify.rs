@@ -5,6 +5,10 @@
 //! every 1,000 entries, written by the format code straight to an export file (writing a
 //! million records through fsynced appends would measure the disk, not the verifier).
 
+/// As in the `tally` binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::fs::File;
 use std::io::BufWriter;
 use std::time::Instant;
