@@ -598,10 +598,37 @@ impl Decision {
             });
         }
         d.validate()?;
-        if d.to_canonical_json() != bytes {
+        // Re-encode straight into a comparison with the stored bytes: no second copy.
+        let mut same = SameBytes {
+            expected: bytes,
+            at: 0,
+        };
+        if serde_json::to_writer(&mut same, &d).is_err() || same.at != bytes.len() {
             return Err(DecisionError::NotCanonical);
         }
         Ok(d)
+    }
+}
+
+/// An `io::Write` that accepts exactly `expected`, byte for byte, and fails at the first
+/// difference (or at more bytes than expected).
+struct SameBytes<'a> {
+    expected: &'a [u8],
+    at: usize,
+}
+
+impl std::io::Write for SameBytes<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let end = self.at + buf.len();
+        if self.expected.get(self.at..end) != Some(buf) {
+            return Err(std::io::Error::other("differs from the canonical encoding"));
+        }
+        self.at = end;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

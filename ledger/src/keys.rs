@@ -91,6 +91,25 @@ impl DataKey {
             .unwrap_or_default()
     }
 
+    /// Decrypt a decision body into `out` (cleared first), reusing its allocation; fails
+    /// if header or body were modified or the key is wrong.
+    pub fn open_into(
+        &self,
+        nonce: &[u8; 24],
+        header: &[u8],
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), CryptoError> {
+        out.clear();
+        let Some(split) = body.len().checked_sub(TAG_LEN) else {
+            return Err(CryptoError::Decrypt);
+        };
+        out.extend_from_slice(&body[..split]);
+        self.cipher
+            .decrypt_in_place_detached(XNonce::from_slice(nonce), header, out, body[split..].into())
+            .map_err(|_| CryptoError::Decrypt)
+    }
+
     /// Decrypt a decision body; fails if header or body were modified or the key is wrong.
     pub fn open(
         &self,

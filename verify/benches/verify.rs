@@ -32,6 +32,12 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// A run's attempts are numbered 1, 2, 3, ...: allow `i` (odd) of run `i % 97` is that
+/// run's attempt `i / 194 + 1`.
+fn attempt(i: u64) -> u64 {
+    i / 194 + 1
+}
+
 /// Decision `i`: odd ones are the outcome of the allow before them, as a gate records.
 fn decision(i: u64) -> Vec<u8> {
     if i.is_multiple_of(2) {
@@ -39,15 +45,16 @@ fn decision(i: u64) -> Vec<u8> {
             r#"{{"run":"run-{}","kind":"outcome","worker":"w{}","at_ms":{i},"attempt":{},"status":"ok","settled_cents":1,"remote_ref":"ea91","observed":"running"}}"#,
             (i - 1) % 97,
             (i - 1) % 8,
-            i - 1
+            attempt(i - 1)
         ))
         .unwrap();
         return d.to_canonical_json();
     }
     let mut d = Decision::from_json(&format!(
-        r#"{{"run":"run-{}","kind":"allow","worker":"w{}","at_ms":{i},"tool":"http.get","operation":"export.status:ea91","args":{{"url":"https://api.example.com/v1/exports/ea91","i":{i}}},"effect":"read","channel":"http","attempt":{i},"reserve_cents":2}}"#,
+        r#"{{"run":"run-{}","kind":"allow","worker":"w{}","at_ms":{i},"tool":"http.get","operation":"export.status:ea91","args":{{"url":"https://api.example.com/v1/exports/ea91","i":{i}}},"effect":"read","channel":"http","attempt":{},"reserve_cents":2}}"#,
         i % 97,
-        i % 8
+        i % 8,
+        attempt(i)
     ))
     .unwrap();
     d.seal_args();

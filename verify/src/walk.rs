@@ -134,12 +134,15 @@ pub fn verify(
             let work_rx = Arc::new(Mutex::new(work_rx));
             for _ in 0..threads {
                 let (work_rx, done_tx) = (Arc::clone(&work_rx), done_tx.clone());
-                scope.spawn(move || loop {
-                    let job = work_rx.lock().map(|rx| rx.recv());
-                    let Ok(Ok((id, batch))) = job else { break };
-                    let opened: Opened = batch.iter().map(open).collect();
-                    if done_tx.send((id, batch, opened)).is_err() {
-                        break;
+                scope.spawn(move || {
+                    let mut plain = Vec::new();
+                    loop {
+                        let job = work_rx.lock().map(|rx| rx.recv());
+                        let Ok(Ok((id, batch))) = job else { break };
+                        let opened: Opened = batch.iter().map(|p| open(p, &mut plain)).collect();
+                        if done_tx.send((id, batch, opened)).is_err() {
+                            break;
+                        }
                     }
                 });
             }
@@ -717,13 +720,17 @@ impl Walk<'_> {
     }
 }
 
-fn open(p: &Pending) -> Result<Decision, String> {
+fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Decision, String> {
     let entry = Entry::decode(&p.bytes).map_err(|e| e.to_string())?;
-    let plain = p
-        .key
-        .open(&entry.header.nonce, entry.header_bytes(), entry.body())
+    p.key
+        .open_into(
+            &entry.header.nonce,
+            entry.header_bytes(),
+            entry.body(),
+            plain,
+        )
         .map_err(|e| e.to_string())?;
-    Decision::from_stored(&plain).map_err(|e| format!("invalid: {e}"))
+    Decision::from_stored(plain).map_err(|e| format!("invalid: {e}"))
 }
 
 fn short(h: &Hash) -> String {
