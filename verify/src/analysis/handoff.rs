@@ -506,7 +506,7 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
             ),
             Pattern::ExactRepetition | Pattern::RetryStorm => format!(
                 "do not repeat {name} with the same arguments unchanged: it looped {} times \
-                 as a {} (seq {}..{})",
+                 ({}, seq {}..{})",
                 l.count,
                 l.pattern.as_str().replace('_', " "),
                 l.first_seq,

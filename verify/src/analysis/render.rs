@@ -439,7 +439,7 @@ fn handoff_text(h: &Handoff, out: &mut String) {
     if h.loops > 0 || h.findings > 0 {
         let _ = writeln!(
             out,
-            "  Evidence: {} and {} (see tally loops and tally verify)",
+            "  Evidence: {} and {} (see tally loops)",
             plural(h.loops, "loop", "loops"),
             plural(h.findings, "audit finding", "audit findings")
         );
