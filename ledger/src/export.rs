@@ -132,19 +132,29 @@ pub fn export_frames(
     out: &Path,
 ) -> Result<(u64, u64)> {
     let tmp = out.with_extension("partial");
-    let file = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let mut w = ExportWriter::new(BufWriter::new(file)).map_err(|e| Error::io(&tmp, e))?;
-    for frame in frames {
-        w.frame(&frame?).map_err(|e| Error::io(&tmp, e))?;
+    let written = write_export(frames, &tmp);
+    if written.is_err() {
+        // Never leave a half-written export beside the real one.
+        let _ = std::fs::remove_file(&tmp);
     }
-    let counts = (w.entries, w.checkpoints);
-    let buf = w.finish().map_err(|e| Error::io(&tmp, e))?;
-    let file = buf
-        .into_inner()
-        .map_err(|e| Error::io(&tmp, e.into_error()))?;
-    file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    let counts = written?;
     std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
     crate::keys::sync_parent(out)?;
+    Ok(counts)
+}
+
+fn write_export(frames: impl Iterator<Item = Result<Frame>>, tmp: &Path) -> Result<(u64, u64)> {
+    let file = std::fs::File::create(tmp).map_err(|e| Error::io(tmp, e))?;
+    let mut w = ExportWriter::new(BufWriter::new(file)).map_err(|e| Error::io(tmp, e))?;
+    for frame in frames {
+        w.frame(&frame?).map_err(|e| Error::io(tmp, e))?;
+    }
+    let counts = (w.entries, w.checkpoints);
+    let buf = w.finish().map_err(|e| Error::io(tmp, e))?;
+    let file = buf
+        .into_inner()
+        .map_err(|e| Error::io(tmp, e.into_error()))?;
+    file.sync_all().map_err(|e| Error::io(tmp, e))?;
     Ok(counts)
 }
 

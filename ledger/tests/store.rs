@@ -284,6 +284,21 @@ fn a_low_order_recipient_is_refused() {
     assert!(!dir.path().join("l").exists(), "nothing was created");
 }
 
+#[test]
+fn a_failed_export_leaves_no_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.tex");
+    let frames = vec![
+        Ok(Frame::Entry(vec![1, 2, 3])),
+        Err(Error::Store("the store failed mid-export".into())),
+    ];
+    assert!(matches!(
+        tally_ledger::export::export_frames(frames.into_iter(), &out),
+        Err(Error::Store(_))
+    ));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
 fn export_bytes(l: &Ledger) -> Vec<u8> {
     let mut w = ExportWriter::new(Vec::new()).unwrap();
     for f in frames(l) {
