@@ -23,7 +23,7 @@ use crate::commit::{Job, LedgerState, Message};
 use crate::error::ApiError;
 use crate::limit::{Peer, RateLimit};
 use crate::parse::{parse_body, Framing};
-use crate::runs::{Delta, Runs};
+use crate::runs::Delta;
 use crate::wire::Health;
 
 /// Exports stream at most this many at once; more wait their turn.
@@ -35,10 +35,12 @@ const EXPORT_CHUNK: usize = 64 * 1024;
 pub(crate) struct App {
     pub ledger: Arc<Ledger>,
     pub state: Arc<LedgerState>,
-    pub runs: Runs,
     pub in_flight: Arc<Semaphore>,
     pub max_in_flight: usize,
     pub exports: Arc<Semaphore>,
+    /// Bodies over [`INLINE_PARSE_BYTES`] parsed at once: parsing expands JSON several
+    /// times over in memory, so this bounds the daemon's peak.
+    big_parses: Arc<Semaphore>,
     queue: mpsc::Sender<Message>,
     rate: Option<RateLimit>,
     max_body_bytes: usize,
@@ -68,12 +70,12 @@ impl App {
     ) -> App {
         let max_in_flight = limits.max_in_flight.max(1);
         App {
-            runs: Runs::new(state.checkpoint().size),
             ledger,
             state,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             exports: Arc::new(Semaphore::new(MAX_EXPORTS)),
+            big_parses: Arc::new(Semaphore::new(4)),
             queue,
             rate: limits.rate_per_sec.map(RateLimit::new),
             max_body_bytes: limits.max_body_bytes,
@@ -98,7 +100,54 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/export", get(get_export))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(tcp_guard))
         .with_state(app)
+}
+
+/// Over loopback TCP, any local program can connect, a web page in a local browser
+/// included. Refuse what a browser sends: an `Origin` header (cross-site requests), a
+/// `Host` that is not loopback (DNS rebinding), and a POST without an explicit JSON or
+/// NDJSON content type (a "simple" request needs no preflight). The Unix socket, whose
+/// peers are checked by file permissions, is not affected.
+async fn tcp_guard(request: Request, next: axum::middleware::Next) -> Response {
+    if request.extensions().get::<Peer>() == Some(&Peer::Tcp) {
+        let headers = request.headers();
+        let refuse = |why: &str| {
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("{why}; use the Unix socket, or a client that is not a browser"),
+            )
+            .close()
+            .into_response()
+        };
+        if headers.contains_key(header::ORIGIN) {
+            return refuse(
+                "requests with an Origin header (from a browser page) are refused over TCP",
+            );
+        }
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        let name = match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => host.split(':').next().unwrap_or(""),
+        };
+        if !matches!(name, "localhost" | "127.0.0.1" | "::1") {
+            return refuse("the Host header must name the loopback address");
+        }
+        if request.method() == Method::POST && !headers.contains_key(header::CONTENT_TYPE) {
+            return ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "over TCP, send Content-Type application/json or application/x-ndjson",
+            )
+            .close()
+            .into_response();
+        }
+    }
+    next.run(request).await
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -213,23 +262,30 @@ async fn post_decisions(
     let (parts, body) = request.into_parts();
     let framing = framing(&parts.headers)?;
     if let Some(rate) = &app.rate {
-        // Refuse an over-limit client before reading its body; it pays below.
-        rate.take(peer, 0).map_err(rate_limited)?;
+        // Refuse an over-limit client before reading its body. Every request pays one
+        // token, so requests that fail to parse are not free; the rest is paid below.
+        rate.take(peer, 1).map_err(rate_limited)?;
     }
     if let Some(why) = app.state.failure() {
         return Err(ApiError::unavailable(why));
     }
+    // Read the whole body first (under the read timeout): a client that stalls holds
+    // only its own connection, never one of the in-flight slots every append needs.
+    let bytes = read_body(&app, &parts.headers, body).await?;
     // Backpressure: wait for an in-flight slot. It travels with the decisions to the
     // committer and is released once they are committed or refused.
     let permit = Arc::clone(&app.in_flight)
         .acquire_owned()
         .await
         .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
-    let bytes = read_body(&app, &parts.headers, body).await?;
     let max_batch = app.max_batch;
     let (deltas, plaintexts) = if bytes.len() <= INLINE_PARSE_BYTES {
         prepare(&bytes, framing, max_batch)?
     } else {
+        let _parsing = Arc::clone(&app.big_parses)
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
         tokio::task::spawn_blocking(move || prepare(&bytes, framing, max_batch))
             .await
             .map_err(|e| {
@@ -237,11 +293,16 @@ async fn post_decisions(
             })??
     };
     if let Some(rate) = &app.rate {
-        rate.take(peer, plaintexts.len()).map_err(rate_limited)?;
+        // The first decision was paid for above; a batch pays for the rest now.
+        if plaintexts.len() > 1 {
+            rate.take(peer, plaintexts.len() - 1)
+                .map_err(rate_limited)?;
+        }
     }
     let (reply, receipts) = oneshot::channel();
     let job = Job {
         plaintexts,
+        deltas,
         reply,
         permit,
     };
@@ -250,10 +311,7 @@ async fn post_decisions(
         .await
         .map_err(|_| ApiError::unavailable("the committer has stopped"))?;
     match receipts.await {
-        Ok(Ok(receipts)) => {
-            app.runs.apply(deltas, &receipts);
-            Ok(Json(receipts))
-        }
+        Ok(Ok(receipts)) => Ok(Json(receipts)),
         Ok(Err(why)) => Err(ApiError::unavailable(why)),
         Err(_) => Err(ApiError::unavailable(
             "the committer stopped before answering",
@@ -292,14 +350,14 @@ async fn get_run(
     State(app): State<Arc<App>>,
     Path(run): Path<String>,
 ) -> Result<Response, ApiError> {
-    match app.runs.get(&run) {
+    match app.state.runs.get(&run) {
         Some(counters) => Ok(Json(counters).into_response()),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "run_not_found",
             format!(
                 "no decision of run `{run}` was appended since this daemon started (seq {}); counters cover only those, `tally handoff` covers the whole ledger",
-                app.runs.since_seq()
+                app.state.runs.since_seq()
             ),
         )),
     }
@@ -325,10 +383,12 @@ async fn get_health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiErro
 }
 
 async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
-    let permit = Arc::clone(&app.exports)
-        .acquire_owned()
+    let permit = tokio::time::timeout(app.read_timeout, Arc::clone(&app.exports).acquire_owned())
         .await
+        .map_err(|_| ApiError::unavailable("too many exports in progress; retry later"))?
         .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
+    let stall = app.read_timeout;
+    let runtime = tokio::runtime::Handle::current();
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
     let (size_tx, size_rx) = oneshot::channel();
     let ledger = Arc::clone(&app.ledger);
@@ -338,6 +398,8 @@ async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
         let chunks = Chunks {
             tx: tx.clone(),
             buf: Vec::with_capacity(EXPORT_CHUNK),
+            stall,
+            runtime,
         };
         let written = (|| {
             let mut w = ExportWriter::new(chunks)?;
@@ -349,7 +411,8 @@ async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
         if let Err(e) = written {
             // The body ends in an error: the client sees a torn export, never a short
             // one that looks complete (an export without its end frame is refused).
-            let _ = tx.blocking_send(Err(e));
+            // Best effort: a client that stopped reading must not hold this thread.
+            let _ = tx.try_send(Err(e));
         }
         // Release the ledger before the slot: shutdown waits on the slots, then the
         // ledger's lock must be free.
@@ -381,6 +444,10 @@ async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
 struct Chunks {
     tx: mpsc::Sender<io::Result<Bytes>>,
     buf: Vec<u8>,
+    /// A client that takes no chunk for this long is dropped (its export is torn), so a
+    /// reader that stalls cannot hold an export slot, or shutdown, for ever.
+    stall: Duration,
+    runtime: tokio::runtime::Handle,
 }
 
 impl Chunks {
@@ -392,9 +459,20 @@ impl Chunks {
             &mut self.buf,
             Vec::with_capacity(EXPORT_CHUNK),
         ));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "export client went away"))
+        match self
+            .runtime
+            .block_on(tokio::time::timeout(self.stall, self.tx.send(Ok(chunk))))
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "export client went away",
+            )),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "export client stopped reading",
+            )),
+        }
     }
 }
 

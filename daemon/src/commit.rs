@@ -21,6 +21,9 @@ pub(crate) const MAX_GROUP: usize = 16_384;
 /// One request's decisions, waiting to be committed.
 pub(crate) struct Job {
     pub plaintexts: Vec<Vec<u8>>,
+    /// The run counters' changes, applied here once the decisions are committed, so a
+    /// client that hangs up after sending cannot keep them out of the counters.
+    pub deltas: Vec<crate::runs::Delta>,
     pub reply: oneshot::Sender<Result<Vec<Receipt>, String>>,
     /// The request's in-flight slot: released only once its decisions are committed (or
     /// refused), even if the client went away.
@@ -40,6 +43,8 @@ pub(crate) struct LedgerState {
     pub checkpoint: Mutex<Checkpoint>,
     /// Why the ledger stopped accepting writes, once it has.
     pub failure: Mutex<Option<String>>,
+    /// Per-run counters of the decisions committed since the daemon started.
+    pub runs: crate::runs::Runs,
 }
 
 impl LedgerState {
@@ -111,6 +116,7 @@ fn commit(ledger: &Ledger, state: &LedgerState, mut jobs: Vec<Job>, count: usize
             // Split from the back so each request gets its own consecutive receipts.
             for (job, size) in jobs.into_iter().zip(sizes).rev() {
                 let mine = receipts.split_off(receipts.len() - size);
+                state.runs.apply(job.deltas, &mine);
                 let _ = job.reply.send(Ok(mine));
                 drop(job.permit);
             }
@@ -127,7 +133,13 @@ fn commit(ledger: &Ledger, state: &LedgerState, mut jobs: Vec<Job>, count: usize
     }
 }
 
-fn fail(state: &LedgerState, jobs: Vec<Job>, why: String) {
+fn fail(state: &LedgerState, jobs: Vec<Job>, detail: String) {
+    // The detail names files of the store and keys: it goes to the operator's log, and
+    // agents get a fixed message.
+    eprintln!(
+        "tally serve: the ledger failed a write and refuses appends until restarted: {detail}"
+    );
+    let why = "the ledger cannot write; appends are refused until the daemon is restarted (the daemon's log has the cause)".to_string();
     state
         .failure
         .lock()

@@ -58,7 +58,8 @@ pub struct ServeOptions {
     /// Give the socket file to this group, so agents in it can connect (default: the
     /// daemon's group).
     pub socket_gid: Option<u32>,
-    /// Largest request body accepted, in bytes (default 4 MiB); larger gets 413.
+    /// Largest request body accepted, in bytes (default 1 MiB); larger gets 413. Parsing
+    /// expands JSON several times over in memory, so keep it modest.
     pub max_body_bytes: usize,
     /// Most decisions in one request (default 10,000); more gets 413.
     pub max_batch: usize,
@@ -84,10 +85,10 @@ impl ServeOptions {
             listen: None,
             socket_mode: 0o660,
             socket_gid: None,
-            max_body_bytes: 4 * 1024 * 1024,
+            max_body_bytes: 1024 * 1024,
             max_batch: 10_000,
             max_in_flight: 256,
-            max_connections: 1024,
+            max_connections: 256,
             rate_per_sec: None,
             read_timeout: Duration::from_secs(10),
         }
@@ -156,6 +157,7 @@ pub async fn serve(
     let tcp = server::bind_tcp(options.listen).await?;
     let socket = server::Socket::bind(&options.socket, options.socket_mode, options.socket_gid)?;
     let state = Arc::new(commit::LedgerState {
+        runs: runs::Runs::new(checkpoint.size),
         checkpoint: std::sync::Mutex::new(checkpoint),
         failure: std::sync::Mutex::new(None),
     });

@@ -7,7 +7,6 @@
 //! passes once and the peer's next requests wait until the debt is repaid.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -16,8 +15,8 @@ use std::time::Instant;
 pub(crate) enum Peer {
     /// A Unix socket peer's user id (SO_PEERCRED).
     Uid(u32),
-    /// A TCP peer's address.
-    Ip(IpAddr),
+    /// A loopback TCP peer (all are one: their addresses are free to choose).
+    Tcp,
     /// A peer whose credentials could not be read.
     Unknown,
 }

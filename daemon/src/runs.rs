@@ -50,6 +50,26 @@ impl Delta {
     }
 }
 
+/// Runs whose counters are kept. Beyond it, the tenth least recently active are dropped
+/// (their `GET /v1/runs/{run}` answers 404): memory stays bounded whatever run names
+/// clients invent.
+pub(crate) const MAX_RUNS: usize = 100_000;
+
+/// Drop the tenth of the runs least recently active (amortised: once per MAX_RUNS / 10
+/// new runs).
+fn evict(table: &mut HashMap<String, RunCounters>) {
+    let mut by_age: Vec<(u64, String)> = table
+        .iter()
+        .map(|(run, c)| (c.last.as_ref().map_or(0, |l| l.seq), run.clone()))
+        .collect();
+    let drop = table.len() - MAX_RUNS + MAX_RUNS / 10;
+    let last = by_age.len() - 1;
+    by_age.select_nth_unstable(drop.min(last));
+    for (_, run) in by_age.into_iter().take(drop) {
+        table.remove(&run);
+    }
+}
+
 /// The counter table.
 pub(crate) struct Runs {
     since_seq: u64,
@@ -118,6 +138,9 @@ impl Runs {
                     status: delta.status,
                 });
             }
+        }
+        if table.len() > MAX_RUNS {
+            evict(&mut table);
         }
     }
 

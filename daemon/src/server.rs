@@ -171,7 +171,10 @@ pub(crate) async fn accept_loop(
             accepted = accept_tcp(tcp) => match accepted {
                 Ok((stream, addr)) => {
                     let _ = stream.set_nodelay(true);
-                    serve_connection(&builder, &graceful, &mut tasks, &router, stream, Peer::Ip(addr.ip()), permit);
+                    // Every loopback TCP client is one peer for the rate limit: any of
+                    // 127.0.0.0/8 reaches us, so per-address buckets could be multiplied.
+                    let _ = addr;
+                    serve_connection(&builder, &graceful, &mut tasks, &router, stream, Peer::Tcp, permit);
                 }
                 Err(e) => backoff(e).await,
             },

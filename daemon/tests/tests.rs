@@ -9,3 +9,4 @@ mod failure;
 mod kill;
 mod lifecycle;
 mod ownership;
+mod review;
