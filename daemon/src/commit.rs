@@ -71,7 +71,20 @@ pub(crate) fn start(
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("tally-committer".into())
-        .spawn(move || run(ledger, state, queue))
+        .spawn(move || {
+            let watch = Arc::clone(&state);
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run(ledger, state, queue)
+            }));
+            if ran.is_err() {
+                // Health and every later append must say so (fail closed), not "ok".
+                watch
+                    .failure
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(|| "the committer thread failed; appends are refused until the daemon is restarted".into());
+            }
+        })
 }
 
 fn run(ledger: Arc<Ledger>, state: Arc<LedgerState>, mut queue: mpsc::Receiver<Message>) {

@@ -34,19 +34,33 @@ pub(crate) struct Socket {
 
 impl Socket {
     /// Bind `path` with `mode` (and group `gid`) applied before any client can connect:
-    /// the socket is bound under a temporary name, its mode set, then renamed into place.
+    /// the socket is bound inside a private (0700) directory beside `path`, so no other
+    /// user can reach it while its mode is still the umask's, then its mode is set and it
+    /// is renamed into place.
     pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<Socket, DaemonError> {
+        use std::os::unix::fs::DirBuilderExt;
         clear_stale(path)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "tally.sock".into());
-        let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-        clear_stale(&tmp)?;
-        let listener = UnixListener::bind(&tmp).map_err(|source| DaemonError::Bind {
-            addr: path.display().to_string(),
-            source,
-        })?;
+        let private = path.with_file_name(format!(".{name}.{}.d", std::process::id()));
+        let _ = std::fs::remove_dir_all(&private);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&private)
+            .map_err(|e| DaemonError::io(&private, e))?;
+        let tmp = private.join(&name);
+        let listener = match UnixListener::bind(&tmp) {
+            Ok(l) => l,
+            Err(source) => {
+                let _ = std::fs::remove_dir_all(&private);
+                return Err(DaemonError::Bind {
+                    addr: path.display().to_string(),
+                    source,
+                });
+            }
+        };
         let placed = (|| {
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
             if gid.is_some() {
@@ -55,16 +69,14 @@ impl Socket {
             std::fs::rename(&tmp, path)?;
             std::fs::symlink_metadata(path)
         })();
+        let _ = std::fs::remove_dir_all(&private);
         match placed {
             Ok(meta) => Ok(Socket {
                 listener,
                 path: path.to_path_buf(),
                 dev_ino: (meta.dev(), meta.ino()),
             }),
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                Err(DaemonError::io(path, e))
-            }
+            Err(e) => Err(DaemonError::io(path, e)),
         }
     }
 

@@ -158,3 +158,24 @@ async fn tcp_refuses_what_a_browser_sends() {
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     daemon.shutdown().await.expect("shutdown");
 }
+
+/// The socket is bound inside a private directory, so no other user can connect before
+/// its mode is set; nothing of that directory is left beside the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_binding_leaves_only_the_socket() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let mut daemon = Daemon::start(|_| {}).await;
+    let dir = daemon.socket.parent().expect("parent").to_path_buf();
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with('.')),
+        "leftovers beside the socket: {names:?}"
+    );
+    let meta = std::fs::symlink_metadata(&daemon.socket).expect("socket");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    daemon.shutdown().await.expect("shutdown");
+}
