@@ -294,3 +294,11 @@ pub fn walk(ledger_dir: &Path, auditor: &AuditorKey) -> Chain {
         checkpoint,
     }
 }
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_loopback_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+}

@@ -7,7 +7,9 @@ use tally_daemon::wire::RunCounters;
 use tally_daemon::{DaemonError, ServeOptions};
 use tokio::io::AsyncWriteExt;
 
-use crate::common::{allow, get, new_ledger, open_ledger, read_until_closed, walk, Daemon};
+use crate::common::{
+    allow, free_loopback_addr, get, new_ledger, open_ledger, read_until_closed, walk, Daemon,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_the_request_in_flight_then_removes_the_socket() {
@@ -157,12 +159,7 @@ async fn the_socket_path_is_guarded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_loopback_serves_the_same_api() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let addr = free_loopback_addr();
     let mut daemon = Daemon::start(|o| o.listen = Some(addr)).await;
     let mut tcp = tally_daemon::client::Client::tcp(addr)
         .await

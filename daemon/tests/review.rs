@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::common::{allow, checkpoint_text, get, read_until_closed, Daemon};
+use crate::common::{allow, checkpoint_text, free_loopback_addr, get, read_until_closed, Daemon};
 
 fn size_of(checkpoint: &str) -> u64 {
     checkpoint
@@ -105,12 +105,8 @@ async fn tcp_raw(addr: std::net::SocketAddr, request: String) -> String {
 /// nothing is written; a plain client is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_refuses_what_a_browser_sends() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let addr = free_loopback_addr();
+    let port = addr.port();
     let mut daemon = Daemon::start(|o| o.listen = Some(addr)).await;
     let mut unix = daemon.client().await;
     let before = checkpoint_text(&mut unix).await;
