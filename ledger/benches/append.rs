@@ -193,7 +193,14 @@ fn main() {
     println!("## Durable appends (each acknowledged only after fsync and a signed checkpoint)\n");
     println!("| appenders | decisions/s | decisions per commit group | primitive bound/s | ratio | bytes on disk per decision |");
     println!("|---|---|---|---|---|---|");
+    // TALLY_BENCH_ONLY=8x1000 (comma-separated) runs only those lines.
+    let only = std::env::var("TALLY_BENCH_ONLY").ok();
     for (threads, batch) in [(1, 1), (16, 1), (64, 1), (4, 100), (8, 1000)] {
+        if let Some(only) = &only {
+            if !only.split(',').any(|l| l == format!("{threads}x{batch}")) {
+                continue;
+            }
+        }
         let r = durable(threads, batch);
         let rate = r.decisions as f64 / r.elapsed.as_secs_f64();
         let per_group = r.decisions as f64 / r.groups.max(1) as f64;

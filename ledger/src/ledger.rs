@@ -2,11 +2,18 @@
 //!
 //! There is no update, delete or rewind. Appends from many threads share commit groups:
 //! each group is encrypted and chained, sealed by one checkpoint, written in one atomic
-//! batch, flushed and fsynced once, and only then acknowledged.
+//! batch, flushed and fsynced, and only then acknowledged.
+//!
+//! Commit is a two-stage pipeline. The *commit* stage takes everything queued as one
+//! group, encrypts, chains, signs and writes it to the store; the *sync* stage makes
+//! everything written so far durable (flush and fsync) and then acknowledges it. While
+//! one group is being fsynced the next one is encrypted and written. A group is never
+//! acknowledged before an fsync that began after it was written.
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Condvar, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -75,14 +82,23 @@ impl Default for Rotation {
     }
 }
 
+type Reply = mpsc::Sender<Result<Vec<Receipt>>>;
+
 struct Pending {
     plaintexts: Vec<Vec<u8>>,
-    reply: mpsc::Sender<Result<Vec<Receipt>>>,
+    /// Start a new key epoch before this group (an explicit [`Ledger::rotate`]).
+    rotate: bool,
+    reply: Reply,
+}
+
+/// A group written to the store, waiting for an fsync before it is acknowledged.
+struct Applied {
+    replies: Vec<(Reply, Vec<Receipt>)>,
+    checkpoint: Checkpoint,
 }
 
 struct Writer {
     dir: PathBuf,
-    store: Store,
     ledger_id: LedgerId,
     recipient: [u8; 32],
     rotation: Rotation,
@@ -94,28 +110,51 @@ struct Writer {
     epoch_from_seq: u64,
     epoch_since_ms: u64,
     nonce_prefix: [u8; 16],
-    checkpoint: Checkpoint,
-    poisoned: Option<String>,
 }
 
-/// Decisions waiting for the next commit group, and whether a leader is committing.
-#[derive(Default)]
+/// The commit pipeline's shared state.
 struct Queue {
+    /// Decisions waiting for the next group.
     pending: Vec<Pending>,
-    leader: bool,
+    /// Groups written, waiting for the next fsync.
+    applied: Vec<Applied>,
+    /// Someone holds the commit role (encrypting and writing a group).
+    committing: bool,
+    /// Someone holds the sync role (flushing and fsyncing).
+    syncing: bool,
+    /// The latest checkpoint whose group is durable and acknowledged.
+    durable: Checkpoint,
+    /// Set once a write or fsync failed: whether earlier groups are durable is then
+    /// unknown, so everything after is refused.
+    poisoned: Option<String>,
+    /// The ledger is being dropped: the threads finish what is queued and exit.
+    closing: bool,
+}
+
+/// What the appenders and the two pipeline threads share.
+struct Shared {
+    store: Store,
+    queue: Mutex<Queue>,
+    /// Signalled when decisions are queued, or a written group was taken by the syncer.
+    to_commit: Condvar,
+    /// Signalled when a group is written.
+    to_sync: Condvar,
+    writer: Mutex<Writer>,
 }
 
 /// An open ledger: the append side. Holds the store's exclusive lock.
 ///
-/// Group commit: an appender queues its decisions; if no commit is under way it becomes
-/// the leader and commits everything queued as one group; otherwise it waits until its
-/// receipts arrive or the leader's slot is free.
+/// Group commit: an appender queues its decisions and waits for its receipts. A group is
+/// written while the previous one is made durable; the next group starts only once the
+/// syncer has taken the one before, so the queue keeps filling (and groups stay large)
+/// while an fsync runs. Each role is taken by an appender when the pipeline is idle
+/// (no hand-off latency for a lone appender) and by the ledger's own committer and
+/// syncer threads under load.
 pub struct Ledger {
     dir: PathBuf,
     ledger_id: LedgerId,
-    queue: Mutex<Queue>,
-    turn: Condvar,
-    writer: Mutex<Writer>,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 fn now_ms() -> u64 {
@@ -126,8 +165,8 @@ fn now_ms() -> u64 {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock poisons the ledger through `Writer::poisoned` where
-    // it matters; the data itself stays consistent, so recover the guard.
+    // A panic in a commit stage poisons the ledger (see `RoleGuard`), so a guard recovered
+    // from a panicking thread is never used to write again.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -300,7 +339,6 @@ impl Ledger {
         let cipher = keys::data_key(&secrets.data);
         let writer = Writer {
             dir: dir.to_path_buf(),
-            store,
             ledger_id,
             recipient: g.recipient,
             rotation,
@@ -312,16 +350,42 @@ impl Ledger {
             secrets,
             cipher,
             nonce_prefix: keys::random16(),
-            checkpoint,
-            poisoned: None,
         };
-        Ok(Ledger {
+        let shared = Arc::new(Shared {
+            store,
+            queue: Mutex::new(Queue {
+                pending: Vec::new(),
+                applied: Vec::new(),
+                committing: false,
+                syncing: false,
+                durable: checkpoint,
+                poisoned: None,
+                closing: false,
+            }),
+            to_commit: Condvar::new(),
+            to_sync: Condvar::new(),
+            writer: Mutex::new(writer),
+        });
+        let mut ledger = Ledger {
             dir: dir.to_path_buf(),
             ledger_id,
-            queue: Mutex::new(Queue::default()),
-            turn: Condvar::new(),
-            writer: Mutex::new(writer),
-        })
+            shared,
+            threads: Vec::with_capacity(2),
+        };
+        type Stage = fn(&Shared);
+        let stages: [(&str, Stage); 2] = [
+            ("tally-commit", Shared::commit_loop),
+            ("tally-sync", Shared::sync_loop),
+        ];
+        for (name, stage) in stages {
+            let shared = Arc::clone(&ledger.shared);
+            let thread = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || stage(&shared))
+                .map_err(|e| Error::io(dir, e))?;
+            ledger.threads.push(thread);
+        }
+        Ok(ledger)
     }
 
     /// The ledger's id.
@@ -354,72 +418,67 @@ impl Ledger {
         if plaintexts.is_empty() {
             return Ok(Vec::new());
         }
-        let (reply, rx) = mpsc::channel();
-        let mut queue = lock(&self.queue);
-        queue.pending.push(Pending { plaintexts, reply });
-        loop {
-            if let Ok(result) = rx.try_recv() {
-                return result;
-            }
-            if !queue.leader {
-                queue = self.lead(queue, false);
-                continue;
-            }
-            queue = self.turn.wait(queue).unwrap_or_else(|e| e.into_inner());
-        }
+        self.submit(plaintexts, false)
     }
 
-    /// Commit everything queued as one group (the caller holds the leader's slot for the
-    /// duration), then wake the waiters: their receipts are already in their channels.
-    fn lead<'a>(
-        &'a self,
-        mut queue: MutexGuard<'a, Queue>,
-        force_rotate: bool,
-    ) -> MutexGuard<'a, Queue> {
-        queue.leader = true;
-        let group = std::mem::take(&mut queue.pending);
-        drop(queue);
-        if !group.is_empty() || force_rotate {
-            lock(&self.writer).commit(group, force_rotate);
+    /// Queue a group member and wait for its receipts. If the pipeline is idle, this
+    /// thread commits and syncs the group itself (no hand-off to wait for); otherwise
+    /// the pipeline threads take it up.
+    fn submit(&self, plaintexts: Vec<Vec<u8>>, rotate: bool) -> Result<Vec<Receipt>> {
+        let (reply, rx) = mpsc::channel();
+        let shared = &*self.shared;
+        let mut queue = lock(&shared.queue);
+        if let Some(why) = &queue.poisoned {
+            return Err(Error::Poisoned(why.clone()));
         }
-        let mut queue = lock(&self.queue);
-        queue.leader = false;
-        self.turn.notify_all();
-        queue
+        queue.pending.push(Pending {
+            plaintexts,
+            rotate,
+            reply,
+        });
+        if queue.committing || !queue.applied.is_empty() {
+            drop(queue);
+            shared.to_commit.notify_one();
+        } else {
+            queue = shared.commit_once(queue);
+            if !queue.syncing && !queue.applied.is_empty() {
+                queue = shared.sync_once(queue);
+            }
+            drop(queue);
+        }
+        rx.recv().unwrap_or_else(|_| {
+            Err(Error::Poisoned(
+                "the commit pipeline stopped before answering".into(),
+            ))
+        })
     }
 
     /// Move to a new key epoch now: the new keys are certified by the current signing
-    /// key inside the chain, and the current secrets are destroyed.
+    /// key inside the chain, and the current secrets are destroyed. Returns once the
+    /// certificate is durable and sealed.
     pub fn rotate(&self) -> Result<Checkpoint> {
-        let mut queue = lock(&self.queue);
-        while queue.leader {
-            queue = self.turn.wait(queue).unwrap_or_else(|e| e.into_inner());
-        }
-        drop(self.lead(queue, true));
-        let writer = lock(&self.writer);
-        match &writer.poisoned {
-            Some(why) => Err(Error::Poisoned(why.clone())),
-            None => Ok(writer.checkpoint.clone()),
-        }
+        self.submit(Vec::new(), true)?;
+        Ok(self.checkpoint())
     }
 
-    /// The latest signed checkpoint.
+    /// The latest signed checkpoint whose entries are durable.
     pub fn checkpoint(&self) -> Checkpoint {
-        lock(&self.writer).checkpoint.clone()
+        lock(&self.shared.queue).durable.clone()
     }
 
     /// The current key epoch.
     pub fn epoch(&self) -> u32 {
-        lock(&self.writer).secrets.epoch
+        lock(&self.shared.writer).secrets.epoch
     }
 
     /// A consistent snapshot of the ledger up to its latest checkpoint, in frame order.
     /// Appends continue while it is read.
     pub fn snapshot(&self) -> Snapshot {
-        let writer = lock(&self.writer);
+        // Entries written after the durable checkpoint are skipped by the size bound.
+        let size = self.checkpoint().size;
         Snapshot {
-            size: writer.checkpoint.size,
-            frames: writer.store.frames(),
+            size,
+            frames: self.shared.store.frames(),
         }
     }
 
@@ -466,43 +525,207 @@ impl Iterator for Snapshot {
     }
 }
 
-impl Writer {
-    fn commit(&mut self, group: Vec<Pending>, force_rotate: bool) {
-        if let Some(why) = &self.poisoned {
-            for p in group {
-                let _ = p.reply.send(Err(Error::Poisoned(why.clone())));
-            }
-            return;
+/// Answer every reply with a refusal: the first with the error itself, the rest with
+/// the ledger's poisoned state.
+fn refuse(replies: impl Iterator<Item = Reply>, first: Error, why: &str) {
+    let mut first = Some(first);
+    for reply in replies {
+        let e = first
+            .take()
+            .unwrap_or_else(|| Error::Poisoned(why.to_string()));
+        let _ = reply.send(Err(e));
+    }
+}
+
+impl Drop for Ledger {
+    /// Let the pipeline threads finish and exit, so the store's lock is released when
+    /// this returns. Nothing is in flight: no appender outlives its borrow.
+    fn drop(&mut self) {
+        lock(&self.shared.queue).closing = true;
+        self.shared.to_commit.notify_all();
+        self.shared.to_sync.notify_all();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
         }
-        match self.write_group(&group, force_rotate) {
-            Ok(mut receipts) => {
-                for p in group.into_iter().rev() {
-                    let mine = receipts.split_off(receipts.len() - p.plaintexts.len());
-                    let _ = p.reply.send(Ok(mine));
+    }
+}
+
+/// The two roles of the commit pipeline.
+#[derive(Clone, Copy)]
+enum Role {
+    Commit,
+    Sync,
+}
+
+impl Shared {
+    /// The committer thread: commits queued decisions whenever no one else does.
+    fn commit_loop(&self) {
+        let mut queue = lock(&self.queue);
+        loop {
+            // Start a group only once the syncer has taken the one before, so the next
+            // group gathers everything that arrives during an fsync.
+            if queue.committing || queue.pending.is_empty() || !queue.applied.is_empty() {
+                if queue.closing && queue.pending.is_empty() {
+                    return;
                 }
+                queue = self
+                    .to_commit
+                    .wait(queue)
+                    .unwrap_or_else(|e| e.into_inner());
+                continue;
             }
-            Err(e) => {
-                // Durability of this group is unknown: refuse everything from now on.
-                let why = e.to_string();
-                self.poisoned = Some(why.clone());
-                let mut group = group.into_iter();
-                if let Some(first) = group.next() {
-                    let _ = first.reply.send(Err(e));
-                }
-                for p in group {
-                    let _ = p.reply.send(Err(Error::Poisoned(why.clone())));
-                }
+            queue = self.commit_once(queue);
+            if !queue.syncing && !queue.applied.is_empty() {
+                self.to_sync.notify_one();
             }
         }
     }
 
-    fn write_group(&mut self, group: &[Pending], force_rotate: bool) -> Result<Vec<Receipt>> {
+    /// The syncer thread: syncs written groups whenever no one else does.
+    fn sync_loop(&self) {
+        let mut queue = lock(&self.queue);
+        loop {
+            if queue.syncing || queue.applied.is_empty() {
+                if queue.closing && queue.applied.is_empty() && queue.pending.is_empty() {
+                    return;
+                }
+                queue = self.to_sync.wait(queue).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            queue = self.sync_once(queue);
+        }
+    }
+
+    /// Stage one, on the calling thread: encrypt, chain, sign and write everything
+    /// queued as one group, and leave it for the syncer.
+    fn commit_once<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        queue.committing = true;
+        let group = std::mem::take(&mut queue.pending);
+        let poisoned = queue.poisoned.clone();
+        drop(queue);
+        let guard = RoleGuard(self, Role::Commit);
+        let outcome = match poisoned {
+            Some(why) => Err((Error::Poisoned(why), group)),
+            None => lock(&self.writer).apply(&self.store, group),
+        };
+        std::mem::forget(guard);
+        let mut queue = lock(&self.queue);
+        queue.committing = false;
+        match outcome {
+            Ok(applied) => queue.applied.push(applied),
+            Err((e, group)) => {
+                let why = queue.poisoned.get_or_insert_with(|| e.to_string()).clone();
+                refuse(group.into_iter().map(|p| p.reply), e, &why);
+                if !queue.pending.is_empty() {
+                    self.to_commit.notify_one();
+                }
+            }
+        }
+        queue
+    }
+
+    /// Stage two, on the calling thread: flush and fsync everything written so far,
+    /// then acknowledge it.
+    fn sync_once<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        queue.syncing = true;
+        let groups = std::mem::take(&mut queue.applied);
+        let poisoned = queue.poisoned.clone();
+        drop(queue);
+        // The committer may start the next group now.
+        self.to_commit.notify_one();
+        let guard = RoleGuard(self, Role::Sync);
+        let synced = match poisoned {
+            Some(why) => Err(Error::Poisoned(why)),
+            None => self.store.sync(),
+        };
+        std::mem::forget(guard);
+        let mut queue = lock(&self.queue);
+        queue.syncing = false;
+        match synced {
+            Ok(()) => {
+                for group in groups {
+                    if group.checkpoint.size > queue.durable.size {
+                        queue.durable = group.checkpoint;
+                    }
+                    for (reply, receipts) in group.replies {
+                        let _ = reply.send(Ok(receipts));
+                    }
+                }
+            }
+            Err(e) => {
+                let why = queue.poisoned.get_or_insert_with(|| e.to_string()).clone();
+                let replies = groups
+                    .into_iter()
+                    .flat_map(|g| g.replies.into_iter().map(|(reply, _)| reply));
+                refuse(replies, e, &why);
+            }
+        }
+        if !queue.applied.is_empty() {
+            self.to_sync.notify_one();
+        }
+        queue
+    }
+}
+
+/// Held while a pipeline role runs without the queue's lock; forgotten when the role
+/// ends normally. If its thread panics instead, the ledger is poisoned, the role freed
+/// and every queued or written group dropped, so their appenders get an error rather
+/// than waiting forever, and later appends are refused.
+struct RoleGuard<'a>(&'a Shared, Role);
+
+impl Drop for RoleGuard<'_> {
+    fn drop(&mut self) {
+        let mut queue = lock(&self.0.queue);
+        queue
+            .poisoned
+            .get_or_insert_with(|| "a commit thread panicked".into());
+        match self.1 {
+            Role::Commit => queue.committing = false,
+            Role::Sync => queue.syncing = false,
+        }
+        queue.pending.clear();
+        queue.applied.clear();
+        drop(queue);
+        self.0.to_commit.notify_all();
+        self.0.to_sync.notify_all();
+    }
+}
+
+impl Writer {
+    /// Write one group to the store (not yet durable). On failure the group comes back
+    /// with the error, to be refused.
+    fn apply(
+        &mut self,
+        store: &Store,
+        group: Vec<Pending>,
+    ) -> std::result::Result<Applied, (Error, Vec<Pending>)> {
+        match self.write_group(store, &group) {
+            Ok((mut receipts, checkpoint)) => {
+                let mut replies = Vec::with_capacity(group.len());
+                for p in group.into_iter().rev() {
+                    let mine = receipts.split_off(receipts.len() - p.plaintexts.len());
+                    replies.push((p.reply, mine));
+                }
+                Ok(Applied {
+                    replies,
+                    checkpoint,
+                })
+            }
+            Err(e) => Err((e, group)),
+        }
+    }
+
+    fn write_group(
+        &mut self,
+        store: &Store,
+        group: &[Pending],
+    ) -> Result<(Vec<Receipt>, Checkpoint)> {
         let wall = now_ms().max(self.last_wall);
         let count: usize = group.iter().map(|p| p.plaintexts.len()).sum();
         let mut entries: Vec<(u64, Vec<u8>)> = Vec::with_capacity(count + 1);
         let due = self.next_seq - self.epoch_from_seq >= self.rotation.records
             || wall.saturating_sub(self.epoch_since_ms) >= self.rotation.ms;
-        let rotated = force_rotate || due;
+        let rotated = group.iter().any(|p| p.rotate) || due;
         if rotated {
             entries.push(self.rotate(wall)?);
         }
@@ -532,19 +755,20 @@ impl Writer {
         let checkpoint =
             self.secrets
                 .sign_checkpoint(self.ledger_id, self.next_seq, self.head, wall);
-        self.store.commit(
+        store.apply(
             &entries,
             Some((checkpoint.size, checkpoint.to_text().as_bytes())),
         )?;
-        self.checkpoint = checkpoint;
         self.last_wall = wall;
         if rotated {
+            // The old key file may be replaced only once the certificate is durable.
+            store.sync()?;
             let key_path = self.dir.join(files::WRITER_KEY);
             fs::rename(self.dir.join(files::WRITER_KEY_NEXT), &key_path)
                 .map_err(|e| Error::io(&key_path, e))?;
             keys::sync_parent(&key_path)?;
         }
-        Ok(receipts)
+        Ok((receipts, checkpoint))
     }
 
     /// Start the next epoch: certify its keys with the current key, persist them as

@@ -93,6 +93,19 @@ impl Store {
         entries: &[(u64, Vec<u8>)],
         checkpoint: Option<(u64, &[u8])>,
     ) -> Result<()> {
+        self.apply(entries, checkpoint)?;
+        self.sync()
+    }
+
+    /// Write consecutive entries (with their seqs) and a checkpoint in one atomic batch,
+    /// without waiting for durability: a later [`Store::sync`] makes it durable together
+    /// with everything applied before that call. After a crash, sled recovers a prefix of
+    /// the batches applied, each whole or not at all.
+    pub fn apply(
+        &self,
+        entries: &[(u64, Vec<u8>)],
+        checkpoint: Option<(u64, &[u8])>,
+    ) -> Result<()> {
         let mut batch = sled::Batch::default();
         let mut value: Vec<u8> = Vec::new();
         let (mut first, mut count) = (0, 0);
@@ -114,12 +127,12 @@ impl Store {
         if let Some((size, text)) = checkpoint {
             batch.insert(&key(CHECKPOINT_PREFIX, size), text);
         }
-        self.db.apply_batch(batch).map_err(store_err)?;
-        self.sync()
+        self.db.apply_batch(batch).map_err(store_err)
     }
 
-    /// Flush sled and fsync its log file: after this returns, everything applied is
-    /// durable as far as the OS's fsync promises.
+    /// Flush sled and fsync its log file: after this returns, everything applied before
+    /// the call is durable as far as the OS's fsync promises. Safe to call while another
+    /// thread applies the next batch.
     pub fn sync(&self) -> Result<()> {
         self.db.flush().map_err(store_err)?;
         self.log
