@@ -17,6 +17,7 @@
 //! There is no update, delete or rewind anywhere in this API.
 #![forbid(unsafe_code)]
 
+mod canonical;
 pub mod decision;
 pub mod error;
 pub mod export;

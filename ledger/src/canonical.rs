@@ -1,0 +1,579 @@
+//! A fast reader for the one canonical form a stored decision may take.
+//!
+//! The stored plaintext of a decision is exactly `serde_json::to_vec` of the sealed
+//! decision: fields in declaration order, absent options omitted, no whitespace, strings
+//! escaped as serde_json escapes them, integers in plain decimal, `limits` keys in byte
+//! order. [`parse`] reads that form and nothing else; it is an accelerator only. When it
+//! returns `None` (any deviation at all, including ones that are still valid JSON), the
+//! caller falls back to the general strict parse, which either accepts the bytes or names
+//! precisely what is wrong. So the reader may refuse too much, never too little: whatever
+//! it accepts, the general parse accepts too, with an equal decision (the differential
+//! tests in `tests/decisions.rs` hold it to that).
+
+use std::collections::BTreeMap;
+
+use crate::decision::{Budget, Channel, Decision, Effect, Kind, Limit, Reason, Scope, Status};
+
+/// Read a canonical stored decision, or `None` if the bytes are not exactly in canonical
+/// form. Does not validate the decision against SPEC section 3.
+pub(crate) fn parse(bytes: &[u8]) -> Option<Decision> {
+    // Strings are copied out as they are; the whole text must be UTF-8.
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut r = Reader { text, at: 0 };
+    let d = r.decision()?;
+    (r.at == bytes.len()).then_some(d)
+}
+
+struct Reader<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
+    fn eat(&mut self, lit: &[u8]) -> bool {
+        if self.bytes()[self.at..].starts_with(lit) {
+            self.at += lit.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// `"name":`, preceded by a comma unless it is the object's first member.
+    fn key(&mut self, first: &mut bool, name: &str) -> bool {
+        let start = self.at;
+        if (*first || self.eat(b","))
+            && self.eat(b"\"")
+            && self.eat(name.as_bytes())
+            && self.eat(b"\":")
+        {
+            *first = false;
+            true
+        } else {
+            self.at = start;
+            false
+        }
+    }
+
+    /// A JSON string exactly as serde_json writes it: `"` and `\` escaped, control
+    /// characters as `\b \t \n \f \r` or else `\u00xx` (lowercase hex), nothing else.
+    fn string(&mut self) -> Option<String> {
+        if !self.eat(b"\"") {
+            return None;
+        }
+        let bytes = self.bytes();
+        let mut out = String::new();
+        let mut run = self.at;
+        loop {
+            let b = *bytes.get(self.at)?;
+            match b {
+                b'"' => {
+                    out.push_str(&self.text[run..self.at]);
+                    self.at += 1;
+                    return Some(out);
+                }
+                b'\\' => {
+                    out.push_str(&self.text[run..self.at]);
+                    let c = match *bytes.get(self.at + 1)? {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'b' => '\u{8}',
+                        b't' => '\t',
+                        b'n' => '\n',
+                        b'f' => '\u{c}',
+                        b'r' => '\r',
+                        b'u' => {
+                            let hex = bytes.get(self.at + 2..self.at + 6)?;
+                            if &hex[..2] != b"00" {
+                                return None;
+                            }
+                            let v = lower_hex(hex[2])? << 4 | lower_hex(hex[3])?;
+                            // Below 0x20, and not one of the five with a short escape.
+                            if v >= 0x20 || matches!(v, 0x08 | 0x09 | 0x0a | 0x0c | 0x0d) {
+                                return None;
+                            }
+                            self.at += 4;
+                            char::from(v)
+                        }
+                        _ => return None,
+                    };
+                    out.push(c);
+                    self.at += 2;
+                    run = self.at;
+                }
+                0..=0x1f => return None,
+                _ => self.at += 1,
+            }
+        }
+    }
+
+    /// A u64 in plain decimal: no sign, no leading zero, no fraction or exponent.
+    fn u64(&mut self) -> Option<u64> {
+        let bytes = self.bytes();
+        let start = self.at;
+        let mut v: u64 = 0;
+        while let Some(d) = bytes.get(self.at).filter(|b| b.is_ascii_digit()) {
+            v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+            self.at += 1;
+        }
+        let len = self.at - start;
+        if len == 0 || (len > 1 && bytes[start] == b'0') {
+            return None;
+        }
+        Some(v)
+    }
+
+    /// An enum's name: a string of lowercase letters and underscores.
+    fn word(&mut self) -> Option<&'a str> {
+        if !self.eat(b"\"") {
+            return None;
+        }
+        let start = self.at;
+        while self
+            .bytes()
+            .get(self.at)
+            .is_some_and(|b| b.is_ascii_lowercase() || *b == b'_')
+        {
+            self.at += 1;
+        }
+        let word = &self.text[start..self.at];
+        self.eat(b"\"").then_some(word)
+    }
+
+    fn decision(&mut self) -> Option<Decision> {
+        if !self.eat(b"{") {
+            return None;
+        }
+        let mut first = true;
+        let mut d = Decision::default();
+        // `run` and `kind` are always written; the rest only when present.
+        if !self.key(&mut first, "run") {
+            return None;
+        }
+        d.run = self.string()?;
+        if !self.key(&mut first, "kind") {
+            return None;
+        }
+        d.kind = Some(kind(self.word()?)?);
+        macro_rules! opt {
+            ($field:ident, $value:expr) => {
+                if self.key(&mut first, stringify!($field)) {
+                    d.$field = Some($value);
+                }
+            };
+        }
+        opt!(worker, self.string()?);
+        opt!(at_ms, self.u64()?);
+        opt!(goal, self.string()?);
+        opt!(budget, self.budget()?);
+        opt!(tool, self.string()?);
+        opt!(operation, self.string()?);
+        opt!(args_digest, self.string()?);
+        opt!(args_preview, self.string()?);
+        opt!(effect, effect(self.word()?)?);
+        opt!(idempotency_key, self.string()?);
+        opt!(target, self.string()?);
+        opt!(channel, channel(self.word()?)?);
+        opt!(depth, self.u64()?);
+        opt!(parent, self.string()?);
+        opt!(reason, reason(self.word()?)?);
+        opt!(attempt, self.u64()?);
+        opt!(reserve_cents, self.u64()?);
+        opt!(status, status(self.word()?)?);
+        opt!(settled_cents, self.u64()?);
+        opt!(remote_ref, self.string()?);
+        opt!(observed, self.string()?);
+        opt!(retry_after_ms, self.u64()?);
+        opt!(of, self.u64()?);
+        opt!(slots, self.u64()?);
+        opt!(cents, self.u64()?);
+        opt!(approver, self.string()?);
+        opt!(scope, self.scope()?);
+        opt!(digest, self.string()?);
+        opt!(expires_ms, self.u64()?);
+        opt!(note, self.string()?);
+        opt!(limits, self.limits()?);
+        self.eat(b"}").then_some(d)
+    }
+
+    fn budget(&mut self) -> Option<Budget> {
+        if !self.eat(b"{") {
+            return None;
+        }
+        let mut first = true;
+        let mut b = Budget::default();
+        macro_rules! opt {
+            ($field:ident) => {
+                if self.key(&mut first, stringify!($field)) {
+                    b.$field = Some(self.u64()?);
+                }
+            };
+        }
+        opt!(attempts);
+        opt!(deadline_ms);
+        opt!(spend_cents);
+        opt!(side_effects);
+        opt!(polls);
+        opt!(depth);
+        self.eat(b"}").then_some(b)
+    }
+
+    fn scope(&mut self) -> Option<Scope> {
+        if !self.eat(b"{") {
+            return None;
+        }
+        let mut first = true;
+        let mut s = Scope::default();
+        if self.key(&mut first, "attempts") {
+            s.attempts = Some(self.u64()?);
+        }
+        if self.key(&mut first, "cents") {
+            s.cents = Some(self.u64()?);
+        }
+        if self.key(&mut first, "tool") {
+            s.tool = Some(self.string()?);
+        }
+        if self.key(&mut first, "operation") {
+            s.operation = Some(self.string()?);
+        }
+        self.eat(b"}").then_some(s)
+    }
+
+    /// `{"name":{"used":n,"limit":n},...}` with names in strictly increasing byte order.
+    fn limits(&mut self) -> Option<BTreeMap<String, Limit>> {
+        if !self.eat(b"{") {
+            return None;
+        }
+        let mut limits = BTreeMap::new();
+        let mut last: Option<String> = None;
+        if self.eat(b"}") {
+            return Some(limits);
+        }
+        loop {
+            let name = self.string()?;
+            if last.as_ref().is_some_and(|l| *l >= name) {
+                return None;
+            }
+            if !self.eat(b":{\"used\":") {
+                return None;
+            }
+            let used = self.u64()?;
+            if !self.eat(b",\"limit\":") {
+                return None;
+            }
+            let limit = self.u64()?;
+            if !self.eat(b"}") {
+                return None;
+            }
+            limits.insert(name.clone(), Limit { used, limit });
+            last = Some(name);
+            if self.eat(b"}") {
+                return Some(limits);
+            }
+            if !self.eat(b",") {
+                return None;
+            }
+        }
+    }
+}
+
+fn lower_hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    }
+}
+
+fn kind(w: &str) -> Option<Kind> {
+    Some(match w {
+        "start" => Kind::Start,
+        "allow" => Kind::Allow,
+        "deny" => Kind::Deny,
+        "outcome" => Kind::Outcome,
+        "refund" => Kind::Refund,
+        "override" => Kind::Override,
+        "stop" => Kind::Stop,
+        _ => return None,
+    })
+}
+
+fn reason(w: &str) -> Option<Reason> {
+    Reason::ALL.iter().copied().find(|r| r.as_str() == w)
+}
+
+fn effect(w: &str) -> Option<Effect> {
+    Some(match w {
+        "read" => Effect::Read,
+        "idempotent_write" => Effect::IdempotentWrite,
+        "non_idempotent_write" => Effect::NonIdempotentWrite,
+        _ => return None,
+    })
+}
+
+fn status(w: &str) -> Option<Status> {
+    Some(match w {
+        "ok" => Status::Ok,
+        "error" => Status::Error,
+        "timeout" => Status::Timeout,
+        "running" => Status::Running,
+        "unknown" => Status::Unknown,
+        _ => return None,
+    })
+}
+
+fn channel(w: &str) -> Option<Channel> {
+    Some(match w {
+        "http" => Channel::Http,
+        "ssh" => Channel::Ssh,
+        "tool" => Channel::Tool,
+        "model" => Channel::Model,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The reader's one promise: whatever it accepts, serde_json reads as an equal
+    //! decision and re-encodes to the very same bytes. Checked on random decisions
+    //! (it must also accept all of them) and on random damage to their encodings.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z0-9._:-]{0,12}",
+            // Any characters: quotes, backslashes, controls, non-ASCII.
+            prop::collection::vec(any::<char>(), 0..10).prop_map(|v| v.into_iter().collect()),
+            prop::collection::vec(
+                prop::sample::select(vec![
+                    '"', '\\', '\u{0}', '\u{8}', '\u{1f}', '\u{7f}', 'é', '/'
+                ]),
+                0..6
+            )
+            .prop_map(|v| v.into_iter().collect()),
+        ]
+    }
+
+    fn num() -> impl Strategy<Value = u64> {
+        prop_oneof![Just(0), 0..1000u64, any::<u64>()]
+    }
+
+    fn o<T: std::fmt::Debug>(s: impl Strategy<Value = T>) -> impl Strategy<Value = Option<T>> {
+        proptest::option::of(s)
+    }
+
+    fn decision() -> BoxedStrategy<Decision> {
+        let kinds = prop::sample::select(vec![
+            Kind::Start,
+            Kind::Allow,
+            Kind::Deny,
+            Kind::Outcome,
+            Kind::Refund,
+            Kind::Override,
+            Kind::Stop,
+        ]);
+        let budget = (o(num()), o(num()), o(num()), o(num()), o(num()), o(num())).prop_map(
+            |(attempts, deadline_ms, spend_cents, side_effects, polls, depth)| Budget {
+                attempts,
+                deadline_ms,
+                spend_cents,
+                side_effects,
+                polls,
+                depth,
+            },
+        );
+        let scope = (o(num()), o(num()), o(text()), o(text())).prop_map(
+            |(attempts, cents, tool, operation)| Scope {
+                attempts,
+                cents,
+                tool,
+                operation,
+            },
+        );
+        let limits = prop::collection::btree_map(
+            text(),
+            (num(), num()).prop_map(|(used, limit)| Limit { used, limit }),
+            0..4,
+        );
+        let effect = prop::sample::select(vec![
+            Effect::Read,
+            Effect::IdempotentWrite,
+            Effect::NonIdempotentWrite,
+        ]);
+        let status = prop::sample::select(vec![
+            Status::Ok,
+            Status::Error,
+            Status::Timeout,
+            Status::Running,
+            Status::Unknown,
+        ]);
+        let channel = prop::sample::select(vec![
+            Channel::Http,
+            Channel::Ssh,
+            Channel::Tool,
+            Channel::Model,
+        ]);
+        let a = (
+            text(),
+            kinds,
+            o(text()),
+            o(num()),
+            o(text()),
+            o(budget),
+            o(text()),
+            o(text()),
+        )
+            .boxed();
+        let b = (
+            o(text()),
+            o(text()),
+            o(effect),
+            o(text()),
+            o(text()),
+            o(channel),
+            o(num()),
+            o(text()),
+        )
+            .boxed();
+        let c = (
+            o(prop::sample::select(Reason::ALL.to_vec())),
+            o(num()),
+            o(num()),
+            o(status),
+            o(num()),
+            o(text()),
+            o(text()),
+            o(num()),
+        )
+            .boxed();
+        let e = (
+            o(num()),
+            o(num()),
+            o(num()),
+            o(text()),
+            o(scope),
+            o(text()),
+            o(num()),
+            o(text()),
+        )
+            .boxed();
+        (a, b, c, e, o(limits))
+            .prop_map(|(a, b, c, e, limits)| Decision {
+                run: a.0,
+                kind: Some(a.1),
+                worker: a.2,
+                at_ms: a.3,
+                goal: a.4,
+                budget: a.5,
+                tool: a.6,
+                operation: a.7,
+                args: None,
+                args_digest: b.0,
+                args_preview: b.1,
+                effect: b.2,
+                idempotency_key: b.3,
+                target: b.4,
+                channel: b.5,
+                depth: b.6,
+                parent: b.7,
+                reason: c.0,
+                attempt: c.1,
+                reserve_cents: c.2,
+                status: c.3,
+                settled_cents: c.4,
+                remote_ref: c.5,
+                observed: c.6,
+                retry_after_ms: c.7,
+                of: e.0,
+                slots: e.1,
+                cents: e.2,
+                approver: e.3,
+                scope: e.4,
+                digest: e.5,
+                expires_ms: e.6,
+                note: e.7,
+                limits,
+            })
+            .boxed()
+    }
+
+    /// If the reader accepts `bytes`, serde_json must read the same decision from them,
+    /// and that decision's canonical encoding must be `bytes` itself.
+    fn sound(bytes: &[u8]) -> Result<(), TestCaseError> {
+        if let Some(d) = parse(bytes) {
+            let general: Decision = serde_json::from_slice(bytes).map_err(|e| {
+                TestCaseError::fail(format!("accepted, serde refuses ({e}): {bytes:?}"))
+            })?;
+            prop_assert_eq!(&general, &d);
+            prop_assert_eq!(serde_json::to_vec(&d).unwrap(), bytes.to_vec());
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn reads_every_canonical_encoding(d in decision()) {
+            let bytes = serde_json::to_vec(&d).unwrap();
+            prop_assert_eq!(parse(&bytes), Some(d));
+        }
+
+        #[test]
+        fn accepts_nothing_serde_would_read_differently(
+            d in decision(),
+            edits in prop::collection::vec(
+                (any::<prop::sample::Index>(), 0u8..4, prop::sample::select(
+                    b" \"\\,:{}[]0123456789eE.-+uabfnrtxyz\x00\x1f\x7f".to_vec())),
+                1..4,
+            ),
+        ) {
+            let mut bytes = serde_json::to_vec(&d).unwrap();
+            for (at, op, b) in edits {
+                let i = at.index(bytes.len() + 1);
+                match op {
+                    0 => bytes.insert(i, b),
+                    1 if i < bytes.len() => { bytes.remove(i); }
+                    2 if i < bytes.len() => bytes[i] = b,
+                    3 if i < bytes.len() => bytes[i] ^= 1 << (b % 8),
+                    _ => {}
+                }
+            }
+            sound(&bytes)?;
+        }
+    }
+
+    #[test]
+    fn every_single_byte_edit_of_a_full_decision() {
+        let d = Decision::from_json(
+            r#"{"run":"r\"\\\n\u0001é","kind":"override","worker":"w","at_ms":0,"approver":"a","scope":{"attempts":3,"cents":10,"tool":"t","operation":"o"},"digest":"00","expires_ms":18446744073709551615,"note":"n","limits":{"a":{"used":0,"limit":1},"b":{"used":2,"limit":3}}}"#,
+        )
+        .unwrap();
+        let bytes = serde_json::to_vec(&d).unwrap();
+        assert_eq!(parse(&bytes), Some(d));
+        for i in 0..=bytes.len() {
+            if i < bytes.len() {
+                let mut cut = bytes.clone();
+                cut.remove(i);
+                sound(&cut).unwrap();
+                for b in 0..=255u8 {
+                    let mut m = bytes.clone();
+                    m[i] = b;
+                    sound(&m).unwrap();
+                }
+            }
+            for b in [b' ', b'0', b',', b'"', b'\\', b'}', b'{'] {
+                let mut m = bytes.clone();
+                m.insert(i, b);
+                sound(&m).unwrap();
+            }
+        }
+    }
+}
