@@ -19,7 +19,7 @@ use tally_ledger::export::ExportWriter;
 use tally_ledger::{Error as LedgerError, Ledger};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::commit::{Job, LedgerState, Message};
+use crate::commit::LedgerState;
 use crate::error::ApiError;
 use crate::limit::{Peer, RateLimit};
 use crate::parse::{parse_body, Framing};
@@ -41,7 +41,6 @@ pub(crate) struct App {
     /// Bodies over [`INLINE_PARSE_BYTES`] parsed at once: parsing expands JSON several
     /// times over in memory, so this bounds the daemon's peak.
     big_parses: Arc<Semaphore>,
-    queue: mpsc::Sender<Message>,
     rate: Option<RateLimit>,
     max_body_bytes: usize,
     max_batch: usize,
@@ -62,12 +61,7 @@ pub(crate) struct Limits {
 const INLINE_PARSE_BYTES: usize = 32 * 1024;
 
 impl App {
-    pub fn new(
-        ledger: Arc<Ledger>,
-        state: Arc<LedgerState>,
-        queue: mpsc::Sender<Message>,
-        limits: Limits,
-    ) -> App {
+    pub fn new(ledger: Arc<Ledger>, state: Arc<LedgerState>, limits: Limits) -> App {
         let max_in_flight = limits.max_in_flight.max(1);
         App {
             ledger,
@@ -76,17 +70,11 @@ impl App {
             max_in_flight,
             exports: Arc::new(Semaphore::new(MAX_EXPORTS)),
             big_parses: Arc::new(Semaphore::new(4)),
-            queue,
             rate: limits.rate_per_sec.map(RateLimit::new),
             max_body_bytes: limits.max_body_bytes,
             max_batch: limits.max_batch.max(1),
             read_timeout: limits.read_timeout,
         }
-    }
-
-    /// Tell the committer to finish; call only while holding every in-flight slot.
-    pub async fn stop_committer(&self) {
-        let _ = self.queue.send(Message::Stop).await;
     }
 }
 
@@ -272,8 +260,8 @@ async fn post_decisions(
     // Read the whole body first (under the read timeout): a client that stalls holds
     // only its own connection, never one of the in-flight slots every append needs.
     let bytes = read_body(&app, &parts.headers, body).await?;
-    // Backpressure: wait for an in-flight slot. It travels with the decisions to the
-    // committer and is released once they are committed or refused.
+    // Backpressure: wait for an in-flight slot. It travels with the decisions into the
+    // ledger and is released once they are committed or refused.
     let permit = Arc::clone(&app.in_flight)
         .acquire_owned()
         .await
@@ -299,22 +287,13 @@ async fn post_decisions(
                 .map_err(rate_limited)?;
         }
     }
-    let (reply, receipts) = oneshot::channel();
-    let job = Job {
-        plaintexts,
-        deltas,
-        reply,
-        permit,
-    };
-    app.queue
-        .send(Message::Job(job))
-        .await
-        .map_err(|_| ApiError::unavailable("the committer has stopped"))?;
-    match receipts.await {
+    let answer = crate::commit::submit(&app.ledger, &app.state, plaintexts, deltas, permit);
+    match answer.await {
         Ok(Ok(receipts)) => Ok(Json(receipts)),
         Ok(Err(why)) => Err(ApiError::unavailable(why)),
+        // The ledger always answers (an unanswered reply answers itself with an error).
         Err(_) => Err(ApiError::unavailable(
-            "the committer stopped before answering",
+            app.state.fail("the ledger dropped a request unanswered"),
         )),
     }
 }
@@ -364,7 +343,7 @@ async fn get_run(
 }
 
 async fn get_checkpoint(State(app): State<Arc<App>>) -> Response {
-    let text = app.state.checkpoint().to_text();
+    let text = app.ledger.checkpoint().to_text();
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
 
@@ -372,7 +351,7 @@ async fn get_health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiErro
     if let Some(why) = app.state.failure() {
         return Err(ApiError::unavailable(why));
     }
-    let checkpoint = app.state.checkpoint();
+    let checkpoint = app.ledger.checkpoint();
     Ok(Json(Health {
         status: "ok".into(),
         ledger_id: app.ledger.id().to_string(),

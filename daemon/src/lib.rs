@@ -158,22 +158,12 @@ pub async fn serve(
     let socket = server::Socket::bind(&options.socket, options.socket_mode, options.socket_gid)?;
     let state = Arc::new(commit::LedgerState {
         runs: runs::Runs::new(checkpoint.size),
-        checkpoint: std::sync::Mutex::new(checkpoint),
         failure: std::sync::Mutex::new(None),
     });
     let max_in_flight = options.max_in_flight.max(1);
-    let (queue, jobs) = tokio::sync::mpsc::channel(max_in_flight + 1);
-    let committer = match commit::start(Arc::clone(&ledger), Arc::clone(&state), jobs) {
-        Ok(handle) => handle,
-        Err(e) => {
-            socket.close();
-            return Err(DaemonError::Runtime(e));
-        }
-    };
     let app = Arc::new(api::App::new(
         ledger,
         Arc::clone(&state),
-        queue,
         api::Limits {
             max_body_bytes: options.max_body_bytes,
             max_in_flight,
@@ -205,14 +195,7 @@ pub async fn serve(
     let exports = Arc::clone(&app.exports)
         .acquire_many_owned(api::MAX_EXPORTS as u32)
         .await;
-    app.stop_committer().await;
     drop((drained, exports, app));
-    tokio::task::spawn_blocking(move || committer.join())
-        .await
-        .map_err(|e| DaemonError::Runtime(std::io::Error::other(e)))?
-        .map_err(|_| {
-            DaemonError::Runtime(std::io::Error::other("the committer thread panicked"))
-        })?;
     match state.failure() {
         Some(why) => Err(DaemonError::LedgerFailed(why)),
         None => Ok(()),

@@ -1,8 +1,8 @@
 //! Request bodies to decisions: one JSON object, or NDJSON (one object per line).
 //!
-//! Parsing is as strict as [`Decision::from_json`] (same `Deserialize`, unknown fields
-//! refused, trailing data refused) and goes through `serde_path_to_error` only to name
-//! the field path at fault.
+//! Parsing is exactly [`Decision::from_json`] (unknown fields, trailing data and structs
+//! written as arrays refused). Only when it refuses does the text go through
+//! `serde_path_to_error`, to name the field path at fault.
 
 use axum::http::StatusCode;
 use tally_ledger::Decision;
@@ -113,13 +113,22 @@ fn parse_one(text: &str) -> Result<Decision, OneError> {
             trailing: false,
         });
     }
+    let refused = match Decision::from_json(text) {
+        Ok(decision) => return Ok(decision),
+        Err(e) => e,
+    };
+    // Refused: parse again, tracking the path, to say where.
     let mut de = serde_json::Deserializer::from_str(text);
-    let decision: Decision = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let _: Decision = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         json_error(e.into_inner(), &path)
     })?;
     de.end().map_err(|e| json_error(e, "."))?;
-    Ok(decision)
+    // Only `from_json`'s own checks (a struct written as an array) are left.
+    Err(OneError {
+        error: ApiError::new(StatusCode::BAD_REQUEST, "invalid_type", refused.to_string()),
+        trailing: false,
+    })
 }
 
 fn json_error(e: serde_json::Error, path: &str) -> OneError {
@@ -282,8 +291,22 @@ mod unit {
                 "{text}"
             );
         }
-        // Stricter than serde's derive: the array form of a struct is refused.
+        // Stricter than serde's derive: the array form of a struct is refused, at the
+        // top and nested.
         assert!(parse_one(r#"["r","start"]"#).is_err());
+        let nested = r#"{"run":"r","kind":"start","budget":[1,2]}"#;
+        assert!(Decision::from_json(nested).is_err());
+        match parse_one(nested) {
+            Err(e) => {
+                assert_eq!(e.error.detail.code, "invalid_type");
+                assert!(
+                    e.error.detail.message.contains("budget"),
+                    "{}",
+                    e.error.detail.message
+                );
+            }
+            Ok(_) => panic!("a budget written as an array parsed"),
+        }
     }
 
     #[test]

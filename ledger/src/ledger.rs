@@ -82,7 +82,38 @@ impl Default for Rotation {
     }
 }
 
-type Reply = mpsc::Sender<Result<Vec<Receipt>>>;
+/// Most decisions a commit group gathers from the queue, so one group's latency and memory
+/// stay bounded. A single larger append is still one group (it is atomic).
+const MAX_GROUP: usize = 16_384;
+
+/// Where a group member's result goes: called exactly once, with its receipts once they
+/// are durable, or with the error that refused them. Dropped unanswered (a pipeline
+/// thread died), it answers with an error itself.
+struct Reply(Option<Done>);
+
+type Done = Box<dyn FnOnce(Result<Vec<Receipt>>) + Send>;
+
+impl Reply {
+    fn new(done: impl FnOnce(Result<Vec<Receipt>>) + Send + 'static) -> Reply {
+        Reply(Some(Box::new(done)))
+    }
+
+    fn send(mut self, result: Result<Vec<Receipt>>) {
+        if let Some(done) = self.0.take() {
+            done(result);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done(Err(Error::Poisoned(
+                "the commit pipeline stopped before answering".into(),
+            )));
+        }
+    }
+}
 
 struct Pending {
     plaintexts: Vec<Vec<u8>>,
@@ -122,6 +153,14 @@ struct Queue {
     committing: bool,
     /// Someone holds the sync role (flushing and fsyncing).
     syncing: bool,
+    /// The syncer is in sled's flush, which holds sled's lock: a commit would only wait
+    /// for it, so the next group starts once it is over (and gathers more meanwhile).
+    flushing: bool,
+    /// The committer thread is asleep, waiting for work (so it is woken only when it has
+    /// some: a condvar notify is a system call).
+    commit_idle: bool,
+    /// The syncer thread is asleep, waiting for work.
+    sync_idle: bool,
     /// The latest checkpoint whose group is durable and acknowledged.
     durable: Checkpoint,
     /// Set once a write or fsync failed: whether earlier groups are durable is then
@@ -358,6 +397,9 @@ impl Ledger {
                 applied: Vec::new(),
                 committing: false,
                 syncing: false,
+                flushing: false,
+                commit_idle: false,
+                sync_idle: false,
                 durable: checkpoint,
                 poisoned: None,
                 closing: false,
@@ -421,11 +463,39 @@ impl Ledger {
         self.submit(plaintexts, false)
     }
 
+    /// Queue prepared decisions and return at once. `done` is called exactly once: with
+    /// the receipts once the decisions are durable and sealed, or with the error that
+    /// refused them. Receipts are delivered in submission order. `done` runs on one of
+    /// the ledger's threads (or on this one, if the ledger already refuses appends); it
+    /// must be quick and must not append to this ledger (its thread would wait for itself).
+    pub fn submit_prepared(
+        &self,
+        plaintexts: Vec<Vec<u8>>,
+        done: impl FnOnce(Result<Vec<Receipt>>) + Send + 'static,
+    ) {
+        if plaintexts.is_empty() {
+            return done(Ok(Vec::new()));
+        }
+        let shared = &*self.shared;
+        let mut queue = lock(&shared.queue);
+        if let Some(why) = &queue.poisoned {
+            let e = Error::Poisoned(why.clone());
+            drop(queue);
+            return done(Err(e));
+        }
+        queue.pending.push(Pending {
+            plaintexts,
+            rotate: false,
+            reply: Reply::new(done),
+        });
+        shared.wake_committer(&queue);
+    }
+
     /// Queue a group member and wait for its receipts. If the pipeline is idle, this
     /// thread commits and syncs the group itself (no hand-off to wait for); otherwise
     /// the pipeline threads take it up.
     fn submit(&self, plaintexts: Vec<Vec<u8>>, rotate: bool) -> Result<Vec<Receipt>> {
-        let (reply, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::channel();
         let shared = &*self.shared;
         let mut queue = lock(&shared.queue);
         if let Some(why) = &queue.poisoned {
@@ -434,11 +504,13 @@ impl Ledger {
         queue.pending.push(Pending {
             plaintexts,
             rotate,
-            reply,
+            reply: Reply::new(move |result| {
+                let _ = tx.send(result);
+            }),
         });
-        if queue.committing || !queue.applied.is_empty() {
+        if queue.committing || queue.flushing || !queue.applied.is_empty() {
+            shared.wake_committer(&queue);
             drop(queue);
-            shared.to_commit.notify_one();
         } else {
             queue = shared.commit_once(queue);
             if !queue.syncing && !queue.applied.is_empty() {
@@ -526,14 +598,14 @@ impl Iterator for Snapshot {
 }
 
 /// Answer every reply with a refusal: the first with the error itself, the rest with
-/// the ledger's poisoned state.
+/// the ledger's poisoned state. Call without holding the queue's lock.
 fn refuse(replies: impl Iterator<Item = Reply>, first: Error, why: &str) {
     let mut first = Some(first);
     for reply in replies {
         let e = first
             .take()
             .unwrap_or_else(|| Error::Poisoned(why.to_string()));
-        let _ = reply.send(Err(e));
+        reply.send(Err(e));
     }
 }
 
@@ -545,7 +617,10 @@ impl Drop for Ledger {
         self.shared.to_commit.notify_all();
         self.shared.to_sync.notify_all();
         for thread in self.threads.drain(..) {
-            let _ = thread.join();
+            // A reply callback may hold the last handle: never join the thread itself.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -558,26 +633,50 @@ enum Role {
 }
 
 impl Shared {
+    /// Wake the committer thread if it sleeps and may start a group. Call holding the
+    /// queue's lock, after changing what it waits for.
+    fn wake_committer(&self, queue: &Queue) {
+        if queue.commit_idle
+            && !queue.committing
+            && !queue.flushing
+            && !queue.pending.is_empty()
+            && queue.applied.is_empty()
+        {
+            self.to_commit.notify_one();
+        }
+    }
+
+    /// Wake the syncer thread if it sleeps and has written groups to sync.
+    fn wake_syncer(&self, queue: &Queue) {
+        if queue.sync_idle && !queue.syncing && !queue.applied.is_empty() {
+            self.to_sync.notify_one();
+        }
+    }
+
     /// The committer thread: commits queued decisions whenever no one else does.
     fn commit_loop(&self) {
         let mut queue = lock(&self.queue);
         loop {
-            // Start a group only once the syncer has taken the one before, so the next
-            // group gathers everything that arrives during an fsync.
-            if queue.committing || queue.pending.is_empty() || !queue.applied.is_empty() {
+            // Start a group only once the syncer has taken the one before and sled's flush
+            // is over, so the next group gathers everything that arrives meanwhile.
+            if queue.committing
+                || queue.flushing
+                || queue.pending.is_empty()
+                || !queue.applied.is_empty()
+            {
                 if queue.closing && queue.pending.is_empty() {
                     return;
                 }
+                queue.commit_idle = true;
                 queue = self
                     .to_commit
                     .wait(queue)
                     .unwrap_or_else(|e| e.into_inner());
+                queue.commit_idle = false;
                 continue;
             }
             queue = self.commit_once(queue);
-            if !queue.syncing && !queue.applied.is_empty() {
-                self.to_sync.notify_one();
-            }
+            self.wake_syncer(&queue);
         }
     }
 
@@ -589,7 +688,9 @@ impl Shared {
                 if queue.closing && queue.applied.is_empty() && queue.pending.is_empty() {
                     return;
                 }
+                queue.sync_idle = true;
                 queue = self.to_sync.wait(queue).unwrap_or_else(|e| e.into_inner());
+                queue.sync_idle = false;
                 continue;
             }
             queue = self.sync_once(queue);
@@ -600,7 +701,18 @@ impl Shared {
     /// queued as one group, and leave it for the syncer.
     fn commit_once<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         queue.committing = true;
-        let group = std::mem::take(&mut queue.pending);
+        // Whole appends, oldest first, until the group holds MAX_GROUP decisions.
+        let mut count = 0;
+        let take = queue
+            .pending
+            .iter()
+            .take_while(|p| {
+                let room = count < MAX_GROUP;
+                count += p.plaintexts.len();
+                room
+            })
+            .count();
+        let group: Vec<Pending> = queue.pending.drain(..take).collect();
         let poisoned = queue.poisoned.clone();
         drop(queue);
         let guard = RoleGuard(self, Role::Commit);
@@ -615,10 +727,10 @@ impl Shared {
             Ok(applied) => queue.applied.push(applied),
             Err((e, group)) => {
                 let why = queue.poisoned.get_or_insert_with(|| e.to_string()).clone();
+                drop(queue);
                 refuse(group.into_iter().map(|p| p.reply), e, &why);
-                if !queue.pending.is_empty() {
-                    self.to_commit.notify_one();
-                }
+                queue = lock(&self.queue);
+                self.wake_committer(&queue);
             }
         }
         queue
@@ -628,41 +740,52 @@ impl Shared {
     /// then acknowledge it.
     fn sync_once<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         queue.syncing = true;
+        queue.flushing = true;
         let groups = std::mem::take(&mut queue.applied);
         let poisoned = queue.poisoned.clone();
         drop(queue);
-        // The committer may start the next group now.
-        self.to_commit.notify_one();
         let guard = RoleGuard(self, Role::Sync);
-        let synced = match poisoned {
+        let flushed = match poisoned {
             Some(why) => Err(Error::Poisoned(why)),
-            None => self.store.sync(),
+            None => self.store.flush(),
         };
-        std::mem::forget(guard);
+        {
+            // The committer may start the next group now, while the fsync runs.
+            let mut queue = lock(&self.queue);
+            queue.flushing = false;
+            self.wake_committer(&queue);
+        }
+        let synced = flushed.and_then(|()| self.store.fsync());
+        // The replies go out without the queue's lock (they may read the ledger), but
+        // still holding the sync role, so the next sync's replies cannot overtake them.
         let mut queue = lock(&self.queue);
-        queue.syncing = false;
         match synced {
             Ok(()) => {
-                for group in groups {
-                    if group.checkpoint.size > queue.durable.size {
-                        queue.durable = group.checkpoint;
+                if let Some(last) = groups.last() {
+                    if last.checkpoint.size > queue.durable.size {
+                        queue.durable = last.checkpoint.clone();
                     }
+                }
+                drop(queue);
+                for group in groups {
                     for (reply, receipts) in group.replies {
-                        let _ = reply.send(Ok(receipts));
+                        reply.send(Ok(receipts));
                     }
                 }
             }
             Err(e) => {
                 let why = queue.poisoned.get_or_insert_with(|| e.to_string()).clone();
+                drop(queue);
                 let replies = groups
                     .into_iter()
                     .flat_map(|g| g.replies.into_iter().map(|(reply, _)| reply));
                 refuse(replies, e, &why);
             }
         }
-        if !queue.applied.is_empty() {
-            self.to_sync.notify_one();
-        }
+        std::mem::forget(guard);
+        let mut queue = lock(&self.queue);
+        queue.syncing = false;
+        self.wake_syncer(&queue);
         queue
     }
 }
@@ -681,11 +804,16 @@ impl Drop for RoleGuard<'_> {
             .get_or_insert_with(|| "a commit thread panicked".into());
         match self.1 {
             Role::Commit => queue.committing = false,
-            Role::Sync => queue.syncing = false,
+            Role::Sync => {
+                queue.syncing = false;
+                queue.flushing = false;
+            }
         }
-        queue.pending.clear();
-        queue.applied.clear();
+        let pending = std::mem::take(&mut queue.pending);
+        let applied = std::mem::take(&mut queue.applied);
         drop(queue);
+        // Their replies answer with an error as they drop, outside the lock.
+        drop((pending, applied));
         self.0.to_commit.notify_all();
         self.0.to_sync.notify_all();
     }
@@ -706,6 +834,8 @@ impl Writer {
                     let mine = receipts.split_off(receipts.len() - p.plaintexts.len());
                     replies.push((p.reply, mine));
                 }
+                // In submission order, so receipts are delivered in seq order.
+                replies.reverse();
                 Ok(Applied {
                     replies,
                     checkpoint,

@@ -134,7 +134,19 @@ impl Store {
     /// the call is durable as far as the OS's fsync promises. Safe to call while another
     /// thread applies the next batch.
     pub fn sync(&self) -> Result<()> {
-        self.db.flush().map_err(store_err)?;
+        self.flush()?;
+        self.fsync()
+    }
+
+    /// The first half of [`Store::sync`]: sled writes out everything applied so far. Not
+    /// durable yet. sled holds its own lock meanwhile, so an `apply` waits for it.
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush().map(|_| ()).map_err(store_err)
+    }
+
+    /// The second half of [`Store::sync`]: fsync the log and any new blob files, making
+    /// what the last [`Store::flush`] wrote durable. An `apply` may run meanwhile.
+    pub fn fsync(&self) -> Result<()> {
         self.log
             .sync_all()
             .map_err(|e| Error::io(self.path.join("db"), e))?;

@@ -161,6 +161,61 @@ fn concurrent_appenders_get_unique_gap_free_seqs() {
 }
 
 #[test]
+fn submitted_appends_are_answered_once_each_in_seq_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, auditor) = new_ledger(&dir.path().join("l"), Rotation::default());
+    let l = Arc::new(l);
+    let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Waiting appenders in other threads share the groups.
+    let others: Vec<_> = (0..3)
+        .map(|t| {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                for i in 0..40 {
+                    l.append(decision(&format!("other{t}"), i)).unwrap();
+                }
+            })
+        })
+        .collect();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for i in 0..200u64 {
+        let batch = (0..1 + i % 3)
+            .map(|k| decision("async", 10 * i + k))
+            .collect();
+        let plaintexts = tally_ledger::ledger::prepare(batch).unwrap();
+        let (answers, done_tx, l2) = (Arc::clone(&answers), done_tx.clone(), Arc::clone(&l));
+        l.submit_prepared(plaintexts, move |result| {
+            let receipts = result.unwrap();
+            // Answered only once durable and sealed.
+            assert!(l2.checkpoint().size > receipts.last().unwrap().seq);
+            answers.lock().unwrap().push((i, receipts));
+            done_tx.send(()).unwrap();
+        });
+    }
+    for _ in 0..200 {
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap();
+    }
+    for t in others {
+        t.join().unwrap();
+    }
+    let answers = answers.lock().unwrap();
+    // Each submission answered once, in submission order, with increasing seqs.
+    assert_eq!(
+        answers.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        (0..200).collect::<Vec<_>>()
+    );
+    let seqs: Vec<u64> = answers
+        .iter()
+        .flat_map(|(_, r)| r.iter().map(|r| r.seq))
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(seqs.len(), (0..200).map(|i| 1 + i % 3).sum::<usize>());
+    assert_eq!(read_back(&l, &auditor).len(), seqs.len() + 120);
+}
+
+#[test]
 fn reopen_continues_the_chain() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l");
