@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -327,8 +328,16 @@ fn prepare(
 
 async fn get_run(
     State(app): State<Arc<App>>,
-    Path(run): Path<String>,
+    run: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    // A run name that is not UTF-8 (after percent-decoding) gets the typed error form too.
+    let Path(run) = run.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_run",
+            format!("the run name in the path is not valid: {}", e.body_text()),
+        )
+    })?;
     match app.state.runs.get(&run) {
         Some(counters) => Ok(Json(counters).into_response()),
         None => Err(ApiError::new(

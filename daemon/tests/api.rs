@@ -74,6 +74,11 @@ async fn health_checkpoint_and_run_counters() {
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     let e: ErrorReply = serde_json::from_slice(&missing.body).expect("typed error");
     assert_eq!(e.error.code, "run_not_found");
+    // A run name that is not UTF-8 once percent-decoded: the typed error form too.
+    let bad = get(&mut c, "/v1/runs/r%FF").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let e: ErrorReply = serde_json::from_slice(&bad.body).expect("typed error");
+    assert_eq!(e.error.code, "invalid_run");
 
     let reply = get(&mut c, "/v1/checkpoint").await;
     assert!(reply
