@@ -610,17 +610,22 @@ fn refuse(replies: impl Iterator<Item = Reply>, first: Error, why: &str) {
 }
 
 impl Drop for Ledger {
-    /// Let the pipeline threads finish and exit, so the store's lock is released when
-    /// this returns. Nothing is in flight: no appender outlives its borrow.
+    /// Let the pipeline threads answer what is queued (appends submitted with
+    /// [`Ledger::submit_prepared`] may still be) and exit, so the store's lock is released
+    /// when this returns.
     fn drop(&mut self) {
         lock(&self.shared.queue).closing = true;
         self.shared.to_commit.notify_all();
         self.shared.to_sync.notify_all();
+        // A reply callback may drop the last handle, on one of the pipeline threads. Then
+        // join neither (each may wait for the other to finish the queue): they answer
+        // what is queued and exit on their own, and the store's lock goes with them.
+        let me = std::thread::current().id();
+        if self.threads.iter().any(|t| t.thread().id() == me) {
+            return;
+        }
         for thread in self.threads.drain(..) {
-            // A reply callback may hold the last handle: never join the thread itself.
-            if thread.thread().id() != std::thread::current().id() {
-                let _ = thread.join();
-            }
+            let _ = thread.join();
         }
     }
 }
@@ -685,7 +690,11 @@ impl Shared {
         let mut queue = lock(&self.queue);
         loop {
             if queue.syncing || queue.applied.is_empty() {
-                if queue.closing && queue.applied.is_empty() && queue.pending.is_empty() {
+                if queue.closing
+                    && queue.applied.is_empty()
+                    && queue.pending.is_empty()
+                    && !queue.committing
+                {
                     return;
                 }
                 queue.sync_idle = true;
@@ -723,12 +732,26 @@ impl Shared {
         std::mem::forget(guard);
         let mut queue = lock(&self.queue);
         queue.committing = false;
+        // Poisoned while this group was written (the syncer failed or died): no one may
+        // sync it now, so it is refused, never left waiting.
+        let outcome = match (outcome, queue.poisoned.clone()) {
+            (Ok(applied), Some(why)) => {
+                let replies: Vec<Reply> = applied
+                    .replies
+                    .into_iter()
+                    .map(|(reply, _)| reply)
+                    .collect();
+                Err((Error::Poisoned(why), replies))
+            }
+            (Ok(applied), None) => Ok(applied),
+            (Err((e, group)), _) => Err((e, group.into_iter().map(|p| p.reply).collect())),
+        };
         match outcome {
             Ok(applied) => queue.applied.push(applied),
-            Err((e, group)) => {
+            Err((e, replies)) => {
                 let why = queue.poisoned.get_or_insert_with(|| e.to_string()).clone();
                 drop(queue);
-                refuse(group.into_iter().map(|p| p.reply), e, &why);
+                refuse(replies.into_iter(), e, &why);
                 queue = lock(&self.queue);
                 self.wake_committer(&queue);
             }

@@ -47,6 +47,11 @@ pub struct Store {
     /// Blob files already fsynced: sled writes large nodes to `blobs/` without syncing
     /// them, so each new one is synced once, at the commit that follows it.
     synced_blobs: Mutex<HashSet<std::ffi::OsString>>,
+    /// Serializes fsyncs, and remembers the first that failed. Linux reports a writeback
+    /// error to one fsync only: had two threads fsync the same file, the one that did not
+    /// see the error could take data it never wrote for durable. So once any fsync has
+    /// failed, every later one fails too.
+    fsync_failed: Mutex<Option<String>>,
 }
 
 impl Store {
@@ -84,6 +89,7 @@ impl Store {
             path,
             log,
             synced_blobs: Mutex::new(HashSet::new()),
+            fsync_failed: Mutex::new(None),
         })
     }
 
@@ -145,12 +151,24 @@ impl Store {
     }
 
     /// The second half of [`Store::sync`]: fsync the log and any new blob files, making
-    /// what the last [`Store::flush`] wrote durable. An `apply` may run meanwhile.
+    /// what the last [`Store::flush`] wrote durable. An `apply` may run meanwhile. Once
+    /// an fsync has failed, this fails for good (see `fsync_failed`).
     pub fn fsync(&self) -> Result<()> {
-        self.log
+        let mut failed = self.fsync_failed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &*failed {
+            return Err(Error::Store(format!(
+                "an earlier fsync failed, so durability is unknown: {why}"
+            )));
+        }
+        let synced = self
+            .log
             .sync_all()
-            .map_err(|e| Error::io(self.path.join("db"), e))?;
-        self.sync_new_blobs()
+            .map_err(|e| Error::io(self.path.join("db"), e))
+            .and_then(|()| self.sync_new_blobs());
+        if let Err(e) = &synced {
+            *failed = Some(e.to_string());
+        }
+        synced
     }
 
     /// fsync blob files written since the last sync, then the blobs directory. A blob

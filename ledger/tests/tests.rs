@@ -2,5 +2,6 @@
 
 mod crash;
 mod decisions;
+mod pipeline_review;
 mod store;
 mod vectors;
