@@ -18,6 +18,10 @@ use cli::{Cli, Command};
 use tally_ledger::Rotation;
 
 fn main() -> ExitCode {
+    // Transparent huge pages off for this process: the allocator returns memory and takes
+    // fresh pages again, and with THP each first touch zeroes 2 MiB (a tenth of the
+    // ledger's commit stage; docs/PERFORMANCE.md). A kernel without the prctl is fine too.
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(code) => ExitCode::from(code),

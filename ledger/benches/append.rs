@@ -76,23 +76,50 @@ struct Run {
     bytes_per_decision: f64,
 }
 
+/// How the appending threads come by their decisions.
+#[derive(Clone, Copy, PartialEq)]
+enum Callers {
+    /// Format and parse each decision's JSON, as the CLI and the daemon do.
+    Json,
+    /// Clone decisions built beforehand, as a gate that embeds the ledger does: the
+    /// appenders then leave the cores to the ledger.
+    Built,
+}
+
 /// `threads` appenders, each calling append_batch with `batch` decisions, for secs().
-fn durable(threads: usize, batch: usize) -> Run {
+fn durable(threads: usize, batch: usize, callers: Callers) -> Run {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("l");
     Ledger::init(&dir, &AuditorKey::generate().public(), Rotation::default()).unwrap();
     let ledger = Arc::new(Ledger::open(&dir).unwrap());
     let size0 = ledger.checkpoint().size;
+    let pools: Vec<Vec<Decision>> = (0..threads)
+        .map(|t| {
+            let first = t as u64 * 1_000_000_000;
+            match callers {
+                Callers::Json => Vec::new(),
+                Callers::Built => (0..batch)
+                    .map(|k| sample_decision(first + k as u64))
+                    .collect(),
+            }
+        })
+        .collect();
     let stop = Instant::now() + secs();
     let start = Instant::now();
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
+    let handles: Vec<_> = pools
+        .into_iter()
+        .enumerate()
+        .map(|(t, pool)| {
             let ledger = Arc::clone(&ledger);
             std::thread::spawn(move || {
                 let mut i = t as u64 * 1_000_000_000;
                 while Instant::now() < stop {
-                    let ds: Vec<Decision> =
-                        (0..batch).map(|k| sample_decision(i + k as u64)).collect();
+                    let ds: Vec<Decision> = match callers {
+                        Callers::Json => {
+                            (0..batch).map(|k| sample_decision(i + k as u64)).collect()
+                        }
+                        Callers::Built => pool.clone(),
+                    };
                     i += batch as u64;
                     ledger.append_batch(ds).unwrap();
                 }
@@ -113,7 +140,10 @@ fn durable(threads: usize, batch: usize) -> Run {
     drop(ledger);
     let bytes = dir_bytes(&dir.join("store"));
     Run {
-        label: format!("{threads} threads x append_batch({batch})"),
+        label: match callers {
+            Callers::Json => format!("{threads} threads x append_batch({batch})"),
+            Callers::Built => format!("{threads} threads x append_batch({batch}), built decisions"),
+        },
         decisions,
         groups,
         elapsed,
@@ -122,6 +152,10 @@ fn durable(threads: usize, batch: usize) -> Run {
 }
 
 fn main() {
+    // As the `tally` binary does (cli/src/main.rs); TALLY_BENCH_THP=1 keeps them on.
+    if std::env::var_os("TALLY_BENCH_THP").is_none() {
+        rustix::thread::disable_transparent_huge_pages(true).unwrap();
+    }
     // Raw primitives over the same sizes the ledger handles.
     let mut d = sample_decision(42);
     d.seal_args();
@@ -193,15 +227,28 @@ fn main() {
     println!("## Durable appends (each acknowledged only after fsync and a signed checkpoint)\n");
     println!("| appenders | decisions/s | decisions per commit group | primitive bound/s | ratio | bytes on disk per decision |");
     println!("|---|---|---|---|---|---|");
-    // TALLY_BENCH_ONLY=8x1000 (comma-separated) runs only those lines.
+    // TALLY_BENCH_ONLY=8x1000,8x1000b (comma-separated) runs only those lines; `b` is the
+    // line whose appenders clone decisions built beforehand.
     let only = std::env::var("TALLY_BENCH_ONLY").ok();
-    for (threads, batch) in [(1, 1), (16, 1), (64, 1), (4, 100), (8, 1000)] {
+    let lines = [
+        (1, 1, Callers::Json),
+        (16, 1, Callers::Json),
+        (64, 1, Callers::Json),
+        (4, 100, Callers::Json),
+        (8, 1000, Callers::Json),
+        (8, 1000, Callers::Built),
+    ];
+    for (threads, batch, callers) in lines {
         if let Some(only) = &only {
-            if !only.split(',').any(|l| l == format!("{threads}x{batch}")) {
+            let name = match callers {
+                Callers::Json => format!("{threads}x{batch}"),
+                Callers::Built => format!("{threads}x{batch}b"),
+            };
+            if !only.split(',').any(|l| l == name) {
                 continue;
             }
         }
-        let r = durable(threads, batch);
+        let r = durable(threads, batch, callers);
         let rate = r.decisions as f64 / r.elapsed.as_secs_f64();
         let per_group = r.decisions as f64 / r.groups.max(1) as f64;
         // What the primitives alone allow at this group size, on one core: per decision

@@ -110,6 +110,8 @@ fn frames(
 }
 
 fn main() {
+    // As the `tally` binary does (cli/src/main.rs).
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
     let n: u64 = std::env::var("TALLY_BENCH_RECORDS")
         .ok()
         .and_then(|s| s.parse().ok())
