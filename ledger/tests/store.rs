@@ -12,13 +12,13 @@ use tally_ledger::{Decision, DecisionError, Error, Frame, Ledger, Rotation};
 
 use crate::decisions::every_kind;
 
-fn new_ledger(dir: &Path, rotation: Rotation) -> (Ledger, AuditorKey) {
+pub(crate) fn new_ledger(dir: &Path, rotation: Rotation) -> (Ledger, AuditorKey) {
     let auditor = AuditorKey::generate();
     Ledger::init(dir, &auditor.public(), rotation).unwrap();
     (Ledger::open(dir).unwrap(), auditor)
 }
 
-fn decision(run: &str, i: u64) -> Decision {
+pub(crate) fn decision(run: &str, i: u64) -> Decision {
     Decision::from_json(&format!(
         r#"{{"run":"{run}","kind":"allow","tool":"search","args":{{"q":{i}}},"attempt":{i}}}"#
     ))
@@ -30,7 +30,7 @@ fn frames(l: &Ledger) -> Vec<Frame> {
 }
 
 /// Decrypt every decision of a ledger's snapshot with the auditor key, checking links.
-fn read_back(l: &Ledger, auditor: &AuditorKey) -> Vec<Decision> {
+pub(crate) fn read_back(l: &Ledger, auditor: &AuditorKey) -> Vec<Decision> {
     let mut out = Vec::new();
     let mut keys = std::collections::HashMap::new();
     let mut prev = None;

@@ -2,6 +2,6 @@
 
 mod crash;
 mod decisions;
-mod pipeline_review;
+mod pipeline;
 mod store;
 mod vectors;

@@ -1,66 +1,20 @@
-//! Review tests for the two-stage commit pipeline: shutdown with a group in flight, a
-//! dying sync thread, a callback that drops the last ledger handle, and a mixed stress
-//! run (append, append_batch, submit_prepared, rotate) guarding order and durability.
+//! The two-stage commit pipeline under attack (from an adversarial review): shutdown with
+//! a group in flight, a dying sync thread, a callback that drops the last ledger handle,
+//! and a mixed stress run (append, append_batch, submit_prepared, rotate) guarding order,
+//! exactly-once answers and durability.
 
-use std::path::Path;
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tally_ledger::format::{Entry, EntryType};
-use tally_ledger::keys::{AuditorKey, EpochSecrets};
+use tally_ledger::keys::EpochSecrets;
 use tally_ledger::ledger::{files, prepare};
-use tally_ledger::{Decision, Frame, Ledger, Rotation};
+use tally_ledger::{Ledger, Rotation};
 
-fn new_ledger(dir: &Path, rotation: Rotation) -> (Ledger, AuditorKey) {
-    let auditor = AuditorKey::generate();
-    Ledger::init(dir, &auditor.public(), rotation).unwrap();
-    (Ledger::open(dir).unwrap(), auditor)
-}
-
-fn decision(run: &str, i: u64) -> Decision {
-    Decision::from_json(&format!(
-        r#"{{"run":"{run}","kind":"allow","tool":"search","args":{{"q":{i}}},"attempt":{i}}}"#
-    ))
-    .unwrap()
-}
+use crate::store::{decision, new_ledger, read_back};
 
 fn prepared(run: &str, n: u64) -> Vec<Vec<u8>> {
     prepare((0..n).map(|i| decision(run, i)).collect()).unwrap()
-}
-
-/// Decrypt every decision of a ledger's snapshot, checking links.
-fn read_back(l: &Ledger, auditor: &AuditorKey) -> Vec<Decision> {
-    let mut out = Vec::new();
-    let mut keys = std::collections::HashMap::new();
-    let mut prev = None;
-    for f in l.snapshot().map(Result::unwrap) {
-        let Frame::Entry(bytes) = f else { continue };
-        let e = Entry::decode(&bytes).unwrap();
-        if let Some(p) = prev {
-            assert_eq!(e.header.prev_hash, p);
-        }
-        prev = Some(e.hash());
-        match e.header.entry_type {
-            EntryType::Genesis => {
-                let g = e.genesis().unwrap();
-                let k = auditor.epoch_key(&g.ephemeral, e.header.ledger_id, 0);
-                keys.insert(0, k.unwrap());
-            }
-            EntryType::Epoch => {
-                let c = e.epoch_cert().unwrap();
-                let k = auditor.epoch_key(&c.ephemeral, e.header.ledger_id, e.header.epoch);
-                keys.insert(e.header.epoch, k.unwrap());
-            }
-            _ => {
-                let plain = keys[&e.header.epoch]
-                    .open(&e.header.nonce, e.header_bytes(), e.body())
-                    .unwrap();
-                out.push(Decision::from_stored(&plain).unwrap());
-            }
-        }
-    }
-    out
 }
 
 /// A group this big takes about a second to encrypt and write in a debug build, so a
