@@ -290,16 +290,7 @@ fn lower_hex(b: u8) -> Option<u8> {
 }
 
 fn kind(w: &str) -> Option<Kind> {
-    Some(match w {
-        "start" => Kind::Start,
-        "allow" => Kind::Allow,
-        "deny" => Kind::Deny,
-        "outcome" => Kind::Outcome,
-        "refund" => Kind::Refund,
-        "override" => Kind::Override,
-        "stop" => Kind::Stop,
-        _ => return None,
-    })
+    Kind::ALL.iter().copied().find(|k| k.as_str() == w)
 }
 
 fn reason(w: &str) -> Option<Reason> {
@@ -370,15 +361,7 @@ mod tests {
     }
 
     fn decision() -> BoxedStrategy<Decision> {
-        let kinds = prop::sample::select(vec![
-            Kind::Start,
-            Kind::Allow,
-            Kind::Deny,
-            Kind::Outcome,
-            Kind::Refund,
-            Kind::Override,
-            Kind::Stop,
-        ]);
+        let kinds = prop::sample::select(Kind::ALL.to_vec());
         let budget = (o(num()), o(num()), o(num()), o(num()), o(num()), o(num())).prop_map(
             |(attempts, deadline_ms, spend_cents, side_effects, polls, depth)| Budget {
                 attempts,

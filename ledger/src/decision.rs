@@ -40,6 +40,17 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind, in SPEC order.
+    pub const ALL: &'static [Kind] = &[
+        Kind::Start,
+        Kind::Allow,
+        Kind::Deny,
+        Kind::Outcome,
+        Kind::Refund,
+        Kind::Override,
+        Kind::Stop,
+    ];
+
     /// The kind's name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -352,15 +363,6 @@ pub struct Decision {
     pub limits: Option<BTreeMap<String, Limit>>,
 }
 
-const ALL: &[Kind] = &[
-    Kind::Start,
-    Kind::Allow,
-    Kind::Deny,
-    Kind::Outcome,
-    Kind::Refund,
-    Kind::Override,
-    Kind::Stop,
-];
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
 
 /// The dimensions a `limits` snapshot may name.
@@ -449,8 +451,8 @@ impl Decision {
             }
         }
         let present: [(&'static str, bool, &[Kind]); 31] = [
-            ("worker", self.worker.is_some(), ALL),
-            ("at_ms", self.at_ms.is_some(), ALL),
+            ("worker", self.worker.is_some(), Kind::ALL),
+            ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
             ("budget", self.budget.is_some(), &[Kind::Start]),
             ("tool", self.tool.is_some(), CALL),
@@ -468,7 +470,7 @@ impl Decision {
                 self.parent.is_some(),
                 &[Kind::Start, Kind::Allow, Kind::Deny],
             ),
-            ("reason", self.reason.is_some(), ALL),
+            ("reason", self.reason.is_some(), Kind::ALL),
             (
                 "attempt",
                 self.attempt.is_some(),
