@@ -15,27 +15,33 @@ use tally_ledger::{Checkpoint, Decision, Frame, Ledger, Rotation};
 
 const DIR_VAR: &str = "TALLY_CRASH_DIR";
 
-/// The child: four threads appending until killed, printing each receipt once acknowledged.
-#[test]
-#[ignore = "run by crash::kill_9_loses_no_acknowledged_append as its child process"]
-fn crash_child_writer() {
-    let Ok(dir) = std::env::var(DIR_VAR) else {
-        return;
-    };
+/// A child process's writers: four threads appending `batch(thread, i)` for i = 0, 1, ...
+/// to the ledger named by `var`, printing `ACK seq hash` once each decision is
+/// acknowledged, or `ERR why` when an append fails (that thread then stops). `None` when
+/// run as an ordinary test (no `var`).
+fn child_writers(var: &str, batch: fn(u64, u64) -> Vec<Decision>) -> Option<Arc<Ledger>> {
+    let dir = std::env::var(var).ok()?;
     let ledger = Arc::new(Ledger::open(Path::new(&dir)).unwrap());
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let ledger = Arc::clone(&ledger);
             std::thread::spawn(move || {
                 for i in 0u64.. {
-                    let d = Decision::from_json(&format!(
-                        r#"{{"run":"w{t}","kind":"allow","tool":"t","args":{{"i":{i}}},"attempt":{i}}}"#
-                    ))
-                    .unwrap();
-                    let r = ledger.append(d).unwrap();
+                    let result = ledger.append_batch(batch(t, i));
                     let mut out = std::io::stdout().lock();
-                    writeln!(out, "ACK {} {}", r.seq, r.hash).unwrap();
-                    out.flush().unwrap();
+                    match result {
+                        Ok(receipts) => {
+                            for r in receipts {
+                                writeln!(out, "ACK {} {}", r.seq, r.hash).unwrap();
+                            }
+                            out.flush().unwrap();
+                        }
+                        Err(e) => {
+                            writeln!(out, "ERR {e}").unwrap();
+                            out.flush().unwrap();
+                            return;
+                        }
+                    }
                 }
             })
         })
@@ -43,6 +49,25 @@ fn crash_child_writer() {
     for t in threads {
         t.join().unwrap();
     }
+    Some(ledger)
+}
+
+/// `ACK seq hash` from a child's output line.
+fn ack(line: &str) -> Option<(u64, String)> {
+    let (seq, hash) = line.strip_prefix("ACK ")?.split_once(' ')?;
+    Some((seq.parse().ok()?, hash.to_string()))
+}
+
+/// The child: four threads appending until killed, printing each receipt once acknowledged.
+#[test]
+#[ignore = "run by crash::kill_9_loses_no_acknowledged_append as its child process"]
+fn crash_child_writer() {
+    child_writers(DIR_VAR, |t, i| {
+        vec![Decision::from_json(&format!(
+            r#"{{"run":"w{t}","kind":"allow","tool":"t","args":{{"i":{i}}},"attempt":{i}}}"#
+        ))
+        .unwrap()]
+    });
 }
 
 fn run_and_kill(dir: &Path, acks_wanted: usize) -> HashMap<u64, String> {
@@ -64,18 +89,16 @@ fn run_and_kill(dir: &Path, acks_wanted: usize) -> HashMap<u64, String> {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     while acks.len() < acks_wanted && start.elapsed() < Duration::from_secs(60) {
         let Some(Ok(line)) = lines.next() else { break };
-        if let Some(rest) = line.strip_prefix("ACK ") {
-            let (seq, hash) = rest.split_once(' ').unwrap();
-            acks.insert(seq.parse().unwrap(), hash.to_string());
+        if let Some((seq, hash)) = ack(&line) {
+            acks.insert(seq, hash);
         }
     }
     child.kill().unwrap(); // SIGKILL on Unix
     child.wait().unwrap();
     // Receipts printed between our last read and the kill were acknowledged too.
     for line in lines.map_while(Result::ok) {
-        if let Some(rest) = line.strip_prefix("ACK ") {
-            let (seq, hash) = rest.split_once(' ').unwrap();
-            acks.insert(seq.parse().unwrap(), hash.to_string());
+        if let Some((seq, hash)) = ack(&line) {
+            acks.insert(seq, hash);
         }
     }
     assert!(
@@ -176,45 +199,18 @@ const FULL_VAR: &str = "TALLY_FULL_DIR";
 #[test]
 #[ignore = "run by crash::a_failed_write_poisons_and_loses_no_acknowledged_append as its child process"]
 fn full_disk_child_writer() {
-    let Ok(dir) = std::env::var(FULL_VAR) else {
+    let Some(ledger) = child_writers(FULL_VAR, |t, i| {
+        (0..20)
+            .map(|k| {
+                Decision::from_json(&format!(
+                    r#"{{"run":"w{t}","kind":"allow","tool":"t","attempt":{i},"operation":"{k:0>400}"}}"#
+                ))
+                .unwrap()
+            })
+            .collect()
+    }) else {
         return;
     };
-    let ledger = Arc::new(Ledger::open(Path::new(&dir)).unwrap());
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let ledger = Arc::clone(&ledger);
-            std::thread::spawn(move || {
-                for i in 0u64.. {
-                    let batch: Vec<Decision> = (0..20)
-                        .map(|k| {
-                            Decision::from_json(&format!(
-                                r#"{{"run":"w{t}","kind":"allow","tool":"t","attempt":{i},"operation":"{k:0>400}"}}"#
-                            ))
-                            .unwrap()
-                        })
-                        .collect();
-                    let result = ledger.append_batch(batch);
-                    let mut out = std::io::stdout().lock();
-                    match result {
-                        Ok(receipts) => {
-                            for r in receipts {
-                                writeln!(out, "ACK {} {}", r.seq, r.hash).unwrap();
-                            }
-                        }
-                        Err(e) => {
-                            writeln!(out, "ERR {e}").unwrap();
-                            out.flush().unwrap();
-                            return;
-                        }
-                    }
-                    out.flush().unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
     // Once a write failed, nothing more is accepted.
     let after =
         ledger.append(Decision::from_json(r#"{"run":"x","kind":"allow","tool":"t"}"#).unwrap());
@@ -252,9 +248,8 @@ fn a_failed_write_poisons_and_loses_no_acknowledged_append() {
     let mut errors = Vec::new();
     let mut after = None;
     for line in stdout.lines() {
-        if let Some(rest) = line.strip_prefix("ACK ") {
-            let (seq, hash) = rest.split_once(' ').unwrap();
-            acknowledged.insert(seq.parse::<u64>().unwrap(), hash.to_string());
+        if let Some((seq, hash)) = ack(line) {
+            acknowledged.insert(seq, hash);
         } else if let Some(e) = line.strip_prefix("ERR ") {
             errors.push(e.to_string());
         } else if let Some(a) = line.strip_prefix("AFTER ") {
