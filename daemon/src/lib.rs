@@ -148,12 +148,8 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), DaemonError> {
-    let checkpoint = {
-        let ledger = Arc::clone(&ledger);
-        tokio::task::spawn_blocking(move || ledger.checkpoint())
-            .await
-            .map_err(|e| DaemonError::Runtime(std::io::Error::other(e)))?
-    };
+    // A copy under the commit queue's lock: it never waits for a commit.
+    let checkpoint = ledger.checkpoint();
     let tcp = server::bind_tcp(options.listen).await?;
     let socket = server::Socket::bind(&options.socket, options.socket_mode, options.socket_gid)?;
     let state = Arc::new(commit::LedgerState {
