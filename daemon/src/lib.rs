@@ -103,8 +103,9 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
     let ledger = Arc::new(Ledger::open(&options.ledger)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        // Every in-flight append blocks one thread while its group commits.
-        .max_blocking_threads(options.max_in_flight.max(1) + 16)
+        // Blocking threads only parse big bodies and stream exports (each bounded by its
+        // own semaphore); appends never block a thread while their group commits.
+        .max_blocking_threads(api::MAX_BIG_PARSES + api::MAX_EXPORTS + 2)
         .build()
         .map_err(DaemonError::Runtime)?;
     let result = runtime.block_on(async move {
