@@ -9,7 +9,12 @@
 //! `bench` runs closed-loop (each client sends its next request when the last is
 //! acknowledged) unless `--offered` gives a target rate in decisions/s: then requests are
 //! scheduled at that rate and latency is measured from each request's scheduled time,
-//! so a stalled server cannot hide its queueing (no coordinated omission).
+//! so a stalled server cannot hide its queueing (no coordinated omission). By default
+//! each connection sleeps on tokio's timer until its request is due: the timer has 1 ms
+//! granularity, so requests leave in small bursts on millisecond ticks, each up to 1 ms
+//! late (counted in its latency). `--even` hands out the due times from a thread of its
+//! own instead, precise to tens of microseconds: arrivals evenly spaced, as from many
+//! independent agents, at the cost of one thread wakeup per request in the client.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,123 +23,156 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
 use tally_daemon::client::Client;
 use tally_daemon::ServeOptions;
 use tally_ledger::{AuditorKey, Ledger, Rotation};
+use tokio::sync::{mpsc, Mutex};
 
-#[derive(Parser)]
-#[command(
-    name = "tally-load",
-    about = "load generator for the tally append daemon"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
+const USAGE: &str = "usage:
+  tally-load init  --ledger DIR
+  tally-load serve --ledger DIR --socket PATH [--listen ADDR] [--max-in-flight N]
+  tally-load bench (--socket PATH | --tcp ADDR) [--clients N] [--batch N] [--seconds S]
+                   [--offered DECISIONS_PER_SEC [--even]] [--json]";
+
+/// A bench tool's handful of `--flag value` arguments (the `tally` CLI is where clap
+/// lives). Unknown flags and missing or malformed values are refused.
+struct Args {
+    flags: Vec<(String, Option<String>)>,
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Create a ledger whose auditor key is thrown away (benchmarks only).
-    Init {
-        /// The new ledger's directory.
-        #[arg(long)]
-        ledger: PathBuf,
-    },
-    /// Serve a ledger until SIGTERM/SIGINT.
-    Serve {
-        /// The ledger directory.
-        #[arg(long)]
-        ledger: PathBuf,
-        /// The Unix socket path.
-        #[arg(long)]
-        socket: PathBuf,
-        /// Also listen on this loopback TCP address.
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-        /// Append requests processed at once.
-        #[arg(long, default_value_t = 256)]
-        max_in_flight: usize,
-    },
-    /// Offer load and report decisions/s and acknowledgement latency.
-    Bench {
-        /// The daemon's Unix socket.
-        #[arg(long, conflicts_with = "tcp")]
-        socket: Option<PathBuf>,
-        /// The daemon's loopback TCP address.
-        #[arg(long)]
-        tcp: Option<SocketAddr>,
-        /// Concurrent clients (one connection each).
-        #[arg(long, default_value_t = 1)]
-        clients: usize,
-        /// Decisions per request: 1 sends one JSON object, more an NDJSON batch.
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        /// How long to offer load.
-        #[arg(long, default_value_t = 5.0)]
-        seconds: f64,
-        /// Offered rate in decisions/s (open loop); closed loop when absent.
-        #[arg(long)]
-        offered: Option<f64>,
-        /// Also print one JSON line with the results.
-        #[arg(long)]
-        json: bool,
-    },
+impl Args {
+    fn parse(
+        args: impl Iterator<Item = String>,
+        known: &[&str],
+        switches: &[&str],
+    ) -> Result<Args, String> {
+        let mut flags = Vec::new();
+        let mut args = args.peekable();
+        while let Some(a) = args.next() {
+            let Some(name) = a.strip_prefix("--") else {
+                return Err(format!("unexpected argument `{a}`"));
+            };
+            if !known.contains(&name) && !switches.contains(&name) {
+                return Err(format!("unknown flag --{name}"));
+            }
+            if switches.contains(&name) {
+                flags.push((name.to_string(), None));
+                continue;
+            }
+            match args.next() {
+                Some(v) => flags.push((name.to_string(), Some(v))),
+                None => return Err(format!("--{name} needs a value")),
+            }
+        }
+        Ok(Args { flags })
+    }
+
+    /// Take flag `name`; every flag must be taken once (see [`Args::done`]).
+    fn take(&mut self, name: &str) -> Option<Option<String>> {
+        let i = self.flags.iter().position(|(n, _)| n == name)?;
+        Some(self.flags.remove(i).1)
+    }
+
+    fn value<T: std::str::FromStr>(&mut self, name: &str) -> Result<Option<T>, String> {
+        match self.take(name).flatten() {
+            None => Ok(None),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("--{name}: `{v}` is not valid here")),
+        }
+    }
+
+    fn required<T: std::str::FromStr>(&mut self, name: &str) -> Result<T, String> {
+        self.value(name)?
+            .ok_or_else(|| format!("--{name} is required"))
+    }
+
+    fn done(self) -> Result<(), String> {
+        match self.flags.first() {
+            None => Ok(()),
+            Some((n, _)) => Err(format!(
+                "--{n} is given twice, or is not a flag of this command"
+            )),
+        }
+    }
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
-        Command::Init { ledger } => match Ledger::init(
-            &ledger,
-            &AuditorKey::generate().public(),
-            Rotation::default(),
-        ) {
-            Ok(_) => ExitCode::SUCCESS,
-            Err(e) => fail(e),
-        },
-        Command::Serve {
-            ledger,
-            socket,
-            listen,
-            max_in_flight,
-        } => {
-            let mut options = ServeOptions::new(ledger, socket);
-            options.listen = listen;
-            options.max_in_flight = max_in_flight;
-            match tally_daemon::run(options) {
+    match run(std::env::args().skip(1)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tally-load: {e}\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
+    let command = argv.next().unwrap_or_default();
+    let known = [
+        "ledger",
+        "socket",
+        "listen",
+        "max-in-flight",
+        "tcp",
+        "clients",
+        "batch",
+        "seconds",
+        "offered",
+    ];
+    let mut args = Args::parse(argv, &known, &["json", "even"])?;
+    match command.as_str() {
+        "init" => {
+            let ledger: PathBuf = args.required("ledger")?;
+            args.done()?;
+            Ok(
+                match Ledger::init(
+                    &ledger,
+                    &AuditorKey::generate().public(),
+                    Rotation::default(),
+                ) {
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => fail(e),
+                },
+            )
+        }
+        "serve" => {
+            let mut options = ServeOptions::new(
+                args.required::<PathBuf>("ledger")?,
+                args.required::<PathBuf>("socket")?,
+            );
+            options.listen = args.value("listen")?;
+            options.max_in_flight = args.value("max-in-flight")?.unwrap_or(256);
+            args.done()?;
+            Ok(match tally_daemon::run(options) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
-            }
+            })
         }
-        Command::Bench {
-            socket,
-            tcp,
-            clients,
-            batch,
-            seconds,
-            offered,
-            json,
-        } => {
-            let target = match (socket, tcp) {
-                (Some(s), _) => Target::Unix(s),
+        "bench" => {
+            let target = match (args.value("socket")?, args.value("tcp")?) {
+                (Some(s), None) => Target::Unix(s),
                 (None, Some(a)) => Target::Tcp(a),
-                (None, None) => return fail("give --socket PATH or --tcp ADDR"),
-            };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => return fail(e),
+                _ => return Err("give one of --socket PATH or --tcp ADDR".into()),
             };
             let plan = Plan {
                 target,
-                clients: clients.max(1),
-                batch: batch.max(1),
-                duration: Duration::from_secs_f64(seconds),
-                offered,
+                clients: args.value("clients")?.unwrap_or(1usize).max(1),
+                batch: args.value("batch")?.unwrap_or(1usize).max(1),
+                duration: Duration::from_secs_f64(
+                    args.value("seconds")?.unwrap_or(5.0f64).max(0.0),
+                ),
+                offered: args.value::<f64>("offered")?.filter(|r| *r > 0.0),
+                even: args.take("even").is_some(),
             };
-            match runtime.block_on(bench(plan)) {
+            let json = args.take("json").is_some();
+            args.done()?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            Ok(match runtime.block_on(bench(plan)) {
                 Ok(report) => {
                     println!("{}", report.text());
                     if json {
@@ -143,8 +181,9 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(e),
-            }
+            })
         }
+        other => Err(format!("unknown command `{other}`")),
     }
 }
 
@@ -174,12 +213,15 @@ struct Plan {
     batch: usize,
     duration: Duration,
     offered: Option<f64>,
+    /// Open loop with due times from a pacer thread (`--even`).
+    even: bool,
 }
 
 struct Report {
     clients: usize,
     batch: usize,
     offered: Option<f64>,
+    even: bool,
     requests: u64,
     decisions: u64,
     elapsed: Duration,
@@ -203,11 +245,12 @@ impl Report {
 
     fn text(&self) -> String {
         let mode = match self.offered {
+            Some(r) if self.even => format!("offered {r:.0}/s even"),
             Some(r) => format!("offered {r:.0}/s"),
             None => "closed loop".into(),
         };
         format!(
-            "clients {:>3}  batch {:>3}  {mode:<16}  {:>9.0} decisions/s  {:>8.0} req/s  p50 {:>7.2} ms  p99 {:>7.2} ms  max {:>7.2} ms  ({} requests in {:.1} s)",
+            "clients {:>3}  batch {:>3}  {mode:<21}  {:>9.0} decisions/s  {:>8.0} req/s  p50 {:>7.2} ms  p99 {:>7.2} ms  max {:>7.2} ms  ({} requests in {:.1} s)",
             self.clients,
             self.batch,
             self.rate(),
@@ -225,6 +268,7 @@ impl Report {
             "clients": self.clients,
             "batch": self.batch,
             "offered_per_sec": self.offered,
+            "even": self.even,
             "requests": self.requests,
             "decisions": self.decisions,
             "seconds": self.elapsed.as_secs_f64(),
@@ -260,6 +304,29 @@ fn decision(client: usize, n: u64) -> String {
     )
 }
 
+/// Hand out due times, each at its time (a thread sleep is precise to tens of µs), until
+/// `duration` is over; a slot no connection is free to take waits in the channel, its
+/// latency still counted from when it was due.
+fn pace(
+    start: Instant,
+    interval: Duration,
+    duration: Duration,
+    tx: mpsc::UnboundedSender<Instant>,
+) {
+    for i in 0u32.. {
+        let due = start + interval * i;
+        if due.duration_since(start) >= duration {
+            break;
+        }
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        if tx.send(due).is_err() {
+            break;
+        }
+    }
+}
+
 fn body(client: usize, first: u64, batch: usize) -> String {
     let mut b = String::with_capacity(400 * batch);
     for k in 0..batch as u64 {
@@ -276,19 +343,36 @@ async fn bench(plan: Plan) -> Result<Report, String> {
         connections.push(plan.target.connect().await.map_err(|e| e.to_string())?);
     }
     let start = Instant::now();
+    // Open loop: request i is due at start + i * interval, whichever connection is free
+    // to send it: claimed from a counter (each connection then sleeps on tokio's timer),
+    // or with `--even` handed out at its time by a pacer thread.
     let next = Arc::new(AtomicU64::new(0));
+    let paced = match plan.offered {
+        Some(rate) if plan.even => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let interval = Duration::from_secs_f64(plan.batch as f64 / rate);
+            let duration = plan.duration;
+            std::thread::spawn(move || pace(start, interval, duration, tx));
+            Some(Arc::new(Mutex::new(rx)))
+        }
+        _ => None,
+    };
     let mut tasks = Vec::new();
     for (id, mut client) in connections.into_iter().enumerate() {
         let plan = Arc::clone(&plan);
+        let paced = paced.clone();
         let next = Arc::clone(&next);
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut sent = 0u64;
             let interval = plan.offered.map(|r| plan.batch as f64 / r);
             loop {
-                let due = match interval {
-                    // Open loop: request i is due at start + i * interval, whoever sends it.
-                    Some(iv) => {
+                let due = match (&paced, interval) {
+                    (Some(slots), _) => match slots.lock().await.recv().await {
+                        Some(due) => due,
+                        None => break,
+                    },
+                    (None, Some(iv)) => {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let due = start + Duration::from_secs_f64(i as f64 * iv);
                         if due.duration_since(start) >= plan.duration {
@@ -297,7 +381,7 @@ async fn bench(plan: Plan) -> Result<Report, String> {
                         tokio::time::sleep_until(due.into()).await;
                         due
                     }
-                    None => {
+                    (None, None) => {
                         let now = Instant::now();
                         if now.duration_since(start) >= plan.duration {
                             break;
@@ -341,6 +425,7 @@ async fn bench(plan: Plan) -> Result<Report, String> {
         clients: plan.clients,
         batch: plan.batch,
         offered: plan.offered,
+        even: plan.even,
         requests,
         decisions: requests * plan.batch as u64,
         elapsed,
