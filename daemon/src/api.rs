@@ -203,7 +203,8 @@ fn too_large(max: usize) -> ApiError {
     .close()
 }
 
-/// The nice value of the threads that parse big bodies and stream exports.
+/// How much lower (in nice steps) the threads that parse big bodies and stream exports
+/// run than the rest of the daemon.
 const BACKGROUND_NICE: i32 = 10;
 
 /// Lower this blocking-pool thread's scheduling priority (once per thread). The ledger's
@@ -217,7 +218,11 @@ fn background_priority() {
     LOWERED.with(|lowered| {
         if !lowered.replace(true) {
             // On Linux the nice value is per thread; `None` names the calling thread.
-            let _ = rustix::process::setpriority_process(None, BACKGROUND_NICE);
+            // Relative to where the daemon runs (19 is the lowest priority there is).
+            if let Ok(nice) = rustix::process::getpriority_process(None) {
+                let _ =
+                    rustix::process::setpriority_process(None, (nice + BACKGROUND_NICE).min(19));
+            }
         }
     });
 }
@@ -528,11 +533,26 @@ mod tests {
     use super::*;
 
     /// The nice value is per thread on Linux: lowering a blocking thread's priority must
-    /// not lower the daemon's other threads (the committer above all).
+    /// not lower the daemon's other threads (the committer above all), and it is relative
+    /// to the daemon's own.
     #[test]
     fn background_priority_lowers_only_the_calling_thread() {
+        use rustix::process::{getpriority_process, setpriority_process};
+        // Run the test in a thread three steps lower than this one, as if the daemon ran
+        // under `nice -n 3` (lowering needs no privilege, wherever the tests run).
+        std::thread::spawn(|| {
+            let base = (getpriority_process(None).expect("getpriority") + 3).min(19);
+            setpriority_process(None, base).expect("lower own priority");
+            lowers_only_the_calling_thread(base);
+        })
+        .join()
+        .expect("thread three steps lower");
+    }
+
+    fn lowers_only_the_calling_thread(base: i32) {
         use rustix::process::getpriority_process;
         let before = getpriority_process(None).expect("getpriority");
+        assert_eq!(before, base);
         let inside = std::thread::spawn(|| {
             let start = getpriority_process(None).expect("getpriority");
             background_priority();
