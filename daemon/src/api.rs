@@ -20,6 +20,7 @@ use tally_ledger::export::ExportWriter;
 use tally_ledger::{Error as LedgerError, Ledger};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use crate::bulk::BulkParsers;
 use crate::commit::LedgerState;
 use crate::error::ApiError;
 use crate::limit::{Peer, RateLimit};
@@ -42,6 +43,8 @@ pub(crate) struct App {
     /// Bodies over [`INLINE_PARSE_BYTES`] parsed at once: parsing expands JSON several
     /// times over in memory, so this bounds the daemon's peak.
     big_parses: Arc<Semaphore>,
+    /// The threads that parse them, one per permit.
+    bulk: BulkParsers,
     rate: Option<RateLimit>,
     max_body_bytes: usize,
     max_batch: usize,
@@ -57,28 +60,33 @@ pub(crate) struct Limits {
     pub read_timeout: Duration,
 }
 
-/// Bodies larger than this are parsed and validated on a blocking thread, so one big
-/// batch does not stall the connections sharing its async worker.
+/// Bodies larger than this are parsed and validated on a parse thread ([`BulkParsers`]),
+/// so one big batch does not stall the connections sharing its async worker.
 const INLINE_PARSE_BYTES: usize = 32 * 1024;
 
-/// Big bodies parsed at once, each on a blocking thread.
-pub(crate) const MAX_BIG_PARSES: usize = 4;
+/// Big bodies parsed at once, each on a parse thread of its own.
+const MAX_BIG_PARSES: usize = 4;
 
 impl App {
-    pub fn new(ledger: Arc<Ledger>, state: Arc<LedgerState>, limits: Limits) -> App {
+    pub fn new(
+        ledger: Arc<Ledger>,
+        state: Arc<LedgerState>,
+        limits: Limits,
+    ) -> std::io::Result<App> {
         let max_in_flight = limits.max_in_flight.max(1);
-        App {
+        Ok(App {
             ledger,
             state,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             exports: Arc::new(Semaphore::new(MAX_EXPORTS)),
             big_parses: Arc::new(Semaphore::new(MAX_BIG_PARSES)),
+            bulk: BulkParsers::start(MAX_BIG_PARSES)?,
             rate: limits.rate_per_sec.map(RateLimit::new),
             max_body_bytes: limits.max_body_bytes,
             max_batch: limits.max_batch.max(1),
             read_timeout: limits.read_timeout,
-        }
+        })
     }
 }
 
@@ -203,30 +211,6 @@ fn too_large(max: usize) -> ApiError {
     .close()
 }
 
-/// How much lower (in nice steps) the threads that parse big bodies and stream exports
-/// run than the rest of the daemon.
-const BACKGROUND_NICE: i32 = 10;
-
-/// Lower this blocking-pool thread's scheduling priority (once per thread). The ledger's
-/// commit stage is serial (every decision passes through its one thread) while parsing
-/// spreads over threads, so when the cores are short the committer should run first:
-/// measured on two cores with NDJSON batches, 5-12 % more decisions/s (docs/PERFORMANCE.md).
-/// Raising the committer's priority would need `CAP_SYS_NICE`; lowering our own does
-/// not. Best effort: where the call is refused, the thread keeps its priority.
-fn background_priority() {
-    thread_local!(static LOWERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
-    LOWERED.with(|lowered| {
-        if !lowered.replace(true) {
-            // On Linux the nice value is per thread; `None` names the calling thread.
-            // Relative to where the daemon runs (19 is the lowest priority there is).
-            if let Ok(nice) = rustix::process::getpriority_process(None) {
-                let _ =
-                    rustix::process::setpriority_process(None, (nice + BACKGROUND_NICE).min(19));
-            }
-        }
-    });
-}
-
 /// Read the whole body within the read timeout and the size limit.
 async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let declared = headers
@@ -295,22 +279,31 @@ async fn post_decisions(
         .await
         .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
     let max_batch = app.max_batch;
-    let (deltas, plaintexts) = if bytes.len() <= INLINE_PARSE_BYTES {
-        prepare(&bytes, framing, max_batch)?
+    let (prepared, permit) = if bytes.len() <= INLINE_PARSE_BYTES {
+        (prepare(&bytes, framing, max_batch), permit)
     } else {
-        let _parsing = Arc::clone(&app.big_parses)
+        let parsing = Arc::clone(&app.big_parses)
             .acquire_owned()
             .await
             .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
-        tokio::task::spawn_blocking(move || {
-            background_priority();
-            prepare(&bytes, framing, max_batch)
-        })
-        .await
-        .map_err(|e| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-        })??
+        // The parse owns both permits: if the client hangs up meanwhile, they are
+        // released when the parse ends, not before, so the bounds hold.
+        app.bulk
+            .run(move || {
+                let prepared = prepare(&bytes, framing, max_batch);
+                drop(parsing);
+                (prepared, permit)
+            })
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "parsing the request body failed unexpectedly",
+                )
+            })?
     };
+    let (deltas, plaintexts) = prepared?;
     if let Some(rate) = &app.rate {
         // The first decision was paid for above; a batch pays for the rest now.
         if plaintexts.len() > 1 {
@@ -411,7 +404,6 @@ async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     let (size_tx, size_rx) = oneshot::channel();
     let ledger = Arc::clone(&app.ledger);
     tokio::task::spawn_blocking(move || {
-        background_priority();
         let snapshot = ledger.snapshot();
         let _ = size_tx.send(snapshot.size());
         let chunks = Chunks {
@@ -525,47 +517,5 @@ impl http_body::Body for ExportBody {
         self.rx
             .poll_recv(cx)
             .map(|chunk| chunk.map(|r| r.map(http_body::Frame::data)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The nice value is per thread on Linux: lowering a blocking thread's priority must
-    /// not lower the daemon's other threads (the committer above all), and it is relative
-    /// to the daemon's own.
-    #[test]
-    fn background_priority_lowers_only_the_calling_thread() {
-        use rustix::process::{getpriority_process, setpriority_process};
-        // Run the test in a thread three steps lower than this one, as if the daemon ran
-        // under `nice -n 3` (lowering needs no privilege, wherever the tests run).
-        std::thread::spawn(|| {
-            let base = (getpriority_process(None).expect("getpriority") + 3).min(19);
-            setpriority_process(None, base).expect("lower own priority");
-            lowers_only_the_calling_thread(base);
-        })
-        .join()
-        .expect("thread three steps lower");
-    }
-
-    fn lowers_only_the_calling_thread(base: i32) {
-        use rustix::process::getpriority_process;
-        let before = getpriority_process(None).expect("getpriority");
-        assert_eq!(before, base);
-        let inside = std::thread::spawn(|| {
-            let start = getpriority_process(None).expect("getpriority");
-            background_priority();
-            background_priority(); // once per thread: a second call changes nothing
-            (start, getpriority_process(None).expect("getpriority"))
-        })
-        .join()
-        .expect("thread");
-        assert_eq!(
-            inside.0, before,
-            "a new thread starts with its creator's nice"
-        );
-        assert_eq!(inside.1, (before + BACKGROUND_NICE).min(19));
-        assert_eq!(getpriority_process(None).expect("getpriority"), before);
     }
 }

@@ -62,7 +62,7 @@ pub enum DaemonError {
         /// The OS error.
         source: io::Error,
     },
-    /// The async runtime could not be built.
+    /// The async runtime, or the threads that parse big bodies, could not be started.
     #[error("cannot start the runtime: {0}")]
     Runtime(io::Error),
     /// SIGTERM/SIGINT handlers could not be installed.

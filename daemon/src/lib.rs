@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod api;
+mod bulk;
 pub mod client;
 mod commit;
 pub mod error;
@@ -103,9 +104,9 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
     let ledger = Arc::new(Ledger::open(&options.ledger)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        // Blocking threads only parse big bodies and stream exports (each bounded by its
-        // own semaphore); appends never block a thread while their group commits.
-        .max_blocking_threads(api::MAX_BIG_PARSES + api::MAX_EXPORTS + 2)
+        // Blocking threads only stream exports (bounded by their semaphore); big bodies
+        // have parse threads of their own, and appends never block a thread.
+        .max_blocking_threads(api::MAX_EXPORTS + 2)
         .build()
         .map_err(DaemonError::Runtime)?;
     let result = runtime.block_on(async move {
@@ -158,17 +159,20 @@ pub async fn serve(
         failure: std::sync::Mutex::new(None),
     });
     let max_in_flight = options.max_in_flight.max(1);
-    let app = Arc::new(api::App::new(
-        ledger,
-        Arc::clone(&state),
-        api::Limits {
-            max_body_bytes: options.max_body_bytes,
-            max_in_flight,
-            max_batch: options.max_batch,
-            rate_per_sec: options.rate_per_sec,
-            read_timeout: options.read_timeout,
-        },
-    ));
+    let app = Arc::new(
+        api::App::new(
+            ledger,
+            Arc::clone(&state),
+            api::Limits {
+                max_body_bytes: options.max_body_bytes,
+                max_in_flight,
+                max_batch: options.max_batch,
+                rate_per_sec: options.rate_per_sec,
+                read_timeout: options.read_timeout,
+            },
+        )
+        .map_err(DaemonError::Runtime)?,
+    );
     let router = api::router(Arc::clone(&app));
     let (graceful, mut connections) = server::accept_loop(
         &socket,
