@@ -60,8 +60,8 @@ impl Args {
                 continue;
             }
             match args.next() {
-                Some(v) => flags.push((name.to_string(), Some(v))),
-                None => return Err(format!("--{name} needs a value")),
+                Some(v) if !v.starts_with("--") => flags.push((name.to_string(), Some(v))),
+                _ => return Err(format!("--{name} needs a value")),
             }
         }
         Ok(Args { flags })
@@ -156,15 +156,35 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
                 (None, Some(a)) => Target::Tcp(a),
                 _ => return Err("give one of --socket PATH or --tcp ADDR".into()),
             };
+            let clients: usize = args.value("clients")?.unwrap_or(1);
+            let batch: usize = args.value("batch")?.unwrap_or(1);
+            if clients == 0 || batch == 0 {
+                return Err("--clients and --batch are at least 1".into());
+            }
+            let seconds: f64 = args.value("seconds")?.unwrap_or(5.0);
+            let duration = Duration::try_from_secs_f64(seconds)
+                .map_err(|_| format!("--seconds: {seconds} is not a duration"))?;
+            let offered: Option<f64> = args.value("offered")?;
+            if let Some(rate) = offered {
+                // Each connection needs at least a microsecond between its due times.
+                let interval = Duration::try_from_secs_f64(batch as f64 / rate).ok();
+                if interval.is_none_or(|i| i < Duration::from_micros(1)) {
+                    return Err(format!(
+                        "--offered: `{rate}` is not a rate this tool can pace: give decisions/s above zero, at most a million requests/s"
+                    ));
+                }
+            }
+            let even = args.take("even").is_some();
+            if even && offered.is_none() {
+                return Err("--even paces an open loop: give --offered too".into());
+            }
             let plan = Plan {
                 target,
-                clients: args.value("clients")?.unwrap_or(1usize).max(1),
-                batch: args.value("batch")?.unwrap_or(1usize).max(1),
-                duration: Duration::from_secs_f64(
-                    args.value("seconds")?.unwrap_or(5.0f64).max(0.0),
-                ),
-                offered: args.value::<f64>("offered")?.filter(|r| *r > 0.0),
-                even: args.take("even").is_some(),
+                clients,
+                batch,
+                duration,
+                offered,
+                even,
             };
             let json = args.take("json").is_some();
             args.done()?;
@@ -313,11 +333,11 @@ fn pace(
     duration: Duration,
     tx: mpsc::UnboundedSender<Instant>,
 ) {
-    for i in 0u32.. {
-        let due = start + interval * i;
-        if due.duration_since(start) >= duration {
-            break;
-        }
+    for i in 0..=u32::MAX {
+        let due = match interval.checked_mul(i) {
+            Some(offset) if offset < duration => start + offset,
+            _ => break,
+        };
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
