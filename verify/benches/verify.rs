@@ -21,15 +21,20 @@ use tally_ledger::keys::{agree_from_secret, AuditorKey, EpochSecrets, LedgerPubl
 use tally_ledger::{Decision, Frame};
 use tally_verify::{verify, Options, Verdict};
 
-fn peak_rss_kib() -> u64 {
+/// A line of /proc/self/status in KiB: `VmHWM` (peak) or `VmRSS` (now).
+fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+fn peak_rss_kib() -> u64 {
+    status_kib("VmHWM:")
 }
 
 /// A run's attempts are numbered 1, 2, 3, ...: allow `i` (odd) of run `i % 97` is that
@@ -181,7 +186,21 @@ fn main() {
 
     let mut analysis = tally_verify::analysis::Analysis::new(Default::default());
     let t = Instant::now();
-    let report = verify(frames(&path), &opts, |e| analysis.push(&e), |_| {});
+    // Resident memory during the report pass, at eight points: whether it levels off.
+    let (mut pushed, mut resident) = (0u64, Vec::new());
+    let every = (n / 8).max(1);
+    let report = verify(
+        frames(&path),
+        &opts,
+        |e| {
+            analysis.push(&e);
+            pushed += 1;
+            if pushed.is_multiple_of(every) {
+                resident.push((pushed, status_kib("VmRSS:")));
+            }
+        },
+        |_| {},
+    );
     let found = analysis.finish();
     let reporting = t.elapsed();
     assert_eq!(report.verdict(), Verdict::Intact);
@@ -219,4 +238,9 @@ fn main() {
         "peak RSS: {rss_integrity} KiB after the integrity pass, {} KiB after all passes",
         peak_rss_kib()
     );
+    let points: Vec<String> = resident
+        .iter()
+        .map(|(k, kib)| format!("{kib} KiB at {k}"))
+        .collect();
+    println!("resident during the report pass: {}", points.join(", "));
 }
