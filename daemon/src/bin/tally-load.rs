@@ -9,10 +9,11 @@
 //! `bench` runs closed-loop (each client sends its next request when the last is
 //! acknowledged) unless `--offered` gives a target rate in decisions/s: then requests are
 //! scheduled at that rate and latency is measured from each request's scheduled time,
-//! so a stalled server cannot hide its queueing (no coordinated omission). By default
-//! each connection sleeps on tokio's timer until its request is due: the timer has 1 ms
-//! granularity, so requests leave in small bursts on millisecond ticks, each up to 1 ms
-//! late (counted in its latency). `--even` hands out the due times from a thread of its
+//! so a stalled server cannot hide its queueing (no coordinated omission); every request
+//! due within `--seconds` is sent, so against a server that cannot keep up the run lasts
+//! longer than that. By default each connection sleeps on tokio's timer until its request
+//! is due: the timer has 1 ms granularity, so requests leave in small bursts on
+//! millisecond ticks, each up to 1 ms late (counted in its latency). `--even` hands out the due times from a thread of its
 //! own instead, precise to tens of microseconds: arrivals evenly spaced, as from many
 //! independent agents, at the cost of one thread wakeup per request in the client.
 
