@@ -3,7 +3,7 @@
 //! and a mixed stress run (append, append_batch, submit_prepared, rotate) guarding order,
 //! exactly-once answers and durability.
 
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,6 +50,22 @@ fn drop_with_a_group_in_flight_answers_it_ok() {
     );
 }
 
+/// Submit one decision whose reply callback holds the sync thread (sync role, reply
+/// phase) until the returned sender sends or is dropped, then runs `then` there. Returns
+/// once the callback is running.
+fn hold_sync_thread(l: &Ledger, then: impl FnOnce() + Send + 'static) -> Sender<()> {
+    let (started_tx, started_rx) = channel();
+    let (release_tx, release_rx) = channel::<()>();
+    l.submit_prepared(prepared("one", 1), move |r| {
+        r.unwrap();
+        started_tx.send(()).unwrap();
+        let _ = release_rx.recv();
+        then();
+    });
+    started_rx.recv_timeout(ANSWER).unwrap();
+    release_tx
+}
+
 /// The sync thread dies (here: a reply callback panics, which the RoleGuard is meant to
 /// handle) while the committer thread writes the next group. RoleGuard sweeps `pending`
 /// and `applied`, but the group in flight is pushed to `applied` afterwards; the dead
@@ -60,15 +76,8 @@ fn a_dying_sync_thread_strands_no_appender() {
     let dir = tempfile::tempdir().unwrap();
     let (l, _) = new_ledger(&dir.path().join("l"), Rotation::default());
     let l = Arc::new(l);
-    let (started_tx, started_rx) = channel();
-    let (release_tx, release_rx) = channel::<()>();
     // Group 1: its callback holds the sync thread (sync role, reply phase).
-    l.submit_prepared(prepared("one", 1), move |r| {
-        r.unwrap();
-        started_tx.send(()).unwrap();
-        let _ = release_rx.recv();
-    });
-    started_rx.recv_timeout(ANSWER).unwrap();
+    let release_tx = hold_sync_thread(&l, || {});
     // Group 2 (X): written by the committer thread, waits in `applied`.
     l.submit_prepared(prepared("x", 1), move |_| {
         std::thread::sleep(SETTLE); // let group 3 get well into its commit
@@ -104,16 +113,9 @@ fn a_callback_dropping_the_last_handle_does_not_deadlock() {
     let dir = tempfile::tempdir().unwrap();
     let (l, _) = new_ledger(&dir.path().join("l"), Rotation::default());
     let l = Arc::new(l);
-    let (started_tx, started_rx) = channel();
-    let (release_tx, release_rx) = channel::<()>();
     let last = Arc::clone(&l);
-    l.submit_prepared(prepared("one", 1), move |r| {
-        r.unwrap();
-        started_tx.send(()).unwrap();
-        let _ = release_rx.recv();
-        drop(last); // the last handle: Ledger::drop runs on the sync thread
-    });
-    started_rx.recv_timeout(ANSWER).unwrap();
+    // The last handle: Ledger::drop runs on the sync thread.
+    let release_tx = hold_sync_thread(&l, move || drop(last));
     let (x_tx, x_rx) = channel();
     l.submit_prepared(prepared("x", 1), move |r| {
         let _ = x_tx.send(r.is_ok());
