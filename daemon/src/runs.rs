@@ -121,7 +121,7 @@ impl Runs {
                         c.spend_reserved_cents.saturating_sub(delta.refund_cents);
                 }
                 Kind::Stop => c.stopped = delta.reason,
-                Kind::Override => {}
+                Kind::Override | Kind::Policy => {}
             }
             c.attempts_used = c.allows.saturating_sub(c.attempts_refunded);
             // Concurrent requests finish out of seq order: keep the highest seq.

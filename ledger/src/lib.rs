@@ -17,8 +17,7 @@
 //! There is no update, delete or rewind anywhere in this API.
 #![forbid(unsafe_code)]
 
-mod canonical;
-pub mod decision;
+pub use tally_record::decision;
 pub mod error;
 pub mod export;
 pub mod format;

@@ -225,17 +225,36 @@ fn json_errors_are_strict() {
 
 #[test]
 fn every_reason_says_what_to_do() {
-    assert_eq!(Reason::ALL.len(), 19);
-    for r in Reason::ALL {
-        let name = serde_json::to_value(r).unwrap();
-        assert_eq!(name, r.as_str());
+    // SPEC section 4, in its order: every code, each with exactly one action.
+    use Action::{Ask, Retry, Stop};
+    let spec = [
+        ("attempts_exhausted", Stop),
+        ("budget_exceeded", Ask),
+        ("reservation_insufficient", Ask),
+        ("run_deadline_exhausted", Stop),
+        ("rate_limit_exceeded", Retry),
+        ("upstream_backoff", Retry),
+        ("loop_repeated_call", Stop),
+        ("poll_allowance_exhausted", Stop),
+        ("chain_depth_exceeded", Stop),
+        ("side_effect_limit_exceeded", Ask),
+        ("circuit_open", Retry),
+        ("tool_blocked", Ask),
+        ("scope_violation", Stop),
+        ("approval_required", Ask),
+        ("approval_expired", Ask),
+        ("approval_mismatch", Ask),
+        ("outcome_unknown_non_idempotent", Ask),
+        ("killed_by_operator", Stop),
+        ("run_paused", Retry),
+        ("gate_unavailable", Retry),
+        ("completed", Stop),
+    ];
+    assert_eq!(Reason::ALL.len(), spec.len());
+    for (r, (name, action)) in Reason::ALL.iter().zip(spec) {
+        assert_eq!(serde_json::to_value(r).unwrap(), name);
+        assert_eq!(r.as_str(), name);
+        assert_eq!(r.action(), action, "{name}");
+        assert_eq!(serde_json::to_value(action).unwrap(), action.as_str());
     }
-    assert_eq!(Reason::UpstreamBackoff.action(), Action::Backoff);
-    assert_eq!(Reason::AttemptsExhausted.action(), Action::Stop);
-    assert_eq!(Reason::ApprovalRequired.action(), Action::AskHuman);
-    assert_eq!(
-        Reason::OutcomeUnknownNonIdempotent.action(),
-        Action::AskHuman
-    );
-    assert_eq!(Reason::Completed.action(), Action::Done);
 }

@@ -145,7 +145,7 @@ fn retry_storm_against_a_failing_tool() {
     assert_eq!(h.workers, vec!["w1".to_owned()]);
     assert_eq!((h.first_seq, h.last_seq), (0, 14));
     assert_eq!(h.stop, stopped(Reason::CircuitOpen, 14, at(2010, 14)));
-    assert_eq!(h.stop.action, Some(Action::Backoff));
+    assert_eq!(h.stop.action, Some(Action::Retry));
     assert_eq!(
         h.attempts,
         Attempts {
@@ -517,12 +517,8 @@ fn spend_reservation_overrun() {
             (4, Some(2), s("resp_2"), at(6000, 4))
         ]
     );
-    assert_eq!(actions(h), vec![(ResumeAction::NewRun, Some(6))]);
-    assert!(
-        h.safe_resume[0].what.contains("2 completed"),
-        "{}",
-        h.safe_resume[0].what
-    );
+    // budget_exceeded asks a human: only a grant of more cents lets the run go on.
+    assert_eq!(actions(h), vec![(ResumeAction::AskHuman, Some(5))]);
     assert_eq!(h.findings, 2);
 }
 

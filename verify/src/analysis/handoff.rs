@@ -402,7 +402,7 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
         });
     }
     match stop.action {
-        Some(Action::Backoff) | None => {
+        Some(Action::Retry) | None => {
             if let Some(b) = run.backoff.as_ref().filter(|b| b.refused.is_some()) {
                 let name = label(b.tool.as_deref(), b.operation.as_deref());
                 safe_resume.push(ResumeStep {
@@ -417,7 +417,7 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
                 });
             }
         }
-        Some(Action::AskHuman) if run.asks.is_empty() => {
+        Some(Action::Ask) if run.asks.is_empty() => {
             if let Some(reason) = stop.reason {
                 safe_resume.push(ResumeStep {
                     action: ResumeAction::AskHuman,
@@ -431,7 +431,7 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
                 });
             }
         }
-        Some(Action::Stop) => {
+        Some(Action::Stop) if stop.reason != Some(Reason::Completed) => {
             let reason = stop.reason.map(|r| r.as_str()).unwrap_or("stopped");
             let done = match run.completed_total {
                 0 => String::new(),
@@ -448,9 +448,9 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
                 seq: stop.seq,
             });
         }
-        Some(Action::Done) | Some(Action::AskHuman) => {}
+        Some(Action::Stop) | Some(Action::Ask) => {}
     }
-    if safe_resume.is_empty() && stop.action == Some(Action::Done) {
+    if safe_resume.is_empty() && stop.reason == Some(Reason::Completed) {
         safe_resume.push(ResumeStep {
             action: ResumeAction::Nothing,
             what: "nothing to resume: the run completed its task".to_owned(),

@@ -272,7 +272,7 @@ pub(crate) struct OutcomeFacts<'a> {
 }
 
 fn is_backoff(reason: Option<Reason>) -> bool {
-    reason.is_some_and(|r| r.action() == Action::Backoff)
+    reason.is_some_and(|r| r.action() == Action::Retry)
 }
 
 /// Identical calls (same run, tool and argument digest).
@@ -356,7 +356,7 @@ impl CallSeries {
         self.span.touch(o.seq, o.ms);
         self.span.settled += o.settled;
         match o.status {
-            Status::Error | Status::Timeout => {
+            Status::Error | Status::Rejected | Status::Timeout => {
                 self.failures += 1;
                 self.last_failed = true;
             }

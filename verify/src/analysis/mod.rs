@@ -164,6 +164,9 @@ impl Analysis {
 
     /// Take the next event. Events must arrive in seq order.
     pub fn push(&mut self, event: &Event) {
+        if event.decision.kind() == tally_ledger::Kind::Policy {
+            return;
+        }
         let name = &event.decision.run;
         if !self.runs.contains_key(name) {
             self.order.push(name.clone());

@@ -285,6 +285,8 @@ impl RunState {
             Kind::Outcome => self.outcome(e, at, cfg, sink, storms),
             Kind::Refund => self.refund(d, e.seq, cfg, sink),
             Kind::Override => self.approve(d, e.seq, cfg, sink),
+            // Policy records belong to no run; the analysis never routes them here.
+            Kind::Policy => {}
             Kind::Stop => {
                 if let (None, Some(reason)) = (self.stop, d.reason) {
                     self.stop = Some(Halt {
@@ -419,7 +421,7 @@ impl RunState {
                 operation: d.operation.as_deref(),
                 seq: e.seq,
                 wall_ms: e.wall_ms,
-                failed: refused.is_some_and(|r| r.action() == Action::Backoff),
+                failed: refused.is_some_and(|r| r.action() == Action::Retry),
                 refused,
                 ok: false,
                 reserved: 0,
@@ -576,7 +578,7 @@ impl RunState {
         if action == Action::Stop && self.first_stop_refusal.is_none() {
             self.first_stop_refusal = Some(Halt { reason, seq, at });
         }
-        if action == Action::AskHuman {
+        if action == Action::Ask {
             self.asks
                 .retain(|a| !(a.tool == d.tool && a.operation == d.operation));
             self.asks.push(Ask {
@@ -586,7 +588,7 @@ impl RunState {
                 seq,
             });
         }
-        if action == Action::Backoff || d.retry_after_ms.is_some() {
+        if action == Action::Retry || d.retry_after_ms.is_some() {
             let wait = d.retry_after_ms.unwrap_or(0);
             self.backoff = Some(Backoff {
                 not_before: When {
@@ -667,7 +669,7 @@ impl RunState {
                     operation: c.operation.as_deref(),
                     seq: e.seq,
                     wall_ms: e.wall_ms,
-                    failed: matches!(status, Status::Error | Status::Timeout),
+                    failed: matches!(status, Status::Error | Status::Rejected | Status::Timeout),
                     refused: None,
                     ok: status == Status::Ok,
                     reserved: c.reserve.unwrap_or(0),
@@ -783,7 +785,7 @@ impl RunState {
                     );
                 }
             }
-            Status::Ok | Status::Error => {
+            Status::Ok | Status::Error | Status::Rejected => {
                 let mut resolved = attempt_key.and_then(|k| self.pending.remove(&k));
                 if polled.is_none() || status == Status::Ok {
                     if let Some(r) = &remote {

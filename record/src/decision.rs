@@ -16,6 +16,8 @@ use crate::error::DecisionError;
 pub const MAX_PREVIEW_BYTES: usize = 256;
 /// Longest text field (run, tool, operation, goal, note, ...) the ledger stores, in bytes.
 pub const MAX_TEXT_BYTES: usize = 1024;
+/// Longest policy text a policy record stores, in bytes.
+pub const MAX_POLICY_BYTES: usize = 12 * 1024;
 /// Longest canonical plaintext of one decision, in bytes.
 pub const MAX_DECISION_BYTES: usize = 16 * 1024;
 
@@ -37,6 +39,8 @@ pub enum Kind {
     Override,
     /// The run ended.
     Stop,
+    /// The policy in force from here on (its TOML text and digest); not about a run.
+    Policy,
 }
 
 impl Kind {
@@ -49,6 +53,7 @@ impl Kind {
         Kind::Refund,
         Kind::Override,
         Kind::Stop,
+        Kind::Policy,
     ];
 
     /// The kind's name as it appears in JSON.
@@ -61,6 +66,7 @@ impl Kind {
             Kind::Refund => "refund",
             Kind::Override => "override",
             Kind::Stop => "stop",
+            Kind::Policy => "policy",
         }
     }
 }
@@ -71,18 +77,35 @@ impl fmt::Display for Kind {
     }
 }
 
-/// What a caller must do when it meets a reason code (SPEC section 4).
+/// What a caller must do when it meets a reason code: each code has exactly one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
-    /// Stop this run: retrying cannot succeed within its budget.
+    /// This run must not make the call again: retrying cannot succeed within its budget
+    /// (or the run is over).
     Stop,
-    /// Back off and retry later (after `retry_after_ms` where given).
-    Backoff,
-    /// Ask a human: only an override (or a human check of remote state) can unblock it.
-    AskHuman,
-    /// The run finished its task.
-    Done,
+    /// Back off for `retry_after_ms` (where given), then ask again.
+    Retry,
+    /// A human may grant more: only an approval (or a human check of remote state)
+    /// can unblock it.
+    Ask,
+}
+
+impl Action {
+    /// The action's name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Stop => "stop",
+            Action::Retry => "retry",
+            Action::Ask => "ask",
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 macro_rules! reasons {
@@ -103,7 +126,7 @@ macro_rules! reasons {
                 match self { $( Reason::$variant => $name, )* }
             }
 
-            /// What the caller must do: stop, back off, or ask a human.
+            /// What the caller must do: stop, retry after backing off, or ask a human.
             pub fn action(self) -> Action {
                 match self { $( Reason::$variant => Action::$action, )* }
             }
@@ -114,16 +137,17 @@ macro_rules! reasons {
 reasons! {
     /// The run used all its attempts.
     AttemptsExhausted = "attempts_exhausted" => Stop,
-    /// The run's spend limit is reached.
-    BudgetExceeded = "budget_exceeded" => Stop,
+    /// The run's (or the credential's) spend limit is reached, or spend overran its
+    /// reservation: no further spend until a human grants more.
+    BudgetExceeded = "budget_exceeded" => Ask,
     /// The call needs more cents than remain to reserve; an override can grant them.
-    ReservationInsufficient = "reservation_insufficient" => AskHuman,
+    ReservationInsufficient = "reservation_insufficient" => Ask,
     /// The run's deadline has passed.
     RunDeadlineExhausted = "run_deadline_exhausted" => Stop,
     /// The gate's own rate limit: retry later.
-    RateLimitExceeded = "rate_limit_exceeded" => Backoff,
+    RateLimitExceeded = "rate_limit_exceeded" => Retry,
     /// The upstream asked us to back off (429/503 with Retry-After).
-    UpstreamBackoff = "upstream_backoff" => Backoff,
+    UpstreamBackoff = "upstream_backoff" => Retry,
     /// The same call was repeated: a loop.
     LoopRepeatedCall = "loop_repeated_call" => Stop,
     /// The run polled a remote operation more often than allowed.
@@ -131,25 +155,30 @@ reasons! {
     /// Agent-calls-agent chain went too deep.
     ChainDepthExceeded = "chain_depth_exceeded" => Stop,
     /// Too many side-effecting calls; a human may allow more.
-    SideEffectLimitExceeded = "side_effect_limit_exceeded" => AskHuman,
+    SideEffectLimitExceeded = "side_effect_limit_exceeded" => Ask,
     /// The tool's circuit breaker is open: retry after it half-opens.
-    CircuitOpen = "circuit_open" => Backoff,
+    CircuitOpen = "circuit_open" => Retry,
     /// Policy blocks this tool; an override can grant it.
-    ToolBlocked = "tool_blocked" => AskHuman,
+    ToolBlocked = "tool_blocked" => Ask,
     /// The call is outside the run's scope.
     ScopeViolation = "scope_violation" => Stop,
     /// The call needs a human's approval first.
-    ApprovalRequired = "approval_required" => AskHuman,
+    ApprovalRequired = "approval_required" => Ask,
     /// The approval that would allow this call has expired.
-    ApprovalExpired = "approval_expired" => AskHuman,
+    ApprovalExpired = "approval_expired" => Ask,
     /// The call differs from what was approved.
-    ApprovalMismatch = "approval_mismatch" => AskHuman,
+    ApprovalMismatch = "approval_mismatch" => Ask,
     /// A non-idempotent write's outcome is unknown: a human must check before any retry.
-    OutcomeUnknownNonIdempotent = "outcome_unknown_non_idempotent" => AskHuman,
+    OutcomeUnknownNonIdempotent = "outcome_unknown_non_idempotent" => Ask,
     /// An operator killed the run.
     KilledByOperator = "killed_by_operator" => Stop,
+    /// An operator paused the run: ask again after it is resumed.
+    RunPaused = "run_paused" => Retry,
+    /// The gate cannot decide durably (its ledger or its state store is down): the
+    /// call does not proceed (fail closed); ask again later.
+    GateUnavailable = "gate_unavailable" => Retry,
     /// The run completed its task (stop only).
-    Completed = "completed" => Done,
+    Completed = "completed" => Stop,
 }
 
 impl fmt::Display for Reason {
@@ -176,8 +205,10 @@ pub enum Effect {
 pub enum Status {
     /// Succeeded.
     Ok,
-    /// Failed with an error response.
+    /// Failed with an error response (the tool may have done work).
     Error,
+    /// The tool refused before doing anything: the attempt is refunded by itself.
+    Rejected,
     /// No response in time.
     Timeout,
     /// Accepted; the remote work is still running.
@@ -361,6 +392,31 @@ pub struct Decision {
     /// Snapshot of `{dimension: {used, limit}}` at decision time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<BTreeMap<String, Limit>>,
+    /// Digest (lowercase hex BLAKE3) of the policy text the gate decided under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// The policy's TOML text (policy records only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_text: Option<String>,
+    /// The Unix uid of the process that asked (the gate reads it from the socket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// The credential the call or run is made under (start, allow, deny).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// The longest the allowed call may take, ms: never past the run's deadline (allow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// The approval (its `digest`) this allow used up (allow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
+    /// The approver's Ed25519 signature over the approval digest, lowercase hex
+    /// (override).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    /// The stopped run this one continues (start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continues: Option<String>,
 }
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
@@ -404,10 +460,17 @@ impl Decision {
     /// on the kinds they belong to, bounded text, well-formed digests.
     pub fn validate(&self) -> Result<(), DecisionError> {
         let kind = self.kind.ok_or(DecisionError::Missing { field: "kind" })?;
-        if self.run.is_empty() {
+        if kind == Kind::Policy {
+            if !self.run.is_empty() {
+                return Err(DecisionError::Invalid {
+                    field: "run",
+                    why: "a policy record belongs to no run: leave `run` empty",
+                });
+            }
+        } else if self.run.is_empty() {
             return Err(DecisionError::Missing { field: "run" });
         }
-        let texts: [(&'static str, Option<&str>); 15] = [
+        let texts: [(&'static str, Option<&str>); 17] = [
             ("run", Some(self.run.as_str())),
             ("worker", self.worker.as_deref()),
             ("goal", self.goal.as_deref()),
@@ -429,6 +492,8 @@ impl Decision {
                 self.scope.as_ref().and_then(|s| s.operation.as_deref()),
             ),
             ("digest", self.digest.as_deref()),
+            ("credential", self.credential.as_deref()),
+            ("continues", self.continues.as_deref()),
         ];
         for (field, value) in texts {
             if let Some(v) = value {
@@ -441,6 +506,15 @@ impl Decision {
                 }
             }
         }
+        if let Some(t) = &self.policy_text {
+            if t.len() > MAX_POLICY_BYTES {
+                return Err(DecisionError::TooLong {
+                    field: "policy_text",
+                    len: t.len(),
+                    max: MAX_POLICY_BYTES,
+                });
+            }
+        }
         if let Some(p) = &self.args_preview {
             if p.len() > MAX_PREVIEW_BYTES {
                 return Err(DecisionError::TooLong {
@@ -450,7 +524,7 @@ impl Decision {
                 });
             }
         }
-        let present: [(&'static str, bool, &[Kind]); 31] = [
+        let present: [(&'static str, bool, &[Kind]); 39] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -506,6 +580,18 @@ impl Decision {
                 self.limits.is_some(),
                 &[Kind::Allow, Kind::Deny, Kind::Stop],
             ),
+            ("policy", self.policy.is_some(), Kind::ALL),
+            ("policy_text", self.policy_text.is_some(), &[Kind::Policy]),
+            ("uid", self.uid.is_some(), Kind::ALL),
+            (
+                "credential",
+                self.credential.is_some(),
+                &[Kind::Start, Kind::Allow, Kind::Deny],
+            ),
+            ("timeout_ms", self.timeout_ms.is_some(), &[Kind::Allow]),
+            ("grant", self.grant.is_some(), &[Kind::Allow]),
+            ("signature", self.signature.is_some(), &[Kind::Override]),
+            ("continues", self.continues.is_some(), &[Kind::Start]),
         ];
         for (field, is_present, kinds) in present {
             if is_present && !kinds.contains(&kind) {
@@ -528,6 +614,14 @@ impl Decision {
             Kind::Refund if self.of.is_none() => {
                 return Err(DecisionError::Missing { field: "of" })
             }
+            Kind::Policy if self.policy_text.is_none() => {
+                return Err(DecisionError::Missing {
+                    field: "policy_text",
+                })
+            }
+            Kind::Policy if self.policy.is_none() => {
+                return Err(DecisionError::Missing { field: "policy" })
+            }
             _ => {}
         }
         if self.reason == Some(Reason::Completed) && kind != Kind::Stop {
@@ -539,6 +633,8 @@ impl Decision {
         for (field, digest) in [
             ("args_digest", self.args_digest.as_deref()),
             ("digest", self.digest.as_deref()),
+            ("policy", self.policy.as_deref()),
+            ("grant", self.grant.as_deref()),
         ] {
             if let Some(d) = digest {
                 if !is_digest_hex(d) {
@@ -547,6 +643,22 @@ impl Decision {
                         why: "must be 64 lowercase hex characters (a BLAKE3 digest)",
                     });
                 }
+            }
+        }
+        if let Some(sig) = &self.signature {
+            if sig.len() != 128 || !sig.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                return Err(DecisionError::Invalid {
+                    field: "signature",
+                    why: "must be 128 lowercase hex characters (an Ed25519 signature)",
+                });
+            }
+        }
+        if let (Some(text), Some(given)) = (&self.policy_text, &self.policy) {
+            if &policy_digest(text) != given {
+                return Err(DecisionError::Invalid {
+                    field: "policy",
+                    why: "does not match the BLAKE3 digest of `policy_text`",
+                });
             }
         }
         if let (Some(args), Some(given)) = (&self.args, &self.args_digest) {
@@ -678,6 +790,11 @@ fn reject_struct_arrays(text: &str) -> Result<(), DecisionError> {
 
 fn is_digest_hex(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The digest that names a policy: BLAKE3 over its exact TOML text, lowercase hex.
+pub fn policy_digest(text: &str) -> String {
+    blake3::hash(text.as_bytes()).to_hex().to_string()
 }
 
 /// BLAKE3 over the canonical JSON of `args`, lowercase hex (SPEC section 3).

@@ -197,6 +197,14 @@ impl<'a> Reader<'a> {
         opt!(expires_ms, self.u64()?);
         opt!(note, self.string()?);
         opt!(limits, self.limits()?);
+        opt!(policy, self.string()?);
+        opt!(policy_text, self.string()?);
+        opt!(uid, u32::try_from(self.u64()?).ok()?);
+        opt!(credential, self.string()?);
+        opt!(timeout_ms, self.u64()?);
+        opt!(grant, self.string()?);
+        opt!(signature, self.string()?);
+        opt!(continues, self.string()?);
         self.eat(b"}").then_some(d)
     }
 
@@ -310,6 +318,7 @@ fn status(w: &str) -> Option<Status> {
     Some(match w {
         "ok" => Status::Ok,
         "error" => Status::Error,
+        "rejected" => Status::Rejected,
         "timeout" => Status::Timeout,
         "running" => Status::Running,
         "unknown" => Status::Unknown,
@@ -393,6 +402,7 @@ mod tests {
         let status = prop::sample::select(vec![
             Status::Ok,
             Status::Error,
+            Status::Rejected,
             Status::Timeout,
             Status::Running,
             Status::Unknown,
@@ -447,8 +457,19 @@ mod tests {
             o(text()),
         )
             .boxed();
-        (a, b, c, e, o(limits))
-            .prop_map(|(a, b, c, e, limits)| Decision {
+        let g = (
+            o(text()),
+            o(text()),
+            o(any::<u32>()),
+            o(text()),
+            o(num()),
+            o(text()),
+            o(text()),
+            o(text()),
+        )
+            .boxed();
+        (a, b, c, e, o(limits), g)
+            .prop_map(|(a, b, c, e, limits, g)| Decision {
                 run: a.0,
                 kind: Some(a.1),
                 worker: a.2,
@@ -483,6 +504,14 @@ mod tests {
                 expires_ms: e.6,
                 note: e.7,
                 limits,
+                policy: g.0,
+                policy_text: g.1,
+                uid: g.2,
+                credential: g.3,
+                timeout_ms: g.4,
+                grant: g.5,
+                signature: g.6,
+                continues: g.7,
             })
             .boxed()
     }

@@ -1,0 +1,14 @@
+//! tally's decision records: what the gate decides and the ledger stores (one JSON
+//! object per decision), the typed reason codes and the one action each carries,
+//! canonical JSON and the argument digest.
+//!
+//! No cryptography, no I/O: the ledger (bytes, keys, store), the policy core and the
+//! verifier all read these types, and none of them defines its own.
+#![forbid(unsafe_code)]
+
+mod canonical;
+pub mod decision;
+pub mod error;
+
+pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
+pub use error::DecisionError;
