@@ -117,6 +117,8 @@ impl Drop for Reply {
 
 struct Pending {
     plaintexts: Vec<Vec<u8>>,
+    /// Derived state written in the same atomic batch as these decisions.
+    state: Vec<(Vec<u8>, Vec<u8>)>,
     /// Start a new key epoch before this group (an explicit [`Ledger::rotate`]).
     rotate: bool,
     reply: Reply,
@@ -473,6 +475,19 @@ impl Ledger {
         plaintexts: Vec<Vec<u8>>,
         done: impl FnOnce(Result<Vec<Receipt>>) + Send + 'static,
     ) {
+        self.submit_with_state(plaintexts, Vec::new(), done)
+    }
+
+    /// [`Ledger::submit_prepared`], with derived state (the gate's counters) written in
+    /// the same atomic store batch as the decisions: after a crash the store holds both
+    /// or neither, so state is never behind the ledger. Keys live in their own namespace
+    /// ([`Ledger::state`] reads them back); a later write of a key replaces it.
+    pub fn submit_with_state(
+        &self,
+        plaintexts: Vec<Vec<u8>>,
+        state: Vec<(Vec<u8>, Vec<u8>)>,
+        done: impl FnOnce(Result<Vec<Receipt>>) + Send + 'static,
+    ) {
         if plaintexts.is_empty() {
             return done(Ok(Vec::new()));
         }
@@ -485,6 +500,7 @@ impl Ledger {
         }
         queue.pending.push(Pending {
             plaintexts,
+            state,
             rotate: false,
             reply: Reply::new(done),
         });
@@ -503,6 +519,7 @@ impl Ledger {
         }
         queue.pending.push(Pending {
             plaintexts,
+            state: Vec::new(),
             rotate,
             reply: Reply::new(move |result| {
                 let _ = tx.send(result);
@@ -536,6 +553,12 @@ impl Ledger {
     /// The latest signed checkpoint whose entries are durable.
     pub fn checkpoint(&self) -> Checkpoint {
         lock(&self.shared.queue).durable.clone()
+    }
+
+    /// Every durable state value whose key starts with `prefix`, in key order (see
+    /// [`Ledger::submit_with_state`]).
+    pub fn state(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.shared.store.state(prefix)
     }
 
     /// The current key epoch.
@@ -908,9 +931,11 @@ impl Writer {
         let checkpoint =
             self.secrets
                 .sign_checkpoint(self.ledger_id, self.next_seq, self.head, wall);
-        store.apply(
+        let state = group.iter().flat_map(|p| &p.state);
+        store.apply_with_state(
             &entries,
             Some((checkpoint.size, checkpoint.to_text().as_bytes())),
+            state,
         )?;
         self.last_wall = wall;
         if rotated {

@@ -2,7 +2,8 @@
 //!
 //! Keys: `e` + seq of its first entry (u64 big-endian) -> a chunk of up to
 //! [`CHUNK_ENTRIES`] consecutive entries (closed early at [`CHUNK_BYTES`]), each as `len (u32 BE) | entry bytes`;
-//! `c` + size (u64 big-endian) -> checkpoint text. Chunking keeps sled's per-key cost
+//! `c` + size (u64 big-endian) -> checkpoint text; `s` + key -> derived state (the gate's
+//! counters, written in the batch of the decisions they follow from; never verified). Chunking keeps sled's per-key cost
 //! per chunk, not per decision. A commit group is one `apply_batch` (atomic in sled),
 //! so entries and the checkpoint that seals them land together or not at all.
 //!
@@ -27,6 +28,8 @@ pub const CHUNK_BYTES: usize = 6 * 1024;
 
 const ENTRY_PREFIX: u8 = b'e';
 const CHECKPOINT_PREFIX: u8 = b'c';
+/// Derived state (the gate's counters), never part of the chain: nothing verifies it.
+const STATE_PREFIX: u8 = b's';
 
 fn key(prefix: u8, n: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
@@ -112,7 +115,24 @@ impl Store {
         entries: &[(u64, Vec<u8>)],
         checkpoint: Option<(u64, &[u8])>,
     ) -> Result<()> {
+        self.apply_with_state(entries, checkpoint, std::iter::empty())
+    }
+
+    /// [`Store::apply`], with derived state values (key, value) in the same atomic
+    /// batch, under their own key prefix; later values of one key replace earlier ones.
+    pub fn apply_with_state<'a>(
+        &self,
+        entries: &[(u64, Vec<u8>)],
+        checkpoint: Option<(u64, &[u8])>,
+        state: impl IntoIterator<Item = &'a (Vec<u8>, Vec<u8>)>,
+    ) -> Result<()> {
         let mut batch = sled::Batch::default();
+        for (k, v) in state {
+            let mut key = Vec::with_capacity(k.len() + 1);
+            key.push(STATE_PREFIX);
+            key.extend_from_slice(k);
+            batch.insert(key, v.as_slice());
+        }
         let mut value: Vec<u8> = Vec::new();
         let (mut first, mut count) = (0, 0);
         for (seq, bytes) in entries {
@@ -205,6 +225,19 @@ impl Store {
             synced.retain(|n| blobs.join(n).exists());
         }
         Ok(())
+    }
+
+    /// Every state value whose key (without the store's prefix) starts with `prefix`.
+    pub fn state(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut p = vec![STATE_PREFIX];
+        p.extend_from_slice(prefix);
+        self.db
+            .scan_prefix(p)
+            .map(|kv| {
+                let (k, v) = kv.map_err(store_err)?;
+                Ok((k[1..].to_vec(), v.to_vec()))
+            })
+            .collect()
     }
 
     /// The entry at `seq`.

@@ -356,7 +356,7 @@ pub struct Decision {
     /// Actual spend (outcome).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_cents: Option<u64>,
-    /// Remote operation id (outcome).
+    /// Remote operation id (outcome; on allow and deny, the operation a poll reads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_ref: Option<String>,
     /// Last observed remote state (outcome).
@@ -561,7 +561,11 @@ impl Decision {
                 self.settled_cents.is_some(),
                 &[Kind::Outcome],
             ),
-            ("remote_ref", self.remote_ref.is_some(), &[Kind::Outcome]),
+            (
+                "remote_ref",
+                self.remote_ref.is_some(),
+                &[Kind::Allow, Kind::Deny, Kind::Outcome],
+            ),
             ("observed", self.observed.is_some(), &[Kind::Outcome]),
             (
                 "retry_after_ms",
