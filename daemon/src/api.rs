@@ -8,8 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -25,7 +24,6 @@ use crate::commit::LedgerState;
 use crate::error::ApiError;
 use crate::limit::{Peer, RateLimit};
 use crate::parse::{parse_body, Framing};
-use crate::runs::Delta;
 use crate::wire::Health;
 
 /// Exports stream at most this many at once; more wait their turn.
@@ -37,6 +35,7 @@ const EXPORT_CHUNK: usize = 64 * 1024;
 pub(crate) struct App {
     pub ledger: Arc<Ledger>,
     pub state: Arc<LedgerState>,
+    pub gate: Arc<tally_gate::Gate>,
     pub in_flight: Arc<Semaphore>,
     pub max_in_flight: usize,
     pub exports: Arc<Semaphore>,
@@ -71,12 +70,14 @@ impl App {
     pub fn new(
         ledger: Arc<Ledger>,
         state: Arc<LedgerState>,
+        gate: Arc<tally_gate::Gate>,
         limits: Limits,
     ) -> std::io::Result<App> {
         let max_in_flight = limits.max_in_flight.max(1);
         Ok(App {
             ledger,
             state,
+            gate,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             exports: Arc::new(Semaphore::new(MAX_EXPORTS)),
@@ -90,14 +91,29 @@ impl App {
     }
 }
 
-/// The router: every route the daemon has.
-pub(crate) fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/v1/decisions", post(post_decisions))
-        .route("/v1/runs/{run}", get(get_run))
+/// Which socket a router serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Agents: the gate's API (start, check, outcome, stop, where a run stands).
+    Agent,
+    /// The operator: raw decisions, pause, resume, kill, approvals, export.
+    Operator,
+}
+
+/// The router of one socket.
+pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
+    let common = Router::new()
         .route("/v1/checkpoint", get(get_checkpoint))
-        .route("/v1/health", get(get_health))
-        .route("/v1/export", get(get_export))
+        .route("/v1/health", get(get_health));
+    let routes = match role {
+        Role::Agent => crate::gate_api::agent_routes(common)
+            .route("/v1/decisions", post(agents_may_not_append)),
+        Role::Operator => crate::gate_api::operator_routes(common)
+            .route("/v1/decisions", post(post_decisions))
+            .route("/v1/export", get(get_export)),
+    };
+    routes
+        .layer(Extension(role))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(tcp_guard))
@@ -150,6 +166,14 @@ async fn tcp_guard(request: Request, next: axum::middleware::Next) -> Response {
     next.run(request).await
 }
 
+async fn agents_may_not_append() -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "not_authorized",
+        "agents do not append decisions: ask the gate with POST /v1/check (raw decisions go to the operator socket, for runs the gate does not govern)",
+    )
+}
+
 async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -159,7 +183,15 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
 }
 
 async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
-    let allow = if uri.path() == "/v1/decisions" {
+    let path = uri.path();
+    let posts = ["/stop", "/pause", "/resume", "/kill"];
+    let allow = if path == "/v1/runs" {
+        "GET, HEAD, POST"
+    } else if matches!(
+        path,
+        "/v1/decisions" | "/v1/check" | "/v1/outcome" | "/v1/approvals"
+    ) || posts.iter().any(|p| path.ends_with(p))
+    {
         "POST"
     } else {
         "GET, HEAD"
@@ -212,7 +244,11 @@ fn too_large(max: usize) -> ApiError {
 }
 
 /// Read the whole body within the read timeout and the size limit.
-async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -303,7 +339,17 @@ async fn post_decisions(
                 )
             })?
     };
-    let (deltas, plaintexts) = prepared?;
+    let (runs, plaintexts) = prepared?;
+    // Runs the gate governs take decisions from the gate alone (SPEC 5.7).
+    for run in &runs {
+        if app.gate.governs(run).map_err(crate::gate_api::gate_error)? {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "governed_run",
+                format!("run `{run}` is governed by the gate: its decisions come from the gate alone (POST /v1/check on the agent socket)"),
+            ));
+        }
+    }
     if let Some(rate) = &app.rate {
         // The first decision was paid for above; a batch pays for the rest now.
         if plaintexts.len() > 1 {
@@ -311,7 +357,7 @@ async fn post_decisions(
                 .map_err(rate_limited)?;
         }
     }
-    let answer = crate::commit::submit(&app.ledger, &app.state, plaintexts, deltas, permit);
+    let answer = crate::commit::submit(&app.ledger, &app.state, plaintexts, permit);
     match answer.await {
         Ok(Ok(receipts)) => Ok(Json(receipts)),
         Ok(Err(why)) => Err(ApiError::unavailable(why)),
@@ -322,14 +368,14 @@ async fn post_decisions(
     }
 }
 
-/// Parse, validate and encode a body: per-run counter deltas and the plaintexts.
+/// Parse, validate and encode a body: the runs it names and the plaintexts.
 fn prepare(
     bytes: &[u8],
     framing: Framing,
     max_batch: usize,
-) -> Result<(Vec<Delta>, Vec<Vec<u8>>), ApiError> {
+) -> Result<(std::collections::BTreeSet<String>, Vec<Vec<u8>>), ApiError> {
     let parsed = parse_body(bytes, framing, max_batch)?;
-    let deltas: Vec<Delta> = parsed.decisions.iter().map(Delta::of).collect();
+    let runs = parsed.decisions.iter().map(|d| d.run.clone()).collect();
     let plaintexts = tally_ledger::ledger::prepare(parsed.decisions).map_err(|e| match e {
         LedgerError::Decision(d) => ApiError::decision(&d),
         LedgerError::InBatch { index, source } => {
@@ -346,32 +392,7 @@ fn prepare(
             other.to_string(),
         ),
     })?;
-    Ok((deltas, plaintexts))
-}
-
-async fn get_run(
-    State(app): State<Arc<App>>,
-    run: Result<Path<String>, PathRejection>,
-) -> Result<Response, ApiError> {
-    // A run name that is not UTF-8 (after percent-decoding) gets the typed error form too.
-    let Path(run) = run.map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_run",
-            format!("the run name in the path is not valid: {}", e.body_text()),
-        )
-    })?;
-    match app.state.runs.get(&run) {
-        Some(counters) => Ok(Json(counters).into_response()),
-        None => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "run_not_found",
-            format!(
-                "no decision of run `{run}` was appended since this daemon started (seq {}); counters cover only those, `tally handoff` covers the whole ledger",
-                app.state.runs.since_seq()
-            ),
-        )),
-    }
+    Ok((runs, plaintexts))
 }
 
 async fn get_checkpoint(State(app): State<Arc<App>>) -> Response {
@@ -380,7 +401,7 @@ async fn get_checkpoint(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn get_health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiError> {
-    if let Some(why) = app.state.failure() {
+    if let Some(why) = app.state.failure().or_else(|| app.gate.failure()) {
         return Err(ApiError::unavailable(why));
     }
     let checkpoint = app.ledger.checkpoint();

@@ -4,7 +4,7 @@
 //! ([`Ledger::submit_prepared`]), which merges everything queued into one commit group
 //! (one checkpoint, one fsync) and writes the next group while the previous one is
 //! fsynced. The ledger calls back once a request's decisions are durable and sealed; the
-//! callback applies the run counters and answers the request. So the group size follows
+//! callback answers the request. So the group size follows
 //! the load with no timer, and no thread per request waits on the ledger.
 //!
 //! Merging requests is safe: each was validated alone before it was queued, so a group
@@ -15,14 +15,10 @@ use std::sync::{Arc, Mutex};
 use tally_ledger::{Ledger, Receipt};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use crate::runs::{Delta, Runs};
-
 /// What the request handlers share about the ledger.
 pub(crate) struct LedgerState {
     /// Why the ledger stopped accepting writes, once it has.
     pub failure: Mutex<Option<String>>,
-    /// Per-run counters of the decisions committed since the daemon started.
-    pub runs: Runs,
 }
 
 /// What an agent is told when the ledger cannot write. The cause names files of the store
@@ -52,14 +48,12 @@ impl LedgerState {
 }
 
 /// Queue one request's decisions. The answer comes once they are durable and sealed (its
-/// receipts), or refused (what to tell the agent). The run counters are applied, and the
-/// request's in-flight slot released, when the ledger calls back, even if the client has
-/// gone away meanwhile: hanging up cannot keep decisions out of the counters.
+/// receipts), or refused (what to tell the agent). The request's in-flight slot is released
+/// when the ledger calls back, even if the client has gone away meanwhile.
 pub(crate) fn submit(
     ledger: &Ledger,
     state: &Arc<LedgerState>,
     plaintexts: Vec<Vec<u8>>,
-    deltas: Vec<Delta>,
     permit: OwnedSemaphorePermit,
 ) -> oneshot::Receiver<Result<Vec<Receipt>, String>> {
     let (reply, answer) = oneshot::channel();
@@ -67,10 +61,7 @@ pub(crate) fn submit(
     let state = Arc::clone(state);
     ledger.submit_prepared(plaintexts, move |result| {
         let answer = match result {
-            Ok(receipts) if receipts.len() == count => {
-                state.runs.apply(deltas, &receipts);
-                Ok(receipts)
-            }
+            Ok(receipts) if receipts.len() == count => Ok(receipts),
             Ok(receipts) => Err(state.fail(&format!(
                 "the ledger returned {} receipts for {count} decisions",
                 receipts.len()

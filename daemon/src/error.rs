@@ -17,6 +17,10 @@ pub enum DaemonError {
     /// Opening the ledger failed (not a ledger, locked by another process, ...).
     #[error("ledger: {0}")]
     Ledger(#[from] tally_ledger::Error),
+    /// The gate could not open over the ledger (its stored state is unreadable, or the
+    /// policy could not be recorded).
+    #[error("gate: {0}")]
+    Gate(String),
     /// The ledger directory is open to other users; only the daemon's user may reach it.
     #[error("{path}: ledger directory has mode {mode:o}; only the daemon's user may read it: run `chmod 700 {path}`")]
     LedgerPermissions {

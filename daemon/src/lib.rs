@@ -26,9 +26,9 @@ mod bulk;
 pub mod client;
 mod commit;
 pub mod error;
+mod gate_api;
 mod limit;
 mod parse;
-mod runs;
 mod server;
 pub mod wire;
 
@@ -52,6 +52,12 @@ pub struct ServeOptions {
     /// The Unix socket path. A stale socket left by a dead daemon is replaced; a live
     /// one, or a file that is not a socket, is refused.
     pub socket: PathBuf,
+    /// The operator socket (mode 0600: the daemon's user only): raw decisions for runs
+    /// the gate does not govern, pause, resume, kill, approvals, export. Without it,
+    /// none of those is reachable.
+    pub operator_socket: Option<PathBuf>,
+    /// The gate's policy (default: the built-in defaults, recorded as the empty text).
+    pub policy: tally_policy::Recorded,
     /// Also listen on this TCP address; it must be loopback.
     pub listen: Option<SocketAddr>,
     /// The socket file's permission bits (default `0o660`: the daemon's user and group).
@@ -83,6 +89,8 @@ impl ServeOptions {
         ServeOptions {
             ledger: ledger.into(),
             socket: socket.into(),
+            operator_socket: None,
+            policy: tally_policy::Recorded::default_policy(),
             listen: None,
             socket_mode: 0o660,
             socket_gid: None,
@@ -153,9 +161,17 @@ pub async fn serve(
     // A copy under the commit queue's lock: it never waits for a commit.
     let checkpoint = ledger.checkpoint();
     let tcp = server::bind_tcp(options.listen).await?;
+    let _ = checkpoint;
+    let gate = Arc::new(
+        tally_gate::Gate::open(Arc::clone(&ledger), options.policy.clone())
+            .map_err(|e| DaemonError::Gate(e.to_string()))?,
+    );
     let socket = server::Socket::bind(&options.socket, options.socket_mode, options.socket_gid)?;
+    let operator = match &options.operator_socket {
+        Some(path) => Some(server::Socket::bind(path, 0o600, None)?),
+        None => None,
+    };
     let state = Arc::new(commit::LedgerState {
-        runs: runs::Runs::new(checkpoint.size),
         failure: std::sync::Mutex::new(None),
     });
     let max_in_flight = options.max_in_flight.max(1);
@@ -163,6 +179,7 @@ pub async fn serve(
         api::App::new(
             ledger,
             Arc::clone(&state),
+            gate,
             api::Limits {
                 max_body_bytes: options.max_body_bytes,
                 max_in_flight,
@@ -173,11 +190,13 @@ pub async fn serve(
         )
         .map_err(DaemonError::Runtime)?,
     );
-    let router = api::router(Arc::clone(&app));
+    let router = api::router(Arc::clone(&app), api::Role::Agent);
+    let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
     let (graceful, mut connections) = server::accept_loop(
         &socket,
         &tcp,
         router,
+        operator.as_ref().map(|s| (s, operator_router)),
         options.max_connections,
         options.read_timeout,
         shutdown,
@@ -185,6 +204,9 @@ pub async fn serve(
     .await;
     // Stop accepting: new clients now fail to connect instead of queueing.
     socket.close();
+    if let Some(op) = operator {
+        op.close();
+    }
     drop(tcp);
     // Each open connection finishes the request it is in; idle ones close now.
     graceful.shutdown().await;

@@ -143,6 +143,7 @@ pub(crate) async fn accept_loop(
     socket: &Socket,
     tcp: &Option<TcpListener>,
     router: Router,
+    operator: Option<(&Socket, Router)>,
     max_connections: usize,
     read_timeout: Duration,
     shutdown: impl Future<Output = ()>,
@@ -180,6 +181,14 @@ pub(crate) async fn accept_loop(
                 }
                 Err(e) => backoff(e).await,
             },
+            accepted = accept_operator(operator.as_ref().map(|o| o.0)) => match (accepted, &operator) {
+                (Ok((stream, _)), Some((_, op_router))) => {
+                    let peer = stream.peer_cred().map(|c| Peer::Uid(c.uid())).unwrap_or(Peer::Unknown);
+                    serve_connection(&builder, &graceful, &mut tasks, op_router, stream, peer, permit);
+                }
+                (Ok(_), None) => {}
+                (Err(e), _) => backoff(e).await,
+            },
             accepted = accept_tcp(tcp) => match accepted {
                 Ok((stream, addr)) => {
                     let _ = stream.set_nodelay(true);
@@ -193,6 +202,16 @@ pub(crate) async fn accept_loop(
         }
     }
     (graceful, tasks)
+}
+
+/// Accept on the operator socket, or never if there is none.
+async fn accept_operator(
+    socket: Option<&Socket>,
+) -> io::Result<(tokio::net::UnixStream, tokio::net::unix::SocketAddr)> {
+    match socket {
+        Some(s) => s.listener.accept().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Accept errors (out of file descriptors, a connection reset before accept) are not

@@ -23,7 +23,10 @@ use tokio::task::JoinHandle;
 pub struct Daemon {
     pub dir: TempDir,
     pub ledger_dir: PathBuf,
+    /// The operator socket: raw decisions, export, pause, approvals.
     pub socket: PathBuf,
+    /// The agent socket: the gate.
+    pub agent_socket: PathBuf,
     pub auditor: AuditorKey,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), DaemonError>>>,
@@ -51,10 +54,12 @@ impl Daemon {
     ) -> Daemon {
         let (dir, ledger_dir, auditor) = new_ledger(rotation);
         let socket = dir.path().join("tally.sock");
+        let agent_socket = dir.path().join("agent.sock");
         let mut daemon = Daemon {
             dir,
             ledger_dir,
             socket,
+            agent_socket,
             auditor,
             stop: None,
             task: None,
@@ -65,7 +70,9 @@ impl Daemon {
 
     /// Options for this daemon's ledger and socket.
     pub fn options(&self) -> ServeOptions {
-        ServeOptions::new(&self.ledger_dir, &self.socket)
+        let mut o = ServeOptions::new(&self.ledger_dir, &self.agent_socket);
+        o.operator_socket = Some(self.socket.clone());
+        o
     }
 
     /// (Re)open the ledger and serve it.
@@ -79,11 +86,17 @@ impl Daemon {
             let _ = stopped.await;
         })));
         wait_for_socket(&self.socket).await;
+        wait_for_socket(&self.agent_socket).await;
     }
 
-    /// A new connection.
+    /// A new connection to the operator socket.
     pub async fn client(&self) -> Client {
         Client::unix(&self.socket).await.expect("connect")
+    }
+
+    /// A new connection to the agent socket.
+    pub async fn agent(&self) -> Client {
+        Client::unix(&self.agent_socket).await.expect("connect")
     }
 
     /// Signal shutdown and wait for the daemon to drain and return.
@@ -301,4 +314,19 @@ pub fn free_loopback_addr() -> std::net::SocketAddr {
         .expect("free port")
         .local_addr()
         .expect("addr")
+}
+
+/// POST a JSON body; the status and the JSON reply.
+pub async fn post_json(client: &mut Client, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let reply = client
+        .request(
+            axum::http::Method::POST,
+            path,
+            Some("application/json"),
+            body.to_owned(),
+        )
+        .await
+        .expect("request");
+    let value = serde_json::from_slice(&reply.body).unwrap_or(serde_json::Value::Null);
+    (reply.status.as_u16(), value)
 }

@@ -1,13 +1,10 @@
 //! Many clients at once: interleaved runs, shared group commits, nothing lost, no gap.
 
-use std::collections::HashMap;
-
-use tally_daemon::wire::RunCounters;
 use tally_ledger::Receipt;
 
 use std::time::Duration;
 
-use crate::common::{allow, get, raw, walk, Daemon};
+use crate::common::{allow, raw, walk, Daemon};
 
 const CLIENTS: usize = 32;
 const REQUESTS: usize = 30;
@@ -68,23 +65,6 @@ async fn thirty_two_clients_interleave_many_runs_with_no_gap_and_no_loss() {
                     .sum::<usize>())
     );
 
-    // Counters match what was sent per run.
-    let mut per_run: HashMap<String, u64> = HashMap::new();
-    for (_, run, _, _) in &acked {
-        *per_run.entry(run.clone()).or_default() += 1;
-    }
-    let mut c = daemon.client().await;
-    for (run, count) in &per_run {
-        let counters: RunCounters =
-            serde_json::from_slice(&get(&mut c, &format!("/v1/runs/{run}")).await.body)
-                .expect("counters");
-        assert_eq!(counters.decisions, *count, "{run}");
-        assert_eq!(counters.allows, *count, "{run}");
-        assert_eq!(counters.spend_reserved_cents, 2 * count, "{run}");
-        let last = acked.iter().filter(|a| &a.1 == run).map(|a| a.0.seq).max();
-        assert_eq!(counters.last.map(|l| l.seq), last, "{run}");
-    }
-    drop(c);
     daemon.shutdown().await.expect("clean shutdown");
 
     let chain = walk(&daemon.ledger_dir, &daemon.auditor);
@@ -178,11 +158,6 @@ async fn big_batches_parse_on_parse_threads_and_hang_ups_change_nothing() {
         acked.extend(t.await.expect("client task"));
     }
     assert_eq!(acked.len(), CLIENTS * 3 * LINES);
-    assert_eq!(
-        get(&mut c, "/v1/runs/big-bad").await.status,
-        404,
-        "nothing of the refused batch counted"
-    );
     drop(c);
     daemon.shutdown().await.expect("clean shutdown");
 

@@ -14,6 +14,8 @@ fn spawn_daemon(ledger: &std::path::Path, socket: &std::path::Path) -> Child {
         .arg("--ledger")
         .arg(ledger)
         .arg("--socket")
+        .arg(socket.with_extension("agent"))
+        .arg("--operator-socket")
         .arg(socket)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

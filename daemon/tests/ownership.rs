@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use tally_ledger::Receipt;
 
-use crate::common::{walk, Daemon};
+use crate::common::{post_json, walk, Daemon};
 
 const NOBODY: &str = "nobody";
 
@@ -57,7 +57,6 @@ async fn another_uid_appends_through_the_socket_but_cannot_touch_the_store() {
     std::fs::set_permissions(daemon.dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod parent");
     let ledger = daemon.ledger_dir.clone();
-    let socket = daemon.socket.to_string_lossy().into_owned();
     assert_eq!(
         std::fs::metadata(&ledger)
             .expect("ledger")
@@ -67,25 +66,77 @@ async fn another_uid_appends_through_the_socket_but_cannot_touch_the_store() {
         0o700
     );
 
+    let agent = daemon.agent_socket.to_string_lossy().into_owned();
+    let curl = |method: &str, path: &str, body: &str| {
+        let url = format!("http://localhost{path}");
+        let out = as_nobody(&[
+            "curl",
+            "-sS",
+            "--unix-socket",
+            &agent,
+            "-X",
+            method,
+            "-H",
+            "content-type: application/json",
+            "-d",
+            body,
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ]);
+        assert!(
+            out.status.success(),
+            "curl as nobody: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').expect("status line");
+        (code.trim().parse::<u16>().expect("status"), body.to_owned())
+    };
+    // Another uid reaches the gate through the agent socket...
+    let (status, body) = curl(
+        "POST",
+        "/v1/runs",
+        r#"{"run":"from-nobody","goal":"prove the socket is the only way in"}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    let started: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let receipts = vec![Receipt {
+        seq: started["seq"].as_u64().expect("seq"),
+        hash: tally_ledger::Hash(hex_hash(started["hash"].as_str().expect("hash"))),
+    }];
+    // ...but cannot append decisions of its own (SPEC 5.7), not even for its own run...
+    let (status, body) = curl(
+        "POST",
+        "/v1/decisions",
+        r#"{"run":"from-nobody","kind":"allow","tool":"t","attempt":1}"#,
+    );
+    assert_eq!(status, 403, "{body}");
+    // ...nor read or stop a run another uid started.
+    let mut root = daemon.agent().await;
+    let (status, _) = post_json(&mut root, "/v1/runs", r#"{"run":"root-run"}"#).await;
+    assert_eq!(status, 201);
+    let (status, body) = curl("GET", "/v1/runs/root-run", "");
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = curl("POST", "/v1/runs/root-run/stop", "{}");
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = curl(
+        "POST",
+        "/v1/check",
+        r#"{"run":"root-run","tool":"t","effect":"read"}"#,
+    );
+    assert_eq!(status, 403, "{body}");
+    // The operator socket is the daemon user's alone.
+    let op = daemon.socket.to_string_lossy().into_owned();
     let out = as_nobody(&[
         "curl",
         "-sS",
         "--unix-socket",
-        &socket,
-        "-H",
-        "content-type: application/json",
-        "-d",
-        r#"{"run":"from-nobody","kind":"start","goal":"prove the socket is the only way in"}"#,
-        "http://localhost/v1/decisions",
+        &op,
+        "http://localhost/v1/runs",
     ]);
-    assert!(
-        out.status.success(),
-        "curl as nobody: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let receipts: Vec<Receipt> = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
-    assert_eq!(receipts[0].seq, 1);
+    assert!(!out.status.success(), "nobody reached the operator socket");
+    drop(root);
 
     let store = ledger.join("store");
     let db = store.join("db");
@@ -110,10 +161,19 @@ async fn another_uid_appends_through_the_socket_but_cannot_touch_the_store() {
     assert!(db.is_file() && key.is_file(), "the store is intact");
     daemon.shutdown().await.expect("clean shutdown");
     let chain = walk(&daemon.ledger_dir, &daemon.auditor);
-    assert_eq!(chain.entries.len(), 2);
+    // Genesis, the policy, nobody's start and root's start: nothing else.
+    assert_eq!(chain.entries.len(), 4);
     chain.assert_holds(&receipts);
 }
 
 fn p(path: &Path) -> String {
     path.to_string_lossy().into_owned()
+}
+
+fn hex_hash(s: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex");
+    }
+    out
 }

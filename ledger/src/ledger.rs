@@ -561,6 +561,23 @@ impl Ledger {
         self.shared.store.state(prefix)
     }
 
+    /// The durable state value stored under exactly `key`.
+    pub fn state_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.shared.store.state_get(key)
+    }
+
+    /// Write state values outside any commit group and make them durable before
+    /// returning (for state no decision carries, such as an operator's pause). Keys
+    /// written here must not also be written through [`Ledger::submit_with_state`]:
+    /// the two paths are not ordered with each other.
+    pub fn put_state_durable(&self, state: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        if let Some(why) = &lock(&self.shared.queue).poisoned {
+            return Err(Error::Poisoned(why.clone()));
+        }
+        self.shared.store.apply_with_state(&[], None, state)?;
+        self.shared.store.sync()
+    }
+
     /// The current key epoch.
     pub fn epoch(&self) -> u32 {
         lock(&self.shared.writer).secrets.epoch

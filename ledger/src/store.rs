@@ -240,6 +240,13 @@ impl Store {
             .collect()
     }
 
+    /// The state value under exactly `key` (without the store's prefix).
+    pub fn state_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut k = vec![STATE_PREFIX];
+        k.extend_from_slice(key);
+        Ok(self.db.get(k).map_err(store_err)?.map(|v| v.to_vec()))
+    }
+
     /// The entry at `seq`.
     pub fn entry(&self, seq: u64) -> Result<Option<Vec<u8>>> {
         let Some(kv) = self

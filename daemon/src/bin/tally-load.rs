@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, Mutex};
 
 const USAGE: &str = "usage:
   tally-load init  --ledger DIR
-  tally-load serve --ledger DIR --socket PATH [--listen ADDR] [--max-in-flight N]
+  tally-load serve --ledger DIR --socket PATH [--operator-socket PATH] [--listen ADDR] [--max-in-flight N]
   tally-load bench (--socket PATH | --tcp ADDR) [--clients N] [--batch N] [--seconds S]
                    [--offered DECISIONS_PER_SEC [--even]] [--json]";
 
@@ -115,6 +115,7 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
         "ledger",
         "socket",
         "listen",
+        "operator-socket",
         "max-in-flight",
         "tcp",
         "clients",
@@ -144,6 +145,7 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
                 args.required::<PathBuf>("socket")?,
             );
             options.listen = args.value("listen")?;
+            options.operator_socket = args.value("operator-socket")?;
             options.max_in_flight = args.value("max-in-flight")?.unwrap_or(256);
             args.done()?;
             Ok(match tally_daemon::run(options) {

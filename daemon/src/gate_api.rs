@@ -1,0 +1,318 @@
+//! The gate's HTTP API (SPEC 8): the agent socket's start, check, outcome, stop and
+//! where-a-run-stands; the operator socket's run list, pause, resume, kill and approvals.
+//! Each answer goes out only once its decision is durable.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tally_gate::{
+    Approval, Caller, CheckRequest, GateError, OutcomeRequest, StartRequest, StopRequest,
+};
+use tally_ledger::Reason;
+use tokio::sync::oneshot;
+
+use crate::api::{read_body, App, Role};
+use crate::error::ApiError;
+use crate::limit::Peer;
+
+type AppState = State<Arc<App>>;
+
+/// The agent socket's gate routes, added to `common`.
+pub(crate) fn agent_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
+    common
+        .route("/v1/runs", post(start))
+        .route("/v1/check", post(check))
+        .route("/v1/outcome", post(outcome))
+        .route("/v1/runs/{run}/stop", post(stop))
+        .route("/v1/runs/{run}", get(run))
+}
+
+/// The operator socket's routes, added to `common`.
+pub(crate) fn operator_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
+    common
+        .route("/v1/runs", get(runs))
+        .route("/v1/runs/{run}", get(run))
+        .route("/v1/runs/{run}/pause", post(pause))
+        .route("/v1/runs/{run}/resume", post(resume))
+        .route("/v1/runs/{run}/kill", post(kill))
+        .route("/v1/approvals", post(approve))
+}
+
+fn caller(peer: Peer, role: Role) -> Caller {
+    Caller {
+        uid: match peer {
+            Peer::Uid(uid) => Some(uid),
+            Peer::Tcp | Peer::Unknown => None,
+        },
+        operator: role == Role::Operator,
+    }
+}
+
+/// The typed error an agent gets for a gate error.
+pub(crate) fn gate_error(e: GateError) -> ApiError {
+    use StatusCode as S;
+    let msg = e.to_string();
+    match e {
+        GateError::RunNotFound(_) => ApiError::new(S::NOT_FOUND, "run_not_found", msg),
+        GateError::RunExists(_) => ApiError::new(S::CONFLICT, "run_exists", msg),
+        GateError::NotOwner { .. } => ApiError::new(S::FORBIDDEN, "not_owner", msg),
+        GateError::NotAuthorized(_) => ApiError::new(S::FORBIDDEN, "not_authorized", msg),
+        GateError::TooManyRuns { .. } => ApiError::new(S::TOO_MANY_REQUESTS, "too_many_runs", msg),
+        GateError::RunStopped { .. } | GateError::Stopped(_) => {
+            ApiError::new(S::CONFLICT, "run_stopped", msg)
+        }
+        GateError::NotStopped(_) => ApiError::new(S::CONFLICT, "run_not_stopped", msg),
+        GateError::Refused(_) => ApiError::new(S::FORBIDDEN, "refused", msg),
+        GateError::NoSuchAttempt { .. } => ApiError::new(S::NOT_FOUND, "no_such_attempt", msg),
+        GateError::AttemptSettled { .. } => ApiError::new(S::CONFLICT, "attempt_settled", msg),
+        GateError::ApprovalRefused(_) => ApiError::new(S::FORBIDDEN, "approval_refused", msg),
+        GateError::TooManyNames { .. } => {
+            let mut e = ApiError::new(S::TOO_MANY_REQUESTS, "too_many_names", msg);
+            e.retry_after_secs = Some(1);
+            e
+        }
+        GateError::Invalid(d) => ApiError::decision(&d),
+        GateError::Unavailable(why) => {
+            eprintln!("tally serve: the gate cannot decide durably: {why}");
+            ApiError::new(
+                S::SERVICE_UNAVAILABLE,
+                "gate_unavailable",
+                "the gate cannot record decisions, so it refuses every call (fail closed); retry later (the daemon's log has the cause)",
+            )
+        }
+        _ => ApiError::new(S::INTERNAL_SERVER_ERROR, "internal", msg),
+    }
+}
+
+/// Read a JSON body strictly into `T`, naming the field at fault.
+async fn body<T: DeserializeOwned>(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    let bytes = read_body(app, headers, body).await?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "the body is not UTF-8",
+        )
+    })?;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let mut err = ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", inner.to_string())
+            .line(Some(inner.line()))
+            .column(Some(inner.column()));
+        if path != "." {
+            err = err.field(path);
+        }
+        err
+    })?;
+    de.end()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    Ok(value)
+}
+
+/// Run a gate operation that answers through a callback, and await its answer.
+async fn answered<T: Send + 'static>(
+    f: impl FnOnce(Box<dyn FnOnce(Result<T, GateError>) + Send>),
+) -> Result<T, GateError> {
+    let (tx, rx) = oneshot::channel();
+    f(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.await
+        .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    (status, Json(value)).into_response()
+}
+
+fn path_run(run: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    run.map(|Path(r)| r).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_run",
+            format!("the run name in the path is not valid: {}", e.body_text()),
+        )
+    })
+}
+
+async fn start(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    Extension(role): Extension<Role>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (parts, b) = request.into_parts();
+    let req: StartRequest = body(&app, &parts.headers, b).await?;
+    let gate = Arc::clone(&app.gate);
+    let started = answered(|done| gate.start(caller(peer, role), req, done))
+        .await
+        .map_err(gate_error)?;
+    Ok(json(StatusCode::CREATED, &started))
+}
+
+async fn check(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    Extension(role): Extension<Role>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (parts, b) = request.into_parts();
+    let req: CheckRequest = body(&app, &parts.headers, b).await?;
+    let gate = Arc::clone(&app.gate);
+    match answered(|done| gate.check(caller(peer, role), req, done)).await {
+        Ok(answer) => Ok(json(StatusCode::OK, &answer)),
+        // The run is over: a decision-shaped answer, so a client needs one code path.
+        Err(GateError::Stopped(answer)) => Ok(json(StatusCode::OK, &answer)),
+        Err(GateError::Unavailable(why)) => {
+            eprintln!("tally serve: the gate cannot decide durably: {why}");
+            let reply = serde_json::json!({
+                "decision": "deny",
+                "reason": Reason::GateUnavailable,
+                "action": Reason::GateUnavailable.action(),
+                "retry_after_ms": 1000,
+                "error": {
+                    "code": "gate_unavailable",
+                    "message": "the gate cannot record decisions, so the call must not proceed (fail closed); retry later",
+                },
+            });
+            Ok(json(StatusCode::SERVICE_UNAVAILABLE, &reply))
+        }
+        Err(e) => Err(gate_error(e)),
+    }
+}
+
+async fn outcome(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    Extension(role): Extension<Role>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (parts, b) = request.into_parts();
+    let req: OutcomeRequest = body(&app, &parts.headers, b).await?;
+    let gate = Arc::clone(&app.gate);
+    let logged = answered(|done| gate.outcome(caller(peer, role), req, done))
+        .await
+        .map_err(gate_error)?;
+    Ok(json(StatusCode::OK, &logged))
+}
+
+async fn stop(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    Extension(role): Extension<Role>,
+    run: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let run = path_run(run)?;
+    let (parts, b) = request.into_parts();
+    let bytes = read_body(&app, &parts.headers, b).await?;
+    let req: StopRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
+        StopRequest::default()
+    } else {
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?
+    };
+    let gate = Arc::clone(&app.gate);
+    let logged = answered(|done| gate.stop(caller(peer, role), &run, req, done))
+        .await
+        .map_err(gate_error)?;
+    Ok(json(StatusCode::OK, &logged))
+}
+
+async fn kill(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    run: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let run = path_run(run)?;
+    let gate = Arc::clone(&app.gate);
+    let req = StopRequest {
+        reason: Some(Reason::KilledByOperator),
+        worker: None,
+    };
+    let logged = answered(|done| gate.stop(caller(peer, Role::Operator), &run, req, done))
+        .await
+        .map_err(gate_error)?;
+    Ok(json(StatusCode::OK, &logged))
+}
+
+async fn lifecycle(
+    app: Arc<App>,
+    peer: Peer,
+    run: String,
+    paused: bool,
+) -> Result<Response, ApiError> {
+    let gate = Arc::clone(&app.gate);
+    let standing =
+        tokio::task::spawn_blocking(move || gate.pause(caller(peer, Role::Operator), &run, paused))
+            .await
+            .map_err(|_| gate_error(GateError::Unavailable("pause task failed".into())))?
+            .map_err(gate_error)?;
+    Ok(json(StatusCode::OK, &standing))
+}
+
+async fn pause(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    run: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    lifecycle(app, peer, path_run(run)?, true).await
+}
+
+async fn resume(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    run: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    lifecycle(app, peer, path_run(run)?, false).await
+}
+
+async fn approve(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (parts, b) = request.into_parts();
+    let a: Approval = body(&app, &parts.headers, b).await?;
+    let gate = Arc::clone(&app.gate);
+    let logged = answered(|done| gate.approve(caller(peer, Role::Operator), a, done))
+        .await
+        .map_err(gate_error)?;
+    Ok(json(StatusCode::OK, &logged))
+}
+
+async fn run(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    Extension(role): Extension<Role>,
+    run: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let run = path_run(run)?;
+    let standing = app.gate.run(caller(peer, role), &run).map_err(gate_error)?;
+    Ok(json(StatusCode::OK, &standing))
+}
+
+async fn runs(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+) -> Result<Response, ApiError> {
+    let all = app
+        .gate
+        .runs(caller(peer, Role::Operator))
+        .map_err(gate_error)?;
+    Ok(json(StatusCode::OK, &all))
+}

@@ -1,0 +1,909 @@
+//! tally's live gate: agents ask before every external call; the gate decides from the
+//! run's budget with the policy core (`tally-policy`), appends the decision through the
+//! ledger, and answers only once the decision is durable (SPEC 8).
+//!
+//! * One core: [`tally_policy::decide`] then [`tally_policy::apply`], the same functions
+//!   `tally verify` replays.
+//! * Ordering: state changes when a call is decided (not when its record is durable), and
+//!   the decision is queued for its commit group while the state lock is held, so the
+//!   ledger's order is the order state changed and two checks can never both take the
+//!   last slot.
+//! * Durability: the state each decision leaves is written in the same atomic store batch
+//!   as the decision itself ([`Ledger::submit_with_state`]): after a crash the store holds
+//!   both or neither, so state is never behind the ledger.
+//! * Fail closed: when a decision cannot be made durable, the answer is an error (the
+//!   daemon says `gate_unavailable`), never an allow; the gate then refuses everything
+//!   until restarted.
+//! * Authority (SPEC 5.7): a run is bound to the uid that started it; only the gate
+//!   writes allow, deny, refund and override for the runs it governs; a run the gate
+//!   holds no state for is refused, never given a fresh budget.
+#![forbid(unsafe_code)]
+
+mod error;
+mod tables;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tally_ledger::decision::{Budget, Limit, Scope};
+use tally_ledger::{Action, Decision, Kind, Ledger, Reason, Receipt, Status};
+use tally_policy::{apply, decide, Call, Now, Recorded, RunState, Verdict, ViewMut};
+
+pub use error::GateError;
+use tables::Tables;
+
+/// Who is asking: the peer's uid as the socket reports it (`None` in-process).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The peer's Unix uid.
+    pub uid: Option<u32>,
+    /// Whether this is the operator (the operator socket, or an in-process owner).
+    pub operator: bool,
+}
+
+/// `POST /v1/runs`: start a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartRequest {
+    /// The run's name (a new task is a new run).
+    pub run: String,
+    /// The task.
+    #[serde(default)]
+    pub goal: Option<String>,
+    /// What the agent asks for; it gets no more than the policy's ceiling.
+    #[serde(default)]
+    pub budget: Option<Budget>,
+    /// The parent run (its remaining budget bounds this one's).
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// The stopped run this one continues.
+    #[serde(default)]
+    pub continues: Option<String>,
+    /// Agent chain depth.
+    #[serde(default)]
+    pub depth: Option<u64>,
+    /// The worker starting it.
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// The credential it runs under.
+    #[serde(default)]
+    pub credential: Option<String>,
+}
+
+/// `POST /v1/check`: one intended call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    /// The run.
+    pub run: String,
+    /// The worker asking.
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// The tool.
+    pub tool: String,
+    /// The logical operation (e.g. `export.status:ea91`).
+    #[serde(default)]
+    pub operation: Option<String>,
+    /// The call's arguments: only their digest is kept.
+    #[serde(default)]
+    pub args: Option<serde_json::Value>,
+    /// A bounded preview of the arguments to keep.
+    #[serde(default)]
+    pub args_preview: Option<String>,
+    /// `read`, `idempotent_write` or `non_idempotent_write`.
+    pub effect: tally_ledger::Effect,
+    /// The caller's idempotency key.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    /// Destination host.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// `http`, `ssh`, `tool` or `model`.
+    #[serde(default)]
+    pub channel: Option<tally_ledger::decision::Channel>,
+    /// Agent chain depth.
+    #[serde(default)]
+    pub depth: Option<u64>,
+    /// Cents to reserve.
+    #[serde(default)]
+    pub reserve_cents: Option<u64>,
+    /// The remote operation a status read polls.
+    #[serde(default)]
+    pub remote_ref: Option<String>,
+    /// The credential.
+    #[serde(default)]
+    pub credential: Option<String>,
+    /// The call's own time limit, ms.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `POST /v1/outcome`: what an allowed call did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutcomeRequest {
+    /// The run.
+    pub run: String,
+    /// The attempt the gate gave the call.
+    pub attempt: u64,
+    /// `ok`, `error`, `rejected`, `timeout`, `running` or `unknown`.
+    pub status: Status,
+    /// Actual spend, cents.
+    #[serde(default)]
+    pub settled_cents: Option<u64>,
+    /// Remote operation id.
+    #[serde(default)]
+    pub remote_ref: Option<String>,
+    /// Last observed remote state.
+    #[serde(default)]
+    pub observed: Option<String>,
+    /// Upstream Retry-After, ms.
+    #[serde(default)]
+    pub retry_after_ms: Option<u64>,
+    /// The worker reporting.
+    #[serde(default)]
+    pub worker: Option<String>,
+}
+
+/// `POST /v1/runs/{run}/stop`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopRequest {
+    /// Why (default `completed`).
+    #[serde(default)]
+    pub reason: Option<Reason>,
+    /// The worker stopping it.
+    #[serde(default)]
+    pub worker: Option<String>,
+}
+
+/// An approval, signed by an approver the policy lists (`tally approve` makes one).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Approval {
+    /// The run.
+    pub run: String,
+    /// The approver's name in the policy.
+    pub approver: String,
+    /// What is granted.
+    pub scope: Scope,
+    /// Run time after which it is void, ms.
+    pub expires_ms: u64,
+    /// `tally_policy::approval::digest` of the above.
+    pub digest: String,
+    /// The approver's Ed25519 signature over the digest, hex.
+    pub signature: String,
+    /// Free text.
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+/// The gate's answer to a check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckAnswer {
+    /// `allow`, `deny` or `require_approval`.
+    pub decision: Verdict,
+    /// The reason code (not for an allow).
+    pub reason: Option<Reason>,
+    /// What the caller must do: `stop`, `retry` or `ask` (not for an allow).
+    pub action: Option<Action>,
+    /// For `require_approval`: the limit that was reached.
+    pub cause: Option<Reason>,
+    /// Back off this long before asking again.
+    pub retry_after_ms: Option<u64>,
+    /// For an allow: the call must end within this many ms.
+    pub timeout_ms: Option<u64>,
+    /// For an allow: the attempt number to report the outcome under.
+    pub attempt: Option<u64>,
+    /// Every dimension, used and limit.
+    pub limits: BTreeMap<String, Limit>,
+    /// The decision's seq in the ledger (`None`: nothing was recorded, the run is over).
+    pub seq: Option<u64>,
+    /// Its chain hash.
+    pub hash: Option<String>,
+}
+
+/// The answer to a start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    /// The run.
+    pub run: String,
+    /// The budget granted.
+    pub budget: Budget,
+    /// The policy's digest.
+    pub policy: String,
+    /// The start record's seq.
+    pub seq: u64,
+    /// Its hash.
+    pub hash: String,
+}
+
+/// A recorded decision's receipt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Logged {
+    /// Its seq.
+    pub seq: u64,
+    /// Its hash.
+    pub hash: String,
+    /// The run's limits after it.
+    pub limits: BTreeMap<String, Limit>,
+}
+
+/// Where a run stands (`GET /v1/runs/{run}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Standing {
+    /// The run.
+    pub run: String,
+    /// `running`, `paused` or `stopped`.
+    pub state: &'static str,
+    /// Why it stopped.
+    pub stop_reason: Option<Reason>,
+    /// Its goal.
+    pub goal: Option<String>,
+    /// The budget granted.
+    pub budget: Budget,
+    /// Every dimension, used and limit.
+    pub limits: BTreeMap<String, Limit>,
+    /// Cents held by calls not yet settled.
+    pub held_cents: u64,
+    /// Cents settled.
+    pub settled_cents: u64,
+    /// Attempts allowed (numbers issued), including exempt calls and polls.
+    pub calls_allowed: u64,
+    /// The run's clock now, ms since its start.
+    pub at_ms: u64,
+    /// Approvals recorded and not yet used.
+    pub grants_unused: usize,
+    /// The uid that started it.
+    pub owner_uid: Option<u32>,
+}
+
+type Done<T> = Box<dyn FnOnce(Result<T, GateError>) + Send>;
+
+/// The live gate over one ledger (the embedded state backend: the ledger's own store).
+pub struct Gate {
+    ledger: Arc<Ledger>,
+    policy: Recorded,
+    tables: Mutex<Tables>,
+    failure: Arc<Mutex<Option<String>>>,
+    /// Whether the ledger already holds this policy as its last policy record. If not,
+    /// the first decision made under it carries the policy record in its own commit, just
+    /// before it: no gate decision is ever recorded before the policy it was made under.
+    policy_recorded: std::sync::atomic::AtomicBool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Gate {
+    /// Open the gate over `ledger` under `policy`: load the durable state. The policy is
+    /// recorded in the ledger (if it is not the one last recorded) in the commit of the
+    /// first decision made under it.
+    pub fn open(ledger: Arc<Ledger>, policy: Recorded) -> Result<Gate, GateError> {
+        let tables = Tables::load(&ledger)?;
+        let gate = Gate {
+            ledger,
+            policy,
+            tables: Mutex::new(tables),
+            failure: Arc::new(Mutex::new(None)),
+            policy_recorded: std::sync::atomic::AtomicBool::new(false),
+        };
+        let last = gate.ledger.state_get(tables::POLICY_KEY)?;
+        let recorded = last.as_deref() == Some(gate.policy.digest.as_bytes());
+        gate.policy_recorded
+            .store(recorded, std::sync::atomic::Ordering::SeqCst);
+        Ok(gate)
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Recorded {
+        &self.policy
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// Why the gate refuses everything, if it does.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn tables(&self) -> Result<MutexGuard<'_, Tables>, GateError> {
+        if let Some(why) = self.failure() {
+            return Err(GateError::Unavailable(why));
+        }
+        self.tables
+            .lock()
+            .map_err(|_| GateError::Unavailable("the gate's state lock was poisoned".into()))
+    }
+
+    /// Queue `record` with the state it leaves; `answer` turns the receipt into the reply.
+    fn submit<T: Send + 'static>(
+        &self,
+        plaintext: Vec<u8>,
+        state: Vec<(Vec<u8>, Vec<u8>)>,
+        answer: impl FnOnce(Receipt) -> T + Send + 'static,
+        done: Done<T>,
+    ) {
+        let failure = Arc::clone(&self.failure);
+        let mut plaintexts = Vec::with_capacity(2);
+        let mut state = state;
+        // Called with the tables locked, so exactly one decision carries the policy.
+        if !self
+            .policy_recorded
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let record = Decision {
+                kind: Some(Kind::Policy),
+                policy: Some(self.policy.digest.clone()),
+                policy_text: Some(self.policy.text.clone()),
+                ..Decision::default()
+            };
+            match prepare_one(record) {
+                Ok(p) => plaintexts.push(p),
+                Err(e) => return done(Err(e)),
+            }
+            state.push((
+                tables::POLICY_KEY.to_vec(),
+                self.policy.digest.as_bytes().to_vec(),
+            ));
+        }
+        plaintexts.push(plaintext);
+        self.ledger
+            .submit_with_state(plaintexts, state, move |result| match result {
+                Ok(receipts) => match receipts.last() {
+                    Some(r) => done(Ok(answer(*r))),
+                    None => done(Err(GateError::Unavailable(
+                        "the ledger returned no receipt".into(),
+                    ))),
+                },
+                Err(e) => {
+                    let why = format!("the ledger could not record a decision: {e}");
+                    failure
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(why.clone());
+                    done(Err(GateError::Unavailable(why)));
+                }
+            });
+    }
+
+    fn clock(run: &RunState) -> Now {
+        let wall = now_ms();
+        let at = wall.saturating_sub(run.start_wall_ms).max(run.last_ms);
+        Now {
+            wall_ms: wall.max(run.start_wall_ms.saturating_add(at)),
+            at_ms: Some(at),
+        }
+    }
+
+    /// Start a run. `done` gets the granted budget once the start record is durable.
+    pub fn start(&self, caller: Caller, req: StartRequest, done: Done<Started>) {
+        let result = (|| {
+            let mut t = self.tables()?;
+            let policy = &self.policy.policy;
+            t.check_new_run(&self.ledger, &req.run)?;
+            if let Some(uid) = caller.uid {
+                if t.open_runs_of(uid) >= policy.max_open_runs_per_uid {
+                    return Err(GateError::TooManyRuns {
+                        uid,
+                        max: policy.max_open_runs_per_uid,
+                    });
+                }
+            }
+            let parent = match &req.parent {
+                Some(p) => Some(t.live_run(&self.ledger, p, caller)?.clone()),
+                None => None,
+            };
+            let continued = match &req.continues {
+                Some(c) => {
+                    let old = t.any_run(&self.ledger, c, caller)?;
+                    if old.stop.is_none() {
+                        return Err(GateError::NotStopped(c.clone()));
+                    }
+                    Some(old)
+                }
+                None => None,
+            };
+            let budget = tally_policy::grant_budget(
+                policy,
+                req.budget.as_ref(),
+                req.credential.as_deref(),
+                parent.as_ref(),
+            );
+            if let (Some(d), Some(limit)) = (req.depth, budget.depth) {
+                if d > limit {
+                    return Err(GateError::Refused(Reason::ChainDepthExceeded));
+                }
+            }
+            let record = Decision {
+                run: req.run.clone(),
+                kind: Some(Kind::Start),
+                worker: req.worker.clone(),
+                at_ms: Some(0),
+                goal: req.goal.clone(),
+                budget: Some(budget.clone()),
+                parent: req.parent.clone(),
+                policy: Some(self.policy.digest.clone()),
+                uid: caller.uid,
+                credential: req.credential.clone(),
+                continues: req.continues.clone(),
+                ..Decision::default()
+            };
+            let plaintext = prepare_one(record.clone())?;
+            let now = Now {
+                wall_ms: now_ms(),
+                at_ms: Some(0),
+            };
+            let mut run = RunState::new(&req.run);
+            apply(
+                policy,
+                ViewMut {
+                    run: &mut run,
+                    tool: None,
+                    credential: None,
+                },
+                &record,
+                now,
+            );
+            if let Some(old) = &continued {
+                tally_policy::state::carry_over(&mut run, old);
+            }
+            let mut writes = vec![tables::run_entry(&run)];
+            if let Some(p) = &req.parent {
+                let parent = t
+                    .runs
+                    .get_mut(p)
+                    .ok_or_else(|| GateError::RunNotFound(p.clone()))?;
+                tally_policy::delegate(parent, &budget);
+                writes.push(tables::run_entry(parent));
+            }
+            t.insert_run(run);
+            let digest = self.policy.digest.clone();
+            let run_name = req.run.clone();
+            Ok((
+                plaintext,
+                writes,
+                move |r: Receipt| Started {
+                    run: run_name,
+                    budget,
+                    policy: digest,
+                    seq: r.seq,
+                    hash: r.hash.to_string(),
+                },
+                t,
+            ))
+        })();
+        match result {
+            Ok((plaintext, writes, answer, t)) => {
+                // Queued under the lock: the ledger's order is the state's order.
+                self.submit(plaintext, writes, answer, done);
+                drop(t);
+            }
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    /// Decide one intended call. `done` gets the answer once the decision is durable.
+    pub fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>) {
+        let result = (|| {
+            let mut t = self.tables()?;
+            let policy = &self.policy.policy;
+            let run = t.any_run(&self.ledger, &req.run, caller)?;
+            if let Some(reason) = run.stop {
+                // The run is over: nothing to decide, nothing recorded.
+                return Err(GateError::Stopped(Box::new(CheckAnswer {
+                    decision: Verdict::Deny,
+                    reason: Some(reason),
+                    action: Some(Action::Stop),
+                    cause: None,
+                    retry_after_ms: None,
+                    timeout_ms: None,
+                    attempt: None,
+                    limits: tally_policy::apply::standing(&run, Gate::clock(&run)),
+                    seq: None,
+                    hash: None,
+                })));
+            }
+            let now = Gate::clock(&run);
+            let args_digest = req.args.as_ref().map(tally_ledger::decision::args_digest);
+            let call = Call {
+                run: req.run.clone(),
+                worker: req.worker,
+                tool: req.tool,
+                operation: req.operation,
+                args_digest,
+                args_preview: req.args_preview,
+                effect: Some(req.effect),
+                idempotency_key: req.idempotency_key,
+                target: req.target,
+                channel: req.channel,
+                depth: req.depth,
+                reserve_cents: req.reserve_cents.unwrap_or(0),
+                remote_ref: req.remote_ref,
+                credential: req.credential.or_else(|| run.credential.clone()),
+                timeout_ms: req.timeout_ms,
+                uid: caller.uid,
+            };
+            t.ensure_tool(&call.tool, now.wall_ms, policy)?;
+            if let Some(c) = &call.credential {
+                t.ensure_credential(c, now.wall_ms, policy)?;
+            }
+            let decided = {
+                let view = t.view(&call.run, Some(&call.tool), call.credential.as_deref());
+                decide(policy, &self.policy.digest, view, &call, now)
+            };
+            let plaintext = prepare_one(decided.record.clone())?;
+            let writes = {
+                let view = t.view_mut(&call.run, Some(&call.tool), call.credential.as_deref());
+                apply(policy, view, &decided.record, now);
+                t.entries(&call.run, Some(&call.tool), call.credential.as_deref())
+            };
+            let record = decided.record;
+            let cause = decided.cause;
+            let verdict = decided.verdict;
+            Ok((
+                plaintext,
+                writes,
+                move |r: Receipt| CheckAnswer {
+                    decision: verdict,
+                    reason: record.reason,
+                    action: record.reason.map(Reason::action),
+                    cause,
+                    retry_after_ms: record.retry_after_ms,
+                    timeout_ms: record.timeout_ms,
+                    attempt: record.attempt,
+                    limits: record.limits.unwrap_or_default(),
+                    seq: Some(r.seq),
+                    hash: Some(r.hash.to_string()),
+                },
+                t,
+            ))
+        })();
+        match result {
+            Ok((plaintext, writes, answer, t)) => {
+                self.submit(plaintext, writes, answer, done);
+                drop(t);
+            }
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    /// Record what an allowed call did.
+    pub fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>) {
+        let result = (|| {
+            let mut t = self.tables()?;
+            let policy = &self.policy.policy;
+            let run = t.any_run(&self.ledger, &req.run, caller)?;
+            if !run.allowed.contains(req.attempt) {
+                return Err(GateError::NoSuchAttempt {
+                    run: req.run.clone(),
+                    attempt: req.attempt,
+                });
+            }
+            if !run.open.contains_key(&req.attempt) {
+                return Err(GateError::AttemptSettled {
+                    run: req.run.clone(),
+                    attempt: req.attempt,
+                });
+            }
+            let now = Gate::clock(&run);
+            let tool = run.tool_of(req.attempt).map(str::to_owned);
+            let credential = run.credential.clone();
+            if let Some(tool) = &tool {
+                t.ensure_tool(tool, now.wall_ms, policy)?;
+            }
+            if let Some(c) = &credential {
+                t.ensure_credential(c, now.wall_ms, policy)?;
+            }
+            let record = Decision {
+                run: req.run.clone(),
+                kind: Some(Kind::Outcome),
+                worker: req.worker,
+                at_ms: now.at_ms,
+                attempt: Some(req.attempt),
+                status: Some(req.status),
+                settled_cents: req.settled_cents,
+                remote_ref: req.remote_ref,
+                observed: req.observed,
+                retry_after_ms: req.retry_after_ms,
+                uid: caller.uid,
+                policy: Some(self.policy.digest.clone()),
+                ..Decision::default()
+            };
+            let plaintext = prepare_one(record.clone())?;
+            t.reload_if_stopped(&run);
+            let view = t.view_mut(&req.run, tool.as_deref(), credential.as_deref());
+            apply(policy, view, &record, now);
+            let writes = t.entries(&req.run, tool.as_deref(), credential.as_deref());
+            let limits = t
+                .runs
+                .get(&req.run)
+                .map(|r| tally_policy::apply::standing(r, now))
+                .unwrap_or_default();
+            Ok((
+                plaintext,
+                writes,
+                move |r: Receipt| Logged {
+                    seq: r.seq,
+                    hash: r.hash.to_string(),
+                    limits,
+                },
+                t,
+            ))
+        })();
+        match result {
+            Ok((plaintext, writes, answer, t)) => {
+                self.submit(plaintext, writes, answer, done);
+                drop(t);
+            }
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    /// Stop a run: by its owner (any reason, usually `completed`), or by the operator
+    /// (a kill: `killed_by_operator`).
+    pub fn stop(&self, caller: Caller, run: &str, req: StopRequest, done: Done<Logged>) {
+        let result = (|| {
+            let mut t = self.tables()?;
+            let policy = &self.policy.policy;
+            let state = t.live_run(&self.ledger, run, caller)?.clone();
+            let reason = match (caller.operator, req.reason) {
+                (true, r) => r.unwrap_or(Reason::KilledByOperator),
+                (false, Some(Reason::KilledByOperator)) => {
+                    return Err(GateError::NotAuthorized(
+                        "only the operator kills a run; stop it with another reason".into(),
+                    ))
+                }
+                (false, r) => r.unwrap_or(Reason::Completed),
+            };
+            let now = Gate::clock(&state);
+            let record = Decision {
+                run: run.to_owned(),
+                kind: Some(Kind::Stop),
+                worker: req.worker,
+                at_ms: now.at_ms,
+                reason: Some(reason),
+                uid: caller.uid,
+                policy: Some(self.policy.digest.clone()),
+                limits: Some(tally_policy::apply::standing(&state, now)),
+                ..Decision::default()
+            };
+            let plaintext = prepare_one(record.clone())?;
+            let view = t.view_mut(run, None, None);
+            apply(policy, view, &record, now);
+            let writes = t.entries(run, None, None);
+            t.mark_stopped(run);
+            let limits = tally_policy::apply::standing(&state, now);
+            Ok((
+                plaintext,
+                writes,
+                move |r: Receipt| Logged {
+                    seq: r.seq,
+                    hash: r.hash.to_string(),
+                    limits,
+                },
+                t,
+            ))
+        })();
+        match result {
+            Ok((plaintext, writes, answer, t)) => {
+                self.submit(plaintext, writes, answer, done);
+                drop(t);
+            }
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    /// Pause (`true`) or resume a run: its next check, from any worker, is refused with
+    /// `run_paused` until it is resumed. Durable before it returns.
+    pub fn pause(&self, caller: Caller, run: &str, paused: bool) -> Result<Standing, GateError> {
+        if !caller.operator {
+            return Err(GateError::NotAuthorized(
+                "pause and resume are the operator's".into(),
+            ));
+        }
+        let mut t = self.tables()?;
+        let _ = t.live_run(&self.ledger, run, caller)?;
+        self.ledger
+            .put_state_durable(&[tables::pause_entry(run, paused)])?;
+        let state = t
+            .runs
+            .get_mut(run)
+            .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?;
+        state.paused = paused;
+        Ok(standing(state))
+    }
+
+    /// Record a human's approval for a run, once its signature, approver and digest
+    /// check out. An approval for a stopped run or after the run's deadline is refused:
+    /// it never revives a run.
+    pub fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>) {
+        let result = (|| {
+            if !caller.operator {
+                return Err(GateError::NotAuthorized(
+                    "approvals arrive on the operator socket".into(),
+                ));
+            }
+            let mut t = self.tables()?;
+            let policy = &self.policy.policy;
+            let state = t.live_run(&self.ledger, &a.run, caller)?.clone();
+            let now = Gate::clock(&state);
+            let at = now.at_ms.unwrap_or(0);
+            if state.budget.deadline_ms.is_some_and(|d| at >= d) {
+                return Err(GateError::ApprovalRefused(
+                    "the run is past its deadline; an approval does not revive it".into(),
+                ));
+            }
+            if a.expires_ms <= at {
+                return Err(GateError::ApprovalRefused(format!(
+                    "the approval expired at run time {} ms; the run is at {at} ms",
+                    a.expires_ms
+                )));
+            }
+            if a.expires_ms - at > policy.approvals.max_expiry_ms {
+                return Err(GateError::ApprovalRefused(format!(
+                    "the approval is valid for {} ms; the policy allows at most {} ms",
+                    a.expires_ms - at,
+                    policy.approvals.max_expiry_ms
+                )));
+            }
+            if state.grants.iter().any(|g| g.digest == a.digest) {
+                return Err(GateError::ApprovalRefused(
+                    "this approval was already recorded; each is used once".into(),
+                ));
+            }
+            let record = Decision {
+                run: a.run.clone(),
+                kind: Some(Kind::Override),
+                at_ms: now.at_ms,
+                approver: Some(a.approver),
+                scope: Some(a.scope),
+                digest: Some(a.digest),
+                expires_ms: Some(a.expires_ms),
+                signature: Some(a.signature),
+                note: a.note,
+                uid: caller.uid,
+                policy: Some(self.policy.digest.clone()),
+                ..Decision::default()
+            };
+            tally_policy::approval::check(policy, &record)
+                .map_err(|e| GateError::ApprovalRefused(e.to_string()))?;
+            let plaintext = prepare_one(record.clone())?;
+            let view = t.view_mut(&a.run, None, None);
+            apply(policy, view, &record, now);
+            let writes = t.entries(&a.run, None, None);
+            let limits = tally_policy::apply::standing(&state, now);
+            Ok((
+                plaintext,
+                writes,
+                move |r: Receipt| Logged {
+                    seq: r.seq,
+                    hash: r.hash.to_string(),
+                    limits,
+                },
+                t,
+            ))
+        })();
+        match result {
+            Ok((plaintext, writes, answer, t)) => {
+                self.submit(plaintext, writes, answer, done);
+                drop(t);
+            }
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    /// Where a run stands.
+    pub fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError> {
+        let mut t = self.tables()?;
+        let state = t.any_run(&self.ledger, run, caller)?;
+        Ok(standing(&state))
+    }
+
+    /// Every run the gate holds in memory (open runs, and recently stopped ones).
+    pub fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError> {
+        if !caller.operator {
+            return Err(GateError::NotAuthorized(
+                "listing runs is the operator's".into(),
+            ));
+        }
+        let t = self.tables()?;
+        Ok(t.runs.values().map(standing).collect())
+    }
+
+    /// Whether the gate governs `run` (it started through the gate): raw appends for it
+    /// are refused.
+    pub fn governs(&self, run: &str) -> Result<bool, GateError> {
+        let t = self.tables()?;
+        Ok(t.runs.contains_key(run) || self.ledger.state_get(&tables::run_key(run))?.is_some())
+    }
+
+    /// Blocking forms, for an in-process gate.
+    pub fn start_blocking(&self, caller: Caller, req: StartRequest) -> Result<Started, GateError> {
+        blocking(|done| self.start(caller, req, done))
+    }
+
+    /// Blocking [`Gate::check`].
+    pub fn check_blocking(
+        &self,
+        caller: Caller,
+        req: CheckRequest,
+    ) -> Result<CheckAnswer, GateError> {
+        blocking(|done| self.check(caller, req, done))
+    }
+
+    /// Blocking [`Gate::outcome`].
+    pub fn outcome_blocking(
+        &self,
+        caller: Caller,
+        req: OutcomeRequest,
+    ) -> Result<Logged, GateError> {
+        blocking(|done| self.outcome(caller, req, done))
+    }
+
+    /// Blocking [`Gate::stop`].
+    pub fn stop_blocking(
+        &self,
+        caller: Caller,
+        run: &str,
+        req: StopRequest,
+    ) -> Result<Logged, GateError> {
+        blocking(|done| self.stop(caller, run, req, done))
+    }
+
+    /// Blocking [`Gate::approve`].
+    pub fn approve_blocking(&self, caller: Caller, a: Approval) -> Result<Logged, GateError> {
+        blocking(|done| self.approve(caller, a, done))
+    }
+}
+
+fn blocking<T: Send + 'static>(f: impl FnOnce(Done<T>)) -> Result<T, GateError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    f(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.recv()
+        .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
+}
+
+fn prepare_one(record: Decision) -> Result<Vec<u8>, GateError> {
+    let mut p = tally_ledger::ledger::prepare(vec![record])?;
+    p.pop()
+        .ok_or_else(|| GateError::Unavailable("nothing to record".into()))
+}
+
+fn standing(run: &RunState) -> Standing {
+    let now = Gate::clock(run);
+    Standing {
+        run: run.run.clone(),
+        state: if run.stop.is_some() {
+            "stopped"
+        } else if run.paused {
+            "paused"
+        } else {
+            "running"
+        },
+        stop_reason: run.stop,
+        goal: run.goal.clone(),
+        budget: run.budget.clone(),
+        limits: tally_policy::apply::standing(run, now),
+        held_cents: run.held_cents,
+        settled_cents: run.settled_cents,
+        calls_allowed: run.last_attempt,
+        at_ms: now.at_ms.unwrap_or(0),
+        grants_unused: run.grants.iter().filter(|g| !g.used).count(),
+        owner_uid: run.owner_uid,
+    }
+}

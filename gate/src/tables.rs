@@ -1,0 +1,293 @@
+//! The embedded state backend: the gate's tables in memory, durable in the ledger's own
+//! store (written with the decisions, see [`tally_ledger::Ledger::submit_with_state`]).
+//!
+//! Memory: open runs are bounded by the policy's per-uid quota; stopped runs are kept a
+//! while for outcomes still to come, then dropped from memory (their state stays on
+//! disk and is read back on demand, so dropping never resets anything); tools and
+//! credentials are bounded, and only entries equal to a fresh one are ever dropped.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use tally_ledger::Ledger;
+use tally_policy::state::Breaker;
+use tally_policy::{CredentialState, Policy, RunState, ToolState, View, ViewMut};
+
+use crate::{Caller, GateError};
+
+/// The key under which the digest of the last recorded policy is kept.
+pub(crate) const POLICY_KEY: &[u8] = b"policy";
+/// Most tools tracked at once.
+pub(crate) const MAX_TOOLS: usize = 10_000;
+/// Most credentials tracked at once.
+pub(crate) const MAX_CREDENTIALS: usize = 10_000;
+/// Stopped runs kept in memory.
+pub(crate) const MAX_STOPPED: usize = 10_000;
+
+pub(crate) fn run_key(run: &str) -> Vec<u8> {
+    [b"r/", run.as_bytes()].concat()
+}
+
+fn pause_key(run: &str) -> Vec<u8> {
+    [b"p/", run.as_bytes()].concat()
+}
+
+pub(crate) fn run_entry(run: &RunState) -> (Vec<u8>, Vec<u8>) {
+    (run_key(&run.run), to_json(run))
+}
+
+pub(crate) fn pause_entry(run: &str, paused: bool) -> (Vec<u8>, Vec<u8>) {
+    (pause_key(run), vec![u8::from(paused)])
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    // Structs of numbers, strings and maps with string keys always serialize.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, GateError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        GateError::Unavailable(format!(
+            "the gate's stored state under `{}` is unreadable: {e}",
+            String::from_utf8_lossy(key)
+        ))
+    })
+}
+
+#[derive(Default)]
+pub(crate) struct Tables {
+    pub runs: BTreeMap<String, RunState>,
+    tools: BTreeMap<String, ToolState>,
+    credentials: BTreeMap<String, CredentialState>,
+    stopped: VecDeque<String>,
+}
+
+impl Tables {
+    /// Read the durable state: every open run, every tool and credential.
+    pub fn load(ledger: &Ledger) -> Result<Tables, GateError> {
+        let mut t = Tables::default();
+        for (k, v) in ledger.state(b"r/")? {
+            let run: RunState = from_json(&k, &v)?;
+            if run.stop.is_none() {
+                t.runs.insert(run.run.clone(), run);
+            }
+        }
+        for (k, v) in ledger.state(b"p/")? {
+            let name = String::from_utf8_lossy(&k[2..]).into_owned();
+            if let Some(run) = t.runs.get_mut(&name) {
+                run.paused = v.first() == Some(&1);
+            }
+        }
+        for (k, v) in ledger.state(b"t/")? {
+            let name = String::from_utf8_lossy(&k[2..]).into_owned();
+            t.tools.insert(name, from_json(&k, &v)?);
+        }
+        for (k, v) in ledger.state(b"c/")? {
+            let name = String::from_utf8_lossy(&k[2..]).into_owned();
+            t.credentials.insert(name, from_json(&k, &v)?);
+        }
+        Ok(t)
+    }
+
+    fn stored(ledger: &Ledger, run: &str) -> Result<Option<RunState>, GateError> {
+        let key = run_key(run);
+        match ledger.state_get(&key)? {
+            Some(v) => {
+                let mut state: RunState = from_json(&key, &v)?;
+                if let Some(p) = ledger.state_get(&pause_key(run))? {
+                    state.paused = p.first() == Some(&1);
+                }
+                Ok(Some(state))
+            }
+            None => Ok(None),
+        }
+    }
+
+    pub fn check_new_run(&self, ledger: &Ledger, run: &str) -> Result<(), GateError> {
+        if self.runs.contains_key(run) || Tables::stored(ledger, run)?.is_some() {
+            return Err(GateError::RunExists(run.to_owned()));
+        }
+        Ok(())
+    }
+
+    pub fn open_runs_of(&self, uid: u32) -> u64 {
+        self.runs
+            .values()
+            .filter(|r| r.stop.is_none() && r.owner_uid == Some(uid))
+            .count() as u64
+    }
+
+    fn owned(run: &RunState, caller: Caller) -> Result<(), GateError> {
+        match (run.owner_uid, caller.uid) {
+            (Some(owner), Some(uid)) if owner != uid && !caller.operator => {
+                Err(GateError::NotOwner {
+                    run: run.run.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A run that is in memory, owned by the caller and not stopped.
+    pub fn live_run(
+        &mut self,
+        ledger: &Ledger,
+        run: &str,
+        caller: Caller,
+    ) -> Result<&RunState, GateError> {
+        let state = self.any_run(ledger, run, caller)?;
+        if let Some(reason) = state.stop {
+            return Err(GateError::RunStopped {
+                run: run.to_owned(),
+                reason,
+            });
+        }
+        self.runs
+            .get(run)
+            .ok_or_else(|| GateError::RunNotFound(run.to_owned()))
+    }
+
+    /// Any run the gate governs, from memory or the store, owned by the caller.
+    pub fn any_run(
+        &mut self,
+        ledger: &Ledger,
+        run: &str,
+        caller: Caller,
+    ) -> Result<RunState, GateError> {
+        let state = match self.runs.get(run) {
+            Some(s) => s.clone(),
+            None => Tables::stored(ledger, run)?
+                .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?,
+        };
+        Tables::owned(&state, caller)?;
+        Ok(state)
+    }
+
+    pub fn insert_run(&mut self, run: RunState) {
+        self.runs.insert(run.run.clone(), run);
+    }
+
+    /// A stopped run read back from the store for an outcome still to come.
+    pub fn reload_if_stopped(&mut self, run: &RunState) {
+        if !self.runs.contains_key(&run.run) {
+            self.runs.insert(run.run.clone(), run.clone());
+            self.mark_stopped(&run.run);
+        }
+    }
+
+    /// The run stopped: keep it in memory a while, then let it go (it is on disk).
+    pub fn mark_stopped(&mut self, run: &str) {
+        self.stopped.push_back(run.to_owned());
+        while self.stopped.len() > MAX_STOPPED {
+            if let Some(old) = self.stopped.pop_front() {
+                if self.runs.get(&old).is_some_and(|r| r.stop.is_some()) {
+                    self.runs.remove(&old);
+                }
+            }
+        }
+    }
+
+    pub fn ensure_tool(
+        &mut self,
+        tool: &str,
+        now_ms: u64,
+        policy: &Policy,
+    ) -> Result<(), GateError> {
+        if self.tools.contains_key(tool) {
+            return Ok(());
+        }
+        if self.tools.len() >= MAX_TOOLS {
+            let idle = |t: &ToolState| {
+                matches!(
+                    t.breaker.at(now_ms, policy.breaker.open_ms),
+                    Breaker::Closed { failures: 0 }
+                ) && t.in_flight_at(now_ms) == 0
+                    && t.bucket.wait(1, 1, now_ms).is_none()
+                    && t.bucket
+                        .wait(
+                            policy.rate.tool_per_sec.max(1),
+                            policy.rate.tool_burst,
+                            now_ms,
+                        )
+                        .is_none()
+            };
+            self.tools.retain(|_, t| !idle(t));
+            if self.tools.len() >= MAX_TOOLS {
+                return Err(GateError::TooManyNames {
+                    what: "tools",
+                    max: MAX_TOOLS,
+                });
+            }
+        }
+        self.tools.insert(tool.to_owned(), ToolState::default());
+        Ok(())
+    }
+
+    pub fn ensure_credential(
+        &mut self,
+        credential: &str,
+        _now_ms: u64,
+        _policy: &Policy,
+    ) -> Result<(), GateError> {
+        if self.credentials.contains_key(credential) {
+            return Ok(());
+        }
+        if self.credentials.len() >= MAX_CREDENTIALS {
+            return Err(GateError::TooManyNames {
+                what: "credentials",
+                max: MAX_CREDENTIALS,
+            });
+        }
+        self.credentials
+            .insert(credential.to_owned(), CredentialState::default());
+        Ok(())
+    }
+
+    pub fn view(&self, run: &str, tool: Option<&str>, credential: Option<&str>) -> View<'_> {
+        static EMPTY: std::sync::OnceLock<RunState> = std::sync::OnceLock::new();
+        View {
+            run: self
+                .runs
+                .get(run)
+                .unwrap_or_else(|| EMPTY.get_or_init(RunState::default)),
+            tool: tool.and_then(|t| self.tools.get(t)),
+            credential: credential.and_then(|c| self.credentials.get(c)),
+        }
+    }
+
+    pub fn view_mut(
+        &mut self,
+        run: &str,
+        tool: Option<&str>,
+        credential: Option<&str>,
+    ) -> ViewMut<'_> {
+        let state = self
+            .runs
+            .entry(run.to_owned())
+            .or_insert_with(|| RunState::new(run));
+        ViewMut {
+            run: state,
+            tool: tool.and_then(|t| self.tools.get_mut(t)),
+            credential: credential.and_then(|c| self.credentials.get_mut(c)),
+        }
+    }
+
+    /// The durable entries of the scopes a decision touched.
+    pub fn entries(
+        &self,
+        run: &str,
+        tool: Option<&str>,
+        credential: Option<&str>,
+    ) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::with_capacity(3);
+        if let Some(r) = self.runs.get(run) {
+            out.push(run_entry(r));
+        }
+        if let Some((name, t)) = tool.and_then(|n| self.tools.get(n).map(|t| (n, t))) {
+            out.push(([b"t/", name.as_bytes()].concat(), to_json(t)));
+        }
+        if let Some((name, c)) = credential.and_then(|n| self.credentials.get(n).map(|c| (n, c))) {
+            out.push(([b"c/", name.as_bytes()].concat(), to_json(c)));
+        }
+        out
+    }
+}

@@ -1,0 +1,414 @@
+//! The policy: one TOML file, every key optional with a documented default, unknown keys
+//! refused. Its digest (BLAKE3 of the exact text) names it in every decision.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tally_record::decision::{policy_digest, Budget, MAX_POLICY_BYTES};
+use tally_record::{Effect, Reason};
+
+use crate::error::PolicyError;
+
+/// A policy as the gate enforces it. Parse with [`Policy::from_toml`]; every field has
+/// the default documented on it (and in `docs/POLICY.md`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    /// The most a run may be granted, per dimension; a start may ask for less, never
+    /// more. Defaults: attempts 50, deadline 1 h, spend 1,000¢, side effects 20, polls 30
+    /// per remote operation, depth 3.
+    pub ceiling: Budget,
+    /// Attempts of one logical operation (its `operation`, else tool and arguments)
+    /// between two `ok` outcomes, by effect class.
+    pub retries: Retries,
+    /// Loop breakers.
+    pub loops: Loops,
+    /// Polling rules (SPEC 3.1).
+    pub polls: Polls,
+    /// The circuit breaker each downstream tool has, shared by every run.
+    pub breaker: Breaker,
+    /// Token buckets and in-flight bounds.
+    pub rate: Rate,
+    /// What runs may reach.
+    pub scope: ScopeRules,
+    /// Who may approve, and which refusals a human may lift.
+    pub approvals: Approvals,
+    /// Per-credential ceilings and spend backstops, by credential name.
+    pub credentials: BTreeMap<String, Credential>,
+    /// Runs one uid may hold open at once (started, not stopped). Default 1,000: a flood
+    /// of new run names is refused, never allowed to evict another run's counters.
+    pub max_open_runs_per_uid: u64,
+}
+
+/// Attempts per logical operation, by effect class (defaults after RFC 9110 §9.2.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retries {
+    /// Reads. Default 3.
+    pub read: u64,
+    /// Idempotent writes; beyond the first only with an idempotency key. Default 2.
+    pub idempotent_write: u64,
+    /// Non-idempotent writes. Default 1.
+    pub non_idempotent_write: u64,
+}
+
+/// Loop breakers (SPEC 8). Polls answer to [`Polls`] instead.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Loops {
+    /// Identical consecutive calls (same tool, same argument digest) allowed; the next
+    /// is refused whatever the budget. Default 3 (the fourth is refused).
+    pub identical_consecutive: u64,
+    /// Identical calls allowed among the run's last `identical_window` calls. Default 5.
+    pub identical_in_window: u64,
+    /// The window for `identical_in_window`, in calls. Default 20.
+    pub identical_window: u64,
+    /// Calls to one tool allowed per run within `tool_window_ms`. Default 60.
+    pub tool_calls: u64,
+    /// The per-tool window, ms of run time. Default 60,000.
+    pub tool_window_ms: u64,
+    /// Calls alternating between two calls (A, B, A, B, ...) with no change of observed
+    /// state allowed; the next is refused. Default 4.
+    pub alternating: u64,
+}
+
+/// Polling (SPEC 3.1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Polls {
+    /// The interval between polls of one operation when the upstream gave no
+    /// Retry-After. Default 1,000 ms.
+    pub interval_ms: u64,
+    /// Scheduling tolerance: at least this many ms... Default 1,000.
+    pub tolerance_ms: u64,
+    /// ...or this percentage of the interval, whichever is larger. Default 10.
+    pub tolerance_percent: u64,
+}
+
+/// A circuit breaker per downstream tool (closed, open, half-open).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Breaker {
+    /// Consecutive failed outcomes (`error`, `timeout`) that open it. Default 5.
+    pub failures: u64,
+    /// How long it stays open, ms. Default 30,000.
+    pub open_ms: u64,
+    /// A half-open probe that has not reported within this many ms is taken as
+    /// failed and the breaker opens again. Default 10,000.
+    pub probe_timeout_ms: u64,
+}
+
+/// Token buckets (rate per second, burst) and in-flight bounds. A rate of 0 disables
+/// that bucket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Rate {
+    /// Calls per second per run. Default 50.
+    pub run_per_sec: u64,
+    /// Burst per run. Default 100.
+    pub run_burst: u64,
+    /// Calls per second per credential. Default 0 (off).
+    pub credential_per_sec: u64,
+    /// Burst per credential. Default 0.
+    pub credential_burst: u64,
+    /// Calls per second per downstream tool, across every run. Default 200.
+    pub tool_per_sec: u64,
+    /// Burst per downstream tool. Default 400.
+    pub tool_burst: u64,
+    /// Calls in flight (allowed, no final outcome yet) per downstream tool. Default 64.
+    pub tool_in_flight: u64,
+    /// A call's longest time in flight when it gives none, ms. Default 60,000.
+    pub call_timeout_ms: u64,
+}
+
+/// Scope: which tools and targets runs may reach.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScopeRules {
+    /// If not empty, only these tools (exact names, or a prefix ending in `*`).
+    pub tools: Vec<String>,
+    /// Tools refused with `tool_blocked` (an approval can grant one).
+    pub blocked: Vec<String>,
+    /// If not empty, only these targets (hosts; exact, or `*.example.com`).
+    pub targets: Vec<String>,
+    /// Tools whose calls are recorded but use no attempt (retrieval, status reads).
+    pub exempt: Vec<String>,
+}
+
+/// Approvals.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Approvals {
+    /// Approver name -> Ed25519 public key, 64 lowercase hex characters.
+    pub approvers: BTreeMap<String, String>,
+    /// Refusals answered `require_approval` (a human may lift them with a grant).
+    /// Default: attempts_exhausted, reservation_insufficient, budget_exceeded,
+    /// side_effect_limit_exceeded, tool_blocked, outcome_unknown_non_idempotent.
+    pub ask_on: Vec<Reason>,
+    /// The longest an approval may be valid, ms. Default 86,400,000 (a day).
+    pub max_expiry_ms: u64,
+}
+
+/// One credential's limits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Credential {
+    /// Ceiling for runs started under it (replaces the policy's where given).
+    pub ceiling: Budget,
+    /// Spend across all its runs per period, cents (a backstop behind run budgets).
+    pub spend_cents_per_period: Option<u64>,
+    /// The period, ms. Default 86,400,000.
+    pub period_ms: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            ceiling: Budget {
+                attempts: Some(50),
+                deadline_ms: Some(3_600_000),
+                spend_cents: Some(1_000),
+                side_effects: Some(20),
+                polls: Some(30),
+                depth: Some(3),
+            },
+            retries: Retries::default(),
+            loops: Loops::default(),
+            polls: Polls::default(),
+            breaker: Breaker::default(),
+            rate: Rate::default(),
+            scope: ScopeRules::default(),
+            approvals: Approvals::default(),
+            credentials: BTreeMap::new(),
+            max_open_runs_per_uid: 1_000,
+        }
+    }
+}
+
+impl Default for Retries {
+    fn default() -> Retries {
+        Retries {
+            read: 3,
+            idempotent_write: 2,
+            non_idempotent_write: 1,
+        }
+    }
+}
+
+impl Default for Loops {
+    fn default() -> Loops {
+        Loops {
+            identical_consecutive: 3,
+            identical_in_window: 5,
+            identical_window: 20,
+            tool_calls: 60,
+            tool_window_ms: 60_000,
+            alternating: 4,
+        }
+    }
+}
+
+impl Default for Polls {
+    fn default() -> Polls {
+        Polls {
+            interval_ms: 1_000,
+            tolerance_ms: 1_000,
+            tolerance_percent: 10,
+        }
+    }
+}
+
+impl Default for Breaker {
+    fn default() -> Breaker {
+        Breaker {
+            failures: 5,
+            open_ms: 30_000,
+            probe_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Default for Rate {
+    fn default() -> Rate {
+        Rate {
+            run_per_sec: 50,
+            run_burst: 100,
+            credential_per_sec: 0,
+            credential_burst: 0,
+            tool_per_sec: 200,
+            tool_burst: 400,
+            tool_in_flight: 64,
+            call_timeout_ms: 60_000,
+        }
+    }
+}
+
+impl Default for Approvals {
+    fn default() -> Approvals {
+        Approvals {
+            approvers: BTreeMap::new(),
+            ask_on: vec![
+                Reason::AttemptsExhausted,
+                Reason::ReservationInsufficient,
+                Reason::BudgetExceeded,
+                Reason::SideEffectLimitExceeded,
+                Reason::ToolBlocked,
+                Reason::OutcomeUnknownNonIdempotent,
+            ],
+            max_expiry_ms: 86_400_000,
+        }
+    }
+}
+
+/// The most history a run keeps for its loop breakers, in calls.
+pub const MAX_WINDOW: u64 = 256;
+
+impl Policy {
+    /// Parse and check a policy file's text. Every key is optional; unknown keys, wrong
+    /// types and impossible values are errors that name the key.
+    pub fn from_toml(text: &str) -> Result<Policy, PolicyError> {
+        if text.len() > MAX_POLICY_BYTES {
+            return Err(PolicyError::TooLong {
+                len: text.len(),
+                max: MAX_POLICY_BYTES,
+            });
+        }
+        let policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Toml {
+            message: e.message().to_owned(),
+            span: e.span().map(|s| (s.start, s.end)),
+        })?;
+        policy.check()?;
+        Ok(policy)
+    }
+
+    /// The policy with every default filled in, as TOML (what `tally policy check` prints).
+    pub fn to_toml(&self) -> String {
+        // A struct of integers, strings, lists and maps always serializes.
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    fn check(&self) -> Result<(), PolicyError> {
+        let invalid = |key: &'static str, why: &'static str| Err(PolicyError::Invalid { key, why });
+        let l = &self.loops;
+        if l.identical_consecutive == 0 || l.alternating == 0 {
+            return invalid(
+                "loops",
+                "identical_consecutive and alternating must be at least 1",
+            );
+        }
+        if l.identical_window > MAX_WINDOW || l.identical_in_window == 0 {
+            return invalid(
+                "loops.identical_window",
+                "must be at most 256 calls, with identical_in_window at least 1",
+            );
+        }
+        if self.retries.read == 0
+            || self.retries.idempotent_write == 0
+            || self.retries.non_idempotent_write == 0
+        {
+            return invalid("retries", "each class must allow at least one attempt");
+        }
+        if self.breaker.failures == 0 {
+            return invalid("breaker.failures", "must be at least 1");
+        }
+        if self.rate.call_timeout_ms == 0 {
+            return invalid("rate.call_timeout_ms", "must be at least 1");
+        }
+        for (name, key) in &self.approvals.approvers {
+            let ok = key.len() == 64
+                && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+                && crate::approval::public_key(key).is_some();
+            if !ok || name.is_empty() {
+                return invalid(
+                    "approvals.approvers",
+                    "each approver needs a name and an Ed25519 public key as 64 lowercase hex characters (the line `tally keygen --approver` prints)",
+                );
+            }
+        }
+        if self.approvals.ask_on.contains(&Reason::Completed) {
+            return invalid("approvals.ask_on", "`completed` is not a refusal");
+        }
+        Ok(())
+    }
+
+    /// Attempts one logical operation may use between two `ok` outcomes.
+    pub fn retries_for(&self, effect: Effect) -> u64 {
+        match effect {
+            Effect::Read => self.retries.read,
+            Effect::IdempotentWrite => self.retries.idempotent_write,
+            Effect::NonIdempotentWrite => self.retries.non_idempotent_write,
+        }
+    }
+
+    /// The ceiling for a run under `credential`.
+    pub fn ceiling_for(&self, credential: Option<&str>) -> Budget {
+        let mut c = self.ceiling.clone();
+        if let Some(cred) = credential.and_then(|n| self.credentials.get(n)) {
+            let b = &cred.ceiling;
+            c.attempts = b.attempts.or(c.attempts);
+            c.deadline_ms = b.deadline_ms.or(c.deadline_ms);
+            c.spend_cents = b.spend_cents.or(c.spend_cents);
+            c.side_effects = b.side_effects.or(c.side_effects);
+            c.polls = b.polls.or(c.polls);
+            c.depth = b.depth.or(c.depth);
+        }
+        c
+    }
+
+    /// Whether a human may lift a refusal with this reason.
+    pub fn asks(&self, reason: Reason) -> bool {
+        self.approvals.ask_on.contains(&reason)
+    }
+}
+
+/// A policy with the exact text it was read from: the text is what the ledger records
+/// and what the digest covers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// The parsed policy.
+    pub policy: Policy,
+    /// Its exact text.
+    pub text: String,
+    /// BLAKE3 of the text, lowercase hex.
+    pub digest: String,
+}
+
+impl Recorded {
+    /// Parse `text`, keeping it.
+    pub fn new(text: &str) -> Result<Recorded, PolicyError> {
+        Ok(Recorded {
+            policy: Policy::from_toml(text)?,
+            text: text.to_owned(),
+            digest: policy_digest(text),
+        })
+    }
+
+    /// The built-in default policy (the empty text).
+    pub fn default_policy() -> Recorded {
+        Recorded {
+            policy: Policy::default(),
+            text: String::new(),
+            digest: policy_digest(""),
+        }
+    }
+}
+
+/// Whether `name` matches a scope pattern: exact, or a prefix ending in `*`.
+pub fn matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+/// Whether a target host matches: exact, or `*.domain` for any subdomain of it.
+pub fn target_matches(pattern: &str, host: &str) -> bool {
+    let host = host.to_ascii_lowercase();
+    let pattern = pattern.to_ascii_lowercase();
+    match pattern.strip_prefix("*.") {
+        Some(domain) => host
+            .strip_suffix(domain)
+            .is_some_and(|rest| rest.ends_with('.') && rest.len() > 1),
+        None => host == pattern,
+    }
+}

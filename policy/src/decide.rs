@@ -1,0 +1,533 @@
+//! `decide`: what the policy says about one intended call, from the state as it stands.
+//! Never mutates; the record it returns is exactly what the gate appends (and what
+//! [`crate::apply`] folds in), so what is recorded is what was decided.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tally_record::decision::{Channel, Limit};
+use tally_record::{Decision, Effect, Kind, Reason};
+
+use crate::config::{matches, target_matches, Policy};
+use crate::state::{call_key, op_key, Breaker, CredentialState, Grant, RunState, ToolState};
+use crate::Now;
+
+/// One intended call, as the agent asked for it (its arguments already digested).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Call {
+    /// The run.
+    pub run: String,
+    /// The worker asking.
+    pub worker: Option<String>,
+    /// The tool.
+    pub tool: String,
+    /// The logical operation.
+    pub operation: Option<String>,
+    /// BLAKE3 of the canonical JSON of the arguments.
+    pub args_digest: Option<String>,
+    /// A bounded preview of the arguments.
+    pub args_preview: Option<String>,
+    /// Effect class (the gate requires one).
+    pub effect: Option<Effect>,
+    /// The caller's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Destination host.
+    pub target: Option<String>,
+    /// How the call travels.
+    pub channel: Option<Channel>,
+    /// Agent chain depth.
+    pub depth: Option<u64>,
+    /// Cents to reserve.
+    pub reserve_cents: u64,
+    /// The remote operation it reads, for a poll.
+    pub remote_ref: Option<String>,
+    /// The credential it is made under.
+    pub credential: Option<String>,
+    /// The call's own time limit, ms.
+    pub timeout_ms: Option<u64>,
+    /// The asking process's uid.
+    pub uid: Option<u32>,
+}
+
+impl Call {
+    /// The call an allow or deny record describes (for replay).
+    pub fn from_record(d: &Decision) -> Call {
+        Call {
+            run: d.run.clone(),
+            worker: d.worker.clone(),
+            tool: d.tool.clone().unwrap_or_default(),
+            operation: d.operation.clone(),
+            args_digest: d.args_digest.clone(),
+            args_preview: d.args_preview.clone(),
+            effect: d.effect,
+            idempotency_key: d.idempotency_key.clone(),
+            target: d.target.clone(),
+            channel: d.channel,
+            depth: d.depth,
+            reserve_cents: d.reserve_cents.unwrap_or(0),
+            remote_ref: d.remote_ref.clone(),
+            credential: d.credential.clone(),
+            timeout_ms: d.timeout_ms,
+            uid: d.uid,
+        }
+    }
+
+    fn key(&self) -> String {
+        call_key(
+            Some(&self.tool),
+            self.operation.as_deref(),
+            self.args_digest.as_deref(),
+        )
+    }
+
+    fn op(&self) -> String {
+        op_key(
+            Some(&self.tool),
+            self.operation.as_deref(),
+            self.args_digest.as_deref(),
+        )
+    }
+
+    fn is_write(&self) -> bool {
+        matches!(
+            self.effect,
+            Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
+        )
+    }
+}
+
+/// The gate's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Make the call.
+    Allow,
+    /// Do not make it.
+    Deny,
+    /// Do not make it; a human may approve it.
+    RequireApproval,
+}
+
+/// The state a decision reads: the run's, and (where the call has them) its tool's and
+/// its credential's.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    /// The run.
+    pub run: &'a RunState,
+    /// The downstream tool.
+    pub tool: Option<&'a ToolState>,
+    /// The credential.
+    pub credential: Option<&'a CredentialState>,
+}
+
+/// A decision: the verdict, and the exact record to append.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decided {
+    /// Allow, deny or require approval.
+    pub verdict: Verdict,
+    /// The record: `allow` or `deny`, with reason, attempt, limits, timeout and policy.
+    pub record: Decision,
+    /// The refusal that a grant would have to lift (for `require_approval`, the limit
+    /// that was reached).
+    pub cause: Option<Reason>,
+}
+
+impl Decided {
+    /// The reason code (none for an allow).
+    pub fn reason(&self) -> Option<Reason> {
+        self.record.reason
+    }
+}
+
+struct Refusal {
+    reason: Reason,
+    retry_after_ms: Option<u64>,
+}
+
+fn refuse(reason: Reason) -> Refusal {
+    Refusal {
+        reason,
+        retry_after_ms: None,
+    }
+}
+
+fn retry(reason: Reason, after_ms: u64) -> Refusal {
+    Refusal {
+        reason,
+        retry_after_ms: Some(after_ms.max(1)),
+    }
+}
+
+/// Decide `call` under `policy` (named by `digest`) from `state` at `now`.
+///
+/// The run must have started and not stopped (the gate answers those itself, without a
+/// decision). Deterministic: the same inputs give the same record.
+pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: Now) -> Decided {
+    let run = state.run;
+    let run_ms = run.run_ms(now);
+    let mut refusal = first_refusal(policy, state, call, now, run_ms);
+    let mut grant = None;
+    let mut cause = None;
+    if let Some(r) = refusal.as_ref().filter(|r| policy.asks(r.reason)) {
+        cause = Some(r.reason);
+        match usable_grant(run, call, r.reason, run_ms) {
+            Ok(g) => {
+                // Decide again as if the grant were in force: allow only if nothing else
+                // stands in the way.
+                let mut granted = run.clone();
+                crate::apply::use_grant(&mut granted, g, call);
+                let view = View {
+                    run: &granted,
+                    ..state
+                };
+                let again = first_refusal(policy, view, call, now, run_ms);
+                match again {
+                    None => {
+                        grant = Some(g.digest.clone());
+                        refusal = None;
+                    }
+                    Some(other) => refusal = Some(other),
+                }
+            }
+            Err(Some(reason)) => refusal = Some(refuse(reason)),
+            Err(None) => refusal = Some(refuse(Reason::ApprovalRequired)),
+        }
+    }
+    let mut record = Decision {
+        run: call.run.clone(),
+        kind: Some(Kind::Allow),
+        worker: call.worker.clone(),
+        at_ms: Some(run_ms),
+        tool: Some(call.tool.clone()),
+        operation: call.operation.clone(),
+        args_digest: call.args_digest.clone(),
+        args_preview: call.args_preview.clone(),
+        effect: call.effect,
+        idempotency_key: call.idempotency_key.clone(),
+        target: call.target.clone(),
+        channel: call.channel,
+        depth: call.depth,
+        remote_ref: call.remote_ref.clone(),
+        credential: call.credential.clone().or_else(|| run.credential.clone()),
+        uid: call.uid,
+        policy: Some(digest.to_owned()),
+        limits: Some(limits(run, call, run_ms)),
+        ..Decision::default()
+    };
+    let verdict = match refusal {
+        None => {
+            record.attempt = Some(run.last_attempt.saturating_add(1));
+            record.reserve_cents = (call.reserve_cents > 0).then_some(call.reserve_cents);
+            record.timeout_ms = Some(timeout(policy, run, call, run_ms));
+            record.grant = grant;
+            Verdict::Allow
+        }
+        Some(r) => {
+            record.kind = Some(Kind::Deny);
+            record.reason = Some(r.reason);
+            record.retry_after_ms = r.retry_after_ms;
+            if r.reason == Reason::ApprovalRequired {
+                Verdict::RequireApproval
+            } else {
+                Verdict::Deny
+            }
+        }
+    };
+    if verdict == Verdict::Allow {
+        cause = None;
+    }
+    Decided {
+        verdict,
+        record,
+        cause,
+    }
+}
+
+/// The allowed call's time limit: its own, the policy's default, and never past the
+/// run's deadline.
+fn timeout(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> u64 {
+    let own = call.timeout_ms.unwrap_or(policy.rate.call_timeout_ms);
+    match run.budget.deadline_ms {
+        Some(d) => own.min(d.saturating_sub(run_ms)),
+        None => own,
+    }
+}
+
+/// Whether `call` uses an attempt: exempt tools and polls do not.
+pub(crate) fn counts(policy: &Policy, call_tool: &str, poll: bool) -> bool {
+    !poll && !policy.scope.exempt.iter().any(|p| matches(p, call_tool))
+}
+
+fn first_refusal(
+    policy: &Policy,
+    state: View<'_>,
+    call: &Call,
+    now: Now,
+    run_ms: u64,
+) -> Option<Refusal> {
+    let run = state.run;
+    let b = &run.budget;
+    if run.paused {
+        return Some(refuse(Reason::RunPaused));
+    }
+    if b.deadline_ms.is_some_and(|d| run_ms >= d) {
+        return Some(refuse(Reason::RunDeadlineExhausted));
+    }
+    if let (Some(depth), Some(limit)) = (call.depth, b.depth) {
+        if depth > limit {
+            return Some(refuse(Reason::ChainDepthExceeded));
+        }
+    }
+    let scope = &policy.scope;
+    if !scope.tools.is_empty() && !scope.tools.iter().any(|p| matches(p, &call.tool)) {
+        return Some(refuse(Reason::ScopeViolation));
+    }
+    if let Some(target) = &call.target {
+        if !scope.targets.is_empty() && !scope.targets.iter().any(|p| target_matches(p, target)) {
+            return Some(refuse(Reason::ScopeViolation));
+        }
+    }
+    if scope.blocked.iter().any(|p| matches(p, &call.tool))
+        && !run.unblocked.iter().any(|t| t == &call.tool)
+    {
+        return Some(refuse(Reason::ToolBlocked));
+    }
+    if let Some(tool) = state.tool {
+        match tool.breaker.at(now.wall_ms, policy.breaker.open_ms) {
+            Breaker::Open { until_ms } => {
+                return Some(retry(Reason::CircuitOpen, until_ms - now.wall_ms));
+            }
+            Breaker::HalfOpen { probe: Some(p) } => {
+                return Some(retry(Reason::CircuitOpen, p.deadline_ms - now.wall_ms));
+            }
+            Breaker::HalfOpen { probe: None } | Breaker::Closed { .. } => {}
+        }
+    }
+    let op = call.op();
+    if call.effect == Some(Effect::NonIdempotentWrite) && run.unknown.contains_key(&op) {
+        return Some(refuse(Reason::OutcomeUnknownNonIdempotent));
+    }
+    let poll = run.poll_of(
+        call.effect,
+        call.remote_ref.as_deref(),
+        call.operation.as_deref(),
+    );
+    if let Some(r) = &poll {
+        let remote = &run.refs[r];
+        if b.polls.is_some_and(|limit| remote.polls >= limit) {
+            return Some(refuse(Reason::PollAllowanceExhausted));
+        }
+        let interval = remote.retry_after_ms.unwrap_or(policy.polls.interval_ms);
+        let tolerance = policy
+            .polls
+            .tolerance_ms
+            .max(interval.saturating_mul(policy.polls.tolerance_percent) / 100);
+        let earliest = remote
+            .last_ms
+            .saturating_add(interval)
+            .saturating_sub(tolerance);
+        if run_ms < earliest {
+            return Some(retry(Reason::UpstreamBackoff, earliest - run_ms));
+        }
+    } else {
+        if let Some(r) = loop_refusal(policy, run, call, run_ms) {
+            return Some(r);
+        }
+        if let Some(effect) = call.effect {
+            let used = run.ops.get(&op).copied().unwrap_or(0);
+            let keyless_retry =
+                effect == Effect::IdempotentWrite && used >= 1 && call.idempotency_key.is_none();
+            if used >= policy.retries_for(effect) || keyless_retry {
+                return Some(refuse(Reason::AttemptsExhausted));
+            }
+        }
+    }
+    if counts(policy, &call.tool, poll.is_some())
+        && run
+            .attempts_limit()
+            .is_some_and(|limit| run.attempts_used >= limit)
+    {
+        return Some(refuse(Reason::AttemptsExhausted));
+    }
+    if call.is_write()
+        && run
+            .side_effects_limit()
+            .is_some_and(|limit| run.side_effects_used >= limit)
+    {
+        return Some(refuse(Reason::SideEffectLimitExceeded));
+    }
+    if let Some(limit) = run.spend_limit() {
+        if call.reserve_cents > 0 && (run.overrun || run.settled_cents >= limit) {
+            return Some(refuse(Reason::BudgetExceeded));
+        }
+        let total = run.spent_cents().checked_add(call.reserve_cents);
+        if total.is_none_or(|t| t > limit) {
+            return Some(refuse(Reason::ReservationInsufficient));
+        }
+    }
+    let rate = &policy.rate;
+    if let Some(wait) = run
+        .bucket
+        .wait(rate.run_per_sec, rate.run_burst, now.wall_ms)
+    {
+        return Some(retry(Reason::RateLimitExceeded, wait));
+    }
+    if let Some(cred) = state.credential {
+        if let Some(wait) =
+            cred.bucket
+                .wait(rate.credential_per_sec, rate.credential_burst, now.wall_ms)
+        {
+            return Some(retry(Reason::RateLimitExceeded, wait));
+        }
+    }
+    if let Some(tool) = state.tool {
+        if let Some(wait) = tool
+            .bucket
+            .wait(rate.tool_per_sec, rate.tool_burst, now.wall_ms)
+        {
+            return Some(retry(Reason::RateLimitExceeded, wait));
+        }
+        if rate.tool_in_flight > 0 && tool.in_flight_at(now.wall_ms) >= rate.tool_in_flight {
+            let next = tool
+                .in_flight
+                .values()
+                .filter(|&&t| t > now.wall_ms)
+                .min()
+                .map_or(1, |t| t - now.wall_ms);
+            return Some(retry(Reason::RateLimitExceeded, next));
+        }
+    }
+    let backstop = call
+        .credential
+        .as_deref()
+        .or(run.credential.as_deref())
+        .and_then(|c| policy.credentials.get(c))
+        .and_then(|c| c.spend_cents_per_period.map(|s| (s, c.period_ms.max(1))));
+    if let (Some((cap, period)), Some(cred)) = (backstop, state.credential) {
+        let spent = if now.wall_ms >= cred.period_start_ms.saturating_add(period) {
+            0
+        } else {
+            cred.spent_cents
+        };
+        if spent.saturating_add(call.reserve_cents) > cap {
+            return Some(refuse(Reason::BudgetExceeded));
+        }
+    }
+    None
+}
+
+/// The loop breakers (SPEC 8): identical consecutive calls, identical calls in a window,
+/// calls alternating with no progress, and a per-tool bar. One function: the gate and the
+/// replay both call it.
+fn loop_refusal(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<Refusal> {
+    let l = &policy.loops;
+    let key = call.key();
+    let recent = &run.recent;
+    let consecutive = recent.iter().rev().take_while(|r| r.key == key).count() as u64;
+    if consecutive >= l.identical_consecutive {
+        return Some(refuse(Reason::LoopRepeatedCall));
+    }
+    let in_window = recent
+        .iter()
+        .rev()
+        .take(l.identical_window as usize)
+        .filter(|r| r.key == key)
+        .count() as u64;
+    if in_window >= l.identical_in_window {
+        return Some(refuse(Reason::LoopRepeatedCall));
+    }
+    let k = l.alternating as usize;
+    if recent.len() >= k && k >= 2 {
+        let tail: Vec<_> = recent.iter().skip(recent.len() - k).collect();
+        let (a, b) = (&tail[k - 2].key, &tail[k - 1].key);
+        let alternates = a != b
+            && tail
+                .iter()
+                .rev()
+                .enumerate()
+                .all(|(i, r)| &r.key == if i % 2 == 0 { b } else { a });
+        let stalled = tail.iter().all(|r| r.progress == run.progress);
+        if alternates && stalled && &key == a {
+            return Some(refuse(Reason::LoopRepeatedCall));
+        }
+    }
+    if let Some(w) = run.tools.get(&call.tool) {
+        let open = run_ms.saturating_sub(w.start_ms) < l.tool_window_ms;
+        if open && w.count >= l.tool_calls {
+            return Some(refuse(Reason::LoopRepeatedCall));
+        }
+    }
+    None
+}
+
+/// The grant a refusal with `reason` could use: `Ok` an unused, unexpired grant that
+/// covers this call; `Err(Some(expired or mismatch))`; `Err(None)` if the run has none.
+fn usable_grant<'a>(
+    run: &'a RunState,
+    call: &Call,
+    reason: Reason,
+    run_ms: u64,
+) -> Result<&'a Grant, Option<Reason>> {
+    let unused: Vec<&Grant> = run.grants.iter().filter(|g| !g.used).collect();
+    if unused.is_empty() {
+        return Err(None);
+    }
+    let fits = |g: &Grant| {
+        let s = &g.scope;
+        let tool_ok = s.tool.as_ref().is_none_or(|t| t == &call.tool);
+        let op_ok = s
+            .operation
+            .as_ref()
+            .is_none_or(|o| call.operation.as_ref() == Some(o));
+        let covers = match reason {
+            Reason::AttemptsExhausted | Reason::SideEffectLimitExceeded => {
+                s.attempts.is_some_and(|a| a > 0)
+            }
+            Reason::ReservationInsufficient | Reason::BudgetExceeded => {
+                s.cents.is_some_and(|c| c > 0)
+            }
+            Reason::ToolBlocked => s.tool.as_ref() == Some(&call.tool),
+            // A human checked the remote side: a grant naming the operation (or tool).
+            Reason::OutcomeUnknownNonIdempotent => s.operation.is_some() || s.tool.is_some(),
+            _ => true,
+        };
+        tool_ok && op_ok && covers
+    };
+    let matching: Vec<&Grant> = unused.into_iter().filter(|g| fits(g)).collect();
+    if matching.is_empty() {
+        return Err(Some(Reason::ApprovalMismatch));
+    }
+    matching
+        .into_iter()
+        .find(|g| run_ms < g.expires_ms)
+        .ok_or(Some(Reason::ApprovalExpired))
+}
+
+/// The `{dimension: {used, limit}}` snapshot of a decision.
+fn limits(run: &RunState, call: &Call, run_ms: u64) -> BTreeMap<String, Limit> {
+    let mut out = BTreeMap::new();
+    let mut put = |name: &str, used: u64, limit: Option<u64>| {
+        if let Some(limit) = limit {
+            out.insert(name.to_owned(), Limit { used, limit });
+        }
+    };
+    put("attempts", run.attempts_used, run.attempts_limit());
+    put("spend_cents", run.spent_cents(), run.spend_limit());
+    put(
+        "side_effects",
+        run.side_effects_used,
+        run.side_effects_limit(),
+    );
+    put("deadline_ms", run_ms, run.budget.deadline_ms);
+    if let Some(depth) = call.depth {
+        put("depth", depth, run.budget.depth);
+    }
+    if let Some(r) = run.poll_of(
+        call.effect,
+        call.remote_ref.as_deref(),
+        call.operation.as_deref(),
+    ) {
+        put("polls", run.refs[&r].polls, run.budget.polls);
+    }
+    out
+}

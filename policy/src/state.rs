@@ -1,0 +1,443 @@
+//! The state the gate decides from: one [`RunState`] per run, one [`ToolState`] per
+//! downstream tool (shared by every run), one [`CredentialState`] per credential.
+//!
+//! State is a fold of the decisions ([`crate::apply`]) plus two things the operator sets
+//! outside the chain (a run's pause, and nothing else). It is serializable, so a backend
+//! can keep it durable beside the decisions, and bounded: maps are capped, and evicting
+//! an entry never returns budget (see each cap).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use tally_record::decision::{Budget, Scope};
+use tally_record::{Effect, Reason, Status};
+
+/// Attempt numbers as sorted, disjoint, non-adjacent inclusive ranges: attempts are
+/// numbered in order, so this stays a handful of ranges however long the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ranges(Vec<(u64, u64)>);
+
+impl Ranges {
+    /// Whether `x` is in the set.
+    pub fn contains(&self, x: u64) -> bool {
+        let i = self.0.partition_point(|r| r.1 < x);
+        i < self.0.len() && self.0[i].0 <= x
+    }
+
+    /// Add `x`.
+    pub fn insert(&mut self, x: u64) {
+        if self.contains(x) {
+            return;
+        }
+        let i = self.0.partition_point(|r| r.1 < x);
+        let joins_prev = i > 0 && self.0[i - 1].1 + 1 == x;
+        let joins_next = i < self.0.len() && x.checked_add(1) == Some(self.0[i].0);
+        match (joins_prev, joins_next) {
+            (true, true) => {
+                self.0[i - 1].1 = self.0[i].1;
+                self.0.remove(i);
+            }
+            (true, false) => self.0[i - 1].1 = x,
+            (false, true) => self.0[i].0 = x,
+            (false, false) => self.0.insert(i, (x, x)),
+        }
+    }
+}
+
+/// Most attempts a run keeps open (allowed, no final outcome). Beyond it the oldest open
+/// attempt that holds no cents and is no unknown write is forgotten (its later outcome is
+/// then reported as one without an allow); held cents are never forgotten.
+pub const MAX_OPEN: usize = 4096;
+/// Most logical operations whose retry count a run keeps; beyond it the one retried
+/// longest ago is forgotten (the run's attempt budget still counts every attempt).
+pub const MAX_OPS: usize = 256;
+/// Most remote operations a run remembers for its poll rules; beyond it the one polled
+/// longest ago is forgotten (a later read of it is then an ordinary call, which uses an
+/// attempt: forgetting never gives polls back).
+pub const MAX_REFS: usize = 256;
+/// Most tools a run keeps a per-tool window for; beyond it the oldest window goes.
+pub const MAX_TOOL_WINDOWS: usize = 64;
+
+/// An allowed attempt awaiting its final outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// The tool called.
+    pub tool: Option<String>,
+    /// The logical operation (see [`op_key`]).
+    pub op: String,
+    /// Its effect class.
+    pub effect: Option<Effect>,
+    /// Cents reserved.
+    pub reserved: u64,
+    /// Cents still held (reserved, not settled or released).
+    pub held: u64,
+    /// Whether it used an attempt (exempt tools and polls do not).
+    pub counted: bool,
+    /// Whether it used a side effect.
+    pub write: bool,
+    /// The remote operation it polls, if it is a poll.
+    pub poll: Option<String>,
+    /// Whether an outcome has settled it.
+    pub settled: bool,
+    /// The latest outcome status reported for it.
+    pub status: Option<Status>,
+}
+
+/// A remote operation the run has seen, whose status reads are polls.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteRef {
+    /// Polls allowed so far.
+    pub polls: u64,
+    /// Run time of its last poll or outcome, ms.
+    pub last_ms: u64,
+    /// The upstream's Retry-After on its last outcome, ms.
+    pub retry_after_ms: Option<u64>,
+    /// Its last observed state.
+    pub observed: Option<String>,
+}
+
+/// One of the run's recent allowed calls, for the loop breakers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recent {
+    /// Tool and argument digest (else operation).
+    pub key: String,
+    /// The run's progress counter when it was made.
+    pub progress: u64,
+}
+
+/// A per-tool call window.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    /// Run time the window opened, ms.
+    pub start_ms: u64,
+    /// Calls in it.
+    pub count: u64,
+}
+
+/// A human's approval, recorded in an override.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// The approval digest.
+    pub digest: String,
+    /// Who approved.
+    pub approver: String,
+    /// What was approved.
+    pub scope: Scope,
+    /// Run time after which it is void, ms.
+    pub expires_ms: u64,
+    /// Whether a call used it (each approval is used once).
+    pub used: bool,
+}
+
+/// A run's state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunState {
+    /// The run's name.
+    pub run: String,
+    /// Whether its start was seen.
+    pub started: bool,
+    /// Its goal.
+    pub goal: Option<String>,
+    /// Its parent run.
+    pub parent: Option<String>,
+    /// The stopped run it continues.
+    pub continues: Option<String>,
+    /// The credential it runs under.
+    pub credential: Option<String>,
+    /// The uid that started it (only it may act on the run).
+    pub owner_uid: Option<u32>,
+    /// The budget granted at start.
+    pub budget: Budget,
+    /// Wall time of run time 0, ms.
+    pub start_wall_ms: u64,
+    /// The latest run time seen, ms.
+    pub last_ms: u64,
+    /// Why it stopped (the first stop wins).
+    pub stop: Option<Reason>,
+    /// Paused by the operator (not a record: the gate's own state).
+    pub paused: bool,
+    /// The highest attempt number allowed.
+    pub last_attempt: u64,
+    /// Attempts used (SPEC 3.1).
+    pub attempts_used: u64,
+    /// Side effects used.
+    pub side_effects_used: u64,
+    /// Cents settled.
+    pub settled_cents: u64,
+    /// Cents held by allowed, unsettled attempts.
+    pub held_cents: u64,
+    /// Some attempt settled above its reservation.
+    pub overrun: bool,
+    /// Attempts (and side effects) granted by approvals used so far.
+    pub extra_attempts: u64,
+    /// Cents granted by approvals used so far.
+    pub extra_cents: u64,
+    /// Tools unblocked by approvals.
+    pub unblocked: Vec<String>,
+    /// Attempts and cents carved out for child runs.
+    pub delegated_attempts: u64,
+    /// Cents carved out for child runs.
+    pub delegated_cents: u64,
+    /// Every attempt number allowed.
+    pub allowed: Ranges,
+    /// Every attempt number refunded.
+    pub refunded: Ranges,
+    /// Allowed attempts without a final outcome.
+    pub open: BTreeMap<u64, Attempt>,
+    /// Attempts per logical operation since its last `ok`.
+    pub ops: BTreeMap<String, u64>,
+    /// Non-idempotent writes whose outcome is unknown: logical operation -> attempt.
+    pub unknown: BTreeMap<String, u64>,
+    /// Remote operations seen.
+    pub refs: BTreeMap<String, RemoteRef>,
+    /// Recent allowed calls (not polls), oldest first.
+    pub recent: VecDeque<Recent>,
+    /// Per-tool windows.
+    pub tools: BTreeMap<String, Window>,
+    /// Bumped by every change of observed state and every completed write.
+    pub progress: u64,
+    /// The last observed state any outcome reported.
+    pub observed: Option<String>,
+    /// Approvals recorded for the run.
+    pub grants: Vec<Grant>,
+    /// The run's own rate bucket.
+    pub bucket: Bucket,
+}
+
+/// A token bucket in integer milli-tokens, so replay computes exactly what the gate did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// Milli-tokens spent below a full bucket as of `at_ms` (0: full).
+    pub deficit: u64,
+    /// Wall time of the last update, ms.
+    pub at_ms: u64,
+}
+
+impl Bucket {
+    /// The ms until one token is there, or `None` if one is there now. A rate of 0 is
+    /// no limit.
+    pub fn wait(&self, per_sec: u64, burst: u64, now_ms: u64) -> Option<u64> {
+        if per_sec == 0 {
+            return None;
+        }
+        let deficit = self.deficit_at(per_sec, now_ms);
+        let cap = burst.max(1).saturating_mul(1000);
+        let have = cap.saturating_sub(deficit);
+        if have >= 1000 {
+            None
+        } else {
+            // `per_sec` milli-tokens come back per ms.
+            Some((1000 - have).div_ceil(per_sec))
+        }
+    }
+
+    /// Spend one token at `now_ms`.
+    pub fn take(&mut self, per_sec: u64, now_ms: u64) {
+        if per_sec == 0 {
+            return;
+        }
+        self.deficit = self.deficit_at(per_sec, now_ms).saturating_add(1000);
+        self.at_ms = self.at_ms.max(now_ms);
+    }
+
+    fn deficit_at(&self, per_sec: u64, now_ms: u64) -> u64 {
+        let elapsed = now_ms.saturating_sub(self.at_ms);
+        self.deficit.saturating_sub(elapsed.saturating_mul(per_sec))
+    }
+}
+
+/// A downstream tool's breaker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Breaker {
+    /// Calls pass; consecutive failures are counted.
+    Closed {
+        /// Consecutive failed outcomes.
+        failures: u64,
+    },
+    /// Calls are refused until `until_ms` (wall time).
+    Open {
+        /// When it half-opens.
+        until_ms: u64,
+    },
+    /// One probe is admitted; its outcome closes or reopens the breaker.
+    HalfOpen {
+        /// The probe in flight, if one was admitted.
+        probe: Option<Probe>,
+    },
+}
+
+impl Default for Breaker {
+    fn default() -> Breaker {
+        Breaker::Closed { failures: 0 }
+    }
+}
+
+/// The half-open breaker's one probe.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    /// Its run and attempt, as [`call_id`].
+    pub call: u64,
+    /// If no outcome has come by this wall time, ms, the probe failed.
+    pub deadline_ms: u64,
+}
+
+impl Breaker {
+    /// The breaker as it stands at `now_ms`, time-based transitions taken: an open
+    /// breaker past its expiry is half-open; a probe past its deadline failed (open
+    /// again from its deadline), so a stuck probe can never wedge the breaker.
+    pub fn at(&self, now_ms: u64, open_ms: u64) -> Breaker {
+        let mut b = self.clone();
+        loop {
+            b = match b {
+                Breaker::Open { until_ms } if now_ms >= until_ms => {
+                    Breaker::HalfOpen { probe: None }
+                }
+                Breaker::HalfOpen { probe: Some(p) } if now_ms >= p.deadline_ms => Breaker::Open {
+                    until_ms: p.deadline_ms.saturating_add(open_ms),
+                },
+                settled => return settled,
+            };
+        }
+    }
+}
+
+/// A downstream tool's state, shared by every run and worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolState {
+    /// Its breaker.
+    pub breaker: Breaker,
+    /// Calls in flight: [`call_id`] -> wall time after which it no longer counts.
+    pub in_flight: BTreeMap<u64, u64>,
+    /// Its rate bucket.
+    pub bucket: Bucket,
+}
+
+impl ToolState {
+    /// Calls in flight at `now_ms`.
+    pub fn in_flight_at(&self, now_ms: u64) -> u64 {
+        self.in_flight.values().filter(|&&t| t > now_ms).count() as u64
+    }
+}
+
+/// A credential's state, shared by its runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialState {
+    /// Its rate bucket.
+    pub bucket: Bucket,
+    /// Wall time the current spend period began, ms.
+    pub period_start_ms: u64,
+    /// Cents reserved or settled in the period.
+    pub spent_cents: u64,
+}
+
+/// A stable id of one call (run and attempt) for tool state, which must not grow with
+/// the length of agent-chosen run names.
+pub fn call_id(run: &str, attempt: u64) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(run.as_bytes());
+    h.update(&[0]);
+    h.update(&attempt.to_be_bytes());
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_be_bytes(out)
+}
+
+/// The logical operation a call belongs to: its `operation`, else its tool and argument
+/// digest, else its tool.
+pub fn op_key(tool: Option<&str>, operation: Option<&str>, args_digest: Option<&str>) -> String {
+    match (operation, args_digest) {
+        (Some(op), _) => format!("op\u{0}{op}"),
+        (None, Some(d)) => format!("call\u{0}{}\u{0}{d}", tool.unwrap_or("")),
+        (None, None) => format!("tool\u{0}{}", tool.unwrap_or("")),
+    }
+}
+
+/// The key identical calls share: tool and argument digest (else operation).
+pub fn call_key(tool: Option<&str>, operation: Option<&str>, args_digest: Option<&str>) -> String {
+    format!(
+        "{}\u{0}{}",
+        tool.unwrap_or(""),
+        args_digest.or(operation).unwrap_or("")
+    )
+}
+
+impl RunState {
+    /// A run the gate has not seen start.
+    pub fn new(run: &str) -> RunState {
+        RunState {
+            run: run.to_owned(),
+            ..RunState::default()
+        }
+    }
+
+    /// The run's clock at `now`: the writer's `at_ms` where given, else wall time since
+    /// the run's start.
+    pub fn run_ms(&self, now: crate::Now) -> u64 {
+        now.at_ms
+            .unwrap_or_else(|| now.wall_ms.saturating_sub(self.start_wall_ms))
+    }
+
+    /// The attempts limit in force: the budget plus approved extras, less what was
+    /// carved out for children. `None` is no limit.
+    pub fn attempts_limit(&self) -> Option<u64> {
+        self.budget.attempts.map(|a| {
+            a.saturating_add(self.extra_attempts)
+                .saturating_sub(self.delegated_attempts)
+        })
+    }
+
+    /// The spend limit in force, cents.
+    pub fn spend_limit(&self) -> Option<u64> {
+        self.budget.spend_cents.map(|c| {
+            c.saturating_add(self.extra_cents)
+                .saturating_sub(self.delegated_cents)
+        })
+    }
+
+    /// The side-effect limit in force.
+    pub fn side_effects_limit(&self) -> Option<u64> {
+        self.budget
+            .side_effects
+            .map(|s| s.saturating_add(self.extra_attempts))
+    }
+
+    /// Cents committed: settled plus held.
+    pub fn spent_cents(&self) -> u64 {
+        self.settled_cents.saturating_add(self.held_cents)
+    }
+
+    /// The tool an open attempt called.
+    pub fn tool_of(&self, attempt: u64) -> Option<&str> {
+        self.open.get(&attempt).and_then(|a| a.tool.as_deref())
+    }
+
+    /// The remote operation a read polls, if it is a poll (SPEC 3.1): its `remote_ref`,
+    /// or its operation's `:REF` suffix, names a remote operation the run has seen.
+    /// Writes are never polls.
+    pub fn poll_of(
+        &self,
+        effect: Option<Effect>,
+        remote_ref: Option<&str>,
+        operation: Option<&str>,
+    ) -> Option<String> {
+        if effect != Some(Effect::Read) {
+            return None;
+        }
+        if let Some(r) = remote_ref.filter(|r| self.refs.contains_key(*r)) {
+            return Some(r.to_owned());
+        }
+        let tail = operation?.rsplit_once(':')?.1;
+        self.refs.contains_key(tail).then(|| tail.to_owned())
+    }
+}
+
+/// A continuation (`continues`) carries over what the stopped run must not repeat: its
+/// non-idempotent writes whose outcome is unknown stay refused in the new run until a
+/// human reconciles them.
+pub fn carry_over(new: &mut RunState, old: &RunState) {
+    for op in old.unknown.keys() {
+        // The attempt number belongs to the old run; 0 marks one no outcome here settles.
+        new.unknown.entry(op.clone()).or_insert(0);
+    }
+}
