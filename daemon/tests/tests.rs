@@ -6,6 +6,7 @@ mod common;
 mod api;
 mod concurrency;
 mod failure;
+mod gate;
 mod kill;
 mod lifecycle;
 mod ownership;
