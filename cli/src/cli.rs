@@ -178,6 +178,18 @@ pub enum Command {
         /// Also listen on this loopback TCP address (e.g. 127.0.0.1:7878).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        /// The operator socket (mode 0600): raw decisions, pause, resume, kill,
+        /// approvals, export.
+        #[arg(long)]
+        operator_socket: Option<PathBuf>,
+        /// The gate's policy (TOML; default: the built-in defaults).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+    },
+    /// Policies: `tally policy check FILE` validates one and prints it with its defaults.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
     },
     /// The whole story on the embedded store: agents append decisions, the ledger is
     /// exported and verified, loops are found and handoffs printed.
@@ -185,5 +197,15 @@ pub enum Command {
         /// Keep the demo's files here (default: a temporary directory, removed after).
         #[arg(long)]
         dir: Option<PathBuf>,
+    },
+}
+
+/// `tally policy ...`.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a policy file and print it with every default filled in.
+    Check {
+        /// The policy file (TOML).
+        file: PathBuf,
     },
 }

@@ -376,9 +376,29 @@ pub fn serve(
     ledger: PathBuf,
     socket: PathBuf,
     listen: Option<std::net::SocketAddr>,
+    operator_socket: Option<PathBuf>,
+    policy: Option<PathBuf>,
 ) -> Result<Code> {
     let mut options = tally_daemon::ServeOptions::new(ledger, socket);
     options.listen = listen;
+    options.operator_socket = operator_socket;
+    if let Some(path) = policy {
+        options.policy = read_policy(&path)?;
+    }
     tally_daemon::run(options)?;
+    Ok(0)
+}
+
+fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the policy {}", path.display()))?;
+    tally_policy::Recorded::new(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// `tally policy check FILE`: validate, then print the policy with its defaults.
+pub fn policy_check(path: &std::path::Path) -> Result<Code> {
+    let recorded = read_policy(path)?;
+    println!("# {}: valid; digest {}", path.display(), recorded.digest);
+    print!("{}", recorded.policy.to_toml());
     Ok(0)
 }

@@ -49,7 +49,8 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     };
     let ledger_dir = base.join("ledger");
     let auditor_path = base.join("auditor.key");
-    let socket = base.join("tally.sock");
+    let socket = base.join("agent.sock");
+    let operator_socket = base.join("operator.sock");
     let export = base.join("ledger.tex");
     let anchor_path = base.join("anchor.cp");
     let mut ok = true;
@@ -83,17 +84,21 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     );
     println!("key epochs        rotate every 200 entries; each new key is certified by the old one, then the old secret is destroyed");
 
-    step(2, "Agents at work, through the append daemon");
+    step(2, "Agents at work, through the gate");
     let ledger = Arc::new(Ledger::open(&ledger_dir)?);
     let corpus = scenarios();
     let agents = corpus.len();
     let start = Instant::now();
-    let (appended, refused) = run_agents(&ledger, &ledger_dir, &socket, corpus)?;
+    let (appended, refused, gated) =
+        run_agents(&ledger, &ledger_dir, &socket, &operator_socket, corpus)?;
     let elapsed = start.elapsed();
     let checkpoint = ledger.checkpoint();
+    ok &= gated;
     println!(
-        "{agents} agents appended {appended} decisions over {} in {:.0?}: each reply came only after its",
-        socket.display(),
+        "\nAnd {agents} recorded runs from before the gate ({appended} decisions) were imported on the operator socket"
+    );
+    println!(
+        "in {:.0?} all told: each reply came only after its",
         elapsed
     );
     println!(
@@ -195,36 +200,41 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     Ok(0)
 }
 
-/// Serve the ledger on a Unix socket and let one agent per scenario append its decisions
-/// one request at a time, concurrently. Returns (appended, refused).
+/// Serve the ledger: agents ask the gate on the agent socket (a retry storm, a repeated
+/// payment whose outcome is unknown, a reservation over budget), and the recorded runs
+/// of the corpus are imported on the operator socket, one request at a time,
+/// concurrently. Returns (imported, refused, whether the gate behaved as it must).
 fn run_agents(
     ledger: &Arc<Ledger>,
     ledger_dir: &Path,
     socket: &Path,
+    operator_socket: &Path,
     corpus: Vec<(&'static str, Vec<tally_ledger::Decision>)>,
-) -> Result<(usize, usize)> {
+) -> Result<(usize, usize, bool)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(async {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let options = tally_daemon::ServeOptions::new(ledger_dir, socket);
+        let mut options = tally_daemon::ServeOptions::new(ledger_dir, socket);
+        options.operator_socket = Some(operator_socket.to_path_buf());
         let server = tokio::spawn(tally_daemon::serve(Arc::clone(ledger), options, async {
             let _ = stopped.await;
         }));
         let mut tries = 0;
-        while !socket.exists() {
+        while !socket.exists() || !operator_socket.exists() {
             tries += 1;
             if tries > 500 {
                 bail!("the daemon did not start on {}", socket.display());
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        let gated = gate_story(socket).await?;
         let agents: Vec<_> = corpus
             .into_iter()
             .map(|(_, decisions)| {
-                let socket = socket.to_path_buf();
+                let socket = operator_socket.to_path_buf();
                 tokio::spawn(async move {
                     let mut client = Client::unix(&socket).await?;
                     let (mut appended, mut refused) = (0, 0);
@@ -246,8 +256,140 @@ fn run_agents(
         }
         let _ = stop.send(());
         server.await??;
-        Ok((appended, refused))
+        Ok((appended, refused, gated))
     })
+}
+
+/// POST a JSON body to the gate; the JSON answer.
+async fn ask(
+    client: &mut Client,
+    path: &str,
+    body: serde_json::Value,
+) -> Result<serde_json::Value> {
+    let reply = client
+        .request(
+            tally_daemon::client::Method::POST,
+            path,
+            Some("application/json"),
+            body.to_string(),
+        )
+        .await?;
+    serde_json::from_slice(&reply.body).with_context(|| format!("the gate's answer to {path}"))
+}
+
+fn said(a: &serde_json::Value) -> String {
+    match a["decision"].as_str() {
+        Some("allow") => format!("allow (attempt {})", a["attempt"]),
+        Some(d) => format!(
+            "{d}: {} (action {})",
+            a["reason"].as_str().unwrap_or("?"),
+            a["action"].as_str().unwrap_or("?")
+        ),
+        None => format!("error: {a}"),
+    }
+}
+
+/// The gate's part of the story. Returns whether every decision was the one it must be.
+async fn gate_story(socket: &Path) -> Result<bool> {
+    use serde_json::json;
+    let mut ok = true;
+    let mut c = Client::unix(socket).await?;
+
+    println!("A retry storm: 8 workers of run `export-q3` retry a failing report export.");
+    ask(
+        &mut c,
+        "/v1/runs",
+        json!({"run": "export-q3", "goal": "export the Q3 report", "budget": {"attempts": 20}}),
+    )
+    .await?;
+    let (mut allowed, mut refused) = (0, 0);
+    let mut last_refusal = String::new();
+    for round in 0..3 {
+        let mut tasks = Vec::new();
+        for w in 0..8 {
+            let socket = socket.to_path_buf();
+            tasks.push(tokio::spawn(async move {
+                let mut c = Client::unix(&socket).await?;
+                let check = json!({"run": "export-q3", "worker": format!("worker-{w}"), "tool": "reports.export",
+                    "operation": "export.create", "effect": "read", "args": {"quarter": 3, "round": round % 1}});
+                let a = ask(&mut c, "/v1/check", check).await?;
+                if a["decision"] == "allow" {
+                    let out = json!({"run": "export-q3", "attempt": a["attempt"], "status": "error", "worker": format!("worker-{w}")});
+                    ask(&mut c, "/v1/outcome", out).await?;
+                }
+                anyhow::Ok(a)
+            }));
+        }
+        for t in tasks {
+            let a = t.await??;
+            if a["decision"] == "allow" {
+                allowed += 1;
+            } else {
+                refused += 1;
+                last_refusal = said(&a);
+            }
+        }
+    }
+    println!("  24 asks: {allowed} allowed, {refused} refused ({last_refusal}). The cap is shared: no worker can reset it.");
+    ok &= allowed == 3;
+    ask(
+        &mut c,
+        "/v1/runs/export-q3/stop",
+        json!({"reason": "attempts_exhausted"}),
+    )
+    .await?;
+
+    println!("A payment whose outcome is unknown: run `lost-post` must not pay twice.");
+    ask(
+        &mut c,
+        "/v1/runs",
+        json!({"run": "lost-post", "goal": "pay invoice 4411", "budget": {"spend_cents": 500}}),
+    )
+    .await?;
+    let pay = json!({"run": "lost-post", "tool": "payments", "operation": "payments.create", "effect": "non_idempotent_write",
+        "args": {"invoice": 4411, "cents": 12000}, "reserve_cents": 120});
+    let first = ask(&mut c, "/v1/check", pay.clone()).await?;
+    println!("  pay:   {}", said(&first));
+    ask(
+        &mut c,
+        "/v1/outcome",
+        json!({"run": "lost-post", "attempt": first["attempt"], "status": "timeout"}),
+    )
+    .await?;
+    println!("  the payment timed out: nobody knows whether it went through");
+    let again = ask(&mut c, "/v1/check", pay).await?;
+    println!("  retry: {}", said(&again));
+    ok &= first["decision"] == "allow" && again["cause"] == "outcome_unknown_non_idempotent";
+
+    println!("A reservation over budget: run `summarize` asks a human.");
+    ask(
+        &mut c,
+        "/v1/runs",
+        json!({"run": "summarize", "goal": "summarize the inbox", "budget": {"spend_cents": 50}}),
+    )
+    .await?;
+    let big = json!({"run": "summarize", "tool": "llm", "operation": "summarize", "effect": "read", "reserve_cents": 40});
+    let one = ask(&mut c, "/v1/check", big.clone()).await?;
+    ask(
+        &mut c,
+        "/v1/outcome",
+        json!({"run": "summarize", "attempt": one["attempt"], "status": "ok", "settled_cents": 35}),
+    )
+    .await?;
+    let two = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_cents": 40})).await?;
+    println!("  first 40¢: {}; settled 35¢", said(&one));
+    println!("  next 40¢:  {}", said(&two));
+    ok &= two["decision"] == "require_approval";
+    ask(
+        &mut c,
+        "/v1/runs/summarize/stop",
+        json!({"reason": "completed"}),
+    )
+    .await?;
+    if !ok {
+        println!("  the gate did not decide as it must (see above)");
+    }
+    Ok(ok)
 }
 
 /// The byte offset just after the `n`th entry frame (and any checkpoints before it): an

@@ -81,7 +81,12 @@ fn run(command: Command) -> anyhow::Result<u8> {
             ledger,
             socket,
             listen,
-        } => commands::serve(ledger, socket, listen),
+            operator_socket,
+            policy,
+        } => commands::serve(ledger, socket, listen, operator_socket, policy),
+        Command::Policy {
+            command: cli::PolicyCommand::Check { file },
+        } => commands::policy_check(&file),
         Command::Demo { dir } => demo::run(dir.as_deref()),
     }
 }

@@ -12,7 +12,8 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use axum::http::{header, Method, Request, StatusCode};
+pub use axum::http::Method;
+use axum::http::{header, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};

@@ -277,6 +277,17 @@ impl Policy {
             message: e.message().to_owned(),
             span: e.span().map(|s| (s.start, s.end)),
         })?;
+        let mut policy = policy;
+        // A `[ceiling]` that names some dimensions keeps the defaults of the others:
+        // every dimension always has a ceiling (give a large number to lift one).
+        let d = Policy::default().ceiling;
+        let c = &mut policy.ceiling;
+        c.attempts = c.attempts.or(d.attempts);
+        c.deadline_ms = c.deadline_ms.or(d.deadline_ms);
+        c.spend_cents = c.spend_cents.or(d.spend_cents);
+        c.side_effects = c.side_effects.or(d.side_effects);
+        c.polls = c.polls.or(d.polls);
+        c.depth = c.depth.or(d.depth);
         policy.check()?;
         Ok(policy)
     }
