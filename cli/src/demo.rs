@@ -304,14 +304,14 @@ async fn gate_story(socket: &Path) -> Result<bool> {
     .await?;
     let (mut allowed, mut refused) = (0, 0);
     let mut last_refusal = String::new();
-    for round in 0..3 {
+    for _round in 0..3 {
         let mut tasks = Vec::new();
         for w in 0..8 {
             let socket = socket.to_path_buf();
             tasks.push(tokio::spawn(async move {
                 let mut c = Client::unix(&socket).await?;
                 let check = json!({"run": "export-q3", "worker": format!("worker-{w}"), "tool": "reports.export",
-                    "operation": "export.create", "effect": "read", "args": {"quarter": 3, "round": round % 1}});
+                    "operation": "export.create", "effect": "read", "args": {"quarter": 3}});
                 let a = ask(&mut c, "/v1/check", check).await?;
                 if a["decision"] == "allow" {
                     let out = json!({"run": "export-q3", "attempt": a["attempt"], "status": "error", "worker": format!("worker-{w}")});

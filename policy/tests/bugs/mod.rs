@@ -1,0 +1,120 @@
+//! Core bugs found by these tests, each held to what SPEC says and ignored until
+//! `policy/src` is fixed (run them with `cargo test -p tally-policy -- --ignored`).
+
+use serde_json::json;
+use tally_policy::{Call, Verdict};
+use tally_record::{Effect, Reason};
+
+use crate::approvals::{alice, grant, policy};
+use crate::support::{call, Sim, NO_ASK};
+
+fn spend(n: u64, cents: u64) -> Call {
+    Call {
+        reserve_cents: cents,
+        ..call("llm", Effect::Read, json!({"n": n}))
+    }
+}
+
+/// SPEC 8 (spend): "after an overrun (settled above reserved: recorded) all further
+/// spend until a human grants more". A signed grant of cents must lift it.
+#[test]
+#[ignore = "core bug: a grant of cents can never lift budget_exceeded after an overrun (RunState::overrun is never cleared)"]
+fn a_grant_of_cents_lifts_budget_exceeded_after_an_overrun() {
+    let mut sim = Sim::with_run(&policy(), json!({"spend_cents": 100}));
+    let a = sim.allow(&spend(1, 10), 10);
+    sim.outcome("r1", a, "ok", 20, json!({"settled_cents": 20}));
+    let d = sim.refused(&spend(2, 5), 30, Reason::ApprovalRequired);
+    assert_eq!(d.cause, Some(Reason::BudgetExceeded));
+    sim.apply_json(grant(&alice(), "alice", json!({"cents": 50}), 100_000, 35));
+    let d = sim.decide(&spend(2, 5), 40);
+    assert_eq!(
+        (d.verdict, d.reason()),
+        (Verdict::Allow, None),
+        "the human granted more; cause {:?}",
+        d.cause
+    );
+}
+
+/// SPEC 8 (approvals): "a deny whose policy allows it answers `require_approval`". When a
+/// grant lifts the first refusal but a second one (also in `ask_on`) stands, the answer
+/// must still be `require_approval`, with that second refusal as its cause.
+#[test]
+#[ignore = "core bug: decide answers a plain Deny (reason reservation_insufficient, cause attempts_exhausted) when a grant lifts one ask_on refusal and another stands"]
+fn a_second_refusal_a_human_may_lift_still_asks() {
+    let mut sim = Sim::with_run(&policy(), json!({"attempts": 1, "spend_cents": 10}));
+    sim.allow(&spend(1, 8), 10);
+    sim.apply_json(grant(
+        &alice(),
+        "alice",
+        json!({"attempts": 1}),
+        100_000,
+        15,
+    ));
+    let d = sim.decide(&spend(2, 5), 20);
+    assert_eq!(
+        d.verdict,
+        Verdict::RequireApproval,
+        "reason {:?}",
+        d.reason()
+    );
+    assert_eq!(d.reason(), Some(Reason::ApprovalRequired));
+    assert_eq!(d.cause, Some(Reason::ReservationInsufficient));
+}
+
+/// SPEC 3.1 (amounts): "cents, attempts and times are u64 and never wrap: a value that
+/// would overflow is a bad-input error". The gate must never allow a call whose own
+/// record then overflows the fold.
+#[test]
+#[ignore = "core bug: with no spend limit decide allows a reservation that overflows held_cents when applied"]
+fn decide_never_allows_a_reservation_that_overflows() {
+    let mut sim = Sim::with_run(NO_ASK, json!({}));
+    sim.allow(&spend(1, u64::MAX), 10);
+    let d = sim.decide(&spend(2, 1), 20);
+    let found = sim.apply(&d.record);
+    assert!(
+        d.verdict != Verdict::Allow && found.is_empty(),
+        "{:?} {:?}, apply found {found:?}",
+        d.verdict,
+        d.reason()
+    );
+}
+
+/// SPEC 3.1 (amounts): attempt numbers never wrap, and every allow is its own attempt.
+#[test]
+#[ignore = "core bug: after attempt u64::MAX decide allows again with attempt u64::MAX (saturating_add), a duplicate attempt number"]
+fn decide_never_reuses_the_last_attempt_number() {
+    let mut sim = Sim::with_run(NO_ASK, json!({}));
+    let max = u64::MAX;
+    let found = sim.apply_json(json!({
+        "run": "r1", "kind": "allow", "at_ms": 5, "tool": "api", "effect": "read", "attempt": max,
+    }));
+    assert_eq!(found, vec![]);
+    let d = sim.decide(&call("api", Effect::Read, json!({"n": 2})), 10);
+    assert!(
+        d.verdict != Verdict::Allow,
+        "allowed again as attempt {:?}",
+        d.record.attempt
+    );
+}
+
+/// SPEC 3.1 (spend): "held = the reservations of allowed attempts not yet settled". A
+/// second allow naming an attempt already allowed replaces the first's bookkeeping: its
+/// reservation stays in `held_cents` forever though attempt 1 is settled, and nothing
+/// reports it.
+#[test]
+#[ignore = "core bug: apply silently accepts a second allow of one attempt number; the first reservation is held forever"]
+fn a_second_allow_of_one_attempt_is_a_finding_and_leaks_nothing() {
+    let mut sim = Sim::with_run(NO_ASK, json!({}));
+    let allow = |at: u64, cents: u64| {
+        json!({
+            "run": "r1", "kind": "allow", "at_ms": at, "tool": "api", "effect": "read",
+            "attempt": 1, "reserve_cents": cents,
+        })
+    };
+    assert_eq!(sim.apply_json(allow(5, 10)), vec![]);
+    let found = sim.apply_json(allow(6, 20));
+    sim.outcome("r1", 1, "ok", 7, json!({"settled_cents": 20}));
+    let r = sim.run("r1");
+    assert!(!found.is_empty(), "a reused attempt number is not reported");
+    assert_eq!(r.held_cents, 0, "attempt 1 is settled, yet cents stay held");
+}

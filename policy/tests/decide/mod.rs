@@ -1,0 +1,359 @@
+//! `decide` against SPEC 8's run policies: loops, polls, attempts, spend, retries by
+//! effect class, unknown outcomes; and `decide` itself (pure, deterministic, valid records).
+
+use serde_json::json;
+use tally_policy::{decide, Verdict, View};
+use tally_record::{Action, Effect, Kind, Reason};
+
+use crate::support::{call, now, op_call, Sim, NO_ASK};
+
+#[test]
+fn the_fourth_identical_consecutive_call_is_a_loop_whatever_the_attempts_cap() {
+    for budget in [json!({"attempts": 3}), json!({"attempts": 1000}), json!({})] {
+        let mut sim = Sim::with_run(NO_ASK, budget.clone());
+        let c = call("search", Effect::Read, json!({"q": "tally"}));
+        for i in 0..3 {
+            let a = sim.allow(&c, i * 10);
+            assert!(sim.outcome("r1", a, "ok", i * 10 + 5, json!({})).is_empty());
+        }
+        let d = sim.refused(&c, 40, Reason::LoopRepeatedCall);
+        assert_eq!(d.verdict, Verdict::Deny, "budget {budget}");
+        assert_eq!(Reason::LoopRepeatedCall.action(), Action::Stop);
+        // Another call is not a repeat (where attempts remain).
+        let other = call("search", Effect::Read, json!({"q": "other"}));
+        if budget["attempts"] == json!(3) {
+            sim.refused(&other, 50, Reason::AttemptsExhausted);
+        } else {
+            sim.allow(&other, 50);
+        }
+    }
+}
+
+#[test]
+fn identical_calls_in_a_window_are_a_loop() {
+    let mut sim = Sim::with_run(NO_ASK, json!({}));
+    let a = call("search", Effect::Read, json!({"q": "a"}));
+    let b = call("search", Effect::Read, json!({"q": "b"}));
+    for (i, c) in [&a, &a, &a, &b, &a, &a].into_iter().enumerate() {
+        let t = i as u64 * 10;
+        let n = sim.allow(c, t);
+        sim.outcome("r1", n, "ok", t + 1, json!({}));
+    }
+    // Only two consecutive, but the sixth identical one in the window.
+    sim.refused(&a, 100, Reason::LoopRepeatedCall);
+}
+
+fn alternate(observed_change: bool) -> Sim {
+    let mut sim = Sim::with_run(NO_ASK, json!({}));
+    let a = call("browser", Effect::Read, json!({"click": "next"}));
+    let b = call("browser", Effect::Read, json!({"click": "back"}));
+    for (i, c) in [&a, &b, &a, &b].into_iter().enumerate() {
+        let t = i as u64 * 10;
+        let n = sim.allow(c, t);
+        let extra = if observed_change && i == 3 {
+            json!({"observed": "page 2"})
+        } else {
+            json!({})
+        };
+        sim.outcome("r1", n, "ok", t + 1, extra);
+    }
+    sim
+}
+
+#[test]
+fn alternation_without_a_change_of_observed_state_refuses_the_fifth() {
+    let mut sim = alternate(false);
+    let a = call("browser", Effect::Read, json!({"click": "next"}));
+    sim.refused(&a, 100, Reason::LoopRepeatedCall);
+}
+
+#[test]
+fn a_change_of_observed_state_is_progress_and_lets_the_fifth_pass() {
+    let mut sim = alternate(true);
+    let a = call("browser", Effect::Read, json!({"click": "next"}));
+    sim.allow(&a, 100);
+}
+
+/// A run that created remote operation `ea91` at 1000, whose outcome said Retry-After.
+fn polling(budget: serde_json::Value, retry_after_ms: Option<u64>) -> Sim {
+    let mut sim = Sim::with_run(NO_ASK, budget);
+    let create = Call {
+        idempotency_key: Some("k1".into()),
+        ..op_call(
+            "export",
+            "export.create",
+            Effect::IdempotentWrite,
+            json!({"r": 1}),
+        )
+    };
+    let n = sim.allow(&create, 900);
+    let mut extra = json!({"remote_ref": "ea91"});
+    if let Some(ms) = retry_after_ms {
+        extra["retry_after_ms"] = json!(ms);
+    }
+    assert!(sim.outcome("r1", n, "ok", 1000, extra).is_empty());
+    sim
+}
+
+use tally_policy::Call;
+
+fn poll() -> Call {
+    op_call(
+        "export",
+        "export.status:ea91",
+        Effect::Read,
+        json!({"id": "ea91"}),
+    )
+}
+
+#[test]
+fn a_poll_that_honours_retry_after_within_tolerance_is_allowed() {
+    // Hint 5 s: the tolerance is the 1 s floor, so 4 s after the outcome is on time.
+    let sim = polling(json!({"polls": 5}), Some(5000));
+    let early = sim.decide(&poll(), 4999);
+    assert_eq!(early.reason(), Some(Reason::UpstreamBackoff));
+    assert_eq!(early.record.retry_after_ms, Some(1));
+    assert_eq!(Reason::UpstreamBackoff.action(), Action::Retry);
+    assert_eq!(sim.decide(&poll(), 5000).verdict, Verdict::Allow);
+
+    // Hint 20 s: 10 % (2 s) is larger than 1 s.
+    let mut sim = polling(json!({"polls": 5}), Some(20_000));
+    let early = sim.decide(&poll(), 18_999);
+    assert_eq!(early.reason(), Some(Reason::UpstreamBackoff));
+    assert_eq!(early.record.retry_after_ms, Some(1));
+    let d = sim.decide(&poll(), 2000);
+    assert_eq!(d.record.retry_after_ms, Some(17_000), "wait until 19,000");
+    let attempts = sim.run("r1").attempts_used;
+    sim.allow(&poll(), 19_000);
+    assert_eq!(
+        sim.run("r1").attempts_used,
+        attempts,
+        "a poll uses no attempt"
+    );
+    assert_eq!(sim.run("r1").refs["ea91"].polls, 1);
+}
+
+#[test]
+fn a_poll_made_too_early_is_told_to_back_off() {
+    let mut sim = polling(json!({"polls": 5}), Some(10_000));
+    let d = sim.refused(&poll(), 3000, Reason::UpstreamBackoff);
+    // 1000 + 10,000 - max(1000, 1000) = 10,000.
+    assert_eq!(d.record.retry_after_ms, Some(7000));
+    assert_eq!(d.verdict, Verdict::Deny);
+}
+
+#[test]
+fn polling_that_keeps_its_interval_is_never_a_loop() {
+    let mut sim = polling(json!({"polls": 30}), None);
+    for i in 0..12u64 {
+        let t = 2000 + i * 1000;
+        let n = sim.allow(&poll(), t);
+        let extra = json!({"observed": "running", "retry_after_ms": 1000});
+        assert!(sim.outcome("r1", n, "running", t + 10, extra).is_empty());
+    }
+    assert_eq!(sim.run("r1").refs["ea91"].polls, 12);
+    assert_eq!(
+        sim.run("r1").attempts_used,
+        1,
+        "only the create used an attempt"
+    );
+}
+
+#[test]
+fn polls_beyond_the_allowance_are_refused() {
+    let mut sim = polling(json!({"polls": 2}), None);
+    let by_ref = Call {
+        remote_ref: Some("ea91".into()),
+        ..call("export", Effect::Read, json!({"status": "ea91"}))
+    };
+    for (i, c) in [poll(), by_ref.clone()].iter().enumerate() {
+        let t = 3000 + i as u64 * 2000;
+        let n = sim.allow(c, t);
+        sim.outcome("r1", n, "running", t + 10, json!({}));
+    }
+    let d = sim.refused(&poll(), 9000, Reason::PollAllowanceExhausted);
+    assert_eq!(d.record.limits.as_ref().expect("limits")["polls"].used, 2);
+    sim.refused(&by_ref, 9000, Reason::PollAllowanceExhausted);
+}
+
+#[test]
+fn attempts_exhausted_but_exempt_tools_still_pass() {
+    let policy = "[approvals]\nask_on = []\n[scope]\nexempt = [\"retrieve\"]\n";
+    let mut sim = Sim::with_run(policy, json!({"attempts": 2}));
+    sim.allow(&call("api", Effect::Read, json!({"n": 1})), 10);
+    sim.allow(&call("api", Effect::Read, json!({"n": 2})), 20);
+    let d = sim.refused(
+        &call("api", Effect::Read, json!({"n": 3})),
+        30,
+        Reason::AttemptsExhausted,
+    );
+    let limits = d.record.limits.expect("limits");
+    assert_eq!((limits["attempts"].used, limits["attempts"].limit), (2, 2));
+    sim.allow(&call("retrieve", Effect::Read, json!({"n": 4})), 40);
+    assert_eq!(sim.run("r1").attempts_used, 2);
+}
+
+#[test]
+fn reservation_insufficient_when_settled_plus_held_plus_reserve_exceeds_spend() {
+    let mut sim = Sim::with_run(NO_ASK, json!({"spend_cents": 100}));
+    let reserve = |n: u64, cents: u64| Call {
+        reserve_cents: cents,
+        ..call("llm", Effect::Read, json!({"n": n}))
+    };
+    let first = sim.allow(&reserve(1, 60), 10);
+    sim.refused(&reserve(2, 50), 20, Reason::ReservationInsufficient);
+    sim.allow(&reserve(3, 40), 30); // 60 + 40 = 100 fits exactly
+    sim.refused(&reserve(4, 1), 40, Reason::ReservationInsufficient);
+    assert!(sim
+        .outcome("r1", first, "ok", 50, json!({"settled_cents": 30}))
+        .is_empty());
+    // settled 30 + held 40 = 70.
+    sim.refused(&reserve(5, 31), 60, Reason::ReservationInsufficient);
+    sim.allow(&reserve(6, 30), 70);
+    assert_eq!(Reason::ReservationInsufficient.action(), Action::Ask);
+}
+
+#[test]
+fn budget_exceeded_after_an_overrun() {
+    let mut sim = Sim::with_run(NO_ASK, json!({"spend_cents": 100}));
+    let c = |n: u64, cents: u64| Call {
+        reserve_cents: cents,
+        ..call("llm", Effect::Read, json!({"n": n}))
+    };
+    let a = sim.allow(&c(1, 10), 10);
+    let found = sim.outcome("r1", a, "ok", 20, json!({"settled_cents": 20}));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(sim.run("r1").overrun);
+    sim.refused(&c(2, 1), 30, Reason::BudgetExceeded);
+    // A call that spends nothing still fits (20 <= 100).
+    sim.allow(&c(3, 0), 40);
+}
+
+#[test]
+fn retries_by_effect_class_and_ok_resets_them() {
+    let mut sim = Sim::with_run(NO_ASK, json!({}));
+    // read: 3 attempts of one logical operation.
+    let read = |n: u64| op_call("web", "fetch:page", Effect::Read, json!({"try": n}));
+    let a1 = sim.allow(&read(1), 10);
+    sim.outcome("r1", a1, "error", 11, json!({}));
+    let a2 = sim.allow(&read(2), 20);
+    sim.outcome("r1", a2, "error", 21, json!({}));
+    let a3 = sim.allow(&read(3), 30);
+    sim.refused(&read(4), 40, Reason::AttemptsExhausted);
+    sim.outcome("r1", a3, "ok", 50, json!({}));
+    sim.allow(&read(4), 60);
+
+    // idempotent_write: 2, and a retry only with an idempotency key.
+    let put = |n: u64, key: Option<&str>| Call {
+        idempotency_key: key.map(str::to_owned),
+        ..op_call(
+            "crm",
+            "crm.put:c1",
+            Effect::IdempotentWrite,
+            json!({"try": n}),
+        )
+    };
+    let p1 = sim.allow(&put(1, None), 100);
+    sim.outcome("r1", p1, "error", 101, json!({}));
+    sim.refused(&put(2, None), 110, Reason::AttemptsExhausted);
+    let p2 = sim.allow(&put(2, Some("c1")), 120);
+    sim.outcome("r1", p2, "error", 121, json!({}));
+    sim.refused(&put(3, Some("c1")), 130, Reason::AttemptsExhausted);
+
+    // non_idempotent_write: 1.
+    let send = |n: u64| {
+        op_call(
+            "mail",
+            "mail.send:42",
+            Effect::NonIdempotentWrite,
+            json!({"try": n}),
+        )
+    };
+    let s1 = sim.allow(&send(1), 200);
+    sim.outcome("r1", s1, "error", 201, json!({}));
+    sim.refused(&send(2), 210, Reason::AttemptsExhausted);
+
+    // A rejected attempt did nothing: it does not count against the operation either.
+    let other = |n: u64| {
+        op_call(
+            "mail",
+            "mail.send:43",
+            Effect::NonIdempotentWrite,
+            json!({"try": n}),
+        )
+    };
+    let r1 = sim.allow(&other(1), 300);
+    sim.outcome("r1", r1, "rejected", 301, json!({}));
+    sim.allow(&other(2), 310);
+}
+
+#[test]
+fn a_non_idempotent_write_whose_outcome_is_unknown_is_not_repeated() {
+    for status in ["unknown", "timeout"] {
+        let mut sim = Sim::with_run(NO_ASK, json!({}));
+        let pay = |n: u64| {
+            op_call(
+                "pay",
+                "pay.invoice:42",
+                Effect::NonIdempotentWrite,
+                json!({"try": n}),
+            )
+        };
+        let a = sim.allow(&pay(1), 10);
+        assert!(sim.outcome("r1", a, status, 20, json!({})).is_empty());
+        let d = sim.refused(&pay(2), 30, Reason::OutcomeUnknownNonIdempotent);
+        assert_eq!(d.verdict, Verdict::Deny, "{status}");
+        assert_eq!(Reason::OutcomeUnknownNonIdempotent.action(), Action::Ask);
+        // Another operation is not affected; reads of it neither.
+        sim.allow(
+            &op_call(
+                "pay",
+                "pay.invoice:43",
+                Effect::NonIdempotentWrite,
+                json!({}),
+            ),
+            40,
+        );
+        // A later outcome reconciles it: an ok ends the operation's retries too.
+        assert!(sim.outcome("r1", a, "ok", 50, json!({})).is_empty());
+        sim.allow(&pay(3), 60);
+    }
+}
+
+#[test]
+fn decide_is_pure_and_its_records_are_valid() {
+    let mut sim = Sim::with_run(
+        NO_ASK,
+        json!({"attempts": 1, "spend_cents": 10, "deadline_ms": 5000}),
+    );
+    let c = Call {
+        reserve_cents: 5,
+        worker: Some("w1".into()),
+        target: Some("api.example.com".into()),
+        depth: Some(1),
+        ..call("api", Effect::Read, json!({"q": 1}))
+    };
+    let before = (sim.run("r1").clone(), sim.tools.clone());
+    let allow = sim.decide(&c, 100);
+    assert_eq!(allow.verdict, Verdict::Allow);
+    assert_eq!(allow.cause, None);
+    assert_eq!(allow.record.attempt, Some(1));
+    assert_eq!(allow.record.reserve_cents, Some(5));
+    assert_eq!(allow.record.policy.as_deref(), Some(sim.digest.as_str()));
+    // Straight through the library as well: nothing moved, same record twice.
+    let view = View {
+        run: sim.run("r1"),
+        tool: None,
+        credential: None,
+    };
+    let again = decide(&sim.policy, &sim.digest, view, &c, now(100));
+    assert_eq!(again, allow);
+    assert_eq!((sim.run("r1").clone(), sim.tools.clone()), before);
+
+    sim.ask(&c, 100);
+    let deny = sim.decide(&call("api", Effect::Read, json!({"q": 2})), 200);
+    assert_eq!(deny.record.kind, Some(Kind::Deny));
+    assert_eq!(deny.reason(), Some(Reason::AttemptsExhausted));
+    assert_eq!(deny.record.timeout_ms, None);
+    deny.record.validate().expect("a valid deny");
+}
