@@ -113,6 +113,11 @@ pub enum Inconsistency {
         /// The digest named.
         digest: String,
     },
+    /// An allow naming an attempt number already allowed (nothing is counted for it).
+    DuplicateAllow {
+        /// The attempt.
+        attempt: u64,
+    },
     /// A number that would overflow u64.
     Overflow {
         /// What overflowed.
@@ -199,6 +204,10 @@ fn allow(
 ) {
     let call = Call::from_record(d);
     let attempt = d.attempt.unwrap_or(run.last_attempt.saturating_add(1));
+    if run.allowed.contains(attempt) {
+        found.push(Inconsistency::DuplicateAllow { attempt });
+        return;
+    }
     let poll = run.poll_of(d.effect, d.remote_ref.as_deref(), d.operation.as_deref());
     let counted = counts(policy, &call.tool, poll.is_some());
     let write = matches!(
@@ -605,6 +614,11 @@ pub(crate) fn use_grant(run: &mut RunState, grant: &Grant, call: &Call) {
         g.used = true;
     }
     let s = &grant.scope;
+    if s.cents.is_some_and(|c| c > 0) {
+        // A human granted more cents: spend may go on after an overrun (a new one stops
+        // it again).
+        run.overrun = false;
+    }
     run.extra_attempts = run.extra_attempts.saturating_add(s.attempts.unwrap_or(0));
     run.extra_cents = run.extra_cents.saturating_add(s.cents.unwrap_or(0));
     if let Some(t) = &s.tool {

@@ -186,7 +186,15 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
                         grant = Some(g.digest.clone());
                         refusal = None;
                     }
-                    Some(other) => refusal = Some(other),
+                    // Another limit stands: a human may lift it too, or not.
+                    Some(other) if policy.asks(other.reason) => {
+                        cause = Some(other.reason);
+                        refusal = Some(refuse(Reason::ApprovalRequired));
+                    }
+                    Some(other) => {
+                        cause = None;
+                        refusal = Some(other);
+                    }
                 }
             }
             Err(Some(reason)) => refusal = Some(refuse(reason)),
@@ -341,6 +349,18 @@ fn first_refusal(
                 return Some(refuse(Reason::AttemptsExhausted));
             }
         }
+    }
+    if run.last_attempt == u64::MAX {
+        // No attempt number is left to give: never reuse one.
+        return Some(refuse(Reason::AttemptsExhausted));
+    }
+    let committed = run
+        .held_cents
+        .checked_add(run.settled_cents)
+        .and_then(|c| c.checked_add(call.reserve_cents));
+    if committed.is_none() {
+        // The reservation would overflow the run's spend: it never fits.
+        return Some(refuse(Reason::ReservationInsufficient));
     }
     if counts(policy, &call.tool, poll.is_some())
         && run

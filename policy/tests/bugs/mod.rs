@@ -1,5 +1,5 @@
-//! Core bugs found by these tests, each held to what SPEC says and ignored until
-//! `policy/src` is fixed (run them with `cargo test -p tally-policy -- --ignored`).
+//! Regression tests for core bugs found by the corpus and model tests, each held to what
+//! SPEC says.
 
 use serde_json::json;
 use tally_policy::{Call, Verdict};
@@ -18,7 +18,6 @@ fn spend(n: u64, cents: u64) -> Call {
 /// SPEC 8 (spend): "after an overrun (settled above reserved: recorded) all further
 /// spend until a human grants more". A signed grant of cents must lift it.
 #[test]
-#[ignore = "core bug: a grant of cents can never lift budget_exceeded after an overrun (RunState::overrun is never cleared)"]
 fn a_grant_of_cents_lifts_budget_exceeded_after_an_overrun() {
     let mut sim = Sim::with_run(&policy(), json!({"spend_cents": 100}));
     let a = sim.allow(&spend(1, 10), 10);
@@ -39,7 +38,6 @@ fn a_grant_of_cents_lifts_budget_exceeded_after_an_overrun() {
 /// grant lifts the first refusal but a second one (also in `ask_on`) stands, the answer
 /// must still be `require_approval`, with that second refusal as its cause.
 #[test]
-#[ignore = "core bug: decide answers a plain Deny (reason reservation_insufficient, cause attempts_exhausted) when a grant lifts one ask_on refusal and another stands"]
 fn a_second_refusal_a_human_may_lift_still_asks() {
     let mut sim = Sim::with_run(&policy(), json!({"attempts": 1, "spend_cents": 10}));
     sim.allow(&spend(1, 8), 10);
@@ -65,7 +63,6 @@ fn a_second_refusal_a_human_may_lift_still_asks() {
 /// would overflow is a bad-input error". The gate must never allow a call whose own
 /// record then overflows the fold.
 #[test]
-#[ignore = "core bug: with no spend limit decide allows a reservation that overflows held_cents when applied"]
 fn decide_never_allows_a_reservation_that_overflows() {
     let mut sim = Sim::with_run(NO_ASK, json!({}));
     sim.allow(&spend(1, u64::MAX), 10);
@@ -81,7 +78,6 @@ fn decide_never_allows_a_reservation_that_overflows() {
 
 /// SPEC 3.1 (amounts): attempt numbers never wrap, and every allow is its own attempt.
 #[test]
-#[ignore = "core bug: after attempt u64::MAX decide allows again with attempt u64::MAX (saturating_add), a duplicate attempt number"]
 fn decide_never_reuses_the_last_attempt_number() {
     let mut sim = Sim::with_run(NO_ASK, json!({}));
     let max = u64::MAX;
@@ -102,7 +98,6 @@ fn decide_never_reuses_the_last_attempt_number() {
 /// reservation stays in `held_cents` forever though attempt 1 is settled, and nothing
 /// reports it.
 #[test]
-#[ignore = "core bug: apply silently accepts a second allow of one attempt number; the first reservation is held forever"]
 fn a_second_allow_of_one_attempt_is_a_finding_and_leaks_nothing() {
     let mut sim = Sim::with_run(NO_ASK, json!({}));
     let allow = |at: u64, cents: u64| {
