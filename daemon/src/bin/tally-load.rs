@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, Mutex};
 
 const USAGE: &str = "usage:
   tally-load init  --ledger DIR
-  tally-load serve --ledger DIR --socket PATH [--operator-socket PATH] [--listen ADDR] [--max-in-flight N]
+  tally-load serve --ledger DIR --socket PATH [--operator-socket PATH] [--policy FILE] [--listen ADDR] [--max-in-flight N]
   tally-load bench (--socket PATH | --tcp ADDR) [--clients N] [--batch N] [--seconds S]
                    [--offered DECISIONS_PER_SEC [--even]] [--json]";
 
@@ -116,6 +116,7 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
         "socket",
         "listen",
         "operator-socket",
+        "policy",
         "max-in-flight",
         "tcp",
         "clients",
@@ -146,6 +147,12 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
             );
             options.listen = args.value("listen")?;
             options.operator_socket = args.value("operator-socket")?;
+            if let Some(path) = args.value::<PathBuf>("policy")? {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("--policy {}: {e}", path.display()))?;
+                options.policy = tally_policy::Recorded::new(&text)
+                    .map_err(|e| format!("--policy {}: {e}", path.display()))?;
+            }
             options.max_in_flight = args.value("max-in-flight")?.unwrap_or(256);
             args.done()?;
             Ok(match tally_daemon::run(options) {
