@@ -222,7 +222,18 @@ impl Drop for Progress {
 
 pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
     let audit = Audit::from_args(read, auditor_key)?;
-    let report = audit.run(|_| {})?;
+    // With the auditor key: the consistency audit and the replay of every gate decision
+    // (SPEC 5.8), from the same policy core the gate decided with.
+    let mut analysis = auditor_key.map(|_| Analysis::new(analysis::Config::default()));
+    let mut replay = auditor_key.map(|_| tally_verify::replay::Replay::new());
+    let report = audit.run(|e| {
+        if let Some(a) = analysis.as_mut() {
+            a.push(&e);
+        }
+        if let Some(r) = replay.as_mut() {
+            r.push(&e);
+        }
+    })?;
     if report.auditor_key_mismatch {
         bail!(
             "the auditor key {} is not this ledger's recipient: nothing can be decrypted with it",
@@ -231,12 +242,36 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
                 .unwrap_or_default()
         );
     }
+    let found = analysis.map(Analysis::finish);
+    let replayed = replay.map(tally_verify::replay::Replay::finish);
+    let inconsistent = found
+        .as_ref()
+        .is_some_and(|f| !f.findings.is_empty() || f.findings_omitted > 0)
+        || replayed
+            .as_ref()
+            .is_some_and(|r| !r.findings.is_empty() || r.omitted > 0);
     if audit.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let mut value = serde_json::to_value(&report)?;
+        if let (serde_json::Value::Object(map), Some(f), Some(r)) = (&mut value, &found, &replayed)
+        {
+            map.insert(
+                "audit".into(),
+                serde_json::json!({"findings": f.findings, "findings_omitted": f.findings_omitted}),
+            );
+            map.insert("replay".into(), serde_json::to_value(r)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print!("{}", report.to_text());
+        if let (Some(f), Some(r)) = (&found, &replayed) {
+            println!("\n{}", analysis::render_findings_text(f));
+            print!("{}", r.to_text());
+        }
     }
-    Ok(report.verdict().exit_code())
+    let code = report.verdict().exit_code();
+    // Intact but inconsistent is a finding (exit 1); tampering and incomplete evidence
+    // keep their own codes.
+    Ok(if code == 0 && inconsistent { 1 } else { code })
 }
 
 /// Verify with the auditor key and run the analysis over every decision. Refuses a

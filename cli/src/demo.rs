@@ -151,7 +151,11 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     );
     options.auditor = Some(AuditorKey::read(&auditor_path)?);
     let mut analysis = Analysis::new(analysis::Config::default());
-    let report = verify_bytes(&bytes, &options, |e| analysis.push(&e))?;
+    let mut replay = tally_verify::replay::Replay::new();
+    let report = verify_bytes(&bytes, &options, |e| {
+        analysis.push(&e);
+        replay.push(&e);
+    })?;
     println!(
         "{} of {} decisions decrypted and valid.\n",
         report.decrypted.unwrap_or(0),
@@ -164,6 +168,9 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     }
     println!("{}", analysis::render_loops_text(&found));
     println!("{}", analysis::render_findings_text(&found));
+    let replayed = replay.finish();
+    println!("{}", replayed.to_text());
+    ok &= replayed.findings.is_empty() && replayed.replayed > 0;
     println!("{}", analysis::render_handoffs_text(&found, None));
 
     step(6, "Attacks on the export are caught");

@@ -220,12 +220,13 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
         uid: call.uid,
         policy: Some(digest.to_owned()),
         limits: Some(limits(run, call, run_ms)),
+        // Every input of the decision is recorded, so replay can decide it again.
+        reserve_cents: (call.reserve_cents > 0).then_some(call.reserve_cents),
         ..Decision::default()
     };
     let verdict = match refusal {
         None => {
             record.attempt = Some(run.last_attempt.saturating_add(1));
-            record.reserve_cents = (call.reserve_cents > 0).then_some(call.reserve_cents);
             record.timeout_ms = Some(timeout(policy, run, call, run_ms));
             record.grant = grant;
             Verdict::Allow

@@ -347,7 +347,7 @@ pub struct Decision {
     /// The run's external attempt number this record is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u64>,
-    /// Spend reserved before the call (allow).
+    /// Spend reserved before the call (allow; on a deny, what the call asked to reserve).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserve_cents: Option<u64>,
     /// Outcome status (required for outcome).
@@ -550,11 +550,7 @@ impl Decision {
                 self.attempt.is_some(),
                 &[Kind::Allow, Kind::Deny, Kind::Outcome],
             ),
-            (
-                "reserve_cents",
-                self.reserve_cents.is_some(),
-                &[Kind::Allow],
-            ),
+            ("reserve_cents", self.reserve_cents.is_some(), CALL),
             ("status", self.status.is_some(), &[Kind::Outcome]),
             (
                 "settled_cents",

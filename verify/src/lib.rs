@@ -12,7 +12,9 @@
 pub mod analysis;
 pub mod event;
 pub mod finding;
+pub mod replay;
 pub mod report;
+pub mod text;
 pub mod walk;
 
 pub use event::Event;

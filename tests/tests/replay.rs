@@ -1,0 +1,154 @@
+//! SPEC 5.8, attacked: a decision appended that the recorded policy would not have made
+//! is reported by `verify` with its seq, offline, from the ledger alone.
+
+use std::sync::Arc;
+
+use tally_gate::{Caller, CheckRequest, Gate, StartRequest};
+use tally_ledger::keys::AuditorKey;
+use tally_ledger::{Decision, Effect, Ledger, Reason, Rotation};
+use tally_policy::Recorded;
+use tally_tests::read_export;
+use tally_verify::replay::{Replay, ReplayKind};
+use tally_verify::{verify, Options};
+
+const POLICY: &str = "[ceiling]\nattempts = 2\n[approvals]\nask_on = []\n";
+
+fn check(gate: &Gate, op: &str) -> tally_gate::CheckAnswer {
+    let req: CheckRequest = serde_json::from_value(serde_json::json!({
+        "run": "r", "tool": "http", "operation": op, "effect": "read", "args": {"op": op}
+    }))
+    .expect("request");
+    gate.check_blocking(Caller::default(), req).expect("check")
+}
+
+/// A gated run (two allows, then a refusal), plus whatever `forge` appends behind the
+/// gate's back; the replay of the export.
+fn replayed(forge: impl FnOnce(&Ledger, &str)) -> tally_verify::replay::ReplayReport {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auditor = AuditorKey::generate();
+    let public = Ledger::init(
+        &dir.path().join("l"),
+        &auditor.public(),
+        Rotation::default(),
+    )
+    .expect("init");
+    let ledger = Arc::new(Ledger::open(&dir.path().join("l")).expect("open"));
+    let policy = Recorded::new(POLICY).expect("policy");
+    let digest = policy.digest.clone();
+    let gate = Gate::open(Arc::clone(&ledger), policy).expect("gate");
+    gate.start_blocking(
+        Caller::default(),
+        StartRequest {
+            run: "r".into(),
+            ..StartRequest::default()
+        },
+    )
+    .expect("start");
+    assert_eq!(check(&gate, "a").reason, None);
+    assert_eq!(check(&gate, "b").reason, None);
+    assert_eq!(check(&gate, "c").reason, Some(Reason::AttemptsExhausted));
+    drop(gate);
+    forge(&ledger, &digest);
+    let out = dir.path().join("x.tally");
+    ledger.export(&out).expect("export");
+    let bytes = std::fs::read(&out).expect("read");
+    let mut options = Options::new(public);
+    options.auditor = Some(auditor);
+    let mut replay = Replay::new();
+    let frames = read_export(&bytes).expect("export");
+    let report = verify(frames.into_iter(), &options, |e| replay.push(&e), |_| {});
+    assert_eq!(
+        report.verdict(),
+        tally_verify::Verdict::Intact,
+        "{}",
+        report.to_text()
+    );
+    replay.finish()
+}
+
+fn forged_allow(policy: Option<&str>, attempt: u64) -> Decision {
+    Decision {
+        run: "r".into(),
+        kind: Some(tally_ledger::Kind::Allow),
+        at_ms: Some(5),
+        tool: Some("http".into()),
+        operation: Some("d".into()),
+        effect: Some(Effect::Read),
+        attempt: Some(attempt),
+        policy: policy.map(str::to_owned),
+        ..Decision::default()
+    }
+}
+
+#[test]
+fn an_honest_gate_replays_clean() {
+    let report = replayed(|_, _| {});
+    assert_eq!(report.replayed, 3);
+    assert!(report.findings.is_empty(), "{}", report.to_text());
+}
+
+#[test]
+fn an_allow_the_policy_would_refuse_is_reported_with_its_seq() {
+    // Seqs: 0 genesis, 1 policy, 2 start, 3..=5 the gate's checks; the forgery is 6.
+    let report = replayed(|ledger, digest| {
+        ledger
+            .append(forged_allow(Some(digest), 3))
+            .expect("append behind the gate");
+    });
+    assert_eq!(report.findings.len(), 1, "{}", report.to_text());
+    let f = &report.findings[0];
+    assert_eq!(f.seq, 6);
+    assert_eq!(
+        f.kind,
+        ReplayKind::AllowedAgainstPolicy {
+            would: Reason::AttemptsExhausted
+        }
+    );
+    assert!(report.to_text().contains("seq 6"), "{}", report.to_text());
+}
+
+#[test]
+fn an_allow_without_the_gates_policy_is_not_from_the_gate() {
+    let report = replayed(|ledger, _| {
+        ledger.append(forged_allow(None, 3)).expect("append");
+    });
+    assert_eq!(report.findings.len(), 1, "{}", report.to_text());
+    assert_eq!(report.findings[0].seq, 6);
+    assert!(matches!(
+        report.findings[0].kind,
+        ReplayKind::NotFromGate { .. }
+    ));
+}
+
+#[test]
+fn a_refusal_the_policy_would_not_make_is_reported() {
+    let report = replayed(|ledger, digest| {
+        let mut d = forged_allow(Some(digest), 3);
+        d.kind = Some(tally_ledger::Kind::Deny);
+        d.attempt = None;
+        // A new run with budget to spare, refused for a loop it never made.
+        let start = Decision {
+            run: "fresh".into(),
+            kind: Some(tally_ledger::Kind::Start),
+            at_ms: Some(0),
+            budget: Some(tally_ledger::decision::Budget {
+                attempts: Some(5),
+                ..Default::default()
+            }),
+            policy: Some(digest.to_owned()),
+            ..Decision::default()
+        };
+        ledger.append(start).expect("start");
+        d.run = "fresh".into();
+        d.reason = Some(Reason::LoopRepeatedCall);
+        ledger.append(d).expect("deny");
+    });
+    assert_eq!(report.findings.len(), 1, "{}", report.to_text());
+    assert_eq!(report.findings[0].seq, 7);
+    assert_eq!(
+        report.findings[0].kind,
+        ReplayKind::RefusedAgainstPolicy {
+            recorded: Reason::LoopRepeatedCall
+        }
+    );
+}

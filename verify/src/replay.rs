@@ -1,0 +1,313 @@
+//! Replay (SPEC 5.8): every `allow` and `deny` the gate recorded is decided again, offline,
+//! by the same policy core (`tally_policy::decide`) under the policy the ledger says was
+//! in force, on the state the ledger's own earlier decisions give (`tally_policy::apply`).
+//! Each decision the policy would not have made is reported with its seq.
+//!
+//! What replay cannot re-derive from the ledger alone it does not judge: refusals that
+//! come from state outside the run's records (rate buckets, the shared breaker, a pause,
+//! an unavailable gate) are taken as recorded, and replay decides with those checks off.
+//! Runs not started through the gate (their start names no policy) are left to the
+//! consistency audit.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use tally_ledger::{Decision, Kind, Reason};
+use tally_policy::{apply, decide, Call, Now, Recorded, RunState, Verdict, View, ViewMut};
+
+use crate::Event;
+
+/// Refusals whose cause is not in the run's records: replay takes them as recorded.
+const OUTSIDE_THE_RECORDS: &[Reason] = &[
+    Reason::RateLimitExceeded,
+    Reason::CircuitOpen,
+    Reason::RunPaused,
+    Reason::GateUnavailable,
+];
+
+/// Most findings listed; the rest are counted.
+pub const MAX_LISTED: usize = 1000;
+
+/// What replay found wrong with one recorded decision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ReplayKind {
+    /// Recorded `allow`; the policy refuses the call.
+    AllowedAgainstPolicy {
+        /// What the policy says.
+        would: Reason,
+    },
+    /// Recorded a refusal; the policy allows the call.
+    RefusedAgainstPolicy {
+        /// The recorded reason.
+        recorded: Reason,
+    },
+    /// Both refuse, for different reasons.
+    ReasonDiffers {
+        /// The recorded reason.
+        recorded: Reason,
+        /// What the policy says.
+        would: Reason,
+    },
+    /// An allow or deny in a gate-governed run that names no policy: the gate did not
+    /// write it (SPEC 5.7).
+    NotFromGate {
+        /// The record's kind.
+        record: Kind,
+    },
+    /// A decision names a policy the ledger never recorded before it.
+    UnknownPolicy {
+        /// The digest named.
+        digest: String,
+    },
+    /// A policy record whose text is not a valid policy.
+    InvalidPolicy {
+        /// Why.
+        why: String,
+    },
+}
+
+/// One replay finding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReplayFinding {
+    /// The record's seq.
+    pub seq: u64,
+    /// Its run.
+    pub run: String,
+    /// What is wrong.
+    #[serde(flatten)]
+    pub kind: ReplayKind,
+}
+
+impl std::fmt::Display for ReplayFinding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let run = crate::text::shown(&self.run);
+        match &self.kind {
+            ReplayKind::AllowedAgainstPolicy { would } => write!(
+                f,
+                "seq {}  run {run}  allowed, but the recorded policy refuses it: {would}",
+                self.seq
+            ),
+            ReplayKind::RefusedAgainstPolicy { recorded } => write!(
+                f,
+                "seq {}  run {run}  refused ({recorded}), but the recorded policy allows it",
+                self.seq
+            ),
+            ReplayKind::ReasonDiffers { recorded, would } => write!(
+                f,
+                "seq {}  run {run}  refused for {recorded}, but the recorded policy refuses for {would}",
+                self.seq
+            ),
+            ReplayKind::NotFromGate { record } => write!(
+                f,
+                "seq {}  run {run}  {record} names no policy in a run the gate governs: not written by the gate",
+                self.seq
+            ),
+            ReplayKind::UnknownPolicy { digest } => write!(
+                f,
+                "seq {}  run {run}  decided under policy {digest}, which the ledger never recorded",
+                self.seq
+            ),
+            ReplayKind::InvalidPolicy { why } => {
+                write!(f, "seq {}  policy record is not a valid policy: {why}", self.seq)
+            }
+        }
+    }
+}
+
+/// What replay found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReplayReport {
+    /// Gate decisions (allow or deny) decided again.
+    pub replayed: u64,
+    /// Refusals taken as recorded (their cause is outside the records).
+    pub taken_as_recorded: u64,
+    /// Findings, by seq (at most [`MAX_LISTED`]).
+    pub findings: Vec<ReplayFinding>,
+    /// Findings beyond the listed ones.
+    pub omitted: u64,
+}
+
+impl ReplayReport {
+    /// The report as text.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "Replay: {} gate decisions decided again under their recorded policy ({} refusals from outside the records taken as recorded): ",
+            self.replayed, self.taken_as_recorded
+        );
+        let n = self.findings.len() as u64 + self.omitted;
+        if n == 0 {
+            out.push_str("every one is what the policy decides.\n");
+        } else {
+            out.push_str(&format!("{n} the policy would not have made.\n"));
+            for f in &self.findings {
+                out.push_str(&format!("  {f}\n"));
+            }
+            if self.omitted > 0 {
+                out.push_str(&format!("  ... and {} more\n", self.omitted));
+            }
+        }
+        out
+    }
+}
+
+/// The streaming replay: push events in seq order, then finish.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// Policies by digest, each with a copy whose cross-run checks are off.
+    policies: BTreeMap<String, (Recorded, tally_policy::Policy)>,
+    runs: BTreeMap<String, (String, RunState)>,
+    report: ReplayReport,
+}
+
+impl Replay {
+    /// A new replay.
+    pub fn new() -> Replay {
+        Replay::default()
+    }
+
+    fn find(&mut self, seq: u64, run: &str, kind: ReplayKind) {
+        if self.report.findings.len() < MAX_LISTED {
+            self.report.findings.push(ReplayFinding {
+                seq,
+                run: run.to_owned(),
+                kind,
+            });
+        } else {
+            self.report.omitted += 1;
+        }
+    }
+
+    /// Take the next event.
+    pub fn push(&mut self, e: &Event) {
+        let d = &e.decision;
+        let kind = d.kind();
+        if kind == Kind::Policy {
+            let text = d.policy_text.as_deref().unwrap_or("");
+            match Recorded::new(text) {
+                Ok(r) => {
+                    let mut offline = r.policy.clone();
+                    // Buckets and in-flight bounds depend on every run's wall times: off.
+                    offline.rate.run_per_sec = 0;
+                    offline.rate.credential_per_sec = 0;
+                    offline.rate.tool_per_sec = 0;
+                    offline.rate.tool_in_flight = 0;
+                    self.policies.insert(r.digest.clone(), (r, offline));
+                }
+                Err(err) => self.find(
+                    e.seq,
+                    "",
+                    ReplayKind::InvalidPolicy {
+                        why: err.to_string(),
+                    },
+                ),
+            }
+            return;
+        }
+        if kind == Kind::Start {
+            let Some(digest) = d.policy.clone() else {
+                return;
+            };
+            if !self.policies.contains_key(&digest) {
+                self.find(e.seq, &d.run, ReplayKind::UnknownPolicy { digest });
+                return;
+            }
+            let entry = self
+                .runs
+                .entry(d.run.clone())
+                .or_insert_with(|| (digest.clone(), RunState::new(&d.run)));
+            if let Some((_, policy)) = self.policies.get(&entry.0) {
+                let now = Now {
+                    wall_ms: e.wall_ms,
+                    at_ms: d.at_ms,
+                };
+                apply(policy, bare(&mut entry.1), d, now);
+            }
+            return;
+        }
+        let Some((start_digest, _)) = self.runs.get(&d.run) else {
+            return;
+        };
+        let start_digest = start_digest.clone();
+        let call = matches!(kind, Kind::Allow | Kind::Deny);
+        let digest = match (&d.policy, call) {
+            (Some(p), _) => p.clone(),
+            (None, true) => {
+                self.find(e.seq, &d.run, ReplayKind::NotFromGate { record: kind });
+                start_digest
+            }
+            (None, false) => start_digest,
+        };
+        let Some((_, policy)) = self.policies.get(&digest) else {
+            self.find(e.seq, &d.run, ReplayKind::UnknownPolicy { digest });
+            return;
+        };
+        let policy = policy.clone();
+        let Some((_, run)) = self.runs.get_mut(&d.run) else {
+            return;
+        };
+        let now = Now {
+            wall_ms: run.start_wall_ms.saturating_add(d.at_ms.unwrap_or(0)),
+            at_ms: d.at_ms,
+        };
+        let mut finding = None;
+        if call && d.policy.is_some() && run.stop.is_none() {
+            let recorded = d.reason.filter(|_| kind == Kind::Deny);
+            if recorded.is_some_and(|r| OUTSIDE_THE_RECORDS.contains(&r)) {
+                self.report.taken_as_recorded += 1;
+            } else {
+                self.report.replayed += 1;
+                finding = judge(&policy, &digest, run, d, recorded, now);
+            }
+        }
+        apply(&policy, bare(run), d, now);
+        if let Some(kind) = finding {
+            self.find(e.seq, &d.run, kind);
+        }
+    }
+
+    /// The report.
+    pub fn finish(self) -> ReplayReport {
+        self.report
+    }
+}
+
+fn bare(run: &mut RunState) -> ViewMut<'_> {
+    ViewMut {
+        run,
+        tool: None,
+        credential: None,
+    }
+}
+
+/// Decide the recorded call again; what differs, if anything.
+fn judge(
+    policy: &tally_policy::Policy,
+    digest: &str,
+    run: &RunState,
+    d: &Decision,
+    recorded: Option<Reason>,
+    now: Now,
+) -> Option<ReplayKind> {
+    let view = View {
+        run,
+        tool: None,
+        credential: None,
+    };
+    let again = decide(policy, digest, view, &Call::from_record(d), now);
+    let would = match again.verdict {
+        Verdict::Allow => None,
+        Verdict::Deny | Verdict::RequireApproval => again.reason(),
+    };
+    match (recorded, would) {
+        (None, None) => None,
+        (None, Some(would)) => Some(ReplayKind::AllowedAgainstPolicy { would }),
+        (Some(recorded), None) => Some(ReplayKind::RefusedAgainstPolicy { recorded }),
+        (Some(r), Some(w)) if r != w => Some(ReplayKind::ReasonDiffers {
+            recorded: r,
+            would: w,
+        }),
+        _ => None,
+    }
+}
