@@ -461,6 +461,7 @@ fn outcome(
         run.refunded.insert(attempt);
         if a.counted {
             run.attempts_used = run.attempts_used.saturating_sub(1);
+            run.attempts_refunded = run.attempts_refunded.saturating_add(1);
         }
         if a.write {
             run.side_effects_used = run.side_effects_used.saturating_sub(1);
@@ -568,7 +569,9 @@ fn refund(
         return;
     }
     run.refunded.insert(of);
-    run.attempts_used = run.attempts_used.saturating_sub(d.slots.unwrap_or(1));
+    let slots = d.slots.unwrap_or(1).min(run.attempts_used);
+    run.attempts_used -= slots;
+    run.attempts_refunded = run.attempts_refunded.saturating_add(slots);
     if let Some(a) = run.open.get_mut(&of) {
         let cents = d.cents.unwrap_or(a.held).min(a.held);
         a.held -= cents;

@@ -160,6 +160,8 @@ pub struct RunState {
     pub last_attempt: u64,
     /// Attempts used (SPEC 3.1).
     pub attempts_used: u64,
+    /// Attempt slots given back (refunds, and `rejected` outcomes).
+    pub attempts_refunded: u64,
     /// Side effects used.
     pub side_effects_used: u64,
     /// Cents settled.

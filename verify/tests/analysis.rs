@@ -158,7 +158,7 @@ fn retry_storm_against_a_failing_tool() {
     assert_eq!(
         h.spend,
         Spend {
-            reserved_cents: 60,
+            reserved_cents: 0, // error outcomes settle (0¢): nothing is held
             settled_cents: 0,
             limit_cents: Some(500),
             approved_extra_cents: 0
@@ -190,7 +190,9 @@ fn legitimate_polling_is_not_a_loop() {
     assert_eq!(r.findings, vec![]);
     let h = only_handoff(&r);
     assert_eq!(h.stop, stopped(Reason::Completed, 11, at(10_200, 11)));
-    assert_eq!(h.attempts.used, 5);
+    // The four status reads of the export are polls: they use its poll allowance, not
+    // attempts (SPEC 3.1, one model with the gate).
+    assert_eq!(h.attempts.used, 1);
     assert_eq!(h.spend.reserved_cents, 5);
     assert_eq!(
         h.completed,
@@ -329,7 +331,7 @@ fn non_idempotent_post_whose_response_was_lost() {
     assert_eq!(
         h.spend,
         Spend {
-            reserved_cents: 60,
+            reserved_cents: 30, // the timed-out write's reservation stays held
             settled_cents: 30,
             limit_cents: Some(200),
             approved_extra_cents: 0
@@ -499,7 +501,7 @@ fn spend_reservation_overrun() {
     assert_eq!(
         h.spend,
         Spend {
-            reserved_cents: 80,
+            reserved_cents: 0, // every call settled
             settled_cents: 120,
             limit_cents: Some(100),
             approved_extra_cents: 0
@@ -708,7 +710,7 @@ fn eight_workers_sharing_one_budget() {
     assert_eq!(
         h.spend,
         Spend {
-            reserved_cents: 450,
+            reserved_cents: 0, // every call settled
             settled_cents: 405,
             limit_cents: Some(400),
             approved_extra_cents: 0
@@ -1342,7 +1344,7 @@ fn text_reports_read_like_an_operators_note() {
         "Run post: \"Charge customer c_17 for order 5512\"",
         "  Status: stopped: completed at seq 5, t+6.0 s (2023-11-14T22:13:20.050Z)",
         "  Attempts: 2 of 5",
-        "  Spend: 60¢ reserved, 30¢ settled (limit 200¢)",
+        "  Spend: 30¢ reserved, 30¢ settled (limit 200¢)",
         "    - payments.charge (payments.charge:order-5512) -> ch_88 \"succeeded\" (seq 4, t+5.9 s (2023-11-14T22:13:20.040Z))",
         "    - payments.charge (payments.charge:order-5512) attempt 1: OUTCOME UNKNOWN (seq 2, t+5.1 s (2023-11-14T22:13:20.020Z))",
         "  Must not repeat:",
@@ -1517,4 +1519,36 @@ fn one_run_of_a_million_decisions_in_bounded_memory() {
     assert_eq!(report.findings, vec![]);
     assert_eq!(report.handoffs[0].attempts.used, 500_000);
     assert!(took.as_secs() < 10, "took {took:?}");
+}
+
+/// Issue 10: a `timeout` outcome, then a late `ok` settling the same reservation, was
+/// counted twice, so an honest run was reported over budget. One model (the policy
+/// core) counts it once; a refund without `slots` returns one attempt.
+#[test]
+fn regression_issue_10_a_late_outcome_settles_once_and_refunds_return_one_slot() {
+    let ds = vec![
+        d(
+            json!({"run": "r", "kind": "start", "at_ms": 0, "budget": {"attempts": 2, "spend_cents": 50}}),
+        ),
+        d(
+            json!({"run": "r", "kind": "allow", "at_ms": 1, "tool": "llm", "operation": "a", "attempt": 1, "reserve_cents": 50}),
+        ),
+        d(json!({"run": "r", "kind": "outcome", "at_ms": 2, "attempt": 1, "status": "timeout"})),
+        d(
+            json!({"run": "r", "kind": "outcome", "at_ms": 3, "attempt": 1, "status": "ok", "settled_cents": 50}),
+        ),
+        d(
+            json!({"run": "r", "kind": "allow", "at_ms": 4, "tool": "db", "operation": "b", "attempt": 2}),
+        ),
+        d(json!({"run": "r", "kind": "refund", "at_ms": 5, "of": 2})),
+        d(
+            json!({"run": "r", "kind": "allow", "at_ms": 6, "tool": "db", "operation": "c", "attempt": 3}),
+        ),
+        d(json!({"run": "r", "kind": "stop", "at_ms": 7, "reason": "completed"})),
+    ];
+    let r = analyse(&ds);
+    assert_eq!(r.findings, vec![], "an honest run has no finding");
+    let h = only_handoff(&r);
+    assert_eq!((h.attempts.used, h.attempts.refunded), (2, 1));
+    assert_eq!((h.spend.reserved_cents, h.spend.settled_cents), (0, 50));
 }

@@ -147,6 +147,49 @@ pub enum AuditKind {
         /// The attempt named by the outcome.
         attempt: u64,
     },
+    /// A second final outcome for an attempt already settled (a late outcome after a
+    /// `timeout` or `unknown` one is legitimate and not this).
+    DuplicateOutcome {
+        /// The attempt.
+        attempt: u64,
+    },
+    /// An allow naming an attempt number already allowed.
+    DuplicateAllow {
+        /// The attempt.
+        attempt: u64,
+    },
+    /// A second start of the run.
+    SecondStart,
+    /// An amount that would overflow: counted as the largest number, never wrapped.
+    AmountOverflow {
+        /// What overflowed.
+        field: &'static str,
+    },
+}
+
+/// The audit finding for what the policy core's fold found, where the audit reports it
+/// from the core (budget arithmetic); the rest the audit checks itself, with overrides.
+pub(crate) fn from_core(found: tally_policy::Inconsistency) -> Option<AuditKind> {
+    use tally_policy::Inconsistency as I;
+    Some(match found {
+        I::RefundWithoutAttempt { of } => AuditKind::RefundWithoutAttempt { of },
+        I::RefundedTwice { of } => AuditKind::RefundedTwice { of },
+        I::SettledAboveReservation {
+            attempt,
+            reserved_cents,
+            settled_cents,
+        } => AuditKind::SettledAboveReservation {
+            attempt,
+            reserved_cents,
+            settled_cents,
+        },
+        I::OutcomeWithoutAllow { attempt } => AuditKind::OutcomeWithoutAllow { attempt },
+        I::DuplicateOutcome { attempt } => AuditKind::DuplicateOutcome { attempt },
+        I::DuplicateAllow { attempt } => AuditKind::DuplicateAllow { attempt },
+        I::SecondStart => AuditKind::SecondStart,
+        I::Overflow { field } => AuditKind::AmountOverflow { field },
+        _ => return None,
+    })
 }
 
 impl AuditKind {
@@ -166,6 +209,10 @@ impl AuditKind {
             }
             AuditKind::DecisionAfterStop { .. } => "decision_after_stop",
             AuditKind::OutcomeWithoutAllow { .. } => "outcome_without_allow",
+            AuditKind::DuplicateOutcome { .. } => "duplicate_outcome",
+            AuditKind::DuplicateAllow { .. } => "duplicate_allow",
+            AuditKind::SecondStart => "second_start",
+            AuditKind::AmountOverflow { .. } => "amount_overflow",
         }
     }
 }

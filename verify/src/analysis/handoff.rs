@@ -132,7 +132,7 @@ pub struct Attempts {
 /// Spend reserved and settled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Spend {
-    /// Cents reserved by allows, less cents released by valid refunds.
+    /// Cents held: reserved by allowed calls not yet settled (SPEC 3.1), less refunds.
     pub reserved_cents: u64,
     /// Cents settled by outcomes.
     pub settled_cents: u64,
@@ -533,14 +533,14 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
         last_seq: run.last_seq,
         stop,
         attempts: Attempts {
-            used: run.allows - run.refunded_slots.min(run.allows),
+            used: run.core.attempts_used,
             limit: run.budget.attempts,
             approved_extra: run.uses_granted,
-            refunded: run.refunded_slots,
+            refunded: run.core.attempts_refunded,
         },
         spend: Spend {
-            reserved_cents: run.reserved_gross.saturating_sub(run.released),
-            settled_cents: run.settled,
+            reserved_cents: run.core.held_cents,
+            settled_cents: run.core.settled_cents,
             limit_cents: run.budget.spend_cents,
             approved_extra_cents: run.cents_granted,
         },

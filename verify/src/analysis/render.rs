@@ -248,6 +248,16 @@ fn finding_text(f: &AuditKind) -> String {
         AuditKind::DecisionAfterStop { stop_seq, record } => {
             format!("{record} record after the run stopped at seq {stop_seq}")
         }
+        AuditKind::DuplicateOutcome { attempt } => {
+            format!("a second final outcome for attempt {attempt}, already settled")
+        }
+        AuditKind::DuplicateAllow { attempt } => {
+            format!("attempt {attempt} allowed a second time")
+        }
+        AuditKind::SecondStart => "the run started a second time".to_owned(),
+        AuditKind::AmountOverflow { field } => {
+            format!("{field} would overflow; counted as the largest number, never wrapped")
+        }
         AuditKind::OutcomeWithoutAllow { attempt } => {
             format!("outcome for attempt {attempt}, which was never allowed")
         }

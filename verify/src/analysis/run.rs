@@ -27,34 +27,11 @@ pub(crate) struct Sink {
     pub findings_omitted: u64,
 }
 
-/// Attempt numbers as sorted, disjoint, non-adjacent inclusive ranges: attempts are
-/// numbered in order, so this stays a handful of ranges however long the run.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Ranges(Vec<(u64, u64)>);
-
-impl Ranges {
-    pub fn contains(&self, x: u64) -> bool {
-        let i = self.0.partition_point(|r| r.1 < x);
-        i < self.0.len() && self.0[i].0 <= x
-    }
-
-    pub fn insert(&mut self, x: u64) {
-        if self.contains(x) {
-            return;
-        }
-        let i = self.0.partition_point(|r| r.1 < x);
-        let joins_prev = i > 0 && self.0[i - 1].1 + 1 == x;
-        let joins_next = i < self.0.len() && x.checked_add(1) == Some(self.0[i].0);
-        match (joins_prev, joins_next) {
-            (true, true) => {
-                self.0[i - 1].1 = self.0[i].1;
-                self.0.remove(i);
-            }
-            (true, false) => self.0[i - 1].1 = x,
-            (false, true) => self.0[i].0 = x,
-            (false, false) => self.0.insert(i, (x, x)),
-        }
-    }
+/// The policy the consistency audit folds with: the budget as SPEC 3.1 counts it, with
+/// no exempt tools (a run the gate governs is also replayed under its recorded policy).
+fn budget_only() -> &'static tally_policy::Policy {
+    static POLICY: std::sync::OnceLock<tally_policy::Policy> = std::sync::OnceLock::new();
+    POLICY.get_or_init(tally_policy::Policy::default)
 }
 
 /// Which loop window an attempt's outcome belongs to.
@@ -75,8 +52,6 @@ struct Call {
     effect: Option<Effect>,
     idempotency_key: Option<String>,
     reserve: Option<u64>,
-    reserve_open: u64,
-    settled: u64,
     track: Track,
     worker: Option<String>,
     outcome_seen: bool,
@@ -145,18 +120,12 @@ pub(crate) struct RunState {
     pub workers: BTreeSet<String>,
     pub stop: Option<Halt>,
     first_stop_refusal: Option<Halt>,
-    pub allows: u64,
-    pub refunded_slots: u64,
-    pub reserved_gross: u64,
-    pub released: u64,
-    pub settled: u64,
-    open_reserved: u64,
-    writes: u64,
+    /// The budget as SPEC 3.1 counts it: the policy core's own fold, the one the gate
+    /// and the replay use.
+    pub core: tally_policy::RunState,
     polls: u64,
     pub uses_granted: u64,
     pub cents_granted: u64,
-    allowed: Ranges,
-    refunded: Ranges,
     open: BTreeMap<u64, Call>,
     overrides: Vec<Override>,
     unknown_writes: HashMap<String, UnknownWrite>,
@@ -203,18 +172,10 @@ impl RunState {
             workers: BTreeSet::new(),
             stop: None,
             first_stop_refusal: None,
-            allows: 0,
-            refunded_slots: 0,
-            reserved_gross: 0,
-            released: 0,
-            settled: 0,
-            open_reserved: 0,
-            writes: 0,
+            core: tally_policy::RunState::new(name),
             polls: 0,
             uses_granted: 0,
             cents_granted: 0,
-            allowed: Ranges::default(),
-            refunded: Ranges::default(),
             open: BTreeMap::new(),
             overrides: Vec::new(),
             unknown_writes: HashMap::new(),
@@ -266,6 +227,21 @@ impl RunState {
                 self.workers.insert(w.clone());
             }
         }
+        // The budget first, so the checks below see this decision counted.
+        let now = tally_policy::Now {
+            wall_ms: e.wall_ms,
+            at_ms: Some(at.run_ms),
+        };
+        let view = tally_policy::ViewMut {
+            run: &mut self.core,
+            tool: None,
+            credential: None,
+        };
+        for found in tally_policy::apply(budget_only(), view, d, now) {
+            if let Some(kind) = audit::from_core(found) {
+                self.flag(sink, cfg, e.seq, kind);
+            }
+        }
         if let Some(stop) = self.stop {
             let kind = AuditKind::DecisionAfterStop {
                 stop_seq: stop.seq,
@@ -283,7 +259,8 @@ impl RunState {
             }
             Kind::Allow | Kind::Deny => self.call(e, at, cfg, sink, storms),
             Kind::Outcome => self.outcome(e, at, cfg, sink, storms),
-            Kind::Refund => self.refund(d, e.seq, cfg, sink),
+            // Refunds change the budget only: the core counted them above.
+            Kind::Refund => {}
             Kind::Override => self.approve(d, e.seq, cfg, sink),
             // Policy records belong to no run; the analysis never routes them here.
             Kind::Policy => {}
@@ -389,7 +366,12 @@ impl RunState {
             self.series
                 .entry(key.clone())
                 .or_insert_with(|| CallSeries::new(tool, digest, e.seq, at.run_ms))
-                .call(&facts, self.writes, write, cfg);
+                .call(
+                    &facts,
+                    self.core.side_effects_used.saturating_sub(u64::from(write)),
+                    write,
+                    cfg,
+                );
             Track::Series(key)
         } else {
             Track::None
@@ -451,11 +433,6 @@ impl RunState {
         sink: &mut Sink,
     ) {
         let d = &e.decision;
-        let reserve = d.reserve_cents.unwrap_or(0);
-        self.allows += 1;
-        if write {
-            self.writes += 1;
-        }
         let call = Approvable {
             tool: d.tool.as_deref(),
             operation: d.operation.as_deref(),
@@ -480,7 +457,7 @@ impl RunState {
             }
         }
 
-        let (excess, need_use, need_cents) = self.excess(d, at, reserve, write, poll);
+        let (excess, need_use, need_cents) = self.excess(d, at, write, poll);
         if let Some(x) = excess {
             match audit::use_override(&mut self.overrides, &call, at.run_ms, need_use, need_cents) {
                 Ok(()) => {
@@ -491,12 +468,9 @@ impl RunState {
             }
         }
 
-        self.reserved_gross += reserve;
-        self.open_reserved += reserve;
         self.asks
             .retain(|a| !(a.tool == d.tool && a.operation == d.operation));
         if let Some(attempt) = d.attempt {
-            self.allowed.insert(attempt);
             if self.open.len() >= cfg.max_open_attempts {
                 // Bounded memory: forget the oldest attempt still awaiting an outcome.
                 self.open.pop_first();
@@ -511,8 +485,6 @@ impl RunState {
                     effect: d.effect,
                     idempotency_key: d.idempotency_key.clone(),
                     reserve: d.reserve_cents,
-                    reserve_open: reserve,
-                    settled: 0,
                     track,
                     worker: d.worker.clone(),
                     outcome_seen: false,
@@ -528,7 +500,6 @@ impl RunState {
         &self,
         d: &Decision,
         at: When,
-        reserve: u64,
         write: bool,
         poll: bool,
     ) -> (Option<Excess>, bool, u64) {
@@ -550,18 +521,19 @@ impl RunState {
                 }
             }
         };
-        check(
-            Dimension::Attempts,
-            self.allows.saturating_sub(self.refunded_slots),
-            b.attempts,
-        );
+        let core = &self.core;
+        check(Dimension::Attempts, core.attempts_used, b.attempts);
         check(
             Dimension::SpendCents,
-            self.settled + self.open_reserved + reserve,
-            b.spend_cents.map(|l| l + self.cents_granted),
+            core.spent_cents(),
+            b.spend_cents.map(|l| l.saturating_add(self.cents_granted)),
         );
         if write {
-            check(Dimension::SideEffects, self.writes, b.side_effects);
+            check(
+                Dimension::SideEffects,
+                core.side_effects_used,
+                b.side_effects,
+            );
         }
         if poll {
             check(Dimension::Polls, self.polls, b.polls);
@@ -613,11 +585,7 @@ impl RunState {
     ) {
         let d = &e.decision;
         let Some(status) = d.status else { return };
-        if let Some(attempt) = d.attempt.filter(|a| !self.allowed.contains(*a)) {
-            self.flag(sink, cfg, e.seq, AuditKind::OutcomeWithoutAllow { attempt });
-        }
         let settled = d.settled_cents.unwrap_or(0);
-        self.settled += settled;
         let mut call = d.attempt.and_then(|a| self.open.remove(&a));
         let facts = OutcomeFacts {
             seq: e.seq,
@@ -630,19 +598,6 @@ impl RunState {
 
         if let Some(c) = call.as_mut() {
             c.outcome_seen = true;
-            if d.settled_cents.is_some() {
-                c.settled += settled;
-                self.open_reserved -= c.reserve_open.min(self.open_reserved);
-                c.reserve_open = 0;
-                if let Some(reserved) = c.reserve.filter(|r| c.settled > *r) {
-                    let kind = AuditKind::SettledAboveReservation {
-                        attempt: d.attempt.unwrap_or(0),
-                        reserved_cents: reserved,
-                        settled_cents: c.settled,
-                    };
-                    self.flag(sink, cfg, e.seq, kind);
-                }
-            }
             match &c.track {
                 Track::Series(k) => {
                     if let Some(s) = self.series.get_mut(k) {
@@ -868,29 +823,6 @@ impl RunState {
             self.completed.pop_front();
         }
         self.completed.push_back(done);
-    }
-
-    fn refund(&mut self, d: &Decision, seq: u64, cfg: &Config, sink: &mut Sink) {
-        let Some(of) = d.of else { return };
-        if !self.allowed.contains(of) {
-            self.flag(sink, cfg, seq, AuditKind::RefundWithoutAttempt { of });
-            return;
-        }
-        if self.refunded.contains(of) {
-            self.flag(sink, cfg, seq, AuditKind::RefundedTwice { of });
-            return;
-        }
-        self.refunded.insert(of);
-        self.refunded_slots += d.slots.unwrap_or(0);
-        let cents = d
-            .cents
-            .unwrap_or(0)
-            .min(self.reserved_gross - self.released);
-        self.released += cents;
-        self.open_reserved -= cents.min(self.open_reserved);
-        if let Some(c) = self.open.get_mut(&of) {
-            c.reserve_open -= cents.min(c.reserve_open);
-        }
     }
 
     fn approve(&mut self, d: &Decision, seq: u64, cfg: &Config, sink: &mut Sink) {

@@ -871,18 +871,18 @@ fn normal_run() -> Vec<Decision> {
     ]) {
         let at = 53_500 + 3500 * i;
         let a = next();
-        out.push(
-            allow(
-                run,
-                at,
-                "ci.status",
-                "ci.status:b7",
-                json!({"build": "b7"}),
-                a,
-            )
-            .effect(Effect::Read)
-            .0,
-        );
+        let poll = allow(
+            run,
+            at,
+            "ci.status",
+            "ci.status:b7",
+            json!({"build": "b7"}),
+            a,
+        )
+        .effect(Effect::Read);
+        // The last status read costs 15¢ (it fetches the logs): reserved before, as
+        // every costed call must be (SPEC 3.1).
+        out.push(if i == 2 { poll.reserve(15).0 } else { poll.0 });
         let o = outcome(run, at + 100, a, status)
             .remote("b7")
             .observed(state);
