@@ -111,3 +111,139 @@ async fn kill_9_under_load_loses_no_acknowledged_decision() {
         "the restart appended at the head"
     );
 }
+
+fn spawn_gate(
+    ledger: &std::path::Path,
+    agent: &std::path::Path,
+    policy: &std::path::Path,
+) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_tally-load"))
+        .arg("serve")
+        .arg("--ledger")
+        .arg(ledger)
+        .arg("--socket")
+        .arg(agent)
+        .arg("--operator-socket")
+        .arg(agent.with_extension("op"))
+        .arg("--policy")
+        .arg(policy)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn tally-load serve")
+}
+
+/// kill -9 while 16 workers check: every acknowledged decision survives, and the gate's
+/// state after the restart counts exactly the allows the chain holds (never behind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_checks_loses_no_decision_and_state_is_never_behind() {
+    use crate::common::post_json;
+    let (dir, ledger_dir, auditor) = new_ledger(Default::default());
+    let agent = dir.path().join("agent.sock");
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[ceiling]\nattempts = 1000000\nspend_cents = 100000000\nside_effects = 1000000\n[rate]\nrun_per_sec = 0\ntool_per_sec = 0\ntool_in_flight = 0\n",
+    )
+    .expect("policy");
+    let mut acked: Vec<Receipt> = Vec::new();
+    let mut allows_acked = 0u64;
+    for round in 0..2 {
+        let mut child = spawn_gate(&ledger_dir, &agent, &policy);
+        wait_for_socket(&agent).await;
+        let run = format!("r{round}");
+        let mut c = Client::unix(&agent).await.expect("connect");
+        let (status, started) =
+            post_json(&mut c, "/v1/runs", &format!(r#"{{"run":"{run}"}}"#)).await;
+        assert_eq!(status, 201, "{started}");
+        let mut clients = Vec::new();
+        for w in 0..16 {
+            let (agent, run) = (agent.clone(), run.clone());
+            clients.push(tokio::spawn(async move {
+                let mut mine = Vec::new();
+                let Ok(mut c) = Client::unix(&agent).await else {
+                    return mine;
+                };
+                for n in 0.. {
+                    let body = format!(
+                        r#"{{"run":"{run}","worker":"w{w}","tool":"t{w}","operation":"o-{w}-{n}","effect":"read","reserve_cents":1}}"#
+                    );
+                    let reply = c
+                        .request(
+                            tally_daemon::client::Method::POST,
+                            "/v1/check",
+                            Some("application/json"),
+                            body,
+                        )
+                        .await;
+                    let Ok(reply) = reply else { break };
+                    let Ok(a) = serde_json::from_slice::<serde_json::Value>(&reply.body) else {
+                        break;
+                    };
+                    if a["decision"] != "allow" {
+                        break;
+                    }
+                    let hash = a["hash"].as_str().unwrap_or_default();
+                    let mut h = [0u8; 32];
+                    for (i, b) in h.iter_mut().enumerate() {
+                        *b = u8::from_str_radix(&hash[2 * i..2 * i + 2], 16).expect("hex");
+                    }
+                    mine.push(Receipt {
+                        seq: a["seq"].as_u64().expect("seq"),
+                        hash: tally_ledger::Hash(h),
+                    });
+                }
+                mine
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        let before = acked.len();
+        for c in clients {
+            acked.extend(c.await.expect("client"));
+        }
+        let this_round = (acked.len() - before) as u64;
+        assert!(
+            this_round > 16,
+            "round {round}: checks were running when killed"
+        );
+        allows_acked += this_round;
+        drop(c);
+
+        // Restart: the run's state holds at least every acknowledged allow, and exactly
+        // the allows the chain holds (state and decisions commit together).
+        let mut child = spawn_gate(&ledger_dir, &agent, &policy);
+        wait_for_socket(&agent).await;
+        let mut c = Client::unix(&agent).await.expect("connect");
+        let standing: serde_json::Value = serde_json::from_slice(
+            &crate::common::get(&mut c, &format!("/v1/runs/{run}"))
+                .await
+                .body,
+        )
+        .expect("json");
+        drop(c);
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        let chain = walk(&ledger_dir, &auditor);
+        let in_chain = chain
+            .entries
+            .iter()
+            .filter_map(|e| e.decision.as_ref())
+            .filter(|d| d.run == run && d.kind() == tally_ledger::Kind::Allow)
+            .count() as u64;
+        let used = standing["limits"]["attempts"]["used"]
+            .as_u64()
+            .expect("used");
+        assert!(
+            used >= this_round,
+            "state behind the acknowledged allows: {standing}"
+        );
+        assert_eq!(used, in_chain, "state and chain disagree: {standing}");
+        assert_eq!(standing["held_cents"].as_u64(), Some(in_chain));
+    }
+    let chain = walk(&ledger_dir, &auditor);
+    chain.assert_holds(&acked);
+    assert!(allows_acked > 32);
+}
