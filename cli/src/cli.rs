@@ -76,6 +76,81 @@ pub enum Command {
         /// Where to write the secret key.
         #[arg(long)]
         out: PathBuf,
+        /// An approver's Ed25519 key pair (its public half goes in the policy's
+        /// `[approvals.approvers]`), instead of an auditor's X25519 pair.
+        #[arg(long)]
+        approver: bool,
+    },
+    /// Sign and record a human's approval for a run: a bounded extra allocation, used
+    /// once, until it expires.
+    Approve {
+        /// The daemon's operator socket.
+        #[arg(long)]
+        operator_socket: PathBuf,
+        /// The run.
+        #[arg(long)]
+        run: String,
+        /// The approver's secret key (`tally keygen --approver`).
+        #[arg(long)]
+        key: PathBuf,
+        /// The approver's name in the policy (default: the key file's name, `dana` for
+        /// `dana.key`).
+        #[arg(long)]
+        approver: Option<String>,
+        /// How long it is valid, on the run's clock: `30s`, `10m`, `2h`, `500ms`.
+        #[arg(long)]
+        expires: String,
+        /// Extra attempts (and side effects).
+        #[arg(long)]
+        attempts: Option<u64>,
+        /// Extra cents.
+        #[arg(long)]
+        cents: Option<u64>,
+        /// The one tool it is for (unblocks it, if the policy blocks it).
+        #[arg(long)]
+        tool: Option<String>,
+        /// The one operation it is for.
+        #[arg(long)]
+        operation: Option<String>,
+        /// Why, for the record.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Every run the gate holds: state, and used of limit.
+    Runs {
+        /// The daemon's operator socket.
+        #[arg(long)]
+        operator_socket: PathBuf,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause a run: its next check, from any worker, is refused until it is resumed.
+    Pause {
+        /// The daemon's operator socket.
+        #[arg(long)]
+        operator_socket: PathBuf,
+        /// The run.
+        #[arg(long)]
+        run: String,
+    },
+    /// Resume a paused run.
+    Resume {
+        /// The daemon's operator socket.
+        #[arg(long)]
+        operator_socket: PathBuf,
+        /// The run.
+        #[arg(long)]
+        run: String,
+    },
+    /// Kill a run: a stop record (`killed_by_operator`); every later check is refused.
+    Kill {
+        /// The daemon's operator socket.
+        #[arg(long)]
+        operator_socket: PathBuf,
+        /// The run.
+        #[arg(long)]
+        run: String,
     },
     /// Create a new ledger whose records only the auditor can decrypt.
     Init {

@@ -17,7 +17,29 @@ use crate::cli::{ReadArgs, Thresholds};
 /// What a command ends with: its exit code.
 pub type Code = u8;
 
-pub fn keygen(out: &Path) -> Result<Code> {
+pub fn keygen(out: &Path, approver: bool) -> Result<Code> {
+    if out.extension().is_some_and(|e| e == "pub") {
+        bail!(
+            "{} ends in .pub, where the public half goes: give the secret key's path (e.g. dana.key)",
+            out.display()
+        );
+    }
+    if approver {
+        let key = tally_ledger::keys::ApproverKey::generate();
+        key.write(out)
+            .with_context(|| format!("writing {} (it must not exist yet)", out.display()))?;
+        let name = out
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "approver".into());
+        eprintln!(
+            "wrote {} (secret, 0600) and {}; list the approver in the policy:",
+            out.display(),
+            out.with_extension("pub").display()
+        );
+        println!("[approvals.approvers]\n{name} = \"{}\"", key.public_hex());
+        return Ok(0);
+    }
     let key = AuditorKey::generate();
     key.write(out)
         .with_context(|| format!("writing {} (it must not exist yet)", out.display()))?;

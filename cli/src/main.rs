@@ -4,6 +4,7 @@
 mod cli;
 mod commands;
 mod demo;
+mod operator;
 
 use std::process::ExitCode;
 
@@ -41,7 +42,50 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> anyhow::Result<u8> {
     match command {
-        Command::Keygen { out } => commands::keygen(&out),
+        Command::Keygen { out, approver } => commands::keygen(&out, approver),
+        Command::Approve {
+            operator_socket,
+            run,
+            key,
+            approver,
+            expires,
+            attempts,
+            cents,
+            tool,
+            operation,
+            note,
+        } => operator::approve(
+            &operator_socket,
+            operator::Grant {
+                run,
+                key,
+                approver,
+                expires,
+                scope: tally_ledger::decision::Scope {
+                    attempts,
+                    cents,
+                    tool,
+                    operation,
+                },
+                note,
+            },
+        ),
+        Command::Runs {
+            operator_socket,
+            json,
+        } => operator::runs(&operator_socket, json),
+        Command::Pause {
+            operator_socket,
+            run,
+        } => operator::lifecycle(&operator_socket, &run, "pause"),
+        Command::Resume {
+            operator_socket,
+            run,
+        } => operator::lifecycle(&operator_socket, &run, "resume"),
+        Command::Kill {
+            operator_socket,
+            run,
+        } => operator::lifecycle(&operator_socket, &run, "kill"),
         Command::Init {
             ledger,
             recipient,

@@ -412,3 +412,106 @@ async fn state_survives_a_restart_and_is_never_behind_the_ledger() {
     drop(c);
     d.shutdown().await.expect("shutdown");
 }
+
+fn approval(
+    key: &tally_ledger::keys::ApproverKey,
+    approver: &str,
+    run: &str,
+    scope: Value,
+    expires_ms: u64,
+) -> Value {
+    let s: tally_ledger::decision::Scope = serde_json::from_value(scope.clone()).expect("scope");
+    let digest = tally_policy::approval::digest(run, approver, &s, expires_ms);
+    let signature = tally_policy::approval::sign(key.signing_key(), &digest);
+    json!({"run": run, "approver": approver, "scope": scope, "expires_ms": expires_ms,
+           "digest": digest, "signature": signature})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_are_signed_bound_used_once_and_never_revive_a_run() {
+    let dana = tally_ledger::keys::ApproverKey::generate();
+    let mallory = tally_ledger::keys::ApproverKey::generate();
+    let policy = format!(
+        "[ceiling]\nattempts = 1\n[approvals.approvers]\ndana = \"{}\"\n",
+        dana.public_hex()
+    );
+    let mut d = gated(&policy).await;
+    start(&d, "r", json!({})).await;
+    let first = check(
+        &d,
+        json!({"run": "r", "tool": "t", "operation": "a", "effect": "read"}),
+    )
+    .await;
+    assert_eq!(decision(&first).0, "allow");
+    let asked = check(
+        &d,
+        json!({"run": "r", "tool": "t", "operation": "b", "effect": "read"}),
+    )
+    .await;
+    assert_eq!(
+        decision(&asked),
+        ("require_approval", Some("approval_required"), Some("ask"))
+    );
+    let mut op = d.client().await;
+    // An unlisted key, a forged signature, a digest for something else: refused.
+    let forged = approval(&mallory, "dana", "r", json!({"attempts": 1}), 600_000);
+    let (status, body) = post_json(&mut op, "/v1/approvals", &forged.to_string()).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("approval_refused")),
+        "{body}"
+    );
+    let mut widened = approval(&dana, "dana", "r", json!({"attempts": 1}), 600_000);
+    widened["scope"]["attempts"] = json!(100);
+    let (status, _) = post_json(&mut op, "/v1/approvals", &widened.to_string()).await;
+    assert_eq!(status, 403, "a scope changed after signing is refused");
+    // An agent cannot approve for itself: the agent socket has no such route.
+    let mut agent = d.agent().await;
+    let good = approval(
+        &dana,
+        "dana",
+        "r",
+        json!({"attempts": 1, "operation": "b"}),
+        600_000,
+    );
+    let (status, _) = post_json(&mut agent, "/v1/approvals", &good.to_string()).await;
+    assert_eq!(status, 404);
+    // The real one: recorded once, used by exactly one call.
+    let (status, body) = post_json(&mut op, "/v1/approvals", &good.to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = post_json(&mut op, "/v1/approvals", &good.to_string()).await;
+    assert_eq!(status, 403, "the same approval twice is refused");
+    let mismatch = check(
+        &d,
+        json!({"run": "r", "tool": "t", "operation": "c", "effect": "read"}),
+    )
+    .await;
+    assert_eq!(
+        decision(&mismatch),
+        ("deny", Some("approval_mismatch"), Some("ask"))
+    );
+    let used = check(
+        &d,
+        json!({"run": "r", "tool": "t", "operation": "b", "effect": "read"}),
+    )
+    .await;
+    assert_eq!(decision(&used).0, "allow", "{used}");
+    let again = check(
+        &d,
+        json!({"run": "r", "tool": "t", "operation": "b", "effect": "read", "args": {"x": 1}}),
+    )
+    .await;
+    assert_ne!(decision(&again).0, "allow", "one use: {again}");
+    // After a stop, an approval does not revive the run.
+    let (status, _) = post_json(&mut agent, "/v1/runs/r/stop", "{}").await;
+    assert_eq!(status, 200);
+    let late = approval(&dana, "dana", "r", json!({"attempts": 5}), 600_000);
+    let (status, body) = post_json(&mut op, "/v1/approvals", &late.to_string()).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("run_stopped")),
+        "{body}"
+    );
+    drop((op, agent));
+    d.shutdown().await.expect("shutdown");
+}

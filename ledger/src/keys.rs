@@ -259,6 +259,63 @@ impl AuditorKey {
     }
 }
 
+/// An approver's Ed25519 key pair: approvals are signed with it, and the policy lists
+/// its public half (`[approvals.approvers]`).
+pub struct ApproverKey {
+    key: ed25519_dalek::SigningKey,
+}
+
+impl ApproverKey {
+    /// A new random key pair.
+    pub fn generate() -> ApproverKey {
+        ApproverKey {
+            key: ed25519_dalek::SigningKey::generate(&mut OsRng),
+        }
+    }
+
+    /// The signing key.
+    pub fn signing_key(&self) -> &ed25519_dalek::SigningKey {
+        &self.key
+    }
+
+    /// The public key, 64 lowercase hex characters (what the policy lists).
+    pub fn public_hex(&self) -> String {
+        hex::encode(self.key.verifying_key().to_bytes())
+    }
+
+    /// Write the secret (0600) and its `.pub` (the public key's hex) beside it.
+    /// Refuses to overwrite either.
+    pub fn write(&self, secret_path: &Path) -> Result<()> {
+        let pub_path = secret_path.with_extension("pub");
+        if pub_path.exists() {
+            return Err(Error::io(
+                &pub_path,
+                std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            ));
+        }
+        let seed = Zeroizing::new(hex::encode(self.key.to_bytes()));
+        let text = Zeroizing::new(format!("{APPROVER_SECRET_HEADER}{}\n", seed.as_str()));
+        write_new_secret(secret_path, text.as_bytes())?;
+        write_new(
+            &pub_path,
+            format!("{APPROVER_PUBLIC_HEADER}{}\n", self.public_hex()).as_bytes(),
+            0o644,
+        )
+    }
+
+    /// Read an approver secret key file; refuses files others can read.
+    pub fn read(path: &Path) -> Result<ApproverKey> {
+        let text = read_secret(path)?;
+        let hexpart = strip_line(&text, APPROVER_SECRET_HEADER, path, "approver secret key")?;
+        let bytes = Zeroizing::new(parse_hex::<32>(hexpart, "approver secret key")?);
+        Ok(ApproverKey {
+            key: ed25519_dalek::SigningKey::from_bytes(&bytes),
+        })
+    }
+}
+
+const APPROVER_SECRET_HEADER: &str = "tally approver secret key v1\n";
+const APPROVER_PUBLIC_HEADER: &str = "tally approver public key v1\n";
 const AUDITOR_SECRET_HEADER: &str = "tally auditor secret key v1\n";
 const AUDITOR_PUBLIC_HEADER: &str = "tally auditor public key v1\n";
 const LEDGER_PUBLIC_HEADER: &str = "tally ledger public key v1\n";

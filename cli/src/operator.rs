@@ -1,0 +1,205 @@
+//! The operator's commands: `tally approve`, `tally runs`, `tally pause|resume|kill`,
+//! talking to the daemon's operator socket.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use tally_daemon::client::{Client, Method};
+use tally_ledger::decision::Scope;
+
+/// What `tally approve` grants.
+pub struct Grant {
+    pub run: String,
+    pub key: PathBuf,
+    pub approver: Option<String>,
+    pub expires: String,
+    pub scope: Scope,
+    pub note: Option<String>,
+}
+
+/// `30s`, `10m`, `2h`, `1d`, `500ms` in ms.
+pub fn duration_ms(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().with_context(|| {
+        format!("`{text}` is not a duration: give a number and a unit, e.g. 10m")
+    })?;
+    let scale = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => bail!("`{text}`: the unit must be ms, s, m, h or d"),
+    };
+    n.checked_mul(scale)
+        .filter(|&ms| ms > 0)
+        .with_context(|| format!("`{text}` is not a duration greater than zero that fits"))
+}
+
+async fn call(
+    socket: &Path,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Result<(u16, Value)> {
+    let mut c = Client::unix(socket).await.with_context(|| {
+        format!(
+            "connecting to the operator socket {} (is `tally serve --operator-socket` running, as your user?)",
+            socket.display()
+        )
+    })?;
+    let reply = c
+        .request(
+            method,
+            path,
+            body.as_ref().map(|_| "application/json"),
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )
+        .await
+        .with_context(|| format!("{path}: the daemon did not answer"))?;
+    let value: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    Ok((reply.status.as_u16(), value))
+}
+
+fn refused(status: u16, value: &Value) -> anyhow::Error {
+    let code = value["error"]["code"].as_str().unwrap_or("error");
+    let message = value["error"]["message"].as_str().unwrap_or("no message");
+    anyhow::anyhow!("refused ({status} {code}): {message}")
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
+}
+
+/// Sign an approval with the approver's key and record it through the daemon.
+pub fn approve(socket: &Path, g: Grant) -> Result<u8> {
+    let expires = duration_ms(&g.expires)?;
+    let key = tally_ledger::keys::ApproverKey::read(&g.key)
+        .with_context(|| format!("reading the approver key {}", g.key.display()))?;
+    let approver = match g.approver {
+        Some(a) => a,
+        None => g
+            .key
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .context("name the approver with --approver")?,
+    };
+    if g.scope == Scope::default() {
+        bail!("an approval must grant something: give --attempts, --cents, --tool or --operation");
+    }
+    block_on(async {
+        let path = format!("/v1/runs/{}", encode(&g.run));
+        let (status, run) = call(socket, Method::GET, &path, None).await?;
+        if status != 200 {
+            return Err(refused(status, &run));
+        }
+        let at = run["at_ms"]
+            .as_u64()
+            .context("the daemon gave no run clock")?;
+        let expires_ms = at.checked_add(expires).context("the expiry overflows")?;
+        let digest = tally_policy::approval::digest(&g.run, &approver, &g.scope, expires_ms);
+        let signature = tally_policy::approval::sign(key.signing_key(), &digest);
+        let body = serde_json::json!({
+            "run": g.run, "approver": approver, "scope": g.scope, "expires_ms": expires_ms,
+            "digest": digest, "signature": signature, "note": g.note,
+        });
+        let (status, reply) = call(socket, Method::POST, "/v1/approvals", Some(body)).await?;
+        if status != 200 {
+            return Err(refused(status, &reply));
+        }
+        println!(
+            "approval {digest} recorded at seq {} for run {}: valid until run time {expires_ms} ms, one use",
+            reply["seq"],
+            tally_verify::text::shown(&g.run)
+        );
+        Ok(0)
+    })
+}
+
+/// Every run the gate holds.
+pub fn runs(socket: &Path, json: bool) -> Result<u8> {
+    block_on(async {
+        let (status, runs) = call(socket, Method::GET, "/v1/runs", None).await?;
+        if status != 200 {
+            return Err(refused(status, &runs));
+        }
+        if json {
+            println!("{}", serde_json::to_string_pretty(&runs)?);
+            return Ok(0);
+        }
+        let list = runs.as_array().cloned().unwrap_or_default();
+        if list.is_empty() {
+            println!("no runs");
+        }
+        for r in list {
+            let used = |d: &str, unit: &str| {
+                let l = &r["limits"][d];
+                match (l["used"].as_u64(), l["limit"].as_u64()) {
+                    (Some(u), Some(m)) => format!("{u}{unit} of {m}{unit}"),
+                    _ => "-".into(),
+                }
+            };
+            println!(
+                "{:<24} {:<8} attempts {:<10} spend {:<14} held {}¢{}",
+                tally_verify::text::shown(r["run"].as_str().unwrap_or("?")),
+                r["state"].as_str().unwrap_or("?"),
+                used("attempts", ""),
+                used("spend_cents", "¢"),
+                r["held_cents"],
+                r["stop_reason"]
+                    .as_str()
+                    .map(|s| format!("  ({s})"))
+                    .unwrap_or_default()
+            );
+        }
+        Ok(0)
+    })
+}
+
+/// Pause, resume or kill a run.
+pub fn lifecycle(socket: &Path, run: &str, what: &str) -> Result<u8> {
+    block_on(async {
+        let path = format!("/v1/runs/{}/{what}", encode(run));
+        let (status, reply) = call(socket, Method::POST, &path, None).await?;
+        if status != 200 {
+            return Err(refused(status, &reply));
+        }
+        println!("run {}: {what} done", tally_verify::text::shown(run));
+        Ok(0)
+    })
+}
+
+/// Percent-encode a run name for a URL path.
+fn encode(run: &str) -> String {
+    let mut out = String::new();
+    for b in run.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration_ms;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration_ms("10m").unwrap(), 600_000);
+        assert_eq!(duration_ms("500ms").unwrap(), 500);
+        assert_eq!(duration_ms("2h").unwrap(), 7_200_000);
+        assert!(duration_ms("10").is_err());
+        assert!(duration_ms("0s").is_err());
+        assert!(duration_ms("x").is_err());
+        assert!(duration_ms("99999999999999999999d").is_err());
+    }
+}
