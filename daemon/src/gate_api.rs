@@ -99,13 +99,36 @@ async fn body<T: DeserializeOwned>(
     body: Body,
 ) -> Result<T, ApiError> {
     let bytes = read_body(app, headers, body).await?;
-    let text = std::str::from_utf8(&bytes).map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_json",
-            "the body is not UTF-8",
-        )
-    })?;
+    parse_body(&bytes, false)
+}
+
+/// Parse a body strictly into `T`: one JSON object (serde would also take an array, by
+/// position; that second encoding is refused), with its nested `budget` and `scope`
+/// objects too; unknown fields refused with the field named. `empty_ok`: an empty body
+/// reads as `{}`.
+fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, ApiError> {
+    let bad = |message: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", message);
+    let text = std::str::from_utf8(bytes).map_err(|_| bad("the body is not UTF-8".into()))?;
+    let text = if empty_ok && text.trim().is_empty() {
+        "{}"
+    } else {
+        text
+    };
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(map)) => {
+            for field in ["budget", "scope"] {
+                if map
+                    .get(field)
+                    .is_some_and(|v| !v.is_object() && !v.is_null())
+                {
+                    return Err(bad(format!("`{field}` must be a JSON object")).field(field));
+                }
+            }
+        }
+        Ok(_) => return Err(bad("the body must be one JSON object".into())),
+        // Malformed JSON: the typed parse below says where.
+        Err(_) => {}
+    }
     let mut de = serde_json::Deserializer::from_str(text);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -183,7 +206,13 @@ async fn check(
                 "decision": "deny",
                 "reason": Reason::GateUnavailable,
                 "action": Reason::GateUnavailable.action(),
+                "cause": null,
                 "retry_after_ms": 1000,
+                "timeout_ms": null,
+                "attempt": null,
+                "limits": {},
+                "seq": null,
+                "hash": null,
                 "error": {
                     "code": "gate_unavailable",
                     "message": "the gate cannot record decisions, so the call must not proceed (fail closed); retry later",
@@ -220,12 +249,7 @@ async fn stop(
     let run = path_run(run)?;
     let (parts, b) = request.into_parts();
     let bytes = read_body(&app, &parts.headers, b).await?;
-    let req: StopRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
-        StopRequest::default()
-    } else {
-        serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?
-    };
+    let req: StopRequest = parse_body(&bytes, true)?;
     let gate = Arc::clone(&app.gate);
     let logged = answered(|done| gate.stop(caller(peer, role), &run, req, done))
         .await

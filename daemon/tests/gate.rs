@@ -515,3 +515,38 @@ async fn approvals_are_signed_bound_used_once_and_never_revive_a_run() {
     drop((op, agent));
     d.shutdown().await.expect("shutdown");
 }
+
+/// Found by the Python client's author: serde also reads a struct from a JSON array by
+/// position, so `["r9"]` started a run. Every gate body is one object, its `budget` too,
+/// and every refusal names its field, the stop's included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_gate_bodies_are_objects_and_errors_name_the_field() {
+    let mut d = gated("").await;
+    let mut c = d.agent().await;
+    for (path, body) in [
+        ("/v1/runs", r#"["r9"]"#),
+        ("/v1/runs", r#"{"run":"r9","budget":[5]}"#),
+        ("/v1/check", r#"["r9",null,"t"]"#),
+        ("/v1/outcome", r#"["r9",1,"ok"]"#),
+    ] {
+        let (status, reply) = post_json(&mut c, path, body).await;
+        assert_eq!(
+            (status, reply["error"]["code"].as_str()),
+            (400, Some("invalid_json")),
+            "{path} {body}: {reply}"
+        );
+    }
+    start(&d, "r", json!({})).await;
+    let (status, reply) = post_json(&mut c, "/v1/runs/r/stop", r#"{"run":"r"}"#).await;
+    assert_eq!(
+        (status, reply["error"]["field"].as_str()),
+        (400, Some("run")),
+        "{reply}"
+    );
+    let (status, reply) = post_json(&mut c, "/v1/runs/r/stop", r#"["completed"]"#).await;
+    assert_eq!(status, 400, "{reply}");
+    let (status, _) = post_json(&mut c, "/v1/runs/r/stop", "").await;
+    assert_eq!(status, 200, "an empty stop body is a plain `completed`");
+    drop(c);
+    d.shutdown().await.expect("shutdown");
+}

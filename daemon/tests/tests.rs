@@ -4,6 +4,7 @@
 mod common;
 
 mod api;
+mod clients;
 mod concurrency;
 mod failure;
 mod gate;
