@@ -293,7 +293,7 @@ fn allow(
     }
 
     if let Some(r) = &poll {
-        let remote = run.refs.entry(r.clone()).or_default();
+        let remote = run.refs.entry(*r).or_default();
         remote.polls = add(remote.polls, 1, "polls", found);
         remote.last_ms = run_ms;
         remote.retry_after_ms = None;
@@ -305,11 +305,11 @@ fn allow(
             });
         }
     } else {
-        let n = run.ops.entry(op.clone()).or_insert(0);
+        let n = run.ops.entry(op).or_insert(0);
         *n = n.saturating_add(1);
         if run.ops.len() > MAX_OPS {
             // The operation retried longest ago: its count is least likely to matter.
-            if let Some(k) = run.ops.keys().find(|k| **k != op).cloned() {
+            if let Some(k) = run.ops.keys().find(|k| **k != op).copied() {
                 run.ops.remove(&k);
             }
         }
@@ -321,12 +321,19 @@ fn allow(
             ),
             progress: run.progress,
         });
-        while run.recent.len() as u64 > crate::config::MAX_WINDOW {
+        // The breakers look back at most this far.
+        let l = &policy.loops;
+        let keep = l
+            .identical_window
+            .max(l.identical_consecutive)
+            .max(l.alternating)
+            .min(crate::config::MAX_WINDOW);
+        while run.recent.len() as u64 > keep {
             run.recent.pop_front();
         }
-        if let Some(t) = &d.tool {
+        if let Some(t) = d.tool.as_deref().map(crate::state::tool_key) {
             let window = policy.loops.tool_window_ms;
-            let w = run.tools.entry(t.clone()).or_insert_with(|| Window {
+            let w = run.tools.entry(t).or_insert_with(|| Window {
                 start_ms: run_ms,
                 count: 0,
             });
@@ -341,9 +348,9 @@ fn allow(
                 let oldest = run
                     .tools
                     .iter()
-                    .filter(|(k, _)| *k != t)
+                    .filter(|(k, _)| **k != t)
                     .min_by_key(|(_, w)| w.start_ms)
-                    .map(|(k, _)| k.clone());
+                    .map(|(k, _)| *k);
                 if let Some(k) = oldest {
                     run.tools.remove(&k);
                 }
@@ -477,7 +484,7 @@ fn outcome(
             run.unknown.remove(&a.op);
         }
         Status::Unknown | Status::Timeout if a.effect == Some(Effect::NonIdempotentWrite) => {
-            run.unknown.insert(a.op.clone(), attempt);
+            run.unknown.insert(a.op, attempt);
         }
         _ => {}
     }
@@ -487,20 +494,24 @@ fn outcome(
             run.progress = run.progress.saturating_add(1);
         }
     }
-    if let Some(state) = &d.observed {
-        if run.observed.as_ref() != Some(state) {
+    if let Some(state) = d.observed.as_deref().map(crate::state::observed_key) {
+        if run.observed != Some(state) {
             run.progress = run.progress.saturating_add(1);
-            run.observed = Some(state.clone());
+            run.observed = Some(state);
         }
     }
-    let remote = d.remote_ref.clone().or_else(|| a.poll.clone());
+    let remote = d
+        .remote_ref
+        .as_deref()
+        .map(crate::state::ref_key)
+        .or(a.poll);
     if let Some(r) = remote {
         if !run.refs.contains_key(&r) && run.refs.len() >= MAX_REFS {
             let oldest = run
                 .refs
                 .iter()
                 .min_by_key(|(_, v)| v.last_ms)
-                .map(|(k, _)| k.clone());
+                .map(|(k, _)| *k);
             if let Some(k) = oldest {
                 run.refs.remove(&k);
             }
@@ -508,8 +519,8 @@ fn outcome(
         let entry = run.refs.entry(r).or_default();
         entry.last_ms = run_ms;
         entry.retry_after_ms = d.retry_after_ms;
-        if d.observed.is_some() {
-            entry.observed = d.observed.clone();
+        if let Some(o) = &d.observed {
+            entry.observed = Some(crate::state::observed_key(o));
         }
     }
     let final_outcome = matches!(status, Status::Ok | Status::Error | Status::Rejected);

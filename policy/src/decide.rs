@@ -72,7 +72,7 @@ impl Call {
         }
     }
 
-    fn key(&self) -> String {
+    fn key(&self) -> u64 {
         call_key(
             Some(&self.tool),
             self.operation.as_deref(),
@@ -80,7 +80,7 @@ impl Call {
         )
     }
 
-    fn op(&self) -> String {
+    fn op(&self) -> u64 {
         op_key(
             Some(&self.tool),
             self.operation.as_deref(),
@@ -279,6 +279,11 @@ fn first_refusal(
     if run.paused {
         return Some(refuse(Reason::RunPaused));
     }
+    if run.open.len() >= crate::state::MAX_IN_FLIGHT_PER_RUN {
+        // Calls without a reported outcome: the run must report (or time out) some
+        // before it may make more; its state stays bounded.
+        return Some(retry(Reason::RateLimitExceeded, 1000));
+    }
     if b.deadline_ms.is_some_and(|d| run_ms >= d) {
         return Some(refuse(Reason::RunDeadlineExhausted));
     }
@@ -460,19 +465,19 @@ fn loop_refusal(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Op
     let k = l.alternating as usize;
     if recent.len() >= k && k >= 2 {
         let tail: Vec<_> = recent.iter().skip(recent.len() - k).collect();
-        let (a, b) = (&tail[k - 2].key, &tail[k - 1].key);
+        let (a, b) = (tail[k - 2].key, tail[k - 1].key);
         let alternates = a != b
             && tail
                 .iter()
                 .rev()
                 .enumerate()
-                .all(|(i, r)| &r.key == if i % 2 == 0 { b } else { a });
+                .all(|(i, r)| r.key == if i % 2 == 0 { b } else { a });
         let stalled = tail.iter().all(|r| r.progress == run.progress);
-        if alternates && stalled && &key == a {
+        if alternates && stalled && key == a {
             return Some(refuse(Reason::LoopRepeatedCall));
         }
     }
-    if let Some(w) = run.tools.get(&call.tool) {
+    if let Some(w) = run.tools.get(&crate::state::tool_key(&call.tool)) {
         let open = run_ms.saturating_sub(w.start_ms) < l.tool_window_ms;
         if open && w.count >= l.tool_calls {
             return Some(refuse(Reason::LoopRepeatedCall));

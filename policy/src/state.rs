@@ -48,6 +48,12 @@ impl Ranges {
 /// attempt that holds no cents and is no unknown write is forgotten (its later outcome is
 /// then reported as one without an allow); held cents are never forgotten.
 pub const MAX_OPEN: usize = 4096;
+/// Most calls of one run without a final outcome (`ok`, `error`, `rejected`) the gate
+/// allows: the next is refused with `rate_limit_exceeded` until outcomes come in, so a
+/// run's state stays bounded. `timeout` and `unknown` are not final (the call may still
+/// have happened): a run that loses that many outcomes reconciles them or continues in
+/// a new run.
+pub const MAX_IN_FLIGHT_PER_RUN: usize = 256;
 /// Most logical operations whose retry count a run keeps; beyond it the one retried
 /// longest ago is forgotten (the run's attempt budget still counts every attempt).
 pub const MAX_OPS: usize = 256;
@@ -64,7 +70,7 @@ pub struct Attempt {
     /// The tool called.
     pub tool: Option<String>,
     /// The logical operation (see [`op_key`]).
-    pub op: String,
+    pub op: u64,
     /// Its effect class.
     pub effect: Option<Effect>,
     /// Cents reserved.
@@ -76,7 +82,7 @@ pub struct Attempt {
     /// Whether it used a side effect.
     pub write: bool,
     /// The remote operation it polls, if it is a poll.
-    pub poll: Option<String>,
+    pub poll: Option<u64>,
     /// Whether an outcome has settled it.
     pub settled: bool,
     /// The latest outcome status reported for it.
@@ -92,15 +98,16 @@ pub struct RemoteRef {
     pub last_ms: u64,
     /// The upstream's Retry-After on its last outcome, ms.
     pub retry_after_ms: Option<u64>,
-    /// Its last observed state.
-    pub observed: Option<String>,
+    /// Its last observed state, hashed ([`observed_key`]).
+    pub observed: Option<u64>,
 }
 
 /// One of the run's recent allowed calls, for the loop breakers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recent {
-    /// Tool and argument digest (else operation).
-    pub key: String,
+    /// Tool and argument digest (else operation), hashed ([`call_key`]): the history
+    /// stays a few bytes per call however long agent-chosen names are.
+    pub key: u64,
     /// The run's progress counter when it was made.
     pub progress: u64,
 }
@@ -187,19 +194,20 @@ pub struct RunState {
     /// Allowed attempts without a final outcome.
     pub open: BTreeMap<u64, Attempt>,
     /// Attempts per logical operation since its last `ok`.
-    pub ops: BTreeMap<String, u64>,
+    pub ops: BTreeMap<u64, u64>,
     /// Non-idempotent writes whose outcome is unknown: logical operation -> attempt.
-    pub unknown: BTreeMap<String, u64>,
+    pub unknown: BTreeMap<u64, u64>,
     /// Remote operations seen.
-    pub refs: BTreeMap<String, RemoteRef>,
+    pub refs: BTreeMap<u64, RemoteRef>,
     /// Recent allowed calls (not polls), oldest first.
     pub recent: VecDeque<Recent>,
     /// Per-tool windows.
-    pub tools: BTreeMap<String, Window>,
+    pub tools: BTreeMap<u64, Window>,
     /// Bumped by every change of observed state and every completed write.
     pub progress: u64,
-    /// The last observed state any outcome reported.
-    pub observed: Option<String>,
+    /// The last observed state any outcome reported, hashed ([`observed_key`]): only
+    /// whether it changed matters here.
+    pub observed: Option<u64>,
     /// Approvals recorded for the run.
     pub grants: Vec<Grant>,
     /// The run's own rate bucket.
@@ -347,21 +355,53 @@ pub fn call_id(run: &str, attempt: u64) -> u64 {
 
 /// The logical operation a call belongs to: its `operation`, else its tool and argument
 /// digest, else its tool.
-pub fn op_key(tool: Option<&str>, operation: Option<&str>, args_digest: Option<&str>) -> String {
+pub fn op_key(tool: Option<&str>, operation: Option<&str>, args_digest: Option<&str>) -> u64 {
     match (operation, args_digest) {
-        (Some(op), _) => format!("op\u{0}{op}"),
-        (None, Some(d)) => format!("call\u{0}{}\u{0}{d}", tool.unwrap_or("")),
-        (None, None) => format!("tool\u{0}{}", tool.unwrap_or("")),
+        (Some(op), _) => h64(&["op", op]),
+        (None, Some(d)) => h64(&["call", tool.unwrap_or(""), d]),
+        (None, None) => h64(&["tool", tool.unwrap_or("")]),
     }
 }
 
-/// The key identical calls share: tool and argument digest (else operation).
-pub fn call_key(tool: Option<&str>, operation: Option<&str>, args_digest: Option<&str>) -> String {
-    format!(
-        "{}\u{0}{}",
-        tool.unwrap_or(""),
-        args_digest.or(operation).unwrap_or("")
-    )
+/// An observed state as state keeps it: only a change of it is progress.
+pub fn observed_key(observed: &str) -> u64 {
+    h64(&["observed", observed])
+}
+
+/// The key a tool's per-run window is kept under.
+pub fn tool_key(tool: &str) -> u64 {
+    h64(&["tool", tool])
+}
+
+/// The key a remote operation (`remote_ref`) is kept under.
+pub fn ref_key(remote_ref: &str) -> u64 {
+    h64(&["ref", remote_ref])
+}
+
+/// The first 64 bits of BLAKE3 over the parts, each ended by a NUL: state keys stay a
+/// few bytes however long agent-chosen names are (a collision is a 2^-64 event, and
+/// would only merge two counters of one run).
+fn h64(parts: &[&str]) -> u64 {
+    let mut h = blake3::Hasher::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update(&[0]);
+    }
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_be_bytes(out)
+}
+
+/// The key identical calls share: tool and argument digest (else operation), as the
+/// first 64 bits of their BLAKE3 hash.
+pub fn call_key(tool: Option<&str>, operation: Option<&str>, args_digest: Option<&str>) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(tool.unwrap_or("").as_bytes());
+    h.update(&[0]);
+    h.update(args_digest.or(operation).unwrap_or("").as_bytes());
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_be_bytes(out)
 }
 
 impl RunState {
@@ -422,15 +462,23 @@ impl RunState {
         effect: Option<Effect>,
         remote_ref: Option<&str>,
         operation: Option<&str>,
-    ) -> Option<String> {
+    ) -> Option<u64> {
         if effect != Some(Effect::Read) {
             return None;
         }
-        if let Some(r) = remote_ref.filter(|r| self.refs.contains_key(*r)) {
-            return Some(r.to_owned());
+        if let Some(r) = remote_ref
+            .map(ref_key)
+            .filter(|r| self.refs.contains_key(r))
+        {
+            return Some(r);
         }
-        let tail = operation?.rsplit_once(':')?.1;
-        self.refs.contains_key(tail).then(|| tail.to_owned())
+        let tail = ref_key(operation?.rsplit_once(':')?.1);
+        self.refs.contains_key(&tail).then_some(tail)
+    }
+
+    /// What the run knows of a remote operation, by its id.
+    pub fn remote(&self, remote_ref: &str) -> Option<&RemoteRef> {
+        self.refs.get(&ref_key(remote_ref))
     }
 }
 
@@ -440,6 +488,6 @@ impl RunState {
 pub fn carry_over(new: &mut RunState, old: &RunState) {
     for op in old.unknown.keys() {
         // The attempt number belongs to the old run; 0 marks one no outcome here settles.
-        new.unknown.entry(op.clone()).or_insert(0);
+        new.unknown.entry(*op).or_insert(0);
     }
 }

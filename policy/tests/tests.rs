@@ -2,6 +2,7 @@
 //! data) replayed through `apply`, and focused tests of `decide` (SPEC 8's policies).
 
 mod approvals;
+mod bounds;
 mod bugs;
 mod corpus;
 mod decide;

@@ -208,7 +208,7 @@ fn replay(name: &str, text: &str) -> Result<(), Vec<String>> {
                 continue;
             };
             for (remote, n) in polls {
-                let got = state.refs.get(remote).map_or(0, |r| r.polls);
+                let got = state.remote(remote).map_or(0, |r| r.polls);
                 if n.as_u64() != Some(got) {
                     errors.push(at(format!("polls of {remote}: expected {n}, got {got}")));
                 }

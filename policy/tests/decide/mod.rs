@@ -130,7 +130,7 @@ fn a_poll_that_honours_retry_after_within_tolerance_is_allowed() {
         attempts,
         "a poll uses no attempt"
     );
-    assert_eq!(sim.run("r1").refs["ea91"].polls, 1);
+    assert_eq!(sim.run("r1").remote("ea91").expect("ref").polls, 1);
 }
 
 #[test]
@@ -151,7 +151,7 @@ fn polling_that_keeps_its_interval_is_never_a_loop() {
         let extra = json!({"observed": "running", "retry_after_ms": 1000});
         assert!(sim.outcome("r1", n, "running", t + 10, extra).is_empty());
     }
-    assert_eq!(sim.run("r1").refs["ea91"].polls, 12);
+    assert_eq!(sim.run("r1").remote("ea91").expect("ref").polls, 12);
     assert_eq!(
         sim.run("r1").attempts_used,
         1,
