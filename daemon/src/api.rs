@@ -115,7 +115,9 @@ pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
     routes
         .layer(Extension(role))
         .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .method_not_allowed_fallback(move |method: Method, uri: axum::http::Uri| async move {
+            method_not_allowed(role, method, uri)
+        })
         .layer(axum::middleware::from_fn(tcp_guard))
         .with_state(app)
 }
@@ -153,7 +155,27 @@ async fn tcp_guard(request: Request, next: axum::middleware::Next) -> Response {
         if !matches!(name, "localhost" | "127.0.0.1" | "::1") {
             return refuse("the Host header must name the loopback address");
         }
-        if request.method() == Method::POST && !headers.contains_key(header::CONTENT_TYPE) {
+        // A browser sends text/plain, form and multipart bodies without a preflight:
+        // over TCP a POST must say it is JSON. Paths that take no POST go on to their
+        // 405 with the methods they allow.
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            })
+            .is_some_and(|m| {
+                matches!(
+                    m.as_str(),
+                    "application/json" | "application/x-ndjson" | "application/ndjson"
+                )
+            });
+        let takes_post = allowed(Role::Agent, request.uri().path()).contains("POST");
+        if request.method() == Method::POST && takes_post && !json {
             return ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
@@ -182,20 +204,28 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
     )
 }
 
-async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
+/// The methods a path takes on a socket, for `Allow`.
+fn allowed(role: Role, path: &str) -> &'static str {
+    let tail = path.rsplit('/').next().unwrap_or("");
+    let run_action = path.starts_with("/v1/runs/") && path.matches('/').count() == 4;
+    match role {
+        Role::Agent => match path {
+            "/v1/runs" => "GET, HEAD, POST",
+            "/v1/check" | "/v1/outcome" | "/v1/decisions" => "POST",
+            _ if run_action && tail == "stop" => "POST",
+            _ => "GET, HEAD",
+        },
+        Role::Operator => match path {
+            "/v1/decisions" | "/v1/approvals" => "POST",
+            _ if run_action && matches!(tail, "pause" | "resume" | "kill") => "POST",
+            _ => "GET, HEAD",
+        },
+    }
+}
+
+fn method_not_allowed(role: Role, method: Method, uri: axum::http::Uri) -> Response {
     let path = uri.path();
-    let posts = ["/stop", "/pause", "/resume", "/kill"];
-    let allow = if path == "/v1/runs" {
-        "GET, HEAD, POST"
-    } else if matches!(
-        path,
-        "/v1/decisions" | "/v1/check" | "/v1/outcome" | "/v1/approvals"
-    ) || posts.iter().any(|p| path.ends_with(p))
-    {
-        "POST"
-    } else {
-        "GET, HEAD"
-    };
+    let allow = allowed(role, path);
     let mut response = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",

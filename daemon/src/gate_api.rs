@@ -28,7 +28,7 @@ type AppState = State<Arc<App>>;
 /// The agent socket's gate routes, added to `common`.
 pub(crate) fn agent_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
     common
-        .route("/v1/runs", post(start))
+        .route("/v1/runs", post(start).get(runs))
         .route("/v1/check", post(check))
         .route("/v1/outcome", post(outcome))
         .route("/v1/runs/{run}/stop", post(stop))
@@ -333,10 +333,8 @@ async fn run(
 async fn runs(
     State(app): AppState,
     Extension(peer): Extension<Peer>,
+    Extension(role): Extension<Role>,
 ) -> Result<Response, ApiError> {
-    let all = app
-        .gate
-        .runs(caller(peer, Role::Operator))
-        .map_err(gate_error)?;
+    let all = app.gate.runs(caller(peer, role)).map_err(gate_error)?;
     Ok(json(StatusCode::OK, &all))
 }

@@ -12,3 +12,4 @@ mod kill;
 mod lifecycle;
 mod ownership;
 mod review;
+mod schema;

@@ -501,21 +501,6 @@ impl Gate {
             let mut t = self.tables()?;
             let policy = &self.policy.policy;
             let run = t.any_run(&self.ledger, &req.run, caller)?;
-            if let Some(reason) = run.stop {
-                // The run is over: nothing to decide, nothing recorded.
-                return Err(GateError::Stopped(Box::new(CheckAnswer {
-                    decision: Verdict::Deny,
-                    reason: Some(reason),
-                    action: Some(Action::Stop),
-                    cause: None,
-                    retry_after_ms: None,
-                    timeout_ms: None,
-                    attempt: None,
-                    limits: tally_policy::apply::standing(&run, Gate::clock(&run)),
-                    seq: None,
-                    hash: None,
-                })));
-            }
             let now = Gate::clock(&run);
             let args_digest = req.args.as_ref().map(tally_ledger::decision::args_digest);
             let call = Call {
@@ -536,6 +521,30 @@ impl Gate {
                 timeout_ms: req.timeout_ms,
                 uid: caller.uid,
             };
+            if run.stop.is_some() {
+                // Bad input is refused the same whether or not the run is over.
+                let view = tally_policy::View {
+                    run: &run,
+                    tool: None,
+                    credential: None,
+                };
+                prepare_one(decide(policy, &self.policy.digest, view, &call, now).record)?;
+            }
+            if let Some(reason) = run.stop {
+                // The run is over: nothing to decide, nothing recorded.
+                return Err(GateError::Stopped(Box::new(CheckAnswer {
+                    decision: Verdict::Deny,
+                    reason: Some(reason),
+                    action: Some(Action::Stop),
+                    cause: None,
+                    retry_after_ms: None,
+                    timeout_ms: None,
+                    attempt: None,
+                    limits: tally_policy::apply::standing(&run, Gate::clock(&run)),
+                    seq: None,
+                    hash: None,
+                })));
+            }
             t.ensure_tool(&call.tool, now.wall_ms, policy)?;
             if let Some(c) = &call.credential {
                 t.ensure_credential(c, now.wall_ms, policy)?;
@@ -812,15 +821,15 @@ impl Gate {
         Ok(standing(&state))
     }
 
-    /// Every run the gate holds in memory (open runs, and recently stopped ones).
+    /// The runs the gate holds in memory (open runs, and recently stopped ones): every
+    /// one for the operator, the caller's own for an agent.
     pub fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError> {
-        if !caller.operator {
-            return Err(GateError::NotAuthorized(
-                "listing runs is the operator's".into(),
-            ));
-        }
         let t = self.tables()?;
-        Ok(t.runs.values().map(standing).collect())
+        Ok(t.runs
+            .values()
+            .filter(|r| caller.operator || r.owner_uid == caller.uid)
+            .map(standing)
+            .collect())
     }
 
     /// Whether the gate governs `run` (it started through the gate): raw appends for it

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tally_daemon::client::Client;
+use tally_daemon::client::{Client, Method};
 use tally_daemon::ServeOptions;
 use tally_ledger::{AuditorKey, Ledger, Rotation};
 use tokio::sync::{mpsc, Mutex};
@@ -33,6 +33,7 @@ const USAGE: &str = "usage:
   tally-load init  --ledger DIR
   tally-load serve --ledger DIR --socket PATH [--operator-socket PATH] [--policy FILE] [--listen ADDR] [--max-in-flight N]
   tally-load bench (--socket PATH | --tcp ADDR) [--clients N] [--batch N] [--seconds S]
+                   [--check | --pairs]   # a call through the gate (check + outcome), or the same two decisions appended
                    [--offered DECISIONS_PER_SEC [--even]] [--json]";
 
 /// A bench tool's handful of `--flag value` arguments (the `tally` CLI is where clap
@@ -124,7 +125,7 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
         "seconds",
         "offered",
     ];
-    let mut args = Args::parse(argv, &known, &["json", "even"])?;
+    let mut args = Args::parse(argv, &known, &["json", "even", "check", "pairs"])?;
     match command.as_str() {
         "init" => {
             let ledger: PathBuf = args.required("ledger")?;
@@ -185,6 +186,15 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
                 }
             }
             let even = args.take("even").is_some();
+            let mode = match (args.take("check").is_some(), args.take("pairs").is_some()) {
+                (true, true) => return Err("give one of --check and --pairs".into()),
+                (true, false) => Mode::Check,
+                (false, true) => Mode::Pairs,
+                (false, false) => Mode::Append,
+            };
+            if mode != Mode::Append && (batch != 1 || offered.is_some()) {
+                return Err("--check and --pairs run a closed loop of single calls: no --batch, no --offered".into());
+            }
             if even && offered.is_none() {
                 return Err("--even paces an open loop: give --offered too".into());
             }
@@ -195,6 +205,7 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
                 duration,
                 offered,
                 even,
+                mode,
             };
             let json = args.take("json").is_some();
             args.done()?;
@@ -245,6 +256,18 @@ struct Plan {
     offered: Option<f64>,
     /// Open loop with due times from a pacer thread (`--even`).
     even: bool,
+    mode: Mode,
+}
+
+/// What one iteration sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// One allow decision appended (`POST /v1/decisions`).
+    Append,
+    /// A call through the gate: `POST /v1/check`, then `POST /v1/outcome` (agent socket).
+    Check,
+    /// The same two decisions appended raw, one request each (operator socket).
+    Pairs,
 }
 
 struct Report {
@@ -357,6 +380,72 @@ fn pace(
     }
 }
 
+/// One call: through the gate (check, then outcome), or the same two decisions appended.
+/// The call's latency is until its outcome is recorded too.
+async fn call(client: &mut Client, mode: Mode, id: usize, n: u64) -> Result<(), String> {
+    let run = format!("gate-bench-{id}-{}", std::process::id());
+    let (first, second) = match mode {
+        Mode::Check => (
+            (
+                "/v1/check",
+                format!(
+                    r#"{{"run":"{run}","worker":"w{id}","tool":"http.post","operation":"export.create:{n:x}","args":{{"url":"https://api.example.com/v1/export","body":{{"n":{n}}}}},"effect":"idempotent_write","idempotency_key":"k-{id}-{n}","channel":"http","reserve_cents":3}}"#
+                ),
+            ),
+            None,
+        ),
+        _ => (
+            ("/v1/decisions", decision(id, n)),
+            Some(format!(
+                r#"{{"run":"bench-{id}-{}","kind":"outcome","attempt":{},"status":"ok","settled_cents":2}}"#,
+                n % 64,
+                n + 1
+            )),
+        ),
+    };
+    let reply = client
+        .request(Method::POST, first.0, Some("application/json"), first.1)
+        .await
+        .map_err(|e| e.to_string())?;
+    if reply.status.as_u16() != 200 {
+        return Err(format!(
+            "{}: {}",
+            first.0,
+            String::from_utf8_lossy(&reply.body)
+        ));
+    }
+    let outcome = match (mode, second) {
+        (Mode::Check, _) => {
+            let a: serde_json::Value =
+                serde_json::from_slice(&reply.body).map_err(|e| e.to_string())?;
+            if a["decision"] != "allow" {
+                return Err(format!("the gate refused a benchmark call: {a}"));
+            }
+            (
+                "/v1/outcome",
+                format!(
+                    r#"{{"run":"{run}","attempt":{},"status":"ok","settled_cents":2}}"#,
+                    a["attempt"]
+                ),
+            )
+        }
+        (_, Some(o)) => ("/v1/decisions", o),
+        (_, None) => return Ok(()),
+    };
+    let reply = client
+        .request(Method::POST, outcome.0, Some("application/json"), outcome.1)
+        .await
+        .map_err(|e| e.to_string())?;
+    if reply.status.as_u16() != 200 {
+        return Err(format!(
+            "{}: {}",
+            outcome.0,
+            String::from_utf8_lossy(&reply.body)
+        ));
+    }
+    Ok(())
+}
+
 fn body(client: usize, first: u64, batch: usize) -> String {
     let mut b = String::with_capacity(400 * batch);
     for k in 0..batch as u64 {
@@ -396,6 +485,19 @@ async fn bench(plan: Plan) -> Result<Report, String> {
             let mut latencies = Vec::new();
             let mut sent = 0u64;
             let interval = plan.offered.map(|r| plan.batch as f64 / r);
+            if plan.mode == Mode::Check {
+                let run = format!(r#"{{"run":"gate-bench-{id}-{}"}}"#, std::process::id());
+                let r = client
+                    .request(Method::POST, "/v1/runs", Some("application/json"), run)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if r.status.as_u16() != 201 {
+                    return Err(format!(
+                        "starting the run: {}",
+                        String::from_utf8_lossy(&r.body)
+                    ));
+                }
+            }
             loop {
                 let due = match (&paced, interval) {
                     (Some(slots), _) => match slots.lock().await.recv().await {
@@ -420,6 +522,12 @@ async fn bench(plan: Plan) -> Result<Report, String> {
                     }
                 };
                 let first = sent * plan.batch as u64;
+                if plan.mode != Mode::Append {
+                    call(&mut client, plan.mode, id, first).await?;
+                    latencies.push(due.elapsed().as_micros() as u64);
+                    sent += 1;
+                    continue;
+                }
                 let result = if plan.batch == 1 {
                     client.append(&decision(id, first)).await
                 } else {
