@@ -317,7 +317,11 @@ impl Breaker {
 pub struct ToolState {
     /// Its breaker.
     pub breaker: Breaker,
-    /// Calls in flight: [`call_id`] -> wall time after which it no longer counts.
+    /// Calls in flight: [`call_id`] -> wall time after which it no longer counts. Not
+    /// kept across a restart (a bound on concurrency, not a budget: the calls of the
+    /// process before are its callers' to account for, and their outcomes still settle
+    /// the runs' own state).
+    #[serde(skip)]
     pub in_flight: BTreeMap<u64, u64>,
     /// Its rate bucket.
     pub bucket: Bucket,

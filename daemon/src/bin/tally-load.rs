@@ -271,6 +271,7 @@ enum Mode {
 }
 
 struct Report {
+    mode: Mode,
     clients: usize,
     batch: usize,
     offered: Option<f64>,
@@ -297,6 +298,24 @@ impl Report {
     }
 
     fn text(&self) -> String {
+        if self.mode != Mode::Append {
+            let what = if self.mode == Mode::Check {
+                "gate calls (check + outcome)"
+            } else {
+                "appended pairs (allow + outcome)"
+            };
+            return format!(
+                "clients {:>3}  {what:<32}  {:>8.0} calls/s  {:>8.0} req/s  p50 {:>7.2} ms  p99 {:>7.2} ms  max {:>7.2} ms  ({} calls in {:.1} s)",
+                self.clients,
+                self.rate(),
+                2.0 * self.rate(),
+                self.pct(0.50),
+                self.pct(0.99),
+                self.pct(1.0),
+                self.requests,
+                self.elapsed.as_secs_f64(),
+            );
+        }
         let mode = match self.offered {
             Some(r) if self.even => format!("offered {r:.0}/s even"),
             Some(r) => format!("offered {r:.0}/s"),
@@ -560,6 +579,7 @@ async fn bench(plan: Plan) -> Result<Report, String> {
     let elapsed = start.elapsed();
     latencies.sort_unstable();
     Ok(Report {
+        mode: plan.mode,
         clients: plan.clients,
         batch: plan.batch,
         offered: plan.offered,
