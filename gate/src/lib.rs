@@ -350,7 +350,7 @@ impl Gate {
                 policy_text: Some(self.policy.text.clone()),
                 ..Decision::default()
             };
-            match prepare_one(record) {
+            match encode(&record) {
                 Ok(p) => plaintexts.push(p),
                 Err(e) => return done(Err(e)),
             }
@@ -441,7 +441,7 @@ impl Gate {
                 continues: req.continues.clone(),
                 ..Decision::default()
             };
-            let plaintext = prepare_one(record.clone())?;
+            let plaintext = encode(&record)?;
             let now = Now {
                 wall_ms: now_ms(),
                 at_ms: Some(0),
@@ -497,12 +497,15 @@ impl Gate {
 
     /// Decide one intended call. `done` gets the answer once the decision is durable.
     pub fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>) {
+        // Hashing the arguments needs no state: done before the lock.
+        let args_digest = req.args.as_ref().map(tally_ledger::decision::args_digest);
         let result = (|| {
             let mut t = self.tables()?;
             let policy = &self.policy.policy;
-            let run = t.any_run(&self.ledger, &req.run, caller)?;
-            let now = Gate::clock(&run);
-            let args_digest = req.args.as_ref().map(tally_ledger::decision::args_digest);
+            let (stopped, run_credential, now) = {
+                let run = t.loaded(&self.ledger, &req.run, caller)?;
+                (run.stop.is_some(), run.credential.clone(), Gate::clock(run))
+            };
             let call = Call {
                 run: req.run.clone(),
                 worker: req.worker,
@@ -517,30 +520,29 @@ impl Gate {
                 depth: req.depth,
                 reserve_cents: req.reserve_cents.unwrap_or(0),
                 remote_ref: req.remote_ref,
-                credential: req.credential.or_else(|| run.credential.clone()),
+                credential: req.credential.or(run_credential),
                 timeout_ms: req.timeout_ms,
                 uid: caller.uid,
             };
-            if run.stop.is_some() {
+            if stopped {
+                let run = t.loaded(&self.ledger, &req.run, caller)?.clone();
                 // Bad input is refused the same whether or not the run is over.
                 let view = tally_policy::View {
                     run: &run,
                     tool: None,
                     credential: None,
                 };
-                prepare_one(decide(policy, &self.policy.digest, view, &call, now).record)?;
-            }
-            if let Some(reason) = run.stop {
+                encode(&decide(policy, &self.policy.digest, view, &call, now).record)?;
                 // The run is over: nothing to decide, nothing recorded.
                 return Err(GateError::Stopped(Box::new(CheckAnswer {
                     decision: Verdict::Deny,
-                    reason: Some(reason),
+                    reason: run.stop,
                     action: Some(Action::Stop),
                     cause: None,
                     retry_after_ms: None,
                     timeout_ms: None,
                     attempt: None,
-                    limits: tally_policy::apply::standing(&run, Gate::clock(&run)),
+                    limits: tally_policy::apply::standing(&run, now),
                     seq: None,
                     hash: None,
                 })));
@@ -553,7 +555,7 @@ impl Gate {
                 let view = t.view(&call.run, Some(&call.tool), call.credential.as_deref());
                 decide(policy, &self.policy.digest, view, &call, now)
             };
-            let plaintext = prepare_one(decided.record.clone())?;
+            let plaintext = encode(&decided.record)?;
             let writes = {
                 let view = t.view_mut(&call.run, Some(&call.tool), call.credential.as_deref());
                 apply(policy, view, &decided.record, now);
@@ -594,7 +596,7 @@ impl Gate {
         let result = (|| {
             let mut t = self.tables()?;
             let policy = &self.policy.policy;
-            let run = t.any_run(&self.ledger, &req.run, caller)?;
+            let run = t.loaded(&self.ledger, &req.run, caller)?;
             if !run.allowed.contains(req.attempt) {
                 return Err(GateError::NoSuchAttempt {
                     run: req.run.clone(),
@@ -607,7 +609,7 @@ impl Gate {
                     attempt: req.attempt,
                 });
             }
-            let now = Gate::clock(&run);
+            let now = Gate::clock(run);
             let tool = run.tool_of(req.attempt).map(str::to_owned);
             let credential = run.credential.clone();
             if let Some(tool) = &tool {
@@ -631,8 +633,7 @@ impl Gate {
                 policy: Some(self.policy.digest.clone()),
                 ..Decision::default()
             };
-            let plaintext = prepare_one(record.clone())?;
-            t.reload_if_stopped(&run);
+            let plaintext = encode(&record)?;
             let view = t.view_mut(&req.run, tool.as_deref(), credential.as_deref());
             apply(policy, view, &record, now);
             let writes = t.entries(&req.run, tool.as_deref(), credential.as_deref());
@@ -689,7 +690,7 @@ impl Gate {
                 limits: Some(tally_policy::apply::standing(&state, now)),
                 ..Decision::default()
             };
-            let plaintext = prepare_one(record.clone())?;
+            let plaintext = encode(&record)?;
             let view = t.view_mut(run, None, None);
             apply(policy, view, &record, now);
             let writes = t.entries(run, None, None);
@@ -789,7 +790,7 @@ impl Gate {
             };
             tally_policy::approval::check(policy, &record)
                 .map_err(|e| GateError::ApprovalRefused(e.to_string()))?;
-            let plaintext = prepare_one(record.clone())?;
+            let plaintext = encode(&record)?;
             let view = t.view_mut(&a.run, None, None);
             apply(policy, view, &record, now);
             let writes = t.entries(&a.run, None, None);
@@ -887,10 +888,19 @@ fn blocking<T: Send + 'static>(f: impl FnOnce(Done<T>)) -> Result<T, GateError> 
         .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
 }
 
-fn prepare_one(record: Decision) -> Result<Vec<u8>, GateError> {
-    let mut p = tally_ledger::ledger::prepare(vec![record])?;
-    p.pop()
-        .ok_or_else(|| GateError::Unavailable("nothing to record".into()))
+/// The stored bytes of a record the gate built (no raw arguments in it): validated, in
+/// canonical form, within the size a decision may take.
+fn encode(record: &Decision) -> Result<Vec<u8>, GateError> {
+    record.validate()?;
+    let bytes = record.to_canonical_json();
+    if bytes.len() > tally_ledger::decision::MAX_DECISION_BYTES {
+        return Err(GateError::Invalid(tally_ledger::DecisionError::TooLong {
+            field: "decision",
+            len: bytes.len(),
+            max: tally_ledger::decision::MAX_DECISION_BYTES,
+        }));
+    }
+    Ok(bytes)
 }
 
 fn standing(run: &RunState) -> Standing {

@@ -32,25 +32,39 @@ fn pause_key(run: &str) -> Vec<u8> {
 }
 
 pub(crate) fn run_entry(run: &RunState) -> (Vec<u8>, Vec<u8>) {
-    (run_key(&run.run), to_json(run))
+    (run_key(&run.run), encode(run))
 }
 
 pub(crate) fn pause_entry(run: &str, paused: bool) -> (Vec<u8>, Vec<u8>) {
     (pause_key(run), vec![u8::from(paused)])
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    // Structs of numbers, strings and maps with string keys always serialize.
-    serde_json::to_vec(v).unwrap_or_default()
+/// The first byte of every stored state value: the encoding that follows (1: postcard).
+const STATE_FORMAT: u8 = 1;
+
+/// A state value as stored: compact (the state of every scope a decision touches is
+/// written with it, so its size is paid on every call).
+fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    let mut out = vec![STATE_FORMAT];
+    // Structs of numbers, strings, options and maps always serialize.
+    out.extend(postcard::to_allocvec(v).unwrap_or_default());
+    out
 }
 
-fn from_json<T: serde::de::DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, GateError> {
-    serde_json::from_slice(bytes).map_err(|e| {
+fn decode<T: serde::de::DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, GateError> {
+    let unreadable = |why: String| {
         GateError::Unavailable(format!(
-            "the gate's stored state under `{}` is unreadable: {e}",
+            "the gate's stored state under `{}` is unreadable: {why}",
             String::from_utf8_lossy(key)
         ))
-    })
+    };
+    match bytes.split_first() {
+        Some((&STATE_FORMAT, rest)) => {
+            postcard::from_bytes(rest).map_err(|e| unreadable(e.to_string()))
+        }
+        Some((other, _)) => Err(unreadable(format!("unknown state format {other}"))),
+        None => Err(unreadable("empty".into())),
+    }
 }
 
 #[derive(Default)]
@@ -66,7 +80,7 @@ impl Tables {
     pub fn load(ledger: &Ledger) -> Result<Tables, GateError> {
         let mut t = Tables::default();
         for (k, v) in ledger.state(b"r/")? {
-            let run: RunState = from_json(&k, &v)?;
+            let run: RunState = decode(&k, &v)?;
             if run.stop.is_none() {
                 t.runs.insert(run.run.clone(), run);
             }
@@ -79,11 +93,11 @@ impl Tables {
         }
         for (k, v) in ledger.state(b"t/")? {
             let name = String::from_utf8_lossy(&k[2..]).into_owned();
-            t.tools.insert(name, from_json(&k, &v)?);
+            t.tools.insert(name, decode(&k, &v)?);
         }
         for (k, v) in ledger.state(b"c/")? {
             let name = String::from_utf8_lossy(&k[2..]).into_owned();
-            t.credentials.insert(name, from_json(&k, &v)?);
+            t.credentials.insert(name, decode(&k, &v)?);
         }
         Ok(t)
     }
@@ -92,7 +106,7 @@ impl Tables {
         let key = run_key(run);
         match ledger.state_get(&key)? {
             Some(v) => {
-                let mut state: RunState = from_json(&key, &v)?;
+                let mut state: RunState = decode(&key, &v)?;
                 if let Some(p) = ledger.state_get(&pause_key(run))? {
                     state.paused = p.first() == Some(&1);
                 }
@@ -162,16 +176,31 @@ impl Tables {
         Ok(state)
     }
 
-    pub fn insert_run(&mut self, run: RunState) {
-        self.runs.insert(run.run.clone(), run);
+    /// Any run the gate governs, owned by the caller, read into memory if it was only
+    /// on disk (a stopped run: it is let go again later).
+    pub fn loaded(
+        &mut self,
+        ledger: &Ledger,
+        run: &str,
+        caller: Caller,
+    ) -> Result<&RunState, GateError> {
+        if !self.runs.contains_key(run) {
+            let state = Tables::stored(ledger, run)?
+                .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?;
+            Tables::owned(&state, caller)?;
+            self.runs.insert(run.to_owned(), state);
+            self.mark_stopped(run);
+        }
+        let state = self
+            .runs
+            .get(run)
+            .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?;
+        Tables::owned(state, caller)?;
+        Ok(state)
     }
 
-    /// A stopped run read back from the store for an outcome still to come.
-    pub fn reload_if_stopped(&mut self, run: &RunState) {
-        if !self.runs.contains_key(&run.run) {
-            self.runs.insert(run.run.clone(), run.clone());
-            self.mark_stopped(&run.run);
-        }
+    pub fn insert_run(&mut self, run: RunState) {
+        self.runs.insert(run.run.clone(), run);
     }
 
     /// The run stopped: keep it in memory a while, then let it go (it is on disk).
@@ -283,10 +312,10 @@ impl Tables {
             out.push(run_entry(r));
         }
         if let Some((name, t)) = tool.and_then(|n| self.tools.get(n).map(|t| (n, t))) {
-            out.push(([b"t/", name.as_bytes()].concat(), to_json(t)));
+            out.push(([b"t/", name.as_bytes()].concat(), encode(t)));
         }
         if let Some((name, c)) = credential.and_then(|n| self.credentials.get(n).map(|c| (n, c))) {
-            out.push(([b"c/", name.as_bytes()].concat(), to_json(c)));
+            out.push(([b"c/", name.as_bytes()].concat(), encode(c)));
         }
         out
     }

@@ -3,7 +3,8 @@
 //! Keys: `e` + seq of its first entry (u64 big-endian) -> a chunk of up to
 //! [`CHUNK_ENTRIES`] consecutive entries (closed early at [`CHUNK_BYTES`]), each as `len (u32 BE) | entry bytes`;
 //! `c` + size (u64 big-endian) -> checkpoint text; `s` + key -> derived state (the gate's
-//! counters, written in the batch of the decisions they follow from; never verified). Chunking keeps sled's per-key cost
+//! counters), and `d` + n -> a chunk of derived state written in the batch of the
+//! decisions it follows from, until folded into `s` keys (see `Deltas`); never verified. Chunking keeps sled's per-key cost
 //! per chunk, not per decision. A commit group is one `apply_batch` (atomic in sled),
 //! so entries and the checkpoint that seals them land together or not at all.
 //!
@@ -11,7 +12,7 @@
 //! drive's cache nor the file's metadata (sled issue #1452). After every flush we
 //! `fsync` the log file (`db`) ourselves; only then is a commit acknowledged.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -30,6 +31,8 @@ const ENTRY_PREFIX: u8 = b'e';
 const CHECKPOINT_PREFIX: u8 = b'c';
 /// Derived state (the gate's counters), never part of the chain: nothing verifies it.
 const STATE_PREFIX: u8 = b's';
+/// Derived state written since the last fold, one chunk per batch (see [`Deltas`]).
+const DELTA_PREFIX: u8 = b'd';
 
 fn key(prefix: u8, n: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
@@ -55,6 +58,62 @@ pub struct Store {
     /// see the error could take data it never wrote for durable. So once any fsync has
     /// failed, every later one fails too.
     fsync_failed: Mutex<Option<String>>,
+    /// Derived state changed since the last fold (see [`Deltas`]).
+    deltas: Mutex<Deltas>,
+}
+
+/// Derived state is written as one delta chunk per batch (`d` + chunk number), in the
+/// batch of the decisions it follows from: one sled insert per commit group however many
+/// keys changed. Every so often the chunks are folded into one value per key (`s` +
+/// key) and removed, in one atomic batch. A reader looks in the unfolded latest values
+/// first. After a crash, sled recovers a prefix of the batches; opening reads whatever
+/// chunks remain.
+#[derive(Default)]
+struct Deltas {
+    /// The latest value of each key written since the last fold.
+    latest: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The chunks that hold them.
+    chunks: Vec<u64>,
+    /// The next chunk's number.
+    next: u64,
+}
+
+/// Fold after this many chunks...
+const FOLD_CHUNKS: usize = 256;
+/// ...or this many distinct keys.
+const FOLD_KEYS: usize = 4096;
+
+fn encode_delta<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (k, v) in pairs {
+        out.extend_from_slice(&(k.len() as u32).to_be_bytes());
+        out.extend_from_slice(k);
+        out.extend_from_slice(&(v.len() as u32).to_be_bytes());
+        out.extend_from_slice(v);
+    }
+    out
+}
+
+fn decode_delta(n: u64, mut chunk: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let bad = || Error::Store(format!("malformed state delta chunk {n}"));
+    let take = |chunk: &mut &[u8]| -> Result<Vec<u8>> {
+        let len: [u8; 4] = chunk
+            .get(..4)
+            .ok_or_else(bad)?
+            .try_into()
+            .map_err(|_| bad())?;
+        let len = u32::from_be_bytes(len) as usize;
+        let bytes = chunk.get(4..4 + len).ok_or_else(bad)?.to_vec();
+        *chunk = &chunk[4 + len..];
+        Ok(bytes)
+    };
+    let mut out = Vec::new();
+    while !chunk.is_empty() {
+        let k = take(&mut chunk)?;
+        let v = take(&mut chunk)?;
+        out.push((k, v));
+    }
+    Ok(out)
 }
 
 impl Store {
@@ -87,12 +146,23 @@ impl Store {
         };
         let log_path = path.join("db");
         let log = File::open(&log_path).map_err(|e| Error::io(&log_path, e))?;
+        let mut deltas = Deltas::default();
+        for kv in db.scan_prefix([DELTA_PREFIX]) {
+            let (k, v) = kv.map_err(store_err)?;
+            let n = decode_key(&k)?;
+            for (key, value) in decode_delta(n, &v)? {
+                deltas.latest.insert(key, value);
+            }
+            deltas.chunks.push(n);
+            deltas.next = n + 1;
+        }
         Ok(Store {
             db,
             path,
             log,
             synced_blobs: Mutex::new(HashSet::new()),
             fsync_failed: Mutex::new(None),
+            deltas: Mutex::new(deltas),
         })
     }
 
@@ -119,7 +189,7 @@ impl Store {
     }
 
     /// [`Store::apply`], with derived state values (key, value) in the same atomic
-    /// batch, under their own key prefix; later values of one key replace earlier ones.
+    /// batch, as one delta chunk; later values of one key replace earlier ones.
     pub fn apply_with_state<'a>(
         &self,
         entries: &[(u64, Vec<u8>)],
@@ -127,11 +197,17 @@ impl Store {
         state: impl IntoIterator<Item = &'a (Vec<u8>, Vec<u8>)>,
     ) -> Result<()> {
         let mut batch = sled::Batch::default();
+        // The group's last value of each key.
+        let mut changed: BTreeMap<&[u8], &[u8]> = BTreeMap::new();
         for (k, v) in state {
-            let mut key = Vec::with_capacity(k.len() + 1);
-            key.push(STATE_PREFIX);
-            key.extend_from_slice(k);
-            batch.insert(key, v.as_slice());
+            changed.insert(k.as_slice(), v.as_slice());
+        }
+        // Held across the batch, so chunks are numbered in the order they are applied.
+        let mut deltas = self.deltas.lock().unwrap_or_else(|e| e.into_inner());
+        let chunk = deltas.next;
+        if !changed.is_empty() {
+            let value = encode_delta(changed.iter().map(|(k, v)| (*k, *v)));
+            batch.insert(&key(DELTA_PREFIX, chunk), value);
         }
         let mut value: Vec<u8> = Vec::new();
         let (mut first, mut count) = (0, 0);
@@ -153,7 +229,36 @@ impl Store {
         if let Some((size, text)) = checkpoint {
             batch.insert(&key(CHECKPOINT_PREFIX, size), text);
         }
-        self.db.apply_batch(batch).map_err(store_err)
+        self.db.apply_batch(batch).map_err(store_err)?;
+        if !changed.is_empty() {
+            deltas.chunks.push(chunk);
+            deltas.next = chunk + 1;
+            for (k, v) in changed {
+                deltas.latest.insert(k.to_vec(), v.to_vec());
+            }
+            if deltas.chunks.len() >= FOLD_CHUNKS || deltas.latest.len() >= FOLD_KEYS {
+                self.fold(&mut deltas)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write each key's latest value in its own place and remove the chunks, atomically.
+    fn fold(&self, deltas: &mut Deltas) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        for (k, v) in &deltas.latest {
+            let mut key = Vec::with_capacity(k.len() + 1);
+            key.push(STATE_PREFIX);
+            key.extend_from_slice(k);
+            batch.insert(key, v.as_slice());
+        }
+        for n in &deltas.chunks {
+            batch.remove(&key(DELTA_PREFIX, *n));
+        }
+        self.db.apply_batch(batch).map_err(store_err)?;
+        deltas.latest.clear();
+        deltas.chunks.clear();
+        Ok(())
     }
 
     /// Flush sled and fsync its log file: after this returns, everything applied before
@@ -227,21 +332,37 @@ impl Store {
         Ok(())
     }
 
-    /// Every state value whose key (without the store's prefix) starts with `prefix`.
+    /// Every state value whose key (without the store's prefix) starts with `prefix`,
+    /// in key order.
     pub fn state(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut p = vec![STATE_PREFIX];
         p.extend_from_slice(prefix);
-        self.db
-            .scan_prefix(p)
-            .map(|kv| {
-                let (k, v) = kv.map_err(store_err)?;
-                Ok((k[1..].to_vec(), v.to_vec()))
-            })
-            .collect()
+        let mut all = BTreeMap::new();
+        for kv in self.db.scan_prefix(p) {
+            let (k, v) = kv.map_err(store_err)?;
+            all.insert(k[1..].to_vec(), v.to_vec());
+        }
+        let deltas = self.deltas.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, v) in deltas.latest.range(prefix.to_vec()..) {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            all.insert(k.clone(), v.clone());
+        }
+        Ok(all.into_iter().collect())
     }
 
     /// The state value under exactly `key` (without the store's prefix).
     pub fn state_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(v) = self
+            .deltas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .latest
+            .get(key)
+        {
+            return Ok(Some(v.clone()));
+        }
         let mut k = vec![STATE_PREFIX];
         k.extend_from_slice(key);
         Ok(self.db.get(k).map_err(store_err)?.map(|v| v.to_vec()))

@@ -129,6 +129,7 @@ pub struct Grant {
     /// Who approved.
     pub approver: String,
     /// What was approved.
+    #[serde(with = "scope_fields")]
     pub scope: Scope,
     /// Run time after which it is void, ms.
     pub expires_ms: u64,
@@ -154,6 +155,7 @@ pub struct RunState {
     /// The uid that started it (only it may act on the run).
     pub owner_uid: Option<u32>,
     /// The budget granted at start.
+    #[serde(with = "budget_fields")]
     pub budget: Budget,
     /// Wall time of run time 0, ms.
     pub start_wall_ms: u64,
@@ -258,7 +260,7 @@ impl Bucket {
 
 /// A downstream tool's breaker.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Breaker {
     /// Calls pass; consecutive failures are counted.
     Closed {
@@ -343,6 +345,68 @@ pub struct CredentialState {
     pub period_start_ms: u64,
     /// Cents reserved or settled in the period.
     pub spent_cents: u64,
+}
+
+/// `Budget` and `Scope` omit absent fields in JSON; state is also kept in formats that
+/// need every field in order, so state writes them as plain tuples.
+mod budget_fields {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use tally_record::decision::Budget;
+
+    type Fields = (
+        Option<u64>,
+        Option<u64>,
+        Option<u64>,
+        Option<u64>,
+        Option<u64>,
+        Option<u64>,
+    );
+
+    pub fn serialize<S: Serializer>(b: &Budget, s: S) -> Result<S::Ok, S::Error> {
+        (
+            b.attempts,
+            b.deadline_ms,
+            b.spend_cents,
+            b.side_effects,
+            b.polls,
+            b.depth,
+        )
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Budget, D::Error> {
+        let (attempts, deadline_ms, spend_cents, side_effects, polls, depth) =
+            Fields::deserialize(d)?;
+        Ok(Budget {
+            attempts,
+            deadline_ms,
+            spend_cents,
+            side_effects,
+            polls,
+            depth,
+        })
+    }
+}
+
+mod scope_fields {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use tally_record::decision::Scope;
+
+    type Fields = (Option<u64>, Option<u64>, Option<String>, Option<String>);
+
+    pub fn serialize<S: Serializer>(sc: &Scope, s: S) -> Result<S::Ok, S::Error> {
+        (sc.attempts, sc.cents, &sc.tool, &sc.operation).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Scope, D::Error> {
+        let (attempts, cents, tool, operation) = Fields::deserialize(d)?;
+        Ok(Scope {
+            attempts,
+            cents,
+            tool,
+            operation,
+        })
+    }
 }
 
 /// A stable id of one call (run and attempt) for tool state, which must not grow with
