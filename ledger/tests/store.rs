@@ -471,7 +471,7 @@ fn derived_state_reads_its_latest_value_across_folds_and_reopens() {
         assert_eq!(all, expect);
         assert_eq!(
             l.state_get(b"r/k7").unwrap(),
-            expect.get(&b"r/k7".to_vec()).cloned()
+            expect.get(b"r/k7".as_slice()).cloned()
         );
         assert_eq!(l.state_get(b"r/none").unwrap(), None);
         assert_eq!(l.state(b"x/").unwrap(), vec![]);
