@@ -19,11 +19,12 @@
 //!   holds no state for is refused, never given a fresh budget.
 #![forbid(unsafe_code)]
 
+pub mod backend;
 mod error;
 mod tables;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -31,8 +32,8 @@ use tally_ledger::decision::{Budget, Limit, Scope};
 use tally_ledger::{Action, Decision, Kind, Ledger, Reason, Receipt, Status};
 use tally_policy::{apply, decide, Call, Now, Recorded, RunState, Verdict, ViewMut};
 
+use backend::{Embedded, Scopes, StateBackend, StateTxn};
 pub use error::GateError;
-use tables::Tables;
 
 /// Who is asking: the peer's uid as the socket reports it (`None` in-process).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -262,16 +263,29 @@ pub struct Standing {
 
 type Done<T> = Box<dyn FnOnce(Result<T, GateError>) + Send>;
 
-/// The live gate over one ledger (the embedded state backend: the ledger's own store).
-pub struct Gate {
+/// The live gate over one ledger, with its state in a [`StateBackend`] (by default
+/// [`Embedded`]: the ledger's own store).
+pub struct Gate<B: StateBackend = Embedded> {
     ledger: Arc<Ledger>,
     policy: Recorded,
-    tables: Mutex<Tables>,
+    /// The policy record's stored bytes (checked when the gate opens).
+    policy_record: Vec<u8>,
+    backend: B,
     failure: Arc<Mutex<Option<String>>>,
     /// Whether the ledger already holds this policy as its last policy record. If not,
     /// the first decision made under it carries the policy record in its own commit, just
     /// before it: no gate decision is ever recorded before the policy it was made under.
     policy_recorded: std::sync::atomic::AtomicBool,
+}
+
+/// The gate's clock for a run: wall time, and the run's own (never going back).
+fn clock(run: &RunState) -> Now {
+    let wall = now_ms();
+    let at = wall.saturating_sub(run.start_wall_ms).max(run.last_ms);
+    Now {
+        wall_ms: wall.max(run.start_wall_ms.saturating_add(at)),
+        at_ms: Some(at),
+    }
 }
 
 fn now_ms() -> u64 {
@@ -281,16 +295,76 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-impl Gate {
-    /// Open the gate over `ledger` under `policy`: load the durable state. The policy is
+/// The scopes a decision touched, to commit with it.
+struct Touched {
+    run: String,
+    tool: Option<String>,
+    credential: Option<String>,
+}
+
+impl Touched {
+    fn run(run: &str) -> Touched {
+        Touched {
+            run: run.to_owned(),
+            tool: None,
+            credential: None,
+        }
+    }
+
+    fn scopes(&self) -> Scopes<'_> {
+        Scopes {
+            run: &self.run,
+            tool: self.tool.as_deref(),
+            credential: self.credential.as_deref(),
+        }
+    }
+}
+
+/// A run in the transaction that has not stopped.
+fn live<'t, T: StateTxn>(
+    t: &'t mut T,
+    run: &str,
+    caller: Caller,
+) -> Result<&'t RunState, GateError> {
+    let state = t.run(run, caller)?;
+    match state.stop {
+        Some(reason) => Err(GateError::RunStopped {
+            run: run.to_owned(),
+            reason,
+        }),
+        None => Ok(state),
+    }
+}
+
+impl Gate<Embedded> {
+    /// Open the gate over `ledger` under `policy`, its state in the ledger's own store.
+    pub fn open(ledger: Arc<Ledger>, policy: Recorded) -> Result<Gate<Embedded>, GateError> {
+        let backend = Embedded::open(Arc::clone(&ledger))?;
+        Gate::with_backend(ledger, backend, policy)
+    }
+}
+
+impl<B: StateBackend> Gate<B> {
+    /// Open the gate over `ledger` under `policy`, its state in `backend`. The policy is
     /// recorded in the ledger (if it is not the one last recorded) in the commit of the
     /// first decision made under it.
-    pub fn open(ledger: Arc<Ledger>, policy: Recorded) -> Result<Gate, GateError> {
-        let tables = Tables::load(&ledger)?;
+    pub fn with_backend(
+        ledger: Arc<Ledger>,
+        backend: B,
+        policy: Recorded,
+    ) -> Result<Gate<B>, GateError> {
+        // A policy whose record cannot be stored is refused now, not at the first call.
+        let policy_record = encode(&Decision {
+            kind: Some(Kind::Policy),
+            policy: Some(policy.digest.clone()),
+            policy_text: Some(policy.text.clone()),
+            ..Decision::default()
+        })?;
         let gate = Gate {
             ledger,
             policy,
-            tables: Mutex::new(tables),
+            policy_record,
+            backend,
             failure: Arc::new(Mutex::new(None)),
             policy_recorded: std::sync::atomic::AtomicBool::new(false),
         };
@@ -319,49 +393,44 @@ impl Gate {
             .clone()
     }
 
-    fn tables(&self) -> Result<MutexGuard<'_, Tables>, GateError> {
+    fn begin(&self) -> Result<B::Txn<'_>, GateError> {
         if let Some(why) = self.failure() {
             return Err(GateError::Unavailable(why));
         }
-        self.tables
-            .lock()
-            .map_err(|_| GateError::Unavailable("the gate's state lock was poisoned".into()))
+        self.backend.begin()
     }
 
-    /// Queue `record` with the state it leaves; `answer` turns the receipt into the reply.
+    /// Commit `record` with the state of the scopes it touched; `answer` turns the
+    /// receipt into the reply.
     fn submit<T: Send + 'static>(
         &self,
+        t: B::Txn<'_>,
         plaintext: Vec<u8>,
-        state: Vec<(Vec<u8>, Vec<u8>)>,
+        touched: &[Touched],
         answer: impl FnOnce(Receipt) -> T + Send + 'static,
         done: Done<T>,
     ) {
         let failure = Arc::clone(&self.failure);
         let mut plaintexts = Vec::with_capacity(2);
-        let mut state = state;
-        // Called with the tables locked, so exactly one decision carries the policy.
+        let mut ledger_state = Vec::new();
+        // Called inside the transaction, so exactly one decision carries the policy.
         if !self
             .policy_recorded
             .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
-            let record = Decision {
-                kind: Some(Kind::Policy),
-                policy: Some(self.policy.digest.clone()),
-                policy_text: Some(self.policy.text.clone()),
-                ..Decision::default()
-            };
-            match encode(&record) {
-                Ok(p) => plaintexts.push(p),
-                Err(e) => return done(Err(e)),
-            }
-            state.push((
+            plaintexts.push(self.policy_record.clone());
+            ledger_state.push((
                 tables::POLICY_KEY.to_vec(),
                 self.policy.digest.as_bytes().to_vec(),
             ));
         }
         plaintexts.push(plaintext);
-        self.ledger
-            .submit_with_state(plaintexts, state, move |result| match result {
+        let scopes: Vec<Scopes<'_>> = touched.iter().map(Touched::scopes).collect();
+        t.commit(
+            plaintexts,
+            &scopes,
+            ledger_state,
+            Box::new(move |result| match result {
                 Ok(receipts) => match receipts.last() {
                     Some(r) => done(Ok(answer(*r))),
                     None => done(Err(GateError::Unavailable(
@@ -376,24 +445,18 @@ impl Gate {
                         .get_or_insert(why.clone());
                     done(Err(GateError::Unavailable(why)));
                 }
-            });
-    }
-
-    fn clock(run: &RunState) -> Now {
-        let wall = now_ms();
-        let at = wall.saturating_sub(run.start_wall_ms).max(run.last_ms);
-        Now {
-            wall_ms: wall.max(run.start_wall_ms.saturating_add(at)),
-            at_ms: Some(at),
-        }
+            }),
+        );
     }
 
     /// Start a run. `done` gets the granted budget once the start record is durable.
     pub fn start(&self, caller: Caller, req: StartRequest, done: Done<Started>) {
         let result = (|| {
-            let mut t = self.tables()?;
+            let mut t = self.begin()?;
             let policy = &self.policy.policy;
-            t.check_new_run(&self.ledger, &req.run)?;
+            if !t.is_new(&req.run)? {
+                return Err(GateError::RunExists(req.run.clone()));
+            }
             if let Some(uid) = caller.uid {
                 if t.open_runs_of(uid) >= policy.max_open_runs_per_uid {
                     return Err(GateError::TooManyRuns {
@@ -403,12 +466,12 @@ impl Gate {
                 }
             }
             let parent = match &req.parent {
-                Some(p) => Some(t.live_run(&self.ledger, p, caller)?.clone()),
+                Some(p) => Some(live(&mut t, p, caller)?.clone()),
                 None => None,
             };
             let continued = match &req.continues {
                 Some(c) => {
-                    let old = t.any_run(&self.ledger, c, caller)?;
+                    let old = t.run(c, caller)?.clone();
                     if old.stop.is_none() {
                         return Err(GateError::NotStopped(c.clone()));
                     }
@@ -460,14 +523,13 @@ impl Gate {
             if let Some(old) = &continued {
                 tally_policy::state::carry_over(&mut run, old);
             }
-            let mut writes = vec![tables::run_entry(&run)];
+            let mut writes = vec![Touched::run(&req.run)];
             if let Some(p) = &req.parent {
                 let parent = t
-                    .runs
-                    .get_mut(p)
+                    .run_mut(p)
                     .ok_or_else(|| GateError::RunNotFound(p.clone()))?;
                 tally_policy::delegate(parent, &budget);
-                writes.push(tables::run_entry(parent));
+                writes.push(Touched::run(p));
             }
             t.insert_run(run);
             let digest = self.policy.digest.clone();
@@ -486,11 +548,8 @@ impl Gate {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => {
-                // Queued under the lock: the ledger's order is the state's order.
-                self.submit(plaintext, writes, answer, done);
-                drop(t);
-            }
+            // Queued inside the transaction: the ledger's order is the state's order.
+            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
             Err(e) => done(Err(e)),
         }
     }
@@ -500,11 +559,11 @@ impl Gate {
         // Hashing the arguments needs no state: done before the lock.
         let args_digest = req.args.as_ref().map(tally_ledger::decision::args_digest);
         let result = (|| {
-            let mut t = self.tables()?;
+            let mut t = self.begin()?;
             let policy = &self.policy.policy;
             let (stopped, run_credential, now) = {
-                let run = t.loaded(&self.ledger, &req.run, caller)?;
-                (run.stop.is_some(), run.credential.clone(), Gate::clock(run))
+                let run = t.run(&req.run, caller)?;
+                (run.stop.is_some(), run.credential.clone(), clock(run))
             };
             let call = Call {
                 run: req.run.clone(),
@@ -525,7 +584,7 @@ impl Gate {
                 uid: caller.uid,
             };
             if stopped {
-                let run = t.loaded(&self.ledger, &req.run, caller)?.clone();
+                let run = t.run(&req.run, caller)?.clone();
                 // Bad input is refused the same whether or not the run is over.
                 let view = tally_policy::View {
                     run: &run,
@@ -549,17 +608,29 @@ impl Gate {
             }
             t.ensure_tool(&call.tool, now.wall_ms, policy)?;
             if let Some(c) = &call.credential {
-                t.ensure_credential(c, now.wall_ms, policy)?;
+                t.ensure_credential(c)?;
             }
             let decided = {
-                let view = t.view(&call.run, Some(&call.tool), call.credential.as_deref());
-                decide(policy, &self.policy.digest, view, &call, now)
+                let scopes = Scopes {
+                    run: &call.run,
+                    tool: Some(&call.tool),
+                    credential: call.credential.as_deref(),
+                };
+                decide(policy, &self.policy.digest, t.view(&scopes), &call, now)
             };
             let plaintext = encode(&decided.record)?;
             let writes = {
-                let view = t.view_mut(&call.run, Some(&call.tool), call.credential.as_deref());
-                apply(policy, view, &decided.record, now);
-                t.entries(&call.run, Some(&call.tool), call.credential.as_deref())
+                let scopes = Scopes {
+                    run: &call.run,
+                    tool: Some(&call.tool),
+                    credential: call.credential.as_deref(),
+                };
+                apply(policy, t.view_mut(&scopes), &decided.record, now);
+                vec![Touched {
+                    run: call.run.clone(),
+                    tool: Some(call.tool.clone()),
+                    credential: call.credential.clone(),
+                }]
             };
             let record = decided.record;
             let cause = decided.cause;
@@ -583,10 +654,7 @@ impl Gate {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => {
-                self.submit(plaintext, writes, answer, done);
-                drop(t);
-            }
+            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
             Err(e) => done(Err(e)),
         }
     }
@@ -594,9 +662,9 @@ impl Gate {
     /// Record what an allowed call did.
     pub fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>) {
         let result = (|| {
-            let mut t = self.tables()?;
+            let mut t = self.begin()?;
             let policy = &self.policy.policy;
-            let run = t.loaded(&self.ledger, &req.run, caller)?;
+            let run = t.run(&req.run, caller)?;
             if !run.allowed.contains(req.attempt) {
                 return Err(GateError::NoSuchAttempt {
                     run: req.run.clone(),
@@ -609,14 +677,14 @@ impl Gate {
                     attempt: req.attempt,
                 });
             }
-            let now = Gate::clock(run);
+            let now = clock(run);
             let tool = run.tool_of(req.attempt).map(str::to_owned);
             let credential = run.credential.clone();
             if let Some(tool) = &tool {
                 t.ensure_tool(tool, now.wall_ms, policy)?;
             }
             if let Some(c) = &credential {
-                t.ensure_credential(c, now.wall_ms, policy)?;
+                t.ensure_credential(c)?;
             }
             let record = Decision {
                 run: req.run.clone(),
@@ -634,14 +702,17 @@ impl Gate {
                 ..Decision::default()
             };
             let plaintext = encode(&record)?;
-            let view = t.view_mut(&req.run, tool.as_deref(), credential.as_deref());
-            apply(policy, view, &record, now);
-            let writes = t.entries(&req.run, tool.as_deref(), credential.as_deref());
+            let touched = Touched {
+                run: req.run.clone(),
+                tool,
+                credential,
+            };
+            apply(policy, t.view_mut(&touched.scopes()), &record, now);
             let limits = t
-                .runs
-                .get(&req.run)
+                .run_mut(&req.run)
                 .map(|r| tally_policy::apply::standing(r, now))
                 .unwrap_or_default();
+            let writes = vec![touched];
             Ok((
                 plaintext,
                 writes,
@@ -654,10 +725,7 @@ impl Gate {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => {
-                self.submit(plaintext, writes, answer, done);
-                drop(t);
-            }
+            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
             Err(e) => done(Err(e)),
         }
     }
@@ -666,9 +734,9 @@ impl Gate {
     /// (a kill: `killed_by_operator`).
     pub fn stop(&self, caller: Caller, run: &str, req: StopRequest, done: Done<Logged>) {
         let result = (|| {
-            let mut t = self.tables()?;
+            let mut t = self.begin()?;
             let policy = &self.policy.policy;
-            let state = t.live_run(&self.ledger, run, caller)?.clone();
+            let state = live(&mut t, run, caller)?.clone();
             let reason = match (caller.operator, req.reason) {
                 (true, r) => r.unwrap_or(Reason::KilledByOperator),
                 (false, Some(Reason::KilledByOperator)) => {
@@ -678,7 +746,7 @@ impl Gate {
                 }
                 (false, r) => r.unwrap_or(Reason::Completed),
             };
-            let now = Gate::clock(&state);
+            let now = clock(&state);
             let record = Decision {
                 run: run.to_owned(),
                 kind: Some(Kind::Stop),
@@ -691,9 +759,8 @@ impl Gate {
                 ..Decision::default()
             };
             let plaintext = encode(&record)?;
-            let view = t.view_mut(run, None, None);
-            apply(policy, view, &record, now);
-            let writes = t.entries(run, None, None);
+            apply(policy, t.view_mut(&Scopes::run(run)), &record, now);
+            let writes = vec![Touched::run(run)];
             t.mark_stopped(run);
             let limits = tally_policy::apply::standing(&state, now);
             Ok((
@@ -708,10 +775,7 @@ impl Gate {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => {
-                self.submit(plaintext, writes, answer, done);
-                drop(t);
-            }
+            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
             Err(e) => done(Err(e)),
         }
     }
@@ -724,16 +788,10 @@ impl Gate {
                 "pause and resume are the operator's".into(),
             ));
         }
-        let mut t = self.tables()?;
-        let _ = t.live_run(&self.ledger, run, caller)?;
-        self.ledger
-            .put_state_durable(&[tables::pause_entry(run, paused)])?;
-        let state = t
-            .runs
-            .get_mut(run)
-            .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?;
-        state.paused = paused;
-        Ok(standing(state))
+        let mut t = self.begin()?;
+        let _ = live(&mut t, run, caller)?;
+        t.set_paused(run, paused)?;
+        Ok(standing(t.run(run, caller)?))
     }
 
     /// Record a human's approval for a run, once its signature, approver and digest
@@ -746,10 +804,10 @@ impl Gate {
                     "approvals arrive on the operator socket".into(),
                 ));
             }
-            let mut t = self.tables()?;
+            let mut t = self.begin()?;
             let policy = &self.policy.policy;
-            let state = t.live_run(&self.ledger, &a.run, caller)?.clone();
-            let now = Gate::clock(&state);
+            let state = live(&mut t, &a.run, caller)?.clone();
+            let now = clock(&state);
             let at = now.at_ms.unwrap_or(0);
             if state.budget.deadline_ms.is_some_and(|d| at >= d) {
                 return Err(GateError::ApprovalRefused(
@@ -791,9 +849,8 @@ impl Gate {
             tally_policy::approval::check(policy, &record)
                 .map_err(|e| GateError::ApprovalRefused(e.to_string()))?;
             let plaintext = encode(&record)?;
-            let view = t.view_mut(&a.run, None, None);
-            apply(policy, view, &record, now);
-            let writes = t.entries(&a.run, None, None);
+            apply(policy, t.view_mut(&Scopes::run(&a.run)), &record, now);
+            let writes = vec![Touched::run(&a.run)];
             let limits = tally_policy::apply::standing(&state, now);
             Ok((
                 plaintext,
@@ -807,27 +864,23 @@ impl Gate {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => {
-                self.submit(plaintext, writes, answer, done);
-                drop(t);
-            }
+            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
             Err(e) => done(Err(e)),
         }
     }
 
     /// Where a run stands.
     pub fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError> {
-        let mut t = self.tables()?;
-        let state = t.any_run(&self.ledger, run, caller)?;
-        Ok(standing(&state))
+        let mut t = self.begin()?;
+        Ok(standing(t.run(run, caller)?))
     }
 
     /// The runs the gate holds in memory (open runs, and recently stopped ones): every
     /// one for the operator, the caller's own for an agent.
     pub fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError> {
-        let t = self.tables()?;
-        Ok(t.runs
-            .values()
+        let t = self.begin()?;
+        Ok(t.runs()
+            .into_iter()
             .filter(|r| caller.operator || r.owner_uid == caller.uid)
             .map(standing)
             .collect())
@@ -836,8 +889,8 @@ impl Gate {
     /// Whether the gate governs `run` (it started through the gate): raw appends for it
     /// are refused.
     pub fn governs(&self, run: &str) -> Result<bool, GateError> {
-        let t = self.tables()?;
-        Ok(t.runs.contains_key(run) || self.ledger.state_get(&tables::run_key(run))?.is_some())
+        let mut t = self.begin()?;
+        Ok(!t.is_new(run)?)
     }
 
     /// Blocking forms, for an in-process gate.
@@ -904,7 +957,7 @@ fn encode(record: &Decision) -> Result<Vec<u8>, GateError> {
 }
 
 fn standing(run: &RunState) -> Standing {
-    let now = Gate::clock(run);
+    let now = clock(run);
     Standing {
         run: run.run.clone(),
         state: if run.stop.is_some() {

@@ -141,41 +141,6 @@ impl Tables {
         }
     }
 
-    /// A run that is in memory, owned by the caller and not stopped.
-    pub fn live_run(
-        &mut self,
-        ledger: &Ledger,
-        run: &str,
-        caller: Caller,
-    ) -> Result<&RunState, GateError> {
-        let state = self.any_run(ledger, run, caller)?;
-        if let Some(reason) = state.stop {
-            return Err(GateError::RunStopped {
-                run: run.to_owned(),
-                reason,
-            });
-        }
-        self.runs
-            .get(run)
-            .ok_or_else(|| GateError::RunNotFound(run.to_owned()))
-    }
-
-    /// Any run the gate governs, from memory or the store, owned by the caller.
-    pub fn any_run(
-        &mut self,
-        ledger: &Ledger,
-        run: &str,
-        caller: Caller,
-    ) -> Result<RunState, GateError> {
-        let state = match self.runs.get(run) {
-            Some(s) => s.clone(),
-            None => Tables::stored(ledger, run)?
-                .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?,
-        };
-        Tables::owned(&state, caller)?;
-        Ok(state)
-    }
-
     /// Any run the gate governs, owned by the caller, read into memory if it was only
     /// on disk (a stopped run: it is let go again later).
     pub fn loaded(
@@ -251,12 +216,7 @@ impl Tables {
         Ok(())
     }
 
-    pub fn ensure_credential(
-        &mut self,
-        credential: &str,
-        _now_ms: u64,
-        _policy: &Policy,
-    ) -> Result<(), GateError> {
+    pub fn ensure_credential(&mut self, credential: &str) -> Result<(), GateError> {
         if self.credentials.contains_key(credential) {
             return Ok(());
         }

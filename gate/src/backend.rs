@@ -1,0 +1,210 @@
+//! The seam between the gate and where its state lives (DESIGN: the backend owns the
+//! atomicity; the policy core is pure and knows nothing of it).
+//!
+//! A decision is one transaction: [`StateBackend::begin`], read the scopes it touches
+//! (the run, its tool, its credential) in that fixed order, decide and apply with the
+//! core, then [`StateTxn::commit`] with the decision's bytes. A backend guarantees:
+//!
+//! * isolation: no other transaction sees or changes those scopes between the read and
+//!   the commit (the embedded backend holds one lock; a networked one locks rows in the
+//!   fixed order);
+//! * order: the decision is queued for the ledger before the scopes are released, so a
+//!   scope's order in the ledger is the order its state changed;
+//! * durability never behind the ledger: the state a decision leaves is durable no later
+//!   than the decision (the embedded backend writes both in one store batch; a networked
+//!   one commits the state first, which can only leave it ahead, the conservative side).
+
+use tally_ledger::{Ledger, Receipt};
+use tally_policy::{Policy, RunState, View, ViewMut};
+
+use crate::tables::{self, Tables};
+use crate::{Caller, GateError};
+
+/// The scopes whose state one decision reads and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct Scopes<'a> {
+    /// The run.
+    pub run: &'a str,
+    /// The downstream tool, if the decision touches one.
+    pub tool: Option<&'a str>,
+    /// The credential, if the decision touches one.
+    pub credential: Option<&'a str>,
+}
+
+impl<'a> Scopes<'a> {
+    /// The run alone.
+    pub fn run(run: &'a str) -> Scopes<'a> {
+        Scopes {
+            run,
+            tool: None,
+            credential: None,
+        }
+    }
+}
+
+/// Called once the decisions of a commit are durable (their receipts), or with the error
+/// that refused them.
+pub type Committed = Box<dyn FnOnce(tally_ledger::Result<Vec<Receipt>>) + Send>;
+
+/// Where the gate's state lives.
+pub trait StateBackend: Send + Sync {
+    /// One open transaction.
+    type Txn<'a>: StateTxn
+    where
+        Self: 'a;
+
+    /// Begin a transaction.
+    fn begin(&self) -> Result<Self::Txn<'_>, GateError>;
+}
+
+/// One transaction over the gate's state. Dropped without [`StateTxn::commit`], it
+/// keeps nothing durable (what it changed in memory is ahead of the ledger: conservative).
+pub trait StateTxn {
+    /// Whether no run of this name was ever started (a run name is never reused).
+    fn is_new(&mut self, run: &str) -> Result<bool, GateError>;
+    /// A run the gate governs, owned by `caller` (or the operator).
+    fn run(&mut self, run: &str, caller: Caller) -> Result<&RunState, GateError>;
+    /// A run already read in this transaction, to change.
+    fn run_mut(&mut self, run: &str) -> Option<&mut RunState>;
+    /// A new run.
+    fn insert_run(&mut self, run: RunState);
+    /// Open runs started by `uid`.
+    fn open_runs_of(&self, uid: u32) -> u64;
+    /// The runs held (open ones, and recently stopped ones).
+    fn runs(&self) -> Vec<&RunState>;
+    /// Read (or create) a tool's state.
+    fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError>;
+    /// Read (or create) a credential's state.
+    fn ensure_credential(&mut self, credential: &str) -> Result<(), GateError>;
+    /// The scopes, to decide from.
+    fn view(&self, scopes: &Scopes<'_>) -> View<'_>;
+    /// The scopes, to apply a decision to.
+    fn view_mut(&mut self, scopes: &Scopes<'_>) -> ViewMut<'_>;
+    /// The run stopped.
+    fn mark_stopped(&mut self, run: &str);
+    /// Pause or resume a run, durably, before returning.
+    fn set_paused(&mut self, run: &str, paused: bool) -> Result<(), GateError>;
+    /// Queue `plaintexts` with the state of `scopes` (and `ledger_state`, kept with the
+    /// ledger itself), then release the transaction.
+    fn commit(
+        self,
+        plaintexts: Vec<Vec<u8>>,
+        scopes: &[Scopes<'_>],
+        ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
+        done: Committed,
+    );
+}
+
+/// The embedded backend: the gate's tables in memory, durable in the ledger's own store,
+/// written in the batch of the decisions they follow from.
+pub struct Embedded {
+    ledger: std::sync::Arc<Ledger>,
+    tables: std::sync::Mutex<Tables>,
+}
+
+impl Embedded {
+    /// Load the durable state from the ledger's store.
+    pub fn open(ledger: std::sync::Arc<Ledger>) -> Result<Embedded, GateError> {
+        let tables = Tables::load(&ledger)?;
+        Ok(Embedded {
+            ledger,
+            tables: std::sync::Mutex::new(tables),
+        })
+    }
+}
+
+/// A transaction of the embedded backend: its one lock, held until commit.
+pub struct EmbeddedTxn<'a> {
+    ledger: &'a Ledger,
+    t: std::sync::MutexGuard<'a, Tables>,
+}
+
+impl StateBackend for Embedded {
+    type Txn<'a> = EmbeddedTxn<'a>;
+
+    fn begin(&self) -> Result<EmbeddedTxn<'_>, GateError> {
+        let t = self
+            .tables
+            .lock()
+            .map_err(|_| GateError::Unavailable("the gate's state lock was poisoned".into()))?;
+        Ok(EmbeddedTxn {
+            ledger: &self.ledger,
+            t,
+        })
+    }
+}
+
+impl StateTxn for EmbeddedTxn<'_> {
+    fn is_new(&mut self, run: &str) -> Result<bool, GateError> {
+        match self.t.check_new_run(self.ledger, run) {
+            Ok(()) => Ok(true),
+            Err(GateError::RunExists(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn run(&mut self, run: &str, caller: Caller) -> Result<&RunState, GateError> {
+        self.t.loaded(self.ledger, run, caller)
+    }
+
+    fn run_mut(&mut self, run: &str) -> Option<&mut RunState> {
+        self.t.runs.get_mut(run)
+    }
+
+    fn insert_run(&mut self, run: RunState) {
+        self.t.insert_run(run);
+    }
+
+    fn open_runs_of(&self, uid: u32) -> u64 {
+        self.t.open_runs_of(uid)
+    }
+
+    fn runs(&self) -> Vec<&RunState> {
+        self.t.runs.values().collect()
+    }
+
+    fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError> {
+        self.t.ensure_tool(tool, now_ms, policy)
+    }
+
+    fn ensure_credential(&mut self, credential: &str) -> Result<(), GateError> {
+        self.t.ensure_credential(credential)
+    }
+
+    fn view(&self, s: &Scopes<'_>) -> View<'_> {
+        self.t.view(s.run, s.tool, s.credential)
+    }
+
+    fn view_mut(&mut self, s: &Scopes<'_>) -> ViewMut<'_> {
+        self.t.view_mut(s.run, s.tool, s.credential)
+    }
+
+    fn mark_stopped(&mut self, run: &str) {
+        self.t.mark_stopped(run);
+    }
+
+    fn set_paused(&mut self, run: &str, paused: bool) -> Result<(), GateError> {
+        self.ledger
+            .put_state_durable(&[tables::pause_entry(run, paused)])?;
+        if let Some(r) = self.t.runs.get_mut(run) {
+            r.paused = paused;
+        }
+        Ok(())
+    }
+
+    fn commit(
+        self,
+        plaintexts: Vec<Vec<u8>>,
+        scopes: &[Scopes<'_>],
+        mut ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
+        done: Committed,
+    ) {
+        for s in scopes {
+            ledger_state.extend(self.t.entries(s.run, s.tool, s.credential));
+        }
+        // Queued under the lock: the ledger's order is the state's order.
+        self.ledger
+            .submit_with_state(plaintexts, ledger_state, done);
+        drop(self.t);
+    }
+}
