@@ -152,3 +152,25 @@ fn a_refusal_the_policy_would_not_make_is_reported() {
         }
     );
 }
+
+/// A policy whose record would not fit a decision (12 KiB of newlines escape to 24 KiB)
+/// is refused when the gate opens, not at its first decision.
+#[test]
+fn a_policy_too_large_to_record_is_refused_when_the_gate_opens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auditor = AuditorKey::generate();
+    Ledger::init(
+        &dir.path().join("l"),
+        &auditor.public(),
+        Rotation::default(),
+    )
+    .expect("init");
+    let ledger = Arc::new(Ledger::open(&dir.path().join("l")).expect("open"));
+    let policy = Recorded::new(&"\n".repeat(12_000)).expect("a valid, empty policy");
+    let refused = Gate::open(ledger, policy);
+    assert!(
+        matches!(refused, Err(tally_gate::GateError::Invalid(_))),
+        "{:?}",
+        refused.err()
+    );
+}
