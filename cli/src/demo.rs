@@ -226,6 +226,12 @@ fn run_agents(
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let mut options = tally_daemon::ServeOptions::new(ledger_dir, socket);
         options.operator_socket = Some(operator_socket.to_path_buf());
+        // The demo's approver: a human whose key the policy lists.
+        let dana = tally_ledger::keys::ApproverKey::generate();
+        options.policy = tally_policy::Recorded::new(&format!(
+            "[approvals.approvers]\ndana = \"{}\"\n",
+            dana.public_hex()
+        ))?;
         let server = tokio::spawn(tally_daemon::serve(Arc::clone(ledger), options, async {
             let _ = stopped.await;
         }));
@@ -237,7 +243,7 @@ fn run_agents(
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        let gated = gate_story(socket).await?;
+        let gated = gate_story(socket, operator_socket, &dana).await?;
         let agents: Vec<_> = corpus
             .into_iter()
             .map(|(_, decisions)| {
@@ -297,7 +303,11 @@ fn said(a: &serde_json::Value) -> String {
 }
 
 /// The gate's part of the story. Returns whether every decision was the one it must be.
-async fn gate_story(socket: &Path) -> Result<bool> {
+async fn gate_story(
+    socket: &Path,
+    operator_socket: &Path,
+    dana: &tally_ledger::keys::ApproverKey,
+) -> Result<bool> {
     use serde_json::json;
     let mut ok = true;
     let mut c = Client::unix(socket).await?;
@@ -387,6 +397,48 @@ async fn gate_story(socket: &Path) -> Result<bool> {
     println!("  first 40¢: {}; settled 35¢", said(&one));
     println!("  next 40¢:  {}", said(&two));
     ok &= two["decision"] == "require_approval";
+    // A human looks, and grants 30¢ more for that one operation, for ten minutes.
+    let mut op = Client::unix(operator_socket).await?;
+    let at = {
+        let r = op
+            .request(
+                tally_daemon::client::Method::GET,
+                "/v1/runs/summarize",
+                None,
+                "",
+            )
+            .await?;
+        let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+        v["at_ms"].as_u64().unwrap_or(0)
+    };
+    let scope = tally_ledger::decision::Scope {
+        cents: Some(30),
+        operation: Some("summarize.more".into()),
+        ..Default::default()
+    };
+    let expires_ms = at + 600_000;
+    let digest = tally_policy::approval::digest("summarize", "dana", &scope, expires_ms);
+    let signature = tally_policy::approval::sign(dana.signing_key(), &digest);
+    let approved = ask(
+        &mut op,
+        "/v1/approvals",
+        json!({"run": "summarize", "approver": "dana", "scope": scope, "expires_ms": expires_ms,
+               "digest": digest, "signature": signature, "note": "the inbox is long this week"}),
+    )
+    .await?;
+    println!(
+        "  dana approves 30¢ more for summarize.more (signed, one use, 10 min): seq {}",
+        approved["seq"]
+    );
+    let three = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_cents": 40})).await?;
+    println!("  asked again: {}", said(&three));
+    ok &= three["decision"] == "allow";
+    ask(
+        &mut c,
+        "/v1/outcome",
+        json!({"run": "summarize", "attempt": three["attempt"], "status": "ok", "settled_cents": 38}),
+    )
+    .await?;
     ask(
         &mut c,
         "/v1/runs/summarize/stop",

@@ -535,14 +535,14 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
         attempts: Attempts {
             used: run.core.attempts_used,
             limit: run.budget.attempts,
-            approved_extra: run.uses_granted,
+            approved_extra: run.uses_granted.saturating_add(run.core.extra_attempts),
             refunded: run.core.attempts_refunded,
         },
         spend: Spend {
             reserved_cents: run.core.held_cents,
             settled_cents: run.core.settled_cents,
             limit_cents: run.budget.spend_cents,
-            approved_extra_cents: run.cents_granted,
+            approved_extra_cents: run.cents_granted.saturating_add(run.core.extra_cents),
         },
         completed: run.completed.iter().cloned().collect(),
         completed_total: run.completed_total,

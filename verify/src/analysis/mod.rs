@@ -146,6 +146,8 @@ pub struct Analysis {
     config: Config,
     runs: HashMap<String, RunState>,
     order: Vec<String>,
+    /// Policies the ledger recorded, by digest.
+    policies: HashMap<String, std::sync::Arc<tally_policy::Policy>>,
     storms: ToolStorms,
     sink: Sink,
 }
@@ -157,6 +159,7 @@ impl Analysis {
             config,
             runs: HashMap::new(),
             order: Vec::new(),
+            policies: HashMap::new(),
             storms: ToolStorms::default(),
             sink: Sink::default(),
         }
@@ -164,13 +167,24 @@ impl Analysis {
 
     /// Take the next event. Events must arrive in seq order.
     pub fn push(&mut self, event: &Event) {
-        if event.decision.kind() == tally_ledger::Kind::Policy {
+        let d = &event.decision;
+        if d.kind() == tally_ledger::Kind::Policy {
+            // An invalid policy text is the replay's finding; the audit keeps its default.
+            if let Ok(r) = tally_policy::Recorded::new(d.policy_text.as_deref().unwrap_or("")) {
+                self.policies
+                    .insert(r.digest, std::sync::Arc::new(r.policy));
+            }
             return;
         }
-        let name = &event.decision.run;
+        let name = &d.run;
         if !self.runs.contains_key(name) {
             self.order.push(name.clone());
-            self.runs.insert(name.clone(), RunState::new(name, event));
+            let mut run = RunState::new(name, event);
+            let recorded = d.policy.as_ref().and_then(|p| self.policies.get(p));
+            if let (tally_ledger::Kind::Start, Some(p)) = (d.kind(), recorded) {
+                run.policy = std::sync::Arc::clone(p);
+            }
+            self.runs.insert(name.clone(), run);
         }
         if let Some(run) = self.runs.get_mut(name) {
             run.push(event, &self.config, &mut self.sink, &mut self.storms);
@@ -185,6 +199,7 @@ impl Analysis {
             order,
             storms,
             mut sink,
+            ..
         } = self;
         for name in &order {
             if let Some(run) = runs.get_mut(name) {

@@ -332,10 +332,17 @@ fn handoff_text(h: &Handoff, out: &mut String) {
         let _ = write!(attempts, " ({} refunded)", h.attempts.refunded);
     }
     let _ = writeln!(out, "  Attempts: {attempts}");
-    let spend_limit = h
+    let mut spend_limit = h
         .spend
         .limit_cents
         .map_or("no limit".to_owned(), |l| format!("limit {l}¢"));
+    if h.spend.approved_extra_cents > 0 {
+        let _ = write!(
+            spend_limit,
+            ", {}¢ more approved",
+            h.spend.approved_extra_cents
+        );
+    }
     let _ = writeln!(
         out,
         "  Spend: {}¢ reserved, {}¢ settled ({spend_limit})",

@@ -123,6 +123,9 @@ pub(crate) struct RunState {
     /// The budget as SPEC 3.1 counts it: the policy core's own fold, the one the gate
     /// and the replay use.
     pub core: tally_policy::RunState,
+    /// The policy the run was started under (for a run the gate governs: the recorded
+    /// one, whose approvers' signatures the fold checks), else the budget-only default.
+    pub policy: std::sync::Arc<tally_policy::Policy>,
     polls: u64,
     pub uses_granted: u64,
     pub cents_granted: u64,
@@ -173,6 +176,7 @@ impl RunState {
             stop: None,
             first_stop_refusal: None,
             core: tally_policy::RunState::new(name),
+            policy: std::sync::Arc::new(budget_only().clone()),
             polls: 0,
             uses_granted: 0,
             cents_granted: 0,
@@ -237,7 +241,7 @@ impl RunState {
             tool: None,
             credential: None,
         };
-        for found in tally_policy::apply(budget_only(), view, d, now) {
+        for found in tally_policy::apply(&self.policy, view, d, now) {
             if let Some(kind) = audit::from_core(found) {
                 self.flag(sink, cfg, e.seq, kind);
             }
