@@ -387,7 +387,9 @@ async fn post_decisions(
                 .map_err(rate_limited)?;
         }
     }
-    let answer = crate::commit::submit(&app.ledger, &app.state, plaintexts, permit);
+    // The names are taken: the gate will never start a run of one of them.
+    let markers = runs.iter().map(|r| tally_gate::raw_run_entry(r)).collect();
+    let answer = crate::commit::submit(&app.ledger, &app.state, plaintexts, markers, permit);
     match answer.await {
         Ok(Ok(receipts)) => Ok(Json(receipts)),
         Ok(Err(why)) => Err(ApiError::unavailable(why)),

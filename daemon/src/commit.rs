@@ -54,12 +54,13 @@ pub(crate) fn submit(
     ledger: &Ledger,
     state: &Arc<LedgerState>,
     plaintexts: Vec<Vec<u8>>,
+    markers: Vec<(Vec<u8>, Vec<u8>)>,
     permit: OwnedSemaphorePermit,
 ) -> oneshot::Receiver<Result<Vec<Receipt>, String>> {
     let (reply, answer) = oneshot::channel();
     let count = plaintexts.len();
     let state = Arc::clone(state);
-    ledger.submit_prepared(plaintexts, move |result| {
+    ledger.submit_with_state(plaintexts, markers, move |result| {
         let answer = match result {
             Ok(receipts) if receipts.len() == count => Ok(receipts),
             Ok(receipts) => Err(state.fail(&format!(

@@ -62,20 +62,27 @@ pub trait StateBackend: Send + Sync {
 pub trait StateTxn {
     /// Whether no run of this name was ever started (a run name is never reused).
     fn is_new(&mut self, run: &str) -> Result<bool, GateError>;
+    /// Whether the gate started a run of this name (raw decisions' names are not).
+    fn governs(&mut self, run: &str) -> Result<bool, GateError>;
     /// A run the gate governs, owned by `caller` (or the operator).
     fn run(&mut self, run: &str, caller: Caller) -> Result<&RunState, GateError>;
     /// A run already read in this transaction, to change.
     fn run_mut(&mut self, run: &str) -> Option<&mut RunState>;
     /// A new run.
     fn insert_run(&mut self, run: RunState);
-    /// Open runs started by `uid`.
-    fn open_runs_of(&self, uid: u32) -> u64;
+    /// Open runs started by `uid` (`None`: loopback TCP peers, one identity).
+    fn open_runs_of(&self, uid: Option<u32>) -> u64;
     /// The runs held (open ones, and recently stopped ones).
     fn runs(&self) -> Vec<&RunState>;
     /// Read (or create) a tool's state.
     fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError>;
     /// Read (or create) a credential's state.
-    fn ensure_credential(&mut self, credential: &str) -> Result<(), GateError>;
+    fn ensure_credential(
+        &mut self,
+        credential: &str,
+        now_ms: u64,
+        policy: &Policy,
+    ) -> Result<(), GateError>;
     /// The scopes, to decide from.
     fn view(&self, scopes: &Scopes<'_>) -> View<'_>;
     /// The scopes, to apply a decision to.
@@ -143,6 +150,10 @@ impl StateTxn for EmbeddedTxn<'_> {
         }
     }
 
+    fn governs(&mut self, run: &str) -> Result<bool, GateError> {
+        self.t.governs(self.ledger, run)
+    }
+
     fn run(&mut self, run: &str, caller: Caller) -> Result<&RunState, GateError> {
         self.t.loaded(self.ledger, run, caller)
     }
@@ -155,7 +166,7 @@ impl StateTxn for EmbeddedTxn<'_> {
         self.t.insert_run(run);
     }
 
-    fn open_runs_of(&self, uid: u32) -> u64 {
+    fn open_runs_of(&self, uid: Option<u32>) -> u64 {
         self.t.open_runs_of(uid)
     }
 
@@ -167,8 +178,13 @@ impl StateTxn for EmbeddedTxn<'_> {
         self.t.ensure_tool(tool, now_ms, policy)
     }
 
-    fn ensure_credential(&mut self, credential: &str) -> Result<(), GateError> {
-        self.t.ensure_credential(credential)
+    fn ensure_credential(
+        &mut self,
+        credential: &str,
+        now_ms: u64,
+        policy: &Policy,
+    ) -> Result<(), GateError> {
+        self.t.ensure_credential(credential, now_ms, policy)
     }
 
     fn view(&self, s: &Scopes<'_>) -> View<'_> {

@@ -25,10 +25,10 @@ pub enum GateError {
     #[error("not allowed: {0}")]
     NotAuthorized(String),
     /// The uid holds as many open runs as the policy allows.
-    #[error("uid {uid} already holds {max} open runs (the policy's max_open_runs_per_uid); stop finished runs first")]
+    #[error("{} already holds {max} open runs (the policy's max_open_runs_per_uid); stop finished runs first", uid.map_or("loopback TCP".to_owned(), |u| format!("uid {u}")))]
     TooManyRuns {
-        /// The uid.
-        uid: u32,
+        /// The uid (`None`: loopback TCP peers).
+        uid: Option<u32>,
         /// The bound.
         max: u64,
     },

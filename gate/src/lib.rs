@@ -263,6 +263,16 @@ pub struct Standing {
 
 type Done<T> = Box<dyn FnOnce(Result<T, GateError>) + Send>;
 
+/// Longest tool name the gate takes, in bytes.
+pub const MAX_TOOL_BYTES: usize = 256;
+
+/// The state entry that marks a run name as taken by raw decisions (appended by the
+/// operator for a run the gate does not govern): the gate never starts a run of that
+/// name, so raw and gated histories are never merged under one name.
+pub fn raw_run_entry(run: &str) -> (Vec<u8>, Vec<u8>) {
+    tables::raw_run_entry(run)
+}
+
 /// The live gate over one ledger, with its state in a [`StateBackend`] (by default
 /// [`Embedded`]: the ledger's own store).
 pub struct Gate<B: StateBackend = Embedded> {
@@ -457,13 +467,12 @@ impl<B: StateBackend> Gate<B> {
             if !t.is_new(&req.run)? {
                 return Err(GateError::RunExists(req.run.clone()));
             }
-            if let Some(uid) = caller.uid {
-                if t.open_runs_of(uid) >= policy.max_open_runs_per_uid {
-                    return Err(GateError::TooManyRuns {
-                        uid,
-                        max: policy.max_open_runs_per_uid,
-                    });
-                }
+            // The operator in-process is not counted; everyone else is, TCP peers as one.
+            if !caller.operator && t.open_runs_of(caller.uid) >= policy.max_open_runs_per_uid {
+                return Err(GateError::TooManyRuns {
+                    uid: caller.uid,
+                    max: policy.max_open_runs_per_uid,
+                });
             }
             let parent = match &req.parent {
                 Some(p) => Some(live(&mut t, p, caller)?.clone()),
@@ -565,6 +574,21 @@ impl<B: StateBackend> Gate<B> {
                 let run = t.run(&req.run, caller)?;
                 (run.stop.is_some(), run.credential.clone(), clock(run))
             };
+            if req.tool.len() > MAX_TOOL_BYTES {
+                // Tool names are identifiers, and every open call keeps its tool's name.
+                return Err(GateError::Invalid(tally_ledger::DecisionError::TooLong {
+                    field: "tool",
+                    len: req.tool.len(),
+                    max: MAX_TOOL_BYTES,
+                }));
+            }
+            if req.credential.is_some() && req.credential != run_credential {
+                // A run's credential is the one it started under: naming another would
+                // escape that credential's backstop and bucket.
+                return Err(GateError::NotAuthorized(
+                    "a check names the credential its run was started under, or none".into(),
+                ));
+            }
             let call = Call {
                 run: req.run.clone(),
                 worker: req.worker,
@@ -579,7 +603,7 @@ impl<B: StateBackend> Gate<B> {
                 depth: req.depth,
                 reserve_cents: req.reserve_cents.unwrap_or(0),
                 remote_ref: req.remote_ref,
-                credential: req.credential.or(run_credential),
+                credential: run_credential,
                 timeout_ms: req.timeout_ms,
                 uid: caller.uid,
             };
@@ -608,7 +632,7 @@ impl<B: StateBackend> Gate<B> {
             }
             t.ensure_tool(&call.tool, now.wall_ms, policy)?;
             if let Some(c) = &call.credential {
-                t.ensure_credential(c)?;
+                t.ensure_credential(c, now.wall_ms, policy)?;
             }
             let decided = {
                 let scopes = Scopes {
@@ -626,11 +650,17 @@ impl<B: StateBackend> Gate<B> {
                     credential: call.credential.as_deref(),
                 };
                 apply(policy, t.view_mut(&scopes), &decided.record, now);
-                vec![Touched {
-                    run: call.run.clone(),
-                    tool: Some(call.tool.clone()),
-                    credential: call.credential.clone(),
-                }]
+                if decided.verdict == Verdict::Allow {
+                    vec![Touched {
+                        run: call.run.clone(),
+                        tool: Some(call.tool.clone()),
+                        credential: call.credential.clone(),
+                    }]
+                } else {
+                    // A refusal changes no state worth keeping (the run's clock only): a
+                    // stream of refusals rewrites nothing.
+                    Vec::new()
+                }
             };
             let record = decided.record;
             let cause = decided.cause;
@@ -684,7 +714,7 @@ impl<B: StateBackend> Gate<B> {
                 t.ensure_tool(tool, now.wall_ms, policy)?;
             }
             if let Some(c) = &credential {
-                t.ensure_credential(c)?;
+                t.ensure_credential(c, now.wall_ms, policy)?;
             }
             let record = Decision {
                 run: req.run.clone(),
@@ -890,7 +920,7 @@ impl<B: StateBackend> Gate<B> {
     /// are refused.
     pub fn governs(&self, run: &str) -> Result<bool, GateError> {
         let mut t = self.begin()?;
-        Ok(!t.is_new(run)?)
+        t.governs(run)
     }
 
     /// Blocking forms, for an in-process gate.

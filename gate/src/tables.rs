@@ -35,6 +35,10 @@ pub(crate) fn run_entry(run: &RunState) -> (Vec<u8>, Vec<u8>) {
     (run_key(&run.run), encode(run))
 }
 
+pub(crate) fn raw_run_entry(run: &str) -> (Vec<u8>, Vec<u8>) {
+    ([b"x/", run.as_bytes()].concat(), vec![1])
+}
+
 pub(crate) fn pause_entry(run: &str, paused: bool) -> (Vec<u8>, Vec<u8>) {
     (pause_key(run), vec![u8::from(paused)])
 }
@@ -117,16 +121,22 @@ impl Tables {
     }
 
     pub fn check_new_run(&self, ledger: &Ledger, run: &str) -> Result<(), GateError> {
-        if self.runs.contains_key(run) || Tables::stored(ledger, run)?.is_some() {
+        let raw = ledger.state_get(&raw_run_entry(run).0)?.is_some();
+        if raw || self.runs.contains_key(run) || Tables::stored(ledger, run)?.is_some() {
             return Err(GateError::RunExists(run.to_owned()));
         }
         Ok(())
     }
 
-    pub fn open_runs_of(&self, uid: u32) -> u64 {
+    /// Open runs started by `uid` (`None`: by loopback TCP peers, one identity).
+    pub fn governs(&self, ledger: &Ledger, run: &str) -> Result<bool, GateError> {
+        Ok(self.runs.contains_key(run) || Tables::stored(ledger, run)?.is_some())
+    }
+
+    pub fn open_runs_of(&self, uid: Option<u32>) -> u64 {
         self.runs
             .values()
-            .filter(|r| r.stop.is_none() && r.owner_uid == Some(uid))
+            .filter(|r| r.stop.is_none() && r.owner_uid == uid)
             .count() as u64
     }
 
@@ -190,19 +200,14 @@ impl Tables {
             return Ok(());
         }
         if self.tools.len() >= MAX_TOOLS {
+            // Idle: a closed breaker (its count of recent failures is forgotten, as
+            // after any success), nothing in flight, a full bucket.
             let idle = |t: &ToolState| {
                 matches!(
                     t.breaker.at(now_ms, policy.breaker.open_ms),
-                    Breaker::Closed { failures: 0 }
+                    Breaker::Closed { .. }
                 ) && t.in_flight_at(now_ms) == 0
-                    && t.bucket.wait(1, 1, now_ms).is_none()
-                    && t.bucket
-                        .wait(
-                            policy.rate.tool_per_sec.max(1),
-                            policy.rate.tool_burst,
-                            now_ms,
-                        )
-                        .is_none()
+                    && t.bucket.is_full(policy.rate.tool_per_sec, now_ms)
             };
             self.tools.retain(|_, t| !idle(t));
             if self.tools.len() >= MAX_TOOLS {
@@ -216,9 +221,21 @@ impl Tables {
         Ok(())
     }
 
-    pub fn ensure_credential(&mut self, credential: &str) -> Result<(), GateError> {
+    pub fn ensure_credential(
+        &mut self,
+        credential: &str,
+        now_ms: u64,
+        policy: &Policy,
+    ) -> Result<(), GateError> {
         if self.credentials.contains_key(credential) {
             return Ok(());
+        }
+        if self.credentials.len() >= MAX_CREDENTIALS {
+            // Idle: nothing spent in its period (its backstop has nothing to remember)
+            // and a full bucket.
+            self.credentials.retain(|_, c| {
+                c.spent_cents > 0 || !c.bucket.is_full(policy.rate.credential_per_sec, now_ms)
+            });
         }
         if self.credentials.len() >= MAX_CREDENTIALS {
             return Err(GateError::TooManyNames {

@@ -220,6 +220,7 @@ fn allow(
         d.operation.as_deref(),
         d.args_digest.as_deref(),
     );
+    let mut granted_tool = None;
     if let Some(digest) = &d.grant {
         let held = run
             .grants
@@ -229,6 +230,7 @@ fn allow(
             Some(i) => {
                 let g = run.grants[i].clone();
                 use_grant(run, &g, &call);
+                granted_tool = g.scope.tool.clone();
             }
             None => found.push(Inconsistency::GrantNotHeld {
                 digest: digest.clone(),
@@ -356,6 +358,10 @@ fn allow(
                 }
             }
         }
+    }
+    if let Some(t) = granted_tool {
+        // A tool's approval is used by this one call: the tool is blocked again after.
+        run.unblocked.retain(|u| *u != t);
     }
     run.open.insert(
         attempt,
@@ -500,11 +506,15 @@ fn outcome(
             run.observed = Some(state);
         }
     }
-    let remote = d
-        .remote_ref
-        .as_deref()
-        .map(crate::state::ref_key)
-        .or(a.poll);
+    // A remote operation is registered only by the outcome of a call that used an
+    // attempt: a poll reports on its own operation, never a new one, and an exempt call
+    // registers none. Otherwise each poll could name the next, and one attempt would buy
+    // unlimited "polls".
+    let remote = match a.poll {
+        Some(polled) => Some(polled),
+        None if a.counted => d.remote_ref.as_deref().map(crate::state::ref_key),
+        None => None,
+    };
     if let Some(r) = remote {
         if !run.refs.contains_key(&r) && run.refs.len() >= MAX_REFS {
             let oldest = run

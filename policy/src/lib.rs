@@ -82,4 +82,7 @@ pub fn delegate(parent: &mut RunState, child: &Budget) {
     parent.delegated_cents = parent
         .delegated_cents
         .saturating_add(child.spend_cents.unwrap_or(0));
+    parent.delegated_side_effects = parent
+        .delegated_side_effects
+        .saturating_add(child.side_effects.unwrap_or(0));
 }

@@ -189,6 +189,8 @@ pub struct RunState {
     pub delegated_attempts: u64,
     /// Cents carved out for child runs.
     pub delegated_cents: u64,
+    /// Side effects carved out for child runs.
+    pub delegated_side_effects: u64,
     /// Every attempt number allowed.
     pub allowed: Ranges,
     /// Every attempt number refunded.
@@ -241,6 +243,11 @@ impl Bucket {
             // `per_sec` milli-tokens come back per ms.
             Some((1000 - have).div_ceil(per_sec))
         }
+    }
+
+    /// Whether the bucket is full at `now_ms` (as a fresh one is).
+    pub fn is_full(&self, per_sec: u64, now_ms: u64) -> bool {
+        per_sec == 0 || self.deficit_at(per_sec, now_ms) == 0
     }
 
     /// Spend one token at `now_ms`.
@@ -507,9 +514,10 @@ impl RunState {
 
     /// The side-effect limit in force.
     pub fn side_effects_limit(&self) -> Option<u64> {
-        self.budget
-            .side_effects
-            .map(|s| s.saturating_add(self.extra_attempts))
+        self.budget.side_effects.map(|s| {
+            s.saturating_add(self.extra_attempts)
+                .saturating_sub(self.delegated_side_effects)
+        })
     }
 
     /// Cents committed: settled plus held.
@@ -554,8 +562,15 @@ impl RunState {
 /// non-idempotent writes whose outcome is unknown stay refused in the new run until a
 /// human reconciles them.
 pub fn carry_over(new: &mut RunState, old: &RunState) {
+    // The attempt number belongs to the old run; 0 marks one no outcome here settles.
     for op in old.unknown.keys() {
-        // The attempt number belongs to the old run; 0 marks one no outcome here settles.
         new.unknown.entry(*op).or_insert(0);
+    }
+    // A non-idempotent write with no final outcome at all (the worker died mid-call) is
+    // as unknown as one reported so.
+    for a in old.open.values() {
+        if a.effect == Some(Effect::NonIdempotentWrite) {
+            new.unknown.entry(a.op).or_insert(0);
+        }
     }
 }

@@ -158,6 +158,8 @@ pub struct Replay {
     /// Policies by digest, each with a copy whose cross-run checks are off.
     policies: BTreeMap<String, (Recorded, tally_policy::Policy)>,
     runs: BTreeMap<String, (String, RunState)>,
+    /// Credentials' spend, from every run under them (their buckets are off offline).
+    credentials: BTreeMap<String, tally_policy::CredentialState>,
     report: ReplayReport,
 }
 
@@ -224,6 +226,20 @@ impl Replay {
                 };
                 apply(policy, bare(&mut entry.1), d, now);
             }
+            // What the gate did beside the start record: carry a continued run's unknown
+            // writes over, carve a child's budget out of its parent.
+            let old = d
+                .continues
+                .as_ref()
+                .and_then(|c| self.runs.get(c))
+                .map(|(_, r)| r.clone());
+            let budget = d.budget.clone().unwrap_or_default();
+            if let (Some(old), Some((_, new))) = (old, self.runs.get_mut(&d.run)) {
+                tally_policy::state::carry_over(new, &old);
+            }
+            if let Some((_, parent)) = d.parent.as_ref().and_then(|p| self.runs.get_mut(p)) {
+                tally_policy::delegate(parent, &budget);
+            }
             return;
         }
         let Some((start_digest, _)) = self.runs.get(&d.run) else {
@@ -247,6 +263,8 @@ impl Replay {
         let Some((_, run)) = self.runs.get_mut(&d.run) else {
             return;
         };
+        let credential_name = d.credential.clone().or_else(|| run.credential.clone());
+        let credential = credential_name.map(|c| self.credentials.entry(c).or_default());
         let now = Now {
             wall_ms: run.start_wall_ms.saturating_add(d.at_ms.unwrap_or(0)),
             at_ms: d.at_ms,
@@ -258,10 +276,23 @@ impl Replay {
                 self.report.taken_as_recorded += 1;
             } else {
                 self.report.replayed += 1;
-                finding = judge(&policy, &digest, run, d, recorded, now);
+                finding = judge(
+                    &policy,
+                    &digest,
+                    run,
+                    credential.as_deref(),
+                    d,
+                    recorded,
+                    now,
+                );
             }
         }
-        apply(&policy, bare(run), d, now);
+        let view = ViewMut {
+            run,
+            tool: None,
+            credential,
+        };
+        apply(&policy, view, d, now);
         if let Some(kind) = finding {
             self.find(e.seq, &d.run, kind);
         }
@@ -286,6 +317,7 @@ fn judge(
     policy: &tally_policy::Policy,
     digest: &str,
     run: &RunState,
+    credential: Option<&tally_policy::CredentialState>,
     d: &Decision,
     recorded: Option<Reason>,
     now: Now,
@@ -293,7 +325,7 @@ fn judge(
     let view = View {
         run,
         tool: None,
-        credential: None,
+        credential,
     };
     let again = decide(policy, digest, view, &Call::from_record(d), now);
     let would = match again.verdict {

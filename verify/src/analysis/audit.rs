@@ -188,6 +188,16 @@ pub(crate) fn from_core(found: tally_policy::Inconsistency) -> Option<AuditKind>
         I::DuplicateAllow { attempt } => AuditKind::DuplicateAllow { attempt },
         I::SecondStart => AuditKind::SecondStart,
         I::Overflow { field } => AuditKind::AmountOverflow { field },
+        // Polls are counted per remote operation, which only the core tracks.
+        I::AllowBeyondLimit {
+            dimension: tally_policy::Dimension::Polls,
+            used,
+            limit,
+        } => AuditKind::AllowBeyondLimit {
+            dimension: Dimension::Polls,
+            used,
+            limit,
+        },
         _ => return None,
     })
 }

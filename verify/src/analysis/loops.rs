@@ -194,7 +194,7 @@ impl Span {
     fn call(&mut self, c: &CallFacts<'_>) {
         self.touch(c.seq, c.ms);
         self.count += 1;
-        self.reserved += c.reserve;
+        self.reserved = self.reserved.saturating_add(c.reserve);
         if let Some(w) = c.worker {
             if self.workers.len() < MAX_NAMED && !self.workers.contains(w) {
                 self.workers.insert(w.to_owned());
@@ -345,7 +345,7 @@ impl CallSeries {
             self.last_failed = true;
         }
         if let Some(ra) = c.retry_after_ms {
-            self.backoff_until = Some(c.ms + ra);
+            self.backoff_until = Some(c.ms.saturating_add(ra));
         }
         self.writes_seen = writes + u64::from(own_write);
         self.operation = c.operation.map(str::to_owned);
@@ -354,7 +354,7 @@ impl CallSeries {
 
     pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
         self.span.touch(o.seq, o.ms);
-        self.span.settled += o.settled;
+        self.span.settled = self.span.settled.saturating_add(o.settled);
         match o.status {
             Status::Error | Status::Rejected | Status::Timeout => {
                 self.failures += 1;
@@ -368,7 +368,7 @@ impl CallSeries {
             Status::Running => {}
         }
         if let Some(ra) = o.retry_after_ms {
-            self.backoff_until = Some(o.ms + ra);
+            self.backoff_until = Some(o.ms.saturating_add(ra));
         }
     }
 
@@ -454,7 +454,7 @@ impl PollSeries {
             self.over_allowance = true;
         }
         if let Some(ra) = c.retry_after_ms {
-            self.backoff_until = Some(c.ms + ra);
+            self.backoff_until = Some(c.ms.saturating_add(ra));
         }
         self.unchanged += 1;
         self.max_unchanged = self.max_unchanged.max(self.unchanged);
@@ -465,7 +465,7 @@ impl PollSeries {
 
     pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
         self.span.touch(o.seq, o.ms);
-        self.span.settled += o.settled;
+        self.span.settled = self.span.settled.saturating_add(o.settled);
         if let Some(state) = o.observed {
             if self.last_observed.as_deref().is_some_and(|s| s != state) {
                 self.state_changes += 1;
@@ -478,7 +478,7 @@ impl PollSeries {
             self.span.ok = Some(o.seq);
         }
         if let Some(ra) = o.retry_after_ms {
-            self.backoff_until = Some(o.ms + ra);
+            self.backoff_until = Some(o.ms.saturating_add(ra));
         }
     }
 
@@ -553,7 +553,7 @@ impl Burst {
     }
 
     pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
-        self.span.settled += o.settled;
+        self.span.settled = self.span.settled.saturating_add(o.settled);
         if o.status == Status::Ok {
             self.span.ok = Some(o.seq);
         }
@@ -657,7 +657,7 @@ impl ToolStorms {
             refused: r.refused,
             retry_after_ms: None,
         });
-        storm.span.settled += r.settled;
+        storm.span.settled = storm.span.settled.saturating_add(r.settled);
         if r.ok {
             storm.span.ok = Some(r.seq);
         }

@@ -468,8 +468,8 @@ impl RunState {
         if let Some(x) = excess {
             match audit::use_override(&mut self.overrides, &call, at.run_ms, need_use, need_cents) {
                 Ok(()) => {
-                    self.uses_granted += u64::from(need_use);
-                    self.cents_granted += need_cents;
+                    self.uses_granted = self.uses_granted.saturating_add(u64::from(need_use));
+                    self.cents_granted = self.cents_granted.saturating_add(need_cents);
                 }
                 Err(problem) => self.flag(sink, cfg, e.seq, x.finding(problem)),
             }
@@ -542,9 +542,8 @@ impl RunState {
                 b.side_effects,
             );
         }
-        if poll {
-            check(Dimension::Polls, self.polls, b.polls);
-        }
+        // Polls are judged per remote operation by the core (SPEC 3.1), not here.
+        let _ = poll;
         if let Some(depth) = d.depth {
             check(Dimension::Depth, depth, b.depth);
         }
@@ -571,8 +570,8 @@ impl RunState {
             let wait = d.retry_after_ms.unwrap_or(0);
             self.backoff = Some(Backoff {
                 not_before: When {
-                    run_ms: at.run_ms + wait,
-                    wall_ms: at.wall_ms + wait,
+                    run_ms: at.run_ms.saturating_add(wait),
+                    wall_ms: at.wall_ms.saturating_add(wait),
                 },
                 tool: d.tool.clone(),
                 operation: d.operation.clone(),
@@ -654,7 +653,7 @@ impl RunState {
                 known.observed = d.observed.clone();
             }
             if let Some(ra) = d.retry_after_ms {
-                known.backoff_until = Some(at.run_ms + ra);
+                known.backoff_until = Some(at.run_ms.saturating_add(ra));
             }
         }
         if let Some(state) = &d.observed {
@@ -666,8 +665,8 @@ impl RunState {
             });
         }
         let not_before = d.retry_after_ms.map(|ra| When {
-            run_ms: at.run_ms + ra,
-            wall_ms: at.wall_ms + ra,
+            run_ms: at.run_ms.saturating_add(ra),
+            wall_ms: at.wall_ms.saturating_add(ra),
         });
         if let Some(nb) = not_before {
             self.backoff = Some(Backoff {
