@@ -550,3 +550,40 @@ async fn regression_gate_bodies_are_objects_and_errors_name_the_field() {
     drop(c);
     d.shutdown().await.expect("shutdown");
 }
+
+/// Review findings: a check named another credential than its run's (escaping that
+/// credential's backstop), and an agent could start, and so take over, a run name the
+/// operator writes raw decisions for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_check_keeps_its_runs_credential_and_raw_names_stay_raw() {
+    let mut d = gated("[credentials.small]\nspend_cents_per_period = 100\n").await;
+    let mut c = d.agent().await;
+    let (status, _) = post_json(&mut c, "/v1/runs", r#"{"run":"r","credential":"small"}"#).await;
+    assert_eq!(status, 201);
+    let (status, body) = post_json(
+        &mut c,
+        "/v1/check",
+        r#"{"run":"r","tool":"pay","effect":"read","reserve_cents":90,"credential":"other"}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("not_authorized")),
+        "{body}"
+    );
+    let mut op = d.client().await;
+    op.append(r#"{"run":"ext-1","kind":"start","budget":{"attempts":3}}"#)
+        .await
+        .expect("raw start");
+    let (status, body) = post_json(&mut c, "/v1/runs", r#"{"run":"ext-1"}"#).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("run_exists")),
+        "{body}"
+    );
+    op.append(r#"{"run":"ext-1","kind":"allow","tool":"t","attempt":1}"#)
+        .await
+        .expect("the operator's raw run goes on");
+    drop((c, op));
+    d.shutdown().await.expect("shutdown");
+}

@@ -150,7 +150,7 @@ pub struct Approvals {
 }
 
 /// One credential's limits.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Credential {
     /// Ceiling for runs started under it (replaces the policy's where given).
@@ -181,6 +181,16 @@ impl Default for Policy {
             approvals: Approvals::default(),
             credentials: BTreeMap::new(),
             max_open_runs_per_uid: 1_000,
+        }
+    }
+}
+
+impl Default for Credential {
+    fn default() -> Credential {
+        Credential {
+            ceiling: Budget::default(),
+            spend_cents_per_period: None,
+            period_ms: 86_400_000,
         }
     }
 }

@@ -8,4 +8,5 @@ mod corpus;
 mod decide;
 mod gates;
 mod model;
+mod review;
 mod support;

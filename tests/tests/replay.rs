@@ -174,3 +174,87 @@ fn a_policy_too_large_to_record_is_refused_when_the_gate_opens() {
         refused.err()
     );
 }
+
+/// Review finding: replay did not do what the gate does beside its records (carve a
+/// child's budget, carry a continuation's unknown writes, keep a credential's spend), so
+/// honest refusals were reported as ones the policy would not make.
+#[test]
+fn an_honest_gate_with_children_continuations_exempt_tools_and_backstops_replays_clean() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auditor = AuditorKey::generate();
+    let public = Ledger::init(
+        &dir.path().join("l"),
+        &auditor.public(),
+        Rotation::default(),
+    )
+    .expect("init");
+    let ledger = Arc::new(Ledger::open(&dir.path().join("l")).expect("open"));
+    let text = "[approvals]\nask_on = []\n[scope]\nexempt = [\"search\"]\n[credentials.team]\nspend_cents_per_period = 100\n";
+    let gate = Gate::open(Arc::clone(&ledger), Recorded::new(text).expect("policy")).expect("gate");
+    let c = Caller::default();
+    let start = |v: serde_json::Value| {
+        gate.start_blocking(c, serde_json::from_value(v).expect("start"))
+            .expect("started")
+    };
+    let ask = |v: serde_json::Value| {
+        gate.check_blocking(c, serde_json::from_value(v).expect("check"))
+            .expect("answer")
+    };
+    let done = |run: &str, attempt: Option<u64>, status: &str, cents: u64| {
+        let req = serde_json::json!({"run": run, "attempt": attempt, "status": status, "settled_cents": cents});
+        gate.outcome_blocking(c, serde_json::from_value(req).expect("outcome"))
+            .expect("recorded");
+    };
+    // A parent whose child takes two of its three attempts: its third call is refused.
+    start(serde_json::json!({"run": "p", "budget": {"attempts": 3}}));
+    start(serde_json::json!({"run": "k", "parent": "p", "budget": {"attempts": 2}}));
+    let a = ask(serde_json::json!({"run": "p", "tool": "t", "operation": "1", "effect": "read"}));
+    assert_eq!(a.reason, None);
+    let refused =
+        ask(serde_json::json!({"run": "p", "tool": "t", "operation": "2", "effect": "read"}));
+    assert_eq!(refused.reason, Some(Reason::AttemptsExhausted));
+    // Exempt calls use no attempt.
+    for i in 0..5 {
+        let a = ask(
+            serde_json::json!({"run": "k", "tool": "search", "operation": format!("q{i}"), "effect": "read"}),
+        );
+        assert_eq!(a.reason, None);
+        done("k", a.attempt, "ok", 0);
+    }
+    // A continuation refuses the write the stopped run left unknown.
+    start(serde_json::json!({"run": "old"}));
+    let w = ask(
+        serde_json::json!({"run": "old", "tool": "pay", "operation": "charge", "effect": "non_idempotent_write"}),
+    );
+    done("old", w.attempt, "timeout", 0);
+    gate.stop_blocking(c, "old", tally_gate::StopRequest::default())
+        .expect("stop");
+    start(serde_json::json!({"run": "new", "continues": "old"}));
+    let again = ask(
+        serde_json::json!({"run": "new", "tool": "pay", "operation": "charge", "effect": "non_idempotent_write"}),
+    );
+    assert_eq!(again.reason, Some(Reason::OutcomeUnknownNonIdempotent));
+    // A credential's backstop refuses another of its runs.
+    start(serde_json::json!({"run": "a", "credential": "team"}));
+    let x = ask(
+        serde_json::json!({"run": "a", "tool": "llm", "operation": "x", "effect": "read", "reserve_cents": 80}),
+    );
+    done("a", x.attempt, "ok", 80);
+    start(serde_json::json!({"run": "b", "credential": "team"}));
+    let y = ask(
+        serde_json::json!({"run": "b", "tool": "llm", "operation": "y", "effect": "read", "reserve_cents": 50}),
+    );
+    assert_eq!(y.reason, Some(Reason::BudgetExceeded));
+    drop(gate);
+    let out = dir.path().join("x.tally");
+    ledger.export(&out).expect("export");
+    let bytes = std::fs::read(&out).expect("read");
+    let mut options = Options::new(public);
+    options.auditor = Some(auditor);
+    let mut replay = Replay::new();
+    let frames = read_export(&bytes).expect("export");
+    verify(frames.into_iter(), &options, |e| replay.push(&e), |_| {});
+    let report = replay.finish();
+    assert!(report.replayed >= 10, "{}", report.to_text());
+    assert!(report.findings.is_empty(), "{}", report.to_text());
+}
