@@ -38,7 +38,10 @@ impl LedgerState {
     pub fn fail(&self, detail: &str) -> String {
         let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
         if failure.is_none() {
-            eprintln!(
+            // A full disk may fail the log too: never panic on it.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
                 "tally serve: the ledger failed a write and refuses appends until restarted: {detail}"
             );
             *failure = Some(FAILED.to_string());

@@ -46,6 +46,13 @@ pub(crate) fn operator_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
         .route("/v1/approvals", post(approve))
 }
 
+/// A line for the operator's log. A log that cannot be written (a full disk) must not
+/// take the answer down with it: the agent still gets its typed refusal.
+fn log(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 fn caller(peer: Peer, role: Role) -> Caller {
     Caller {
         uid: match peer {
@@ -81,7 +88,9 @@ pub(crate) fn gate_error(e: GateError) -> ApiError {
         }
         GateError::Invalid(d) => ApiError::decision(&d),
         GateError::Unavailable(why) => {
-            eprintln!("tally serve: the gate cannot decide durably: {why}");
+            log(&format!(
+                "tally serve: the gate cannot decide durably: {why}"
+            ));
             ApiError::new(
                 S::SERVICE_UNAVAILABLE,
                 "gate_unavailable",
@@ -201,7 +210,9 @@ async fn check(
         // The run is over: a decision-shaped answer, so a client needs one code path.
         Err(GateError::Stopped(answer)) => Ok(json(StatusCode::OK, &answer)),
         Err(GateError::Unavailable(why)) => {
-            eprintln!("tally serve: the gate cannot decide durably: {why}");
+            log(&format!(
+                "tally serve: the gate cannot decide durably: {why}"
+            ));
             let reply = serde_json::json!({
                 "decision": "deny",
                 "reason": Reason::GateUnavailable,

@@ -218,8 +218,9 @@ pub async fn serve(
     let exports = Arc::clone(&app.exports)
         .acquire_many_owned(api::MAX_EXPORTS as u32)
         .await;
+    let gate_failure = app.gate.failure();
     drop((drained, exports, app));
-    match state.failure() {
+    match state.failure().or(gate_failure) {
         Some(why) => Err(DaemonError::LedgerFailed(why)),
         None => Ok(()),
     }

@@ -587,3 +587,29 @@ async fn regression_a_check_keeps_its_runs_credential_and_raw_names_stay_raw() {
     drop((c, op));
     d.shutdown().await.expect("shutdown");
 }
+
+/// Review finding: a loopback TCP peer (uid unknown) could read, check and stop runs a
+/// Unix-socket uid started: ownership is exact, TCP peers being one identity of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_tcp_peers_cannot_act_on_a_unix_uids_run() {
+    let addr = crate::common::free_loopback_addr();
+    let recorded = Recorded::new("").expect("policy");
+    let mut d = Daemon::start(move |o| {
+        o.policy = recorded;
+        o.listen = Some(addr);
+    })
+    .await;
+    start(&d, "mine", json!({})).await;
+    let mut tcp = tally_daemon::client::Client::tcp(addr).await.expect("tcp");
+    let (status, _) = post_json(
+        &mut tcp,
+        "/v1/check",
+        r#"{"run":"mine","tool":"t","effect":"read"}"#,
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _) = post_json(&mut tcp, "/v1/runs/mine/stop", "{}").await;
+    assert_eq!(status, 403);
+    drop(tcp);
+    d.shutdown().await.expect("shutdown");
+}

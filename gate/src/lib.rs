@@ -263,6 +263,15 @@ pub struct Standing {
 
 type Done<T> = Box<dyn FnOnce(Result<T, GateError>) + Send>;
 
+/// Whether a credential has state to keep: a spend backstop in the policy, or a bucket.
+fn tracks_credential(policy: &tally_policy::Policy, credential: &str) -> bool {
+    policy.rate.credential_per_sec > 0
+        || policy
+            .credentials
+            .get(credential)
+            .is_some_and(|c| c.spend_cents_per_period.is_some())
+}
+
 /// Longest tool name the gate takes, in bytes.
 pub const MAX_TOOL_BYTES: usize = 256;
 
@@ -475,7 +484,14 @@ impl<B: StateBackend> Gate<B> {
                 });
             }
             let parent = match &req.parent {
-                Some(p) => Some(live(&mut t, p, caller)?.clone()),
+                Some(p) => {
+                    let parent = live(&mut t, p, caller)?.clone();
+                    if parent.paused {
+                        // A paused run is held from every worker, its children's too.
+                        return Err(GateError::Refused(Reason::RunPaused));
+                    }
+                    Some(parent)
+                }
                 None => None,
             };
             let continued = match &req.continues {
@@ -488,6 +504,18 @@ impl<B: StateBackend> Gate<B> {
                 }
                 None => None,
             };
+            if let Some(c) = req.credential.as_deref() {
+                let allowed = policy.credentials.get(c).is_none_or(|cred| {
+                    cred.uids.is_empty()
+                        || caller.operator
+                        || caller.uid.is_some_and(|u| cred.uids.contains(&u))
+                });
+                if !allowed {
+                    return Err(GateError::NotAuthorized(format!(
+                        "credential `{c}` is not this uid's to start runs under (the policy's credentials.{c}.uids)"
+                    )));
+                }
+            }
             let budget = tally_policy::grant_budget(
                 policy,
                 req.budget.as_ref(),
@@ -631,14 +659,19 @@ impl<B: StateBackend> Gate<B> {
                 })));
             }
             t.ensure_tool(&call.tool, now.wall_ms, policy)?;
-            if let Some(c) = &call.credential {
+            // A credential has state only if the policy gives it a backstop or a bucket.
+            let cred_scope = call
+                .credential
+                .clone()
+                .filter(|c| tracks_credential(policy, c));
+            if let Some(c) = &cred_scope {
                 t.ensure_credential(c, now.wall_ms, policy)?;
             }
             let decided = {
                 let scopes = Scopes {
                     run: &call.run,
                     tool: Some(&call.tool),
-                    credential: call.credential.as_deref(),
+                    credential: cred_scope.as_deref(),
                 };
                 decide(policy, &self.policy.digest, t.view(&scopes), &call, now)
             };
@@ -647,14 +680,14 @@ impl<B: StateBackend> Gate<B> {
                 let scopes = Scopes {
                     run: &call.run,
                     tool: Some(&call.tool),
-                    credential: call.credential.as_deref(),
+                    credential: cred_scope.as_deref(),
                 };
                 apply(policy, t.view_mut(&scopes), &decided.record, now);
                 if decided.verdict == Verdict::Allow {
                     vec![Touched {
                         run: call.run.clone(),
                         tool: Some(call.tool.clone()),
-                        credential: call.credential.clone(),
+                        credential: cred_scope.clone(),
                     }]
                 } else {
                     // A refusal changes no state worth keeping (the run's clock only): a
@@ -701,6 +734,15 @@ impl<B: StateBackend> Gate<B> {
                     attempt: req.attempt,
                 });
             }
+            let overflows = req
+                .settled_cents
+                .is_some_and(|c| run.settled_cents.checked_add(c).is_none());
+            if overflows {
+                return Err(GateError::Invalid(tally_ledger::DecisionError::Invalid {
+                    field: "settled_cents",
+                    why: "the run's settled spend would overflow",
+                }));
+            }
             if !run.open.contains_key(&req.attempt) {
                 return Err(GateError::AttemptSettled {
                     run: req.run.clone(),
@@ -709,7 +751,10 @@ impl<B: StateBackend> Gate<B> {
             }
             let now = clock(run);
             let tool = run.tool_of(req.attempt).map(str::to_owned);
-            let credential = run.credential.clone();
+            let credential = run
+                .credential
+                .clone()
+                .filter(|c| tracks_credential(policy, c));
             if let Some(tool) = &tool {
                 t.ensure_tool(tool, now.wall_ms, policy)?;
             }

@@ -376,6 +376,7 @@ fn allow(
             poll,
             settled: false,
             status: None,
+            registered: None,
         },
     );
     if run.open.len() > MAX_OPEN {
@@ -393,9 +394,14 @@ fn allow(
     run.bucket.take(rate.run_per_sec, now.wall_ms);
     if let Some(t) = tool {
         let id = call_id(&run.run, attempt);
-        let until = now
-            .wall_ms
-            .saturating_add(d.timeout_ms.unwrap_or(rate.call_timeout_ms));
+        // A call counts in flight for at least a second: a timeout of 0 must not make
+        // the in-flight bound vanish.
+        let held = d
+            .timeout_ms
+            .unwrap_or(rate.call_timeout_ms)
+            .min(rate.call_timeout_ms)
+            .max(1000);
+        let until = now.wall_ms.saturating_add(held);
         t.in_flight.retain(|_, &mut u| u > now.wall_ms);
         t.in_flight.insert(id, until);
         t.bucket.take(rate.tool_per_sec, now.wall_ms);
@@ -512,9 +518,16 @@ fn outcome(
     // unlimited "polls".
     let remote = match a.poll {
         Some(polled) => Some(polled),
-        None if a.counted => d.remote_ref.as_deref().map(crate::state::ref_key),
+        None if a.counted => match a.registered {
+            // One remote operation per call: later outcomes of it report on that one.
+            Some(r) => Some(r),
+            None => d.remote_ref.as_deref().map(crate::state::ref_key),
+        },
         None => None,
     };
+    if a.poll.is_none() && a.registered.is_none() {
+        a.registered = remote;
+    }
     if let Some(r) = remote {
         if !run.refs.contains_key(&r) && run.refs.len() >= MAX_REFS {
             let oldest = run

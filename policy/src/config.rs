@@ -159,6 +159,9 @@ pub struct Credential {
     pub spend_cents_per_period: Option<u64>,
     /// The period, ms. Default 86,400,000.
     pub period_ms: u64,
+    /// If not empty, only these uids may start runs under the credential (a
+    /// credential's ceiling is otherwise anyone's for the asking).
+    pub uids: Vec<u32>,
 }
 
 impl Default for Policy {
@@ -191,6 +194,7 @@ impl Default for Credential {
             ceiling: Budget::default(),
             spend_cents_per_period: None,
             period_ms: 86_400_000,
+            uids: Vec::new(),
         }
     }
 }
@@ -345,6 +349,9 @@ impl Policy {
                     "each approver needs a name and an Ed25519 public key as 64 lowercase hex characters (the line `tally keygen --approver` prints)",
                 );
             }
+        }
+        if self.credentials.values().any(|c| c.period_ms == 0) {
+            return invalid("credentials.*.period_ms", "must be at least 1 ms");
         }
         if self.approvals.ask_on.contains(&Reason::Completed) {
             return invalid("approvals.ask_on", "`completed` is not a refusal");

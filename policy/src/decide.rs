@@ -255,7 +255,12 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
 /// The allowed call's time limit: its own, the policy's default, and never past the
 /// run's deadline.
 fn timeout(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> u64 {
-    let own = call.timeout_ms.unwrap_or(policy.rate.call_timeout_ms);
+    // Never longer than the policy's longest call: a call's in-flight slot is held for
+    // its timeout, so an agent cannot hold a tool's slots for hours.
+    let own = call
+        .timeout_ms
+        .unwrap_or(policy.rate.call_timeout_ms)
+        .min(policy.rate.call_timeout_ms);
     match run.budget.deadline_ms {
         Some(d) => own.min(d.saturating_sub(run_ms)),
         None => own,

@@ -87,6 +87,8 @@ pub struct Attempt {
     pub settled: bool,
     /// The latest outcome status reported for it.
     pub status: Option<Status>,
+    /// The remote operation its outcome registered (each call registers at most one).
+    pub registered: Option<u64>,
 }
 
 /// A remote operation the run has seen, whose status reads are polls.
@@ -542,14 +544,14 @@ impl RunState {
         if effect != Some(Effect::Read) {
             return None;
         }
-        if let Some(r) = remote_ref
-            .map(ref_key)
-            .filter(|r| self.refs.contains_key(r))
-        {
+        // Any tool may read it (a status endpoint is often another tool than the one that
+        // started the job); each call that used an attempt registers at most one.
+        let known = |r: &u64| self.refs.contains_key(r);
+        if let Some(r) = remote_ref.map(ref_key).filter(known) {
             return Some(r);
         }
         let tail = ref_key(operation?.rsplit_once(':')?.1);
-        self.refs.contains_key(&tail).then_some(tail)
+        known(&tail).then_some(tail)
     }
 
     /// What the run knows of a remote operation, by its id.

@@ -258,3 +258,69 @@ fn an_honest_gate_with_children_continuations_exempt_tools_and_backstops_replays
     assert!(report.replayed >= 10, "{}", report.to_text());
     assert!(report.findings.is_empty(), "{}", report.to_text());
 }
+
+/// Review finding: replay accepted gate ledgers the policy never produces: a start
+/// granting more than the ceiling, a refund (the gate writes none), a clock going back,
+/// an allow under another uid, a timeout past the run's deadline.
+#[test]
+fn crafted_gate_records_are_reported() {
+    let report = replayed(|ledger, digest| {
+        let p = Some(digest.to_owned());
+        let mut start = Decision {
+            run: "rich".into(),
+            kind: Some(tally_ledger::Kind::Start),
+            at_ms: Some(0),
+            budget: Some(tally_ledger::decision::Budget {
+                attempts: Some(1000),
+                ..Default::default()
+            }),
+            policy: p.clone(),
+            ..Decision::default()
+        };
+        ledger.append(start.clone()).expect("start"); // seq 6: beyond the ceiling of 2
+        start.run = "r".into();
+        let refund = Decision {
+            run: "r".into(),
+            kind: Some(tally_ledger::Kind::Refund),
+            at_ms: Some(10),
+            of: Some(1),
+            policy: p.clone(),
+            ..Decision::default()
+        };
+        ledger.append(refund).expect("refund"); // seq 7
+        let mut back = forged_allow(Some(digest), 3);
+        back.at_ms = Some(1); // seq 8: before the refund's 10 ms
+        back.uid = Some(4242); // and under a uid that does not own the run
+        ledger.append(back).expect("allow");
+    });
+    let kinds: Vec<(u64, &ReplayKind)> = report.findings.iter().map(|f| (f.seq, &f.kind)).collect();
+    assert!(
+        kinds.contains(&(6, &ReplayKind::BudgetBeyondPolicy)),
+        "{}",
+        report.to_text()
+    );
+    assert!(
+        kinds.contains(&(
+            7,
+            &ReplayKind::GateNeverWrites {
+                record: tally_ledger::Kind::Refund
+            }
+        )),
+        "{}",
+        report.to_text()
+    );
+    assert!(
+        kinds
+            .iter()
+            .any(|(s, k)| *s == 8 && matches!(k, ReplayKind::ClockBackwards { .. })),
+        "{}",
+        report.to_text()
+    );
+    assert!(
+        kinds
+            .iter()
+            .any(|(s, k)| *s == 8 && matches!(k, ReplayKind::NotOwner { .. })),
+        "{}",
+        report.to_text()
+    );
+}

@@ -61,6 +61,32 @@ pub enum ReplayKind {
         /// The digest named.
         digest: String,
     },
+    /// A start whose granted budget is not what the policy grants for what it shows
+    /// (beyond the ceiling, or beyond the parent's remaining budget).
+    BudgetBeyondPolicy,
+    /// A kind of record the gate never writes in a run it governs (a refund).
+    GateNeverWrites {
+        /// The record's kind.
+        record: Kind,
+    },
+    /// The run's clock went backwards: the gate's never does.
+    ClockBackwards {
+        /// The record's run time.
+        at_ms: u64,
+        /// The latest run time before it.
+        before_ms: u64,
+    },
+    /// A call's decision or outcome recorded under another uid than the run's owner.
+    NotOwner {
+        /// The uid recorded.
+        uid: Option<u32>,
+    },
+    /// The allow differs from the policy's in a field (its attempt number, or a
+    /// timeout past the run's deadline).
+    FieldDiffers {
+        /// The field.
+        field: &'static str,
+    },
     /// A policy record whose text is not a valid policy.
     InvalidPolicy {
         /// Why.
@@ -107,6 +133,32 @@ impl std::fmt::Display for ReplayFinding {
             ReplayKind::UnknownPolicy { digest } => write!(
                 f,
                 "seq {}  run {run}  decided under policy {digest}, which the ledger never recorded",
+                self.seq
+            ),
+            ReplayKind::BudgetBeyondPolicy => write!(
+                f,
+                "seq {}  run {run}  started with a budget the recorded policy does not grant",
+                self.seq
+            ),
+            ReplayKind::GateNeverWrites { record } => write!(
+                f,
+                "seq {}  run {run}  a {record} record in a run the gate governs: the gate never writes one",
+                self.seq
+            ),
+            ReplayKind::ClockBackwards { at_ms, before_ms } => write!(
+                f,
+                "seq {}  run {run}  run time {at_ms} ms after {before_ms} ms: the gate's clock never goes back",
+                self.seq
+            ),
+            ReplayKind::NotOwner { uid } => write!(
+                f,
+                "seq {}  run {run}  recorded for uid {}, not the run's owner",
+                self.seq,
+                uid.map_or("none".to_owned(), |u| u.to_string())
+            ),
+            ReplayKind::FieldDiffers { field } => write!(
+                f,
+                "seq {}  run {run}  allowed with a `{field}` the recorded policy would not give",
                 self.seq
             ),
             ReplayKind::InvalidPolicy { why } => {
@@ -215,6 +267,24 @@ impl Replay {
                 self.find(e.seq, &d.run, ReplayKind::UnknownPolicy { digest });
                 return;
             }
+            // The budget it shows must be what the policy grants: no more than the ceiling
+            // for its credential, nor than its parent had left.
+            if let (Some((_, policy)), Some(granted)) = (self.policies.get(&digest), &d.budget) {
+                let parent = d
+                    .parent
+                    .as_ref()
+                    .and_then(|p| self.runs.get(p))
+                    .map(|r| &r.1);
+                let again = tally_policy::grant_budget(
+                    policy,
+                    Some(granted),
+                    d.credential.as_deref(),
+                    parent,
+                );
+                if &again != granted {
+                    self.find(e.seq, &d.run, ReplayKind::BudgetBeyondPolicy);
+                }
+            }
             let entry = self
                 .runs
                 .entry(d.run.clone())
@@ -263,6 +333,19 @@ impl Replay {
         let Some((_, run)) = self.runs.get_mut(&d.run) else {
             return;
         };
+        let mut notes = Vec::new();
+        if kind == Kind::Refund {
+            notes.push(ReplayKind::GateNeverWrites { record: kind });
+        }
+        if let Some(at) = d.at_ms.filter(|&at| at < run.last_ms) {
+            notes.push(ReplayKind::ClockBackwards {
+                at_ms: at,
+                before_ms: run.last_ms,
+            });
+        }
+        if matches!(kind, Kind::Allow | Kind::Deny | Kind::Outcome) && d.uid != run.owner_uid {
+            notes.push(ReplayKind::NotOwner { uid: d.uid });
+        }
         let credential_name = d.credential.clone().or_else(|| run.credential.clone());
         let credential = credential_name.map(|c| self.credentials.entry(c).or_default());
         let now = Now {
@@ -293,6 +376,9 @@ impl Replay {
             credential,
         };
         apply(&policy, view, d, now);
+        for kind in notes {
+            self.find(e.seq, &d.run, kind);
+        }
         if let Some(kind) = finding {
             self.find(e.seq, &d.run, kind);
         }
@@ -332,6 +418,16 @@ fn judge(
         Verdict::Allow => None,
         Verdict::Deny | Verdict::RequireApproval => again.reason(),
     };
+    if recorded.is_none() && would.is_none() {
+        if again.record.attempt != d.attempt {
+            return Some(ReplayKind::FieldDiffers { field: "attempt" });
+        }
+        if again.record.timeout_ms != d.timeout_ms {
+            return Some(ReplayKind::FieldDiffers {
+                field: "timeout_ms",
+            });
+        }
+    }
     match (recorded, would) {
         (None, None) => None,
         (None, Some(would)) => Some(ReplayKind::AllowedAgainstPolicy { would }),
