@@ -70,7 +70,8 @@ fn forged_allow(policy: Option<&str>, attempt: u64) -> Decision {
     Decision {
         run: "r".into(),
         kind: Some(tally_ledger::Kind::Allow),
-        at_ms: Some(5),
+        // After the gate's own records: a forger keeps the clock going forward.
+        at_ms: Some(100_000),
         tool: Some("http".into()),
         operation: Some("d".into()),
         effect: Some(Effect::Read),
@@ -131,10 +132,12 @@ fn a_refusal_the_policy_would_not_make_is_reported() {
             run: "fresh".into(),
             kind: Some(tally_ledger::Kind::Start),
             at_ms: Some(0),
-            budget: Some(tally_ledger::decision::Budget {
-                attempts: Some(5),
-                ..Default::default()
-            }),
+            budget: Some(tally_policy::grant_budget(
+                &tally_policy::Policy::from_toml(POLICY).expect("policy"),
+                None,
+                None,
+                None,
+            )),
             policy: Some(digest.to_owned()),
             ..Decision::default()
         };
