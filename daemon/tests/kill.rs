@@ -9,15 +9,29 @@ use tally_ledger::Receipt;
 use crate::common::{allow, new_ledger, wait_for_socket, walk};
 
 fn spawn_daemon(ledger: &std::path::Path, socket: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_tally-load"))
-        .arg("serve")
+    spawn(ledger, &socket.with_extension("agent"), socket, None)
+}
+
+/// `tally-load serve` in a child process: the agent socket, the operator socket, and a
+/// policy file if given.
+fn spawn(
+    ledger: &std::path::Path,
+    agent: &std::path::Path,
+    operator: &std::path::Path,
+    policy: Option<&std::path::Path>,
+) -> Child {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tally-load"));
+    c.arg("serve")
         .arg("--ledger")
         .arg(ledger)
         .arg("--socket")
-        .arg(socket.with_extension("agent"))
+        .arg(agent)
         .arg("--operator-socket")
-        .arg(socket)
-        .stdin(Stdio::null())
+        .arg(operator);
+    if let Some(p) = policy {
+        c.arg("--policy").arg(p);
+    }
+    c.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -117,21 +131,7 @@ fn spawn_gate(
     agent: &std::path::Path,
     policy: &std::path::Path,
 ) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_tally-load"))
-        .arg("serve")
-        .arg("--ledger")
-        .arg(ledger)
-        .arg("--socket")
-        .arg(agent)
-        .arg("--operator-socket")
-        .arg(agent.with_extension("op"))
-        .arg("--policy")
-        .arg(policy)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn tally-load serve")
+    spawn(ledger, agent, &agent.with_extension("op"), Some(policy))
 }
 
 /// kill -9 while 16 workers check: every acknowledged decision survives, and the gate's

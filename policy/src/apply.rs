@@ -683,7 +683,8 @@ pub(crate) fn use_grant(run: &mut RunState, grant: &Grant, call: &Call) {
     }
 }
 
-/// The limits snapshot of a run as it stands, for reports and `GET /v1/runs/{run}`.
+/// The limits snapshot of a run as it stands (every decision's `limits` starts from it,
+/// and `GET /v1/runs/{run}` shows it).
 pub fn standing(run: &RunState, now: Now) -> std::collections::BTreeMap<String, Limit> {
     let mut out = std::collections::BTreeMap::new();
     let mut put = |name: &str, used: u64, limit: Option<u64>| {

@@ -536,29 +536,22 @@ fn usable_grant<'a>(
 
 /// The `{dimension: {used, limit}}` snapshot of a decision.
 fn limits(run: &RunState, call: &Call, run_ms: u64) -> BTreeMap<String, Limit> {
-    let mut out = BTreeMap::new();
-    let mut put = |name: &str, used: u64, limit: Option<u64>| {
-        if let Some(limit) = limit {
-            out.insert(name.to_owned(), Limit { used, limit });
-        }
+    let now = Now {
+        wall_ms: 0,
+        at_ms: Some(run_ms),
     };
-    put("attempts", run.attempts_used, run.attempts_limit());
-    put("spend_cents", run.spent_cents(), run.spend_limit());
-    put(
-        "side_effects",
-        run.side_effects_used,
-        run.side_effects_limit(),
-    );
-    put("deadline_ms", run_ms, run.budget.deadline_ms);
-    if let Some(depth) = call.depth {
-        put("depth", depth, run.budget.depth);
+    let mut out = crate::apply::standing(run, now);
+    if let (Some(depth), Some(limit)) = (call.depth, run.budget.depth) {
+        out.insert("depth".to_owned(), Limit { used: depth, limit });
     }
-    if let Some(r) = run.poll_of(
+    let poll = run.poll_of(
         call.effect,
         call.remote_ref.as_deref(),
         call.operation.as_deref(),
-    ) {
-        put("polls", run.refs[&r].polls, run.budget.polls);
+    );
+    if let (Some(r), Some(limit)) = (poll, run.budget.polls) {
+        let used = run.refs[&r].polls;
+        out.insert("polls".to_owned(), Limit { used, limit });
     }
     out
 }
