@@ -613,3 +613,40 @@ async fn regression_tcp_peers_cannot_act_on_a_unix_uids_run() {
     drop(tcp);
     d.shutdown().await.expect("shutdown");
 }
+
+/// Review finding: a run's calls without outcomes held a shared tool's in-flight slots
+/// even after the run stopped. Stopping it gives them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_stopped_run_releases_its_tools_in_flight_slots() {
+    let mut d = gated("[rate]\ntool_in_flight = 2\n").await;
+    start(&d, "hog", json!({})).await;
+    start(&d, "other", json!({})).await;
+    for i in 0..2 {
+        let a = check(
+            &d,
+            json!({"run": "hog", "tool": "t", "operation": format!("o{i}"), "effect": "read"}),
+        )
+        .await;
+        assert_eq!(decision(&a).0, "allow");
+    }
+    let held = check(
+        &d,
+        json!({"run": "other", "tool": "t", "operation": "x", "effect": "read"}),
+    )
+    .await;
+    assert_eq!(
+        decision(&held),
+        ("deny", Some("rate_limit_exceeded"), Some("retry"))
+    );
+    let mut c = d.agent().await;
+    let (status, _) = post_json(&mut c, "/v1/runs/hog/stop", "{}").await;
+    assert_eq!(status, 200);
+    let freed = check(
+        &d,
+        json!({"run": "other", "tool": "t", "operation": "y", "effect": "read"}),
+    )
+    .await;
+    assert_eq!(decision(&freed).0, "allow", "{freed}");
+    drop(c);
+    d.shutdown().await.expect("shutdown");
+}

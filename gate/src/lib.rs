@@ -835,6 +835,25 @@ impl<B: StateBackend> Gate<B> {
             };
             let plaintext = encode(&record)?;
             apply(policy, t.view_mut(&Scopes::run(run)), &record, now);
+            // The stopped run's calls no longer hold their tools' in-flight slots (the
+            // slots are not durable state: nothing more to write).
+            let open: Vec<(String, u64)> = state
+                .open
+                .iter()
+                .filter_map(|(a, o)| o.tool.clone().map(|tool| (tool, *a)))
+                .collect();
+            for (tool, attempt) in open {
+                t.ensure_tool(&tool, now.wall_ms, policy)?;
+                let scopes = Scopes {
+                    run,
+                    tool: Some(&tool),
+                    credential: None,
+                };
+                if let Some(ts) = t.view_mut(&scopes).tool {
+                    ts.in_flight
+                        .remove(&tally_policy::state::call_id(run, attempt));
+                }
+            }
             let writes = vec![Touched::run(run)];
             t.mark_stopped(run);
             let limits = tally_policy::apply::standing(&state, now);
