@@ -181,19 +181,38 @@ fn path_run(run: Result<Path<String>, PathRejection>) -> Result<String, ApiError
     })
 }
 
+/// A gate call with a JSON body: read it strictly, hand it to `call`, answer `status`
+/// with what the gate answers once durable.
+async fn posted<Req, Ans>(
+    app: &App,
+    request: Request,
+    status: StatusCode,
+    call: impl FnOnce(Req, Box<dyn FnOnce(Result<Ans, GateError>) + Send>),
+) -> Result<Response, ApiError>
+where
+    Req: DeserializeOwned,
+    Ans: Serialize + Send + 'static,
+{
+    let (parts, b) = request.into_parts();
+    let req: Req = body(app, &parts.headers, b).await?;
+    let answer = answered(|done| call(req, done)).await.map_err(gate_error)?;
+    Ok(json(status, &answer))
+}
+
 async fn start(
     State(app): AppState,
     Extension(peer): Extension<Peer>,
     Extension(role): Extension<Role>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (parts, b) = request.into_parts();
-    let req: StartRequest = body(&app, &parts.headers, b).await?;
     let gate = Arc::clone(&app.gate);
-    let started = answered(|done| gate.start(caller(peer, role), req, done))
-        .await
-        .map_err(gate_error)?;
-    Ok(json(StatusCode::CREATED, &started))
+    posted(
+        &app,
+        request,
+        StatusCode::CREATED,
+        |req: StartRequest, done| gate.start(caller(peer, role), req, done),
+    )
+    .await
 }
 
 async fn check(
@@ -241,13 +260,14 @@ async fn outcome(
     Extension(role): Extension<Role>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (parts, b) = request.into_parts();
-    let req: OutcomeRequest = body(&app, &parts.headers, b).await?;
     let gate = Arc::clone(&app.gate);
-    let logged = answered(|done| gate.outcome(caller(peer, role), req, done))
-        .await
-        .map_err(gate_error)?;
-    Ok(json(StatusCode::OK, &logged))
+    posted(
+        &app,
+        request,
+        StatusCode::OK,
+        |req: OutcomeRequest, done| gate.outcome(caller(peer, role), req, done),
+    )
+    .await
 }
 
 async fn stop(
@@ -321,13 +341,11 @@ async fn approve(
     Extension(peer): Extension<Peer>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (parts, b) = request.into_parts();
-    let a: Approval = body(&app, &parts.headers, b).await?;
     let gate = Arc::clone(&app.gate);
-    let logged = answered(|done| gate.approve(caller(peer, Role::Operator), a, done))
-        .await
-        .map_err(gate_error)?;
-    Ok(json(StatusCode::OK, &logged))
+    posted(&app, request, StatusCode::OK, |a: Approval, done| {
+        gate.approve(caller(peer, Role::Operator), a, done)
+    })
+    .await
 }
 
 async fn run(
