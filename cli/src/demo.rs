@@ -12,7 +12,7 @@ use tally_daemon::client::Client;
 use tally_ledger::export::ExportReader;
 use tally_ledger::keys::{AuditorKey, LedgerPublic};
 use tally_ledger::{Ledger, Rotation};
-use tally_verify::analysis::{self, scenarios::scenarios, Analysis};
+use tally_verify::analysis::{self, Analysis};
 use tally_verify::{verify, Event, Options, Report, SourceError, Verdict};
 
 fn step(n: u32, title: &str) {
@@ -86,7 +86,7 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
 
     step(2, "Agents at work, through the gate");
     let ledger = Arc::new(Ledger::open(&ledger_dir)?);
-    let corpus = scenarios();
+    let corpus = crate::stories::stories()?;
     let agents = corpus.len();
     let start = Instant::now();
     let (appended, refused, gated) =

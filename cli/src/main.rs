@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod demo;
 mod operator;
+mod stories;
 
 use std::process::ExitCode;
 

@@ -4,12 +4,39 @@
 use serde_json::{json, Value};
 use tally_ledger::decision::args_digest;
 use tally_ledger::{Action, Decision, Effect, Reason, Status};
-use tally_verify::analysis::scenarios::scenarios;
 use tally_verify::analysis::*;
 use tally_verify::Event;
 
 /// Wall time of seq 0; each later record is 10 ms later (one ledger batch).
 const T0: u64 = 1_700_000_000_000;
+
+/// The stories of `corpus/stories/`, in file-name order.
+fn scenarios() -> Vec<(String, Vec<Decision>)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../corpus/stories");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|f| f.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ndjson"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 13, "stories missing from {}", dir.display());
+    files
+        .iter()
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(p).unwrap();
+            let ds = text
+                .lines()
+                .enumerate()
+                .map(|(i, l)| {
+                    Decision::from_json(l)
+                        .unwrap_or_else(|e| panic!("{}:{}: {e}", p.display(), i + 1))
+                })
+                .collect();
+            (name, ds)
+        })
+        .collect()
+}
 
 fn wall(seq: u64) -> u64 {
     T0 + 10 * seq
@@ -41,7 +68,7 @@ fn analyse(ds: &[Decision]) -> Report {
 fn scenario(name: &str) -> Vec<Decision> {
     scenarios()
         .into_iter()
-        .find(|(n, _)| *n == name)
+        .find(|(n, _)| n == name)
         .map(|(_, ds)| ds)
         .unwrap_or_else(|| panic!("no scenario {name}"))
 }

@@ -16,7 +16,6 @@ mod handoff;
 mod loops;
 mod render;
 mod run;
-pub mod scenarios;
 
 use std::collections::HashMap;
 
