@@ -39,18 +39,11 @@ pub struct ReadArgs {
 /// Loop thresholds (defaults and their meaning: docs/REPORTS.md).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Thresholds {
-    /// Exact repetition: identical calls (same tool and args digest) that make a loop [default: 3].
-    #[arg(long, value_name = "N")]
-    pub repeat_min: Option<u64>,
-    /// Exact repetition window, ms of run time [default: 60000].
-    #[arg(long, value_name = "MS")]
-    pub repeat_window_ms: Option<u64>,
-    /// High call count: calls of one tool in the window that make a loop [default: 60].
-    #[arg(long, value_name = "N")]
-    pub burst_min: Option<u64>,
-    /// High call count window, ms of run time [default: 60000].
-    #[arg(long, value_name = "MS")]
-    pub burst_window_ms: Option<u64>,
+    /// Loop breakers for runs with no recorded policy: a policy file as `tally serve
+    /// --policy` takes [default: the gate's defaults]. A run the gate governs is always
+    /// read under the policy recorded with it.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
     /// Retry storm: failures of identical calls (or of one tool across runs) [default: 4].
     #[arg(long, value_name = "N")]
     pub storm_min_failures: Option<u64>,

@@ -305,7 +305,7 @@ fn analyse(
     thresholds: &Thresholds,
 ) -> Result<Option<(Report, analysis::Report)>> {
     let audit = Audit::from_args(read, Some(auditor_key))?;
-    let mut analysis = Analysis::new(config(thresholds));
+    let mut analysis = Analysis::new(config(thresholds)?);
     let report = audit.run(|e| analysis.push(&e))?;
     if report.auditor_key_mismatch {
         bail!(
@@ -326,23 +326,22 @@ fn analyse(
 }
 
 /// The documented defaults, with each threshold given on the command line over it.
-fn config(t: &Thresholds) -> analysis::Config {
+fn config(t: &Thresholds) -> Result<analysis::Config> {
     let mut c = analysis::Config::default();
+    if let Some(path) = &t.policy {
+        c.policy = std::sync::Arc::new(read_policy(path)?.policy);
+    }
     let set = |field: &mut u64, given: Option<u64>| {
         if let Some(v) = given {
             *field = v;
         }
     };
-    set(&mut c.repeat_min, t.repeat_min);
-    set(&mut c.repeat_window_ms, t.repeat_window_ms);
-    set(&mut c.burst_min, t.burst_min);
-    set(&mut c.burst_window_ms, t.burst_window_ms);
     set(&mut c.storm_min_failures, t.storm_min_failures);
     set(&mut c.storm_window_ms, t.storm_window_ms);
     set(&mut c.storm_min_sources, t.storm_min_sources);
     set(&mut c.retry_after_ignored_min, t.retry_after_ignored_min);
     set(&mut c.poll_stall_min, t.poll_stall_min);
-    c
+    Ok(c)
 }
 
 /// The warning every page carries when a report is forced over a broken chain.

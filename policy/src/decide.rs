@@ -451,12 +451,38 @@ fn first_refusal(
 /// calls alternating with no progress, and a per-tool bar. One function: the gate and the
 /// replay both call it.
 fn loop_refusal(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<Refusal> {
+    loop_rule(policy, run, call, run_ms).map(|_| refuse(Reason::LoopRepeatedCall))
+}
+
+/// Which of the policy's loop breakers a call trips.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LoopRule {
+    /// More identical calls in a row than `identical_consecutive`.
+    Consecutive,
+    /// More identical calls among the run's last `identical_window` than
+    /// `identical_in_window`.
+    InWindow,
+    /// Two calls alternating (A, B, A, B, ...) `alternating` times with no change of
+    /// observed state in between.
+    Alternating,
+    /// More calls of one tool within `tool_window_ms` than `tool_calls`.
+    ToolBar,
+}
+
+/// What a loop is: the one rule the gate refuses by (`loop_repeated_call`) and `tally
+/// loops` reports by. `Some` when `call`, made now, would be one call beyond the
+/// policy's loop limits given the run's recent allowed calls. Polls are not judged here:
+/// their rule is the poll allowance and its interval (SPEC 3.1), so a poll is never a
+/// loop however long it goes on.
+pub fn loop_rule(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<LoopRule> {
     let l = &policy.loops;
     let key = call.key();
     let recent = &run.recent;
     let consecutive = recent.iter().rev().take_while(|r| r.key == key).count() as u64;
     if consecutive >= l.identical_consecutive {
-        return Some(refuse(Reason::LoopRepeatedCall));
+        return Some(LoopRule::Consecutive);
     }
     let in_window = recent
         .iter()
@@ -465,7 +491,7 @@ fn loop_refusal(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Op
         .filter(|r| r.key == key)
         .count() as u64;
     if in_window >= l.identical_in_window {
-        return Some(refuse(Reason::LoopRepeatedCall));
+        return Some(LoopRule::InWindow);
     }
     let k = l.alternating as usize;
     if recent.len() >= k && k >= 2 {
@@ -479,13 +505,13 @@ fn loop_refusal(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Op
                 .all(|(i, r)| r.key == if i % 2 == 0 { b } else { a });
         let stalled = tail.iter().all(|r| r.progress == run.progress);
         if alternates && stalled && key == a {
-            return Some(refuse(Reason::LoopRepeatedCall));
+            return Some(LoopRule::Alternating);
         }
     }
     if let Some(w) = run.tools.get(&crate::state::tool_key(&call.tool)) {
         let open = run_ms.saturating_sub(w.start_ms) < l.tool_window_ms;
         if open && w.count >= l.tool_calls {
-            return Some(refuse(Reason::LoopRepeatedCall));
+            return Some(LoopRule::ToolBar);
         }
     }
     None

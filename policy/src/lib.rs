@@ -21,7 +21,7 @@ pub mod state;
 
 pub use apply::{apply, Dimension, Inconsistency, ViewMut};
 pub use config::{Policy, Recorded};
-pub use decide::{decide, Call, Decided, Verdict, View};
+pub use decide::{decide, loop_rule, Call, Decided, LoopRule, Verdict, View};
 pub use error::{ApprovalError, PolicyError};
 pub use state::{Breaker, CredentialState, RunState, ToolState};
 

@@ -855,30 +855,91 @@ fn ok(run: &str, at_ms: u64, attempt: u64) -> Decision {
     d(json!({"run": run, "kind": "outcome", "at_ms": at_ms, "attempt": attempt, "status": "ok"}))
 }
 
-#[test]
-fn exact_repetition_is_three_identical_calls_within_the_window() {
+/// `n` identical reads of `a.rs`, each followed by its `ok`, 10 s apart.
+fn identical_reads(n: u64) -> Vec<Decision> {
     let mut ds = vec![start("r", json!({}))];
-    for (i, t) in [0u64, 10_000, 20_000].into_iter().enumerate() {
-        ds.push(read("r", t, i as u64 + 1, json!({"path": "a.rs"})));
-        ds.push(ok("r", t + 10, i as u64 + 1));
+    for i in 0..n {
+        ds.push(read("r", i * 10_000, i + 1, json!({"path": "a.rs"})));
+        ds.push(ok("r", i * 10_000 + 10, i + 1));
     }
-    let r = analyse(&ds);
+    ds
+}
+
+#[test]
+fn exact_repetition_is_the_gates_loop_rule() {
+    // The gate allows three identical calls in a row (`loops.identical_consecutive`)
+    // and refuses the fourth: three are no loop, four are one.
+    assert_eq!(analyse(&identical_reads(3)).loops, vec![]);
+    let r = analyse(&identical_reads(4));
     assert_eq!(r.loops.len(), 1);
     let l = &r.loops[0];
     assert_eq!(l.pattern, Pattern::ExactRepetition);
-    assert_eq!((l.count, l.first_seq, l.last_seq), (3, 1, 6));
+    assert_eq!((l.count, l.first_seq, l.last_seq), (4, 1, 8));
     // The last call succeeded, and the run never stopped.
-    assert_eq!(l.ended_by, LoopEnd::Succeeded { seq: 6 });
+    assert_eq!(l.ended_by, LoopEnd::Succeeded { seq: 8 });
     let h = only_handoff(&r);
     assert_eq!(h.stop.status, StopStatus::Running);
     assert_eq!(h.safe_resume[0].action, ResumeAction::ConfirmStopped);
 
-    // Spread wider than the window: no loop.
-    let mut wide = vec![start("r", json!({}))];
-    for (i, t) in [0u64, 30_001, 60_002].into_iter().enumerate() {
-        wide.push(read("r", t, i as u64 + 1, json!({"path": "a.rs"})));
+    // The rule is the policy's: under one that allows five in a row, four are no loop.
+    let mut policy = tally_policy::Policy::default();
+    policy.loops.identical_consecutive = 5;
+    let config = Config {
+        policy: std::sync::Arc::new(policy),
+        ..Config::default()
+    };
+    let lenient = |n| Analysis::analyse(config.clone(), events(&identical_reads(n)).iter());
+    assert_eq!(lenient(4).loops, vec![]);
+    assert_eq!(lenient(6).loops.len(), 1);
+}
+
+#[test]
+fn identical_calls_spread_among_others_trip_the_window_rule() {
+    // a.rs six times among other reads, never four in a row: the sixth is one more
+    // than `identical_in_window` (5 in the last 20 calls).
+    let mut ds = vec![start("r", json!({}))];
+    let mut attempt = 0;
+    for i in 0..6u64 {
+        for path in ["a.rs".to_owned(), format!("other{i}.rs")] {
+            attempt += 1;
+            ds.push(read("r", attempt * 1000, attempt, json!({ "path": path })));
+        }
     }
-    assert_eq!(analyse(&wide).loops, vec![]);
+    let r = analyse(&ds);
+    assert_eq!(r.loops.len(), 1, "{:?}", r.loops);
+    assert_eq!(r.loops[0].pattern, Pattern::ExactRepetition);
+    assert_eq!(r.loops[0].count, 6);
+    // Five of them are not.
+    ds.truncate(1 + 10);
+    assert_eq!(analyse(&ds).loops, vec![]);
+}
+
+#[test]
+fn two_calls_alternating_without_progress_are_a_loop() {
+    let mut ds = vec![start("r", json!({}))];
+    for i in 0..5u64 {
+        let path = if i % 2 == 0 { "a.rs" } else { "b.rs" };
+        ds.push(read("r", i * 1000, i + 1, json!({ "path": path })));
+    }
+    // A, B, A, B are allowed (`loops.alternating` = 4); the fifth, A again, is the loop.
+    let r = analyse(&ds);
+    assert_eq!(r.loops.len(), 1, "{:?}", r.loops);
+    let l = &r.loops[0];
+    assert_eq!(l.pattern, Pattern::Alternation);
+    assert_eq!(
+        (l.args_digest.as_deref(), l.count),
+        (ds[1].args_digest.as_deref(), 3)
+    );
+    let h = only_handoff(&r);
+    assert!(
+        h.unsafe_actions
+            .iter()
+            .any(|u| u.what.contains("alternated")),
+        "{:?}",
+        h.unsafe_actions
+    );
+    ds.pop();
+    assert_eq!(analyse(&ds).loops, vec![]);
 }
 
 #[test]
@@ -894,39 +955,48 @@ fn a_loop_still_going_at_the_end_never_stopped() {
 }
 
 #[test]
-fn high_call_count_needs_sixty_calls_in_a_minute() {
+fn high_call_count_is_the_policys_per_tool_bar() {
+    // Two reads a second, each of another file: the gate allows 60 calls of one tool
+    // in a minute (`loops.tool_calls`) and refuses the 61st.
     let run = |n: u64| {
         let mut ds = vec![start("r", json!({}))];
         for i in 0..n {
             ds.push(read(
                 "r",
-                i * 1000,
+                i * 500,
                 i + 1,
                 json!({"path": format!("f{i}.rs")}),
             ));
         }
         ds.push(d(
-            json!({"run": "r", "kind": "stop", "at_ms": n * 1000, "reason": "completed"}),
+            json!({"run": "r", "kind": "stop", "at_ms": n * 500, "reason": "completed"}),
         ));
         analyse(&ds)
     };
-    assert_eq!(run(59).loops, vec![]);
-    let r = run(60);
+    assert_eq!(run(60).loops, vec![]);
+    let r = run(61);
     assert_eq!(r.loops.len(), 1);
     let l = &r.loops[0];
     assert_eq!(l.pattern, Pattern::HighCallCount);
     assert_eq!(
         (l.count, l.first_seq, l.last_seq, l.span_ms),
-        (60, 1, 60, 59_000)
+        (61, 1, 61, 30_000)
     );
     assert_eq!(l.args_digest, None);
     assert_eq!(
         l.ended_by,
         LoopEnd::RunStopped {
             reason: Reason::Completed,
-            seq: 61
+            seq: 62
         }
     );
+    // One a second never reaches the bar: the window starts afresh each minute.
+    let slow: Vec<Decision> = std::iter::once(start("r", json!({})))
+        .chain(
+            (0..120u64).map(|i| read("r", i * 1000, i + 1, json!({ "path": format!("f{i}.rs") }))),
+        )
+        .collect();
+    assert_eq!(analyse(&slow).loops, vec![]);
 }
 
 fn create_job(run: &str, retry_after: u64) -> Vec<Decision> {
@@ -1516,8 +1586,10 @@ fn one_run_of_a_million_decisions_in_bounded_memory() {
     let pool = digest_pool();
     let allow = read("long", 0, 1, json!({}));
     let done = ok("long", 0, 1);
+    let mut policy = tally_policy::Policy::default();
+    policy.loops.tool_calls = 100;
     let config = Config {
-        burst_min: 100,
+        policy: std::sync::Arc::new(policy),
         ..Config::default()
     };
     let (report, took) = timed(config, 1_000_000, |seq| {

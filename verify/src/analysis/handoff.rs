@@ -500,6 +500,11 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
                 "do not keep polling {name}: {} polls looped (seq {}..{})",
                 l.count, l.first_seq, l.last_seq
             ),
+            Pattern::Alternation => format!(
+                "do not go back and forth with {name} again: it alternated with another \
+                 call {} times and nothing changed (seq {}..{})",
+                l.count, l.first_seq, l.last_seq
+            ),
             Pattern::HighCallCount => format!(
                 "do not call {name} at that rate again: {} calls in {} ms (seq {}..{})",
                 l.count, l.span_ms, l.first_seq, l.last_seq

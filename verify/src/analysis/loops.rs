@@ -1,13 +1,21 @@
-//! Loop reconstruction: exact repetition, high call count, retry storms and polling.
+//! Loop reconstruction: exact repetition, alternation, high call count, retry storms and
+//! polling.
 //!
-//! Each detector keeps a small window per key (run and tool, arguments or remote
+//! What a loop is, is the policy core's rule ([`tally_policy::loop_rule`]), the one the
+//! gate refuses by: the run's state, folded by the core, judges each call before it is
+//! counted, and the trackers here only group the calls it flags into loops and describe
+//! them. Retry storms and stalled polling are the reports' own signals: failures and
+//! polls that the budget, the breaker and the poll allowance bound at the gate.
+//!
+//! Each tracker keeps a small window per key (run and tool, arguments or remote
 //! operation), never the events themselves; a key that falls silent for longer than its
 //! window is closed and forgotten.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
 use tally_ledger::{Action, Reason, Status};
+use tally_policy::LoopRule;
 
 use super::Config;
 
@@ -18,10 +26,13 @@ const MAX_NAMED: usize = 16;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Pattern {
-    /// The same tool with the same argument digest, again and again, with no write of
-    /// the run in between and no failure to explain it.
+    /// The same call (tool and argument digest, else operation) again and again: more in
+    /// a row, or among the run's recent calls, than the policy's loop limits allow.
     ExactRepetition,
-    /// Very many calls of one tool in a short window, arguments varying.
+    /// Two calls alternating (A, B, A, B, ...) with no change of observed state.
+    Alternation,
+    /// More calls of one tool in the policy's per-tool window than it allows, arguments
+    /// varying.
     HighCallCount,
     /// Failures followed by retries: identical retries within a run, or many workers or
     /// runs hammering one failing tool at once.
@@ -36,6 +47,7 @@ impl Pattern {
     pub fn as_str(self) -> &'static str {
         match self {
             Pattern::ExactRepetition => "exact_repetition",
+            Pattern::Alternation => "alternation",
             Pattern::HighCallCount => "high_call_count",
             Pattern::RetryStorm => "retry_storm",
             Pattern::Polling => "polling",
@@ -282,15 +294,12 @@ pub(crate) struct CallSeries {
     tool: String,
     operation: Option<String>,
     digest: String,
-    /// Times of the recent calls that were not retries after a failure.
-    repeats: VecDeque<u64>,
-    repetition: bool,
+    /// The first loop rule one of its calls tripped.
+    looping: Option<LoopRule>,
     failures: u64,
     ignored: u64,
     last_failed: bool,
     backoff_until: Option<u64>,
-    /// The run's write count after this series' last call.
-    writes_seen: u64,
 }
 
 impl CallSeries {
@@ -300,13 +309,11 @@ impl CallSeries {
             tool: tool.to_owned(),
             operation: None,
             digest: digest.to_owned(),
-            repeats: VecDeque::new(),
-            repetition: false,
+            looping: None,
             failures: 0,
             ignored: 0,
             last_failed: false,
             backoff_until: None,
-            writes_seen: 0,
         }
     }
 
@@ -315,30 +322,13 @@ impl CallSeries {
         self.span.last_ms
     }
 
-    /// `writes` is the run's count of allowed writes before this call; `own_write`
-    /// whether this call is itself an allowed write.
-    pub fn call(&mut self, c: &CallFacts<'_>, writes: u64, own_write: bool, cfg: &Config) {
+    /// `rule` is the loop rule the call trips, judged by the core before it is counted.
+    pub fn call(&mut self, c: &CallFacts<'_>, rule: Option<LoopRule>) {
         if self.backoff_until.is_some_and(|until| c.ms < until) {
             self.ignored += 1;
         }
-        if !self.last_failed {
-            // A write by the run since our last call changed the world: re-reading is fair.
-            if writes != self.writes_seen {
-                self.repeats.clear();
-            }
-            self.repeats.push_back(c.ms);
-            while self.repeats.len() as u64 > cfg.repeat_min {
-                self.repeats.pop_front();
-            }
-            if self.repeats.len() as u64 == cfg.repeat_min
-                && self
-                    .repeats
-                    .front()
-                    .is_some_and(|first| c.ms.saturating_sub(*first) <= cfg.repeat_window_ms)
-            {
-                self.repetition = true;
-            }
-        }
+        // The per-tool bar is the run's burst of that tool, not this series'.
+        self.looping = self.looping.or(rule.filter(|r| *r != LoopRule::ToolBar));
         self.last_failed = false;
         if is_backoff(c.refused) {
             self.failures += 1;
@@ -347,7 +337,6 @@ impl CallSeries {
         if let Some(ra) = c.retry_after_ms {
             self.backoff_until = Some(c.ms.saturating_add(ra));
         }
-        self.writes_seen = writes + u64::from(own_write);
         self.operation = c.operation.map(str::to_owned);
         self.span.call(c);
     }
@@ -375,10 +364,11 @@ impl CallSeries {
     pub fn pattern(&self, cfg: &Config) -> Option<Pattern> {
         if self.failures >= cfg.storm_min_failures || self.ignored >= cfg.retry_after_ignored_min {
             Some(Pattern::RetryStorm)
-        } else if self.repetition {
-            Some(Pattern::ExactRepetition)
         } else {
-            None
+            self.looping.map(|rule| match rule {
+                LoopRule::Alternating => Pattern::Alternation,
+                _ => Pattern::ExactRepetition,
+            })
         }
     }
 
@@ -516,7 +506,6 @@ pub(crate) struct Burst {
     span: Span,
     tool: String,
     operation: Option<String>,
-    recent: VecDeque<u64>,
     flagged: bool,
 }
 
@@ -526,7 +515,6 @@ impl Burst {
             span: Span::new(seq, ms),
             tool: tool.to_owned(),
             operation: None,
-            recent: VecDeque::new(),
             flagged: false,
         }
     }
@@ -535,19 +523,9 @@ impl Burst {
         self.span.last_ms
     }
 
-    pub fn call(&mut self, c: &CallFacts<'_>, cfg: &Config) {
-        self.recent.push_back(c.ms);
-        while self.recent.len() as u64 > cfg.burst_min {
-            self.recent.pop_front();
-        }
-        if self.recent.len() as u64 == cfg.burst_min
-            && self
-                .recent
-                .front()
-                .is_some_and(|first| c.ms.saturating_sub(*first) <= cfg.burst_window_ms)
-        {
-            self.flagged = true;
-        }
+    /// `rule` as for [`CallSeries::call`]: the per-tool bar makes this a loop.
+    pub fn call(&mut self, c: &CallFacts<'_>, rule: Option<LoopRule>) {
+        self.flagged |= rule == Some(LoopRule::ToolBar);
         self.operation = c.operation.map(str::to_owned);
         self.span.call(c);
     }

@@ -39,17 +39,11 @@ use run::{RunState, Sink};
 /// Loop thresholds and output bounds. `Config::default()` holds the documented defaults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Config {
-    /// Exact repetition: this many identical calls (same run, tool and `args_digest`;
-    /// retries after a failure and calls after a write by the run do not count) within
-    /// `repeat_window_ms`. Default 3.
-    pub repeat_min: u64,
-    /// The exact-repetition window, ms of run time. Default 60 000.
-    pub repeat_window_ms: u64,
-    /// High call count: this many calls of one tool in one run (polls excluded) within
-    /// `burst_window_ms`. Default 60 (a call a second, sustained).
-    pub burst_min: u64,
-    /// The high-call-count window, ms of run time. Default 60 000.
-    pub burst_window_ms: u64,
+    /// The policy whose loop breakers (and budget rules) read a run that carries no
+    /// recorded policy: a run the gate governs is always read under its own. Default
+    /// `Policy::default()`, the gate's defaults.
+    #[serde(skip)]
+    pub policy: std::sync::Arc<tally_policy::Policy>,
     /// Retry storm: at least this many failures (`error`/`timeout` outcomes and back-off
     /// refusals) of identical calls in a run, or of one tool across workers and runs.
     /// Default 4.
@@ -79,10 +73,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Config {
         Config {
-            repeat_min: 3,
-            repeat_window_ms: 60_000,
-            burst_min: 60,
-            burst_window_ms: 60_000,
+            policy: std::sync::Arc::new(tally_policy::Policy::default()),
             storm_min_failures: 4,
             storm_window_ms: 60_000,
             storm_min_sources: 3,
@@ -98,7 +89,7 @@ impl Default for Config {
 impl Config {
     /// Identical calls further apart than this belong to separate series.
     fn series_gap_ms(&self) -> u64 {
-        self.repeat_window_ms.max(self.storm_window_ms)
+        self.storm_window_ms
     }
 }
 
@@ -178,7 +169,7 @@ impl Analysis {
         let name = &d.run;
         if !self.runs.contains_key(name) {
             self.order.push(name.clone());
-            let mut run = RunState::new(name, event);
+            let mut run = RunState::new(name, event, &self.config.policy);
             let recorded = d.policy.as_ref().and_then(|p| self.policies.get(p));
             if let (tally_ledger::Kind::Start, Some(p)) = (d.kind(), recorded) {
                 run.policy = std::sync::Arc::clone(p);

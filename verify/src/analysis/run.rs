@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use tally_ledger::decision::Budget;
 use tally_ledger::{Action, Decision, Effect, Kind, Reason, Status};
+use tally_policy::LoopRule;
 
 use super::audit::{self, Approvable, AuditFinding, AuditKind, Dimension, Excess, Override};
 use super::handoff::{Completed, Observed, Pending, PendingStatus, StopReason, StopStatus, When};
@@ -25,13 +26,6 @@ pub(crate) struct Sink {
     pub loops: Vec<Loop>,
     pub findings: Vec<AuditFinding>,
     pub findings_omitted: u64,
-}
-
-/// The policy the consistency audit folds with: the budget as SPEC 3.1 counts it, with
-/// no exempt tools (a run the gate governs is also replayed under its recorded policy).
-fn budget_only() -> &'static tally_policy::Policy {
-    static POLICY: std::sync::OnceLock<tally_policy::Policy> = std::sync::OnceLock::new();
-    POLICY.get_or_init(tally_policy::Policy::default)
 }
 
 /// Which loop window an attempt's outcome belongs to.
@@ -126,7 +120,6 @@ pub(crate) struct RunState {
     /// The policy the run was started under (for a run the gate governs: the recorded
     /// one, whose approvers' signatures the fold checks), else the budget-only default.
     pub policy: std::sync::Arc<tally_policy::Policy>,
-    polls: u64,
     pub uses_granted: u64,
     pub cents_granted: u64,
     open: BTreeMap<u64, Call>,
@@ -163,7 +156,8 @@ fn write_key(tool: Option<&str>, digest: Option<&str>, operation: Option<&str>) 
 }
 
 impl RunState {
-    pub fn new(name: &str, e: &Event) -> RunState {
+    /// `policy` is the one a run without a recorded policy is read under.
+    pub fn new(name: &str, e: &Event, policy: &std::sync::Arc<tally_policy::Policy>) -> RunState {
         RunState {
             name: name.to_owned(),
             goal: None,
@@ -176,8 +170,7 @@ impl RunState {
             stop: None,
             first_stop_refusal: None,
             core: tally_policy::RunState::new(name),
-            policy: std::sync::Arc::new(budget_only().clone()),
-            polls: 0,
+            policy: std::sync::Arc::clone(policy),
             uses_granted: 0,
             cents_granted: 0,
             open: BTreeMap::new(),
@@ -231,11 +224,13 @@ impl RunState {
                 self.workers.insert(w.clone());
             }
         }
-        // The budget first, so the checks below see this decision counted.
         let now = tally_policy::Now {
             wall_ms: e.wall_ms,
             at_ms: Some(at.run_ms),
         };
+        // A call is judged as the gate judged it: against the state before it counts.
+        let judged = matches!(d.kind(), Kind::Allow | Kind::Deny).then(|| self.judge(d, now));
+        // Then the budget, so the checks below see this decision counted.
         let view = tally_policy::ViewMut {
             run: &mut self.core,
             tool: None,
@@ -261,7 +256,10 @@ impl RunState {
                     self.budget = b.clone();
                 }
             }
-            Kind::Allow | Kind::Deny => self.call(e, at, cfg, sink, storms),
+            Kind::Allow | Kind::Deny => {
+                let (poll, rule) = judged.unwrap_or_default();
+                self.call(e, at, poll, rule, cfg, sink, storms)
+            }
             Kind::Outcome => self.outcome(e, at, cfg, sink, storms),
             // Refunds change the budget only: the core counted them above.
             Kind::Refund => {}
@@ -286,28 +284,35 @@ impl RunState {
         }
     }
 
-    /// A call that names a remote operation the run has seen (`...:REF`), or carries a
-    /// `polls` limit, is a status check of that operation; writes never are.
-    fn poll_ref(&self, d: &Decision) -> Option<String> {
-        if is_write(d.effect) {
-            return None;
+    /// What the core makes of a call before counting it: the remote operation it polls
+    /// (by the name the call gives it), or else the loop rule it trips.
+    fn judge(&self, d: &Decision, now: tally_policy::Now) -> (Option<String>, Option<LoopRule>) {
+        let polled = self
+            .core
+            .poll_of(d.effect, d.remote_ref.as_deref(), d.operation.as_deref());
+        if polled.is_some() {
+            let named = d
+                .remote_ref
+                .as_deref()
+                .filter(|r| self.core.remote(r).is_some())
+                .or_else(|| d.operation.as_deref()?.rsplit_once(':').map(|(_, r)| r));
+            return (named.map(str::to_owned), None);
         }
-        if let Some(op) = &d.operation {
-            let tail = op.rsplit(':').next().unwrap_or(op);
-            if self.refs.contains_key(tail) {
-                return Some(tail.to_owned());
-            }
-        }
-        if d.limits.as_ref().is_some_and(|l| l.contains_key("polls")) {
-            return d.operation.clone().or_else(|| d.tool.clone());
-        }
-        None
+        let call = tally_policy::Call::from_record(d);
+        let run_ms = self.core.run_ms(now);
+        (
+            None,
+            tally_policy::loop_rule(&self.policy, &self.core, &call, run_ms),
+        )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn call(
         &mut self,
         e: &Event,
         at: When,
+        poll: Option<String>,
+        rule: Option<LoopRule>,
         cfg: &Config,
         sink: &mut Sink,
         storms: &mut ToolStorms,
@@ -321,10 +326,6 @@ impl RunState {
             0
         };
         let write = allowed && is_write(d.effect);
-        let poll = self.poll_ref(d);
-        if allowed && poll.is_some() {
-            self.polls += 1;
-        }
         let facts = CallFacts {
             seq: e.seq,
             ms: at.run_ms,
@@ -337,6 +338,8 @@ impl RunState {
 
         let track = if let Some(r) = &poll {
             let remote = self.refs.get(r).cloned().unwrap_or_default();
+            // The core counted this poll already.
+            let polls = self.core.remote(r).map_or(0, |p| p.polls);
             let allowance = self.budget.polls;
             self.poll_series
                 .entry(r.clone())
@@ -350,7 +353,7 @@ impl RunState {
                         at.run_ms,
                     )
                 })
-                .call(&facts, d.tool.as_deref(), self.polls);
+                .call(&facts, d.tool.as_deref(), polls);
             Track::Poll(r.clone())
         } else if let (Some(tool), Some(digest)) = (&d.tool, &d.args_digest) {
             let key = format!("{tool}\u{0}{digest}");
@@ -370,21 +373,17 @@ impl RunState {
             self.series
                 .entry(key.clone())
                 .or_insert_with(|| CallSeries::new(tool, digest, e.seq, at.run_ms))
-                .call(
-                    &facts,
-                    self.core.side_effects_used.saturating_sub(u64::from(write)),
-                    write,
-                    cfg,
-                );
+                .call(&facts, rule);
             Track::Series(key)
         } else {
             Track::None
         };
         if let (None, Some(tool)) = (&poll, &d.tool) {
+            let burst_gap = self.policy.loops.tool_window_ms;
             let silent = self
                 .bursts
                 .get(tool)
-                .is_some_and(|b| at.run_ms.saturating_sub(b.last_ms()) > cfg.burst_window_ms);
+                .is_some_and(|b| at.run_ms.saturating_sub(b.last_ms()) > burst_gap);
             if silent {
                 if let Some(l) = self
                     .bursts
@@ -397,7 +396,7 @@ impl RunState {
             self.bursts
                 .entry(tool.clone())
                 .or_insert_with(|| Burst::new(tool, e.seq, at.run_ms))
-                .call(&facts, cfg);
+                .call(&facts, rule);
         }
         if let (false, Some(tool)) = (allowed, &d.tool) {
             let result = ToolResult {
@@ -859,6 +858,7 @@ impl RunState {
     /// Close loop windows silent for longer than their window.
     fn sweep(&mut self, now: u64, cfg: &Config, sink: &mut Sink) {
         let gap = cfg.series_gap_ms();
+        let burst_gap = self.policy.loops.tool_window_ms;
         let name = &self.name;
         self.series.retain(|_, s| {
             let keep = now.saturating_sub(s.last_ms()) <= gap;
@@ -868,7 +868,7 @@ impl RunState {
             keep
         });
         self.bursts.retain(|_, b| {
-            let keep = now.saturating_sub(b.last_ms()) <= cfg.burst_window_ms;
+            let keep = now.saturating_sub(b.last_ms()) <= burst_gap;
             if !keep {
                 sink.loops.extend(b.close(name, Close::Gap));
             }
