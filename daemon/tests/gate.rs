@@ -650,3 +650,61 @@ async fn regression_a_stopped_run_releases_its_tools_in_flight_slots() {
     drop(c);
     d.shutdown().await.expect("shutdown");
 }
+
+/// Review finding: killing a run left its children running on the budget carved from
+/// it. A kill stops every open descendant too, in the same commit, before the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_kill_stops_the_runs_descendants() {
+    let mut d = gated("").await;
+    start(&d, "p", json!({"attempts": 20})).await;
+    let mut c = d.agent().await;
+    for (run, parent) in [("c1", "p"), ("c2", "p"), ("g", "c1")] {
+        let body = json!({"run": run, "parent": parent, "budget": {"attempts": 4}});
+        let (status, reply) = post_json(&mut c, "/v1/runs", &body.to_string()).await;
+        assert_eq!(status, 201, "{reply}");
+    }
+    start(&d, "u", json!({})).await;
+    // c2 finished by itself before the kill: it is not stopped again.
+    let (status, _) = post_json(&mut c, "/v1/runs/c2/stop", "{}").await;
+    assert_eq!(status, 200);
+    let mut op = d.client().await;
+    let (status, answer) = post_json(&mut op, "/v1/runs/p/kill", "").await;
+    assert_eq!(status, 200, "{answer}");
+    for run in ["p", "c1", "g"] {
+        let a = check(&d, json!({"run": run, "tool": "t", "effect": "read"})).await;
+        assert_eq!(
+            decision(&a),
+            ("deny", Some("killed_by_operator"), Some("stop")),
+            "{run}: {a}"
+        );
+    }
+    let a = check(&d, json!({"run": "u", "tool": "t", "effect": "read"})).await;
+    assert_eq!(decision(&a).0, "allow", "an unrelated run goes on: {a}");
+    drop((c, op));
+    d.shutdown().await.expect("shutdown");
+    let chain = walk(&d.ledger_dir, &d.auditor);
+    let stops: Vec<(&str, Option<tally_ledger::Reason>)> = chain
+        .entries
+        .iter()
+        .filter_map(|e| e.decision.as_ref())
+        .filter(|d| d.kind() == tally_ledger::Kind::Stop)
+        .map(|d| (d.run.as_str(), d.reason))
+        .collect();
+    let killed = Some(tally_ledger::Reason::KilledByOperator);
+    assert_eq!(
+        stops,
+        vec![
+            ("c2", Some(tally_ledger::Reason::Completed)),
+            ("g", killed),
+            ("c1", killed),
+            ("p", killed)
+        ]
+    );
+    // The kill's answer is the killed run's own stop record.
+    let p_stop = chain.entries.iter().position(|e| {
+        e.decision
+            .as_ref()
+            .is_some_and(|d| d.run == "p" && d.kind() == tally_ledger::Kind::Stop)
+    });
+    assert_eq!(answer["seq"].as_u64(), p_stop.map(|s| s as u64), "{answer}");
+}

@@ -355,6 +355,26 @@ fn live<'t, T: StateTxn>(
     }
 }
 
+/// The open runs below `run` (children, their children, ...), nearest first.
+fn open_descendants<T: StateTxn>(t: &T, run: &str) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    let mut frontier = vec![run.to_owned()];
+    while !frontier.is_empty() {
+        let mut next: Vec<String> = t
+            .runs()
+            .into_iter()
+            .filter(|r| r.stop.is_none())
+            .filter(|r| r.parent.as_ref().is_some_and(|p| frontier.contains(p)))
+            .map(|r| r.run.clone())
+            .filter(|r| r != run && !found.contains(r))
+            .collect();
+        next.sort();
+        found.extend(next.iter().cloned());
+        frontier = next;
+    }
+    found
+}
+
 impl Gate<Embedded> {
     /// Open the gate over `ledger` under `policy`, its state in the ledger's own store.
     pub fn open(ledger: Arc<Ledger>, policy: Recorded) -> Result<Gate<Embedded>, GateError> {
@@ -424,13 +444,13 @@ impl<B: StateBackend> Gate<B> {
     fn submit<T: Send + 'static>(
         &self,
         t: B::Txn<'_>,
-        plaintext: Vec<u8>,
+        records: Vec<Vec<u8>>,
         touched: &[Touched],
         answer: impl FnOnce(Receipt) -> T + Send + 'static,
         done: Done<T>,
     ) {
         let failure = Arc::clone(&self.failure);
-        let mut plaintexts = Vec::with_capacity(2);
+        let mut plaintexts = Vec::with_capacity(records.len() + 1);
         let mut ledger_state = Vec::new();
         // Called inside the transaction, so exactly one decision carries the policy.
         if !self
@@ -443,7 +463,8 @@ impl<B: StateBackend> Gate<B> {
                 self.policy.digest.as_bytes().to_vec(),
             ));
         }
-        plaintexts.push(plaintext);
+        // The answer is the last record's: the one the caller asked for.
+        plaintexts.extend(records);
         let scopes: Vec<Scopes<'_>> = touched.iter().map(Touched::scopes).collect();
         t.commit(
             plaintexts,
@@ -586,7 +607,9 @@ impl<B: StateBackend> Gate<B> {
         })();
         match result {
             // Queued inside the transaction: the ledger's order is the state's order.
-            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
+            Ok((plaintext, writes, answer, t)) => {
+                self.submit(t, vec![plaintext], &writes, answer, done)
+            }
             Err(e) => done(Err(e)),
         }
     }
@@ -717,7 +740,9 @@ impl<B: StateBackend> Gate<B> {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
+            Ok((plaintext, writes, answer, t)) => {
+                self.submit(t, vec![plaintext], &writes, answer, done)
+            }
             Err(e) => done(Err(e)),
         }
     }
@@ -800,17 +825,20 @@ impl<B: StateBackend> Gate<B> {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
+            Ok((plaintext, writes, answer, t)) => {
+                self.submit(t, vec![plaintext], &writes, answer, done)
+            }
             Err(e) => done(Err(e)),
         }
     }
 
     /// Stop a run: by its owner (any reason, usually `completed`), or by the operator
-    /// (a kill: `killed_by_operator`).
+    /// (a kill: `killed_by_operator`). A kill stops the run's open descendants too, in
+    /// the same commit, before the run itself: a child's budget was carved from the
+    /// killed run's, and it must not go on spending it.
     pub fn stop(&self, caller: Caller, run: &str, req: StopRequest, done: Done<Logged>) {
         let result = (|| {
             let mut t = self.begin()?;
-            let policy = &self.policy.policy;
             let state = live(&mut t, run, caller)?.clone();
             let reason = match (caller.operator, req.reason) {
                 (true, r) => r.unwrap_or(Reason::KilledByOperator),
@@ -821,44 +849,23 @@ impl<B: StateBackend> Gate<B> {
                 }
                 (false, r) => r.unwrap_or(Reason::Completed),
             };
-            let now = clock(&state);
-            let record = Decision {
-                run: run.to_owned(),
-                kind: Some(Kind::Stop),
-                worker: req.worker,
-                at_ms: now.at_ms,
-                reason: Some(reason),
-                uid: caller.uid,
-                policy: Some(self.policy.digest.clone()),
-                limits: Some(tally_policy::apply::standing(&state, now)),
-                ..Decision::default()
+            let descendants = if reason == Reason::KilledByOperator {
+                open_descendants(&t, run)
+            } else {
+                Vec::new()
             };
-            let plaintext = encode(&record)?;
-            apply(policy, t.view_mut(&Scopes::run(run)), &record, now);
-            // The stopped run's calls no longer hold their tools' in-flight slots (the
-            // slots are not durable state: nothing more to write).
-            let open: Vec<(String, u64)> = state
-                .open
-                .iter()
-                .filter_map(|(a, o)| o.tool.clone().map(|tool| (tool, *a)))
-                .collect();
-            for (tool, attempt) in open {
-                t.ensure_tool(&tool, now.wall_ms, policy)?;
-                let scopes = Scopes {
-                    run,
-                    tool: Some(&tool),
-                    credential: None,
-                };
-                if let Some(ts) = t.view_mut(&scopes).tool {
-                    ts.in_flight
-                        .remove(&tally_policy::state::call_id(run, attempt));
-                }
+            let mut records = Vec::with_capacity(descendants.len() + 1);
+            let mut writes = Vec::with_capacity(descendants.len() + 1);
+            for child in descendants.iter().rev() {
+                let child_state = t.run(child, caller)?.clone();
+                records.push(self.stop_one(&mut t, child, &child_state, reason, None, caller)?);
+                writes.push(Touched::run(child));
             }
-            let writes = vec![Touched::run(run)];
-            t.mark_stopped(run);
-            let limits = tally_policy::apply::standing(&state, now);
+            records.push(self.stop_one(&mut t, run, &state, reason, req.worker, caller)?);
+            writes.push(Touched::run(run));
+            let limits = tally_policy::apply::standing(&state, clock(&state));
             Ok((
-                plaintext,
+                records,
                 writes,
                 move |r: Receipt| Logged {
                     seq: r.seq,
@@ -869,9 +876,58 @@ impl<B: StateBackend> Gate<B> {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
+            Ok((records, writes, answer, t)) => self.submit(t, records, &writes, answer, done),
             Err(e) => done(Err(e)),
         }
+    }
+
+    /// The stop record of one open run, folded into the transaction: the run is marked
+    /// stopped and its calls give back their tools' in-flight slots.
+    fn stop_one(
+        &self,
+        t: &mut B::Txn<'_>,
+        run: &str,
+        state: &RunState,
+        reason: Reason,
+        worker: Option<String>,
+        caller: Caller,
+    ) -> Result<Vec<u8>, GateError> {
+        let policy = &self.policy.policy;
+        let now = clock(state);
+        let record = Decision {
+            run: run.to_owned(),
+            kind: Some(Kind::Stop),
+            worker,
+            at_ms: now.at_ms,
+            reason: Some(reason),
+            uid: caller.uid,
+            policy: Some(self.policy.digest.clone()),
+            limits: Some(tally_policy::apply::standing(state, now)),
+            ..Decision::default()
+        };
+        let plaintext = encode(&record)?;
+        apply(policy, t.view_mut(&Scopes::run(run)), &record, now);
+        // The stopped run's calls no longer hold their tools' in-flight slots (the
+        // slots are not durable state: nothing more to write).
+        let open: Vec<(String, u64)> = state
+            .open
+            .iter()
+            .filter_map(|(a, o)| o.tool.clone().map(|tool| (tool, *a)))
+            .collect();
+        for (tool, attempt) in open {
+            t.ensure_tool(&tool, now.wall_ms, policy)?;
+            let scopes = Scopes {
+                run,
+                tool: Some(&tool),
+                credential: None,
+            };
+            if let Some(ts) = t.view_mut(&scopes).tool {
+                ts.in_flight
+                    .remove(&tally_policy::state::call_id(run, attempt));
+            }
+        }
+        t.mark_stopped(run);
+        Ok(plaintext)
     }
 
     /// Pause (`true`) or resume a run: its next check, from any worker, is refused with
@@ -958,7 +1014,9 @@ impl<B: StateBackend> Gate<B> {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => self.submit(t, plaintext, &writes, answer, done),
+            Ok((plaintext, writes, answer, t)) => {
+                self.submit(t, vec![plaintext], &writes, answer, done)
+            }
             Err(e) => done(Err(e)),
         }
     }

@@ -248,6 +248,21 @@ fn an_honest_gate_with_children_continuations_exempt_tools_and_backstops_replays
         serde_json::json!({"run": "b", "tool": "llm", "operation": "y", "effect": "read", "reserve_cents": 50}),
     );
     assert_eq!(y.reason, Some(Reason::BudgetExceeded));
+    // The operator kills the parent: its child is stopped in the same commit.
+    let operator = Caller {
+        uid: None,
+        operator: true,
+    };
+    gate.stop_blocking(operator, "p", tally_gate::StopRequest::default())
+        .expect("kill");
+    let req =
+        serde_json::json!({"run": "k", "tool": "search", "operation": "q9", "effect": "read"});
+    match gate.check_blocking(c, serde_json::from_value(req).expect("check")) {
+        Err(tally_gate::GateError::Stopped(a)) => {
+            assert_eq!(a.reason, Some(Reason::KilledByOperator))
+        }
+        other => panic!("the child goes on after its parent's kill: {other:?}"),
+    }
     drop(gate);
     let out = dir.path().join("x.tally");
     ledger.export(&out).expect("export");
