@@ -388,7 +388,10 @@ fn first_refusal(
         return Some(refuse(Reason::SideEffectLimitExceeded));
     }
     if let Some(limit) = run.spend_limit() {
-        if call.reserve_cents > 0 && (run.overrun || run.settled_cents >= limit) {
+        // After an overrun the run's outcomes settle more than its calls reserve, so no
+        // call is free: a zero-reserve call could settle any amount. Until a human grants
+        // more, every counted call is refused; otherwise a spent budget refuses spend.
+        if run.overrun || (call.reserve_cents > 0 && run.settled_cents >= limit) {
             return Some(refuse(Reason::BudgetExceeded));
         }
         let total = run.spent_cents().checked_add(call.reserve_cents);

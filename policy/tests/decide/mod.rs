@@ -225,7 +225,24 @@ fn budget_exceeded_after_an_overrun() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(sim.run("r1").overrun);
     sim.refused(&c(2, 1), 30, Reason::BudgetExceeded);
-    // A call that spends nothing still fits (20 <= 100).
+    // Review finding: a call that reserves nothing was still allowed, and its outcome
+    // could settle any amount, overrun after overrun. After an overrun no call is free.
+    sim.refused(&c(3, 0), 40, Reason::BudgetExceeded);
+}
+
+#[test]
+fn a_spent_budget_still_allows_calls_that_reserve_nothing() {
+    let mut sim = Sim::with_run(NO_ASK, json!({"spend_cents": 100}));
+    let c = |n: u64, cents: u64| Call {
+        reserve_cents: cents,
+        ..call("llm", Effect::Read, json!({"n": n}))
+    };
+    let a = sim.allow(&c(1, 100), 10);
+    assert!(sim
+        .outcome("r1", a, "ok", 20, json!({"settled_cents": 100}))
+        .is_empty());
+    sim.refused(&c(2, 1), 30, Reason::BudgetExceeded);
+    // Settled exactly what it reserved: no overrun, so a free call still fits.
     sim.allow(&c(3, 0), 40);
 }
 
