@@ -74,6 +74,8 @@ pub trait StateTxn {
     fn open_runs_of(&self, uid: Option<u32>) -> u64;
     /// The runs held (open ones, and recently stopped ones).
     fn runs(&self) -> Vec<&RunState>;
+    /// The open runs whose parent is `run`, by name (a kill stops them with it).
+    fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError>;
     /// Read (or create) a tool's state.
     fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError>;
     /// Read (or create) a credential's state.
@@ -172,6 +174,18 @@ impl StateTxn for EmbeddedTxn<'_> {
 
     fn runs(&self) -> Vec<&RunState> {
         self.t.runs.values().collect()
+    }
+
+    fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError> {
+        let mut children: Vec<String> = self
+            .t
+            .runs
+            .values()
+            .filter(|r| r.stop.is_none() && r.parent.as_deref() == Some(run))
+            .map(|r| r.run.clone())
+            .collect();
+        children.sort();
+        Ok(children)
     }
 
     fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError> {

@@ -356,23 +356,24 @@ fn live<'t, T: StateTxn>(
 }
 
 /// The open runs below `run` (children, their children, ...), nearest first.
-fn open_descendants<T: StateTxn>(t: &T, run: &str) -> Vec<String> {
+fn open_descendants<T: StateTxn>(t: &mut T, run: &str) -> Result<Vec<String>, GateError> {
     let mut found: Vec<String> = Vec::new();
-    let mut frontier = vec![run.to_owned()];
-    while !frontier.is_empty() {
-        let mut next: Vec<String> = t
-            .runs()
-            .into_iter()
-            .filter(|r| r.stop.is_none())
-            .filter(|r| r.parent.as_ref().is_some_and(|p| frontier.contains(p)))
-            .map(|r| r.run.clone())
-            .filter(|r| r != run && !found.contains(r))
-            .collect();
-        next.sort();
-        found.extend(next.iter().cloned());
-        frontier = next;
+    let mut next = 0;
+    let mut parent = run.to_owned();
+    loop {
+        for child in t.open_children(&parent)? {
+            // A run's parent is fixed when it starts, so the tree has no cycle; the
+            // check keeps a corrupt state from looping.
+            if child != run && !found.contains(&child) {
+                found.push(child);
+            }
+        }
+        match found.get(next) {
+            Some(p) => parent = p.clone(),
+            None => return Ok(found),
+        }
+        next += 1;
     }
-    found
 }
 
 impl Gate<Embedded> {
@@ -850,7 +851,7 @@ impl<B: StateBackend> Gate<B> {
                 (false, r) => r.unwrap_or(Reason::Completed),
             };
             let descendants = if reason == Reason::KilledByOperator {
-                open_descendants(&t, run)
+                open_descendants(&mut t, run)?
             } else {
                 Vec::new()
             };
