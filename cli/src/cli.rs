@@ -259,6 +259,12 @@ pub enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Agent hooks answered by the gate: `tally hook claude-code` for Claude Code's
+    /// PreToolUse and PostToolUse hooks.
+    Hook {
+        #[command(subcommand)]
+        command: HookCommand,
+    },
     /// The whole story on the embedded store: agents append decisions, the ledger is
     /// exported and verified, loops are found and handoffs printed.
     Demo {
@@ -268,8 +274,51 @@ pub enum Command {
     },
 }
 
-/// `tally policy ...`.
+/// `tally hook ...`.
 #[derive(Debug, Subcommand)]
+pub enum HookCommand {
+    /// Claude Code's PreToolUse/PostToolUse hook: reads the hook's JSON on stdin, asks
+    /// the gate, prints the hook's decision (allow, deny or ask). Exit 2 blocks the call
+    /// when the gate cannot be asked (fail closed).
+    ClaudeCode {
+        /// The daemon's agent socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The run the session's calls count against [default: claude-code-SESSION_ID].
+        #[arg(long)]
+        run: Option<String>,
+        /// Where allowed calls wait for their outcome [default: $XDG_RUNTIME_DIR/tally-hook,
+        /// else /tmp/tally-hook-UID].
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// A tool's effect class over the built-in one, e.g. `--effect Bash=read`
+        /// (read, idempotent_write, non_idempotent_write).
+        #[arg(long, value_name = "TOOL=EFFECT", value_parser = tool_effect)]
+        effect: Vec<(String, String)>,
+        /// Print no decision for an allowed call, so Claude Code's own permission rules
+        /// and prompts still apply to it.
+        #[arg(long)]
+        defer: bool,
+    },
+}
+
+/// `TOOL=EFFECT` for `--effect`.
+fn tool_effect(s: &str) -> Result<(String, String), String> {
+    let (tool, effect) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: give TOOL=EFFECT, e.g. Bash=read"))?;
+    match effect {
+        "read" | "idempotent_write" | "non_idempotent_write" => {
+            Ok((tool.to_owned(), effect.to_owned()))
+        }
+        _ => Err(format!(
+            "`{effect}` is not an effect class: read, idempotent_write or non_idempotent_write"
+        )),
+    }
+}
+
+/// `tally policy ...`.
+#[derive(Subcommand, Debug)]
 pub enum PolicyCommand {
     /// Validate a policy file and print it with every default filled in.
     Check {

@@ -4,6 +4,7 @@
 mod cli;
 mod commands;
 mod demo;
+mod hook;
 mod operator;
 mod stories;
 
@@ -132,6 +133,22 @@ fn run(command: Command) -> anyhow::Result<u8> {
         Command::Policy {
             command: cli::PolicyCommand::Check { file },
         } => commands::policy_check(&file),
+        Command::Hook {
+            command:
+                cli::HookCommand::ClaudeCode {
+                    socket,
+                    run,
+                    state_dir,
+                    effect,
+                    defer,
+                },
+        } => hook::claude_code(&hook::Hook {
+            socket,
+            run,
+            state_dir,
+            effects: effect.into_iter().collect(),
+            defer,
+        }),
         Command::Demo { dir } => demo::run(dir.as_deref()),
     }
 }
