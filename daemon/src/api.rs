@@ -36,6 +36,8 @@ pub(crate) struct App {
     pub ledger: Arc<Ledger>,
     pub state: Arc<LedgerState>,
     pub gate: Arc<tally_gate::Gate>,
+    /// The thread the gate's decisions are made on.
+    pub stage: crate::gate_api::Stage,
     pub in_flight: Arc<Semaphore>,
     pub max_in_flight: usize,
     pub exports: Arc<Semaphore>,
@@ -78,6 +80,7 @@ impl App {
             ledger,
             state,
             gate,
+            stage: crate::gate_api::Stage::start()?,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             exports: Arc::new(Semaphore::new(MAX_EXPORTS)),

@@ -156,13 +156,52 @@ fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, Ap
 }
 
 /// Run a gate operation that answers through a callback, and await its answer.
+/// The one thread that makes the gate's decisions, in the order they arrive.
+///
+/// A decision holds the gate's state while it is made and queued for the ledger (that
+/// is what keeps each scope's order in the ledger the order its state changed). Made on
+/// the runtime's workers, every concurrent request contended for that lock, and the
+/// workers spent their time in futex waits; made here, one after another with no
+/// contention, the workers only parse, hand over and answer. Replies still come from the
+/// ledger's commit thread once durable.
+pub(crate) struct Stage {
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+impl Stage {
+    /// Start the decision thread. It ends when the last sender is dropped.
+    pub fn start() -> std::io::Result<Stage> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("tally-gate".into())
+            .spawn(move || {
+                while let Ok(job) = queue.recv() {
+                    job();
+                }
+            })?;
+        Ok(Stage { jobs })
+    }
+}
+
+/// Run `f` on the decision thread; its answer once `f` calls back (after the decision
+/// is durable), or `Unavailable` if the thread is gone.
 async fn answered<T: Send + 'static>(
-    f: impl FnOnce(Box<dyn FnOnce(Result<T, GateError>) + Send>),
+    stage: &Stage,
+    f: impl FnOnce(Box<dyn FnOnce(Result<T, GateError>) + Send>) + Send + 'static,
 ) -> Result<T, GateError> {
     let (tx, rx) = oneshot::channel();
-    f(Box::new(move |r| {
-        let _ = tx.send(r);
-    }));
+    let job: Job = Box::new(move || {
+        f(Box::new(move |r| {
+            let _ = tx.send(r);
+        }))
+    });
+    if stage.jobs.send(job).is_err() {
+        return Err(GateError::Unavailable(
+            "the gate's decision thread has stopped".into(),
+        ));
+    }
     rx.await
         .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
 }
@@ -187,15 +226,17 @@ async fn posted<Req, Ans>(
     app: &App,
     request: Request,
     status: StatusCode,
-    call: impl FnOnce(Req, Box<dyn FnOnce(Result<Ans, GateError>) + Send>),
+    call: impl FnOnce(Req, Box<dyn FnOnce(Result<Ans, GateError>) + Send>) + Send + 'static,
 ) -> Result<Response, ApiError>
 where
-    Req: DeserializeOwned,
+    Req: DeserializeOwned + Send + 'static,
     Ans: Serialize + Send + 'static,
 {
     let (parts, b) = request.into_parts();
     let req: Req = body(app, &parts.headers, b).await?;
-    let answer = answered(|done| call(req, done)).await.map_err(gate_error)?;
+    let answer = answered(&app.stage, move |done| call(req, done))
+        .await
+        .map_err(gate_error)?;
     Ok(json(status, &answer))
 }
 
@@ -210,7 +251,7 @@ async fn start(
         &app,
         request,
         StatusCode::CREATED,
-        |req: StartRequest, done| gate.start(caller(peer, role), req, done),
+        move |req: StartRequest, done| gate.start(caller(peer, role), req, done),
     )
     .await
 }
@@ -224,7 +265,11 @@ async fn check(
     let (parts, b) = request.into_parts();
     let req: CheckRequest = body(&app, &parts.headers, b).await?;
     let gate = Arc::clone(&app.gate);
-    match answered(|done| gate.check(caller(peer, role), req, done)).await {
+    match answered(&app.stage, move |done| {
+        gate.check(caller(peer, role), req, done)
+    })
+    .await
+    {
         Ok(answer) => Ok(json(StatusCode::OK, &answer)),
         // The run is over: a decision-shaped answer, so a client needs one code path.
         Err(GateError::Stopped(answer)) => Ok(json(StatusCode::OK, &answer)),
@@ -265,7 +310,7 @@ async fn outcome(
         &app,
         request,
         StatusCode::OK,
-        |req: OutcomeRequest, done| gate.outcome(caller(peer, role), req, done),
+        move |req: OutcomeRequest, done| gate.outcome(caller(peer, role), req, done),
     )
     .await
 }
@@ -282,9 +327,11 @@ async fn stop(
     let bytes = read_body(&app, &parts.headers, b).await?;
     let req: StopRequest = parse_body(&bytes, true)?;
     let gate = Arc::clone(&app.gate);
-    let logged = answered(|done| gate.stop(caller(peer, role), &run, req, done))
-        .await
-        .map_err(gate_error)?;
+    let logged = answered(&app.stage, move |done| {
+        gate.stop(caller(peer, role), &run, req, done)
+    })
+    .await
+    .map_err(gate_error)?;
     Ok(json(StatusCode::OK, &logged))
 }
 
@@ -299,9 +346,11 @@ async fn kill(
         reason: Some(Reason::KilledByOperator),
         worker: None,
     };
-    let logged = answered(|done| gate.stop(caller(peer, Role::Operator), &run, req, done))
-        .await
-        .map_err(gate_error)?;
+    let logged = answered(&app.stage, move |done| {
+        gate.stop(caller(peer, Role::Operator), &run, req, done)
+    })
+    .await
+    .map_err(gate_error)?;
     Ok(json(StatusCode::OK, &logged))
 }
 
@@ -342,7 +391,7 @@ async fn approve(
     request: Request,
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
-    posted(&app, request, StatusCode::OK, |a: Approval, done| {
+    posted(&app, request, StatusCode::OK, move |a: Approval, done| {
         gate.approve(caller(peer, Role::Operator), a, done)
     })
     .await
