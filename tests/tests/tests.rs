@@ -3,6 +3,7 @@
 mod crafted;
 mod flips;
 mod keys;
+mod loops;
 mod replay;
 mod roundtrip;
 mod seals;
