@@ -87,7 +87,7 @@ pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Code> {
     let mut first_line = 1;
     for (i, line) in stdin.lock().lines().enumerate() {
         let line = line.context("reading stdin")?;
-        if line.trim().is_empty() {
+        if tally_ledger::decision::is_blank_line(&line) {
             continue;
         }
         if pending.is_empty() {

@@ -68,7 +68,7 @@ pub(crate) fn parse_body(
     let mut lines = Vec::new();
     for (i, line) in text.split('\n').enumerate() {
         let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.trim().is_empty() {
+        if tally_ledger::decision::is_blank_line(line) {
             continue;
         }
         if decisions.len() == max_batch {

@@ -13,3 +13,4 @@ mod lifecycle;
 mod ownership;
 mod review;
 mod schema;
+mod strict;

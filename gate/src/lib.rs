@@ -87,9 +87,10 @@ pub struct CheckRequest {
     /// The logical operation (e.g. `export.status:ea91`).
     #[serde(default)]
     pub operation: Option<String>,
-    /// The call's arguments: only their digest is kept.
+    /// The call's arguments, exactly as sent (a duplicate key is refused): only their
+    /// digest is kept.
     #[serde(default)]
-    pub args: Option<serde_json::Value>,
+    pub args: Option<tally_ledger::decision::Args>,
     /// A bounded preview of the arguments to keep.
     #[serde(default)]
     pub args_preview: Option<String>,
@@ -618,7 +619,7 @@ impl<B: StateBackend> Gate<B> {
     /// Decide one intended call. `done` gets the answer once the decision is durable.
     pub fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>) {
         // Hashing the arguments needs no state: done before the lock.
-        let args_digest = req.args.as_ref().map(tally_ledger::decision::args_digest);
+        let args_digest = req.args.as_ref().map(tally_ledger::decision::Args::digest);
         let result = (|| {
             let mut t = self.begin()?;
             let policy = &self.policy.policy;

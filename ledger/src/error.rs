@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-pub use tally_record::DecisionError;
+pub use tally_record::{ArgsError, DecisionError};
 
 /// A malformed entry, checkpoint, key or export (strict decoding).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

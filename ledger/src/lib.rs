@@ -26,7 +26,7 @@ pub mod ledger;
 pub mod store;
 
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
-pub use error::{CryptoError, DecisionError, Error, FormatError, Result};
+pub use error::{ArgsError, CryptoError, DecisionError, Error, FormatError, Result};
 pub use format::{Checkpoint, Entry, EntryType, Frame, Hash, Header, LedgerId};
 pub use keys::{AuditorKey, LedgerPublic};
 pub use ledger::{Ledger, Receipt, Rotation};

@@ -2,7 +2,7 @@
 
 use serde_json::json;
 use tally_ledger::decision::{args_digest, canonical_json, Action, Reason};
-use tally_ledger::{Decision, DecisionError, Kind};
+use tally_ledger::{ArgsError, Decision, DecisionError, Kind};
 
 /// One valid decision of each kind, with every field that kind may carry.
 pub fn every_kind() -> Vec<Decision> {
@@ -48,7 +48,7 @@ fn every_kind_round_trips_canonically() {
 #[test]
 fn raw_args_never_reach_the_stored_form() {
     let mut d = every_kind().remove(1);
-    let digest = args_digest(d.args.as_ref().unwrap());
+    let digest = d.args.as_ref().unwrap().digest();
     d.seal_args();
     let stored = String::from_utf8(d.to_canonical_json()).unwrap();
     assert!(!stored.contains("x.example"), "{stored}");
@@ -201,7 +201,6 @@ fn json_errors_are_strict() {
     for bad in [
         r#"{"run":"r","kind":"start","bogus":1}"#,
         r#"{"run":"r","kind":"start"} trailing"#,
-        r#"{"run":"r","kind":"start","run":"again"}"#,
         r#"{"run":"r","kind":"launch"}"#,
         r#"{"run":"r","kind":"start","at_ms":-1}"#,
         r#"{"run":"r","kind":"start","at_ms":"5"}"#,
@@ -257,4 +256,193 @@ fn every_reason_says_what_to_do() {
         assert_eq!(r.action(), action, "{name}");
         assert_eq!(serde_json::to_value(action).unwrap(), action.as_str());
     }
+}
+
+/// The digest an `allow` with these raw `args` (JSON text) is stored with.
+fn digest_of(args: &str) -> String {
+    let mut d = Decision::from_json(&format!(
+        r#"{{"run":"r","kind":"allow","tool":"t","args":{args}}}"#
+    ))
+    .unwrap_or_else(|e| panic!("{args}: {e}"));
+    d.validate().unwrap();
+    d.seal_args();
+    d.args_digest.unwrap()
+}
+
+// Issue 11 item 10: numbers were rounded to f64 before hashing, so different amounts
+// shared one digest (an approval for one is an approval for the other).
+#[test]
+fn issue_11_different_arguments_never_share_a_digest() {
+    for (a, b) in [
+        (
+            r#"{"amount":18446744073709551616}"#,
+            r#"{"amount":18446744073709551617}"#,
+        ),
+        ("0.1", "0.1000000000000000000001"),
+        ("9007199254740993", "9007199254740992"),
+        ("-9223372036854775809", "-9223372036854775808"),
+        ("1e400", "1e401"),
+        ("[1.00000000000000000001]", "[1]"),
+    ] {
+        assert_ne!(digest_of(a), digest_of(b), "{a} and {b}");
+    }
+}
+
+// Issue 11 item 10: duplicate keys were last-wins inside `args` and `limits`.
+#[test]
+fn issue_11_duplicate_keys_are_refused_at_every_depth() {
+    let dup = |path: &str, key: &str, column| DecisionError::DuplicateKey {
+        path: path.into(),
+        key: key.into(),
+        line: 1,
+        column,
+    };
+    for (bad, want) in [
+        (
+            r#"{"run":"r","kind":"allow","args":{"a":1,"a":2}}"#,
+            dup("args", "a", 43),
+        ),
+        (
+            r#"{"run":"r","kind":"allow","args":{"x":[{"a":1,"b":0,"a":2}]}}"#,
+            dup("args.x[0]", "a", 55),
+        ),
+        (
+            r#"{"run":"r","kind":"allow","args":{"a":1,"\u0061":1}}"#,
+            dup("args", "a", 48),
+        ),
+        (
+            r#"{"run":"r","kind":"allow","limits":{"attempts":{"used":1,"limit":5},"attempts":{"used":0,"limit":9}}}"#,
+            dup("limits", "attempts", 78),
+        ),
+        (
+            r#"{"run":"r","kind":"allow","limits":{"attempts":{"used":1,"limit":5,"used":0}}}"#,
+            dup("limits.attempts", "used", 73),
+        ),
+        (
+            r#"{"run":"r","kind":"start","budget":{"attempts":1,"attempts":9}}"#,
+            dup("budget", "attempts", 59),
+        ),
+        (
+            r#"{"run":"r","kind":"start","goal":"a","goal":"b"}"#,
+            dup("", "goal", 43),
+        ),
+        (
+            r#"{"run":"r","kind":"start","run":"again"}"#,
+            dup("", "run", 31),
+        ),
+    ] {
+        assert_eq!(Decision::from_json(bad), Err(want), "{bad}");
+    }
+    let e = Decision::from_json(
+        "{\"run\":\"r\",\n\"kind\":\"allow\",\n\"args\":{\"id\":1,\n\"id\":2}}",
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "duplicate key `id` in `args` at line 4 column 4: each key may appear once per object; remove one of them"
+    );
+}
+
+// Issue 11 item 10: `"goal": null` was read as absent; a null is never an absent field.
+#[test]
+fn issue_11_null_is_not_an_absent_field() {
+    let null = |field: &str, column| DecisionError::Null {
+        field: field.into(),
+        line: 1,
+        column,
+    };
+    for (bad, want) in [
+        (
+            r#"{"run":"r","kind":"start","goal":null}"#,
+            null("goal", 37),
+        ),
+        (
+            r#"{"run":"r","kind":"start","budget":null}"#,
+            null("budget", 39),
+        ),
+        (
+            r#"{"run":"r","kind":"start","budget":{"attempts":null}}"#,
+            null("budget.attempts", 51),
+        ),
+        (
+            r#"{"run":"r","kind":"allow","args":null}"#,
+            null("args", 37),
+        ),
+        (
+            r#"{"run":"r","kind":"allow","limits":null}"#,
+            null("limits", 39),
+        ),
+        (
+            r#"{"run":"r","kind":"override","scope":{"tool":null}}"#,
+            null("scope.tool", 49),
+        ),
+        (
+            r#"{"run":"r","kind":"allow","worker":null,"tool":"t"}"#,
+            null("worker", 39),
+        ),
+        (r#"{"run":null,"kind":"start"}"#, null("run", 11)),
+        (r#"{"run":"r","kind":null}"#, null("kind", 22)),
+    ] {
+        assert_eq!(Decision::from_json(bad), Err(want), "{bad}");
+    }
+    // Inside `args` a null is a value like any other.
+    assert_ne!(digest_of(r#"{"a":null}"#), digest_of("{}"));
+    assert_ne!(digest_of("[null]"), digest_of("[]"));
+}
+
+// Issue 11 item 10: a line holding only U+00A0 was skipped as blank.
+#[test]
+fn issue_11_only_json_whitespace_is_whitespace() {
+    use tally_ledger::decision::is_blank_line;
+    assert!(is_blank_line(" \t\r"));
+    assert!(is_blank_line(""));
+    for line in ["\u{a0}", " \u{2003} ", "\u{b}", "\u{c}", "\u{feff}"] {
+        assert!(!is_blank_line(line), "{line:?}");
+    }
+    assert_eq!(
+        Decision::from_json("\u{a0}"),
+        Err(DecisionError::NotJsonWhitespace {
+            found: '\u{a0}',
+            line: 1,
+            column: 1
+        })
+    );
+    assert_eq!(
+        Decision::from_json("{\"run\":\"r\",\u{2003}\"kind\":\"start\"}"),
+        Err(DecisionError::NotJsonWhitespace {
+            found: '\u{2003}',
+            line: 1,
+            column: 12
+        })
+    );
+    // Inside a string it is text like any other.
+    let d = Decision::from_json("{\"run\":\"r\u{a0}\",\"kind\":\"start\"}").unwrap();
+    assert_eq!(d.run, "r\u{a0}");
+    let e = Decision::from_json(" \u{a0}{}").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "U+00A0 at line 1 column 2 is not JSON whitespace (JSON allows only space, tab, LF and CR between values): remove it"
+    );
+}
+
+// Issue 11 item 10: what the digest is a function of, and the same value written two
+// ways.
+#[test]
+fn issue_11_one_value_one_digest() {
+    for (a, b) in [
+        ("1", "1.0"),
+        ("100", "1e2"),
+        ("-0", "0"),
+        (r#""\u00e9""#, r#""é""#),
+        (r#"{"b":1,"a":2}"#, r#"{ "a" : 2 , "b" : 1 }"#),
+    ] {
+        assert_eq!(digest_of(a), digest_of(b), "{a} and {b}");
+    }
+    // Arguments built in code digest as the same arguments sent as text.
+    let v = json!({"url": "https://x.example", "n": [1, -2, 0.5, 1e300, u64::MAX]});
+    assert_eq!(args_digest(&v), digest_of(&v.to_string()));
+    assert!(matches!(
+        Decision::from_json(r#"{"run":"r","kind":"allow","args":[1e9999999999999999999]}"#),
+        Err(DecisionError::Args(ArgsError::ExponentOutOfRange { .. }))
+    ));
 }

@@ -136,3 +136,45 @@ fn vectors_decode_verify_and_decrypt() {
         "checkpoint text round-trips exactly"
     );
 }
+
+/// The argument digest vectors of docs/FORMAT.md ("Argument digest"), read from the
+/// document itself: input, canonical JSON, BLAKE3.
+fn argument_vectors() -> Vec<[String; 3]> {
+    let doc = include_str!("../../docs/FORMAT.md");
+    let table = doc
+        .split_once("| `args` as sent | canonical JSON | BLAKE3 |\n|---|---|---|\n")
+        .expect("the argument digest table")
+        .1;
+    table
+        .lines()
+        .take_while(|l| l.starts_with('|'))
+        .map(|row| {
+            let cells: Vec<String> = row
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().trim_matches('`').to_string())
+                .collect();
+            [cells[0].clone(), cells[1].clone(), cells[2].clone()]
+        })
+        .collect()
+}
+
+#[test]
+fn argument_digest_vectors_match_docs() {
+    let vectors = argument_vectors();
+    assert!(vectors.len() >= 7, "{vectors:?}");
+    for [input, canonical, digest] in &vectors {
+        let args = tally_ledger::decision::Args::parse(input).unwrap();
+        assert_eq!(args.canonical(), canonical, "{input}");
+        let want = blake3::hash(canonical.as_bytes()).to_hex().to_string();
+        assert_eq!(&want, digest, "BLAKE3 of {canonical}");
+        assert_eq!(args.digest(), want);
+        // The same arguments inside a decision: the digest it is stored with.
+        let mut d = Decision::from_json(&format!(
+            r#"{{"run":"r","kind":"allow","tool":"t","args":{input}}}"#
+        ))
+        .unwrap();
+        d.seal_args();
+        assert_eq!(d.args_digest.as_deref(), Some(digest.as_str()));
+    }
+}

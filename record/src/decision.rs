@@ -10,7 +10,10 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::args::Args;
 use crate::error::DecisionError;
+pub use crate::strict::is_blank_line;
+use crate::strict::{limits, present};
 
 /// Longest `args_preview` the ledger stores, in bytes.
 pub const MAX_PREVIEW_BYTES: usize = 256;
@@ -237,21 +240,27 @@ pub enum Channel {
 pub struct Budget {
     /// External attempts allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub attempts: Option<u64>,
     /// Run deadline, ms after start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub deadline_ms: Option<u64>,
     /// Spend allowed, in cents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub spend_cents: Option<u64>,
     /// Side-effecting calls allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub side_effects: Option<u64>,
     /// Status polls allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub polls: Option<u64>,
     /// Deepest agent chain allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub depth: Option<u64>,
 }
 
@@ -261,15 +270,19 @@ pub struct Budget {
 pub struct Scope {
     /// Extra attempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub attempts: Option<u64>,
     /// Extra cents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub cents: Option<u64>,
     /// A tool otherwise blocked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub tool: Option<String>,
     /// The operation the approval is for, if it is that narrow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub operation: Option<String>,
 }
 
@@ -295,127 +308,168 @@ pub struct Decision {
     #[serde(default)]
     pub run: String,
     /// What the record is about.
+    #[serde(default, deserialize_with = "present")]
     pub kind: Option<Kind>,
     /// Which worker/process wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub worker: Option<String>,
     /// The writer's monotonic elapsed ms since run start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub at_ms: Option<u64>,
     /// The task (start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub goal: Option<String>,
     /// The allocation (start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub budget: Option<Budget>,
     /// Tool name (allow, deny).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub tool: Option<String>,
     /// The logical operation, e.g. `export.status:ea91` (allow, deny).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub operation: Option<String>,
-    /// Raw call arguments: input only, never stored (replaced by `args_digest`).
-    #[serde(default, skip_serializing)]
-    pub args: Option<Value>,
+    /// Raw call arguments, exactly as given (canonical JSON): input only, never stored
+    /// (replaced by `args_digest`).
+    #[serde(default, skip_serializing, deserialize_with = "present")]
+    pub args: Option<Args>,
     /// BLAKE3 of the canonical JSON of `args`, lowercase hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub args_digest: Option<String>,
     /// A bounded, caller-chosen preview of the arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub args_preview: Option<String>,
     /// Side-effect class (allow, deny).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub effect: Option<Effect>,
     /// The caller's idempotency key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub idempotency_key: Option<String>,
     /// Destination class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub target: Option<String>,
     /// How the call travels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub channel: Option<Channel>,
     /// Agent chain depth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub depth: Option<u64>,
     /// Parent run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub parent: Option<String>,
     /// Typed reason code (required for deny and stop).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub reason: Option<Reason>,
     /// The run's external attempt number this record is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub attempt: Option<u64>,
     /// Spend reserved before the call (allow; on a deny, what the call asked to reserve).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub reserve_cents: Option<u64>,
     /// Outcome status (required for outcome).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub status: Option<Status>,
     /// Actual spend (outcome).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub settled_cents: Option<u64>,
     /// Remote operation id (outcome; on allow and deny, the operation a poll reads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub remote_ref: Option<String>,
     /// Last observed remote state (outcome).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub observed: Option<String>,
     /// Upstream Retry-After, ms (outcome).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub retry_after_ms: Option<u64>,
     /// The attempt refunded (required for refund).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub of: Option<u64>,
     /// Attempt slots returned (refund).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub slots: Option<u64>,
     /// Reserved cents released (refund).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub cents: Option<u64>,
     /// Who approved (override).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub approver: Option<String>,
     /// What was approved (override).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub scope: Option<Scope>,
     /// Digest of exactly what was approved (override), lowercase hex BLAKE3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub digest: Option<String>,
     /// When the approval expires, in the run's `at_ms` time (override).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub expires_ms: Option<u64>,
     /// Free text (override).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub note: Option<String>,
     /// Snapshot of `{dimension: {used, limit}}` at decision time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "limits")]
     pub limits: Option<BTreeMap<String, Limit>>,
     /// Digest (lowercase hex BLAKE3) of the policy text the gate decided under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub policy: Option<String>,
     /// The policy's TOML text (policy records only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub policy_text: Option<String>,
     /// The Unix uid of the process that asked (the gate reads it from the socket).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub uid: Option<u32>,
     /// The credential the call or run is made under (start, allow, deny).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub credential: Option<String>,
     /// The longest the allowed call may take, ms: never past the run's deadline (allow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub timeout_ms: Option<u64>,
     /// The approval (its `digest`) this allow used up (allow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub grant: Option<String>,
     /// The approver's Ed25519 signature over the approval digest, lowercase hex
     /// (override).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub signature: Option<String>,
     /// The stopped run this one continues (start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
     pub continues: Option<String>,
 }
 
@@ -433,8 +487,10 @@ pub const LIMIT_DIMENSIONS: &[&str] = &[
 ];
 
 impl Decision {
-    /// Parse one decision from JSON text, strictly (unknown fields, wrong types and
-    /// trailing data are errors).
+    /// Parse one decision from JSON text, strictly: unknown fields, wrong types, trailing
+    /// data, duplicate keys (in the decision, `budget`, `scope`, `limits`, and at every
+    /// depth of `args`), `null` for any field, and whitespace JSON does not allow are
+    /// errors. `args` are kept exactly, every digit of every number included.
     pub fn from_json(text: &str) -> Result<Decision, DecisionError> {
         // serde's derive also accepts a struct written as an array (`["r","start"]`):
         // refuse that second encoding wherever a struct stands.
@@ -442,13 +498,13 @@ impl Decision {
             reject_struct_arrays(text)?;
         }
         let mut de = serde_json::Deserializer::from_str(text);
-        let d = Decision::deserialize(&mut de).map_err(|e| DecisionError::Json {
-            message: e.to_string(),
-        })?;
-        de.end().map_err(|e| DecisionError::Json {
-            message: e.to_string(),
-        })?;
-        Ok(d)
+        Decision::deserialize(&mut de)
+            .and_then(|d| de.end().map(|()| d))
+            .map_err(|e| {
+                crate::strict::diagnose(text, &e).unwrap_or_else(|| DecisionError::Json {
+                    message: e.to_string(),
+                })
+            })
     }
 
     /// The record's kind. Validated decisions always have one.
@@ -662,7 +718,7 @@ impl Decision {
             }
         }
         if let (Some(args), Some(given)) = (&self.args, &self.args_digest) {
-            if &args_digest(args) != given {
+            if &args.digest() != given {
                 return Err(DecisionError::Invalid {
                     field: "args_digest",
                     why: "does not match the BLAKE3 digest of canonical `args`",
@@ -685,7 +741,7 @@ impl Decision {
     /// Replace raw `args` by their digest. Raw arguments never reach the store.
     pub fn seal_args(&mut self) {
         if let Some(args) = self.args.take() {
-            self.args_digest = Some(args_digest(&args));
+            self.args_digest = Some(args.digest());
         }
     }
 
@@ -797,15 +853,20 @@ pub fn policy_digest(text: &str) -> String {
     blake3::hash(text.as_bytes()).to_hex().to_string()
 }
 
-/// BLAKE3 over the canonical JSON of `args`, lowercase hex (SPEC section 3).
+/// BLAKE3 over the canonical JSON of `args` (built in code), lowercase hex: the same
+/// digest as [`Args::digest`] of the same value. A `Value` holds numbers as `u64`, `i64`
+/// or `f64`, so arguments that arrive as text go through [`Args`] instead, which keeps
+/// every digit.
 pub fn args_digest(args: &Value) -> String {
     let mut buf = Vec::with_capacity(128);
     canonical_json(args, &mut buf);
     blake3::hash(&buf).to_hex().to_string()
 }
 
-/// Canonical JSON: object keys sorted by their UTF-8 bytes, no insignificant whitespace,
-/// strings and numbers as serde_json writes them. Does not depend on serde_json's map order.
+/// Canonical JSON of a `Value` (docs/FORMAT.md, "Argument digest"): object keys sorted by
+/// their UTF-8 bytes, no insignificant whitespace, strings as serde_json writes them,
+/// numbers by their exact decimal value in the one canonical form [`Args`] uses. Does not
+/// depend on serde_json's map order.
 pub fn canonical_json(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => {
@@ -832,6 +893,11 @@ pub fn canonical_json(value: &Value, out: &mut Vec<u8>) {
                 canonical_json(v, out);
             }
             out.push(b']');
+        }
+        // serde_json writes a `Number` as a valid JSON number (finite: a `Value` holds
+        // no NaN); its exponent is within an f64's.
+        Value::Number(n) => {
+            let _ = crate::args::canonical_number(&n.to_string(), out);
         }
         scalar => {
             let _ = serde_json::to_writer(&mut *out, scalar);

@@ -47,4 +47,94 @@ pub enum DecisionError {
     /// A stored decision that is valid but not in its one canonical encoding.
     #[error("stored decision is not in canonical form")]
     NotCanonical,
+    /// A key given twice in one object: in the decision itself, in `budget`, `scope`,
+    /// `limits` or one of its entries, or anywhere in `args`. JSON parsers disagree on
+    /// which one wins, so neither does.
+    #[error("duplicate key `{key}` in {} at line {line} column {column}: each key may appear once per object; remove one of them", place(.path))]
+    DuplicateKey {
+        /// The object holding it: empty for the decision, else e.g. `budget`,
+        /// `limits.attempts`, `args.items[2]`.
+        path: String,
+        /// The key, decoded.
+        key: String,
+        /// 1-based line of the text where it was found.
+        line: usize,
+        /// Column (in bytes) of the text where it was found.
+        column: usize,
+    },
+    /// A field given as `null`. A null is never read as an absent field.
+    #[error("field `{field}` is null at line {line} column {column}: leave the field out to say it is absent")]
+    Null {
+        /// The field, e.g. `goal` or `budget.attempts`.
+        field: String,
+        /// 1-based line of the text.
+        line: usize,
+        /// Column (in bytes) of the text.
+        column: usize,
+    },
+    /// A character that Unicode calls whitespace but JSON does not (JSON allows only
+    /// space, tab, line feed and carriage return between tokens).
+    #[error("U+{:04X} at line {line} column {column} is not JSON whitespace (JSON allows only space, tab, LF and CR between values): remove it", u32::from(*.found))]
+    NotJsonWhitespace {
+        /// The character.
+        found: char,
+        /// 1-based line of the text.
+        line: usize,
+        /// Column (in bytes) of the text.
+        column: usize,
+    },
+    /// `args` that cannot be read exactly.
+    #[error("field `args`: {0}")]
+    Args(#[from] ArgsError),
+}
+
+fn place(path: &str) -> String {
+    if path.is_empty() {
+        "the decision object".into()
+    } else {
+        format!("`{path}`")
+    }
+}
+
+/// Call arguments that cannot be read exactly (so cannot be given a digest).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArgsError {
+    /// A key given twice in one object of the arguments.
+    #[error("duplicate key `{key}` in `{path}`: each key may appear once per object; remove one of them")]
+    DuplicateKey {
+        /// The object, e.g. `args` or `args.items[2]`.
+        path: String,
+        /// The key, decoded.
+        key: String,
+    },
+    /// The arguments are `null`.
+    #[error("`args` is null: leave the field out when the call has no arguments")]
+    Null,
+    /// Arrays and objects nested too deep.
+    #[error("`{path}` is nested deeper than {max} arrays and objects")]
+    TooDeep {
+        /// Where the limit was reached.
+        path: String,
+        /// The limit.
+        max: usize,
+    },
+    /// A number whose exponent is beyond what tally reads.
+    #[error(
+        "the number at `{path}` has an exponent beyond {max} in magnitude: send it as a string"
+    )]
+    ExponentOutOfRange {
+        /// Where the number is.
+        path: String,
+        /// The largest exponent read.
+        max: u64,
+    },
+    /// Not valid JSON.
+    #[error("invalid JSON in `{path}`: {message}")]
+    Json {
+        /// Where.
+        path: String,
+        /// serde_json's description.
+        message: String,
+    },
 }

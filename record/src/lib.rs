@@ -6,9 +6,12 @@
 //! verifier all read these types, and none of them defines its own.
 #![forbid(unsafe_code)]
 
+pub mod args;
 mod canonical;
 pub mod decision;
 pub mod error;
+mod strict;
 
+pub use args::Args;
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
-pub use error::DecisionError;
+pub use error::{ArgsError, DecisionError};
