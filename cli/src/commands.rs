@@ -6,10 +6,10 @@ use std::io::{self, BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use tally_ledger::export::ExportReader;
 use tally_ledger::keys::{read_auditor_public, AuditorKey, LedgerPublic};
-use tally_ledger::{Checkpoint, Decision, Frame, Ledger, Rotation};
+use tally_ledger::{Checkpoint, Decision, Ledger, Rotation};
 use tally_verify::analysis::{self, Analysis};
+use tally_verify::text::terminal_safe;
 use tally_verify::{Event, Options, Report, SourceError, Verdict};
 
 use crate::cli::{ReadArgs, Thresholds};
@@ -180,6 +180,16 @@ impl Audit {
                 std::fs::read(a).with_context(|| format!("reading anchor {}", a.display()))?;
             let cp = Checkpoint::from_text(&text)
                 .with_context(|| format!("anchor {} is not a tally checkpoint", a.display()))?;
+            // Ids first, as minisign compares key ids: another ledger's anchor is a mistake.
+            if cp.ledger_id != options.public.ledger_id {
+                bail!(
+                    "anchor {} is a checkpoint of ledger {}, but {} is the key of ledger {}: give an anchor of this ledger",
+                    a.display(),
+                    cp.ledger_id,
+                    read.key.display(),
+                    options.public.ledger_id
+                );
+            }
             options.anchors.push(cp);
         }
         Ok(Audit {
@@ -194,8 +204,24 @@ impl Audit {
         let progress = Progress::new();
         if self.path.is_dir() {
             let scratch = tempfile::tempdir().context("creating a scratch directory")?;
-            let store = tally_ledger::store::open_copy(&self.path, scratch.path())
-                .with_context(|| format!("reading the store in {}", self.path.display()))?;
+            let store = match tally_ledger::store::open_copy(&self.path, scratch.path()) {
+                Ok(store) => store,
+                // A store that is there but does not read back is evidence, not a usage
+                // error: the walk reports it as a finding.
+                Err(
+                    e @ (tally_ledger::Error::Store(_)
+                    | tally_ledger::Error::Corrupt { .. }
+                    | tally_ledger::Error::Format(_)),
+                ) => {
+                    let why = format!("the store in {} does not read: {e}", self.path.display());
+                    let frames = std::iter::once(Err(SourceError::Store(why)));
+                    return Ok(tally_verify::verify(frames, &self.options, sink, |_| {}));
+                }
+                Err(e) => {
+                    return Err(anyhow::Error::new(e)
+                        .context(format!("reading the store in {}", self.path.display())))
+                }
+            };
             let frames = store
                 .frames()
                 .map(|f| f.map_err(|e| SourceError::Store(e.to_string())));
@@ -205,9 +231,8 @@ impl Audit {
         } else {
             let file = File::open(&self.path)
                 .with_context(|| format!("opening {}", self.path.display()))?;
-            let reader = ExportReader::new(file)
+            let frames = tally_verify::walk::export_frames(file)
                 .with_context(|| format!("{} is not a tally export", self.path.display()))?;
-            let frames = reader.map(|f: Result<Frame, _>| f.map_err(SourceError::from));
             Ok(tally_verify::verify(frames, &self.options, sink, |n| {
                 progress.show(n)
             }))
@@ -256,14 +281,7 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
             r.push(&e);
         }
     })?;
-    if report.auditor_key_mismatch {
-        bail!(
-            "the auditor key {} is not this ledger's recipient: nothing can be decrypted with it",
-            auditor_key
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        );
-    }
+    usage_errors(&report, read, auditor_key)?;
     let found = analysis.map(Analysis::finish);
     let replayed = replay.map(tally_verify::replay::Replay::finish);
     let inconsistent = found
@@ -273,7 +291,7 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
             .as_ref()
             .is_some_and(|r| !r.findings.is_empty() || r.omitted > 0);
     if audit.json {
-        let mut value = serde_json::to_value(&report)?;
+        let mut value = report.to_json();
         if let (serde_json::Value::Object(map), Some(f), Some(r)) = (&mut value, &found, &replayed)
         {
             map.insert(
@@ -284,16 +302,61 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
         }
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        print!("{}", report.to_text());
+        let mut text = report.to_text();
         if let (Some(f), Some(r)) = (&found, &replayed) {
-            println!("\n{}", analysis::render_findings_text(f));
-            print!("{}", r.to_text());
+            text.push('\n');
+            text.push_str(&analysis::render_findings_text(f));
+            text.push('\n');
+            text.push_str(&r.to_text());
         }
+        print!("{}", terminal_safe(&text));
     }
     let code = report.verdict().exit_code();
     // Intact but inconsistent is a finding (exit 1); tampering and incomplete evidence
     // keep their own codes.
     Ok(if code == 0 && inconsistent { 1 } else { code })
+}
+
+/// The mistakes a report cannot speak for (exit 2): another ledger's `ledger.pub`, or an
+/// auditor key that is not the recipient of an intact genesis. A genesis that does not
+/// verify is tampering, and the keyless walk's report says so first.
+fn usage_errors(report: &Report, read: &ReadArgs, auditor_key: Option<&Path>) -> Result<()> {
+    if let Some(m) = &report.key_mismatch {
+        bail!(
+            "{} is the verification key of ledger {}, but {} holds ledger {}: give that ledger's ledger.pub (--key)",
+            read.key.display(),
+            m.key_ledger_id,
+            read.path.display(),
+            m.ledger_id
+        );
+    }
+    if report.auditor_key_mismatch && report.verdict() != Verdict::Tampered {
+        bail!(
+            "the auditor key {} is not this ledger's recipient: nothing can be decrypted with it",
+            auditor_key
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// The refusal to report on a ledger that does not verify: the verification on stderr,
+/// and with `--json` a document on stdout that says so (schemas in docs/schemas/).
+fn refuse(report: &Report, json: bool) -> Result<()> {
+    const WHY: &str =
+        "refusing to report on a ledger that does not verify (use --force to report anyway)";
+    eprint!("{}", terminal_safe(&report.to_text()));
+    eprintln!("tally: {WHY}");
+    if json {
+        let doc = serde_json::json!({
+            "version": analysis::REPORT_VERSION,
+            "verification": verification(report),
+            "refused": WHY,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    }
+    Ok(())
 }
 
 /// Verify with the auditor key and run the analysis over every decision. Refuses a
@@ -307,15 +370,9 @@ fn analyse(
     let audit = Audit::from_args(read, Some(auditor_key))?;
     let mut analysis = Analysis::new(config(thresholds)?);
     let report = audit.run(|e| analysis.push(&e))?;
-    if report.auditor_key_mismatch {
-        bail!(
-            "the auditor key {} is not this ledger's recipient: nothing can be decrypted with it",
-            auditor_key.display()
-        );
-    }
+    usage_errors(&report, read, Some(auditor_key))?;
     if report.verdict() == Verdict::Tampered && !force {
-        eprint!("{}", report.to_text());
-        eprintln!("tally: refusing to report on a ledger that does not verify (use --force to report anyway)");
+        refuse(&report, read.json)?;
         return Ok(None);
     }
     let mut found = analysis.finish();
@@ -344,42 +401,63 @@ fn config(t: &Thresholds) -> Result<analysis::Config> {
     Ok(c)
 }
 
-/// The warning every page carries when a report is forced over a broken chain.
-fn unverified_banner(report: &Report) -> Option<String> {
-    (report.verdict() == Verdict::Tampered).then(|| {
-        let first = report
-            .first_break()
-            .map(|f| f.to_string())
-            .unwrap_or_default();
-        format!("WARNING: this ledger did NOT verify ({first}); what follows may be false.\n")
+/// The line every page carries when the evidence is not intact: a chain that did not
+/// verify (forced), or evidence that is incomplete (exit 3), saying what is covered.
+fn banner(report: &Report) -> Option<String> {
+    let first = report
+        .to_text()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    match report.verdict() {
+        Verdict::Tampered => Some(format!(
+            "WARNING: this ledger did NOT verify ({first}); what follows may be false.\n"
+        )),
+        Verdict::Incomplete => Some(format!(
+            "NOTE: the evidence is incomplete ({first}); what follows covers only the records read.\n"
+        )),
+        Verdict::Intact => None,
+    }
+}
+
+/// What the verifier found, as every report's JSON carries it.
+fn verification(report: &Report) -> serde_json::Value {
+    serde_json::json!({
+        "verdict": report.verdict(),
+        "ledger_id": report.ledger_id,
+        "entries": report.entries,
+        "sealed": report.sealed,
+        "tail": report.tail,
+        "first_bad": report.first_break(),
     })
 }
 
-/// Text with the banner above and below, or JSON wrapped with the verification result.
-fn emit(report: &Report, json: bool, text: String, json_body: String, key: &str) -> Result<()> {
+/// Text with the banner above and below, or one JSON document: the report's fields
+/// (`version` and its lists, from `json_parts`) beside `verification`.
+fn emit(report: &Report, json: bool, text: String, json_parts: &[String]) -> Result<()> {
     if json {
-        let body: serde_json::Value = serde_json::from_str(&json_body)?;
-        let wrapped = serde_json::json!({
-            "verification": {
-                "verdict": report.verdict(),
-                "first_bad": report.first_break(),
-                "sealed": report.sealed,
-                "entries": report.entries,
-            },
-            key: body,
-        });
-        println!("{}", serde_json::to_string_pretty(&wrapped)?);
+        let mut doc = serde_json::Map::new();
+        for part in json_parts {
+            if let serde_json::Value::Object(fields) = serde_json::from_str(part)? {
+                doc.extend(fields);
+            }
+        }
+        doc.insert("verification".into(), verification(report));
+        println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        let banner = unverified_banner(report).unwrap_or_default();
-        print!("{banner}{text}{banner}");
+        let banner = banner(report).unwrap_or_default();
+        print!("{}", terminal_safe(&format!("{banner}{text}{banner}")));
     }
     Ok(())
 }
 
-fn analysis_code(report: &Report, found: &analysis::Report) -> Code {
+/// The exit code of a report over `findings` audit findings: a chain that did not
+/// verify or an inconsistency is 1, incomplete evidence 3.
+fn analysis_code(report: &Report, findings: u64) -> Code {
     match report.verdict() {
         Verdict::Tampered => 1,
-        _ if !found.findings.is_empty() => 1,
+        _ if findings > 0 => 1,
         v => v.exit_code(),
     }
 }
@@ -398,13 +476,13 @@ pub fn loops(
         analysis::render_loops_text(&found),
         analysis::render_findings_text(&found)
     );
-    let json = format!(
-        "{{\"loops\":{},\"findings\":{}}}",
+    let json = [
         analysis::render_loops_json(&found),
-        analysis::render_findings_json(&found)
-    );
-    emit(&report, read.json, text, json, "analysis")?;
-    Ok(analysis_code(&report, &found))
+        analysis::render_findings_json(&found),
+    ];
+    emit(&report, read.json, text, &json)?;
+    let findings = found.findings.len() as u64 + found.findings_omitted;
+    Ok(analysis_code(&report, findings))
 }
 
 pub fn handoff(
@@ -417,15 +495,18 @@ pub fn handoff(
     let Some((report, found)) = analyse(read, auditor_key, force, thresholds)? else {
         return Ok(1);
     };
-    if let Some(run) = run {
-        if found.handoff(run).is_none() {
-            bail!("no run named {run:?} in this ledger");
-        }
-    }
+    // With --run, only that run's findings decide the exit code.
+    let findings = match run {
+        Some(run) => match found.handoff(run) {
+            Some(h) => h.findings,
+            None => bail!("no run named {run:?} in this ledger"),
+        },
+        None => found.findings.len() as u64 + found.findings_omitted,
+    };
     let text = analysis::render_handoffs_text(&found, run);
-    let json = analysis::render_handoffs_json(&found, run);
-    emit(&report, read.json, text, json, "handoffs")?;
-    Ok(analysis_code(&report, &found))
+    let json = [analysis::render_handoffs_json(&found, run)];
+    emit(&report, read.json, text, &json)?;
+    Ok(analysis_code(&report, findings))
 }
 
 pub fn serve(

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tally_ledger::export::{ExportError, ExportReader, ExportWriter};
+use tally_ledger::export::{ExportError, ExportWriter};
 use tally_ledger::format::{entry_hash, Hash, Header, LedgerId};
 use tally_ledger::keys::{verify_signature, AuditorKey, EpochSecrets, LedgerPublic};
 use tally_ledger::ledger::files;
@@ -263,9 +263,7 @@ fn retry_lock<T>(mut open: impl FnMut() -> tally_ledger::Result<T>) -> T {
 
 /// Frames of an export, or the error that stops reading. `Err` only for a bad magic.
 pub fn read_export(bytes: &[u8]) -> Result<Vec<Result<Frame, SourceError>>, ExportError> {
-    Ok(ExportReader::new(bytes)?
-        .map(|f| f.map_err(SourceError::from))
-        .collect())
+    Ok(tally_verify::walk::export_frames(bytes)?.collect())
 }
 
 /// The frames of a well-formed export.
@@ -299,14 +297,11 @@ pub fn verify_export_events(
     bytes: &[u8],
     opts: &Options,
 ) -> Result<(Report, Vec<Event>), ExportError> {
-    let reader = ExportReader::new(bytes)?;
+    // As `tally verify` reads an export: a cut copy is incomplete, a frame whose length
+    // runs past the end marker is tampering.
+    let frames = tally_verify::walk::export_frames(bytes)?;
     let mut events = Vec::new();
-    let report = tally_verify::verify(
-        reader.map(|f| f.map_err(SourceError::from)),
-        opts,
-        |e| events.push(e),
-        |_| {},
-    );
+    let report = tally_verify::verify(frames, opts, |e| events.push(e), |_| {});
     Ok((report, events))
 }
 

@@ -1,6 +1,7 @@
 //! Workspace-level adversarial tests of the verifier (SPEC section 5, issue 3).
 
 mod crafted;
+mod edge;
 mod flips;
 mod keys;
 mod loops;

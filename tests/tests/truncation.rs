@@ -48,8 +48,10 @@ fn cut_at_every_frame_boundary_is_incomplete_never_intact() {
     assert_intact(&verify_export(&export, &fx.options()).expect("export"));
 }
 
+/// Issue 11 item 4: a copy cut inside a frame is incomplete evidence (exit 3), like one
+/// cut between frames, and names the last sealed seq; it was a `torn_tail` finding.
 #[test]
-fn cut_mid_record_is_a_torn_tail() {
+fn cut_mid_record_is_incomplete_evidence() {
     let fx = small();
     let export = fx.export();
     let frames = parse_frames(&export);
@@ -61,23 +63,55 @@ fn cut_mid_record_is_a_torn_tail() {
         } else {
             vec![start + 1, start + 4, start + 5, (start + end) / 2, end - 1]
         };
-        let seq = entry_count(&frames[..i]);
+        let full = verify_export(&export[..start], &fx.options()).expect("magic intact");
         for cut in cuts {
             let report = verify_export(&export[..cut], &fx.options()).expect("magic intact");
-            assert_eq!(
-                findings(&report),
-                [(TornTail, seq)],
-                "cut at {cut} in frame {i}\n{}",
-                report.to_text()
-            );
-            assert_eq!(report.verdict(), Tampered);
+            let text = report.to_text();
+            assert_eq!(findings(&report), [], "cut at {cut} in frame {i}\n{text}");
+            assert_eq!(report.verdict(), Incomplete, "{text}");
+            assert_eq!(report.verdict().exit_code(), 3);
             assert_eq!(
                 report.tail,
                 Tail::Torn {
-                    offset: start as u64
+                    offset: start as u64,
+                    // Cut inside the frame's 5-byte header: the header's missing bytes.
+                    missing: (if cut < start + 5 { start + 5 } else { end } - cut) as u64
                 }
             );
+            // What is sealed is what the frames before the cut seal.
+            assert_eq!(report.sealed, full.sealed, "{text}");
+            let named = match report.sealed {
+                0 => "nothing is sealed".to_owned(),
+                s => format!("last sealed seq {}", s - 1),
+            };
+            assert!(
+                text.starts_with("INCOMPLETE") && text.contains(&named),
+                "{text}"
+            );
         }
+    }
+}
+
+/// Issue 11 item 4: only bytes that contradict the chain are tampering. A frame whose
+/// length was raised past the end of the file reads like a cut, but the export still
+/// ends with its end marker, so it is not a cut copy.
+#[test]
+fn a_frame_length_past_the_end_marker_is_tampering() {
+    let fx = small();
+    let export = fx.export();
+    let frames = parse_frames(&export);
+    let offsets = frame_offsets(&frames);
+    for &start in &offsets[..offsets.len() - 1] {
+        let mut bytes = export.clone();
+        // Claim a length that runs past the end of the file (but under the frame cap).
+        bytes[start + 1..start + 5].copy_from_slice(&(export.len() as u32).to_be_bytes());
+        let report = verify_export(&bytes, &fx.options()).expect("magic intact");
+        assert_eq!(report.verdict(), Tampered, "{}", report.to_text());
+        assert!(
+            findings(&report).iter().any(|(k, _)| *k == ExportMalformed),
+            "{}",
+            report.to_text()
+        );
     }
 }
 

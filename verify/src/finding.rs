@@ -38,6 +38,9 @@ pub enum FindingKind {
     CheckpointHeadMismatch,
     /// Two checkpoints (or a checkpoint and an anchor) of the same size with different heads.
     Fork,
+    /// A second checkpoint of the same size and head (the ledger keeps one per size, so
+    /// copies were added; one finding per position, however many copies).
+    CheckpointDuplicate,
     /// A checkpoint at a position other than right after the entry it seals, or sealing
     /// entries that are not present (the ledger was truncated).
     CheckpointMisplaced,
@@ -47,8 +50,6 @@ pub enum FindingKind {
     AnchorMissing,
     /// An anchor that is not a valid checkpoint of this ledger.
     AnchorInvalid,
-    /// The export ends inside a frame (torn write or cut mid-record).
-    TornTail,
     /// The export's framing is broken (unknown tag, bad counts, trailing bytes).
     ExportMalformed,
     /// The store could not be read.
@@ -77,11 +78,11 @@ impl FindingKind {
             FindingKind::CheckpointWrongEpoch => "checkpoint_wrong_epoch",
             FindingKind::CheckpointHeadMismatch => "checkpoint_head_mismatch",
             FindingKind::Fork => "fork",
+            FindingKind::CheckpointDuplicate => "checkpoint_duplicate",
             FindingKind::CheckpointMisplaced => "checkpoint_misplaced",
             FindingKind::CheckpointTime => "checkpoint_time",
             FindingKind::AnchorMissing => "anchor_missing",
             FindingKind::AnchorInvalid => "anchor_invalid",
-            FindingKind::TornTail => "torn_tail",
             FindingKind::ExportMalformed => "export_malformed",
             FindingKind::StoreError => "store_error",
             FindingKind::Undecryptable => "undecryptable",
@@ -113,6 +114,12 @@ pub struct Finding {
 
 impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "seq {}: {}: {}", self.seq, self.kind, self.detail)
+        write!(
+            f,
+            "seq {}: {}: {}",
+            self.seq,
+            self.kind,
+            crate::text::shown(&self.detail)
+        )
     }
 }

@@ -132,8 +132,9 @@ impl std::fmt::Display for ReplayFinding {
             ),
             ReplayKind::UnknownPolicy { digest } => write!(
                 f,
-                "seq {}  run {run}  decided under policy {digest}, which the ledger never recorded",
-                self.seq
+                "seq {}  run {run}  decided under policy {}, which the ledger never recorded",
+                self.seq,
+                crate::text::shown(digest)
             ),
             ReplayKind::BudgetBeyondPolicy => write!(
                 f,
@@ -162,7 +163,12 @@ impl std::fmt::Display for ReplayFinding {
                 self.seq
             ),
             ReplayKind::InvalidPolicy { why } => {
-                write!(f, "seq {}  policy record is not a valid policy: {why}", self.seq)
+                write!(
+                    f,
+                    "seq {}  policy record is not a valid policy: {}",
+                    self.seq,
+                    crate::text::shown(why)
+                )
             }
         }
     }

@@ -16,8 +16,8 @@ pub enum Verdict {
     Intact,
     /// Tampering or inconsistency found. Exit 1.
     Tampered,
-    /// What is there is intact, but evidence is incomplete (unsealed tail, export cut at a
-    /// frame boundary, or a required anchor missing). Exit 3.
+    /// What is there is intact, but evidence is incomplete (unsealed tail, an export cut
+    /// short wherever the cut falls, or a required anchor missing). Exit 3.
     Incomplete,
 }
 
@@ -50,11 +50,23 @@ pub enum Tail {
         /// Where the file ends.
         offset: u64,
     },
-    /// The export ends inside a frame.
+    /// The export ends inside a frame: cut mid-record (or a torn write).
     Torn {
         /// Where the torn frame starts.
         offset: u64,
+        /// Bytes the frame still needed.
+        missing: u64,
     },
+}
+
+/// `ledger.pub` is another ledger's key: the ledger ids differ (checked before any
+/// signature, as minisign checks key ids). A user's mistake, not tampering.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KeyMismatch {
+    /// The ledger `ledger.pub` belongs to.
+    pub key_ledger_id: String,
+    /// The ledger that was read (its genesis).
+    pub ledger_id: String,
 }
 
 /// Whether an anchor was found in the ledger.
@@ -128,6 +140,9 @@ pub struct Report {
     pub decrypted: Option<u64>,
     /// The auditor key given is not this ledger's recipient (nothing was decrypted).
     pub auditor_key_mismatch: bool,
+    /// `ledger.pub` belongs to another ledger; the rest of the report judges the ledger
+    /// against its own genesis, and its verdict is never intact.
+    pub key_mismatch: Option<KeyMismatch>,
     /// What is wrong, in seq order.
     pub findings: Vec<Finding>,
     /// Findings beyond the kept ones.
@@ -139,7 +154,7 @@ pub struct Report {
 impl Report {
     /// The verdict.
     pub fn verdict(&self) -> Verdict {
-        if !self.findings.is_empty() || self.findings_omitted > 0 {
+        if !self.findings.is_empty() || self.findings_omitted > 0 || self.key_mismatch.is_some() {
             Verdict::Tampered
         } else if !matches!(self.tail, Tail::Complete) || self.anchor_required_and_missing() {
             Verdict::Incomplete
@@ -154,6 +169,24 @@ impl Report {
                 .anchors
                 .iter()
                 .any(|a| a.status == AnchorStatus::Matched)
+    }
+
+    /// The JSON document `tally verify --json` prints (schema `docs/schemas/verify.json`):
+    /// the report's fields with `version` and `verdict` first.
+    pub fn to_json(&self) -> serde_json::Value {
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            version: u32,
+            verdict: Verdict,
+            #[serde(flatten)]
+            report: &'a Report,
+        }
+        serde_json::to_value(Doc {
+            version: crate::analysis::REPORT_VERSION,
+            verdict: self.verdict(),
+            report: self,
+        })
+        .unwrap_or_default()
     }
 
     /// The first finding, if any.
@@ -173,14 +206,31 @@ impl Report {
                     self.entries
                 );
             }
-            Verdict::Tampered => {
-                let f = &self.findings[0];
-                let _ = writeln!(
-                    out,
-                    "TAMPERED: first bad seq {}: {} ({})",
-                    f.seq, f.detail, f.kind
-                );
-            }
+            Verdict::Tampered => match (&self.key_mismatch, self.findings.first()) {
+                (Some(m), _) => {
+                    let _ = writeln!(
+                        out,
+                        "NOT VERIFIED: ledger.pub is the key of ledger {}, but this is ledger {}: give this ledger's ledger.pub",
+                        m.key_ledger_id, m.ledger_id
+                    );
+                }
+                (None, Some(f)) => {
+                    let _ = writeln!(
+                        out,
+                        "TAMPERED: first bad seq {}: {} ({})",
+                        f.seq,
+                        crate::text::shown(&f.detail),
+                        f.kind
+                    );
+                }
+                (None, None) => {
+                    let _ = writeln!(
+                        out,
+                        "TAMPERED: {} findings beyond the kept ones",
+                        self.findings_omitted
+                    );
+                }
+            },
             Verdict::Incomplete => {
                 let why = match self.tail {
                     Tail::Unsealed { from, count } => format!(
@@ -188,15 +238,32 @@ impl Report {
                         from + count - 1
                     ),
                     Tail::CutClean { offset } => format!(
-                        "the export ends at byte {offset} without its end marker (cut at a frame boundary)"
+                        "the export ends at byte {offset} without its end marker (cut short, between frames)"
+                    ),
+                    Tail::Torn { offset, missing } => format!(
+                        "the export ends inside the frame at byte {offset}, {missing} bytes short (cut short, or a torn write)"
                     ),
                     _ => "no matching anchor was given, and one is required (--require-anchor)".into(),
                 };
                 let sealed = match self.sealed {
                     0 => "nothing is sealed".to_string(),
-                    s => format!("seq 0..={} verified and sealed", s - 1),
+                    s => format!(
+                        "seq 0..={} verified and sealed (last sealed seq {})",
+                        s - 1,
+                        s - 1
+                    ),
                 };
-                let _ = writeln!(out, "INCOMPLETE: {sealed}; {why}");
+                let read = match self.tail {
+                    Tail::CutClean { .. } | Tail::Torn { .. } if self.entries > self.sealed => {
+                        format!(
+                            "; seq {}..={} read but not sealed",
+                            self.sealed,
+                            self.entries - 1
+                        )
+                    }
+                    _ => String::new(),
+                };
+                let _ = writeln!(out, "INCOMPLETE: {sealed}; {why}{read}");
             }
         }
         let _ = writeln!(out, "  ledger      {}", self.ledger_id);
@@ -244,10 +311,12 @@ impl Report {
             let _ = writeln!(out, "  anchor      none given, but --require-anchor is set");
         }
         if self.auditor_key_mismatch {
-            let _ = writeln!(
-                out,
-                "  decrypted   nothing: the auditor key is not this ledger's recipient"
-            );
+            let why = if self.findings.is_empty() {
+                "the auditor key is not this ledger's recipient"
+            } else {
+                "the auditor key is not the recipient the genesis names (see the findings)"
+            };
+            let _ = writeln!(out, "  decrypted   nothing: {why}");
         } else if let Some(d) = self.decrypted {
             let _ = writeln!(
                 out,
@@ -267,7 +336,7 @@ impl Report {
                     "  seq {:<8} {:<26} {}",
                     f.seq,
                     f.kind.as_str(),
-                    f.detail
+                    crate::text::shown(&f.detail)
                 );
             }
             if self.findings_omitted > 0 {

@@ -6,9 +6,21 @@ use std::borrow::Cow;
 /// `s` with every control character (C0, DEL, C1) and bidi override escaped as `\u{..}`,
 /// so that printing it can never drive a terminal.
 pub fn shown(s: &str) -> Cow<'_, str> {
-    let bad =
-        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-    if !s.chars().any(bad) {
+    escaped(s, |c| c.is_control() || is_bidi(c))
+}
+
+/// A whole report with every control character but its line breaks escaped: the last
+/// guard before a terminal, for any agent-supplied text a renderer did not escape itself.
+pub fn terminal_safe(report: &str) -> Cow<'_, str> {
+    escaped(report, |c| (c.is_control() && c != '\n') || is_bidi(c))
+}
+
+fn is_bidi(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn escaped(s: &str, bad: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !s.chars().any(&bad) {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 8);
@@ -34,5 +46,14 @@ mod tests {
             "a\\u{d}\\u{1b}[10A\\u{1b}[Jb"
         );
         assert_eq!(shown("x\u{202e}y"), "x\\u{202e}y");
+        assert_eq!(shown("a\nb"), "a\\u{a}b");
+    }
+
+    #[test]
+    fn a_whole_report_keeps_its_line_breaks() {
+        assert_eq!(
+            super::terminal_safe("ok\nrun \u{1b}[2J\r\n"),
+            "ok\nrun \\u{1b}[2J\\u{d}\n"
+        );
     }
 }

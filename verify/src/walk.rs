@@ -7,17 +7,18 @@
 //! epoch keys (one per epoch), a bounded batch, and at most `max_findings` findings.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
-use tally_ledger::export::ExportError;
+use tally_ledger::export::{ExportError, ExportReader};
 use tally_ledger::format::{entry_hash, Entry, EntryType, Hash};
 use tally_ledger::keys::{verify_checkpoint, verify_signature, AuditorKey, DataKey, LedgerPublic};
 use tally_ledger::{Checkpoint, Decision, Frame, LedgerId};
 
 use crate::event::Event;
 use crate::finding::{Finding, FindingKind};
-use crate::report::{AnchorResult, AnchorStatus, Report, Tail};
+use crate::report::{AnchorResult, AnchorStatus, KeyMismatch, Report, Tail};
 
 /// Where frames come from failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,6 +30,77 @@ pub enum SourceError {
     /// The store could not be read.
     #[error("store: {0}")]
     Store(String),
+    /// A frame claims more bytes than the export holds, yet the export ends with its end
+    /// marker: the frame's length was altered (a cut copy never keeps its end marker).
+    #[error("frame at byte {offset} claims {missing} bytes past the export's end marker")]
+    FrameOverrunsEnd {
+        /// Offset of the frame's first byte.
+        offset: u64,
+        /// Bytes it claims beyond the end of the file.
+        missing: u64,
+    },
+}
+
+/// The frames of an export file, read strictly by [`ExportReader`]. A file that ends
+/// inside a frame is a cut copy ([`ExportError::Torn`], incomplete evidence) unless it
+/// still ends with a valid end marker: then a frame's length contradicts the file, and
+/// the frame is reported as [`SourceError::FrameOverrunsEnd`] (tampering).
+pub fn export_frames<R: Read>(
+    input: R,
+) -> Result<impl Iterator<Item = Result<Frame, SourceError>>, ExportError> {
+    let tail = Arc::new(Mutex::new(Vec::with_capacity(2 * END_FRAME_LEN)));
+    let reader = ExportReader::new(TailTap {
+        input,
+        tail: Arc::clone(&tail),
+    })?;
+    Ok(reader.map(move |f| match f {
+        Err(ExportError::Torn { offset, missing }) if ends_with_end_marker(&tail) => {
+            Err(SourceError::FrameOverrunsEnd { offset, missing })
+        }
+        f => f.map_err(SourceError::from),
+    }))
+}
+
+/// An export's end frame: tag, length (16), entry and checkpoint counts.
+const END_FRAME_LEN: usize = 1 + 4 + 16;
+
+/// A reader that remembers the last [`END_FRAME_LEN`] bytes it read.
+struct TailTap<R> {
+    input: R,
+    tail: Arc<Mutex<Vec<u8>>>,
+}
+
+impl<R: Read> Read for TailTap<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        if n > 0 {
+            if let Ok(mut tail) = self.tail.lock() {
+                tail.extend_from_slice(&buf[n.saturating_sub(END_FRAME_LEN)..n]);
+                let extra = tail.len().saturating_sub(END_FRAME_LEN);
+                tail.drain(..extra);
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Whether the bytes read last are a well-formed end frame, judged by the export reader
+/// itself (a lone end frame after the magic: it reads as the end, or as counts that do
+/// not match an empty export).
+fn ends_with_end_marker(tail: &Mutex<Vec<u8>>) -> bool {
+    let Ok(tail) = tail.lock() else { return false };
+    if tail.len() < END_FRAME_LEN {
+        return false;
+    }
+    let mut lone = tally_ledger::format::EXPORT_MAGIC.to_vec();
+    lone.extend_from_slice(&tail);
+    let Ok(mut reader) = ExportReader::new(&lone[..]) else {
+        return false;
+    };
+    matches!(
+        reader.next(),
+        None | Some(Err(ExportError::CountMismatch { .. }))
+    )
 }
 
 /// What the verifier checks against.
@@ -106,11 +178,20 @@ struct Walk<'a> {
     broken: bool,
     sealed: u64,
     last_checkpoint: Option<Checkpoint>,
-    heads_here: Vec<Hash>,
     anchors: Vec<(Checkpoint, Option<AnchorStatus>)>,
     auditor_mismatch: bool,
     /// Genesis belongs to another ledger than `ledger.pub` (reported once).
     foreign: bool,
+    key_mismatch: Option<KeyMismatch>,
+    /// Stored checkpoints at the current position (one is honest: the store keeps one
+    /// per size), and the first head seen there (a checkpoint's or an anchor's).
+    checkpoints_here: u64,
+    head_here: Option<Hash>,
+    /// The text of the last checkpoint read here, and copies of one found here (with the
+    /// index of their finding).
+    text_here: Option<Vec<u8>>,
+    duplicates_here: u64,
+    duplicate: Option<usize>,
     tail: Tail,
 }
 
@@ -174,10 +255,15 @@ pub fn verify(
             broken: false,
             sealed: 0,
             last_checkpoint: None,
-            heads_here: Vec::new(),
             anchors,
             auditor_mismatch: false,
             foreign: false,
+            key_mismatch: None,
+            checkpoints_here: 0,
+            head_here: None,
+            text_here: None,
+            duplicates_here: 0,
+            duplicate: None,
             tail: Tail::Complete,
         };
         for frame in frames {
@@ -195,14 +281,19 @@ pub fn verify(
                 Err(SourceError::Export(ExportError::CutClean { offset })) => {
                     w.tail = Tail::CutClean { offset };
                 }
+                // A copy cut inside a frame is incomplete evidence, like one cut between
+                // frames: what is there is judged, and nothing in it is contradicted.
                 Err(SourceError::Export(ExportError::Torn { offset, missing })) => {
-                    w.find(
-                        FindingKind::TornTail,
-                        w.position,
-                        format!("the export ends inside a frame at byte {offset} ({missing} bytes missing): a torn write or a cut mid-record"),
-                    );
-                    w.tail = Tail::Torn { offset };
+                    w.tail = Tail::Torn { offset, missing };
                 }
+                Err(SourceError::FrameOverrunsEnd { offset, missing }) => w.find(
+                    FindingKind::ExportMalformed,
+                    w.position,
+                    format!(
+                        "the frame at byte {offset} claims {missing} bytes more than the export holds, \
+                         yet the export ends with its end marker: the frame's length was altered"
+                    ),
+                ),
                 Err(SourceError::Export(e)) => {
                     w.find(FindingKind::ExportMalformed, w.position, e.to_string())
                 }
@@ -250,15 +341,13 @@ impl Walk<'_> {
         };
         let h = entry.header;
         if at == 0 && h.entry_type == EntryType::Genesis && h.ledger_id != self.ledger_id {
-            self.find(
-                FindingKind::BadGenesis,
-                at,
-                format!(
-                    "ledger.pub is for ledger {}, but this is ledger {} (wrong verification key)",
-                    self.ledger_id, h.ledger_id
-                ),
-            );
-            // Judge the rest against its own genesis: one finding, not one per entry.
+            // The ids are compared before any signature (as minisign compares key ids):
+            // this is another ledger's key, a user's mistake, not tampering. The rest is
+            // judged against its own genesis, so the report still says what it holds.
+            self.key_mismatch = Some(KeyMismatch {
+                key_ledger_id: self.ledger_id.to_string(),
+                ledger_id: h.ledger_id.to_string(),
+            });
             self.ledger_id = h.ledger_id;
             self.foreign = true;
         } else if h.ledger_id != self.ledger_id {
@@ -284,15 +373,10 @@ impl Walk<'_> {
             );
         }
         if h.prev_hash != self.head {
-            self.find(
-                FindingKind::BrokenLink,
-                at,
-                format!(
-                    "previous-hash {} is not the hash {} of the entry before",
-                    short(&h.prev_hash),
-                    short(&self.head)
-                ),
-            );
+            self.find(FindingKind::BrokenLink, at, {
+                let (found, want) = differing(&h.prev_hash, &self.head);
+                format!("previous-hash {found} is not the hash {want} of the entry before")
+            });
         }
         if h.wall_ms < self.head_wall {
             self.find(
@@ -458,8 +542,49 @@ impl Walk<'_> {
         }
     }
 
+    /// Leave the current position: say how many copies of a checkpoint stood there.
+    fn end_position(&mut self) {
+        if let (Some(i), n) = (self.duplicate.take(), self.duplicates_here) {
+            if n > 1 {
+                if let Some(f) = self.findings.get_mut(i) {
+                    f.detail = format!(
+                        "{n} more checkpoints of size {} after the first (the ledger keeps one per size: copies were added)",
+                        f.seq
+                    );
+                }
+            }
+        }
+        self.duplicates_here = 0;
+        self.checkpoints_here = 0;
+        self.head_here = None;
+        self.text_here = None;
+    }
+
+    /// A second stored checkpoint at this position: the store keeps one per size, so it
+    /// was added. One finding per position, however many copies.
+    fn duplicate_checkpoint(&mut self, n: u64) {
+        self.duplicates_here += 1;
+        if self.duplicates_here == 1 {
+            if self.findings.len() < self.opts.max_findings {
+                self.duplicate = Some(self.findings.len());
+            }
+            self.find(
+                FindingKind::CheckpointDuplicate,
+                n,
+                format!(
+                    "a second checkpoint of size {n} (the ledger keeps one per size: copies were added)"
+                ),
+            );
+        }
+    }
+
     fn checkpoint(&mut self, text: &[u8]) {
         let n = self.next_seq;
+        if self.text_here.as_deref() == Some(text) {
+            // An exact copy of the checkpoint just read: no need to check it again.
+            self.duplicate_checkpoint(n);
+            return;
+        }
         let cp = match Checkpoint::from_text(text) {
             Ok(cp) => cp,
             Err(e) => {
@@ -475,7 +600,15 @@ impl Walk<'_> {
             self.find(kind, cp.size.min(n), why);
             return;
         }
-        if !self.broken {
+        // Only valid checkpoints count as copies: an invalid one is its own finding.
+        self.text_here = Some(text.to_vec());
+        self.checkpoints_here += 1;
+        if self.checkpoints_here > 1 {
+            self.duplicate_checkpoint(n);
+            return;
+        }
+        if !self.broken && self.key_mismatch.is_none() {
+            // Nothing is sealed under another ledger's key.
             self.sealed = cp.size;
             self.last_checkpoint = Some(cp);
         }
@@ -538,23 +671,23 @@ impl Walk<'_> {
                 format!("{what} of epoch {}: {e}", cp.epoch),
             ));
         }
-        if !self.heads_here.is_empty() && self.heads_here.iter().any(|h| *h != cp.head) {
-            self.heads_here.push(cp.head);
-            return Err((
-                FindingKind::Fork,
-                format!("two validly signed checkpoints of size {n} with different heads"),
-            ));
+        // The first head seen at this size (a checkpoint's or an anchor's) is the one
+        // others must match: a constant-time check, however many checkpoints follow.
+        match self.head_here {
+            Some(h) if h != cp.head => {
+                return Err((
+                    FindingKind::Fork,
+                    format!("two validly signed checkpoints of size {n} with different heads"),
+                ));
+            }
+            Some(_) => {}
+            None => self.head_here = Some(cp.head),
         }
-        self.heads_here.push(cp.head);
         if cp.head != self.head {
-            return Err((
-                FindingKind::CheckpointHeadMismatch,
-                format!(
-                    "{what} head {} is not the chain's hash {} at size {n}",
-                    short(&cp.head),
-                    short(&self.head)
-                ),
-            ));
+            return Err((FindingKind::CheckpointHeadMismatch, {
+                let (found, want) = differing(&cp.head, &self.head);
+                format!("{what} head {found} is not the chain's hash {want} at size {n}")
+            }));
         }
         if cp.wall_ms < self.head_wall {
             return Err((
@@ -569,7 +702,7 @@ impl Walk<'_> {
     }
 
     fn check_anchors(&mut self) {
-        self.heads_here.clear();
+        self.end_position();
         let n = self.next_seq;
         let mut i = 0;
         while i < self.anchors.len() {
@@ -589,7 +722,7 @@ impl Walk<'_> {
                     }
                 };
                 self.anchors[i].1 = Some(status);
-                // The anchor's head stays in `heads_here` so a stored checkpoint of the
+                // The anchor's head stays in `head_here` so a stored checkpoint of the
                 // same size with another head is reported as a fork.
             }
             i += 1;
@@ -658,6 +791,7 @@ impl Walk<'_> {
     }
 
     fn finish(mut self) -> Report {
+        self.end_position();
         let n = self.position;
         for i in 0..self.anchors.len() {
             if self.anchors[i].1.is_none() {
@@ -682,7 +816,10 @@ impl Walk<'_> {
                 self.anchors[i].1 = Some(AnchorStatus::Missing);
             }
         }
-        if n == 0 && self.findings.is_empty() && !matches!(self.tail, Tail::CutClean { .. }) {
+        if n == 0
+            && self.findings.is_empty()
+            && !matches!(self.tail, Tail::CutClean { .. } | Tail::Torn { .. })
+        {
             self.find(FindingKind::BadGenesis, 0, "the ledger holds no entries");
         }
         self.findings.sort_by_key(|f| f.seq);
@@ -713,6 +850,7 @@ impl Walk<'_> {
             require_anchor: self.opts.require_anchor,
             decrypted: self.opts.auditor.as_ref().map(|_| self.decrypted),
             auditor_key_mismatch: self.auditor_mismatch,
+            key_mismatch: self.key_mismatch,
             findings: self.findings,
             findings_omitted: self.omitted,
             tail,
@@ -733,6 +871,18 @@ fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Decision, String> {
     Decision::from_stored(plain).map_err(|e| format!("invalid: {e}"))
 }
 
-fn short(h: &Hash) -> String {
-    h.to_string()[..16].to_string()
+/// Two hashes shown as short as possible but never alike: 16 hex digits, or up to the
+/// first digit where they differ (and two more), so a message always shows what differs.
+fn differing(a: &Hash, b: &Hash) -> (String, String) {
+    let (a, b) = (a.to_string(), b.to_string());
+    let first = a.bytes().zip(b.bytes()).position(|(x, y)| x != y);
+    let len = first.map_or(a.len(), |i| (i + 3).max(16)).min(a.len());
+    let cut = |h: &str| {
+        if len < h.len() {
+            format!("{}…", &h[..len])
+        } else {
+            h.to_owned()
+        }
+    };
+    (cut(&a), cut(&b))
 }

@@ -1394,6 +1394,7 @@ fn json_reports_have_the_documented_fields() {
     got.sort_unstable();
     let mut want = vec![
         "run",
+        "started",
         "goal",
         "parent",
         "workers",
@@ -1439,11 +1440,11 @@ fn text_reports_read_like_an_operators_note() {
     let text = render_handoffs_text(&r, None);
     for line in [
         "Run post: \"Charge customer c_17 for order 5512\"",
-        "  Status: stopped: completed at seq 5, t+6.0 s (2023-11-14T22:13:20.050Z)",
+        "  Status: stopped: completed at seq 5, run time t+6.0 s, recorded 2023-11-14T22:13:20.050Z",
         "  Attempts: 2 of 5",
         "  Spend: 30¢ reserved, 30¢ settled (limit 200¢)",
-        "    - payments.charge (payments.charge:order-5512) -> ch_88 \"succeeded\" (seq 4, t+5.9 s (2023-11-14T22:13:20.040Z))",
-        "    - payments.charge (payments.charge:order-5512) attempt 1: OUTCOME UNKNOWN (seq 2, t+5.1 s (2023-11-14T22:13:20.020Z))",
+        "    - payments.charge (payments.charge:order-5512) -> ch_88 \"succeeded\" (seq 4, run time t+5.9 s, recorded 2023-11-14T22:13:20.040Z)",
+        "    - payments.charge (payments.charge:order-5512) attempt 1: OUTCOME UNKNOWN (seq 2, run time t+5.1 s, recorded 2023-11-14T22:13:20.020Z)",
         "  Must not repeat:",
         "  Checkpoint: not determined",
     ] {
@@ -1461,7 +1462,7 @@ fn text_reports_read_like_an_operators_note() {
         "{loops}"
     );
     assert!(
-        loops.contains("   7 calls, seq 1..13, t+100 ms .. t+2.0 s (1.9 s)"),
+        loops.contains("   7 calls, seq 1..13, run time t+100 ms .. t+2.0 s (1.9 s)"),
         "{loops}"
     );
     assert!(

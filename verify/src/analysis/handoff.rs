@@ -242,7 +242,10 @@ pub enum Coverage {
 pub struct Handoff {
     /// The run.
     pub run: String,
-    /// Its goal, from its start record.
+    /// Whether the ledger holds the run's start record.
+    pub started: bool,
+    /// Its goal, from its start record (`null` without a start record, or a start
+    /// record that gives none).
     pub goal: Option<String>,
     /// Its parent run.
     pub parent: Option<String>,
@@ -276,6 +279,10 @@ pub struct Handoff {
     pub findings: u64,
     /// The checkpoint that covers the run.
     pub checkpoint: Coverage,
+}
+
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn label(tool: Option<&str>, operation: Option<&str>) -> String {
@@ -435,7 +442,10 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
             let reason = stop.reason.map(|r| r.as_str()).unwrap_or("stopped");
             let done = match run.completed_total {
                 0 => String::new(),
-                n => format!("; do not redo its {n} completed operation(s)"),
+                n => format!(
+                    "; do not redo its {}",
+                    count(n, "completed operation", "completed operations")
+                ),
             };
             safe_resume.push(ResumeStep {
                 action: ResumeAction::NewRun,
@@ -487,15 +497,21 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
     for l in loops {
         let name = label(l.tool.as_deref(), l.operation.as_deref());
         let what = match l.pattern {
-            Pattern::RetryStorm if l.clock == Clock::Wall => format!(
-                "do not retry {name} while it keeps failing: {} failures across {} run(s) \
-                 and {} worker(s) at once (seq {}..{})",
-                l.failures,
-                l.runs.len(),
-                l.workers.len(),
-                l.first_seq,
-                l.last_seq
-            ),
+            Pattern::RetryStorm if l.clock == Clock::Wall => {
+                let workers = match l.workers.len() {
+                    0 => String::new(),
+                    1 => " and 1 worker".to_owned(),
+                    n => format!(" and {n} workers"),
+                };
+                format!(
+                    "do not retry {name} while it keeps failing: {} across {}{workers} \
+                     at once (seq {}..{})",
+                    count(l.failures, "failure", "failures"),
+                    count(l.runs.len() as u64, "run", "runs"),
+                    l.first_seq,
+                    l.last_seq
+                )
+            }
             Pattern::Polling => format!(
                 "do not keep polling {name}: {} polls looped (seq {}..{})",
                 l.count, l.first_seq, l.last_seq
@@ -531,6 +547,7 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
 
     Handoff {
         run: run.name.clone(),
+        started: run.started,
         goal: run.goal.clone(),
         parent: run.parent.clone(),
         workers: run.workers.iter().cloned().collect(),

@@ -4,6 +4,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::text::shown;
+
 use super::audit::{AuditFinding, AuditKind};
 use super::handoff::{Coverage, Handoff, PendingStatus, StopStatus, When};
 use super::loops::{Clock, Loop, LoopEnd};
@@ -46,17 +48,33 @@ fn utc(ms: u64) -> String {
     )
 }
 
+/// A moment, saying which clock each half is on: the run's own (`t+`, from its first
+/// record or the writer's `at_ms`) and the ledger's wall clock when it was recorded (a
+/// run appended in one batch shows one recording time for all its records).
 fn moment(w: When) -> String {
-    format!("t+{} ({})", duration(w.run_ms), utc(w.wall_ms))
+    format!(
+        "run time t+{}, recorded {}",
+        duration(w.run_ms),
+        utc(w.wall_ms)
+    )
 }
 
+/// A tool and operation for people, every agent-supplied character shown escaped.
 fn name(tool: Option<&str>, operation: Option<&str>) -> String {
     match (tool, operation) {
-        (Some(t), Some(o)) if o != t => format!("{t} ({o})"),
-        (Some(t), _) => t.to_owned(),
-        (None, Some(o)) => o.to_owned(),
+        (Some(t), Some(o)) if o != t => format!("{} ({})", shown(t), shown(o)),
+        (Some(t), _) => shown(t).into_owned(),
+        (None, Some(o)) => shown(o).into_owned(),
         (None, None) => "(no tool)".to_owned(),
     }
+}
+
+/// Names joined for people, each escaped.
+fn names(list: &[String]) -> String {
+    list.iter()
+        .map(|n| shown(n).into_owned())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn plural(n: u64, one: &str, many: &str) -> String {
@@ -88,8 +106,8 @@ pub fn render_loops_text(report: &Report) -> String {
     for (i, l) in report.loops.iter().enumerate() {
         let _ = writeln!(out);
         let runs = match l.runs.as_slice() {
-            [one] => format!("run {one}"),
-            many => format!("{} runs ({})", many.len(), many.join(", ")),
+            [one] => format!("run {}", shown(one)),
+            many => format!("{} runs ({})", many.len(), names(many)),
         };
         let _ = writeln!(
             out,
@@ -100,13 +118,13 @@ pub fn render_loops_text(report: &Report) -> String {
         );
         let span = match l.clock {
             Clock::Run => format!(
-                "t+{} .. t+{} ({})",
+                "run time t+{} .. t+{} ({})",
                 duration(l.first_ms),
                 duration(l.last_ms),
                 duration(l.span_ms)
             ),
             Clock::Wall => format!(
-                "{} .. {} ({})",
+                "recorded {} .. {} ({})",
                 utc(l.first_ms),
                 utc(l.last_ms),
                 duration(l.span_ms)
@@ -142,11 +160,11 @@ pub fn render_loops_text(report: &Report) -> String {
                 plural(p.unchanged_polls, "poll", "polls")
             ));
             if let Some(s) = &p.last_observed {
-                evidence.push(format!("last seen \"{s}\""));
+                evidence.push(format!("last seen \"{}\"", shown(s)));
             }
         }
         if let Some(r) = &l.remote_ref {
-            evidence.push(format!("remote operation {r}"));
+            evidence.push(format!("remote operation {}", shown(r)));
         }
         if !evidence.is_empty() {
             let _ = writeln!(out, "   {}", evidence.join("; "));
@@ -157,7 +175,7 @@ pub fn render_loops_text(report: &Report) -> String {
             l.reserved_cents, l.settled_cents
         );
         if !l.workers.is_empty() {
-            let _ = writeln!(out, "   workers: {}", l.workers.join(", "));
+            let _ = writeln!(out, "   workers: {}", names(&l.workers));
         }
         let _ = writeln!(out, "   ended: {}", loop_end(&l.ended_by));
     }
@@ -278,7 +296,8 @@ pub fn render_findings_text(report: &Report) -> String {
     for AuditFinding { seq, run, kind } in &report.findings {
         let _ = writeln!(
             out,
-            "seq {seq}  run {run}  {}: {}",
+            "seq {seq}  run {}  {}: {}",
+            shown(run),
             kind.as_str(),
             finding_text(kind)
         );
@@ -294,17 +313,17 @@ pub fn render_findings_text(report: &Report) -> String {
 }
 
 fn handoff_text(h: &Handoff, out: &mut String) {
-    let goal = h
-        .goal
-        .as_deref()
-        .map(|g| format!("\"{g}\""))
-        .unwrap_or_else(|| "(no start record)".to_owned());
-    let _ = writeln!(out, "Run {}: {goal}", h.run);
+    let goal = match (&h.goal, h.started) {
+        (Some(g), _) => format!("\"{}\"", shown(g)),
+        (None, true) => "(its start record gives no goal)".to_owned(),
+        (None, false) => "(no start record)".to_owned(),
+    };
+    let _ = writeln!(out, "Run {}: {goal}", shown(&h.run));
     if let Some(p) = &h.parent {
-        let _ = writeln!(out, "  Parent run: {p}");
+        let _ = writeln!(out, "  Parent run: {}", shown(p));
     }
     if !h.workers.is_empty() {
-        let _ = writeln!(out, "  Workers: {}", h.workers.join(", "));
+        let _ = writeln!(out, "  Workers: {}", names(&h.workers));
     }
     let stop = match (h.stop.status, h.stop.reason) {
         (StopStatus::Stopped, Some(r)) => format!("stopped: {r}"),
@@ -316,11 +335,10 @@ fn handoff_text(h: &Handoff, out: &mut String) {
         _ => String::new(),
     };
     let _ = writeln!(out, "  Status: {stop}{when}");
-    let limit = h
-        .attempts
-        .limit
-        .map_or("no limit".to_owned(), |l| l.to_string());
-    let mut attempts = format!("{} of {limit}", h.attempts.used);
+    let mut attempts = match h.attempts.limit {
+        Some(l) => format!("{} of {l}", h.attempts.used),
+        None => format!("{} used (no limit)", h.attempts.used),
+    };
     if h.attempts.approved_extra > 0 {
         let _ = write!(
             attempts,
@@ -351,9 +369,9 @@ fn handoff_text(h: &Handoff, out: &mut String) {
     if h.completed_total == 0 {
         let _ = writeln!(out, "  Completed: nothing external.");
     } else {
-        let shown = h.completed.len() as u64;
-        let more = if shown < h.completed_total {
-            format!(" (latest {shown} of {})", h.completed_total)
+        let listed = h.completed.len() as u64;
+        let more = if listed < h.completed_total {
+            format!(" (latest {listed} of {})", h.completed_total)
         } else {
             String::new()
         };
@@ -362,12 +380,12 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             let remote = c
                 .remote_ref
                 .as_deref()
-                .map(|r| format!(" -> {r}"))
+                .map(|r| format!(" -> {}", shown(r)))
                 .unwrap_or_default();
             let seen = c
                 .observed
                 .as_deref()
-                .map(|s| format!(" \"{s}\""))
+                .map(|s| format!(" \"{}\"", shown(s)))
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
@@ -392,7 +410,7 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             let remote = p
                 .remote_ref
                 .as_deref()
-                .map(|r| format!(" {r}"))
+                .map(|r| format!(" {}", shown(r)))
                 .unwrap_or_default();
             let attempt = p
                 .attempt
@@ -401,7 +419,7 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             let seen = p
                 .observed
                 .as_deref()
-                .map(|s| format!(", last seen \"{s}\""))
+                .map(|s| format!(", last seen \"{}\"", shown(s)))
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
@@ -417,12 +435,12 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             let remote = o
                 .remote_ref
                 .as_deref()
-                .map(|r| format!(" of {r}"))
+                .map(|r| format!(" of {}", shown(r)))
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
                 "  Last observed state{remote}: \"{}\" at seq {}, {}",
-                o.state,
+                shown(&o.state),
                 o.seq,
                 moment(o.at)
             );
@@ -443,14 +461,14 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             .not_before
             .map(|w| format!(", not before {}", moment(w)))
             .unwrap_or_default();
-        let _ = writeln!(out, "    - {}{when}", s.what);
+        let _ = writeln!(out, "    - {}{when}", shown(&s.what));
     }
     if h.unsafe_actions.is_empty() {
         let _ = writeln!(out, "  Must not repeat: nothing known.");
     } else {
         let _ = writeln!(out, "  Must not repeat:");
         for u in &h.unsafe_actions {
-            let _ = writeln!(out, "    - {} (seq {})", u.what, u.seq);
+            let _ = writeln!(out, "    - {} (seq {})", shown(&u.what), u.seq);
         }
     }
     if h.loops > 0 || h.findings > 0 {
@@ -493,7 +511,7 @@ pub fn render_handoffs_text(report: &Report, run: Option<&str>) -> String {
     if !any {
         match run {
             Some(r) => {
-                let _ = writeln!(out, "No run named {r} in this ledger.");
+                let _ = writeln!(out, "No run named {} in this ledger.", shown(r));
             }
             None => out.push_str("No runs in this ledger.\n"),
         }

@@ -105,6 +105,7 @@ pub(crate) struct Ask {
 #[derive(Debug)]
 pub(crate) struct RunState {
     pub name: String,
+    pub started: bool,
     pub goal: Option<String>,
     pub parent: Option<String>,
     pub budget: Budget,
@@ -160,6 +161,7 @@ impl RunState {
     pub fn new(name: &str, e: &Event, policy: &std::sync::Arc<tally_policy::Policy>) -> RunState {
         RunState {
             name: name.to_owned(),
+            started: false,
             goal: None,
             parent: None,
             budget: Budget::default(),
@@ -250,6 +252,7 @@ impl RunState {
         }
         match d.kind() {
             Kind::Start => {
+                self.started = true;
                 self.goal = d.goal.clone().or(self.goal.take());
                 self.parent = d.parent.clone().or(self.parent.take());
                 if let Some(b) = &d.budget {
