@@ -86,21 +86,26 @@ test("a 503 answer fails closed with the gate's retryAfterMs", async (t) => {
   await assert.rejects(new Gate(socket).run("r1"), GateUnavailable);
 });
 
-test("a gate that never answers is GateUnavailable within timeoutMs", async (t) => {
-  const { socket } = await standIn(t, () => {}); // reads the request, never answers
-  const gate = new Gate(socket, { timeoutMs: 200 });
-  const started = Date.now();
-  let ran = false;
-  await assert.rejects(
-    gate.call("r1", "http", { effect: "read" }, () => {
-      ran = true;
-    }),
-    (e) => e instanceof GateUnavailable && /no answer within 200 ms/.test(e.message),
-  );
-  const took = Date.now() - started;
-  assert.ok(took >= 190 && took < 5000, `took ${took} ms`);
-  assert.equal(ran, false);
-});
+// A bound of its own: without the client's timeout this test would hang, not fail.
+test(
+  "a gate that never answers is GateUnavailable within timeoutMs",
+  { timeout: 5000 },
+  async (t) => {
+    const { socket } = await standIn(t, () => {}); // reads the request, never answers
+    const gate = new Gate(socket, { timeoutMs: 200 });
+    const started = Date.now();
+    let ran = false;
+    await assert.rejects(
+      gate.call("r1", "http", { effect: "read" }, () => {
+        ran = true;
+      }),
+      (e) => e instanceof GateUnavailable && /no answer within 200 ms/.test(e.message),
+    );
+    const took = Date.now() - started;
+    assert.ok(took >= 190 && took < 5000, `took ${took} ms`);
+    assert.equal(ran, false);
+  },
+);
 
 test("an answer that is not the gate's is a RequestError, never an allow", async (t) => {
   const { socket } = await standIn(t, (req, res) => {
@@ -122,7 +127,7 @@ test("an answer that is not the gate's is a RequestError, never an allow", async
   assert.equal(ran, false);
 });
 
-test("a connection cut mid-answer is GateUnavailable", async (t) => {
+test("a connection cut mid-answer is GateUnavailable", { timeout: 5000 }, async (t) => {
   const { socket } = await standIn(t, (req, res) => {
     req.resume();
     res.writeHead(200, { "content-type": "application/json", "content-length": "100" });

@@ -226,7 +226,8 @@ test("a rate limit is RetryLater with retryAfterMs, and the call goes through af
 test("call() records ok, error, timeout and unknown", async (t) => {
   // A non-idempotent write may run once per operation until an ok: what the gate answers
   // to the same operation next shows which outcome was recorded.
-  const gate = new Gate((await serve(t, NO_ASK)).socket);
+  // (The breaker would open after 5 failures in a row: this test makes more than that.)
+  const gate = new Gate((await serve(t, NO_ASK + "[breaker]\nfailures = 100\n")).socket);
   await gate.startRun("r1", { budget: { spend_cents: 100 } });
   /** @param {string} op @param {number} n @param {number | undefined} reserve @param {(c: any) => any} body */
   const pay = (op, n, reserve, body) =>
@@ -306,6 +307,26 @@ test("call() records ok, error, timeout and unknown", async (t) => {
   assert.ok(Date.now() - started >= 45, "call.signal fired before the call's timeout");
   await assert.rejects(
     pay("charge:e", 10, undefined, never),
+    (e) => e instanceof AskHuman && e.reason === "outcome_unknown_non_idempotent",
+  );
+
+  // Whatever the body throws once call.signal has fired is a timeout: a library may wrap
+  // the abort in an error of its own.
+  const hungUp = new Error("socket hang up");
+  await assert.rejects(
+    gate.call(
+      "r1",
+      "payments",
+      { effect: "non_idempotent_write", operation: "charge:h", args: { n: 15 }, timeoutMs: 20 },
+      async (call) => {
+        await new Promise((resolve) => call.signal.addEventListener("abort", resolve));
+        throw hungUp;
+      },
+    ),
+    (e) => e === hungUp,
+  );
+  await assert.rejects(
+    pay("charge:h", 16, undefined, never),
     (e) => e instanceof AskHuman && e.reason === "outcome_unknown_non_idempotent",
   );
 
