@@ -1,7 +1,7 @@
 //! The clients people install, against the real daemon: the Python client
-//! (`clients/python`) runs its own suite, each test starting this package's
-//! `tally-load serve`; and it installs the way its README says (`pip install`) into a
-//! throwaway environment.
+//! (`clients/python`) and the Node client (`clients/node`) run their own suites, each
+//! test starting this package's `tally-load serve`; and each installs the way its
+//! README says (`pip install`, `npm install`) into a throwaway environment.
 //!
 //! A missing interpreter skips a test, loudly; with env `CI` set it fails instead.
 
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 /// A whole suite runs in a few seconds; this bounds a hang.
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// An install (venv, pip) runs in a few seconds; this bounds a hang.
+/// An install (venv, pip, npm pack and install) runs in a few seconds; this bounds a hang.
 const INSTALL_LIMIT: Duration = Duration::from_secs(120);
 
 fn repo() -> PathBuf {
@@ -90,7 +90,7 @@ fn run_ok(cmd: Command, limit: Duration, what: &str) -> String {
 }
 
 /// Copy the directory `from` to `to`, without build output (`build/`, `*.egg-info`,
-/// `__pycache__`): an install builds in the tree it is given, and the
+/// `__pycache__`, `node_modules`): an install builds in the tree it is given, and the
 /// repository's own tree is left as it is.
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("create the copy's directory");
@@ -247,5 +247,165 @@ fn python_client_installs_with_pip() {
         "tally_gate was imported from {}, not from the venv {}",
         installed.display(),
         venv.display()
+    );
+}
+
+/// The major version of `node`, if it runs.
+fn node_major() -> Option<u32> {
+    let out = Command::new("node")
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    text.trim()
+        .strip_prefix('v')?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether a usable `node` (18 or later: `node --test`) is there; skips (or, under CI,
+/// fails) `test` if not.
+fn node_usable(test: &str) -> bool {
+    match node_major() {
+        Some(major) if major >= 18 => true,
+        Some(major) => {
+            skip(
+                test,
+                &format!("node {major} is too old (the client needs 18 or later)"),
+                "install Node.js 18 or later",
+            );
+            false
+        }
+        None => {
+            skip(test, "node is not installed", "apt-get install nodejs npm");
+            false
+        }
+    }
+}
+
+#[test]
+fn node_client_against_the_real_daemon() {
+    if !node_usable("node_client_against_the_real_daemon") {
+        return;
+    }
+    let repo = repo();
+    // The test files, named: how `node --test` searches a directory differs between
+    // releases, and test/daemon.mjs is a helper, not a test.
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo.join("clients/node/test"))
+        .expect("read clients/node/test")
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.to_string_lossy().ends_with(".test.mjs"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 4,
+        "clients/node/test has only {} test files",
+        files.len()
+    );
+    let mut cmd = Command::new("node");
+    cmd.arg("--test")
+        .args(&files)
+        .current_dir(&repo)
+        .env("TALLY_LOAD", env!("CARGO_BIN_EXE_tally-load"));
+    let output = run_ok(cmd, LIMIT, "the Node client's tests");
+    // The runner's summary: some tests ran, none failed.
+    let count = |key: &str| -> Option<u64> {
+        output
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("# {key} "))?.trim().parse().ok())
+    };
+    assert!(
+        count("pass").is_some_and(|n| n >= 20) && count("fail") == Some(0),
+        "the Node client's tests did not all run and pass:\n{output}"
+    );
+    println!("{output}");
+}
+
+/// What the installed package must be, checked by `node` from the project it was
+/// installed into: `tally-gate` resolves to that project's node_modules, its declared
+/// types are there, and it works.
+const NODE_INSTALLED: &str = r#"
+import fs from "node:fs";
+import path from "node:path";
+import { createRequire } from "node:module";
+import { Gate, GateUnavailable, VERSION } from "tally-gate";
+const require = createRequire(path.join(process.cwd(), "index.js"));
+const entry = fs.realpathSync(require.resolve("tally-gate"));
+const root = fs.realpathSync(path.join(process.cwd(), "node_modules", "tally-gate"));
+if (!entry.startsWith(root + path.sep)) throw new Error(`tally-gate resolved to ${entry}, not under ${root}`);
+const pkg = JSON.parse(fs.readFileSync(path.join(root, "package.json"), "utf8"));
+if (pkg.version !== VERSION) throw new Error(`VERSION ${VERSION}, package.json ${pkg.version}`);
+for (const file of [pkg.types, pkg.exports["."].types, "README.md"]) {
+  if (!fs.existsSync(path.join(root, file))) throw new Error(`${file} is not installed`);
+}
+if (pkg.dependencies && Object.keys(pkg.dependencies).length) throw new Error("it has dependencies");
+try {
+  await new Gate(path.join(process.cwd(), "no-such.sock")).startRun("r1");
+  throw new Error("a missing socket started a run");
+} catch (e) {
+  if (!(e instanceof GateUnavailable)) throw e;
+}
+console.log(entry);
+"#;
+
+#[test]
+fn node_client_installs_with_npm() {
+    const TEST: &str = "node_client_installs_with_npm";
+    if !node_usable(TEST) {
+        return;
+    }
+    if !succeeds("npm", &["--version"]) {
+        skip(TEST, "npm is not installed", "apt-get install npm");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let cache = tmp.path().join("npm-cache");
+    let npm = |dir: &Path| {
+        let mut cmd = Command::new("npm");
+        cmd.current_dir(dir).arg("--cache").arg(&cache).args([
+            "--no-audit",
+            "--no-fund",
+            "--no-update-notifier",
+        ]);
+        cmd
+    };
+
+    // The package as it would be published (package.json `files`), then installed
+    // offline into a project of its own.
+    let mut pack = npm(tmp.path());
+    pack.args(["pack", "--silent", "--pack-destination"])
+        .arg(tmp.path())
+        .arg(repo().join("clients/node"));
+    let tarball = run_ok(pack, INSTALL_LIMIT, "npm pack clients/node");
+    let tarball = tmp
+        .path()
+        .join(tarball.trim().lines().last().unwrap_or_default());
+    assert!(tarball.is_file(), "npm pack made no {}", tarball.display());
+    let project = tmp.path().join("project");
+    std::fs::create_dir(&project).expect("the project's directory");
+    std::fs::write(
+        project.join("package.json"),
+        r#"{"name": "uses-tally-gate", "private": true, "type": "module"}"#,
+    )
+    .expect("the project's package.json");
+    let mut install = npm(&project);
+    install
+        .args(["install", "--offline", "--silent"])
+        .arg(&tarball);
+    run_ok(install, INSTALL_LIMIT, "npm install tally-gate");
+
+    let mut check = Command::new("node");
+    check
+        .args(["--input-type=module", "-e", NODE_INSTALLED])
+        .current_dir(&project);
+    let entry = run_ok(check, INSTALL_LIMIT, "importing the installed tally-gate");
+    assert!(
+        entry
+            .trim()
+            .ends_with("node_modules/tally-gate/src/index.mjs"),
+        "tally-gate resolved to {entry}"
     );
 }
