@@ -54,18 +54,27 @@ async function standIn(t, handler) {
 }
 
 test("a 503 answer fails closed with the gate's retryAfterMs", async (t) => {
+  /** @type {unknown[]} */
+  const bodies = [];
   const { socket, seen } = await standIn(t, (req, res) => {
-    req.resume();
+    let text = "";
+    req.on("data", (c) => (text += c));
     req.on("end", () => {
+      bodies.push(text ? JSON.parse(text) : null);
       res.writeHead(503, { "content-type": "application/json" });
       res.end(FAIL_CLOSED);
     });
   });
   let ran = false;
   await assert.rejects(
-    new Gate(socket).call("r1", "http", { effect: "read" }, () => {
-      ran = true;
-    }),
+    new Gate(socket, { worker: "w1" }).call(
+      "r1",
+      "http",
+      { effect: "read", operation: undefined, target: null },
+      () => {
+        ran = true;
+      },
+    ),
     (e) => {
       assert.ok(e instanceof GateUnavailable);
       assert.equal(e.retryAfterMs, 1000);
@@ -82,6 +91,8 @@ test("a 503 answer fails closed with the gate's retryAfterMs", async (t) => {
   assert.equal(seen[0].url, "/v1/check");
   assert.equal(seen[0].headers["content-type"], "application/json");
   assert.equal(seen[0].headers.connection, "close");
+  // The fields that are set, and the worker; an unset (or null) option is not sent.
+  assert.deepEqual(bodies[0], { run: "r1", tool: "http", effect: "read", worker: "w1" });
   // A 503 on any other route is GateUnavailable too.
   await assert.rejects(new Gate(socket).run("r1"), GateUnavailable);
 });

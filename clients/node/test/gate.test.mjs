@@ -500,3 +500,56 @@ test("malformed requests are RequestErrors", async (t) => {
   );
   assert.equal((await gate.run("r1")).callsAllowed, 0);
 });
+
+test("every option reaches the gate under its wire name", async (t) => {
+  // The gate refuses unknown fields: a misspelt wire name would be a RequestError here.
+  const gate = new Gate((await serve(t)).socket, { worker: "w1", timeoutMs: 5000 });
+  await gate.startRun("parent", {
+    goal: "monthly export",
+    budget: { attempts: 20, spend_cents: 100, depth: 3 },
+    credential: "c1",
+  });
+  const child = await gate.startRun("child", {
+    goal: "the export itself",
+    budget: { attempts: 5, spend_cents: 40 },
+    parent: "parent",
+    credential: "c1",
+    depth: 1,
+  });
+  assert.deepEqual([child.budget.attempts, child.budget.spend_cents], [5, 40]);
+  const d = await gate.check("child", "http", {
+    effect: "idempotent_write",
+    operation: "export.create",
+    args: { q: 3 },
+    argsPreview: "q=3",
+    idempotencyKey: "export-q3",
+    target: "api.example.com",
+    channel: "http",
+    depth: 1,
+    reserveCents: 5,
+    credential: "c1",
+    timeoutMs: 2000,
+  });
+  assert.ok(d.allowed, `refused: ${d.reason}`);
+  assert.equal(d.timeoutMs, 2000);
+  await gate.outcome("child", d.attempt, "ok", {
+    settledCents: 3,
+    remoteRef: "ex_1",
+    observed: "queued",
+    retryAfterMs: 10,
+  });
+  const poll = await gate.check("child", "http", {
+    effect: "read",
+    operation: "export.status",
+    remoteRef: "ex_1",
+    credential: "c1",
+  });
+  assert.ok(poll.allowed, `refused: ${poll.reason}`);
+  await gate.outcome("child", poll.attempt, "running", { observed: "still queued" });
+  const standing = await gate.run("child");
+  assert.equal(standing.goal, "the export itself");
+  assert.deepEqual([standing.settledCents, standing.heldCents], [3, 0]);
+  await gate.stop("child", "completed");
+  const next = await gate.startRun("child-2", { continues: "child", credential: "c1" });
+  assert.equal(next.run, "child-2");
+});
