@@ -1,69 +1,139 @@
 //! What each subcommand does. Errors are `anyhow` here, at the edge, with context that
-//! says what to do next.
+//! says what to do next. A command checks everything it can before it writes anything.
 
 use std::fs::File;
-use std::io::{self, BufRead, IsTerminal, Write};
+use std::io::{self, BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use tally_ledger::export::ExportReader;
+use tally_ledger::export::{ExportReader, ExportWriter, Target};
 use tally_ledger::keys::{read_auditor_public, AuditorKey, LedgerPublic};
 use tally_ledger::{Checkpoint, Decision, Frame, Ledger, Rotation};
 use tally_verify::analysis::{self, Analysis};
 use tally_verify::{Event, Options, Report, SourceError, Verdict};
 
 use crate::cli::{ReadArgs, Thresholds};
+use crate::output::{errln, note, noteln, out, outln};
+use crate::Exit;
 
-/// What a command ends with: its exit code.
+/// What the audit commands end with: the verifier's exit code (0, 1 or 3).
 pub type Code = u8;
 
-pub fn keygen(out: &Path, approver: bool) -> Result<Code> {
+/// `-` where a PATH or FILE is taken: standard input (or output).
+fn is_stdio(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// Refuse an output path that exists (a dangling symlink counts: writing would follow it).
+fn must_not_exist(path: &Path, what: &str) -> Result<()> {
+    if path.symlink_metadata().is_ok() {
+        bail!(
+            "{} already exists: {what} is never overwritten; move it away or choose another path",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+pub fn keygen(out: &Path, approver: bool) -> Result<Exit> {
     if out.extension().is_some_and(|e| e == "pub") {
         bail!(
             "{} ends in .pub, where the public half goes: give the secret key's path (e.g. dana.key)",
             out.display()
         );
     }
+    // Both halves are checked before either is written.
+    let public = out.with_extension("pub");
+    must_not_exist(out, "a key")?;
+    must_not_exist(&public, "a key")?;
     if approver {
         let key = tally_ledger::keys::ApproverKey::generate();
         key.write(out)
-            .with_context(|| format!("writing {} (it must not exist yet)", out.display()))?;
+            .with_context(|| format!("writing the key pair {}", out.display()))?;
         let name = out
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "approver".into());
-        eprintln!(
+        noteln!(
             "wrote {} (secret, 0600) and {}; list the approver in the policy:",
             out.display(),
-            out.with_extension("pub").display()
+            public.display()
         );
-        println!("[approvals.approvers]\n{name} = \"{}\"", key.public_hex());
-        return Ok(0);
+        outln!("[approvals.approvers]\n{name} = \"{}\"", key.public_hex());
+        return Ok(Exit::Success);
     }
     let key = AuditorKey::generate();
     key.write(out)
-        .with_context(|| format!("writing {} (it must not exist yet)", out.display()))?;
-    eprintln!(
+        .with_context(|| format!("writing the key pair {}", out.display()))?;
+    noteln!(
         "wrote {} (secret, 0600) and {} (public: give it to `tally init --recipient`)",
         out.display(),
-        out.with_extension("pub").display()
+        public.display()
     );
-    Ok(0)
+    Ok(Exit::Success)
 }
 
-pub fn init(ledger: &Path, recipient: &Path, rotation: Rotation) -> Result<Code> {
+pub fn init(ledger: &Path, recipient: &Path, rotation: Rotation) -> Result<Exit> {
+    // A ledger takes its directory over (0700, a secret writer key): only a new or empty one.
+    match std::fs::read_dir(ledger) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                bail!(
+                    "{} is not empty: give `tally init --ledger` a new or empty directory (it becomes 0700 and holds the writer's secret key)",
+                    ledger.display()
+                );
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!(
+                    "{}: give `tally init --ledger` a new or empty directory",
+                    ledger.display()
+                )
+            })
+        }
+    }
     let recipient = read_auditor_public(recipient).context("reading the auditor public key")?;
     let public = Ledger::init(ledger, &recipient, rotation)?;
-    eprintln!(
+    noteln!(
         "created ledger {} in {}; its verification key is {}",
         public.ledger_id,
         ledger.display(),
         ledger.join("ledger.pub").display()
     );
-    Ok(0)
+    Ok(Exit::Success)
+}
+
+/// Refuse, before touching the store, a directory that is not a ledger, or one that other
+/// users can enter (as `tally serve` does: only the writer may reach its files).
+fn check_ledger_dir(ledger: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(ledger).with_context(|| {
+        format!(
+            "{}: no ledger here (create one with `tally init`)",
+            ledger.display()
+        )
+    })?;
+    if !ledger.join("ledger.pub").exists() {
+        bail!(
+            "{}: no ledger here (create one with `tally init`)",
+            ledger.display()
+        );
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "{}: the ledger directory is open to other users (mode {mode:o}); run `chmod 700 {}`",
+            ledger.display(),
+            ledger.display()
+        );
+    }
+    Ok(())
 }
 
 fn open(ledger: &Path) -> Result<Ledger> {
+    check_ledger_dir(ledger)?;
     Ledger::open(ledger).with_context(|| {
         format!(
             "opening ledger {} (if `tally serve` holds it, use its API instead)",
@@ -72,83 +142,153 @@ fn open(ledger: &Path) -> Result<Ledger> {
     })
 }
 
-pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Code> {
+/// One decision of the input, checked and in canonical form, and the line it came from.
+struct Line {
+    number: usize,
+    bytes: Vec<u8>,
+}
+
+fn prepare(text: &str, number: usize, what: impl Fn() -> String) -> Result<Line> {
+    let d = Decision::from_json(text).with_context(&what)?;
+    let bytes = tally_ledger::ledger::prepare(vec![d])
+        .with_context(&what)?
+        .pop()
+        .context("prepare returned nothing")?;
+    Ok(Line { number, bytes })
+}
+
+pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Exit> {
+    check_ledger_dir(ledger)?;
+    // All of the input is read and checked before the store is opened: bad input changes
+    // nothing, and a retry after fixing it cannot write anything twice.
+    let lines = match json {
+        Some(text) if text != "-" => vec![prepare(text, 0, || "the decision argument".into())?],
+        _ => {
+            let mut lines = Vec::new();
+            for (i, line) in io::stdin().lock().lines().enumerate() {
+                let line = line.with_context(|| format!("reading stdin line {}", i + 1))?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let what = || format!("stdin line {}: nothing was written", i + 1);
+                lines.push(prepare(&line, i + 1, what)?);
+            }
+            lines
+        }
+    };
     let ledger = open(ledger)?;
-    let stdout = io::stdout();
-    let mut out = stdout.lock();
-    if let Some(text) = json {
-        let d = Decision::from_json(text).context("the decision argument")?;
-        let r = ledger.append(d)?;
-        writeln!(out, "{}", serde_json::to_string(&r)?)?;
-        return Ok(0);
+    let progress = Progress::new("appending");
+    let total = lines.len();
+    let mut first_seq: Option<u64> = None;
+    let mut done = 0;
+    let mut rest = lines;
+    while !rest.is_empty() {
+        let tail = rest.split_off(rest.len().min(batch.max(1)));
+        let chunk = std::mem::replace(&mut rest, tail);
+        let first = chunk[0].number;
+        let last = chunk[chunk.len() - 1].number;
+        let receipts = match ledger.append_prepared(chunk.into_iter().map(|l| l.bytes).collect()) {
+            Ok(r) => r,
+            Err(e) => {
+                let before = match first_seq {
+                    Some(first_seq) if done > 0 => format!(
+                        "{done} decisions before it were committed (seqs {first_seq}-{}, receipts above)",
+                        first_seq + done as u64 - 1
+                    ),
+                    _ => "nothing was committed".into(),
+                };
+                return Err(e).with_context(|| {
+                    format!(
+                        "committing stdin lines {first}-{last}; {before}; lines {first}-{} were not written: append them again from line {first} (e.g. `tail -n +{first}`)",
+                        rest.last().map_or(last, |l| l.number)
+                    )
+                });
+            }
+        };
+        if first_seq.is_none() {
+            first_seq = receipts.first().map(|r| r.seq);
+        }
+        for r in &receipts {
+            outln!("{}", serde_json::to_string(r)?);
+        }
+        done += receipts.len();
+        progress.show_of(done as u64, total as u64);
     }
-    let stdin = io::stdin();
-    let mut pending: Vec<Decision> = Vec::new();
-    let mut first_line = 1;
-    for (i, line) in stdin.lock().lines().enumerate() {
-        let line = line.context("reading stdin")?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        if pending.is_empty() {
-            first_line = i + 1;
-        }
-        let d = Decision::from_json(&line).with_context(|| format!("stdin line {}", i + 1))?;
-        d.validate()
-            .with_context(|| format!("stdin line {}", i + 1))?;
-        pending.push(d);
-        if pending.len() >= batch.max(1) {
-            flush(&ledger, &mut pending, first_line, &mut out)?;
-        }
-    }
-    flush(&ledger, &mut pending, first_line, &mut out)?;
-    Ok(0)
+    Ok(Exit::Success)
 }
 
-fn flush(
-    ledger: &Ledger,
-    pending: &mut Vec<Decision>,
-    first_line: usize,
-    out: &mut impl Write,
-) -> Result<()> {
-    if pending.is_empty() {
-        return Ok(());
-    }
-    let receipts = ledger
-        .append_batch(std::mem::take(pending))
-        .with_context(|| {
-            format!("batch starting at stdin line {first_line}: nothing of it was written")
-        })?;
-    for r in receipts {
-        writeln!(out, "{}", serde_json::to_string(&r)?)?;
-    }
-    Ok(())
-}
-
-pub fn checkpoint(ledger: &Path) -> Result<Code> {
+pub fn checkpoint(ledger: &Path) -> Result<Exit> {
     let ledger = open(ledger)?;
-    print!("{}", ledger.checkpoint().to_text());
-    Ok(0)
+    out!("{}", ledger.checkpoint().to_text());
+    Ok(Exit::Success)
 }
 
-pub fn rotate(ledger: &Path) -> Result<Code> {
+pub fn rotate(ledger: &Path) -> Result<Exit> {
     let ledger = open(ledger)?;
     let cp = ledger.rotate()?;
-    eprintln!(
+    noteln!(
         "now in key epoch {}; the previous epoch's secrets are destroyed",
         cp.epoch
     );
-    Ok(0)
+    Ok(Exit::Success)
 }
 
-pub fn export(ledger: &Path, out: &Path) -> Result<Code> {
+pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
+    if is_stdio(out) && io::stdout().is_terminal() {
+        bail!("--out - writes the export to standard output, which is a terminal: redirect it to a file or a pipe");
+    }
+    if !force && !is_stdio(out) && out.symlink_metadata().is_ok() {
+        bail!(
+            "{} already exists: give another --out, or --force to replace it",
+            out.display()
+        );
+    }
     let ledger = open(ledger)?;
-    let (entries, checkpoints) = ledger.export(out)?;
-    eprintln!(
+    let snapshot = ledger.snapshot();
+    let total = snapshot.size();
+    let progress = Progress::new("exporting");
+    let mut seen = 0u64;
+    let frames = snapshot.inspect(|f| {
+        if matches!(f, Ok(Frame::Entry(_))) {
+            seen += 1;
+            if seen.is_multiple_of(4096) {
+                progress.show_of(seen, total);
+            }
+        }
+    });
+    let (entries, checkpoints) = if is_stdio(out) {
+        let stdout = io::stdout();
+        let mut w = ExportWriter::new(io::BufWriter::new(stdout.lock()))
+            .context("writing the export to standard output")?;
+        let mut counts = (0, 0);
+        for frame in frames {
+            let frame = frame?;
+            match frame {
+                Frame::Entry(_) => counts.0 += 1,
+                Frame::Checkpoint(_) => counts.1 += 1,
+            }
+            w.frame(&frame)
+                .context("writing the export to standard output")?;
+        }
+        w.finish()
+            .and_then(|mut b| io::Write::flush(&mut b))
+            .context("writing the export to standard output")?;
+        counts
+    } else {
+        let target = if force { Target::Replace } else { Target::New };
+        tally_ledger::export::export_frames_to(frames, out, target)
+            .with_context(|| format!("exporting to {}", out.display()))?
+    };
+    drop(progress);
+    noteln!(
         "exported {entries} entries and {checkpoints} checkpoints to {}",
-        out.display()
+        if is_stdio(out) {
+            "standard output".into()
+        } else {
+            out.display().to_string()
+        }
     );
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// The verifier's inputs, read from the command line.
@@ -191,7 +331,7 @@ impl Audit {
 
     /// Verify, handing every decrypted decision to `sink`.
     pub fn run(&self, sink: impl FnMut(Event)) -> Result<Report> {
-        let progress = Progress::new();
+        let progress = Progress::new("verifying");
         if self.path.is_dir() {
             let scratch = tempfile::tempdir().context("creating a scratch directory")?;
             let store = tally_ledger::store::open_copy(&self.path, scratch.path())
@@ -199,6 +339,13 @@ impl Audit {
             let frames = store
                 .frames()
                 .map(|f| f.map_err(|e| SourceError::Store(e.to_string())));
+            Ok(tally_verify::verify(frames, &self.options, sink, |n| {
+                progress.show(n)
+            }))
+        } else if is_stdio(&self.path) {
+            let reader = ExportReader::new(io::stdin().lock())
+                .context("standard input is not a tally export")?;
+            let frames = reader.map(|f: Result<Frame, _>| f.map_err(SourceError::from));
             Ok(tally_verify::verify(frames, &self.options, sink, |n| {
                 progress.show(n)
             }))
@@ -215,21 +362,29 @@ impl Audit {
     }
 }
 
-/// A progress line on a terminal; silent when stderr is not one.
+/// A progress line on a terminal; silent when stderr is not one, and with `--quiet`.
 struct Progress {
     on: bool,
+    what: &'static str,
 }
 
 impl Progress {
-    fn new() -> Progress {
+    fn new(what: &'static str) -> Progress {
         Progress {
-            on: io::stderr().is_terminal(),
+            on: io::stderr().is_terminal() && !crate::output::quiet(),
+            what,
         }
     }
 
     fn show(&self, entries: u64) {
         if self.on {
-            eprint!("\r\x1b[2Kverifying: {entries} entries");
+            note!("\r\x1b[2K{}: {entries} entries", self.what);
+        }
+    }
+
+    fn show_of(&self, done: u64, total: u64) {
+        if self.on {
+            note!("\r\x1b[2K{}: {done} of {total}", self.what);
         }
     }
 }
@@ -237,7 +392,7 @@ impl Progress {
 impl Drop for Progress {
     fn drop(&mut self) {
         if self.on {
-            eprint!("\r\x1b[2K");
+            note!("\r\x1b[2K");
         }
     }
 }
@@ -282,12 +437,12 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
             );
             map.insert("replay".into(), serde_json::to_value(r)?);
         }
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        outln!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        print!("{}", report.to_text());
+        out!("{}", report.to_text());
         if let (Some(f), Some(r)) = (&found, &replayed) {
-            println!("\n{}", analysis::render_findings_text(f));
-            print!("{}", r.to_text());
+            outln!("\n{}", analysis::render_findings_text(f));
+            out!("{}", r.to_text());
         }
     }
     let code = report.verdict().exit_code();
@@ -314,8 +469,8 @@ fn analyse(
         );
     }
     if report.verdict() == Verdict::Tampered && !force {
-        eprint!("{}", report.to_text());
-        eprintln!("tally: refusing to report on a ledger that does not verify (use --force to report anyway)");
+        errln!("{}", report.to_text().trim_end());
+        errln!("tally: refusing to report on a ledger that does not verify (use --force to report anyway)");
         return Ok(None);
     }
     let mut found = analysis.finish();
@@ -369,10 +524,10 @@ fn emit(report: &Report, json: bool, text: String, json_body: String, key: &str)
             },
             key: body,
         });
-        println!("{}", serde_json::to_string_pretty(&wrapped)?);
+        outln!("{}", serde_json::to_string_pretty(&wrapped)?);
     } else {
         let banner = unverified_banner(report).unwrap_or_default();
-        print!("{banner}{text}{banner}");
+        out!("{banner}{text}{banner}");
     }
     Ok(())
 }
@@ -435,7 +590,7 @@ pub fn serve(
     listen: Option<std::net::SocketAddr>,
     operator_socket: Option<PathBuf>,
     policy: Option<PathBuf>,
-) -> Result<Code> {
+) -> Result<Exit> {
     let mut options = tally_daemon::ServeOptions::new(ledger, socket);
     options.listen = listen;
     options.operator_socket = operator_socket;
@@ -443,19 +598,33 @@ pub fn serve(
         options.policy = read_policy(&path)?;
     }
     tally_daemon::run(options)?;
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the policy {}", path.display()))?;
-    tally_policy::Recorded::new(&text).with_context(|| format!("{}", path.display()))
+    let text = if is_stdio(path) {
+        io::read_to_string(io::stdin().lock()).context("reading the policy from standard input")?
+    } else {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("reading the policy {}", path.display()))?
+    };
+    let name = if is_stdio(path) {
+        "standard input".into()
+    } else {
+        path.display().to_string()
+    };
+    tally_policy::Recorded::new(&text).with_context(|| name)
 }
 
 /// `tally policy check FILE`: validate, then print the policy with its defaults.
-pub fn policy_check(path: &std::path::Path) -> Result<Code> {
+pub fn policy_check(path: &std::path::Path) -> Result<Exit> {
     let recorded = read_policy(path)?;
-    println!("# {}: valid; digest {}", path.display(), recorded.digest);
-    print!("{}", recorded.policy.to_toml());
-    Ok(0)
+    let name = if is_stdio(path) {
+        "standard input".into()
+    } else {
+        path.display().to_string()
+    };
+    outln!("# {name}: valid; digest {}", recorded.digest);
+    out!("{}", recorded.policy.to_toml());
+    Ok(Exit::Success)
 }

@@ -1,0 +1,322 @@
+//! Regression tests for issue 11 (the CLI's edge), each with the real binary.
+
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::Path;
+use std::process::{Output, Stdio};
+
+use crate::fixture::{self, tally, R1};
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    tally()
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tally")
+}
+
+fn run_stdin(dir: &Path, args: &[&str], stdin: &str) -> Output {
+    use std::io::Write;
+    let mut child = tally()
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    // The binary may refuse before reading everything: a closed pipe here is fine.
+    let _ = input.write_all(stdin.as_bytes());
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Every file under `dir` with its length, mode and modification time.
+fn snapshot(dir: &Path) -> Vec<(String, u64, u32, std::time::SystemTime)> {
+    let mut all = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            all.push((
+                e.path().display().to_string(),
+                m.len(),
+                m.permissions().mode(),
+                m.modified().unwrap(),
+            ));
+        }
+    }
+    all.sort();
+    all
+}
+
+fn entries(dir: &Path) -> String {
+    let o = run(dir, &["checkpoint", "--ledger", "ledger"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = String::from_utf8(o.stdout).unwrap();
+    text.lines()
+        .find(|l| l.starts_with("size "))
+        .unwrap_or_else(|| panic!("no size in {text}"))
+        .to_owned()
+}
+
+// Issue 11.1: `init --ledger .` in a source checkout took over the directory.
+#[test]
+fn init_refuses_a_directory_with_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ok(d, &["keygen", "--out", "auditor.key"], "");
+    std::fs::create_dir(d.join("src")).unwrap();
+    std::fs::write(d.join("src/lib.rs"), "//! mine\n").unwrap();
+    std::fs::set_permissions(d.join("src"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let before = snapshot(d);
+    let o = run(
+        d,
+        &["init", "--ledger", "src", "--recipient", "auditor.pub"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not empty"), "{}", stderr(&o));
+    assert_eq!(snapshot(d), before, "init changed the directory it refused");
+}
+
+// Issue 11.2: `keygen --out x` wrote x, then failed on an existing x.pub, leaving x.
+#[test]
+fn keygen_writes_nothing_when_an_output_exists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    for approver in [false, true] {
+        std::fs::write(d.join("x.pub"), "someone else's\n").unwrap();
+        let before = snapshot(d);
+        let mut args = vec!["keygen", "--out", "x"];
+        if approver {
+            args.push("--approver");
+        }
+        let o = run(d, &args);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("x.pub"), "{}", stderr(&o));
+        assert_eq!(snapshot(d), before, "keygen {args:?} left files behind");
+        let o = run(d, &["keygen", "--out", "y.pub"]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(!d.join("y.pub").exists() && !d.join("y.pub.pub").exists());
+        std::fs::remove_file(d.join("x.pub")).unwrap();
+    }
+}
+
+// Issue 11.3: a report piped to `head` panicked (exit 101).
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let dir = fixture::build_once();
+    for args in [
+        &["verify", "ledger.tex", "--key", "ledger/ledger.pub"][..],
+        &["verify", "tampered.tex", "--key", "ledger/ledger.pub"][..],
+        &["policy", "check", "policy.toml"][..],
+        &["--help"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = tally()
+            .args(args)
+            .current_dir(&dir)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let code = o.status.code();
+        assert!(
+            matches!(code, Some(0..=3)),
+            "tally {args:?} exited {code:?}: {}",
+            stderr(&o)
+        );
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+        assert!(!stderr(&o).contains("Broken pipe"), "{}", stderr(&o));
+    }
+}
+
+// Issue 11.3: any other write error is exit 2 with a message.
+#[test]
+fn a_full_disk_exits_2() {
+    let dir = fixture::build_once();
+    for args in [
+        &["verify", "ledger.tex", "--key", "ledger/ledger.pub"][..],
+        &["policy", "check", "policy.toml"][..],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = tally()
+            .args(args)
+            .current_dir(&dir)
+            .stdout(full)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "tally {args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("standard output"),
+            "tally {args:?}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+// Issue 11.9: a bad line after good ones committed the good ones; a retry wrote them twice.
+#[test]
+fn append_with_a_bad_line_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ledger(d);
+    let before = entries(d);
+    let mut input = String::new();
+    for i in 0..12_000 {
+        input.push_str(&format!("{{\"run\":\"b{i}\",\"kind\":\"start\"}}\n"));
+    }
+    input.push_str("{\"run\":\"bulk\",\"kind\":\"no_such_kind\"}\n");
+    let o = run_stdin(d, &["append", "--ledger", "ledger"], &input);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("line 12001"), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "receipts printed for a refused input");
+    assert_eq!(entries(d), before, "a refused input was partly committed");
+}
+
+// Issue 11.9: a refused command rewrote store/snap.* (the store was opened first).
+#[test]
+fn a_refused_append_leaves_the_store_untouched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ledger(d);
+    let before = snapshot(&d.join("ledger"));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let o = run(d, &["append", "--ledger", "ledger", "{\"run\":\"r\"}"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = run_stdin(d, &["append", "--ledger", "ledger"], "not json\n");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(snapshot(&d.join("ledger")), before);
+}
+
+// Issue 11.12: `serve` refuses a ledger directory others can enter; `append` took it.
+#[test]
+fn append_refuses_a_ledger_others_can_enter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ledger(d);
+    std::fs::set_permissions(d.join("ledger"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let line = R1.lines().next().unwrap().replace("r1", "r9");
+    let o = run(d, &["append", "--ledger", "ledger", &line]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("chmod 700"), "{}", stderr(&o));
+}
+
+// Issue 11.12: an error repeated its cause (`(os error 17): File exists (os error 17)`).
+#[test]
+fn errors_do_not_repeat_their_cause() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let o = run(d, &["init", "--ledger", "l", "--recipient", "nothere.pub"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("nothere.pub"), "{e}");
+    assert_eq!(e.matches("os error 2)").count(), 1, "{e}");
+    assert!(!d.join("l").exists());
+}
+
+// Issue 11.12: `export --out` silently overwrote an existing file.
+#[test]
+fn export_refuses_to_overwrite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ledger(d);
+    std::fs::write(d.join("mine.tex"), "precious\n").unwrap();
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "mine.tex"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(d.join("mine.tex")).unwrap(), b"precious\n");
+    let o = run(
+        d,
+        &[
+            "export", "--ledger", "ledger", "--out", "mine.tex", "--force",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_ne!(std::fs::read(d.join("mine.tex")).unwrap(), b"precious\n");
+}
+
+// Issue 11.15: `export --out X` wrote through a symlink planted at X.partial (or X).
+#[test]
+fn export_never_writes_through_a_symlink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ledger(d);
+    std::fs::write(d.join("victim"), "precious\n").unwrap();
+    symlink(d.join("victim"), d.join("out.tex.partial")).unwrap();
+    symlink(d.join("victim"), d.join("out.partial")).unwrap();
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "out.tex"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"precious\n");
+    assert!(!stderr(&o).contains("partial"), "{}", stderr(&o));
+    // A symlink at the target itself: refused, and with --force replaced, not followed.
+    symlink(d.join("victim"), d.join("link.tex")).unwrap();
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "link.tex"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = run(
+        d,
+        &[
+            "export", "--ledger", "ledger", "--out", "link.tex", "--force",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"precious\n");
+    assert!(!std::fs::symlink_metadata(d.join("link.tex"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+// Conventions: man pages and completions come from the clap definitions.
+#[test]
+fn man_pages_and_completions_generate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let o = run(d, &["man", "man"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let page = std::fs::read_to_string(d.join("man/tally.1")).unwrap();
+    for sub in [
+        "keygen",
+        "approve",
+        "runs",
+        "pause",
+        "resume",
+        "kill",
+        "init",
+        "append",
+        "checkpoint",
+        "rotate",
+        "export",
+        "verify",
+        "loops",
+        "handoff",
+        "serve",
+        "policy",
+        "demo",
+    ] {
+        assert!(page.contains(sub), "tally.1 does not mention {sub}");
+        assert!(
+            d.join(format!("man/tally-{sub}.1")).exists(),
+            "no man page for {sub}"
+        );
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let o = run(d, &["completions", shell]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let text = String::from_utf8(o.stdout).unwrap();
+        assert!(text.contains("handoff"), "{shell} completions lack handoff");
+    }
+}
