@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 /// tally: an append-only, hash-chained, encrypted audit ledger for AI-agent budget
 /// decisions, and the offline verifier that audits it.
 #[derive(Parser, Debug)]
-#[command(name = "tally", version, about, long_about = None, after_help = AFTER_HELP)]
+#[command(name = "tally", version, after_help = AFTER_HELP)]
 pub struct Cli {
     /// Say nothing on standard error but errors: no notes, no progress.
     #[arg(short, long, global = true)]
