@@ -251,7 +251,7 @@ pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
     let frames = snapshot.inspect(|f| {
         if matches!(f, Ok(Frame::Entry(_))) {
             seen += 1;
-            if seen.is_multiple_of(4096) {
+            if seen == 1 || seen.is_multiple_of(4096) {
                 progress.show_of(seen, total);
             }
         }

@@ -320,3 +320,181 @@ fn man_pages_and_completions_generate() {
         assert!(text.contains("handoff"), "{shell} completions lack handoff");
     }
 }
+
+// Conventions: `-` is standard input (the `curl .../v1/export | tally verify -` form), and
+// `export --out -` writes the export to standard output.
+#[test]
+fn a_dash_reads_and_writes_the_standard_streams() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ledger(d);
+    let o = tally()
+        .args(["export", "--ledger", "ledger", "--out", "-"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("to standard output"), "{}", stderr(&o));
+    let export = o.stdout;
+    assert!(export.starts_with(b"tally export v1\n"));
+    let mut child = tally()
+        .args(["verify", "-", "--key", "ledger/ledger.pub", "--json"])
+        .current_dir(d)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&export).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["entries"], 5);
+    assert_eq!(report["tail"]["state"], "complete");
+}
+
+/// Run `command` under a pseudo-terminal (util-linux `script`): stdout and stderr are
+/// terminals, as for someone typing it.
+fn on_a_terminal(dir: &Path, command: &str) -> (Option<i32>, String) {
+    let o = std::process::Command::new("script")
+        .args(["-qec", command, "/dev/null"])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("script(1) from util-linux");
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+    )
+}
+
+// Conventions: progress on a terminal for append and export, as for verify; none with -q.
+#[test]
+fn append_and_export_show_progress_on_a_terminal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ledger(d);
+    std::fs::write(
+        d.join("more.ndjson"),
+        "{\"run\":\"p1\",\"kind\":\"start\"}\n{\"run\":\"p2\",\"kind\":\"start\"}\n",
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_tally");
+    let (code, text) = on_a_terminal(d, &format!("{bin} append --ledger ledger < more.ndjson"));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("appending: 2 of 2"), "{text}");
+    let (code, text) = on_a_terminal(d, &format!("{bin} export --ledger ledger --out a.tex"));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("exporting: 1 of 7"), "{text}");
+    let (code, text) = on_a_terminal(
+        d,
+        &format!("{bin} -q append --ledger ledger < more.ndjson; {bin} -q export --ledger ledger --out b.tex"),
+    );
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        !text.contains("appending") && !text.contains("exporting"),
+        "{text}"
+    );
+    assert!(!text.contains("exported"), "-q kept a note: {text}");
+}
+
+/// `tally serve` on real sockets in `dir`, stopped (SIGTERM) when dropped.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_child(&self.0);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let _ = self.0.wait();
+    }
+}
+
+// SPEC forms of the operator: runs, approve, pause, resume, kill, against the real daemon.
+#[test]
+fn operator_commands_against_the_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ledger(d);
+    let approvers = fixture::ok(d, &["keygen", "--approver", "--out", "dana.key"], "");
+    std::fs::write(d.join("policy.toml"), approvers).unwrap();
+    let _daemon = Daemon(
+        tally()
+            .args(["serve", "--ledger", "ledger", "--socket", "agent.sock"])
+            .args([
+                "--operator-socket",
+                "operator.sock",
+                "--policy",
+                "policy.toml",
+            ])
+            .current_dir(d)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let agent = d.join("agent.sock");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = None;
+        for _ in 0..500 {
+            if let Ok(c) = tally_daemon::client::Client::unix(&agent).await {
+                client = Some(c);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let mut client = client.expect("the daemon listens on agent.sock");
+        let reply = client
+            .request(
+                tally_daemon::client::Method::POST,
+                "/v1/runs",
+                Some("application/json"),
+                r#"{"run":"r2","goal":"triage inbox","budget":{"attempts":10,"spend_cents":200}}"#,
+            )
+            .await
+            .unwrap();
+        assert_eq!(reply.status.as_u16(), 201, "{:?}", reply.body);
+    });
+    let op = ["--operator-socket", "operator.sock"];
+    let with = |args: &[&str]| {
+        let mut all = vec![args[0]];
+        all.extend(op);
+        all.extend(&args[1..]);
+        run(d, &all)
+    };
+    let o = with(&["runs"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("r2"));
+    let o = with(&["runs", "--json"]);
+    let runs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(runs[0]["run"], "r2");
+    let o = with(&[
+        "approve",
+        "--run",
+        "r2",
+        "--key",
+        "dana.key",
+        "--expires",
+        "10m",
+        "--attempts",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("recorded at seq"));
+    for what in ["pause", "resume", "kill"] {
+        let o = with(&[what, "--run", "r2"]);
+        assert_eq!(o.status.code(), Some(0), "{what}: {}", stderr(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            format!("run r2: {what} done\n")
+        );
+    }
+    let o = with(&["pause", "--run", "nobody"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("refused"), "{}", stderr(&o));
+}
