@@ -263,6 +263,21 @@ pub enum Command {
         #[command(flatten)]
         thresholds: Thresholds,
     },
+    /// Attempts per run against its cap, and spend against its limit.
+    Stats {
+        /// What to read and check against.
+        #[command(flatten)]
+        read: ReadArgs,
+        /// The auditor's secret key.
+        #[arg(long)]
+        auditor_key: PathBuf,
+        /// Only this run.
+        #[arg(long)]
+        run: Option<String>,
+        /// Report even if the chain does not verify (every page says so).
+        #[arg(long)]
+        force: bool,
+    },
     /// Run the append daemon: HTTP/1.1 JSON on a Unix socket (and optionally loopback TCP).
     Serve {
         /// The ledger directory.

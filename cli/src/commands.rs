@@ -584,6 +584,77 @@ pub fn handoff(
     Ok(analysis_code(&report, &found))
 }
 
+/// `tally stats`: per run, attempts used of the cap (over it only by a human's grant, or
+/// else an inconsistency the audit reports) and spend of the limit.
+pub fn stats(read: &ReadArgs, auditor_key: &Path, run: Option<&str>, force: bool) -> Result<Exit> {
+    let Some((report, found)) = analyse(read, auditor_key, force, &Thresholds::default())? else {
+        return Ok(Exit::Findings);
+    };
+    if let Some(run) = run {
+        if found.handoff(run).is_none() {
+            bail!("no run named {run:?} in this ledger");
+        }
+    }
+    let runs: Vec<_> = found
+        .handoffs
+        .iter()
+        .filter(|h| run.is_none_or(|r| h.run == r))
+        .collect();
+    let of = |used: u64, limit: Option<u64>, unit: &str| match limit {
+        Some(l) => format!("{used}{unit} of {l}{unit}"),
+        None => format!("{used}{unit} (no limit)"),
+    };
+    let mut text = format!(
+        "{:<24} {:<16} {:<20} {:<14} {}\n",
+        "run", "attempts", "spend settled", "held", "stop"
+    );
+    for h in &runs {
+        let a = &h.attempts;
+        let s = &h.spend;
+        let over = a.limit.is_some_and(|l| a.used > l);
+        text.push_str(&format!(
+            "{:<24} {:<16} {:<20} {:<14} {}{}\n",
+            tally_verify::text::shown(&h.run),
+            of(a.used, a.limit, ""),
+            of(s.settled_cents, s.limit_cents, "¢"),
+            format!("{}¢", s.reserved_cents),
+            h.stop
+                .reason
+                .map_or_else(|| "running".into(), |r| r.to_string()),
+            if over {
+                format!(
+                    "  (over the cap by {}; {} approved)",
+                    a.used - a.limit.unwrap_or(0),
+                    a.approved_extra
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if !found.findings.is_empty() || found.findings_omitted > 0 {
+        text.push_str(&format!(
+            "\n{} inconsistencies found: `tally loops` (or `tally verify --auditor-key`) lists them\n",
+            found.findings.len() as u64 + found.findings_omitted
+        ));
+    }
+    let body: Vec<_> = runs
+        .iter()
+        .map(|h| {
+            serde_json::json!({
+                "run": h.run,
+                "attempts": h.attempts,
+                "spend": h.spend,
+                "over_cap": h.attempts.limit.is_some_and(|l| h.attempts.used > l),
+                "stop": h.stop.reason,
+            })
+        })
+        .collect();
+    let json = serde_json::to_string(&serde_json::json!({ "runs": body }))?;
+    emit(&report, read.json, text, json, "stats")?;
+    Ok(Exit::from_code(analysis_code(&report, &found)))
+}
+
 pub fn serve(
     ledger: PathBuf,
     socket: PathBuf,

@@ -192,6 +192,12 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             thresholds,
         } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &thresholds)
             .map(Exit::from_code),
+        Command::Stats {
+            read,
+            auditor_key,
+            run,
+            force,
+        } => commands::stats(&read, &auditor_key, run.as_deref(), force),
         Command::Serve {
             ledger,
             socket,

@@ -498,3 +498,46 @@ fn operator_commands_against_the_daemon() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("refused"), "{}", stderr(&o));
 }
+
+// `tally stats`: a run allowed beyond its cap is shown over it, and the audit's finding
+// makes it exit 1.
+#[test]
+fn stats_shows_a_run_over_its_cap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ok(d, &["keygen", "--out", "a.key"], "");
+    fixture::ok(d, &["init", "--ledger", "l", "--recipient", "a.pub"], "");
+    let corpus = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../corpus/allow_beyond_limit.ndjson"
+    ))
+    .unwrap();
+    let decisions: String = corpus
+        .lines()
+        .filter(|l| !l.contains("\"expect\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fixture::ok(d, &["append", "--ledger", "l"], &decisions);
+    let o = run(
+        d,
+        &[
+            "stats",
+            "l",
+            "--key",
+            "l/ledger.pub",
+            "--auditor-key",
+            "a.key",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let r1 = text
+        .lines()
+        .find(|l| l.starts_with("r1 "))
+        .expect("r1 listed");
+    assert!(
+        r1.contains("2 of 1") && r1.contains("over the cap by 1"),
+        "{text}"
+    );
+    assert!(text.contains("inconsistencies found"), "{text}");
+}
