@@ -541,3 +541,18 @@ fn stats_shows_a_run_over_its_cap() {
     );
     assert!(text.contains("inconsistencies found"), "{text}");
 }
+
+// Issue 11.12: errors named internal temporary files (`writer.tmp`, `X.partial`).
+#[test]
+fn errors_name_the_file_not_its_temporary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    fixture::ledger(d);
+    // A directory where the writer key's temporary file goes: its write fails.
+    std::fs::create_dir(d.join("ledger/writer.key.tmp")).unwrap();
+    std::fs::write(d.join("ledger/writer.key.tmp/x"), "").unwrap();
+    let o = run(d, &["rotate", "--ledger", "ledger"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!stderr(&o).contains(".tmp"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("writer.key"), "{}", stderr(&o));
+}

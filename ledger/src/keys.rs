@@ -591,7 +591,11 @@ impl EpochSecrets {
     pub fn write(&self, path: &Path, ledger: LedgerId) -> Result<()> {
         let tmp = path.with_extension("tmp");
         let _ = fs::remove_file(&tmp);
-        write_new_secret(&tmp, self.to_text(ledger).as_bytes())?;
+        // Errors name the key file, not the temporary one beside it.
+        write_new_secret(&tmp, self.to_text(ledger).as_bytes()).map_err(|e| match e {
+            Error::Io { source, .. } => Error::io(path, source),
+            other => other,
+        })?;
         fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
         sync_parent(path)
     }
