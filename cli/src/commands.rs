@@ -243,6 +243,19 @@ pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
             out.display()
         );
     }
+    if !is_stdio(out) {
+        let parent = out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if !parent.is_dir() {
+            bail!(
+                "{}: no directory {} to write the export in",
+                out.display(),
+                parent.display()
+            );
+        }
+    }
     let ledger = open(ledger)?;
     let snapshot = ledger.snapshot();
     let total = snapshot.size();

@@ -188,8 +188,9 @@ fn append_with_a_bad_line_writes_nothing() {
 }
 
 // Issue 11.9: a refused command rewrote store/snap.* (the store was opened first).
+// The export to a missing directory was refused only after opening the store.
 #[test]
-fn a_refused_append_leaves_the_store_untouched() {
+fn refused_commands_leave_the_store_untouched() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     fixture::ledger(d);
@@ -199,6 +200,11 @@ fn a_refused_append_leaves_the_store_untouched() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run_stdin(d, &["append", "--ledger", "ledger"], "not json\n");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    std::fs::write(d.join("taken.tex"), "").unwrap();
+    for out in ["taken.tex", "no/such/dir.tex"] {
+        let o = run(d, &["export", "--ledger", "ledger", "--out", out]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    }
     assert_eq!(snapshot(&d.join("ledger")), before);
 }
 
