@@ -416,7 +416,7 @@ impl Drop for Daemon {
     }
 }
 
-// SPEC forms of the operator: runs, approve, pause, resume, kill, against the real daemon.
+// The operator's forms (docs/CLI.md): runs, approve, pause, resume, kill, on the real daemon.
 #[test]
 fn operator_commands_against_the_daemon() {
     let tmp = tempfile::tempdir().unwrap();
