@@ -177,30 +177,39 @@ pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Exit> {
         }
     };
     let ledger = open(ledger)?;
+    if json.is_some_and(|text| text != "-") {
+        let receipts = ledger
+            .append_prepared(lines.into_iter().map(|l| l.bytes).collect())
+            .context("the decision argument: nothing was written")?;
+        for r in &receipts {
+            outln!("{}", serde_json::to_string(r)?);
+        }
+        return Ok(Exit::Success);
+    }
     let progress = Progress::new("appending");
     let total = lines.len();
+    let final_line = lines.last().map_or(0, |l| l.number);
     let mut first_seq: Option<u64> = None;
     let mut done = 0;
-    let mut rest = lines;
-    while !rest.is_empty() {
-        let tail = rest.split_off(rest.len().min(batch.max(1)));
-        let chunk = std::mem::replace(&mut rest, tail);
-        let first = chunk[0].number;
-        let last = chunk[chunk.len() - 1].number;
-        let receipts = match ledger.append_prepared(chunk.into_iter().map(|l| l.bytes).collect()) {
+    let mut input = lines.into_iter().peekable();
+    while input.peek().is_some() {
+        let chunk: Vec<Line> = input.by_ref().take(batch.max(1)).collect();
+        let (first, last) = (chunk[0].number, chunk[chunk.len() - 1].number);
+        let committed = ledger.append_prepared(chunk.into_iter().map(|l| l.bytes).collect());
+        let receipts = match committed {
             Ok(r) => r,
             Err(e) => {
+                // Seqs are consecutive: this process holds the ledger's exclusive lock.
                 let before = match first_seq {
-                    Some(first_seq) if done > 0 => format!(
-                        "{done} decisions before it were committed (seqs {first_seq}-{}, receipts above)",
-                        first_seq + done as u64 - 1
+                    Some(seq) if done > 0 => format!(
+                        "{done} decisions before it were committed (seqs {seq}-{}, receipts above)",
+                        seq + done as u64 - 1
                     ),
                     _ => "nothing was committed".into(),
                 };
                 return Err(e).with_context(|| {
                     format!(
-                        "committing stdin lines {first}-{last}; {before}; lines {first}-{} were not written: append them again from line {first} (e.g. `tail -n +{first}`)",
-                        rest.last().map_or(last, |l| l.number)
+                        "committing stdin lines {first}-{last}; {before}; lines {first}-{final_line} were not written: append them again from line {first} (e.g. `tail -n +{first}`)"
                     )
                 });
             }
