@@ -447,7 +447,7 @@ fn operator_commands_against_the_daemon() {
         .unwrap();
     runtime.block_on(async {
         let mut client = None;
-        for _ in 0..500 {
+        for _ in 0..3000 {
             if let Ok(c) = tally_daemon::client::Client::unix(&agent).await {
                 client = Some(c);
                 break;
