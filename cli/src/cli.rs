@@ -6,21 +6,38 @@ use clap::{Parser, Subcommand};
 
 /// tally: an append-only, hash-chained, encrypted audit ledger for AI-agent budget
 /// decisions, and the offline verifier that audits it.
-///
-/// Exit codes: 0 verified intact, 1 tampering or inconsistency found, 2 usage or I/O
-/// error, 3 intact but incomplete evidence (unsealed tail, or a required anchor missing).
 #[derive(Parser, Debug)]
-#[command(name = "tally", version, about, long_about = None)]
+#[command(name = "tally", version, after_help = AFTER_HELP)]
 pub struct Cli {
+    /// Say nothing on standard error but errors: no notes, no progress.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// Exit codes and examples, under `tally --help`.
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  done; for verify, loops and handoff: verified intact
+  1  tampering or an inconsistency found
+  2  usage or I/O error (nothing changed, unless the message says what was)
+  3  intact but incomplete evidence (an unsealed tail, or a required anchor missing)
+
+Examples:
+  tally init --ledger ./ledger --recipient auditor.pub
+  tally append --ledger ./ledger < decisions.ndjson
+  curl --unix-socket operator.sock http://tally/v1/export | tally verify - --key ledger.pub
+
+A PATH or FILE of `-` is standard input. Man pages: `tally man DIR`; shell completions:
+`tally completions bash|zsh|fish`.";
+
 /// Options shared by the commands that read a ledger for the auditor.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReadArgs {
-    /// A ledger directory (when no writer holds it) or an export file.
+    /// A ledger directory (when no writer holds it), an export file, or `-` for an
+    /// export on standard input.
     pub path: PathBuf,
     /// The ledger's public verification key (ledger.pub), obtained from the ledger's owner.
     #[arg(long)]
@@ -61,7 +78,7 @@ pub struct Thresholds {
     pub poll_stall_min: Option<u64>,
 }
 
-/// The subcommands (SPEC section 6).
+/// The subcommands (docs/CLI.md).
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Create the auditor's X25519 key pair: FILE (0600) and FILE with extension .pub.
@@ -160,13 +177,14 @@ pub enum Command {
         #[arg(long, default_value_t = 600)]
         rotate_secs: u64,
     },
-    /// Append decisions: one JSON object as argument, or NDJSON on stdin. Prints one
-    /// receipt (seq, hash) per decision, once durable.
+    /// Append decisions: one JSON object as argument, or NDJSON on stdin. Every line is
+    /// checked before anything is written; prints one receipt (seq, hash) per decision,
+    /// once durable.
     Append {
         /// The ledger directory.
         #[arg(long)]
         ledger: PathBuf,
-        /// One decision as JSON; without it, NDJSON is read from stdin.
+        /// One decision as JSON; without it (or with `-`), NDJSON is read from stdin.
         json: Option<String>,
         /// With NDJSON on stdin: decisions per atomic commit.
         #[arg(long, default_value_t = 10_000)]
@@ -189,9 +207,12 @@ pub enum Command {
         /// The ledger directory.
         #[arg(long)]
         ledger: PathBuf,
-        /// The export file to write.
+        /// The export file to write (it must not exist, unless --force).
         #[arg(long)]
         out: PathBuf,
+        /// Replace an existing file at --out (a symlink there is replaced, not followed).
+        #[arg(long)]
+        force: bool,
     },
     /// Prove a ledger or export intact, with only its public key.
     Verify {
@@ -235,6 +256,21 @@ pub enum Command {
         #[command(flatten)]
         thresholds: Thresholds,
     },
+    /// Attempts per run against its cap, and spend against its limit.
+    Stats {
+        /// What to read and check against.
+        #[command(flatten)]
+        read: ReadArgs,
+        /// The auditor's secret key.
+        #[arg(long)]
+        auditor_key: PathBuf,
+        /// Only this run.
+        #[arg(long)]
+        run: Option<String>,
+        /// Report even if the chain does not verify (every page says so).
+        #[arg(long)]
+        force: bool,
+    },
     /// Run the append daemon: HTTP/1.1 JSON on a Unix socket (and optionally loopback TCP).
     Serve {
         /// The ledger directory.
@@ -271,6 +307,18 @@ pub enum Command {
         /// Keep the demo's files here (default: a temporary directory, removed after).
         #[arg(long)]
         dir: Option<PathBuf>,
+    },
+    /// Write man pages (tally.1 and one per subcommand) into DIR.
+    #[command(hide = true)]
+    Man {
+        /// Where to write them (created if missing).
+        dir: PathBuf,
+    },
+    /// Print a shell completion script.
+    #[command(hide = true)]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -322,7 +370,7 @@ fn tool_effect(s: &str) -> Result<(String, String), String> {
 pub enum PolicyCommand {
     /// Validate a policy file and print it with every default filled in.
     Check {
-        /// The policy file (TOML).
+        /// The policy file (TOML), or `-` for standard input.
         file: PathBuf,
     },
 }

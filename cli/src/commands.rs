@@ -1,69 +1,140 @@
 //! What each subcommand does. Errors are `anyhow` here, at the edge, with context that
-//! says what to do next.
+//! says what to do next. A command checks everything it can before it writes anything.
 
 use std::fs::File;
-use std::io::{self, BufRead, IsTerminal, Write};
+use std::io::{self, BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use tally_ledger::export::{ExportWriter, Target};
 use tally_ledger::keys::{read_auditor_public, AuditorKey, LedgerPublic};
-use tally_ledger::{Checkpoint, Decision, Ledger, Rotation};
+use tally_ledger::{Checkpoint, Decision, Frame, Ledger, Rotation};
 use tally_verify::analysis::{self, Analysis};
 use tally_verify::text::terminal_safe;
 use tally_verify::{Event, Options, Report, SourceError, Verdict};
 
 use crate::cli::{ReadArgs, Thresholds};
+use crate::output::{errln, note, noteln, out, outln};
+use crate::Exit;
 
-/// What a command ends with: its exit code.
+/// What the audit commands end with: the verifier's exit code (0, 1 or 3).
 pub type Code = u8;
 
-pub fn keygen(out: &Path, approver: bool) -> Result<Code> {
+/// `-` where a PATH or FILE is taken: standard input (or output).
+fn is_stdio(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// Refuse an output path that exists (a dangling symlink counts: writing would follow it).
+fn must_not_exist(path: &Path, what: &str) -> Result<()> {
+    if path.symlink_metadata().is_ok() {
+        bail!(
+            "{} already exists: {what} is never overwritten; move it away or choose another path",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+pub fn keygen(out: &Path, approver: bool) -> Result<Exit> {
     if out.extension().is_some_and(|e| e == "pub") {
         bail!(
             "{} ends in .pub, where the public half goes: give the secret key's path (e.g. dana.key)",
             out.display()
         );
     }
+    // Both halves are checked before either is written.
+    let public = out.with_extension("pub");
+    must_not_exist(out, "a key")?;
+    must_not_exist(&public, "a key")?;
     if approver {
         let key = tally_ledger::keys::ApproverKey::generate();
         key.write(out)
-            .with_context(|| format!("writing {} (it must not exist yet)", out.display()))?;
+            .with_context(|| format!("writing the key pair {}", out.display()))?;
         let name = out
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "approver".into());
-        eprintln!(
+        noteln!(
             "wrote {} (secret, 0600) and {}; list the approver in the policy:",
             out.display(),
-            out.with_extension("pub").display()
+            public.display()
         );
-        println!("[approvals.approvers]\n{name} = \"{}\"", key.public_hex());
-        return Ok(0);
+        outln!("[approvals.approvers]\n{name} = \"{}\"", key.public_hex());
+        return Ok(Exit::Success);
     }
     let key = AuditorKey::generate();
     key.write(out)
-        .with_context(|| format!("writing {} (it must not exist yet)", out.display()))?;
-    eprintln!(
+        .with_context(|| format!("writing the key pair {}", out.display()))?;
+    noteln!(
         "wrote {} (secret, 0600) and {} (public: give it to `tally init --recipient`)",
         out.display(),
-        out.with_extension("pub").display()
+        public.display()
     );
-    Ok(0)
+    Ok(Exit::Success)
 }
 
-pub fn init(ledger: &Path, recipient: &Path, rotation: Rotation) -> Result<Code> {
+pub fn init(ledger: &Path, recipient: &Path, rotation: Rotation) -> Result<Exit> {
+    // A ledger takes its directory over (0700, a secret writer key): only a new or empty one.
+    match std::fs::read_dir(ledger) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                bail!(
+                    "{} is not empty: give `tally init --ledger` a new or empty directory (it becomes 0700 and holds the writer's secret key)",
+                    ledger.display()
+                );
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!(
+                    "{}: give `tally init --ledger` a new or empty directory",
+                    ledger.display()
+                )
+            })
+        }
+    }
     let recipient = read_auditor_public(recipient).context("reading the auditor public key")?;
     let public = Ledger::init(ledger, &recipient, rotation)?;
-    eprintln!(
+    noteln!(
         "created ledger {} in {}; its verification key is {}",
         public.ledger_id,
         ledger.display(),
         ledger.join("ledger.pub").display()
     );
-    Ok(0)
+    Ok(Exit::Success)
+}
+
+/// Refuse, before touching the store, a directory that is not a ledger, or one that other
+/// users can enter (as `tally serve` does: only the writer may reach its files).
+fn check_ledger_dir(ledger: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(ledger).with_context(|| {
+        format!(
+            "{}: no ledger here (create one with `tally init`)",
+            ledger.display()
+        )
+    })?;
+    if !ledger.join("ledger.pub").exists() {
+        bail!(
+            "{}: no ledger here (create one with `tally init`)",
+            ledger.display()
+        );
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "{}: the ledger directory is open to other users (mode {mode:o}); run `chmod 700 {}`",
+            ledger.display(),
+            ledger.display()
+        );
+    }
+    Ok(())
 }
 
 fn open(ledger: &Path) -> Result<Ledger> {
+    check_ledger_dir(ledger)?;
     Ledger::open(ledger).with_context(|| {
         format!(
             "opening ledger {} (if `tally serve` holds it, use its API instead)",
@@ -72,83 +143,175 @@ fn open(ledger: &Path) -> Result<Ledger> {
     })
 }
 
-pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Code> {
+/// One decision of the input, checked and in canonical form, and the line it came from.
+struct Line {
+    number: usize,
+    bytes: Vec<u8>,
+}
+
+fn prepare(text: &str, number: usize, what: impl Fn() -> String) -> Result<Line> {
+    let d = Decision::from_json(text).with_context(&what)?;
+    let bytes = tally_ledger::ledger::prepare(vec![d])
+        .with_context(&what)?
+        .pop()
+        .context("prepare returned nothing")?;
+    Ok(Line { number, bytes })
+}
+
+pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Exit> {
+    check_ledger_dir(ledger)?;
+    // All of the input is read and checked before the store is opened: bad input changes
+    // nothing, and a retry after fixing it cannot write anything twice.
+    let lines = match json {
+        Some(text) if text != "-" => vec![prepare(text, 0, || "the decision argument".into())?],
+        _ => {
+            let mut lines = Vec::new();
+            for (i, line) in io::stdin().lock().lines().enumerate() {
+                let line = line.with_context(|| format!("reading stdin line {}", i + 1))?;
+                if tally_ledger::decision::is_blank_line(&line) {
+                    continue;
+                }
+                let what = || format!("stdin line {}: nothing was written", i + 1);
+                lines.push(prepare(&line, i + 1, what)?);
+            }
+            lines
+        }
+    };
     let ledger = open(ledger)?;
-    let stdout = io::stdout();
-    let mut out = stdout.lock();
-    if let Some(text) = json {
-        let d = Decision::from_json(text).context("the decision argument")?;
-        let r = ledger.append(d)?;
-        writeln!(out, "{}", serde_json::to_string(&r)?)?;
-        return Ok(0);
+    if json.is_some_and(|text| text != "-") {
+        let receipts = ledger
+            .append_prepared(lines.into_iter().map(|l| l.bytes).collect())
+            .context("the decision argument: nothing was written")?;
+        for r in &receipts {
+            outln!("{}", serde_json::to_string(r)?);
+        }
+        return Ok(Exit::Success);
     }
-    let stdin = io::stdin();
-    let mut pending: Vec<Decision> = Vec::new();
-    let mut first_line = 1;
-    for (i, line) in stdin.lock().lines().enumerate() {
-        let line = line.context("reading stdin")?;
-        if tally_ledger::decision::is_blank_line(&line) {
-            continue;
+    let progress = Progress::new("appending");
+    let total = lines.len();
+    let final_line = lines.last().map_or(0, |l| l.number);
+    let mut first_seq: Option<u64> = None;
+    let mut done = 0;
+    let mut input = lines.into_iter().peekable();
+    while input.peek().is_some() {
+        let chunk: Vec<Line> = input.by_ref().take(batch.max(1)).collect();
+        let (first, last) = (chunk[0].number, chunk[chunk.len() - 1].number);
+        let committed = ledger.append_prepared(chunk.into_iter().map(|l| l.bytes).collect());
+        let receipts = match committed {
+            Ok(r) => r,
+            Err(e) => {
+                // Seqs are consecutive: this process holds the ledger's exclusive lock.
+                let before = match first_seq {
+                    Some(seq) if done > 0 => format!(
+                        "{done} decisions before it were committed (seqs {seq}-{}, receipts above)",
+                        seq + done as u64 - 1
+                    ),
+                    _ => "nothing was committed".into(),
+                };
+                return Err(e).with_context(|| {
+                    format!(
+                        "committing stdin lines {first}-{last}; {before}; lines {first}-{final_line} were not written: append them again from line {first} (e.g. `tail -n +{first}`)"
+                    )
+                });
+            }
+        };
+        if first_seq.is_none() {
+            first_seq = receipts.first().map(|r| r.seq);
         }
-        if pending.is_empty() {
-            first_line = i + 1;
+        for r in &receipts {
+            outln!("{}", serde_json::to_string(r)?);
         }
-        let d = Decision::from_json(&line).with_context(|| format!("stdin line {}", i + 1))?;
-        d.validate()
-            .with_context(|| format!("stdin line {}", i + 1))?;
-        pending.push(d);
-        if pending.len() >= batch.max(1) {
-            flush(&ledger, &mut pending, first_line, &mut out)?;
-        }
+        done += receipts.len();
+        progress.show_of(done as u64, total as u64);
     }
-    flush(&ledger, &mut pending, first_line, &mut out)?;
-    Ok(0)
+    Ok(Exit::Success)
 }
 
-fn flush(
-    ledger: &Ledger,
-    pending: &mut Vec<Decision>,
-    first_line: usize,
-    out: &mut impl Write,
-) -> Result<()> {
-    if pending.is_empty() {
-        return Ok(());
-    }
-    let receipts = ledger
-        .append_batch(std::mem::take(pending))
-        .with_context(|| {
-            format!("batch starting at stdin line {first_line}: nothing of it was written")
-        })?;
-    for r in receipts {
-        writeln!(out, "{}", serde_json::to_string(&r)?)?;
-    }
-    Ok(())
-}
-
-pub fn checkpoint(ledger: &Path) -> Result<Code> {
+pub fn checkpoint(ledger: &Path) -> Result<Exit> {
     let ledger = open(ledger)?;
-    print!("{}", ledger.checkpoint().to_text());
-    Ok(0)
+    out!("{}", ledger.checkpoint().to_text());
+    Ok(Exit::Success)
 }
 
-pub fn rotate(ledger: &Path) -> Result<Code> {
+pub fn rotate(ledger: &Path) -> Result<Exit> {
     let ledger = open(ledger)?;
     let cp = ledger.rotate()?;
-    eprintln!(
+    noteln!(
         "now in key epoch {}; the previous epoch's secrets are destroyed",
         cp.epoch
     );
-    Ok(0)
+    Ok(Exit::Success)
 }
 
-pub fn export(ledger: &Path, out: &Path) -> Result<Code> {
+pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
+    if is_stdio(out) && io::stdout().is_terminal() {
+        bail!("--out - writes the export to standard output, which is a terminal: redirect it to a file or a pipe");
+    }
+    if !force && !is_stdio(out) && out.symlink_metadata().is_ok() {
+        bail!(
+            "{} already exists: give another --out, or --force to replace it",
+            out.display()
+        );
+    }
+    if !is_stdio(out) {
+        let parent = out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if !parent.is_dir() {
+            bail!(
+                "{}: no directory {} to write the export in",
+                out.display(),
+                parent.display()
+            );
+        }
+    }
     let ledger = open(ledger)?;
-    let (entries, checkpoints) = ledger.export(out)?;
-    eprintln!(
+    let snapshot = ledger.snapshot();
+    let total = snapshot.size();
+    let progress = Progress::new("exporting");
+    let mut seen = 0u64;
+    let frames = snapshot.inspect(|f| {
+        if matches!(f, Ok(Frame::Entry(_))) {
+            seen += 1;
+            if seen == 1 || seen.is_multiple_of(4096) {
+                progress.show_of(seen, total);
+            }
+        }
+    });
+    let (entries, checkpoints) = if is_stdio(out) {
+        let stdout = io::stdout();
+        let mut w = ExportWriter::new(io::BufWriter::new(stdout.lock()))
+            .context("writing the export to standard output")?;
+        let mut counts = (0, 0);
+        for frame in frames {
+            let frame = frame?;
+            match frame {
+                Frame::Entry(_) => counts.0 += 1,
+                Frame::Checkpoint(_) => counts.1 += 1,
+            }
+            w.frame(&frame)
+                .context("writing the export to standard output")?;
+        }
+        w.finish()
+            .and_then(|mut b| io::Write::flush(&mut b))
+            .context("writing the export to standard output")?;
+        counts
+    } else {
+        let target = if force { Target::Replace } else { Target::New };
+        tally_ledger::export::export_frames_to(frames, out, target)
+            .with_context(|| format!("exporting to {}", out.display()))?
+    };
+    drop(progress);
+    noteln!(
         "exported {entries} entries and {checkpoints} checkpoints to {}",
-        out.display()
+        if is_stdio(out) {
+            "standard output".into()
+        } else {
+            out.display().to_string()
+        }
     );
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// The verifier's inputs, read from the command line.
@@ -201,7 +364,7 @@ impl Audit {
 
     /// Verify, handing every decrypted decision to `sink`.
     pub fn run(&self, sink: impl FnMut(Event)) -> Result<Report> {
-        let progress = Progress::new();
+        let progress = Progress::new("verifying");
         if self.path.is_dir() {
             let scratch = tempfile::tempdir().context("creating a scratch directory")?;
             let store = match tally_ledger::store::open_copy(&self.path, scratch.path()) {
@@ -228,6 +391,12 @@ impl Audit {
             Ok(tally_verify::verify(frames, &self.options, sink, |n| {
                 progress.show(n)
             }))
+        } else if is_stdio(&self.path) {
+            let frames = tally_verify::walk::export_frames(io::stdin().lock())
+                .context("standard input is not a tally export")?;
+            Ok(tally_verify::verify(frames, &self.options, sink, |n| {
+                progress.show(n)
+            }))
         } else {
             let file = File::open(&self.path)
                 .with_context(|| format!("opening {}", self.path.display()))?;
@@ -240,21 +409,29 @@ impl Audit {
     }
 }
 
-/// A progress line on a terminal; silent when stderr is not one.
+/// A progress line on a terminal; silent when stderr is not one, and with `--quiet`.
 struct Progress {
     on: bool,
+    what: &'static str,
 }
 
 impl Progress {
-    fn new() -> Progress {
+    fn new(what: &'static str) -> Progress {
         Progress {
-            on: io::stderr().is_terminal(),
+            on: io::stderr().is_terminal() && !crate::output::quiet(),
+            what,
         }
     }
 
     fn show(&self, entries: u64) {
         if self.on {
-            eprint!("\r\x1b[2Kverifying: {entries} entries");
+            note!("\r\x1b[2K{}: {entries} entries", self.what);
+        }
+    }
+
+    fn show_of(&self, done: u64, total: u64) {
+        if self.on {
+            note!("\r\x1b[2K{}: {done} of {total}", self.what);
         }
     }
 }
@@ -262,7 +439,7 @@ impl Progress {
 impl Drop for Progress {
     fn drop(&mut self) {
         if self.on {
-            eprint!("\r\x1b[2K");
+            note!("\r\x1b[2K");
         }
     }
 }
@@ -300,7 +477,7 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
             );
             map.insert("replay".into(), serde_json::to_value(r)?);
         }
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        outln!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         let mut text = report.to_text();
         if let (Some(f), Some(r)) = (&found, &replayed) {
@@ -309,7 +486,7 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
             text.push('\n');
             text.push_str(&r.to_text());
         }
-        print!("{}", terminal_safe(&text));
+        out!("{}", terminal_safe(&text));
     }
     let code = report.verdict().exit_code();
     // Intact but inconsistent is a finding (exit 1); tampering and incomplete evidence
@@ -346,15 +523,15 @@ fn usage_errors(report: &Report, read: &ReadArgs, auditor_key: Option<&Path>) ->
 fn refuse(report: &Report, json: bool) -> Result<()> {
     const WHY: &str =
         "refusing to report on a ledger that does not verify (use --force to report anyway)";
-    eprint!("{}", terminal_safe(&report.to_text()));
-    eprintln!("tally: {WHY}");
+    errln!("{}", terminal_safe(report.to_text().trim_end()));
+    errln!("tally: {WHY}");
     if json {
         let doc = serde_json::json!({
             "version": analysis::REPORT_VERSION,
             "verification": verification(report),
             "refused": WHY,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
     }
     Ok(())
 }
@@ -444,10 +621,10 @@ fn emit(report: &Report, json: bool, text: String, json_parts: &[String]) -> Res
             }
         }
         doc.insert("verification".into(), verification(report));
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         let banner = banner(report).unwrap_or_default();
-        print!("{}", terminal_safe(&format!("{banner}{text}{banner}")));
+        out!("{}", terminal_safe(&format!("{banner}{text}{banner}")));
     }
     Ok(())
 }
@@ -509,13 +686,89 @@ pub fn handoff(
     Ok(analysis_code(&report, findings))
 }
 
+/// `tally stats`: per run, attempts used of the cap (over it only by a human's grant, or
+/// else an inconsistency the audit reports) and spend of the limit.
+pub fn stats(read: &ReadArgs, auditor_key: &Path, run: Option<&str>, force: bool) -> Result<Exit> {
+    let Some((report, found)) = analyse(read, auditor_key, force, &Thresholds::default())? else {
+        return Ok(Exit::Findings);
+    };
+    // With --run, only that run's findings decide the exit code.
+    let findings = match run {
+        Some(run) => match found.handoff(run) {
+            Some(h) => h.findings,
+            None => bail!("no run named {run:?} in this ledger"),
+        },
+        None => found.findings.len() as u64 + found.findings_omitted,
+    };
+    let runs: Vec<_> = found
+        .handoffs
+        .iter()
+        .filter(|h| run.is_none_or(|r| h.run == r))
+        .collect();
+    let of = |used: u64, limit: Option<u64>, unit: &str| match limit {
+        Some(l) => format!("{used}{unit} of {l}{unit}"),
+        None => format!("{used}{unit} (no limit)"),
+    };
+    let mut text = format!(
+        "{:<24} {:<16} {:<20} {:<14} {}\n",
+        "run", "attempts", "spend settled", "held", "stop"
+    );
+    for h in &runs {
+        let a = &h.attempts;
+        let s = &h.spend;
+        let over = a.limit.is_some_and(|l| a.used > l);
+        text.push_str(&format!(
+            "{:<24} {:<16} {:<20} {:<14} {}{}\n",
+            tally_verify::text::shown(&h.run),
+            of(a.used, a.limit, ""),
+            of(s.settled_cents, s.limit_cents, "¢"),
+            format!("{}¢", s.reserved_cents),
+            h.stop
+                .reason
+                .map_or_else(|| "running".into(), |r| r.to_string()),
+            if over {
+                format!(
+                    "  (over the cap by {}; {} approved)",
+                    a.used - a.limit.unwrap_or(0),
+                    a.approved_extra
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if !found.findings.is_empty() || found.findings_omitted > 0 {
+        text.push_str(&format!(
+            "\n{} inconsistencies found: `tally loops` (or `tally verify --auditor-key`) lists them\n",
+            found.findings.len() as u64 + found.findings_omitted
+        ));
+    }
+    let body: Vec<_> = runs
+        .iter()
+        .map(|h| {
+            serde_json::json!({
+                "run": h.run,
+                "attempts": h.attempts,
+                "spend": h.spend,
+                "over_cap": h.attempts.limit.is_some_and(|l| h.attempts.used > l),
+                "stop": h.stop.reason,
+            })
+        })
+        .collect();
+    let json = serde_json::to_string(
+        &serde_json::json!({ "version": analysis::REPORT_VERSION, "runs": body }),
+    )?;
+    emit(&report, read.json, text, &[json])?;
+    Ok(Exit::from_code(analysis_code(&report, findings)))
+}
+
 pub fn serve(
     ledger: PathBuf,
     socket: PathBuf,
     listen: Option<std::net::SocketAddr>,
     operator_socket: Option<PathBuf>,
     policy: Option<PathBuf>,
-) -> Result<Code> {
+) -> Result<Exit> {
     let mut options = tally_daemon::ServeOptions::new(ledger, socket);
     options.listen = listen;
     options.operator_socket = operator_socket;
@@ -523,19 +776,33 @@ pub fn serve(
         options.policy = read_policy(&path)?;
     }
     tally_daemon::run(options)?;
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the policy {}", path.display()))?;
-    tally_policy::Recorded::new(&text).with_context(|| format!("{}", path.display()))
+    let text = if is_stdio(path) {
+        io::read_to_string(io::stdin().lock()).context("reading the policy from standard input")?
+    } else {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("reading the policy {}", path.display()))?
+    };
+    let name = if is_stdio(path) {
+        "standard input".into()
+    } else {
+        path.display().to_string()
+    };
+    tally_policy::Recorded::new(&text).with_context(|| name)
 }
 
 /// `tally policy check FILE`: validate, then print the policy with its defaults.
-pub fn policy_check(path: &std::path::Path) -> Result<Code> {
+pub fn policy_check(path: &std::path::Path) -> Result<Exit> {
     let recorded = read_policy(path)?;
-    println!("# {}: valid; digest {}", path.display(), recorded.digest);
-    print!("{}", recorded.policy.to_toml());
-    Ok(0)
+    let name = if is_stdio(path) {
+        "standard input".into()
+    } else {
+        path.display().to_string()
+    };
+    outln!("# {name}: valid; digest {}", recorded.digest);
+    out!("{}", recorded.policy.to_toml());
+    Ok(Exit::Success)
 }

@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+
+use crate::output::{out, outln};
+use crate::Exit;
 use tally_daemon::client::Client;
 use tally_ledger::export::ExportReader;
 use tally_ledger::keys::{AuditorKey, LedgerPublic};
@@ -16,7 +19,7 @@ use tally_verify::analysis::{self, Analysis};
 use tally_verify::{verify, Event, Options, Report, SourceError, Verdict};
 
 fn step(n: u32, title: &str) {
-    println!("\n== {n}. {title}\n");
+    outln!("\n== {n}. {title}\n");
 }
 
 fn verify_bytes(bytes: &[u8], options: &Options, sink: impl FnMut(Event)) -> Result<Report> {
@@ -29,7 +32,7 @@ fn verify_bytes(bytes: &[u8], options: &Options, sink: impl FnMut(Event)) -> Res
     ))
 }
 
-pub fn run(dir: Option<&Path>) -> Result<u8> {
+pub fn run(dir: Option<&Path>) -> Result<Exit> {
     let tmp;
     let base: PathBuf = match dir {
         Some(d) => {
@@ -55,8 +58,8 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     let anchor_path = base.join("anchor.cp");
     let mut ok = true;
 
-    println!("tally demo: an audit ledger for an AI-agent budget gate, end to end.");
-    println!("files: {}", base.display());
+    outln!("tally demo: an audit ledger for an AI-agent budget gate, end to end.");
+    outln!("files: {}", base.display());
 
     step(1, "Keys and ledger");
     let auditor = AuditorKey::generate();
@@ -69,20 +72,20 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
             ms: 600_000,
         },
     )?;
-    println!(
+    outln!(
         "auditor key pair  {} (0600) + auditor.pub: only this key decrypts records",
         auditor_path.display()
     );
-    println!(
+    outln!(
         "ledger            {} id {}",
         ledger_dir.display(),
         public.ledger_id
     );
-    println!(
+    outln!(
         "verification key  {}/ledger.pub: all an integrity check needs",
         ledger_dir.display()
     );
-    println!("key epochs        rotate every 200 entries; each new key is certified by the old one, then the old secret is destroyed");
+    outln!("key epochs        rotate every 200 entries; each new key is certified by the old one, then the old secret is destroyed");
 
     step(2, "Agents at work, through the gate");
     let ledger = Arc::new(Ledger::open(&ledger_dir)?);
@@ -94,30 +97,30 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     let elapsed = start.elapsed();
     let checkpoint = ledger.checkpoint();
     ok &= gated;
-    println!(
+    outln!(
         "\nAnd {agents} recorded runs from before the gate ({appended} decisions) were imported on the operator socket"
     );
-    println!(
+    outln!(
         "in {:.0?} all told: each reply came only after its",
         elapsed
     );
-    println!(
+    outln!(
         "decision was fsynced and sealed by a signed checkpoint (group commit). Key epoch now {}.",
         checkpoint.epoch
     );
     if refused > 0 {
-        println!("{refused} decisions were refused by the daemon (typed errors; nothing written)");
+        outln!("{refused} decisions were refused by the daemon (typed errors; nothing written)");
         ok = false;
     }
-    println!(
+    outln!(
         "\nThe auditor keeps this checkpoint elsewhere ({}), as an anchor:\n",
         anchor_path.display()
     );
     let anchor = checkpoint.to_text();
     std::fs::write(&anchor_path, &anchor)?;
-    print!("{anchor}");
+    out!("{anchor}");
     let cp = ledger.rotate()?;
-    println!(
+    outln!(
         "\nOn demand, a new key epoch: {} (the epoch {} secrets are gone).",
         cp.epoch,
         cp.epoch - 1
@@ -126,7 +129,7 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     step(3, "Export for offline audit");
     let (entries, checkpoints) = ledger.export(&export)?;
     drop(ledger);
-    println!(
+    outln!(
         "{} holds {entries} entries and {checkpoints} checkpoints; the auditor copies it away.",
         export.display()
     );
@@ -142,7 +145,7 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
         .anchors
         .push(tally_ledger::Checkpoint::from_text(anchor.as_bytes())?);
     let report = verify_bytes(&bytes, &options, |_| {})?;
-    print!("{}", report.to_text());
+    out!("{}", report.to_text());
     ok &= report.verdict() == Verdict::Intact;
 
     step(
@@ -156,7 +159,7 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
         analysis.push(&e);
         replay.push(&e);
     })?;
-    println!(
+    outln!(
         "{} of {} decisions decrypted and valid.\n",
         report.decrypted.unwrap_or(0),
         report.decisions
@@ -166,12 +169,12 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     if let Some(c) = &report.last_checkpoint {
         found.set_coverage(report.sealed, c.head.clone(), c.epoch);
     }
-    println!("{}", analysis::render_loops_text(&found));
-    println!("{}", analysis::render_findings_text(&found));
+    outln!("{}", analysis::render_loops_text(&found));
+    outln!("{}", analysis::render_findings_text(&found));
     let replayed = replay.finish();
-    println!("{}", replayed.to_text());
+    outln!("{}", replayed.to_text());
     ok &= replayed.findings.is_empty() && replayed.replayed > 0;
-    println!("{}", analysis::render_handoffs_text(&found, None));
+    outln!("{}", analysis::render_handoffs_text(&found, None));
 
     step(6, "Attacks on the export are caught");
     let mut flipped = bytes.clone();
@@ -179,32 +182,32 @@ pub fn run(dir: Option<&Path>) -> Result<u8> {
     flipped[at] ^= 0x04;
     options.auditor = None;
     let r = verify_bytes(&flipped, &options, |_| {})?;
-    println!("one bit flipped at byte {at}:");
-    println!("  {}", r.to_text().lines().next().unwrap_or_default());
+    outln!("one bit flipped at byte {at}:");
+    outln!("  {}", r.to_text().lines().next().unwrap_or_default());
     ok &= r.verdict() == Verdict::Tampered;
     let cut = cut_at_frame(&bytes, entries / 2);
     let r = verify_bytes(&bytes[..cut], &options, |_| {})?;
-    println!("export cut after {} entries:", entries / 2);
-    println!("  {}", r.to_text().lines().next().unwrap_or_default());
+    outln!("export cut after {} entries:", entries / 2);
+    outln!("  {}", r.to_text().lines().next().unwrap_or_default());
     ok &= r.verdict() != Verdict::Intact;
 
     step(7, "Do it yourself");
     if dir.is_some() {
         let d = base.display();
-        println!("tally verify {d}/ledger.tex --key {d}/ledger/ledger.pub --anchor {d}/anchor.cp");
-        println!(
+        outln!("tally verify {d}/ledger.tex --key {d}/ledger/ledger.pub --anchor {d}/anchor.cp");
+        outln!(
             "tally loops {d}/ledger.tex --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key"
         );
-        println!("tally handoff {d}/ledger.tex --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key --run lost-post --json");
+        outln!("tally handoff {d}/ledger.tex --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key --run lost-post --json");
     } else {
-        println!("Run `tally demo --dir DIR` to keep these files, then `tally verify`, `tally loops` and");
-        println!("`tally handoff` on them (README.md has the walkthrough).");
+        outln!("Run `tally demo --dir DIR` to keep these files, then `tally verify`, `tally loops` and");
+        outln!("`tally handoff` on them (README.md has the walkthrough).");
     }
     if !ok {
-        println!("\nThe demo did not go as it should: see above.");
-        return Ok(1);
+        outln!("\nThe demo did not go as it should: see above.");
+        return Ok(Exit::Findings);
     }
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// Serve the ledger: agents ask the gate on the agent socket (a retry storm, a repeated
@@ -312,7 +315,7 @@ async fn gate_story(
     let mut ok = true;
     let mut c = Client::unix(socket).await?;
 
-    println!("A retry storm: 8 workers of run `export-q3` retry a failing report export.");
+    outln!("A retry storm: 8 workers of run `export-q3` retry a failing report export.");
     ask(
         &mut c,
         "/v1/runs",
@@ -347,7 +350,7 @@ async fn gate_story(
             }
         }
     }
-    println!("  24 asks: {allowed} allowed, {refused} refused ({last_refusal}). The cap is shared: no worker can reset it.");
+    outln!("  24 asks: {allowed} allowed, {refused} refused ({last_refusal}). The cap is shared: no worker can reset it.");
     ok &= allowed == 3;
     ask(
         &mut c,
@@ -356,7 +359,7 @@ async fn gate_story(
     )
     .await?;
 
-    println!("A payment whose outcome is unknown: run `lost-post` must not pay twice.");
+    outln!("A payment whose outcome is unknown: run `lost-post` must not pay twice.");
     ask(
         &mut c,
         "/v1/runs",
@@ -366,19 +369,19 @@ async fn gate_story(
     let pay = json!({"run": "lost-post", "tool": "payments", "operation": "payments.create", "effect": "non_idempotent_write",
         "args": {"invoice": 4411, "cents": 12000}, "reserve_cents": 120});
     let first = ask(&mut c, "/v1/check", pay.clone()).await?;
-    println!("  pay:   {}", said(&first));
+    outln!("  pay:   {}", said(&first));
     ask(
         &mut c,
         "/v1/outcome",
         json!({"run": "lost-post", "attempt": first["attempt"], "status": "timeout"}),
     )
     .await?;
-    println!("  the payment timed out: nobody knows whether it went through");
+    outln!("  the payment timed out: nobody knows whether it went through");
     let again = ask(&mut c, "/v1/check", pay).await?;
-    println!("  retry: {}", said(&again));
+    outln!("  retry: {}", said(&again));
     ok &= first["decision"] == "allow" && again["cause"] == "outcome_unknown_non_idempotent";
 
-    println!("A reservation over budget: run `summarize` asks a human.");
+    outln!("A reservation over budget: run `summarize` asks a human.");
     ask(
         &mut c,
         "/v1/runs",
@@ -394,8 +397,8 @@ async fn gate_story(
     )
     .await?;
     let two = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_cents": 40})).await?;
-    println!("  first 40¢: {}; settled 35¢", said(&one));
-    println!("  next 40¢:  {}", said(&two));
+    outln!("  first 40¢: {}; settled 35¢", said(&one));
+    outln!("  next 40¢:  {}", said(&two));
     ok &= two["decision"] == "require_approval";
     // A human looks, and grants 30¢ more for that one operation, for ten minutes.
     let mut op = Client::unix(operator_socket).await?;
@@ -426,12 +429,12 @@ async fn gate_story(
                "digest": digest, "signature": signature, "note": "the inbox is long this week"}),
     )
     .await?;
-    println!(
+    outln!(
         "  dana approves 30¢ more for summarize.more (signed, one use, 10 min): seq {}",
         approved["seq"]
     );
     let three = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_cents": 40})).await?;
-    println!("  asked again: {}", said(&three));
+    outln!("  asked again: {}", said(&three));
     ok &= three["decision"] == "allow";
     ask(
         &mut c,
@@ -446,7 +449,7 @@ async fn gate_story(
     )
     .await?;
     if !ok {
-        println!("  the gate did not decide as it must (see above)");
+        outln!("  the gate did not decide as it must (see above)");
     }
     Ok(ok)
 }

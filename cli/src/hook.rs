@@ -18,6 +18,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tally_daemon::client::{Client, Method};
 
+use crate::output::{errln, outln};
+use crate::Exit;
+
 /// The largest payload read from stdin (a tool's input and response are bounded by the
 /// model's context; anything larger is not a hook payload).
 const MAX_PAYLOAD: u64 = 16 << 20;
@@ -103,7 +106,7 @@ fn failed(response: &Value) -> bool {
 
 /// Run the hook: read the payload from stdin, answer on stdout. The exit code is 0 when
 /// the hook's answer is on stdout, 2 (block) when it failed closed.
-pub fn claude_code(h: &Hook) -> Result<u8> {
+pub fn claude_code(h: &Hook) -> Result<Exit> {
     let mut raw = Vec::new();
     std::io::stdin()
         .take(MAX_PAYLOAD + 1)
@@ -111,14 +114,14 @@ pub fn claude_code(h: &Hook) -> Result<u8> {
         .context("reading the hook payload from stdin")?;
     match answer(h, &raw) {
         Ok(Some(out)) => {
-            println!("{out}");
-            Ok(0)
+            outln!("{out}");
+            Ok(Exit::Success)
         }
-        Ok(None) => Ok(0),
+        Ok(None) => Ok(Exit::Success),
         Err(e) => {
             // Exit 2 blocks the call; Claude Code shows stderr to the model.
-            eprintln!("tally hook: the tool call is blocked: {e:#}");
-            Ok(2)
+            errln!("tally hook: the tool call is blocked: {e:#}");
+            Ok(Exit::Error)
         }
     }
 }
@@ -234,7 +237,7 @@ fn post(h: &Hook, p: &Payload) -> Result<()> {
     let Some((run_of, attempt)) = recall(h, &p.session_id, id)? else {
         // No allow was recorded for it (the PreToolUse hook is not installed, or it
         // refused): nothing to settle.
-        eprintln!(
+        errln!(
             "tally hook: no allowed attempt is waiting for tool call {}; install the hook for PreToolUse too",
             tally_verify::text::shown(id)
         );

@@ -1,9 +1,15 @@
 //! The `tally` binary: argument parsing, output and exit codes. The work is done by
 //! `tally-ledger` and `tally-verify`.
 
+// Every write goes through `output`, which never panics on a closed pipe.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+mod output;
+
 mod cli;
 mod commands;
 mod demo;
+mod generate;
 mod hook;
 mod operator;
 mod stories;
@@ -18,7 +24,45 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::Parser;
 
 use cli::{Cli, Command};
+use output::errln;
 use tally_ledger::Rotation;
+
+/// How `tally` ends: the only exit codes it has (argument errors from clap are 2 too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// 0: done; for an audit, verified intact.
+    Success,
+    /// 1: tampering or an inconsistency found.
+    Findings,
+    /// 2: a usage or I/O error; nothing was changed unless the message says what was.
+    Error,
+    /// 3: intact but incomplete evidence (an unsealed tail, a required anchor missing).
+    Incomplete,
+}
+
+impl Exit {
+    /// From the verifier's documented codes (`Verdict::exit_code`): 0, 1, 3; anything
+    /// else is an error.
+    pub fn from_code(code: u8) -> Exit {
+        match code {
+            0 => Exit::Success,
+            1 => Exit::Findings,
+            3 => Exit::Incomplete,
+            _ => Exit::Error,
+        }
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(match exit {
+            Exit::Success => 0,
+            Exit::Findings => 1,
+            Exit::Error => 2,
+            Exit::Incomplete => 3,
+        })
+    }
+}
 
 fn main() -> ExitCode {
     // Transparent huge pages off for this process: the allocator returns memory and takes
@@ -26,23 +70,47 @@ fn main() -> ExitCode {
     // ledger's commit stage; docs/PERFORMANCE.md). A kernel without the prctl is fine too.
     let _ = rustix::thread::disable_transparent_huge_pages(true);
     let cli = Cli::parse();
-    match run(cli.command) {
-        Ok(code) => ExitCode::from(code),
+    output::set_quiet(cli.quiet);
+    let exit = match run(cli.command) {
+        Ok(exit) => exit,
+        Err(e) if is_closed_pipe(&e) => Exit::Success,
         Err(e) => {
-            // A closed pipe (e.g. `tally verify ... | head`) is not an error.
-            if e.chain()
-                .filter_map(|c| c.downcast_ref::<std::io::Error>())
-                .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            {
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("tally: error: {e:#}");
-            ExitCode::from(2)
+            errln!("tally: error: {}", render(&e));
+            Exit::Error
         }
+    };
+    match output::finish() {
+        // A closed pipe (`tally verify ... | head`) ends quietly, with the command's code.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => exit.into(),
+        Err(e) => {
+            errln!("tally: error: writing to standard output: {e}");
+            Exit::Error.into()
+        }
+        Ok(()) => exit.into(),
     }
 }
 
-fn run(command: Command) -> anyhow::Result<u8> {
+fn is_closed_pipe(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
+/// The error and its causes, each said once: library errors often carry their source in
+/// their own message (`path: File exists (os error 17)`), and anyhow would repeat it.
+fn render(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
+}
+
+fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
         Command::Keygen { out, approver } => commands::keygen(&out, approver),
         Command::Approve {
@@ -108,21 +176,30 @@ fn run(command: Command) -> anyhow::Result<u8> {
         } => commands::append(&ledger, json.as_deref(), batch),
         Command::Checkpoint { ledger } => commands::checkpoint(&ledger),
         Command::Rotate { ledger } => commands::rotate(&ledger),
-        Command::Export { ledger, out } => commands::export(&ledger, &out),
-        Command::Verify { read, auditor_key } => commands::verify(&read, auditor_key.as_deref()),
+        Command::Export { ledger, out, force } => commands::export(&ledger, &out, force),
+        Command::Verify { read, auditor_key } => {
+            commands::verify(&read, auditor_key.as_deref()).map(Exit::from_code)
+        }
         Command::Loops {
             read,
             auditor_key,
             force,
             thresholds,
-        } => commands::loops(&read, &auditor_key, force, &thresholds),
+        } => commands::loops(&read, &auditor_key, force, &thresholds).map(Exit::from_code),
         Command::Handoff {
             read,
             auditor_key,
             run,
             force,
             thresholds,
-        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &thresholds),
+        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &thresholds)
+            .map(Exit::from_code),
+        Command::Stats {
+            read,
+            auditor_key,
+            run,
+            force,
+        } => commands::stats(&read, &auditor_key, run.as_deref(), force),
         Command::Serve {
             ledger,
             socket,
@@ -150,5 +227,7 @@ fn run(command: Command) -> anyhow::Result<u8> {
             defer,
         }),
         Command::Demo { dir } => demo::run(dir.as_deref()),
+        Command::Man { dir } => generate::man(&dir),
+        Command::Completions { shell } => generate::completions(shell),
     }
 }

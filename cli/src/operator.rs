@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+
+use crate::output::outln;
+use crate::Exit;
 use serde_json::Value;
 use tally_daemon::client::{Client, Method};
 use tally_ledger::decision::Scope;
@@ -78,7 +81,7 @@ fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
 }
 
 /// Sign an approval with the approver's key and record it through the daemon.
-pub fn approve(socket: &Path, g: Grant) -> Result<u8> {
+pub fn approve(socket: &Path, g: Grant) -> Result<Exit> {
     let expires = duration_ms(&g.expires)?;
     let key = tally_ledger::keys::ApproverKey::read(&g.key)
         .with_context(|| format!("reading the approver key {}", g.key.display()))?;
@@ -113,29 +116,29 @@ pub fn approve(socket: &Path, g: Grant) -> Result<u8> {
         if status != 200 {
             return Err(refused(status, &reply));
         }
-        println!(
+        outln!(
             "approval {digest} recorded at seq {} for run {}: valid until run time {expires_ms} ms, one use",
             reply["seq"],
             tally_verify::text::shown(&g.run)
         );
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
 /// Every run the gate holds.
-pub fn runs(socket: &Path, json: bool) -> Result<u8> {
+pub fn runs(socket: &Path, json: bool) -> Result<Exit> {
     block_on(async {
         let (status, runs) = call(socket, Method::GET, "/v1/runs", None).await?;
         if status != 200 {
             return Err(refused(status, &runs));
         }
         if json {
-            println!("{}", serde_json::to_string_pretty(&runs)?);
-            return Ok(0);
+            outln!("{}", serde_json::to_string_pretty(&runs)?);
+            return Ok(Exit::Success);
         }
         let list = runs.as_array().cloned().unwrap_or_default();
         if list.is_empty() {
-            println!("no runs");
+            outln!("no runs");
         }
         for r in list {
             let used = |d: &str, unit: &str| {
@@ -145,7 +148,7 @@ pub fn runs(socket: &Path, json: bool) -> Result<u8> {
                     _ => "-".into(),
                 }
             };
-            println!(
+            outln!(
                 "{:<24} {:<8} attempts {:<10} spend {:<14} held {}¢{}",
                 tally_verify::text::shown(r["run"].as_str().unwrap_or("?")),
                 r["state"].as_str().unwrap_or("?"),
@@ -158,20 +161,20 @@ pub fn runs(socket: &Path, json: bool) -> Result<u8> {
                     .unwrap_or_default()
             );
         }
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
 /// Pause, resume or kill a run.
-pub fn lifecycle(socket: &Path, run: &str, what: &str) -> Result<u8> {
+pub fn lifecycle(socket: &Path, run: &str, what: &str) -> Result<Exit> {
     block_on(async {
         let path = format!("/v1/runs/{}/{what}", encode(run));
         let (status, reply) = call(socket, Method::POST, &path, None).await?;
         if status != 200 {
             return Err(refused(status, &reply));
         }
-        println!("run {}: {what} done", tally_verify::text::shown(run));
-        Ok(0)
+        outln!("run {}: {what} done", tally_verify::text::shown(run));
+        Ok(Exit::Success)
     })
 }
 

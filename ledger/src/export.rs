@@ -125,36 +125,74 @@ impl<W: Write> ExportWriter<W> {
     }
 }
 
-/// Write `frames` to an export file at `out`, durably: the file is written beside `out`
-/// and renamed into place after an fsync. Returns (entries, checkpoints) written.
+/// What [`export_frames_to`] does when its target already exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Target {
+    /// Refuse an existing file, directory or symlink at the target.
+    New,
+    /// Replace what is there; a symlink at the target is replaced, never followed.
+    Replace,
+}
+
+/// Write `frames` to an export file at `out`, replacing any file there; see
+/// [`export_frames_to`].
 pub fn export_frames(
     frames: impl Iterator<Item = Result<Frame>>,
     out: &Path,
 ) -> Result<(u64, u64)> {
-    let tmp = out.with_extension("partial");
-    let written = write_export(frames, &tmp);
-    if written.is_err() {
-        // Never leave a half-written export beside the real one.
-        let _ = std::fs::remove_file(&tmp);
+    export_frames_to(frames, out, Target::Replace)
+}
+
+/// Write `frames` to an export file at `out`, durably: into a new file beside `out`,
+/// created exclusively under a random name (so no one sharing the directory can plant a
+/// file or symlink for it), fsynced, then moved into place. Nothing is left behind on
+/// failure, and errors name `out`. Returns (entries, checkpoints) written.
+pub fn export_frames_to(
+    frames: impl Iterator<Item = Result<Frame>>,
+    out: &Path,
+    target: Target,
+) -> Result<(u64, u64)> {
+    let exists = || Error::io(out, std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+    if target == Target::New && out.symlink_metadata().is_ok() {
+        return Err(exists());
     }
-    let counts = written?;
-    std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned());
+    let prefix = format!(".{}.", name.as_deref().unwrap_or("export"));
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".partial");
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
+    let mut tmp = builder.tempfile_in(parent).map_err(|e| Error::io(out, e))?;
+    // On any error below, dropping `tmp` removes the half-written file.
+    let counts = write_export(frames, tmp.as_file_mut(), out)?;
+    let persisted = match target {
+        Target::New => tmp.persist_noclobber(out),
+        Target::Replace => tmp.persist(out),
+    };
+    persisted.map_err(|e| Error::io(out, e.error))?;
     crate::keys::sync_parent(out)?;
     Ok(counts)
 }
 
-fn write_export(frames: impl Iterator<Item = Result<Frame>>, tmp: &Path) -> Result<(u64, u64)> {
-    let file = std::fs::File::create(tmp).map_err(|e| Error::io(tmp, e))?;
-    let mut w = ExportWriter::new(BufWriter::new(file)).map_err(|e| Error::io(tmp, e))?;
+fn write_export(
+    frames: impl Iterator<Item = Result<Frame>>,
+    file: &mut std::fs::File,
+    here: &Path,
+) -> Result<(u64, u64)> {
+    let mut w = ExportWriter::new(BufWriter::new(&mut *file)).map_err(|e| Error::io(here, e))?;
     for frame in frames {
-        w.frame(&frame?).map_err(|e| Error::io(tmp, e))?;
+        w.frame(&frame?).map_err(|e| Error::io(here, e))?;
     }
     let counts = (w.entries, w.checkpoints);
-    let buf = w.finish().map_err(|e| Error::io(tmp, e))?;
-    let file = buf
-        .into_inner()
-        .map_err(|e| Error::io(tmp, e.into_error()))?;
-    file.sync_all().map_err(|e| Error::io(tmp, e))?;
+    let buf = w.finish().map_err(|e| Error::io(here, e))?;
+    buf.into_inner()
+        .map_err(|e| Error::io(here, e.into_error()))?;
+    file.sync_all().map_err(|e| Error::io(here, e))?;
     Ok(counts)
 }
 

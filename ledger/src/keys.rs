@@ -239,13 +239,24 @@ impl AuditorKey {
     pub fn write(&self, secret_path: &Path) -> Result<()> {
         let secret_hex = Zeroizing::new(hex::encode(self.secret.as_bytes()));
         let text = Zeroizing::new(format!("{AUDITOR_SECRET_HEADER}{}\n", secret_hex.as_str()));
-        write_new_secret(secret_path, text.as_bytes())?;
         let pub_path = secret_path.with_extension("pub");
-        write_new(
+        if pub_path.symlink_metadata().is_ok() {
+            return Err(Error::io(
+                &pub_path,
+                std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            ));
+        }
+        write_new_secret(secret_path, text.as_bytes())?;
+        let public = write_new(
             &pub_path,
             format!("{AUDITOR_PUBLIC_HEADER}{}\n", hex::encode(self.public())).as_bytes(),
             0o644,
-        )
+        );
+        if public.is_err() {
+            // Half a key pair is no use to anyone: leave nothing behind.
+            let _ = fs::remove_file(secret_path);
+        }
+        public
     }
 
     /// Read an auditor secret key file; refuses files others can read.
@@ -287,7 +298,7 @@ impl ApproverKey {
     /// Refuses to overwrite either.
     pub fn write(&self, secret_path: &Path) -> Result<()> {
         let pub_path = secret_path.with_extension("pub");
-        if pub_path.exists() {
+        if pub_path.symlink_metadata().is_ok() {
             return Err(Error::io(
                 &pub_path,
                 std::io::Error::from(std::io::ErrorKind::AlreadyExists),
@@ -296,11 +307,15 @@ impl ApproverKey {
         let seed = Zeroizing::new(hex::encode(self.key.to_bytes()));
         let text = Zeroizing::new(format!("{APPROVER_SECRET_HEADER}{}\n", seed.as_str()));
         write_new_secret(secret_path, text.as_bytes())?;
-        write_new(
+        let public = write_new(
             &pub_path,
             format!("{APPROVER_PUBLIC_HEADER}{}\n", self.public_hex()).as_bytes(),
             0o644,
-        )
+        );
+        if public.is_err() {
+            let _ = fs::remove_file(secret_path);
+        }
+        public
     }
 
     /// Read an approver secret key file; refuses files others can read.
@@ -576,7 +591,11 @@ impl EpochSecrets {
     pub fn write(&self, path: &Path, ledger: LedgerId) -> Result<()> {
         let tmp = path.with_extension("tmp");
         let _ = fs::remove_file(&tmp);
-        write_new_secret(&tmp, self.to_text(ledger).as_bytes())?;
+        // Errors name the key file, not the temporary one beside it.
+        write_new_secret(&tmp, self.to_text(ledger).as_bytes()).map_err(|e| match e {
+            Error::Io { source, .. } => Error::io(path, source),
+            other => other,
+        })?;
         fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
         sync_parent(path)
     }
