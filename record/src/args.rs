@@ -539,5 +539,24 @@ mod tests {
             Args::parse(r#""\ud800""#),
             Err(ArgsError::Json { .. })
         ));
+        assert!(matches!(
+            Args::parse("\"a\u{1}\""),
+            Err(ArgsError::Json { .. })
+        ));
+        assert!(matches!(Args::parse("1 2"), Err(ArgsError::Json { .. })));
+        assert!(matches!(Args::parse("01"), Err(ArgsError::Json { .. })));
+    }
+
+    #[test]
+    fn args_travel_as_their_canonical_json() {
+        let args = Args::parse(r#"{"n": 18446744073709551617, "a": 1.50}"#).unwrap();
+        assert_eq!(
+            serde_json::to_string(&args).unwrap(),
+            r#"{"a":1.5,"n":18446744073709551617}"#
+        );
+        // From a `Value` deserializer as from text (f64 and u64 only there).
+        let v = serde_json::json!({"n": 3, "a": 1.5});
+        let from_value: Args = serde_json::from_value(v).unwrap();
+        assert_eq!(from_value.canonical(), r#"{"a":1.5,"n":3}"#);
     }
 }
