@@ -364,6 +364,14 @@ fn a_broken_link_shows_what_differs() {
     assert_ne!(found, want, "{}", f.detail);
     assert_eq!(found, near.to_string(), "{}", f.detail);
     assert_eq!(want, real.to_string(), "{}", f.detail);
+    // JSON carries both in full.
+    assert_eq!(
+        f.hashes,
+        Some(tally_verify::Hashes {
+            found: near.to_string(),
+            expected: real.to_string(),
+        })
+    );
 }
 
 /// Issue 11 item 16: copies of a checkpoint are a finding (they verified intact), found
