@@ -486,12 +486,19 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
             text.push('\n');
             text.push_str(&r.to_text());
         }
+        if inconsistent && report.verdict() != Verdict::Tampered {
+            text.push_str(
+                "\nINCONSISTENT: the chain verifies, but decisions in it are inconsistent (the findings above): exit 1\n",
+            );
+        }
         out!("{}", terminal_safe(&text));
     }
-    let code = report.verdict().exit_code();
-    // Intact but inconsistent is a finding (exit 1); tampering and incomplete evidence
-    // keep their own codes.
-    Ok(if code == 0 && inconsistent { 1 } else { code })
+    // An inconsistency is exit 1 over incomplete evidence too, as for loops and handoff.
+    Ok(if inconsistent {
+        1
+    } else {
+        report.verdict().exit_code()
+    })
 }
 
 /// The mistakes a report cannot speak for (exit 2): another ledger's `ledger.pub`, or an

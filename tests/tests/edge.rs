@@ -173,6 +173,27 @@ fn handoff_of_one_run_exits_on_that_runs_findings_only() {
     assert_eq!(code(&all), 1, "{}", text(&all.stdout));
 }
 
+/// Issue 11 item 4: verify with the auditor key exits 1 on audit findings whatever the
+/// chain's verdict, as loops and handoff do (over a cut copy it exited 3), and says so.
+#[test]
+fn verify_with_audit_findings_exits_1_and_says_inconsistent() {
+    let cli = Cli::new(&bad_run("bad"));
+    let cut = cut_at_boundary(&cli);
+    for path in ["L.tex", cut.to_str().expect("path")] {
+        let out = cli.run(&with_keys(&["verify", path]));
+        let stdout = text(&out.stdout);
+        assert_eq!(code(&out), 1, "{path}: {stdout}");
+        assert!(
+            stdout.trim_end().ends_with(
+                "INCONSISTENT: the chain verifies, but decisions in it are inconsistent (the findings above): exit 1"
+            ),
+            "{stdout}"
+        );
+        let loops = cli.run(&with_keys(&["loops", path]));
+        assert_eq!(code(&loops), code(&out), "{path}");
+    }
+}
+
 /// Issue 11 item 4: loops and handoff on incomplete evidence exit 3 and say so.
 #[test]
 fn incomplete_evidence_is_stated_by_loops_and_handoff() {
@@ -364,6 +385,14 @@ fn a_broken_link_shows_what_differs() {
     assert_ne!(found, want, "{}", f.detail);
     assert_eq!(found, near.to_string(), "{}", f.detail);
     assert_eq!(want, real.to_string(), "{}", f.detail);
+    // JSON carries both in full.
+    assert_eq!(
+        f.hashes,
+        Some(tally_verify::Hashes {
+            found: near.to_string(),
+            expected: real.to_string(),
+        })
+    );
 }
 
 /// Issue 11 item 16: copies of a checkpoint are a finding (they verified intact), found
@@ -547,6 +576,9 @@ fn json_reports_match_their_published_schemas() {
         );
         jsonschema::draft202012::new(&schema).expect("a valid schema")
     };
+    // For verify, the chain's verdict: audit findings make it exit 1 whatever the
+    // verdict, over incomplete evidence too, as loops and handoff do.
+    let verdicts = ["intact", "intact", "incomplete", "incomplete", "tampered"];
     let cases: Vec<(&str, Vec<&str>, i32)> = vec![
         (
             "verify",
@@ -559,6 +591,7 @@ fn json_reports_match_their_published_schemas() {
             vec!["verify", cut, "--key", "L/ledger.pub", "--json"],
             3,
         ),
+        ("verify", with_keys(&["verify", cut, "--json"]), 1),
         (
             "verify",
             vec!["verify", bad, "--key", "L/ledger.pub", "--json"],
@@ -581,7 +614,7 @@ fn json_reports_match_their_published_schemas() {
         ),
         ("handoff", with_keys(&["handoff", bad, "--json"]), 1),
     ];
-    for (name, args, want) in cases {
+    for (i, (name, args, want)) in cases.into_iter().enumerate() {
         let out = cli.run(&args);
         assert_eq!(code(&out), want, "{args:?}: {}", text(&out.stderr));
         let doc: Value = serde_json::from_slice(&out.stdout)
@@ -596,18 +629,8 @@ fn json_reports_match_their_published_schemas() {
             errors.join("\n")
         );
         assert_eq!(doc["version"], 1, "{args:?}");
-        if name == "verify" {
-            // The verdict is the chain's; with the auditor key, audit findings alone
-            // make the exit code 1 and are listed under `audit`.
-            let audited = doc["audit"]["findings"]
-                .as_array()
-                .is_some_and(|f| !f.is_empty());
-            let verdict = match (want, audited) {
-                (0, _) | (1, true) => "intact",
-                (1, false) => "tampered",
-                _ => "incomplete",
-            };
-            assert_eq!(doc["verdict"], verdict, "{args:?}");
+        if let Some(verdict) = verdicts.get(i) {
+            assert_eq!(doc["verdict"], *verdict, "{args:?}");
         }
     }
 }

@@ -108,8 +108,20 @@ pub struct Finding {
     /// checkpoint or anchor: its size. For a torn or malformed export: the position the
     /// next entry would have had.
     pub seq: u64,
-    /// Why, in words.
+    /// Why, in words (hashes shortened as far as they still differ).
     pub detail: String,
+    /// For a hash that is not what the chain gives (`broken_link`,
+    /// `checkpoint_head_mismatch`, a forking anchor): both hashes in full.
+    pub hashes: Option<Hashes>,
+}
+
+/// Two hashes that should be equal, in full (64 hex digits each).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Hashes {
+    /// The hash the entry or checkpoint states.
+    pub found: String,
+    /// The hash the chain gives there.
+    pub expected: String,
 }
 
 impl fmt::Display for Finding {

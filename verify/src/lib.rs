@@ -18,6 +18,6 @@ pub mod text;
 pub mod walk;
 
 pub use event::Event;
-pub use finding::{Finding, FindingKind};
+pub use finding::{Finding, FindingKind, Hashes};
 pub use report::{AnchorStatus, Report, Tail, Verdict};
 pub use walk::{verify, Options, SourceError};

@@ -17,7 +17,7 @@ use tally_ledger::keys::{verify_checkpoint, verify_signature, AuditorKey, DataKe
 use tally_ledger::{Checkpoint, Decision, Frame, LedgerId};
 
 use crate::event::Event;
-use crate::finding::{Finding, FindingKind};
+use crate::finding::{Finding, FindingKind, Hashes};
 use crate::report::{AnchorResult, AnchorStatus, KeyMismatch, Report, Tail};
 
 /// Where frames come from failed.
@@ -183,6 +183,8 @@ struct Walk<'a> {
     /// Genesis belongs to another ledger than `ledger.pub` (reported once).
     foreign: bool,
     key_mismatch: Option<KeyMismatch>,
+    /// The full hashes of the mismatch about to be reported (taken by the next finding).
+    hashes: Option<Hashes>,
     /// Stored checkpoints at the current position (one is honest: the store keeps one
     /// per size), and the first head seen there (a checkpoint's or an anchor's).
     checkpoints_here: u64,
@@ -259,6 +261,7 @@ pub fn verify(
             auditor_mismatch: false,
             foreign: false,
             key_mismatch: None,
+            hashes: None,
             checkpoints_here: 0,
             head_here: None,
             text_here: None,
@@ -315,10 +318,12 @@ impl Walk<'_> {
                 kind,
                 seq,
                 detail: detail.into(),
+                hashes: self.hashes.take(),
             });
         } else {
             self.omitted += 1;
         }
+        self.hashes = None;
     }
 
     fn entry(&mut self, bytes: Vec<u8>) {
@@ -373,10 +378,13 @@ impl Walk<'_> {
             );
         }
         if h.prev_hash != self.head {
-            self.find(FindingKind::BrokenLink, at, {
-                let (found, want) = differing(&h.prev_hash, &self.head);
-                format!("previous-hash {found} is not the hash {want} of the entry before")
-            });
+            let (found, want) = differing(&h.prev_hash, &self.head);
+            self.hashes = Some(full(&h.prev_hash, &self.head));
+            self.find(
+                FindingKind::BrokenLink,
+                at,
+                format!("previous-hash {found} is not the hash {want} of the entry before"),
+            );
         }
         if h.wall_ms < self.head_wall {
             self.find(
@@ -684,10 +692,13 @@ impl Walk<'_> {
             None => self.head_here = Some(cp.head),
         }
         if cp.head != self.head {
-            return Err((FindingKind::CheckpointHeadMismatch, {
-                let (found, want) = differing(&cp.head, &self.head);
-                format!("{what} head {found} is not the chain's hash {want} at size {n}")
-            }));
+            let (found, want) = differing(&cp.head, &self.head);
+            // Taken by the finding the caller makes of this error.
+            self.hashes = Some(full(&cp.head, &self.head));
+            return Err((
+                FindingKind::CheckpointHeadMismatch,
+                format!("{what} head {found} is not the chain's hash {want} at size {n}"),
+            ));
         }
         if cp.wall_ms < self.head_wall {
             return Err((
@@ -869,6 +880,14 @@ fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Decision, String> {
         )
         .map_err(|e| e.to_string())?;
     Decision::from_stored(plain).map_err(|e| format!("invalid: {e}"))
+}
+
+/// Both hashes in full, for the finding's JSON.
+fn full(found: &Hash, expected: &Hash) -> Hashes {
+    Hashes {
+        found: found.to_string(),
+        expected: expected.to_string(),
+    }
 }
 
 /// Two hashes shown as short as possible but never alike: 16 hex digits, or up to the
