@@ -200,7 +200,7 @@ pub struct Postgres {
     timeout: Duration,
     rt: tokio::runtime::Runtime,
     conn: Mutex<Option<Conn>>,
-    round_trips: AtomicU64,
+    round_trips: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -258,7 +258,7 @@ impl Postgres {
             timeout: options.timeout,
             rt,
             conn: Mutex::new(None),
-            round_trips: AtomicU64::new(0),
+            round_trips: Arc::new(AtomicU64::new(0)),
         };
         backend.migrate()?;
         Ok(backend)
@@ -269,9 +269,10 @@ impl Postgres {
         &self.target
     }
 
-    /// Round trips to the database so far (connecting and preparing count one each).
-    pub fn round_trips(&self) -> u64 {
-        self.round_trips.load(Ordering::Relaxed)
+    /// Round trips to the database so far (connecting and preparing count one each),
+    /// as a counter that stays readable once the backend is moved into its gate.
+    pub fn round_trips(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.round_trips)
     }
 
     fn unavailable(&self, what: &str, why: &str) -> GateError {
@@ -510,63 +511,38 @@ impl PostgresTxn<'_> {
         r
     }
 
-    fn write_run(&mut self, run: &str) -> Result<(), GateError> {
-        let Some(state) = self.runs.get(run) else {
-            return Ok(());
-        };
-        let bytes = encode(state);
-        let owner = state.owner_uid.map(i64::from);
-        let parent = state.parent.clone();
-        let open = state.stop.is_none();
-        let none: Option<&str> = None;
-        let nob: Option<Vec<u8>> = None;
-        self.rows(
-            "to write a run's state",
-            |s| &s.write,
-            &[
-                &Some(run),
-                &Some(bytes),
-                &owner,
-                &parent,
-                &open,
-                &none,
-                &nob,
-                &nob,
-                &none,
-                &nob,
-            ],
-        )?;
-        Ok(())
-    }
-
-    fn write_others(
+    /// Write a run's, a tool's and a credential's rows (any of them) in one statement.
+    fn write(
         &mut self,
+        run: Option<&str>,
         tool: Option<&str>,
         credential: Option<&str>,
     ) -> Result<(), GateError> {
+        let run = run.and_then(|n| self.runs.get(n).map(|r| (n, r)));
         let tool = tool.and_then(|n| self.tools.get(n).map(|t| (n, t)));
         let credential = credential.and_then(|n| self.credentials.get(n).map(|c| (n, c)));
-        if tool.is_none() && credential.is_none() {
+        if run.is_none() && tool.is_none() && credential.is_none() {
             return Ok(());
         }
+        let run_name = run.map(|(n, _)| n.to_owned());
+        let run_state = run.map(|(_, r)| encode(r));
+        let owner = run.and_then(|(_, r)| r.owner_uid.map(i64::from));
+        let parent = run.and_then(|(_, r)| r.parent.clone());
+        let open = run.map(|(_, r)| r.stop.is_none());
         let tool_name = tool.map(|(n, _)| n.to_owned());
         let tool_state = tool.map(|(_, t)| encode(t));
         let tool_flight = tool.map(|(_, t)| encode(&t.in_flight));
         let cred_name = credential.map(|(n, _)| n.to_owned());
         let cred_state = credential.map(|(_, c)| encode(c));
-        let none: Option<&str> = None;
-        let nob: Option<Vec<u8>> = None;
-        let noi: Option<i64> = None;
-        let nobool: Option<bool> = None;
         self.rows(
-            "to write a tool's or credential's state",
+            "to write a decision's state",
             |s| &s.write,
             &[
-                &none,
-                &nob,
-                &noi,
-                &none,
-                &nobool,
+                &run_name,
+                &run_state,
+                &owner,
+                &parent,
+                &open,
                 &tool_name,
                 &tool_state,
                 &tool_flight,
@@ -754,7 +730,7 @@ impl StateTxn for PostgresTxn<'_> {
             return Err(GateError::RunNotFound(run.to_owned()));
         };
         state.paused = paused;
-        self.write_run(run)?;
+        self.write(Some(run), None, None)?;
         self.simple("to commit a pause", "COMMIT")?;
         self.open = false;
         Ok(())
@@ -766,23 +742,26 @@ impl StateTxn for PostgresTxn<'_> {
                 "the gate's transaction already ended".into(),
             ));
         }
-        let mut runs: Vec<&str> = scopes.iter().map(|s| s.run).collect();
+        let mut runs: Vec<String> = scopes.iter().map(|s| s.run.to_owned()).collect();
         runs.dedup();
-        for run in runs {
-            self.write_run(run)?;
-        }
         // Every tool and credential this transaction read is locked and may have
-        // changed (a stop frees its calls' slots): write them all, one row each.
-        if !scopes.is_empty() {
-            let tools: Vec<String> = self.tools.keys().cloned().collect();
-            let creds: Vec<String> = self.credentials.keys().cloned().collect();
-            let n = tools.len().max(creds.len());
-            for i in 0..n {
-                self.write_others(
-                    tools.get(i).map(String::as_str),
-                    creds.get(i).map(String::as_str),
-                )?;
-            }
+        // changed (a stop frees its calls' slots): write them all. Rows go three to a
+        // statement (a run, a tool, a credential): a check writes in one round trip.
+        let (tools, creds) = if scopes.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            (
+                self.tools.keys().cloned().collect::<Vec<_>>(),
+                self.credentials.keys().cloned().collect::<Vec<_>>(),
+            )
+        };
+        let n = runs.len().max(tools.len()).max(creds.len());
+        for i in 0..n {
+            self.write(
+                runs.get(i).map(String::as_str),
+                tools.get(i).map(String::as_str),
+                creds.get(i).map(String::as_str),
+            )?;
         }
         self.simple("to commit a decision's state", "COMMIT")?;
         self.open = false;

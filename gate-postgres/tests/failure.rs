@@ -126,3 +126,32 @@ fn postgres_down_refuses_checks_and_the_same_gate_recovers_when_it_returns() {
         "nothing was lost, nothing taken while down"
     );
 }
+
+#[test]
+fn a_gate_stalled_inside_a_transaction_has_its_rows_freed_by_the_server() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dirs = [
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    ];
+    let gate = gate(&cluster, dirs[0].path());
+    let req: StartRequest = serde_json::from_value(json!({"run": "r"})).expect("start");
+    gate.start_blocking(OPERATOR, req).expect("start");
+    // A gate with a short bound takes the run's row and then stalls.
+    let stalled = Postgres::open(
+        common::ledger(dirs[1].path()),
+        &Options {
+            url: cluster.url(),
+            timeout: Duration::from_millis(100),
+        },
+    )
+    .expect("second backend");
+    let mut held = stalled.begin().expect("begin");
+    held.run("r", OPERATOR).expect("lock the run's row");
+    // Past five times its bound the server ends its session and frees the row.
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(allowed(&check(&gate, "a")), "the row was freed");
+    drop(held);
+}
