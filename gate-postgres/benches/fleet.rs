@@ -3,7 +3,8 @@
 //! trips per check and per outcome.
 //!
 //! Each worker loops: check (reserving 1 cent), then the outcome that settles it, on its
-//! own run; the runs share four tools, whose rows every gate locks. `TALLY_BENCH_SECS`
+//! own run; the runs share four tools, whose rows every gate locks. The cluster runs
+//! with fsync on, as the ledger does. `TALLY_BENCH_SECS`
 //! (default 3) per line.
 #![allow(missing_docs)]
 
@@ -106,7 +107,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3.0);
-    let Some(cluster) = common::Cluster::start() else {
+    let Some(cluster) = common::Cluster::start_with(true) else {
         return;
     };
     let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().expect("dir")).collect();

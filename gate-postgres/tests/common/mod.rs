@@ -49,6 +49,7 @@ pub struct Cluster {
     bin: PathBuf,
     as_postgres: bool,
     port: u16,
+    fsync: bool,
 }
 
 fn run(cmd: &mut Command) -> String {
@@ -66,6 +67,12 @@ impl Cluster {
     /// Start one, or `None` (with a loud SKIP) when PostgreSQL is not installed; with
     /// `CI` set, a missing PostgreSQL fails the test instead.
     pub fn start() -> Option<Cluster> {
+        Cluster::start_with(false)
+    }
+
+    /// [`Cluster::start`], with `fsync` on (the benchmark: commits as durable as the
+    /// ledger's) or off (the tests: faster, and no test pulls the power).
+    pub fn start_with(fsync: bool) -> Option<Cluster> {
         let Some(bin) = bindir() else {
             if std::env::var_os("CI").is_some() {
                 panic!("CI is set and no PostgreSQL server binaries (initdb, pg_ctl) were found: install Debian's `postgresql` package (.ci/run does)");
@@ -85,6 +92,7 @@ impl Cluster {
             bin,
             as_postgres,
             port,
+            fsync,
         };
         run(c
             .pg("initdb")
@@ -132,9 +140,10 @@ impl Cluster {
 
     fn pg_ctl_start(&self) {
         let opts = format!(
-            "-k {} -c listen_addresses= -p {} -c fsync=off",
+            "-k {} -c listen_addresses= -p {} -c fsync={}",
             self.socket_dir(),
-            self.port
+            self.port,
+            if self.fsync { "on" } else { "off" }
         );
         let log = self.dir.path().join("log").display().to_string();
         run(self
