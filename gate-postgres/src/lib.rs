@@ -199,6 +199,8 @@ pub struct Postgres {
     target: String,
     timeout: Duration,
     rt: tokio::runtime::Runtime,
+    /// One decision at a time, waited for no longer than the bound.
+    turn: Turn,
     conn: Mutex<Option<Conn>>,
     round_trips: Arc<AtomicU64>,
 }
@@ -257,6 +259,7 @@ impl Postgres {
             target,
             timeout: options.timeout,
             rt,
+            turn: Turn::default(),
             conn: Mutex::new(None),
             round_trips: Arc::new(AtomicU64::new(0)),
         };
@@ -411,11 +414,53 @@ impl Postgres {
     }
 }
 
+/// The gate's local lock, with a deadline: a decision queued behind others on a slow
+/// database is refused once the bound has passed, not one bound after another.
+#[derive(Default)]
+struct Turn {
+    busy: Mutex<bool>,
+    freed: std::sync::Condvar,
+}
+
+/// A held [`Turn`], given back on drop.
+struct TurnGuard<'a>(&'a Turn);
+
+impl Turn {
+    fn take(&self, bound: Duration) -> Result<TurnGuard<'_>, GateError> {
+        fn poisoned<T>(_: T) -> GateError {
+            GateError::Unavailable("the gate's state lock was poisoned".into())
+        }
+        let deadline = std::time::Instant::now() + bound;
+        let mut busy = self.busy.lock().map_err(poisoned)?;
+        while *busy {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(GateError::Unavailable(format!(
+                    "this gate's earlier decisions held PostgreSQL for more than {} ms; the gate refuses until the database answers (retry)",
+                    bound.as_millis()
+                )));
+            }
+            busy = self.freed.wait_timeout(busy, left).map_err(poisoned)?.0;
+        }
+        *busy = true;
+        Ok(TurnGuard(self))
+    }
+}
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.busy.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.0.freed.notify_one();
+    }
+}
+
 /// One decision's transaction: the daemon's local lock, the PostgreSQL transaction, and
 /// the rows read (locked) so far.
 pub struct PostgresTxn<'a> {
     backend: &'a Postgres,
     conn: MutexGuard<'a, Option<Conn>>,
+    /// Given back last (fields drop in order): after the connection's own lock.
+    _turn: TurnGuard<'a>,
     /// A PostgreSQL transaction is open.
     open: bool,
     runs: BTreeMap<String, RunState>,
@@ -429,6 +474,8 @@ impl StateBackend for Postgres {
     type Txn<'a> = PostgresTxn<'a>;
 
     fn begin(&self) -> Result<PostgresTxn<'_>, GateError> {
+        let turn = self.turn.take(self.timeout)?;
+        // Uncontended: only the holder of the turn takes it.
         let mut conn = self
             .conn
             .lock()
@@ -444,6 +491,7 @@ impl StateBackend for Postgres {
         let mut t = PostgresTxn {
             backend: self,
             conn,
+            _turn: turn,
             open: false,
             runs: BTreeMap::new(),
             tools: BTreeMap::new(),

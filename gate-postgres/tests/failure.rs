@@ -155,3 +155,49 @@ fn a_gate_stalled_inside_a_transaction_has_its_rows_freed_by_the_server() {
     assert!(allowed(&check(&gate, "a")), "the row was freed");
     drop(held);
 }
+
+/// Checks queued on one gate behind a slow database are each refused within the bound
+/// too, not one bound after another.
+#[test]
+fn checks_queued_behind_a_slow_database_are_each_refused_within_the_bound() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dirs = [
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    ];
+    let gate = Arc::new(gate(&cluster, dirs[0].path()));
+    let req: StartRequest = serde_json::from_value(json!({"run": "r"})).expect("start");
+    gate.start_blocking(OPERATOR, req).expect("start");
+    let other = Postgres::open(
+        common::ledger(dirs[1].path()),
+        &Options {
+            url: cluster.url(),
+            timeout: Duration::from_secs(10),
+        },
+    )
+    .expect("second backend");
+    let mut held = other.begin().expect("begin");
+    held.run("r", OPERATOR).expect("lock the run's row");
+    let workers: Vec<_> = (0..8)
+        .map(|i| {
+            let gate = Arc::clone(&gate);
+            std::thread::spawn(move || {
+                let began = Instant::now();
+                let r = check(&gate, &format!("q{i}"));
+                (r, began.elapsed())
+            })
+        })
+        .collect();
+    for w in workers {
+        let (r, took) = w.join().expect("worker");
+        assert!(
+            matches!(r, Err(GateError::Unavailable(_))),
+            "expected unavailable, got {r:?}"
+        );
+        assert!(took < BOUND * 3, "refused after {took:?}, bound {BOUND:?}");
+    }
+    drop(held);
+    assert!(allowed(&check(&gate, "after")));
+}
