@@ -461,8 +461,10 @@ pub struct PostgresTxn<'a> {
     conn: MutexGuard<'a, Option<Conn>>,
     /// Given back last (fields drop in order): after the connection's own lock.
     _turn: TurnGuard<'a>,
-    /// A PostgreSQL transaction is open.
+    /// A PostgreSQL transaction is open (or will be, with its first statement).
     open: bool,
+    /// Its BEGIN was sent.
+    begun: bool,
     runs: BTreeMap<String, RunState>,
     tools: BTreeMap<String, ToolState>,
     credentials: BTreeMap<String, CredentialState>,
@@ -493,13 +495,14 @@ impl StateBackend for Postgres {
             conn,
             _turn: turn,
             open: false,
+            begun: false,
             runs: BTreeMap::new(),
             tools: BTreeMap::new(),
             credentials: BTreeMap::new(),
             listed: Vec::new(),
             empty: RunState::default(),
         };
-        t.simple("to begin a transaction", "BEGIN")?;
+        // BEGIN goes with the transaction's first statement.
         t.open = true;
         Ok(t)
     }
@@ -525,7 +528,12 @@ impl PostgresTxn<'_> {
             .unavailable("to keep its connection", "the connection was lost")
     }
 
+    /// `COMMIT` or `ROLLBACK` (nothing to send if no statement began the transaction).
     fn simple(&mut self, what: &str, sql: &str) -> Result<(), GateError> {
+        if !self.begun {
+            self.open = false;
+            return Ok(());
+        }
         let Some(conn) = self.conn.as_ref() else {
             return Err(self.gone());
         };
@@ -542,6 +550,19 @@ impl PostgresTxn<'_> {
         st: fn(&Statements) -> &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, GateError> {
+        self.rows_then(what, st, params, false)
+    }
+
+    /// One statement in one round trip: preceded by `BEGIN` if it is the transaction's
+    /// first, and followed by `COMMIT` if `commit` (requests on one connection are
+    /// pipelined in order; a `COMMIT` after a failed statement only rolls back).
+    fn rows_then(
+        &mut self,
+        what: &str,
+        st: fn(&Statements) -> &Statement,
+        params: &[&(dyn ToSql + Sync)],
+        commit: bool,
+    ) -> Result<Vec<Row>, GateError> {
         if !self.open {
             return Err(GateError::Unavailable(
                 "the gate's transaction already ended".into(),
@@ -550,21 +571,47 @@ impl PostgresTxn<'_> {
         let Some(conn) = self.conn.as_ref() else {
             return Err(self.gone());
         };
-        let r = self
-            .backend
-            .wait(what, conn.client.query(st(&conn.st), params));
-        if r.is_err() {
-            self.broken();
+        let begin = !self.begun;
+        let client = &conn.client;
+        let statement = st(&conn.st);
+        let then = async {
+            if commit {
+                let (rows, done) = tokio::join!(
+                    client.query(statement, params),
+                    client.batch_execute("COMMIT")
+                );
+                let rows = rows?;
+                done?;
+                Ok(rows)
+            } else {
+                client.query(statement, params).await
+            }
+        };
+        let r = self.backend.wait(what, async {
+            if begin {
+                let (began, rows) = tokio::join!(client.batch_execute("BEGIN"), then);
+                began?;
+                rows
+            } else {
+                then.await
+            }
+        });
+        match &r {
+            Ok(_) if commit => self.open = false,
+            Ok(_) => self.begun = true,
+            Err(_) => self.broken(),
         }
         r
     }
 
-    /// Write a run's, a tool's and a credential's rows (any of them) in one statement.
+    /// Write a run's, a tool's and a credential's rows (any of them) in one statement,
+    /// and commit with it if `commit`.
     fn write(
         &mut self,
         run: Option<&str>,
         tool: Option<&str>,
         credential: Option<&str>,
+        commit: bool,
     ) -> Result<(), GateError> {
         let run = run.and_then(|n| self.runs.get(n).map(|r| (n, r)));
         let tool = tool.and_then(|n| self.tools.get(n).map(|t| (n, t)));
@@ -582,7 +629,7 @@ impl PostgresTxn<'_> {
         let tool_flight = tool.map(|(_, t)| encode(&t.in_flight));
         let cred_name = credential.map(|(n, _)| n.to_owned());
         let cred_state = credential.map(|(_, c)| encode(c));
-        self.rows(
+        self.rows_then(
             "to write a decision's state",
             |s| &s.write,
             &[
@@ -597,6 +644,7 @@ impl PostgresTxn<'_> {
                 &cred_name,
                 &cred_state,
             ],
+            commit,
         )?;
         Ok(())
     }
@@ -778,9 +826,11 @@ impl StateTxn for PostgresTxn<'_> {
             return Err(GateError::RunNotFound(run.to_owned()));
         };
         state.paused = paused;
-        self.write(Some(run), None, None)?;
-        self.simple("to commit a pause", "COMMIT")?;
-        self.open = false;
+        self.write(Some(run), None, None, true)?;
+        if self.open {
+            self.simple("to commit a pause", "COMMIT")?;
+            self.open = false;
+        }
         Ok(())
     }
 
@@ -805,14 +855,18 @@ impl StateTxn for PostgresTxn<'_> {
         };
         let n = runs.len().max(tools.len()).max(creds.len());
         for i in 0..n {
+            // The last write carries the COMMIT.
             self.write(
                 runs.get(i).map(String::as_str),
                 tools.get(i).map(String::as_str),
                 creds.get(i).map(String::as_str),
+                i + 1 == n,
             )?;
         }
-        self.simple("to commit a decision's state", "COMMIT")?;
-        self.open = false;
+        if self.open {
+            self.simple("to commit a decision's state", "COMMIT")?;
+            self.open = false;
+        }
         Ok(())
     }
 
