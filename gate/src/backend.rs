@@ -70,10 +70,12 @@ pub trait StateTxn {
     fn run_mut(&mut self, run: &str) -> Option<&mut RunState>;
     /// A new run.
     fn insert_run(&mut self, run: RunState);
-    /// Open runs started by `uid` (`None`: loopback TCP peers, one identity).
-    fn open_runs_of(&self, uid: Option<u32>) -> u64;
+    /// Open runs started by `uid` (`None`: loopback TCP peers, one identity). A
+    /// networked backend also holds that uid's count until the transaction ends, so two
+    /// hosts cannot both start its last allowed run.
+    fn open_runs_of(&mut self, uid: Option<u32>) -> Result<u64, GateError>;
     /// The runs held (open ones, and recently stopped ones).
-    fn runs(&self) -> Vec<&RunState>;
+    fn runs(&mut self) -> Result<Vec<&RunState>, GateError>;
     /// The open runs whose parent is `run`, by name (a kill stops them with it).
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError>;
     /// Read (or create) a tool's state.
@@ -93,8 +95,18 @@ pub trait StateTxn {
     fn mark_stopped(&mut self, run: &str);
     /// Pause or resume a run, durably, before returning.
     fn set_paused(&mut self, run: &str, paused: bool) -> Result<(), GateError>;
+    /// Make the state of `scopes` durable before anything is queued for the ledger (a
+    /// networked backend commits its own transaction here: state ahead of the ledger on
+    /// a crash, never behind). An error leaves nothing durable and nothing queued: the
+    /// decision is refused and the gate stays up. The embedded backend writes its state
+    /// with the ledger's batch instead, in [`StateTxn::commit`].
+    fn persist(&mut self, scopes: &[Scopes<'_>]) -> Result<(), GateError> {
+        let _ = scopes;
+        Ok(())
+    }
     /// Queue `plaintexts` with the state of `scopes` (and `ledger_state`, kept with the
-    /// ledger itself), then release the transaction.
+    /// ledger itself), then release the transaction. Called only after
+    /// [`StateTxn::persist`] succeeded for the same scopes.
     fn commit(
         self,
         plaintexts: Vec<Vec<u8>>,
@@ -168,12 +180,12 @@ impl StateTxn for EmbeddedTxn<'_> {
         self.t.insert_run(run);
     }
 
-    fn open_runs_of(&self, uid: Option<u32>) -> u64 {
-        self.t.open_runs_of(uid)
+    fn open_runs_of(&mut self, uid: Option<u32>) -> Result<u64, GateError> {
+        Ok(self.t.open_runs_of(uid))
     }
 
-    fn runs(&self) -> Vec<&RunState> {
-        self.t.runs.values().collect()
+    fn runs(&mut self) -> Result<Vec<&RunState>, GateError> {
+        Ok(self.t.runs.values().collect())
     }
 
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError> {

@@ -445,12 +445,18 @@ impl<B: StateBackend> Gate<B> {
     /// receipt into the reply.
     fn submit<T: Send + 'static>(
         &self,
-        t: B::Txn<'_>,
+        mut t: B::Txn<'_>,
         records: Vec<Vec<u8>>,
         touched: &[Touched],
         answer: impl FnOnce(Receipt) -> T + Send + 'static,
         done: Done<T>,
     ) {
+        let scopes: Vec<Scopes<'_>> = touched.iter().map(Touched::scopes).collect();
+        // A networked backend's state is durable before the decision is queued; if it
+        // cannot be, nothing was queued and the gate stays up (the caller retries).
+        if let Err(e) = t.persist(&scopes) {
+            return done(Err(e));
+        }
         let failure = Arc::clone(&self.failure);
         let mut plaintexts = Vec::with_capacity(records.len() + 1);
         let mut ledger_state = Vec::new();
@@ -467,7 +473,6 @@ impl<B: StateBackend> Gate<B> {
         }
         // The answer is the last record's: the one the caller asked for.
         plaintexts.extend(records);
-        let scopes: Vec<Scopes<'_>> = touched.iter().map(Touched::scopes).collect();
         t.commit(
             plaintexts,
             &scopes,
@@ -500,7 +505,7 @@ impl<B: StateBackend> Gate<B> {
                 return Err(GateError::RunExists(req.run.clone()));
             }
             // The operator in-process is not counted; everyone else is, TCP peers as one.
-            if !caller.operator && t.open_runs_of(caller.uid) >= policy.max_open_runs_per_uid {
+            if !caller.operator && t.open_runs_of(caller.uid)? >= policy.max_open_runs_per_uid {
                 return Err(GateError::TooManyRuns {
                     uid: caller.uid,
                     max: policy.max_open_runs_per_uid,
@@ -1032,8 +1037,8 @@ impl<B: StateBackend> Gate<B> {
     /// The runs the gate holds in memory (open runs, and recently stopped ones): every
     /// one for the operator, the caller's own for an agent.
     pub fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError> {
-        let t = self.begin()?;
-        Ok(t.runs()
+        let mut t = self.begin()?;
+        Ok(t.runs()?
             .into_iter()
             .filter(|r| caller.operator || r.owner_uid == caller.uid)
             .map(standing)

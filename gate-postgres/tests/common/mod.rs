@@ -1,0 +1,241 @@
+//! A real, temporary PostgreSQL cluster for the tests: `initdb` and `pg_ctl` from the
+//! installed binaries, listening only on a private Unix socket, stopped on drop.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use tally_gate::Gate;
+use tally_gate_postgres::{Options, Postgres};
+use tally_ledger::keys::AuditorKey;
+use tally_ledger::{Ledger, Rotation};
+use tally_policy::Recorded;
+
+/// Where the PostgreSQL server binaries are: PATH, Debian's versioned directories, or
+/// what `pg_config --bindir` says.
+fn bindir() -> Option<PathBuf> {
+    let has = |d: &Path| d.join("initdb").is_file() && d.join("pg_ctl").is_file();
+    let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
+        let mut versions: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("bin")).collect();
+        versions.sort();
+        candidates.extend(versions.into_iter().rev());
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        candidates.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+    }
+    // /usr/local/bin may hold links to a few of them: use the directory they point into,
+    // where psql is too.
+    let found = candidates.into_iter().find(|d| has(d))?;
+    let real = std::fs::canonicalize(found.join("initdb")).ok()?;
+    real.parent().map(Path::to_path_buf)
+}
+
+/// Whether the tests run as root (initdb refuses to: the cluster then runs as `postgres`).
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// A running cluster.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    as_postgres: bool,
+    port: u16,
+    fsync: bool,
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Cluster {
+    /// Start one, or `None` (with a loud SKIP) when PostgreSQL is not installed; with
+    /// `CI` set, a missing PostgreSQL fails the test instead.
+    pub fn start() -> Option<Cluster> {
+        Cluster::start_with(false)
+    }
+
+    /// [`Cluster::start`], with `fsync` on (the benchmark: commits as durable as the
+    /// ledger's) or off (the tests: faster, and no test pulls the power).
+    pub fn start_with(fsync: bool) -> Option<Cluster> {
+        let Some(bin) = bindir() else {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set and no PostgreSQL server binaries (initdb, pg_ctl) were found: install Debian's `postgresql` package (.ci/run does)");
+            }
+            eprintln!("SKIP: no PostgreSQL server binaries (initdb, pg_ctl) on PATH, under /usr/lib/postgresql/*/bin or at `pg_config --bindir`: the PostgreSQL half of this test did not run");
+            return None;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let as_postgres = is_root();
+        if as_postgres {
+            run(Command::new("chown").arg("postgres:").arg(dir.path()));
+        }
+        // Each cluster its own socket name (only the socket listens: no TCP port).
+        let port = 20_000 + (std::process::id() % 20_000) as u16;
+        let c = Cluster {
+            dir,
+            bin,
+            as_postgres,
+            port,
+            fsync,
+        };
+        run(c
+            .pg("initdb")
+            .args(["-D", &c.data(), "-U", "tally", "--auth=trust", "-E", "UTF8"])
+            .arg("--no-sync"));
+        c.pg_ctl_start();
+        // The gate's role owns its database and nothing else: no superuser.
+        run(c.pg("psql").args([
+            "-h",
+            &c.socket_dir(),
+            "-p",
+            &c.port.to_string(),
+            "-U",
+            "tally",
+            "-d",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            "CREATE ROLE gate LOGIN",
+            "-c",
+            "CREATE DATABASE gate OWNER gate",
+        ]));
+        Some(c)
+    }
+
+    fn pg(&self, tool: &str) -> Command {
+        let path = self.bin.join(tool);
+        if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(path);
+            c
+        } else {
+            Command::new(path)
+        }
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn socket_dir(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+
+    fn pg_ctl_start(&self) {
+        let opts = format!(
+            "-k {} -c listen_addresses= -p {} -c fsync={}",
+            self.socket_dir(),
+            self.port,
+            if self.fsync { "on" } else { "off" }
+        );
+        let log = self.dir.path().join("log").display().to_string();
+        run(self
+            .pg("pg_ctl")
+            .args(["-D", &self.data(), "-l", &log, "-o", &opts, "-w", "start"]));
+    }
+
+    /// Stop the server (fast: open connections are cut).
+    pub fn stop(&self) {
+        run(self
+            .pg("pg_ctl")
+            .args(["-D", &self.data(), "-m", "fast", "-w", "stop"]));
+    }
+
+    /// Start it again after [`Cluster::stop`].
+    pub fn restart(&self) {
+        self.pg_ctl_start();
+    }
+
+    /// The connection string for the gate's role.
+    pub fn url(&self) -> String {
+        format!(
+            "host={} port={} user=gate dbname=gate",
+            self.socket_dir(),
+            self.port
+        )
+    }
+
+    /// Run SQL as the gate's role (for the test's own inspection).
+    pub fn psql(&self, sql: &str) -> String {
+        self.psql_as("gate", "gate", sql)
+    }
+
+    /// A database owned by the gate's role (created by the cluster's superuser).
+    pub fn create_database(&self, name: &str) {
+        self.psql_as(
+            "tally",
+            "postgres",
+            &format!("CREATE DATABASE {name} OWNER gate"),
+        );
+    }
+
+    fn psql_as(&self, user: &str, db: &str, sql: &str) -> String {
+        run(self.pg("psql").args([
+            "-h",
+            &self.socket_dir(),
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            user,
+            "-d",
+            db,
+            "-At",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ]))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self
+            .pg("pg_ctl")
+            .args(["-D", &self.data(), "-m", "immediate", "-w", "stop"])
+            .output();
+    }
+}
+
+/// A new ledger in `dir`.
+pub fn ledger(dir: &Path) -> Arc<Ledger> {
+    if !dir.join("ledger").exists() {
+        Ledger::init(
+            &dir.join("ledger"),
+            &AuditorKey::generate().public(),
+            Rotation::default(),
+        )
+        .expect("init");
+    }
+    Arc::new(Ledger::open(&dir.join("ledger")).expect("open"))
+}
+
+/// A gate over its own ledger in `dir`, its state in the cluster's database.
+pub fn pg_gate(cluster: &Cluster, dir: &Path, policy: &str) -> Gate<Postgres> {
+    let ledger = ledger(dir);
+    let backend =
+        Postgres::open(Arc::clone(&ledger), &Options::new(&cluster.url())).expect("postgres");
+    Gate::with_backend(ledger, backend, Recorded::new(policy).expect("policy")).expect("gate")
+}
+
+/// A gate with its state in its ledger's own store.
+pub fn embedded_gate(dir: &Path, policy: &str) -> Gate {
+    Gate::open(ledger(dir), Recorded::new(policy).expect("policy")).expect("gate")
+}

@@ -1,0 +1,376 @@
+//! The gate's conformance suite: the same cases against the embedded backend and against
+//! PostgreSQL, with the same results. On PostgreSQL each case runs on several gates, each
+//! with its own ledger, sharing one database (the fleet); the embedded backend has one
+//! gate, shared by the same threads.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+
+use serde_json::json;
+use tally_gate::backend::StateBackend;
+use tally_gate::{
+    Caller, CheckRequest, Gate, GateError, OutcomeRequest, StartRequest, StopRequest,
+};
+use tally_gate_postgres::Postgres;
+
+use common::Cluster;
+
+/// Gates that share one state.
+trait Fleet {
+    type B: StateBackend + 'static;
+    /// `n` gates over one state (opened afresh: drop the previous ones first).
+    fn gates(&self, n: usize, policy: &str) -> Vec<Arc<Gate<Self::B>>>;
+}
+
+struct Embedded {
+    dir: tempfile::TempDir,
+}
+
+impl Fleet for Embedded {
+    type B = tally_gate::backend::Embedded;
+    fn gates(&self, n: usize, policy: &str) -> Vec<Arc<Gate<Self::B>>> {
+        let gate = Arc::new(common::embedded_gate(self.dir.path(), &no_asking(policy)));
+        (0..n).map(|_| Arc::clone(&gate)).collect()
+    }
+}
+
+struct Fleetwide<'c> {
+    cluster: &'c Cluster,
+    db: String,
+    hosts: Vec<tempfile::TempDir>,
+}
+
+impl Fleet for Fleetwide<'_> {
+    type B = Postgres;
+    fn gates(&self, n: usize, policy: &str) -> Vec<Arc<Gate<Postgres>>> {
+        assert!(n <= self.hosts.len());
+        self.hosts[..n]
+            .iter()
+            .map(|h| {
+                let ledger = common::ledger(h.path());
+                let url = format!("{} dbname={}", self.cluster.url(), self.db);
+                let backend = Postgres::open(
+                    Arc::clone(&ledger),
+                    &tally_gate_postgres::Options::new(&url),
+                )
+                .expect("postgres");
+                let policy = tally_policy::Recorded::new(&no_asking(policy)).expect("policy");
+                Arc::new(Gate::with_backend(ledger, backend, policy).expect("gate"))
+            })
+            .collect()
+    }
+}
+
+/// The cases' policies: limits refuse rather than ask a human.
+fn no_asking(policy: &str) -> String {
+    format!("{policy}[approvals]\nask_on = []\n")
+}
+
+const OPERATOR: Caller = Caller {
+    uid: None,
+    operator: true,
+};
+
+fn start<B: StateBackend>(
+    gate: &Gate<B>,
+    caller: Caller,
+    req: serde_json::Value,
+) -> Result<tally_gate::Started, GateError> {
+    let req: StartRequest = serde_json::from_value(req).expect("start request");
+    gate.start_blocking(caller, req)
+}
+
+fn check<B: StateBackend>(
+    gate: &Gate<B>,
+    req: serde_json::Value,
+) -> Result<tally_gate::CheckAnswer, GateError> {
+    let req: CheckRequest = serde_json::from_value(req).expect("check request");
+    gate.check_blocking(OPERATOR, req)
+}
+
+/// What a check came to, comparable across backends.
+fn verdict(r: &Result<tally_gate::CheckAnswer, GateError>) -> String {
+    match r {
+        Ok(a) => match a.reason {
+            None => format!("{:?}", a.decision),
+            Some(reason) => format!("{:?} {reason:?}", a.decision),
+        },
+        Err(GateError::Stopped(a)) => format!("stopped {:?}", a.reason),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+/// Run `n` calls of `f` at once, the i-th on gate `i % gates`; their results in order
+/// of the sorted summaries.
+fn race<B: StateBackend + 'static, T: Send + 'static>(
+    gates: &[Arc<Gate<B>>],
+    n: usize,
+    f: impl Fn(&Gate<B>, usize) -> T + Send + Sync + Copy + 'static,
+) -> Vec<T> {
+    let barrier = Arc::new(std::sync::Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let gate = Arc::clone(&gates[i % gates.len()]);
+            let barrier = Arc::clone(&barrier);
+            thread::spawn(move || {
+                barrier.wait();
+                f(&gate, i)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect()
+}
+
+fn tally(mut v: Vec<String>) -> String {
+    v.sort();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let n = v[i..].iter().take_while(|x| **x == v[i]).count();
+        out.push(format!("{n} x {}", v[i]));
+        i += n;
+    }
+    out.join(", ")
+}
+
+const HOSTS: usize = 3;
+
+/// 64 checks at once against attempts = 5: exactly 5 allows.
+fn attempts_five<F: Fleet>(fleet: &F) -> String {
+    let gates = fleet.gates(HOSTS, "");
+    start(
+        &gates[0],
+        OPERATOR,
+        json!({"run": "r", "budget": {"attempts": 5}}),
+    )
+    .expect("start");
+    let results = race(&gates, 64, |g, i| {
+        verdict(&check(
+            g,
+            json!({"run": "r", "tool": "t", "operation": format!("op{i}"), "effect": "read"}),
+        ))
+    });
+    let summary = tally(results);
+    assert_eq!(summary, "5 x Allow, 59 x Deny AttemptsExhausted");
+    summary
+}
+
+/// 8 workers reserving 30 of the last 100 cents: 3 allows, 90 held, never more.
+fn last_cents<F: Fleet>(fleet: &F) -> String {
+    let gates = fleet.gates(HOSTS, "");
+    start(
+        &gates[0],
+        OPERATOR,
+        json!({"run": "r", "budget": {"spend_cents": 100}}),
+    )
+    .expect("start");
+    let results = race(&gates, 8, |g, i| {
+        verdict(&check(
+            g,
+            json!({"run": "r", "worker": format!("w{i}"), "tool": "llm", "operation": format!("gen{i}"), "effect": "read", "reserve_cents": 30}),
+        ))
+    });
+    let held = gates[1].run(OPERATOR, "r").expect("standing").held_cents;
+    assert_eq!(held, 90, "held cents");
+    let summary = format!("{}; held {held}", tally(results));
+    assert_eq!(
+        summary,
+        "3 x Allow, 5 x Deny ReservationInsufficient; held 90"
+    );
+    summary
+}
+
+/// A breaker opened through one gate refuses on the others.
+fn breaker_shared<F: Fleet>(fleet: &F) -> String {
+    let gates = fleet.gates(HOSTS, "[breaker]\nfailures = 2\nopen_ms = 60000\n");
+    start(&gates[0], OPERATOR, json!({"run": "a"})).expect("start");
+    start(&gates[1], OPERATOR, json!({"run": "b"})).expect("start");
+    for i in 0..2 {
+        let a = check(
+            &gates[0],
+            json!({"run": "a", "tool": "search", "operation": format!("q{i}"), "effect": "read"}),
+        )
+        .expect("check");
+        assert_eq!(verdict(&Ok(a.clone())), "Allow");
+        let req = OutcomeRequest {
+            run: "a".into(),
+            attempt: a.attempt.expect("attempt"),
+            status: tally_ledger::Status::Error,
+            settled_cents: None,
+            remote_ref: None,
+            observed: None,
+            retry_after_ms: None,
+            worker: None,
+        };
+        gates[0].outcome_blocking(OPERATOR, req).expect("outcome");
+    }
+    let other: Vec<String> = gates[1..]
+        .iter()
+        .map(|g| {
+            verdict(&check(
+                g,
+                json!({"run": "b", "tool": "search", "operation": "x", "effect": "read"}),
+            ))
+        })
+        .collect();
+    let healthy = verdict(&check(
+        &gates[HOSTS - 1],
+        json!({"run": "b", "tool": "fetch", "operation": "y", "effect": "read"}),
+    ));
+    let summary = format!("{}; other tool {healthy}", tally(other));
+    assert_eq!(
+        summary,
+        format!("{} x Deny CircuitOpen; other tool Allow", HOSTS - 1)
+    );
+    summary
+}
+
+/// Reopened over the same state, the gate keeps its counters.
+fn restart_keeps_counters<F: Fleet>(fleet: &F) -> String {
+    {
+        let gates = fleet.gates(HOSTS, "");
+        start(
+            &gates[0],
+            OPERATOR,
+            json!({"run": "r", "budget": {"attempts": 5}}),
+        )
+        .expect("start");
+        for i in 0..3 {
+            let v = verdict(&check(
+                &gates[i % HOSTS],
+                json!({"run": "r", "tool": "t", "operation": format!("o{i}"), "effect": "read"}),
+            ));
+            assert_eq!(v, "Allow");
+        }
+    }
+    let gates = fleet.gates(HOSTS, "");
+    let used = gates[2].run(OPERATOR, "r").expect("standing").calls_allowed;
+    let after: Vec<String> = (0..3)
+        .map(|i| {
+            verdict(&check(
+                &gates[i % HOSTS],
+                json!({"run": "r", "tool": "t", "operation": format!("p{i}"), "effect": "read"}),
+            ))
+        })
+        .collect();
+    let summary = format!("allowed before {used}; after: {}", after.join(", "));
+    assert_eq!(
+        summary,
+        "allowed before 3; after: Allow, Allow, Deny AttemptsExhausted"
+    );
+    summary
+}
+
+/// A kill through one gate stops the run and its children on every gate; a pause
+/// through one holds the run on every gate until resumed.
+fn kill_and_pause<F: Fleet>(fleet: &F) -> String {
+    let gates = fleet.gates(HOSTS, "");
+    start(&gates[0], OPERATOR, json!({"run": "p"})).expect("start");
+    start(&gates[1], OPERATOR, json!({"run": "c", "parent": "p"})).expect("child");
+    start(&gates[2], OPERATOR, json!({"run": "g", "parent": "c"})).expect("grandchild");
+    start(&gates[0], OPERATOR, json!({"run": "q"})).expect("start");
+    gates[0].pause(OPERATOR, "q", true).expect("pause");
+    let paused = verdict(&check(
+        &gates[1],
+        json!({"run": "q", "tool": "t", "effect": "read"}),
+    ));
+    gates[2].pause(OPERATOR, "q", false).expect("resume");
+    let resumed = verdict(&check(
+        &gates[1],
+        json!({"run": "q", "tool": "t", "effect": "read"}),
+    ));
+    gates[0]
+        .stop_blocking(OPERATOR, "p", StopRequest::default())
+        .expect("kill");
+    let child = verdict(&check(
+        &gates[1],
+        json!({"run": "c", "tool": "t", "effect": "read"}),
+    ));
+    let grandchild = verdict(&check(
+        &gates[2],
+        json!({"run": "g", "tool": "t", "effect": "read"}),
+    ));
+    let summary =
+        format!("paused: {paused}; resumed: {resumed}; child: {child}; grandchild: {grandchild}");
+    assert_eq!(summary, "paused: Deny RunPaused; resumed: Allow; child: stopped Some(KilledByOperator); grandchild: stopped Some(KilledByOperator)");
+    summary
+}
+
+/// One run name, started on every gate at once: one start, the rest refused; a uid's
+/// open-run quota holds across gates.
+fn names_and_quota<F: Fleet>(fleet: &F) -> String {
+    let gates = fleet.gates(HOSTS, "max_open_runs_per_uid = 3\n");
+    let same = race(&gates, 8, |g, _| {
+        match start(g, OPERATOR, json!({"run": "dup"})) {
+            Ok(_) => "started".to_owned(),
+            Err(GateError::RunExists(_)) => "exists".to_owned(),
+            Err(e) => format!("error {e}"),
+        }
+    });
+    let agent = Caller {
+        uid: Some(1000),
+        operator: false,
+    };
+    let quota = race(&gates, 8, move |g, i| {
+        match start(g, agent, json!({"run": format!("u{i}")})) {
+            Ok(_) => "started".to_owned(),
+            Err(GateError::TooManyRuns { .. }) => "too many".to_owned(),
+            Err(e) => format!("error {e}"),
+        }
+    });
+    let summary = format!("same name: {}; quota: {}", tally(same), tally(quota));
+    assert_eq!(
+        summary,
+        "same name: 7 x exists, 1 x started; quota: 3 x started, 5 x too many"
+    );
+    summary
+}
+
+type Case<F> = (&'static str, fn(&F) -> String);
+
+fn cases<F: Fleet>() -> Vec<Case<F>> {
+    vec![
+        ("attempts_five", attempts_five::<F>),
+        ("last_cents", last_cents::<F>),
+        ("breaker_shared", breaker_shared::<F>),
+        ("restart_keeps_counters", restart_keeps_counters::<F>),
+        ("kill_and_pause", kill_and_pause::<F>),
+        ("names_and_quota", names_and_quota::<F>),
+    ]
+}
+
+#[test]
+fn the_same_cases_give_the_same_results_on_both_backends() {
+    let embedded: Vec<(&str, String)> = cases::<Embedded>()
+        .into_iter()
+        .map(|(name, case)| {
+            let fleet = Embedded {
+                dir: tempfile::tempdir().expect("tempdir"),
+            };
+            (name, case(&fleet))
+        })
+        .collect();
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let postgres: Vec<(&str, String)> = cases::<Fleetwide>()
+        .into_iter()
+        .map(|(name, case)| {
+            cluster.create_database(name);
+            let fleet = Fleetwide {
+                cluster: &cluster,
+                db: name.to_owned(),
+                hosts: (0..HOSTS)
+                    .map(|_| tempfile::tempdir().expect("tempdir"))
+                    .collect(),
+            };
+            (name, case(&fleet))
+        })
+        .collect();
+    assert_eq!(embedded, postgres);
+}

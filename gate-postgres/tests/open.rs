@@ -1,0 +1,57 @@
+//! Opening the backend: a bad connection string, and a database migrated by a newer
+//! tally, are refused with typed errors that say what to do; the schema is created once
+//! however many gates open it.
+
+mod common;
+
+use tally_gate_postgres::{Options, Postgres, PostgresError, SCHEMA_VERSION};
+
+#[test]
+fn a_connection_string_that_does_not_parse_is_refused_before_connecting() {
+    let dir = tempfile::tempdir().expect("dir");
+    let refused = Postgres::open(common::ledger(dir.path()), &Options::new("postgres://[::1"));
+    match refused {
+        Err(e @ PostgresError::Url { .. }) => {
+            assert!(
+                e.to_string().contains("postgres://USER@HOST:PORT/DATABASE"),
+                "{e}"
+            )
+        }
+        other => panic!("expected a URL error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_schema_from_a_newer_tally_is_refused_and_several_gates_create_it_once() {
+    let Some(cluster) = common::Cluster::start() else {
+        return;
+    };
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().expect("dir")).collect();
+    let opened: Vec<_> = dirs
+        .iter()
+        .map(|d| {
+            let ledger = common::ledger(d.path());
+            let url = cluster.url();
+            std::thread::spawn(move || Postgres::open(ledger, &Options::new(&url)).map(|_| ()))
+        })
+        .collect();
+    for o in opened {
+        o.join().expect("thread").expect("open");
+    }
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM tally_schema").trim(),
+        "1"
+    );
+    cluster.psql("UPDATE tally_schema SET version = 99");
+    let dir = tempfile::tempdir().expect("dir");
+    match Postgres::open(common::ledger(dir.path()), &Options::new(&cluster.url())) {
+        Err(e @ PostgresError::SchemaTooNew { found: 99, .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("up to {SCHEMA_VERSION}")) && msg.contains("upgrade tally"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+}
