@@ -4,6 +4,7 @@
 mod cli;
 mod commands;
 mod demo;
+mod mcp;
 mod operator;
 mod stories;
 
@@ -133,5 +134,24 @@ fn run(command: Command) -> anyhow::Result<u8> {
             command: cli::PolicyCommand::Check { file },
         } => commands::policy_check(&file),
         Command::Demo { dir } => demo::run(dir.as_deref()),
+        Command::Mcp {
+            socket,
+            run,
+            policy_map,
+            server_name,
+            goal,
+            worker,
+            credential,
+            command,
+        } => mcp::run(mcp::Args {
+            socket,
+            run,
+            policy_map,
+            server_name,
+            goal,
+            worker,
+            credential,
+            command,
+        }),
     }
 }

@@ -1,0 +1,518 @@
+//! `tally mcp` end to end, with real parts only: the real `tally` binary (`tally serve`
+//! on a real socket, `tally mcp` in front of a server), the official MCP Python SDK's
+//! server (`python/server.py`) and client (`python/client.py`), and the ledger read back
+//! and verified.
+//!
+//! Built as a test of the cli package (it needs the `tally` binary); it lives with the
+//! proxy it tests.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tally_ledger::keys::{AuditorKey, LedgerPublic};
+use tally_ledger::{Decision, Effect, Kind, Status};
+use tempfile::TempDir;
+
+const TALLY: &str = env!("CARGO_BIN_EXE_tally");
+
+fn here() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("cli is in the workspace")
+        .join("mcp/tests/python")
+}
+
+fn server_py() -> String {
+    here().join("server.py").display().to_string()
+}
+
+/// Whether python3 has the MCP SDK. With CI set, it must.
+fn sdk_available(test: &str) -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import mcp.server.fastmcp, mcp.client.stdio"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        if std::env::var_os("CI").is_some() {
+            panic!(
+                "python3 with the MCP SDK is required in CI: `python3 -m pip install mcp==1.30.0`"
+            );
+        }
+        // Straight to the stderr handle: the test harness captures `eprintln!`.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {test}: the MCP Python SDK is not installed (python3 -m pip install mcp==1.30.0)"
+        );
+    }
+    ok
+}
+
+/// A ledger, a policy and `tally serve` on a socket in a temporary directory.
+struct Gate {
+    dir: TempDir,
+    serve: Option<Child>,
+}
+
+impl Gate {
+    fn start(policy: &str) -> Gate {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        run_ok(&["keygen", "--out", &p(d, "auditor.key")]);
+        run_ok(&[
+            "init",
+            "--ledger",
+            &p(d, "ledger"),
+            "--recipient",
+            &p(d, "auditor.pub"),
+        ]);
+        std::fs::write(d.join("policy.toml"), policy).expect("write policy");
+        let serve = Command::new(TALLY)
+            .args([
+                "serve",
+                "--ledger",
+                &p(d, "ledger"),
+                "--socket",
+                &p(d, "agent.sock"),
+                "--operator-socket",
+                &p(d, "operator.sock"),
+                "--policy",
+                &p(d, "policy.toml"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn tally serve");
+        let socket = d.join("agent.sock");
+        let started = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "tally serve did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Gate {
+            dir,
+            serve: Some(serve),
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        p(self.dir.path(), name)
+    }
+
+    fn socket(&self) -> String {
+        self.path("agent.sock")
+    }
+
+    /// `tally mcp` in front of the test server, as an argument list.
+    fn proxy(&self, run: &str, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            TALLY.into(),
+            "mcp".into(),
+            "--socket".into(),
+            self.socket(),
+            "--run".into(),
+            run.into(),
+            "--goal".into(),
+            format!("test {run}"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(["--".into(), "python3".into(), server_py()]);
+        args
+    }
+
+    /// Stop the daemon (it seals the ledger), verify the ledger with the real binary,
+    /// and return every decision of `run`.
+    fn finish(mut self, run: &str) -> Vec<Decision> {
+        let mut serve = self.serve.take().expect("running");
+        let pid = rustix::process::Pid::from_child(&serve);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+        let status = serve.wait().expect("wait for tally serve");
+        assert!(status.success(), "tally serve exited with {status}");
+        let ledger = self.path("ledger");
+        let out = Command::new(TALLY)
+            .args([
+                "verify",
+                &ledger,
+                "--key",
+                &self.path("ledger/ledger.pub"),
+                "--auditor-key",
+                &self.path("auditor.key"),
+            ])
+            .output()
+            .expect("tally verify");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "tally verify: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        decisions(self.dir.path(), run)
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if let Some(mut serve) = self.serve.take() {
+            let _ = serve.kill();
+            let _ = serve.wait();
+        }
+    }
+}
+
+fn p(dir: &Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+fn run_ok(args: &[&str]) {
+    let out = Command::new(TALLY).args(args).output().expect("run tally");
+    assert!(
+        out.status.success(),
+        "tally {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every decision of `run`, decrypted by the verifier.
+fn decisions(dir: &Path, run: &str) -> Vec<Decision> {
+    let scratch = tempfile::tempdir().expect("scratch");
+    let store = tally_ledger::store::open_copy(&dir.join("ledger"), scratch.path()).expect("copy");
+    let mut options = tally_verify::Options::new(
+        LedgerPublic::read(&dir.join("ledger/ledger.pub")).expect("ledger.pub"),
+    );
+    options.auditor = Some(AuditorKey::read(&dir.join("auditor.key")).expect("auditor.key"));
+    let mut out = Vec::new();
+    let frames = store
+        .frames()
+        .map(|f| f.map_err(|e| tally_verify::SourceError::Store(e.to_string())));
+    let report = tally_verify::verify(frames, &options, |e| out.push(e), |_| {});
+    assert_eq!(report.verdict().exit_code(), 0, "the ledger verifies");
+    out.sort_by_key(|e| e.seq);
+    out.into_iter()
+        .map(|e| e.decision)
+        .filter(|d| d.run == run)
+        .collect()
+}
+
+/// Run the SDK client on a scenario against a server command; its JSON.
+fn client(scenario: &str, command: &[String], env: &[(&str, &str)]) -> Value {
+    let mut c = Command::new("python3");
+    c.arg(here().join("client.py"))
+        .arg(scenario)
+        .arg("--")
+        .args(command)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = output_within(c, Duration::from_secs(90));
+    assert!(
+        out.status.success(),
+        "client.py {scenario}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("client.py prints JSON")
+}
+
+fn output_within(mut c: Command, limit: Duration) -> std::process::Output {
+    let mut child = c.spawn().expect("spawn");
+    let started = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{c:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn allows(ds: &[Decision]) -> Vec<&Decision> {
+    ds.iter().filter(|d| d.kind == Some(Kind::Allow)).collect()
+}
+
+const POLICY: &str = "[ceiling]\nattempts = 5\n[breaker]\nfailures = 50\n";
+
+#[test]
+fn a_session_through_the_proxy_is_the_session_with_the_server() {
+    if !sdk_available("a_session_through_the_proxy_is_the_session_with_the_server") {
+        return;
+    }
+    let gate = Gate::start("");
+    let straight = client("session", &["python3".into(), server_py()], &[]);
+    let proxied = client("session", &gate.proxy("s1", &[]), &[]);
+    // initialize, every list, reads, prompts, tool results, progress and log
+    // notifications: all as the server sent them.
+    assert_eq!(proxied, straight);
+    assert_eq!(proxied["progress"].as_array().map(Vec::len), Some(3));
+    assert_eq!(proxied["log"].as_array().map(Vec::len), Some(3));
+
+    let ds = gate.finish("s1");
+    let effects: Vec<(String, Effect)> = allows(&ds)
+        .iter()
+        .map(|d| (d.tool.clone().unwrap(), d.effect.unwrap()))
+        .collect();
+    // The effect class comes from each tool's annotations.
+    assert_eq!(
+        effects,
+        vec![
+            ("files/lookup".into(), Effect::Read),
+            ("files/put".into(), Effect::IdempotentWrite),
+            ("files/send".into(), Effect::NonIdempotentWrite),
+            ("files/plain".into(), Effect::NonIdempotentWrite),
+            ("files/steps".into(), Effect::Read),
+        ]
+    );
+    for d in allows(&ds) {
+        assert!(d.args.is_none(), "raw args never enter the ledger");
+        assert!(d.args_digest.is_some(), "their digest does");
+    }
+    let outcomes: Vec<Status> = ds
+        .iter()
+        .filter(|d| d.kind == Some(Kind::Outcome))
+        .filter_map(|d| d.status)
+        .collect();
+    assert_eq!(outcomes, vec![Status::Ok; 5]);
+}
+
+#[test]
+fn a_looping_client_is_stopped_at_the_cap_and_the_ledger_says_so() {
+    if !sdk_available("a_looping_client_is_stopped_at_the_cap_and_the_ledger_says_so") {
+        return;
+    }
+    let gate = Gate::start(POLICY);
+    let calls_file = gate.path("calls.txt");
+    let out = client(
+        "loop",
+        &gate.proxy("loop1", &[]),
+        &[("TALLY_MCP_TEST_CALLS", &calls_file)],
+    );
+    let calls = out["calls"].as_array().expect("calls");
+    // Five attempts reach the failing tool; the sixth is refused and the agent stops.
+    assert_eq!(calls.len(), 6, "{out:#}");
+    for c in &calls[..5] {
+        assert_eq!(c["is_error"], true);
+        assert!(c["gate"].is_null(), "the server's own error: {c}");
+        assert!(c["text"].as_str().unwrap().contains("upstream unavailable"));
+    }
+    let refusal = &calls[5];
+    assert_eq!(refusal["is_error"], true);
+    assert_eq!(refusal["gate"]["cause"], "attempts_exhausted", "{refusal}");
+    assert_eq!(refusal["gate"]["action"], "ask");
+    let text = refusal["text"].as_str().unwrap();
+    assert!(
+        text.contains("files/flaky")
+            && text.contains("attempts_exhausted")
+            && text.contains("Action: ask"),
+        "{text}"
+    );
+    let reached = std::fs::read_to_string(&calls_file).expect("calls file");
+    assert_eq!(
+        reached.lines().count(),
+        5,
+        "the refused call never reached the server"
+    );
+
+    let ds = gate.finish("loop1");
+    let kinds: Vec<Kind> = ds.iter().filter_map(|d| d.kind).collect();
+    assert_eq!(kinds.first(), Some(&Kind::Start));
+    assert_eq!(allows(&ds).len(), 5);
+    let errors = ds
+        .iter()
+        .filter(|d| d.kind == Some(Kind::Outcome) && d.status == Some(Status::Error))
+        .count();
+    assert_eq!(
+        errors, 5,
+        "each failed call is recorded as an error outcome"
+    );
+    let refused: Vec<&Decision> = ds.iter().filter(|d| d.kind == Some(Kind::Deny)).collect();
+    assert_eq!(refused.len(), 1, "{kinds:?}");
+    assert_eq!(refused[0].tool.as_deref(), Some("files/flaky"));
+}
+
+/// A raw JSON-RPC session: each line is sent, then the lines that answer it are read
+/// (until a line with the request's id, or `quiet` with nothing new).
+struct Raw {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Raw {
+    fn start(command: &[String], env: &[(&str, &str)]) -> Raw {
+        let mut c = Command::new(&command[0]);
+        c.args(&command[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().expect("spawn");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Raw { child, lines }
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{line}").expect("write");
+        stdin.flush().expect("flush");
+    }
+
+    /// Send `line` and collect what comes back until the answer to `id` (or 500 ms of
+    /// silence for a notification).
+    fn exchange(&mut self, line: &str, id: Option<&Value>) -> Vec<String> {
+        self.send(line);
+        self.read_until(id, Duration::from_secs(30))
+    }
+
+    fn read_until(&mut self, id: Option<&Value>, limit: Duration) -> Vec<String> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + limit;
+        loop {
+            let wait = match id {
+                Some(_) => deadline.saturating_duration_since(Instant::now()),
+                None => Duration::from_millis(500),
+            };
+            match self.lines.recv_timeout(wait) {
+                Ok(line) => {
+                    let v: Value = serde_json::from_str(&line).expect("a JSON line");
+                    let done =
+                        id.is_some_and(|id| v.get("id") == Some(id) && v.get("method").is_none());
+                    got.push(line);
+                    if done {
+                        return got;
+                    }
+                }
+                Err(_) => {
+                    assert!(id.is_none(), "no answer to {id:?}; got {got:?}");
+                    return got;
+                }
+            }
+        }
+    }
+
+    fn close(mut self) {
+        drop(self.child.stdin.take());
+        let started = Instant::now();
+        while self.child.try_wait().expect("wait").is_none() {
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = self.child.kill();
+                panic!("did not exit after its stdin closed");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn initialize(raw: &mut Raw) -> Vec<String> {
+    let mut got = raw.exchange(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"roots":{"listChanged":true}},"clientInfo":{"name":"raw","version":"1"}}}"#,
+        Some(&json!(1)),
+    );
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    got.extend(raw.read_until(None, Duration::ZERO));
+    got
+}
+
+/// The same script, straight to the server and through the proxy.
+fn raw_script(command: &[String]) -> Vec<String> {
+    let mut raw = Raw::start(command, &[]);
+    let mut got = initialize(&mut raw);
+    let script: &[(&str, Option<Value>)] = &[
+        (
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+            Some(json!(2)),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":"three","method":"resources/list","params":{}}"#,
+            Some(json!("three")),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":4,"method":"resources/read","params":{"uri":"notes://readme"}}"#,
+            Some(json!(4)),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"prompts/get","params":{"name":"review","arguments":{"path":"a.rs"}}}"#,
+            Some(json!(5)),
+        ),
+        // A tools/call whose progress and log notifications come before its answer.
+        (
+            r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"steps","arguments":{"count":2},"_meta":{"progressToken":"p6"}}}"#,
+            Some(json!(6)),
+        ),
+        // Methods the proxy does not know pass through too, and their errors come back.
+        (
+            r#"{"jsonrpc":"2.0","id":7,"method":"custom/thing","params":{"x":[1,2.50,"\u00e9"]}}"#,
+            Some(json!(7)),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"notifications/roots/list_changed"}"#,
+            None,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"notifications/custom","params":{}}"#,
+            None,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#,
+            Some(json!(9)),
+        ),
+    ];
+    for (line, id) in script {
+        got.extend(raw.exchange(line, id.as_ref()));
+    }
+    // Cancellation: a slow call, then its cancellation; the server answers as it does.
+    raw.send(r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"slow","arguments":{"seconds":5}}}"#);
+    std::thread::sleep(Duration::from_millis(300));
+    got.extend(raw.exchange(
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":10,"reason":"user"}}"#,
+        None,
+    ));
+    got.extend(raw.exchange(
+        r#"{"jsonrpc":"2.0","id":11,"method":"ping"}"#,
+        Some(&json!(11)),
+    ));
+    raw.close();
+    got
+}
+
+#[test]
+fn every_message_passes_through_byte_for_byte() {
+    if !sdk_available("every_message_passes_through_byte_for_byte") {
+        return;
+    }
+    let gate = Gate::start("");
+    let straight = raw_script(&["python3".into(), server_py()]);
+    let proxied = raw_script(&gate.proxy("raw1", &[]));
+    assert!(straight.len() > 10, "{straight:#?}");
+    assert_eq!(proxied, straight);
+    let ds = gate.finish("raw1");
+    let tools: Vec<&str> = allows(&ds)
+        .iter()
+        .filter_map(|d| d.tool.as_deref())
+        .collect();
+    assert_eq!(tools, vec!["files/steps", "files/slow"]);
+}
