@@ -312,6 +312,9 @@ fn from_server(shared: &Shared, message: Raw) {
         (None, Some(id)) => {
             let k = key(id);
             let mut state = shared.state();
+            if state.expired.remove(&k) {
+                return; // answered late: the client already has the timeout result
+            }
             if let Some(reply) = state.own.remove(&k) {
                 drop(state);
                 let _ = reply.send(env);

@@ -516,3 +516,215 @@ fn every_message_passes_through_byte_for_byte() {
         .collect();
     assert_eq!(tools, vec!["files/steps", "files/slow"]);
 }
+
+/// A tools/call line.
+fn call(id: u64, tool: &str, args: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": args}})
+        .to_string()
+}
+
+/// The answer to `id` among `lines`.
+fn answer(lines: &[String], id: u64) -> Value {
+    lines
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSON"))
+        .find(|v| v["id"] == json!(id) && v.get("method").is_none())
+        .unwrap_or_else(|| panic!("no answer to {id} in {lines:#?}"))
+}
+
+fn text(result: &Value) -> String {
+    result["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn with_the_gate_down_no_call_is_made() {
+    if !sdk_available("with_the_gate_down_no_call_is_made") {
+        return;
+    }
+    let gate = Gate::start("");
+    let calls_file = gate.path("calls.txt");
+    let mut command = gate.proxy("down1", &[]);
+    command[3] = gate.path("nobody-listens.sock");
+    let mut raw = Raw::start(&command, &[("TALLY_MCP_TEST_CALLS", &calls_file)]);
+    initialize(&mut raw);
+    // Everything but tools/call still works.
+    let list = raw.exchange(
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        Some(&json!(2)),
+    );
+    assert!(answer(&list, 2)["result"]["tools"].is_array());
+    let got = raw.exchange(&call(3, "lookup", json!({"key": "a"})), Some(&json!(3)));
+    let refused = answer(&got, 3);
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    let t = text(&refused);
+    assert!(
+        t.contains("not made (fail closed)")
+            && t.contains("cannot reach the gate")
+            && t.contains("nobody-listens.sock"),
+        "{t}"
+    );
+    raw.close();
+    assert!(
+        std::fs::read_to_string(&calls_file)
+            .unwrap_or_default()
+            .is_empty(),
+        "the call never reached the server"
+    );
+}
+
+#[test]
+fn a_call_the_server_never_answers_is_recorded_as_timeout() {
+    if !sdk_available("a_call_the_server_never_answers_is_recorded_as_timeout") {
+        return;
+    }
+    let gate = Gate::start("[rate]\ncall_timeout_ms = 800\n");
+    let mut raw = Raw::start(&gate.proxy("slow1", &[]), &[]);
+    initialize(&mut raw);
+    let started = Instant::now();
+    let got = raw.exchange(&call(2, "slow", json!({"seconds": 5})), Some(&json!(2)));
+    let elapsed = started.elapsed();
+    let timed_out = answer(&got, 2);
+    assert_eq!(timed_out["result"]["isError"], true, "{timed_out}");
+    assert!(
+        text(&timed_out).contains("did not answer within 800 ms"),
+        "{timed_out}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(4),
+        "answered at the gate's limit, not the server's: {elapsed:?}"
+    );
+    // The server was told to cancel; its late answer never reaches the client, which
+    // already has one for that id.
+    let later = raw.exchange(
+        r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+        Some(&json!(3)),
+    );
+    let more = raw.read_until(None, Duration::ZERO);
+    let late: Vec<&String> = later
+        .iter()
+        .chain(&more)
+        .filter(|l| l.contains(r#""id":2"#))
+        .collect();
+    assert!(late.is_empty(), "a second answer to id 2: {late:?}");
+    raw.close();
+    let ds = gate.finish("slow1");
+    let statuses: Vec<Status> = ds.iter().filter_map(|d| d.status).collect();
+    assert_eq!(statuses, vec![Status::Timeout]);
+}
+
+#[test]
+fn a_refusal_to_retry_says_when() {
+    if !sdk_available("a_refusal_to_retry_says_when") {
+        return;
+    }
+    let gate = Gate::start("[rate]\nrun_per_sec = 1\nrun_burst = 1\n");
+    let mut raw = Raw::start(&gate.proxy("rate1", &[]), &[]);
+    initialize(&mut raw);
+    let first = raw.exchange(&call(2, "lookup", json!({"key": "a"})), Some(&json!(2)));
+    assert_eq!(answer(&first, 2)["result"]["isError"], false);
+    let second = raw.exchange(&call(3, "lookup", json!({"key": "b"})), Some(&json!(3)));
+    let refused = answer(&second, 3);
+    let meta = &refused["result"]["_meta"]["tally/gate"];
+    assert_eq!(meta["reason"], "rate_limit_exceeded", "{refused}");
+    assert_eq!(meta["action"], "retry");
+    let after = meta["retry_after_ms"].as_u64().expect("retry_after_ms");
+    let t = text(&refused);
+    assert!(
+        t.contains("rate_limit_exceeded")
+            && t.contains("Action: retry")
+            && t.contains(&format!("Retry after {after} ms")),
+        "{t}"
+    );
+    raw.close();
+    let ds = gate.finish("rate1");
+    let deny = ds
+        .iter()
+        .find(|d| d.kind == Some(Kind::Deny))
+        .expect("the refusal is recorded");
+    assert_eq!(deny.tool.as_deref(), Some("files/lookup"));
+}
+
+#[test]
+fn the_policy_map_overrides_annotations_and_unlisted_tools_are_looked_up() {
+    if !sdk_available("the_policy_map_overrides_annotations_and_unlisted_tools_are_looked_up") {
+        return;
+    }
+    let gate = Gate::start("");
+    let map = gate.path("map.toml");
+    std::fs::write(
+        &map,
+        "[effects]\n\"files/lookup\" = \"non_idempotent_write\"\n",
+    )
+    .expect("map");
+    let mut raw = Raw::start(&gate.proxy("map1", &["--policy-map", &map]), &[]);
+    let mut got = initialize(&mut raw);
+    // The client never lists tools: the proxy asks the server itself.
+    got.extend(raw.exchange(
+        &call(2, "put", json!({"key": "k", "value": "v"})),
+        Some(&json!(2)),
+    ));
+    got.extend(raw.exchange(&call(3, "lookup", json!({"key": "k"})), Some(&json!(3))));
+    got.extend(raw.exchange(&call(4, "nonesuch", json!({})), Some(&json!(4))));
+    raw.close();
+    assert!(
+        !got.iter().any(|l| l.contains("tally-mcp-")),
+        "the proxy's own requests stay between it and the server: {got:#?}"
+    );
+    let ds = gate.finish("map1");
+    let effects: Vec<(String, Effect)> = allows(&ds)
+        .iter()
+        .map(|d| (d.tool.clone().unwrap(), d.effect.unwrap()))
+        .collect();
+    assert_eq!(
+        effects,
+        vec![
+            ("files/put".into(), Effect::IdempotentWrite),
+            ("files/lookup".into(), Effect::NonIdempotentWrite),
+            ("files/nonesuch".into(), Effect::NonIdempotentWrite),
+        ]
+    );
+}
+
+#[test]
+fn a_bad_policy_map_stops_tally_mcp_before_anything_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let map = p(dir.path(), "map.toml");
+    std::fs::write(&map, "[effects]\n\"files/put\" = \"write\"\n").expect("map");
+    let marker = p(dir.path(), "started");
+    let out = Command::new(TALLY)
+        .args([
+            "mcp",
+            "--socket",
+            "/nonexistent.sock",
+            "--run",
+            "r",
+            "--policy-map",
+            &map,
+            "--",
+            "touch",
+            &marker,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("tally mcp");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("map.toml")
+            && stderr.contains("line 2")
+            && stderr.contains("non_idempotent_write"),
+        "{stderr}"
+    );
+    assert!(!Path::new(&marker).exists(), "the server was never started");
+
+    let out = Command::new(TALLY)
+        .args(["mcp", "--socket", "/nonexistent.sock", "--run", "r"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("tally mcp");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SERVER_COMMAND"));
+}
