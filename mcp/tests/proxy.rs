@@ -728,3 +728,34 @@ fn a_bad_policy_map_stops_tally_mcp_before_anything_starts() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("SERVER_COMMAND"));
 }
+
+#[test]
+fn a_server_that_exits_mid_call_leaves_an_unknown_outcome_and_its_exit_code() {
+    if !sdk_available("a_server_that_exits_mid_call_leaves_an_unknown_outcome_and_its_exit_code") {
+        return;
+    }
+    let gate = Gate::start("");
+    let mut raw = Raw::start(&gate.proxy("crash1", &[]), &[]);
+    initialize(&mut raw);
+    raw.send(&call(2, "crash", json!({"code": 3})));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = raw.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "tally mcp did not exit with its server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "tally mcp exits with the server's code"
+    );
+    let ds = gate.finish("crash1");
+    let statuses: Vec<Status> = ds.iter().filter_map(|d| d.status).collect();
+    // The write may or may not have happened: the ledger says unknown, not ok or error.
+    assert_eq!(statuses, vec![Status::Unknown]);
+}

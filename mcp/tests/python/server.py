@@ -73,6 +73,13 @@ async def steps(count: int, ctx: Context) -> str:
     return f"{count} steps"
 
 
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True))
+def crash(code: int) -> str:
+    """Exits the server mid-call, before answering."""
+    seen("crash")
+    os._exit(code)
+
+
 @server.resource("notes://readme", mime_type="text/plain")
 def readme() -> str:
     """A fixed note."""
