@@ -3,9 +3,10 @@
     python3 mcp/tests/python/overhead.py target/release/tally [CALLS] [ROUNDS]
 
 Starts `tally serve` on a fresh ledger with the limits lifted, then in each round, back
-to back: CALLS tool calls from the MCP Python SDK client straight to the test server;
-CALLS through `tally mcp` in front of the same server; and CALLS check + outcome pairs
-sent to the gate directly over its socket (what the proxy asks per call). Prints the
+to back: CALLS tool calls from the MCP Python SDK client straight to the test server and
+CALLS through `tally mcp` in front of the same server; then CALLS check + outcome pairs
+sent to the gate directly over its socket (what the proxy asks per call). The direct and
+proxied sessions are open together and their calls alternate. Prints the
 p50 and p90 of each, per round, in ms.
 """
 
@@ -63,19 +64,25 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(len(xs) * p))]
 
 
-async def calls(command, n, tag):
-    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
-    times = []
-    async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as s:
-            await s.initialize()
-            await s.list_tools()
+def stdio(command):
+    return stdio_client(StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ)))
+
+
+async def calls(direct_cmd, proxied_cmd, n, tag):
+    """Both sessions open at once, calls alternating, so load drift hits both alike."""
+    direct, proxied = [], []
+    async with stdio(direct_cmd) as (r1, w1), stdio(proxied_cmd) as (r2, w2):
+        async with ClientSession(r1, w1) as a, ClientSession(r2, w2) as b:
+            for s in (a, b):
+                await s.initialize()
+                await s.list_tools()
             for i in range(n):
-                t = time.perf_counter()
-                r = await s.call_tool("lookup", {"key": f"{tag}-{i}"})
-                times.append((time.perf_counter() - t) * 1000)
-                assert not r.isError, r
-    return times
+                for s, times in ((a, direct), (b, proxied)):
+                    t = time.perf_counter()
+                    r = await s.call_tool("lookup", {"key": f"{tag}-{i}"})
+                    times.append((time.perf_counter() - t) * 1000)
+                    assert not r.isError, r
+    return direct, proxied
 
 
 def gate_pairs(sock, run, n):
@@ -113,8 +120,8 @@ def main():
                 time.sleep(0.02)
             print("round | direct p50/p90 | proxied p50/p90 | check p50/p90 | outcome p50/p90 | added p50 | added p50 - check p50")
             for r in range(rounds):
-                direct = asyncio.run(calls(server, n, f"d{r}"))
-                proxied = asyncio.run(calls([tally, "mcp", "--socket", sock, "--run", f"p{r}", "--", *server], n, f"p{r}"))
+                direct, proxied = asyncio.run(calls(
+                    server, [tally, "mcp", "--socket", sock, "--run", f"p{r}", "--", *server], n, f"p{r}"))
                 checks, outcomes = gate_pairs(sock, f"g{r}", n)
                 added = statistics.median(proxied) - statistics.median(direct)
                 print(f"{r + 1} | {pct(direct, .5):.2f}/{pct(direct, .9):.2f} | {pct(proxied, .5):.2f}/{pct(proxied, .9):.2f}"
