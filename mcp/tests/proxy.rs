@@ -759,3 +759,45 @@ fn a_server_that_exits_mid_call_leaves_an_unknown_outcome_and_its_exit_code() {
     // The write may or may not have happened: the ledger says unknown, not ok or error.
     assert_eq!(statuses, vec![Status::Unknown]);
 }
+
+#[test]
+fn the_mcp_reference_server_passes_through() {
+    let name = "the_mcp_reference_server_passes_through";
+    if !sdk_available(name) {
+        return;
+    }
+    let server = here().join("../node/node_modules/.bin/mcp-server-everything");
+    if !server.exists() {
+        if std::env::var_os("CI").is_some() {
+            panic!(
+                "the MCP reference server is required in CI: `npm install --prefix mcp/tests/node`"
+            );
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {name}: npm install --prefix mcp/tests/node"
+        );
+        return;
+    }
+    let server = server.display().to_string();
+    let gate = Gate::start("");
+    let straight = client("everything", std::slice::from_ref(&server), &[]);
+    let mut proxied_command = gate.proxy("ref1", &[]);
+    proxied_command.truncate(proxied_command.len() - 2);
+    proxied_command.push(server);
+    let proxied = client("everything", &proxied_command, &[]);
+    assert_eq!(proxied, straight);
+    assert_eq!(proxied["echo"]["content"][0]["text"], "Echo: hi");
+    let name = straight["initialize"]["serverInfo"]["name"]
+        .as_str()
+        .expect("serverInfo.name")
+        .to_string();
+    let ds = gate.finish("ref1");
+    let tools: Vec<String> = allows(&ds).iter().filter_map(|d| d.tool.clone()).collect();
+    assert_eq!(
+        tools,
+        vec![format!("{name}/echo"), format!("{name}/get-sum")]
+    );
+    let outcomes = ds.iter().filter(|d| d.status == Some(Status::Ok)).count();
+    assert_eq!(outcomes, 2);
+}

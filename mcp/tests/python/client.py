@@ -8,6 +8,7 @@ python3 server.py`), runs SCENARIO and prints one JSON object on stdout:
 * `session`: initialize, every list, a read, a prompt, each annotated tool once, a tool
   that reports progress and logs; the results and the notifications received.
 * `loop`: an agent retrying a failing tool with fresh arguments until told to stop.
+* `everything`: lists and two tool calls against the MCP reference server.
 """
 
 import asyncio
@@ -66,6 +67,19 @@ async def loop(s, notes):
     return {"calls": calls}
 
 
+async def everything(s, notes):
+    """The MCP reference server (`@modelcontextprotocol/server-everything`)."""
+    out = {"initialize": dump(await s.initialize())}
+    out["tools"] = dump(await s.list_tools())
+    out["resources"] = dump(await s.list_resources())
+    out["templates"] = dump(await s.list_resource_templates())
+    out["prompts"] = dump(await s.list_prompts())
+    out["echo"] = dump(await s.call_tool("echo", {"message": "hi"}))
+    out["sum"] = dump(await s.call_tool("get-sum", {"a": 1, "b": 2}))
+    out["ping"] = dump(await s.send_ping())
+    return out
+
+
 async def main():
     scenario = sys.argv[1]
     command = sys.argv[sys.argv.index("--") + 1 :]
@@ -78,7 +92,7 @@ async def main():
 
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write, logging_callback=on_log) as s:
-            result = await {"session": session, "loop": loop}[scenario](s, notes)
+            result = await {"session": session, "loop": loop, "everything": everything}[scenario](s, notes)
     print(json.dumps(result, sort_keys=True))
 
 
