@@ -290,6 +290,35 @@ pub enum Command {
         #[arg(long)]
         policy: Option<PathBuf>,
     },
+    /// A stdio MCP proxy: the MCP client starts it in place of the server; it starts the
+    /// server and checks every `tools/call` with the gate first (docs/MCP.md).
+    Mcp {
+        /// The gate's agent socket (`tally serve --socket`).
+        #[arg(long)]
+        socket: PathBuf,
+        /// The run the calls are checked under: started if new, joined if it exists.
+        #[arg(long)]
+        run: String,
+        /// Effect overrides: a TOML file, `[effects]` with `"server/tool" = "read"`.
+        #[arg(long, value_name = "FILE")]
+        policy_map: Option<PathBuf>,
+        /// The server's name in tool names (`server/tool`) [default: its initialize
+        /// answer's serverInfo.name].
+        #[arg(long)]
+        server_name: Option<String>,
+        /// The run's goal, if this starts it.
+        #[arg(long)]
+        goal: Option<String>,
+        /// The worker name recorded with each decision.
+        #[arg(long)]
+        worker: Option<String>,
+        /// The credential the run is started and checked under.
+        #[arg(long)]
+        credential: Option<String>,
+        /// The MCP server's command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "SERVER_COMMAND")]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Policies: `tally policy check FILE` validates one and prints it with its defaults.
     Policy {
         #[command(subcommand)]

@@ -11,6 +11,7 @@ mod commands;
 mod demo;
 mod generate;
 mod hook;
+mod mcp;
 mod operator;
 mod stories;
 
@@ -229,5 +230,24 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Demo { dir } => demo::run(dir.as_deref()),
         Command::Man { dir } => generate::man(&dir),
         Command::Completions { shell } => generate::completions(shell),
+        Command::Mcp {
+            socket,
+            run,
+            policy_map,
+            server_name,
+            goal,
+            worker,
+            credential,
+            command,
+        } => mcp::run(mcp::Args {
+            socket,
+            run,
+            policy_map,
+            server_name,
+            goal,
+            worker,
+            credential,
+            command,
+        }),
     }
 }

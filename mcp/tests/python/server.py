@@ -1,0 +1,102 @@
+"""An MCP server for tally mcp's tests, on the official Python SDK (`mcp`, FastMCP):
+one tool of each annotation kind, a failing tool, a slow one, one that reports
+progress and logs, a resource, a resource template and a prompt. Deterministic, so a
+session straight to it and one through the proxy can be compared byte for byte."""
+
+import asyncio
+import os
+
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.types import ToolAnnotations
+
+def seen(tool):
+    """Append the tool's name to $TALLY_MCP_TEST_CALLS: what reached the server."""
+    path = os.environ.get("TALLY_MCP_TEST_CALLS")
+    if path:
+        with open(path, "a") as f:
+            f.write(tool + "\n")
+
+
+server = FastMCP("files", instructions="A test server for tally mcp.", log_level="ERROR")
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def lookup(key: str) -> str:
+    """Read a value (read-only)."""
+    seen("lookup")
+    return f"value of {key}"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, idempotentHint=True, destructiveHint=False))
+def put(key: str, value: str) -> str:
+    """Set a value (idempotent)."""
+    seen("put")
+    return f"{key} = {value}"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True))
+def send(to: str) -> str:
+    """Send a message (not idempotent)."""
+    seen("send")
+    return f"sent to {to}"
+
+
+@server.tool()
+def plain(x: int) -> int:
+    """No annotations at all."""
+    seen("plain")
+    return x + 1
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def flaky(n: int) -> str:
+    """Always fails: an agent that retries it loops."""
+    seen("flaky")
+    raise RuntimeError(f"upstream unavailable (try {n})")
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def slow(seconds: float) -> str:
+    """Sleeps, for timeouts and cancellation."""
+    seen("slow")
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def steps(count: int, ctx: Context) -> str:
+    """Reports progress and logs as it goes."""
+    seen("steps")
+    for i in range(count):
+        await ctx.report_progress(i + 1, count, f"step {i + 1}")
+        await ctx.info(f"step {i + 1} of {count}")
+    return f"{count} steps"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True))
+def crash(code: int) -> str:
+    """Exits the server mid-call, before answering."""
+    seen("crash")
+    os._exit(code)
+
+
+@server.resource("notes://readme", mime_type="text/plain")
+def readme() -> str:
+    """A fixed note."""
+    return "read me"
+
+
+@server.resource("notes://{name}")
+def note(name: str) -> str:
+    """A note by name."""
+    return f"note {name}"
+
+
+@server.prompt()
+def review(path: str) -> str:
+    """Ask for a review."""
+    return f"Please review {path}."
+
+
+if __name__ == "__main__":
+    server.run("stdio")
