@@ -29,6 +29,7 @@ pub mod error;
 mod gate_api;
 mod limit;
 mod parse;
+mod peers;
 mod server;
 pub mod wire;
 
@@ -72,8 +73,12 @@ pub struct ServeOptions {
     pub max_batch: usize,
     /// Append requests processed at once (default 256); more wait for a slot.
     pub max_in_flight: usize,
-    /// Open connections (default 1,024); more wait in the kernel's accept queue.
+    /// Open connections (default 256); more wait in the kernel's accept queue.
     pub max_connections: usize,
+    /// Open connections of one peer (default 64): one uid on the Unix sockets, and all
+    /// loopback TCP clients together. One more is answered `429 too_many_connections`
+    /// and closed, so one client cannot hold the connections everyone else needs.
+    pub max_connections_per_peer: usize,
     /// Decisions per second each peer (Unix uid or TCP address) may append; `None`
     /// (the default) for no limit. Over the limit: 429 with `Retry-After`.
     pub rate_per_sec: Option<u32>,
@@ -81,6 +86,10 @@ pub struct ServeOptions {
     /// (default 10 s); a slow body gets 408, slow headers a closed connection. Idle
     /// keep-alive connections are closed after this long too.
     pub read_timeout: Duration,
+    /// A connection whose client reads none of its responses for this long (default
+    /// 10 s) is closed: a write that makes no progress for it fails. A slow reader that
+    /// keeps reading is not affected.
+    pub write_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -98,8 +107,10 @@ impl ServeOptions {
             max_batch: 10_000,
             max_in_flight: 256,
             max_connections: 256,
+            max_connections_per_peer: 64,
             rate_per_sec: None,
             read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -197,8 +208,12 @@ pub async fn serve(
         &tcp,
         router,
         operator.as_ref().map(|s| (s, operator_router)),
-        options.max_connections,
-        options.read_timeout,
+        server::ConnectionLimits {
+            max_connections: options.max_connections,
+            per_peer: options.max_connections_per_peer,
+            read_timeout: options.read_timeout,
+            write_timeout: options.write_timeout,
+        },
         shutdown,
     )
     .await;

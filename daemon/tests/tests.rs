@@ -7,6 +7,7 @@ mod api;
 mod clients;
 mod concurrency;
 mod failure;
+mod flood;
 mod gate;
 mod kill;
 mod lifecycle;
