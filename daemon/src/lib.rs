@@ -118,8 +118,18 @@ impl ServeOptions {
 /// Open the ledger in `options.ledger`, serve until SIGTERM or SIGINT, drain, and
 /// return. Blocking: builds its own tokio runtime. The ledger (and its lock) is
 /// released when this returns.
+///
+/// This is `tally serve`: it writes one line to stderr once it listens (sockets, ledger,
+/// policy digest, limits) and one when it has stopped cleanly; an error is returned, for
+/// the caller to print (once), and nothing else is logged for it. No line holds a key,
+/// a decision or a call's arguments.
 pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
     check_ledger_dir(&options.ledger)?;
+    // Before the ledger is opened: a bad socket path changes nothing.
+    server::check_socket_dir(&options.socket)?;
+    if let Some(op) = &options.operator_socket {
+        server::check_socket_dir(op)?;
+    }
     let ledger = Arc::new(Ledger::open(&options.ledger)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -128,20 +138,38 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
         .max_blocking_threads(api::MAX_EXPORTS + 2)
         .build()
         .map_err(DaemonError::Runtime)?;
+    let signalled = Arc::new(std::sync::Mutex::new("SIGTERM"));
+    let stopped_by = Arc::clone(&signalled);
+    let served = Arc::clone(&ledger);
     let result = runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
         let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
         let shutdown = async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            *stopped_by.lock().unwrap_or_else(|e| e.into_inner()) = name;
         };
-        serve(ledger, options, shutdown).await
+        serve_inner(ledger, options, shutdown, true).await
     });
     runtime.shutdown_timeout(Duration::from_secs(5));
+    if result.is_ok() {
+        let cp = served.checkpoint();
+        let by = *signalled.lock().unwrap_or_else(|e| e.into_inner());
+        log(&format!(
+            "tally serve: stopped cleanly on {by}: every request drained; ledger size {}, sealed by a checkpoint of epoch {}",
+            cp.size, cp.epoch
+        ));
+    }
     result
+}
+
+/// One line to stderr.
+fn log(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Refuse a ledger directory that other users can enter: agents must reach only the
@@ -169,10 +197,23 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), DaemonError> {
-    // A copy under the commit queue's lock: it never waits for a commit.
-    let checkpoint = ledger.checkpoint();
+    serve_inner(ledger, options, shutdown, false).await
+}
+
+/// [`serve`], writing the start line to stderr if `log_start`.
+async fn serve_inner(
+    ledger: Arc<Ledger>,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send,
+    log_start: bool,
+) -> Result<(), DaemonError> {
+    // Nothing is bound or recorded (the gate records its policy) until every socket path
+    // is known to be possible.
+    server::check_socket_dir(&options.socket)?;
+    if let Some(op) = &options.operator_socket {
+        server::check_socket_dir(op)?;
+    }
     let tcp = server::bind_tcp(options.listen).await?;
-    let _ = checkpoint;
     let gate = Arc::new(
         tally_gate::Gate::open(Arc::clone(&ledger), options.policy.clone())
             .map_err(|e| DaemonError::Gate(e.to_string()))?,
@@ -201,6 +242,9 @@ pub async fn serve(
         )
         .map_err(DaemonError::Runtime)?,
     );
+    if log_start {
+        log(&started_line(&options, &app.ledger));
+    }
     let router = api::router(Arc::clone(&app), api::Role::Agent);
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
     let (graceful, mut connections) = server::accept_loop(
@@ -239,4 +283,43 @@ pub async fn serve(
         Some(why) => Err(DaemonError::LedgerFailed(why)),
         None => Ok(()),
     }
+}
+
+/// What `tally serve` says once it listens: where, over which ledger, under which policy
+/// and limits.
+fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
+    let cp = ledger.checkpoint();
+    let group = match options.socket_gid {
+        Some(gid) => format!(", group {gid}"),
+        None => String::new(),
+    };
+    let operator = match &options.operator_socket {
+        Some(p) => format!("; operator socket {} (mode 600)", p.display()),
+        None => "; no operator socket".to_string(),
+    };
+    let tcp = match options.listen {
+        Some(addr) => format!("; loopback TCP {addr}"),
+        None => String::new(),
+    };
+    let rate = match options.rate_per_sec {
+        Some(r) => format!("{r} decisions/s per peer"),
+        None => "no rate limit".to_string(),
+    };
+    format!(
+        "tally serve: listening on {} (mode {:o}{group}){operator}{tcp}; ledger {} (id {}, size {}, epoch {}); policy {}; limits: {} connections, {} per peer, bodies up to {} bytes, {rate}",
+        options.socket.display(),
+        options.socket_mode,
+        options.ledger.display(),
+        ledger.id(),
+        cp.size,
+        cp.epoch,
+        if options.policy.text.is_empty() {
+            format!("digest {} (the built-in defaults)", options.policy.digest)
+        } else {
+            format!("digest {}", options.policy.digest)
+        },
+        options.max_connections,
+        options.max_connections_per_peer,
+        options.max_body_bytes,
+    )
 }

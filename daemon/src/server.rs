@@ -51,7 +51,8 @@ impl Socket {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&private)
-            .map_err(|e| DaemonError::io(&private, e))?;
+            // Name the socket asked for, not the private directory beside it.
+            .map_err(|e| DaemonError::io(path, e))?;
         let tmp = private.join(&name);
         let listener = match UnixListener::bind(&tmp) {
             Ok(l) => l,
@@ -59,7 +60,7 @@ impl Socket {
                 let _ = std::fs::remove_dir_all(&private);
                 return Err(DaemonError::Bind {
                     addr: path.display().to_string(),
-                    source,
+                    error: source,
                 });
             }
         };
@@ -90,6 +91,34 @@ impl Socket {
                 let _ = std::fs::remove_file(&self.path);
             }
         }
+    }
+}
+
+/// Refuse a socket path whose directory is missing, before anything is started or
+/// written (the gate records its policy when it opens).
+pub(crate) fn check_socket_dir(path: &Path) -> Result<(), DaemonError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(DaemonError::SocketDirMissing {
+            dir: dir.to_path_buf(),
+            socket: path.to_path_buf(),
+        }),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Err(DaemonError::SocketDirMissing {
+                dir: dir.to_path_buf(),
+                socket: path.to_path_buf(),
+            })
+        }
+        Err(e) => Err(DaemonError::io(dir, e)),
     }
 }
 
@@ -126,9 +155,9 @@ pub(crate) async fn bind_tcp(addr: Option<SocketAddr>) -> Result<Option<TcpListe
     TcpListener::bind(addr)
         .await
         .map(Some)
-        .map_err(|source| DaemonError::Bind {
+        .map_err(|error| DaemonError::Bind {
             addr: addr.to_string(),
-            source,
+            error,
         })
 }
 

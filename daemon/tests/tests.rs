@@ -6,6 +6,7 @@ mod common;
 mod api;
 mod clients;
 mod concurrency;
+mod edge;
 mod failure;
 mod flood;
 mod gate;
