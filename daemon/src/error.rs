@@ -62,6 +62,24 @@ pub enum DaemonError {
         /// The socket path asked for.
         socket: PathBuf,
     },
+    /// A socket mode that is not octal permission bits the daemon's user can use.
+    #[error("socket mode {text:?}: {why}")]
+    BadSocketMode {
+        /// The mode as given.
+        text: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A socket group name that the group file does not list.
+    #[error(
+        "no group named {name:?} in {file}; create it (`groupadd {name}`) or give its numeric gid"
+    )]
+    UnknownGroup {
+        /// The name as given.
+        name: String,
+        /// The file searched.
+        file: PathBuf,
+    },
     /// Binding a listener failed.
     #[error("cannot listen on {addr}: {error}")]
     Bind {

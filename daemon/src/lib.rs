@@ -21,6 +21,7 @@
 //! the chain. Rust agents can use [`client::Client`]. See `docs/DAEMON.md`.
 #![forbid(unsafe_code)]
 
+pub mod access;
 mod api;
 mod bulk;
 pub mod client;
@@ -306,7 +307,7 @@ fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
         None => "no rate limit".to_string(),
     };
     format!(
-        "tally serve: listening on {} (mode {:o}{group}){operator}{tcp}; ledger {} (id {}, size {}, epoch {}); policy {}; limits: {} connections, {} per peer, bodies up to {} bytes, {rate}",
+        "tally serve: listening on {} (mode {:04o}{group}){operator}{tcp}; ledger {} (id {}, size {}, epoch {}); policy {}; limits: {} connections, {} per peer, bodies up to {} bytes, {rate}",
         options.socket.display(),
         options.socket_mode,
         options.ledger.display(),

@@ -165,3 +165,54 @@ async fn regression_12_serve_logs_one_line_at_start_and_one_at_a_clean_stop() {
         );
     }
 }
+
+// The per-peer rate limit (`--rate-per-sec`) counted only raw decisions on the operator
+// socket, so it held no agent back; every gate POST on the agent socket now pays one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_holds_back_an_agent_s_gate_calls() {
+    let mut daemon = crate::common::Daemon::start(|o| o.rate_per_sec = Some(5)).await;
+    let mut c = daemon.agent().await;
+    let (status, body) = post_json(&mut c, "/v1/runs", r#"{"run":"r"}"#).await;
+    assert_eq!(status, 201, "{body}");
+    let mut limited = 0;
+    for i in 0..10 {
+        // A 429 closes its connection: a new one each time.
+        let mut c = daemon.agent().await;
+        let body =
+            json!({"run": "r", "tool": "http", "effect": "read", "operation": format!("op-{i}")});
+        let reply = c
+            .request(
+                tally_daemon::client::Method::POST,
+                "/v1/check",
+                Some("application/json"),
+                body.to_string(),
+            )
+            .await
+            .expect("request");
+        match reply.status.as_u16() {
+            200 => {}
+            429 => {
+                let e: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+                assert_eq!(e["error"]["code"], "rate_limited", "{e}");
+                limited += 1;
+            }
+            other => panic!("status {other}"),
+        }
+    }
+    assert!(
+        limited >= 4,
+        "only {limited} of 10 checks over 5/s were held back"
+    );
+    // The bucket refills: a second later the agent is let in again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut c = daemon.agent().await;
+    let (status, body) = post_json(
+        &mut c,
+        "/v1/check",
+        r#"{"run":"r","tool":"http","effect":"read","operation":"later"}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    drop(c);
+    daemon.shutdown().await.expect("clean shutdown");
+}
