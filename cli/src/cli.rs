@@ -276,7 +276,7 @@ pub enum Command {
         rate_per_sec: Option<u32>,
         /// Open connections one peer (uid; loopback TCP is one peer) may hold; one more
         /// gets 429.
-        #[arg(long, value_name = "N", default_value_t = 64)]
+        #[arg(long, value_name = "N", default_value_t = 128)]
         max_connections_per_peer: usize,
     },
     /// Policies: `tally policy check FILE` validates one and prints it with its defaults.

@@ -76,7 +76,7 @@ pub struct ServeOptions {
     pub max_in_flight: usize,
     /// Open connections (default 256); more wait in the kernel's accept queue.
     pub max_connections: usize,
-    /// Open connections of one peer (default 64): one uid on the Unix sockets, and all
+    /// Open connections of one peer (default 128, half of `max_connections`): one uid on the Unix sockets, and all
     /// loopback TCP clients together. One more is answered `429 too_many_connections`
     /// and closed, so one client cannot hold the connections everyone else needs.
     pub max_connections_per_peer: usize,
@@ -108,7 +108,7 @@ impl ServeOptions {
             max_batch: 10_000,
             max_in_flight: 256,
             max_connections: 256,
-            max_connections_per_peer: 64,
+            max_connections_per_peer: 128,
             rate_per_sec: None,
             read_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
