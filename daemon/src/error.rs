@@ -55,7 +55,7 @@ pub enum DaemonError {
     },
     /// The directory a socket is to be created in does not exist (or is not a
     /// directory); nothing was started and nothing written.
-    #[error("{dir}: the directory for the socket {socket} does not exist; create it (e.g. `install -d -m 0750 {dir}`, or systemd's RuntimeDirectory=) or choose another socket path")]
+    #[error("{dir}: the directory for the socket {socket} does not exist (or is not a directory); create it (e.g. `install -d -m 0750 {dir}`, or systemd's RuntimeDirectory=) or choose another socket path")]
     SocketDirMissing {
         /// The missing directory.
         dir: PathBuf,

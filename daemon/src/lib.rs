@@ -80,8 +80,10 @@ pub struct ServeOptions {
     /// loopback TCP clients together. One more is answered `429 too_many_connections`
     /// and closed, so one client cannot hold the connections everyone else needs.
     pub max_connections_per_peer: usize,
-    /// Decisions per second each peer (Unix uid or TCP address) may append; `None`
-    /// (the default) for no limit. Over the limit: 429 with `Retry-After`.
+    /// Decisions per second each peer (Unix uid; all loopback TCP clients are one peer)
+    /// may append; `None` (the default) for no limit. Every POST on the agent socket
+    /// pays one, a raw `POST /v1/decisions` one per decision. Over the limit: 429 with
+    /// `Retry-After`.
     pub rate_per_sec: Option<u32>,
     /// Request headers, and then the whole body, must each arrive within this time
     /// (default 10 s); a slow body gets 408, slow headers a closed connection. Idle
