@@ -196,7 +196,10 @@ pub(crate) async fn accept_loop(
     let graceful = GracefulShutdown::new();
     let mut tasks = JoinSet::new();
     let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    // The operator socket counts apart: agents of the daemon's own uid that fill their
+    // share cannot keep the operator from pausing or killing a run.
     let peers = PeerConnections::new(limits.per_peer);
+    let operator_peers = PeerConnections::new(limits.per_peer);
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     let mut builder = http1::Builder::new();
     builder
@@ -215,7 +218,6 @@ pub(crate) async fn accept_loop(
         builder: &builder,
         refuse: &refuse,
         graceful: &graceful,
-        peers: &peers,
         refusing: &refusing,
         write_timeout: limits.write_timeout,
     };
@@ -238,14 +240,14 @@ pub(crate) async fn accept_loop(
             accepted = socket.listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let peer = stream.peer_cred().map(|c| Peer::Uid(c.uid())).unwrap_or(Peer::Unknown);
-                    edge.serve(&mut tasks, &router, stream, peer, permit);
+                    edge.serve(&mut tasks, &router, &peers, stream, peer, permit);
                 }
                 Err(e) => backoff(e).await,
             },
             accepted = accept_operator(operator.as_ref().map(|o| o.0)) => match (accepted, &operator) {
                 (Ok((stream, _)), Some((_, op_router))) => {
                     let peer = stream.peer_cred().map(|c| Peer::Uid(c.uid())).unwrap_or(Peer::Unknown);
-                    edge.serve(&mut tasks, op_router, stream, peer, permit);
+                    edge.serve(&mut tasks, op_router, &operator_peers, stream, peer, permit);
                 }
                 (Ok(_), None) => {}
                 (Err(e), _) => backoff(e).await,
@@ -256,7 +258,7 @@ pub(crate) async fn accept_loop(
                     // Every loopback TCP client is one peer, for the connection cap and the
                     // rate limit: any of 127.0.0.0/8 reaches us, so per-address budgets
                     // could be multiplied.
-                    edge.serve(&mut tasks, &router, stream, Peer::Tcp, permit);
+                    edge.serve(&mut tasks, &router, &peers, stream, Peer::Tcp, permit);
                 }
                 Err(e) => backoff(e).await,
             },
@@ -286,7 +288,6 @@ struct Edge<'a> {
     builder: &'a http1::Builder,
     refuse: &'a http1::Builder,
     graceful: &'a GracefulShutdown,
-    peers: &'a Arc<PeerConnections>,
     refusing: &'a Arc<Semaphore>,
     write_timeout: Duration,
 }
@@ -298,6 +299,7 @@ impl Edge<'_> {
         &self,
         tasks: &mut JoinSet<()>,
         router: &Router,
+        peers: &Arc<PeerConnections>,
         io: I,
         peer: Peer,
         permit: OwnedSemaphorePermit,
@@ -305,7 +307,7 @@ impl Edge<'_> {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let io = WriteDeadline::new(io, self.write_timeout);
-        match self.peers.try_open(peer) {
+        match peers.try_open(peer) {
             Some(slot) => serve_connection(
                 self.builder,
                 self.graceful,
@@ -321,7 +323,7 @@ impl Edge<'_> {
                 let Ok(refusing) = Arc::clone(self.refusing).try_acquire_owned() else {
                     return;
                 };
-                let refusal = too_many_connections(peer, self.peers.per_peer());
+                let refusal = too_many_connections(peer, peers.per_peer());
                 serve_connection(
                     self.refuse,
                     self.graceful,

@@ -244,11 +244,11 @@ async fn regression_14_a_peer_over_its_connection_cap_gets_a_typed_429() {
         message.contains("2 connections") && message.contains("--max-connections-per-peer"),
         "{message}"
     );
-    // The operator socket's connections are the same peer's: the cap is per uid.
+    // The operator socket counts apart, so the operator can still pause or kill a run.
     let mut op = daemon.client().await;
     assert_eq!(
         get(&mut op, "/v1/health").await.status,
-        429,
+        200,
         "the operator socket"
     );
     // A closed connection gives its place back.
