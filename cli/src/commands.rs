@@ -429,49 +429,7 @@ pub fn handoff(
     Ok(analysis_code(&report, &found))
 }
 
-/// `tally serve`'s arguments.
-pub struct Serve {
-    pub ledger: PathBuf,
-    pub socket: PathBuf,
-    pub listen: Option<std::net::SocketAddr>,
-    pub operator_socket: Option<PathBuf>,
-    pub policy: Option<PathBuf>,
-    pub socket_mode: String,
-    pub socket_group: Option<String>,
-    pub max_body_bytes: usize,
-    pub rate_per_sec: Option<u32>,
-    pub max_connections_per_peer: usize,
-}
-
-pub fn serve(args: Serve) -> Result<Code> {
-    let mut options = tally_daemon::ServeOptions::new(args.ledger, args.socket);
-    options.listen = args.listen;
-    options.operator_socket = args.operator_socket;
-    if let Some(path) = args.policy {
-        options.policy = read_policy(&path)?;
-    }
-    options.socket_mode =
-        tally_daemon::access::parse_socket_mode(&args.socket_mode).context("--socket-mode")?;
-    if let Some(group) = &args.socket_group {
-        options.socket_gid = Some(tally_daemon::access::group_id(group).context("--socket-group")?);
-    }
-    if args.max_body_bytes == 0 {
-        bail!("--max-body-bytes: must be at least 1");
-    }
-    options.max_body_bytes = args.max_body_bytes;
-    if args.rate_per_sec == Some(0) {
-        bail!("--rate-per-sec: must be at least 1 (leave it out for no limit)");
-    }
-    options.rate_per_sec = args.rate_per_sec;
-    if args.max_connections_per_peer == 0 {
-        bail!("--max-connections-per-peer: must be at least 1");
-    }
-    options.max_connections_per_peer = args.max_connections_per_peer;
-    tally_daemon::run(options)?;
-    Ok(0)
-}
-
-fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {
+pub(crate) fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the policy {}", path.display()))?;
     tally_policy::Recorded::new(&text).with_context(|| format!("{}", path.display()))

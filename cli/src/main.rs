@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod demo;
 mod operator;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -132,7 +133,7 @@ fn run(command: Command) -> anyhow::Result<u8> {
             max_body_bytes,
             rate_per_sec,
             max_connections_per_peer,
-        } => commands::serve(commands::Serve {
+        } => serve::serve(serve::Serve {
             ledger,
             socket,
             listen,
