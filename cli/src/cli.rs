@@ -289,6 +289,24 @@ pub enum Command {
         /// The gate's policy (TOML; default: the built-in defaults).
         #[arg(long)]
         policy: Option<PathBuf>,
+        /// The agent socket's permission bits, in octal.
+        #[arg(long, value_name = "MODE", default_value = "0660")]
+        socket_mode: String,
+        /// Give the agent socket to this group (name or gid), so agents in it can connect
+        /// [default: the daemon's group].
+        #[arg(long, value_name = "GROUP")]
+        socket_group: Option<String>,
+        /// Largest request body, in bytes; larger gets 413.
+        #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024)]
+        max_body_bytes: usize,
+        /// Decisions per second each peer (uid; loopback TCP is one peer) may append;
+        /// over it, 429 with Retry-After [default: no limit].
+        #[arg(long, value_name = "N")]
+        rate_per_sec: Option<u32>,
+        /// Open connections one peer (uid; loopback TCP is one peer) may hold; one more
+        /// gets 429.
+        #[arg(long, value_name = "N", default_value_t = 128)]
+        max_connections_per_peer: usize,
     },
     /// A stdio MCP proxy: the MCP client starts it in place of the server; it starts the
     /// server and checks every `tools/call` with the gate first (docs/MCP.md).

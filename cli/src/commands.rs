@@ -769,24 +769,7 @@ pub fn stats(read: &ReadArgs, auditor_key: &Path, run: Option<&str>, force: bool
     Ok(Exit::from_code(analysis_code(&report, findings)))
 }
 
-pub fn serve(
-    ledger: PathBuf,
-    socket: PathBuf,
-    listen: Option<std::net::SocketAddr>,
-    operator_socket: Option<PathBuf>,
-    policy: Option<PathBuf>,
-) -> Result<Exit> {
-    let mut options = tally_daemon::ServeOptions::new(ledger, socket);
-    options.listen = listen;
-    options.operator_socket = operator_socket;
-    if let Some(path) = policy {
-        options.policy = read_policy(&path)?;
-    }
-    tally_daemon::run(options)?;
-    Ok(Exit::Success)
-}
-
-fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {
+pub(crate) fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {
     let text = if is_stdio(path) {
         io::read_to_string(io::stdin().lock()).context("reading the policy from standard input")?
     } else {

@@ -13,6 +13,7 @@ mod generate;
 mod hook;
 mod mcp;
 mod operator;
+mod serve;
 mod stories;
 
 use std::process::ExitCode;
@@ -207,7 +208,23 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             listen,
             operator_socket,
             policy,
-        } => commands::serve(ledger, socket, listen, operator_socket, policy),
+            socket_mode,
+            socket_group,
+            max_body_bytes,
+            rate_per_sec,
+            max_connections_per_peer,
+        } => serve::serve(serve::Serve {
+            ledger,
+            socket,
+            listen,
+            operator_socket,
+            policy,
+            socket_mode,
+            socket_group,
+            max_body_bytes,
+            rate_per_sec,
+            max_connections_per_peer,
+        }),
         Command::Policy {
             command: cli::PolicyCommand::Check { file },
         } => commands::policy_check(&file),

@@ -110,7 +110,11 @@ pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
         .route("/v1/health", get(get_health));
     let routes = match role {
         Role::Agent => crate::gate_api::agent_routes(common)
-            .route("/v1/decisions", post(agents_may_not_append)),
+            .route("/v1/decisions", post(agents_may_not_append))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&app),
+                agent_rate,
+            )),
         Role::Operator => crate::gate_api::operator_routes(common)
             .route("/v1/decisions", post(post_decisions))
             .route("/v1/export", get(get_export)),
@@ -123,6 +127,26 @@ pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
         })
         .layer(axum::middleware::from_fn(tcp_guard))
         .with_state(app)
+}
+
+/// The per-peer rate limit on the agent socket: every POST (start, check, outcome,
+/// stop: each one an append) pays one decision, before its body is read.
+async fn agent_rate(
+    State(app): State<Arc<App>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let (Some(rate), true) = (&app.rate, request.method() == Method::POST) {
+        let peer = request
+            .extensions()
+            .get::<Peer>()
+            .copied()
+            .unwrap_or(Peer::Unknown);
+        if let Err(secs) = rate.take(peer, 1) {
+            return rate_limited(secs).into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// Over loopback TCP, any local program can connect, a web page in a local browser

@@ -11,12 +11,15 @@ use tally_ledger::DecisionError;
 use crate::wire::{ErrorDetail, ErrorReply};
 
 /// Why the daemon could not start, or ended with an error.
+///
+/// Each message is whole: it includes its cause, and no variant reports that cause again
+/// as its `source()`, so printing the error with its chain says everything once.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DaemonError {
     /// Opening the ledger failed (not a ledger, locked by another process, ...).
     #[error("ledger: {0}")]
-    Ledger(#[from] tally_ledger::Error),
+    Ledger(tally_ledger::Error),
     /// The gate could not open over the ledger (its stored state is unreadable, or the
     /// policy could not be recorded).
     #[error("gate: {0}")]
@@ -50,21 +53,48 @@ pub enum DaemonError {
         /// The refused address.
         addr: std::net::SocketAddr,
     },
+    /// The directory a socket is to be created in does not exist (or is not a
+    /// directory); nothing was started and nothing written.
+    #[error("{dir}: the directory for the socket {socket} does not exist (or is not a directory); create it (e.g. `install -d -m 0750 {dir}`, or systemd's RuntimeDirectory=) or choose another socket path")]
+    SocketDirMissing {
+        /// The missing directory.
+        dir: PathBuf,
+        /// The socket path asked for.
+        socket: PathBuf,
+    },
+    /// A socket mode that is not octal permission bits the daemon's user can use.
+    #[error("socket mode {text:?}: {why}")]
+    BadSocketMode {
+        /// The mode as given.
+        text: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A socket group name that the group file does not list.
+    #[error(
+        "no group named {name:?} in {file}; create it (`groupadd {name}`) or give its numeric gid"
+    )]
+    UnknownGroup {
+        /// The name as given.
+        name: String,
+        /// The file searched.
+        file: PathBuf,
+    },
     /// Binding a listener failed.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {error}")]
     Bind {
         /// The socket path or TCP address.
         addr: String,
         /// The OS error.
-        source: io::Error,
+        error: io::Error,
     },
     /// A file system operation on the socket failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file involved.
         path: PathBuf,
         /// The OS error.
-        source: io::Error,
+        error: io::Error,
     },
     /// The async runtime, or the threads that parse big bodies, could not be started.
     #[error("cannot start the runtime: {0}")]
@@ -79,11 +109,17 @@ pub enum DaemonError {
 }
 
 impl DaemonError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> DaemonError {
+    pub(crate) fn io(path: impl Into<PathBuf>, error: io::Error) -> DaemonError {
         DaemonError::Io {
             path: path.into(),
-            source,
+            error,
         }
+    }
+}
+
+impl From<tally_ledger::Error> for DaemonError {
+    fn from(e: tally_ledger::Error) -> DaemonError {
+        DaemonError::Ledger(e)
     }
 }
 

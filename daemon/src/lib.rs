@@ -21,6 +21,7 @@
 //! the chain. Rust agents can use [`client::Client`]. See `docs/DAEMON.md`.
 #![forbid(unsafe_code)]
 
+pub mod access;
 mod api;
 mod bulk;
 pub mod client;
@@ -29,6 +30,7 @@ pub mod error;
 mod gate_api;
 mod limit;
 mod parse;
+mod peers;
 mod server;
 pub mod wire;
 
@@ -72,15 +74,25 @@ pub struct ServeOptions {
     pub max_batch: usize,
     /// Append requests processed at once (default 256); more wait for a slot.
     pub max_in_flight: usize,
-    /// Open connections (default 1,024); more wait in the kernel's accept queue.
+    /// Open connections (default 256); more wait in the kernel's accept queue.
     pub max_connections: usize,
-    /// Decisions per second each peer (Unix uid or TCP address) may append; `None`
-    /// (the default) for no limit. Over the limit: 429 with `Retry-After`.
+    /// Open connections of one peer (default 128, half of `max_connections`): one uid on the Unix sockets, and all
+    /// loopback TCP clients together. One more is answered `429 too_many_connections`
+    /// and closed, so one client cannot hold the connections everyone else needs.
+    pub max_connections_per_peer: usize,
+    /// Decisions per second each peer (Unix uid; all loopback TCP clients are one peer)
+    /// may append; `None` (the default) for no limit. Every POST on the agent socket
+    /// pays one, a raw `POST /v1/decisions` one per decision. Over the limit: 429 with
+    /// `Retry-After`.
     pub rate_per_sec: Option<u32>,
     /// Request headers, and then the whole body, must each arrive within this time
     /// (default 10 s); a slow body gets 408, slow headers a closed connection. Idle
     /// keep-alive connections are closed after this long too.
     pub read_timeout: Duration,
+    /// A connection whose client reads none of its responses for this long (default
+    /// 10 s) is closed: a write that makes no progress for it fails. A slow reader that
+    /// keeps reading is not affected.
+    pub write_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -98,8 +110,10 @@ impl ServeOptions {
             max_batch: 10_000,
             max_in_flight: 256,
             max_connections: 256,
+            max_connections_per_peer: 128,
             rate_per_sec: None,
             read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -107,8 +121,18 @@ impl ServeOptions {
 /// Open the ledger in `options.ledger`, serve until SIGTERM or SIGINT, drain, and
 /// return. Blocking: builds its own tokio runtime. The ledger (and its lock) is
 /// released when this returns.
+///
+/// This is `tally serve`: it writes one line to stderr once it listens (sockets, ledger,
+/// policy digest, limits) and one when it has stopped cleanly; an error is returned, for
+/// the caller to print (once), and nothing else is logged for it. No line holds a key,
+/// a decision or a call's arguments.
 pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
     check_ledger_dir(&options.ledger)?;
+    // Before the ledger is opened: a bad socket path changes nothing.
+    server::check_socket_dir(&options.socket)?;
+    if let Some(op) = &options.operator_socket {
+        server::check_socket_dir(op)?;
+    }
     let ledger = Arc::new(Ledger::open(&options.ledger)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -117,20 +141,38 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
         .max_blocking_threads(api::MAX_EXPORTS + 2)
         .build()
         .map_err(DaemonError::Runtime)?;
+    let signalled = Arc::new(std::sync::Mutex::new("SIGTERM"));
+    let stopped_by = Arc::clone(&signalled);
+    let served = Arc::clone(&ledger);
     let result = runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
         let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
         let shutdown = async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            *stopped_by.lock().unwrap_or_else(|e| e.into_inner()) = name;
         };
-        serve(ledger, options, shutdown).await
+        serve_inner(ledger, options, shutdown, true).await
     });
     runtime.shutdown_timeout(Duration::from_secs(5));
+    if result.is_ok() {
+        let cp = served.checkpoint();
+        let by = *signalled.lock().unwrap_or_else(|e| e.into_inner());
+        log(&format!(
+            "tally serve: stopped cleanly on {by}: every request drained; ledger size {}, sealed by a checkpoint of epoch {}",
+            cp.size, cp.epoch
+        ));
+    }
     result
+}
+
+/// One line to stderr.
+fn log(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Refuse a ledger directory that other users can enter: agents must reach only the
@@ -158,10 +200,23 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), DaemonError> {
-    // A copy under the commit queue's lock: it never waits for a commit.
-    let checkpoint = ledger.checkpoint();
+    serve_inner(ledger, options, shutdown, false).await
+}
+
+/// [`serve`], writing the start line to stderr if `log_start`.
+async fn serve_inner(
+    ledger: Arc<Ledger>,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send,
+    log_start: bool,
+) -> Result<(), DaemonError> {
+    // Nothing is bound or recorded (the gate records its policy) until every socket path
+    // is known to be possible.
+    server::check_socket_dir(&options.socket)?;
+    if let Some(op) = &options.operator_socket {
+        server::check_socket_dir(op)?;
+    }
     let tcp = server::bind_tcp(options.listen).await?;
-    let _ = checkpoint;
     let gate = Arc::new(
         tally_gate::Gate::open(Arc::clone(&ledger), options.policy.clone())
             .map_err(|e| DaemonError::Gate(e.to_string()))?,
@@ -190,6 +245,9 @@ pub async fn serve(
         )
         .map_err(DaemonError::Runtime)?,
     );
+    if log_start {
+        log(&started_line(&options, &app.ledger));
+    }
     let router = api::router(Arc::clone(&app), api::Role::Agent);
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
     let (graceful, mut connections) = server::accept_loop(
@@ -197,8 +255,12 @@ pub async fn serve(
         &tcp,
         router,
         operator.as_ref().map(|s| (s, operator_router)),
-        options.max_connections,
-        options.read_timeout,
+        server::ConnectionLimits {
+            max_connections: options.max_connections,
+            per_peer: options.max_connections_per_peer,
+            read_timeout: options.read_timeout,
+            write_timeout: options.write_timeout,
+        },
         shutdown,
     )
     .await;
@@ -224,4 +286,43 @@ pub async fn serve(
         Some(why) => Err(DaemonError::LedgerFailed(why)),
         None => Ok(()),
     }
+}
+
+/// What `tally serve` says once it listens: where, over which ledger, under which policy
+/// and limits.
+fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
+    let cp = ledger.checkpoint();
+    let group = match options.socket_gid {
+        Some(gid) => format!(", group {gid}"),
+        None => String::new(),
+    };
+    let operator = match &options.operator_socket {
+        Some(p) => format!("; operator socket {} (mode 600)", p.display()),
+        None => "; no operator socket".to_string(),
+    };
+    let tcp = match options.listen {
+        Some(addr) => format!("; loopback TCP {addr}"),
+        None => String::new(),
+    };
+    let rate = match options.rate_per_sec {
+        Some(r) => format!("{r} decisions/s per peer"),
+        None => "no rate limit".to_string(),
+    };
+    format!(
+        "tally serve: listening on {} (mode {:04o}{group}){operator}{tcp}; ledger {} (id {}, size {}, epoch {}); policy {}; limits: {} connections, {} per peer, bodies up to {} bytes, {rate}",
+        options.socket.display(),
+        options.socket_mode,
+        options.ledger.display(),
+        ledger.id(),
+        cp.size,
+        cp.epoch,
+        if options.policy.text.is_empty() {
+            format!("digest {} (the built-in defaults)", options.policy.digest)
+        } else {
+            format!("digest {}", options.policy.digest)
+        },
+        options.max_connections,
+        options.max_connections_per_peer,
+        options.max_body_bytes,
+    )
 }

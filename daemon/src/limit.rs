@@ -1,8 +1,8 @@
 //! A per-peer token bucket: so one client cannot starve the rest.
 //!
 //! Peers are told apart by what the kernel says about the connection (the Unix socket
-//! peer's uid, or the TCP peer's IP), never by anything the client sends. The bucket
-//! holds up to one second of decisions. A request is let in while the bucket is not
+//! peer's uid, or "loopback TCP" as one peer), never by anything the client sends. The
+//! bucket holds up to one second of decisions. A request is let in while the bucket is not
 //! empty and then pays for all its decisions, so a batch larger than the bucket still
 //! passes once and the peer's next requests wait until the debt is repaid.
 

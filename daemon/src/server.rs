@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Request;
+use axum::http::StatusCode;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -21,8 +22,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
-use crate::error::DaemonError;
+use crate::error::{ApiError, DaemonError};
 use crate::limit::Peer;
+use crate::peers::{PeerConnections, WriteDeadline};
 
 /// The Unix socket this daemon created, removed again on shutdown only if it is still
 /// the same file.
@@ -49,7 +51,8 @@ impl Socket {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&private)
-            .map_err(|e| DaemonError::io(&private, e))?;
+            // Name the socket asked for, not the private directory beside it.
+            .map_err(|e| DaemonError::io(path, e))?;
         let tmp = private.join(&name);
         let listener = match UnixListener::bind(&tmp) {
             Ok(l) => l,
@@ -57,7 +60,7 @@ impl Socket {
                 let _ = std::fs::remove_dir_all(&private);
                 return Err(DaemonError::Bind {
                     addr: path.display().to_string(),
-                    source,
+                    error: source,
                 });
             }
         };
@@ -88,6 +91,34 @@ impl Socket {
                 let _ = std::fs::remove_file(&self.path);
             }
         }
+    }
+}
+
+/// Refuse a socket path whose directory is missing, before anything is started or
+/// written (the gate records its policy when it opens).
+pub(crate) fn check_socket_dir(path: &Path) -> Result<(), DaemonError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(DaemonError::SocketDirMissing {
+            dir: dir.to_path_buf(),
+            socket: path.to_path_buf(),
+        }),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Err(DaemonError::SocketDirMissing {
+                dir: dir.to_path_buf(),
+                socket: path.to_path_buf(),
+            })
+        }
+        Err(e) => Err(DaemonError::io(dir, e)),
     }
 }
 
@@ -124,9 +155,9 @@ pub(crate) async fn bind_tcp(addr: Option<SocketAddr>) -> Result<Option<TcpListe
     TcpListener::bind(addr)
         .await
         .map(Some)
-        .map_err(|source| DaemonError::Bind {
+        .map_err(|error| DaemonError::Bind {
             addr: addr.to_string(),
-            source,
+            error,
         })
 }
 
@@ -137,6 +168,21 @@ async fn accept_tcp(listener: &Option<TcpListener>) -> io::Result<(TcpStream, So
     }
 }
 
+/// How many connections, from whom, and how long each may stall.
+pub(crate) struct ConnectionLimits {
+    /// Open connections in all.
+    pub max_connections: usize,
+    /// Open connections of one peer (one uid; loopback TCP is one peer).
+    pub per_peer: usize,
+    /// Headers must arrive within it; idle keep-alive connections close after it.
+    pub read_timeout: Duration,
+    /// A write blocked this long (the client reads nothing) ends the connection.
+    pub write_timeout: Duration,
+}
+
+/// Connections over their peer's cap being told so at once; more are just closed.
+const MAX_REFUSING: usize = 32;
+
 /// Accept connections until `shutdown` resolves, then stop accepting and let every open
 /// connection finish the request it is in (idle keep-alive connections close at once).
 pub(crate) async fn accept_loop(
@@ -144,20 +190,37 @@ pub(crate) async fn accept_loop(
     tcp: &Option<TcpListener>,
     router: Router,
     operator: Option<(&Socket, Router)>,
-    max_connections: usize,
-    read_timeout: Duration,
+    limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) -> (GracefulShutdown, JoinSet<()>) {
     let graceful = GracefulShutdown::new();
     let mut tasks = JoinSet::new();
-    let connections = Arc::new(Semaphore::new(max_connections.max(1)));
+    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    // The operator socket counts apart: agents of the daemon's own uid that fill their
+    // share cannot keep the operator from pausing or killing a run.
+    let peers = PeerConnections::new(limits.per_peer);
+    let operator_peers = PeerConnections::new(limits.per_peer);
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         // Slowloris: headers must arrive within the read timeout; this also closes idle
         // keep-alive connections after that long.
-        .header_read_timeout(read_timeout)
+        .header_read_timeout(limits.read_timeout)
         .keep_alive(true);
+    // A refused connection gets one reply, and little time to send the request for it.
+    let mut refuse = http1::Builder::new();
+    refuse
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.read_timeout.min(Duration::from_secs(2)))
+        .keep_alive(false);
+    let edge = Edge {
+        builder: &builder,
+        refuse: &refuse,
+        graceful: &graceful,
+        refusing: &refusing,
+        write_timeout: limits.write_timeout,
+    };
     tokio::pin!(shutdown);
     loop {
         // Reap finished connection tasks so the set does not grow.
@@ -171,31 +234,31 @@ pub(crate) async fn accept_loop(
                 Err(_) => break,
             },
         };
+        // Not biased: a flood of connections on one socket must not starve the others.
         tokio::select! {
-            biased;
             _ = &mut shutdown => break,
             accepted = socket.listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let peer = stream.peer_cred().map(|c| Peer::Uid(c.uid())).unwrap_or(Peer::Unknown);
-                    serve_connection(&builder, &graceful, &mut tasks, &router, stream, peer, permit);
+                    edge.serve(&mut tasks, &router, &peers, stream, peer, permit);
                 }
                 Err(e) => backoff(e).await,
             },
             accepted = accept_operator(operator.as_ref().map(|o| o.0)) => match (accepted, &operator) {
                 (Ok((stream, _)), Some((_, op_router))) => {
                     let peer = stream.peer_cred().map(|c| Peer::Uid(c.uid())).unwrap_or(Peer::Unknown);
-                    serve_connection(&builder, &graceful, &mut tasks, op_router, stream, peer, permit);
+                    edge.serve(&mut tasks, op_router, &operator_peers, stream, peer, permit);
                 }
                 (Ok(_), None) => {}
                 (Err(e), _) => backoff(e).await,
             },
             accepted = accept_tcp(tcp) => match accepted {
-                Ok((stream, addr)) => {
+                Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    // Every loopback TCP client is one peer for the rate limit: any of
-                    // 127.0.0.0/8 reaches us, so per-address buckets could be multiplied.
-                    let _ = addr;
-                    serve_connection(&builder, &graceful, &mut tasks, &router, stream, Peer::Tcp, permit);
+                    // Every loopback TCP client is one peer, for the connection cap and the
+                    // rate limit: any of 127.0.0.0/8 reaches us, so per-address budgets
+                    // could be multiplied.
+                    edge.serve(&mut tasks, &router, &peers, stream, Peer::Tcp, permit);
                 }
                 Err(e) => backoff(e).await,
             },
@@ -220,6 +283,88 @@ async fn backoff(_error: io::Error) {
     tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
+/// What every accepted connection goes through: its peer's cap, then hyper.
+struct Edge<'a> {
+    builder: &'a http1::Builder,
+    refuse: &'a http1::Builder,
+    graceful: &'a GracefulShutdown,
+    refusing: &'a Arc<Semaphore>,
+    write_timeout: Duration,
+}
+
+impl Edge<'_> {
+    /// Serve `io` if its peer is under its cap; otherwise answer its first request with
+    /// 429 and close it (or, when many are being refused already, close it at once).
+    fn serve<I>(
+        &self,
+        tasks: &mut JoinSet<()>,
+        router: &Router,
+        peers: &Arc<PeerConnections>,
+        io: I,
+        peer: Peer,
+        permit: OwnedSemaphorePermit,
+    ) where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = WriteDeadline::new(io, self.write_timeout);
+        match peers.try_open(peer) {
+            Some(slot) => serve_connection(
+                self.builder,
+                self.graceful,
+                tasks,
+                router,
+                io,
+                peer,
+                (permit, slot),
+            ),
+            None => {
+                // A refused connection does not hold one of the connections others need.
+                drop(permit);
+                let Ok(refusing) = Arc::clone(self.refusing).try_acquire_owned() else {
+                    return;
+                };
+                let refusal = too_many_connections(peer, peers.per_peer());
+                serve_connection(
+                    self.refuse,
+                    self.graceful,
+                    tasks,
+                    &refusal,
+                    io,
+                    peer,
+                    refusing,
+                );
+            }
+        }
+    }
+}
+
+/// A router that answers anything with `429 too_many_connections`.
+fn too_many_connections(peer: Peer, cap: usize) -> Router {
+    let who = match peer {
+        Peer::Uid(uid) => format!("uid {uid}"),
+        Peer::Tcp => "loopback TCP clients (together one peer)".to_string(),
+        Peer::Unknown => "clients whose uid the kernel did not report".to_string(),
+    };
+    let message = format!(
+        "{who} already hold {cap} connections to this daemon, the most one peer may; \
+         reuse keep-alive connections, close idle ones, or start the daemon with a \
+         larger --max-connections-per-peer"
+    );
+    Router::new().fallback(move || {
+        let message = message.clone();
+        async move {
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_connections",
+                message,
+            )
+            .close();
+            e.retry_after_secs = Some(1);
+            e
+        }
+    })
+}
+
 fn serve_connection<I>(
     builder: &http1::Builder,
     graceful: &GracefulShutdown,
@@ -227,7 +372,7 @@ fn serve_connection<I>(
     router: &Router,
     io: I,
     peer: Peer,
-    permit: OwnedSemaphorePermit,
+    hold: impl Send + 'static,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -242,6 +387,7 @@ fn serve_connection<I>(
     tasks.spawn(async move {
         // A connection error (client went away, header timeout) ends only that connection.
         let _ = watched.await;
-        drop(permit);
+        // The connection's places (global, and its peer's) are free again.
+        drop(hold);
     });
 }

@@ -1,0 +1,150 @@
+//! `tally serve`: its flags, checked and turned into the daemon's options.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use crate::commands::read_policy;
+use crate::Exit;
+
+/// `tally serve`'s arguments.
+pub struct Serve {
+    pub ledger: PathBuf,
+    pub socket: PathBuf,
+    pub listen: Option<std::net::SocketAddr>,
+    pub operator_socket: Option<PathBuf>,
+    pub policy: Option<PathBuf>,
+    pub socket_mode: String,
+    pub socket_group: Option<String>,
+    pub max_body_bytes: usize,
+    pub rate_per_sec: Option<u32>,
+    pub max_connections_per_peer: usize,
+}
+
+/// Serve until SIGTERM or SIGINT (the daemon logs its start and stop to stderr).
+pub fn serve(args: Serve) -> Result<Exit> {
+    tally_daemon::run(options(args)?)?;
+    Ok(Exit::Success)
+}
+
+/// The daemon's options, or an error naming the flag at fault.
+fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
+    let mut options = tally_daemon::ServeOptions::new(args.ledger, args.socket);
+    options.listen = args.listen;
+    options.operator_socket = args.operator_socket;
+    if let Some(path) = args.policy {
+        options.policy = read_policy(&path)?;
+    }
+    options.socket_mode =
+        tally_daemon::access::parse_socket_mode(&args.socket_mode).context("--socket-mode")?;
+    if let Some(group) = &args.socket_group {
+        options.socket_gid = Some(tally_daemon::access::group_id(group).context("--socket-group")?);
+    }
+    if args.max_body_bytes == 0 {
+        bail!("--max-body-bytes: must be at least 1");
+    }
+    options.max_body_bytes = args.max_body_bytes;
+    if args.rate_per_sec == Some(0) {
+        bail!("--rate-per-sec: must be at least 1 (leave it out for no limit)");
+    }
+    options.rate_per_sec = args.rate_per_sec;
+    if args.max_connections_per_peer == 0 {
+        bail!("--max-connections-per-peer: must be at least 1");
+    }
+    options.max_connections_per_peer = args.max_connections_per_peer;
+    Ok(options)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+
+    /// Parse `tally serve --ledger L --socket S` plus `extra` into the daemon's options.
+    fn parsed(extra: &[&str]) -> anyhow::Result<tally_daemon::ServeOptions> {
+        let mut argv = vec!["tally", "serve", "--ledger", "L", "--socket", "S"];
+        argv.extend_from_slice(extra);
+        let Command::Serve {
+            ledger,
+            socket,
+            listen,
+            operator_socket,
+            policy,
+            socket_mode,
+            socket_group,
+            max_body_bytes,
+            rate_per_sec,
+            max_connections_per_peer,
+        } = Cli::try_parse_from(argv)?.command
+        else {
+            panic!("not serve");
+        };
+        super::options(super::Serve {
+            ledger,
+            socket,
+            listen,
+            operator_socket,
+            policy,
+            socket_mode,
+            socket_group,
+            max_body_bytes,
+            rate_per_sec,
+            max_connections_per_peer,
+        })
+    }
+
+    #[test]
+    fn serve_flags_and_their_defaults() {
+        let d = parsed(&[]).expect("defaults");
+        assert_eq!(
+            (
+                d.socket_mode,
+                d.socket_gid,
+                d.max_body_bytes,
+                d.rate_per_sec,
+                d.max_connections_per_peer
+            ),
+            (0o660, None, 1024 * 1024, None, 128)
+        );
+        let o = parsed(&[
+            "--socket-mode",
+            "0640",
+            "--socket-group",
+            "4321",
+            "--max-body-bytes",
+            "4096",
+            "--rate-per-sec",
+            "50",
+            "--max-connections-per-peer",
+            "8",
+        ])
+        .expect("flags");
+        assert_eq!(
+            (
+                o.socket_mode,
+                o.socket_gid,
+                o.max_body_bytes,
+                o.rate_per_sec,
+                o.max_connections_per_peer
+            ),
+            (0o640, Some(4321), 4096, Some(50), 8)
+        );
+    }
+
+    #[test]
+    fn bad_serve_flags_name_the_flag_and_the_fix() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--socket-mode", "0968"], "--socket-mode: socket mode \"0968\": write it in octal, like 0660"),
+            (&["--socket-mode", "0440"], "--socket-mode: socket mode \"0440\": the owner (the daemon's user) needs read and write, 06xx"),
+            (&["--socket-group", "no-such-group-here"], "--socket-group: no group named \"no-such-group-here\" in /etc/group; create it (`groupadd no-such-group-here`) or give its numeric gid"),
+            (&["--rate-per-sec", "0"], "--rate-per-sec: must be at least 1 (leave it out for no limit)"),
+            (&["--max-connections-per-peer", "0"], "--max-connections-per-peer: must be at least 1"),
+            (&["--max-body-bytes", "0"], "--max-body-bytes: must be at least 1"),
+        ];
+        for (args, message) in cases {
+            let e = parsed(args).expect_err("refused");
+            assert_eq!(format!("{e:#}"), *message, "{args:?}");
+        }
+    }
+}
