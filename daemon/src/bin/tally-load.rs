@@ -17,6 +17,10 @@
 //! own instead, precise to tens of microseconds: arrivals evenly spaced, as from many
 //! independent agents, at the cost of one thread wakeup per request in the client.
 
+/// The allocator `tally serve` runs with, so what is measured here is what users run.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
