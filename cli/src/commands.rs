@@ -447,7 +447,7 @@ impl Drop for Progress {
 pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
     let audit = Audit::from_args(read, auditor_key)?;
     // With the auditor key: the consistency audit and the replay of every gate decision
-    // (SPEC 5.8), from the same policy core the gate decided with.
+    // (SECURITY.md 5.8), from the same policy core the gate decided with.
     let mut analysis = auditor_key.map(|_| Analysis::new(analysis::Config::default()));
     let mut replay = auditor_key.map(|_| tally_verify::replay::Replay::new());
     let report = audit.run(|e| {

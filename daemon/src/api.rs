@@ -397,7 +397,7 @@ async fn post_decisions(
             })?
     };
     let (runs, plaintexts) = prepared?;
-    // Runs the gate governs take decisions from the gate alone (SPEC 5.7).
+    // Runs the gate governs take decisions from the gate alone (SECURITY.md 5.7).
     for run in &runs {
         if app.gate.governs(run).map_err(crate::gate_api::gate_error)? {
             return Err(ApiError::new(

@@ -1,4 +1,4 @@
-//! The gate's HTTP API (SPEC 8): the agent socket's start, check, outcome, stop and
+//! The gate's HTTP API (docs/GATE.md): the agent socket's start, check, outcome, stop and
 //! where-a-run-stands; the operator socket's run list, pause, resume, kill and approvals.
 //! Each answer goes out only once its decision is durable.
 

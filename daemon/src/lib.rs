@@ -176,7 +176,7 @@ fn log(line: &str) {
 }
 
 /// Refuse a ledger directory that other users can enter: agents must reach only the
-/// socket (SPEC 5.5).
+/// socket (SECURITY.md 5.5).
 fn check_ledger_dir(dir: &Path) -> Result<(), DaemonError> {
     let meta = std::fs::metadata(dir).map_err(|e| DaemonError::io(dir, e))?;
     let mode = meta.permissions().mode() & 0o7777;

@@ -105,7 +105,7 @@ async fn another_uid_appends_through_the_socket_but_cannot_touch_the_store() {
         seq: started["seq"].as_u64().expect("seq"),
         hash: tally_ledger::Hash(hex_hash(started["hash"].as_str().expect("hash"))),
     }];
-    // ...but cannot append decisions of its own (SPEC 5.7), not even for its own run...
+    // ...but cannot append decisions of its own (SECURITY.md 5.7), not even for its own run...
     let (status, body) = curl(
         "POST",
         "/v1/decisions",

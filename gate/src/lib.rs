@@ -1,6 +1,6 @@
 //! tally's live gate: agents ask before every external call; the gate decides from the
 //! run's budget with the policy core (`tally-policy`), appends the decision through the
-//! ledger, and answers only once the decision is durable (SPEC 8).
+//! ledger, and answers only once the decision is durable (docs/GATE.md).
 //!
 //! * One core: [`tally_policy::decide`] then [`tally_policy::apply`], the same functions
 //!   `tally verify` replays.
@@ -14,7 +14,7 @@
 //! * Fail closed: when a decision cannot be made durable, the answer is an error (the
 //!   daemon says `gate_unavailable`), never an allow; the gate then refuses everything
 //!   until restarted.
-//! * Authority (SPEC 5.7): a run is bound to the uid that started it; only the gate
+//! * Authority (SECURITY.md 5.7): a run is bound to the uid that started it; only the gate
 //!   writes allow, deny, refund and override for the runs it governs; a run the gate
 //!   holds no state for is refused, never given a fresh budget.
 #![forbid(unsafe_code)]

@@ -224,7 +224,7 @@ fn json_errors_are_strict() {
 
 #[test]
 fn every_reason_says_what_to_do() {
-    // SPEC section 4, in its order: every code, each with exactly one action.
+    // docs/GATE.md, reason codes, in its order: every code, each with exactly one action.
     use Action::{Ask, Retry, Stop};
     let spec = [
         ("attempts_exhausted", Stop),

@@ -1,4 +1,4 @@
-//! `apply`: the one fold of decisions into state (SPEC 3.1). The live gate applies each
+//! `apply`: the one fold of decisions into state (docs/GATE.md, how a budget is counted). The live gate applies each
 //! decision it makes; replay and every report apply the ledger's decisions in seq order.
 //! What the fold finds inconsistent (a refund of nothing, an outcome without an allow,
 //! an allow beyond a limit) it reports, and it never wraps a number.
@@ -135,7 +135,7 @@ fn add(a: u64, b: u64, field: &'static str, found: &mut Vec<Inconsistency>) -> u
 /// Fold `record` into `state` at `now`; returns what it found inconsistent.
 ///
 /// `policy` says which tools are exempt and how the breaker and buckets behave; the
-/// budget numbers follow SPEC 3.1 whatever the policy.
+/// budget numbers follow docs/GATE.md, how a budget is counted whatever the policy.
 pub fn apply(
     policy: &Policy,
     state: ViewMut<'_>,

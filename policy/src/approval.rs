@@ -1,5 +1,5 @@
 //! Approvals: a human's signed grant of a bounded extra allocation for one run, bound to a
-//! digest of exactly what is approved (SPEC 8). The gate checks them before recording,
+//! digest of exactly what is approved (docs/GATE.md). The gate checks them before recording,
 //! and `tally verify` checks them again offline from the ledger alone.
 //!
 //! The digest is BLAKE3 over `tally approval v1\n` followed by the canonical JSON of

@@ -23,7 +23,7 @@ pub struct Policy {
     pub retries: Retries,
     /// Loop breakers.
     pub loops: Loops,
-    /// Polling rules (SPEC 3.1).
+    /// Polling rules (docs/GATE.md, how a budget is counted).
     pub polls: Polls,
     /// The circuit breaker each downstream tool has, shared by every run.
     pub breaker: Breaker,
@@ -52,7 +52,7 @@ pub struct Retries {
     pub non_idempotent_write: u64,
 }
 
-/// Loop breakers (SPEC 8). Polls answer to [`Polls`] instead.
+/// Loop breakers (docs/GATE.md). Polls answer to [`Polls`] instead.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Loops {
@@ -72,7 +72,7 @@ pub struct Loops {
     pub alternating: u64,
 }
 
-/// Polling (SPEC 3.1).
+/// Polling (docs/GATE.md, how a budget is counted).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Polls {

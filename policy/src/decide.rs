@@ -450,7 +450,7 @@ fn first_refusal(
     None
 }
 
-/// The loop breakers (SPEC 8): identical consecutive calls, identical calls in a window,
+/// The loop breakers (docs/GATE.md): identical consecutive calls, identical calls in a window,
 /// calls alternating with no progress, and a per-tool bar. One function: the gate and the
 /// replay both call it.
 fn loop_refusal(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<Refusal> {
@@ -477,7 +477,7 @@ pub enum LoopRule {
 /// What a loop is: the one rule the gate refuses by (`loop_repeated_call`) and `tally
 /// loops` reports by. `Some` when `call`, made now, would be one call beyond the
 /// policy's loop limits given the run's recent allowed calls. Polls are not judged here:
-/// their rule is the poll allowance and its interval (SPEC 3.1), so a poll is never a
+/// their rule is the poll allowance and its interval (docs/GATE.md, how a budget is counted), so a poll is never a
 /// loop however long it goes on.
 pub fn loop_rule(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<LoopRule> {
     let l = &policy.loops;

@@ -1,5 +1,5 @@
 //! tally's policy core: the one place where a run's budget is counted and a call is
-//! decided (SPEC 3.1 and 8). The live gate, `tally verify`'s replay and every report call
+//! decided (docs/GATE.md, how a budget is counted and 8). The live gate, `tally verify`'s replay and every report call
 //! these functions; none of them counts on its own.
 //!
 //! * [`Policy`]: the TOML policy with documented defaults; [`Recorded`] keeps its exact

@@ -169,7 +169,7 @@ pub struct RunState {
     pub paused: bool,
     /// The highest attempt number allowed.
     pub last_attempt: u64,
-    /// Attempts used (SPEC 3.1).
+    /// Attempts used (docs/GATE.md, how a budget is counted).
     pub attempts_used: u64,
     /// Attempt slots given back (refunds, and `rejected` outcomes).
     pub attempts_refunded: u64,
@@ -532,7 +532,7 @@ impl RunState {
         self.open.get(&attempt).and_then(|a| a.tool.as_deref())
     }
 
-    /// The remote operation a read polls, if it is a poll (SPEC 3.1): its `remote_ref`,
+    /// The remote operation a read polls, if it is a poll (docs/GATE.md, how a budget is counted): its `remote_ref`,
     /// or its operation's `:REF` suffix, names a remote operation the run has seen.
     /// Writes are never polls.
     pub fn poll_of(

@@ -1,5 +1,5 @@
-//! tally-policy's integration tests: the differential corpus (`corpus/`, SPEC 3.1 as
-//! data) replayed through `apply`, and focused tests of `decide` (SPEC 8's policies).
+//! tally-policy's integration tests: the differential corpus (`corpus/`, docs/GATE.md, how a budget is counted as
+//! data) replayed through `apply`, and focused tests of `decide` (docs/GATE.md's policies).
 
 mod approvals;
 mod bounds;

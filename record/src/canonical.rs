@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use crate::decision::{Budget, Channel, Decision, Effect, Kind, Limit, Reason, Scope, Status};
 
 /// Read a canonical stored decision, or `None` if the bytes are not exactly in canonical
-/// form. Does not validate the decision against SPEC section 3.
+/// form. Does not validate the decision against docs/FORMAT.md.
 pub(crate) fn parse(bytes: &[u8]) -> Option<Decision> {
     // Strings are copied out as they are; the whole text must be UTF-8.
     let text = std::str::from_utf8(bytes).ok()?;

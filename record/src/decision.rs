@@ -1,6 +1,6 @@
 //! Decision records: what an agent (or the gate in front of its tool calls) appends.
 //!
-//! The wire form is one JSON object per decision (SPEC section 3). Unknown fields are an
+//! The wire form is one JSON object per decision (docs/FORMAT.md). Unknown fields are an
 //! error. Raw call arguments never enter the ledger: [`Decision::seal_args`] replaces
 //! `args` by `args_digest`, BLAKE3 over the canonical JSON of the arguments.
 
@@ -47,7 +47,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Every kind, in SPEC order.
+    /// Every kind, in the documented order.
     pub const ALL: &'static [Kind] = &[
         Kind::Start,
         Kind::Allow,
@@ -113,7 +113,7 @@ impl fmt::Display for Action {
 
 macro_rules! reasons {
     ($( $(#[$doc:meta])* $variant:ident = $name:literal => $action:ident, )*) => {
-        /// A typed reason code (SPEC section 4).
+        /// A typed reason code (docs/GATE.md, reason codes).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(rename_all = "snake_case")]
         pub enum Reason {
@@ -121,7 +121,7 @@ macro_rules! reasons {
         }
 
         impl Reason {
-            /// Every reason code, in SPEC order.
+            /// Every reason code, in the documented order.
             pub const ALL: &'static [Reason] = &[$(Reason::$variant,)*];
 
             /// The code as it appears in JSON.
@@ -296,7 +296,7 @@ pub struct Limit {
     pub limit: u64,
 }
 
-/// One decision of the budget gate (SPEC section 3).
+/// One decision of the budget gate (docs/FORMAT.md).
 ///
 /// Deserialize it from the agent's JSON, then [`Decision::validate`] and
 /// [`Decision::seal_args`] (the ledger's append does both). What the ledger stores is the
@@ -512,7 +512,7 @@ impl Decision {
         self.kind.unwrap_or(Kind::Start)
     }
 
-    /// Check the decision against SPEC section 3: required fields per kind, fields only
+    /// Check the decision against docs/FORMAT.md: required fields per kind, fields only
     /// on the kinds they belong to, bounded text, well-formed digests.
     pub fn validate(&self) -> Result<(), DecisionError> {
         let kind = self.kind.ok_or(DecisionError::Missing { field: "kind" })?;
@@ -768,7 +768,7 @@ impl Decision {
         Decision::from_stored_general(bytes)
     }
 
-    /// The general strict parse of a stored plaintext: JSON parse, no raw `args`, SPEC
+    /// The general strict parse of a stored plaintext: JSON parse, no raw `args`, the record
     /// checks, then a re-encoding that must equal the stored bytes. [`Decision::from_stored`]
     /// gives the same result; this one is public so tests and fuzzers can hold the two
     /// to that.

@@ -2,7 +2,7 @@
 
 use crate::decision::Kind;
 
-/// A decision that the ledger refuses (SPEC section 3). Nothing is written.
+/// A decision that the ledger refuses (docs/FORMAT.md). Nothing is written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DecisionError {

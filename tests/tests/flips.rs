@@ -1,4 +1,4 @@
-//! Single-bit flips (SPEC 5.1): anywhere in an export, in any stored entry, and in the
+//! Single-bit flips (SECURITY.md 5.1): anywhere in an export, in any stored entry, and in the
 //! store's file on disk. None may verify intact.
 //!
 //! Every bit is flipped when [`exhaustive`] holds (optimized crypto, or

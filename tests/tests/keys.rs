@@ -1,4 +1,4 @@
-//! Keys (SPEC 5.3, 5.4): the wrong verification key, ledgers across many epoch
+//! Keys (SECURITY.md 5.3, 5.4): the wrong verification key, ledgers across many epoch
 //! rotations, and the wrong auditor key.
 
 use tally_ledger::keys::{AuditorKey, LedgerPublic};

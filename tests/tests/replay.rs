@@ -1,4 +1,4 @@
-//! SPEC 5.8, attacked: a decision appended that the recorded policy would not have made
+//! SECURITY.md 5.8, attacked: a decision appended that the recorded policy would not have made
 //! is reported by `verify` with its seq, offline, from the ledger alone.
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Checkpoints and anchors (SPEC 5.2, 5.3): deleted seals, seals from another ledger or a
+//! Checkpoints and anchors (SECURITY.md 5.2, 5.3): deleted seals, seals from another ledger or a
 //! later epoch, forks, rollback, and sealing required.
 
 use tally_ledger::format::Hash;

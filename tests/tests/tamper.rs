@@ -1,5 +1,5 @@
 //! Modifying, inserting, deleting, reordering, duplicating and splicing records
-//! (SPEC 5.1): caught with the public key alone, at the first bad seq.
+//! (SECURITY.md 5.1): caught with the public key alone, at the first bad seq.
 
 use tally_ledger::format::{entry_hash, HEADER_LEN};
 use tally_ledger::Frame;

@@ -1,4 +1,4 @@
-//! Workspace-level adversarial tests of the verifier (SPEC section 5, issue 3).
+//! Workspace-level adversarial tests of the verifier (SECURITY.md 5, issue 3).
 
 mod crafted;
 mod edge;

@@ -1,4 +1,4 @@
-//! Truncation and rollback (SPEC 5.2): clean cuts, torn tails, checkpoints left behind,
+//! Truncation and rollback (SECURITY.md 5.2): clean cuts, torn tails, checkpoints left behind,
 //! and a truncated copy that keeps appending.
 
 use tally_ledger::Frame;

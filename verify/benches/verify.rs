@@ -165,7 +165,7 @@ fn main() {
     assert_eq!(report.verdict(), Verdict::Intact, "{}", report.to_text());
     let rss_integrity = peak_rss_kib();
 
-    // The strict parse alone (SPEC checks and the canonical-form check), 1 thread, over
+    // The strict parse alone (record checks and the canonical-form check), 1 thread, over
     // the plaintexts of the first 100,000 decisions.
     let plaintexts: Vec<Vec<u8>> = (1..=n.min(100_000)).map(decision).collect();
     let t = Instant::now();
@@ -218,12 +218,12 @@ fn main() {
         rate(integrity) / blake3_rate
     );
     println!("| XChaCha20-Poly1305 open of every entry, 1 thread (read from the export) | {aead_rate:.0} | 1.00 |");
-    println!("| strict parse + SPEC checks of every decision, 1 thread (no I/O, no AEAD) | {parse_rate:.0} | - |");
+    println!("| strict parse + record checks of every decision, 1 thread (no I/O, no AEAD) | {parse_rate:.0} | - |");
     // One record costs a hash, an open and a parse; two threads can at best halve that.
     let bound = 2.0 / (1.0 / blake3_rate + 1.0 / aead_rate + 1.0 / parse_rate);
     println!("| bound for 2 threads: 2 / (hash + open + parse time per record) | {bound:.0} | - |");
     println!(
-        "| `verify` with decryption + SPEC checks (2 threads) | {:.0} | {:.2} of 1-thread AEAD |",
+        "| `verify` with decryption + record checks (2 threads) | {:.0} | {:.2} of 1-thread AEAD |",
         rate(decrypting),
         rate(decrypting) / aead_rate
     );

@@ -18,7 +18,7 @@ pub struct Event {
 
 impl Event {
     /// The time reports reason with: the writer's `at_ms` where given, else wall time.
-    /// (SPEC section 3: agents may append a whole run in one batch.)
+    /// (docs/FORMAT.md: agents may append a whole run in one batch.)
     pub fn time_ms(&self) -> u64 {
         self.decision.at_ms.unwrap_or(self.wall_ms)
     }

@@ -56,7 +56,7 @@ pub enum FindingKind {
     StoreError,
     /// A decision that does not decrypt with the auditor key.
     Undecryptable,
-    /// A decrypted decision that breaks SPEC section 3 or is not canonical.
+    /// A decrypted decision that breaks docs/FORMAT.md or is not canonical.
     InvalidDecision,
 }
 

@@ -4,7 +4,7 @@
 //! one streaming pass with nothing but the ledger's public key: it proves the chain
 //! intact, checks every epoch certificate and checkpoint, matches anchors, and tells a
 //! torn tail from a clean cut from an unsealed one. With the auditor key it decrypts each
-//! decision and checks it against SPEC section 3, handing each to the [`analysis`]
+//! decision and checks it against docs/FORMAT.md, handing each to the [`analysis`]
 //! (loops, consistency audit, handoffs). It depends on `tally-ledger` for the format
 //! and keys only, and opens nothing for writing.
 #![forbid(unsafe_code)]

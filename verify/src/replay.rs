@@ -1,4 +1,4 @@
-//! Replay (SPEC 5.8): every `allow` and `deny` the gate recorded is decided again, offline,
+//! Replay (SECURITY.md 5.8): every `allow` and `deny` the gate recorded is decided again, offline,
 //! by the same policy core (`tally_policy::decide`) under the policy the ledger says was
 //! in force, on the state the ledger's own earlier decisions give (`tally_policy::apply`).
 //! Each decision the policy would not have made is reported with its seq.
@@ -51,7 +51,7 @@ pub enum ReplayKind {
         would: Reason,
     },
     /// An allow or deny in a gate-governed run that names no policy: the gate did not
-    /// write it (SPEC 5.7).
+    /// write it (SECURITY.md 5.7).
     NotFromGate {
         /// The record's kind.
         record: Kind,

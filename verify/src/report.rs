@@ -8,7 +8,7 @@ use tally_ledger::Checkpoint;
 
 use crate::finding::Finding;
 
-/// The one-word outcome, and the exit code it maps to (SPEC section 6).
+/// The one-word outcome, and the exit code it maps to (docs/CLI.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -320,7 +320,7 @@ impl Report {
         } else if let Some(d) = self.decrypted {
             let _ = writeln!(
                 out,
-                "  decrypted   {d} of {} decisions, each valid per SPEC section 3",
+                "  decrypted   {d} of {} decisions, each a valid record",
                 self.decisions
             );
         }

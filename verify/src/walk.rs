@@ -3,7 +3,7 @@
 //! Integrity needs only the ledger's public key: strict decoding, ledger id, seq
 //! continuity, hash links, genesis, epoch certificates, checkpoints, anchors, tail.
 //! With the auditor key each decision is also decrypted (in parallel batches) and checked
-//! against SPEC section 3. Memory is constant in the number of entries: one hash, the
+//! against docs/FORMAT.md. Memory is constant in the number of entries: one hash, the
 //! epoch keys (one per epoch), a bounded batch, and at most `max_findings` findings.
 
 use std::collections::{BTreeMap, HashMap};

@@ -218,7 +218,7 @@ fn legitimate_polling_is_not_a_loop() {
     let h = only_handoff(&r);
     assert_eq!(h.stop, stopped(Reason::Completed, 11, at(10_200, 11)));
     // The four status reads of the export are polls: they use its poll allowance, not
-    // attempts (SPEC 3.1, one model with the gate).
+    // attempts (docs/GATE.md, how a budget is counted, one model with the gate).
     assert_eq!(h.attempts.used, 1);
     assert_eq!(h.spend.reserved_cents, 5);
     assert_eq!(

@@ -1,4 +1,4 @@
-//! Approvals (SPEC 8): a refusal a human may lift answers `require_approval`; a signed,
+//! Approvals (docs/GATE.md): a refusal a human may lift answers `require_approval`; a signed,
 //! unexpired, matching grant lifts it once; anything else grants nothing.
 
 use ed25519_dalek::SigningKey;

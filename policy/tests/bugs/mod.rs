@@ -1,5 +1,5 @@
 //! Regression tests for core bugs found by the corpus and model tests, each held to what
-//! SPEC says.
+//! the docs say.
 
 use serde_json::json;
 use tally_policy::{Call, Verdict};
@@ -15,7 +15,7 @@ fn spend(n: u64, cents: u64) -> Call {
     }
 }
 
-/// SPEC 8 (spend): "after an overrun (settled above reserved: recorded) all further
+/// docs/GATE.md (spend): "after an overrun (settled above reserved: recorded) all further
 /// spend until a human grants more". A signed grant of cents must lift it.
 #[test]
 fn a_grant_of_cents_lifts_budget_exceeded_after_an_overrun() {
@@ -34,7 +34,7 @@ fn a_grant_of_cents_lifts_budget_exceeded_after_an_overrun() {
     );
 }
 
-/// SPEC 8 (approvals): "a deny whose policy allows it answers `require_approval`". When a
+/// docs/GATE.md (approvals): "a deny whose policy allows it answers `require_approval`". When a
 /// grant lifts the first refusal but a second one (also in `ask_on`) stands, the answer
 /// must still be `require_approval`, with that second refusal as its cause.
 #[test]
@@ -59,7 +59,7 @@ fn a_second_refusal_a_human_may_lift_still_asks() {
     assert_eq!(d.cause, Some(Reason::ReservationInsufficient));
 }
 
-/// SPEC 3.1 (amounts): "cents, attempts and times are u64 and never wrap: a value that
+/// docs/GATE.md, how a budget is counted (amounts): "cents, attempts and times are u64 and never wrap: a value that
 /// would overflow is a bad-input error". The gate must never allow a call whose own
 /// record then overflows the fold.
 #[test]
@@ -76,7 +76,7 @@ fn decide_never_allows_a_reservation_that_overflows() {
     );
 }
 
-/// SPEC 3.1 (amounts): attempt numbers never wrap, and every allow is its own attempt.
+/// docs/GATE.md, how a budget is counted (amounts): attempt numbers never wrap, and every allow is its own attempt.
 #[test]
 fn decide_never_reuses_the_last_attempt_number() {
     let mut sim = Sim::with_run(NO_ASK, json!({}));
@@ -93,7 +93,7 @@ fn decide_never_reuses_the_last_attempt_number() {
     );
 }
 
-/// SPEC 3.1 (spend): "held = the reservations of allowed attempts not yet settled". A
+/// docs/GATE.md, how a budget is counted (spend): "held = the reservations of allowed attempts not yet settled". A
 /// second allow naming an attempt already allowed replaces the first's bookkeeping: its
 /// reservation stays in `held_cents` forever though attempt 1 is settled, and nothing
 /// reports it.

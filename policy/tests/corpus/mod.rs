@@ -1,6 +1,6 @@
 //! The differential corpus (`corpus/*.ndjson` at the repository root, described in its
 //! README): every scenario's decisions folded through `apply`, in order, and its final
-//! numbers held to the `expect` line, which follows SPEC 3.1.
+//! numbers held to the `expect` line, which follows docs/GATE.md, how a budget is counted.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

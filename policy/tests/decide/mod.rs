@@ -1,4 +1,4 @@
-//! `decide` against SPEC 8's run policies: loops, polls, attempts, spend, retries by
+//! `decide` against docs/GATE.md's run policies: loops, polls, attempts, spend, retries by
 //! effect class, unknown outcomes; and `decide` itself (pure, deterministic, valid records).
 
 use serde_json::json;

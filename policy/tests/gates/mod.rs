@@ -1,4 +1,4 @@
-//! `decide` against SPEC 8's gates: deadline, depth, scope, the per-tool breaker (shared
+//! `decide` against docs/GATE.md's gates: deadline, depth, scope, the per-tool breaker (shared
 //! by every run), token buckets and the in-flight bound.
 
 use serde_json::json;

@@ -1,4 +1,4 @@
-//! A reference model of SPEC 3.1's attempts and spend, written from the table alone, and
+//! A reference model of docs/GATE.md, how a budget is counted's attempts and spend, written from the table alone, and
 //! random runs folded through both `apply` and the model: the numbers must agree, and
 //! `held_cents` must always be the sum of what the open attempts hold.
 
@@ -65,7 +65,7 @@ struct Attempt {
     refunded: bool,
 }
 
-/// SPEC 3.1, attempts and spend, and nothing else.
+/// docs/GATE.md, how a budget is counted, attempts and spend, and nothing else.
 #[derive(Default)]
 struct Model {
     attempts: u64,

@@ -1,4 +1,4 @@
-//! Handoff summaries (SPEC section 7): where a run stands, for the human or the next run.
+//! Handoff summaries (docs/REPORTS.md): where a run stands, for the human or the next run.
 
 use serde::Serialize;
 use tally_ledger::{Action, Effect, Reason};
@@ -132,7 +132,7 @@ pub struct Attempts {
 /// Spend reserved and settled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Spend {
-    /// Cents held: reserved by allowed calls not yet settled (SPEC 3.1), less refunds.
+    /// Cents held: reserved by allowed calls not yet settled (docs/GATE.md, how a budget is counted), less refunds.
     pub reserved_cents: u64,
     /// Cents settled by outcomes.
     pub settled_cents: u64,

@@ -115,7 +115,7 @@ pub(crate) struct RunState {
     pub workers: BTreeSet<String>,
     pub stop: Option<Halt>,
     first_stop_refusal: Option<Halt>,
-    /// The budget as SPEC 3.1 counts it: the policy core's own fold, the one the gate
+    /// The budget as docs/GATE.md, how a budget is counted counts it: the policy core's own fold, the one the gate
     /// and the replay use.
     pub core: tally_policy::RunState,
     /// The policy the run was started under (for a run the gate governs: the recorded
@@ -544,7 +544,7 @@ impl RunState {
                 b.side_effects,
             );
         }
-        // Polls are judged per remote operation by the core (SPEC 3.1), not here.
+        // Polls are judged per remote operation by the core (docs/GATE.md, how a budget is counted), not here.
         let _ = poll;
         if let Some(depth) = d.depth {
             check(Dimension::Depth, depth, b.depth);
