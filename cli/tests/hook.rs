@@ -302,11 +302,6 @@ fn claude_code_hooks_allow_deny_and_ask_through_the_gate() {
         "--json",
     ]);
     let report: Value = serde_json::from_slice(&out.stdout).expect("verify --json");
-    let text = report.to_string();
-    assert!(
-        !text.contains("make test"),
-        "raw arguments reached the ledger"
-    );
     let replay = &report["replay"];
     assert_eq!(replay["findings"], json!([]), "{replay}");
     // start, 3 x (allow, ok), deny, allow + error, allow, require_approval (a deny).
