@@ -289,6 +289,12 @@ pub enum Command {
         /// The gate's policy (TOML; default: the built-in defaults).
         #[arg(long)]
         policy: Option<PathBuf>,
+        /// Keep the gate's state in this PostgreSQL database, shared by every daemon
+        /// given it (each keeps its own ledger): `host=/run/postgresql dbname=tally
+        /// user=tally`, or a postgres:// URL [default: the ledger's own store]. Prefer
+        /// a Unix socket with peer authentication: a password here is visible to `ps`.
+        #[arg(long, value_name = "CONNINFO")]
+        state: Option<String>,
         /// The agent socket's permission bits, in octal.
         #[arg(long, value_name = "MODE", default_value = "0660")]
         socket_mode: String,

@@ -14,6 +14,7 @@ pub struct Serve {
     pub listen: Option<std::net::SocketAddr>,
     pub operator_socket: Option<PathBuf>,
     pub policy: Option<PathBuf>,
+    pub state: Option<String>,
     pub socket_mode: String,
     pub socket_group: Option<String>,
     pub max_body_bytes: usize,
@@ -35,6 +36,10 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
     if let Some(path) = args.policy {
         options.policy = read_policy(&path)?;
     }
+    options.state = args
+        .state
+        .as_deref()
+        .map(tally_daemon::PostgresOptions::new);
     options.socket_mode =
         tally_daemon::access::parse_socket_mode(&args.socket_mode).context("--socket-mode")?;
     if let Some(group) = &args.socket_group {
@@ -71,6 +76,7 @@ mod tests {
             listen,
             operator_socket,
             policy,
+            state,
             socket_mode,
             socket_group,
             max_body_bytes,
@@ -86,6 +92,7 @@ mod tests {
             listen,
             operator_socket,
             policy,
+            state,
             socket_mode,
             socket_group,
             max_body_bytes,
@@ -106,6 +113,12 @@ mod tests {
                 d.max_connections_per_peer
             ),
             (0o660, None, 1024 * 1024, None, 128)
+        );
+        assert!(d.state.is_none(), "the ledger's own store by default");
+        let pg = parsed(&["--state", "host=/run/postgresql dbname=tally"]).expect("state");
+        assert_eq!(
+            pg.state.map(|s| s.url).as_deref(),
+            Some("host=/run/postgresql dbname=tally")
         );
         let o = parsed(&[
             "--socket-mode",

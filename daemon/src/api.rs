@@ -35,7 +35,7 @@ const EXPORT_CHUNK: usize = 64 * 1024;
 pub(crate) struct App {
     pub ledger: Arc<Ledger>,
     pub state: Arc<LedgerState>,
-    pub gate: Arc<tally_gate::Gate>,
+    pub gate: Arc<dyn tally_gate::Gatekeeper>,
     /// The thread the gate's decisions are made on.
     pub stage: crate::gate_api::Stage,
     pub in_flight: Arc<Semaphore>,
@@ -72,7 +72,7 @@ impl App {
     pub fn new(
         ledger: Arc<Ledger>,
         state: Arc<LedgerState>,
-        gate: Arc<tally_gate::Gate>,
+        gate: Arc<dyn tally_gate::Gatekeeper>,
         limits: Limits,
     ) -> std::io::Result<App> {
         let max_in_flight = limits.max_in_flight.max(1);
@@ -398,14 +398,24 @@ async fn post_decisions(
     };
     let (runs, plaintexts) = prepared?;
     // Runs the gate governs take decisions from the gate alone (SECURITY.md 5.7).
-    for run in &runs {
-        if app.gate.governs(run).map_err(crate::gate_api::gate_error)? {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "governed_run",
-                format!("run `{run}` is governed by the gate: its decisions come from the gate alone (POST /v1/check on the agent socket)"),
-            ));
+    let gate = Arc::clone(&app.gate);
+    let names = runs.clone();
+    let governed = crate::gate_api::at_once(&app, move || {
+        for run in names {
+            if gate.governs(&run)? {
+                return Ok(Some(run));
+            }
         }
+        Ok(None)
+    })
+    .await
+    .map_err(crate::gate_api::gate_error)?;
+    if let Some(run) = governed {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "governed_run",
+            format!("run `{run}` is governed by the gate: its decisions come from the gate alone (POST /v1/check on the agent socket)"),
+        ));
     }
     if let Some(rate) = &app.rate {
         // The first decision was paid for above; a batch pays for the rest now.

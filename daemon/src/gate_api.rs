@@ -206,6 +206,20 @@ async fn answered<T: Send + 'static>(
         .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
 }
 
+/// A gate call that answers at once: here on the worker for the embedded store (a lock
+/// and memory), on the decision thread for a networked backend, which blocks for its
+/// round trips and must not do so on an async worker.
+pub(crate) async fn at_once<T: Send + 'static>(
+    app: &App,
+    f: impl FnOnce() -> Result<T, GateError> + Send + 'static,
+) -> Result<T, GateError> {
+    if app.gate.networked() {
+        answered(&app.stage, move |done| done(f())).await
+    } else {
+        f()
+    }
+}
+
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
     (status, Json(value)).into_response()
 }
@@ -361,11 +375,11 @@ async fn lifecycle(
     paused: bool,
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
-    let standing =
-        tokio::task::spawn_blocking(move || gate.pause(caller(peer, Role::Operator), &run, paused))
-            .await
-            .map_err(|_| gate_error(GateError::Unavailable("pause task failed".into())))?
-            .map_err(gate_error)?;
+    let standing = answered(&app.stage, move |done| {
+        done(gate.pause(caller(peer, Role::Operator), &run, paused))
+    })
+    .await
+    .map_err(gate_error)?;
     Ok(json(StatusCode::OK, &standing))
 }
 
@@ -404,7 +418,10 @@ async fn run(
     run: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let run = path_run(run)?;
-    let standing = app.gate.run(caller(peer, role), &run).map_err(gate_error)?;
+    let gate = Arc::clone(&app.gate);
+    let standing = at_once(&app, move || gate.run(caller(peer, role), &run))
+        .await
+        .map_err(gate_error)?;
     Ok(json(StatusCode::OK, &standing))
 }
 
@@ -413,6 +430,9 @@ async fn runs(
     Extension(peer): Extension<Peer>,
     Extension(role): Extension<Role>,
 ) -> Result<Response, ApiError> {
-    let all = app.gate.runs(caller(peer, role)).map_err(gate_error)?;
+    let gate = Arc::clone(&app.gate);
+    let all = at_once(&app, move || gate.runs(caller(peer, role)))
+        .await
+        .map_err(gate_error)?;
     Ok(json(StatusCode::OK, &all))
 }

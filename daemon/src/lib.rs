@@ -44,6 +44,8 @@ use std::time::Duration;
 use tally_ledger::Ledger;
 
 pub use error::DaemonError;
+/// How to reach the PostgreSQL database of a fleet's shared state ([`ServeOptions::state`]).
+pub use tally_gate_postgres::Options as PostgresOptions;
 
 /// How to serve. Build with [`ServeOptions::new`], then adjust fields.
 #[derive(Clone, Debug)]
@@ -60,6 +62,10 @@ pub struct ServeOptions {
     pub operator_socket: Option<PathBuf>,
     /// The gate's policy (default: the built-in defaults, recorded as the empty text).
     pub policy: tally_policy::Recorded,
+    /// Where the gate keeps its state: `None` (the default) in the ledger's own store;
+    /// `Some` a PostgreSQL database that several daemons, each with its own ledger,
+    /// share (docs/FLEET.md).
+    pub state: Option<PostgresOptions>,
     /// Also listen on this TCP address; it must be loopback.
     pub listen: Option<SocketAddr>,
     /// The socket file's permission bits (default `0o660`: the daemon's user and group).
@@ -103,6 +109,7 @@ impl ServeOptions {
             socket: socket.into(),
             operator_socket: None,
             policy: tally_policy::Recorded::default_policy(),
+            state: None,
             listen: None,
             socket_mode: 0o660,
             socket_gid: None,
@@ -217,10 +224,7 @@ async fn serve_inner(
         server::check_socket_dir(op)?;
     }
     let tcp = server::bind_tcp(options.listen).await?;
-    let gate = Arc::new(
-        tally_gate::Gate::open(Arc::clone(&ledger), options.policy.clone())
-            .map_err(|e| DaemonError::Gate(e.to_string()))?,
-    );
+    let gate = open_gate(&ledger, &options)?;
     let socket = server::Socket::bind(&options.socket, options.socket_mode, options.socket_gid)?;
     let operator = match &options.operator_socket {
         Some(path) => Some(server::Socket::bind(path, 0o600, None)?),
@@ -308,8 +312,13 @@ fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
         Some(r) => format!("{r} decisions/s per peer"),
         None => "no rate limit".to_string(),
     };
+    // Never the connection string: it may hold a password.
+    let state = match &options.state {
+        Some(_) => "; gate state in PostgreSQL, shared",
+        None => "",
+    };
     format!(
-        "tally serve: listening on {} (mode {:04o}{group}){operator}{tcp}; ledger {} (id {}, size {}, epoch {}); policy {}; limits: {} connections, {} per peer, bodies up to {} bytes, {rate}",
+        "tally serve: listening on {} (mode {:04o}{group}){operator}{tcp}; ledger {} (id {}, size {}, epoch {}); policy {}{state}; limits: {} connections, {} per peer, bodies up to {} bytes, {rate}",
         options.socket.display(),
         options.socket_mode,
         options.ledger.display(),
@@ -325,4 +334,29 @@ fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
         options.max_connections_per_peer,
         options.max_body_bytes,
     )
+}
+
+/// The gate over the state backend the options name.
+fn open_gate(
+    ledger: &Arc<Ledger>,
+    options: &ServeOptions,
+) -> Result<Arc<dyn tally_gate::Gatekeeper>, DaemonError> {
+    let gate_error = |e: tally_gate::GateError| DaemonError::Gate(e.to_string());
+    let Some(pg) = &options.state else {
+        let gate = tally_gate::Gate::open(Arc::clone(ledger), options.policy.clone())
+            .map_err(gate_error)?;
+        return Ok(Arc::new(gate));
+    };
+    // The backend runs its own runtime and blocks on it: open it on a thread of its own,
+    // outside this one's.
+    let (ledger, pg, policy) = (Arc::clone(ledger), pg.clone(), options.policy.clone());
+    let opened = std::thread::spawn(move || {
+        let backend = tally_gate_postgres::Postgres::open(Arc::clone(&ledger), &pg)
+            .map_err(|e| DaemonError::Gate(e.to_string()))?;
+        tally_gate::Gate::with_backend(ledger, backend, policy)
+            .map_err(|e| DaemonError::Gate(e.to_string()))
+    })
+    .join()
+    .map_err(|_| DaemonError::Gate("opening the PostgreSQL state panicked".into()))??;
+    Ok(Arc::new(opened))
 }

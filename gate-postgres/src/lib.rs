@@ -192,13 +192,35 @@ struct Conn {
     st: Statements,
 }
 
+/// The backend's own runtime. Dropped without waiting for its tasks, so that a gate
+/// may be dropped anywhere, an async context included (tokio refuses to block there).
+struct Rt(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for Rt {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        // Taken only by Drop.
+        self.0
+            .as_ref()
+            .expect("the runtime lives as long as the backend")
+    }
+}
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// The PostgreSQL state backend of one gate (one daemon).
 pub struct Postgres {
     ledger: Arc<Ledger>,
     config: tokio_postgres::Config,
     target: String,
     timeout: Duration,
-    rt: tokio::runtime::Runtime,
+    rt: Rt,
     /// One decision at a time, waited for no longer than the bound.
     turn: Turn,
     conn: Mutex<Option<Conn>>,
@@ -258,7 +280,7 @@ impl Postgres {
             config,
             target,
             timeout: options.timeout,
-            rt,
+            rt: Rt(Some(rt)),
             turn: Turn::default(),
             conn: Mutex::new(None),
             round_trips: Arc::new(AtomicU64::new(0)),
@@ -474,6 +496,10 @@ pub struct PostgresTxn<'a> {
 
 impl StateBackend for Postgres {
     type Txn<'a> = PostgresTxn<'a>;
+
+    fn networked(&self) -> bool {
+        true
+    }
 
     fn begin(&self) -> Result<PostgresTxn<'_>, GateError> {
         let turn = self.turn.take(self.timeout)?;

@@ -55,6 +55,12 @@ pub trait StateBackend: Send + Sync {
 
     /// Begin a transaction.
     fn begin(&self) -> Result<Self::Txn<'_>, GateError>;
+
+    /// Whether a transaction waits on the network (round trips to a database): its
+    /// caller must then be a thread that may block, not an async worker.
+    fn networked(&self) -> bool {
+        false
+    }
 }
 
 /// One transaction over the gate's state. Dropped without [`StateTxn::commit`], it
