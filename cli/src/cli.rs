@@ -354,6 +354,9 @@ pub enum Command {
         #[command(subcommand)]
         command: HookCommand,
     },
+    /// The MCP server of `tally demo`'s MCP story (a tool that keeps failing), on stdio.
+    #[command(hide = true)]
+    McpDemoServer,
     /// The whole story on the embedded store: agents append decisions, the ledger is
     /// exported and verified, loops are found and handoffs printed.
     Demo {

@@ -247,6 +247,7 @@ fn run_agents(
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         let gated = gate_story(socket, operator_socket, &dana).await?;
+        let gated = crate::demo_mcp::story(socket).await? && gated;
         let agents: Vec<_> = corpus
             .into_iter()
             .map(|(_, decisions)| {

@@ -9,6 +9,7 @@ mod output;
 mod cli;
 mod commands;
 mod demo;
+mod demo_mcp;
 mod generate;
 mod hook;
 mod mcp;
@@ -247,6 +248,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             defer,
         }),
         Command::Demo { dir } => demo::run(dir.as_deref()),
+        Command::McpDemoServer => demo_mcp::server(),
         Command::Man { dir } => generate::man(&dir),
         Command::Completions { shell } => generate::completions(shell),
         Command::Mcp {

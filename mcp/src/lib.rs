@@ -15,6 +15,7 @@
 //! for the messages the proxy reads.
 #![forbid(unsafe_code)]
 
+pub mod demo;
 mod gate;
 pub mod map;
 mod proxy;
@@ -48,6 +49,9 @@ pub enum McpError {
     /// Waiting for the server failed.
     #[error("waiting for the MCP server: {0}")]
     Io(std::io::Error),
+    /// The demo's session failed ([`demo`]).
+    #[error("the MCP session failed: {0}")]
+    Session(String),
 }
 
 /// What the proxy needs.
