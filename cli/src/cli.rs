@@ -272,48 +272,7 @@ pub enum Command {
         force: bool,
     },
     /// Run the append daemon: HTTP/1.1 JSON on a Unix socket (and optionally loopback TCP).
-    Serve {
-        /// The ledger directory.
-        #[arg(long)]
-        ledger: PathBuf,
-        /// The Unix socket to listen on.
-        #[arg(long)]
-        socket: PathBuf,
-        /// Also listen on this loopback TCP address (e.g. 127.0.0.1:7878).
-        #[arg(long)]
-        listen: Option<std::net::SocketAddr>,
-        /// The operator socket (mode 0600): raw decisions, pause, resume, kill,
-        /// approvals, export.
-        #[arg(long)]
-        operator_socket: Option<PathBuf>,
-        /// The gate's policy (TOML; default: the built-in defaults).
-        #[arg(long)]
-        policy: Option<PathBuf>,
-        /// Keep the gate's state in this PostgreSQL database, shared by every daemon
-        /// given it (each keeps its own ledger): `host=/run/postgresql dbname=tally
-        /// user=tally`, or a postgres:// URL [default: the ledger's own store]. Prefer
-        /// a Unix socket with peer authentication: a password here is visible to `ps`.
-        #[arg(long, value_name = "CONNINFO")]
-        state: Option<String>,
-        /// The agent socket's permission bits, in octal.
-        #[arg(long, value_name = "MODE", default_value = "0660")]
-        socket_mode: String,
-        /// Give the agent socket to this group (name or gid), so agents in it can connect
-        /// [default: the daemon's group].
-        #[arg(long, value_name = "GROUP")]
-        socket_group: Option<String>,
-        /// Largest request body, in bytes; larger gets 413.
-        #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024)]
-        max_body_bytes: usize,
-        /// Decisions per second each peer (uid; loopback TCP is one peer) may append;
-        /// over it, 429 with Retry-After [default: no limit].
-        #[arg(long, value_name = "N")]
-        rate_per_sec: Option<u32>,
-        /// Open connections one peer (uid; loopback TCP is one peer) may hold; one more
-        /// gets 429.
-        #[arg(long, value_name = "N", default_value_t = 128)]
-        max_connections_per_peer: usize,
-    },
+    Serve(ServeArgs),
     /// A stdio MCP proxy: the MCP client starts it in place of the server; it starts the
     /// server and checks every `tools/call` with the gate first (docs/MCP.md).
     Mcp {
@@ -376,6 +335,51 @@ pub enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+}
+
+/// `tally serve`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// The ledger directory.
+    #[arg(long)]
+    pub ledger: PathBuf,
+    /// The Unix socket to listen on.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Also listen on this loopback TCP address (e.g. 127.0.0.1:7878).
+    #[arg(long)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// The operator socket (mode 0600): raw decisions, pause, resume, kill,
+    /// approvals, export.
+    #[arg(long)]
+    pub operator_socket: Option<PathBuf>,
+    /// The gate's policy (TOML; default: the built-in defaults).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Keep the gate's state in this PostgreSQL database, shared by every daemon
+    /// given it (each keeps its own ledger): `host=/run/postgresql dbname=tally
+    /// user=tally`, or a postgres:// URL [default: the ledger's own store]. Prefer
+    /// a Unix socket with peer authentication: a password here is visible to `ps`.
+    #[arg(long, value_name = "CONNINFO")]
+    pub state: Option<String>,
+    /// The agent socket's permission bits, in octal.
+    #[arg(long, value_name = "MODE", default_value = "0660")]
+    pub socket_mode: String,
+    /// Give the agent socket to this group (name or gid), so agents in it can connect
+    /// [default: the daemon's group].
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
+    /// Largest request body, in bytes; larger gets 413.
+    #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Decisions per second each peer (uid; loopback TCP is one peer) may append;
+    /// over it, 429 with Retry-After [default: no limit].
+    #[arg(long, value_name = "N")]
+    pub rate_per_sec: Option<u32>,
+    /// Open connections one peer (uid; loopback TCP is one peer) may hold; one more
+    /// gets 429.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_connections_per_peer: usize,
 }
 
 /// `tally hook ...`.

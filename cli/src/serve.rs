@@ -1,26 +1,10 @@
 //! `tally serve`: its flags, checked and turned into the daemon's options.
 
-use std::path::PathBuf;
-
 use anyhow::{bail, Context, Result};
 
+use crate::cli::ServeArgs as Serve;
 use crate::commands::read_policy;
 use crate::Exit;
-
-/// `tally serve`'s arguments.
-pub struct Serve {
-    pub ledger: PathBuf,
-    pub socket: PathBuf,
-    pub listen: Option<std::net::SocketAddr>,
-    pub operator_socket: Option<PathBuf>,
-    pub policy: Option<PathBuf>,
-    pub state: Option<String>,
-    pub socket_mode: String,
-    pub socket_group: Option<String>,
-    pub max_body_bytes: usize,
-    pub rate_per_sec: Option<u32>,
-    pub max_connections_per_peer: usize,
-}
 
 /// Serve until SIGTERM or SIGINT (the daemon logs its start and stop to stderr).
 pub fn serve(args: Serve) -> Result<Exit> {
@@ -70,35 +54,10 @@ mod tests {
     fn parsed(extra: &[&str]) -> anyhow::Result<tally_daemon::ServeOptions> {
         let mut argv = vec!["tally", "serve", "--ledger", "L", "--socket", "S"];
         argv.extend_from_slice(extra);
-        let Command::Serve {
-            ledger,
-            socket,
-            listen,
-            operator_socket,
-            policy,
-            state,
-            socket_mode,
-            socket_group,
-            max_body_bytes,
-            rate_per_sec,
-            max_connections_per_peer,
-        } = Cli::try_parse_from(argv)?.command
-        else {
+        let Command::Serve(args) = Cli::try_parse_from(argv)?.command else {
             panic!("not serve");
         };
-        super::options(super::Serve {
-            ledger,
-            socket,
-            listen,
-            operator_socket,
-            policy,
-            state,
-            socket_mode,
-            socket_group,
-            max_body_bytes,
-            rate_per_sec,
-            max_connections_per_peer,
-        })
+        super::options(args)
     }
 
     #[test]
