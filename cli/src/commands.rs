@@ -228,8 +228,10 @@ pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Exit> {
 }
 
 pub fn checkpoint(ledger: &Path) -> Result<Exit> {
-    let ledger = open(ledger)?;
-    out!("{}", ledger.checkpoint().to_text());
+    check_ledger_dir(ledger)?;
+    let cp = Ledger::read_checkpoint(ledger)
+        .with_context(|| format!("reading the log of ledger {}", ledger.display()))?;
+    out!("{}", cp.to_text());
     Ok(Exit::Success)
 }
 
@@ -266,8 +268,9 @@ pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
             );
         }
     }
-    let ledger = open(ledger)?;
-    let snapshot = ledger.snapshot();
+    check_ledger_dir(ledger)?;
+    let snapshot = Ledger::read_snapshot(ledger)
+        .with_context(|| format!("reading the log of ledger {}", ledger.display()))?;
     let total = snapshot.size();
     let progress = Progress::new("exporting");
     let mut seen = 0u64;
@@ -366,28 +369,24 @@ impl Audit {
     pub fn run(&self, sink: impl FnMut(Event)) -> Result<Report> {
         let progress = Progress::new("verifying");
         if self.path.is_dir() {
-            let scratch = tempfile::tempdir().context("creating a scratch directory")?;
-            let store = match tally_ledger::store::open_copy(&self.path, scratch.path()) {
-                Ok(store) => store,
-                // A store that is there but does not read back is evidence, not a usage
+            let frames = match tally_verify::walk::ledger_frames(&self.path) {
+                Ok(frames) => frames,
+                // A log that is there but does not read back is evidence, not a usage
                 // error: the walk reports it as a finding.
                 Err(
-                    e @ (tally_ledger::Error::Store(_)
+                    e @ (tally_ledger::Error::Segment { .. }
                     | tally_ledger::Error::Corrupt { .. }
                     | tally_ledger::Error::Format(_)),
                 ) => {
-                    let why = format!("the store in {} does not read: {e}", self.path.display());
+                    let why = format!("the log in {} does not read: {e}", self.path.display());
                     let frames = std::iter::once(Err(SourceError::Store(why)));
                     return Ok(tally_verify::verify(frames, &self.options, sink, |_| {}));
                 }
                 Err(e) => {
                     return Err(anyhow::Error::new(e)
-                        .context(format!("reading the store in {}", self.path.display())))
+                        .context(format!("reading the log in {}", self.path.display())))
                 }
             };
-            let frames = store
-                .frames()
-                .map(|f| f.map_err(|e| SourceError::Store(e.to_string())));
             Ok(tally_verify::verify(frames, &self.options, sink, |n| {
                 progress.show(n)
             }))

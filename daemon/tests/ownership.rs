@@ -138,8 +138,8 @@ async fn another_uid_appends_through_the_socket_but_cannot_touch_the_store() {
     assert!(!out.status.success(), "nobody reached the operator socket");
     drop(root);
 
-    let store = ledger.join("store");
-    let db = store.join("db");
+    let store = ledger.join("log");
+    let db = store.join("00000000000000000000.seg");
     let key = ledger.join("writer.key");
     let (l, s, d, k) = (p(&ledger), p(&store), p(&db), p(&key));
     let append = format!("echo x >> {d}");

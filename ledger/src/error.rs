@@ -127,6 +127,18 @@ pub enum Error {
     /// Another writer (another `tally` process or `tally serve`) holds the store.
     #[error("{0}: the ledger is held by another writer (is `tally serve` running? use its API, or stop it)")]
     Busy(PathBuf),
+    /// The directory holds a ledger in layout 1 (entries inside the sled store
+    /// `store/`), which this build neither reads nor writes.
+    #[error("{0}: this ledger is in layout 1 (its entries inside the sled store `store/`); this build reads and writes layout 2 only (append-only segments in `log/`, docs/FORMAT.md). Export it with the tally build that wrote it (`tally export DIR --out FILE`; exports are unchanged, so this build verifies that file with `tally verify FILE`). There is no import into layout 2: start a new ledger here with `tally init` in another directory, and keep the old directory and its export as the old ledger's record")]
+    OldLayout(PathBuf),
+    /// A log segment that is not what the layout says (header, name, numbering).
+    #[error("{path}: {why}")]
+    Segment {
+        /// The segment file (or the log directory).
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
     /// The directory already holds a ledger.
     #[error("{0}: a ledger already exists here")]
     AlreadyExists(PathBuf),

@@ -1,15 +1,18 @@
 //! The append API: the only way decisions enter a ledger.
 //!
 //! There is no update, delete or rewind. Appends from many threads share commit groups:
-//! each group is encrypted and chained, sealed by one checkpoint, written in one atomic
-//! batch, flushed and fsynced, and only then acknowledged.
+//! each group is encrypted and chained, sealed by one checkpoint, appended to the log's
+//! active segment in one write (entries, the gate's derived state, the checkpoint),
+//! made durable with one `fdatasync`, and only then acknowledged.
 //!
 //! Commit is a two-stage pipeline. The *commit* stage takes everything queued as one
-//! group, encrypts, chains, signs and writes it to the store; the *sync* stage makes
-//! everything written so far durable (flush and fsync) and then acknowledges it. While
+//! group, encrypts, chains, signs and writes it to the log (and applies its derived
+//! state to the sled index, not synced); the *sync* stage makes everything written so
+//! far durable (`fdatasync`) and then acknowledges it. While
 //! one group is being fsynced the next one is encrypted and written. A group is never
 //! acknowledged before an fsync that began after it was written.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
@@ -22,7 +25,11 @@ use crate::decision::{Decision, MAX_DECISION_BYTES};
 use crate::error::{DecisionError, Error, Result};
 use crate::format::{entry_hash, key_id, Checkpoint, Entry, Frame, Hash, Header, LedgerId};
 use crate::keys::{self, DataKey, EpochSecrets, LedgerPublic};
-use crate::store::{Frames, Store};
+use crate::segment::{
+    self, list_segments, push_frame, sync_dir, Item, LogReader, LogWriter, Resume,
+    DEFAULT_SEGMENT_BYTES, LOG_DIR, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY, TAG_STATE,
+};
+use crate::store::{Point, Store, POINT_EVERY};
 
 /// File names inside a ledger directory.
 pub mod files {
@@ -60,6 +67,27 @@ mod hash_hex {
             .map(Hash)
             .map_err(serde::de::Error::custom)
     }
+}
+
+/// What [`Ledger::reindex`] rebuilt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reindexed {
+    /// Segments read.
+    pub segments: u64,
+    /// Entries read (the log's sealed entries).
+    pub entries: u64,
+    /// State frames replayed into the new index.
+    pub state_frames: u64,
+    /// Index points written.
+    pub points: u64,
+    /// Values written outside commit groups (an operator's pause) carried over from the
+    /// old index.
+    pub carried: u64,
+    /// Whether the old index could not be read, so those values are lost.
+    pub old_index_unreadable: bool,
+    /// Torn writes seen (kept in place).
+    pub torn: u64,
 }
 
 /// When the writer moves to a new key epoch. Rotation happens at commit-group
@@ -124,7 +152,7 @@ struct Pending {
     reply: Reply,
 }
 
-/// A group written to the store, waiting for an fsync before it is acknowledged.
+/// A group written to the log, waiting for an fsync before it is acknowledged.
 struct Applied {
     replies: Vec<(Reply, Vec<Receipt>)>,
     checkpoint: Checkpoint,
@@ -143,6 +171,8 @@ struct Writer {
     epoch_from_seq: u64,
     epoch_since_ms: u64,
     nonce_prefix: [u8; 16],
+    /// The last index point written: (segment, offset).
+    last_point: Option<(u64, u64)>,
 }
 
 /// The commit pipeline's shared state.
@@ -155,8 +185,7 @@ struct Queue {
     committing: bool,
     /// Someone holds the sync role (flushing and fsyncing).
     syncing: bool,
-    /// The syncer is in sled's flush, which holds sled's lock: a commit would only wait
-    /// for it, so the next group starts once it is over (and gathers more meanwhile).
+    /// The syncer is taking what it will sync; the next group starts once it has.
     flushing: bool,
     /// The committer thread is asleep, waiting for work (so it is woken only when it has
     /// some: a condvar notify is a system call).
@@ -174,6 +203,9 @@ struct Queue {
 
 /// What the appenders and the two pipeline threads share.
 struct Shared {
+    /// The log: the record of truth.
+    log: LogWriter,
+    /// The sled index: derived state and index points, never synced per group.
     store: Store,
     queue: Mutex<Queue>,
     /// Signalled when decisions are queued, or a written group was taken by the syncer.
@@ -183,7 +215,8 @@ struct Shared {
     writer: Mutex<Writer>,
 }
 
-/// An open ledger: the append side. Holds the store's exclusive lock.
+/// An open ledger: the append side. Holds the log's exclusive lock (and sled's on the
+/// index).
 ///
 /// Group commit: an appender queues its decisions and waits for its receipts. A group is
 /// written while the previous one is made durable; the next group starts only once the
@@ -245,7 +278,10 @@ impl Ledger {
     /// Create a new ledger in `dir` (created 0700) whose records only the holder of the
     /// auditor key for `recipient` can decrypt. Writes `ledger.pub` for auditors.
     pub fn init(dir: &Path, recipient: &[u8; 32], rotation: Rotation) -> Result<LedgerPublic> {
-        if dir.join(files::PUBLIC).exists() || dir.join("store").exists() {
+        if dir.join(files::PUBLIC).exists()
+            || dir.join(OLD_STORE_DIR).exists()
+            || dir.join(LOG_DIR).exists()
+        {
             return Err(Error::AlreadyExists(dir.to_path_buf()));
         }
         let ledger_id = LedgerId(keys::random16());
@@ -261,7 +297,8 @@ impl Ledger {
                 for f in [files::CONFIG, files::WRITER_KEY, files::PUBLIC] {
                     let _ = fs::remove_file(dir.join(f));
                 }
-                let _ = fs::remove_dir_all(dir.join("store"));
+                let _ = fs::remove_dir_all(dir.join(LOG_DIR));
+                let _ = fs::remove_dir_all(dir.join(crate::store::INDEX_DIR));
             }
         }
         result
@@ -294,9 +331,23 @@ impl Ledger {
         fs::write(dir.join(files::CONFIG), config)
             .map_err(|e| Error::io(dir.join(files::CONFIG), e))?;
         secrets.write(&dir.join(files::WRITER_KEY), ledger_id)?;
-        let store = Store::open(dir)?;
-        store.commit(&[(0, bytes)], Some((1, checkpoint.to_text().as_bytes())))?;
-        drop(store);
+        let log_dir = dir.join(LOG_DIR);
+        fs::create_dir(&log_dir).map_err(|e| Error::io(&log_dir, e))?;
+        sync_dir(dir)?;
+        let lock = LogWriter::lock(dir)?;
+        let log = LogWriter::new(
+            dir,
+            lock,
+            ledger_id,
+            DEFAULT_SEGMENT_BYTES,
+            Resume::NewSegment { number: 0 },
+        )?;
+        let mut frames = Vec::new();
+        push_frame(&mut frames, TAG_ENTRY, &bytes);
+        push_frame(&mut frames, TAG_CHECKPOINT, checkpoint.to_text().as_bytes());
+        log.append(&frames, 0, Hash::default())?;
+        log.sync()?;
+        drop(log);
         let public = LedgerPublic {
             ledger_id,
             verifying_key: vk,
@@ -307,9 +358,18 @@ impl Ledger {
         Ok(public)
     }
 
-    /// Open an existing ledger for appending. Takes the store's exclusive lock; finishes
-    /// or discards a key rotation that a crash interrupted.
+    /// Open an existing ledger for appending. Takes the log's exclusive lock; finishes
+    /// or discards a key rotation that a crash interrupted; brings the index up to the
+    /// log; resumes in a new segment after a torn write. Refuses layout 1
+    /// ([`Error::OldLayout`]).
     pub fn open(dir: &Path) -> Result<Ledger> {
+        Ledger::open_with_segment_bytes(dir, DEFAULT_SEGMENT_BYTES)
+    }
+
+    /// [`Ledger::open`], closing a segment once a group would take it past
+    /// `segment_bytes` (tests use small segments to cross many boundaries).
+    pub fn open_with_segment_bytes(dir: &Path, segment_bytes: u64) -> Result<Ledger> {
+        segment::refuse_old_layout(dir)?;
         let pub_path = dir.join(files::PUBLIC);
         if !pub_path.exists() {
             return Err(Error::NotALedger(dir.to_path_buf()));
@@ -322,11 +382,17 @@ impl Ledger {
             seq: 0,
             why: format!("{}: {e}", config_path.display()),
         })?;
-        let store = Store::open(dir)?;
+        let lock = LogWriter::lock(dir)?;
+        let segments = list_segments(dir)?;
         let corrupt = |seq: u64, why: String| Error::Corrupt { seq, why };
-        let genesis_bytes = store
-            .entry(0)?
-            .ok_or_else(|| corrupt(0, "no genesis entry".into()))?;
+        let genesis_bytes = match LogReader::new(segments[..1].to_vec(), false, None)
+            .frames()
+            .next()
+        {
+            Some(Ok(Frame::Entry(b))) => b,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(corrupt(0, "no genesis entry".into())),
+        };
         let genesis = Entry::decode(&genesis_bytes).map_err(|e| corrupt(0, e.to_string()))?;
         let g = genesis
             .genesis()
@@ -334,16 +400,76 @@ impl Ledger {
         if genesis.header.ledger_id != ledger_id || g.verifying_key != public.verifying_key {
             return Err(corrupt(0, "genesis does not match ledger.pub".into()));
         }
-        let (last_seq, last_bytes) = store
-            .last_entry()?
-            .ok_or_else(|| corrupt(0, "empty store".into()))?;
-        let last = Entry::decode(&last_bytes).map_err(|e| corrupt(last_seq, e.to_string()))?;
-        if last.header.seq != last_seq {
+        // The last segment with a complete checkpoint holds the log's sealed end; any
+        // byte after it (a torn write, or segments holding only one) is never
+        // overwritten: the next write starts a new segment.
+        let mut sealed_at = None;
+        for (i, (_, path)) in segments.iter().enumerate().rev() {
+            let scan = segment::scan(path)?;
+            if scan.sealed {
+                sealed_at = Some((i, scan));
+                break;
+            }
+        }
+        let Some((sealed_index, sealed_scan)) = sealed_at else {
+            return Err(corrupt(0, "no segment holds a checkpoint".into()));
+        };
+        let last_number = segments[segments.len() - 1].0;
+        let mut resync = sealed_index + 1 < segments.len() || sealed_scan.unsealed() > 0;
+        let (mut last_bytes, mut cp_text) = (None, None);
+        for f in LogReader::new(vec![segments[sealed_index].clone()], false, None).frames() {
+            match f? {
+                Frame::Entry(b) => last_bytes = Some(b),
+                Frame::Checkpoint(t) => cp_text = Some(t),
+            }
+        }
+        let (Some(last_bytes), Some(cp_text)) = (last_bytes, cp_text) else {
+            return Err(corrupt(0, "the last sealed segment holds no entry".into()));
+        };
+        let last = Entry::decode(&last_bytes).map_err(|e| corrupt(0, e.to_string()))?;
+        let last_seq = last.header.seq;
+        let checkpoint =
+            Checkpoint::from_text(&cp_text).map_err(|e| corrupt(last_seq, e.to_string()))?;
+        if checkpoint.size != last_seq + 1 || checkpoint.head != last.hash() {
             return Err(corrupt(
                 last_seq,
-                "entry is stored under another seq".into(),
+                "the log's last checkpoint does not seal its last entry".into(),
             ));
         }
+        // Bring the index up to the log: replay the state frames after its mark.
+        let store = Store::open(dir)?;
+        let mark = store.mark()?;
+        let sealed_number = segments[sealed_index].0;
+        let mut new_number = last_number + 1;
+        if let Some((seg, off)) = mark {
+            if seg > sealed_number || (seg == sealed_number && off > sealed_scan.sealed_end) {
+                // The index holds state from log bytes that are gone (lost with a power
+                // failure, never acknowledged): state ahead of the log is safe (a budget
+                // is over-counted, never re-spendable); never write where it points.
+                resync = true;
+                new_number = new_number.max(seg + 1);
+            }
+        }
+        for item in LogReader::new(segments.clone(), false, mark) {
+            if let Item::State {
+                pairs,
+                segment,
+                end,
+            } = item?
+            {
+                let pairs = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice()));
+                store.apply_group(pairs, None, (segment, end))?;
+            }
+        }
+        let resume = if resync {
+            Resume::NewSegment { number: new_number }
+        } else {
+            Resume::Continue {
+                number: sealed_number,
+                len: sealed_scan.len,
+            }
+        };
+        let log = LogWriter::new(dir, lock, ledger_id, segment_bytes, resume)?;
         let epoch = last.header.epoch;
 
         let key_path = dir.join(files::WRITER_KEY);
@@ -366,11 +492,7 @@ impl Ledger {
                 ledger_epoch: epoch,
             });
         }
-        let (cp_size, cp_text) = store
-            .last_checkpoint()?
-            .ok_or_else(|| corrupt(0, "no checkpoint".into()))?;
-        let checkpoint =
-            Checkpoint::from_text(&cp_text).map_err(|e| corrupt(cp_size, e.to_string()))?;
+        let cp_size = checkpoint.size;
         if checkpoint.epoch == epoch && checkpoint.key_id != key_id(&secrets.verifying_key()) {
             return Err(corrupt(
                 cp_size,
@@ -391,8 +513,10 @@ impl Ledger {
             secrets,
             cipher,
             nonce_prefix: keys::random16(),
+            last_point: None,
         };
         let shared = Arc::new(Shared {
+            log,
             store,
             queue: Mutex::new(Queue {
                 pending: Vec::new(),
@@ -430,6 +554,162 @@ impl Ledger {
             ledger.threads.push(thread);
         }
         Ok(ledger)
+    }
+
+    /// The latest checkpoint in the log of the ledger in `dir`, read without opening it
+    /// for writing: no lock taken, no byte of the directory changed, and a writer (`tally
+    /// serve`) may keep appending meanwhile.
+    pub fn read_checkpoint(dir: &Path) -> Result<Checkpoint> {
+        let segments = list_segments(dir)?;
+        for (number, path) in segments.iter().rev() {
+            if !segment::scan(path)?.sealed {
+                continue;
+            }
+            let mut last = None;
+            for f in LogReader::new(vec![(*number, path.clone())], false, None).frames() {
+                if let Frame::Checkpoint(t) = f? {
+                    last = Some(t);
+                }
+            }
+            if let Some(text) = last {
+                return Checkpoint::from_text(&text).map_err(Error::from);
+            }
+        }
+        Err(Error::Corrupt {
+            seq: 0,
+            why: "no segment holds a checkpoint".into(),
+        })
+    }
+
+    /// A snapshot of the ledger in `dir` up to its latest checkpoint, read without
+    /// opening it for writing (see [`Ledger::read_checkpoint`]).
+    pub fn read_snapshot(dir: &Path) -> Result<Snapshot> {
+        let size = Ledger::read_checkpoint(dir)?.size;
+        Ok(Snapshot {
+            size,
+            frames: Some(list_segments(dir).map(|s| LogReader::new(s, false, None))),
+        })
+    }
+
+    /// Rebuild the sled index of the ledger in `dir` from its log: derived state from the
+    /// state frames, index points from the entries; values written outside commit groups
+    /// ([`Ledger::put_state_durable`]) are carried over from the old index when it still
+    /// opens. Takes the writer's lock ([`Error::Busy`] while a writer holds the ledger).
+    /// The new index is built beside the old one and then put in its place.
+    pub fn reindex(dir: &Path) -> Result<Reindexed> {
+        use crate::store::{remove_index, INDEX_DIR};
+        segment::refuse_old_layout(dir)?;
+        if !dir.join(files::PUBLIC).exists() {
+            return Err(Error::NotALedger(dir.to_path_buf()));
+        }
+        let _lock = LogWriter::lock(dir)?;
+        let segments = list_segments(dir)?;
+        let mut done = Reindexed {
+            segments: segments.len() as u64,
+            ..Reindexed::default()
+        };
+        let old_path = dir.join(INDEX_DIR);
+        let carried = if old_path.exists() {
+            match Store::open(dir).and_then(|s| s.put_pairs()) {
+                Ok(pairs) => pairs,
+                Err(e @ Error::Busy(_)) => return Err(e),
+                Err(_) => {
+                    done.old_index_unreadable = true;
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        let new_path = dir.join("index.new");
+        remove_index(&new_path)?;
+        let store = Store::open_at(dir, &new_path)?;
+        let mut reader = LogReader::new(segments, true, None);
+        let mut last_point: Option<(u64, u64)> = None;
+        let mut mark = None;
+        while let Some(item) = reader.next() {
+            let pos = reader.position();
+            match item? {
+                Item::Frame(Frame::Entry(bytes)) => {
+                    done.entries += 1;
+                    let Some((segment, end)) = pos else { continue };
+                    let offset = end - (segment::FRAME_PREFIX_LEN + bytes.len()) as u64;
+                    let due = match last_point {
+                        Some((s, o)) => s != segment || offset - o >= POINT_EVERY,
+                        None => true,
+                    };
+                    if due {
+                        let seq = Header::decode(&bytes)?.seq;
+                        store.apply_group(
+                            std::iter::empty(),
+                            Some(Point {
+                                seq,
+                                segment,
+                                offset,
+                            }),
+                            (segment, offset),
+                        )?;
+                        last_point = Some((segment, offset));
+                        done.points += 1;
+                    }
+                }
+                Item::Frame(Frame::Checkpoint(_)) => mark = pos,
+                Item::State {
+                    pairs,
+                    segment,
+                    end,
+                } => {
+                    let pairs = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice()));
+                    store.apply_group(pairs, None, (segment, end))?;
+                    done.state_frames += 1;
+                }
+                Item::Torn(_) => done.torn += 1,
+            }
+        }
+        if let Some(m) = mark {
+            store.apply_group(std::iter::empty(), None, m)?;
+        }
+        done.carried = carried.len() as u64;
+        store.put_durable(&carried)?;
+        drop(store);
+        let old = dir.join("index.old");
+        remove_index(&old)?;
+        if old_path.exists() {
+            fs::rename(&old_path, &old).map_err(|e| Error::io(&old_path, e))?;
+        }
+        fs::rename(&new_path, &old_path).map_err(|e| Error::io(&new_path, e))?;
+        sync_dir(dir)?;
+        remove_index(&old)?;
+        Ok(done)
+    }
+
+    /// The sealed entry at `seq`, found through the index (a sparse map from seqs to
+    /// log positions) and read from the log; `None` beyond the durable checkpoint. The
+    /// index only says where to start reading: the entry returned is the one whose header
+    /// carries `seq`.
+    pub fn entry(&self, seq: u64) -> Result<Option<Vec<u8>>> {
+        if seq >= self.checkpoint().size {
+            return Ok(None);
+        }
+        let start = self.shared.store.point(seq)?.map(|p| (p.segment, p.offset));
+        let segments = list_segments(&self.dir)?;
+        for found in [start, None] {
+            for f in LogReader::new(segments.clone(), false, found).frames() {
+                if let Frame::Entry(b) = f? {
+                    let at = Header::decode(&b)?.seq;
+                    if at == seq {
+                        return Ok(Some(b));
+                    }
+                    if at > seq {
+                        break;
+                    }
+                }
+            }
+            if found.is_none() {
+                break;
+            }
+        }
+        Ok(None)
     }
 
     /// The ledger's id.
@@ -479,8 +759,9 @@ impl Ledger {
     }
 
     /// [`Ledger::submit_prepared`], with derived state (the gate's counters) written in
-    /// the same atomic store batch as the decisions: after a crash the store holds both
-    /// or neither, so state is never behind the ledger. Keys live in their own namespace
+    /// the group's state frame, in the same log write and under the same `fdatasync` as
+    /// the decisions: after a crash the log holds both or neither, and opening replays
+    /// what the index missed, so state is never behind the ledger. Keys live in their own namespace
     /// ([`Ledger::state`] reads them back); a later write of a key replaces it.
     pub fn submit_with_state(
         &self,
@@ -574,8 +855,7 @@ impl Ledger {
         if let Some(why) = &lock(&self.shared.queue).poisoned {
             return Err(Error::Poisoned(why.clone()));
         }
-        self.shared.store.apply_with_state(&[], None, state)?;
-        self.shared.store.sync()
+        self.shared.store.put_durable(state)
     }
 
     /// The current key epoch.
@@ -588,9 +868,10 @@ impl Ledger {
     pub fn snapshot(&self) -> Snapshot {
         // Entries written after the durable checkpoint are skipped by the size bound.
         let size = self.checkpoint().size;
+        let frames = list_segments(&self.dir).map(|segments| LogReader::new(segments, false, None));
         Snapshot {
             size,
-            frames: self.shared.store.frames(),
+            frames: Some(frames),
         }
     }
 
@@ -603,7 +884,8 @@ impl Ledger {
 /// Frames of a ledger up to a checkpoint, read while the ledger keeps appending.
 pub struct Snapshot {
     size: u64,
-    frames: Frames,
+    /// The log reader, or why the log could not be listed (yielded once).
+    frames: Option<Result<LogReader>>,
 }
 
 impl Snapshot {
@@ -618,8 +900,18 @@ impl Iterator for Snapshot {
 
     fn next(&mut self) -> Option<Result<Frame>> {
         loop {
-            let frame = match self.frames.next()? {
-                Ok(f) => f,
+            let reader = match self.frames.as_mut()? {
+                Ok(r) => r,
+                Err(_) => {
+                    return match self.frames.take() {
+                        Some(Err(e)) => Some(Err(e)),
+                        _ => None,
+                    }
+                }
+            };
+            let frame = match reader.next()? {
+                Ok(Item::Frame(f)) => f,
+                Ok(_) => continue,
                 Err(e) => return Some(Err(e)),
             };
             match &frame {
@@ -651,7 +943,7 @@ fn refuse(replies: impl Iterator<Item = Reply>, first: Error, why: &str) {
 
 impl Drop for Ledger {
     /// Let the pipeline threads answer what is queued (appends submitted with
-    /// [`Ledger::submit_prepared`] may still be) and exit, so the store's lock is released
+    /// [`Ledger::submit_prepared`] may still be) and exit, so the log's lock is released
     /// when this returns.
     fn drop(&mut self) {
         lock(&self.shared.queue).closing = true;
@@ -659,7 +951,7 @@ impl Drop for Ledger {
         self.shared.to_sync.notify_all();
         // A reply callback may drop the last handle, on one of the pipeline threads. Then
         // join neither (each may wait for the other to finish the queue): they answer
-        // what is queued and exit on their own, and the store's lock goes with them.
+        // what is queued and exit on their own, and the log's lock goes with them.
         let me = std::thread::current().id();
         if self.threads.iter().any(|t| t.thread().id() == me) {
             return;
@@ -767,7 +1059,7 @@ impl Shared {
         let guard = RoleGuard(self, Role::Commit);
         let outcome = match poisoned {
             Some(why) => Err((Error::Poisoned(why), group)),
-            None => lock(&self.writer).apply(&self.store, group),
+            None => lock(&self.writer).apply(&self.log, &self.store, group),
         };
         std::mem::forget(guard);
         let mut queue = lock(&self.queue);
@@ -810,7 +1102,7 @@ impl Shared {
         let guard = RoleGuard(self, Role::Sync);
         let flushed = match poisoned {
             Some(why) => Err(Error::Poisoned(why)),
-            None => self.store.flush(),
+            None => Ok(()),
         };
         {
             // The committer may start the next group now, while the fsync runs.
@@ -818,7 +1110,7 @@ impl Shared {
             queue.flushing = false;
             self.wake_committer(&queue);
         }
-        let synced = flushed.and_then(|()| self.store.fsync());
+        let synced = flushed.and_then(|()| self.log.sync());
         // The replies go out without the queue's lock (they may read the ledger), but
         // still holding the sync role, so the next sync's replies cannot overtake them.
         let mut queue = lock(&self.queue);
@@ -883,14 +1175,15 @@ impl Drop for RoleGuard<'_> {
 }
 
 impl Writer {
-    /// Write one group to the store (not yet durable). On failure the group comes back
+    /// Write one group to the log (not yet durable). On failure the group comes back
     /// with the error, to be refused.
     fn apply(
         &mut self,
+        log: &LogWriter,
         store: &Store,
         group: Vec<Pending>,
     ) -> std::result::Result<Applied, (Error, Vec<Pending>)> {
-        match self.write_group(store, &group) {
+        match self.write_group(log, store, &group) {
             Ok((mut receipts, checkpoint)) => {
                 let mut replies = Vec::with_capacity(group.len());
                 for p in group.into_iter().rev() {
@@ -910,17 +1203,20 @@ impl Writer {
 
     fn write_group(
         &mut self,
+        log: &LogWriter,
         store: &Store,
         group: &[Pending],
     ) -> Result<(Vec<Receipt>, Checkpoint)> {
         let wall = now_ms().max(self.last_wall);
         let count: usize = group.iter().map(|p| p.plaintexts.len()).sum();
-        let mut entries: Vec<(u64, Vec<u8>)> = Vec::with_capacity(count + 1);
+        let (first_seq, prev_hash) = (self.next_seq, self.head);
+        let mut frames: Vec<u8> = Vec::with_capacity(count * 400 + 512);
         let due = self.next_seq - self.epoch_from_seq >= self.rotation.records
             || wall.saturating_sub(self.epoch_since_ms) >= self.rotation.ms;
         let rotated = group.iter().any(|p| p.rotate) || due;
         if rotated {
-            entries.push(self.rotate(wall)?);
+            let (_, bytes) = self.rotate(wall)?;
+            push_frame(&mut frames, TAG_ENTRY, &bytes);
         }
         let mut receipts = Vec::with_capacity(count);
         for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
@@ -943,21 +1239,38 @@ impl Writer {
                 seq,
                 hash: self.head,
             });
-            entries.push((seq, bytes));
+            push_frame(&mut frames, TAG_ENTRY, &bytes);
         }
         let checkpoint =
             self.secrets
                 .sign_checkpoint(self.ledger_id, self.next_seq, self.head, wall);
-        let state = group.iter().flat_map(|p| &p.state);
-        store.apply_with_state(
-            &entries,
-            Some((checkpoint.size, checkpoint.to_text().as_bytes())),
-            state,
-        )?;
+        // The group's last value of each key, in one state frame before the checkpoint.
+        let mut changed: BTreeMap<&[u8], &[u8]> = BTreeMap::new();
+        for (k, v) in group.iter().flat_map(|p| &p.state) {
+            changed.insert(k.as_slice(), v.as_slice());
+        }
+        if !changed.is_empty() {
+            let payload = segment::encode_state(changed.iter().map(|(k, v)| (*k, *v)));
+            push_frame(&mut frames, TAG_STATE, &payload);
+        }
+        push_frame(&mut frames, TAG_CHECKPOINT, checkpoint.to_text().as_bytes());
+        let placed = log.append(&frames, first_seq, prev_hash)?;
+        let point = match self.last_point {
+            Some((seg, off)) if seg == placed.segment && placed.offset - off < POINT_EVERY => None,
+            _ => Some(Point {
+                seq: first_seq,
+                segment: placed.segment,
+                offset: placed.offset,
+            }),
+        };
+        if let Some(p) = point {
+            self.last_point = Some((p.segment, p.offset));
+        }
+        store.apply_group(changed, point, (placed.segment, placed.end))?;
         self.last_wall = wall;
         if rotated {
             // The old key file may be replaced only once the certificate is durable.
-            store.sync()?;
+            log.sync()?;
             let key_path = self.dir.join(files::WRITER_KEY);
             fs::rename(self.dir.join(files::WRITER_KEY_NEXT), &key_path)
                 .map_err(|e| Error::io(&key_path, e))?;

@@ -2,7 +2,8 @@
 //! append API through which agents write budget-gate decisions.
 //!
 //! Data flows one way: [`Decision`] -> encrypted, hash-linked entry ([`format`]) ->
-//! [`store`] (sled, fsynced) -> [`export`] -> the offline verifier (`tally-verify`).
+//! [`segment`] (append-only log files, fdatasynced; [`store`] is sled, an index derived
+//! from them) -> [`export`] -> the offline verifier (`tally-verify`).
 //!
 //! * Every entry has a clear header (version, type, ledger id, seq, epoch, wall time,
 //!   previous hash, nonce) and a body. A decision's body is XChaCha20-Poly1305 ciphertext
@@ -23,6 +24,7 @@ pub mod export;
 pub mod format;
 pub mod keys;
 pub mod ledger;
+pub mod segment;
 pub mod store;
 
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};

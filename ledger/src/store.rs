@@ -1,38 +1,43 @@
-//! The embedded store: one sled tree holding entries and checkpoints.
+//! The index: a sled tree beside the log, holding only what can be derived again.
 //!
-//! Keys: `e` + seq of its first entry (u64 big-endian) -> a chunk of up to
-//! [`CHUNK_ENTRIES`] consecutive entries (closed early at [`CHUNK_BYTES`]), each as `len (u32 BE) | entry bytes`;
-//! `c` + size (u64 big-endian) -> checkpoint text; `s` + key -> derived state (the gate's
-//! counters), and `d` + n -> a chunk of derived state written in the batch of the
-//! decisions it follows from, until folded into `s` keys (see `Deltas`); never verified. Chunking keeps sled's per-key cost
-//! per chunk, not per decision. A commit group is one `apply_batch` (atomic in sled),
-//! so entries and the checkpoint that seals them land together or not at all.
+//! The record of truth is the log (`crate::segment`); sled keeps what a key-value store
+//! is good at, and nothing that verifies reads it:
 //!
-//! Durability: sled 0.34's `flush()` ends in `sync_file_range`, which neither flushes the
-//! drive's cache nor the file's metadata (sled issue #1452). After every flush we
-//! `fsync` the log file (`db`) ourselves; only then is a commit acknowledged.
+//! * `s` + key: the gate's derived state, as written by the state frames of the log
+//!   (replayed from the log on open, rebuilt by `tally reindex`);
+//! * `p` + key: state written outside any commit group ([`Store::put_durable`], an
+//!   operator's pause), the one thing here not derived from the log: made durable by
+//!   sled itself, and carried over by a reindex;
+//! * `o` + seq (u64 BE): a sparse index of the log, `segment (u64 BE) ‖ offset (u64 BE)`
+//!   of the frame of entry seq, every [`POINT_EVERY`] bytes of a segment;
+//! * `m`: `segment (u64 BE) ‖ offset (u64 BE)`, the log position through which the state
+//!   and index points above are applied, written in the same atomic sled batch as them.
+//!
+//! sled is never synced per commit group: its background flush writes it every second,
+//! and after a crash the writer replays the log's state frames after `m` (sled recovers a
+//! prefix of its batches, each whole or not at all, so `m` never runs ahead of what it
+//! holds).
+//!
+//! Durability of [`Store::put_durable`]: sled 0.34's `flush()` ends in
+//! `sync_file_range`, which neither flushes the drive's cache nor the file's metadata
+//! (sled issue #1452), so after its flush we `fsync` sled's log file (`db`) ourselves.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::error::{Error, Result};
-use crate::format::Frame;
 
-/// Most entries stored under one sled key.
-pub const CHUNK_ENTRIES: usize = 16;
-/// A chunk closes once it reaches this many bytes. sled splits a leaf above 16 items and
-/// writes any node over 128 KiB to a separate blob file; 16 chunks of at most ~6 KiB keep
-/// ordinary leaves inline in its log.
-pub const CHUNK_BYTES: usize = 6 * 1024;
+/// The index's directory inside a ledger directory.
+pub const INDEX_DIR: &str = "index";
+/// An index point is written once a segment has grown this many bytes past the last.
+pub const POINT_EVERY: u64 = 64 * 1024;
 
-const ENTRY_PREFIX: u8 = b'e';
-const CHECKPOINT_PREFIX: u8 = b'c';
-/// Derived state (the gate's counters), never part of the chain: nothing verifies it.
 const STATE_PREFIX: u8 = b's';
-/// Derived state written since the last fold, one chunk per batch (see [`Deltas`]).
-const DELTA_PREFIX: u8 = b'd';
+const PUT_PREFIX: u8 = b'p';
+const POINT_PREFIX: u8 = b'o';
+const MARK_KEY: &[u8] = b"m";
 
 fn key(prefix: u8, n: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
@@ -41,88 +46,73 @@ fn key(prefix: u8, n: u64) -> [u8; 9] {
     k
 }
 
+fn two_u64(a: u64, b: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&a.to_be_bytes());
+    v[8..].copy_from_slice(&b.to_be_bytes());
+    v
+}
+
+fn decode_two(v: &[u8], what: &str) -> Result<(u64, u64)> {
+    if v.len() != 16 {
+        return Err(Error::Store(format!(
+            "malformed {what} of {} bytes",
+            v.len()
+        )));
+    }
+    let mut a = [0u8; 8];
+    let mut b = [0u8; 8];
+    a.copy_from_slice(&v[..8]);
+    b.copy_from_slice(&v[8..]);
+    Ok((u64::from_be_bytes(a), u64::from_be_bytes(b)))
+}
+
+fn prefixed(prefix: u8, k: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(k.len() + 1);
+    key.push(prefix);
+    key.extend_from_slice(k);
+    key
+}
+
 fn store_err(e: sled::Error) -> Error {
     Error::Store(e.to_string())
 }
 
-/// An open sled store. Holds sled's exclusive lock while open.
+/// An index point: where the frame of entry `seq` starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Point {
+    /// The entry's seq.
+    pub seq: u64,
+    /// Its segment.
+    pub segment: u64,
+    /// The offset of its frame.
+    pub offset: u64,
+}
+
+/// The open index. Holds sled's exclusive lock while open.
 pub struct Store {
     db: sled::Db,
     path: PathBuf,
     log: File,
     /// Blob files already fsynced: sled writes large nodes to `blobs/` without syncing
-    /// them, so each new one is synced once, at the commit that follows it.
+    /// them, so each new one is synced once, at the durable write that follows it.
     synced_blobs: Mutex<HashSet<std::ffi::OsString>>,
-    /// Serializes fsyncs, and remembers the first that failed. Linux reports a writeback
-    /// error to one fsync only: had two threads fsync the same file, the one that did not
-    /// see the error could take data it never wrote for durable. So once any fsync has
-    /// failed, every later one fails too.
+    /// Serializes fsyncs, and remembers the first that failed (see `LogWriter::sync`).
     fsync_failed: Mutex<Option<String>>,
-    /// Derived state changed since the last fold (see [`Deltas`]).
-    deltas: Mutex<Deltas>,
-}
-
-/// Derived state is written as one delta chunk per batch (`d` + chunk number), in the
-/// batch of the decisions it follows from: one sled insert per commit group however many
-/// keys changed. Every so often the chunks are folded into one value per key (`s` +
-/// key) and removed, in one atomic batch. A reader looks in the unfolded latest values
-/// first. After a crash, sled recovers a prefix of the batches; opening reads whatever
-/// chunks remain.
-#[derive(Default)]
-struct Deltas {
-    /// The latest value of each key written since the last fold.
-    latest: BTreeMap<Vec<u8>, Vec<u8>>,
-    /// The chunks that hold them.
-    chunks: Vec<u64>,
-    /// The next chunk's number.
-    next: u64,
-}
-
-/// Fold after this many chunks...
-const FOLD_CHUNKS: usize = 256;
-/// ...or this many distinct keys.
-const FOLD_KEYS: usize = 4096;
-
-fn encode_delta<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (k, v) in pairs {
-        out.extend_from_slice(&(k.len() as u32).to_be_bytes());
-        out.extend_from_slice(k);
-        out.extend_from_slice(&(v.len() as u32).to_be_bytes());
-        out.extend_from_slice(v);
-    }
-    out
-}
-
-fn decode_delta(n: u64, mut chunk: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let bad = || Error::Store(format!("malformed state delta chunk {n}"));
-    let take = |chunk: &mut &[u8]| -> Result<Vec<u8>> {
-        let len: [u8; 4] = chunk
-            .get(..4)
-            .ok_or_else(bad)?
-            .try_into()
-            .map_err(|_| bad())?;
-        let len = u32::from_be_bytes(len) as usize;
-        let bytes = chunk.get(4..4 + len).ok_or_else(bad)?.to_vec();
-        *chunk = &chunk[4 + len..];
-        Ok(bytes)
-    };
-    let mut out = Vec::new();
-    while !chunk.is_empty() {
-        let k = take(&mut chunk)?;
-        let v = take(&mut chunk)?;
-        out.push((k, v));
-    }
-    Ok(out)
 }
 
 impl Store {
-    /// Open (or create) the store under `dir/store`.
+    /// Open (or create) the index under `DIR/index`.
     pub fn open(dir: &Path) -> Result<Store> {
-        let path = dir.join("store");
+        Store::open_at(dir, &dir.join(INDEX_DIR))
+    }
+
+    /// Open (or create) an index at `path` (for a reindex building a fresh one).
+    pub fn open_at(dir: &Path, path: &Path) -> Result<Store> {
+        let path = path.to_path_buf();
         let config = sled::Config::new()
             .path(&path)
-            .flush_every_ms(None)
+            .flush_every_ms(Some(1000))
             .mode(sled::Mode::HighThroughput);
         // sled's lock outlives a dropped handle for a moment (its threads let go late), so
         // a reopen in the same process retries briefly before calling the store busy.
@@ -146,119 +136,87 @@ impl Store {
         };
         let log_path = path.join("db");
         let log = File::open(&log_path).map_err(|e| Error::io(&log_path, e))?;
-        let mut deltas = Deltas::default();
-        for kv in db.scan_prefix([DELTA_PREFIX]) {
-            let (k, v) = kv.map_err(store_err)?;
-            let n = decode_key(&k)?;
-            for (key, value) in decode_delta(n, &v)? {
-                deltas.latest.insert(key, value);
-            }
-            deltas.chunks.push(n);
-            deltas.next = n + 1;
-        }
         Ok(Store {
             db,
             path,
             log,
             synced_blobs: Mutex::new(HashSet::new()),
             fsync_failed: Mutex::new(None),
-            deltas: Mutex::new(deltas),
         })
     }
 
-    /// Commit consecutive entries (with their seqs) and a checkpoint atomically and durably.
-    pub fn commit(
+    /// Apply one commit group's derived state and index point, and move the mark to
+    /// `mark` (segment, offset just past the group), in one atomic sled batch. Not
+    /// durable by itself: the log is, and the group is replayed from it after a crash.
+    pub fn apply_group<'a>(
         &self,
-        entries: &[(u64, Vec<u8>)],
-        checkpoint: Option<(u64, &[u8])>,
+        state: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+        point: Option<Point>,
+        mark: (u64, u64),
     ) -> Result<()> {
-        self.apply(entries, checkpoint)?;
+        let mut batch = sled::Batch::default();
+        for (k, v) in state {
+            batch.insert(prefixed(STATE_PREFIX, k), v);
+        }
+        if let Some(p) = point {
+            batch.insert(&key(POINT_PREFIX, p.seq), &two_u64(p.segment, p.offset));
+        }
+        batch.insert(MARK_KEY, &two_u64(mark.0, mark.1));
+        self.db.apply_batch(batch).map_err(store_err)
+    }
+
+    /// The log position through which state and index points are applied.
+    pub fn mark(&self) -> Result<Option<(u64, u64)>> {
+        match self.db.get(MARK_KEY).map_err(store_err)? {
+            None => Ok(None),
+            Some(v) => decode_two(&v, "index mark").map(Some),
+        }
+    }
+
+    /// Write state values that no decision carries (an operator's pause) and make them
+    /// durable before returning: sled's flush, then an fsync of its log.
+    pub fn put_durable(&self, state: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        for (k, v) in state {
+            batch.insert(prefixed(PUT_PREFIX, k), v.as_slice());
+        }
+        self.db.apply_batch(batch).map_err(store_err)?;
         self.sync()
     }
 
-    /// Write consecutive entries (with their seqs) and a checkpoint in one atomic batch,
-    /// without waiting for durability: a later [`Store::sync`] makes it durable together
-    /// with everything applied before that call. After a crash, sled recovers a prefix of
-    /// the batches applied, each whole or not at all.
-    pub fn apply(
-        &self,
-        entries: &[(u64, Vec<u8>)],
-        checkpoint: Option<(u64, &[u8])>,
-    ) -> Result<()> {
-        self.apply_with_state(entries, checkpoint, std::iter::empty())
+    /// Every pair written with [`Store::put_durable`], as written (a reindex carries them
+    /// into the new index).
+    pub fn put_pairs(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.db
+            .scan_prefix([PUT_PREFIX])
+            .map(|kv| {
+                let (k, v) = kv.map_err(store_err)?;
+                Ok((k[1..].to_vec(), v.to_vec()))
+            })
+            .collect()
     }
 
-    /// [`Store::apply`], with derived state values (key, value) in the same atomic
-    /// batch, as one delta chunk; later values of one key replace earlier ones.
-    pub fn apply_with_state<'a>(
-        &self,
-        entries: &[(u64, Vec<u8>)],
-        checkpoint: Option<(u64, &[u8])>,
-        state: impl IntoIterator<Item = &'a (Vec<u8>, Vec<u8>)>,
-    ) -> Result<()> {
-        let mut batch = sled::Batch::default();
-        // The group's last value of each key.
-        let mut changed: BTreeMap<&[u8], &[u8]> = BTreeMap::new();
-        for (k, v) in state {
-            changed.insert(k.as_slice(), v.as_slice());
-        }
-        // Held across the batch, so chunks are numbered in the order they are applied.
-        let mut deltas = self.deltas.lock().unwrap_or_else(|e| e.into_inner());
-        let chunk = deltas.next;
-        if !changed.is_empty() {
-            let value = encode_delta(changed.iter().map(|(k, v)| (*k, *v)));
-            batch.insert(&key(DELTA_PREFIX, chunk), value);
-        }
-        let mut value: Vec<u8> = Vec::new();
-        let (mut first, mut count) = (0, 0);
-        for (seq, bytes) in entries {
-            if count == 0 {
-                first = *seq;
-            }
-            value.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-            value.extend_from_slice(bytes);
-            count += 1;
-            if count == CHUNK_ENTRIES || value.len() >= CHUNK_BYTES {
-                batch.insert(&key(ENTRY_PREFIX, first), std::mem::take(&mut value));
-                count = 0;
-            }
-        }
-        if count > 0 {
-            batch.insert(&key(ENTRY_PREFIX, first), value);
-        }
-        if let Some((size, text)) = checkpoint {
-            batch.insert(&key(CHECKPOINT_PREFIX, size), text);
-        }
-        self.db.apply_batch(batch).map_err(store_err)?;
-        if !changed.is_empty() {
-            deltas.chunks.push(chunk);
-            deltas.next = chunk + 1;
-            for (k, v) in changed {
-                deltas.latest.insert(k.to_vec(), v.to_vec());
-            }
-            if deltas.chunks.len() >= FOLD_CHUNKS || deltas.latest.len() >= FOLD_KEYS {
-                self.fold(&mut deltas)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Write each key's latest value in its own place and remove the chunks, atomically.
-    fn fold(&self, deltas: &mut Deltas) -> Result<()> {
-        let mut batch = sled::Batch::default();
-        for (k, v) in &deltas.latest {
-            let mut key = Vec::with_capacity(k.len() + 1);
-            key.push(STATE_PREFIX);
-            key.extend_from_slice(k);
-            batch.insert(key, v.as_slice());
-        }
-        for n in &deltas.chunks {
-            batch.remove(&key(DELTA_PREFIX, *n));
-        }
-        self.db.apply_batch(batch).map_err(store_err)?;
-        deltas.latest.clear();
-        deltas.chunks.clear();
-        Ok(())
+    /// The last index point at or before `seq`.
+    pub fn point(&self, seq: u64) -> Result<Option<Point>> {
+        let Some(kv) = self
+            .db
+            .range(key(POINT_PREFIX, 0)..=key(POINT_PREFIX, seq))
+            .next_back()
+        else {
+            return Ok(None);
+        };
+        let (k, v) = kv.map_err(store_err)?;
+        let mut n = [0u8; 8];
+        n.copy_from_slice(
+            k.get(1..9)
+                .ok_or_else(|| Error::Store("malformed index key".into()))?,
+        );
+        let (segment, offset) = decode_two(&v, "index point")?;
+        Ok(Some(Point {
+            seq: u64::from_be_bytes(n),
+            segment,
+            offset,
+        }))
     }
 
     /// Flush sled and fsync its log file: after this returns, everything applied before
@@ -333,21 +291,15 @@ impl Store {
     }
 
     /// Every state value whose key (without the store's prefix) starts with `prefix`,
-    /// in key order.
+    /// in key order: derived state and state written with [`Store::put_durable`] (the
+    /// two never share a key).
     pub fn state(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut p = vec![STATE_PREFIX];
-        p.extend_from_slice(prefix);
         let mut all = BTreeMap::new();
-        for kv in self.db.scan_prefix(p) {
-            let (k, v) = kv.map_err(store_err)?;
-            all.insert(k[1..].to_vec(), v.to_vec());
-        }
-        let deltas = self.deltas.lock().unwrap_or_else(|e| e.into_inner());
-        for (k, v) in deltas.latest.range(prefix.to_vec()..) {
-            if !k.starts_with(prefix) {
-                break;
+        for p in [PUT_PREFIX, STATE_PREFIX] {
+            for kv in self.db.scan_prefix(prefixed(p, prefix)) {
+                let (k, v) = kv.map_err(store_err)?;
+                all.insert(k[1..].to_vec(), v.to_vec());
             }
-            all.insert(k.clone(), v.clone());
         }
         Ok(all.into_iter().collect())
     }
@@ -355,210 +307,25 @@ impl Store {
     /// The state value under exactly `key` (without the store's prefix).
     pub fn state_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         if let Some(v) = self
-            .deltas
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .latest
-            .get(key)
-        {
-            return Ok(Some(v.clone()));
-        }
-        let mut k = vec![STATE_PREFIX];
-        k.extend_from_slice(key);
-        Ok(self.db.get(k).map_err(store_err)?.map(|v| v.to_vec()))
-    }
-
-    /// The entry at `seq`.
-    pub fn entry(&self, seq: u64) -> Result<Option<Vec<u8>>> {
-        let Some(kv) = self
             .db
-            .range(key(ENTRY_PREFIX, 0)..=key(ENTRY_PREFIX, seq))
-            .next_back()
-        else {
-            return Ok(None);
-        };
-        let (k, v) = kv.map_err(store_err)?;
-        let first = decode_key(&k)?;
-        let mut entries = split_chunk(first, &v)?;
-        let index = (seq - first) as usize;
-        Ok((index < entries.len()).then(|| entries.swap_remove(index)))
-    }
-
-    /// The last entry: (seq, bytes).
-    pub fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>> {
-        match self.last(ENTRY_PREFIX)? {
-            None => Ok(None),
-            Some((first, chunk)) => {
-                let mut entries = split_chunk(first, &chunk)?;
-                let n = entries.len() as u64;
-                Ok(entries.pop().map(|e| (first + n - 1, e)))
-            }
+            .get(prefixed(STATE_PREFIX, key))
+            .map_err(store_err)?
+        {
+            return Ok(Some(v.to_vec()));
         }
-    }
-
-    /// The last checkpoint: (size, text).
-    pub fn last_checkpoint(&self) -> Result<Option<(u64, Vec<u8>)>> {
-        self.last(CHECKPOINT_PREFIX)
-    }
-
-    fn last(&self, prefix: u8) -> Result<Option<(u64, Vec<u8>)>> {
-        match self.db.scan_prefix([prefix]).next_back() {
-            None => Ok(None),
-            Some(kv) => {
-                let (k, v) = kv.map_err(store_err)?;
-                Ok(Some((decode_key(&k)?, v.to_vec())))
-            }
-        }
-    }
-
-    /// Every entry and checkpoint in order (see [`Frame`]). A checkpoint comes right after
-    /// the entry it seals; one whose size is beyond the last entry comes at the end.
-    pub fn frames(&self) -> Frames {
-        Frames {
-            entries: self.db.scan_prefix([ENTRY_PREFIX]),
-            checkpoints: self.db.scan_prefix([CHECKPOINT_PREFIX]),
-            chunk: VecDeque::new(),
-            next_entry: None,
-            next_checkpoint: None,
-            failed: false,
-        }
+        Ok(self
+            .db
+            .get(prefixed(PUT_PREFIX, key))
+            .map_err(store_err)?
+            .map(|v| v.to_vec()))
     }
 }
 
-/// Split a stored chunk into its entries; a malformed chunk is a store error naming its seq.
-fn split_chunk(first: u64, mut chunk: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let mut out = Vec::new();
-    while !chunk.is_empty() {
-        let bad = || Error::Store(format!("malformed chunk of entries from seq {first}"));
-        let len_bytes: [u8; 4] = chunk
-            .get(..4)
-            .ok_or_else(bad)?
-            .try_into()
-            .map_err(|_| bad())?;
-        let len = u32::from_be_bytes(len_bytes) as usize;
-        let entry = chunk.get(4..4 + len).ok_or_else(bad)?;
-        out.push(entry.to_vec());
-        chunk = &chunk[4 + len..];
+/// Remove an index directory (a reindex replacing it).
+pub fn remove_index(path: &Path) -> Result<()> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(path, e)),
     }
-    if out.is_empty() || out.len() > CHUNK_ENTRIES {
-        return Err(Error::Store(format!(
-            "chunk from seq {first} holds {} entries",
-            out.len()
-        )));
-    }
-    Ok(out)
-}
-
-fn decode_key(k: &[u8]) -> Result<u64> {
-    if k.len() != 9 {
-        return Err(Error::Store(format!(
-            "malformed store key of {} bytes",
-            k.len()
-        )));
-    }
-    let mut n = [0u8; 8];
-    n.copy_from_slice(&k[1..]);
-    Ok(u64::from_be_bytes(n))
-}
-
-/// Iterator over a store's content in frame order.
-pub struct Frames {
-    entries: sled::Iter,
-    checkpoints: sled::Iter,
-    chunk: VecDeque<(u64, Vec<u8>)>,
-    next_entry: Option<(u64, Vec<u8>)>,
-    next_checkpoint: Option<(u64, Vec<u8>)>,
-    failed: bool,
-}
-
-impl Frames {
-    fn pull_entry(&mut self) -> Result<()> {
-        if self.next_entry.is_none() {
-            if self.chunk.is_empty() {
-                if let Some(kv) = self.entries.next() {
-                    let (k, v) = kv.map_err(store_err)?;
-                    let first = decode_key(&k)?;
-                    self.chunk = (first..).zip(split_chunk(first, &v)?).collect();
-                }
-            }
-            self.next_entry = self.chunk.pop_front();
-        }
-        Ok(())
-    }
-
-    fn pull_checkpoint(&mut self) -> Result<()> {
-        if self.next_checkpoint.is_none() {
-            if let Some(kv) = self.checkpoints.next() {
-                let (k, v) = kv.map_err(store_err)?;
-                self.next_checkpoint = Some((decode_key(&k)?, v.to_vec()));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Iterator for Frames {
-    type Item = Result<Frame>;
-
-    fn next(&mut self) -> Option<Result<Frame>> {
-        if self.failed {
-            return None;
-        }
-        let pulled = self.pull_entry().and_then(|_| self.pull_checkpoint());
-        if let Err(e) = pulled {
-            self.failed = true;
-            return Some(Err(e));
-        }
-        // A checkpoint of size s goes after entry s-1, i.e. before any entry with seq >= s.
-        let take_checkpoint = match (&self.next_entry, &self.next_checkpoint) {
-            (_, None) => false,
-            (None, Some(_)) => true,
-            (Some((seq, _)), Some((size, _))) => size <= seq,
-        };
-        if take_checkpoint {
-            self.next_checkpoint
-                .take()
-                .map(|(_, v)| Ok(Frame::Checkpoint(v)))
-        } else {
-            self.next_entry.take().map(|(_, v)| Ok(Frame::Entry(v)))
-        }
-    }
-}
-
-/// Open a copy of the store in `dir` for reading. sled has no read-only mode and writes on
-/// open, so the auditor's copy is never opened itself: its `store/` is copied into
-/// `scratch` (which must be empty) and that copy is opened.
-pub fn open_copy(dir: &Path, scratch: &Path) -> Result<Store> {
-    let src = dir.join("store");
-    let db = src.join("db");
-    if !db.is_file() {
-        return Err(Error::NotALedger(dir.to_path_buf()));
-    }
-    // sled holds an exclusive flock on `db` while a writer has the store open. A shared
-    // lock here refuses a live store (its copy could be torn) and keeps a writer from
-    // opening it while we copy.
-    let guard = File::open(&db).map_err(|e| Error::io(&db, e))?;
-    match guard.try_lock_shared() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Busy(dir.to_path_buf())),
-        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&db, e)),
-    }
-    copy_dir(&src, &scratch.join("store"))?;
-    drop(guard);
-    Store::open(scratch)
-}
-
-fn copy_dir(from: &Path, to: &Path) -> Result<()> {
-    fs::create_dir_all(to).map_err(|e| Error::io(to, e))?;
-    for item in fs::read_dir(from).map_err(|e| Error::io(from, e))? {
-        let item = item.map_err(|e| Error::io(from, e))?;
-        let (src, dst) = (item.path(), to.join(item.file_name()));
-        let ty = item.file_type().map_err(|e| Error::io(&src, e))?;
-        if ty.is_dir() {
-            copy_dir(&src, &dst)?;
-        } else if ty.is_file() {
-            fs::copy(&src, &dst).map_err(|e| Error::io(&src, e))?;
-        }
-    }
-    Ok(())
 }

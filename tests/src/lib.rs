@@ -14,7 +14,6 @@ use tally_ledger::export::{ExportError, ExportWriter};
 use tally_ledger::format::{entry_hash, Hash, Header, LedgerId};
 use tally_ledger::keys::{verify_signature, AuditorKey, EpochSecrets, LedgerPublic};
 use tally_ledger::ledger::files;
-use tally_ledger::store::{open_copy, Store};
 use tally_ledger::{Checkpoint, Decision, Error, Frame, Ledger, Rotation};
 use tally_verify::{Event, FindingKind, Options, Report, SourceError, Verdict};
 use tempfile::TempDir;
@@ -242,10 +241,14 @@ pub fn open_ledger(dir: &Path) -> Ledger {
     retry_lock(|| Ledger::open(dir))
 }
 
-/// `store::open_copy` of a closed ledger, waiting while the lock of its just-closed
-/// handle lingers.
-pub fn open_store_copy(dir: &Path, scratch: &Path) -> Store {
-    retry_lock(|| open_copy(dir, scratch))
+/// The frames of the ledger directory `dir` read from its log in place, as `tally
+/// verify DIR` reads them (entries and checkpoints; torn writes left out).
+pub fn log_frames(dir: &Path) -> Vec<Frame> {
+    tally_ledger::segment::LogReader::open(dir)
+        .expect("log")
+        .frames()
+        .map(|f| f.expect("log frame"))
+        .collect()
 }
 
 fn retry_lock<T>(mut open: impl FnMut() -> tally_ledger::Result<T>) -> T {

@@ -343,18 +343,19 @@ fn a_flipped_genesis_recipient_is_reported_as_tampering() {
 }
 
 /// Issue 11 item 5: a damaged store is a finding (exit 1), not "Read corrupted data"
-/// with exit 2.
+/// with exit 2. In layout 2: a segment whose header is damaged.
 #[test]
 fn a_damaged_store_is_a_finding() {
     let cli = Cli::new(&clean_run("r"));
-    let db = cli.path("L").join("store").join("db");
-    let mut bytes = std::fs::read(&db).expect("sled log");
-    let used = bytes.iter().rposition(|&b| b != 0).expect("a log") + 1;
-    // Early in the log: sled cannot recover an older state from before the damage.
-    for b in &mut bytes[used / 10..used / 10 + 8] {
+    let seg = cli
+        .path("L")
+        .join(tally_ledger::segment::LOG_DIR)
+        .join(tally_ledger::segment::segment_name(0));
+    let mut bytes = std::fs::read(&seg).expect("segment");
+    for b in &mut bytes[..8] {
         *b ^= 0xff;
     }
-    std::fs::write(&db, &bytes).expect("write damaged log");
+    std::fs::write(&seg, &bytes).expect("write damaged segment");
     let out = cli.run(&["verify", "L", "--key", "L/ledger.pub"]);
     let stdout = text(&out.stdout);
     assert_eq!(code(&out), 1, "{stdout}{}", text(&out.stderr));

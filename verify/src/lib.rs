@@ -19,5 +19,5 @@ pub mod walk;
 
 pub use event::Event;
 pub use finding::{Finding, FindingKind, Hashes};
-pub use report::{AnchorStatus, Report, Tail, Verdict};
+pub use report::{AnchorStatus, Report, Tail, TornWrite, Verdict};
 pub use walk::{verify, Options, SourceError};

@@ -149,6 +149,23 @@ pub struct Report {
     pub findings_omitted: u64,
     /// How the ledger ends.
     pub tail: Tail,
+    /// Writes a crash tore in the log's segments (read from a ledger directory): bytes
+    /// after a segment's last checkpoint, never sealed, kept in place; the log resumes
+    /// after them. They hold nothing the chain needs, so they leave the verdict alone.
+    pub torn_writes: Vec<TornWrite>,
+}
+
+/// Bytes of a log segment after its last complete checkpoint (docs/FORMAT.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TornWrite {
+    /// The segment's number (its file is `log/<20 digits>.seg`).
+    pub segment: u64,
+    /// Where the unsealed bytes start in it.
+    pub offset: u64,
+    /// How many bytes there are.
+    pub bytes: u64,
+    /// The seq the log resumes at after them.
+    pub before_seq: u64,
 }
 
 impl Report {
@@ -305,6 +322,13 @@ impl Report {
                 a.size,
                 &a.head[..16],
                 a.status
+            );
+        }
+        for t in &self.torn_writes {
+            let _ = writeln!(
+                out,
+                "  torn write  segment {} at byte {}: {} bytes after its last checkpoint, never sealed (a crash during a write; kept in place, the log resumes at seq {})",
+                t.segment, t.offset, t.bytes, t.before_seq
             );
         }
         if self.require_anchor && self.anchors.is_empty() {

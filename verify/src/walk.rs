@@ -18,7 +18,7 @@ use tally_ledger::{Checkpoint, Decision, Frame, LedgerId};
 
 use crate::event::Event;
 use crate::finding::{Finding, FindingKind, Hashes};
-use crate::report::{AnchorResult, AnchorStatus, KeyMismatch, Report, Tail};
+use crate::report::{AnchorResult, AnchorStatus, KeyMismatch, Report, Tail, TornWrite};
 
 /// Where frames come from failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,6 +30,18 @@ pub enum SourceError {
     /// The store could not be read.
     #[error("store: {0}")]
     Store(String),
+    /// A log segment's bytes after its last complete checkpoint: a write that a crash
+    /// tore (never sealed, so never acknowledged). Not an error of the chain: the log
+    /// resumes in the next segment, and the walk goes on.
+    #[error("torn write in segment {segment} at byte {offset} ({len} bytes)")]
+    TornWrite {
+        /// The segment's number.
+        segment: u64,
+        /// Where the unsealed bytes start.
+        offset: u64,
+        /// How many there are.
+        len: u64,
+    },
     /// A frame claims more bytes than the export holds, yet the export ends with its end
     /// marker: the frame's length was altered (a cut copy never keeps its end marker).
     #[error("frame at byte {offset} claims {missing} bytes past the export's end marker")]
@@ -58,6 +70,28 @@ pub fn export_frames<R: Read>(
             Err(SourceError::FrameOverrunsEnd { offset, missing })
         }
         f => f.map_err(SourceError::from),
+    }))
+}
+
+/// The frames of the ledger directory `dir`, read from its log segments in place: no
+/// lock taken, no byte written, while a writer may keep appending (each segment is read
+/// up to its last complete checkpoint). Torn writes come as [`SourceError::TornWrite`];
+/// a segment that does not read as one comes as [`SourceError::Store`]. Fails up front
+/// when `dir` holds no log (or one in the old layout, [`tally_ledger::Error::OldLayout`]).
+pub fn ledger_frames(
+    dir: &std::path::Path,
+) -> Result<impl Iterator<Item = Result<Frame, SourceError>>, tally_ledger::Error> {
+    use tally_ledger::segment::{Item, LogReader};
+    let reader = LogReader::open(dir)?;
+    Ok(reader.filter_map(|item| match item {
+        Ok(Item::Frame(f)) => Some(Ok(f)),
+        Ok(Item::State { .. }) => None,
+        Ok(Item::Torn(t)) => Some(Err(SourceError::TornWrite {
+            segment: t.segment,
+            offset: t.offset,
+            len: t.len,
+        })),
+        Err(e) => Some(Err(SourceError::Store(e.to_string()))),
     }))
 }
 
@@ -195,6 +229,7 @@ struct Walk<'a> {
     duplicates_here: u64,
     duplicate: Option<usize>,
     tail: Tail,
+    torn_writes: Vec<TornWrite>,
 }
 
 /// Verify a ledger from its frames. `sink` receives every decrypted, valid decision in
@@ -268,6 +303,7 @@ pub fn verify(
             duplicates_here: 0,
             duplicate: None,
             tail: Tail::Complete,
+            torn_writes: Vec::new(),
         };
         for frame in frames {
             match frame {
@@ -301,6 +337,16 @@ pub fn verify(
                     w.find(FindingKind::ExportMalformed, w.position, e.to_string())
                 }
                 Err(SourceError::Store(e)) => w.find(FindingKind::StoreError, w.position, e),
+                Err(SourceError::TornWrite {
+                    segment,
+                    offset,
+                    len,
+                }) => w.torn_writes.push(TornWrite {
+                    segment,
+                    offset,
+                    bytes: len,
+                    before_seq: w.position,
+                }),
             }
         }
         w.flush(&mut sink);
@@ -865,6 +911,7 @@ impl Walk<'_> {
             findings: self.findings,
             findings_omitted: self.omitted,
             tail,
+            torn_writes: self.torn_writes,
         }
     }
 }

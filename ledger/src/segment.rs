@@ -1,0 +1,816 @@
+//! The log: append-only segment files holding the exact entry and checkpoint bytes.
+//!
+//! A ledger's record of truth is `DIR/log/`, a numbered series of segment files
+//! (`docs/FORMAT.md`, "Log segments"). A segment starts with an 80-byte header and then
+//! holds frames `tag (u8) ‖ len (u32 BE) ‖ payload`: entries (tag 1), checkpoints (tag 2,
+//! sealing the entries before them) and the gate's derived state (tag 3, never hashed,
+//! never verified). One commit group is one `write` of its frames (entries, state,
+//! checkpoint last) and one `fdatasync`.
+//!
+//! No byte of a segment is ever rewritten or truncated. After a crash, the bytes after a
+//! segment's last complete checkpoint frame are a *torn write*: they stay where they are,
+//! readers report them ([`Item::Torn`]), and the writer resumes in a new segment (the
+//! resynchronisation point), so every earlier byte is kept.
+//!
+//! Readers ([`LogReader`]) open segments read-only and take no lock that writes: they
+//! read each segment up to its last complete checkpoint while a writer keeps appending.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, FormatError, Result};
+use crate::format::{Frame, Hash, LedgerId, HEADER_LEN, MAX_BODY_LEN};
+
+/// The log's directory inside a ledger directory.
+pub const LOG_DIR: &str = "log";
+/// The sled directory of layout 1, which held the entries themselves.
+pub const OLD_STORE_DIR: &str = "store";
+/// Segment file magic (16 bytes); the `2` is the ledger layout version.
+pub const SEGMENT_MAGIC: &[u8; 16] = b"tally segment 2\n";
+/// Length of a segment header.
+pub const SEGMENT_HEADER_LEN: usize = 80;
+/// Length of a frame's tag and length prefix.
+pub const FRAME_PREFIX_LEN: usize = 5;
+/// Frame tag of an entry (the same tag as in an export).
+pub const TAG_ENTRY: u8 = 1;
+/// Frame tag of a checkpoint's text.
+pub const TAG_CHECKPOINT: u8 = 2;
+/// Frame tag of derived state (the gate's counters): never hashed, never verified.
+pub const TAG_STATE: u8 = 3;
+/// Largest checkpoint frame payload.
+pub const MAX_CHECKPOINT_LEN: usize = 1024;
+/// Largest state frame payload.
+pub const MAX_STATE_LEN: usize = 64 << 20;
+/// A segment is closed once a group would take it past this many bytes (a group larger
+/// than this still goes whole into a fresh segment).
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// The file name of segment `number`: 20 decimal digits and `.seg`.
+pub fn segment_name(number: u64) -> String {
+    format!("{number:020}.seg")
+}
+
+fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".seg")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A segment's header: which ledger, which segment, and where in the chain it starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// The ledger's id.
+    pub ledger_id: LedgerId,
+    /// The segment's number: 0 for the first, then +1 per segment, no gaps.
+    pub number: u64,
+    /// The seq of the first entry the segment holds (the log's size when it was created).
+    pub first_seq: u64,
+    /// The chain hash of entry `first_seq - 1` (all zero for segment 0).
+    pub prev_hash: Hash,
+}
+
+impl SegmentHeader {
+    /// The header's 80 bytes.
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_LEN] {
+        let mut b = [0u8; SEGMENT_HEADER_LEN];
+        b[..16].copy_from_slice(SEGMENT_MAGIC);
+        b[16..32].copy_from_slice(&self.ledger_id.0);
+        b[32..40].copy_from_slice(&self.number.to_be_bytes());
+        b[40..48].copy_from_slice(&self.first_seq.to_be_bytes());
+        b[48..80].copy_from_slice(&self.prev_hash.0);
+        b
+    }
+
+    /// Decode exactly 80 bytes.
+    pub fn decode(b: &[u8]) -> std::result::Result<SegmentHeader, FormatError> {
+        if b.len() != SEGMENT_HEADER_LEN {
+            return Err(FormatError::Truncated {
+                what: "segment header",
+                need: SEGMENT_HEADER_LEN,
+                have: b.len(),
+            });
+        }
+        if &b[..16] != SEGMENT_MAGIC {
+            return Err(FormatError::invalid(
+                "segment header",
+                "not a tally layout 2 segment (magic)",
+            ));
+        }
+        let u64_at = |i: usize| {
+            let mut n = [0u8; 8];
+            n.copy_from_slice(&b[i..i + 8]);
+            u64::from_be_bytes(n)
+        };
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&b[16..32]);
+        let mut prev = [0u8; 32];
+        prev.copy_from_slice(&b[48..80]);
+        let h = SegmentHeader {
+            ledger_id: LedgerId(id),
+            number: u64_at(32),
+            first_seq: u64_at(40),
+            prev_hash: Hash(prev),
+        };
+        if h.number == 0 && (h.first_seq != 0 || h.prev_hash != Hash::default()) {
+            return Err(FormatError::invalid(
+                "segment header",
+                "segment 0 starts at seq 0 with an all-zero previous hash",
+            ));
+        }
+        Ok(h)
+    }
+}
+
+/// Append one frame to `out`.
+pub fn push_frame(out: &mut Vec<u8>, tag: u8, payload: &[u8]) {
+    out.push(tag);
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// A state frame's payload: `(key_len u32 ‖ key ‖ value_len u32 ‖ value)*`, at least one.
+pub fn encode_state<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (k, v) in pairs {
+        out.extend_from_slice(&(k.len() as u32).to_be_bytes());
+        out.extend_from_slice(k);
+        out.extend_from_slice(&(v.len() as u32).to_be_bytes());
+        out.extend_from_slice(v);
+    }
+    out
+}
+
+/// A state frame's pairs, in the order written.
+pub type StatePairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Decode a state frame's payload (strict: no pair cut short, at least one pair).
+pub fn decode_state(mut b: &[u8]) -> std::result::Result<StatePairs, FormatError> {
+    fn take(b: &mut &[u8]) -> std::result::Result<Vec<u8>, FormatError> {
+        let cut = |have| FormatError::Truncated {
+            what: "state frame",
+            need: 4,
+            have,
+        };
+        let len: [u8; 4] = b
+            .get(..4)
+            .ok_or(cut(b.len()))?
+            .try_into()
+            .map_err(|_| cut(0))?;
+        let len = u32::from_be_bytes(len) as usize;
+        let v = b.get(4..4 + len).ok_or(FormatError::Truncated {
+            what: "state frame",
+            need: 4 + len,
+            have: b.len(),
+        })?;
+        let v = v.to_vec();
+        *b = &b[4 + len..];
+        Ok(v)
+    }
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let k = take(&mut b)?;
+        let v = take(&mut b)?;
+        out.push((k, v));
+    }
+    if out.is_empty() {
+        return Err(FormatError::invalid("state frame", "holds no pair"));
+    }
+    Ok(out)
+}
+
+fn max_payload(tag: u8) -> Option<usize> {
+    match tag {
+        TAG_ENTRY => Some(HEADER_LEN + MAX_BODY_LEN),
+        TAG_CHECKPOINT => Some(MAX_CHECKPOINT_LEN),
+        TAG_STATE => Some(MAX_STATE_LEN),
+        _ => None,
+    }
+}
+
+/// The refusal of a directory in ledger layout 1, or `Ok` when it is not one.
+pub fn refuse_old_layout(dir: &Path) -> Result<()> {
+    if dir.join(OLD_STORE_DIR).join("db").exists() && !dir.join(LOG_DIR).exists() {
+        return Err(Error::OldLayout(dir.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// The segments in `DIR/log`, by number. Any other file there is an error (nothing but
+/// the writer puts files in the log), as is a gap in the numbers.
+pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    refuse_old_layout(dir)?;
+    let log = dir.join(LOG_DIR);
+    let items = match fs::read_dir(&log) {
+        Ok(items) => items,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(Error::NotALedger(dir.to_path_buf()))
+        }
+        Err(e) => return Err(Error::io(&log, e)),
+    };
+    let mut out = Vec::new();
+    for item in items {
+        let item = item.map_err(|e| Error::io(&log, e))?;
+        let name = item.file_name();
+        let number = name
+            .to_str()
+            .and_then(parse_segment_name)
+            .ok_or_else(|| Error::Segment {
+                path: item.path(),
+                why: "is not a segment file (NNNNNNNNNNNNNNNNNNNN.seg)".into(),
+            })?;
+        out.push((number, item.path()));
+    }
+    out.sort();
+    for (i, (n, path)) in out.iter().enumerate() {
+        if *n != i as u64 {
+            return Err(Error::Segment {
+                path: path.clone(),
+                why: format!("segment {i} is missing (the log's numbers have a gap)"),
+            });
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::NotALedger(dir.to_path_buf()));
+    }
+    Ok(out)
+}
+
+/// Where a segment's sealed frames end, found by walking its frame prefixes.
+#[derive(Clone, Debug)]
+pub struct Scan {
+    /// The segment's header; `None` when the file is shorter than one (the write that
+    /// created it was torn: all of it is unsealed).
+    pub header: Option<SegmentHeader>,
+    /// The file's length when scanned.
+    pub len: u64,
+    /// The end of the last complete checkpoint frame (the header's end if none).
+    pub sealed_end: u64,
+    /// Whether the segment holds any complete checkpoint frame.
+    pub sealed: bool,
+}
+
+impl Scan {
+    /// Bytes after the sealed end: a torn write (or, in the live writer's active segment,
+    /// a write in progress).
+    pub fn unsealed(&self) -> u64 {
+        self.len - self.sealed_end
+    }
+}
+
+/// Read a segment's header and walk its frames up to the last complete checkpoint.
+/// Frames are judged by their prefix only (known tag, length within bounds, complete);
+/// the first frame that is not complete or well-formed ends the walk.
+pub fn scan(path: &Path) -> Result<Scan> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut r = BufReader::with_capacity(64 * 1024, file);
+    let mut hb = [0u8; SEGMENT_HEADER_LEN];
+    let got = read_full(&mut r, &mut hb).map_err(|e| Error::io(path, e))?;
+    if got < SEGMENT_HEADER_LEN {
+        return Ok(Scan {
+            header: None,
+            len,
+            sealed_end: 0,
+            sealed: false,
+        });
+    }
+    let header = SegmentHeader::decode(&hb).map_err(|e| Error::Segment {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    })?;
+    let mut pos = SEGMENT_HEADER_LEN as u64;
+    let mut sealed_end = pos;
+    let mut sealed = false;
+    loop {
+        let mut prefix = [0u8; FRAME_PREFIX_LEN];
+        if pos + FRAME_PREFIX_LEN as u64 > len {
+            break;
+        }
+        if read_full(&mut r, &mut prefix).map_err(|e| Error::io(path, e))? < FRAME_PREFIX_LEN {
+            break;
+        }
+        let tag = prefix[0];
+        let plen = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as u64;
+        match max_payload(tag) {
+            Some(max) if plen as usize <= max => {}
+            _ => break,
+        }
+        let end = pos + FRAME_PREFIX_LEN as u64 + plen;
+        if end > len {
+            break;
+        }
+        r.seek_relative(plen as i64)
+            .map_err(|e| Error::io(path, e))?;
+        pos = end;
+        if tag == TAG_CHECKPOINT {
+            sealed_end = pos;
+            sealed = true;
+        }
+    }
+    Ok(Scan {
+        header: Some(header),
+        len,
+        sealed_end,
+        sealed,
+    })
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Bytes of a segment after its last complete checkpoint: never sealed, so never
+/// acknowledged. Reported, never removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Torn {
+    /// The segment's number.
+    pub segment: u64,
+    /// The segment file.
+    pub path: PathBuf,
+    /// Offset of the first unsealed byte.
+    pub offset: u64,
+    /// How many bytes follow it.
+    pub len: u64,
+}
+
+/// What a [`LogReader`] yields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Item {
+    /// An entry or checkpoint, in log order.
+    Frame(Frame),
+    /// A state frame's pairs, with the segment and the offset just past the frame.
+    State {
+        /// The pairs, in the order written.
+        pairs: Vec<(Vec<u8>, Vec<u8>)>,
+        /// The segment holding the frame.
+        segment: u64,
+        /// The offset just after the frame.
+        end: u64,
+    },
+    /// A segment's unsealed remainder (after its sealed frames).
+    Torn(Torn),
+}
+
+/// Streams a ledger's log, segment after segment, each up to its last complete
+/// checkpoint (as it was when the reader reached that segment). Opens files read-only
+/// and writes nothing. Memory is one read buffer and one frame.
+pub struct LogReader {
+    segments: Vec<(u64, PathBuf)>,
+    next: usize,
+    current: Option<Current>,
+    ledger_id: Option<LedgerId>,
+    /// Report the last segment's unsealed bytes (no live writer is appending to it).
+    report_last_tail: bool,
+    /// Start at this segment and offset (a writer catching up its index).
+    start: Option<(u64, u64)>,
+    /// The text of the last checkpoint read: the next segment's header must start where
+    /// it ends.
+    last_checkpoint: Option<Vec<u8>>,
+    failed: bool,
+}
+
+struct Current {
+    number: u64,
+    path: PathBuf,
+    reader: BufReader<File>,
+    pos: u64,
+    scan: Scan,
+    last: bool,
+}
+
+/// Whether a writer holds the ledger in `dir` right now (its lock on `DIR/log`). Takes
+/// and drops a shared lock, which changes no byte.
+pub fn writer_active(dir: &Path) -> Result<bool> {
+    let log = dir.join(LOG_DIR);
+    let f = File::open(&log).map_err(|e| Error::io(&log, e))?;
+    match f.try_lock_shared() {
+        Ok(()) => Ok(false),
+        Err(fs::TryLockError::WouldBlock) => Ok(true),
+        Err(fs::TryLockError::Error(e)) => Err(Error::io(&log, e)),
+    }
+}
+
+impl LogReader {
+    /// Read the log of the ledger in `dir`. Refuses layout 1 ([`Error::OldLayout`]).
+    /// The last segment's unsealed remainder is reported as torn only when no writer
+    /// holds the ledger (a live writer's may be a write in progress).
+    pub fn open(dir: &Path) -> Result<LogReader> {
+        let segments = list_segments(dir)?;
+        let live = writer_active(dir)?;
+        Ok(LogReader::new(segments, !live, None))
+    }
+
+    pub(crate) fn new(
+        segments: Vec<(u64, PathBuf)>,
+        report_last_tail: bool,
+        start: Option<(u64, u64)>,
+    ) -> LogReader {
+        let next = start
+            .map(|(s, _)| {
+                segments
+                    .iter()
+                    .position(|(n, _)| *n >= s)
+                    .unwrap_or(segments.len())
+            })
+            .unwrap_or(0);
+        LogReader {
+            segments,
+            next,
+            current: None,
+            ledger_id: None,
+            report_last_tail,
+            start,
+            last_checkpoint: None,
+            failed: false,
+        }
+    }
+
+    /// Only the entries and checkpoints, as `Result<Frame>` (what exports and the
+    /// verifier's store path read); state frames are skipped, torn writes dropped.
+    pub fn frames(self) -> impl Iterator<Item = Result<Frame>> {
+        self.filter_map(|item| match item {
+            Ok(Item::Frame(f)) => Some(Ok(f)),
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        })
+    }
+
+    /// The segment being read and the offset just past the last frame read from it.
+    pub fn position(&self) -> Option<(u64, u64)> {
+        self.current.as_ref().map(|c| (c.number, c.pos))
+    }
+
+    fn open_next(&mut self) -> Result<bool> {
+        let Some((number, path)) = self.segments.get(self.next).cloned() else {
+            return Ok(false);
+        };
+        let last = self.next + 1 == self.segments.len();
+        self.next += 1;
+        let scan = scan(&path)?;
+        let bad = |why: String| Error::Segment {
+            path: path.clone(),
+            why,
+        };
+        let Some(header) = scan.header else {
+            // Shorter than a header: a torn creation, reported whole.
+            let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+            self.current = Some(Current {
+                number,
+                path,
+                reader: BufReader::new(file),
+                pos: 0,
+                scan,
+                last,
+            });
+            return Ok(true);
+        };
+        if header.number != number {
+            return Err(bad(format!("its header says segment {}", header.number)));
+        }
+        match self.ledger_id {
+            None => self.ledger_id = Some(header.ledger_id),
+            Some(id) if id != header.ledger_id => {
+                return Err(bad(format!(
+                    "belongs to ledger {}, not {id}",
+                    header.ledger_id
+                )))
+            }
+            Some(_) => {}
+        }
+        if let Some(text) = &self.last_checkpoint {
+            let cp = crate::format::Checkpoint::from_text(text).map_err(|e| {
+                bad(format!(
+                    "the checkpoint before this segment does not parse: {e}"
+                ))
+            })?;
+            if (cp.size, cp.head) != (header.first_seq, header.prev_hash) {
+                return Err(bad(format!(
+                    "its header starts the segment at seq {} after head {}, but the log before it is sealed at size {} head {}",
+                    header.first_seq, header.prev_hash, cp.size, cp.head
+                )));
+            }
+        }
+        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let mut reader = BufReader::with_capacity(64 * 1024, file);
+        let mut pos = SEGMENT_HEADER_LEN as u64;
+        if let Some((s, off)) = self.start.take() {
+            if s == number && off > pos {
+                pos = off.min(scan.sealed_end);
+            }
+        }
+        reader
+            .seek(SeekFrom::Start(pos))
+            .map_err(|e| Error::io(&path, e))?;
+        self.current = Some(Current {
+            number,
+            path,
+            reader,
+            pos,
+            scan,
+            last,
+        });
+        Ok(true)
+    }
+
+    fn step(&mut self) -> Result<Option<Item>> {
+        loop {
+            if self.current.is_none() && !self.open_next()? {
+                return Ok(None);
+            }
+            let Some(cur) = self.current.as_mut() else {
+                return Ok(None);
+            };
+            if cur.pos >= cur.scan.sealed_end {
+                let torn = Torn {
+                    segment: cur.number,
+                    path: cur.path.clone(),
+                    offset: cur.scan.sealed_end,
+                    len: cur.scan.unsealed(),
+                };
+                let report = torn.len > 0 && (!cur.last || self.report_last_tail);
+                self.current = None;
+                if report {
+                    return Ok(Some(Item::Torn(torn)));
+                }
+                continue;
+            }
+            let mut prefix = [0u8; FRAME_PREFIX_LEN];
+            let io = |e| Error::io(&cur.path, e);
+            cur.reader.read_exact(&mut prefix).map_err(io)?;
+            let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+            let mut payload = vec![0u8; len];
+            cur.reader
+                .read_exact(&mut payload)
+                .map_err(|e| Error::io(&cur.path, e))?;
+            cur.pos += (FRAME_PREFIX_LEN + len) as u64;
+            return match prefix[0] {
+                TAG_ENTRY => {
+                    // The header's ledger id is the one every entry in it carries.
+                    let id = cur.scan.header.map(|h| h.ledger_id.0);
+                    if payload.get(2..18) != id.as_ref().map(|i| &i[..]) {
+                        return Err(Error::Segment {
+                            path: cur.path.clone(),
+                            why: format!(
+                                "the entry frame ending at byte {} is not of the ledger the segment header names",
+                                cur.pos
+                            ),
+                        });
+                    }
+                    Ok(Some(Item::Frame(Frame::Entry(payload))))
+                }
+                TAG_CHECKPOINT => {
+                    self.last_checkpoint = Some(payload.clone());
+                    Ok(Some(Item::Frame(Frame::Checkpoint(payload))))
+                }
+                _ => {
+                    let pairs = decode_state(&payload).map_err(|e| Error::Segment {
+                        path: cur.path.clone(),
+                        why: format!("state frame ending at byte {}: {e}", cur.pos),
+                    })?;
+                    Ok(Some(Item::State {
+                        pairs,
+                        segment: cur.number,
+                        end: cur.pos,
+                    }))
+                }
+            };
+        }
+    }
+}
+
+impl Iterator for LogReader {
+    type Item = Result<Item>;
+
+    fn next(&mut self) -> Option<Result<Item>> {
+        if self.failed {
+            return None;
+        }
+        match self.step() {
+            Ok(item) => item.map(Ok),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// fsync a directory (after a segment is created in it).
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// The writing end of the log: appends commit groups to the active segment, one write
+/// each, and makes them durable with `fdatasync`. Holds an exclusive lock on `DIR/log`
+/// (an advisory `flock` on the directory: no file is written for it).
+pub struct LogWriter {
+    log_dir: PathBuf,
+    ledger_id: LedgerId,
+    segment_bytes: u64,
+    active: Mutex<Active>,
+    /// Serializes syncs and remembers the first that failed: Linux reports a writeback
+    /// error to one fsync only, so once any has failed every later one fails too.
+    sync_failed: Mutex<Option<String>>,
+    _lock: File,
+}
+
+struct Active {
+    /// The segment being appended to; `None` until the next write creates one.
+    file: Option<Arc<File>>,
+    number: u64,
+    len: u64,
+    /// Closed segments not yet fdatasynced.
+    unsynced: Vec<Arc<File>>,
+    /// A segment was created since the last sync: the directory needs an fsync.
+    dir_dirty: bool,
+    /// A write failed: what was written of it is unknown, so nothing more is.
+    failed: Option<String>,
+}
+
+/// Where a group landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// The segment.
+    pub segment: u64,
+    /// Offset of the group's first frame.
+    pub offset: u64,
+    /// Offset just past its last frame.
+    pub end: u64,
+}
+
+/// Where the writer resumes.
+pub(crate) enum Resume {
+    /// Keep appending to this segment, whose length is `len`.
+    Continue { number: u64, len: u64 },
+    /// Start a new segment with this number at the next write.
+    NewSegment { number: u64 },
+}
+
+impl LogWriter {
+    /// Lock the log of the ledger in `dir` for writing ([`Error::Busy`] if held).
+    pub(crate) fn lock(dir: &Path) -> Result<File> {
+        let log = dir.join(LOG_DIR);
+        let f = File::open(&log).map_err(|e| Error::io(&log, e))?;
+        match f.try_lock() {
+            Ok(()) => Ok(f),
+            Err(fs::TryLockError::WouldBlock) => Err(Error::Busy(dir.to_path_buf())),
+            Err(fs::TryLockError::Error(e)) => Err(Error::io(&log, e)),
+        }
+    }
+
+    pub(crate) fn new(
+        dir: &Path,
+        lock: File,
+        ledger_id: LedgerId,
+        segment_bytes: u64,
+        resume: Resume,
+    ) -> Result<LogWriter> {
+        let log_dir = dir.join(LOG_DIR);
+        let active = match resume {
+            Resume::Continue { number, len } => {
+                let path = log_dir.join(segment_name(number));
+                let file = OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(&path, e))?;
+                Active {
+                    file: Some(Arc::new(file)),
+                    number,
+                    len,
+                    unsynced: Vec::new(),
+                    dir_dirty: false,
+                    failed: None,
+                }
+            }
+            Resume::NewSegment { number } => Active {
+                file: None,
+                number,
+                len: 0,
+                unsynced: Vec::new(),
+                dir_dirty: false,
+                failed: None,
+            },
+        };
+        Ok(LogWriter {
+            log_dir,
+            ledger_id,
+            segment_bytes: segment_bytes.max(SEGMENT_HEADER_LEN as u64 + 1),
+            active: Mutex::new(active),
+            sync_failed: Mutex::new(None),
+            _lock: lock,
+        })
+    }
+
+    /// Append one commit group's frames in one write: to the active segment, or to a new
+    /// one (header first, in the same write) when none is open or this group would take
+    /// the active one past its size. `first_seq` and `prev_hash` are the group's start
+    /// in the chain (a new segment's header records them). Not durable until
+    /// [`LogWriter::sync`].
+    pub fn append(&self, frames: &[u8], first_seq: u64, prev_hash: Hash) -> Result<Placed> {
+        let mut a = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &a.failed {
+            return Err(Error::Poisoned(why.clone()));
+        }
+        if a.file.is_some() && a.len + frames.len() as u64 > self.segment_bytes {
+            if let Some(f) = a.file.take() {
+                a.unsynced.push(f);
+            }
+            a.number += 1;
+        }
+        let mut buf;
+        let data: &[u8] = if a.file.is_none() {
+            let path = self.log_dir.join(segment_name(a.number));
+            let file = OpenOptions::new()
+                .append(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| Error::io(&path, e))?;
+            a.file = Some(Arc::new(file));
+            a.len = 0;
+            a.dir_dirty = true;
+            let header = SegmentHeader {
+                ledger_id: self.ledger_id,
+                number: a.number,
+                first_seq,
+                prev_hash,
+            };
+            buf = Vec::with_capacity(SEGMENT_HEADER_LEN + frames.len());
+            buf.extend_from_slice(&header.encode());
+            buf.extend_from_slice(frames);
+            &buf
+        } else {
+            frames
+        };
+        let offset = a.len + (data.len() - frames.len()) as u64;
+        let file = a.file.clone();
+        let written = match &file {
+            Some(f) => (&**f).write_all(data),
+            None => Ok(()),
+        };
+        if let Err(e) = written {
+            let path = self.log_dir.join(segment_name(a.number));
+            let why = format!("{}: {e}", path.display());
+            a.failed = Some(why);
+            return Err(Error::io(path, e));
+        }
+        a.len += data.len() as u64;
+        Ok(Placed {
+            segment: a.number,
+            offset,
+            end: a.len,
+        })
+    }
+
+    /// Make everything appended before this call durable: `fdatasync` of the segments
+    /// written, and the log directory's fsync when a segment was created. Safe to call
+    /// while another thread appends.
+    pub fn sync(&self) -> Result<()> {
+        let mut failed = self.sync_failed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &*failed {
+            return Err(Error::Poisoned(format!(
+                "an earlier fsync failed, so durability is unknown: {why}"
+            )));
+        }
+        let (closed, active, dir_dirty, number) = {
+            let mut a = self.active.lock().unwrap_or_else(|e| e.into_inner());
+            (
+                std::mem::take(&mut a.unsynced),
+                a.file.clone(),
+                std::mem::take(&mut a.dir_dirty),
+                a.number,
+            )
+        };
+        let path = self.log_dir.join(segment_name(number));
+        let synced = closed
+            .iter()
+            .chain(active.iter())
+            .try_for_each(|f| f.sync_data())
+            .map_err(|e| Error::io(&path, e))
+            .and_then(|()| {
+                if dir_dirty {
+                    sync_dir(&self.log_dir)
+                } else {
+                    Ok(())
+                }
+            });
+        if let Err(e) = &synced {
+            *failed = Some(e.to_string());
+        }
+        synced
+    }
+}
