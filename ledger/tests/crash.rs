@@ -1,8 +1,10 @@
-//! `kill -9` in the middle of a stream of appends: every acknowledged record survives and
-//! the chain still links and is sealed. The writer is this test binary re-executed as a
-//! child process (`crash_child_writer`), so the kill is a real SIGKILL.
+//! `kill -9` in the middle of a stream of appends: every acknowledged record survives, the
+//! chain still links and is sealed, the gate's derived state is never behind an
+//! acknowledged decision, and no byte the log held before the kill changed. The writer is
+//! this test binary re-executed as a child process (`crash_child_writer`), so the kill is
+//! a real SIGKILL.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -14,6 +16,62 @@ use tally_ledger::keys::{verify_checkpoint, verify_signature, AuditorKey};
 use tally_ledger::{Checkpoint, Decision, Frame, Ledger, Rotation};
 
 const DIR_VAR: &str = "TALLY_CRASH_DIR";
+/// Small segments, so the kills fall across segment boundaries and rotations.
+const SEGMENT_BYTES: u64 = 256 * 1024;
+
+/// The child of `kill_9_loses_no_acknowledged_append`: four threads appending through
+/// `submit_with_state`, each decision carrying its thread's counter (`w{t}` = i, u64 BE)
+/// as derived state, printing `ACK seq hash t i` once acknowledged.
+#[test]
+#[ignore = "run by crash::kill_9_loses_no_acknowledged_append as its child process"]
+fn crash_child_writer() {
+    let Ok(dir) = std::env::var(DIR_VAR) else {
+        return;
+    };
+    let ledger = Arc::new(Ledger::open_with_segment_bytes(Path::new(&dir), SEGMENT_BYTES).unwrap());
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let ledger = Arc::clone(&ledger);
+            std::thread::spawn(move || {
+                // Thread 0 appends batches of 200 (writes of ~60 KiB, which a kill can
+                // cut short: torn writes); the others one decision at a time.
+                let n = if t == 0 { 200 } else { 1 };
+                for i in 0u64.. {
+                    let ds = (0..n)
+                        .map(|k| {
+                            Decision::from_json(&format!(
+                                r#"{{"run":"w{t}","kind":"allow","tool":"t","args":{{"i":{i},"k":{k}}},"attempt":{i}}}"#
+                            ))
+                            .unwrap()
+                        })
+                        .collect();
+                    let plaintexts = tally_ledger::ledger::prepare(ds).unwrap();
+                    let state = vec![(format!("w{t}").into_bytes(), i.to_be_bytes().to_vec())];
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    ledger.submit_with_state(plaintexts, state, move |r| {
+                        let _ = tx.send(r);
+                    });
+                    let mut out = std::io::stdout().lock();
+                    match rx.recv().unwrap() {
+                        Ok(receipts) => {
+                            for r in receipts {
+                                writeln!(out, "ACK {} {} {t} {i}", r.seq, r.hash).unwrap();
+                            }
+                            out.flush().unwrap();
+                        }
+                        Err(e) => {
+                            writeln!(out, "ERR {e}").unwrap();
+                            return;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
 
 /// A child process's writers: four threads appending `batch(thread, i)` for i = 0, 1, ...
 /// to the ledger named by `var`, printing `ACK seq hash` once each decision is
@@ -58,19 +116,9 @@ fn ack(line: &str) -> Option<(u64, String)> {
     Some((seq.parse().ok()?, hash.to_string()))
 }
 
-/// The child: four threads appending until killed, printing each receipt once acknowledged.
-#[test]
-#[ignore = "run by crash::kill_9_loses_no_acknowledged_append as its child process"]
-fn crash_child_writer() {
-    child_writers(DIR_VAR, |t, i| {
-        vec![Decision::from_json(&format!(
-            r#"{{"run":"w{t}","kind":"allow","tool":"t","args":{{"i":{i}}},"attempt":{i}}}"#
-        ))
-        .unwrap()]
-    });
-}
-
-fn run_and_kill(dir: &Path, acks_wanted: usize) -> HashMap<u64, String> {
+/// Run the child until it has acknowledged `acks_wanted` appends (then SIGKILL it): every
+/// receipt by seq, and per thread the highest counter acknowledged.
+fn run_and_kill(dir: &Path, acks_wanted: usize) -> (HashMap<u64, String>, HashMap<u64, u64>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
@@ -85,28 +133,71 @@ fn run_and_kill(dir: &Path, acks_wanted: usize) -> HashMap<u64, String> {
         .spawn()
         .unwrap();
     let mut acks = HashMap::new();
+    let mut counters: HashMap<u64, u64> = HashMap::new();
+    let mut take = |line: &str, acks: &mut HashMap<u64, String>| {
+        if let Some((seq, rest)) = ack(line) {
+            let mut parts = rest.split(' ');
+            let hash = parts.next().unwrap().to_string();
+            let t: u64 = parts.next().unwrap().parse().unwrap();
+            let i: u64 = parts.next().unwrap().parse().unwrap();
+            acks.insert(seq, hash);
+            let c = counters.entry(t).or_insert(0);
+            *c = (*c).max(i);
+        }
+    };
     let start = Instant::now();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     while acks.len() < acks_wanted && start.elapsed() < Duration::from_secs(60) {
         let Some(Ok(line)) = lines.next() else { break };
-        if let Some((seq, hash)) = ack(&line) {
-            acks.insert(seq, hash);
-        }
+        take(&line, &mut acks);
     }
     child.kill().unwrap(); // SIGKILL on Unix
     child.wait().unwrap();
     // Receipts printed between our last read and the kill were acknowledged too.
     for line in lines.map_while(Result::ok) {
-        if let Some((seq, hash)) = ack(&line) {
-            acks.insert(seq, hash);
-        }
+        take(&line, &mut acks);
     }
     assert!(
         acks.len() >= acks_wanted.min(50),
         "child acknowledged only {} appends",
         acks.len()
     );
-    acks
+    (acks, counters)
+}
+
+/// Every segment file: its name, length and bytes.
+fn segments(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir.join("log"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().into_string().unwrap(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Where a segment's sealed frames end, by a walk written here independently of the
+/// library's: the end of the last complete checkpoint frame (tag 2).
+fn sealed_end(seg: &[u8]) -> usize {
+    if seg.len() < 80 {
+        return 0; // a torn creation: not even the header
+    }
+    let (mut pos, mut sealed) = (80, 80);
+    while pos + 5 <= seg.len() {
+        let tag = seg[pos];
+        let len = u32::from_be_bytes(seg[pos + 1..pos + 5].try_into().unwrap()) as usize;
+        if !(1..=3).contains(&tag) || pos + 5 + len > seg.len() {
+            break;
+        }
+        pos += 5 + len;
+        if tag == 2 {
+            sealed = pos;
+        }
+    }
+    sealed
 }
 
 /// Walk the stored chain: links, epoch certificates, decryption, and the last checkpoint.
@@ -178,9 +269,48 @@ fn kill_9_loses_no_acknowledged_append() {
     )
     .unwrap();
     let mut acknowledged = HashMap::new();
-    for round in 0..3 {
-        acknowledged.extend(run_and_kill(&dir, 150 + 100 * round));
-        let ledger = Ledger::open(&dir).unwrap();
+    let mut before = segments(&dir);
+    let mut torn_seen = 0;
+    // Kill points vary from round to round (a fixed pseudo-random sequence).
+    let mut x = 0x9e37_79b9_u64;
+    for round in 0..8 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let wanted = 200 + (x >> 33) as usize % 1500;
+        let (acks, counters) = run_and_kill(&dir, wanted);
+        acknowledged.extend(acks);
+        // No byte any segment held before this round changed, torn writes included.
+        let after = segments(&dir);
+        for (name, old) in &before {
+            let new = &after[name];
+            assert!(new.len() >= old.len(), "{name} shrank in round {round}");
+            assert_eq!(
+                blake3::hash(&new[..old.len()]),
+                blake3::hash(old),
+                "{name}: a byte it held before round {round} changed"
+            );
+        }
+        // The reader names every torn remainder (no writer holds the ledger now), at
+        // the offset an independent walk of the bytes finds.
+        let torn: Vec<(u64, u64, u64)> = tally_ledger::segment::LogReader::open(&dir)
+            .unwrap()
+            .filter_map(|i| match i.unwrap() {
+                tally_ledger::segment::Item::Torn(t) => Some((t.segment, t.offset, t.len)),
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<(u64, u64, u64)> = after
+            .iter()
+            .enumerate()
+            .filter_map(|(n, (_, bytes))| {
+                let end = sealed_end(bytes);
+                (end < bytes.len()).then(|| (n as u64, end as u64, (bytes.len() - end) as u64))
+            })
+            .collect();
+        assert_eq!(torn, expected, "torn writes after round {round}");
+        torn_seen = torn_seen.max(torn.len());
+        let ledger = Ledger::open_with_segment_bytes(&dir, SEGMENT_BYTES).unwrap();
         let stored = walk(&ledger, &auditor);
         for (seq, hash) in &acknowledged {
             assert_eq!(
@@ -189,7 +319,29 @@ fn kill_9_loses_no_acknowledged_append() {
                 "acknowledged seq {seq} after round {round}"
             );
         }
+        // The gate's state is never behind an acknowledged decision.
+        for (t, i) in counters {
+            let v = ledger
+                .state_get(format!("w{t}").as_bytes())
+                .unwrap()
+                .unwrap();
+            let v = u64::from_be_bytes(v.try_into().unwrap());
+            assert!(
+                v >= i,
+                "state w{t} = {v} behind acknowledged counter {i} (round {round})"
+            );
+        }
+        drop(ledger);
+        before = segments(&dir);
     }
+    assert!(
+        segments(&dir).len() > 3,
+        "the rounds crossed segment boundaries"
+    );
+    eprintln!(
+        "kill -9: {} acknowledged, up to {torn_seen} torn writes at once",
+        acknowledged.len()
+    );
 }
 
 const FULL_VAR: &str = "TALLY_FULL_DIR";
@@ -267,6 +419,26 @@ fn a_failed_write_poisons_and_loses_no_acknowledged_append() {
         after.starts_with("ledger is closed after a failed write"),
         "after a failed write: {after}"
     );
+    // What the failed write left is reported where an independent walk finds it.
+    let before = segments(&dir);
+    let torn: Vec<(u64, u64)> = tally_ledger::segment::LogReader::open(&dir)
+        .unwrap()
+        .filter_map(|i| match i.unwrap() {
+            tally_ledger::segment::Item::Torn(t) => Some((t.segment, t.offset)),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<(u64, u64)> = before
+        .values()
+        .enumerate()
+        .filter(|(_, b)| sealed_end(b) < b.len())
+        .map(|(n, b)| (n as u64, sealed_end(b) as u64))
+        .collect();
+    assert_eq!(torn, expected);
+    eprintln!(
+        "disk full: {} acknowledged, torn writes {torn:?}",
+        acknowledged.len()
+    );
     // Reopened without the limit: every acknowledged decision is there, the chain
     // links and is sealed, and appends work again.
     let ledger = Ledger::open(&dir).unwrap();
@@ -278,4 +450,10 @@ fn a_failed_write_poisons_and_loses_no_acknowledged_append() {
         .append(Decision::from_json(r#"{"run":"x","kind":"allow","tool":"t"}"#).unwrap())
         .unwrap();
     assert_eq!(r.seq, stored.len() as u64);
+    drop(ledger);
+    // ... after every byte the log held, torn write included.
+    let after = segments(&dir);
+    for (name, old) in &before {
+        assert_eq!(&after[name][..old.len()], &old[..], "{name} changed");
+    }
 }

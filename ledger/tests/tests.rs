@@ -3,5 +3,6 @@
 mod crash;
 mod decisions;
 mod pipeline;
+mod segments;
 mod store;
 mod vectors;

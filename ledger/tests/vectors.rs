@@ -178,3 +178,75 @@ fn argument_digest_vectors_match_docs() {
         assert_eq!(d.args_digest.as_deref(), Some(digest.as_str()));
     }
 }
+
+// docs/FORMAT.md, "Log segments": the headers of the vector ledger's first two segments,
+// a state frame, and the whole of a segment 0 holding genesis and decision in one group.
+const SEGMENT0_HEADER: &str = "74616c6c79207365676d656e7420320aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000";
+const SEGMENT1_HEADER: &str = "74616c6c79207365676d656e7420320aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa000000000000000100000000000000021dedcbaf7da875bdade93723957284a7e16e4353d0906210e5c2e454a2ac4578";
+const STATE_FRAME: &str = "030000000d00000004632f72310000000101";
+const SEGMENT0_LEN: usize = 833;
+const SEGMENT0_BLAKE3: &str = "06b7beab86a003da90cc710b5669a0dd2d02fb39a79339d648d67090ae872f58";
+
+/// Segment 0 of the vector ledger: header, genesis, decision, a state frame
+/// (`c/r1` = 01), and the checkpoint of size 2, as one group.
+fn segment0(v: &Vectors) -> Vec<u8> {
+    use tally_ledger::segment::{
+        encode_state, push_frame, SegmentHeader, TAG_CHECKPOINT, TAG_ENTRY, TAG_STATE,
+    };
+    let mut out = SegmentHeader {
+        ledger_id: ID,
+        number: 0,
+        first_seq: 0,
+        prev_hash: tally_ledger::Hash::default(),
+    }
+    .encode()
+    .to_vec();
+    push_frame(&mut out, TAG_ENTRY, &v.genesis);
+    push_frame(&mut out, TAG_ENTRY, &v.decision);
+    push_frame(
+        &mut out,
+        TAG_STATE,
+        &encode_state([(&b"c/r1"[..], &[1u8][..])]),
+    );
+    push_frame(&mut out, TAG_CHECKPOINT, v.checkpoint.as_bytes());
+    out
+}
+
+#[test]
+fn segment_vectors_match_docs() {
+    use tally_ledger::segment::{decode_state, SegmentHeader};
+    let v = build();
+    let h0 = SegmentHeader {
+        ledger_id: ID,
+        number: 0,
+        first_seq: 0,
+        prev_hash: tally_ledger::Hash::default(),
+    };
+    assert_eq!(hex::encode(h0.encode()), SEGMENT0_HEADER);
+    let h1 = SegmentHeader {
+        ledger_id: ID,
+        number: 1,
+        first_seq: 2,
+        prev_hash: entry_hash(&v.decision),
+    };
+    assert_eq!(hex::encode(h1.encode()), SEGMENT1_HEADER);
+    assert_eq!(
+        SegmentHeader::decode(&hex::decode(SEGMENT1_HEADER).unwrap()).unwrap(),
+        h1
+    );
+    let state = hex::decode(STATE_FRAME).unwrap();
+    assert_eq!(
+        decode_state(&state[5..]).unwrap(),
+        [(b"c/r1".to_vec(), vec![1u8])]
+    );
+    // Strict: a pair cut short, or no pair at all.
+    assert!(decode_state(&state[5..state.len() - 1]).is_err());
+    assert!(decode_state(&[]).is_err());
+    let seg = segment0(&v);
+    assert_eq!(seg.len(), SEGMENT0_LEN);
+    assert_eq!(blake3::hash(&seg).to_hex().as_str(), SEGMENT0_BLAKE3);
+    assert_eq!(
+        &seg[seg.len() - CHECKPOINT.len() - 5 - state.len()..][..state.len()],
+        &state[..]
+    );
+}

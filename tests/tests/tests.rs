@@ -1,5 +1,6 @@
 //! Workspace-level adversarial tests of the verifier (SECURITY.md 5, issue 3).
 
+mod backup;
 mod crafted;
 mod edge;
 mod flips;
