@@ -196,6 +196,13 @@ pub enum Command {
         #[arg(long)]
         ledger: PathBuf,
     },
+    /// Rebuild the ledger's index (the gate's derived state, seq positions) from its log
+    /// segments; nothing that verifies trusts the index. The ledger must not be held.
+    Reindex {
+        /// The ledger directory.
+        #[arg(long)]
+        ledger: PathBuf,
+    },
     /// Start a new key epoch now (the old epoch's secrets are destroyed).
     Rotate {
         /// The ledger directory.

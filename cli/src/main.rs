@@ -14,6 +14,7 @@ mod generate;
 mod hook;
 mod mcp;
 mod operator;
+mod reindex;
 mod serve;
 mod stories;
 
@@ -179,6 +180,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         } => commands::append(&ledger, json.as_deref(), batch),
         Command::Checkpoint { ledger } => commands::checkpoint(&ledger),
         Command::Rotate { ledger } => commands::rotate(&ledger),
+        Command::Reindex { ledger } => reindex::run(&ledger),
         Command::Export { ledger, out, force } => commands::export(&ledger, &out, force),
         Command::Verify { read, auditor_key } => {
             commands::verify(&read, auditor_key.as_deref()).map(Exit::from_code)

@@ -1,0 +1,50 @@
+//! `tally reindex`: rebuild a ledger's sled index from its log segments.
+//!
+//! The index (`DIR/index`) holds only what the log implies: the gate's derived state
+//! (replayed from the log's state frames) and a sparse map from seqs to log positions.
+//! Nothing that verifies reads it, so rebuilding it is always safe; the one thing in it
+//! the log does not hold, state written outside any decision (an operator's pause), is
+//! carried over from the old index when that still opens.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use tally_ledger::Ledger;
+
+use crate::output::{errln, outln};
+use crate::Exit;
+
+pub fn run(ledger: &Path) -> Result<Exit> {
+    let done = Ledger::reindex(ledger).with_context(|| {
+        format!(
+            "reindexing ledger {} (if `tally serve` holds it, stop it first)",
+            ledger.display()
+        )
+    })?;
+    let n = |count: u64, what: &str| format!("{count} {what}{}", if count == 1 { "" } else { "s" });
+    outln!(
+        "reindexed {}: {} in {}, {} replayed, {}",
+        ledger.display(),
+        n(done.entries, "entry").replace("entrys", "entries"),
+        n(done.segments, "segment"),
+        n(done.state_frames, "state frame"),
+        n(done.points, "index point")
+    );
+    if done.old_index_unreadable {
+        errln!(
+            "warning: the old index did not open, so state written outside decisions (an operator's pause) is lost: pause those runs again"
+        );
+    } else if done.carried > 0 {
+        outln!(
+            "carried over {} values written outside decisions (operators' pauses)",
+            done.carried
+        );
+    }
+    if done.torn > 0 {
+        outln!(
+            "{} torn writes in the log, kept in place (`tally verify` names them)",
+            done.torn
+        );
+    }
+    Ok(Exit::Success)
+}
