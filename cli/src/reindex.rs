@@ -21,14 +21,16 @@ pub fn run(ledger: &Path) -> Result<Exit> {
             ledger.display()
         )
     })?;
-    let n = |count: u64, what: &str| format!("{count} {what}{}", if count == 1 { "" } else { "s" });
+    let n = |count: u64, one: &str, many: &str| {
+        format!("{count} {}", if count == 1 { one } else { many })
+    };
     outln!(
         "reindexed {}: {} in {}, {} replayed, {}",
         ledger.display(),
-        n(done.entries, "entry").replace("entrys", "entries"),
-        n(done.segments, "segment"),
-        n(done.state_frames, "state frame"),
-        n(done.points, "index point")
+        n(done.entries, "entry", "entries"),
+        n(done.segments, "segment", "segments"),
+        n(done.state_frames, "state frame", "state frames"),
+        n(done.points, "index point", "index points")
     );
     if done.old_index_unreadable {
         errln!(
