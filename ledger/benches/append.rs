@@ -201,6 +201,8 @@ fn main() {
         batch.insert(b"m", &k.to_be_bytes());
         db.apply_batch(batch).unwrap();
     });
+    // Its background threads would otherwise keep writing while the fsyncs below run.
+    drop(db);
     let mut f = std::fs::File::create(tmp.path().join("fsync")).unwrap();
     let page = vec![0u8; 4096];
     let t_fsync = per_op(|| {
