@@ -110,13 +110,6 @@ impl Default for Rotation {
     }
 }
 
-/// A group is written while the previous one's `fdatasync` runs only once this many
-/// decisions wait. With fewer, writing it at once would make groups of one or two under
-/// many single-decision appenders (an fdatasync of a small append can take a fraction of
-/// a millisecond), each paying a signature, a write and a sync: waiting for the sync to
-/// end gathers them into one group. Measured: docs/PERFORMANCE.md, "The log in segments".
-const OVERLAP_DECISIONS: usize = 128;
-
 /// Most decisions a commit group gathers from the queue, so one group's latency and memory
 /// stay bounded. A single larger append is still one group (it is atomic).
 const MAX_GROUP: usize = 16_384;
@@ -192,12 +185,8 @@ struct Queue {
     committing: bool,
     /// Someone holds the sync role (flushing and fsyncing).
     syncing: bool,
-    /// The syncer's `fdatasync` is running: the next group waits for it to end (and
-    /// gathers whatever arrives meanwhile) unless [`OVERLAP_DECISIONS`] are already
-    /// waiting (see [`Shared::may_commit`]).
+    /// The syncer is taking what it will sync; the next group starts once it has.
     flushing: bool,
-    /// Decisions in `pending`.
-    pending_decisions: usize,
     /// The committer thread is asleep, waiting for work (so it is woken only when it has
     /// some: a condvar notify is a system call).
     commit_idle: bool,
@@ -535,7 +524,6 @@ impl Ledger {
                 committing: false,
                 syncing: false,
                 flushing: false,
-                pending_decisions: 0,
                 commit_idle: false,
                 sync_idle: false,
                 durable: checkpoint,
@@ -791,7 +779,6 @@ impl Ledger {
             drop(queue);
             return done(Err(e));
         }
-        queue.pending_decisions += plaintexts.len();
         queue.pending.push(Pending {
             plaintexts,
             state,
@@ -811,7 +798,6 @@ impl Ledger {
         if let Some(why) = &queue.poisoned {
             return Err(Error::Poisoned(why.clone()));
         }
-        queue.pending_decisions += plaintexts.len();
         queue.pending.push(Pending {
             plaintexts,
             state: Vec::new(),
@@ -987,19 +973,14 @@ impl Shared {
     /// Wake the committer thread if it sleeps and may start a group. Call holding the
     /// queue's lock, after changing what it waits for.
     fn wake_committer(&self, queue: &Queue) {
-        if queue.commit_idle && Shared::may_commit(queue) {
-            self.to_commit.notify_one();
-        }
-    }
-
-    /// Whether the next group may start: no one commits, the syncer has taken the group
-    /// before, and its `fdatasync` is over or enough decisions wait to make a group worth
-    /// overlapping with it ([`OVERLAP_DECISIONS`]).
-    fn may_commit(queue: &Queue) -> bool {
-        !queue.committing
+        if queue.commit_idle
+            && !queue.committing
+            && !queue.flushing
             && !queue.pending.is_empty()
             && queue.applied.is_empty()
-            && (!queue.flushing || queue.pending_decisions >= OVERLAP_DECISIONS)
+        {
+            self.to_commit.notify_one();
+        }
     }
 
     /// Wake the syncer thread if it sleeps and has written groups to sync.
@@ -1013,10 +994,13 @@ impl Shared {
     fn commit_loop(&self) {
         let mut queue = lock(&self.queue);
         loop {
-            // Start a group only once the syncer has taken the one before (and, unless
-            // many decisions wait, its fdatasync is over), so the next group gathers
-            // everything that arrives meanwhile.
-            if !Shared::may_commit(&queue) {
+            // Start a group only once the syncer has taken the one before and sled's flush
+            // is over, so the next group gathers everything that arrives meanwhile.
+            if queue.committing
+                || queue.flushing
+                || queue.pending.is_empty()
+                || !queue.applied.is_empty()
+            {
                 if queue.closing && queue.pending.is_empty() {
                     return;
                 }
@@ -1070,7 +1054,6 @@ impl Shared {
             })
             .count();
         let group: Vec<Pending> = queue.pending.drain(..take).collect();
-        queue.pending_decisions = queue.pending.iter().map(|p| p.plaintexts.len()).sum();
         let poisoned = queue.poisoned.clone();
         drop(queue);
         let guard = RoleGuard(self, Role::Commit);
@@ -1117,15 +1100,20 @@ impl Shared {
         let poisoned = queue.poisoned.clone();
         drop(queue);
         let guard = RoleGuard(self, Role::Sync);
-        let synced = match poisoned {
+        let flushed = match poisoned {
             Some(why) => Err(Error::Poisoned(why)),
-            None => self.log.sync(),
+            None => Ok(()),
         };
+        {
+            // The committer may start the next group now, while the fsync runs.
+            let mut queue = lock(&self.queue);
+            queue.flushing = false;
+            self.wake_committer(&queue);
+        }
+        let synced = flushed.and_then(|()| self.log.sync());
         // The replies go out without the queue's lock (they may read the ledger), but
         // still holding the sync role, so the next sync's replies cannot overtake them.
         let mut queue = lock(&self.queue);
-        queue.flushing = false;
-        self.wake_committer(&queue);
         match synced {
             Ok(()) => {
                 if let Some(last) = groups.last() {
@@ -1177,7 +1165,6 @@ impl Drop for RoleGuard<'_> {
             }
         }
         let pending = std::mem::take(&mut queue.pending);
-        queue.pending_decisions = 0;
         let applied = std::mem::take(&mut queue.applied);
         drop(queue);
         // Their replies answer with an error as they drop, outside the lock.
