@@ -663,14 +663,23 @@ pub(crate) enum Resume {
 
 impl LogWriter {
     /// Lock the log of the ledger in `dir` for writing ([`Error::Busy`] if held).
+    ///
+    /// A reader asking [`writer_active`] holds a shared lock for an instant; the writer
+    /// retries for up to 200 ms before calling the ledger busy, so a `tally verify DIR`
+    /// never makes `tally serve` fail to start.
     pub(crate) fn lock(dir: &Path) -> Result<File> {
         let log = dir.join(LOG_DIR);
         let f = File::open(&log).map_err(|e| Error::io(&log, e))?;
-        match f.try_lock() {
-            Ok(()) => Ok(f),
-            Err(fs::TryLockError::WouldBlock) => Err(Error::Busy(dir.to_path_buf())),
-            Err(fs::TryLockError::Error(e)) => Err(Error::io(&log, e)),
+        for _ in 0..20 {
+            match f.try_lock() {
+                Ok(()) => return Ok(f),
+                Err(fs::TryLockError::WouldBlock) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                Err(fs::TryLockError::Error(e)) => return Err(Error::io(&log, e)),
+            }
         }
+        Err(Error::Busy(dir.to_path_buf()))
     }
 
     pub(crate) fn new(
