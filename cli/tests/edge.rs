@@ -655,6 +655,8 @@ fn a_failed_commit_says_what_was_committed() {
         &["init", "--ledger", "small/l", "--recipient", "a.pub"],
         "",
     );
+    // Room to free once the disk is full.
+    std::fs::write(small.join("filler"), vec![0u8; 1 << 20]).unwrap();
     let goal = "x".repeat(100);
     let input: String = (0..100_000)
         .map(|i| format!("{{\"run\":\"b{i}\",\"kind\":\"start\",\"goal\":\"{goal}\"}}\n"))
@@ -686,4 +688,25 @@ fn a_failed_commit_says_what_was_committed() {
         "{e}"
     );
     assert!(e.contains(&format!("tail -n +{}", n + 1)), "{e}");
+    // Issue 14: space freed, the ledger takes appends again (in a new segment, after the
+    // torn write the full disk left, which stays in place), and verifies intact.
+    std::fs::remove_file(small.join("filler")).unwrap();
+    let line = "{\"run\":\"after\",\"kind\":\"start\"}";
+    let o = run(d, &["append", "--ledger", "small/l", line]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["seq"], n as u64 + 1);
+    let o = run(d, &["verify", "small/l", "--key", "small/l/ledger.pub"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert!(out.starts_with("INTACT: "), "{out}");
+    // The failed write is torn unless the disk was full to the byte before it (then
+    // nothing of it landed): whatever landed is named, at the segment's sealed end.
+    let seg0 = small.join("l/log/00000000000000000000.seg");
+    let scan = tally_ledger::segment::scan(&seg0).unwrap();
+    eprintln!("the full disk left {} unsealed bytes", scan.unsealed());
+    if scan.unsealed() > 0 {
+        let line = format!("torn write  segment 0 at byte {}:", scan.sealed_end);
+        assert!(out.contains(&line), "{out}");
+    }
 }
