@@ -129,7 +129,7 @@ pub enum Error {
     Busy(PathBuf),
     /// The directory holds a ledger in layout 1 (entries inside the sled store
     /// `store/`), which this build neither reads nor writes.
-    #[error("{0}: this ledger is in layout 1 (its entries inside the sled store `store/`); this build reads and writes layout 2 only (append-only segments in `log/`, docs/FORMAT.md). Export it with the tally build that wrote it (`tally export DIR --out FILE`; exports are unchanged, so this build verifies that file with `tally verify FILE`). There is no import into layout 2: start a new ledger here with `tally init` in another directory, and keep the old directory and its export as the old ledger's record")]
+    #[error("{0}: this ledger is in layout 1 (its entries inside the sled store `store/`); this build reads and writes layout 2 only (append-only segments in `log/`, docs/FORMAT.md). Export it with the tally build that wrote it (`tally export --ledger DIR --out FILE`; exports are unchanged, so this build verifies that file with `tally verify FILE --key DIR/ledger.pub`). There is no import into layout 2: start a new ledger with `tally init` in another directory, and keep the old directory and its export as the old ledger's record")]
     OldLayout(PathBuf),
     /// A log segment that is not what the layout says (header, name, numbering).
     #[error("{path}: {why}")]
