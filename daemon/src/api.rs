@@ -444,6 +444,22 @@ fn prepare(
     max_batch: usize,
 ) -> Result<(std::collections::BTreeSet<String>, Vec<Vec<u8>>), ApiError> {
     let parsed = parse_body(bytes, framing, max_batch)?;
+    // The state version orders a fleet's ledgers for the auditor: the gate's alone.
+    if let Some(index) = parsed
+        .decisions
+        .iter()
+        .position(|d| d.state_version.is_some())
+    {
+        let line = parsed.lines.as_ref().and_then(|l| l.get(index).copied());
+        let at = line.map(|l| format!("line {l}: ")).unwrap_or_default();
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "field_not_allowed",
+            format!("{at}`state_version` is written by the gate alone; leave it out of appended decisions"),
+        )
+        .field("state_version")
+        .line(line));
+    }
     let runs = parsed.decisions.iter().map(|d| d.run.clone()).collect();
     let plaintexts = tally_ledger::ledger::prepare(parsed.decisions).map_err(|e| match e {
         LedgerError::Decision(d) => ApiError::decision(&d),
