@@ -311,7 +311,11 @@ fn crafted_gate_records_are_reported() {
         back.uid = Some(4242); // and under a uid that does not own the run
         ledger.append(back).expect("allow");
     });
-    let kinds: Vec<(u64, &ReplayKind)> = report.findings.iter().map(|f| (f.seq, &f.kind)).collect();
+    let kinds: Vec<(u64, &ReplayKind)> = report
+        .findings
+        .iter()
+        .map(|f| (f.seq.seq, &f.kind))
+        .collect();
     assert!(
         kinds.contains(&(6, &ReplayKind::BudgetBeyondPolicy)),
         "{}",

@@ -9,6 +9,7 @@
 //! Runs not started through the gate (their start names no policy) are left to the
 //! consistency audit.
 
+use crate::event::Seq;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -98,7 +99,7 @@ pub enum ReplayKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ReplayFinding {
     /// The record's seq.
-    pub seq: u64,
+    pub seq: Seq,
     /// Its run.
     pub run: String,
     /// What is wrong.
@@ -227,7 +228,7 @@ impl Replay {
         Replay::default()
     }
 
-    fn find(&mut self, seq: u64, run: &str, kind: ReplayKind) {
+    fn find(&mut self, seq: Seq, run: &str, kind: ReplayKind) {
         if self.report.findings.len() < MAX_LISTED {
             self.report.findings.push(ReplayFinding {
                 seq,

@@ -1,0 +1,197 @@
+//! A merged audit: the ledgers of several hosts whose gates share one state (docs/FLEET.md)
+//! read as one, so that each run gets one report and one handoff, and replay decides
+//! every call again on the state the whole fleet left before it.
+//!
+//! Every record a gate writes carries the state version it was decided at
+//! (`state_version`): one counter per state, taken once every scope the decision
+//! touched is held. So of two decisions that touched a common run, tool or credential,
+//! the later has the larger version, and merging the ledgers by version puts every
+//! run's records in the order they were decided. Each ledger's own order is kept as it
+//! is (a merge only interleaves); a record without a version (a policy record, a raw
+//! append) goes with the versioned record before it in its ledger.
+//!
+//! What a merge can see wrong, it reports: versions that go backwards within a ledger
+//! (its gate never numbers so), and one version in two ledgers (they were not written
+//! on one state, or a record was copied).
+
+use serde::Serialize;
+
+use crate::event::{Event, Seq};
+
+/// Most findings listed; the rest are counted.
+pub const MAX_LISTED: usize = 1000;
+
+/// What the merge found wrong with one record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum MergeKind {
+    /// The record's state version is below one its ledger recorded before it.
+    VersionBackwards {
+        /// Its version.
+        version: u64,
+        /// The highest version its ledger recorded before it.
+        before: u64,
+    },
+    /// Another ledger recorded a decision at the same state version.
+    VersionShared {
+        /// The version.
+        version: u64,
+        /// The other ledger's record.
+        other: Seq,
+    },
+}
+
+/// One finding of the merge.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MergeFinding {
+    /// The record.
+    pub seq: Seq,
+    /// Its run.
+    pub run: String,
+    /// What is wrong.
+    #[serde(flatten)]
+    pub kind: MergeKind,
+}
+
+/// What a merge read and found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MergeReport {
+    /// Decisions read, per ledger in the order given.
+    pub decisions: Vec<u64>,
+    /// Of those, how many carry a state version, per ledger.
+    pub versioned: Vec<u64>,
+    /// Findings, in merged order.
+    pub findings: Vec<MergeFinding>,
+    /// Findings beyond [`MAX_LISTED`].
+    pub omitted: u64,
+}
+
+impl MergeReport {
+    /// Whether the merge found nothing wrong.
+    pub fn is_clean(&self) -> bool {
+        self.findings.is_empty() && self.omitted == 0
+    }
+
+    /// The findings as text, one line each (empty if none).
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        for f in &self.findings {
+            let run = crate::text::shown(&f.run);
+            let _ = match &f.kind {
+                MergeKind::VersionBackwards { version, before } => writeln!(
+                    out,
+                    "seq {}  run {run}  state version {version} after {before} in the same ledger: its gate never numbers backwards",
+                    f.seq
+                ),
+                MergeKind::VersionShared { version, other } => writeln!(
+                    out,
+                    "seq {}  run {run}  state version {version} is also seq {other}'s: the ledgers were not written on one state",
+                    f.seq
+                ),
+            };
+        }
+        if self.omitted > 0 {
+            let _ = writeln!(out, "... and {} more merge findings", self.omitted);
+        }
+        out
+    }
+}
+
+struct Source<I> {
+    events: I,
+    head: Option<Event>,
+    /// The highest version read from this ledger so far (0 before any).
+    key: u64,
+}
+
+/// Merge the events of several ledgers, each in its own order, into `sink` in state
+/// version order. Events are renumbered: `Seq::ledger` is the source's place in
+/// `sources` from 1, `Seq::order` the place in the merged order.
+pub fn merge<I: Iterator<Item = Event>>(
+    sources: Vec<I>,
+    mut sink: impl FnMut(Event),
+) -> MergeReport {
+    let mut report = MergeReport {
+        decisions: vec![0; sources.len()],
+        versioned: vec![0; sources.len()],
+        ..MergeReport::default()
+    };
+    let mut sources: Vec<Source<I>> = sources
+        .into_iter()
+        .map(|mut events| Source {
+            head: events.next(),
+            events,
+            key: 0,
+        })
+        .collect();
+    let mut order = 0u64;
+    // The last versioned record given out: its version and where it is.
+    let mut last: Option<(u64, Seq)> = None;
+    let flag = |report: &mut MergeReport, f: MergeFinding| {
+        if report.findings.len() < MAX_LISTED {
+            report.findings.push(f);
+        } else {
+            report.omitted += 1;
+        }
+    };
+    loop {
+        // The source whose head comes first: by version (a head without one goes with
+        // its ledger's last), then by the order the ledgers were given.
+        let next = sources
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let e = s.head.as_ref()?;
+                let key = e.decision.state_version.unwrap_or(s.key).max(s.key);
+                Some((key, i))
+            })
+            .min();
+        let Some((_, i)) = next else { break };
+        let source = &mut sources[i];
+        let Some(mut e) = source.head.take() else {
+            break;
+        };
+        source.head = source.events.next();
+        let ledger = u16::try_from(i + 1).unwrap_or(u16::MAX);
+        e.seq = Seq {
+            order,
+            ledger,
+            seq: e.seq.seq,
+        };
+        order += 1;
+        report.decisions[i] += 1;
+        if let Some(v) = e.decision.state_version {
+            report.versioned[i] += 1;
+            if v < source.key {
+                let before = source.key;
+                flag(
+                    &mut report,
+                    MergeFinding {
+                        seq: e.seq,
+                        run: e.decision.run.clone(),
+                        kind: MergeKind::VersionBackwards { version: v, before },
+                    },
+                );
+            } else {
+                source.key = v;
+                if let Some((lv, other)) = last {
+                    if lv == v && other.ledger != ledger {
+                        flag(
+                            &mut report,
+                            MergeFinding {
+                                seq: e.seq,
+                                run: e.decision.run.clone(),
+                                kind: MergeKind::VersionShared { version: v, other },
+                            },
+                        );
+                    }
+                }
+                last = Some((v, e.seq));
+            }
+        }
+        sink(e);
+    }
+    report
+}

@@ -1,0 +1,117 @@
+//! The merge of several ledgers' decisions into state version order.
+
+use tally_ledger::{Decision, Kind};
+use tally_verify::merge::{merge, MergeKind};
+use tally_verify::{Event, Seq};
+
+fn event(seq: u64, run: &str, version: Option<u64>) -> Event {
+    Event {
+        seq: Seq::single(seq),
+        wall_ms: 0,
+        epoch: 0,
+        decision: Decision {
+            run: run.into(),
+            kind: Some(Kind::Allow),
+            state_version: version,
+            ..Decision::default()
+        },
+    }
+}
+
+fn merged(sources: Vec<Vec<Event>>) -> (Vec<(u16, u64, u64)>, tally_verify::merge::MergeReport) {
+    let mut out = Vec::new();
+    let report = merge(sources.into_iter().map(Vec::into_iter).collect(), |e| {
+        out.push((e.seq.ledger, e.seq.seq, e.seq.order))
+    });
+    (out, report)
+}
+
+#[test]
+fn decisions_interleave_by_state_version_and_keep_each_ledgers_order() {
+    let a = vec![
+        event(0, "", None), // a policy record: before the decision it came with
+        event(1, "r", Some(1)),
+        event(2, "r", Some(4)),
+        event(3, "r", Some(4)), // a second record of the same decision
+        event(4, "r", Some(9)),
+    ];
+    let b = vec![
+        event(0, "", None),
+        event(1, "r", Some(2)),
+        event(2, "r", Some(7)),
+    ];
+    let (out, report) = merged(vec![a, b]);
+    let got: Vec<(u16, u64)> = out.iter().map(|&(l, s, _)| (l, s)).collect();
+    // Both policy records come before any decision (nothing versioned precedes them).
+    assert_eq!(
+        got,
+        [
+            (1, 0),
+            (2, 0),
+            (1, 1),
+            (2, 1),
+            (1, 2),
+            (1, 3),
+            (2, 2),
+            (1, 4)
+        ]
+    );
+    // Renumbered in merged order.
+    let orders: Vec<u64> = out.iter().map(|&(_, _, o)| o).collect();
+    assert_eq!(orders, (0..8).collect::<Vec<_>>());
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.decisions, [5, 3]);
+    assert_eq!(report.versioned, [4, 2]);
+}
+
+#[test]
+fn a_version_that_goes_back_in_its_ledger_is_reported_and_not_reordered() {
+    let a = vec![
+        event(0, "r", Some(5)),
+        event(1, "r", Some(3)),
+        event(2, "r", Some(6)),
+    ];
+    let b = vec![event(0, "r", Some(4))];
+    let (out, report) = merged(vec![a, b]);
+    let got: Vec<(u16, u64)> = out.iter().map(|&(l, s, _)| (l, s)).collect();
+    // Ledger 1's seq 1 stays after its seq 0, and goes with it.
+    assert_eq!(got, [(2, 0), (1, 0), (1, 1), (1, 2)]);
+    assert_eq!(report.findings.len(), 1, "{report:?}");
+    assert_eq!(
+        report.findings[0].kind,
+        MergeKind::VersionBackwards {
+            version: 3,
+            before: 5
+        }
+    );
+    assert_eq!(report.findings[0].seq.to_string(), "1:1");
+}
+
+#[test]
+fn one_version_in_two_ledgers_is_reported() {
+    let a = vec![event(0, "r", Some(1)), event(1, "r", Some(2))];
+    let b = vec![event(0, "s", Some(2))];
+    let (_, report) = merged(vec![a, b]);
+    assert_eq!(report.findings.len(), 1, "{report:?}");
+    match &report.findings[0].kind {
+        MergeKind::VersionShared { version, other } => {
+            assert_eq!(*version, 2);
+            assert_eq!(other.to_string(), "1:1");
+        }
+        other => panic!("expected a shared version, got {other:?}"),
+    }
+    assert_eq!(report.findings[0].run, "s");
+}
+
+#[test]
+fn a_seq_names_its_ledger_only_in_a_merged_audit() {
+    assert_eq!(Seq::single(7).to_string(), "7");
+    assert_eq!(serde_json::to_string(&Seq::single(7)).unwrap(), "7");
+    let merged = Seq {
+        order: 3,
+        ledger: 2,
+        seq: 7,
+    };
+    assert_eq!(merged.to_string(), "2:7");
+    assert_eq!(serde_json::to_string(&merged).unwrap(), "\"2:7\"");
+}
