@@ -628,6 +628,7 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
         let mut value = match verified.single() {
             Some(report) => report.to_json(),
             None => serde_json::json!({
+                "version": analysis::REPORT_VERSION,
                 "verdict": verdict,
                 "ledgers": verified.reports.iter().enumerate().map(|(i, (path, r))| {
                     let mut v = r.to_json();

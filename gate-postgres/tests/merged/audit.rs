@@ -83,7 +83,19 @@ fn tally(args: &[&std::ffi::OsStr]) -> (i32, Value) {
     (out.status.code().unwrap_or(-1), json)
 }
 
-/// `tally CMD LEDGER... --key KEY... --auditor-key A --json`.
+/// The document must be what its published schema (docs/schemas/CMD.json) says.
+fn conforms(cmd: &str, doc: &Value) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/schemas")
+        .join(format!("{cmd}.json"));
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("schema")).expect("JSON");
+    let validator = jsonschema::draft202012::new(&schema).expect("a valid schema");
+    let errors: Vec<String> = validator.iter_errors(doc).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{cmd}: {errors:#?}\n{doc:#}");
+}
+
+/// `tally CMD LEDGER... --key KEY... --auditor-key A --json`, checked against its schema.
 fn audit(cmd: &str, hosts: &[&Path], auditor: &Path) -> (i32, Value) {
     let mut args: Vec<std::ffi::OsString> = vec![cmd.into()];
     for h in hosts {
@@ -95,7 +107,9 @@ fn audit(cmd: &str, hosts: &[&Path], auditor: &Path) -> (i32, Value) {
     }
     args.extend(["--auditor-key".into(), auditor.into(), "--json".into()]);
     let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    tally(&refs)
+    let (code, doc) = tally(&refs);
+    conforms(cmd, &doc);
+    (code, doc)
 }
 
 #[test]
