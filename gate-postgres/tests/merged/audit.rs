@@ -251,3 +251,85 @@ fn a_ledger_of_another_state_is_told_apart() {
         "{v:#}"
     );
 }
+
+/// Under a race the versions still order every run's decisions as they were made: the
+/// replay over the merged order agrees with every allow and every refusal.
+#[test]
+fn racing_hosts_replay_clean_in_version_order() {
+    let Some(cluster) = common::Cluster::start() else {
+        return;
+    };
+    let root = tempfile::tempdir().expect("tempdir");
+    let auditor = AuditorKey::generate();
+    let auditor_path = root.path().join("auditor.key");
+    auditor.write(&auditor_path).expect("auditor key");
+    let url = cluster.url();
+    let hosts: Vec<Arc<Host>> = ["a", "b", "c"]
+        .iter()
+        .map(|n| Arc::new(host(root.path(), n, &auditor, &url)))
+        .collect();
+    start(
+        &hosts[0],
+        json!({"run": "race", "budget": {"spend_cents": 200}}),
+    );
+    let workers: Vec<_> = (0..24usize)
+        .map(|i| {
+            let h = Arc::clone(&hosts[i % 3]);
+            let settle = Arc::clone(&hosts[(i + 1) % 3]);
+            std::thread::spawn(move || {
+                let call = json!({"run": "race", "worker": format!("w{i}"), "tool": "llm",
+                                  "operation": format!("gen{i}"), "effect": "read", "reserve_cents": 30});
+                let req: CheckRequest = serde_json::from_value(call).expect("check");
+                let answer = h.gate.check_blocking(AGENT, req).expect("check");
+                if let (None, Some(attempt)) = (answer.reason, answer.attempt) {
+                    let req = OutcomeRequest {
+                        run: "race".into(),
+                        attempt,
+                        status: Status::Ok,
+                        settled_cents: Some(20),
+                        remote_ref: None,
+                        observed: None,
+                        retry_after_ms: None,
+                        worker: None,
+                    };
+                    settle.gate.outcome_blocking(AGENT, req).expect("outcome");
+                    return 1;
+                }
+                0
+            })
+        })
+        .collect();
+    let allowed: u32 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    assert!(
+        (6..=10).contains(&allowed),
+        "{allowed} allows of 30 within 200 cents"
+    );
+    let dirs: Vec<PathBuf> = hosts.iter().map(|h| h.dir.clone()).collect();
+    drop(hosts);
+    let all: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
+    let (code, v) = audit("verify", &all, &auditor_path);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["merge"]["findings"], json!([]), "{v:#}");
+    assert_eq!(v["replay"]["findings"], json!([]), "{v:#}");
+    assert_eq!(v["audit"]["findings"], json!([]), "{v:#}");
+    let (_, s) = audit_stats(&all, &auditor_path);
+    assert_eq!(
+        s["runs"][0]["spend"]["settled_cents"],
+        u64::from(allowed) * 20,
+        "{s:#}"
+    );
+}
+
+fn audit_stats(hosts: &[&Path], auditor: &Path) -> (i32, Value) {
+    let mut args: Vec<std::ffi::OsString> = vec!["stats".into()];
+    for h in hosts {
+        args.push(h.join("ledger").into());
+    }
+    for h in hosts {
+        args.push("--key".into());
+        args.push(h.join("ledger").join("ledger.pub").into());
+    }
+    args.extend(["--auditor-key".into(), auditor.into(), "--json".into()]);
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    tally(&refs)
+}
