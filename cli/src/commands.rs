@@ -369,7 +369,29 @@ impl Verified {
         match self.single() {
             Some(r) => r.to_text(),
             None => {
-                let mut out = String::new();
+                let n = self.reports.len();
+                let worst = |v: Verdict| {
+                    self.reports
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, (_, r))| r.verdict() == v)
+                        .map(|(i, _)| (i + 1).to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let mut out = match self.verdict() {
+                    Verdict::Intact => {
+                        format!("INTACT: all {n} ledgers verified and sealed, read as one\n")
+                    }
+                    Verdict::Tampered => format!(
+                        "TAMPERED: ledger {} of {n} did not verify\n",
+                        worst(Verdict::Tampered)
+                    ),
+                    Verdict::Incomplete => format!(
+                        "INCOMPLETE: ledger {} of {n} is not wholly sealed\n",
+                        worst(Verdict::Incomplete)
+                    ),
+                };
                 for (i, (path, r)) in self.reports.iter().enumerate() {
                     out.push_str(&format!("ledger {} ({}):\n", i + 1, path.display()));
                     for line in r.to_text().lines() {

@@ -186,6 +186,30 @@ fn three_ledgers_of_one_fleet_audit_as_one() {
         "every gate decision carries its state version: {v:#}"
     );
 
+    // The text names each ledger, then the merge.
+    let mut args: Vec<std::ffi::OsString> = vec!["verify".into()];
+    args.extend(all.iter().map(|h| h.join("ledger").into_os_string()));
+    for h in &all {
+        args.extend([
+            "--key".into(),
+            h.join("ledger").join("ledger.pub").into_os_string(),
+        ]);
+    }
+    args.extend([
+        "--auditor-key".into(),
+        auditor_path.clone().into_os_string(),
+    ]);
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(&args)
+        .output()
+        .expect("tally runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.starts_with("INTACT: all 3 ledgers"), "{text}");
+    for want in ["ledger 1 (", "ledger 2 (", "ledger 3 (", "merged: "] {
+        assert!(text.contains(want), "{want:?} in:\n{text}");
+    }
+
     // One handoff per run, whichever hosts wrote it.
     let (code, h) = audit("handoff", &all, &auditor_path);
     assert_eq!(code, 0, "{h:#}");
