@@ -655,12 +655,11 @@ async fn kill_9_of_one_daemon_mid_load_loses_no_acknowledged_decision() {
     let given = distinct_attempts(&per_host);
     assert!(given <= CAP, "{given} allows against {CAP} attempts");
     // The survivors drove the run to its cap: the state counts every attempt issued,
-    // those the dead daemon committed and never recorded included (never fewer).
+    // those the dead daemon committed and never recorded included (never fewer). The
+    // ledgers miss only what it had committed and not yet made durable, never answered:
+    // at most one per request in flight, one per worker.
     assert_eq!(standing["calls_allowed"], CAP, "{standing}");
-    assert!(
-        given <= CAP && given + 8 >= CAP,
-        "{given} recorded of {CAP}"
-    );
+    assert!(given + WORKERS as u64 >= CAP, "{given} recorded of {CAP}");
     let acked: usize = seen.iter().map(|s| count(s, is_allow)).sum();
     assert!(acked as u64 <= given);
     eprintln!(
