@@ -59,6 +59,9 @@ pub(crate) struct Limits {
     pub max_batch: usize,
     pub rate_per_sec: Option<u32>,
     pub read_timeout: Duration,
+    /// A networked state backend's bound: a gate call that waited longer than this for
+    /// the decision thread is refused as unavailable without being made.
+    pub queue_bound: Option<Duration>,
 }
 
 /// Bodies larger than this are parsed and validated on a parse thread ([`BulkParsers`]),
@@ -80,7 +83,7 @@ impl App {
             ledger,
             state,
             gate,
-            stage: crate::gate_api::Stage::start()?,
+            stage: crate::gate_api::Stage::start(limits.queue_bound)?,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             exports: Arc::new(Semaphore::new(MAX_EXPORTS)),

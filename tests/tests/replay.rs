@@ -109,6 +109,35 @@ fn an_allow_the_policy_would_refuse_is_reported_with_its_seq() {
 }
 
 #[test]
+fn skipped_attempt_numbers_are_reported_and_excuse_nothing() {
+    // Attempts 3..=6 skipped: issued by a state no ledger given records (a networked
+    // gate killed before recording) or forged; either way counted as used, so the allow
+    // is still beyond the budget.
+    let report = replayed(|ledger, digest| {
+        ledger
+            .append(forged_allow(Some(digest), 7))
+            .expect("append behind the gate");
+    });
+    let kinds: Vec<&ReplayKind> = report.findings.iter().map(|f| &f.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            &ReplayKind::AttemptsUnrecorded { from: 3, to: 6 },
+            &ReplayKind::AllowedAgainstPolicy {
+                would: Reason::AttemptsExhausted
+            }
+        ],
+        "{}",
+        report.to_text()
+    );
+    assert!(
+        report.to_text().contains("attempts 3..=6 were issued"),
+        "{}",
+        report.to_text()
+    );
+}
+
+#[test]
 fn an_allow_without_the_gates_policy_is_not_from_the_gate() {
     let report = replayed(|ledger, _| {
         ledger.append(forged_allow(None, 3)).expect("append");
