@@ -95,8 +95,8 @@ fn conforms(cmd: &str, doc: &Value) {
     assert!(errors.is_empty(), "{cmd}: {errors:#?}\n{doc:#}");
 }
 
-/// `tally CMD LEDGER... --key KEY... --auditor-key A --json`, checked against its schema.
-fn audit(cmd: &str, hosts: &[&Path], auditor: &Path) -> (i32, Value) {
+/// `tally CMD LEDGER... --key KEY... --auditor-key A --json`.
+fn run(cmd: &str, hosts: &[&Path], auditor: &Path) -> (i32, Value) {
     let mut args: Vec<std::ffi::OsString> = vec![cmd.into()];
     for h in hosts {
         args.push(h.join("ledger").into());
@@ -107,20 +107,49 @@ fn audit(cmd: &str, hosts: &[&Path], auditor: &Path) -> (i32, Value) {
     }
     args.extend(["--auditor-key".into(), auditor.into(), "--json".into()]);
     let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    let (code, doc) = tally(&refs);
+    tally(&refs)
+}
+
+/// [`run`], its output checked against its schema.
+fn audit(cmd: &str, hosts: &[&Path], auditor: &Path) -> (i32, Value) {
+    let (code, doc) = run(cmd, hosts, auditor);
     conforms(cmd, &doc);
     (code, doc)
 }
 
-#[test]
-fn three_ledgers_of_one_fleet_audit_as_one() {
-    let Some(cluster) = common::Cluster::start() else {
-        return;
-    };
+/// A test cluster, a directory for the hosts, and the auditor's key (written there).
+struct Setup {
+    cluster: common::Cluster,
+    root: tempfile::TempDir,
+    auditor: AuditorKey,
+    auditor_path: PathBuf,
+}
+
+fn setup() -> Option<Setup> {
+    let cluster = common::Cluster::start()?;
     let root = tempfile::tempdir().expect("tempdir");
     let auditor = AuditorKey::generate();
     let auditor_path = root.path().join("auditor.key");
     auditor.write(&auditor_path).expect("auditor key");
+    Some(Setup {
+        cluster,
+        root,
+        auditor,
+        auditor_path,
+    })
+}
+
+#[test]
+fn three_ledgers_of_one_fleet_audit_as_one() {
+    let Some(Setup {
+        cluster,
+        root,
+        auditor,
+        auditor_path,
+    }) = setup()
+    else {
+        return;
+    };
     let url = cluster.url();
     let hosts: Vec<Host> = ["a", "b", "c"]
         .iter()
@@ -280,13 +309,15 @@ fn a_ledger_of_another_state_is_told_apart() {
 /// replay over the merged order agrees with every allow and every refusal.
 #[test]
 fn racing_hosts_replay_clean_in_version_order() {
-    let Some(cluster) = common::Cluster::start() else {
+    let Some(Setup {
+        cluster,
+        root,
+        auditor,
+        auditor_path,
+    }) = setup()
+    else {
         return;
     };
-    let root = tempfile::tempdir().expect("tempdir");
-    let auditor = AuditorKey::generate();
-    let auditor_path = root.path().join("auditor.key");
-    auditor.write(&auditor_path).expect("auditor key");
     let url = cluster.url();
     let hosts: Vec<Arc<Host>> = ["a", "b", "c"]
         .iter()
@@ -336,24 +367,10 @@ fn racing_hosts_replay_clean_in_version_order() {
     assert_eq!(v["merge"]["findings"], json!([]), "{v:#}");
     assert_eq!(v["replay"]["findings"], json!([]), "{v:#}");
     assert_eq!(v["audit"]["findings"], json!([]), "{v:#}");
-    let (_, s) = audit_stats(&all, &auditor_path);
+    let (_, s) = run("stats", &all, &auditor_path);
     assert_eq!(
         s["runs"][0]["spend"]["settled_cents"],
         u64::from(allowed) * 20,
         "{s:#}"
     );
-}
-
-fn audit_stats(hosts: &[&Path], auditor: &Path) -> (i32, Value) {
-    let mut args: Vec<std::ffi::OsString> = vec!["stats".into()];
-    for h in hosts {
-        args.push(h.join("ledger").into());
-    }
-    for h in hosts {
-        args.push("--key".into());
-        args.push(h.join("ledger").join("ledger.pub").into());
-    }
-    args.extend(["--auditor-key".into(), auditor.into(), "--json".into()]);
-    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    tally(&refs)
 }
