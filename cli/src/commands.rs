@@ -365,11 +365,17 @@ impl Verified {
         }
     }
 
-    /// Whether the merge found versions out of order or shared.
-    fn merge_findings(&self) -> u64 {
-        self.merge
-            .as_ref()
-            .map_or(0, |m| m.findings.len() as u64 + m.omitted)
+    /// How many findings the merge made (of `run`'s records only, if given; findings
+    /// beyond those listed count for every run).
+    fn merge_findings(&self, run: Option<&str>) -> u64 {
+        self.merge.as_ref().map_or(0, |m| {
+            let listed = m
+                .findings
+                .iter()
+                .filter(|f| run.is_none_or(|r| f.run == r))
+                .count() as u64;
+            listed + m.omitted
+        })
     }
 
     /// Every ledger's report as text, each under its path.
@@ -388,9 +394,10 @@ impl Verified {
                         .join(", ")
                 };
                 let mut out = match self.verdict() {
-                    Verdict::Intact => {
+                    Verdict::Intact if self.merge.is_some() => {
                         format!("INTACT: all {n} ledgers verified and sealed, read as one\n")
                     }
+                    Verdict::Intact => format!("INTACT: all {n} ledgers verified and sealed\n"),
                     Verdict::Tampered => format!(
                         "TAMPERED: ledger {} of {n} did not verify\n",
                         worst(Verdict::Tampered)
@@ -504,6 +511,19 @@ impl Audits {
     /// seq order, several ledgers' merged in state version order (each verified on a
     /// thread of its own while the merge reads them).
     pub fn run(&self, mut sink: impl FnMut(Event)) -> Result<Verified> {
+        // Without the auditor key nothing is decrypted: each ledger is verified, nothing
+        // is merged.
+        let decrypting = self.ledgers.iter().all(|l| l.options.auditor.is_some());
+        if !decrypting {
+            let mut reports = Vec::with_capacity(self.ledgers.len());
+            for audit in &self.ledgers {
+                reports.push((audit.path.clone(), audit.run(|_| {})?));
+            }
+            return Ok(Verified {
+                reports,
+                merge: None,
+            });
+        }
         if let [one] = self.ledgers.as_slice() {
             let report = one.run(sink)?;
             return Ok(Verified {
@@ -524,7 +544,10 @@ impl Audits {
                 }));
                 streams.push(rx.into_iter());
             }
-            let merge = tally_verify::merge::merge(streams, &mut sink);
+            // Ties go by ledger id: the merged order is the same whatever order the
+            // ledgers were given in.
+            let ids = self.ledgers.iter().map(|l| l.options.public.ledger_id);
+            let merge = tally_verify::merge::merge(ids.zip(streams).collect(), &mut sink);
             let mut reports = Vec::with_capacity(walks.len());
             for (audit, walk) in self.ledgers.iter().zip(walks) {
                 let report = walk
@@ -652,7 +675,7 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
         || replayed
             .as_ref()
             .is_some_and(|r| !r.findings.is_empty() || r.omitted > 0)
-        || verified.merge_findings() > 0;
+        || verified.merge_findings(None) > 0;
     let verdict = verified.verdict();
     if audits.json {
         let mut value = match verified.single() {
@@ -826,7 +849,7 @@ fn banner(verified: &Verified) -> Option<String> {
             .collect::<Vec<_>>()
             .join("; "),
     };
-    let merge = match verified.merge_findings() {
+    let merge = match verified.merge_findings(None) {
         0 => String::new(),
         n => format!(
             "WARNING: merging the ledgers found {n} state versions out of order or shared (`tally verify` lists them).\n"
@@ -896,12 +919,13 @@ fn emit(verified: &Verified, json: bool, text: String, json_parts: &[String]) ->
     Ok(())
 }
 
-/// The exit code of a report over `findings` audit findings: a chain that did not
-/// verify, an inconsistency or a merge finding is 1, incomplete evidence 3.
-fn analysis_code(verified: &Verified, findings: u64) -> Code {
+/// The exit code of a report over `findings` audit findings (of `run`, if given): a
+/// chain that did not verify, an inconsistency or a merge finding is 1, incomplete
+/// evidence 3.
+fn analysis_code(verified: &Verified, findings: u64, run: Option<&str>) -> Code {
     match verified.verdict() {
         Verdict::Tampered => 1,
-        _ if findings > 0 || verified.merge_findings() > 0 => 1,
+        _ if findings > 0 || verified.merge_findings(run) > 0 => 1,
         v => v.exit_code(),
     }
 }
@@ -926,7 +950,7 @@ pub fn loops(
     ];
     emit(&verified, read.json, text, &json)?;
     let findings = found.findings.len() as u64 + found.findings_omitted;
-    Ok(analysis_code(&verified, findings))
+    Ok(analysis_code(&verified, findings, None))
 }
 
 pub fn handoff(
@@ -943,14 +967,14 @@ pub fn handoff(
     let findings = match run {
         Some(run) => match found.handoff(run) {
             Some(h) => h.findings,
-            None => bail!("no run named {run:?} in this ledger"),
+            None => bail!("no run named {run:?} in the ledgers read"),
         },
         None => found.findings.len() as u64 + found.findings_omitted,
     };
     let text = analysis::render_handoffs_text(&found, run);
     let json = [analysis::render_handoffs_json(&found, run)];
     emit(&verified, read.json, text, &json)?;
-    Ok(analysis_code(&verified, findings))
+    Ok(analysis_code(&verified, findings, run))
 }
 
 /// `tally stats`: per run, attempts used of the cap (over it only by a human's grant, or
@@ -963,7 +987,7 @@ pub fn stats(read: &ReadArgs, auditor_key: &Path, run: Option<&str>, force: bool
     let findings = match run {
         Some(run) => match found.handoff(run) {
             Some(h) => h.findings,
-            None => bail!("no run named {run:?} in this ledger"),
+            None => bail!("no run named {run:?} in the ledgers read"),
         },
         None => found.findings.len() as u64 + found.findings_omitted,
     };
@@ -1026,7 +1050,7 @@ pub fn stats(read: &ReadArgs, auditor_key: &Path, run: Option<&str>, force: bool
         &serde_json::json!({ "version": analysis::REPORT_VERSION, "runs": body }),
     )?;
     emit(&verified, read.json, text, &[json])?;
-    Ok(Exit::from_code(analysis_code(&verified, findings)))
+    Ok(Exit::from_code(analysis_code(&verified, findings, run)))
 }
 
 pub(crate) fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {

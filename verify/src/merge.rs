@@ -33,6 +33,10 @@ pub enum MergeKind {
         /// The highest version its ledger recorded before it.
         before: u64,
     },
+    /// The run has records in several ledgers, some without a state version (written
+    /// before its gates numbered their decisions, or not by a gate): the merge cannot
+    /// order them, and what the audit says of the run's order across ledgers is unproven.
+    Unordered,
     /// Another ledger recorded a decision at the same state version.
     VersionShared {
         /// The version.
@@ -85,6 +89,11 @@ impl MergeReport {
                     "seq {}  run {run}  state version {version} after {before} in the same ledger: its gate never numbers backwards",
                     f.seq
                 ),
+                MergeKind::Unordered => writeln!(
+                    out,
+                    "seq {}  run {run}  has records in several ledgers, some without a state version: their order across ledgers is unknown",
+                    f.seq
+                ),
                 MergeKind::VersionShared { version, other } => writeln!(
                     out,
                     "seq {}  run {run}  state version {version} is also seq {other}'s: the ledgers were not written on one state",
@@ -99,6 +108,13 @@ impl MergeReport {
     }
 }
 
+struct RunSeen {
+    first: usize,
+    several: bool,
+    unversioned: bool,
+    reported: bool,
+}
+
 struct Source<I> {
     events: I,
     head: Option<Event>,
@@ -109,8 +125,14 @@ struct Source<I> {
 /// Merge the events of several ledgers, each in its own order, into `sink` in state
 /// version order. Events are renumbered: `Seq::ledger` is the source's place in
 /// `sources` from 1, `Seq::order` the place in the merged order.
-pub fn merge<I: Iterator<Item = Event>>(
-    sources: Vec<I>,
+///
+/// Equal keys (records without a version, or a version two ledgers claim) go in the
+/// order of `ranks` (give each ledger's id: then the merged order, and so every finding,
+/// does not depend on the order the ledgers were given in). A run with records in more
+/// than one ledger, some without a version, cannot be ordered: it is reported
+/// (`unordered`), once.
+pub fn merge<I: Iterator<Item = Event>, R: Ord>(
+    sources: Vec<(R, I)>,
     mut sink: impl FnMut(Event),
 ) -> MergeReport {
     let mut report = MergeReport {
@@ -118,6 +140,7 @@ pub fn merge<I: Iterator<Item = Event>>(
         versioned: vec![0; sources.len()],
         ..MergeReport::default()
     };
+    let (ranks, sources): (Vec<R>, Vec<I>) = sources.into_iter().unzip();
     let mut sources: Vec<Source<I>> = sources
         .into_iter()
         .map(|mut events| Source {
@@ -126,6 +149,9 @@ pub fn merge<I: Iterator<Item = Event>>(
             key: 0,
         })
         .collect();
+    // Per run: the first ledger it has records in, whether it has records in another,
+    // whether any has no version, and whether it was reported unordered.
+    let mut runs: std::collections::HashMap<String, RunSeen> = std::collections::HashMap::new();
     let mut order = 0u64;
     // The last versioned record given out: its version and where it is.
     let mut last: Option<(u64, Seq)> = None;
@@ -145,10 +171,10 @@ pub fn merge<I: Iterator<Item = Event>>(
             .filter_map(|(i, s)| {
                 let e = s.head.as_ref()?;
                 let key = e.decision.state_version.unwrap_or(s.key).max(s.key);
-                Some((key, i))
+                Some((key, &ranks[i], i))
             })
             .min();
-        let Some((_, i)) = next else { break };
+        let Some((_, _, i)) = next else { break };
         let source = &mut sources[i];
         let Some(mut e) = source.head.take() else {
             break;
@@ -162,6 +188,27 @@ pub fn merge<I: Iterator<Item = Event>>(
         };
         order += 1;
         report.decisions[i] += 1;
+        if e.decision.kind() != tally_ledger::Kind::Policy {
+            let run = runs.entry(e.decision.run.clone()).or_insert(RunSeen {
+                first: i,
+                several: false,
+                unversioned: false,
+                reported: false,
+            });
+            run.several |= run.first != i;
+            run.unversioned |= e.decision.state_version.is_none();
+            if run.several && run.unversioned && !run.reported {
+                run.reported = true;
+                flag(
+                    &mut report,
+                    MergeFinding {
+                        seq: e.seq,
+                        run: e.decision.run.clone(),
+                        kind: MergeKind::Unordered,
+                    },
+                );
+            }
+        }
         if let Some(v) = e.decision.state_version {
             report.versioned[i] += 1;
             if v < source.key {

@@ -11,7 +11,12 @@ fn event(seq: u64, run: &str, version: Option<u64>) -> Event {
         epoch: 0,
         decision: Decision {
             run: run.into(),
-            kind: Some(Kind::Allow),
+            // A record of no run stands for a ledger's policy record.
+            kind: Some(if run.is_empty() {
+                Kind::Policy
+            } else {
+                Kind::Allow
+            }),
             state_version: version,
             ..Decision::default()
         },
@@ -20,7 +25,11 @@ fn event(seq: u64, run: &str, version: Option<u64>) -> Event {
 
 fn merged(sources: Vec<Vec<Event>>) -> (Vec<(u16, u64, u64)>, tally_verify::merge::MergeReport) {
     let mut out = Vec::new();
-    let report = merge(sources.into_iter().map(Vec::into_iter).collect(), |e| {
+    let ranked = sources
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (i, s.into_iter()));
+    let report = merge(ranked.collect(), |e| {
         out.push((e.seq.ledger, e.seq.seq, e.seq.order))
     });
     (out, report)
@@ -114,4 +123,31 @@ fn a_seq_names_its_ledger_only_in_a_merged_audit() {
     };
     assert_eq!(merged.to_string(), "2:7");
     assert_eq!(serde_json::to_string(&merged).unwrap(), "\"2:7\"");
+}
+
+#[test]
+fn a_run_with_unversioned_records_in_two_ledgers_is_unordered_whatever_the_order_given() {
+    let a = || vec![event(0, "r", None), event(1, "r", None)];
+    let b = || vec![event(0, "r", None)];
+    let ranked = |first: Vec<Event>, second: Vec<Event>, ranks: [u8; 2]| {
+        let mut out = Vec::new();
+        let report = merge(
+            vec![
+                (ranks[0], first.into_iter()),
+                (ranks[1], second.into_iter()),
+            ],
+            |e| out.push((e.seq.ledger, e.seq.seq)),
+        );
+        (out, report)
+    };
+    // The same two ledgers given in both orders (ranked by their ids, 7 and 9).
+    let (ab, report) = ranked(a(), b(), [7, 9]);
+    let (ba, _) = ranked(b(), a(), [9, 7]);
+    let placed = |out: Vec<(u16, u64)>, a_is: u16| -> Vec<(bool, u64)> {
+        out.into_iter().map(|(l, s)| (l == a_is, s)).collect()
+    };
+    assert_eq!(placed(ab, 1), placed(ba, 2), "one merged order either way");
+    assert_eq!(report.findings.len(), 1, "{report:?}");
+    assert_eq!(report.findings[0].kind, MergeKind::Unordered);
+    assert_eq!(report.findings[0].run, "r");
 }
