@@ -436,6 +436,13 @@ impl Audits {
                 read.keys.len()
             );
         }
+        if read.paths.len() >= usize::from(u16::MAX) {
+            bail!(
+                "{} ledgers: at most {} can be read as one",
+                read.paths.len(),
+                u16::MAX - 1
+            );
+        }
         if read.paths.iter().filter(|p| is_stdio(p)).count() > 1 {
             bail!("standard input (-) can be only one of the ledgers");
         }

@@ -716,14 +716,30 @@ impl PostgresTxn<'_> {
                     None => Ok(()),
                 }
             };
-            let (began, written, version, committed) = tokio::join!(
-                began,
-                written,
+            // Requests go out on their futures' first polls, in order. A write that fails
+            // before it is sent (its parameters do not encode) must not be followed by
+            // the COMMIT of what came before it: polled once first, alone.
+            let mut began = std::pin::pin!(futures::future::maybe_done(began));
+            let mut written = std::pin::pin!(futures::future::maybe_done(written));
+            let _ = futures::poll!(began.as_mut());
+            let _ = futures::poll!(written.as_mut());
+            if let Some(Err(_)) = written.as_mut().output_mut() {
+                if let Some(Err(e)) = written.as_mut().take_output() {
+                    return Err(e);
+                }
+            }
+            let (_, _, version, committed) = tokio::join!(
+                began.as_mut(),
+                written.as_mut(),
                 client.query_one(&st.next_version, &[]),
                 client.batch_execute("COMMIT")
             );
-            began?;
-            written?;
+            if let Some(r) = began.as_mut().take_output() {
+                r?;
+            }
+            if let Some(r) = written.as_mut().take_output() {
+                r?;
+            }
             let version = version?;
             committed?;
             Ok(version.get::<_, i64>(0))

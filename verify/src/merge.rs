@@ -33,6 +33,19 @@ pub enum MergeKind {
         /// The highest version its ledger recorded before it.
         before: u64,
     },
+    /// The record repeats the version of the record before it in its ledger, and the
+    /// two are not both stop records: one gate operation writes several records at one
+    /// version only when a kill stops a run and its descendants.
+    VersionRepeated {
+        /// The version.
+        version: u64,
+    },
+    /// The version is past what any gate numbers (a PostgreSQL `bigint` sequence, or an
+    /// embedded ledger's size): it would move the record past every other.
+    VersionOutOfRange {
+        /// The version.
+        version: u64,
+    },
     /// The run has records in several ledgers, some without a state version (written
     /// before its gates numbered their decisions, or not by a gate): the merge cannot
     /// order them, and what the audit says of the run's order across ledgers is unproven.
@@ -89,6 +102,16 @@ impl MergeReport {
                     "seq {}  run {run}  state version {version} after {before} in the same ledger: its gate never numbers backwards",
                     f.seq
                 ),
+                MergeKind::VersionRepeated { version } => writeln!(
+                    out,
+                    "seq {}  run {run}  repeats state version {version} of the record before it: only a kill's stops share one",
+                    f.seq
+                ),
+                MergeKind::VersionOutOfRange { version } => writeln!(
+                    out,
+                    "seq {}  run {run}  state version {version} is past what any gate numbers",
+                    f.seq
+                ),
                 MergeKind::Unordered => writeln!(
                     out,
                     "seq {}  run {run}  has records in several ledgers, some without a state version: their order across ledgers is unknown",
@@ -120,6 +143,8 @@ struct Source<I> {
     head: Option<Event>,
     /// The highest version read from this ledger so far (0 before any).
     key: u64,
+    /// Whether the last versioned record read from it was a stop.
+    last_stop: bool,
 }
 
 /// Merge the events of several ledgers, each in its own order, into `sink` in state
@@ -147,6 +172,7 @@ pub fn merge<I: Iterator<Item = Event>, R: Ord>(
             head: events.next(),
             events,
             key: 0,
+            last_stop: false,
         })
         .collect();
     // Per run: the first ledger it has records in, whether it has records in another,
@@ -211,6 +237,29 @@ pub fn merge<I: Iterator<Item = Event>, R: Ord>(
         }
         if let Some(v) = e.decision.state_version {
             report.versioned[i] += 1;
+            let stop = e.decision.kind() == tally_ledger::Kind::Stop;
+            let repeated = v == source.key && report.versioned[i] > 1;
+            if repeated && !(stop && source.last_stop) {
+                flag(
+                    &mut report,
+                    MergeFinding {
+                        seq: e.seq,
+                        run: e.decision.run.clone(),
+                        kind: MergeKind::VersionRepeated { version: v },
+                    },
+                );
+            }
+            source.last_stop = stop;
+            if v > i64::MAX as u64 {
+                flag(
+                    &mut report,
+                    MergeFinding {
+                        seq: e.seq,
+                        run: e.decision.run.clone(),
+                        kind: MergeKind::VersionOutOfRange { version: v },
+                    },
+                );
+            }
             if v < source.key {
                 let before = source.key;
                 flag(

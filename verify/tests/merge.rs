@@ -23,6 +23,12 @@ fn event(seq: u64, run: &str, version: Option<u64>) -> Event {
     }
 }
 
+fn stop(seq: u64, run: &str, version: u64) -> Event {
+    let mut e = event(seq, run, Some(version));
+    e.decision.kind = Some(Kind::Stop);
+    e
+}
+
 fn merged(sources: Vec<Vec<Event>>) -> (Vec<(u16, u64, u64)>, tally_verify::merge::MergeReport) {
     let mut out = Vec::new();
     let ranked = sources
@@ -40,8 +46,8 @@ fn decisions_interleave_by_state_version_and_keep_each_ledgers_order() {
     let a = vec![
         event(0, "", None), // a policy record: before the decision it came with
         event(1, "r", Some(1)),
-        event(2, "r", Some(4)),
-        event(3, "r", Some(4)), // a second record of the same decision
+        stop(2, "child", 4),
+        stop(3, "r", 4), // a kill's stops: one operation, one version
         event(4, "r", Some(9)),
     ];
     let b = vec![
@@ -150,4 +156,13 @@ fn a_run_with_unversioned_records_in_two_ledgers_is_unordered_whatever_the_order
     assert_eq!(report.findings.len(), 1, "{report:?}");
     assert_eq!(report.findings[0].kind, MergeKind::Unordered);
     assert_eq!(report.findings[0].run, "r");
+}
+
+#[test]
+fn a_version_past_any_gates_is_reported() {
+    let (_, report) = merged(vec![vec![event(0, "r", Some(u64::MAX))], vec![]]);
+    assert_eq!(
+        report.findings[0].kind,
+        MergeKind::VersionOutOfRange { version: u64::MAX }
+    );
 }
