@@ -151,6 +151,14 @@ struct Line {
 
 fn prepare(text: &str, number: usize, what: impl Fn() -> String) -> Result<Line> {
     let d = Decision::from_json(text).with_context(&what)?;
+    // As the daemon's append refuses it: the state version orders a fleet's ledgers for
+    // the auditor, and only the gate numbers its decisions (docs/FLEET.md).
+    if d.state_version.is_some() {
+        return Err(anyhow::anyhow!(
+            "`state_version` is written by the gate alone; leave it out of appended decisions"
+        ))
+        .with_context(&what);
+    }
     let bytes = tally_ledger::ledger::prepare(vec![d])
         .with_context(&what)?
         .pop()
