@@ -6,6 +6,7 @@
 //! an export's target.
 
 mod edge;
+mod merged_review;
 mod fixture;
 
 #[test]
