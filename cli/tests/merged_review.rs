@@ -246,3 +246,53 @@ fn unversioned_records_of_two_ledgers_do_not_depend_on_the_order_given() {
         "the same two ledgers, given in two orders, audit differently:\n{out_ab}\n=====\n{out_ba}"
     );
 }
+
+// Nit (docs/REPORTS.md: "`handoff --run RUN` counts only that run's findings"): a merge
+// finding about another run still makes `handoff --run` (and `stats --run`) exit 1.
+// Here run `s` of ledger 1 and run `t` of ledger 2 share state version 3; run `r` is
+// clean.
+#[test]
+fn handoff_of_one_run_counts_only_that_runs_merge_findings() {
+    let tmp = setup();
+    let d = tmp.path();
+    ledger(
+        d,
+        "a",
+        &[
+            r#"{"run":"r","kind":"start","goal":"g","state_version":1}"#,
+            r#"{"run":"r","kind":"stop","reason":"completed","state_version":2}"#,
+            r#"{"run":"s","kind":"start","goal":"g","state_version":3}"#,
+        ],
+    );
+    ledger(
+        d,
+        "b",
+        &[r#"{"run":"t","kind":"start","goal":"g","state_version":3}"#],
+    );
+    let (code, out) = audit(d, "verify", &["a", "b"], &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("state version 3 is also"), "{out}");
+    let (code, out) = audit(d, "handoff", &["a", "b"], &["--run", "r"]);
+    assert_eq!(code, Some(0), "run r has no finding, merged or not:\n{out}");
+}
+
+// Nit: without --auditor-key nothing is decrypted, so nothing is merged; the text still
+// says the ledgers were "read as one" and "merged: 0 decisions of 2 ledgers in state
+// version order", as if the merge had run and found nothing.
+#[test]
+fn a_merged_verify_without_the_auditor_key_does_not_claim_a_merge() {
+    let tmp = setup();
+    let d = tmp.path();
+    ledger(d, "a", A);
+    ledger(d, "b", B);
+    let o = tally(
+        d,
+        &["verify", "a", "b", "--key", "a/ledger.pub", "--key", "b/ledger.pub"],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(
+        !out.contains("merged: 0 decisions"),
+        "nothing was decrypted, so nothing was merged:\n{out}"
+    );
+}
