@@ -375,3 +375,65 @@ fn crafted_gate_records_are_reported() {
         report.to_text()
     );
 }
+
+// The embedded gate's state versions never go back, neither across a gate opened
+// again over the same ledger nor across the ledger closed and opened again (the counter
+// starts at the ledger's durable size).
+#[test]
+fn embedded_state_versions_increase_across_restarts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auditor = AuditorKey::generate();
+    let path = dir.path().join("l");
+    let public = Ledger::init(&path, &auditor.public(), Rotation::default()).expect("init");
+    let policy = || Recorded::new("[ceiling]\nattempts = 9\n[approvals]\nask_on = []\n").unwrap();
+    {
+        let ledger = Arc::new(Ledger::open(&path).expect("open"));
+        let gate = Gate::open(Arc::clone(&ledger), policy()).expect("gate");
+        gate.start_blocking(
+            Caller::default(),
+            StartRequest {
+                run: "r".into(),
+                ..StartRequest::default()
+            },
+        )
+        .expect("start");
+        check(&gate, "a");
+        check(&gate, "b");
+        drop(gate);
+        let gate = Gate::open(Arc::clone(&ledger), policy()).expect("gate again");
+        check(&gate, "c");
+        // A raw append between: it takes a seq, no version.
+        ledger.append(tally_tests::decision(1)).expect("raw append");
+        check(&gate, "d");
+    }
+    {
+        let ledger = Arc::new(Ledger::open(&path).expect("open again"));
+        let gate = Gate::open(Arc::clone(&ledger), policy()).expect("gate reopened");
+        check(&gate, "e");
+        check(&gate, "f");
+    }
+    let ledger = Ledger::open(&path).expect("open to export");
+    let out = dir.path().join("x.tally");
+    ledger.export(&out).expect("export");
+    let bytes = std::fs::read(&out).expect("read");
+    let mut options = Options::new(public);
+    options.auditor = Some(auditor);
+    let mut versions = Vec::new();
+    let frames = read_export(&bytes).expect("export");
+    let report = verify(
+        frames.into_iter(),
+        &options,
+        |e| {
+            if let Some(v) = e.decision.state_version {
+                versions.push(v);
+            }
+        },
+        |_| {},
+    );
+    assert_eq!(report.verdict(), tally_verify::Verdict::Intact);
+    assert_eq!(versions.len(), 7, "{versions:?}");
+    assert!(
+        versions.windows(2).all(|w| w[0] < w[1]),
+        "versions go back or repeat: {versions:?}"
+    );
+}

@@ -166,3 +166,24 @@ fn a_version_past_any_gates_is_reported() {
         MergeKind::VersionOutOfRange { version: u64::MAX }
     );
 }
+
+/// One gate operation writes several records at one version only as a kill's stops (a
+/// run and its descendants), never two calls: a ledger that repeats its last version on
+/// a later call could put that call anywhere after its own previous record in the merged
+/// order (before another host's stop of the run, say). Reported.
+#[test]
+fn a_call_repeating_its_ledgers_last_version_is_reported() {
+    let mut first = event(0, "r", Some(4));
+    first.decision.attempt = Some(1);
+    let mut again = event(1, "r", Some(4));
+    again.decision.attempt = Some(2);
+    let mut stop = event(0, "r", Some(5));
+    stop.decision.kind = Some(Kind::Stop);
+    let (out, report) = merged(vec![vec![first, again], vec![stop]]);
+    let got: Vec<(u16, u64)> = out.iter().map(|&(l, s, _)| (l, s)).collect();
+    assert_eq!(got, [(1, 0), (1, 1), (2, 0)]);
+    assert!(
+        !report.is_clean(),
+        "two calls at one version in one ledger: {report:?}"
+    );
+}
