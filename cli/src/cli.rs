@@ -37,11 +37,14 @@ A PATH or FILE of `-` is standard input. Man pages: `tally man DIR`; shell compl
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReadArgs {
     /// A ledger directory (when no writer holds it), an export file, or `-` for an
-    /// export on standard input.
-    pub path: PathBuf,
-    /// The ledger's public verification key (ledger.pub), obtained from the ledger's owner.
-    #[arg(long)]
-    pub key: PathBuf,
+    /// export on standard input. Several ledgers whose gates share one state (a fleet,
+    /// docs/FLEET.md) are audited as one: each run gets one report and one handoff.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// The ledger's public verification key (ledger.pub), obtained from the ledger's
+    /// owner: one per ledger, in the order the ledgers are given.
+    #[arg(long = "key", required = true, value_name = "KEY")]
+    pub keys: Vec<PathBuf>,
     /// A checkpoint held elsewhere that the ledger must contain (repeatable).
     #[arg(long = "anchor", value_name = "CP")]
     pub anchors: Vec<PathBuf>,

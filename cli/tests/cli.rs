@@ -7,6 +7,7 @@
 
 mod edge;
 mod fixture;
+mod merged;
 
 #[test]
 fn cases() {

@@ -59,6 +59,9 @@ pub(crate) struct Limits {
     pub max_batch: usize,
     pub rate_per_sec: Option<u32>,
     pub read_timeout: Duration,
+    /// A networked state backend's bound: a gate call that waited longer than this for
+    /// the decision thread is refused as unavailable without being made.
+    pub queue_bound: Option<Duration>,
 }
 
 /// Bodies larger than this are parsed and validated on a parse thread ([`BulkParsers`]),
@@ -80,7 +83,7 @@ impl App {
             ledger,
             state,
             gate,
-            stage: crate::gate_api::Stage::start()?,
+            stage: crate::gate_api::Stage::start(limits.queue_bound)?,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             exports: Arc::new(Semaphore::new(MAX_EXPORTS)),
@@ -444,6 +447,22 @@ fn prepare(
     max_batch: usize,
 ) -> Result<(std::collections::BTreeSet<String>, Vec<Vec<u8>>), ApiError> {
     let parsed = parse_body(bytes, framing, max_batch)?;
+    // The state version orders a fleet's ledgers for the auditor: the gate's alone.
+    if let Some(index) = parsed
+        .decisions
+        .iter()
+        .position(|d| d.state_version.is_some())
+    {
+        let line = parsed.lines.as_ref().and_then(|l| l.get(index).copied());
+        let at = line.map(|l| format!("line {l}: ")).unwrap_or_default();
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "field_not_allowed",
+            format!("{at}`state_version` is written by the gate alone; leave it out of appended decisions"),
+        )
+        .field("state_version")
+        .line(line));
+    }
     let runs = parsed.decisions.iter().map(|d| d.run.clone()).collect();
     let plaintexts = tally_ledger::ledger::prepare(parsed.decisions).map_err(|e| match e {
         LedgerError::Decision(d) => ApiError::decision(&d),

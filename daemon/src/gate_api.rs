@@ -164,21 +164,30 @@ fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, Ap
 /// workers spent their time in futex waits; made here, one after another with no
 /// contention, the workers only parse, hand over and answer. Replies still come from the
 /// ledger's commit thread once durable.
+///
+/// With a networked state backend, a call that waited longer than the backend's bound
+/// for its turn here is refused as unavailable without being made: the backend's own
+/// deadline on queued decisions cannot act on calls made one after another by this one
+/// thread, and on a database that stopped answering (a network partition: no reset, no
+/// refusal) each call would otherwise spend up to the bound in turn, so the k-th queued
+/// check waited k bounds (docs/FLEET.md, "What each failure does").
 pub(crate) struct Stage {
-    jobs: std::sync::mpsc::Sender<Job>,
+    jobs: std::sync::mpsc::Sender<(std::time::Instant, Job)>,
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A gate call: run with `false`, or with `true` to refuse it as unavailable.
+type Job = Box<dyn FnOnce(bool) + Send>;
 
 impl Stage {
-    /// Start the decision thread. It ends when the last sender is dropped.
-    pub fn start() -> std::io::Result<Stage> {
-        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+    /// Start the decision thread. It ends when the last sender is dropped. `bound`: the
+    /// longest a call may wait for its turn (`None`: no limit).
+    pub fn start(bound: Option<std::time::Duration>) -> std::io::Result<Stage> {
+        let (jobs, queue) = std::sync::mpsc::channel::<(std::time::Instant, Job)>();
         std::thread::Builder::new()
             .name("tally-gate".into())
             .spawn(move || {
-                while let Ok(job) = queue.recv() {
-                    job();
+                while let Ok((queued, job)) = queue.recv() {
+                    job(bound.is_some_and(|b| queued.elapsed() > b));
                 }
             })?;
         Ok(Stage { jobs })
@@ -192,12 +201,18 @@ async fn answered<T: Send + 'static>(
     f: impl FnOnce(Box<dyn FnOnce(Result<T, GateError>) + Send>) + Send + 'static,
 ) -> Result<T, GateError> {
     let (tx, rx) = oneshot::channel();
-    let job: Job = Box::new(move || {
+    let job: Job = Box::new(move |late| {
+        if late {
+            let _ = tx.send(Err(GateError::Unavailable(
+                "this gate's earlier decisions held the database past its bound; the gate refuses until the database answers (retry)".into(),
+            )));
+            return;
+        }
         f(Box::new(move |r| {
             let _ = tx.send(r);
         }))
     });
-    if stage.jobs.send(job).is_err() {
+    if stage.jobs.send((std::time::Instant::now(), job)).is_err() {
         return Err(GateError::Unavailable(
             "the gate's decision thread has stopped".into(),
         ));

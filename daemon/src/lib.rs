@@ -245,6 +245,7 @@ async fn serve_inner(
                 max_batch: options.max_batch,
                 rate_per_sec: options.rate_per_sec,
                 read_timeout: options.read_timeout,
+                queue_bound: options.state.as_ref().map(|s| s.timeout),
             },
         )
         .map_err(DaemonError::Runtime)?,

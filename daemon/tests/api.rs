@@ -191,6 +191,13 @@ async fn bad_requests_get_typed_errors_and_change_nothing() {
             Some("reason"),
         ),
         case(
+            "a state version from the writer (the gate's alone: it orders a fleet's ledgers)",
+            r#"{"run":"r","kind":"allow","tool":"t","state_version":7}"#,
+            400,
+            "field_not_allowed",
+            Some("state_version"),
+        ),
+        case(
             "field on the wrong kind",
             r#"{"run":"r","kind":"allow","goal":"g"}"#,
             400,

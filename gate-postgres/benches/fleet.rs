@@ -1,5 +1,7 @@
 //! Checks per second and p99 latency of the gate, embedded beside PostgreSQL with 1 and 3
-//! gates (each with its own ledger) on one database, in one run; and the database round
+//! gates (each with its own ledger) on one database, in one run; then the same through
+//! daemons (`tally_daemon::serve` in-process, each with its own ledger, HTTP on its own
+//! Unix socket): 1 daemon embedded, 1 and 3 daemons on PostgreSQL; and the database round
 //! trips per check and per outcome.
 //!
 //! Each worker loops: check (reserving 1 cent), then the outcome that settles it, on its
@@ -11,6 +13,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,20 +89,141 @@ fn load<B: StateBackend + 'static>(label: &str, gates: &[Arc<Gate<B>>], secs: f6
     let began = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(secs));
     stop.store(true, Ordering::Relaxed);
-    let mut lat: Vec<Duration> = handles
+    let lat: Vec<Duration> = handles
         .into_iter()
         .flat_map(|h| h.join().expect("worker"))
         .collect();
     let elapsed = began.elapsed().as_secs_f64();
+    report(label, gates.len() * WORKERS, lat, elapsed);
+}
+
+fn report(label: &str, workers: usize, mut lat: Vec<Duration>, elapsed: f64) {
     lat.sort();
     let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
     println!(
-        "{label:<28} {:>3} workers  {:>8.0} checks/s (each with its outcome)  p50 {:>7.2} ms  p99 {:>7.2} ms",
-        gates.len() * WORKERS,
+        "{label:<28} {workers:>3} workers  {:>8.0} checks/s (each with its outcome)  p50 {:>7.2} ms  p99 {:>7.2} ms",
         lat.len() as f64 / elapsed,
         p(0.50).as_secs_f64() * 1e3,
         p(0.99).as_secs_f64() * 1e3,
     );
+}
+
+async fn post(
+    c: &mut tally_daemon::client::Client,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let reply = c
+        .request(
+            tally_daemon::client::Method::POST,
+            path,
+            Some("application/json"),
+            body.to_string(),
+        )
+        .await
+        .expect("answer");
+    let value = serde_json::from_slice(&reply.body).unwrap_or(serde_json::Value::Null);
+    (reply.status.as_u16(), value)
+}
+
+/// `WORKERS` HTTP clients per daemon socket for `secs`, each on its own run and its own
+/// connection: checks/s and p99 check latency (connection to answer, over the socket).
+async fn daemon_load(label: &str, sockets: &[PathBuf], secs: f64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (d, socket) in sockets.iter().enumerate() {
+        for w in 0..WORKERS {
+            let run = format!("{label}-d{d}-w{w}");
+            let mut c = tally_daemon::client::Client::unix(socket)
+                .await
+                .expect("connect");
+            let (status, started) = post(
+                &mut c,
+                "/v1/runs",
+                json!({"run": run, "budget": {"attempts": 100_000_000, "spend_cents": 100_000_000}}),
+            )
+            .await;
+            assert_eq!(status, 201, "{started}");
+            let stop = Arc::clone(&stop);
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let began = Instant::now();
+                    let (status, a) = post(
+                        &mut c,
+                        "/v1/check",
+                        json!({
+                            "run": run, "tool": format!("tool{}", i % 4),
+                            "operation": format!("op{i}"), "args": {"i": i},
+                            "effect": "read", "reserve_cents": 1
+                        }),
+                    )
+                    .await;
+                    lat.push(began.elapsed());
+                    assert_eq!((status, a["decision"].as_str()), (200, Some("allow")), "{a}");
+                    let (status, o) = post(
+                        &mut c,
+                        "/v1/outcome",
+                        json!({"run": run, "attempt": a["attempt"], "status": "ok", "settled_cents": 1}),
+                    )
+                    .await;
+                    assert_eq!(status, 200, "{o}");
+                    i += 1;
+                }
+                lat
+            }));
+        }
+    }
+    let began = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.expect("worker"));
+    }
+    report(
+        label,
+        sockets.len() * WORKERS,
+        lat,
+        began.elapsed().as_secs_f64(),
+    );
+}
+
+/// Daemons over `dirs` (each its own ledger and socket), the state in the database at
+/// `state` or embedded in each ledger; measured with [`daemon_load`], then shut down.
+async fn daemons(label: &str, dirs: &[&Path], state: Option<&str>, secs: f64) {
+    let policy = tally_policy::Recorded::new(POLICY).expect("policy");
+    let mut stops = Vec::new();
+    let mut served = Vec::new();
+    let mut sockets = Vec::new();
+    for dir in dirs {
+        let ledger = common::ledger(dir);
+        let socket = dir.join("agent.sock");
+        let mut options = tally_daemon::ServeOptions::new(dir.join("ledger"), &socket);
+        options.policy = policy.clone();
+        options.state = state.map(tally_daemon::PostgresOptions::new);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        served.push(tokio::spawn(tally_daemon::serve(
+            ledger,
+            options,
+            async move {
+                let _ = stopped.await;
+            },
+        )));
+        stops.push(stop);
+        while tally_daemon::client::Client::unix(&socket).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sockets.push(socket);
+    }
+    daemon_load(label, &sockets, secs).await;
+    for stop in stops {
+        let _ = stop.send(());
+    }
+    for s in served {
+        s.await.expect("join").expect("daemon");
+    }
 }
 
 fn main() {
@@ -134,6 +258,23 @@ fn main() {
         .collect();
     load("postgres, 1 gate", &gates[..1], secs);
     load("postgres, 3 gates", &gates, secs);
+    drop(gates);
+
+    // The same through daemons: HTTP on Unix sockets, each daemon its own ledger.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let daemon_dirs: Vec<tempfile::TempDir> =
+        (0..4).map(|_| tempfile::tempdir().expect("dir")).collect();
+    let paths: Vec<&Path> = daemon_dirs.iter().map(|d| d.path()).collect();
+    let url = cluster.url();
+    runtime.block_on(async {
+        daemons("embedded, 1 daemon", &paths[3..], None, secs).await;
+        daemons("postgres, 1 daemon", &paths[..1], Some(&url), secs).await;
+        daemons("postgres, 3 daemons", &paths[..3], Some(&url), secs).await;
+    });
 
     // Round trips of one check and of one outcome, on a warm connection.
     let ledger = common::ledger(dirs[3].path().join("rt").as_path());

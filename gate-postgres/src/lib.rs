@@ -39,7 +39,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -147,6 +147,9 @@ CREATE TABLE tally_owners (
 );
 ";
 
+/// Version 2: the state version every decision is recorded at (docs/FLEET.md).
+const SCHEMA_V2: &str = "CREATE SEQUENCE IF NOT EXISTS tally_state_version AS bigint;";
+
 /// Every statement a decision uses, prepared once per connection.
 struct Statements {
     run_lock: Statement,
@@ -161,6 +164,7 @@ struct Statements {
     credential_lock: Statement,
     credential_insert: Statement,
     write: Statement,
+    next_version: Statement,
 }
 
 const WRITE: &str = "
@@ -356,6 +360,7 @@ impl Postgres {
                 credential_lock: p("SELECT state FROM tally_credentials WHERE name = $1 FOR UPDATE")?,
                 credential_insert: p("INSERT INTO tally_credentials (name, state, version) VALUES ($1, $2, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state")?,
                 write: p(WRITE)?,
+                next_version: p("SELECT nextval('tally_state_version')")?,
             })
         })();
         match prepared {
@@ -407,17 +412,9 @@ impl Postgres {
                 client.query("SELECT max(version) FROM tally_schema", &[]),
             )?;
             let found: Option<i32> = rows.first().and_then(|r| r.get(0));
-            match found {
-                None => {
-                    self.wait("to create the schema", client.batch_execute(SCHEMA_V1))?;
-                    self.wait(
-                        "to record the schema version",
-                        client.execute(
-                            "INSERT INTO tally_schema (version) VALUES ($1)",
-                            &[&SCHEMA_VERSION],
-                        ),
-                    )?;
-                }
+            let steps: &[&str] = match found {
+                None => &[SCHEMA_V1, SCHEMA_V2],
+                Some(1) => &[SCHEMA_V2],
                 Some(v) if v > SCHEMA_VERSION => {
                     return Ok(Err(PostgresError::SchemaTooNew {
                         target: self.target.clone(),
@@ -425,7 +422,19 @@ impl Postgres {
                         known: SCHEMA_VERSION,
                     }))
                 }
-                Some(_) => {}
+                Some(_) => &[],
+            };
+            if !steps.is_empty() {
+                for step in steps {
+                    self.wait("to create the schema", client.batch_execute(step))?;
+                }
+                self.wait(
+                    "to record the schema version",
+                    client.execute(
+                        "INSERT INTO tally_schema (version) VALUES ($1)",
+                        &[&SCHEMA_VERSION],
+                    ),
+                )?;
             }
             self.wait("to commit the schema", client.batch_execute("COMMIT"))?;
             Ok(Ok(()))
@@ -630,8 +639,35 @@ impl PostgresTxn<'_> {
         r
     }
 
-    /// Write a run's, a tool's and a credential's rows (any of them) in one statement,
-    /// and commit with it if `commit`.
+    /// The parameters of one write statement: a run's, a tool's and a credential's rows
+    /// (any of them). `None` if this transaction holds none of them.
+    fn row(
+        &self,
+        run: Option<&str>,
+        tool: Option<&str>,
+        credential: Option<&str>,
+    ) -> Option<WriteRow> {
+        let run = run.and_then(|n| self.runs.get(n).map(|r| (n, r)));
+        let tool = tool.and_then(|n| self.tools.get(n).map(|t| (n, t)));
+        let credential = credential.and_then(|n| self.credentials.get(n).map(|c| (n, c)));
+        if run.is_none() && tool.is_none() && credential.is_none() {
+            return None;
+        }
+        Some(WriteRow {
+            run_name: run.map(|(n, _)| n.to_owned()),
+            run_state: run.map(|(_, r)| encode(r)),
+            owner: run.and_then(|(_, r)| r.owner_uid.map(i64::from)),
+            parent: run.and_then(|(_, r)| r.parent.clone()),
+            open: run.map(|(_, r)| r.stop.is_none()),
+            tool_name: tool.map(|(n, _)| n.to_owned()),
+            tool_state: tool.map(|(_, t)| encode(t)),
+            tool_flight: tool.map(|(_, t)| encode(&t.in_flight)),
+            cred_name: credential.map(|(n, _)| n.to_owned()),
+            cred_state: credential.map(|(_, c)| encode(c)),
+        })
+    }
+
+    /// Write rows in one statement, and commit with it if `commit`.
     fn write(
         &mut self,
         run: Option<&str>,
@@ -639,40 +675,119 @@ impl PostgresTxn<'_> {
         credential: Option<&str>,
         commit: bool,
     ) -> Result<(), GateError> {
-        let run = run.and_then(|n| self.runs.get(n).map(|r| (n, r)));
-        let tool = tool.and_then(|n| self.tools.get(n).map(|t| (n, t)));
-        let credential = credential.and_then(|n| self.credentials.get(n).map(|c| (n, c)));
-        if run.is_none() && tool.is_none() && credential.is_none() {
+        let Some(row) = self.row(run, tool, credential) else {
             return Ok(());
-        }
-        let run_name = run.map(|(n, _)| n.to_owned());
-        let run_state = run.map(|(_, r)| encode(r));
-        let owner = run.and_then(|(_, r)| r.owner_uid.map(i64::from));
-        let parent = run.and_then(|(_, r)| r.parent.clone());
-        let open = run.map(|(_, r)| r.stop.is_none());
-        let tool_name = tool.map(|(n, _)| n.to_owned());
-        let tool_state = tool.map(|(_, t)| encode(t));
-        let tool_flight = tool.map(|(_, t)| encode(&t.in_flight));
-        let cred_name = credential.map(|(n, _)| n.to_owned());
-        let cred_state = credential.map(|(_, c)| encode(c));
+        };
         self.rows_then(
             "to write a decision's state",
             |s| &s.write,
-            &[
-                &run_name,
-                &run_state,
-                &owner,
-                &parent,
-                &open,
-                &tool_name,
-                &tool_state,
-                &tool_flight,
-                &cred_name,
-                &cred_state,
-            ],
+            &row.params(),
             commit,
         )?;
         Ok(())
+    }
+
+    /// The transaction's last round trip: `last`'s write (if any), the next state
+    /// version, and `COMMIT`, pipelined. Every row the decision touches is held by now,
+    /// so the version orders it after every decision that touched one of them before.
+    fn seal(&mut self, last: Option<WriteRow>) -> Result<u64, GateError> {
+        if !self.open {
+            return Err(GateError::Unavailable(
+                "the gate's transaction already ended".into(),
+            ));
+        }
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(self.gone());
+        };
+        let begin = !self.begun;
+        let client = &conn.client;
+        let st = &conn.st;
+        let r = self.backend.wait("to commit a decision's state", async {
+            let params = last.as_ref().map(WriteRow::params);
+            let began = async {
+                match begin {
+                    true => client.batch_execute("BEGIN").await,
+                    false => Ok(()),
+                }
+            };
+            let written = async {
+                match &params {
+                    Some(p) => client.query(&st.write, p).await.map(drop),
+                    None => Ok(()),
+                }
+            };
+            // Requests go out on their futures' first polls, in order. A write that fails
+            // before it is sent (its parameters do not encode) must not be followed by
+            // the COMMIT of what came before it: polled once first, alone.
+            let mut began = std::pin::pin!(futures::future::maybe_done(began));
+            let mut written = std::pin::pin!(futures::future::maybe_done(written));
+            let _ = futures::poll!(began.as_mut());
+            let _ = futures::poll!(written.as_mut());
+            if let Some(Err(_)) = written.as_mut().output_mut() {
+                if let Some(Err(e)) = written.as_mut().take_output() {
+                    return Err(e);
+                }
+            }
+            let (_, _, version, committed) = tokio::join!(
+                began.as_mut(),
+                written.as_mut(),
+                client.query_one(&st.next_version, &[]),
+                client.batch_execute("COMMIT")
+            );
+            if let Some(r) = began.as_mut().take_output() {
+                r?;
+            }
+            if let Some(r) = written.as_mut().take_output() {
+                r?;
+            }
+            let version = version?;
+            committed?;
+            Ok(version.get::<_, i64>(0))
+        });
+        match r {
+            Ok(v) => {
+                self.open = false;
+                u64::try_from(v).map_err(|_| {
+                    self.backend
+                        .unavailable("to number a decision", "the state version is negative")
+                })
+            }
+            Err(e) => {
+                self.broken();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// One write statement's parameters (see [`WRITE`]).
+struct WriteRow {
+    run_name: Option<String>,
+    run_state: Option<Vec<u8>>,
+    owner: Option<i64>,
+    parent: Option<String>,
+    open: Option<bool>,
+    tool_name: Option<String>,
+    tool_state: Option<Vec<u8>>,
+    tool_flight: Option<Vec<u8>>,
+    cred_name: Option<String>,
+    cred_state: Option<Vec<u8>>,
+}
+
+impl WriteRow {
+    fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+        [
+            &self.run_name,
+            &self.run_state,
+            &self.owner,
+            &self.parent,
+            &self.open,
+            &self.tool_name,
+            &self.tool_state,
+            &self.tool_flight,
+            &self.cred_name,
+            &self.cred_state,
+        ]
     }
 }
 
@@ -860,7 +975,7 @@ impl StateTxn for PostgresTxn<'_> {
         Ok(())
     }
 
-    fn persist(&mut self, scopes: &[Scopes<'_>]) -> Result<(), GateError> {
+    fn persist(&mut self, scopes: &[Scopes<'_>]) -> Result<u64, GateError> {
         if !self.open {
             return Err(GateError::Unavailable(
                 "the gate's transaction already ended".into(),
@@ -870,7 +985,8 @@ impl StateTxn for PostgresTxn<'_> {
         runs.dedup();
         // Every tool and credential this transaction read is locked and may have
         // changed (a stop frees its calls' slots): write them all. Rows go three to a
-        // statement (a run, a tool, a credential): a check writes in one round trip.
+        // statement (a run, a tool, a credential): a check writes, takes its version and
+        // commits in one round trip.
         let (tools, creds) = if scopes.is_empty() {
             (Vec::new(), Vec::new())
         } else {
@@ -880,34 +996,38 @@ impl StateTxn for PostgresTxn<'_> {
             )
         };
         let n = runs.len().max(tools.len()).max(creds.len());
-        for i in 0..n {
-            // The last write carries the COMMIT.
+        for i in 0..n.saturating_sub(1) {
             self.write(
                 runs.get(i).map(String::as_str),
                 tools.get(i).map(String::as_str),
                 creds.get(i).map(String::as_str),
-                i + 1 == n,
+                false,
             )?;
         }
-        if self.open {
-            self.simple("to commit a decision's state", "COMMIT")?;
-            self.open = false;
-        }
-        Ok(())
+        let last = n.checked_sub(1).and_then(|i| {
+            self.row(
+                runs.get(i).map(String::as_str),
+                tools.get(i).map(String::as_str),
+                creds.get(i).map(String::as_str),
+            )
+        });
+        self.seal(last)
     }
 
     fn commit(
-        mut self,
+        self,
         plaintexts: Vec<Vec<u8>>,
         scopes: &[Scopes<'_>],
         ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
         done: Committed,
     ) {
+        let _ = scopes;
         if self.open {
-            // The gate persists first; a caller that did not is refused, not recorded.
-            if let Err(e) = self.persist(scopes) {
-                return done(Err(tally_ledger::Error::Store(e.to_string())));
-            }
+            // The gate persists first (and so numbers the decision); a caller that did
+            // not is refused, not recorded. Dropping the transaction rolls it back.
+            return done(Err(tally_ledger::Error::Store(
+                "a decision was committed before its state was persisted".into(),
+            )));
         }
         // Queued under the local lock: this ledger's order is the order state changed.
         self.backend

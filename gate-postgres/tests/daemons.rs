@@ -123,3 +123,106 @@ fn three_daemons_on_one_database_share_one_budget() {
         }
     });
 }
+
+/// Checks queued on one daemon behind a run's row that another gate holds are each
+/// refused within three bounds, not one bound after another: the daemon makes its gate
+/// calls one at a time on its decision thread, and refuses, without making it, a call
+/// that waited past the bound for its turn. Once the row is free the same daemon allows.
+#[test]
+fn checks_queued_on_a_daemon_behind_a_held_row_are_each_refused_within_the_bound() {
+    use std::time::{Duration, Instant};
+    use tally_gate::backend::{StateBackend, StateTxn};
+    const BOUND: Duration = Duration::from_secs(1);
+    let operator = tally_gate::Caller {
+        uid: None,
+        operator: true,
+    };
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let host = dir.path().join("host");
+        std::fs::create_dir_all(&host).expect("host dir");
+        let ledger = ledger(&host);
+        let socket = host.join("agent.sock");
+        let mut options = ServeOptions::new(host.join("ledger"), &socket);
+        options.policy = Recorded::new("[approvals]\nask_on = []\n").expect("policy");
+        options.state = Some(PostgresOptions {
+            url: cluster.url(),
+            timeout: BOUND,
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(tally_daemon::serve(ledger, options, async move {
+            let _ = stopped.await;
+        }));
+        while Client::unix(&socket).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (status, started) = post(&socket, "/v1/runs", serde_json::json!({"run": "r"})).await;
+        assert_eq!(status, 201, "{started}");
+        let check = |op: String| {
+            let socket = socket.clone();
+            async move {
+                let body =
+                    serde_json::json!({"run": "r", "tool": "t", "operation": op, "effect": "read"});
+                let began = Instant::now();
+                let (status, answer) = post(&socket, "/v1/check", body).await;
+                (began.elapsed(), status, answer)
+            }
+        };
+
+        // Another gate's transaction holds the run's row (a stalled decision elsewhere),
+        // on a thread of its own (the backend blocks on its own runtime).
+        let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let url = cluster.url();
+        let holder = std::thread::spawn(move || {
+            let other_dir = tempfile::tempdir().expect("dir");
+            let other = tally_gate_postgres::Postgres::open(
+                common::ledger(other_dir.path()),
+                &PostgresOptions {
+                    url,
+                    timeout: Duration::from_secs(30),
+                },
+            )
+            .expect("second backend");
+            let mut held = other.begin().expect("begin");
+            held.run("r", operator).expect("lock the run's row");
+            locked_tx.send(()).expect("signal");
+            let _ = released.recv();
+            drop(held);
+        });
+        tokio::task::block_in_place(|| locked.recv()).expect("the row is held");
+        let queued: Vec<_> = (0..8)
+            .map(|i| tokio::spawn(check(format!("queued{i}"))))
+            .collect();
+        for q in queued {
+            let (took, status, answer) = q.await.expect("check");
+            assert_eq!(
+                (status, answer["reason"].as_str()),
+                (503, Some("gate_unavailable")),
+                "{answer}"
+            );
+            assert!(
+                took <= 3 * BOUND,
+                "a queued check was refused only after {took:?} (bound {BOUND:?})"
+            );
+        }
+        release.send(()).expect("release");
+        tokio::task::block_in_place(|| holder.join()).expect("holder");
+        let (_, status, answer) = check("after".into()).await;
+        assert_eq!(
+            (status, answer["decision"].as_str()),
+            (200, Some("allow")),
+            "{answer}"
+        );
+        let _ = stop.send(());
+        served.await.expect("join").expect("the daemon failed");
+    });
+}

@@ -55,3 +55,35 @@ fn a_schema_from_a_newer_tally_is_refused_and_several_gates_create_it_once() {
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
 }
+
+#[test]
+fn a_version_1_schema_is_migrated_in_place() {
+    let Some(cluster) = common::Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    drop(Postgres::open(common::ledger(dir.path()), &Options::new(&cluster.url())).expect("open"));
+    // What a tally of schema version 1 left: no state version sequence.
+    cluster.psql("DROP SEQUENCE tally_state_version; UPDATE tally_schema SET version = 1");
+    let gate = common::pg_gate(&cluster, dir.path(), "");
+    let req = serde_json::from_value(serde_json::json!({"run": "r"})).expect("request");
+    gate.start_blocking(
+        tally_gate::Caller {
+            uid: None,
+            operator: true,
+        },
+        req,
+    )
+    .expect("a start on the migrated schema");
+    assert_eq!(
+        cluster.psql("SELECT max(version) FROM tally_schema").trim(),
+        SCHEMA_VERSION.to_string()
+    );
+    // The sequence is back and numbered the start.
+    assert_eq!(
+        cluster
+            .psql("SELECT last_value FROM tally_state_version")
+            .trim(),
+        "1"
+    );
+}

@@ -103,13 +103,16 @@ pub trait StateTxn {
     fn set_paused(&mut self, run: &str, paused: bool) -> Result<(), GateError>;
     /// Make the state of `scopes` durable before anything is queued for the ledger (a
     /// networked backend commits its own transaction here: state ahead of the ledger on
-    /// a crash, never behind). An error leaves nothing durable and nothing queued: the
-    /// decision is refused and the gate stays up. The embedded backend writes its state
-    /// with the ledger's batch instead, in [`StateTxn::commit`].
-    fn persist(&mut self, scopes: &[Scopes<'_>]) -> Result<(), GateError> {
-        let _ = scopes;
-        Ok(())
-    }
+    /// a crash, never behind), and give the state version the decision is recorded at.
+    /// An error leaves nothing durable and nothing queued: the decision is refused and
+    /// the gate stays up. The embedded backend writes its state with the ledger's batch
+    /// instead, in [`StateTxn::commit`].
+    ///
+    /// The version is taken once every scope the decision touches is held, so of two
+    /// decisions that touched a common scope the later one has the larger version:
+    /// ordered by version, the decisions of every ledger written on this state replay
+    /// as they were decided. No scope may be read after it.
+    fn persist(&mut self, scopes: &[Scopes<'_>]) -> Result<u64, GateError>;
     /// Queue `plaintexts` with the state of `scopes` (and `ledger_state`, kept with the
     /// ledger itself), then release the transaction. Called only after
     /// [`StateTxn::persist`] succeeded for the same scopes.
@@ -127,15 +130,21 @@ pub trait StateTxn {
 pub struct Embedded {
     ledger: std::sync::Arc<Ledger>,
     tables: std::sync::Mutex<Tables>,
+    /// The next state version (changed only under the tables' lock).
+    next_version: std::sync::atomic::AtomicU64,
 }
 
 impl Embedded {
     /// Load the durable state from the ledger's store.
     pub fn open(ledger: std::sync::Arc<Ledger>) -> Result<Embedded, GateError> {
         let tables = Tables::load(&ledger)?;
+        // Every decision the gate queued took a version and left at least one entry, so
+        // the ledger's size is past every version it already holds.
+        let next_version = ledger.checkpoint().size;
         Ok(Embedded {
             ledger,
             tables: std::sync::Mutex::new(tables),
+            next_version: std::sync::atomic::AtomicU64::new(next_version),
         })
     }
 }
@@ -144,6 +153,7 @@ impl Embedded {
 pub struct EmbeddedTxn<'a> {
     ledger: &'a Ledger,
     t: std::sync::MutexGuard<'a, Tables>,
+    next_version: &'a std::sync::atomic::AtomicU64,
 }
 
 impl StateBackend for Embedded {
@@ -157,6 +167,7 @@ impl StateBackend for Embedded {
         Ok(EmbeddedTxn {
             ledger: &self.ledger,
             t,
+            next_version: &self.next_version,
         })
     }
 }
@@ -238,6 +249,14 @@ impl StateTxn for EmbeddedTxn<'_> {
             r.paused = paused;
         }
         Ok(())
+    }
+
+    fn persist(&mut self, _scopes: &[Scopes<'_>]) -> Result<u64, GateError> {
+        // Under the lock, and the decision is queued before it is released: versions
+        // follow the ledger's order.
+        Ok(self
+            .next_version
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed))
     }
 
     fn commit(

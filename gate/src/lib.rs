@@ -441,12 +441,12 @@ impl<B: StateBackend> Gate<B> {
         self.backend.begin()
     }
 
-    /// Commit `record` with the state of the scopes it touched; `answer` turns the
-    /// receipt into the reply.
+    /// Commit `records` with the state of the scopes they touched; `answer` turns the
+    /// receipt of the last into the reply.
     fn submit<T: Send + 'static>(
         &self,
         mut t: B::Txn<'_>,
-        records: Vec<Vec<u8>>,
+        mut records: Vec<Decision>,
         touched: &[Touched],
         answer: impl FnOnce(Receipt) -> T + Send + 'static,
         done: Done<T>,
@@ -454,9 +454,28 @@ impl<B: StateBackend> Gate<B> {
         let scopes: Vec<Scopes<'_>> = touched.iter().map(Touched::scopes).collect();
         // A networked backend's state is durable before the decision is queued; if it
         // cannot be, nothing was queued and the gate stays up (the caller retries).
-        if let Err(e) = t.persist(&scopes) {
-            return done(Err(e));
+        let version = match t.persist(&scopes) {
+            Ok(v) => v,
+            Err(e) => return done(Err(e)),
+        };
+        let mut encoded = Vec::with_capacity(records.len());
+        for r in &mut records {
+            r.state_version = Some(version);
+            match encode(r) {
+                Ok(bytes) => encoded.push(bytes),
+                Err(e) => {
+                    // Checked with the largest version before the state changed
+                    // (`encodable`): a state ahead of its record must not go on.
+                    let why = format!("a checked decision no longer encodes: {e}");
+                    self.failure
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(why.clone());
+                    return done(Err(GateError::Unavailable(why)));
+                }
+            }
         }
+        let records = encoded;
         let failure = Arc::clone(&self.failure);
         let mut plaintexts = Vec::with_capacity(records.len() + 1);
         let mut ledger_state = Vec::new();
@@ -555,7 +574,7 @@ impl<B: StateBackend> Gate<B> {
                     return Err(GateError::Refused(Reason::ChainDepthExceeded));
                 }
             }
-            let record = Decision {
+            let mut record = Decision {
                 run: req.run.clone(),
                 kind: Some(Kind::Start),
                 worker: req.worker.clone(),
@@ -569,7 +588,7 @@ impl<B: StateBackend> Gate<B> {
                 continues: req.continues.clone(),
                 ..Decision::default()
             };
-            let plaintext = encode(&record)?;
+            encodable(&mut record)?;
             let now = Now {
                 wall_ms: now_ms(),
                 at_ms: Some(0),
@@ -600,7 +619,7 @@ impl<B: StateBackend> Gate<B> {
             let digest = self.policy.digest.clone();
             let run_name = req.run.clone();
             Ok((
-                plaintext,
+                record,
                 writes,
                 move |r: Receipt| Started {
                     run: run_name,
@@ -614,9 +633,7 @@ impl<B: StateBackend> Gate<B> {
         })();
         match result {
             // Queued inside the transaction: the ledger's order is the state's order.
-            Ok((plaintext, writes, answer, t)) => {
-                self.submit(t, vec![plaintext], &writes, answer, done)
-            }
+            Ok((record, writes, answer, t)) => self.submit(t, vec![record], &writes, answer, done),
             Err(e) => done(Err(e)),
         }
     }
@@ -673,7 +690,7 @@ impl<B: StateBackend> Gate<B> {
                     tool: None,
                     credential: None,
                 };
-                encode(&decide(policy, &self.policy.digest, view, &call, now).record)?;
+                encodable(&mut decide(policy, &self.policy.digest, view, &call, now).record)?;
                 // The run is over: nothing to decide, nothing recorded.
                 return Err(GateError::Stopped(Box::new(CheckAnswer {
                     decision: Verdict::Deny,
@@ -697,7 +714,7 @@ impl<B: StateBackend> Gate<B> {
             if let Some(c) = &cred_scope {
                 t.ensure_credential(c, now.wall_ms, policy)?;
             }
-            let decided = {
+            let mut decided = {
                 let scopes = Scopes {
                     run: &call.run,
                     tool: Some(&call.tool),
@@ -705,7 +722,7 @@ impl<B: StateBackend> Gate<B> {
                 };
                 decide(policy, &self.policy.digest, t.view(&scopes), &call, now)
             };
-            let plaintext = encode(&decided.record)?;
+            encodable(&mut decided.record)?;
             let writes = {
                 let scopes = Scopes {
                     run: &call.run,
@@ -729,7 +746,7 @@ impl<B: StateBackend> Gate<B> {
             let cause = decided.cause;
             let verdict = decided.verdict;
             Ok((
-                plaintext,
+                record.clone(),
                 writes,
                 move |r: Receipt| CheckAnswer {
                     decision: verdict,
@@ -747,9 +764,7 @@ impl<B: StateBackend> Gate<B> {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => {
-                self.submit(t, vec![plaintext], &writes, answer, done)
-            }
+            Ok((record, writes, answer, t)) => self.submit(t, vec![record], &writes, answer, done),
             Err(e) => done(Err(e)),
         }
     }
@@ -793,7 +808,7 @@ impl<B: StateBackend> Gate<B> {
             if let Some(c) = &credential {
                 t.ensure_credential(c, now.wall_ms, policy)?;
             }
-            let record = Decision {
+            let mut record = Decision {
                 run: req.run.clone(),
                 kind: Some(Kind::Outcome),
                 worker: req.worker,
@@ -808,7 +823,7 @@ impl<B: StateBackend> Gate<B> {
                 policy: Some(self.policy.digest.clone()),
                 ..Decision::default()
             };
-            let plaintext = encode(&record)?;
+            encodable(&mut record)?;
             let touched = Touched {
                 run: req.run.clone(),
                 tool,
@@ -821,7 +836,7 @@ impl<B: StateBackend> Gate<B> {
                 .unwrap_or_default();
             let writes = vec![touched];
             Ok((
-                plaintext,
+                record,
                 writes,
                 move |r: Receipt| Logged {
                     seq: r.seq,
@@ -832,9 +847,7 @@ impl<B: StateBackend> Gate<B> {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => {
-                self.submit(t, vec![plaintext], &writes, answer, done)
-            }
+            Ok((record, writes, answer, t)) => self.submit(t, vec![record], &writes, answer, done),
             Err(e) => done(Err(e)),
         }
     }
@@ -898,10 +911,10 @@ impl<B: StateBackend> Gate<B> {
         reason: Reason,
         worker: Option<String>,
         caller: Caller,
-    ) -> Result<Vec<u8>, GateError> {
+    ) -> Result<Decision, GateError> {
         let policy = &self.policy.policy;
         let now = clock(state);
-        let record = Decision {
+        let mut record = Decision {
             run: run.to_owned(),
             kind: Some(Kind::Stop),
             worker,
@@ -912,7 +925,7 @@ impl<B: StateBackend> Gate<B> {
             limits: Some(tally_policy::apply::standing(state, now)),
             ..Decision::default()
         };
-        let plaintext = encode(&record)?;
+        encodable(&mut record)?;
         apply(policy, t.view_mut(&Scopes::run(run)), &record, now);
         // The stopped run's calls no longer hold their tools' in-flight slots (the
         // slots are not durable state: nothing more to write).
@@ -934,7 +947,7 @@ impl<B: StateBackend> Gate<B> {
             }
         }
         t.mark_stopped(run);
-        Ok(plaintext)
+        Ok(record)
     }
 
     /// Pause (`true`) or resume a run: its next check, from any worker, is refused with
@@ -989,7 +1002,7 @@ impl<B: StateBackend> Gate<B> {
                     "this approval was already recorded; each is used once".into(),
                 ));
             }
-            let record = Decision {
+            let mut record = Decision {
                 run: a.run.clone(),
                 kind: Some(Kind::Override),
                 at_ms: now.at_ms,
@@ -1005,12 +1018,12 @@ impl<B: StateBackend> Gate<B> {
             };
             tally_policy::approval::check(policy, &record)
                 .map_err(|e| GateError::ApprovalRefused(e.to_string()))?;
-            let plaintext = encode(&record)?;
+            encodable(&mut record)?;
             apply(policy, t.view_mut(&Scopes::run(&a.run)), &record, now);
             let writes = vec![Touched::run(&a.run)];
             let limits = tally_policy::apply::standing(&state, now);
             Ok((
-                plaintext,
+                record,
                 writes,
                 move |r: Receipt| Logged {
                     seq: r.seq,
@@ -1021,9 +1034,7 @@ impl<B: StateBackend> Gate<B> {
             ))
         })();
         match result {
-            Ok((plaintext, writes, answer, t)) => {
-                self.submit(t, vec![plaintext], &writes, answer, done)
-            }
+            Ok((record, writes, answer, t)) => self.submit(t, vec![record], &writes, answer, done),
             Err(e) => done(Err(e)),
         }
     }
@@ -1102,6 +1113,15 @@ fn blocking<T: Send + 'static>(f: impl FnOnce(Done<T>)) -> Result<T, GateError> 
 
 /// The stored bytes of a record the gate built (no raw arguments in it): validated, in
 /// canonical form, within the size a decision may take.
+/// Whether `record` encodes once the gate gives it its state version (checked before the
+/// state changes; [`encode`] then cannot fail).
+fn encodable(record: &mut Decision) -> Result<(), GateError> {
+    record.state_version = Some(u64::MAX);
+    let checked = encode(record).map(drop);
+    record.state_version = None;
+    checked
+}
+
 fn encode(record: &Decision) -> Result<Vec<u8>, GateError> {
     record.validate()?;
     let bytes = record.to_canonical_json();

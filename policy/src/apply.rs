@@ -150,7 +150,11 @@ pub fn apply(
     } = state;
     let kind = record.kind();
     let run_ms = run.run_ms(now);
-    run.last_ms = run.last_ms.max(run_ms);
+    // A refusal changes no state, the run's clock included: a networked gate keeps no
+    // state of a refusal, so the clock is what the run's writes left, on every host.
+    if kind != Kind::Deny {
+        run.last_ms = run.last_ms.max(run_ms);
+    }
     if let Some(stop) = run.stop {
         if kind != Kind::Outcome {
             found.push(Inconsistency::AfterStop { record: kind, stop });

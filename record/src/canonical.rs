@@ -205,6 +205,7 @@ impl<'a> Reader<'a> {
         opt!(grant, self.string()?);
         opt!(signature, self.string()?);
         opt!(continues, self.string()?);
+        opt!(state_version, self.u64()?);
         self.eat(b"}").then_some(d)
     }
 
@@ -466,6 +467,7 @@ mod tests {
             o(text()),
             o(text()),
             o(text()),
+            o(num()),
         )
             .boxed();
         (a, b, c, e, o(limits), g)
@@ -512,6 +514,7 @@ mod tests {
                 grant: g.5,
                 signature: g.6,
                 continues: g.7,
+                state_version: g.8,
             })
             .boxed()
     }

@@ -471,6 +471,13 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub continues: Option<String>,
+    /// The version of the gate's state this decision was decided at (every record the
+    /// gate writes but policy records): one counter per state, shared by every gate on
+    /// it, so the decisions of one run can be put in order across the ledgers of
+    /// several hosts (docs/FLEET.md). Written by the gate alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub state_version: Option<u64>,
 }
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
@@ -580,7 +587,7 @@ impl Decision {
                 });
             }
         }
-        let present: [(&'static str, bool, &[Kind]); 39] = [
+        let present: [(&'static str, bool, &[Kind]); 40] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -648,6 +655,19 @@ impl Decision {
             ("grant", self.grant.is_some(), &[Kind::Allow]),
             ("signature", self.signature.is_some(), &[Kind::Override]),
             ("continues", self.continues.is_some(), &[Kind::Start]),
+            (
+                "state_version",
+                self.state_version.is_some(),
+                &[
+                    Kind::Start,
+                    Kind::Allow,
+                    Kind::Deny,
+                    Kind::Outcome,
+                    Kind::Refund,
+                    Kind::Override,
+                    Kind::Stop,
+                ],
+            ),
         ];
         for (field, is_present, kinds) in present {
             if is_present && !kinds.contains(&kind) {

@@ -89,7 +89,7 @@ fn the_gates_loop_refusal_is_where_the_report_finds_the_loop() {
             l.ended_by,
             LoopEnd::Refused {
                 reason: Reason::LoopRepeatedCall,
-                seq
+                seq: tally_verify::Seq::single(seq)
             }
         );
         assert_eq!(l.last_seq, seq);

@@ -109,6 +109,35 @@ fn an_allow_the_policy_would_refuse_is_reported_with_its_seq() {
 }
 
 #[test]
+fn skipped_attempt_numbers_are_reported_and_excuse_nothing() {
+    // Attempts 3..=6 skipped: issued by a state no ledger given records (a networked
+    // gate killed before recording) or forged; either way counted as used, so the allow
+    // is still beyond the budget.
+    let report = replayed(|ledger, digest| {
+        ledger
+            .append(forged_allow(Some(digest), 7))
+            .expect("append behind the gate");
+    });
+    let kinds: Vec<&ReplayKind> = report.findings.iter().map(|f| &f.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            &ReplayKind::AttemptsUnrecorded { from: 3, to: 6 },
+            &ReplayKind::AllowedAgainstPolicy {
+                would: Reason::AttemptsExhausted
+            }
+        ],
+        "{}",
+        report.to_text()
+    );
+    assert!(
+        report.to_text().contains("attempts 3..=6 were issued"),
+        "{}",
+        report.to_text()
+    );
+}
+
+#[test]
 fn an_allow_without_the_gates_policy_is_not_from_the_gate() {
     let report = replayed(|ledger, _| {
         ledger.append(forged_allow(None, 3)).expect("append");
@@ -311,7 +340,11 @@ fn crafted_gate_records_are_reported() {
         back.uid = Some(4242); // and under a uid that does not own the run
         ledger.append(back).expect("allow");
     });
-    let kinds: Vec<(u64, &ReplayKind)> = report.findings.iter().map(|f| (f.seq, &f.kind)).collect();
+    let kinds: Vec<(u64, &ReplayKind)> = report
+        .findings
+        .iter()
+        .map(|f| (f.seq.seq, &f.kind))
+        .collect();
     assert!(
         kinds.contains(&(6, &ReplayKind::BudgetBeyondPolicy)),
         "{}",
@@ -340,5 +373,67 @@ fn crafted_gate_records_are_reported() {
             .any(|(s, k)| *s == 8 && matches!(k, ReplayKind::NotOwner { .. })),
         "{}",
         report.to_text()
+    );
+}
+
+// The embedded gate's state versions never go back, neither across a gate opened
+// again over the same ledger nor across the ledger closed and opened again (the counter
+// starts at the ledger's durable size).
+#[test]
+fn embedded_state_versions_increase_across_restarts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auditor = AuditorKey::generate();
+    let path = dir.path().join("l");
+    let public = Ledger::init(&path, &auditor.public(), Rotation::default()).expect("init");
+    let policy = || Recorded::new("[ceiling]\nattempts = 9\n[approvals]\nask_on = []\n").unwrap();
+    {
+        let ledger = Arc::new(Ledger::open(&path).expect("open"));
+        let gate = Gate::open(Arc::clone(&ledger), policy()).expect("gate");
+        gate.start_blocking(
+            Caller::default(),
+            StartRequest {
+                run: "r".into(),
+                ..StartRequest::default()
+            },
+        )
+        .expect("start");
+        check(&gate, "a");
+        check(&gate, "b");
+        drop(gate);
+        let gate = Gate::open(Arc::clone(&ledger), policy()).expect("gate again");
+        check(&gate, "c");
+        // A raw append between: it takes a seq, no version.
+        ledger.append(tally_tests::decision(1)).expect("raw append");
+        check(&gate, "d");
+    }
+    {
+        let ledger = Arc::new(Ledger::open(&path).expect("open again"));
+        let gate = Gate::open(Arc::clone(&ledger), policy()).expect("gate reopened");
+        check(&gate, "e");
+        check(&gate, "f");
+    }
+    let ledger = Ledger::open(&path).expect("open to export");
+    let out = dir.path().join("x.tally");
+    ledger.export(&out).expect("export");
+    let bytes = std::fs::read(&out).expect("read");
+    let mut options = Options::new(public);
+    options.auditor = Some(auditor);
+    let mut versions = Vec::new();
+    let frames = read_export(&bytes).expect("export");
+    let report = verify(
+        frames.into_iter(),
+        &options,
+        |e| {
+            if let Some(v) = e.decision.state_version {
+                versions.push(v);
+            }
+        },
+        |_| {},
+    );
+    assert_eq!(report.verdict(), tally_verify::Verdict::Intact);
+    assert_eq!(versions.len(), 7, "{versions:?}");
+    assert!(
+        versions.windows(2).all(|w| w[0] < w[1]),
+        "versions go back or repeat: {versions:?}"
     );
 }

@@ -12,12 +12,13 @@
 pub mod analysis;
 pub mod event;
 pub mod finding;
+pub mod merge;
 pub mod replay;
 pub mod report;
 pub mod text;
 pub mod walk;
 
-pub use event::Event;
+pub use event::{Event, Seq};
 pub use finding::{Finding, FindingKind, Hashes};
 pub use report::{AnchorStatus, Report, Tail, TornWrite, Verdict};
 pub use walk::{verify, Options, SourceError};

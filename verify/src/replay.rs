@@ -9,6 +9,7 @@
 //! Runs not started through the gate (their start names no policy) are left to the
 //! consistency audit.
 
+use crate::event::Seq;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -27,6 +28,10 @@ const OUTSIDE_THE_RECORDS: &[Reason] = &[
 
 /// Most findings listed; the rest are counted.
 pub const MAX_LISTED: usize = 1000;
+
+/// Most skipped attempts marked allowed one by one (a forged attempt number may be huge;
+/// the count of attempts used takes the whole gap anyway).
+const MAX_GAP: u64 = 4096;
 
 /// What replay found wrong with one recorded decision.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -87,6 +92,16 @@ pub enum ReplayKind {
         /// The field.
         field: &'static str,
     },
+    /// The allow's attempt number skips attempts that no record given allows: the
+    /// gate's state issued them and no ledger read records them (a networked gate
+    /// killed between committing its state and recording, docs/FLEET.md; or a ledger of
+    /// the fleet not given). Replay goes on as if they were allowed and never settled.
+    AttemptsUnrecorded {
+        /// The first attempt skipped.
+        from: u64,
+        /// The last attempt skipped.
+        to: u64,
+    },
     /// A policy record whose text is not a valid policy.
     InvalidPolicy {
         /// Why.
@@ -98,7 +113,7 @@ pub enum ReplayKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ReplayFinding {
     /// The record's seq.
-    pub seq: u64,
+    pub seq: Seq,
     /// Its run.
     pub run: String,
     /// What is wrong.
@@ -160,6 +175,11 @@ impl std::fmt::Display for ReplayFinding {
             ReplayKind::FieldDiffers { field } => write!(
                 f,
                 "seq {}  run {run}  allowed with a `{field}` the recorded policy would not give",
+                self.seq
+            ),
+            ReplayKind::AttemptsUnrecorded { from, to } => write!(
+                f,
+                "seq {}  run {run}  attempts {from}..={to} were issued and no ledger given records them (a gate killed before recording, or a ledger missing)",
                 self.seq
             ),
             ReplayKind::InvalidPolicy { why } => {
@@ -227,7 +247,7 @@ impl Replay {
         Replay::default()
     }
 
-    fn find(&mut self, seq: u64, run: &str, kind: ReplayKind) {
+    fn find(&mut self, seq: Seq, run: &str, kind: ReplayKind) {
         if self.report.findings.len() < MAX_LISTED {
             self.report.findings.push(ReplayFinding {
                 seq,
@@ -358,6 +378,20 @@ impl Replay {
             wall_ms: run.start_wall_ms.saturating_add(d.at_ms.unwrap_or(0)),
             at_ms: d.at_ms,
         };
+        // Attempts the state issued that no record given allows: counted as the state
+        // counted them (used, never settled), so what follows is judged on that state.
+        if let (Kind::Allow, Some(_), Some(attempt)) = (kind, &d.policy, d.attempt) {
+            let expected = run.last_attempt.saturating_add(1);
+            if attempt > expected && !run.allowed.contains(attempt) {
+                let to = attempt - 1;
+                for skipped in expected..=to.min(expected.saturating_add(MAX_GAP)) {
+                    run.allowed.insert(skipped);
+                }
+                run.attempts_used = run.attempts_used.saturating_add(to - expected + 1);
+                run.last_attempt = to;
+                notes.push(ReplayKind::AttemptsUnrecorded { from: expected, to });
+            }
+        }
         let mut finding = None;
         if call && d.policy.is_some() && run.stop.is_none() {
             let recorded = d.reason.filter(|_| kind == Kind::Deny);

@@ -832,7 +832,7 @@ impl Walk<'_> {
                     Ok(decision) => {
                         self.decrypted += 1;
                         sink(Event {
-                            seq: p.seq,
+                            seq: crate::event::Seq::single(p.seq),
                             wall_ms: p.wall_ms,
                             epoch: p.epoch,
                             decision,

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use tally_ledger::decision::args_digest;
 use tally_ledger::{Action, Decision, Effect, Reason, Status};
 use tally_verify::analysis::*;
-use tally_verify::Event;
+use tally_verify::{Event, Seq};
 
 /// Wall time of seq 0; each later record is 10 ms later (one ledger batch).
 const T0: u64 = 1_700_000_000_000;
@@ -53,7 +53,7 @@ fn events(ds: &[Decision]) -> Vec<Event> {
     (0u64..)
         .zip(ds)
         .map(|(seq, d)| Event {
-            seq,
+            seq: Seq::single(seq),
             wall_ms: wall(seq),
             epoch: 0,
             decision: d.clone(),
@@ -91,7 +91,7 @@ fn s(x: &str) -> Option<String> {
 
 fn finding(seq: u64, run: &str, kind: AuditKind) -> AuditFinding {
     AuditFinding {
-        seq,
+        seq: Seq::single(seq),
         run: run.to_owned(),
         kind,
     }
@@ -102,17 +102,23 @@ fn stopped(reason: Reason, seq: u64, when: When) -> StopReason {
         status: StopStatus::Stopped,
         reason: Some(reason),
         action: Some(reason.action()),
-        seq: Some(seq),
+        seq: Some(Seq::single(seq)),
         at: Some(when),
     }
 }
 
 fn actions(h: &Handoff) -> Vec<(ResumeAction, Option<u64>)> {
-    h.safe_resume.iter().map(|s| (s.action, s.seq)).collect()
+    h.safe_resume
+        .iter()
+        .map(|s| (s.action, s.seq.map(|q| q.seq)))
+        .collect()
 }
 
 fn unsafe_kinds(h: &Handoff) -> Vec<(UnsafeKind, u64)> {
-    h.unsafe_actions.iter().map(|u| (u.kind, u.seq)).collect()
+    h.unsafe_actions
+        .iter()
+        .map(|u| (u.kind, u.seq.seq))
+        .collect()
 }
 
 fn only_handoff(r: &Report) -> &Handoff {
@@ -149,8 +155,8 @@ fn retry_storm_against_a_failing_tool() {
             args_digest: digest(json!({"account": "acme"})),
             remote_ref: None,
             count: 7,
-            first_seq: 1,
-            last_seq: 13,
+            first_seq: Seq::single(1),
+            last_seq: Seq::single(13),
             clock: Clock::Run,
             first_ms: 100,
             last_ms: 2000,
@@ -162,7 +168,7 @@ fn retry_storm_against_a_failing_tool() {
             poll: None,
             ended_by: LoopEnd::Refused {
                 reason: Reason::CircuitOpen,
-                seq: 13
+                seq: Seq::single(13)
             },
         }]
     );
@@ -170,7 +176,7 @@ fn retry_storm_against_a_failing_tool() {
     let h = only_handoff(&r);
     assert_eq!(h.goal, s("Sync CRM contacts for acme"));
     assert_eq!(h.workers, vec!["w1".to_owned()]);
-    assert_eq!((h.first_seq, h.last_seq), (0, 14));
+    assert_eq!((h.first_seq.seq, h.last_seq.seq), (0, 14));
     assert_eq!(h.stop, stopped(Reason::CircuitOpen, 14, at(2010, 14)));
     assert_eq!(h.stop.action, Some(Action::Retry));
     assert_eq!(
@@ -224,7 +230,7 @@ fn legitimate_polling_is_not_a_loop() {
     assert_eq!(
         h.completed,
         vec![Completed {
-            seq: 10,
+            seq: Seq::single(10),
             attempt: Some(1),
             tool: s("export.create"),
             operation: s("export.create"),
@@ -241,7 +247,7 @@ fn legitimate_polling_is_not_a_loop() {
         Some(Observed {
             state: "done".into(),
             remote_ref: s("ea91"),
-            seq: 10,
+            seq: Seq::single(10),
             at: at(10_100, 10),
         })
     );
@@ -263,8 +269,8 @@ fn polling_past_its_allowance() {
             args_digest: None,
             remote_ref: s("eb12"),
             count: 4,
-            first_seq: 3,
-            last_seq: 9,
+            first_seq: Seq::single(3),
+            last_seq: Seq::single(9),
             clock: Clock::Run,
             first_ms: 1500,
             last_ms: 6000,
@@ -282,7 +288,7 @@ fn polling_past_its_allowance() {
             }),
             ended_by: LoopEnd::Refused {
                 reason: Reason::PollAllowanceExhausted,
-                seq: 9
+                seq: Seq::single(9)
             },
         }]
     );
@@ -299,7 +305,7 @@ fn polling_past_its_allowance() {
     assert_eq!(
         h.pending,
         vec![Pending {
-            seq: 8,
+            seq: Seq::single(8),
             attempt: Some(1),
             tool: s("export.create"),
             operation: s("export.create"),
@@ -331,7 +337,9 @@ fn polling_past_its_allowance() {
         ]
     );
     assert_eq!(
-        h.last_observed.as_ref().map(|o| (o.state.as_str(), o.seq)),
+        h.last_observed
+            .as_ref()
+            .map(|o| (o.state.as_str(), o.seq.seq)),
         Some(("queued", 8))
     );
 }
@@ -348,7 +356,7 @@ fn non_idempotent_post_whose_response_was_lost() {
             AuditKind::NonIdempotentRepeatedAfterUnknown {
                 attempt: Some(2),
                 earlier_attempt: Some(1),
-                earlier_seq: 2,
+                earlier_seq: Seq::single(2),
                 status: Status::Unknown,
             }
         )]
@@ -367,7 +375,7 @@ fn non_idempotent_post_whose_response_was_lost() {
     assert_eq!(
         h.completed,
         vec![Completed {
-            seq: 4,
+            seq: Seq::single(4),
             attempt: Some(2),
             tool: s("payments.charge"),
             operation: s("payments.charge:order-5512"),
@@ -380,7 +388,7 @@ fn non_idempotent_post_whose_response_was_lost() {
     assert_eq!(
         h.pending,
         vec![Pending {
-            seq: 2,
+            seq: Seq::single(2),
             attempt: Some(1),
             tool: s("payments.charge"),
             operation: s("payments.charge:order-5512"),
@@ -424,8 +432,8 @@ fn retry_after_honoured_is_quiet_and_ignored_is_a_storm() {
             args_digest: digest(json!({"q": "Paris"})),
             remote_ref: None,
             count: 4,
-            first_seq: 7,
-            last_seq: 13,
+            first_seq: Seq::single(7),
+            last_seq: Seq::single(13),
             clock: Clock::Run,
             first_ms: 100,
             last_ms: 1000,
@@ -437,7 +445,7 @@ fn retry_after_honoured_is_quiet_and_ignored_is_a_storm() {
             poll: None,
             ended_by: LoopEnd::Refused {
                 reason: Reason::UpstreamBackoff,
-                seq: 13
+                seq: Seq::single(13)
             },
         }],
         "two runs failing on one tool is not a storm across runs (three sources needed)"
@@ -478,7 +486,7 @@ fn deadline_exhausted_while_waiting_for_approval() {
         Some(Observed {
             state: "paid".into(),
             remote_ref: None,
-            seq: 2,
+            seq: Seq::single(2),
             at: at(1200, 2),
         })
     );
@@ -537,7 +545,7 @@ fn spend_reservation_overrun() {
     let done: Vec<_> = h
         .completed
         .iter()
-        .map(|c| (c.seq, c.attempt, c.remote_ref.clone(), c.at))
+        .map(|c| (c.seq.seq, c.attempt, c.remote_ref.clone(), c.at))
         .collect();
     assert_eq!(
         done,
@@ -565,8 +573,8 @@ fn chain_depth_runaway() {
             args_digest: digest(json!({"task": "research competitor pricing"})),
             remote_ref: None,
             count: 5,
-            first_seq: 1,
-            last_seq: 5,
+            first_seq: Seq::single(1),
+            last_seq: Seq::single(5),
             clock: Clock::Run,
             first_ms: 100,
             last_ms: 500,
@@ -578,7 +586,7 @@ fn chain_depth_runaway() {
             poll: None,
             ended_by: LoopEnd::Refused {
                 reason: Reason::ChainDepthExceeded,
-                seq: 5
+                seq: Seq::single(5)
             },
         }]
     );
@@ -614,7 +622,7 @@ fn override_approved_by_a_human_then_used_up() {
                 dimension: Dimension::Attempts,
                 used: 5,
                 limit: 2,
-                override_seq: 6
+                override_seq: Seq::single(6)
             }
         )]
     );
@@ -634,7 +642,7 @@ fn override_approved_by_a_human_then_used_up() {
         .iter()
         .map(|c| {
             (
-                c.seq,
+                c.seq.seq,
                 c.attempt,
                 c.operation.clone(),
                 c.remote_ref.clone(),
@@ -743,7 +751,7 @@ fn eight_workers_sharing_one_budget() {
             approved_extra_cents: 0
         }
     );
-    let seqs: Vec<u64> = h.completed.iter().map(|c| c.seq).collect();
+    let seqs: Vec<u64> = h.completed.iter().map(|c| c.seq.seq).collect();
     assert_eq!(seqs, vec![9, 10, 11, 12, 13, 14, 15, 16, 18]);
     assert_eq!(h.pending, vec![]);
     assert_eq!(actions(h), vec![(ResumeAction::NewRun, Some(20))]);
@@ -763,8 +771,8 @@ fn many_runs_hammering_one_failing_tool_are_one_storm() {
             args_digest: None,
             remote_ref: None,
             count: 9,
-            first_seq: 4,
-            last_seq: 20,
+            first_seq: Seq::single(4),
+            last_seq: Seq::single(20),
             clock: Clock::Wall,
             first_ms: wall(4),
             last_ms: wall(20),
@@ -776,7 +784,7 @@ fn many_runs_hammering_one_failing_tool_are_one_storm() {
             poll: None,
             ended_by: LoopEnd::RunStopped {
                 reason: Reason::KilledByOperator,
-                seq: 23
+                seq: Seq::single(23)
             },
         }]
     );
@@ -815,7 +823,10 @@ fn a_normal_busy_run_reports_nothing() {
             (s("ci.build"), s("b7"), s("passed")),
         ]
     );
-    assert_eq!(actions(h), vec![(ResumeAction::Nothing, Some(h.last_seq))]);
+    assert_eq!(
+        actions(h),
+        vec![(ResumeAction::Nothing, Some(h.last_seq.seq))]
+    );
     assert_eq!(h.unsafe_actions, vec![]);
 }
 
@@ -874,9 +885,14 @@ fn exact_repetition_is_the_gates_loop_rule() {
     assert_eq!(r.loops.len(), 1);
     let l = &r.loops[0];
     assert_eq!(l.pattern, Pattern::ExactRepetition);
-    assert_eq!((l.count, l.first_seq, l.last_seq), (4, 1, 8));
+    assert_eq!((l.count, l.first_seq.seq, l.last_seq.seq), (4, 1, 8));
     // The last call succeeded, and the run never stopped.
-    assert_eq!(l.ended_by, LoopEnd::Succeeded { seq: 8 });
+    assert_eq!(
+        l.ended_by,
+        LoopEnd::Succeeded {
+            seq: Seq::single(8)
+        }
+    );
     let h = only_handoff(&r);
     assert_eq!(h.stop.status, StopStatus::Running);
     assert_eq!(h.safe_resume[0].action, ResumeAction::ConfirmStopped);
@@ -979,7 +995,7 @@ fn high_call_count_is_the_policys_per_tool_bar() {
     let l = &r.loops[0];
     assert_eq!(l.pattern, Pattern::HighCallCount);
     assert_eq!(
-        (l.count, l.first_seq, l.last_seq, l.span_ms),
+        (l.count, l.first_seq.seq, l.last_seq.seq, l.span_ms),
         (61, 1, 61, 30_000)
     );
     assert_eq!(l.args_digest, None);
@@ -987,7 +1003,7 @@ fn high_call_count_is_the_policys_per_tool_bar() {
         l.ended_by,
         LoopEnd::RunStopped {
             reason: Reason::Completed,
-            seq: 62
+            seq: Seq::single(62)
         }
     );
     // One a second never reaches the bar: the window starts afresh each minute.
@@ -1049,7 +1065,12 @@ fn polling_that_ignores_retry_after_is_a_loop_even_if_the_job_finishes() {
     assert_eq!(l.pattern, Pattern::Polling);
     assert_eq!(l.ignored_retry_after, 3);
     assert_eq!(l.count, 4);
-    assert_eq!(l.ended_by, LoopEnd::Succeeded { seq: 10 });
+    assert_eq!(
+        l.ended_by,
+        LoopEnd::Succeeded {
+            seq: Seq::single(10)
+        }
+    );
     let p = l.poll.as_ref().expect("poll evidence");
     assert_eq!(
         (p.allowance, p.over_allowance, p.state_changes),
@@ -1137,7 +1158,7 @@ fn an_expired_override_covers_nothing() {
                 dimension: Dimension::Attempts,
                 used: 2,
                 limit: 1,
-                override_seq: 2,
+                override_seq: Seq::single(2),
                 expires_ms: 1000,
                 at_ms: 2000
             }
@@ -1168,7 +1189,7 @@ fn an_override_for_another_call_covers_nothing() {
                 dimension: Dimension::Attempts,
                 used: 2,
                 limit: 1,
-                override_seq: 2,
+                override_seq: Seq::single(2),
                 field: Mismatch::Digest
             }
         )],
@@ -1254,7 +1275,7 @@ fn records_after_a_stop_and_outcomes_never_allowed() {
                 3,
                 "r",
                 AuditKind::DecisionAfterStop {
-                    stop_seq: 2,
+                    stop_seq: Seq::single(2),
                     record: tally_ledger::Kind::Allow
                 }
             ),
@@ -1308,7 +1329,7 @@ fn a_repeat_after_an_unknown_write_is_fine_after_a_human_check_or_with_its_key()
             AuditKind::NonIdempotentRepeatedAfterUnknown {
                 attempt: Some(2),
                 earlier_attempt: Some(1),
-                earlier_seq: 2,
+                earlier_seq: Seq::single(2),
                 status: Status::Timeout
             }
         )]
@@ -1518,7 +1539,7 @@ fn timed(config: Config, n: u64, make: impl Fn(u64) -> Decision) -> (Report, std
     let mut a = Analysis::new(config);
     for seq in 0..n {
         a.push(&Event {
-            seq,
+            seq: Seq::single(seq),
             wall_ms: T0 + seq,
             epoch: 0,
             decision: make(seq),

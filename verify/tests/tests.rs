@@ -1,3 +1,4 @@
 //! Integration tests of tally-verify: one binary, one module per area.
 
 mod analysis;
+mod merge;

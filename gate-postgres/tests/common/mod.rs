@@ -50,6 +50,8 @@ pub struct Cluster {
     as_postgres: bool,
     port: u16,
     fsync: bool,
+    /// A TCP address to listen on besides the socket (empty: none).
+    listen: String,
 }
 
 fn run(cmd: &mut Command) -> String {
@@ -73,6 +75,16 @@ impl Cluster {
     /// [`Cluster::start`], with `fsync` on (the benchmark: commits as durable as the
     /// ledger's) or off (the tests: faster, and no test pulls the power).
     pub fn start_with(fsync: bool) -> Option<Cluster> {
+        Cluster::start_inner(fsync, "")
+    }
+
+    /// [`Cluster::start`], also listening on TCP at `addr` (an address of this host),
+    /// taking the gate's role from the subnets of this host's addresses (`samenet`).
+    pub fn start_listening(addr: &str) -> Option<Cluster> {
+        Cluster::start_inner(false, addr)
+    }
+
+    fn start_inner(fsync: bool, listen: &str) -> Option<Cluster> {
         let Some(bin) = bindir() else {
             if std::env::var_os("CI").is_some() {
                 panic!("CI is set and no PostgreSQL server binaries (initdb, pg_ctl) were found: install Debian's `postgresql` package (.ci/run does)");
@@ -93,11 +105,21 @@ impl Cluster {
             as_postgres,
             port,
             fsync,
+            listen: listen.to_owned(),
         };
         run(c
             .pg("initdb")
             .args(["-D", &c.data(), "-U", "tally", "--auth=trust", "-E", "UTF8"])
             .arg("--no-sync"));
+        if !listen.is_empty() {
+            use std::io::Write;
+            let hba = Path::new(&c.data()).join("pg_hba.conf");
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&hba)
+                .expect("pg_hba.conf");
+            writeln!(f, "host gate gate samenet trust").expect("pg_hba.conf");
+        }
         c.pg_ctl_start();
         // The gate's role owns its database and nothing else: no superuser.
         run(c.pg("psql").args([
@@ -140,8 +162,9 @@ impl Cluster {
 
     fn pg_ctl_start(&self) {
         let opts = format!(
-            "-k {} -c listen_addresses= -p {} -c fsync={}",
+            "-k {} -c listen_addresses={} -p {} -c fsync={}",
             self.socket_dir(),
+            self.listen,
             self.port,
             if self.fsync { "on" } else { "off" }
         );
@@ -169,6 +192,15 @@ impl Cluster {
             "host={} port={} user=gate dbname=gate",
             self.socket_dir(),
             self.port
+        )
+    }
+
+    /// The connection string for the gate's role over TCP (see
+    /// [`Cluster::start_listening`]).
+    pub fn tcp_url(&self) -> String {
+        format!(
+            "host={} port={} user=gate dbname=gate",
+            self.listen, self.port
         )
     }
 

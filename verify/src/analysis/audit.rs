@@ -1,5 +1,6 @@
 //! Consistency audit: decisions that break the run's own budget or history.
 
+use crate::event::Seq;
 use serde::Serialize;
 use tally_ledger::decision::Scope;
 use tally_ledger::{Kind, Status};
@@ -71,7 +72,7 @@ pub enum AuditKind {
         /// Its limit, with the overrides used so far.
         limit: u64,
         /// The override's seq.
-        override_seq: u64,
+        override_seq: Seq,
         /// When it expired (run time).
         expires_ms: u64,
         /// When the call was allowed (run time).
@@ -87,7 +88,7 @@ pub enum AuditKind {
         /// Its limit, with the overrides used so far.
         limit: u64,
         /// The override's seq.
-        override_seq: u64,
+        override_seq: Seq,
     },
     /// An allow beyond a limit, covered only by an override approving something else.
     OverrideMismatch {
@@ -98,7 +99,7 @@ pub enum AuditKind {
         /// Its limit, with the overrides used so far.
         limit: u64,
         /// The override's seq.
-        override_seq: u64,
+        override_seq: Seq,
         /// What did not match.
         field: Mismatch,
     },
@@ -131,14 +132,14 @@ pub enum AuditKind {
         /// The earlier call's attempt.
         earlier_attempt: Option<u64>,
         /// The seq of the earlier call's unknown outcome.
-        earlier_seq: u64,
+        earlier_seq: Seq,
         /// The earlier outcome's status (`unknown` or `timeout`).
         status: Status,
     },
     /// A record of a run after that run's stop.
     DecisionAfterStop {
         /// The stop record's seq.
-        stop_seq: u64,
+        stop_seq: Seq,
         /// The late record's kind.
         record: Kind,
     },
@@ -231,7 +232,7 @@ impl AuditKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct AuditFinding {
     /// The record's seq.
-    pub seq: u64,
+    pub seq: Seq,
     /// Its run.
     pub run: String,
     /// What is wrong.
@@ -293,16 +294,16 @@ impl Excess {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum OverrideProblem {
     Mismatch {
-        seq: u64,
+        seq: Seq,
         field: Mismatch,
     },
     Expired {
-        seq: u64,
+        seq: Seq,
         expires_ms: u64,
         at_ms: u64,
     },
     Reused {
-        seq: u64,
+        seq: Seq,
     },
 }
 
@@ -318,7 +319,7 @@ pub(crate) struct Approvable<'a> {
 /// (default none) for calls matching its tool, operation and digest, until `expires_ms`.
 #[derive(Clone, Debug)]
 pub(crate) struct Override {
-    pub seq: u64,
+    pub seq: Seq,
     pub approved: bool,
     pub scope: Scope,
     pub digest: Option<String>,
@@ -329,7 +330,7 @@ pub(crate) struct Override {
 
 impl Override {
     pub fn new(
-        seq: u64,
+        seq: Seq,
         approver: Option<&str>,
         scope: Option<&Scope>,
         digest: Option<&str>,

@@ -1,5 +1,6 @@
 //! Handoff summaries (docs/REPORTS.md): where a run stands, for the human or the next run.
 
+use crate::event::Seq;
 use serde::Serialize;
 use tally_ledger::{Action, Effect, Reason};
 
@@ -38,7 +39,7 @@ pub struct StopReason {
     /// What the code tells a caller to do.
     pub action: Option<Action>,
     /// The stop record's (or refusal's) seq.
-    pub seq: Option<u64>,
+    pub seq: Option<Seq>,
     /// When it was written.
     pub at: Option<When>,
 }
@@ -47,7 +48,7 @@ pub struct StopReason {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Completed {
     /// The seq of the `ok` outcome.
-    pub seq: u64,
+    pub seq: Seq,
     /// The attempt that started it.
     pub attempt: Option<u64>,
     /// Its tool.
@@ -82,7 +83,7 @@ pub enum PendingStatus {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Pending {
     /// The seq of the latest record about it.
-    pub seq: u64,
+    pub seq: Seq,
     /// The attempt that started it.
     pub attempt: Option<u64>,
     /// Its tool.
@@ -111,7 +112,7 @@ pub struct Observed {
     /// The remote operation it is about.
     pub remote_ref: Option<String>,
     /// The outcome's seq.
-    pub seq: u64,
+    pub seq: Seq,
     /// When it was observed.
     pub at: When,
 }
@@ -178,7 +179,7 @@ pub struct ResumeStep {
     /// Not before this moment (an upstream Retry-After or a refusal's back-off).
     pub not_before: Option<When>,
     /// The record that calls for it.
-    pub seq: Option<u64>,
+    pub seq: Option<Seq>,
 }
 
 /// Why an action must not be repeated.
@@ -211,7 +212,7 @@ pub struct UnsafeAction {
     /// The remote operation concerned.
     pub remote_ref: Option<String>,
     /// The record that shows it.
-    pub seq: u64,
+    pub seq: Seq,
 }
 
 /// Whether a signed checkpoint covers the run's last record.
@@ -234,6 +235,29 @@ pub enum Coverage {
         /// Entries the latest checkpoint seals.
         sealed_size: u64,
     },
+    /// A merged audit: in each ledger that has records of the run, whether a checkpoint
+    /// covers them.
+    Ledgers {
+        /// One per ledger with records of the run, in the order the ledgers were given.
+        ledgers: Vec<LedgerCoverage>,
+    },
+}
+
+/// Whether one ledger's checkpoint covers a run's records in that ledger.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LedgerCoverage {
+    /// The ledger, from 1 in the order given.
+    pub ledger: u16,
+    /// The run's last seq in it.
+    pub last_seq: u64,
+    /// Whether the ledger's latest checkpoint covers it.
+    pub covered: bool,
+    /// Entries that checkpoint seals.
+    pub size: u64,
+    /// The chain head it signs, hex (none if the ledger has no valid checkpoint).
+    pub head: Option<String>,
+    /// The key epoch that signed it.
+    pub epoch: Option<u32>,
 }
 
 /// Where a run stands: what a careful operator would write for the next person, and
@@ -252,9 +276,12 @@ pub struct Handoff {
     /// Workers that wrote for it (at most 16 named).
     pub workers: Vec<String>,
     /// Its first record.
-    pub first_seq: u64,
+    pub first_seq: Seq,
     /// Its last record.
-    pub last_seq: u64,
+    pub last_seq: Seq,
+    /// Its last seq in each ledger that has it (a merged audit's coverage).
+    #[serde(skip)]
+    pub last_in: Vec<(u16, u64)>,
     /// Why it stopped.
     pub stop: StopReason,
     /// Attempts used of the limit.
@@ -553,6 +580,7 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
         workers: run.workers.iter().cloned().collect(),
         first_seq: run.first_seq,
         last_seq: run.last_seq,
+        last_in: run.last_in.iter().map(|(l, s)| (*l, *s)).collect(),
         stop,
         attempts: Attempts {
             used: run.core.attempts_used,

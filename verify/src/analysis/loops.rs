@@ -11,6 +11,7 @@
 //! operation), never the events themselves; a key that falls silent for longer than its
 //! window is closed and forgotten.
 
+use crate::event::Seq;
 use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
@@ -74,19 +75,19 @@ pub enum LoopEnd {
         /// The refusal's reason code.
         reason: Reason,
         /// The refusal's seq.
-        seq: u64,
+        seq: Seq,
     },
     /// The run stopped while the loop was going on.
     RunStopped {
         /// The stop record's reason code.
         reason: Reason,
         /// The stop record's seq.
-        seq: u64,
+        seq: Seq,
     },
     /// The loop's last call succeeded (the tool recovered, the job finished).
     Succeeded {
         /// The seq of the `ok` outcome.
-        seq: u64,
+        seq: Seq,
     },
     /// The agent stopped repeating by itself (silent for longer than the window) and the
     /// run went on.
@@ -131,9 +132,9 @@ pub struct Loop {
     /// workers: calls whose result (an outcome or a refusal) fell in the storm.
     pub count: u64,
     /// First seq of the loop.
-    pub first_seq: u64,
+    pub first_seq: Seq,
     /// Last seq of the loop.
-    pub last_seq: u64,
+    pub last_seq: Seq,
     /// The clock `first_ms` and `last_ms` are on.
     pub clock: Clock,
     /// When the loop began.
@@ -162,28 +163,28 @@ pub(crate) enum Close {
     /// Silent for longer than the window.
     Gap,
     /// The run stopped.
-    Stop { reason: Reason, seq: u64 },
+    Stop { reason: Reason, seq: Seq },
     /// The ledger ended; `stop` is the run's stop if it has one.
-    Finish { stop: Option<(Reason, u64)> },
+    Finish { stop: Option<(Reason, Seq)> },
 }
 
 /// The extent of a loop candidate: seq and time range, count, spend, workers, ending.
 #[derive(Clone, Debug)]
 struct Span {
-    first_seq: u64,
-    last_seq: u64,
+    first_seq: Seq,
+    last_seq: Seq,
     first_ms: u64,
     last_ms: u64,
     count: u64,
     reserved: u64,
     settled: u64,
     workers: BTreeSet<String>,
-    refused: Option<(Reason, u64)>,
-    ok: Option<u64>,
+    refused: Option<(Reason, Seq)>,
+    ok: Option<Seq>,
 }
 
 impl Span {
-    fn new(seq: u64, ms: u64) -> Span {
+    fn new(seq: Seq, ms: u64) -> Span {
         Span {
             first_seq: seq,
             last_seq: seq,
@@ -198,7 +199,7 @@ impl Span {
         }
     }
 
-    fn touch(&mut self, seq: u64, ms: u64) {
+    fn touch(&mut self, seq: Seq, ms: u64) {
         self.last_seq = self.last_seq.max(seq);
         self.last_ms = self.last_ms.max(ms);
     }
@@ -259,7 +260,7 @@ impl Span {
 /// One allow or deny, as the loop detectors see it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CallFacts<'a> {
-    pub seq: u64,
+    pub seq: Seq,
     /// Run time.
     pub ms: u64,
     pub worker: Option<&'a str>,
@@ -274,7 +275,7 @@ pub(crate) struct CallFacts<'a> {
 /// One outcome, as the loop detectors see it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OutcomeFacts<'a> {
-    pub seq: u64,
+    pub seq: Seq,
     /// Run time.
     pub ms: u64,
     pub status: Status,
@@ -303,7 +304,7 @@ pub(crate) struct CallSeries {
 }
 
 impl CallSeries {
-    pub fn new(tool: &str, digest: &str, seq: u64, ms: u64) -> CallSeries {
+    pub fn new(tool: &str, digest: &str, seq: Seq, ms: u64) -> CallSeries {
         CallSeries {
             span: Span::new(seq, ms),
             tool: tool.to_owned(),
@@ -411,7 +412,7 @@ impl PollSeries {
         observed: Option<String>,
         allowance: Option<u64>,
         backoff_until: Option<u64>,
-        seq: u64,
+        seq: Seq,
         ms: u64,
     ) -> PollSeries {
         PollSeries {
@@ -510,7 +511,7 @@ pub(crate) struct Burst {
 }
 
 impl Burst {
-    pub fn new(tool: &str, seq: u64, ms: u64) -> Burst {
+    pub fn new(tool: &str, seq: Seq, ms: u64) -> Burst {
         Burst {
             span: Span::new(seq, ms),
             tool: tool.to_owned(),
@@ -585,7 +586,7 @@ pub(crate) struct ToolResult<'a> {
     pub run: &'a str,
     pub worker: Option<&'a str>,
     pub operation: Option<&'a str>,
-    pub seq: u64,
+    pub seq: Seq,
     pub wall_ms: u64,
     pub failed: bool,
     pub refused: Option<Reason>,
@@ -600,7 +601,7 @@ impl ToolStorms {
         &mut self,
         r: &ToolResult<'_>,
         cfg: &Config,
-        stop_of: impl Fn(&str) -> Option<(Reason, u64)>,
+        stop_of: impl Fn(&str) -> Option<(Reason, Seq)>,
     ) -> Option<Loop> {
         let mut closed = None;
         if let Some(storm) = self.open.get(r.tool) {
@@ -661,7 +662,7 @@ impl ToolStorms {
     pub fn finish(
         self,
         cfg: &Config,
-        stop_of: impl Fn(&str) -> Option<(Reason, u64)>,
+        stop_of: impl Fn(&str) -> Option<(Reason, Seq)>,
     ) -> Vec<Loop> {
         let mut out: Vec<Loop> = self
             .open
@@ -680,7 +681,7 @@ fn close_storm(
     storm: &ToolStorm,
     close: Close,
     cfg: &Config,
-    stop_of: &impl Fn(&str) -> Option<(Reason, u64)>,
+    stop_of: &impl Fn(&str) -> Option<(Reason, Seq)>,
 ) -> Option<Loop> {
     if storm.failures < cfg.storm_min_failures || storm.sources_total < cfg.storm_min_sources {
         return None;
@@ -688,7 +689,7 @@ fn close_storm(
     // At the end of the ledger the storm is over only if every run in it stopped.
     let close = match close {
         Close::Finish { .. } => {
-            let stops: Option<Vec<(Reason, u64)>> = storm.runs.iter().map(|r| stop_of(r)).collect();
+            let stops: Option<Vec<(Reason, Seq)>> = storm.runs.iter().map(|r| stop_of(r)).collect();
             Close::Finish {
                 stop: stops.and_then(|s| s.into_iter().max_by_key(|(_, seq)| *seq)),
             }

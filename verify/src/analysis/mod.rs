@@ -23,8 +23,8 @@ use serde::Serialize;
 
 pub use audit::{AuditFinding, AuditKind, Dimension, Mismatch};
 pub use handoff::{
-    Attempts, Completed, Coverage, Handoff, Observed, Pending, PendingStatus, ResumeAction,
-    ResumeStep, Spend, StopReason, StopStatus, UnsafeAction, UnsafeKind, When,
+    Attempts, Completed, Coverage, Handoff, LedgerCoverage, Observed, Pending, PendingStatus,
+    ResumeAction, ResumeStep, Spend, StopReason, StopStatus, UnsafeAction, UnsafeKind, When,
 };
 pub use loops::{Clock, Loop, LoopEnd, Pattern, PollEvidence};
 pub use render::{
@@ -112,7 +112,7 @@ impl Report {
     /// (chain head `head`, signed in `epoch`); any other run is not yet sealed.
     pub fn set_coverage(&mut self, sealed_size: u64, head: String, epoch: u32) {
         for h in &mut self.handoffs {
-            h.checkpoint = if h.last_seq < sealed_size {
+            h.checkpoint = if h.last_seq.seq < sealed_size {
                 Coverage::Covered {
                     size: sealed_size,
                     head: head.clone(),
@@ -121,6 +121,29 @@ impl Report {
             } else {
                 Coverage::NotYetSealed { sealed_size }
             };
+        }
+    }
+
+    /// Record, for a merged audit, which checkpoint covers each run in each ledger:
+    /// `sealed[l - 1]` is ledger `l`'s latest checkpoint (entries sealed, head, epoch).
+    pub fn set_coverage_merged(&mut self, sealed: &[(u64, Option<String>, Option<u32>)]) {
+        for h in &mut self.handoffs {
+            let ledgers = h
+                .last_in
+                .iter()
+                .filter_map(|&(l, last_seq)| {
+                    let (size, head, epoch) = sealed.get(usize::from(l).checked_sub(1)?)?;
+                    Some(LedgerCoverage {
+                        ledger: l,
+                        last_seq,
+                        covered: last_seq < *size,
+                        size: *size,
+                        head: head.clone(),
+                        epoch: *epoch,
+                    })
+                })
+                .collect();
+            h.checkpoint = Coverage::Ledgers { ledgers };
         }
     }
 

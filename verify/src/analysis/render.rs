@@ -488,6 +488,22 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             "NOT YET SEALED: records up to seq {} are past the latest checkpoint ({sealed_size} entries)",
             h.last_seq
         ),
+        Coverage::Ledgers { ledgers } => ledgers
+            .iter()
+            .map(|c| match (&c.head, c.covered) {
+                (Some(head), true) => format!(
+                    "ledger {}: covered by its checkpoint over {} entries (head {})",
+                    c.ledger,
+                    c.size,
+                    head.get(..16).unwrap_or(head)
+                ),
+                _ => format!(
+                    "ledger {}: NOT YET SEALED: records up to seq {}:{} are past its latest checkpoint ({} entries)",
+                    c.ledger, c.ledger, c.last_seq, c.size
+                ),
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
         Coverage::Unknown => "not determined".to_owned(),
     };
     let _ = writeln!(out, "  Checkpoint: {cover}");

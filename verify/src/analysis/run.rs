@@ -1,6 +1,7 @@
 //! One run's state while the ledger streams by: its budget and what it has used, its
 //! open attempts, pending work, overrides, and the loop windows of its calls.
 
+use crate::event::Seq;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use tally_ledger::decision::Budget;
@@ -39,7 +40,7 @@ enum Track {
 /// An allowed attempt awaiting its (final) outcome.
 #[derive(Clone, Debug)]
 struct Call {
-    seq: u64,
+    seq: Seq,
     tool: Option<String>,
     operation: Option<String>,
     args_digest: Option<String>,
@@ -56,7 +57,7 @@ struct Call {
 #[derive(Clone, Debug)]
 struct UnknownWrite {
     attempt: Option<u64>,
-    outcome_seq: u64,
+    outcome_seq: Seq,
     status: Status,
     tool: Option<String>,
     operation: Option<String>,
@@ -77,7 +78,7 @@ struct RemoteRef {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Halt {
     pub reason: Reason,
-    pub seq: u64,
+    pub seq: Seq,
     pub at: When,
 }
 
@@ -89,7 +90,7 @@ pub(crate) struct Backoff {
     pub operation: Option<String>,
     /// The refusal's code; `None` for an upstream Retry-After on an outcome.
     pub refused: Option<Reason>,
-    pub seq: u64,
+    pub seq: Seq,
 }
 
 /// A refusal that only a human can lift, not yet followed by an allow of that call.
@@ -98,7 +99,7 @@ pub(crate) struct Ask {
     pub tool: Option<String>,
     pub operation: Option<String>,
     pub reason: Reason,
-    pub seq: u64,
+    pub seq: Seq,
 }
 
 /// One run's state.
@@ -110,8 +111,10 @@ pub(crate) struct RunState {
     pub parent: Option<String>,
     pub budget: Budget,
     origin_wall: u64,
-    pub first_seq: u64,
-    pub last_seq: u64,
+    pub first_seq: Seq,
+    pub last_seq: Seq,
+    /// In a merged audit, the run's last seq in each ledger that has it.
+    pub last_in: BTreeMap<u16, u64>,
     pub workers: BTreeSet<String>,
     pub stop: Option<Halt>,
     first_stop_refusal: Option<Halt>,
@@ -168,6 +171,7 @@ impl RunState {
             origin_wall: e.wall_ms,
             first_seq: e.seq,
             last_seq: e.seq,
+            last_in: BTreeMap::new(),
             workers: BTreeSet::new(),
             stop: None,
             first_stop_refusal: None,
@@ -204,7 +208,7 @@ impl RunState {
         }
     }
 
-    fn flag(&mut self, sink: &mut Sink, cfg: &Config, seq: u64, kind: AuditKind) {
+    fn flag(&mut self, sink: &mut Sink, cfg: &Config, seq: Seq, kind: AuditKind) {
         self.findings += 1;
         if self.findings > cfg.max_findings_per_run {
             sink.findings_omitted += 1;
@@ -221,6 +225,7 @@ impl RunState {
         let d = &e.decision;
         let at = self.when(e);
         self.last_seq = e.seq;
+        self.last_in.insert(e.seq.ledger, e.seq.seq);
         if let Some(w) = &d.worker {
             if self.workers.len() < MAX_WORKERS && !self.workers.contains(w) {
                 self.workers.insert(w.clone());
@@ -553,7 +558,7 @@ impl RunState {
         (first, need_use, need_cents)
     }
 
-    fn refusal(&mut self, d: &Decision, seq: u64, at: When, reason: Reason) {
+    fn refusal(&mut self, d: &Decision, seq: Seq, at: When, reason: Reason) {
         let action = reason.action();
         if action == Action::Stop && self.first_stop_refusal.is_none() {
             self.first_stop_refusal = Some(Halt { reason, seq, at });
@@ -804,7 +809,7 @@ impl RunState {
 
     fn pending_from(
         &self,
-        seq: u64,
+        seq: Seq,
         attempt: Option<u64>,
         call: Option<&Call>,
         remote: &Option<String>,
@@ -833,7 +838,7 @@ impl RunState {
         self.completed.push_back(done);
     }
 
-    fn approve(&mut self, d: &Decision, seq: u64, cfg: &Config, sink: &mut Sink) {
+    fn approve(&mut self, d: &Decision, seq: Seq, cfg: &Config, sink: &mut Sink) {
         let o = Override::new(
             seq,
             d.approver.as_deref(),
@@ -949,7 +954,7 @@ impl RunState {
     }
 
     /// The run's stop, for loops across runs.
-    pub fn halt(&self) -> Option<(Reason, u64)> {
+    pub fn halt(&self) -> Option<(Reason, Seq)> {
         self.stop.map(|h| (h.reason, h.seq))
     }
 }
