@@ -453,6 +453,25 @@ async fn worker(w: Work) -> Vec<Seen> {
 type Tasks = Vec<Vec<tokio::task::JoinHandle<Vec<Seen>>>>;
 
 /// `WORKERS` workers on each daemon; `allows[d]` counts daemon `d`'s acknowledged allows.
+/// Wait until every daemon allowed 20 more calls than now (at most `within`, else fail
+/// saying after what); how long that took.
+async fn allow_again(allows: &[Arc<AtomicU64>], within: Duration, after: &str) -> Duration {
+    let now = |a: &[Arc<AtomicU64>]| -> Vec<u64> {
+        a.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+    };
+    let before = now(allows);
+    let waited = Instant::now();
+    while (0..DAEMONS).any(|d| allows[d].load(Ordering::Relaxed) < before[d] + 20) {
+        assert!(
+            waited.elapsed() < within,
+            "the daemons did not allow again after {after}: {before:?} -> {:?}",
+            now(allows)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waited.elapsed()
+}
+
 fn load(
     fleet: &Fleet,
     run: &str,
@@ -793,20 +812,7 @@ async fn postgres_restart_mid_load_refuses_then_recovers() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let up_begins = Instant::now();
     cluster.restart();
-    let at_up: Vec<u64> = allows.iter().map(|a| a.load(Ordering::Relaxed)).collect();
-    let waited = Instant::now();
-    while (0..DAEMONS).any(|d| allows[d].load(Ordering::Relaxed) < at_up[d] + 20) {
-        assert!(
-            waited.elapsed() < Duration::from_secs(30),
-            "the daemons did not allow again after PostgreSQL came back: {at_up:?} -> {:?}",
-            allows
-                .iter()
-                .map(|a| a.load(Ordering::Relaxed))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let recovered = waited.elapsed();
+    let recovered = allow_again(&allows, Duration::from_secs(30), "PostgreSQL came back").await;
     stop.store(true, Ordering::Relaxed);
     let seen = joined(tasks).await;
 
@@ -1094,20 +1100,7 @@ async fn a_network_partition_from_postgres_refuses_then_recovers() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let healed = Instant::now();
     net.link(true);
-    let at_heal: Vec<u64> = allows.iter().map(|a| a.load(Ordering::Relaxed)).collect();
-    let waited = Instant::now();
-    while (0..DAEMONS).any(|d| allows[d].load(Ordering::Relaxed) < at_heal[d] + 20) {
-        assert!(
-            waited.elapsed() < Duration::from_secs(60),
-            "the daemons did not allow again after the partition healed: {at_heal:?} -> {:?}",
-            allows
-                .iter()
-                .map(|a| a.load(Ordering::Relaxed))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let recovered = waited.elapsed();
+    let recovered = allow_again(&allows, Duration::from_secs(60), "the partition healed").await;
     stop.store(true, Ordering::Relaxed);
     let seen = joined(tasks).await;
     for (d, seen) in seen.iter().enumerate() {
