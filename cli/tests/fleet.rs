@@ -453,6 +453,28 @@ async fn worker(w: Work) -> Vec<Seen> {
 type Tasks = Vec<Vec<tokio::task::JoinHandle<Vec<Seen>>>>;
 
 /// `WORKERS` workers on each daemon; `allows[d]` counts daemon `d`'s acknowledged allows.
+/// Run `r` (budget out of reach) started, every daemon's workers on it, and 60 calls
+/// allowed across the fleet: the load a fault is injected into.
+async fn under_load(fleet: &Fleet, stop: &Arc<AtomicBool>) -> (Vec<Arc<AtomicU64>>, Tasks) {
+    start_run(
+        &fleet.socket(0),
+        json!({"run": "r", "budget": {"attempts": 1_000_000, "spend_cents": 1_000_000}}),
+    )
+    .await;
+    let (allows, tasks) = load(fleet, "r", 1, stop);
+    let waited = Instant::now();
+    while allows
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .sum::<u64>()
+        < 60
+    {
+        assert!(waited.elapsed() < Duration::from_secs(60), "no load");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    (allows, tasks)
+}
+
 /// Wait until every daemon allowed 20 more calls than now (at most `within`, else fail
 /// saying after what); how long that took.
 async fn allow_again(allows: &[Arc<AtomicU64>], within: Duration, after: &str) -> Duration {
@@ -772,23 +794,8 @@ async fn postgres_restart_mid_load_refuses_then_recovers() {
     };
     let mut fleet = Fleet::start(&cluster);
     fleet.ready().await;
-    start_run(
-        &fleet.socket(0),
-        json!({"run": "r", "budget": {"attempts": 1_000_000, "spend_cents": 1_000_000}}),
-    )
-    .await;
     let stop = Arc::new(AtomicBool::new(false));
-    let (allows, tasks) = load(&fleet, "r", 1, &stop);
-    let waited = Instant::now();
-    while allows
-        .iter()
-        .map(|a| a.load(Ordering::Relaxed))
-        .sum::<u64>()
-        < 60
-    {
-        assert!(waited.elapsed() < Duration::from_secs(60), "no load");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (allows, tasks) = under_load(&fleet, &stop).await;
     cluster.stop();
     let down = Instant::now();
     // A check of our own on each daemon while the server is down (the workers may all be
@@ -1047,23 +1054,8 @@ async fn a_network_partition_from_postgres_refuses_then_recovers() {
     };
     let mut fleet = Fleet::start_on(cluster.tcp_url(), Some(net.name.clone()));
     fleet.ready().await;
-    start_run(
-        &fleet.socket(0),
-        json!({"run": "r", "budget": {"attempts": 1_000_000, "spend_cents": 1_000_000}}),
-    )
-    .await;
     let stop = Arc::new(AtomicBool::new(false));
-    let (allows, tasks) = load(&fleet, "r", 1, &stop);
-    let waited = Instant::now();
-    while allows
-        .iter()
-        .map(|a| a.load(Ordering::Relaxed))
-        .sum::<u64>()
-        < 60
-    {
-        assert!(waited.elapsed() < Duration::from_secs(60), "no load");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (allows, tasks) = under_load(&fleet, &stop).await;
     net.link(false);
     let cut = Instant::now();
     let probes: Vec<_> = (0..DAEMONS)
