@@ -26,8 +26,8 @@ use crate::error::{DecisionError, Error, Result};
 use crate::format::{entry_hash, key_id, Checkpoint, Entry, Frame, Hash, Header, LedgerId};
 use crate::keys::{self, DataKey, EpochSecrets, LedgerPublic};
 use crate::segment::{
-    self, list_segments, push_frame, sync_dir, Item, LogReader, LogWriter, Resume,
-    DEFAULT_SEGMENT_BYTES, LOG_DIR, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY, TAG_STATE,
+    self, list_segments, push_frame, sync_dir, Item, LogReader, LogWriter, Resume, StateValue,
+    DEFAULT_SEGMENT_BYTES, LOG_DIR, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY, TAG_STATE_DELTA,
 };
 use crate::store::{Point, Store, POINT_EVERY};
 
@@ -173,6 +173,77 @@ struct Writer {
     nonce_prefix: [u8; 16],
     /// The last index point written: (segment, offset).
     last_point: Option<(u64, u64)>,
+    /// The last value this process wrote under each state key, the base of that key's
+    /// next delta (bounded: [`MAX_BASES_BYTES`]).
+    bases: StateBases,
+}
+
+/// Most bytes of state values [`StateBases`] keeps; past it, it starts again empty (the
+/// next value of each key is written whole).
+const MAX_BASES_BYTES: usize = 16 << 20;
+
+/// The previous value of each state key this process wrote. Only a value this writer put
+/// in the log is ever a base: one the index holds from log bytes lost before a crash
+/// never is, so every delta decodes against the log alone (`tally reindex`).
+#[derive(Default)]
+struct StateBases {
+    values: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+    bytes: usize,
+}
+
+impl StateBases {
+    fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.values.get(key).map(Vec::as_slice)
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) {
+        let add = key.len() + value.len();
+        if self.bytes + add > MAX_BASES_BYTES {
+            self.values.clear();
+            self.bytes = 0;
+        }
+        match self.values.get_mut(key) {
+            Some(old) => {
+                self.bytes = self.bytes - old.len() + value.len();
+                old.clear();
+                old.extend_from_slice(value);
+            }
+            None => {
+                self.bytes += add;
+                self.values.insert(key.to_vec(), value.to_vec());
+            }
+        }
+    }
+}
+
+/// Apply one state frame read from the log to the index: each delta decodes against the
+/// key's value in the index, which holds every earlier frame (the one rule the writer's
+/// replay on open and `tally reindex` share).
+fn apply_state_frame(
+    dir: &Path,
+    store: &Store,
+    frame: segment::StateFrame,
+    at: (u64, u64),
+) -> Result<()> {
+    let mut bases = std::collections::HashMap::new();
+    for (k, v) in &frame.pairs {
+        if let StateValue::Delta { .. } = v {
+            if let Some(b) = store.derived_get(k)? {
+                bases.insert(k.clone(), b);
+            }
+        }
+    }
+    let full = frame
+        .resolve(|k| bases.get(k).map(Vec::as_slice))
+        .map_err(|e| Error::Segment {
+            path: dir.join(LOG_DIR).join(segment::segment_name(at.0)),
+            why: format!("state frame ending at byte {}: {e}", at.1),
+        })?;
+    store.apply_group(
+        full.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
+        None,
+        at,
+    )
 }
 
 /// The commit pipeline's shared state.
@@ -452,13 +523,12 @@ impl Ledger {
         }
         for item in LogReader::new(segments.clone(), false, mark) {
             if let Item::State {
-                pairs,
+                frame,
                 segment,
                 end,
             } = item?
             {
-                let pairs = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice()));
-                store.apply_group(pairs, None, (segment, end))?;
+                apply_state_frame(dir, &store, frame, (segment, end))?;
             }
         }
         let resume = if resync {
@@ -514,6 +584,7 @@ impl Ledger {
             cipher,
             nonce_prefix: keys::random16(),
             last_point: None,
+            bases: StateBases::default(),
         };
         let shared = Arc::new(Shared {
             log,
@@ -655,12 +726,11 @@ impl Ledger {
                 }
                 Item::Frame(Frame::Checkpoint(_)) => mark = pos,
                 Item::State {
-                    pairs,
+                    frame,
                     segment,
                     end,
                 } => {
-                    let pairs = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice()));
-                    store.apply_group(pairs, None, (segment, end))?;
+                    apply_state_frame(dir, &store, frame, (segment, end))?;
                     done.state_frames += 1;
                 }
                 Item::Torn(_) => done.torn += 1,
@@ -1250,11 +1320,17 @@ impl Writer {
             changed.insert(k.as_slice(), v.as_slice());
         }
         if !changed.is_empty() {
-            let payload = segment::encode_state(changed.iter().map(|(k, v)| (*k, *v)));
-            push_frame(&mut frames, TAG_STATE, &payload);
+            let pairs: Vec<(&[u8], &[u8])> = changed.iter().map(|(k, v)| (*k, *v)).collect();
+            let payload = segment::StateFrame::encode(&pairs, |k| self.bases.get(k));
+            push_frame(&mut frames, TAG_STATE_DELTA, &payload);
         }
         push_frame(&mut frames, TAG_CHECKPOINT, checkpoint.to_text().as_bytes());
         let placed = log.append(&frames, first_seq, prev_hash)?;
+        // Only once the frame is in the log is its value the next delta's base (a failed
+        // write poisons the ledger: nothing follows it from this process).
+        for (k, v) in &changed {
+            self.bases.put(k, v);
+        }
         let point = match self.last_point {
             Some((seg, off)) if seg == placed.segment && placed.offset - off < POINT_EVERY => None,
             _ => Some(Point {

@@ -37,8 +37,14 @@ pub const FRAME_PREFIX_LEN: usize = 5;
 pub const TAG_ENTRY: u8 = 1;
 /// Frame tag of a checkpoint's text.
 pub const TAG_CHECKPOINT: u8 = 2;
-/// Frame tag of derived state (the gate's counters): never hashed, never verified.
+/// Frame tag of derived state (the gate's counters), every value whole, as builds before
+/// [`TAG_STATE_DELTA`] wrote it: never hashed, never verified. Still read, never written.
 pub const TAG_STATE: u8 = 3;
+/// Frame tag of derived state whose values may be deltas against the key's previous value
+/// ([`StateValue`]): never hashed, never verified. What the writer writes.
+pub const TAG_STATE_DELTA: u8 = 4;
+/// Largest previous value a delta may refer to (LZ4's window).
+pub const MAX_DELTA_BASE: usize = 64 * 1024;
 /// Largest checkpoint frame payload.
 pub const MAX_CHECKPOINT_LEN: usize = 1024;
 /// Largest state frame payload.
@@ -132,7 +138,9 @@ pub fn push_frame(out: &mut Vec<u8>, tag: u8, payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
-/// A state frame's payload: `(key_len u32 ‖ key ‖ value_len u32 ‖ value)*`, at least one.
+/// A state frame's payload of tag [`TAG_STATE`]: `(key_len u32 ‖ key ‖ value_len u32 ‖
+/// value)*`, at least one pair (what builds before [`TAG_STATE_DELTA`] wrote; kept for
+/// the test vectors of that form).
 pub fn encode_state<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Vec<u8> {
     let mut out = Vec::new();
     for (k, v) in pairs {
@@ -144,49 +152,299 @@ pub fn encode_state<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -
     out
 }
 
-/// A state frame's pairs, in the order written.
-pub type StatePairs = Vec<(Vec<u8>, Vec<u8>)>;
+/// One value of a state frame, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StateValue {
+    /// The value itself (kind 0).
+    Full(Vec<u8>),
+    /// The value as an LZ4 block whose dictionary is the key's previous value (kind 1):
+    /// the value of the key once every earlier state frame of the log is applied.
+    Delta {
+        /// The value's length.
+        len: u32,
+        /// The LZ4 block (`docs/FORMAT.md`, "Log segments").
+        block: Vec<u8>,
+    },
+}
 
-/// Decode a state frame's payload (strict: no pair cut short, at least one pair).
-pub fn decode_state(mut b: &[u8]) -> std::result::Result<StatePairs, FormatError> {
-    fn take(b: &mut &[u8]) -> std::result::Result<Vec<u8>, FormatError> {
-        let cut = |have| FormatError::Truncated {
-            what: "state frame",
-            need: 4,
-            have,
+impl StateValue {
+    /// `value` as stored after `base` (the key's previous value, if the writer knows it):
+    /// a delta when that is shorter, else whole.
+    pub fn encode(value: &[u8], base: Option<&[u8]>) -> StateValue {
+        if let Some(base) = base.filter(|b| b.len() <= MAX_DELTA_BASE && !b.is_empty()) {
+            if value.len() > 4 {
+                let block = lz4_flex::block::compress_with_dict(value, base);
+                if block.len() + 4 < value.len() {
+                    return StateValue::Delta {
+                        len: value.len() as u32,
+                        block,
+                    };
+                }
+            }
+        }
+        StateValue::Full(value.to_vec())
+    }
+
+    /// The value, given the key's previous value. A delta with no previous value, with
+    /// one longer than [`MAX_DELTA_BASE`], or whose block does not decode to exactly its
+    /// length is an error.
+    pub fn resolve(self, base: Option<&[u8]>) -> std::result::Result<Vec<u8>, FormatError> {
+        match self {
+            StateValue::Full(v) => Ok(v),
+            StateValue::Delta { len, block } => {
+                let base = base.ok_or_else(|| {
+                    FormatError::invalid("state frame", "a delta for a key with no previous value")
+                })?;
+                if base.is_empty() || base.len() > MAX_DELTA_BASE {
+                    return Err(FormatError::invalid(
+                        "state frame",
+                        "a delta against a previous value that no writer deltas against",
+                    ));
+                }
+                let mut out = vec![0u8; len as usize];
+                match lz4_flex::block::decompress_into_with_dict(&block, &mut out, base) {
+                    Ok(n) if n == out.len() => Ok(out),
+                    Ok(_) => Err(FormatError::invalid(
+                        "state frame",
+                        "a delta that decodes to fewer bytes than its length",
+                    )),
+                    Err(e) => Err(FormatError::Invalid {
+                        what: "state frame",
+                        why: format!("a delta that does not decode: {e}"),
+                    }),
+                }
+            }
+        }
+    }
+}
+
+/// Keys and their values, in order.
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A state frame's pairs, in the order written.
+pub type StatePairs = Vec<(Vec<u8>, StateValue)>;
+
+/// A state frame as read from the log: its pairs, and for a frame of tag
+/// [`TAG_STATE_DELTA`] the check its decoded pairs must match.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StateFrame {
+    /// The first 4 bytes of BLAKE3 of the decoded pairs ([`encode_state`] of them); `None`
+    /// in a frame of tag [`TAG_STATE`], which has none.
+    pub check: Option<[u8; 4]>,
+    /// The pairs, in the order written.
+    pub pairs: StatePairs,
+}
+
+/// Append `n` as an unsigned LEB128 varint (7 bits a byte, low first).
+fn put_varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+fn truncated(need: usize, have: usize) -> FormatError {
+    FormatError::Truncated {
+        what: "state frame",
+        need,
+        have,
+    }
+}
+
+/// Read a varint of at most `max`, strictly: the shortest form only (no final zero
+/// byte after the first).
+fn take_varint(b: &mut &[u8], max: u64) -> std::result::Result<u64, FormatError> {
+    let mut n: u64 = 0;
+    for i in 0..10 {
+        let byte = *b.get(i).ok_or(truncated(i + 1, b.len()))?;
+        if i == 9 && byte > 1 {
+            break;
+        }
+        n |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            if i > 0 && byte == 0 {
+                return Err(FormatError::invalid(
+                    "state frame",
+                    "a length not in its shortest form",
+                ));
+            }
+            if n > max {
+                return Err(FormatError::invalid(
+                    "state frame",
+                    "a length longer than a state frame may be",
+                ));
+            }
+            *b = &b[i + 1..];
+            return Ok(n);
+        }
+    }
+    Err(FormatError::invalid("state frame", "a length over 64 bits"))
+}
+
+fn take_slice<'a>(b: &mut &'a [u8], len: usize) -> std::result::Result<&'a [u8], FormatError> {
+    let v = b.get(..len).ok_or(truncated(len, b.len()))?;
+    *b = &b[len..];
+    Ok(v)
+}
+
+fn take_bytes(b: &mut &[u8]) -> std::result::Result<Vec<u8>, FormatError> {
+    let len: [u8; 4] = b
+        .get(..4)
+        .and_then(|l| l.try_into().ok())
+        .ok_or(truncated(4, b.len()))?;
+    *b = &b[4..];
+    let len = u32::from_be_bytes(len) as usize;
+    Ok(take_slice(b, len)?.to_vec())
+}
+
+/// The first 4 bytes of BLAKE3 of `pairs` as [`encode_state`] writes them.
+fn pairs_check<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> [u8; 4] {
+    let h = blake3::hash(&encode_state(pairs));
+    let mut c = [0u8; 4];
+    c.copy_from_slice(&h.as_bytes()[..4]);
+    c
+}
+
+impl StateFrame {
+    /// The payload of a frame of tag [`TAG_STATE_DELTA`] holding `changed` (keys in
+    /// strictly increasing order, at least one), each value a delta against
+    /// `base(key)` where that is shorter: `check (4)` then, for each pair, `shared`
+    /// (varint: bytes the key shares with the previous key of the frame, all it shares;
+    /// 0 for the first) ‖ `suffix_len` (varint) ‖ the key's other bytes ‖ `kind` (u8),
+    /// then for kind 0 `len` (varint) ‖ the value, for kind 1 `len` (varint, the
+    /// value's) ‖ `block_len` (varint) ‖ the LZ4 block ([`StateValue::Delta`]).
+    pub fn encode<'a, 'b>(
+        changed: &[(&'a [u8], &'a [u8])],
+        base: impl Fn(&[u8]) -> Option<&'b [u8]>,
+    ) -> Vec<u8> {
+        let mut out = pairs_check(changed.iter().copied()).to_vec();
+        let mut prev: &[u8] = &[];
+        for &(k, v) in changed {
+            let shared = prev.iter().zip(k).take_while(|(a, b)| a == b).count();
+            put_varint(&mut out, shared as u64);
+            put_varint(&mut out, (k.len() - shared) as u64);
+            out.extend_from_slice(&k[shared..]);
+            prev = k;
+            match StateValue::encode(v, base(k)) {
+                StateValue::Full(v) => {
+                    out.push(0);
+                    put_varint(&mut out, v.len() as u64);
+                    out.extend_from_slice(&v);
+                }
+                StateValue::Delta { len, block } => {
+                    out.push(1);
+                    put_varint(&mut out, u64::from(len));
+                    put_varint(&mut out, block.len() as u64);
+                    out.extend_from_slice(&block);
+                }
+            }
+        }
+        out
+    }
+
+    /// Decode a state frame's payload of tag `tag` ([`TAG_STATE`] or
+    /// [`TAG_STATE_DELTA`]), strictly: no pair cut short, at least one pair; in a delta
+    /// frame keys strictly increasing, each sharing exactly the prefix it shares with the
+    /// one before, lengths in their shortest form, known kinds only.
+    pub fn decode(tag: u8, mut b: &[u8]) -> std::result::Result<StateFrame, FormatError> {
+        let max = MAX_STATE_LEN as u64;
+        let check = if tag == TAG_STATE {
+            None
+        } else {
+            let c: [u8; 4] = take_slice(&mut b, 4)?
+                .try_into()
+                .map_err(|_| truncated(4, 0))?;
+            Some(c)
         };
-        let len: [u8; 4] = b
-            .get(..4)
-            .ok_or(cut(b.len()))?
-            .try_into()
-            .map_err(|_| cut(0))?;
-        let len = u32::from_be_bytes(len) as usize;
-        let v = b.get(4..4 + len).ok_or(FormatError::Truncated {
-            what: "state frame",
-            need: 4 + len,
-            have: b.len(),
-        })?;
-        let v = v.to_vec();
-        *b = &b[4 + len..];
-        Ok(v)
+        let mut pairs: StatePairs = Vec::new();
+        while !b.is_empty() {
+            if tag == TAG_STATE {
+                let k = take_bytes(&mut b)?;
+                pairs.push((k, StateValue::Full(take_bytes(&mut b)?)));
+                continue;
+            }
+            let prev: &[u8] = pairs.last().map_or(&[], |(k, _)| k.as_slice());
+            let shared = take_varint(&mut b, max)? as usize;
+            let suffix_len = take_varint(&mut b, max)? as usize;
+            let suffix = take_slice(&mut b, suffix_len)?;
+            if shared > prev.len() || (shared < prev.len() && suffix.first() == Some(&prev[shared]))
+            {
+                return Err(FormatError::invalid(
+                    "state frame",
+                    "a key that does not share exactly its common prefix with the key before",
+                ));
+            }
+            let key = [&prev[..shared], suffix].concat();
+            if !pairs.is_empty() && key.as_slice() <= prev {
+                return Err(FormatError::invalid(
+                    "state frame",
+                    "keys not in strictly increasing order",
+                ));
+            }
+            let kind = take_slice(&mut b, 1)?[0];
+            let value = match kind {
+                0 => {
+                    let len = take_varint(&mut b, max)? as usize;
+                    StateValue::Full(take_slice(&mut b, len)?.to_vec())
+                }
+                1 => {
+                    let len = take_varint(&mut b, max)? as u32;
+                    let block_len = take_varint(&mut b, max)? as usize;
+                    StateValue::Delta {
+                        len,
+                        block: take_slice(&mut b, block_len)?.to_vec(),
+                    }
+                }
+                _ => {
+                    return Err(FormatError::Invalid {
+                        what: "state frame",
+                        why: format!("unknown value kind {kind}"),
+                    })
+                }
+            };
+            pairs.push((key, value));
+        }
+        if pairs.is_empty() {
+            return Err(FormatError::invalid("state frame", "holds no pair"));
+        }
+        Ok(StateFrame { check, pairs })
     }
-    let mut out = Vec::new();
-    while !b.is_empty() {
-        let k = take(&mut b)?;
-        let v = take(&mut b)?;
-        out.push((k, v));
+
+    /// The frame's pairs with every delta decoded against `base(key)`, the key's value
+    /// before this frame; refused unless they match the frame's check (a delta decoded
+    /// against another previous value than the writer's is never taken for state).
+    pub fn resolve<'b>(
+        self,
+        base: impl Fn(&[u8]) -> Option<&'b [u8]>,
+    ) -> std::result::Result<Pairs, FormatError> {
+        let mut out = Vec::with_capacity(self.pairs.len());
+        for (k, v) in self.pairs {
+            let value = v.resolve(base(&k)).map_err(|e| FormatError::Invalid {
+                what: "state frame",
+                why: format!("key `{}`: {e}", String::from_utf8_lossy(&k)),
+            })?;
+            out.push((k, value));
+        }
+        if let Some(check) = self.check {
+            if pairs_check(out.iter().map(|(k, v)| (k.as_slice(), v.as_slice()))) != check {
+                return Err(FormatError::invalid(
+                    "state frame",
+                    "its values do not match its check (a delta decoded against another previous value than the writer's)",
+                ));
+            }
+        }
+        Ok(out)
     }
-    if out.is_empty() {
-        return Err(FormatError::invalid("state frame", "holds no pair"));
-    }
-    Ok(out)
 }
 
 fn max_payload(tag: u8) -> Option<usize> {
     match tag {
         TAG_ENTRY => Some(HEADER_LEN + MAX_BODY_LEN),
         TAG_CHECKPOINT => Some(MAX_CHECKPOINT_LEN),
-        TAG_STATE => Some(MAX_STATE_LEN),
+        TAG_STATE | TAG_STATE_DELTA => Some(MAX_STATE_LEN),
         _ => None,
     }
 }
@@ -351,10 +609,10 @@ pub struct Torn {
 pub enum Item {
     /// An entry or checkpoint, in log order.
     Frame(Frame),
-    /// A state frame's pairs, with the segment and the offset just past the frame.
+    /// A state frame, with the segment and the offset just past the frame.
     State {
-        /// The pairs, in the order written.
-        pairs: Vec<(Vec<u8>, Vec<u8>)>,
+        /// The frame (resolve its deltas in log order).
+        frame: StateFrame,
         /// The segment holding the frame.
         segment: u64,
         /// The offset just after the frame.
@@ -575,13 +833,13 @@ impl LogReader {
                     self.last_checkpoint = Some(payload.clone());
                     Ok(Some(Item::Frame(Frame::Checkpoint(payload))))
                 }
-                _ => {
-                    let pairs = decode_state(&payload).map_err(|e| Error::Segment {
+                tag => {
+                    let frame = StateFrame::decode(tag, &payload).map_err(|e| Error::Segment {
                         path: cur.path.clone(),
                         why: format!("state frame ending at byte {}: {e}", cur.pos),
                     })?;
                     Ok(Some(Item::State {
-                        pairs,
+                        frame,
                         segment: cur.number,
                         end: cur.pos,
                     }))

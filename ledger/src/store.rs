@@ -304,6 +304,16 @@ impl Store {
         Ok(all.into_iter().collect())
     }
 
+    /// The derived state value under exactly `key` (without the store's prefix), as the
+    /// log's state frames applied so far left it: the base of the key's next delta.
+    pub fn derived_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .db
+            .get(prefixed(STATE_PREFIX, key))
+            .map_err(store_err)?
+            .map(|v| v.to_vec()))
+    }
+
     /// The state value under exactly `key` (without the store's prefix).
     pub fn state_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         if let Some(v) = self

@@ -19,8 +19,37 @@ const DIR_VAR: &str = "TALLY_CRASH_DIR";
 /// Small segments, so the kills fall across segment boundaries and rotations.
 const SEGMENT_BYTES: u64 = 256 * 1024;
 
+/// The derived state thread `t` writes with its decision `i` under `w{t}`: the counter
+/// (u64 BE) and then, like a run's recent calls, the 24 counters before it and a tail that
+/// never changes, so that the writer stores most of them as deltas against the previous
+/// value.
+fn state_value(t: u64, i: u64) -> Vec<u8> {
+    let mut v = i.to_be_bytes().to_vec();
+    for j in 1..=24u64 {
+        v.extend_from_slice(
+            &i.wrapping_sub(j)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .to_be_bytes(),
+        );
+    }
+    v.extend_from_slice(format!("thread {t}, a tail that never changes").as_bytes());
+    v
+}
+
+/// The counter a `w{t}` value holds, checking that the whole value is the one written with
+/// it (a delta decoded against the wrong previous value would not be).
+fn state_counter(t: u64, v: &[u8]) -> u64 {
+    let i = u64::from_be_bytes(v[..8].try_into().unwrap());
+    assert_eq!(
+        v,
+        state_value(t, i),
+        "state w{t} is not a value the writer wrote"
+    );
+    i
+}
+
 /// The child of `kill_9_loses_no_acknowledged_append`: four threads appending through
-/// `submit_with_state`, each decision carrying its thread's counter (`w{t}` = i, u64 BE)
+/// `submit_with_state`, each decision carrying its thread's counter in [`state_value`]
 /// as derived state, printing `ACK seq hash t i` once acknowledged.
 #[test]
 #[ignore = "run by crash::kill_9_loses_no_acknowledged_append as its child process"]
@@ -46,7 +75,7 @@ fn crash_child_writer() {
                         })
                         .collect();
                     let plaintexts = tally_ledger::ledger::prepare(ds).unwrap();
-                    let state = vec![(format!("w{t}").into_bytes(), i.to_be_bytes().to_vec())];
+                    let state = vec![(format!("w{t}").into_bytes(), state_value(t, i))];
                     let (tx, rx) = std::sync::mpsc::channel();
                     ledger.submit_with_state(plaintexts, state, move |r| {
                         let _ = tx.send(r);
@@ -189,7 +218,7 @@ fn sealed_end(seg: &[u8]) -> usize {
     while pos + 5 <= seg.len() {
         let tag = seg[pos];
         let len = u32::from_be_bytes(seg[pos + 1..pos + 5].try_into().unwrap()) as usize;
-        if !(1..=3).contains(&tag) || pos + 5 + len > seg.len() {
+        if !(1..=4).contains(&tag) || pos + 5 + len > seg.len() {
             break;
         }
         pos += 5 + len;
@@ -319,16 +348,35 @@ fn kill_9_loses_no_acknowledged_append() {
                 "acknowledged seq {seq} after round {round}"
             );
         }
-        // The gate's state is never behind an acknowledged decision.
+        // The gate's state is never behind an acknowledged decision, and every value
+        // decoded (most are deltas) is one the writer wrote.
+        let mut state = Vec::new();
         for (t, i) in counters {
             let v = ledger
                 .state_get(format!("w{t}").as_bytes())
                 .unwrap()
                 .unwrap();
-            let v = u64::from_be_bytes(v.try_into().unwrap());
+            let v = state_counter(t, &v);
             assert!(
                 v >= i,
                 "state w{t} = {v} behind acknowledged counter {i} (round {round})"
+            );
+            state.push((t, v));
+        }
+        drop(ledger);
+        // The log alone gives the same state: a reindex decodes every delta against the
+        // frames before it, whatever the kills cut.
+        Ledger::reindex(&dir).unwrap();
+        let ledger = Ledger::open_with_segment_bytes(&dir, SEGMENT_BYTES).unwrap();
+        for (t, v) in state {
+            let again = ledger
+                .state_get(format!("w{t}").as_bytes())
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                state_counter(t, &again),
+                v,
+                "w{t} after reindex (round {round})"
             );
         }
         drop(ledger);
@@ -338,8 +386,23 @@ fn kill_9_loses_no_acknowledged_append() {
         segments(&dir).len() > 3,
         "the rounds crossed segment boundaries"
     );
+    let (mut deltas, mut whole) = (0, 0);
+    for item in tally_ledger::segment::LogReader::open(&dir).unwrap() {
+        if let tally_ledger::segment::Item::State { frame, .. } = item.unwrap() {
+            for (_, v) in frame.pairs {
+                match v {
+                    tally_ledger::segment::StateValue::Delta { .. } => deltas += 1,
+                    _ => whole += 1,
+                }
+            }
+        }
+    }
+    assert!(
+        deltas > whole,
+        "most state values are deltas: {deltas} deltas, {whole} whole"
+    );
     eprintln!(
-        "kill -9: {} acknowledged, up to {torn_seen} torn writes at once",
+        "kill -9: {} acknowledged, up to {torn_seen} torn writes at once; state values: {deltas} deltas, {whole} whole",
         acknowledged.len()
     );
 }
@@ -531,10 +594,7 @@ fn killed_inside_a_write_by_the_file_size_limit() {
             .state_get(format!("w{t}").as_bytes())
             .unwrap()
             .unwrap();
-        assert!(
-            u64::from_be_bytes(v.try_into().unwrap()) >= i,
-            "state w{t} behind {i}"
-        );
+        assert!(state_counter(t, &v) >= i, "state w{t} behind {i}");
     }
     let r = ledger
         .append(Decision::from_json(r#"{"run":"x","kind":"allow","tool":"t"}"#).unwrap())

@@ -4,5 +4,6 @@ mod crash;
 mod decisions;
 mod pipeline;
 mod segments;
+mod state;
 mod store;
 mod vectors;

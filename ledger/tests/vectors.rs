@@ -214,7 +214,7 @@ fn segment0(v: &Vectors) -> Vec<u8> {
 
 #[test]
 fn segment_vectors_match_docs() {
-    use tally_ledger::segment::{decode_state, SegmentHeader};
+    use tally_ledger::segment::{SegmentHeader, StateFrame, StateValue};
     let v = build();
     let h0 = SegmentHeader {
         ledger_id: ID,
@@ -236,12 +236,12 @@ fn segment_vectors_match_docs() {
     );
     let state = hex::decode(STATE_FRAME).unwrap();
     assert_eq!(
-        decode_state(&state[5..]).unwrap(),
-        [(b"c/r1".to_vec(), vec![1u8])]
+        StateFrame::decode(state[0], &state[5..]).unwrap().pairs,
+        [(b"c/r1".to_vec(), StateValue::Full(vec![1u8]))]
     );
     // Strict: a pair cut short, or no pair at all.
-    assert!(decode_state(&state[5..state.len() - 1]).is_err());
-    assert!(decode_state(&[]).is_err());
+    assert!(StateFrame::decode(state[0], &state[5..state.len() - 1]).is_err());
+    assert!(StateFrame::decode(state[0], &[]).is_err());
     let seg = segment0(&v);
     assert_eq!(seg.len(), SEGMENT0_LEN);
     assert_eq!(blake3::hash(&seg).to_hex().as_str(), SEGMENT0_BLAKE3);
@@ -249,4 +249,75 @@ fn segment_vectors_match_docs() {
         &seg[seg.len() - CHECKPOINT.len() - 5 - state.len()..][..state.len()],
         &state[..]
     );
+}
+
+/// The previous value of `r/r1` in the delta frame vector.
+const DELTA_BASE: &[u8] = b"\x01run r1: attempts 0007, recent 11 12 13 14 15 16 17";
+/// Its next value, which the vector frame holds as a delta.
+const DELTA_VALUE: &[u8] = b"\x01run r1: attempts 0008, recent 12 13 14 15 16 17 18";
+const DELTA_FRAME: &str =
+    "040000002883b91a160004632f72310001010004722f72310133120f3300021638330009300060203137203138";
+
+#[test]
+fn delta_state_frame_vector_matches_docs() {
+    use tally_ledger::segment::{push_frame, StateFrame, StateValue, TAG_STATE_DELTA};
+    let pairs = [(&b"c/r1"[..], &[1u8][..]), (&b"r/r1"[..], DELTA_VALUE)];
+    let mut frame = Vec::new();
+    push_frame(
+        &mut frame,
+        TAG_STATE_DELTA,
+        &StateFrame::encode(&pairs, |k| (k == b"r/r1").then_some(DELTA_BASE)),
+    );
+    // What this build writes (another LZ4 encoder may choose other matches: the decoding
+    // below is the format; this only says the vector came from the real encoder).
+    assert_eq!(hex::encode(&frame), DELTA_FRAME);
+    let vector = hex::decode(DELTA_FRAME).unwrap();
+    let decoded = StateFrame::decode(vector[0], &vector[5..]).unwrap();
+    assert_eq!(
+        decoded.pairs[0],
+        (b"c/r1".to_vec(), StateValue::Full(vec![1]))
+    );
+    assert!(matches!(decoded.pairs[1].1, StateValue::Delta { .. }));
+    let base = |k: &[u8]| (k == b"r/r1").then_some(DELTA_BASE);
+    assert_eq!(
+        decoded.clone().resolve(base).unwrap(),
+        [
+            (b"c/r1".to_vec(), vec![1u8]),
+            (b"r/r1".to_vec(), DELTA_VALUE.to_vec())
+        ]
+    );
+    // A delta needs its previous value, and only that one decodes (one that differs
+    // where the delta refers to it gives values the check refuses).
+    assert!(decoded.clone().resolve(|_| None).is_err());
+    let other: &[u8] = b"\x01run r2: attempts 0007, recent 11 12 13 14 15 16 17";
+    assert!(decoded.resolve(|_| Some(other)).is_err());
+    // Strict: cut short, an unknown kind, keys out of order or repeated, no pair, a
+    // length not in its shortest form, a key prefix not the whole common prefix.
+    let p = &vector[5..];
+    for cut in 0..p.len() {
+        let ok = StateFrame::decode(TAG_STATE_DELTA, &p[..cut])
+            .and_then(|f| f.resolve(base))
+            .is_ok();
+        assert!(!ok, "a frame cut at {cut} of {} bytes", p.len());
+    }
+    let mut bad = p.to_vec();
+    bad[10] = 2; // c/r1's kind
+    assert!(StateFrame::decode(TAG_STATE_DELTA, &bad).is_err());
+    let swapped = [pairs[1], pairs[0]];
+    assert!(StateFrame::decode(TAG_STATE_DELTA, &StateFrame::encode(&swapped, |_| None)).is_err());
+    let twice = [pairs[0], pairs[0]];
+    assert!(StateFrame::decode(TAG_STATE_DELTA, &StateFrame::encode(&twice, |_| None)).is_err());
+    // check ‖ shared 0 ‖ suffix_len 4 as `84 00` ‖ ...: the long form of 4.
+    let mut long = p[..5].to_vec();
+    long.extend_from_slice(&[0x84, 0x00]);
+    long.extend_from_slice(&p[6..]);
+    assert!(StateFrame::decode(TAG_STATE_DELTA, &long).is_err());
+    // `c/r1` then `c/r2` sharing 2 bytes where they share 3.
+    let mut short_prefix = StateFrame::encode(&[(&b"c/r1"[..], &[1u8][..])], |_| None);
+    short_prefix.extend_from_slice(&[2, 2, b'r', b'2', 0, 1, 1]);
+    assert!(StateFrame::decode(TAG_STATE_DELTA, &short_prefix).is_err());
+    let mut right_prefix = StateFrame::encode(&[(&b"c/r1"[..], &[1u8][..])], |_| None);
+    right_prefix.extend_from_slice(&[3, 1, b'2', 0, 1, 1]);
+    assert!(StateFrame::decode(TAG_STATE_DELTA, &right_prefix).is_ok());
+    assert!(StateFrame::decode(TAG_STATE_DELTA, &p[..4]).is_err());
 }
