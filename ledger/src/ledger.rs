@@ -739,6 +739,7 @@ impl Ledger {
         if let Some(m) = mark {
             store.apply_group(std::iter::empty(), None, m)?;
         }
+        store.fold()?;
         done.carried = carried.len() as u64;
         store.put_durable(&carried)?;
         drop(store);

@@ -13,6 +13,13 @@
 //! * `m`: `segment (u64 BE) ‖ offset (u64 BE)`, the log position through which the state
 //!   and index points above are applied, written in the same atomic sled batch as them.
 //!
+//! Commit groups are *folded* before they reach sled: their state values (each key's
+//! latest), index points and mark are kept in memory and written to sled in one batch
+//! every [`FOLD_GROUPS`] groups (or [`FOLD_BYTES`] of values), so sled rewrites a value
+//! once per fold, not once per group, and its log grows with the state rather than with
+//! the decisions. Reads see the folded values first. A crash loses at most the fold,
+//! which the log replays like any group after the mark.
+//!
 //! sled is never synced per commit group: its background flush writes it every second,
 //! and after a crash the writer replays the log's state frames after `m` (sled recovers a
 //! prefix of its batches, each whole or not at all, so `m` never runs ahead of what it
@@ -33,6 +40,10 @@ use crate::error::{Error, Result};
 pub const INDEX_DIR: &str = "index";
 /// An index point is written once a segment has grown this many bytes past the last.
 pub const POINT_EVERY: u64 = 64 * 1024;
+/// Groups folded in memory before they are written to sled in one batch.
+pub const FOLD_GROUPS: usize = 256;
+/// Bytes of folded state values that make a fold be written before [`FOLD_GROUPS`].
+pub const FOLD_BYTES: usize = 8 << 20;
 
 const STATE_PREFIX: u8 = b's';
 const PUT_PREFIX: u8 = b'p';
@@ -89,9 +100,20 @@ pub struct Point {
     pub offset: u64,
 }
 
+/// Groups applied but not yet written to sled.
+#[derive(Default)]
+struct Fold {
+    state: BTreeMap<Vec<u8>, Vec<u8>>,
+    points: Vec<Point>,
+    mark: Option<(u64, u64)>,
+    groups: usize,
+    bytes: usize,
+}
+
 /// The open index. Holds sled's exclusive lock while open.
 pub struct Store {
     db: sled::Db,
+    fold: Mutex<Fold>,
     path: PathBuf,
     log: File,
     /// Blob files already fsynced: sled writes large nodes to `blobs/` without syncing
@@ -138,6 +160,7 @@ impl Store {
         let log = File::open(&log_path).map_err(|e| Error::io(&log_path, e))?;
         Ok(Store {
             db,
+            fold: Mutex::new(Fold::default()),
             path,
             log,
             synced_blobs: Mutex::new(HashSet::new()),
@@ -146,27 +169,58 @@ impl Store {
     }
 
     /// Apply one commit group's derived state and index point, and move the mark to
-    /// `mark` (segment, offset just past the group), in one atomic sled batch. Not
-    /// durable by itself: the log is, and the group is replayed from it after a crash.
+    /// `mark` (segment, offset just past the group). Folded in memory (reads see it at
+    /// once) and written to sled with the groups around it, in one atomic sled batch
+    /// with the mark. Not durable by itself: the log is, and the group is replayed from
+    /// it after a crash.
     pub fn apply_group<'a>(
         &self,
         state: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         point: Option<Point>,
         mark: (u64, u64),
     ) -> Result<()> {
-        let mut batch = sled::Batch::default();
+        let mut fold = self.fold.lock().unwrap_or_else(|e| e.into_inner());
         for (k, v) in state {
-            batch.insert(prefixed(STATE_PREFIX, k), v);
+            fold.bytes += k.len() + v.len();
+            fold.state.insert(k.to_vec(), v.to_vec());
         }
-        if let Some(p) = point {
+        fold.points.extend(point);
+        fold.mark = Some(mark);
+        fold.groups += 1;
+        if fold.groups >= FOLD_GROUPS || fold.bytes >= FOLD_BYTES {
+            self.write_fold(&mut fold)?;
+        }
+        Ok(())
+    }
+
+    /// Write what is folded to sled now (a reindex finishing, a ledger closing).
+    pub fn fold(&self) -> Result<()> {
+        let mut fold = self.fold.lock().unwrap_or_else(|e| e.into_inner());
+        self.write_fold(&mut fold)
+    }
+
+    fn write_fold(&self, fold: &mut Fold) -> Result<()> {
+        let Some(mark) = fold.mark else {
+            return Ok(());
+        };
+        let mut batch = sled::Batch::default();
+        for (k, v) in &fold.state {
+            batch.insert(prefixed(STATE_PREFIX, k), v.as_slice());
+        }
+        for p in &fold.points {
             batch.insert(&key(POINT_PREFIX, p.seq), &two_u64(p.segment, p.offset));
         }
         batch.insert(MARK_KEY, &two_u64(mark.0, mark.1));
-        self.db.apply_batch(batch).map_err(store_err)
+        self.db.apply_batch(batch).map_err(store_err)?;
+        *fold = Fold::default();
+        Ok(())
     }
 
     /// The log position through which state and index points are applied.
     pub fn mark(&self) -> Result<Option<(u64, u64)>> {
+        if let Some(m) = self.fold.lock().unwrap_or_else(|e| e.into_inner()).mark {
+            return Ok(Some(m));
+        }
         match self.db.get(MARK_KEY).map_err(store_err)? {
             None => Ok(None),
             Some(v) => decode_two(&v, "index mark").map(Some),
@@ -198,6 +252,18 @@ impl Store {
 
     /// The last index point at or before `seq`.
     pub fn point(&self, seq: u64) -> Result<Option<Point>> {
+        let folded = self
+            .fold
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .points
+            .iter()
+            .rev()
+            .find(|p| p.seq <= seq)
+            .copied();
+        if folded.is_some() {
+            return Ok(folded);
+        }
         let Some(kv) = self
             .db
             .range(key(POINT_PREFIX, 0)..=key(POINT_PREFIX, seq))
@@ -301,12 +367,28 @@ impl Store {
                 all.insert(k[1..].to_vec(), v.to_vec());
             }
         }
+        let fold = self.fold.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, v) in fold.state.range(prefix.to_vec()..) {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            all.insert(k.clone(), v.clone());
+        }
         Ok(all.into_iter().collect())
     }
 
     /// The derived state value under exactly `key` (without the store's prefix), as the
     /// log's state frames applied so far left it: the base of the key's next delta.
     pub fn derived_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(v) = self
+            .fold
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .state
+            .get(key)
+        {
+            return Ok(Some(v.clone()));
+        }
         Ok(self
             .db
             .get(prefixed(STATE_PREFIX, key))
@@ -316,18 +398,22 @@ impl Store {
 
     /// The state value under exactly `key` (without the store's prefix).
     pub fn state_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if let Some(v) = self
-            .db
-            .get(prefixed(STATE_PREFIX, key))
-            .map_err(store_err)?
-        {
-            return Ok(Some(v.to_vec()));
+        if let Some(v) = self.derived_get(key)? {
+            return Ok(Some(v));
         }
         Ok(self
             .db
             .get(prefixed(PUT_PREFIX, key))
             .map_err(store_err)?
             .map(|v| v.to_vec()))
+    }
+}
+
+impl Drop for Store {
+    /// Write what is folded, so a clean close leaves nothing for the next open to replay
+    /// (an error here only leaves more of the log to replay).
+    fn drop(&mut self) {
+        let _ = self.fold();
     }
 }
 

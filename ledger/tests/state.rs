@@ -127,6 +127,15 @@ fn a_ledger_keeps_its_state_as_deltas_and_gives_it_back() {
         }
     };
     check(&ledger, "live");
+    // Index points still folded in memory lead to the entries too.
+    for seq in [1u64, 57, 200, 399, 400] {
+        let bytes = ledger.entry(seq).unwrap().unwrap();
+        assert_eq!(tally_ledger::Header::decode(&bytes).unwrap().seq, seq);
+    }
+    drop(ledger);
+    // Closed cleanly, reopened: the state is all there.
+    let ledger = Ledger::open(&dir).unwrap();
+    check(&ledger, "reopened");
     drop(ledger);
     // Reopened with the index behind the log (lost): replayed from the log alone.
     tally_ledger::store::remove_index(&dir.join(tally_ledger::store::INDEX_DIR)).unwrap();
