@@ -246,6 +246,62 @@ fn apply_state_frame(
     )
 }
 
+/// Bring `store` up to the log `reader` reads: index points for its entries (one per
+/// [`POINT_EVERY`] bytes of a segment), its state frames applied in order, and the mark
+/// at its last checkpoint. What the writer's open (from the index's mark) and `tally
+/// reindex` (from the start, into a new index) both do; counts go to `done`.
+fn replay_into(
+    dir: &Path,
+    store: &Store,
+    mut reader: LogReader,
+    done: &mut Reindexed,
+) -> Result<()> {
+    let mut last_point: Option<(u64, u64)> = None;
+    let mut mark = None;
+    while let Some(item) = reader.next() {
+        let pos = reader.position();
+        match item? {
+            Item::Frame(Frame::Entry(bytes)) => {
+                done.entries += 1;
+                let Some((segment, end)) = pos else { continue };
+                let offset = end - (segment::FRAME_PREFIX_LEN + bytes.len()) as u64;
+                let due = match last_point {
+                    Some((s, o)) => s != segment || offset - o >= POINT_EVERY,
+                    None => true,
+                };
+                if due {
+                    let seq = Header::decode(&bytes)?.seq;
+                    store.apply_group(
+                        std::iter::empty(),
+                        Some(Point {
+                            seq,
+                            segment,
+                            offset,
+                        }),
+                        (segment, offset),
+                    )?;
+                    last_point = Some((segment, offset));
+                    done.points += 1;
+                }
+            }
+            Item::Frame(Frame::Checkpoint(_)) => mark = pos,
+            Item::State {
+                frame,
+                segment,
+                end,
+            } => {
+                apply_state_frame(dir, store, frame, (segment, end))?;
+                done.state_frames += 1;
+            }
+            Item::Torn(_) => done.torn += 1,
+        }
+    }
+    if let Some(m) = mark {
+        store.apply_group(std::iter::empty(), None, m)?;
+    }
+    Ok(())
+}
+
 /// The commit pipeline's shared state.
 struct Queue {
     /// Decisions waiting for the next group.
@@ -521,16 +577,12 @@ impl Ledger {
                 new_number = new_number.max(seg + 1);
             }
         }
-        for item in LogReader::new(segments.clone(), false, mark) {
-            if let Item::State {
-                frame,
-                segment,
-                end,
-            } = item?
-            {
-                apply_state_frame(dir, &store, frame, (segment, end))?;
-            }
-        }
+        replay_into(
+            dir,
+            &store,
+            LogReader::new(segments.clone(), false, mark),
+            &mut Reindexed::default(),
+        )?;
         let resume = if resync {
             Resume::NewSegment { number: new_number }
         } else {
@@ -695,50 +747,7 @@ impl Ledger {
         let new_path = dir.join("index.new");
         remove_index(&new_path)?;
         let store = Store::open_at(dir, &new_path)?;
-        let mut reader = LogReader::new(segments, true, None);
-        let mut last_point: Option<(u64, u64)> = None;
-        let mut mark = None;
-        while let Some(item) = reader.next() {
-            let pos = reader.position();
-            match item? {
-                Item::Frame(Frame::Entry(bytes)) => {
-                    done.entries += 1;
-                    let Some((segment, end)) = pos else { continue };
-                    let offset = end - (segment::FRAME_PREFIX_LEN + bytes.len()) as u64;
-                    let due = match last_point {
-                        Some((s, o)) => s != segment || offset - o >= POINT_EVERY,
-                        None => true,
-                    };
-                    if due {
-                        let seq = Header::decode(&bytes)?.seq;
-                        store.apply_group(
-                            std::iter::empty(),
-                            Some(Point {
-                                seq,
-                                segment,
-                                offset,
-                            }),
-                            (segment, offset),
-                        )?;
-                        last_point = Some((segment, offset));
-                        done.points += 1;
-                    }
-                }
-                Item::Frame(Frame::Checkpoint(_)) => mark = pos,
-                Item::State {
-                    frame,
-                    segment,
-                    end,
-                } => {
-                    apply_state_frame(dir, &store, frame, (segment, end))?;
-                    done.state_frames += 1;
-                }
-                Item::Torn(_) => done.torn += 1,
-            }
-        }
-        if let Some(m) = mark {
-            store.apply_group(std::iter::empty(), None, m)?;
-        }
+        replay_into(dir, &store, LogReader::new(segments, true, None), &mut done)?;
         store.fold()?;
         done.carried = carried.len() as u64;
         store.put_durable(&carried)?;
