@@ -543,18 +543,22 @@ impl Ledger {
         };
         let last_number = segments[segments.len() - 1].0;
         let mut resync = sealed_index + 1 < segments.len() || sealed_scan.unsealed() > 0;
-        let (mut last_bytes, mut cp_text) = (None, None);
-        for f in LogReader::new(vec![segments[sealed_index].clone()], false, None).frames() {
-            match f? {
-                Frame::Entry(b) => last_bytes = Some(b),
-                Frame::Checkpoint(t) => cp_text = Some(t),
-            }
-        }
-        let (Some(last_bytes), Some(cp_text)) = (last_bytes, cp_text) else {
+        // The scan found where the last entry and checkpoint are: read those two alone.
+        let sealed_path = &segments[sealed_index].1;
+        let (Some(entry_at), Some(cp_at)) = (sealed_scan.last_entry, sealed_scan.last_checkpoint)
+        else {
             return Err(corrupt(0, "the last sealed segment holds no entry".into()));
         };
+        let last_bytes = segment::read_payload(sealed_path, entry_at)?;
+        let cp_text = segment::read_payload(sealed_path, cp_at)?;
         let last = Entry::decode(&last_bytes).map_err(|e| corrupt(0, e.to_string()))?;
         let last_seq = last.header.seq;
+        if last.header.ledger_id != ledger_id {
+            return Err(corrupt(
+                last_seq,
+                "the log's last entry is not of this ledger".into(),
+            ));
+        }
         let checkpoint =
             Checkpoint::from_text(&cp_text).map_err(|e| corrupt(last_seq, e.to_string()))?;
         if checkpoint.size != last_seq + 1 || checkpoint.head != last.hash() {

@@ -509,6 +509,11 @@ pub struct Scan {
     pub sealed_end: u64,
     /// Whether the segment holds any complete checkpoint frame.
     pub sealed: bool,
+    /// The last entry frame before the sealed end: its payload's offset and length.
+    pub last_entry: Option<(u64, u32)>,
+    /// The last checkpoint frame (the one that ends at the sealed end): its payload's
+    /// offset and length.
+    pub last_checkpoint: Option<(u64, u32)>,
 }
 
 impl Scan {
@@ -534,6 +539,8 @@ pub fn scan(path: &Path) -> Result<Scan> {
             len,
             sealed_end: 0,
             sealed: false,
+            last_entry: None,
+            last_checkpoint: None,
         });
     }
     let header = SegmentHeader::decode(&hb).map_err(|e| Error::Segment {
@@ -543,6 +550,7 @@ pub fn scan(path: &Path) -> Result<Scan> {
     let mut pos = SEGMENT_HEADER_LEN as u64;
     let mut sealed_end = pos;
     let mut sealed = false;
+    let (mut entry, mut last_entry, mut last_checkpoint) = (None, None, None);
     loop {
         let mut prefix = [0u8; FRAME_PREFIX_LEN];
         if pos + FRAME_PREFIX_LEN as u64 > len {
@@ -563,10 +571,17 @@ pub fn scan(path: &Path) -> Result<Scan> {
         }
         r.seek_relative(plen as i64)
             .map_err(|e| Error::io(path, e))?;
+        let at = (pos + FRAME_PREFIX_LEN as u64, plen as u32);
         pos = end;
-        if tag == TAG_CHECKPOINT {
-            sealed_end = pos;
-            sealed = true;
+        match tag {
+            TAG_ENTRY => entry = Some(at),
+            TAG_CHECKPOINT => {
+                sealed_end = pos;
+                sealed = true;
+                last_entry = entry;
+                last_checkpoint = Some(at);
+            }
+            _ => {}
         }
     }
     Ok(Scan {
@@ -574,7 +589,19 @@ pub fn scan(path: &Path) -> Result<Scan> {
         len,
         sealed_end,
         sealed,
+        last_entry,
+        last_checkpoint,
     })
+}
+
+/// The payload of the frame at `at` (offset, length) of the segment `path`, read alone.
+pub fn read_payload(path: &Path, at: (u64, u32)) -> Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut buf = vec![0u8; at.1 as usize];
+    file.read_exact_at(&mut buf, at.0)
+        .map_err(|e| Error::io(path, e))?;
+    Ok(buf)
 }
 
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
