@@ -22,7 +22,8 @@ const MAX_WORKERS: usize = 16;
 /// Records of a run between sweeps of its silent loop windows.
 const SWEEP_EVERY: u32 = 512;
 
-/// Most distinct names [`Names`] shares before it starts afresh.
+/// Most distinct names, and combinations of a call's names, [`Names`] shares before it
+/// starts afresh.
 const MAX_SHARED_NAMES: usize = 4096;
 
 /// What the analysis emits while streaming, and the names its runs share.
@@ -35,23 +36,55 @@ pub(crate) struct Sink {
 }
 
 /// Tool, operation and worker names, one allocation each however many open attempts
-/// and loop windows hold them. Bounded: when full it forgets them all (sharing saves
-/// memory only; nothing is decided by it).
+/// and loop windows hold them, and one per combination a call has. Bounded: when full it
+/// forgets them all (sharing saves memory only; nothing is decided by it).
 #[derive(Debug, Default)]
-pub(crate) struct Names(HashSet<Arc<str>>);
+pub(crate) struct Names {
+    text: HashSet<Arc<str>>,
+    /// By the addresses of the shared names: each stays allocated while its entry holds it.
+    calls: HashMap<[usize; 3], Arc<CallNames>>,
+}
 
 impl Names {
-    pub fn get(&mut self, name: Option<&str>) -> Option<Arc<str>> {
+    fn get(&mut self, name: Option<&str>) -> Option<Arc<str>> {
         let name = name?;
-        if let Some(shared) = self.0.get(name) {
+        if let Some(shared) = self.text.get(name) {
             return Some(Arc::clone(shared));
         }
-        if self.0.len() >= MAX_SHARED_NAMES {
-            self.0.clear();
+        if self.text.len() >= MAX_SHARED_NAMES {
+            self.text.clear();
         }
         let shared: Arc<str> = Arc::from(name);
-        self.0.insert(Arc::clone(&shared));
+        self.text.insert(Arc::clone(&shared));
         Some(shared)
+    }
+
+    /// A call's names, shared with every call that has the same.
+    pub fn call(
+        &mut self,
+        tool: Option<&str>,
+        operation: Option<&str>,
+        worker: Option<&str>,
+    ) -> Arc<CallNames> {
+        let names = CallNames {
+            tool: self.get(tool),
+            operation: self.get(operation),
+            worker: self.get(worker),
+        };
+        let address = |n: &Option<Arc<str>>| {
+            n.as_ref()
+                .map_or(0, |n| Arc::as_ptr(n).cast::<u8>() as usize)
+        };
+        let id = [&names.tool, &names.operation, &names.worker].map(address);
+        if let Some(shared) = self.calls.get(&id) {
+            return Arc::clone(shared);
+        }
+        if self.calls.len() >= MAX_SHARED_NAMES {
+            self.calls.clear();
+        }
+        let shared = Arc::new(names);
+        self.calls.insert(id, Arc::clone(&shared));
+        shared
     }
 }
 
@@ -109,9 +142,7 @@ enum Track {
 /// `max_open_attempts` per run, so it keeps only what an outcome or the handoff reads.
 #[derive(Clone, Debug)]
 struct Call {
-    tool: Option<Arc<str>>,
-    operation: Option<Arc<str>>,
-    worker: Option<Arc<str>>,
+    names: Arc<CallNames>,
     effect: Option<Effect>,
     outcome_seen: bool,
     reserve: u64,
@@ -130,7 +161,8 @@ struct WriteCall {
 }
 
 /// A call's names, shared ([`Names`]).
-struct CallNames {
+#[derive(Debug)]
+pub(crate) struct CallNames {
     tool: Option<Arc<str>>,
     operation: Option<Arc<str>>,
     worker: Option<Arc<str>>,
@@ -138,7 +170,7 @@ struct CallNames {
 
 impl Call {
     fn series_key(&self) -> Option<SeriesKey> {
-        match (&self.track, &self.tool) {
+        match (&self.track, &self.names.tool) {
             (Track::Series(digest), Some(tool)) => Some(SeriesKey {
                 tool: Arc::clone(tool),
                 digest: digest.clone(),
@@ -221,7 +253,8 @@ pub(crate) struct RunState {
     pub policy: std::sync::Arc<tally_policy::Policy>,
     pub uses_granted: u64,
     pub cents_granted: u64,
-    open: BTreeMap<u64, Call>,
+    /// Boxed, so the map's nodes stay small.
+    open: BTreeMap<u64, Box<Call>>,
     overrides: Vec<Override>,
     unknown_writes: HashMap<String, UnknownWrite>,
     pending: BTreeMap<String, Pending>,
@@ -430,9 +463,12 @@ impl RunState {
             0
         };
         let write = allowed && is_write(d.effect);
-        let tool = sink.names.get(d.tool.as_deref());
-        let operation = sink.names.get(d.operation.as_deref());
-        let worker = sink.names.get(d.worker.as_deref());
+        let names = sink.names.call(
+            d.tool.as_deref(),
+            d.operation.as_deref(),
+            d.worker.as_deref(),
+        );
+        let (tool, operation, worker) = (&names.tool, &names.operation, &names.worker);
         let facts = CallFacts {
             seq: e.seq,
             ms: at.run_ms,
@@ -462,7 +498,7 @@ impl RunState {
                 })
                 .call(&facts, tool.as_ref(), polls);
             Track::Poll(r.clone())
-        } else if let (Some(tool), Some(digest)) = (&tool, &d.args_digest) {
+        } else if let (Some(tool), Some(digest)) = (tool, &d.args_digest) {
             let key = SeriesKey {
                 tool: Arc::clone(tool),
                 digest: Digest::new(digest),
@@ -489,7 +525,7 @@ impl RunState {
         } else {
             Track::None
         };
-        if let (None, Some(tool)) = (&poll, &tool) {
+        if let (None, Some(tool)) = (&poll, tool) {
             let burst_gap = self.policy.loops.tool_window_ms;
             let silent = self
                 .bursts
@@ -529,11 +565,6 @@ impl RunState {
         }
 
         if allowed {
-            let names = CallNames {
-                tool,
-                operation,
-                worker,
-            };
             self.allow(e, at, write, poll.is_some(), track, names, cfg, sink);
         } else if let Some(reason) = d.reason {
             self.refusal(d, e.seq, at, reason);
@@ -548,7 +579,7 @@ impl RunState {
         write: bool,
         poll: bool,
         track: Track,
-        names: CallNames,
+        names: Arc<CallNames>,
         cfg: &Config,
         sink: &mut Sink,
     ) {
@@ -609,16 +640,14 @@ impl RunState {
             });
             self.open.insert(
                 attempt,
-                Call {
-                    tool: names.tool,
-                    operation: names.operation,
-                    worker: names.worker,
+                Box::new(Call {
+                    names,
                     effect: d.effect,
                     outcome_seen: false,
                     reserve: d.reserve_cents.unwrap_or(0),
                     track,
                     write: write_call,
-                },
+                }),
             );
         }
     }
@@ -739,7 +768,7 @@ impl RunState {
                 }
                 Track::None => {}
             }
-            if let Some(tool) = &c.tool {
+            if let Some(tool) = &c.names.tool {
                 if !matches!(c.track, Track::Poll(_)) {
                     if let Some(b) = self.bursts.get_mut(tool) {
                         b.outcome(&facts);
@@ -748,8 +777,8 @@ impl RunState {
                 let result = ToolResult {
                     tool,
                     run: &self.name,
-                    worker: c.worker.as_ref(),
-                    operation: c.operation.as_ref(),
+                    worker: c.names.worker.as_ref(),
+                    operation: c.names.operation.as_ref(),
                     seq: e.seq,
                     wall_ms: e.wall_ms,
                     failed: matches!(status, Status::Error | Status::Rejected | Status::Timeout),
@@ -793,8 +822,8 @@ impl RunState {
         if let Some(nb) = not_before {
             self.backoff = Some(Backoff {
                 not_before: nb,
-                tool: call.as_ref().and_then(|c| owned(&c.tool)),
-                operation: call.as_ref().and_then(|c| owned(&c.operation)),
+                tool: call.as_ref().and_then(|c| owned(&c.names.tool)),
+                operation: call.as_ref().and_then(|c| owned(&c.names.operation)),
                 refused: None,
                 seq: e.seq,
             });
@@ -808,7 +837,7 @@ impl RunState {
                     let fresh = self.pending_from(
                         e.seq,
                         d.attempt,
-                        call.as_ref(),
+                        call.as_deref(),
                         &remote,
                         PendingStatus::Running,
                         at,
@@ -836,7 +865,7 @@ impl RunState {
                         let p = self.pending_from(
                             e.seq,
                             d.attempt,
-                            call.as_ref(),
+                            call.as_deref(),
                             &remote,
                             pending_status,
                             at,
@@ -851,9 +880,9 @@ impl RunState {
                     let w = c.write.as_deref();
                     let args_digest = w.and_then(|w| w.args_digest.clone());
                     let key = write_key(
-                        c.tool.as_deref(),
+                        c.names.tool.as_deref(),
                         args_digest.as_deref(),
-                        c.operation.as_deref(),
+                        c.names.operation.as_deref(),
                     );
                     self.unknown_writes.insert(
                         key,
@@ -861,8 +890,8 @@ impl RunState {
                             attempt: d.attempt,
                             outcome_seq: e.seq,
                             status,
-                            tool: owned(&c.tool),
-                            operation: owned(&c.operation),
+                            tool: owned(&c.names.tool),
+                            operation: owned(&c.names.operation),
                             args_digest,
                             idempotency_key: w.and_then(|w| w.idempotency_key.clone()),
                             cleared: false,
@@ -894,9 +923,12 @@ impl RunState {
                         (Some(p), _) => {
                             Some((p.attempt, p.tool.clone(), p.operation.clone(), p.effect))
                         }
-                        (None, Some(c)) => {
-                            Some((d.attempt, owned(&c.tool), owned(&c.operation), c.effect))
-                        }
+                        (None, Some(c)) => Some((
+                            d.attempt,
+                            owned(&c.names.tool),
+                            owned(&c.names.operation),
+                            c.effect,
+                        )),
                         (None, None) => None,
                     };
                     if let Some((attempt, tool, operation, effect)) = done {
@@ -936,8 +968,8 @@ impl RunState {
         Pending {
             seq,
             attempt,
-            tool: call.and_then(|c| owned(&c.tool)),
-            operation: call.and_then(|c| owned(&c.operation)),
+            tool: call.and_then(|c| owned(&c.names.tool)),
+            operation: call.and_then(|c| owned(&c.names.operation)),
             effect: call.and_then(|c| c.effect),
             remote_ref: remote.clone(),
             status,
@@ -1057,8 +1089,8 @@ impl RunState {
             out.push(Pending {
                 seq: w.seq,
                 attempt: Some(*attempt),
-                tool: owned(&c.tool),
-                operation: owned(&c.operation),
+                tool: owned(&c.names.tool),
+                operation: owned(&c.names.operation),
                 effect: c.effect,
                 remote_ref: None,
                 status: PendingStatus::NoOutcome,
