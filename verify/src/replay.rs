@@ -208,6 +208,18 @@ pub struct ReplayReport {
 }
 
 impl ReplayReport {
+    fn find(&mut self, seq: Seq, run: &str, kind: ReplayKind) {
+        if self.findings.len() < MAX_LISTED {
+            self.findings.push(ReplayFinding {
+                seq,
+                run: run.to_owned(),
+                kind,
+            });
+        } else {
+            self.omitted += 1;
+        }
+    }
+
     /// The report as text.
     pub fn to_text(&self) -> String {
         let mut out = format!(
@@ -248,15 +260,7 @@ impl Replay {
     }
 
     fn find(&mut self, seq: Seq, run: &str, kind: ReplayKind) {
-        if self.report.findings.len() < MAX_LISTED {
-            self.report.findings.push(ReplayFinding {
-                seq,
-                run: run.to_owned(),
-                kind,
-            });
-        } else {
-            self.report.omitted += 1;
-        }
+        self.report.find(seq, run, kind);
     }
 
     /// Take the next event.
@@ -351,12 +355,18 @@ impl Replay {
             }
             (None, false) => start_digest,
         };
-        let Some((_, policy)) = self.policies.get(&digest) else {
-            self.find(e.seq, &d.run, ReplayKind::UnknownPolicy { digest });
+        // Borrowed apart, so the policy is read in place (not copied for every record).
+        let Replay {
+            policies,
+            runs,
+            credentials,
+            report,
+        } = self;
+        let Some((_, policy)) = policies.get(&digest) else {
+            report.find(e.seq, &d.run, ReplayKind::UnknownPolicy { digest });
             return;
         };
-        let policy = policy.clone();
-        let Some((_, run)) = self.runs.get_mut(&d.run) else {
+        let Some((_, run)) = runs.get_mut(&d.run) else {
             return;
         };
         let mut notes = Vec::new();
@@ -373,7 +383,7 @@ impl Replay {
             notes.push(ReplayKind::NotOwner { uid: d.uid });
         }
         let credential_name = d.credential.clone().or_else(|| run.credential.clone());
-        let credential = credential_name.map(|c| self.credentials.entry(c).or_default());
+        let credential = credential_name.map(|c| credentials.entry(c).or_default());
         let now = Now {
             wall_ms: run.start_wall_ms.saturating_add(d.at_ms.unwrap_or(0)),
             at_ms: d.at_ms,
@@ -396,11 +406,11 @@ impl Replay {
         if call && d.policy.is_some() && run.stop.is_none() {
             let recorded = d.reason.filter(|_| kind == Kind::Deny);
             if recorded.is_some_and(|r| OUTSIDE_THE_RECORDS.contains(&r)) {
-                self.report.taken_as_recorded += 1;
+                report.taken_as_recorded += 1;
             } else {
-                self.report.replayed += 1;
+                report.replayed += 1;
                 finding = judge(
-                    &policy,
+                    policy,
                     &digest,
                     run,
                     credential.as_deref(),
@@ -415,12 +425,12 @@ impl Replay {
             tool: None,
             credential,
         };
-        apply(&policy, view, d, now);
+        apply(policy, view, d, now);
         for kind in notes {
-            self.find(e.seq, &d.run, kind);
+            report.find(e.seq, &d.run, kind);
         }
         if let Some(kind) = finding {
-            self.find(e.seq, &d.run, kind);
+            report.find(e.seq, &d.run, kind);
         }
     }
 

@@ -1673,3 +1673,48 @@ fn regression_issue_10_a_late_outcome_settles_once_and_refunds_return_one_slot()
     assert_eq!((h.attempts.used, h.attempts.refunded), (2, 1));
     assert_eq!((h.spend.reserved_cents, h.spend.settled_cents), (0, 50));
 }
+
+/// Open attempts and loop windows share their tool, operation and worker names, in a
+/// bounded table that starts afresh when full: a run with more distinct names than it
+/// holds, and a loop at its end, is reported as before (names, workers in order, count).
+#[test]
+fn a_run_with_very_many_names_and_a_loop_at_the_end() {
+    let mut ds = vec![start("r", json!({}))];
+    let mut attempt = 0;
+    for i in 0..5_000u64 {
+        attempt += 1;
+        ds.push(d(json!({"run": "r", "kind": "allow", "at_ms": i * 1_000,
+            "tool": "repo.read", "operation": format!("op-{i}"), "worker": format!("w{:02}", i % 20),
+            "args": {"page": i}, "effect": "read", "attempt": attempt})));
+        ds.push(ok("r", i * 1_000 + 5, attempt));
+    }
+    let t = 5_000 * 1_000;
+    for (k, worker) in ["w-z", "w-a", "w-m", "w-a"].into_iter().enumerate() {
+        attempt += 1;
+        ds.push(d(
+            json!({"run": "r", "kind": "allow", "at_ms": t + k as u64 * 1_000,
+            "tool": "repo.read", "operation": format!("final-{k}"), "worker": worker,
+            "args": {"page": "again"}, "effect": "read", "attempt": attempt}),
+        ));
+    }
+    let r = analyse(&ds);
+    assert_eq!(r.loops.len(), 1, "{:?}", r.loops);
+    let l = &r.loops[0];
+    assert_eq!(l.pattern, Pattern::ExactRepetition);
+    assert_eq!(
+        l.workers,
+        vec!["w-a".to_owned(), "w-m".into(), "w-z".into()]
+    );
+    assert_eq!(l.tool, s("repo.read"));
+    assert_eq!(l.operation, s("final-3"));
+    assert_eq!(l.args_digest, digest(json!({"page": "again"})));
+    assert_eq!(l.count, 4);
+    assert_eq!((l.first_seq.seq, l.last_seq.seq), (10_001, 10_004));
+    assert_eq!(l.ended_by, LoopEnd::NeverStopped);
+    let h = only_handoff(&r);
+    let first: Vec<String> = (0..16).map(|i| format!("w{i:02}")).collect();
+    assert_eq!(h.workers, first, "the first 16 workers, in order");
+    assert_eq!(h.completed_total, 0, "reads complete nothing");
+    assert_eq!(h.attempts.used, 5_004);
+    assert_eq!(h.loops, 1);
+}

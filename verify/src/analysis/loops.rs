@@ -13,11 +13,13 @@
 
 use crate::event::Seq;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use serde::Serialize;
 use tally_ledger::{Action, Reason, Status};
 use tally_policy::LoopRule;
 
+use super::run::SeriesKey;
 use super::Config;
 
 /// Most distinct workers (or runs) a loop names; the rest are counted, not listed.
@@ -178,7 +180,8 @@ struct Span {
     count: u64,
     reserved: u64,
     settled: u64,
-    workers: BTreeSet<String>,
+    /// Distinct workers, sorted, at most [`MAX_NAMED`].
+    workers: Vec<Arc<str>>,
     refused: Option<(Reason, Seq)>,
     ok: Option<Seq>,
 }
@@ -193,7 +196,7 @@ impl Span {
             count: 0,
             reserved: 0,
             settled: 0,
-            workers: BTreeSet::new(),
+            workers: Vec::new(),
             refused: None,
             ok: None,
         }
@@ -209,8 +212,10 @@ impl Span {
         self.count += 1;
         self.reserved = self.reserved.saturating_add(c.reserve);
         if let Some(w) = c.worker {
-            if self.workers.len() < MAX_NAMED && !self.workers.contains(w) {
-                self.workers.insert(w.to_owned());
+            if self.workers.len() < MAX_NAMED {
+                if let Err(at) = self.workers.binary_search(w) {
+                    self.workers.insert(at, Arc::clone(w));
+                }
             }
         }
         self.refused = c.refused.map(|r| (r, c.seq));
@@ -235,7 +240,7 @@ impl Span {
         Loop {
             pattern,
             runs,
-            workers: self.workers.iter().cloned().collect(),
+            workers: self.workers.iter().map(|w| w.to_string()).collect(),
             tool: None,
             operation: None,
             args_digest: None,
@@ -263,8 +268,8 @@ pub(crate) struct CallFacts<'a> {
     pub seq: Seq,
     /// Run time.
     pub ms: u64,
-    pub worker: Option<&'a str>,
-    pub operation: Option<&'a str>,
+    pub worker: Option<&'a Arc<str>>,
+    pub operation: Option<&'a Arc<str>>,
     pub reserve: u64,
     /// The refusal's reason, for a deny.
     pub refused: Option<Reason>,
@@ -288,13 +293,11 @@ fn is_backoff(reason: Option<Reason>) -> bool {
     reason.is_some_and(|r| r.action() == Action::Retry)
 }
 
-/// Identical calls (same run, tool and argument digest).
+/// Identical calls (same run, tool and argument digest: its [`SeriesKey`]).
 #[derive(Clone, Debug)]
 pub(crate) struct CallSeries {
     span: Span,
-    tool: String,
-    operation: Option<String>,
-    digest: String,
+    operation: Option<Arc<str>>,
     /// The first loop rule one of its calls tripped.
     looping: Option<LoopRule>,
     failures: u64,
@@ -304,12 +307,10 @@ pub(crate) struct CallSeries {
 }
 
 impl CallSeries {
-    pub fn new(tool: &str, digest: &str, seq: Seq, ms: u64) -> CallSeries {
+    pub fn new(seq: Seq, ms: u64) -> CallSeries {
         CallSeries {
             span: Span::new(seq, ms),
-            tool: tool.to_owned(),
             operation: None,
-            digest: digest.to_owned(),
             looping: None,
             failures: 0,
             ignored: 0,
@@ -338,7 +339,7 @@ impl CallSeries {
         if let Some(ra) = c.retry_after_ms {
             self.backoff_until = Some(c.ms.saturating_add(ra));
         }
-        self.operation = c.operation.map(str::to_owned);
+        self.operation = c.operation.cloned();
         self.span.call(c);
     }
 
@@ -373,14 +374,14 @@ impl CallSeries {
         }
     }
 
-    pub fn close(&self, run: &str, close: Close, cfg: &Config) -> Option<Loop> {
+    pub fn close(&self, key: &SeriesKey, run: &str, close: Close, cfg: &Config) -> Option<Loop> {
         let pattern = self.pattern(cfg)?;
         let mut l = self
             .span
             .to_loop(pattern, vec![run.to_owned()], Clock::Run, close);
-        l.tool = Some(self.tool.clone());
-        l.operation = self.operation.clone();
-        l.args_digest = Some(self.digest.clone());
+        l.tool = Some(key.tool.to_string());
+        l.operation = self.operation.as_deref().map(str::to_owned);
+        l.args_digest = Some(key.digest.text());
         l.failures = self.failures;
         l.ignored_retry_after = self.ignored;
         Some(l)
@@ -391,8 +392,8 @@ impl CallSeries {
 #[derive(Clone, Debug)]
 pub(crate) struct PollSeries {
     span: Span,
-    tool: Option<String>,
-    operation: Option<String>,
+    tool: Option<Arc<str>>,
+    operation: Option<Arc<str>>,
     remote_ref: String,
     allowance: Option<u64>,
     over_allowance: bool,
@@ -433,7 +434,7 @@ impl PollSeries {
     }
 
     /// `polls_allowed` is the run's count of allowed polls including this one.
-    pub fn call(&mut self, c: &CallFacts<'_>, tool: Option<&str>, polls_allowed: u64) {
+    pub fn call(&mut self, c: &CallFacts<'_>, tool: Option<&Arc<str>>, polls_allowed: u64) {
         if self.backoff_until.is_some_and(|until| c.ms < until) {
             self.ignored += 1;
         }
@@ -449,8 +450,8 @@ impl PollSeries {
         }
         self.unchanged += 1;
         self.max_unchanged = self.max_unchanged.max(self.unchanged);
-        self.tool = tool.map(str::to_owned);
-        self.operation = c.operation.map(str::to_owned);
+        self.tool = tool.cloned();
+        self.operation = c.operation.cloned();
         self.span.call(c);
     }
 
@@ -486,8 +487,8 @@ impl PollSeries {
         let mut l = self
             .span
             .to_loop(Pattern::Polling, vec![run.to_owned()], Clock::Run, close);
-        l.tool = self.tool.clone();
-        l.operation = self.operation.clone();
+        l.tool = self.tool.as_deref().map(str::to_owned);
+        l.operation = self.operation.as_deref().map(str::to_owned);
         l.remote_ref = Some(self.remote_ref.clone());
         l.ignored_retry_after = self.ignored;
         l.poll = Some(PollEvidence {
@@ -505,16 +506,16 @@ impl PollSeries {
 #[derive(Clone, Debug)]
 pub(crate) struct Burst {
     span: Span,
-    tool: String,
-    operation: Option<String>,
+    tool: Arc<str>,
+    operation: Option<Arc<str>>,
     flagged: bool,
 }
 
 impl Burst {
-    pub fn new(tool: &str, seq: Seq, ms: u64) -> Burst {
+    pub fn new(tool: &Arc<str>, seq: Seq, ms: u64) -> Burst {
         Burst {
             span: Span::new(seq, ms),
-            tool: tool.to_owned(),
+            tool: Arc::clone(tool),
             operation: None,
             flagged: false,
         }
@@ -527,7 +528,7 @@ impl Burst {
     /// `rule` as for [`CallSeries::call`]: the per-tool bar makes this a loop.
     pub fn call(&mut self, c: &CallFacts<'_>, rule: Option<LoopRule>) {
         self.flagged |= rule == Some(LoopRule::ToolBar);
-        self.operation = c.operation.map(str::to_owned);
+        self.operation = c.operation.cloned();
         self.span.call(c);
     }
 
@@ -555,8 +556,8 @@ impl Burst {
             (None, Close::Finish { stop: None }) => LoopEnd::NeverStopped,
             (None, _) => LoopEnd::Abandoned,
         };
-        l.tool = Some(self.tool.clone());
-        l.operation = self.operation.clone();
+        l.tool = Some(self.tool.to_string());
+        l.operation = self.operation.as_deref().map(str::to_owned);
         Some(l)
     }
 }
@@ -570,7 +571,7 @@ struct ToolStorm {
     sources: BTreeSet<(String, Option<String>)>,
     sources_total: u64,
     runs: BTreeSet<String>,
-    operation: Option<String>,
+    operation: Option<Arc<str>>,
 }
 
 /// Cross-worker and cross-run retry storms, one open storm per tool at a time.
@@ -584,8 +585,8 @@ pub(crate) struct ToolStorms {
 pub(crate) struct ToolResult<'a> {
     pub tool: &'a str,
     pub run: &'a str,
-    pub worker: Option<&'a str>,
-    pub operation: Option<&'a str>,
+    pub worker: Option<&'a Arc<str>>,
+    pub operation: Option<&'a Arc<str>>,
     pub seq: Seq,
     pub wall_ms: u64,
     pub failed: bool,
@@ -640,11 +641,11 @@ impl ToolStorms {
         if r.ok {
             storm.span.ok = Some(r.seq);
         }
-        storm.operation = r.operation.map(str::to_owned).or(storm.operation.take());
+        storm.operation = r.operation.cloned().or(storm.operation.take());
         if r.failed {
             storm.failures += 1;
             storm.last_failure_ms = r.wall_ms;
-            let source = (r.run.to_owned(), r.worker.map(str::to_owned));
+            let source = (r.run.to_owned(), r.worker.map(|w| w.to_string()));
             if !storm.sources.contains(&source) {
                 storm.sources_total += 1;
                 if storm.sources.len() < 4 * MAX_NAMED {
@@ -712,7 +713,7 @@ fn close_storm(
         l.ended_by = LoopEnd::RunStopped { reason, seq };
     }
     l.tool = Some(tool.to_owned());
-    l.operation = storm.operation.clone();
+    l.operation = storm.operation.as_deref().map(str::to_owned);
     l.failures = storm.failures;
     Some(l)
 }

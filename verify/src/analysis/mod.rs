@@ -224,16 +224,21 @@ impl Analysis {
         loops::dedupe(&mut sink.loops);
         sink.loops.sort_by_key(|l| (l.first_seq, l.last_seq));
         sink.findings.sort_by_key(|f| f.seq);
+        // Each run's loops, in report order: one pass over the loops, not one per run.
+        let mut of_run: HashMap<&str, Vec<&Loop>> = HashMap::new();
+        for l in &sink.loops {
+            for (i, r) in l.runs.iter().enumerate() {
+                if !l.runs[..i].contains(r) {
+                    of_run.entry(r.as_str()).or_default().push(l);
+                }
+            }
+        }
         let handoffs = order
             .iter()
             .filter_map(|name| {
                 let run = runs.get(name)?;
-                let of_run: Vec<&Loop> = sink
-                    .loops
-                    .iter()
-                    .filter(|l| l.runs.iter().any(|r| r == name))
-                    .collect();
-                Some(handoff::build(run, &of_run, run.findings))
+                let loops = of_run.get(name.as_str()).map_or(&[][..], Vec::as_slice);
+                Some(handoff::build(run, loops, run.findings))
             })
             .collect();
         Report {

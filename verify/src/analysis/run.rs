@@ -2,7 +2,8 @@
 //! open attempts, pending work, overrides, and the loop windows of its calls.
 
 use crate::event::Seq;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use tally_ledger::decision::Budget;
 use tally_ledger::{Action, Decision, Effect, Kind, Reason, Status};
@@ -21,36 +22,162 @@ const MAX_WORKERS: usize = 16;
 /// Records of a run between sweeps of its silent loop windows.
 const SWEEP_EVERY: u32 = 512;
 
-/// What the analysis emits while streaming.
+/// Most distinct names, and combinations of a call's names, [`Names`] shares before it
+/// starts afresh.
+const MAX_SHARED_NAMES: usize = 4096;
+
+/// What the analysis emits while streaming, and the names its runs share.
 #[derive(Debug, Default)]
 pub(crate) struct Sink {
     pub loops: Vec<Loop>,
     pub findings: Vec<AuditFinding>,
     pub findings_omitted: u64,
+    pub names: Names,
+}
+
+/// Tool, operation and worker names, one allocation each however many open attempts
+/// and loop windows hold them, and one per combination a call has. Bounded: when full it
+/// forgets them all (sharing saves memory only; nothing is decided by it).
+#[derive(Debug, Default)]
+pub(crate) struct Names {
+    text: HashSet<Arc<str>>,
+    /// By the addresses of the shared names: each stays allocated while its entry holds it.
+    calls: HashMap<[usize; 3], Arc<CallNames>>,
+}
+
+impl Names {
+    fn get(&mut self, name: Option<&str>) -> Option<Arc<str>> {
+        let name = name?;
+        if let Some(shared) = self.text.get(name) {
+            return Some(Arc::clone(shared));
+        }
+        if self.text.len() >= MAX_SHARED_NAMES {
+            self.text.clear();
+        }
+        let shared: Arc<str> = Arc::from(name);
+        self.text.insert(Arc::clone(&shared));
+        Some(shared)
+    }
+
+    /// A call's names, shared with every call that has the same.
+    pub fn call(
+        &mut self,
+        tool: Option<&str>,
+        operation: Option<&str>,
+        worker: Option<&str>,
+    ) -> Arc<CallNames> {
+        let names = CallNames {
+            tool: self.get(tool),
+            operation: self.get(operation),
+            worker: self.get(worker),
+        };
+        let address = |n: &Option<Arc<str>>| {
+            n.as_ref()
+                .map_or(0, |n| Arc::as_ptr(n).cast::<u8>() as usize)
+        };
+        let id = [&names.tool, &names.operation, &names.worker].map(address);
+        if let Some(shared) = self.calls.get(&id) {
+            return Arc::clone(shared);
+        }
+        if self.calls.len() >= MAX_SHARED_NAMES {
+            self.calls.clear();
+        }
+        let shared = Arc::new(names);
+        self.calls.insert(id, Arc::clone(&shared));
+        shared
+    }
+}
+
+/// A name as the reports carry it.
+fn owned(name: &Option<Arc<str>>) -> Option<String> {
+    name.as_deref().map(str::to_owned)
+}
+
+/// An argument digest: its 32 bytes when it is 64 lowercase hex characters (as every
+/// valid record's is), else the text as given.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Digest {
+    Bytes([u8; 32]),
+    Text(Box<str>),
+}
+
+impl Digest {
+    pub fn new(text: &str) -> Digest {
+        let mut bytes = [0u8; 32];
+        let lower_hex = text.len() == 64
+            && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            && hex::decode_to_slice(text, &mut bytes).is_ok();
+        if lower_hex {
+            Digest::Bytes(bytes)
+        } else {
+            Digest::Text(text.into())
+        }
+    }
+
+    pub fn text(&self) -> String {
+        match self {
+            Digest::Bytes(b) => hex::encode(b),
+            Digest::Text(t) => t.to_string(),
+        }
+    }
+}
+
+/// Identical calls of a run: the same tool and argument digest.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SeriesKey {
+    pub tool: Arc<str>,
+    pub digest: Digest,
 }
 
 /// Which loop window an attempt's outcome belongs to.
 #[derive(Clone, Debug)]
 enum Track {
     None,
-    Series(String),
+    /// The series of its tool (the call's) and this digest.
+    Series(Digest),
     Poll(String),
 }
 
-/// An allowed attempt awaiting its (final) outcome.
+/// An allowed attempt awaiting its (final) outcome: one per open attempt, up to
+/// `max_open_attempts` per run, so it keeps only what an outcome or the handoff reads.
 #[derive(Clone, Debug)]
 struct Call {
-    seq: Seq,
-    tool: Option<String>,
-    operation: Option<String>,
-    args_digest: Option<String>,
+    names: Arc<CallNames>,
     effect: Option<Effect>,
-    idempotency_key: Option<String>,
-    reserve: Option<u64>,
-    track: Track,
-    worker: Option<String>,
     outcome_seen: bool,
+    reserve: u64,
+    track: Track,
+    /// What only a write needs (the handoff's `no_outcome`, a repeat after `unknown`).
+    write: Option<Box<WriteCall>>,
+}
+
+/// The rest of an allowed write.
+#[derive(Clone, Debug)]
+struct WriteCall {
+    seq: Seq,
     at: When,
+    args_digest: Option<String>,
+    idempotency_key: Option<String>,
+}
+
+/// A call's names, shared ([`Names`]).
+#[derive(Debug)]
+pub(crate) struct CallNames {
+    tool: Option<Arc<str>>,
+    operation: Option<Arc<str>>,
+    worker: Option<Arc<str>>,
+}
+
+impl Call {
+    fn series_key(&self) -> Option<SeriesKey> {
+        match (&self.track, &self.names.tool) {
+            (Track::Series(digest), Some(tool)) => Some(SeriesKey {
+                tool: Arc::clone(tool),
+                digest: digest.clone(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// A non-idempotent write whose outcome is unknown.
@@ -126,7 +253,8 @@ pub(crate) struct RunState {
     pub policy: std::sync::Arc<tally_policy::Policy>,
     pub uses_granted: u64,
     pub cents_granted: u64,
-    open: BTreeMap<u64, Call>,
+    /// Boxed, so the map's nodes stay small.
+    open: BTreeMap<u64, Box<Call>>,
     overrides: Vec<Override>,
     unknown_writes: HashMap<String, UnknownWrite>,
     pending: BTreeMap<String, Pending>,
@@ -136,9 +264,10 @@ pub(crate) struct RunState {
     pub backoff: Option<Backoff>,
     pub asks: Vec<Ask>,
     refs: HashMap<String, RemoteRef>,
-    series: HashMap<String, CallSeries>,
+    /// Boxed: most windows are short-lived, and the map's spare room stays small.
+    series: HashMap<SeriesKey, Box<CallSeries>>,
     poll_series: HashMap<String, PollSeries>,
-    bursts: HashMap<String, Burst>,
+    bursts: HashMap<Arc<str>, Burst>,
     since_sweep: u32,
     pub findings: u64,
 }
@@ -334,11 +463,17 @@ impl RunState {
             0
         };
         let write = allowed && is_write(d.effect);
+        let names = sink.names.call(
+            d.tool.as_deref(),
+            d.operation.as_deref(),
+            d.worker.as_deref(),
+        );
+        let (tool, operation, worker) = (&names.tool, &names.operation, &names.worker);
         let facts = CallFacts {
             seq: e.seq,
             ms: at.run_ms,
-            worker: d.worker.as_deref(),
-            operation: d.operation.as_deref(),
+            worker: worker.as_ref(),
+            operation: operation.as_ref(),
             reserve,
             refused,
             retry_after_ms: if allowed { None } else { d.retry_after_ms },
@@ -361,10 +496,13 @@ impl RunState {
                         at.run_ms,
                     )
                 })
-                .call(&facts, d.tool.as_deref(), polls);
+                .call(&facts, tool.as_ref(), polls);
             Track::Poll(r.clone())
-        } else if let (Some(tool), Some(digest)) = (&d.tool, &d.args_digest) {
-            let key = format!("{tool}\u{0}{digest}");
+        } else if let (Some(tool), Some(digest)) = (tool, &d.args_digest) {
+            let key = SeriesKey {
+                tool: Arc::clone(tool),
+                digest: Digest::new(digest),
+            };
             let silent = self
                 .series
                 .get(&key)
@@ -373,20 +511,21 @@ impl RunState {
                 if let Some(l) = self
                     .series
                     .remove(&key)
-                    .and_then(|s| s.close(&self.name, Close::Gap, cfg))
+                    .and_then(|s| s.close(&key, &self.name, Close::Gap, cfg))
                 {
                     sink.loops.push(l);
                 }
             }
+            let digest = key.digest.clone();
             self.series
-                .entry(key.clone())
-                .or_insert_with(|| CallSeries::new(tool, digest, e.seq, at.run_ms))
+                .entry(key)
+                .or_insert_with(|| Box::new(CallSeries::new(e.seq, at.run_ms)))
                 .call(&facts, rule);
-            Track::Series(key)
+            Track::Series(digest)
         } else {
             Track::None
         };
-        if let (None, Some(tool)) = (&poll, &d.tool) {
+        if let (None, Some(tool)) = (&poll, tool) {
             let burst_gap = self.policy.loops.tool_window_ms;
             let silent = self
                 .bursts
@@ -402,7 +541,7 @@ impl RunState {
                 }
             }
             self.bursts
-                .entry(tool.clone())
+                .entry(Arc::clone(tool))
                 .or_insert_with(|| Burst::new(tool, e.seq, at.run_ms))
                 .call(&facts, rule);
         }
@@ -410,8 +549,8 @@ impl RunState {
             let result = ToolResult {
                 tool,
                 run: &self.name,
-                worker: d.worker.as_deref(),
-                operation: d.operation.as_deref(),
+                worker: worker.as_ref(),
+                operation: operation.as_ref(),
                 seq: e.seq,
                 wall_ms: e.wall_ms,
                 failed: refused.is_some_and(|r| r.action() == Action::Retry),
@@ -426,7 +565,7 @@ impl RunState {
         }
 
         if allowed {
-            self.allow(e, at, write, poll.is_some(), track, cfg, sink);
+            self.allow(e, at, write, poll.is_some(), track, names, cfg, sink);
         } else if let Some(reason) = d.reason {
             self.refusal(d, e.seq, at, reason);
         }
@@ -440,6 +579,7 @@ impl RunState {
         write: bool,
         poll: bool,
         track: Track,
+        names: Arc<CallNames>,
         cfg: &Config,
         sink: &mut Sink,
     ) {
@@ -489,21 +629,25 @@ impl RunState {
                 // Bounded memory: forget the oldest attempt still awaiting an outcome.
                 self.open.pop_first();
             }
+            let write_call = is_write(d.effect).then(|| {
+                let non_idempotent = d.effect == Some(Effect::NonIdempotentWrite);
+                Box::new(WriteCall {
+                    seq: e.seq,
+                    at,
+                    args_digest: d.args_digest.clone().filter(|_| non_idempotent),
+                    idempotency_key: d.idempotency_key.clone().filter(|_| non_idempotent),
+                })
+            });
             self.open.insert(
                 attempt,
-                Call {
-                    seq: e.seq,
-                    tool: d.tool.clone(),
-                    operation: d.operation.clone(),
-                    args_digest: d.args_digest.clone(),
+                Box::new(Call {
+                    names,
                     effect: d.effect,
-                    idempotency_key: d.idempotency_key.clone(),
-                    reserve: d.reserve_cents,
-                    track,
-                    worker: d.worker.clone(),
                     outcome_seen: false,
-                    at,
-                },
+                    reserve: d.reserve_cents.unwrap_or(0),
+                    track,
+                    write: write_call,
+                }),
             );
         }
     }
@@ -612,8 +756,8 @@ impl RunState {
         if let Some(c) = call.as_mut() {
             c.outcome_seen = true;
             match &c.track {
-                Track::Series(k) => {
-                    if let Some(s) = self.series.get_mut(k) {
+                Track::Series(_) => {
+                    if let Some(s) = c.series_key().and_then(|k| self.series.get_mut(&k)) {
                         s.outcome(&facts);
                     }
                 }
@@ -624,7 +768,7 @@ impl RunState {
                 }
                 Track::None => {}
             }
-            if let Some(tool) = &c.tool {
+            if let Some(tool) = &c.names.tool {
                 if !matches!(c.track, Track::Poll(_)) {
                     if let Some(b) = self.bursts.get_mut(tool) {
                         b.outcome(&facts);
@@ -633,14 +777,14 @@ impl RunState {
                 let result = ToolResult {
                     tool,
                     run: &self.name,
-                    worker: c.worker.as_deref(),
-                    operation: c.operation.as_deref(),
+                    worker: c.names.worker.as_ref(),
+                    operation: c.names.operation.as_ref(),
                     seq: e.seq,
                     wall_ms: e.wall_ms,
                     failed: matches!(status, Status::Error | Status::Rejected | Status::Timeout),
                     refused: None,
                     ok: status == Status::Ok,
-                    reserved: c.reserve.unwrap_or(0),
+                    reserved: c.reserve,
                     settled,
                 };
                 if let Some(l) = storms.result(&result, cfg, |_| None) {
@@ -678,8 +822,8 @@ impl RunState {
         if let Some(nb) = not_before {
             self.backoff = Some(Backoff {
                 not_before: nb,
-                tool: call.as_ref().and_then(|c| c.tool.clone()),
-                operation: call.as_ref().and_then(|c| c.operation.clone()),
+                tool: call.as_ref().and_then(|c| owned(&c.names.tool)),
+                operation: call.as_ref().and_then(|c| owned(&c.names.operation)),
                 refused: None,
                 seq: e.seq,
             });
@@ -693,7 +837,7 @@ impl RunState {
                     let fresh = self.pending_from(
                         e.seq,
                         d.attempt,
-                        call.as_ref(),
+                        call.as_deref(),
                         &remote,
                         PendingStatus::Running,
                         at,
@@ -721,7 +865,7 @@ impl RunState {
                         let p = self.pending_from(
                             e.seq,
                             d.attempt,
-                            call.as_ref(),
+                            call.as_deref(),
                             &remote,
                             pending_status,
                             at,
@@ -733,10 +877,12 @@ impl RunState {
                     .as_ref()
                     .filter(|c| c.effect == Some(Effect::NonIdempotentWrite))
                 {
+                    let w = c.write.as_deref();
+                    let args_digest = w.and_then(|w| w.args_digest.clone());
                     let key = write_key(
-                        c.tool.as_deref(),
-                        c.args_digest.as_deref(),
-                        c.operation.as_deref(),
+                        c.names.tool.as_deref(),
+                        args_digest.as_deref(),
+                        c.names.operation.as_deref(),
                     );
                     self.unknown_writes.insert(
                         key,
@@ -744,10 +890,10 @@ impl RunState {
                             attempt: d.attempt,
                             outcome_seq: e.seq,
                             status,
-                            tool: c.tool.clone(),
-                            operation: c.operation.clone(),
-                            args_digest: c.args_digest.clone(),
-                            idempotency_key: c.idempotency_key.clone(),
+                            tool: owned(&c.names.tool),
+                            operation: owned(&c.names.operation),
+                            args_digest,
+                            idempotency_key: w.and_then(|w| w.idempotency_key.clone()),
                             cleared: false,
                         },
                     );
@@ -777,9 +923,12 @@ impl RunState {
                         (Some(p), _) => {
                             Some((p.attempt, p.tool.clone(), p.operation.clone(), p.effect))
                         }
-                        (None, Some(c)) => {
-                            Some((d.attempt, c.tool.clone(), c.operation.clone(), c.effect))
-                        }
+                        (None, Some(c)) => Some((
+                            d.attempt,
+                            owned(&c.names.tool),
+                            owned(&c.names.operation),
+                            c.effect,
+                        )),
                         (None, None) => None,
                     };
                     if let Some((attempt, tool, operation, effect)) = done {
@@ -819,8 +968,8 @@ impl RunState {
         Pending {
             seq,
             attempt,
-            tool: call.and_then(|c| c.tool.clone()),
-            operation: call.and_then(|c| c.operation.clone()),
+            tool: call.and_then(|c| owned(&c.names.tool)),
+            operation: call.and_then(|c| owned(&c.names.operation)),
             effect: call.and_then(|c| c.effect),
             remote_ref: remote.clone(),
             status,
@@ -868,10 +1017,10 @@ impl RunState {
         let gap = cfg.series_gap_ms();
         let burst_gap = self.policy.loops.tool_window_ms;
         let name = &self.name;
-        self.series.retain(|_, s| {
+        self.series.retain(|key, s| {
             let keep = now.saturating_sub(s.last_ms()) <= gap;
             if !keep {
-                sink.loops.extend(s.close(name, Close::Gap, cfg));
+                sink.loops.extend(s.close(key, name, Close::Gap, cfg));
             }
             keep
         });
@@ -887,8 +1036,8 @@ impl RunState {
     /// Close every loop window (taking the maps, so a stopped run keeps no capacity).
     fn close_all(&mut self, close: Close, cfg: &Config, sink: &mut Sink) {
         let name = &self.name;
-        for s in std::mem::take(&mut self.series).into_values() {
-            sink.loops.extend(s.close(name, close, cfg));
+        for (key, s) in std::mem::take(&mut self.series) {
+            sink.loops.extend(s.close(&key, name, close, cfg));
         }
         for p in std::mem::take(&mut self.poll_series).into_values() {
             sink.loops.extend(p.close(name, close, cfg));
@@ -934,20 +1083,21 @@ impl RunState {
     pub fn pending_work(&self) -> Vec<Pending> {
         let mut out: Vec<Pending> = self.pending.values().cloned().collect();
         for (attempt, c) in &self.open {
-            if !c.outcome_seen && is_write(c.effect) {
-                out.push(Pending {
-                    seq: c.seq,
-                    attempt: Some(*attempt),
-                    tool: c.tool.clone(),
-                    operation: c.operation.clone(),
-                    effect: c.effect,
-                    remote_ref: None,
-                    status: PendingStatus::NoOutcome,
-                    observed: None,
-                    since: c.at,
-                    not_before: None,
-                });
-            }
+            let Some(w) = c.write.as_deref().filter(|_| !c.outcome_seen) else {
+                continue;
+            };
+            out.push(Pending {
+                seq: w.seq,
+                attempt: Some(*attempt),
+                tool: owned(&c.names.tool),
+                operation: owned(&c.names.operation),
+                effect: c.effect,
+                remote_ref: None,
+                status: PendingStatus::NoOutcome,
+                observed: None,
+                since: w.at,
+                not_before: None,
+            });
         }
         out.sort_by_key(|p| p.seq);
         out
@@ -956,5 +1106,28 @@ impl RunState {
     /// The run's stop, for loops across runs.
     pub fn halt(&self) -> Option<(Reason, Seq)> {
         self.stop.map(|h| (h.reason, h.seq))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Digest;
+
+    #[test]
+    fn a_digest_keeps_its_text_exactly() {
+        let hex = "0123456789abcdef".repeat(4);
+        assert!(matches!(Digest::new(&hex), Digest::Bytes(_)));
+        assert_eq!(Digest::new(&hex).text(), hex);
+        // Anything else (never in a valid record) is kept as given, never normalised.
+        for text in [
+            hex.to_uppercase(),
+            hex[..62].to_owned(),
+            format!("{hex}0"),
+            "zz".into(),
+        ] {
+            assert_eq!(Digest::new(&text), Digest::Text(text.clone().into()));
+            assert_eq!(Digest::new(&text).text(), text);
+        }
+        assert_ne!(Digest::new(&hex), Digest::new(&hex.to_uppercase()));
     }
 }
