@@ -326,7 +326,8 @@ impl<R: Read> Iterator for ExportReader<R> {
     }
 }
 
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+/// Read until `buf` is full or the reader ends; the count read.
+pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..]) {

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, FormatError, Result};
+use crate::export::read_full;
 use crate::format::{Frame, Hash, LedgerId, HEADER_LEN, MAX_BODY_LEN};
 
 /// The log's directory inside a ledger directory.
@@ -602,19 +603,6 @@ pub fn read_payload(path: &Path, at: (u64, u32)) -> Result<Vec<u8>> {
     file.read_exact_at(&mut buf, at.0)
         .map_err(|e| Error::io(path, e))?;
     Ok(buf)
-}
-
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Bytes of a segment after its last complete checkpoint: never sealed, so never
