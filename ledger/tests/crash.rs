@@ -229,6 +229,17 @@ fn sealed_end(seg: &[u8]) -> usize {
     sealed
 }
 
+/// The torn writes the reader names: (segment, offset, length) each.
+fn torn_writes(dir: &Path) -> Vec<(u64, u64, u64)> {
+    tally_ledger::segment::LogReader::open(dir)
+        .unwrap()
+        .filter_map(|i| match i.unwrap() {
+            tally_ledger::segment::Item::Torn(t) => Some((t.segment, t.offset, t.len)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Walk the stored chain: links, epoch certificates, decryption, and the last checkpoint.
 /// Returns every entry's hash by seq.
 fn walk(ledger: &Ledger, auditor: &AuditorKey) -> HashMap<u64, String> {
@@ -322,13 +333,7 @@ fn kill_9_loses_no_acknowledged_append() {
         }
         // The reader names every torn remainder (no writer holds the ledger now), at
         // the offset an independent walk of the bytes finds.
-        let torn: Vec<(u64, u64, u64)> = tally_ledger::segment::LogReader::open(&dir)
-            .unwrap()
-            .filter_map(|i| match i.unwrap() {
-                tally_ledger::segment::Item::Torn(t) => Some((t.segment, t.offset, t.len)),
-                _ => None,
-            })
-            .collect();
+        let torn: Vec<(u64, u64, u64)> = torn_writes(&dir);
         let expected: Vec<(u64, u64, u64)> = after
             .iter()
             .enumerate()
@@ -576,13 +581,7 @@ fn killed_inside_a_write_by_the_file_size_limit() {
         end < seg0.len(),
         "the write that crossed the limit left a torn tail"
     );
-    let torn: Vec<(u64, u64, u64)> = tally_ledger::segment::LogReader::open(&dir)
-        .unwrap()
-        .filter_map(|i| match i.unwrap() {
-            tally_ledger::segment::Item::Torn(t) => Some((t.segment, t.offset, t.len)),
-            _ => None,
-        })
-        .collect();
+    let torn: Vec<(u64, u64, u64)> = torn_writes(&dir);
     assert_eq!(torn, [(0, end as u64, (seg0.len() - end) as u64)]);
     let ledger = Ledger::open_with_segment_bytes(&dir, SEGMENT_BYTES).unwrap();
     let stored = walk(&ledger, &auditor);
