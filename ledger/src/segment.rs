@@ -144,13 +144,20 @@ pub fn push_frame(out: &mut Vec<u8>, tag: u8, payload: &[u8]) {
 /// the test vectors of that form).
 pub fn encode_state<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Vec<u8> {
     let mut out = Vec::new();
-    for (k, v) in pairs {
-        out.extend_from_slice(&(k.len() as u32).to_be_bytes());
-        out.extend_from_slice(k);
-        out.extend_from_slice(&(v.len() as u32).to_be_bytes());
-        out.extend_from_slice(v);
-    }
+    write_pairs(&mut out, pairs);
     out
+}
+
+/// The tag 3 form of `pairs`, written to `out` (a buffer, or a hasher for the check of a
+/// tag 4 frame).
+fn write_pairs<'a>(out: &mut impl Write, pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) {
+    for (k, v) in pairs {
+        // Neither a Vec nor a hasher fails to take bytes.
+        let _ = out.write_all(&(k.len() as u32).to_be_bytes());
+        let _ = out.write_all(k);
+        let _ = out.write_all(&(v.len() as u32).to_be_bytes());
+        let _ = out.write_all(v);
+    }
 }
 
 /// One value of a state frame, as stored.
@@ -303,9 +310,10 @@ fn take_bytes(b: &mut &[u8]) -> std::result::Result<Vec<u8>, FormatError> {
 
 /// The first 4 bytes of BLAKE3 of `pairs` as [`encode_state`] writes them.
 fn pairs_check<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> [u8; 4] {
-    let h = blake3::hash(&encode_state(pairs));
+    let mut hasher = blake3::Hasher::new();
+    write_pairs(&mut hasher, pairs);
     let mut c = [0u8; 4];
-    c.copy_from_slice(&h.as_bytes()[..4]);
+    c.copy_from_slice(&hasher.finalize().as_bytes()[..4]);
     c
 }
 
