@@ -569,16 +569,21 @@ impl Ledger {
         }
         // Bring the index up to the log: replay the state frames after its mark.
         let store = Store::open(dir)?;
-        let mark = store.mark()?;
+        let mut mark = store.mark()?;
         let sealed_number = segments[sealed_index].0;
-        let mut new_number = last_number + 1;
+        let new_number = last_number + 1;
         if let Some((seg, off)) = mark {
             if seg > sealed_number || (seg == sealed_number && off > sealed_scan.sealed_end) {
                 // The index holds state from log bytes that are gone (lost with a power
                 // failure, never acknowledged): state ahead of the log is safe (a budget
-                // is over-counted, never re-spendable); never write where it points.
+                // is over-counted, never re-spendable). Its mark and seq points may name
+                // a segment the log no longer has, whose number the next segment takes
+                // (the numbers have no gap): set them back to the sealed end, durably,
+                // before anything is written where they point.
                 resync = true;
-                new_number = new_number.max(seg + 1);
+                let sealed = (sealed_number, sealed_scan.sealed_end);
+                store.remark(sealed, last_seq + 1)?;
+                mark = Some(sealed);
             }
         }
         replay_into(
