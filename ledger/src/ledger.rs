@@ -246,6 +246,24 @@ fn apply_state_frame(
     )
 }
 
+/// Put an index back in place after a crash between a reindex's two renames (`index` to
+/// `index.old`, then `index.new` to `index`), which leaves none: the one built (with what
+/// `put_state_durable` wrote carried into it), never a new empty index.
+fn recover_index(dir: &Path) -> Result<()> {
+    use crate::store::{remove_index, INDEX_DIR};
+    let index = dir.join(INDEX_DIR);
+    let old = dir.join("index.old");
+    if index.exists() || !old.exists() {
+        return Ok(());
+    }
+    // `index.old` is made only once `index.new` is built whole and synced.
+    let new = dir.join("index.new");
+    let from = if new.exists() { &new } else { &old };
+    fs::rename(from, &index).map_err(|e| Error::io(from, e))?;
+    sync_dir(dir)?;
+    remove_index(&old)
+}
+
 /// Bring `store` up to the log `reader` reads: index points for its entries (one per
 /// [`POINT_EVERY`] bytes of a segment), its state frames applied in order, and the mark
 /// at its last checkpoint. What the writer's open (from the index's mark) and `tally
@@ -510,6 +528,7 @@ impl Ledger {
             why: format!("{}: {e}", config_path.display()),
         })?;
         let lock = LogWriter::lock(dir)?;
+        recover_index(dir)?;
         let segments = list_segments(dir)?;
         let corrupt = |seq: u64, why: String| Error::Corrupt { seq, why };
         let genesis_bytes = match LogReader::new(segments[..1].to_vec(), false, None)
@@ -735,6 +754,7 @@ impl Ledger {
             return Err(Error::NotALedger(dir.to_path_buf()));
         }
         let _lock = LogWriter::lock(dir)?;
+        recover_index(dir)?;
         let segments = list_segments(dir)?;
         let mut done = Reindexed {
             segments: segments.len() as u64,
