@@ -27,7 +27,8 @@ use crate::format::{entry_hash, key_id, Checkpoint, Entry, Frame, Hash, Header, 
 use crate::keys::{self, DataKey, EpochSecrets, LedgerPublic};
 use crate::segment::{
     self, list_segments, push_frame, sync_dir, Item, LogReader, LogWriter, Resume, StateValue,
-    DEFAULT_SEGMENT_BYTES, LOG_DIR, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY, TAG_STATE_DELTA,
+    DEFAULT_SEGMENT_BYTES, LOG_DIR, MAX_STATE_LEN, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY,
+    TAG_STATE_DELTA,
 };
 use crate::store::{Point, Store, POINT_EVERY};
 
@@ -176,6 +177,15 @@ struct Writer {
     /// The last value this process wrote under each state key, the base of that key's
     /// next delta (bounded: [`MAX_BASES_BYTES`]).
     bases: StateBases,
+}
+
+/// A state frame's `check`, before its pairs.
+const STATE_CHECK_LEN: usize = 4;
+
+/// The most bytes `state`'s pairs take in a state frame (tag 4): per pair the key and the
+/// value (a delta is only taken when shorter) and at most 13 bytes of varints and kind.
+fn state_bound(state: &[(Vec<u8>, Vec<u8>)]) -> usize {
+    state.iter().map(|(k, v)| k.len() + v.len() + 16).sum()
 }
 
 /// Most bytes of state values [`StateBases`] keeps; past it, it starts again empty (the
@@ -881,6 +891,15 @@ impl Ledger {
         if plaintexts.is_empty() {
             return done(Ok(Vec::new()));
         }
+        // A longer state frame would be written and acknowledged, then read as a torn
+        // write (and the segment after it refused).
+        let len = STATE_CHECK_LEN + state_bound(&state);
+        if len > MAX_STATE_LEN {
+            return done(Err(Error::StateTooLong {
+                len,
+                max: MAX_STATE_LEN,
+            }));
+        }
         let shared = &*self.shared;
         let mut queue = lock(&shared.queue);
         if let Some(why) = &queue.poisoned {
@@ -1152,13 +1171,18 @@ impl Shared {
     fn commit_once<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         queue.committing = true;
         // Whole appends, oldest first, until the group holds MAX_GROUP decisions.
-        let mut count = 0;
+        // And until its state frame could reach MAX_STATE_LEN (each append's own state
+        // is within it: `submit_with_state`).
+        let (mut count, mut bytes, mut taken) = (0, STATE_CHECK_LEN, 0);
         let take = queue
             .pending
             .iter()
             .take_while(|p| {
-                let room = count < MAX_GROUP;
+                let more = state_bound(&p.state);
+                let room = taken == 0 || (count < MAX_GROUP && bytes + more <= MAX_STATE_LEN);
                 count += p.plaintexts.len();
+                bytes += more;
+                taken += 1;
                 room
             })
             .count();

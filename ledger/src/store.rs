@@ -224,7 +224,10 @@ impl Store {
         let mut fold = self.fold.lock().unwrap_or_else(|e| e.into_inner());
         self.write_fold(&mut fold)?;
         let mut batch = sled::Batch::default();
-        for kv in self.db.range(key(POINT_PREFIX, next_seq)..=key(POINT_PREFIX, u64::MAX)) {
+        for kv in self
+            .db
+            .range(key(POINT_PREFIX, next_seq)..=key(POINT_PREFIX, u64::MAX))
+        {
             let (k, _) = kv.map_err(store_err)?;
             batch.remove(k);
         }

@@ -119,7 +119,9 @@ fn every_entry_found(ledger: &Ledger) {
 fn log_reads_whole(dir: &Path) {
     for item in LogReader::open(dir).unwrap() {
         match item {
-            Ok(tally_ledger::segment::Item::Torn(t)) => panic!("a torn write after clean closes: {t:?}"),
+            Ok(tally_ledger::segment::Item::Torn(t)) => {
+                panic!("a torn write after clean closes: {t:?}")
+            }
             Ok(_) => {}
             Err(e) => panic!("the log does not read: {e}"),
         }
@@ -229,7 +231,10 @@ fn an_index_behind_or_ahead_of_the_log_decodes_every_delta() {
     replace_index(&dir, &t1.join(INDEX_DIR));
     let ledger = Ledger::open(&dir).unwrap();
     for k in 0..4 {
-        assert_eq!(counter(k, &ledger.state_get(&key(k)).unwrap().unwrap()), 599);
+        assert_eq!(
+            counter(k, &ledger.state_get(&key(k)).unwrap().unwrap()),
+            599
+        );
     }
     drop(ledger);
 
@@ -240,14 +245,20 @@ fn an_index_behind_or_ahead_of_the_log_decodes_every_delta() {
     run_child_and_kill(&ahead, 1000, 30);
     let ledger = Ledger::open(&ahead).unwrap();
     for k in 0..4 {
-        assert_eq!(counter(k, &ledger.state_get(&key(k)).unwrap().unwrap()), 1029);
+        assert_eq!(
+            counter(k, &ledger.state_get(&key(k)).unwrap().unwrap()),
+            1029
+        );
     }
     every_entry_found(&ledger);
     drop(ledger);
     Ledger::reindex(&ahead).unwrap();
     let ledger = Ledger::open(&ahead).unwrap();
     for k in 0..4 {
-        assert_eq!(counter(k, &ledger.state_get(&key(k)).unwrap().unwrap()), 1029);
+        assert_eq!(
+            counter(k, &ledger.state_get(&key(k)).unwrap().unwrap()),
+            1029
+        );
     }
 }
 
@@ -272,7 +283,10 @@ fn a_state_frame_too_long_for_the_log_is_never_acknowledged() {
     drop(ledger);
     log_reads_whole(&dir);
     let ledger = Ledger::open(&dir).unwrap();
-    assert!(ledger.checkpoint().size > after, "an acknowledged append was lost");
+    assert!(
+        ledger.checkpoint().size > after,
+        "an acknowledged append was lost"
+    );
     every_entry_found(&ledger);
     if let Ok(receipts) = acknowledged {
         assert!(
@@ -310,10 +324,7 @@ fn groups_gathered_together_never_make_a_state_frame_too_long() {
         });
     }
     drop(tx);
-    let acked: Vec<u64> = rx
-        .iter()
-        .filter_map(|r| r.ok().map(|r| r[0].seq))
-        .collect();
+    let acked: Vec<u64> = rx.iter().filter_map(|r| r.ok().map(|r| r[0].seq)).collect();
     assert_eq!(acked.len(), 6, "each is within the bound on its own");
     drop(ledger);
     log_reads_whole(&dir);
@@ -321,7 +332,10 @@ fn groups_gathered_together_never_make_a_state_frame_too_long() {
     every_entry_found(&ledger);
     let size = ledger.checkpoint().size;
     for seq in acked {
-        assert!(size > seq, "acknowledged seq {seq} lost on reopen (size {size})");
+        assert!(
+            size > seq,
+            "acknowledged seq {seq} lost on reopen (size {size})"
+        );
     }
 }
 
@@ -436,14 +450,20 @@ fn state_reads_racing_a_fold_never_go_back() {
         let before = acked.load(Ordering::SeqCst);
         let got = ledger.state(b"r/").unwrap();
         reads += 1;
-        let v = got.iter().find(|(k, _)| *k == key(0)).map(|(_, v)| counter(0, v));
+        let v = got
+            .iter()
+            .find(|(k, _)| *k == key(0))
+            .map(|(_, v)| counter(0, v));
         if v.unwrap_or(0) < before {
             stale = Some((v, before));
         }
     }
     stop.store(true, Ordering::SeqCst);
     writer.join().unwrap();
-    assert_eq!(stale, None, "a read returned a value older than acknowledged ({reads} reads)");
+    assert_eq!(
+        stale, None,
+        "a read returned a value older than acknowledged ({reads} reads)"
+    );
 }
 
 /// `tally reindex` gives the live writer's state for everything acknowledged, across
@@ -468,7 +488,10 @@ fn reindex_gives_the_live_state_across_rotations_and_cleared_bases() {
                 let (tx, rx) = mpsc::channel();
                 for i in 0..120u64 {
                     let p = tally_ledger::ledger::prepare(vec![decision("t", i)]).unwrap();
-                    let mut state = vec![(key(t), value(t, i)), (key(10 + i % 5), value(10 + i % 5, i))];
+                    let mut state = vec![
+                        (key(t), value(t, i)),
+                        (key(10 + i % 5), value(10 + i % 5, i)),
+                    ];
                     if t == 0 && i % 6 == 0 {
                         // 1 MiB values: past the bases' 16 MiB every ~16 of them.
                         state.push((format!("r/big-{i}").into_bytes(), vec![i as u8; 1 << 20]));
