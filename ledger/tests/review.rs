@@ -481,33 +481,40 @@ fn reindex_gives_the_live_state_across_rotations_and_cleared_bases() {
         },
     ));
     let ledger = Arc::new(Ledger::open_with_segment_bytes(&dir, 512 * 1024).unwrap());
-    let threads: Vec<_> = (0..3u64)
-        .map(|t| {
-            let ledger = ledger.clone();
-            std::thread::spawn(move || {
-                let (tx, rx) = mpsc::channel();
-                for i in 0..120u64 {
-                    let p = tally_ledger::ledger::prepare(vec![decision("t", i)]).unwrap();
-                    let mut state = vec![
-                        (key(t), value(t, i)),
-                        (key(10 + i % 5), value(10 + i % 5, i)),
-                    ];
-                    if t == 0 && i % 6 == 0 {
-                        // 1 MiB values: past the bases' 16 MiB every ~16 of them.
-                        state.push((format!("r/big-{i}").into_bytes(), vec![i as u8; 1 << 20]));
+    for round in 0..3u64 {
+        let threads: Vec<_> = (0..3u64)
+            .map(|t| {
+                let ledger = ledger.clone();
+                std::thread::spawn(move || {
+                    let (tx, rx) = mpsc::channel();
+                    for i in round * 120..(round + 1) * 120 {
+                        let p = tally_ledger::ledger::prepare(vec![decision("t", i)]).unwrap();
+                        let mut state = vec![
+                            (key(t), value(t, i)),
+                            (key(10 + i % 5), value(10 + i % 5, i)),
+                        ];
+                        if t == 0 && i % 6 == 0 {
+                            // 1 MiB values: past the bases' 16 MiB every ~16 of them.
+                            state.push((format!("r/big-{i}").into_bytes(), vec![i as u8; 1 << 20]));
+                        }
+                        let tx = tx.clone();
+                        ledger.submit_with_state(p, state, move |r| tx.send(r).unwrap());
+                        if t == 1 {
+                            // One appender waits for each: many small groups between the big.
+                            rx.recv().unwrap().unwrap();
+                        }
                     }
-                    let tx = tx.clone();
-                    ledger.submit_with_state(p, state, move |r| tx.send(r).unwrap());
-                }
-                drop(tx);
-                rx.iter().for_each(|r| {
-                    r.unwrap();
-                });
+                    drop(tx);
+                    rx.iter().for_each(|r| {
+                        r.unwrap();
+                    });
+                })
             })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        ledger.rotate().unwrap();
     }
     let live = ledger.state(b"").unwrap();
     let live_keys: BTreeSet<Vec<u8>> = live.iter().map(|(k, _)| k.clone()).collect();
@@ -518,7 +525,7 @@ fn reindex_gives_the_live_state_across_rotations_and_cleared_bases() {
             counter(n, v);
         }
     }
-    assert!(ledger.epoch() >= 1);
+    assert!(ledger.epoch() >= 3);
     drop(ledger);
     Ledger::reindex(&dir).unwrap();
     let ledger = Ledger::open(&dir).unwrap();
