@@ -585,3 +585,29 @@ fn kill_9_during_the_replay_on_open() {
     }
     every_entry_found(&ledger);
 }
+
+/// A delta no shorter than its value is a form no writer makes (it writes a delta only
+/// when `block_len + 4 < len`): two encodings of one value, so strict decoding refuses it.
+#[test]
+fn a_delta_no_shorter_than_its_value_is_refused() {
+    let base = b"abc".to_vec();
+    // A block of the 3 literals "abc": token 0x30, then the bytes.
+    let block = [0x30, b'a', b'b', b'c'];
+    let pairs = [(b"r/a".to_vec(), b"abc".to_vec())];
+    let check = blake3::hash(&tally_ledger::segment::encode_state(
+        pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
+    ));
+    let mut payload = check.as_bytes()[..4].to_vec();
+    payload.extend_from_slice(&[0, 3, b'r', b'/', b'a', 1, 3, 4]);
+    payload.extend_from_slice(&block);
+    // The block itself decodes: only its form is wrong.
+    let value = StateValue::Delta {
+        len: 3,
+        block: block.to_vec(),
+    };
+    assert_eq!(value.resolve(Some(&base)).unwrap(), b"abc");
+    assert!(
+        StateFrame::decode(TAG_STATE_DELTA, &payload).is_err(),
+        "a 4-byte delta of a 3-byte value was accepted"
+    );
+}
