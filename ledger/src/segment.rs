@@ -399,6 +399,13 @@ impl StateFrame {
                 1 => {
                     let len = take_varint(&mut b, max)? as u32;
                     let block_len = take_varint(&mut b, max)? as usize;
+                    // What `StateValue::encode` writes, and nothing else: one form per value.
+                    if block_len + 4 >= len as usize {
+                        return Err(FormatError::invalid(
+                            "state frame",
+                            "a delta no shorter than its value (a value that short is whole)",
+                        ));
+                    }
                     StateValue::Delta {
                         len,
                         block: take_slice(&mut b, block_len)?.to_vec(),
