@@ -542,17 +542,35 @@ fn kill_9_during_the_replay_on_open() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("l");
     drop(new_ledger(&dir, Rotation::default()));
-    let ledger = Ledger::open_with_segment_bytes(&dir, SEGMENT_BYTES).unwrap();
-    write_groups(&ledger, 0, 1500);
+    let ledger = Ledger::open(&dir).unwrap();
+    // Besides keys 0..4, each group writes new keys of 4 KiB, so the replay writes enough
+    // to sled for its buffers to reach the file before a kill.
+    for i in 0..1500u64 {
+        let mut state: Vec<_> = (0..4).map(|k| (key(k), value(k, i))).collect();
+        state.extend((0..8u64).map(|j| {
+            (
+                format!("r/fill-{i:05}-{j}").into_bytes(),
+                vec![j as u8; 4096],
+            )
+        }));
+        append_with_state(&ledger, i, state);
+    }
     drop(ledger);
+    tally_ledger::store::remove_index(&dir.join(INDEX_DIR)).unwrap();
+    // How long a whole replay takes here: the kills fall inside one.
+    let start = Instant::now();
+    drop(Ledger::open(&dir).unwrap());
+    let replay = start.elapsed().as_millis() as u64;
     tally_ledger::store::remove_index(&dir.join(INDEX_DIR)).unwrap();
     let mut x = 0x2545_f491_u64;
     let mut killed_early = 0;
+    let mut marks = Vec::new();
     for _ in 0..8 {
         x = x
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let ms = 30 + (x >> 33) % 400;
+        // The child's start, then a point inside the replay.
+        let ms = 15 + (x >> 33) % replay.max(1);
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--ignored",
@@ -574,8 +592,14 @@ fn kill_9_during_the_replay_on_open() {
         }
         child.kill().unwrap();
         child.wait().unwrap();
+        marks.push(Store::open(&dir).unwrap().mark().unwrap());
     }
     assert!(killed_early > 0);
+    let end = *marks.iter().max().unwrap();
+    assert!(
+        marks.iter().any(|m| *m != end),
+        "no kill landed inside a replay of {replay} ms: {marks:?}"
+    );
     let ledger = Ledger::open(&dir).unwrap_or_else(|e| panic!("open after kills in replay: {e}"));
     for k in 0..4 {
         assert_eq!(
