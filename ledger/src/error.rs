@@ -153,6 +153,15 @@ pub enum Error {
         /// The stored chain's epoch.
         ledger_epoch: u32,
     },
+    /// Derived state too long for one state frame (`docs/FORMAT.md`, tag 4); nothing
+    /// was written.
+    #[error("derived state of up to {len} bytes is more than a state frame holds ({max} bytes)")]
+    StateTooLong {
+        /// The state's length as a state frame may hold it, at most.
+        len: usize,
+        /// The most a state frame holds.
+        max: usize,
+    },
     /// An earlier write failed in a way that leaves durability unknown; the ledger
     /// refuses all further appends until reopened (fail closed).
     #[error("ledger is closed after a failed write: {0}")]

@@ -27,7 +27,8 @@ use crate::format::{entry_hash, key_id, Checkpoint, Entry, Frame, Hash, Header, 
 use crate::keys::{self, DataKey, EpochSecrets, LedgerPublic};
 use crate::segment::{
     self, list_segments, push_frame, sync_dir, Item, LogReader, LogWriter, Resume, StateValue,
-    DEFAULT_SEGMENT_BYTES, LOG_DIR, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY, TAG_STATE_DELTA,
+    DEFAULT_SEGMENT_BYTES, LOG_DIR, MAX_STATE_LEN, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY,
+    TAG_STATE_DELTA,
 };
 use crate::store::{Point, Store, POINT_EVERY};
 
@@ -178,6 +179,15 @@ struct Writer {
     bases: StateBases,
 }
 
+/// A state frame's `check`, before its pairs.
+const STATE_CHECK_LEN: usize = 4;
+
+/// The most bytes `state`'s pairs take in a state frame (tag 4): per pair the key and the
+/// value (a delta is only taken when shorter) and at most 13 bytes of varints and kind.
+fn state_bound(state: &[(Vec<u8>, Vec<u8>)]) -> usize {
+    state.iter().map(|(k, v)| k.len() + v.len() + 16).sum()
+}
+
 /// Most bytes of state values [`StateBases`] keeps; past it, it starts again empty (the
 /// next value of each key is written whole).
 const MAX_BASES_BYTES: usize = 16 << 20;
@@ -244,6 +254,24 @@ fn apply_state_frame(
         None,
         at,
     )
+}
+
+/// Put an index back in place after a crash between a reindex's two renames (`index` to
+/// `index.old`, then `index.new` to `index`), which leaves none: the one built (with what
+/// `put_state_durable` wrote carried into it), never a new empty index.
+fn recover_index(dir: &Path) -> Result<()> {
+    use crate::store::{remove_index, INDEX_DIR};
+    let index = dir.join(INDEX_DIR);
+    let old = dir.join("index.old");
+    if index.exists() || !old.exists() {
+        return Ok(());
+    }
+    // `index.old` is made only once `index.new` is built whole and synced.
+    let new = dir.join("index.new");
+    let from = if new.exists() { &new } else { &old };
+    fs::rename(from, &index).map_err(|e| Error::io(from, e))?;
+    sync_dir(dir)?;
+    remove_index(&old)
 }
 
 /// Bring `store` up to the log `reader` reads: index points for its entries (one per
@@ -510,6 +538,7 @@ impl Ledger {
             why: format!("{}: {e}", config_path.display()),
         })?;
         let lock = LogWriter::lock(dir)?;
+        recover_index(dir)?;
         let segments = list_segments(dir)?;
         let corrupt = |seq: u64, why: String| Error::Corrupt { seq, why };
         let genesis_bytes = match LogReader::new(segments[..1].to_vec(), false, None)
@@ -569,16 +598,21 @@ impl Ledger {
         }
         // Bring the index up to the log: replay the state frames after its mark.
         let store = Store::open(dir)?;
-        let mark = store.mark()?;
+        let mut mark = store.mark()?;
         let sealed_number = segments[sealed_index].0;
-        let mut new_number = last_number + 1;
+        let new_number = last_number + 1;
         if let Some((seg, off)) = mark {
             if seg > sealed_number || (seg == sealed_number && off > sealed_scan.sealed_end) {
                 // The index holds state from log bytes that are gone (lost with a power
                 // failure, never acknowledged): state ahead of the log is safe (a budget
-                // is over-counted, never re-spendable); never write where it points.
+                // is over-counted, never re-spendable). Its mark and seq points may name
+                // a segment the log no longer has, whose number the next segment takes
+                // (the numbers have no gap): set them back to the sealed end, durably,
+                // before anything is written where they point.
                 resync = true;
-                new_number = new_number.max(seg + 1);
+                let sealed = (sealed_number, sealed_scan.sealed_end);
+                store.remark(sealed, last_seq + 1)?;
+                mark = Some(sealed);
             }
         }
         replay_into(
@@ -730,6 +764,7 @@ impl Ledger {
             return Err(Error::NotALedger(dir.to_path_buf()));
         }
         let _lock = LogWriter::lock(dir)?;
+        recover_index(dir)?;
         let segments = list_segments(dir)?;
         let mut done = Reindexed {
             segments: segments.len() as u64,
@@ -855,6 +890,15 @@ impl Ledger {
     ) {
         if plaintexts.is_empty() {
             return done(Ok(Vec::new()));
+        }
+        // A longer state frame would be written and acknowledged, then read as a torn
+        // write (and the segment after it refused).
+        let len = STATE_CHECK_LEN + state_bound(&state);
+        if len > MAX_STATE_LEN {
+            return done(Err(Error::StateTooLong {
+                len,
+                max: MAX_STATE_LEN,
+            }));
         }
         let shared = &*self.shared;
         let mut queue = lock(&shared.queue);
@@ -1127,13 +1171,18 @@ impl Shared {
     fn commit_once<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         queue.committing = true;
         // Whole appends, oldest first, until the group holds MAX_GROUP decisions.
-        let mut count = 0;
+        // And until its state frame could reach MAX_STATE_LEN (each append's own state
+        // is within it: `submit_with_state`).
+        let (mut count, mut bytes, mut taken) = (0, STATE_CHECK_LEN, 0);
         let take = queue
             .pending
             .iter()
             .take_while(|p| {
-                let room = count < MAX_GROUP;
+                let more = state_bound(&p.state);
+                let room = taken == 0 || (count < MAX_GROUP && bytes + more <= MAX_STATE_LEN);
                 count += p.plaintexts.len();
+                bytes += more;
+                taken += 1;
                 room
             })
             .count();

@@ -204,6 +204,12 @@ impl StateValue {
                 let base = base.ok_or_else(|| {
                     FormatError::invalid("state frame", "a delta for a key with no previous value")
                 })?;
+                if len as usize > MAX_STATE_LEN {
+                    return Err(FormatError::invalid(
+                        "state frame",
+                        "a delta longer than a state frame holds",
+                    ));
+                }
                 if base.is_empty() || base.len() > MAX_DELTA_BASE {
                     return Err(FormatError::invalid(
                         "state frame",
@@ -402,6 +408,13 @@ impl StateFrame {
                 1 => {
                     let len = take_varint(&mut b, max)? as u32;
                     let block_len = take_varint(&mut b, max)? as usize;
+                    // What `StateValue::encode` writes, and nothing else: one form per value.
+                    if block_len + 4 >= len as usize {
+                        return Err(FormatError::invalid(
+                            "state frame",
+                            "a delta no shorter than its value (a value that short is whole)",
+                        ));
+                    }
                     StateValue::Delta {
                         len,
                         block: take_slice(&mut b, block_len)?.to_vec(),
@@ -430,7 +443,21 @@ impl StateFrame {
         base: impl Fn(&[u8]) -> Option<&'b [u8]>,
     ) -> std::result::Result<Pairs, FormatError> {
         let mut out = Vec::with_capacity(self.pairs.len());
+        // The pairs decoded, in their tag 3 form (what the check hashes), are at most what
+        // a state frame holds: a delta frame of 64 MiB could otherwise decode to 16 GiB.
+        let mut decoded = 0usize;
         for (k, v) in self.pairs {
+            let len = match &v {
+                StateValue::Full(v) => v.len(),
+                StateValue::Delta { len, .. } => *len as usize,
+            };
+            decoded += 8 + k.len() + len;
+            if decoded > MAX_STATE_LEN {
+                return Err(FormatError::invalid(
+                    "state frame",
+                    "its values decode to more than a state frame holds",
+                ));
+            }
             let value = v.resolve(base(&k)).map_err(|e| FormatError::Invalid {
                 what: "state frame",
                 why: format!("key `{}`: {e}", String::from_utf8_lossy(&k)),

@@ -216,6 +216,27 @@ impl Store {
         Ok(())
     }
 
+    /// Set the mark back to `mark`, the log's sealed end, and forget every index point
+    /// at or after `next_seq`, durably: for an index ahead of the log (its mark and points
+    /// name log bytes a power failure took), before the writer writes where they point.
+    /// The state values stay (ahead of the log is safe).
+    pub fn remark(&self, mark: (u64, u64), next_seq: u64) -> Result<()> {
+        let mut fold = self.fold.lock().unwrap_or_else(|e| e.into_inner());
+        self.write_fold(&mut fold)?;
+        let mut batch = sled::Batch::default();
+        for kv in self
+            .db
+            .range(key(POINT_PREFIX, next_seq)..=key(POINT_PREFIX, u64::MAX))
+        {
+            let (k, _) = kv.map_err(store_err)?;
+            batch.remove(k);
+        }
+        batch.insert(MARK_KEY, &two_u64(mark.0, mark.1));
+        self.db.apply_batch(batch).map_err(store_err)?;
+        drop(fold);
+        self.sync()
+    }
+
     /// The log position through which state and index points are applied.
     pub fn mark(&self) -> Result<Option<(u64, u64)>> {
         if let Some(m) = self.fold.lock().unwrap_or_else(|e| e.into_inner()).mark {
@@ -361,13 +382,15 @@ impl Store {
     /// two never share a key).
     pub fn state(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut all = BTreeMap::new();
+        // Held across the scan of sled: a fold written between that scan and the read of
+        // the fold would otherwise leave its values in neither (an older value returned).
+        let fold = self.fold.lock().unwrap_or_else(|e| e.into_inner());
         for p in [PUT_PREFIX, STATE_PREFIX] {
             for kv in self.db.scan_prefix(prefixed(p, prefix)) {
                 let (k, v) = kv.map_err(store_err)?;
                 all.insert(k[1..].to_vec(), v.to_vec());
             }
         }
-        let fold = self.fold.lock().unwrap_or_else(|e| e.into_inner());
         for (k, v) in fold.state.range(prefix.to_vec()..) {
             if !k.starts_with(prefix) {
                 break;
