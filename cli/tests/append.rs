@@ -6,6 +6,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use crate::fixture;
+
 /// `tally args` in `dir` with `TMPDIR=tmpdir`, fed `stdin`.
 fn tally(dir: &Path, tmpdir: &Path, args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
@@ -251,15 +253,6 @@ fn a_tmpdir_inside_the_ledger_is_refused() {
     assert_eq!(hashes(&d.join("ledger")), before, "the ledger changed");
 }
 
-/// A small tmpfs at a path, unmounted when dropped.
-struct Tmpfs(PathBuf);
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 // TMPDIR full (a real 1 MiB tmpfs, for about 5 MB of prepared input): the error says
 // nothing was written and names TMPDIR; the ledger keeps every byte.
 #[test]
@@ -268,19 +261,10 @@ fn a_full_tmpdir_writes_nothing() {
     let d = tmp.path();
     setup(d);
     let small = d.join("small");
-    std::fs::create_dir(&small).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&small)
-        .stderr(Stdio::null())
-        .status();
-    if !matches!(mounted, Ok(s) if s.success()) {
-        // CI runs as root: there the test must run.
-        assert!(std::env::var_os("CI").is_none(), "cannot mount a tmpfs");
-        eprintln!("SKIPPED: mounting a small tmpfs needs root");
+    // CI runs as root: there the test must run.
+    let Some(_unmount) = fixture::mount_tmpfs(&small, "1m") else {
         return;
-    }
-    let _unmount = Tmpfs(small.clone());
+    };
     let before = hashes(&d.join("ledger"));
     let o = tally(
         d,

@@ -5,6 +5,7 @@
 //! state: a pipe closed early, a full disk, a store left untouched, a symlink planted at
 //! an export's target.
 
+mod append;
 mod edge;
 mod fixture;
 mod merged;

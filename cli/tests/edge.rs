@@ -620,15 +620,6 @@ fn errors_name_the_file_not_its_temporary() {
     assert!(stderr(&o).contains("writer.key"), "{}", stderr(&o));
 }
 
-/// A small tmpfs at a path, unmounted when dropped.
-struct Tmpfs(std::path::PathBuf);
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 // Issue 11.9: when a commit fails part-way (here a real full disk), the message says
 // exactly which lines and seqs were committed and where to start again.
 #[test]
@@ -636,19 +627,10 @@ fn a_failed_commit_says_what_was_committed() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let small = d.join("small");
-    std::fs::create_dir(&small).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"])
-        .arg(&small)
-        .stderr(Stdio::null())
-        .status();
-    if !matches!(mounted, Ok(s) if s.success()) {
-        // CI runs as root: there the test must run.
-        assert!(std::env::var_os("CI").is_none(), "cannot mount a tmpfs");
-        eprintln!("SKIPPED: mounting a small tmpfs needs root");
+    // CI runs as root: there the test must run.
+    let Some(_unmount) = fixture::mount_tmpfs(&small, "12m") else {
         return;
-    }
-    let _unmount = Tmpfs(small.clone());
+    };
     fixture::ok(d, &["keygen", "--out", "a.key"], "");
     fixture::ok(
         d,

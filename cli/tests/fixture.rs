@@ -97,3 +97,30 @@ pub fn build_once() -> PathBuf {
     .path()
     .to_path_buf()
 }
+
+/// A tmpfs of `size` (e.g. `"12m"`) mounted on `dir` (created), unmounted on drop: a real
+/// full disk. `None` where mounting needs a root this process lacks (under CI, which runs
+/// as root, that fails the test instead).
+pub fn mount_tmpfs(dir: &Path, size: &str) -> Option<Tmpfs> {
+    std::fs::create_dir_all(dir).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir)
+        .stderr(Stdio::null())
+        .status();
+    if !matches!(mounted, Ok(s) if s.success()) {
+        assert!(std::env::var_os("CI").is_none(), "cannot mount a tmpfs");
+        eprintln!("SKIPPED: mounting a small tmpfs needs root");
+        return None;
+    }
+    Some(Tmpfs(dir.to_path_buf()))
+}
+
+/// A mounted tmpfs ([`mount_tmpfs`]), unmounted when dropped.
+pub struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
