@@ -365,6 +365,21 @@ fn a_delta_frame_never_decodes_to_more_than_a_state_frame_holds() {
     ));
 }
 
+/// A ledger in `dir` with 10 groups and an operator's pause (`p/run` = 1), left as a
+/// reindex that crashed between its renames leaves it: `index.new` built (the pause
+/// carried), the old index renamed away to `index.old`, no `index`.
+fn crashed_between_reindex_renames(dir: &Path) {
+    let (ledger, _) = new_ledger(dir, Rotation::default());
+    write_groups(&ledger, 0, 10);
+    ledger
+        .put_state_durable(&[(b"p/run".to_vec(), vec![1])])
+        .unwrap();
+    drop(ledger);
+    let index = dir.join(INDEX_DIR);
+    copy_dir(&index, &dir.join("index.new"));
+    std::fs::rename(&index, dir.join("index.old")).unwrap();
+}
+
 /// A crash between a reindex's two renames (`index` to `index.old`, `index.new` to
 /// `index`) leaves no `index`: the next open must not start an empty one and lose what
 /// `put_state_durable` wrote (an operator's pause), nor may the next reindex delete it.
@@ -372,16 +387,7 @@ fn a_delta_frame_never_decodes_to_more_than_a_state_frame_holds() {
 fn a_crash_between_the_reindex_renames_keeps_the_operator_pause() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("l");
-    let (ledger, _) = new_ledger(&dir, Rotation::default());
-    write_groups(&ledger, 0, 10);
-    ledger
-        .put_state_durable(&[(b"p/run".to_vec(), vec![1])])
-        .unwrap();
-    drop(ledger);
-    // The reindex built index.new (with the pause carried) and renamed the old index away.
-    let index = dir.join(INDEX_DIR);
-    copy_dir(&index, &dir.join("index.new"));
-    std::fs::rename(&index, dir.join("index.old")).unwrap();
+    crashed_between_reindex_renames(&dir);
     let ledger = Ledger::open(&dir).unwrap();
     assert_eq!(
         ledger.state_get(b"p/run").unwrap(),
@@ -400,15 +406,7 @@ fn a_crash_between_the_reindex_renames_keeps_the_operator_pause() {
 fn a_reindex_after_a_crash_between_its_renames_carries_the_pause() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("l");
-    let (ledger, _) = new_ledger(&dir, Rotation::default());
-    write_groups(&ledger, 0, 10);
-    ledger
-        .put_state_durable(&[(b"p/run".to_vec(), vec![1])])
-        .unwrap();
-    drop(ledger);
-    let index = dir.join(INDEX_DIR);
-    copy_dir(&index, &dir.join("index.new"));
-    std::fs::rename(&index, dir.join("index.old")).unwrap();
+    crashed_between_reindex_renames(&dir);
     let done = Ledger::reindex(&dir).unwrap();
     assert_eq!(done.carried, 1, "{done:?}");
     let ledger = Ledger::open(&dir).unwrap();
