@@ -177,6 +177,10 @@ reasons! {
     KilledByOperator = "killed_by_operator" => Stop,
     /// An operator paused the run: ask again after it is resumed.
     RunPaused = "run_paused" => Retry,
+    /// One logical operation was retried past its effect class's retries (`read` 3,
+    /// `idempotent_write` 2, `non_idempotent_write` 1, between two `ok` outcomes): this
+    /// run must not retry it again. The run's own attempt budget may have room left.
+    RetriesExhausted = "retries_exhausted" => Stop,
     /// The gate cannot decide durably (its ledger or its state store is down): the
     /// call does not proceed (fail closed); ask again later.
     GateUnavailable = "gate_unavailable" => Retry,
@@ -478,6 +482,12 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub state_version: Option<u64>,
+    /// A digest of the call's result (outcome), lowercase hex, 64 characters: only
+    /// whether two results of identical calls are equal matters (the loop rule's
+    /// progress). The result itself never enters the ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub result_digest: Option<String>,
 }
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
@@ -587,7 +597,7 @@ impl Decision {
                 });
             }
         }
-        let present: [(&'static str, bool, &[Kind]); 40] = [
+        let present: [(&'static str, bool, &[Kind]); 41] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -668,6 +678,11 @@ impl Decision {
                     Kind::Stop,
                 ],
             ),
+            (
+                "result_digest",
+                self.result_digest.is_some(),
+                &[Kind::Outcome],
+            ),
         ];
         for (field, is_present, kinds) in present {
             if is_present && !kinds.contains(&kind) {
@@ -711,6 +726,7 @@ impl Decision {
             ("digest", self.digest.as_deref()),
             ("policy", self.policy.as_deref()),
             ("grant", self.grant.as_deref()),
+            ("result_digest", self.result_digest.as_deref()),
         ] {
             if let Some(d) = digest {
                 if !is_digest_hex(d) {
