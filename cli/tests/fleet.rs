@@ -224,7 +224,13 @@ impl Fleet {
             "host {i}: {report}"
         );
         assert_eq!(report["findings"], json!([]), "host {i}: {report}");
-        assert_eq!(report["audit"]["findings"], json!([]), "host {i}: {report}");
+        // One host's ledger alone: a shared run's attempts issued on the other hosts are
+        // gaps here (the core's `attempts_unrecorded`), and nothing else is found.
+        let audit = report["audit"]["findings"].as_array().expect("findings");
+        assert!(
+            audit.iter().all(|f| f["kind"] == "attempts_unrecorded"),
+            "host {i}: {report}"
+        );
         // Not asserted: the replay. It re-decides each gate decision from this one ledger,
         // and a fleet run's state is spread over every host's ledger: a shared run's
         // attempt numbers and budget read as `field_differs` / `refused_against_policy`

@@ -256,7 +256,7 @@ test("call() records ok, error, timeout and unknown", async (t) => {
   assert.deepEqual([standing.heldCents, standing.settledCents], [0, 4]);
   await assert.rejects(
     pay("charge:b", 4, 10, never),
-    (e) => e instanceof StopRun && e.reason === "attempts_exhausted",
+    (e) => e instanceof StopRun && e.reason === "retries_exhausted",
   );
 
   // timeout (a TimeoutError, as AbortSignal.timeout throws): the hold stays (the call may

@@ -265,7 +265,7 @@ def test_the_context_manager_records_ok_error_timeout_and_unknown(
     with pytest.raises(StopRun) as stopped:
         with pay("charge:b", 4):
             pytest.fail("the body of a refused call ran")
-    assert stopped.value.reason == "attempts_exhausted"
+    assert stopped.value.reason == "retries_exhausted"
 
     # timeout: the hold stays (the call may have spent it), and the write is not repeated
     # until its outcome is reconciled.

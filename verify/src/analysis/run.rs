@@ -45,6 +45,7 @@ pub(crate) struct Verdicts {
 struct Open {
     names: Arc<CallNames>,
     effect: Option<Effect>,
+    /// The latest record about it (its allow, then each outcome), and when.
     seq: Seq,
     at: When,
     /// The remote operation its outcome registered, by name.
@@ -371,7 +372,9 @@ impl RunAnalysis {
                         .with_digest(d.args_digest.clone())
                 })
                 .call(&facts(pattern.is_some(), false), pattern);
-            let retried = v.retries || refused == Some(Reason::RetriesExhausted);
+            // Decided in the gate's order: the loop rule first, then the retries.
+            let retried = (v.retries && v.loop_rule.is_none() && !loop_refused)
+                || refused == Some(Reason::RetriesExhausted);
             self.retries
                 .entry(op)
                 .or_insert_with(|| Series::new(Pattern::RetryStorm, e.seq, at.run_ms, shared.tool.clone()))
@@ -480,6 +483,8 @@ impl RunAnalysis {
             return;
         };
         call.settled = call.settled.saturating_add(settled);
+        call.seq = e.seq;
+        call.at = at;
         if let Some(k) = call.call_key {
             if let Some(s) = self.calls.get_mut(&k) {
                 s.outcome(&facts);
