@@ -9,7 +9,7 @@ use tally_record::{Decision, Effect, Kind, Status};
 
 use crate::config::Policy;
 use crate::decide::{counts, Call, View};
-use crate::judge::{held_grant, is_final, judge, Inconsistency};
+use crate::judge::{grant_in_force, is_final, judge, Inconsistency};
 use crate::start::{carry_over, delegate, Family};
 use crate::state::{
     call_id, op_key, result_key, Attempt, Breaker, CredentialState, Grant, Probe, Recent,
@@ -174,7 +174,7 @@ fn allow(
         run.attempts_used = run.attempts_used.saturating_add(to - next + 1);
         run.last_attempt = to;
     }
-    let granted = held_grant(run, d).cloned();
+    let granted = grant_in_force(run, d, now).cloned();
     if let Some(g) = &granted {
         use_grant(run, g, &call);
     }

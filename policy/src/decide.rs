@@ -360,11 +360,13 @@ fn first_refusal(
             None => {}
         }
     } else {
-        if loop_rule(policy, run, call, run_ms).is_some() {
-            return Some(refuse(Reason::LoopRepeatedCall));
-        }
+        // A failing operation retried past its class is told so before it is told it
+        // loops: the more specific of the two.
         if retry_rule(policy, run, call) {
             return Some(refuse(Reason::RetriesExhausted));
+        }
+        if loop_rule(policy, run, call, run_ms).is_some() {
+            return Some(refuse(Reason::LoopRepeatedCall));
         }
     }
     if run.last_attempt == u64::MAX {
@@ -470,11 +472,6 @@ fn usable_grant<'a>(
     }
     let fits = |g: &Grant| {
         let s = &g.scope;
-        let tool_ok = s.tool.as_ref().is_none_or(|t| t == &call.tool);
-        let op_ok = s
-            .operation
-            .as_ref()
-            .is_none_or(|o| call.operation.as_ref() == Some(o));
         let covers = match reason {
             Reason::AttemptsExhausted | Reason::SideEffectLimitExceeded => {
                 s.attempts.is_some_and(|a| a > 0)
@@ -487,7 +484,7 @@ fn usable_grant<'a>(
             Reason::OutcomeUnknownNonIdempotent => s.operation.is_some() || s.tool.is_some(),
             _ => true,
         };
-        tool_ok && op_ok && covers
+        grant_fits(g, call) && covers
     };
     let matching: Vec<&Grant> = unused.into_iter().filter(|g| fits(g)).collect();
     if matching.is_empty() {
@@ -495,8 +492,24 @@ fn usable_grant<'a>(
     }
     matching
         .into_iter()
-        .find(|g| run_ms < g.expires_ms)
+        .find(|g| grant_live(g, run_ms))
         .ok_or(Some(Reason::ApprovalExpired))
+}
+
+/// Whether a grant is for this call: its tool and operation, where it names them.
+pub(crate) fn grant_fits(g: &Grant, call: &Call) -> bool {
+    let s = &g.scope;
+    let tool_ok = s.tool.as_ref().is_none_or(|t| t == &call.tool);
+    let op_ok = s
+        .operation
+        .as_ref()
+        .is_none_or(|o| call.operation.as_ref() == Some(o));
+    tool_ok && op_ok
+}
+
+/// Whether a grant is still valid at run time `run_ms`.
+pub(crate) fn grant_live(g: &Grant, run_ms: u64) -> bool {
+    run_ms < g.expires_ms
 }
 
 /// The `{dimension: {used, limit}}` snapshot of a decision.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tally_record::{Decision, Effect, Kind, Reason, Status};
 
 use crate::config::Policy;
-use crate::decide::{counts, Call, View};
+use crate::decide::{counts, grant_fits, grant_live, Call, View};
 use crate::start::{judge_start, StartRefusal};
 use crate::state::{op_key, Grant, RunState};
 use crate::Now;
@@ -128,6 +128,20 @@ pub enum Inconsistency {
         /// The digest named.
         digest: String,
     },
+    /// An allow that names an approval for another tool or operation.
+    GrantMismatch {
+        /// The digest named.
+        digest: String,
+    },
+    /// An allow that names an approval past its expiry.
+    GrantExpired {
+        /// The digest named.
+        digest: String,
+        /// When it expired, run time ms.
+        expires_ms: u64,
+        /// The allow's run time, ms.
+        at_ms: u64,
+    },
     /// An allow naming an attempt number already allowed (nothing is counted for it).
     DuplicateAllow {
         /// The attempt.
@@ -167,6 +181,8 @@ impl Inconsistency {
             Inconsistency::RepeatedUnknownWrite { .. } => "repeated_unknown_write",
             Inconsistency::InvalidApproval { .. } => "invalid_approval",
             Inconsistency::GrantNotHeld { .. } => "grant_not_held",
+            Inconsistency::GrantMismatch { .. } => "grant_mismatch",
+            Inconsistency::GrantExpired { .. } => "grant_expired",
             Inconsistency::DuplicateAllow { .. } => "duplicate_allow",
             Inconsistency::AttemptsUnrecorded { .. } => "attempts_unrecorded",
             Inconsistency::Overflow { .. } => "overflow",
@@ -213,9 +229,17 @@ pub fn judge(policy: &Policy, view: View<'_>, record: &Decision, now: Now) -> Ve
 }
 
 /// The grant an allow names, if the run holds it unused.
-pub(crate) fn held_grant<'a>(run: &'a RunState, record: &Decision) -> Option<&'a Grant> {
+fn held_grant<'a>(run: &'a RunState, record: &Decision) -> Option<&'a Grant> {
     let digest = record.grant.as_ref()?;
     run.grants.iter().find(|g| !g.used && &g.digest == digest)
+}
+
+/// The grant an allow names, if it is in force for it: held unused, for this call, not
+/// expired. The one grant the fold puts in force.
+pub(crate) fn grant_in_force<'a>(run: &'a RunState, record: &Decision, now: Now) -> Option<&'a Grant> {
+    let g = held_grant(run, record)?;
+    let call = Call::from_record(record);
+    (grant_fits(g, &call) && grant_live(g, run.run_ms(now))).then_some(g)
 }
 
 fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Vec<Inconsistency>) {
@@ -236,10 +260,25 @@ fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Ve
         _ => 0,
     };
     let call = Call::from_record(d);
+    let run_ms = run.run_ms(now);
     let grant = match (&d.grant, held_grant(run, d)) {
         (Some(digest), None) => {
             found.push(Inconsistency::GrantNotHeld {
                 digest: digest.clone(),
+            });
+            None
+        }
+        (Some(digest), Some(g)) if !grant_fits(g, &call) => {
+            found.push(Inconsistency::GrantMismatch {
+                digest: digest.clone(),
+            });
+            None
+        }
+        (Some(digest), Some(g)) if !grant_live(g, run_ms) => {
+            found.push(Inconsistency::GrantExpired {
+                digest: digest.clone(),
+                expires_ms: g.expires_ms,
+                at_ms: run_ms,
             });
             None
         }
@@ -289,7 +328,6 @@ fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Ve
         return;
     }
     let spent = run.spent_cents().saturating_add(reserve);
-    let run_ms = run.run_ms(now);
     let polls_used = poll.map(|r| run.refs[&r].polls.saturating_add(1));
     let dims = [
         (

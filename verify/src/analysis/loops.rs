@@ -180,6 +180,7 @@ pub(crate) struct CallFacts<'a> {
     pub ms: u64,
     pub worker: Option<&'a Arc<str>>,
     pub operation: Option<&'a Arc<str>>,
+    pub args_digest: Option<&'a str>,
     pub reserve: u64,
     /// The refusal's reason, for a deny.
     pub refused: Option<Reason>,
@@ -227,6 +228,8 @@ pub(crate) struct Series {
     tool: Option<Arc<str>>,
     operation: Option<Arc<str>>,
     args_digest: Option<String>,
+    /// Its calls' argument digests differ: none is shown.
+    digests_differ: bool,
     remote_ref: Option<String>,
     early: u64,
     poll: Option<PollTrack>,
@@ -259,6 +262,7 @@ impl Series {
             tool,
             operation: None,
             args_digest: None,
+            digests_differ: false,
             remote_ref: None,
             early: 0,
             poll: None,
@@ -285,12 +289,6 @@ impl Series {
         s
     }
 
-    /// The series' calls all share this argument digest.
-    pub fn with_digest(mut self, digest: Option<String>) -> Series {
-        self.args_digest = digest;
-        self
-    }
-
     /// Run time of its last record.
     pub fn last_ms(&self) -> u64 {
         self.now.last_ms
@@ -315,6 +313,11 @@ impl Series {
             }
         }
         self.operation = c.operation.cloned();
+        match (self.now.count, &self.args_digest) {
+            (1, _) => self.args_digest = c.args_digest.map(str::to_owned),
+            (_, d) if d.as_deref() != c.args_digest => self.digests_differ = true,
+            _ => {}
+        }
         if c.early {
             self.early += 1;
         }
@@ -378,7 +381,7 @@ impl Series {
             workers: self.workers.iter().map(|w| w.to_string()).collect(),
             tool: self.tool.as_deref().map(str::to_owned),
             operation: self.operation.as_deref().map(str::to_owned),
-            args_digest: self.args_digest.clone(),
+            args_digest: self.args_digest.clone().filter(|_| !self.digests_differ),
             remote_ref: self.remote_ref.clone(),
             count: f.count,
             first_seq: self.first_seq,
@@ -446,10 +449,15 @@ impl ToolStorms {
 
     /// A call of `tool` by `run`: `refused` when the breaker refused it, or would have.
     pub fn call(&mut self, tool: &Arc<str>, run: &str, c: &CallFacts<'_>) {
+        // A storm counts results: failed outcomes, and the calls its breaker refused (or
+        // would have).
+        if !c.flagged {
+            return;
+        }
         let t = self.entry(tool);
         if let Some(s) = &mut t.series {
             s.call(c, None);
-            if c.flagged && t.runs.len() < MAX_NAMED {
+            if t.runs.len() < MAX_NAMED {
                 t.runs.insert(run.to_owned());
             }
         }
@@ -518,17 +526,24 @@ impl ToolStorms {
 }
 
 /// Drop loops another loop already explains: a run's retry storm inside a storm of the
-/// same tool across runs, and a high call count overlapping a sharper loop of the same
+/// same tool across several runs; a tool's storm within one run that a loop of that run
+/// and tool already shows; and a high call count overlapping a sharper loop of the same
 /// run and tool. Linear in the number of loops.
 pub(crate) fn dedupe(loops: &mut Vec<Loop>) {
     let overlaps = |a: &Loop, b: &Loop| a.first_seq <= b.last_seq && b.first_seq <= a.last_seq;
     let keep: Vec<bool> = {
         let mut storms: HashMap<Option<&str>, Vec<&Loop>> = HashMap::new();
+        let mut in_run: HashMap<(&str, Option<&str>), Vec<&Loop>> = HashMap::new();
         let mut sharp: HashMap<(&str, Option<&str>), Vec<&Loop>> = HashMap::new();
         for l in loops.iter() {
             let tool = l.tool.as_deref();
-            if l.clock == Clock::Wall {
+            if l.clock == Clock::Wall && l.runs.len() > 1 {
                 storms.entry(tool).or_default().push(l);
+            }
+            if l.clock == Clock::Run {
+                for run in &l.runs {
+                    in_run.entry((run.as_str(), tool)).or_default().push(l);
+                }
             }
             if l.pattern != Pattern::HighCallCount {
                 for run in &l.runs {
@@ -546,9 +561,12 @@ pub(crate) fn dedupe(loops: &mut Vec<Loop>) {
                         v.iter()
                             .any(|s| s.runs.iter().any(|r| r == run) && overlaps(l, s))
                     }),
-                    (Pattern::HighCallCount, _) => !sharp
+                    (Pattern::RetryStorm, Clock::Wall) if l.runs.len() == 1 => !in_run
                         .get(&(run, tool))
                         .is_some_and(|v| v.iter().any(|s| overlaps(l, s))),
+                    (Pattern::HighCallCount, _) => !sharp
+                        .get(&(run, tool))
+                        .is_some_and(|v| v.iter().any(|s| s.clock == Clock::Run && overlaps(l, s))),
                     _ => true,
                 }
             })

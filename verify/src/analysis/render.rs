@@ -262,6 +262,20 @@ fn finding_text(f: &Inconsistency) -> String {
             "allowed on approval {}, which the run does not hold unused",
             shown(digest.get(..16).unwrap_or(digest))
         ),
+        Inconsistency::GrantMismatch { digest } => format!(
+            "allowed on approval {}, which approved another tool or operation",
+            shown(digest.get(..16).unwrap_or(digest))
+        ),
+        Inconsistency::GrantExpired {
+            digest,
+            expires_ms,
+            at_ms,
+        } => format!(
+            "allowed at t+{} on approval {}, which expired at t+{}",
+            duration(*at_ms),
+            shown(digest.get(..16).unwrap_or(digest)),
+            duration(*expires_ms)
+        ),
         Inconsistency::DuplicateAllow { attempt } => {
             format!("attempt {attempt} allowed a second time")
         }

@@ -67,6 +67,9 @@ struct Job {
     name: Box<str>,
     /// The attempt whose outcome registered it.
     attempt: u64,
+    /// The latest outcome about it (its own call's, or a poll's), and when.
+    seq: Seq,
+    at: When,
     observed: Option<String>,
     not_before: Option<When>,
     /// A poll of it finished `ok`: the job is done.
@@ -221,7 +224,11 @@ impl RunAnalysis {
                 poll: None,
                 poll_rule: None,
                 loop_rule: tally_policy::loop_rule(policy, core, &call, run_ms),
-                retries: tally_policy::retry_rule(policy, core, &call),
+                // A non-idempotent write repeated while its outcome is unknown is refused
+                // for that first (`outcome_unknown_non_idempotent`), not as a retry.
+                retries: tally_policy::retry_rule(policy, core, &call)
+                    && !(call.effect == Some(Effect::NonIdempotentWrite)
+                        && core.unknown.contains_key(&call.op())),
                 breaker,
             },
         }
@@ -319,6 +326,7 @@ impl RunAnalysis {
             ms: at.run_ms,
             worker: shared.worker.as_ref(),
             operation: shared.operation.as_ref(),
+            args_digest: d.args_digest.as_deref(),
             reserve: if allowed {
                 d.reserve_cents.unwrap_or(0)
             } else {
@@ -357,8 +365,10 @@ impl RunAnalysis {
                 })
                 .call(&facts(flagged, early), None);
         } else {
+            // Judged in the gate's order: the retry rule first, then the loop rule.
+            let retried = v.retries || refused == Some(Reason::RetriesExhausted);
             let loop_refused = refused == Some(Reason::LoopRepeatedCall);
-            let pattern = match v.loop_rule {
+            let pattern = match v.loop_rule.filter(|_| !v.retries || loop_refused) {
                 Some(LoopRule::Alternating) => Some(Pattern::Alternation),
                 Some(LoopRule::ToolBar) => None,
                 Some(_) => Some(Pattern::ExactRepetition),
@@ -369,18 +379,14 @@ impl RunAnalysis {
                 .entry(key)
                 .or_insert_with(|| {
                     Series::new(Pattern::ExactRepetition, e.seq, at.run_ms, shared.tool.clone())
-                        .with_digest(d.args_digest.clone())
                 })
                 .call(&facts(pattern.is_some(), false), pattern);
-            // Decided in the gate's order: the loop rule first, then the retries.
-            let retried = (v.retries && v.loop_rule.is_none() && !loop_refused)
-                || refused == Some(Reason::RetriesExhausted);
             self.retries
                 .entry(op)
                 .or_insert_with(|| Series::new(Pattern::RetryStorm, e.seq, at.run_ms, shared.tool.clone()))
                 .call(&facts(retried, false), None);
             if let Some(tool) = &d.tool {
-                let bar = v.loop_rule == Some(LoopRule::ToolBar);
+                let bar = v.loop_rule == Some(LoopRule::ToolBar) && !retried;
                 self.bursts
                     .entry(tool_key(tool))
                     .or_insert_with(|| {
@@ -528,10 +534,14 @@ impl RunAnalysis {
             let job = self.jobs.entry(r).or_insert_with(|| Job {
                 name: Box::from(remote_name.as_deref().unwrap_or_default()),
                 attempt,
+                seq: e.seq,
+                at,
                 observed: None,
                 not_before: None,
                 finished: false,
             });
+            job.seq = e.seq;
+            job.at = at;
             if d.observed.is_some() {
                 job.observed = d.observed.clone();
             }
@@ -542,6 +552,8 @@ impl RunAnalysis {
         let is_poll = call.poll.is_some();
         if let (Some(r), true) = (remote, is_poll) {
             if let Some(job) = self.jobs.get_mut(&r) {
+                job.seq = e.seq;
+                job.at = at;
                 if d.observed.is_some() {
                     job.observed = d.observed.clone();
                 }
@@ -709,7 +721,8 @@ impl RunAnalysis {
     pub fn pending_work(&self) -> Vec<Pending> {
         let mut out = Vec::new();
         for (attempt, a) in &self.core.open {
-            let Some(o) = self.open.get(attempt) else {
+            // A poll's own outcome is news of the job it polls, not work of its own.
+            let Some(o) = self.open.get(attempt).filter(|o| o.poll.is_none()) else {
                 continue;
             };
             let write = matches!(
@@ -725,8 +738,12 @@ impl RunAnalysis {
                 None if write => PendingStatus::NoOutcome,
                 _ => continue,
             };
+            let (seq, since) = match job {
+                Some(j) if j.seq > o.seq => (j.seq, j.at),
+                _ => (o.seq, o.at),
+            };
             out.push(Pending {
-                seq: o.seq,
+                seq,
                 attempt: Some(*attempt),
                 tool: o.names.tool.as_deref().map(str::to_owned),
                 operation: o.names.operation.as_deref().map(str::to_owned),
@@ -734,7 +751,7 @@ impl RunAnalysis {
                 remote_ref: o.remote_ref.as_deref().map(str::to_owned),
                 status,
                 observed: job.and_then(|j| j.observed.clone()),
-                since: o.at,
+                since,
                 not_before: job.and_then(|j| j.not_before),
             });
         }
