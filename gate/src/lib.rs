@@ -144,6 +144,11 @@ pub struct OutcomeRequest {
     /// Upstream Retry-After, ms.
     #[serde(default)]
     pub retry_after_ms: Option<u64>,
+    /// A digest of the call's result (64 lowercase hex: BLAKE3, SHA-256, any 32-byte
+    /// digest the reporter computes the same way each time): identical calls whose results
+    /// differ are progress, not a loop. The result itself is never sent.
+    #[serde(default)]
+    pub result_digest: Option<String>,
     /// The worker reporting.
     #[serde(default)]
     pub worker: Option<String>,
@@ -776,6 +781,7 @@ impl<B: StateBackend> Gate<B> {
                 remote_ref: req.remote_ref,
                 observed: req.observed,
                 retry_after_ms: req.retry_after_ms,
+                result_digest: req.result_digest,
                 uid: caller.uid,
                 policy: Some(self.policy.digest.clone()),
                 ..Decision::default()

@@ -297,6 +297,7 @@ fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
         remote_ref: None,
         observed: None,
         retry_after_ms: None,
+        result_digest: None,
         worker: options.worker.clone(),
     }
 }
