@@ -68,7 +68,8 @@ pub fn apply(
         mut parent,
         continued,
     } = state;
-    let found = judge(
+    let mut found = count_unrecorded(run, record);
+    found.extend(judge(
         policy,
         View {
             run,
@@ -82,7 +83,7 @@ pub fn apply(
         },
         record,
         now,
-    );
+    ));
     let kind = record.kind();
     let run_ms = run.run_ms(now);
     // A refusal changes no state, the run's clock included: a networked gate keeps no
@@ -140,6 +141,30 @@ pub fn apply(
     found
 }
 
+/// Attempts a gate-governed run's allow skips: the gate numbers its attempts one by one,
+/// so a gap is attempts its state issued that no record given shows (a networked gate
+/// killed between committing its state and recording, or a ledger of the fleet not
+/// given). They are counted as the state counted them (used, never settled), so the allow
+/// after them is judged on that: a forged gap excuses nothing. [`apply`] calls it first;
+/// replay calls it before it decides the allow again. Returns the finding, once.
+pub fn count_unrecorded(run: &mut RunState, d: &Decision) -> Vec<Inconsistency> {
+    let next = run.last_attempt.saturating_add(1);
+    let gap = match (d.kind(), d.attempt) {
+        (Kind::Allow, Some(a)) if run.governed && d.policy.is_some() && a > next => a,
+        _ => return Vec::new(),
+    };
+    if run.allowed.contains(gap) {
+        return Vec::new();
+    }
+    let to = gap - 1;
+    for skipped in next..=to.min(next.saturating_add(MAX_GAP)) {
+        run.allowed.insert(skipped);
+    }
+    run.attempts_used = run.attempts_used.saturating_add(to - next + 1);
+    run.last_attempt = to;
+    vec![Inconsistency::AttemptsUnrecorded { from: next, to }]
+}
+
 fn start(run: &mut RunState, d: &Decision, now: Now) {
     run.started = true;
     run.goal = d.goal.clone();
@@ -163,17 +188,6 @@ fn allow(
 ) {
     let call = Call::from_record(d);
     let attempt = d.attempt.unwrap_or(run.last_attempt.saturating_add(1));
-    let next = run.last_attempt.saturating_add(1);
-    if run.governed && d.policy.is_some() && attempt > next {
-        // Attempts the gate's state issued that no record given shows: counted as the
-        // state counted them (used, never settled), so what follows is judged on that.
-        let to = attempt - 1;
-        for skipped in next..=to.min(next.saturating_add(MAX_GAP)) {
-            run.allowed.insert(skipped);
-        }
-        run.attempts_used = run.attempts_used.saturating_add(to - next + 1);
-        run.last_attempt = to;
-    }
     let granted = grant_in_force(run, d, now).cloned();
     if let Some(g) = &granted {
         use_grant(run, g, &call);

@@ -248,17 +248,6 @@ fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Ve
         found.push(Inconsistency::DuplicateAllow { attempt });
         return;
     }
-    let next = run.last_attempt.saturating_add(1);
-    let unrecorded = match d.attempt {
-        Some(a) if run.governed && d.policy.is_some() && a > next => {
-            found.push(Inconsistency::AttemptsUnrecorded {
-                from: next,
-                to: a - 1,
-            });
-            a - next
-        }
-        _ => 0,
-    };
     let call = Call::from_record(d);
     let run_ms = run.run_ms(now);
     let grant = match (&d.grant, held_grant(run, d)) {
@@ -309,8 +298,7 @@ fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Ve
 
     let Some(attempts_used) = run
         .attempts_used
-        .checked_add(unrecorded)
-        .and_then(|u| u.checked_add(u64::from(counted)))
+        .checked_add(u64::from(counted))
     else {
         found.push(Inconsistency::Overflow { field: "attempts" });
         return;

@@ -27,7 +27,7 @@ pub mod rules;
 pub mod start;
 pub mod state;
 
-pub use apply::{apply, breaker_outcome, ViewMut};
+pub use apply::{apply, breaker_outcome, count_unrecorded, ViewMut};
 pub use config::{Policy, Recorded};
 pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};

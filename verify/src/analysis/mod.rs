@@ -279,6 +279,9 @@ impl Analysis {
             .filter(|_| matches!(kind, Kind::Allow | Kind::Deny | Kind::Outcome | Kind::Refund));
         // What the rules say of a call before it counts: replay's decision, the loop
         // rules' verdicts.
+        // Attempts a governed run's allow skips are counted first, so the allow is judged
+        // (and decided again) on the state that counts them.
+        let mut found = tally_policy::count_unrecorded(&mut run.core, d);
         let mut verdicts = run::Verdicts::default();
         if matches!(kind, Kind::Allow | Kind::Deny) {
             let breaker = d.tool.as_deref().and_then(|t| self.storms.breaker(t));
@@ -312,7 +315,7 @@ impl Analysis {
         let cred_state = credential
             .as_ref()
             .map(|c| self.credentials.entry(c.clone()).or_default());
-        let found = tally_policy::apply(
+        found.extend(tally_policy::apply(
             &policy,
             ViewMut {
                 run: &mut run.core,
@@ -323,7 +326,7 @@ impl Analysis {
             },
             d,
             now,
-        );
+        ));
         if let Some(p) = parent {
             self.runs.insert(p.name.clone(), p);
         }
