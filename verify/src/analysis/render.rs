@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::text::shown;
+use crate::text::{duration, shown};
 
 use super::findings::AuditFinding;
 use super::handoff::{Coverage, Handoff, PendingStatus, StopStatus, When};
@@ -15,16 +15,6 @@ use super::Report;
 /// The version of the JSON report schemas; it changes only when a field is removed or
 /// changes meaning (new fields may be added within a version).
 pub const REPORT_VERSION: u32 = 2;
-
-/// A duration in words: `850 ms`, `12.5 s`, `3 min 05 s`, `2 h 03 min`.
-fn duration(ms: u64) -> String {
-    match ms {
-        0..=999 => format!("{ms} ms"),
-        1_000..=59_999 => format!("{}.{} s", ms / 1000, ms % 1000 / 100),
-        60_000..=3_599_999 => format!("{} min {:02} s", ms / 60_000, ms % 60_000 / 1000),
-        _ => format!("{} h {:02} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
-    }
-}
 
 /// Wall time as UTC, `2024-05-01T12:00:00.000Z`.
 fn utc(ms: u64) -> String {
