@@ -494,10 +494,6 @@ impl ToolStorms {
             if t.runs.len() < MAX_NAMED {
                 t.runs.insert(run.to_owned());
             }
-            if matches!(t.breaker.breaker, tally_policy::Breaker::Open { .. }) && s.flagged.is_none() {
-                // It opened: the core refuses this tool's next calls.
-                s.flagged = Some(s.now.clone());
-            }
         } else if let Some(s) = &mut t.series {
             s.outcome(o);
         }
