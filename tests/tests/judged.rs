@@ -49,7 +49,7 @@ fn policy() -> Recorded {
          [loops]\nidentical_consecutive = 2\nidentical_in_window = 3\nidentical_window = 8\n\
          alternating = 4\ntool_calls = 12\n\
          [breaker]\nfailures = 3\n\
-         [polls]\ninterval_ms = 0\ntolerance_ms = 0\ntolerance_percent = 0\nstall_polls = 3\n\
+         [polls]\ninterval_ms = 0\ntolerance_ms = 300\ntolerance_percent = 50\nstall_polls = 3\n\
          [approvals]\napprovers = {{ dana = \"{key}\" }}\n"
     ))
     .expect("policy")
@@ -351,18 +351,6 @@ proptest! {
         let (report, events) = gate_written(&ops);
         prop_assert_eq!(report.verdict(), Verdict::Intact, "{}", report.to_text());
         let r = analysed(&events);
-        if std::env::var("JUDGED_STATS").is_ok() {
-            let mut kinds: std::collections::BTreeMap<String, u64> = Default::default();
-            for e in &events {
-                let k = match (e.decision.kind(), e.decision.reason) {
-                    (Kind::Deny, Some(r)) => format!("deny:{r}"),
-                    (k, _) => k.to_string(),
-                };
-                *kinds.entry(k).or_default() += 1;
-            }
-            for l in &r.loops { *kinds.entry(format!("loop:{}", l.pattern.as_str())).or_default() += 1; }
-            eprintln!("STATS {kinds:?}");
-        }
         prop_assert!(r.findings.is_empty() && r.findings_omitted == 0,
             "the core finds the gate's own records inconsistent: {:?}", r.findings);
         prop_assert!(r.replay.findings.is_empty() && r.replay.omitted == 0,
