@@ -251,7 +251,12 @@ fn post(h: &Hook, p: &Payload) -> Result<()> {
     } else {
         "ok"
     };
-    let body = json!({"run": run_of, "attempt": attempt, "status": status});
+    let mut body = json!({"run": run_of, "attempt": attempt, "status": status});
+    // A digest of what the tool returned (never the result itself): re-reading a file an
+    // edit changed, or re-running a test after a fix, is progress, not a loop.
+    if let Some(result) = p.tool_response.as_ref().or(p.error.as_ref()) {
+        body["result_digest"] = json!(tally_ledger::decision::args_digest(result));
+    }
     let (code, reply) = block_on(request(&h.socket, "/v1/outcome", &body))?;
     if code != 200 {
         bail!(
