@@ -203,7 +203,8 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
         Some("deny") => Ok(decision(
             "deny",
             &format!(
-                "tally refused this call: {reason} (action {action}{after}). {}",
+                "tally refused this call: {reason}: {} (action {action}{after}). {}",
+                meaning(reason),
                 advice(action)
             ),
         )),
@@ -219,6 +220,14 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
         }
         _ => bail!("the gate's answer has no decision: {reply}"),
     }
+}
+
+/// What a reason code means, for the model (the gate's codes; empty for an unknown one).
+fn meaning(reason: &str) -> &'static str {
+    tally_ledger::Reason::ALL
+        .iter()
+        .find(|r| r.as_str() == reason)
+        .map_or("", |r| r.meaning())
 }
 
 /// What the model should do after a refusal, by its action (the gate's actions).

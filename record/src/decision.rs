@@ -188,6 +188,50 @@ reasons! {
     Completed = "completed" => Stop,
 }
 
+impl Reason {
+    /// What the code means, in a sentence a person (or a model) acts on.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Reason::AttemptsExhausted => "the run used every attempt its budget allows",
+            Reason::BudgetExceeded => {
+                "the run's spend is used up (or the upstream billed more than was reserved)"
+            }
+            Reason::ReservationInsufficient => {
+                "the cents this call reserves do not fit in what is left of the spend budget"
+            }
+            Reason::RunDeadlineExhausted => "the run is past its deadline",
+            Reason::RateLimitExceeded => "too many calls too fast, or too many in flight",
+            Reason::UpstreamBackoff => {
+                "this poll comes before the upstream's Retry-After (or the poll interval)"
+            }
+            Reason::LoopRepeatedCall => {
+                "the same call again with nothing changed in between: a loop"
+            }
+            Reason::PollAllowanceExhausted => {
+                "this remote operation was polled as often as allowed, or its state stopped changing"
+            }
+            Reason::ChainDepthExceeded => "the agent chain is deeper than the budget allows",
+            Reason::SideEffectLimitExceeded => "the run made every write its budget allows",
+            Reason::CircuitOpen => "the tool keeps failing; its breaker is open for every run",
+            Reason::ToolBlocked => "the policy blocks this tool",
+            Reason::ScopeViolation => "this tool or target is outside the run's scope",
+            Reason::ApprovalRequired => "going on needs a human's approval",
+            Reason::ApprovalExpired => "the approval that would allow this call has expired",
+            Reason::ApprovalMismatch => "the run's approvals are for other calls",
+            Reason::OutcomeUnknownNonIdempotent => {
+                "an earlier identical write may have taken effect (its outcome is unknown)"
+            }
+            Reason::KilledByOperator => "an operator killed the run",
+            Reason::RunPaused => "an operator paused the run",
+            Reason::RetriesExhausted => {
+                "this operation was retried as often as its kind allows since it last succeeded (the run may have attempts left for other work)"
+            }
+            Reason::GateUnavailable => "the gate cannot record decisions right now",
+            Reason::Completed => "the run completed its task",
+        }
+    }
+}
+
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
