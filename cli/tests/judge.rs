@@ -11,10 +11,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const TALLY: &str = env!("CARGO_BIN_EXE_tally");
+/// The binary under test: this build's, or `TALLY_UNDER_TEST` (to show a regression test
+/// fails against an older build).
+fn tally() -> Command {
+    Command::new(
+        std::env::var_os("TALLY_UNDER_TEST")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally"))),
+    )
+}
 
 fn run(dir: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(TALLY)
+    let mut child = tally()
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::piped())
@@ -209,7 +217,7 @@ impl Served {
             .collect::<Vec<_>>()
             .join("\n");
         std::fs::write(d.join("policy.toml"), format!("{policy}\n{approvers}\n")).expect("policy");
-        let child = Command::new(TALLY)
+        let child = tally()
             .args([
                 "serve",
                 "--ledger",
