@@ -782,16 +782,16 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>, rules: &Rules) -> Res
     // consistency audit of every record, in one fold through the policy core the gate
     // decided with.
     let mut analysis = match auditor_key {
-        Some(_) => Some(Analysis::new(config(rules)?)),
+        Some(_) => Some(Analysis::in_background(config(rules)?)),
         None => None,
     };
     let verified = audits.run(|e| {
         if let Some(a) = analysis.as_mut() {
-            a.push(&e);
+            a.push(e);
         }
     })?;
+    let found = analysis.map(analysis::Background::finish);
     usage_errors(&verified, &audits, auditor_key)?;
-    let found = analysis.map(Analysis::finish);
     let inconsistent =
         found.as_ref().is_some_and(analysis::Report::inconsistent) || verified.merge_findings(None) > 0;
     let verdict = verified.verdict();
@@ -896,14 +896,14 @@ fn analyse(
     rules: &Rules,
 ) -> Result<Option<(Verified, analysis::Report)>> {
     let audits = Audits::from_args(read, Some(auditor_key))?;
-    let mut analysis = Analysis::new(config(rules)?);
-    let verified = audits.run(|e| analysis.push(&e))?;
+    let mut analysis = Analysis::in_background(config(rules)?);
+    let verified = audits.run(|e| analysis.push(e))?;
+    let mut found = analysis.finish();
     usage_errors(&verified, &audits, Some(auditor_key))?;
     if verified.verdict() == Verdict::Tampered && !force {
         refuse(&verified, read.json)?;
         return Ok(None);
     }
-    let mut found = analysis.finish();
     match verified.single() {
         Some(report) => {
             if let Some(cp) = &report.last_checkpoint {

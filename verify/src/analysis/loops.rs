@@ -230,6 +230,8 @@ pub(crate) struct Series {
     args_digest: Option<String>,
     /// Its calls' argument digests differ: none is shown.
     digests_differ: bool,
+    /// A call's digest was taken.
+    digest_seen: bool,
     remote_ref: Option<String>,
     early: u64,
     poll: Option<PollTrack>,
@@ -263,10 +265,33 @@ impl Series {
             operation: None,
             args_digest: None,
             digests_differ: false,
+            digest_seen: false,
             remote_ref: None,
             early: 0,
             poll: None,
         }
+    }
+
+    /// The series began with an earlier call (reserving `reserve`) than the one it is
+    /// made for: it counts that one too.
+    pub fn after(
+        mut self,
+        reserve: u64,
+        settled: u64,
+        failures: u64,
+        worker: Option<Arc<str>>,
+    ) -> Series {
+        self.workers.extend(worker);
+        self.now.count = 1;
+        self.now.reserved = reserve;
+        self.now.settled = settled;
+        self.now.failures = failures;
+        self
+    }
+
+    /// Its calls' argument digests differ: none is shown.
+    pub fn digests_differ(&mut self) {
+        self.digests_differ = true;
     }
 
     /// A polling series of `remote_ref`, with the run's poll allowance and the state
@@ -313,9 +338,12 @@ impl Series {
             }
         }
         self.operation = c.operation.cloned();
-        match (self.now.count, &self.args_digest) {
-            (1, _) => self.args_digest = c.args_digest.map(str::to_owned),
-            (_, d) if d.as_deref() != c.args_digest => self.digests_differ = true,
+        match (&self.args_digest, self.digest_seen) {
+            (_, false) => {
+                self.args_digest = c.args_digest.map(str::to_owned);
+                self.digest_seen = true;
+            }
+            (d, true) if d.as_deref() != c.args_digest => self.digests_differ = true,
             _ => {}
         }
         if c.early {

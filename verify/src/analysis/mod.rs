@@ -432,6 +432,34 @@ impl Analysis {
         }
     }
 
+    /// The analysis on a thread of its own, fed in batches: the walk that verifies and
+    /// decrypts goes on while the fold runs (it is the walk's thread that bounds
+    /// `verify --auditor-key`'s speed otherwise). Events arrive in the order pushed. If
+    /// no thread can be started, it runs on the caller's.
+    pub fn in_background(config: Config) -> Background {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Event>>(BACKGROUND_BATCHES);
+        let inline = config.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tally-analysis".into())
+            .spawn(move || {
+                let mut analysis = Analysis::new(config);
+                for batch in rx {
+                    for e in &batch {
+                        analysis.push(e);
+                    }
+                }
+                analysis.finish()
+            });
+        match spawned {
+            Ok(handle) => Background::Thread {
+                tx,
+                batch: Vec::with_capacity(BACKGROUND_BATCH),
+                handle,
+            },
+            Err(_) => Background::Inline(Box::new(Analysis::new(inline))),
+        }
+    }
+
     /// Analyse a whole sequence of events.
     pub fn analyse<'a>(config: Config, events: impl IntoIterator<Item = &'a Event>) -> Report {
         let mut analysis = Analysis::new(config);
@@ -439,5 +467,58 @@ impl Analysis {
             analysis.push(e);
         }
         analysis.finish()
+    }
+}
+
+/// Events handed to the background analysis at once.
+const BACKGROUND_BATCH: usize = 1024;
+/// Batches queued for it at most (bounded memory: the walk waits beyond).
+const BACKGROUND_BATCHES: usize = 4;
+
+/// An [`Analysis`] running on its own thread ([`Analysis::in_background`]).
+#[derive(Debug)]
+pub enum Background {
+    /// On its thread, fed batches.
+    Thread {
+        /// Where batches go.
+        tx: std::sync::mpsc::SyncSender<Vec<Event>>,
+        /// The batch being filled.
+        batch: Vec<Event>,
+        /// The thread, whose result is the report.
+        handle: std::thread::JoinHandle<Report>,
+    },
+    /// On the caller's thread (no thread could be started).
+    Inline(Box<Analysis>),
+}
+
+impl Background {
+    /// Take the next event (in seq order).
+    pub fn push(&mut self, e: Event) {
+        match self {
+            Background::Thread { tx, batch, .. } => {
+                batch.push(e);
+                if batch.len() >= BACKGROUND_BATCH {
+                    let full =
+                        std::mem::replace(batch, Vec::with_capacity(BACKGROUND_BATCH));
+                    // Fails only if the thread is gone (it panicked): `finish` says so.
+                    let _ = tx.send(full);
+                }
+            }
+            Background::Inline(a) => a.push(&e),
+        }
+    }
+
+    /// Wait for the analysis of every event pushed, and its report.
+    pub fn finish(self) -> Report {
+        match self {
+            Background::Thread { tx, batch, handle } => {
+                let _ = tx.send(batch);
+                drop(tx);
+                handle
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            }
+            Background::Inline(a) => a.finish(),
+        }
     }
 }

@@ -28,6 +28,13 @@ const SWEEP_EVERY: u32 = 256;
 /// What the rules say about a call, judged on the run's state before it counts.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Verdicts {
+    /// The call's key (identical calls share it) and its logical operation's.
+    pub key: u64,
+    pub op: u64,
+    /// An identical call is in the core's recent history: this one repeats it.
+    pub repeats_call: bool,
+    /// The core counts earlier attempts of this operation since its last `ok`.
+    pub retries_op: bool,
     /// The remote operation it polls (the core's `poll_of`).
     pub poll: Option<u64>,
     /// The poll rule's refusal.
@@ -55,6 +62,8 @@ struct Open {
     /// Whether it used an attempt (only such a call's outcome registers a remote
     /// operation with the core, whose polls are then polls).
     counted: bool,
+    /// Its place among the run's recent calls (`firsts`, counted from the first ever).
+    ring: Option<u64>,
     /// The series it belongs to: identical calls, retries, polls (keys), and its tool.
     call_key: Option<u64>,
     op: u64,
@@ -140,6 +149,10 @@ pub(crate) struct RunAnalysis {
     pub last_observed: Option<Observed>,
     pub backoff: Option<Backoff>,
     pub asks: Vec<Ask>,
+    /// The run's recent calls (not polls), oldest first, at most the core's window.
+    firsts: VecDeque<First>,
+    /// Recent calls forgotten from the front of `firsts`.
+    firsts_popped: u64,
     calls: HashMap<u64, Series>,
     retries: HashMap<u64, Series>,
     polls: HashMap<u64, Series>,
@@ -173,6 +186,8 @@ impl RunAnalysis {
             last_observed: None,
             backoff: None,
             asks: Vec::new(),
+            firsts: VecDeque::new(),
+            firsts_popped: 0,
             calls: HashMap::new(),
             retries: HashMap::new(),
             polls: HashMap::new(),
@@ -206,6 +221,7 @@ impl RunAnalysis {
         let core = &self.core;
         let poll = core.poll_of(d.effect, d.remote_ref.as_deref(), d.operation.as_deref());
         let call = tally_policy::Call::from_record(d);
+        let (key, op) = (call.key(), call.op());
         let breaker = breaker.is_some_and(|t| {
             matches!(
                 t.breaker.at(wall_ms, policy.breaker.open_ms),
@@ -215,12 +231,18 @@ impl RunAnalysis {
         });
         match poll {
             Some(r) => Verdicts {
+                key,
+                op,
                 poll,
                 poll_rule: tally_policy::poll_rule(policy, core, r, run_ms),
                 breaker,
                 ..Verdicts::default()
             },
             None => Verdicts {
+                key,
+                op,
+                repeats_call: core.recent.iter().any(|r| r.key == key),
+                retries_op: core.ops.get(&op).is_some_and(|&n| n > 0),
                 poll: None,
                 poll_rule: None,
                 loop_rule: tally_policy::loop_rule(policy, core, &call, run_ms),
@@ -336,9 +358,8 @@ impl RunAnalysis {
             flagged,
             early,
         };
-        let call = tally_policy::Call::from_record(d);
-        let key = call.key();
-        let op = call.op();
+        let (key, op) = (v.key, v.op);
+        let mut ring = None;
         if let Some(r) = v.poll {
             let flagged = v.poll_rule.is_some()
                 || matches!(
@@ -375,16 +396,50 @@ impl RunAnalysis {
                 None if loop_refused => Some(Pattern::ExactRepetition),
                 None => None,
             };
-            self.calls
-                .entry(key)
-                .or_insert_with(|| {
-                    Series::new(Pattern::ExactRepetition, e.seq, at.run_ms, shared.tool.clone())
-                })
-                .call(&facts(pattern.is_some(), false), pattern);
-            self.retries
-                .entry(op)
-                .or_insert_with(|| Series::new(Pattern::RetryStorm, e.seq, at.run_ms, shared.tool.clone()))
-                .call(&facts(retried, false), None);
+            // A series is kept only for a call that repeats one the core still looks back
+            // at (or that a rule refuses): most calls are new, and cost no series.
+            let first = |keyed: &dyn Fn(&First) -> bool| {
+                self.firsts.iter().find(|f| keyed(f)).cloned()
+            };
+            if v.repeats_call || pattern.is_some() {
+                let from = first(&|f| f.key == key);
+                self.calls
+                    .entry(key)
+                    .or_insert_with(|| {
+                        series_from(Pattern::ExactRepetition, from, e.seq, at.run_ms, &shared)
+                    })
+                    .call(&facts(pattern.is_some(), false), pattern);
+            }
+            if v.retries_op || retried {
+                let from = first(&|f| f.op == op);
+                let differ = from.as_ref().is_some_and(|f| f.key != key);
+                self.retries
+                    .entry(op)
+                    .or_insert_with(|| {
+                        let mut s =
+                            series_from(Pattern::RetryStorm, from, e.seq, at.run_ms, &shared);
+                        if differ {
+                            s.digests_differ();
+                        }
+                        s
+                    })
+                    .call(&facts(retried, false), None);
+            }
+            if self.firsts.len() >= tally_policy::config::MAX_WINDOW as usize {
+                self.firsts.pop_front();
+                self.firsts_popped += 1;
+            }
+            ring = Some(self.firsts_popped + self.firsts.len() as u64);
+            self.firsts.push_back(First {
+                key,
+                op,
+                seq: e.seq,
+                ms: at.run_ms,
+                reserve: facts(false, false).reserve,
+                settled: 0,
+                failures: 0,
+                worker: shared.worker.clone(),
+            });
             if let Some(tool) = &d.tool {
                 let bar = v.loop_rule == Some(LoopRule::ToolBar) && !retried;
                 self.bursts
@@ -419,6 +474,7 @@ impl RunAnalysis {
                         remote_ref: None,
                         settled: 0,
                         counted,
+                        ring,
                         call_key: v.poll.is_none().then_some(key),
                         op,
                         poll: v.poll,
@@ -491,6 +547,16 @@ impl RunAnalysis {
         call.settled = call.settled.saturating_add(settled);
         call.seq = e.seq;
         call.at = at;
+        if let Some(f) = call
+            .ring
+            .and_then(|pos| pos.checked_sub(self.firsts_popped))
+            .and_then(|i| self.firsts.get_mut(i as usize))
+        {
+            f.settled = f.settled.saturating_add(settled);
+            if matches!(status, Status::Error | Status::Timeout) {
+                f.failures += 1;
+            }
+        }
         if let Some(k) = call.call_key {
             if let Some(s) = self.calls.get_mut(&k) {
                 s.outcome(&facts);
@@ -778,6 +844,40 @@ impl RunAnalysis {
     /// The run's stop, for loops across runs.
     pub fn halt(&self) -> Option<(Reason, Seq)> {
         self.stop.map(|h| (h.reason, h.seq))
+    }
+}
+
+/// A recent call, remembered so that a series started at a repeat begins where the
+/// repeated call did.
+#[derive(Clone, Debug)]
+pub(crate) struct First {
+    key: u64,
+    op: u64,
+    seq: Seq,
+    ms: u64,
+    reserve: u64,
+    /// What its outcomes settled, and how many failed, while no series held it.
+    settled: u64,
+    failures: u64,
+    worker: Option<Arc<str>>,
+}
+
+/// A series of `pattern` from the recent call `from` (else from this call).
+fn series_from(
+    pattern: Pattern,
+    from: Option<First>,
+    seq: Seq,
+    ms: u64,
+    names: &CallNames,
+) -> Series {
+    match from {
+        Some(f) => Series::new(pattern, f.seq, f.ms, names.tool.clone()).after(
+            f.reserve,
+            f.settled,
+            f.failures,
+            f.worker.clone(),
+        ),
+        None => Series::new(pattern, seq, ms, names.tool.clone()),
     }
 }
 
