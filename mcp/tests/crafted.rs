@@ -25,9 +25,7 @@ fn mark(name: &str) -> String {
 }
 
 fn variants(t: &Target) -> Vec<Variant> {
-    let params = |name: &str| {
-        json!({"name": t.tool, "arguments": {t.arg: mark(name)}}).to_string()
-    };
+    let params = |name: &str| json!({"name": t.tool, "arguments": {t.arg: mark(name)}}).to_string();
     let harmless = json!({"name": "nonesuch", "arguments": {}}).to_string();
     let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
     let mut out = Vec::new();
@@ -41,35 +39,52 @@ fn variants(t: &Target) -> Vec<Variant> {
     let p = params;
     add(
         "duplicate_id",
-        format!(r#"{{"jsonrpc":"2.0","id":101,"id":102,"method":"tools/call","params":{}}}"#, p("duplicate_id")),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":101,"id":102,"method":"tools/call","params":{}}}"#,
+            p("duplicate_id")
+        ),
         None,
     );
     add(
         "duplicate_method",
-        format!(r#"{{"jsonrpc":"2.0","id":103,"method":"ping","method":"tools/call","params":{}}}"#, p("duplicate_method")),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":103,"method":"ping","method":"tools/call","params":{}}}"#,
+            p("duplicate_method")
+        ),
         Some((103, -32600)),
     );
     add(
         "duplicate_params",
-        format!(r#"{{"jsonrpc":"2.0","id":104,"method":"tools/call","params":{harmless},"params":{}}}"#, p("duplicate_params")),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":104,"method":"tools/call","params":{harmless},"params":{}}}"#,
+            p("duplicate_params")
+        ),
         Some((104, -32600)),
     );
     add(
         "arguments_130_deep",
         format!(
             r#"{{"jsonrpc":"2.0","id":105,"method":"tools/call","params":{{"name":"{}","arguments":{{"{}":"{}","deep":{deep}}}}}}}"#,
-            t.tool, t.arg, mark("arguments_130_deep")
+            t.tool,
+            t.arg,
+            mark("arguments_130_deep")
         ),
         Some((105, -32600)),
     );
     add(
         "id_null",
-        format!(r#"{{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{}}}"#, p("id_null")),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{}}}"#,
+            p("id_null")
+        ),
         None,
     );
     add(
         "id_missing",
-        format!(r#"{{"jsonrpc":"2.0","method":"tools/call","params":{}}}"#, p("id_missing")),
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"tools/call","params":{}}}"#,
+            p("id_missing")
+        ),
         None,
     );
     for (name, id, method) in [
@@ -82,43 +97,67 @@ fn variants(t: &Target) -> Vec<Variant> {
     ] {
         add(
             name,
-            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{}}}"#, p(name)),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{}}}"#,
+                p(name)
+            ),
             Some((id, -32601)),
         );
     }
     add(
         "method_key_case",
-        format!(r#"{{"jsonrpc":"2.0","id":112,"method":"ping","Method":"tools/call","params":{}}}"#, p("method_key_case")),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":112,"method":"ping","Method":"tools/call","params":{}}}"#,
+            p("method_key_case")
+        ),
         Some((112, -32600)),
     );
     add(
         "method_and_result",
-        format!(r#"{{"jsonrpc":"2.0","id":113,"method":"tools/call","params":{},"result":{{}}}}"#, p("method_and_result")),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":113,"method":"tools/call","params":{},"result":{{}}}}"#,
+            p("method_and_result")
+        ),
         None,
     );
     add(
         "id_fraction",
-        format!(r#"{{"jsonrpc":"2.0","id":1.5,"method":"tools/call","params":{}}}"#, p("id_fraction")),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1.5,"method":"tools/call","params":{}}}"#,
+            p("id_fraction")
+        ),
         None,
     );
     add(
         "id_beyond_2_53",
-        format!(r#"{{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"tools/call","params":{}}}"#, p("id_beyond_2_53")),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"tools/call","params":{}}}"#,
+            p("id_beyond_2_53")
+        ),
         None,
     );
     add(
         "no_jsonrpc",
-        format!(r#"{{"id":116,"method":"tools/call","params":{}}}"#, p("no_jsonrpc")),
+        format!(
+            r#"{{"id":116,"method":"tools/call","params":{}}}"#,
+            p("no_jsonrpc")
+        ),
         Some((116, -32600)),
     );
     add(
         "batch",
-        format!(r#"[{{"jsonrpc":"2.0","id":117,"method":"tools/call","params":{}}}]"#, p("batch")),
+        format!(
+            r#"[{{"jsonrpc":"2.0","id":117,"method":"tools/call","params":{}}}]"#,
+            p("batch")
+        ),
         Some((117, -32600)),
     );
     add(
         "byte_order_mark",
-        format!("\u{feff}{{\"jsonrpc\":\"2.0\",\"id\":118,\"method\":\"tools/call\",\"params\":{}}}", p("byte_order_mark")),
+        format!(
+            "\u{feff}{{\"jsonrpc\":\"2.0\",\"id\":118,\"method\":\"tools/call\",\"params\":{}}}",
+            p("byte_order_mark")
+        ),
         None,
     );
     add(
@@ -133,7 +172,9 @@ fn variants(t: &Target) -> Vec<Variant> {
         "tool_name_twice",
         format!(
             r#"{{"jsonrpc":"2.0","id":122,"method":"tools/call","params":{{"name":"nonesuch","name":"{}","arguments":{{"{}":"{}"}}}}}}"#,
-            t.tool, t.arg, mark("tool_name_twice")
+            t.tool,
+            t.arg,
+            mark("tool_name_twice")
         ),
         Some((122, -32600)),
     );
@@ -141,25 +182,35 @@ fn variants(t: &Target) -> Vec<Variant> {
         "tool_name_key_case",
         format!(
             r#"{{"jsonrpc":"2.0","id":123,"method":"tools/call","params":{{"name":"nonesuch","Name":"{}","arguments":{{"{}":"{}"}}}}}}"#,
-            t.tool, t.arg, mark("tool_name_key_case")
+            t.tool,
+            t.arg,
+            mark("tool_name_key_case")
         ),
         Some((123, -32602)),
     );
     add(
         "answer_to_nothing",
-        format!(r#"{{"jsonrpc":"2.0","id":124,"result":{{"m":"{}"}}}}"#, mark("answer_to_nothing")),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":124,"result":{{"m":"{}"}}}}"#,
+            mark("answer_to_nothing")
+        ),
         None,
     );
     add(
         "notification_unknown",
-        format!(r#"{{"jsonrpc":"2.0","method":"notifications/custom","params":{{"m":"{}"}}}}"#, mark("notification_unknown")),
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/custom","params":{{"m":"{}"}}}}"#,
+            mark("notification_unknown")
+        ),
         None,
     );
     add(
         "task_augmented_call",
         format!(
             r#"{{"jsonrpc":"2.0","id":126,"method":"tools/call","params":{{"name":"{}","arguments":{{"{}":"{}"}},"task":{{"ttl":60000}}}}}}"#,
-            t.tool, t.arg, mark("task_augmented_call")
+            t.tool,
+            t.arg,
+            mark("task_augmented_call")
         ),
         Some((126, -32602)),
     );
@@ -185,19 +236,35 @@ fn passing(t: &Target) -> Vec<(u64, String)> {
     vec![
         (
             201,
-            format!(r#"{{"jsonrpc":"2.0","id":201,"method":"tools/call","params":{{"name":"{}","arguments":{}}}}}"#, t.tool, args("pass-plain")),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":201,"method":"tools/call","params":{{"name":"{}","arguments":{}}}}}"#,
+                t.tool,
+                args("pass-plain")
+            ),
         ),
         (
             202,
-            format!(r#"{{"jsonrpc":"2.0","id":202,"method":"tools\/call","params":{{"name":"{}","arguments":{}}}}}"#, t.tool, args("pass-escaped-slash")),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":202,"method":"tools\/call","params":{{"name":"{}","arguments":{}}}}}"#,
+                t.tool,
+                args("pass-escaped-slash")
+            ),
         ),
         (
             203,
-            format!(r#"{{"jsonrpc":"2.0","id":203,"method":"\u0074ools/call","params":{{"name":"{}","arguments":{}}}}}"#, t.tool, args("pass-escaped-t")),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":203,"method":"\u0074ools/call","params":{{"name":"{}","arguments":{}}}}}"#,
+                t.tool,
+                args("pass-escaped-t")
+            ),
         ),
         (
             204,
-            format!(r#"{{"jsonrpc":"2.0","id":204,"method":"tools/call","params":{{"name":"{}","arguments":{}}}}}"#, t.tool, args("pass-line\u{2028}separator")),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":204,"method":"tools/call","params":{{"name":"{}","arguments":{}}}}}"#,
+                t.tool,
+                args("pass-line\u{2028}separator")
+            ),
         ),
     ]
 }
@@ -227,7 +294,12 @@ fn is_answer(v: &Value) -> bool {
 /// Send every crafted line through `tally mcp` in front of `server` (tapped), then the
 /// passing calls; check each against the server's stdin, the client's answers, the
 /// proxy's count and the ledger. `ran` says which marks the server itself shows it ran.
-fn crafted_lines_never_reach(server: &[String], t: &Target, env: &[(&str, &str)], ran: impl Fn(&Gate) -> Vec<String>) -> Gate {
+fn crafted_lines_never_reach(
+    server: &[String],
+    t: &Target,
+    env: &[(&str, &str)],
+    ran: impl Fn(&Gate) -> Vec<String>,
+) -> Gate {
     let gate = Gate::start("");
     let tap = gate.path("server-stdin.log");
     // bash becomes the server (exec), its stdin a copy of what the proxy writes: the
@@ -319,7 +391,9 @@ fn crafted_lines_never_reach(server: &[String], t: &Target, env: &[(&str, &str)]
         variants.len()
     );
     if !stderr.contains(&summary) {
-        failures.push(format!("the proxy's count: expected {summary:?} in\n{stderr}"));
+        failures.push(format!(
+            "the proxy's count: expected {summary:?} in\n{stderr}"
+        ));
     }
     assert!(
         failures.is_empty(),
@@ -346,7 +420,10 @@ fn crafted_lines_never_reach_the_python_sdk_server() {
     let gate = crafted_lines_never_reach(
         &["python3".into(), server_py()],
         &t,
-        &[("TALLY_MCP_TEST_CALLS", &calls), ("TALLY_MCP_TEST_ARGS", "1")],
+        &[
+            ("TALLY_MCP_TEST_CALLS", &calls),
+            ("TALLY_MCP_TEST_ARGS", "1"),
+        ],
         |_| {
             std::fs::read_to_string(&calls)
                 .unwrap_or_default()
@@ -360,8 +437,15 @@ fn crafted_lines_never_reach_the_python_sdk_server() {
     assert_eq!(ran.lines().count(), 4, "{ran}");
     assert!(ran.lines().all(|l| l.starts_with("send pass-")), "{ran}");
     let ds = gate.finish("crafted");
-    let tools: Vec<&str> = allows(&ds).iter().filter_map(|d| d.tool.as_deref()).collect();
-    assert_eq!(tools, vec!["files/send"; 4], "the gate allowed the passing calls only");
+    let tools: Vec<&str> = allows(&ds)
+        .iter()
+        .filter_map(|d| d.tool.as_deref())
+        .collect();
+    assert_eq!(
+        tools,
+        vec!["files/send"; 4],
+        "the gate allowed the passing calls only"
+    );
 }
 
 #[test]
@@ -379,7 +463,123 @@ fn crafted_lines_never_reach_the_mcp_reference_server() {
     };
     let gate = crafted_lines_never_reach(&[server], &t, &[], |_| Vec::new());
     let ds = gate.finish("crafted");
-    let tools: Vec<&str> = allows(&ds).iter().filter_map(|d| d.tool.as_deref()).collect();
-    assert_eq!(tools.len(), 4, "the gate allowed the passing calls only: {tools:?}");
+    let tools: Vec<&str> = allows(&ds)
+        .iter()
+        .filter_map(|d| d.tool.as_deref())
+        .collect();
+    assert_eq!(
+        tools.len(),
+        4,
+        "the gate allowed the passing calls only: {tools:?}"
+    );
     assert!(tools.iter().all(|t| t.ends_with("/echo")), "{tools:?}");
+}
+
+/// The client's answer to a request the server sent passes, once; an answer to anything
+/// else is dropped (the reference server asks the client for sampling inside a tool).
+#[test]
+fn only_answers_to_the_servers_requests_pass() {
+    let name = "only_answers_to_the_servers_requests_pass";
+    if !sdk_available(name) {
+        return;
+    }
+    let Some(server) = reference_server(name) else {
+        return;
+    };
+    let gate = Gate::start("");
+    let stderr = std::fs::File::create(gate.path("proxy.stderr")).expect("stderr file");
+    let mut raw = Raw::start_logged(&gate.proxy_to("answers", &[], &[server]), &[], stderr);
+    raw.exchange(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"sampling":{}},"clientInfo":{"name":"raw","version":"1"}}}"#,
+        Some(&json!(1)),
+    );
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    lines_until(&mut raw, None, Duration::from_millis(500));
+
+    raw.send(&call(2, "trigger-sampling-request", json!({"prompt": "p"})));
+    let got = lines_until(&mut raw, None, Duration::from_secs(5));
+    let asked = got
+        .iter()
+        .find(|l| l["method"] == "sampling/createMessage")
+        .unwrap_or_else(|| panic!("the server asks for sampling: {got:?}"));
+    let id = asked["id"].clone();
+    let answer = |id: &Value| {
+        json!({"jsonrpc": "2.0", "id": id, "result": {"role": "assistant", "content": {"type": "text", "text": "sampled-ok"}, "model": "m"}}).to_string()
+    };
+    // An answer to an id the server never used: dropped, the tool still waits.
+    let forged = json!(format!("not-{id}"));
+    raw.send(&answer(&forged));
+    let nothing = lines_until(&mut raw, Some(2), Duration::from_millis(500));
+    assert!(nothing.iter().all(|l| l["id"] != json!(2)), "{nothing:?}");
+    // The real answer passes and the tool result carries it.
+    raw.send(&answer(&id));
+    let got = lines_until(&mut raw, Some(2), Duration::from_secs(10));
+    let result = got
+        .iter()
+        .find(|l| l["id"] == json!(2))
+        .expect("the tool's answer");
+    assert!(result.to_string().contains("sampled-ok"), "{result}");
+    // The same answer again answers nothing in flight: dropped.
+    raw.send(&answer(&id));
+    raw.exchange(
+        r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+        Some(&json!(3)),
+    );
+    raw.close();
+    let stderr = std::fs::read_to_string(gate.path("proxy.stderr")).expect("stderr");
+    assert!(
+        stderr.contains("2 messages from the client were refused and never reached the server"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr
+            .matches("answers no request the server has in flight")
+            .count(),
+        2,
+        "{stderr}"
+    );
+}
+
+/// A request reusing the id of one in flight is dropped: the server's answer could not
+/// be told apart (the gate would record the wrong call's outcome).
+#[test]
+fn a_request_reusing_an_id_in_flight_is_dropped() {
+    let name = "a_request_reusing_an_id_in_flight_is_dropped";
+    if !sdk_available(name) {
+        return;
+    }
+    let gate = Gate::start("");
+    let calls = gate.path("calls.txt");
+    let stderr = std::fs::File::create(gate.path("proxy.stderr")).expect("stderr file");
+    let mut raw = Raw::start_logged(
+        &gate.proxy("reuse", &[]),
+        &[
+            ("TALLY_MCP_TEST_CALLS", &calls),
+            ("TALLY_MCP_TEST_ARGS", "1"),
+        ],
+        stderr,
+    );
+    initialize(&mut raw);
+    raw.send(&call(5, "slow", json!({"seconds": 1})));
+    raw.send(&call(5, "send", json!({"to": "reused"})));
+    raw.send(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#);
+    let got = lines_until(&mut raw, Some(5), Duration::from_secs(10));
+    let answers: Vec<&Value> = got.iter().filter(|l| l["id"] == json!(5)).collect();
+    assert_eq!(answers.len(), 1, "{got:?}");
+    assert_eq!(text(answers[0]), "done");
+    assert!(lines_until(&mut raw, None, Duration::from_millis(500))
+        .iter()
+        .all(|l| l["id"] != json!(5)));
+    // Once answered, the id is free again.
+    let again = raw.exchange(&call(5, "send", json!({"to": "fresh"})), Some(&json!(5)));
+    assert_eq!(text(&answer(&again, 5)), "sent to fresh");
+    raw.close();
+    assert_eq!(
+        std::fs::read_to_string(&calls).expect("calls"),
+        "slow\nsend fresh\n"
+    );
+    let stderr = std::fs::read_to_string(gate.path("proxy.stderr")).expect("stderr");
+    assert_eq!(stderr.matches("still in flight").count(), 2, "{stderr}");
+    let ds = gate.finish("reuse");
+    assert_eq!(allows(&ds).len(), 2);
 }

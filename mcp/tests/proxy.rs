@@ -496,9 +496,10 @@ fn raw_script(command: &[String]) -> Vec<String> {
             r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"steps","arguments":{"count":2},"_meta":{"progressToken":"p6"}}}"#,
             Some(json!(6)),
         ),
-        // Methods the proxy does not know pass through too, and their errors come back.
+        // Methods the server does not implement pass through too, with the bytes as
+        // sent (numbers as written, escapes), and their errors come back.
         (
-            r#"{"jsonrpc":"2.0","id":7,"method":"custom/thing","params":{"x":[1,2.50,"\u00e9"]}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"review"},"argument":{"name":"path","value":"a\u00e9"},"x":[1,2.50]}}"#,
             Some(json!(7)),
         ),
         (
@@ -506,7 +507,7 @@ fn raw_script(command: &[String]) -> Vec<String> {
             None,
         ),
         (
-            r#"{"jsonrpc":"2.0","method":"notifications/custom","params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"none","progress":1}}"#,
             None,
         ),
         (
