@@ -18,6 +18,7 @@ use tally_ledger::{Decision, Effect, Kind, Status};
 use tempfile::TempDir;
 
 mod crafted;
+mod session;
 
 const TALLY: &str = env!("CARGO_BIN_EXE_tally");
 
@@ -158,7 +159,12 @@ impl Gate {
 
     /// Stop the daemon (it seals the ledger), verify the ledger with the real binary,
     /// and return every decision of `run`.
-    fn finish(mut self, run: &str) -> Vec<Decision> {
+    fn finish(self, run: &str) -> Vec<Decision> {
+        self.finish_all(&[run]).remove(0)
+    }
+
+    /// As `finish`, for each of `runs`.
+    fn finish_all(mut self, runs: &[&str]) -> Vec<Vec<Decision>> {
         let mut serve = self.serve.take().expect("running");
         let pid = rustix::process::Pid::from_child(&serve);
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
@@ -183,7 +189,7 @@ impl Gate {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        decisions(self.dir.path(), run)
+        runs.iter().map(|r| decisions(self.dir.path(), r)).collect()
     }
 }
 
