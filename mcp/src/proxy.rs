@@ -21,9 +21,10 @@ use rmcp::model::{InitializeResult, ListToolsResult};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tally_gate::{CheckRequest, OutcomeRequest};
-use tally_ledger::{Effect, Status};
+use tally_ledger::{Effect, Reason, Status};
 use tally_policy::Verdict;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::oneshot;
 use tokio_util::codec::FramedRead;
 
@@ -58,6 +59,7 @@ enum Asked {
 struct Pending {
     attempt: u64,
     tool: String,
+    effect: Effect,
     cancelled: bool,
     timer: tokio::task::AbortHandle,
 }
@@ -157,33 +159,43 @@ where
         })
     };
 
-    // Whichever side ends first ends the session.
-    let status = tokio::select! {
-        _ = &mut from_client => {
-            // The client hung up: close the server's stdin and give it time to exit.
-            shared.to_server.close();
-            match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
-                Ok(status) => status,
-                Err(_) => {
-                    let _ = child.start_kill();
-                    child.wait().await
-                }
-            }
-        }
-        status = child.wait() => status,
-    }
-    .map_err(McpError::Io)?;
+    // Whichever side ends first ends the session: the client closing its stdin, a
+    // signal (how some clients and hosts end a session), or the server exiting.
+    let mut signals = Signals::new().map_err(McpError::Io)?;
+    let (ended, status) = tokio::select! {
+        _ = &mut from_client => ("the client closed its stdin", stop_server(&shared, &mut child).await),
+        name = signals.next() => (name, stop_server(&shared, &mut child).await),
+        status = child.wait() => ("the server exited", status),
+    };
+    let status = status.map_err(McpError::Io)?;
     from_client.abort();
     // What the server wrote last is still forwarded (and its outcomes recorded).
     let _ = tokio::time::timeout(Duration::from_secs(2), from_server).await;
 
     // Calls the server never answered: their outcome is unknown.
     let unanswered: Vec<Pending> = shared.state().pending.drain().map(|(_, p)| p).collect();
+    let unknown_write = unanswered
+        .iter()
+        .any(|p| p.effect == Effect::NonIdempotentWrite);
     for p in unanswered {
         p.timer.abort();
         shared
             .gate
             .outcome(outcome(&shared.options, p.attempt, Status::Unknown));
+    }
+    // The session is over, so is the run it started: `completed` (the session ended with
+    // nothing left uncertain; tally cannot know whether the agent met its goal), or
+    // `outcome_unknown_non_idempotent` if a non-idempotent write was left unanswered (a
+    // human must check it before the task goes on). Stopped after its outcomes.
+    let reason = if unknown_write {
+        Reason::OutcomeUnknownNonIdempotent
+    } else {
+        Reason::Completed
+    };
+    match gate.stop(reason).await {
+        Some(Ok(run)) => log(&format!("{ended}: run {run} stopped ({reason})")),
+        Some(Err(e)) => log(&format!("{ended}: the run could not be stopped: {e}")),
+        None => {}
     }
     gate.flush().await;
     let refused = shared.state().refused;
@@ -197,6 +209,47 @@ where
     shared.to_client.close();
     let _ = tokio::time::timeout(Duration::from_secs(2), client_writer).await;
     Ok(status)
+}
+
+/// The client is gone: close the server's stdin (MCP's stdio shutdown) and give it
+/// [`EXIT_GRACE`] to exit before it is killed.
+async fn stop_server(
+    shared: &Shared,
+    child: &mut tokio::process::Child,
+) -> std::io::Result<ExitStatus> {
+    shared.to_server.close();
+    match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            let _ = child.start_kill();
+            child.wait().await
+        }
+    }
+}
+
+/// SIGTERM, SIGINT and SIGHUP: each ends the session as the client closing would.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM arrived",
+            _ = self.int.recv() => "SIGINT arrived",
+            _ = self.hup.recv() => "SIGHUP arrived",
+        }
+    }
 }
 
 fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
@@ -454,6 +507,7 @@ async fn call(shared: &Shared, id: Id, c: Call, line: String) {
                 Pending {
                     attempt,
                     tool,
+                    effect,
                     cancelled: false,
                     timer,
                 },
@@ -464,6 +518,12 @@ async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         Ok(answer) => {
             let text = reply::refusal_text(&tool, &answer);
             not_made(shared, &id_value, Some(&answer), text);
+        }
+        Err(GateFailure::Refused { code, message, .. }) if code == "run_stopped" => {
+            let text = format!(
+                "tally did not make this call to {tool}: {message}. Action: ask: a human must decide how this task goes on; say so and wait."
+            );
+            not_made(shared, &id_value, None, text);
         }
         Err(failure) => {
             let text = format!(
