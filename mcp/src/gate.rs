@@ -341,17 +341,33 @@ impl Worker {
             Some(b) => (Some("application/json"), b),
             None => (None, Vec::new()),
         };
-        let client = self.client.as_mut().expect("connected above");
-        let reply = match client.request(method, path, kind, body).await {
-            Ok(reply) => reply,
-            Err(e) => {
-                // A broken connection: the next request reconnects. This one fails
-                // closed: it is not retried, since the gate may have recorded it.
-                self.client = None;
-                return Err(self.unreachable(match e {
-                    ClientError::Http(e) => format!("the connection failed: {e}"),
-                    e => e.to_string(),
-                }));
+        let mut retried = false;
+        let reply = loop {
+            let client = self.client.as_mut().expect("connected");
+            match client
+                .request(method.clone(), path, kind, body.clone())
+                .await
+            {
+                Ok(reply) => break reply,
+                // The daemon closed the connection while it was idle (it does once no
+                // request came for its read timeout, 10 s): the request was never sent,
+                // so one more try on a new connection cannot record anything twice.
+                Err(ClientError::Http(e)) if e.is_closed() && !retried => {
+                    retried = true;
+                    let client = Client::unix(&self.socket)
+                        .await
+                        .map_err(|e| self.unreachable(e))?;
+                    self.client = Some(client);
+                }
+                Err(e) => {
+                    // A broken connection: the next request reconnects. This one fails
+                    // closed: it is not retried, since the gate may have recorded it.
+                    self.client = None;
+                    return Err(self.unreachable(match e {
+                        ClientError::Http(e) => format!("the connection failed: {e}"),
+                        e => e.to_string(),
+                    }));
+                }
             }
         };
         let status = reply.status.as_u16();
