@@ -222,3 +222,58 @@ fn sockets(pid: u32) -> usize {
         })
         .unwrap_or(0)
 }
+
+/// A session whose last call the gate refused says why it ended: a `stop` refusal is
+/// the run's stop reason (not `completed`); after an `ask` refusal the run stays open for
+/// the human's approval, and the next session under the same --run joins it.
+#[test]
+fn the_stop_says_why_the_gate_ended_the_session() {
+    let name = "the_stop_says_why_the_gate_ended_the_session";
+    if !sdk_available(name) {
+        return;
+    }
+    let looped = Gate::start("");
+    let log = session(&looped, "loop", |raw| {
+        for id in 3..=5 {
+            raw.exchange(
+                &call(id, "lookup", json!({"key": "loop"})),
+                Some(&json!(id)),
+            );
+        }
+        close(raw);
+    });
+    assert!(
+        log.contains("run loop stopped (loop_repeated_call)"),
+        "{log}"
+    );
+    let ds = looped.finish("loop");
+    assert_eq!(stops(&ds), vec![Reason::LoopRepeatedCall]);
+
+    let capped = Gate::start("[ceiling]\nattempts = 1\n");
+    let log = session(&capped, "cap", |raw| {
+        let got = raw.exchange(&call(3, "lookup", json!({"key": "more"})), Some(&json!(3)));
+        let refused = answer(&got, 3);
+        assert_eq!(
+            refused["result"]["_meta"]["tally/gate"]["action"], "ask",
+            "{refused}"
+        );
+        close(raw);
+    });
+    assert!(log.contains("the run is left open"), "{log}");
+    let log = session_refused(&capped, "cap");
+    assert!(!log.contains("continues it"), "{log}");
+    let ds = capped.finish("cap");
+    assert_eq!(stops(&ds), Vec::<Reason>::new(), "waiting for a human");
+}
+
+/// A session whose one call the gate refuses; its stderr.
+fn session_refused(gate: &Gate, run: &str) -> String {
+    let stderr = gate.path(&format!("{run}-refused.stderr"));
+    let file = std::fs::File::create(&stderr).expect("stderr file");
+    let mut raw = Raw::start_logged(&gate.proxy(run, &[]), &[], file);
+    initialize(&mut raw);
+    let got = raw.exchange(&call(2, "lookup", json!({"key": "x"})), Some(&json!(2)));
+    assert_eq!(answer(&got, 2)["result"]["isError"], true);
+    close(&mut raw);
+    std::fs::read_to_string(stderr).expect("stderr")
+}
