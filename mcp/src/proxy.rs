@@ -21,7 +21,7 @@ use rmcp::model::{InitializeResult, ListToolsResult};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tally_gate::{CheckRequest, OutcomeRequest};
-use tally_ledger::{Effect, Reason, Status};
+use tally_ledger::{Action, Effect, Reason, Status};
 use tally_policy::Verdict;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -82,6 +82,9 @@ struct State {
     server_asked: HashSet<Key>,
     /// Messages from the client refused, never forwarded.
     refused: u64,
+    /// The gate's last answer in this session, if it was a refusal: its reason and
+    /// action (an allow clears it). What the run's stop says at the end.
+    last_refusal: Option<(Reason, Action)>,
 }
 
 #[derive(Clone)]
@@ -183,19 +186,32 @@ where
             .gate
             .outcome(outcome(&shared.options, p.attempt, Status::Unknown));
     }
-    // The session is over, so is the run it started: `completed` (the session ended with
-    // nothing left uncertain; tally cannot know whether the agent met its goal), or
-    // `outcome_unknown_non_idempotent` if a non-idempotent write was left unanswered (a
-    // human must check it before the task goes on). Stopped after its outcomes.
-    let reason = if unknown_write {
-        Reason::OutcomeUnknownNonIdempotent
-    } else {
-        Reason::Completed
+    // The session is over, so is the run it started, after its outcomes (docs/MCP.md,
+    // "The run, and the end of a session").
+    let last_refusal = shared.state().last_refusal;
+    let reason = match last_refusal {
+        _ if unknown_write => Some(Reason::OutcomeUnknownNonIdempotent),
+        // The run cannot go on: the stop says why, not that the task was completed.
+        Some((reason, Action::Stop)) => Some(reason),
+        // A human may grant more: the run stays open for the approval, and for the next
+        // session under this --run, which joins it.
+        Some((reason, Action::Ask)) => {
+            log(&format!(
+                "{ended}: the run is left open: the gate's last answer ({reason}) waits for a human's decision"
+            ));
+            None
+        }
+        _ => Some(Reason::Completed),
     };
-    match gate.stop(reason).await {
-        Some(Ok(run)) => log(&format!("{ended}: run {run} stopped ({reason})")),
-        Some(Err(e)) => log(&format!("{ended}: the run could not be stopped: {e}")),
-        None => {}
+    if let Some(reason) = reason {
+        match gate.stop(reason).await {
+            Some(Ok(run)) => log(&format!("{ended}: run {run} stopped ({reason})")),
+            Some(Err(GateFailure::Refused { code, .. })) if code == "run_stopped" => {
+                log(&format!("{ended}: the run had already stopped"))
+            }
+            Some(Err(e)) => log(&format!("{ended}: the run could not be stopped: {e}")),
+            None => {}
+        }
     }
     gate.flush().await;
     let refused = shared.state().refused;
@@ -488,7 +504,16 @@ async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         credential: shared.options.credential.clone(),
         timeout_ms: None,
     };
-    match shared.gate.check(request).await {
+    let answer = shared.gate.check(request).await;
+    if let Ok(a) = &answer {
+        let mut state = shared.state();
+        match (a.decision, a.reason, a.action) {
+            (Verdict::Allow, _, _) => state.last_refusal = None,
+            (_, Some(reason), Some(action)) => state.last_refusal = Some((reason, action)),
+            _ => {}
+        }
+    }
+    match answer {
         Ok(answer) if answer.decision == Verdict::Allow => {
             let Some(attempt) = answer.attempt else {
                 return not_made(shared, &id_value, Some(&answer), "tally's gate allowed the call without an attempt number to record its outcome under: the call was not made.".into());
