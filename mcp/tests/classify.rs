@@ -276,8 +276,10 @@ fn what_is_not_one_json_object_of_json_rpc_is_refused() {
         (b"{'jsonrpc':'2.0'}", "not_json"),
         (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"params\":{\"s\":\"\\ud800\"}}", "not_json"),
         (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"params\":{\"s\":\"\xff\"}}", "not_utf8"),
-        (b"{\"jsonrpc\":\"2.0\",\r\"id\":1,\"method\":\"ping\"}", "carriage_return"),
-        (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\r\r", "carriage_return"),
+        (b"{\"jsonrpc\":\"2.0\",\r\"id\":1,\"method\":\"ping\"}", "line_break"),
+        (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\r\r", "line_break"),
+        // The framing splits at LF; a caller that did not still gets no line break through.
+        (b"\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}", "line_break"),
         (b"\"tools/call\"", "not_an_object"),
         (b"null", "not_an_object"),
         (b"[]", "batch"),

@@ -3,7 +3,7 @@
 //!
 //! The rule is an allow-list, read strictly (docs/MCP.md, "What reaches the server"):
 //! a line passes only if it is one JSON object, parsed under RFC 8259 with no duplicate
-//! member name at any depth, no nesting deeper than [`MAX_DEPTH`], no raw carriage return,
+//! member name at any depth, no nesting deeper than [`MAX_DEPTH`], no raw line break,
 //! and an envelope of exactly the JSON-RPC members (`jsonrpc` `"2.0"`, `id` a string or an
 //! integer a double holds exactly, `method` one of [`REQUESTS`] or [`NOTIFICATIONS`]
 //! byte for byte after unescaping). `tools/call` is classified as a [`Call`], for the gate.
@@ -173,9 +173,9 @@ pub enum Why {
         /// The byte offset of the first bad byte.
         at: usize,
     },
-    /// A raw carriage return inside the line (line readers that also split on CR would
-    /// read two messages).
-    CarriageReturn {
+    /// A raw carriage return or line feed inside the line (a line reader that splits
+    /// there would read two messages).
+    LineBreak {
         /// Its byte offset.
         at: usize,
     },
@@ -227,7 +227,7 @@ impl Why {
         match self {
             Why::TooLong => "line_too_long",
             Why::NotUtf8 { .. } => "not_utf8",
-            Why::CarriageReturn { .. } => "carriage_return",
+            Why::LineBreak { .. } => "line_break",
             Why::NotJson(_) => "not_json",
             Why::NotAnObject => "not_an_object",
             Why::Batch => "batch",
@@ -249,9 +249,7 @@ impl Why {
     /// The JSON-RPC error code it is answered with.
     pub fn rpc_code(&self) -> i64 {
         match self {
-            Why::TooLong | Why::NotUtf8 { .. } | Why::CarriageReturn { .. } | Why::NotJson(_) => {
-                -32700
-            }
+            Why::TooLong | Why::NotUtf8 { .. } | Why::LineBreak { .. } | Why::NotJson(_) => -32700,
             Why::UnknownMethod(_) | Why::UnknownNotification(_) => -32601,
             Why::BadParams(_) => -32602,
             _ => -32600,
@@ -280,9 +278,9 @@ impl fmt::Display for Why {
         match self {
             Why::TooLong => write!(f, "the line is longer than {MAX_LINE} bytes"),
             Why::NotUtf8 { at } => write!(f, "the line is not UTF-8 (byte {at})"),
-            Why::CarriageReturn { at } => write!(
+            Why::LineBreak { at } => write!(
                 f,
-                "the line holds a raw carriage return (byte {at}), which some servers read as a line break"
+                "the line holds a raw line break (byte {at}): a server reading lines would read two messages"
             ),
             Why::NotJson(e) => write!(f, "the line is not one JSON value ({e})"),
             Why::NotAnObject => write!(f, "the message is not a JSON object"),
@@ -346,8 +344,8 @@ pub fn classify(line: &[u8]) -> Result<Classified, Refused> {
             at: e.valid_up_to(),
         })
     })?;
-    if let Some(at) = text.find('\r') {
-        return Err(drop(Why::CarriageReturn { at }));
+    if let Some(at) = text.find(['\r', '\n']) {
+        return Err(drop(Why::LineBreak { at }));
     }
     let text = escape_separators(text);
     let message = match serde_json::from_str::<Top<'_>>(&text) {
