@@ -583,3 +583,40 @@ fn a_request_reusing_an_id_in_flight_is_dropped() {
     let ds = gate.finish("reuse");
     assert_eq!(allows(&ds).len(), 2);
 }
+
+/// A call sent before the server has answered `initialize` is not made: the proxy cannot
+/// name the tool for the gate yet (and a lenient server might run it).
+#[test]
+fn a_call_before_initialize_is_not_made() {
+    let name = "a_call_before_initialize_is_not_made";
+    if !sdk_available(name) {
+        return;
+    }
+    let gate = Gate::start("");
+    let calls = gate.path("calls.txt");
+    let mut raw = Raw::start(
+        &gate.proxy("early", &[]),
+        &[("TALLY_MCP_TEST_CALLS", &calls)],
+    );
+    let got = raw.exchange(&call(1, "send", json!({"to": "early"})), Some(&json!(1)));
+    let refused = answer(&got, 1);
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert!(text(&refused).contains("initialize"), "{refused}");
+    initialize_with_id(&mut raw, 2);
+    raw.close();
+    assert!(
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .is_empty(),
+        "the call never reached the server"
+    );
+    let ds = gate.finish("early");
+    assert!(allows(&ds).is_empty());
+}
+
+fn initialize_with_id(raw: &mut Raw, id: u64) {
+    raw.exchange(
+        &format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"raw","version":"1"}}}}}}"#),
+        Some(&json!(id)),
+    );
+}
