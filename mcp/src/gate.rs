@@ -1,11 +1,23 @@
 //! The proxy's one connection to the gate. Requests go through one queue, in order: an
-//! outcome reported after a call's answer is recorded before the next call is checked.
+//! outcome reported after a call's answer is recorded before the next call is checked,
+//! and the run's stop after every outcome.
+//!
+//! The run: `--run` is started (then this proxy owns it and stops it when the session
+//! ends), or joined if it is open. If it has stopped `completed` (an earlier session of
+//! the same configuration ended), the session continues it in a run of its own,
+//! `RUN.2`, `RUN.3`, ..., each started with `continues` naming the one before, so that
+//! what that run must not repeat carries over. A run stopped for any other reason (an
+//! operator's kill, an outcome a human must check) is not continued: every call is
+//! refused until a human starts `tally mcp` with a new `--run`.
 
 use std::path::PathBuf;
 
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use serde_json::{json, Value};
 use tally_daemon::client::{Client, ClientError, Method};
 use tally_daemon::wire::ErrorReply;
 use tally_gate::{CheckAnswer, CheckRequest, OutcomeRequest, StartRequest};
+use tally_ledger::Reason;
 use tokio::sync::{mpsc, oneshot};
 
 /// Why the gate could not answer a check: the call is then not made (fail closed).
@@ -38,6 +50,7 @@ enum Job {
         oneshot::Sender<Result<CheckAnswer, GateFailure>>,
     ),
     Outcome(OutcomeRequest),
+    Stop(Reason, oneshot::Sender<Option<Result<String, GateFailure>>>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -50,8 +63,28 @@ pub struct Gate {
 struct Worker {
     socket: PathBuf,
     start: StartRequest,
+    /// The run checks and outcomes go to: `--run`, or this session's continuation of it.
+    run: String,
     started: bool,
+    /// Whether this proxy started the run (then it stops it at the end).
+    owned: bool,
     client: Option<Client>,
+}
+
+/// Where a run name stands with the gate.
+enum Standing {
+    Missing,
+    Open,
+    Stopped(Option<Reason>),
+}
+
+/// The `n`th run of a chain (`RUN`, `RUN.2`, `RUN.3`, ...).
+fn chained(base: &str, n: u64) -> String {
+    if n <= 1 {
+        base.to_owned()
+    } else {
+        format!("{base}.{n}")
+    }
 }
 
 impl Gate {
@@ -60,8 +93,10 @@ impl Gate {
         let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
         let mut worker = Worker {
             socket,
+            run: start.run.clone(),
             start,
             started: false,
+            owned: false,
             client: None,
         };
         tokio::spawn(async move {
@@ -75,7 +110,8 @@ impl Gate {
                         let answer = worker.check(&request).await;
                         let _ = reply.send(answer);
                     }
-                    Job::Outcome(request) => {
+                    Job::Outcome(mut request) => {
+                        request.run = worker.run.clone();
                         if let Err(e) = worker
                             .post::<serde_json::Value>("/v1/outcome", &request)
                             .await
@@ -85,6 +121,9 @@ impl Gate {
                                 request.attempt, request.status
                             ));
                         }
+                    }
+                    Job::Stop(reason, done) => {
+                        let _ = done.send(worker.stop(reason).await);
                     }
                     Job::Flush(done) => {
                         let _ = done.send(());
@@ -113,6 +152,14 @@ impl Gate {
         let _ = self.jobs.send(Job::Outcome(request));
     }
 
+    /// Stop the run, if this proxy started it (after everything queued before): the run
+    /// stopped, or why not; `None` if the proxy did not start it.
+    pub async fn stop(&self, reason: Reason) -> Option<Result<String, GateFailure>> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs.send(Job::Stop(reason, tx)).ok()?;
+        rx.await.ok().flatten()
+    }
+
     /// Wait until everything queued so far has been sent.
     pub async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
@@ -134,20 +181,137 @@ impl Worker {
         if self.started {
             return Ok(());
         }
-        let start = self.start.clone();
-        match self.post::<serde_json::Value>("/v1/runs", &start).await {
-            Ok(_) => {}
-            // Started before (this proxy restarted, or another worker of the run): join it.
-            Err(GateFailure::Refused { code, .. }) if code == "run_exists" => {}
-            Err(e) => return Err(e),
+        let base = self.start.run.clone();
+        if self.start_run(&base, None).await? {
+            self.run = base;
+            self.owned = true;
+            self.started = true;
+            return Ok(());
         }
-        self.started = true;
-        Ok(())
+        // A few tries: another session of the same run may take the next name first.
+        for _ in 0..3 {
+            let (last, next) = self.chain_end(&base).await?;
+            let name = chained(&base, last);
+            match self.standing(&name).await? {
+                Standing::Open | Standing::Missing => {
+                    // Started by someone else, or by an earlier session still going: join it.
+                    self.run = name;
+                    self.owned = false;
+                    self.started = true;
+                    return Ok(());
+                }
+                Standing::Stopped(Some(Reason::Completed)) => {
+                    let new = chained(&base, next);
+                    if self.start_run(&new, Some(&name)).await? {
+                        crate::log(&format!(
+                            "run {name} has stopped (completed): this session continues it as run {new}"
+                        ));
+                        self.run = new;
+                        self.owned = true;
+                        self.started = true;
+                        return Ok(());
+                    }
+                }
+                Standing::Stopped(reason) => {
+                    let reason = reason.map_or("stopped", Reason::as_str);
+                    return Err(GateFailure::Refused {
+                        status: 409,
+                        code: "run_stopped".into(),
+                        message: format!(
+                            "run {name} has stopped ({reason}); tally mcp continues only a run that stopped completed, so a human must look at it (tally handoff) and start tally mcp with a new --run"
+                        ),
+                    });
+                }
+            }
+        }
+        Err(GateFailure::Refused {
+            status: 409,
+            code: "run_exists".into(),
+            message: format!(
+                "could not start a run continuing {base}: other sessions keep taking the next name"
+            ),
+        })
+    }
+
+    /// Start a run of this name: true if started, false if the name is taken.
+    async fn start_run(&mut self, run: &str, continues: Option<&str>) -> Result<bool, GateFailure> {
+        let mut start = self.start.clone();
+        start.run = run.to_owned();
+        start.continues = continues.map(str::to_owned);
+        match self.post::<Value>("/v1/runs", &start).await {
+            Ok(_) => Ok(true),
+            Err(GateFailure::Refused { code, .. }) if code == "run_exists" => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The last run of `base`'s chain that exists and the first number free after it:
+    /// a galloping search (the chain's names are taken in order), so a thousand earlier
+    /// sessions cost about twenty look-ups.
+    async fn chain_end(&mut self, base: &str) -> Result<(u64, u64), GateFailure> {
+        let mut last = 1;
+        let mut free = 2;
+        while !matches!(
+            self.standing(&chained(base, free)).await?,
+            Standing::Missing
+        ) {
+            last = free;
+            free = free
+                .checked_mul(2)
+                .ok_or_else(|| self.unreachable("the run chain is too long"))?;
+        }
+        while free - last > 1 {
+            let mid = last + (free - last) / 2;
+            if matches!(self.standing(&chained(base, mid)).await?, Standing::Missing) {
+                free = mid;
+            } else {
+                last = mid;
+            }
+        }
+        Ok((last, free))
+    }
+
+    /// `GET /v1/runs/{run}`: whether the run is missing, open or stopped.
+    async fn standing(&mut self, run: &str) -> Result<Standing, GateFailure> {
+        let path = format!("/v1/runs/{}", utf8_percent_encode(run, NON_ALPHANUMERIC));
+        match self.request::<Value>(Method::GET, &path, None).await {
+            Ok(v) if v["state"] == "stopped" => Ok(Standing::Stopped(
+                serde_json::from_value(v["stop_reason"].clone()).ok(),
+            )),
+            Ok(_) => Ok(Standing::Open),
+            Err(GateFailure::Refused { code, .. }) if code == "run_not_found" => {
+                Ok(Standing::Missing)
+            }
+            // Someone else's: taken, and not one this session may join or continue.
+            Err(GateFailure::Refused { code, .. }) if code == "not_owner" => {
+                Ok(Standing::Stopped(None))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn check(&mut self, request: &CheckRequest) -> Result<CheckAnswer, GateFailure> {
         self.ensure_started().await?;
-        self.post("/v1/check", request).await
+        let mut request = request.clone();
+        request.run = self.run.clone();
+        self.post("/v1/check", &request).await
+    }
+
+    /// Stop the run if this proxy started it: the run's name once stopped.
+    async fn stop(&mut self, reason: Reason) -> Option<Result<String, GateFailure>> {
+        if !self.owned {
+            return None;
+        }
+        let path = format!(
+            "/v1/runs/{}/stop",
+            utf8_percent_encode(&self.run, NON_ALPHANUMERIC)
+        );
+        let body = json!({"reason": reason, "worker": self.start.worker});
+        Some(
+            self.post::<Value>(&path, &body)
+                .await
+                .map(|_| self.run.clone()),
+        )
     }
 
     /// POST a JSON body and read a JSON answer, or the gate's typed error.
@@ -157,26 +321,53 @@ impl Worker {
         body: &impl serde::Serialize,
     ) -> Result<T, GateFailure> {
         let body = serde_json::to_vec(body).map_err(|e| self.unreachable(e))?;
+        self.request(Method::POST, path, Some(body)).await
+    }
+
+    /// One request: a JSON answer, or the gate's typed error.
+    async fn request<T: serde::de::DeserializeOwned>(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, GateFailure> {
         if self.client.is_none() {
             let client = Client::unix(&self.socket)
                 .await
                 .map_err(|e| self.unreachable(e))?;
             self.client = Some(client);
         }
-        let client = self.client.as_mut().expect("connected above");
-        let reply = match client
-            .request(Method::POST, path, Some("application/json"), body)
-            .await
-        {
-            Ok(reply) => reply,
-            Err(e) => {
-                // A broken connection: the next request reconnects. This one fails
-                // closed: it is not retried, since the gate may have recorded it.
-                self.client = None;
-                return Err(self.unreachable(match e {
-                    ClientError::Http(e) => format!("the connection failed: {e}"),
-                    e => e.to_string(),
-                }));
+        let (kind, body) = match body {
+            Some(b) => (Some("application/json"), b),
+            None => (None, Vec::new()),
+        };
+        let mut retried = false;
+        let reply = loop {
+            let client = self.client.as_mut().expect("connected");
+            match client
+                .request(method.clone(), path, kind, body.clone())
+                .await
+            {
+                Ok(reply) => break reply,
+                // The daemon closed the connection while it was idle (it does once no
+                // request came for its read timeout, 10 s): the request was never sent,
+                // so one more try on a new connection cannot record anything twice.
+                Err(ClientError::Http(e)) if e.is_closed() && !retried => {
+                    retried = true;
+                    let client = Client::unix(&self.socket)
+                        .await
+                        .map_err(|e| self.unreachable(e))?;
+                    self.client = Some(client);
+                }
+                Err(e) => {
+                    // A broken connection: the next request reconnects. This one fails
+                    // closed: it is not retried, since the gate may have recorded it.
+                    self.client = None;
+                    return Err(self.unreachable(match e {
+                        ClientError::Http(e) => format!("the connection failed: {e}"),
+                        e => e.to_string(),
+                    }));
+                }
             }
         };
         let status = reply.status.as_u16();

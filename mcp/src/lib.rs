@@ -2,23 +2,31 @@
 //! without changing the agent.
 //!
 //! The MCP client starts the proxy in place of the server; the proxy starts the real
-//! server and passes every message through as the bytes it received, except `tools/call`:
-//! each one is first checked with the gate (`POST /v1/check` on the agent socket) as the
-//! tool `server/tool`, with the call's arguments and the effect class its MCP annotations
-//! (or the policy map) give. A refusal is answered, without reaching the server, by a tool
-//! result with `isError` and a text the model can act on; an allowed call's answer is
-//! recorded as its outcome (`ok`, `error`, or `timeout` when the server does not answer
-//! within the gate's time limit). If the gate cannot be reached the call is not made.
+//! server and stands between them. Every line from the client is classified with
+//! certainty first ([`classify`]): an allow-list of exact methods, read strictly; a line
+//! that is not certainly one of them is answered with a JSON-RPC error (or dropped, if it
+//! has no usable id), counted, and never forwarded. What passes is forwarded as the bytes
+//! classified, except `tools/call`: each one is first checked with the gate
+//! (`POST /v1/check` on the agent socket) as the tool `server/tool`, with the call's
+//! arguments and the effect class its MCP annotations (or the policy map) give. A refusal
+//! is answered, without reaching the server, by a tool result with `isError` and a text
+//! the model can act on; an allowed call's answer is recorded as its outcome (`ok`,
+//! `error`, or `timeout` when the server does not answer within the gate's time limit).
+//! If the gate cannot be reached the call is not made.
 //!
-//! Framing and message types come from the official Rust MCP SDK (`rmcp`): its line
-//! codec over raw JSON values (so what passes through is unchanged) and its typed model
-//! for the messages the proxy reads.
+//! Framing and message types come from tokio-util's and the official Rust MCP SDK's
+//! (`rmcp`) codecs, and rmcp's typed model for the answers the proxy reads.
 #![forbid(unsafe_code)]
 
+pub mod classify;
 pub mod demo;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gate;
+mod lines;
 pub mod map;
 mod proxy;
+mod reply;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

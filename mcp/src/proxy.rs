@@ -1,118 +1,44 @@
 //! The message pump. Two directions, each in its own task:
 //!
-//! * client to server, one message at a time in arrival order: a `tools/call` waits for
-//!   the gate's answer before it (or anything after it) goes on, so ordering is kept;
+//! * client to server, one message at a time in arrival order: each line is classified
+//!   ([`crate::classify`]); a refused one is answered (or dropped) and counted, never
+//!   forwarded; a `tools/call` waits for the gate's answer before it (or anything after
+//!   it) goes on, so ordering is kept; what passes is forwarded as the bytes classified;
 //! * server to client: answers to allowed calls are recorded as outcomes, the
 //!   `initialize` and `tools/list` answers teach the server's name and the tools'
 //!   annotations; everything is forwarded as it came.
 //!
-//! Messages travel as the exact bytes received (rmcp's line codec over
-//! `serde_json::value::RawValue`); only the ones the proxy must read are parsed, with
-//! rmcp's typed model.
+//! The proxy keeps the ids in flight both ways: a client request may not reuse the id of
+//! one still in flight, and a client answer must answer a request the server sent.
 
 use std::collections::{HashMap, HashSet};
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
-use rmcp::model::{
-    CallToolRequestParams, CallToolResult, CancelledNotificationParam, ContentBlock,
-    InitializeResult, ListToolsResult, MetaObject,
-};
-use rmcp::transport::async_rw::{JsonRpcMessageCodec, JsonRpcMessageCodecError};
-use serde::Deserialize;
+use futures::StreamExt;
+use rmcp::model::{InitializeResult, ListToolsResult};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use tally_gate::{CheckAnswer, CheckRequest, OutcomeRequest};
-use tally_ledger::{Effect, Status};
+use tally_gate::{CheckRequest, OutcomeRequest};
+use tally_ledger::{Action, Effect, Reason, Status};
 use tally_policy::Verdict;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot};
-use tokio_util::bytes::BytesMut;
-use tokio_util::codec::{Decoder, Encoder, FramedRead, FramedWrite};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::oneshot;
+use tokio_util::codec::FramedRead;
 
+use crate::classify::{self, Call, Id, Message, Refused, Why};
 use crate::gate::{Gate, GateFailure};
-use crate::{log, McpError, Options};
+use crate::lines::{writer, ClientLine, ClientLines, Sender, ServerLines};
+use crate::{log, reply, McpError, Options};
 
-/// A line longer than this is dropped (rmcp's stdio default).
-const MAX_LINE: usize = rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH;
 /// A call the gate gave no `timeout_ms` ends after this.
 const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the proxy waits for its own `tools/list`.
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 /// After the client hangs up, how long the server has to exit before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
-
-type Raw = Box<RawValue>;
-
-/// rmcp's line codec, with its error policy for a proxy: a line that is not JSON, or too
-/// long, is dropped (as rmcp's own stdio transport does) and the stream goes on.
-struct Lines(JsonRpcMessageCodec<Raw>);
-
-impl Lines {
-    fn new() -> Lines {
-        Lines(JsonRpcMessageCodec::new_with_max_length(MAX_LINE))
-    }
-
-    fn skip(e: JsonRpcMessageCodecError) -> Result<(), std::io::Error> {
-        match e {
-            JsonRpcMessageCodecError::Io(e) => Err(e),
-            e => {
-                log(&format!(
-                    "dropped a line that is not a JSON-RPC message: {e}"
-                ));
-                Ok(())
-            }
-        }
-    }
-}
-
-impl Decoder for Lines {
-    type Item = Raw;
-    type Error = std::io::Error;
-
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Raw>, std::io::Error> {
-        loop {
-            match self.0.decode(buf) {
-                Ok(item) => return Ok(item),
-                Err(e) => Lines::skip(e)?,
-            }
-        }
-    }
-
-    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Raw>, std::io::Error> {
-        loop {
-            match self.0.decode_eof(buf) {
-                Ok(item) => return Ok(item),
-                Err(e) => Lines::skip(e)?,
-            }
-        }
-    }
-}
-
-impl Encoder<Raw> for Lines {
-    type Error = std::io::Error;
-
-    fn encode(&mut self, item: Raw, buf: &mut BytesMut) -> Result<(), std::io::Error> {
-        self.0.encode(item, buf).map_err(Into::into)
-    }
-}
-
-/// The JSON-RPC envelope fields the proxy routes by.
-#[derive(Deserialize)]
-struct Envelope {
-    #[serde(default)]
-    method: Option<String>,
-    #[serde(default)]
-    id: Option<Value>,
-    #[serde(default)]
-    params: Option<Value>,
-    #[serde(default)]
-    result: Option<Value>,
-    #[serde(default)]
-    error: Option<Value>,
-}
 
 /// A request id as a map key (its canonical JSON: `1` and `"1"` differ).
 type Key = String;
@@ -121,9 +47,19 @@ fn key(id: &Value) -> Key {
     id.to_string()
 }
 
+/// What a client request in flight was, to read its answer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    Initialize,
+    ToolsList,
+    Call,
+    Other,
+}
+
 struct Pending {
     attempt: u64,
     tool: String,
+    effect: Effect,
     cancelled: bool,
     timer: tokio::task::AbortHandle,
 }
@@ -133,16 +69,22 @@ struct State {
     server_name: Option<String>,
     /// Effects learned from `tools/list`, by the server's tool name.
     tools: HashMap<String, Effect>,
+    /// The client's requests forwarded and not answered yet, by id.
+    asked: HashMap<Key, Asked>,
     /// Allowed calls forwarded and not answered yet, by request id.
     pending: HashMap<Key, Pending>,
     /// Calls that timed out: a late answer is dropped (the client had its answer).
     expired: HashSet<Key>,
-    /// The client's `initialize` and `tools/list` requests, to read their answers.
-    initialize: Vec<Key>,
-    lists: Vec<Key>,
     /// The proxy's own requests to the server.
-    own: HashMap<Key, oneshot::Sender<Envelope>>,
+    own: HashMap<Key, oneshot::Sender<Value>>,
     next_own: u64,
+    /// The server's requests to the client not answered yet.
+    server_asked: HashSet<Key>,
+    /// Messages from the client refused, never forwarded.
+    refused: u64,
+    /// The gate's last answer in this session, if it was a refusal: its reason and
+    /// action (an allow clears it). What the run's stop says at the end.
+    last_refusal: Option<(Reason, Action)>,
 }
 
 #[derive(Clone)]
@@ -154,45 +96,11 @@ struct Shared {
     to_server: Sender,
 }
 
-/// A writer task's queue; `None` ends it (after what was queued before).
-#[derive(Clone)]
-struct Sender(mpsc::UnboundedSender<Option<Raw>>);
-
-impl Sender {
-    fn send(&self, message: Raw) {
-        let _ = self.0.send(Some(message));
-    }
-
-    fn close(&self) {
-        let _ = self.0.send(None);
-    }
-}
-
-/// A task writing each queued message as one line, until `None` or a write fails.
-fn writer<W: AsyncWrite + Unpin + Send + 'static>(out: W) -> (Sender, tokio::task::JoinHandle<()>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Option<Raw>>();
-    let task = tokio::spawn(async move {
-        let mut out = FramedWrite::new(out, Lines::new());
-        while let Some(Some(m)) = rx.recv().await {
-            if out.send(m).await.is_err() {
-                break;
-            }
-        }
-        // Dropping the writer closes it: for the server's stdin, that is MCP's
-        // stdio shutdown.
-    });
-    (Sender(tx), task)
-}
-
 impl Shared {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic elsewhere must not silence the gate: keep using the state.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-fn raw(value: &Value) -> Raw {
-    RawValue::from_string(value.to_string()).expect("serde_json writes valid JSON")
 }
 
 /// Run the proxy over the given client streams until the client hangs up (then the
@@ -238,54 +146,126 @@ where
     let from_server = {
         let shared = shared.clone();
         tokio::spawn(async move {
-            let mut lines = FramedRead::new(server_out, Lines::new());
+            let mut lines = FramedRead::new(server_out, ServerLines::new());
             while let Some(Ok(message)) = lines.next().await {
-                from_server(&shared, message);
+                from_server(&shared, &message);
             }
         })
     };
     let mut from_client = {
         let shared = shared.clone();
         tokio::spawn(async move {
-            let mut lines = FramedRead::new(client_in, Lines::new());
-            while let Some(Ok(message)) = lines.next().await {
-                from_client(&shared, message).await;
+            let mut lines = FramedRead::new(client_in, ClientLines::new());
+            while let Some(Ok(line)) = lines.next().await {
+                from_client(&shared, line).await;
             }
         })
     };
 
-    // Whichever side ends first ends the session.
-    let status = tokio::select! {
-        _ = &mut from_client => {
-            // The client hung up: close the server's stdin and give it time to exit.
-            shared.to_server.close();
-            match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
-                Ok(status) => status,
-                Err(_) => {
-                    let _ = child.start_kill();
-                    child.wait().await
-                }
-            }
-        }
-        status = child.wait() => status,
-    }
-    .map_err(McpError::Io)?;
+    // Whichever side ends first ends the session: the client closing its stdin, a
+    // signal (how some clients and hosts end a session), or the server exiting.
+    let mut signals = Signals::new().map_err(McpError::Io)?;
+    let (ended, status) = tokio::select! {
+        _ = &mut from_client => ("the client closed its stdin", stop_server(&shared, &mut child).await),
+        name = signals.next() => (name, stop_server(&shared, &mut child).await),
+        status = child.wait() => ("the server exited", status),
+    };
+    let status = status.map_err(McpError::Io)?;
     from_client.abort();
     // What the server wrote last is still forwarded (and its outcomes recorded).
     let _ = tokio::time::timeout(Duration::from_secs(2), from_server).await;
 
     // Calls the server never answered: their outcome is unknown.
     let unanswered: Vec<Pending> = shared.state().pending.drain().map(|(_, p)| p).collect();
+    let unknown_write = unanswered
+        .iter()
+        .any(|p| p.effect == Effect::NonIdempotentWrite);
     for p in unanswered {
         p.timer.abort();
         shared
             .gate
             .outcome(outcome(&shared.options, p.attempt, Status::Unknown));
     }
+    // The session is over, so is the run it started, after its outcomes (docs/MCP.md,
+    // "The run, and the end of a session").
+    let last_refusal = shared.state().last_refusal;
+    let reason = match last_refusal {
+        _ if unknown_write => Some(Reason::OutcomeUnknownNonIdempotent),
+        // The run cannot go on: the stop says why, not that the task was completed.
+        Some((reason, Action::Stop)) => Some(reason),
+        // A human may grant more: the run stays open for the approval, and for the next
+        // session under this --run, which joins it.
+        Some((reason, Action::Ask)) => {
+            log(&format!(
+                "{ended}: the run is left open: the gate's last answer ({reason}) waits for a human's decision"
+            ));
+            None
+        }
+        _ => Some(Reason::Completed),
+    };
+    if let Some(reason) = reason {
+        match gate.stop(reason).await {
+            Some(Ok(run)) => log(&format!("{ended}: run {run} stopped ({reason})")),
+            Some(Err(GateFailure::Refused { code, .. })) if code == "run_stopped" => {
+                log(&format!("{ended}: the run had already stopped"))
+            }
+            Some(Err(e)) => log(&format!("{ended}: the run could not be stopped: {e}")),
+            None => {}
+        }
+    }
     gate.flush().await;
+    let refused = shared.state().refused;
+    if refused > 0 {
+        log(&format!(
+            "{refused} {} from the client {} refused and never reached the server",
+            if refused == 1 { "message" } else { "messages" },
+            if refused == 1 { "was" } else { "were" },
+        ));
+    }
     shared.to_client.close();
     let _ = tokio::time::timeout(Duration::from_secs(2), client_writer).await;
     Ok(status)
+}
+
+/// The client is gone: close the server's stdin (MCP's stdio shutdown) and give it
+/// [`EXIT_GRACE`] to exit before it is killed.
+async fn stop_server(
+    shared: &Shared,
+    child: &mut tokio::process::Child,
+) -> std::io::Result<ExitStatus> {
+    shared.to_server.close();
+    match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            let _ = child.start_kill();
+            child.wait().await
+        }
+    }
+}
+
+/// SIGTERM, SIGINT and SIGHUP: each ends the session as the client closing would.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM arrived",
+            _ = self.int.recv() => "SIGINT arrived",
+            _ = self.hup.recv() => "SIGHUP arrived",
+        }
+    }
 }
 
 fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
@@ -302,60 +282,70 @@ fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
     }
 }
 
-/// One message from the server, on its way to the client.
-fn from_server(shared: &Shared, message: Raw) {
-    let Ok(env) = serde_json::from_str::<Envelope>(message.get()) else {
-        // Not an object (a batch, or something odd): pass it on as it is.
-        shared.to_client.send(message);
-        return;
-    };
-    match (&env.method, &env.id) {
+/// One message from the server, on its way to the client. The server is the operator's
+/// own: its messages are read leniently and always forwarded.
+fn from_server(shared: &Shared, message: &RawValue) {
+    let env = serde_json::from_str::<Value>(message.get()).unwrap_or_default();
+    let method = env.get("method").and_then(Value::as_str);
+    match (method, env.get("id")) {
         (None, Some(id)) => {
             let k = key(id);
             let mut state = shared.state();
-            if state.expired.remove(&k) {
-                return; // answered late: the client already has the timeout result
-            }
             if let Some(reply) = state.own.remove(&k) {
                 drop(state);
                 let _ = reply.send(env);
                 return; // the proxy's own request: the client never sees it
             }
-            if let Some(p) = state.pending.remove(&k) {
-                drop(state);
-                p.timer.abort();
-                let failed = env.error.is_some()
-                    || env
-                        .result
-                        .as_ref()
-                        .and_then(|r| r.get("isError"))
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false);
-                let status = if failed { Status::Error } else { Status::Ok };
-                shared
-                    .gate
-                    .outcome(outcome(&shared.options, p.attempt, status));
-            } else if let Some(i) = state.initialize.iter().position(|x| *x == k) {
-                state.initialize.remove(i);
-                if let Some(Ok(init)) = env.result.map(serde_json::from_value::<InitializeResult>) {
-                    if state.server_name.is_none() {
-                        state.server_name = Some(init.server_info.name);
+            let asked = state.asked.remove(&k);
+            if state.expired.remove(&k) {
+                return; // answered late: the client already has the timeout result
+            }
+            match asked {
+                Some(Asked::Call) => {
+                    if let Some(p) = state.pending.remove(&k) {
+                        drop(state);
+                        p.timer.abort();
+                        let failed = env.get("error").is_some()
+                            || env["result"]
+                                .get("isError")
+                                .and_then(Value::as_bool)
+                                .unwrap_or(false);
+                        let status = if failed { Status::Error } else { Status::Ok };
+                        shared
+                            .gate
+                            .outcome(outcome(&shared.options, p.attempt, status));
                     }
                 }
-            } else if let Some(i) = state.lists.iter().position(|x| *x == k) {
-                state.lists.remove(i);
-                if let Some(result) = env.result {
-                    learn_tools(&mut state, result);
+                Some(Asked::Initialize) => {
+                    let init = env
+                        .get("result")
+                        .cloned()
+                        .map(serde_json::from_value::<InitializeResult>);
+                    if let Some(Ok(init)) = init {
+                        if state.server_name.is_none() {
+                            state.server_name = Some(init.server_info.name);
+                        }
+                    }
                 }
+                Some(Asked::ToolsList) => {
+                    if let Some(result) = env.get("result").cloned() {
+                        learn_tools(&mut state, result);
+                    }
+                }
+                Some(Asked::Other) | None => {}
             }
         }
-        (Some(m), None) if m == "notifications/tools/list_changed" => {
+        (Some(_), Some(id)) => {
+            // The server's own request: the client's answer to it may pass.
+            shared.state().server_asked.insert(key(id));
+        }
+        (Some("notifications/tools/list_changed"), None) => {
             // Annotations may have changed: learn them again when next needed.
             shared.state().tools.clear();
         }
         _ => {}
     }
-    shared.to_client.send(message);
+    shared.to_client.send(message.get().to_owned());
 }
 
 fn learn_tools(state: &mut State, result: Value) {
@@ -372,87 +362,132 @@ fn learn_tools(state: &mut State, result: Value) {
     }
 }
 
-/// One message from the client, on its way to the server.
-async fn from_client(shared: &Shared, message: Raw) {
-    let Ok(env) = serde_json::from_str::<Envelope>(message.get()) else {
-        if let Ok(batch) = serde_json::from_str::<Vec<Raw>>(message.get()) {
-            // A JSON-RPC batch (MCP 2025-03-26): each member on its own, so that no
-            // tools/call passes unchecked inside one.
-            for m in batch {
-                Box::pin(from_client(shared, m)).await;
-            }
-            return;
-        }
-        shared.to_server.send(message);
-        return;
+/// A message refused: answered with an error under each usable id (or only dropped),
+/// logged and counted; never forwarded.
+fn refuse(shared: &Shared, refused: Refused) {
+    let count = {
+        let mut state = shared.state();
+        state.refused += 1;
+        state.refused
     };
-    match (env.method.as_deref(), &env.id) {
-        (Some("tools/call"), Some(id)) => {
-            call(shared, id.clone(), env.params, message).await;
-            return;
-        }
-        (Some("initialize"), Some(id)) => shared.state().initialize.push(key(id)),
-        (Some("tools/list"), Some(id)) => shared.state().lists.push(key(id)),
-        (Some("notifications/cancelled"), None) => {
-            let cancelled = env
-                .params
-                .and_then(|p| serde_json::from_value::<CancelledNotificationParam>(p).ok())
-                .and_then(|p| p.request_id);
-            if let Some(id) = cancelled {
-                let id = serde_json::to_value(id).expect("an id serializes");
-                if let Some(p) = shared.state().pending.get_mut(&key(&id)) {
-                    // The client wants no answer; the outcome is still recorded.
-                    p.cancelled = true;
-                }
-            }
-        }
-        _ => {}
+    let answered = if refused.answer.is_empty() {
+        "dropped"
+    } else {
+        "answered with an error"
+    };
+    log(&format!(
+        "refused a message from the client, not forwarded ({answered}; {count} refused so far): {}",
+        refused.why
+    ));
+    for id in &refused.answer {
+        shared
+            .to_client
+            .send(reply::refused(id, &refused.why, count));
     }
-    shared.to_server.send(message);
 }
 
-/// A `tools/call`: asked of the gate first; forwarded unchanged only on an allow.
-async fn call(shared: &Shared, id: Value, params: Option<Value>, message: Raw) {
-    let params = match params.map(serde_json::from_value::<CallToolRequestParams>) {
-        Some(Ok(p)) => p,
-        Some(Err(e)) => {
-            return reply_error(
-                shared,
-                &id,
-                -32602,
-                &format!(
-                "tally mcp: the tools/call params are not valid ({e}); the call was not forwarded"
-            ),
-            )
-        }
-        None => {
-            return reply_error(
-                shared,
-                &id,
-                -32602,
-                "tally mcp: tools/call without params; the call was not forwarded",
-            )
-        }
+/// One line from the client: classified, then forwarded (a call, once the gate allows
+/// it) or refused.
+async fn from_client(shared: &Shared, line: ClientLine) {
+    let classified = match line {
+        ClientLine::Line(bytes) => classify::classify(&bytes),
+        ClientLine::TooLong => Err(Refused {
+            why: Why::TooLong,
+            answer: Vec::new(),
+        }),
     };
+    let classified = match classified {
+        Ok(c) => c,
+        Err(r) => return refuse(shared, r),
+    };
+    let in_flight =
+        |state: &State, k: &Key| state.asked.contains_key(k) || state.own.contains_key(k);
+    match classified.message {
+        Message::Call { id, call: c } => {
+            if in_flight(&shared.state(), &id.key()) {
+                return refuse(
+                    shared,
+                    Refused {
+                        why: Why::IdInUse,
+                        answer: Vec::new(),
+                    },
+                );
+            }
+            call(shared, id, c, classified.line).await;
+        }
+        Message::Request { id, method } => {
+            let k = id.key();
+            let mut state = shared.state();
+            if in_flight(&state, &k) {
+                drop(state);
+                return refuse(
+                    shared,
+                    Refused {
+                        why: Why::IdInUse,
+                        answer: Vec::new(),
+                    },
+                );
+            }
+            let asked = match method {
+                "initialize" => Asked::Initialize,
+                "tools/list" => Asked::ToolsList,
+                _ => Asked::Other,
+            };
+            state.asked.insert(k, asked);
+            drop(state);
+            shared.to_server.send(classified.line);
+        }
+        Message::Notification { method, params } => {
+            if method == "notifications/cancelled" {
+                let cancelled = params
+                    .as_ref()
+                    .and_then(|p| p.get("requestId"))
+                    .and_then(Id::from_value);
+                if let Some(id) = cancelled {
+                    if let Some(p) = shared.state().pending.get_mut(&id.key()) {
+                        // The client wants no answer; the outcome is still recorded.
+                        p.cancelled = true;
+                    }
+                }
+            }
+            shared.to_server.send(classified.line);
+        }
+        Message::Response { id } => {
+            if !shared.state().server_asked.remove(&id.key()) {
+                return refuse(
+                    shared,
+                    Refused {
+                        why: Why::UnexpectedAnswer,
+                        answer: Vec::new(),
+                    },
+                );
+            }
+            shared.to_server.send(classified.line);
+        }
+    }
+}
+
+/// A `tools/call`: asked of the gate first; forwarded, as the bytes classified, only on
+/// an allow.
+async fn call(shared: &Shared, id: Id, c: Call, line: String) {
+    let id_value = id.to_value();
     let server = shared.state().server_name.clone();
     let Some(server) = server else {
-        return deny_text(shared, &id, None, "tally mcp has not seen the server's initialize answer, so it cannot name the tool for the gate: the call was not made. Initialize the session first (or start tally mcp with --server-name).".into());
+        return not_made(shared, &id_value, None, "tally mcp has not seen the server's initialize answer, so it cannot name the tool for the gate: the call was not made. Initialize the session first (or start tally mcp with --server-name).".into());
     };
-    let tool = format!("{server}/{}", params.name);
-    let args = match tally_ledger::decision::Args::from_value(&Value::Object(
-        params.arguments.clone().unwrap_or_default(),
-    )) {
+    let tool = format!("{server}/{}", c.name);
+    let args = match tally_ledger::decision::Args::from_value(&Value::Object(c.arguments)) {
         Ok(a) => a,
         Err(e) => {
-            return reply_error(
-                shared,
-                &id,
+            return shared.to_client.send(reply::error(
+                &id_value,
                 -32602,
                 &format!("tally mcp: the call's arguments cannot be digested ({e}); the call was not forwarded"),
-            )
+                None,
+            ))
         }
     };
-    let effect = effect(shared, &params.name, &tool).await;
+    let effect = effect(shared, &c.name, &tool).await;
     let request = CheckRequest {
         run: shared.options.run.clone(),
         worker: shared.options.worker.clone(),
@@ -470,30 +505,51 @@ async fn call(shared: &Shared, id: Value, params: Option<Value>, message: Raw) {
         credential: shared.options.credential.clone(),
         timeout_ms: None,
     };
-    match shared.gate.check(request).await {
+    let answer = shared.gate.check(request).await;
+    if let Ok(a) = &answer {
+        let mut state = shared.state();
+        match (a.decision, a.reason, a.action) {
+            (Verdict::Allow, _, _) => state.last_refusal = None,
+            (_, Some(reason), Some(action)) => state.last_refusal = Some((reason, action)),
+            _ => {}
+        }
+    }
+    match answer {
         Ok(answer) if answer.decision == Verdict::Allow => {
             let Some(attempt) = answer.attempt else {
-                return deny_text(shared, &id, Some(&answer), "tally's gate allowed the call without an attempt number to record its outcome under: the call was not made.".into());
+                return not_made(shared, &id_value, Some(&answer), "tally's gate allowed the call without an attempt number to record its outcome under: the call was not made.".into());
             };
             let timeout = answer
                 .timeout_ms
                 .map(Duration::from_millis)
                 .unwrap_or(DEFAULT_CALL_TIMEOUT);
-            let timer = tokio::spawn(expire(shared.clone(), id.clone(), timeout)).abort_handle();
-            shared.state().pending.insert(
-                key(&id),
+            let timer =
+                tokio::spawn(expire(shared.clone(), id_value.clone(), timeout)).abort_handle();
+            let k = id.key();
+            let mut state = shared.state();
+            state.asked.insert(k.clone(), Asked::Call);
+            state.pending.insert(
+                k,
                 Pending {
                     attempt,
                     tool,
+                    effect,
                     cancelled: false,
                     timer,
                 },
             );
-            shared.to_server.send(message);
+            drop(state);
+            shared.to_server.send(line);
         }
         Ok(answer) => {
-            let text = refusal_text(&tool, &answer);
-            deny_text(shared, &id, Some(&answer), text);
+            let text = reply::refusal_text(&tool, &answer);
+            not_made(shared, &id_value, Some(&answer), text);
+        }
+        Err(GateFailure::Refused { code, message, .. }) if code == "run_stopped" => {
+            let text = format!(
+                "tally did not make this call to {tool}: {message}. Action: ask: a human must decide how this task goes on; say so and wait."
+            );
+            not_made(shared, &id_value, None, text);
         }
         Err(failure) => {
             let text = format!(
@@ -503,9 +559,13 @@ async fn call(shared: &Shared, id: Value, params: Option<Value>, message: Raw) {
                     _ => "",
                 }
             );
-            deny_text(shared, &id, None, text);
+            not_made(shared, &id_value, None, text);
         }
     }
+}
+
+fn not_made(shared: &Shared, id: &Value, answer: Option<&tally_gate::CheckAnswer>, text: String) {
+    shared.to_client.send(reply::not_made(id, answer, text));
 }
 
 /// No answer in time: the outcome is `timeout`, the server is told to cancel, and the
@@ -530,17 +590,14 @@ async fn expire(shared: Shared, id: Value, after: Duration) {
         "method": "notifications/cancelled",
         "params": {"requestId": id, "reason": "tally mcp: no answer within the gate's time limit"},
     });
-    shared.to_server.send(raw(&cancel));
+    shared.to_server.send(cancel.to_string());
     if !p.cancelled {
         let text = format!(
             "tally: {} did not answer within {} ms, the time the gate allowed this call; it was cancelled and its outcome recorded as timeout. The tool may or may not have acted: check before calling it again.",
             p.tool,
             after.as_millis()
         );
-        let result = tool_error(text, None);
-        shared
-            .to_client
-            .send(raw(&json!({"jsonrpc": "2.0", "id": id, "result": result})));
+        not_made(&shared, &id, None, text);
     }
 }
 
@@ -562,15 +619,20 @@ async fn effect(shared: &Shared, name: &str, tool: &str) -> Effect {
         .unwrap_or(Effect::NonIdempotentWrite)
 }
 
-/// The proxy's own `tools/list`, every page, under ids the client does not use.
+/// The proxy's own `tools/list`, every page, under ids no request in flight uses.
 async fn list_tools(shared: &Shared) {
     let mut cursor: Option<String> = None;
     for _ in 0..100 {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut state = shared.state();
-            state.next_own += 1;
-            let id = Value::String(format!("tally-mcp-{}", state.next_own));
+            let id = loop {
+                state.next_own += 1;
+                let id = Value::String(format!("tally-mcp-{}", state.next_own));
+                if !state.asked.contains_key(&key(&id)) {
+                    break id;
+                }
+            };
             state.own.insert(key(&id), tx);
             id
         };
@@ -578,13 +640,15 @@ async fn list_tools(shared: &Shared) {
         if let Some(c) = &cursor {
             request["params"] = json!({ "cursor": c });
         }
-        shared.to_server.send(raw(&request));
+        shared.to_server.send(request.to_string());
         let Ok(Ok(env)) = tokio::time::timeout(LIST_TIMEOUT, rx).await else {
             shared.state().own.remove(&key(&id));
             log("the server did not answer the proxy's tools/list: unlisted tools count as non-idempotent writes");
             return;
         };
-        let Some(result) = env.result else { return };
+        let Some(result) = env.get("result").cloned() else {
+            return;
+        };
         let next = result
             .get("nextCursor")
             .and_then(Value::as_str)
@@ -595,64 +659,4 @@ async fn list_tools(shared: &Shared) {
             None => return,
         }
     }
-}
-
-fn reply_error(shared: &Shared, id: &Value, code: i64, message: &str) {
-    let reply = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
-    shared.to_client.send(raw(&reply));
-}
-
-/// An MCP tool result with `isError` and a text the model can act on; the gate's answer
-/// also goes in `_meta` under `tally/gate`, for programs.
-fn tool_error(text: String, answer: Option<&CheckAnswer>) -> Value {
-    let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
-    // Older protocol versions have no resultType; leave it out, as a server would.
-    result.result_type = None;
-    if let Some(a) = answer {
-        let mut meta = serde_json::Map::new();
-        meta.insert(
-            "tally/gate".into(),
-            json!({
-                "decision": a.decision,
-                "reason": a.reason,
-                "action": a.action,
-                "cause": a.cause,
-                "retry_after_ms": a.retry_after_ms,
-                "seq": a.seq,
-            }),
-        );
-        result.meta = Some(MetaObject(meta));
-    }
-    serde_json::to_value(result).expect("a tool result serializes")
-}
-
-fn deny_text(shared: &Shared, id: &Value, answer: Option<&CheckAnswer>, text: String) {
-    let result = tool_error(text, answer);
-    shared
-        .to_client
-        .send(raw(&json!({"jsonrpc": "2.0", "id": id, "result": result})));
-}
-
-/// What the model reads when the gate refuses: what, why, what to do, and when.
-fn refusal_text(tool: &str, a: &CheckAnswer) -> String {
-    let reason = a.reason.map(|r| r.as_str()).unwrap_or("refused");
-    let action = a.action.map(|x| x.as_str()).unwrap_or("stop");
-    let todo = match action {
-        "retry" => "wait, then try again",
-        "ask" => "a human must approve more (tally approve) before this can go on; say so and wait",
-        _ => "do not call it again for this task; report what happened and what is left to do",
-    };
-    let mut text = match (a.decision, a.cause) {
-        (Verdict::RequireApproval, Some(cause)) => format!(
-            "tally refused this call to {tool}: {cause}, and going on needs a human's approval ({reason}). Action: {action}: {todo}."
-        ),
-        _ => format!("tally refused this call to {tool}: {reason}. Action: {action}: {todo}."),
-    };
-    if let Some(ms) = a.retry_after_ms {
-        text.push_str(&format!(" Retry after {ms} ms."));
-    }
-    if let Some(seq) = a.seq {
-        text.push_str(&format!(" (Recorded in tally's ledger, seq {seq}.)"));
-    }
-    text
 }

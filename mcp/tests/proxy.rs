@@ -17,6 +17,9 @@ use tally_ledger::keys::{AuditorKey, LedgerPublic};
 use tally_ledger::{Decision, Effect, Kind, Status};
 use tempfile::TempDir;
 
+mod crafted;
+mod session;
+
 const TALLY: &str = env!("CARGO_BIN_EXE_tally");
 
 fn here() -> PathBuf {
@@ -52,6 +55,24 @@ fn sdk_available(test: &str) -> bool {
         );
     }
     ok
+}
+
+/// The MCP reference server's command, if it is installed. With CI set, it must be.
+fn reference_server(test: &str) -> Option<String> {
+    let server = here().join("../node/node_modules/.bin/mcp-server-everything");
+    if !server.exists() {
+        if std::env::var_os("CI").is_some() {
+            panic!(
+                "the MCP reference server is required in CI: `npm install --prefix mcp/tests/node`"
+            );
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {test}: npm install --prefix mcp/tests/node"
+        );
+        return None;
+    }
+    Some(server.display().to_string())
 }
 
 /// A ledger, a policy and `tally serve` on a socket in a temporary directory.
@@ -115,6 +136,11 @@ impl Gate {
 
     /// `tally mcp` in front of the test server, as an argument list.
     fn proxy(&self, run: &str, extra: &[&str]) -> Vec<String> {
+        self.proxy_to(run, extra, &["python3".into(), server_py()])
+    }
+
+    /// `tally mcp` in front of a server command, as an argument list.
+    fn proxy_to(&self, run: &str, extra: &[&str], server: &[String]) -> Vec<String> {
         let mut args: Vec<String> = vec![
             TALLY.into(),
             "mcp".into(),
@@ -126,13 +152,19 @@ impl Gate {
             format!("test {run}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        args.extend(["--".into(), "python3".into(), server_py()]);
+        args.push("--".into());
+        args.extend(server.iter().cloned());
         args
     }
 
     /// Stop the daemon (it seals the ledger), verify the ledger with the real binary,
     /// and return every decision of `run`.
-    fn finish(mut self, run: &str) -> Vec<Decision> {
+    fn finish(self, run: &str) -> Vec<Decision> {
+        self.finish_all(&[run]).remove(0)
+    }
+
+    /// As `finish`, for each of `runs`.
+    fn finish_all(mut self, runs: &[&str]) -> Vec<Vec<Decision>> {
         let mut serve = self.serve.take().expect("running");
         let pid = rustix::process::Pid::from_child(&serve);
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
@@ -157,7 +189,7 @@ impl Gate {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        decisions(self.dir.path(), run)
+        runs.iter().map(|r| decisions(self.dir.path(), r)).collect()
     }
 }
 
@@ -349,11 +381,16 @@ struct Raw {
 
 impl Raw {
     fn start(command: &[String], env: &[(&str, &str)]) -> Raw {
+        Raw::start_logged(command, env, Stdio::null())
+    }
+
+    /// As `start`, with the command's stderr going to `stderr`.
+    fn start_logged(command: &[String], env: &[(&str, &str)], stderr: impl Into<Stdio>) -> Raw {
         let mut c = Command::new(&command[0]);
         c.args(&command[1..])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(stderr);
         for (k, v) in env {
             c.env(k, v);
         }
@@ -372,8 +409,14 @@ impl Raw {
     }
 
     fn send(&mut self, line: &str) {
+        self.send_bytes(line.as_bytes());
+    }
+
+    /// Send one line of any bytes (a newline is added).
+    fn send_bytes(&mut self, line: &[u8]) {
         let stdin = self.child.stdin.as_mut().expect("stdin");
-        writeln!(stdin, "{line}").expect("write");
+        stdin.write_all(line).expect("write");
+        stdin.write_all(b"\n").expect("write");
         stdin.flush().expect("flush");
     }
 
@@ -459,9 +502,10 @@ fn raw_script(command: &[String]) -> Vec<String> {
             r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"steps","arguments":{"count":2},"_meta":{"progressToken":"p6"}}}"#,
             Some(json!(6)),
         ),
-        // Methods the proxy does not know pass through too, and their errors come back.
+        // Methods the server does not implement pass through too, with the bytes as
+        // sent (numbers as written, escapes), and their errors come back.
         (
-            r#"{"jsonrpc":"2.0","id":7,"method":"custom/thing","params":{"x":[1,2.50,"\u00e9"]}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"review"},"argument":{"name":"path","value":"a\u00e9"},"x":[1,2.50]}}"#,
             Some(json!(7)),
         ),
         (
@@ -469,7 +513,7 @@ fn raw_script(command: &[String]) -> Vec<String> {
             None,
         ),
         (
-            r#"{"jsonrpc":"2.0","method":"notifications/custom","params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"none","progress":1}}"#,
             None,
         ),
         (
@@ -762,20 +806,9 @@ fn the_mcp_reference_server_passes_through() {
     if !sdk_available(name) {
         return;
     }
-    let server = here().join("../node/node_modules/.bin/mcp-server-everything");
-    if !server.exists() {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "the MCP reference server is required in CI: `npm install --prefix mcp/tests/node`"
-            );
-        }
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED {name}: npm install --prefix mcp/tests/node"
-        );
+    let Some(server) = reference_server(name) else {
         return;
-    }
-    let server = server.display().to_string();
+    };
     let gate = Gate::start("");
     let straight = client("everything", std::slice::from_ref(&server), &[]);
     let mut proxied_command = gate.proxy("ref1", &[]);

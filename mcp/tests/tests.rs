@@ -9,6 +9,8 @@ use tally_ledger::Effect;
 use tally_mcp::map::effect_of;
 use tally_mcp::{MapError, PolicyMap};
 
+mod classify;
+
 fn annotations(
     read_only: Option<bool>,
     destructive: Option<bool>,

@@ -9,10 +9,13 @@ import os
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import ToolAnnotations
 
-def seen(tool):
-    """Append the tool's name to $TALLY_MCP_TEST_CALLS: what reached the server."""
+def seen(tool, detail=None):
+    """Append the tool's name to $TALLY_MCP_TEST_CALLS: what reached the server (and,
+    with $TALLY_MCP_TEST_ARGS set, a detail of its arguments after it)."""
     path = os.environ.get("TALLY_MCP_TEST_CALLS")
     if path:
+        if detail is not None and os.environ.get("TALLY_MCP_TEST_ARGS"):
+            tool = f"{tool} {detail}"
         with open(path, "a") as f:
             f.write(tool + "\n")
 
@@ -37,7 +40,7 @@ def put(key: str, value: str) -> str:
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True))
 def send(to: str) -> str:
     """Send a message (not idempotent)."""
-    seen("send")
+    seen("send", to)
     return f"sent to {to}"
 
 
