@@ -792,8 +792,8 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>, rules: &Rules) -> Res
     })?;
     let found = analysis.map(analysis::Background::finish);
     usage_errors(&verified, &audits, auditor_key)?;
-    let inconsistent =
-        found.as_ref().is_some_and(analysis::Report::inconsistent) || verified.merge_findings(None) > 0;
+    let inconsistent = found.as_ref().is_some_and(analysis::Report::inconsistent)
+        || verified.merge_findings(None) > 0;
     let verdict = verified.verdict();
     if audits.json {
         let mut value = match verified.single() {
@@ -1037,12 +1037,7 @@ fn analysis_code(verified: &Verified, findings: u64, run: Option<&str>) -> Code 
     }
 }
 
-pub fn loops(
-    read: &ReadArgs,
-    auditor_key: &Path,
-    force: bool,
-    rules: &Rules,
-) -> Result<Code> {
+pub fn loops(read: &ReadArgs, auditor_key: &Path, force: bool, rules: &Rules) -> Result<Code> {
     let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
         return Ok(1);
     };

@@ -142,13 +142,19 @@ fn granted_text(
     if let Some(a) = scope.attempts.filter(|&a| a > 0) {
         let plural = if a == 1 { "attempt" } else { "attempts" };
         gives.push(match limit("attempts") {
-            Some(l) => format!("{a} more {plural} (its limit {l} -> {})", l.saturating_add(a)),
+            Some(l) => format!(
+                "{a} more {plural} (its limit {l} -> {})",
+                l.saturating_add(a)
+            ),
             None => format!("{a} more {plural}"),
         });
     }
     if let Some(c) = scope.cents.filter(|&c| c > 0) {
         gives.push(match limit("spend_cents") {
-            Some(l) => format!("{c}¢ more (its spend limit {l}¢ -> {}¢)", l.saturating_add(c)),
+            Some(l) => format!(
+                "{c}¢ more (its spend limit {l}¢ -> {}¢)",
+                l.saturating_add(c)
+            ),
             None => format!("{c}¢ more"),
         });
     }

@@ -104,9 +104,11 @@ fn polling(run_name: &str, hint: u64, early: u64, polls: u64, budget: Value) -> 
         let at = last + hint - early;
         let attempt = i + 2;
         let done = i + 1 == polls;
-        r.push(json!({"run": run_name, "kind": "allow", "at_ms": at, "tool": "export.status",
+        r.push(
+            json!({"run": run_name, "kind": "allow", "at_ms": at, "tool": "export.status",
                       "operation": "export.status:j1", "args": {"id": "j1"}, "effect": "read",
-                      "attempt": attempt}));
+                      "attempt": attempt}),
+        );
         let mut o = json!({"run": run_name, "kind": "outcome", "at_ms": at + 100,
                            "attempt": attempt, "status": if done { "ok" } else { "running" },
                            "remote_ref": "j1",
@@ -131,17 +133,30 @@ fn regression_issue_20_polling_inside_the_tolerance_is_no_loop() {
     ledger(d);
     let mut records = polling("every-30s", 30_000, 200, 15, json!({"polls": 30}));
     // 24 minutes of polls up to 5 % early, finishing `done`.
-    records.extend(polling("five-percent", 30_000, 1_500, 48, json!({"polls": 60})));
+    records.extend(polling(
+        "five-percent",
+        30_000,
+        1_500,
+        48,
+        json!({"polls": 60}),
+    ));
     ok(d, &["append", "--ledger", "ledger"], &ndjson(&records));
 
     let loops = audit(d, "loops", &[]);
     assert_eq!(loops.status.code(), Some(0), "{}", text(&loops));
-    assert!(text(&loops).starts_with("No loops found."), "{}", text(&loops));
+    assert!(
+        text(&loops).starts_with("No loops found."),
+        "{}",
+        text(&loops)
+    );
     let handoff = audit(d, "handoff", &[]);
     assert_eq!(handoff.status.code(), Some(0), "{}", text(&handoff));
     let h = text(&handoff);
     assert!(!h.contains("poll") || !h.contains("looped"), "{h}");
-    assert!(h.contains("nothing to resume: the run completed its task"), "{h}");
+    assert!(
+        h.contains("nothing to resume: the run completed its task"),
+        "{h}"
+    );
     assert_eq!(audit(d, "verify", &[]).status.code(), Some(0));
 
     // Four seconds early on a 30 s hint is past the 3 s tolerance: the gate would say
@@ -153,7 +168,10 @@ fn regression_issue_20_polling_inside_the_tolerance_is_no_loop() {
     ok(d, &["append", "--ledger", "ledger"], &ndjson(&early));
     let loops = text(&audit(d, "loops", &[]));
     assert!(loops.contains("1. polling in run too-early"), "{loops}");
-    assert!(loops.contains("before the upstream's Retry-After"), "{loops}");
+    assert!(
+        loops.contains("before the upstream's Retry-After"),
+        "{loops}"
+    );
 }
 
 /// Issue 20 item 2: a parent that spends what it carved out for a child is over its
@@ -174,8 +192,10 @@ fn regression_issue_20_a_parent_spending_what_its_child_took_is_found() {
             records.push(json!({"run": name, "kind": "allow", "at_ms": base + i * 10,
                                 "tool": "api", "args": {"n": i}, "effect": "read",
                                 "attempt": i, "reserve_cents": 10}));
-            records.push(json!({"run": name, "kind": "outcome", "at_ms": base + i * 10 + 5,
-                                "attempt": i, "status": "ok", "settled_cents": 10}));
+            records.push(
+                json!({"run": name, "kind": "outcome", "at_ms": base + i * 10 + 5,
+                                "attempt": i, "status": "ok", "settled_cents": 10}),
+            );
         }
     }
     ok(d, &["append", "--ledger", "ledger"], &ndjson(&records));
@@ -365,7 +385,10 @@ fn regression_issue_20_a_real_approval_verifies_consistent() {
         let mut args = vec!["--attempts", "3"];
         args.extend_from_slice(scope);
         let said = approve(run, &args);
-        assert!(said.contains("3 more attempts (its limit 1 -> 4)"), "{said}");
+        assert!(
+            said.contains("3 more attempts (its limit 1 -> 4)"),
+            "{said}"
+        );
         assert!(said.contains("valid for 10 min 00 s"), "{said}");
         for n in 2..=4 {
             let a = s.check(call(run, n));
@@ -383,7 +406,10 @@ fn regression_issue_20_a_real_approval_verifies_consistent() {
     assert_eq!(s.check(reserve(1))["decision"], "allow");
     assert_eq!(s.check(reserve(2))["cause"], "reservation_insufficient");
     let said = approve("cents", &["--cents", "30"]);
-    assert!(said.contains("30¢ more (its spend limit 20¢ -> 50¢)"), "{said}");
+    assert!(
+        said.contains("30¢ more (its spend limit 20¢ -> 50¢)"),
+        "{said}"
+    );
     assert_eq!(s.check(reserve(2))["decision"], "allow");
     assert_eq!(s.check(reserve(3))["cause"], "reservation_insufficient");
 
@@ -412,7 +438,8 @@ fn regression_issue_20_an_agent_alone_cannot_make_the_ledger_inconsistent() {
     // no further call is allowed until a human grants cents.
     s.started("over", json!({"spend_cents": 100}));
     let a = allowed("over", 5);
-    let (status, v) = s.outcome(json!({"run": "over", "attempt": a, "status": "ok", "settled_cents": 50}));
+    let (status, v) =
+        s.outcome(json!({"run": "over", "attempt": a, "status": "ok", "settled_cents": 50}));
     assert_eq!(status, 200, "{v}");
     let next = s.check(call("over", 2));
     assert_eq!(next["cause"], "budget_exceeded", "{next}");
@@ -439,7 +466,11 @@ fn regression_issue_20_an_agent_alone_cannot_make_the_ledger_inconsistent() {
         }
     }
     let (status, v) = s.outcome(json!({"run": "news", "attempt": 7, "status": "ok"}));
-    assert_eq!((status, &v["error"]["code"]), (404, &json!("no_such_attempt")), "{v}");
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (404, &json!("no_such_attempt")),
+        "{v}"
+    );
 
     // An outcome after the run's own stop, for a call still in flight, is a fact to
     // record (it may have cost money).
@@ -447,7 +478,8 @@ fn regression_issue_20_an_agent_alone_cannot_make_the_ledger_inconsistent() {
     let a = allowed("after-stop", 5);
     let (status, v) = s.agent("POST", "/v1/runs/after-stop/stop", Some(json!({})));
     assert_eq!(status, 200, "{v}");
-    let (status, v) = s.outcome(json!({"run": "after-stop", "attempt": a, "status": "ok", "settled_cents": 5}));
+    let (status, v) =
+        s.outcome(json!({"run": "after-stop", "attempt": a, "status": "ok", "settled_cents": 5}));
     assert_eq!(status, 200, "{v}");
 
     // A call that timed out, then settled ok with remote id gen-5 for 20¢.
@@ -457,7 +489,11 @@ fn regression_issue_20_an_agent_alone_cannot_make_the_ledger_inconsistent() {
     c["operation"] = json!("generate");
     c["reserve_cents"] = json!(20);
     let a = s.check(c)["attempt"].as_u64().expect("attempt");
-    assert_eq!(s.outcome(json!({"run": "late", "attempt": a, "status": "timeout"})).0, 200);
+    assert_eq!(
+        s.outcome(json!({"run": "late", "attempt": a, "status": "timeout"}))
+            .0,
+        200
+    );
     let (status, v) = s.outcome(json!({"run": "late", "attempt": a, "status": "ok",
                                        "settled_cents": 20, "remote_ref": "gen-5"}));
     assert_eq!(status, 200, "{v}");
@@ -471,7 +507,10 @@ fn regression_issue_20_an_agent_alone_cannot_make_the_ledger_inconsistent() {
     assert!(h.contains(", 20¢,"), "{h}");
     assert!(!h.contains("Completed: nothing"), "{h}");
     let over = text(&audit(s.dir.path(), "handoff", &["--run", "over"]));
-    assert!(over.contains("Overrun: 45¢ settled above what calls reserved"), "{over}");
+    assert!(
+        over.contains("Overrun: 45¢ settled above what calls reserved"),
+        "{over}"
+    );
 }
 
 /// Issue 20 items 6 and 7: identical calls whose result changed are progress, not a
@@ -480,9 +519,7 @@ fn regression_issue_20_an_agent_alone_cannot_make_the_ledger_inconsistent() {
 #[test]
 fn regression_issue_20_progress_and_the_retry_cap_have_their_own_rules() {
     let mut s = Served::start("");
-    let read = |run: &str| {
-        json!({"run": run, "tool": "Read", "effect": "read", "args": {"file_path": "src/a.rs"}})
-    };
+    let read = |run: &str| json!({"run": run, "tool": "Read", "effect": "read", "args": {"file_path": "src/a.rs"}});
     for (run, changes) in [("edited", true), ("same", false)] {
         s.started(run, json!({}));
         for i in 0..4u64 {
@@ -497,7 +534,9 @@ fn regression_issue_20_progress_and_the_retry_cap_have_their_own_rules() {
             }
             assert_eq!(a["decision"], "allow", "run {run}, read {i}: {a}");
             let digest = if changes {
-                blake3::hash(format!("content {i}").as_bytes()).to_hex().to_string()
+                blake3::hash(format!("content {i}").as_bytes())
+                    .to_hex()
+                    .to_string()
             } else {
                 blake3::hash(b"content").to_hex().to_string()
             };
@@ -520,6 +559,10 @@ fn regression_issue_20_progress_and_the_retry_cap_have_their_own_rules() {
         (&json!("retries_exhausted"), &json!("stop")),
         "{a}"
     );
-    assert_eq!(a["limits"]["attempts"], json!({"used": 3, "limit": 50}), "{a}");
+    assert_eq!(
+        a["limits"]["attempts"],
+        json!({"used": 3, "limit": 50}),
+        "{a}"
+    );
     assert_eq!(s.audit("verify").status.code(), Some(0));
 }

@@ -311,9 +311,14 @@ fn from_server(shared: &Shared, message: &RawValue) {
                                 .and_then(Value::as_bool)
                                 .unwrap_or(false);
                         let status = if failed { Status::Error } else { Status::Ok };
-                        shared
-                            .gate
-                            .outcome(outcome(&shared.options, p.attempt, status));
+                        let mut o = outcome(&shared.options, p.attempt, status);
+                        // A digest of what the tool returned (never the result): the same
+                        // call with a changed result is progress, not a loop.
+                        o.result_digest = env
+                            .get("result")
+                            .or_else(|| env.get("error"))
+                            .map(tally_ledger::decision::args_digest);
+                        shared.gate.outcome(o);
                     }
                 }
                 Some(Asked::Initialize) => {

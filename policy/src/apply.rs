@@ -12,8 +12,8 @@ use crate::decide::{counts, Call, View};
 use crate::judge::{grant_in_force, is_final, judge, Inconsistency};
 use crate::start::{carry_over, delegate, Family};
 use crate::state::{
-    call_id, op_key, result_key, Attempt, Breaker, CredentialState, Grant, Probe, Recent,
-    RunState, ToolState, Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
+    call_id, op_key, result_key, Attempt, Breaker, CredentialState, Grant, Probe, Recent, RunState,
+    ToolState, Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
 };
 use crate::Now;
 
@@ -65,7 +65,7 @@ pub fn apply(
         run,
         tool,
         credential,
-        mut parent,
+        parent,
         continued,
     } = state;
     let mut found = count_unrecorded(run, record);
@@ -99,7 +99,7 @@ pub fn apply(
                 if let Some(old) = continued {
                     carry_over(run, old);
                 }
-                if let Some(p) = parent.as_deref_mut() {
+                if let Some(p) = parent {
                     delegate(p, record.budget.as_ref().unwrap_or(&Default::default()));
                 }
             }
@@ -120,7 +120,8 @@ pub fn apply(
             let bad = has(|f| {
                 matches!(
                     f,
-                    Inconsistency::RefundWithoutAttempt { .. } | Inconsistency::RefundedTwice { .. }
+                    Inconsistency::RefundWithoutAttempt { .. }
+                        | Inconsistency::RefundedTwice { .. }
                 )
             });
             if !bad {

@@ -217,7 +217,11 @@ pub fn judge(policy: &Policy, view: View<'_>, record: &Decision, now: Now) -> Ve
         Kind::Override => {
             if let Err(e) = crate::approval::check(policy, record) {
                 found.push(Inconsistency::InvalidApproval { why: e.to_string() });
-            } else if run.grants.iter().any(|g| Some(&g.digest) == record.digest.as_ref()) {
+            } else if run
+                .grants
+                .iter()
+                .any(|g| Some(&g.digest) == record.digest.as_ref())
+            {
                 found.push(Inconsistency::InvalidApproval {
                     why: "the same approval was recorded twice (each is used once)".into(),
                 });
@@ -236,7 +240,11 @@ fn held_grant<'a>(run: &'a RunState, record: &Decision) -> Option<&'a Grant> {
 
 /// The grant an allow names, if it is in force for it: held unused, for this call, not
 /// expired. The one grant the fold puts in force.
-pub(crate) fn grant_in_force<'a>(run: &'a RunState, record: &Decision, now: Now) -> Option<&'a Grant> {
+pub(crate) fn grant_in_force<'a>(
+    run: &'a RunState,
+    record: &Decision,
+    now: Now,
+) -> Option<&'a Grant> {
     let g = held_grant(run, record)?;
     let call = Call::from_record(record);
     (grant_fits(g, &call) && grant_live(g, run.run_ms(now))).then_some(g)
@@ -296,10 +304,7 @@ fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Ve
     let extra_cents = grant.and_then(|g| g.scope.cents).unwrap_or(0);
     let with_extra = |limit: Option<u64>, extra: u64| limit.map(|l| l.saturating_add(extra));
 
-    let Some(attempts_used) = run
-        .attempts_used
-        .checked_add(u64::from(counted))
-    else {
+    let Some(attempts_used) = run.attempts_used.checked_add(u64::from(counted)) else {
         found.push(Inconsistency::Overflow { field: "attempts" });
         return;
     };

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use tally_record::decision::Budget;
 use tally_record::{Decision, Effect};
 
-use crate::judge::Dimension;
 use crate::config::Policy;
+use crate::judge::Dimension;
 use crate::judge::Inconsistency;
 use crate::state::RunState;
 
@@ -65,7 +65,9 @@ pub enum StartRefusal {
     #[error("the run it continues has not stopped: stop it first")]
     ContinuedNotStopped,
     /// The credential's `uids` do not include the starting uid.
-    #[error("the credential is not this uid's to start runs under (the policy's credentials.NAME.uids)")]
+    #[error(
+        "the credential is not this uid's to start runs under (the policy's credentials.NAME.uids)"
+    )]
     CredentialNotAllowed,
     /// The starting agent is deeper than the granted depth.
     #[error("chain depth {depth} is beyond the {limit} granted")]
@@ -85,7 +87,10 @@ pub fn grant_budget(
     credential: Option<&str>,
     parent: Option<&RunState>,
 ) -> Budget {
-    let b = clamp(asked.cloned().unwrap_or_default(), &policy.ceiling_for(credential));
+    let b = clamp(
+        asked.cloned().unwrap_or_default(),
+        &policy.ceiling_for(credential),
+    );
     match parent {
         Some(p) => clamp(b, &left_of(p)),
         None => b,
@@ -210,7 +215,11 @@ fn beyond(granted: &Budget, most: &Budget, found: &mut Vec<Inconsistency>) {
         (Dimension::Attempts, granted.attempts, most.attempts),
         (Dimension::DeadlineMs, granted.deadline_ms, most.deadline_ms),
         (Dimension::SpendCents, granted.spend_cents, most.spend_cents),
-        (Dimension::SideEffects, granted.side_effects, most.side_effects),
+        (
+            Dimension::SideEffects,
+            granted.side_effects,
+            most.side_effects,
+        ),
         (Dimension::Polls, granted.polls, most.polls),
         (Dimension::Depth, granted.depth, most.depth),
     ];

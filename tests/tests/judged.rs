@@ -137,12 +137,16 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             }
         })
     };
-    (start(0), start(1), start(2), prop::collection::vec(op(), 1..80)).prop_map(
-        |(a, b, c, mut rest)| {
+    (
+        start(0),
+        start(1),
+        start(2),
+        prop::collection::vec(op(), 1..80),
+    )
+        .prop_map(|(a, b, c, mut rest)| {
             rest.splice(0..0, [a, b, c]);
             rest
-        },
-    )
+        })
 }
 
 const STATUSES: [Status; 6] = [
@@ -171,8 +175,12 @@ fn scratch() -> tempfile::TempDir {
 fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
     let dir = scratch();
     let auditor = AuditorKey::generate();
-    let public =
-        Ledger::init(&dir.path().join("l"), &auditor.public(), Rotation::default()).expect("init");
+    let public = Ledger::init(
+        &dir.path().join("l"),
+        &auditor.public(),
+        Rotation::default(),
+    )
+    .expect("init");
     let ledger = Arc::new(Ledger::open(&dir.path().join("l")).expect("open"));
     let gate = Gate::open(Arc::clone(&ledger), policy()).expect("gate");
     let name = |r: u8| format!("r{r}");
@@ -258,15 +266,17 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                     remote_ref: remote.map(|r| format!("j{r}")),
                     observed: observed.map(|o| format!("state{o}")),
                     retry_after_ms: retry_after.map(|r| u64::from(r) * 200),
-                    result_digest: result
-                        .map(|r| blake3::hash(&[r]).to_hex().to_string()),
+                    result_digest: result.map(|r| blake3::hash(&[r]).to_hex().to_string()),
                     worker: None,
                 };
                 let _ = gate.outcome_blocking(AGENT, req);
             }
             Op::Stop { run, reason } => {
-                let reason = [None, Some(Reason::Completed), Some(Reason::LoopRepeatedCall)]
-                    [reason as usize];
+                let reason = [
+                    None,
+                    Some(Reason::Completed),
+                    Some(Reason::LoopRepeatedCall),
+                ][reason as usize];
                 let _ = gate.stop_blocking(
                     AGENT,
                     &name(run),
@@ -300,8 +310,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                 };
                 // A late approval expires before the run's next call.
                 let expires_ms = standing.at_ms + if late { 1 } else { 60_000 };
-                let digest =
-                    tally_policy::approval::digest(&name(run), "dana", &scope, expires_ms);
+                let digest = tally_policy::approval::digest(&name(run), "dana", &scope, expires_ms);
                 let signature = tally_policy::approval::sign(&dana(), &digest);
                 let _ = gate.approve_blocking(
                     OPERATOR,
@@ -408,7 +417,9 @@ fn core_fold(events: &[Event]) -> Vec<(u64, Inconsistency)> {
             r.start_wall_ms = e.wall_ms.saturating_sub(d.at_ms.unwrap_or(0));
             r
         });
-        let at = d.at_ms.unwrap_or(e.wall_ms.saturating_sub(run.start_wall_ms));
+        let at = d
+            .at_ms
+            .unwrap_or(e.wall_ms.saturating_sub(run.start_wall_ms));
         let now = tally_policy::Now {
             wall_ms: run.start_wall_ms.saturating_add(at),
             at_ms: Some(at),
@@ -469,38 +480,43 @@ fn raw() -> impl Strategy<Value = Decision> {
         0u64..3,
         0u64..2000,
     )
-        .prop_map(|(run, kind, attempt, n, cents, status, other, effect, at)| {
-            let effect = ["read", "idempotent_write", "non_idempotent_write"][effect as usize];
-            let v = match kind {
-                Kind::Start => {
-                    let mut v = json!({"run": run, "kind": "start", "at_ms": 0,
+        .prop_map(
+            |(run, kind, attempt, n, cents, status, other, effect, at)| {
+                let effect = ["read", "idempotent_write", "non_idempotent_write"][effect as usize];
+                let v = match kind {
+                    Kind::Start => {
+                        let mut v = json!({"run": run, "kind": "start", "at_ms": 0,
                                        "budget": {"attempts": 3 + n, "spend_cents": 50}});
-                    if let Some(o) = other.filter(|o| *o != run) {
-                        v[if n % 2 == 0 { "parent" } else { "continues" }] = json!(o);
+                        if let Some(o) = other.filter(|o| *o != run) {
+                            v[if n % 2 == 0 { "parent" } else { "continues" }] = json!(o);
+                        }
+                        v
                     }
-                    v
-                }
-                Kind::Allow => json!({"run": run, "kind": "allow", "at_ms": at, "tool": "t",
+                    Kind::Allow => json!({"run": run, "kind": "allow", "at_ms": at, "tool": "t",
                                       "operation": format!("op{n}"), "effect": effect,
                                       "attempt": attempt, "reserve_cents": cents.unwrap_or(0)}),
-                Kind::Deny => json!({"run": run, "kind": "deny", "at_ms": at, "tool": "t",
+                    Kind::Deny => json!({"run": run, "kind": "deny", "at_ms": at, "tool": "t",
                                      "effect": effect, "reason": "attempts_exhausted"}),
-                Kind::Outcome => {
-                    let status = ["ok", "error", "rejected", "timeout", "running", "unknown"][status];
-                    let mut v = json!({"run": run, "kind": "outcome", "at_ms": at,
+                    Kind::Outcome => {
+                        let status =
+                            ["ok", "error", "rejected", "timeout", "running", "unknown"][status];
+                        let mut v = json!({"run": run, "kind": "outcome", "at_ms": at,
                                        "attempt": attempt, "status": status});
-                    if let Some(c) = cents {
-                        v["settled_cents"] = json!(c);
+                        if let Some(c) = cents {
+                            v["settled_cents"] = json!(c);
+                        }
+                        v
                     }
-                    v
-                }
-                Kind::Refund => json!({"run": run, "kind": "refund", "at_ms": at, "of": attempt}),
-                Kind::Override => json!({"run": run, "kind": "override", "at_ms": at,
+                    Kind::Refund => {
+                        json!({"run": run, "kind": "refund", "at_ms": at, "of": attempt})
+                    }
+                    Kind::Override => json!({"run": run, "kind": "override", "at_ms": at,
                                          "approver": "someone", "scope": {"attempts": n + 1}}),
-                _ => json!({"run": run, "kind": "stop", "at_ms": at, "reason": "completed"}),
-            };
-            let d = Decision::from_json(&v.to_string()).expect("a raw decision");
-            d.validate().expect("valid");
-            d
-        })
+                    _ => json!({"run": run, "kind": "stop", "at_ms": at, "reason": "completed"}),
+                };
+                let d = Decision::from_json(&v.to_string()).expect("a raw decision");
+                d.validate().expect("valid");
+                d
+            },
+        )
 }

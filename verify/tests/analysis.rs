@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 use tally_ledger::decision::args_digest;
-use tally_ledger::{Action, Decision, Effect, Reason, Status};
+use tally_ledger::{Action, Decision, Effect, Reason};
 use tally_verify::analysis::*;
 use tally_verify::{Event, Seq};
 
@@ -1220,9 +1220,11 @@ fn approval(at_ms: u64, scope: Value, expires_ms: u64) -> (Decision, String) {
     let sc: tally_ledger::decision::Scope = serde_json::from_value(scope.clone()).expect("scope");
     let digest = tally_policy::approval::digest("r", "dana", &sc, expires_ms);
     let signature = tally_policy::approval::sign(&dana(), &digest);
-    let record = d(json!({"run": "r", "kind": "override", "at_ms": at_ms, "approver": "dana",
+    let record = d(
+        json!({"run": "r", "kind": "override", "at_ms": at_ms, "approver": "dana",
                           "scope": scope, "digest": digest, "expires_ms": expires_ms,
-                          "signature": signature}));
+                          "signature": signature}),
+    );
     (record, digest)
 }
 
@@ -1362,7 +1364,13 @@ fn an_unsigned_or_unlisted_approval_grants_nothing() {
                     why: "approval has no `signature`".into()
                 }
             ),
-            finding(3, "r", Inconsistency::GrantNotHeld { digest: digest.clone() }),
+            finding(
+                3,
+                "r",
+                Inconsistency::GrantNotHeld {
+                    digest: digest.clone()
+                }
+            ),
             finding(
                 3,
                 "r",
@@ -1615,7 +1623,10 @@ fn json_reports_have_the_documented_fields() {
     assert_eq!(h["safe_resume"][0]["action"], "check_remote");
     assert_eq!(h["unsafe_actions"][0]["kind"], "remote_job_running");
     // The polls used against the allowance are handed over too.
-    assert_eq!(h["polls"], json!([{"remote_ref": "eb12", "used": 3, "allowance": 3}]));
+    assert_eq!(
+        h["polls"],
+        json!([{"remote_ref": "eb12", "used": 3, "allowance": 3}])
+    );
     assert_eq!(h["checkpoint"], json!({"status": "unknown"}));
 
     let f = analyse(&scenario("spend_overrun"));
@@ -1891,7 +1902,10 @@ fn a_run_with_very_many_names_and_a_loop_at_the_end() {
     let h = only_handoff(&r);
     let first: Vec<String> = (0..16).map(|i| format!("w{i:02}")).collect();
     assert_eq!(h.workers, first, "the first 16 workers, in order");
-    assert_eq!(h.completed_total, 5_000, "every read that ended ok completed");
+    assert_eq!(
+        h.completed_total, 5_000,
+        "every read that ended ok completed"
+    );
     assert_eq!(h.completed.len(), 50, "the latest 50 are listed");
     assert_eq!(h.attempts.used, 5_004);
     assert_eq!(h.loops, 1);

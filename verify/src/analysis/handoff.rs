@@ -428,7 +428,6 @@ pub(crate) fn build(run: &RunAnalysis, loops: &[&Loop], findings: u64) -> Handof
                     not_before: None,
                     seq: Some(p.seq),
                 });
-
             }
         }
     }

@@ -398,9 +398,13 @@ impl Series {
             (None, Some(seq), _) => LoopEnd::Succeeded { seq },
             (None, None, Close::Stop { reason, seq }) => LoopEnd::RunStopped { reason, seq },
             (None, None, Close::Finish { stop: None }) => LoopEnd::NeverStopped,
-            (None, None, Close::Finish { stop: Some((reason, seq)) }) if clock == Clock::Wall => {
-                LoopEnd::RunStopped { reason, seq }
-            }
+            (
+                None,
+                None,
+                Close::Finish {
+                    stop: Some((reason, seq)),
+                },
+            ) if clock == Clock::Wall => LoopEnd::RunStopped { reason, seq },
             (None, None, _) => LoopEnd::Abandoned,
         };
         Some(Loop {
@@ -512,9 +516,9 @@ impl ToolStorms {
         tally_policy::breaker_outcome(policy, &mut t.breaker, call, o.status, now);
         let failed = matches!(o.status, Status::Error | Status::Timeout);
         if failed {
-            let s = t
-                .series
-                .get_or_insert_with(|| Series::new(Pattern::RetryStorm, o.seq, wall_ms, Some(Arc::clone(tool))));
+            let s = t.series.get_or_insert_with(|| {
+                Series::new(Pattern::RetryStorm, o.seq, wall_ms, Some(Arc::clone(tool)))
+            });
             s.now.last_seq = s.now.last_seq.max(o.seq);
             s.now.last_ms = s.now.last_ms.max(wall_ms);
             s.now.count += 1;
@@ -542,7 +546,11 @@ impl ToolStorms {
                 // stopped.
                 let stops: Option<Vec<(Reason, Seq)>> = t.runs.iter().map(|r| stop_of(r)).collect();
                 let stop = stops.and_then(|s| s.into_iter().max_by_key(|(_, seq)| *seq));
-                out.extend(s.close(t.runs.into_iter().collect(), Clock::Wall, Close::Finish { stop }));
+                out.extend(s.close(
+                    t.runs.into_iter().collect(),
+                    Clock::Wall,
+                    Close::Finish { stop },
+                ));
             }
         }
         out

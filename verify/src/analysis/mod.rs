@@ -211,8 +211,7 @@ impl Analysis {
         }
         if !self.runs.contains_key(&d.run) {
             self.order.push(d.run.clone());
-            self.runs
-                .insert(d.run.clone(), RunAnalysis::new(&d.run, e));
+            self.runs.insert(d.run.clone(), RunAnalysis::new(&d.run, e));
         }
         // The run is taken out while it is folded, so its parent (another run) can be
         // changed beside it.
@@ -276,7 +275,12 @@ impl Analysis {
             .credential
             .clone()
             .or_else(|| run.core.credential.clone())
-            .filter(|_| matches!(kind, Kind::Allow | Kind::Deny | Kind::Outcome | Kind::Refund));
+            .filter(|_| {
+                matches!(
+                    kind,
+                    Kind::Allow | Kind::Deny | Kind::Outcome | Kind::Refund
+                )
+            });
         // What the rules say of a call before it counts: replay's decision, the loop
         // rules' verdicts.
         // Attempts a governed run's allow skips are counted first, so the allow is judged
@@ -378,8 +382,7 @@ impl Analysis {
                 },
             );
         }
-        if matches!(kind, Kind::Allow | Kind::Deny | Kind::Outcome) && d.uid != run.core.owner_uid
-        {
+        if matches!(kind, Kind::Allow | Kind::Deny | Kind::Outcome) && d.uid != run.core.owner_uid {
             self.replay
                 .find(e.seq, &d.run, ReplayKind::NotOwner { uid: d.uid });
         }
@@ -498,8 +501,7 @@ impl Background {
             Background::Thread { tx, batch, .. } => {
                 batch.push(e);
                 if batch.len() >= BACKGROUND_BATCH {
-                    let full =
-                        std::mem::replace(batch, Vec::with_capacity(BACKGROUND_BATCH));
+                    let full = std::mem::replace(batch, Vec::with_capacity(BACKGROUND_BATCH));
                     // Fails only if the thread is gone (it panicked): `finish` says so.
                     let _ = tx.send(full);
                 }

@@ -8,9 +8,9 @@ use crate::text::{duration, shown};
 
 use super::findings::AuditFinding;
 use super::handoff::{Coverage, Handoff, PendingStatus, StopStatus, When};
-use tally_policy::{Inconsistency, StartRefusal};
 use super::loops::{Clock, Loop, LoopEnd};
 use super::Report;
+use tally_policy::{Inconsistency, StartRefusal};
 
 /// The version of the JSON report schemas; it changes only when a field is removed or
 /// changes meaning (new fields may be added within a version).
@@ -342,7 +342,10 @@ fn handoff_text(h: &Handoff, out: &mut String) {
         notes.push(format!("{} granted by approval", h.attempts.approved_extra));
     }
     if h.attempts.carved_out > 0 {
-        notes.push(format!("{} carved out for child runs", h.attempts.carved_out));
+        notes.push(format!(
+            "{} carved out for child runs",
+            h.attempts.carved_out
+        ));
     }
     if h.attempts.refunded > 0 {
         notes.push(format!("{} refunded", h.attempts.refunded));
@@ -385,12 +388,7 @@ fn handoff_text(h: &Handoff, out: &mut String) {
         let of = p
             .allowance
             .map_or_else(|| "no allowance".to_owned(), |a| format!("of {a}"));
-        let _ = writeln!(
-            out,
-            "  Polls of {}: {} {of}",
-            shown(&p.remote_ref),
-            p.used
-        );
+        let _ = writeln!(out, "  Polls of {}: {} {of}", shown(&p.remote_ref), p.used);
     }
     if h.completed_total == 0 {
         let _ = writeln!(out, "  Completed: nothing.");

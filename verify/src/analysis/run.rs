@@ -373,7 +373,12 @@ impl RunAnalysis {
                 None => (
                     d.remote_ref
                         .clone()
-                        .or_else(|| d.operation.as_deref()?.rsplit_once(':').map(|(_, t)| t.to_owned()))
+                        .or_else(|| {
+                            d.operation
+                                .as_deref()?
+                                .rsplit_once(':')
+                                .map(|(_, t)| t.to_owned())
+                        })
                         .unwrap_or_default(),
                     None,
                 ),
@@ -382,7 +387,14 @@ impl RunAnalysis {
             self.polls
                 .entry(r)
                 .or_insert_with(|| {
-                    Series::polling(e.seq, at.run_ms, shared.tool.clone(), &job_name, allowance, observed)
+                    Series::polling(
+                        e.seq,
+                        at.run_ms,
+                        shared.tool.clone(),
+                        &job_name,
+                        allowance,
+                        observed,
+                    )
                 })
                 .call(&facts(flagged, early), None);
         } else {
@@ -398,9 +410,8 @@ impl RunAnalysis {
             };
             // A series is kept only for a call that repeats one the core still looks back
             // at (or that a rule refuses): most calls are new, and cost no series.
-            let first = |keyed: &dyn Fn(&First) -> bool| {
-                self.firsts.iter().find(|f| keyed(f)).cloned()
-            };
+            let first =
+                |keyed: &dyn Fn(&First) -> bool| self.firsts.iter().find(|f| keyed(f)).cloned();
             if v.repeats_call || pattern.is_some() {
                 let from = first(&|f| f.key == key);
                 self.calls
@@ -445,7 +456,12 @@ impl RunAnalysis {
                 self.bursts
                     .entry(tool_key(tool))
                     .or_insert_with(|| {
-                        Series::new(Pattern::HighCallCount, e.seq, at.run_ms, shared.tool.clone())
+                        Series::new(
+                            Pattern::HighCallCount,
+                            e.seq,
+                            at.run_ms,
+                            shared.tool.clone(),
+                        )
                     })
                     .call(&facts(bar, false), None);
             }
@@ -651,11 +667,14 @@ impl RunAnalysis {
                 },
             );
         }
-        self.unknown.retain(|op, _| self.core.unknown.contains_key(op));
+        self.unknown
+            .retain(|op, _| self.core.unknown.contains_key(op));
         if status == Status::Ok {
             let done = if is_poll {
                 // A poll that finds its job done completes the call that started it.
-                let job = remote.and_then(|r| self.jobs.get_mut(&r)).filter(|j| !j.finished);
+                let job = remote
+                    .and_then(|r| self.jobs.get_mut(&r))
+                    .filter(|j| !j.finished);
                 job.map(|j| {
                     j.finished = true;
                     j.attempt
@@ -707,7 +726,8 @@ impl RunAnalysis {
         }) {
             closed(s);
         }
-        self.jobs.retain(|k, j| core.refs.contains_key(k) || self.open.contains_key(&j.attempt));
+        self.jobs
+            .retain(|k, j| core.refs.contains_key(k) || self.open.contains_key(&j.attempt));
     }
 
     /// Close every series (taking the maps, so a stopped run keeps no capacity).
@@ -743,7 +763,8 @@ impl RunAnalysis {
         }
         // Writes the old run never heard back from: the core carried them too.
         for o in old.open.values() {
-            if o.effect == Some(Effect::NonIdempotentWrite) && self.core.unknown.contains_key(&o.op) {
+            if o.effect == Some(Effect::NonIdempotentWrite) && self.core.unknown.contains_key(&o.op)
+            {
                 self.unknown.entry(o.op).or_insert_with(|| UnknownWrite {
                     attempt: 0,
                     tool: o.names.tool.as_deref().map(str::to_owned),
@@ -795,7 +816,11 @@ impl RunAnalysis {
                 a.effect,
                 Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
             );
-            let job = o.remote_ref.as_deref().map(ref_key).and_then(|r| self.jobs.get(&r));
+            let job = o
+                .remote_ref
+                .as_deref()
+                .map(ref_key)
+                .and_then(|r| self.jobs.get(&r));
             let status = match a.status {
                 Some(Status::Running) if job.is_some_and(|j| j.finished) => continue,
                 Some(Status::Running) => PendingStatus::Running,
@@ -833,7 +858,10 @@ impl RunAnalysis {
             .iter()
             .filter(|(_, r)| r.polls > 0)
             .map(|(k, r)| {
-                let name = self.jobs.get(k).map_or_else(String::new, |j| j.name.to_string());
+                let name = self
+                    .jobs
+                    .get(k)
+                    .map_or_else(String::new, |j| j.name.to_string());
                 (name, r.polls)
             })
             .collect();
@@ -883,7 +911,11 @@ fn series_from(
 
 /// Remove and return the entries of `map` for which `f` holds.
 fn extract<V>(map: &mut HashMap<u64, V>, f: impl Fn(&u64, &V) -> bool) -> Vec<(u64, V)> {
-    let keys: Vec<u64> = map.iter().filter(|(k, v)| f(k, v)).map(|(k, _)| *k).collect();
+    let keys: Vec<u64> = map
+        .iter()
+        .filter(|(k, v)| f(k, v))
+        .map(|(k, _)| *k)
+        .collect();
     keys.into_iter()
         .filter_map(|k| map.remove(&k).map(|v| (k, v)))
         .collect()
