@@ -355,7 +355,6 @@ impl Analysis {
             e,
             at,
             verdicts,
-            &self.config,
             &mut self.names,
             &mut self.storms,
             &policy,
