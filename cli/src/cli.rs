@@ -56,29 +56,15 @@ pub struct ReadArgs {
     pub json: bool,
 }
 
-/// Loop thresholds (defaults and their meaning: docs/REPORTS.md).
+/// The rules runs are read under (docs/REPORTS.md).
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct Thresholds {
-    /// Loop breakers for runs with no recorded policy: a policy file as `tally serve
-    /// --policy` takes [default: the gate's defaults]. A run the gate governs is always
-    /// read under the policy recorded with it.
+pub struct Rules {
+    /// The policy runs with no recorded policy (appended raw, not started by the gate)
+    /// are read under: its exempt tools, loop breakers, retries, polling and approvers; a
+    /// policy file as `tally serve --policy` takes [default: the gate's defaults]. A run
+    /// the gate governs is always read under the policy recorded with it.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
-    /// Retry storm: failures of identical calls (or of one tool across runs) [default: 4].
-    #[arg(long, value_name = "N")]
-    pub storm_min_failures: Option<u64>,
-    /// A storm ends after this many ms without a failure [default: 60000].
-    #[arg(long, value_name = "MS")]
-    pub storm_window_ms: Option<u64>,
-    /// A storm across workers or runs needs this many distinct sources [default: 3].
-    #[arg(long, value_name = "N")]
-    pub storm_min_sources: Option<u64>,
-    /// Calls before an upstream Retry-After elapsed that make retries or polls a loop [default: 2].
-    #[arg(long, value_name = "N")]
-    pub retry_after_ignored_min: Option<u64>,
-    /// Polls with no change of observed state that make polling a loop [default: 20].
-    #[arg(long, value_name = "N")]
-    pub poll_stall_min: Option<u64>,
 }
 
 /// The subcommands (docs/CLI.md).
@@ -229,9 +215,13 @@ pub enum Command {
         /// What to read and check against.
         #[command(flatten)]
         read: ReadArgs,
-        /// Also decrypt every decision and check it (auditor.key).
+        /// Also decrypt every decision and check it (auditor.key): replay every gate
+        /// decision and audit every record with the policy core.
         #[arg(long)]
         auditor_key: Option<PathBuf>,
+        /// The rules runs are read under.
+        #[command(flatten)]
+        rules: Rules,
     },
     /// Reconstruct loops: retry storms, identical repeated calls, endless polling.
     Loops {
@@ -244,9 +234,9 @@ pub enum Command {
         /// Report even if the chain does not verify (every page says so).
         #[arg(long)]
         force: bool,
-        /// Loop thresholds.
+        /// The rules runs are read under.
         #[command(flatten)]
-        thresholds: Thresholds,
+        rules: Rules,
     },
     /// Resumable handoff summaries: why each run stopped and what is safe to resume.
     Handoff {
@@ -262,9 +252,9 @@ pub enum Command {
         /// Report even if the chain does not verify (every page says so).
         #[arg(long)]
         force: bool,
-        /// Loop thresholds.
+        /// The rules runs are read under.
         #[command(flatten)]
-        thresholds: Thresholds,
+        rules: Rules,
     },
     /// Attempts per run against its cap, and spend against its limit.
     Stats {
@@ -280,6 +270,9 @@ pub enum Command {
         /// Report even if the chain does not verify (every page says so).
         #[arg(long)]
         force: bool,
+        /// The rules runs are read under.
+        #[command(flatten)]
+        rules: Rules,
     },
     /// Run the append daemon: HTTP/1.1 JSON on a Unix socket (and optionally loopback TCP).
     Serve(ServeArgs),

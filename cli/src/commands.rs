@@ -13,7 +13,7 @@ use tally_verify::analysis::{self, Analysis};
 use tally_verify::text::terminal_safe;
 use tally_verify::{Event, Options, Report, SourceError, Verdict};
 
-use crate::cli::{ReadArgs, Thresholds};
+use crate::cli::{ReadArgs, Rules};
 use crate::output::{errln, note, noteln, out, outln};
 use crate::Exit;
 
@@ -776,29 +776,23 @@ impl Drop for Progress {
     }
 }
 
-pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
+pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>, rules: &Rules) -> Result<Code> {
     let audits = Audits::from_args(read, auditor_key)?;
-    // With the auditor key: the consistency audit and the replay of every gate decision
-    // (SECURITY.md 5.8), from the same policy core the gate decided with.
-    let mut analysis = auditor_key.map(|_| Analysis::new(analysis::Config::default()));
-    let mut replay = auditor_key.map(|_| tally_verify::replay::Replay::new());
+    // With the auditor key: the replay of every gate decision (SECURITY.md 5.8) and the
+    // consistency audit of every record, in one fold through the policy core the gate
+    // decided with.
+    let mut analysis = match auditor_key {
+        Some(_) => Some(Analysis::in_background(config(rules)?)),
+        None => None,
+    };
     let verified = audits.run(|e| {
         if let Some(a) = analysis.as_mut() {
-            a.push(&e);
-        }
-        if let Some(r) = replay.as_mut() {
-            r.push(&e);
+            a.push(e);
         }
     })?;
+    let found = analysis.map(analysis::Background::finish);
     usage_errors(&verified, &audits, auditor_key)?;
-    let found = analysis.map(Analysis::finish);
-    let replayed = replay.map(tally_verify::replay::Replay::finish);
-    let inconsistent = found
-        .as_ref()
-        .is_some_and(|f| !f.findings.is_empty() || f.findings_omitted > 0)
-        || replayed
-            .as_ref()
-            .is_some_and(|r| !r.findings.is_empty() || r.omitted > 0)
+    let inconsistent = found.as_ref().is_some_and(analysis::Report::inconsistent)
         || verified.merge_findings(None) > 0;
     let verdict = verified.verdict();
     if audits.json {
@@ -818,22 +812,21 @@ pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
                 "merge": verified.merge,
             }),
         };
-        if let (serde_json::Value::Object(map), Some(f), Some(r)) = (&mut value, &found, &replayed)
-        {
+        if let (serde_json::Value::Object(map), Some(f)) = (&mut value, &found) {
             map.insert(
                 "audit".into(),
                 serde_json::json!({"findings": f.findings, "findings_omitted": f.findings_omitted}),
             );
-            map.insert("replay".into(), serde_json::to_value(r)?);
+            map.insert("replay".into(), serde_json::to_value(&f.replay)?);
         }
         outln!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         let mut text = verified.to_text();
-        if let (Some(f), Some(r)) = (&found, &replayed) {
+        if let Some(f) = &found {
             text.push('\n');
             text.push_str(&analysis::render_findings_text(f));
             text.push('\n');
-            text.push_str(&r.to_text());
+            text.push_str(&f.replay.to_text());
         }
         if inconsistent && verdict != Verdict::Tampered {
             text.push_str(
@@ -900,17 +893,17 @@ fn analyse(
     read: &ReadArgs,
     auditor_key: &Path,
     force: bool,
-    thresholds: &Thresholds,
+    rules: &Rules,
 ) -> Result<Option<(Verified, analysis::Report)>> {
     let audits = Audits::from_args(read, Some(auditor_key))?;
-    let mut analysis = Analysis::new(config(thresholds)?);
-    let verified = audits.run(|e| analysis.push(&e))?;
+    let mut analysis = Analysis::in_background(config(rules)?);
+    let verified = audits.run(|e| analysis.push(e))?;
+    let mut found = analysis.finish();
     usage_errors(&verified, &audits, Some(auditor_key))?;
     if verified.verdict() == Verdict::Tampered && !force {
         refuse(&verified, read.json)?;
         return Ok(None);
     }
-    let mut found = analysis.finish();
     match verified.single() {
         Some(report) => {
             if let Some(cp) = &report.last_checkpoint {
@@ -932,22 +925,12 @@ fn analyse(
     Ok(Some((verified, found)))
 }
 
-/// The documented defaults, with each threshold given on the command line over it.
-fn config(t: &Thresholds) -> Result<analysis::Config> {
+/// The configuration runs are read under: the policy given, else the gate's defaults.
+fn config(rules: &Rules) -> Result<analysis::Config> {
     let mut c = analysis::Config::default();
-    if let Some(path) = &t.policy {
+    if let Some(path) = &rules.policy {
         c.policy = std::sync::Arc::new(read_policy(path)?.policy);
     }
-    let set = |field: &mut u64, given: Option<u64>| {
-        if let Some(v) = given {
-            *field = v;
-        }
-    };
-    set(&mut c.storm_min_failures, t.storm_min_failures);
-    set(&mut c.storm_window_ms, t.storm_window_ms);
-    set(&mut c.storm_min_sources, t.storm_min_sources);
-    set(&mut c.retry_after_ignored_min, t.retry_after_ignored_min);
-    set(&mut c.poll_stall_min, t.poll_stall_min);
     Ok(c)
 }
 
@@ -1054,13 +1037,8 @@ fn analysis_code(verified: &Verified, findings: u64, run: Option<&str>) -> Code 
     }
 }
 
-pub fn loops(
-    read: &ReadArgs,
-    auditor_key: &Path,
-    force: bool,
-    thresholds: &Thresholds,
-) -> Result<Code> {
-    let Some((verified, found)) = analyse(read, auditor_key, force, thresholds)? else {
+pub fn loops(read: &ReadArgs, auditor_key: &Path, force: bool, rules: &Rules) -> Result<Code> {
+    let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
         return Ok(1);
     };
     let text = format!(
@@ -1082,9 +1060,9 @@ pub fn handoff(
     auditor_key: &Path,
     run: Option<&str>,
     force: bool,
-    thresholds: &Thresholds,
+    rules: &Rules,
 ) -> Result<Code> {
-    let Some((verified, found)) = analyse(read, auditor_key, force, thresholds)? else {
+    let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
         return Ok(1);
     };
     // With --run, only that run's findings decide the exit code.
@@ -1103,8 +1081,14 @@ pub fn handoff(
 
 /// `tally stats`: per run, attempts used of the cap (over it only by a human's grant, or
 /// else an inconsistency the audit reports) and spend of the limit.
-pub fn stats(read: &ReadArgs, auditor_key: &Path, run: Option<&str>, force: bool) -> Result<Exit> {
-    let Some((verified, found)) = analyse(read, auditor_key, force, &Thresholds::default())? else {
+pub fn stats(
+    read: &ReadArgs,
+    auditor_key: &Path,
+    run: Option<&str>,
+    force: bool,
+    rules: &Rules,
+) -> Result<Exit> {
+    let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
         return Ok(Exit::Findings);
     };
     // With --run, only that run's findings decide the exit code.

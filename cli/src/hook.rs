@@ -203,7 +203,8 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
         Some("deny") => Ok(decision(
             "deny",
             &format!(
-                "tally refused this call: {reason} (action {action}{after}). {}",
+                "tally refused this call: {reason}: {} (action {action}{after}). {}",
+                meaning(reason),
                 advice(action)
             ),
         )),
@@ -219,6 +220,14 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
         }
         _ => bail!("the gate's answer has no decision: {reply}"),
     }
+}
+
+/// What a reason code means, for the model (the gate's codes; empty for an unknown one).
+fn meaning(reason: &str) -> &'static str {
+    tally_ledger::Reason::ALL
+        .iter()
+        .find(|r| r.as_str() == reason)
+        .map_or("", |r| r.meaning())
 }
 
 /// What the model should do after a refusal, by its action (the gate's actions).
@@ -251,7 +260,12 @@ fn post(h: &Hook, p: &Payload) -> Result<()> {
     } else {
         "ok"
     };
-    let body = json!({"run": run_of, "attempt": attempt, "status": status});
+    let mut body = json!({"run": run_of, "attempt": attempt, "status": status});
+    // A digest of what the tool returned (never the result itself): re-reading a file an
+    // edit changed, or re-running a test after a fix, is progress, not a loop.
+    if let Some(result) = p.tool_response.as_ref().or(p.error.as_ref()) {
+        body["result_digest"] = json!(tally_ledger::decision::args_digest(result));
+    }
     let (code, reply) = block_on(request(&h.socket, "/v1/outcome", &body))?;
     if code != 200 {
         bail!(

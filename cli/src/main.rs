@@ -182,29 +182,32 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Rotate { ledger } => commands::rotate(&ledger),
         Command::Reindex { ledger } => reindex::run(&ledger),
         Command::Export { ledger, out, force } => commands::export(&ledger, &out, force),
-        Command::Verify { read, auditor_key } => {
-            commands::verify(&read, auditor_key.as_deref()).map(Exit::from_code)
-        }
+        Command::Verify {
+            read,
+            auditor_key,
+            rules,
+        } => commands::verify(&read, auditor_key.as_deref(), &rules).map(Exit::from_code),
         Command::Loops {
             read,
             auditor_key,
             force,
-            thresholds,
-        } => commands::loops(&read, &auditor_key, force, &thresholds).map(Exit::from_code),
+            rules,
+        } => commands::loops(&read, &auditor_key, force, &rules).map(Exit::from_code),
         Command::Handoff {
             read,
             auditor_key,
             run,
             force,
-            thresholds,
-        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &thresholds)
+            rules,
+        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &rules)
             .map(Exit::from_code),
         Command::Stats {
             read,
             auditor_key,
             run,
             force,
-        } => commands::stats(&read, &auditor_key, run.as_deref(), force),
+            rules,
+        } => commands::stats(&read, &auditor_key, run.as_deref(), force, &rules),
         Command::Serve(args) => serve::serve(args),
         Command::Policy {
             command: cli::PolicyCommand::Check { file },

@@ -117,12 +117,69 @@ pub fn approve(socket: &Path, g: Grant) -> Result<Exit> {
             return Err(refused(status, &reply));
         }
         outln!(
-            "approval {digest} recorded at seq {} for run {}: valid until run time {expires_ms} ms, one use",
-            reply["seq"],
-            tally_verify::text::shown(&g.run)
+            "{}",
+            granted_text(&g.run, &g.scope, &run, &digest, &reply, expires, expires_ms)
         );
         Ok(Exit::Success)
     })
+}
+
+/// What an approval grants, said as the gate will apply it: a grant is put in force by
+/// the first call that needs it (and matches its tool or operation), once; what it adds to
+/// the run's limits then counts for the rest of the run.
+fn granted_text(
+    run: &str,
+    scope: &Scope,
+    standing: &Value,
+    digest: &str,
+    reply: &Value,
+    valid_ms: u64,
+    expires_ms: u64,
+) -> String {
+    use tally_verify::text::{duration, shown};
+    let limit = |d: &str| standing["limits"][d]["limit"].as_u64();
+    let mut gives = Vec::new();
+    if let Some(a) = scope.attempts.filter(|&a| a > 0) {
+        let plural = if a == 1 { "attempt" } else { "attempts" };
+        gives.push(match limit("attempts") {
+            Some(l) => format!(
+                "{a} more {plural} (its limit {l} -> {})",
+                l.saturating_add(a)
+            ),
+            None => format!("{a} more {plural}"),
+        });
+    }
+    if let Some(c) = scope.cents.filter(|&c| c > 0) {
+        gives.push(match limit("spend_cents") {
+            Some(l) => format!(
+                "{c}¢ more (its spend limit {l}¢ -> {}¢)",
+                l.saturating_add(c)
+            ),
+            None => format!("{c}¢ more"),
+        });
+    }
+    let mut only = Vec::new();
+    if let Some(t) = &scope.tool {
+        gives.push(format!("the tool {} if it is blocked", shown(t)));
+        only.push(format!("tool {}", shown(t)));
+    }
+    if let Some(o) = &scope.operation {
+        only.push(format!("operation {}", shown(o)));
+    }
+    let by = if only.is_empty() {
+        "the first call that needs it".to_owned()
+    } else {
+        format!("the first call of {} that needs it", only.join(" and "))
+    };
+    format!(
+        "approval {} recorded at seq {} for run {}: {}; put in force by {by} (one use: the grant is then spent, what it added stays); valid for {} (until {} into the run)",
+        digest.get(..16).unwrap_or(digest),
+        reply["seq"],
+        shown(run),
+        gives.join(", "),
+        duration(valid_ms),
+        duration(expires_ms)
+    )
 }
 
 /// Every run the gate holds.

@@ -41,8 +41,8 @@ const STORIES: &[(&str, &str)] = &[
         include_str!("../../corpus/stories/chain_depth.ndjson"),
     ),
     (
-        "override_used_up",
-        include_str!("../../corpus/stories/override_used_up.ndjson"),
+        "override_forged",
+        include_str!("../../corpus/stories/override_forged.ndjson"),
     ),
     (
         "refund_refused",

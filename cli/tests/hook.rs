@@ -315,3 +315,30 @@ fn assert_no_waiting(dir: &Path) {
     let left = std::fs::read_dir(dir).expect("state dir").count();
     assert_eq!(left, 1, "waiting attempts in {}", dir.display());
 }
+
+/// Issue 20 item 6: identical reads of a file an edit changed in between are progress,
+/// not a loop: the hook records a digest of each result (never the result), and the
+/// gate's loop rule counts identical calls only while their results stay the same.
+#[test]
+fn regression_issue_20_reading_a_file_an_edit_changed_is_no_loop() {
+    let s = Served::start("");
+    let read = json!({"file_path": "/home/u/project/src/lib.rs"});
+    for i in 0..6 {
+        let id = format!("toolu_reread{i}");
+        let (code, out, err) = hook(
+            &s,
+            &payload("PreToolUse", "Read", read.clone(), &id, json!({})),
+        );
+        assert_eq!(code, 0, "{err}");
+        let (choice, reason) = decision(&out);
+        assert_eq!(choice, "allow", "read {i}: {reason}");
+        // The file's content after edit number i.
+        let changed = json!({"tool_response": {"type": "text",
+            "file": {"filePath": "/home/u/project/src/lib.rs", "content": format!("fn v{i}() {{}}")}}});
+        let (code, _, err) = hook(
+            &s,
+            &payload("PostToolUse", "Read", read.clone(), &id, changed),
+        );
+        assert_eq!(code, 0, "{err}");
+    }
+}

@@ -81,6 +81,7 @@ pub(crate) fn gate_error(e: GateError) -> ApiError {
         GateError::NoSuchAttempt { .. } => ApiError::new(S::NOT_FOUND, "no_such_attempt", msg),
         GateError::AttemptSettled { .. } => ApiError::new(S::CONFLICT, "attempt_settled", msg),
         GateError::ApprovalRefused(_) => ApiError::new(S::FORBIDDEN, "approval_refused", msg),
+        GateError::Inconsistent { .. } => ApiError::new(S::CONFLICT, "inconsistent", msg),
         GateError::TooManyNames { .. } => {
             let mut e = ApiError::new(S::TOO_MANY_REQUESTS, "too_many_names", msg);
             e.retry_after_secs = Some(1);

@@ -140,7 +140,7 @@ async fn a_retry_storm_from_eight_workers_is_stopped_at_the_shared_cap() {
             } else {
                 let reason = decision(a).1.unwrap_or("?");
                 assert!(
-                    matches!(reason, "attempts_exhausted" | "loop_repeated_call"),
+                    matches!(reason, "retries_exhausted" | "loop_repeated_call"),
                     "round {round}: {a}"
                 );
                 assert_eq!(decision(a).2, Some("stop"));

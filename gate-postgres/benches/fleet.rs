@@ -59,6 +59,7 @@ fn one_call<B: StateBackend>(gate: &Gate<B>, run: &str, i: u64) -> Duration {
         remote_ref: None,
         observed: None,
         retry_after_ms: None,
+        result_digest: None,
         worker: None,
     };
     gate.outcome_blocking(OPERATOR, req).expect("outcome");
@@ -298,6 +299,7 @@ fn main() {
         remote_ref: None,
         observed: None,
         retry_after_ms: None,
+        result_digest: None,
         worker: None,
     };
     gate.outcome_blocking(OPERATOR, req).expect("outcome");

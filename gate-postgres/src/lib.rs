@@ -943,6 +943,7 @@ impl StateTxn for PostgresTxn<'_> {
             run: self.runs.get(s.run).unwrap_or(&self.empty),
             tool: s.tool.and_then(|t| self.tools.get(t)),
             credential: s.credential.and_then(|c| self.credentials.get(c)),
+            family: Default::default(),
         }
     }
 
@@ -955,6 +956,8 @@ impl StateTxn for PostgresTxn<'_> {
             run,
             tool: s.tool.and_then(|t| self.tools.get_mut(t)),
             credential: s.credential.and_then(|c| self.credentials.get_mut(c)),
+            parent: None,
+            continued: None,
         }
     }
 

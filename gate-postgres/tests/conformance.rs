@@ -205,6 +205,7 @@ fn breaker_shared<F: Fleet>(fleet: &F) -> String {
             remote_ref: None,
             observed: None,
             retry_after_ms: None,
+            result_digest: None,
             worker: None,
         };
         gates[0].outcome_blocking(OPERATOR, req).expect("outcome");

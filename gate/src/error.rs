@@ -57,13 +57,23 @@ pub enum GateError {
         /// The attempt named.
         attempt: u64,
     },
-    /// An outcome for an attempt already settled by a final outcome.
-    #[error("attempt {attempt} of run `{run}` already has its final outcome")]
+    /// An outcome for an attempt that already had its final outcome, or a second
+    /// settlement of one.
+    #[error("attempt {attempt} of run `{run}` is already settled: it had its final outcome, or an outcome with settled_cents (an attempt settles once); report later news without settled_cents")]
     AttemptSettled {
         /// The run.
         run: String,
         /// The attempt.
         attempt: u64,
+    },
+    /// What the record would do is inconsistent with the run's history (the policy
+    /// core's judgement): refused, never recorded.
+    #[error("refused: {} (run `{run}`)", found.as_str())]
+    Inconsistent {
+        /// The run.
+        run: String,
+        /// What the core found.
+        found: tally_policy::Inconsistency,
     },
     /// The approval does not check out, or arrived too late.
     #[error("approval refused: {0}")]

@@ -30,7 +30,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tally_ledger::decision::{Budget, Limit, Scope};
 use tally_ledger::{Action, Decision, Kind, Ledger, Reason, Receipt, Status};
-use tally_policy::{apply, decide, Call, Now, Recorded, RunState, Verdict, ViewMut};
+use tally_policy::{apply, decide, judge, Call, Now, Recorded, RunState, Verdict, ViewMut};
 
 use backend::{Embedded, Scopes, StateBackend, StateTxn};
 pub use error::GateError;
@@ -144,6 +144,11 @@ pub struct OutcomeRequest {
     /// Upstream Retry-After, ms.
     #[serde(default)]
     pub retry_after_ms: Option<u64>,
+    /// A digest of the call's result (64 lowercase hex: BLAKE3, SHA-256, any 32-byte
+    /// digest the reporter computes the same way each time): identical calls whose results
+    /// differ are progress, not a loop. The result itself is never sent.
+    #[serde(default)]
+    pub result_digest: Option<String>,
     /// The worker reporting.
     #[serde(default)]
     pub worker: Option<String>,
@@ -524,56 +529,36 @@ impl<B: StateBackend> Gate<B> {
                 return Err(GateError::RunExists(req.run.clone()));
             }
             // The operator in-process is not counted; everyone else is, TCP peers as one.
-            if !caller.operator && t.open_runs_of(caller.uid)? >= policy.max_open_runs_per_uid {
-                return Err(GateError::TooManyRuns {
-                    uid: caller.uid,
-                    max: policy.max_open_runs_per_uid,
-                });
-            }
+            // (Read first: a networked backend holds the uid's count from here.)
+            let open_runs_of_uid = if caller.operator {
+                None
+            } else {
+                Some(t.open_runs_of(caller.uid)?)
+            };
             let parent = match &req.parent {
-                Some(p) => {
-                    let parent = live(&mut t, p, caller)?.clone();
-                    if parent.paused {
-                        // A paused run is held from every worker, its children's too.
-                        return Err(GateError::Refused(Reason::RunPaused));
-                    }
-                    Some(parent)
-                }
+                Some(p) => Some(t.run(p, caller)?.clone()),
                 None => None,
             };
             let continued = match &req.continues {
-                Some(c) => {
-                    let old = t.run(c, caller)?.clone();
-                    if old.stop.is_none() {
-                        return Err(GateError::NotStopped(c.clone()));
-                    }
-                    Some(old)
-                }
+                Some(c) => Some(t.run(c, caller)?.clone()),
                 None => None,
             };
-            if let Some(c) = req.credential.as_deref() {
-                let allowed = policy.credentials.get(c).is_none_or(|cred| {
-                    cred.uids.is_empty()
-                        || caller.operator
-                        || caller.uid.is_some_and(|u| cred.uids.contains(&u))
-                });
-                if !allowed {
-                    return Err(GateError::NotAuthorized(format!(
-                        "credential `{c}` is not this uid's to start runs under (the policy's credentials.{c}.uids)"
-                    )));
-                }
-            }
-            let budget = tally_policy::grant_budget(
-                policy,
-                req.budget.as_ref(),
-                req.credential.as_deref(),
-                parent.as_ref(),
-            );
-            if let (Some(d), Some(limit)) = (req.depth, budget.depth) {
-                if d > limit {
-                    return Err(GateError::Refused(Reason::ChainDepthExceeded));
-                }
-            }
+            // One rule for what a run is granted and whether it may start: the core's,
+            // the one replay holds every recorded start to.
+            let ask = tally_policy::Ask {
+                budget: req.budget.as_ref(),
+                credential: req.credential.as_deref(),
+                depth: req.depth,
+                uid: caller.uid,
+                operator: caller.operator,
+            };
+            let family = tally_policy::Family {
+                parent: parent.as_ref(),
+                continued: continued.as_ref(),
+                open_runs_of_uid,
+            };
+            let budget = tally_policy::start(policy, &ask, &family)
+                .map_err(|r| start_refused(r, &req, parent.as_ref(), caller))?;
             let mut record = Decision {
                 run: req.run.clone(),
                 kind: Some(Kind::Start),
@@ -594,27 +579,29 @@ impl<B: StateBackend> Gate<B> {
                 at_ms: Some(0),
             };
             let mut run = RunState::new(&req.run);
-            apply(
+            let mut writes = vec![Touched::run(&req.run)];
+            if let Some(p) = &req.parent {
+                writes.push(Touched::run(p));
+            }
+            let found = apply(
                 policy,
                 ViewMut {
                     run: &mut run,
                     tool: None,
                     credential: None,
+                    parent: match &req.parent {
+                        Some(p) => Some(
+                            t.run_mut(p)
+                                .ok_or_else(|| GateError::RunNotFound(p.clone()))?,
+                        ),
+                        None => None,
+                    },
+                    continued: continued.as_ref(),
                 },
                 &record,
                 now,
             );
-            if let Some(old) = &continued {
-                tally_policy::state::carry_over(&mut run, old);
-            }
-            let mut writes = vec![Touched::run(&req.run)];
-            if let Some(p) = &req.parent {
-                let parent = t
-                    .run_mut(p)
-                    .ok_or_else(|| GateError::RunNotFound(p.clone()))?;
-                tally_policy::delegate(parent, &budget);
-                writes.push(Touched::run(p));
-            }
+            debug_assert!(found.is_empty(), "a start the core granted: {found:?}");
             t.insert_run(run);
             let digest = self.policy.digest.clone();
             let run_name = req.run.clone();
@@ -685,11 +672,7 @@ impl<B: StateBackend> Gate<B> {
             if stopped {
                 let run = t.run(&req.run, caller)?.clone();
                 // Bad input is refused the same whether or not the run is over.
-                let view = tally_policy::View {
-                    run: &run,
-                    tool: None,
-                    credential: None,
-                };
+                let view = tally_policy::View::of(&run);
                 encodable(&mut decide(policy, &self.policy.digest, view, &call, now).record)?;
                 // The run is over: nothing to decide, nothing recorded.
                 return Err(GateError::Stopped(Box::new(CheckAnswer {
@@ -775,27 +758,6 @@ impl<B: StateBackend> Gate<B> {
             let mut t = self.begin()?;
             let policy = &self.policy.policy;
             let run = t.run(&req.run, caller)?;
-            if !run.allowed.contains(req.attempt) {
-                return Err(GateError::NoSuchAttempt {
-                    run: req.run.clone(),
-                    attempt: req.attempt,
-                });
-            }
-            let overflows = req
-                .settled_cents
-                .is_some_and(|c| run.settled_cents.checked_add(c).is_none());
-            if overflows {
-                return Err(GateError::Invalid(tally_ledger::DecisionError::Invalid {
-                    field: "settled_cents",
-                    why: "the run's settled spend would overflow",
-                }));
-            }
-            if !run.open.contains_key(&req.attempt) {
-                return Err(GateError::AttemptSettled {
-                    run: req.run.clone(),
-                    attempt: req.attempt,
-                });
-            }
             let now = clock(run);
             let tool = run.tool_of(req.attempt).map(str::to_owned);
             let credential = run
@@ -819,6 +781,7 @@ impl<B: StateBackend> Gate<B> {
                 remote_ref: req.remote_ref,
                 observed: req.observed,
                 retry_after_ms: req.retry_after_ms,
+                result_digest: req.result_digest,
                 uid: caller.uid,
                 policy: Some(self.policy.digest.clone()),
                 ..Decision::default()
@@ -829,6 +792,13 @@ impl<B: StateBackend> Gate<B> {
                 tool,
                 credential,
             };
+            // What the core would call inconsistent is refused and never recorded.
+            if let Some(found) = judge(policy, t.view(&touched.scopes()), &record, now)
+                .into_iter()
+                .next()
+            {
+                return Err(inconsistent(&req.run, found));
+            }
             apply(policy, t.view_mut(&touched.scopes()), &record, now);
             let limits = t
                 .run_mut(&req.run)
@@ -997,11 +967,6 @@ impl<B: StateBackend> Gate<B> {
                     policy.approvals.max_expiry_ms
                 )));
             }
-            if state.grants.iter().any(|g| g.digest == a.digest) {
-                return Err(GateError::ApprovalRefused(
-                    "this approval was already recorded; each is used once".into(),
-                ));
-            }
             let mut record = Decision {
                 run: a.run.clone(),
                 kind: Some(Kind::Override),
@@ -1016,9 +981,13 @@ impl<B: StateBackend> Gate<B> {
                 policy: Some(self.policy.digest.clone()),
                 ..Decision::default()
             };
-            tally_policy::approval::check(policy, &record)
-                .map_err(|e| GateError::ApprovalRefused(e.to_string()))?;
             encodable(&mut record)?;
+            if let Some(found) = judge(policy, t.view(&Scopes::run(&a.run)), &record, now)
+                .into_iter()
+                .next()
+            {
+                return Err(inconsistent(&a.run, found));
+            }
             apply(policy, t.view_mut(&Scopes::run(&a.run)), &record, now);
             let writes = vec![Touched::run(&a.run)];
             let limits = tally_policy::apply::standing(&state, now);
@@ -1099,6 +1068,68 @@ impl<B: StateBackend> Gate<B> {
     /// Blocking [`Gate::approve`].
     pub fn approve_blocking(&self, caller: Caller, a: Approval) -> Result<Logged, GateError> {
         blocking(|done| self.approve(caller, a, done))
+    }
+}
+
+/// The gate's error for a start the core refuses.
+fn start_refused(
+    refusal: tally_policy::StartRefusal,
+    req: &StartRequest,
+    parent: Option<&RunState>,
+    caller: Caller,
+) -> GateError {
+    use tally_policy::StartRefusal as R;
+    let parent_name = || req.parent.clone().unwrap_or_default();
+    match refusal {
+        R::TooManyRuns { max } => GateError::TooManyRuns {
+            uid: caller.uid,
+            max,
+        },
+        R::ParentStopped => GateError::RunStopped {
+            run: parent_name(),
+            reason: parent.and_then(|p| p.stop).unwrap_or(Reason::Completed),
+        },
+        // A paused run is held from every worker, its children's too.
+        R::ParentPaused => GateError::Refused(Reason::RunPaused),
+        R::ParentNotStarted => GateError::RunNotFound(parent_name()),
+        R::ContinuedNotStopped => GateError::NotStopped(req.continues.clone().unwrap_or_default()),
+        R::CredentialNotAllowed => {
+            let c = req.credential.as_deref().unwrap_or_default();
+            GateError::NotAuthorized(format!(
+                "credential `{c}` is not this uid's to start runs under (the policy's credentials.{c}.uids)"
+            ))
+        }
+        R::DepthExceeded { .. } => GateError::Refused(Reason::ChainDepthExceeded),
+        other => GateError::NotAuthorized(other.to_string()),
+    }
+}
+
+/// The gate's error for what the core finds inconsistent about a record an agent or the
+/// operator sent: refused, never recorded (so what the gate records always verifies).
+fn inconsistent(run: &str, found: tally_policy::Inconsistency) -> GateError {
+    use tally_policy::Inconsistency as I;
+    match found {
+        I::OutcomeWithoutAllow { attempt } => GateError::NoSuchAttempt {
+            run: run.to_owned(),
+            attempt,
+        },
+        I::DuplicateOutcome { attempt } => GateError::AttemptSettled {
+            run: run.to_owned(),
+            attempt,
+        },
+        I::AfterStop { stop, .. } => GateError::RunStopped {
+            run: run.to_owned(),
+            reason: stop,
+        },
+        I::InvalidApproval { why } => GateError::ApprovalRefused(why),
+        I::Overflow { field } => GateError::Invalid(tally_ledger::DecisionError::Invalid {
+            field,
+            why: "the run's total would overflow",
+        }),
+        other => GateError::Inconsistent {
+            run: run.to_owned(),
+            found: other,
+        },
     }
 }
 

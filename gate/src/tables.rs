@@ -258,6 +258,7 @@ impl Tables {
                 .unwrap_or_else(|| EMPTY.get_or_init(RunState::default)),
             tool: tool.and_then(|t| self.tools.get(t)),
             credential: credential.and_then(|c| self.credentials.get(c)),
+            family: Default::default(),
         }
     }
 
@@ -275,6 +276,8 @@ impl Tables {
             run: state,
             tool: tool.and_then(|t| self.tools.get_mut(t)),
             credential: credential.and_then(|c| self.credentials.get_mut(c)),
+            parent: None,
+            continued: None,
         }
     }
 

@@ -246,6 +246,7 @@ fn every_reason_says_what_to_do() {
         ("outcome_unknown_non_idempotent", Ask),
         ("killed_by_operator", Stop),
         ("run_paused", Retry),
+        ("retries_exhausted", Stop),
         ("gate_unavailable", Retry),
         ("completed", Stop),
     ];

@@ -277,6 +277,7 @@ fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
         remote_ref: None,
         observed: None,
         retry_after_ms: None,
+        result_digest: None,
         worker: options.worker.clone(),
     }
 }
@@ -310,9 +311,14 @@ fn from_server(shared: &Shared, message: &RawValue) {
                                 .and_then(Value::as_bool)
                                 .unwrap_or(false);
                         let status = if failed { Status::Error } else { Status::Ok };
-                        shared
-                            .gate
-                            .outcome(outcome(&shared.options, p.attempt, status));
+                        let mut o = outcome(&shared.options, p.attempt, status);
+                        // A digest of what the tool returned (never the result): the same
+                        // call with a changed result is progress, not a loop.
+                        o.result_digest = env
+                            .get("result")
+                            .or_else(|| env.get("error"))
+                            .map(tally_ledger::decision::args_digest);
+                        shared.gate.outcome(o);
                     }
                 }
                 Some(Asked::Initialize) => {

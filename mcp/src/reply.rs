@@ -67,12 +67,24 @@ pub fn refusal_text(tool: &str, a: &CheckAnswer) -> String {
         "ask" => "a human must approve more (tally approve) before this can go on; say so and wait",
         _ => "do not call it again for this task; report what happened and what is left to do",
     };
+    // Each code says which limit it is: the run's attempts are not an operation's retries.
+    let meaning = |r: Option<tally_ledger::Reason>| r.map_or("", |r| r.meaning());
     let mut text = match (a.decision, a.cause) {
         (Verdict::RequireApproval, Some(cause)) => format!(
-            "tally refused this call to {tool}: {cause}, and going on needs a human's approval ({reason}). Action: {action}: {todo}."
+            "tally refused this call to {tool}: {cause} ({}), and going on needs a human's approval ({reason}). Action: {action}: {todo}.",
+            cause.meaning()
         ),
-        _ => format!("tally refused this call to {tool}: {reason}. Action: {action}: {todo}."),
+        _ => format!(
+            "tally refused this call to {tool}: {reason} ({}). Action: {action}: {todo}.",
+            meaning(a.reason)
+        ),
     };
+    if let Some(l) = a.limits.get("attempts") {
+        text.push_str(&format!(
+            " The run has used {} of its {} attempts.",
+            l.used, l.limit
+        ));
+    }
     if let Some(ms) = a.retry_after_ms {
         text.push_str(&format!(" Retry after {ms} ms."));
     }

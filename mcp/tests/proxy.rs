@@ -372,6 +372,32 @@ fn a_looping_client_is_stopped_at_the_cap_and_the_ledger_says_so() {
     assert_eq!(refused[0].tool.as_deref(), Some("files/flaky"));
 }
 
+/// Issue 20 item 7: an operation retried past its effect class is refused with its own
+/// code (`retries_exhausted`, action stop), and the refusal says so and what the run has
+/// left: not "a human must approve more" while the run still has attempts.
+#[test]
+fn regression_issue_20_a_retried_call_is_told_retries_exhausted_not_to_ask() {
+    if !sdk_available("regression_issue_20_a_retried_call_is_told_retries_exhausted_not_to_ask") {
+        return;
+    }
+    let gate = Gate::start("[ceiling]\nattempts = 6\n[breaker]\nfailures = 50\n");
+    let out = client("retry", &gate.proxy("retry1", &[]), &[]);
+    let calls = out["calls"].as_array().expect("calls");
+    // A read may be tried three times between two ok outcomes; the fourth is refused.
+    assert_eq!(calls.len(), 4, "{out:#}");
+    let refusal = &calls[3];
+    assert_eq!(refusal["gate"]["reason"], "retries_exhausted", "{refusal}");
+    assert_eq!(refusal["gate"]["action"], "stop", "{refusal}");
+    let text = refusal["text"].as_str().unwrap();
+    assert!(
+        text.contains("retried as often as its kind allows"),
+        "{text}"
+    );
+    assert!(text.contains("used 3 of its 6 attempts"), "{text}");
+    assert!(!text.contains("approve"), "{text}");
+    gate.finish("retry1");
+}
+
 /// A raw JSON-RPC session: each line is sent, then the lines that answer it are read
 /// (until a line with the request's id, or `quiet` with nothing new).
 struct Raw {

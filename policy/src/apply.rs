@@ -1,17 +1,19 @@
-//! `apply`: the one fold of decisions into state (docs/GATE.md, how a budget is counted). The live gate applies each
-//! decision it makes; replay and every report apply the ledger's decisions in seq order.
-//! What the fold finds inconsistent (a refund of nothing, an outcome without an allow,
-//! an allow beyond a limit) it reports, and it never wraps a number.
+//! `apply`: the one fold of decisions into state (docs/GATE.md, how a budget is
+//! counted). The live gate applies each decision it makes; replay and every report apply
+//! the ledger's decisions in seq order. What a record does that its history does not
+//! allow is [`crate::judge`]'s to say, and `apply` returns it; the fold itself never
+//! wraps a number.
 
-use serde::{Deserialize, Serialize};
 use tally_record::decision::Limit;
-use tally_record::{Decision, Effect, Kind, Reason, Status};
+use tally_record::{Decision, Effect, Kind, Status};
 
 use crate::config::Policy;
-use crate::decide::{counts, Call};
+use crate::decide::{counts, Call, View};
+use crate::judge::{grant_in_force, is_final, judge, Inconsistency};
+use crate::start::{carry_over, delegate, Family};
 use crate::state::{
-    call_id, op_key, Attempt, Breaker, CredentialState, Grant, Probe, Recent, RunState, ToolState,
-    Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
+    call_id, op_key, result_key, Attempt, Breaker, CredentialState, Grant, Probe, Recent, RunState,
+    ToolState, Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
 };
 use crate::Now;
 
@@ -24,130 +26,64 @@ pub struct ViewMut<'a> {
     pub tool: Option<&'a mut ToolState>,
     /// The run's credential.
     pub credential: Option<&'a mut CredentialState>,
+    /// For a start naming a parent: the parent, which its child's budget is carved from.
+    pub parent: Option<&'a mut RunState>,
+    /// For a start naming the run it continues: that run.
+    pub continued: Option<&'a RunState>,
 }
 
-/// A budget dimension.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Dimension {
-    /// Attempts.
-    Attempts,
-    /// Spend, cents.
-    SpendCents,
-    /// Side effects.
-    SideEffects,
-    /// Polls of one remote operation.
-    Polls,
-    /// Run time, ms.
-    DeadlineMs,
-    /// Chain depth.
-    Depth,
+impl<'a> ViewMut<'a> {
+    /// The run's own state alone.
+    pub fn of(run: &'a mut RunState) -> ViewMut<'a> {
+        ViewMut {
+            run,
+            tool: None,
+            credential: None,
+            parent: None,
+            continued: None,
+        }
+    }
 }
 
-/// Something a decision does that its run's own history does not allow.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Inconsistency {
-    /// An allow beyond a limit of the run's budget.
-    AllowBeyondLimit {
-        /// Which limit.
-        dimension: Dimension,
-        /// Used, with this allow.
-        used: u64,
-        /// The limit.
-        limit: u64,
-    },
-    /// A record after the run's stop.
-    AfterStop {
-        /// The record's kind.
-        record: Kind,
-        /// The stop's reason.
-        stop: Reason,
-    },
-    /// A second start of the same run.
-    SecondStart,
-    /// An outcome for an attempt that was never allowed.
-    OutcomeWithoutAllow {
-        /// The attempt named.
-        attempt: u64,
-    },
-    /// A second final outcome for an attempt already settled.
-    DuplicateOutcome {
-        /// The attempt.
-        attempt: u64,
-    },
-    /// Settled above what was reserved (an overrun: recorded, and further spend is
-    /// refused until a human grants more).
-    SettledAboveReservation {
-        /// The attempt.
-        attempt: u64,
-        /// Cents reserved.
-        reserved_cents: u64,
-        /// Cents settled.
-        settled_cents: u64,
-    },
-    /// A refund of an attempt never allowed.
-    RefundWithoutAttempt {
-        /// The attempt named.
-        of: u64,
-    },
-    /// A second refund of one attempt.
-    RefundedTwice {
-        /// The attempt.
-        of: u64,
-    },
-    /// A non-idempotent write repeated while an earlier identical one's outcome was
-    /// unknown, with no approval.
-    RepeatedUnknownWrite {
-        /// The earlier attempt.
-        attempt: u64,
-    },
-    /// An approval whose signature, digest or approver does not check out.
-    InvalidApproval {
-        /// Why.
-        why: String,
-    },
-    /// An allow that names an approval the run does not hold unused.
-    GrantNotHeld {
-        /// The digest named.
-        digest: String,
-    },
-    /// An allow naming an attempt number already allowed (nothing is counted for it).
-    DuplicateAllow {
-        /// The attempt.
-        attempt: u64,
-    },
-    /// A number that would overflow u64.
-    Overflow {
-        /// What overflowed.
-        field: &'static str,
-    },
-}
+/// Most skipped attempt numbers marked allowed one by one (a forged attempt number may be
+/// huge; the count of attempts used takes the whole gap anyway).
+const MAX_GAP: u64 = 4096;
 
-fn add(a: u64, b: u64, field: &'static str, found: &mut Vec<Inconsistency>) -> u64 {
-    a.checked_add(b).unwrap_or_else(|| {
-        found.push(Inconsistency::Overflow { field });
-        u64::MAX
-    })
-}
-
-/// Fold `record` into `state` at `now`; returns what it found inconsistent.
+/// Fold `record` into `state` at `now`; returns what [`judge`] finds inconsistent about
+/// it (against the state before it), which the fold then counts as the rules say: a
+/// duplicate is counted once, a refund of nothing returns nothing.
 ///
-/// `policy` says which tools are exempt and how the breaker and buckets behave; the
-/// budget numbers follow docs/GATE.md, how a budget is counted whatever the policy.
+/// `policy` says which tools are exempt, who may approve, and how the breaker and buckets
+/// behave; the budget numbers follow docs/GATE.md, how a budget is counted.
 pub fn apply(
     policy: &Policy,
     state: ViewMut<'_>,
     record: &Decision,
     now: Now,
 ) -> Vec<Inconsistency> {
-    let mut found = Vec::new();
     let ViewMut {
         run,
         tool,
         credential,
+        parent,
+        continued,
     } = state;
+    let mut found = count_unrecorded(run, record);
+    found.extend(judge(
+        policy,
+        View {
+            run,
+            tool: tool.as_deref(),
+            credential: credential.as_deref(),
+            family: Family {
+                parent: parent.as_deref(),
+                continued,
+                open_runs_of_uid: None,
+            },
+        },
+        record,
+        now,
+    ));
     let kind = record.kind();
     let run_ms = run.run_ms(now);
     // A refusal changes no state, the run's clock included: a networked gate keeps no
@@ -155,22 +91,48 @@ pub fn apply(
     if kind != Kind::Deny {
         run.last_ms = run.last_ms.max(run_ms);
     }
-    if let Some(stop) = run.stop {
-        if kind != Kind::Outcome {
-            found.push(Inconsistency::AfterStop { record: kind, stop });
-        }
-    }
+    let has = |f: fn(&Inconsistency) -> bool| found.iter().any(f);
     match kind {
-        Kind::Start => start(run, record, now, &mut found),
-        Kind::Allow => allow(
-            policy, run, tool, credential, record, now, run_ms, &mut found,
-        ),
+        Kind::Start => {
+            if !has(|f| matches!(f, Inconsistency::SecondStart)) {
+                start(run, record, now);
+                if let Some(old) = continued {
+                    carry_over(run, old);
+                }
+                if let Some(p) = parent {
+                    delegate(p, record.budget.as_ref().unwrap_or(&Default::default()));
+                }
+            }
+        }
+        Kind::Allow => {
+            if !has(|f| matches!(f, Inconsistency::DuplicateAllow { .. })) {
+                allow(policy, run, tool, credential, record, now, run_ms);
+            }
+        }
         Kind::Deny | Kind::Policy => {}
-        Kind::Outcome => outcome(
-            policy, run, tool, credential, record, now, run_ms, &mut found,
-        ),
-        Kind::Refund => refund(run, credential, record, &mut found),
-        Kind::Override => approve(policy, run, record, &mut found),
+        Kind::Outcome => {
+            // A second settlement of an open attempt is not counted, but its status is.
+            if !has(|f| matches!(f, Inconsistency::OutcomeWithoutAllow { .. })) {
+                outcome(policy, run, tool, credential, record, now, run_ms);
+            }
+        }
+        Kind::Refund => {
+            let bad = has(|f| {
+                matches!(
+                    f,
+                    Inconsistency::RefundWithoutAttempt { .. }
+                        | Inconsistency::RefundedTwice { .. }
+                )
+            });
+            if !bad {
+                refund(run, credential, record);
+            }
+        }
+        Kind::Override => {
+            if !has(|f| matches!(f, Inconsistency::InvalidApproval { .. })) {
+                approve(run, record);
+            }
+        }
         Kind::Stop => {
             if run.stop.is_none() {
                 run.stop = record.reason;
@@ -180,22 +142,42 @@ pub fn apply(
     found
 }
 
-fn start(run: &mut RunState, d: &Decision, now: Now, found: &mut Vec<Inconsistency>) {
-    if run.started {
-        found.push(Inconsistency::SecondStart);
-        return;
+/// Attempts a gate-governed run's allow skips: the gate numbers its attempts one by one,
+/// so a gap is attempts its state issued that no record given shows (a networked gate
+/// killed between committing its state and recording, or a ledger of the fleet not
+/// given). They are counted as the state counted them (used, never settled), so the allow
+/// after them is judged on that: a forged gap excuses nothing. [`apply`] calls it first;
+/// replay calls it before it decides the allow again. Returns the finding, once.
+pub fn count_unrecorded(run: &mut RunState, d: &Decision) -> Vec<Inconsistency> {
+    let next = run.last_attempt.saturating_add(1);
+    let gap = match (d.kind(), d.attempt) {
+        (Kind::Allow, Some(a)) if run.governed && d.policy.is_some() && a > next => a,
+        _ => return Vec::new(),
+    };
+    if run.allowed.contains(gap) {
+        return Vec::new();
     }
+    let to = gap - 1;
+    for skipped in next..=to.min(next.saturating_add(MAX_GAP)) {
+        run.allowed.insert(skipped);
+    }
+    run.attempts_used = run.attempts_used.saturating_add(to - next + 1);
+    run.last_attempt = to;
+    vec![Inconsistency::AttemptsUnrecorded { from: next, to }]
+}
+
+fn start(run: &mut RunState, d: &Decision, now: Now) {
     run.started = true;
     run.goal = d.goal.clone();
     run.parent = d.parent.clone();
     run.continues = d.continues.clone();
     run.credential = d.credential.clone();
     run.owner_uid = d.uid;
+    run.governed = d.policy.is_some();
     run.budget = d.budget.clone().unwrap_or_default();
     run.start_wall_ms = now.wall_ms.saturating_sub(d.at_ms.unwrap_or(0));
 }
 
-#[allow(clippy::too_many_arguments)]
 fn allow(
     policy: &Policy,
     run: &mut RunState,
@@ -204,13 +186,12 @@ fn allow(
     d: &Decision,
     now: Now,
     run_ms: u64,
-    found: &mut Vec<Inconsistency>,
 ) {
     let call = Call::from_record(d);
     let attempt = d.attempt.unwrap_or(run.last_attempt.saturating_add(1));
-    if run.allowed.contains(attempt) {
-        found.push(Inconsistency::DuplicateAllow { attempt });
-        return;
+    let granted = grant_in_force(run, d, now).cloned();
+    if let Some(g) = &granted {
+        use_grant(run, g, &call);
     }
     let poll = run.poll_of(d.effect, d.remote_ref.as_deref(), d.operation.as_deref());
     let counted = counts(policy, &call.tool, poll.is_some());
@@ -219,97 +200,24 @@ fn allow(
         Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
     );
     let reserve = d.reserve_cents.unwrap_or(0);
-    let op = op_key(
-        d.tool.as_deref(),
-        d.operation.as_deref(),
-        d.args_digest.as_deref(),
-    );
-    let mut granted_tool = None;
-    if let Some(digest) = &d.grant {
-        let held = run
-            .grants
-            .iter()
-            .position(|g| !g.used && &g.digest == digest);
-        match held {
-            Some(i) => {
-                let g = run.grants[i].clone();
-                use_grant(run, &g, &call);
-                granted_tool = g.scope.tool.clone();
-            }
-            None => found.push(Inconsistency::GrantNotHeld {
-                digest: digest.clone(),
-            }),
-        }
-    }
-    if d.effect == Some(Effect::NonIdempotentWrite) {
-        if let Some(&earlier) = run.unknown.get(&op) {
-            found.push(Inconsistency::RepeatedUnknownWrite { attempt: earlier });
-        }
-    }
+    let op = call.op();
 
     run.allowed.insert(attempt);
     run.last_attempt = run.last_attempt.max(attempt);
     if counted {
-        run.attempts_used = add(run.attempts_used, 1, "attempts", found);
+        run.attempts_used = run.attempts_used.saturating_add(1);
     }
     if write {
-        run.side_effects_used = add(run.side_effects_used, 1, "side_effects", found);
+        run.side_effects_used = run.side_effects_used.saturating_add(1);
     }
-    run.held_cents = add(run.held_cents, reserve, "held_cents", found);
-    let beyond = [
-        (
-            Dimension::Attempts,
-            counted,
-            run.attempts_used,
-            run.attempts_limit(),
-        ),
-        (
-            Dimension::SideEffects,
-            write,
-            run.side_effects_used,
-            run.side_effects_limit(),
-        ),
-        (
-            Dimension::SpendCents,
-            reserve > 0,
-            run.spent_cents(),
-            run.spend_limit(),
-        ),
-        (
-            Dimension::DeadlineMs,
-            true,
-            run_ms,
-            run.budget.deadline_ms.map(|d| d.saturating_sub(1)),
-        ),
-        (
-            Dimension::Depth,
-            true,
-            d.depth.unwrap_or(0),
-            run.budget.depth,
-        ),
-    ];
-    for (dimension, applies, used, limit) in beyond {
-        if let Some(limit) = limit.filter(|&l| applies && used > l) {
-            found.push(Inconsistency::AllowBeyondLimit {
-                dimension,
-                used,
-                limit,
-            });
-        }
-    }
+    run.held_cents = run.held_cents.saturating_add(reserve);
 
     if let Some(r) = &poll {
         let remote = run.refs.entry(*r).or_default();
-        remote.polls = add(remote.polls, 1, "polls", found);
+        remote.polls = remote.polls.saturating_add(1);
+        remote.unchanged = remote.unchanged.saturating_add(1);
         remote.last_ms = run_ms;
         remote.retry_after_ms = None;
-        if let Some(limit) = run.budget.polls.filter(|&l| remote.polls > l) {
-            found.push(Inconsistency::AllowBeyondLimit {
-                dimension: Dimension::Polls,
-                used: remote.polls,
-                limit,
-            });
-        }
     } else {
         let n = run.ops.entry(op).or_insert(0);
         *n = n.saturating_add(1);
@@ -320,12 +228,10 @@ fn allow(
             }
         }
         run.recent.push_back(Recent {
-            key: crate::state::call_key(
-                d.tool.as_deref(),
-                d.operation.as_deref(),
-                d.args_digest.as_deref(),
-            ),
+            key: call.key(),
+            attempt,
             progress: run.progress,
+            result: None,
         });
         // The breakers look back at most this far.
         let l = &policy.loops;
@@ -363,7 +269,7 @@ fn allow(
             }
         }
     }
-    if let Some(t) = granted_tool {
+    if let Some(t) = granted.and_then(|g| g.scope.tool) {
         // A tool's approval is used by this one call: the tool is blocked again after.
         run.unblocked.retain(|u| *u != t);
     }
@@ -384,14 +290,11 @@ fn allow(
         },
     );
     if run.open.len() > MAX_OPEN {
-        let unknown: Vec<u64> = run.unknown.values().copied().collect();
-        let forget = run
-            .open
-            .iter()
-            .find(|(a, o)| o.held == 0 && !unknown.contains(a) && **a != attempt)
-            .map(|(a, _)| *a);
-        if let Some(a) = forget {
-            run.open.remove(&a);
+        // Bounded, in O(log n): the oldest open attempt is forgotten. Its held cents stay
+        // counted as held (it may have been charged); its later outcome is counted, not
+        // matched.
+        if let Some((a, _)) = run.open.pop_first() {
+            run.forgotten_to = run.forgotten_to.max(a);
         }
     }
     let rate = &policy.rate;
@@ -436,7 +339,6 @@ fn roll_period(policy: &Policy, credential: Option<&str>, c: &mut CredentialStat
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn outcome(
     policy: &Policy,
     run: &mut RunState,
@@ -445,39 +347,36 @@ fn outcome(
     d: &Decision,
     now: Now,
     run_ms: u64,
-    found: &mut Vec<Inconsistency>,
 ) {
-    let Some(status) = d.status else { return };
-    let Some(attempt) = d.attempt else { return };
-    if !run.allowed.contains(attempt) {
-        found.push(Inconsistency::OutcomeWithoutAllow { attempt });
-        return;
-    }
-    let Some(mut a) = run.open.remove(&attempt) else {
-        found.push(Inconsistency::DuplicateOutcome { attempt });
+    let (Some(status), Some(attempt)) = (d.status, d.attempt) else {
         return;
     };
-    let settles = d.settled_cents.is_some()
-        || matches!(status, Status::Ok | Status::Error | Status::Rejected);
+    let Some(mut a) = run.open.remove(&attempt) else {
+        // Forgotten beyond the bound on open attempts: what it settled still counts.
+        // (Else it had its final outcome: a duplicate, counted once.)
+        if attempt <= run.forgotten_to {
+            if let Some(s) = d.settled_cents {
+                run.settled_cents = run.settled_cents.saturating_add(s);
+            }
+        }
+        return;
+    };
+    let settles = d.settled_cents.is_some() || is_final(status);
     if settles && !a.settled {
         let settled = d.settled_cents.unwrap_or(0);
         run.held_cents = run.held_cents.saturating_sub(a.held);
-        run.settled_cents = add(run.settled_cents, settled, "settled_cents", found);
+        run.settled_cents = run.settled_cents.saturating_add(settled);
         if let Some(c) = credential {
             c.spent_cents = c.spent_cents.saturating_sub(a.held).saturating_add(settled);
         }
         a.held = 0;
         a.settled = true;
         if settled > a.reserved {
+            // The upstream billed more than was reserved: a fact, recorded; no call is
+            // allowed after it until a human grants cents.
             run.overrun = true;
-            found.push(Inconsistency::SettledAboveReservation {
-                attempt,
-                reserved_cents: a.reserved,
-                settled_cents: settled,
-            });
+            run.overrun_cents = run.overrun_cents.saturating_add(settled - a.reserved);
         }
-    } else if d.settled_cents.is_some() && a.settled {
-        found.push(Inconsistency::DuplicateOutcome { attempt });
     }
     if status == Status::Rejected && !run.refunded.contains(attempt) {
         // Nothing happened: the budget counts iteration, not friction.
@@ -516,6 +415,9 @@ fn outcome(
             run.observed = Some(state);
         }
     }
+    if let Some(result) = d.result_digest.as_deref().map(result_key) {
+        record_result(run, attempt, result);
+    }
     // A remote operation is registered only by the outcome of a call that used an
     // attempt: a poll reports on its own operation, never a new one, and an exempt call
     // registers none. Otherwise each poll could name the next, and one attempt would buy
@@ -547,10 +449,14 @@ fn outcome(
         entry.last_ms = run_ms;
         entry.retry_after_ms = d.retry_after_ms;
         if let Some(o) = &d.observed {
-            entry.observed = Some(crate::state::observed_key(o));
+            let o = crate::state::observed_key(o);
+            if entry.observed != Some(o) {
+                entry.unchanged = 0;
+            }
+            entry.observed = Some(o);
         }
     }
-    let final_outcome = matches!(status, Status::Ok | Status::Error | Status::Rejected);
+    let final_outcome = is_final(status);
     a.status = Some(status);
     if !final_outcome {
         run.open.insert(attempt, a.clone());
@@ -564,8 +470,29 @@ fn outcome(
     }
 }
 
-/// The breaker's transitions on an outcome, in one place.
-fn breaker_outcome(policy: &Policy, t: &mut ToolState, id: u64, status: Status, now: Now) {
+/// Keep an attempt's result with its call, for the loop rule: identical calls whose
+/// results differ are progress, not the same call again (and progress for alternation).
+fn record_result(run: &mut RunState, attempt: u64, result: u64) {
+    let Some(i) = run.recent.iter().rposition(|r| r.attempt == attempt) else {
+        return;
+    };
+    let key = run.recent[i].key;
+    let before = run
+        .recent
+        .iter()
+        .take(i)
+        .rev()
+        .filter(|r| r.key == key)
+        .find_map(|r| r.result);
+    run.recent[i].result = Some(result);
+    if before.is_some_and(|b| b != result) {
+        run.progress = run.progress.saturating_add(1);
+    }
+}
+
+/// The breaker's transitions on an outcome, in one place: the gate and every report
+/// that follows a tool's breaker fold outcomes through it.
+pub fn breaker_outcome(policy: &Policy, t: &mut ToolState, id: u64, status: Status, now: Now) {
     let failed = matches!(status, Status::Error | Status::Timeout);
     let reopen = Breaker::Open {
         until_ms: now.wall_ms.saturating_add(policy.breaker.open_ms),
@@ -591,21 +518,8 @@ fn breaker_outcome(policy: &Policy, t: &mut ToolState, id: u64, status: Status, 
     };
 }
 
-fn refund(
-    run: &mut RunState,
-    credential: Option<&mut CredentialState>,
-    d: &Decision,
-    found: &mut Vec<Inconsistency>,
-) {
+fn refund(run: &mut RunState, credential: Option<&mut CredentialState>, d: &Decision) {
     let Some(of) = d.of else { return };
-    if !run.allowed.contains(of) {
-        found.push(Inconsistency::RefundWithoutAttempt { of });
-        return;
-    }
-    if run.refunded.contains(of) {
-        found.push(Inconsistency::RefundedTwice { of });
-        return;
-    }
     run.refunded.insert(of);
     let slots = d.slots.unwrap_or(1).min(run.attempts_used);
     run.attempts_used -= slots;
@@ -620,11 +534,7 @@ fn refund(
     }
 }
 
-fn approve(policy: &Policy, run: &mut RunState, d: &Decision, found: &mut Vec<Inconsistency>) {
-    if let Err(e) = crate::approval::check(policy, d) {
-        found.push(Inconsistency::InvalidApproval { why: e.to_string() });
-        return;
-    }
+fn approve(run: &mut RunState, d: &Decision) {
     let (Some(digest), Some(approver), Some(scope), Some(expires_ms)) = (
         d.digest.clone(),
         d.approver.clone(),
@@ -633,12 +543,6 @@ fn approve(policy: &Policy, run: &mut RunState, d: &Decision, found: &mut Vec<In
     ) else {
         return;
     };
-    if run.grants.iter().any(|g| g.digest == digest) {
-        found.push(Inconsistency::InvalidApproval {
-            why: "the same approval was recorded twice (each is used once)".into(),
-        });
-        return;
-    }
     run.grants.push(Grant {
         digest,
         approver,

@@ -83,6 +83,11 @@ pub struct Polls {
     pub tolerance_ms: u64,
     /// ...or this percentage of the interval, whichever is larger. Default 10.
     pub tolerance_percent: u64,
+    /// Polls of one remote operation in a row with no change of its observed state
+    /// after which the next is refused (`poll_allowance_exhausted`): a job that never
+    /// progresses. Default 0: off (polling that keeps its interval within its allowance
+    /// is never a loop).
+    pub stall_polls: u64,
 }
 
 /// A circuit breaker per downstream tool (closed, open, half-open).
@@ -228,6 +233,7 @@ impl Default for Polls {
             interval_ms: 1_000,
             tolerance_ms: 1_000,
             tolerance_percent: 10,
+            stall_polls: 0,
         }
     }
 }

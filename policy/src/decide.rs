@@ -9,6 +9,8 @@ use tally_record::decision::{Channel, Limit};
 use tally_record::{Decision, Effect, Kind, Reason};
 
 use crate::config::{matches, target_matches, Policy};
+use crate::rules::{loop_rule, poll_rule, retry_rule, PollRule};
+use crate::start::Family;
 use crate::state::{call_key, op_key, Breaker, CredentialState, Grant, RunState, ToolState};
 use crate::Now;
 
@@ -72,7 +74,8 @@ impl Call {
         }
     }
 
-    fn key(&self) -> u64 {
+    /// The key identical calls share (tool and argument digest, else operation).
+    pub fn key(&self) -> u64 {
         call_key(
             Some(&self.tool),
             self.operation.as_deref(),
@@ -80,7 +83,8 @@ impl Call {
         )
     }
 
-    fn op(&self) -> u64 {
+    /// The logical operation it belongs to (its retries are counted per operation).
+    pub fn op(&self) -> u64 {
         op_key(
             Some(&self.tool),
             self.operation.as_deref(),
@@ -109,7 +113,7 @@ pub enum Verdict {
 }
 
 /// The state a decision reads: the run's, and (where the call has them) its tool's and
-/// its credential's.
+/// its credential's; for a start, the runs it names.
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a> {
     /// The run.
@@ -118,6 +122,20 @@ pub struct View<'a> {
     pub tool: Option<&'a ToolState>,
     /// The credential.
     pub credential: Option<&'a CredentialState>,
+    /// For a start: its parent, the run it continues, the uid's open runs.
+    pub family: Family<'a>,
+}
+
+impl<'a> View<'a> {
+    /// The run's own state alone.
+    pub fn of(run: &'a RunState) -> View<'a> {
+        View {
+            run,
+            tool: None,
+            credential: None,
+            family: Family::default(),
+        }
+    }
 }
 
 /// A decision: the verdict, and the exact record to append.
@@ -331,34 +349,24 @@ fn first_refusal(
         call.remote_ref.as_deref(),
         call.operation.as_deref(),
     );
-    if let Some(r) = &poll {
-        let remote = &run.refs[r];
-        if b.polls.is_some_and(|limit| remote.polls >= limit) {
-            return Some(refuse(Reason::PollAllowanceExhausted));
-        }
-        let interval = remote.retry_after_ms.unwrap_or(policy.polls.interval_ms);
-        let tolerance = policy
-            .polls
-            .tolerance_ms
-            .max(interval.saturating_mul(policy.polls.tolerance_percent) / 100);
-        let earliest = remote
-            .last_ms
-            .saturating_add(interval)
-            .saturating_sub(tolerance);
-        if run_ms < earliest {
-            return Some(retry(Reason::UpstreamBackoff, earliest - run_ms));
+    if let Some(r) = poll {
+        match poll_rule(policy, run, r, run_ms) {
+            Some(PollRule::Allowance | PollRule::Stalled) => {
+                return Some(refuse(Reason::PollAllowanceExhausted))
+            }
+            Some(PollRule::Early { wait_ms }) => {
+                return Some(retry(Reason::UpstreamBackoff, wait_ms))
+            }
+            None => {}
         }
     } else {
-        if let Some(r) = loop_refusal(policy, run, call, run_ms) {
-            return Some(r);
+        // A failing operation retried past its class is told so before it is told it
+        // loops: the more specific of the two.
+        if retry_rule(policy, run, call) {
+            return Some(refuse(Reason::RetriesExhausted));
         }
-        if let Some(effect) = call.effect {
-            let used = run.ops.get(&op).copied().unwrap_or(0);
-            let keyless_retry =
-                effect == Effect::IdempotentWrite && used >= 1 && call.idempotency_key.is_none();
-            if used >= policy.retries_for(effect) || keyless_retry {
-                return Some(refuse(Reason::AttemptsExhausted));
-            }
+        if loop_rule(policy, run, call, run_ms).is_some() {
+            return Some(refuse(Reason::LoopRepeatedCall));
         }
     }
     if run.last_attempt == u64::MAX {
@@ -450,76 +458,6 @@ fn first_refusal(
     None
 }
 
-/// The loop breakers (docs/GATE.md): identical consecutive calls, identical calls in a window,
-/// calls alternating with no progress, and a per-tool bar. One function: the gate and the
-/// replay both call it.
-fn loop_refusal(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<Refusal> {
-    loop_rule(policy, run, call, run_ms).map(|_| refuse(Reason::LoopRepeatedCall))
-}
-
-/// Which of the policy's loop breakers a call trips.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum LoopRule {
-    /// More identical calls in a row than `identical_consecutive`.
-    Consecutive,
-    /// More identical calls among the run's last `identical_window` than
-    /// `identical_in_window`.
-    InWindow,
-    /// Two calls alternating (A, B, A, B, ...) `alternating` times with no change of
-    /// observed state in between.
-    Alternating,
-    /// More calls of one tool within `tool_window_ms` than `tool_calls`.
-    ToolBar,
-}
-
-/// What a loop is: the one rule the gate refuses by (`loop_repeated_call`) and `tally
-/// loops` reports by. `Some` when `call`, made now, would be one call beyond the
-/// policy's loop limits given the run's recent allowed calls. Polls are not judged here:
-/// their rule is the poll allowance and its interval (docs/GATE.md, how a budget is counted), so a poll is never a
-/// loop however long it goes on.
-pub fn loop_rule(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<LoopRule> {
-    let l = &policy.loops;
-    let key = call.key();
-    let recent = &run.recent;
-    let consecutive = recent.iter().rev().take_while(|r| r.key == key).count() as u64;
-    if consecutive >= l.identical_consecutive {
-        return Some(LoopRule::Consecutive);
-    }
-    let in_window = recent
-        .iter()
-        .rev()
-        .take(l.identical_window as usize)
-        .filter(|r| r.key == key)
-        .count() as u64;
-    if in_window >= l.identical_in_window {
-        return Some(LoopRule::InWindow);
-    }
-    let k = l.alternating as usize;
-    if recent.len() >= k && k >= 2 {
-        let tail: Vec<_> = recent.iter().skip(recent.len() - k).collect();
-        let (a, b) = (tail[k - 2].key, tail[k - 1].key);
-        let alternates = a != b
-            && tail
-                .iter()
-                .rev()
-                .enumerate()
-                .all(|(i, r)| r.key == if i % 2 == 0 { b } else { a });
-        let stalled = tail.iter().all(|r| r.progress == run.progress);
-        if alternates && stalled && key == a {
-            return Some(LoopRule::Alternating);
-        }
-    }
-    if let Some(w) = run.tools.get(&crate::state::tool_key(&call.tool)) {
-        let open = run_ms.saturating_sub(w.start_ms) < l.tool_window_ms;
-        if open && w.count >= l.tool_calls {
-            return Some(LoopRule::ToolBar);
-        }
-    }
-    None
-}
-
 /// The grant a refusal with `reason` could use: `Ok` an unused, unexpired grant that
 /// covers this call; `Err(Some(expired or mismatch))`; `Err(None)` if the run has none.
 fn usable_grant<'a>(
@@ -534,11 +472,6 @@ fn usable_grant<'a>(
     }
     let fits = |g: &Grant| {
         let s = &g.scope;
-        let tool_ok = s.tool.as_ref().is_none_or(|t| t == &call.tool);
-        let op_ok = s
-            .operation
-            .as_ref()
-            .is_none_or(|o| call.operation.as_ref() == Some(o));
         let covers = match reason {
             Reason::AttemptsExhausted | Reason::SideEffectLimitExceeded => {
                 s.attempts.is_some_and(|a| a > 0)
@@ -551,7 +484,7 @@ fn usable_grant<'a>(
             Reason::OutcomeUnknownNonIdempotent => s.operation.is_some() || s.tool.is_some(),
             _ => true,
         };
-        tool_ok && op_ok && covers
+        grant_fits(g, call) && covers
     };
     let matching: Vec<&Grant> = unused.into_iter().filter(|g| fits(g)).collect();
     if matching.is_empty() {
@@ -559,8 +492,24 @@ fn usable_grant<'a>(
     }
     matching
         .into_iter()
-        .find(|g| run_ms < g.expires_ms)
+        .find(|g| grant_live(g, run_ms))
         .ok_or(Some(Reason::ApprovalExpired))
+}
+
+/// Whether a grant is for this call: its tool and operation, where it names them.
+pub(crate) fn grant_fits(g: &Grant, call: &Call) -> bool {
+    let s = &g.scope;
+    let tool_ok = s.tool.as_ref().is_none_or(|t| t == &call.tool);
+    let op_ok = s
+        .operation
+        .as_ref()
+        .is_none_or(|o| call.operation.as_ref() == Some(o));
+    tool_ok && op_ok
+}
+
+/// Whether a grant is still valid at run time `run_ms`.
+pub(crate) fn grant_live(g: &Grant, run_ms: u64) -> bool {
+    run_ms < g.expires_ms
 }
 
 /// The `{dimension: {used, limit}}` snapshot of a decision.

@@ -45,8 +45,10 @@ impl Ranges {
 }
 
 /// Most attempts a run keeps open (allowed, no final outcome). Beyond it the oldest open
-/// attempt that holds no cents and is no unknown write is forgotten (its later outcome is
-/// then reported as one without an allow); held cents are never forgotten.
+/// attempt is forgotten: its held cents stay counted as held (it may have been charged),
+/// and its later outcome is counted without being matched. The gate never gets there
+/// (a run holds at most [`MAX_IN_FLIGHT_PER_RUN`] open calls); a raw ledger with
+/// thousands of calls and no outcomes does, and stays bounded.
 pub const MAX_OPEN: usize = 4096;
 /// Most calls of one run without a final outcome (`ok`, `error`, `rejected`) the gate
 /// allows: the next is refused with `rate_limit_exceeded` until outcomes come in, so a
@@ -96,6 +98,8 @@ pub struct Attempt {
 pub struct RemoteRef {
     /// Polls allowed so far.
     pub polls: u64,
+    /// Polls allowed since its observed state last changed (the stall rule's count).
+    pub unchanged: u64,
     /// Run time of its last poll or outcome, ms.
     pub last_ms: u64,
     /// The upstream's Retry-After on its last outcome, ms.
@@ -110,8 +114,13 @@ pub struct Recent {
     /// Tool and argument digest (else operation), hashed ([`call_key`]): the history
     /// stays a few bytes per call however long agent-chosen names are.
     pub key: u64,
+    /// Its attempt number (its outcome's `result_digest` is kept here).
+    pub attempt: u64,
     /// The run's progress counter when it was made.
     pub progress: u64,
+    /// Its result, hashed ([`result_key`]), once an outcome reported a `result_digest`:
+    /// identical calls whose results differ are progress, not a loop.
+    pub result: Option<u64>,
 }
 
 /// A per-tool call window.
@@ -179,8 +188,19 @@ pub struct RunState {
     pub settled_cents: u64,
     /// Cents held by allowed, unsettled attempts.
     pub held_cents: u64,
-    /// Some attempt settled above its reservation.
+    /// Some attempt settled above its reservation, and no human has granted cents
+    /// since: no further call is allowed.
     pub overrun: bool,
+    /// Cents settled above their attempts' reservations, in all (the upstream billed
+    /// more than was reserved: a fact the reports show, not an inconsistency).
+    pub overrun_cents: u64,
+    /// Started by the gate (its start record names the policy it was granted under):
+    /// the gate numbers its attempts one by one, so a gap is attempts it issued that no
+    /// record given shows.
+    pub governed: bool,
+    /// The highest attempt number forgotten from `open` (beyond [`MAX_OPEN`]); an
+    /// outcome for an attempt at or below it that is not open is counted, not judged.
+    pub forgotten_to: u64,
     /// Attempts (and side effects) granted by approvals used so far.
     pub extra_attempts: u64,
     /// Cents granted by approvals used so far.
@@ -450,6 +470,11 @@ pub fn tool_key(tool: &str) -> u64 {
     h64(&["tool", tool])
 }
 
+/// A result digest as state keeps it: only whether two results are equal matters.
+pub fn result_key(result_digest: &str) -> u64 {
+    h64(&["result", result_digest])
+}
+
 /// The key a remote operation (`remote_ref`) is kept under.
 pub fn ref_key(remote_ref: &str) -> u64 {
     h64(&["ref", remote_ref])
@@ -557,22 +582,5 @@ impl RunState {
     /// What the run knows of a remote operation, by its id.
     pub fn remote(&self, remote_ref: &str) -> Option<&RemoteRef> {
         self.refs.get(&ref_key(remote_ref))
-    }
-}
-
-/// A continuation (`continues`) carries over what the stopped run must not repeat: its
-/// non-idempotent writes whose outcome is unknown stay refused in the new run until a
-/// human reconciles them.
-pub fn carry_over(new: &mut RunState, old: &RunState) {
-    // The attempt number belongs to the old run; 0 marks one no outcome here settles.
-    for op in old.unknown.keys() {
-        new.unknown.entry(*op).or_insert(0);
-    }
-    // A non-idempotent write with no final outcome at all (the worker died mid-call) is
-    // as unknown as one reported so.
-    for a in old.open.values() {
-        if a.effect == Some(Effect::NonIdempotentWrite) {
-            new.unknown.entry(a.op).or_insert(0);
-        }
     }
 }

@@ -177,11 +177,59 @@ reasons! {
     KilledByOperator = "killed_by_operator" => Stop,
     /// An operator paused the run: ask again after it is resumed.
     RunPaused = "run_paused" => Retry,
+    /// One logical operation was retried past its effect class's retries (`read` 3,
+    /// `idempotent_write` 2, `non_idempotent_write` 1, between two `ok` outcomes): this
+    /// run must not retry it again. The run's own attempt budget may have room left.
+    RetriesExhausted = "retries_exhausted" => Stop,
     /// The gate cannot decide durably (its ledger or its state store is down): the
     /// call does not proceed (fail closed); ask again later.
     GateUnavailable = "gate_unavailable" => Retry,
     /// The run completed its task (stop only).
     Completed = "completed" => Stop,
+}
+
+impl Reason {
+    /// What the code means, in a sentence a person (or a model) acts on.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Reason::AttemptsExhausted => "the run used every attempt its budget allows",
+            Reason::BudgetExceeded => {
+                "the run's spend is used up (or the upstream billed more than was reserved)"
+            }
+            Reason::ReservationInsufficient => {
+                "the cents this call reserves do not fit in what is left of the spend budget"
+            }
+            Reason::RunDeadlineExhausted => "the run is past its deadline",
+            Reason::RateLimitExceeded => "too many calls too fast, or too many in flight",
+            Reason::UpstreamBackoff => {
+                "this poll comes before the upstream's Retry-After (or the poll interval)"
+            }
+            Reason::LoopRepeatedCall => {
+                "the same call again with nothing changed in between: a loop"
+            }
+            Reason::PollAllowanceExhausted => {
+                "this remote operation was polled as often as allowed, or its state stopped changing"
+            }
+            Reason::ChainDepthExceeded => "the agent chain is deeper than the budget allows",
+            Reason::SideEffectLimitExceeded => "the run made every write its budget allows",
+            Reason::CircuitOpen => "the tool keeps failing; its breaker is open for every run",
+            Reason::ToolBlocked => "the policy blocks this tool",
+            Reason::ScopeViolation => "this tool or target is outside the run's scope",
+            Reason::ApprovalRequired => "going on needs a human's approval",
+            Reason::ApprovalExpired => "the approval that would allow this call has expired",
+            Reason::ApprovalMismatch => "the run's approvals are for other calls",
+            Reason::OutcomeUnknownNonIdempotent => {
+                "an earlier identical write may have taken effect (its outcome is unknown)"
+            }
+            Reason::KilledByOperator => "an operator killed the run",
+            Reason::RunPaused => "an operator paused the run",
+            Reason::RetriesExhausted => {
+                "this operation was retried as often as its kind allows since it last succeeded (the run may have attempts left for other work)"
+            }
+            Reason::GateUnavailable => "the gate cannot record decisions right now",
+            Reason::Completed => "the run completed its task",
+        }
+    }
 }
 
 impl fmt::Display for Reason {
@@ -478,6 +526,12 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub state_version: Option<u64>,
+    /// A digest of the call's result (outcome), lowercase hex, 64 characters: only
+    /// whether two results of identical calls are equal matters (the loop rule's
+    /// progress). The result itself never enters the ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub result_digest: Option<String>,
 }
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
@@ -587,7 +641,7 @@ impl Decision {
                 });
             }
         }
-        let present: [(&'static str, bool, &[Kind]); 40] = [
+        let present: [(&'static str, bool, &[Kind]); 41] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -668,6 +722,11 @@ impl Decision {
                     Kind::Stop,
                 ],
             ),
+            (
+                "result_digest",
+                self.result_digest.is_some(),
+                &[Kind::Outcome],
+            ),
         ];
         for (field, is_present, kinds) in present {
             if is_present && !kinds.contains(&kind) {
@@ -711,6 +770,7 @@ impl Decision {
             ("digest", self.digest.as_deref()),
             ("policy", self.policy.as_deref()),
             ("grant", self.grant.as_deref()),
+            ("result_digest", self.result_digest.as_deref()),
         ] {
             if let Some(d) = digest {
                 if !is_digest_hex(d) {

@@ -227,7 +227,7 @@ fn a_refused_json_report_prints_a_document() {
                 text(&out.stdout)
             )
         });
-        assert_eq!(doc["version"], 1);
+        assert_eq!(doc["version"], 2);
         assert_eq!(doc["verification"]["verdict"], "tampered");
         assert!(doc["refused"]
             .as_str()
@@ -442,7 +442,7 @@ fn reservations_that_would_overflow_are_a_finding_never_a_wrap() {
     );
     let loops = text(&cli.run(&with_keys(&["loops", "L.tex"])).stdout);
     assert!(
-        loops.contains("amount_overflow: held_cents would overflow"),
+        loops.contains("overflow: held_cents would overflow"),
         "{loops}"
     );
 }
@@ -629,7 +629,7 @@ fn json_reports_match_their_published_schemas() {
             "{args:?}:\n{}\n{doc:#}",
             errors.join("\n")
         );
-        assert_eq!(doc["version"], 1, "{args:?}");
+        assert_eq!(doc["version"], 2, "{args:?}");
         if let Some(verdict) = verdicts.get(i) {
             assert_eq!(doc["verdict"], *verdict, "{args:?}");
         }

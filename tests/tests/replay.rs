@@ -6,8 +6,10 @@ use std::sync::Arc;
 use tally_gate::{Caller, CheckRequest, Gate, StartRequest};
 use tally_ledger::keys::AuditorKey;
 use tally_ledger::{Decision, Effect, Ledger, Reason, Rotation};
+use tally_policy::Inconsistency;
 use tally_policy::Recorded;
 use tally_tests::read_export;
+use tally_verify::analysis::{Analysis, Config};
 use tally_verify::replay::{Replay, ReplayKind};
 use tally_verify::{verify, Options};
 
@@ -24,6 +26,11 @@ fn check(gate: &Gate, op: &str) -> tally_gate::CheckAnswer {
 /// A gated run (two allows, then a refusal), plus whatever `forge` appends behind the
 /// gate's back; the replay of the export.
 fn replayed(forge: impl FnOnce(&Ledger, &str)) -> tally_verify::replay::ReplayReport {
+    analysed(forge).replay
+}
+
+/// The same, with everything the one fold found: the audit's findings beside replay's.
+fn analysed(forge: impl FnOnce(&Ledger, &str)) -> tally_verify::analysis::Report {
     let dir = tempfile::tempdir().expect("tempdir");
     let auditor = AuditorKey::generate();
     let public = Ledger::init(
@@ -54,16 +61,16 @@ fn replayed(forge: impl FnOnce(&Ledger, &str)) -> tally_verify::replay::ReplayRe
     let bytes = std::fs::read(&out).expect("read");
     let mut options = Options::new(public);
     options.auditor = Some(auditor);
-    let mut replay = Replay::new();
+    let mut analysis = Analysis::new(Config::default());
     let frames = read_export(&bytes).expect("export");
-    let report = verify(frames.into_iter(), &options, |e| replay.push(&e), |_| {});
+    let report = verify(frames.into_iter(), &options, |e| analysis.push(&e), |_| {});
     assert_eq!(
         report.verdict(),
         tally_verify::Verdict::Intact,
         "{}",
         report.to_text()
     );
-    replay.finish()
+    analysis.finish()
 }
 
 fn forged_allow(policy: Option<&str>, attempt: u64) -> Decision {
@@ -113,28 +120,27 @@ fn skipped_attempt_numbers_are_reported_and_excuse_nothing() {
     // Attempts 3..=6 skipped: issued by a state no ledger given records (a networked
     // gate killed before recording) or forged; either way counted as used, so the allow
     // is still beyond the budget.
-    let report = replayed(|ledger, digest| {
+    let report = analysed(|ledger, digest| {
         ledger
             .append(forged_allow(Some(digest), 7))
             .expect("append behind the gate");
     });
-    let kinds: Vec<&ReplayKind> = report.findings.iter().map(|f| &f.kind).collect();
+    let audit: Vec<&Inconsistency> = report.findings.iter().map(|f| &f.kind).collect();
+    assert!(
+        audit.contains(&&Inconsistency::AttemptsUnrecorded { from: 3, to: 6 }),
+        "{audit:?}"
+    );
+    let kinds: Vec<&ReplayKind> = report.replay.findings.iter().map(|f| &f.kind).collect();
     assert_eq!(
         kinds,
-        [
-            &ReplayKind::AttemptsUnrecorded { from: 3, to: 6 },
-            &ReplayKind::AllowedAgainstPolicy {
-                would: Reason::AttemptsExhausted
-            }
-        ],
+        [&ReplayKind::AllowedAgainstPolicy {
+            would: Reason::AttemptsExhausted
+        }],
         "{}",
-        report.to_text()
+        report.replay.to_text()
     );
-    assert!(
-        report.to_text().contains("attempts 3..=6 were issued"),
-        "{}",
-        report.to_text()
-    );
+    let text = tally_verify::analysis::render_findings_text(&report);
+    assert!(text.contains("attempts 3..=6 were issued"), "{text}");
 }
 
 #[test]
@@ -311,7 +317,7 @@ fn an_honest_gate_with_children_continuations_exempt_tools_and_backstops_replays
 /// an allow under another uid, a timeout past the run's deadline.
 #[test]
 fn crafted_gate_records_are_reported() {
-    let report = replayed(|ledger, digest| {
+    let all = analysed(|ledger, digest| {
         let p = Some(digest.to_owned());
         let mut start = Decision {
             run: "rich".into(),
@@ -340,16 +346,26 @@ fn crafted_gate_records_are_reported() {
         back.uid = Some(4242); // and under a uid that does not own the run
         ledger.append(back).expect("allow");
     });
+    // Beyond the ceiling: the core's judgement of the start, an audit finding.
+    assert!(
+        all.findings.iter().any(|f| f.seq == 6
+            && matches!(
+                f.kind,
+                Inconsistency::StartBeyondGrant {
+                    dimension: tally_policy::Dimension::Attempts,
+                    granted: 1000,
+                    most: 2
+                }
+            )),
+        "{:?}",
+        all.findings
+    );
+    let report = all.replay;
     let kinds: Vec<(u64, &ReplayKind)> = report
         .findings
         .iter()
         .map(|f| (f.seq.seq, &f.kind))
         .collect();
-    assert!(
-        kinds.contains(&(6, &ReplayKind::BudgetBeyondPolicy)),
-        "{}",
-        report.to_text()
-    );
     assert!(
         kinds.contains(&(
             7,

@@ -4,6 +4,7 @@ mod backup;
 mod crafted;
 mod edge;
 mod flips;
+mod judged;
 mod keys;
 mod loops;
 mod replay;

@@ -10,11 +10,10 @@
 //! consistency audit.
 
 use crate::event::Seq;
-use std::collections::BTreeMap;
 
 use serde::Serialize;
 use tally_ledger::{Decision, Kind, Reason};
-use tally_policy::{apply, decide, Call, Now, Recorded, RunState, Verdict, View, ViewMut};
+use tally_policy::{decide, Call, Now, RunState, Verdict, View};
 
 use crate::Event;
 
@@ -28,10 +27,6 @@ const OUTSIDE_THE_RECORDS: &[Reason] = &[
 
 /// Most findings listed; the rest are counted.
 pub const MAX_LISTED: usize = 1000;
-
-/// Most skipped attempts marked allowed one by one (a forged attempt number may be huge;
-/// the count of attempts used takes the whole gap anyway).
-const MAX_GAP: u64 = 4096;
 
 /// What replay found wrong with one recorded decision.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -66,9 +61,6 @@ pub enum ReplayKind {
         /// The digest named.
         digest: String,
     },
-    /// A start whose granted budget is not what the policy grants for what it shows
-    /// (beyond the ceiling, or beyond the parent's remaining budget).
-    BudgetBeyondPolicy,
     /// A kind of record the gate never writes in a run it governs (a refund).
     GateNeverWrites {
         /// The record's kind.
@@ -91,16 +83,6 @@ pub enum ReplayKind {
     FieldDiffers {
         /// The field.
         field: &'static str,
-    },
-    /// The allow's attempt number skips attempts that no record given allows: the
-    /// gate's state issued them and no ledger read records them (a networked gate
-    /// killed between committing its state and recording, docs/FLEET.md; or a ledger of
-    /// the fleet not given). Replay goes on as if they were allowed and never settled.
-    AttemptsUnrecorded {
-        /// The first attempt skipped.
-        from: u64,
-        /// The last attempt skipped.
-        to: u64,
     },
     /// A policy record whose text is not a valid policy.
     InvalidPolicy {
@@ -151,11 +133,6 @@ impl std::fmt::Display for ReplayFinding {
                 self.seq,
                 crate::text::shown(digest)
             ),
-            ReplayKind::BudgetBeyondPolicy => write!(
-                f,
-                "seq {}  run {run}  started with a budget the recorded policy does not grant",
-                self.seq
-            ),
             ReplayKind::GateNeverWrites { record } => write!(
                 f,
                 "seq {}  run {run}  a {record} record in a run the gate governs: the gate never writes one",
@@ -175,11 +152,6 @@ impl std::fmt::Display for ReplayFinding {
             ReplayKind::FieldDiffers { field } => write!(
                 f,
                 "seq {}  run {run}  allowed with a `{field}` the recorded policy would not give",
-                self.seq
-            ),
-            ReplayKind::AttemptsUnrecorded { from, to } => write!(
-                f,
-                "seq {}  run {run}  attempts {from}..={to} were issued and no ledger given records them (a gate killed before recording, or a ledger missing)",
                 self.seq
             ),
             ReplayKind::InvalidPolicy { why } => {
@@ -208,7 +180,8 @@ pub struct ReplayReport {
 }
 
 impl ReplayReport {
-    fn find(&mut self, seq: Seq, run: &str, kind: ReplayKind) {
+    /// Add a finding (counted beyond [`MAX_LISTED`]).
+    pub fn find(&mut self, seq: Seq, run: &str, kind: ReplayKind) {
         if self.findings.len() < MAX_LISTED {
             self.findings.push(ReplayFinding {
                 seq,
@@ -223,7 +196,7 @@ impl ReplayReport {
     /// The report as text.
     pub fn to_text(&self) -> String {
         let mut out = format!(
-            "Replay: {} gate decisions decided again under their recorded policy ({} refusals from outside the records taken as recorded): ",
+            "Replay: {} gate decisions decided again under their recorded policy ({} refusals made on state no ledger holds, such as rate limits, breakers and pauses, accepted as recorded): ",
             self.replayed, self.taken_as_recorded
         );
         let n = self.findings.len() as u64 + self.omitted;
@@ -242,214 +215,55 @@ impl ReplayReport {
     }
 }
 
-/// The streaming replay: push events in seq order, then finish.
-#[derive(Debug, Default)]
-pub struct Replay {
-    /// Policies by digest, each with a copy whose cross-run checks are off.
-    policies: BTreeMap<String, (Recorded, tally_policy::Policy)>,
-    runs: BTreeMap<String, (String, RunState)>,
-    /// Credentials' spend, from every run under them (their buckets are off offline).
-    credentials: BTreeMap<String, tally_policy::CredentialState>,
-    report: ReplayReport,
+/// The streaming replay alone: the analysis's one fold (`crate::analysis::Analysis`),
+/// whose replay report it returns. Push events in seq order, then finish.
+#[derive(Debug)]
+pub struct Replay(crate::analysis::Analysis);
+
+impl Default for Replay {
+    fn default() -> Replay {
+        Replay::new()
+    }
 }
 
 impl Replay {
     /// A new replay.
     pub fn new() -> Replay {
-        Replay::default()
-    }
-
-    fn find(&mut self, seq: Seq, run: &str, kind: ReplayKind) {
-        self.report.find(seq, run, kind);
+        Replay(crate::analysis::Analysis::new(
+            crate::analysis::Config::default(),
+        ))
     }
 
     /// Take the next event.
     pub fn push(&mut self, e: &Event) {
-        let d = &e.decision;
-        let kind = d.kind();
-        if kind == Kind::Policy {
-            let text = d.policy_text.as_deref().unwrap_or("");
-            match Recorded::new(text) {
-                Ok(r) => {
-                    let mut offline = r.policy.clone();
-                    // Buckets and in-flight bounds depend on every run's wall times: off.
-                    offline.rate.run_per_sec = 0;
-                    offline.rate.credential_per_sec = 0;
-                    offline.rate.tool_per_sec = 0;
-                    offline.rate.tool_in_flight = 0;
-                    self.policies.insert(r.digest.clone(), (r, offline));
-                }
-                Err(err) => self.find(
-                    e.seq,
-                    "",
-                    ReplayKind::InvalidPolicy {
-                        why: err.to_string(),
-                    },
-                ),
-            }
-            return;
-        }
-        if kind == Kind::Start {
-            let Some(digest) = d.policy.clone() else {
-                return;
-            };
-            if !self.policies.contains_key(&digest) {
-                self.find(e.seq, &d.run, ReplayKind::UnknownPolicy { digest });
-                return;
-            }
-            // The budget it shows must be what the policy grants: no more than the ceiling
-            // for its credential, nor than its parent had left.
-            if let (Some((_, policy)), Some(granted)) = (self.policies.get(&digest), &d.budget) {
-                let parent = d
-                    .parent
-                    .as_ref()
-                    .and_then(|p| self.runs.get(p))
-                    .map(|r| &r.1);
-                let again = tally_policy::grant_budget(
-                    policy,
-                    Some(granted),
-                    d.credential.as_deref(),
-                    parent,
-                );
-                if &again != granted {
-                    self.find(e.seq, &d.run, ReplayKind::BudgetBeyondPolicy);
-                }
-            }
-            let entry = self
-                .runs
-                .entry(d.run.clone())
-                .or_insert_with(|| (digest.clone(), RunState::new(&d.run)));
-            if let Some((_, policy)) = self.policies.get(&entry.0) {
-                let now = Now {
-                    wall_ms: e.wall_ms,
-                    at_ms: d.at_ms,
-                };
-                apply(policy, bare(&mut entry.1), d, now);
-            }
-            // What the gate did beside the start record: carry a continued run's unknown
-            // writes over, carve a child's budget out of its parent.
-            let old = d
-                .continues
-                .as_ref()
-                .and_then(|c| self.runs.get(c))
-                .map(|(_, r)| r.clone());
-            let budget = d.budget.clone().unwrap_or_default();
-            if let (Some(old), Some((_, new))) = (old, self.runs.get_mut(&d.run)) {
-                tally_policy::state::carry_over(new, &old);
-            }
-            if let Some((_, parent)) = d.parent.as_ref().and_then(|p| self.runs.get_mut(p)) {
-                tally_policy::delegate(parent, &budget);
-            }
-            return;
-        }
-        let Some((start_digest, _)) = self.runs.get(&d.run) else {
-            return;
-        };
-        let start_digest = start_digest.clone();
-        let call = matches!(kind, Kind::Allow | Kind::Deny);
-        let digest = match (&d.policy, call) {
-            (Some(p), _) => p.clone(),
-            (None, true) => {
-                self.find(e.seq, &d.run, ReplayKind::NotFromGate { record: kind });
-                start_digest
-            }
-            (None, false) => start_digest,
-        };
-        // Borrowed apart, so the policy is read in place (not copied for every record).
-        let Replay {
-            policies,
-            runs,
-            credentials,
-            report,
-        } = self;
-        let Some((_, policy)) = policies.get(&digest) else {
-            report.find(e.seq, &d.run, ReplayKind::UnknownPolicy { digest });
-            return;
-        };
-        let Some((_, run)) = runs.get_mut(&d.run) else {
-            return;
-        };
-        let mut notes = Vec::new();
-        if kind == Kind::Refund {
-            notes.push(ReplayKind::GateNeverWrites { record: kind });
-        }
-        if let Some(at) = d.at_ms.filter(|&at| at < run.last_ms) {
-            notes.push(ReplayKind::ClockBackwards {
-                at_ms: at,
-                before_ms: run.last_ms,
-            });
-        }
-        if matches!(kind, Kind::Allow | Kind::Deny | Kind::Outcome) && d.uid != run.owner_uid {
-            notes.push(ReplayKind::NotOwner { uid: d.uid });
-        }
-        let credential_name = d.credential.clone().or_else(|| run.credential.clone());
-        let credential = credential_name.map(|c| credentials.entry(c).or_default());
-        let now = Now {
-            wall_ms: run.start_wall_ms.saturating_add(d.at_ms.unwrap_or(0)),
-            at_ms: d.at_ms,
-        };
-        // Attempts the state issued that no record given allows: counted as the state
-        // counted them (used, never settled), so what follows is judged on that state.
-        if let (Kind::Allow, Some(_), Some(attempt)) = (kind, &d.policy, d.attempt) {
-            let expected = run.last_attempt.saturating_add(1);
-            if attempt > expected && !run.allowed.contains(attempt) {
-                let to = attempt - 1;
-                for skipped in expected..=to.min(expected.saturating_add(MAX_GAP)) {
-                    run.allowed.insert(skipped);
-                }
-                run.attempts_used = run.attempts_used.saturating_add(to - expected + 1);
-                run.last_attempt = to;
-                notes.push(ReplayKind::AttemptsUnrecorded { from: expected, to });
-            }
-        }
-        let mut finding = None;
-        if call && d.policy.is_some() && run.stop.is_none() {
-            let recorded = d.reason.filter(|_| kind == Kind::Deny);
-            if recorded.is_some_and(|r| OUTSIDE_THE_RECORDS.contains(&r)) {
-                report.taken_as_recorded += 1;
-            } else {
-                report.replayed += 1;
-                finding = judge(
-                    policy,
-                    &digest,
-                    run,
-                    credential.as_deref(),
-                    d,
-                    recorded,
-                    now,
-                );
-            }
-        }
-        let view = ViewMut {
-            run,
-            tool: None,
-            credential,
-        };
-        apply(policy, view, d, now);
-        for kind in notes {
-            report.find(e.seq, &d.run, kind);
-        }
-        if let Some(kind) = finding {
-            report.find(e.seq, &d.run, kind);
-        }
+        self.0.push(e);
     }
 
     /// The report.
     pub fn finish(self) -> ReplayReport {
-        self.report
+        self.0.finish().replay
     }
 }
 
-fn bare(run: &mut RunState) -> ViewMut<'_> {
-    ViewMut {
-        run,
-        tool: None,
-        credential: None,
-    }
+/// The policy as replay applies it offline: buckets and in-flight bounds depend on every
+/// run's wall times and on calls outside the records, so they are off (their refusals
+/// are taken as recorded).
+pub fn offline(policy: &tally_policy::Policy) -> tally_policy::Policy {
+    let mut offline = policy.clone();
+    offline.rate.run_per_sec = 0;
+    offline.rate.credential_per_sec = 0;
+    offline.rate.tool_per_sec = 0;
+    offline.rate.tool_in_flight = 0;
+    offline
 }
 
-/// Decide the recorded call again; what differs, if anything.
-fn judge(
+/// Whether a recorded refusal's cause is outside the records (taken as recorded).
+pub fn outside_the_records(reason: Reason) -> bool {
+    OUTSIDE_THE_RECORDS.contains(&reason)
+}
+
+/// Decide the recorded call again on the state before it; what differs, if anything.
+pub fn judge(
     policy: &tally_policy::Policy,
     digest: &str,
     run: &RunState,
@@ -462,6 +276,7 @@ fn judge(
         run,
         tool: None,
         credential,
+        family: Default::default(),
     };
     let again = decide(policy, digest, view, &Call::from_record(d), now);
     let would = match again.verdict {

@@ -167,7 +167,7 @@ impl Options {
     }
 }
 
-const BATCH: usize = 2048;
+const BATCH: usize = 512;
 
 struct Pending {
     seq: u64,

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 use tally_ledger::decision::args_digest;
-use tally_ledger::{Action, Decision, Effect, Reason, Status};
+use tally_ledger::{Action, Decision, Effect, Reason};
 use tally_verify::analysis::*;
 use tally_verify::{Event, Seq};
 
@@ -89,7 +89,7 @@ fn s(x: &str) -> Option<String> {
     Some(x.to_owned())
 }
 
-fn finding(seq: u64, run: &str, kind: AuditKind) -> AuditFinding {
+fn finding(seq: u64, run: &str, kind: Inconsistency) -> AuditFinding {
     AuditFinding {
         seq: Seq::single(seq),
         run: run.to_owned(),
@@ -185,7 +185,8 @@ fn retry_storm_against_a_failing_tool() {
             used: 6,
             limit: Some(20),
             approved_extra: 0,
-            refunded: 0
+            refunded: 0,
+            carved_out: 0,
         }
     );
     assert_eq!(
@@ -194,7 +195,9 @@ fn retry_storm_against_a_failing_tool() {
             reserved_cents: 0, // error outcomes settle (0¢): nothing is held
             settled_cents: 0,
             limit_cents: Some(500),
-            approved_extra_cents: 0
+            approved_extra_cents: 0,
+            overrun_cents: 0,
+            carved_out_cents: 0,
         }
     );
     assert_eq!((h.completed.len(), h.completed_total), (0, 0));
@@ -237,6 +240,7 @@ fn legitimate_polling_is_not_a_loop() {
             effect: Some(Effect::IdempotentWrite),
             remote_ref: s("ea91"),
             observed: s("done"),
+            settled_cents: 0,
             at: at(10_100, 10),
         }]
     );
@@ -266,7 +270,7 @@ fn polling_past_its_allowance() {
             workers: vec![],
             tool: s("export.status"),
             operation: s("export.status:eb12"),
-            args_digest: None,
+            args_digest: s("a1b83b2e950bc7337385f4090f17f636d92a5c9ce17c8b736b3053130e143721"),
             remote_ref: s("eb12"),
             count: 4,
             first_seq: Seq::single(3),
@@ -348,17 +352,14 @@ fn polling_past_its_allowance() {
 fn non_idempotent_post_whose_response_was_lost() {
     let r = analyse(&scenario("lost_post"));
     assert_eq!(r.loops, vec![]);
+    // Repeating the charge while the first's outcome was unknown: the gate refuses it
+    // (`outcome_unknown_non_idempotent`), so the core finds it inconsistent here.
     assert_eq!(
         r.findings,
         vec![finding(
             3,
             "post",
-            AuditKind::NonIdempotentRepeatedAfterUnknown {
-                attempt: Some(2),
-                earlier_attempt: Some(1),
-                earlier_seq: Seq::single(2),
-                status: Status::Unknown,
-            }
+            Inconsistency::RepeatedUnknownWrite { attempt: 1 }
         )]
     );
     let h = only_handoff(&r);
@@ -369,7 +370,9 @@ fn non_idempotent_post_whose_response_was_lost() {
             reserved_cents: 30, // the timed-out write's reservation stays held
             settled_cents: 30,
             limit_cents: Some(200),
-            approved_extra_cents: 0
+            approved_extra_cents: 0,
+            overrun_cents: 0,
+            carved_out_cents: 0,
         }
     );
     assert_eq!(
@@ -382,6 +385,7 @@ fn non_idempotent_post_whose_response_was_lost() {
             effect: Some(Effect::NonIdempotentWrite),
             remote_ref: s("ch_88"),
             observed: s("succeeded"),
+            settled_cents: 30,
             at: at(5900, 4),
         }]
     );
@@ -419,7 +423,7 @@ fn non_idempotent_post_whose_response_was_lost() {
 }
 
 #[test]
-fn retry_after_honoured_is_quiet_and_ignored_is_a_storm() {
+fn retry_after_honoured_is_quiet_and_retries_past_their_class_are_a_storm() {
     let r = analyse(&scenario("retry_after"));
     assert_eq!(
         r.loops,
@@ -441,14 +445,16 @@ fn retry_after_honoured_is_quiet_and_ignored_is_a_storm() {
             reserved_cents: 0,
             settled_cents: 0,
             failures: 4,
-            ignored_retry_after: 3,
+            // Retry-After binds polls at the gate (`upstream_backoff`); a plain retry is
+            // bound by its effect class's retries, which the fourth read is past.
+            ignored_retry_after: 0,
             poll: None,
             ended_by: LoopEnd::Refused {
                 reason: Reason::UpstreamBackoff,
                 seq: Seq::single(13)
             },
         }],
-        "two runs failing on one tool is not a storm across runs (three sources needed)"
+        "four failures of one tool do not open its breaker (five do)"
     );
     assert_eq!(r.findings, vec![]);
     let ok = r.handoff("ra-honoured").expect("honoured run");
@@ -480,7 +486,9 @@ fn deadline_exhausted_while_waiting_for_approval() {
         stopped(Reason::RunDeadlineExhausted, 5, at(61_010, 5))
     );
     assert_eq!(h.attempts.used, 1);
-    assert_eq!(h.completed_total, 0, "a read is not an external operation");
+    // Completed calls are every call whose outcome was ok, reads too.
+    assert_eq!(h.completed_total, 1);
+    assert_eq!(h.completed[0].operation, s("orders.get:7731"));
     assert_eq!(
         h.last_observed,
         Some(Observed {
@@ -508,27 +516,21 @@ fn deadline_exhausted_while_waiting_for_approval() {
 fn spend_reservation_overrun() {
     let r = analyse(&scenario("spend_overrun"));
     assert_eq!(r.loops, vec![]);
+    // Settling 85¢ on a 40¢ reservation is an overrun: the upstream billed more, a fact
+    // recorded, not an inconsistency. Allowing another call after it is one.
     assert_eq!(
         r.findings,
         vec![
             finding(
-                2,
-                "spend",
-                AuditKind::SettledAboveReservation {
-                    attempt: 1,
-                    reserved_cents: 40,
-                    settled_cents: 85
-                }
-            ),
-            finding(
                 3,
                 "spend",
-                AuditKind::AllowBeyondLimit {
+                Inconsistency::AllowBeyondLimit {
                     dimension: Dimension::SpendCents,
                     used: 125,
                     limit: 100
                 }
             ),
+            finding(3, "spend", Inconsistency::AllowAfterOverrun),
         ]
     );
     let h = only_handoff(&r);
@@ -539,7 +541,9 @@ fn spend_reservation_overrun() {
             reserved_cents: 0, // every call settled
             settled_cents: 120,
             limit_cents: Some(100),
-            approved_extra_cents: 0
+            approved_extra_cents: 0,
+            overrun_cents: 45,
+            carved_out_cents: 0,
         }
     );
     let done: Vec<_> = h
@@ -557,6 +561,8 @@ fn spend_reservation_overrun() {
     // budget_exceeded asks a human: only a grant of more cents lets the run go on.
     assert_eq!(actions(h), vec![(ResumeAction::AskHuman, Some(5))]);
     assert_eq!(h.findings, 2);
+    let cost: Vec<u64> = h.completed.iter().map(|c| c.settled_cents).collect();
+    assert_eq!(cost, vec![85, 35]);
 }
 
 #[test]
@@ -595,7 +601,7 @@ fn chain_depth_runaway() {
         vec![finding(
             4,
             "chain",
-            AuditKind::AllowBeyondLimit {
+            Inconsistency::AllowBeyondLimit {
                 dimension: Dimension::Depth,
                 used: 4,
                 limit: 3
@@ -610,21 +616,37 @@ fn chain_depth_runaway() {
 }
 
 #[test]
-fn override_approved_by_a_human_then_used_up() {
-    let r = analyse(&scenario("override_used_up"));
+fn an_override_the_agent_wrote_itself_grants_nothing() {
+    // An agent-recorded "override" naming an approver, with no digest or signature: it is
+    // not an approval (one approval model: a grant signed by an approver the policy
+    // lists), so every allow beyond the two attempts is beyond the limit.
+    let r = analyse(&scenario("override_forged"));
     assert_eq!(r.loops, vec![]);
+    let beyond = |seq: u64, used: u64| {
+        finding(
+            seq,
+            "override",
+            Inconsistency::AllowBeyondLimit {
+                dimension: Dimension::Attempts,
+                used,
+                limit: 2,
+            },
+        )
+    };
     assert_eq!(
         r.findings,
-        vec![finding(
-            11,
-            "override",
-            AuditKind::OverrideReused {
-                dimension: Dimension::Attempts,
-                used: 5,
-                limit: 2,
-                override_seq: Seq::single(6)
-            }
-        )]
+        vec![
+            finding(
+                6,
+                "override",
+                Inconsistency::InvalidApproval {
+                    why: "approval has no `digest`".into()
+                }
+            ),
+            beyond(7, 3),
+            beyond(9, 4),
+            beyond(11, 5),
+        ]
     );
     let h = only_handoff(&r);
     assert_eq!(h.stop, stopped(Reason::Completed, 13, at(6300, 13)));
@@ -633,8 +655,9 @@ fn override_approved_by_a_human_then_used_up() {
         Attempts {
             used: 5,
             limit: Some(2),
-            approved_extra: 2,
-            refunded: 0
+            approved_extra: 0,
+            refunded: 0,
+            carved_out: 0,
         }
     );
     let done: Vec<_> = h
@@ -675,12 +698,12 @@ fn refund_of_a_refused_call() {
     assert_eq!(
         r.findings,
         vec![
-            finding(6, "refund", AuditKind::RefundWithoutAttempt { of: 3 }),
+            finding(6, "refund", Inconsistency::RefundWithoutAttempt { of: 3 }),
             // The bogus slot is not counted, so the gate's fourth send is one too many.
             finding(
                 9,
                 "refund",
-                AuditKind::AllowBeyondLimit {
+                Inconsistency::AllowBeyondLimit {
                     dimension: Dimension::Attempts,
                     used: 4,
                     limit: 3
@@ -695,7 +718,8 @@ fn refund_of_a_refused_call() {
             used: 4,
             limit: Some(3),
             approved_extra: 0,
-            refunded: 0
+            refunded: 0,
+            carved_out: 0,
         }
     );
     assert_eq!(h.completed_total, 4);
@@ -717,15 +741,26 @@ fn eight_workers_sharing_one_budget() {
     assert_eq!(r.loops, vec![], "eight workers in parallel are not a loop");
     assert_eq!(
         r.findings,
-        vec![finding(
-            17,
-            "fleet",
-            AuditKind::AllowBeyondLimit {
-                dimension: Dimension::Attempts,
-                used: 9,
-                limit: 8
-            }
-        )]
+        vec![
+            finding(
+                17,
+                "fleet",
+                Inconsistency::AllowBeyondLimit {
+                    dimension: Dimension::Attempts,
+                    used: 9,
+                    limit: 8
+                }
+            ),
+            finding(
+                17,
+                "fleet",
+                Inconsistency::AllowBeyondLimit {
+                    dimension: Dimension::SpendCents,
+                    used: 410,
+                    limit: 400
+                }
+            )
+        ]
     );
     let h = only_handoff(&r);
     assert_eq!(
@@ -739,7 +774,8 @@ fn eight_workers_sharing_one_budget() {
             used: 9,
             limit: Some(8),
             approved_extra: 0,
-            refunded: 0
+            refunded: 0,
+            carved_out: 0,
         }
     );
     assert_eq!(
@@ -748,7 +784,9 @@ fn eight_workers_sharing_one_budget() {
             reserved_cents: 0, // every call settled
             settled_cents: 405,
             limit_cents: Some(400),
-            approved_extra_cents: 0
+            approved_extra_cents: 0,
+            overrun_cents: 0,
+            carved_out_cents: 0,
         }
     );
     let seqs: Vec<u64> = h.completed.iter().map(|c| c.seq.seq).collect();
@@ -770,13 +808,15 @@ fn many_runs_hammering_one_failing_tool_are_one_storm() {
             operation: s("billing.api:sync"),
             args_digest: None,
             remote_ref: None,
-            count: 9,
+            // Nine failures opened the shared breaker at the fifth; the four calls made
+            // while it was open are what it would have refused. The loop ends at the last.
+            count: 12,
             first_seq: Seq::single(4),
-            last_seq: Seq::single(20),
+            last_seq: Seq::single(19),
             clock: Clock::Wall,
             first_ms: wall(4),
-            last_ms: wall(20),
-            span_ms: 160,
+            last_ms: wall(19),
+            span_ms: 150,
             reserved_cents: 0,
             settled_cents: 0,
             failures: 9,
@@ -797,7 +837,7 @@ fn many_runs_hammering_one_failing_tool_are_one_storm() {
         );
         assert_eq!(h.attempts.used, 3);
         assert_eq!(h.loops, 1);
-        assert_eq!(unsafe_kinds(h), vec![(UnsafeKind::LoopedCall, 20)]);
+        assert_eq!(unsafe_kinds(h), vec![(UnsafeKind::LoopedCall, 19)]);
     }
 }
 
@@ -810,9 +850,13 @@ fn a_normal_busy_run_reports_nothing() {
     let h = only_handoff(&r);
     assert_eq!(h.stop.reason, Some(Reason::Completed));
     assert_eq!(h.pending, vec![]);
+    // Every call that finished ok is completed, reads too; the writes and the build are
+    // the ones a person resuming must not redo.
+    assert_eq!(h.completed_total, 27);
     let done: Vec<_> = h
         .completed
         .iter()
+        .filter(|c| c.tool.as_deref() != Some("repo.read"))
         .map(|c| (c.tool.clone(), c.remote_ref.clone(), c.observed.clone()))
         .collect();
     assert_eq!(
@@ -820,6 +864,7 @@ fn a_normal_busy_run_reports_nothing() {
         vec![
             (s("repo.write"), None, None),
             (s("repo.write"), None, None),
+            (s("ci.lint"), None, None),
             (s("ci.build"), s("b7"), s("passed")),
         ]
     );
@@ -847,7 +892,7 @@ fn all_scenarios_in_one_ledger_report_what_each_reports_alone() {
     assert_eq!(together.loops.len(), loops);
     assert_eq!(together.findings.len(), findings);
     assert_eq!(together.handoffs.len(), runs);
-    assert_eq!((loops, findings, runs), (5, 8, 16));
+    assert_eq!((loops, findings, runs), (5, 12, 16));
 }
 
 /// A run with a budget of `attempts`, as its first record.
@@ -855,10 +900,12 @@ fn start(run: &str, budget: Value) -> Decision {
     d(json!({"run": run, "kind": "start", "at_ms": 0, "goal": "test", "budget": budget}))
 }
 
+/// A read of `args` (its logical operation is its tool and arguments: a read of another
+/// file is another operation, as the gate counts retries).
 fn read(run: &str, at_ms: u64, attempt: u64, args: Value) -> Decision {
     d(
         json!({"run": run, "kind": "allow", "at_ms": at_ms, "tool": "repo.read",
-             "operation": "repo.read", "args": args, "effect": "read", "attempt": attempt}),
+             "args": args, "effect": "read", "attempt": attempt}),
     )
 }
 
@@ -885,7 +932,8 @@ fn exact_repetition_is_the_gates_loop_rule() {
     assert_eq!(r.loops.len(), 1);
     let l = &r.loops[0];
     assert_eq!(l.pattern, Pattern::ExactRepetition);
-    assert_eq!((l.count, l.first_seq.seq, l.last_seq.seq), (4, 1, 8));
+    // A loop spans its first call to the last call the rule refused (the fourth).
+    assert_eq!((l.count, l.first_seq.seq, l.last_seq.seq), (4, 1, 7));
     // The last call succeeded, and the run never stopped.
     assert_eq!(
         l.ended_by,
@@ -911,14 +959,16 @@ fn exact_repetition_is_the_gates_loop_rule() {
 
 #[test]
 fn identical_calls_spread_among_others_trip_the_window_rule() {
-    // a.rs six times among other reads, never four in a row: the sixth is one more
-    // than `identical_in_window` (5 in the last 20 calls).
+    // a.rs six times among other reads, each read ok (else a.rs's fourth read is a retry
+    // past the read class's three), never four in a row: the sixth is one more than
+    // `identical_in_window` (5 in the last 20 calls).
     let mut ds = vec![start("r", json!({}))];
     let mut attempt = 0;
     for i in 0..6u64 {
         for path in ["a.rs".to_owned(), format!("other{i}.rs")] {
             attempt += 1;
             ds.push(read("r", attempt * 1000, attempt, json!({ "path": path })));
+            ds.push(ok("r", attempt * 1000 + 10, attempt));
         }
     }
     let r = analyse(&ds);
@@ -926,7 +976,7 @@ fn identical_calls_spread_among_others_trip_the_window_rule() {
     assert_eq!(r.loops[0].pattern, Pattern::ExactRepetition);
     assert_eq!(r.loops[0].count, 6);
     // Five of them are not.
-    ds.truncate(1 + 10);
+    ds.truncate(1 + 20);
     assert_eq!(analyse(&ds).loops, vec![]);
 }
 
@@ -1064,7 +1114,8 @@ fn polling_that_ignores_retry_after_is_a_loop_even_if_the_job_finishes() {
     let l = &r.loops[0];
     assert_eq!(l.pattern, Pattern::Polling);
     assert_eq!(l.ignored_retry_after, 3);
-    assert_eq!(l.count, 4);
+    // The loop is the three early polls; the fourth, on time, found the job done.
+    assert_eq!(l.count, 3);
     assert_eq!(
         l.ended_by,
         LoopEnd::Succeeded {
@@ -1079,23 +1130,33 @@ fn polling_that_ignores_retry_after_is_a_loop_even_if_the_job_finishes() {
 }
 
 #[test]
-fn polling_that_never_progresses_is_a_loop_at_twenty_polls() {
-    let stalled = |n: u64| {
+fn polling_that_never_progresses_is_a_loop_past_the_policys_stall_bound() {
+    let stalled = |config: Config, n: u64| {
         let mut ds = create_job("r", 1000);
         for i in 0..n {
             ds.extend(poll("r", 2000 * (i + 1), i + 2, "running", "queued", 1000));
         }
-        analyse(&ds)
+        Analysis::analyse(config, &events(&ds))
     };
-    assert_eq!(stalled(19).loops, vec![]);
-    let r = stalled(20);
+    // By default polling that keeps its interval within its allowance is never a loop,
+    // however long the job takes.
+    assert_eq!(stalled(Config::default(), 40).loops, vec![]);
+    // Under a policy with a stall bound of 20 the gate refuses the 21st unchanged poll.
+    let mut policy = tally_policy::Policy::default();
+    policy.polls.stall_polls = 20;
+    let config = Config {
+        policy: std::sync::Arc::new(policy),
+        ..Config::default()
+    };
+    assert_eq!(stalled(config.clone(), 20).loops, vec![]);
+    let r = stalled(config, 21);
     assert_eq!(r.loops.len(), 1);
     let l = &r.loops[0];
     assert_eq!(l.pattern, Pattern::Polling);
     assert_eq!(l.ignored_retry_after, 0);
-    assert_eq!(l.poll.as_ref().map(|p| p.unchanged_polls), Some(20));
+    assert_eq!(l.poll.as_ref().map(|p| p.unchanged_polls), Some(21));
     assert_eq!(l.ended_by, LoopEnd::NeverStopped);
-    // Twenty polls are not high call count: polls are judged as polling only.
+    // Polls are judged as polling only, never as high call count.
     assert!(r.loops.iter().all(|l| l.pattern == Pattern::Polling));
 }
 
@@ -1118,10 +1179,11 @@ fn retries_from_many_workers_of_one_run_are_one_storm() {
         }
     }
     let r = analyse(&ds);
-    // The identical-retry storm inside the run is explained by the storm across workers.
+    // One storm: the run's retries past the read class (its tool's breaker opened too,
+    // a storm of one run that this one already shows).
     assert_eq!(r.loops.len(), 1, "{:#?}", r.loops);
     let l = &r.loops[0];
-    assert_eq!((l.pattern, l.clock), (Pattern::RetryStorm, Clock::Wall));
+    assert_eq!((l.pattern, l.clock), (Pattern::RetryStorm, Clock::Run));
     assert_eq!(l.runs, vec!["r".to_owned()]);
     assert_eq!(
         l.workers,
@@ -1138,88 +1200,200 @@ fn over(run: &str, at_ms: u64, attempt: u64, args: Value) -> Decision {
     )
 }
 
+/// The approver of the tests' policy.
+fn dana() -> ed25519_dalek::SigningKey {
+    ed25519_dalek::SigningKey::from_bytes(&[9u8; 32])
+}
+
+/// Runs read under a policy that lists dana as an approver.
+fn with_dana() -> Config {
+    let key = hex::encode(dana().verifying_key().as_bytes());
+    let text = format!("[approvals]\napprovers = {{ dana = \"{key}\" }}\n");
+    Config {
+        policy: std::sync::Arc::new(tally_policy::Policy::from_toml(&text).expect("policy")),
+        ..Config::default()
+    }
+}
+
+/// An approval of run `r`, signed by dana: the override record and its digest.
+fn approval(at_ms: u64, scope: Value, expires_ms: u64) -> (Decision, String) {
+    let sc: tally_ledger::decision::Scope = serde_json::from_value(scope.clone()).expect("scope");
+    let digest = tally_policy::approval::digest("r", "dana", &sc, expires_ms);
+    let signature = tally_policy::approval::sign(&dana(), &digest);
+    let record = d(
+        json!({"run": "r", "kind": "override", "at_ms": at_ms, "approver": "dana",
+                          "scope": scope, "digest": digest, "expires_ms": expires_ms,
+                          "signature": signature}),
+    );
+    (record, digest)
+}
+
+/// An allow that uses the approval `digest`.
+fn granted(mut allow: Decision, digest: &str) -> Decision {
+    allow.grant = Some(digest.to_owned());
+    allow
+}
+
+fn analyse_with(config: Config, ds: &[Decision]) -> Report {
+    Analysis::analyse(config, &events(ds))
+}
+
 #[test]
-fn an_expired_override_covers_nothing() {
+fn a_signed_grant_puts_its_attempts_in_force_as_the_cli_says() {
+    // dana grants 3 more attempts: the allow that needs them names the grant, and the
+    // run's limit is 1 + 3 from there on (three calls, one grant used once).
+    let (grant, digest) = approval(500, json!({"attempts": 3}), 60_000);
     let ds = vec![
         start("r", json!({"attempts": 1})),
         over("r", 100, 1, json!({"r": 1})),
-        d(
-            json!({"run": "r", "kind": "override", "at_ms": 500, "approver": "dana",
-                 "scope": {"attempts": 1}, "expires_ms": 1000}),
-        ),
-        over("r", 2000, 2, json!({"r": 2})),
+        grant,
+        granted(over("r", 600, 2, json!({"r": 2})), &digest),
+        over("r", 700, 3, json!({"r": 3})),
+        over("r", 800, 4, json!({"r": 4})),
     ];
+    let r = analyse_with(with_dana(), &ds);
+    assert_eq!(r.findings, vec![], "an honest approval is consistent");
+    let h = only_handoff(&r);
     assert_eq!(
-        analyse(&ds).findings,
+        (h.attempts.used, h.attempts.limit, h.attempts.approved_extra),
+        (4, Some(4), 3)
+    );
+    // A fifth call is beyond even the granted limit.
+    let mut more = ds.clone();
+    more.push(over("r", 900, 5, json!({"r": 5})));
+    assert_eq!(
+        analyse_with(with_dana(), &more).findings,
         vec![finding(
-            3,
+            6,
             "r",
-            AuditKind::OverrideExpired {
+            Inconsistency::AllowBeyondLimit {
                 dimension: Dimension::Attempts,
-                used: 2,
-                limit: 1,
-                override_seq: Seq::single(2),
-                expires_ms: 1000,
-                at_ms: 2000
+                used: 5,
+                limit: 4
             }
         )]
     );
 }
 
 #[test]
-fn an_override_for_another_call_covers_nothing() {
-    let approved = args_digest(&json!({"r": 2}));
+fn an_expired_grant_covers_nothing() {
+    let (grant, digest) = approval(500, json!({"attempts": 1}), 1000);
     let ds = vec![
         start("r", json!({"attempts": 1})),
         over("r", 100, 1, json!({"r": 1})),
-        d(
-            json!({"run": "r", "kind": "override", "at_ms": 500, "approver": "dana",
-                 "digest": approved}),
-        ),
-        over("r", 600, 2, json!({"r": 3})),
-        over("r", 700, 3, json!({"r": 2})),
-    ];
-    let r = analyse(&ds);
-    assert_eq!(
-        r.findings,
-        vec![finding(
-            3,
-            "r",
-            AuditKind::OverrideMismatch {
-                dimension: Dimension::Attempts,
-                used: 2,
-                limit: 1,
-                override_seq: Seq::single(2),
-                field: Mismatch::Digest
-            }
-        )],
-        "the exactly approved call (seq 4) is covered"
-    );
-    assert_eq!(r.handoffs[0].attempts.approved_extra, 1);
-}
-
-#[test]
-fn an_override_without_approver_is_a_finding_and_grants_nothing() {
-    let ds = vec![
-        start("r", json!({"attempts": 1})),
-        over("r", 100, 1, json!({"r": 1})),
-        d(json!({"run": "r", "kind": "override", "at_ms": 500, "scope": {"attempts": 5}})),
-        over("r", 600, 2, json!({"r": 2})),
+        grant,
+        granted(over("r", 2000, 2, json!({"r": 2})), &digest),
     ];
     assert_eq!(
-        analyse(&ds).findings,
+        analyse_with(with_dana(), &ds).findings,
         vec![
-            finding(2, "r", AuditKind::OverrideWithoutApprover),
             finding(
                 3,
                 "r",
-                AuditKind::AllowBeyondLimit {
+                Inconsistency::GrantExpired {
+                    digest,
+                    expires_ms: 1000,
+                    at_ms: 2000
+                }
+            ),
+            finding(
+                3,
+                "r",
+                Inconsistency::AllowBeyondLimit {
+                    dimension: Dimension::Attempts,
+                    used: 2,
+                    limit: 1
+                }
+            )
+        ]
+    );
+}
+
+#[test]
+fn a_grant_for_another_tool_covers_nothing_and_is_not_used_up() {
+    let (grant, digest) = approval(500, json!({"attempts": 1, "tool": "other"}), 60_000);
+    let ds = vec![
+        start("r", json!({"attempts": 1})),
+        over("r", 100, 1, json!({"r": 1})),
+        grant,
+        granted(over("r", 600, 2, json!({"r": 3})), &digest),
+    ];
+    let r = analyse_with(with_dana(), &ds);
+    assert_eq!(
+        r.findings,
+        vec![
+            finding(
+                3,
+                "r",
+                Inconsistency::GrantMismatch {
+                    digest: digest.clone()
+                }
+            ),
+            finding(
+                3,
+                "r",
+                Inconsistency::AllowBeyondLimit {
+                    dimension: Dimension::Attempts,
+                    used: 2,
+                    limit: 1
+                }
+            )
+        ]
+    );
+    assert_eq!(r.handoffs[0].attempts.approved_extra, 0);
+}
+
+#[test]
+fn an_unsigned_or_unlisted_approval_grants_nothing() {
+    // No signature, or signed by a key the policy does not list: not an approval.
+    let (mut unsigned, digest) = approval(500, json!({"attempts": 5}), 60_000);
+    unsigned.signature = None;
+    let ds = vec![
+        start("r", json!({"attempts": 1})),
+        over("r", 100, 1, json!({"r": 1})),
+        unsigned,
+        granted(over("r", 600, 2, json!({"r": 2})), &digest),
+    ];
+    assert_eq!(
+        analyse_with(with_dana(), &ds).findings,
+        vec![
+            finding(
+                2,
+                "r",
+                Inconsistency::InvalidApproval {
+                    why: "approval has no `signature`".into()
+                }
+            ),
+            finding(
+                3,
+                "r",
+                Inconsistency::GrantNotHeld {
+                    digest: digest.clone()
+                }
+            ),
+            finding(
+                3,
+                "r",
+                Inconsistency::AllowBeyondLimit {
                     dimension: Dimension::Attempts,
                     used: 2,
                     limit: 1
                 }
             ),
         ]
+    );
+    // Under a policy that lists no approver, dana's signature grants nothing either.
+    let (grant, digest) = approval(500, json!({"attempts": 5}), 60_000);
+    let ds = vec![
+        start("r", json!({"attempts": 1})),
+        over("r", 100, 1, json!({"r": 1})),
+        grant,
+        granted(over("r", 600, 2, json!({"r": 2})), &digest),
+    ];
+    let found = analyse(&ds).findings;
+    assert!(
+        matches!(&found[0].kind, Inconsistency::InvalidApproval { why } if why.contains("not listed")),
+        "{found:?}"
     );
 }
 
@@ -1243,7 +1417,7 @@ fn a_valid_refund_returns_its_slot_once() {
     let r = analyse(&ds);
     assert_eq!(
         r.findings,
-        vec![finding(4, "r", AuditKind::RefundedTwice { of: 1 })],
+        vec![finding(4, "r", Inconsistency::RefundedTwice { of: 1 })],
         "three allows less one refunded slot is within two attempts"
     );
     let h = only_handoff(&r);
@@ -1253,7 +1427,8 @@ fn a_valid_refund_returns_its_slot_once() {
             used: 2,
             limit: Some(2),
             approved_extra: 0,
-            refunded: 1
+            refunded: 1,
+            carved_out: 0,
         }
     );
     assert_eq!(h.spend.reserved_cents, 0);
@@ -1270,13 +1445,13 @@ fn records_after_a_stop_and_outcomes_never_allowed() {
     assert_eq!(
         analyse(&ds).findings,
         vec![
-            finding(1, "r", AuditKind::OutcomeWithoutAllow { attempt: 4 }),
+            finding(1, "r", Inconsistency::OutcomeWithoutAllow { attempt: 4 }),
             finding(
                 3,
                 "r",
-                AuditKind::DecisionAfterStop {
-                    stop_seq: Seq::single(2),
-                    record: tally_ledger::Kind::Allow
+                Inconsistency::AfterStop {
+                    record: tally_ledger::Kind::Allow,
+                    stop: Reason::Completed
                 }
             ),
         ]
@@ -1294,27 +1469,35 @@ fn charge(at_ms: u64, attempt: u64, key: Option<&str>) -> Decision {
 }
 
 #[test]
-fn a_repeat_after_an_unknown_write_is_fine_after_a_human_check_or_with_its_key() {
+fn a_repeat_after_an_unknown_write_is_fine_only_after_a_human_check() {
     let lost =
         d(json!({"run": "r", "kind": "outcome", "at_ms": 10, "attempt": 1, "status": "unknown"}));
+    // A human checked the remote side and approved the call (a grant naming its tool).
+    let (grant, digest) = approval(20, json!({"tool": "pay"}), 60_000);
     let checked = vec![
         start("r", json!({})),
         charge(0, 1, None),
         lost.clone(),
-        d(
-            json!({"run": "r", "kind": "override", "at_ms": 20, "approver": "ops",
-                 "scope": {"tool": "pay"}, "note": "not charged; retry"}),
-        ),
-        charge(30, 2, None),
+        grant,
+        granted(charge(30, 2, None), &digest),
     ];
-    assert_eq!(analyse(&checked).findings, vec![]);
+    assert_eq!(analyse_with(with_dana(), &checked).findings, vec![]);
+    // An idempotency key does not make a non-idempotent write repeatable: the gate
+    // refuses the repeat, so the audit finds it (declare such a call idempotent_write).
     let keyed = vec![
         start("r", json!({})),
         charge(0, 1, Some("k1")),
         lost.clone(),
         charge(30, 2, Some("k1")),
     ];
-    assert_eq!(analyse(&keyed).findings, vec![]);
+    assert_eq!(
+        analyse(&keyed).findings,
+        vec![finding(
+            3,
+            "r",
+            Inconsistency::RepeatedUnknownWrite { attempt: 1 }
+        )]
+    );
     let timed_out = vec![
         start("r", json!({})),
         charge(0, 1, None),
@@ -1326,12 +1509,7 @@ fn a_repeat_after_an_unknown_write_is_fine_after_a_human_check_or_with_its_key()
         vec![finding(
             3,
             "r",
-            AuditKind::NonIdempotentRepeatedAfterUnknown {
-                attempt: Some(2),
-                earlier_attempt: Some(1),
-                earlier_seq: Seq::single(2),
-                status: Status::Timeout
-            }
+            Inconsistency::RepeatedUnknownWrite { attempt: 1 }
         )]
     );
 }
@@ -1363,7 +1541,7 @@ fn coverage_says_covered_or_not_yet_sealed() {
 fn json_reports_have_the_documented_fields() {
     let r = analyse(&scenario("polling_past_allowance"));
     let loops: Value = serde_json::from_str(&render_loops_json(&r)).expect("loops JSON");
-    assert_eq!(loops["version"], 1);
+    assert_eq!(loops["version"], REPORT_VERSION);
     let l = &loops["loops"][0];
     let keys: Vec<&str> = l
         .as_object()
@@ -1424,6 +1602,7 @@ fn json_reports_have_the_documented_fields() {
         "stop",
         "attempts",
         "spend",
+        "polls",
         "completed",
         "completed_total",
         "pending",
@@ -1443,14 +1622,23 @@ fn json_reports_have_the_documented_fields() {
     assert_eq!(h["pending"][0]["not_before"]["run_ms"], 5600);
     assert_eq!(h["safe_resume"][0]["action"], "check_remote");
     assert_eq!(h["unsafe_actions"][0]["kind"], "remote_job_running");
+    // The polls used against the allowance are handed over too.
+    assert_eq!(
+        h["polls"],
+        json!([{"remote_ref": "eb12", "used": 3, "allowance": 3}])
+    );
     assert_eq!(h["checkpoint"], json!({"status": "unknown"}));
 
     let f = analyse(&scenario("spend_overrun"));
     let f: Value = serde_json::from_str(&render_findings_json(&f)).expect("findings JSON");
     assert_eq!(
-        f["findings"][1],
+        f["findings"][0],
         json!({"seq": 3, "run": "spend", "kind": "allow_beyond_limit",
                "dimension": "spend_cents", "used": 125, "limit": 100})
+    );
+    assert_eq!(
+        f["findings"][1],
+        json!({"seq": 3, "run": "spend", "kind": "allow_after_overrun"})
     );
     assert_eq!(f["findings_omitted"], 0);
 }
@@ -1464,7 +1652,7 @@ fn text_reports_read_like_an_operators_note() {
         "  Status: stopped: completed at seq 5, run time t+6.0 s, recorded 2023-11-14T22:13:20.050Z",
         "  Attempts: 2 of 5",
         "  Spend: 30¢ reserved, 30¢ settled (limit 200¢)",
-        "    - payments.charge (payments.charge:order-5512) -> ch_88 \"succeeded\" (seq 4, run time t+5.9 s, recorded 2023-11-14T22:13:20.040Z)",
+        "    - payments.charge (payments.charge:order-5512) -> ch_88 \"succeeded\" (seq 4, 30¢, run time t+5.9 s, recorded 2023-11-14T22:13:20.040Z)",
         "    - payments.charge (payments.charge:order-5512) attempt 1: OUTCOME UNKNOWN (seq 2, run time t+5.1 s, recorded 2023-11-14T22:13:20.020Z)",
         "  Must not repeat:",
         "  Checkpoint: not determined",
@@ -1714,7 +1902,11 @@ fn a_run_with_very_many_names_and_a_loop_at_the_end() {
     let h = only_handoff(&r);
     let first: Vec<String> = (0..16).map(|i| format!("w{i:02}")).collect();
     assert_eq!(h.workers, first, "the first 16 workers, in order");
-    assert_eq!(h.completed_total, 0, "reads complete nothing");
+    assert_eq!(
+        h.completed_total, 5_000,
+        "every read that ended ok completed"
+    );
+    assert_eq!(h.completed.len(), 50, "the latest 50 are listed");
     assert_eq!(h.attempts.used, 5_004);
     assert_eq!(h.loops, 1);
 }

@@ -58,7 +58,12 @@ export interface OutcomeDetails {
   remoteRef?: string;
   observed?: string;
   retryAfterMs?: number;
+  /** What the call returned: sent only as its digest (a changed result is progress). */
+  result?: unknown;
 }
+
+/** SHA-256 of the result's sorted-key JSON (strings and bytes as they are), 64 hex. */
+export declare function resultDigest(result: unknown): string;
 
 /** The gate's answer to a check (`POST /v1/check`). */
 export declare class Decision {
@@ -146,7 +151,7 @@ export declare class Call {
   /** Set the outcome recorded when the body ends; it wins over what the end implies. */
   report(status: OutcomeStatus, details?: OutcomeDetails): void;
   /** The call succeeded; `settledCents` is what it actually cost. */
-  ok(details?: { settledCents?: number; remoteRef?: string; observed?: string }): void;
+  ok(details?: { settledCents?: number; remoteRef?: string; observed?: string; result?: unknown }): void;
   /** Whether the call took effect is not known. */
   unknown(details?: { remoteRef?: string; observed?: string }): void;
 }

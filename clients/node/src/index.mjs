@@ -13,10 +13,39 @@
 // the decision, the answer is `GateUnavailable`: the call must not proceed (fail closed).
 // The API is docs/GATE.md; the types are index.d.ts beside this file.
 
+import { createHash } from "node:crypto";
 import http from "node:http";
 
 /** The package version. */
 export const VERSION = "0.1.0";
+
+/**
+ * The digest the gate keeps of a call's result (the result itself is never sent): SHA-256
+ * of its JSON with sorted keys and no whitespace (strings and bytes as they are), 64
+ * lowercase hex. Only equality matters: identical calls whose results differ are
+ * progress, not a loop.
+ * @param {unknown} result @returns {string}
+ */
+export function resultDigest(result) {
+  const h = createHash("sha256");
+  if (typeof result === "string") h.update(result, "utf8");
+  else if (result instanceof Uint8Array) h.update(result);
+  else h.update(JSON.stringify(sorted(result)) ?? "null", "utf8");
+  return h.digest("hex");
+}
+
+/** `value` with every object's keys in sorted order, for a stable JSON text. */
+function sorted(value) {
+  if (Array.isArray(value)) return value.map(sorted);
+  if (value && typeof value === "object" && !(value instanceof Date)) {
+    return Object.fromEntries(
+      Object.keys(value)
+        .sort()
+        .map((k) => [k, sorted(value[k])]),
+    );
+  }
+  return value;
+}
 
 // ------------------------------------------------------------------------------ answers
 
@@ -425,7 +454,8 @@ export class Gate {
    * Record what an allowed call did: `ok`, `error`, `rejected`, `timeout`, `running` or
    * `unknown`.
    * @param {string} run @param {number} attempt @param {string} status
-   * @param {{settledCents?: number, remoteRef?: string, observed?: string, retryAfterMs?: number}} [options]
+   * `result`, if given, is sent only as its digest (`resultDigest`).
+   * @param {{settledCents?: number, remoteRef?: string, observed?: string, retryAfterMs?: number, result?: unknown}} [options]
    * @returns {Promise<Logged>}
    */
   outcome(run, attempt, status, options = {}) {
@@ -437,6 +467,7 @@ export class Gate {
       remote_ref: options.remoteRef,
       observed: options.observed,
       retry_after_ms: options.retryAfterMs,
+      result_digest: "result" in options ? resultDigest(options.result) : undefined,
       worker: this.worker,
     });
     return this.#do({ method: "POST", path: "/v1/outcome", body, parse: (b) => new Logged(b) });
@@ -577,8 +608,9 @@ export class Call {
     this.details = { ...details };
   }
 
-  /** The call succeeded; `settledCents` is what it actually cost.
-   * @param {{settledCents?: number, remoteRef?: string, observed?: string}} [details] */
+  /** The call succeeded; `settledCents` is what it actually cost, `result` what it
+   * returned (only its digest is sent: a changed result is progress, not a loop).
+   * @param {{settledCents?: number, remoteRef?: string, observed?: string, result?: unknown}} [details] */
   ok(details = {}) {
     this.report("ok", details);
   }

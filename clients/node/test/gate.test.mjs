@@ -23,6 +23,7 @@ import {
   RunStanding,
   StopRun,
   TallyError,
+  resultDigest,
 } from "tally-gate";
 
 import { NO_ASK, serve } from "./daemon.mjs";
@@ -108,6 +109,28 @@ test("allow, then the outcome ok is recorded", async (t) => {
       assert.equal(e.decision.seq, null);
       return true;
     },
+  );
+});
+
+test("a changed result is progress, not a loop; the same result four times is", async (t) => {
+  const gate = new Gate((await serve(t)).socket);
+  await gate.startRun("r1");
+  for (let i = 0; i < 5; i++) {
+    await gate.call("r1", "fs", { effect: "read", args: { path: "a.rs" } }, async (call) =>
+      call.ok({ result: { content: `fn v${i}() {}` } }),
+    );
+  }
+  assert.equal(resultDigest({ b: 1, a: [2] }), resultDigest({ a: [2], b: 1 }));
+  assert.match(resultDigest(new Uint8Array([1])), /^[0-9a-f]{64}$/);
+  await gate.startRun("r2");
+  for (let i = 0; i < 3; i++) {
+    await gate.call("r2", "fs", { effect: "read", args: { path: "a.rs" } }, async (call) =>
+      call.ok({ result: "same" }),
+    );
+  }
+  await assert.rejects(
+    gate.call("r2", "fs", { effect: "read", args: { path: "a.rs" } }, never),
+    (e) => e instanceof StopRun && e.reason === "loop_repeated_call",
   );
 });
 
@@ -256,7 +279,7 @@ test("call() records ok, error, timeout and unknown", async (t) => {
   assert.deepEqual([standing.heldCents, standing.settledCents], [0, 4]);
   await assert.rejects(
     pay("charge:b", 4, 10, never),
-    (e) => e instanceof StopRun && e.reason === "attempts_exhausted",
+    (e) => e instanceof StopRun && e.reason === "retries_exhausted",
   );
 
   // timeout (a TimeoutError, as AbortSignal.timeout throws): the hold stays (the call may

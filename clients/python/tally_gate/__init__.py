@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import http.client
 import json
 import socket
@@ -46,6 +47,7 @@ __all__ = [
     "Run",
     "StopRun",
     "TallyError",
+    "result_digest",
 ]
 
 # What a call body may raise that means the call timed out (`asyncio.TimeoutError` and
@@ -268,6 +270,29 @@ class _Request(Generic[T]):
     parse: Callable[[Dict[str, Any]], T]
 
 
+class _NoResult:
+    """No result was given (`None` is a result like any other)."""
+
+
+_NO_RESULT: Any = _NoResult()
+
+
+def result_digest(result: Any) -> str:
+    """The digest the gate keeps of a call's result (the result itself is never sent):
+    SHA-256 of its JSON with sorted keys and no whitespace, as 64 lowercase hex. Only
+    equality matters: identical calls whose results differ are progress, not a loop.
+    Bytes and text are digested as they are."""
+    if isinstance(result, bytes):
+        data = result
+    elif isinstance(result, str):
+        data = result.encode("utf-8")
+    else:
+        data = json.dumps(
+            result, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+        ).encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
 def _compact(**fields: Any) -> Dict[str, Any]:
     """The fields that are set: the gate refuses unknown fields, and null means absent."""
     return {k: v for k, v in fields.items() if v is not None}
@@ -351,6 +376,7 @@ class _Base:
         remote_ref: Optional[str],
         observed: Optional[str],
         retry_after_ms: Optional[int],
+        result: Any = _NO_RESULT,
     ) -> _Request[Dict[str, Any]]:
         body = _compact(
             run=run,
@@ -360,6 +386,7 @@ class _Base:
             remote_ref=remote_ref,
             observed=observed,
             retry_after_ms=retry_after_ms,
+            result_digest=None if result is _NO_RESULT else result_digest(result),
             worker=self.worker,
         )
         return _Request("POST", "/v1/outcome", body, dict)
@@ -496,11 +523,12 @@ class Gate(_Base):
         remote_ref: Optional[str] = None,
         observed: Optional[str] = None,
         retry_after_ms: Optional[int] = None,
+        result: Any = _NO_RESULT,
     ) -> Dict[str, Any]:
         """Record what an allowed call did: `ok`, `error`, `rejected`, `timeout`,
         `running` or `unknown`. Returns `{seq, hash, limits}`."""
         req = self._outcome(
-            run, attempt, status, settled_cents, remote_ref, observed, retry_after_ms
+            run, attempt, status, settled_cents, remote_ref, observed, retry_after_ms, result
         )
         return self._do(req)
 
@@ -647,10 +675,11 @@ class AsyncGate(_Base):
         remote_ref: Optional[str] = None,
         observed: Optional[str] = None,
         retry_after_ms: Optional[int] = None,
+        result: Any = _NO_RESULT,
     ) -> Dict[str, Any]:
         """Record what an allowed call did (see `Gate.outcome`)."""
         req = self._outcome(
-            run, attempt, status, settled_cents, remote_ref, observed, retry_after_ms
+            run, attempt, status, settled_cents, remote_ref, observed, retry_after_ms, result
         )
         return await self._do(req)
 
@@ -711,6 +740,7 @@ class _CallState:
         self.remote_ref: Optional[str] = None
         self.observed: Optional[str] = None
         self.retry_after_ms: Optional[int] = None
+        self.result: Any = _NO_RESULT
         self.logged: Optional[Dict[str, Any]] = None
         """The outcome's receipt `{seq, hash, limits}`, once recorded."""
 
@@ -739,23 +769,31 @@ class _CallState:
         remote_ref: Optional[str] = None,
         observed: Optional[str] = None,
         retry_after_ms: Optional[int] = None,
+        result: Any = _NO_RESULT,
     ) -> None:
         """Set the outcome recorded on exit (`ok`, `error`, `rejected`, `timeout`,
-        `running`, `unknown`); it wins over what the exit would imply."""
+        `running`, `unknown`); it wins over what the exit would imply. `result`, if
+        given, is kept only as its digest (`result_digest`)."""
         self.status = status
         self.settled_cents = settled_cents
         self.remote_ref = remote_ref
         self.observed = observed
         self.retry_after_ms = retry_after_ms
+        self.result = result
 
     def ok(
         self,
         settled_cents: Optional[int] = None,
         remote_ref: Optional[str] = None,
         observed: Optional[str] = None,
+        result: Any = _NO_RESULT,
     ) -> None:
-        """The call succeeded; `settled_cents` is what it actually cost."""
-        self.report("ok", settled_cents=settled_cents, remote_ref=remote_ref, observed=observed)
+        """The call succeeded; `settled_cents` is what it actually cost, `result` what it
+        returned (only its digest is sent: a changed result is progress, not a loop)."""
+        self.report(
+            "ok", settled_cents=settled_cents, remote_ref=remote_ref, observed=observed,
+            result=result,
+        )  # fmt: skip
 
     def unknown(self, remote_ref: Optional[str] = None, observed: Optional[str] = None) -> None:
         """Whether the call took effect is not known (a non-idempotent write is then not
@@ -776,7 +814,7 @@ class _CallState:
     def _outcome_args(self, status: str) -> Tuple[Any, ...]:
         return (
             self.run, self.attempt, status, self.settled_cents, self.remote_ref,
-            self.observed, self.retry_after_ms,
+            self.observed, self.retry_after_ms, self.result,
         )  # fmt: skip
 
     def _failed(self, status: str, error: TallyError, exc: Optional[BaseException]) -> None:

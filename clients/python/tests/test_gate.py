@@ -36,6 +36,7 @@ from tally_gate import (
     RetryLater,
     StopRun,
     TallyError,
+    result_digest,
 )
 
 NO_ASK = "[approvals]\nask_on = []\n"
@@ -168,6 +169,27 @@ def test_allow_then_outcome_ok_is_recorded(serve: Callable[..., Daemon]) -> None
     assert stopped.value.decision.seq is None
 
 
+def test_a_changed_result_is_progress_not_a_loop(serve: Callable[..., Daemon]) -> None:
+    # Re-reading a file an edit changed: identical calls whose results differ are
+    # progress. Only the result's digest leaves the agent.
+    gate = Gate(serve().socket)
+    gate.start_run("r1")
+    for i in range(5):
+        with gate.call("r1", "fs", effect="read", args={"path": "a.rs"}) as call:
+            call.ok(result={"content": f"fn v{i}() {{}}"})
+    assert result_digest({"b": 1, "a": [2]}) == result_digest({"a": [2], "b": 1})
+    assert len(result_digest(b"x")) == 64
+    # The same result each time: the fourth identical call is a loop.
+    gate.start_run("r2")
+    for _ in range(3):
+        with gate.call("r2", "fs", effect="read", args={"path": "a.rs"}) as call:
+            call.ok(result="same")
+    with pytest.raises(StopRun) as looped:
+        with gate.call("r2", "fs", effect="read", args={"path": "a.rs"}):
+            pytest.fail("the body of a refused call ran")
+    assert looped.value.reason == "loop_repeated_call"
+
+
 def test_attempts_exhausted_asks_a_human_under_the_default_ask_on(
     serve: Callable[..., Daemon],
 ) -> None:
@@ -265,7 +287,7 @@ def test_the_context_manager_records_ok_error_timeout_and_unknown(
     with pytest.raises(StopRun) as stopped:
         with pay("charge:b", 4):
             pytest.fail("the body of a refused call ran")
-    assert stopped.value.reason == "attempts_exhausted"
+    assert stopped.value.reason == "retries_exhausted"
 
     # timeout: the hold stays (the call may have spent it), and the write is not repeated
     # until its outcome is reconciled.

@@ -63,6 +63,7 @@ fn outcome(h: &Host, run: &str, attempt: u64, status: Status) {
         remote_ref: None,
         observed: None,
         retry_after_ms: None,
+        result_digest: None,
         worker: None,
     };
     h.gate.outcome_blocking(AGENT, req).expect("outcome");
@@ -345,6 +346,7 @@ fn racing_hosts_replay_clean_in_version_order() {
                         remote_ref: None,
                         observed: None,
                         retry_after_ms: None,
+                        result_digest: None,
                         worker: None,
                     };
                     settle.gate.outcome_blocking(AGENT, req).expect("outcome");

@@ -8,6 +8,7 @@ python3 server.py`), runs SCENARIO and prints one JSON object on stdout:
 * `session`: initialize, every list, a read, a prompt, each annotated tool once, a tool
   that reports progress and logs; the results and the notifications received.
 * `loop`: an agent retrying a failing tool with fresh arguments until told to stop.
+* `retry`: an agent retrying a failing tool with the same arguments until told to stop.
 * `everything`: lists and two tool calls against the MCP reference server.
 """
 
@@ -67,6 +68,19 @@ async def loop(s, notes):
     return {"calls": calls}
 
 
+async def retry(s, notes):
+    await s.initialize()
+    calls = []
+    for _ in range(30):
+        r = await s.call_tool("flaky", {"n": 0})
+        text = " ".join(c.text for c in r.content if c.type == "text")
+        gate = (r.meta or {}).get("tally/gate")
+        calls.append({"is_error": r.isError, "text": text, "gate": gate})
+        if gate and gate.get("action") in ("stop", "ask"):
+            break
+    return {"calls": calls}
+
+
 async def everything(s, notes):
     """The MCP reference server (`@modelcontextprotocol/server-everything`)."""
     out = {"initialize": dump(await s.initialize())}
@@ -92,7 +106,7 @@ async def main():
 
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write, logging_callback=on_log) as s:
-            result = await {"session": session, "loop": loop, "everything": everything}[scenario](s, notes)
+            result = await {"session": session, "loop": loop, "retry": retry, "everything": everything}[scenario](s, notes)
     print(json.dumps(result, sort_keys=True))
 
 

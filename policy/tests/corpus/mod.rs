@@ -130,6 +130,8 @@ fn replay(name: &str, text: &str) -> Result<(), Vec<String>> {
                 run,
                 tool,
                 credential: None,
+                parent: None,
+                continued: None,
             },
             &d,
             now(at),

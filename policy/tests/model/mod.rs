@@ -113,9 +113,9 @@ impl Model {
                 self.settled += s;
                 a.held = 0;
                 a.settled = true;
+                // An overrun is recorded, not an inconsistency.
                 if s > a.reserved {
                     self.overrun = true;
-                    self.findings.push("settled_above_reservation");
                 }
             }
         }

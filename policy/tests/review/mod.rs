@@ -79,7 +79,7 @@ fn a_continuation_refuses_a_write_that_never_reported() {
     );
     sim.allow(&pay, 1);
     let mut new = tally_policy::RunState::new("r2");
-    tally_policy::state::carry_over(&mut new, sim.run("r1"));
+    tally_policy::carry_over(&mut new, sim.run("r1"));
     assert_eq!(
         new.unknown.len(),
         1,

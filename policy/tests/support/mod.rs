@@ -107,6 +107,8 @@ impl Sim {
                 run,
                 tool,
                 credential: None,
+                parent: None,
+                continued: None,
             },
             d,
             now(at),
@@ -129,6 +131,7 @@ impl Sim {
             run,
             tool,
             credential: None,
+            family: Default::default(),
         };
         let first = decide(&self.policy, &self.digest, view, call, now(at));
         let second = decide(&self.policy, &self.digest, view, call, now(at));

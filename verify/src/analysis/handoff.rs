@@ -5,7 +5,7 @@ use serde::Serialize;
 use tally_ledger::{Action, Effect, Reason};
 
 use super::loops::{Clock, Loop, Pattern};
-use super::run::RunState;
+use super::run::RunAnalysis;
 
 /// A moment on both clocks: the run's own, and the ledger's wall clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -44,7 +44,9 @@ pub struct StopReason {
     pub at: Option<When>,
 }
 
-/// An external operation the run completed.
+/// A call the run completed: its outcome was `ok` (reads too, and a late `ok` after a
+/// timeout), with what it settled; a job a poll found done is listed under the call that
+/// started it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Completed {
     /// The seq of the `ok` outcome.
@@ -61,6 +63,8 @@ pub struct Completed {
     pub remote_ref: Option<String>,
     /// The remote state observed when it completed.
     pub observed: Option<String>,
+    /// What it settled, cents (what it cost).
+    pub settled_cents: u64,
     /// When it completed.
     pub at: When,
 }
@@ -117,30 +121,50 @@ pub struct Observed {
     pub at: When,
 }
 
-/// Attempts used of the limit.
+/// Attempts used of the limit in force, as the policy core counts them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Attempts {
-    /// Allowed calls less refunded slots.
+    /// Allowed calls less refunded slots (polls and exempt calls use none).
     pub used: u64,
-    /// `budget.attempts`.
+    /// The limit in force: `budget.attempts`, plus what approvals granted, less what was
+    /// carved out for child runs (`null`: no limit).
     pub limit: Option<u64>,
-    /// Calls beyond a limit that a human override covered.
+    /// Attempts granted by approvals the run used.
     pub approved_extra: u64,
-    /// Slots given back by valid refunds.
+    /// Slots given back by refunds and `rejected` outcomes.
     pub refunded: u64,
+    /// Attempts carved out for child runs.
+    pub carved_out: u64,
 }
 
-/// Spend reserved and settled.
+/// Spend reserved and settled, as the policy core counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Spend {
-    /// Cents held: reserved by allowed calls not yet settled (docs/GATE.md, how a budget is counted), less refunds.
+    /// Cents held: reserved by allowed calls not yet settled.
     pub reserved_cents: u64,
     /// Cents settled by outcomes.
     pub settled_cents: u64,
-    /// `budget.spend_cents`.
+    /// The limit in force: `budget.spend_cents`, plus what approvals granted, less what
+    /// was carved out for child runs (`null`: no limit).
     pub limit_cents: Option<u64>,
-    /// Cents beyond the limit that a human override covered.
+    /// Cents granted by approvals the run used.
     pub approved_extra_cents: u64,
+    /// Cents settled above their calls' reservations (the upstream billed more than was
+    /// reserved). After an overrun the gate allows no call until a human grants cents.
+    pub overrun_cents: u64,
+    /// Cents carved out for child runs.
+    pub carved_out_cents: u64,
+}
+
+/// Polls of one remote operation against the allowance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PollsUsed {
+    /// The remote operation.
+    pub remote_ref: String,
+    /// Polls allowed of it.
+    pub used: u64,
+    /// The run's allowance per remote operation (`budget.polls`).
+    pub allowance: Option<u64>,
 }
 
 /// What a resume step asks for.
@@ -288,9 +312,11 @@ pub struct Handoff {
     pub attempts: Attempts,
     /// Spend reserved and settled.
     pub spend: Spend,
-    /// Completed external operations (the latest `max_listed`).
+    /// Polls used of each remote operation the run polled.
+    pub polls: Vec<PollsUsed>,
+    /// Completed calls (the latest 50).
     pub completed: Vec<Completed>,
-    /// All completed external operations, listed or not.
+    /// All completed calls, listed or not.
     pub completed_total: u64,
     /// External work not resolved.
     pub pending: Vec<Pending>,
@@ -322,7 +348,7 @@ fn label(tool: Option<&str>, operation: Option<&str>) -> String {
 }
 
 /// The handoff of one run, from its state at the end of the ledger.
-pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
+pub(crate) fn build(run: &RunAnalysis, loops: &[&Loop], findings: u64) -> Handoff {
     let stop = run.stop_reason();
     let pending: Vec<Pending> = run.pending_work();
     let mut safe_resume = Vec::new();
@@ -402,22 +428,37 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
                     not_before: None,
                     seq: Some(p.seq),
                 });
-                if p.effect == Some(Effect::NonIdempotentWrite) {
-                    unsafe_actions.push(UnsafeAction {
-                        kind: UnsafeKind::OutcomeUnknownWrite,
-                        what: format!(
-                            "do not repeat {name}{attempt}: {known}, and repeating a \
-                             non-idempotent write may do it twice"
-                        ),
-                        tool: p.tool.clone(),
-                        operation: p.operation.clone(),
-                        attempt: p.attempt,
-                        remote_ref: p.remote_ref.clone(),
-                        seq: p.seq,
-                    });
-                }
             }
         }
+    }
+    // Non-idempotent writes the core holds unknown (its own, and any a continuation
+    // carried over): the gate refuses to repeat them until a human reconciles them.
+    let mut unknown: Vec<_> = run.unknown.values().collect();
+    unknown.sort_by_key(|u| u.seq);
+    for u in unknown {
+        let name = label(u.tool.as_deref(), u.operation.as_deref());
+        let attempt = match (&u.from_run, u.attempt) {
+            (Some(r), 0) => format!(" (of run {r})"),
+            (Some(r), a) => format!(" (attempt {a} of run {r})"),
+            (None, a) => format!(" (attempt {a})"),
+        };
+        let known = match u.status {
+            Some(tally_ledger::Status::Timeout) => "it timed out",
+            Some(_) => "its response was lost",
+            None => "no outcome was recorded",
+        };
+        unsafe_actions.push(UnsafeAction {
+            kind: UnsafeKind::OutcomeUnknownWrite,
+            what: format!(
+                "do not repeat {name}{attempt}: {known}, and repeating a \
+                 non-idempotent write may do it twice"
+            ),
+            tool: u.tool.clone(),
+            operation: u.operation.clone(),
+            attempt: Some(u.attempt).filter(|&a| a > 0),
+            remote_ref: None,
+            seq: u.seq,
+        });
     }
     for ask in &run.asks {
         safe_resume.push(ResumeStep {
@@ -437,7 +478,7 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
     }
     match stop.action {
         Some(Action::Retry) | None => {
-            if let Some(b) = run.backoff.as_ref().filter(|b| b.refused.is_some()) {
+            if let Some(b) = run.backoff.as_ref() {
                 let name = label(b.tool.as_deref(), b.operation.as_deref());
                 safe_resume.push(ResumeStep {
                     action: ResumeAction::Retry,
@@ -445,7 +486,7 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
                     tool: b.tool.clone(),
                     operation: b.operation.clone(),
                     remote_ref: None,
-                    reason: b.refused,
+                    reason: Some(b.refused),
                     not_before: Some(b.not_before),
                     seq: Some(b.seq),
                 });
@@ -540,7 +581,7 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
                 )
             }
             Pattern::Polling => format!(
-                "do not keep polling {name}: {} polls looped (seq {}..{})",
+                "do not poll {name} faster than its Retry-After or past its allowance: {} polls looped (seq {}..{})",
                 l.count, l.first_seq, l.last_seq
             ),
             Pattern::Alternation => format!(
@@ -572,9 +613,10 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
         });
     }
 
+    let core = &run.core;
     Handoff {
         run: run.name.clone(),
-        started: run.started,
+        started: core.started,
         goal: run.goal.clone(),
         parent: run.parent.clone(),
         workers: run.workers.iter().cloned().collect(),
@@ -583,17 +625,29 @@ pub(crate) fn build(run: &RunState, loops: &[&Loop], findings: u64) -> Handoff {
         last_in: run.last_in.iter().map(|(l, s)| (*l, *s)).collect(),
         stop,
         attempts: Attempts {
-            used: run.core.attempts_used,
-            limit: run.budget.attempts,
-            approved_extra: run.uses_granted.saturating_add(run.core.extra_attempts),
-            refunded: run.core.attempts_refunded,
+            used: core.attempts_used,
+            limit: core.attempts_limit(),
+            approved_extra: core.extra_attempts,
+            refunded: core.attempts_refunded,
+            carved_out: core.delegated_attempts,
         },
         spend: Spend {
-            reserved_cents: run.core.held_cents,
-            settled_cents: run.core.settled_cents,
-            limit_cents: run.budget.spend_cents,
-            approved_extra_cents: run.cents_granted.saturating_add(run.core.extra_cents),
+            reserved_cents: core.held_cents,
+            settled_cents: core.settled_cents,
+            limit_cents: core.spend_limit(),
+            approved_extra_cents: core.extra_cents,
+            overrun_cents: core.overrun_cents,
+            carved_out_cents: core.delegated_cents,
         },
+        polls: run
+            .polls_used()
+            .into_iter()
+            .map(|(remote_ref, used)| PollsUsed {
+                remote_ref,
+                used,
+                allowance: core.budget.polls,
+            })
+            .collect(),
         completed: run.completed.iter().cloned().collect(),
         completed_total: run.completed_total,
         pending,

@@ -1,47 +1,47 @@
-//! Loop reconstruction: exact repetition, alternation, high call count, retry storms and
-//! polling.
+//! Loops as the policy core sees them. A loop is a series of calls in which the core's
+//! rules refused a call, or would have refused one (an allow the core's rule refuses,
+//! which only a ledger the gate did not write can hold): identical calls and alternation
+//! ([`tally_policy::loop_rule`]), the per-tool bar, retries of one logical operation
+//! ([`tally_policy::retry_rule`]), polling ([`tally_policy::poll_rule`]), and a tool's
+//! shared breaker across runs ([`tally_policy::breaker_outcome`]). The trackers here
+//! only group the calls those rules judge into series and describe them; a series no
+//! rule refused is not a loop, however it looks.
 //!
-//! What a loop is, is the policy core's rule ([`tally_policy::loop_rule`]), the one the
-//! gate refuses by: the run's state, folded by the core, judges each call before it is
-//! counted, and the trackers here only group the calls it flags into loops and describe
-//! them. Retry storms and stalled polling are the reports' own signals: failures and
-//! polls that the budget, the breaker and the poll allowance bound at the gate.
-//!
-//! Each tracker keeps a small window per key (run and tool, arguments or remote
-//! operation), never the events themselves; a key that falls silent for longer than its
-//! window is closed and forgotten.
+//! A loop spans its first call to the last call a rule refused: what came after is the
+//! recovery, not the loop. So on a ledger the gate wrote, every loop ends in a refusal
+//! the gate made.
 
-use crate::event::Seq;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use serde::Serialize;
 use tally_ledger::{Action, Reason, Status};
-use tally_policy::LoopRule;
 
-use super::run::SeriesKey;
-use super::Config;
+use crate::event::Seq;
 
 /// Most distinct workers (or runs) a loop names; the rest are counted, not listed.
 const MAX_NAMED: usize = 16;
 
-/// How a loop was recognised.
+/// How a loop was recognised: which of the core's rules refused in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Pattern {
-    /// The same call (tool and argument digest, else operation) again and again: more in
-    /// a row, or among the run's recent calls, than the policy's loop limits allow.
+    /// The same call (tool and argument digest, else operation), its result unchanged:
+    /// more in a row, or among the run's recent calls, than the policy's loop limits
+    /// allow (`loop_repeated_call`).
     ExactRepetition,
-    /// Two calls alternating (A, B, A, B, ...) with no change of observed state.
+    /// Two calls alternating (A, B, A, B, ...) with no progress (`loop_repeated_call`).
     Alternation,
     /// More calls of one tool in the policy's per-tool window than it allows, arguments
-    /// varying.
+    /// varying (`loop_repeated_call`).
     HighCallCount,
-    /// Failures followed by retries: identical retries within a run, or many workers or
-    /// runs hammering one failing tool at once.
+    /// One logical operation retried past its effect class's retries
+    /// (`retries_exhausted`); across runs, failures of one tool that opened its shared
+    /// breaker, and the calls it then refused (`circuit_open`).
     RetryStorm,
-    /// Status checks of one remote operation that never progress, ignore Retry-After, or
-    /// exceed the run's poll allowance.
+    /// Polls of one remote operation past its allowance, before its Retry-After (less
+    /// the tolerance), or past the policy's stall bound (`poll_allowance_exhausted`,
+    /// `upstream_backoff`).
     Polling,
 }
 
@@ -62,7 +62,7 @@ impl Pattern {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Clock {
-    /// The run's own elapsed ms (`at_ms`, else wall time since the run's first record).
+    /// The run's own elapsed ms (`at_ms`, else wall time since the run's start).
     Run,
     /// The ledger's wall time, ms since the Unix epoch (loops across runs).
     Wall,
@@ -72,7 +72,7 @@ pub enum Clock {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum LoopEnd {
-    /// The gate refused the loop's last call with this code.
+    /// Its last call was refused with this code.
     Refused {
         /// The refusal's reason code.
         reason: Reason,
@@ -86,13 +86,13 @@ pub enum LoopEnd {
         /// The stop record's seq.
         seq: Seq,
     },
-    /// The loop's last call succeeded (the tool recovered, the job finished).
+    /// A call of it succeeded after its last refused one (the tool recovered, the job
+    /// finished).
     Succeeded {
         /// The seq of the `ok` outcome.
         seq: Seq,
     },
-    /// The agent stopped repeating by itself (silent for longer than the window) and the
-    /// run went on.
+    /// The agent stopped by itself (the rule's window passed) and the run went on.
     Abandoned,
     /// The ledger ends with the loop still going and the run not stopped.
     NeverStopped,
@@ -103,7 +103,8 @@ pub enum LoopEnd {
 pub struct PollEvidence {
     /// The run's poll allowance (`budget.polls`), if it has one.
     pub allowance: Option<u64>,
-    /// Whether the run polled past its allowance (or was refused for it).
+    /// Whether a poll of it was refused (or would have been) for the allowance or the
+    /// stall bound.
     pub over_allowance: bool,
     /// How often the observed remote state changed while polling.
     pub state_changes: u64,
@@ -113,10 +114,10 @@ pub struct PollEvidence {
     pub last_observed: Option<String>,
 }
 
-/// One loop: a run (or several) doing the same thing over and over.
+/// One loop: a run (or several) doing the same thing over and over until a rule refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Loop {
-    /// How it was recognised.
+    /// Which rule refused in it.
     pub pattern: Pattern,
     /// The run(s) it belongs to: one for a loop within a run, several across runs.
     pub runs: Vec<String>,
@@ -130,18 +131,18 @@ pub struct Loop {
     pub args_digest: Option<String>,
     /// The remote operation polled (polling loops).
     pub remote_ref: Option<String>,
-    /// Calls in the loop (allows and refusals). For retry storms across runs or
-    /// workers: calls whose result (an outcome or a refusal) fell in the storm.
+    /// Calls in the loop (allows and refusals), up to its last refused one; across
+    /// runs: the failed outcomes and refused calls of the tool.
     pub count: u64,
     /// First seq of the loop.
     pub first_seq: Seq,
-    /// Last seq of the loop.
+    /// Last seq of the loop (its last refused call).
     pub last_seq: Seq,
     /// The clock `first_ms` and `last_ms` are on.
     pub clock: Clock,
     /// When the loop began.
     pub first_ms: u64,
-    /// When the loop's last record was written.
+    /// When its last refused call was made.
     pub last_ms: u64,
     /// `last_ms - first_ms`.
     pub span_ms: u64,
@@ -149,9 +150,10 @@ pub struct Loop {
     pub reserved_cents: u64,
     /// Cents settled by the loop's calls' outcomes.
     pub settled_cents: u64,
-    /// Failed results in the loop: `error` or `timeout` outcomes and back-off refusals.
+    /// Failed results in the loop: `error` or `timeout` outcomes and refusals whose
+    /// action is `retry`.
     pub failures: u64,
-    /// Calls made before an upstream Retry-After had elapsed.
+    /// Polls made before the upstream's Retry-After (less the tolerance) had elapsed.
     pub ignored_retry_after: u64,
     /// Polling evidence (polling loops only).
     pub poll: Option<PollEvidence>,
@@ -162,7 +164,7 @@ pub struct Loop {
 /// Why a tracker is being closed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Close {
-    /// Silent for longer than the window.
+    /// Its rule no longer looks back at it (the window passed, the count reset).
     Gap,
     /// The run stopped.
     Stop { reason: Reason, seq: Seq },
@@ -170,47 +172,164 @@ pub(crate) enum Close {
     Finish { stop: Option<(Reason, Seq)> },
 }
 
-/// The extent of a loop candidate: seq and time range, count, spend, workers, ending.
-#[derive(Clone, Debug)]
-struct Span {
-    first_seq: Seq,
+/// One call (allow or refusal) as a series sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallFacts<'a> {
+    pub seq: Seq,
+    /// Run time (wall time for a series across runs).
+    pub ms: u64,
+    pub worker: Option<&'a Arc<str>>,
+    pub operation: Option<&'a Arc<str>>,
+    pub args_digest: Option<&'a str>,
+    pub reserve: u64,
+    /// The refusal's reason, for a deny.
+    pub refused: Option<Reason>,
+    /// Whether the core's rule for this series refuses this call (or refused it).
+    pub flagged: bool,
+    /// For a poll: the poll rule refuses it as early.
+    pub early: bool,
+}
+
+/// One outcome, as a series sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutcomeFacts<'a> {
+    pub seq: Seq,
+    pub status: Status,
+    pub settled: u64,
+    pub observed: Option<&'a str>,
+}
+
+/// The part of a series up to its last flagged call: what a loop reports.
+#[derive(Clone, Debug, Default)]
+struct Upto {
     last_seq: Seq,
-    first_ms: u64,
     last_ms: u64,
     count: u64,
     reserved: u64,
     settled: u64,
-    /// Distinct workers, sorted, at most [`MAX_NAMED`].
-    workers: Vec<Arc<str>>,
+    failures: u64,
     refused: Option<(Reason, Seq)>,
-    ok: Option<Seq>,
 }
 
-impl Span {
-    fn new(seq: Seq, ms: u64) -> Span {
-        Span {
+/// A series of calls one rule looks at: identical calls, one operation's retries, one
+/// remote operation's polls, one tool's calls.
+#[derive(Clone, Debug)]
+pub(crate) struct Series {
+    pattern: Pattern,
+    first_seq: Seq,
+    first_ms: u64,
+    /// Running totals of the whole series.
+    now: Upto,
+    /// Snapshot at its last flagged call (`None`: no rule refused in it: no loop).
+    flagged: Option<Upto>,
+    /// An `ok` outcome of one of its calls after the last flagged call.
+    ok_after: Option<Seq>,
+    workers: Vec<Arc<str>>,
+    tool: Option<Arc<str>>,
+    operation: Option<Arc<str>>,
+    args_digest: Option<String>,
+    /// Its calls' argument digests differ: none is shown.
+    digests_differ: bool,
+    /// A call's digest was taken.
+    digest_seen: bool,
+    remote_ref: Option<String>,
+    early: u64,
+    poll: Option<PollTrack>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct PollTrack {
+    allowance: Option<u64>,
+    over_allowance: bool,
+    state_changes: u64,
+    unchanged: u64,
+    max_unchanged: u64,
+    last_observed: Option<String>,
+}
+
+impl Series {
+    pub fn new(pattern: Pattern, seq: Seq, ms: u64, tool: Option<Arc<str>>) -> Series {
+        Series {
+            pattern,
             first_seq: seq,
-            last_seq: seq,
             first_ms: ms,
-            last_ms: ms,
-            count: 0,
-            reserved: 0,
-            settled: 0,
+            now: Upto {
+                last_seq: seq,
+                last_ms: ms,
+                ..Upto::default()
+            },
+            flagged: None,
+            ok_after: None,
             workers: Vec::new(),
-            refused: None,
-            ok: None,
+            tool,
+            operation: None,
+            args_digest: None,
+            digests_differ: false,
+            digest_seen: false,
+            remote_ref: None,
+            early: 0,
+            poll: None,
         }
     }
 
-    fn touch(&mut self, seq: Seq, ms: u64) {
-        self.last_seq = self.last_seq.max(seq);
-        self.last_ms = self.last_ms.max(ms);
+    /// The series began with an earlier call (reserving `reserve`) than the one it is
+    /// made for: it counts that one too.
+    pub fn after(
+        mut self,
+        reserve: u64,
+        settled: u64,
+        failures: u64,
+        worker: Option<Arc<str>>,
+    ) -> Series {
+        self.workers.extend(worker);
+        self.now.count = 1;
+        self.now.reserved = reserve;
+        self.now.settled = settled;
+        self.now.failures = failures;
+        self
     }
 
-    fn call(&mut self, c: &CallFacts<'_>) {
-        self.touch(c.seq, c.ms);
-        self.count += 1;
-        self.reserved = self.reserved.saturating_add(c.reserve);
+    /// Its calls' argument digests differ: none is shown.
+    pub fn digests_differ(&mut self) {
+        self.digests_differ = true;
+    }
+
+    /// A polling series of `remote_ref`, with the run's poll allowance and the state
+    /// last observed before polling began.
+    pub fn polling(
+        seq: Seq,
+        ms: u64,
+        tool: Option<Arc<str>>,
+        remote_ref: &str,
+        allowance: Option<u64>,
+        observed: Option<String>,
+    ) -> Series {
+        let mut s = Series::new(Pattern::Polling, seq, ms, tool);
+        s.remote_ref = Some(remote_ref.to_owned());
+        s.poll = Some(PollTrack {
+            allowance,
+            last_observed: observed,
+            ..PollTrack::default()
+        });
+        s
+    }
+
+    /// Run time of its last record.
+    pub fn last_ms(&self) -> u64 {
+        self.now.last_ms
+    }
+
+    /// Take one call; `pattern`, where given, is the rule that refuses it (for series
+    /// whose pattern depends on the rule: identical calls or alternation).
+    pub fn call(&mut self, c: &CallFacts<'_>, pattern: Option<Pattern>) {
+        self.now.last_seq = self.now.last_seq.max(c.seq);
+        self.now.last_ms = self.now.last_ms.max(c.ms);
+        self.now.count += 1;
+        self.now.reserved = self.now.reserved.saturating_add(c.reserve);
+        if c.refused.is_some_and(|r| r.action() == Action::Retry) {
+            self.now.failures += 1;
+        }
+        self.now.refused = c.refused.map(|r| (r, c.seq));
         if let Some(w) = c.worker {
             if self.workers.len() < MAX_NAMED {
                 if let Err(at) = self.workers.binary_search(w) {
@@ -218,518 +337,245 @@ impl Span {
                 }
             }
         }
-        self.refused = c.refused.map(|r| (r, c.seq));
-        self.ok = None;
+        self.operation = c.operation.cloned();
+        match (&self.args_digest, self.digest_seen) {
+            (_, false) => {
+                self.args_digest = c.args_digest.map(str::to_owned);
+                self.digest_seen = true;
+            }
+            (d, true) if d.as_deref() != c.args_digest => self.digests_differ = true,
+            _ => {}
+        }
+        if c.early {
+            self.early += 1;
+        }
+        if let Some(p) = &mut self.poll {
+            p.unchanged += 1;
+            p.max_unchanged = p.max_unchanged.max(p.unchanged);
+            if c.flagged && !c.early {
+                p.over_allowance = true;
+            }
+        }
+        if c.flagged {
+            if let Some(p) = pattern {
+                self.pattern = p;
+            }
+            self.flagged = Some(self.now.clone());
+            self.ok_after = None;
+        }
     }
 
-    fn end(&self, close: Close) -> LoopEnd {
-        if let Some((reason, seq)) = self.refused {
-            return LoopEnd::Refused { reason, seq };
+    /// Take the outcome of one of its calls.
+    pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
+        self.now.settled = self.now.settled.saturating_add(o.settled);
+        if matches!(o.status, Status::Error | Status::Timeout) {
+            self.now.failures += 1;
         }
-        if let Some(seq) = self.ok {
-            return LoopEnd::Succeeded { seq };
+        if let Some(f) = &mut self.flagged {
+            // The loop's calls' outcomes belong to it, wherever they land.
+            f.settled = f.settled.saturating_add(o.settled);
+            if matches!(o.status, Status::Error | Status::Timeout) {
+                f.failures += 1;
+            }
+            if o.status == Status::Ok {
+                self.ok_after = Some(o.seq);
+            }
         }
-        match close {
-            Close::Stop { reason, seq } => LoopEnd::RunStopped { reason, seq },
-            Close::Finish { stop: None } => LoopEnd::NeverStopped,
-            Close::Finish { stop: Some(_) } | Close::Gap => LoopEnd::Abandoned,
+        if let (Some(p), Some(state)) = (&mut self.poll, o.observed) {
+            if p.last_observed.as_deref().is_some_and(|s| s != state) {
+                p.state_changes += 1;
+                p.unchanged = 0;
+            }
+            p.last_observed = Some(state.to_owned());
         }
     }
 
-    fn to_loop(&self, pattern: Pattern, runs: Vec<String>, clock: Clock, close: Close) -> Loop {
-        Loop {
-            pattern,
+    /// The loop it was, if a rule refused in it.
+    pub fn close(&self, runs: Vec<String>, clock: Clock, close: Close) -> Option<Loop> {
+        let f = self.flagged.as_ref()?;
+        let ended_by = match (f.refused, self.ok_after, close) {
+            (Some((reason, seq)), _, _) => LoopEnd::Refused { reason, seq },
+            (None, Some(seq), _) => LoopEnd::Succeeded { seq },
+            (None, None, Close::Stop { reason, seq }) => LoopEnd::RunStopped { reason, seq },
+            (None, None, Close::Finish { stop: None }) => LoopEnd::NeverStopped,
+            (
+                None,
+                None,
+                Close::Finish {
+                    stop: Some((reason, seq)),
+                },
+            ) if clock == Clock::Wall => LoopEnd::RunStopped { reason, seq },
+            (None, None, _) => LoopEnd::Abandoned,
+        };
+        Some(Loop {
+            pattern: self.pattern,
             runs,
             workers: self.workers.iter().map(|w| w.to_string()).collect(),
-            tool: None,
-            operation: None,
-            args_digest: None,
-            remote_ref: None,
-            count: self.count,
+            tool: self.tool.as_deref().map(str::to_owned),
+            operation: self.operation.as_deref().map(str::to_owned),
+            args_digest: self.args_digest.clone().filter(|_| !self.digests_differ),
+            remote_ref: self.remote_ref.clone(),
+            count: f.count,
             first_seq: self.first_seq,
-            last_seq: self.last_seq,
+            last_seq: f.last_seq,
             clock,
             first_ms: self.first_ms,
-            last_ms: self.last_ms,
-            span_ms: self.last_ms - self.first_ms,
-            reserved_cents: self.reserved,
-            settled_cents: self.settled,
-            failures: 0,
-            ignored_retry_after: 0,
-            poll: None,
-            ended_by: self.end(close),
-        }
+            last_ms: f.last_ms,
+            span_ms: f.last_ms.saturating_sub(self.first_ms),
+            reserved_cents: f.reserved,
+            settled_cents: f.settled,
+            failures: f.failures,
+            ignored_retry_after: self.early,
+            poll: self.poll.as_ref().map(|p| PollEvidence {
+                allowance: p.allowance,
+                over_allowance: p.over_allowance,
+                state_changes: p.state_changes,
+                unchanged_polls: p.max_unchanged,
+                last_observed: p.last_observed.clone(),
+            }),
+            ended_by,
+        })
     }
 }
 
-/// One allow or deny, as the loop detectors see it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CallFacts<'a> {
-    pub seq: Seq,
-    /// Run time.
-    pub ms: u64,
-    pub worker: Option<&'a Arc<str>>,
-    pub operation: Option<&'a Arc<str>>,
-    pub reserve: u64,
-    /// The refusal's reason, for a deny.
-    pub refused: Option<Reason>,
-    /// Retry-After given on a refusal.
-    pub retry_after_ms: Option<u64>,
-}
-
-/// One outcome, as the loop detectors see it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct OutcomeFacts<'a> {
-    pub seq: Seq,
-    /// Run time.
-    pub ms: u64,
-    pub status: Status,
-    pub settled: u64,
-    pub retry_after_ms: Option<u64>,
-    pub observed: Option<&'a str>,
-}
-
-fn is_backoff(reason: Option<Reason>) -> bool {
-    reason.is_some_and(|r| r.action() == Action::Retry)
-}
-
-/// Identical calls (same run, tool and argument digest: its [`SeriesKey`]).
-#[derive(Clone, Debug)]
-pub(crate) struct CallSeries {
-    span: Span,
-    operation: Option<Arc<str>>,
-    /// The first loop rule one of its calls tripped.
-    looping: Option<LoopRule>,
-    failures: u64,
-    ignored: u64,
-    last_failed: bool,
-    backoff_until: Option<u64>,
-}
-
-impl CallSeries {
-    pub fn new(seq: Seq, ms: u64) -> CallSeries {
-        CallSeries {
-            span: Span::new(seq, ms),
-            operation: None,
-            looping: None,
-            failures: 0,
-            ignored: 0,
-            last_failed: false,
-            backoff_until: None,
-        }
-    }
-
-    /// Run time of the last record in the series.
-    pub fn last_ms(&self) -> u64 {
-        self.span.last_ms
-    }
-
-    /// `rule` is the loop rule the call trips, judged by the core before it is counted.
-    pub fn call(&mut self, c: &CallFacts<'_>, rule: Option<LoopRule>) {
-        if self.backoff_until.is_some_and(|until| c.ms < until) {
-            self.ignored += 1;
-        }
-        // The per-tool bar is the run's burst of that tool, not this series'.
-        self.looping = self.looping.or(rule.filter(|r| *r != LoopRule::ToolBar));
-        self.last_failed = false;
-        if is_backoff(c.refused) {
-            self.failures += 1;
-            self.last_failed = true;
-        }
-        if let Some(ra) = c.retry_after_ms {
-            self.backoff_until = Some(c.ms.saturating_add(ra));
-        }
-        self.operation = c.operation.cloned();
-        self.span.call(c);
-    }
-
-    pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
-        self.span.touch(o.seq, o.ms);
-        self.span.settled = self.span.settled.saturating_add(o.settled);
-        match o.status {
-            Status::Error | Status::Rejected | Status::Timeout => {
-                self.failures += 1;
-                self.last_failed = true;
-            }
-            Status::Unknown => self.last_failed = true,
-            Status::Ok => {
-                self.last_failed = false;
-                self.span.ok = Some(o.seq);
-            }
-            Status::Running => {}
-        }
-        if let Some(ra) = o.retry_after_ms {
-            self.backoff_until = Some(o.ms.saturating_add(ra));
-        }
-    }
-
-    pub fn pattern(&self, cfg: &Config) -> Option<Pattern> {
-        if self.failures >= cfg.storm_min_failures || self.ignored >= cfg.retry_after_ignored_min {
-            Some(Pattern::RetryStorm)
-        } else {
-            self.looping.map(|rule| match rule {
-                LoopRule::Alternating => Pattern::Alternation,
-                _ => Pattern::ExactRepetition,
-            })
-        }
-    }
-
-    pub fn close(&self, key: &SeriesKey, run: &str, close: Close, cfg: &Config) -> Option<Loop> {
-        let pattern = self.pattern(cfg)?;
-        let mut l = self
-            .span
-            .to_loop(pattern, vec![run.to_owned()], Clock::Run, close);
-        l.tool = Some(key.tool.to_string());
-        l.operation = self.operation.as_deref().map(str::to_owned);
-        l.args_digest = Some(key.digest.text());
-        l.failures = self.failures;
-        l.ignored_retry_after = self.ignored;
-        Some(l)
-    }
-}
-
-/// Status checks of one remote operation.
-#[derive(Clone, Debug)]
-pub(crate) struct PollSeries {
-    span: Span,
-    tool: Option<Arc<str>>,
-    operation: Option<Arc<str>>,
-    remote_ref: String,
-    allowance: Option<u64>,
-    over_allowance: bool,
-    state_changes: u64,
-    unchanged: u64,
-    max_unchanged: u64,
-    last_observed: Option<String>,
-    ignored: u64,
-    backoff_until: Option<u64>,
-    finished_ok: bool,
-}
-
-impl PollSeries {
-    /// `observed` is the state last seen before polling began (the creating call's).
-    pub fn new(
-        remote_ref: &str,
-        observed: Option<String>,
-        allowance: Option<u64>,
-        backoff_until: Option<u64>,
-        seq: Seq,
-        ms: u64,
-    ) -> PollSeries {
-        PollSeries {
-            span: Span::new(seq, ms),
-            tool: None,
-            operation: None,
-            remote_ref: remote_ref.to_owned(),
-            allowance,
-            over_allowance: false,
-            state_changes: 0,
-            unchanged: 0,
-            max_unchanged: 0,
-            last_observed: observed,
-            ignored: 0,
-            backoff_until,
-            finished_ok: false,
-        }
-    }
-
-    /// `polls_allowed` is the run's count of allowed polls including this one.
-    pub fn call(&mut self, c: &CallFacts<'_>, tool: Option<&Arc<str>>, polls_allowed: u64) {
-        if self.backoff_until.is_some_and(|until| c.ms < until) {
-            self.ignored += 1;
-        }
-        if c.refused == Some(Reason::PollAllowanceExhausted)
-            || self
-                .allowance
-                .is_some_and(|a| c.refused.is_none() && polls_allowed > a)
-        {
-            self.over_allowance = true;
-        }
-        if let Some(ra) = c.retry_after_ms {
-            self.backoff_until = Some(c.ms.saturating_add(ra));
-        }
-        self.unchanged += 1;
-        self.max_unchanged = self.max_unchanged.max(self.unchanged);
-        self.tool = tool.cloned();
-        self.operation = c.operation.cloned();
-        self.span.call(c);
-    }
-
-    pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
-        self.span.touch(o.seq, o.ms);
-        self.span.settled = self.span.settled.saturating_add(o.settled);
-        if let Some(state) = o.observed {
-            if self.last_observed.as_deref().is_some_and(|s| s != state) {
-                self.state_changes += 1;
-                self.unchanged = 0;
-            }
-            self.last_observed = Some(state.to_owned());
-        }
-        if o.status == Status::Ok {
-            self.finished_ok = true;
-            self.span.ok = Some(o.seq);
-        }
-        if let Some(ra) = o.retry_after_ms {
-            self.backoff_until = Some(o.ms.saturating_add(ra));
-        }
-    }
-
-    pub fn flagged(&self, cfg: &Config) -> bool {
-        self.over_allowance
-            || self.ignored >= cfg.retry_after_ignored_min
-            || (!self.finished_ok && self.max_unchanged >= cfg.poll_stall_min)
-    }
-
-    pub fn close(&self, run: &str, close: Close, cfg: &Config) -> Option<Loop> {
-        if !self.flagged(cfg) {
-            return None;
-        }
-        let mut l = self
-            .span
-            .to_loop(Pattern::Polling, vec![run.to_owned()], Clock::Run, close);
-        l.tool = self.tool.as_deref().map(str::to_owned);
-        l.operation = self.operation.as_deref().map(str::to_owned);
-        l.remote_ref = Some(self.remote_ref.clone());
-        l.ignored_retry_after = self.ignored;
-        l.poll = Some(PollEvidence {
-            allowance: self.allowance,
-            over_allowance: self.over_allowance,
-            state_changes: self.state_changes,
-            unchanged_polls: self.max_unchanged,
-            last_observed: self.last_observed.clone(),
-        });
-        Some(l)
-    }
-}
-
-/// Calls of one tool in a run, whatever their arguments.
-#[derive(Clone, Debug)]
-pub(crate) struct Burst {
-    span: Span,
-    tool: Arc<str>,
-    operation: Option<Arc<str>>,
-    flagged: bool,
-}
-
-impl Burst {
-    pub fn new(tool: &Arc<str>, seq: Seq, ms: u64) -> Burst {
-        Burst {
-            span: Span::new(seq, ms),
-            tool: Arc::clone(tool),
-            operation: None,
-            flagged: false,
-        }
-    }
-
-    pub fn last_ms(&self) -> u64 {
-        self.span.last_ms
-    }
-
-    /// `rule` as for [`CallSeries::call`]: the per-tool bar makes this a loop.
-    pub fn call(&mut self, c: &CallFacts<'_>, rule: Option<LoopRule>) {
-        self.flagged |= rule == Some(LoopRule::ToolBar);
-        self.operation = c.operation.cloned();
-        self.span.call(c);
-    }
-
-    pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
-        self.span.settled = self.span.settled.saturating_add(o.settled);
-        if o.status == Status::Ok {
-            self.span.ok = Some(o.seq);
-        }
-    }
-
-    pub fn close(&self, run: &str, close: Close) -> Option<Loop> {
-        if !self.flagged {
-            return None;
-        }
-        let mut l = self.span.to_loop(
-            Pattern::HighCallCount,
-            vec![run.to_owned()],
-            Clock::Run,
-            close,
-        );
-        // A burst's calls vary, so its end is what happened to the run, not one call.
-        l.ended_by = match (self.span.refused, close) {
-            (Some((reason, seq)), _) => LoopEnd::Refused { reason, seq },
-            (None, Close::Stop { reason, seq }) => LoopEnd::RunStopped { reason, seq },
-            (None, Close::Finish { stop: None }) => LoopEnd::NeverStopped,
-            (None, _) => LoopEnd::Abandoned,
-        };
-        l.tool = Some(self.tool.to_string());
-        l.operation = self.operation.as_deref().map(str::to_owned);
-        Some(l)
-    }
-}
-
-/// Failures of one tool across all workers and runs, on the ledger's wall clock.
-#[derive(Clone, Debug)]
-struct ToolStorm {
-    span: Span,
-    failures: u64,
-    last_failure_ms: u64,
-    sources: BTreeSet<(String, Option<String>)>,
-    sources_total: u64,
+/// One tool's failures across every run and worker, judged by the tool's shared
+/// breaker (the core's): a storm is the failures that opened it and the calls it then
+/// refused.
+#[derive(Debug)]
+pub(crate) struct ToolStorm {
+    pub breaker: tally_policy::ToolState,
+    series: Option<Series>,
     runs: BTreeSet<String>,
-    operation: Option<Arc<str>>,
 }
 
-/// Cross-worker and cross-run retry storms, one open storm per tool at a time.
+/// The breakers of every tool, folded by the core's own transitions.
 #[derive(Debug, Default)]
 pub(crate) struct ToolStorms {
-    open: HashMap<String, ToolStorm>,
+    tools: HashMap<Arc<str>, ToolStorm>,
 }
 
-/// A result of one call of a tool, for the cross-run storm detector.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ToolResult<'a> {
-    pub tool: &'a str,
-    pub run: &'a str,
-    pub worker: Option<&'a Arc<str>>,
-    pub operation: Option<&'a Arc<str>>,
-    pub seq: Seq,
-    pub wall_ms: u64,
-    pub failed: bool,
-    pub refused: Option<Reason>,
-    pub ok: bool,
-    pub reserved: u64,
-    pub settled: u64,
-}
+/// Most tools whose breaker the analysis follows at once; a closed breaker with no
+/// failures is the first forgotten (it is what a fresh one is).
+const MAX_TOOLS: usize = 10_000;
 
 impl ToolStorms {
-    /// Record one result; returns a storm the result's gap closed, if it was one.
-    pub fn result(
-        &mut self,
-        r: &ToolResult<'_>,
-        cfg: &Config,
-        stop_of: impl Fn(&str) -> Option<(Reason, Seq)>,
-    ) -> Option<Loop> {
-        let mut closed = None;
-        if let Some(storm) = self.open.get(r.tool) {
-            if r.wall_ms.saturating_sub(storm.last_failure_ms) > cfg.storm_window_ms {
-                closed = self
-                    .open
-                    .remove(r.tool)
-                    .and_then(|s| close_storm(r.tool, &s, Close::Gap, cfg, &stop_of));
-            }
-        }
-        if !r.failed && !self.open.contains_key(r.tool) {
-            return closed;
-        }
-        let storm = self
-            .open
-            .entry(r.tool.to_owned())
-            .or_insert_with(|| ToolStorm {
-                span: Span::new(r.seq, r.wall_ms),
-                failures: 0,
-                last_failure_ms: r.wall_ms,
-                sources: BTreeSet::new(),
-                sources_total: 0,
-                runs: BTreeSet::new(),
-                operation: None,
-            });
-        storm.span.call(&CallFacts {
-            seq: r.seq,
-            ms: r.wall_ms,
-            worker: r.worker,
-            operation: r.operation,
-            reserve: r.reserved,
-            refused: r.refused,
-            retry_after_ms: None,
-        });
-        storm.span.settled = storm.span.settled.saturating_add(r.settled);
-        if r.ok {
-            storm.span.ok = Some(r.seq);
-        }
-        storm.operation = r.operation.cloned().or(storm.operation.take());
-        if r.failed {
-            storm.failures += 1;
-            storm.last_failure_ms = r.wall_ms;
-            let source = (r.run.to_owned(), r.worker.map(|w| w.to_string()));
-            if !storm.sources.contains(&source) {
-                storm.sources_total += 1;
-                if storm.sources.len() < 4 * MAX_NAMED {
-                    storm.sources.insert(source);
-                }
-            }
-            if storm.runs.len() < MAX_NAMED {
-                storm.runs.insert(r.run.to_owned());
-            }
-        }
-        closed
+    /// The breaker of `tool` (a fresh one if it is not followed).
+    pub fn breaker(&self, tool: &str) -> Option<&tally_policy::ToolState> {
+        self.tools.get(tool).map(|t| &t.breaker)
     }
 
-    /// Close every open storm at the end of the ledger.
-    pub fn finish(
-        self,
-        cfg: &Config,
-        stop_of: impl Fn(&str) -> Option<(Reason, Seq)>,
-    ) -> Vec<Loop> {
-        let mut out: Vec<Loop> = self
-            .open
-            .iter()
-            .filter_map(|(tool, storm)| {
-                close_storm(tool, storm, Close::Finish { stop: None }, cfg, &stop_of)
+    fn entry(&mut self, tool: &Arc<str>) -> &mut ToolStorm {
+        if !self.tools.contains_key(tool) && self.tools.len() >= MAX_TOOLS {
+            let fresh = tally_policy::Breaker::default();
+            self.tools
+                .retain(|_, t| t.breaker.breaker != fresh || t.series.is_some());
+        }
+        self.tools
+            .entry(Arc::clone(tool))
+            .or_insert_with(|| ToolStorm {
+                breaker: tally_policy::ToolState::default(),
+                series: None,
+                runs: BTreeSet::new(),
             })
-            .collect();
-        out.sort_by_key(|l| l.first_seq);
+    }
+
+    /// A call of `tool` by `run`: `refused` when the breaker refused it, or would have.
+    pub fn call(&mut self, tool: &Arc<str>, run: &str, c: &CallFacts<'_>) {
+        // A storm counts results: failed outcomes, and the calls its breaker refused (or
+        // would have).
+        if !c.flagged {
+            return;
+        }
+        let t = self.entry(tool);
+        if let Some(s) = &mut t.series {
+            s.call(c, None);
+            if t.runs.len() < MAX_NAMED {
+                t.runs.insert(run.to_owned());
+            }
+        }
+    }
+
+    /// The outcome of a call of `tool` by `run`: folded through the core's breaker. A
+    /// failure opens (or extends) the series; an `ok` that closes the breaker ends it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn outcome(
+        &mut self,
+        policy: &tally_policy::Policy,
+        tool: &Arc<str>,
+        run: &str,
+        call: u64,
+        o: &OutcomeFacts<'_>,
+        wall_ms: u64,
+        sink: &mut Vec<Loop>,
+    ) {
+        let t = self.entry(tool);
+        let now = tally_policy::Now {
+            wall_ms,
+            at_ms: None,
+        };
+        tally_policy::breaker_outcome(policy, &mut t.breaker, call, o.status, now);
+        let failed = matches!(o.status, Status::Error | Status::Timeout);
+        if failed {
+            let s = t.series.get_or_insert_with(|| {
+                Series::new(Pattern::RetryStorm, o.seq, wall_ms, Some(Arc::clone(tool)))
+            });
+            s.now.last_seq = s.now.last_seq.max(o.seq);
+            s.now.last_ms = s.now.last_ms.max(wall_ms);
+            s.now.count += 1;
+            s.outcome(o);
+            if t.runs.len() < MAX_NAMED {
+                t.runs.insert(run.to_owned());
+            }
+        } else if let Some(s) = &mut t.series {
+            s.outcome(o);
+        }
+        if t.breaker.breaker == (tally_policy::Breaker::Closed { failures: 0 }) {
+            if let Some(s) = t.series.take() {
+                let runs = std::mem::take(&mut t.runs).into_iter().collect();
+                sink.extend(s.close(runs, Clock::Wall, Close::Gap));
+            }
+        }
+    }
+
+    /// Close every storm at the end of the ledger.
+    pub fn finish(self, stop_of: impl Fn(&str) -> Option<(Reason, Seq)>) -> Vec<Loop> {
+        let mut out = Vec::new();
+        for (_, t) in self.tools {
+            if let Some(s) = t.series {
+                // At the end of the ledger the storm is over only if every run in it
+                // stopped.
+                let stops: Option<Vec<(Reason, Seq)>> = t.runs.iter().map(|r| stop_of(r)).collect();
+                let stop = stops.and_then(|s| s.into_iter().max_by_key(|(_, seq)| *seq));
+                out.extend(s.close(
+                    t.runs.into_iter().collect(),
+                    Clock::Wall,
+                    Close::Finish { stop },
+                ));
+            }
+        }
         out
     }
 }
 
-fn close_storm(
-    tool: &str,
-    storm: &ToolStorm,
-    close: Close,
-    cfg: &Config,
-    stop_of: &impl Fn(&str) -> Option<(Reason, Seq)>,
-) -> Option<Loop> {
-    if storm.failures < cfg.storm_min_failures || storm.sources_total < cfg.storm_min_sources {
-        return None;
-    }
-    // At the end of the ledger the storm is over only if every run in it stopped.
-    let close = match close {
-        Close::Finish { .. } => {
-            let stops: Option<Vec<(Reason, Seq)>> = storm.runs.iter().map(|r| stop_of(r)).collect();
-            Close::Finish {
-                stop: stops.and_then(|s| s.into_iter().max_by_key(|(_, seq)| *seq)),
-            }
-        }
-        other => other,
-    };
-    let mut l = storm.span.to_loop(
-        Pattern::RetryStorm,
-        storm.runs.iter().cloned().collect(),
-        Clock::Wall,
-        close,
-    );
-    if let (
-        Close::Finish {
-            stop: Some((reason, seq)),
-        },
-        LoopEnd::Abandoned,
-    ) = (close, &l.ended_by)
-    {
-        l.ended_by = LoopEnd::RunStopped { reason, seq };
-    }
-    l.tool = Some(tool.to_owned());
-    l.operation = storm.operation.as_deref().map(str::to_owned);
-    l.failures = storm.failures;
-    Some(l)
-}
-
-/// Drop loops another loop already explains: identical-retry storms inside a storm
-/// across workers or runs, and high call counts overlapping a sharper loop of the same
-/// run and tool. Linear in the number of loops (indexed by tool, and by run and tool).
+/// Drop loops another loop already explains: a run's retry storm inside a storm of the
+/// same tool across several runs; a tool's storm within one run that a loop of that run
+/// and tool already shows; and a high call count overlapping a sharper loop of the same
+/// run and tool. Linear in the number of loops.
 pub(crate) fn dedupe(loops: &mut Vec<Loop>) {
     let overlaps = |a: &Loop, b: &Loop| a.first_seq <= b.last_seq && b.first_seq <= a.last_seq;
     let keep: Vec<bool> = {
         let mut storms: HashMap<Option<&str>, Vec<&Loop>> = HashMap::new();
+        let mut in_run: HashMap<(&str, Option<&str>), Vec<&Loop>> = HashMap::new();
         let mut sharp: HashMap<(&str, Option<&str>), Vec<&Loop>> = HashMap::new();
         for l in loops.iter() {
             let tool = l.tool.as_deref();
-            if l.clock == Clock::Wall {
+            if l.clock == Clock::Wall && l.runs.len() > 1 {
                 storms.entry(tool).or_default().push(l);
+            }
+            if l.clock == Clock::Run {
+                for run in &l.runs {
+                    in_run.entry((run.as_str(), tool)).or_default().push(l);
+                }
             }
             if l.pattern != Pattern::HighCallCount {
                 for run in &l.runs {
@@ -747,9 +593,12 @@ pub(crate) fn dedupe(loops: &mut Vec<Loop>) {
                         v.iter()
                             .any(|s| s.runs.iter().any(|r| r == run) && overlaps(l, s))
                     }),
-                    (Pattern::HighCallCount, _) => !sharp
+                    (Pattern::RetryStorm, Clock::Wall) if l.runs.len() == 1 => !in_run
                         .get(&(run, tool))
                         .is_some_and(|v| v.iter().any(|s| overlaps(l, s))),
+                    (Pattern::HighCallCount, _) => !sharp
+                        .get(&(run, tool))
+                        .is_some_and(|v| v.iter().any(|s| s.clock == Clock::Run && overlaps(l, s))),
                     _ => true,
                 }
             })

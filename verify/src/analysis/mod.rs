@@ -1,95 +1,76 @@
-//! Loops, consistency audit and handoffs over verified, decrypted decisions (issue 4).
+//! Replay, consistency audit, loops and handoffs over verified, decrypted decisions: one
+//! fold through the policy core.
 //!
 //! Feed every [`Event`] of a verified ledger, in seq order, to [`Analysis::push`], then
-//! [`Analysis::finish`] for a [`Report`]: the [`Loop`]s runs fell into, the
-//! [`AuditFinding`]s where decisions break their run's own budget or history, and one
-//! [`Handoff`] per run. Render it with [`render_loops_text`], [`render_findings_text`],
-//! [`render_handoffs_text`], or serialize it (the `*_json` functions give the documented,
-//! versioned schemas of `docs/REPORTS.md`).
+//! [`Analysis::finish`] for a [`Report`]. Each record is applied once to its run's state
+//! by the core ([`tally_policy::apply`], which the gate decided with); what the core's
+//! [`tally_policy::judge`] finds is the audit, what its `decide` would have decided
+//! differently is the replay, what its loop, retry, poll and breaker rules refused is a
+//! loop, and its state at the end is each run's handoff. Nothing here counts or judges on
+//! its own: the reports only turn the core's verdicts into text and JSON
+//! ([`render_loops_text`], [`render_findings_text`], [`render_handoffs_text`], and the
+//! `*_json` functions, schemas in `docs/REPORTS.md`).
 //!
-//! Memory is bounded per run: the analysis keeps windows and counters, never the events.
-//! Thresholds are in [`Config`]; its defaults are documented there and in
-//! `docs/REPORTS.md`.
+//! Memory is bounded by the runs the ledger holds and the core's own per-run bounds,
+//! never by the number of decisions.
 
-mod audit;
+mod findings;
 mod handoff;
 mod loops;
+mod names;
 mod render;
 mod run;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::Serialize;
+use tally_ledger::{Decision, Kind};
+use tally_policy::{Now, Policy, Recorded, ViewMut};
 
-pub use audit::{AuditFinding, AuditKind, Dimension, Mismatch};
+pub use findings::AuditFinding;
 pub use handoff::{
     Attempts, Completed, Coverage, Handoff, LedgerCoverage, Observed, Pending, PendingStatus,
-    ResumeAction, ResumeStep, Spend, StopReason, StopStatus, UnsafeAction, UnsafeKind, When,
+    PollsUsed, ResumeAction, ResumeStep, Spend, StopReason, StopStatus, UnsafeAction, UnsafeKind,
+    When,
 };
 pub use loops::{Clock, Loop, LoopEnd, Pattern, PollEvidence};
 pub use render::{
     render_findings_json, render_findings_text, render_handoffs_json, render_handoffs_text,
     render_loops_json, render_loops_text, REPORT_VERSION,
 };
+pub use tally_policy::{Dimension, Inconsistency};
 
+use crate::replay::{self, ReplayKind, ReplayReport};
 use crate::Event;
 use loops::ToolStorms;
-use run::{RunState, Sink};
+use names::Names;
+use run::RunAnalysis;
 
-/// Loop thresholds and output bounds. `Config::default()` holds the documented defaults.
+/// Completed calls a handoff lists (the latest; all are counted).
+pub(crate) const MAX_LISTED: usize = 50;
+
+/// What the analysis reads runs under. `Config::default()` holds the documented
+/// defaults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Config {
-    /// The policy whose loop breakers (and budget rules) read a run that carries no
-    /// recorded policy: a run the gate governs is always read under its own. Default
+    /// The policy a run with no recorded policy (one the gate did not start) is read
+    /// under: its exempt tools, loop breakers, retries, polling rules and approvers. A
+    /// run the gate governs is always read under the policy its records name. Default
     /// `Policy::default()`, the gate's defaults.
     #[serde(skip)]
-    pub policy: std::sync::Arc<tally_policy::Policy>,
-    /// Retry storm: at least this many failures (`error`/`timeout` outcomes and back-off
-    /// refusals) of identical calls in a run, or of one tool across workers and runs.
-    /// Default 4.
-    pub storm_min_failures: u64,
-    /// A storm ends after this many ms with no failure (run time within a run, wall time
-    /// across runs). Default 60 000.
-    pub storm_window_ms: u64,
-    /// A storm across workers or runs needs failures from at least this many distinct
-    /// (run, worker) sources. Default 3.
-    pub storm_min_sources: u64,
-    /// Calls made before an upstream Retry-After elapsed that make a retry series a storm,
-    /// or a polling series a loop. Default 2.
-    pub retry_after_ignored_min: u64,
-    /// Polling with no change of observed state for this many polls, and not finished
-    /// `ok`, is a loop. Default 20.
-    pub poll_stall_min: u64,
-    /// Completed operations a handoff lists (the latest; all are counted). Default 50.
-    pub max_listed: usize,
+    pub policy: Arc<Policy>,
     /// Findings reported per run; the rest are counted in `findings_omitted`.
     /// Default 1000.
     pub max_findings_per_run: u64,
-    /// Attempts per run remembered while awaiting their outcome; beyond it the oldest is
-    /// forgotten. Default 4096 (about 1 MiB per run at most).
-    pub max_open_attempts: usize,
 }
 
 impl Default for Config {
     fn default() -> Config {
         Config {
-            policy: std::sync::Arc::new(tally_policy::Policy::default()),
-            storm_min_failures: 4,
-            storm_window_ms: 60_000,
-            storm_min_sources: 3,
-            retry_after_ignored_min: 2,
-            poll_stall_min: 20,
-            max_listed: 50,
+            policy: Arc::new(Policy::default()),
             max_findings_per_run: 1000,
-            max_open_attempts: 4096,
         }
-    }
-}
-
-impl Config {
-    /// Identical calls further apart than this belong to separate series.
-    fn series_gap_ms(&self) -> u64 {
-        self.storm_window_ms
     }
 }
 
@@ -98,10 +79,12 @@ impl Config {
 pub struct Report {
     /// Loops, by first seq.
     pub loops: Vec<Loop>,
-    /// Audit findings, by seq.
+    /// Audit findings (the core's verdicts), by seq.
     pub findings: Vec<AuditFinding>,
     /// Findings beyond `Config::max_findings_per_run`, counted, not listed.
     pub findings_omitted: u64,
+    /// Every gate decision decided again under its recorded policy.
+    pub replay: ReplayReport,
     /// One handoff per run, in order of the run's first record.
     pub handoffs: Vec<Handoff>,
 }
@@ -151,82 +134,283 @@ impl Report {
     pub fn handoff(&self, run: &str) -> Option<&Handoff> {
         self.handoffs.iter().find(|h| h.run == run)
     }
+
+    /// Whether the core found anything inconsistent, or replay any decision the policy
+    /// would not have made.
+    pub fn inconsistent(&self) -> bool {
+        !self.findings.is_empty()
+            || self.findings_omitted > 0
+            || !self.replay.findings.is_empty()
+            || self.replay.omitted > 0
+    }
+}
+
+/// A recorded policy: as the gate enforced it, and as replay applies it offline.
+#[derive(Debug)]
+struct RecordedPolicy {
+    offline: Arc<Policy>,
 }
 
 /// The streaming analysis: push events in seq order, then finish.
 #[derive(Debug)]
 pub struct Analysis {
     config: Config,
-    runs: HashMap<String, RunState>,
+    /// The policy the config names, as applied offline.
+    default_policy: Arc<Policy>,
+    runs: HashMap<String, RunAnalysis>,
     order: Vec<String>,
     /// Policies the ledger recorded, by digest.
-    policies: HashMap<String, std::sync::Arc<tally_policy::Policy>>,
+    policies: HashMap<String, RecordedPolicy>,
+    /// Credentials' spend, from every run under them (their backstop).
+    credentials: HashMap<String, tally_policy::CredentialState>,
     storms: ToolStorms,
-    sink: Sink,
+    names: Names,
+    loops: Vec<Loop>,
+    findings: Vec<AuditFinding>,
+    findings_omitted: u64,
+    replay: ReplayReport,
 }
 
 impl Analysis {
-    /// A new analysis with these thresholds.
+    /// A new analysis.
     pub fn new(config: Config) -> Analysis {
         Analysis {
+            default_policy: Arc::new(replay::offline(&config.policy)),
             config,
             runs: HashMap::new(),
             order: Vec::new(),
             policies: HashMap::new(),
+            credentials: HashMap::new(),
             storms: ToolStorms::default(),
-            sink: Sink::default(),
+            names: Names::default(),
+            loops: Vec::new(),
+            findings: Vec::new(),
+            findings_omitted: 0,
+            replay: ReplayReport::default(),
         }
     }
 
     /// Take the next event. Events must arrive in seq order.
-    pub fn push(&mut self, event: &Event) {
-        let d = &event.decision;
-        if d.kind() == tally_ledger::Kind::Policy {
-            // An invalid policy text is the replay's finding; the audit keeps its default.
-            if let Ok(r) = tally_policy::Recorded::new(d.policy_text.as_deref().unwrap_or("")) {
-                self.policies
-                    .insert(r.digest, std::sync::Arc::new(r.policy));
+    pub fn push(&mut self, e: &Event) {
+        let d = &e.decision;
+        if d.kind() == Kind::Policy {
+            match Recorded::new(d.policy_text.as_deref().unwrap_or("")) {
+                Ok(r) => {
+                    let offline = Arc::new(replay::offline(&r.policy));
+                    self.policies.insert(r.digest, RecordedPolicy { offline });
+                }
+                Err(err) => self.replay.find(
+                    e.seq,
+                    "",
+                    ReplayKind::InvalidPolicy {
+                        why: err.to_string(),
+                    },
+                ),
             }
             return;
         }
-        let name = &d.run;
-        if !self.runs.contains_key(name) {
-            self.order.push(name.clone());
-            let mut run = RunState::new(name, event, &self.config.policy);
-            let recorded = d.policy.as_ref().and_then(|p| self.policies.get(p));
-            if let (tally_ledger::Kind::Start, Some(p)) = (d.kind(), recorded) {
-                run.policy = std::sync::Arc::clone(p);
-            }
-            self.runs.insert(name.clone(), run);
+        if !self.runs.contains_key(&d.run) {
+            self.order.push(d.run.clone());
+            self.runs.insert(d.run.clone(), RunAnalysis::new(&d.run, e));
         }
-        if let Some(run) = self.runs.get_mut(name) {
-            run.push(event, &self.config, &mut self.sink, &mut self.storms);
+        // The run is taken out while it is folded, so its parent (another run) can be
+        // changed beside it.
+        let Some(mut run) = self.runs.remove(&d.run) else {
+            return;
+        };
+        self.fold(&mut run, e);
+        self.runs.insert(d.run.clone(), run);
+    }
+
+    /// The policy a record of `run` is judged under: for a run the gate governs, the one
+    /// the record names (else its start's); for any other run, the configured one.
+    fn policy_for(&mut self, run: &RunAnalysis, e: &Event) -> Option<Arc<Policy>> {
+        let d = &e.decision;
+        let governed = if d.kind() == Kind::Start {
+            d.policy.is_some()
+        } else {
+            run.digest.is_some()
+        };
+        if !governed {
+            return Some(Arc::clone(&self.default_policy));
+        }
+        let call = matches!(d.kind(), Kind::Allow | Kind::Deny);
+        let digest = match (&d.policy, call) {
+            (Some(p), _) => p.clone(),
+            (None, true) => {
+                self.replay
+                    .find(e.seq, &d.run, ReplayKind::NotFromGate { record: d.kind() });
+                run.digest.clone().unwrap_or_default()
+            }
+            (None, false) => run.digest.clone().unwrap_or_default(),
+        };
+        match self.policies.get(&digest) {
+            Some(p) => Some(Arc::clone(&p.offline)),
+            None => {
+                self.replay
+                    .find(e.seq, &d.run, ReplayKind::UnknownPolicy { digest });
+                None
+            }
         }
     }
 
-    /// Close every open window and build the report.
+    fn fold(&mut self, run: &mut RunAnalysis, e: &Event) {
+        let d = &e.decision;
+        let kind = d.kind();
+        let Some(policy) = self.policy_for(run, e) else {
+            // A decision under a policy the ledger never recorded cannot be judged; the
+            // replay reported it.
+            return;
+        };
+        let at = run.when(d, e.wall_ms);
+        let now = Now {
+            wall_ms: run.core.start_wall_ms.saturating_add(at.run_ms),
+            at_ms: Some(at.run_ms),
+        };
+        let governed = run.digest.is_some() || (kind == Kind::Start && d.policy.is_some());
+        if governed && kind != Kind::Start {
+            self.authority(run, e);
+        }
+        let credential = d
+            .credential
+            .clone()
+            .or_else(|| run.core.credential.clone())
+            .filter(|_| {
+                matches!(
+                    kind,
+                    Kind::Allow | Kind::Deny | Kind::Outcome | Kind::Refund
+                )
+            });
+        // What the rules say of a call before it counts: replay's decision, the loop
+        // rules' verdicts.
+        // Attempts a governed run's allow skips are counted first, so the allow is judged
+        // (and decided again) on the state that counts them.
+        let mut found = tally_policy::count_unrecorded(&mut run.core, d);
+        let mut verdicts = run::Verdicts::default();
+        if matches!(kind, Kind::Allow | Kind::Deny) {
+            let breaker = d.tool.as_deref().and_then(|t| self.storms.breaker(t));
+            verdicts = run.verdicts(&policy, d, at.run_ms, breaker, e.wall_ms);
+            let recorded = d.reason.filter(|_| kind == Kind::Deny);
+            if governed && d.policy.is_some() && run.core.stop.is_none() {
+                if recorded.is_some_and(replay::outside_the_records) {
+                    self.replay.taken_as_recorded += 1;
+                } else {
+                    self.replay.replayed += 1;
+                    let cred = credential.as_ref().and_then(|c| self.credentials.get(c));
+                    let digest = d.policy.as_deref().unwrap_or("");
+                    if let Some(kind) =
+                        replay::judge(&policy, digest, &run.core, cred, d, recorded, now)
+                    {
+                        self.replay.find(e.seq, &d.run, kind);
+                    }
+                }
+            }
+        }
+        // The one fold. A start's family: its parent is carved from, the run it
+        // continues hands over what must not be repeated.
+        let continued = match (kind, &d.continues) {
+            (Kind::Start, Some(c)) => self.runs.get(c).map(|r| r.core.clone()),
+            _ => None,
+        };
+        let mut parent = match (kind, &d.parent) {
+            (Kind::Start, Some(p)) => self.runs.remove(p),
+            _ => None,
+        };
+        let cred_state = credential
+            .as_ref()
+            .map(|c| self.credentials.entry(c.clone()).or_default());
+        found.extend(tally_policy::apply(
+            &policy,
+            ViewMut {
+                run: &mut run.core,
+                tool: None,
+                credential: cred_state,
+                parent: parent.as_mut().map(|p| &mut p.core),
+                continued: continued.as_ref(),
+            },
+            d,
+            now,
+        ));
+        if let Some(p) = parent {
+            self.runs.insert(p.name.clone(), p);
+        }
+        if let (Kind::Start, Some(c)) = (kind, &d.continues) {
+            if let Some(old) = self.runs.get(c) {
+                run.carry_names(old);
+            }
+        }
+        for kind in found {
+            run.findings += 1;
+            if run.findings > self.config.max_findings_per_run {
+                self.findings_omitted += 1;
+            } else {
+                self.findings.push(AuditFinding {
+                    seq: e.seq,
+                    run: d.run.clone(),
+                    kind,
+                });
+            }
+        }
+        run.describe(
+            e,
+            at,
+            verdicts,
+            &mut self.names,
+            &mut self.storms,
+            &policy,
+            &mut self.loops,
+        );
+    }
+
+    /// What only the gate writes, checked for a run it governs (SECURITY.md 5.7): who
+    /// wrote the record, and whether its clock went back.
+    fn authority(&mut self, run: &RunAnalysis, e: &Event) {
+        let d: &Decision = &e.decision;
+        let kind = d.kind();
+        if kind == Kind::Refund {
+            self.replay
+                .find(e.seq, &d.run, ReplayKind::GateNeverWrites { record: kind });
+        }
+        if let Some(at) = d.at_ms.filter(|&at| at < run.core.last_ms) {
+            self.replay.find(
+                e.seq,
+                &d.run,
+                ReplayKind::ClockBackwards {
+                    at_ms: at,
+                    before_ms: run.core.last_ms,
+                },
+            );
+        }
+        if matches!(kind, Kind::Allow | Kind::Deny | Kind::Outcome) && d.uid != run.core.owner_uid {
+            self.replay
+                .find(e.seq, &d.run, ReplayKind::NotOwner { uid: d.uid });
+        }
+    }
+
+    /// Close every open series and build the report.
     pub fn finish(self) -> Report {
         let Analysis {
-            config,
             mut runs,
             order,
             storms,
-            mut sink,
+            mut loops,
+            mut findings,
+            findings_omitted,
+            replay,
             ..
         } = self;
         for name in &order {
             if let Some(run) = runs.get_mut(name) {
-                run.finish(&config, &mut sink);
+                run.finish(&mut loops);
             }
         }
-        sink.loops
-            .extend(storms.finish(&config, |r| runs.get(r).and_then(|s| s.halt())));
-        loops::dedupe(&mut sink.loops);
-        sink.loops.sort_by_key(|l| (l.first_seq, l.last_seq));
-        sink.findings.sort_by_key(|f| f.seq);
+        loops.extend(storms.finish(|r| runs.get(r).and_then(RunAnalysis::halt)));
+        loops::dedupe(&mut loops);
+        loops.sort_by_key(|l| (l.first_seq, l.last_seq));
+        findings.sort_by_key(|f| f.seq);
         // Each run's loops, in report order: one pass over the loops, not one per run.
         let mut of_run: HashMap<&str, Vec<&Loop>> = HashMap::new();
-        for l in &sink.loops {
+        for l in &loops {
             for (i, r) in l.runs.iter().enumerate() {
                 if !l.runs[..i].contains(r) {
                     of_run.entry(r.as_str()).or_default().push(l);
@@ -242,10 +426,39 @@ impl Analysis {
             })
             .collect();
         Report {
-            loops: sink.loops,
-            findings: sink.findings,
-            findings_omitted: sink.findings_omitted,
+            loops,
+            findings,
+            findings_omitted,
+            replay,
             handoffs,
+        }
+    }
+
+    /// The analysis on a thread of its own, fed in batches: the walk that verifies and
+    /// decrypts goes on while the fold runs (it is the walk's thread that bounds
+    /// `verify --auditor-key`'s speed otherwise). Events arrive in the order pushed. If
+    /// no thread can be started, it runs on the caller's.
+    pub fn in_background(config: Config) -> Background {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Event>>(BACKGROUND_BATCHES);
+        let inline = config.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tally-analysis".into())
+            .spawn(move || {
+                let mut analysis = Analysis::new(config);
+                for batch in rx {
+                    for e in &batch {
+                        analysis.push(e);
+                    }
+                }
+                analysis.finish()
+            });
+        match spawned {
+            Ok(handle) => Background::Thread {
+                tx,
+                batch: Vec::with_capacity(BACKGROUND_BATCH),
+                handle,
+            },
+            Err(_) => Background::Inline(Box::new(Analysis::new(inline))),
         }
     }
 
@@ -256,5 +469,57 @@ impl Analysis {
             analysis.push(e);
         }
         analysis.finish()
+    }
+}
+
+/// Events handed to the background analysis at once.
+const BACKGROUND_BATCH: usize = 1024;
+/// Batches queued for it at most (bounded memory: the walk waits beyond).
+const BACKGROUND_BATCHES: usize = 4;
+
+/// An [`Analysis`] running on its own thread ([`Analysis::in_background`]).
+#[derive(Debug)]
+pub enum Background {
+    /// On its thread, fed batches.
+    Thread {
+        /// Where batches go.
+        tx: std::sync::mpsc::SyncSender<Vec<Event>>,
+        /// The batch being filled.
+        batch: Vec<Event>,
+        /// The thread, whose result is the report.
+        handle: std::thread::JoinHandle<Report>,
+    },
+    /// On the caller's thread (no thread could be started).
+    Inline(Box<Analysis>),
+}
+
+impl Background {
+    /// Take the next event (in seq order).
+    pub fn push(&mut self, e: Event) {
+        match self {
+            Background::Thread { tx, batch, .. } => {
+                batch.push(e);
+                if batch.len() >= BACKGROUND_BATCH {
+                    let full = std::mem::replace(batch, Vec::with_capacity(BACKGROUND_BATCH));
+                    // Fails only if the thread is gone (it panicked): `finish` says so.
+                    let _ = tx.send(full);
+                }
+            }
+            Background::Inline(a) => a.push(&e),
+        }
+    }
+
+    /// Wait for the analysis of every event pushed, and its report.
+    pub fn finish(self) -> Report {
+        match self {
+            Background::Thread { tx, batch, handle } => {
+                let _ = tx.send(batch);
+                drop(tx);
+                handle
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            }
+            Background::Inline(a) => a.finish(),
+        }
     }
 }

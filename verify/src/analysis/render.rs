@@ -4,26 +4,17 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::text::shown;
+use crate::text::{duration, shown};
 
-use super::audit::{AuditFinding, AuditKind};
+use super::findings::AuditFinding;
 use super::handoff::{Coverage, Handoff, PendingStatus, StopStatus, When};
 use super::loops::{Clock, Loop, LoopEnd};
 use super::Report;
+use tally_policy::{Inconsistency, StartRefusal};
 
 /// The version of the JSON report schemas; it changes only when a field is removed or
 /// changes meaning (new fields may be added within a version).
-pub const REPORT_VERSION: u32 = 1;
-
-/// A duration in words: `850 ms`, `12.5 s`, `3 min 05 s`, `2 h 03 min`.
-fn duration(ms: u64) -> String {
-    match ms {
-        0..=999 => format!("{ms} ms"),
-        1_000..=59_999 => format!("{}.{} s", ms / 1000, ms % 1000 / 100),
-        60_000..=3_599_999 => format!("{} min {:02} s", ms / 60_000, ms % 60_000 / 1000),
-        _ => format!("{} h {:02} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
-    }
-}
+pub const REPORT_VERSION: u32 = 2;
 
 /// Wall time as UTC, `2024-05-01T12:00:00.000Z`.
 fn utc(ms: u64) -> String {
@@ -182,103 +173,110 @@ pub fn render_loops_text(report: &Report) -> String {
     out
 }
 
-fn finding_text(f: &AuditKind) -> String {
+fn finding_text(f: &Inconsistency) -> String {
     match f {
-        AuditKind::AllowBeyondLimit {
+        Inconsistency::AllowBeyondLimit {
             dimension,
             used,
             limit,
-        } => format!(
-            "allowed beyond its {} limit ({used} of {limit}) with no override",
-            dimension.as_str()
+        } => match dimension {
+            tally_policy::Dimension::DeadlineMs => format!(
+                "allowed at t+{}, past the run's deadline of {}",
+                duration(*used),
+                duration(limit.saturating_add(1))
+            ),
+            tally_policy::Dimension::SpendCents => format!(
+                "allowed beyond its spend limit in force ({used}¢ of {limit}¢, approvals used \
+                 and what its child runs took counted)"
+            ),
+            d => format!(
+                "allowed beyond its {} limit in force ({used} of {limit}, approvals used and \
+                 what its child runs took counted)",
+                d.as_str().replace('_', " ")
+            ),
+        },
+        Inconsistency::AllowAfterOverrun => "allowed after an overrun with no human grant of \
+            cents since (no call is free after one: its outcome could settle any amount)"
+            .to_owned(),
+        Inconsistency::AfterStop { record, stop } => {
+            format!("{record} record after the run stopped ({stop})")
+        }
+        Inconsistency::SecondStart => "the run started a second time".to_owned(),
+        Inconsistency::StartBeyondGrant {
+            dimension,
+            granted,
+            most,
+        } => {
+            let granted = if *granted == u64::MAX {
+                "no limit".to_owned()
+            } else {
+                granted.to_string()
+            };
+            format!(
+                "started with {} {granted}, more than could be granted ({most}: the policy's \
+                 ceiling, or what its parent had left)",
+                dimension.as_str().replace('_', " ")
+            )
+        }
+        Inconsistency::StartRefused { refusal } => format!(
+            "started though the gate refuses such a start: {}",
+            match refusal {
+                StartRefusal::ParentStopped => "its parent had stopped".to_owned(),
+                other => other.to_string(),
+            }
         ),
-        AuditKind::OverrideExpired {
-            dimension,
-            used,
-            limit,
-            override_seq,
+        Inconsistency::OutcomeWithoutAllow { attempt } => {
+            format!("outcome for attempt {attempt}, which was never allowed")
+        }
+        Inconsistency::DuplicateOutcome { attempt } => format!(
+            "an outcome for attempt {attempt} after it was settled (it had its final outcome, \
+             or settled cents once already)"
+        ),
+        Inconsistency::RefundWithoutAttempt { of } => {
+            format!("refund of attempt {of}, which was never allowed")
+        }
+        Inconsistency::RefundedTwice { of } => format!("attempt {of} refunded a second time"),
+        Inconsistency::RepeatedUnknownWrite { attempt } => match attempt {
+            0 => "non-idempotent write repeated while the same write of the run it continues \
+                  had an unknown outcome, with no human approval"
+                .to_owned(),
+            a => format!(
+                "non-idempotent write repeated while attempt {a}'s outcome was unknown, with \
+                 no human approval"
+            ),
+        },
+        Inconsistency::InvalidApproval { why } => {
+            format!("approval not valid: {}", shown(why))
+        }
+        Inconsistency::GrantNotHeld { digest } => format!(
+            "allowed on approval {}, which the run does not hold unused",
+            shown(digest.get(..16).unwrap_or(digest))
+        ),
+        Inconsistency::GrantMismatch { digest } => format!(
+            "allowed on approval {}, which approved another tool or operation",
+            shown(digest.get(..16).unwrap_or(digest))
+        ),
+        Inconsistency::GrantExpired {
+            digest,
             expires_ms,
             at_ms,
         } => format!(
-            "allowed beyond its {} limit ({used} of {limit}) on the override at seq \
-             {override_seq}, which expired at t+{} (call at t+{})",
-            dimension.as_str(),
-            duration(*expires_ms),
-            duration(*at_ms)
+            "allowed at t+{} on approval {}, which expired at t+{}",
+            duration(*at_ms),
+            shown(digest.get(..16).unwrap_or(digest)),
+            duration(*expires_ms)
         ),
-        AuditKind::OverrideReused {
-            dimension,
-            used,
-            limit,
-            override_seq,
-        } => format!(
-            "allowed beyond its {} limit ({used} of {limit}) on the override at seq \
-             {override_seq}, already used up",
-            dimension.as_str()
-        ),
-        AuditKind::OverrideMismatch {
-            dimension,
-            used,
-            limit,
-            override_seq,
-            field,
-        } => format!(
-            "allowed beyond its {} limit ({used} of {limit}); the override at seq \
-             {override_seq} approved a different {}",
-            dimension.as_str(),
-            match field {
-                super::audit::Mismatch::Digest => "call (digest)",
-                super::audit::Mismatch::Tool => "tool",
-                super::audit::Mismatch::Operation => "operation",
-            }
-        ),
-        AuditKind::OverrideWithoutApprover => {
-            "override with no approver: nobody is accountable for it".to_owned()
-        }
-        AuditKind::RefundWithoutAttempt { of } => {
-            format!("refund of attempt {of}, which was never allowed")
-        }
-        AuditKind::RefundedTwice { of } => format!("attempt {of} refunded a second time"),
-        AuditKind::SettledAboveReservation {
-            attempt,
-            reserved_cents,
-            settled_cents,
-        } => format!(
-            "attempt {attempt} settled {settled_cents}¢ against a reservation of {reserved_cents}¢"
-        ),
-        AuditKind::NonIdempotentRepeatedAfterUnknown {
-            attempt,
-            earlier_attempt,
-            earlier_seq,
-            status,
-        } => format!(
-            "non-idempotent write repeated{} after attempt {}'s outcome was {} (seq \
-             {earlier_seq}), with no human override in between",
-            attempt
-                .map(|a| format!(" as attempt {a}"))
-                .unwrap_or_default(),
-            earlier_attempt.map_or("?".to_owned(), |a| a.to_string()),
-            serde_json::to_value(status)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
-        ),
-        AuditKind::DecisionAfterStop { stop_seq, record } => {
-            format!("{record} record after the run stopped at seq {stop_seq}")
-        }
-        AuditKind::DuplicateOutcome { attempt } => {
-            format!("a second final outcome for attempt {attempt}, already settled")
-        }
-        AuditKind::DuplicateAllow { attempt } => {
+        Inconsistency::DuplicateAllow { attempt } => {
             format!("attempt {attempt} allowed a second time")
         }
-        AuditKind::SecondStart => "the run started a second time".to_owned(),
-        AuditKind::AmountOverflow { field } => {
+        Inconsistency::AttemptsUnrecorded { from, to } => format!(
+            "attempts {from}..={to} were issued and no ledger given records them (a gate \
+             killed before recording, or a ledger of the fleet missing)"
+        ),
+        Inconsistency::Overflow { field } => {
             format!("{field} would overflow; counted as the largest number, never wrapped")
         }
-        AuditKind::OutcomeWithoutAllow { attempt } => {
-            format!("outcome for attempt {attempt}, which was never allowed")
-        }
+        other => other.as_str().replace('_', " "),
     }
 }
 
@@ -339,15 +337,21 @@ fn handoff_text(h: &Handoff, out: &mut String) {
         Some(l) => format!("{} of {l}", h.attempts.used),
         None => format!("{} used (no limit)", h.attempts.used),
     };
+    let mut notes = Vec::new();
     if h.attempts.approved_extra > 0 {
-        let _ = write!(
-            attempts,
-            " ({} approved beyond it)",
-            h.attempts.approved_extra
-        );
+        notes.push(format!("{} granted by approval", h.attempts.approved_extra));
+    }
+    if h.attempts.carved_out > 0 {
+        notes.push(format!(
+            "{} carved out for child runs",
+            h.attempts.carved_out
+        ));
     }
     if h.attempts.refunded > 0 {
-        let _ = write!(attempts, " ({} refunded)", h.attempts.refunded);
+        notes.push(format!("{} refunded", h.attempts.refunded));
+    }
+    if !notes.is_empty() {
+        let _ = write!(attempts, " ({})", notes.join(", "));
     }
     let _ = writeln!(out, "  Attempts: {attempts}");
     let mut spend_limit = h
@@ -357,8 +361,15 @@ fn handoff_text(h: &Handoff, out: &mut String) {
     if h.spend.approved_extra_cents > 0 {
         let _ = write!(
             spend_limit,
-            ", {}¢ more approved",
+            ", {}¢ granted by approval",
             h.spend.approved_extra_cents
+        );
+    }
+    if h.spend.carved_out_cents > 0 {
+        let _ = write!(
+            spend_limit,
+            ", {}¢ carved out for child runs",
+            h.spend.carved_out_cents
         );
     }
     let _ = writeln!(
@@ -366,8 +377,21 @@ fn handoff_text(h: &Handoff, out: &mut String) {
         "  Spend: {}¢ reserved, {}¢ settled ({spend_limit})",
         h.spend.reserved_cents, h.spend.settled_cents
     );
+    if h.spend.overrun_cents > 0 {
+        let _ = writeln!(
+            out,
+            "  Overrun: {}¢ settled above what calls reserved (the upstream billed more); no call is allowed after an overrun until a human grants cents",
+            h.spend.overrun_cents
+        );
+    }
+    for p in &h.polls {
+        let of = p
+            .allowance
+            .map_or_else(|| "no allowance".to_owned(), |a| format!("of {a}"));
+        let _ = writeln!(out, "  Polls of {}: {} {of}", shown(&p.remote_ref), p.used);
+    }
     if h.completed_total == 0 {
-        let _ = writeln!(out, "  Completed: nothing external.");
+        let _ = writeln!(out, "  Completed: nothing.");
     } else {
         let listed = h.completed.len() as u64;
         let more = if listed < h.completed_total {
@@ -387,9 +411,14 @@ fn handoff_text(h: &Handoff, out: &mut String) {
                 .as_deref()
                 .map(|s| format!(" \"{}\"", shown(s)))
                 .unwrap_or_default();
+            let cost = if c.settled_cents > 0 {
+                format!(", {}¢", c.settled_cents)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "    - {}{remote}{seen} (seq {}, {})",
+                "    - {}{remote}{seen} (seq {}{cost}, {})",
                 name(c.tool.as_deref(), c.operation.as_deref()),
                 c.seq,
                 moment(c.at)

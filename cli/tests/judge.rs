@@ -1,0 +1,568 @@
+//! One judge (the policy core decides, folds and judges; the gate and every report only
+//! call it), on the real binary where a user meets it: `tally loops`, `verify`,
+//! `handoff`, `stats`, `approve`, and the daemon's agent socket. Each test is one of the
+//! ways an honest ledger verified INCONSISTENT, or a real overspend verified clean, while
+//! the reports kept second copies of the gate's rules.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The binary under test: this build's, or `TALLY_UNDER_TEST` (to show a regression test
+/// fails against an older build).
+fn tally() -> Command {
+    Command::new(
+        std::env::var_os("TALLY_UNDER_TEST")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally"))),
+    )
+}
+
+fn run(dir: &Path, args: &[&str], stdin: &str) -> Output {
+    let mut child = tally()
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tally");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("tally runs")
+}
+
+fn ok(dir: &Path, args: &[&str], stdin: &str) -> String {
+    let out = run(dir, args, stdin);
+    assert!(
+        out.status.success(),
+        "tally {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A fresh ledger in `dir/ledger`, encrypted to `dir/auditor.pub`.
+fn ledger(dir: &Path) {
+    ok(dir, &["keygen", "--out", "auditor.key"], "");
+    ok(
+        dir,
+        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
+        "",
+    );
+}
+
+/// `tally CMD ledger --key ... --auditor-key ...` (the ledger not held by a writer).
+fn audit(dir: &Path, cmd: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        cmd,
+        "ledger",
+        "--key",
+        "ledger/ledger.pub",
+        "--auditor-key",
+        "auditor.key",
+    ];
+    args.extend_from_slice(extra);
+    run(dir, &args, "")
+}
+
+/// NDJSON of `records`.
+fn ndjson(records: &[Value]) -> String {
+    records.iter().map(|r| format!("{r}\n")).collect()
+}
+
+/// A run that creates a job answered `running` with Retry-After `hint` ms, then polls
+/// it `polls` times, each `early` ms before the hint elapsed, the last one finding it
+/// done; the observed state moves on every poll.
+fn polling(run_name: &str, hint: u64, early: u64, polls: u64, budget: Value) -> Vec<Value> {
+    let mut r = vec![
+        json!({"run": run_name, "kind": "start", "at_ms": 0, "goal": "export", "budget": budget}),
+        json!({"run": run_name, "kind": "allow", "at_ms": 0, "tool": "export.create",
+               "operation": "export.create", "args": {"t": run_name}, "effect": "idempotent_write",
+               "attempt": 1}),
+        json!({"run": run_name, "kind": "outcome", "at_ms": 100, "attempt": 1, "status": "running",
+               "remote_ref": "j1", "observed": "queued", "retry_after_ms": hint}),
+    ];
+    let mut last = 100;
+    for i in 0..polls {
+        let at = last + hint - early;
+        let attempt = i + 2;
+        let done = i + 1 == polls;
+        r.push(
+            json!({"run": run_name, "kind": "allow", "at_ms": at, "tool": "export.status",
+                      "operation": "export.status:j1", "args": {"id": "j1"}, "effect": "read",
+                      "attempt": attempt}),
+        );
+        let mut o = json!({"run": run_name, "kind": "outcome", "at_ms": at + 100,
+                           "attempt": attempt, "status": if done { "ok" } else { "running" },
+                           "remote_ref": "j1",
+                           "observed": if done { "done".to_owned() } else { format!("{}%", i * 2) }});
+        if !done {
+            o["retry_after_ms"] = json!(hint);
+        }
+        r.push(o);
+        last = at + 100;
+    }
+    r.push(json!({"run": run_name, "kind": "stop", "at_ms": last + 10, "reason": "completed"}));
+    r
+}
+
+/// Issue 20 item 1: polling inside the scheduling tolerance (max(1 s, 10 %) of the hint)
+/// is what the gate allows, so it is no loop, and the handoff of a run that completed
+/// says nothing about polling. Polling past the tolerance is one.
+#[test]
+fn regression_issue_20_polling_inside_the_tolerance_is_no_loop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    ledger(d);
+    let mut records = polling("every-30s", 30_000, 200, 15, json!({"polls": 30}));
+    // 24 minutes of polls up to 5 % early, finishing `done`.
+    records.extend(polling(
+        "five-percent",
+        30_000,
+        1_500,
+        48,
+        json!({"polls": 60}),
+    ));
+    ok(d, &["append", "--ledger", "ledger"], &ndjson(&records));
+
+    let loops = audit(d, "loops", &[]);
+    assert_eq!(loops.status.code(), Some(0), "{}", text(&loops));
+    assert!(
+        text(&loops).starts_with("No loops found."),
+        "{}",
+        text(&loops)
+    );
+    let handoff = audit(d, "handoff", &[]);
+    assert_eq!(handoff.status.code(), Some(0), "{}", text(&handoff));
+    let h = text(&handoff);
+    assert!(!h.contains("poll") || !h.contains("looped"), "{h}");
+    assert!(
+        h.contains("nothing to resume: the run completed its task"),
+        "{h}"
+    );
+    assert_eq!(audit(d, "verify", &[]).status.code(), Some(0));
+
+    // Four seconds early on a 30 s hint is past the 3 s tolerance: the gate would say
+    // `upstream_backoff`, and the report says polling.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    ledger(d);
+    let early = polling("too-early", 30_000, 4_000, 5, json!({"polls": 30}));
+    ok(d, &["append", "--ledger", "ledger"], &ndjson(&early));
+    let loops = text(&audit(d, "loops", &[]));
+    assert!(loops.contains("1. polling in run too-early"), "{loops}");
+    assert!(
+        loops.contains("before the upstream's Retry-After"),
+        "{loops}"
+    );
+}
+
+/// Issue 20 item 2: a parent that spends what it carved out for a child is over its
+/// limit in force: 10 attempts and 100¢, 6 and 60 handed to the child, so 4 and 40 left.
+#[test]
+fn regression_issue_20_a_parent_spending_what_its_child_took_is_found() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    ledger(d);
+    let mut records = vec![
+        json!({"run": "p", "kind": "start", "at_ms": 0, "goal": "parent",
+               "budget": {"attempts": 10, "spend_cents": 100}}),
+        json!({"run": "c", "kind": "start", "at_ms": 0, "goal": "child", "parent": "p",
+               "budget": {"attempts": 6, "spend_cents": 60}}),
+    ];
+    for (name, base) in [("c", 100), ("p", 1000)] {
+        for i in 1..=6u64 {
+            records.push(json!({"run": name, "kind": "allow", "at_ms": base + i * 10,
+                                "tool": "api", "args": {"n": i}, "effect": "read",
+                                "attempt": i, "reserve_cents": 10}));
+            records.push(
+                json!({"run": name, "kind": "outcome", "at_ms": base + i * 10 + 5,
+                                "attempt": i, "status": "ok", "settled_cents": 10}),
+            );
+        }
+    }
+    ok(d, &["append", "--ledger", "ledger"], &ndjson(&records));
+
+    let verify = audit(d, "verify", &[]);
+    let v = text(&verify);
+    assert_eq!(verify.status.code(), Some(1), "{v}");
+    assert!(v.contains("INCONSISTENT"), "{v}");
+    // The parent's fifth allow is the first beyond its limit in force.
+    assert!(
+        v.contains("run p  allow_beyond_limit: allowed beyond its attempts limit in force (5 of 4"),
+        "{v}"
+    );
+    assert!(v.contains("(50¢ of 40¢"), "{v}");
+    let stats = text(&audit(d, "stats", &[]));
+    let parent = stats
+        .lines()
+        .find(|l| l.starts_with("p "))
+        .unwrap_or_else(|| panic!("no line for p in\n{stats}"));
+    assert!(parent.contains("6 of 4"), "{stats}");
+    assert!(parent.contains("over the cap by 2"), "{stats}");
+}
+
+/// A daemon over a fresh ledger under `policy`, with an approver `dana`; killed on drop.
+struct Served {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Served {
+    fn start(policy: &str) -> Served {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        ledger(d);
+        let key = ok(d, &["keygen", "--approver", "--out", "dana.key"], "");
+        let approvers = key
+            .lines()
+            .skip_while(|l| !l.starts_with("[approvals.approvers]"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(d.join("policy.toml"), format!("{policy}\n{approvers}\n")).expect("policy");
+        let child = tally()
+            .args([
+                "serve",
+                "--ledger",
+                "ledger",
+                "--socket",
+                "agent.sock",
+                "--operator-socket",
+                "operator.sock",
+                "--policy",
+                "policy.toml",
+            ])
+            .current_dir(d)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tally serve");
+        let served = Served {
+            dir,
+            child: Some(child),
+        };
+        let started = Instant::now();
+        while !served.path("operator.sock").exists() || !served.path("agent.sock").exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "tally serve did not open its sockets"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        served
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// One request on the agent socket: status and JSON body.
+    fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        request(&self.path("agent.sock"), method, path, body)
+    }
+
+    fn started(&self, run: &str, budget: Value) {
+        let (status, v) = self.agent(
+            "POST",
+            "/v1/runs",
+            Some(json!({"run": run, "goal": "test", "budget": budget})),
+        );
+        assert_eq!(status, 201, "{v}");
+    }
+
+    fn check(&self, body: Value) -> Value {
+        let (status, v) = self.agent("POST", "/v1/check", Some(body));
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    fn outcome(&self, body: Value) -> (u16, Value) {
+        self.agent("POST", "/v1/outcome", Some(body))
+    }
+
+    /// Stop the daemon (the ledger is then free to read) and audit it with `cmd`.
+    fn audit(&mut self, cmd: &str) -> Output {
+        self.stop();
+        audit(self.dir.path(), cmd, &[])
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_child(&child),
+                rustix::process::Signal::TERM,
+            );
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn request(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut client = tally_daemon::client::Client::unix(socket)
+            .await
+            .expect("connect");
+        let method = method.parse().expect("method");
+        let reply = client
+            .request(
+                method,
+                path,
+                body.as_ref().map(|_| "application/json"),
+                body.map(|b| b.to_string()).unwrap_or_default(),
+            )
+            .await
+            .expect("request");
+        let value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+        (reply.status.as_u16(), value)
+    })
+}
+
+fn call(run: &str, n: u64) -> Value {
+    json!({"run": run, "tool": "http", "operation": format!("op{n}"), "effect": "read",
+           "args": {"n": n}})
+}
+
+/// Issue 20 item 3: a real approval keeps an honest ledger consistent. `tally approve
+/// --attempts 3` (with or without `--tool`) lets exactly 3 more calls through, as the CLI
+/// says; `--cents 30` lets 30¢ more be reserved; and `verify --auditor-key` finds nothing.
+#[test]
+fn regression_issue_20_a_real_approval_verifies_consistent() {
+    let mut s = Served::start("");
+    let approve = |run: &str, extra: &[&str]| {
+        let mut args = vec![
+            "approve",
+            "--operator-socket",
+            "operator.sock",
+            "--run",
+            run,
+            "--key",
+            "dana.key",
+            "--expires",
+            "10m",
+        ];
+        args.extend_from_slice(extra);
+        ok(s.dir.path(), &args, "")
+    };
+    for (run, scope) in [("plain", &[][..]), ("tool", &["--tool", "http"][..])] {
+        s.started(run, json!({"attempts": 1}));
+        assert_eq!(s.check(call(run, 1))["decision"], "allow");
+        let asked = s.check(call(run, 2));
+        assert_eq!(
+            (&asked["decision"], &asked["cause"]),
+            (&json!("require_approval"), &json!("attempts_exhausted"))
+        );
+        let mut args = vec!["--attempts", "3"];
+        args.extend_from_slice(scope);
+        let said = approve(run, &args);
+        assert!(
+            said.contains("3 more attempts (its limit 1 -> 4)"),
+            "{said}"
+        );
+        assert!(said.contains("valid for 10 min 00 s"), "{said}");
+        for n in 2..=4 {
+            let a = s.check(call(run, n));
+            assert_eq!(a["decision"], "allow", "call {n} of run {run}: {a}");
+        }
+        assert_eq!(s.check(call(run, 5))["decision"], "require_approval");
+    }
+    // Cents: 20 of 20 reserved, 20 more asked for, 30 granted.
+    s.started("cents", json!({"spend_cents": 20}));
+    let reserve = |n: u64| {
+        let mut c = call("cents", n);
+        c["reserve_cents"] = json!(20);
+        c
+    };
+    assert_eq!(s.check(reserve(1))["decision"], "allow");
+    assert_eq!(s.check(reserve(2))["cause"], "reservation_insufficient");
+    let said = approve("cents", &["--cents", "30"]);
+    assert!(
+        said.contains("30¢ more (its spend limit 20¢ -> 50¢)"),
+        "{said}"
+    );
+    assert_eq!(s.check(reserve(2))["decision"], "allow");
+    assert_eq!(s.check(reserve(3))["cause"], "reservation_insufficient");
+
+    let verify = s.audit("verify");
+    let v = text(&verify);
+    assert_eq!(verify.status.code(), Some(0), "{v}");
+    assert!(v.contains("No inconsistencies"), "{v}");
+    assert!(v.contains("every one is what the policy decides"), "{v}");
+}
+
+/// Issue 20 items 4 and 5: an agent alone cannot make a ledger verify inconsistent. What
+/// the core would call inconsistent the gate refuses (409 or 404, never recorded); what it
+/// records verifies. An overrun is recorded as a fact; a late `ok` after a timeout is a
+/// completed call with its remote id and cost.
+#[test]
+fn regression_issue_20_an_agent_alone_cannot_make_the_ledger_inconsistent() {
+    let mut s = Served::start("");
+    let allowed = |run: &str, reserve: u64| -> u64 {
+        let mut c = call(run, 1);
+        c["reserve_cents"] = json!(reserve);
+        let a = s.check(c);
+        assert_eq!(a["decision"], "allow", "{a}");
+        a["attempt"].as_u64().expect("attempt")
+    };
+    // Settling 50¢ on a 5¢ reservation: the upstream billed more. Recorded (an overrun);
+    // no further call is allowed until a human grants cents.
+    s.started("over", json!({"spend_cents": 100}));
+    let a = allowed("over", 5);
+    let (status, v) =
+        s.outcome(json!({"run": "over", "attempt": a, "status": "ok", "settled_cents": 50}));
+    assert_eq!(status, 200, "{v}");
+    let next = s.check(call("over", 2));
+    assert_eq!(next["cause"], "budget_exceeded", "{next}");
+
+    // timeout, then unknown settling 0, then ok without cents: each is news of one call.
+    // A second settlement, or anything after the final outcome, is refused.
+    s.started("news", json!({}));
+    let a = allowed("news", 5);
+    for (body, want) in [
+        (json!({"status": "timeout"}), 200),
+        (json!({"status": "unknown", "settled_cents": 0}), 200),
+        (json!({"status": "ok", "settled_cents": 3}), 409),
+        (json!({"status": "ok"}), 200),
+        (json!({"status": "ok"}), 409),
+        (json!({"status": "error"}), 409),
+    ] {
+        let mut b = body.clone();
+        b["run"] = json!("news");
+        b["attempt"] = json!(a);
+        let (status, v) = s.outcome(b);
+        assert_eq!(status, want, "{body}: {v}");
+        if want == 409 {
+            assert_eq!(v["error"]["code"], "attempt_settled", "{v}");
+        }
+    }
+    let (status, v) = s.outcome(json!({"run": "news", "attempt": 7, "status": "ok"}));
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (404, &json!("no_such_attempt")),
+        "{v}"
+    );
+
+    // An outcome after the run's own stop, for a call still in flight, is a fact to
+    // record (it may have cost money).
+    s.started("after-stop", json!({}));
+    let a = allowed("after-stop", 5);
+    let (status, v) = s.agent("POST", "/v1/runs/after-stop/stop", Some(json!({})));
+    assert_eq!(status, 200, "{v}");
+    let (status, v) =
+        s.outcome(json!({"run": "after-stop", "attempt": a, "status": "ok", "settled_cents": 5}));
+    assert_eq!(status, 200, "{v}");
+
+    // A call that timed out, then settled ok with remote id gen-5 for 20¢.
+    s.started("late", json!({}));
+    let mut c = call("late", 1);
+    c["tool"] = json!("model");
+    c["operation"] = json!("generate");
+    c["reserve_cents"] = json!(20);
+    let a = s.check(c)["attempt"].as_u64().expect("attempt");
+    assert_eq!(
+        s.outcome(json!({"run": "late", "attempt": a, "status": "timeout"}))
+            .0,
+        200
+    );
+    let (status, v) = s.outcome(json!({"run": "late", "attempt": a, "status": "ok",
+                                       "settled_cents": 20, "remote_ref": "gen-5"}));
+    assert_eq!(status, 200, "{v}");
+
+    let verify = s.audit("verify");
+    let v = text(&verify);
+    assert_eq!(verify.status.code(), Some(0), "{v}");
+    assert!(v.contains("No inconsistencies"), "{v}");
+    let h = text(&audit(s.dir.path(), "handoff", &["--run", "late"]));
+    assert!(h.contains("model (generate) -> gen-5"), "{h}");
+    assert!(h.contains(", 20¢,"), "{h}");
+    assert!(!h.contains("Completed: nothing"), "{h}");
+    let over = text(&audit(s.dir.path(), "handoff", &["--run", "over"]));
+    assert!(
+        over.contains("Overrun: 45¢ settled above what calls reserved"),
+        "{over}"
+    );
+}
+
+/// Issue 20 items 6 and 7: identical calls whose result changed are progress, not a
+/// loop (with the same result they stay one); and a retried operation past its class is
+/// `retries_exhausted`, not the run's `attempts_exhausted`.
+#[test]
+fn regression_issue_20_progress_and_the_retry_cap_have_their_own_rules() {
+    let mut s = Served::start("");
+    let read = |run: &str| json!({"run": run, "tool": "Read", "effect": "read", "args": {"file_path": "src/a.rs"}});
+    for (run, changes) in [("edited", true), ("same", false)] {
+        s.started(run, json!({}));
+        for i in 0..4u64 {
+            let a = s.check(read(run));
+            if !changes && i == 3 {
+                assert_eq!(
+                    (&a["decision"], &a["reason"]),
+                    (&json!("deny"), &json!("loop_repeated_call")),
+                    "{a}"
+                );
+                break;
+            }
+            assert_eq!(a["decision"], "allow", "run {run}, read {i}: {a}");
+            let digest = if changes {
+                blake3::hash(format!("content {i}").as_bytes())
+                    .to_hex()
+                    .to_string()
+            } else {
+                blake3::hash(b"content").to_hex().to_string()
+            };
+            let (status, v) = s.outcome(json!({"run": run, "attempt": a["attempt"],
+                                              "status": "ok", "result_digest": digest}));
+            assert_eq!(status, 200, "{v}");
+        }
+    }
+    s.started("retried", json!({}));
+    let fetch = json!({"run": "retried", "tool": "http", "operation": "fetch:x",
+                       "effect": "read", "args": {"u": "x"}});
+    for _ in 0..3 {
+        let a = s.check(fetch.clone());
+        assert_eq!(a["decision"], "allow", "{a}");
+        s.outcome(json!({"run": "retried", "attempt": a["attempt"], "status": "error"}));
+    }
+    let a = s.check(fetch);
+    assert_eq!(
+        (&a["reason"], &a["action"]),
+        (&json!("retries_exhausted"), &json!("stop")),
+        "{a}"
+    );
+    assert_eq!(
+        a["limits"]["attempts"],
+        json!({"used": 3, "limit": 50}),
+        "{a}"
+    );
+    assert_eq!(s.audit("verify").status.code(), Some(0));
+}

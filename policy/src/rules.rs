@@ -1,0 +1,148 @@
+//! The rules of repetition: identical calls, alternation, the per-tool bar, retries of
+//! one logical operation, and polling. Each is one public function over the run's state
+//! before a call; [`crate::decide`] refuses by them, and `tally loops` reports a loop
+//! exactly where one of them refuses (or would have refused) a call. Nothing else
+//! decides what a loop is.
+
+use serde::{Deserialize, Serialize};
+use tally_record::Effect;
+
+use crate::config::Policy;
+use crate::decide::Call;
+use crate::state::{tool_key, Recent, RunState};
+
+/// Which of the policy's loop breakers a call trips (`loop_repeated_call`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LoopRule {
+    /// More identical calls in a row than `identical_consecutive`, with no change of
+    /// result between them.
+    Consecutive,
+    /// More identical calls among the run's last `identical_window` than
+    /// `identical_in_window`, with no change of result between them.
+    InWindow,
+    /// Two calls alternating (A, B, A, B, ...) `alternating` times with no progress in
+    /// between.
+    Alternating,
+    /// More calls of one tool within `tool_window_ms` than `tool_calls`.
+    ToolBar,
+}
+
+/// Identical earlier calls of `key` that are "the same call again", newest first: the
+/// walk back over `recent` stops at the first call of `key` whose result is known and
+/// differs from a later known one (the result changed: progress). Calls without a known
+/// result (no `result_digest`, or no outcome yet) never break it, so a recorder that
+/// gives no digests gets the plain rule.
+fn same_again<'a>(
+    recent: impl Iterator<Item = &'a Recent>,
+    key: u64,
+) -> impl Iterator<Item = &'a Recent> {
+    let mut known: Option<u64> = None;
+    recent.filter(move |r| r.key == key).take_while(move |r| {
+        match (known, r.result) {
+            (Some(k), Some(res)) if k != res => return false,
+            (None, Some(res)) => known = Some(res),
+            _ => {}
+        }
+        true
+    })
+}
+
+/// What a loop is: the one rule the gate refuses by (`loop_repeated_call`) and `tally
+/// loops` reports by. `Some` when `call`, made at run time `run_ms`, would be one call
+/// beyond the policy's loop limits given the run's recent allowed calls. Polls are not
+/// judged here: their rule is [`poll_rule`], so polling is never this kind of loop.
+pub fn loop_rule(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<LoopRule> {
+    let l = &policy.loops;
+    let key = call.key();
+    let recent = &run.recent;
+    // Consecutive: the tail of the history is calls of this key, none of which changed
+    // its result.
+    let tail = recent.iter().rev().take_while(|r| r.key == key);
+    let consecutive = same_again(tail, key).count() as u64;
+    if consecutive >= l.identical_consecutive {
+        return Some(LoopRule::Consecutive);
+    }
+    let window = recent.iter().rev().take(l.identical_window as usize);
+    let in_window = same_again(window, key).count() as u64;
+    if in_window >= l.identical_in_window {
+        return Some(LoopRule::InWindow);
+    }
+    let k = l.alternating as usize;
+    if recent.len() >= k && k >= 2 {
+        let tail: Vec<&Recent> = recent.iter().skip(recent.len() - k).collect();
+        let (a, b) = (tail[k - 2].key, tail[k - 1].key);
+        let alternates = a != b
+            && tail
+                .iter()
+                .rev()
+                .enumerate()
+                .all(|(i, r)| r.key == if i % 2 == 0 { b } else { a });
+        let stalled = tail.iter().all(|r| r.progress == run.progress);
+        if alternates && stalled && key == a {
+            return Some(LoopRule::Alternating);
+        }
+    }
+    if let Some(w) = run.tools.get(&tool_key(&call.tool)) {
+        let open = run_ms.saturating_sub(w.start_ms) < l.tool_window_ms;
+        if open && w.count >= l.tool_calls {
+            return Some(LoopRule::ToolBar);
+        }
+    }
+    None
+}
+
+/// Whether `call` retries its logical operation past its effect class's retries
+/// (`retries_exhausted`): attempts of the operation since its last `ok` reach the class's
+/// (`read` 3, `idempotent_write` 2 and the second only with an idempotency key,
+/// `non_idempotent_write` 1 by default). Polls are not retries.
+pub fn retry_rule(policy: &Policy, run: &RunState, call: &Call) -> bool {
+    let Some(effect) = call.effect else {
+        return false;
+    };
+    let used = run.ops.get(&call.op()).copied().unwrap_or(0);
+    let keyless_retry =
+        effect == Effect::IdempotentWrite && used >= 1 && call.idempotency_key.is_none();
+    used >= policy.retries_for(effect) || keyless_retry
+}
+
+/// Why the poll rule refuses a poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "rule", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PollRule {
+    /// Polls of this remote operation reached `budget.polls` (`poll_allowance_exhausted`).
+    Allowance,
+    /// Polls with no change of observed state reached the policy's `polls.stall_polls`
+    /// (`poll_allowance_exhausted`).
+    Stalled,
+    /// Before the upstream's Retry-After (else the policy's interval) less the tolerance
+    /// (`upstream_backoff`): wait this many ms.
+    Early {
+        /// How long until the poll is on time, ms.
+        wait_ms: u64,
+    },
+}
+
+/// The poll rule: `Some` when a poll of remote operation `remote` (a key from
+/// [`RunState::poll_of`]) at run time `run_ms` would be refused.
+pub fn poll_rule(policy: &Policy, run: &RunState, remote: u64, run_ms: u64) -> Option<PollRule> {
+    let r = run.refs.get(&remote)?;
+    if run.budget.polls.is_some_and(|limit| r.polls >= limit) {
+        return Some(PollRule::Allowance);
+    }
+    let stall = policy.polls.stall_polls;
+    if stall > 0 && r.unchanged >= stall {
+        return Some(PollRule::Stalled);
+    }
+    let interval = r.retry_after_ms.unwrap_or(policy.polls.interval_ms);
+    let tolerance = policy
+        .polls
+        .tolerance_ms
+        .max(interval.saturating_mul(policy.polls.tolerance_percent) / 100);
+    let earliest = r.last_ms.saturating_add(interval).saturating_sub(tolerance);
+    (run_ms < earliest).then(|| PollRule::Early {
+        wait_ms: earliest - run_ms,
+    })
+}

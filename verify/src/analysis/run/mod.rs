@@ -1,0 +1,635 @@
+//! One run while the ledger streams by: the policy core's state of it (the one fold the
+//! gate decides with, replay re-decides with and the audit judges with), and the names
+//! the reports describe it by, which the core keeps only hashed. Nothing here counts a
+//! budget, a poll, a loop or a grant: every number comes from the core's state, every
+//! verdict from the core's rules.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use tally_ledger::{Action, Decision, Effect, Kind, Reason};
+use tally_policy::state::tool_key;
+use tally_policy::{LoopRule, PollRule};
+
+mod outcome;
+
+use super::handoff::{Completed, Observed, StopReason, StopStatus, When};
+use super::loops::{CallFacts, Close, Loop, Pattern, Series, ToolStorms};
+use super::names::{CallNames, Names};
+use crate::event::Seq;
+use crate::Event;
+use outcome::Job;
+pub(crate) use outcome::UnknownWrite;
+
+/// Most workers a handoff names.
+const MAX_WORKERS: usize = 16;
+/// Most refusals awaiting a human a handoff lists.
+const MAX_ASKS: usize = 16;
+/// Records of a run between sweeps of its loop series.
+const SWEEP_EVERY: u32 = 256;
+
+/// What the rules say about a call, judged on the run's state before it counts.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Verdicts {
+    /// The call's key (identical calls share it) and its logical operation's.
+    pub key: u64,
+    pub op: u64,
+    /// An identical call is in the core's recent history: this one repeats it.
+    pub repeats_call: bool,
+    /// The core counts earlier attempts of this operation since its last `ok`.
+    pub retries_op: bool,
+    /// The remote operation it polls (the core's `poll_of`).
+    pub poll: Option<u64>,
+    /// The poll rule's refusal.
+    pub poll_rule: Option<PollRule>,
+    /// The loop rule's refusal.
+    pub loop_rule: Option<LoopRule>,
+    /// The retry rule refuses it.
+    pub retries: bool,
+    /// The tool's shared breaker refuses it.
+    pub breaker: bool,
+}
+
+/// An allowed attempt the core holds open: the names it is described by.
+#[derive(Clone, Debug)]
+struct Open {
+    names: Arc<CallNames>,
+    effect: Option<Effect>,
+    /// The latest record about it (its allow, then each outcome), and when.
+    seq: Seq,
+    at: When,
+    /// The remote operation its outcome registered, by name.
+    remote_ref: Option<Box<str>>,
+    /// What its outcomes settled.
+    settled: u64,
+    /// Whether it used an attempt (only such a call's outcome registers a remote
+    /// operation with the core, whose polls are then polls).
+    counted: bool,
+    /// Its place among the run's recent calls (`firsts`, counted from the first ever).
+    ring: Option<u64>,
+    /// The series it belongs to: identical calls, retries, polls (keys), and its tool.
+    call_key: Option<u64>,
+    op: u64,
+    poll: Option<u64>,
+}
+
+/// A stop record or stopping refusal.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Halt {
+    pub reason: Reason,
+    pub seq: Seq,
+    pub at: When,
+}
+
+/// The latest back-off the run was told to honour.
+#[derive(Clone, Debug)]
+pub(crate) struct Backoff {
+    pub not_before: When,
+    pub tool: Option<String>,
+    pub operation: Option<String>,
+    pub refused: Reason,
+    pub seq: Seq,
+}
+
+/// A refusal that only a human can lift, not yet followed by an allow of that call.
+#[derive(Clone, Debug)]
+pub(crate) struct Ask {
+    pub tool: Option<String>,
+    pub operation: Option<String>,
+    pub reason: Reason,
+    pub seq: Seq,
+}
+
+/// One run's state.
+#[derive(Debug)]
+pub(crate) struct RunAnalysis {
+    pub name: String,
+    pub goal: Option<String>,
+    pub parent: Option<String>,
+    pub first_seq: Seq,
+    pub last_seq: Seq,
+    /// In a merged audit, the run's last seq in each ledger that has it.
+    pub last_in: BTreeMap<u16, u64>,
+    pub workers: BTreeSet<String>,
+    /// The core's state of the run: every number the reports give.
+    pub core: tally_policy::RunState,
+    /// The policy the run's start named (a run the gate governs), by digest.
+    pub digest: Option<String>,
+    pub stop: Option<Halt>,
+    first_stop_refusal: Option<Halt>,
+    open: BTreeMap<u64, Box<Open>>,
+    jobs: HashMap<u64, Job>,
+    pub unknown: HashMap<u64, UnknownWrite>,
+    pub completed: VecDeque<Completed>,
+    pub completed_total: u64,
+    pub last_observed: Option<Observed>,
+    pub backoff: Option<Backoff>,
+    pub asks: Vec<Ask>,
+    /// The run's recent calls (not polls), oldest first, at most the core's window.
+    firsts: VecDeque<First>,
+    /// Recent calls forgotten from the front of `firsts`.
+    firsts_popped: u64,
+    calls: HashMap<u64, Series>,
+    retries: HashMap<u64, Series>,
+    polls: HashMap<u64, Series>,
+    bursts: HashMap<u64, Series>,
+    since_sweep: u32,
+    pub findings: u64,
+}
+
+impl RunAnalysis {
+    pub fn new(name: &str, e: &Event) -> RunAnalysis {
+        let mut core = tally_policy::RunState::new(name);
+        // A run whose start the ledger does not hold is timed from its first record.
+        core.start_wall_ms = e.wall_ms.saturating_sub(e.decision.at_ms.unwrap_or(0));
+        RunAnalysis {
+            name: name.to_owned(),
+            goal: None,
+            parent: None,
+            first_seq: e.seq,
+            last_seq: e.seq,
+            last_in: BTreeMap::new(),
+            workers: BTreeSet::new(),
+            core,
+            digest: None,
+            stop: None,
+            first_stop_refusal: None,
+            open: BTreeMap::new(),
+            jobs: HashMap::new(),
+            unknown: HashMap::new(),
+            completed: VecDeque::new(),
+            completed_total: 0,
+            last_observed: None,
+            backoff: None,
+            asks: Vec::new(),
+            firsts: VecDeque::new(),
+            firsts_popped: 0,
+            calls: HashMap::new(),
+            retries: HashMap::new(),
+            polls: HashMap::new(),
+            bursts: HashMap::new(),
+            since_sweep: 0,
+            findings: 0,
+        }
+    }
+
+    /// The run's clock at a record: the core's.
+    pub fn when(&self, d: &Decision, wall_ms: u64) -> When {
+        let now = tally_policy::Now {
+            wall_ms,
+            at_ms: d.at_ms,
+        };
+        When {
+            run_ms: self.core.run_ms(now),
+            wall_ms,
+        }
+    }
+
+    /// What the rules say about the call `d` (an allow or a deny), before it counts.
+    pub fn verdicts(
+        &self,
+        policy: &tally_policy::Policy,
+        d: &Decision,
+        run_ms: u64,
+        breaker: Option<&tally_policy::ToolState>,
+        wall_ms: u64,
+    ) -> Verdicts {
+        let core = &self.core;
+        let poll = core.poll_of(d.effect, d.remote_ref.as_deref(), d.operation.as_deref());
+        let call = tally_policy::Call::from_record(d);
+        let (key, op) = (call.key(), call.op());
+        let breaker = breaker.is_some_and(|t| {
+            matches!(
+                t.breaker.at(wall_ms, policy.breaker.open_ms),
+                tally_policy::Breaker::Open { .. }
+                    | tally_policy::Breaker::HalfOpen { probe: Some(_) }
+            )
+        });
+        match poll {
+            Some(r) => Verdicts {
+                key,
+                op,
+                poll,
+                poll_rule: tally_policy::poll_rule(policy, core, r, run_ms),
+                breaker,
+                ..Verdicts::default()
+            },
+            None => Verdicts {
+                key,
+                op,
+                repeats_call: core.recent.iter().any(|r| r.key == key),
+                retries_op: core.ops.get(&op).is_some_and(|&n| n > 0),
+                poll: None,
+                poll_rule: None,
+                loop_rule: tally_policy::loop_rule(policy, core, &call, run_ms),
+                // A non-idempotent write repeated while its outcome is unknown is refused
+                // for that first (`outcome_unknown_non_idempotent`), not as a retry.
+                retries: tally_policy::retry_rule(policy, core, &call)
+                    && !(call.effect == Some(Effect::NonIdempotentWrite)
+                        && core.unknown.contains_key(&call.op())),
+                breaker,
+            },
+        }
+    }
+
+    /// Describe one record, once the core has folded it. `v` is what the rules said of
+    /// it before it counted (allows and denies).
+    #[allow(clippy::too_many_arguments)]
+    pub fn describe(
+        &mut self,
+        e: &Event,
+        at: When,
+        v: Verdicts,
+        names: &mut Names,
+        storms: &mut ToolStorms,
+        policy: &tally_policy::Policy,
+        loops: &mut Vec<Loop>,
+    ) {
+        let d = &e.decision;
+        self.last_seq = e.seq;
+        self.last_in.insert(e.seq.ledger, e.seq.seq);
+        if let Some(w) = &d.worker {
+            if self.workers.len() < MAX_WORKERS && !self.workers.contains(w) {
+                self.workers.insert(w.clone());
+            }
+        }
+        match d.kind() {
+            Kind::Start => {
+                self.goal = d.goal.clone().or(self.goal.take());
+                self.parent = d.parent.clone().or(self.parent.take());
+                self.digest = d.policy.clone();
+            }
+            Kind::Allow | Kind::Deny => self.call(e, at, v, names, storms),
+            Kind::Outcome => self.outcome(e, at, storms, policy, loops),
+            Kind::Refund | Kind::Override | Kind::Policy => {}
+            Kind::Stop => {
+                if let (None, Some(reason)) = (self.stop, d.reason) {
+                    self.stop = Some(Halt {
+                        reason,
+                        seq: e.seq,
+                        at,
+                    });
+                    self.close_all(Close::Stop { reason, seq: e.seq }, loops);
+                }
+            }
+        }
+        // Names of attempts the core no longer holds open are dropped with them.
+        if matches!(d.kind(), Kind::Allow | Kind::Outcome) {
+            self.forget_closed(d.attempt);
+        }
+        self.since_sweep += 1;
+        if self.since_sweep >= SWEEP_EVERY {
+            self.since_sweep = 0;
+            self.sweep(loops);
+        }
+    }
+
+    fn forget_closed(&mut self, attempt: Option<u64>) {
+        if let Some(a) = attempt {
+            if !self.core.open.contains_key(&a) {
+                self.open.remove(&a);
+            }
+        }
+        // The core forgets its oldest open attempt beyond its bound: so do the names.
+        while self.open.len() > self.core.open.len() {
+            match self.open.first_key_value() {
+                Some((&a, _)) if !self.core.open.contains_key(&a) => {
+                    self.open.pop_first();
+                }
+                _ => break,
+            }
+        }
+    }
+
+    fn call(
+        &mut self,
+        e: &Event,
+        at: When,
+        v: Verdicts,
+        names: &mut Names,
+        storms: &mut ToolStorms,
+    ) {
+        let d = &e.decision;
+        let allowed = d.kind() == Kind::Allow;
+        let refused = if allowed { None } else { d.reason };
+        let shared = names.call(
+            d.tool.as_deref(),
+            d.operation.as_deref(),
+            d.worker.as_deref(),
+        );
+        let facts = |flagged: bool, early: bool| CallFacts {
+            seq: e.seq,
+            ms: at.run_ms,
+            worker: shared.worker.as_ref(),
+            operation: shared.operation.as_ref(),
+            args_digest: d.args_digest.as_deref(),
+            reserve: if allowed {
+                d.reserve_cents.unwrap_or(0)
+            } else {
+                0
+            },
+            refused,
+            flagged,
+            early,
+        };
+        let (key, op) = (v.key, v.op);
+        let mut ring = None;
+        if let Some(r) = v.poll {
+            let flagged = v.poll_rule.is_some()
+                || matches!(
+                    refused,
+                    Some(Reason::PollAllowanceExhausted | Reason::UpstreamBackoff)
+                );
+            let early = matches!(v.poll_rule, Some(PollRule::Early { .. }))
+                || refused == Some(Reason::UpstreamBackoff);
+            let (job_name, observed) = match self.jobs.get(&r) {
+                Some(j) => (j.name.to_string(), j.observed.clone()),
+                None => (
+                    d.remote_ref
+                        .clone()
+                        .or_else(|| {
+                            d.operation
+                                .as_deref()?
+                                .rsplit_once(':')
+                                .map(|(_, t)| t.to_owned())
+                        })
+                        .unwrap_or_default(),
+                    None,
+                ),
+            };
+            let allowance = self.core.budget.polls;
+            self.polls
+                .entry(r)
+                .or_insert_with(|| {
+                    Series::polling(
+                        e.seq,
+                        at.run_ms,
+                        shared.tool.clone(),
+                        &job_name,
+                        allowance,
+                        observed,
+                    )
+                })
+                .call(&facts(flagged, early), None);
+        } else {
+            // Judged in the gate's order: the retry rule first, then the loop rule.
+            let retried = v.retries || refused == Some(Reason::RetriesExhausted);
+            let loop_refused = refused == Some(Reason::LoopRepeatedCall);
+            let pattern = match v.loop_rule.filter(|_| !v.retries || loop_refused) {
+                Some(LoopRule::Alternating) => Some(Pattern::Alternation),
+                Some(LoopRule::ToolBar) => None,
+                Some(_) => Some(Pattern::ExactRepetition),
+                None if loop_refused => Some(Pattern::ExactRepetition),
+                None => None,
+            };
+            // A series is kept only for a call that repeats one the core still looks back
+            // at (or that a rule refuses): most calls are new, and cost no series.
+            let first =
+                |keyed: &dyn Fn(&First) -> bool| self.firsts.iter().find(|f| keyed(f)).cloned();
+            if v.repeats_call || pattern.is_some() {
+                let from = first(&|f| f.key == key);
+                self.calls
+                    .entry(key)
+                    .or_insert_with(|| {
+                        series_from(Pattern::ExactRepetition, from, e.seq, at.run_ms, &shared)
+                    })
+                    .call(&facts(pattern.is_some(), false), pattern);
+            }
+            if v.retries_op || retried {
+                let from = first(&|f| f.op == op);
+                let differ = from.as_ref().is_some_and(|f| f.key != key);
+                self.retries
+                    .entry(op)
+                    .or_insert_with(|| {
+                        let mut s =
+                            series_from(Pattern::RetryStorm, from, e.seq, at.run_ms, &shared);
+                        if differ {
+                            s.digests_differ();
+                        }
+                        s
+                    })
+                    .call(&facts(retried, false), None);
+            }
+            if self.firsts.len() >= tally_policy::config::MAX_WINDOW as usize {
+                self.firsts.pop_front();
+                self.firsts_popped += 1;
+            }
+            ring = Some(self.firsts_popped + self.firsts.len() as u64);
+            self.firsts.push_back(First {
+                key,
+                op,
+                seq: e.seq,
+                ms: at.run_ms,
+                reserve: facts(false, false).reserve,
+                settled: 0,
+                failures: 0,
+                worker: shared.worker.clone(),
+            });
+            if let Some(tool) = &d.tool {
+                let bar = v.loop_rule == Some(LoopRule::ToolBar) && !retried;
+                self.bursts
+                    .entry(tool_key(tool))
+                    .or_insert_with(|| {
+                        Series::new(
+                            Pattern::HighCallCount,
+                            e.seq,
+                            at.run_ms,
+                            shared.tool.clone(),
+                        )
+                    })
+                    .call(&facts(bar, false), None);
+            }
+        }
+        if let Some(tool) = &shared.tool {
+            let flagged = v.breaker || refused == Some(Reason::CircuitOpen);
+            let mut f = facts(flagged, false);
+            f.ms = at.wall_ms;
+            storms.call(tool, &self.name, &f);
+        }
+        if allowed {
+            self.asks
+                .retain(|a| !(a.tool == d.tool && a.operation == d.operation));
+            if let Some((attempt, a)) = d
+                .attempt
+                .and_then(|n| self.core.open.get(&n).map(|a| (n, a)))
+            {
+                let counted = a.counted;
+                self.open.insert(
+                    attempt,
+                    Box::new(Open {
+                        names: shared,
+                        effect: d.effect,
+                        seq: e.seq,
+                        at,
+                        remote_ref: None,
+                        settled: 0,
+                        counted,
+                        ring,
+                        call_key: v.poll.is_none().then_some(key),
+                        op,
+                        poll: v.poll,
+                    }),
+                );
+            }
+        } else if let Some(reason) = d.reason {
+            self.refusal(d, e.seq, at, reason);
+        }
+    }
+
+    fn refusal(&mut self, d: &Decision, seq: Seq, at: When, reason: Reason) {
+        let action = reason.action();
+        if action == Action::Stop && self.first_stop_refusal.is_none() {
+            self.first_stop_refusal = Some(Halt { reason, seq, at });
+        }
+        if action == Action::Ask {
+            self.asks
+                .retain(|a| !(a.tool == d.tool && a.operation == d.operation));
+            if self.asks.len() < MAX_ASKS {
+                self.asks.push(Ask {
+                    tool: d.tool.clone(),
+                    operation: d.operation.clone(),
+                    reason,
+                    seq,
+                });
+            }
+        }
+        if action == Action::Retry {
+            let wait = d.retry_after_ms.unwrap_or(0);
+            self.backoff = Some(Backoff {
+                not_before: When {
+                    run_ms: at.run_ms.saturating_add(wait),
+                    wall_ms: at.wall_ms.saturating_add(wait),
+                },
+                tool: d.tool.clone(),
+                operation: d.operation.clone(),
+                refused: reason,
+                seq,
+            });
+        }
+    }
+
+    /// Close series the core's rules no longer look back at, and forget remote
+    /// operations the core forgot.
+    fn sweep(&mut self, loops: &mut Vec<Loop>) {
+        let core = &self.core;
+        let name = &self.name;
+        let mut closed = |s: Series| {
+            loops.extend(s.close(vec![name.clone()], super::loops::Clock::Run, Close::Gap));
+        };
+        let recent: BTreeSet<u64> = core.recent.iter().map(|r| r.key).collect();
+        for (_, s) in extract(&mut self.calls, |k, _| !recent.contains(k)) {
+            closed(s);
+        }
+        for (_, s) in extract(&mut self.retries, |k, _| !core.ops.contains_key(k)) {
+            closed(s);
+        }
+        for (_, s) in extract(&mut self.polls, |k, _| !core.refs.contains_key(k)) {
+            closed(s);
+        }
+        for (_, s) in extract(&mut self.bursts, |k, s| {
+            core.tools.get(k).is_none_or(|w| w.start_ms > s.last_ms())
+        }) {
+            closed(s);
+        }
+        self.jobs
+            .retain(|k, j| core.refs.contains_key(k) || self.open.contains_key(&j.attempt));
+    }
+
+    /// Close every series (taking the maps, so a stopped run keeps no capacity).
+    fn close_all(&mut self, close: Close, loops: &mut Vec<Loop>) {
+        let name = &self.name;
+        for map in [
+            &mut self.calls,
+            &mut self.retries,
+            &mut self.polls,
+            &mut self.bursts,
+        ] {
+            for s in std::mem::take(map).into_values() {
+                loops.extend(s.close(vec![name.clone()], super::loops::Clock::Run, close));
+            }
+        }
+    }
+
+    /// Close every series at the end of the ledger.
+    pub fn finish(&mut self, loops: &mut Vec<Loop>) {
+        let stop = self.stop.map(|h| (h.reason, h.seq));
+        self.close_all(Close::Finish { stop }, loops);
+    }
+
+    pub fn stop_reason(&self) -> StopReason {
+        match (self.stop, self.first_stop_refusal) {
+            (Some(h), _) => StopReason {
+                status: StopStatus::Stopped,
+                reason: Some(h.reason),
+                action: Some(h.reason.action()),
+                seq: Some(h.seq),
+                at: Some(h.at),
+            },
+            (None, Some(h)) => StopReason {
+                status: StopStatus::Refused,
+                reason: Some(h.reason),
+                action: Some(h.reason.action()),
+                seq: Some(h.seq),
+                at: Some(h.at),
+            },
+            (None, None) => StopReason {
+                status: StopStatus::Running,
+                reason: None,
+                action: None,
+                seq: None,
+                at: None,
+            },
+        }
+    }
+
+    /// The run's stop, for loops across runs.
+    pub fn halt(&self) -> Option<(Reason, Seq)> {
+        self.stop.map(|h| (h.reason, h.seq))
+    }
+}
+
+/// A recent call, remembered so that a series started at a repeat begins where the
+/// repeated call did.
+#[derive(Clone, Debug)]
+pub(crate) struct First {
+    key: u64,
+    op: u64,
+    seq: Seq,
+    ms: u64,
+    reserve: u64,
+    /// What its outcomes settled, and how many failed, while no series held it.
+    settled: u64,
+    failures: u64,
+    worker: Option<Arc<str>>,
+}
+
+/// A series of `pattern` from the recent call `from` (else from this call).
+fn series_from(
+    pattern: Pattern,
+    from: Option<First>,
+    seq: Seq,
+    ms: u64,
+    names: &CallNames,
+) -> Series {
+    match from {
+        Some(f) => Series::new(pattern, f.seq, f.ms, names.tool.clone()).after(
+            f.reserve,
+            f.settled,
+            f.failures,
+            f.worker.clone(),
+        ),
+        None => Series::new(pattern, seq, ms, names.tool.clone()),
+    }
+}
+
+/// Remove and return the entries of `map` for which `f` holds.
+fn extract<V>(map: &mut HashMap<u64, V>, f: impl Fn(&u64, &V) -> bool) -> Vec<(u64, V)> {
+    let keys: Vec<u64> = map
+        .iter()
+        .filter(|(k, v)| f(k, v))
+        .map(|(k, _)| *k)
+        .collect();
+    keys.into_iter()
+        .filter_map(|k| map.remove(&k).map(|v| (k, v)))
+        .collect()
+}
