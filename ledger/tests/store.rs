@@ -80,6 +80,10 @@ fn every_kind_round_trips_through_the_store() {
     );
     let mut want = every_kind();
     want.iter_mut().for_each(Decision::seal_args);
+    // The ledger links each decision of run r1 to the one before it (seqs 1..=7).
+    for (i, d) in want.iter_mut().enumerate().skip(1) {
+        d.prev_seq = Some(i as u64);
+    }
     assert_eq!(read_back(&l, &auditor), want);
     assert_eq!(l.checkpoint().size, 8);
     assert_eq!(l.checkpoint().head, receipts[6].hash);

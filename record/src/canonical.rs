@@ -206,6 +206,7 @@ impl<'a> Reader<'a> {
         opt!(signature, self.string()?);
         opt!(continues, self.string()?);
         opt!(state_version, self.u64()?);
+        opt!(prev_seq, self.u64()?);
         self.eat(b"}").then_some(d)
     }
 
@@ -468,6 +469,7 @@ mod tests {
             o(text()),
             o(text()),
             o(num()),
+            o(num()),
         )
             .boxed();
         (a, b, c, e, o(limits), g)
@@ -515,6 +517,7 @@ mod tests {
                 signature: g.6,
                 continues: g.7,
                 state_version: g.8,
+                prev_seq: g.9,
             })
             .boxed()
     }

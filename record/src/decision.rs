@@ -478,6 +478,13 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub state_version: Option<u64>,
+    /// The seq of the previous decision of the same run in this ledger, if there is one
+    /// (every kind but `policy`, which belongs to no run). Written by the ledger alone,
+    /// when it assigns seqs: it links a run's decisions to each other, so a proof of a
+    /// run's history shows that none is missing (docs/FORMAT.md, "Run links").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub prev_seq: Option<u64>,
 }
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
@@ -587,7 +594,7 @@ impl Decision {
                 });
             }
         }
-        let present: [(&'static str, bool, &[Kind]); 40] = [
+        let present: [(&'static str, bool, &[Kind]); 41] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -658,6 +665,19 @@ impl Decision {
             (
                 "state_version",
                 self.state_version.is_some(),
+                &[
+                    Kind::Start,
+                    Kind::Allow,
+                    Kind::Deny,
+                    Kind::Outcome,
+                    Kind::Refund,
+                    Kind::Override,
+                    Kind::Stop,
+                ],
+            ),
+            (
+                "prev_seq",
+                self.prev_seq.is_some(),
                 &[
                     Kind::Start,
                     Kind::Allow,
