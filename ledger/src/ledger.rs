@@ -334,7 +334,7 @@ fn replay_into(
                 done.state_frames += 1;
             }
             Item::Torn(_) => done.torn += 1,
-            Item::Tree { .. } => {}
+            Item::Tree { .. } | Item::Frame(Frame::Cosigned(_)) => {}
         }
     }
     if let Some(m) = mark {
@@ -1069,7 +1069,45 @@ impl Ledger {
 
     /// Export a consistent snapshot to `out` (see [`crate::export`]).
     pub fn export(&self, out: &Path) -> Result<(u64, u64)> {
-        crate::export::export_frames(self.snapshot(), out)
+        let (snapshot, root) = self.sealed_snapshot();
+        let cosigned = crate::tlog::read_cosigned_at(&self.dir, snapshot.size)?;
+        crate::export::export_frames_to(
+            snapshot,
+            out,
+            crate::export::Target::Replace,
+            Some(crate::export::Seal {
+                ledger: self.ledger_id,
+                key: &self.log_key,
+                root,
+                cosigned,
+            }),
+        )
+    }
+
+    /// A snapshot up to the latest durable checkpoint, and the Merkle root of its entries.
+    pub fn sealed_snapshot(&self) -> (Snapshot, TreeHash) {
+        let (cp, root) = self.tree_head();
+        let frames = list_segments(&self.dir).map(|segments| LogReader::new(segments, false, None));
+        (
+            Snapshot {
+                size: cp.size,
+                frames: Some(frames),
+            },
+            root,
+        )
+    }
+
+    /// A snapshot of the ledger in `dir` up to its latest checkpoint and the Merkle root of
+    /// its entries (read in place, as [`Ledger::read_checkpoint`]).
+    pub fn read_sealed_snapshot(dir: &Path) -> Result<(Snapshot, TreeHash)> {
+        let (cp, root) = crate::prove::read_tree_head(dir)?;
+        Ok((
+            Snapshot {
+                size: cp.size,
+                frames: Some(list_segments(dir).map(|s| LogReader::new(s, false, None))),
+            },
+            root,
+        ))
     }
 }
 
@@ -1147,6 +1185,7 @@ impl Iterator for Snapshot {
                     Ok(c) if c.size > self.size => continue,
                     _ => return Some(Ok(frame)),
                 },
+                Frame::Cosigned(_) => return Some(Ok(frame)),
             }
         }
     }

@@ -251,6 +251,7 @@ fn walk(ledger: &Ledger, auditor: &AuditorKey) -> HashMap<u64, String> {
     for f in ledger.snapshot() {
         match f.unwrap() {
             Frame::Checkpoint(t) => last_cp = Some(Checkpoint::from_text(&t).unwrap()),
+            Frame::Cosigned(_) => unreachable!("a log holds no cosigned frame"),
             Frame::Entry(bytes) => {
                 let e = Entry::decode(&bytes).unwrap();
                 assert_eq!(e.header.seq, hashes.len() as u64, "gap-free");

@@ -166,6 +166,15 @@ pub fn read_cosigned(dir: &Path) -> Result<Option<Note>> {
     }
 }
 
+/// The cosigned checkpoint beside the ledger in `dir` with its size, if there is one of at
+/// most `size` leaves (an export of `size` entries carries it).
+pub fn read_cosigned_at(dir: &Path, size: u64) -> Result<Option<(u64, Note)>> {
+    Ok(read_cosigned(dir)?.and_then(|n| {
+        let head = TreeHead::parse(&n.text).ok()?;
+        (head.size <= size).then_some((head.size, n))
+    }))
+}
+
 /// Replace the cosigned checkpoint beside the ledger in `dir`, durably (temporary file,
 /// fsync, rename, directory fsync).
 pub fn write_cosigned(dir: &Path, note: &Note) -> Result<()> {
