@@ -626,6 +626,16 @@ impl Audits {
         for a in &read.anchors {
             let text =
                 std::fs::read(a).with_context(|| format!("reading anchor {}", a.display()))?;
+            if let Some((id, anchor)) = crate::prove::tree_anchor(&text, a) {
+                match ledgers.iter_mut().find(|l| l.options.public.ledger_id == id) {
+                    Some(l) => l.options.tree_anchors.push(anchor),
+                    None => bail!(
+                        "anchor {} is a checkpoint of ledger {id}, which none of the --key files is the key of: give an anchor of one of these ledgers",
+                        a.display()
+                    ),
+                }
+                continue;
+            }
             let cp = Checkpoint::from_text(&text)
                 .with_context(|| format!("anchor {} is not a tally checkpoint", a.display()))?;
             // Ids first, as minisign compares key ids: another ledger's anchor is a mistake.
@@ -796,8 +806,16 @@ impl Drop for Progress {
     }
 }
 
-pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Code> {
-    let audits = Audits::from_args(read, auditor_key)?;
+pub fn verify(
+    read: &ReadArgs,
+    auditor_key: Option<&Path>,
+    witness_policy: Option<&Path>,
+    ask_witnesses: bool,
+) -> Result<Code> {
+    let mut audits = Audits::from_args(read, auditor_key)?;
+    if let Some(p) = witness_policy {
+        crate::witness::apply_policy(&mut audits, p, ask_witnesses)?;
+    }
     // With the auditor key: the consistency audit and the replay of every gate decision
     // (SECURITY.md 5.8), from the same policy core the gate decided with.
     let mut analysis = auditor_key.map(|_| Analysis::new(analysis::Config::default()));
