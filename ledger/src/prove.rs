@@ -105,7 +105,7 @@ pub fn entries(dir: &Path, seqs: &BTreeSet<u64>) -> Result<Vec<(u64, Vec<u8>)>> 
 
 /// The entry that opened the epoch of `entry` (seq of it), among `opened` (the genesis and
 /// epoch certificates read so far, by epoch).
-fn epoch_opener<'a>(opened: &'a [(u32, Vec<u8>)], epoch: u32) -> Option<&'a [u8]> {
+fn epoch_opener(opened: &[(u32, Vec<u8>)], epoch: u32) -> Option<&[u8]> {
     opened
         .iter()
         .rev()

@@ -95,7 +95,7 @@ fn extend(w: &mut TreeWriter, reader: LogReader, from: u64, to: u64) -> Result<(
             }
             w.push(leaf_hash(&bytes));
             next += 1;
-            if next % 65_536 == 0 {
+            if next.is_multiple_of(65_536) {
                 w.flush()?;
             }
         }

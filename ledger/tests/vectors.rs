@@ -337,11 +337,19 @@ fn tlog_vectors() -> Vec<(&'static str, String)> {
     let key = LogKey::from_seed(ID, [0x55; 32]);
     let note = key.sign(2, root);
     let witness = ed25519_dalek::SigningKey::from_bytes(&[0x66; 32]);
-    let wvkey = Vkey::new("example.org/w1", TYPE_COSIGNATURE, witness.verifying_key().to_bytes()).unwrap();
+    let wvkey = Vkey::new(
+        "example.org/w1",
+        TYPE_COSIGNATURE,
+        witness.verifying_key().to_bytes(),
+    )
+    .unwrap();
     let mut cosigned = note.clone();
-    cosigned
-        .sigs
-        .push(cosign(&witness, "example.org/w1", 1_700_000_000, &note.text));
+    cosigned.sigs.push(cosign(
+        &witness,
+        "example.org/w1",
+        1_700_000_000,
+        &note.text,
+    ));
     let proof = TlogProof {
         extra: Some([decision.clone(), genesis.clone()].concat()),
         index: 1,
@@ -371,9 +379,12 @@ fn print_tlog_vectors() {
 
 #[test]
 fn tlog_vectors_match_docs() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/FORMAT.md"))
-        .unwrap();
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/FORMAT.md")).unwrap();
     for (name, v) in tlog_vectors() {
-        assert!(doc.contains(v.trim_end()), "docs/FORMAT.md lacks the {name} vector:\n{v}");
+        assert!(
+            doc.contains(v.trim_end()),
+            "docs/FORMAT.md lacks the {name} vector:\n{v}"
+        );
     }
 }

@@ -1025,13 +1025,13 @@ impl Walk<'_> {
                             decision,
                         });
                     }
-                    Err(why) => match {
+                    Err(why) => {
                         self.unreadable.insert(p.seq);
-                        why.strip_prefix("invalid: ")
-                    } {
-                        Some(why) => self.find(FindingKind::InvalidDecision, p.seq, why),
-                        None => self.find(FindingKind::Undecryptable, p.seq, why),
-                    },
+                        match why.strip_prefix("invalid: ") {
+                            Some(why) => self.find(FindingKind::InvalidDecision, p.seq, why),
+                            None => self.find(FindingKind::Undecryptable, p.seq, why),
+                        }
+                    }
                 }
             }
         }

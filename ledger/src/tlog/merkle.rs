@@ -161,7 +161,7 @@ fn subtree<N: Nodes + ?Sized>(nodes: &N, lo: u64, hi: u64) -> Result<TreeHash, N
     if n == 0 {
         return Ok(empty_root());
     }
-    if n.is_power_of_two() && lo % n == 0 {
+    if n.is_power_of_two() && lo.is_multiple_of(n) {
         return nodes.node(n.trailing_zeros() as u8, lo / n);
     }
     let k = split(n);
@@ -377,7 +377,7 @@ pub fn verify_consistency(
     // The old tree's right edge, seen as a node of the new tree: its level is the number
     // of trailing ones of old - 1 that the proof does not need to carry.
     let shift = old.trailing_zeros();
-    let (inner, border) = inclusion_len((old - 1) >> shift, (new - 1 >> shift) + 1);
+    let (inner, border) = inclusion_len((old - 1) >> shift, ((new - 1) >> shift) + 1);
     let start_from_old = (old >> shift) == 1; // old is a power of two
     let expected = inner + border + usize::from(!start_from_old);
     if proof.len() != expected {

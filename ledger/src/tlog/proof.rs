@@ -90,7 +90,7 @@ fn take_note(lines: &mut Lines<'_>, what: &'static str) -> Result<Note, NoteErro
     if sigs == 0 {
         return Err(malformed(what, "the checkpoint has no signature"));
     }
-    Note::parse(start[..len].as_bytes())
+    Note::parse(&start.as_bytes()[..len])
 }
 
 impl TlogProof {
