@@ -1490,7 +1490,7 @@ impl Writer {
         }
         let mut receipts = Vec::with_capacity(count);
         // The last seq of each run this group links, recorded with the group's state.
-        let mut links: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let mut group_links: std::collections::HashMap<Vec<u8>, u64> = Default::default();
         let mut linked = std::mem::take(&mut self.linked);
         for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
             let seq = self.next_seq;
@@ -1499,9 +1499,7 @@ impl Writer {
             nonce[16..].copy_from_slice(&seq.to_be_bytes());
             linked.clear();
             linked.extend_from_slice(plaintext);
-            if let Some((k, v)) = self.links.link(store, &mut linked, seq)? {
-                links.insert(k, v);
-            }
+            self.links.link(store, &mut linked, seq, &mut group_links)?;
             let bytes = self.cipher.decision_entry(
                 self.ledger_id,
                 seq,
@@ -1524,6 +1522,7 @@ impl Writer {
             self.secrets
                 .sign_checkpoint(self.ledger_id, self.next_seq, self.head, wall);
         self.linked = linked;
+        let links = RunLinks::pairs(&group_links);
         // The group's last value of each key, in one state frame before the checkpoint.
         let mut changed: BTreeMap<&[u8], &[u8]> = BTreeMap::new();
         for (k, v) in group.iter().flat_map(|p| &p.state) {

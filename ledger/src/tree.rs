@@ -127,39 +127,59 @@ pub(crate) struct RunLinks {
 impl RunLinks {
     /// Link the decision `plaintext` (canonical JSON) at `seq` to its run's previous one:
     /// `prev_seq` is spliced in as its last field (declared last, so the result is still
-    /// canonical). Returns the state pair to record, or `None` for a record of no run.
+    /// canonical). The run's new last seq goes into `group` (by run), to be recorded with
+    /// the group's state ([`RunLinks::pairs`]). Allocates only for a run new to this
+    /// process or to the group.
     pub(crate) fn link(
         &mut self,
         store: &Store,
         plaintext: &mut Vec<u8>,
         seq: u64,
-    ) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        group: &mut HashMap<Vec<u8>, u64>,
+    ) -> Result<()> {
         let Some(run) = run_of(plaintext) else {
-            return Ok(None);
+            return Ok(());
         };
         if run.is_empty() {
-            return Ok(None);
+            return Ok(());
         }
-        let run = run.to_vec();
-        let prev = match self.last.get(&run) {
-            Some(p) => Some(*p),
-            None => store.state_get(&link_key(&run))?.and_then(|v| {
-                let b: [u8; 8] = v.as_slice().try_into().ok()?;
-                Some(u64::from_be_bytes(b))
-            }),
+        let prev = match self.last.get_mut(run) {
+            Some(p) => Some(std::mem::replace(p, seq)),
+            None => {
+                let stored = store.state_get(&link_key(run))?.and_then(|v| {
+                    let b: [u8; 8] = v.as_slice().try_into().ok()?;
+                    Some(u64::from_be_bytes(b))
+                });
+                if self.last.len() >= MAX_LINKS {
+                    self.last.clear();
+                }
+                self.last.insert(run.to_vec(), seq);
+                stored
+            }
         };
-        if let Some(p) = prev {
-            if plaintext.last() == Some(&b'}') {
-                plaintext.pop();
-                plaintext.extend_from_slice(format!(",\"prev_seq\":{p}}}").as_bytes());
+        match group.get_mut(run) {
+            Some(s) => *s = seq,
+            None => {
+                group.insert(run.to_vec(), seq);
             }
         }
-        if self.last.len() >= MAX_LINKS {
-            self.last.clear();
+        if let Some(p) = prev {
+            if plaintext.last() == Some(&b'}') {
+                use std::io::Write as _;
+                plaintext.pop();
+                // Writing to a Vec cannot fail.
+                let _ = write!(plaintext, ",\"prev_seq\":{p}}}");
+            }
         }
-        let key = link_key(&run);
-        self.last.insert(run, seq);
-        Ok(Some((key, seq.to_be_bytes().to_vec())))
+        Ok(())
+    }
+
+    /// The state pairs recording each run's last seq of a group.
+    pub(crate) fn pairs(group: &HashMap<Vec<u8>, u64>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        group
+            .iter()
+            .map(|(run, seq)| (link_key(run), seq.to_be_bytes().to_vec()))
+            .collect()
     }
 }
 

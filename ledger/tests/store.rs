@@ -399,10 +399,15 @@ fn export_framing_tells_torn_from_cut_from_complete() {
         .unwrap();
     let bytes = export_bytes(&l);
     assert_eq!(read_all(&bytes).unwrap(), frames(&l));
-    // The file written by Ledger::export is the same bytes.
+    // The file written by Ledger::export holds the same frames, then the signed end
+    // (tag 0xfe, 112 bytes) in place of the plain one.
     let out = dir.path().join("x.tex");
     l.export(&out).unwrap();
-    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    let signed = std::fs::read(&out).unwrap();
+    assert_eq!(read_all(&signed).unwrap(), frames(&l));
+    assert_eq!(&signed[..bytes.len() - 21], &bytes[..bytes.len() - 21]);
+    assert_eq!(signed.len(), bytes.len() - 21 + 5 + 112);
+    assert_eq!(signed[bytes.len() - 21], 0xfe);
 
     let end = bytes.len() - 21; // the end frame is 5 + 16 bytes
     assert_eq!(
