@@ -629,6 +629,12 @@ impl Audits {
             if let Some((id, anchor)) = crate::prove::tree_anchor(&text, a) {
                 match ledgers.iter_mut().find(|l| l.options.public.ledger_id == id) {
                     Some(l) => l.options.tree_anchors.push(anchor),
+                    None if n == 1 => bail!(
+                        "anchor {} is a checkpoint of ledger {id}, but {} is the key of ledger {}: give an anchor of this ledger",
+                        a.display(),
+                        read.keys[0].display(),
+                        ledgers[0].options.public.ledger_id
+                    ),
                     None => bail!(
                         "anchor {} is a checkpoint of ledger {id}, which none of the --key files is the key of: give an anchor of one of these ledgers",
                         a.display()
