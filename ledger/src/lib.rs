@@ -24,8 +24,11 @@ pub mod export;
 pub mod format;
 pub mod keys;
 pub mod ledger;
+pub mod prove;
 pub mod segment;
 pub mod store;
+pub mod tlog;
+mod tree;
 
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
 pub use error::{ArgsError, CryptoError, DecisionError, Error, FormatError, Result};

@@ -567,8 +567,9 @@ fn kill_9_during_the_replay_on_open() {
         x = x
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        // The child's start, then a point inside the replay.
-        let ms = 15 + (x >> 33) % replay.max(1);
+        // The child's start, then a point inside the first half of the replay (a kill
+        // late in it may come after a child that ran faster than the timed replay).
+        let ms = 15 + (x >> 33) % (replay / 2).max(1);
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--ignored",

@@ -532,6 +532,13 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub result_digest: Option<String>,
+    /// The seq of the previous decision of the same run in this ledger, if there is one
+    /// (every kind but `policy`, which belongs to no run). Written by the ledger alone,
+    /// when it assigns seqs: it links a run's decisions to each other, so a proof of a
+    /// run's history shows that none is missing (docs/FORMAT.md, "Run links").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub prev_seq: Option<u64>,
 }
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
@@ -726,6 +733,19 @@ impl Decision {
                 "result_digest",
                 self.result_digest.is_some(),
                 &[Kind::Outcome],
+            ),
+            (
+                "prev_seq",
+                self.prev_seq.is_some(),
+                &[
+                    Kind::Start,
+                    Kind::Allow,
+                    Kind::Deny,
+                    Kind::Outcome,
+                    Kind::Refund,
+                    Kind::Override,
+                    Kind::Stop,
+                ],
             ),
         ];
         for (field, is_present, kinds) in present {

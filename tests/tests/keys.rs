@@ -15,6 +15,7 @@ fn verification_key_of_another_ledger() {
     let public = LedgerPublic {
         ledger_id: fx.id(),
         verifying_key: other.public.verifying_key,
+        log_key: None,
     };
     let report = verify_export(&fx.export(), &tally_verify::Options::new(public)).expect("export");
     assert_eq!(findings(&report), [(BadGenesis, 0)], "{}", report.to_text());

@@ -101,6 +101,7 @@ fn synthesize(path: &std::path::Path, n: u64, auditor: &AuditorKey) -> (LedgerPu
         LedgerPublic {
             ledger_id: id,
             verifying_key: vk,
+            log_key: None,
         },
         bytes,
     )
