@@ -357,7 +357,6 @@ impl Analysis {
             d,
             now,
         ));
-        drop(parent);
         if let (Kind::Start, Some(&c)) = (kind, d.continues.as_ref().and_then(|c| self.index.get(c))) {
             if c != slot {
                 let (run, old) = if c < slot {
