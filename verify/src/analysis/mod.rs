@@ -357,7 +357,9 @@ impl Analysis {
             d,
             now,
         ));
-        if let (Kind::Start, Some(&c)) = (kind, d.continues.as_ref().and_then(|c| self.index.get(c))) {
+        if let (Kind::Start, Some(&c)) =
+            (kind, d.continues.as_ref().and_then(|c| self.index.get(c)))
+        {
             if c != slot {
                 let (run, old) = if c < slot {
                     let (low, high) = runs.split_at_mut(slot);
