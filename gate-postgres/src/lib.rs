@@ -94,9 +94,12 @@ impl Options {
     }
 }
 
-/// The first byte of every stored state value: the encoding that follows (1: postcard),
+/// The first byte of every stored state value: the encoding that follows (postcard of the
+/// policy core's state types; 2 since the core became the only judge, whose run state
+/// records overruns and forgotten attempts). State of another format is never read: a
+/// field read at the wrong place would be a wrong budget, so it is refused with its cause.
 /// the same as the embedded backend's.
-const STATE_FORMAT: u8 = 1;
+const STATE_FORMAT: u8 = 2;
 
 fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
     let mut out = vec![STATE_FORMAT];
@@ -115,7 +118,14 @@ fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T,
         Some((&STATE_FORMAT, rest)) => {
             postcard::from_bytes(rest).map_err(|e| unreadable(e.to_string()))
         }
-        Some((other, _)) => Err(unreadable(format!("unknown state format {other}"))),
+        Some((1, _)) => Err(unreadable(
+            "it was written by an older tally (state format 1; this one reads 2): finish or \
+             stop its runs with that version, or serve a new ledger"
+                .into(),
+        )),
+        Some((other, _)) => Err(unreadable(format!(
+            "unknown state format {other} (this tally reads 2): was it written by a newer tally?"
+        ))),
         None => Err(unreadable("empty".into())),
     }
 }

@@ -390,7 +390,7 @@ proptest! {
                 seq: tally_verify::Seq::single(i as u64),
                 wall_ms: 1_700_000_000_000 + 10 * i as u64,
                 epoch: 0,
-                decision: d.clone(),
+                decision: Box::new(d.clone()),
             })
             .collect();
         let r = analysed(&events);

@@ -270,7 +270,7 @@ struct Pending {
     bytes: Vec<u8>,
 }
 
-type Opened = Vec<Result<Decision, String>>;
+type Opened = Vec<Result<Box<Decision>, String>>;
 
 /// The decryption pipeline: batches go out to worker threads, results come back in any
 /// order and are delivered in batch order. At most `2 * threads` batches are in flight.
@@ -1111,7 +1111,7 @@ impl Walk<'_> {
     }
 }
 
-fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Decision, String> {
+fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Box<Decision>, String> {
     let entry = Entry::decode(&p.bytes).map_err(|e| e.to_string())?;
     p.key
         .open_into(
@@ -1121,7 +1121,9 @@ fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Decision, String> {
             plain,
         )
         .map_err(|e| e.to_string())?;
-    Decision::from_stored(plain).map_err(|e| format!("invalid: {e}"))
+    Decision::from_stored(plain)
+        .map(Box::new)
+        .map_err(|e| format!("invalid: {e}"))
 }
 
 /// Both hashes in full, for the finding's JSON.
