@@ -26,6 +26,7 @@ pub mod keys;
 pub mod ledger;
 pub mod segment;
 pub mod store;
+mod tail;
 
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
 pub use error::{ArgsError, CryptoError, DecisionError, Error, FormatError, Result};

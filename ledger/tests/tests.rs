@@ -7,4 +7,5 @@ mod review;
 mod segments;
 mod state;
 mod store;
+mod tail;
 mod vectors;
