@@ -1047,7 +1047,8 @@ impl Ledger {
     }
 
     /// Write state values outside any commit group and make them durable before
-    /// returning (for state no decision carries, such as an operator's pause). Keys
+    /// returning (for state no decision carries; the gate's pauses were, before they
+    /// became records). Keys
     /// written here must not also be written through [`Ledger::submit_with_state`]:
     /// the two paths are not ordered with each other.
     pub fn put_state_durable(&self, state: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
