@@ -1,13 +1,21 @@
-//! `tally hook claude-code`: Claude Code's `PreToolUse` and `PostToolUse` hooks, answered
-//! by the gate.
+//! `tally hook claude-code`: Claude Code's hooks, answered by the gate.
 //!
-//! Claude Code runs the hook once per event with the event's JSON on stdin. Before a
-//! tool runs, the hook asks the gate (`POST /v1/check`) and prints the hook's decision:
-//! `allow`, `deny` (the model reads the reason) or `ask` (the human is prompted). The
-//! allowed attempt's number is kept in a 0600 file named by the tool call's id, so the
-//! `PostToolUse` (or `PostToolUseFailure`) event records its outcome. Anything the hook
-//! cannot do (a malformed payload, the daemon down, a refusal it does not understand)
-//! fails closed: exit 2, which blocks the tool call, with the reason on stderr.
+//! Claude Code runs the hook once per event with the event's JSON on stdin (its hooks
+//! reference). Before a tool runs (`PreToolUse`), the hook asks the gate (`POST
+//! /v1/check`) and prints the hook's decision: `allow`, `deny` (the model reads the
+//! reason) or `ask` (the human is prompted). The allowed attempt's number is kept
+//! ([`session`]) so the `PostToolUse` (or `PostToolUseFailure`) event records its outcome.
+//! `SessionEnd` ends the session's run: calls that never reported are recorded `unknown`,
+//! then the run is stopped with the reason the session's end calls for. `Stop` ends a
+//! turn, not the session: it is answered with nothing, and never blocks Claude from
+//! stopping.
+//!
+//! Before a tool runs, anything the hook cannot do (a malformed payload, the daemon down,
+//! a refusal it does not understand) fails closed: exit 2, which blocks the tool call,
+//! with the reason on stderr. After a tool ran, nothing can be blocked: a failure says
+//! what was not recorded.
+
+mod session;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -47,7 +55,9 @@ pub struct Hook {
 struct Payload {
     hook_event_name: String,
     session_id: String,
-    tool_name: String,
+    /// The tool (tool events only).
+    #[serde(default)]
+    tool_name: Option<String>,
     #[serde(default)]
     tool_input: Option<Value>,
     tool_use_id: Option<String>,
@@ -105,59 +115,114 @@ fn failed(response: &Value) -> bool {
 }
 
 /// Run the hook: read the payload from stdin, answer on stdout. The exit code is 0 when
-/// the hook's answer is on stdout, 2 (block) when it failed closed.
+/// the hook's answer is on stdout (or it has none to give), 2 when it failed: before a
+/// tool runs that blocks the call (fail closed); after, Claude Code shows the message.
 pub fn claude_code(h: &Hook) -> Result<Exit> {
     let mut raw = Vec::new();
     std::io::stdin()
         .take(MAX_PAYLOAD + 1)
         .read_to_end(&mut raw)
         .context("reading the hook payload from stdin")?;
-    match answer(h, &raw) {
-        Ok(Some(out)) => {
-            outln!("{out}");
-            Ok(Exit::Success)
-        }
-        Ok(None) => Ok(Exit::Success),
+    let p = match payload(&raw) {
+        Ok(p) => p,
         Err(e) => {
-            // Exit 2 blocks the call; Claude Code shows stderr to the model.
-            errln!("tally hook: the tool call is blocked: {e:#}");
-            Ok(Exit::Error)
+            // Which event it was is unknown: a tool call waiting on it is blocked.
+            errln!(
+                "tally hook: the payload is refused, and a tool call waiting on it blocked: {e:#}"
+            );
+            return Ok(Exit::Error);
         }
-    }
-}
-
-fn answer(h: &Hook, raw: &[u8]) -> Result<Option<Value>> {
-    if raw.len() as u64 > MAX_PAYLOAD {
-        bail!("the payload is larger than {MAX_PAYLOAD} bytes: not a Claude Code hook payload");
-    }
-    let p: Payload = serde_json::from_slice(raw).context(
-        "the payload on stdin is not a Claude Code hook payload (JSON with hook_event_name, session_id, tool_name)",
-    )?;
+    };
     let run = match &h.run {
         Some(r) => r.clone(),
         None => format!("claude-code-{}", p.session_id),
     };
-    match p.hook_event_name.as_str() {
-        "PreToolUse" => pre(h, &run, &p).map(Some),
-        "PostToolUse" | "PostToolUseFailure" => post(h, &p).map(|()| None),
-        other => bail!(
-            "hook event `{}` is not one tally answers: install it for PreToolUse and PostToolUse",
-            tally_verify::text::shown(other)
-        ),
+    let event = p.hook_event_name.as_str();
+    match event {
+        "PreToolUse" => match pre(h, &run, &p) {
+            Ok(out) => {
+                outln!("{out}");
+                Ok(Exit::Success)
+            }
+            Err(e) => {
+                // Exit 2 blocks the call; Claude Code shows stderr to the model.
+                errln!("tally hook: the tool call is blocked: {e:#}");
+                Ok(Exit::Error)
+            }
+        },
+        "PostToolUse" | "PostToolUseFailure" => match post(h, &p) {
+            Ok(None) => Ok(Exit::Success),
+            Ok(Some(note)) => {
+                errln!("tally hook: {note}");
+                Ok(Exit::Success)
+            }
+            Err(e) => {
+                // The tool ran: nothing can be blocked. Exit 2 shows this to the model.
+                errln!(
+                    "tally hook: tool call {} ran, but its outcome was not recorded: {e:#}. Until one is, the gate counts the call as made and keeps its reservation held",
+                    shown(p.tool_use_id.as_deref().unwrap_or("(no id)"))
+                );
+                Ok(Exit::Error)
+            }
+        },
+        "SessionEnd" => match session_end(h, &run, &p) {
+            Ok(note) => {
+                errln!("tally hook: {note}");
+                Ok(Exit::Success)
+            }
+            Err(e) => {
+                errln!("tally hook: the session ended, but its run was not stopped: {e:#}");
+                Ok(Exit::Error)
+            }
+        },
+        // The end of a turn, not of the session: the next prompt goes on under the same
+        // run. Exit 2 here would keep Claude from stopping.
+        "Stop" | "SubagentStop" => Ok(Exit::Success),
+        other if p.tool_name.is_some() => {
+            errln!(
+                "tally hook: the tool call is blocked: hook event `{}` is not one tally answers for a tool; install the hook for PreToolUse, PostToolUse, PostToolUseFailure and SessionEnd",
+                shown(other)
+            );
+            Ok(Exit::Error)
+        }
+        other => {
+            errln!(
+                "tally hook: hook event `{}` has no tool call to gate; nothing done (tally answers PreToolUse, PostToolUse, PostToolUseFailure and SessionEnd)",
+                shown(other)
+            );
+            Ok(Exit::Success)
+        }
     }
 }
 
+fn payload(raw: &[u8]) -> Result<Payload> {
+    if raw.len() as u64 > MAX_PAYLOAD {
+        bail!("the payload is larger than {MAX_PAYLOAD} bytes: not a Claude Code hook payload");
+    }
+    serde_json::from_slice(raw).context(
+        "the payload on stdin is not a Claude Code hook payload (JSON with hook_event_name and session_id)",
+    )
+}
+
+fn shown(text: &str) -> String {
+    tally_verify::text::shown(text).to_string()
+}
+
 fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
-    let effect = effect_of(&p.tool_name, &h.effects);
+    let tool = p
+        .tool_name
+        .as_deref()
+        .context("the PreToolUse payload has no tool_name")?;
+    let effect = effect_of(tool, &h.effects);
     let mut check = json!({
         "run": run,
-        "tool": gate_tool(&p.tool_name),
+        "tool": gate_tool(tool),
         "effect": effect,
     });
     if let Some(args) = &p.tool_input {
         check["args"] = args.clone();
     }
-    let (status, reply) = block_on(async {
+    let (status, reply, started) = block_on(async {
         let (status, reply) = request(&h.socket, "/v1/check", &check).await?;
         if status == 404 && reply["error"]["code"] == "run_not_found" {
             // The session's first call: its run starts now, under the policy's ceiling.
@@ -165,12 +230,17 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
                 json!({"run": run, "goal": format!("Claude Code session {}", p.session_id)});
             let (s, r) = request(&h.socket, "/v1/runs", &start).await?;
             if s != 201 && !(s == 409 && r["error"]["code"] == "run_exists") {
-                return Ok((s, r));
+                return Ok((s, r, false));
             }
-            return request(&h.socket, "/v1/check", &check).await;
+            let (s2, r2) = request(&h.socket, "/v1/check", &check).await?;
+            return Ok((s2, r2, s == 201));
         }
-        Ok((status, reply))
+        Ok((status, reply, false))
     })?;
+    if started {
+        // This session started the run: its end stops it.
+        session::started(h, &p.session_id, run)?;
+    }
     if status != 200 {
         bail!(
             "the gate refused the request ({status} {}): {}",
@@ -184,14 +254,31 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
         .as_u64()
         .map(|ms| format!("; retry after {ms} ms"))
         .unwrap_or_default();
+    let refused = |reason: &str, action: &str| {
+        session::answered(
+            h,
+            &p.session_id,
+            Some(session::Refusal {
+                reason: reason.to_owned(),
+                action: action.to_owned(),
+            }),
+        )
+    };
     match reply["decision"].as_str() {
         Some("allow") => {
             let attempt = reply["attempt"]
                 .as_u64()
                 .context("the gate allowed the call but gave no attempt number")?;
             if let Some(id) = &p.tool_use_id {
-                remember(h, &p.session_id, id, run, attempt)?;
+                let slot = session::Slot {
+                    run: run.to_owned(),
+                    attempt: Some(attempt),
+                    effect: Some(effect),
+                    asked: None,
+                };
+                session::remember(h, &p.session_id, id, &slot)?;
             }
+            session::answered(h, &p.session_id, None)?;
             if h.defer {
                 return Ok(json!({}));
             }
@@ -200,21 +287,36 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
                 &format!("tally: allowed, attempt {attempt} of run {run}"),
             ))
         }
-        Some("deny") => Ok(decision(
-            "deny",
-            &format!(
-                "tally refused this call: {reason}: {} (action {action}{after}). {}",
-                meaning(reason),
-                advice(action)
-            ),
-        )),
+        Some("deny") => {
+            refused(reason, action)?;
+            Ok(decision(
+                "deny",
+                &format!(
+                    "tally refused this call: {reason}: {} (action {action}{after}). {}",
+                    meaning(reason),
+                    advice(action)
+                ),
+            ))
+        }
         Some("require_approval") => {
             let cause = reply["cause"].as_str().unwrap_or(reason);
+            refused(reason, "ask")?;
+            if let Some(id) = &p.tool_use_id {
+                // If the human lets the call run at Claude Code's prompt, its outcome
+                // event finds this, and says the call ran outside the gate's budget.
+                let slot = session::Slot {
+                    run: run.to_owned(),
+                    attempt: None,
+                    effect: None,
+                    asked: Some(cause.to_owned()),
+                };
+                session::remember(h, &p.session_id, id, &slot)?;
+            }
             Ok(decision(
                 "ask",
                 &format!(
                     "tally: this call needs a human's approval ({cause}); approve it here, or grant more with `tally approve --run {}`",
-                    tally_verify::text::shown(run)
+                    shown(run)
                 ),
             ))
         }
@@ -239,18 +341,39 @@ fn advice(action: &str) -> &'static str {
     }
 }
 
-fn post(h: &Hook, p: &Payload) -> Result<()> {
+/// Record the outcome of a call the gate allowed. `Ok(Some(note))`: nothing to record,
+/// and why.
+fn post(h: &Hook, p: &Payload) -> Result<Option<String>> {
     let Some(id) = &p.tool_use_id else {
-        bail!("the payload has no tool_use_id: its outcome cannot be matched to its check");
-    };
-    let Some((run_of, attempt)) = recall(h, &p.session_id, id)? else {
-        // No allow was recorded for it (the PreToolUse hook is not installed, or it
-        // refused): nothing to settle.
-        errln!(
-            "tally hook: no allowed attempt is waiting for tool call {}; install the hook for PreToolUse too",
-            tally_verify::text::shown(id)
+        bail!(
+            "the payload has no tool_use_id, so it cannot be matched to the check that allowed it"
         );
-        return Ok(());
+    };
+    let slot = match session::recall(h, &p.session_id, id)? {
+        None => {
+            return Ok(Some(format!(
+                "tool call {} ran with no check of it waiting here, so no outcome was recorded: its PreToolUse event did not reach `tally hook claude-code` with this state directory (give both hooks the same --state-dir and matcher), or its outcome was already recorded",
+                shown(id)
+            )))
+        }
+        Some(slot) => slot,
+    };
+    let (run_of, attempt) = match (&slot.asked, slot.attempt) {
+        (Some(cause), _) => {
+            session::forget(h, &p.session_id, id)?;
+            return Ok(Some(format!(
+                "tool call {} ran without the gate's allow: the gate asked for a human's approval ({}), and Claude Code ran the call (approved at its prompt, or by its permission mode), outside run {}'s budget; the ledger shows the refusal, not the call. To keep the budget binding, grant more with `tally approve --run {}` and let the agent retry",
+                shown(id),
+                shown(cause),
+                shown(&slot.run),
+                shown(&slot.run)
+            )));
+        }
+        (None, Some(attempt)) => (slot.run, attempt),
+        (None, None) => bail!(
+            "the hook's record of tool call {} holds no attempt",
+            shown(id)
+        ),
     };
     let status = if p.hook_event_name == "PostToolUseFailure"
         || p.error.as_ref().is_some_and(|e| !e.is_null())
@@ -269,89 +392,85 @@ fn post(h: &Hook, p: &Payload) -> Result<()> {
     let (code, reply) = block_on(request(&h.socket, "/v1/outcome", &body))?;
     if code != 200 {
         bail!(
-            "the gate did not record the outcome ({code} {}): {}",
+            "the gate did not record it ({code} {}): {}",
             reply["error"]["code"].as_str().unwrap_or("error"),
             reply["error"]["message"].as_str().unwrap_or("no message")
         );
     }
-    forget(h, &p.session_id, id)
+    session::forget(h, &p.session_id, id)?;
+    Ok(None)
 }
 
-/// Where allowed attempts wait: `--state-dir`, else `$XDG_RUNTIME_DIR/tally-hook`, else
-/// `/tmp/tally-hook-UID`; created 0700, and refused if anyone else could write it.
-fn state_dir(h: &Hook) -> Result<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    let uid = rustix::process::getuid().as_raw();
-    let dir = match (&h.state_dir, std::env::var_os("XDG_RUNTIME_DIR")) {
-        (Some(d), _) => d.clone(),
-        (None, Some(x)) => Path::new(&x).join("tally-hook"),
-        (None, None) => std::env::temp_dir().join(format!("tally-hook-{uid}")),
+/// The session ended: record the calls that will never report as `unknown`, then stop
+/// the run this session started, with the reason its end calls for (as `tally mcp`
+/// does at a session's end, docs/MCP.md). What it did, to say.
+fn session_end(h: &Hook, run: &str, p: &Payload) -> Result<String> {
+    let left = session::Left::read(h, &p.session_id)?;
+    let mut unknown_write = false;
+    for slot in &left.waiting {
+        let Some(attempt) = slot.attempt else {
+            continue;
+        };
+        let body = json!({"run": slot.run, "attempt": attempt, "status": "unknown"});
+        let (code, reply) = block_on(request(&h.socket, "/v1/outcome", &body))?;
+        // 404/409: the attempt had its outcome, or is not the gate's: nothing to add.
+        if !matches!(code, 200 | 404 | 409) {
+            bail!(
+                "the outcome of attempt {attempt} of run {} was not recorded ({code} {}): {}",
+                shown(&slot.run),
+                reply["error"]["code"].as_str().unwrap_or("error"),
+                reply["error"]["message"].as_str().unwrap_or("no message")
+            );
+        }
+        unknown_write |= slot.effect.as_deref() == Some("non_idempotent_write");
+    }
+    // The run the session's calls started, else its own default run; a run named by
+    // --run that another session or worker started is joined, never stopped.
+    let ours = left
+        .started
+        .clone()
+        .or_else(|| h.run.is_none().then(|| run.to_owned()));
+    let reason = match &left.last {
+        _ if unknown_write => Some("outcome_unknown_non_idempotent"),
+        Some(r) if r.action == "stop" => Some(r.reason.as_str()),
+        Some(r) if r.action == "ask" => None,
+        _ => Some("completed"),
     };
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
-    }
-    let meta = std::fs::symlink_metadata(&dir).with_context(|| format!("{}", dir.display()))?;
-    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
-        bail!(
-            "{} must be a directory of yours that only you can use (mode 0700): fix it or give --state-dir",
-            dir.display()
-        );
-    }
-    Ok(dir)
-}
-
-/// One waiting attempt's file: named by a digest of the session and tool call ids, so
-/// neither reaches the file system as a path.
-fn slot(h: &Hook, session: &str, id: &str) -> Result<PathBuf> {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(b"tally hook slot v1\n");
-    hasher.update(&(session.len() as u64).to_le_bytes());
-    hasher.update(session.as_bytes());
-    hasher.update(id.as_bytes());
-    Ok(state_dir(h)?.join(hasher.finalize().to_hex().as_str()))
-}
-
-fn remember(h: &Hook, session: &str, id: &str, run: &str, attempt: u64) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    // The directory is the user's own, 0700 (checked): nobody else can plant a link.
-    let path = slot(h, session, id)?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("keeping the attempt in {}", path.display()))?;
-    let body = json!({"run": run, "attempt": attempt}).to_string();
-    f.write_all(body.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
-}
-
-fn recall(h: &Hook, session: &str, id: &str) -> Result<Option<(String, u64)>> {
-    let path = slot(h, session, id)?;
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    let said = match (ours, reason) {
+        (None, _) => format!(
+            "the session ended; run {} was joined, not started, by this session, and is left as it is",
+            shown(run)
+        ),
+        (Some(r), None) => format!(
+            "the session ended; run {} is left open: the gate's last answer asked for a human's approval (`tally approve --run {}`), and its deadline ends it otherwise",
+            shown(&r),
+            shown(&r)
+        ),
+        (Some(r), Some(reason)) => {
+            use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+            let path = format!("/v1/runs/{}/stop", utf8_percent_encode(&r, NON_ALPHANUMERIC));
+            let (code, reply) = block_on(request(&h.socket, &path, &json!({ "reason": reason })))?;
+            match (code, reply["error"]["code"].as_str()) {
+                (200, _) => format!("the session ended: run {} stopped ({reason})", shown(&r)),
+                (404, Some("run_not_found")) => {
+                    "the session ended before any of its calls reached the gate: no run to stop"
+                        .to_owned()
+                }
+                (409, Some("run_stopped")) => format!(
+                    "the session ended; run {} had already stopped",
+                    shown(&r)
+                ),
+                (code, err) => bail!(
+                    "stopping run {} ({code} {}): {}",
+                    shown(&r),
+                    err.unwrap_or("error"),
+                    reply["error"]["message"].as_str().unwrap_or("no message")
+                ),
+            }
+        }
     };
-    let v: Value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not an attempt the hook wrote", path.display()))?;
-    match (v["run"].as_str(), v["attempt"].as_u64()) {
-        (Some(run), Some(attempt)) => Ok(Some((run.to_owned(), attempt))),
-        _ => bail!("{} is not an attempt the hook wrote", path.display()),
-    }
-}
-
-fn forget(h: &Hook, session: &str, id: &str) -> Result<()> {
-    let path = slot(h, session, id)?;
-    match std::fs::remove_file(&path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
-    }
+    left.clear()?;
+    Ok(said)
 }
 
 async fn request(socket: &Path, path: &str, body: &Value) -> Result<(u16, Value)> {
