@@ -71,7 +71,7 @@ impl Served {
             child: Some(child),
         };
         let started = Instant::now();
-        while !served.socket().exists() {
+        while !(served.socket().exists() && served.path("operator.sock").exists()) {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
                 "tally serve did not open its socket"

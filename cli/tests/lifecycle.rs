@@ -49,6 +49,7 @@ struct Served {
 impl Served {
     fn start(dir: &Path) -> Served {
         let _ = std::fs::remove_file(dir.join("agent.sock"));
+        let _ = std::fs::remove_file(dir.join("operator.sock"));
         let child = tally()
             .args([
                 "serve",
@@ -68,7 +69,7 @@ impl Served {
             .spawn()
             .expect("tally serve");
         let started = Instant::now();
-        while !dir.join("agent.sock").exists() {
+        while !(dir.join("agent.sock").exists() && dir.join("operator.sock").exists()) {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
                 "tally serve did not open its socket"
@@ -312,8 +313,9 @@ fn regression_issue_21_a_pause_holds_the_runs_below() {
 /// Item 5, the gate's half: runs past their deadline stop counting toward the uid's open
 /// runs. With `max_open_runs_per_uid = 2`, two runs whose deadline passed no longer keep a
 /// third from starting: they are stopped (`run_deadline_exhausted`, recorded) first. A
-/// check past a run's deadline is refused and stops it. (The deadlines are 50 ms: the
-/// test waits for them to pass, which only needs the clock to move forward.)
+/// check past a run's deadline is refused and stops it. (The deadlines are 50 ms and the
+/// test waits past them: a lower bound on the time elapsed, never a race. The refusal
+/// before a deadline is `gate/tests/lifecycle.rs`'s, on a clock the test moves.)
 #[test]
 fn regression_issue_21_runs_past_their_deadline_stop_counting() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -322,14 +324,7 @@ fn regression_issue_21_runs_past_their_deadline_stop_counting() {
     let mut s = Served::start(d);
     for r in ["session-1", "session-2"] {
         s.started(json!({"run": r, "goal": "a session", "budget": {"deadline_ms": 50}}));
-        assert_eq!(s.check(r).0, "allow");
     }
-    let (status, v) = s.agent("POST", "/v1/runs", Some(json!({"run": "session-3"})));
-    assert_eq!(
-        (status, &v["error"]["code"]),
-        (429, &json!("too_many_runs")),
-        "{v}"
-    );
     std::thread::sleep(Duration::from_millis(60));
     let (status, v) = s.agent(
         "POST",
