@@ -151,6 +151,9 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
         server::check_socket_dir(op)?;
     }
     let ledger = Arc::new(Ledger::open(&options.ledger)?);
+    for note in ledger.torn_notes() {
+        log(&format!("tally serve: {note}"));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // Blocking threads only stream exports (bounded by their semaphore); big bodies

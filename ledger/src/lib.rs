@@ -29,6 +29,7 @@ pub mod segment;
 pub mod store;
 pub mod tlog;
 mod tree;
+mod tail;
 
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
 pub use error::{ArgsError, CryptoError, DecisionError, Error, FormatError, Result};

@@ -8,4 +8,5 @@ mod segments;
 mod state;
 mod store;
 mod tlog;
+mod tail;
 mod vectors;
