@@ -21,6 +21,8 @@
 pub use tally_record::decision;
 pub mod error;
 pub mod export;
+#[cfg(feature = "faults")]
+pub mod faults;
 pub mod format;
 pub mod keys;
 pub mod ledger;
