@@ -482,9 +482,9 @@ test("malformed requests are RequestErrors", async (t) => {
   await gate.startRun("r1");
   await assert.rejects(gate.check("r1", "http", { effect: /** @type {any} */ ("bogus") }), (e) => {
     assert.ok(e instanceof RequestError && e instanceof TallyError && !(e instanceof Denied));
-    assert.deepEqual([e.status, e.code, e.field], [400, "invalid_json", "effect"]);
+    assert.deepEqual([e.status, e.code, e.field], [400, "invalid_value", "effect"]);
     assert.match(e.detail, /bogus/);
-    assert.match(e.message, /^HTTP 400 invalid_json \(field `effect`\): /);
+    assert.match(e.message, /^HTTP 400 invalid_value \(field `effect`\): /);
     return true;
   });
   let ran = false;

@@ -397,7 +397,7 @@ def test_malformed_requests_are_request_errors(serve: Callable[..., Daemon]) -> 
     with pytest.raises(RequestError) as bad:
         gate.check("r1", "http", effect="bogus")
     e = bad.value
-    assert (e.status, e.code, e.field) == (400, "invalid_json", "effect")
+    assert (e.status, e.code, e.field) == (400, "invalid_value", "effect")
     assert "bogus" in e.message and not isinstance(e, Denied)
     ran = False
     with pytest.raises(RequestError) as bad:
