@@ -198,7 +198,12 @@ fn log(line: &str) {
 /// Refuse a ledger directory that other users can enter: agents must reach only the
 /// socket (SECURITY.md 5.5).
 fn check_ledger_dir(dir: &Path) -> Result<(), DaemonError> {
-    let meta = std::fs::metadata(dir).map_err(|e| DaemonError::io(dir, e))?;
+    let meta = std::fs::metadata(dir).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => DaemonError::NoLedger {
+            path: dir.to_path_buf(),
+        },
+        _ => DaemonError::io(dir, e),
+    })?;
     let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(DaemonError::LedgerPermissions {

@@ -116,6 +116,16 @@ pub enum Error {
     /// The embedded store failed.
     #[error("store: {0}")]
     Store(String),
+    /// A public key file given where a secret key is read (`--auditor-key auditor.pub`).
+    #[error("{path} is a public key ({what}); this takes the secret half: give {secret} (the file `tally keygen` wrote beside it, mode 0600)")]
+    PublicKeyGiven {
+        /// The file given.
+        path: PathBuf,
+        /// Its first line, e.g. `tally auditor public key v1`.
+        what: String,
+        /// Where its secret half would be (the same name ending in `.key`).
+        secret: PathBuf,
+    },
     /// A key file has permissions that let others read it.
     #[error("{path}: key file is readable by others (mode {mode:o}); run `chmod 600 {path}`")]
     KeyPermissions {

@@ -332,6 +332,10 @@ fn replay_into(
             } => {
                 apply_state_frame(dir, store, frame, (segment, end))?;
                 done.state_frames += 1;
+                #[cfg(feature = "faults")]
+                crate::faults::replayed_state_frame(done.state_frames, || {
+                    let _ = store.flush();
+                });
             }
             Item::Torn(_) => done.torn += 1,
             Item::Tree { .. } | Item::Frame(Frame::Cosigned(_)) => {}

@@ -21,15 +21,17 @@
 pub use tally_record::decision;
 pub mod error;
 pub mod export;
+#[cfg(feature = "faults")]
+pub mod faults;
 pub mod format;
 pub mod keys;
 pub mod ledger;
 pub mod prove;
 pub mod segment;
 pub mod store;
+mod tail;
 pub mod tlog;
 mod tree;
-mod tail;
 
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
 pub use error::{ArgsError, CryptoError, DecisionError, Error, FormatError, Result};

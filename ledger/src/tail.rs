@@ -9,7 +9,8 @@
 //!   does the checkpoint before it, when that one is of the same epoch);
 //! * every byte after the sealed end (the rest of the last sealed segment, and every
 //!   segment after it): it must be what a crash leaves, a prefix of one group's write:
-//!   entries continuing the chain, at most one state frame after them, and then the end
+//!   entries continuing the chain, at most one state frame after them, at most one tree
+//!   frame of their size after that, and then the end
 //!   of the file, a frame cut short by it, or zero bytes up to it (a file system that
 //!   extended the file before writing it); and no checkpoint that verifies may lie
 //!   anywhere inside it (a changed frame prefix must not pass for a torn write, which
@@ -29,7 +30,7 @@ use crate::format::{Checkpoint, Entry, Hash, LedgerId};
 use crate::keys;
 use crate::segment::{
     self, max_payload, Scan, SegmentHeader, StateFrame, Torn, FRAME_PREFIX_LEN, SEGMENT_HEADER_LEN,
-    TAG_CHECKPOINT, TAG_ENTRY,
+    TAG_CHECKPOINT, TAG_ENTRY, TAG_TREE,
 };
 
 /// The log's sealed end as [`crate::Ledger::open`] found it.
@@ -192,7 +193,7 @@ fn sealed_group(s: &Sealed<'_>) -> Result<()> {
     };
     let bytes = read_range(path, scan.group_start, scan.sealed_end)?;
     let mut pos = 0usize;
-    let (mut entries, mut state, mut epoch) = (0u64, false, None);
+    let (mut entries, mut state, mut tree, mut epoch) = (0u64, false, false, None);
     while pos < bytes.len() {
         let here = scan.group_start + pos as u64;
         let (tag, payload) = frame(&bytes[pos..]).ok_or_else(|| {
@@ -218,6 +219,24 @@ fn sealed_group(s: &Sealed<'_>) -> Result<()> {
                 if pos != bytes.len() {
                     return Err(s.damaged(at(path, here), "a checkpoint inside the last group"));
                 }
+            }
+            TAG_TREE => {
+                if tree {
+                    return Err(s.damaged(at(path, here), "a second tree frame in one group"));
+                }
+                match segment::decode_tree(payload) {
+                    Some((size, _)) if size == seq => tree = true,
+                    Some((size, _)) => {
+                        return Err(s.damaged(
+                            at(path, here),
+                            format!("the group's tree frame is of size {size}, but its entries end at size {seq}"),
+                        ))
+                    }
+                    None => return Err(s.damaged(at(path, here), "the group's tree frame does not read")),
+                }
+            }
+            _ if tree => {
+                return Err(s.damaged(at(path, here), "a frame after the group's tree frame"));
             }
             tag => {
                 if state {
@@ -294,7 +313,7 @@ fn chained<'a>(
 fn remainder(s: &Sealed<'_>, number: u64, path: &Path, offset: u64, bytes: &[u8]) -> Result<Torn> {
     let (mut seq, mut head) = (s.checkpoint.size, s.checkpoint.head);
     let mut pos = 0usize;
-    let mut state = false;
+    let (mut state, mut tree) = (false, false);
     loop {
         let rest = &bytes[pos..];
         let here = at(path, offset + pos as u64);
@@ -322,6 +341,18 @@ fn remainder(s: &Sealed<'_>, number: u64, path: &Path, offset: u64, bytes: &[u8]
             break; // a frame cut short by the end of the file: the crash
         };
         match tag {
+            _ if tree && tag != TAG_CHECKPOINT => {
+                return Err(s.damaged(here, "after the sealed end, a frame after a tree frame"))
+            }
+            TAG_TREE => match segment::decode_tree(payload) {
+                Some((size, _)) if size == seq => tree = true,
+                _ => {
+                    return Err(s.damaged(
+                        here,
+                        "after the sealed end, a tree frame that is not of the entries before it",
+                    ))
+                }
+            },
             TAG_ENTRY if !state => {
                 let e = chained(s, payload, seq, head)
                     .map_err(|why| s.damaged(here.clone(), format!("after the sealed end, {why}")))?;

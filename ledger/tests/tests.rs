@@ -7,6 +7,6 @@ mod review;
 mod segments;
 mod state;
 mod store;
-mod tlog;
 mod tail;
+mod tlog;
 mod vectors;
