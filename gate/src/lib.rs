@@ -33,7 +33,7 @@ use tally_ledger::{Action, Decision, Kind, Ledger, Reason, Receipt, Status};
 use tally_policy::{apply, decide, judge, Call, Now, Recorded, RunState, Verdict, ViewMut};
 
 use backend::{Embedded, Scopes, StateBackend, StateTxn};
-pub use clock::{Clock, SystemClock};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::GateError;
 
 /// Who is asking: the peer's uid as the socket reports it (`None` in-process).

@@ -17,10 +17,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, MAX_DECISION_BYTES};
 use crate::error::{DecisionError, Error, Result};
 use crate::format::{entry_hash, key_id, Checkpoint, Entry, Frame, Hash, Header, LedgerId};
@@ -167,6 +167,8 @@ struct Applied {
 
 struct Writer {
     dir: PathBuf,
+    /// Where entry, checkpoint and rotation times are read.
+    clock: Arc<dyn Clock>,
     ledger_id: LedgerId,
     recipient: [u8; 32],
     rotation: Rotation,
@@ -429,13 +431,6 @@ fn writer_verifying_key(dir: &Path, ledger_id: LedgerId, epoch: u32) -> Result<[
     Ok(current.verifying_key())
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic in a commit stage poisons the ledger (see `RoleGuard`), so a guard recovered
     // from a panicking thread is never used to write again.
@@ -476,6 +471,16 @@ impl Ledger {
     /// Create a new ledger in `dir` (created 0700) whose records only the holder of the
     /// auditor key for `recipient` can decrypt. Writes `ledger.pub` for auditors.
     pub fn init(dir: &Path, recipient: &[u8; 32], rotation: Rotation) -> Result<LedgerPublic> {
+        Ledger::init_with_clock(dir, recipient, rotation, &SystemClock)
+    }
+
+    /// [`Ledger::init`], its genesis entry and first checkpoint timed by `clock`.
+    pub fn init_with_clock(
+        dir: &Path,
+        recipient: &[u8; 32],
+        rotation: Rotation,
+        clock: &dyn Clock,
+    ) -> Result<LedgerPublic> {
         if dir.join(files::PUBLIC).exists()
             || dir.join(OLD_STORE_DIR).exists()
             || dir.join(LOG_DIR).exists()
@@ -486,7 +491,9 @@ impl Ledger {
         // Refuse a bad recipient before anything touches the disk.
         let (secrets, ephemeral) = EpochSecrets::generate(0, recipient, ledger_id)?;
         let created = !dir.exists();
-        let result = Ledger::write_new(dir, ledger_id, secrets, &ephemeral, recipient, rotation);
+        let wall = clock.now_ms();
+        let result =
+            Ledger::write_new(dir, ledger_id, secrets, &ephemeral, recipient, rotation, wall);
         if result.is_err() {
             // Leave nothing half-made: the whole directory if we made it, else our files.
             if created {
@@ -515,6 +522,7 @@ impl Ledger {
         ephemeral: &[u8; 32],
         recipient: &[u8; 32],
         rotation: Rotation,
+        wall: u64,
     ) -> Result<LedgerPublic> {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         #[cfg(unix)]
@@ -523,7 +531,6 @@ impl Ledger {
             fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
                 .map_err(|e| Error::io(dir, e))?;
         }
-        let wall = now_ms();
         secrets.from_seq = 0;
         secrets.since_ms = wall;
         let vk = secrets.verifying_key();
@@ -579,12 +586,23 @@ impl Ledger {
     /// log; resumes in a new segment after a torn write. Refuses layout 1
     /// ([`Error::OldLayout`]).
     pub fn open(dir: &Path) -> Result<Ledger> {
-        Ledger::open_with_segment_bytes(dir, DEFAULT_SEGMENT_BYTES)
+        Ledger::open_with(dir, DEFAULT_SEGMENT_BYTES, Arc::new(SystemClock))
+    }
+
+    /// [`Ledger::open`], reading the time for its entries, checkpoints and rotation by
+    /// age from `clock` (the system's in the daemon; tests move one of their own). The
+    /// ledger never writes a time before one it already wrote, whatever the clock says.
+    pub fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> Result<Ledger> {
+        Ledger::open_with(dir, DEFAULT_SEGMENT_BYTES, clock)
     }
 
     /// [`Ledger::open`], closing a segment once a group would take it past
     /// `segment_bytes` (tests use small segments to cross many boundaries).
     pub fn open_with_segment_bytes(dir: &Path, segment_bytes: u64) -> Result<Ledger> {
+        Ledger::open_with(dir, segment_bytes, Arc::new(SystemClock))
+    }
+
+    fn open_with(dir: &Path, segment_bytes: u64, clock: Arc<dyn Clock>) -> Result<Ledger> {
         segment::refuse_old_layout(dir)?;
         let pub_path = dir.join(files::PUBLIC);
         if !pub_path.exists() {
@@ -756,6 +774,7 @@ impl Ledger {
         let cipher = keys::data_key(&secrets.data);
         let writer = Writer {
             dir: dir.to_path_buf(),
+            clock,
             ledger_id,
             recipient: g.recipient,
             rotation,
@@ -1552,7 +1571,7 @@ impl Writer {
         store: &Store,
         group: &[Pending],
     ) -> Result<(Vec<Receipt>, Checkpoint, TreeHash)> {
-        let wall = now_ms().max(self.last_wall);
+        let wall = self.clock.now_ms().max(self.last_wall);
         let count: usize = group.iter().map(|p| p.plaintexts.len()).sum();
         let (first_seq, prev_hash) = (self.next_seq, self.head);
         let mut frames: Vec<u8> = Vec::with_capacity(count * 400 + 512);

@@ -18,6 +18,7 @@
 //! There is no update, delete or rewind anywhere in this API.
 #![forbid(unsafe_code)]
 
+pub use tally_record::clock;
 pub use tally_record::decision;
 pub mod error;
 pub mod export;

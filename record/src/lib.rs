@@ -3,15 +3,19 @@
 //! canonical JSON and the argument digest.
 //!
 //! No cryptography, no I/O: the ledger (bytes, keys, store), the policy core and the
-//! verifier all read these types, and none of them defines its own.
+//! verifier all read these types, and none of them defines its own. The one thing read
+//! from the world is the time, and only through a [`Clock`] its caller passes in
+//! ([`clock`]: the system's, or a manual one in tests).
 #![forbid(unsafe_code)]
 
 pub mod args;
 mod canonical;
+pub mod clock;
 pub mod decision;
 pub mod error;
 mod strict;
 
 pub use args::Args;
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
 pub use error::{ArgsError, DecisionError};
