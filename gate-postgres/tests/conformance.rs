@@ -29,15 +29,6 @@ trait Fleet {
     }
 }
 
-/// A clock a case sets, shared by its gates.
-struct Fake(std::sync::atomic::AtomicU64);
-
-impl Clock for Fake {
-    fn now_ms(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
 struct Embedded {
     dir: tempfile::TempDir,
 }
@@ -342,12 +333,8 @@ fn kill_and_pause<F: Fleet>(fleet: &F) -> String {
 /// Runs past their deadline: a start by their uid on any gate stops them first, so they
 /// no longer count toward its quota; a check past the deadline refuses and stops.
 fn deadlines<F: Fleet>(fleet: &F) -> String {
-    let clock = Arc::new(Fake(std::sync::atomic::AtomicU64::new(1_700_000_000_000)));
-    let at = |ms: u64| {
-        clock
-            .0
-            .store(1_700_000_000_000 + ms, std::sync::atomic::Ordering::SeqCst)
-    };
+    let clock = Arc::new(tally_gate::ManualClock::new(1_700_000_000_000));
+    let at = |ms: u64| clock.set(1_700_000_000_000 + ms);
     let gates = fleet.gates_on(HOSTS, "max_open_runs_per_uid = 2\n", clock.clone());
     let agent = Caller {
         uid: Some(1000),

@@ -2,23 +2,13 @@
 //! and stop counting toward the uid's open runs; pauses are records, and a pause an older
 //! build kept outside the log still holds, and is kept in step.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tally_gate::{Caller, CheckRequest, Clock, Gate, GateError, StartRequest};
+use tally_gate::{Caller, CheckRequest, Clock, Gate, GateError, ManualClock, StartRequest};
 use tally_ledger::decision::Budget;
 use tally_ledger::keys::AuditorKey;
 use tally_ledger::{Ledger, Reason, Rotation};
 use tally_policy::{Recorded, Verdict};
-
-/// A clock the test sets.
-struct Fake(AtomicU64);
-
-impl Clock for Fake {
-    fn now_ms(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -38,7 +28,7 @@ const OPERATOR: Caller = Caller {
 struct Fixture {
     _dir: tempfile::TempDir,
     ledger: Arc<Ledger>,
-    clock: Arc<Fake>,
+    clock: Arc<ManualClock>,
     policy: Recorded,
 }
 
@@ -50,7 +40,7 @@ impl Fixture {
         Fixture {
             ledger: Arc::new(Ledger::open(&path).expect("open")),
             _dir: dir,
-            clock: Arc::new(Fake(AtomicU64::new(T0))),
+            clock: Arc::new(ManualClock::new(T0)),
             policy: Recorded::new(policy).expect("policy"),
         }
     }
@@ -62,7 +52,7 @@ impl Fixture {
     }
 
     fn at(&self, ms: u64) {
-        self.clock.0.store(T0 + ms, Ordering::SeqCst);
+        self.clock.set(T0 + ms);
     }
 }
 

@@ -160,21 +160,6 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
         })
 }
 
-/// A clock the property moves.
-struct Fake(std::sync::atomic::AtomicU64);
-
-impl Fake {
-    fn advance(&self, ms: u64) {
-        self.0.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl tally_gate::Clock for Fake {
-    fn now_ms(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
 const STATUSES: [Status; 6] = [
     Status::Ok,
     Status::Error,
@@ -209,7 +194,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
     .expect("init");
     let ledger = Arc::new(Ledger::open(&dir.path().join("l")).expect("open"));
     // The gate's clock: moved by the ops (deadlines pass, approvals expire), never slept.
-    let clock = Arc::new(Fake(std::sync::atomic::AtomicU64::new(1_700_000_000_000)));
+    let clock = Arc::new(tally_gate::ManualClock::new(1_700_000_000_000));
     let gate = Gate::open(Arc::clone(&ledger), policy())
         .expect("gate")
         .with_clock(Arc::clone(&clock) as Arc<dyn tally_gate::Clock>);
@@ -219,7 +204,9 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
     for op in ops {
         clock.advance(1);
         match op.clone() {
-            Op::Wait { ms } => clock.advance(u64::from(ms)),
+            Op::Wait { ms } => {
+                clock.advance(u64::from(ms));
+            }
             Op::Start {
                 run,
                 parent,
