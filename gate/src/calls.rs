@@ -1,0 +1,224 @@
+//! One call at the gate: the check before it and the outcome after it.
+
+use tally_ledger::{Action, Decision, Kind, Reason, Receipt};
+use tally_policy::{apply, decide, judge, Call, Verdict};
+
+use crate::backend::{Scopes, StateBackend, StateTxn};
+use crate::{
+    encodable, inconsistent, tracks_credential, Caller, CheckAnswer, CheckRequest, Done, Gate,
+    GateError, Logged, OutcomeRequest, Touched, MAX_TOOL_BYTES,
+};
+
+impl<B: StateBackend> Gate<B> {
+    /// Decide one intended call. `done` gets the answer once the decision is durable.
+    pub fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>) {
+        // Hashing the arguments needs no state: done before the lock.
+        let args_digest = req.args.as_ref().map(tally_ledger::decision::Args::digest);
+        let result = (|| {
+            let mut t = self.begin()?;
+            let policy = &self.policy.policy;
+            let (stopped, run_credential, now) = {
+                let run = t.run(&req.run, caller)?;
+                (run.stop.is_some(), run.credential.clone(), self.clock(run))
+            };
+            if req.tool.len() > MAX_TOOL_BYTES {
+                // Tool names are identifiers, and every open call keeps its tool's name.
+                return Err(GateError::Invalid(tally_ledger::DecisionError::TooLong {
+                    field: "tool",
+                    len: req.tool.len(),
+                    max: MAX_TOOL_BYTES,
+                }));
+            }
+            if req.credential.is_some() && req.credential != run_credential {
+                // A run's credential is the one it started under: naming another would
+                // escape that credential's backstop and bucket.
+                return Err(GateError::NotAuthorized(
+                    "a check names the credential its run was started under, or none".into(),
+                ));
+            }
+            let call = Call {
+                run: req.run.clone(),
+                worker: req.worker,
+                tool: req.tool,
+                operation: req.operation,
+                args_digest,
+                args_preview: req.args_preview,
+                effect: Some(req.effect),
+                idempotency_key: req.idempotency_key,
+                target: req.target,
+                channel: req.channel,
+                depth: req.depth,
+                reserve_cents: req.reserve_cents.unwrap_or(0),
+                remote_ref: req.remote_ref,
+                credential: run_credential,
+                timeout_ms: req.timeout_ms,
+                uid: caller.uid,
+            };
+            if stopped {
+                let run = t.run(&req.run, caller)?.clone();
+                // Bad input is refused the same whether or not the run is over.
+                let view = tally_policy::View::of(&run);
+                encodable(&mut decide(policy, &self.policy.digest, view, &call, now).record)?;
+                // The run is over: nothing to decide, nothing recorded.
+                return Err(GateError::Stopped(Box::new(CheckAnswer {
+                    decision: Verdict::Deny,
+                    reason: run.stop,
+                    action: Some(Action::Stop),
+                    cause: None,
+                    retry_after_ms: None,
+                    timeout_ms: None,
+                    attempt: None,
+                    limits: tally_policy::apply::standing(&run, now),
+                    seq: None,
+                    hash: None,
+                })));
+            }
+            t.ensure_tool(&call.tool, now.wall_ms, policy)?;
+            // A credential has state only if the policy gives it a backstop or a bucket.
+            let cred_scope = call
+                .credential
+                .clone()
+                .filter(|c| tracks_credential(policy, c));
+            if let Some(c) = &cred_scope {
+                t.ensure_credential(c, now.wall_ms, policy)?;
+            }
+            let mut decided = {
+                let scopes = Scopes {
+                    run: &call.run,
+                    tool: Some(&call.tool),
+                    credential: cred_scope.as_deref(),
+                };
+                decide(policy, &self.policy.digest, t.view(&scopes), &call, now)
+            };
+            encodable(&mut decided.record)?;
+            let writes = {
+                let scopes = Scopes {
+                    run: &call.run,
+                    tool: Some(&call.tool),
+                    credential: cred_scope.as_deref(),
+                };
+                apply(policy, t.view_mut(&scopes), &decided.record, now);
+                if decided.verdict == Verdict::Allow {
+                    vec![Touched {
+                        run: call.run.clone(),
+                        tool: Some(call.tool.clone()),
+                        credential: cred_scope.clone(),
+                    }]
+                } else {
+                    // A refusal changes no state worth keeping (the run's clock only): a
+                    // stream of refusals rewrites nothing.
+                    Vec::new()
+                }
+            };
+            let record = decided.record;
+            let cause = decided.cause;
+            let verdict = decided.verdict;
+            let mut records = vec![record.clone()];
+            let mut writes = writes;
+            if record.reason == Some(Reason::RunDeadlineExhausted)
+                || cause == Some(Reason::RunDeadlineExhausted)
+            {
+                // Past its deadline the run can only be refused: it is stopped with the
+                // refusal, in the same commit, and no longer counts as open.
+                let state = t.run(&call.run, caller)?.clone();
+                let reason = Reason::RunDeadlineExhausted;
+                records.push(self.stop_one(&mut t, &call.run, &state, reason, None, caller)?);
+                writes = vec![Touched::run(&call.run)];
+            }
+            Ok((
+                records,
+                writes,
+                move |r: Receipt| CheckAnswer {
+                    decision: verdict,
+                    reason: record.reason,
+                    action: record.reason.map(Reason::action),
+                    cause,
+                    retry_after_ms: record.retry_after_ms,
+                    timeout_ms: record.timeout_ms,
+                    attempt: record.attempt,
+                    limits: record.limits.unwrap_or_default(),
+                    seq: Some(r.seq),
+                    hash: Some(r.hash.to_string()),
+                },
+                t,
+            ))
+        })();
+        match result {
+            // The answer is the decision's, before any stop that follows it.
+            Ok((records, writes, answer, t)) => {
+                self.submit_answering(t, records, &writes, 0, answer, done)
+            }
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    /// Record what an allowed call did.
+    pub fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>) {
+        let result = (|| {
+            let mut t = self.begin()?;
+            let policy = &self.policy.policy;
+            let run = t.run(&req.run, caller)?;
+            let now = self.clock(run);
+            let tool = run.tool_of(req.attempt).map(str::to_owned);
+            let credential = run
+                .credential
+                .clone()
+                .filter(|c| tracks_credential(policy, c));
+            if let Some(tool) = &tool {
+                t.ensure_tool(tool, now.wall_ms, policy)?;
+            }
+            if let Some(c) = &credential {
+                t.ensure_credential(c, now.wall_ms, policy)?;
+            }
+            let mut record = Decision {
+                run: req.run.clone(),
+                kind: Some(Kind::Outcome),
+                worker: req.worker,
+                at_ms: now.at_ms,
+                attempt: Some(req.attempt),
+                status: Some(req.status),
+                settled_cents: req.settled_cents,
+                remote_ref: req.remote_ref,
+                observed: req.observed,
+                retry_after_ms: req.retry_after_ms,
+                result_digest: req.result_digest,
+                uid: caller.uid,
+                policy: Some(self.policy.digest.clone()),
+                ..Decision::default()
+            };
+            encodable(&mut record)?;
+            let touched = Touched {
+                run: req.run.clone(),
+                tool,
+                credential,
+            };
+            // What the core would call inconsistent is refused and never recorded.
+            if let Some(found) = judge(policy, t.view(&touched.scopes()), &record, now)
+                .into_iter()
+                .next()
+            {
+                return Err(inconsistent(&req.run, found));
+            }
+            apply(policy, t.view_mut(&touched.scopes()), &record, now);
+            let limits = t
+                .run_mut(&req.run)
+                .map(|r| tally_policy::apply::standing(r, now))
+                .unwrap_or_default();
+            let writes = vec![touched];
+            Ok((
+                record,
+                writes,
+                move |r: Receipt| Logged {
+                    seq: r.seq,
+                    hash: r.hash.to_string(),
+                    limits,
+                },
+                t,
+            ))
+        })();
+        match result {
+            Ok((record, writes, answer, t)) => self.submit(t, vec![record], &writes, answer, done),
+            Err(e) => done(Err(e)),
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The gate as one object over any backend ([`Gatekeeper`]), and its blocking forms for an
+//! in-process caller.
+
+use tally_policy::Recorded;
+
+use crate::backend::StateBackend;
+use crate::{
+    Approval, Caller, CheckAnswer, CheckRequest, Done, Gate, GateError, Logged, OutcomeRequest,
+    Standing, StartRequest, Started, StopRequest,
+};
+
+impl<B: StateBackend> Gate<B> {
+    /// Blocking forms, for an in-process gate.
+    pub fn start_blocking(&self, caller: Caller, req: StartRequest) -> Result<Started, GateError> {
+        blocking(|done| self.start(caller, req, done))
+    }
+
+    /// Blocking [`Gate::check`].
+    pub fn check_blocking(
+        &self,
+        caller: Caller,
+        req: CheckRequest,
+    ) -> Result<CheckAnswer, GateError> {
+        blocking(|done| self.check(caller, req, done))
+    }
+
+    /// Blocking [`Gate::outcome`].
+    pub fn outcome_blocking(
+        &self,
+        caller: Caller,
+        req: OutcomeRequest,
+    ) -> Result<Logged, GateError> {
+        blocking(|done| self.outcome(caller, req, done))
+    }
+
+    /// Blocking [`Gate::stop`].
+    pub fn stop_blocking(
+        &self,
+        caller: Caller,
+        run: &str,
+        req: StopRequest,
+    ) -> Result<Logged, GateError> {
+        blocking(|done| self.stop(caller, run, req, done))
+    }
+
+    /// Blocking [`Gate::pause`].
+    pub fn pause_blocking(
+        &self,
+        caller: Caller,
+        run: &str,
+        paused: bool,
+    ) -> Result<Standing, GateError> {
+        blocking(|done| self.pause(caller, run, paused, done))
+    }
+
+    /// Blocking [`Gate::approve`].
+    pub fn approve_blocking(&self, caller: Caller, a: Approval) -> Result<Logged, GateError> {
+        blocking(|done| self.approve(caller, a, done))
+    }
+}
+
+fn blocking<T: Send + 'static>(f: impl FnOnce(Done<T>)) -> Result<T, GateError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    f(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.recv()
+        .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
+}
+
+/// A gate over any backend, as one object: what the daemon holds, so that one binary
+/// serves the embedded store or a networked one. Each method is [`Gate`]'s own. A
+/// networked backend blocks its caller for a round trip, so the daemon calls every one
+/// of them from its decision thread, never from an async worker.
+pub trait Gatekeeper: Send + Sync {
+    /// [`Gate::start`].
+    fn start(&self, caller: Caller, req: StartRequest, done: Done<Started>);
+    /// [`Gate::check`].
+    fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>);
+    /// [`Gate::outcome`].
+    fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>);
+    /// [`Gate::stop`].
+    fn stop(&self, caller: Caller, run: &str, req: StopRequest, done: Done<Logged>);
+    /// [`Gate::pause`].
+    fn pause(&self, caller: Caller, run: &str, paused: bool, done: Done<Standing>);
+    /// [`Gate::approve`].
+    fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>);
+    /// [`Gate::run`].
+    fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError>;
+    /// [`Gate::runs`].
+    fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError>;
+    /// [`Gate::governs`].
+    fn governs(&self, run: &str) -> Result<bool, GateError>;
+    /// [`Gate::failure`].
+    fn failure(&self) -> Option<String>;
+    /// [`Gate::policy`].
+    fn policy(&self) -> &Recorded;
+    /// Whether the backend blocks its caller on the network ([`StateBackend::networked`]).
+    fn networked(&self) -> bool;
+}
+
+impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
+    fn start(&self, caller: Caller, req: StartRequest, done: Done<Started>) {
+        Gate::start(self, caller, req, done)
+    }
+    fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>) {
+        Gate::check(self, caller, req, done)
+    }
+    fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>) {
+        Gate::outcome(self, caller, req, done)
+    }
+    fn stop(&self, caller: Caller, run: &str, req: StopRequest, done: Done<Logged>) {
+        Gate::stop(self, caller, run, req, done)
+    }
+    fn pause(&self, caller: Caller, run: &str, paused: bool, done: Done<Standing>) {
+        Gate::pause(self, caller, run, paused, done)
+    }
+    fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>) {
+        Gate::approve(self, caller, a, done)
+    }
+    fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError> {
+        Gate::run(self, caller, run)
+    }
+    fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError> {
+        Gate::runs(self, caller)
+    }
+    fn governs(&self, run: &str) -> Result<bool, GateError> {
+        Gate::governs(self, run)
+    }
+    fn failure(&self) -> Option<String> {
+        Gate::failure(self)
+    }
+    fn policy(&self) -> &Recorded {
+        Gate::policy(self)
+    }
+    fn networked(&self) -> bool {
+        self.backend.networked()
+    }
+}
