@@ -43,6 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tally_ledger::clock::{Clock, SystemClock};
 use tally_ledger::Ledger;
 
 pub use error::DaemonError;
@@ -107,6 +108,9 @@ pub struct ServeOptions {
     pub witness_policy: Option<tally_ledger::tlog::policy::Policy>,
     /// The least time between two pushes (default 1 s).
     pub witness_interval: Duration,
+    /// Where the gate and the ledger read the time (default: the system's clock; tests
+    /// pass a `ManualClock` to drive deadlines, breakers and back-off without sleeping).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl ServeOptions {
@@ -131,6 +135,7 @@ impl ServeOptions {
             write_timeout: Duration::from_secs(10),
             witness_policy: None,
             witness_interval: Duration::from_secs(1),
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -150,7 +155,10 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
     if let Some(op) = &options.operator_socket {
         server::check_socket_dir(op)?;
     }
-    let ledger = Arc::new(Ledger::open(&options.ledger)?);
+    let ledger = Arc::new(Ledger::open_with_clock(
+        &options.ledger,
+        Arc::clone(&options.clock),
+    )?);
     for note in ledger.torn_notes() {
         log(&format!("tally serve: {note}"));
     }
@@ -377,16 +385,19 @@ fn open_gate(
     let gate_error = |e: tally_gate::GateError| DaemonError::Gate(e.to_string());
     let Some(pg) = &options.state else {
         let gate = tally_gate::Gate::open(Arc::clone(ledger), options.policy.clone())
-            .map_err(gate_error)?;
+            .map_err(gate_error)?
+            .with_clock(Arc::clone(&options.clock));
         return Ok(Arc::new(gate));
     };
     // The backend runs its own runtime and blocks on it: open it on a thread of its own,
     // outside this one's.
     let (ledger, pg, policy) = (Arc::clone(ledger), pg.clone(), options.policy.clone());
+    let clock = Arc::clone(&options.clock);
     let opened = std::thread::spawn(move || {
         let backend = tally_gate_postgres::Postgres::open(Arc::clone(&ledger), &pg)
             .map_err(|e| DaemonError::Gate(e.to_string()))?;
         tally_gate::Gate::with_backend(ledger, backend, policy)
+            .map(|gate| gate.with_clock(clock))
             .map_err(|e| DaemonError::Gate(e.to_string()))
     })
     .join()

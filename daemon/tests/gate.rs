@@ -1,8 +1,9 @@
 //! The gate against the real daemon on real sockets: the field's checklist (issue 10).
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use serde_json::{json, Value};
+use tally_ledger::clock::{Clock, ManualClock};
 use tally_policy::Recorded;
 
 use crate::common::{post_json, walk, Daemon};
@@ -10,6 +11,17 @@ use crate::common::{post_json, walk, Daemon};
 async fn gated(policy: &str) -> Daemon {
     let recorded = Recorded::new(policy).expect("policy");
     Daemon::start(move |o| o.policy = recorded).await
+}
+
+/// A daemon whose gate reads the time from `clock` (the test moves it; nothing sleeps).
+async fn gated_on(policy: &str, clock: &Arc<ManualClock>) -> Daemon {
+    let recorded = Recorded::new(policy).expect("policy");
+    let clock = Arc::clone(clock) as Arc<dyn Clock>;
+    Daemon::start(move |o| {
+        o.policy = recorded;
+        o.clock = clock;
+    })
+    .await
 }
 
 async fn start(d: &Daemon, run: &str, budget: Value) -> Value {
@@ -157,7 +169,8 @@ async fn a_retry_storm_from_eight_workers_is_stopped_at_the_shared_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_breaker_refuses_other_workers_and_half_open_admits_one_probe() {
     let policy = "[breaker]\nfailures = 2\nopen_ms = 400\nprobe_timeout_ms = 400\n";
-    let mut d = gated(policy).await;
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let mut d = gated_on(policy, &clock).await;
     start(&d, "a", json!({})).await;
     start(&d, "b", json!({})).await;
     for i in 0..2 {
@@ -177,7 +190,7 @@ async fn an_open_breaker_refuses_other_workers_and_half_open_admits_one_probe() 
     .await;
     assert_eq!(decision(&b), ("deny", Some("circuit_open"), Some("retry")));
     assert!(b["retry_after_ms"].as_u64().unwrap() > 0);
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    clock.advance(450);
     let probes = race(
         &d,
         (0..4)
@@ -188,7 +201,7 @@ async fn an_open_breaker_refuses_other_workers_and_half_open_admits_one_probe() 
     assert_eq!(allows(&probes), 1, "half-open admits exactly one probe");
     // The probe never reports: after its deadline the breaker opens again, then admits
     // a new probe (a stuck probe cannot wedge it).
-    tokio::time::sleep(Duration::from_millis(450 + 450)).await;
+    clock.advance(450 + 450);
     let next = check(
         &d,
         json!({"run": "b", "tool": "search", "operation": "p9", "effect": "read"}),
@@ -211,7 +224,8 @@ async fn an_open_breaker_refuses_other_workers_and_half_open_admits_one_probe() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_that_honours_retry_after_completes_unflagged() {
-    let mut d = gated("").await;
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let mut d = gated_on("", &clock).await;
     start(&d, "p", json!({"polls": 12})).await;
     let create = check(&d, json!({"run": "p", "tool": "export", "operation": "export.create", "effect": "idempotent_write", "idempotency_key": "k1"})).await;
     assert_eq!(decision(&create).0, "allow");
@@ -235,7 +249,7 @@ async fn polling_that_honours_retry_after_completes_unflagged() {
     );
     // Eight polls, each after the hint: far more than any loop window, never refused.
     for i in 0..8 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        clock.advance(150);
         let poll = check(&d, json!({"run": "p", "tool": "export", "operation": "export.status:ea91", "effect": "read"})).await;
         assert_eq!(decision(&poll).0, "allow", "poll {i}: {poll}");
         assert_eq!(poll["limits"]["polls"]["used"], i);

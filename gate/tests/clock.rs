@@ -45,8 +45,8 @@ impl Fixture {
             clock.as_ref(),
         )
         .expect("init");
-        let ledger = Ledger::open_with_clock(&path, Arc::clone(&clock) as Arc<dyn Clock>)
-            .expect("open");
+        let ledger =
+            Ledger::open_with_clock(&path, Arc::clone(&clock) as Arc<dyn Clock>).expect("open");
         let gate = Gate::open(Arc::new(ledger), Recorded::new(policy).expect("policy"))
             .expect("gate")
             .with_clock(Arc::clone(&clock) as Arc<dyn Clock>);
@@ -86,7 +86,8 @@ impl Fixture {
     }
 
     fn outcome(&self, run: &str, a: &CheckAnswer, status: &str, extra: serde_json::Value) {
-        let mut body = json!({"run": run, "attempt": a.attempt.expect("an allow"), "status": status});
+        let mut body =
+            json!({"run": run, "attempt": a.attempt.expect("an allow"), "status": status});
         if let (Some(b), serde_json::Value::Object(e)) = (body.as_object_mut(), extra) {
             b.extend(e);
         }
@@ -120,7 +121,11 @@ fn the_breaker_opens_half_opens_for_one_probe_reopens_on_a_silent_probe_and_clos
     assert_eq!(refused.retry_after_ms, Some(1000));
     f.at(999);
     let refused = f.read("b", "search", "y");
-    assert_eq!(verdict(&refused).1, Some(Reason::CircuitOpen), "open for open_ms");
+    assert_eq!(
+        verdict(&refused).1,
+        Some(Reason::CircuitOpen),
+        "open for open_ms"
+    );
     assert_eq!(refused.retry_after_ms, Some(1));
     // Another tool never notices.
     assert_eq!(verdict(&f.read("b", "fetch", "z")), ALLOW);
@@ -153,7 +158,11 @@ fn the_breaker_opens_half_opens_for_one_probe_reopens_on_a_silent_probe_and_clos
     );
     f.at(2500);
     let probe = f.read("b", "search", "p6");
-    assert_eq!(verdict(&probe), ALLOW, "a stuck probe cannot wedge the breaker");
+    assert_eq!(
+        verdict(&probe),
+        ALLOW,
+        "a stuck probe cannot wedge the breaker"
+    );
     f.outcome("b", &probe, "ok", json!({}));
     assert_eq!(
         verdict(&f.read("b", "search", "p7")),
@@ -197,8 +206,10 @@ fn upstream_back_off_holds_polls_until_retry_after_less_the_tolerance() {
             ..Budget::default()
         },
     );
-    let create = f.check(json!({"run": "p", "tool": "export", "operation": "export.create",
-                                "effect": "idempotent_write", "idempotency_key": "k1"}));
+    let create = f.check(
+        json!({"run": "p", "tool": "export", "operation": "export.create",
+                                "effect": "idempotent_write", "idempotency_key": "k1"}),
+    );
     assert_eq!(verdict(&create), ALLOW);
     f.at(10);
     f.outcome(
@@ -208,8 +219,10 @@ fn upstream_back_off_holds_polls_until_retry_after_less_the_tolerance() {
         json!({"remote_ref": "ea91", "observed": "queued", "retry_after_ms": 2000}),
     );
     let poll = || {
-        f.check(json!({"run": "p", "tool": "export", "operation": "export.status:ea91",
-                       "effect": "read"}))
+        f.check(
+            json!({"run": "p", "tool": "export", "operation": "export.status:ea91",
+                       "effect": "read"}),
+        )
     };
     f.at(10 + 1799);
     let early = poll();
@@ -217,7 +230,11 @@ fn upstream_back_off_holds_polls_until_retry_after_less_the_tolerance() {
         verdict(&early),
         (Verdict::Deny, Some(Reason::UpstreamBackoff))
     );
-    assert_eq!(early.retry_after_ms, Some(1), "says exactly how long is left");
+    assert_eq!(
+        early.retry_after_ms,
+        Some(1),
+        "says exactly how long is left"
+    );
     f.at(10 + 1800);
     let on_time = poll();
     assert_eq!(verdict(&on_time), ALLOW, "{on_time:?}");

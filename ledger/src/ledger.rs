@@ -492,8 +492,9 @@ impl Ledger {
         let (secrets, ephemeral) = EpochSecrets::generate(0, recipient, ledger_id)?;
         let created = !dir.exists();
         let wall = clock.now_ms();
-        let result =
-            Ledger::write_new(dir, ledger_id, secrets, &ephemeral, recipient, rotation, wall);
+        let result = Ledger::write_new(
+            dir, ledger_id, secrets, &ephemeral, recipient, rotation, wall,
+        );
         if result.is_err() {
             // Leave nothing half-made: the whole directory if we made it, else our files.
             if created {

@@ -12,8 +12,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The time, in ms since the Unix epoch.
-pub trait Clock: Send + Sync {
+/// The time, in ms since the Unix epoch. (`Debug`, so that options holding one print.)
+pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Now, ms since the Unix epoch.
     fn now_ms(&self) -> u64;
 }
