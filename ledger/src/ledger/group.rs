@@ -1,0 +1,54 @@
+//! What a commit group is made of: the appends it takes ([`Pending`]), each with the
+//! [`Reply`] that answers it, and what the writer hands the sync stage ([`Applied`]).
+
+use crate::error::{Error, Result};
+use crate::format::Checkpoint;
+use crate::tlog::merkle::TreeHash;
+
+use super::Receipt;
+
+/// Where a group member's result goes: called exactly once, with its receipts once they
+/// are durable, or with the error that refused them. Dropped unanswered (a pipeline
+/// thread died), it answers with an error itself.
+pub(super) struct Reply(Option<Done>);
+
+pub(super) type Done = Box<dyn FnOnce(Result<Vec<Receipt>>) + Send>;
+
+impl Reply {
+    pub(super) fn new(done: impl FnOnce(Result<Vec<Receipt>>) + Send + 'static) -> Reply {
+        Reply(Some(Box::new(done)))
+    }
+
+    pub(super) fn send(mut self, result: Result<Vec<Receipt>>) {
+        if let Some(done) = self.0.take() {
+            done(result);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done(Err(Error::Poisoned(
+                "the commit pipeline stopped before answering".into(),
+            )));
+        }
+    }
+}
+
+pub(super) struct Pending {
+    pub(super) plaintexts: Vec<Vec<u8>>,
+    /// Derived state written in the same atomic batch as these decisions.
+    pub(super) state: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Start a new key epoch before this group (an explicit [`Ledger::rotate`]).
+    pub(super) rotate: bool,
+    pub(super) reply: Reply,
+}
+
+/// A group written to the log, waiting for an fsync before it is acknowledged.
+pub(super) struct Applied {
+    pub(super) replies: Vec<(Reply, Vec<Receipt>)>,
+    pub(super) checkpoint: Checkpoint,
+    /// The Merkle tree's root at the checkpoint's size.
+    pub(super) root: TreeHash,
+}

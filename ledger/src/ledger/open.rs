@@ -1,0 +1,451 @@
+//! Creating a ledger and opening one for appending (finishing an interrupted rotation,
+//! bringing the index up to the log, resuming after a torn write).
+
+use std::fs;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::format::{entry_hash, key_id, Checkpoint, Entry, Frame, Hash, LedgerId};
+use crate::keys::{self, EpochSecrets, LedgerPublic};
+use crate::segment::{
+    self, list_segments, push_frame, sync_dir, LogReader, LogWriter, Resume, DEFAULT_SEGMENT_BYTES,
+    LOG_DIR, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY,
+};
+use crate::store::Store;
+use crate::tlog::merkle::leaf_hash;
+use crate::tlog::tiles::TreeWriter;
+use crate::tlog::LogKey;
+use crate::tree::RunLinks;
+
+use super::index::{recover_index, replay_into};
+use super::pipeline::{Queue, Shared};
+use super::writer::{StateBases, Writer};
+use super::{files, Ledger, Reindexed, Rotation};
+
+impl Ledger {
+    /// Create a new ledger in `dir` (created 0700) whose records only the holder of the
+    /// auditor key for `recipient` can decrypt. Writes `ledger.pub` for auditors.
+    pub fn init(dir: &Path, recipient: &[u8; 32], rotation: Rotation) -> Result<LedgerPublic> {
+        Ledger::init_with_clock(dir, recipient, rotation, &SystemClock)
+    }
+
+    /// [`Ledger::init`], its genesis entry and first checkpoint timed by `clock`.
+    pub fn init_with_clock(
+        dir: &Path,
+        recipient: &[u8; 32],
+        rotation: Rotation,
+        clock: &dyn Clock,
+    ) -> Result<LedgerPublic> {
+        if dir.join(files::PUBLIC).exists()
+            || dir.join(OLD_STORE_DIR).exists()
+            || dir.join(LOG_DIR).exists()
+        {
+            return Err(Error::AlreadyExists(dir.to_path_buf()));
+        }
+        let ledger_id = LedgerId(keys::random16());
+        // Refuse a bad recipient before anything touches the disk.
+        let (secrets, ephemeral) = EpochSecrets::generate(0, recipient, ledger_id)?;
+        let created = !dir.exists();
+        let wall = clock.now_ms();
+        let result = Ledger::write_new(
+            dir, ledger_id, secrets, &ephemeral, recipient, rotation, wall,
+        );
+        if result.is_err() {
+            // Leave nothing half-made: the whole directory if we made it, else our files.
+            if created {
+                let _ = fs::remove_dir_all(dir);
+            } else {
+                for f in [
+                    files::CONFIG,
+                    files::WRITER_KEY,
+                    files::PUBLIC,
+                    crate::tlog::LOG_KEY,
+                ] {
+                    let _ = fs::remove_file(dir.join(f));
+                }
+                let _ = fs::remove_dir_all(dir.join(crate::tlog::tiles::TREE_DIR));
+                let _ = fs::remove_dir_all(dir.join(LOG_DIR));
+                let _ = fs::remove_dir_all(dir.join(crate::store::INDEX_DIR));
+            }
+        }
+        result
+    }
+
+    fn write_new(
+        dir: &Path,
+        ledger_id: LedgerId,
+        mut secrets: EpochSecrets,
+        ephemeral: &[u8; 32],
+        recipient: &[u8; 32],
+        rotation: Rotation,
+        wall: u64,
+    ) -> Result<LedgerPublic> {
+        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| Error::io(dir, e))?;
+        }
+        secrets.from_seq = 0;
+        secrets.since_ms = wall;
+        let vk = secrets.verifying_key();
+        let bytes = secrets.genesis_entry(ledger_id, wall, recipient, ephemeral);
+        let head = entry_hash(&bytes);
+        let checkpoint = secrets.sign_checkpoint(ledger_id, 1, head, wall);
+        let log_key = LogKey::generate(ledger_id);
+
+        let config = serde_json::to_vec_pretty(&rotation).unwrap_or_default();
+        fs::write(dir.join(files::CONFIG), config)
+            .map_err(|e| Error::io(dir.join(files::CONFIG), e))?;
+        secrets.write(&dir.join(files::WRITER_KEY), ledger_id)?;
+        log_key.write(dir)?;
+        let mut tree = TreeWriter::empty(dir)?;
+        tree.push(leaf_hash(&bytes));
+        tree.flush()?;
+        let root = tree.frontier().root();
+        let log_dir = dir.join(LOG_DIR);
+        fs::create_dir(&log_dir).map_err(|e| Error::io(&log_dir, e))?;
+        sync_dir(dir)?;
+        let lock = LogWriter::lock(dir)?;
+        let log = LogWriter::new(
+            dir,
+            lock,
+            ledger_id,
+            DEFAULT_SEGMENT_BYTES,
+            Resume::NewSegment { number: 0 },
+        )?;
+        let mut frames = Vec::new();
+        push_frame(&mut frames, TAG_ENTRY, &bytes);
+        push_frame(
+            &mut frames,
+            segment::TAG_TREE,
+            &segment::encode_tree(1, &root),
+        );
+        push_frame(&mut frames, TAG_CHECKPOINT, checkpoint.to_text().as_bytes());
+        log.append(&frames, 0, Hash::default())?;
+        log.sync()?;
+        drop(log);
+        let public = LedgerPublic {
+            ledger_id,
+            verifying_key: vk,
+            log_key: Some(log_key.vkey()),
+        };
+        let pub_path = dir.join(files::PUBLIC);
+        fs::write(&pub_path, public.to_text()).map_err(|e| Error::io(&pub_path, e))?;
+        keys::sync_parent(&pub_path)?;
+        Ok(public)
+    }
+
+    /// Open an existing ledger for appending. Takes the log's exclusive lock; finishes
+    /// or discards a key rotation that a crash interrupted; brings the index up to the
+    /// log; resumes in a new segment after a torn write. Refuses layout 1
+    /// ([`Error::OldLayout`]).
+    pub fn open(dir: &Path) -> Result<Ledger> {
+        Ledger::open_with(dir, DEFAULT_SEGMENT_BYTES, Arc::new(SystemClock))
+    }
+
+    /// [`Ledger::open`], reading the time for its entries, checkpoints and rotation by
+    /// age from `clock` (the system's in the daemon; tests move one of their own). The
+    /// ledger never writes a time before one it already wrote, whatever the clock says.
+    pub fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> Result<Ledger> {
+        Ledger::open_with(dir, DEFAULT_SEGMENT_BYTES, clock)
+    }
+
+    /// [`Ledger::open`], closing a segment once a group would take it past
+    /// `segment_bytes` (tests use small segments to cross many boundaries).
+    pub fn open_with_segment_bytes(dir: &Path, segment_bytes: u64) -> Result<Ledger> {
+        Ledger::open_with(dir, segment_bytes, Arc::new(SystemClock))
+    }
+
+    fn open_with(dir: &Path, segment_bytes: u64, clock: Arc<dyn Clock>) -> Result<Ledger> {
+        segment::refuse_old_layout(dir)?;
+        let pub_path = dir.join(files::PUBLIC);
+        if !pub_path.exists() {
+            return Err(Error::NotALedger(dir.to_path_buf()));
+        }
+        let public = LedgerPublic::read(&pub_path)?;
+        let ledger_id = public.ledger_id;
+        let config_path = dir.join(files::CONFIG);
+        let config = fs::read(&config_path).map_err(|e| Error::io(&config_path, e))?;
+        let rotation: Rotation = serde_json::from_slice(&config).map_err(|e| Error::Corrupt {
+            seq: 0,
+            why: format!("{}: {e}", config_path.display()),
+        })?;
+        let lock = LogWriter::lock(dir)?;
+        recover_index(dir)?;
+        let segments = list_segments(dir)?;
+        let corrupt = |seq: u64, why: String| Error::TailDamaged {
+            dir: dir.to_path_buf(),
+            at: format!("seq {seq}"),
+            why,
+        };
+        let genesis_bytes = match LogReader::new(segments[..1].to_vec(), false, None)
+            .frames()
+            .next()
+        {
+            Some(Ok(Frame::Entry(b))) => b,
+            Some(Err(Error::Segment { why, .. })) => return Err(corrupt(0, why)),
+            Some(Err(e)) => return Err(e),
+            _ => return Err(corrupt(0, "no genesis entry".into())),
+        };
+        let genesis = Entry::decode(&genesis_bytes).map_err(|e| corrupt(0, e.to_string()))?;
+        let g = genesis
+            .genesis()
+            .ok_or_else(|| corrupt(0, "entry 0 is not a genesis".into()))?;
+        if genesis.header.ledger_id != ledger_id || g.verifying_key != public.verifying_key {
+            return Err(corrupt(0, "genesis does not match ledger.pub".into()));
+        }
+        // The last segment with a complete checkpoint holds the log's sealed end; any
+        // byte after it (a torn write, or segments holding only one) is never
+        // overwritten: the next write starts a new segment.
+        let mut sealed_at = None;
+        for (i, (_, path)) in segments.iter().enumerate().rev() {
+            let scan = segment::scan(path).map_err(|e| match e {
+                Error::Segment { path, why } => Error::TailDamaged {
+                    dir: dir.to_path_buf(),
+                    at: format!("{}", path.display()),
+                    why,
+                },
+                e => e,
+            })?;
+            if scan.sealed {
+                sealed_at = Some((i, scan));
+                break;
+            }
+        }
+        let Some((sealed_index, sealed_scan)) = sealed_at else {
+            return Err(corrupt(0, "no segment holds a checkpoint".into()));
+        };
+        let last_number = segments[segments.len() - 1].0;
+        let mut resync = sealed_index + 1 < segments.len() || sealed_scan.unsealed() > 0;
+        // The scan found where the last entry and checkpoint are: read those two alone.
+        let sealed_path = &segments[sealed_index].1;
+        let (Some(entry_at), Some(cp_at)) = (sealed_scan.last_entry, sealed_scan.last_checkpoint)
+        else {
+            return Err(corrupt(0, "the last sealed segment holds no entry".into()));
+        };
+        let last_bytes = segment::read_payload(sealed_path, entry_at)?;
+        let cp_text = segment::read_payload(sealed_path, cp_at)?;
+        let last = Entry::decode(&last_bytes).map_err(|e| corrupt(0, e.to_string()))?;
+        let last_seq = last.header.seq;
+        if last.header.ledger_id != ledger_id {
+            return Err(corrupt(
+                last_seq,
+                "the log's last entry is not of this ledger".into(),
+            ));
+        }
+        let checkpoint =
+            Checkpoint::from_text(&cp_text).map_err(|e| corrupt(last_seq, e.to_string()))?;
+        if checkpoint.size != last_seq + 1 || checkpoint.head != last.hash() {
+            return Err(corrupt(
+                last_seq,
+                "the log's last checkpoint does not seal its last entry".into(),
+            ));
+        }
+        // Never write after bytes that do not verify: the last group and everything
+        // after it are checked before anything is written, the index included.
+        let torn = crate::tail::check(
+            &crate::tail::Sealed {
+                dir,
+                ledger_id,
+                segments: &segments,
+                index: sealed_index,
+                scan: &sealed_scan,
+                checkpoint: &checkpoint,
+                key: writer_verifying_key(dir, ledger_id, last.header.epoch)?,
+            },
+            &genesis,
+        )?;
+        // Bring the index up to the log: replay the state frames after its mark.
+        let store = Store::open(dir)?;
+        let mut mark = store.mark()?;
+        let sealed_number = segments[sealed_index].0;
+        let new_number = last_number + 1;
+        if let Some((seg, off)) = mark {
+            if seg > sealed_number || (seg == sealed_number && off > sealed_scan.sealed_end) {
+                // The index holds state from log bytes that are gone (lost with a power
+                // failure, never acknowledged): state ahead of the log is safe (a budget
+                // is over-counted, never re-spendable). Its mark and seq points may name
+                // a segment the log no longer has, whose number the next segment takes
+                // (the numbers have no gap): set them back to the sealed end, durably,
+                // before anything is written where they point.
+                resync = true;
+                let sealed = (sealed_number, sealed_scan.sealed_end);
+                store.remark(sealed, last_seq + 1)?;
+                mark = Some(sealed);
+            }
+        }
+        replay_into(
+            dir,
+            &store,
+            LogReader::new(segments.clone(), false, mark),
+            &mut Reindexed::default(),
+        )?;
+        let tree_frame = match sealed_scan.last_tree {
+            Some(at) => segment::decode_tree(&segment::read_payload(sealed_path, at)?),
+            None => None,
+        };
+        let tree = crate::tree::open_tree(dir, &segments, &store, last_seq + 1, tree_frame)?;
+        let durable_root = tree.frontier().root();
+        let log_key = open_log_key(dir, &pub_path, &public)?;
+        let resume = if resync {
+            Resume::NewSegment { number: new_number }
+        } else {
+            Resume::Continue {
+                number: sealed_number,
+                len: sealed_scan.len,
+            }
+        };
+        let log = LogWriter::new(dir, lock, ledger_id, segment_bytes, resume)?;
+        let epoch = last.header.epoch;
+
+        let key_path = dir.join(files::WRITER_KEY);
+        let next_path = dir.join(files::WRITER_KEY_NEXT);
+        if next_path.exists() {
+            let next = EpochSecrets::read(&next_path, ledger_id)?;
+            if next.epoch == epoch {
+                // The certificate committed; the rename did not.
+                fs::rename(&next_path, &key_path).map_err(|e| Error::io(&key_path, e))?;
+            } else {
+                // The certificate never became durable: this key was never used.
+                fs::remove_file(&next_path).map_err(|e| Error::io(&next_path, e))?;
+            }
+            keys::sync_parent(&key_path)?;
+        }
+        let secrets = EpochSecrets::read(&key_path, ledger_id)?;
+        if secrets.epoch != epoch {
+            return Err(Error::KeyEpochMismatch {
+                key_epoch: secrets.epoch,
+                ledger_epoch: epoch,
+            });
+        }
+        let cp_size = checkpoint.size;
+        if checkpoint.epoch == epoch && checkpoint.key_id != key_id(&secrets.verifying_key()) {
+            return Err(corrupt(
+                cp_size,
+                "writer key does not match the key that sealed the ledger".into(),
+            ));
+        }
+        let cipher = keys::data_key(&secrets.data);
+        let writer = Writer {
+            dir: dir.to_path_buf(),
+            clock,
+            ledger_id,
+            recipient: g.recipient,
+            rotation,
+            next_seq: last_seq + 1,
+            head: last.hash(),
+            last_wall: last.header.wall_ms.max(checkpoint.wall_ms),
+            epoch_from_seq: secrets.from_seq,
+            epoch_since_ms: secrets.since_ms,
+            secrets,
+            cipher,
+            nonce_prefix: keys::random16(),
+            last_point: None,
+            bases: StateBases::default(),
+            tree,
+            links: RunLinks::default(),
+            linked: Vec::new(),
+        };
+        let shared = Arc::new(Shared {
+            log,
+            store,
+            queue: Mutex::new(Queue {
+                pending: Vec::new(),
+                applied: Vec::new(),
+                committing: false,
+                syncing: false,
+                flushing: false,
+                commit_idle: false,
+                sync_idle: false,
+                durable: checkpoint,
+                durable_root,
+                poisoned: None,
+                closing: false,
+            }),
+            to_commit: Condvar::new(),
+            to_sync: Condvar::new(),
+            writer: Mutex::new(writer),
+        });
+        let mut ledger = Ledger {
+            dir: dir.to_path_buf(),
+            ledger_id,
+            log_key,
+            shared,
+            threads: Vec::with_capacity(2),
+            torn,
+        };
+        type Stage = fn(&Shared);
+        let stages: [(&str, Stage); 2] = [
+            ("tally-commit", Shared::commit_loop),
+            ("tally-sync", Shared::sync_loop),
+        ];
+        for (name, stage) in stages {
+            let shared = Arc::clone(&ledger.shared);
+            let thread = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || stage(&shared))
+                .map_err(|e| Error::io(dir, e))?;
+            ledger.threads.push(thread);
+        }
+        Ok(ledger)
+    }
+}
+
+/// The verifying key of the writer's key for `epoch` (`writer.key`, or `writer.key.next`
+/// while a rotation to `epoch` is being finished), read without changing a file.
+pub(super) fn writer_verifying_key(
+    dir: &Path,
+    ledger_id: LedgerId,
+    epoch: u32,
+) -> Result<[u8; 32]> {
+    let next_path = dir.join(files::WRITER_KEY_NEXT);
+    if next_path.exists() {
+        let next = EpochSecrets::read(&next_path, ledger_id)?;
+        if next.epoch == epoch {
+            return Ok(next.verifying_key());
+        }
+    }
+    let current = EpochSecrets::read(&dir.join(files::WRITER_KEY), ledger_id)?;
+    if current.epoch != epoch {
+        return Err(Error::KeyEpochMismatch {
+            key_epoch: current.epoch,
+            ledger_epoch: epoch,
+        });
+    }
+    Ok(current.verifying_key())
+}
+
+/// The log key of the ledger in `dir`: read, or made for a ledger written before log keys
+/// (then `ledger.pub` is rewritten as version 2, naming it; its epoch 0 key is unchanged).
+pub(super) fn open_log_key(dir: &Path, pub_path: &Path, public: &LedgerPublic) -> Result<LogKey> {
+    let (key, _) = LogKey::read_or_create(dir, public.ledger_id)?;
+    match &public.log_key {
+        Some(v) if *v == key.vkey() => Ok(key),
+        Some(_) => Err(Error::Corrupt {
+            seq: 0,
+            why: format!(
+                "{} names another log key than {}",
+                pub_path.display(),
+                dir.join(crate::tlog::LOG_KEY).display()
+            ),
+        }),
+        None => {
+            let upgraded = LedgerPublic {
+                log_key: Some(key.vkey()),
+                ..public.clone()
+            };
+            let tmp = pub_path.with_extension("pub.tmp");
+            fs::write(&tmp, upgraded.to_text()).map_err(|e| Error::io(&tmp, e))?;
+            fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| Error::io(&tmp, e))?;
+            fs::rename(&tmp, pub_path).map_err(|e| Error::io(pub_path, e))?;
+            keys::sync_parent(pub_path)?;
+            Ok(key)
+        }
+    }
+}
