@@ -1,0 +1,264 @@
+//! Each entry on the walk: its header, seq and hash link, the genesis, epoch certificates
+//! and their data keys, and (with the auditor key) the decision it holds, queued for
+//! decryption.
+
+use std::sync::Arc;
+
+use tally_ledger::format::{entry_hash, Entry, EntryType};
+use tally_ledger::keys::verify_signature;
+
+use crate::finding::FindingKind;
+use crate::report::KeyMismatch;
+
+use super::{differing, full, Pending, Suspect, Walk};
+
+impl Walk<'_> {
+    pub(super) fn entry(&mut self, bytes: Vec<u8>) {
+        let at = self.position;
+        self.position += 1;
+        self.tree.push(&bytes, &mut self.tree_out);
+        if !self.tree_out.is_empty() {
+            self.drain_tree();
+        }
+        let expected = self.next_seq;
+        let before_clean = std::mem::replace(&mut self.last_clean, false);
+        let entry = match Entry::decode(&bytes) {
+            Ok(e) => e,
+            Err(e) => {
+                self.settle(true);
+                self.find(
+                    FindingKind::Malformed,
+                    at,
+                    format!("entry does not decode: {e}"),
+                );
+                // Resynchronise on the stored bytes so one bad entry is one finding.
+                self.head = entry_hash(&bytes);
+                self.next_seq = expected.saturating_add(1);
+                return;
+            }
+        };
+        let h = entry.header;
+        // No second checkpoint at the disputed one's size says otherwise: its signature
+        // stands, and the entry before it was changed. This entry's link is then judged
+        // against the head it signs (an attacker without the key who rewrote this link
+        // too, re-chaining, is named here as well).
+        self.settle(true);
+        // This entry's own findings from here on.
+        let found_before = self.found();
+        if at == 0 && h.entry_type == EntryType::Genesis && h.ledger_id != self.ledger_id {
+            // The ids are compared before any signature (as minisign compares key ids):
+            // this is another ledger's key, a user's mistake, not tampering. The rest is
+            // judged against its own genesis, so the report still says what it holds.
+            self.key_mismatch = Some(KeyMismatch {
+                key_ledger_id: self.ledger_id.to_string(),
+                ledger_id: h.ledger_id.to_string(),
+            });
+            self.ledger_id = h.ledger_id;
+            self.foreign = true;
+        } else if h.ledger_id != self.ledger_id {
+            self.find(
+                FindingKind::WrongLedger,
+                at,
+                format!(
+                    "entry belongs to ledger {}, not {} (spliced from another ledger)",
+                    h.ledger_id, self.ledger_id
+                ),
+            );
+        }
+        if h.seq != expected {
+            let what = if h.seq < expected {
+                "duplicated or reordered"
+            } else {
+                "entries missing"
+            };
+            self.find(
+                FindingKind::SeqBreak,
+                at,
+                format!("expected seq {expected}, found seq {} ({what})", h.seq),
+            );
+        }
+        if h.prev_hash != self.head {
+            // Whose bytes changed, this entry's link or the entry before, a valid
+            // checkpoint after this entry tells (see `Suspect`); until then it is the link.
+            let from_here = self.found() == found_before && h.seq == expected && at > 0;
+            let (found, want) = differing(&h.prev_hash, &self.head);
+            self.hashes = Some(full(&h.prev_hash, &self.head));
+            let index = self.findings.len();
+            self.find(
+                FindingKind::BrokenLink,
+                at,
+                format!("previous-hash {found} is not the hash {want} of the entry before"),
+            );
+            self.suspect = from_here.then(|| Suspect {
+                link_at: at,
+                finding: (self.findings.len() > index).then_some(index),
+                before_clean,
+                stored: self.head,
+                linked: h.prev_hash,
+            });
+        }
+        if h.wall_ms < self.head_wall {
+            self.find(
+                FindingKind::TimeRegression,
+                at,
+                format!(
+                    "wall time {} ms is before the previous entry's {} ms",
+                    h.wall_ms, self.head_wall
+                ),
+            );
+        }
+        match h.entry_type {
+            EntryType::Genesis => self.genesis(&entry, at),
+            EntryType::Epoch => self.epoch_cert(&entry, at),
+            EntryType::Decision => {
+                self.decisions += 1;
+                if self.epoch_keys.is_empty() {
+                    self.find(FindingKind::BadGenesis, at, "decision before any genesis");
+                } else if h.epoch != self.head_epoch {
+                    self.find(
+                        FindingKind::EpochBreak,
+                        at,
+                        format!(
+                            "decision claims epoch {} but epoch {} is in force",
+                            h.epoch, self.head_epoch
+                        ),
+                    );
+                }
+            }
+            _ => self.find(FindingKind::Malformed, at, "unknown entry type"),
+        }
+        self.head = entry.hash();
+        self.head_wall = h.wall_ms;
+        self.next_seq = h.seq.saturating_add(1);
+        self.last_clean = self.found() == found_before && h.seq == expected;
+        if self.decrypt && h.entry_type == EntryType::Decision {
+            match self.data_keys.get(&h.epoch) {
+                Some(key) => self.batch.push(Pending {
+                    seq: h.seq,
+                    wall_ms: h.wall_ms,
+                    epoch: h.epoch,
+                    key: Arc::clone(key),
+                    bytes,
+                }),
+                None => self.find(
+                    FindingKind::Undecryptable,
+                    at,
+                    format!(
+                        "no data key for epoch {}: its certificate is missing or invalid",
+                        h.epoch
+                    ),
+                ),
+            }
+        }
+        self.check_anchors();
+    }
+
+    pub(super) fn genesis(&mut self, entry: &Entry<'_>, seq: u64) {
+        let Some(g) = entry.genesis() else { return };
+        if !self.epoch_keys.is_empty() {
+            self.find(FindingKind::BadGenesis, seq, "a second genesis entry");
+            return;
+        }
+        if self.foreign {
+            // Already reported: ledger.pub belongs to another ledger.
+        } else if g.verifying_key != self.opts.public.verifying_key {
+            self.find(
+                FindingKind::BadGenesis,
+                seq,
+                format!(
+                    "genesis key {} is not the key in ledger.pub {} (wrong verification key, or another ledger)",
+                    hex::encode(tally_ledger::format::key_id(&g.verifying_key)),
+                    hex::encode(tally_ledger::format::key_id(&self.opts.public.verifying_key))
+                ),
+            );
+        } else if verify_signature(
+            &g.verifying_key,
+            &entry.signed_message(),
+            &g.signature,
+            "genesis",
+        )
+        .is_err()
+        {
+            self.find(
+                FindingKind::BadGenesis,
+                seq,
+                "genesis signature does not verify",
+            );
+        }
+        self.epoch_keys.push(g.verifying_key);
+        if let Some(auditor) = &self.opts.auditor {
+            if auditor.public() != g.recipient {
+                self.auditor_mismatch = true;
+                self.decrypt = false;
+                self.batch.clear();
+            } else {
+                self.add_data_key(0, &g.ephemeral, seq);
+            }
+        }
+    }
+
+    fn epoch_cert(&mut self, entry: &Entry<'_>, at: u64) {
+        let h = entry.header;
+        let Some(c) = entry.epoch_cert() else { return };
+        let current = self.head_epoch;
+        if self.epoch_keys.is_empty() {
+            self.find(
+                FindingKind::BadGenesis,
+                at,
+                "epoch certificate before any genesis",
+            );
+            return;
+        }
+        if current.checked_add(1) != Some(h.epoch) {
+            // Not adopted: a claimed epoch never sizes anything (one flipped bit must not
+            // make the verifier reserve a key per epoch up to 2^32).
+            self.find(
+                FindingKind::EpochBreak,
+                at,
+                format!("certificate for epoch {} follows epoch {current}", h.epoch),
+            );
+            return;
+        }
+        let signer = self.epoch_keys[self.epoch_keys.len() - 1];
+        if verify_signature(
+            &signer,
+            &entry.signed_message(),
+            &c.signature,
+            "epoch certificate",
+        )
+        .is_err()
+        {
+            self.find(
+                FindingKind::BadEpochCertificate,
+                at,
+                format!(
+                    "epoch {} key is not certified by epoch {current}'s key",
+                    h.epoch
+                ),
+            );
+        }
+        // Walk on with the new key (already reported if uncertified), so later entries
+        // are judged on their own.
+        self.epoch_keys.push(c.verifying_key);
+        self.head_epoch = h.epoch;
+        if self.decrypt {
+            self.add_data_key(h.epoch, &c.ephemeral, at);
+        }
+    }
+
+    fn add_data_key(&mut self, epoch: u32, ephemeral: &[u8; 32], seq: u64) {
+        let Some(auditor) = &self.opts.auditor else {
+            return;
+        };
+        match auditor.epoch_key(ephemeral, self.ledger_id, epoch) {
+            Ok(k) => {
+                self.data_keys.insert(epoch, Arc::new(k));
+            }
+            Err(e) => self.find(
+                FindingKind::Undecryptable,
+                seq,
+                format!("epoch {epoch} data key: {e}"),
+            ),
+        }
+    }
+}

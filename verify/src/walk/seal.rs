@@ -1,0 +1,292 @@
+//! Checkpoints on the walk: each one's signature, size and head against the entries
+//! walked, what it vouches for, the end position and the anchors.
+
+use tally_ledger::keys::verify_checkpoint;
+use tally_ledger::Checkpoint;
+
+use crate::finding::{Finding, FindingKind};
+use crate::report::AnchorStatus;
+
+use super::{differing, full, Disputed, Walk};
+
+impl Walk<'_> {
+    /// Leave the current position: say how many copies of a checkpoint stood there.
+    pub(super) fn end_position(&mut self) {
+        if let (Some(i), n) = (self.duplicate.take(), self.duplicates_here) {
+            if n > 1 {
+                if let Some(f) = self.findings.get_mut(i) {
+                    f.detail = format!(
+                        "{n} more checkpoints of size {} after the first (the ledger keeps one per size: copies were added)",
+                        f.seq
+                    );
+                }
+            }
+        }
+        self.duplicates_here = 0;
+        self.checkpoints_here = 0;
+        self.head_here = None;
+        self.text_here = None;
+    }
+
+    /// A second stored checkpoint at this position: the store keeps one per size, so it
+    /// was added. One finding per position, however many copies.
+    fn duplicate_checkpoint(&mut self, n: u64) {
+        self.duplicates_here += 1;
+        if self.duplicates_here == 1 {
+            if self.findings.len() < self.opts.max_findings {
+                self.duplicate = Some(self.findings.len());
+            }
+            self.find(
+                FindingKind::CheckpointDuplicate,
+                n,
+                format!(
+                    "a second checkpoint of size {n} (the ledger keeps one per size: copies were added)"
+                ),
+            );
+        }
+    }
+
+    pub(super) fn checkpoint(&mut self, text: &[u8]) {
+        let n = self.next_seq;
+        if self.text_here.as_deref() == Some(text) {
+            // An exact copy of the checkpoint just read: no need to check it again.
+            self.duplicate_checkpoint(n);
+            return;
+        }
+        let cp = match Checkpoint::from_text(text) {
+            Ok(cp) => cp,
+            Err(e) => {
+                self.find(
+                    FindingKind::CheckpointMalformed,
+                    n,
+                    format!("checkpoint after seq {}: {e}", n.saturating_sub(1)),
+                );
+                return;
+            }
+        };
+        match self.check_seal(&cp, "checkpoint") {
+            Ok(()) => self.vouched(n),
+            Err((FindingKind::CheckpointHeadMismatch, why))
+                if self.last_clean && self.checkpoints_here == 0 && n > 0 =>
+            {
+                // Validly signed, over another head than the clean entry before it: what
+                // follows says which of the two was changed (`Disputed`).
+                self.hashes = None;
+                self.disputed = Some(Disputed {
+                    n,
+                    entry: self.position - 1,
+                    stored: self.head,
+                    signed: cp.head,
+                    mismatch: why,
+                });
+                self.suspect = None;
+                self.text_here = Some(text.to_vec());
+                self.checkpoints_here += 1;
+                return;
+            }
+            Err((FindingKind::CheckpointHeadMismatch, _))
+                if self.disputed.as_ref().is_some_and(|d| d.signed == cp.head) =>
+            {
+                // Another valid checkpoint signing the disputed head: a copy (the ledger
+                // keeps one per size), and one more witness against the entry.
+                self.hashes = None;
+                self.checkpoints_here += 1;
+                self.duplicate_checkpoint(n);
+                return;
+            }
+            Err((kind, why)) => {
+                if kind == FindingKind::Fork {
+                    // A second valid checkpoint here that disagrees with a disputed one:
+                    // the disputed one is the odd one (a fork), not the entry.
+                    self.settle(false);
+                }
+                if kind == FindingKind::CheckpointHeadMismatch {
+                    // The entries since the last broken link do not hash to what was
+                    // signed: nothing tells which side of that link was changed.
+                    self.suspect = None;
+                }
+                self.find(kind, cp.size.min(n), why);
+                return;
+            }
+        }
+        // Only valid checkpoints count as copies: an invalid one is its own finding.
+        self.text_here = Some(text.to_vec());
+        self.checkpoints_here += 1;
+        if self.checkpoints_here > 1 {
+            self.duplicate_checkpoint(n);
+            return;
+        }
+        if !self.broken && self.key_mismatch.is_none() {
+            // Nothing is sealed under another ledger's key.
+            self.sealed = cp.size;
+            self.last_checkpoint = Some(cp);
+        }
+    }
+
+    /// A valid checkpoint of size `n` signs the chain as read: every entry since the last
+    /// broken link is as written, that link included, so the entry before the link is the
+    /// one whose bytes were changed (unless it has a finding of its own already).
+    pub(super) fn vouched(&mut self, n: u64) {
+        let Some(s) = self.suspect.take() else { return };
+        let (Some(i), true) = (s.finding, s.before_clean) else {
+            return;
+        };
+        let entry = s.link_at - 1;
+        let (found, want) = differing(&s.stored, &s.linked);
+        self.findings[i] = Finding {
+            kind: FindingKind::EntryAltered,
+            seq: entry,
+            detail: format!(
+                "entry {entry} was changed after it was written: its bytes hash to {found}, \
+                 but entry {} (sealed by the checkpoint of size {n}) records {want}",
+                s.link_at
+            ),
+            hashes: Some(full(&s.stored, &s.linked)),
+        };
+    }
+
+    /// Settle a disputed checkpoint: `changed`, the entry before it was changed after it
+    /// was sealed (and the walk goes on from the head the checkpoint signs, so the next
+    /// entry's link is judged against what was sealed: one changed entry, one finding);
+    /// else the checkpoint's head is the odd one.
+    pub(super) fn settle(&mut self, changed: bool) {
+        let Some(d) = self.disputed.take() else {
+            return;
+        };
+        if changed {
+            let (found, want) = differing(&d.stored, &d.signed);
+            self.hashes = Some(full(&d.stored, &d.signed));
+            self.find(
+                FindingKind::EntryAltered,
+                d.entry,
+                format!(
+                    "entry {} was changed after it was sealed: its bytes hash to {found}, \
+                     but the checkpoint of size {} signs {want}",
+                    d.entry, d.n
+                ),
+            );
+            self.head = d.signed;
+        } else {
+            self.hashes = Some(full(&d.signed, &d.stored));
+            self.find(FindingKind::CheckpointHeadMismatch, d.n, d.mismatch);
+        }
+    }
+
+    /// Check a checkpoint or anchor against the chain at the current position.
+    fn check_seal(&mut self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
+        let n = self.next_seq;
+        if cp.ledger_id != self.ledger_id {
+            return Err((
+                FindingKind::CheckpointWrongLedger,
+                format!(
+                    "{what} belongs to ledger {}, not {}",
+                    cp.ledger_id, self.ledger_id
+                ),
+            ));
+        }
+        if cp.size != n {
+            return Err((
+                FindingKind::CheckpointMisplaced,
+                if cp.size > n {
+                    format!("{what} seals {} entries but only {n} precede it (entries were removed: truncated)", cp.size)
+                } else {
+                    format!(
+                        "{what} seals {} entries but stands after entry {}",
+                        cp.size,
+                        n - 1
+                    )
+                },
+            ));
+        }
+        let key = self.epoch_keys.get(cp.epoch as usize).copied();
+        if cp.epoch != self.head_epoch {
+            let signed = match key {
+                Some(k) if verify_checkpoint(cp, &k).is_ok() => "validly signed",
+                _ => "claiming to be signed",
+            };
+            return Err((
+                FindingKind::CheckpointWrongEpoch,
+                format!(
+                    "{what} is {signed} by epoch {}'s key, but entry {} is in epoch {} (re-sealed with another epoch's key)",
+                    cp.epoch,
+                    n - 1,
+                    self.head_epoch
+                ),
+            ));
+        }
+        let Some(key) = key else {
+            return Err((
+                FindingKind::CheckpointBadSignature,
+                format!(
+                    "{what} claims epoch {} but the ledger has no key for it here",
+                    cp.epoch
+                ),
+            ));
+        };
+        if let Err(e) = verify_checkpoint(cp, &key) {
+            return Err((
+                FindingKind::CheckpointBadSignature,
+                format!("{what} of epoch {}: {e}", cp.epoch),
+            ));
+        }
+        // The first head seen at this size (a checkpoint's or an anchor's) is the one
+        // others must match: a constant-time check, however many checkpoints follow.
+        match self.head_here {
+            Some(h) if h != cp.head => {
+                return Err((
+                    FindingKind::Fork,
+                    format!("two validly signed checkpoints of size {n} with different heads"),
+                ));
+            }
+            Some(_) => {}
+            None => self.head_here = Some(cp.head),
+        }
+        if cp.head != self.head {
+            let (found, want) = differing(&cp.head, &self.head);
+            // Taken by the finding the caller makes of this error.
+            self.hashes = Some(full(&cp.head, &self.head));
+            return Err((
+                FindingKind::CheckpointHeadMismatch,
+                format!("{what} head {found} is not the chain's hash {want} at size {n}"),
+            ));
+        }
+        if cp.wall_ms < self.head_wall {
+            return Err((
+                FindingKind::CheckpointTime,
+                format!(
+                    "{what} time {} ms is before the entry it seals ({} ms)",
+                    cp.wall_ms, self.head_wall
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_anchors(&mut self) {
+        self.end_position();
+        let n = self.next_seq;
+        let mut i = 0;
+        while i < self.anchors.len() {
+            if self.anchors[i].0.size == n && self.anchors[i].1.is_none() {
+                let anchor = self.anchors[i].0.clone();
+                let status = match self.check_seal(&anchor, "anchor") {
+                    Ok(()) => AnchorStatus::Matched,
+                    Err((kind, why)) => {
+                        let kind = match kind {
+                            FindingKind::CheckpointHeadMismatch | FindingKind::Fork => {
+                                FindingKind::Fork
+                            }
+                            _ => FindingKind::AnchorInvalid,
+                        };
+                        self.find(kind, n, why);
+                        AnchorStatus::Mismatch
+                    }
+                };
+                self.anchors[i].1 = Some(status);
+                // The anchor's head stays in `head_here` so a stored checkpoint of the
+                // same size with another head is reported as a fork.
+            }
+            i += 1;
+        }
+    }
+}
