@@ -1,0 +1,115 @@
+//! The schema: its tables and migrations, the prepared statements, and how a state row's
+//! value is encoded.
+
+use tally_gate::GateError;
+use tokio_postgres::Statement;
+
+/// The first byte of every stored state value: the encoding that follows (postcard of the
+/// policy core's state types; 2 since the core became the only judge, whose run state
+/// records overruns and forgotten attempts). State of another format is never read: a
+/// field read at the wrong place would be a wrong budget, so it is refused with its cause.
+/// the same as the embedded backend's.
+pub(crate) const STATE_FORMAT: u8 = 2;
+
+pub(crate) fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    let mut out = vec![STATE_FORMAT];
+    // Structs of numbers, strings, options and maps always serialize.
+    out.extend(postcard::to_allocvec(v).unwrap_or_default());
+    out
+}
+
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(
+    what: &str,
+    bytes: &[u8],
+) -> Result<T, GateError> {
+    let unreadable = |why: String| {
+        GateError::Unavailable(format!(
+            "the gate's state for {what} in PostgreSQL is unreadable: {why}"
+        ))
+    };
+    match bytes.split_first() {
+        Some((&STATE_FORMAT, rest)) => {
+            postcard::from_bytes(rest).map_err(|e| unreadable(e.to_string()))
+        }
+        Some((1, _)) => Err(unreadable(
+            "it was written by an older tally (state format 1; this one reads 2): finish or \
+             stop its runs with that version, or serve a new ledger"
+                .into(),
+        )),
+        Some((other, _)) => Err(unreadable(format!(
+            "unknown state format {other} (this tally reads 2): was it written by a newer tally?"
+        ))),
+        None => Err(unreadable("empty".into())),
+    }
+}
+
+pub(crate) const SCHEMA_V1: &str = "
+CREATE TABLE tally_runs (
+    name text PRIMARY KEY,
+    state bytea,
+    version bigint NOT NULL,
+    owner_uid bigint,
+    parent text,
+    open boolean NOT NULL
+);
+CREATE INDEX tally_runs_open_parent ON tally_runs (parent) WHERE open;
+CREATE INDEX tally_runs_open_owner ON tally_runs (owner_uid) WHERE open;
+CREATE TABLE tally_tools (
+    name text PRIMARY KEY,
+    state bytea NOT NULL,
+    in_flight bytea NOT NULL,
+    version bigint NOT NULL
+);
+CREATE TABLE tally_credentials (
+    name text PRIMARY KEY,
+    state bytea NOT NULL,
+    version bigint NOT NULL
+);
+CREATE TABLE tally_owners (
+    owner bigint PRIMARY KEY
+);
+";
+
+/// Version 2: the state version every decision is recorded at (docs/FLEET.md).
+pub(crate) const SCHEMA_V2: &str = "CREATE SEQUENCE IF NOT EXISTS tally_state_version AS bigint;";
+
+/// Every statement a decision uses, prepared once per connection.
+pub(crate) struct Statements {
+    pub(crate) run_lock: Statement,
+    pub(crate) run_claim: Statement,
+    pub(crate) run_exists: Statement,
+    pub(crate) runs_open: Statement,
+    pub(crate) children: Statement,
+    pub(crate) owner_lock: Statement,
+    pub(crate) owner_count: Statement,
+    pub(crate) owner_runs: Statement,
+    pub(crate) tool_lock: Statement,
+    pub(crate) tool_insert: Statement,
+    pub(crate) credential_lock: Statement,
+    pub(crate) credential_insert: Statement,
+    pub(crate) write: Statement,
+    pub(crate) next_version: Statement,
+}
+
+pub(crate) const WRITE: &str = "
+WITH r AS (
+    INSERT INTO tally_runs (name, state, version, owner_uid, parent, open)
+    SELECT $1::text, $2::bytea, 1, $3::bigint, $4::text, $5::boolean WHERE $1::text IS NOT NULL
+    ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, version = tally_runs.version + 1,
+        owner_uid = EXCLUDED.owner_uid, parent = EXCLUDED.parent, open = EXCLUDED.open
+    RETURNING version),
+t AS (
+    INSERT INTO tally_tools (name, state, in_flight, version)
+    SELECT $6::text, $7::bytea, $8::bytea, 1 WHERE $6::text IS NOT NULL
+    ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, in_flight = EXCLUDED.in_flight,
+        version = tally_tools.version + 1
+    RETURNING version),
+c AS (
+    INSERT INTO tally_credentials (name, state, version)
+    SELECT $9::text, $10::bytea, 1 WHERE $9::text IS NOT NULL
+    ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, version = tally_credentials.version + 1
+    RETURNING version)
+SELECT (SELECT version FROM r), (SELECT version FROM t), (SELECT version FROM c)";
+
+/// TCP peers (no uid) count as one owner.
+pub(crate) const NO_UID: i64 = -1;

@@ -1,0 +1,289 @@
+//! One decision's transaction: the PostgreSQL transaction, its round trips (each within
+//! the bound), the rows it read and what it writes back.
+
+use std::collections::BTreeMap;
+use std::sync::MutexGuard;
+
+use tally_gate::GateError;
+use tally_policy::{CredentialState, RunState, ToolState};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, Statement};
+
+use crate::schema::{decode, encode, Statements};
+use crate::{Conn, Postgres, TurnGuard};
+
+/// One decision's transaction: the daemon's local lock, the PostgreSQL transaction, and
+/// the rows read (locked) so far.
+pub struct PostgresTxn<'a> {
+    pub(crate) backend: &'a Postgres,
+    pub(crate) conn: MutexGuard<'a, Option<Conn>>,
+    /// Given back last (fields drop in order): after the connection's own lock.
+    pub(crate) _turn: TurnGuard<'a>,
+    /// A PostgreSQL transaction is open (or will be, with its first statement).
+    pub(crate) open: bool,
+    /// Its BEGIN was sent.
+    pub(crate) begun: bool,
+    pub(crate) runs: BTreeMap<String, RunState>,
+    pub(crate) tools: BTreeMap<String, ToolState>,
+    pub(crate) credentials: BTreeMap<String, CredentialState>,
+    pub(crate) listed: Vec<RunState>,
+    pub(crate) empty: RunState,
+}
+
+pub(crate) fn tool_from(row: &Row) -> Result<ToolState, GateError> {
+    let mut tool: ToolState = decode("a tool", row.get::<_, &[u8]>(0))?;
+    tool.in_flight = decode("a tool's calls in flight", row.get::<_, &[u8]>(1))?;
+    Ok(tool)
+}
+
+impl PostgresTxn<'_> {
+    /// The connection failed or timed out: drop it (the server rolls back) and refuse.
+    fn broken(&mut self) {
+        self.open = false;
+        if let Some(c) = self.conn.take() {
+            self.backend.close(c);
+        }
+    }
+
+    fn gone(&self) -> GateError {
+        self.backend
+            .unavailable("to keep its connection", "the connection was lost")
+    }
+
+    /// `COMMIT` or `ROLLBACK` (nothing to send if no statement began the transaction).
+    fn simple(&mut self, what: &str, sql: &str) -> Result<(), GateError> {
+        if !self.begun {
+            self.open = false;
+            return Ok(());
+        }
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(self.gone());
+        };
+        let r = self.backend.wait(what, conn.client.batch_execute(sql));
+        if r.is_err() {
+            self.broken();
+        }
+        r
+    }
+
+    pub(crate) fn rows(
+        &mut self,
+        what: &str,
+        st: fn(&Statements) -> &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, GateError> {
+        self.rows_then(what, st, params, false)
+    }
+
+    /// One statement in one round trip: preceded by `BEGIN` if it is the transaction's
+    /// first, and followed by `COMMIT` if `commit` (requests on one connection are
+    /// pipelined in order; a `COMMIT` after a failed statement only rolls back).
+    fn rows_then(
+        &mut self,
+        what: &str,
+        st: fn(&Statements) -> &Statement,
+        params: &[&(dyn ToSql + Sync)],
+        commit: bool,
+    ) -> Result<Vec<Row>, GateError> {
+        if !self.open {
+            return Err(GateError::Unavailable(
+                "the gate's transaction already ended".into(),
+            ));
+        }
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(self.gone());
+        };
+        let begin = !self.begun;
+        let client = &conn.client;
+        let statement = st(&conn.st);
+        let then = async {
+            if commit {
+                let (rows, done) = tokio::join!(
+                    client.query(statement, params),
+                    client.batch_execute("COMMIT")
+                );
+                let rows = rows?;
+                done?;
+                Ok(rows)
+            } else {
+                client.query(statement, params).await
+            }
+        };
+        let r = self.backend.wait(what, async {
+            if begin {
+                let (began, rows) = tokio::join!(client.batch_execute("BEGIN"), then);
+                began?;
+                rows
+            } else {
+                then.await
+            }
+        });
+        match &r {
+            Ok(_) if commit => self.open = false,
+            Ok(_) => self.begun = true,
+            Err(_) => self.broken(),
+        }
+        r
+    }
+
+    /// The parameters of one write statement: a run's, a tool's and a credential's rows
+    /// (any of them). `None` if this transaction holds none of them.
+    pub(crate) fn row(
+        &self,
+        run: Option<&str>,
+        tool: Option<&str>,
+        credential: Option<&str>,
+    ) -> Option<WriteRow> {
+        let run = run.and_then(|n| self.runs.get(n).map(|r| (n, r)));
+        let tool = tool.and_then(|n| self.tools.get(n).map(|t| (n, t)));
+        let credential = credential.and_then(|n| self.credentials.get(n).map(|c| (n, c)));
+        if run.is_none() && tool.is_none() && credential.is_none() {
+            return None;
+        }
+        Some(WriteRow {
+            run_name: run.map(|(n, _)| n.to_owned()),
+            run_state: run.map(|(_, r)| encode(r)),
+            owner: run.and_then(|(_, r)| r.owner_uid.map(i64::from)),
+            parent: run.and_then(|(_, r)| r.parent.clone()),
+            open: run.map(|(_, r)| r.stop.is_none()),
+            tool_name: tool.map(|(n, _)| n.to_owned()),
+            tool_state: tool.map(|(_, t)| encode(t)),
+            tool_flight: tool.map(|(_, t)| encode(&t.in_flight)),
+            cred_name: credential.map(|(n, _)| n.to_owned()),
+            cred_state: credential.map(|(_, c)| encode(c)),
+        })
+    }
+
+    /// Write rows in one statement, and commit with it if `commit`.
+    pub(crate) fn write(
+        &mut self,
+        run: Option<&str>,
+        tool: Option<&str>,
+        credential: Option<&str>,
+        commit: bool,
+    ) -> Result<(), GateError> {
+        let Some(row) = self.row(run, tool, credential) else {
+            return Ok(());
+        };
+        self.rows_then(
+            "to write a decision's state",
+            |s| &s.write,
+            &row.params(),
+            commit,
+        )?;
+        Ok(())
+    }
+
+    /// The transaction's last round trip: `last`'s write (if any), the next state
+    /// version, and `COMMIT`, pipelined. Every row the decision touches is held by now,
+    /// so the version orders it after every decision that touched one of them before.
+    pub(crate) fn seal(&mut self, last: Option<WriteRow>) -> Result<u64, GateError> {
+        if !self.open {
+            return Err(GateError::Unavailable(
+                "the gate's transaction already ended".into(),
+            ));
+        }
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(self.gone());
+        };
+        let begin = !self.begun;
+        let client = &conn.client;
+        let st = &conn.st;
+        let r = self.backend.wait("to commit a decision's state", async {
+            let params = last.as_ref().map(WriteRow::params);
+            let began = async {
+                match begin {
+                    true => client.batch_execute("BEGIN").await,
+                    false => Ok(()),
+                }
+            };
+            let written = async {
+                match &params {
+                    Some(p) => client.query(&st.write, p).await.map(drop),
+                    None => Ok(()),
+                }
+            };
+            // Requests go out on their futures' first polls, in order. A write that fails
+            // before it is sent (its parameters do not encode) must not be followed by
+            // the COMMIT of what came before it: polled once first, alone.
+            let mut began = std::pin::pin!(futures::future::maybe_done(began));
+            let mut written = std::pin::pin!(futures::future::maybe_done(written));
+            let _ = futures::poll!(began.as_mut());
+            let _ = futures::poll!(written.as_mut());
+            if let Some(Err(_)) = written.as_mut().output_mut() {
+                if let Some(Err(e)) = written.as_mut().take_output() {
+                    return Err(e);
+                }
+            }
+            let (_, _, version, committed) = tokio::join!(
+                began.as_mut(),
+                written.as_mut(),
+                client.query_one(&st.next_version, &[]),
+                client.batch_execute("COMMIT")
+            );
+            if let Some(r) = began.as_mut().take_output() {
+                r?;
+            }
+            if let Some(r) = written.as_mut().take_output() {
+                r?;
+            }
+            let version = version?;
+            committed?;
+            Ok(version.get::<_, i64>(0))
+        });
+        match r {
+            Ok(v) => {
+                self.open = false;
+                u64::try_from(v).map_err(|_| {
+                    self.backend
+                        .unavailable("to number a decision", "the state version is negative")
+                })
+            }
+            Err(e) => {
+                self.broken();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// One write statement's parameters (see [`WRITE`]).
+pub(crate) struct WriteRow {
+    pub(crate) run_name: Option<String>,
+    pub(crate) run_state: Option<Vec<u8>>,
+    pub(crate) owner: Option<i64>,
+    pub(crate) parent: Option<String>,
+    pub(crate) open: Option<bool>,
+    pub(crate) tool_name: Option<String>,
+    pub(crate) tool_state: Option<Vec<u8>>,
+    pub(crate) tool_flight: Option<Vec<u8>>,
+    pub(crate) cred_name: Option<String>,
+    pub(crate) cred_state: Option<Vec<u8>>,
+}
+
+impl WriteRow {
+    fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+        [
+            &self.run_name,
+            &self.run_state,
+            &self.owner,
+            &self.parent,
+            &self.open,
+            &self.tool_name,
+            &self.tool_state,
+            &self.tool_flight,
+            &self.cred_name,
+            &self.cred_state,
+        ]
+    }
+}
+
+impl Drop for PostgresTxn<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            // Not committed: keep nothing (a failure here drops the connection, which
+            // rolls back on the server too).
+            let _ = self.simple("to roll back", "ROLLBACK");
+        }
+    }
+}
