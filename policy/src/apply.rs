@@ -4,18 +4,18 @@
 //! allow is [`crate::judge`]'s to say, and `apply` returns it; the fold itself never
 //! wraps a number.
 
-use tally_record::decision::Limit;
 use tally_record::{Decision, Effect, Kind, Status};
 
+use crate::call::{counts, use_grant, Call, View};
 use crate::config::Policy;
-use crate::decide::{counts, Call, View};
 use crate::judge::{grant_in_force, is_final, judge, Inconsistency};
 use crate::start::{carry_over, delegate, Family};
+pub use crate::state::standing;
+use crate::state::Now;
 use crate::state::{
-    call_id, op_key, result_key, Attempt, Breaker, CredentialState, Grant, Probe, Recent, RunState,
+    call_id, result_key, Attempt, Breaker, CredentialState, Grant, Probe, Recent, RunState,
     ToolState, Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
 };
-use crate::Now;
 
 /// The state a decision changes.
 #[derive(Debug)]
@@ -557,63 +557,4 @@ fn approve(run: &mut RunState, d: &Decision) {
         expires_ms,
         used: false,
     });
-}
-
-/// Put a grant in force for `call`: extra attempts (and side effects), extra cents, the
-/// tool unblocked, an unknown write the human reconciled; the grant is used up.
-pub(crate) fn use_grant(run: &mut RunState, grant: &Grant, call: &Call) {
-    if let Some(g) = run.grants.iter_mut().find(|g| g.digest == grant.digest) {
-        g.used = true;
-    }
-    let s = &grant.scope;
-    if s.cents.is_some_and(|c| c > 0) {
-        // A human granted more cents: spend may go on after an overrun (a new one stops
-        // it again).
-        run.overrun = false;
-    }
-    run.extra_attempts = run.extra_attempts.saturating_add(s.attempts.unwrap_or(0));
-    run.extra_cents = run.extra_cents.saturating_add(s.cents.unwrap_or(0));
-    if let Some(t) = &s.tool {
-        if !run.unblocked.contains(t) {
-            run.unblocked.push(t.clone());
-        }
-    }
-    if s.operation.is_some() || s.tool.is_some() {
-        let op = op_key(
-            Some(&call.tool),
-            call.operation.as_deref(),
-            call.args_digest.as_deref(),
-        );
-        run.unknown.remove(&op);
-        run.ops.remove(&op);
-    }
-    if s.attempts.is_some_and(|a| a > 0) {
-        // More attempts for the operation too, not only for the run.
-        let op = op_key(
-            Some(&call.tool),
-            call.operation.as_deref(),
-            call.args_digest.as_deref(),
-        );
-        run.ops.remove(&op);
-    }
-}
-
-/// The limits snapshot of a run as it stands (every decision's `limits` starts from it,
-/// and `GET /v1/runs/{run}` shows it).
-pub fn standing(run: &RunState, now: Now) -> std::collections::BTreeMap<String, Limit> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut put = |name: &str, used: u64, limit: Option<u64>| {
-        if let Some(limit) = limit {
-            out.insert(name.to_owned(), Limit { used, limit });
-        }
-    };
-    put("attempts", run.attempts_used, run.attempts_limit());
-    put("spend_cents", run.spent_cents(), run.spend_limit());
-    put(
-        "side_effects",
-        run.side_effects_used,
-        run.side_effects_limit(),
-    );
-    put("deadline_ms", run.run_ms(now), run.budget.deadline_ms);
-    out
 }

@@ -6,11 +6,12 @@
 //! `{"approver", "expires_ms", "run", "scope"}`; the approver signs the 32 digest bytes
 //! with Ed25519.
 
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
 use serde_json::json;
 use tally_record::decision::{canonical_json, Scope};
 use tally_record::Decision;
 
+pub use crate::config::public_key;
 use crate::config::Policy;
 use crate::error::ApprovalError;
 
@@ -33,12 +34,6 @@ pub fn digest(run: &str, approver: &str, scope: &Scope, expires_ms: u64) -> Stri
 pub fn sign(key: &SigningKey, digest_hex: &str) -> String {
     let bytes = hex::decode(digest_hex).unwrap_or_default();
     hex::encode(key.sign(&bytes).to_bytes())
-}
-
-/// An Ed25519 public key from 64 hex characters.
-pub fn public_key(hex_key: &str) -> Option<VerifyingKey> {
-    let bytes: [u8; 32] = hex::decode(hex_key).ok()?.try_into().ok()?;
-    VerifyingKey::from_bytes(&bytes).ok()
 }
 
 /// Check an override record against the policy: a listed approver, a digest that covers

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use tally_record::decision::{policy_digest, Budget, MAX_POLICY_BYTES};
 use tally_record::{Effect, Reason};
 
+use ed25519_dalek::VerifyingKey;
+
 use crate::error::PolicyError;
 
 /// A policy as the gate enforces it. Parse with [`Policy::from_toml`]; every field has
@@ -388,7 +390,7 @@ impl Policy {
         for (name, key) in &self.approvals.approvers {
             let ok = key.len() == 64
                 && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-                && crate::approval::public_key(key).is_some();
+                && public_key(key).is_some();
             if !ok || name.is_empty() {
                 return invalid(
                     &format!("approvals.approvers.{name}"),
@@ -583,4 +585,11 @@ fn readable(message: &str) -> String {
     } else {
         words
     }
+}
+
+/// An Ed25519 public key from 64 hex characters (an approver's key, as the policy gives
+/// it).
+pub fn public_key(hex_key: &str) -> Option<VerifyingKey> {
+    let bytes: [u8; 32] = hex::decode(hex_key).ok()?.try_into().ok()?;
+    VerifyingKey::from_bytes(&bytes).ok()
 }

@@ -5,100 +5,15 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tally_record::decision::{Channel, Limit};
+use tally_record::decision::Limit;
 use tally_record::{Decision, Effect, Kind, Reason};
 
+use crate::call::{counts, grant_fits, grant_live, use_grant};
+pub use crate::call::{Call, View};
 use crate::config::{matches, target_matches, Policy};
 use crate::rules::{loop_rule, poll_rule, retry_rule, PollRule};
-use crate::start::Family;
-use crate::state::{call_key, op_key, Breaker, CredentialState, Grant, RunState, ToolState};
-use crate::Now;
-
-/// One intended call, as the agent asked for it (its arguments already digested).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Call {
-    /// The run.
-    pub run: String,
-    /// The worker asking.
-    pub worker: Option<String>,
-    /// The tool.
-    pub tool: String,
-    /// The logical operation.
-    pub operation: Option<String>,
-    /// BLAKE3 of the canonical JSON of the arguments.
-    pub args_digest: Option<String>,
-    /// A bounded preview of the arguments.
-    pub args_preview: Option<String>,
-    /// Effect class (the gate requires one).
-    pub effect: Option<Effect>,
-    /// The caller's idempotency key.
-    pub idempotency_key: Option<String>,
-    /// Destination host.
-    pub target: Option<String>,
-    /// How the call travels.
-    pub channel: Option<Channel>,
-    /// Agent chain depth.
-    pub depth: Option<u64>,
-    /// Cents to reserve.
-    pub reserve_cents: u64,
-    /// The remote operation it reads, for a poll.
-    pub remote_ref: Option<String>,
-    /// The credential it is made under.
-    pub credential: Option<String>,
-    /// The call's own time limit, ms.
-    pub timeout_ms: Option<u64>,
-    /// The asking process's uid.
-    pub uid: Option<u32>,
-}
-
-impl Call {
-    /// The call an allow or deny record describes (for replay).
-    pub fn from_record(d: &Decision) -> Call {
-        Call {
-            run: d.run.clone(),
-            worker: d.worker.clone(),
-            tool: d.tool.clone().unwrap_or_default(),
-            operation: d.operation.clone(),
-            args_digest: d.args_digest.clone(),
-            args_preview: d.args_preview.clone(),
-            effect: d.effect,
-            idempotency_key: d.idempotency_key.clone(),
-            target: d.target.clone(),
-            channel: d.channel,
-            depth: d.depth,
-            reserve_cents: d.reserve_cents.unwrap_or(0),
-            remote_ref: d.remote_ref.clone(),
-            credential: d.credential.clone(),
-            timeout_ms: d.timeout_ms,
-            uid: d.uid,
-        }
-    }
-
-    /// The key identical calls share (tool and argument digest, else operation).
-    pub fn key(&self) -> u64 {
-        call_key(
-            Some(&self.tool),
-            self.operation.as_deref(),
-            self.args_digest.as_deref(),
-        )
-    }
-
-    /// The logical operation it belongs to (its retries are counted per operation).
-    pub fn op(&self) -> u64 {
-        op_key(
-            Some(&self.tool),
-            self.operation.as_deref(),
-            self.args_digest.as_deref(),
-        )
-    }
-
-    fn is_write(&self) -> bool {
-        matches!(
-            self.effect,
-            Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
-        )
-    }
-}
+use crate::state::Now;
+use crate::state::{Breaker, Grant, RunState};
 
 /// The gate's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -110,32 +25,6 @@ pub enum Verdict {
     Deny,
     /// Do not make it; a human may approve it.
     RequireApproval,
-}
-
-/// The state a decision reads: the run's, and (where the call has them) its tool's and
-/// its credential's; for a start, the runs it names.
-#[derive(Clone, Copy, Debug)]
-pub struct View<'a> {
-    /// The run.
-    pub run: &'a RunState,
-    /// The downstream tool.
-    pub tool: Option<&'a ToolState>,
-    /// The credential.
-    pub credential: Option<&'a CredentialState>,
-    /// For a start: its parent, the run it continues, the uid's open runs.
-    pub family: Family<'a>,
-}
-
-impl<'a> View<'a> {
-    /// The run's own state alone.
-    pub fn of(run: &'a RunState) -> View<'a> {
-        View {
-            run,
-            tool: None,
-            credential: None,
-            family: Family::default(),
-        }
-    }
 }
 
 /// A decision: the verdict, and the exact record to append.
@@ -193,7 +82,7 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
                 // Decide again as if the grant were in force: allow only if nothing else
                 // stands in the way.
                 let mut granted = run.clone();
-                crate::apply::use_grant(&mut granted, g, call);
+                use_grant(&mut granted, g, call);
                 let view = View {
                     run: &granted,
                     ..state
@@ -283,11 +172,6 @@ fn timeout(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> u64 {
         Some(d) => own.min(d.saturating_sub(run_ms)),
         None => own,
     }
-}
-
-/// Whether `call` uses an attempt: exempt tools and polls do not.
-pub(crate) fn counts(policy: &Policy, call_tool: &str, poll: bool) -> bool {
-    !poll && !policy.scope.exempt.iter().any(|p| matches(p, call_tool))
 }
 
 fn first_refusal(
@@ -496,29 +380,13 @@ fn usable_grant<'a>(
         .ok_or(Some(Reason::ApprovalExpired))
 }
 
-/// Whether a grant is for this call: its tool and operation, where it names them.
-pub(crate) fn grant_fits(g: &Grant, call: &Call) -> bool {
-    let s = &g.scope;
-    let tool_ok = s.tool.as_ref().is_none_or(|t| t == &call.tool);
-    let op_ok = s
-        .operation
-        .as_ref()
-        .is_none_or(|o| call.operation.as_ref() == Some(o));
-    tool_ok && op_ok
-}
-
-/// Whether a grant is still valid at run time `run_ms`.
-pub(crate) fn grant_live(g: &Grant, run_ms: u64) -> bool {
-    run_ms < g.expires_ms
-}
-
 /// The `{dimension: {used, limit}}` snapshot of a decision.
 fn limits(run: &RunState, call: &Call, run_ms: u64) -> BTreeMap<String, Limit> {
     let now = Now {
         wall_ms: 0,
         at_ms: Some(run_ms),
     };
-    let mut out = crate::apply::standing(run, now);
+    let mut out = crate::state::standing(run, now);
     if let (Some(depth), Some(limit)) = (call.depth, run.budget.depth) {
         out.insert("depth".to_owned(), Limit { used: depth, limit });
     }

@@ -15,13 +15,22 @@
 //!
 //! Pure: no I/O and no clock (the caller passes [`Now`]), ordered maps wherever order
 //! can reach output, checked arithmetic.
+//!
+//! Modules depend on each other one way, each only on those before it here (checked by
+//! `tests/layers`): `error`, `config`, `approval`, `state` (with [`Now`]),
+//! `inconsistency` (what judging finds), `start`, `call` (a call, the view a decision
+//! reads, and what a grant covers), `rules`, `decide`, `judge`, `apply`. Items moved down
+//! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
+//! `apply::standing`, ...).
 #![forbid(unsafe_code)]
 
 pub mod apply;
 pub mod approval;
+pub mod call;
 pub mod config;
 pub mod decide;
 pub mod error;
+pub mod inconsistency;
 pub mod judge;
 pub mod rules;
 pub mod start;
@@ -34,15 +43,4 @@ pub use error::{ApprovalError, PolicyError};
 pub use judge::{judge, Dimension, Inconsistency};
 pub use rules::{loop_rule, poll_rule, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
-pub use state::{Breaker, CredentialState, RunState, ToolState};
-
-use serde::{Deserialize, Serialize};
-
-/// The time of a decision, passed in: the core reads no clock.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Now {
-    /// Wall time, ms since the Unix epoch (breakers, buckets).
-    pub wall_ms: u64,
-    /// The run's own clock, ms since its start, where the record gives it.
-    pub at_ms: Option<u64>,
-}
+pub use state::{Breaker, CredentialState, Now, RunState, ToolState};

@@ -7,8 +7,8 @@
 use serde::{Deserialize, Serialize};
 use tally_record::Effect;
 
+use crate::call::Call;
 use crate::config::Policy;
-use crate::decide::Call;
 use crate::state::{tool_key, Recent, RunState};
 
 /// Which of the policy's loop breakers a call trips (`loop_repeated_call`).

@@ -4,13 +4,12 @@
 //! replay and the audit call [`judge_start`] on a recorded one, and [`crate::apply`]
 //! folds it (the carve-out from the parent, the carry-over) for all three.
 
-use serde::{Deserialize, Serialize};
 use tally_record::decision::Budget;
 use tally_record::{Decision, Effect};
 
 use crate::config::Policy;
-use crate::judge::Dimension;
-use crate::judge::Inconsistency;
+pub use crate::inconsistency::StartRefusal;
+use crate::inconsistency::{Dimension, Inconsistency};
 use crate::state::RunState;
 
 /// What a start asks for: the agent's `POST /v1/runs`, or a recorded start record.
@@ -39,44 +38,6 @@ pub struct Family<'a> {
     /// Runs the starting uid holds open (started, not stopped), where known: the gate
     /// knows it; a replay of one ledger of a fleet may not.
     pub open_runs_of_uid: Option<u64>,
-}
-
-/// Why a run may not start.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum StartRefusal {
-    /// The uid holds `max_open_runs_per_uid` open runs already.
-    #[error("the uid already holds {max} open runs (the policy's max_open_runs_per_uid)")]
-    TooManyRuns {
-        /// The policy's bound.
-        max: u64,
-    },
-    /// The parent has stopped: a child draws from a live parent only.
-    #[error("the parent run has stopped")]
-    ParentStopped,
-    /// The parent is paused: so are its new children.
-    #[error("the parent run is paused")]
-    ParentPaused,
-    /// The parent has not started.
-    #[error("the parent run has not started")]
-    ParentNotStarted,
-    /// The run it continues has not stopped.
-    #[error("the run it continues has not stopped: stop it first")]
-    ContinuedNotStopped,
-    /// The credential's `uids` do not include the starting uid.
-    #[error(
-        "the credential is not this uid's to start runs under (the policy's credentials.NAME.uids)"
-    )]
-    CredentialNotAllowed,
-    /// The starting agent is deeper than the granted depth.
-    #[error("chain depth {depth} is beyond the {limit} granted")]
-    DepthExceeded {
-        /// The depth given.
-        depth: u64,
-        /// The depth granted.
-        limit: u64,
-    },
 }
 
 /// The budget a run is granted: what it asked for, never more than the policy's ceiling

@@ -517,7 +517,7 @@ impl RunState {
 
     /// The run's clock at `now`: the writer's `at_ms` where given, else wall time since
     /// the run's start.
-    pub fn run_ms(&self, now: crate::Now) -> u64 {
+    pub fn run_ms(&self, now: Now) -> u64 {
         now.at_ms
             .unwrap_or_else(|| now.wall_ms.saturating_sub(self.start_wall_ms))
     }
@@ -583,4 +583,39 @@ impl RunState {
     pub fn remote(&self, remote_ref: &str) -> Option<&RemoteRef> {
         self.refs.get(&ref_key(remote_ref))
     }
+}
+
+/// The time of a decision, passed in: the core reads no clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Now {
+    /// Wall time, ms since the Unix epoch (breakers, buckets).
+    pub wall_ms: u64,
+    /// The run's own clock, ms since its start, where the record gives it.
+    pub at_ms: Option<u64>,
+}
+
+/// The limits snapshot of a run as it stands (every decision's `limits` starts from it,
+/// and `GET /v1/runs/{run}` shows it).
+pub fn standing(
+    run: &RunState,
+    now: Now,
+) -> std::collections::BTreeMap<String, tally_record::decision::Limit> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut put = |name: &str, used: u64, limit: Option<u64>| {
+        if let Some(limit) = limit {
+            out.insert(
+                name.to_owned(),
+                tally_record::decision::Limit { used, limit },
+            );
+        }
+    };
+    put("attempts", run.attempts_used, run.attempts_limit());
+    put("spend_cents", run.spent_cents(), run.spend_limit());
+    put(
+        "side_effects",
+        run.side_effects_used,
+        run.side_effects_limit(),
+    );
+    put("deadline_ms", run.run_ms(now), run.budget.deadline_ms);
+    out
 }

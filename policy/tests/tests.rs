@@ -7,6 +7,7 @@ mod bugs;
 mod corpus;
 mod decide;
 mod gates;
+mod layers;
 mod model;
 mod review;
 mod support;

@@ -1,0 +1,183 @@
+//! One intended call ([`Call`]) and the state a decision about it reads ([`View`]), with
+//! the rules about a call that `decide`, `judge` and `apply` share: whether it uses an
+//! attempt, whether a grant covers it, and what a grant in force changes.
+
+use serde::{Deserialize, Serialize};
+use tally_record::decision::Channel;
+use tally_record::{Decision, Effect};
+
+use crate::config::{matches, Policy};
+use crate::start::Family;
+use crate::state::{call_key, op_key, CredentialState, Grant, RunState, ToolState};
+
+/// One intended call, as the agent asked for it (its arguments already digested).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Call {
+    /// The run.
+    pub run: String,
+    /// The worker asking.
+    pub worker: Option<String>,
+    /// The tool.
+    pub tool: String,
+    /// The logical operation.
+    pub operation: Option<String>,
+    /// BLAKE3 of the canonical JSON of the arguments.
+    pub args_digest: Option<String>,
+    /// A bounded preview of the arguments.
+    pub args_preview: Option<String>,
+    /// Effect class (the gate requires one).
+    pub effect: Option<Effect>,
+    /// The caller's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Destination host.
+    pub target: Option<String>,
+    /// How the call travels.
+    pub channel: Option<Channel>,
+    /// Agent chain depth.
+    pub depth: Option<u64>,
+    /// Cents to reserve.
+    pub reserve_cents: u64,
+    /// The remote operation it reads, for a poll.
+    pub remote_ref: Option<String>,
+    /// The credential it is made under.
+    pub credential: Option<String>,
+    /// The call's own time limit, ms.
+    pub timeout_ms: Option<u64>,
+    /// The asking process's uid.
+    pub uid: Option<u32>,
+}
+
+impl Call {
+    /// The call an allow or deny record describes (for replay).
+    pub fn from_record(d: &Decision) -> Call {
+        Call {
+            run: d.run.clone(),
+            worker: d.worker.clone(),
+            tool: d.tool.clone().unwrap_or_default(),
+            operation: d.operation.clone(),
+            args_digest: d.args_digest.clone(),
+            args_preview: d.args_preview.clone(),
+            effect: d.effect,
+            idempotency_key: d.idempotency_key.clone(),
+            target: d.target.clone(),
+            channel: d.channel,
+            depth: d.depth,
+            reserve_cents: d.reserve_cents.unwrap_or(0),
+            remote_ref: d.remote_ref.clone(),
+            credential: d.credential.clone(),
+            timeout_ms: d.timeout_ms,
+            uid: d.uid,
+        }
+    }
+
+    /// The key identical calls share (tool and argument digest, else operation).
+    pub fn key(&self) -> u64 {
+        call_key(
+            Some(&self.tool),
+            self.operation.as_deref(),
+            self.args_digest.as_deref(),
+        )
+    }
+
+    /// The logical operation it belongs to (its retries are counted per operation).
+    pub fn op(&self) -> u64 {
+        op_key(
+            Some(&self.tool),
+            self.operation.as_deref(),
+            self.args_digest.as_deref(),
+        )
+    }
+
+    pub(crate) fn is_write(&self) -> bool {
+        matches!(
+            self.effect,
+            Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
+        )
+    }
+}
+
+/// The state a decision reads: the run's, and (where the call has them) its tool's and
+/// its credential's; for a start, the runs it names.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    /// The run.
+    pub run: &'a RunState,
+    /// The downstream tool.
+    pub tool: Option<&'a ToolState>,
+    /// The credential.
+    pub credential: Option<&'a CredentialState>,
+    /// For a start: its parent, the run it continues, the uid's open runs.
+    pub family: Family<'a>,
+}
+
+impl<'a> View<'a> {
+    /// The run's own state alone.
+    pub fn of(run: &'a RunState) -> View<'a> {
+        View {
+            run,
+            tool: None,
+            credential: None,
+            family: Family::default(),
+        }
+    }
+}
+
+/// Whether `call` uses an attempt: exempt tools and polls do not.
+pub(crate) fn counts(policy: &Policy, call_tool: &str, poll: bool) -> bool {
+    !poll && !policy.scope.exempt.iter().any(|p| matches(p, call_tool))
+}
+
+/// Whether a grant is for this call: its tool and operation, where it names them.
+pub(crate) fn grant_fits(g: &Grant, call: &Call) -> bool {
+    let s = &g.scope;
+    let tool_ok = s.tool.as_ref().is_none_or(|t| t == &call.tool);
+    let op_ok = s
+        .operation
+        .as_ref()
+        .is_none_or(|o| call.operation.as_ref() == Some(o));
+    tool_ok && op_ok
+}
+
+/// Whether a grant is still valid at run time `run_ms`.
+pub(crate) fn grant_live(g: &Grant, run_ms: u64) -> bool {
+    run_ms < g.expires_ms
+}
+
+/// Put a grant in force for `call`: extra attempts (and side effects), extra cents, the
+/// tool unblocked, an unknown write the human reconciled; the grant is used up.
+pub(crate) fn use_grant(run: &mut RunState, grant: &Grant, call: &Call) {
+    if let Some(g) = run.grants.iter_mut().find(|g| g.digest == grant.digest) {
+        g.used = true;
+    }
+    let s = &grant.scope;
+    if s.cents.is_some_and(|c| c > 0) {
+        // A human granted more cents: spend may go on after an overrun (a new one stops
+        // it again).
+        run.overrun = false;
+    }
+    run.extra_attempts = run.extra_attempts.saturating_add(s.attempts.unwrap_or(0));
+    run.extra_cents = run.extra_cents.saturating_add(s.cents.unwrap_or(0));
+    if let Some(t) = &s.tool {
+        if !run.unblocked.contains(t) {
+            run.unblocked.push(t.clone());
+        }
+    }
+    if s.operation.is_some() || s.tool.is_some() {
+        let op = op_key(
+            Some(&call.tool),
+            call.operation.as_deref(),
+            call.args_digest.as_deref(),
+        );
+        run.unknown.remove(&op);
+        run.ops.remove(&op);
+    }
+    if s.attempts.is_some_and(|a| a > 0) {
+        // More attempts for the operation too, not only for the run.
+        let op = op_key(
+            Some(&call.tool),
+            call.operation.as_deref(),
+            call.args_digest.as_deref(),
+        );
+        run.ops.remove(&op);
+    }
+}

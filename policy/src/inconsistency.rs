@@ -1,0 +1,220 @@
+//! What `judge` finds: an [`Inconsistency`] (a record its run's own history does not
+//! allow), the budget [`Dimension`] it names, and why a start is refused
+//! ([`StartRefusal`]). Below `start` and `judge`, which both report them.
+
+use serde::{Deserialize, Serialize};
+use tally_record::{Kind, Reason};
+
+/// A budget dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    /// Attempts.
+    Attempts,
+    /// Spend, cents.
+    SpendCents,
+    /// Side effects.
+    SideEffects,
+    /// Polls of one remote operation.
+    Polls,
+    /// Run time, ms.
+    DeadlineMs,
+    /// Chain depth.
+    Depth,
+}
+
+impl Dimension {
+    /// The dimension's name as it appears in JSON and in `limits` snapshots.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Attempts => "attempts",
+            Dimension::SpendCents => "spend_cents",
+            Dimension::SideEffects => "side_effects",
+            Dimension::Polls => "polls",
+            Dimension::DeadlineMs => "deadline_ms",
+            Dimension::Depth => "depth",
+        }
+    }
+}
+
+/// Something a record does that its run's own history does not allow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Inconsistency {
+    /// An allow beyond a limit in force (the budget, with the grants used, less what was
+    /// carved out for child runs).
+    AllowBeyondLimit {
+        /// Which limit.
+        dimension: Dimension,
+        /// Used, with this allow.
+        used: u64,
+        /// The limit in force.
+        limit: u64,
+    },
+    /// An allow after an overrun (an outcome settled above its reservation), with no
+    /// human grant of cents since: no call is free then, as its outcome could settle any
+    /// amount.
+    AllowAfterOverrun,
+    /// A record after the run's stop (outcomes of calls still open are not this: they
+    /// report what happened).
+    AfterStop {
+        /// The record's kind.
+        record: Kind,
+        /// The stop's reason.
+        stop: Reason,
+    },
+    /// A second start of the same run.
+    SecondStart,
+    /// A start showing more than the rule grants: beyond the policy's ceiling (a start
+    /// the gate wrote), or beyond what its parent had left.
+    StartBeyondGrant {
+        /// Which dimension.
+        dimension: Dimension,
+        /// What the start shows (`u64::MAX`: no limit).
+        granted: u64,
+        /// The most that could be granted.
+        most: u64,
+    },
+    /// A start the gate would have refused.
+    StartRefused {
+        /// Why.
+        refusal: StartRefusal,
+    },
+    /// An outcome for an attempt that was never allowed.
+    OutcomeWithoutAllow {
+        /// The attempt named.
+        attempt: u64,
+    },
+    /// An outcome for an attempt that already had its final outcome (`ok`, `error`,
+    /// `rejected`), or a second settlement (`settled_cents`) of one attempt.
+    DuplicateOutcome {
+        /// The attempt.
+        attempt: u64,
+    },
+    /// A refund of an attempt never allowed.
+    RefundWithoutAttempt {
+        /// The attempt named.
+        of: u64,
+    },
+    /// A second refund of one attempt.
+    RefundedTwice {
+        /// The attempt.
+        of: u64,
+    },
+    /// A non-idempotent write repeated while an earlier identical one's outcome was
+    /// unknown, with no approval.
+    RepeatedUnknownWrite {
+        /// The earlier attempt (0: one of the run it continues).
+        attempt: u64,
+    },
+    /// An approval whose signature, digest or approver does not check out, or that was
+    /// recorded twice.
+    InvalidApproval {
+        /// Why.
+        why: String,
+    },
+    /// An allow that names an approval the run does not hold unused.
+    GrantNotHeld {
+        /// The digest named.
+        digest: String,
+    },
+    /// An allow that names an approval for another tool or operation.
+    GrantMismatch {
+        /// The digest named.
+        digest: String,
+    },
+    /// An allow that names an approval past its expiry.
+    GrantExpired {
+        /// The digest named.
+        digest: String,
+        /// When it expired, run time ms.
+        expires_ms: u64,
+        /// The allow's run time, ms.
+        at_ms: u64,
+    },
+    /// An allow naming an attempt number already allowed (nothing is counted for it).
+    DuplicateAllow {
+        /// The attempt.
+        attempt: u64,
+    },
+    /// A gate-governed run's allow skips attempt numbers no record shows: the gate's
+    /// state issued them and no ledger given records them (a networked gate killed
+    /// between committing its state and recording; or a ledger of the fleet not given).
+    /// They are counted as used and never settled, as the state counted them.
+    AttemptsUnrecorded {
+        /// The first attempt skipped.
+        from: u64,
+        /// The last attempt skipped.
+        to: u64,
+    },
+    /// A number that would overflow u64.
+    Overflow {
+        /// What overflowed.
+        field: &'static str,
+    },
+}
+
+impl Inconsistency {
+    /// The finding's kind as it appears in JSON.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Inconsistency::AllowBeyondLimit { .. } => "allow_beyond_limit",
+            Inconsistency::AllowAfterOverrun => "allow_after_overrun",
+            Inconsistency::AfterStop { .. } => "after_stop",
+            Inconsistency::SecondStart => "second_start",
+            Inconsistency::StartBeyondGrant { .. } => "start_beyond_grant",
+            Inconsistency::StartRefused { .. } => "start_refused",
+            Inconsistency::OutcomeWithoutAllow { .. } => "outcome_without_allow",
+            Inconsistency::DuplicateOutcome { .. } => "duplicate_outcome",
+            Inconsistency::RefundWithoutAttempt { .. } => "refund_without_attempt",
+            Inconsistency::RefundedTwice { .. } => "refunded_twice",
+            Inconsistency::RepeatedUnknownWrite { .. } => "repeated_unknown_write",
+            Inconsistency::InvalidApproval { .. } => "invalid_approval",
+            Inconsistency::GrantNotHeld { .. } => "grant_not_held",
+            Inconsistency::GrantMismatch { .. } => "grant_mismatch",
+            Inconsistency::GrantExpired { .. } => "grant_expired",
+            Inconsistency::DuplicateAllow { .. } => "duplicate_allow",
+            Inconsistency::AttemptsUnrecorded { .. } => "attempts_unrecorded",
+            Inconsistency::Overflow { .. } => "overflow",
+        }
+    }
+}
+
+/// Why a run may not start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StartRefusal {
+    /// The uid holds `max_open_runs_per_uid` open runs already.
+    #[error("the uid already holds {max} open runs (the policy's max_open_runs_per_uid)")]
+    TooManyRuns {
+        /// The policy's bound.
+        max: u64,
+    },
+    /// The parent has stopped: a child draws from a live parent only.
+    #[error("the parent run has stopped")]
+    ParentStopped,
+    /// The parent is paused: so are its new children.
+    #[error("the parent run is paused")]
+    ParentPaused,
+    /// The parent has not started.
+    #[error("the parent run has not started")]
+    ParentNotStarted,
+    /// The run it continues has not stopped.
+    #[error("the run it continues has not stopped: stop it first")]
+    ContinuedNotStopped,
+    /// The credential's `uids` do not include the starting uid.
+    #[error(
+        "the credential is not this uid's to start runs under (the policy's credentials.NAME.uids)"
+    )]
+    CredentialNotAllowed,
+    /// The starting agent is deeper than the granted depth.
+    #[error("chain depth {depth} is beyond the {limit} granted")]
+    DepthExceeded {
+        /// The depth given.
+        depth: u64,
+        /// The depth granted.
+        limit: u64,
+    },
+}
