@@ -1,4 +1,5 @@
 //! Integration tests of tally-verify: one binary, one module per area.
 
 mod analysis;
+mod layers;
 mod merge;

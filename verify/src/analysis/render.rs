@@ -9,7 +9,7 @@ use crate::text::{duration, shown};
 use super::findings::AuditFinding;
 use super::handoff::{Coverage, Handoff, PendingStatus, StopStatus, When};
 use super::loops::{Clock, Loop, LoopEnd};
-use super::Report;
+use super::report::Report;
 use tally_policy::{Inconsistency, StartRefusal};
 
 /// The version of the JSON report schemas; it changes only when a field is removed or

@@ -11,6 +11,7 @@ use tally_ledger::{Action, Decision, Effect, Kind, Reason};
 use tally_policy::state::tool_key;
 use tally_policy::{LoopRule, PollRule};
 
+mod handoff;
 mod outcome;
 
 use super::handoff::{Completed, Observed, StopReason, StopStatus, When};
@@ -18,8 +19,12 @@ use super::loops::{CallFacts, Close, Loop, Pattern, Series, ToolStorms};
 use super::names::{CallNames, Names};
 use crate::event::Seq;
 use crate::Event;
+pub(crate) use handoff::build as build_handoff;
 use outcome::Job;
 pub(crate) use outcome::UnknownWrite;
+
+/// Completed calls a handoff lists (the latest; all are counted).
+pub(crate) const MAX_LISTED: usize = 50;
 
 /// Most workers a handoff names.
 const MAX_WORKERS: usize = 16;

@@ -189,7 +189,7 @@ impl RunAnalysis {
             };
             if let Some((a, o)) = done {
                 self.completed_total += 1;
-                if self.completed.len() >= crate::analysis::MAX_LISTED {
+                if self.completed.len() >= super::MAX_LISTED {
                     self.completed.pop_front();
                 }
                 self.completed.push_back(Completed {

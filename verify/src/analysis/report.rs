@@ -1,0 +1,79 @@
+//! What the analysis found: loops, audit findings, the replay and one handoff per run.
+
+use serde::Serialize;
+
+use super::findings::AuditFinding;
+use super::handoff::{Coverage, Handoff, LedgerCoverage};
+use super::loops::Loop;
+use crate::replay::ReplayReport;
+
+/// Everything the analysis found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// Loops, by first seq.
+    pub loops: Vec<Loop>,
+    /// Audit findings (the core's verdicts), by seq.
+    pub findings: Vec<AuditFinding>,
+    /// Findings beyond `Config::max_findings_per_run`, counted, not listed.
+    pub findings_omitted: u64,
+    /// Every gate decision decided again under its recorded policy.
+    pub replay: ReplayReport,
+    /// One handoff per run, in order of the run's first record.
+    pub handoffs: Vec<Handoff>,
+}
+
+impl Report {
+    /// Record which checkpoint covers each run: a run whose last seq is below
+    /// `sealed_size` is covered by the checkpoint over the first `sealed_size` entries
+    /// (chain head `head`, signed in `epoch`); any other run is not yet sealed.
+    pub fn set_coverage(&mut self, sealed_size: u64, head: String, epoch: u32) {
+        for h in &mut self.handoffs {
+            h.checkpoint = if h.last_seq.seq < sealed_size {
+                Coverage::Covered {
+                    size: sealed_size,
+                    head: head.clone(),
+                    epoch,
+                }
+            } else {
+                Coverage::NotYetSealed { sealed_size }
+            };
+        }
+    }
+
+    /// Record, for a merged audit, which checkpoint covers each run in each ledger:
+    /// `sealed[l - 1]` is ledger `l`'s latest checkpoint (entries sealed, head, epoch).
+    pub fn set_coverage_merged(&mut self, sealed: &[(u64, Option<String>, Option<u32>)]) {
+        for h in &mut self.handoffs {
+            let ledgers = h
+                .last_in
+                .iter()
+                .filter_map(|&(l, last_seq)| {
+                    let (size, head, epoch) = sealed.get(usize::from(l).checked_sub(1)?)?;
+                    Some(LedgerCoverage {
+                        ledger: l,
+                        last_seq,
+                        covered: last_seq < *size,
+                        size: *size,
+                        head: head.clone(),
+                        epoch: *epoch,
+                    })
+                })
+                .collect();
+            h.checkpoint = Coverage::Ledgers { ledgers };
+        }
+    }
+
+    /// The handoff of `run`, if the ledger has it.
+    pub fn handoff(&self, run: &str) -> Option<&Handoff> {
+        self.handoffs.iter().find(|h| h.run == run)
+    }
+
+    /// Whether the core found anything inconsistent, or replay any decision the policy
+    /// would not have made.
+    pub fn inconsistent(&self) -> bool {
+        !self.findings.is_empty()
+            || self.findings_omitted > 0
+            || !self.replay.findings.is_empty()
+            || self.replay.omitted > 0
+    }
+}
