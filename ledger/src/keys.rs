@@ -4,22 +4,30 @@
 //! the AEAD is XChaCha20-Poly1305 from RustCrypto, the KDF is BLAKE3's derive_key.
 //! Secrets live in zeroizing types and in 0600 files; they are never printed.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+mod epoch;
+mod files;
+
+use std::fs::{self};
 use std::path::Path;
 
 use chacha20poly1305::aead::{Aead, AeadInPlace, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
-use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
-use rand_core::{OsRng, RngCore};
+use ed25519_dalek::{Signature, VerifyingKey};
+use rand_core::OsRng;
 use x25519_dalek::{EphemeralSecret, PublicKey, StaticSecret};
 use zeroize::Zeroizing;
 
 use crate::error::{CryptoError, Error, FormatError, Result};
 use crate::format::{
-    key_id, parse_decimal, parse_hex, Checkpoint, EntryType, Hash, Header, LedgerId,
-    CONTEXT_DATA_KEY, DOMAIN_EPOCH, DOMAIN_GENESIS, EPOCH_BODY_LEN, GENESIS_BODY_LEN, HEADER_LEN,
-    TAG_LEN,
+    key_id, parse_hex, EntryType, Hash, Header, LedgerId, CONTEXT_DATA_KEY, HEADER_LEN, TAG_LEN,
+};
+
+pub use epoch::EpochSecrets;
+pub use files::{random16, read_secret_file, sync_parent, write_secret_file};
+use files::{
+    read_secret, strip_line, write_new, write_new_secret, APPROVER_PUBLIC_HEADER,
+    APPROVER_SECRET_HEADER, AUDITOR_PUBLIC_HEADER, AUDITOR_SECRET_HEADER, LEDGER_PUBLIC_HEADER,
+    LEDGER_PUBLIC_HEADER_V2,
 };
 
 /// An epoch's symmetric key for record encryption. Zeroized on drop.
@@ -329,36 +337,11 @@ impl ApproverKey {
     }
 }
 
-const APPROVER_SECRET_HEADER: &str = "tally approver secret key v1\n";
-const APPROVER_PUBLIC_HEADER: &str = "tally approver public key v1\n";
-const AUDITOR_SECRET_HEADER: &str = "tally auditor secret key v1\n";
-const AUDITOR_PUBLIC_HEADER: &str = "tally auditor public key v1\n";
-const LEDGER_PUBLIC_HEADER: &str = "tally ledger public key v1\n";
-const LEDGER_PUBLIC_HEADER_V2: &str = "tally ledger public key v2\n";
-const WRITER_HEADER: &str = "tally writer key v1\n";
-
 /// Read an auditor public key file (`auditor.pub`).
 pub fn read_auditor_public(path: &Path) -> Result<[u8; 32]> {
     let text = fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let hexpart = strip_line(&text, AUDITOR_PUBLIC_HEADER, path, "auditor public key")?;
     Ok(parse_hex::<32>(hexpart, "auditor public key")?)
-}
-
-fn strip_line<'a>(
-    text: &'a str,
-    header: &str,
-    _path: &Path,
-    what: &'static str,
-) -> Result<&'a str, FormatError> {
-    text.strip_prefix(header)
-        .and_then(|r| r.strip_suffix('\n'))
-        .filter(|r| !r.contains('\n'))
-        .ok_or_else(|| {
-            FormatError::invalid(
-                what,
-                format!("file must be `{}` and one line of hex", header.trim_end()),
-            )
-        })
 }
 
 /// The ledger's public verification key file (`ledger.pub`): ledger id, the genesis
@@ -492,287 +475,4 @@ pub fn verify_checkpoint(
         });
     }
     verify_signature(key, cp.body().as_bytes(), &cp.signature, "checkpoint")
-}
-
-/// The writer's secrets for its current epoch: signing key and data key.
-pub struct EpochSecrets {
-    /// The epoch.
-    pub epoch: u32,
-    /// Ed25519 signing key (zeroized on drop).
-    pub signing: SigningKey,
-    /// Raw data key (zeroized on drop).
-    pub data: Zeroizing<[u8; 32]>,
-    /// Seq of the entry that began this epoch (genesis or its certificate).
-    pub from_seq: u64,
-    /// Wall time the epoch began, ms since the Unix epoch.
-    pub since_ms: u64,
-}
-
-impl EpochSecrets {
-    /// A fresh epoch: new signing key, new data key agreed with the auditor.
-    /// Returns the secrets and the ephemeral public key to publish.
-    pub fn generate(
-        epoch: u32,
-        recipient: &[u8; 32],
-        ledger: LedgerId,
-    ) -> Result<(EpochSecrets, [u8; 32]), CryptoError> {
-        let (ephemeral, data) = agree_writer(recipient, ledger, epoch)?;
-        let signing = SigningKey::generate(&mut OsRng);
-        let secrets = EpochSecrets {
-            epoch,
-            signing,
-            data,
-            from_seq: 0,
-            since_ms: 0,
-        };
-        Ok((secrets, ephemeral))
-    }
-
-    /// Secrets from raw bytes (test vectors, and attack simulations in tests).
-    pub fn from_bytes(epoch: u32, signing: [u8; 32], data: [u8; 32]) -> EpochSecrets {
-        EpochSecrets {
-            epoch,
-            signing: SigningKey::from_bytes(&signing),
-            data: Zeroizing::new(data),
-            from_seq: 0,
-            since_ms: 0,
-        }
-    }
-
-    /// The verifying key.
-    pub fn verifying_key(&self) -> [u8; 32] {
-        self.signing.verifying_key().to_bytes()
-    }
-
-    /// Sign a message.
-    pub fn sign(&self, message: &[u8]) -> [u8; 64] {
-        self.signing.sign(message).to_bytes()
-    }
-
-    /// Seal the first `size` entries, whose last has hash `head`, with this epoch's key.
-    pub fn sign_checkpoint(
-        &self,
-        ledger_id: LedgerId,
-        size: u64,
-        head: Hash,
-        wall_ms: u64,
-    ) -> Checkpoint {
-        let body = Checkpoint::body_text(ledger_id, size, head, self.epoch, wall_ms);
-        Checkpoint {
-            ledger_id,
-            size,
-            head,
-            epoch: self.epoch,
-            wall_ms,
-            key_id: key_id(&self.verifying_key()),
-            signature: self.sign(body.as_bytes()),
-        }
-    }
-
-    /// The genesis entry (seq 0) of a ledger whose epoch 0 key is this one.
-    pub fn genesis_entry(
-        &self,
-        ledger_id: LedgerId,
-        wall_ms: u64,
-        recipient: &[u8; 32],
-        ephemeral: &[u8; 32],
-    ) -> Vec<u8> {
-        let header = Header {
-            entry_type: EntryType::Genesis,
-            ledger_id,
-            seq: 0,
-            epoch: 0,
-            wall_ms,
-            prev_hash: Hash::default(),
-            nonce: [0; 24],
-            body_len: GENESIS_BODY_LEN as u32,
-        };
-        let mut bytes = header.encode().to_vec();
-        bytes.extend_from_slice(&self.verifying_key());
-        bytes.extend_from_slice(recipient);
-        bytes.extend_from_slice(ephemeral);
-        let sig = self.sign(&[DOMAIN_GENESIS, &bytes[..]].concat());
-        bytes.extend_from_slice(&sig);
-        bytes
-    }
-
-    /// The epoch certificate entry at `seq` for `next` (the following epoch), signed with
-    /// this epoch's key.
-    pub fn certify_epoch(
-        &self,
-        next: &EpochSecrets,
-        ephemeral: &[u8; 32],
-        ledger_id: LedgerId,
-        seq: u64,
-        wall_ms: u64,
-        prev_hash: Hash,
-    ) -> Vec<u8> {
-        let header = Header {
-            entry_type: EntryType::Epoch,
-            ledger_id,
-            seq,
-            epoch: next.epoch,
-            wall_ms,
-            prev_hash,
-            nonce: [0; 24],
-            body_len: EPOCH_BODY_LEN as u32,
-        };
-        let mut bytes = header.encode().to_vec();
-        bytes.extend_from_slice(&next.verifying_key());
-        bytes.extend_from_slice(ephemeral);
-        let sig = self.sign(&[DOMAIN_EPOCH, &bytes[..]].concat());
-        bytes.extend_from_slice(&sig);
-        bytes
-    }
-
-    fn to_text(&self, ledger: LedgerId) -> Zeroizing<String> {
-        let sign = Zeroizing::new(hex::encode(self.signing.to_bytes()));
-        let data = Zeroizing::new(hex::encode(self.data.as_ref()));
-        Zeroizing::new(format!(
-            "{WRITER_HEADER}ledger {ledger}\nepoch {}\nfrom {}\nsince {}\nsign {}\ndata {}\n",
-            self.epoch,
-            self.from_seq,
-            self.since_ms,
-            sign.as_str(),
-            data.as_str()
-        ))
-    }
-
-    /// Write the secrets to `path` (0600) durably, replacing any file there atomically.
-    pub fn write(&self, path: &Path, ledger: LedgerId) -> Result<()> {
-        let tmp = path.with_extension("tmp");
-        let _ = fs::remove_file(&tmp);
-        // Errors name the key file, not the temporary one beside it.
-        write_new_secret(&tmp, self.to_text(ledger).as_bytes()).map_err(|e| match e {
-            Error::Io { source, .. } => Error::io(path, source),
-            other => other,
-        })?;
-        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-        sync_parent(path)
-    }
-
-    /// Read a writer key file.
-    pub fn read(path: &Path, ledger: LedgerId) -> Result<EpochSecrets> {
-        let text = read_secret(path)?;
-        let bad = || FormatError::invalid("writer key", "malformed writer key file");
-        let rest = text.strip_prefix(WRITER_HEADER).ok_or_else(bad)?;
-        let mut lines = rest.split('\n');
-        let mut field = |name: &str| {
-            lines
-                .next()
-                .and_then(|l| l.strip_prefix(name))
-                .ok_or_else(bad)
-        };
-        let id = LedgerId(parse_hex::<16>(field("ledger ")?, "writer key ledger")?);
-        let epoch = u32::try_from(parse_decimal(field("epoch ")?, "writer key epoch")?)
-            .map_err(|_| bad())?;
-        let from_seq = parse_decimal(field("from ")?, "writer key from")?;
-        let since_ms = parse_decimal(field("since ")?, "writer key since")?;
-        let sign = Zeroizing::new(parse_hex::<32>(field("sign ")?, "writer signing key")?);
-        let data = Zeroizing::new(parse_hex::<32>(field("data ")?, "writer data key")?);
-        if lines.next() != Some("") || lines.next().is_some() {
-            return Err(bad().into());
-        }
-        if id != ledger {
-            return Err(FormatError::invalid(
-                "writer key",
-                format!("belongs to ledger {id}, not {ledger}"),
-            )
-            .into());
-        }
-        Ok(EpochSecrets {
-            epoch,
-            signing: SigningKey::from_bytes(&sign),
-            data,
-            from_seq,
-            since_ms,
-        })
-    }
-}
-
-/// 16 random bytes (ledger ids, nonce prefixes).
-pub fn random16() -> [u8; 16] {
-    let mut b = [0u8; 16];
-    OsRng.fill_bytes(&mut b);
-    b
-}
-
-/// Read a secret key file, refusing one others can read (mode & 077 != 0).
-pub fn read_secret_file(path: &Path) -> Result<Zeroizing<String>> {
-    read_secret(path)
-}
-
-/// Write a new secret key file (0600, fsynced), refusing to replace one.
-pub fn write_secret_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_new_secret(path, bytes)
-}
-
-fn read_secret(path: &Path) -> Result<Zeroizing<String>> {
-    // A public key given for a secret one (public files are 0644): say so, rather than
-    // ask for a chmod that would not help. Only the first line is looked at.
-    let mut head = [0u8; 64];
-    let n = {
-        use std::io::Read;
-        let mut f = fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        f.read(&mut head).map_err(|e| Error::io(path, e))?
-    };
-    for header in [
-        AUDITOR_PUBLIC_HEADER,
-        APPROVER_PUBLIC_HEADER,
-        LEDGER_PUBLIC_HEADER,
-    ] {
-        if head[..n].starts_with(header.as_bytes()) {
-            return Err(Error::PublicKeyGiven {
-                path: path.to_path_buf(),
-                what: header.trim_end().to_owned(),
-                secret: path.with_extension("key"),
-            });
-        }
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(Error::KeyPermissions {
-                path: path.to_path_buf(),
-                mode,
-            });
-        }
-    }
-    Ok(Zeroizing::new(
-        fs::read_to_string(path).map_err(|e| Error::io(path, e))?,
-    ))
-}
-
-fn write_new_secret(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_new(path, bytes, 0o600)
-}
-
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    let mut opts = OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(mode);
-    }
-    #[cfg(not(unix))]
-    let _ = mode;
-    let mut f = opts.open(path).map_err(|e| Error::io(path, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(path, e))?;
-    f.sync_all().map_err(|e| Error::io(path, e))?;
-    Ok(())
-}
-
-/// fsync the directory holding `path`, so a create or rename in it is durable.
-pub fn sync_parent(path: &Path) -> Result<()> {
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    File::open(parent)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(parent, e))
 }
