@@ -1,0 +1,264 @@
+//! Handoffs as text: where each run stands, for the human or the next run.
+
+use std::fmt::Write;
+
+use crate::text::shown;
+
+use crate::analysis::handoff::{Coverage, Handoff, PendingStatus, StopStatus};
+use crate::analysis::report::Report;
+
+use super::{moment, name, names, plural};
+
+fn handoff_text(h: &Handoff, out: &mut String) {
+    let goal = match (&h.goal, h.started) {
+        (Some(g), _) => format!("\"{}\"", shown(g)),
+        (None, true) => "(its start record gives no goal)".to_owned(),
+        (None, false) => "(no start record)".to_owned(),
+    };
+    let _ = writeln!(out, "Run {}: {goal}", shown(&h.run));
+    if let Some(p) = &h.parent {
+        let _ = writeln!(out, "  Parent run: {}", shown(p));
+    }
+    if !h.workers.is_empty() {
+        let _ = writeln!(out, "  Workers: {}", names(&h.workers));
+    }
+    let stop = match (h.stop.status, h.stop.reason) {
+        (StopStatus::Stopped, Some(r)) => format!("stopped: {r}"),
+        (StopStatus::Refused, Some(r)) => format!("refused with {r} (no stop record)"),
+        _ => "still running (no stop record)".to_owned(),
+    };
+    let when = match (h.stop.seq, h.stop.at) {
+        (Some(seq), Some(at)) => format!(" at seq {seq}, {}", moment(at)),
+        _ => String::new(),
+    };
+    let _ = writeln!(out, "  Status: {stop}{when}");
+    let mut attempts = match h.attempts.limit {
+        Some(l) => format!("{} of {l}", h.attempts.used),
+        None => format!("{} used (no limit)", h.attempts.used),
+    };
+    let mut notes = Vec::new();
+    if h.attempts.approved_extra > 0 {
+        notes.push(format!("{} granted by approval", h.attempts.approved_extra));
+    }
+    if h.attempts.carved_out > 0 {
+        notes.push(format!(
+            "{} carved out for child runs",
+            h.attempts.carved_out
+        ));
+    }
+    if h.attempts.refunded > 0 {
+        notes.push(format!("{} refunded", h.attempts.refunded));
+    }
+    if !notes.is_empty() {
+        let _ = write!(attempts, " ({})", notes.join(", "));
+    }
+    let _ = writeln!(out, "  Attempts: {attempts}");
+    let mut spend_limit = h
+        .spend
+        .limit_cents
+        .map_or("no limit".to_owned(), |l| format!("limit {l}¢"));
+    if h.spend.approved_extra_cents > 0 {
+        let _ = write!(
+            spend_limit,
+            ", {}¢ granted by approval",
+            h.spend.approved_extra_cents
+        );
+    }
+    if h.spend.carved_out_cents > 0 {
+        let _ = write!(
+            spend_limit,
+            ", {}¢ carved out for child runs",
+            h.spend.carved_out_cents
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  Spend: {}¢ reserved, {}¢ settled ({spend_limit})",
+        h.spend.reserved_cents, h.spend.settled_cents
+    );
+    if h.spend.overrun_cents > 0 {
+        let _ = writeln!(
+            out,
+            "  Overrun: {}¢ settled above what calls reserved (the upstream billed more); no call is allowed after an overrun until a human grants cents",
+            h.spend.overrun_cents
+        );
+    }
+    for p in &h.polls {
+        let of = p
+            .allowance
+            .map_or_else(|| "no allowance".to_owned(), |a| format!("of {a}"));
+        let _ = writeln!(out, "  Polls of {}: {} {of}", shown(&p.remote_ref), p.used);
+    }
+    if h.completed_total == 0 {
+        let _ = writeln!(out, "  Completed: nothing.");
+    } else {
+        let listed = h.completed.len() as u64;
+        let more = if listed < h.completed_total {
+            format!(" (latest {listed} of {})", h.completed_total)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "  Completed{more}:");
+        for c in &h.completed {
+            let remote = c
+                .remote_ref
+                .as_deref()
+                .map(|r| format!(" -> {}", shown(r)))
+                .unwrap_or_default();
+            let seen = c
+                .observed
+                .as_deref()
+                .map(|s| format!(" \"{}\"", shown(s)))
+                .unwrap_or_default();
+            let cost = if c.settled_cents > 0 {
+                format!(", {}¢", c.settled_cents)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "    - {}{remote}{seen} (seq {}{cost}, {})",
+                name(c.tool.as_deref(), c.operation.as_deref()),
+                c.seq,
+                moment(c.at)
+            );
+        }
+    }
+    if h.pending.is_empty() {
+        let _ = writeln!(out, "  Pending external work: none.");
+    } else {
+        let _ = writeln!(out, "  Pending external work:");
+        for p in &h.pending {
+            let state = match p.status {
+                PendingStatus::Running => "still running",
+                PendingStatus::Unknown => "OUTCOME UNKNOWN",
+                PendingStatus::Timeout => "timed out, outcome unknown",
+                PendingStatus::NoOutcome => "no outcome recorded",
+            };
+            let remote = p
+                .remote_ref
+                .as_deref()
+                .map(|r| format!(" {}", shown(r)))
+                .unwrap_or_default();
+            let attempt = p
+                .attempt
+                .map(|a| format!(" attempt {a}"))
+                .unwrap_or_default();
+            let seen = p
+                .observed
+                .as_deref()
+                .map(|s| format!(", last seen \"{}\"", shown(s)))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    - {}{remote}{attempt}: {state}{seen} (seq {}, {})",
+                name(p.tool.as_deref(), p.operation.as_deref()),
+                p.seq,
+                moment(p.since)
+            );
+        }
+    }
+    match &h.last_observed {
+        Some(o) => {
+            let remote = o
+                .remote_ref
+                .as_deref()
+                .map(|r| format!(" of {}", shown(r)))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  Last observed state{remote}: \"{}\" at seq {}, {}",
+                shown(&o.state),
+                o.seq,
+                moment(o.at)
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  Last observed state: none recorded.");
+        }
+    }
+    let _ = writeln!(out, "  Safe to resume:");
+    if h.safe_resume.is_empty() {
+        let _ = writeln!(
+            out,
+            "    - nothing certain: read the loops and findings first"
+        );
+    }
+    for s in &h.safe_resume {
+        let when = s
+            .not_before
+            .map(|w| format!(", not before {}", moment(w)))
+            .unwrap_or_default();
+        let _ = writeln!(out, "    - {}{when}", shown(&s.what));
+    }
+    if h.unsafe_actions.is_empty() {
+        let _ = writeln!(out, "  Must not repeat: nothing known.");
+    } else {
+        let _ = writeln!(out, "  Must not repeat:");
+        for u in &h.unsafe_actions {
+            let _ = writeln!(out, "    - {} (seq {})", shown(&u.what), u.seq);
+        }
+    }
+    if h.loops > 0 || h.findings > 0 {
+        let _ = writeln!(
+            out,
+            "  Evidence: {} and {} (see tally loops)",
+            plural(h.loops, "loop", "loops"),
+            plural(h.findings, "audit finding", "audit findings")
+        );
+    }
+    let cover = match &h.checkpoint {
+        Coverage::Covered { size, head, epoch } => format!(
+            "covered by the checkpoint over {size} entries (head {}, epoch {epoch})",
+            head.get(..16).unwrap_or(head)
+        ),
+        Coverage::NotYetSealed { sealed_size } => format!(
+            "NOT YET SEALED: records up to seq {} are past the latest checkpoint ({sealed_size} entries)",
+            h.last_seq
+        ),
+        Coverage::Ledgers { ledgers } => ledgers
+            .iter()
+            .map(|c| match (&c.head, c.covered) {
+                (Some(head), true) => format!(
+                    "ledger {}: covered by its checkpoint over {} entries (head {})",
+                    c.ledger,
+                    c.size,
+                    head.get(..16).unwrap_or(head)
+                ),
+                _ => format!(
+                    "ledger {}: NOT YET SEALED: records up to seq {}:{} are past its latest checkpoint ({} entries)",
+                    c.ledger, c.ledger, c.last_seq, c.size
+                ),
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Coverage::Unknown => "not determined".to_owned(),
+    };
+    let _ = writeln!(out, "  Checkpoint: {cover}");
+}
+
+/// The handoffs as text: every run's, or only `run`'s.
+pub fn render_handoffs_text(report: &Report, run: Option<&str>) -> String {
+    let mut out = String::new();
+    let mut any = false;
+    for h in report
+        .handoffs
+        .iter()
+        .filter(|h| run.is_none_or(|r| r == h.run))
+    {
+        if any {
+            out.push('\n');
+        }
+        any = true;
+        handoff_text(h, &mut out);
+    }
+    if !any {
+        match run {
+            Some(r) => {
+                let _ = writeln!(out, "No run named {} in this ledger.", shown(r));
+            }
+            None => out.push_str("No runs in this ledger.\n"),
+        }
+    }
+    out
+}
