@@ -11,7 +11,11 @@
 //! recovery, not the loop. So on a ledger the gate wrote, every loop ends in a refusal
 //! the gate made.
 
-use std::collections::{BTreeSet, HashMap};
+mod storms;
+
+pub(crate) use storms::ToolStorms;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -435,125 +439,6 @@ impl Series {
             }),
             ended_by,
         })
-    }
-}
-
-/// One tool's failures across every run and worker, judged by the tool's shared
-/// breaker (the core's): a storm is the failures that opened it and the calls it then
-/// refused.
-#[derive(Debug)]
-pub(crate) struct ToolStorm {
-    pub breaker: tally_policy::ToolState,
-    series: Option<Series>,
-    runs: BTreeSet<String>,
-}
-
-/// The breakers of every tool, folded by the core's own transitions.
-#[derive(Debug, Default)]
-pub(crate) struct ToolStorms {
-    tools: HashMap<Arc<str>, ToolStorm>,
-}
-
-/// Most tools whose breaker the analysis follows at once; a closed breaker with no
-/// failures is the first forgotten (it is what a fresh one is).
-const MAX_TOOLS: usize = 10_000;
-
-impl ToolStorms {
-    /// The breaker of `tool` (a fresh one if it is not followed).
-    pub fn breaker(&self, tool: &str) -> Option<&tally_policy::ToolState> {
-        self.tools.get(tool).map(|t| &t.breaker)
-    }
-
-    fn entry(&mut self, tool: &Arc<str>) -> &mut ToolStorm {
-        if !self.tools.contains_key(tool) && self.tools.len() >= MAX_TOOLS {
-            let fresh = tally_policy::Breaker::default();
-            self.tools
-                .retain(|_, t| t.breaker.breaker != fresh || t.series.is_some());
-        }
-        self.tools
-            .entry(Arc::clone(tool))
-            .or_insert_with(|| ToolStorm {
-                breaker: tally_policy::ToolState::default(),
-                series: None,
-                runs: BTreeSet::new(),
-            })
-    }
-
-    /// A call of `tool` by `run`: `refused` when the breaker refused it, or would have.
-    pub fn call(&mut self, tool: &Arc<str>, run: &str, c: &CallFacts<'_>) {
-        // A storm counts results: failed outcomes, and the calls its breaker refused (or
-        // would have).
-        if !c.flagged {
-            return;
-        }
-        let t = self.entry(tool);
-        if let Some(s) = &mut t.series {
-            s.call(c, None);
-            if t.runs.len() < MAX_NAMED {
-                t.runs.insert(run.to_owned());
-            }
-        }
-    }
-
-    /// The outcome of a call of `tool` by `run`: folded through the core's breaker. A
-    /// failure opens (or extends) the series; an `ok` that closes the breaker ends it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn outcome(
-        &mut self,
-        policy: &tally_policy::Policy,
-        tool: &Arc<str>,
-        run: &str,
-        call: u64,
-        o: &OutcomeFacts<'_>,
-        wall_ms: u64,
-        sink: &mut Vec<Loop>,
-    ) {
-        let t = self.entry(tool);
-        let now = tally_policy::Now {
-            wall_ms,
-            at_ms: None,
-        };
-        tally_policy::breaker_outcome(policy, &mut t.breaker, call, o.status, now);
-        let failed = matches!(o.status, Status::Error | Status::Timeout);
-        if failed {
-            let s = t.series.get_or_insert_with(|| {
-                Series::new(Pattern::RetryStorm, o.seq, wall_ms, Some(Arc::clone(tool)))
-            });
-            s.now.last_seq = s.now.last_seq.max(o.seq);
-            s.now.last_ms = s.now.last_ms.max(wall_ms);
-            s.now.count += 1;
-            s.outcome(o);
-            if t.runs.len() < MAX_NAMED {
-                t.runs.insert(run.to_owned());
-            }
-        } else if let Some(s) = &mut t.series {
-            s.outcome(o);
-        }
-        if t.breaker.breaker == (tally_policy::Breaker::Closed { failures: 0 }) {
-            if let Some(s) = t.series.take() {
-                let runs = std::mem::take(&mut t.runs).into_iter().collect();
-                sink.extend(s.close(runs, Clock::Wall, Close::Gap));
-            }
-        }
-    }
-
-    /// Close every storm at the end of the ledger.
-    pub fn finish(self, stop_of: impl Fn(&str) -> Option<(Reason, Seq)>) -> Vec<Loop> {
-        let mut out = Vec::new();
-        for (_, t) in self.tools {
-            if let Some(s) = t.series {
-                // At the end of the ledger the storm is over only if every run in it
-                // stopped.
-                let stops: Option<Vec<(Reason, Seq)>> = t.runs.iter().map(|r| stop_of(r)).collect();
-                let stop = stops.and_then(|s| s.into_iter().max_by_key(|(_, seq)| *seq));
-                out.extend(s.close(
-                    t.runs.into_iter().collect(),
-                    Clock::Wall,
-                    Close::Finish { stop },
-                ));
-            }
-        }
-        out
     }
 }
 
