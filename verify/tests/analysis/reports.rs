@@ -1,0 +1,203 @@
+//! The reports themselves: checkpoint coverage, the JSON fields, the text an operator
+//! reads, the per-run cap on findings.
+
+use super::*;
+
+#[test]
+fn coverage_says_covered_or_not_yet_sealed() {
+    let mut ds = scenario("retry_after");
+    ds.truncate(9);
+    let mut r = analyse(&ds);
+    r.set_coverage(6, "ab".repeat(32), 2);
+    assert_eq!(
+        r.handoff("ra-honoured").map(|h| &h.checkpoint),
+        Some(&Coverage::Covered {
+            size: 6,
+            head: "ab".repeat(32),
+            epoch: 2
+        })
+    );
+    assert_eq!(
+        r.handoff("ra-ignored").map(|h| &h.checkpoint),
+        Some(&Coverage::NotYetSealed { sealed_size: 6 })
+    );
+    let text = render_handoffs_text(&r, Some("ra-ignored"));
+    assert!(text.contains("NOT YET SEALED"), "{text}");
+    assert!(!text.contains("ra-honoured"), "{text}");
+}
+
+#[test]
+fn json_reports_have_the_documented_fields() {
+    let r = analyse(&scenario("polling_past_allowance"));
+    let loops: Value = serde_json::from_str(&render_loops_json(&r)).expect("loops JSON");
+    assert_eq!(loops["version"], REPORT_VERSION);
+    let l = &loops["loops"][0];
+    let keys: Vec<&str> = l
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut want = vec![
+        "pattern",
+        "runs",
+        "workers",
+        "tool",
+        "operation",
+        "args_digest",
+        "remote_ref",
+        "count",
+        "first_seq",
+        "last_seq",
+        "clock",
+        "first_ms",
+        "last_ms",
+        "span_ms",
+        "reserved_cents",
+        "settled_cents",
+        "failures",
+        "ignored_retry_after",
+        "poll",
+        "ended_by",
+    ];
+    let mut got = keys.clone();
+    want.sort_unstable();
+    got.sort_unstable();
+    assert_eq!(got, want);
+    assert_eq!(l["pattern"], "polling");
+    assert_eq!(
+        l["ended_by"],
+        json!({"kind": "refused", "reason": "poll_allowance_exhausted", "seq": 9})
+    );
+    assert_eq!(l["poll"]["over_allowance"], true);
+
+    let h: Value = serde_json::from_str(&render_handoffs_json(&r, None)).expect("handoff JSON");
+    let h = &h["handoffs"][0];
+    let mut got: Vec<&str> = h
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    got.sort_unstable();
+    let mut want = vec![
+        "run",
+        "started",
+        "goal",
+        "parent",
+        "workers",
+        "first_seq",
+        "last_seq",
+        "stop",
+        "attempts",
+        "spend",
+        "polls",
+        "completed",
+        "completed_total",
+        "pending",
+        "last_observed",
+        "safe_resume",
+        "unsafe_actions",
+        "loops",
+        "findings",
+        "checkpoint",
+    ];
+    want.sort_unstable();
+    assert_eq!(got, want);
+    assert_eq!(h["stop"]["status"], "stopped");
+    assert_eq!(h["stop"]["reason"], "poll_allowance_exhausted");
+    assert_eq!(h["stop"]["action"], "stop");
+    assert_eq!(h["pending"][0]["status"], "running");
+    assert_eq!(h["pending"][0]["not_before"]["run_ms"], 5600);
+    assert_eq!(h["safe_resume"][0]["action"], "check_remote");
+    assert_eq!(h["unsafe_actions"][0]["kind"], "remote_job_running");
+    // The polls used against the allowance are handed over too.
+    assert_eq!(
+        h["polls"],
+        json!([{"remote_ref": "eb12", "used": 3, "allowance": 3}])
+    );
+    assert_eq!(h["checkpoint"], json!({"status": "unknown"}));
+
+    let f = analyse(&scenario("spend_overrun"));
+    let f: Value = serde_json::from_str(&render_findings_json(&f)).expect("findings JSON");
+    assert_eq!(
+        f["findings"][0],
+        json!({"seq": 3, "run": "spend", "kind": "allow_beyond_limit",
+               "dimension": "spend_cents", "used": 125, "limit": 100})
+    );
+    assert_eq!(
+        f["findings"][1],
+        json!({"seq": 3, "run": "spend", "kind": "allow_after_overrun"})
+    );
+    assert_eq!(f["findings_omitted"], 0);
+}
+
+#[test]
+fn text_reports_read_like_an_operators_note() {
+    let r = analyse(&scenario("lost_post"));
+    let text = render_handoffs_text(&r, None);
+    for line in [
+        "Run post: \"Charge customer c_17 for order 5512\"",
+        "  Status: stopped: completed at seq 5, run time t+6.0 s, recorded 2023-11-14T22:13:20.050Z",
+        "  Attempts: 2 of 5",
+        "  Spend: 30¢ reserved, 30¢ settled (limit 200¢)",
+        "    - payments.charge (payments.charge:order-5512) -> ch_88 \"succeeded\" (seq 4, 30¢, run time t+5.9 s, recorded 2023-11-14T22:13:20.040Z)",
+        "    - payments.charge (payments.charge:order-5512) attempt 1: OUTCOME UNKNOWN (seq 2, run time t+5.1 s, recorded 2023-11-14T22:13:20.020Z)",
+        "  Must not repeat:",
+        "  Checkpoint: not determined",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+    assert!(
+        text.contains("do not repeat payments.charge (payments.charge:order-5512) (attempt 1)"),
+        "{text}"
+    );
+
+    let loops = render_loops_text(&analyse(&scenario("retry_storm")));
+    assert!(loops.starts_with("1 loop found."), "{loops}");
+    assert!(
+        loops.contains("1. retry_storm in run storm: crm.lookup (crm.lookup:acme)"),
+        "{loops}"
+    );
+    assert!(
+        loops.contains("   7 calls, seq 1..13, run time t+100 ms .. t+2.0 s (1.9 s)"),
+        "{loops}"
+    );
+    assert!(
+        loops.contains("   ended: refused with circuit_open at seq 13"),
+        "{loops}"
+    );
+    assert_eq!(
+        render_loops_text(&analyse(&scenario("normal_run"))),
+        "No loops found.\n"
+    );
+
+    let findings = render_findings_text(&analyse(&scenario("refund_refused")));
+    assert!(findings.starts_with("2 findings."), "{findings}");
+    assert!(
+        findings.contains("seq 6  run refund  refund_without_attempt: refund of attempt 3, which was never allowed"),
+        "{findings}"
+    );
+}
+
+#[test]
+fn findings_beyond_the_per_run_cap_are_counted() {
+    let mut ds = vec![
+        start("r", json!({})),
+        d(json!({"run": "r", "kind": "stop", "at_ms": 1, "reason": "completed"})),
+    ];
+    for i in 0..5u64 {
+        ds.push(d(
+            json!({"run": "r", "kind": "refund", "at_ms": 2 + i, "of": 99}),
+        ));
+    }
+    let config = Config {
+        max_findings_per_run: 3,
+        ..Config::default()
+    };
+    let r = Analysis::analyse(config, &events(&ds));
+    // Each late refund is two findings: after the stop, and of an attempt never allowed.
+    assert_eq!(r.findings.len(), 3);
+    assert_eq!(r.findings_omitted, 7);
+    assert_eq!(r.handoffs[0].findings, 10);
+}
