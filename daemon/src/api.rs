@@ -57,6 +57,8 @@ pub(crate) struct Limits {
     pub max_in_flight: usize,
     pub max_batch: usize,
     pub rate_per_sec: Option<u32>,
+    /// The clock the rate limit refills by.
+    pub clock: Arc<dyn tally_ledger::clock::Clock>,
     pub read_timeout: Duration,
     /// A networked state backend's bound: a gate call that waited longer than this for
     /// the decision thread is refused as unavailable without being made.
@@ -88,7 +90,9 @@ impl App {
             exports: Arc::new(Semaphore::new(MAX_EXPORTS)),
             big_parses: Arc::new(Semaphore::new(MAX_BIG_PARSES)),
             bulk: BulkParsers::start(MAX_BIG_PARSES)?,
-            rate: limits.rate_per_sec.map(RateLimit::new),
+            rate: limits
+                .rate_per_sec
+                .map(|r| RateLimit::new(r, Arc::clone(&limits.clock))),
             max_body_bytes: limits.max_body_bytes,
             max_batch: limits.max_batch.max(1),
             read_timeout: limits.read_timeout,

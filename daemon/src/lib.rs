@@ -108,8 +108,9 @@ pub struct ServeOptions {
     pub witness_policy: Option<tally_ledger::tlog::policy::Policy>,
     /// The least time between two pushes (default 1 s).
     pub witness_interval: Duration,
-    /// Where the gate and the ledger read the time (default: the system's clock; tests
-    /// pass a `ManualClock` to drive deadlines, breakers and back-off without sleeping).
+    /// Where the gate, the ledger and the per-peer rate limit read the time (default: the
+    /// system's clock; tests pass a `ManualClock` to drive deadlines, breakers, back-off
+    /// and buckets without sleeping).
     pub clock: Arc<dyn Clock>,
 }
 
@@ -270,6 +271,7 @@ async fn serve_inner(
                 max_in_flight,
                 max_batch: options.max_batch,
                 rate_per_sec: options.rate_per_sec,
+                clock: Arc::clone(&options.clock),
                 read_timeout: options.read_timeout,
                 queue_bound: options.state.as_ref().map(|s| s.timeout),
             },

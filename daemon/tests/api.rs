@@ -429,7 +429,13 @@ async fn slow_clients_time_out_without_starving_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_refuses_with_retry_after_and_writes_nothing() {
-    let mut daemon = Daemon::start(|o| o.rate_per_sec = Some(5)).await;
+    let clock = std::sync::Arc::new(tally_ledger::clock::ManualClock::new(1_700_000_000_000));
+    let moved = std::sync::Arc::clone(&clock) as std::sync::Arc<dyn tally_ledger::clock::Clock>;
+    let mut daemon = Daemon::start(|o| {
+        o.rate_per_sec = Some(5);
+        o.clock = moved;
+    })
+    .await;
     let mut accepted = Vec::new();
     let mut refused = None;
     for i in 0..20 {
@@ -470,7 +476,7 @@ async fn rate_limit_refuses_with_retry_after_and_writes_nothing() {
         .await
         .expect("health");
     assert_eq!(reply.status, StatusCode::OK, "reads are not rate limited");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    clock.advance(1000);
     let mut c = daemon.client().await;
     let later = c
         .append(&allow("r", "w", 99))

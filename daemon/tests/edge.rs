@@ -170,7 +170,13 @@ async fn regression_12_serve_logs_one_line_at_start_and_one_at_a_clean_stop() {
 // socket, so it held no agent back; every gate POST on the agent socket now pays one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rate_limit_holds_back_an_agent_s_gate_calls() {
-    let mut daemon = crate::common::Daemon::start(|o| o.rate_per_sec = Some(5)).await;
+    let clock = std::sync::Arc::new(tally_ledger::clock::ManualClock::new(1_700_000_000_000));
+    let moved = std::sync::Arc::clone(&clock) as std::sync::Arc<dyn tally_ledger::clock::Clock>;
+    let mut daemon = crate::common::Daemon::start(|o| {
+        o.rate_per_sec = Some(5);
+        o.clock = moved;
+    })
+    .await;
     let mut c = daemon.agent().await;
     let (status, body) = post_json(&mut c, "/v1/runs", r#"{"run":"r"}"#).await;
     assert_eq!(status, 201, "{body}");
@@ -204,7 +210,7 @@ async fn the_rate_limit_holds_back_an_agent_s_gate_calls() {
         "only {limited} of 10 checks over 5/s were held back"
     );
     // The bucket refills: a second later the agent is let in again.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    clock.advance(1000);
     let mut c = daemon.agent().await;
     let (status, body) = post_json(
         &mut c,
