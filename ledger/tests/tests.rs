@@ -3,6 +3,7 @@
 mod crash;
 mod decisions;
 mod pipeline;
+mod reindex;
 mod review;
 mod segments;
 mod state;
