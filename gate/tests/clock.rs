@@ -1,7 +1,8 @@
 //! The gate's time-driven rules on a [`ManualClock`] the test moves, never sleeping: the
 //! breaker opens, half-opens for one probe, reopens when the probe never reports and
 //! closes on an ok probe; upstream back-off (Retry-After) holds polls to the millisecond;
-//! token buckets refill with time; a run's deadline refuses at the millisecond; an
+//! token buckets refill with time; a silent call stops holding its in-flight slot at its
+//! timeout; a run's deadline refuses at the millisecond; an
 //! approval holds until its expiry and not after; the ledger stamps its entries with the
 //! same clock.
 
@@ -391,4 +392,26 @@ fn the_ledger_stamps_entries_and_checkpoints_with_the_clock_it_is_given() {
     f.clock.set(T0);
     assert_eq!(verdict(&f.read("r", "search", "1")), ALLOW);
     assert_eq!(f.gate.ledger().checkpoint().wall_ms, T0 + 42_000);
+}
+
+#[test]
+fn a_call_that_never_reports_holds_its_tools_in_flight_slot_until_its_timeout_only() {
+    let f = Fixture::new("[rate]\ntool_in_flight = 1\ncall_timeout_ms = 1000\n");
+    f.start("r", Budget::default());
+    let silent = f.read("r", "search", "1");
+    assert_eq!(verdict(&silent), ALLOW);
+    assert_eq!(silent.timeout_ms, Some(1000));
+    f.at(999);
+    let held = f.read("r", "search", "2");
+    assert_eq!(
+        verdict(&held),
+        (Verdict::Deny, Some(Reason::RateLimitExceeded)),
+        "one call in flight is the bound"
+    );
+    f.at(1000);
+    assert_eq!(
+        verdict(&f.read("r", "search", "3")),
+        ALLOW,
+        "past its timeout the silent call no longer counts as in flight"
+    );
 }
