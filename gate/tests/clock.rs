@@ -2,9 +2,8 @@
 //! breaker opens, half-opens for one probe, reopens when the probe never reports and
 //! closes on an ok probe; upstream back-off (Retry-After) holds polls to the millisecond;
 //! token buckets refill with time; a silent call stops holding its in-flight slot at its
-//! timeout; a run's deadline refuses at the millisecond; an
-//! approval holds until its expiry and not after; the ledger stamps its entries with the
-//! same clock.
+//! timeout; a run's deadline refuses at the millisecond; an approval holds until its
+//! expiry and not after; the ledger stamps its entries with the same clock.
 
 use std::sync::Arc;
 
