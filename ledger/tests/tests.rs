@@ -1,5 +1,6 @@
 //! tally-ledger integration tests (one binary; modules by topic).
 
+mod clock;
 mod crash;
 mod decisions;
 mod pipeline;
