@@ -325,6 +325,10 @@ pub enum Command {
         /// Keep the demo's files here (default: a temporary directory, removed after).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Print everything: every loop, finding and handoff, and the anchor's text
+        /// (default: about a screen per act).
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Write man pages (tally.1 and one per subcommand) into DIR.
     #[command(hide = true)]

@@ -192,6 +192,9 @@ pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Exit> {
     // What was committed before a failure, for its message.
     let before = |first_seq: Option<u64>, done: usize| match first_seq {
         // Seqs are consecutive: this process holds the ledger's exclusive lock.
+        Some(seq) if done == 1 => {
+            format!("1 decision before it was committed (seq {seq}, its receipt above)")
+        }
         Some(seq) if done > 0 => format!(
             "{done} decisions before it were committed (seqs {seq}-{}, receipts above)",
             seq + done as u64 - 1
@@ -433,7 +436,9 @@ pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
     };
     drop(progress);
     noteln!(
-        "exported {entries} entries and {checkpoints} checkpoints to {}",
+        "exported {} and {} to {}",
+        tally_verify::text::plural(entries, "entry", "entries"),
+        tally_verify::text::plural(checkpoints, "checkpoint", "checkpoints"),
         if is_stdio(out) {
             "standard output".into()
         } else {

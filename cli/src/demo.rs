@@ -32,7 +32,7 @@ fn verify_bytes(bytes: &[u8], options: &Options, sink: impl FnMut(Event)) -> Res
     ))
 }
 
-pub fn run(dir: Option<&Path>) -> Result<Exit> {
+pub fn run(dir: Option<&Path>, verbose: bool) -> Result<Exit> {
     let tmp;
     let base: PathBuf = match dir {
         Some(d) => {
@@ -43,7 +43,8 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
                     d.display()
                 );
             }
-            d.to_path_buf()
+            // Said in full, so the files can be found from anywhere.
+            std::fs::canonicalize(d).with_context(|| format!("reading {}", d.display()))?
         }
         None => {
             tmp = tempfile::tempdir().context("creating a temporary directory")?;
@@ -54,12 +55,18 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     let auditor_path = base.join("auditor.key");
     let socket = base.join("agent.sock");
     let operator_socket = base.join("operator.sock");
-    let export = base.join("ledger.tex");
+    let export = base.join("ledger.tally");
     let anchor_path = base.join("anchor.cp");
     let mut ok = true;
 
-    outln!("tally demo: an audit ledger for an AI-agent budget gate, end to end.");
-    outln!("files: {}", base.display());
+    outln!("tally demo: the budget gate for AI agents and the audit ledger of its decisions, end to end.");
+    match dir {
+        Some(_) => outln!("files: {} (kept)", base.display()),
+        None => outln!(
+            "files: {} (a temporary directory, removed when the demo ends; `tally demo --dir DIR` keeps them)",
+            base.display()
+        ),
+    }
 
     step(1, "Keys and ledger");
     let auditor = AuditorKey::generate();
@@ -98,27 +105,33 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     let checkpoint = ledger.checkpoint();
     ok &= gated;
     outln!(
-        "\nAnd {agents} recorded runs from before the gate ({appended} decisions) were imported on the operator socket"
+        "\nAnd {agents} runs recorded before the gate existed ({appended} decisions) were imported on the"
     );
     outln!(
-        "in {:.0?} all told: each reply came only after its",
-        elapsed
+        "operator socket in {}: no reply came before its decision was on disk and sealed by a",
+        tally_verify::text::duration(elapsed.as_millis() as u64)
     );
-    outln!(
-        "decision was fsynced and sealed by a signed checkpoint (group commit). Key epoch now {}.",
-        checkpoint.epoch
-    );
+    outln!("signed checkpoint. Key epoch now {}.", checkpoint.epoch);
     if refused > 0 {
         outln!("{refused} decisions were refused by the daemon (typed errors; nothing written)");
         ok = false;
     }
-    outln!(
-        "\nThe auditor keeps this checkpoint elsewhere ({}), as an anchor:\n",
-        anchor_path.display()
-    );
     let anchor = checkpoint.to_text();
     std::fs::write(&anchor_path, &anchor)?;
-    out!("{anchor}");
+    if verbose {
+        outln!(
+            "\nThe auditor keeps this checkpoint elsewhere ({}), as an anchor:\n",
+            anchor_path.display()
+        );
+        out!("{anchor}");
+    } else {
+        outln!(
+            "\nThe auditor keeps the latest checkpoint (size {}, head {}…) elsewhere, as an anchor: {}",
+            checkpoint.size,
+            &checkpoint.head.to_string()[..16],
+            anchor_path.display()
+        );
+    }
     let cp = ledger.rotate()?;
     outln!(
         "\nOn demand, a new key epoch: {} (the epoch {} secrets are gone).",
@@ -130,8 +143,10 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     let (entries, checkpoints) = ledger.export(&export)?;
     drop(ledger);
     outln!(
-        "{} holds {entries} entries and {checkpoints} checkpoints; the auditor copies it away.",
-        export.display()
+        "{} holds {} and {}; the auditor copies it away.",
+        export.display(),
+        tally_verify::text::plural(entries, "entry", "entries"),
+        tally_verify::text::plural(checkpoints, "checkpoint", "checkpoints")
     );
     let bytes = std::fs::read(&export)?;
 
@@ -169,13 +184,16 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     if let Some(c) = &report.last_checkpoint {
         found.set_coverage(report.sealed, c.head.clone(), c.epoch);
     }
-    outln!("{}", analysis::render_loops_text(&found));
-    outln!("{}", analysis::render_findings_text(&found));
     let replayed = replay.finish();
-    outln!("{}", replayed.to_text());
     ok &= replayed.findings.is_empty() && replayed.replayed > 0;
-    outln!("{}", analysis::render_handoffs_text(&found, None));
-
+    if verbose {
+        outln!("{}", analysis::render_loops_text(&found));
+        outln!("{}", analysis::render_findings_text(&found));
+        outln!("{}", replayed.to_text());
+        outln!("{}", analysis::render_handoffs_text(&found, None));
+    } else {
+        summary(&found, &replayed);
+    }
     step(6, "Attacks on the export are caught");
     let mut flipped = bytes.clone();
     let at = bytes.len() / 2;
@@ -194,14 +212,15 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     step(7, "Do it yourself");
     if dir.is_some() {
         let d = base.display();
-        outln!("tally verify {d}/ledger.tex --key {d}/ledger/ledger.pub --anchor {d}/anchor.cp");
+        outln!("tally verify {d}/ledger.tally --key {d}/ledger/ledger.pub --anchor {d}/anchor.cp");
         outln!(
-            "tally loops {d}/ledger.tex --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key"
+            "tally loops {d}/ledger.tally --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key"
         );
-        outln!("tally handoff {d}/ledger.tex --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key --run lost-post --json");
+        outln!("tally handoff {d}/ledger.tally --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key --run lost-post --json");
     } else {
-        outln!("Run `tally demo --dir DIR` to keep these files, then `tally verify`, `tally loops` and");
-        outln!("`tally handoff` on them (README.md has the walkthrough).");
+        outln!("These files are removed now. Run `tally demo --dir DIR` to keep them, then `tally verify`,");
+        outln!("`tally loops` and `tally handoff` on them (README.md has the walkthrough); `--verbose`");
+        outln!("prints every loop, finding and handoff.");
     }
     if !ok {
         outln!("\nThe demo did not go as it should: see above.");
@@ -325,6 +344,7 @@ async fn gate_story(
     .await?;
     let (mut allowed, mut refused) = (0, 0);
     let mut last_refusal = String::new();
+    let mut stop_reason = String::new();
     for _round in 0..3 {
         let mut tasks = Vec::new();
         for w in 0..8 {
@@ -348,15 +368,17 @@ async fn gate_story(
             } else {
                 refused += 1;
                 last_refusal = said(&a);
+                stop_reason = a["reason"].as_str().unwrap_or_default().to_owned();
             }
         }
     }
     outln!("  24 asks: {allowed} allowed, {refused} refused ({last_refusal}). The cap is shared: no worker can reset it.");
     ok &= allowed == 3;
+    // The workers stop the run with the gate's reason: the handoff then says why.
     ask(
         &mut c,
         "/v1/runs/export-q3/stop",
-        json!({"reason": "attempts_exhausted"}),
+        json!({"reason": stop_reason}),
     )
     .await?;
 
@@ -453,6 +475,61 @@ async fn gate_story(
         outln!("  the gate did not decide as it must (see above)");
     }
     Ok(ok)
+}
+
+/// Act 5 in about a screen: each loop and finding in a line, the replay's verdict, and
+/// what the next run reads: the handoff of `lost-post` whole, the other runs the gate's
+/// part of the story told in a line each.
+fn summary(found: &analysis::Report, replayed: &tally_verify::replay::ReplayReport) {
+    use tally_verify::text::{plural, shown};
+    outln!(
+        "{} found (`tally loops` lists each with its evidence):",
+        plural(found.loops.len() as u64, "loop", "loops")
+    );
+    for l in &found.loops {
+        outln!(
+            "  {:<17} {} in {}: {}",
+            l.pattern.as_str(),
+            plural(l.count, "call", "calls"),
+            l.runs.iter().map(|r| shown(r).into_owned()).collect::<Vec<_>>().join(", "),
+            shown(l.operation.as_deref().or(l.tool.as_deref()).unwrap_or("?"))
+        );
+    }
+    let findings = analysis::render_findings_text(found);
+    let mut lines = findings.lines();
+    outln!(
+        "\nThe runs recorded before the gate: {} (the gate itself would have refused each):",
+        lines.next().unwrap_or_default().trim_end_matches('.')
+    );
+    for line in lines.by_ref().take(3) {
+        outln!("  {line}");
+    }
+    let rest = lines.count();
+    if rest > 0 {
+        outln!("  ... and {rest} more (`tally loops` lists them)");
+    }
+    outln!("\n{}", replayed.to_text().trim_end());
+    outln!("\nWhat the next run of `lost-post` reads (`tally handoff --run lost-post`):\n");
+    out!("{}", analysis::render_handoffs_text(found, Some("lost-post")));
+    outln!("\nThe other runs the gate decided for, in a line each:");
+    for h in &found.handoffs {
+        if !["export-q3", "summarize", "mcp-reports"].contains(&h.run.as_str()) {
+            continue;
+        }
+        let stop = match (&h.stop.reason, h.stop.status) {
+            (Some(r), _) => format!("stopped: {r}"),
+            (None, _) => "still running".to_owned(),
+        };
+        let attempts = match h.attempts.limit {
+            Some(l) => format!("{} of {}", h.attempts.used, plural(l, "attempt", "attempts")),
+            None => plural(h.attempts.used, "attempt", "attempts"),
+        };
+        outln!(
+            "  {:<12} {stop}; {attempts} used; {}¢ settled",
+            shown(&h.run),
+            h.spend.settled_cents
+        );
+    }
 }
 
 /// The byte offset just after the `n`th entry frame (and any checkpoints before it): an

@@ -228,7 +228,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             effects: effect.into_iter().collect(),
             defer,
         }),
-        Command::Demo { dir } => demo::run(dir.as_deref()),
+        Command::Demo { dir, verbose } => demo::run(dir.as_deref(), verbose),
         Command::McpDemoServer => demo_mcp::server(),
         Command::Man { dir } => generate::man(&dir),
         Command::Completions { shell } => generate::completions(shell),

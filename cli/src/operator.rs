@@ -172,13 +172,13 @@ fn granted_text(
         format!("the first call of {} that needs it", only.join(" and "))
     };
     format!(
-        "approval {} recorded at seq {} for run {}: {}; put in force by {by} (one use: the grant is then spent, what it added stays); valid for {} (until {} into the run)",
+        "approval {} recorded at seq {} for run {}: {}; put in force by {by} (one use: the grant is then spent, what it added stays); valid for {} (until {})",
         digest.get(..16).unwrap_or(digest),
         reply["seq"],
         shown(run),
         gives.join(", "),
         duration(valid_ms),
-        duration(expires_ms)
+        tally_verify::text::after_start(expires_ms)
     )
 }
 

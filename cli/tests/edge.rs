@@ -116,8 +116,8 @@ fn keygen_writes_nothing_when_an_output_exists() {
 fn a_closed_pipe_ends_quietly() {
     let dir = fixture::build_once();
     for args in [
-        &["verify", "ledger.tex", "--key", "ledger/ledger.pub"][..],
-        &["verify", "tampered.tex", "--key", "ledger/ledger.pub"][..],
+        &["verify", "ledger.tally", "--key", "ledger/ledger.pub"][..],
+        &["verify", "tampered.tally", "--key", "ledger/ledger.pub"][..],
         &["policy", "check", "policy.toml"][..],
         &["--help"][..],
     ] {
@@ -146,7 +146,7 @@ fn a_closed_pipe_ends_quietly() {
 fn a_full_disk_exits_2() {
     let dir = fixture::build_once();
     for args in [
-        &["verify", "ledger.tex", "--key", "ledger/ledger.pub"][..],
+        &["verify", "ledger.tally", "--key", "ledger/ledger.pub"][..],
         &["policy", "check", "policy.toml"][..],
     ] {
         let full = std::fs::OpenOptions::new()
@@ -200,8 +200,8 @@ fn refused_commands_leave_the_store_untouched() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run_stdin(d, &["append", "--ledger", "ledger"], "not json\n");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    std::fs::write(d.join("taken.tex"), "").unwrap();
-    for out in ["taken.tex", "no/such/dir.tex"] {
+    std::fs::write(d.join("taken.tally"), "").unwrap();
+    for out in ["taken.tally", "no/such/dir.tally"] {
         let o = run(d, &["export", "--ledger", "ledger", "--out", out]);
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     }
@@ -241,7 +241,7 @@ fn readers_and_refusals_change_no_byte_of_the_ledger() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run(d, &["checkpoint", "--ledger", "ledger"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "x.tex"]);
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "x.tally"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = run(d, &["verify", "ledger", "--key", "ledger/ledger.pub"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -258,7 +258,7 @@ fn readers_and_refusals_change_no_byte_of_the_ledger() {
     let o = run(d, &["verify", "ledger", "--key", "ledger/ledger.pub"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("all 6 entries"));
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "y.tex"]);
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "y.tally"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = run(d, &["checkpoint", "--ledger", "ledger"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -297,19 +297,19 @@ fn export_refuses_to_overwrite() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     fixture::ledger(d);
-    std::fs::write(d.join("mine.tex"), "precious\n").unwrap();
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "mine.tex"]);
+    std::fs::write(d.join("mine.tally"), "precious\n").unwrap();
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "mine.tally"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
-    assert_eq!(std::fs::read(d.join("mine.tex")).unwrap(), b"precious\n");
+    assert_eq!(std::fs::read(d.join("mine.tally")).unwrap(), b"precious\n");
     let o = run(
         d,
         &[
-            "export", "--ledger", "ledger", "--out", "mine.tex", "--force",
+            "export", "--ledger", "ledger", "--out", "mine.tally", "--force",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_ne!(std::fs::read(d.join("mine.tex")).unwrap(), b"precious\n");
+    assert_ne!(std::fs::read(d.join("mine.tally")).unwrap(), b"precious\n");
 }
 
 // Issue 11.15: `export --out X` wrote through a symlink planted at X.partial (or X).
@@ -319,25 +319,25 @@ fn export_never_writes_through_a_symlink() {
     let d = tmp.path();
     fixture::ledger(d);
     std::fs::write(d.join("victim"), "precious\n").unwrap();
-    symlink(d.join("victim"), d.join("out.tex.partial")).unwrap();
+    symlink(d.join("victim"), d.join("out.tally.partial")).unwrap();
     symlink(d.join("victim"), d.join("out.partial")).unwrap();
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "out.tex"]);
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "out.tally"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"precious\n");
     assert!(!stderr(&o).contains("partial"), "{}", stderr(&o));
     // A symlink at the target itself: refused, and with --force replaced, not followed.
-    symlink(d.join("victim"), d.join("link.tex")).unwrap();
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "link.tex"]);
+    symlink(d.join("victim"), d.join("link.tally")).unwrap();
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "link.tally"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run(
         d,
         &[
-            "export", "--ledger", "ledger", "--out", "link.tex", "--force",
+            "export", "--ledger", "ledger", "--out", "link.tally", "--force",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"precious\n");
-    assert!(!std::fs::symlink_metadata(d.join("link.tex"))
+    assert!(!std::fs::symlink_metadata(d.join("link.tally"))
         .unwrap()
         .file_type()
         .is_symlink());
@@ -447,12 +447,12 @@ fn append_and_export_show_progress_on_a_terminal() {
     let (code, text) = on_a_terminal(d, &format!("{bin} append --ledger ledger < more.ndjson"));
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("appending: 2 of 2"), "{text}");
-    let (code, text) = on_a_terminal(d, &format!("{bin} export --ledger ledger --out a.tex"));
+    let (code, text) = on_a_terminal(d, &format!("{bin} export --ledger ledger --out a.tally"));
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("exporting: 1 of 7"), "{text}");
     let (code, text) = on_a_terminal(
         d,
-        &format!("{bin} -q append --ledger ledger < more.ndjson; {bin} -q export --ledger ledger --out b.tex"),
+        &format!("{bin} -q append --ledger ledger < more.ndjson; {bin} -q export --ledger ledger --out b.tally"),
     );
     assert_eq!(code, Some(0), "{text}");
     assert!(

@@ -605,3 +605,102 @@ fn serve_on_a_missing_ledger_says_how_to_make_one() {
     );
     assert!(!d.join("nodir").exists(), "it made the directory");
 }
+
+/// The acts of a demo's output (`== N. Title` headings), each with its lines.
+fn acts(text: &str) -> Vec<(String, usize)> {
+    let mut acts: Vec<(String, usize)> = vec![("(before act 1)".into(), 0)];
+    for line in text.lines() {
+        if line.starts_with("== ") {
+            acts.push((line.to_string(), 0));
+        } else if let Some(last) = acts.last_mut() {
+            last.1 += 1;
+        }
+    }
+    acts
+}
+
+/// Durations as `603701 ms`, run clocks as `t+44 ms`: what a person should never have to
+/// read.
+fn unreadable_numbers(text: &str) -> Vec<String> {
+    let mut bad = Vec::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for w in words.windows(2) {
+            let digits = w[0].trim_start_matches(['(', 't', '+']);
+            let ms = w[1].trim_end_matches([',', ')', '.', ';', ':']) == "ms"
+                || digits.ends_with("ms") && digits.trim_end_matches("ms").parse::<u64>().is_ok();
+            if (ms && digits.trim_end_matches("ms").parse::<u64>().is_ok_and(|n| n >= 1000))
+                || w[0].contains("t+")
+            {
+                bad.push(line.to_string());
+            }
+        }
+        if line.contains("t+") || line.contains("ms all told") {
+            bad.push(line.to_string());
+        }
+    }
+    bad
+}
+
+/// `tally demo` tells its story in about a screen per act (`--verbose` prints every
+/// loop, finding and handoff), with numbers a person reads and no jargon, says where
+/// its files are (removed at the end unless `--dir` keeps them), names its export
+/// `.tally`, and its handoffs agree with what it narrated.
+#[test]
+fn the_demo_reads_as_a_story() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let out = run(d, &["demo"], "");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{}", self::text(&out));
+    for (act, lines) in acts(&text) {
+        assert!(lines <= 45, "{act} takes {lines} lines:\n{text}");
+    }
+    let bad = unreadable_numbers(&text);
+    assert!(bad.is_empty(), "numbers a person should not have to read:\n{}", bad.join("\n"));
+    for jargon in ["taken as recorded", "accepted as recorded", "group commit", "fsynced"] {
+        assert!(!text.contains(jargon), "jargon `{jargon}`:\n{text}");
+    }
+    assert!(
+        text.contains("removed") && text.contains("tally demo --dir"),
+        "it does not say its files go away, or how to keep them:\n{text}"
+    );
+    assert!(!text.contains(".tally "), "{text}");
+
+    // Everything, and the files kept.
+    let kept = d.join("kept");
+    let out = run(d, &["demo", "--verbose", "--dir", "kept"], "");
+    let verbose = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{}", self::text(&out));
+    assert!(verbose.lines().count() > text.lines().count() + 100, "{verbose}");
+    assert!(verbose.contains("Run normal: \"Fix the flaky login test\""), "{verbose}");
+    let bad = unreadable_numbers(&verbose);
+    assert!(bad.is_empty(), "numbers a person should not have to read:\n{}", bad.join("\n"));
+    let export = kept.join("ledger.tally");
+    assert!(export.is_file(), "no {}", export.display());
+    assert!(verbose.contains(&export.display().to_string()), "{verbose}");
+
+    // What the demo narrated about run export-q3 is what its handoff says.
+    let narrated = verbose
+        .lines()
+        .find(|l| l.contains("asks:") && l.contains("refused"))
+        .expect("the retry storm's narration");
+    let handoff = ok(
+        d,
+        &[
+            "handoff", "kept/ledger.tally", "--key", "kept/ledger/ledger.pub",
+            "--auditor-key", "kept/auditor.key", "--run", "export-q3", "--json",
+        ],
+        "",
+    );
+    let handoff: Value = serde_json::from_str(&handoff).unwrap();
+    let stopped = handoff["handoffs"][0]["stop"]["reason"]
+        .as_str()
+        .or_else(|| handoff["stop"]["reason"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        !stopped.is_empty() && narrated.contains(&stopped),
+        "the demo says `{narrated}`, its handoff says the run stopped on `{stopped}`: {handoff}"
+    );
+}

@@ -417,7 +417,7 @@ fn regression_issue_20_a_real_approval_verifies_consistent() {
     let v = text(&verify);
     assert_eq!(verify.status.code(), Some(0), "{v}");
     assert!(v.contains("No inconsistencies"), "{v}");
-    assert!(v.contains("every one is what the policy decides"), "{v}");
+    assert!(v.contains("every one is what that policy decides"), "{v}");
 }
 
 /// Issue 20 items 4 and 5: an agent alone cannot make a ledger verify inconsistent. What

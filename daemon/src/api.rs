@@ -367,8 +367,8 @@ pub(crate) async fn read_body(
             StatusCode::REQUEST_TIMEOUT,
             "request_timeout",
             format!(
-                "request body did not arrive within {} ms",
-                app.read_timeout.as_millis()
+                "request body did not arrive within {}",
+                tally_ledger::words::duration(app.read_timeout.as_millis() as u64)
             ),
         )
         .close()),
@@ -599,7 +599,7 @@ async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     );
     headers.insert(
         header::CONTENT_DISPOSITION,
-        HeaderValue::from_static("attachment; filename=\"ledger.tally-export\""),
+        HeaderValue::from_static("attachment; filename=\"ledger.tally\""),
     );
     headers.insert("x-tally-snapshot-size", HeaderValue::from(size));
     Ok(response)

@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub use tally_record::decision;
+pub use tally_record::words;
 pub mod error;
 pub mod export;
 #[cfg(feature = "faults")]

@@ -363,7 +363,7 @@ fn a_low_order_recipient_is_refused() {
 #[test]
 fn a_failed_export_leaves_no_partial_file() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("x.tex");
+    let out = dir.path().join("x.tally");
     let frames = vec![
         Ok(Frame::Entry(vec![1, 2, 3])),
         Err(Error::Store("the store failed mid-export".into())),
@@ -396,7 +396,7 @@ fn export_framing_tells_torn_from_cut_from_complete() {
     let bytes = export_bytes(&l);
     assert_eq!(read_all(&bytes).unwrap(), frames(&l));
     // The file written by Ledger::export is the same bytes.
-    let out = dir.path().join("x.tex");
+    let out = dir.path().join("x.tally");
     l.export(&out).unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), bytes);
 

@@ -11,6 +11,7 @@ mod canonical;
 pub mod decision;
 pub mod error;
 mod strict;
+pub mod words;
 
 pub use args::Args;
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};

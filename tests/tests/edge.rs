@@ -45,7 +45,7 @@ fn tally_bin() -> &'static Path {
 }
 
 /// A ledger made with the real CLI in a temporary directory: `a.key`/`a.pub`, the ledger
-/// in `L/` and its export in `L.tex`.
+/// in `L/` and its export in `L.tally`.
 struct Cli {
     tmp: tempfile::TempDir,
 }
@@ -58,7 +58,7 @@ impl Cli {
         cli.ok(&["keygen", "--out", "a.key"]);
         cli.ok(&["init", "--ledger", "L", "--recipient", "a.pub"]);
         cli.append("L", decisions);
-        cli.ok(&["export", "--ledger", "L", "--out", "L.tex"]);
+        cli.ok(&["export", "--ledger", "L", "--out", "L.tally"]);
         cli
     }
 
@@ -134,15 +134,15 @@ fn bad_run(run: &str) -> Vec<Value> {
 
 /// The export without its end marker: cut short at a frame boundary.
 fn cut_at_boundary(cli: &Cli) -> PathBuf {
-    let bytes = std::fs::read(cli.path("L.tex")).expect("export");
-    let cut = cli.path("cut.tex");
+    let bytes = std::fs::read(cli.path("L.tally")).expect("export");
+    let cut = cli.path("cut.tally");
     std::fs::write(&cut, &bytes[..bytes.len() - END_FRAME_LEN]).expect("write cut");
     cut
 }
 
 /// The export with one bit of its last entry flipped: it does not verify.
 fn tampered(cli: &Cli) -> PathBuf {
-    let bytes = std::fs::read(cli.path("L.tex")).expect("export");
+    let bytes = std::fs::read(cli.path("L.tally")).expect("export");
     let mut frames = parse_frames(&bytes);
     let last = frames
         .iter_mut()
@@ -154,7 +154,7 @@ fn tampered(cli: &Cli) -> PathBuf {
         .expect("an entry");
     let mid = last.len() / 2;
     last[mid] ^= 1;
-    let path = cli.path("bad.tex");
+    let path = cli.path("bad.tally");
     std::fs::write(&path, write_export(&frames)).expect("write tampered");
     path
 }
@@ -165,11 +165,11 @@ fn handoff_of_one_run_exits_on_that_runs_findings_only() {
     let mut decisions = clean_run("clean");
     decisions.extend(bad_run("bad"));
     let cli = Cli::new(&decisions);
-    let one = cli.run(&with_keys(&["handoff", "L.tex", "--run", "clean"]));
+    let one = cli.run(&with_keys(&["handoff", "L.tally", "--run", "clean"]));
     assert_eq!(code(&one), 0, "{}{}", text(&one.stdout), text(&one.stderr));
-    let bad = cli.run(&with_keys(&["handoff", "L.tex", "--run", "bad"]));
+    let bad = cli.run(&with_keys(&["handoff", "L.tally", "--run", "bad"]));
     assert_eq!(code(&bad), 1, "{}", text(&bad.stdout));
-    let all = cli.run(&with_keys(&["handoff", "L.tex"]));
+    let all = cli.run(&with_keys(&["handoff", "L.tally"]));
     assert_eq!(code(&all), 1, "{}", text(&all.stdout));
 }
 
@@ -179,7 +179,7 @@ fn handoff_of_one_run_exits_on_that_runs_findings_only() {
 fn verify_with_audit_findings_exits_1_and_says_inconsistent() {
     let cli = Cli::new(&bad_run("bad"));
     let cut = cut_at_boundary(&cli);
-    for path in ["L.tex", cut.to_str().expect("path")] {
+    for path in ["L.tally", cut.to_str().expect("path")] {
         let out = cli.run(&with_keys(&["verify", path]));
         let stdout = text(&out.stdout);
         assert_eq!(code(&out), 1, "{path}: {stdout}");
@@ -241,9 +241,9 @@ fn a_refused_json_report_prints_a_document() {
 #[test]
 fn a_copy_cut_inside_a_frame_exits_3() {
     let cli = Cli::new(&clean_run("r"));
-    let bytes = std::fs::read(cli.path("L.tex")).expect("export");
+    let bytes = std::fs::read(cli.path("L.tally")).expect("export");
     // Cut inside the last checkpoint frame (the end marker and a few bytes before it).
-    let cut = cli.path("torn.tex");
+    let cut = cli.path("torn.tally");
     std::fs::write(&cut, &bytes[..bytes.len() - END_FRAME_LEN - 7]).expect("write cut");
     let out = cli.run(&[
         "verify",
@@ -274,11 +274,11 @@ fn another_ledgers_key_or_anchor_is_a_usage_error_naming_both_ids() {
     };
     let (ours, theirs) = (id("L"), id("M"));
     for args in [
-        vec!["verify", "L.tex", "--key", "M/ledger.pub"],
+        vec!["verify", "L.tally", "--key", "M/ledger.pub"],
         vec!["verify", "L", "--key", "M/ledger.pub"],
         vec![
             "loops",
-            "L.tex",
+            "L.tally",
             "--key",
             "M/ledger.pub",
             "--auditor-key",
@@ -298,7 +298,7 @@ fn another_ledgers_key_or_anchor_is_a_usage_error_naming_both_ids() {
     std::fs::write(cli.path("m.cp"), anchor).expect("anchor");
     let out = cli.run(&[
         "verify",
-        "L.tex",
+        "L.tally",
         "--key",
         "L/ledger.pub",
         "--anchor",
@@ -319,15 +319,15 @@ fn a_flipped_genesis_recipient_is_reported_as_tampering() {
     let cli = Cli::new(&clean_run("r"));
     let recipient =
         tally_ledger::keys::read_auditor_public(&cli.path("a.pub")).expect("auditor public");
-    let mut bytes = std::fs::read(cli.path("L.tex")).expect("export");
+    let mut bytes = std::fs::read(cli.path("L.tally")).expect("export");
     let at = bytes
         .windows(32)
         .position(|w| w == recipient)
         .expect("the recipient in the genesis");
     bytes[at + 16] ^= 0x10;
-    std::fs::write(cli.path("flip.tex"), &bytes).expect("write");
+    std::fs::write(cli.path("flip.tally"), &bytes).expect("write");
     for command in ["verify", "loops", "handoff"] {
-        let out = cli.run(&with_keys(&[command, "flip.tex"]));
+        let out = cli.run(&with_keys(&[command, "flip.tally"]));
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         assert_eq!(code(&out), 1, "{command}: {stdout}{stderr}");
         let report = if command == "verify" {
@@ -433,14 +433,14 @@ fn reservations_that_would_overflow_are_a_finding_never_a_wrap() {
         json!({"run": "r", "kind": "allow", "tool": "t", "attempt": 1, "reserve_cents": u64::MAX}),
         json!({"run": "r", "kind": "allow", "tool": "t", "attempt": 2, "reserve_cents": 2}),
     ]);
-    let out = cli.run(&with_keys(&["handoff", "L.tex"]));
+    let out = cli.run(&with_keys(&["handoff", "L.tally"]));
     let stdout = text(&out.stdout);
     assert_eq!(code(&out), 1, "{stdout}");
     assert!(
         stdout.contains(&format!("{}¢ reserved", u64::MAX)),
         "{stdout}"
     );
-    let loops = text(&cli.run(&with_keys(&["loops", "L.tex"])).stdout);
+    let loops = text(&cli.run(&with_keys(&["loops", "L.tally"])).stdout);
     assert!(
         loops.contains("overflow: held_cents would overflow"),
         "{loops}"
@@ -463,7 +463,7 @@ fn handoff_wording_says_what_is_known() {
         }
     }
     let cli = Cli::new(&decisions);
-    let out = cli.run(&with_keys(&["handoff", "L.tex"]));
+    let out = cli.run(&with_keys(&["handoff", "L.tally"]));
     let stdout = text(&out.stdout);
     assert!(
         stdout.contains("Run nogoal: (its start record gives no goal)"),
@@ -518,9 +518,9 @@ fn agent_strings_never_reach_the_terminal_raw() {
     }
     let cli = Cli::new(&decisions);
     for args in [
-        with_keys(&["verify", "L.tex"]),
-        with_keys(&["loops", "L.tex"]),
-        with_keys(&["handoff", "L.tex"]),
+        with_keys(&["verify", "L.tally"]),
+        with_keys(&["loops", "L.tally"]),
+        with_keys(&["handoff", "L.tally"]),
     ] {
         let out = cli.run(&args);
         let stdout = text(&out.stdout);
@@ -583,10 +583,10 @@ fn json_reports_match_their_published_schemas() {
     let cases: Vec<(&str, Vec<&str>, i32)> = vec![
         (
             "verify",
-            vec!["verify", "L.tex", "--key", "L/ledger.pub", "--json"],
+            vec!["verify", "L.tally", "--key", "L/ledger.pub", "--json"],
             0,
         ),
-        ("verify", with_keys(&["verify", "L.tex", "--json"]), 1),
+        ("verify", with_keys(&["verify", "L.tally", "--json"]), 1),
         (
             "verify",
             vec!["verify", cut, "--key", "L/ledger.pub", "--json"],
@@ -598,14 +598,14 @@ fn json_reports_match_their_published_schemas() {
             vec!["verify", bad, "--key", "L/ledger.pub", "--json"],
             1,
         ),
-        ("loops", with_keys(&["loops", "L.tex", "--json"]), 1),
+        ("loops", with_keys(&["loops", "L.tally", "--json"]), 1),
         ("loops", with_keys(&["loops", cut, "--json"]), 1),
         ("loops", with_keys(&["loops", bad, "--json"]), 1),
         ("loops", with_keys(&["loops", bad, "--json", "--force"]), 1),
-        ("handoff", with_keys(&["handoff", "L.tex", "--json"]), 1),
+        ("handoff", with_keys(&["handoff", "L.tally", "--json"]), 1),
         (
             "handoff",
-            with_keys(&["handoff", "L.tex", "--run", "w", "--json"]),
+            with_keys(&["handoff", "L.tally", "--run", "w", "--json"]),
             0,
         ),
         (

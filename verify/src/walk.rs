@@ -507,8 +507,10 @@ impl Walk<'_> {
                 FindingKind::TimeRegression,
                 at,
                 format!(
-                    "wall time {} ms is before the previous entry's {} ms",
-                    h.wall_ms, self.head_wall
+                    "its wall time {} is {} before the previous entry's {}",
+                    crate::text::rfc3339(h.wall_ms),
+                    crate::text::duration(self.head_wall - h.wall_ms),
+                    crate::text::rfc3339(self.head_wall)
                 ),
             );
         }
@@ -845,11 +847,11 @@ impl Walk<'_> {
             return Err((
                 FindingKind::CheckpointMisplaced,
                 if cp.size > n {
-                    format!("{what} seals {} entries but only {n} precede it (entries were removed: truncated)", cp.size)
+                    format!("{what} seals {} but only {n} precede it (entries were removed: truncated)", crate::text::plural(cp.size, "entry", "entries"))
                 } else {
                     format!(
-                        "{what} seals {} entries but stands after entry {}",
-                        cp.size,
+                        "{what} seals {} but stands after entry {}",
+                        crate::text::plural(cp.size, "entry", "entries"),
                         n - 1
                     )
                 },
@@ -911,8 +913,10 @@ impl Walk<'_> {
             return Err((
                 FindingKind::CheckpointTime,
                 format!(
-                    "{what} time {} ms is before the entry it seals ({} ms)",
-                    cp.wall_ms, self.head_wall
+                    "{what} time {} is {} before the entry it seals ({})",
+                    crate::text::rfc3339(cp.wall_ms),
+                    crate::text::duration(self.head_wall - cp.wall_ms),
+                    crate::text::rfc3339(self.head_wall)
                 ),
             ));
         }
@@ -1023,8 +1027,8 @@ impl Walk<'_> {
                     )
                 } else {
                     format!(
-                        "anchor seals {} entries but the ledger has {n}: it was truncated or rolled back",
-                        a.size
+                        "anchor seals {} but the ledger has {n}: it was truncated or rolled back",
+                        crate::text::plural(a.size, "entry", "entries")
                     )
                 };
                 let kind = if a.ledger_id != self.ledger_id {
