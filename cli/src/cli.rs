@@ -179,11 +179,67 @@ pub enum Command {
         #[arg(long, default_value_t = 10_000)]
         batch: usize,
     },
-    /// Print the latest signed checkpoint (text) on stdout, to keep elsewhere as an anchor.
+    /// Print the latest checkpoint on stdout, to keep elsewhere as an anchor: a C2SP
+    /// checkpoint (origin, size, Merkle root) signed by the ledger's log key.
     Checkpoint {
         /// The ledger directory.
         #[arg(long)]
         ledger: PathBuf,
+        /// Print the log key's vkey instead (what witnesses and tlog-policy files name).
+        #[arg(long, conflicts_with = "chain")]
+        vkey: bool,
+        /// Print the chain's own checkpoint (the epoch key's seal in the log) instead.
+        #[arg(long)]
+        chain: bool,
+    },
+    /// Write a C2SP tlog-proof: one entry (--seq), every entry of a run (--run, with the
+    /// auditor key), or a consistency proof from an older checkpoint (--from).
+    Prove {
+        /// The ledger directory.
+        #[arg(long)]
+        ledger: PathBuf,
+        /// The entry to prove.
+        #[arg(long, conflicts_with_all = ["run", "from"])]
+        seq: Option<u64>,
+        /// The run whose every entry to prove (needs --auditor-key to find them).
+        #[arg(long, conflicts_with = "from", requires = "auditor_key")]
+        run: Option<String>,
+        /// An older C2SP checkpoint of this ledger: prove the latest one extends it.
+        #[arg(long, value_name = "CP")]
+        from: Option<PathBuf>,
+        /// The auditor's secret key (for --run).
+        #[arg(long)]
+        auditor_key: Option<PathBuf>,
+        /// Where to write the proof (default: standard output).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Check a proof offline with the ledger's public key: inclusion of each entry, the
+    /// checkpoint's signature, the witnesses' quorum; with the auditor key, show the
+    /// decisions and whether a run's are complete.
+    VerifyProof {
+        /// The proof file (`tally prove`), or `-` for standard input.
+        file: PathBuf,
+        /// The ledger's public verification key (ledger.pub, version 2: with its log key).
+        #[arg(long)]
+        key: PathBuf,
+        /// Require a quorum of valid cosignatures (C2SP tlog-policy file).
+        #[arg(long, value_name = "FILE")]
+        witness_policy: Option<PathBuf>,
+        /// The auditor's secret key: decrypt and show the decisions.
+        #[arg(long)]
+        auditor_key: Option<PathBuf>,
+        /// For a consistency proof: the older checkpoint it starts from (held by you).
+        #[arg(long, value_name = "CP")]
+        from: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A C2SP tlog-witness: `tally witness keygen`, `tally witness serve`.
+    Witness {
+        #[command(subcommand)]
+        command: WitnessCommand,
     },
     /// Rebuild the ledger's index (the gate's derived state, seq positions) from its log
     /// segments; nothing that verifies trusts the index. The ledger must not be held.
@@ -222,6 +278,14 @@ pub enum Command {
         /// The rules runs are read under.
         #[command(flatten)]
         rules: Rules,
+        /// Judge the cosigned checkpoints by this C2SP tlog-policy: without one its quorum
+        /// cosigned, exit 3; say which seqs they cover.
+        #[arg(long, value_name = "FILE")]
+        witness_policy: Option<PathBuf>,
+        /// Also ask each witness of --witness-policy that has a URL for the latest
+        /// checkpoint it cosigned, and hold the ledger to it (truncation, rollback, fork).
+        #[arg(long, requires = "witness_policy")]
+        ask_witnesses: bool,
     },
     /// Reconstruct loops: retry storms, identical repeated calls, endless polling.
     Loops {
@@ -311,7 +375,7 @@ pub enum Command {
         command: PolicyCommand,
     },
     /// Agent hooks answered by the gate: `tally hook claude-code` for Claude Code's
-    /// PreToolUse and PostToolUse hooks.
+    /// PreToolUse, PostToolUse and SessionEnd hooks.
     Hook {
         #[command(subcommand)]
         command: HookCommand,
@@ -387,14 +451,58 @@ pub struct ServeArgs {
     /// gets 429.
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub max_connections_per_peer: usize,
+    /// Push each new checkpoint to the witnesses this C2SP tlog-policy names (those with
+    /// a URL) and keep the latest one its quorum cosigned (DIR/checkpoint.cosigned).
+    #[arg(long, value_name = "FILE")]
+    pub witness_policy: Option<PathBuf>,
+    /// The least time between two pushes to the witnesses, in ms.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 1000,
+        requires = "witness_policy"
+    )]
+    pub witness_interval_ms: u64,
+}
+
+/// `tally witness ...`.
+#[derive(Debug, Subcommand)]
+pub enum WitnessCommand {
+    /// Make a witness key: FILE (0600, its name and Ed25519 secret) and FILE.pub (its
+    /// cosigner vkey, for tlog-policy files).
+    Keygen {
+        /// The witness's name (its cosignatures' key name), e.g. `example.org/w1`.
+        #[arg(long)]
+        name: String,
+        /// Where to write the secret key.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Serve C2SP tlog-witness (`POST /add-checkpoint`, `GET /<origin hash>/checkpoint`)
+    /// over HTTP on a loopback address.
+    Serve {
+        /// The witness key (`tally witness keygen`).
+        #[arg(long)]
+        key: PathBuf,
+        /// Where to listen, e.g. 127.0.0.1:7380.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// The state directory (the latest checkpoint cosigned per log; created 0700).
+        #[arg(long)]
+        state: PathBuf,
+        /// A log to witness: its vkey (`tally checkpoint --vkey`); repeatable.
+        #[arg(long = "log", value_name = "VKEY", required = true)]
+        logs: Vec<String>,
+    },
 }
 
 /// `tally hook ...`.
 #[derive(Debug, Subcommand)]
 pub enum HookCommand {
-    /// Claude Code's PreToolUse/PostToolUse hook: reads the hook's JSON on stdin, asks
-    /// the gate, prints the hook's decision (allow, deny or ask). Exit 2 blocks the call
-    /// when the gate cannot be asked (fail closed).
+    /// Claude Code's hooks: reads the hook's JSON on stdin. PreToolUse asks the gate and
+    /// prints the hook's decision (allow, deny or ask; exit 2 blocks the call when the
+    /// gate cannot be asked: fail closed); PostToolUse and PostToolUseFailure record the
+    /// call's outcome; SessionEnd stops the session's run.
     ClaudeCode {
         /// The daemon's agent socket.
         #[arg(long)]

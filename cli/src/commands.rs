@@ -6,7 +6,7 @@ use std::io::{self, BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use tally_ledger::export::{ExportWriter, Target};
+use tally_ledger::export::Target;
 use tally_ledger::keys::{read_auditor_public, AuditorKey, LedgerPublic};
 use tally_ledger::{Checkpoint, Decision, Frame, Ledger, Rotation};
 use tally_verify::analysis::{self, Analysis};
@@ -135,12 +135,16 @@ fn check_ledger_dir(ledger: &Path) -> Result<()> {
 
 fn open(ledger: &Path) -> Result<Ledger> {
     check_ledger_dir(ledger)?;
-    Ledger::open(ledger).with_context(|| {
+    let opened = Ledger::open(ledger).with_context(|| {
         format!(
             "opening ledger {} (if `tally serve` holds it, use its API instead)",
             ledger.display()
         )
-    })
+    })?;
+    for note in opened.torn_notes() {
+        errln!("tally: {note}");
+    }
+    Ok(opened)
 }
 
 /// One decision of the input, checked and in canonical form, and the line it came from.
@@ -398,9 +402,40 @@ pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
         }
     }
     check_ledger_dir(ledger)?;
-    let snapshot = Ledger::read_snapshot(ledger)
-        .with_context(|| format!("reading the log of ledger {}", ledger.display()))?;
+    // Sealed with the log key when the ledger has one (its end is signed, and the latest
+    // cosigned checkpoint rides along); a ledger no build with log keys has opened yet is
+    // exported with a plain end, as before.
+    let public = tally_ledger::LedgerPublic::read(&ledger.join("ledger.pub"))
+        .with_context(|| format!("reading {}", ledger.join("ledger.pub").display()))?;
+    let key = match public.log_key {
+        Some(_) => Some(
+            tally_ledger::tlog::LogKey::read(ledger, public.ledger_id)
+                .with_context(|| format!("reading the log key of {}", ledger.display()))?,
+        ),
+        None => None,
+    };
+    let (snapshot, root) = match &key {
+        Some(_) => {
+            let (s, r) = Ledger::read_sealed_snapshot(ledger)
+                .with_context(|| format!("reading the log of ledger {}", ledger.display()))?;
+            (s, Some(r))
+        }
+        None => (
+            Ledger::read_snapshot(ledger)
+                .with_context(|| format!("reading the log of ledger {}", ledger.display()))?,
+            None,
+        ),
+    };
     let total = snapshot.size();
+    let seal = match (&key, root) {
+        (Some(k), Some(root)) => Some(tally_ledger::export::Seal {
+            ledger: public.ledger_id,
+            key: k,
+            root,
+            cosigned: tally_ledger::tlog::read_cosigned_at(ledger, total)?,
+        }),
+        _ => None,
+    };
     let progress = Progress::new("exporting");
     let mut seen = 0u64;
     let frames = snapshot.inspect(|f| {
@@ -413,25 +448,14 @@ pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
     });
     let (entries, checkpoints) = if is_stdio(out) {
         let stdout = io::stdout();
-        let mut w = ExportWriter::new(io::BufWriter::new(stdout.lock()))
-            .context("writing the export to standard output")?;
-        let mut counts = (0, 0);
-        for frame in frames {
-            let frame = frame?;
-            match frame {
-                Frame::Entry(_) => counts.0 += 1,
-                Frame::Checkpoint(_) => counts.1 += 1,
-            }
-            w.frame(&frame)
+        let (mut b, counts) =
+            tally_ledger::export::write_export_to(frames, io::BufWriter::new(stdout.lock()), seal)
                 .context("writing the export to standard output")?;
-        }
-        w.finish()
-            .and_then(|mut b| io::Write::flush(&mut b))
-            .context("writing the export to standard output")?;
+        io::Write::flush(&mut b).context("writing the export to standard output")?;
         counts
     } else {
         let target = if force { Target::Replace } else { Target::New };
-        tally_ledger::export::export_frames_to(frames, out, target)
+        tally_ledger::export::export_frames_to(frames, out, target, seal)
             .with_context(|| format!("exporting to {}", out.display()))?
     };
     drop(progress);
@@ -611,6 +635,22 @@ impl Audits {
         for a in &read.anchors {
             let text =
                 std::fs::read(a).with_context(|| format!("reading anchor {}", a.display()))?;
+            if let Some((id, anchor)) = crate::prove::tree_anchor(&text, a) {
+                match ledgers.iter_mut().find(|l| l.options.public.ledger_id == id) {
+                    Some(l) => l.options.tree_anchors.push(anchor),
+                    None if n == 1 => bail!(
+                        "anchor {} is a checkpoint of ledger {id}, but {} is the key of ledger {}: give an anchor of this ledger",
+                        a.display(),
+                        read.keys[0].display(),
+                        ledgers[0].options.public.ledger_id
+                    ),
+                    None => bail!(
+                        "anchor {} is a checkpoint of ledger {id}, which none of the --key files is the key of: give an anchor of one of these ledgers",
+                        a.display()
+                    ),
+                }
+                continue;
+            }
             let cp = Checkpoint::from_text(&text)
                 .with_context(|| format!("anchor {} is not a tally checkpoint", a.display()))?;
             // Ids first, as minisign compares key ids: another ledger's anchor is a mistake.
@@ -781,8 +821,17 @@ impl Drop for Progress {
     }
 }
 
-pub fn verify(read: &ReadArgs, auditor_key: Option<&Path>, rules: &Rules) -> Result<Code> {
-    let audits = Audits::from_args(read, auditor_key)?;
+pub fn verify(
+    read: &ReadArgs,
+    auditor_key: Option<&Path>,
+    rules: &Rules,
+    witness_policy: Option<&Path>,
+    ask_witnesses: bool,
+) -> Result<Code> {
+    let mut audits = Audits::from_args(read, auditor_key)?;
+    if let Some(p) = witness_policy {
+        crate::witness::apply_policy(&mut audits, p, ask_witnesses)?;
+    }
     // With the auditor key: the replay of every gate decision (SECURITY.md 5.8) and the
     // consistency audit of every record, in one fold through the policy core the gate
     // decided with.

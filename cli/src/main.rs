@@ -14,9 +14,11 @@ mod generate;
 mod hook;
 mod mcp;
 mod operator;
+mod prove;
 mod reindex;
 mod serve;
 mod stories;
+mod witness;
 
 use std::process::ExitCode;
 
@@ -178,7 +180,46 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             json,
             batch,
         } => commands::append(&ledger, json.as_deref(), batch),
-        Command::Checkpoint { ledger } => commands::checkpoint(&ledger),
+        Command::Checkpoint {
+            ledger,
+            vkey,
+            chain,
+        } => match (vkey, chain) {
+            (_, true) => commands::checkpoint(&ledger),
+            (true, _) => prove::vkey(&ledger),
+            _ => prove::checkpoint(&ledger),
+        },
+        Command::Prove {
+            ledger,
+            seq,
+            run,
+            from,
+            auditor_key,
+            out,
+        } => prove::prove(&prove::ProveArgs {
+            ledger,
+            seq,
+            run,
+            from,
+            auditor_key,
+            out,
+        }),
+        Command::VerifyProof {
+            file,
+            key,
+            witness_policy,
+            auditor_key,
+            from,
+            json,
+        } => prove::verify_proof(&prove::VerifyProofArgs {
+            file,
+            key,
+            witness_policy,
+            auditor_key,
+            from,
+            json,
+        }),
+        Command::Witness { command } => witness::run(command),
         Command::Rotate { ledger } => commands::rotate(&ledger),
         Command::Reindex { ledger } => reindex::run(&ledger),
         Command::Export { ledger, out, force } => commands::export(&ledger, &out, force),
@@ -186,7 +227,16 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             read,
             auditor_key,
             rules,
-        } => commands::verify(&read, auditor_key.as_deref(), &rules).map(Exit::from_code),
+            witness_policy,
+            ask_witnesses,
+        } => commands::verify(
+            &read,
+            auditor_key.as_deref(),
+            &rules,
+            witness_policy.as_deref(),
+            ask_witnesses,
+        )
+        .map(Exit::from_code),
         Command::Loops {
             read,
             auditor_key,

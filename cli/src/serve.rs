@@ -41,6 +41,11 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         bail!("--max-connections-per-peer: must be at least 1");
     }
     options.max_connections_per_peer = args.max_connections_per_peer;
+    if let Some(path) = &args.witness_policy {
+        options.witness_policy = Some(crate::witness::read_policy(path)?);
+        options.witness_interval =
+            std::time::Duration::from_millis(args.witness_interval_ms.max(100));
+    }
     Ok(options)
 }
 

@@ -15,7 +15,6 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use tally_ledger::export::ExportWriter;
 use tally_ledger::{Error as LedgerError, Ledger};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -118,7 +117,7 @@ pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
                 Arc::clone(&app),
                 agent_rate,
             )),
-        Role::Operator => crate::gate_api::operator_routes(common)
+        Role::Operator => crate::tiles::log_routes(crate::gate_api::operator_routes(common))
             .route("/v1/decisions", post(post_decisions))
             .route("/v1/export", get(get_export)),
     };
@@ -558,7 +557,7 @@ async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     let (size_tx, size_rx) = oneshot::channel();
     let ledger = Arc::clone(&app.ledger);
     tokio::task::spawn_blocking(move || {
-        let snapshot = ledger.snapshot();
+        let (snapshot, root) = ledger.sealed_snapshot();
         let _ = size_tx.send(snapshot.size());
         let chunks = Chunks {
             tx: tx.clone(),
@@ -566,12 +565,19 @@ async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
             stall,
             runtime,
         };
+        // Signed at its end by the log key, with the latest cosigned checkpoint in it.
         let written = (|| {
-            let mut w = ExportWriter::new(chunks)?;
-            for frame in snapshot {
-                w.frame(&frame.map_err(io::Error::other)?)?;
-            }
-            w.finish()?.flush()
+            let cosigned = tally_ledger::tlog::read_cosigned_at(ledger.dir(), snapshot.size())
+                .map_err(io::Error::other)?;
+            let seal = tally_ledger::export::Seal {
+                ledger: ledger.id(),
+                key: ledger.log_key(),
+                root,
+                cosigned,
+            };
+            let (mut out, _) = tally_ledger::export::write_export_to(snapshot, chunks, Some(seal))
+                .map_err(io::Error::other)?;
+            out.flush()
         })();
         if let Err(e) = written {
             // The body ends in an error: the client sees a torn export, never a short

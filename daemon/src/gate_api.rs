@@ -430,7 +430,7 @@ async fn lifecycle(
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
     let standing = answered(&app.stage, move |done| {
-        done(gate.pause(caller(peer, Role::Operator), &run, paused))
+        gate.pause(caller(peer, Role::Operator), &run, paused, done)
     })
     .await
     .map_err(gate_error)?;

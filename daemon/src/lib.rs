@@ -32,7 +32,9 @@ mod limit;
 mod parse;
 mod peers;
 mod server;
+mod tiles;
 pub mod wire;
+pub mod witness;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -99,6 +101,12 @@ pub struct ServeOptions {
     /// 10 s) is closed: a write that makes no progress for it fails. A slow reader that
     /// keeps reading is not affected.
     pub write_timeout: Duration,
+    /// Push checkpoints to the witnesses this C2SP tlog-policy names (those with a URL),
+    /// keeping the latest one its quorum cosigned beside the ledger
+    /// (`checkpoint.cosigned`).
+    pub witness_policy: Option<tally_ledger::tlog::policy::Policy>,
+    /// The least time between two pushes (default 1 s).
+    pub witness_interval: Duration,
 }
 
 impl ServeOptions {
@@ -121,6 +129,8 @@ impl ServeOptions {
             rate_per_sec: None,
             read_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
+            witness_policy: None,
+            witness_interval: Duration::from_secs(1),
         }
     }
 }
@@ -141,6 +151,9 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
         server::check_socket_dir(op)?;
     }
     let ledger = Arc::new(Ledger::open(&options.ledger)?);
+    for note in ledger.torn_notes() {
+        log(&format!("tally serve: {note}"));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // Blocking threads only stream exports (bounded by their semaphore); big bodies
@@ -258,6 +271,16 @@ async fn serve_inner(
     if log_start {
         log(&started_line(&options, &app.ledger));
     }
+    // The witnesses: pushed to every interval, and once more after the last request.
+    let (stop_push, stopped) = tokio::sync::watch::channel(false);
+    let pusher = options.witness_policy.clone().map(|policy| {
+        let p = witness::Pusher::new(
+            Arc::clone(&app.ledger),
+            app.ledger.dir().to_path_buf(),
+            policy,
+        );
+        tokio::spawn(p.run(options.witness_interval, stopped))
+    });
     let router = api::router(Arc::clone(&app), api::Role::Agent);
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
     let (graceful, mut connections) = server::accept_loop(
@@ -290,6 +313,10 @@ async fn serve_inner(
     let exports = Arc::clone(&app.exports)
         .acquire_many_owned(api::MAX_EXPORTS as u32)
         .await;
+    if let Some(p) = pusher {
+        let _ = stop_push.send(true);
+        let _ = p.await;
+    }
     let gate_failure = app.gate.failure();
     drop((drained, exports, app));
     match state.failure().or(gate_failure) {

@@ -509,6 +509,7 @@ async fn export_streams_a_consistent_snapshot_while_appends_go_on() {
         match frame.expect("complete export, end marker present") {
             Frame::Entry(_) => entries += 1,
             Frame::Checkpoint(t) => last_cp = Some(Checkpoint::from_text(&t).expect("checkpoint")),
+            Frame::Cosigned(_) => {}
         }
     }
     let cp = last_cp.expect("export holds a checkpoint");

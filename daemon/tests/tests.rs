@@ -16,3 +16,4 @@ mod ownership;
 mod review;
 mod schema;
 mod strict;
+mod tiles;

@@ -46,6 +46,7 @@ fn main() {
         match f {
             Frame::Entry(b) => put("entry", format!("frame-{i:04}"), b),
             Frame::Checkpoint(b) => put("checkpoint", format!("frame-{i:04}"), b),
+            Frame::Cosigned(b) => put("note", format!("frame-{i:04}"), b),
         }
     }
     // Exports: every prefix of the real one that ends at a checkpoint, with its end

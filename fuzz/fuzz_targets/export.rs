@@ -51,12 +51,25 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             let mut w = ExportWriter::new(Vec::new()).expect("writing to a Vec");
             for f in &frames {
                 let payload = match f {
-                    tally_ledger::Frame::Entry(b) | tally_ledger::Frame::Checkpoint(b) => b,
+                    tally_ledger::Frame::Entry(b)
+                    | tally_ledger::Frame::Checkpoint(b)
+                    | tally_ledger::Frame::Cosigned(b) => b,
                 };
                 assert!(payload.len() <= MAX_FRAME_LEN);
                 w.frame(f).expect("writing to a Vec");
             }
-            assert_eq!(w.finish().expect("writing to a Vec"), data);
+            match reader.signed_end() {
+                // A signed end cannot be made again without the log key: the frames
+                // before it must be the input's, and the end its last 117 bytes.
+                Some(end) => {
+                    let mut out = w.finish().expect("writing to a Vec");
+                    out.truncate(out.len() - 21);
+                    assert_eq!(&data[..out.len()], &out[..]);
+                    assert_eq!(data.len(), out.len() + 5 + 112);
+                    assert_eq!(&data[out.len() + 5 + 16..out.len() + 5 + 48], &end.root[..]);
+                }
+                None => assert_eq!(w.finish().expect("writing to a Vec"), data),
+            }
         }
     }
 });

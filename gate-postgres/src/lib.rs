@@ -94,9 +94,12 @@ impl Options {
     }
 }
 
-/// The first byte of every stored state value: the encoding that follows (1: postcard),
+/// The first byte of every stored state value: the encoding that follows (postcard of the
+/// policy core's state types; 2 since the core became the only judge, whose run state
+/// records overruns and forgotten attempts). State of another format is never read: a
+/// field read at the wrong place would be a wrong budget, so it is refused with its cause.
 /// the same as the embedded backend's.
-const STATE_FORMAT: u8 = 1;
+const STATE_FORMAT: u8 = 2;
 
 fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
     let mut out = vec![STATE_FORMAT];
@@ -115,7 +118,14 @@ fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T,
         Some((&STATE_FORMAT, rest)) => {
             postcard::from_bytes(rest).map_err(|e| unreadable(e.to_string()))
         }
-        Some((other, _)) => Err(unreadable(format!("unknown state format {other}"))),
+        Some((1, _)) => Err(unreadable(
+            "it was written by an older tally (state format 1; this one reads 2): finish or \
+             stop its runs with that version, or serve a new ledger"
+                .into(),
+        )),
+        Some((other, _)) => Err(unreadable(format!(
+            "unknown state format {other} (this tally reads 2): was it written by a newer tally?"
+        ))),
         None => Err(unreadable("empty".into())),
     }
 }
@@ -159,6 +169,7 @@ struct Statements {
     children: Statement,
     owner_lock: Statement,
     owner_count: Statement,
+    owner_runs: Statement,
     tool_lock: Statement,
     tool_insert: Statement,
     credential_lock: Statement,
@@ -355,6 +366,7 @@ impl Postgres {
                 children: p("SELECT name FROM tally_runs WHERE parent = $1 AND open AND state IS NOT NULL ORDER BY name")?,
                 owner_lock: p("INSERT INTO tally_owners (owner) VALUES ($1) ON CONFLICT (owner) DO UPDATE SET owner = EXCLUDED.owner")?,
                 owner_count: p("SELECT count(*) FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1")?,
+                owner_runs: p("SELECT name, state FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1 ORDER BY name")?,
                 tool_lock: p("SELECT state, in_flight FROM tally_tools WHERE name = $1 FOR UPDATE")?,
                 tool_insert: p("INSERT INTO tally_tools (name, state, in_flight, version) VALUES ($1, $2, $3, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state, in_flight")?,
                 credential_lock: p("SELECT state FROM tally_credentials WHERE name = $1 FOR UPDATE")?,
@@ -858,6 +870,28 @@ impl StateTxn for PostgresTxn<'_> {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    fn expired_runs_of(
+        &mut self,
+        uid: Option<u32>,
+        expired: &dyn Fn(&RunState) -> bool,
+    ) -> Result<Vec<String>, GateError> {
+        let uid = uid.map(i64::from);
+        let rows = self.rows("to list a uid's runs", |s| &s.owner_runs, &[&uid])?;
+        let mut names = Vec::new();
+        for row in &rows {
+            let name: String = row.get(0);
+            // What this transaction changed wins over what the database held.
+            let state = match self.runs.get(&name) {
+                Some(r) => r.clone(),
+                None => decode::<RunState>("a run", row.get::<_, &[u8]>(1))?,
+            };
+            if state.stop.is_none() && expired(&state) {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+
     fn runs(&mut self) -> Result<Vec<&RunState>, GateError> {
         let rows = self.rows("to list the open runs", |s| &s.runs_open, &[])?;
         let mut listed = Vec::with_capacity(rows.len());
@@ -965,16 +999,8 @@ impl StateTxn for PostgresTxn<'_> {
         // Nothing is kept in memory past the transaction.
     }
 
-    fn set_paused(&mut self, run: &str, paused: bool) -> Result<(), GateError> {
-        let Some(state) = self.runs.get_mut(run) else {
-            return Err(GateError::RunNotFound(run.to_owned()));
-        };
-        state.paused = paused;
-        self.write(Some(run), None, None, true)?;
-        if self.open {
-            self.simple("to commit a pause", "COMMIT")?;
-            self.open = false;
-        }
+    fn pause_changed(&mut self, _run: &str, _paused: bool) -> Result<(), GateError> {
+        // The run's row, pause included, is written with the record (`persist`).
         Ok(())
     }
 

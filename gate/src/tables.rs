@@ -27,6 +27,8 @@ pub(crate) fn run_key(run: &str) -> Vec<u8> {
     [b"r/", run.as_bytes()].concat()
 }
 
+/// The pause builds before `pause` records kept outside the log, in the index alone: where
+/// a run has one, it still decides (and is kept in step with the records).
 fn pause_key(run: &str) -> Vec<u8> {
     [b"p/", run.as_bytes()].concat()
 }
@@ -43,8 +45,11 @@ pub(crate) fn pause_entry(run: &str, paused: bool) -> (Vec<u8>, Vec<u8>) {
     (pause_key(run), vec![u8::from(paused)])
 }
 
-/// The first byte of every stored state value: the encoding that follows (1: postcard).
-const STATE_FORMAT: u8 = 1;
+/// The first byte of every stored state value: the encoding that follows (postcard of the
+/// policy core's state types; 2 since the core became the only judge, whose run state
+/// records overruns and forgotten attempts). State of another format is never read: a
+/// field read at the wrong place would be a wrong budget, so it is refused with its cause.
+const STATE_FORMAT: u8 = 2;
 
 /// A state value as stored: compact (the state of every scope a decision touches is
 /// written with it, so its size is paid on every call).
@@ -66,7 +71,14 @@ fn decode<T: serde::de::DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T,
         Some((&STATE_FORMAT, rest)) => {
             postcard::from_bytes(rest).map_err(|e| unreadable(e.to_string()))
         }
-        Some((other, _)) => Err(unreadable(format!("unknown state format {other}"))),
+        Some((1, _)) => Err(unreadable(
+            "it was written by an older tally (state format 1; this one reads 2): finish or \
+             stop its runs with that version, or serve a new ledger"
+                .into(),
+        )),
+        Some((other, _)) => Err(unreadable(format!(
+            "unknown state format {other} (this tally reads 2): was it written by a newer tally?"
+        ))),
         None => Err(unreadable("empty".into())),
     }
 }
@@ -299,5 +311,30 @@ impl Tables {
             out.push(([b"c/", name.as_bytes()].concat(), encode(c)));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trips_in_its_own_format_only() {
+        let mut run = RunState::new("r");
+        run.attempts_used = 3;
+        run.overrun_cents = 7;
+        let (key, bytes) = run_entry(&run);
+        let back: RunState = decode(&key, &bytes).expect("reads its own format");
+        assert_eq!((back.attempts_used, back.overrun_cents), (3, 7));
+
+        // The same body under the format before it is refused with its cause, not read.
+        let mut old = bytes.clone();
+        old[0] = 1;
+        let err = decode::<RunState>(&key, &old).unwrap_err().to_string();
+        assert!(err.contains("older tally") && err.contains("r/r"), "{err}");
+        old[0] = 9;
+        let err = decode::<RunState>(&key, &old).unwrap_err().to_string();
+        assert!(err.contains("unknown state format 9"), "{err}");
+        assert!(decode::<RunState>(&key, &[]).is_err());
     }
 }

@@ -166,6 +166,19 @@ fn main() {
     let t_blake3 = per_op(|| {
         std::hint::black_box(blake3::keyed_hash(&key, std::hint::black_box(&entry)));
     });
+    // The Merkle tree's cost per entry: its leaf hash, and about one node hash (a tree of
+    // n leaves has n - 1 nodes).
+    let t_leaf = per_op(|| {
+        std::hint::black_box(tally_ledger::tlog::merkle::leaf_hash(std::hint::black_box(
+            &entry,
+        )));
+    });
+    let t_node = per_op(|| {
+        std::hint::black_box(tally_ledger::tlog::merkle::node_hash(
+            std::hint::black_box(&[1u8; 32]),
+            std::hint::black_box(&[2u8; 32]),
+        ));
+    });
     let cipher = XChaCha20Poly1305::new(&[1u8; 32].into());
     let mut buf = plaintext.clone();
     let t_aead = per_op(|| {
@@ -213,6 +226,8 @@ fn main() {
     println!("## Primitives (ns per operation, this run)\n");
     println!("| primitive | size | ns/op |\n|---|---|---|");
     println!("| BLAKE3 keyed hash | {entry_len} B entry | {t_blake3:.0} |");
+    println!("| SHA-256 Merkle leaf hash | {entry_len} B entry | {t_leaf:.0} |");
+    println!("| SHA-256 Merkle node hash | 65 B | {t_node:.0} |");
     println!(
         "| XChaCha20-Poly1305 seal | {} B decision | {t_aead:.0} |",
         plaintext.len()

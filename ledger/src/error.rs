@@ -176,6 +176,18 @@ pub enum Error {
     /// refuses all further appends until reopened (fail closed).
     #[error("ledger is closed after a failed write: {0}")]
     Poisoned(String),
+    /// The log's tail does not verify when the ledger is opened for writing
+    /// (docs/FORMAT.md, "Opening for writing"): the writer will not append after it, and
+    /// nothing was written.
+    #[error("{}: refusing to write: the log's tail does not verify ({at}: {why}). Nothing was written. Run `tally verify {} --key {}` to see what is damaged; restore the ledger from a backup, or keep it as evidence and start a new one with `tally init`", dir.display(), dir.display(), dir.join("ledger.pub").display())]
+    TailDamaged {
+        /// The ledger directory.
+        dir: PathBuf,
+        /// Where: a segment and byte, or a seq.
+        at: String,
+        /// What is wrong.
+        why: String,
+    },
     /// The stored chain does not verify on open.
     #[error("stored chain is inconsistent at seq {seq}: {why}")]
     Corrupt {

@@ -10,7 +10,66 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::format::{Frame, EXPORT_MAGIC, FRAME_CHECKPOINT, FRAME_END, FRAME_ENTRY, MAX_FRAME_LEN};
+use crate::format::{
+    Checkpoint, Frame, LedgerId, DOMAIN_EXPORT_END, EXPORT_MAGIC, FRAME_CHECKPOINT, FRAME_COSIGNED,
+    FRAME_END, FRAME_ENTRY, FRAME_SIGNED_END, MAX_FRAME_LEN,
+};
+use crate::tlog::merkle::TreeHash;
+use crate::tlog::note::Note;
+use crate::tlog::LogKey;
+
+/// The signed end of an export: how many entries and checkpoints it holds, the Merkle
+/// root of those entries, and the log key's signature over them. A copy cut at any
+/// checkpoint and given a new end marker cannot carry it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignedEnd {
+    /// Entries in the export.
+    pub entries: u64,
+    /// Checkpoints in the export.
+    pub checkpoints: u64,
+    /// The Merkle root of the `entries` entries.
+    pub root: TreeHash,
+    /// Ed25519 signature of the log key over [`SignedEnd::message`].
+    pub signature: [u8; 64],
+}
+
+impl SignedEnd {
+    /// What the log key signs: `"tally v1 export end\0" ‖ ledger id ‖ entries (u64 BE) ‖
+    /// checkpoints (u64 BE) ‖ root`.
+    pub fn message(ledger: LedgerId, entries: u64, checkpoints: u64, root: &TreeHash) -> Vec<u8> {
+        [
+            DOMAIN_EXPORT_END,
+            &ledger.0,
+            &entries.to_be_bytes(),
+            &checkpoints.to_be_bytes(),
+            root,
+        ]
+        .concat()
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        [
+            &self.entries.to_be_bytes()[..],
+            &self.checkpoints.to_be_bytes(),
+            &self.root,
+            &self.signature,
+        ]
+        .concat()
+    }
+}
+
+/// How an export is sealed at its end: the ledger, the log key, the root of the entries
+/// it holds, and the latest cosigned checkpoint to carry after its checkpoint.
+pub struct Seal<'a> {
+    /// The ledger.
+    pub ledger: LedgerId,
+    /// Its log key.
+    pub key: &'a LogKey,
+    /// The Merkle root of the snapshot's entries.
+    pub root: TreeHash,
+    /// The cosigned checkpoint, if the witnesses cosigned one.
+    pub cosigned: Option<(u64, Note)>,
+}
 
 /// A malformed export file, with the byte offset where reading stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -108,10 +167,39 @@ impl<W: Write> ExportWriter<W> {
                 self.checkpoints += 1;
                 (FRAME_CHECKPOINT, b)
             }
+            Frame::Cosigned(b) => (FRAME_COSIGNED, b),
         };
         self.out.write_all(&[tag])?;
         self.out.write_all(&(payload.len() as u32).to_be_bytes())?;
         self.out.write_all(payload)
+    }
+
+    /// Write the signed end marker for `ledger` (the root of the entries written, signed
+    /// by `key`) and return the output.
+    pub fn finish_signed(
+        mut self,
+        ledger: LedgerId,
+        key: &LogKey,
+        root: TreeHash,
+    ) -> io::Result<W> {
+        let signature = key.sign_raw(&SignedEnd::message(
+            ledger,
+            self.entries,
+            self.checkpoints,
+            &root,
+        ));
+        let end = SignedEnd {
+            entries: self.entries,
+            checkpoints: self.checkpoints,
+            root,
+            signature,
+        }
+        .encode();
+        self.out.write_all(&[FRAME_SIGNED_END])?;
+        self.out.write_all(&(end.len() as u32).to_be_bytes())?;
+        self.out.write_all(&end)?;
+        self.out.flush()?;
+        Ok(self.out)
     }
 
     /// Write the end marker and return the output.
@@ -141,7 +229,7 @@ pub fn export_frames(
     frames: impl Iterator<Item = Result<Frame>>,
     out: &Path,
 ) -> Result<(u64, u64)> {
-    export_frames_to(frames, out, Target::Replace)
+    export_frames_to(frames, out, Target::Replace, None)
 }
 
 /// Write `frames` to an export file at `out`, durably: into a new file beside `out`,
@@ -152,6 +240,7 @@ pub fn export_frames_to(
     frames: impl Iterator<Item = Result<Frame>>,
     out: &Path,
     target: Target,
+    seal: Option<Seal<'_>>,
 ) -> Result<(u64, u64)> {
     let exists = || Error::io(out, std::io::Error::from(std::io::ErrorKind::AlreadyExists));
     if target == Target::New && out.symlink_metadata().is_ok() {
@@ -169,7 +258,7 @@ pub fn export_frames_to(
     builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
     let mut tmp = builder.tempfile_in(parent).map_err(|e| Error::io(out, e))?;
     // On any error below, dropping `tmp` removes the half-written file.
-    let counts = write_export(frames, tmp.as_file_mut(), out)?;
+    let counts = write_export(frames, tmp.as_file_mut(), out, seal)?;
     let persisted = match target {
         Target::New => tmp.persist_noclobber(out),
         Target::Replace => tmp.persist(out),
@@ -179,22 +268,60 @@ pub fn export_frames_to(
     Ok(counts)
 }
 
+/// Write `frames` as an export to `out`: with a seal, the cosigned checkpoint after the
+/// checkpoint of its size, and the signed end.
+pub fn write_export_to<W: Write>(
+    frames: impl Iterator<Item = Result<Frame>>,
+    out: W,
+    seal: Option<Seal<'_>>,
+) -> Result<(W, (u64, u64))> {
+    let here = Path::new("export");
+    let mut w = ExportWriter::new(out).map_err(|e| Error::io(here, e))?;
+    for frame in frames {
+        let frame = frame?;
+        w.frame(&frame).map_err(|e| Error::io(here, e))?;
+        if let (
+            Frame::Checkpoint(t),
+            Some(Seal {
+                cosigned: Some((size, note)),
+                ..
+            }),
+        ) = (&frame, &seal)
+        {
+            if Checkpoint::from_text(t).map(|c| c.size) == Ok(*size) {
+                w.frame(&Frame::Cosigned(note.to_text().into_bytes()))
+                    .map_err(|e| Error::io(here, e))?;
+            }
+        }
+    }
+    let counts = (w.entries, w.checkpoints);
+    let out = match seal {
+        Some(s) => w.finish_signed(s.ledger, s.key, s.root),
+        None => w.finish(),
+    }
+    .map_err(|e| Error::io(here, e))?;
+    Ok((out, counts))
+}
+
 fn write_export(
     frames: impl Iterator<Item = Result<Frame>>,
     file: &mut std::fs::File,
     here: &Path,
+    seal: Option<Seal<'_>>,
 ) -> Result<(u64, u64)> {
-    let mut w = ExportWriter::new(BufWriter::new(&mut *file)).map_err(|e| Error::io(here, e))?;
-    for frame in frames {
-        w.frame(&frame?).map_err(|e| Error::io(here, e))?;
-    }
-    let counts = (w.entries, w.checkpoints);
-    let buf = w.finish().map_err(|e| Error::io(here, e))?;
+    let (buf, counts) =
+        write_export_to(frames, BufWriter::new(&mut *file), seal).map_err(|e| match e {
+            Error::Io { source, .. } => Error::io(here, source),
+            e => e,
+        })?;
     buf.into_inner()
         .map_err(|e| Error::io(here, e.into_error()))?;
     file.sync_all().map_err(|e| Error::io(here, e))?;
     Ok(counts)
 }
+
+/// Length of a signed end frame's payload: counts, root, signature.
+const SIGNED_END_LEN: u64 = 16 + 32 + 64;
 
 /// Reads an export file frame by frame, strictly.
 pub struct ExportReader<R: Read> {
@@ -203,6 +330,7 @@ pub struct ExportReader<R: Read> {
     entries: u64,
     checkpoints: u64,
     done: bool,
+    end: Option<SignedEnd>,
 }
 
 impl<R: Read> ExportReader<R> {
@@ -223,7 +351,13 @@ impl<R: Read> ExportReader<R> {
             entries: 0,
             checkpoints: 0,
             done: false,
+            end: None,
         })
+    }
+
+    /// The signed end marker, once the export was read to it (`None` after a plain one).
+    pub fn signed_end(&self) -> Option<&SignedEnd> {
+        self.end.as_ref()
     }
 
     /// Byte offset of the next frame.
@@ -250,15 +384,21 @@ impl<R: Read> ExportReader<R> {
         }
         let tag = head[0];
         let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as u64;
-        let max = if tag == FRAME_END {
-            16
-        } else {
-            MAX_FRAME_LEN as u64
+        let max = match tag {
+            FRAME_END => 16,
+            FRAME_SIGNED_END => SIGNED_END_LEN,
+            _ => MAX_FRAME_LEN as u64,
         };
-        if !matches!(tag, FRAME_ENTRY | FRAME_CHECKPOINT | FRAME_END) {
+        if !matches!(
+            tag,
+            FRAME_ENTRY | FRAME_CHECKPOINT | FRAME_COSIGNED | FRAME_END | FRAME_SIGNED_END
+        ) {
             return Err(ExportError::BadTag { offset: start, tag });
         }
-        if len > max || (tag == FRAME_END && len != 16) {
+        if len > max
+            || (tag == FRAME_END && len != 16)
+            || (tag == FRAME_SIGNED_END && len != SIGNED_END_LEN)
+        {
             return Err(ExportError::FrameTooLarge { offset: start, len });
         }
         let mut payload = vec![0u8; len as usize];
@@ -279,11 +419,12 @@ impl<R: Read> ExportReader<R> {
                 self.checkpoints += 1;
                 Ok(Some(Frame::Checkpoint(payload)))
             }
+            FRAME_COSIGNED => Ok(Some(Frame::Cosigned(payload))),
             _ => {
                 let claimed_entries =
                     u64::from_be_bytes(payload[..8].try_into().unwrap_or_default());
                 let claimed_checkpoints =
-                    u64::from_be_bytes(payload[8..].try_into().unwrap_or_default());
+                    u64::from_be_bytes(payload[8..16].try_into().unwrap_or_default());
                 if claimed_entries != self.entries || claimed_checkpoints != self.checkpoints {
                     return Err(ExportError::CountMismatch {
                         offset: start,
@@ -297,6 +438,18 @@ impl<R: Read> ExportReader<R> {
                 if read_full(&mut self.input, &mut extra).map_err(io)? != 0 {
                     return Err(ExportError::TrailingBytes {
                         offset: self.offset,
+                    });
+                }
+                if tag == FRAME_SIGNED_END {
+                    let mut root = [0u8; 32];
+                    root.copy_from_slice(&payload[16..48]);
+                    let mut signature = [0u8; 64];
+                    signature.copy_from_slice(&payload[48..112]);
+                    self.end = Some(SignedEnd {
+                        entries: claimed_entries,
+                        checkpoints: claimed_checkpoints,
+                        root,
+                        signature,
                     });
                 }
                 Ok(None)

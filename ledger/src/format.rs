@@ -496,6 +496,10 @@ pub enum Frame {
     Entry(Vec<u8>),
     /// A checkpoint's text form.
     Checkpoint(Vec<u8>),
+    /// The C2SP checkpoint of the size just sealed with the witnesses' cosignatures (a
+    /// signed note), right after the checkpoint of that size: in an export, or beside a
+    /// ledger directory (`checkpoint.cosigned`). Self-authenticating, never chained.
+    Cosigned(Vec<u8>),
 }
 
 /// Export file magic: 16 bytes.
@@ -504,7 +508,15 @@ pub const EXPORT_MAGIC: &[u8; 16] = b"tally export v1\n";
 pub const FRAME_ENTRY: u8 = 1;
 /// Frame tag of a checkpoint.
 pub const FRAME_CHECKPOINT: u8 = 2;
+/// Frame tag of a cosigned C2SP checkpoint.
+pub const FRAME_COSIGNED: u8 = 3;
 /// Frame tag of the end marker.
 pub const FRAME_END: u8 = 0xff;
+/// Frame tag of the signed end marker: counts, the Merkle root of the entries, the log
+/// key's signature over them (docs/FORMAT.md, "Export file").
+pub const FRAME_SIGNED_END: u8 = 0xfe;
+/// Signature domain of the signed end of an export (its NUL keeps it from ever being a
+/// signed note's text).
+pub const DOMAIN_EXPORT_END: &[u8] = b"tally v1 export end\0";
 /// Largest frame payload.
 pub const MAX_FRAME_LEN: usize = HEADER_LEN + MAX_BODY_LEN;

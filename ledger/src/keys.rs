@@ -334,6 +334,7 @@ const APPROVER_PUBLIC_HEADER: &str = "tally approver public key v1\n";
 const AUDITOR_SECRET_HEADER: &str = "tally auditor secret key v1\n";
 const AUDITOR_PUBLIC_HEADER: &str = "tally auditor public key v1\n";
 const LEDGER_PUBLIC_HEADER: &str = "tally ledger public key v1\n";
+const LEDGER_PUBLIC_HEADER_V2: &str = "tally ledger public key v2\n";
 const WRITER_HEADER: &str = "tally writer key v1\n";
 
 /// Read an auditor public key file (`auditor.pub`).
@@ -360,35 +361,54 @@ fn strip_line<'a>(
         })
 }
 
-/// The ledger's public verification key file (`ledger.pub`): ledger id and the genesis
-/// (epoch 0) Ed25519 key. All later epoch keys are certified from it inside the chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The ledger's public verification key file (`ledger.pub`): ledger id, the genesis
+/// (epoch 0) Ed25519 key, and (version 2) the log key's vkey. All later epoch keys are
+/// certified from the epoch 0 key inside the chain; the log key signs the ledger's C2SP
+/// checkpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LedgerPublic {
     /// The ledger id.
     pub ledger_id: LedgerId,
     /// Epoch 0 verifying key.
     pub verifying_key: [u8; 32],
+    /// The log key (`None` in a version 1 file, written before ledgers had one).
+    pub log_key: Option<crate::tlog::note::Vkey>,
 }
 
 impl LedgerPublic {
-    /// Text form.
+    /// Text form: version 2 when it names a log key, else version 1.
     pub fn to_text(&self) -> String {
-        format!(
-            "{LEDGER_PUBLIC_HEADER}ledger {}\nkey {}\n",
-            self.ledger_id,
-            hex::encode(self.verifying_key)
-        )
+        match &self.log_key {
+            Some(v) => format!(
+                "{LEDGER_PUBLIC_HEADER_V2}ledger {}\nkey {}\nlog {}\n",
+                self.ledger_id,
+                hex::encode(self.verifying_key),
+                v.to_text()
+            ),
+            None => format!(
+                "{LEDGER_PUBLIC_HEADER}ledger {}\nkey {}\n",
+                self.ledger_id,
+                hex::encode(self.verifying_key)
+            ),
+        }
     }
 
-    /// Parse the text form strictly.
+    /// Parse the text form strictly (version 1 or 2). A version 2 log key must be the
+    /// ledger's: named after its origin, of signature type 0x01.
     pub fn from_text(text: &str) -> Result<LedgerPublic, FormatError> {
         let bad = || {
             FormatError::invalid(
                 "ledger public key",
-                "expected `tally ledger public key v1`, `ledger <hex>`, `key <hex>`",
+                "expected `tally ledger public key v1` (or v2), `ledger <hex>`, `key <hex>` (and in v2 `log <vkey>`)",
             )
         };
-        let rest = text.strip_prefix(LEDGER_PUBLIC_HEADER).ok_or_else(bad)?;
+        let (v2, rest) = match text.strip_prefix(LEDGER_PUBLIC_HEADER) {
+            Some(r) => (false, r),
+            None => (
+                true,
+                text.strip_prefix(LEDGER_PUBLIC_HEADER_V2).ok_or_else(bad)?,
+            ),
+        };
         let mut lines = rest.split('\n');
         let id = lines
             .next()
@@ -398,12 +418,43 @@ impl LedgerPublic {
             .next()
             .and_then(|l| l.strip_prefix("key "))
             .ok_or_else(bad)?;
+        let log = if v2 {
+            Some(
+                lines
+                    .next()
+                    .and_then(|l| l.strip_prefix("log "))
+                    .ok_or_else(bad)?,
+            )
+        } else {
+            None
+        };
         if lines.next() != Some("") || lines.next().is_some() {
             return Err(bad());
         }
+        let ledger_id = LedgerId(parse_hex::<16>(id, "ledger id")?);
+        let log_key = match log {
+            Some(l) => {
+                let v = crate::tlog::note::Vkey::parse(l)
+                    .map_err(|e| FormatError::invalid("ledger public key", e.to_string()))?;
+                if v.name != crate::tlog::origin(ledger_id)
+                    || v.sig_type != crate::tlog::note::TYPE_ED25519
+                {
+                    return Err(FormatError::invalid(
+                        "ledger public key",
+                        format!(
+                            "the log key must be named {} with signature type 0x01",
+                            crate::tlog::origin(ledger_id)
+                        ),
+                    ));
+                }
+                Some(v)
+            }
+            None => None,
+        };
         Ok(LedgerPublic {
-            ledger_id: LedgerId(parse_hex::<16>(id, "ledger id")?),
+            ledger_id,
             verifying_key: parse_hex::<32>(key, "ledger key")?,
+            log_key,
         })
     }
 
@@ -644,6 +695,16 @@ pub fn random16() -> [u8; 16] {
     let mut b = [0u8; 16];
     OsRng.fill_bytes(&mut b);
     b
+}
+
+/// Read a secret key file, refusing one others can read (mode & 077 != 0).
+pub fn read_secret_file(path: &Path) -> Result<Zeroizing<String>> {
+    read_secret(path)
+}
+
+/// Write a new secret key file (0600, fsynced), refusing to replace one.
+pub fn write_secret_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_new_secret(path, bytes)
 }
 
 fn read_secret(path: &Path) -> Result<Zeroizing<String>> {

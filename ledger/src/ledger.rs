@@ -31,6 +31,10 @@ use crate::segment::{
     TAG_STATE_DELTA,
 };
 use crate::store::{Point, Store, POINT_EVERY};
+use crate::tlog::merkle::{leaf_hash, TreeHash};
+use crate::tlog::tiles::TreeWriter;
+use crate::tlog::LogKey;
+use crate::tree::RunLinks;
 
 /// File names inside a ledger directory.
 pub mod files {
@@ -157,6 +161,8 @@ struct Pending {
 struct Applied {
     replies: Vec<(Reply, Vec<Receipt>)>,
     checkpoint: Checkpoint,
+    /// The Merkle tree's root at the checkpoint's size.
+    root: TreeHash,
 }
 
 struct Writer {
@@ -177,6 +183,12 @@ struct Writer {
     /// The last value this process wrote under each state key, the base of that key's
     /// next delta (bounded: [`MAX_BASES_BYTES`]).
     bases: StateBases,
+    /// The Merkle tree over the entries: its frontier, and the tile files it extends.
+    tree: TreeWriter,
+    /// Each run's last seq, for the next decision's `prev_seq`.
+    links: RunLinks,
+    /// A plaintext with its run link, reused from decision to decision.
+    linked: Vec<u8>,
 }
 
 /// A state frame's `check`, before its pairs.
@@ -326,6 +338,7 @@ fn replay_into(
                 });
             }
             Item::Torn(_) => done.torn += 1,
+            Item::Tree { .. } | Item::Frame(Frame::Cosigned(_)) => {}
         }
     }
     if let Some(m) = mark {
@@ -353,6 +366,8 @@ struct Queue {
     sync_idle: bool,
     /// The latest checkpoint whose group is durable and acknowledged.
     durable: Checkpoint,
+    /// The Merkle tree's root at the durable checkpoint's size.
+    durable_root: TreeHash,
     /// Set once a write or fsync failed: whether earlier groups are durable is then
     /// unknown, so everything after is refused.
     poisoned: Option<String>,
@@ -386,8 +401,32 @@ struct Shared {
 pub struct Ledger {
     dir: PathBuf,
     ledger_id: LedgerId,
+    /// Signs the ledger's C2SP checkpoints.
+    log_key: LogKey,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// The torn writes open found after the sealed end (kept; the log resumed after them).
+    torn: Vec<segment::Torn>,
+}
+
+/// The verifying key of the writer's key for `epoch` (`writer.key`, or `writer.key.next`
+/// while a rotation to `epoch` is being finished), read without changing a file.
+fn writer_verifying_key(dir: &Path, ledger_id: LedgerId, epoch: u32) -> Result<[u8; 32]> {
+    let next_path = dir.join(files::WRITER_KEY_NEXT);
+    if next_path.exists() {
+        let next = EpochSecrets::read(&next_path, ledger_id)?;
+        if next.epoch == epoch {
+            return Ok(next.verifying_key());
+        }
+    }
+    let current = EpochSecrets::read(&dir.join(files::WRITER_KEY), ledger_id)?;
+    if current.epoch != epoch {
+        return Err(Error::KeyEpochMismatch {
+            key_epoch: current.epoch,
+            ledger_epoch: epoch,
+        });
+    }
+    Ok(current.verifying_key())
 }
 
 fn now_ms() -> u64 {
@@ -453,9 +492,15 @@ impl Ledger {
             if created {
                 let _ = fs::remove_dir_all(dir);
             } else {
-                for f in [files::CONFIG, files::WRITER_KEY, files::PUBLIC] {
+                for f in [
+                    files::CONFIG,
+                    files::WRITER_KEY,
+                    files::PUBLIC,
+                    crate::tlog::LOG_KEY,
+                ] {
                     let _ = fs::remove_file(dir.join(f));
                 }
+                let _ = fs::remove_dir_all(dir.join(crate::tlog::tiles::TREE_DIR));
                 let _ = fs::remove_dir_all(dir.join(LOG_DIR));
                 let _ = fs::remove_dir_all(dir.join(crate::store::INDEX_DIR));
             }
@@ -485,11 +530,17 @@ impl Ledger {
         let bytes = secrets.genesis_entry(ledger_id, wall, recipient, ephemeral);
         let head = entry_hash(&bytes);
         let checkpoint = secrets.sign_checkpoint(ledger_id, 1, head, wall);
+        let log_key = LogKey::generate(ledger_id);
 
         let config = serde_json::to_vec_pretty(&rotation).unwrap_or_default();
         fs::write(dir.join(files::CONFIG), config)
             .map_err(|e| Error::io(dir.join(files::CONFIG), e))?;
         secrets.write(&dir.join(files::WRITER_KEY), ledger_id)?;
+        log_key.write(dir)?;
+        let mut tree = TreeWriter::empty(dir)?;
+        tree.push(leaf_hash(&bytes));
+        tree.flush()?;
+        let root = tree.frontier().root();
         let log_dir = dir.join(LOG_DIR);
         fs::create_dir(&log_dir).map_err(|e| Error::io(&log_dir, e))?;
         sync_dir(dir)?;
@@ -503,6 +554,11 @@ impl Ledger {
         )?;
         let mut frames = Vec::new();
         push_frame(&mut frames, TAG_ENTRY, &bytes);
+        push_frame(
+            &mut frames,
+            segment::TAG_TREE,
+            &segment::encode_tree(1, &root),
+        );
         push_frame(&mut frames, TAG_CHECKPOINT, checkpoint.to_text().as_bytes());
         log.append(&frames, 0, Hash::default())?;
         log.sync()?;
@@ -510,6 +566,7 @@ impl Ledger {
         let public = LedgerPublic {
             ledger_id,
             verifying_key: vk,
+            log_key: Some(log_key.vkey()),
         };
         let pub_path = dir.join(files::PUBLIC);
         fs::write(&pub_path, public.to_text()).map_err(|e| Error::io(&pub_path, e))?;
@@ -544,12 +601,17 @@ impl Ledger {
         let lock = LogWriter::lock(dir)?;
         recover_index(dir)?;
         let segments = list_segments(dir)?;
-        let corrupt = |seq: u64, why: String| Error::Corrupt { seq, why };
+        let corrupt = |seq: u64, why: String| Error::TailDamaged {
+            dir: dir.to_path_buf(),
+            at: format!("seq {seq}"),
+            why,
+        };
         let genesis_bytes = match LogReader::new(segments[..1].to_vec(), false, None)
             .frames()
             .next()
         {
             Some(Ok(Frame::Entry(b))) => b,
+            Some(Err(Error::Segment { why, .. })) => return Err(corrupt(0, why)),
             Some(Err(e)) => return Err(e),
             _ => return Err(corrupt(0, "no genesis entry".into())),
         };
@@ -565,7 +627,14 @@ impl Ledger {
         // overwritten: the next write starts a new segment.
         let mut sealed_at = None;
         for (i, (_, path)) in segments.iter().enumerate().rev() {
-            let scan = segment::scan(path)?;
+            let scan = segment::scan(path).map_err(|e| match e {
+                Error::Segment { path, why } => Error::TailDamaged {
+                    dir: dir.to_path_buf(),
+                    at: format!("{}", path.display()),
+                    why,
+                },
+                e => e,
+            })?;
             if scan.sealed {
                 sealed_at = Some((i, scan));
                 break;
@@ -600,6 +669,20 @@ impl Ledger {
                 "the log's last checkpoint does not seal its last entry".into(),
             ));
         }
+        // Never write after bytes that do not verify: the last group and everything
+        // after it are checked before anything is written, the index included.
+        let torn = crate::tail::check(
+            &crate::tail::Sealed {
+                dir,
+                ledger_id,
+                segments: &segments,
+                index: sealed_index,
+                scan: &sealed_scan,
+                checkpoint: &checkpoint,
+                key: writer_verifying_key(dir, ledger_id, last.header.epoch)?,
+            },
+            &genesis,
+        )?;
         // Bring the index up to the log: replay the state frames after its mark.
         let store = Store::open(dir)?;
         let mut mark = store.mark()?;
@@ -625,6 +708,13 @@ impl Ledger {
             LogReader::new(segments.clone(), false, mark),
             &mut Reindexed::default(),
         )?;
+        let tree_frame = match sealed_scan.last_tree {
+            Some(at) => segment::decode_tree(&segment::read_payload(sealed_path, at)?),
+            None => None,
+        };
+        let tree = crate::tree::open_tree(dir, &segments, &store, last_seq + 1, tree_frame)?;
+        let durable_root = tree.frontier().root();
+        let log_key = open_log_key(dir, &pub_path, &public)?;
         let resume = if resync {
             Resume::NewSegment { number: new_number }
         } else {
@@ -679,6 +769,9 @@ impl Ledger {
             nonce_prefix: keys::random16(),
             last_point: None,
             bases: StateBases::default(),
+            tree,
+            links: RunLinks::default(),
+            linked: Vec::new(),
         };
         let shared = Arc::new(Shared {
             log,
@@ -692,6 +785,7 @@ impl Ledger {
                 commit_idle: false,
                 sync_idle: false,
                 durable: checkpoint,
+                durable_root,
                 poisoned: None,
                 closing: false,
             }),
@@ -702,8 +796,10 @@ impl Ledger {
         let mut ledger = Ledger {
             dir: dir.to_path_buf(),
             ledger_id,
+            log_key,
             shared,
             threads: Vec::with_capacity(2),
+            torn,
         };
         type Stage = fn(&Shared);
         let stages: [(&str, Stage); 2] = [
@@ -833,6 +929,28 @@ impl Ledger {
             }
         }
         Ok(None)
+    }
+
+    /// The torn writes found after the log's sealed end when it was opened: a crash's
+    /// groups cut short, never acknowledged. They stay where they are (`tally verify`
+    /// reports them) and the log resumed after them in a new segment; the writer says so.
+    pub fn torn_at_open(&self) -> &[segment::Torn] {
+        &self.torn
+    }
+
+    /// What to tell the operator about each of [`Ledger::torn_at_open`], one line each.
+    pub fn torn_notes(&self) -> Vec<String> {
+        self.torn
+            .iter()
+            .map(|t| {
+                format!(
+                    "the log ends in a torn write: {} bytes from byte {} of {} (a group a crash cut short, never acknowledged); they stay where they are, `tally verify` reports them, and the log resumes in a new segment",
+                    t.len,
+                    t.offset,
+                    t.path.display()
+                )
+            })
+            .collect()
     }
 
     /// The ledger's id.
@@ -968,6 +1086,23 @@ impl Ledger {
         lock(&self.shared.queue).durable.clone()
     }
 
+    /// The latest durable checkpoint and the Merkle tree's root at its size.
+    pub fn tree_head(&self) -> (Checkpoint, TreeHash) {
+        let q = lock(&self.shared.queue);
+        (q.durable.clone(), q.durable_root)
+    }
+
+    /// The C2SP checkpoint of the latest durable size, signed by the log key.
+    pub fn signed_tree_head(&self) -> crate::tlog::note::Note {
+        let (cp, root) = self.tree_head();
+        self.log_key.sign(cp.size, root)
+    }
+
+    /// The ledger's log key (signs its C2SP checkpoints).
+    pub fn log_key(&self) -> &LogKey {
+        &self.log_key
+    }
+
     /// Every durable state value whose key starts with `prefix`, in key order (see
     /// [`Ledger::submit_with_state`]).
     pub fn state(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -980,7 +1115,8 @@ impl Ledger {
     }
 
     /// Write state values outside any commit group and make them durable before
-    /// returning (for state no decision carries, such as an operator's pause). Keys
+    /// returning (for state no decision carries; the gate's pauses were, before they
+    /// became records). Keys
     /// written here must not also be written through [`Ledger::submit_with_state`]:
     /// the two paths are not ordered with each other.
     pub fn put_state_durable(&self, state: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
@@ -1009,7 +1145,76 @@ impl Ledger {
 
     /// Export a consistent snapshot to `out` (see [`crate::export`]).
     pub fn export(&self, out: &Path) -> Result<(u64, u64)> {
-        crate::export::export_frames(self.snapshot(), out)
+        let (snapshot, root) = self.sealed_snapshot();
+        let cosigned = crate::tlog::read_cosigned_at(&self.dir, snapshot.size)?;
+        crate::export::export_frames_to(
+            snapshot,
+            out,
+            crate::export::Target::Replace,
+            Some(crate::export::Seal {
+                ledger: self.ledger_id,
+                key: &self.log_key,
+                root,
+                cosigned,
+            }),
+        )
+    }
+
+    /// A snapshot up to the latest durable checkpoint, and the Merkle root of its entries.
+    pub fn sealed_snapshot(&self) -> (Snapshot, TreeHash) {
+        let (cp, root) = self.tree_head();
+        let frames = list_segments(&self.dir).map(|segments| LogReader::new(segments, false, None));
+        (
+            Snapshot {
+                size: cp.size,
+                frames: Some(frames),
+            },
+            root,
+        )
+    }
+
+    /// A snapshot of the ledger in `dir` up to its latest checkpoint and the Merkle root of
+    /// its entries (read in place, as [`Ledger::read_checkpoint`]).
+    pub fn read_sealed_snapshot(dir: &Path) -> Result<(Snapshot, TreeHash)> {
+        let (cp, root) = crate::prove::read_tree_head(dir)?;
+        Ok((
+            Snapshot {
+                size: cp.size,
+                frames: Some(list_segments(dir).map(|s| LogReader::new(s, false, None))),
+            },
+            root,
+        ))
+    }
+}
+
+/// The log key of the ledger in `dir`: read, or made for a ledger written before log keys
+/// (then `ledger.pub` is rewritten as version 2, naming it; its epoch 0 key is unchanged).
+fn open_log_key(dir: &Path, pub_path: &Path, public: &LedgerPublic) -> Result<LogKey> {
+    let (key, _) = LogKey::read_or_create(dir, public.ledger_id)?;
+    match &public.log_key {
+        Some(v) if *v == key.vkey() => Ok(key),
+        Some(_) => Err(Error::Corrupt {
+            seq: 0,
+            why: format!(
+                "{} names another log key than {}",
+                pub_path.display(),
+                dir.join(crate::tlog::LOG_KEY).display()
+            ),
+        }),
+        None => {
+            let upgraded = LedgerPublic {
+                log_key: Some(key.vkey()),
+                ..public.clone()
+            };
+            let tmp = pub_path.with_extension("pub.tmp");
+            fs::write(&tmp, upgraded.to_text()).map_err(|e| Error::io(&tmp, e))?;
+            fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| Error::io(&tmp, e))?;
+            fs::rename(&tmp, pub_path).map_err(|e| Error::io(pub_path, e))?;
+            keys::sync_parent(pub_path)?;
+            Ok(key)
+        }
     }
 }
 
@@ -1056,6 +1261,7 @@ impl Iterator for Snapshot {
                     Ok(c) if c.size > self.size => continue,
                     _ => return Some(Ok(frame)),
                 },
+                Frame::Cosigned(_) => return Some(Ok(frame)),
             }
         }
     }
@@ -1256,6 +1462,7 @@ impl Shared {
                 if let Some(last) = groups.last() {
                     if last.checkpoint.size > queue.durable.size {
                         queue.durable = last.checkpoint.clone();
+                        queue.durable_root = last.root;
                     }
                 }
                 drop(queue);
@@ -1321,7 +1528,7 @@ impl Writer {
         group: Vec<Pending>,
     ) -> std::result::Result<Applied, (Error, Vec<Pending>)> {
         match self.write_group(log, store, &group) {
-            Ok((mut receipts, checkpoint)) => {
+            Ok((mut receipts, checkpoint, root)) => {
                 let mut replies = Vec::with_capacity(group.len());
                 for p in group.into_iter().rev() {
                     let mine = receipts.split_off(receipts.len() - p.plaintexts.len());
@@ -1332,6 +1539,7 @@ impl Writer {
                 Ok(Applied {
                     replies,
                     checkpoint,
+                    root,
                 })
             }
             Err(e) => Err((e, group)),
@@ -1343,7 +1551,7 @@ impl Writer {
         log: &LogWriter,
         store: &Store,
         group: &[Pending],
-    ) -> Result<(Vec<Receipt>, Checkpoint)> {
+    ) -> Result<(Vec<Receipt>, Checkpoint, TreeHash)> {
         let wall = now_ms().max(self.last_wall);
         let count: usize = group.iter().map(|p| p.plaintexts.len()).sum();
         let (first_seq, prev_hash) = (self.next_seq, self.head);
@@ -1353,14 +1561,21 @@ impl Writer {
         let rotated = group.iter().any(|p| p.rotate) || due;
         if rotated {
             let (_, bytes) = self.rotate(wall)?;
+            self.tree.push(leaf_hash(&bytes));
             push_frame(&mut frames, TAG_ENTRY, &bytes);
         }
         let mut receipts = Vec::with_capacity(count);
+        // The last seq of each run this group links, recorded with the group's state.
+        let mut group_links: std::collections::HashMap<Vec<u8>, u64> = Default::default();
+        let mut linked = std::mem::take(&mut self.linked);
         for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
             let seq = self.next_seq;
             let mut nonce = [0u8; 24];
             nonce[..16].copy_from_slice(&self.nonce_prefix);
             nonce[16..].copy_from_slice(&seq.to_be_bytes());
+            linked.clear();
+            linked.extend_from_slice(plaintext);
+            self.links.link(store, &mut linked, seq, &mut group_links)?;
             let bytes = self.cipher.decision_entry(
                 self.ledger_id,
                 seq,
@@ -1368,8 +1583,9 @@ impl Writer {
                 wall,
                 self.head,
                 nonce,
-                plaintext,
+                &linked,
             );
+            self.tree.push(leaf_hash(&bytes));
             self.head = entry_hash(&bytes);
             self.next_seq += 1;
             receipts.push(Receipt {
@@ -1381,9 +1597,14 @@ impl Writer {
         let checkpoint =
             self.secrets
                 .sign_checkpoint(self.ledger_id, self.next_seq, self.head, wall);
+        self.linked = linked;
+        let links = RunLinks::pairs(&group_links);
         // The group's last value of each key, in one state frame before the checkpoint.
         let mut changed: BTreeMap<&[u8], &[u8]> = BTreeMap::new();
         for (k, v) in group.iter().flat_map(|p| &p.state) {
+            changed.insert(k.as_slice(), v.as_slice());
+        }
+        for (k, v) in &links {
             changed.insert(k.as_slice(), v.as_slice());
         }
         if !changed.is_empty() {
@@ -1391,8 +1612,16 @@ impl Writer {
             let payload = segment::StateFrame::encode(&pairs, |k| self.bases.get(k));
             push_frame(&mut frames, TAG_STATE_DELTA, &payload);
         }
+        let root = self.tree.frontier().root();
+        push_frame(
+            &mut frames,
+            segment::TAG_TREE,
+            &segment::encode_tree(self.next_seq, &root),
+        );
         push_frame(&mut frames, TAG_CHECKPOINT, checkpoint.to_text().as_bytes());
         let placed = log.append(&frames, first_seq, prev_hash)?;
+        // The tree files are derived (checked against the tree frame on open), never synced.
+        self.tree.flush()?;
         // Only once the frame is in the log is its value the next delta's base (a failed
         // write poisons the ledger: nothing follows it from this process).
         for (k, v) in &changed {
@@ -1419,7 +1648,7 @@ impl Writer {
                 .map_err(|e| Error::io(&key_path, e))?;
             keys::sync_parent(&key_path)?;
         }
-        Ok((receipts, checkpoint))
+        Ok((receipts, checkpoint, root))
     }
 
     /// Start the next epoch: certify its keys with the current key, persist them as

@@ -27,8 +27,12 @@ pub mod faults;
 pub mod format;
 pub mod keys;
 pub mod ledger;
+pub mod prove;
 pub mod segment;
 pub mod store;
+mod tail;
+pub mod tlog;
+mod tree;
 
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
 pub use error::{ArgsError, CryptoError, DecisionError, Error, FormatError, Result};

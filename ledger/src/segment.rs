@@ -44,6 +44,13 @@ pub const TAG_STATE: u8 = 3;
 /// Frame tag of derived state whose values may be deltas against the key's previous value
 /// ([`StateValue`]): never hashed, never verified. What the writer writes.
 pub const TAG_STATE_DELTA: u8 = 4;
+/// Frame tag of a tree frame: the Merkle tree's size and root after the group's entries
+/// (`size u64 BE ‖ root`, 40 bytes), written before the group's checkpoint. Derived from
+/// the entries, never trusted by a verifier: the writer checks its tree files against it
+/// on open.
+pub const TAG_TREE: u8 = 5;
+/// Length of a tree frame's payload.
+pub const TREE_FRAME_LEN: usize = 40;
 /// Largest previous value a delta may refer to (LZ4's window).
 pub const MAX_DELTA_BASE: usize = 64 * 1024;
 /// Largest checkpoint frame payload.
@@ -476,11 +483,12 @@ impl StateFrame {
     }
 }
 
-fn max_payload(tag: u8) -> Option<usize> {
+pub(crate) fn max_payload(tag: u8) -> Option<usize> {
     match tag {
         TAG_ENTRY => Some(HEADER_LEN + MAX_BODY_LEN),
         TAG_CHECKPOINT => Some(MAX_CHECKPOINT_LEN),
         TAG_STATE | TAG_STATE_DELTA => Some(MAX_STATE_LEN),
+        TAG_TREE => Some(TREE_FRAME_LEN),
         _ => None,
     }
 }
@@ -550,6 +558,15 @@ pub struct Scan {
     /// The last checkpoint frame (the one that ends at the sealed end): its payload's
     /// offset and length.
     pub last_checkpoint: Option<(u64, u32)>,
+    /// The tree frame of the last checkpoint's group, if it has one: its payload's offset
+    /// and length.
+    pub last_tree: Option<(u64, u32)>,
+    /// The checkpoint frame before the last one, if the segment holds one: its payload's
+    /// offset and length.
+    pub prev_checkpoint: Option<(u64, u32)>,
+    /// Where the last sealed group's frames begin: just after the checkpoint before it,
+    /// or after the header if the segment holds no earlier checkpoint.
+    pub group_start: u64,
 }
 
 impl Scan {
@@ -577,6 +594,9 @@ pub fn scan(path: &Path) -> Result<Scan> {
             sealed: false,
             last_entry: None,
             last_checkpoint: None,
+            last_tree: None,
+            prev_checkpoint: None,
+            group_start: 0,
         });
     }
     let header = SegmentHeader::decode(&hb).map_err(|e| Error::Segment {
@@ -587,6 +607,8 @@ pub fn scan(path: &Path) -> Result<Scan> {
     let mut sealed_end = pos;
     let mut sealed = false;
     let (mut entry, mut last_entry, mut last_checkpoint) = (None, None, None);
+    let (mut tree, mut last_tree) = (None, None);
+    let (mut prev_checkpoint, mut group_start) = (None, pos);
     loop {
         let mut prefix = [0u8; FRAME_PREFIX_LEN];
         if pos + FRAME_PREFIX_LEN as u64 > len {
@@ -611,11 +633,15 @@ pub fn scan(path: &Path) -> Result<Scan> {
         pos = end;
         match tag {
             TAG_ENTRY => entry = Some(at),
+            TAG_TREE => tree = Some(at),
             TAG_CHECKPOINT => {
+                group_start = sealed_end;
                 sealed_end = pos;
                 sealed = true;
                 last_entry = entry;
+                prev_checkpoint = last_checkpoint;
                 last_checkpoint = Some(at);
+                last_tree = tree.take();
             }
             _ => {}
         }
@@ -627,7 +653,30 @@ pub fn scan(path: &Path) -> Result<Scan> {
         sealed,
         last_entry,
         last_checkpoint,
+        last_tree,
+        prev_checkpoint,
+        group_start,
     })
+}
+
+/// A tree frame's payload: the tree's size and root.
+pub fn decode_tree(payload: &[u8]) -> Option<(u64, [u8; 32])> {
+    if payload.len() != TREE_FRAME_LEN {
+        return None;
+    }
+    let mut size = [0u8; 8];
+    size.copy_from_slice(&payload[..8]);
+    let mut root = [0u8; 32];
+    root.copy_from_slice(&payload[8..]);
+    Some((u64::from_be_bytes(size), root))
+}
+
+/// A tree frame's payload for the tree of `size` leaves with `root`.
+pub fn encode_tree(size: u64, root: &[u8; 32]) -> [u8; TREE_FRAME_LEN] {
+    let mut out = [0u8; TREE_FRAME_LEN];
+    out[..8].copy_from_slice(&size.to_be_bytes());
+    out[8..].copy_from_slice(root);
+    out
 }
 
 /// The payload of the frame at `at` (offset, length) of the segment `path`, read alone.
@@ -670,6 +719,13 @@ pub enum Item {
     },
     /// A segment's unsealed remainder (after its sealed frames).
     Torn(Torn),
+    /// A tree frame: the Merkle tree's size and root the writer recorded (never trusted).
+    Tree {
+        /// The tree's size.
+        size: u64,
+        /// Its root.
+        root: [u8; 32],
+    },
 }
 
 /// Streams a ledger's log, segment after segment, each up to its last complete
@@ -883,6 +939,13 @@ impl LogReader {
                     self.last_checkpoint = Some(payload.clone());
                     Ok(Some(Item::Frame(Frame::Checkpoint(payload))))
                 }
+                TAG_TREE => match decode_tree(&payload) {
+                    Some((size, root)) => Ok(Some(Item::Tree { size, root })),
+                    None => Err(Error::Segment {
+                        path: cur.path.clone(),
+                        why: format!("tree frame ending at byte {} is not 40 bytes", cur.pos),
+                    }),
+                },
                 tag => {
                     let frame = StateFrame::decode(tag, &payload).map_err(|e| Error::Segment {
                         path: cur.path.clone(),

@@ -66,7 +66,9 @@ fn a_segment_is_its_header_then_frames_as_format_md_says() {
     assert_eq!((header.number, header.first_seq), (0, 0));
     assert_eq!(header.prev_hash, Hash::default());
     assert_eq!(header.encode().as_slice(), &seg[..SEGMENT_HEADER_LEN]);
-    // genesis (tag 1, 258 bytes), its checkpoint (tag 2), the decision, its checkpoint.
+    // genesis (tag 1, 258 bytes), its tree frame (tag 5) and checkpoint (tag 2); the
+    // decision, the state frame recording its run's last seq (tag 4), its tree frame and
+    // its checkpoint.
     let mut pos = SEGMENT_HEADER_LEN;
     let mut tags = Vec::new();
     while pos < seg.len() {
@@ -76,7 +78,11 @@ fn a_segment_is_its_header_then_frames_as_format_md_says() {
     }
     assert_eq!(pos, seg.len(), "frames end exactly at the end of the file");
     assert_eq!(tags[0], (1, 258));
-    assert_eq!(tags.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2, 1, 2]);
+    assert_eq!(
+        tags.iter().map(|t| t.0).collect::<Vec<_>>(),
+        [1, 5, 2, 1, 4, 5, 2]
+    );
+    assert_eq!(tags[1], (5, 40));
     // Strict header decoding: another magic, or a segment 0 that does not start the chain.
     let mut bad = header.encode();
     bad[15] = b'\r';

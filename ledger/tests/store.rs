@@ -80,6 +80,10 @@ fn every_kind_round_trips_through_the_store() {
     );
     let mut want = every_kind();
     want.iter_mut().for_each(Decision::seal_args);
+    // The ledger links each decision of run r1 to the one before it (seqs 1..=7).
+    for (i, d) in want.iter_mut().enumerate().skip(1) {
+        d.prev_seq = Some(i as u64);
+    }
     assert_eq!(read_back(&l, &auditor), want);
     assert_eq!(l.checkpoint().size, 8);
     assert_eq!(l.checkpoint().head, receipts[6].hash);
@@ -395,10 +399,15 @@ fn export_framing_tells_torn_from_cut_from_complete() {
         .unwrap();
     let bytes = export_bytes(&l);
     assert_eq!(read_all(&bytes).unwrap(), frames(&l));
-    // The file written by Ledger::export is the same bytes.
+    // The file written by Ledger::export holds the same frames, then the signed end
+    // (tag 0xfe, 112 bytes) in place of the plain one.
     let out = dir.path().join("x.tally");
     l.export(&out).unwrap();
-    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    let signed = std::fs::read(&out).unwrap();
+    assert_eq!(read_all(&signed).unwrap(), frames(&l));
+    assert_eq!(&signed[..bytes.len() - 21], &bytes[..bytes.len() - 21]);
+    assert_eq!(signed.len(), bytes.len() - 21 + 5 + 112);
+    assert_eq!(signed[bytes.len() - 21], 0xfe);
 
     let end = bytes.len() - 21; // the end frame is 5 + 16 bytes
     assert_eq!(

@@ -321,3 +321,70 @@ fn delta_state_frame_vector_matches_docs() {
     assert!(StateFrame::decode(TAG_STATE_DELTA, &right_prefix).is_ok());
     assert!(StateFrame::decode(TAG_STATE_DELTA, &p[..4]).is_err());
 }
+
+/// The C2SP vectors of docs/FORMAT.md ("Merkle tree and C2SP checkpoints"), rebuilt from
+/// the entries above: each must appear there verbatim.
+fn tlog_vectors() -> Vec<(&'static str, String)> {
+    use tally_ledger::export::SignedEnd;
+    use tally_ledger::tlog::merkle::{leaf_hash, node_hash};
+    use tally_ledger::tlog::note::{b64, cosign, Note, Vkey, TYPE_COSIGNATURE};
+    use tally_ledger::tlog::proof::TlogProof;
+    use tally_ledger::tlog::LogKey;
+    let genesis = hex::decode(GENESIS).unwrap();
+    let decision = hex::decode(DECISION).unwrap();
+    let (l0, l1) = (leaf_hash(&genesis), leaf_hash(&decision));
+    let root = node_hash(&l0, &l1);
+    let key = LogKey::from_seed(ID, [0x55; 32]);
+    let note = key.sign(2, root);
+    let witness = ed25519_dalek::SigningKey::from_bytes(&[0x66; 32]);
+    let wvkey = Vkey::new(
+        "example.org/w1",
+        TYPE_COSIGNATURE,
+        witness.verifying_key().to_bytes(),
+    )
+    .unwrap();
+    let mut cosigned = note.clone();
+    cosigned.sigs.push(cosign(
+        &witness,
+        "example.org/w1",
+        1_700_000_000,
+        &note.text,
+    ));
+    let proof = TlogProof {
+        extra: Some([decision.clone(), genesis.clone()].concat()),
+        index: 1,
+        proof: vec![l0],
+        checkpoint: Note::clone(&cosigned),
+    };
+    let end = key.sign_raw(&SignedEnd::message(ID, 2, 1, &root));
+    vec![
+        ("leaf 0", hex::encode(l0)),
+        ("leaf 1", hex::encode(l1)),
+        ("root", b64(&root)),
+        ("log vkey", key.vkey().to_text()),
+        ("witness vkey", wvkey.to_text()),
+        ("cosigned checkpoint", cosigned.to_text()),
+        ("tlog-proof", proof.to_text()),
+        ("signed end signature", hex::encode(end)),
+    ]
+}
+
+#[test]
+#[ignore = "prints the C2SP vectors for docs/FORMAT.md"]
+fn print_tlog_vectors() {
+    for (name, v) in tlog_vectors() {
+        println!("== {name}\n{v}");
+    }
+}
+
+#[test]
+fn tlog_vectors_match_docs() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/FORMAT.md")).unwrap();
+    for (name, v) in tlog_vectors() {
+        assert!(
+            doc.contains(v.trim_end()),
+            "docs/FORMAT.md lacks the {name} vector:\n{v}"
+        );
+    }
+}

@@ -227,7 +227,7 @@ fn decisions(dir: &Path, run: &str) -> Vec<Decision> {
     assert_eq!(report.verdict().exit_code(), 0, "the ledger verifies");
     out.sort_by_key(|e| e.seq);
     out.into_iter()
-        .map(|e| e.decision)
+        .map(|e| *e.decision)
         .filter(|d| d.run == run)
         .collect()
 }

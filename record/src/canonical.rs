@@ -207,6 +207,7 @@ impl<'a> Reader<'a> {
         opt!(continues, self.string()?);
         opt!(state_version, self.u64()?);
         opt!(result_digest, self.string()?);
+        opt!(prev_seq, self.u64()?);
         self.eat(b"}").then_some(d)
     }
 
@@ -470,6 +471,7 @@ mod tests {
             o(text()),
             o(num()),
             o(text()),
+            o(num()),
         )
             .boxed();
         (a, b, c, e, o(limits), g)
@@ -518,6 +520,7 @@ mod tests {
                 continues: g.7,
                 state_version: g.8,
                 result_digest: g.9,
+                prev_seq: g.10,
             })
             .boxed()
     }

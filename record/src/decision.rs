@@ -44,6 +44,11 @@ pub enum Kind {
     Stop,
     /// The policy in force from here on (its TOML text and digest); not about a run.
     Policy,
+    /// The operator paused the run: its calls are refused (`run_paused`) until a
+    /// `resume`. Written by the gate.
+    Pause,
+    /// The operator resumed a paused run. Written by the gate.
+    Resume,
 }
 
 impl Kind {
@@ -57,6 +62,8 @@ impl Kind {
         Kind::Override,
         Kind::Stop,
         Kind::Policy,
+        Kind::Pause,
+        Kind::Resume,
     ];
 
     /// The kind's name as it appears in JSON.
@@ -70,6 +77,8 @@ impl Kind {
             Kind::Override => "override",
             Kind::Stop => "stop",
             Kind::Policy => "policy",
+            Kind::Pause => "pause",
+            Kind::Resume => "resume",
         }
     }
 }
@@ -532,6 +541,13 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub result_digest: Option<String>,
+    /// The seq of the previous decision of the same run in this ledger, if there is one
+    /// (every kind but `policy`, which belongs to no run). Written by the ledger alone,
+    /// when it assigns seqs: it links a run's decisions to each other, so a proof of a
+    /// run's history shows that none is missing (docs/FORMAT.md, "Run links").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub prev_seq: Option<u64>,
 }
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
@@ -641,7 +657,7 @@ impl Decision {
                 });
             }
         }
-        let present: [(&'static str, bool, &[Kind]); 41] = [
+        let present: [(&'static str, bool, &[Kind]); 42] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -720,12 +736,27 @@ impl Decision {
                     Kind::Refund,
                     Kind::Override,
                     Kind::Stop,
+                    Kind::Pause,
+                    Kind::Resume,
                 ],
             ),
             (
                 "result_digest",
                 self.result_digest.is_some(),
                 &[Kind::Outcome],
+            ),
+            (
+                "prev_seq",
+                self.prev_seq.is_some(),
+                &[
+                    Kind::Start,
+                    Kind::Allow,
+                    Kind::Deny,
+                    Kind::Outcome,
+                    Kind::Refund,
+                    Kind::Override,
+                    Kind::Stop,
+                ],
             ),
         ];
         for (field, is_present, kinds) in present {

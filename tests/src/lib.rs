@@ -90,6 +90,8 @@ pub struct Fixture {
     pub public: LedgerPublic,
     /// Every decision appended, as stored, in seq order.
     pub appended: Vec<Decision>,
+    /// Each run's last seq: the `prev_seq` the ledger gives its next decision.
+    pub last_of_run: std::collections::HashMap<String, u64>,
 }
 
 impl Fixture {
@@ -123,6 +125,7 @@ impl Fixture {
             ledger,
             public,
             appended: Vec::new(),
+            last_of_run: Default::default(),
         };
         fx.apply(steps);
         fx
@@ -150,14 +153,18 @@ impl Fixture {
 
     /// Append given decisions: one with `append`, more with `append_batch`.
     pub fn append_batch(&mut self, batch: Vec<Decision>) {
-        if let [one] = &batch[..] {
-            self.ledger.append(one.clone()).expect("append");
+        let receipts = if let [one] = &batch[..] {
+            vec![self.ledger.append(one.clone()).expect("append")]
         } else {
             self.ledger
                 .append_batch(batch.clone())
-                .expect("append batch");
+                .expect("append batch")
+        };
+        for (d, r) in batch.into_iter().zip(receipts) {
+            let mut d = sealed(d);
+            d.prev_seq = self.last_of_run.insert(d.run.clone(), r.seq);
+            self.appended.push(d);
         }
-        self.appended.extend(batch.into_iter().map(sealed));
     }
 
     /// Close the ledger, copy its whole directory (keys included, as an attacker with the
@@ -169,6 +176,7 @@ impl Fixture {
             ledger,
             public,
             appended,
+            last_of_run,
         } = self;
         drop(ledger);
         let copy_tmp = tempfile::tempdir().expect("tempdir");
@@ -178,8 +186,9 @@ impl Fixture {
             ledger: open_ledger(&copy_dir),
             tmp: copy_tmp,
             dir: copy_dir,
-            public,
+            public: public.clone(),
             appended: appended.clone(),
+            last_of_run: last_of_run.clone(),
         };
         let original = Fixture {
             ledger: open_ledger(&dir),
@@ -187,6 +196,7 @@ impl Fixture {
             dir,
             public,
             appended,
+            last_of_run,
         };
         (original, copy)
     }
@@ -206,9 +216,19 @@ impl Fixture {
         EpochSecrets::read(&self.dir.join(files::WRITER_KEY), self.id()).expect("writer key")
     }
 
-    /// Integrity-only options (the public key only).
+    /// Integrity-only options (the public key only), without the log key: the chain's
+    /// tests rewrite exports with plain end markers, which a verifier holding the log key
+    /// calls incomplete (`options_with_log_key` for those tests that need it).
     pub fn options(&self) -> Options {
-        Options::new(self.public)
+        Options::new(LedgerPublic {
+            log_key: None,
+            ..self.public.clone()
+        })
+    }
+
+    /// Integrity-only options with the whole `ledger.pub`, log key included.
+    pub fn options_with_log_key(&self) -> Options {
+        Options::new(self.public.clone())
     }
 
     /// Options with the auditor key.
@@ -266,7 +286,10 @@ fn retry_lock<T>(mut open: impl FnMut() -> tally_ledger::Result<T>) -> T {
 
 /// Frames of an export, or the error that stops reading. `Err` only for a bad magic.
 pub fn read_export(bytes: &[u8]) -> Result<Vec<Result<Frame, SourceError>>, ExportError> {
-    Ok(tally_verify::walk::export_frames(bytes)?.collect())
+    // How the export ended (signed or not) is not a frame.
+    Ok(tally_verify::walk::export_frames(bytes)?
+        .filter(|f| !matches!(f, Err(SourceError::SignedEnd(_) | SourceError::PlainEnd)))
+        .collect())
 }
 
 /// The frames of a well-formed export.
@@ -287,8 +310,9 @@ pub fn write_export(frames: &[Frame]) -> Vec<u8> {
     w.finish().expect("end marker")
 }
 
-/// Length of the end frame: tag, length, two counts.
-pub const END_FRAME_LEN: usize = 5 + 16;
+/// Length of the signed end frame `Ledger::export` writes: tag, length, two counts, the
+/// Merkle root, the log key's signature.
+pub const END_FRAME_LEN: usize = 5 + 16 + 32 + 64;
 
 /// Verify export bytes. `Err` when the file is not an export at all (bad magic).
 pub fn verify_export(bytes: &[u8], opts: &Options) -> Result<Report, ExportError> {
@@ -393,7 +417,7 @@ pub fn checkpoint_at(frames: &[Frame], size: u64) -> usize {
 pub fn entry_bytes(frames: &[Frame], seq: u64) -> &[u8] {
     match &frames[entry_at(frames, seq)] {
         Frame::Entry(b) => b,
-        Frame::Checkpoint(_) => unreachable!(),
+        Frame::Checkpoint(_) | Frame::Cosigned(_) => unreachable!(),
     }
 }
 
@@ -402,7 +426,7 @@ pub fn entry_mut(frames: &mut [Frame], seq: u64) -> &mut Vec<u8> {
     let i = entry_at(frames, seq);
     match &mut frames[i] {
         Frame::Entry(b) => b,
-        Frame::Checkpoint(_) => unreachable!(),
+        Frame::Checkpoint(_) | Frame::Cosigned(_) => unreachable!(),
     }
 }
 
@@ -420,7 +444,7 @@ pub fn checkpoints(frames: &[Frame]) -> Vec<Checkpoint> {
         .iter()
         .filter_map(|f| match f {
             Frame::Checkpoint(t) => Some(checkpoint(t)),
-            Frame::Entry(_) => None,
+            Frame::Entry(_) | Frame::Cosigned(_) => None,
         })
         .collect()
 }

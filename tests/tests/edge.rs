@@ -149,7 +149,7 @@ fn tampered(cli: &Cli) -> PathBuf {
         .rev()
         .find_map(|f| match f {
             Frame::Entry(b) => Some(b),
-            Frame::Checkpoint(_) => None,
+            Frame::Checkpoint(_) | Frame::Cosigned(_) => None,
         })
         .expect("an entry");
     let mid = last.len() / 2;

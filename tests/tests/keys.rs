@@ -15,6 +15,7 @@ fn verification_key_of_another_ledger() {
     let public = LedgerPublic {
         ledger_id: fx.id(),
         verifying_key: other.public.verifying_key,
+        log_key: None,
     };
     let report = verify_export(&fx.export(), &tally_verify::Options::new(public)).expect("export");
     assert_eq!(findings(&report), [(BadGenesis, 0)], "{}", report.to_text());
@@ -76,7 +77,7 @@ fn assert_decrypts_all(fx: &Fixture, epochs: u32) {
     let (report, events) = verify_export_events(&export, &fx.auditor_options()).expect("export");
     assert_intact(&report);
     assert_eq!(report.decrypted, Some(fx.appended.len() as u64));
-    let got: Vec<_> = events.iter().map(|e| e.decision.clone()).collect();
+    let got: Vec<_> = events.iter().map(|e| (*e.decision).clone()).collect();
     assert_eq!(got, fx.appended);
     assert!(events
         .windows(2)

@@ -47,7 +47,7 @@ proptest! {
         prop_assert_eq!(report.decrypted, Some(fx.appended.len() as u64));
         prop_assert_eq!(report.epochs, fx.ledger.epoch() + 1);
         prop_assert!(events.windows(2).all(|w| w[0].seq < w[1].seq));
-        let got: Vec<_> = events.into_iter().map(|e| e.decision).collect();
+        let got: Vec<_> = events.into_iter().map(|e| *e.decision).collect();
         prop_assert_eq!(got, fx.appended);
     }
 }

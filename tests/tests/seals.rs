@@ -125,7 +125,7 @@ fn resealed(fx: &Fixture, size: u64, replace: bool) -> Vec<Frame> {
     let i = checkpoint_at(&frames, size);
     let real = checkpoint(match &frames[i] {
         Frame::Checkpoint(t) => t,
-        Frame::Entry(_) => unreachable!(),
+        Frame::Entry(_) | Frame::Cosigned(_) => unreachable!(),
     });
     let forged = checkpoint_frame(&sign_checkpoint(
         &key,

@@ -13,7 +13,7 @@ fn frame_offsets(frames: &[Frame]) -> Vec<usize> {
     let mut out = vec![at];
     for f in frames {
         at += 5 + match f {
-            Frame::Entry(b) | Frame::Checkpoint(b) => b.len(),
+            Frame::Entry(b) | Frame::Checkpoint(b) | Frame::Cosigned(b) => b.len(),
         };
         out.push(at);
     }

@@ -94,8 +94,9 @@ pub struct Event {
     pub wall_ms: u64,
     /// The key epoch it was written in.
     pub epoch: u32,
-    /// The decision (raw args were never stored; `args_digest` stands for them).
-    pub decision: Decision,
+    /// The decision (raw args were never stored; `args_digest` stands for them), boxed:
+    /// a decision is about a kilobyte, and an event is handed on a few times.
+    pub decision: Box<Decision>,
 }
 
 impl Event {

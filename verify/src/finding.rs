@@ -63,6 +63,15 @@ pub enum FindingKind {
     Undecryptable,
     /// A decrypted decision that breaks docs/FORMAT.md or is not canonical.
     InvalidDecision,
+    /// A cosigned checkpoint that does not hold: a known witness's (or the log key's)
+    /// signature that does not verify, a root that is not the entries' Merkle root, or
+    /// one not standing right after the checkpoint of its size.
+    CosignatureInvalid,
+    /// The export's signed end names other counts or another Merkle root than the export
+    /// holds, or its signature does not verify.
+    ExportEndMismatch,
+    /// A decision whose `prev_seq` is not the seq of its run's previous decision.
+    RunLinkBroken,
 }
 
 impl FindingKind {
@@ -93,6 +102,9 @@ impl FindingKind {
             FindingKind::StoreError => "store_error",
             FindingKind::Undecryptable => "undecryptable",
             FindingKind::InvalidDecision => "invalid_decision",
+            FindingKind::CosignatureInvalid => "cosignature_invalid",
+            FindingKind::ExportEndMismatch => "export_end_mismatch",
+            FindingKind::RunLinkBroken => "run_link_broken",
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod merge;
 pub mod replay;
 pub mod report;
 pub mod text;
+pub mod tree;
 pub mod walk;
 
 pub use event::{Event, Seq};

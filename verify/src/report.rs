@@ -57,6 +57,9 @@ pub enum Tail {
         /// Bytes the frame still needed.
         missing: u64,
     },
+    /// The export ends with an end marker the log key did not sign (`ledger.pub` names a
+    /// log key): a copy cut at a checkpoint and given a new end marker looks the same.
+    UnsignedEnd,
 }
 
 /// `ledger.pub` is another ledger's key: the ledger ids differ (checked before any
@@ -153,6 +156,12 @@ pub struct Report {
     /// after a segment's last checkpoint, never sealed, kept in place; the log resumes
     /// after them. They hold nothing the chain needs, so they leave the verdict alone.
     pub torn_writes: Vec<TornWrite>,
+    /// The RFC 6962 Merkle root (base64) of the entries read.
+    pub tree_root: String,
+    /// Each C2SP checkpoint anchor's (or witness view's) result.
+    pub tree_anchors: Vec<crate::tree::TreeAnchorResult>,
+    /// With a witness policy: what its quorum's cosignatures cover.
+    pub witnessed: Option<crate::tree::Witnessed>,
 }
 
 /// Bytes of a log segment after its last complete checkpoint (docs/FORMAT.md).
@@ -173,7 +182,10 @@ impl Report {
     pub fn verdict(&self) -> Verdict {
         if !self.findings.is_empty() || self.findings_omitted > 0 || self.key_mismatch.is_some() {
             Verdict::Tampered
-        } else if !matches!(self.tail, Tail::Complete) || self.anchor_required_and_missing() {
+        } else if !matches!(self.tail, Tail::Complete)
+            || self.anchor_required_and_missing()
+            || self.witnessed.as_ref().is_some_and(|w| !w.quorum)
+        {
             Verdict::Incomplete
         } else {
             Verdict::Intact
@@ -267,6 +279,10 @@ impl Report {
                         "the export ends inside the frame at byte {offset}, {} short (cut short, or a torn write)",
                         plural(missing, "byte", "bytes")
                     ),
+                    Tail::UnsignedEnd => "the export's end marker is not signed by the log key (a copy cut at a checkpoint looks the same; export it again with this build)".into(),
+                    Tail::Complete if self.witnessed.as_ref().is_some_and(|w| !w.quorum) => {
+                        "no checkpoint in it is cosigned by the witness policy's quorum".into()
+                    }
                     _ => "no matching anchor was given, and one is required (--require-anchor)".into(),
                 };
                 let sealed = match self.sealed {
@@ -329,6 +345,40 @@ impl Report {
                 &a.head[..16],
                 a.status
             );
+        }
+        for a in &self.tree_anchors {
+            let _ = writeln!(
+                out,
+                "  anchor      {} size {} root {}: {:?}",
+                crate::text::shown(&a.source),
+                a.size,
+                a.root,
+                a.status
+            );
+        }
+        if let Some(w) = &self.witnessed {
+            if w.quorum {
+                let _ = writeln!(
+                    out,
+                    "  witnessed   seq 0..={} by a quorum ({}) at root {}",
+                    w.size.saturating_sub(1),
+                    w.witnesses.join(", "),
+                    w.root.as_deref().unwrap_or("")
+                );
+                if w.size < self.entries {
+                    let _ = writeln!(
+                        out,
+                        "  unwitnessed seq {}..={} (sealed, not yet cosigned)",
+                        w.size,
+                        self.entries - 1
+                    );
+                }
+            } else {
+                let _ = writeln!(
+                    out,
+                    "  witnessed   nothing: no checkpoint cosigned by the policy's quorum"
+                );
+            }
         }
         for t in &self.torn_writes {
             let _ = writeln!(

@@ -19,6 +19,9 @@ use tally_ledger::{Checkpoint, Decision, Frame, LedgerId};
 use crate::event::Event;
 use crate::finding::{Finding, FindingKind, Hashes};
 use crate::report::{AnchorResult, AnchorStatus, KeyMismatch, Report, Tail, TornWrite};
+use crate::tree::{TreeAnchor, TreeCheck, TreeFinding};
+use tally_ledger::export::SignedEnd;
+use tally_ledger::tlog::policy::Policy;
 
 /// Where frames come from failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,6 +54,21 @@ pub enum SourceError {
         /// Bytes it claims beyond the end of the file.
         missing: u64,
     },
+    /// Not an error: the export ended with its signed end marker (read to it whole).
+    #[error("the export's signed end")]
+    SignedEnd(SignedEnd),
+    /// Not an error: the export ended with an end marker the log key did not sign.
+    #[error("the export's end marker is not signed")]
+    PlainEnd,
+    /// Not an error: a log's tree frame, the Merkle tree's size and root its writer
+    /// recorded after a group (checked against the entries read).
+    #[error("tree frame of size {size}")]
+    TreeFrame {
+        /// The tree's size.
+        size: u64,
+        /// Its root.
+        root: [u8; 32],
+    },
 }
 
 /// The frames of an export file, read strictly by [`ExportReader`]. A file that ends
@@ -60,17 +78,58 @@ pub enum SourceError {
 pub fn export_frames<R: Read>(
     input: R,
 ) -> Result<impl Iterator<Item = Result<Frame, SourceError>>, ExportError> {
-    let tail = Arc::new(Mutex::new(Vec::with_capacity(2 * END_FRAME_LEN)));
+    let tail = Arc::new(Mutex::new(Vec::with_capacity(2 * SIGNED_END_FRAME_LEN)));
     let reader = ExportReader::new(TailTap {
         input,
         tail: Arc::clone(&tail),
     })?;
-    Ok(reader.map(move |f| match f {
-        Err(ExportError::Torn { offset, missing }) if ends_with_end_marker(&tail) => {
-            Err(SourceError::FrameOverrunsEnd { offset, missing })
+    Ok(ExportFrames {
+        reader,
+        tail,
+        failed: false,
+        ended: false,
+    })
+}
+
+/// The frames of an export, then how it ended (signed or not).
+struct ExportFrames<R: Read> {
+    reader: ExportReader<TailTap<R>>,
+    tail: Arc<Mutex<Vec<u8>>>,
+    failed: bool,
+    ended: bool,
+}
+
+impl<R: Read> Iterator for ExportFrames<R> {
+    type Item = Result<Frame, SourceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ended {
+            return None;
         }
-        f => f.map_err(SourceError::from),
-    }))
+        match self.reader.next() {
+            Some(Err(ExportError::Torn { offset, missing }))
+                if ends_with_end_marker(&self.tail) =>
+            {
+                self.failed = true;
+                Some(Err(SourceError::FrameOverrunsEnd { offset, missing }))
+            }
+            Some(Err(e)) => {
+                self.failed = true;
+                Some(Err(SourceError::from(e)))
+            }
+            Some(Ok(f)) => Some(Ok(f)),
+            None => {
+                self.ended = true;
+                if self.failed {
+                    return None;
+                }
+                Some(Err(match self.reader.signed_end() {
+                    Some(e) => SourceError::SignedEnd(e.clone()),
+                    None => SourceError::PlainEnd,
+                }))
+            }
+        }
+    }
 }
 
 /// The frames of the ledger directory `dir`, read from its log segments in place: no
@@ -83,22 +142,46 @@ pub fn ledger_frames(
 ) -> Result<impl Iterator<Item = Result<Frame, SourceError>>, tally_ledger::Error> {
     use tally_ledger::segment::{Item, LogReader};
     let reader = LogReader::open(dir)?;
-    Ok(reader.filter_map(|item| match item {
+    // The latest cosigned checkpoint kept beside the log, read where its size is sealed.
+    let cosigned = tally_ledger::tlog::read_cosigned(dir)?.and_then(|n| {
+        let size = tally_ledger::tlog::note::TreeHead::parse(&n.text)
+            .ok()?
+            .size;
+        Some((size, n.to_text().into_bytes()))
+    });
+    let mut pending: Option<Result<Frame, SourceError>> = None;
+    let mut items = reader.filter_map(|item| match item {
         Ok(Item::Frame(f)) => Some(Ok(f)),
         Ok(Item::State { .. }) => None,
+        Ok(Item::Tree { size, root }) => Some(Err(SourceError::TreeFrame { size, root })),
         Ok(Item::Torn(t)) => Some(Err(SourceError::TornWrite {
             segment: t.segment,
             offset: t.offset,
             len: t.len,
         })),
         Err(e) => Some(Err(SourceError::Store(e.to_string()))),
+    });
+    let mut cosigned = cosigned;
+    Ok(std::iter::from_fn(move || {
+        if let Some(p) = pending.take() {
+            return Some(p);
+        }
+        let item = items.next()?;
+        if let (Ok(Frame::Checkpoint(t)), Some((size, _))) = (&item, &cosigned) {
+            if Checkpoint::from_text(t).map(|c| c.size) == Ok(*size) {
+                pending = cosigned.take().map(|(_, b)| Ok(Frame::Cosigned(b)));
+            }
+        }
+        Some(item)
     }))
 }
 
 /// An export's end frame: tag, length (16), entry and checkpoint counts.
 const END_FRAME_LEN: usize = 1 + 4 + 16;
+/// An export's signed end frame: tag, length (112), counts, root, signature.
+const SIGNED_END_FRAME_LEN: usize = 1 + 4 + 16 + 32 + 64;
 
-/// A reader that remembers the last [`END_FRAME_LEN`] bytes it read.
+/// A reader that remembers the last [`SIGNED_END_FRAME_LEN`] bytes it read.
 struct TailTap<R> {
     input: R,
     tail: Arc<Mutex<Vec<u8>>>,
@@ -109,8 +192,8 @@ impl<R: Read> Read for TailTap<R> {
         let n = self.input.read(buf)?;
         if n > 0 {
             if let Ok(mut tail) = self.tail.lock() {
-                tail.extend_from_slice(&buf[n.saturating_sub(END_FRAME_LEN)..n]);
-                let extra = tail.len().saturating_sub(END_FRAME_LEN);
+                tail.extend_from_slice(&buf[n.saturating_sub(SIGNED_END_FRAME_LEN)..n]);
+                let extra = tail.len().saturating_sub(SIGNED_END_FRAME_LEN);
                 tail.drain(..extra);
             }
         }
@@ -118,23 +201,25 @@ impl<R: Read> Read for TailTap<R> {
     }
 }
 
-/// Whether the bytes read last are a well-formed end frame, judged by the export reader
-/// itself (a lone end frame after the magic: it reads as the end, or as counts that do
-/// not match an empty export).
+/// Whether the bytes read last are a well-formed end frame (plain or signed), judged by
+/// the export reader itself (a lone end frame after the magic: it reads as the end, or
+/// as counts that do not match an empty export).
 fn ends_with_end_marker(tail: &Mutex<Vec<u8>>) -> bool {
     let Ok(tail) = tail.lock() else { return false };
-    if tail.len() < END_FRAME_LEN {
-        return false;
-    }
-    let mut lone = tally_ledger::format::EXPORT_MAGIC.to_vec();
-    lone.extend_from_slice(&tail);
-    let Ok(mut reader) = ExportReader::new(&lone[..]) else {
-        return false;
-    };
-    matches!(
-        reader.next(),
-        None | Some(Err(ExportError::CountMismatch { .. }))
-    )
+    [END_FRAME_LEN, SIGNED_END_FRAME_LEN].iter().any(|&len| {
+        if tail.len() < len {
+            return false;
+        }
+        let mut lone = tally_ledger::format::EXPORT_MAGIC.to_vec();
+        lone.extend_from_slice(&tail[tail.len() - len..]);
+        let Ok(mut reader) = ExportReader::new(&lone[..]) else {
+            return false;
+        };
+        matches!(
+            reader.next(),
+            None | Some(Err(ExportError::CountMismatch { .. }))
+        )
+    })
 }
 
 /// What the verifier checks against.
@@ -151,6 +236,12 @@ pub struct Options {
     pub max_findings: usize,
     /// Threads for decryption.
     pub threads: usize,
+    /// C2SP checkpoints the ledger must contain (anchors, witnesses' views): matched by
+    /// Merkle root at their size.
+    pub tree_anchors: Vec<TreeAnchor>,
+    /// The witnesses and quorum whose cosignatures the ledger's cosigned checkpoints are
+    /// judged by (`--witness-policy`): without a quorum on one of them, incomplete.
+    pub witness_policy: Option<Policy>,
 }
 
 impl Options {
@@ -163,6 +254,8 @@ impl Options {
             require_anchor: false,
             max_findings: 1000,
             threads: 2,
+            tree_anchors: Vec::new(),
+            witness_policy: None,
         }
     }
 }
@@ -177,7 +270,7 @@ struct Pending {
     bytes: Vec<u8>,
 }
 
-type Opened = Vec<Result<Decision, String>>;
+type Opened = Vec<Result<Box<Decision>, String>>;
 
 /// The decryption pipeline: batches go out to worker threads, results come back in any
 /// order and are delivered in batch order. At most `2 * threads` batches are in flight.
@@ -230,6 +323,15 @@ struct Walk<'a> {
     duplicate: Option<usize>,
     tail: Tail,
     torn_writes: Vec<TornWrite>,
+    /// The Merkle tree of the entries read, and the checks made against it.
+    tree: TreeCheck,
+    tree_out: Vec<TreeFinding>,
+    /// Checkpoints read (for an export's signed end).
+    checkpoints_read: u64,
+    /// Each run's last decision seq, and whether it carried a run link.
+    links: HashMap<String, (u64, bool)>,
+    /// Decisions that did not decrypt or were invalid (a link to one is not a finding).
+    unreadable: std::collections::HashSet<u64>,
     /// Whether the entry read last had no finding of its own (its header, seq and link
     /// all as the chain expects): then a checkpoint right after it that signs another
     /// head means its bytes were changed.
@@ -286,6 +388,14 @@ pub fn verify(
     let mut anchors: Vec<(Checkpoint, Option<AnchorStatus>)> =
         opts.anchors.iter().cloned().map(|a| (a, None)).collect();
     anchors.sort_by_key(|(a, _)| a.size);
+    let mut tree_out = Vec::new();
+    let tree = TreeCheck::new(
+        opts.public.ledger_id,
+        opts.public.log_key.clone(),
+        opts.witness_policy.clone(),
+        &opts.tree_anchors,
+        &mut tree_out,
+    );
     std::thread::scope(|scope| {
         let pipeline = opts.auditor.as_ref().map(|_| {
             let threads = opts.threads.max(1);
@@ -346,10 +456,16 @@ pub fn verify(
             duplicate: None,
             tail: Tail::Complete,
             torn_writes: Vec::new(),
+            tree,
+            tree_out,
+            checkpoints_read: 0,
+            links: HashMap::new(),
+            unreadable: std::collections::HashSet::new(),
             last_clean: false,
             suspect: None,
             disputed: None,
         };
+        w.drain_tree();
         for frame in frames {
             match frame {
                 Ok(Frame::Entry(bytes)) => {
@@ -361,7 +477,39 @@ pub fn verify(
                         progress(w.position);
                     }
                 }
-                Ok(Frame::Checkpoint(text)) => w.checkpoint(&text),
+                Ok(Frame::Checkpoint(text)) => {
+                    w.checkpoints_read += 1;
+                    w.checkpoint(&text)
+                }
+                Ok(Frame::Cosigned(bytes)) => {
+                    let at = w.position;
+                    w.tree.cosigned(&bytes, at, &mut w.tree_out);
+                    w.drain_tree();
+                }
+                Err(SourceError::SignedEnd(end)) => {
+                    let (id, n) = (w.ledger_id, w.checkpoints_read);
+                    w.tree.signed_end(id, &end, n, &mut w.tree_out);
+                    w.drain_tree();
+                }
+                Err(SourceError::TreeFrame { size, root }) => {
+                    let at = w.position;
+                    if size != at || root != w.tree.root() {
+                        w.find(
+                            FindingKind::StoreError,
+                            at,
+                            format!(
+                                "a tree frame records size {size} root {}, but the {at} entries read have root {}",
+                                tally_ledger::tlog::note::b64(&root),
+                                tally_ledger::tlog::note::b64(&w.tree.root())
+                            ),
+                        );
+                    }
+                }
+                Err(SourceError::PlainEnd) => {
+                    if w.tree.has_log_key() {
+                        w.tail = Tail::UnsignedEnd;
+                    }
+                }
                 Err(SourceError::Export(ExportError::CutClean { offset })) => {
                     w.tail = Tail::CutClean { offset };
                 }
@@ -417,6 +565,40 @@ impl Walk<'_> {
         self.hashes = None;
     }
 
+    /// Turn the tree checks' findings into the walk's.
+    fn drain_tree(&mut self) {
+        for (kind, seq, detail) in std::mem::take(&mut self.tree_out) {
+            self.find(kind, seq, detail);
+        }
+    }
+
+    /// A decrypted decision's run link: `prev_seq` must be its run's previous decision.
+    fn link(&mut self, seq: u64, d: &Decision) {
+        if d.run.is_empty() {
+            return;
+        }
+        let before = self.links.get(&d.run).copied();
+        let broken = match (d.prev_seq, before) {
+            // A link to a decision that could not be read: that one is the finding.
+            (Some(p), _) if self.unreadable.contains(&p) => None,
+            (Some(p), Some((last, _))) if p != last => Some(format!(
+                "names seq {p} as its run's previous decision, but that is seq {last}"
+            )),
+            (Some(p), None) => Some(format!(
+                "names seq {p} as its run's previous decision, but it is the run's first here"
+            )),
+            (None, Some((last, true))) => Some(format!(
+                "carries no link to its run's previous decision (seq {last})"
+            )),
+            _ => None,
+        };
+        if let Some(why) = broken {
+            self.find(FindingKind::RunLinkBroken, seq, why);
+        }
+        self.links
+            .insert(d.run.clone(), (seq, d.prev_seq.is_some()));
+    }
+
     /// Findings made so far, kept or counted.
     fn found(&self) -> u64 {
         self.findings.len() as u64 + self.omitted
@@ -425,6 +607,10 @@ impl Walk<'_> {
     fn entry(&mut self, bytes: Vec<u8>) {
         let at = self.position;
         self.position += 1;
+        self.tree.push(&bytes, &mut self.tree_out);
+        if !self.tree_out.is_empty() {
+            self.drain_tree();
+        }
         let expected = self.next_seq;
         let before_clean = std::mem::replace(&mut self.last_clean, false);
         let entry = match Entry::decode(&bytes) {
@@ -996,6 +1182,7 @@ impl Walk<'_> {
                 match r {
                     Ok(decision) => {
                         self.decrypted += 1;
+                        self.link(p.seq, &decision);
                         sink(Event {
                             seq: crate::event::Seq::single(p.seq),
                             wall_ms: p.wall_ms,
@@ -1003,10 +1190,13 @@ impl Walk<'_> {
                             decision,
                         });
                     }
-                    Err(why) => match why.strip_prefix("invalid: ") {
-                        Some(why) => self.find(FindingKind::InvalidDecision, p.seq, why),
-                        None => self.find(FindingKind::Undecryptable, p.seq, why),
-                    },
+                    Err(why) => {
+                        self.unreadable.insert(p.seq);
+                        match why.strip_prefix("invalid: ") {
+                            Some(why) => self.find(FindingKind::InvalidDecision, p.seq, why),
+                            None => self.find(FindingKind::Undecryptable, p.seq, why),
+                        }
+                    }
                 }
             }
         }
@@ -1016,6 +1206,8 @@ impl Walk<'_> {
         // A disputed checkpoint after the last entry: its signature stands.
         self.settle(true);
         self.end_position();
+        let tree_anchors = self.tree.finish(&mut self.tree_out);
+        self.drain_tree();
         let n = self.position;
         for i in 0..self.anchors.len() {
             if self.anchors[i].1.is_none() {
@@ -1087,11 +1279,14 @@ impl Walk<'_> {
             findings_omitted: self.omitted,
             tail,
             torn_writes: self.torn_writes,
+            tree_root: tally_ledger::tlog::note::b64(&self.tree.root()),
+            tree_anchors,
+            witnessed: self.tree.witnessed.take(),
         }
     }
 }
 
-fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Decision, String> {
+fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Box<Decision>, String> {
     let entry = Entry::decode(&p.bytes).map_err(|e| e.to_string())?;
     p.key
         .open_into(
@@ -1101,7 +1296,9 @@ fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Decision, String> {
             plain,
         )
         .map_err(|e| e.to_string())?;
-    Decision::from_stored(plain).map_err(|e| format!("invalid: {e}"))
+    Decision::from_stored(plain)
+        .map(Box::new)
+        .map_err(|e| format!("invalid: {e}"))
 }
 
 /// Both hashes in full, for the finding's JSON.

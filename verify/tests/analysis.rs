@@ -56,7 +56,7 @@ fn events(ds: &[Decision]) -> Vec<Event> {
             seq: Seq::single(seq),
             wall_ms: wall(seq),
             epoch: 0,
-            decision: d.clone(),
+            decision: Box::new(d.clone()),
         })
         .collect()
 }
@@ -1730,7 +1730,7 @@ fn timed(config: Config, n: u64, make: impl Fn(u64) -> Decision) -> (Report, std
             seq: Seq::single(seq),
             wall_ms: T0 + seq,
             epoch: 0,
-            decision: make(seq),
+            decision: Box::new(make(seq)),
         });
     }
     let report = a.finish();

@@ -9,7 +9,7 @@ fn event(seq: u64, run: &str, version: Option<u64>) -> Event {
         seq: Seq::single(seq),
         wall_ms: 0,
         epoch: 0,
-        decision: Decision {
+        decision: Box::new(Decision {
             run: run.into(),
             // A record of no run stands for a ledger's policy record.
             kind: Some(if run.is_empty() {
@@ -19,7 +19,7 @@ fn event(seq: u64, run: &str, version: Option<u64>) -> Event {
             }),
             state_version: version,
             ..Decision::default()
-        },
+        }),
     }
 }
 

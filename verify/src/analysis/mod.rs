@@ -157,8 +157,10 @@ pub struct Analysis {
     config: Config,
     /// The policy the config names, as applied offline.
     default_policy: Arc<Policy>,
-    runs: HashMap<String, RunAnalysis>,
-    order: Vec<String>,
+    /// Every run, in order of its first record.
+    runs: Vec<RunAnalysis>,
+    /// Where each run is in `runs`, by name.
+    index: HashMap<String, usize>,
     /// Policies the ledger recorded, by digest.
     policies: HashMap<String, RecordedPolicy>,
     /// Credentials' spend, from every run under them (their backstop).
@@ -177,8 +179,8 @@ impl Analysis {
         Analysis {
             default_policy: Arc::new(replay::offline(&config.policy)),
             config,
-            runs: HashMap::new(),
-            order: Vec::new(),
+            runs: Vec::new(),
+            index: HashMap::new(),
             policies: HashMap::new(),
             credentials: HashMap::new(),
             storms: ToolStorms::default(),
@@ -209,22 +211,24 @@ impl Analysis {
             }
             return;
         }
-        if !self.runs.contains_key(&d.run) {
-            self.order.push(d.run.clone());
-            self.runs.insert(d.run.clone(), RunAnalysis::new(&d.run, e));
-        }
-        // The run is taken out while it is folded, so its parent (another run) can be
-        // changed beside it.
-        let Some(mut run) = self.runs.remove(&d.run) else {
-            return;
+        let slot = match self.index.get(&d.run) {
+            Some(&i) => i,
+            None => {
+                self.index.insert(d.run.clone(), self.runs.len());
+                self.runs.push(RunAnalysis::new(&d.run, e));
+                self.runs.len() - 1
+            }
         };
-        self.fold(&mut run, e);
-        self.runs.insert(d.run.clone(), run);
+        // The runs are taken out while one is folded, so its parent (another run) can be
+        // changed beside it and the rest of the analysis beside both.
+        let mut runs = std::mem::take(&mut self.runs);
+        self.fold(&mut runs, slot, e);
+        self.runs = runs;
     }
 
     /// The policy a record of `run` is judged under: for a run the gate governs, the one
     /// the record names (else its start's); for any other run, the configured one.
-    fn policy_for(&mut self, run: &RunAnalysis, e: &Event) -> Option<Arc<Policy>> {
+    fn policy_for(&mut self, run: &mut RunAnalysis, e: &Event) -> Option<Arc<Policy>> {
         let d = &e.decision;
         let governed = if d.kind() == Kind::Start {
             d.policy.is_some()
@@ -235,28 +239,59 @@ impl Analysis {
             return Some(Arc::clone(&self.default_policy));
         }
         let call = matches!(d.kind(), Kind::Allow | Kind::Deny);
-        let digest = match (&d.policy, call) {
-            (Some(p), _) => p.clone(),
-            (None, true) => {
-                self.replay
-                    .find(e.seq, &d.run, ReplayKind::NotFromGate { record: d.kind() });
-                run.digest.clone().unwrap_or_default()
+        if d.policy.is_none() && call {
+            self.replay
+                .find(e.seq, &d.run, ReplayKind::NotFromGate { record: d.kind() });
+        }
+        let digest = d.policy.as_ref().or(run.digest.as_ref())?;
+        // Most records name the policy the one before them did.
+        if let Some((cached, policy)) = &run.policy {
+            if cached == digest {
+                return Some(Arc::clone(policy));
             }
-            (None, false) => run.digest.clone().unwrap_or_default(),
-        };
-        match self.policies.get(&digest) {
-            Some(p) => Some(Arc::clone(&p.offline)),
+        }
+        match self.policies.get(digest) {
+            Some(p) => {
+                run.policy = Some((digest.clone(), Arc::clone(&p.offline)));
+                Some(Arc::clone(&p.offline))
+            }
             None => {
-                self.replay
-                    .find(e.seq, &d.run, ReplayKind::UnknownPolicy { digest });
+                self.replay.find(
+                    e.seq,
+                    &d.run,
+                    ReplayKind::UnknownPolicy {
+                        digest: digest.clone(),
+                    },
+                );
                 None
             }
         }
     }
 
-    fn fold(&mut self, run: &mut RunAnalysis, e: &Event) {
+    fn fold(&mut self, runs: &mut [RunAnalysis], slot: usize, e: &Event) {
         let d = &e.decision;
         let kind = d.kind();
+        // A start's family: its parent is carved from, the run it continues hands over
+        // what must not be repeated.
+        let parent_at = match (kind, &d.parent) {
+            (Kind::Start, Some(p)) => self.index.get(p).copied().filter(|&p| p != slot),
+            _ => None,
+        };
+        let continued = match (kind, &d.continues) {
+            (Kind::Start, Some(c)) => self.index.get(c).map(|&c| runs[c].core.clone()),
+            _ => None,
+        };
+        let (run, mut parent) = match parent_at {
+            Some(p) if p < slot => {
+                let (low, high) = runs.split_at_mut(slot);
+                (&mut high[0], Some(&mut low[p]))
+            }
+            Some(p) => {
+                let (low, high) = runs.split_at_mut(p);
+                (&mut low[slot], Some(&mut high[0]))
+            }
+            None => (&mut runs[slot], None),
+        };
         let Some(policy) = self.policy_for(run, e) else {
             // A decision under a policy the ledger never recorded cannot be judged; the
             // replay reported it.
@@ -306,16 +341,7 @@ impl Analysis {
                 }
             }
         }
-        // The one fold. A start's family: its parent is carved from, the run it
-        // continues hands over what must not be repeated.
-        let continued = match (kind, &d.continues) {
-            (Kind::Start, Some(c)) => self.runs.get(c).map(|r| r.core.clone()),
-            _ => None,
-        };
-        let mut parent = match (kind, &d.parent) {
-            (Kind::Start, Some(p)) => self.runs.remove(p),
-            _ => None,
-        };
+        // The one fold.
         let cred_state = credential
             .as_ref()
             .map(|c| self.credentials.entry(c.clone()).or_default());
@@ -331,14 +357,21 @@ impl Analysis {
             d,
             now,
         ));
-        if let Some(p) = parent {
-            self.runs.insert(p.name.clone(), p);
-        }
-        if let (Kind::Start, Some(c)) = (kind, &d.continues) {
-            if let Some(old) = self.runs.get(c) {
+        if let (Kind::Start, Some(&c)) =
+            (kind, d.continues.as_ref().and_then(|c| self.index.get(c)))
+        {
+            if c != slot {
+                let (run, old) = if c < slot {
+                    let (low, high) = runs.split_at_mut(slot);
+                    (&mut high[0], &low[c])
+                } else {
+                    let (low, high) = runs.split_at_mut(c);
+                    (&mut low[slot], &high[0])
+                };
                 run.carry_names(old);
             }
         }
+        let run = &mut runs[slot];
         for kind in found {
             run.findings += 1;
             if run.findings > self.config.max_findings_per_run {
@@ -391,7 +424,7 @@ impl Analysis {
     pub fn finish(self) -> Report {
         let Analysis {
             mut runs,
-            order,
+            index,
             storms,
             mut loops,
             mut findings,
@@ -399,12 +432,10 @@ impl Analysis {
             replay,
             ..
         } = self;
-        for name in &order {
-            if let Some(run) = runs.get_mut(name) {
-                run.finish(&mut loops);
-            }
+        for run in &mut runs {
+            run.finish(&mut loops);
         }
-        loops.extend(storms.finish(|r| runs.get(r).and_then(RunAnalysis::halt)));
+        loops.extend(storms.finish(|r| index.get(r).and_then(|&i| runs[i].halt())));
         loops::dedupe(&mut loops);
         loops.sort_by_key(|l| (l.first_seq, l.last_seq));
         findings.sort_by_key(|f| f.seq);
@@ -417,12 +448,11 @@ impl Analysis {
                 }
             }
         }
-        let handoffs = order
+        let handoffs = runs
             .iter()
-            .filter_map(|name| {
-                let run = runs.get(name)?;
-                let loops = of_run.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-                Some(handoff::build(run, loops, run.findings))
+            .map(|run| {
+                let loops = of_run.get(run.name.as_str()).map_or(&[][..], Vec::as_slice);
+                handoff::build(run, loops, run.findings)
             })
             .collect();
         Report {

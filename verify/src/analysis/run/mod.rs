@@ -115,6 +115,9 @@ pub(crate) struct RunAnalysis {
     pub core: tally_policy::RunState,
     /// The policy the run's start named (a run the gate governs), by digest.
     pub digest: Option<String>,
+    /// The policy its last record was judged under, by digest (most records name the
+    /// one the record before them did).
+    pub policy: Option<(String, std::sync::Arc<tally_policy::Policy>)>,
     pub stop: Option<Halt>,
     first_stop_refusal: Option<Halt>,
     open: BTreeMap<u64, Box<Open>>,
@@ -152,6 +155,7 @@ impl RunAnalysis {
             workers: BTreeSet::new(),
             core,
             digest: None,
+            policy: None,
             stop: None,
             first_stop_refusal: None,
             open: BTreeMap::new(),
@@ -261,7 +265,7 @@ impl RunAnalysis {
             }
             Kind::Allow | Kind::Deny => self.call(e, at, v, names, storms),
             Kind::Outcome => self.outcome(e, at, storms, policy, loops),
-            Kind::Refund | Kind::Override | Kind::Policy => {}
+            Kind::Refund | Kind::Override | Kind::Policy | Kind::Pause | Kind::Resume => {}
             Kind::Stop => {
                 if let (None, Some(reason)) = (self.stop, d.reason) {
                     self.stop = Some(Halt {

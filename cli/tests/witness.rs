@@ -1,0 +1,418 @@
+//! Issue 24, end to end on loopback with the real binary: two `tally witness serve`, a
+//! `tally serve` pushing its checkpoints to them under a tlog-policy quorum, then a
+//! compromised writer that rolls the ledger back below what the witnesses cosigned, and
+//! one that forks it. Both witnesses refuse, and `tally verify --witness-policy
+//! --ask-witnesses` reports it, with no anchor held by anyone.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const TALLY: &str = env!("CARGO_BIN_EXE_tally");
+
+fn tally(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(TALLY)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tally");
+    let mut input = child.stdin.take().expect("stdin");
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).expect("write stdin");
+    }
+    drop(input);
+    child.wait_with_output().expect("tally")
+}
+
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout.clone()).expect("utf-8")
+}
+
+/// A child killed when dropped (the test never leaves a server behind).
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start a witness; its listening URL from its first line.
+fn witness(dir: &Path, name: &str, log_vkey: &str) -> (Server, String, String) {
+    let key = format!("{name}.key");
+    let vkey = ok(&tally(
+        dir,
+        &[
+            "witness",
+            "keygen",
+            "--name",
+            &format!("example.org/{name}"),
+            "--out",
+            &key,
+        ],
+        None,
+    ))
+    .trim()
+    .to_owned();
+    let mut child = Command::new(TALLY)
+        .args([
+            "witness",
+            "serve",
+            "--key",
+            &key,
+            "--listen",
+            "127.0.0.1:0",
+            "--state",
+            &format!("{name}-state"),
+            "--log",
+            log_vkey,
+        ])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("witness");
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().expect("stderr"))
+        .read_line(&mut line)
+        .expect("witness line");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_owned();
+    (Server(child), url, vkey)
+}
+
+/// Start `tally serve` pushing to the policy's witnesses; returns once it listens (its
+/// first line), so a SIGTERM after it always ends in its last push.
+fn serve(dir: &Path, policy: &str) -> (Server, BufReader<std::process::ChildStderr>) {
+    let sock = dir.join("agent.sock");
+    let _ = std::fs::remove_file(&sock);
+    let mut s = Server(
+        Command::new(TALLY)
+            .args([
+                "serve",
+                "--ledger",
+                "L",
+                "--socket",
+                sock.to_str().expect("path"),
+                "--witness-policy",
+                policy,
+                "--witness-interval-ms",
+                "100",
+            ])
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve"),
+    );
+    let mut err = BufReader::new(s.0.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    err.read_line(&mut line).expect("serve line");
+    assert!(line.contains("listening"), "{line}");
+    (s, err)
+}
+
+/// Stop `tally serve` with SIGTERM (it pushes once more) and return what it said.
+fn stop((mut s, mut err): (Server, BufReader<std::process::ChildStderr>)) -> String {
+    let pid = rustix::process::Pid::from_raw(s.0.id() as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut err, &mut out).expect("stderr");
+    let _ = s.0.wait();
+    out
+}
+
+fn append(dir: &Path, run: &str, n: usize) {
+    let lines: String = (0..n)
+        .map(|i| format!("{{\"run\":\"{run}\",\"kind\":\"start\",\"goal\":\"step {i}\"}}\n"))
+        .collect();
+    ok(&tally(dir, &["append", "--ledger", "L"], Some(&lines)));
+}
+
+/// What a witness holds for the ledger (its monitoring endpoint), as (size, note).
+fn held(url: &str, origin: &str) -> Option<(u64, String)> {
+    use sha2::Digest;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let hash = hex::encode(sha2::Sha256::digest(origin.as_bytes()));
+    let reply = rt
+        .block_on(tally_daemon::witness::http(
+            "GET",
+            &format!("{url}/{hash}/checkpoint"),
+            Vec::new(),
+        ))
+        .expect("GET");
+    if reply.status == 404 {
+        return None;
+    }
+    let text = String::from_utf8(reply.body).expect("utf-8");
+    let size = text
+        .lines()
+        .nth(1)
+        .expect("size line")
+        .parse()
+        .expect("size");
+    Some((size, text))
+}
+
+fn post(url: &str, body: String) -> u16 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(tally_daemon::witness::http(
+        "POST",
+        &format!("{url}/add-checkpoint"),
+        body.into_bytes(),
+    ))
+    .expect("POST")
+    .status
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .args(["-a"])
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp");
+    assert!(status.success());
+}
+
+#[test]
+fn two_witnesses_refuse_a_rollback_and_a_fork_and_verify_reports_them_without_an_anchor() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .expect("mode");
+    ok(&tally(dir, &["keygen", "--out", "auditor.key"], None));
+    ok(&tally(
+        dir,
+        &["init", "--ledger", "L", "--recipient", "auditor.pub"],
+        None,
+    ));
+    let log_vkey = ok(&tally(
+        dir,
+        &["checkpoint", "--ledger", "L", "--vkey"],
+        None,
+    ))
+    .trim()
+    .to_owned();
+    let origin = log_vkey.split('+').next().expect("origin").to_owned();
+    let (_w1, url1, vkey1) = witness(dir, "w1", &log_vkey);
+    let (_w2, url2, vkey2) = witness(dir, "w2", &log_vkey);
+    let policy = format!(
+        "log {log_vkey}\nwitness w1 {vkey1} {url1}\nwitness w2 {vkey2} {url2}\ngroup both all w1 w2\nquorum both\n"
+    );
+    std::fs::write(dir.join("policy"), policy).expect("policy");
+
+    // Size 4, kept aside by whoever will later take the writer host; then size 7.
+    append(dir, "r1", 3);
+    copy_dir(&dir.join("L"), &dir.join("L.at-4"));
+    append(dir, "r2", 3);
+
+    // The daemon pushes size 7: both witnesses cosign it, the cosigned checkpoint is kept.
+    let s = serve(dir, "policy");
+    wait_for("both witnesses to cosign size 7", || {
+        held(&url1, &origin).is_some_and(|h| h.0 == 7)
+            && held(&url2, &origin).is_some_and(|h| h.0 == 7)
+    });
+    wait_for("the cosigned checkpoint", || {
+        dir.join("L/checkpoint.cosigned").exists()
+    });
+    stop(s);
+    let cosigned = std::fs::read_to_string(dir.join("L/checkpoint.cosigned")).expect("cosigned");
+    assert_eq!(
+        cosigned.matches('\u{2014}').count(),
+        3,
+        "log + two witnesses:\n{cosigned}"
+    );
+    let v = tally(
+        dir,
+        &[
+            "verify",
+            "L",
+            "--key",
+            "L/ledger.pub",
+            "--witness-policy",
+            "policy",
+            "--ask-witnesses",
+        ],
+        None,
+    );
+    let text = ok(&v);
+    assert!(text.starts_with("INTACT"), "{text}");
+    assert!(
+        text.contains("witnessed   seq 0..=6 by a quorum (w1, w2)"),
+        "{text}"
+    );
+    // A tlog-proof of one decision carries both cosignatures and checks offline.
+    ok(&tally(
+        dir,
+        &["prove", "--ledger", "L", "--seq", "5", "--out", "p5"],
+        None,
+    ));
+    let checked = ok(&tally(
+        dir,
+        &[
+            "verify-proof",
+            "p5",
+            "--key",
+            "L/ledger.pub",
+            "--witness-policy",
+            "policy",
+        ],
+        None,
+    ));
+    assert!(checked.contains("quorum met by w1, w2"), "{checked}");
+
+    // Compromised: the writer host rolls the ledger back to size 4 (and drops the
+    // cosigned checkpoint). Nothing in the ledger says so, and nobody holds an anchor.
+    std::fs::rename(dir.join("L"), dir.join("L.real")).expect("mv");
+    copy_dir(&dir.join("L.at-4"), &dir.join("L"));
+    let alone = ok(&tally(dir, &["verify", "L", "--key", "L/ledger.pub"], None));
+    assert!(
+        alone.starts_with("INTACT"),
+        "without the witnesses a rollback looks intact:\n{alone}"
+    );
+    let v = tally(
+        dir,
+        &[
+            "verify",
+            "L",
+            "--key",
+            "L/ledger.pub",
+            "--witness-policy",
+            "policy",
+            "--ask-witnesses",
+        ],
+        None,
+    );
+    assert_eq!(
+        v.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&v.stdout)
+    );
+    let text = String::from_utf8_lossy(&v.stdout);
+    assert!(
+        text.contains("anchor_missing") && text.contains("witness w1 holds size 7"),
+        "{text}"
+    );
+    assert!(text.contains("witness w2 holds size 7"), "{text}");
+    // Its daemon pushes again: both witnesses refuse, and keep size 7.
+    let said = stop(serve(dir, "policy"));
+    assert!(
+        said.contains("witness w1 did not cosign size 4")
+            && said.contains("truncated or rolled back"),
+        "{said}"
+    );
+    assert!(said.contains("witness w2 did not cosign size 4"), "{said}");
+    assert_eq!(held(&url1, &origin).map(|h| h.0), Some(7));
+    assert_eq!(held(&url2, &origin).map(|h| h.0), Some(7));
+
+    // Compromised again: from size 4 it writes another history past 7 (a fork).
+    append(dir, "r3", 5);
+    let cp = ok(&tally(dir, &["checkpoint", "--ledger", "L"], None));
+    assert!(cp.lines().nth(1) == Some("9"), "{cp}");
+    for url in [&url1, &url2] {
+        // Claiming the witness's size with no proof, or a proof from the size it holds:
+        // 422; claiming another old size: 409.
+        assert_eq!(post(url, format!("old 7\n\n{cp}")), 422);
+        assert_eq!(post(url, format!("old 4\n\n{cp}")), 409);
+    }
+    let said = stop(serve(dir, "policy"));
+    assert!(
+        said.contains("witness w1 did not cosign size 9: 422"),
+        "{said}"
+    );
+    assert!(
+        said.contains("witness w2 did not cosign size 9: 422"),
+        "{said}"
+    );
+    assert!(!dir.join("L/checkpoint.cosigned").exists());
+    let v = tally(
+        dir,
+        &[
+            "verify",
+            "L",
+            "--key",
+            "L/ledger.pub",
+            "--witness-policy",
+            "policy",
+            "--ask-witnesses",
+        ],
+        None,
+    );
+    assert_eq!(v.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&v.stdout);
+    assert!(
+        text.contains("fork") && text.contains("witness w1 holds root"),
+        "{text}"
+    );
+    // Without asking, the policy still finds no quorum on the forked ledger: exit 3.
+    let v = tally(
+        dir,
+        &[
+            "verify",
+            "L",
+            "--key",
+            "L/ledger.pub",
+            "--witness-policy",
+            "policy",
+        ],
+        None,
+    );
+    assert_eq!(
+        v.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&v.stdout)
+    );
+
+    // The real ledger still verifies against both witnesses.
+    let v = tally(
+        dir,
+        &[
+            "verify",
+            "L.real",
+            "--key",
+            "L.real/ledger.pub",
+            "--witness-policy",
+            "policy",
+            "--ask-witnesses",
+        ],
+        None,
+    );
+    assert_eq!(
+        v.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&v.stdout)
+    );
+}

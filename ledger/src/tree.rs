@@ -1,0 +1,214 @@
+//! The writer's side of the Merkle tree and of run links: bringing the tree files up to
+//! the log on open, and linking each decision to its run's previous one.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::format::{Frame, Header};
+use crate::segment::LogReader;
+use crate::store::Store;
+use crate::tlog::merkle::{leaf_hash, Frontier, TreeHash};
+use crate::tlog::tiles::{self, Tiles, TreeWriter};
+
+/// Bring the tree files of the ledger in `dir` up to its sealed log of `size` entries,
+/// whose last group recorded the root `target` (`None` for a log written before tree
+/// frames). Keeps the files' prefix when it leads to `target`, else rebuilds the tree
+/// from the whole log.
+pub(crate) fn open_tree(
+    dir: &Path,
+    segments: &[(u64, PathBuf)],
+    store: &Store,
+    size: u64,
+    target: Option<(u64, TreeHash)>,
+) -> Result<TreeWriter> {
+    let target = target.filter(|(s, _)| *s == size).map(|(_, r)| r);
+    if let Some(root) = target {
+        if let Ok(Some(w)) = catch_up(dir, segments, store, size, root) {
+            return Ok(w);
+        }
+    }
+    // No root to check a prefix against, or the prefix does not lead to it: from scratch.
+    let mut w = TreeWriter::empty(dir)?;
+    extend(
+        &mut w,
+        LogReader::new(segments.to_vec(), false, None),
+        0,
+        size,
+    )?;
+    w.flush()?;
+    tiles::sync(dir)?;
+    if let Some(root) = target {
+        if w.frontier().root() != root {
+            return Err(Error::Corrupt {
+                seq: size.saturating_sub(1),
+                why: "the Merkle tree of the log's entries is not the one its last tree frame records".into(),
+            });
+        }
+    }
+    Ok(w)
+}
+
+/// Resume from the files' prefix (up to `size` leaves), read the rest of the entries
+/// from the log; `None` when that does not lead to `root`.
+fn catch_up(
+    dir: &Path,
+    segments: &[(u64, PathBuf)],
+    store: &Store,
+    size: u64,
+    root: TreeHash,
+) -> Result<Option<TreeWriter>> {
+    let t = Tiles::new(dir);
+    let have = t.count(0)?.min(size);
+    let frontier = Frontier::at(&t, have)?;
+    let mut w = TreeWriter::resume(dir, frontier)?;
+    if have < size {
+        let start = store.point(have)?.map(|p| (p.segment, p.offset));
+        extend(
+            &mut w,
+            LogReader::new(segments.to_vec(), false, start),
+            have,
+            size,
+        )?;
+        w.flush()?;
+    }
+    Ok((w.frontier().root() == root).then_some(w))
+}
+
+/// Push the leaves of the entries with seqs `from..to` that `reader` yields.
+fn extend(w: &mut TreeWriter, reader: LogReader, from: u64, to: u64) -> Result<()> {
+    let mut next = from;
+    for f in reader.frames() {
+        if next >= to {
+            break;
+        }
+        if let Frame::Entry(bytes) = f? {
+            let seq = Header::decode(&bytes)?.seq;
+            if seq < next {
+                continue;
+            }
+            if seq != next {
+                return Err(Error::Corrupt {
+                    seq,
+                    why: format!("the log skips from seq {next} to {seq}"),
+                });
+            }
+            w.push(leaf_hash(&bytes));
+            next += 1;
+            if next.is_multiple_of(65_536) {
+                w.flush()?;
+            }
+        }
+    }
+    if next != to {
+        return Err(Error::Corrupt {
+            seq: next,
+            why: format!("the log ends at seq {next}, before its sealed size {to}"),
+        });
+    }
+    Ok(())
+}
+
+/// The state key under which the ledger keeps the seq of a run's last decision.
+pub(crate) fn link_key(run: &[u8]) -> Vec<u8> {
+    [b"\0l/".as_slice(), run].concat()
+}
+
+/// Most runs whose last seq [`RunLinks`] keeps in memory; past it, it starts again empty
+/// (the index has them all).
+const MAX_LINKS: usize = 1 << 20;
+
+/// The seq of each run's last decision, for the `prev_seq` links.
+#[derive(Default)]
+pub(crate) struct RunLinks {
+    last: HashMap<Vec<u8>, u64>,
+}
+
+impl RunLinks {
+    /// Link the decision `plaintext` (canonical JSON) at `seq` to its run's previous one:
+    /// `prev_seq` is spliced in as its last field (declared last, so the result is still
+    /// canonical). The run's new last seq goes into `group` (by run), to be recorded with
+    /// the group's state ([`RunLinks::pairs`]). Allocates only for a run new to this
+    /// process or to the group.
+    pub(crate) fn link(
+        &mut self,
+        store: &Store,
+        plaintext: &mut Vec<u8>,
+        seq: u64,
+        group: &mut HashMap<Vec<u8>, u64>,
+    ) -> Result<()> {
+        let Some(run) = run_of(plaintext) else {
+            return Ok(());
+        };
+        if run.is_empty() {
+            return Ok(());
+        }
+        let prev = match self.last.get_mut(run) {
+            Some(p) => Some(std::mem::replace(p, seq)),
+            None => {
+                let stored = store.state_get(&link_key(run))?.and_then(|v| {
+                    let b: [u8; 8] = v.as_slice().try_into().ok()?;
+                    Some(u64::from_be_bytes(b))
+                });
+                if self.last.len() >= MAX_LINKS {
+                    self.last.clear();
+                }
+                self.last.insert(run.to_vec(), seq);
+                stored
+            }
+        };
+        match group.get_mut(run) {
+            Some(s) => *s = seq,
+            None => {
+                group.insert(run.to_vec(), seq);
+            }
+        }
+        if let Some(p) = prev {
+            if plaintext.last() == Some(&b'}') {
+                use std::io::Write as _;
+                plaintext.pop();
+                // Writing to a Vec cannot fail.
+                let _ = write!(plaintext, ",\"prev_seq\":{p}}}");
+            }
+        }
+        Ok(())
+    }
+
+    /// The state pairs recording each run's last seq of a group.
+    pub(crate) fn pairs(group: &HashMap<Vec<u8>, u64>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        group
+            .iter()
+            .map(|(run, seq)| (link_key(run), seq.to_be_bytes().to_vec()))
+            .collect()
+    }
+}
+
+/// The raw (escaped) bytes of the `run` string a canonical decision starts with.
+fn run_of(plaintext: &[u8]) -> Option<&[u8]> {
+    let rest = plaintext.strip_prefix(b"{\"run\":\"")?;
+    let mut i = 0;
+    while i < rest.len() {
+        match rest[i] {
+            b'\\' => i += 2,
+            b'"' => return Some(&rest[..i]),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_of;
+
+    #[test]
+    fn run_of_reads_escaped_names() {
+        assert_eq!(run_of(br#"{"run":"r1","kind":"start"}"#), Some(&b"r1"[..]));
+        assert_eq!(
+            run_of(br#"{"run":"a\"b\\","kind":"start"}"#),
+            Some(&br#"a\"b\\"#[..])
+        );
+        assert_eq!(run_of(br#"{"run":"","kind":"policy"}"#), Some(&b""[..]));
+        assert_eq!(run_of(br#"{"kind":"start"}"#), None);
+    }
+}
