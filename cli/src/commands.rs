@@ -1192,8 +1192,12 @@ pub fn stats(
     }
     if !found.findings.is_empty() || found.findings_omitted > 0 {
         text.push_str(&format!(
-            "\n{} inconsistencies found: `tally loops` (or `tally verify --auditor-key`) lists them\n",
-            found.findings.len() as u64 + found.findings_omitted
+            "\n{} found: `tally loops` (or `tally verify --auditor-key`) lists them\n",
+            tally_verify::text::plural(
+                found.findings.len() as u64 + found.findings_omitted,
+                "inconsistency",
+                "inconsistencies"
+            )
         ));
     }
     let body: Vec<_> = runs

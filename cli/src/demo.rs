@@ -126,8 +126,8 @@ pub fn run(dir: Option<&Path>, verbose: bool) -> Result<Exit> {
         out!("{anchor}");
     } else {
         outln!(
-            "\nThe auditor keeps the latest checkpoint (size {}, head {}…) elsewhere, as an anchor: {}",
-            checkpoint.size,
+            "\nThe auditor keeps the latest checkpoint (over {}, head {}…) elsewhere, as an anchor: {}",
+            tally_verify::text::plural(checkpoint.size, "entry", "entries"),
             &checkpoint.head.to_string()[..16],
             anchor_path.display()
         );
@@ -267,6 +267,10 @@ fn run_agents(
         }
         let gated = gate_story(socket, operator_socket, &dana).await?;
         let gated = crate::demo_mcp::story(socket).await? && gated;
+        outln!(
+            "  the client went away, and `tally mcp` ended its session: {}",
+            standing(operator_socket, crate::demo_mcp::RUN).await?
+        );
         let agents: Vec<_> = corpus
             .into_iter()
             .map(|(_, decisions)| {
@@ -381,6 +385,7 @@ async fn gate_story(
         json!({"reason": stop_reason}),
     )
     .await?;
+    outln!("  {}", standing(operator_socket, "export-q3").await?);
 
     outln!("A payment whose outcome is unknown: run `lost-post` must not pay twice.");
     ask(
@@ -403,6 +408,10 @@ async fn gate_story(
     let again = ask(&mut c, "/v1/check", pay).await?;
     outln!("  retry: {}", said(&again));
     ok &= first["decision"] == "allow" && again["cause"] == "outcome_unknown_non_idempotent";
+    outln!(
+        "  it stays open until a human checks the payment: {}",
+        standing(operator_socket, "lost-post").await?
+    );
 
     outln!("A reservation over budget: run `summarize` asks a human.");
     ask(
@@ -465,16 +474,50 @@ async fn gate_story(
         json!({"run": "summarize", "attempt": three["attempt"], "status": "ok", "settled_cents": 38}),
     )
     .await?;
+    outln!("  settled 38¢: the inbox is summarized");
     ask(
         &mut c,
         "/v1/runs/summarize/stop",
         json!({"reason": "completed"}),
     )
     .await?;
+    outln!("  {}", standing(operator_socket, "summarize").await?);
     if !ok {
         outln!("  the gate did not decide as it must (see above)");
     }
     Ok(ok)
+}
+
+/// Where `run` stands, as the gate has it, in a line: `run export-q3: stopped
+/// (retries_exhausted); 3 of 20 attempts used; 0¢ settled`.
+pub(crate) async fn standing(operator_socket: &Path, run: &str) -> Result<String> {
+    use tally_verify::text::{plural, shown};
+    let mut op = Client::unix(operator_socket).await?;
+    let r = op
+        .request(
+            tally_daemon::client::Method::GET,
+            &format!("/v1/runs/{run}"),
+            None,
+            "",
+        )
+        .await?;
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    let state = match (v["state"].as_str(), v["stop_reason"].as_str()) {
+        (Some("stopped"), Some(reason)) => format!("stopped ({reason})"),
+        (Some(state), _) => state.replace('_', " "),
+        _ => bail!("the gate does not know run {}: {v}", shown(run)),
+    };
+    let attempts = &v["limits"]["attempts"];
+    let used = attempts["used"].as_u64().unwrap_or(0);
+    let attempts = match attempts["limit"].as_u64() {
+        Some(limit) => format!("{used} of {}", plural(limit, "attempt", "attempts")),
+        None => plural(used, "attempt", "attempts"),
+    };
+    Ok(format!(
+        "run {}: {state}; {attempts} used; {}¢ settled",
+        shown(run),
+        v["settled_cents"].as_u64().unwrap_or(0)
+    ))
 }
 
 /// Act 5 in about a screen: each loop and finding in a line, the replay's verdict, and
@@ -491,7 +534,11 @@ fn summary(found: &analysis::Report, replayed: &tally_verify::replay::ReplayRepo
             "  {:<17} {} in {}: {}",
             l.pattern.as_str(),
             plural(l.count, "call", "calls"),
-            l.runs.iter().map(|r| shown(r).into_owned()).collect::<Vec<_>>().join(", "),
+            l.runs
+                .iter()
+                .map(|r| shown(r).into_owned())
+                .collect::<Vec<_>>()
+                .join(", "),
             shown(l.operation.as_deref().or(l.tool.as_deref()).unwrap_or("?"))
         );
     }
@@ -510,26 +557,42 @@ fn summary(found: &analysis::Report, replayed: &tally_verify::replay::ReplayRepo
     }
     outln!("\n{}", replayed.to_text().trim_end());
     outln!("\nWhat the next run of `lost-post` reads (`tally handoff --run lost-post`):\n");
-    out!("{}", analysis::render_handoffs_text(found, Some("lost-post")));
-    outln!("\nThe other runs the gate decided for, in a line each:");
+    out!(
+        "{}",
+        analysis::render_handoffs_text(found, Some("lost-post"))
+    );
+    outln!("\nWhat the ledger says of the runs the gate decided for (as act 2 told them):");
     for h in &found.handoffs {
-        if !["export-q3", "summarize", "mcp-reports"].contains(&h.run.as_str()) {
-            continue;
+        if GATED.contains(&h.run.as_str()) {
+            outln!("  {}", handoff_line(h));
         }
-        let stop = match (&h.stop.reason, h.stop.status) {
-            (Some(r), _) => format!("stopped: {r}"),
-            (None, _) => "still running".to_owned(),
-        };
-        let attempts = match h.attempts.limit {
-            Some(l) => format!("{} of {}", h.attempts.used, plural(l, "attempt", "attempts")),
-            None => plural(h.attempts.used, "attempt", "attempts"),
-        };
-        outln!(
-            "  {:<12} {stop}; {attempts} used; {}¢ settled",
-            shown(&h.run),
-            h.spend.settled_cents
-        );
     }
+}
+
+/// The runs act 2 tells, through the gate.
+const GATED: [&str; 4] = ["export-q3", "lost-post", "summarize", crate::demo_mcp::RUN];
+
+/// A handoff in the words of [`standing`]: `run export-q3: stopped (retries_exhausted);
+/// 3 of 20 attempts used; 0¢ settled`.
+fn handoff_line(h: &analysis::Handoff) -> String {
+    use tally_verify::text::{plural, shown};
+    let state = match &h.stop.reason {
+        Some(r) => format!("stopped ({r})"),
+        None => "running".to_owned(),
+    };
+    let attempts = match h.attempts.limit {
+        Some(l) => format!(
+            "{} of {}",
+            h.attempts.used,
+            plural(l, "attempt", "attempts")
+        ),
+        None => plural(h.attempts.used, "attempt", "attempts"),
+    };
+    format!(
+        "run {}: {state}; {attempts} used; {}¢ settled",
+        shown(&h.run),
+        h.spend.settled_cents
+    )
 }
 
 /// The byte offset just after the `n`th entry frame (and any checkpoints before it): an

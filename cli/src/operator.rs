@@ -206,12 +206,13 @@ pub fn runs(socket: &Path, json: bool) -> Result<Exit> {
                 }
             };
             outln!(
-                "{:<24} {:<8} attempts {:<10} spend {:<14} held {}¢{}",
+                "{:<24} {:<8} attempts {:<10} spend {:<14} held {:<6} started {} ago{}",
                 tally_verify::text::shown(r["run"].as_str().unwrap_or("?")),
                 r["state"].as_str().unwrap_or("?"),
                 used("attempts", ""),
                 used("spend_cents", "¢"),
-                r["held_cents"],
+                format!("{}¢", r["held_cents"]),
+                tally_verify::text::duration(r["at_ms"].as_u64().unwrap_or(0)),
                 r["stop_reason"]
                     .as_str()
                     .map(|s| format!("  ({s})"))

@@ -306,7 +306,12 @@ fn export_refuses_to_overwrite() {
     let o = run(
         d,
         &[
-            "export", "--ledger", "ledger", "--out", "mine.tally", "--force",
+            "export",
+            "--ledger",
+            "ledger",
+            "--out",
+            "mine.tally",
+            "--force",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -333,7 +338,12 @@ fn export_never_writes_through_a_symlink() {
     let o = run(
         d,
         &[
-            "export", "--ledger", "ledger", "--out", "link.tally", "--force",
+            "export",
+            "--ledger",
+            "ledger",
+            "--out",
+            "link.tally",
+            "--force",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -533,7 +543,13 @@ fn operator_commands_against_the_daemon() {
     };
     let o = with(&["runs"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("r2"));
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(listed.contains("r2"), "{listed}");
+    // How long the run has been going, as a person reads it.
+    assert!(
+        listed.contains("started ") && listed.contains(" ago"),
+        "{listed}"
+    );
     let o = with(&["runs", "--json"]);
     let runs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(runs[0]["run"], "r2");
@@ -549,7 +565,14 @@ fn operator_commands_against_the_daemon() {
         "1",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("recorded at seq"));
+    let granted = String::from_utf8_lossy(&o.stdout);
+    assert!(granted.contains("recorded at seq"), "{granted}");
+    // Its validity and expiry as a person reads them, never `600000 ms`.
+    assert!(
+        granted.contains("valid for 10 min 00 s (until 10 min")
+            && granted.contains("after the run started)"),
+        "{granted}"
+    );
     for what in ["pause", "resume", "kill"] {
         let o = with(&[what, "--run", "r2"]);
         assert_eq!(o.status.code(), Some(0), "{what}: {}", stderr(&o));

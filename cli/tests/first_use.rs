@@ -629,7 +629,11 @@ fn unreadable_numbers(text: &str) -> Vec<String> {
             let digits = w[0].trim_start_matches(['(', 't', '+']);
             let ms = w[1].trim_end_matches([',', ')', '.', ';', ':']) == "ms"
                 || digits.ends_with("ms") && digits.trim_end_matches("ms").parse::<u64>().is_ok();
-            if (ms && digits.trim_end_matches("ms").parse::<u64>().is_ok_and(|n| n >= 1000))
+            if (ms
+                && digits
+                    .trim_end_matches("ms")
+                    .parse::<u64>()
+                    .is_ok_and(|n| n >= 1000))
                 || w[0].contains("t+")
             {
                 bad.push(line.to_string());
@@ -657,50 +661,102 @@ fn the_demo_reads_as_a_story() {
         assert!(lines <= 45, "{act} takes {lines} lines:\n{text}");
     }
     let bad = unreadable_numbers(&text);
-    assert!(bad.is_empty(), "numbers a person should not have to read:\n{}", bad.join("\n"));
-    for jargon in ["taken as recorded", "accepted as recorded", "group commit", "fsynced"] {
+    assert!(
+        bad.is_empty(),
+        "numbers a person should not have to read:\n{}",
+        bad.join("\n")
+    );
+    for jargon in [
+        "taken as recorded",
+        "accepted as recorded",
+        "group commit",
+        "fsynced",
+    ] {
         assert!(!text.contains(jargon), "jargon `{jargon}`:\n{text}");
     }
     assert!(
         text.contains("removed") && text.contains("tally demo --dir"),
         "it does not say its files go away, or how to keep them:\n{text}"
     );
-    assert!(!text.contains(".tally "), "{text}");
+    // The export has the one extension used everywhere.
+    assert!(text.contains("ledger.tally holds"), "{text}");
+    assert!(!text.contains(".tex"), "{text}");
 
     // Everything, and the files kept.
     let kept = d.join("kept");
     let out = run(d, &["demo", "--verbose", "--dir", "kept"], "");
     let verbose = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.status.code(), Some(0), "{}", self::text(&out));
-    assert!(verbose.lines().count() > text.lines().count() + 100, "{verbose}");
-    assert!(verbose.contains("Run normal: \"Fix the flaky login test\""), "{verbose}");
+    assert!(
+        verbose.lines().count() > text.lines().count() + 100,
+        "{verbose}"
+    );
+    assert!(
+        verbose.contains("Run normal: \"Fix the flaky login test\""),
+        "{verbose}"
+    );
     let bad = unreadable_numbers(&verbose);
-    assert!(bad.is_empty(), "numbers a person should not have to read:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "numbers a person should not have to read:\n{}",
+        bad.join("\n")
+    );
     let export = kept.join("ledger.tally");
     assert!(export.is_file(), "no {}", export.display());
     assert!(verbose.contains(&export.display().to_string()), "{verbose}");
 
-    // What the demo narrated about run export-q3 is what its handoff says.
-    let narrated = verbose
-        .lines()
-        .find(|l| l.contains("asks:") && l.contains("refused"))
-        .expect("the retry storm's narration");
-    let handoff = ok(
-        d,
-        &[
-            "handoff", "kept/ledger.tally", "--key", "kept/ledger/ledger.pub",
-            "--auditor-key", "kept/auditor.key", "--run", "export-q3", "--json",
-        ],
-        "",
-    );
-    let handoff: Value = serde_json::from_str(&handoff).unwrap();
-    let stopped = handoff["handoffs"][0]["stop"]["reason"]
-        .as_str()
-        .or_else(|| handoff["stop"]["reason"].as_str())
-        .unwrap_or_default()
-        .to_string();
-    assert!(
-        !stopped.is_empty() && narrated.contains(&stopped),
-        "the demo says `{narrated}`, its handoff says the run stopped on `{stopped}`: {handoff}"
-    );
+    // What the demo narrated about each run it sent through the gate (act 2, from the
+    // gate's own view of the run) is what the exported ledger's handoff says (act 5, and
+    // `tally handoff` on the kept files), line for line.
+    let act = |text: &str, n: &str| -> Vec<String> {
+        text.split("\n== ")
+            .find(|a| a.starts_with(n))
+            .unwrap_or_else(|| panic!("no act {n}:\n{text}"))
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    for run in ["export-q3", "lost-post", "summarize", "mcp-reports"] {
+        let said = |lines: Vec<String>| -> String {
+            let tag = format!("run {run}: ");
+            let line = lines
+                .iter()
+                .find_map(|l| l.find(&tag).map(|at| l[at..].to_owned()))
+                .unwrap_or_else(|| panic!("no line says where {run} stands:\n{text}"));
+            line
+        };
+        let narrated = said(act(&text, "2."));
+        assert_eq!(narrated, said(act(&text, "5.")), "{text}");
+        let handoff = ok(
+            d,
+            &[
+                "handoff",
+                "kept/ledger.tally",
+                "--key",
+                "kept/ledger/ledger.pub",
+                "--auditor-key",
+                "kept/auditor.key",
+                "--run",
+                run,
+                "--json",
+            ],
+            "",
+        );
+        let handoff: Value = serde_json::from_str(&handoff).unwrap();
+        let h = &handoff["handoffs"][0];
+        let state = match h["stop"]["reason"].as_str() {
+            Some(reason) => format!("stopped ({reason})"),
+            None => "running".to_owned(),
+        };
+        let from_ledger = format!(
+            "run {run}: {state}; {} of {} attempts used; {}¢ settled",
+            h["attempts"]["used"], h["attempts"]["limit"], h["spend"]["settled_cents"]
+        );
+        assert_eq!(
+            narrated, from_ledger,
+            "the demo and its handoff disagree: {h}"
+        );
+        // And the kept demo narrated the same as the default one.
+        assert_eq!(said(act(&verbose, "2.")), from_ledger, "{verbose}");
+    }
 }

@@ -68,10 +68,7 @@ fn civil(ms: u64) -> (String, u64) {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    (
-        format!("{year:04}-{month:02}-{day:02}"),
-        ms % 86_400_000,
-    )
+    (format!("{year:04}-{month:02}-{day:02}"), ms % 86_400_000)
 }
 
 #[cfg(test)]

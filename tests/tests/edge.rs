@@ -474,7 +474,10 @@ fn handoff_wording_says_what_is_known() {
     assert!(!stdout.contains("of no limit"), "{stdout}");
     assert!(!stdout.contains("(s)"), "{stdout}");
     assert!(!stdout.contains("0 worker"), "{stdout}");
-    assert!(stdout.contains("run time t+5 ms, recorded 20"), "{stdout}");
+    assert!(
+        stdout.contains("5 ms after the run started, recorded 20"),
+        "{stdout}"
+    );
 }
 
 /// True if `s` holds a character that drives a terminal: C0 controls but the line break,

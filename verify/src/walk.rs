@@ -488,7 +488,11 @@ pub fn verify(
                 }
                 Err(SourceError::SignedEnd(end)) => {
                     let (id, n) = (w.ledger_id, w.checkpoints_read);
-                    w.tree.signed_end(id, &end, n, &mut w.tree_out);
+                    let altered = w
+                        .findings
+                        .iter()
+                        .any(|f| f.kind == FindingKind::EntryAltered);
+                    w.tree.signed_end(id, &end, n, altered, &mut w.tree_out);
                     w.drain_tree();
                 }
                 Err(SourceError::TreeFrame { size, root }) => {
@@ -1033,7 +1037,10 @@ impl Walk<'_> {
             return Err((
                 FindingKind::CheckpointMisplaced,
                 if cp.size > n {
-                    format!("{what} seals {} but only {n} precede it (entries were removed: truncated)", crate::text::plural(cp.size, "entry", "entries"))
+                    format!(
+                        "{what} seals {} but only {n} precede it (entries were removed: truncated)",
+                        crate::text::plural(cp.size, "entry", "entries")
+                    )
                 } else {
                     format!(
                         "{what} seals {} but stands after entry {}",

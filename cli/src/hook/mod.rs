@@ -252,7 +252,7 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
     let action = reply["action"].as_str().unwrap_or("");
     let after = reply["retry_after_ms"]
         .as_u64()
-        .map(|ms| format!("; retry after {ms} ms"))
+        .map(|ms| format!("; retry after {}", tally_verify::text::duration(ms)))
         .unwrap_or_default();
     let refused = |reason: &str, action: &str| {
         session::answered(
