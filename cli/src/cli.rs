@@ -259,7 +259,8 @@ pub enum Command {
         /// The ledger directory.
         #[arg(long)]
         ledger: PathBuf,
-        /// The export file to write (it must not exist, unless --force).
+        /// The export file to write, by convention NAME.tally (it must not exist, unless
+        /// --force).
         #[arg(long)]
         out: PathBuf,
         /// Replace an existing file at --out (a symlink there is replaced, not followed).

@@ -760,3 +760,90 @@ fn the_demo_reads_as_a_story() {
         assert_eq!(said(act(&verbose, "2.")), from_ledger, "{verbose}");
     }
 }
+
+/// The export's extension is one name everywhere a user meets it: the docs, the
+/// README, the CLI's help and test cases, the demo and the daemon's `GET /v1/export`
+/// file name. Every file named as the output of an export, or as what `verify`,
+/// `loops`, `handoff` or `stats` read, ends `.tally` (it was `.tex` in some places and
+/// `.tally-export` in others).
+#[test]
+fn the_export_extension_is_one_name_everywhere() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files: Vec<PathBuf> = vec![root.join("README.md"), root.join("SECURITY.md")];
+    for dir in [
+        "docs",
+        "cli/tests/cmd",
+        "cli/src",
+        "daemon/src",
+        "clients/python",
+        "clients/node",
+    ] {
+        for e in std::fs::read_dir(root.join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension()
+                .is_some_and(|x| ["md", "toml", "rs", "yaml"].iter().any(|y| x == *y))
+            {
+                files.push(p);
+            }
+        }
+    }
+    let mut named = 0;
+    let mut wrong = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for line in text.lines() {
+            let words: Vec<&str> = line
+                .split(|c: char| c.is_whitespace() || "`'\"(),;=".contains(c))
+                .filter(|w| !w.is_empty())
+                .collect();
+            for w in words.windows(2) {
+                let reads = ["verify", "loops", "handoff", "stats"].contains(&w[0])
+                    && !w[1].starts_with('-')
+                    && w[1].contains('.');
+                let export = ["--out", "-o", "filename"].contains(&w[0]) && line.contains("export");
+                let name = w[1].trim_matches(|c: char| c == '\\' || c == '"');
+                // A file name: a stem, one dot, an extension; not `...`, not a sentence's
+                // full stop, not a key, an anchor or a policy.
+                let file = name.rsplit_once('.').is_some_and(|(stem, ext)| {
+                    !stem.is_empty()
+                        && !stem.ends_with('.')
+                        && stem.chars().last().is_some_and(|c| c.is_alphanumeric())
+                        && !ext.is_empty()
+                        && ext.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+                });
+                let other = ["key", "pub", "cp", "txt", "md", "ndjson", "sock", "proof"]
+                    .iter()
+                    .any(|e| name.ends_with(&format!(".{e}")));
+                if !(reads || export) || !file || other {
+                    continue;
+                }
+                named += 1;
+                if !name.ends_with(".tally") {
+                    wrong.push(format!("{}: {line}", f.display()));
+                }
+            }
+            for ext in [".tex ", ".tex\"", ".tex`", ".tally-export"] {
+                if line.contains(ext) {
+                    wrong.push(format!("{}: {line}", f.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        named > 10,
+        "the scan found only {named} export names: it reads nothing"
+    );
+    assert!(
+        wrong.is_empty(),
+        "export files not named NAME.tally:\n{}",
+        wrong.join("\n")
+    );
+    // The daemon names its download so, and `tally export --help` says so.
+    let api = std::fs::read_to_string(root.join("daemon/src/api.rs")).unwrap();
+    assert!(
+        api.contains("filename=\\\"ledger.tally\\\""),
+        "GET /v1/export's file name"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    assert!(ok(tmp.path(), &["export", "--help"], "").contains("NAME.tally"));
+}
