@@ -11,7 +11,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::output::{out, outln};
 use crate::Exit;
-use tally_daemon::client::Client;
+use tally_api::client::Client;
+use tally_api::GateClient;
 use tally_ledger::export::ExportReader;
 use tally_ledger::keys::{AuditorKey, LedgerPublic};
 use tally_ledger::{Ledger, Rotation};
@@ -302,19 +303,13 @@ fn run_agents(
 
 /// POST a JSON body to the gate; the JSON answer.
 async fn ask(
-    client: &mut Client,
+    gate: &mut GateClient,
     path: &str,
     body: serde_json::Value,
 ) -> Result<serde_json::Value> {
-    let reply = client
-        .request(
-            tally_daemon::client::Method::POST,
-            path,
-            Some("application/json"),
-            body.to_string(),
-        )
-        .await?;
-    serde_json::from_slice(&reply.body).with_context(|| format!("the gate's answer to {path}"))
+    gate.post(path, &body)
+        .await
+        .with_context(|| format!("the gate's answer to {path}"))
 }
 
 fn said(a: &serde_json::Value) -> String {
@@ -337,7 +332,7 @@ async fn gate_story(
 ) -> Result<bool> {
     use serde_json::json;
     let mut ok = true;
-    let mut c = Client::unix(socket).await?;
+    let mut c = GateClient::new(socket);
 
     outln!("A retry storm: 8 workers of run `export-q3` retry a failing report export.");
     ask(
@@ -354,7 +349,7 @@ async fn gate_story(
         for w in 0..8 {
             let socket = socket.to_path_buf();
             tasks.push(tokio::spawn(async move {
-                let mut c = Client::unix(&socket).await?;
+                let mut c = GateClient::new(&socket);
                 let check = json!({"run": "export-q3", "worker": format!("worker-{w}"), "tool": "reports.export",
                     "operation": "export.create", "effect": "read", "args": {"quarter": 3}});
                 let a = ask(&mut c, "/v1/check", check).await?;
@@ -433,19 +428,8 @@ async fn gate_story(
     outln!("  next 40¢:  {}", said(&two));
     ok &= two["decision"] == "require_approval";
     // A human looks, and grants 30¢ more for that one operation, for ten minutes.
-    let mut op = Client::unix(operator_socket).await?;
-    let at = {
-        let r = op
-            .request(
-                tally_daemon::client::Method::GET,
-                "/v1/runs/summarize",
-                None,
-                "",
-            )
-            .await?;
-        let v: serde_json::Value = serde_json::from_slice(&r.body)?;
-        v["at_ms"].as_u64().unwrap_or(0)
-    };
+    let mut op = GateClient::new(operator_socket);
+    let at = op.run("summarize").await?["at_ms"].as_u64().unwrap_or(0);
     let scope = tally_ledger::decision::Scope {
         cents: Some(30),
         operation: Some("summarize.more".into()),
@@ -492,16 +476,7 @@ async fn gate_story(
 /// (retries_exhausted); 3 of 20 attempts used; 0¢ settled`.
 pub(crate) async fn standing(operator_socket: &Path, run: &str) -> Result<String> {
     use tally_verify::text::{plural, shown};
-    let mut op = Client::unix(operator_socket).await?;
-    let r = op
-        .request(
-            tally_daemon::client::Method::GET,
-            &format!("/v1/runs/{run}"),
-            None,
-            "",
-        )
-        .await?;
-    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    let v = GateClient::new(operator_socket).run(run).await?;
     let state = match (v["state"].as_str(), v["stop_reason"].as_str()) {
         (Some("stopped"), Some(reason)) => format!("stopped ({reason})"),
         (Some(state), _) => state.replace('_', " "),

@@ -10,6 +10,7 @@ mod cli;
 mod commands;
 mod demo;
 mod demo_mcp;
+mod gate;
 mod generate;
 mod hook;
 mod mcp;
@@ -153,15 +154,15 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Pause {
             operator_socket,
             run,
-        } => operator::lifecycle(&operator_socket, &run, "pause"),
+        } => operator::lifecycle(&operator_socket, &run, tally_api::RunAction::Pause),
         Command::Resume {
             operator_socket,
             run,
-        } => operator::lifecycle(&operator_socket, &run, "resume"),
+        } => operator::lifecycle(&operator_socket, &run, tally_api::RunAction::Resume),
         Command::Kill {
             operator_socket,
             run,
-        } => operator::lifecycle(&operator_socket, &run, "kill"),
+        } => operator::lifecycle(&operator_socket, &run, tally_api::RunAction::Kill),
         Command::Init {
             ledger,
             recipient,

@@ -18,13 +18,14 @@
 //! SIGTERM or SIGINT ([`run`]) stops accepting, drains in-flight requests and removes the
 //! socket. Every commit already seals a checkpoint, so the last acknowledged decision is
 //! sealed when the daemon exits; no key rotation happens at shutdown. A restart continues
-//! the chain. Rust agents can use [`client::Client`]. See `docs/DAEMON.md`.
+//! the chain. Rust agents use `tally_api::GateClient`. See `docs/DAEMON.md`.
 #![forbid(unsafe_code)]
 
 pub mod access;
 mod api;
 mod bulk;
-pub mod client;
+/// The client side, re-exported from `tally-api` (where it lives: a client links no server).
+pub use tally_api::client;
 mod commit;
 pub mod error;
 mod gate_api;
@@ -33,7 +34,7 @@ mod parse;
 mod peers;
 mod server;
 mod tiles;
-pub mod wire;
+pub use tally_api::wire;
 pub mod witness;
 
 use std::future::Future;
