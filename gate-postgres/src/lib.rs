@@ -25,6 +25,9 @@
 //! (`tokio::task::spawn_blocking`), never from an async task.
 #![forbid(unsafe_code)]
 
+mod gatekeeper;
+pub use gatekeeper::gatekeeper;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
