@@ -1,4 +1,4 @@
-//! Regression tests for issue 11 (the CLI's edge), each with the real binary.
+//! Regression tests of the CLI's edge, each with the real binary.
 
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
@@ -70,7 +70,7 @@ fn entries(dir: &Path) -> String {
         .to_owned()
 }
 
-// Issue 11.1: `init --ledger .` in a source checkout took over the directory.
+// `init --ledger .` in a source checkout took over the directory.
 #[test]
 fn init_refuses_a_directory_with_files() {
     let tmp = tempfile::tempdir().unwrap();
@@ -89,7 +89,7 @@ fn init_refuses_a_directory_with_files() {
     assert_eq!(snapshot(d), before, "init changed the directory it refused");
 }
 
-// Issue 11.2: `keygen --out x` wrote x, then failed on an existing x.pub, leaving x.
+// `keygen --out x` wrote x, then failed on an existing x.pub, leaving x.
 #[test]
 fn keygen_writes_nothing_when_an_output_exists() {
     let tmp = tempfile::tempdir().unwrap();
@@ -112,7 +112,7 @@ fn keygen_writes_nothing_when_an_output_exists() {
     }
 }
 
-// Issue 11.3: a report piped to `head` panicked (exit 101).
+// A report piped to `head` panicked (exit 101).
 #[test]
 fn a_closed_pipe_ends_quietly() {
     let dir = fixture::build_once();
@@ -142,7 +142,7 @@ fn a_closed_pipe_ends_quietly() {
     }
 }
 
-// Issue 11.3: any other write error is exit 2 with a message.
+// Any other write error is exit 2 with a message.
 #[test]
 fn a_full_disk_exits_2() {
     let dir = fixture::build_once();
@@ -169,7 +169,7 @@ fn a_full_disk_exits_2() {
     }
 }
 
-// Issue 11.9: a bad line after good ones committed the good ones; a retry wrote them twice.
+// A bad line after good ones committed the good ones; a retry wrote them twice.
 #[test]
 fn append_with_a_bad_line_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
@@ -188,7 +188,7 @@ fn append_with_a_bad_line_writes_nothing() {
     assert_eq!(entries(d), before, "a refused input was partly committed");
 }
 
-// Issue 11.9: a refused command rewrote store/snap.* (the store was opened first).
+// A refused command rewrote store/snap.* (the store was opened first).
 // The export to a missing directory was refused only after opening the store.
 #[test]
 fn refused_commands_leave_the_store_untouched() {
@@ -229,7 +229,7 @@ fn hashes(dir: &Path) -> Vec<(String, String)> {
     all
 }
 
-// Issue 14: a refused append, `checkpoint`, `export` and `verify DIR` read the log in
+// A refused append, `checkpoint`, `export` and `verify DIR` read the log in
 // place and change no byte of the ledger directory (no lock file, no sled snapshot);
 // and `verify DIR` works while a writer holds the ledger.
 #[test]
@@ -266,7 +266,7 @@ fn readers_and_refusals_change_no_byte_of_the_ledger() {
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().nth(1), Some("6"));
 }
 
-// Issue 11.12: `serve` refuses a ledger directory others can enter; `append` took it.
+// `serve` refuses a ledger directory others can enter; `append` took it.
 #[test]
 fn append_refuses_a_ledger_others_can_enter() {
     let tmp = tempfile::tempdir().unwrap();
@@ -279,7 +279,7 @@ fn append_refuses_a_ledger_others_can_enter() {
     assert!(stderr(&o).contains("chmod 700"), "{}", stderr(&o));
 }
 
-// Issue 11.12: an error repeated its cause (`(os error 17): File exists (os error 17)`).
+// An error repeated its cause (`(os error 17): File exists (os error 17)`).
 #[test]
 fn errors_do_not_repeat_their_cause() {
     let tmp = tempfile::tempdir().unwrap();
@@ -292,7 +292,7 @@ fn errors_do_not_repeat_their_cause() {
     assert!(!d.join("l").exists());
 }
 
-// Issue 11.12: `export --out` silently overwrote an existing file.
+// `export --out` silently overwrote an existing file.
 #[test]
 fn export_refuses_to_overwrite() {
     let tmp = tempfile::tempdir().unwrap();
@@ -318,7 +318,7 @@ fn export_refuses_to_overwrite() {
     assert_ne!(std::fs::read(d.join("mine.tally")).unwrap(), b"precious\n");
 }
 
-// Issue 11.15: `export --out X` wrote through a symlink planted at X.partial (or X).
+// `export --out X` wrote through a symlink planted at X.partial (or X).
 #[test]
 fn export_never_writes_through_a_symlink() {
     let tmp = tempfile::tempdir().unwrap();
@@ -629,7 +629,7 @@ fn stats_shows_a_run_over_its_cap() {
     assert!(text.contains("inconsistencies found"), "{text}");
 }
 
-// Issue 11.12: errors named internal temporary files (`writer.tmp`, `X.partial`).
+// Errors named internal temporary files (`writer.tmp`, `X.partial`).
 #[test]
 fn errors_name_the_file_not_its_temporary() {
     let tmp = tempfile::tempdir().unwrap();
@@ -644,7 +644,7 @@ fn errors_name_the_file_not_its_temporary() {
     assert!(stderr(&o).contains("writer.key"), "{}", stderr(&o));
 }
 
-// Issue 11.9: when a commit fails part-way (here a real full disk), the message says
+// When a commit fails part-way (here a real full disk), the message says
 // exactly which lines and seqs were committed and where to start again.
 #[test]
 fn a_failed_commit_says_what_was_committed() {
@@ -694,7 +694,7 @@ fn a_failed_commit_says_what_was_committed() {
         "{e}"
     );
     assert!(e.contains(&format!("tail -n +{}", n + 1)), "{e}");
-    // Issue 14: space freed, the ledger takes appends again (in a new segment, after the
+    // Space freed, the ledger takes appends again (in a new segment, after the
     // torn write the full disk left, which stays in place), and verifies intact.
     std::fs::remove_file(small.join("filler")).unwrap();
     let line = "{\"run\":\"after\",\"kind\":\"start\"}";

@@ -141,7 +141,7 @@ fn json_only(headers: &HeaderMap) -> Result<(), ApiError> {
 /// objects too; unknown fields refused with the field named. Errors carry the codes of
 /// docs/DAEMON.md (`invalid_type`, `unknown_field`, `invalid_value`, `missing_field`,
 /// `invalid_json`) and the field at fault. `empty_ok`: an empty body reads as `{}`.
-fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, ApiError> {
+pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, ApiError> {
     let bad = StatusCode::BAD_REQUEST;
     let text = std::str::from_utf8(bytes)
         .map_err(|_| ApiError::new(bad, "not_utf8", "the request body is not UTF-8"))?;

@@ -372,7 +372,7 @@ fn a_looping_client_is_stopped_at_the_cap_and_the_ledger_says_so() {
     assert_eq!(refused[0].tool.as_deref(), Some("files/flaky"));
 }
 
-/// Issue 20 item 7: an operation retried past its effect class is refused with its own
+/// An operation retried past its effect class is refused with its own
 /// code (`retries_exhausted`, action stop), and the refusal says so and what the run has
 /// left: not "a human must approve more" while the run still has attempts.
 #[test]

@@ -1,4 +1,4 @@
-//! Issue 11: the verifier's and the reports' edge, through the real `tally` binary: exit
+//! The verifier's and the reports' edge, through the real `tally` binary: exit
 //! codes that agree with the text, user mistakes told apart from tampering, messages that
 //! show what differs, JSON that matches its published schema, wording, and agent-supplied
 //! strings that never reach a terminal raw.
@@ -159,7 +159,7 @@ fn tampered(cli: &Cli) -> PathBuf {
     path
 }
 
-/// Issue 11 item 4: `handoff --run X` exits on X's findings, not on other runs'.
+/// `handoff --run X` exits on X's findings, not on other runs'.
 #[test]
 fn handoff_of_one_run_exits_on_that_runs_findings_only() {
     let mut decisions = clean_run("clean");
@@ -173,7 +173,7 @@ fn handoff_of_one_run_exits_on_that_runs_findings_only() {
     assert_eq!(code(&all), 1, "{}", text(&all.stdout));
 }
 
-/// Issue 11 item 4: verify with the auditor key exits 1 on audit findings whatever the
+/// Verify with the auditor key exits 1 on audit findings whatever the
 /// chain's verdict, as loops and handoff do (over a cut copy it exited 3), and says so.
 #[test]
 fn verify_with_audit_findings_exits_1_and_says_inconsistent() {
@@ -194,7 +194,7 @@ fn verify_with_audit_findings_exits_1_and_says_inconsistent() {
     }
 }
 
-/// Issue 11 item 4: loops and handoff on incomplete evidence exit 3 and say so.
+/// Loops and handoff on incomplete evidence exit 3 and say so.
 #[test]
 fn incomplete_evidence_is_stated_by_loops_and_handoff() {
     let cli = Cli::new(&clean_run("r"));
@@ -212,7 +212,7 @@ fn incomplete_evidence_is_stated_by_loops_and_handoff() {
     }
 }
 
-/// Issue 11 item 4: a report refused without `--force` still answers `--json` on stdout.
+/// A report refused without `--force` still answers `--json` on stdout.
 #[test]
 fn a_refused_json_report_prints_a_document() {
     let cli = Cli::new(&clean_run("r"));
@@ -236,7 +236,7 @@ fn a_refused_json_report_prints_a_document() {
     }
 }
 
-/// Issue 11 item 4: the CLI calls a copy cut inside a frame incomplete (exit 3) and names
+/// The CLI calls a copy cut inside a frame incomplete (exit 3) and names
 /// the last sealed seq, as for a cut between frames.
 #[test]
 fn a_copy_cut_inside_a_frame_exits_3() {
@@ -260,7 +260,7 @@ fn a_copy_cut_inside_a_frame_exits_3() {
     assert!(stdout.contains("ends inside the frame"), "{stdout}");
 }
 
-/// Issue 11 item 5: another ledger's `ledger.pub` or anchor is a mistake (exit 2) that
+/// Another ledger's `ledger.pub` or anchor is a mistake (exit 2) that
 /// names both ledger ids, not tampering.
 #[test]
 fn another_ledgers_key_or_anchor_is_a_usage_error_naming_both_ids() {
@@ -312,7 +312,7 @@ fn another_ledgers_key_or_anchor_is_a_usage_error_naming_both_ids() {
     );
 }
 
-/// Issue 11 item 5: a flipped bit in the genesis recipient, with `--auditor-key`, is
+/// A flipped bit in the genesis recipient, with `--auditor-key`, is
 /// tampering reported by the keyless walk (exit 1), not a key error with no report.
 #[test]
 fn a_flipped_genesis_recipient_is_reported_as_tampering() {
@@ -342,7 +342,7 @@ fn a_flipped_genesis_recipient_is_reported_as_tampering() {
     }
 }
 
-/// Issue 11 item 5: a damaged store is a finding (exit 1), not "Read corrupted data"
+/// A damaged store is a finding (exit 1), not "Read corrupted data"
 /// with exit 2. In layout 2: a segment whose header is damaged.
 #[test]
 fn a_damaged_store_is_a_finding() {
@@ -365,7 +365,7 @@ fn a_damaged_store_is_a_finding() {
     );
 }
 
-/// Issue 11 item 6: a broken link shows the two hashes far enough to see them differ
+/// A broken link shows the two hashes far enough to see them differ
 /// (it printed `previous-hash 491ce7e6985a8528 is not the hash 491ce7e6985a8528`).
 #[test]
 fn a_broken_link_shows_what_differs() {
@@ -396,7 +396,7 @@ fn a_broken_link_shows_what_differs() {
     );
 }
 
-/// Issue 11 item 16: copies of a checkpoint are a finding (they verified intact), found
+/// Copies of a checkpoint are a finding (they verified intact), found
 /// in linear time (each copy is compared, not checked against every other).
 #[test]
 fn duplicated_checkpoints_are_one_finding() {
@@ -424,7 +424,7 @@ fn duplicated_checkpoints_are_one_finding() {
     eprintln!("{copies} duplicated checkpoints verified in {took:?}");
 }
 
-/// Issue 11 item 8: amounts never wrap in reports: a reservation of u64::MAX cents and
+/// Amounts never wrap in reports: a reservation of u64::MAX cents and
 /// then 2 more stays at u64::MAX, with an `amount_overflow` finding.
 #[test]
 fn reservations_that_would_overflow_are_a_finding_never_a_wrap() {
@@ -447,7 +447,7 @@ fn reservations_that_would_overflow_are_a_finding_never_a_wrap() {
     );
 }
 
-/// Issue 11 item 11: handoff wording: a start without a goal, attempts without a limit,
+/// Handoff wording: a start without a goal, attempts without a limit,
 /// storms without named workers, and times that say which clock they are on.
 #[test]
 fn handoff_wording_says_what_is_known() {
@@ -489,7 +489,7 @@ fn drives_a_terminal(s: &str) -> Option<char> {
     })
 }
 
-/// Issue 11 item 13: agent-supplied strings are shown escaped. A run named to erase the
+/// Agent-supplied strings are shown escaped. A run named to erase the
 /// lines above it (`\r\e[10A\r\e[J`) hid another run's "Must not repeat" line.
 #[test]
 fn agent_strings_never_reach_the_terminal_raw() {
@@ -541,7 +541,7 @@ fn agent_strings_never_reach_the_terminal_raw() {
     }
 }
 
-/// Issue 11 item 7: the JSON the commands print is what the docs say: one document with
+/// The JSON the commands print is what the docs say: one document with
 /// `version` (and `verdict` for verify), each valid against its schema in docs/schemas/.
 #[test]
 fn json_reports_match_their_published_schemas() {
@@ -639,7 +639,7 @@ fn json_reports_match_their_published_schemas() {
     }
 }
 
-/// Issue 11 item 7: the documents REPORTS.md shows are what the schemas accept, so the
+/// The documents REPORTS.md shows are what the schemas accept, so the
 /// docs cannot drift from the output the schema test checks.
 #[test]
 fn the_documented_examples_match_the_schemas() {

@@ -1,4 +1,4 @@
-//! Issue 4: loops, consistency audit and handoffs, on the scenario corpus and on small
+//! Loops, consistency audit and handoffs, on the scenario corpus and on small
 //! hand-written sequences. Expected reports are asserted field by field.
 
 use serde_json::{json, Value};
@@ -1830,7 +1830,7 @@ fn one_run_of_a_million_decisions_in_bounded_memory() {
     assert!(took.as_secs() < 10, "took {took:?}");
 }
 
-/// Issue 10: a `timeout` outcome, then a late `ok` settling the same reservation, was
+/// A `timeout` outcome, then a late `ok` settling the same reservation, was
 /// counted twice, so an honest run was reported over budget. One model (the policy
 /// core) counts it once; a refund without `slots` returns one attempt.
 #[test]
