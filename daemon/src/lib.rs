@@ -26,6 +26,7 @@
 
 pub mod access;
 mod api;
+mod app;
 mod bulk;
 /// The client side, re-exported from `tally-api` (where it lives: a client links no server).
 pub use tally_api::client;
@@ -38,6 +39,7 @@ mod limit;
 mod parse;
 mod peers;
 mod server;
+mod stage;
 mod tiles;
 pub use tally_api::wire;
 pub mod witness;

@@ -256,3 +256,69 @@ fn nothing_names_an_issue_a_clone_does_not_have() {
     }
     assert!(named.is_empty(), "{}", named.join("\n"));
 }
+
+/// The daemon's modules form no cycle (`api` and `gate_api` once used each other): each
+/// `crate::m` a module names is an edge, and the graph is walked for a way back.
+#[test]
+fn the_daemons_modules_form_no_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../daemon/src");
+    let mut edges: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in std::fs::read_dir(&src).expect("daemon/src") {
+        let path = e.expect("an entry").path();
+        if path.extension().is_none_or(|x| x != "rs") {
+            continue;
+        }
+        let module = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&path).expect("a source file");
+        let mut to: Vec<String> = text
+            .match_indices("crate::")
+            .map(|(at, _)| {
+                text[at + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect::<String>()
+            })
+            .filter(|m| !m.is_empty() && *m != module)
+            .collect();
+        to.sort();
+        to.dedup();
+        edges.insert(module, to);
+    }
+    assert!(
+        edges.contains_key("api") && edges.contains_key("gate_api"),
+        "{edges:?}"
+    );
+    // Depth-first: a module met again on the current path closes a cycle.
+    fn visit(
+        m: &str,
+        edges: &BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == m) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(m.to_owned());
+            return Some(cycle);
+        }
+        if done.iter().any(|d| d == m) {
+            return None;
+        }
+        path.push(m.to_owned());
+        for next in edges.get(m).into_iter().flatten() {
+            if edges.contains_key(next) {
+                if let Some(c) = visit(next, edges, path, done) {
+                    return Some(c);
+                }
+            }
+        }
+        path.pop();
+        done.push(m.to_owned());
+        None
+    }
+    let mut done = Vec::new();
+    for m in edges.keys() {
+        if let Some(cycle) = visit(m, &edges, &mut Vec::new(), &mut done) {
+            panic!("a module cycle in the daemon: {}", cycle.join(" -> "));
+        }
+    }
+}
