@@ -943,7 +943,7 @@ fn refuse(verified: &Verified, json: bool) -> Result<()> {
 
 /// Verify with the auditor key and run the analysis over every decision. Refuses a
 /// ledger that does not verify unless `force`; then every page says so.
-fn analyse(
+pub(crate) fn analyse(
     read: &ReadArgs,
     auditor_key: &Path,
     force: bool,
@@ -1063,7 +1063,12 @@ fn verification(verified: &Verified) -> serde_json::Value {
 
 /// Text with the banner above and below, or one JSON document: the report's fields
 /// (`version` and its lists, from `json_parts`) beside `verification`.
-fn emit(verified: &Verified, json: bool, text: String, json_parts: &[String]) -> Result<()> {
+pub(crate) fn emit(
+    verified: &Verified,
+    json: bool,
+    text: String,
+    json_parts: &[String],
+) -> Result<()> {
     if json {
         let mut doc = serde_json::Map::new();
         for part in json_parts {
@@ -1083,7 +1088,7 @@ fn emit(verified: &Verified, json: bool, text: String, json_parts: &[String]) ->
 /// The exit code of a report over `findings` audit findings (of `run`, if given): a
 /// chain that did not verify, an inconsistency or a merge finding is 1, incomplete
 /// evidence 3.
-fn analysis_code(verified: &Verified, findings: u64, run: Option<&str>) -> Code {
+pub(crate) fn analysis_code(verified: &Verified, findings: u64, run: Option<&str>) -> Code {
     match verified.verdict() {
         Verdict::Tampered => 1,
         _ if findings > 0 || verified.merge_findings(run) > 0 => 1,
@@ -1135,90 +1140,6 @@ pub fn handoff(
 
 /// `tally stats`: per run, attempts used of the cap (over it only by a human's grant, or
 /// else an inconsistency the audit reports) and spend of the limit.
-pub fn stats(
-    read: &ReadArgs,
-    auditor_key: &Path,
-    run: Option<&str>,
-    force: bool,
-    rules: &Rules,
-) -> Result<Exit> {
-    let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
-        return Ok(Exit::Findings);
-    };
-    // With --run, only that run's findings decide the exit code.
-    let findings = match run {
-        Some(run) => match found.handoff(run) {
-            Some(h) => h.findings,
-            None => bail!("no run named {run:?} in the ledgers read"),
-        },
-        None => found.findings.len() as u64 + found.findings_omitted,
-    };
-    let runs: Vec<_> = found
-        .handoffs
-        .iter()
-        .filter(|h| run.is_none_or(|r| h.run == r))
-        .collect();
-    let of = |used: u64, limit: Option<u64>, unit: &str| match limit {
-        Some(l) => format!("{used}{unit} of {l}{unit}"),
-        None => format!("{used}{unit} (no limit)"),
-    };
-    let mut text = format!(
-        "{:<24} {:<16} {:<20} {:<14} {}\n",
-        "run", "attempts", "spend settled", "held", "stop"
-    );
-    for h in &runs {
-        let a = &h.attempts;
-        let s = &h.spend;
-        let over = a.limit.is_some_and(|l| a.used > l);
-        text.push_str(&format!(
-            "{:<24} {:<16} {:<20} {:<14} {}{}\n",
-            tally_verify::text::shown(&h.run),
-            of(a.used, a.limit, ""),
-            of(s.settled_cents, s.limit_cents, "¢"),
-            format!("{}¢", s.reserved_cents),
-            h.stop
-                .reason
-                .map_or_else(|| "running".into(), |r| r.to_string()),
-            if over {
-                format!(
-                    "  (over the cap by {}; {} approved)",
-                    a.used - a.limit.unwrap_or(0),
-                    a.approved_extra
-                )
-            } else {
-                String::new()
-            }
-        ));
-    }
-    if !found.findings.is_empty() || found.findings_omitted > 0 {
-        text.push_str(&format!(
-            "\n{} found: `tally loops` (or `tally verify --auditor-key`) lists them\n",
-            tally_verify::text::plural(
-                found.findings.len() as u64 + found.findings_omitted,
-                "inconsistency",
-                "inconsistencies"
-            )
-        ));
-    }
-    let body: Vec<_> = runs
-        .iter()
-        .map(|h| {
-            serde_json::json!({
-                "run": h.run,
-                "attempts": h.attempts,
-                "spend": h.spend,
-                "over_cap": h.attempts.limit.is_some_and(|l| h.attempts.used > l),
-                "stop": h.stop.reason,
-            })
-        })
-        .collect();
-    let json = serde_json::to_string(
-        &serde_json::json!({ "version": analysis::REPORT_VERSION, "runs": body }),
-    )?;
-    emit(&verified, read.json, text, &[json])?;
-    Ok(Exit::from_code(analysis_code(&verified, findings, run)))
-}
-
 pub(crate) fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {
     let text = if is_stdio(path) {
         io::read_to_string(io::stdin().lock()).context("reading the policy from standard input")?

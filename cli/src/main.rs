@@ -18,6 +18,7 @@ mod operator;
 mod prove;
 mod reindex;
 mod serve;
+mod stats;
 mod stories;
 mod witness;
 
@@ -258,7 +259,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             run,
             force,
             rules,
-        } => commands::stats(&read, &auditor_key, run.as_deref(), force, &rules),
+        } => stats::stats(&read, &auditor_key, run.as_deref(), force, &rules),
         Command::Serve(args) => serve::serve(args),
         Command::Policy {
             command: cli::PolicyCommand::Check { file },

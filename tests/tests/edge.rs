@@ -617,6 +617,18 @@ fn json_reports_match_their_published_schemas() {
             3,
         ),
         ("handoff", with_keys(&["handoff", bad, "--json"]), 1),
+        ("stats", with_keys(&["stats", "L.tally", "--json"]), 1),
+        (
+            "stats",
+            with_keys(&["stats", "L.tally", "--run", "w", "--json"]),
+            0,
+        ),
+        (
+            "stats",
+            with_keys(&["stats", cut, "--run", "clean", "--json"]),
+            3,
+        ),
+        ("stats", with_keys(&["stats", bad, "--json"]), 1),
     ];
     for (i, (name, args, want)) in cases.into_iter().enumerate() {
         let out = cli.run(&args);
@@ -655,6 +667,8 @@ fn the_documented_examples_match_the_schemas() {
             "loops"
         } else if doc.get("handoffs").is_some() {
             "handoff"
+        } else if doc.get("runs").is_some() {
+            "stats"
         } else {
             continue;
         };
@@ -669,5 +683,5 @@ fn the_documented_examples_match_the_schemas() {
         assert!(errors.is_empty(), "{name} example:\n{}", errors.join("\n"));
         checked.push(name);
     }
-    assert_eq!(checked, ["loops", "handoff"]);
+    assert_eq!(checked, ["loops", "handoff", "stats"]);
 }
