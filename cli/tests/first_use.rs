@@ -847,3 +847,61 @@ fn the_export_extension_is_one_name_everywhere() {
     let tmp = tempfile::tempdir().unwrap();
     assert!(ok(tmp.path(), &["export", "--help"], "").contains("NAME.tally"));
 }
+
+/// docs/CLI.md names every flag of every command (`tally CMD --help`, subcommands of
+/// `witness`, `policy` and `hook` too), so a user reading it finds each one.
+#[test]
+fn cli_md_covers_every_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/CLI.md"))
+        .unwrap();
+    let commands = |args: &[&str]| -> Vec<String> {
+        let help = ok(d, &[args, &["--help"]].concat(), "");
+        help.lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .filter(|c| c != "help")
+            .collect()
+    };
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for sub in commands(&[]) {
+        let mut leaves = vec![vec![sub.clone()]];
+        if ["witness", "policy", "hook"].contains(&sub.as_str()) {
+            leaves = commands(&[&sub])
+                .into_iter()
+                .map(|s| vec![sub.clone(), s])
+                .collect();
+        }
+        for leaf in leaves {
+            let args: Vec<&str> = leaf.iter().map(String::as_str).collect();
+            for line in ok(d, &[&args[..], &["--help"]].concat(), "").lines() {
+                let Some(flag) = line
+                    .split_whitespace()
+                    .map(|w| w.trim_end_matches(','))
+                    .find(|w| w.starts_with("--"))
+                else {
+                    continue;
+                };
+                if !line.trim_start().starts_with('-')
+                    || ["--help", "--quiet", "--version"].contains(&flag)
+                {
+                    continue;
+                }
+                seen += 1;
+                if !doc.contains(flag) {
+                    missing.push(format!("tally {} {flag}", leaf.join(" ")));
+                }
+            }
+        }
+    }
+    assert!(seen > 50, "only {seen} flags found: the help was not read");
+    assert!(
+        missing.is_empty(),
+        "docs/CLI.md does not name:\n{}",
+        missing.join("\n")
+    );
+}
