@@ -18,7 +18,6 @@ use crate::output::{errln, note, noteln, out, outln};
 use crate::Exit;
 
 /// What the audit commands end with: the verifier's exit code (0, 1 or 3).
-pub type Code = u8;
 
 /// `-` where a PATH or FILE is taken: standard input (or output).
 fn is_stdio(path: &Path) -> bool {
@@ -827,7 +826,7 @@ pub fn verify(
     rules: &Rules,
     witness_policy: Option<&Path>,
     ask_witnesses: bool,
-) -> Result<Code> {
+) -> Result<Exit> {
     let mut audits = Audits::from_args(read, auditor_key)?;
     if let Some(p) = witness_policy {
         crate::witness::apply_policy(&mut audits, p, ask_witnesses)?;
@@ -890,7 +889,11 @@ pub fn verify(
         out!("{}", terminal_safe(&text));
     }
     // An inconsistency is exit 1 over incomplete evidence too, as for loops and handoff.
-    Ok(if inconsistent { 1 } else { verdict.exit_code() })
+    Ok(if inconsistent {
+        Exit::Findings
+    } else {
+        verdict.into()
+    })
 }
 
 /// The mistakes a report cannot speak for (exit 2): another ledger's `ledger.pub`, or an
@@ -1088,17 +1091,17 @@ pub(crate) fn emit(
 /// The exit code of a report over `findings` audit findings (of `run`, if given): a
 /// chain that did not verify, an inconsistency or a merge finding is 1, incomplete
 /// evidence 3.
-pub(crate) fn analysis_code(verified: &Verified, findings: u64, run: Option<&str>) -> Code {
+pub(crate) fn analysis_code(verified: &Verified, findings: u64, run: Option<&str>) -> Exit {
     match verified.verdict() {
-        Verdict::Tampered => 1,
-        _ if findings > 0 || verified.merge_findings(run) > 0 => 1,
-        v => v.exit_code(),
+        Verdict::Tampered => Exit::Findings,
+        _ if findings > 0 || verified.merge_findings(run) > 0 => Exit::Findings,
+        v => v.into(),
     }
 }
 
-pub fn loops(read: &ReadArgs, auditor_key: &Path, force: bool, rules: &Rules) -> Result<Code> {
+pub fn loops(read: &ReadArgs, auditor_key: &Path, force: bool, rules: &Rules) -> Result<Exit> {
     let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
-        return Ok(1);
+        return Ok(Exit::Findings);
     };
     let text = format!(
         "{}\n{}",
@@ -1120,9 +1123,9 @@ pub fn handoff(
     run: Option<&str>,
     force: bool,
     rules: &Rules,
-) -> Result<Code> {
+) -> Result<Exit> {
     let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
-        return Ok(1);
+        return Ok(Exit::Findings);
     };
     // With --run, only that run's findings decide the exit code.
     let findings = match run {

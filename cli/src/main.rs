@@ -48,15 +48,13 @@ pub enum Exit {
     Incomplete,
 }
 
-impl Exit {
-    /// From the verifier's documented codes (`Verdict::exit_code`): 0, 1, 3; anything
-    /// else is an error.
-    pub fn from_code(code: u8) -> Exit {
-        match code {
-            0 => Exit::Success,
-            1 => Exit::Findings,
-            3 => Exit::Incomplete,
-            _ => Exit::Error,
+impl From<tally_verify::Verdict> for Exit {
+    /// A verdict's exit: intact 0, tampered 1, incomplete 3 (docs/CLI.md).
+    fn from(verdict: tally_verify::Verdict) -> Exit {
+        match verdict {
+            tally_verify::Verdict::Intact => Exit::Success,
+            tally_verify::Verdict::Tampered => Exit::Findings,
+            tally_verify::Verdict::Incomplete => Exit::Incomplete,
         }
     }
 }
@@ -237,22 +235,20 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             &rules,
             witness_policy.as_deref(),
             ask_witnesses,
-        )
-        .map(Exit::from_code),
+        ),
         Command::Loops {
             read,
             auditor_key,
             force,
             rules,
-        } => commands::loops(&read, &auditor_key, force, &rules).map(Exit::from_code),
+        } => commands::loops(&read, &auditor_key, force, &rules),
         Command::Handoff {
             read,
             auditor_key,
             run,
             force,
             rules,
-        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &rules)
-            .map(Exit::from_code),
+        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &rules),
         Command::Stats {
             read,
             auditor_key,

