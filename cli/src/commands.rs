@@ -17,8 +17,6 @@ use crate::cli::{ReadArgs, Rules};
 use crate::output::{errln, note, noteln, out, outln};
 use crate::Exit;
 
-/// What the audit commands end with: the verifier's exit code (0, 1 or 3).
-
 /// `-` where a PATH or FILE is taken: standard input (or output).
 fn is_stdio(path: &Path) -> bool {
     path.as_os_str() == "-"
