@@ -756,6 +756,8 @@ impl Decision {
                     Kind::Refund,
                     Kind::Override,
                     Kind::Stop,
+                    Kind::Pause,
+                    Kind::Resume,
                 ],
             ),
         ];

@@ -227,9 +227,8 @@ impl TreeCheck {
     }
 
     /// The export's signed end, once read: it must name what the export holds. With
-    /// `altered` (an entry already found changed after it was written), a root that
-    /// differs only by that change is not a second finding: one changed entry, one
-    /// finding (its leaf is in the root the end signs).
+    /// `altered` (an entry was already named as changed after it was written) a root that
+    /// differs while the counts agree is that change, and not found again.
     pub(crate) fn signed_end(
         &self,
         ledger: LedgerId,

@@ -488,6 +488,8 @@ pub fn verify(
                 }
                 Err(SourceError::SignedEnd(end)) => {
                     let (id, n) = (w.ledger_id, w.checkpoints_read);
+                    // An entry already named as changed is in the tree: the root it
+                    // changes is that finding, not another.
                     let altered = w
                         .findings
                         .iter()
@@ -697,10 +699,8 @@ impl Walk<'_> {
                 FindingKind::TimeRegression,
                 at,
                 format!(
-                    "its wall time {} is {} before the previous entry's {}",
-                    crate::text::rfc3339(h.wall_ms),
-                    crate::text::duration(self.head_wall - h.wall_ms),
-                    crate::text::rfc3339(self.head_wall)
+                    "wall time {} ms is before the previous entry's {} ms",
+                    h.wall_ms, self.head_wall
                 ),
             );
         }
@@ -1037,14 +1037,11 @@ impl Walk<'_> {
             return Err((
                 FindingKind::CheckpointMisplaced,
                 if cp.size > n {
-                    format!(
-                        "{what} seals {} but only {n} precede it (entries were removed: truncated)",
-                        crate::text::plural(cp.size, "entry", "entries")
-                    )
+                    format!("{what} seals {} entries but only {n} precede it (entries were removed: truncated)", cp.size)
                 } else {
                     format!(
-                        "{what} seals {} but stands after entry {}",
-                        crate::text::plural(cp.size, "entry", "entries"),
+                        "{what} seals {} entries but stands after entry {}",
+                        cp.size,
                         n - 1
                     )
                 },
@@ -1106,10 +1103,8 @@ impl Walk<'_> {
             return Err((
                 FindingKind::CheckpointTime,
                 format!(
-                    "{what} time {} is {} before the entry it seals ({})",
-                    crate::text::rfc3339(cp.wall_ms),
-                    crate::text::duration(self.head_wall - cp.wall_ms),
-                    crate::text::rfc3339(self.head_wall)
+                    "{what} time {} ms is before the entry it seals ({} ms)",
+                    cp.wall_ms, self.head_wall
                 ),
             ));
         }
@@ -1226,8 +1221,8 @@ impl Walk<'_> {
                     )
                 } else {
                     format!(
-                        "anchor seals {} but the ledger has {n}: it was truncated or rolled back",
-                        crate::text::plural(a.size, "entry", "entries")
+                        "anchor seals {} entries but the ledger has {n}: it was truncated or rolled back",
+                        a.size
                     )
                 };
                 let kind = if a.ledger_id != self.ledger_id {
