@@ -259,7 +259,8 @@ pub enum Command {
         /// The ledger directory.
         #[arg(long)]
         ledger: PathBuf,
-        /// The export file to write (it must not exist, unless --force).
+        /// The export file to write, by convention NAME.tally (it must not exist, unless
+        /// --force).
         #[arg(long)]
         out: PathBuf,
         /// Replace an existing file at --out (a symlink there is replaced, not followed).
@@ -389,6 +390,10 @@ pub enum Command {
         /// Keep the demo's files here (default: a temporary directory, removed after).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Print everything: every loop, finding and handoff, and the anchor's text
+        /// (default: about a screen per act).
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Write man pages (tally.1 and one per subcommand) into DIR.
     #[command(hide = true)]

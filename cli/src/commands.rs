@@ -17,9 +17,6 @@ use crate::cli::{ReadArgs, Rules};
 use crate::output::{errln, note, noteln, out, outln};
 use crate::Exit;
 
-/// What the audit commands end with: the verifier's exit code (0, 1 or 3).
-pub type Code = u8;
-
 /// `-` where a PATH or FILE is taken: standard input (or output).
 fn is_stdio(path: &Path) -> bool {
     path.as_os_str() == "-"
@@ -196,6 +193,9 @@ pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Exit> {
     // What was committed before a failure, for its message.
     let before = |first_seq: Option<u64>, done: usize| match first_seq {
         // Seqs are consecutive: this process holds the ledger's exclusive lock.
+        Some(seq) if done == 1 => {
+            format!("1 decision before it was committed (seq {seq}, its receipt above)")
+        }
         Some(seq) if done > 0 => format!(
             "{done} decisions before it were committed (seqs {seq}-{}, receipts above)",
             seq + done as u64 - 1
@@ -457,7 +457,9 @@ pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
     };
     drop(progress);
     noteln!(
-        "exported {entries} entries and {checkpoints} checkpoints to {}",
+        "exported {} and {} to {}",
+        tally_verify::text::plural(entries, "entry", "entries"),
+        tally_verify::text::plural(checkpoints, "checkpoint", "checkpoints"),
         if is_stdio(out) {
             "standard output".into()
         } else {
@@ -822,7 +824,7 @@ pub fn verify(
     rules: &Rules,
     witness_policy: Option<&Path>,
     ask_witnesses: bool,
-) -> Result<Code> {
+) -> Result<Exit> {
     let mut audits = Audits::from_args(read, auditor_key)?;
     if let Some(p) = witness_policy {
         crate::witness::apply_policy(&mut audits, p, ask_witnesses)?;
@@ -885,7 +887,11 @@ pub fn verify(
         out!("{}", terminal_safe(&text));
     }
     // An inconsistency is exit 1 over incomplete evidence too, as for loops and handoff.
-    Ok(if inconsistent { 1 } else { verdict.exit_code() })
+    Ok(if inconsistent {
+        Exit::Findings
+    } else {
+        verdict.into()
+    })
 }
 
 /// The mistakes a report cannot speak for (exit 2): another ledger's `ledger.pub`, or an
@@ -938,7 +944,7 @@ fn refuse(verified: &Verified, json: bool) -> Result<()> {
 
 /// Verify with the auditor key and run the analysis over every decision. Refuses a
 /// ledger that does not verify unless `force`; then every page says so.
-fn analyse(
+pub(crate) fn analyse(
     read: &ReadArgs,
     auditor_key: &Path,
     force: bool,
@@ -1058,7 +1064,12 @@ fn verification(verified: &Verified) -> serde_json::Value {
 
 /// Text with the banner above and below, or one JSON document: the report's fields
 /// (`version` and its lists, from `json_parts`) beside `verification`.
-fn emit(verified: &Verified, json: bool, text: String, json_parts: &[String]) -> Result<()> {
+pub(crate) fn emit(
+    verified: &Verified,
+    json: bool,
+    text: String,
+    json_parts: &[String],
+) -> Result<()> {
     if json {
         let mut doc = serde_json::Map::new();
         for part in json_parts {
@@ -1078,17 +1089,17 @@ fn emit(verified: &Verified, json: bool, text: String, json_parts: &[String]) ->
 /// The exit code of a report over `findings` audit findings (of `run`, if given): a
 /// chain that did not verify, an inconsistency or a merge finding is 1, incomplete
 /// evidence 3.
-fn analysis_code(verified: &Verified, findings: u64, run: Option<&str>) -> Code {
+pub(crate) fn analysis_code(verified: &Verified, findings: u64, run: Option<&str>) -> Exit {
     match verified.verdict() {
-        Verdict::Tampered => 1,
-        _ if findings > 0 || verified.merge_findings(run) > 0 => 1,
-        v => v.exit_code(),
+        Verdict::Tampered => Exit::Findings,
+        _ if findings > 0 || verified.merge_findings(run) > 0 => Exit::Findings,
+        v => v.into(),
     }
 }
 
-pub fn loops(read: &ReadArgs, auditor_key: &Path, force: bool, rules: &Rules) -> Result<Code> {
+pub fn loops(read: &ReadArgs, auditor_key: &Path, force: bool, rules: &Rules) -> Result<Exit> {
     let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
-        return Ok(1);
+        return Ok(Exit::Findings);
     };
     let text = format!(
         "{}\n{}",
@@ -1110,9 +1121,9 @@ pub fn handoff(
     run: Option<&str>,
     force: bool,
     rules: &Rules,
-) -> Result<Code> {
+) -> Result<Exit> {
     let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
-        return Ok(1);
+        return Ok(Exit::Findings);
     };
     // With --run, only that run's findings decide the exit code.
     let findings = match run {
@@ -1130,86 +1141,6 @@ pub fn handoff(
 
 /// `tally stats`: per run, attempts used of the cap (over it only by a human's grant, or
 /// else an inconsistency the audit reports) and spend of the limit.
-pub fn stats(
-    read: &ReadArgs,
-    auditor_key: &Path,
-    run: Option<&str>,
-    force: bool,
-    rules: &Rules,
-) -> Result<Exit> {
-    let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
-        return Ok(Exit::Findings);
-    };
-    // With --run, only that run's findings decide the exit code.
-    let findings = match run {
-        Some(run) => match found.handoff(run) {
-            Some(h) => h.findings,
-            None => bail!("no run named {run:?} in the ledgers read"),
-        },
-        None => found.findings.len() as u64 + found.findings_omitted,
-    };
-    let runs: Vec<_> = found
-        .handoffs
-        .iter()
-        .filter(|h| run.is_none_or(|r| h.run == r))
-        .collect();
-    let of = |used: u64, limit: Option<u64>, unit: &str| match limit {
-        Some(l) => format!("{used}{unit} of {l}{unit}"),
-        None => format!("{used}{unit} (no limit)"),
-    };
-    let mut text = format!(
-        "{:<24} {:<16} {:<20} {:<14} {}\n",
-        "run", "attempts", "spend settled", "held", "stop"
-    );
-    for h in &runs {
-        let a = &h.attempts;
-        let s = &h.spend;
-        let over = a.limit.is_some_and(|l| a.used > l);
-        text.push_str(&format!(
-            "{:<24} {:<16} {:<20} {:<14} {}{}\n",
-            tally_verify::text::shown(&h.run),
-            of(a.used, a.limit, ""),
-            of(s.settled_cents, s.limit_cents, "¢"),
-            format!("{}¢", s.reserved_cents),
-            h.stop
-                .reason
-                .map_or_else(|| "running".into(), |r| r.to_string()),
-            if over {
-                format!(
-                    "  (over the cap by {}; {} approved)",
-                    a.used - a.limit.unwrap_or(0),
-                    a.approved_extra
-                )
-            } else {
-                String::new()
-            }
-        ));
-    }
-    if !found.findings.is_empty() || found.findings_omitted > 0 {
-        text.push_str(&format!(
-            "\n{} inconsistencies found: `tally loops` (or `tally verify --auditor-key`) lists them\n",
-            found.findings.len() as u64 + found.findings_omitted
-        ));
-    }
-    let body: Vec<_> = runs
-        .iter()
-        .map(|h| {
-            serde_json::json!({
-                "run": h.run,
-                "attempts": h.attempts,
-                "spend": h.spend,
-                "over_cap": h.attempts.limit.is_some_and(|l| h.attempts.used > l),
-                "stop": h.stop.reason,
-            })
-        })
-        .collect();
-    let json = serde_json::to_string(
-        &serde_json::json!({ "version": analysis::REPORT_VERSION, "runs": body }),
-    )?;
-    emit(&verified, read.json, text, &[json])?;
-    Ok(Exit::from_code(analysis_code(&verified, findings, run)))
-}
-
 pub(crate) fn read_policy(path: &std::path::Path) -> Result<tally_policy::Recorded> {
     let text = if is_stdio(path) {
         io::read_to_string(io::stdin().lock()).context("reading the policy from standard input")?

@@ -11,7 +11,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::output::{out, outln};
 use crate::Exit;
-use tally_daemon::client::Client;
+use tally_api::client::Client;
+use tally_api::GateClient;
 use tally_ledger::export::ExportReader;
 use tally_ledger::keys::{AuditorKey, LedgerPublic};
 use tally_ledger::{Ledger, Rotation};
@@ -32,7 +33,7 @@ fn verify_bytes(bytes: &[u8], options: &Options, sink: impl FnMut(Event)) -> Res
     ))
 }
 
-pub fn run(dir: Option<&Path>) -> Result<Exit> {
+pub fn run(dir: Option<&Path>, verbose: bool) -> Result<Exit> {
     let tmp;
     let base: PathBuf = match dir {
         Some(d) => {
@@ -43,7 +44,8 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
                     d.display()
                 );
             }
-            d.to_path_buf()
+            // Said in full, so the files can be found from anywhere.
+            std::fs::canonicalize(d).with_context(|| format!("reading {}", d.display()))?
         }
         None => {
             tmp = tempfile::tempdir().context("creating a temporary directory")?;
@@ -54,12 +56,18 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     let auditor_path = base.join("auditor.key");
     let socket = base.join("agent.sock");
     let operator_socket = base.join("operator.sock");
-    let export = base.join("ledger.tex");
+    let export = base.join("ledger.tally");
     let anchor_path = base.join("anchor.cp");
     let mut ok = true;
 
-    outln!("tally demo: an audit ledger for an AI-agent budget gate, end to end.");
-    outln!("files: {}", base.display());
+    outln!("tally demo: the budget gate for AI agents and the audit ledger of its decisions, end to end.");
+    match dir {
+        Some(_) => outln!("files: {} (kept)", base.display()),
+        None => outln!(
+            "files: {} (a temporary directory, removed when the demo ends; `tally demo --dir DIR` keeps them)",
+            base.display()
+        ),
+    }
 
     step(1, "Keys and ledger");
     let auditor = AuditorKey::generate();
@@ -98,27 +106,33 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     let checkpoint = ledger.checkpoint();
     ok &= gated;
     outln!(
-        "\nAnd {agents} recorded runs from before the gate ({appended} decisions) were imported on the operator socket"
+        "\nAnd {agents} runs recorded before the gate existed ({appended} decisions) were imported on the"
     );
     outln!(
-        "in {:.0?} all told: each reply came only after its",
-        elapsed
+        "operator socket in {}: no reply came before its decision was on disk and sealed by a",
+        tally_verify::text::duration(elapsed.as_millis() as u64)
     );
-    outln!(
-        "decision was fsynced and sealed by a signed checkpoint (group commit). Key epoch now {}.",
-        checkpoint.epoch
-    );
+    outln!("signed checkpoint. Key epoch now {}.", checkpoint.epoch);
     if refused > 0 {
         outln!("{refused} decisions were refused by the daemon (typed errors; nothing written)");
         ok = false;
     }
-    outln!(
-        "\nThe auditor keeps this checkpoint elsewhere ({}), as an anchor:\n",
-        anchor_path.display()
-    );
     let anchor = checkpoint.to_text();
     std::fs::write(&anchor_path, &anchor)?;
-    out!("{anchor}");
+    if verbose {
+        outln!(
+            "\nThe auditor keeps this checkpoint elsewhere ({}), as an anchor:\n",
+            anchor_path.display()
+        );
+        out!("{anchor}");
+    } else {
+        outln!(
+            "\nThe auditor keeps the latest checkpoint (over {}, head {}…) elsewhere, as an anchor: {}",
+            tally_verify::text::plural(checkpoint.size, "entry", "entries"),
+            &checkpoint.head.to_string()[..16],
+            anchor_path.display()
+        );
+    }
     let cp = ledger.rotate()?;
     outln!(
         "\nOn demand, a new key epoch: {} (the epoch {} secrets are gone).",
@@ -130,8 +144,10 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     let (entries, checkpoints) = ledger.export(&export)?;
     drop(ledger);
     outln!(
-        "{} holds {entries} entries and {checkpoints} checkpoints; the auditor copies it away.",
-        export.display()
+        "{} holds {} and {}; the auditor copies it away.",
+        export.display(),
+        tally_verify::text::plural(entries, "entry", "entries"),
+        tally_verify::text::plural(checkpoints, "checkpoint", "checkpoints")
     );
     let bytes = std::fs::read(&export)?;
 
@@ -169,13 +185,16 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     if let Some(c) = &report.last_checkpoint {
         found.set_coverage(report.sealed, c.head.clone(), c.epoch);
     }
-    outln!("{}", analysis::render_loops_text(&found));
-    outln!("{}", analysis::render_findings_text(&found));
     let replayed = replay.finish();
-    outln!("{}", replayed.to_text());
     ok &= replayed.findings.is_empty() && replayed.replayed > 0;
-    outln!("{}", analysis::render_handoffs_text(&found, None));
-
+    if verbose {
+        outln!("{}", analysis::render_loops_text(&found));
+        outln!("{}", analysis::render_findings_text(&found));
+        outln!("{}", replayed.to_text());
+        outln!("{}", analysis::render_handoffs_text(&found, None));
+    } else {
+        summary(&found, &replayed);
+    }
     step(6, "Attacks on the export are caught");
     let mut flipped = bytes.clone();
     let at = bytes.len() / 2;
@@ -194,14 +213,15 @@ pub fn run(dir: Option<&Path>) -> Result<Exit> {
     step(7, "Do it yourself");
     if dir.is_some() {
         let d = base.display();
-        outln!("tally verify {d}/ledger.tex --key {d}/ledger/ledger.pub --anchor {d}/anchor.cp");
+        outln!("tally verify {d}/ledger.tally --key {d}/ledger/ledger.pub --anchor {d}/anchor.cp");
         outln!(
-            "tally loops {d}/ledger.tex --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key"
+            "tally loops {d}/ledger.tally --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key"
         );
-        outln!("tally handoff {d}/ledger.tex --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key --run lost-post --json");
+        outln!("tally handoff {d}/ledger.tally --key {d}/ledger/ledger.pub --auditor-key {d}/auditor.key --run lost-post --json");
     } else {
-        outln!("Run `tally demo --dir DIR` to keep these files, then `tally verify`, `tally loops` and");
-        outln!("`tally handoff` on them (README.md has the walkthrough).");
+        outln!("These files are removed now. Run `tally demo --dir DIR` to keep them, then `tally verify`,");
+        outln!("`tally loops` and `tally handoff` on them (README.md has the walkthrough); `--verbose`");
+        outln!("prints every loop, finding and handoff.");
     }
     if !ok {
         outln!("\nThe demo did not go as it should: see above.");
@@ -248,6 +268,10 @@ fn run_agents(
         }
         let gated = gate_story(socket, operator_socket, &dana).await?;
         let gated = crate::demo_mcp::story(socket).await? && gated;
+        outln!(
+            "  the client went away, and `tally mcp` ended its session: {}",
+            standing(operator_socket, crate::demo_mcp::RUN).await?
+        );
         let agents: Vec<_> = corpus
             .into_iter()
             .map(|(_, decisions)| {
@@ -279,19 +303,13 @@ fn run_agents(
 
 /// POST a JSON body to the gate; the JSON answer.
 async fn ask(
-    client: &mut Client,
+    gate: &mut GateClient,
     path: &str,
     body: serde_json::Value,
 ) -> Result<serde_json::Value> {
-    let reply = client
-        .request(
-            tally_daemon::client::Method::POST,
-            path,
-            Some("application/json"),
-            body.to_string(),
-        )
-        .await?;
-    serde_json::from_slice(&reply.body).with_context(|| format!("the gate's answer to {path}"))
+    gate.post(path, &body)
+        .await
+        .with_context(|| format!("the gate's answer to {path}"))
 }
 
 fn said(a: &serde_json::Value) -> String {
@@ -314,7 +332,7 @@ async fn gate_story(
 ) -> Result<bool> {
     use serde_json::json;
     let mut ok = true;
-    let mut c = Client::unix(socket).await?;
+    let mut c = GateClient::new(socket);
 
     outln!("A retry storm: 8 workers of run `export-q3` retry a failing report export.");
     ask(
@@ -325,12 +343,13 @@ async fn gate_story(
     .await?;
     let (mut allowed, mut refused) = (0, 0);
     let mut last_refusal = String::new();
+    let mut stop_reason = String::new();
     for _round in 0..3 {
         let mut tasks = Vec::new();
         for w in 0..8 {
             let socket = socket.to_path_buf();
             tasks.push(tokio::spawn(async move {
-                let mut c = Client::unix(&socket).await?;
+                let mut c = GateClient::new(&socket);
                 let check = json!({"run": "export-q3", "worker": format!("worker-{w}"), "tool": "reports.export",
                     "operation": "export.create", "effect": "read", "args": {"quarter": 3}});
                 let a = ask(&mut c, "/v1/check", check).await?;
@@ -348,17 +367,20 @@ async fn gate_story(
             } else {
                 refused += 1;
                 last_refusal = said(&a);
+                stop_reason = a["reason"].as_str().unwrap_or_default().to_owned();
             }
         }
     }
     outln!("  24 asks: {allowed} allowed, {refused} refused ({last_refusal}). The cap is shared: no worker can reset it.");
     ok &= allowed == 3;
+    // The workers stop the run with the gate's reason: the handoff then says why.
     ask(
         &mut c,
         "/v1/runs/export-q3/stop",
-        json!({"reason": "attempts_exhausted"}),
+        json!({"reason": stop_reason}),
     )
     .await?;
+    outln!("  {}", standing(operator_socket, "export-q3").await?);
 
     outln!("A payment whose outcome is unknown: run `lost-post` must not pay twice.");
     ask(
@@ -381,6 +403,10 @@ async fn gate_story(
     let again = ask(&mut c, "/v1/check", pay).await?;
     outln!("  retry: {}", said(&again));
     ok &= first["decision"] == "allow" && again["cause"] == "outcome_unknown_non_idempotent";
+    outln!(
+        "  it stays open until a human checks the payment: {}",
+        standing(operator_socket, "lost-post").await?
+    );
 
     outln!("A reservation over budget: run `summarize` asks a human.");
     ask(
@@ -402,19 +428,8 @@ async fn gate_story(
     outln!("  next 40¢:  {}", said(&two));
     ok &= two["decision"] == "require_approval";
     // A human looks, and grants 30¢ more for that one operation, for ten minutes.
-    let mut op = Client::unix(operator_socket).await?;
-    let at = {
-        let r = op
-            .request(
-                tally_daemon::client::Method::GET,
-                "/v1/runs/summarize",
-                None,
-                "",
-            )
-            .await?;
-        let v: serde_json::Value = serde_json::from_slice(&r.body)?;
-        v["at_ms"].as_u64().unwrap_or(0)
-    };
+    let mut op = GateClient::new(operator_socket);
+    let at = op.run("summarize").await?["at_ms"].as_u64().unwrap_or(0);
     let scope = tally_ledger::decision::Scope {
         cents: Some(30),
         operation: Some("summarize.more".into()),
@@ -443,16 +458,116 @@ async fn gate_story(
         json!({"run": "summarize", "attempt": three["attempt"], "status": "ok", "settled_cents": 38}),
     )
     .await?;
+    outln!("  settled 38¢: the inbox is summarized");
     ask(
         &mut c,
         "/v1/runs/summarize/stop",
         json!({"reason": "completed"}),
     )
     .await?;
+    outln!("  {}", standing(operator_socket, "summarize").await?);
     if !ok {
         outln!("  the gate did not decide as it must (see above)");
     }
     Ok(ok)
+}
+
+/// Where `run` stands, as the gate has it, in a line: `run export-q3: stopped
+/// (retries_exhausted); 3 of 20 attempts used; 0¢ settled`.
+pub(crate) async fn standing(operator_socket: &Path, run: &str) -> Result<String> {
+    use tally_verify::text::{plural, shown};
+    let v = GateClient::new(operator_socket).run(run).await?;
+    let state = match (v["state"].as_str(), v["stop_reason"].as_str()) {
+        (Some("stopped"), Some(reason)) => format!("stopped ({reason})"),
+        (Some(state), _) => state.replace('_', " "),
+        _ => bail!("the gate does not know run {}: {v}", shown(run)),
+    };
+    let attempts = &v["limits"]["attempts"];
+    let used = attempts["used"].as_u64().unwrap_or(0);
+    let attempts = match attempts["limit"].as_u64() {
+        Some(limit) => format!("{used} of {}", plural(limit, "attempt", "attempts")),
+        None => plural(used, "attempt", "attempts"),
+    };
+    Ok(format!(
+        "run {}: {state}; {attempts} used; {}¢ settled",
+        shown(run),
+        v["settled_cents"].as_u64().unwrap_or(0)
+    ))
+}
+
+/// Act 5 in about a screen: each loop and finding in a line, the replay's verdict, and
+/// what the next run reads: the handoff of `lost-post` whole, the other runs the gate's
+/// part of the story told in a line each.
+fn summary(found: &analysis::Report, replayed: &tally_verify::replay::ReplayReport) {
+    use tally_verify::text::{plural, shown};
+    outln!(
+        "{} found (`tally loops` lists each with its evidence):",
+        plural(found.loops.len() as u64, "loop", "loops")
+    );
+    for l in &found.loops {
+        outln!(
+            "  {:<17} {} in {}: {}",
+            l.pattern.as_str(),
+            plural(l.count, "call", "calls"),
+            l.runs
+                .iter()
+                .map(|r| shown(r).into_owned())
+                .collect::<Vec<_>>()
+                .join(", "),
+            shown(l.operation.as_deref().or(l.tool.as_deref()).unwrap_or("?"))
+        );
+    }
+    let findings = analysis::render_findings_text(found);
+    let mut lines = findings.lines();
+    outln!(
+        "\nThe runs recorded before the gate: {} (the gate itself would have refused each):",
+        lines.next().unwrap_or_default().trim_end_matches('.')
+    );
+    for line in lines.by_ref().take(3) {
+        outln!("  {line}");
+    }
+    let rest = lines.count();
+    if rest > 0 {
+        outln!("  ... and {rest} more (`tally loops` lists them)");
+    }
+    outln!("\n{}", replayed.to_text().trim_end());
+    outln!("\nWhat the next run of `lost-post` reads (`tally handoff --run lost-post`):\n");
+    out!(
+        "{}",
+        analysis::render_handoffs_text(found, Some("lost-post"))
+    );
+    outln!("\nWhat the ledger says of the runs the gate decided for (as act 2 told them):");
+    for h in &found.handoffs {
+        if GATED.contains(&h.run.as_str()) {
+            outln!("  {}", handoff_line(h));
+        }
+    }
+}
+
+/// The runs act 2 tells, through the gate.
+const GATED: [&str; 4] = ["export-q3", "lost-post", "summarize", crate::demo_mcp::RUN];
+
+/// A handoff in the words of [`standing`]: `run export-q3: stopped (retries_exhausted);
+/// 3 of 20 attempts used; 0¢ settled`.
+fn handoff_line(h: &analysis::Handoff) -> String {
+    use tally_verify::text::{plural, shown};
+    let state = match &h.stop.reason {
+        Some(r) => format!("stopped ({r})"),
+        None => "running".to_owned(),
+    };
+    let attempts = match h.attempts.limit {
+        Some(l) => format!(
+            "{} of {}",
+            h.attempts.used,
+            plural(l, "attempt", "attempts")
+        ),
+        None => plural(h.attempts.used, "attempt", "attempts"),
+    };
+    format!(
+        "run {}: {state}; {attempts} used; {}¢ settled",
+        shown(&h.run),
+        h.spend.settled_cents
+    )
 }
 
 /// The byte offset just after the `n`th entry frame (and any checkpoints before it): an

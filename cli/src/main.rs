@@ -10,6 +10,7 @@ mod cli;
 mod commands;
 mod demo;
 mod demo_mcp;
+mod gate;
 mod generate;
 mod hook;
 mod mcp;
@@ -17,6 +18,7 @@ mod operator;
 mod prove;
 mod reindex;
 mod serve;
+mod stats;
 mod stories;
 mod witness;
 
@@ -46,15 +48,13 @@ pub enum Exit {
     Incomplete,
 }
 
-impl Exit {
-    /// From the verifier's documented codes (`Verdict::exit_code`): 0, 1, 3; anything
-    /// else is an error.
-    pub fn from_code(code: u8) -> Exit {
-        match code {
-            0 => Exit::Success,
-            1 => Exit::Findings,
-            3 => Exit::Incomplete,
-            _ => Exit::Error,
+impl From<tally_verify::Verdict> for Exit {
+    /// A verdict's exit: intact 0, tampered 1, incomplete 3 (docs/CLI.md).
+    fn from(verdict: tally_verify::Verdict) -> Exit {
+        match verdict {
+            tally_verify::Verdict::Intact => Exit::Success,
+            tally_verify::Verdict::Tampered => Exit::Findings,
+            tally_verify::Verdict::Incomplete => Exit::Incomplete,
         }
     }
 }
@@ -153,15 +153,15 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Pause {
             operator_socket,
             run,
-        } => operator::lifecycle(&operator_socket, &run, "pause"),
+        } => operator::lifecycle(&operator_socket, &run, tally_api::RunAction::Pause),
         Command::Resume {
             operator_socket,
             run,
-        } => operator::lifecycle(&operator_socket, &run, "resume"),
+        } => operator::lifecycle(&operator_socket, &run, tally_api::RunAction::Resume),
         Command::Kill {
             operator_socket,
             run,
-        } => operator::lifecycle(&operator_socket, &run, "kill"),
+        } => operator::lifecycle(&operator_socket, &run, tally_api::RunAction::Kill),
         Command::Init {
             ledger,
             recipient,
@@ -235,29 +235,27 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             &rules,
             witness_policy.as_deref(),
             ask_witnesses,
-        )
-        .map(Exit::from_code),
+        ),
         Command::Loops {
             read,
             auditor_key,
             force,
             rules,
-        } => commands::loops(&read, &auditor_key, force, &rules).map(Exit::from_code),
+        } => commands::loops(&read, &auditor_key, force, &rules),
         Command::Handoff {
             read,
             auditor_key,
             run,
             force,
             rules,
-        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &rules)
-            .map(Exit::from_code),
+        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &rules),
         Command::Stats {
             read,
             auditor_key,
             run,
             force,
             rules,
-        } => commands::stats(&read, &auditor_key, run.as_deref(), force, &rules),
+        } => stats::stats(&read, &auditor_key, run.as_deref(), force, &rules),
         Command::Serve(args) => serve::serve(args),
         Command::Policy {
             command: cli::PolicyCommand::Check { file },
@@ -278,7 +276,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             effects: effect.into_iter().collect(),
             defer,
         }),
-        Command::Demo { dir } => demo::run(dir.as_deref()),
+        Command::Demo { dir, verbose } => demo::run(dir.as_deref(), verbose),
         Command::McpDemoServer => demo_mcp::server(),
         Command::Man { dir } => generate::man(&dir),
         Command::Completions { shell } => generate::completions(shell),

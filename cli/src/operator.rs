@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use crate::output::outln;
 use crate::Exit;
 use serde_json::Value;
-use tally_daemon::client::{Client, Method};
+use tally_api::{GateClient, GateError, RunAction};
 use tally_ledger::decision::Scope;
 
 /// What `tally approve` grants.
@@ -42,35 +42,29 @@ pub fn duration_ms(text: &str) -> Result<u64> {
         .with_context(|| format!("`{text}` is not a duration greater than zero that fits"))
 }
 
-async fn call(
-    socket: &Path,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(u16, Value)> {
-    let mut c = Client::unix(socket).await.with_context(|| {
+/// The operator socket's client, connected: a daemon that is not there says how to
+/// start one.
+async fn gate(socket: &Path) -> Result<GateClient> {
+    crate::gate::connect(socket, |s| {
         format!(
-            "connecting to the operator socket {} (is `tally serve --operator-socket` running, as your user?)",
-            socket.display()
+            "the operator socket {} (is `tally serve --operator-socket` running, as your user?)",
+            s.display()
         )
-    })?;
-    let reply = c
-        .request(
-            method,
-            path,
-            body.as_ref().map(|_| "application/json"),
-            body.map(|b| b.to_string()).unwrap_or_default(),
-        )
-        .await
-        .with_context(|| format!("{path}: the daemon did not answer"))?;
-    let value: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
-    Ok((reply.status.as_u16(), value))
+    })
+    .await
 }
 
-fn refused(status: u16, value: &Value) -> anyhow::Error {
-    let code = value["error"]["code"].as_str().unwrap_or("error");
-    let message = value["error"]["message"].as_str().unwrap_or("no message");
-    anyhow::anyhow!("refused ({status} {code}): {message}")
+/// A refusal as the operator reads it.
+fn refused(e: GateError) -> anyhow::Error {
+    match e {
+        GateError::Refused {
+            status,
+            code,
+            message,
+            ..
+        } => anyhow::anyhow!("refused ({status} {code}): {message}"),
+        e => anyhow::anyhow!("{e}"),
+    }
 }
 
 fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
@@ -97,11 +91,8 @@ pub fn approve(socket: &Path, g: Grant) -> Result<Exit> {
         bail!("an approval must grant something: give --attempts, --cents, --tool or --operation");
     }
     block_on(async {
-        let path = format!("/v1/runs/{}", encode(&g.run));
-        let (status, run) = call(socket, Method::GET, &path, None).await?;
-        if status != 200 {
-            return Err(refused(status, &run));
-        }
+        let mut gate = gate(socket).await?;
+        let run = gate.run(&g.run).await.map_err(refused)?;
         let at = run["at_ms"]
             .as_u64()
             .context("the daemon gave no run clock")?;
@@ -112,10 +103,7 @@ pub fn approve(socket: &Path, g: Grant) -> Result<Exit> {
             "run": g.run, "approver": approver, "scope": g.scope, "expires_ms": expires_ms,
             "digest": digest, "signature": signature, "note": g.note,
         });
-        let (status, reply) = call(socket, Method::POST, "/v1/approvals", Some(body)).await?;
-        if status != 200 {
-            return Err(refused(status, &reply));
-        }
+        let reply = gate.approve(&body).await.map_err(refused)?;
         outln!(
             "{}",
             granted_text(&g.run, &g.scope, &run, &digest, &reply, expires, expires_ms)
@@ -172,23 +160,20 @@ fn granted_text(
         format!("the first call of {} that needs it", only.join(" and "))
     };
     format!(
-        "approval {} recorded at seq {} for run {}: {}; put in force by {by} (one use: the grant is then spent, what it added stays); valid for {} (until {} into the run)",
+        "approval {} recorded at seq {} for run {}: {}; put in force by {by} (one use: the grant is then spent, what it added stays); valid for {} (until {})",
         digest.get(..16).unwrap_or(digest),
         reply["seq"],
         shown(run),
         gives.join(", "),
         duration(valid_ms),
-        duration(expires_ms)
+        tally_verify::text::after_start(expires_ms)
     )
 }
 
 /// Every run the gate holds.
 pub fn runs(socket: &Path, json: bool) -> Result<Exit> {
     block_on(async {
-        let (status, runs) = call(socket, Method::GET, "/v1/runs", None).await?;
-        if status != 200 {
-            return Err(refused(status, &runs));
-        }
+        let runs = gate(socket).await?.runs().await.map_err(refused)?;
         if json {
             outln!("{}", serde_json::to_string_pretty(&runs)?);
             return Ok(Exit::Success);
@@ -206,12 +191,13 @@ pub fn runs(socket: &Path, json: bool) -> Result<Exit> {
                 }
             };
             outln!(
-                "{:<24} {:<8} attempts {:<10} spend {:<14} held {}¢{}",
+                "{:<24} {:<8} attempts {:<10} spend {:<14} held {:<6} started {} ago{}",
                 tally_verify::text::shown(r["run"].as_str().unwrap_or("?")),
                 r["state"].as_str().unwrap_or("?"),
                 used("attempts", ""),
                 used("spend_cents", "¢"),
-                r["held_cents"],
+                format!("{}¢", r["held_cents"]),
+                tally_verify::text::duration(r["at_ms"].as_u64().unwrap_or(0)),
                 r["stop_reason"]
                     .as_str()
                     .map(|s| format!("  ({s})"))
@@ -223,29 +209,20 @@ pub fn runs(socket: &Path, json: bool) -> Result<Exit> {
 }
 
 /// Pause, resume or kill a run.
-pub fn lifecycle(socket: &Path, run: &str, what: &str) -> Result<Exit> {
+pub fn lifecycle(socket: &Path, run: &str, action: RunAction) -> Result<Exit> {
     block_on(async {
-        let path = format!("/v1/runs/{}/{what}", encode(run));
-        let (status, reply) = call(socket, Method::POST, &path, None).await?;
-        if status != 200 {
-            return Err(refused(status, &reply));
-        }
-        outln!("run {}: {what} done", tally_verify::text::shown(run));
+        gate(socket)
+            .await?
+            .act(run, action)
+            .await
+            .map_err(refused)?;
+        outln!(
+            "run {}: {} done",
+            tally_verify::text::shown(run),
+            action.as_str()
+        );
         Ok(Exit::Success)
     })
-}
-
-/// Percent-encode a run name for a URL path.
-fn encode(run: &str) -> String {
-    let mut out = String::new();
-    for b in run.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -20,10 +20,17 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
     if let Some(path) = args.policy {
         options.policy = read_policy(&path)?;
     }
-    options.state = args
-        .state
-        .as_deref()
-        .map(tally_daemon::PostgresOptions::new);
+    // The CLI wires the backend: the daemon links no database.
+    options.state = args.state.as_deref().map(|url| {
+        let pg = tally_gate_postgres::Options::new(url);
+        tally_daemon::SharedState {
+            timeout: pg.timeout,
+            label: "gate state in PostgreSQL, shared".into(),
+            open: std::sync::Arc::new(move |ledger, policy, clock| {
+                tally_gate_postgres::gatekeeper(ledger, &pg, policy, clock)
+            }),
+        }
+    });
     options.socket_mode =
         tally_daemon::access::parse_socket_mode(&args.socket_mode).context("--socket-mode")?;
     if let Some(group) = &args.socket_group {
@@ -80,10 +87,14 @@ mod tests {
         );
         assert!(d.state.is_none(), "the ledger's own store by default");
         let pg = parsed(&["--state", "host=/run/postgresql dbname=tally"]).expect("state");
+        // Wired to PostgreSQL, with its bound (the connection string stays out of it).
+        let state = pg.state.expect("shared state");
+        assert_eq!(state.label, "gate state in PostgreSQL, shared");
         assert_eq!(
-            pg.state.map(|s| s.url).as_deref(),
-            Some("host=/run/postgresql dbname=tally")
+            state.timeout,
+            tally_gate_postgres::Options::new("x").timeout
         );
+        assert!(!format!("{state:?}").contains("dbname"), "{state:?}");
         let o = parsed(&[
             "--socket-mode",
             "0640",

@@ -1,4 +1,4 @@
-//! Regression tests for issue 11 (the CLI's edge), each with the real binary.
+//! Regression tests of the CLI's edge, each with the real binary.
 
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
@@ -70,7 +70,7 @@ fn entries(dir: &Path) -> String {
         .to_owned()
 }
 
-// Issue 11.1: `init --ledger .` in a source checkout took over the directory.
+// `init --ledger .` in a source checkout took over the directory.
 #[test]
 fn init_refuses_a_directory_with_files() {
     let tmp = tempfile::tempdir().unwrap();
@@ -89,7 +89,7 @@ fn init_refuses_a_directory_with_files() {
     assert_eq!(snapshot(d), before, "init changed the directory it refused");
 }
 
-// Issue 11.2: `keygen --out x` wrote x, then failed on an existing x.pub, leaving x.
+// `keygen --out x` wrote x, then failed on an existing x.pub, leaving x.
 #[test]
 fn keygen_writes_nothing_when_an_output_exists() {
     let tmp = tempfile::tempdir().unwrap();
@@ -112,13 +112,13 @@ fn keygen_writes_nothing_when_an_output_exists() {
     }
 }
 
-// Issue 11.3: a report piped to `head` panicked (exit 101).
+// A report piped to `head` panicked (exit 101).
 #[test]
 fn a_closed_pipe_ends_quietly() {
     let dir = fixture::build_once();
     for args in [
-        &["verify", "ledger.tex", "--key", "ledger/ledger.pub"][..],
-        &["verify", "tampered.tex", "--key", "ledger/ledger.pub"][..],
+        &["verify", "ledger.tally", "--key", "ledger/ledger.pub"][..],
+        &["verify", "tampered.tally", "--key", "ledger/ledger.pub"][..],
         &["policy", "check", "policy.toml"][..],
         &["--help"][..],
     ] {
@@ -142,12 +142,12 @@ fn a_closed_pipe_ends_quietly() {
     }
 }
 
-// Issue 11.3: any other write error is exit 2 with a message.
+// Any other write error is exit 2 with a message.
 #[test]
 fn a_full_disk_exits_2() {
     let dir = fixture::build_once();
     for args in [
-        &["verify", "ledger.tex", "--key", "ledger/ledger.pub"][..],
+        &["verify", "ledger.tally", "--key", "ledger/ledger.pub"][..],
         &["policy", "check", "policy.toml"][..],
     ] {
         let full = std::fs::OpenOptions::new()
@@ -169,7 +169,7 @@ fn a_full_disk_exits_2() {
     }
 }
 
-// Issue 11.9: a bad line after good ones committed the good ones; a retry wrote them twice.
+// A bad line after good ones committed the good ones; a retry wrote them twice.
 #[test]
 fn append_with_a_bad_line_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
@@ -188,7 +188,7 @@ fn append_with_a_bad_line_writes_nothing() {
     assert_eq!(entries(d), before, "a refused input was partly committed");
 }
 
-// Issue 11.9: a refused command rewrote store/snap.* (the store was opened first).
+// A refused command rewrote store/snap.* (the store was opened first).
 // The export to a missing directory was refused only after opening the store.
 #[test]
 fn refused_commands_leave_the_store_untouched() {
@@ -201,8 +201,8 @@ fn refused_commands_leave_the_store_untouched() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run_stdin(d, &["append", "--ledger", "ledger"], "not json\n");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    std::fs::write(d.join("taken.tex"), "").unwrap();
-    for out in ["taken.tex", "no/such/dir.tex"] {
+    std::fs::write(d.join("taken.tally"), "").unwrap();
+    for out in ["taken.tally", "no/such/dir.tally"] {
         let o = run(d, &["export", "--ledger", "ledger", "--out", out]);
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     }
@@ -229,7 +229,7 @@ fn hashes(dir: &Path) -> Vec<(String, String)> {
     all
 }
 
-// Issue 14: a refused append, `checkpoint`, `export` and `verify DIR` read the log in
+// A refused append, `checkpoint`, `export` and `verify DIR` read the log in
 // place and change no byte of the ledger directory (no lock file, no sled snapshot);
 // and `verify DIR` works while a writer holds the ledger.
 #[test]
@@ -242,7 +242,7 @@ fn readers_and_refusals_change_no_byte_of_the_ledger() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run(d, &["checkpoint", "--ledger", "ledger"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "x.tex"]);
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "x.tally"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = run(d, &["verify", "ledger", "--key", "ledger/ledger.pub"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -259,14 +259,14 @@ fn readers_and_refusals_change_no_byte_of_the_ledger() {
     let o = run(d, &["verify", "ledger", "--key", "ledger/ledger.pub"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("all 6 entries"));
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "y.tex"]);
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "y.tally"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = run(d, &["checkpoint", "--ledger", "ledger"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().nth(1), Some("6"));
 }
 
-// Issue 11.12: `serve` refuses a ledger directory others can enter; `append` took it.
+// `serve` refuses a ledger directory others can enter; `append` took it.
 #[test]
 fn append_refuses_a_ledger_others_can_enter() {
     let tmp = tempfile::tempdir().unwrap();
@@ -279,7 +279,7 @@ fn append_refuses_a_ledger_others_can_enter() {
     assert!(stderr(&o).contains("chmod 700"), "{}", stderr(&o));
 }
 
-// Issue 11.12: an error repeated its cause (`(os error 17): File exists (os error 17)`).
+// An error repeated its cause (`(os error 17): File exists (os error 17)`).
 #[test]
 fn errors_do_not_repeat_their_cause() {
     let tmp = tempfile::tempdir().unwrap();
@@ -292,53 +292,63 @@ fn errors_do_not_repeat_their_cause() {
     assert!(!d.join("l").exists());
 }
 
-// Issue 11.12: `export --out` silently overwrote an existing file.
+// `export --out` silently overwrote an existing file.
 #[test]
 fn export_refuses_to_overwrite() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     fixture::ledger(d);
-    std::fs::write(d.join("mine.tex"), "precious\n").unwrap();
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "mine.tex"]);
+    std::fs::write(d.join("mine.tally"), "precious\n").unwrap();
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "mine.tally"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
-    assert_eq!(std::fs::read(d.join("mine.tex")).unwrap(), b"precious\n");
+    assert_eq!(std::fs::read(d.join("mine.tally")).unwrap(), b"precious\n");
     let o = run(
         d,
         &[
-            "export", "--ledger", "ledger", "--out", "mine.tex", "--force",
+            "export",
+            "--ledger",
+            "ledger",
+            "--out",
+            "mine.tally",
+            "--force",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_ne!(std::fs::read(d.join("mine.tex")).unwrap(), b"precious\n");
+    assert_ne!(std::fs::read(d.join("mine.tally")).unwrap(), b"precious\n");
 }
 
-// Issue 11.15: `export --out X` wrote through a symlink planted at X.partial (or X).
+// `export --out X` wrote through a symlink planted at X.partial (or X).
 #[test]
 fn export_never_writes_through_a_symlink() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     fixture::ledger(d);
     std::fs::write(d.join("victim"), "precious\n").unwrap();
-    symlink(d.join("victim"), d.join("out.tex.partial")).unwrap();
+    symlink(d.join("victim"), d.join("out.tally.partial")).unwrap();
     symlink(d.join("victim"), d.join("out.partial")).unwrap();
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "out.tex"]);
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "out.tally"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"precious\n");
     assert!(!stderr(&o).contains("partial"), "{}", stderr(&o));
     // A symlink at the target itself: refused, and with --force replaced, not followed.
-    symlink(d.join("victim"), d.join("link.tex")).unwrap();
-    let o = run(d, &["export", "--ledger", "ledger", "--out", "link.tex"]);
+    symlink(d.join("victim"), d.join("link.tally")).unwrap();
+    let o = run(d, &["export", "--ledger", "ledger", "--out", "link.tally"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run(
         d,
         &[
-            "export", "--ledger", "ledger", "--out", "link.tex", "--force",
+            "export",
+            "--ledger",
+            "ledger",
+            "--out",
+            "link.tally",
+            "--force",
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"precious\n");
-    assert!(!std::fs::symlink_metadata(d.join("link.tex"))
+    assert!(!std::fs::symlink_metadata(d.join("link.tally"))
         .unwrap()
         .file_type()
         .is_symlink());
@@ -448,12 +458,12 @@ fn append_and_export_show_progress_on_a_terminal() {
     let (code, text) = on_a_terminal(d, &format!("{bin} append --ledger ledger < more.ndjson"));
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("appending: 2 of 2"), "{text}");
-    let (code, text) = on_a_terminal(d, &format!("{bin} export --ledger ledger --out a.tex"));
+    let (code, text) = on_a_terminal(d, &format!("{bin} export --ledger ledger --out a.tally"));
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("exporting: 1 of 7"), "{text}");
     let (code, text) = on_a_terminal(
         d,
-        &format!("{bin} -q append --ledger ledger < more.ndjson; {bin} -q export --ledger ledger --out b.tex"),
+        &format!("{bin} -q append --ledger ledger < more.ndjson; {bin} -q export --ledger ledger --out b.tally"),
     );
     assert_eq!(code, Some(0), "{text}");
     assert!(
@@ -533,7 +543,13 @@ fn operator_commands_against_the_daemon() {
     };
     let o = with(&["runs"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("r2"));
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(listed.contains("r2"), "{listed}");
+    // How long the run has been going, as a person reads it.
+    assert!(
+        listed.contains("started ") && listed.contains(" ago"),
+        "{listed}"
+    );
     let o = with(&["runs", "--json"]);
     let runs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(runs[0]["run"], "r2");
@@ -549,7 +565,14 @@ fn operator_commands_against_the_daemon() {
         "1",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("recorded at seq"));
+    let granted = String::from_utf8_lossy(&o.stdout);
+    assert!(granted.contains("recorded at seq"), "{granted}");
+    // Its validity and expiry as a person reads them, never `600000 ms`.
+    assert!(
+        granted.contains("valid for 10 min 00 s (until 10 min")
+            && granted.contains("after the run started)"),
+        "{granted}"
+    );
     for what in ["pause", "resume", "kill"] {
         let o = with(&[what, "--run", "r2"]);
         assert_eq!(o.status.code(), Some(0), "{what}: {}", stderr(&o));
@@ -606,7 +629,7 @@ fn stats_shows_a_run_over_its_cap() {
     assert!(text.contains("inconsistencies found"), "{text}");
 }
 
-// Issue 11.12: errors named internal temporary files (`writer.tmp`, `X.partial`).
+// Errors named internal temporary files (`writer.tmp`, `X.partial`).
 #[test]
 fn errors_name_the_file_not_its_temporary() {
     let tmp = tempfile::tempdir().unwrap();
@@ -621,7 +644,7 @@ fn errors_name_the_file_not_its_temporary() {
     assert!(stderr(&o).contains("writer.key"), "{}", stderr(&o));
 }
 
-// Issue 11.9: when a commit fails part-way (here a real full disk), the message says
+// When a commit fails part-way (here a real full disk), the message says
 // exactly which lines and seqs were committed and where to start again.
 #[test]
 fn a_failed_commit_says_what_was_committed() {
@@ -671,7 +694,7 @@ fn a_failed_commit_says_what_was_committed() {
         "{e}"
     );
     assert!(e.contains(&format!("tail -n +{}", n + 1)), "{e}");
-    // Issue 14: space freed, the ledger takes appends again (in a new segment, after the
+    // Space freed, the ledger takes appends again (in a new segment, after the
     // torn write the full disk left, which stays in place), and verifies intact.
     std::fs::remove_file(small.join("filler")).unwrap();
     let line = "{\"run\":\"after\",\"kind\":\"start\"}";

@@ -62,14 +62,14 @@ pub fn build() -> PathBuf {
     std::fs::write(dir.join("anchor.cp"), anchor).unwrap();
     ok(
         &dir,
-        &["export", "--ledger", "ledger", "--out", "ledger.tex"],
+        &["export", "--ledger", "ledger", "--out", "ledger.tally"],
         "",
     );
     // One bit of a record's ciphertext flipped: verify must exit 1.
-    let mut bytes = std::fs::read(dir.join("ledger.tex")).unwrap();
+    let mut bytes = std::fs::read(dir.join("ledger.tally")).unwrap();
     let at = bytes.len() / 2;
     bytes[at] ^= 1;
-    std::fs::write(dir.join("tampered.tex"), bytes).unwrap();
+    std::fs::write(dir.join("tampered.tally"), bytes).unwrap();
     std::fs::write(dir.join("r1.ndjson"), R1).unwrap();
     std::fs::write(dir.join("policy.toml"), "").unwrap();
     dir
@@ -84,13 +84,13 @@ pub fn build_once() -> PathBuf {
         ledger(d);
         ok(
             d,
-            &["export", "--ledger", "ledger", "--out", "ledger.tex"],
+            &["export", "--ledger", "ledger", "--out", "ledger.tally"],
             "",
         );
-        let mut bytes = std::fs::read(d.join("ledger.tex")).unwrap();
+        let mut bytes = std::fs::read(d.join("ledger.tally")).unwrap();
         let at = bytes.len() / 2;
         bytes[at] ^= 1;
-        std::fs::write(d.join("tampered.tex"), bytes).unwrap();
+        std::fs::write(d.join("tampered.tally"), bytes).unwrap();
         std::fs::write(d.join("policy.toml"), "").unwrap();
         tmp
     })

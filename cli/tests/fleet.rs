@@ -1,5 +1,5 @@
 //! A fleet of real `tally serve` processes (the built binary, each with its own ledger
-//! directory and sockets) with `--state` on one temporary PostgreSQL cluster (issue 13):
+//! directory and sockets) with `--state` on one temporary PostgreSQL cluster:
 //! SIGKILL of one daemon mid-load, a PostgreSQL restart mid-load, and a race for a run's
 //! last cents. Every acknowledged decision is read back offline from its host's ledger
 //! (`tally verify --auditor-key`, then the decrypted chain by seq and hash), and the

@@ -390,7 +390,7 @@ fn standing(s: &Served, run: &str) -> Value {
     })
 }
 
-/// Issue 21 item 5: Claude Code's SessionEnd ends the session's run, so sessions do not
+/// Claude Code's SessionEnd ends the session's run, so sessions do not
 /// pile up toward `max_open_runs_per_uid` (before, every tool call of the third session
 /// was refused `too_many_runs`). The stop says why the session ended as it did: calls
 /// that never reported are recorded `unknown` (a non-idempotent one stops the run
@@ -508,7 +508,7 @@ fn regression_issue_21_session_end_stops_the_run() {
     );
 }
 
-/// Issue 21 item 9: after a tool ran, the hook never says it is blocked; and a call the
+/// After a tool ran, the hook never says it is blocked; and a call the
 /// gate asked a human about, then run at Claude Code's prompt, is said to have run
 /// outside the budget (not "install the hook for PreToolUse").
 #[test]
@@ -576,7 +576,7 @@ fn regression_issue_21_post_tool_use_says_what_happened() {
     );
 }
 
-/// Issue 20 item 6: identical reads of a file an edit changed in between are progress,
+/// Identical reads of a file an edit changed in between are progress,
 /// not a loop: the hook records a digest of each result (never the result), and the
 /// gate's loop rule counts identical calls only while their results stay the same.
 #[test]

@@ -123,7 +123,7 @@ fn polling(run_name: &str, hint: u64, early: u64, polls: u64, budget: Value) -> 
     r
 }
 
-/// Issue 20 item 1: polling inside the scheduling tolerance (max(1 s, 10 %) of the hint)
+/// Polling inside the scheduling tolerance (max(1 s, 10 %) of the hint)
 /// is what the gate allows, so it is no loop, and the handoff of a run that completed
 /// says nothing about polling. Polling past the tolerance is one.
 #[test]
@@ -174,7 +174,7 @@ fn regression_issue_20_polling_inside_the_tolerance_is_no_loop() {
     );
 }
 
-/// Issue 20 item 2: a parent that spends what it carved out for a child is over its
+/// A parent that spends what it carved out for a child is over its
 /// limit in force: 10 attempts and 100¢, 6 and 60 handed to the child, so 4 and 40 left.
 #[test]
 fn regression_issue_20_a_parent_spending_what_its_child_took_is_found() {
@@ -353,7 +353,7 @@ fn call(run: &str, n: u64) -> Value {
            "args": {"n": n}})
 }
 
-/// Issue 20 item 3: a real approval keeps an honest ledger consistent. `tally approve
+/// A real approval keeps an honest ledger consistent. `tally approve
 /// --attempts 3` (with or without `--tool`) lets exactly 3 more calls through, as the CLI
 /// says; `--cents 30` lets 30¢ more be reserved; and `verify --auditor-key` finds nothing.
 #[test]
@@ -417,10 +417,10 @@ fn regression_issue_20_a_real_approval_verifies_consistent() {
     let v = text(&verify);
     assert_eq!(verify.status.code(), Some(0), "{v}");
     assert!(v.contains("No inconsistencies"), "{v}");
-    assert!(v.contains("every one is what the policy decides"), "{v}");
+    assert!(v.contains("every one is what that policy decides"), "{v}");
 }
 
-/// Issue 20 items 4 and 5: an agent alone cannot make a ledger verify inconsistent. What
+/// An agent alone cannot make a ledger verify inconsistent. What
 /// the core would call inconsistent the gate refuses (409 or 404, never recorded); what it
 /// records verifies. An overrun is recorded as a fact; a late `ok` after a timeout is a
 /// completed call with its remote id and cost.
@@ -513,7 +513,7 @@ fn regression_issue_20_an_agent_alone_cannot_make_the_ledger_inconsistent() {
     );
 }
 
-/// Issue 20 items 6 and 7: identical calls whose result changed are progress, not a
+/// Identical calls whose result changed are progress, not a
 /// loop (with the same result they stay one); and a retried operation past its class is
 /// `retries_exhausted`, not the run's `attempts_exhausted`.
 #[test]

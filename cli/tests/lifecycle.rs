@@ -1,4 +1,4 @@
-//! Issue 21 items 2, 3 and 5 (the gate's half), on the real binary and daemon: a pause
+//! Pauses, cascades and run ends (the gate's half), on the real binary and daemon: a pause
 //! survives the loss of the index (it is a record, and its state travels in the log);
 //! pause and resume hold and let go a run's open descendants; a run past its deadline is
 //! stopped and no longer counts toward the uid's open runs.

@@ -93,13 +93,13 @@ fn one_ledger_under_two_paths_is_refused() {
     let tmp = setup();
     let d = tmp.path();
     ledger(d, "a", A);
-    fixture::ok(d, &["export", "--ledger", "a", "--out", "a.tex"], "");
+    fixture::ok(d, &["export", "--ledger", "a", "--out", "a.tally"], "");
     let o = tally(
         d,
         &[
             "verify",
             "a",
-            "a.tex",
+            "a.tally",
             "--key",
             "a/ledger.pub",
             "--key",
@@ -124,16 +124,16 @@ fn a_tampered_ledger_among_intact_ones_is_refused() {
     let d = tmp.path();
     ledger(d, "a", A);
     ledger(d, "b", B);
-    fixture::ok(d, &["export", "--ledger", "b", "--out", "b.tex"], "");
-    let mut bytes = std::fs::read(d.join("b.tex")).unwrap();
+    fixture::ok(d, &["export", "--ledger", "b", "--out", "b.tally"], "");
+    let mut bytes = std::fs::read(d.join("b.tally")).unwrap();
     let at = bytes.len() / 2;
     bytes[at] ^= 1;
-    std::fs::write(d.join("bad.tex"), bytes).unwrap();
+    std::fs::write(d.join("bad.tally"), bytes).unwrap();
     let args = |cmd: &'static str| -> Vec<&'static str> {
         vec![
             cmd,
             "a",
-            "bad.tex",
+            "bad.tally",
             "--key",
             "a/ledger.pub",
             "--key",

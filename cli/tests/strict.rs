@@ -1,4 +1,4 @@
-//! Issue 11 item 10 through the real `tally append`: arguments are hashed by their exact
+//! Through the real `tally append`: arguments are hashed by their exact
 //! value, and duplicate keys, nulls and non-JSON whitespace are refused with the line
 //! named and nothing written.
 

@@ -1,4 +1,4 @@
-//! Issue 21 item 4, on the real binary: a ledger whose tail does not verify is never
+//! The tail check, on the real binary: a ledger whose tail does not verify is never
 //! written to, by `tally append` or `tally serve`; they refuse with the `tally verify`
 //! command to run and change no byte. A crash's torn write still reopens, and is said.
 //!

@@ -1,4 +1,4 @@
-//! Issue 24, end to end on loopback with the real binary: two `tally witness serve`, a
+//! Witnesses end to end on loopback with the real binary: two `tally witness serve`, a
 //! `tally serve` pushing its checkpoints to them under a tlog-policy quorum, then a
 //! compromised writer that rolls the ledger back below what the witnesses cosigned, and
 //! one that forks it. Both witnesses refuse, and `tally verify --witness-policy

@@ -14,100 +14,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use tally_ledger::{Error as LedgerError, Ledger};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tally_ledger::Error as LedgerError;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::bulk::BulkParsers;
-use crate::commit::LedgerState;
+pub(crate) use crate::app::{
+    read_body, App, Limits, Role, EXPORT_CHUNK, INLINE_PARSE_BYTES, MAX_EXPORTS,
+};
 use crate::error::ApiError;
-use crate::limit::{Peer, RateLimit};
+use crate::limit::Peer;
 use crate::parse::{parse_body, Framing};
 use crate::wire::Health;
-
-/// Exports stream at most this many at once; more wait their turn.
-pub(crate) const MAX_EXPORTS: usize = 2;
-/// Export bytes are sent in chunks of about this size.
-const EXPORT_CHUNK: usize = 64 * 1024;
-
-/// Shared state of all handlers.
-pub(crate) struct App {
-    pub ledger: Arc<Ledger>,
-    pub state: Arc<LedgerState>,
-    pub gate: Arc<dyn tally_gate::Gatekeeper>,
-    /// The thread the gate's decisions are made on.
-    pub stage: crate::gate_api::Stage,
-    pub in_flight: Arc<Semaphore>,
-    pub max_in_flight: usize,
-    pub exports: Arc<Semaphore>,
-    /// Bodies over [`INLINE_PARSE_BYTES`] parsed at once: parsing expands JSON several
-    /// times over in memory, so this bounds the daemon's peak.
-    big_parses: Arc<Semaphore>,
-    /// The threads that parse them, one per permit.
-    bulk: BulkParsers,
-    rate: Option<RateLimit>,
-    max_body_bytes: usize,
-    max_batch: usize,
-    read_timeout: Duration,
-}
-
-/// What [`App::new`] needs from the options.
-pub(crate) struct Limits {
-    pub max_body_bytes: usize,
-    pub max_in_flight: usize,
-    pub max_batch: usize,
-    pub rate_per_sec: Option<u32>,
-    /// The clock the rate limit refills by.
-    pub clock: Arc<dyn tally_ledger::clock::Clock>,
-    pub read_timeout: Duration,
-    /// A networked state backend's bound: a gate call that waited longer than this for
-    /// the decision thread is refused as unavailable without being made.
-    pub queue_bound: Option<Duration>,
-}
-
-/// Bodies larger than this are parsed and validated on a parse thread ([`BulkParsers`]),
-/// so one big batch does not stall the connections sharing its async worker.
-const INLINE_PARSE_BYTES: usize = 32 * 1024;
-
-/// Big bodies parsed at once, each on a parse thread of its own.
-const MAX_BIG_PARSES: usize = 4;
-
-impl App {
-    pub fn new(
-        ledger: Arc<Ledger>,
-        state: Arc<LedgerState>,
-        gate: Arc<dyn tally_gate::Gatekeeper>,
-        limits: Limits,
-    ) -> std::io::Result<App> {
-        let max_in_flight = limits.max_in_flight.max(1);
-        Ok(App {
-            ledger,
-            state,
-            gate,
-            stage: crate::gate_api::Stage::start(limits.queue_bound)?,
-            in_flight: Arc::new(Semaphore::new(max_in_flight)),
-            max_in_flight,
-            exports: Arc::new(Semaphore::new(MAX_EXPORTS)),
-            big_parses: Arc::new(Semaphore::new(MAX_BIG_PARSES)),
-            bulk: BulkParsers::start(MAX_BIG_PARSES)?,
-            rate: limits
-                .rate_per_sec
-                .map(|r| RateLimit::new(r, Arc::clone(&limits.clock))),
-            max_body_bytes: limits.max_body_bytes,
-            max_batch: limits.max_batch.max(1),
-            read_timeout: limits.read_timeout,
-        })
-    }
-}
-
-/// Which socket a router serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Role {
-    /// Agents: the gate's API (start, check, outcome, stop, where a run stands).
-    Agent,
-    /// The operator: raw decisions, pause, resume, kill, approvals, export.
-    Operator,
-}
 
 /// The router of one socket.
 pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
@@ -342,52 +258,6 @@ fn framing(headers: &HeaderMap) -> Result<Framing, ApiError> {
     }
 }
 
-fn too_large(max: usize) -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
-        format!("request body is over {max} bytes; split the batch"),
-    )
-    .close()
-}
-
-/// Read the whole body within the read timeout and the size limit.
-pub(crate) async fn read_body(
-    app: &App,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > app.max_body_bytes as u64) {
-        return Err(too_large(app.max_body_bytes));
-    }
-    let limited = Limited::new(body, app.max_body_bytes);
-    match tokio::time::timeout(app.read_timeout, limited.collect()).await {
-        Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            format!(
-                "request body did not arrive within {} ms",
-                app.read_timeout.as_millis()
-            ),
-        )
-        .close()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(too_large(app.max_body_bytes))
-        }
-        Ok(Err(e)) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "body_read_failed",
-            format!("reading the request body failed: {e}"),
-        )
-        .close()),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-    }
-}
-
 fn rate_limited(secs: u64) -> ApiError {
     let mut e = ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
@@ -451,16 +321,17 @@ async fn post_decisions(
     // Runs the gate governs take decisions from the gate alone (SECURITY.md 5.7).
     let gate = Arc::clone(&app.gate);
     let names = runs.clone();
-    let governed = crate::gate_api::at_once(&app, move || {
-        for run in names {
-            if gate.governs(&run)? {
-                return Ok(Some(run));
+    let governed = app
+        .at_once(move || {
+            for run in names {
+                if gate.governs(&run)? {
+                    return Ok(Some(run));
+                }
             }
-        }
-        Ok(None)
-    })
-    .await
-    .map_err(crate::gate_api::gate_error)?;
+            Ok(None)
+        })
+        .await
+        .map_err(crate::stage::gate_error)?;
     if let Some(run) = governed {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -609,7 +480,7 @@ async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     );
     headers.insert(
         header::CONTENT_DISPOSITION,
-        HeaderValue::from_static("attachment; filename=\"ledger.tally-export\""),
+        HeaderValue::from_static("attachment; filename=\"ledger.tally\""),
     );
     headers.insert("x-tally-snapshot-size", HeaderValue::from(size));
     Ok(response)

@@ -17,11 +17,11 @@ use tally_gate::{
     Approval, Caller, CheckRequest, GateError, OutcomeRequest, StartRequest, StopRequest,
 };
 use tally_ledger::Reason;
-use tokio::sync::oneshot;
 
-use crate::api::{read_body, App, Role};
+use crate::app::{read_body, App, Role};
 use crate::error::ApiError;
 use crate::limit::Peer;
+use crate::stage::{answered, gate_error, log};
 
 type AppState = State<Arc<App>>;
 
@@ -46,13 +46,6 @@ pub(crate) fn operator_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
         .route("/v1/approvals", post(approve))
 }
 
-/// A line for the operator's log. A log that cannot be written (a full disk) must not
-/// take the answer down with it: the agent still gets its typed refusal.
-fn log(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
 fn caller(peer: Peer, role: Role) -> Caller {
     Caller {
         uid: match peer {
@@ -60,45 +53,6 @@ fn caller(peer: Peer, role: Role) -> Caller {
             Peer::Tcp | Peer::Unknown => None,
         },
         operator: role == Role::Operator,
-    }
-}
-
-/// The typed error an agent gets for a gate error.
-pub(crate) fn gate_error(e: GateError) -> ApiError {
-    use StatusCode as S;
-    let msg = e.to_string();
-    match e {
-        GateError::RunNotFound(_) => ApiError::new(S::NOT_FOUND, "run_not_found", msg),
-        GateError::RunExists(_) => ApiError::new(S::CONFLICT, "run_exists", msg),
-        GateError::NotOwner { .. } => ApiError::new(S::FORBIDDEN, "not_owner", msg),
-        GateError::NotAuthorized(_) => ApiError::new(S::FORBIDDEN, "not_authorized", msg),
-        GateError::TooManyRuns { .. } => ApiError::new(S::TOO_MANY_REQUESTS, "too_many_runs", msg),
-        GateError::RunStopped { .. } | GateError::Stopped(_) => {
-            ApiError::new(S::CONFLICT, "run_stopped", msg)
-        }
-        GateError::NotStopped(_) => ApiError::new(S::CONFLICT, "run_not_stopped", msg),
-        GateError::Refused(_) => ApiError::new(S::FORBIDDEN, "refused", msg),
-        GateError::NoSuchAttempt { .. } => ApiError::new(S::NOT_FOUND, "no_such_attempt", msg),
-        GateError::AttemptSettled { .. } => ApiError::new(S::CONFLICT, "attempt_settled", msg),
-        GateError::ApprovalRefused(_) => ApiError::new(S::FORBIDDEN, "approval_refused", msg),
-        GateError::Inconsistent { .. } => ApiError::new(S::CONFLICT, "inconsistent", msg),
-        GateError::TooManyNames { .. } => {
-            let mut e = ApiError::new(S::TOO_MANY_REQUESTS, "too_many_names", msg);
-            e.retry_after_secs = Some(1);
-            e
-        }
-        GateError::Invalid(d) => ApiError::decision(&d),
-        GateError::Unavailable(why) => {
-            log(&format!(
-                "tally serve: the gate cannot decide durably: {why}"
-            ));
-            ApiError::new(
-                S::SERVICE_UNAVAILABLE,
-                "gate_unavailable",
-                "the gate cannot record decisions, so it refuses every call (fail closed); retry later (the daemon's log has the cause)",
-            )
-        }
-        _ => ApiError::new(S::INTERNAL_SERVER_ERROR, "internal", msg),
     }
 }
 
@@ -141,7 +95,7 @@ fn json_only(headers: &HeaderMap) -> Result<(), ApiError> {
 /// objects too; unknown fields refused with the field named. Errors carry the codes of
 /// docs/DAEMON.md (`invalid_type`, `unknown_field`, `invalid_value`, `missing_field`,
 /// `invalid_json`) and the field at fault. `empty_ok`: an empty body reads as `{}`.
-fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, ApiError> {
+pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, ApiError> {
     let bad = StatusCode::BAD_REQUEST;
     let text = std::str::from_utf8(bytes)
         .map_err(|_| ApiError::new(bad, "not_utf8", "the request body is not UTF-8"))?;
@@ -191,86 +145,6 @@ fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, Ap
     })?;
     de.end().map_err(|e| crate::parse::body_error(e, "."))?;
     Ok(value)
-}
-
-/// Run a gate operation that answers through a callback, and await its answer.
-/// The one thread that makes the gate's decisions, in the order they arrive.
-///
-/// A decision holds the gate's state while it is made and queued for the ledger (that
-/// is what keeps each scope's order in the ledger the order its state changed). Made on
-/// the runtime's workers, every concurrent request contended for that lock, and the
-/// workers spent their time in futex waits; made here, one after another with no
-/// contention, the workers only parse, hand over and answer. Replies still come from the
-/// ledger's commit thread once durable.
-///
-/// With a networked state backend, a call that waited longer than the backend's bound
-/// for its turn here is refused as unavailable without being made: the backend's own
-/// deadline on queued decisions cannot act on calls made one after another by this one
-/// thread, and on a database that stopped answering (a network partition: no reset, no
-/// refusal) each call would otherwise spend up to the bound in turn, so the k-th queued
-/// check waited k bounds (docs/FLEET.md, "What each failure does").
-pub(crate) struct Stage {
-    jobs: std::sync::mpsc::Sender<(std::time::Instant, Job)>,
-}
-
-/// A gate call: run with `false`, or with `true` to refuse it as unavailable.
-type Job = Box<dyn FnOnce(bool) + Send>;
-
-impl Stage {
-    /// Start the decision thread. It ends when the last sender is dropped. `bound`: the
-    /// longest a call may wait for its turn (`None`: no limit).
-    pub fn start(bound: Option<std::time::Duration>) -> std::io::Result<Stage> {
-        let (jobs, queue) = std::sync::mpsc::channel::<(std::time::Instant, Job)>();
-        std::thread::Builder::new()
-            .name("tally-gate".into())
-            .spawn(move || {
-                while let Ok((queued, job)) = queue.recv() {
-                    job(bound.is_some_and(|b| queued.elapsed() > b));
-                }
-            })?;
-        Ok(Stage { jobs })
-    }
-}
-
-/// Run `f` on the decision thread; its answer once `f` calls back (after the decision
-/// is durable), or `Unavailable` if the thread is gone.
-async fn answered<T: Send + 'static>(
-    stage: &Stage,
-    f: impl FnOnce(Box<dyn FnOnce(Result<T, GateError>) + Send>) + Send + 'static,
-) -> Result<T, GateError> {
-    let (tx, rx) = oneshot::channel();
-    let job: Job = Box::new(move |late| {
-        if late {
-            let _ = tx.send(Err(GateError::Unavailable(
-                "this gate's earlier decisions held the database past its bound; the gate refuses until the database answers (retry)".into(),
-            )));
-            return;
-        }
-        f(Box::new(move |r| {
-            let _ = tx.send(r);
-        }))
-    });
-    if stage.jobs.send((std::time::Instant::now(), job)).is_err() {
-        return Err(GateError::Unavailable(
-            "the gate's decision thread has stopped".into(),
-        ));
-    }
-    rx.await
-        .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
-}
-
-/// A gate call that answers at once: here on the worker for the embedded store (a lock
-/// and memory), on the decision thread for a networked backend, which blocks for its
-/// round trips and must not do so on an async worker.
-pub(crate) async fn at_once<T: Send + 'static>(
-    app: &App,
-    f: impl FnOnce() -> Result<T, GateError> + Send + 'static,
-) -> Result<T, GateError> {
-    if app.gate.networked() {
-        answered(&app.stage, move |done| done(f())).await
-    } else {
-        f()
-    }
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
@@ -473,7 +347,8 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let run = path_run(run)?;
     let gate = Arc::clone(&app.gate);
-    let standing = at_once(&app, move || gate.run(caller(peer, role), &run))
+    let standing = app
+        .at_once(move || gate.run(caller(peer, role), &run))
         .await
         .map_err(gate_error)?;
     Ok(json(StatusCode::OK, &standing))
@@ -485,7 +360,8 @@ async fn runs(
     Extension(role): Extension<Role>,
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
-    let all = at_once(&app, move || gate.runs(caller(peer, role)))
+    let all = app
+        .at_once(move || gate.runs(caller(peer, role)))
         .await
         .map_err(gate_error)?;
     Ok(json(StatusCode::OK, &all))

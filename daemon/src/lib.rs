@@ -1,8 +1,11 @@
-//! tally's append daemon: the one process that owns a ledger, serving an HTTP/1.1 JSON
-//! API on a Unix socket (and optionally TCP loopback) so agents in any language can
-//! append decisions without being able to touch the store.
+//! tally's daemon: the one process that owns a ledger, serving an HTTP/1.1 JSON API on
+//! an agent socket (and optionally TCP loopback), where agents in any language ask the
+//! gate (start, check, outcome, stop) and the gate records each decision, and on an
+//! operator socket (mode 0600). Agents never append decisions themselves and never touch
+//! the store.
 //!
-//! * `POST /v1/decisions`: one JSON decision, or NDJSON for a batch. The reply
+//! * `POST /v1/decisions` (operator socket only; 403 on the agent socket): one JSON
+//!   decision, or NDJSON for a batch, for runs the gate does not govern. The reply
 //!   `[{"seq", "hash"}]` is sent only after the decisions are durable and sealed by a
 //!   signed checkpoint; a batch is atomic.
 //! * `GET /v1/runs/{run}`, `GET /v1/checkpoint`, `GET /v1/health`, `GET /v1/export`
@@ -18,22 +21,27 @@
 //! SIGTERM or SIGINT ([`run`]) stops accepting, drains in-flight requests and removes the
 //! socket. Every commit already seals a checkpoint, so the last acknowledged decision is
 //! sealed when the daemon exits; no key rotation happens at shutdown. A restart continues
-//! the chain. Rust agents can use [`client::Client`]. See `docs/DAEMON.md`.
+//! the chain. Rust agents use `tally_api::GateClient`. See `docs/DAEMON.md`.
 #![forbid(unsafe_code)]
 
 pub mod access;
 mod api;
+mod app;
 mod bulk;
-pub mod client;
+/// The client side, re-exported from `tally-api` (where it lives: a client links no server).
+pub use tally_api::client;
 mod commit;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gate_api;
 mod limit;
 mod parse;
 mod peers;
 mod server;
+mod stage;
 mod tiles;
-pub mod wire;
+pub use tally_api::wire;
 pub mod witness;
 
 use std::future::Future;
@@ -47,8 +55,40 @@ use tally_ledger::clock::{Clock, SystemClock};
 use tally_ledger::Ledger;
 
 pub use error::DaemonError;
-/// How to reach the PostgreSQL database of a fleet's shared state ([`ServeOptions::state`]).
-pub use tally_gate_postgres::Options as PostgresOptions;
+/// Builds the gate over the open ledger and the policy: how a caller (the CLI) gives the
+/// daemon a gate whose state lives elsewhere, such as a fleet's PostgreSQL database. The
+/// daemon links no backend of its own but the ledger's embedded store.
+pub type OpenGate = Arc<
+    dyn Fn(
+            Arc<Ledger>,
+            tally_policy::Recorded,
+            Arc<dyn Clock>,
+        ) -> Result<Arc<dyn tally_gate::Gatekeeper>, String>
+        + Send
+        + Sync,
+>;
+
+/// A gate whose state is shared with other daemons ([`ServeOptions::state`]).
+#[derive(Clone)]
+pub struct SharedState {
+    /// Opens the gate (called once, on a thread of its own: a backend may block).
+    pub open: OpenGate,
+    /// The longest a decision may wait on the shared state before it is refused (the
+    /// backend's own bound): the daemon's queue is bounded by it.
+    pub timeout: Duration,
+    /// What the start line says of it (never a connection string: it may hold a
+    /// password), e.g. `gate state in PostgreSQL, shared`.
+    pub label: String,
+}
+
+impl std::fmt::Debug for SharedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedState")
+            .field("timeout", &self.timeout)
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
 
 /// How to serve. Build with [`ServeOptions::new`], then adjust fields.
 #[derive(Clone, Debug)]
@@ -66,9 +106,9 @@ pub struct ServeOptions {
     /// The gate's policy (default: the built-in defaults, recorded as the empty text).
     pub policy: tally_policy::Recorded,
     /// Where the gate keeps its state: `None` (the default) in the ledger's own store;
-    /// `Some` a PostgreSQL database that several daemons, each with its own ledger,
-    /// share (docs/FLEET.md).
-    pub state: Option<PostgresOptions>,
+    /// `Some` a store several daemons, each with its own ledger, share (`tally serve
+    /// --state postgres://...` wires PostgreSQL here: docs/FLEET.md).
+    pub state: Option<SharedState>,
     /// Also listen on this TCP address; it must be loopback.
     pub listen: Option<SocketAddr>,
     /// The socket file's permission bits (default `0o660`: the daemon's user and group).
@@ -357,8 +397,8 @@ fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
     };
     // Never the connection string: it may hold a password.
     let state = match &options.state {
-        Some(_) => "; gate state in PostgreSQL, shared",
-        None => "",
+        Some(s) => format!("; {}", s.label),
+        None => String::new(),
     };
     format!(
         "tally serve: listening on {} (mode {:04o}{group}){operator}{tcp}; ledger {} (id {}, size {}, epoch {}); policy {}{state}; limits: {} connections, {} per peer, bodies up to {} bytes, {rate}",
@@ -385,24 +425,21 @@ fn open_gate(
     options: &ServeOptions,
 ) -> Result<Arc<dyn tally_gate::Gatekeeper>, DaemonError> {
     let gate_error = |e: tally_gate::GateError| DaemonError::Gate(e.to_string());
-    let Some(pg) = &options.state else {
+    let Some(shared) = &options.state else {
         let gate = tally_gate::Gate::open(Arc::clone(ledger), options.policy.clone())
             .map_err(gate_error)?
             .with_clock(Arc::clone(&options.clock));
         return Ok(Arc::new(gate));
     };
-    // The backend runs its own runtime and blocks on it: open it on a thread of its own,
+    // A backend may run its own runtime and block on it: open it on a thread of its own,
     // outside this one's.
-    let (ledger, pg, policy) = (Arc::clone(ledger), pg.clone(), options.policy.clone());
+    let (ledger, open, policy) = (
+        Arc::clone(ledger),
+        Arc::clone(&shared.open),
+        options.policy.clone(),
+    );
     let clock = Arc::clone(&options.clock);
-    let opened = std::thread::spawn(move || {
-        let backend = tally_gate_postgres::Postgres::open(Arc::clone(&ledger), &pg)
-            .map_err(|e| DaemonError::Gate(e.to_string()))?;
-        tally_gate::Gate::with_backend(ledger, backend, policy)
-            .map(|gate| gate.with_clock(clock))
-            .map_err(|e| DaemonError::Gate(e.to_string()))
-    })
-    .join()
-    .map_err(|_| DaemonError::Gate("opening the PostgreSQL state panicked".into()))??;
-    Ok(Arc::new(opened))
+    std::thread::spawn(move || open(ledger, policy, clock).map_err(DaemonError::Gate))
+        .join()
+        .map_err(|_| DaemonError::Gate("opening the shared gate state panicked".into()))?
 }

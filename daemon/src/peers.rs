@@ -101,8 +101,8 @@ impl<I> WriteDeadline<I> {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "the client read none of its responses for {} ms (the write timeout)",
-                    limit.as_millis()
+                    "the client read none of its responses for {} (the write timeout)",
+                    tally_ledger::words::duration(limit.as_millis() as u64)
                 ),
             ))),
             Poll::Pending => Poll::Pending,

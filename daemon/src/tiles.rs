@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::api::App;
+use crate::app::App;
 
 /// Add the tlog-tiles read paths to `router`.
 pub(crate) fn log_routes(router: Router<Arc<App>>) -> Router<Arc<App>> {

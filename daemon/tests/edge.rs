@@ -1,4 +1,4 @@
-//! `tally serve` at its edge (issue 12): what it says at start, at a clean stop and on a
+//! `tally serve` at its edge: what it says at start, at a clean stop and on a
 //! failure, through the real binary's `tally_daemon::run` (`tally-load serve`).
 
 use std::io::{BufRead, BufReader, Read};
@@ -21,7 +21,7 @@ fn size(ledger: &Path) -> u64 {
     open_ledger(ledger).checkpoint().size
 }
 
-// Regression for issue 12: a missing socket directory gave a cryptic double error that
+// Regression: a missing socket directory gave a cryptic double error that
 // named a temporary directory; now one error names the directory and what to do, and
 // neither the ledger nor anything else is touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +84,7 @@ async fn regression_12_a_missing_socket_directory_is_one_clear_error_and_changes
     assert_eq!(size(&ledger), before);
 }
 
-// Regression for issue 12: `tally serve` said nothing at start or stop. Now one line
+// Regression: `tally serve` said nothing at start or stop. Now one line
 // when it listens (sockets, ledger, policy digest, limits) and one at a clean stop, and
 // neither names what agents sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Issue 14: one client must not stall everyone. An attacker running as another uid keeps
+//! One client must not stall everyone. An attacker running as another uid keeps
 //! 260 connections pipelining requests it never reads the answers to, and 400 idle ones,
 //! reopening each one the daemon closes; meanwhile a legitimate agent opens a fresh
 //! connection for each of 200 gate checks, and its p99 latency must stay under a second.
@@ -154,7 +154,7 @@ fn quantile(sorted: &[Duration], q: f64) -> Duration {
     sorted[rank - 1]
 }
 
-// Regression for issue 14: 260 pipelining and 400 idle connections from one uid held the
+// Regression: 260 pipelining and 400 idle connections from one uid held the
 // global connection cap, so every other agent's append waited 8-20 s (or for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_14_one_uid_flooding_connections_does_not_stall_another_uids_appends() {
@@ -238,7 +238,7 @@ async fn regression_14_one_uid_flooding_connections_does_not_stall_another_uids_
     daemon.shutdown().await.expect("clean shutdown");
 }
 
-// Issue 14: a peer over its connection cap is told so (a typed 429) and closed; its
+// A peer over its connection cap is told so (a typed 429) and closed; its
 // other connections, and every other peer, are served as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_14_a_peer_over_its_connection_cap_gets_a_typed_429() {
@@ -276,7 +276,7 @@ async fn regression_14_a_peer_over_its_connection_cap_gets_a_typed_429() {
     daemon.shutdown().await.expect("clean shutdown");
 }
 
-// Issue 14: a client that pipelines requests and reads none of the answers is closed
+// A client that pipelines requests and reads none of the answers is closed
 // once a write has been blocked for the write timeout; one that reads slowly is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_14_a_client_that_stops_reading_is_closed_after_the_write_timeout() {

@@ -1,4 +1,4 @@
-//! The gate against the real daemon on real sockets: the field's checklist (issue 10).
+//! The gate against the real daemon on real sockets: the field's checklist.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Issue 11 item 10 through the real daemon: the gate reads a check's `args` exactly
+//! Through the real daemon: the gate reads a check's `args` exactly
 //! (a duplicate key is a 400; different values get different digests), and a raw batch
 //! with a line of non-JSON whitespace is refused, not skipped.
 

@@ -10,6 +10,7 @@ mod edge;
 mod failure;
 mod flood;
 mod gate;
+mod gate_client;
 mod kill;
 mod lifecycle;
 mod ownership;

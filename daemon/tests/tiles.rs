@@ -1,4 +1,4 @@
-//! Issue 24: the ledger as a C2SP tlog-tiles log on the operator socket, read only. The
+//! The ledger as a C2SP tlog-tiles log on the operator socket, read only. The
 //! tiles served rebuild the signed checkpoint's root, and `tlog_tiles` (an independent
 //! implementation) proves an entry from them; the agent socket serves none of it.
 

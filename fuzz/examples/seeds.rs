@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run -q -p tally-cli -- demo --dir /tmp/demo          # at the repository root
-//! cd fuzz && cargo run --release --example seeds -- /tmp/demo/ledger.tex /tmp/seeds
+//! cd fuzz && cargo run --release --example seeds -- /tmp/demo/ledger.tally /tmp/seeds
 //! ```
 //!
 //! Then `cargo fuzz cmin` each target with its seed folder (fuzz/README.md).
@@ -22,7 +22,7 @@ const MAX_SEED: usize = 16 * 1024;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [export, out] = &args[..] else {
-        eprintln!("usage: seeds EXPORT.tex OUT_DIR");
+        eprintln!("usage: seeds EXPORT.tally OUT_DIR");
         std::process::exit(2);
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

@@ -1,4 +1,4 @@
-//! Export framing (`ExportReader`, what `tally verify FILE.tex` reads from an untrusted
+//! Export framing (`ExportReader`, what `tally verify FILE.tally` reads from an untrusted
 //! file): never panics, always ends (one error at most, then nothing), allocates no more
 //! than a frame's bound, and reports offsets inside the file. A file it reads to the end
 //! marker without error is in the one encoding the writer makes: writing its frames again

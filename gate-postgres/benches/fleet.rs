@@ -203,7 +203,16 @@ async fn daemons(label: &str, dirs: &[&Path], state: Option<&str>, secs: f64) {
         let socket = dir.join("agent.sock");
         let mut options = tally_daemon::ServeOptions::new(dir.join("ledger"), &socket);
         options.policy = policy.clone();
-        options.state = state.map(tally_daemon::PostgresOptions::new);
+        options.state = state.map(|url| {
+            let pg = tally_gate_postgres::Options::new(url);
+            tally_daemon::SharedState {
+                timeout: pg.timeout,
+                label: "gate state in PostgreSQL, shared".into(),
+                open: std::sync::Arc::new(move |ledger, policy, clock| {
+                    tally_gate_postgres::gatekeeper(ledger, &pg, policy, clock)
+                }),
+            }
+        });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         served.push(tokio::spawn(tally_daemon::serve(
             ledger,

@@ -25,9 +25,11 @@
 //! (`tokio::task::spawn_blocking`), never from an async task.
 #![forbid(unsafe_code)]
 
+mod gatekeeper;
 mod schema;
 mod state;
 mod txn;
+pub use gatekeeper::gatekeeper;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -5,7 +5,8 @@ mod common;
 
 use common::{ledger, Cluster};
 use tally_daemon::client::{Client, Method};
-use tally_daemon::{PostgresOptions, ServeOptions};
+use tally_daemon::ServeOptions;
+use tally_gate_postgres::Options as PostgresOptions;
 use tally_policy::Recorded;
 
 async fn post(
@@ -51,7 +52,7 @@ fn three_daemons_on_one_database_share_one_budget() {
             let socket = host.join("agent.sock");
             let mut options = ServeOptions::new(host.join("ledger"), &socket);
             options.policy = policy.clone();
-            options.state = Some(PostgresOptions::new(&cluster.url()));
+            options.state = Some(shared(PostgresOptions::new(&cluster.url())));
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             served.push(tokio::spawn(tally_daemon::serve(
                 ledger,
@@ -153,10 +154,10 @@ fn checks_queued_on_a_daemon_behind_a_held_row_are_each_refused_within_the_bound
         let socket = host.join("agent.sock");
         let mut options = ServeOptions::new(host.join("ledger"), &socket);
         options.policy = Recorded::new("[approvals]\nask_on = []\n").expect("policy");
-        options.state = Some(PostgresOptions {
+        options.state = Some(shared(PostgresOptions {
             url: cluster.url(),
             timeout: BOUND,
-        });
+        }));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let served = tokio::spawn(tally_daemon::serve(ledger, options, async move {
             let _ = stopped.await;
@@ -225,4 +226,16 @@ fn checks_queued_on_a_daemon_behind_a_held_row_are_each_refused_within_the_bound
         let _ = stop.send(());
         served.await.expect("join").expect("the daemon failed");
     });
+}
+
+/// The daemon's shared gate state in the database `pg` names, wired as `tally serve
+/// --state` wires it.
+fn shared(pg: PostgresOptions) -> tally_daemon::SharedState {
+    tally_daemon::SharedState {
+        timeout: pg.timeout,
+        label: "gate state in PostgreSQL, shared".into(),
+        open: std::sync::Arc::new(move |ledger, policy, clock| {
+            tally_gate_postgres::gatekeeper(ledger, &pg, policy, clock)
+        }),
+    }
 }

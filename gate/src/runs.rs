@@ -353,16 +353,19 @@ impl<B: StateBackend> Gate<B> {
                 ));
             }
             if a.expires_ms <= at {
+                use tally_ledger::words::after_start;
                 return Err(GateError::ApprovalRefused(format!(
-                    "the approval expired at run time {} ms; the run is at {at} ms",
-                    a.expires_ms
+                    "the approval expired {}; the run is now {}: sign a new one (`tally approve --expires`)",
+                    after_start(a.expires_ms),
+                    after_start(at)
                 )));
             }
             if a.expires_ms - at > policy.approvals.max_expiry_ms {
+                use tally_ledger::words::duration;
                 return Err(GateError::ApprovalRefused(format!(
-                    "the approval is valid for {} ms; the policy allows at most {} ms",
-                    a.expires_ms - at,
-                    policy.approvals.max_expiry_ms
+                    "the approval is valid for {}; the policy allows at most {} (approvals.max_expiry_ms): sign one with a shorter --expires",
+                    duration(a.expires_ms - at),
+                    duration(policy.approvals.max_expiry_ms)
                 )));
             }
             let mut record = Decision {

@@ -27,7 +27,7 @@
 //!
 //! Durability of [`Store::put_durable`]: sled 0.34's `flush()` ends in
 //! `sync_file_range`, which neither flushes the drive's cache nor the file's metadata
-//! (sled issue #1452), so after its flush we `fsync` sled's log file (`db`) ourselves.
+//! (sled's own GitHub issue #1452, upstream), so after its flush we `fsync` sled's log file (`db`) ourselves.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File};

@@ -270,7 +270,7 @@ fn digest_of(args: &str) -> String {
     d.args_digest.unwrap()
 }
 
-// Issue 11 item 10: numbers were rounded to f64 before hashing, so different amounts
+// Numbers were rounded to f64 before hashing, so different amounts
 // shared one digest (an approval for one is an approval for the other).
 #[test]
 fn issue_11_different_arguments_never_share_a_digest() {
@@ -289,7 +289,7 @@ fn issue_11_different_arguments_never_share_a_digest() {
     }
 }
 
-// Issue 11 item 10: duplicate keys were last-wins inside `args` and `limits`.
+// Duplicate keys were last-wins inside `args` and `limits`.
 #[test]
 fn issue_11_duplicate_keys_are_refused_at_every_depth() {
     let dup = |path: &str, key: &str, column| DecisionError::DuplicateKey {
@@ -344,7 +344,7 @@ fn issue_11_duplicate_keys_are_refused_at_every_depth() {
     );
 }
 
-// Issue 11 item 10: `"goal": null` was read as absent; a null is never an absent field.
+// `"goal": null` was read as absent; a null is never an absent field.
 #[test]
 fn issue_11_null_is_not_an_absent_field() {
     let null = |field: &str, column| DecisionError::Null {
@@ -391,7 +391,7 @@ fn issue_11_null_is_not_an_absent_field() {
     assert_ne!(digest_of("[null]"), digest_of("[]"));
 }
 
-// Issue 11 item 10: a line holding only U+00A0 was skipped as blank.
+// A line holding only U+00A0 was skipped as blank.
 #[test]
 fn issue_11_only_json_whitespace_is_whitespace() {
     use tally_ledger::decision::is_blank_line;
@@ -426,7 +426,7 @@ fn issue_11_only_json_whitespace_is_whitespace() {
     );
 }
 
-// Issue 11 item 10: what the digest is a function of, and the same value written two
+// What the digest is a function of, and the same value written two
 // ways.
 #[test]
 fn issue_11_one_value_one_digest() {

@@ -367,7 +367,7 @@ fn a_low_order_recipient_is_refused() {
 #[test]
 fn a_failed_export_leaves_no_partial_file() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("x.tex");
+    let out = dir.path().join("x.tally");
     let frames = vec![
         Ok(Frame::Entry(vec![1, 2, 3])),
         Err(Error::Store("the store failed mid-export".into())),
@@ -401,7 +401,7 @@ fn export_framing_tells_torn_from_cut_from_complete() {
     assert_eq!(read_all(&bytes).unwrap(), frames(&l));
     // The file written by Ledger::export holds the same frames, then the signed end
     // (tag 0xfe, 112 bytes) in place of the plain one.
-    let out = dir.path().join("x.tex");
+    let out = dir.path().join("x.tally");
     l.export(&out).unwrap();
     let signed = std::fs::read(&out).unwrap();
     assert_eq!(read_all(&signed).unwrap(), frames(&l));

@@ -12,37 +12,12 @@
 
 use std::path::PathBuf;
 
-use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
-use serde_json::{json, Value};
-use tally_daemon::client::{Client, ClientError, Method};
-use tally_daemon::wire::ErrorReply;
-use tally_gate::{CheckAnswer, CheckRequest, OutcomeRequest, StartRequest};
+use tally_api::{CheckAnswer, CheckRequest, GateClient, OutcomeRequest, StartRequest};
 use tally_ledger::Reason;
 use tokio::sync::{mpsc, oneshot};
 
 /// Why the gate could not answer a check: the call is then not made (fail closed).
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum GateFailure {
-    /// No daemon answers on the socket, or the connection broke.
-    #[error("cannot reach the gate at {socket}: {why}")]
-    Unreachable {
-        /// The agent socket.
-        socket: String,
-        /// What failed.
-        why: String,
-    },
-    /// The gate refused the request with a typed error.
-    #[error("the gate refused the request ({status} {code}): {message}")]
-    Refused {
-        /// The HTTP status.
-        status: u16,
-        /// The error code (`run_not_found`, `not_owner`, `gate_unavailable`, ...).
-        code: String,
-        /// The gate's message.
-        message: String,
-    },
-}
+pub use tally_api::GateError as GateFailure;
 
 enum Job {
     Check(
@@ -68,7 +43,7 @@ struct Worker {
     started: bool,
     /// Whether this proxy started the run (then it stops it at the end).
     owned: bool,
-    client: Option<Client>,
+    gate: GateClient,
 }
 
 /// Where a run name stands with the gate.
@@ -92,12 +67,12 @@ impl Gate {
     pub fn spawn(socket: PathBuf, start: StartRequest) -> Gate {
         let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
         let mut worker = Worker {
+            gate: GateClient::new(&socket),
             socket,
             run: start.run.clone(),
             start,
             started: false,
             owned: false,
-            client: None,
         };
         tokio::spawn(async move {
             // Start the run at once, so the ledger shows it even before any call.
@@ -112,10 +87,7 @@ impl Gate {
                     }
                     Job::Outcome(mut request) => {
                         request.run = worker.run.clone();
-                        if let Err(e) = worker
-                            .post::<serde_json::Value>("/v1/outcome", &request)
-                            .await
-                        {
+                        if let Err(e) = worker.gate.outcome(&request).await {
                             crate::log(&format!(
                                 "the outcome of attempt {} ({:?}) was not recorded: {e}",
                                 request.attempt, request.status
@@ -220,6 +192,8 @@ impl Worker {
                         message: format!(
                             "run {name} has stopped ({reason}); tally mcp continues only a run that stopped completed, so a human must look at it (tally handoff) and start tally mcp with a new --run"
                         ),
+                        field: None,
+                        retry_after_ms: None,
                     });
                 }
             }
@@ -230,6 +204,8 @@ impl Worker {
             message: format!(
                 "could not start a run continuing {base}: other sessions keep taking the next name"
             ),
+            field: None,
+            retry_after_ms: None,
         })
     }
 
@@ -238,7 +214,7 @@ impl Worker {
         let mut start = self.start.clone();
         start.run = run.to_owned();
         start.continues = continues.map(str::to_owned);
-        match self.post::<Value>("/v1/runs", &start).await {
+        match self.gate.start(&start).await {
             Ok(_) => Ok(true),
             Err(GateFailure::Refused { code, .. }) if code == "run_exists" => Ok(false),
             Err(e) => Err(e),
@@ -273,8 +249,7 @@ impl Worker {
 
     /// `GET /v1/runs/{run}`: whether the run is missing, open or stopped.
     async fn standing(&mut self, run: &str) -> Result<Standing, GateFailure> {
-        let path = format!("/v1/runs/{}", utf8_percent_encode(run, NON_ALPHANUMERIC));
-        match self.request::<Value>(Method::GET, &path, None).await {
+        match self.gate.run(run).await {
             Ok(v) if v["state"] == "stopped" => Ok(Standing::Stopped(
                 serde_json::from_value(v["stop_reason"].clone()).ok(),
             )),
@@ -294,7 +269,7 @@ impl Worker {
         self.ensure_started().await?;
         let mut request = request.clone();
         request.run = self.run.clone();
-        self.post("/v1/check", &request).await
+        self.gate.check(&request).await
     }
 
     /// Stop the run if this proxy started it: the run's name once stopped.
@@ -302,93 +277,11 @@ impl Worker {
         if !self.owned {
             return None;
         }
-        let path = format!(
-            "/v1/runs/{}/stop",
-            utf8_percent_encode(&self.run, NON_ALPHANUMERIC)
-        );
-        let body = json!({"reason": reason, "worker": self.start.worker});
         Some(
-            self.post::<Value>(&path, &body)
+            self.gate
+                .stop(&self.run, reason, self.start.worker.as_deref())
                 .await
                 .map(|_| self.run.clone()),
         )
-    }
-
-    /// POST a JSON body and read a JSON answer, or the gate's typed error.
-    async fn post<T: serde::de::DeserializeOwned>(
-        &mut self,
-        path: &str,
-        body: &impl serde::Serialize,
-    ) -> Result<T, GateFailure> {
-        let body = serde_json::to_vec(body).map_err(|e| self.unreachable(e))?;
-        self.request(Method::POST, path, Some(body)).await
-    }
-
-    /// One request: a JSON answer, or the gate's typed error.
-    async fn request<T: serde::de::DeserializeOwned>(
-        &mut self,
-        method: Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-    ) -> Result<T, GateFailure> {
-        if self.client.is_none() {
-            let client = Client::unix(&self.socket)
-                .await
-                .map_err(|e| self.unreachable(e))?;
-            self.client = Some(client);
-        }
-        let (kind, body) = match body {
-            Some(b) => (Some("application/json"), b),
-            None => (None, Vec::new()),
-        };
-        let mut retried = false;
-        let reply = loop {
-            let client = self.client.as_mut().expect("connected");
-            match client
-                .request(method.clone(), path, kind, body.clone())
-                .await
-            {
-                Ok(reply) => break reply,
-                // The daemon closed the connection while it was idle (it does once no
-                // request came for its read timeout, 10 s): the request was never sent,
-                // so one more try on a new connection cannot record anything twice.
-                Err(ClientError::Http(e)) if e.is_closed() && !retried => {
-                    retried = true;
-                    let client = Client::unix(&self.socket)
-                        .await
-                        .map_err(|e| self.unreachable(e))?;
-                    self.client = Some(client);
-                }
-                Err(e) => {
-                    // A broken connection: the next request reconnects. This one fails
-                    // closed: it is not retried, since the gate may have recorded it.
-                    self.client = None;
-                    return Err(self.unreachable(match e {
-                        ClientError::Http(e) => format!("the connection failed: {e}"),
-                        e => e.to_string(),
-                    }));
-                }
-            }
-        };
-        let status = reply.status.as_u16();
-        if reply.status.is_success() {
-            return serde_json::from_slice(&reply.body).map_err(|e| GateFailure::Refused {
-                status,
-                code: "unexpected_reply".into(),
-                message: format!("the gate's answer is not what its API promises: {e}"),
-            });
-        }
-        Err(match serde_json::from_slice::<ErrorReply>(&reply.body) {
-            Ok(r) => GateFailure::Refused {
-                status,
-                code: r.error.code,
-                message: r.error.message,
-            },
-            Err(_) => GateFailure::Refused {
-                status,
-                code: "unexpected_reply".into(),
-                message: String::from_utf8_lossy(&reply.body).into_owned(),
-            },
-        })
     }
 }

@@ -598,9 +598,9 @@ async fn expire(shared: Shared, id: Value, after: Duration) {
     shared.to_server.send(cancel.to_string());
     if !p.cancelled {
         let text = format!(
-            "tally: {} did not answer within {} ms, the time the gate allowed this call; it was cancelled and its outcome recorded as timeout. The tool may or may not have acted: check before calling it again.",
+            "tally: {} did not answer within {}, the time the gate allowed this call; it was cancelled and its outcome recorded as timeout. The tool may or may not have acted: check before calling it again.",
             p.tool,
-            after.as_millis()
+            tally_ledger::words::duration(after.as_millis() as u64)
         );
         not_made(&shared, &id, None, text);
     }

@@ -224,7 +224,11 @@ fn decisions(dir: &Path, run: &str) -> Vec<Decision> {
     let mut out = Vec::new();
     let frames = tally_verify::walk::ledger_frames(&dir.join("ledger")).expect("log");
     let report = tally_verify::verify(frames, &options, |e| out.push(e), |_| {});
-    assert_eq!(report.verdict().exit_code(), 0, "the ledger verifies");
+    assert_eq!(
+        report.verdict(),
+        tally_verify::Verdict::Intact,
+        "the ledger verifies"
+    );
     out.sort_by_key(|e| e.seq);
     out.into_iter()
         .map(|e| *e.decision)
@@ -372,7 +376,7 @@ fn a_looping_client_is_stopped_at_the_cap_and_the_ledger_says_so() {
     assert_eq!(refused[0].tool.as_deref(), Some("files/flaky"));
 }
 
-/// Issue 20 item 7: an operation retried past its effect class is refused with its own
+/// An operation retried past its effect class is refused with its own
 /// code (`retries_exhausted`, action stop), and the refusal says so and what the run has
 /// left: not "a human must approve more" while the run still has attempts.
 #[test]

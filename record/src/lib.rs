@@ -14,6 +14,7 @@ pub mod clock;
 pub mod decision;
 pub mod error;
 mod strict;
+pub mod words;
 
 pub use args::Args;
 pub use clock::{Clock, ManualClock, SystemClock};

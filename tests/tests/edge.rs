@@ -1,4 +1,4 @@
-//! Issue 11: the verifier's and the reports' edge, through the real `tally` binary: exit
+//! The verifier's and the reports' edge, through the real `tally` binary: exit
 //! codes that agree with the text, user mistakes told apart from tampering, messages that
 //! show what differs, JSON that matches its published schema, wording, and agent-supplied
 //! strings that never reach a terminal raw.
@@ -45,7 +45,7 @@ fn tally_bin() -> &'static Path {
 }
 
 /// A ledger made with the real CLI in a temporary directory: `a.key`/`a.pub`, the ledger
-/// in `L/` and its export in `L.tex`.
+/// in `L/` and its export in `L.tally`.
 struct Cli {
     tmp: tempfile::TempDir,
 }
@@ -58,7 +58,7 @@ impl Cli {
         cli.ok(&["keygen", "--out", "a.key"]);
         cli.ok(&["init", "--ledger", "L", "--recipient", "a.pub"]);
         cli.append("L", decisions);
-        cli.ok(&["export", "--ledger", "L", "--out", "L.tex"]);
+        cli.ok(&["export", "--ledger", "L", "--out", "L.tally"]);
         cli
     }
 
@@ -134,15 +134,15 @@ fn bad_run(run: &str) -> Vec<Value> {
 
 /// The export without its end marker: cut short at a frame boundary.
 fn cut_at_boundary(cli: &Cli) -> PathBuf {
-    let bytes = std::fs::read(cli.path("L.tex")).expect("export");
-    let cut = cli.path("cut.tex");
+    let bytes = std::fs::read(cli.path("L.tally")).expect("export");
+    let cut = cli.path("cut.tally");
     std::fs::write(&cut, &bytes[..bytes.len() - END_FRAME_LEN]).expect("write cut");
     cut
 }
 
 /// The export with one bit of its last entry flipped: it does not verify.
 fn tampered(cli: &Cli) -> PathBuf {
-    let bytes = std::fs::read(cli.path("L.tex")).expect("export");
+    let bytes = std::fs::read(cli.path("L.tally")).expect("export");
     let mut frames = parse_frames(&bytes);
     let last = frames
         .iter_mut()
@@ -154,32 +154,32 @@ fn tampered(cli: &Cli) -> PathBuf {
         .expect("an entry");
     let mid = last.len() / 2;
     last[mid] ^= 1;
-    let path = cli.path("bad.tex");
+    let path = cli.path("bad.tally");
     std::fs::write(&path, write_export(&frames)).expect("write tampered");
     path
 }
 
-/// Issue 11 item 4: `handoff --run X` exits on X's findings, not on other runs'.
+/// `handoff --run X` exits on X's findings, not on other runs'.
 #[test]
 fn handoff_of_one_run_exits_on_that_runs_findings_only() {
     let mut decisions = clean_run("clean");
     decisions.extend(bad_run("bad"));
     let cli = Cli::new(&decisions);
-    let one = cli.run(&with_keys(&["handoff", "L.tex", "--run", "clean"]));
+    let one = cli.run(&with_keys(&["handoff", "L.tally", "--run", "clean"]));
     assert_eq!(code(&one), 0, "{}{}", text(&one.stdout), text(&one.stderr));
-    let bad = cli.run(&with_keys(&["handoff", "L.tex", "--run", "bad"]));
+    let bad = cli.run(&with_keys(&["handoff", "L.tally", "--run", "bad"]));
     assert_eq!(code(&bad), 1, "{}", text(&bad.stdout));
-    let all = cli.run(&with_keys(&["handoff", "L.tex"]));
+    let all = cli.run(&with_keys(&["handoff", "L.tally"]));
     assert_eq!(code(&all), 1, "{}", text(&all.stdout));
 }
 
-/// Issue 11 item 4: verify with the auditor key exits 1 on audit findings whatever the
+/// Verify with the auditor key exits 1 on audit findings whatever the
 /// chain's verdict, as loops and handoff do (over a cut copy it exited 3), and says so.
 #[test]
 fn verify_with_audit_findings_exits_1_and_says_inconsistent() {
     let cli = Cli::new(&bad_run("bad"));
     let cut = cut_at_boundary(&cli);
-    for path in ["L.tex", cut.to_str().expect("path")] {
+    for path in ["L.tally", cut.to_str().expect("path")] {
         let out = cli.run(&with_keys(&["verify", path]));
         let stdout = text(&out.stdout);
         assert_eq!(code(&out), 1, "{path}: {stdout}");
@@ -194,7 +194,7 @@ fn verify_with_audit_findings_exits_1_and_says_inconsistent() {
     }
 }
 
-/// Issue 11 item 4: loops and handoff on incomplete evidence exit 3 and say so.
+/// Loops and handoff on incomplete evidence exit 3 and say so.
 #[test]
 fn incomplete_evidence_is_stated_by_loops_and_handoff() {
     let cli = Cli::new(&clean_run("r"));
@@ -212,7 +212,7 @@ fn incomplete_evidence_is_stated_by_loops_and_handoff() {
     }
 }
 
-/// Issue 11 item 4: a report refused without `--force` still answers `--json` on stdout.
+/// A report refused without `--force` still answers `--json` on stdout.
 #[test]
 fn a_refused_json_report_prints_a_document() {
     let cli = Cli::new(&clean_run("r"));
@@ -236,14 +236,14 @@ fn a_refused_json_report_prints_a_document() {
     }
 }
 
-/// Issue 11 item 4: the CLI calls a copy cut inside a frame incomplete (exit 3) and names
+/// The CLI calls a copy cut inside a frame incomplete (exit 3) and names
 /// the last sealed seq, as for a cut between frames.
 #[test]
 fn a_copy_cut_inside_a_frame_exits_3() {
     let cli = Cli::new(&clean_run("r"));
-    let bytes = std::fs::read(cli.path("L.tex")).expect("export");
+    let bytes = std::fs::read(cli.path("L.tally")).expect("export");
     // Cut inside the last checkpoint frame (the end marker and a few bytes before it).
-    let cut = cli.path("torn.tex");
+    let cut = cli.path("torn.tally");
     std::fs::write(&cut, &bytes[..bytes.len() - END_FRAME_LEN - 7]).expect("write cut");
     let out = cli.run(&[
         "verify",
@@ -260,7 +260,7 @@ fn a_copy_cut_inside_a_frame_exits_3() {
     assert!(stdout.contains("ends inside the frame"), "{stdout}");
 }
 
-/// Issue 11 item 5: another ledger's `ledger.pub` or anchor is a mistake (exit 2) that
+/// Another ledger's `ledger.pub` or anchor is a mistake (exit 2) that
 /// names both ledger ids, not tampering.
 #[test]
 fn another_ledgers_key_or_anchor_is_a_usage_error_naming_both_ids() {
@@ -274,11 +274,11 @@ fn another_ledgers_key_or_anchor_is_a_usage_error_naming_both_ids() {
     };
     let (ours, theirs) = (id("L"), id("M"));
     for args in [
-        vec!["verify", "L.tex", "--key", "M/ledger.pub"],
+        vec!["verify", "L.tally", "--key", "M/ledger.pub"],
         vec!["verify", "L", "--key", "M/ledger.pub"],
         vec![
             "loops",
-            "L.tex",
+            "L.tally",
             "--key",
             "M/ledger.pub",
             "--auditor-key",
@@ -298,7 +298,7 @@ fn another_ledgers_key_or_anchor_is_a_usage_error_naming_both_ids() {
     std::fs::write(cli.path("m.cp"), anchor).expect("anchor");
     let out = cli.run(&[
         "verify",
-        "L.tex",
+        "L.tally",
         "--key",
         "L/ledger.pub",
         "--anchor",
@@ -312,22 +312,22 @@ fn another_ledgers_key_or_anchor_is_a_usage_error_naming_both_ids() {
     );
 }
 
-/// Issue 11 item 5: a flipped bit in the genesis recipient, with `--auditor-key`, is
+/// A flipped bit in the genesis recipient, with `--auditor-key`, is
 /// tampering reported by the keyless walk (exit 1), not a key error with no report.
 #[test]
 fn a_flipped_genesis_recipient_is_reported_as_tampering() {
     let cli = Cli::new(&clean_run("r"));
     let recipient =
         tally_ledger::keys::read_auditor_public(&cli.path("a.pub")).expect("auditor public");
-    let mut bytes = std::fs::read(cli.path("L.tex")).expect("export");
+    let mut bytes = std::fs::read(cli.path("L.tally")).expect("export");
     let at = bytes
         .windows(32)
         .position(|w| w == recipient)
         .expect("the recipient in the genesis");
     bytes[at + 16] ^= 0x10;
-    std::fs::write(cli.path("flip.tex"), &bytes).expect("write");
+    std::fs::write(cli.path("flip.tally"), &bytes).expect("write");
     for command in ["verify", "loops", "handoff"] {
-        let out = cli.run(&with_keys(&[command, "flip.tex"]));
+        let out = cli.run(&with_keys(&[command, "flip.tally"]));
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         assert_eq!(code(&out), 1, "{command}: {stdout}{stderr}");
         let report = if command == "verify" {
@@ -342,7 +342,7 @@ fn a_flipped_genesis_recipient_is_reported_as_tampering() {
     }
 }
 
-/// Issue 11 item 5: a damaged store is a finding (exit 1), not "Read corrupted data"
+/// A damaged store is a finding (exit 1), not "Read corrupted data"
 /// with exit 2. In layout 2: a segment whose header is damaged.
 #[test]
 fn a_damaged_store_is_a_finding() {
@@ -365,7 +365,7 @@ fn a_damaged_store_is_a_finding() {
     );
 }
 
-/// Issue 11 item 6: a broken link shows the two hashes far enough to see them differ
+/// A broken link shows the two hashes far enough to see them differ
 /// (it printed `previous-hash 491ce7e6985a8528 is not the hash 491ce7e6985a8528`).
 #[test]
 fn a_broken_link_shows_what_differs() {
@@ -396,7 +396,7 @@ fn a_broken_link_shows_what_differs() {
     );
 }
 
-/// Issue 11 item 16: copies of a checkpoint are a finding (they verified intact), found
+/// Copies of a checkpoint are a finding (they verified intact), found
 /// in linear time (each copy is compared, not checked against every other).
 #[test]
 fn duplicated_checkpoints_are_one_finding() {
@@ -424,7 +424,7 @@ fn duplicated_checkpoints_are_one_finding() {
     eprintln!("{copies} duplicated checkpoints verified in {took:?}");
 }
 
-/// Issue 11 item 8: amounts never wrap in reports: a reservation of u64::MAX cents and
+/// Amounts never wrap in reports: a reservation of u64::MAX cents and
 /// then 2 more stays at u64::MAX, with an `amount_overflow` finding.
 #[test]
 fn reservations_that_would_overflow_are_a_finding_never_a_wrap() {
@@ -433,21 +433,21 @@ fn reservations_that_would_overflow_are_a_finding_never_a_wrap() {
         json!({"run": "r", "kind": "allow", "tool": "t", "attempt": 1, "reserve_cents": u64::MAX}),
         json!({"run": "r", "kind": "allow", "tool": "t", "attempt": 2, "reserve_cents": 2}),
     ]);
-    let out = cli.run(&with_keys(&["handoff", "L.tex"]));
+    let out = cli.run(&with_keys(&["handoff", "L.tally"]));
     let stdout = text(&out.stdout);
     assert_eq!(code(&out), 1, "{stdout}");
     assert!(
         stdout.contains(&format!("{}¢ reserved", u64::MAX)),
         "{stdout}"
     );
-    let loops = text(&cli.run(&with_keys(&["loops", "L.tex"])).stdout);
+    let loops = text(&cli.run(&with_keys(&["loops", "L.tally"])).stdout);
     assert!(
         loops.contains("overflow: held_cents would overflow"),
         "{loops}"
     );
 }
 
-/// Issue 11 item 11: handoff wording: a start without a goal, attempts without a limit,
+/// Handoff wording: a start without a goal, attempts without a limit,
 /// storms without named workers, and times that say which clock they are on.
 #[test]
 fn handoff_wording_says_what_is_known() {
@@ -463,7 +463,7 @@ fn handoff_wording_says_what_is_known() {
         }
     }
     let cli = Cli::new(&decisions);
-    let out = cli.run(&with_keys(&["handoff", "L.tex"]));
+    let out = cli.run(&with_keys(&["handoff", "L.tally"]));
     let stdout = text(&out.stdout);
     assert!(
         stdout.contains("Run nogoal: (its start record gives no goal)"),
@@ -474,7 +474,10 @@ fn handoff_wording_says_what_is_known() {
     assert!(!stdout.contains("of no limit"), "{stdout}");
     assert!(!stdout.contains("(s)"), "{stdout}");
     assert!(!stdout.contains("0 worker"), "{stdout}");
-    assert!(stdout.contains("run time t+5 ms, recorded 20"), "{stdout}");
+    assert!(
+        stdout.contains("5 ms after the run started, recorded 20"),
+        "{stdout}"
+    );
 }
 
 /// True if `s` holds a character that drives a terminal: C0 controls but the line break,
@@ -486,7 +489,7 @@ fn drives_a_terminal(s: &str) -> Option<char> {
     })
 }
 
-/// Issue 11 item 13: agent-supplied strings are shown escaped. A run named to erase the
+/// Agent-supplied strings are shown escaped. A run named to erase the
 /// lines above it (`\r\e[10A\r\e[J`) hid another run's "Must not repeat" line.
 #[test]
 fn agent_strings_never_reach_the_terminal_raw() {
@@ -518,9 +521,9 @@ fn agent_strings_never_reach_the_terminal_raw() {
     }
     let cli = Cli::new(&decisions);
     for args in [
-        with_keys(&["verify", "L.tex"]),
-        with_keys(&["loops", "L.tex"]),
-        with_keys(&["handoff", "L.tex"]),
+        with_keys(&["verify", "L.tally"]),
+        with_keys(&["loops", "L.tally"]),
+        with_keys(&["handoff", "L.tally"]),
     ] {
         let out = cli.run(&args);
         let stdout = text(&out.stdout);
@@ -538,7 +541,7 @@ fn agent_strings_never_reach_the_terminal_raw() {
     }
 }
 
-/// Issue 11 item 7: the JSON the commands print is what the docs say: one document with
+/// The JSON the commands print is what the docs say: one document with
 /// `version` (and `verdict` for verify), each valid against its schema in docs/schemas/.
 #[test]
 fn json_reports_match_their_published_schemas() {
@@ -583,10 +586,10 @@ fn json_reports_match_their_published_schemas() {
     let cases: Vec<(&str, Vec<&str>, i32)> = vec![
         (
             "verify",
-            vec!["verify", "L.tex", "--key", "L/ledger.pub", "--json"],
+            vec!["verify", "L.tally", "--key", "L/ledger.pub", "--json"],
             0,
         ),
-        ("verify", with_keys(&["verify", "L.tex", "--json"]), 1),
+        ("verify", with_keys(&["verify", "L.tally", "--json"]), 1),
         (
             "verify",
             vec!["verify", cut, "--key", "L/ledger.pub", "--json"],
@@ -598,14 +601,14 @@ fn json_reports_match_their_published_schemas() {
             vec!["verify", bad, "--key", "L/ledger.pub", "--json"],
             1,
         ),
-        ("loops", with_keys(&["loops", "L.tex", "--json"]), 1),
+        ("loops", with_keys(&["loops", "L.tally", "--json"]), 1),
         ("loops", with_keys(&["loops", cut, "--json"]), 1),
         ("loops", with_keys(&["loops", bad, "--json"]), 1),
         ("loops", with_keys(&["loops", bad, "--json", "--force"]), 1),
-        ("handoff", with_keys(&["handoff", "L.tex", "--json"]), 1),
+        ("handoff", with_keys(&["handoff", "L.tally", "--json"]), 1),
         (
             "handoff",
-            with_keys(&["handoff", "L.tex", "--run", "w", "--json"]),
+            with_keys(&["handoff", "L.tally", "--run", "w", "--json"]),
             0,
         ),
         (
@@ -614,6 +617,18 @@ fn json_reports_match_their_published_schemas() {
             3,
         ),
         ("handoff", with_keys(&["handoff", bad, "--json"]), 1),
+        ("stats", with_keys(&["stats", "L.tally", "--json"]), 1),
+        (
+            "stats",
+            with_keys(&["stats", "L.tally", "--run", "w", "--json"]),
+            0,
+        ),
+        (
+            "stats",
+            with_keys(&["stats", cut, "--run", "clean", "--json"]),
+            3,
+        ),
+        ("stats", with_keys(&["stats", bad, "--json"]), 1),
     ];
     for (i, (name, args, want)) in cases.into_iter().enumerate() {
         let out = cli.run(&args);
@@ -636,7 +651,7 @@ fn json_reports_match_their_published_schemas() {
     }
 }
 
-/// Issue 11 item 7: the documents REPORTS.md shows are what the schemas accept, so the
+/// The documents REPORTS.md shows are what the schemas accept, so the
 /// docs cannot drift from the output the schema test checks.
 #[test]
 fn the_documented_examples_match_the_schemas() {
@@ -652,6 +667,8 @@ fn the_documented_examples_match_the_schemas() {
             "loops"
         } else if doc.get("handoffs").is_some() {
             "handoff"
+        } else if doc.get("runs").is_some() {
+            "stats"
         } else {
             continue;
         };
@@ -666,5 +683,5 @@ fn the_documented_examples_match_the_schemas() {
         assert!(errors.is_empty(), "{name} example:\n{}", errors.join("\n"));
         checked.push(name);
     }
-    assert_eq!(checked, ["loops", "handoff"]);
+    assert_eq!(checked, ["loops", "handoff", "stats"]);
 }

@@ -26,7 +26,7 @@ fn verification_key_of_another_ledger() {
     assert_eq!(report.sealed, 0);
 }
 
-/// Issue 11 item 5: another ledger's `ledger.pub` is told by the ledger ids, checked
+/// Another ledger's `ledger.pub` is told by the ledger ids, checked
 /// first and named both (a user's mistake, which `tally` reports as exit 2), not a
 /// `bad_genesis` finding.
 #[test]

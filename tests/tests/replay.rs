@@ -191,7 +191,7 @@ fn a_refusal_the_policy_would_not_make_is_reported() {
     );
 }
 
-/// A pause is a record (issue 21): an allow recorded while the run's records say it is
+/// A pause is a record: an allow recorded while the run's records say it is
 /// paused is one the gate would not have made.
 #[test]
 fn an_allow_while_the_run_is_paused_is_reported() {

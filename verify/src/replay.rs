@@ -143,8 +143,10 @@ impl std::fmt::Display for ReplayFinding {
             ),
             ReplayKind::ClockBackwards { at_ms, before_ms } => write!(
                 f,
-                "seq {}  run {run}  run time {at_ms} ms after {before_ms} ms: the gate's clock never goes back",
-                self.seq
+                "seq {}  run {run}  its time, {}, is before an earlier record's, {}: the gate's clock never goes back",
+                self.seq,
+                crate::text::after_start(*at_ms),
+                crate::text::after_start(*before_ms)
             ),
             ReplayKind::NotOwner { uid } => write!(
                 f,
@@ -198,13 +200,25 @@ impl ReplayReport {
 
     /// The report as text.
     pub fn to_text(&self) -> String {
+        use crate::text::plural;
+        if self.replayed == 0 && self.findings.is_empty() && self.omitted == 0 {
+            return "Replay: the ledger holds no decision of the gate to decide again.\n".into();
+        }
         let mut out = format!(
-            "Replay: {} gate decisions decided again under their recorded policy ({} refusals made on state no ledger holds, such as rate limits, breakers and pauses, accepted as recorded): ",
-            self.replayed, self.taken_as_recorded
+            "Replay: the gate's {}, decided again under the policy each names",
+            plural(self.replayed, "decision", "decisions")
         );
+        if self.taken_as_recorded > 0 {
+            out.push_str(&format!(
+                " ({} depended on what the ledger does not hold, a rate limit, an open breaker or a pause, so {} not checked)",
+                plural(self.taken_as_recorded, "refusal", "refusals"),
+                if self.taken_as_recorded == 1 { "it is" } else { "they are" }
+            ));
+        }
+        out.push_str(": ");
         let n = self.findings.len() as u64 + self.omitted;
         if n == 0 {
-            out.push_str("every one is what the policy decides.\n");
+            out.push_str("every one is what that policy decides.\n");
         } else {
             out.push_str(&format!("{n} the policy would not have made.\n"));
             for f in &self.findings {

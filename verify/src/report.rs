@@ -12,24 +12,13 @@ use crate::finding::Finding;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    /// Every entry verified and sealed; every anchor matched. Exit 0.
+    /// Every entry verified and sealed; every anchor matched.
     Intact,
-    /// Tampering or inconsistency found. Exit 1.
+    /// Tampering or inconsistency found.
     Tampered,
     /// What is there is intact, but evidence is incomplete (unsealed tail, an export cut
-    /// short wherever the cut falls, or a required anchor missing). Exit 3.
+    /// short wherever the cut falls, or a required anchor missing).
     Incomplete,
-}
-
-impl Verdict {
-    /// The process exit code.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Verdict::Intact => 0,
-            Verdict::Tampered => 1,
-            Verdict::Incomplete => 3,
-        }
-    }
 }
 
 /// How the ledger ends.
@@ -225,14 +214,18 @@ impl Report {
 
     /// The human-readable report: a verdict line first, then details and findings.
     pub fn to_text(&self) -> String {
+        use crate::text::plural;
         let mut out = String::new();
         let last = self.entries.saturating_sub(1);
         match self.verdict() {
             Verdict::Intact => {
                 let _ = writeln!(
                     out,
-                    "INTACT: all {} entries (seq 0..={last}) verified and sealed",
-                    self.entries
+                    "INTACT: {} (seq 0..={last}) verified and sealed",
+                    match self.entries {
+                        1 => "the 1 entry".to_owned(),
+                        n => format!("all {n} entries"),
+                    }
                 );
             }
             Verdict::Tampered => match (&self.key_mismatch, self.findings.first()) {
@@ -255,22 +248,25 @@ impl Report {
                 (None, None) => {
                     let _ = writeln!(
                         out,
-                        "TAMPERED: {} findings beyond the kept ones",
-                        self.findings_omitted
+                        "TAMPERED: {} beyond the kept ones",
+                        plural(self.findings_omitted, "finding", "findings")
                     );
                 }
             },
             Verdict::Incomplete => {
                 let why = match self.tail {
                     Tail::Unsealed { from, count } => format!(
-                        "{count} entries (seq {from}..={}) are NOT sealed by any checkpoint",
-                        from + count - 1
+                        "{} (seq {from}..={}) {} NOT sealed by any checkpoint",
+                        plural(count, "entry", "entries"),
+                        from + count - 1,
+                        if count == 1 { "is" } else { "are" }
                     ),
                     Tail::CutClean { offset } => format!(
                         "the export ends at byte {offset} without its end marker (cut short, between frames)"
                     ),
                     Tail::Torn { offset, missing } => format!(
-                        "the export ends inside the frame at byte {offset}, {missing} bytes short (cut short, or a torn write)"
+                        "the export ends inside the frame at byte {offset}, {} short (cut short, or a torn write)",
+                        plural(missing, "byte", "bytes")
                     ),
                     Tail::UnsignedEnd => "the export's end marker is not signed by the log key (a copy cut at a checkpoint looks the same; export it again with this build)".into(),
                     Tail::Complete if self.witnessed.as_ref().is_some_and(|w| !w.quorum) => {
@@ -300,8 +296,6 @@ impl Report {
             }
         }
         let _ = writeln!(out, "  ledger      {}", self.ledger_id);
-        let plural =
-            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let _ = writeln!(
             out,
             "  entries     {} ({}, {})",
@@ -327,8 +321,9 @@ impl Report {
         if let Tail::Unsealed { from, count } = self.tail {
             let _ = writeln!(
                 out,
-                "  unsealed    seq {from}..={} ({count} entries)",
-                from + count - 1
+                "  unsealed    seq {from}..={} ({})",
+                from + count - 1,
+                plural(count, "entry", "entries")
             );
         }
         for a in &self.anchors {
@@ -377,8 +372,11 @@ impl Report {
         for t in &self.torn_writes {
             let _ = writeln!(
                 out,
-                "  torn write  segment {} at byte {}: {} bytes after its last checkpoint, never sealed (a crash during a write; kept in place, the log resumes at seq {})",
-                t.segment, t.offset, t.bytes, t.before_seq
+                "  torn write  segment {} at byte {}: {} after its last checkpoint, never sealed (a crash during a write; kept in place, the log resumes at seq {})",
+                t.segment,
+                t.offset,
+                plural(t.bytes, "byte", "bytes"),
+                t.before_seq
             );
         }
         if self.require_anchor && self.anchors.is_empty() {
@@ -394,8 +392,8 @@ impl Report {
         } else if let Some(d) = self.decrypted {
             let _ = writeln!(
                 out,
-                "  decrypted   {d} of {} decisions, each a valid record",
-                self.decisions
+                "  decrypted   {d} of {}, each a valid record",
+                plural(self.decisions, "decision", "decisions")
             );
         }
         if !self.findings.is_empty() {

@@ -15,15 +15,7 @@ pub fn terminal_safe(report: &str) -> Cow<'_, str> {
     escaped(report, |c| (c.is_control() && c != '\n') || is_bidi(c))
 }
 
-/// A duration as a person reads it: `850 ms`, `12.5 s`, `3 min 05 s`, `2 h 03 min`.
-pub fn duration(ms: u64) -> String {
-    match ms {
-        0..=999 => format!("{ms} ms"),
-        1_000..=59_999 => format!("{}.{} s", ms / 1000, ms % 1000 / 100),
-        60_000..=3_599_999 => format!("{} min {:02} s", ms / 60_000, ms % 60_000 / 1000),
-        _ => format!("{} h {:02} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
-    }
-}
+pub use tally_record::words::{after_start, duration, plural, rfc3339, utc};
 
 fn is_bidi(c: char) -> bool {
     matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')

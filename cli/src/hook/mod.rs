@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tally_daemon::client::{Client, Method};
+use tally_api::{CheckRequest, GateClient, GateError, OutcomeRequest, StartRequest};
 
 use crate::output::{errln, outln};
 use crate::Exit;
@@ -222,37 +222,27 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
     if let Some(args) = &p.tool_input {
         check["args"] = args.clone();
     }
-    let (status, reply, started) = block_on(async {
-        let (status, reply) = request(&h.socket, "/v1/check", &check).await?;
-        if status == 404 && reply["error"]["code"] == "run_not_found" {
-            // The session's first call: its run starts now, under the policy's ceiling.
-            let start =
-                json!({"run": run, "goal": format!("Claude Code session {}", p.session_id)});
-            let (s, r) = request(&h.socket, "/v1/runs", &start).await?;
-            if s != 201 && !(s == 409 && r["error"]["code"] == "run_exists") {
-                return Ok((s, r, false));
-            }
-            let (s2, r2) = request(&h.socket, "/v1/check", &check).await?;
-            return Ok((s2, r2, s == 201));
-        }
-        Ok((status, reply, false))
+    let check: CheckRequest =
+        serde_json::from_value(check).context("the tool call is not a check the gate reads")?;
+    // The session's first call starts its run, under the policy's ceiling.
+    let start: StartRequest = serde_json::from_value(
+        json!({"run": run, "goal": format!("Claude Code session {}", p.session_id)}),
+    )
+    .context("the session's run cannot be started")?;
+    let checked = block_on(async {
+        let mut gate = gate(&h.socket).await?;
+        Ok(gate.check_or_start(&check, &start).await?)
     })?;
-    if started {
+    if checked.started {
         // This session started the run: its end stops it.
         session::started(h, &p.session_id, run)?;
     }
-    if status != 200 {
-        bail!(
-            "the gate refused the request ({status} {}): {}",
-            reply["error"]["code"].as_str().unwrap_or("error"),
-            reply["error"]["message"].as_str().unwrap_or("no message")
-        );
-    }
+    let reply = serde_json::to_value(&checked.answer)?;
     let reason = reply["reason"].as_str().unwrap_or("");
     let action = reply["action"].as_str().unwrap_or("");
     let after = reply["retry_after_ms"]
         .as_u64()
-        .map(|ms| format!("; retry after {ms} ms"))
+        .map(|ms| format!("; retry after {}", tally_verify::text::duration(ms)))
         .unwrap_or_default();
     let refused = |reason: &str, action: &str| {
         session::answered(
@@ -389,13 +379,15 @@ fn post(h: &Hook, p: &Payload) -> Result<Option<String>> {
     if let Some(result) = p.tool_response.as_ref().or(p.error.as_ref()) {
         body["result_digest"] = json!(tally_ledger::decision::args_digest(result));
     }
-    let (code, reply) = block_on(request(&h.socket, "/v1/outcome", &body))?;
-    if code != 200 {
-        bail!(
-            "the gate did not record it ({code} {}): {}",
-            reply["error"]["code"].as_str().unwrap_or("error"),
-            reply["error"]["message"].as_str().unwrap_or("no message")
-        );
+    match block_on(outcome(&h.socket, body))? {
+        Ok(_) => {}
+        Err(GateError::Refused {
+            status,
+            code,
+            message,
+            ..
+        }) => bail!("the gate did not record it ({status} {code}): {message}"),
+        Err(e) => bail!("the gate did not record it: {e}"),
     }
     session::forget(h, &p.session_id, id)?;
     Ok(None)
@@ -412,15 +404,16 @@ fn session_end(h: &Hook, run: &str, p: &Payload) -> Result<String> {
             continue;
         };
         let body = json!({"run": slot.run, "attempt": attempt, "status": "unknown"});
-        let (code, reply) = block_on(request(&h.socket, "/v1/outcome", &body))?;
-        // 404/409: the attempt had its outcome, or is not the gate's: nothing to add.
-        if !matches!(code, 200 | 404 | 409) {
-            bail!(
-                "the outcome of attempt {attempt} of run {} was not recorded ({code} {}): {}",
-                shown(&slot.run),
-                reply["error"]["code"].as_str().unwrap_or("error"),
-                reply["error"]["message"].as_str().unwrap_or("no message")
-            );
+        match block_on(outcome(&h.socket, body))? {
+            // 404/409: the attempt had its outcome, or is not the gate's: nothing to add.
+            Ok(_)
+            | Err(GateError::Refused {
+                status: 404 | 409, ..
+            }) => {}
+            Err(e) => bail!(
+                "the outcome of attempt {attempt} of run {} was not recorded: {e}",
+                shown(&slot.run)
+            ),
         }
         unknown_write |= slot.effect.as_deref() == Some("non_idempotent_write");
     }
@@ -447,25 +440,23 @@ fn session_end(h: &Hook, run: &str, p: &Payload) -> Result<String> {
             shown(&r)
         ),
         (Some(r), Some(reason)) => {
-            use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
-            let path = format!("/v1/runs/{}/stop", utf8_percent_encode(&r, NON_ALPHANUMERIC));
-            let (code, reply) = block_on(request(&h.socket, &path, &json!({ "reason": reason })))?;
-            match (code, reply["error"]["code"].as_str()) {
-                (200, _) => format!("the session ended: run {} stopped ({reason})", shown(&r)),
-                (404, Some("run_not_found")) => {
+            let why: tally_ledger::Reason = serde_json::from_value(json!(reason))
+                .with_context(|| format!("`{reason}` is not a reason the gate records"))?;
+            let stopped = block_on(async {
+                let mut gate = gate(&h.socket).await?;
+                Ok(gate.stop(&r, why, None).await)
+            })?;
+            match stopped {
+                Ok(_) => format!("the session ended: run {} stopped ({reason})", shown(&r)),
+                Err(e) if e.code() == Some("run_not_found") => {
                     "the session ended before any of its calls reached the gate: no run to stop"
                         .to_owned()
                 }
-                (409, Some("run_stopped")) => format!(
+                Err(e) if e.code() == Some("run_stopped") => format!(
                     "the session ended; run {} had already stopped",
                     shown(&r)
                 ),
-                (code, err) => bail!(
-                    "stopping run {} ({code} {}): {}",
-                    shown(&r),
-                    err.unwrap_or("error"),
-                    reply["error"]["message"].as_str().unwrap_or("no message")
-                ),
+                Err(e) => bail!("stopping run {}: {e}", shown(&r)),
             }
         }
     };
@@ -473,24 +464,20 @@ fn session_end(h: &Hook, run: &str, p: &Payload) -> Result<String> {
     Ok(said)
 }
 
-async fn request(socket: &Path, path: &str, body: &Value) -> Result<(u16, Value)> {
-    let mut c = Client::unix(socket).await.with_context(|| {
-        format!(
-            "connecting to the gate at {} (is `tally serve` running?)",
-            socket.display()
-        )
-    })?;
-    let reply = c
-        .request(
-            Method::POST,
-            path,
-            Some("application/json"),
-            body.to_string(),
-        )
-        .await
-        .with_context(|| format!("{path}: the gate did not answer"))?;
-    let value: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
-    Ok((reply.status.as_u16(), value))
+/// The agent socket's client, connected: a daemon that is not there says so.
+async fn gate(socket: &Path) -> Result<GateClient> {
+    crate::gate::connect(socket, |s| {
+        format!("the gate at {} (is `tally serve` running?)", s.display())
+    })
+    .await
+}
+
+/// Report an outcome: the gate's receipt, or its refusal (a daemon not there is the
+/// outer error).
+async fn outcome(socket: &Path, body: Value) -> Result<Result<Value, GateError>> {
+    let outcome: OutcomeRequest =
+        serde_json::from_value(body).context("the outcome is not one the gate reads")?;
+    Ok(gate(socket).await?.outcome(&outcome).await)
 }
 
 fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {

@@ -8,7 +8,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::text::{duration, shown};
+use crate::text::{after_start, duration, plural, shown, utc};
 
 use super::findings::AuditFinding;
 use super::handoff::{Handoff, When};
@@ -20,38 +20,11 @@ use tally_policy::{Inconsistency, StartRefusal};
 /// changes meaning (new fields may be added within a version).
 pub const REPORT_VERSION: u32 = 2;
 
-/// Wall time as UTC, `2024-05-01T12:00:00.000Z`.
-fn utc(ms: u64) -> String {
-    let days = (ms / 86_400_000) as i64;
-    let in_day = ms % 86_400_000;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        in_day / 3_600_000,
-        in_day % 3_600_000 / 60_000,
-        in_day % 60_000 / 1000,
-        in_day % 1000
-    )
-}
-
-/// A moment, saying which clock each half is on: the run's own (`t+`, from its first
-/// record or the writer's `at_ms`) and the ledger's wall clock when it was recorded (a
-/// run appended in one batch shows one recording time for all its records).
+/// A moment, saying which clock each half is on: the run's own (from its first record
+/// or the writer's `at_ms`) and the ledger's wall clock when it was recorded (a run
+/// appended in one batch shows one recording time for all its records).
 fn moment(w: When) -> String {
-    format!(
-        "run time t+{}, recorded {}",
-        duration(w.run_ms),
-        utc(w.wall_ms)
-    )
+    format!("{}, recorded {}", after_start(w.run_ms), utc(w.wall_ms))
 }
 
 /// A tool and operation for people, every agent-supplied character shown escaped.
@@ -70,10 +43,6 @@ fn names(list: &[String]) -> String {
         .map(|n| shown(n).into_owned())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn loop_end(end: &LoopEnd) -> String {
@@ -113,7 +82,7 @@ pub fn render_loops_text(report: &Report) -> String {
         );
         let span = match l.clock {
             Clock::Run => format!(
-                "run time t+{} .. t+{} ({})",
+                "from {} to {} after the run started ({})",
                 duration(l.first_ms),
                 duration(l.last_ms),
                 duration(l.span_ms)
@@ -185,8 +154,8 @@ fn finding_text(f: &Inconsistency) -> String {
             limit,
         } => match dimension {
             tally_policy::Dimension::DeadlineMs => format!(
-                "allowed at t+{}, past the run's deadline of {}",
-                duration(*used),
+                "allowed {}, past the run's deadline of {}",
+                after_start(*used),
                 duration(limit.saturating_add(1))
             ),
             tally_policy::Dimension::SpendCents => format!(
@@ -265,10 +234,10 @@ fn finding_text(f: &Inconsistency) -> String {
             expires_ms,
             at_ms,
         } => format!(
-            "allowed at t+{} on approval {}, which expired at t+{}",
-            duration(*at_ms),
+            "allowed {} on approval {}, which expired {}",
+            after_start(*at_ms),
             shown(digest.get(..16).unwrap_or(digest)),
-            duration(*expires_ms)
+            after_start(*expires_ms)
         ),
         Inconsistency::DuplicateAllow { attempt } => {
             format!("attempt {attempt} allowed a second time")

@@ -1,4 +1,4 @@
-//! Issue 4: loops, consistency audit and handoffs, on the scenario corpus and on small
+//! Loops, consistency audit and handoffs, on the scenario corpus and on small
 //! hand-written sequences. Expected reports are asserted field by field.
 
 mod budgets;

@@ -120,7 +120,7 @@ fn one_run_of_a_million_decisions_in_bounded_memory() {
     assert!(took.as_secs() < 10, "took {took:?}");
 }
 
-/// Issue 10: a `timeout` outcome, then a late `ok` settling the same reservation, was
+/// A `timeout` outcome, then a late `ok` settling the same reservation, was
 /// counted twice, so an honest run was reported over budget. One model (the policy
 /// core) counts it once; a refund without `slots` returns one attempt.
 #[test]

@@ -11,9 +11,7 @@ use crate::analysis::loops::{Clock, Loop, Pattern};
 
 use super::RunAnalysis;
 
-fn count(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
+use crate::text::plural as count;
 
 fn label(tool: Option<&str>, operation: Option<&str>) -> String {
     match (tool, operation) {
@@ -258,22 +256,25 @@ pub(crate) fn build(run: &RunAnalysis, loops: &[&Loop], findings: u64) -> Handof
                 )
             }
             Pattern::Polling => format!(
-                "do not poll {name} faster than its Retry-After or past its allowance: {} polls looped (seq {}..{})",
-                l.count, l.first_seq, l.last_seq
+                "do not poll {name} faster than its Retry-After or past its allowance: {} looped (seq {}..{})",
+                count(l.count, "poll", "polls"), l.first_seq, l.last_seq
             ),
             Pattern::Alternation => format!(
                 "do not go back and forth with {name} again: it alternated with another \
-                 call {} times and nothing changed (seq {}..{})",
-                l.count, l.first_seq, l.last_seq
+                 call {} and nothing changed (seq {}..{})",
+                count(l.count, "time", "times"), l.first_seq, l.last_seq
             ),
             Pattern::HighCallCount => format!(
-                "do not call {name} at that rate again: {} calls in {} ms (seq {}..{})",
-                l.count, l.span_ms, l.first_seq, l.last_seq
+                "do not call {name} at that rate again: {} in {} (seq {}..{})",
+                count(l.count, "call", "calls"),
+                crate::text::duration(l.span_ms),
+                l.first_seq,
+                l.last_seq
             ),
             Pattern::ExactRepetition | Pattern::RetryStorm => format!(
-                "do not repeat {name} with the same arguments unchanged: it looped {} times \
+                "do not repeat {name} with the same arguments unchanged: it looped {} \
                  ({}, seq {}..{})",
-                l.count,
+                count(l.count, "time", "times"),
                 l.pattern.as_str().replace('_', " "),
                 l.first_seq,
                 l.last_seq

@@ -1,9 +1,11 @@
-//! A small async client for Rust agents (and this crate's tests and load generator): one
-//! keep-alive HTTP/1.1 connection to the daemon, over its Unix socket or TCP loopback.
+//! The HTTP/1.1 connection under [`crate::GateClient`] (and the daemon's tests and load
+//! generator): one keep-alive connection to the daemon, over its Unix socket or TCP
+//! loopback. Appending decisions is the operator socket's (the agent socket only asks
+//! the gate).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), tally_daemon::client::ClientError> {
-//! let mut client = tally_daemon::client::Client::unix("/run/tally/tally.sock").await?;
+//! # async fn demo() -> Result<(), tally_api::client::ClientError> {
+//! let mut client = tally_api::client::Client::unix("/run/tally/operator.sock").await?;
 //! let receipts = client.append(r#"{"run":"r1","kind":"start","goal":"export report"}"#).await?;
 //! println!("seq {} hash {}", receipts[0].seq, receipts[0].hash);
 //! # Ok(()) }
@@ -12,11 +14,11 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-pub use axum::http::Method;
-use axum::http::{header, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
+pub use hyper::Method;
+use hyper::{header, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tally_ledger::Receipt;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -61,6 +63,8 @@ pub struct Reply {
     pub content_type: Option<String>,
     /// The body.
     pub body: Bytes,
+    /// The `Retry-After` header in seconds, if the daemon sent one.
+    pub retry_after_secs: Option<u64>,
 }
 
 /// One connection to the daemon. Requests on it run one at a time; open one client per
@@ -131,11 +135,17 @@ impl Client {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let retry_after_secs = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
         let body = response.into_body().collect().await?.to_bytes();
         Ok(Reply {
             status,
             content_type,
             body,
+            retry_after_secs,
         })
     }
 
@@ -171,6 +181,11 @@ impl Client {
 
 /// The receipts of a successful append, or the daemon's typed error.
 pub fn receipts(reply: Reply) -> Result<Vec<Receipt>, ClientError> {
+    json_of(&reply)
+}
+
+/// A successful reply's JSON body as `T`, or the daemon's typed error.
+pub fn json_of<T: serde::de::DeserializeOwned>(reply: &Reply) -> Result<T, ClientError> {
     let status = reply.status.as_u16();
     if reply.status.is_success() {
         return serde_json::from_slice(&reply.body).map_err(|e| ClientError::Unexpected {
@@ -185,7 +200,10 @@ pub fn receipts(reply: Reply) -> Result<Vec<Receipt>, ClientError> {
         }),
         Err(e) => Err(ClientError::Unexpected {
             status,
-            why: format!("error reply is not typed JSON: {e}"),
+            why: format!(
+                "an error reply that is not the daemon's typed JSON ({e}): {}",
+                String::from_utf8_lossy(&reply.body[..reply.body.len().min(200)])
+            ),
         }),
     }
 }

@@ -1,0 +1,30 @@
+//! The gate's API for Rust: its request and answer types (re-exported from
+//! `tally-gate`, where the gate decides with them), the daemon's wire types ([`wire`]),
+//! and the one typed client, [`GateClient`], over a daemon's Unix socket.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tally_api::GateError> {
+//! use tally_api::{CheckRequest, GateClient, StartRequest};
+//! let mut gate = GateClient::new("/run/tally/agent.sock");
+//! let check: CheckRequest = serde_json::from_value(serde_json::json!({
+//!     "run": "r1", "tool": "http", "operation": "export.create", "effect": "read"
+//! })).expect("a check");
+//! let start: StartRequest = serde_json::from_value(serde_json::json!({"run": "r1"}))
+//!     .expect("a start");
+//! let checked = gate.check_or_start(&check, &start).await?;
+//! println!("{:?}, run started now: {}", checked.answer.decision, checked.started);
+//! # Ok(()) }
+//! ```
+//!
+//! This crate links no HTTP server and no database: a client (the hook, `tally mcp`)
+//! depends on it, never on `tally-daemon`.
+#![forbid(unsafe_code)]
+
+pub mod client;
+mod gate;
+pub mod wire;
+
+pub use gate::{run_path, Checked, GateClient, GateError, Retry, RunAction};
+pub use tally_gate::{CheckAnswer, CheckRequest, OutcomeRequest, StartRequest, Started};
+pub use tally_ledger::Reason;
+pub use tally_policy::Verdict;

@@ -1,0 +1,324 @@
+//! The crate graph ARCHITECTURE.md draws, read from `cargo metadata`: every dependency
+//! between this workspace's crates points down its layers, no library links clap or
+//! anyhow, the daemon links no database, and a client (`tally-api`, `tally-mcp`) links
+//! neither the daemon nor a database.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Each crate's layer (ARCHITECTURE.md): a crate may depend only on crates of lower
+/// layers.
+const LAYERS: [(&str, u32); 12] = [
+    ("tally-record", 0),
+    ("tally-testkit", 0),
+    ("tally-ledger", 1),
+    ("tally-policy", 1),
+    ("tally-gate", 2),
+    ("tally-verify", 2),
+    ("tally-api", 3),
+    ("tally-gate-postgres", 3),
+    ("tally-daemon", 4),
+    ("tally-mcp", 4),
+    ("tally-cli", 5),
+    ("tally-tests", 5),
+];
+
+/// Crates that must never be among a crate's (normal) dependencies.
+const FORBIDDEN: [(&str, &[&str]); 4] = [
+    (
+        "tally-daemon",
+        &["tally-gate-postgres", "tokio-postgres", "clap", "anyhow"],
+    ),
+    (
+        "tally-mcp",
+        &[
+            "tally-daemon",
+            "tally-gate-postgres",
+            "tokio-postgres",
+            "axum",
+            "clap",
+            "anyhow",
+        ],
+    ),
+    (
+        "tally-api",
+        &[
+            "tally-daemon",
+            "tally-gate-postgres",
+            "tokio-postgres",
+            "axum",
+            "clap",
+            "anyhow",
+        ],
+    ),
+    (
+        "tally-gate",
+        &["tally-gate-postgres", "tokio-postgres", "hyper", "axum"],
+    ),
+];
+
+/// Every package's normal dependencies, by package name.
+fn graph() -> BTreeMap<String, Vec<String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(&root)
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+    meta["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .map(|p| {
+            let deps = p["dependencies"]
+                .as_array()
+                .expect("dependencies")
+                .iter()
+                .filter(|d| d["kind"].is_null())
+                .map(|d| d["name"].as_str().expect("a name").to_owned())
+                .collect();
+            (p["name"].as_str().expect("a name").to_owned(), deps)
+        })
+        .collect()
+}
+
+/// Why each edge of `graph` is wrong, if it is.
+fn wrong(graph: &BTreeMap<String, Vec<String>>) -> Vec<String> {
+    let layer: BTreeMap<&str, u32> = LAYERS.into_iter().collect();
+    let mut wrong = Vec::new();
+    for (krate, deps) in graph {
+        let Some(&mine) = layer.get(krate.as_str()) else {
+            wrong.push(format!(
+                "{krate} has no layer in ARCHITECTURE.md (and this test)"
+            ));
+            continue;
+        };
+        let library = !["tally-cli", "tally-tests"].contains(&krate.as_str());
+        for dep in deps {
+            if let Some(&theirs) = layer.get(dep.as_str()) {
+                if theirs >= mine {
+                    wrong.push(format!(
+                        "{krate} (layer {mine}) depends on {dep} (layer {theirs}): dependencies point down"
+                    ));
+                }
+            }
+            if library && ["clap", "anyhow"].contains(&dep.as_str()) {
+                wrong.push(format!(
+                    "{krate} is a library and depends on {dep}: only tally-cli does"
+                ));
+            }
+            for (k, banned) in FORBIDDEN {
+                if k == krate && banned.contains(&dep.as_str()) {
+                    wrong.push(format!("{krate} must not depend on {dep}"));
+                }
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn dependencies_point_the_way_architecture_md_says() {
+    let graph = graph();
+    assert!(graph.len() >= LAYERS.len(), "{graph:?}");
+    let wrong = wrong(&graph);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../ARCHITECTURE.md"))
+            .expect("ARCHITECTURE.md");
+    for (krate, _) in LAYERS {
+        assert!(
+            doc.contains(&format!("`{krate}`")),
+            "ARCHITECTURE.md does not name {krate}"
+        );
+    }
+}
+
+/// The check finds what it must: each edge the issue names, added to the real graph.
+#[test]
+fn a_dependency_the_wrong_way_is_found() {
+    for (krate, dep) in [
+        ("tally-daemon", "tally-gate-postgres"),
+        ("tally-mcp", "tally-daemon"),
+        ("tally-mcp", "tokio-postgres"),
+        ("tally-verify", "anyhow"),
+        ("tally-policy", "clap"),
+        ("tally-ledger", "tally-gate"),
+    ] {
+        let mut graph = graph();
+        graph
+            .get_mut(krate)
+            .expect("the crate")
+            .push(dep.to_owned());
+        let found = wrong(&graph);
+        assert!(
+            found.iter().any(|w| w.contains(krate) && w.contains(dep)),
+            "{krate} -> {dep} not found: {found:?}"
+        );
+    }
+}
+
+/// Every fuzz target (a `[[bin]]` of fuzz/Cargo.toml) is listed in SECURITY.md and in
+/// fuzz/README.md, and has its source file.
+#[test]
+fn every_fuzz_target_is_listed() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = std::fs::read_to_string(root.join("fuzz/Cargo.toml")).expect("fuzz/Cargo.toml");
+    let security = std::fs::read_to_string(root.join("SECURITY.md")).expect("SECURITY.md");
+    let readme = std::fs::read_to_string(root.join("fuzz/README.md")).expect("fuzz/README.md");
+    let mut targets = Vec::new();
+    let mut in_bin = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_bin = line == "[[bin]]";
+        } else if in_bin {
+            if let Some(name) = line.strip_prefix("name = ") {
+                targets.push(name.trim_matches('"').to_owned());
+            }
+        }
+    }
+    assert!(targets.len() >= 10, "{targets:?}");
+    for t in &targets {
+        let row = format!("| `{t}` |");
+        assert!(
+            security.contains(&row),
+            "SECURITY.md does not list the fuzz target {t}"
+        );
+        assert!(
+            readme.contains(&row),
+            "fuzz/README.md does not list the fuzz target {t}"
+        );
+        assert!(
+            root.join(format!("fuzz/fuzz_targets/{t}.rs")).is_file(),
+            "no fuzz/fuzz_targets/{t}.rs"
+        );
+    }
+    for t in ["daemon_body", "mcp_classify"] {
+        assert!(targets.iter().any(|x| x == t), "no fuzz target {t}");
+    }
+}
+
+/// No source, doc or manifest names an entry of an issue tracker a clone of this
+/// repository does not have (the word issue and a number): a reader cannot follow it. Say what the
+/// test or the code is about instead.
+#[test]
+fn nothing_names_an_issue_a_clone_does_not_have() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .current_dir(&root)
+        .output();
+    let Some(out) = out.ok().filter(|o| o.status.success()) else {
+        // Not a git checkout (a source archive): the files are what they are.
+        return;
+    };
+    let mut named = Vec::new();
+    for path in String::from_utf8_lossy(&out.stdout).lines() {
+        let text_file = [".rs", ".md", ".toml", ".py", ".mjs", ".ts", ".yaml"]
+            .iter()
+            .any(|e| path.ends_with(e));
+        if !text_file || path.contains("node_modules") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(root.join(path)) else {
+            continue;
+        };
+        for (i, line) in text.lines().enumerate() {
+            let lower = line.to_ascii_lowercase();
+            let mut rest = lower.as_str();
+            while let Some(at) = rest.find("issue ") {
+                let after = &rest[at + 6..];
+                let upstream = rest[..at].ends_with("github ") || lower.contains("upstream");
+                if after.starts_with(|c: char| c.is_ascii_digit() || c == '#') && !upstream {
+                    named.push(format!("{path}:{}: {line}", i + 1));
+                    break;
+                }
+                rest = after;
+            }
+        }
+    }
+    assert!(named.is_empty(), "{}", named.join("\n"));
+}
+
+/// The daemon's modules form no cycle (`api` and `gate_api` once used each other): each
+/// `crate::m` a module names is an edge, and the graph is walked for a way back.
+#[test]
+fn the_daemons_modules_form_no_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../daemon/src");
+    let mut edges: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in std::fs::read_dir(&src).expect("daemon/src") {
+        let path = e.expect("an entry").path();
+        if path.extension().is_none_or(|x| x != "rs") {
+            continue;
+        }
+        let module = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&path).expect("a source file");
+        let mut to: Vec<String> = text
+            .match_indices("crate::")
+            .map(|(at, _)| {
+                text[at + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect::<String>()
+            })
+            .filter(|m| !m.is_empty() && *m != module)
+            .collect();
+        to.sort();
+        to.dedup();
+        edges.insert(module, to);
+    }
+    assert!(
+        edges.contains_key("api") && edges.contains_key("gate_api"),
+        "{edges:?}"
+    );
+    // Depth-first: a module met again on the current path closes a cycle.
+    fn visit(
+        m: &str,
+        edges: &BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == m) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(m.to_owned());
+            return Some(cycle);
+        }
+        if done.iter().any(|d| d == m) {
+            return None;
+        }
+        path.push(m.to_owned());
+        for next in edges.get(m).into_iter().flatten() {
+            if edges.contains_key(next) {
+                if let Some(c) = visit(next, edges, path, done) {
+                    return Some(c);
+                }
+            }
+        }
+        path.pop();
+        done.push(m.to_owned());
+        None
+    }
+    let mut done = Vec::new();
+    for m in edges.keys() {
+        if let Some(cycle) = visit(m, &edges, &mut Vec::new(), &mut done) {
+            panic!("a module cycle in the daemon: {}", cycle.join(" -> "));
+        }
+    }
+}
