@@ -532,6 +532,14 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub result_digest: Option<String>,
+    /// The OpenTelemetry trace the decision belongs to (allow, deny): 32 lowercase hex
+    /// characters, not all zero (a W3C trace-id). The gate writes the trace id of the
+    /// span it made for the check, or of the `traceparent` the agent sent, so an auditor
+    /// can join the ledger to the traces (docs/OPERATOR.md). Declared before `prev_seq`,
+    /// which the ledger splices in as the last field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub trace_id: Option<String>,
     /// The seq of the previous decision of the same run in this ledger, if there is one
     /// (every kind but `policy`, which belongs to no run). Written by the ledger alone,
     /// when it assigns seqs: it links a run's decisions to each other, so a proof of a
@@ -648,7 +656,7 @@ impl Decision {
                 });
             }
         }
-        let present: [(&'static str, bool, &[Kind]); 42] = [
+        let present: [(&'static str, bool, &[Kind]); 43] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -735,6 +743,11 @@ impl Decision {
                 &[Kind::Outcome],
             ),
             (
+                "trace_id",
+                self.trace_id.is_some(),
+                &[Kind::Allow, Kind::Deny],
+            ),
+            (
                 "prev_seq",
                 self.prev_seq.is_some(),
                 &[
@@ -799,6 +812,14 @@ impl Decision {
                         why: "must be 64 lowercase hex characters (a BLAKE3 digest)",
                     });
                 }
+            }
+        }
+        if let Some(t) = &self.trace_id {
+            if !is_trace_id(t) {
+                return Err(DecisionError::Invalid {
+                    field: "trace_id",
+                    why: "must be 32 lowercase hex characters, not all zero (a W3C trace-id)",
+                });
             }
         }
         if let Some(sig) = &self.signature {
@@ -942,6 +963,13 @@ fn reject_struct_arrays(text: &str) -> Result<(), DecisionError> {
         _ => {}
     }
     Ok(())
+}
+
+/// A W3C Trace Context trace-id: 32 lowercase hex characters, not all zero.
+pub fn is_trace_id(s: &str) -> bool {
+    s.len() == 32
+        && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && s.bytes().any(|b| b != b'0')
 }
 
 fn is_digest_hex(s: &str) -> bool {
