@@ -171,6 +171,7 @@ struct Statements {
     owner_count: Statement,
     tool_lock: Statement,
     tool_insert: Statement,
+    breakers: Statement,
     credential_lock: Statement,
     credential_insert: Statement,
     write: Statement,
@@ -366,6 +367,7 @@ impl Postgres {
                 owner_lock: p("INSERT INTO tally_owners (owner) VALUES ($1) ON CONFLICT (owner) DO UPDATE SET owner = EXCLUDED.owner")?,
                 owner_count: p("SELECT count(*) FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1")?,
                 tool_lock: p("SELECT state, in_flight FROM tally_tools WHERE name = $1 FOR UPDATE")?,
+                breakers: p("SELECT name, state FROM tally_tools ORDER BY name")?,
                 tool_insert: p("INSERT INTO tally_tools (name, state, in_flight, version) VALUES ($1, $2, $3, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state, in_flight")?,
                 credential_lock: p("SELECT state FROM tally_credentials WHERE name = $1 FOR UPDATE")?,
                 credential_insert: p("INSERT INTO tally_credentials (name, state, version) VALUES ($1, $2, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state")?,
@@ -892,6 +894,16 @@ impl StateTxn for PostgresTxn<'_> {
             }
         }
         Ok(children.into_iter().collect())
+    }
+
+    fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
+        let rows = self.rows("to list the tools", |s| &s.breakers, &[])?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let tool: ToolState = decode("a tool", row.get::<_, &[u8]>(1))?;
+            out.push((row.get::<_, String>(0), tool.breaker));
+        }
+        Ok(out)
     }
 
     fn ensure_tool(&mut self, tool: &str, _now_ms: u64, _policy: &Policy) -> Result<(), GateError> {

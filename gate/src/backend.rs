@@ -84,6 +84,8 @@ pub trait StateTxn {
     fn runs(&mut self) -> Result<Vec<&RunState>, GateError>;
     /// The open runs whose parent is `run`, by name (a kill stops them with it).
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError>;
+    /// Every tool's breaker, as stored, by name (read only).
+    fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError>;
     /// Read (or create) a tool's state.
     fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError>;
     /// Read (or create) a credential's state.
@@ -215,6 +217,10 @@ impl StateTxn for EmbeddedTxn<'_> {
             .collect();
         children.sort();
         Ok(children)
+    }
+
+    fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
+        Ok(self.t.breakers())
     }
 
     fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError> {

@@ -120,6 +120,11 @@ pub struct CheckRequest {
     /// The call's own time limit, ms.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// The trace the check belongs to (a W3C trace-id), recorded on the decision. Never
+    /// read from the body: the daemon takes it from the span it makes for the check (or
+    /// the agent's valid `traceparent` header); an invalid one is dropped, never an error.
+    #[serde(skip)]
+    pub trace_id: Option<String>,
 }
 
 /// `POST /v1/outcome`: what an allowed call did.
@@ -629,6 +634,10 @@ impl<B: StateBackend> Gate<B> {
     pub fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>) {
         // Hashing the arguments needs no state: done before the lock.
         let args_digest = req.args.as_ref().map(tally_ledger::decision::Args::digest);
+        let trace_id = req
+            .trace_id
+            .clone()
+            .filter(|t| tally_ledger::decision::is_trace_id(t));
         let result = (|| {
             let mut t = self.begin()?;
             let policy = &self.policy.policy;
@@ -705,6 +714,7 @@ impl<B: StateBackend> Gate<B> {
                 };
                 decide(policy, &self.policy.digest, t.view(&scopes), &call, now)
             };
+            decided.record.trace_id = trace_id;
             encodable(&mut decided.record)?;
             let writes = {
                 let scopes = Scopes {
@@ -1025,6 +1035,19 @@ impl<B: StateBackend> Gate<B> {
             .collect())
     }
 
+    /// Every downstream tool the gate holds state for, with its breaker as it stands now
+    /// (time-based transitions taken: an open breaker past its expiry is half-open), by
+    /// name. Read only.
+    pub fn breakers(&self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
+        let mut t = self.begin()?;
+        let now = now_ms();
+        let open_ms = self.policy.policy.breaker.open_ms;
+        Ok(t.breakers()?
+            .into_iter()
+            .map(|(tool, b)| (tool, b.at(now, open_ms)))
+            .collect())
+    }
+
     /// Whether the gate governs `run` (it started through the gate): raw appends for it
     /// are refused.
     pub fn governs(&self, run: &str) -> Result<bool, GateError> {
@@ -1180,7 +1203,7 @@ fn standing(run: &RunState) -> Standing {
         stop_reason: run.stop,
         goal: run.goal.clone(),
         budget: run.budget.clone(),
-        limits: tally_policy::apply::standing(run, now),
+        limits: tally_policy::limits_now(run, now),
         held_cents: run.held_cents,
         settled_cents: run.settled_cents,
         calls_allowed: run.last_attempt,
@@ -1213,6 +1236,8 @@ pub trait Gatekeeper: Send + Sync {
     fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError>;
     /// [`Gate::governs`].
     fn governs(&self, run: &str) -> Result<bool, GateError>;
+    /// [`Gate::breakers`].
+    fn breakers(&self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError>;
     /// [`Gate::failure`].
     fn failure(&self) -> Option<String>;
     /// [`Gate::policy`].
@@ -1248,6 +1273,9 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn governs(&self, run: &str) -> Result<bool, GateError> {
         Gate::governs(self, run)
+    }
+    fn breakers(&self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
+        Gate::breakers(self)
     }
     fn failure(&self) -> Option<String> {
         Gate::failure(self)
