@@ -375,7 +375,7 @@ pub enum Command {
         command: PolicyCommand,
     },
     /// Agent hooks answered by the gate: `tally hook claude-code` for Claude Code's
-    /// PreToolUse and PostToolUse hooks.
+    /// PreToolUse, PostToolUse and SessionEnd hooks.
     Hook {
         #[command(subcommand)]
         command: HookCommand,
@@ -495,9 +495,10 @@ pub enum WitnessCommand {
 /// `tally hook ...`.
 #[derive(Debug, Subcommand)]
 pub enum HookCommand {
-    /// Claude Code's PreToolUse/PostToolUse hook: reads the hook's JSON on stdin, asks
-    /// the gate, prints the hook's decision (allow, deny or ask). Exit 2 blocks the call
-    /// when the gate cannot be asked (fail closed).
+    /// Claude Code's hooks: reads the hook's JSON on stdin. PreToolUse asks the gate and
+    /// prints the hook's decision (allow, deny or ask; exit 2 blocks the call when the
+    /// gate cannot be asked: fail closed); PostToolUse and PostToolUseFailure record the
+    /// call's outcome; SessionEnd stops the session's run.
     ClaudeCode {
         /// The daemon's agent socket.
         #[arg(long)]

@@ -135,12 +135,16 @@ fn check_ledger_dir(ledger: &Path) -> Result<()> {
 
 fn open(ledger: &Path) -> Result<Ledger> {
     check_ledger_dir(ledger)?;
-    Ledger::open(ledger).with_context(|| {
+    let opened = Ledger::open(ledger).with_context(|| {
         format!(
             "opening ledger {} (if `tally serve` holds it, use its API instead)",
             ledger.display()
         )
-    })
+    })?;
+    for note in opened.torn_notes() {
+        errln!("tally: {note}");
+    }
+    Ok(opened)
 }
 
 /// One decision of the input, checked and in canonical form, and the line it came from.

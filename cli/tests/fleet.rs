@@ -978,9 +978,9 @@ impl NetNs {
                 })
         };
         if let Err(e) = ip(&["netns", "add", &ns.name]) {
-            eprintln!(
-                "SKIP: cannot create a network namespace here ({}): the network partition test did not run",
-                e.trim()
+            tally_testkit::skip(
+                &format!("cannot create a network namespace here ({})", e.trim()),
+                "run the suite as root with iproute2's `ip` (apt-get install iproute2), as CI does",
             );
             return None;
         }
@@ -1007,10 +1007,13 @@ impl NetNs {
         ];
         for args in setup {
             if let Err(e) = ip(args) {
-                eprintln!(
-                    "SKIP: network namespace setup failed at `ip {}` ({}): the network partition test did not run",
-                    args.join(" "),
-                    e.trim()
+                tally_testkit::skip(
+                    &format!(
+                        "network namespace setup failed at `ip {}` ({})",
+                        args.join(" "),
+                        e.trim()
+                    ),
+                    "run the suite as root with iproute2's `ip`, as CI does",
                 );
                 return None;
             }

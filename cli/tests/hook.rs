@@ -8,10 +8,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const TALLY: &str = env!("CARGO_BIN_EXE_tally");
+/// The binary under test: this build's, or `TALLY_UNDER_TEST` (to show a regression test
+/// fails against an older build).
+fn bin() -> PathBuf {
+    std::env::var_os("TALLY_UNDER_TEST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally")))
+}
 
 fn tally(args: &[&str]) -> std::process::Output {
-    let out = Command::new(TALLY)
+    let out = Command::new(bin())
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -43,7 +49,7 @@ impl Served {
             &p("auditor.pub"),
         ]);
         std::fs::write(dir.path().join("policy.toml"), policy).expect("policy");
-        let child = Command::new(TALLY)
+        let child = Command::new(bin())
             .args([
                 "serve",
                 "--ledger",
@@ -65,7 +71,7 @@ impl Served {
             child: Some(child),
         };
         let started = Instant::now();
-        while !served.socket().exists() {
+        while !(served.socket().exists() && served.path("operator.sock").exists()) {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
                 "tally serve did not open its socket"
@@ -111,7 +117,7 @@ impl Drop for Served {
 
 /// Run the hook with `payload` on stdin: its exit code, stdout parsed (or Null), stderr.
 fn hook(s: &Served, payload: &str) -> (i32, Value, String) {
-    let mut child = Command::new(TALLY)
+    let mut child = Command::new(bin())
         .args(["hook", "claude-code", "--socket"])
         .arg(s.socket())
         .arg("--state-dir")
@@ -255,17 +261,22 @@ fn claude_code_hooks_allow_deny_and_ask_through_the_gate() {
     assert_eq!(choice, "ask", "{reason}");
     assert!(reason.contains("side_effect_limit_exceeded"), "{reason}");
 
-    // Malformed payloads fail closed: exit 2 (Claude Code blocks the call), a message
-    // that says what is wrong, nothing on stdout.
+    // Malformed payloads, and tool events tally does not answer, fail closed: exit 2
+    // (Claude Code blocks the call), a message that says what is wrong, nothing on stdout.
     for bad in [
         "not json",
         r#"{"hook_event_name":"PreToolUse"}"#,
-        r#"{"hook_event_name":"Stop","session_id":"abc123","tool_name":"Read"}"#,
+        r#"{"hook_event_name":"PreToolUse","session_id":"abc123"}"#,
+        r#"{"hook_event_name":"PermissionRequest","session_id":"abc123","tool_name":"Read"}"#,
     ] {
         let (code, out, err) = hook(&s, bad);
         assert_eq!((code, &out), (2, &Value::Null), "{bad}");
         assert!(err.contains("blocked"), "{bad}: {err}");
     }
+    // The end of a turn is not the end of the session: answered with nothing (exit 2
+    // would keep Claude from stopping), the run goes on.
+    let (code, out, err) = hook(&s, &stop("abc123"));
+    assert_eq!((code, &out, err.as_str()), (0, &Value::Null, ""));
 
     // The daemon down: fail closed too.
     s.stop();
@@ -310,10 +321,259 @@ fn claude_code_hooks_allow_deny_and_ask_through_the_gate() {
 }
 
 /// Every allowed attempt whose outcome was reported was forgotten; the one allowed
-/// `make lint` still waits for its outcome.
+/// `make lint` and the `git push` a human was asked about still wait.
 fn assert_no_waiting(dir: &Path) {
-    let left = std::fs::read_dir(dir).expect("state dir").count();
-    assert_eq!(left, 1, "waiting attempts in {}", dir.display());
+    assert_eq!(waiting(dir), 2, "waiting attempts in {}", dir.display());
+}
+
+/// The calls waiting in the hook's state directory (files named by a digest).
+fn waiting(dir: &Path) -> usize {
+    let mut n = 0;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("state dir") {
+            let e = e.expect("entry");
+            let name = e.file_name().to_string_lossy().into_owned();
+            if e.file_type().expect("type").is_dir() {
+                todo.push(e.path());
+            } else if name.len() == 64 {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Claude Code's `Stop` (a turn ended) for `session`.
+fn stop(session: &str) -> String {
+    json!({"session_id": session, "transcript_path": "/home/u/.claude/projects/x/t.jsonl",
+           "cwd": "/home/u/project", "permission_mode": "default",
+           "hook_event_name": "Stop", "stop_hook_active": false})
+    .to_string()
+}
+
+/// Claude Code's `SessionEnd` for `session` (hooks reference: no tool fields).
+fn session_end(session: &str) -> String {
+    json!({"session_id": session, "transcript_path": "/home/u/.claude/projects/x/t.jsonl",
+           "cwd": "/home/u/project", "permission_mode": "default",
+           "hook_event_name": "SessionEnd", "reason": "prompt_input_exit"})
+    .to_string()
+}
+
+/// A tool event of `session`.
+fn event(session: &str, event: &str, tool: &str, input: Value, id: &str, extra: Value) -> String {
+    let mut p: Value = serde_json::from_str(&payload(event, tool, input, id, extra)).expect("json");
+    p["session_id"] = json!(session);
+    p.to_string()
+}
+
+/// Where `run` stands, asked on the operator socket.
+fn standing(s: &Served, run: &str) -> Value {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut c = tally_daemon::client::Client::unix(&s.path("operator.sock"))
+            .await
+            .expect("connect");
+        let reply = c
+            .request(
+                "GET".parse().expect("method"),
+                &format!("/v1/runs/{run}"),
+                None,
+                String::new(),
+            )
+            .await
+            .expect("request");
+        serde_json::from_slice(&reply.body).expect("json")
+    })
+}
+
+/// Issue 21 item 5: Claude Code's SessionEnd ends the session's run, so sessions do not
+/// pile up toward `max_open_runs_per_uid` (before, every tool call of the third session
+/// was refused `too_many_runs`). The stop says why the session ended as it did: calls
+/// that never reported are recorded `unknown` (a non-idempotent one stops the run
+/// `outcome_unknown_non_idempotent`), a last refusal that stopped the agent is the
+/// reason, and after an `ask` the run stays open for the human. `Stop` (a turn) ends
+/// nothing.
+#[test]
+fn regression_issue_21_session_end_stops_the_run() {
+    let s = Served::start("max_open_runs_per_uid = 2\n[ceiling]\nside_effects = 1\n");
+    let read = |n: u64| json!({"file_path": format!("/home/u/project/{n}.rs")});
+    let ok = json!({"tool_response": {"type": "text"}});
+    for (n, session) in ["s1", "s2", "s3", "s4"].into_iter().enumerate() {
+        let id = format!("toolu_{session}");
+        let (code, out, err) = hook(
+            &s,
+            &event(
+                session,
+                "PreToolUse",
+                "Read",
+                read(n as u64),
+                &id,
+                json!({}),
+            ),
+        );
+        assert_eq!(code, 0, "{session}: {err}");
+        assert_eq!(decision(&out).0, "allow", "{session}: sessions piled up");
+        let (code, _, err) = hook(
+            &s,
+            &event(
+                session,
+                "PostToolUse",
+                "Read",
+                read(n as u64),
+                &id,
+                ok.clone(),
+            ),
+        );
+        assert_eq!(code, 0, "{err}");
+        // A turn ends; the session goes on under its run.
+        assert_eq!(hook(&s, &stop(session)).0, 0);
+        let (code, out, err) = hook(
+            &s,
+            &event(
+                session,
+                "PreToolUse",
+                "Read",
+                read(10 + n as u64),
+                &format!("{id}b"),
+                json!({}),
+            ),
+        );
+        assert_eq!((code, decision(&out).0), (0, "allow"), "{err}");
+        let (code, out, err) = hook(&s, &session_end(session));
+        assert_eq!((code, &out), (0, &Value::Null), "{err}");
+        assert!(
+            err.contains(&format!("run claude-code-{session} stopped (completed)")),
+            "{err}"
+        );
+        let v = standing(&s, &format!("claude-code-{session}"));
+        assert_eq!(
+            (&v["state"], &v["stop_reason"]),
+            (&json!("stopped"), &json!("completed")),
+            "{v}"
+        );
+    }
+    // A Bash call allowed and never reported: recorded unknown, and the run stopped so.
+    let (_, out, _) = hook(
+        &s,
+        &event(
+            "s5",
+            "PreToolUse",
+            "Bash",
+            json!({"command": "git push"}),
+            "toolu_p",
+            json!({}),
+        ),
+    );
+    assert_eq!(decision(&out).0, "allow");
+    let (code, _, err) = hook(&s, &session_end("s5"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("stopped (outcome_unknown_non_idempotent)"),
+        "{err}"
+    );
+    // A session whose last answer asked a human (the side effect over the ceiling):
+    // left open for the approval.
+    let bash = |c: &str| json!({"command": c});
+    for (id, c) in [("toolu_a", "make"), ("toolu_b", "make install")] {
+        let (_, out, _) = hook(
+            &s,
+            &event("s6", "PreToolUse", "Bash", bash(c), id, json!({})),
+        );
+        if id == "toolu_a" {
+            assert_eq!(decision(&out).0, "allow");
+            hook(
+                &s,
+                &event("s6", "PostToolUse", "Bash", bash(c), id, ok.clone()),
+            );
+        } else {
+            assert_eq!(decision(&out).0, "ask");
+        }
+    }
+    let (code, _, err) = hook(&s, &session_end("s6"));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("left open"), "{err}");
+    assert_eq!(standing(&s, "claude-code-s6")["state"], "running");
+    // A session that ended before any call: nothing to stop.
+    let (code, _, err) = hook(&s, &session_end("s7"));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("no run to stop"), "{err}");
+    assert_eq!(
+        waiting(&s.path("hook-state")),
+        0,
+        "the ended sessions left nothing"
+    );
+}
+
+/// Issue 21 item 9: after a tool ran, the hook never says it is blocked; and a call the
+/// gate asked a human about, then run at Claude Code's prompt, is said to have run
+/// outside the budget (not "install the hook for PreToolUse").
+#[test]
+fn regression_issue_21_post_tool_use_says_what_happened() {
+    let mut s = Served::start("[ceiling]\nside_effects = 0\n");
+    let push = json!({"command": "git push"});
+    let (_, out, _) = hook(
+        &s,
+        &payload("PreToolUse", "Bash", push.clone(), "toolu_ask", json!({})),
+    );
+    assert_eq!(decision(&out).0, "ask");
+    // The human approved it in Claude Code's prompt: it ran.
+    let (code, out, err) = hook(
+        &s,
+        &payload(
+            "PostToolUse",
+            "Bash",
+            push.clone(),
+            "toolu_ask",
+            json!({"tool_response": {"stdout": ""}}),
+        ),
+    );
+    assert_eq!((code, &out), (0, &Value::Null), "{err}");
+    assert!(
+        err.contains("ran without the gate's allow: the gate asked for a human's approval (side_effect_limit_exceeded)")
+            && err.contains("tally approve --run claude-code-abc123")
+            && !err.contains("install the hook"),
+        "{err}"
+    );
+    // An outcome with nothing waiting for it says so, and what to check.
+    let (code, _, err) = hook(
+        &s,
+        &payload("PostToolUse", "Read", json!({}), "toolu_none", json!({})),
+    );
+    assert_eq!(code, 0);
+    assert!(
+        err.contains("no check of it waiting here") && err.contains("--state-dir"),
+        "{err}"
+    );
+    // A read allowed, then the daemon gone before its outcome: the tool ran, so the
+    // message says what was not recorded, never that the call is blocked.
+    let read = json!({"file_path": "/x"});
+    let (_, out, _) = hook(
+        &s,
+        &payload("PreToolUse", "Read", read.clone(), "toolu_r", json!({})),
+    );
+    assert_eq!(decision(&out).0, "allow");
+    s.stop();
+    let (code, out, err) = hook(
+        &s,
+        &payload(
+            "PostToolUse",
+            "Read",
+            read,
+            "toolu_r",
+            json!({"tool_response": {}}),
+        ),
+    );
+    assert_eq!((code, &out), (2, &Value::Null));
+    assert!(
+        err.contains("tool call toolu_r ran, but its outcome was not recorded")
+            && err.contains("is `tally serve` running?")
+            && !err.contains("blocked"),
+        "{err}"
+    );
 }
 
 /// Issue 20 item 6: identical reads of a file an edit changed in between are progress,

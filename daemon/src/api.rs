@@ -123,7 +123,9 @@ pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
     };
     routes
         .layer(Extension(role))
-        .fallback(not_found)
+        .fallback(move |method: Method, uri: axum::http::Uri| async move {
+            not_found(role, method, uri)
+        })
         .method_not_allowed_fallback(move |method: Method, uri: axum::http::Uri| async move {
             method_not_allowed(role, method, uri)
         })
@@ -225,12 +227,55 @@ async fn agents_may_not_append() -> ApiError {
     )
 }
 
-async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        format!("no route for {method} {}; see docs/DAEMON.md", uri.path()),
-    )
+/// No route here. A route of the other socket says so, and where it is: the operator's
+/// routes on the agent socket are refused as the operator's (`403 not_authorized`, as
+/// raw decisions are); the agents' on the operator socket are `404` naming the agent
+/// socket.
+fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
+    let path = uri.path();
+    let tail = path.rsplit('/').next().unwrap_or("");
+    let run_action = path.starts_with("/v1/runs/") && path.matches('/').count() == 4;
+    match role {
+        Role::Agent
+            if matches!(path, "/v1/approvals" | "/v1/export")
+                || (run_action && matches!(tail, "pause" | "resume" | "kill")) =>
+        {
+            let how = match tail {
+                "pause" | "resume" | "kill" => {
+                    let run = path.split('/').nth(3).unwrap_or("RUN");
+                    format!(" (`tally {tail} --operator-socket PATH --run {run}`)")
+                }
+                "approvals" => " (`tally approve --operator-socket PATH ...`)".to_string(),
+                _ => String::new(),
+            };
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "not_authorized",
+                format!(
+                    "{method} {path} is the operator's: it is served on the operator socket \
+                     (`tally serve --operator-socket`, mode 0600), not on this agent socket{how}"
+                ),
+            )
+        }
+        Role::Operator
+            if matches!(path, "/v1/check" | "/v1/outcome") || (run_action && tail == "stop") =>
+        {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!(
+                    "{method} {path} is the agents': it is served on the agent socket \
+                     (`tally serve --socket`), not on this operator socket (the operator \
+                     stops a run with POST /v1/runs/RUN/kill)"
+                ),
+            )
+        }
+        _ => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no route for {method} {path}; see docs/DAEMON.md"),
+        ),
+    }
 }
 
 /// The methods a path takes on a socket, for `Allow`.

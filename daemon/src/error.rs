@@ -24,6 +24,12 @@ pub enum DaemonError {
     /// policy could not be recorded).
     #[error("gate: {0}")]
     Gate(String),
+    /// The ledger directory does not exist: nothing was started.
+    #[error("{}: no ledger here: create one with `tally init --ledger {} --recipient auditor.pub` (the auditor's public key), or give the directory of an existing ledger", .path.display(), .path.display())]
+    NoLedger {
+        /// The directory given.
+        path: PathBuf,
+    },
     /// The ledger directory is open to other users; only the daemon's user may reach it.
     #[error("{path}: ledger directory has mode {mode:o}; only the daemon's user may read it: run `chmod 700 {path}`")]
     LedgerPermissions {

@@ -108,17 +108,43 @@ async fn body<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<T, ApiError> {
+    json_only(headers)?;
     let bytes = read_body(app, headers, body).await?;
     parse_body(&bytes, false)
 }
 
+/// A gate body is one JSON object: `Content-Type: application/json`, or none. Anything
+/// else (a form, which `curl -d` sends; NDJSON) is `415`, before the body is read.
+fn json_only(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(axum::http::header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let text = value.to_str().unwrap_or("");
+    let mime = text.split(';').next().unwrap_or("").trim();
+    if mime.eq_ignore_ascii_case("application/json") {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        format!(
+            "content type `{text}` is not accepted here: the gate takes one JSON object; send \
+             `Content-Type: application/json` (curl: `--json BODY`, or `-H 'content-type: \
+             application/json' -d BODY`)"
+        ),
+    )
+    .close())
+}
+
 /// Parse a body strictly into `T`: one JSON object (serde would also take an array, by
 /// position; that second encoding is refused), with its nested `budget` and `scope`
-/// objects too; unknown fields refused with the field named. `empty_ok`: an empty body
-/// reads as `{}`.
+/// objects too; unknown fields refused with the field named. Errors carry the codes of
+/// docs/DAEMON.md (`invalid_type`, `unknown_field`, `invalid_value`, `missing_field`,
+/// `invalid_json`) and the field at fault. `empty_ok`: an empty body reads as `{}`.
 fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, ApiError> {
-    let bad = |message: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", message);
-    let text = std::str::from_utf8(bytes).map_err(|_| bad("the body is not UTF-8".into()))?;
+    let bad = StatusCode::BAD_REQUEST;
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| ApiError::new(bad, "not_utf8", "the request body is not UTF-8"))?;
     let text = if empty_ok && text.trim().is_empty() {
         "{}"
     } else {
@@ -131,28 +157,39 @@ fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, Ap
                     .get(field)
                     .is_some_and(|v| !v.is_object() && !v.is_null())
                 {
-                    return Err(bad(format!("`{field}` must be a JSON object")).field(field));
+                    return Err(ApiError::new(
+                        bad,
+                        "invalid_type",
+                        format!("`{field}` must be a JSON object"),
+                    )
+                    .field(field));
                 }
             }
+            if map.get("run").and_then(|v| v.as_str()) == Some("") {
+                return Err(ApiError::new(
+                    bad,
+                    "invalid_value",
+                    "`run` is empty: name the run (the same name on every call of the run)",
+                )
+                .field("run"));
+            }
         }
-        Ok(_) => return Err(bad("the body must be one JSON object".into())),
+        Ok(_) => {
+            return Err(ApiError::new(
+                bad,
+                "invalid_type",
+                "the body must be one JSON object",
+            ))
+        }
         // Malformed JSON: the typed parse below says where.
         Err(_) => {}
     }
     let mut de = serde_json::Deserializer::from_str(text);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        let mut err = ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", inner.to_string())
-            .line(Some(inner.line()))
-            .column(Some(inner.column()));
-        if path != "." {
-            err = err.field(path);
-        }
-        err
+        crate::parse::body_error(e.into_inner(), &path)
     })?;
-    de.end()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    de.end().map_err(|e| crate::parse::body_error(e, "."))?;
     Ok(value)
 }
 
@@ -354,6 +391,7 @@ async fn stop(
 ) -> Result<Response, ApiError> {
     let run = path_run(run)?;
     let (parts, b) = request.into_parts();
+    json_only(&parts.headers)?;
     let bytes = read_body(&app, &parts.headers, b).await?;
     let req: StopRequest = parse_body(&bytes, true)?;
     let gate = Arc::clone(&app.gate);
@@ -392,7 +430,7 @@ async fn lifecycle(
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
     let standing = answered(&app.stage, move |done| {
-        done(gate.pause(caller(peer, Role::Operator), &run, paused))
+        gate.pause(caller(peer, Role::Operator), &run, paused, done)
     })
     .await
     .map_err(gate_error)?;

@@ -151,6 +151,9 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
         server::check_socket_dir(op)?;
     }
     let ledger = Arc::new(Ledger::open(&options.ledger)?);
+    for note in ledger.torn_notes() {
+        log(&format!("tally serve: {note}"));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // Blocking threads only stream exports (bounded by their semaphore); big bodies
@@ -195,7 +198,12 @@ fn log(line: &str) {
 /// Refuse a ledger directory that other users can enter: agents must reach only the
 /// socket (SECURITY.md 5.5).
 fn check_ledger_dir(dir: &Path) -> Result<(), DaemonError> {
-    let meta = std::fs::metadata(dir).map_err(|e| DaemonError::io(dir, e))?;
+    let meta = std::fs::metadata(dir).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => DaemonError::NoLedger {
+            path: dir.to_path_buf(),
+        },
+        _ => DaemonError::io(dir, e),
+    })?;
     let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(DaemonError::LedgerPermissions {

@@ -131,6 +131,13 @@ fn parse_one(text: &str) -> Result<Decision, OneError> {
     })
 }
 
+/// A serde error while reading a JSON body at field `path` (`.` for the top), as the typed
+/// error DAEMON.md lists: `unknown_field`, `missing_field`, `invalid_type`,
+/// `invalid_value` (each naming the field), else `invalid_json` (syntax, trailing data).
+pub(crate) fn body_error(e: serde_json::Error, path: &str) -> ApiError {
+    json_error(e, path).error
+}
+
 fn json_error(e: serde_json::Error, path: &str) -> OneError {
     let full = e.to_string();
     // serde_json appends " at line L column C"; the position goes in its own fields.

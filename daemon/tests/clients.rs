@@ -5,10 +5,11 @@
 //!
 //! A missing interpreter skips a test, loudly; with env `CI` set it fails instead.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use tally_testkit::skip;
 
 /// A whole suite runs in a few seconds; this bounds a hang.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -21,15 +22,6 @@ fn repo() -> PathBuf {
         .parent()
         .expect("the daemon crate is in the workspace")
         .to_path_buf()
-}
-
-/// Skip `test` because `why`, loudly; under CI, fail with `fix` instead.
-fn skip(test: &str, why: &str, fix: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: {why}, and CI requires this test: {fix}");
-    }
-    // Straight to the stderr handle: the test harness captures `eprintln!`.
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why} ({fix})");
 }
 
 /// Whether `program args...` runs and exits 0 (its output discarded).
@@ -116,7 +108,6 @@ fn copy_tree(from: &Path, to: &Path) {
 fn python_client_against_the_real_daemon() {
     if !succeeds("python3", &["-c", "import pytest"]) {
         skip(
-            "python_client_against_the_real_daemon",
             "python3 with pytest is not installed",
             "python3 -m pip install pytest",
         );
@@ -168,7 +159,6 @@ sys.exit(0 if ok else 1)
 
 #[test]
 fn python_client_installs_with_pip() {
-    const TEST: &str = "python_client_installs_with_pip";
     let tmp = tempfile::tempdir().expect("a temporary directory");
     let venv = tmp.path().join("venv");
     let venv_str = venv.to_str().expect("a UTF-8 temporary path");
@@ -177,7 +167,6 @@ fn python_client_installs_with_pip() {
         &["-m", "venv", "--system-site-packages", venv_str],
     ) {
         skip(
-            TEST,
             "python3 with the venv module is not installed",
             "apt-get install python3-venv",
         );
@@ -199,7 +188,6 @@ fn python_client_installs_with_pip() {
         let (status, output) = run_bounded(get, INSTALL_LIMIT);
         if !status.is_some_and(|s| s.success()) || !succeeds(&python, &["-c", CAN_BUILD]) {
             skip(
-                TEST,
                 &format!(
                     "python3's setuptools cannot build a wheel and `wheel` could not be \
                      installed into the test's venv: {}",
@@ -267,20 +255,19 @@ fn node_major() -> Option<u32> {
 }
 
 /// Whether a usable `node` (18 or later: `node --test`) is there; skips (or, under CI,
-/// fails) `test` if not.
-fn node_usable(test: &str) -> bool {
+/// fails) the current test if not.
+fn node_usable() -> bool {
     match node_major() {
         Some(major) if major >= 18 => true,
         Some(major) => {
             skip(
-                test,
                 &format!("node {major} is too old (the client needs 18 or later)"),
                 "install Node.js 18 or later",
             );
             false
         }
         None => {
-            skip(test, "node is not installed", "apt-get install nodejs npm");
+            skip("node is not installed", "apt-get install nodejs npm");
             false
         }
     }
@@ -288,7 +275,7 @@ fn node_usable(test: &str) -> bool {
 
 #[test]
 fn node_client_against_the_real_daemon() {
-    if !node_usable("node_client_against_the_real_daemon") {
+    if !node_usable() {
         return;
     }
     let repo = repo();
@@ -353,12 +340,11 @@ console.log(entry);
 
 #[test]
 fn node_client_installs_with_npm() {
-    const TEST: &str = "node_client_installs_with_npm";
-    if !node_usable(TEST) {
+    if !node_usable() {
         return;
     }
     if !succeeds("npm", &["--version"]) {
-        skip(TEST, "npm is not installed", "apt-get install npm");
+        skip("npm is not installed", "apt-get install npm");
         return;
     }
     let tmp = tempfile::tempdir().expect("a temporary directory");

@@ -465,7 +465,7 @@ async fn approvals_are_signed_bound_used_once_and_never_revive_a_run() {
     widened["scope"]["attempts"] = json!(100);
     let (status, _) = post_json(&mut op, "/v1/approvals", &widened.to_string()).await;
     assert_eq!(status, 403, "a scope changed after signing is refused");
-    // An agent cannot approve for itself: the agent socket has no such route.
+    // An agent cannot approve for itself: the route is the operator socket's.
     let mut agent = d.agent().await;
     let good = approval(
         &dana,
@@ -475,7 +475,7 @@ async fn approvals_are_signed_bound_used_once_and_never_revive_a_run() {
         600_000,
     );
     let (status, _) = post_json(&mut agent, "/v1/approvals", &good.to_string()).await;
-    assert_eq!(status, 404);
+    assert_eq!(status, 403);
     // The real one: recorded once, used by exactly one call.
     let (status, body) = post_json(&mut op, "/v1/approvals", &good.to_string()).await;
     assert_eq!(status, 200, "{body}");
@@ -532,7 +532,7 @@ async fn regression_gate_bodies_are_objects_and_errors_name_the_field() {
         let (status, reply) = post_json(&mut c, path, body).await;
         assert_eq!(
             (status, reply["error"]["code"].as_str()),
-            (400, Some("invalid_json")),
+            (400, Some("invalid_type")),
             "{path} {body}: {reply}"
         );
     }

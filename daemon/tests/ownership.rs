@@ -1,8 +1,8 @@
 //! Agents reach only the socket: a client running as another user appends through it but
 //! cannot open, change or delete the store. Needs root (to switch users) and `runuser`
-//! and `curl`; skipped with a printed reason otherwise.
+//! and `curl`; without them it says SKIPPED (and fails under `CI`).
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -35,20 +35,19 @@ fn nobody_gid() -> Option<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_uid_appends_through_the_socket_but_cannot_touch_the_store() {
-    let root = std::fs::metadata("/proc/self")
-        .map(|m| m.uid() == 0)
-        .unwrap_or(false);
-    if !root {
-        println!("SKIPPED another_uid_appends_through_the_socket: needs root to run a client as `{NOBODY}`");
+    if !tally_testkit::root(&format!("to run a client as `{NOBODY}`")) {
         return;
     }
     let Some(gid) = nobody_gid() else {
-        println!("SKIPPED another_uid_appends_through_the_socket: no `{NOBODY}` user");
+        tally_testkit::skip(&format!("no `{NOBODY}` user"), &format!("useradd {NOBODY}"));
         return;
     };
-    for tool in ["runuser", "curl"] {
+    for (tool, package) in [("runuser", "util-linux"), ("curl", "curl")] {
         if !available(tool) {
-            println!("SKIPPED another_uid_appends_through_the_socket: `{tool}` is not installed");
+            tally_testkit::skip(
+                &format!("`{tool}` is not installed"),
+                &format!("apt-get install {package}"),
+            );
             return;
         }
     }

@@ -169,6 +169,7 @@ struct Statements {
     children: Statement,
     owner_lock: Statement,
     owner_count: Statement,
+    owner_runs: Statement,
     tool_lock: Statement,
     tool_insert: Statement,
     breakers: Statement,
@@ -366,6 +367,7 @@ impl Postgres {
                 children: p("SELECT name FROM tally_runs WHERE parent = $1 AND open AND state IS NOT NULL ORDER BY name")?,
                 owner_lock: p("INSERT INTO tally_owners (owner) VALUES ($1) ON CONFLICT (owner) DO UPDATE SET owner = EXCLUDED.owner")?,
                 owner_count: p("SELECT count(*) FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1")?,
+                owner_runs: p("SELECT name, state FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1 ORDER BY name")?,
                 tool_lock: p("SELECT state, in_flight FROM tally_tools WHERE name = $1 FOR UPDATE")?,
                 breakers: p("SELECT name, state FROM tally_tools ORDER BY name")?,
                 tool_insert: p("INSERT INTO tally_tools (name, state, in_flight, version) VALUES ($1, $2, $3, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state, in_flight")?,
@@ -870,6 +872,28 @@ impl StateTxn for PostgresTxn<'_> {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    fn expired_runs_of(
+        &mut self,
+        uid: Option<u32>,
+        expired: &dyn Fn(&RunState) -> bool,
+    ) -> Result<Vec<String>, GateError> {
+        let uid = uid.map(i64::from);
+        let rows = self.rows("to list a uid's runs", |s| &s.owner_runs, &[&uid])?;
+        let mut names = Vec::new();
+        for row in &rows {
+            let name: String = row.get(0);
+            // What this transaction changed wins over what the database held.
+            let state = match self.runs.get(&name) {
+                Some(r) => r.clone(),
+                None => decode::<RunState>("a run", row.get::<_, &[u8]>(1))?,
+            };
+            if state.stop.is_none() && expired(&state) {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+
     fn runs(&mut self) -> Result<Vec<&RunState>, GateError> {
         let rows = self.rows("to list the open runs", |s| &s.runs_open, &[])?;
         let mut listed = Vec::with_capacity(rows.len());
@@ -987,16 +1011,8 @@ impl StateTxn for PostgresTxn<'_> {
         // Nothing is kept in memory past the transaction.
     }
 
-    fn set_paused(&mut self, run: &str, paused: bool) -> Result<(), GateError> {
-        let Some(state) = self.runs.get_mut(run) else {
-            return Err(GateError::RunNotFound(run.to_owned()));
-        };
-        state.paused = paused;
-        self.write(Some(run), None, None, true)?;
-        if self.open {
-            self.simple("to commit a pause", "COMMIT")?;
-            self.open = false;
-        }
+    fn pause_changed(&mut self, _run: &str, _paused: bool) -> Result<(), GateError> {
+        // The run's row, pause included, is written with the record (`persist`).
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use std::thread;
 use serde_json::json;
 use tally_gate::backend::StateBackend;
 use tally_gate::{
-    Caller, CheckRequest, Gate, GateError, OutcomeRequest, StartRequest, StopRequest,
+    Caller, CheckRequest, Clock, Gate, GateError, OutcomeRequest, StartRequest, StopRequest,
 };
 use tally_gate_postgres::Postgres;
 
@@ -20,8 +20,22 @@ use common::Cluster;
 /// Gates that share one state.
 trait Fleet {
     type B: StateBackend + 'static;
-    /// `n` gates over one state (opened afresh: drop the previous ones first).
-    fn gates(&self, n: usize, policy: &str) -> Vec<Arc<Gate<Self::B>>>;
+    /// `n` gates over one state (opened afresh: drop the previous ones first), reading
+    /// the time from `clock`.
+    fn gates_on(&self, n: usize, policy: &str, clock: Arc<dyn Clock>) -> Vec<Arc<Gate<Self::B>>>;
+    /// `n` gates on the wall clock.
+    fn gates(&self, n: usize, policy: &str) -> Vec<Arc<Gate<Self::B>>> {
+        self.gates_on(n, policy, Arc::new(tally_gate::SystemClock))
+    }
+}
+
+/// A clock a case sets, shared by its gates.
+struct Fake(std::sync::atomic::AtomicU64);
+
+impl Clock for Fake {
+    fn now_ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 struct Embedded {
@@ -30,8 +44,9 @@ struct Embedded {
 
 impl Fleet for Embedded {
     type B = tally_gate::backend::Embedded;
-    fn gates(&self, n: usize, policy: &str) -> Vec<Arc<Gate<Self::B>>> {
-        let gate = Arc::new(common::embedded_gate(self.dir.path(), &no_asking(policy)));
+    fn gates_on(&self, n: usize, policy: &str, clock: Arc<dyn Clock>) -> Vec<Arc<Gate<Self::B>>> {
+        let gate =
+            Arc::new(common::embedded_gate(self.dir.path(), &no_asking(policy)).with_clock(clock));
         (0..n).map(|_| Arc::clone(&gate)).collect()
     }
 }
@@ -44,7 +59,7 @@ struct Fleetwide<'c> {
 
 impl Fleet for Fleetwide<'_> {
     type B = Postgres;
-    fn gates(&self, n: usize, policy: &str) -> Vec<Arc<Gate<Postgres>>> {
+    fn gates_on(&self, n: usize, policy: &str, clock: Arc<dyn Clock>) -> Vec<Arc<Gate<Postgres>>> {
         assert!(n <= self.hosts.len());
         self.hosts[..n]
             .iter()
@@ -57,7 +72,11 @@ impl Fleet for Fleetwide<'_> {
                 )
                 .expect("postgres");
                 let policy = tally_policy::Recorded::new(&no_asking(policy)).expect("policy");
-                Arc::new(Gate::with_backend(ledger, backend, policy).expect("gate"))
+                Arc::new(
+                    Gate::with_backend(ledger, backend, policy)
+                        .expect("gate")
+                        .with_clock(Arc::clone(&clock)),
+                )
             })
             .collect()
     }
@@ -275,12 +294,29 @@ fn kill_and_pause<F: Fleet>(fleet: &F) -> String {
     start(&gates[1], OPERATOR, json!({"run": "c", "parent": "p"})).expect("child");
     start(&gates[2], OPERATOR, json!({"run": "g", "parent": "c"})).expect("grandchild");
     start(&gates[0], OPERATOR, json!({"run": "q"})).expect("start");
-    gates[0].pause(OPERATOR, "q", true).expect("pause");
+    // A pause through one gate holds the runs below on the others; a resume lets them go.
+    gates[1]
+        .pause_blocking(OPERATOR, "p", true)
+        .expect("pause p");
+    let held = verdict(&check(
+        &gates[2],
+        json!({"run": "g", "tool": "t", "effect": "read"}),
+    ));
+    gates[0]
+        .pause_blocking(OPERATOR, "p", false)
+        .expect("resume p");
+    let let_go = verdict(&check(
+        &gates[2],
+        json!({"run": "g", "tool": "t", "effect": "read"}),
+    ));
+    gates[0].pause_blocking(OPERATOR, "q", true).expect("pause");
     let paused = verdict(&check(
         &gates[1],
         json!({"run": "q", "tool": "t", "effect": "read"}),
     ));
-    gates[2].pause(OPERATOR, "q", false).expect("resume");
+    gates[2]
+        .pause_blocking(OPERATOR, "q", false)
+        .expect("resume");
     let resumed = verdict(&check(
         &gates[1],
         json!({"run": "q", "tool": "t", "effect": "read"}),
@@ -296,9 +332,65 @@ fn kill_and_pause<F: Fleet>(fleet: &F) -> String {
         &gates[2],
         json!({"run": "g", "tool": "t", "effect": "read"}),
     ));
-    let summary =
-        format!("paused: {paused}; resumed: {resumed}; child: {child}; grandchild: {grandchild}");
-    assert_eq!(summary, "paused: Deny RunPaused; resumed: Allow; child: stopped Some(KilledByOperator); grandchild: stopped Some(KilledByOperator)");
+    let summary = format!(
+        "grandchild of a paused run: {held}, resumed: {let_go}; paused: {paused}; resumed: {resumed}; child: {child}; grandchild: {grandchild}"
+    );
+    assert_eq!(summary, "grandchild of a paused run: Deny RunPaused, resumed: Allow; paused: Deny RunPaused; resumed: Allow; child: stopped Some(KilledByOperator); grandchild: stopped Some(KilledByOperator)");
+    summary
+}
+
+/// Runs past their deadline: a start by their uid on any gate stops them first, so they
+/// no longer count toward its quota; a check past the deadline refuses and stops.
+fn deadlines<F: Fleet>(fleet: &F) -> String {
+    let clock = Arc::new(Fake(std::sync::atomic::AtomicU64::new(1_700_000_000_000)));
+    let at = |ms: u64| {
+        clock
+            .0
+            .store(1_700_000_000_000 + ms, std::sync::atomic::Ordering::SeqCst)
+    };
+    let gates = fleet.gates_on(HOSTS, "max_open_runs_per_uid = 2\n", clock.clone());
+    let agent = Caller {
+        uid: Some(1000),
+        operator: false,
+    };
+    let budget = |d: u64| json!({"deadline_ms": d});
+    start(
+        &gates[0],
+        agent,
+        json!({"run": "a", "budget": budget(1000)}),
+    )
+    .expect("a");
+    start(
+        &gates[1],
+        agent,
+        json!({"run": "b", "budget": budget(5000)}),
+    )
+    .expect("b");
+    at(999);
+    let early = match start(&gates[2], agent, json!({"run": "c"})) {
+        Ok(_) => "started".to_owned(),
+        Err(e) => format!("{e}"),
+    };
+    at(1000);
+    let due = match start(&gates[2], agent, json!({"run": "c"})) {
+        Ok(_) => "started".to_owned(),
+        Err(e) => format!("{e}"),
+    };
+    let a = verdict(&check(
+        &gates[1],
+        json!({"run": "a", "tool": "t", "effect": "read"}),
+    ));
+    at(5000);
+    let b = verdict(&check(
+        &gates[0],
+        json!({"run": "b", "tool": "t", "effect": "read"}),
+    ));
+    let b_after = verdict(&check(
+        &gates[2],
+        json!({"run": "b", "tool": "t", "effect": "read"}),
+    ));
+    let summary = format!("at 999: {early}; at 1000: {due}; a: {a}; b: {b}, then {b_after}");
+    assert_eq!(summary, "at 999: uid 1000 already holds 2 open runs (the policy's max_open_runs_per_uid); stop finished runs first; at 1000: started; a: stopped Some(RunDeadlineExhausted); b: Deny RunDeadlineExhausted, then stopped Some(RunDeadlineExhausted)");
     summary
 }
 
@@ -342,6 +434,7 @@ fn cases<F: Fleet>() -> Vec<Case<F>> {
         ("restart_keeps_counters", restart_keeps_counters::<F>),
         ("kill_and_pause", kill_and_pause::<F>),
         ("names_and_quota", names_and_quota::<F>),
+        ("deadlines", deadlines::<F>),
     ]
 }
 

@@ -80,6 +80,14 @@ pub trait StateTxn {
     /// networked backend also holds that uid's count until the transaction ends, so two
     /// hosts cannot both start its last allowed run.
     fn open_runs_of(&mut self, uid: Option<u32>) -> Result<u64, GateError>;
+    /// The open runs started by `uid` for which `expired` holds (past their deadline),
+    /// by name, in name order. Read after [`StateTxn::open_runs_of`], which holds the
+    /// uid's count; the runs themselves are read (and locked) with [`StateTxn::run`].
+    fn expired_runs_of(
+        &mut self,
+        uid: Option<u32>,
+        expired: &dyn Fn(&RunState) -> bool,
+    ) -> Result<Vec<String>, GateError>;
     /// The runs held (open ones, and recently stopped ones).
     fn runs(&mut self) -> Result<Vec<&RunState>, GateError>;
     /// The open runs whose parent is `run`, by name (a kill stops them with it).
@@ -101,8 +109,12 @@ pub trait StateTxn {
     fn view_mut(&mut self, scopes: &Scopes<'_>) -> ViewMut<'_>;
     /// The run stopped.
     fn mark_stopped(&mut self, run: &str);
-    /// Pause or resume a run, durably, before returning.
-    fn set_paused(&mut self, run: &str, paused: bool) -> Result<(), GateError>;
+    /// A `pause` or `resume` record of this transaction changes the run's pause to
+    /// `paused` (already applied to its state, which the commit writes): keep in step
+    /// whatever else the backend holds of it. The embedded backend rewrites the pause
+    /// an older build kept outside the log (`p/` + run), if the run has one, before the
+    /// record is queued, so the two never disagree after a restart.
+    fn pause_changed(&mut self, run: &str, paused: bool) -> Result<(), GateError>;
     /// Make the state of `scopes` durable before anything is queued for the ledger (a
     /// networked backend commits its own transaction here: state ahead of the ledger on
     /// a crash, never behind), and give the state version the decision is recorded at.
@@ -203,6 +215,20 @@ impl StateTxn for EmbeddedTxn<'_> {
         Ok(self.t.open_runs_of(uid))
     }
 
+    fn expired_runs_of(
+        &mut self,
+        uid: Option<u32>,
+        expired: &dyn Fn(&RunState) -> bool,
+    ) -> Result<Vec<String>, GateError> {
+        Ok(self
+            .t
+            .runs
+            .values()
+            .filter(|r| r.stop.is_none() && r.owner_uid == uid && expired(r))
+            .map(|r| r.run.clone())
+            .collect())
+    }
+
     fn runs(&mut self) -> Result<Vec<&RunState>, GateError> {
         Ok(self.t.runs.values().collect())
     }
@@ -248,11 +274,14 @@ impl StateTxn for EmbeddedTxn<'_> {
         self.t.mark_stopped(run);
     }
 
-    fn set_paused(&mut self, run: &str, paused: bool) -> Result<(), GateError> {
-        self.ledger
-            .put_state_durable(&[tables::pause_entry(run, paused)])?;
-        if let Some(r) = self.t.runs.get_mut(run) {
-            r.paused = paused;
+    fn pause_changed(&mut self, run: &str, paused: bool) -> Result<(), GateError> {
+        if self
+            .ledger
+            .state_get(&tables::pause_entry(run, paused).0)?
+            .is_some()
+        {
+            self.ledger
+                .put_state_durable(&[tables::pause_entry(run, paused)])?;
         }
         Ok(())
     }

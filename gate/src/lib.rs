@@ -20,12 +20,12 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod clock;
 mod error;
 mod tables;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tally_ledger::decision::{Budget, Limit, Scope};
@@ -33,6 +33,7 @@ use tally_ledger::{Action, Decision, Kind, Ledger, Reason, Receipt, Status};
 use tally_policy::{apply, decide, judge, Call, Now, Recorded, RunState, Verdict, ViewMut};
 
 use backend::{Embedded, Scopes, StateBackend, StateTxn};
+pub use clock::{Clock, SystemClock};
 pub use error::GateError;
 
 /// Who is asking: the peer's uid as the socket reports it (`None` in-process).
@@ -306,23 +307,8 @@ pub struct Gate<B: StateBackend = Embedded> {
     /// the first decision made under it carries the policy record in its own commit, just
     /// before it: no gate decision is ever recorded before the policy it was made under.
     policy_recorded: std::sync::atomic::AtomicBool,
-}
-
-/// The gate's clock for a run: wall time, and the run's own (never going back).
-fn clock(run: &RunState) -> Now {
-    let wall = now_ms();
-    let at = wall.saturating_sub(run.start_wall_ms).max(run.last_ms);
-    Now {
-        wall_ms: wall.max(run.start_wall_ms.saturating_add(at)),
-        at_ms: Some(at),
-    }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    /// Where the time is read.
+    time: Arc<dyn Clock>,
 }
 
 /// The scopes a decision touched, to commit with it.
@@ -418,12 +404,29 @@ impl<B: StateBackend> Gate<B> {
             backend,
             failure: Arc::new(Mutex::new(None)),
             policy_recorded: std::sync::atomic::AtomicBool::new(false),
+            time: Arc::new(SystemClock),
         };
         let last = gate.ledger.state_get(tables::POLICY_KEY)?;
         let recorded = last.as_deref() == Some(gate.policy.digest.as_bytes());
         gate.policy_recorded
             .store(recorded, std::sync::atomic::Ordering::SeqCst);
         Ok(gate)
+    }
+
+    /// The gate, reading the time from `clock` (tests move a clock of their own).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Gate<B> {
+        self.time = clock;
+        self
+    }
+
+    /// A run's clock now.
+    fn clock(&self, run: &RunState) -> Now {
+        clock::run_clock(self.time.now_ms(), run)
+    }
+
+    /// Where a run stands now.
+    fn standing(&self, run: &RunState) -> Standing {
+        standing(run, self.clock(run))
     }
 
     /// The policy in force.
@@ -455,12 +458,28 @@ impl<B: StateBackend> Gate<B> {
     /// receipt of the last into the reply.
     fn submit<T: Send + 'static>(
         &self,
-        mut t: B::Txn<'_>,
-        mut records: Vec<Decision>,
+        t: B::Txn<'_>,
+        records: Vec<Decision>,
         touched: &[Touched],
         answer: impl FnOnce(Receipt) -> T + Send + 'static,
         done: Done<T>,
     ) {
+        let last = records.len().saturating_sub(1);
+        self.submit_answering(t, records, touched, last, answer, done)
+    }
+
+    /// [`Gate::submit`], answering with the receipt of `records[answering]`.
+    fn submit_answering<T: Send + 'static>(
+        &self,
+        mut t: B::Txn<'_>,
+        mut records: Vec<Decision>,
+        touched: &[Touched],
+        answering: usize,
+        answer: impl FnOnce(Receipt) -> T + Send + 'static,
+        done: Done<T>,
+    ) {
+        // Counted from the end: a policy record may come first.
+        let from_end = records.len().saturating_sub(answering + 1);
         let scopes: Vec<Scopes<'_>> = touched.iter().map(Touched::scopes).collect();
         // A networked backend's state is durable before the decision is queued; if it
         // cannot be, nothing was queued and the gate stays up (the caller retries).
@@ -507,7 +526,7 @@ impl<B: StateBackend> Gate<B> {
             &scopes,
             ledger_state,
             Box::new(move |result| match result {
-                Ok(receipts) => match receipts.last() {
+                Ok(receipts) => match receipts.iter().rev().nth(from_end) {
                     Some(r) => done(Ok(answer(*r))),
                     None => done(Err(GateError::Unavailable(
                         "the ledger returned no receipt".into(),
@@ -526,108 +545,167 @@ impl<B: StateBackend> Gate<B> {
     }
 
     /// Start a run. `done` gets the granted budget once the start record is durable.
+    ///
+    /// The caller's runs past their deadline are stopped first (`run_deadline_exhausted`,
+    /// in the same commit, before the start; recorded even if the start is refused), so
+    /// they no longer count toward its open runs (docs/GATE.md, "Deadlines").
     pub fn start(&self, caller: Caller, req: StartRequest, done: Done<Started>) {
         let result = (|| {
             let mut t = self.begin()?;
-            let policy = &self.policy.policy;
             if !t.is_new(&req.run)? {
                 return Err(GateError::RunExists(req.run.clone()));
             }
             // The operator in-process is not counted; everyone else is, TCP peers as one.
             // (Read first: a networked backend holds the uid's count from here.)
-            let open_runs_of_uid = if caller.operator {
-                None
+            let (open_runs_of_uid, stops, writes) = if caller.operator {
+                (None, Vec::new(), Vec::new())
             } else {
-                Some(t.open_runs_of(caller.uid)?)
+                let open = t.open_runs_of(caller.uid)?;
+                let (stops, writes) = self.stop_expired(&mut t, caller)?;
+                let open = open.saturating_sub(stops.len() as u64);
+                (Some(open), stops, writes)
             };
-            let parent = match &req.parent {
-                Some(p) => Some(t.run(p, caller)?.clone()),
-                None => None,
-            };
-            let continued = match &req.continues {
-                Some(c) => Some(t.run(c, caller)?.clone()),
-                None => None,
-            };
-            // One rule for what a run is granted and whether it may start: the core's,
-            // the one replay holds every recorded start to.
-            let ask = tally_policy::Ask {
-                budget: req.budget.as_ref(),
-                credential: req.credential.as_deref(),
-                depth: req.depth,
-                uid: caller.uid,
-                operator: caller.operator,
-            };
-            let family = tally_policy::Family {
-                parent: parent.as_ref(),
-                continued: continued.as_ref(),
-                open_runs_of_uid,
-            };
-            let budget = tally_policy::start(policy, &ask, &family)
-                .map_err(|r| start_refused(r, &req, parent.as_ref(), caller))?;
-            let mut record = Decision {
-                run: req.run.clone(),
-                kind: Some(Kind::Start),
-                worker: req.worker.clone(),
-                at_ms: Some(0),
-                goal: req.goal.clone(),
-                budget: Some(budget.clone()),
-                parent: req.parent.clone(),
-                policy: Some(self.policy.digest.clone()),
-                uid: caller.uid,
-                credential: req.credential.clone(),
-                continues: req.continues.clone(),
-                ..Decision::default()
-            };
-            encodable(&mut record)?;
-            let now = Now {
-                wall_ms: now_ms(),
-                at_ms: Some(0),
-            };
-            let mut run = RunState::new(&req.run);
-            let mut writes = vec![Touched::run(&req.run)];
-            if let Some(p) = &req.parent {
-                writes.push(Touched::run(p));
+            let granted = self.grant(&mut t, caller, &req, open_runs_of_uid);
+            Ok((t, stops, writes, granted))
+        })();
+        match result {
+            Err(e) => done(Err(e)),
+            Ok((t, stops, _, Err(e))) if stops.is_empty() => {
+                drop(t);
+                done(Err(e))
             }
-            let found = apply(
-                policy,
-                ViewMut {
-                    run: &mut run,
-                    tool: None,
-                    credential: None,
-                    parent: match &req.parent {
-                        Some(p) => Some(
-                            t.run_mut(p)
-                                .ok_or_else(|| GateError::RunNotFound(p.clone()))?,
-                        ),
-                        None => None,
-                    },
-                    continued: continued.as_ref(),
-                },
-                &record,
-                now,
-            );
-            debug_assert!(found.is_empty(), "a start the core granted: {found:?}");
-            t.insert_run(run);
-            let digest = self.policy.digest.clone();
-            let run_name = req.run.clone();
-            Ok((
-                record,
-                writes,
-                move |r: Receipt| Started {
-                    run: run_name,
+            // The stops stand whether or not the run starts.
+            Ok((t, stops, writes, Err(e))) => self.submit(
+                t,
+                stops,
+                &writes,
+                |_| (),
+                Box::new(move |r: Result<(), GateError>| done(Err(r.err().unwrap_or(e)))),
+            ),
+            Ok((t, mut records, mut writes, Ok((record, touched, budget)))) => {
+                records.push(record);
+                writes.extend(touched);
+                let digest = self.policy.digest.clone();
+                let run = req.run;
+                let answer = move |r: Receipt| Started {
+                    run,
                     budget,
                     policy: digest,
                     seq: r.seq,
                     hash: r.hash.to_string(),
-                },
-                t,
-            ))
-        })();
-        match result {
-            // Queued inside the transaction: the ledger's order is the state's order.
-            Ok((record, writes, answer, t)) => self.submit(t, vec![record], &writes, answer, done),
-            Err(e) => done(Err(e)),
+                };
+                // Queued inside the transaction: the ledger's order is the state's order.
+                self.submit(t, records, &writes, answer, done)
+            }
         }
+    }
+
+    /// Stop the caller's open runs that are past their deadline: their stop records
+    /// (`run_deadline_exhausted`), folded into the transaction, and the runs to write.
+    fn stop_expired(
+        &self,
+        t: &mut B::Txn<'_>,
+        caller: Caller,
+    ) -> Result<(Vec<Decision>, Vec<Touched>), GateError> {
+        let wall = self.time.now_ms();
+        let expired = t.expired_runs_of(caller.uid, &|r| past_deadline(r, wall))?;
+        let mut stops = Vec::with_capacity(expired.len());
+        let mut writes = Vec::with_capacity(expired.len());
+        for name in expired {
+            let state = t.run(&name, caller)?.clone();
+            stops.push(self.stop_one(
+                t,
+                &name,
+                &state,
+                Reason::RunDeadlineExhausted,
+                None,
+                caller,
+            )?);
+            writes.push(Touched::run(&name));
+        }
+        Ok((stops, writes))
+    }
+
+    /// What a start is granted, once the core allows it: its record, folded into the
+    /// transaction (the run inserted, its parent's budget carved), the scopes it touched,
+    /// and the budget.
+    fn grant(
+        &self,
+        t: &mut B::Txn<'_>,
+        caller: Caller,
+        req: &StartRequest,
+        open_runs_of_uid: Option<u64>,
+    ) -> Result<(Decision, Vec<Touched>, Budget), GateError> {
+        let policy = &self.policy.policy;
+        let parent = match &req.parent {
+            Some(p) => Some(t.run(p, caller)?.clone()),
+            None => None,
+        };
+        let continued = match &req.continues {
+            Some(c) => Some(t.run(c, caller)?.clone()),
+            None => None,
+        };
+        // One rule for what a run is granted and whether it may start: the core's, the
+        // one replay holds every recorded start to.
+        let ask = tally_policy::Ask {
+            budget: req.budget.as_ref(),
+            credential: req.credential.as_deref(),
+            depth: req.depth,
+            uid: caller.uid,
+            operator: caller.operator,
+        };
+        let family = tally_policy::Family {
+            parent: parent.as_ref(),
+            continued: continued.as_ref(),
+            open_runs_of_uid,
+        };
+        let budget = tally_policy::start(policy, &ask, &family)
+            .map_err(|r| start_refused(r, req, parent.as_ref(), caller))?;
+        let mut record = Decision {
+            run: req.run.clone(),
+            kind: Some(Kind::Start),
+            worker: req.worker.clone(),
+            at_ms: Some(0),
+            goal: req.goal.clone(),
+            budget: Some(budget.clone()),
+            parent: req.parent.clone(),
+            policy: Some(self.policy.digest.clone()),
+            uid: caller.uid,
+            credential: req.credential.clone(),
+            continues: req.continues.clone(),
+            ..Decision::default()
+        };
+        encodable(&mut record)?;
+        let now = Now {
+            wall_ms: self.time.now_ms(),
+            at_ms: Some(0),
+        };
+        let mut run = RunState::new(&req.run);
+        let mut writes = vec![Touched::run(&req.run)];
+        if let Some(p) = &req.parent {
+            writes.push(Touched::run(p));
+        }
+        let found = apply(
+            policy,
+            ViewMut {
+                run: &mut run,
+                tool: None,
+                credential: None,
+                parent: match &req.parent {
+                    Some(p) => Some(
+                        t.run_mut(p)
+                            .ok_or_else(|| GateError::RunNotFound(p.clone()))?,
+                    ),
+                    None => None,
+                },
+                continued: continued.as_ref(),
+            },
+            &record,
+            now,
+        );
+        debug_assert!(found.is_empty(), "a start the core granted: {found:?}");
+        t.insert_run(run);
+        Ok((record, writes, budget))
     }
 
     /// Decide one intended call. `done` gets the answer once the decision is durable.
@@ -643,7 +721,7 @@ impl<B: StateBackend> Gate<B> {
             let policy = &self.policy.policy;
             let (stopped, run_credential, now) = {
                 let run = t.run(&req.run, caller)?;
-                (run.stop.is_some(), run.credential.clone(), clock(run))
+                (run.stop.is_some(), run.credential.clone(), self.clock(run))
             };
             if req.tool.len() > MAX_TOOL_BYTES {
                 // Tool names are identifiers, and every open call keeps its tool's name.
@@ -738,8 +816,20 @@ impl<B: StateBackend> Gate<B> {
             let record = decided.record;
             let cause = decided.cause;
             let verdict = decided.verdict;
+            let mut records = vec![record.clone()];
+            let mut writes = writes;
+            if record.reason == Some(Reason::RunDeadlineExhausted)
+                || cause == Some(Reason::RunDeadlineExhausted)
+            {
+                // Past its deadline the run can only be refused: it is stopped with the
+                // refusal, in the same commit, and no longer counts as open.
+                let state = t.run(&call.run, caller)?.clone();
+                let reason = Reason::RunDeadlineExhausted;
+                records.push(self.stop_one(&mut t, &call.run, &state, reason, None, caller)?);
+                writes = vec![Touched::run(&call.run)];
+            }
             Ok((
-                record.clone(),
+                records,
                 writes,
                 move |r: Receipt| CheckAnswer {
                     decision: verdict,
@@ -757,7 +847,10 @@ impl<B: StateBackend> Gate<B> {
             ))
         })();
         match result {
-            Ok((record, writes, answer, t)) => self.submit(t, vec![record], &writes, answer, done),
+            // The answer is the decision's, before any stop that follows it.
+            Ok((records, writes, answer, t)) => {
+                self.submit_answering(t, records, &writes, 0, answer, done)
+            }
             Err(e) => done(Err(e)),
         }
     }
@@ -768,7 +861,7 @@ impl<B: StateBackend> Gate<B> {
             let mut t = self.begin()?;
             let policy = &self.policy.policy;
             let run = t.run(&req.run, caller)?;
-            let now = clock(run);
+            let now = self.clock(run);
             let tool = run.tool_of(req.attempt).map(str::to_owned);
             let credential = run
                 .credential
@@ -863,7 +956,7 @@ impl<B: StateBackend> Gate<B> {
             }
             records.push(self.stop_one(&mut t, run, &state, reason, req.worker, caller)?);
             writes.push(Touched::run(run));
-            let limits = tally_policy::apply::standing(&state, clock(&state));
+            let limits = tally_policy::apply::standing(&state, self.clock(&state));
             Ok((
                 records,
                 writes,
@@ -893,7 +986,7 @@ impl<B: StateBackend> Gate<B> {
         caller: Caller,
     ) -> Result<Decision, GateError> {
         let policy = &self.policy.policy;
-        let now = clock(state);
+        let now = self.clock(state);
         let mut record = Decision {
             run: run.to_owned(),
             kind: Some(Kind::Stop),
@@ -930,18 +1023,62 @@ impl<B: StateBackend> Gate<B> {
         Ok(record)
     }
 
-    /// Pause (`true`) or resume a run: its next check, from any worker, is refused with
-    /// `run_paused` until it is resumed. Durable before it returns.
-    pub fn pause(&self, caller: Caller, run: &str, paused: bool) -> Result<Standing, GateError> {
-        if !caller.operator {
-            return Err(GateError::NotAuthorized(
-                "pause and resume are the operator's".into(),
-            ));
+    /// Pause (`true`) or resume a run, and every open run below it (a child's budget was
+    /// carved from its parent's, so it is held, and let go, with it): a `pause` or
+    /// `resume` record for each run whose state changes, descendants first, in one
+    /// commit, with the state they leave (so an index rebuilt from the log gives the
+    /// pause back). A paused run's next check, from any worker, is refused `run_paused`.
+    /// `done` gets where the run stands once the records are durable (at once if
+    /// nothing changed).
+    pub fn pause(&self, caller: Caller, run: &str, paused: bool, done: Done<Standing>) {
+        let result = (|| {
+            if !caller.operator {
+                return Err(GateError::NotAuthorized(
+                    "pause and resume are the operator's".into(),
+                ));
+            }
+            let mut t = self.begin()?;
+            let policy = &self.policy.policy;
+            let _ = live(&mut t, run, caller)?;
+            let mut family = open_descendants(&mut t, run)?;
+            family.reverse();
+            family.push(run.to_owned());
+            let kind = if paused { Kind::Pause } else { Kind::Resume };
+            let mut records = Vec::new();
+            let mut writes = Vec::new();
+            for name in &family {
+                let state = t.run(name, caller)?;
+                if state.paused == paused {
+                    continue;
+                }
+                let now = self.clock(state);
+                let mut record = Decision {
+                    run: name.clone(),
+                    kind: Some(kind),
+                    at_ms: now.at_ms,
+                    uid: caller.uid,
+                    policy: Some(self.policy.digest.clone()),
+                    ..Decision::default()
+                };
+                encodable(&mut record)?;
+                t.pause_changed(name, paused)?;
+                apply(policy, t.view_mut(&Scopes::run(name)), &record, now);
+                records.push(record);
+                writes.push(Touched::run(name));
+            }
+            let answer = self.standing(t.run(run, caller)?);
+            Ok((records, writes, answer, t))
+        })();
+        match result {
+            Ok((records, _, answer, t)) if records.is_empty() => {
+                drop(t);
+                done(Ok(answer))
+            }
+            Ok((records, writes, answer, t)) => {
+                self.submit(t, records, &writes, move |_| answer, done)
+            }
+            Err(e) => done(Err(e)),
         }
-        let mut t = self.begin()?;
-        let _ = live(&mut t, run, caller)?;
-        t.set_paused(run, paused)?;
-        Ok(standing(t.run(run, caller)?))
     }
 
     /// Record a human's approval for a run, once its signature, approver and digest
@@ -957,7 +1094,7 @@ impl<B: StateBackend> Gate<B> {
             let mut t = self.begin()?;
             let policy = &self.policy.policy;
             let state = live(&mut t, &a.run, caller)?.clone();
-            let now = clock(&state);
+            let now = self.clock(&state);
             let at = now.at_ms.unwrap_or(0);
             if state.budget.deadline_ms.is_some_and(|d| at >= d) {
                 return Err(GateError::ApprovalRefused(
@@ -1021,7 +1158,7 @@ impl<B: StateBackend> Gate<B> {
     /// Where a run stands.
     pub fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError> {
         let mut t = self.begin()?;
-        Ok(standing(t.run(run, caller)?))
+        Ok(self.standing(t.run(run, caller)?))
     }
 
     /// The runs the gate holds in memory (open runs, and recently stopped ones): every
@@ -1031,7 +1168,7 @@ impl<B: StateBackend> Gate<B> {
         Ok(t.runs()?
             .into_iter()
             .filter(|r| caller.operator || r.owner_uid == caller.uid)
-            .map(standing)
+            .map(|r| self.standing(r))
             .collect())
     }
 
@@ -1088,10 +1225,27 @@ impl<B: StateBackend> Gate<B> {
         blocking(|done| self.stop(caller, run, req, done))
     }
 
+    /// Blocking [`Gate::pause`].
+    pub fn pause_blocking(
+        &self,
+        caller: Caller,
+        run: &str,
+        paused: bool,
+    ) -> Result<Standing, GateError> {
+        blocking(|done| self.pause(caller, run, paused, done))
+    }
+
     /// Blocking [`Gate::approve`].
     pub fn approve_blocking(&self, caller: Caller, a: Approval) -> Result<Logged, GateError> {
         blocking(|done| self.approve(caller, a, done))
     }
+}
+
+/// Whether `run` is past its deadline at wall time `wall` (its next check would be
+/// refused `run_deadline_exhausted`).
+fn past_deadline(run: &RunState, wall: u64) -> bool {
+    let at = clock::run_clock(wall, run).at_ms.unwrap_or(0);
+    run.budget.deadline_ms.is_some_and(|d| at >= d)
 }
 
 /// The gate's error for a start the core refuses.
@@ -1189,8 +1343,7 @@ fn encode(record: &Decision) -> Result<Vec<u8>, GateError> {
     Ok(bytes)
 }
 
-fn standing(run: &RunState) -> Standing {
-    let now = clock(run);
+fn standing(run: &RunState, now: Now) -> Standing {
     Standing {
         run: run.run.clone(),
         state: if run.stop.is_some() {
@@ -1227,7 +1380,7 @@ pub trait Gatekeeper: Send + Sync {
     /// [`Gate::stop`].
     fn stop(&self, caller: Caller, run: &str, req: StopRequest, done: Done<Logged>);
     /// [`Gate::pause`].
-    fn pause(&self, caller: Caller, run: &str, paused: bool) -> Result<Standing, GateError>;
+    fn pause(&self, caller: Caller, run: &str, paused: bool, done: Done<Standing>);
     /// [`Gate::approve`].
     fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>);
     /// [`Gate::run`].
@@ -1259,8 +1412,8 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     fn stop(&self, caller: Caller, run: &str, req: StopRequest, done: Done<Logged>) {
         Gate::stop(self, caller, run, req, done)
     }
-    fn pause(&self, caller: Caller, run: &str, paused: bool) -> Result<Standing, GateError> {
-        Gate::pause(self, caller, run, paused)
+    fn pause(&self, caller: Caller, run: &str, paused: bool, done: Done<Standing>) {
+        Gate::pause(self, caller, run, paused, done)
     }
     fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>) {
         Gate::approve(self, caller, a, done)

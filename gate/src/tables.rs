@@ -27,6 +27,8 @@ pub(crate) fn run_key(run: &str) -> Vec<u8> {
     [b"r/", run.as_bytes()].concat()
 }
 
+/// The pause builds before `pause` records kept outside the log, in the index alone: where
+/// a run has one, it still decides (and is kept in step with the records).
 fn pause_key(run: &str) -> Vec<u8> {
     [b"p/", run.as_bytes()].concat()
 }

@@ -116,6 +116,16 @@ pub enum Error {
     /// The embedded store failed.
     #[error("store: {0}")]
     Store(String),
+    /// A public key file given where a secret key is read (`--auditor-key auditor.pub`).
+    #[error("{path} is a public key ({what}); this takes the secret half: give {secret} (the file `tally keygen` wrote beside it, mode 0600)")]
+    PublicKeyGiven {
+        /// The file given.
+        path: PathBuf,
+        /// Its first line, e.g. `tally auditor public key v1`.
+        what: String,
+        /// Where its secret half would be (the same name ending in `.key`).
+        secret: PathBuf,
+    },
     /// A key file has permissions that let others read it.
     #[error("{path}: key file is readable by others (mode {mode:o}); run `chmod 600 {path}`")]
     KeyPermissions {
@@ -166,6 +176,18 @@ pub enum Error {
     /// refuses all further appends until reopened (fail closed).
     #[error("ledger is closed after a failed write: {0}")]
     Poisoned(String),
+    /// The log's tail does not verify when the ledger is opened for writing
+    /// (docs/FORMAT.md, "Opening for writing"): the writer will not append after it, and
+    /// nothing was written.
+    #[error("{}: refusing to write: the log's tail does not verify ({at}: {why}). Nothing was written. Run `tally verify {} --key {}` to see what is damaged; restore the ledger from a backup, or keep it as evidence and start a new one with `tally init`", dir.display(), dir.display(), dir.join("ledger.pub").display())]
+    TailDamaged {
+        /// The ledger directory.
+        dir: PathBuf,
+        /// Where: a segment and byte, or a seq.
+        at: String,
+        /// What is wrong.
+        why: String,
+    },
     /// The stored chain does not verify on open.
     #[error("stored chain is inconsistent at seq {seq}: {why}")]
     Corrupt {

@@ -708,6 +708,27 @@ pub fn write_secret_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn read_secret(path: &Path) -> Result<Zeroizing<String>> {
+    // A public key given for a secret one (public files are 0644): say so, rather than
+    // ask for a chmod that would not help. Only the first line is looked at.
+    let mut head = [0u8; 64];
+    let n = {
+        use std::io::Read;
+        let mut f = fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        f.read(&mut head).map_err(|e| Error::io(path, e))?
+    };
+    for header in [
+        AUDITOR_PUBLIC_HEADER,
+        APPROVER_PUBLIC_HEADER,
+        LEDGER_PUBLIC_HEADER,
+    ] {
+        if head[..n].starts_with(header.as_bytes()) {
+            return Err(Error::PublicKeyGiven {
+                path: path.to_path_buf(),
+                what: header.trim_end().to_owned(),
+                secret: path.with_extension("key"),
+            });
+        }
+    }
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;

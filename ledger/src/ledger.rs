@@ -332,6 +332,10 @@ fn replay_into(
             } => {
                 apply_state_frame(dir, store, frame, (segment, end))?;
                 done.state_frames += 1;
+                #[cfg(feature = "faults")]
+                crate::faults::replayed_state_frame(done.state_frames, || {
+                    let _ = store.flush();
+                });
             }
             Item::Torn(_) => done.torn += 1,
             Item::Tree { .. } | Item::Frame(Frame::Cosigned(_)) => {}
@@ -401,6 +405,28 @@ pub struct Ledger {
     log_key: LogKey,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// The torn writes open found after the sealed end (kept; the log resumed after them).
+    torn: Vec<segment::Torn>,
+}
+
+/// The verifying key of the writer's key for `epoch` (`writer.key`, or `writer.key.next`
+/// while a rotation to `epoch` is being finished), read without changing a file.
+fn writer_verifying_key(dir: &Path, ledger_id: LedgerId, epoch: u32) -> Result<[u8; 32]> {
+    let next_path = dir.join(files::WRITER_KEY_NEXT);
+    if next_path.exists() {
+        let next = EpochSecrets::read(&next_path, ledger_id)?;
+        if next.epoch == epoch {
+            return Ok(next.verifying_key());
+        }
+    }
+    let current = EpochSecrets::read(&dir.join(files::WRITER_KEY), ledger_id)?;
+    if current.epoch != epoch {
+        return Err(Error::KeyEpochMismatch {
+            key_epoch: current.epoch,
+            ledger_epoch: epoch,
+        });
+    }
+    Ok(current.verifying_key())
 }
 
 fn now_ms() -> u64 {
@@ -575,12 +601,17 @@ impl Ledger {
         let lock = LogWriter::lock(dir)?;
         recover_index(dir)?;
         let segments = list_segments(dir)?;
-        let corrupt = |seq: u64, why: String| Error::Corrupt { seq, why };
+        let corrupt = |seq: u64, why: String| Error::TailDamaged {
+            dir: dir.to_path_buf(),
+            at: format!("seq {seq}"),
+            why,
+        };
         let genesis_bytes = match LogReader::new(segments[..1].to_vec(), false, None)
             .frames()
             .next()
         {
             Some(Ok(Frame::Entry(b))) => b,
+            Some(Err(Error::Segment { why, .. })) => return Err(corrupt(0, why)),
             Some(Err(e)) => return Err(e),
             _ => return Err(corrupt(0, "no genesis entry".into())),
         };
@@ -596,7 +627,14 @@ impl Ledger {
         // overwritten: the next write starts a new segment.
         let mut sealed_at = None;
         for (i, (_, path)) in segments.iter().enumerate().rev() {
-            let scan = segment::scan(path)?;
+            let scan = segment::scan(path).map_err(|e| match e {
+                Error::Segment { path, why } => Error::TailDamaged {
+                    dir: dir.to_path_buf(),
+                    at: format!("{}", path.display()),
+                    why,
+                },
+                e => e,
+            })?;
             if scan.sealed {
                 sealed_at = Some((i, scan));
                 break;
@@ -631,6 +669,20 @@ impl Ledger {
                 "the log's last checkpoint does not seal its last entry".into(),
             ));
         }
+        // Never write after bytes that do not verify: the last group and everything
+        // after it are checked before anything is written, the index included.
+        let torn = crate::tail::check(
+            &crate::tail::Sealed {
+                dir,
+                ledger_id,
+                segments: &segments,
+                index: sealed_index,
+                scan: &sealed_scan,
+                checkpoint: &checkpoint,
+                key: writer_verifying_key(dir, ledger_id, last.header.epoch)?,
+            },
+            &genesis,
+        )?;
         // Bring the index up to the log: replay the state frames after its mark.
         let store = Store::open(dir)?;
         let mut mark = store.mark()?;
@@ -747,6 +799,7 @@ impl Ledger {
             log_key,
             shared,
             threads: Vec::with_capacity(2),
+            torn,
         };
         type Stage = fn(&Shared);
         let stages: [(&str, Stage); 2] = [
@@ -876,6 +929,28 @@ impl Ledger {
             }
         }
         Ok(None)
+    }
+
+    /// The torn writes found after the log's sealed end when it was opened: a crash's
+    /// groups cut short, never acknowledged. They stay where they are (`tally verify`
+    /// reports them) and the log resumed after them in a new segment; the writer says so.
+    pub fn torn_at_open(&self) -> &[segment::Torn] {
+        &self.torn
+    }
+
+    /// What to tell the operator about each of [`Ledger::torn_at_open`], one line each.
+    pub fn torn_notes(&self) -> Vec<String> {
+        self.torn
+            .iter()
+            .map(|t| {
+                format!(
+                    "the log ends in a torn write: {} bytes from byte {} of {} (a group a crash cut short, never acknowledged); they stay where they are, `tally verify` reports them, and the log resumes in a new segment",
+                    t.len,
+                    t.offset,
+                    t.path.display()
+                )
+            })
+            .collect()
     }
 
     /// The ledger's id.
@@ -1040,7 +1115,8 @@ impl Ledger {
     }
 
     /// Write state values outside any commit group and make them durable before
-    /// returning (for state no decision carries, such as an operator's pause). Keys
+    /// returning (for state no decision carries; the gate's pauses were, before they
+    /// became records). Keys
     /// written here must not also be written through [`Ledger::submit_with_state`]:
     /// the two paths are not ordered with each other.
     pub fn put_state_durable(&self, state: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {

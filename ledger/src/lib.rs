@@ -21,12 +21,15 @@
 pub use tally_record::decision;
 pub mod error;
 pub mod export;
+#[cfg(feature = "faults")]
+pub mod faults;
 pub mod format;
 pub mod keys;
 pub mod ledger;
 pub mod prove;
 pub mod segment;
 pub mod store;
+mod tail;
 pub mod tlog;
 mod tree;
 

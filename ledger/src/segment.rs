@@ -483,7 +483,7 @@ impl StateFrame {
     }
 }
 
-fn max_payload(tag: u8) -> Option<usize> {
+pub(crate) fn max_payload(tag: u8) -> Option<usize> {
     match tag {
         TAG_ENTRY => Some(HEADER_LEN + MAX_BODY_LEN),
         TAG_CHECKPOINT => Some(MAX_CHECKPOINT_LEN),
@@ -561,6 +561,12 @@ pub struct Scan {
     /// The tree frame of the last checkpoint's group, if it has one: its payload's offset
     /// and length.
     pub last_tree: Option<(u64, u32)>,
+    /// The checkpoint frame before the last one, if the segment holds one: its payload's
+    /// offset and length.
+    pub prev_checkpoint: Option<(u64, u32)>,
+    /// Where the last sealed group's frames begin: just after the checkpoint before it,
+    /// or after the header if the segment holds no earlier checkpoint.
+    pub group_start: u64,
 }
 
 impl Scan {
@@ -589,6 +595,8 @@ pub fn scan(path: &Path) -> Result<Scan> {
             last_entry: None,
             last_checkpoint: None,
             last_tree: None,
+            prev_checkpoint: None,
+            group_start: 0,
         });
     }
     let header = SegmentHeader::decode(&hb).map_err(|e| Error::Segment {
@@ -600,6 +608,7 @@ pub fn scan(path: &Path) -> Result<Scan> {
     let mut sealed = false;
     let (mut entry, mut last_entry, mut last_checkpoint) = (None, None, None);
     let (mut tree, mut last_tree) = (None, None);
+    let (mut prev_checkpoint, mut group_start) = (None, pos);
     loop {
         let mut prefix = [0u8; FRAME_PREFIX_LEN];
         if pos + FRAME_PREFIX_LEN as u64 > len {
@@ -626,9 +635,11 @@ pub fn scan(path: &Path) -> Result<Scan> {
             TAG_ENTRY => entry = Some(at),
             TAG_TREE => tree = Some(at),
             TAG_CHECKPOINT => {
+                group_start = sealed_end;
                 sealed_end = pos;
                 sealed = true;
                 last_entry = entry;
+                prev_checkpoint = last_checkpoint;
                 last_checkpoint = Some(at);
                 last_tree = tree.take();
             }
@@ -643,6 +654,8 @@ pub fn scan(path: &Path) -> Result<Scan> {
         last_entry,
         last_checkpoint,
         last_tree,
+        prev_checkpoint,
+        group_start,
     })
 }
 

@@ -531,10 +531,12 @@ fn reindex_gives_the_live_state_across_rotations_and_cleared_bases() {
     assert_eq!(again, live.into_iter().collect::<BTreeMap<_, _>>());
 }
 
-/// `kill -9` of a writer while its open replays the log into the index (the index was
-/// removed, so the replay is long and writes folds to sled as it goes), again and again:
-/// every later open decodes every delta (no frame applied twice, none skipped) and the
-/// state is the last the log holds.
+/// A writer that dies (`abort`, as `kill -9`: nothing flushed, no destructor) while its
+/// open replays the log into the index (the index was removed, so the replay is long and
+/// writes folds to sled as it goes), again and again, each time at a point of the replay
+/// chosen in advance (the `faults` fault point, not a race with the clock): every later
+/// open decodes every delta (no frame applied twice, none skipped) and the state is the
+/// last the log holds.
 #[test]
 fn kill_9_during_the_replay_on_open() {
     let tmp = tempfile::tempdir().unwrap();
@@ -542,8 +544,9 @@ fn kill_9_during_the_replay_on_open() {
     drop(new_ledger(&dir, Rotation::default()));
     let ledger = Ledger::open(&dir).unwrap();
     // Besides keys 0..4, each group writes new keys of 4 KiB, so the replay writes enough
-    // to sled for its buffers to reach the file before a kill.
-    for i in 0..1500u64 {
+    // to sled for its buffers to reach the file before the abort.
+    const GROUPS: u64 = 1500;
+    for i in 0..GROUPS {
         let mut state: Vec<_> = (0..4).map(|k| (key(k), value(k, i))).collect();
         state.extend((0..8u64).map(|j| {
             (
@@ -554,23 +557,23 @@ fn kill_9_during_the_replay_on_open() {
         append_with_state(&ledger, i, state);
     }
     drop(ledger);
+    let end = Store::open(&dir).unwrap().mark().unwrap();
+    assert!(end.is_some());
     tally_ledger::store::remove_index(&dir.join(INDEX_DIR)).unwrap();
-    // How long a whole replay takes here: the kills fall inside one.
-    let start = Instant::now();
-    drop(Ledger::open(&dir).unwrap());
-    let replay = start.elapsed().as_millis() as u64;
-    tally_ledger::store::remove_index(&dir.join(INDEX_DIR)).unwrap();
-    let mut x = 0x2545_f491_u64;
-    let mut killed_early = 0;
+    // Each child replays from the mark the one before left: it dies after this many state
+    // frames of its own replay (all of them fewer than what is left to replay), some just
+    // after sled wrote out what it held (so the index on disk holds part of a replay).
     let mut marks = Vec::new();
-    for _ in 0..8 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        // The child's start, then a point inside the first half of the replay (a kill
-        // late in it may come after a child that ran faster than the timed replay).
-        let ms = 15 + (x >> 33) % (replay / 2).max(1);
-        let mut child = Command::new(std::env::current_exe().unwrap())
+    for at in [
+        "1",
+        "300/flushed",
+        "90",
+        "300/flushed",
+        "40",
+        "300/flushed",
+        "7",
+    ] {
+        let status = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--ignored",
                 "--exact",
@@ -581,32 +584,36 @@ fn kill_9_during_the_replay_on_open() {
             .env(CHILD_DIR, &dir)
             .env(CHILD_GROUPS, "0")
             .env(CHILD_FROM, "0")
+            .env(tally_ledger::faults::REPLAY_ABORT_AFTER, at)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
+            .status()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(ms));
-        if child.try_wait().unwrap().is_none() {
-            killed_early += 1;
-        }
-        child.kill().unwrap();
-        child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(rustix::process::Signal::ABORT.as_raw()),
+            "the child did not die inside its replay (after {at} state frames): {status}"
+        );
         marks.push(Store::open(&dir).unwrap().mark().unwrap());
     }
-    assert!(killed_early > 0);
-    let end = *marks.iter().max().unwrap();
     assert!(
-        marks.iter().any(|m| *m != end),
-        "no kill landed inside a replay of {replay} ms: {marks:?}"
+        marks.iter().all(|m| *m != end),
+        "a child finished the replay it was to die in: {marks:?}"
     );
+    // The flushed aborts left part of a replay in the index, and later ones went on
+    // from it.
+    let partial: BTreeSet<_> = marks.iter().flatten().collect();
+    assert!(partial.len() >= 3, "{marks:?}");
     let ledger = Ledger::open(&dir).unwrap_or_else(|e| panic!("open after kills in replay: {e}"));
     for k in 0..4 {
         assert_eq!(
             counter(k, &ledger.state_get(&key(k)).unwrap().unwrap()),
-            1499
+            GROUPS - 1
         );
     }
     every_entry_found(&ledger);
+    eprintln!("marks after each abort: {marks:?}");
 }
 
 /// A delta no shorter than its value is a form no writer makes (it writes a delta only

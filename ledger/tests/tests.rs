@@ -7,5 +7,6 @@ mod review;
 mod segments;
 mod state;
 mod store;
+mod tail;
 mod tlog;
 mod vectors;

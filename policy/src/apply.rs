@@ -138,6 +138,13 @@ pub fn apply(
                 run.stop = record.reason;
             }
         }
+        // The operator's pause: the run's calls are refused until a resume. A stopped
+        // run stays as it stopped (the record is a finding).
+        Kind::Pause | Kind::Resume => {
+            if run.stop.is_none() {
+                run.paused = kind == Kind::Pause;
+            }
+        }
     }
     found
 }

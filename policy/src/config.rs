@@ -287,17 +287,35 @@ impl Policy {
     /// Parse and check a policy file's text. Every key is optional; unknown keys, wrong
     /// types and impossible values are errors that name the key.
     pub fn from_toml(text: &str) -> Result<Policy, PolicyError> {
+        Policy::parse(text, true)
+    }
+
+    /// Parse a policy a ledger recorded: as [`Policy::from_toml`], except that a value
+    /// that makes every run useless (a ceiling of 0 attempts, ...) but was accepted by
+    /// earlier builds is taken as it was enforced, so an honest ledger still verifies.
+    pub fn from_recorded(text: &str) -> Result<Policy, PolicyError> {
+        Policy::parse(text, false)
+    }
+
+    fn parse(text: &str, new: bool) -> Result<Policy, PolicyError> {
         if text.len() > MAX_POLICY_BYTES {
             return Err(PolicyError::TooLong {
                 len: text.len(),
                 max: MAX_POLICY_BYTES,
             });
         }
-        let policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Toml {
-            message: e.message().to_owned(),
-            span: e.span().map(|s| (s.start, s.end)),
+        let de = toml::Deserializer::new(text);
+        let mut policy: Policy = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let e = e.into_inner();
+            let span = e.span().map(|s| (s.start, s.end));
+            PolicyError::Toml {
+                message: readable(e.message()),
+                key: (path != "." && !path.is_empty()).then_some(path),
+                line: span.map(|(start, _)| line_at(text, start)),
+                span,
+            }
         })?;
-        let mut policy = policy;
         // A `[ceiling]` that names some dimensions keeps the defaults of the others:
         // every dimension always has a ceiling (give a large number to lift one).
         let d = Policy::default().ceiling;
@@ -308,7 +326,13 @@ impl Policy {
         c.side_effects = c.side_effects.or(d.side_effects);
         c.polls = c.polls.or(d.polls);
         c.depth = c.depth.or(d.depth);
-        policy.check()?;
+        policy
+            .check(new)
+            .map_err(|(key, why)| PolicyError::Invalid {
+                line: line_of(text, &key),
+                key,
+                why,
+            })?;
         Ok(policy)
     }
 
@@ -318,32 +342,48 @@ impl Policy {
         toml::to_string(self).unwrap_or_default()
     }
 
-    fn check(&self) -> Result<(), PolicyError> {
-        let invalid = |key: &'static str, why: &'static str| Err(PolicyError::Invalid { key, why });
+    /// Values that parse but cannot be enforced, or (`new`: a policy being put in force,
+    /// not one a ledger recorded, see [`Policy::from_recorded`]) make every run useless:
+    /// the key (a dotted path) and what to give instead.
+    fn check(&self, new: bool) -> Result<(), (String, String)> {
+        let invalid = |key: &str, why: &str| Err((key.to_owned(), why.to_owned()));
+        if new {
+            self.check_useful()?;
+        }
         let l = &self.loops;
-        if l.identical_consecutive == 0 || l.alternating == 0 {
-            return invalid(
-                "loops",
-                "identical_consecutive and alternating must be at least 1",
-            );
+        let at_least_one = "must be at least 1";
+        if l.identical_consecutive == 0 {
+            return invalid("loops.identical_consecutive", at_least_one);
         }
-        if l.identical_window > MAX_WINDOW || l.identical_in_window == 0 {
-            return invalid(
-                "loops.identical_window",
-                "must be at most 256 calls, with identical_in_window at least 1",
-            );
+        if l.alternating == 0 {
+            return invalid("loops.alternating", at_least_one);
         }
-        if self.retries.read == 0
-            || self.retries.idempotent_write == 0
-            || self.retries.non_idempotent_write == 0
-        {
-            return invalid("retries", "each class must allow at least one attempt");
+        if l.identical_in_window == 0 {
+            return invalid("loops.identical_in_window", at_least_one);
+        }
+        if l.identical_window > MAX_WINDOW {
+            return invalid("loops.identical_window", "must be at most 256 calls");
+        }
+        for (key, n) in [
+            ("retries.read", self.retries.read),
+            ("retries.idempotent_write", self.retries.idempotent_write),
+            (
+                "retries.non_idempotent_write",
+                self.retries.non_idempotent_write,
+            ),
+        ] {
+            if n == 0 {
+                return invalid(
+                    key,
+                    "is 0: no call of this class could be made; give at least 1 attempt",
+                );
+            }
         }
         if self.breaker.failures == 0 {
-            return invalid("breaker.failures", "must be at least 1");
+            return invalid("breaker.failures", at_least_one);
         }
         if self.rate.call_timeout_ms == 0 {
-            return invalid("rate.call_timeout_ms", "must be at least 1");
+            return invalid("rate.call_timeout_ms", "must be at least 1 (ms)");
         }
         for (name, key) in &self.approvals.approvers {
             let ok = key.len() == 64
@@ -351,16 +391,71 @@ impl Policy {
                 && crate::approval::public_key(key).is_some();
             if !ok || name.is_empty() {
                 return invalid(
-                    "approvals.approvers",
-                    "each approver needs a name and an Ed25519 public key as 64 lowercase hex characters (the line `tally keygen --approver` prints)",
+                    &format!("approvals.approvers.{name}"),
+                    "needs a name and an Ed25519 public key as 64 lowercase hex characters (the line `tally keygen --approver` prints)",
                 );
             }
         }
-        if self.credentials.values().any(|c| c.period_ms == 0) {
-            return invalid("credentials.*.period_ms", "must be at least 1 ms");
+        for (name, c) in &self.credentials {
+            if c.period_ms == 0 {
+                return invalid(
+                    &format!("credentials.{name}.period_ms"),
+                    "must be at least 1 (ms)",
+                );
+            }
         }
         if self.approvals.ask_on.contains(&Reason::Completed) {
             return invalid("approvals.ask_on", "`completed` is not a refusal");
+        }
+        Ok(())
+    }
+
+    /// Zero where nothing could run under it, refused in a policy being put in force: a
+    /// ceiling of 0 attempts or a 0 ms deadline, no open runs, a per-tool bar of 0 calls,
+    /// approvals valid for 0 ms (and, in [`Policy::check`], a class of 0 retries). Where
+    /// zero means "none" (no side effects, polls, children or spend) or "off" (a rate, a
+    /// stall count, an in-flight bound) it is a policy like any other.
+    fn check_useful(&self) -> Result<(), (String, String)> {
+        let invalid = |key: &str, why: &str| Err((key.to_owned(), why.to_owned()));
+        let ceilings = std::iter::once(("ceiling".to_owned(), &self.ceiling)).chain(
+            self.credentials
+                .iter()
+                .map(|(name, c)| (format!("credentials.{name}.ceiling"), &c.ceiling)),
+        );
+        for (at, ceiling) in ceilings {
+            if ceiling.attempts == Some(0) {
+                return invalid(
+                    &format!("{at}.attempts"),
+                    "is 0: a run could make no call at all; give at least 1",
+                );
+            }
+            if ceiling.deadline_ms == Some(0) {
+                return invalid(
+                    &format!("{at}.deadline_ms"),
+                    "is 0: every run would be over as it starts; give at least 1 (ms)",
+                );
+            }
+        }
+        if self.max_open_runs_per_uid == 0 {
+            return invalid(
+                "max_open_runs_per_uid",
+                "is 0: no run could start; give at least 1",
+            );
+        }
+        if self.loops.tool_calls == 0 {
+            return invalid(
+                "loops.tool_calls",
+                "is 0: every call of every tool would be refused; give at least 1 (a large number lifts the per-tool bar)",
+            );
+        }
+        if self.loops.tool_window_ms == 0 {
+            return invalid("loops.tool_window_ms", "must be at least 1 (ms)");
+        }
+        if self.approvals.max_expiry_ms == 0 {
+            return invalid(
+                "approvals.max_expiry_ms",
+                "is 0: no approval could be valid; give at least 1 (ms) (to stop asking, leave approvals.ask_on empty)",
+            );
         }
         Ok(())
     }
@@ -417,6 +512,15 @@ impl Recorded {
         })
     }
 
+    /// A policy text a ledger recorded ([`Policy::from_recorded`]), keeping it.
+    pub fn from_ledger(text: &str) -> Result<Recorded, PolicyError> {
+        Ok(Recorded {
+            policy: Policy::from_recorded(text)?,
+            text: text.to_owned(),
+            digest: policy_digest(text),
+        })
+    }
+
     /// The built-in default policy (the empty text).
     pub fn default_policy() -> Recorded {
         Recorded {
@@ -444,5 +548,39 @@ pub fn target_matches(pattern: &str, host: &str) -> bool {
             .strip_suffix(domain)
             .is_some_and(|rest| rest.ends_with('.') && rest.len() > 1),
         None => host == pattern,
+    }
+}
+
+/// The 1-based line of byte `at` in `text`.
+fn line_at(text: &str, at: usize) -> usize {
+    text.as_bytes()[..at.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// The line of the value at the dotted `key` in the policy's text, where it is written
+/// there (a key left to its default has none).
+fn line_of(text: &str, key: &str) -> Option<usize> {
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let mut item = doc.as_item();
+    for part in key.split('.') {
+        item = item.get(part)?;
+    }
+    item.span().map(|s| line_at(text, s.start))
+}
+
+/// The TOML parser's message in words a policy's author reads: integer types by name,
+/// and for a quoted number, what to write instead.
+fn readable(message: &str) -> String {
+    let words = message
+        .replace("expected u64", "expected a whole number")
+        .replace("expected u32", "expected a whole number")
+        .replace("expected i64", "expected a whole number");
+    if words.starts_with("invalid type: string") && words.contains("expected a whole number") {
+        format!("{words}: write the number without quotes")
+    } else {
+        words
     }
 }

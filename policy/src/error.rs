@@ -5,20 +5,26 @@
 #[non_exhaustive]
 pub enum PolicyError {
     /// Not valid TOML, an unknown key, or a value of the wrong type.
-    #[error("policy: {message}")]
+    #[error("policy: {}{message}", place(*.line, .key.as_deref()))]
     Toml {
-        /// What the TOML parser said, naming the key.
+        /// What the TOML parser said, and what to write instead where that is clear.
         message: String,
+        /// The key at fault as a dotted path (`ceiling.attempts`), where known.
+        key: Option<String>,
+        /// The 1-based line of the offending text, where known.
+        line: Option<usize>,
         /// Byte range of the offending text, where known.
         span: Option<(usize, usize)>,
     },
     /// A value that parses but cannot be enforced.
-    #[error("policy: `{key}` {why}")]
+    #[error("policy: {}`{key}` {why}", place(*.line, None))]
     Invalid {
-        /// The key.
-        key: &'static str,
-        /// What is wrong.
-        why: &'static str,
+        /// The key, as a dotted path (`ceiling.attempts`, `credentials.ci.period_ms`).
+        key: String,
+        /// What is wrong, and what to give instead.
+        why: String,
+        /// The 1-based line of its value in the file, where it is written in one.
+        line: Option<usize>,
     },
     /// The policy text is over the size a policy record stores.
     #[error("policy is {len} bytes; at most {max} are recorded")]
@@ -52,4 +58,14 @@ pub enum ApprovalError {
     /// The approval grants nothing.
     #[error("approval grants nothing: give attempts, cents, a tool or an operation")]
     Empty,
+}
+
+/// `line N, `key`: ` (either part only where known).
+fn place(line: Option<usize>, key: Option<&str>) -> String {
+    match (line, key) {
+        (Some(l), Some(k)) => format!("line {l}, `{k}`: "),
+        (Some(l), None) => format!("line {l}: "),
+        (None, Some(k)) => format!("`{k}`: "),
+        (None, None) => String::new(),
+    }
 }

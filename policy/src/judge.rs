@@ -227,7 +227,7 @@ pub fn judge(policy: &Policy, view: View<'_>, record: &Decision, now: Now) -> Ve
                 });
             }
         }
-        Kind::Deny | Kind::Stop | Kind::Policy => {}
+        Kind::Deny | Kind::Stop | Kind::Policy | Kind::Pause | Kind::Resume => {}
     }
     found
 }

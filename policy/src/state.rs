@@ -1,8 +1,8 @@
 //! The state the gate decides from: one [`RunState`] per run, one [`ToolState`] per
 //! downstream tool (shared by every run), one [`CredentialState`] per credential.
 //!
-//! State is a fold of the decisions ([`crate::apply`]) plus two things the operator sets
-//! outside the chain (a run's pause, and nothing else). It is serializable, so a backend
+//! State is a fold of the decisions ([`crate::apply`]), the operator's pauses and resumes
+//! included (they are records). It is serializable, so a backend
 //! can keep it durable beside the decisions, and bounded: maps are capped, and evicting
 //! an entry never returns budget (see each cap).
 
@@ -174,7 +174,7 @@ pub struct RunState {
     pub last_ms: u64,
     /// Why it stopped (the first stop wins).
     pub stop: Option<Reason>,
-    /// Paused by the operator (not a record: the gate's own state).
+    /// Paused by the operator (its last `pause` record has no `resume` after it).
     pub paused: bool,
     /// The highest attempt number allowed.
     pub last_attempt: u64,

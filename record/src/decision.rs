@@ -44,6 +44,11 @@ pub enum Kind {
     Stop,
     /// The policy in force from here on (its TOML text and digest); not about a run.
     Policy,
+    /// The operator paused the run: its calls are refused (`run_paused`) until a
+    /// `resume`. Written by the gate.
+    Pause,
+    /// The operator resumed a paused run. Written by the gate.
+    Resume,
 }
 
 impl Kind {
@@ -57,6 +62,8 @@ impl Kind {
         Kind::Override,
         Kind::Stop,
         Kind::Policy,
+        Kind::Pause,
+        Kind::Resume,
     ];
 
     /// The kind's name as it appears in JSON.
@@ -70,6 +77,8 @@ impl Kind {
             Kind::Override => "override",
             Kind::Stop => "stop",
             Kind::Policy => "policy",
+            Kind::Pause => "pause",
+            Kind::Resume => "resume",
         }
     }
 }
@@ -735,6 +744,8 @@ impl Decision {
                     Kind::Refund,
                     Kind::Override,
                     Kind::Stop,
+                    Kind::Pause,
+                    Kind::Resume,
                 ],
             ),
             (

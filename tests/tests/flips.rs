@@ -95,6 +95,48 @@ fn every_bit_flip_in_a_stored_entry_is_tampered() {
     );
 }
 
+/// A flip in a decision's ciphertext (whose tag only the auditor key checks) is named at
+/// that decision without the key: the chain records the hash of its bytes, in the next
+/// entry's link and in the head the checkpoint after it signs.
+#[test]
+fn every_ciphertext_flip_is_named_at_its_entry_without_the_key() {
+    let fx = small();
+    let frames = fx.frames();
+    let opts = fx.options();
+    // (frame index, seq, byte in frame) for every body byte of every decision.
+    let mut seq = 0u64;
+    let mut bytes = Vec::new();
+    for (i, f) in frames.iter().enumerate() {
+        if let Frame::Entry(b) = f {
+            let header = tally_ledger::format::Header::decode(b).expect("a header");
+            if header.entry_type == tally_ledger::EntryType::Decision {
+                // Its body, the ciphertext, follows the header.
+                bytes.extend((tally_ledger::format::HEADER_LEN..b.len()).map(|j| (i, seq, j)));
+            }
+            seq += 1;
+        }
+    }
+    let bits = bits_to_flip(bytes.len(), 72);
+    let failures = par_failures(&bits, |&bit| {
+        let (i, seq, j) = bytes[bit / 8];
+        let mut frames = frames.clone();
+        if let Frame::Entry(b) = &mut frames[i] {
+            flip(b, j * 8 + bit % 8);
+        }
+        let r = verify_frames(&frames, &opts);
+        let first = r.findings.first().map(|f| (f.seq, f.kind));
+        (first != Some((seq, tally_verify::FindingKind::EntryAltered)))
+            .then(|| format!("seq {seq} byte {j} bit {}: {}", bit % 8, first_line(&r)))
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} flips not named at their entry:\n{}",
+        failures.len(),
+        bits.len(),
+        failures.join("\n")
+    );
+}
+
 /// What became of one flip in the segment file.
 #[derive(Debug, Default)]
 struct Outcomes {

@@ -1,8 +1,9 @@
 //! One judge, as two properties (SPEC 8, "One judge").
 //!
 //! 1. A ledger the gate wrote always verifies: random agents drive the in-process gate
-//!    (many runs and children, polls with and without Retry-After, timeouts and late
-//!    settles, rejected calls, approvals, pauses, kills, and outcomes the gate refuses);
+//!    on a clock the property moves (many runs and children, polls with and without
+//!    Retry-After, timeouts and late settles, rejected calls, approvals, pauses, kills,
+//!    deadlines passing, and outcomes the gate refuses);
 //!    the export then verifies intact, the core finds nothing inconsistent, replay finds
 //!    every decision is what the policy decides, and every loop the report shows ends in
 //!    a refusal the gate made.
@@ -63,6 +64,11 @@ enum Op {
         continues: bool,
         attempts: Option<u8>,
         cents: Option<u8>,
+        deadline: Option<u16>,
+    },
+    /// The gate's clock moves on (every op moves it 1 ms).
+    Wait {
+        ms: u16,
     },
     Check {
         run: u8,
@@ -110,8 +116,9 @@ fn op() -> impl Strategy<Value = Op> {
     // Depth mostly absent (0), now and then past the ceiling's 2.
     let depth = prop_oneof![6 => Just(0u8), 1 => 1u8..4];
     prop_oneof![
-        1 => (3u8..5, prop::option::of(0u8..3), any::<bool>(), prop::option::of(1u8..10), prop::option::of(0u8..80))
-            .prop_map(|(run, parent, continues, attempts, cents)| Op::Start { run, parent, continues, attempts, cents }),
+        1 => (3u8..5, prop::option::of(0u8..3), any::<bool>(), prop::option::of(1u8..10), prop::option::of(0u8..80), prop::option::of(50u16..3000))
+            .prop_map(|(run, parent, continues, attempts, cents, deadline)| Op::Start { run, parent, continues, attempts, cents, deadline }),
+        1 => (0u16..1500).prop_map(|ms| Op::Wait { ms }),
         12 => (run.clone(), 0u8..2, 0u8..3, 0u8..2, 0u8..3, 0u8..20, prop::bool::weighted(0.3), depth, any::<bool>())
             .prop_map(|(run, tool, operation, args, effect, reserve, poll, depth, key)| Op::Check { run, tool, operation, args, effect, reserve, poll, depth, key }),
         10 => (run.clone(), 0u8..8, 0u8..6, prop::option::of(0u8..40), prop::option::of(0u8..3), prop::option::of(0u16..3), prop::option::of(0u8..3), prop::option::of(0u8..3))
@@ -127,15 +134,19 @@ fn op() -> impl Strategy<Value = Op> {
 /// Three runs started first (with random budgets), then anything.
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     let start = |run: u8| {
-        (prop::option::of(1u8..10), prop::option::of(0u8..80)).prop_map(move |(attempts, cents)| {
-            Op::Start {
+        (
+            prop::option::of(1u8..10),
+            prop::option::of(0u8..80),
+            prop::option::of(200u16..4000),
+        )
+            .prop_map(move |(attempts, cents, deadline)| Op::Start {
                 run,
                 parent: None,
                 continues: false,
                 attempts,
                 cents,
-            }
-        })
+                deadline,
+            })
     };
     (
         start(0),
@@ -147,6 +158,21 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             rest.splice(0..0, [a, b, c]);
             rest
         })
+}
+
+/// A clock the property moves.
+struct Fake(std::sync::atomic::AtomicU64);
+
+impl Fake {
+    fn advance(&self, ms: u64) {
+        self.0.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl tally_gate::Clock for Fake {
+    fn now_ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 const STATUSES: [Status; 6] = [
@@ -182,22 +208,30 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
     )
     .expect("init");
     let ledger = Arc::new(Ledger::open(&dir.path().join("l")).expect("open"));
-    let gate = Gate::open(Arc::clone(&ledger), policy()).expect("gate");
+    // The gate's clock: moved by the ops (deadlines pass, approvals expire), never slept.
+    let clock = Arc::new(Fake(std::sync::atomic::AtomicU64::new(1_700_000_000_000)));
+    let gate = Gate::open(Arc::clone(&ledger), policy())
+        .expect("gate")
+        .with_clock(Arc::clone(&clock) as Arc<dyn tally_gate::Clock>);
     let name = |r: u8| format!("r{r}");
     // The attempts each run was allowed, to report outcomes on.
     let mut allowed: HashMap<String, Vec<u64>> = HashMap::new();
     for op in ops {
+        clock.advance(1);
         match op.clone() {
+            Op::Wait { ms } => clock.advance(u64::from(ms)),
             Op::Start {
                 run,
                 parent,
                 continues,
                 attempts,
                 cents,
+                deadline,
             } => {
                 let budget = tally_ledger::decision::Budget {
                     attempts: attempts.map(u64::from),
                     spend_cents: cents.map(u64::from),
+                    deadline_ms: deadline.map(u64::from),
                     ..Default::default()
                 };
                 let other = parent.filter(|p| *p != run).map(name);
@@ -287,7 +321,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                 );
             }
             Op::Pause { run, paused } => {
-                let _ = gate.pause(OPERATOR, &name(run), paused);
+                let _ = gate.pause_blocking(OPERATOR, &name(run), paused);
             }
             Op::Kill { run } => {
                 let _ = gate.stop_blocking(OPERATOR, &name(run), StopRequest::default());
@@ -325,7 +359,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                     },
                 );
                 if late {
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    clock.advance(2);
                 }
             }
         }
@@ -468,6 +502,8 @@ fn raw() -> impl Strategy<Value = Decision> {
         Kind::Refund,
         Kind::Override,
         Kind::Stop,
+        Kind::Pause,
+        Kind::Resume,
     ]);
     (
         run,
@@ -512,6 +548,8 @@ fn raw() -> impl Strategy<Value = Decision> {
                     }
                     Kind::Override => json!({"run": run, "kind": "override", "at_ms": at,
                                          "approver": "someone", "scope": {"attempts": n + 1}}),
+                    Kind::Pause => json!({"run": run, "kind": "pause", "at_ms": at}),
+                    Kind::Resume => json!({"run": run, "kind": "resume", "at_ms": at}),
                     _ => json!({"run": run, "kind": "stop", "at_ms": at, "reason": "completed"}),
                 };
                 let d = Decision::from_json(&v.to_string()).expect("a raw decision");

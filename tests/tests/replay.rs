@@ -191,6 +191,50 @@ fn a_refusal_the_policy_would_not_make_is_reported() {
     );
 }
 
+/// A pause is a record (issue 21): an allow recorded while the run's records say it is
+/// paused is one the gate would not have made.
+#[test]
+fn an_allow_while_the_run_is_paused_is_reported() {
+    let report = replayed(|ledger, digest| {
+        let start = Decision {
+            run: "held".into(),
+            kind: Some(tally_ledger::Kind::Start),
+            at_ms: Some(0),
+            budget: Some(tally_policy::grant_budget(
+                &tally_policy::Policy::from_toml(POLICY).expect("policy"),
+                None,
+                None,
+                None,
+            )),
+            policy: Some(digest.to_owned()),
+            ..Decision::default()
+        };
+        ledger.append(start).expect("start");
+        for kind in [tally_ledger::Kind::Pause, tally_ledger::Kind::Allow] {
+            let mut d = forged_allow(Some(digest), 1);
+            d.run = "held".into();
+            if kind == tally_ledger::Kind::Pause {
+                d = Decision {
+                    run: "held".into(),
+                    kind: Some(kind),
+                    at_ms: Some(50_000),
+                    policy: Some(digest.to_owned()),
+                    ..Decision::default()
+                };
+            }
+            ledger.append(d).expect("append behind the gate");
+        }
+    });
+    assert_eq!(report.findings.len(), 1, "{}", report.to_text());
+    assert_eq!(report.findings[0].seq, 8);
+    assert_eq!(
+        report.findings[0].kind,
+        ReplayKind::AllowedAgainstPolicy {
+            would: Reason::RunPaused
+        }
+    );
+}
+
 /// A policy whose record would not fit a decision (12 KiB of newlines escape to 24 KiB)
 /// is refused when the gate opens, not at its first decision.
 #[test]

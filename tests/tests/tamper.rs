@@ -14,55 +14,58 @@ fn corrupt_body(frames: &mut [Frame], seq: u64) {
 }
 
 #[test]
-fn modified_ciphertext_breaks_the_seal_and_the_next_link() {
+fn modified_ciphertext_is_named_by_the_seal_after_it() {
     let fx = Fixture::standard();
-    // seq 2 is sealed by checkpoint 3 and followed by the epoch certificate at 3.
+    // seq 2 is sealed by checkpoint 3 and followed by the epoch certificate at 3, which
+    // links to the head the checkpoint signs: one changed entry, one finding, at 2.
     let mut frames = fx.frames();
     corrupt_body(&mut frames, 2);
     let all = assert_first(
         &verify_frames(&frames, &fx.options()),
         Tampered,
-        CheckpointHeadMismatch,
-        3,
+        EntryAltered,
+        2,
     );
-    assert_eq!(all, [(CheckpointHeadMismatch, 3), (BrokenLink, 3)]);
-    // The auditor key names the record itself.
+    assert_eq!(all, [(EntryAltered, 2)]);
+    // The auditor key also finds that it does not decrypt.
     let report = verify_frames(&frames, &fx.auditor_options());
-    let all = assert_first(&report, Tampered, Undecryptable, 2);
-    assert_eq!(all[1..], [(CheckpointHeadMismatch, 3), (BrokenLink, 3)]);
+    let all = assert_first(&report, Tampered, EntryAltered, 2);
+    assert_eq!(all[1..], [(Undecryptable, 2)]);
     assert_eq!(report.decrypted, Some(fx.appended.len() as u64 - 1));
 }
 
 #[test]
 fn modified_ciphertext_inside_a_batch_and_at_the_head() {
     let fx = Fixture::standard();
-    // seq 4 and 5 were one commit group: no checkpoint between them.
+    // seq 4 and 5 were one commit group: no checkpoint between them. Seq 5 still links
+    // to seq 4's old hash, and checkpoint 6 vouches for seq 5: seq 4 was changed.
     let mut frames = fx.frames();
     corrupt_body(&mut frames, 4);
     assert_eq!(
         findings(&verify_frames(&frames, &fx.options())),
-        [(BrokenLink, 5)]
+        [(EntryAltered, 4)]
     );
     let all = assert_first(
         &verify_frames(&frames, &fx.auditor_options()),
         Tampered,
-        Undecryptable,
+        EntryAltered,
         4,
     );
-    assert_eq!(all, [(Undecryptable, 4), (BrokenLink, 5)]);
-    // The last record: only its checkpoint (size 10) can tell.
+    assert_eq!(all, [(EntryAltered, 4), (Undecryptable, 4)]);
+    // The last record: only its checkpoint (size 10) can tell, and its signature stands.
     let mut frames = fx.frames();
     corrupt_body(&mut frames, 9);
     assert_eq!(
         findings(&verify_frames(&frames, &fx.options())),
-        [(CheckpointHeadMismatch, 10)]
+        [(EntryAltered, 9)]
     );
-    assert_first(
+    let all = assert_first(
         &verify_frames(&frames, &fx.auditor_options()),
         Tampered,
-        Undecryptable,
+        EntryAltered,
         9,
     );
+    assert_eq!(all, [(EntryAltered, 9), (Undecryptable, 9)]);
 }
 
 #[test]
@@ -73,14 +76,20 @@ fn modified_header_field_is_caught() {
     entry_mut(&mut frames, 6)[37] ^= 0x01;
     // The flipped bit moves seq 6's time by a millisecond, up or down: when it shares a
     // millisecond with seq 5 or 7, that is also a correct time_regression (at 6 if it
-    // went below seq 5's, at 7 if above seq 7's), so one is allowed there only.
+    // went below seq 5's, at 7 if above seq 7's), so one is allowed there only. Seq 6
+    // is named as changed, unless its own time regression already names it (then the
+    // checkpoint after it is not taken as a witness against it).
     let all = findings(&verify_frames(&frames, &fx.options()));
     let structural: Vec<_> = all
         .iter()
         .filter(|(k, _)| *k != TimeRegression)
         .copied()
         .collect();
-    assert_eq!(structural, [(CheckpointHeadMismatch, 7), (BrokenLink, 7)]);
+    if all.contains(&(TimeRegression, 6)) {
+        assert_eq!(structural, [(CheckpointHeadMismatch, 7), (BrokenLink, 7)]);
+    } else {
+        assert_eq!(structural, [(EntryAltered, 6)]);
+    }
     assert!(
         all.iter()
             .all(|(k, seq)| *k != TimeRegression || *seq == 6 || *seq == 7),
@@ -90,10 +99,9 @@ fn modified_header_field_is_caught() {
     // as above).
     let report = verify_frames(&frames, &fx.auditor_options());
     assert_eq!(report.verdict(), Tampered);
-    let first = findings(&report)
-        .into_iter()
-        .find(|(k, _)| *k != TimeRegression);
-    assert_eq!(first, Some((Undecryptable, 6)), "{}", report.to_text());
+    let all = findings(&report);
+    assert_eq!(all.first().map(|f| f.1), Some(6), "{}", report.to_text());
+    assert!(all.contains(&(Undecryptable, 6)), "{}", report.to_text());
 }
 
 #[test]
@@ -105,20 +113,39 @@ fn modify_and_rechain_without_keys_is_caught_by_every_later_seal() {
     let all = assert_first(
         &verify_frames(&frames, &fx.options()),
         Tampered,
-        CheckpointHeadMismatch,
-        3,
+        EntryAltered,
+        2,
     );
     // Both epoch certificates cover their previous hash; every later checkpoint's head
-    // is now wrong; no link is broken.
+    // is now wrong: each is a mismatch, or names the entry before it as changed (every
+    // entry from 2 on was rewritten), and the entry after it then links to the old
+    // chain, not to the head it signs.
     assert!(all.contains(&(BadEpochCertificate, 3)), "{all:?}");
     assert!(all.contains(&(BadEpochCertificate, 7)), "{all:?}");
-    for size in [4, 6, 7, 8, 9, 10] {
+    for size in [3, 4, 6, 7, 8, 9, 10] {
         assert!(
-            all.contains(&(CheckpointHeadMismatch, size)),
+            all.contains(&(CheckpointHeadMismatch, size))
+                || all.contains(&(EntryAltered, size - 1)),
             "size {size}: {all:?}"
         );
     }
-    assert!(!all.iter().any(|(k, _)| *k == BrokenLink), "{all:?}");
+    assert_eq!(
+        all,
+        [
+            (EntryAltered, 2),
+            (BrokenLink, 3),
+            (BadEpochCertificate, 3),
+            (CheckpointHeadMismatch, 4),
+            (EntryAltered, 5),
+            (BrokenLink, 6),
+            (CheckpointHeadMismatch, 7),
+            (BadEpochCertificate, 7),
+            (CheckpointHeadMismatch, 8),
+            (EntryAltered, 8),
+            (BrokenLink, 9),
+            (CheckpointHeadMismatch, 10)
+        ]
+    );
 }
 
 /// The attacker took the writer host at epoch 2: modifies a record of an earlier epoch,
@@ -333,14 +360,20 @@ fn spliced_record_from_another_ledger_with_the_same_keys() {
     spliced[30..38].copy_from_slice(&entry_bytes(&frames, 8)[30..38]);
     *entry_mut(&mut frames, 8) = spliced;
     rechain(&mut frames, 7);
+    // Checkpoint 9 signs what seq 8 was, and seq 9's re-written link is named too.
     assert_eq!(
         findings(&verify_frames(&frames, &fx.options())),
-        [(CheckpointHeadMismatch, 9), (CheckpointHeadMismatch, 10)]
+        [
+            (EntryAltered, 8),
+            (BrokenLink, 9),
+            (CheckpointHeadMismatch, 10)
+        ]
     );
-    assert_first(
+    let all = assert_first(
         &verify_frames(&frames, &fx.auditor_options()),
         Tampered,
-        Undecryptable,
+        EntryAltered,
         8,
     );
+    assert!(all.contains(&(Undecryptable, 8)), "{all:?}");
 }

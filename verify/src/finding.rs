@@ -17,6 +17,11 @@ pub enum FindingKind {
     SeqBreak,
     /// An entry whose previous-hash is not the hash of the entry before it.
     BrokenLink,
+    /// An entry whose bytes no longer hash to what the chain recorded for it (the next
+    /// entry's previous-hash, sealed by a valid checkpoint, or the head a valid checkpoint
+    /// right after it signs): it was changed after it was written. Found without the
+    /// auditor key.
+    EntryAltered,
     /// Genesis missing, not matching `ledger.pub`, or badly signed.
     BadGenesis,
     /// An entry whose epoch breaks continuity.
@@ -77,6 +82,7 @@ impl FindingKind {
             FindingKind::WrongLedger => "wrong_ledger",
             FindingKind::SeqBreak => "seq_break",
             FindingKind::BrokenLink => "broken_link",
+            FindingKind::EntryAltered => "entry_altered",
             FindingKind::BadGenesis => "bad_genesis",
             FindingKind::EpochBreak => "epoch_break",
             FindingKind::BadEpochCertificate => "bad_epoch_certificate",
@@ -122,7 +128,7 @@ pub struct Finding {
     pub seq: u64,
     /// Why, in words (hashes shortened as far as they still differ).
     pub detail: String,
-    /// For a hash that is not what the chain gives (`broken_link`,
+    /// For a hash that is not what the chain gives (`broken_link`, `entry_altered`,
     /// `checkpoint_head_mismatch`, a forking anchor): both hashes in full.
     pub hashes: Option<Hashes>,
 }

@@ -4,8 +4,11 @@
 //! Each decision the policy would not have made is reported with its seq.
 //!
 //! What replay cannot re-derive from the ledger alone it does not judge: refusals that
-//! come from state outside the run's records (rate buckets, the shared breaker, a pause,
-//! an unavailable gate) are taken as recorded, and replay decides with those checks off.
+//! come from state outside the run's records (rate buckets, the shared breaker, an
+//! unavailable gate) are taken as recorded, and replay decides with those checks off. A
+//! pause is a record now; `run_paused` refusals are still taken as recorded (ledgers
+//! written before hold them with no `pause` record), but an allow made while the records
+//! say the run is paused is decided again like any other.
 //! Runs not started through the gate (their start names no policy) are left to the
 //! consistency audit.
 

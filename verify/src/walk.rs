@@ -332,6 +332,48 @@ struct Walk<'a> {
     links: HashMap<String, (u64, bool)>,
     /// Decisions that did not decrypt or were invalid (a link to one is not a finding).
     unreadable: std::collections::HashSet<u64>,
+    /// Whether the entry read last had no finding of its own (its header, seq and link
+    /// all as the chain expects): then a checkpoint right after it that signs another
+    /// head means its bytes were changed.
+    last_clean: bool,
+    /// The last broken link, while no valid checkpoint has yet vouched for the entries
+    /// from it on. Once one does, that entry's previous-hash is what was written, so the
+    /// entry before it is the one whose bytes were changed.
+    suspect: Option<Suspect>,
+    /// A validly signed checkpoint here whose head is not the hash of the clean entry
+    /// right before it, until the walk leaves this position.
+    disputed: Option<Disputed>,
+}
+
+/// A validly signed checkpoint of size `n` that signs another head than the entry right
+/// before it hashes to, while that entry's own header and link were as the chain
+/// expects: either the entry's bytes were changed after they were sealed, or whoever
+/// holds the epoch's key signed a head that was never the chain's. A second valid
+/// checkpoint of this size that agrees with the chain says the latter (a fork); without
+/// one, the signature stands and the entry was changed.
+struct Disputed {
+    /// The checkpoint's size, and the position of the entry before it.
+    n: u64,
+    entry: u64,
+    /// The entry's hash as stored, and the head the checkpoint signs.
+    stored: Hash,
+    signed: Hash,
+    /// The checkpoint's finding, should the checkpoint turn out to be the odd one.
+    mismatch: String,
+}
+
+/// A broken link at `link_at`: either that entry's previous-hash or the bytes of the
+/// entry before it were changed, and only a valid checkpoint after it can tell which.
+struct Suspect {
+    /// The position of the entry whose link broke.
+    link_at: u64,
+    /// The index of its `broken_link` finding (None if it was past `max_findings`).
+    finding: Option<usize>,
+    /// Whether the entry before it had no finding of its own.
+    before_clean: bool,
+    /// The hash of the entry before it as stored, and the hash the link records.
+    stored: Hash,
+    linked: Hash,
 }
 
 /// Verify a ledger from its frames. `sink` receives every decrypted, valid decision in
@@ -419,6 +461,9 @@ pub fn verify(
             checkpoints_read: 0,
             links: HashMap::new(),
             unreadable: std::collections::HashSet::new(),
+            last_clean: false,
+            suspect: None,
+            disputed: None,
         };
         w.drain_tree();
         for frame in frames {
@@ -554,6 +599,11 @@ impl Walk<'_> {
             .insert(d.run.clone(), (seq, d.prev_seq.is_some()));
     }
 
+    /// Findings made so far, kept or counted.
+    fn found(&self) -> u64 {
+        self.findings.len() as u64 + self.omitted
+    }
+
     fn entry(&mut self, bytes: Vec<u8>) {
         let at = self.position;
         self.position += 1;
@@ -562,9 +612,11 @@ impl Walk<'_> {
             self.drain_tree();
         }
         let expected = self.next_seq;
+        let before_clean = std::mem::replace(&mut self.last_clean, false);
         let entry = match Entry::decode(&bytes) {
             Ok(e) => e,
             Err(e) => {
+                self.settle(true);
                 self.find(
                     FindingKind::Malformed,
                     at,
@@ -577,6 +629,13 @@ impl Walk<'_> {
             }
         };
         let h = entry.header;
+        // No second checkpoint at the disputed one's size says otherwise: its signature
+        // stands, and the entry before it was changed. This entry's link is then judged
+        // against the head it signs (an attacker without the key who rewrote this link
+        // too, re-chaining, is named here as well).
+        self.settle(true);
+        // This entry's own findings from here on.
+        let found_before = self.found();
         if at == 0 && h.entry_type == EntryType::Genesis && h.ledger_id != self.ledger_id {
             // The ids are compared before any signature (as minisign compares key ids):
             // this is another ledger's key, a user's mistake, not tampering. The rest is
@@ -610,13 +669,24 @@ impl Walk<'_> {
             );
         }
         if h.prev_hash != self.head {
+            // Whose bytes changed, this entry's link or the entry before, a valid
+            // checkpoint after this entry tells (see `Suspect`); until then it is the link.
+            let from_here = self.found() == found_before && h.seq == expected && at > 0;
             let (found, want) = differing(&h.prev_hash, &self.head);
             self.hashes = Some(full(&h.prev_hash, &self.head));
+            let index = self.findings.len();
             self.find(
                 FindingKind::BrokenLink,
                 at,
                 format!("previous-hash {found} is not the hash {want} of the entry before"),
             );
+            self.suspect = from_here.then(|| Suspect {
+                link_at: at,
+                finding: (self.findings.len() > index).then_some(index),
+                before_clean,
+                stored: self.head,
+                linked: h.prev_hash,
+            });
         }
         if h.wall_ms < self.head_wall {
             self.find(
@@ -651,6 +721,7 @@ impl Walk<'_> {
         self.head = entry.hash();
         self.head_wall = h.wall_ms;
         self.next_seq = h.seq.saturating_add(1);
+        self.last_clean = self.found() == found_before && h.seq == expected;
         if self.decrypt && h.entry_type == EntryType::Decision {
             match self.data_keys.get(&h.epoch) {
                 Some(key) => self.batch.push(Pending {
@@ -836,9 +907,50 @@ impl Walk<'_> {
                 return;
             }
         };
-        if let Err((kind, why)) = self.check_seal(&cp, "checkpoint") {
-            self.find(kind, cp.size.min(n), why);
-            return;
+        match self.check_seal(&cp, "checkpoint") {
+            Ok(()) => self.vouched(n),
+            Err((FindingKind::CheckpointHeadMismatch, why))
+                if self.last_clean && self.checkpoints_here == 0 && n > 0 =>
+            {
+                // Validly signed, over another head than the clean entry before it: what
+                // follows says which of the two was changed (`Disputed`).
+                self.hashes = None;
+                self.disputed = Some(Disputed {
+                    n,
+                    entry: self.position - 1,
+                    stored: self.head,
+                    signed: cp.head,
+                    mismatch: why,
+                });
+                self.suspect = None;
+                self.text_here = Some(text.to_vec());
+                self.checkpoints_here += 1;
+                return;
+            }
+            Err((FindingKind::CheckpointHeadMismatch, _))
+                if self.disputed.as_ref().is_some_and(|d| d.signed == cp.head) =>
+            {
+                // Another valid checkpoint signing the disputed head: a copy (the ledger
+                // keeps one per size), and one more witness against the entry.
+                self.hashes = None;
+                self.checkpoints_here += 1;
+                self.duplicate_checkpoint(n);
+                return;
+            }
+            Err((kind, why)) => {
+                if kind == FindingKind::Fork {
+                    // A second valid checkpoint here that disagrees with a disputed one:
+                    // the disputed one is the odd one (a fork), not the entry.
+                    self.settle(false);
+                }
+                if kind == FindingKind::CheckpointHeadMismatch {
+                    // The entries since the last broken link do not hash to what was
+                    // signed: nothing tells which side of that link was changed.
+                    self.suspect = None;
+                }
+                self.find(kind, cp.size.min(n), why);
+                return;
+            }
         }
         // Only valid checkpoints count as copies: an invalid one is its own finding.
         self.text_here = Some(text.to_vec());
@@ -851,6 +963,55 @@ impl Walk<'_> {
             // Nothing is sealed under another ledger's key.
             self.sealed = cp.size;
             self.last_checkpoint = Some(cp);
+        }
+    }
+
+    /// A valid checkpoint of size `n` signs the chain as read: every entry since the last
+    /// broken link is as written, that link included, so the entry before the link is the
+    /// one whose bytes were changed (unless it has a finding of its own already).
+    fn vouched(&mut self, n: u64) {
+        let Some(s) = self.suspect.take() else { return };
+        let (Some(i), true) = (s.finding, s.before_clean) else {
+            return;
+        };
+        let entry = s.link_at - 1;
+        let (found, want) = differing(&s.stored, &s.linked);
+        self.findings[i] = Finding {
+            kind: FindingKind::EntryAltered,
+            seq: entry,
+            detail: format!(
+                "entry {entry} was changed after it was written: its bytes hash to {found}, \
+                 but entry {} (sealed by the checkpoint of size {n}) records {want}",
+                s.link_at
+            ),
+            hashes: Some(full(&s.stored, &s.linked)),
+        };
+    }
+
+    /// Settle a disputed checkpoint: `changed`, the entry before it was changed after it
+    /// was sealed (and the walk goes on from the head the checkpoint signs, so the next
+    /// entry's link is judged against what was sealed: one changed entry, one finding);
+    /// else the checkpoint's head is the odd one.
+    fn settle(&mut self, changed: bool) {
+        let Some(d) = self.disputed.take() else {
+            return;
+        };
+        if changed {
+            let (found, want) = differing(&d.stored, &d.signed);
+            self.hashes = Some(full(&d.stored, &d.signed));
+            self.find(
+                FindingKind::EntryAltered,
+                d.entry,
+                format!(
+                    "entry {} was changed after it was sealed: its bytes hash to {found}, \
+                     but the checkpoint of size {} signs {want}",
+                    d.entry, d.n
+                ),
+            );
+            self.head = d.signed;
+        } else {
+            self.hashes = Some(full(&d.signed, &d.stored));
+            self.find(FindingKind::CheckpointHeadMismatch, d.n, d.mismatch);
         }
     }
 
@@ -1038,6 +1199,8 @@ impl Walk<'_> {
     }
 
     fn finish(mut self) -> Report {
+        // A disputed checkpoint after the last entry: its signature stands.
+        self.settle(true);
         self.end_position();
         let tree_anchors = self.tree.finish(&mut self.tree_out);
         self.drain_tree();
@@ -1071,7 +1234,15 @@ impl Walk<'_> {
         {
             self.find(FindingKind::BadGenesis, 0, "the ledger holds no entries");
         }
-        self.findings.sort_by_key(|f| f.seq);
+        // By position; at one position the chain's own findings before what decrypting
+        // found (which arrives from the workers in no fixed order relative to them).
+        self.findings.sort_by_key(|f| {
+            let decrypted = matches!(
+                f.kind,
+                FindingKind::Undecryptable | FindingKind::InvalidDecision
+            );
+            (f.seq, decrypted)
+        });
         let unsealed = n.saturating_sub(self.sealed);
         let tail = match self.tail {
             Tail::Complete if unsealed > 0 => Tail::Unsealed {

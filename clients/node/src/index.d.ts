@@ -22,6 +22,38 @@ export type OutcomeStatus = "ok" | "error" | "rejected" | "timeout" | "running" 
 /** What to do after a refusal. */
 export type Action = "stop" | "retry" | "ask";
 
+/** The gate's reason codes (docs/GATE.md, "Reason codes"). */
+export type Reason =
+  | "attempts_exhausted"
+  | "retries_exhausted"
+  | "budget_exceeded"
+  | "reservation_insufficient"
+  | "run_deadline_exhausted"
+  | "rate_limit_exceeded"
+  | "upstream_backoff"
+  | "loop_repeated_call"
+  | "poll_allowance_exhausted"
+  | "chain_depth_exceeded"
+  | "side_effect_limit_exceeded"
+  | "circuit_open"
+  | "tool_blocked"
+  | "scope_violation"
+  | "approval_required"
+  | "approval_expired"
+  | "approval_mismatch"
+  | "outcome_unknown_non_idempotent"
+  | "killed_by_operator"
+  | "run_paused"
+  | "gate_unavailable"
+  | "completed";
+
+/** Why a run ends, as an agent says it: `completed`, or the reason of the refusal that
+ * ended it (only the operator kills). */
+export type StopReason = Exclude<Reason, "killed_by_operator">;
+
+/** Milliseconds `RetryLater.waitMs` gives when the gate gave no `retryAfterMs`. */
+export declare const DEFAULT_RETRY_AFTER_MS: number;
+
 export interface GateOptions {
   /** Bounds each request to the gate, ms (default 10000; null for none). */
   timeoutMs?: number | null;
@@ -173,8 +205,10 @@ export declare class Gate {
     status: OutcomeStatus,
     options?: OutcomeDetails,
   ): Promise<Logged>;
-  /** Stop the run (`reason` default `completed`). */
-  stop(run: string, reason?: string): Promise<Logged>;
+  /** Stop the run, saying why: `completed` when its task is done, or the reason of the
+   * refusal that ended it (`gate.stop(run, e.reason)` after a `StopRun`), which the
+   * handoff reports. */
+  stop(run: string, reason: StopReason): Promise<Logged>;
   /** Where the run stands. */
   run(run: string): Promise<RunStanding>;
   /** Ask; run `body` only if allowed; record `ok`, `timeout` or `error` (rethrown) as it ends. */
@@ -195,18 +229,24 @@ export declare class TallyError extends Error {
 export declare class Denied extends TallyError {
   constructor(decision: Decision, message?: string);
   readonly decision: Decision;
-  readonly reason: string | null;
+  readonly reason: Reason | null;
   readonly action: Action | null;
   /** The limit a `require_approval` names (not Error's chaining cause). */
   readonly cause: string | null;
   readonly retryAfterMs: number | null;
 }
 
-/** Action `stop`: never retry the call; stop the run and hand off. */
-export declare class StopRun extends Denied {}
+/** Action `stop`: never retry the call; stop the run with `reason` and hand off. */
+export declare class StopRun extends Denied {
+  readonly reason: StopReason;
+}
 
-/** Action `retry`: ask again after `retryAfterMs`. */
-export declare class RetryLater extends Denied {}
+/** Action `retry`: ask again after `waitMs`. */
+export declare class RetryLater extends Denied {
+  /** How long to wait before asking again: the gate's `retryAfterMs`, or
+   * `DEFAULT_RETRY_AFTER_MS` when it gave none (a paused run, the gate down). Never null. */
+  readonly waitMs: number;
+}
 
 /** Action `ask` (or `require_approval`): a human must approve first. */
 export declare class AskHuman extends Denied {}

@@ -162,12 +162,22 @@ export class Denied extends TallyError {
 }
 
 /** Action `stop`: the run is over for this call (budget, deadline, loop, scope). Do not
- * retry it; stop the run (`gate.stop`) and hand off. */
+ * retry it; stop the run with this reason (`gate.stop(run, e.reason)`, so the handoff
+ * says why) and hand off. */
 export class StopRun extends Denied {}
 
-/** Action `retry`: ask again after `retryAfterMs` (rate limit, backoff, breaker, paused
- * run). */
-export class RetryLater extends Denied {}
+/** Milliseconds to wait before asking again when the gate gave no `retryAfterMs` (a
+ * paused run, whose end nobody knows; the gate down). */
+export const DEFAULT_RETRY_AFTER_MS = 1000;
+
+/** Action `retry`: ask again later (rate limit, backoff, breaker, paused run, the gate
+ * down); `waitMs` is how long. */
+export class RetryLater extends Denied {
+  /** The gate's `retryAfterMs`, or `DEFAULT_RETRY_AFTER_MS` when it gave none. */
+  get waitMs() {
+    return this.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS;
+  }
+}
 
 /** Action `ask` (or decision `require_approval`): a human must approve before this call
  * can proceed; `cause` names the limit that was reached. */
@@ -474,11 +484,18 @@ export class Gate {
   }
 
   /**
-   * Stop the run.
-   * @param {string} run @param {string} [reason] default `completed`
+   * Stop the run, saying why: `completed` when its task is done, or the reason of the
+   * refusal that ended it (`gate.stop(run, e.reason)` after a `StopRun`), which the
+   * handoff reports.
+   * @param {string} run @param {string} reason
    * @returns {Promise<Logged>}
    */
-  stop(run, reason = "completed") {
+  stop(run, reason) {
+    if (typeof reason !== "string" || reason === "") {
+      throw new TypeError(
+        'gate.stop(run, reason): say why the run ends: "completed", or the reason of the refusal that ended it',
+      );
+    }
     const body = compact({ reason, worker: this.worker });
     const path = `/v1/runs/${encodeURIComponent(run)}/stop`;
     return this.#do({ method: "POST", path, body, parse: (b) => new Logged(b) });

@@ -95,7 +95,7 @@ test("allow, then the outcome ok is recorded", async (t) => {
   assert.equal(standing.heldCents, 0);
   assert.equal(standing.callsAllowed, 2);
 
-  await gate.stop("r1");
+  await gate.stop("r1", "completed");
   standing = await gate.run("r1");
   assert.equal(standing.state, "stopped");
   assert.equal(standing.stopReason, "completed");
@@ -408,7 +408,7 @@ test("the daemon killed (-9) is GateUnavailable and the body never runs", async 
     () => gate.startRun("r2"),
     () => gate.check("r1", "http", { effect: "read" }),
     () => gate.outcome("r1", 1, "ok"),
-    () => gate.stop("r1"),
+    () => gate.stop("r1", "completed"),
   ]) {
     await assert.rejects(op(), GateUnavailable);
   }
@@ -482,9 +482,9 @@ test("malformed requests are RequestErrors", async (t) => {
   await gate.startRun("r1");
   await assert.rejects(gate.check("r1", "http", { effect: /** @type {any} */ ("bogus") }), (e) => {
     assert.ok(e instanceof RequestError && e instanceof TallyError && !(e instanceof Denied));
-    assert.deepEqual([e.status, e.code, e.field], [400, "invalid_json", "effect"]);
+    assert.deepEqual([e.status, e.code, e.field], [400, "invalid_value", "effect"]);
     assert.match(e.detail, /bogus/);
-    assert.match(e.message, /^HTTP 400 invalid_json \(field `effect`\): /);
+    assert.match(e.message, /^HTTP 400 invalid_value \(field `effect`\): /);
     return true;
   });
   let ran = false;

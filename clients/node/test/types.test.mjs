@@ -80,3 +80,28 @@ test("the error classes form the declared hierarchy", () => {
     );
   }
 });
+
+test("the Reason type is exactly the gate's reason codes (docs/GATE.md)", () => {
+  const gate = fs.readFileSync(new URL("../../../docs/GATE.md", import.meta.url), "utf8");
+  const table = gate.split("## Reason codes")[1].split("\n## ")[0];
+  const documented = [...table.matchAll(/^\| `([a-z_]+)` \| (stop|retry|ask) \|/gm)].map((m) => m[1]);
+  const union = dts.match(/^export type Reason =([\s\S]*?);/m);
+  assert.ok(union, "index.d.ts declares no Reason type");
+  const declared = [...union[1].matchAll(/"([a-z_]+)"/g)].map((m) => m[1]);
+  assert.ok(documented.length >= 20, `only ${documented.length} codes parsed from GATE.md`);
+  assert.deepEqual(declared.sort(), documented.sort());
+});
+
+test("RetryLater.waitMs is never null, and a stop says why", async () => {
+  const paused = new mod.RetryLater(
+    new mod.Decision({ decision: "deny", reason: "run_paused", action: "retry" }),
+  );
+  assert.equal(paused.retryAfterMs, null);
+  assert.equal(paused.waitMs, mod.DEFAULT_RETRY_AFTER_MS);
+  const limited = new mod.RetryLater(
+    new mod.Decision({ decision: "deny", reason: "rate_limit_exceeded", action: "retry", retry_after_ms: 250 }),
+  );
+  assert.equal(limited.waitMs, 250);
+  const gate = new mod.Gate("/nonexistent/agent.sock");
+  assert.throws(() => /** @type {any} */ (gate).stop("r1"), TypeError);
+});

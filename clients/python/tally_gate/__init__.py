@@ -37,6 +37,7 @@ __all__ = [
     "AsyncCall",
     "AsyncGate",
     "Call",
+    "DEFAULT_RETRY_AFTER_S",
     "Decision",
     "Denied",
     "Gate",
@@ -162,12 +163,26 @@ class Denied(TallyError):
 
 class StopRun(Denied):
     """Action `stop`: the run is over for this call (budget, deadline, loop, scope). Do
-    not retry it; stop the run (`gate.stop`) and hand off."""
+    not retry it; stop the run with this reason (`gate.stop(run, e.reason)`, so the
+    handoff says why) and hand off."""
+
+
+#: Seconds to wait before asking again when the gate gave no `retry_after_ms` (a paused
+#: run, whose end nobody knows; the gate down).
+DEFAULT_RETRY_AFTER_S = 1.0
 
 
 class RetryLater(Denied):
-    """Action `retry`: ask again after `retry_after_ms` (rate limit, backoff, breaker,
-    paused run)."""
+    """Action `retry`: ask again later (rate limit, backoff, breaker, paused run, the gate
+    down). `wait` is how long, in seconds: the gate's `retry_after_ms`, or
+    `DEFAULT_RETRY_AFTER_S` when it gave none (`retry_after_ms` is then None)."""
+
+    @property
+    def wait(self) -> float:
+        """Seconds to wait before asking again (never None: `time.sleep(e.wait)`)."""
+        if self.retry_after_ms is None:
+            return DEFAULT_RETRY_AFTER_S
+        return self.retry_after_ms / 1000.0
 
 
 class AskHuman(Denied):
@@ -532,8 +547,10 @@ class Gate(_Base):
         )
         return self._do(req)
 
-    def stop(self, run: str, reason: str = "completed") -> Dict[str, Any]:
-        """Stop the run. Returns `{seq, hash, limits}`."""
+    def stop(self, run: str, reason: str) -> Dict[str, Any]:
+        """Stop the run, saying why: `"completed"` when its task is done, or the reason
+        of the refusal that ended it (`gate.stop(run, e.reason)` after `StopRun`), which
+        the handoff reports. Returns `{seq, hash, limits}`."""
         return self._do(self._stop(run, reason))
 
     def run(self, run: str) -> Dict[str, Any]:
@@ -683,8 +700,8 @@ class AsyncGate(_Base):
         )
         return await self._do(req)
 
-    async def stop(self, run: str, reason: str = "completed") -> Dict[str, Any]:
-        """Stop the run."""
+    async def stop(self, run: str, reason: str) -> Dict[str, Any]:
+        """Stop the run, saying why (see `Gate.stop`)."""
         return await self._do(self._stop(run, reason))
 
     async def run(self, run: str) -> Dict[str, Any]:

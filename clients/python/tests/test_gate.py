@@ -11,16 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from contextlib import nullcontext
-from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -39,85 +36,7 @@ from tally_gate import (
     result_digest,
 )
 
-NO_ASK = "[approvals]\nask_on = []\n"
-
-
-class Daemon:
-    """One `tally-load serve` over its own ledger, in a short temporary directory (a Unix
-    socket path must stay under ~100 bytes)."""
-
-    def __init__(self, binary: str, policy: Optional[str]) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="tg-"))
-        self.ledger = self.dir / "ledger"
-        self.socket = str(self.dir / "agent.sock")
-        self.operator_socket = str(self.dir / "operator.sock")
-        self.log = self.dir / "serve.log"
-        subprocess.run(
-            [binary, "init", "--ledger", str(self.ledger)], check=True, capture_output=True
-        )
-        cmd = [
-            binary, "serve", "--ledger", str(self.ledger), "--socket", self.socket,
-            "--operator-socket", self.operator_socket,
-        ]  # fmt: skip
-        if policy is not None:
-            path = self.dir / "policy.toml"
-            path.write_text(policy)
-            cmd += ["--policy", str(path)]
-        self._log = open(self.log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"tally-load serve exited {self.proc.returncode}: {self.log.read_text()}"
-                )
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(self.socket)
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError(
-            f"tally-load serve did not listen on {self.socket} within 15 s: {self.log.read_text()}"
-        )
-
-    def kill(self) -> None:
-        """kill -9: the socket file stays behind, nothing listens on it."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def close(self) -> None:
-        self.kill()
-        self._log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[..., Daemon]]:
-    binary = os.environ.get("TALLY_LOAD")
-    if not binary:
-        pytest.fail(
-            "env TALLY_LOAD is not set: build the daemon with `cargo build -p tally-daemon --bins` "
-            "and run TALLY_LOAD=target/debug/tally-load PYTHONPATH=clients/python "
-            "python3 -m pytest clients/python/tests",
-            pytrace=False,
-        )
-    if not os.access(binary, os.X_OK):
-        pytest.fail(f"TALLY_LOAD={binary} is not an executable file", pytrace=False)
-    started: List[Daemon] = []
-
-    def start(policy: Optional[str] = None) -> Daemon:
-        d = Daemon(binary, policy)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.close()
+from conftest import NO_ASK, Daemon  # noqa: E402  (the fixtures: tests/conftest.py)
 
 
 # ---------------------------------------------------------------------------- tests
@@ -158,7 +77,7 @@ def test_allow_then_outcome_ok_is_recorded(serve: Callable[..., Daemon]) -> None
     assert standing["settled_cents"] == 10 and standing["held_cents"] == 0
     assert standing["calls_allowed"] == 2
 
-    gate.stop("r1")
+    gate.stop("r1", "completed")
     standing = gate.run("r1")
     assert standing["state"] == "stopped" and standing["stop_reason"] == "completed"
     # A check on a stopped run: deny with the stop's reason, nothing recorded.
@@ -253,7 +172,8 @@ def test_rate_limit_is_retry_later_with_retry_after(serve: Callable[..., Daemon]
     assert not isinstance(refusal, GateUnavailable)
     assert (refusal.reason, refusal.action) == ("rate_limit_exceeded", "retry")
     assert refusal.retry_after_ms is not None and 0 < refusal.retry_after_ms <= 1000
-    time.sleep(refusal.retry_after_ms / 1000 + 0.05)
+    assert refusal.wait == refusal.retry_after_ms / 1000
+    time.sleep(refusal.wait + 0.05)
     with gate.call("r1", "search", effect="read", operation="q:again", args={"q": "again"}) as call:
         assert call.attempt == i + 1
 
@@ -340,7 +260,7 @@ def test_daemon_killed_is_gate_unavailable_and_the_body_never_runs(
     assert e.decision.decision == "deny" and not e.decision.allowed
     assert "must not proceed" in str(e) and daemon.socket in str(e)
     for op in (lambda: gate.run("r1"), lambda: gate.start_run("r2"),
-               lambda: gate.outcome("r1", 1, "ok"), lambda: gate.stop("r1")):  # fmt: skip
+               lambda: gate.outcome("r1", 1, "ok"), lambda: gate.stop("r1", "completed")):  # fmt: skip
         with pytest.raises(GateUnavailable):
             op()
 
@@ -397,7 +317,7 @@ def test_malformed_requests_are_request_errors(serve: Callable[..., Daemon]) -> 
     with pytest.raises(RequestError) as bad:
         gate.check("r1", "http", effect="bogus")
     e = bad.value
-    assert (e.status, e.code, e.field) == (400, "invalid_json", "effect")
+    assert (e.status, e.code, e.field) == (400, "invalid_value", "effect")
     assert "bogus" in e.message and not isinstance(e, Denied)
     ran = False
     with pytest.raises(RequestError) as bad:
@@ -465,7 +385,7 @@ def test_async_client(serve: Callable[..., Daemon]) -> None:
 
         d = await gate.check("r1", "llm", effect="read", operation="ask:5")
         assert not d.allowed and d.decision == "require_approval"
-        await gate.stop("r1")
+        await gate.stop("r1", "completed")
         assert (await gate.run("r1"))["state"] == "stopped"
 
         daemon.kill()

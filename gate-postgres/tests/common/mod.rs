@@ -86,10 +86,10 @@ impl Cluster {
 
     fn start_inner(fsync: bool, listen: &str) -> Option<Cluster> {
         let Some(bin) = bindir() else {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set and no PostgreSQL server binaries (initdb, pg_ctl) were found: install Debian's `postgresql` package (.ci/run does)");
-            }
-            eprintln!("SKIP: no PostgreSQL server binaries (initdb, pg_ctl) on PATH, under /usr/lib/postgresql/*/bin or at `pg_config --bindir`: the PostgreSQL half of this test did not run");
+            tally_testkit::skip(
+                "no PostgreSQL server binaries (initdb, pg_ctl) on PATH, under /usr/lib/postgresql/*/bin or at `pg_config --bindir`",
+                "apt-get install postgresql (.ci/run does)",
+            );
             return None;
         };
         let dir = tempfile::tempdir().expect("tempdir");

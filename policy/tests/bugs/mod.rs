@@ -113,3 +113,23 @@ fn a_second_allow_of_one_attempt_is_a_finding_and_leaks_nothing() {
     assert!(!found.is_empty(), "a reused attempt number is not reported");
     assert_eq!(r.held_cents, 0, "attempt 1 is settled, yet cents stay held");
 }
+
+/// A ceiling of 0 attempts (no call could ever be made) is refused in a policy put in
+/// force, with its key and line; a ledger written by a build that accepted it still reads
+/// its policy record, as it was enforced.
+#[test]
+fn a_useless_zero_is_refused_in_force_but_read_from_a_ledger() {
+    use tally_policy::{Policy, PolicyError, Recorded};
+    let text = "# ceilings\n[ceiling]\nattempts = 0\n";
+    match Policy::from_toml(text) {
+        Err(PolicyError::Invalid { key, line, .. }) => {
+            assert_eq!((key.as_str(), line), ("ceiling.attempts", Some(3)))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(Recorded::new(text).is_err());
+    let recorded = Recorded::from_ledger(text).expect("a recorded policy reads");
+    assert_eq!(recorded.policy.ceiling.attempts, Some(0));
+    // What earlier builds refused stays refused everywhere.
+    assert!(Recorded::from_ledger("[retries]\nread = 0\n").is_err());
+}

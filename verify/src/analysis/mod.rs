@@ -196,7 +196,7 @@ impl Analysis {
     pub fn push(&mut self, e: &Event) {
         let d = &e.decision;
         if d.kind() == Kind::Policy {
-            match Recorded::new(d.policy_text.as_deref().unwrap_or("")) {
+            match Recorded::from_ledger(d.policy_text.as_deref().unwrap_or("")) {
                 Ok(r) => {
                     let offline = Arc::new(replay::offline(&r.policy));
                     self.policies.insert(r.digest, RecordedPolicy { offline });

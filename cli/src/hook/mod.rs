@@ -1,0 +1,533 @@
+//! `tally hook claude-code`: Claude Code's hooks, answered by the gate.
+//!
+//! Claude Code runs the hook once per event with the event's JSON on stdin (its hooks
+//! reference). Before a tool runs (`PreToolUse`), the hook asks the gate (`POST
+//! /v1/check`) and prints the hook's decision: `allow`, `deny` (the model reads the
+//! reason) or `ask` (the human is prompted). The allowed attempt's number is kept
+//! ([`session`]) so the `PostToolUse` (or `PostToolUseFailure`) event records its outcome.
+//! `SessionEnd` ends the session's run: calls that never reported are recorded `unknown`,
+//! then the run is stopped with the reason the session's end calls for. `Stop` ends a
+//! turn, not the session: it is answered with nothing, and never blocks Claude from
+//! stopping.
+//!
+//! Before a tool runs, anything the hook cannot do (a malformed payload, the daemon down,
+//! a refusal it does not understand) fails closed: exit 2, which blocks the tool call,
+//! with the reason on stderr. After a tool ran, nothing can be blocked: a failure says
+//! what was not recorded.
+
+mod session;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tally_daemon::client::{Client, Method};
+
+use crate::output::{errln, outln};
+use crate::Exit;
+
+/// The largest payload read from stdin (a tool's input and response are bounded by the
+/// model's context; anything larger is not a hook payload).
+const MAX_PAYLOAD: u64 = 16 << 20;
+
+/// How `tally hook claude-code` was asked to work.
+#[derive(Clone, Debug)]
+pub struct Hook {
+    /// The daemon's agent socket.
+    pub socket: PathBuf,
+    /// The run; default `claude-code-SESSION`.
+    pub run: Option<String>,
+    /// Where allowed attempts wait for their outcome.
+    pub state_dir: Option<PathBuf>,
+    /// Effect classes by Claude Code tool name, over the built-in ones.
+    pub effects: BTreeMap<String, String>,
+    /// Print no decision for an allow: Claude Code's own permission rules and prompts
+    /// then apply as if the hook were not there.
+    pub defer: bool,
+}
+
+/// The fields of a hook payload the gate needs (Claude Code's hooks reference); others
+/// are ignored, as Claude Code adds fields over time.
+#[derive(Debug, Deserialize)]
+struct Payload {
+    hook_event_name: String,
+    session_id: String,
+    /// The tool (tool events only).
+    #[serde(default)]
+    tool_name: Option<String>,
+    #[serde(default)]
+    tool_input: Option<Value>,
+    tool_use_id: Option<String>,
+    #[serde(default)]
+    tool_response: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+/// What Claude Code's hook prints for a `PreToolUse` decision.
+fn decision(choice: &str, reason: &str) -> Value {
+    json!({
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": choice,
+            "permissionDecisionReason": reason,
+        }
+    })
+}
+
+/// The effect class of a Claude Code tool: reads, edits (a second identical edit leaves
+/// the file as the first did), and everything else (shell commands, MCP tools, agents)
+/// as writes that are not safe to repeat.
+fn effect_of(tool: &str, overrides: &BTreeMap<String, String>) -> String {
+    if let Some(e) = overrides.get(tool) {
+        return e.clone();
+    }
+    match tool {
+        "Read" | "Grep" | "Glob" | "LS" | "WebFetch" | "WebSearch" | "TodoRead"
+        | "NotebookRead" | "BashOutput" => "read",
+        "Edit" | "MultiEdit" | "Write" | "NotebookEdit" | "TodoWrite" => "idempotent_write",
+        _ => "non_idempotent_write",
+    }
+    .to_owned()
+}
+
+/// The gate's tool name: `claude-code/Bash`; an MCP tool `mcp__github__create_issue` is
+/// `github/create_issue`, the name the MCP proxy gives it too.
+fn gate_tool(tool: &str) -> String {
+    if let Some(rest) = tool.strip_prefix("mcp__") {
+        if let Some((server, name)) = rest.split_once("__") {
+            return format!("{server}/{name}");
+        }
+    }
+    format!("claude-code/{tool}")
+}
+
+/// Whether a `PostToolUse` response says the tool failed.
+fn failed(response: &Value) -> bool {
+    response.get("is_error").and_then(Value::as_bool) == Some(true)
+        || response.get("isError").and_then(Value::as_bool) == Some(true)
+        || response.get("success").and_then(Value::as_bool) == Some(false)
+        || response.get("interrupted").and_then(Value::as_bool) == Some(true)
+        || response.get("error").is_some_and(|e| !e.is_null())
+}
+
+/// Run the hook: read the payload from stdin, answer on stdout. The exit code is 0 when
+/// the hook's answer is on stdout (or it has none to give), 2 when it failed: before a
+/// tool runs that blocks the call (fail closed); after, Claude Code shows the message.
+pub fn claude_code(h: &Hook) -> Result<Exit> {
+    let mut raw = Vec::new();
+    std::io::stdin()
+        .take(MAX_PAYLOAD + 1)
+        .read_to_end(&mut raw)
+        .context("reading the hook payload from stdin")?;
+    let p = match payload(&raw) {
+        Ok(p) => p,
+        Err(e) => {
+            // Which event it was is unknown: a tool call waiting on it is blocked.
+            errln!(
+                "tally hook: the payload is refused, and a tool call waiting on it blocked: {e:#}"
+            );
+            return Ok(Exit::Error);
+        }
+    };
+    let run = match &h.run {
+        Some(r) => r.clone(),
+        None => format!("claude-code-{}", p.session_id),
+    };
+    let event = p.hook_event_name.as_str();
+    match event {
+        "PreToolUse" => match pre(h, &run, &p) {
+            Ok(out) => {
+                outln!("{out}");
+                Ok(Exit::Success)
+            }
+            Err(e) => {
+                // Exit 2 blocks the call; Claude Code shows stderr to the model.
+                errln!("tally hook: the tool call is blocked: {e:#}");
+                Ok(Exit::Error)
+            }
+        },
+        "PostToolUse" | "PostToolUseFailure" => match post(h, &p) {
+            Ok(None) => Ok(Exit::Success),
+            Ok(Some(note)) => {
+                errln!("tally hook: {note}");
+                Ok(Exit::Success)
+            }
+            Err(e) => {
+                // The tool ran: nothing can be blocked. Exit 2 shows this to the model.
+                errln!(
+                    "tally hook: tool call {} ran, but its outcome was not recorded: {e:#}. Until one is, the gate counts the call as made and keeps its reservation held",
+                    shown(p.tool_use_id.as_deref().unwrap_or("(no id)"))
+                );
+                Ok(Exit::Error)
+            }
+        },
+        "SessionEnd" => match session_end(h, &run, &p) {
+            Ok(note) => {
+                errln!("tally hook: {note}");
+                Ok(Exit::Success)
+            }
+            Err(e) => {
+                errln!("tally hook: the session ended, but its run was not stopped: {e:#}");
+                Ok(Exit::Error)
+            }
+        },
+        // The end of a turn, not of the session: the next prompt goes on under the same
+        // run. Exit 2 here would keep Claude from stopping.
+        "Stop" | "SubagentStop" => Ok(Exit::Success),
+        other if p.tool_name.is_some() => {
+            errln!(
+                "tally hook: the tool call is blocked: hook event `{}` is not one tally answers for a tool; install the hook for PreToolUse, PostToolUse, PostToolUseFailure and SessionEnd",
+                shown(other)
+            );
+            Ok(Exit::Error)
+        }
+        other => {
+            errln!(
+                "tally hook: hook event `{}` has no tool call to gate; nothing done (tally answers PreToolUse, PostToolUse, PostToolUseFailure and SessionEnd)",
+                shown(other)
+            );
+            Ok(Exit::Success)
+        }
+    }
+}
+
+fn payload(raw: &[u8]) -> Result<Payload> {
+    if raw.len() as u64 > MAX_PAYLOAD {
+        bail!("the payload is larger than {MAX_PAYLOAD} bytes: not a Claude Code hook payload");
+    }
+    serde_json::from_slice(raw).context(
+        "the payload on stdin is not a Claude Code hook payload (JSON with hook_event_name and session_id)",
+    )
+}
+
+fn shown(text: &str) -> String {
+    tally_verify::text::shown(text).to_string()
+}
+
+fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
+    let tool = p
+        .tool_name
+        .as_deref()
+        .context("the PreToolUse payload has no tool_name")?;
+    let effect = effect_of(tool, &h.effects);
+    let mut check = json!({
+        "run": run,
+        "tool": gate_tool(tool),
+        "effect": effect,
+    });
+    if let Some(args) = &p.tool_input {
+        check["args"] = args.clone();
+    }
+    let (status, reply, started) = block_on(async {
+        let (status, reply) = request(&h.socket, "/v1/check", &check).await?;
+        if status == 404 && reply["error"]["code"] == "run_not_found" {
+            // The session's first call: its run starts now, under the policy's ceiling.
+            let start =
+                json!({"run": run, "goal": format!("Claude Code session {}", p.session_id)});
+            let (s, r) = request(&h.socket, "/v1/runs", &start).await?;
+            if s != 201 && !(s == 409 && r["error"]["code"] == "run_exists") {
+                return Ok((s, r, false));
+            }
+            let (s2, r2) = request(&h.socket, "/v1/check", &check).await?;
+            return Ok((s2, r2, s == 201));
+        }
+        Ok((status, reply, false))
+    })?;
+    if started {
+        // This session started the run: its end stops it.
+        session::started(h, &p.session_id, run)?;
+    }
+    if status != 200 {
+        bail!(
+            "the gate refused the request ({status} {}): {}",
+            reply["error"]["code"].as_str().unwrap_or("error"),
+            reply["error"]["message"].as_str().unwrap_or("no message")
+        );
+    }
+    let reason = reply["reason"].as_str().unwrap_or("");
+    let action = reply["action"].as_str().unwrap_or("");
+    let after = reply["retry_after_ms"]
+        .as_u64()
+        .map(|ms| format!("; retry after {ms} ms"))
+        .unwrap_or_default();
+    let refused = |reason: &str, action: &str| {
+        session::answered(
+            h,
+            &p.session_id,
+            Some(session::Refusal {
+                reason: reason.to_owned(),
+                action: action.to_owned(),
+            }),
+        )
+    };
+    match reply["decision"].as_str() {
+        Some("allow") => {
+            let attempt = reply["attempt"]
+                .as_u64()
+                .context("the gate allowed the call but gave no attempt number")?;
+            if let Some(id) = &p.tool_use_id {
+                let slot = session::Slot {
+                    run: run.to_owned(),
+                    attempt: Some(attempt),
+                    effect: Some(effect),
+                    asked: None,
+                };
+                session::remember(h, &p.session_id, id, &slot)?;
+            }
+            session::answered(h, &p.session_id, None)?;
+            if h.defer {
+                return Ok(json!({}));
+            }
+            Ok(decision(
+                "allow",
+                &format!("tally: allowed, attempt {attempt} of run {run}"),
+            ))
+        }
+        Some("deny") => {
+            refused(reason, action)?;
+            Ok(decision(
+                "deny",
+                &format!(
+                    "tally refused this call: {reason}: {} (action {action}{after}). {}",
+                    meaning(reason),
+                    advice(action)
+                ),
+            ))
+        }
+        Some("require_approval") => {
+            let cause = reply["cause"].as_str().unwrap_or(reason);
+            refused(reason, "ask")?;
+            if let Some(id) = &p.tool_use_id {
+                // If the human lets the call run at Claude Code's prompt, its outcome
+                // event finds this, and says the call ran outside the gate's budget.
+                let slot = session::Slot {
+                    run: run.to_owned(),
+                    attempt: None,
+                    effect: None,
+                    asked: Some(cause.to_owned()),
+                };
+                session::remember(h, &p.session_id, id, &slot)?;
+            }
+            Ok(decision(
+                "ask",
+                &format!(
+                    "tally: this call needs a human's approval ({cause}); approve it here, or grant more with `tally approve --run {}`",
+                    shown(run)
+                ),
+            ))
+        }
+        _ => bail!("the gate's answer has no decision: {reply}"),
+    }
+}
+
+/// What a reason code means, for the model (the gate's codes; empty for an unknown one).
+fn meaning(reason: &str) -> &'static str {
+    tally_ledger::Reason::ALL
+        .iter()
+        .find(|r| r.as_str() == reason)
+        .map_or("", |r| r.meaning())
+}
+
+/// What the model should do after a refusal, by its action (the gate's actions).
+fn advice(action: &str) -> &'static str {
+    match action {
+        "retry" => "Wait as long as it says, then try again.",
+        "ask" => "Ask the user: a human must grant more before this call can be made.",
+        _ => "Do not try this call again; tell the user what happened.",
+    }
+}
+
+/// Record the outcome of a call the gate allowed. `Ok(Some(note))`: nothing to record,
+/// and why.
+fn post(h: &Hook, p: &Payload) -> Result<Option<String>> {
+    let Some(id) = &p.tool_use_id else {
+        bail!(
+            "the payload has no tool_use_id, so it cannot be matched to the check that allowed it"
+        );
+    };
+    let slot = match session::recall(h, &p.session_id, id)? {
+        None => {
+            return Ok(Some(format!(
+                "tool call {} ran with no check of it waiting here, so no outcome was recorded: its PreToolUse event did not reach `tally hook claude-code` with this state directory (give both hooks the same --state-dir and matcher), or its outcome was already recorded",
+                shown(id)
+            )))
+        }
+        Some(slot) => slot,
+    };
+    let (run_of, attempt) = match (&slot.asked, slot.attempt) {
+        (Some(cause), _) => {
+            session::forget(h, &p.session_id, id)?;
+            return Ok(Some(format!(
+                "tool call {} ran without the gate's allow: the gate asked for a human's approval ({}), and Claude Code ran the call (approved at its prompt, or by its permission mode), outside run {}'s budget; the ledger shows the refusal, not the call. To keep the budget binding, grant more with `tally approve --run {}` and let the agent retry",
+                shown(id),
+                shown(cause),
+                shown(&slot.run),
+                shown(&slot.run)
+            )));
+        }
+        (None, Some(attempt)) => (slot.run, attempt),
+        (None, None) => bail!(
+            "the hook's record of tool call {} holds no attempt",
+            shown(id)
+        ),
+    };
+    let status = if p.hook_event_name == "PostToolUseFailure"
+        || p.error.as_ref().is_some_and(|e| !e.is_null())
+        || p.tool_response.as_ref().is_some_and(failed)
+    {
+        "error"
+    } else {
+        "ok"
+    };
+    let mut body = json!({"run": run_of, "attempt": attempt, "status": status});
+    // A digest of what the tool returned (never the result itself): re-reading a file an
+    // edit changed, or re-running a test after a fix, is progress, not a loop.
+    if let Some(result) = p.tool_response.as_ref().or(p.error.as_ref()) {
+        body["result_digest"] = json!(tally_ledger::decision::args_digest(result));
+    }
+    let (code, reply) = block_on(request(&h.socket, "/v1/outcome", &body))?;
+    if code != 200 {
+        bail!(
+            "the gate did not record it ({code} {}): {}",
+            reply["error"]["code"].as_str().unwrap_or("error"),
+            reply["error"]["message"].as_str().unwrap_or("no message")
+        );
+    }
+    session::forget(h, &p.session_id, id)?;
+    Ok(None)
+}
+
+/// The session ended: record the calls that will never report as `unknown`, then stop
+/// the run this session started, with the reason its end calls for (as `tally mcp`
+/// does at a session's end, docs/MCP.md). What it did, to say.
+fn session_end(h: &Hook, run: &str, p: &Payload) -> Result<String> {
+    let left = session::Left::read(h, &p.session_id)?;
+    let mut unknown_write = false;
+    for slot in &left.waiting {
+        let Some(attempt) = slot.attempt else {
+            continue;
+        };
+        let body = json!({"run": slot.run, "attempt": attempt, "status": "unknown"});
+        let (code, reply) = block_on(request(&h.socket, "/v1/outcome", &body))?;
+        // 404/409: the attempt had its outcome, or is not the gate's: nothing to add.
+        if !matches!(code, 200 | 404 | 409) {
+            bail!(
+                "the outcome of attempt {attempt} of run {} was not recorded ({code} {}): {}",
+                shown(&slot.run),
+                reply["error"]["code"].as_str().unwrap_or("error"),
+                reply["error"]["message"].as_str().unwrap_or("no message")
+            );
+        }
+        unknown_write |= slot.effect.as_deref() == Some("non_idempotent_write");
+    }
+    // The run the session's calls started, else its own default run; a run named by
+    // --run that another session or worker started is joined, never stopped.
+    let ours = left
+        .started
+        .clone()
+        .or_else(|| h.run.is_none().then(|| run.to_owned()));
+    let reason = match &left.last {
+        _ if unknown_write => Some("outcome_unknown_non_idempotent"),
+        Some(r) if r.action == "stop" => Some(r.reason.as_str()),
+        Some(r) if r.action == "ask" => None,
+        _ => Some("completed"),
+    };
+    let said = match (ours, reason) {
+        (None, _) => format!(
+            "the session ended; run {} was joined, not started, by this session, and is left as it is",
+            shown(run)
+        ),
+        (Some(r), None) => format!(
+            "the session ended; run {} is left open: the gate's last answer asked for a human's approval (`tally approve --run {}`), and its deadline ends it otherwise",
+            shown(&r),
+            shown(&r)
+        ),
+        (Some(r), Some(reason)) => {
+            use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+            let path = format!("/v1/runs/{}/stop", utf8_percent_encode(&r, NON_ALPHANUMERIC));
+            let (code, reply) = block_on(request(&h.socket, &path, &json!({ "reason": reason })))?;
+            match (code, reply["error"]["code"].as_str()) {
+                (200, _) => format!("the session ended: run {} stopped ({reason})", shown(&r)),
+                (404, Some("run_not_found")) => {
+                    "the session ended before any of its calls reached the gate: no run to stop"
+                        .to_owned()
+                }
+                (409, Some("run_stopped")) => format!(
+                    "the session ended; run {} had already stopped",
+                    shown(&r)
+                ),
+                (code, err) => bail!(
+                    "stopping run {} ({code} {}): {}",
+                    shown(&r),
+                    err.unwrap_or("error"),
+                    reply["error"]["message"].as_str().unwrap_or("no message")
+                ),
+            }
+        }
+    };
+    left.clear()?;
+    Ok(said)
+}
+
+async fn request(socket: &Path, path: &str, body: &Value) -> Result<(u16, Value)> {
+    let mut c = Client::unix(socket).await.with_context(|| {
+        format!(
+            "connecting to the gate at {} (is `tally serve` running?)",
+            socket.display()
+        )
+    })?;
+    let reply = c
+        .request(
+            Method::POST,
+            path,
+            Some("application/json"),
+            body.to_string(),
+        )
+        .await
+        .with_context(|| format!("{path}: the gate did not answer"))?;
+    let value: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    Ok((reply.status.as_u16(), value))
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_and_effects() {
+        let none = BTreeMap::new();
+        assert_eq!(effect_of("Read", &none), "read");
+        assert_eq!(effect_of("Edit", &none), "idempotent_write");
+        assert_eq!(effect_of("Bash", &none), "non_idempotent_write");
+        assert_eq!(effect_of("mcp__x__y", &none), "non_idempotent_write");
+        let mut map = BTreeMap::new();
+        map.insert("Bash".to_owned(), "read".to_owned());
+        assert_eq!(effect_of("Bash", &map), "read");
+        assert_eq!(gate_tool("Bash"), "claude-code/Bash");
+        assert_eq!(
+            gate_tool("mcp__github__create_issue"),
+            "github/create_issue"
+        );
+        assert_eq!(gate_tool("mcp__odd"), "claude-code/mcp__odd");
+    }
+
+    #[test]
+    fn failures_in_a_tool_response() {
+        assert!(failed(&json!({"is_error": true})));
+        assert!(failed(&json!({"success": false})));
+        assert!(failed(&json!({"interrupted": true, "stdout": ""})));
+        assert!(!failed(&json!({"stdout": "ok", "interrupted": false})));
+        assert!(!failed(&json!({"success": true, "filePath": "/x"})));
+    }
+}
