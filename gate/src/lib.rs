@@ -1177,7 +1177,7 @@ impl<B: StateBackend> Gate<B> {
     /// name. Read only.
     pub fn breakers(&self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
         let mut t = self.begin()?;
-        let now = now_ms();
+        let now = self.time.now_ms();
         let open_ms = self.policy.policy.breaker.open_ms;
         Ok(t.breakers()?
             .into_iter()
