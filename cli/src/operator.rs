@@ -42,7 +42,7 @@ pub fn duration_ms(text: &str) -> Result<u64> {
         .with_context(|| format!("`{text}` is not a duration greater than zero that fits"))
 }
 
-async fn call(
+pub(crate) async fn call(
     socket: &Path,
     method: Method,
     path: &str,
@@ -67,7 +67,7 @@ async fn call(
     Ok((reply.status.as_u16(), value))
 }
 
-fn refused(status: u16, value: &Value) -> anyhow::Error {
+pub(crate) fn refused(status: u16, value: &Value) -> anyhow::Error {
     let code = value["error"]["code"].as_str().unwrap_or("error");
     let message = value["error"]["message"].as_str().unwrap_or("no message");
     anyhow::anyhow!("refused ({status} {code}): {message}")

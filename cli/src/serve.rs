@@ -46,7 +46,28 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         options.witness_interval =
             std::time::Duration::from_millis(args.witness_interval_ms.max(100));
     }
+    if let Some(addr) = &args.metrics_listen {
+        options.metrics_listen = Some(metrics_addr(addr)?);
+    }
+    options.log_format = match args.log_format.as_str() {
+        "json" => tally_daemon::LogFormat::Json,
+        _ => tally_daemon::LogFormat::Text,
+    };
     Ok(options)
+}
+
+/// `--metrics-listen`: `ADDR:PORT` on loopback, or a port alone for 127.0.0.1.
+fn metrics_addr(text: &str) -> Result<std::net::SocketAddr> {
+    let addr = match text.parse::<u16>() {
+        Ok(port) => std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Err(_) => text.parse().with_context(|| {
+            format!("--metrics-listen: `{text}` is not ADDR:PORT (e.g. 127.0.0.1:9464) or a port")
+        })?,
+    };
+    if !addr.ip().is_loopback() {
+        bail!("--metrics-listen: {addr} is not loopback; the live page names every run, so it is served on loopback only (put a proxy with authentication in front to reach it from elsewhere)");
+    }
+    Ok(addr)
 }
 
 #[cfg(test)]

@@ -37,6 +37,8 @@ pub(crate) struct App {
     pub gate: Arc<dyn tally_gate::Gatekeeper>,
     /// The thread the gate's decisions are made on.
     pub stage: crate::gate_api::Stage,
+    /// Metrics, the decision log and the live page's state.
+    pub observer: Arc<crate::observe::Observer>,
     pub in_flight: Arc<Semaphore>,
     pub max_in_flight: usize,
     pub exports: Arc<Semaphore>,
@@ -76,6 +78,7 @@ impl App {
         state: Arc<LedgerState>,
         gate: Arc<dyn tally_gate::Gatekeeper>,
         limits: Limits,
+        observer: Arc<crate::observe::Observer>,
     ) -> std::io::Result<App> {
         let max_in_flight = limits.max_in_flight.max(1);
         Ok(App {
@@ -83,6 +86,7 @@ impl App {
             state,
             gate,
             stage: crate::gate_api::Stage::start(limits.queue_bound)?,
+            observer,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             exports: Arc::new(Semaphore::new(MAX_EXPORTS)),
@@ -117,9 +121,11 @@ pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
                 Arc::clone(&app),
                 agent_rate,
             )),
-        Role::Operator => crate::tiles::log_routes(crate::gate_api::operator_routes(common))
-            .route("/v1/decisions", post(post_decisions))
-            .route("/v1/export", get(get_export)),
+        Role::Operator => crate::observe::page::routes(crate::tiles::log_routes(
+            crate::gate_api::operator_routes(common),
+        ))
+        .route("/v1/decisions", post(post_decisions))
+        .route("/v1/export", get(get_export)),
     };
     routes
         .layer(Extension(role))
@@ -147,6 +153,7 @@ async fn agent_rate(
             .copied()
             .unwrap_or(Peer::Unknown);
         if let Err(secs) = rate.take(peer, 1) {
+            app.observer.metrics.rate_limited();
             return rate_limited(secs).into_response();
         }
     }
@@ -238,6 +245,7 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
     match role {
         Role::Agent
             if matches!(path, "/v1/approvals" | "/v1/export")
+                || crate::observe::operators_view(path)
                 || (run_action && matches!(tail, "pause" | "resume" | "kill")) =>
         {
             let how = match tail {

@@ -29,6 +29,7 @@ mod commit;
 pub mod error;
 mod gate_api;
 mod limit;
+mod observe;
 mod parse;
 mod peers;
 mod server;
@@ -46,6 +47,7 @@ use std::time::Duration;
 use tally_ledger::Ledger;
 
 pub use error::DaemonError;
+pub use observe::LogFormat;
 /// How to reach the PostgreSQL database of a fleet's shared state ([`ServeOptions::state`]).
 pub use tally_gate_postgres::Options as PostgresOptions;
 
@@ -107,6 +109,11 @@ pub struct ServeOptions {
     pub witness_policy: Option<tally_ledger::tlog::policy::Policy>,
     /// The least time between two pushes (default 1 s).
     pub witness_interval: Duration,
+    /// Also serve the read-only operator's view (`/metrics`, the live page) on this TCP
+    /// address; it must be loopback (the page names every run).
+    pub metrics_listen: Option<SocketAddr>,
+    /// How the log is written (default text; JSON adds a line per decision).
+    pub log_format: LogFormat,
 }
 
 impl ServeOptions {
@@ -131,6 +138,8 @@ impl ServeOptions {
             write_timeout: Duration::from_secs(10),
             witness_policy: None,
             witness_interval: Duration::from_secs(1),
+            metrics_listen: None,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -242,7 +251,17 @@ async fn serve_inner(
         server::check_socket_dir(op)?;
     }
     let tcp = server::bind_tcp(options.listen).await?;
-    let gate = open_gate(&ledger, &options)?;
+    let metrics_tcp = server::bind_tcp(options.metrics_listen).await?;
+    let (gate, round_trips) = open_gate(&ledger, &options)?;
+    let observer = Arc::new(observe::Observer::new(
+        gate.policy().policy.named_tools(),
+        options.log_format,
+        round_trips,
+    ));
+    {
+        let o = Arc::clone(&observer);
+        ledger.on_sync(Box::new(move |took| o.metrics.synced(took.as_secs_f64())));
+    }
     let socket = server::Socket::bind(&options.socket, options.socket_mode, options.socket_gid)?;
     let operator = match &options.operator_socket {
         Some(path) => Some(server::Socket::bind(path, 0o600, None)?),
@@ -265,6 +284,7 @@ async fn serve_inner(
                 read_timeout: options.read_timeout,
                 queue_bound: options.state.as_ref().map(|s| s.timeout),
             },
+            observer,
         )
         .map_err(DaemonError::Runtime)?,
     );
@@ -280,6 +300,19 @@ async fn serve_inner(
             policy,
         );
         tokio::spawn(p.run(options.witness_interval, stopped))
+    });
+    // The read-only view on loopback TCP, stopped with the rest.
+    let (stop_view, view_stopped) = tokio::sync::watch::channel(false);
+    let view = metrics_tcp.map(|listener| {
+        let router = observe::page::listener_router(Arc::clone(&app));
+        let mut stopped = view_stopped;
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await;
+        })
     });
     let router = api::router(Arc::clone(&app), api::Role::Agent);
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
@@ -303,6 +336,11 @@ async fn serve_inner(
         op.close();
     }
     drop(tcp);
+    let _ = stop_view.send(true);
+    if let Some(v) = view {
+        // Its event streams end with it; a stream still open is cut after a second.
+        let _ = tokio::time::timeout(Duration::from_secs(1), v).await;
+    }
     // Each open connection finishes the request it is in; idle ones close now.
     graceful.shutdown().await;
     while connections.join_next().await.is_some() {}
@@ -370,15 +408,17 @@ fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
 }
 
 /// The gate over the state backend the options name.
+type RoundTrips = Option<Arc<std::sync::atomic::AtomicU64>>;
+
 fn open_gate(
     ledger: &Arc<Ledger>,
     options: &ServeOptions,
-) -> Result<Arc<dyn tally_gate::Gatekeeper>, DaemonError> {
+) -> Result<(Arc<dyn tally_gate::Gatekeeper>, RoundTrips), DaemonError> {
     let gate_error = |e: tally_gate::GateError| DaemonError::Gate(e.to_string());
     let Some(pg) = &options.state else {
         let gate = tally_gate::Gate::open(Arc::clone(ledger), options.policy.clone())
             .map_err(gate_error)?;
-        return Ok(Arc::new(gate));
+        return Ok((Arc::new(gate), None));
     };
     // The backend runs its own runtime and blocks on it: open it on a thread of its own,
     // outside this one's.
@@ -386,10 +426,12 @@ fn open_gate(
     let opened = std::thread::spawn(move || {
         let backend = tally_gate_postgres::Postgres::open(Arc::clone(&ledger), &pg)
             .map_err(|e| DaemonError::Gate(e.to_string()))?;
+        let trips = backend.round_trips();
         tally_gate::Gate::with_backend(ledger, backend, policy)
             .map_err(|e| DaemonError::Gate(e.to_string()))
+            .map(|g| (g, trips))
     })
     .join()
     .map_err(|_| DaemonError::Gate("opening the PostgreSQL state panicked".into()))??;
-    Ok(Arc::new(opened))
+    Ok((Arc::new(opened.0), Some(opened.1)))
 }

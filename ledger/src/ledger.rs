@@ -387,7 +387,12 @@ struct Shared {
     /// Signalled when a group is written.
     to_sync: Condvar,
     writer: Mutex<Writer>,
+    /// Told how long each flush and fsync took ([`Ledger::on_sync`]).
+    on_sync: std::sync::OnceLock<SyncObserver>,
 }
+
+/// Told how long each flush and fsync of the log took.
+pub type SyncObserver = Box<dyn Fn(std::time::Duration) + Send + Sync>;
 
 /// An open ledger: the append side. Holds the log's exclusive lock (and sled's on the
 /// index).
@@ -792,6 +797,7 @@ impl Ledger {
             to_commit: Condvar::new(),
             to_sync: Condvar::new(),
             writer: Mutex::new(writer),
+            on_sync: std::sync::OnceLock::new(),
         });
         let mut ledger = Ledger {
             dir: dir.to_path_buf(),
@@ -1079,6 +1085,13 @@ impl Ledger {
     pub fn rotate(&self) -> Result<Checkpoint> {
         self.submit(Vec::new(), true)?;
         Ok(self.checkpoint())
+    }
+
+    /// Tell `observer` how long each flush and fsync of the log takes (a group commit's
+    /// durability), from now on. Only the first observer set is kept; it runs on the
+    /// thread that syncs, so it must be quick (a histogram's observe).
+    pub fn on_sync(&self, observer: SyncObserver) {
+        let _ = self.shared.on_sync.set(observer);
     }
 
     /// The latest signed checkpoint whose entries are durable.
@@ -1453,7 +1466,11 @@ impl Shared {
             queue.flushing = false;
             self.wake_committer(&queue);
         }
+        let began = std::time::Instant::now();
         let synced = flushed.and_then(|()| self.log.sync());
+        if let Some(tell) = self.on_sync.get() {
+            tell(began.elapsed());
+        }
         // The replies go out without the queue's lock (they may read the ledger), but
         // still holding the sync role, so the next sync's replies cannot overtake them.
         let mut queue = lock(&self.queue);
