@@ -480,6 +480,11 @@ pub struct ServeArgs {
     /// decision: run, tool, decision, reason, seq; never arguments).
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+    /// Export a span per check (OpenTelemetry, GenAI conventions: `execute_tool`) to this
+    /// OTLP/HTTP collector, e.g. http://127.0.0.1:4318; the span's trace id (or the
+    /// agent's `traceparent`'s) is recorded on the decision.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// `tally witness ...`.

@@ -53,6 +53,7 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         "json" => tally_daemon::LogFormat::Json,
         _ => tally_daemon::LogFormat::Text,
     };
+    options.otlp_endpoint = args.otlp_endpoint;
     Ok(options)
 }
 

@@ -332,13 +332,35 @@ async fn check(
     let started = std::time::Instant::now();
     let (parts, b) = request.into_parts();
     let mut req: CheckRequest = body(&app, &parts.headers, b).await?;
-    // The agent's trace, when it sent a valid `traceparent`: recorded on the decision.
-    req.trace_id = parts
+    // The agent's trace, when it sent a valid `traceparent`, else the check's own span's
+    // (with an OTLP endpoint): recorded on the decision.
+    let parent = parts
         .headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::observe::trace::trace_id);
+        .and_then(crate::observe::trace::parent);
+    let span = app
+        .observer
+        .tracer
+        .as_ref()
+        .map(|t| t.check(&req.tool, &req.run, parent.as_ref()));
+    req.trace_id = match &span {
+        Some(s) => Some(s.trace_id()),
+        None => parent.map(|p| p.trace_id),
+    };
     let seen = crate::observe::Seen::of(&req);
+    let end = |answer: Option<&tally_gate::CheckAnswer>| {
+        if let Some(s) = span {
+            match answer {
+                Some(a) => s.end(
+                    crate::observe::verdict(a.decision),
+                    a.reason.map(|r| r.as_str()),
+                    a.seq,
+                ),
+                None => s.end("error", Some("gate_unavailable"), None),
+            }
+        }
+    };
     let gate = Arc::clone(&app.gate);
     match answered(&app.stage, move |done| {
         gate.check(caller(peer, role), req, done)
@@ -347,14 +369,17 @@ async fn check(
     {
         Ok(answer) => {
             app.observer.checked(&seen, &answer, started.elapsed());
+            end(Some(&answer));
             Ok(json(StatusCode::OK, &answer))
         }
         // The run is over: a decision-shaped answer, so a client needs one code path.
         Err(GateError::Stopped(answer)) => {
             app.observer.checked(&seen, &answer, started.elapsed());
+            end(Some(&answer));
             Ok(json(StatusCode::OK, &answer))
         }
         Err(GateError::Unavailable(why)) => {
+            end(None);
             log(&format!(
                 "tally serve: the gate cannot decide durably: {why}"
             ));
@@ -376,7 +401,10 @@ async fn check(
             });
             Ok(json(StatusCode::SERVICE_UNAVAILABLE, &reply))
         }
-        Err(e) => Err(gate_error(e)),
+        Err(e) => {
+            end(None);
+            Err(gate_error(e))
+        }
     }
 }
 

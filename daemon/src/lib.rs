@@ -114,6 +114,8 @@ pub struct ServeOptions {
     pub metrics_listen: Option<SocketAddr>,
     /// How the log is written (default text; JSON adds a line per decision).
     pub log_format: LogFormat,
+    /// Export a span per check to this OTLP/HTTP endpoint (`http://host:4318`).
+    pub otlp_endpoint: Option<String>,
 }
 
 impl ServeOptions {
@@ -140,6 +142,7 @@ impl ServeOptions {
             witness_interval: Duration::from_secs(1),
             metrics_listen: None,
             log_format: LogFormat::Text,
+            otlp_endpoint: None,
         }
     }
 }
@@ -252,11 +255,21 @@ async fn serve_inner(
     }
     let tcp = server::bind_tcp(options.listen).await?;
     let metrics_tcp = server::bind_tcp(options.metrics_listen).await?;
+    let tracer = match &options.otlp_endpoint {
+        Some(url) => Some(
+            observe::trace::Exporter::new(url).map_err(|why| DaemonError::Otlp {
+                endpoint: url.clone(),
+                why,
+            })?,
+        ),
+        None => None,
+    };
     let (gate, round_trips) = open_gate(&ledger, &options)?;
     let observer = Arc::new(observe::Observer::new(
         gate.policy().policy.named_tools(),
         options.log_format,
         round_trips,
+        tracer,
     ));
     {
         let o = Arc::clone(&observer);
@@ -355,6 +368,15 @@ async fn serve_inner(
         let _ = stop_push.send(true);
         let _ = p.await;
     }
+    // The spans still batched are sent (the exporter's own thread; bounded by its
+    // timeout).
+    let flushed = Arc::clone(&app.observer);
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(t) = &flushed.tracer {
+            t.shutdown();
+        }
+    })
+    .await;
     let gate_failure = app.gate.failure();
     drop((drained, exports, app));
     match state.failure().or(gate_failure) {

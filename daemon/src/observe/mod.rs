@@ -37,6 +37,8 @@ pub(crate) struct Observer {
     pub metrics: metrics::Metrics,
     pub live: live::Live,
     pub log: LogFormat,
+    /// Exports a span per check over OTLP (`serve --otlp-endpoint`).
+    pub tracer: Option<trace::Exporter>,
     /// The PostgreSQL backend's round trips, when the state is there.
     pub round_trips: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// Bumped on every decision: the live page's stream sends a snapshot when it moved.
@@ -55,12 +57,14 @@ impl Observer {
         named_tools: std::collections::BTreeSet<String>,
         log: LogFormat,
         round_trips: Option<Arc<std::sync::atomic::AtomicU64>>,
+        tracer: Option<trace::Exporter>,
     ) -> Observer {
         Observer {
             metrics: metrics::Metrics::new(named_tools),
             live: live::Live::default(),
             log,
             round_trips,
+            tracer,
             changed: tokio::sync::watch::channel(0).0,
         }
     }
@@ -327,7 +331,7 @@ impl Seen {
     }
 }
 
-fn verdict(v: tally_policy::Verdict) -> &'static str {
+pub(crate) fn verdict(v: tally_policy::Verdict) -> &'static str {
     match v {
         tally_policy::Verdict::Allow => "allow",
         tally_policy::Verdict::Deny => "deny",

@@ -4,9 +4,16 @@
 //! version-00 `traceparent` is ignored (the check goes on without a trace id), never an
 //! error: tracing must not change what the gate decides.
 
-/// The trace id of a `traceparent` value: `00-{32 hex}-{16 hex}-{2 hex}`, lowercase,
+/// A parsed `traceparent`: trace id, parent span id, flags.
+pub(crate) struct Parent {
+    pub trace_id: String,
+    pub span_id: String,
+    pub sampled: bool,
+}
+
+/// A `traceparent` value, parsed strictly: `00-{32 hex}-{16 hex}-{2 hex}`, lowercase,
 /// neither id all zeros. Anything else is `None`.
-pub(crate) fn trace_id(traceparent: &str) -> Option<String> {
+pub(crate) fn parent(traceparent: &str) -> Option<Parent> {
     let mut parts = traceparent.split('-');
     let (version, trace, parent, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
@@ -22,12 +29,140 @@ pub(crate) fn trace_id(traceparent: &str) -> Option<String> {
     if !hex(trace, 32) || !hex(parent, 16) || !hex(flags, 2) || zero(trace) || zero(parent) {
         return None;
     }
-    Some(trace.to_owned())
+    Some(Parent {
+        trace_id: trace.to_owned(),
+        span_id: parent.to_owned(),
+        sampled: u8::from_str_radix(flags, 16).is_ok_and(|f| f & 1 == 1),
+    })
+}
+
+/// Spans exported over OTLP/HTTP by the OpenTelemetry SDK's batch processor (its own
+/// thread: a slow or absent collector never holds a check up; spans it cannot send are
+/// dropped, never queued without bound).
+pub(crate) struct Exporter {
+    provider: opentelemetry_sdk::trace::SdkTracerProvider,
+    tracer: opentelemetry_sdk::trace::SdkTracer,
+}
+
+/// A span being timed.
+pub(crate) struct CheckSpan(opentelemetry_sdk::trace::Span);
+
+impl Exporter {
+    /// Export to `endpoint` (`http://host:4318`, `/v1/traces` added when no path is
+    /// given). Builds the HTTP client on a thread of its own: a blocking client must not
+    /// be made (or dropped) on an async worker.
+    pub fn new(endpoint: &str) -> Result<Exporter, String> {
+        use opentelemetry::trace::TracerProvider as _;
+        use opentelemetry_otlp::WithExportConfig;
+        let url = match endpoint.split_once("://") {
+            Some((_, rest)) if !rest.trim_end_matches('/').contains('/') => {
+                format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+            }
+            _ => endpoint.to_owned(),
+        };
+        let built = std::thread::spawn(move || {
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_endpoint(url)
+                .with_timeout(std::time::Duration::from_secs(5))
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .join()
+        .map_err(|_| "building the OTLP exporter panicked".to_owned())??;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_batch_exporter(built)
+            .with_resource(
+                opentelemetry_sdk::Resource::builder()
+                    .with_service_name("tally")
+                    .build(),
+            )
+            .build();
+        let tracer = provider.tracer("tally");
+        Ok(Exporter { provider, tracer })
+    }
+
+    /// Start the span of a check of `tool` in `run`, a child of the agent's
+    /// `traceparent` if it sent a valid one. GenAI semantic conventions: the span is
+    /// `execute_tool {tool}`, kind internal, with `gen_ai.operation.name` and
+    /// `gen_ai.tool.name`.
+    pub fn check(&self, tool: &str, run: &str, parent: Option<&Parent>) -> CheckSpan {
+        use opentelemetry::trace::{
+            SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState,
+            Tracer as _,
+        };
+        use opentelemetry::KeyValue;
+        let cx = match parent.and_then(|p| {
+            Some(SpanContext::new(
+                TraceId::from_hex(&p.trace_id).ok()?,
+                SpanId::from_hex(&p.span_id).ok()?,
+                if p.sampled {
+                    TraceFlags::SAMPLED
+                } else {
+                    TraceFlags::default()
+                },
+                true,
+                TraceState::default(),
+            ))
+        }) {
+            Some(sc) => opentelemetry::Context::new().with_remote_span_context(sc),
+            None => opentelemetry::Context::new(),
+        };
+        let span = self
+            .tracer
+            .span_builder(format!("execute_tool {tool}"))
+            .with_kind(SpanKind::Internal)
+            .with_attributes([
+                KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+                KeyValue::new("tally.run", run.to_owned()),
+            ])
+            .start_with_context(&self.tracer, &cx);
+        CheckSpan(span)
+    }
+
+    /// Send what is batched and stop (at shutdown).
+    pub fn shutdown(&self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+impl CheckSpan {
+    /// The span's trace id (32 lowercase hex).
+    pub fn trace_id(&self) -> String {
+        use opentelemetry::trace::Span as _;
+        self.0.span_context().trace_id().to_string()
+    }
+
+    /// End it with the gate's answer.
+    pub fn end(mut self, decision: &'static str, reason: Option<&'static str>, seq: Option<u64>) {
+        use opentelemetry::trace::{Span as _, Status};
+        use opentelemetry::KeyValue;
+        self.0
+            .set_attribute(KeyValue::new("tally.decision", decision));
+        if let Some(r) = reason {
+            self.0.set_attribute(KeyValue::new("tally.reason", r));
+            self.0.set_attribute(KeyValue::new("error.type", r));
+        }
+        if let Some(s) = seq {
+            self.0.set_attribute(KeyValue::new(
+                "tally.seq",
+                i64::try_from(s).unwrap_or(i64::MAX),
+            ));
+        }
+        if decision != "allow" {
+            self.0
+                .set_status(Status::error(reason.unwrap_or("refused")));
+        }
+        self.0.end();
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::trace_id;
+    fn trace_id(s: &str) -> Option<String> {
+        super::parent(s).map(|p| p.trace_id)
+    }
 
     #[test]
     fn only_an_exact_traceparent_gives_a_trace_id() {
