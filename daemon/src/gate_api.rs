@@ -49,8 +49,7 @@ pub(crate) fn operator_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
 /// A line for the operator's log. A log that cannot be written (a full disk) must not
 /// take the answer down with it: the agent still gets its typed refusal.
 fn log(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
+    crate::observe::log_line("error", line);
 }
 
 fn caller(peer: Peer, role: Role) -> Caller {

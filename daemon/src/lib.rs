@@ -156,6 +156,7 @@ impl ServeOptions {
 /// the caller to print (once), and nothing else is logged for it. No line holds a key,
 /// a decision or a call's arguments.
 pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
+    observe::set_log_format(options.log_format);
     check_ledger_dir(&options.ledger)?;
     // Before the ledger is opened: a bad socket path changes nothing.
     server::check_socket_dir(&options.socket)?;
@@ -201,10 +202,9 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
     result
 }
 
-/// One line to stderr.
+/// One line to stderr (a JSON object under `--log-format json`).
 fn log(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
+    observe::log_line("info", line);
 }
 
 /// Refuse a ledger directory that other users can enter: agents must reach only the

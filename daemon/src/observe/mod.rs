@@ -32,6 +32,31 @@ pub enum LogFormat {
     Json,
 }
 
+/// The process's log format: one daemon per process writes to its stderr, and the
+/// errors logged where no handler state is at hand (the gate's unavailability) follow it.
+static JSON_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Set the process's log format (`tally serve` does, once, before it listens).
+pub(crate) fn set_log_format(format: LogFormat) {
+    JSON_LOG.store(
+        format == LogFormat::Json,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// One line on stderr: as is, or as a JSON object `{ts_ms, level, msg}` when the log
+/// format is JSON. A log that cannot be written (a full disk) is not an error.
+pub(crate) fn log_line(level: &str, line: &str) {
+    use std::io::Write;
+    let mut out = if JSON_LOG.load(std::sync::atomic::Ordering::Relaxed) {
+        serde_json::json!({"ts_ms": wall_ms(), "level": level, "msg": line}).to_string()
+    } else {
+        line.to_owned()
+    };
+    out.push('\n');
+    let _ = std::io::stderr().write_all(out.as_bytes());
+}
+
 /// What the daemon observes, shared by the handlers.
 pub(crate) struct Observer {
     pub metrics: metrics::Metrics,
