@@ -88,6 +88,32 @@ mod tests {
     }
 
     #[test]
+    fn the_operators_view_flags() {
+        let d = parsed(&[]).expect("defaults");
+        assert!(d.metrics_listen.is_none() && d.otlp_endpoint.is_none());
+        assert_eq!(d.log_format, tally_daemon::LogFormat::Text);
+        let o = parsed(&[
+            "--metrics-listen",
+            "9464",
+            "--log-format",
+            "json",
+            "--otlp-endpoint",
+            "http://127.0.0.1:4318",
+        ])
+        .expect("flags");
+        assert_eq!(o.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(o.log_format, tally_daemon::LogFormat::Json);
+        assert_eq!(o.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+        let v6 = parsed(&["--metrics-listen", "[::1]:9464"]).expect("v6");
+        assert_eq!(v6.metrics_listen, Some("[::1]:9464".parse().unwrap()));
+        for bad in ["0.0.0.0:9464", "192.168.1.2:9464", "localhost:9464", "x"] {
+            let e = parsed(&["--metrics-listen", bad]).expect_err(bad);
+            assert!(e.to_string().contains("--metrics-listen"), "{e}");
+        }
+        assert!(parsed(&["--log-format", "yaml"]).is_err());
+    }
+
+    #[test]
     fn serve_flags_and_their_defaults() {
         let d = parsed(&[]).expect("defaults");
         assert_eq!(

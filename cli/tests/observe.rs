@@ -325,7 +325,7 @@ fn metrics_parse_and_match_the_ledger_after_a_load() {
         panic!("curl failed: {over_tcp:?}");
     }
     let metrics = parse_metrics(&text);
-    for ((name, l), _) in &metrics {
+    for (name, l) in metrics.keys() {
         for v in l.values() {
             assert!(
                 !v.contains("invented") && !v.contains("load-run"),
@@ -431,7 +431,7 @@ impl Browser {
             "apt-get install chromium (README, Development)",
         ) || !python_has(
             "websocket",
-            "pip install websocket-client==1.9.0 (README, Development)",
+            "pip install websocket-client==1.9.2 (README, Development)",
         ) {
             return None;
         }
@@ -739,8 +739,37 @@ fn the_json_log_has_a_line_per_decision_and_no_arguments() {
         let a = served.call("logged", "search", json!({ "token": secret }));
         seqs.push(a["seq"].as_u64().expect("seq"));
     }
+    // The live page's event stream open on the operator socket: SIGTERM still drains
+    // and stops (the stream ends), and the stop line is JSON too.
+    let mut page = tally_testkit::have("curl", &[], "apt-get install curl").then(|| {
+        Command::new("curl")
+            .args(["-sN", "--unix-socket"])
+            .arg(dir.join("operator.sock"))
+            .arg("http://localhost/v1/live/events")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("curl")
+    });
+    if let Some(p) = &mut page {
+        let mut first = String::new();
+        BufReader::new(p.stdout.as_mut().expect("stdout"))
+            .read_line(&mut first)
+            .expect("the stream");
+        assert!(first.starts_with("event: snapshot"), "{first:?}");
+    }
+    let stopping = Instant::now();
     served.stop();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        stopping.elapsed()
+    );
+    if let Some(mut p) = page {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
     let log = std::fs::read_to_string(dir.join("serve.log")).expect("log");
+    assert!(log.contains("stopped cleanly"), "{log}");
     assert!(!log.contains(secret), "{log}");
     let decisions: Vec<Value> = log
         .lines()
@@ -945,4 +974,164 @@ fn a_span_per_check_reaches_the_collector_and_its_trace_id_is_on_the_decision() 
         let span = spans.iter().find(|s| s.trace_id == id).expect("its span");
         assert!(span.parent_span_id.is_empty(), "{span:?}");
     }
+}
+
+/// `dist/`: the sample policy is valid, and the systemd unit is one systemd accepts, with
+/// the hardening README promises.
+#[test]
+fn the_service_files_are_valid() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tmp = tempfile::tempdir().expect("tmp");
+    ok(
+        tmp.path(),
+        &[
+            "policy",
+            "check",
+            root.join("dist/policy.toml").to_str().expect("path"),
+        ],
+    );
+    let unit = std::fs::read_to_string(root.join("dist/tally.service")).expect("unit");
+    for line in [
+        "DynamicUser=yes",
+        "ProtectSystem=strict",
+        "StateDirectory=tally",
+        "RuntimeDirectory=tally",
+        "--socket-group tally-agents",
+        "--operator-socket",
+        "--metrics-listen 127.0.0.1:9464",
+    ] {
+        assert!(unit.contains(line), "the unit lacks {line}");
+    }
+    if !tally_testkit::have(
+        "systemd-analyze",
+        &["--version"],
+        "apt-get install systemd (README, Development)",
+    ) {
+        return;
+    }
+    let bin = std::env::var_os("TALLY_UNDER_TEST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally")));
+    let here = tmp.path().join("tally.service");
+    std::fs::write(
+        &here,
+        unit.replace("/usr/local/bin/tally", bin.to_str().expect("path")),
+    )
+    .expect("unit");
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&here)
+        .output()
+        .expect("systemd-analyze");
+    let said = String::from_utf8_lossy(&out.stderr);
+    // It may warn of things outside the unit (this machine's other units); never of ours.
+    let ours: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("tally.service"))
+        .collect();
+    assert!(out.status.success() && ours.is_empty(), "{said}");
+}
+
+/// Ten thousand runs: the snapshot is paged on the server, every run is on exactly one
+/// page, and across the pages runs come nearest to a limit first.
+#[test]
+fn ten_thousand_runs_are_paged_in_order() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    ledger(dir);
+    std::fs::write(
+        dir.join("policy.toml"),
+        format!("max_open_runs_per_uid = 20000\n{POLICY}\n[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n"),
+    )
+    .expect("policy");
+    let served = Served::start(dir, &[]);
+    const RUNS: usize = 10_000;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let socket = dir.join("agent.sock");
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for t in 0..16 {
+            let socket = socket.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut c = tally_daemon::client::Client::unix(&socket)
+                    .await
+                    .expect("connect");
+                for i in (t..RUNS).step_by(16) {
+                    let run = format!("run-{i:05}");
+                    // One check each: every run's nearest limit is its attempts (at
+                    // least 47 per mille), which the passing of time does not move, so
+                    // the order is the same at every page asked (a run's deadline would
+                    // be nearer by a per mille every 3.6 s).
+                    let body = json!({"run": run, "budget": {"attempts": 2 + (i % 20)}});
+                    let r = c
+                        .request(
+                            "POST".parse().unwrap(),
+                            "/v1/runs",
+                            Some("application/json"),
+                            body.to_string(),
+                        )
+                        .await
+                        .expect("start");
+                    assert_eq!(r.status.as_u16(), 201);
+                    {
+                        let body = json!({"run": run, "tool": "search", "effect": "read", "args": {"i": i}});
+                        let r = c
+                            .request(
+                                "POST".parse().unwrap(),
+                                "/v1/check",
+                                Some("application/json"),
+                                body.to_string(),
+                            )
+                            .await
+                            .expect("check");
+                        assert_eq!(r.status.as_u16(), 200);
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("client");
+        }
+    });
+    let mut seen = std::collections::BTreeSet::new();
+    let mut last = u64::MAX;
+    let mut page = 0;
+    loop {
+        let (status, text) = served.operator_text(&format!("/v1/live?page={page}"));
+        assert_eq!(status, 200, "{text}");
+        let snap: Value = serde_json::from_str(&text).expect("snapshot");
+        assert_eq!(snap["total_runs"], RUNS);
+        let runs = snap["runs"].as_array().expect("runs");
+        if runs.is_empty() {
+            break;
+        }
+        assert!(runs.len() <= 50);
+        for r in runs {
+            let p = r["closeness"]["permille"].as_u64().expect("permille");
+            assert!(
+                p <= last,
+                "not nearest first at page {page}: {p} after {last}"
+            );
+            last = p;
+            assert!(
+                seen.insert(r["run"].as_str().expect("run").to_owned()),
+                "{r}"
+            );
+        }
+        page += 1;
+    }
+    assert_eq!(seen.len(), RUNS);
+    assert_eq!(page, RUNS / 50);
+    // The first is a run of two attempts that used one: half way.
+    let (_, first) = served.operator_text("/v1/live?page=0");
+    let first: Value = serde_json::from_str(&first).expect("snapshot");
+    assert_eq!(first["runs"][0]["closeness"]["permille"], 500);
+    // A page past the end is empty, and a bad parameter is a typed error.
+    let (status, text) = served.operator_text("/v1/live?page=x");
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("invalid_query"), "{text}");
 }

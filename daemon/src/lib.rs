@@ -343,6 +343,8 @@ async fn serve_inner(
         shutdown,
     )
     .await;
+    // The live page's event streams end (they would never finish on their own).
+    let _ = app.observer.closing.send(true);
     // Stop accepting: new clients now fail to connect instead of queueing.
     socket.close();
     if let Some(op) = operator {

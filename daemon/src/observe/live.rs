@@ -124,7 +124,7 @@ impl Live {
             }
         }
         if let Some(d) = limits.get("depth") {
-            r.depth = Some(d.clone());
+            r.depth = Some(*d);
         }
         if let Some((reason, action)) = refusal {
             r.last_refusal = Some(Refusal {
@@ -191,7 +191,7 @@ impl Live {
                         })
                         .collect(),
                     last_refusal: r.last_refusal.clone(),
-                    depth: r.depth.clone(),
+                    depth: r.depth,
                 },
             })
             .collect()

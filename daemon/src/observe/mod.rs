@@ -68,6 +68,9 @@ pub(crate) struct Observer {
     pub round_trips: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// Bumped on every decision: the live page's stream sends a snapshot when it moved.
     pub changed: tokio::sync::watch::Sender<u64>,
+    /// Set when the daemon stops: the live page's streams end, so draining the
+    /// connections does not wait for a page that never closes.
+    pub closing: tokio::sync::watch::Sender<bool>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -91,6 +94,7 @@ impl Observer {
             round_trips,
             tracer,
             changed: tokio::sync::watch::channel(0).0,
+            closing: tokio::sync::watch::channel(false).0,
         }
     }
 
@@ -200,7 +204,7 @@ fn build(
         .map(|(s, v)| {
             let mut limits: BTreeMap<String, tally_ledger::decision::Limit> = s.limits.clone();
             if let Some(d) = &v.depth {
-                limits.insert("depth".into(), d.clone());
+                limits.insert("depth".into(), *d);
             }
             let c = closeness(&limits);
             (s, v, c)

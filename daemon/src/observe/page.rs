@@ -162,13 +162,23 @@ async fn events(
     let Query(q) = q.map_err(bad_query)?;
     let page = q.page;
     let changed = app.observer.changed.subscribe();
+    let closing = app.observer.closing.subscribe();
     let stream = futures::stream::unfold(
-        (app, changed, true),
-        move |(app, mut changed, first)| async move {
+        (app, changed, closing, true),
+        move |(app, mut changed, mut closing, first)| async move {
+            if *closing.borrow() {
+                return None;
+            }
             if !first {
-                tokio::time::sleep(MIN_INTERVAL).await;
-                // Wait for a decision, or at most MAX_INTERVAL.
-                let _ = tokio::time::timeout(MAX_INTERVAL, changed.changed()).await;
+                let wait = async {
+                    tokio::time::sleep(MIN_INTERVAL).await;
+                    // Wait for a decision, or at most MAX_INTERVAL.
+                    let _ = tokio::time::timeout(MAX_INTERVAL, changed.changed()).await;
+                };
+                tokio::select! {
+                    () = wait => {}
+                    _ = closing.wait_for(|c| *c) => return None,
+                }
             }
             changed.borrow_and_update();
             let event = match super::snapshot(&app, page).await {
@@ -178,7 +188,7 @@ async fn events(
                     .unwrap_or_else(|_| Event::default().event("error").data("encoding")),
                 Err(e) => Event::default().event("error").data(e.to_string()),
             };
-            Some((Ok::<_, Infallible>(event), (app, changed, false)))
+            Some((Ok::<_, Infallible>(event), (app, changed, closing, false)))
         },
     );
     Ok(Sse::new(stream)
