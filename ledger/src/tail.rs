@@ -26,7 +26,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::format::{Checkpoint, Entry, Hash, LedgerId};
+use crate::format::{Checkpoint, Entry, EntryType, Hash, LedgerId};
 use crate::keys;
 use crate::segment::{
     self, max_payload, Scan, SegmentHeader, StateFrame, Torn, FRAME_PREFIX_LEN, SEGMENT_HEADER_LEN,
@@ -160,6 +160,7 @@ fn checkpoint_of(s: &Sealed<'_>, path: &Path, at_: (u64, u32)) -> Result<Checkpo
 fn sealed_group(s: &Sealed<'_>) -> Result<()> {
     let (number, path) = &s.segments[s.index];
     let scan = s.scan;
+    let mut rotated = false;
     let (mut seq, mut head) = match (scan.prev_checkpoint, scan.header) {
         (Some(prev), _) => {
             let cp = checkpoint_of(s, path, prev)?;
@@ -170,6 +171,18 @@ fn sealed_group(s: &Sealed<'_>) -> Result<()> {
                         format!("the checkpoint before the last: {e}"),
                     )
                 })?;
+            } else if cp.epoch.checked_add(1) == Some(s.checkpoint.epoch) {
+                // Signed by the epoch before, whose key is gone: the group must then
+                // start with the new epoch's certificate (a rotation moves one epoch).
+                rotated = true;
+            } else {
+                return Err(s.damaged(
+                    at(path, prev.0),
+                    format!(
+                        "the checkpoint before the last is of epoch {}, the last of epoch {}: one group moves at most one epoch forward",
+                        cp.epoch, s.checkpoint.epoch
+                    ),
+                ));
             }
             (cp.size, cp.head)
         }
@@ -210,6 +223,12 @@ fn sealed_group(s: &Sealed<'_>) -> Result<()> {
                 }
                 let e =
                     chained(s, payload, seq, head).map_err(|why| s.damaged(at(path, here), why))?;
+                if rotated && entries == 0 && e.header.entry_type != EntryType::Epoch {
+                    return Err(s.damaged(
+                        at(path, here),
+                        "the checkpoint before the last is of the epoch before, but the group does not start with the new epoch's certificate",
+                    ));
+                }
                 seq += 1;
                 head = e.hash();
                 epoch = Some(e.header.epoch);

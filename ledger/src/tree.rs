@@ -27,6 +27,25 @@ pub(crate) fn open_tree(
         if let Ok(Some(w)) = catch_up(dir, segments, store, size, root) {
             return Ok(w);
         }
+        // Before a tree file is rewritten: do the log's entries lead to the root its
+        // last tree frame records? If not, the log is damaged and nothing is written.
+        let mut f = Frontier::new();
+        leaves(
+            LogReader::new(segments.to_vec(), false, None),
+            0,
+            size,
+            |leaf| {
+                f.push_with(leaf, |_, _, _| {});
+                Ok(())
+            },
+        )?;
+        if f.root() != root {
+            return Err(Error::TailDamaged {
+                dir: dir.to_path_buf(),
+                at: format!("seq {}", size.saturating_sub(1)),
+                why: "the Merkle root the last tree frame records is not the root of the log's entries".into(),
+            });
+        }
     }
     // No root to check a prefix against, or the prefix does not lead to it: from scratch.
     let mut w = TreeWriter::empty(dir)?;
@@ -77,6 +96,22 @@ fn catch_up(
 
 /// Push the leaves of the entries with seqs `from..to` that `reader` yields.
 fn extend(w: &mut TreeWriter, reader: LogReader, from: u64, to: u64) -> Result<()> {
+    leaves(reader, from, to, |leaf| {
+        w.push(leaf);
+        if w.frontier().size().is_multiple_of(65_536) {
+            w.flush()?;
+        }
+        Ok(())
+    })
+}
+
+/// The leaf hashes of the entries with seqs `from..to` that `reader` yields, in order.
+fn leaves(
+    reader: LogReader,
+    from: u64,
+    to: u64,
+    mut push: impl FnMut(TreeHash) -> Result<()>,
+) -> Result<()> {
     let mut next = from;
     for f in reader.frames() {
         if next >= to {
@@ -93,11 +128,8 @@ fn extend(w: &mut TreeWriter, reader: LogReader, from: u64, to: u64) -> Result<(
                     why: format!("the log skips from seq {next} to {seq}"),
                 });
             }
-            w.push(leaf_hash(&bytes));
+            push(leaf_hash(&bytes))?;
             next += 1;
-            if next.is_multiple_of(65_536) {
-                w.flush()?;
-            }
         }
     }
     if next != to {

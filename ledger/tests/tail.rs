@@ -137,7 +137,7 @@ fn a_crash_torn_tail_reopens_and_is_reported() {
     let write = {
         let copy = tmp.path().join("copy");
         fs::create_dir(&copy).unwrap();
-        for f in ["ledger.pub", "config.json", "writer.key"] {
+        for f in ["ledger.pub", "config.json", "writer.key", "log.key"] {
             fs::copy(dir.join(f), copy.join(f)).unwrap();
         }
         fs::create_dir(copy.join(LOG_DIR)).unwrap();

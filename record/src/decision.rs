@@ -769,6 +769,8 @@ impl Decision {
                     Kind::Refund,
                     Kind::Override,
                     Kind::Stop,
+                    Kind::Pause,
+                    Kind::Resume,
                 ],
             ),
         ];

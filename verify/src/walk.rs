@@ -488,7 +488,13 @@ pub fn verify(
                 }
                 Err(SourceError::SignedEnd(end)) => {
                     let (id, n) = (w.ledger_id, w.checkpoints_read);
-                    w.tree.signed_end(id, &end, n, &mut w.tree_out);
+                    // An entry already named as changed is in the tree: the root it
+                    // changes is that finding, not another.
+                    let altered = w
+                        .findings
+                        .iter()
+                        .any(|f| f.kind == FindingKind::EntryAltered);
+                    w.tree.signed_end(id, &end, n, altered, &mut w.tree_out);
                     w.drain_tree();
                 }
                 Err(SourceError::TreeFrame { size, root }) => {
