@@ -419,7 +419,9 @@ fn log_entries(dir: &Path) -> usize {
 /// A headless Chromium on the CDP driver (cli/tests/observe/cdp.py).
 struct Browser {
     child: Child,
-    input: ChildStdin,
+    /// Closed first on drop: the driver then kills Chromium itself (killing the driver
+    /// alone would leave Chromium running).
+    input: Option<ChildStdin>,
     output: BufReader<ChildStdout>,
 }
 
@@ -451,13 +453,13 @@ impl Browser {
         );
         Some(Browser {
             child,
-            input,
+            input: Some(input),
             output,
         })
     }
 
     fn send(&mut self, cmd: Value) -> Value {
-        writeln!(self.input, "{cmd}").expect("send");
+        writeln!(self.input.as_mut().expect("open"), "{cmd}").expect("send");
         let mut line = String::new();
         self.output.read_line(&mut line).expect("answer");
         let v: Value = serde_json::from_str(&line).expect("json answer");
@@ -489,8 +491,14 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        drop(self.input.take());
+        let started = Instant::now();
+        while matches!(self.child.try_wait(), Ok(None)) {
+            if started.elapsed() > Duration::from_secs(10) {
+                let _ = self.child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
