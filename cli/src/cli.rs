@@ -115,7 +115,8 @@ pub enum Command {
         #[arg(long)]
         note: Option<String>,
     },
-    /// Every run the gate holds: state, and used of limit.
+    /// Every run the gate holds, nearest to a limit first: state, nearest limit, used
+    /// of limit, its last refusal and the action it was told.
     Runs {
         /// The daemon's operator socket.
         #[arg(long)]
@@ -123,6 +124,17 @@ pub enum Command {
         /// JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Watch the gate live in the terminal: runs nearest to a limit first, their last
+    /// refusal and action, breakers, refusals, approvals waiting (q quits). Without a
+    /// terminal (a pipe, TERM=dumb) it prints one plain table and exits.
+    Top {
+        /// The daemon's operator socket.
+        #[arg(long)]
+        operator_socket: PathBuf,
+        /// Print the plain table once, even on a terminal.
+        #[arg(long)]
+        once: bool,
     },
     /// Pause a run: its next check, from any worker, is refused until it is resumed.
     Pause {
@@ -464,6 +476,20 @@ pub struct ServeArgs {
         requires = "witness_policy"
     )]
     pub witness_interval_ms: u64,
+    /// Also serve the operator's read-only view (`/metrics`, the live page at `/live`)
+    /// on this loopback TCP address (e.g. 127.0.0.1:9464, or a port alone for
+    /// 127.0.0.1). It is on the operator socket either way.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+    /// The log's format: `text`, or `json` (one object per line, and a line per
+    /// decision: run, tool, decision, reason, seq; never arguments).
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// Export a span per check (OpenTelemetry, GenAI conventions: `execute_tool`) to this
+    /// OTLP/HTTP collector, e.g. http://127.0.0.1:4318; the span's trace id (or the
+    /// agent's `traceparent`'s) is recorded on the decision.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// `tally witness ...`.

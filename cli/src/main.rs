@@ -20,6 +20,7 @@ mod reindex;
 mod serve;
 mod stats;
 mod stories;
+mod top;
 mod witness;
 
 use std::process::ExitCode;
@@ -149,7 +150,14 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Runs {
             operator_socket,
             json,
-        } => operator::runs(&operator_socket, json),
+        } => match json {
+            true => operator::runs(&operator_socket, json),
+            false => top::runs_text(&operator_socket),
+        },
+        Command::Top {
+            operator_socket,
+            once,
+        } => top::top(&operator_socket, once),
         Command::Pause {
             operator_socket,
             run,

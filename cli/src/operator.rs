@@ -44,7 +44,7 @@ pub fn duration_ms(text: &str) -> Result<u64> {
 
 /// The operator socket's client, connected: a daemon that is not there says how to
 /// start one.
-async fn gate(socket: &Path) -> Result<GateClient> {
+pub(crate) async fn gate(socket: &Path) -> Result<GateClient> {
     crate::gate::connect(socket, |s| {
         format!(
             "the operator socket {} (is `tally serve --operator-socket` running, as your user?)",
@@ -55,7 +55,7 @@ async fn gate(socket: &Path) -> Result<GateClient> {
 }
 
 /// A refusal as the operator reads it.
-fn refused(e: GateError) -> anyhow::Error {
+pub(crate) fn refused(e: GateError) -> anyhow::Error {
     match e {
         GateError::Refused {
             status,

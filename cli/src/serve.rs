@@ -53,7 +53,29 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         options.witness_interval =
             std::time::Duration::from_millis(args.witness_interval_ms.max(100));
     }
+    if let Some(addr) = &args.metrics_listen {
+        options.metrics_listen = Some(metrics_addr(addr)?);
+    }
+    options.log_format = match args.log_format.as_str() {
+        "json" => tally_daemon::LogFormat::Json,
+        _ => tally_daemon::LogFormat::Text,
+    };
+    options.otlp_endpoint = args.otlp_endpoint;
     Ok(options)
+}
+
+/// `--metrics-listen`: `ADDR:PORT` on loopback, or a port alone for 127.0.0.1.
+fn metrics_addr(text: &str) -> Result<std::net::SocketAddr> {
+    let addr = match text.parse::<u16>() {
+        Ok(port) => std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Err(_) => text.parse().with_context(|| {
+            format!("--metrics-listen: `{text}` is not ADDR:PORT (e.g. 127.0.0.1:9464) or a port")
+        })?,
+    };
+    if !addr.ip().is_loopback() {
+        bail!("--metrics-listen: {addr} is not loopback; the live page names every run, so it is served on loopback only (put a proxy with authentication in front to reach it from elsewhere)");
+    }
+    Ok(addr)
 }
 
 #[cfg(test)]
@@ -70,6 +92,32 @@ mod tests {
             panic!("not serve");
         };
         super::options(args)
+    }
+
+    #[test]
+    fn the_operators_view_flags() {
+        let d = parsed(&[]).expect("defaults");
+        assert!(d.metrics_listen.is_none() && d.otlp_endpoint.is_none());
+        assert_eq!(d.log_format, tally_daemon::LogFormat::Text);
+        let o = parsed(&[
+            "--metrics-listen",
+            "9464",
+            "--log-format",
+            "json",
+            "--otlp-endpoint",
+            "http://127.0.0.1:4318",
+        ])
+        .expect("flags");
+        assert_eq!(o.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(o.log_format, tally_daemon::LogFormat::Json);
+        assert_eq!(o.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+        let v6 = parsed(&["--metrics-listen", "[::1]:9464"]).expect("v6");
+        assert_eq!(v6.metrics_listen, Some("[::1]:9464".parse().unwrap()));
+        for bad in ["0.0.0.0:9464", "192.168.1.2:9464", "localhost:9464", "x"] {
+            let e = parsed(&["--metrics-listen", bad]).expect_err(bad);
+            assert!(e.to_string().contains("--metrics-listen"), "{e}");
+        }
+        assert!(parsed(&["--log-format", "yaml"]).is_err());
     }
 
     #[test]

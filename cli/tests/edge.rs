@@ -366,6 +366,7 @@ fn man_pages_and_completions_generate() {
         "keygen",
         "approve",
         "runs",
+        "top",
         "pause",
         "resume",
         "kill",

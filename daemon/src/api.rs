@@ -37,9 +37,11 @@ pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
                 Arc::clone(&app),
                 agent_rate,
             )),
-        Role::Operator => crate::tiles::log_routes(crate::gate_api::operator_routes(common))
-            .route("/v1/decisions", post(post_decisions))
-            .route("/v1/export", get(get_export)),
+        Role::Operator => crate::observe::page::routes(crate::tiles::log_routes(
+            crate::gate_api::operator_routes(common),
+        ))
+        .route("/v1/decisions", post(post_decisions))
+        .route("/v1/export", get(get_export)),
     };
     routes
         .layer(Extension(role))
@@ -67,6 +69,7 @@ async fn agent_rate(
             .copied()
             .unwrap_or(Peer::Unknown);
         if let Err(secs) = rate.take(peer, 1) {
+            app.observer.metrics.rate_limited();
             return rate_limited(secs).into_response();
         }
     }
@@ -158,6 +161,7 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
     match role {
         Role::Agent
             if matches!(path, "/v1/approvals" | "/v1/export")
+                || crate::observe::operators_view(path)
                 || (run_action && matches!(tail, "pause" | "resume" | "kill")) =>
         {
             let how = match tail {

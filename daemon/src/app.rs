@@ -28,6 +28,8 @@ pub(crate) struct App {
     pub state: Arc<LedgerState>,
     pub gate: Arc<dyn tally_gate::Gatekeeper>,
     /// The thread the gate's decisions are made on.
+    /// Metrics, the decision log and the live page's state.
+    pub observer: Arc<crate::observe::Observer>,
     pub stage: crate::stage::Stage,
     pub in_flight: Arc<Semaphore>,
     pub max_in_flight: usize,
@@ -70,12 +72,14 @@ impl App {
         state: Arc<LedgerState>,
         gate: Arc<dyn tally_gate::Gatekeeper>,
         limits: Limits,
+        observer: Arc<crate::observe::Observer>,
     ) -> std::io::Result<App> {
         let max_in_flight = limits.max_in_flight.max(1);
         Ok(App {
             ledger,
             state,
             gate,
+            observer,
             stage: crate::stage::Stage::start(limits.queue_bound)?,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,

@@ -59,6 +59,14 @@ pub enum DaemonError {
         /// The refused address.
         addr: std::net::SocketAddr,
     },
+    /// `--otlp-endpoint` could not be used; nothing was started.
+    #[error("--otlp-endpoint {endpoint}: {why}; give the collector's OTLP/HTTP address, e.g. http://127.0.0.1:4318")]
+    Otlp {
+        /// The endpoint given.
+        endpoint: String,
+        /// Why it cannot be used.
+        why: String,
+    },
     /// The directory a socket is to be created in does not exist (or is not a
     /// directory); nothing was started and nothing written.
     #[error("{dir}: the directory for the socket {socket} does not exist (or is not a directory); create it (e.g. `install -d -m 0750 {dir}`, or systemd's RuntimeDirectory=) or choose another socket path")]

@@ -203,18 +203,57 @@ async fn check(
     Extension(role): Extension<Role>,
     request: Request,
 ) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let (parts, b) = request.into_parts();
-    let req: CheckRequest = body(&app, &parts.headers, b).await?;
+    let mut req: CheckRequest = body(&app, &parts.headers, b).await?;
+    // The agent's trace, when it sent a valid `traceparent`, else the check's own span's
+    // (with an OTLP endpoint): recorded on the decision.
+    let parent = parts
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::observe::trace::parent);
+    let span = app
+        .observer
+        .tracer
+        .as_ref()
+        .map(|t| t.check(&req.tool, &req.run, parent.as_ref()));
+    req.trace_id = match &span {
+        Some(s) => Some(s.trace_id()),
+        None => parent.map(|p| p.trace_id),
+    };
+    let seen = crate::observe::Seen::of(&req);
+    let end = |answer: Option<&tally_gate::CheckAnswer>| {
+        if let Some(s) = span {
+            match answer {
+                Some(a) => s.end(
+                    crate::observe::verdict(a.decision),
+                    a.reason.map(|r| r.as_str()),
+                    a.seq,
+                ),
+                None => s.end("error", Some("gate_unavailable"), None),
+            }
+        }
+    };
     let gate = Arc::clone(&app.gate);
     match answered(&app.stage, move |done| {
         gate.check(caller(peer, role), req, done)
     })
     .await
     {
-        Ok(answer) => Ok(json(StatusCode::OK, &answer)),
+        Ok(answer) => {
+            app.observer.checked(&seen, &answer, started.elapsed());
+            end(Some(&answer));
+            Ok(json(StatusCode::OK, &answer))
+        }
         // The run is over: a decision-shaped answer, so a client needs one code path.
-        Err(GateError::Stopped(answer)) => Ok(json(StatusCode::OK, &answer)),
+        Err(GateError::Stopped(answer)) => {
+            app.observer.checked(&seen, &answer, started.elapsed());
+            end(Some(&answer));
+            Ok(json(StatusCode::OK, &answer))
+        }
         Err(GateError::Unavailable(why)) => {
+            end(None);
             log(&format!(
                 "tally serve: the gate cannot decide durably: {why}"
             ));
@@ -236,7 +275,10 @@ async fn check(
             });
             Ok(json(StatusCode::SERVICE_UNAVAILABLE, &reply))
         }
-        Err(e) => Err(gate_error(e)),
+        Err(e) => {
+            end(None);
+            Err(gate_error(e))
+        }
     }
 }
 
@@ -247,11 +289,24 @@ async fn outcome(
     request: Request,
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
+    let observer = Arc::clone(&app.observer);
     posted(
         &app,
         request,
         StatusCode::OK,
-        move |req: OutcomeRequest, done| gate.outcome(caller(peer, role), req, done),
+        move |req: OutcomeRequest, done| {
+            let (run, status, cents) = (req.run.clone(), req.status, req.settled_cents);
+            gate.outcome(
+                caller(peer, role),
+                req,
+                Box::new(move |r: Result<tally_gate::Logged, GateError>| {
+                    if let Ok(l) = &r {
+                        observer.outcome(&run, status, cents, l.seq);
+                    }
+                    done(r)
+                }),
+            )
+        },
     )
     .await
 }
@@ -333,8 +388,20 @@ async fn approve(
     request: Request,
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
+    let observer = Arc::clone(&app.observer);
     posted(&app, request, StatusCode::OK, move |a: Approval, done| {
-        gate.approve(caller(peer, Role::Operator), a, done)
+        let run = a.run.clone();
+        gate.approve(
+            caller(peer, Role::Operator),
+            a,
+            Box::new(move |r| {
+                if r.is_ok() {
+                    observer.live.approved(&run);
+                    observer.bump();
+                }
+                done(r)
+            }),
+        )
     })
     .await
 }

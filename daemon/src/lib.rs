@@ -36,6 +36,7 @@ pub mod error;
 pub mod fuzzing;
 mod gate_api;
 mod limit;
+mod observe;
 mod parse;
 mod peers;
 mod server;
@@ -55,6 +56,7 @@ use tally_ledger::clock::{Clock, SystemClock};
 use tally_ledger::Ledger;
 
 pub use error::DaemonError;
+pub use observe::LogFormat;
 /// Builds the gate over the open ledger and the policy: how a caller (the CLI) gives the
 /// daemon a gate whose state lives elsewhere, such as a fleet's PostgreSQL database. The
 /// daemon links no backend of its own but the ledger's embedded store.
@@ -152,6 +154,13 @@ pub struct ServeOptions {
     /// system's clock; tests pass a `ManualClock` to drive deadlines, breakers, back-off
     /// and buckets without sleeping).
     pub clock: Arc<dyn Clock>,
+    /// Also serve the read-only operator's view (`/metrics`, the live page) on this TCP
+    /// address; it must be loopback (the page names every run).
+    pub metrics_listen: Option<SocketAddr>,
+    /// How the log is written (default text; JSON adds a line per decision).
+    pub log_format: LogFormat,
+    /// Export a span per check to this OTLP/HTTP endpoint (`http://host:4318`).
+    pub otlp_endpoint: Option<String>,
 }
 
 impl ServeOptions {
@@ -177,6 +186,9 @@ impl ServeOptions {
             witness_policy: None,
             witness_interval: Duration::from_secs(1),
             clock: Arc::new(SystemClock),
+            metrics_listen: None,
+            log_format: LogFormat::Text,
+            otlp_endpoint: None,
         }
     }
 }
@@ -190,6 +202,7 @@ impl ServeOptions {
 /// the caller to print (once), and nothing else is logged for it. No line holds a key,
 /// a decision or a call's arguments.
 pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
+    observe::set_log_format(options.log_format);
     check_ledger_dir(&options.ledger)?;
     // Before the ledger is opened: a bad socket path changes nothing.
     server::check_socket_dir(&options.socket)?;
@@ -238,10 +251,9 @@ pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
     result
 }
 
-/// One line to stderr.
+/// One line to stderr (a JSON object under `--log-format json`).
 fn log(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
+    observe::log_line("info", line);
 }
 
 /// Refuse a ledger directory that other users can enter: agents must reach only the
@@ -291,7 +303,26 @@ async fn serve_inner(
         server::check_socket_dir(op)?;
     }
     let tcp = server::bind_tcp(options.listen).await?;
+    let metrics_tcp = server::bind_tcp(options.metrics_listen).await?;
+    let tracer = match &options.otlp_endpoint {
+        Some(url) => Some(
+            observe::trace::Exporter::new(url).map_err(|why| DaemonError::Otlp {
+                endpoint: url.clone(),
+                why,
+            })?,
+        ),
+        None => None,
+    };
     let gate = open_gate(&ledger, &options)?;
+    let observer = Arc::new(observe::Observer::new(
+        gate.policy().policy.named_tools(),
+        options.log_format,
+        tracer,
+    ));
+    {
+        let o = Arc::clone(&observer);
+        ledger.on_sync(Box::new(move |took| o.metrics.synced(took.as_secs_f64())));
+    }
     let socket = server::Socket::bind(&options.socket, options.socket_mode, options.socket_gid)?;
     let operator = match &options.operator_socket {
         Some(path) => Some(server::Socket::bind(path, 0o600, None)?),
@@ -315,6 +346,7 @@ async fn serve_inner(
                 read_timeout: options.read_timeout,
                 queue_bound: options.state.as_ref().map(|s| s.timeout),
             },
+            observer,
         )
         .map_err(DaemonError::Runtime)?,
     );
@@ -330,6 +362,19 @@ async fn serve_inner(
             policy,
         );
         tokio::spawn(p.run(options.witness_interval, stopped))
+    });
+    // The read-only view on loopback TCP, stopped with the rest.
+    let (stop_view, view_stopped) = tokio::sync::watch::channel(false);
+    let view = metrics_tcp.map(|listener| {
+        let router = observe::page::listener_router(Arc::clone(&app));
+        let mut stopped = view_stopped;
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await;
+        })
     });
     let router = api::router(Arc::clone(&app), api::Role::Agent);
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
@@ -347,12 +392,19 @@ async fn serve_inner(
         shutdown,
     )
     .await;
+    // The live page's event streams end (they would never finish on their own).
+    let _ = app.observer.closing.send(true);
     // Stop accepting: new clients now fail to connect instead of queueing.
     socket.close();
     if let Some(op) = operator {
         op.close();
     }
     drop(tcp);
+    let _ = stop_view.send(true);
+    if let Some(v) = view {
+        // Its event streams end with it; a stream still open is cut after a second.
+        let _ = tokio::time::timeout(Duration::from_secs(1), v).await;
+    }
     // Each open connection finishes the request it is in; idle ones close now.
     graceful.shutdown().await;
     while connections.join_next().await.is_some() {}
@@ -367,6 +419,15 @@ async fn serve_inner(
         let _ = stop_push.send(true);
         let _ = p.await;
     }
+    // The spans still batched are sent (the exporter's own thread; bounded by its
+    // timeout).
+    let flushed = Arc::clone(&app.observer);
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(t) = &flushed.tracer {
+            t.shutdown();
+        }
+    })
+    .await;
     let gate_failure = app.gate.failure();
     drop((drained, exports, app));
     match state.failure().or(gate_failure) {

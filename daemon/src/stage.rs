@@ -10,8 +10,7 @@ use crate::error::ApiError;
 /// A line for the operator's log. A log that cannot be written (a full disk) must not
 /// take the answer down with it: the agent still gets its typed refusal.
 pub(crate) fn log(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
+    crate::observe::log_line("error", line);
 }
 
 /// The typed error an agent gets for a gate error.

@@ -289,17 +289,20 @@ fn main() {
     // Round trips of one check and of one outcome, on a warm connection.
     let ledger = common::ledger(dirs[3].path().join("rt").as_path());
     let backend = Postgres::open(Arc::clone(&ledger), &Options::new(&cluster.url())).expect("pg");
-    let trips = backend.round_trips();
     let gate = Gate::with_backend(ledger, backend, policy).expect("gate");
+    let trips = || {
+        gate.backend_round_trips()
+            .expect("a networked backend counts")
+    };
     start(&gate, "rt");
     one_call(&gate, "rt", 0);
-    let before = trips.load(Ordering::Relaxed);
+    let before = trips();
     let req: CheckRequest = serde_json::from_value(json!({
         "run": "rt", "tool": "tool1", "operation": "x", "effect": "read", "reserve_cents": 1
     }))
     .expect("check");
     let a = gate.check_blocking(OPERATOR, req).expect("check");
-    let after_check = trips.load(Ordering::Relaxed);
+    let after_check = trips();
     let req = OutcomeRequest {
         run: "rt".into(),
         attempt: a.attempt.expect("attempt"),
@@ -312,7 +315,7 @@ fn main() {
         worker: None,
     };
     gate.outcome_blocking(OPERATOR, req).expect("outcome");
-    let after_outcome = trips.load(Ordering::Relaxed);
+    let after_outcome = trips();
     println!(
         "round trips to PostgreSQL: {} per check, {} per outcome",
         after_check - before,

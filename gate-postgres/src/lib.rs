@@ -210,12 +210,6 @@ impl Postgres {
         &self.target
     }
 
-    /// Round trips to the database so far (connecting and preparing count one each),
-    /// as a counter that stays readable once the backend is moved into its gate.
-    pub fn round_trips(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.round_trips)
-    }
-
     fn unavailable(&self, what: &str, why: &str) -> GateError {
         GateError::Unavailable(format!(
             "PostgreSQL at {} failed {what}: {why}; the gate refuses until the database answers (retry)",
@@ -269,6 +263,7 @@ impl Postgres {
                 owner_count: p("SELECT count(*) FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1")?,
                 owner_runs: p("SELECT name, state FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1 ORDER BY name")?,
                 tool_lock: p("SELECT state, in_flight FROM tally_tools WHERE name = $1 FOR UPDATE")?,
+                breakers: p("SELECT name, state FROM tally_tools ORDER BY name")?,
                 tool_insert: p("INSERT INTO tally_tools (name, state, in_flight, version) VALUES ($1, $2, $3, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state, in_flight")?,
                 credential_lock: p("SELECT state FROM tally_credentials WHERE name = $1 FOR UPDATE")?,
                 credential_insert: p("INSERT INTO tally_credentials (name, state, version) VALUES ($1, $2, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state")?,
@@ -403,6 +398,11 @@ impl StateBackend for Postgres {
 
     fn networked(&self) -> bool {
         true
+    }
+
+    /// Round trips to the database so far (connecting and preparing count one each).
+    fn round_trips(&self) -> Option<u64> {
+        Some(self.round_trips.load(Ordering::Relaxed))
     }
 
     fn begin(&self) -> Result<PostgresTxn<'_>, GateError> {

@@ -85,6 +85,7 @@ pub(crate) struct Statements {
     pub(crate) owner_runs: Statement,
     pub(crate) tool_lock: Statement,
     pub(crate) tool_insert: Statement,
+    pub(crate) breakers: Statement,
     pub(crate) credential_lock: Statement,
     pub(crate) credential_insert: Statement,
     pub(crate) write: Statement,

@@ -125,6 +125,16 @@ impl StateTxn for PostgresTxn<'_> {
         Ok(children.into_iter().collect())
     }
 
+    fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
+        let rows = self.rows("to list the tools", |s| &s.breakers, &[])?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let tool: ToolState = decode("a tool", row.get::<_, &[u8]>(1))?;
+            out.push((row.get::<_, String>(0), tool.breaker));
+        }
+        Ok(out)
+    }
+
     fn ensure_tool(&mut self, tool: &str, _now_ms: u64, _policy: &Policy) -> Result<(), GateError> {
         if self.tools.contains_key(tool) {
             return Ok(());

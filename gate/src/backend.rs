@@ -56,6 +56,11 @@ pub trait StateBackend: Send + Sync {
     /// Begin a transaction.
     fn begin(&self) -> Result<Self::Txn<'_>, GateError>;
 
+    /// Round trips to a networked backend so far (None where there is no network).
+    fn round_trips(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether a transaction waits on the network (round trips to a database): its
     /// caller must then be a thread that may block, not an async worker.
     fn networked(&self) -> bool {
@@ -92,6 +97,8 @@ pub trait StateTxn {
     fn runs(&mut self) -> Result<Vec<&RunState>, GateError>;
     /// The open runs whose parent is `run`, by name (a kill stops them with it).
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError>;
+    /// Every tool's breaker, as stored, by name (read only).
+    fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError>;
     /// Read (or create) a tool's state.
     fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError>;
     /// Read (or create) a credential's state.
@@ -241,6 +248,10 @@ impl StateTxn for EmbeddedTxn<'_> {
             .collect();
         children.sort();
         Ok(children)
+    }
+
+    fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
+        Ok(self.t.breakers())
     }
 
     fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError> {

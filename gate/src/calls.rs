@@ -14,6 +14,10 @@ impl<B: StateBackend> Gate<B> {
     pub fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>) {
         // Hashing the arguments needs no state: done before the lock.
         let args_digest = req.args.as_ref().map(tally_ledger::decision::Args::digest);
+        let trace_id = req
+            .trace_id
+            .clone()
+            .filter(|t| tally_ledger::decision::is_trace_id(t));
         let result = (|| {
             let mut t = self.begin()?;
             let policy = &self.policy.policy;
@@ -90,6 +94,7 @@ impl<B: StateBackend> Gate<B> {
                 };
                 decide(policy, &self.policy.digest, t.view(&scopes), &call, now)
             };
+            decided.record.trace_id = trace_id;
             encodable(&mut decided.record)?;
             let writes = {
                 let scopes = Scopes {

@@ -91,6 +91,10 @@ pub trait Gatekeeper: Send + Sync {
     fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError>;
     /// [`Gate::governs`].
     fn governs(&self, run: &str) -> Result<bool, GateError>;
+    /// [`Gate::breakers`].
+    fn breakers(&self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError>;
+    /// Round trips to a networked state backend so far (None for the embedded store).
+    fn round_trips(&self) -> Option<u64>;
     /// [`Gate::failure`].
     fn failure(&self) -> Option<String>;
     /// [`Gate::policy`].
@@ -126,6 +130,12 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn governs(&self, run: &str) -> Result<bool, GateError> {
         Gate::governs(self, run)
+    }
+    fn breakers(&self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
+        Gate::breakers(self)
+    }
+    fn round_trips(&self) -> Option<u64> {
+        self.backend_round_trips()
     }
     fn failure(&self) -> Option<String> {
         Gate::failure(self)

@@ -208,6 +208,11 @@ impl<B: StateBackend> Gate<B> {
         &self.ledger
     }
 
+    /// Round trips to a networked state backend so far (None for the embedded store).
+    pub fn backend_round_trips(&self) -> Option<u64> {
+        self.backend.round_trips()
+    }
+
     /// Why the gate refuses everything, if it does.
     pub fn failure(&self) -> Option<String> {
         self.failure
@@ -413,7 +418,7 @@ fn standing(run: &RunState, now: Now) -> Standing {
         stop_reason: run.stop,
         goal: run.goal.clone(),
         budget: run.budget.clone(),
-        limits: tally_policy::apply::standing(run, now),
+        limits: tally_policy::limits_now(run, now),
         held_cents: run.held_cents,
         settled_cents: run.settled_cents,
         calls_allowed: run.last_attempt,

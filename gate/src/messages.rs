@@ -93,6 +93,11 @@ pub struct CheckRequest {
     /// The call's own time limit, ms.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// The trace the check belongs to (a W3C trace-id), recorded on the decision. Never
+    /// read from the body: the daemon takes it from the span it makes for the check (or
+    /// the agent's valid `traceparent` header); an invalid one is dropped, never an error.
+    #[serde(skip)]
+    pub trace_id: Option<String>,
 }
 
 /// `POST /v1/outcome`: what an allowed call did.

@@ -426,6 +426,19 @@ impl<B: StateBackend> Gate<B> {
             .collect())
     }
 
+    /// Every downstream tool the gate holds state for, with its breaker as it stands now
+    /// (time-based transitions taken: an open breaker past its expiry is half-open), by
+    /// name. Read only.
+    pub fn breakers(&self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
+        let mut t = self.begin()?;
+        let now = self.time.now_ms();
+        let open_ms = self.policy.policy.breaker.open_ms;
+        Ok(t.breakers()?
+            .into_iter()
+            .map(|(tool, b)| (tool, b.at(now, open_ms)))
+            .collect())
+    }
+
     /// Whether the gate governs `run` (it started through the gate): raw appends for it
     /// are refused.
     pub fn governs(&self, run: &str) -> Result<bool, GateError> {

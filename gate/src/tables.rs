@@ -203,6 +203,13 @@ impl Tables {
         }
     }
 
+    pub fn breakers(&self) -> Vec<(String, tally_policy::Breaker)> {
+        self.tools
+            .iter()
+            .map(|(name, t)| (name.clone(), t.breaker.clone()))
+            .collect()
+    }
+
     pub fn ensure_tool(
         &mut self,
         tool: &str,

@@ -37,6 +37,7 @@ use crate::tlog::merkle::TreeHash;
 use crate::tlog::LogKey;
 
 use self::group::{Pending, Reply};
+pub use self::pipeline::SyncObserver;
 use self::pipeline::{lock, Shared};
 use self::writer::{state_bound, STATE_CHECK_LEN};
 
@@ -382,6 +383,13 @@ impl Ledger {
     pub fn rotate(&self) -> Result<Checkpoint> {
         self.submit(Vec::new(), true)?;
         Ok(self.checkpoint())
+    }
+
+    /// Tell `observer` how long each flush and fsync of the log takes (a group commit's
+    /// durability), from now on. Only the first observer set is kept; it runs on the
+    /// thread that syncs, so it must be quick (a histogram's observe).
+    pub fn on_sync(&self, observer: SyncObserver) {
+        let _ = self.shared.on_sync.set(observer);
     }
 
     /// The latest signed checkpoint whose entries are durable.

@@ -39,4 +39,4 @@ pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
 pub use error::{ArgsError, CryptoError, DecisionError, Error, FormatError, Result};
 pub use format::{Checkpoint, Entry, EntryType, Frame, Hash, Header, LedgerId};
 pub use keys::{AuditorKey, LedgerPublic};
-pub use ledger::{Ledger, Receipt, Rotation};
+pub use ledger::{Ledger, Receipt, Rotation, SyncObserver};

@@ -447,3 +447,55 @@ fn issue_11_one_value_one_digest() {
         Err(DecisionError::Args(ArgsError::ExponentOutOfRange { .. }))
     ));
 }
+
+/// Issue 23: a decision's trace id is a W3C trace-id, strictly, and only on checks.
+#[test]
+fn issue_23_trace_ids_are_strict() {
+    let with = |kind: &str, id: &str| {
+        let extra = if kind == "deny" {
+            r#","reason":"loop_repeated_call""#
+        } else {
+            ""
+        };
+        Decision::from_json(&format!(
+            r#"{{"run":"r","kind":"{kind}","tool":"t","trace_id":"{id}"{extra}}}"#
+        ))
+        .and_then(|d| d.validate().map(|()| d))
+    };
+    let good = "4bf92f3577b34da6a3ce929d0e0e4736";
+    for kind in ["allow", "deny"] {
+        assert_eq!(with(kind, good).unwrap().trace_id.as_deref(), Some(good));
+    }
+    for bad in [
+        "4BF92F3577B34DA6A3CE929D0E0E4736",
+        "4bf92f3577b34da6a3ce929d0e0e473",
+        "4bf92f3577b34da6a3ce929d0e0e47360",
+        "00000000000000000000000000000000",
+        "4bf92f3577b34da6a3ce929d0e0e473g",
+        "4bf92f35-7b34da6a3ce929d0e0e4736",
+        "",
+    ] {
+        assert!(
+            matches!(
+                with("allow", bad),
+                Err(DecisionError::Invalid {
+                    field: "trace_id",
+                    ..
+                })
+            ),
+            "{bad:?}"
+        );
+    }
+    // Not on a start, an outcome or a stop.
+    let start = Decision::from_json(&format!(
+        r#"{{"run":"r","kind":"start","trace_id":"{good}"}}"#
+    ))
+    .unwrap();
+    assert!(matches!(
+        start.validate(),
+        Err(DecisionError::NotAllowed {
+            field: "trace_id",
+            ..
+        })
+    ));
+}

@@ -388,3 +388,49 @@ fn tlog_vectors_match_docs() {
         );
     }
 }
+
+/// docs/FORMAT.md, "Trace ids": each decision as sent, and its stored bytes once the
+/// ledger has linked it to the run's start at seq 1 (`prev_seq` stays the last field).
+#[test]
+fn trace_id_vectors_match_docs() {
+    let doc = include_str!("../../docs/FORMAT.md");
+    let table = doc
+        .split_once(
+            "| decision as sent | stored (canonical, as the ledger writes it) |\n|---|---|\n",
+        )
+        .expect("the trace id table")
+        .1;
+    let rows: Vec<[String; 2]> = table
+        .lines()
+        .take_while(|l| l.starts_with('|'))
+        .map(|row| {
+            let cells: Vec<String> = row
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().trim_matches('`').to_string())
+                .collect();
+            [cells[0].clone(), cells[1].clone()]
+        })
+        .collect();
+    assert!(!rows.is_empty());
+    for [sent, stored] in &rows {
+        let dir = tempfile::tempdir().unwrap();
+        let (l, auditor) = crate::store::new_ledger(&dir.path().join("l"), Default::default());
+        l.append(Decision::from_json(r#"{"run":"r1","kind":"start"}"#).unwrap())
+            .unwrap();
+        l.append(Decision::from_json(sent).unwrap()).unwrap();
+        let back = crate::store::read_back(&l, &auditor);
+        let last = back.last().unwrap();
+        assert_eq!(
+            String::from_utf8(last.to_canonical_json()).unwrap(),
+            *stored
+        );
+        assert_eq!(
+            Decision::from_stored(stored.as_bytes())
+                .unwrap()
+                .trace_id
+                .as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+    }
+}

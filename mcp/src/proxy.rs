@@ -509,6 +509,7 @@ async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         remote_ref: None,
         credential: shared.options.credential.clone(),
         timeout_ms: None,
+        trace_id: None,
     };
     let answer = shared.gate.check(request).await;
     if let Ok(a) = &answer {

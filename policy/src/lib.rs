@@ -10,6 +10,7 @@
 //!   mutates. The gate refuses what it finds; replay and the reports only describe it.
 //! * [`apply`]: the only fold; returns what [`judge`] found.
 //! * [`start`]: what a run is granted, and whether it may start.
+//! * [`headroom`]: how close a run is to each limit, and the order runs are shown in.
 //! * [`loop_rule`], [`retry_rule`], [`poll_rule`]: what repetition is, for the gate and
 //!   for `tally loops`.
 //!
@@ -30,6 +31,7 @@ pub mod call;
 pub mod config;
 pub mod decide;
 pub mod error;
+pub mod headroom;
 pub mod inconsistency;
 pub mod judge;
 pub mod rules;
@@ -40,6 +42,7 @@ pub use apply::{apply, breaker_outcome, count_unrecorded, ViewMut};
 pub use config::{Policy, Recorded};
 pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};
+pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
 pub use rules::{loop_rule, poll_rule, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};

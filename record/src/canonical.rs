@@ -207,6 +207,7 @@ impl<'a> Reader<'a> {
         opt!(continues, self.string()?);
         opt!(state_version, self.u64()?);
         opt!(result_digest, self.string()?);
+        opt!(trace_id, self.string()?);
         opt!(prev_seq, self.u64()?);
         self.eat(b"}").then_some(d)
     }
@@ -472,6 +473,7 @@ mod tests {
             o(num()),
             o(text()),
             o(num()),
+            o(text()),
         )
             .boxed();
         (a, b, c, e, o(limits), g)
@@ -521,6 +523,7 @@ mod tests {
                 state_version: g.8,
                 result_digest: g.9,
                 prev_seq: g.10,
+                trace_id: g.11,
             })
             .boxed()
     }

@@ -278,6 +278,14 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub result_digest: Option<String>,
+    /// The OpenTelemetry trace the decision belongs to (allow, deny): 32 lowercase hex
+    /// characters, not all zero (a W3C trace-id). The gate writes the trace id of the
+    /// span it made for the check, or of the `traceparent` the agent sent, so an auditor
+    /// can join the ledger to the traces (docs/OPERATOR.md). Declared before `prev_seq`,
+    /// which the ledger splices in as the last field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub trace_id: Option<String>,
     /// The seq of the previous decision of the same run in this ledger, if there is one
     /// (every kind but `policy`, which belongs to no run). Written by the ledger alone,
     /// when it assigns seqs: it links a run's decisions to each other, so a proof of a
@@ -428,6 +436,13 @@ fn reject_struct_arrays(text: &str) -> Result<(), DecisionError> {
         _ => {}
     }
     Ok(())
+}
+
+/// A W3C Trace Context trace-id: 32 lowercase hex characters, not all zero.
+pub fn is_trace_id(s: &str) -> bool {
+    s.len() == 32
+        && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && s.bytes().any(|b| b != b'0')
 }
 
 fn is_digest_hex(s: &str) -> bool {

@@ -36,6 +36,7 @@ use tokio::sync::{mpsc, Mutex};
 const USAGE: &str = "usage:
   tally-load init  --ledger DIR
   tally-load serve --ledger DIR --socket PATH [--operator-socket PATH] [--policy FILE] [--listen ADDR] [--max-in-flight N]
+                   [--metrics-listen ADDR] [--otlp-endpoint URL]
   tally-load bench (--socket PATH | --tcp ADDR) [--clients N] [--batch N] [--seconds S]
                    [--check | --pairs]   # a call through the gate (check + outcome), or the same two decisions appended
                    [--offered DECISIONS_PER_SEC [--even]] [--json]";
@@ -128,6 +129,8 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
         "batch",
         "seconds",
         "offered",
+        "metrics-listen",
+        "otlp-endpoint",
     ];
     let mut args = Args::parse(argv, &known, &["json", "even", "check", "pairs"])?;
     match command.as_str() {
@@ -159,6 +162,9 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
                     .map_err(|e| format!("--policy {}: {e}", path.display()))?;
             }
             options.max_in_flight = args.value("max-in-flight")?.unwrap_or(256);
+            // The operator's view, for its cost (docs/PERFORMANCE.md).
+            options.metrics_listen = args.value("metrics-listen")?;
+            options.otlp_endpoint = args.value("otlp-endpoint")?;
             args.done()?;
             Ok(match tally_daemon::run(options) {
                 Ok(()) => ExitCode::SUCCESS,

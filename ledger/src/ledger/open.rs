@@ -369,6 +369,7 @@ impl Ledger {
             to_commit: Condvar::new(),
             to_sync: Condvar::new(),
             writer: Mutex::new(writer),
+            on_sync: std::sync::OnceLock::new(),
         });
         let mut ledger = Ledger {
             dir: dir.to_path_buf(),

@@ -57,7 +57,12 @@ pub(super) struct Shared {
     /// Signalled when a group is written.
     pub(super) to_sync: Condvar,
     pub(super) writer: Mutex<Writer>,
+    /// Told how long each flush and fsync took ([`super::Ledger::on_sync`]).
+    pub(super) on_sync: std::sync::OnceLock<SyncObserver>,
 }
+
+/// Told how long each flush and fsync of the log took.
+pub type SyncObserver = Box<dyn Fn(std::time::Duration) + Send + Sync>;
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic in a commit stage poisons the ledger (see `RoleGuard`), so a guard recovered
@@ -236,7 +241,12 @@ impl Shared {
             queue.flushing = false;
             self.wake_committer(&queue);
         }
+        // A measurement for the operator (the fsync histogram), not a time any rule reads.
+        let began = std::time::Instant::now();
         let synced = flushed.and_then(|()| self.log.sync());
+        if let Some(tell) = self.on_sync.get() {
+            tell(began.elapsed());
+        }
         // The replies go out without the queue's lock (they may read the ledger), but
         // still holding the sync role, so the next sync's replies cannot overtake them.
         let mut queue = lock(&self.queue);

@@ -79,7 +79,7 @@ impl Decision {
                 });
             }
         }
-        let present: [(&'static str, bool, &[Kind]); 42] = [
+        let present: [(&'static str, bool, &[Kind]); 43] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -168,6 +168,11 @@ impl Decision {
                 &[Kind::Outcome],
             ),
             (
+                "trace_id",
+                self.trace_id.is_some(),
+                &[Kind::Allow, Kind::Deny],
+            ),
+            (
                 "prev_seq",
                 self.prev_seq.is_some(),
                 &[
@@ -234,6 +239,14 @@ impl Decision {
                         why: "must be 64 lowercase hex characters (a BLAKE3 digest)",
                     });
                 }
+            }
+        }
+        if let Some(t) = &self.trace_id {
+            if !super::is_trace_id(t) {
+                return Err(DecisionError::Invalid {
+                    field: "trace_id",
+                    why: "must be 32 lowercase hex characters, not all zero (a W3C trace-id)",
+                });
             }
         }
         if let Some(sig) = &self.signature {

@@ -1,0 +1,277 @@
+//! `tally top`: the live page in a terminal (ratatui), and the plain table `tally runs`
+//! and a `tally top` without a terminal (a pipe, `TERM=dumb`) print once. Both read the
+//! daemon's snapshot (`GET /v1/live` on the operator socket): the daemon orders the runs
+//! by the policy core's closeness rule; nothing here counts a budget.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::Value;
+use tally_api::client::Method;
+use tally_verify::text::shown;
+
+use crate::operator::{gate, refused};
+use crate::output::{out, outln};
+use crate::Exit;
+
+/// One page of the daemon's snapshot.
+pub(crate) async fn snapshot(socket: &Path, page: usize) -> Result<Value> {
+    gate(socket)
+        .await?
+        .request(Method::GET, &format!("/v1/live?page={page}"), None)
+        .await
+        .map_err(refused)
+}
+
+/// Every run, nearest to a limit first (all pages).
+pub(crate) async fn all_runs(socket: &Path) -> Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for page in 0.. {
+        let snap = snapshot(socket, page).await?;
+        let runs = snap["runs"].as_array().cloned().unwrap_or_default();
+        let total = snap["total_runs"].as_u64().unwrap_or(0) as usize;
+        let empty = runs.is_empty();
+        out.extend(runs);
+        if empty || out.len() >= total {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// `used/limit` of a dimension in a run's sparkline or its nearest limit.
+fn used(r: &Value, dim: &str) -> String {
+    let each = r["closeness"]["each"].as_array();
+    if let Some(h) = each.and_then(|e| e.iter().find(|h| h["dimension"] == dim)) {
+        return format!("{}/{}", h["used"], h["limit"]);
+    }
+    "-".into()
+}
+
+/// A run's nearest limit: `attempts 90%`.
+fn nearest(r: &Value) -> String {
+    match r["closeness"]["nearest"].as_str() {
+        Some(d) => format!(
+            "{d} {}%",
+            r["closeness"]["permille"].as_u64().unwrap_or(0) / 10
+        ),
+        None => "no limit".into(),
+    }
+}
+
+/// A run's last refusal and its action.
+fn refusal(r: &Value) -> (String, String) {
+    let l = &r["last_refusal"];
+    match l["reason"].as_str() {
+        Some(reason) => (
+            reason.to_owned(),
+            l["action"].as_str().unwrap_or("-").to_owned(),
+        ),
+        None => ("-".into(), "-".into()),
+    }
+}
+
+/// The row of cells a run is shown as (every agent-chosen string escaped).
+fn cells(r: &Value) -> [String; 8] {
+    let (reason, action) = refusal(r);
+    let state = match r["stop_reason"].as_str() {
+        Some(s) => format!("{} ({s})", r["state"].as_str().unwrap_or("?")),
+        None => r["state"].as_str().unwrap_or("?").to_owned(),
+    };
+    [
+        shown(r["run"].as_str().unwrap_or("?")).into_owned(),
+        state,
+        nearest(r),
+        used(r, "attempts"),
+        used(r, "spend_cents"),
+        format!("{}¢", r["held_cents"]),
+        reason,
+        action,
+    ]
+}
+
+const HEADERS: [&str; 8] = [
+    "RUN",
+    "STATE",
+    "NEAREST",
+    "ATTEMPTS",
+    "SPEND¢",
+    "HELD",
+    "LAST REFUSAL",
+    "ACTION",
+];
+
+/// A plain table of `runs`, columns padded to their widest cell.
+pub(crate) fn table(runs: &[Value]) -> String {
+    let rows: Vec<[String; 8]> = runs.iter().map(cells).collect();
+    let mut width = HEADERS.map(|h| h.chars().count());
+    for row in &rows {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(width).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        s.trim_end().to_owned()
+    };
+    let mut out = line(&HEADERS.map(String::from));
+    out.push('\n');
+    for row in &rows {
+        out.push_str(&line(row));
+        out.push('\n');
+    }
+    out
+}
+
+/// `tally runs` in text: every run, nearest to a limit first, with its last refusal.
+pub fn runs_text(socket: &Path) -> Result<Exit> {
+    let runs = block_on(all_runs(socket))?;
+    if runs.is_empty() {
+        outln!("no runs");
+    } else {
+        out!("{}", table(&runs));
+    }
+    Ok(Exit::Success)
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
+}
+
+/// Whether to draw: a terminal that is not `dumb` on stdout.
+fn interactive() -> bool {
+    std::io::stdout().is_terminal()
+        && std::env::var("TERM").is_ok_and(|t| !t.is_empty() && t != "dumb")
+}
+
+/// `tally top`.
+pub fn top(socket: &Path, once: bool) -> Result<Exit> {
+    if once || !interactive() {
+        let snap = block_on(snapshot(socket, 0))?;
+        let runs = snap["runs"].as_array().cloned().unwrap_or_default();
+        out!("{}", summary(&snap));
+        out!("{}", table(&runs));
+        return Ok(Exit::Success);
+    }
+    tui::run(socket)
+}
+
+/// The line above the table: runs, breakers, refusals in the last minutes, approvals.
+fn summary(snap: &Value) -> String {
+    let breakers: Vec<String> = snap["breakers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| {
+            format!(
+                "{} {}",
+                shown(b["tool"].as_str().unwrap_or("?")),
+                b["state"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    let refusals: u64 = snap["refusals"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["count"].as_u64())
+        .sum();
+    format!(
+        "{} open of {} runs; breakers not closed: {}; refusals in the last 15 min: {refusals}; waiting for approval: {}\n",
+        snap["open_runs"],
+        snap["total_runs"],
+        if breakers.is_empty() { "none".into() } else { breakers.join(", ") },
+        snap["pending"].as_array().map_or(0, Vec::len),
+    )
+}
+
+mod tui {
+    use super::*;
+    use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
+    use ratatui::layout::{Constraint, Layout};
+    use ratatui::style::{Modifier, Style};
+    use ratatui::widgets::{Block, Paragraph, Row, Table};
+
+    pub fn run(socket: &Path) -> Result<Exit> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let mut terminal = ratatui::init();
+        let result = (|| -> Result<()> {
+            let mut page = 0usize;
+            loop {
+                let snap = rt.block_on(snapshot(socket, page));
+                terminal.draw(|f| draw(f, &snap, page))?;
+                if event::poll(Duration::from_millis(500))? {
+                    if let Event::Key(k) = event::read()? {
+                        if k.kind != KeyEventKind::Press {
+                            continue;
+                        }
+                        match k.code {
+                            KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                            KeyCode::Char('n') | KeyCode::PageDown => page += 1,
+                            KeyCode::Char('p') | KeyCode::PageUp => page = page.saturating_sub(1),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        })();
+        ratatui::restore();
+        result.map(|()| Exit::Success)
+    }
+
+    fn draw(f: &mut ratatui::Frame, snap: &Result<Value>, page: usize) {
+        let [head, body] =
+            Layout::vertical([Constraint::Length(3), Constraint::Min(3)]).areas(f.area());
+        let snap = match snap {
+            Ok(s) => s,
+            Err(e) => {
+                f.render_widget(
+                    Paragraph::new(format!("tally top: {e:#}"))
+                        .block(Block::bordered().title("tally top")),
+                    f.area(),
+                );
+                return;
+            }
+        };
+        f.render_widget(
+            Paragraph::new(summary(snap).trim_end().to_owned()).block(
+                Block::bordered().title(format!("tally top: page {} (n/p, q quits)", page + 1)),
+            ),
+            head,
+        );
+        let runs = snap["runs"].as_array().cloned().unwrap_or_default();
+        let rows: Vec<Row> = runs.iter().map(|r| Row::new(cells(r).to_vec())).collect();
+        let widths = [
+            Constraint::Fill(3),
+            Constraint::Length(10),
+            Constraint::Length(18),
+            Constraint::Length(9),
+            Constraint::Length(10),
+            Constraint::Length(7),
+            Constraint::Fill(2),
+            Constraint::Length(8),
+        ];
+        f.render_widget(
+            Table::new(rows, widths)
+                .header(
+                    Row::new(HEADERS.to_vec()).style(Style::default().add_modifier(Modifier::BOLD)),
+                )
+                .block(Block::bordered().title("runs, nearest to a limit first")),
+            body,
+        );
+    }
+}

@@ -1,0 +1,453 @@
+//! The operator's view (docs/OPERATOR.md): Prometheus metrics, a JSON line per decision,
+//! trace ids on decisions, and the live page and its snapshot (`tally top` reads the same
+//! snapshot). Read only: nothing here changes the gate or the ledger.
+//!
+//! How close a run is to a limit, and the order runs are shown in, come from the policy
+//! core (`tally_policy::headroom`); nothing here counts a budget.
+
+pub(crate) mod live;
+pub(crate) mod metrics;
+pub(crate) mod page;
+pub(crate) mod trace;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tally_gate::{Caller, Standing};
+use tally_policy::headroom::{closeness, order, Closeness};
+
+use crate::api::App;
+
+/// How `tally serve` writes its log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LogFormat {
+    /// Lines for people: the start and stop lines, errors (no line per decision).
+    #[default]
+    Text,
+    /// One JSON object per line: those, and one line per decision at `info` (run, tool,
+    /// decision, reason, seq; never arguments).
+    Json,
+}
+
+/// The process's log format: one daemon per process writes to its stderr, and the
+/// errors logged where no handler state is at hand (the gate's unavailability) follow it.
+static JSON_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Set the process's log format (`tally serve` does, once, before it listens).
+pub(crate) fn set_log_format(format: LogFormat) {
+    JSON_LOG.store(
+        format == LogFormat::Json,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// One line on stderr: as is, or as a JSON object `{ts_ms, level, msg}` when the log
+/// format is JSON. A log that cannot be written (a full disk) is not an error.
+pub(crate) fn log_line(level: &str, line: &str) {
+    use std::io::Write;
+    let mut out = if JSON_LOG.load(std::sync::atomic::Ordering::Relaxed) {
+        serde_json::json!({"ts_ms": wall_ms(), "level": level, "msg": line}).to_string()
+    } else {
+        line.to_owned()
+    };
+    out.push('\n');
+    let _ = std::io::stderr().write_all(out.as_bytes());
+}
+
+/// What the daemon observes, shared by the handlers.
+pub(crate) struct Observer {
+    pub metrics: metrics::Metrics,
+    pub live: live::Live,
+    pub log: LogFormat,
+    /// Exports a span per check over OTLP (`serve --otlp-endpoint`).
+    pub tracer: Option<trace::Exporter>,
+    /// Bumped on every decision: the live page's stream sends a snapshot when it moved.
+    pub changed: tokio::sync::watch::Sender<u64>,
+    /// Set when the daemon stops: the live page's streams end, so draining the
+    /// connections does not wait for a page that never closes.
+    pub closing: tokio::sync::watch::Sender<bool>,
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Observer {
+    pub fn new(
+        named_tools: std::collections::BTreeSet<String>,
+        log: LogFormat,
+        tracer: Option<trace::Exporter>,
+    ) -> Observer {
+        Observer {
+            metrics: metrics::Metrics::new(named_tools),
+            live: live::Live::default(),
+            log,
+            tracer,
+            changed: tokio::sync::watch::channel(0).0,
+            closing: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    /// A decision was made: the page's streams may send.
+    pub fn bump(&self) {
+        self.changed.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    /// One JSON line on stderr, when the log format is JSON.
+    pub fn log_json(&self, value: serde_json::Value) {
+        if self.log == LogFormat::Json {
+            use std::io::Write;
+            let mut line = value.to_string();
+            line.push('\n');
+            let _ = std::io::stderr().write_all(line.as_bytes());
+        }
+    }
+}
+
+/// Whether `path` is one of the operator's read-only views (metrics, the live page).
+pub(crate) fn operators_view(path: &str) -> bool {
+    matches!(path, "/metrics" | "/live" | "/v1/live")
+        || path.starts_with("/live/")
+        || path.starts_with("/v1/live/")
+}
+
+/// Runs on one page of the live view.
+pub(crate) const PER_PAGE: usize = 50;
+
+/// One run as the page shows it.
+#[derive(Serialize)]
+pub(crate) struct RunRow {
+    pub run: String,
+    pub state: &'static str,
+    pub stop_reason: Option<&'static str>,
+    pub closeness: Closeness,
+    #[serde(flatten)]
+    pub live: live::RunView,
+    pub held_cents: u64,
+    pub settled_cents: u64,
+}
+
+/// A breaker that is not closed.
+#[derive(Serialize)]
+pub(crate) struct BreakerRow {
+    pub tool: String,
+    pub state: &'static str,
+    /// When an open breaker half-opens (ms since the epoch).
+    pub half_opens_at_ms: Option<u64>,
+}
+
+/// A refusal count.
+#[derive(Serialize)]
+pub(crate) struct RefusalRow {
+    pub minute_ms: u64,
+    pub reason: &'static str,
+    pub count: u64,
+}
+
+/// What the live page and `tally top` show: one page of runs, nearest to a limit first.
+#[derive(Serialize)]
+pub(crate) struct Snapshot {
+    pub at_ms: u64,
+    pub page: usize,
+    pub per_page: usize,
+    pub total_runs: usize,
+    pub open_runs: usize,
+    pub runs: Vec<RunRow>,
+    pub breakers: Vec<BreakerRow>,
+    pub refusals: Vec<RefusalRow>,
+    pub pending: Vec<live::Pending>,
+}
+
+/// The snapshot of page `page` (0-based), built from the gate's state (read only).
+pub(crate) async fn snapshot(
+    app: &Arc<App>,
+    page: usize,
+) -> Result<Snapshot, tally_gate::GateError> {
+    let gate = Arc::clone(&app.gate);
+    let (standings, breakers) = app
+        .at_once(move || {
+            let operator = Caller {
+                uid: None,
+                operator: true,
+            };
+            Ok((gate.runs(operator)?, gate.breakers()?))
+        })
+        .await?;
+    let now = wall_ms();
+    Ok(build(&app.observer, standings, breakers, page, now))
+}
+
+fn build(
+    obs: &Observer,
+    standings: Vec<Standing>,
+    breakers: Vec<(String, tally_policy::Breaker)>,
+    page: usize,
+    now: u64,
+) -> Snapshot {
+    let total_runs = standings.len();
+    let open_runs = standings.iter().filter(|s| s.state != "stopped").count();
+    // Depth belongs to a call: the live state adds the depth its last check saw.
+    let names: Vec<&str> = standings.iter().map(|s| s.run.as_str()).collect();
+    let views = obs.live.views(&names);
+    let mut rows: Vec<(Standing, live::RunView, Closeness)> = standings
+        .into_iter()
+        .zip(views)
+        .map(|(s, v)| {
+            let mut limits: BTreeMap<String, tally_ledger::decision::Limit> = s.limits.clone();
+            if let Some(d) = &v.depth {
+                limits.insert("depth".into(), *d);
+            }
+            let c = closeness(&limits);
+            (s, v, c)
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        order(
+            (&a.0.run, a.0.state != "stopped", &a.2),
+            (&b.0.run, b.0.state != "stopped", &b.2),
+        )
+    });
+    let runs = rows
+        .into_iter()
+        .skip(page.saturating_mul(PER_PAGE))
+        .take(PER_PAGE)
+        .map(|(s, v, c)| RunRow {
+            run: s.run,
+            state: s.state,
+            stop_reason: s.stop_reason.map(|r| r.as_str()),
+            closeness: c,
+            live: v,
+            held_cents: s.held_cents,
+            settled_cents: s.settled_cents,
+        })
+        .collect();
+    let breakers = breakers
+        .into_iter()
+        .filter_map(|(tool, b)| match b {
+            tally_policy::Breaker::Closed { .. } => None,
+            tally_policy::Breaker::Open { until_ms } => Some(BreakerRow {
+                tool,
+                state: "open",
+                half_opens_at_ms: Some(until_ms),
+            }),
+            tally_policy::Breaker::HalfOpen { .. } => Some(BreakerRow {
+                tool,
+                state: "half_open",
+                half_opens_at_ms: None,
+            }),
+        })
+        .collect();
+    let refusals = obs
+        .live
+        .refusals(now)
+        .into_iter()
+        .map(|(minute_ms, reason, count)| RefusalRow {
+            minute_ms,
+            reason,
+            count,
+        })
+        .collect();
+    Snapshot {
+        at_ms: now,
+        page,
+        per_page: PER_PAGE,
+        total_runs,
+        open_runs,
+        runs,
+        breakers,
+        refusals,
+        pending: obs.live.pending(),
+    }
+}
+
+/// The gate's state for a scrape, and the metrics' text.
+pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::GateError> {
+    let gate = Arc::clone(&app.gate);
+    let (standings, breakers) = app
+        .at_once(move || {
+            let operator = Caller {
+                uid: None,
+                operator: true,
+            };
+            Ok((gate.runs(operator)?, gate.breakers()?))
+        })
+        .await?;
+    let mut by_state: BTreeMap<&'static str, i64> = BTreeMap::new();
+    let mut held = 0i64;
+    for s in &standings {
+        *by_state.entry(s.state).or_default() += 1;
+        if s.state != "stopped" {
+            held = held.saturating_add(i64::try_from(s.held_cents).unwrap_or(i64::MAX));
+        }
+    }
+    let mut b = [("closed", 0i64), ("open", 0), ("half_open", 0)];
+    for (_, br) in &breakers {
+        let i = match br {
+            tally_policy::Breaker::Closed { .. } => 0,
+            tally_policy::Breaker::Open { .. } => 1,
+            tally_policy::Breaker::HalfOpen { .. } => 2,
+        };
+        b[i].1 += 1;
+    }
+    let cp = app.ledger.checkpoint();
+    let scraped = metrics::Scraped {
+        open: (standings.len() as i64) - by_state.get("stopped").copied().unwrap_or(0),
+        runs_by_state: by_state.into_iter().collect(),
+        held_cents: held,
+        breakers: b,
+        entries: i64::try_from(cp.size).unwrap_or(i64::MAX),
+        bytes: i64::try_from(log_bytes(app.ledger.dir())).unwrap_or(i64::MAX),
+        round_trips: app.gate.round_trips().unwrap_or(0),
+    };
+    Ok(app.observer.metrics.encode(&scraped))
+}
+
+/// Bytes of the files in the ledger's directory and its subdirectories (one level).
+fn log_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in entries.flatten() {
+        let Ok(meta) = e.metadata() else { continue };
+        if meta.is_file() {
+            total += meta.len();
+        } else if meta.is_dir() {
+            if let Ok(inner) = std::fs::read_dir(e.path()) {
+                total += inner
+                    .flatten()
+                    .filter_map(|f| f.metadata().ok())
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len())
+                    .sum::<u64>();
+            }
+        }
+    }
+    total
+}
+
+/// What a check asked, kept for its answer's metrics, log line and live state (never its
+/// arguments: their digest only, for a call waiting for approval).
+pub(crate) struct Seen {
+    run: String,
+    tool: String,
+    reserve_cents: u64,
+    args_digest: Option<String>,
+    trace_id: Option<String>,
+}
+
+impl Seen {
+    pub fn of(req: &tally_gate::CheckRequest) -> Seen {
+        Seen {
+            run: req.run.clone(),
+            tool: req.tool.clone(),
+            reserve_cents: req.reserve_cents.unwrap_or(0),
+            args_digest: req.args.as_ref().map(|a| a.digest()),
+            trace_id: req.trace_id.clone(),
+        }
+    }
+}
+
+pub(crate) fn verdict(v: tally_policy::Verdict) -> &'static str {
+    match v {
+        tally_policy::Verdict::Allow => "allow",
+        tally_policy::Verdict::Deny => "deny",
+        tally_policy::Verdict::RequireApproval => "require_approval",
+    }
+}
+
+fn status(s: tally_ledger::decision::Status) -> &'static str {
+    use tally_ledger::decision::Status as S;
+    match s {
+        S::Ok => "ok",
+        S::Error => "error",
+        S::Rejected => "rejected",
+        S::Timeout => "timeout",
+        S::Running => "running",
+        S::Unknown => "unknown",
+        #[allow(unreachable_patterns)]
+        _ => "other",
+    }
+}
+
+impl Observer {
+    /// A check was answered (once durable).
+    pub fn checked(
+        &self,
+        seen: &Seen,
+        answer: &tally_gate::CheckAnswer,
+        took: std::time::Duration,
+    ) {
+        let decision = verdict(answer.decision);
+        let reason = answer.reason.map_or("none", |r| r.as_str());
+        self.metrics
+            .check(decision, reason, &seen.tool, took.as_secs_f64());
+        if answer.decision == tally_policy::Verdict::Allow {
+            self.metrics.reserved(seen.reserve_cents);
+        }
+        let refusal = match answer.decision {
+            tally_policy::Verdict::Allow => None,
+            _ => Some((reason, answer.action.map(|a| a.as_str()))),
+        };
+        let approval = answer.decision == tally_policy::Verdict::RequireApproval;
+        let now = wall_ms();
+        self.live.check(
+            &seen.run,
+            &seen.tool,
+            refusal,
+            approval,
+            if approval {
+                seen.args_digest.clone()
+            } else {
+                None
+            },
+            &answer.limits,
+            answer.seq,
+            now,
+        );
+        self.bump();
+        if self.log == LogFormat::Json {
+            self.log_json(serde_json::json!({
+                "ts_ms": now,
+                "level": "info",
+                "msg": "decision",
+                "kind": "check",
+                "run": seen.run,
+                "tool": seen.tool,
+                "decision": decision,
+                "reason": answer.reason.map(|r| r.as_str()),
+                "seq": answer.seq,
+                "trace_id": seen.trace_id,
+            }));
+        }
+    }
+
+    /// An outcome was recorded.
+    pub fn outcome(
+        &self,
+        run: &str,
+        s: tally_ledger::decision::Status,
+        settled_cents: Option<u64>,
+        seq: u64,
+    ) {
+        self.metrics.outcome(status(s), settled_cents);
+        self.bump();
+        if self.log == LogFormat::Json {
+            self.log_json(serde_json::json!({
+                "ts_ms": wall_ms(),
+                "level": "info",
+                "msg": "decision",
+                "kind": "outcome",
+                "run": run,
+                "status": status(s),
+                "seq": seq,
+            }));
+        }
+    }
+}

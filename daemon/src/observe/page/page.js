@@ -1,0 +1,143 @@
+// tally's live page: one EventSource, each event a snapshot of one page of runs.
+// Everything an agent chose (run and tool names) is written with textContent only.
+"use strict";
+(function () {
+  var page = 0;
+  var source = null;
+  var SVG = "http://www.w3.org/2000/svg";
+
+  function el(tag, text, cls) {
+    var e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+
+  function clear(tbody) {
+    while (tbody.firstChild) tbody.removeChild(tbody.firstChild);
+  }
+
+  function spark(s) {
+    var td = el("td");
+    if (!s) { td.textContent = "-"; return td; }
+    var svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("viewBox", "0 0 80 20");
+    var top = Math.max(s.limit, 1);
+    var n = s.used.length;
+    var pts = [];
+    for (var i = 0; i < n; i++) {
+      var x = n > 1 ? (i * 80) / (n - 1) : 80;
+      var y = 20 - (Math.min(s.used[i], top) * 18) / top - 1;
+      pts.push(x.toFixed(1) + "," + y.toFixed(1));
+    }
+    var line = document.createElementNS(SVG, "line");
+    line.setAttribute("x1", "0"); line.setAttribute("x2", "80");
+    line.setAttribute("y1", "1"); line.setAttribute("y2", "1");
+    svg.appendChild(line);
+    var poly = document.createElementNS(SVG, "polyline");
+    poly.setAttribute("points", pts.join(" "));
+    svg.appendChild(poly);
+    td.appendChild(svg);
+    td.appendChild(el("span", " " + s.used[n - 1] + "/" + s.limit));
+    return td;
+  }
+
+  function nearest(c) {
+    var td = el("td");
+    if (!c.nearest) { td.textContent = "no limit"; return td; }
+    var bar = el("span", null, "bar" + (c.permille >= 1000 ? " reached" : c.permille >= 800 ? " near" : ""));
+    var fill = el("span", null, "fill");
+    fill.style.width = (c.permille / 10) + "%";
+    bar.appendChild(fill);
+    td.appendChild(bar);
+    td.appendChild(el("span", c.nearest + " " + (c.permille / 10).toFixed(1) + "%"));
+    return td;
+  }
+
+  function ago(ms, now) {
+    var s = Math.max(0, Math.round((now - ms) / 1000));
+    return s + " s ago";
+  }
+
+  function render(snap) {
+    var runs = document.querySelector("#runs tbody");
+    clear(runs);
+    snap.runs.forEach(function (r) {
+      var tr = el("tr");
+      tr.appendChild(el("td", r.run, "run"));
+      tr.appendChild(el("td", r.state + (r.stop_reason ? " (" + r.stop_reason + ")" : "")));
+      tr.appendChild(nearest(r.closeness));
+      ["attempts", "spend_cents", "polls", "depth"].forEach(function (d) {
+        tr.appendChild(spark(r.spark ? r.spark[d] : null));
+      });
+      var lr = r.last_refusal;
+      tr.appendChild(el("td", lr ? lr.reason + " (" + lr.tool + ", " + ago(lr.at_ms, snap.at_ms) + ")" : "-", lr ? "refused last" : "last"));
+      tr.appendChild(el("td", lr && lr.action ? lr.action : "-", "action"));
+      runs.appendChild(tr);
+    });
+    var pages = Math.max(1, Math.ceil(snap.total_runs / snap.per_page));
+    document.getElementById("pageno").textContent = "page " + (snap.page + 1) + " of " + pages;
+    document.getElementById("totals").textContent = snap.open_runs + " open of " + snap.total_runs + " runs";
+    document.getElementById("prev").disabled = snap.page === 0;
+    document.getElementById("next").disabled = snap.page + 1 >= pages;
+
+    var br = document.querySelector("#breakers tbody");
+    clear(br);
+    snap.breakers.forEach(function (b) {
+      var tr = el("tr");
+      tr.appendChild(el("td", b.tool));
+      tr.appendChild(el("td", b.state));
+      var when = b.half_opens_at_ms ? "in " + Math.max(0, Math.round((b.half_opens_at_ms - snap.at_ms) / 1000)) + " s" : "-";
+      tr.appendChild(el("td", when));
+      br.appendChild(tr);
+    });
+
+    var rf = document.querySelector("#refusals tbody");
+    clear(rf);
+    snap.refusals.slice().reverse().forEach(function (x) {
+      var tr = el("tr");
+      tr.appendChild(el("td", new Date(x.minute_ms).toISOString().slice(11, 16)));
+      tr.appendChild(el("td", x.reason));
+      tr.appendChild(el("td", x.count));
+      rf.appendChild(tr);
+    });
+
+    var pe = document.querySelector("#pending tbody");
+    clear(pe);
+    snap.pending.forEach(function (p) {
+      var tr = el("tr");
+      tr.appendChild(el("td", p.run, "run"));
+      tr.appendChild(el("td", p.tool));
+      tr.appendChild(el("td", p.args_digest || "(no arguments)"));
+      tr.appendChild(el("td", p.seq));
+      tr.appendChild(el("td", ago(p.at_ms, snap.at_ms)));
+      pe.appendChild(tr);
+    });
+  }
+
+  function connect() {
+    if (source) source.close();
+    var status = document.getElementById("status");
+    source = new EventSource("/v1/live/events?page=" + page);
+    source.addEventListener("snapshot", function (e) {
+      status.textContent = "live";
+      status.className = "live";
+      render(JSON.parse(e.data));
+    });
+    source.onerror = function () {
+      status.textContent = "reconnecting";
+      status.className = "lost";
+    };
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.getElementById("prev").addEventListener("click", function () {
+      if (page > 0) { page--; connect(); }
+    });
+    document.getElementById("next").addEventListener("click", function () {
+      page++; connect();
+    });
+    connect();
+  });
+})();
