@@ -74,7 +74,7 @@ fn refusal(r: &Value) -> (String, String) {
 }
 
 /// The row of cells a run is shown as (every agent-chosen string escaped).
-fn cells(r: &Value) -> [String; 8] {
+fn cells(r: &Value) -> [String; 9] {
     let (reason, action) = refusal(r);
     let state = match r["stop_reason"].as_str() {
         Some(s) => format!("{} ({s})", r["state"].as_str().unwrap_or("?")),
@@ -89,10 +89,15 @@ fn cells(r: &Value) -> [String; 8] {
         format!("{}¢", r["held_cents"]),
         reason,
         action,
+        // The run's clock: how long ago it started, as a person reads it.
+        match r["at_ms"].as_u64() {
+            Some(ms) => format!("{} ago", tally_verify::text::duration(ms)),
+            None => "-".to_owned(),
+        },
     ]
 }
 
-const HEADERS: [&str; 8] = [
+const HEADERS: [&str; 9] = [
     "RUN",
     "STATE",
     "NEAREST",
@@ -101,11 +106,12 @@ const HEADERS: [&str; 8] = [
     "HELD",
     "LAST REFUSAL",
     "ACTION",
+    "STARTED",
 ];
 
 /// A plain table of `runs`, columns padded to their widest cell.
 pub(crate) fn table(runs: &[Value]) -> String {
-    let rows: Vec<[String; 8]> = runs.iter().map(cells).collect();
+    let rows: Vec<[String; 9]> = runs.iter().map(cells).collect();
     let mut width = HEADERS.map(|h| h.chars().count());
     for row in &rows {
         for (w, c) in width.iter_mut().zip(row) {
@@ -264,6 +270,7 @@ mod tui {
             Constraint::Length(7),
             Constraint::Fill(2),
             Constraint::Length(8),
+            Constraint::Length(14),
         ];
         f.render_widget(
             Table::new(rows, widths)

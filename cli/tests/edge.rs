@@ -548,7 +548,7 @@ fn operator_commands_against_the_daemon() {
     assert!(listed.contains("r2"), "{listed}");
     // How long the run has been going, as a person reads it.
     assert!(
-        listed.contains("started ") && listed.contains(" ago"),
+        listed.contains("STARTED") && listed.contains(" ago"),
         "{listed}"
     );
     let o = with(&["runs", "--json"]);

@@ -1,4 +1,4 @@
-//! Issue 23, the operator's view, on the real binary and daemon: the metrics parsed by
+//! The operator's view, on the real binary and daemon: the metrics parsed by
 //! the Prometheus project's own parser and held against the ledger's own counts; the
 //! live page in a real headless Chromium; `tally top` in tmux and on a pipe; a span at an
 //! OTLP receiver with its trace id on the decision in the ledger; the JSON log.

@@ -448,7 +448,7 @@ fn issue_11_one_value_one_digest() {
     ));
 }
 
-/// Issue 23: a decision's trace id is a W3C trace-id, strictly, and only on checks.
+/// A decision's trace id is a W3C trace-id, strictly, and only on checks.
 #[test]
 fn issue_23_trace_ids_are_strict() {
     let with = |kind: &str, id: &str| {

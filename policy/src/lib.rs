@@ -20,7 +20,8 @@
 //! Modules depend on each other one way, each only on those before it here (checked by
 //! `tests/layers`): `error`, `config`, `approval`, `state` (with [`Now`]),
 //! `inconsistency` (what judging finds), `start`, `call` (a call, the view a decision
-//! reads, and what a grant covers), `rules`, `decide`, `judge`, `apply`. Items moved down
+//! reads, and what a grant covers), `rules`, `decide`, `judge`, `apply`, `headroom` (how
+//! close a run is to its limits). Items moved down
 //! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
 //! `apply::standing`, ...).
 #![forbid(unsafe_code)]

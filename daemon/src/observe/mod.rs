@@ -131,6 +131,8 @@ pub(crate) struct RunRow {
     pub live: live::RunView,
     pub held_cents: u64,
     pub settled_cents: u64,
+    /// The run's clock: ms since it started.
+    pub at_ms: u64,
 }
 
 /// A breaker that is not closed.
@@ -225,6 +227,7 @@ fn build(
             live: v,
             held_cents: s.held_cents,
             settled_cents: s.settled_cents,
+            at_ms: s.at_ms,
         })
         .collect();
     let breakers = breakers

@@ -17,6 +17,7 @@ const LAYERS: &[&str] = &[
     "decide",
     "judge",
     "apply",
+    "headroom",
 ];
 
 /// The `crate::MODULE` paths a source file names outside comments.
