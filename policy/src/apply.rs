@@ -6,9 +6,9 @@
 
 use tally_record::{Decision, Effect, Kind, Status};
 
-use crate::call::{counts, use_grant, Call, View};
+use crate::call::{counts, use_grant_op, Keyed, View};
 use crate::config::Policy;
-use crate::judge::{grant_in_force, is_final, judge, Inconsistency};
+use crate::judge::{grant_in_force, is_final, judge_keyed, Inconsistency};
 use crate::start::{carry_over, delegate, Family};
 pub use crate::state::standing;
 use crate::state::Now;
@@ -61,6 +61,27 @@ pub fn apply(
     record: &Decision,
     now: Now,
 ) -> Vec<Inconsistency> {
+    apply_keyed(policy, state, record, None, now)
+}
+
+/// [`apply`], with the call an allow describes and its keys ([`Keyed::from_record`])
+/// when the caller has them already: they are hashed once per record.
+pub fn apply_keyed(
+    policy: &Policy,
+    state: ViewMut<'_>,
+    record: &Decision,
+    keyed: Option<&Keyed>,
+    now: Now,
+) -> Vec<Inconsistency> {
+    let owned;
+    let keyed = match keyed {
+        Some(k) => Some(k),
+        None if record.kind() == Kind::Allow => {
+            owned = Keyed::from_record(record);
+            Some(&owned)
+        }
+        None => None,
+    };
     let ViewMut {
         run,
         tool,
@@ -69,7 +90,7 @@ pub fn apply(
         continued,
     } = state;
     let mut found = count_unrecorded(run, record);
-    found.extend(judge(
+    found.extend(judge_keyed(
         policy,
         View {
             run,
@@ -82,6 +103,7 @@ pub fn apply(
             },
         },
         record,
+        keyed,
         now,
     ));
     let kind = record.kind();
@@ -105,8 +127,10 @@ pub fn apply(
             }
         }
         Kind::Allow => {
-            if !has(|f| matches!(f, Inconsistency::DuplicateAllow { .. })) {
-                allow(policy, run, tool, credential, record, now, run_ms);
+            if let Some(k) =
+                keyed.filter(|_| !has(|f| matches!(f, Inconsistency::DuplicateAllow { .. })))
+            {
+                allow(policy, run, tool, credential, record, k, now);
             }
         }
         Kind::Deny | Kind::Policy => {}
@@ -191,23 +215,24 @@ fn allow(
     tool: Option<&mut ToolState>,
     credential: Option<&mut CredentialState>,
     d: &Decision,
+    keyed: &Keyed,
     now: Now,
-    run_ms: u64,
 ) {
-    let call = Call::from_record(d);
+    let run_ms = run.run_ms(now);
+    let call = &keyed.call;
     let attempt = d.attempt.unwrap_or(run.last_attempt.saturating_add(1));
-    let granted = grant_in_force(run, d, now).cloned();
+    let granted = grant_in_force(run, d, call, run_ms).cloned();
     if let Some(g) = &granted {
-        use_grant(run, g, &call);
+        use_grant_op(run, g, keyed.op);
     }
-    let poll = run.poll_of(d.effect, d.remote_ref.as_deref(), d.operation.as_deref());
+    let poll = keyed.poll(run);
     let counted = counts(policy, &call.tool, poll.is_some());
     let write = matches!(
         d.effect,
         Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
     );
     let reserve = d.reserve_cents.unwrap_or(0);
-    let op = call.op();
+    let op = keyed.op;
 
     run.allowed.insert(attempt);
     run.last_attempt = run.last_attempt.max(attempt);
@@ -235,7 +260,7 @@ fn allow(
             }
         }
         run.recent.push_back(Recent {
-            key: call.key(),
+            key: keyed.key,
             attempt,
             progress: run.progress,
             result: None,

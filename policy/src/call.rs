@@ -8,7 +8,7 @@ use tally_record::{Decision, Effect};
 
 use crate::config::{matches, Policy};
 use crate::start::Family;
-use crate::state::{call_key, op_key, CredentialState, Grant, RunState, ToolState};
+use crate::state::{call_key, op_key, ref_key, CredentialState, Grant, RunState, ToolState};
 
 /// One intended call, as the agent asked for it (its arguments already digested).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +96,57 @@ impl Call {
     }
 }
 
+/// A recorded call with the keys the rules read, hashed once: the judgement, the fold
+/// and the reports of one record share them instead of hashing the same names again.
+#[derive(Clone, Debug)]
+pub struct Keyed {
+    /// The call.
+    pub call: Call,
+    /// [`Call::key`].
+    pub key: u64,
+    /// [`Call::op`].
+    pub op: u64,
+    /// [`ref_key`] of its `remote_ref` and of its operation's `:REF` suffix.
+    refs: (Option<u64>, Option<u64>),
+}
+
+impl Keyed {
+    /// The call an allow or deny record describes, with its keys.
+    pub fn from_record(d: &Decision) -> Keyed {
+        Keyed::of(Call::from_record(d))
+    }
+
+    /// `call` with its keys.
+    pub fn of(call: Call) -> Keyed {
+        // Only a read can be a poll (`poll`): a write's references are never looked up.
+        let refs = if call.effect == Some(Effect::Read) {
+            (
+                call.remote_ref.as_deref().map(ref_key),
+                call.operation
+                    .as_deref()
+                    .and_then(|o| o.rsplit_once(':'))
+                    .map(|(_, t)| ref_key(t)),
+            )
+        } else {
+            (None, None)
+        };
+        Keyed {
+            key: call.key(),
+            op: call.op(),
+            refs,
+            call,
+        }
+    }
+
+    /// The remote operation it polls in `run`, if it is a poll ([`RunState::poll_of`]).
+    pub fn poll(&self, run: &RunState) -> Option<u64> {
+        if self.call.effect != Some(Effect::Read) {
+            return None;
+        }
+        run.poll_by(self.refs.0, self.refs.1)
+    }
+}
+
 /// The state a decision reads: the run's, and (where the call has them) its tool's and
 /// its credential's; for a start, the runs it names.
 #[derive(Clone, Copy, Debug)]
@@ -146,6 +197,11 @@ pub(crate) fn grant_live(g: &Grant, run_ms: u64) -> bool {
 /// Put a grant in force for `call`: extra attempts (and side effects), extra cents, the
 /// tool unblocked, an unknown write the human reconciled; the grant is used up.
 pub(crate) fn use_grant(run: &mut RunState, grant: &Grant, call: &Call) {
+    use_grant_op(run, grant, call.op());
+}
+
+/// [`use_grant`] for a call whose operation key ([`Call::op`]) is `op`.
+pub(crate) fn use_grant_op(run: &mut RunState, grant: &Grant, op: u64) {
     if let Some(g) = run.grants.iter_mut().find(|g| g.digest == grant.digest) {
         g.used = true;
     }
@@ -163,21 +219,11 @@ pub(crate) fn use_grant(run: &mut RunState, grant: &Grant, call: &Call) {
         }
     }
     if s.operation.is_some() || s.tool.is_some() {
-        let op = op_key(
-            Some(&call.tool),
-            call.operation.as_deref(),
-            call.args_digest.as_deref(),
-        );
         run.unknown.remove(&op);
         run.ops.remove(&op);
     }
     if s.attempts.is_some_and(|a| a > 0) {
         // More attempts for the operation too, not only for the run.
-        let op = op_key(
-            Some(&call.tool),
-            call.operation.as_deref(),
-            call.args_digest.as_deref(),
-        );
         run.ops.remove(&op);
     }
 }

@@ -7,16 +7,27 @@
 
 use tally_record::{Decision, Effect, Kind, Status};
 
-use crate::call::{counts, grant_fits, grant_live, Call, View};
+use crate::call::{counts, grant_fits, grant_live, Call, Keyed, View};
 use crate::config::Policy;
 pub use crate::inconsistency::{Dimension, Inconsistency};
 use crate::start::judge_start;
 use crate::state::Now;
-use crate::state::{op_key, Grant, RunState};
+use crate::state::{Grant, RunState};
 
 /// What is inconsistent about `record` against the state in `view` before it, under
 /// `policy` (its exempt tools, its approvers). Empty: the record is consistent.
 pub fn judge(policy: &Policy, view: View<'_>, record: &Decision, now: Now) -> Vec<Inconsistency> {
+    judge_keyed(policy, view, record, None, now)
+}
+
+/// [`judge`], with the allow's call and keys when the caller has them already.
+pub(crate) fn judge_keyed(
+    policy: &Policy,
+    view: View<'_>,
+    record: &Decision,
+    keyed: Option<&Keyed>,
+    now: Now,
+) -> Vec<Inconsistency> {
     let run = view.run;
     let kind = record.kind();
     let mut found = Vec::new();
@@ -27,7 +38,17 @@ pub fn judge(policy: &Policy, view: View<'_>, record: &Decision, now: Now) -> Ve
     }
     match kind {
         Kind::Start => found.extend(judge_start(policy, record, run, &view.family)),
-        Kind::Allow => allow(policy, run, record, now, &mut found),
+        Kind::Allow => match keyed {
+            Some(k) => allow(policy, run, record, k, now, &mut found),
+            None => allow(
+                policy,
+                run,
+                record,
+                &Keyed::from_record(record),
+                now,
+                &mut found,
+            ),
+        },
         Kind::Outcome => outcome(run, record, &mut found),
         Kind::Refund => {
             if let Some(of) = record.of {
@@ -67,20 +88,27 @@ fn held_grant<'a>(run: &'a RunState, record: &Decision) -> Option<&'a Grant> {
 pub(crate) fn grant_in_force<'a>(
     run: &'a RunState,
     record: &Decision,
-    now: Now,
+    call: &Call,
+    run_ms: u64,
 ) -> Option<&'a Grant> {
     let g = held_grant(run, record)?;
-    let call = Call::from_record(record);
-    (grant_fits(g, &call) && grant_live(g, run.run_ms(now))).then_some(g)
+    (grant_fits(g, call) && grant_live(g, run_ms)).then_some(g)
 }
 
-fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Vec<Inconsistency>) {
+fn allow(
+    policy: &Policy,
+    run: &RunState,
+    d: &Decision,
+    keyed: &Keyed,
+    now: Now,
+    found: &mut Vec<Inconsistency>,
+) {
     let attempt = d.attempt.unwrap_or(run.last_attempt.saturating_add(1));
     if run.allowed.contains(attempt) {
         found.push(Inconsistency::DuplicateAllow { attempt });
         return;
     }
-    let call = Call::from_record(d);
+    let call = &keyed.call;
     let run_ms = run.run_ms(now);
     let grant = match (&d.grant, held_grant(run, d)) {
         (Some(digest), None) => {
@@ -89,7 +117,7 @@ fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Ve
             });
             None
         }
-        (Some(digest), Some(g)) if !grant_fits(g, &call) => {
+        (Some(digest), Some(g)) if !grant_fits(g, call) => {
             found.push(Inconsistency::GrantMismatch {
                 digest: digest.clone(),
             });
@@ -105,11 +133,7 @@ fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Ve
         }
         (_, g) => g,
     };
-    let op = op_key(
-        d.tool.as_deref(),
-        d.operation.as_deref(),
-        d.args_digest.as_deref(),
-    );
+    let op = keyed.op;
     // A grant naming the tool or operation is a human's reconciliation of it.
     let reconciled = grant.is_some_and(|g| g.scope.tool.is_some() || g.scope.operation.is_some());
     if d.effect == Some(Effect::NonIdempotentWrite) && !reconciled {
@@ -117,7 +141,7 @@ fn allow(policy: &Policy, run: &RunState, d: &Decision, now: Now, found: &mut Ve
             found.push(Inconsistency::RepeatedUnknownWrite { attempt: earlier });
         }
     }
-    let poll = run.poll_of(d.effect, d.remote_ref.as_deref(), d.operation.as_deref());
+    let poll = keyed.poll(run);
     let counted = counts(policy, &call.tool, poll.is_some());
     let write = matches!(
         d.effect,

@@ -39,7 +39,8 @@ pub mod rules;
 pub mod start;
 pub mod state;
 
-pub use apply::{apply, breaker_outcome, count_unrecorded, ViewMut};
+pub use apply::{apply, apply_keyed, breaker_outcome, count_unrecorded, ViewMut};
+pub use call::Keyed;
 pub use config::{Policy, Recorded};
 pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};

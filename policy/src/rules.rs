@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use tally_record::Effect;
 
-use crate::call::Call;
+use crate::call::{Call, Keyed};
 use crate::config::Policy;
 use crate::state::{tool_key, Recent, RunState};
 
@@ -54,8 +54,18 @@ fn same_again<'a>(
 /// beyond the policy's loop limits given the run's recent allowed calls. Polls are not
 /// judged here: their rule is [`poll_rule`], so polling is never this kind of loop.
 pub fn loop_rule(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<LoopRule> {
+    loop_rule_by(policy, run, &call.tool, call.key(), run_ms)
+}
+
+/// [`loop_rule`] for a call to `tool` whose key ([`Call::key`]) is `key`.
+fn loop_rule_by(
+    policy: &Policy,
+    run: &RunState,
+    tool: &str,
+    key: u64,
+    run_ms: u64,
+) -> Option<LoopRule> {
     let l = &policy.loops;
-    let key = call.key();
     let recent = &run.recent;
     // Consecutive: the tail of the history is calls of this key, none of which changed
     // its result.
@@ -84,7 +94,7 @@ pub fn loop_rule(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> O
             return Some(LoopRule::Alternating);
         }
     }
-    if let Some(w) = run.tools.get(&tool_key(&call.tool)) {
+    if let Some(w) = run.tools.get(&tool_key(tool)) {
         let open = run_ms.saturating_sub(w.start_ms) < l.tool_window_ms;
         if open && w.count >= l.tool_calls {
             return Some(LoopRule::ToolBar);
@@ -98,13 +108,30 @@ pub fn loop_rule(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> O
 /// (`read` 3, `idempotent_write` 2 and the second only with an idempotency key,
 /// `non_idempotent_write` 1 by default). Polls are not retries.
 pub fn retry_rule(policy: &Policy, run: &RunState, call: &Call) -> bool {
+    retry_rule_by(policy, run, call, call.op())
+}
+
+/// [`retry_rule`] for `call` whose operation key ([`Call::op`]) is `op`.
+fn retry_rule_by(policy: &Policy, run: &RunState, call: &Call, op: u64) -> bool {
     let Some(effect) = call.effect else {
         return false;
     };
-    let used = run.ops.get(&call.op()).copied().unwrap_or(0);
+    let used = run.ops.get(&op).copied().unwrap_or(0);
     let keyless_retry =
         effect == Effect::IdempotentWrite && used >= 1 && call.idempotency_key.is_none();
     used >= policy.retries_for(effect) || keyless_retry
+}
+
+impl Keyed {
+    /// [`loop_rule`] of the call, by its key hashed once.
+    pub fn loop_rule(&self, policy: &Policy, run: &RunState, run_ms: u64) -> Option<LoopRule> {
+        loop_rule_by(policy, run, &self.call.tool, self.key, run_ms)
+    }
+
+    /// [`retry_rule`] of the call, by its operation key hashed once.
+    pub fn retry_rule(&self, policy: &Policy, run: &RunState) -> bool {
+        retry_rule_by(policy, run, &self.call, self.op)
+    }
 }
 
 /// Why the poll rule refuses a poll.

@@ -437,14 +437,21 @@ impl RunState {
         if effect != Some(Effect::Read) {
             return None;
         }
+        self.poll_by(
+            remote_ref.map(ref_key),
+            operation
+                .and_then(|o| o.rsplit_once(':'))
+                .map(|(_, t)| ref_key(t)),
+        )
+    }
+
+    /// [`RunState::poll_of`] for a read whose `remote_ref` and operation's `:REF` suffix
+    /// are already hashed ([`ref_key`]).
+    pub(crate) fn poll_by(&self, by_ref: Option<u64>, by_tail: Option<u64>) -> Option<u64> {
         // Any tool may read it (a status endpoint is often another tool than the one that
         // started the job); each call that used an attempt registers at most one.
         let known = |r: &u64| self.refs.contains_key(r);
-        if let Some(r) = remote_ref.map(ref_key).filter(known) {
-            return Some(r);
-        }
-        let tail = ref_key(operation?.rsplit_once(':')?.1);
-        known(&tail).then_some(tail)
+        by_ref.filter(known).or(by_tail.filter(known))
     }
 
     /// What the run knows of a remote operation, by its id.

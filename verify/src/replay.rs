@@ -280,12 +280,15 @@ pub fn outside_the_records(reason: Reason) -> bool {
 }
 
 /// Decide the recorded call again on the state before it; what differs, if anything.
+/// `call` is the call `d` describes ([`Call::from_record`]).
+#[allow(clippy::too_many_arguments)]
 pub fn judge(
     policy: &tally_policy::Policy,
     digest: &str,
     run: &RunState,
     credential: Option<&tally_policy::CredentialState>,
     d: &Decision,
+    call: &Call,
     recorded: Option<Reason>,
     now: Now,
 ) -> Option<ReplayKind> {
@@ -295,7 +298,7 @@ pub fn judge(
         credential,
         family: Default::default(),
     };
-    let again = decide(policy, digest, view, &Call::from_record(d), now);
+    let again = decide(policy, digest, view, call, now);
     let would = match again.verdict {
         Verdict::Allow => None,
         Verdict::Deny | Verdict::RequireApproval => again.reason(),

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use tally_ledger::{Decision, Kind};
-use tally_policy::{Now, Policy, Recorded, ViewMut};
+use tally_policy::{Keyed, Now, Policy, Recorded, ViewMut};
 
 pub use findings::AuditFinding;
 pub use handoff::{
@@ -254,9 +254,12 @@ impl Analysis {
         // (and decided again) on the state that counts them.
         let mut found = tally_policy::count_unrecorded(&mut run.core, d);
         let mut verdicts = run::Verdicts::default();
-        if matches!(kind, Kind::Allow | Kind::Deny) {
+        // The call an allow or deny describes, hashed once for the rules, replay and the
+        // fold.
+        let keyed = matches!(kind, Kind::Allow | Kind::Deny).then(|| Keyed::from_record(d));
+        if let Some(keyed) = &keyed {
             let breaker = d.tool.as_deref().and_then(|t| self.storms.breaker(t));
-            verdicts = run.verdicts(&policy, d, at.run_ms, breaker, e.wall_ms);
+            verdicts = run.verdicts(&policy, keyed, at.run_ms, breaker, e.wall_ms);
             let recorded = d.reason.filter(|_| kind == Kind::Deny);
             if governed && d.policy.is_some() && run.core.stop.is_none() {
                 if recorded.is_some_and(replay::outside_the_records) {
@@ -265,9 +268,16 @@ impl Analysis {
                     self.replay.replayed += 1;
                     let cred = credential.as_ref().and_then(|c| self.credentials.get(c));
                     let digest = d.policy.as_deref().unwrap_or("");
-                    if let Some(kind) =
-                        replay::judge(&policy, digest, &run.core, cred, d, recorded, now)
-                    {
+                    if let Some(kind) = replay::judge(
+                        &policy,
+                        digest,
+                        &run.core,
+                        cred,
+                        d,
+                        &keyed.call,
+                        recorded,
+                        now,
+                    ) {
                         self.replay.find(e.seq, &d.run, kind);
                     }
                 }
@@ -277,7 +287,7 @@ impl Analysis {
         let cred_state = credential
             .as_ref()
             .map(|c| self.credentials.entry(c.clone()).or_default());
-        found.extend(tally_policy::apply(
+        found.extend(tally_policy::apply_keyed(
             &policy,
             ViewMut {
                 run: &mut run.core,
@@ -287,6 +297,7 @@ impl Analysis {
                 continued: continued.as_ref(),
             },
             d,
+            keyed.as_ref(),
             now,
         ));
         if let (Kind::Start, Some(&c)) =

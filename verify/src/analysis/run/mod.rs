@@ -198,15 +198,15 @@ impl RunAnalysis {
     pub fn verdicts(
         &self,
         policy: &tally_policy::Policy,
-        d: &Decision,
+        keyed: &tally_policy::Keyed,
         run_ms: u64,
         breaker: Option<&tally_policy::ToolState>,
         wall_ms: u64,
     ) -> Verdicts {
         let core = &self.core;
-        let poll = core.poll_of(d.effect, d.remote_ref.as_deref(), d.operation.as_deref());
-        let call = tally_policy::Call::from_record(d);
-        let (key, op) = (call.key(), call.op());
+        let poll = keyed.poll(core);
+        let call = &keyed.call;
+        let (key, op) = (keyed.key, keyed.op);
         let breaker = breaker.is_some_and(|t| {
             matches!(
                 t.breaker.at(wall_ms, policy.breaker.open_ms),
@@ -230,12 +230,12 @@ impl RunAnalysis {
                 retries_op: core.ops.get(&op).is_some_and(|&n| n > 0),
                 poll: None,
                 poll_rule: None,
-                loop_rule: tally_policy::loop_rule(policy, core, &call, run_ms),
+                loop_rule: keyed.loop_rule(policy, core, run_ms),
                 // A non-idempotent write repeated while its outcome is unknown is refused
                 // for that first (`outcome_unknown_non_idempotent`), not as a retry.
-                retries: tally_policy::retry_rule(policy, core, &call)
+                retries: keyed.retry_rule(policy, core)
                     && !(call.effect == Some(Effect::NonIdempotentWrite)
-                        && core.unknown.contains_key(&call.op())),
+                        && core.unknown.contains_key(&op)),
                 breaker,
             },
         }
