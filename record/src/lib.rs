@@ -13,6 +13,7 @@ mod canonical;
 pub mod clock;
 pub mod decision;
 pub mod error;
+pub mod money;
 mod strict;
 pub mod words;
 
@@ -20,3 +21,4 @@ pub use args::Args;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status};
 pub use error::{ArgsError, DecisionError};
+pub use money::{parse_usd, MoneyError, Nanos};
