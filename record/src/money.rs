@@ -44,7 +44,9 @@ impl Nanos {
 
     /// The amount in whole cents, if it is a whole number of cents.
     pub fn whole_cents(self) -> Option<u64> {
-        (self.0 % NANOS_PER_CENT == 0).then_some(self.0 / NANOS_PER_CENT)
+        self.0
+            .is_multiple_of(NANOS_PER_CENT)
+            .then_some(self.0 / NANOS_PER_CENT)
     }
 
     /// The amount in cents, rounded up.
