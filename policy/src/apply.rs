@@ -4,6 +4,7 @@
 //! allow is [`crate::judge`]'s to say, and `apply` returns it; the fold itself never
 //! wraps a number.
 
+use tally_record::money::Nanos;
 use tally_record::{Decision, Effect, Kind, Status};
 
 use crate::call::{counts, use_grant_op, Keyed, View};
@@ -206,6 +207,9 @@ fn start(run: &mut RunState, d: &Decision, now: Now) {
     run.owner_uid = d.uid;
     run.governed = d.policy.is_some();
     run.budget = d.budget.clone().unwrap_or_default();
+    // Money in one unit: a start in cents is kept as the same amount in nanodollars.
+    run.budget.spend_nanos = run.budget.spend().map(|n| n.0);
+    run.budget.spend_cents = None;
     run.start_wall_ms = now.wall_ms.saturating_sub(d.at_ms.unwrap_or(0));
 }
 
@@ -231,7 +235,7 @@ fn allow(
         d.effect,
         Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
     );
-    let reserve = d.reserve_cents.unwrap_or(0);
+    let reserve = d.reserve().map_or(0, |n| n.0);
     let op = keyed.op;
 
     run.allowed.insert(attempt);
@@ -242,7 +246,7 @@ fn allow(
     if write {
         run.side_effects_used = run.side_effects_used.saturating_add(1);
     }
-    run.held_cents = run.held_cents.saturating_add(reserve);
+    run.held_nanos = run.held_nanos.saturating_add(reserve);
 
     if let Some(r) = &poll {
         let remote = run.refs.entry(*r).or_default();
@@ -322,7 +326,7 @@ fn allow(
         },
     );
     if run.open.len() > MAX_OPEN {
-        // Bounded, in O(log n): the oldest open attempt is forgotten. Its held cents stay
+        // Bounded, in O(log n): the oldest open attempt is forgotten. Its held spend stays
         // counted as held (it may have been charged); its later outcome is counted, not
         // matched.
         if let Some((a, _)) = run.open.pop_first() {
@@ -357,7 +361,7 @@ fn allow(
     if let Some(c) = credential {
         c.bucket.take(rate.credential_per_sec, now.wall_ms);
         roll_period(policy, run.credential.as_deref(), c, now);
-        c.spent_cents = c.spent_cents.saturating_add(reserve);
+        c.spent_nanos = c.spent_nanos.saturating_add(reserve);
     }
 }
 
@@ -367,7 +371,7 @@ fn roll_period(policy: &Policy, credential: Option<&str>, c: &mut CredentialStat
         .map_or(86_400_000, |p| p.period_ms.max(1));
     if now.wall_ms >= c.period_start_ms.saturating_add(period) {
         c.period_start_ms = now.wall_ms;
-        c.spent_cents = 0;
+        c.spent_nanos = 0;
     }
 }
 
@@ -387,27 +391,27 @@ fn outcome(
         // Forgotten beyond the bound on open attempts: what it settled still counts.
         // (Else it had its final outcome: a duplicate, counted once.)
         if attempt <= run.forgotten_to {
-            if let Some(s) = d.settled_cents {
-                run.settled_cents = run.settled_cents.saturating_add(s);
+            if let Some(Nanos(s)) = d.settled() {
+                run.settled_nanos = run.settled_nanos.saturating_add(s);
             }
         }
         return;
     };
-    let settles = d.settled_cents.is_some() || is_final(status);
+    let settles = d.settled().is_some() || is_final(status);
     if settles && !a.settled {
-        let settled = d.settled_cents.unwrap_or(0);
-        run.held_cents = run.held_cents.saturating_sub(a.held);
-        run.settled_cents = run.settled_cents.saturating_add(settled);
+        let settled = d.settled().map_or(0, |n| n.0);
+        run.held_nanos = run.held_nanos.saturating_sub(a.held);
+        run.settled_nanos = run.settled_nanos.saturating_add(settled);
         if let Some(c) = credential {
-            c.spent_cents = c.spent_cents.saturating_sub(a.held).saturating_add(settled);
+            c.spent_nanos = c.spent_nanos.saturating_sub(a.held).saturating_add(settled);
         }
         a.held = 0;
         a.settled = true;
         if settled > a.reserved {
             // The upstream billed more than was reserved: a fact, recorded; no call is
-            // allowed after it until a human grants cents.
+            // allowed after it until a human grants spend.
             run.overrun = true;
-            run.overrun_cents = run.overrun_cents.saturating_add(settled - a.reserved);
+            run.overrun_nanos = run.overrun_nanos.saturating_add(settled - a.reserved);
         }
     }
     if status == Status::Rejected && !run.refunded.contains(attempt) {
@@ -557,11 +561,11 @@ fn refund(run: &mut RunState, credential: Option<&mut CredentialState>, d: &Deci
     run.attempts_used -= slots;
     run.attempts_refunded = run.attempts_refunded.saturating_add(slots);
     if let Some(a) = run.open.get_mut(&of) {
-        let cents = d.cents.unwrap_or(a.held).min(a.held);
-        a.held -= cents;
-        run.held_cents = run.held_cents.saturating_sub(cents);
+        let nanos = d.refunded().map_or(a.held, |n| n.0).min(a.held);
+        a.held -= nanos;
+        run.held_nanos = run.held_nanos.saturating_sub(nanos);
         if let Some(c) = credential {
-            c.spent_cents = c.spent_cents.saturating_sub(cents);
+            c.spent_nanos = c.spent_nanos.saturating_sub(nanos);
         }
     }
 }

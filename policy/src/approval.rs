@@ -48,7 +48,7 @@ pub fn check(policy: &Policy, record: &Decision) -> Result<(), ApprovalError> {
         .as_ref()
         .ok_or(ApprovalError::Missing("scope"))?;
     if scope.attempts.is_none()
-        && scope.cents.is_none()
+        && scope.spend().is_none()
         && scope.tool.is_none()
         && scope.operation.is_none()
     {

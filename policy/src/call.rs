@@ -35,8 +35,9 @@ pub struct Call {
     pub channel: Option<Channel>,
     /// Agent chain depth.
     pub depth: Option<u64>,
-    /// Cents to reserve.
-    pub reserve_cents: u64,
+    /// Nanodollars the caller asks to reserve (the decision reserves at least the
+    /// policy's price for the tool, [`crate::Policy::reservation`]).
+    pub reserve_nanos: u64,
     /// The remote operation it reads, for a poll.
     pub remote_ref: Option<String>,
     /// The credential it is made under.
@@ -62,7 +63,7 @@ impl Call {
             target: d.target.clone(),
             channel: d.channel,
             depth: d.depth,
-            reserve_cents: d.reserve_cents.unwrap_or(0),
+            reserve_nanos: d.reserve().map_or(0, |n| n.0),
             remote_ref: d.remote_ref.clone(),
             credential: d.credential.clone(),
             timeout_ms: d.timeout_ms,
@@ -194,7 +195,7 @@ pub(crate) fn grant_live(g: &Grant, run_ms: u64) -> bool {
     run_ms < g.expires_ms
 }
 
-/// Put a grant in force for `call`: extra attempts (and side effects), extra cents, the
+/// Put a grant in force for `call`: extra attempts (and side effects), extra spend, the
 /// tool unblocked, an unknown write the human reconciled; the grant is used up.
 pub(crate) fn use_grant(run: &mut RunState, grant: &Grant, call: &Call) {
     use_grant_op(run, grant, call.op());
@@ -206,13 +207,15 @@ pub(crate) fn use_grant_op(run: &mut RunState, grant: &Grant, op: u64) {
         g.used = true;
     }
     let s = &grant.scope;
-    if s.cents.is_some_and(|c| c > 0) {
-        // A human granted more cents: spend may go on after an overrun (a new one stops
+    if s.spend().is_some_and(|c| c.0 > 0) {
+        // A human granted more spend: spend may go on after an overrun (a new one stops
         // it again).
         run.overrun = false;
     }
     run.extra_attempts = run.extra_attempts.saturating_add(s.attempts.unwrap_or(0));
-    run.extra_cents = run.extra_cents.saturating_add(s.cents.unwrap_or(0));
+    run.extra_nanos = run
+        .extra_nanos
+        .saturating_add(s.spend().map_or(0, |n| n.0));
     if let Some(t) = &s.tool {
         if !run.unblocked.contains(t) {
             run.unblocked.push(t.clone());

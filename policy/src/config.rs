@@ -17,8 +17,10 @@ use crate::error::PolicyError;
 #[serde(deny_unknown_fields, default)]
 pub struct Policy {
     /// The most a run may be granted, per dimension; a start may ask for less, never
-    /// more. Defaults: attempts 50, deadline 1 h, spend 1,000¢, side effects 20, polls 30
-    /// per remote operation, depth 3.
+    /// more. Defaults: attempts 50, deadline 1 h, spend $10.00, side effects 20, polls 30
+    /// per remote operation, depth 3. Spend is written `spend_usd = "12.50"` (exact
+    /// dollars) or `spend_cents = 1250`, and kept in nanodollars.
+    #[serde(with = "crate::prices::budget")]
     pub ceiling: Budget,
     /// Attempts of one logical operation (its `operation`, else tool and arguments)
     /// between two `ok` outcomes, by effect class.
@@ -40,6 +42,9 @@ pub struct Policy {
     /// Runs one uid may hold open at once (started, not stopped). Default 1,000: a flood
     /// of new run names is refused, never allowed to evict another run's counters.
     pub max_open_runs_per_uid: u64,
+    /// Tool name -> its price per call, exact US dollars (`search = "0.002"`). A call
+    /// of the tool reserves at least its price, whatever the caller declares.
+    pub tool_prices: BTreeMap<String, crate::prices::Usd>,
 }
 
 /// Attempts per logical operation, by effect class (defaults after RFC 9110 §9.2.2).
@@ -158,12 +163,14 @@ pub struct Approvals {
 
 /// One credential's limits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(try_from = "CredentialToml", into = "CredentialToml")]
 pub struct Credential {
     /// Ceiling for runs started under it (replaces the policy's where given).
     pub ceiling: Budget,
-    /// Spend across all its runs per period, cents (a backstop behind run budgets).
-    pub spend_cents_per_period: Option<u64>,
+    /// Spend across all its runs per period, nanodollars (a backstop behind run
+    /// budgets), written `spend_usd_per_period` (exact dollars) or
+    /// `spend_cents_per_period`.
+    pub spend_nanos_per_period: Option<u64>,
     /// The period, ms. Default 86,400,000.
     pub period_ms: u64,
     /// If not empty, only these uids may start runs under the credential (a
@@ -177,7 +184,8 @@ impl Default for Policy {
             ceiling: Budget {
                 attempts: Some(50),
                 deadline_ms: Some(3_600_000),
-                spend_cents: Some(1_000),
+                spend_cents: None,
+                spend_nanos: Some(10 * tally_record::money::NANOS_PER_DOLLAR),
                 side_effects: Some(20),
                 polls: Some(30),
                 depth: Some(3),
@@ -191,6 +199,7 @@ impl Default for Policy {
             approvals: Approvals::default(),
             credentials: BTreeMap::new(),
             max_open_runs_per_uid: 1_000,
+            tool_prices: BTreeMap::new(),
         }
     }
 }
@@ -199,9 +208,59 @@ impl Default for Credential {
     fn default() -> Credential {
         Credential {
             ceiling: Budget::default(),
-            spend_cents_per_period: None,
+            spend_nanos_per_period: None,
             period_ms: 86_400_000,
             uids: Vec::new(),
+        }
+    }
+}
+
+/// A credential as the policy writes it (its spend in cents or exact dollars).
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct CredentialToml {
+    #[serde(with = "crate::prices::budget")]
+    ceiling: Budget,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spend_cents_per_period: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spend_usd_per_period: Option<crate::prices::Usd>,
+    period_ms: u64,
+    uids: Vec<u32>,
+}
+
+impl Default for CredentialToml {
+    fn default() -> CredentialToml {
+        Credential::default().into()
+    }
+}
+
+impl TryFrom<CredentialToml> for Credential {
+    type Error = String;
+
+    fn try_from(t: CredentialToml) -> Result<Credential, String> {
+        Ok(Credential {
+            ceiling: t.ceiling,
+            spend_nanos_per_period: crate::prices::period_spend(
+                t.spend_cents_per_period,
+                t.spend_usd_per_period,
+            )?,
+            period_ms: t.period_ms,
+            uids: t.uids,
+        })
+    }
+}
+
+impl From<Credential> for CredentialToml {
+    fn from(c: Credential) -> CredentialToml {
+        CredentialToml {
+            ceiling: c.ceiling,
+            spend_cents_per_period: None,
+            spend_usd_per_period: c
+                .spend_nanos_per_period
+                .map(|n| crate::prices::Usd(tally_record::money::Nanos(n))),
+            period_ms: c.period_ms,
+            uids: c.uids,
         }
     }
 }
@@ -324,7 +383,7 @@ impl Policy {
         let c = &mut policy.ceiling;
         c.attempts = c.attempts.or(d.attempts);
         c.deadline_ms = c.deadline_ms.or(d.deadline_ms);
-        c.spend_cents = c.spend_cents.or(d.spend_cents);
+        c.spend_nanos = c.spend_nanos.or(d.spend_nanos);
         c.side_effects = c.side_effects.or(d.side_effects);
         c.polls = c.polls.or(d.polls);
         c.depth = c.depth.or(d.depth);
@@ -478,7 +537,7 @@ impl Policy {
             let b = &cred.ceiling;
             c.attempts = b.attempts.or(c.attempts);
             c.deadline_ms = b.deadline_ms.or(c.deadline_ms);
-            c.spend_cents = b.spend_cents.or(c.spend_cents);
+            c.spend_nanos = b.spend_nanos.or(c.spend_nanos);
             c.side_effects = b.side_effects.or(c.side_effects);
             c.polls = b.polls.or(c.polls);
             c.depth = b.depth.or(c.depth);

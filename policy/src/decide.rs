@@ -128,7 +128,9 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
         policy: Some(digest.to_owned()),
         limits: Some(limits(run, call, run_ms)),
         // Every input of the decision is recorded, so replay can decide it again.
-        reserve_cents: (call.reserve_cents > 0).then_some(call.reserve_cents),
+        // The reservation is at least the tool's price (`[tool_prices]`), whatever the
+        // caller declared.
+        reserve_nanos: Some(policy.reservation(&call.tool, call.reserve_nanos)).filter(|&r| r > 0),
         ..Decision::default()
     };
     let verdict = match refusal {
@@ -183,6 +185,7 @@ fn first_refusal(
 ) -> Option<Refusal> {
     let run = state.run;
     let b = &run.budget;
+    let reserve = policy.reservation(&call.tool, call.reserve_nanos);
     if run.paused {
         return Some(refuse(Reason::RunPaused));
     }
@@ -258,9 +261,9 @@ fn first_refusal(
         return Some(refuse(Reason::AttemptsExhausted));
     }
     let committed = run
-        .held_cents
-        .checked_add(run.settled_cents)
-        .and_then(|c| c.checked_add(call.reserve_cents));
+        .held_nanos
+        .checked_add(run.settled_nanos)
+        .and_then(|c| c.checked_add(reserve));
     if committed.is_none() {
         // The reservation would overflow the run's spend: it never fits.
         return Some(refuse(Reason::ReservationInsufficient));
@@ -283,10 +286,10 @@ fn first_refusal(
         // After an overrun the run's outcomes settle more than its calls reserve, so no
         // call is free: a zero-reserve call could settle any amount. Until a human grants
         // more, every counted call is refused; otherwise a spent budget refuses spend.
-        if run.overrun || (call.reserve_cents > 0 && run.settled_cents >= limit) {
+        if run.overrun || (reserve > 0 && run.settled_nanos >= limit) {
             return Some(refuse(Reason::BudgetExceeded));
         }
-        let total = run.spent_cents().checked_add(call.reserve_cents);
+        let total = run.spent_nanos().checked_add(reserve);
         if total.is_none_or(|t| t > limit) {
             return Some(refuse(Reason::ReservationInsufficient));
         }
@@ -328,14 +331,14 @@ fn first_refusal(
         .as_deref()
         .or(run.credential.as_deref())
         .and_then(|c| policy.credentials.get(c))
-        .and_then(|c| c.spend_cents_per_period.map(|s| (s, c.period_ms.max(1))));
+        .and_then(|c| c.spend_nanos_per_period.map(|s| (s, c.period_ms.max(1))));
     if let (Some((cap, period)), Some(cred)) = (backstop, state.credential) {
         let spent = if now.wall_ms >= cred.period_start_ms.saturating_add(period) {
             0
         } else {
-            cred.spent_cents
+            cred.spent_nanos
         };
-        if spent.saturating_add(call.reserve_cents) > cap {
+        if spent.saturating_add(reserve) > cap {
             return Some(refuse(Reason::BudgetExceeded));
         }
     }
@@ -361,7 +364,7 @@ fn usable_grant<'a>(
                 s.attempts.is_some_and(|a| a > 0)
             }
             Reason::ReservationInsufficient | Reason::BudgetExceeded => {
-                s.cents.is_some_and(|c| c > 0)
+                s.spend().is_some_and(|c| c.0 > 0)
             }
             Reason::ToolBlocked => s.tool.as_ref() == Some(&call.tool),
             // A human checked the remote side: a grant naming the operation (or tool).

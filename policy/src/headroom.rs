@@ -16,7 +16,7 @@ use crate::{Now, Policy, RunState};
 /// One dimension's headroom.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Headroom {
-    /// The dimension (`attempts`, `spend_cents`, `side_effects`, `deadline_ms`, `polls`,
+    /// The dimension (`attempts`, `spend_nanos`, `side_effects`, `deadline_ms`, `polls`,
     /// `depth`, `rate`).
     pub dimension: String,
     /// Used.
@@ -48,7 +48,10 @@ pub fn permille(used: u64, limit: u64) -> u32 {
 }
 
 /// How close a `{dimension: {used, limit}}` snapshot is to its limits.
+/// A snapshot of a record written before nanodollars (`spend_cents`) is read in
+/// nanodollars (`spend_nanos`).
 pub fn closeness(limits: &BTreeMap<String, Limit>) -> Closeness {
+    let limits = tally_record::decision::limits_in_nanos(limits);
     let mut each: Vec<Headroom> = limits
         .iter()
         .map(|(d, l)| Headroom {
@@ -135,7 +138,7 @@ mod tests {
     fn the_nearest_limit_wins() {
         let c = closeness(&limits(&[
             ("attempts", 9, 10),
-            ("spend_cents", 100, 1000),
+            ("spend_nanos", 100, 1000),
             ("deadline_ms", 10, 3_600_000),
         ]));
         assert_eq!(c.nearest.as_deref(), Some("attempts"));
@@ -145,7 +148,7 @@ mod tests {
                 .iter()
                 .map(|h| h.dimension.as_str())
                 .collect::<Vec<_>>(),
-            ["attempts", "spend_cents", "deadline_ms"]
+            ["attempts", "spend_nanos", "deadline_ms"]
         );
         assert_eq!(closeness(&BTreeMap::new()), Closeness::default());
     }

@@ -11,8 +11,8 @@ use tally_record::{Kind, Reason};
 pub enum Dimension {
     /// Attempts.
     Attempts,
-    /// Spend, cents.
-    SpendCents,
+    /// Spend, nanodollars (10⁻⁹ USD).
+    SpendNanos,
     /// Side effects.
     SideEffects,
     /// Polls of one remote operation.
@@ -28,7 +28,7 @@ impl Dimension {
     pub fn as_str(self) -> &'static str {
         match self {
             Dimension::Attempts => "attempts",
-            Dimension::SpendCents => "spend_cents",
+            Dimension::SpendNanos => "spend_nanos",
             Dimension::SideEffects => "side_effects",
             Dimension::Polls => "polls",
             Dimension::DeadlineMs => "deadline_ms",
@@ -53,7 +53,7 @@ pub enum Inconsistency {
         limit: u64,
     },
     /// An allow after an overrun (an outcome settled above its reservation), with no
-    /// human grant of cents since: no call is free then, as its outcome could settle any
+    /// human grant of spend since: no call is free then, as its outcome could settle any
     /// amount.
     AllowAfterOverrun,
     /// A record after the run's stop (outcomes of calls still open are not this: they
@@ -87,7 +87,7 @@ pub enum Inconsistency {
         attempt: u64,
     },
     /// An outcome for an attempt that already had its final outcome (`ok`, `error`,
-    /// `rejected`), or a second settlement (`settled_cents`) of one attempt.
+    /// `rejected`), or a second settlement (`settled_nanos` or `settled_cents`) of one attempt.
     DuplicateOutcome {
         /// The attempt.
         attempt: u64,
@@ -113,6 +113,15 @@ pub enum Inconsistency {
     InvalidApproval {
         /// Why.
         why: String,
+    },
+    /// An allow reserving less than the policy's price for its tool
+    /// (`[tool_prices]`): the gate reserves at least the price, whatever the agent
+    /// declares.
+    ReserveBelowPrice {
+        /// What the allow reserved, nanodollars.
+        reserved: u64,
+        /// The tool's price, nanodollars.
+        price: u64,
     },
     /// An allow that names an approval the run does not hold unused.
     GrantNotHeld {
@@ -161,6 +170,7 @@ impl Inconsistency {
         match self {
             Inconsistency::AllowBeyondLimit { .. } => "allow_beyond_limit",
             Inconsistency::AllowAfterOverrun => "allow_after_overrun",
+            Inconsistency::ReserveBelowPrice { .. } => "reserve_below_price",
             Inconsistency::AfterStop { .. } => "after_stop",
             Inconsistency::SecondStart => "second_start",
             Inconsistency::StartBeyondGrant { .. } => "start_beyond_grant",

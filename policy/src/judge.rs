@@ -147,9 +147,15 @@ fn allow(
         d.effect,
         Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
     );
-    let reserve = d.reserve_cents.unwrap_or(0);
+    let reserve = d.reserve().map_or(0, |n| n.0);
+    if let Some(price) = policy.tool_price(&call.tool).filter(|p| p.0 > reserve) {
+        found.push(Inconsistency::ReserveBelowPrice {
+            reserved: reserve,
+            price: price.0,
+        });
+    }
     let extra_attempts = grant.and_then(|g| g.scope.attempts).unwrap_or(0);
-    let extra_cents = grant.and_then(|g| g.scope.cents).unwrap_or(0);
+    let extra_nanos = grant.and_then(|g| g.scope.spend()).map_or(0, |n| n.0);
     let with_extra = |limit: Option<u64>, extra: u64| limit.map(|l| l.saturating_add(extra));
 
     let Some(attempts_used) = run.attempts_used.checked_add(u64::from(counted)) else {
@@ -162,13 +168,13 @@ fn allow(
         });
         return;
     };
-    if run.held_cents.checked_add(reserve).is_none() {
+    if run.held_nanos.checked_add(reserve).is_none() {
         found.push(Inconsistency::Overflow {
-            field: "held_cents",
+            field: "held_nanos",
         });
         return;
     }
-    let spent = run.spent_cents().saturating_add(reserve);
+    let spent = run.spent_nanos().saturating_add(reserve);
     let polls_used = poll.map(|r| run.refs[&r].polls.saturating_add(1));
     let dims = [
         (
@@ -184,10 +190,10 @@ fn allow(
             with_extra(run.side_effects_limit(), extra_attempts),
         ),
         (
-            Dimension::SpendCents,
+            Dimension::SpendNanos,
             reserve > 0,
             spent,
-            with_extra(run.spend_limit(), extra_cents),
+            with_extra(run.spend_limit(), extra_nanos),
         ),
         (
             Dimension::DeadlineMs,
@@ -217,7 +223,7 @@ fn allow(
             });
         }
     }
-    if run.overrun && extra_cents == 0 && run.spend_limit().is_some() {
+    if run.overrun && extra_nanos == 0 && run.spend_limit().is_some() {
         found.push(Inconsistency::AllowAfterOverrun);
     }
 }
@@ -235,12 +241,12 @@ fn outcome(run: &RunState, d: &Decision, found: &mut Vec<Inconsistency>) {
         None if attempt <= run.forgotten_to => {}
         None => found.push(Inconsistency::DuplicateOutcome { attempt }),
         Some(a) => {
-            if a.settled && d.settled_cents.is_some() {
+            if a.settled && d.settled().is_some() {
                 found.push(Inconsistency::DuplicateOutcome { attempt });
-            } else if let Some(c) = d.settled_cents {
-                if run.settled_cents.checked_add(c).is_none() {
+            } else if let Some(c) = d.settled() {
+                if run.settled_nanos.checked_add(c.0).is_none() {
                     found.push(Inconsistency::Overflow {
-                        field: "settled_cents",
+                        field: "settled_nanos",
                     });
                 }
             }

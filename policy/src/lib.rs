@@ -35,6 +35,7 @@ pub mod error;
 pub mod headroom;
 pub mod inconsistency;
 pub mod judge;
+pub mod prices;
 pub mod rules;
 pub mod start;
 pub mod state;

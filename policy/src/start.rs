@@ -63,7 +63,8 @@ pub fn left_of(parent: &RunState) -> Budget {
     let left = |limit: Option<u64>, used: u64| limit.map(|l| l.saturating_sub(used));
     Budget {
         attempts: left(parent.attempts_limit(), parent.attempts_used),
-        spend_cents: left(parent.spend_limit(), parent.spent_cents()),
+        spend_cents: None,
+        spend_nanos: left(parent.spend_limit(), parent.spent_nanos()),
         side_effects: left(parent.side_effects_limit(), parent.side_effects_used),
         deadline_ms: parent
             .budget
@@ -84,7 +85,9 @@ fn clamp(b: Budget, most: &Budget) -> Budget {
     Budget {
         attempts: pick(b.attempts, most.attempts),
         deadline_ms: pick(b.deadline_ms, most.deadline_ms),
-        spend_cents: pick(b.spend_cents, most.spend_cents),
+        // Money in one unit: what a run is granted counts nanodollars.
+        spend_cents: None,
+        spend_nanos: pick(b.spend().map(|n| n.0), most.spend().map(|n| n.0)),
         side_effects: pick(b.side_effects, most.side_effects),
         polls: pick(b.polls, most.polls),
         depth: pick(b.depth, most.depth),
@@ -175,7 +178,11 @@ fn beyond(granted: &Budget, most: &Budget, found: &mut Vec<Inconsistency>) {
     let dims = [
         (Dimension::Attempts, granted.attempts, most.attempts),
         (Dimension::DeadlineMs, granted.deadline_ms, most.deadline_ms),
-        (Dimension::SpendCents, granted.spend_cents, most.spend_cents),
+        (
+            Dimension::SpendNanos,
+            granted.spend().map(|n| n.0),
+            most.spend().map(|n| n.0),
+        ),
         (
             Dimension::SideEffects,
             granted.side_effects,
@@ -207,9 +214,9 @@ pub fn delegate(parent: &mut RunState, child: &Budget) {
     parent.delegated_attempts = parent
         .delegated_attempts
         .saturating_add(child.attempts.unwrap_or(0));
-    parent.delegated_cents = parent
-        .delegated_cents
-        .saturating_add(child.spend_cents.unwrap_or(0));
+    parent.delegated_nanos = parent
+        .delegated_nanos
+        .saturating_add(child.spend().map_or(0, |n| n.0));
     parent.delegated_side_effects = parent
         .delegated_side_effects
         .saturating_add(child.side_effects.unwrap_or(0));

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use tally_record::decision::{Budget, Scope};
+use tally_record::money::Nanos;
 use tally_record::{Effect, Reason, Status};
 
 mod shared;
@@ -49,7 +50,7 @@ impl Ranges {
 }
 
 /// Most attempts a run keeps open (allowed, no final outcome). Beyond it the oldest open
-/// attempt is forgotten: its held cents stay counted as held (it may have been charged),
+/// attempt is forgotten: its held nanodollars stay counted as held (it may have been charged),
 /// and its later outcome is counted without being matched. The gate never gets there
 /// (a run holds at most [`MAX_IN_FLIGHT_PER_RUN`] open calls); a raw ledger with
 /// thousands of calls and no outcomes does, and stays bounded.
@@ -79,9 +80,9 @@ pub struct Attempt {
     pub op: u64,
     /// Its effect class.
     pub effect: Option<Effect>,
-    /// Cents reserved.
+    /// Nanodollars reserved.
     pub reserved: u64,
-    /// Cents still held (reserved, not settled or released).
+    /// Nanodollars still held (reserved, not settled or released).
     pub held: u64,
     /// Whether it used an attempt (exempt tools and polls do not).
     pub counted: bool,
@@ -169,7 +170,8 @@ pub struct RunState {
     pub credential: Option<String>,
     /// The uid that started it (only it may act on the run).
     pub owner_uid: Option<u32>,
-    /// The budget granted at start.
+    /// The budget granted at start, its spend in nanodollars (`spend_nanos`; never
+    /// `spend_cents`: [`RunState`] keeps money in one unit).
     #[serde(with = "budget_fields")]
     pub budget: Budget,
     /// Wall time of run time 0, ms.
@@ -188,16 +190,16 @@ pub struct RunState {
     pub attempts_refunded: u64,
     /// Side effects used.
     pub side_effects_used: u64,
-    /// Cents settled.
-    pub settled_cents: u64,
-    /// Cents held by allowed, unsettled attempts.
-    pub held_cents: u64,
-    /// Some attempt settled above its reservation, and no human has granted cents
+    /// Nanodollars settled.
+    pub settled_nanos: u64,
+    /// Nanodollars held by allowed, unsettled attempts.
+    pub held_nanos: u64,
+    /// Some attempt settled above its reservation, and no human has granted spend
     /// since: no further call is allowed.
     pub overrun: bool,
-    /// Cents settled above their attempts' reservations, in all (the upstream billed
+    /// Nanodollars settled above their attempts' reservations, in all (the upstream billed
     /// more than was reserved: a fact the reports show, not an inconsistency).
-    pub overrun_cents: u64,
+    pub overrun_nanos: u64,
     /// Started by the gate (its start record names the policy it was granted under):
     /// the gate numbers its attempts one by one, so a gap is attempts it issued that no
     /// record given shows.
@@ -207,14 +209,14 @@ pub struct RunState {
     pub forgotten_to: u64,
     /// Attempts (and side effects) granted by approvals used so far.
     pub extra_attempts: u64,
-    /// Cents granted by approvals used so far.
-    pub extra_cents: u64,
+    /// Nanodollars granted by approvals used so far.
+    pub extra_nanos: u64,
     /// Tools unblocked by approvals.
     pub unblocked: Vec<String>,
-    /// Attempts and cents carved out for child runs.
+    /// Attempts carved out for child runs.
     pub delegated_attempts: u64,
-    /// Cents carved out for child runs.
-    pub delegated_cents: u64,
+    /// Nanodollars carved out for child runs.
+    pub delegated_nanos: u64,
     /// Side effects carved out for child runs.
     pub delegated_side_effects: u64,
     /// Every attempt number allowed.
@@ -263,7 +265,7 @@ mod budget_fields {
         (
             b.attempts,
             b.deadline_ms,
-            b.spend_cents,
+            b.spend().map(|n| n.0),
             b.side_effects,
             b.polls,
             b.depth,
@@ -272,12 +274,13 @@ mod budget_fields {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Budget, D::Error> {
-        let (attempts, deadline_ms, spend_cents, side_effects, polls, depth) =
+        let (attempts, deadline_ms, spend_nanos, side_effects, polls, depth) =
             Fields::deserialize(d)?;
         Ok(Budget {
             attempts,
             deadline_ms,
-            spend_cents,
+            spend_cents: None,
+            spend_nanos,
             side_effects,
             polls,
             depth,
@@ -292,14 +295,15 @@ mod scope_fields {
     type Fields = (Option<u64>, Option<u64>, Option<String>, Option<String>);
 
     pub fn serialize<S: Serializer>(sc: &Scope, s: S) -> Result<S::Ok, S::Error> {
-        (sc.attempts, sc.cents, &sc.tool, &sc.operation).serialize(s)
+        (sc.attempts, sc.spend().map(|n| n.0), &sc.tool, &sc.operation).serialize(s)
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Scope, D::Error> {
-        let (attempts, cents, tool, operation) = Fields::deserialize(d)?;
+        let (attempts, nanos, tool, operation) = Fields::deserialize(d)?;
         Ok(Scope {
             attempts,
-            cents,
+            cents: None,
+            nanos,
             tool,
             operation,
         })
@@ -399,11 +403,11 @@ impl RunState {
         })
     }
 
-    /// The spend limit in force, cents.
+    /// The spend limit in force, nanodollars.
     pub fn spend_limit(&self) -> Option<u64> {
-        self.budget.spend_cents.map(|c| {
-            c.saturating_add(self.extra_cents)
-                .saturating_sub(self.delegated_cents)
+        self.budget.spend().map(|Nanos(c)| {
+            c.saturating_add(self.extra_nanos)
+                .saturating_sub(self.delegated_nanos)
         })
     }
 
@@ -415,9 +419,38 @@ impl RunState {
         })
     }
 
-    /// Cents committed: settled plus held.
-    pub fn spent_cents(&self) -> u64 {
-        self.settled_cents.saturating_add(self.held_cents)
+    /// Nanodollars committed: settled plus held.
+    pub fn spent_nanos(&self) -> u64 {
+        self.settled_nanos.saturating_add(self.held_nanos)
+    }
+
+    /// A run state kept when money was counted in cents (gate state format 2: the same
+    /// fields, every amount in cents), its amounts read exactly as nanodollars; `None`
+    /// if one does not fit.
+    pub fn from_cents(mut self) -> Option<RunState> {
+        let n = |c: u64| Nanos::from_cents(c).map(|n| n.0);
+        for v in [
+            &mut self.settled_nanos,
+            &mut self.held_nanos,
+            &mut self.overrun_nanos,
+            &mut self.extra_nanos,
+            &mut self.delegated_nanos,
+        ] {
+            *v = n(*v)?;
+        }
+        if let Some(spend) = self.budget.spend_nanos {
+            self.budget.spend_nanos = Some(n(spend)?);
+        }
+        for a in self.open.values_mut() {
+            a.reserved = n(a.reserved)?;
+            a.held = n(a.held)?;
+        }
+        for g in &mut self.grants {
+            if let Some(extra) = g.scope.nanos {
+                g.scope.nanos = Some(n(extra)?);
+            }
+        }
+        Some(self)
     }
 
     /// The tool an open attempt called.
@@ -485,7 +518,7 @@ pub fn standing(
         }
     };
     put("attempts", run.attempts_used, run.attempts_limit());
-    put("spend_cents", run.spent_cents(), run.spend_limit());
+    put("spend_nanos", run.spent_nanos(), run.spend_limit());
     put(
         "side_effects",
         run.side_effects_used,

@@ -183,14 +183,17 @@ impl<'a> Reader<'a> {
         opt!(reason, reason(self.word()?)?);
         opt!(attempt, self.u64()?);
         opt!(reserve_cents, self.u64()?);
+        opt!(reserve_nanos, self.u64()?);
         opt!(status, status(self.word()?)?);
         opt!(settled_cents, self.u64()?);
+        opt!(settled_nanos, self.u64()?);
         opt!(remote_ref, self.string()?);
         opt!(observed, self.string()?);
         opt!(retry_after_ms, self.u64()?);
         opt!(of, self.u64()?);
         opt!(slots, self.u64()?);
         opt!(cents, self.u64()?);
+        opt!(nanos, self.u64()?);
         opt!(approver, self.string()?);
         opt!(scope, self.scope()?);
         opt!(digest, self.string()?);
@@ -228,6 +231,7 @@ impl<'a> Reader<'a> {
         opt!(attempts);
         opt!(deadline_ms);
         opt!(spend_cents);
+        opt!(spend_nanos);
         opt!(side_effects);
         opt!(polls);
         opt!(depth);
@@ -245,6 +249,9 @@ impl<'a> Reader<'a> {
         }
         if self.key(&mut first, "cents") {
             s.cents = Some(self.u64()?);
+        }
+        if self.key(&mut first, "nanos") {
+            s.nanos = Some(self.u64()?);
         }
         if self.key(&mut first, "tool") {
             s.tool = Some(self.string()?);
@@ -375,20 +382,33 @@ mod tests {
 
     fn decision() -> BoxedStrategy<Decision> {
         let kinds = prop::sample::select(Kind::ALL.to_vec());
-        let budget = (o(num()), o(num()), o(num()), o(num()), o(num()), o(num())).prop_map(
-            |(attempts, deadline_ms, spend_cents, side_effects, polls, depth)| Budget {
-                attempts,
-                deadline_ms,
-                spend_cents,
-                side_effects,
-                polls,
-                depth,
-            },
-        );
-        let scope = (o(num()), o(num()), o(text()), o(text())).prop_map(
-            |(attempts, cents, tool, operation)| Scope {
+        let budget = (
+            o(num()),
+            o(num()),
+            o(num()),
+            o(num()),
+            o(num()),
+            o(num()),
+            o(num()),
+        )
+            .prop_map(
+                |(attempts, deadline_ms, spend_cents, spend_nanos, side_effects, polls, depth)| {
+                    Budget {
+                        attempts,
+                        deadline_ms,
+                        spend_cents,
+                        spend_nanos,
+                        side_effects,
+                        polls,
+                        depth,
+                    }
+                },
+            );
+        let scope = (o(num()), o(num()), o(num()), o(text()), o(text())).prop_map(
+            |(attempts, cents, nanos, tool, operation)| Scope {
                 attempts,
                 cents,
+                nanos,
                 tool,
                 operation,
             },
@@ -476,8 +496,12 @@ mod tests {
             o(text()),
         )
             .boxed();
-        (a, b, c, e, o(limits), g)
-            .prop_map(|(a, b, c, e, limits, g)| Decision {
+        let h = (o(num()), o(num()), o(num())).boxed();
+        (a, b, c, e, o(limits), g, h)
+            .prop_map(|(a, b, c, e, limits, g, h)| Decision {
+                reserve_nanos: h.0,
+                settled_nanos: h.1,
+                nanos: h.2,
                 run: a.0,
                 kind: Some(a.1),
                 worker: a.2,

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 pub use crate::args::Args;
 use crate::error::DecisionError;
+use crate::money::Nanos;
 pub use crate::strict::is_blank_line;
 use crate::strict::{limits, present};
 
@@ -40,10 +41,16 @@ pub struct Budget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub deadline_ms: Option<u64>,
-    /// Spend allowed, in cents.
+    /// Spend allowed, in cents (records before nanodollars; read exactly as
+    /// nanodollars, see [`Budget::spend`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub spend_cents: Option<u64>,
+    /// Spend allowed, in nanodollars (10⁻⁹ USD). At most one of `spend_cents` and
+    /// `spend_nanos`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub spend_nanos: Option<u64>,
     /// Side-effecting calls allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
@@ -66,10 +73,14 @@ pub struct Scope {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub attempts: Option<u64>,
-    /// Extra cents.
+    /// Extra spend, in cents (records before nanodollars).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub cents: Option<u64>,
+    /// Extra spend, in nanodollars. At most one of `cents` and `nanos`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub nanos: Option<u64>,
     /// A tool otherwise blocked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
@@ -176,14 +187,24 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub reserve_cents: Option<u64>,
+    /// Spend reserved before the call, in nanodollars. At most one of `reserve_cents`
+    /// and `reserve_nanos`; read both through [`Decision::reserve`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub reserve_nanos: Option<u64>,
     /// Outcome status (required for outcome).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub status: Option<Status>,
-    /// Actual spend (outcome).
+    /// Actual spend (outcome), in cents (records before nanodollars).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub settled_cents: Option<u64>,
+    /// Actual spend (outcome), in nanodollars. At most one of `settled_cents` and
+    /// `settled_nanos`; read both through [`Decision::settled`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub settled_nanos: Option<u64>,
     /// Remote operation id (outcome; on allow and deny, the operation a poll reads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
@@ -204,10 +225,15 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub slots: Option<u64>,
-    /// Reserved cents released (refund).
+    /// Reserved cents released (refund; records before nanodollars).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub cents: Option<u64>,
+    /// Reserved nanodollars released (refund). At most one of `cents` and `nanos`; read
+    /// both through [`Decision::refunded`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub nanos: Option<u64>,
     /// Who approved (override).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
@@ -300,6 +326,7 @@ pub const LIMIT_DIMENSIONS: &[&str] = &[
     "attempts",
     "deadline_ms",
     "spend_cents",
+    "spend_nanos",
     "side_effects",
     "polls",
     "depth",
@@ -330,6 +357,25 @@ impl Decision {
     /// The record's kind. Validated decisions always have one.
     pub fn kind(&self) -> Kind {
         self.kind.unwrap_or(Kind::Start)
+    }
+
+    /// The reservation in nanodollars, from `reserve_nanos` or `reserve_cents` (exactly).
+    /// For a validated record; a cents amount too large for nanodollars (which
+    /// [`Decision::validate`] refuses) reads as [`Nanos::MAX`], never wrapped.
+    pub fn reserve(&self) -> Option<Nanos> {
+        amount(self.reserve_cents, self.reserve_nanos)
+    }
+
+    /// The settled spend in nanodollars, from `settled_nanos` or `settled_cents`; as
+    /// [`Decision::reserve`].
+    pub fn settled(&self) -> Option<Nanos> {
+        amount(self.settled_cents, self.settled_nanos)
+    }
+
+    /// The refunded reservation in nanodollars, from `nanos` or `cents`; as
+    /// [`Decision::reserve`].
+    pub fn refunded(&self) -> Option<Nanos> {
+        amount(self.cents, self.nanos)
     }
 
     /// Replace raw `args` by their digest. Raw arguments never reach the store.
@@ -409,6 +455,51 @@ impl std::io::Write for SameBytes<'_> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// One amount given in cents or in nanodollars: exactly, or [`Nanos::MAX`] for cents that
+/// do not fit (refused by validation).
+pub(crate) fn amount(cents: Option<u64>, nanos: Option<u64>) -> Option<Nanos> {
+    match (nanos, cents) {
+        (Some(n), _) => Some(Nanos(n)),
+        (None, Some(c)) => Some(Nanos::from_cents(c).unwrap_or(Nanos::MAX)),
+        (None, None) => None,
+    }
+}
+
+/// A `limits` snapshot with its spend in nanodollars: records before nanodollars name
+/// the dimension `spend_cents` (used and limit in cents); this gives it as `spend_nanos`,
+/// exactly (a cents amount too large, which validation refuses, reads as the most a
+/// `u64` holds). Every other dimension is as given.
+pub fn limits_in_nanos(limits: &BTreeMap<String, Limit>) -> BTreeMap<String, Limit> {
+    let mut out = limits.clone();
+    if let Some(l) = out.remove("spend_cents") {
+        let n = |c: u64| Nanos::from_cents(c).unwrap_or(Nanos::MAX).0;
+        out.insert(
+            "spend_nanos".to_owned(),
+            Limit {
+                used: n(l.used),
+                limit: n(l.limit),
+            },
+        );
+    }
+    out
+}
+
+impl Budget {
+    /// The spend allowed in nanodollars, from `spend_nanos` or `spend_cents`; as
+    /// [`Decision::reserve`].
+    pub fn spend(&self) -> Option<Nanos> {
+        amount(self.spend_cents, self.spend_nanos)
+    }
+}
+
+impl Scope {
+    /// The extra spend approved in nanodollars, from `nanos` or `cents`; as
+    /// [`Decision::reserve`].
+    pub fn spend(&self) -> Option<Nanos> {
+        amount(self.cents, self.nanos)
     }
 }
 

@@ -86,6 +86,22 @@ pub enum DecisionError {
     /// `args` that cannot be read exactly.
     #[error("field `args`: {0}")]
     Args(#[from] ArgsError),
+    /// One amount given both in cents and in nanodollars.
+    #[error("`{cents}` and `{nanos}` are the same amount in two units: give one of them (`{nanos}` for nanodollars, 10^-9 USD)")]
+    BothUnits {
+        /// The field in cents.
+        cents: &'static str,
+        /// The field in nanodollars.
+        nanos: &'static str,
+    },
+    /// An amount in cents too large to count in nanodollars (a `u64`).
+    #[error("`{field}` = {cents} cents does not fit in nanodollars (at most 1844674407370 cents): give a smaller amount")]
+    CentsOverflow {
+        /// The field in cents.
+        field: &'static str,
+        /// The amount given.
+        cents: u64,
+    },
 }
 
 fn place(path: &str) -> String {

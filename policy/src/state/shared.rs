@@ -137,6 +137,15 @@ pub struct CredentialState {
     pub bucket: Bucket,
     /// Wall time the current spend period began, ms.
     pub period_start_ms: u64,
-    /// Cents reserved or settled in the period.
-    pub spent_cents: u64,
+    /// Nanodollars reserved or settled in the period.
+    pub spent_nanos: u64,
+}
+
+impl CredentialState {
+    /// A credential state kept when money was counted in cents (gate state format 2),
+    /// its amounts read exactly as nanodollars; `None` if one does not fit.
+    pub fn from_cents(mut self) -> Option<CredentialState> {
+        self.spent_nanos = tally_record::money::Nanos::from_cents(self.spent_nanos)?.0;
+        Some(self)
+    }
 }

@@ -11,6 +11,64 @@ use super::{
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
 
 impl Decision {
+    /// Each amount in one unit only, and every cents amount exactly convertible to
+    /// nanodollars (docs/FORMAT.md, "Money").
+    fn validate_amounts(&self) -> Result<(), DecisionError> {
+        let budget = self.budget.as_ref();
+        let scope = self.scope.as_ref();
+        let pairs = [
+            (
+                "reserve_cents",
+                self.reserve_cents,
+                "reserve_nanos",
+                self.reserve_nanos.is_some(),
+            ),
+            (
+                "settled_cents",
+                self.settled_cents,
+                "settled_nanos",
+                self.settled_nanos.is_some(),
+            ),
+            ("cents", self.cents, "nanos", self.nanos.is_some()),
+            (
+                "budget.spend_cents",
+                budget.and_then(|b| b.spend_cents),
+                "budget.spend_nanos",
+                budget.is_some_and(|b| b.spend_nanos.is_some()),
+            ),
+            (
+                "scope.cents",
+                scope.and_then(|s| s.cents),
+                "scope.nanos",
+                scope.is_some_and(|s| s.nanos.is_some()),
+            ),
+        ];
+        for (cents_field, cents, nanos_field, nanos) in pairs {
+            if let Some(c) = cents {
+                if nanos {
+                    return Err(DecisionError::BothUnits {
+                        cents: cents_field,
+                        nanos: nanos_field,
+                    });
+                }
+                if crate::money::Nanos::from_cents(c).is_none() {
+                    return Err(DecisionError::CentsOverflow {
+                        field: cents_field,
+                        cents: c,
+                    });
+                }
+            }
+        }
+        if let Some(l) = self.limits.as_ref().and_then(|l| l.get("spend_cents")) {
+            for (v, field) in [(l.used, "limits.spend_cents.used"), (l.limit, "limits.spend_cents.limit")] {
+                if crate::money::Nanos::from_cents(v).is_none() {
+                    return Err(DecisionError::CentsOverflow { field, cents: v });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Check the decision against docs/FORMAT.md: required fields per kind, fields only
     /// on the kinds they belong to, bounded text, well-formed digests.
     pub fn validate(&self) -> Result<(), DecisionError> {
@@ -79,7 +137,8 @@ impl Decision {
                 });
             }
         }
-        let present: [(&'static str, bool, &[Kind]); 43] = [
+        self.validate_amounts()?;
+        let present: [(&'static str, bool, &[Kind]); 46] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -106,10 +165,16 @@ impl Decision {
                 &[Kind::Allow, Kind::Deny, Kind::Outcome],
             ),
             ("reserve_cents", self.reserve_cents.is_some(), CALL),
+            ("reserve_nanos", self.reserve_nanos.is_some(), CALL),
             ("status", self.status.is_some(), &[Kind::Outcome]),
             (
                 "settled_cents",
                 self.settled_cents.is_some(),
+                &[Kind::Outcome],
+            ),
+            (
+                "settled_nanos",
+                self.settled_nanos.is_some(),
                 &[Kind::Outcome],
             ),
             (
@@ -126,6 +191,7 @@ impl Decision {
             ("of", self.of.is_some(), &[Kind::Refund]),
             ("slots", self.slots.is_some(), &[Kind::Refund]),
             ("cents", self.cents.is_some(), &[Kind::Refund]),
+            ("nanos", self.nanos.is_some(), &[Kind::Refund]),
             ("approver", self.approver.is_some(), &[Kind::Override]),
             ("scope", self.scope.is_some(), &[Kind::Override]),
             ("digest", self.digest.is_some(), &[Kind::Override]),
@@ -278,9 +344,15 @@ impl Decision {
                 if !LIMIT_DIMENSIONS.contains(&name.as_str()) {
                     return Err(DecisionError::Invalid {
                         field: "limits",
-                        why: "unknown dimension (known: attempts, deadline_ms, spend_cents, side_effects, polls, depth, rate)",
+                        why: "unknown dimension (known: attempts, deadline_ms, spend_cents, spend_nanos, side_effects, polls, depth, rate)",
                     });
                 }
+            }
+            if limits.contains_key("spend_cents") && limits.contains_key("spend_nanos") {
+                return Err(DecisionError::BothUnits {
+                    cents: "limits.spend_cents",
+                    nanos: "limits.spend_nanos",
+                });
             }
         }
         Ok(())

@@ -158,7 +158,7 @@ fn finding_text(f: &Inconsistency) -> String {
                 after_start(*used),
                 duration(limit.saturating_add(1))
             ),
-            tally_policy::Dimension::SpendCents => format!(
+            tally_policy::Dimension::SpendNanos => format!(
                 "allowed beyond its spend limit in force ({used}¢ of {limit}¢, approvals used \
                  and what its child runs took counted)"
             ),

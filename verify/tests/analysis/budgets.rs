@@ -17,7 +17,7 @@ fn spend_reservation_overrun() {
                 3,
                 "spend",
                 Inconsistency::AllowBeyondLimit {
-                    dimension: Dimension::SpendCents,
+                    dimension: Dimension::SpendNanos,
                     used: 125,
                     limit: 100
                 }
@@ -247,7 +247,7 @@ fn eight_workers_sharing_one_budget() {
                 17,
                 "fleet",
                 Inconsistency::AllowBeyondLimit {
-                    dimension: Dimension::SpendCents,
+                    dimension: Dimension::SpendNanos,
                     used: 410,
                     limit: 400
                 }
