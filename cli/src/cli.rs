@@ -102,7 +102,10 @@ pub enum Command {
         /// Extra attempts (and side effects).
         #[arg(long)]
         attempts: Option<u64>,
-        /// Extra cents.
+        /// Extra spend in US dollars, exact (`0.30`).
+        #[arg(long, conflicts_with = "cents")]
+        usd: Option<String>,
+        /// Extra spend in cents.
         #[arg(long)]
         cents: Option<u64>,
         /// The one tool it is for (unblocks it, if the policy blocks it).

@@ -386,11 +386,11 @@ async fn gate_story(
     ask(
         &mut c,
         "/v1/runs",
-        json!({"run": "lost-post", "goal": "pay invoice 4411", "budget": {"spend_cents": 500}}),
+        json!({"run": "lost-post", "goal": "pay invoice 4411", "budget": {"spend_nanos": 5_000_000_000u64}}),
     )
     .await?;
     let pay = json!({"run": "lost-post", "tool": "payments", "operation": "payments.create", "effect": "non_idempotent_write",
-        "args": {"invoice": 4411, "cents": 12000}, "reserve_cents": 120});
+        "args": {"invoice": 4411, "cents": 12000}, "reserve_nanos": 1_200_000_000u64});
     let first = ask(&mut c, "/v1/check", pay.clone()).await?;
     outln!("  pay:   {}", said(&first));
     ask(
@@ -412,26 +412,26 @@ async fn gate_story(
     ask(
         &mut c,
         "/v1/runs",
-        json!({"run": "summarize", "goal": "summarize the inbox", "budget": {"spend_cents": 50}}),
+        json!({"run": "summarize", "goal": "summarize the inbox", "budget": {"spend_nanos": 500_000_000}}),
     )
     .await?;
-    let big = json!({"run": "summarize", "tool": "llm", "operation": "summarize", "effect": "read", "reserve_cents": 40});
+    let big = json!({"run": "summarize", "tool": "llm", "operation": "summarize", "effect": "read", "reserve_nanos": 400_000_000});
     let one = ask(&mut c, "/v1/check", big.clone()).await?;
     ask(
         &mut c,
         "/v1/outcome",
-        json!({"run": "summarize", "attempt": one["attempt"], "status": "ok", "settled_cents": 35}),
+        json!({"run": "summarize", "attempt": one["attempt"], "status": "ok", "settled_nanos": 350_000_000}),
     )
     .await?;
-    let two = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_cents": 40})).await?;
-    outln!("  first 40¢: {}; settled 35¢", said(&one));
-    outln!("  next 40¢:  {}", said(&two));
+    let two = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_nanos": 400_000_000})).await?;
+    outln!("  first $0.40: {}; settled $0.35", said(&one));
+    outln!("  next $0.40:  {}", said(&two));
     ok &= two["decision"] == "require_approval";
-    // A human looks, and grants 30¢ more for that one operation, for ten minutes.
+    // A human looks, and grants $0.30 more for that one operation, for ten minutes.
     let mut op = GateClient::new(operator_socket);
     let at = op.run("summarize").await?["at_ms"].as_u64().unwrap_or(0);
     let scope = tally_ledger::decision::Scope {
-        cents: Some(30),
+        nanos: Some(300_000_000),
         operation: Some("summarize.more".into()),
         ..Default::default()
     };
@@ -446,19 +446,19 @@ async fn gate_story(
     )
     .await?;
     outln!(
-        "  dana approves 30¢ more for summarize.more (signed, one use, 10 min): seq {}",
+        "  dana approves $0.30 more for summarize.more (signed, one use, 10 min): seq {}",
         approved["seq"]
     );
-    let three = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_cents": 40})).await?;
+    let three = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_nanos": 400_000_000})).await?;
     outln!("  asked again: {}", said(&three));
     ok &= three["decision"] == "allow";
     ask(
         &mut c,
         "/v1/outcome",
-        json!({"run": "summarize", "attempt": three["attempt"], "status": "ok", "settled_cents": 38}),
+        json!({"run": "summarize", "attempt": three["attempt"], "status": "ok", "settled_nanos": 380_000_000}),
     )
     .await?;
-    outln!("  settled 38¢: the inbox is summarized");
+    outln!("  settled $0.38: the inbox is summarized");
     ask(
         &mut c,
         "/v1/runs/summarize/stop",
@@ -473,7 +473,7 @@ async fn gate_story(
 }
 
 /// Where `run` stands, as the gate has it, in a line: `run export-q3: stopped
-/// (retries_exhausted); 3 of 20 attempts used; 0¢ settled`.
+/// (retries_exhausted); 3 of 20 attempts used; $0.00 settled`.
 pub(crate) async fn standing(operator_socket: &Path, run: &str) -> Result<String> {
     use tally_verify::text::{plural, shown};
     let v = GateClient::new(operator_socket).run(run).await?;
@@ -489,9 +489,9 @@ pub(crate) async fn standing(operator_socket: &Path, run: &str) -> Result<String
         None => plural(used, "attempt", "attempts"),
     };
     Ok(format!(
-        "run {}: {state}; {attempts} used; {}¢ settled",
+        "run {}: {state}; {attempts} used; {} settled",
         shown(run),
-        v["settled_cents"].as_u64().unwrap_or(0)
+        tally_ledger::money::Nanos(v["settled_nanos"].as_u64().unwrap_or(0))
     ))
 }
 
@@ -548,7 +548,7 @@ fn summary(found: &analysis::Report, replayed: &tally_verify::replay::ReplayRepo
 const GATED: [&str; 4] = ["export-q3", "lost-post", "summarize", crate::demo_mcp::RUN];
 
 /// A handoff in the words of [`standing`]: `run export-q3: stopped (retries_exhausted);
-/// 3 of 20 attempts used; 0¢ settled`.
+/// 3 of 20 attempts used; $0.00 settled`.
 fn handoff_line(h: &analysis::Handoff) -> String {
     use tally_verify::text::{plural, shown};
     let state = match &h.stop.reason {
@@ -564,9 +564,9 @@ fn handoff_line(h: &analysis::Handoff) -> String {
         None => plural(h.attempts.used, "attempt", "attempts"),
     };
     format!(
-        "run {}: {state}; {attempts} used; {}¢ settled",
+        "run {}: {state}; {attempts} used; {} settled",
         shown(&h.run),
-        h.spend.settled_cents
+        tally_ledger::money::Nanos(h.spend.settled_nanos)
     )
 }
 

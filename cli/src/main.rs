@@ -127,6 +127,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             approver,
             expires,
             attempts,
+            usd,
             cents,
             tool,
             operation,
@@ -141,6 +142,10 @@ fn run(command: Command) -> anyhow::Result<Exit> {
                 scope: tally_ledger::decision::Scope {
                     attempts,
                     cents,
+                    nanos: usd
+                        .map(|u| tally_ledger::money::parse_usd(&u).map(|n| n.0))
+                        .transpose()
+                        .map_err(|e| anyhow::anyhow!("--usd: {e}"))?,
                     tool,
                     operation,
                 },

@@ -88,7 +88,7 @@ pub fn approve(socket: &Path, g: Grant) -> Result<Exit> {
             .context("name the approver with --approver")?,
     };
     if g.scope == Scope::default() {
-        bail!("an approval must grant something: give --attempts, --cents, --tool or --operation");
+        bail!("an approval must grant something: give --attempts, --usd (or --cents), --tool or --operation");
     }
     block_on(async {
         let mut gate = gate(socket).await?;
@@ -137,13 +137,15 @@ fn granted_text(
             None => format!("{a} more {plural}"),
         });
     }
-    if let Some(c) = scope.cents.filter(|&c| c > 0) {
-        gives.push(match limit("spend_cents") {
+    if let Some(c) = scope.spend().filter(|c| c.0 > 0) {
+        use tally_ledger::money::Nanos;
+        gives.push(match limit("spend_nanos") {
             Some(l) => format!(
-                "{c}¢ more (its spend limit {l}¢ -> {}¢)",
-                l.saturating_add(c)
+                "{c} more (its spend limit {} -> {})",
+                Nanos(l),
+                Nanos(l.saturating_add(c.0))
             ),
-            None => format!("{c}¢ more"),
+            None => format!("{c} more"),
         });
     }
     let mut only = Vec::new();
@@ -183,10 +185,15 @@ pub fn runs(socket: &Path, json: bool) -> Result<Exit> {
             outln!("no runs");
         }
         for r in list {
-            let used = |d: &str, unit: &str| {
+            let used = |d: &str| {
                 let l = &r["limits"][d];
                 match (l["used"].as_u64(), l["limit"].as_u64()) {
-                    (Some(u), Some(m)) => format!("{u}{unit} of {m}{unit}"),
+                    (Some(u), Some(m)) if d == "spend_nanos" => format!(
+                        "{} of {}",
+                        tally_ledger::money::Nanos(u),
+                        tally_ledger::money::Nanos(m)
+                    ),
+                    (Some(u), Some(m)) => format!("{u} of {m}"),
                     _ => "-".into(),
                 }
             };
@@ -194,9 +201,9 @@ pub fn runs(socket: &Path, json: bool) -> Result<Exit> {
                 "{:<24} {:<8} attempts {:<10} spend {:<14} held {:<6} started {} ago{}",
                 tally_verify::text::shown(r["run"].as_str().unwrap_or("?")),
                 r["state"].as_str().unwrap_or("?"),
-                used("attempts", ""),
-                used("spend_cents", "¢"),
-                format!("{}¢", r["held_cents"]),
+                used("attempts"),
+                used("spend_nanos"),
+                crate::top::usd(&r["held_nanos"]),
                 tally_verify::text::duration(r["at_ms"].as_u64().unwrap_or(0)),
                 r["stop_reason"]
                     .as_str()

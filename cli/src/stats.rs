@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
+use tally_ledger::money::Nanos;
 use tally_ledger::Reason;
 use tally_verify::analysis::{self, Attempts, Handoff, Spend};
 use tally_verify::text::{plural, shown};
@@ -52,6 +53,14 @@ impl<'a> RunStats<'a> {
     }
 }
 
+/// Spend settled of its limit, as people read it: `$0.35 of $0.50`.
+fn usd_of(used: u64, limit: Option<u64>) -> String {
+    match limit {
+        Some(l) => format!("{} of {}", Nanos(used), Nanos(l)),
+        None => format!("{} (no limit)", Nanos(used)),
+    }
+}
+
 impl StatsReport<'_> {
     /// The table people read, and the count of inconsistencies found.
     pub fn to_text(&self, inconsistencies: u64) -> String {
@@ -69,8 +78,8 @@ impl StatsReport<'_> {
                 "{:<24} {:<16} {:<20} {:<14} {}{}\n",
                 shown(r.run),
                 of(a.used, a.limit, ""),
-                of(s.settled_cents, s.limit_cents, "¢"),
-                format!("{}¢", s.reserved_cents),
+                usd_of(s.settled_nanos, s.limit_nanos),
+                Nanos(s.reserved_nanos).to_string(),
                 r.stop.map_or_else(|| "running".into(), |r| r.to_string()),
                 if r.over_cap {
                     format!(

@@ -45,9 +45,18 @@ pub(crate) async fn all_runs(socket: &Path) -> Result<Vec<Value>> {
 fn used(r: &Value, dim: &str) -> String {
     let each = r["closeness"]["each"].as_array();
     if let Some(h) = each.and_then(|e| e.iter().find(|h| h["dimension"] == dim)) {
+        if dim == "spend_nanos" {
+            return format!("{}/{}", usd(&h["used"]), usd(&h["limit"]));
+        }
         return format!("{}/{}", h["used"], h["limit"]);
     }
     "-".into()
+}
+
+/// An amount of nanodollars in a JSON answer as people read it (`$0.15`); `-` if absent.
+pub(crate) fn usd(v: &Value) -> String {
+    v.as_u64()
+        .map_or_else(|| "-".into(), |n| tally_ledger::money::Nanos(n).to_string())
 }
 
 /// A run's nearest limit: `attempts 90%`.
@@ -85,8 +94,8 @@ fn cells(r: &Value) -> [String; 9] {
         state,
         nearest(r),
         used(r, "attempts"),
-        used(r, "spend_cents"),
-        format!("{}¢", r["held_cents"]),
+        used(r, "spend_nanos"),
+        usd(&r["held_nanos"]),
         reason,
         action,
         // The run's clock: how long ago it started, as a person reads it.
@@ -102,7 +111,7 @@ const HEADERS: [&str; 9] = [
     "STATE",
     "NEAREST",
     "ATTEMPTS",
-    "SPEND¢",
+    "SPEND",
     "HELD",
     "LAST REFUSAL",
     "ACTION",

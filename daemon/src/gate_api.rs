@@ -295,13 +295,24 @@ async fn outcome(
         request,
         StatusCode::OK,
         move |req: OutcomeRequest, done| {
-            let (run, status, cents) = (req.run.clone(), req.status, req.settled_cents);
+            // The gate refuses an outcome whose amount is bad input; a recorded one has
+            // its settlement in nanodollars.
+            let nanos = tally_ledger::decision::one_amount(
+                "settled_cents",
+                req.settled_cents,
+                "settled_nanos",
+                req.settled_nanos,
+            )
+            .ok()
+            .flatten()
+            .map(|n| n.0);
+            let (run, status) = (req.run.clone(), req.status);
             gate.outcome(
                 caller(peer, role),
                 req,
                 Box::new(move |r: Result<tally_gate::Logged, GateError>| {
                     if let Ok(l) = &r {
-                        observer.outcome(&run, status, cents, l.seq);
+                        observer.outcome(&run, status, nanos, l.seq);
                     }
                     done(r)
                 }),

@@ -4,43 +4,23 @@
 use tally_gate::GateError;
 use tokio_postgres::Statement;
 
-/// The first byte of every stored state value: the encoding that follows (postcard of the
-/// policy core's state types; 2 since the core became the only judge, whose run state
-/// records overruns and forgotten attempts). State of another format is never read: a
-/// field read at the wrong place would be a wrong budget, so it is refused with its cause.
-/// the same as the embedded backend's.
-pub(crate) const STATE_FORMAT: u8 = 2;
-
-pub(crate) fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    let mut out = vec![STATE_FORMAT];
-    // Structs of numbers, strings, options and maps always serialize.
-    out.extend(postcard::to_allocvec(v).unwrap_or_default());
-    out
+/// A state value as stored, in the policy core's format
+/// ([`tally_policy::state::encode_frame`]), the same as the embedded backend's.
+pub(crate) fn encode<T: tally_policy::state::Stored>(v: &T) -> Vec<u8> {
+    tally_policy::state::encode_frame(v)
 }
 
-pub(crate) fn decode<T: serde::de::DeserializeOwned>(
+/// A stored state value: state kept in cents by an earlier tally is read exactly in
+/// nanodollars; a format it cannot read is refused with its cause.
+pub(crate) fn decode<T: tally_policy::state::Stored>(
     what: &str,
     bytes: &[u8],
 ) -> Result<T, GateError> {
-    let unreadable = |why: String| {
+    tally_policy::state::decode_frame(bytes).map_err(|why| {
         GateError::Unavailable(format!(
             "the gate's state for {what} in PostgreSQL is unreadable: {why}"
         ))
-    };
-    match bytes.split_first() {
-        Some((&STATE_FORMAT, rest)) => {
-            postcard::from_bytes(rest).map_err(|e| unreadable(e.to_string()))
-        }
-        Some((1, _)) => Err(unreadable(
-            "it was written by an older tally (state format 1; this one reads 2): finish or \
-             stop its runs with that version, or serve a new ledger"
-                .into(),
-        )),
-        Some((other, _)) => Err(unreadable(format!(
-            "unknown state format {other} (this tally reads 2): was it written by a newer tally?"
-        ))),
-        None => Err(unreadable("empty".into())),
-    }
+    })
 }
 
 pub(crate) const SCHEMA_V1: &str = "

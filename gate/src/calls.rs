@@ -52,7 +52,13 @@ impl<B: StateBackend> Gate<B> {
                 target: req.target,
                 channel: req.channel,
                 depth: req.depth,
-                reserve_cents: req.reserve_cents.unwrap_or(0),
+                reserve_nanos: tally_ledger::decision::one_amount(
+                    "reserve_cents",
+                    req.reserve_cents,
+                    "reserve_nanos",
+                    req.reserve_nanos,
+                )?
+                .map_or(0, |n| n.0),
                 remote_ref: req.remote_ref,
                 credential: run_credential,
                 timeout_ms: req.timeout_ms,
@@ -72,6 +78,7 @@ impl<B: StateBackend> Gate<B> {
                     retry_after_ms: None,
                     timeout_ms: None,
                     attempt: None,
+                    reserve_nanos: None,
                     limits: tally_policy::apply::standing(&run, now),
                     seq: None,
                     hash: None,
@@ -141,6 +148,8 @@ impl<B: StateBackend> Gate<B> {
                     retry_after_ms: record.retry_after_ms,
                     timeout_ms: record.timeout_ms,
                     attempt: record.attempt,
+                    reserve_nanos: (verdict == Verdict::Allow)
+                        .then(|| record.reserve_nanos.unwrap_or(0)),
                     limits: record.limits.unwrap_or_default(),
                     seq: Some(r.seq),
                     hash: Some(r.hash.to_string()),
@@ -182,7 +191,14 @@ impl<B: StateBackend> Gate<B> {
                 at_ms: now.at_ms,
                 attempt: Some(req.attempt),
                 status: Some(req.status),
-                settled_cents: req.settled_cents,
+                // Kept in nanodollars whichever unit the agent reported in.
+                settled_nanos: tally_ledger::decision::one_amount(
+                    "settled_cents",
+                    req.settled_cents,
+                    "settled_nanos",
+                    req.settled_nanos,
+                )?
+                .map(|n| n.0),
                 remote_ref: req.remote_ref,
                 observed: req.observed,
                 retry_after_ms: req.retry_after_ms,

@@ -59,7 +59,7 @@ pub enum GateError {
     },
     /// An outcome for an attempt that already had its final outcome, or a second
     /// settlement of one.
-    #[error("attempt {attempt} of run `{run}` is already settled: it had its final outcome, or an outcome with settled_cents (an attempt settles once); report later news without settled_cents")]
+    #[error("attempt {attempt} of run `{run}` is already settled: it had its final outcome, or an outcome with settled_nanos or settled_cents (an attempt settles once); report later news without them")]
     AttemptSettled {
         /// The run.
         run: String,

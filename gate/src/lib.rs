@@ -50,7 +50,7 @@ fn tracks_credential(policy: &tally_policy::Policy, credential: &str) -> bool {
         || policy
             .credentials
             .get(credential)
-            .is_some_and(|c| c.spend_cents_per_period.is_some())
+            .is_some_and(|c| c.spend_nanos_per_period.is_some())
 }
 
 /// Longest tool name the gate takes, in bytes.
@@ -419,8 +419,8 @@ fn standing(run: &RunState, now: Now) -> Standing {
         goal: run.goal.clone(),
         budget: run.budget.clone(),
         limits: tally_policy::limits_now(run, now),
-        held_cents: run.held_cents,
-        settled_cents: run.settled_cents,
+        held_nanos: run.held_nanos,
+        settled_nanos: run.settled_nanos,
         calls_allowed: run.last_attempt,
         at_ms: now.at_ms.unwrap_or(0),
         grants_unused: run.grants.iter().filter(|g| !g.used).count(),

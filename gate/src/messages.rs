@@ -81,9 +81,13 @@ pub struct CheckRequest {
     /// Agent chain depth.
     #[serde(default)]
     pub depth: Option<u64>,
-    /// Cents to reserve.
+    /// Cents to reserve (as `reserve_nanos`; give one of the two).
     #[serde(default)]
     pub reserve_cents: Option<u64>,
+    /// Nanodollars (10⁻⁹ USD) to reserve. The gate reserves at least the policy's price
+    /// for the tool (`[tool_prices]`), whatever is declared.
+    #[serde(default)]
+    pub reserve_nanos: Option<u64>,
     /// The remote operation a status read polls.
     #[serde(default)]
     pub remote_ref: Option<String>,
@@ -110,9 +114,12 @@ pub struct OutcomeRequest {
     pub attempt: u64,
     /// `ok`, `error`, `rejected`, `timeout`, `running` or `unknown`.
     pub status: Status,
-    /// Actual spend, cents.
+    /// Actual spend, cents (as `settled_nanos`; give one of the two).
     #[serde(default)]
     pub settled_cents: Option<u64>,
+    /// Actual spend, nanodollars (10⁻⁹ USD).
+    #[serde(default)]
+    pub settled_nanos: Option<u64>,
     /// Remote operation id.
     #[serde(default)]
     pub remote_ref: Option<String>,
@@ -182,7 +189,11 @@ pub struct CheckAnswer {
     pub timeout_ms: Option<u64>,
     /// For an allow: the attempt number to report the outcome under.
     pub attempt: Option<u64>,
-    /// Every dimension, used and limit.
+    /// For an allow: the nanodollars reserved: what was declared, or the policy's price
+    /// for the tool (`[tool_prices]`) if that is more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve_nanos: Option<u64>,
+    /// Every dimension, used and limit (spend as `spend_nanos`).
     pub limits: BTreeMap<String, Limit>,
     /// The decision's seq in the ledger (`None`: nothing was recorded, the run is over).
     pub seq: Option<u64>,
@@ -231,10 +242,10 @@ pub struct Standing {
     pub budget: Budget,
     /// Every dimension, used and limit.
     pub limits: BTreeMap<String, Limit>,
-    /// Cents held by calls not yet settled.
-    pub held_cents: u64,
-    /// Cents settled.
-    pub settled_cents: u64,
+    /// Nanodollars held by calls not yet settled.
+    pub held_nanos: u64,
+    /// Nanodollars settled.
+    pub settled_nanos: u64,
     /// Attempts allowed (numbers issued), including exempt calls and polls.
     pub calls_allowed: u64,
     /// The run's clock now, ms since its start.

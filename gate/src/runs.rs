@@ -105,6 +105,15 @@ impl<B: StateBackend> Gate<B> {
         open_runs_of_uid: Option<u64>,
     ) -> Result<(Decision, Vec<Touched>, Budget), GateError> {
         let policy = &self.policy.policy;
+        if let Some(b) = &req.budget {
+            // Spend asked in one unit, and cents that fit in nanodollars.
+            tally_ledger::decision::one_amount(
+                "budget.spend_cents",
+                b.spend_cents,
+                "budget.spend_nanos",
+                b.spend_nanos,
+            )?;
+        }
         let parent = match &req.parent {
             Some(p) => Some(t.run(p, caller)?.clone()),
             None => None,

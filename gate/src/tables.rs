@@ -45,42 +45,22 @@ pub(crate) fn pause_entry(run: &str, paused: bool) -> (Vec<u8>, Vec<u8>) {
     (pause_key(run), vec![u8::from(paused)])
 }
 
-/// The first byte of every stored state value: the encoding that follows (postcard of the
-/// policy core's state types; 2 since the core became the only judge, whose run state
-/// records overruns and forgotten attempts). State of another format is never read: a
-/// field read at the wrong place would be a wrong budget, so it is refused with its cause.
-const STATE_FORMAT: u8 = 2;
-
 /// A state value as stored: compact (the state of every scope a decision touches is
-/// written with it, so its size is paid on every call).
-fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    let mut out = vec![STATE_FORMAT];
-    // Structs of numbers, strings, options and maps always serialize.
-    out.extend(postcard::to_allocvec(v).unwrap_or_default());
-    out
+/// written with it, so its size is paid on every call). The format is the policy
+/// core's ([`tally_policy::state::encode_frame`]): state kept in cents by an earlier
+/// tally is read exactly in nanodollars; a format it cannot read is refused with its
+/// cause.
+fn encode<T: tally_policy::state::Stored>(v: &T) -> Vec<u8> {
+    tally_policy::state::encode_frame(v)
 }
 
-fn decode<T: serde::de::DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, GateError> {
-    let unreadable = |why: String| {
+fn decode<T: tally_policy::state::Stored>(key: &[u8], bytes: &[u8]) -> Result<T, GateError> {
+    tally_policy::state::decode_frame(bytes).map_err(|why| {
         GateError::Unavailable(format!(
             "the gate's stored state under `{}` is unreadable: {why}",
             String::from_utf8_lossy(key)
         ))
-    };
-    match bytes.split_first() {
-        Some((&STATE_FORMAT, rest)) => {
-            postcard::from_bytes(rest).map_err(|e| unreadable(e.to_string()))
-        }
-        Some((1, _)) => Err(unreadable(
-            "it was written by an older tally (state format 1; this one reads 2): finish or \
-             stop its runs with that version, or serve a new ledger"
-                .into(),
-        )),
-        Some((other, _)) => Err(unreadable(format!(
-            "unknown state format {other} (this tally reads 2): was it written by a newer tally?"
-        ))),
-        None => Err(unreadable("empty".into())),
-    }
+    })
 }
 
 #[derive(Default)]
@@ -254,7 +234,7 @@ impl Tables {
             // Idle: nothing spent in its period (its backstop has nothing to remember)
             // and a full bucket.
             self.credentials.retain(|_, c| {
-                c.spent_cents > 0 || !c.bucket.is_full(policy.rate.credential_per_sec, now_ms)
+                c.spent_nanos > 0 || !c.bucket.is_full(policy.rate.credential_per_sec, now_ms)
             });
         }
         if self.credentials.len() >= MAX_CREDENTIALS {
@@ -329,10 +309,10 @@ mod tests {
     fn state_round_trips_in_its_own_format_only() {
         let mut run = RunState::new("r");
         run.attempts_used = 3;
-        run.overrun_cents = 7;
+        run.overrun_nanos = 7;
         let (key, bytes) = run_entry(&run);
         let back: RunState = decode(&key, &bytes).expect("reads its own format");
-        assert_eq!((back.attempts_used, back.overrun_cents), (3, 7));
+        assert_eq!((back.attempts_used, back.overrun_nanos), (3, 7));
 
         // The same body under the format before it is refused with its cause, not read.
         let mut old = bytes.clone();

@@ -13,7 +13,10 @@ use tally_record::decision::{Budget, Scope};
 use tally_record::money::Nanos;
 use tally_record::{Effect, Reason, Status};
 
+mod frame;
 mod shared;
+
+pub use frame::{decode as decode_frame, encode as encode_frame, Stored, STATE_FORMAT};
 
 pub use shared::{Breaker, Bucket, CredentialState, Probe, ToolState};
 

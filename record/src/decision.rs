@@ -458,6 +458,30 @@ impl std::io::Write for SameBytes<'_> {
     }
 }
 
+/// One amount an input gives in cents (`cents_field`) or in nanodollars
+/// (`nanos_field`), in nanodollars: exactly, or a typed error if both are given or the
+/// cents do not fit.
+pub fn one_amount(
+    cents_field: &'static str,
+    cents: Option<u64>,
+    nanos_field: &'static str,
+    nanos: Option<u64>,
+) -> Result<Option<Nanos>, DecisionError> {
+    match (cents, nanos) {
+        (Some(_), Some(_)) => Err(DecisionError::BothUnits {
+            cents: cents_field,
+            nanos: nanos_field,
+        }),
+        (Some(c), None) => Nanos::from_cents(c)
+            .map(Some)
+            .ok_or(DecisionError::CentsOverflow {
+                field: cents_field,
+                cents: c,
+            }),
+        (None, n) => Ok(n.map(Nanos)),
+    }
+}
+
 /// One amount given in cents or in nanodollars: exactly, or [`Nanos::MAX`] for cents that
 /// do not fit (refused by validation).
 pub(crate) fn amount(cents: Option<u64>, nanos: Option<u64>) -> Option<Nanos> {

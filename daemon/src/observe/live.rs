@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use serde::Serialize;
+use tally_ledger::money::Nanos;
 use tally_ledger::decision::Limit;
 
 /// Runs whose trajectory is kept.
@@ -20,7 +21,7 @@ pub(crate) const MINUTES: u64 = 15;
 pub(crate) const MAX_PENDING: usize = 1_000;
 
 /// The dimensions a trajectory follows.
-pub(crate) const TRACKED: [&str; 4] = ["attempts", "spend_cents", "polls", "depth"];
+pub(crate) const TRACKED: [&str; 4] = ["attempts", "spend_nanos", "polls", "depth"];
 
 /// The last refusal a run was given.
 #[derive(Clone, Debug, Serialize)]
@@ -67,6 +68,8 @@ pub(crate) struct RunView {
 pub(crate) struct Spark {
     pub used: Vec<u64>,
     pub limit: u64,
+    /// The last point as people read it: `used/limit`, spend in dollars (`$0.15/$10.00`).
+    pub shown: String,
 }
 
 #[derive(Default)]
@@ -181,11 +184,18 @@ impl Live {
                         .filter(|(i, _)| !r.points[*i].is_empty())
                         .map(|(i, d)| {
                             let p = &r.points[i];
+                            let (used, limit) = p.back().map_or((0, 0), |x| (x.1, x.2));
+                            let shown = if *d == "spend_nanos" {
+                                format!("{}/{}", Nanos(used), Nanos(limit))
+                            } else {
+                                format!("{used}/{limit}")
+                            };
                             (
                                 *d,
                                 Spark {
                                     used: p.iter().map(|x| x.1).collect(),
-                                    limit: p.back().map_or(0, |x| x.2),
+                                    limit,
+                                    shown,
                                 },
                             )
                         })

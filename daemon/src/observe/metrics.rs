@@ -47,8 +47,8 @@ pub(crate) struct Scraped {
     pub runs_by_state: Vec<(&'static str, i64)>,
     /// Open runs.
     pub open: i64,
-    /// Cents held by open reservations, over all runs.
-    pub held_cents: i64,
+    /// Nanodollars held by open reservations, over all runs.
+    pub held_nanos: i64,
     /// Breakers by state (`closed`, `open`, `half_open`).
     pub breakers: [(&'static str, i64); 3],
     /// Entries in the ledger.
@@ -76,14 +76,14 @@ impl Metrics {
         );
         let reserved = Counter::default();
         registry.register(
-            "spend_reserved_cents",
-            "Cents reserved by allowed checks",
+            "spend_reserved_nanos",
+            "Nanodollars (1e-9 USD) reserved by allowed checks",
             reserved.clone(),
         );
         let settled = Counter::default();
         registry.register(
-            "spend_settled_cents",
-            "Cents settled by reported outcomes",
+            "spend_settled_nanos",
+            "Nanodollars (1e-9 USD) settled by reported outcomes",
             settled.clone(),
         );
         let rate_limited = Counter::default();
@@ -119,8 +119,8 @@ impl Metrics {
         );
         let held = Gauge::default();
         registry.register(
-            "held_cents",
-            "Cents held by open reservations, over all runs",
+            "held_nanos",
+            "Nanodollars (1e-9 USD) held by open reservations, over all runs",
             held.clone(),
         );
         let entries = Gauge::default();
@@ -179,15 +179,15 @@ impl Metrics {
         self.check_seconds.observe(secs);
     }
 
-    pub fn reserved(&self, cents: u64) {
-        self.reserved.inc_by(cents);
+    pub fn reserved(&self, nanos: u64) {
+        self.reserved.inc_by(nanos);
     }
 
-    pub fn outcome(&self, status: &'static str, settled_cents: Option<u64>) {
+    pub fn outcome(&self, status: &'static str, settled_nanos: Option<u64>) {
         self.outcomes
             .get_or_create(&vec![("status", status.to_owned())])
             .inc();
-        if let Some(c) = settled_cents {
+        if let Some(c) = settled_nanos {
             self.settled.inc_by(c);
         }
     }
@@ -210,7 +210,7 @@ impl Metrics {
                 .set(*n);
         }
         self.runs_open.set(scraped.open);
-        self.held.set(scraped.held_cents);
+        self.held.set(scraped.held_nanos);
         for (state, n) in scraped.breakers {
             self.breakers
                 .get_or_create(&vec![("state", state.to_owned())])

@@ -16,6 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tally_gate::{Caller, Standing};
+use tally_ledger::money::Nanos;
 use tally_policy::headroom::{closeness, order, Closeness};
 
 use crate::api::App;
@@ -129,8 +130,11 @@ pub(crate) struct RunRow {
     pub closeness: Closeness,
     #[serde(flatten)]
     pub live: live::RunView,
-    pub held_cents: u64,
-    pub settled_cents: u64,
+    pub held_nanos: u64,
+    pub settled_nanos: u64,
+    /// Held and settled as people read them (`$0.15`).
+    pub held_usd: String,
+    pub settled_usd: String,
     /// The run's clock: ms since it started.
     pub at_ms: u64,
 }
@@ -225,8 +229,10 @@ fn build(
             stop_reason: s.stop_reason.map(|r| r.as_str()),
             closeness: c,
             live: v,
-            held_cents: s.held_cents,
-            settled_cents: s.settled_cents,
+            held_nanos: s.held_nanos,
+            settled_nanos: s.settled_nanos,
+            held_usd: Nanos(s.held_nanos).to_string(),
+            settled_usd: Nanos(s.settled_nanos).to_string(),
             at_ms: s.at_ms,
         })
         .collect();
@@ -286,7 +292,7 @@ pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::G
     for s in &standings {
         *by_state.entry(s.state).or_default() += 1;
         if s.state != "stopped" {
-            held = held.saturating_add(i64::try_from(s.held_cents).unwrap_or(i64::MAX));
+            held = held.saturating_add(i64::try_from(s.held_nanos).unwrap_or(i64::MAX));
         }
     }
     let mut b = [("closed", 0i64), ("open", 0), ("half_open", 0)];
@@ -302,7 +308,7 @@ pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::G
     let scraped = metrics::Scraped {
         open: (standings.len() as i64) - by_state.get("stopped").copied().unwrap_or(0),
         runs_by_state: by_state.into_iter().collect(),
-        held_cents: held,
+        held_nanos: held,
         breakers: b,
         entries: i64::try_from(cp.size).unwrap_or(i64::MAX),
         bytes: i64::try_from(log_bytes(app.ledger.dir())).unwrap_or(i64::MAX),
@@ -340,7 +346,6 @@ fn log_bytes(dir: &std::path::Path) -> u64 {
 pub(crate) struct Seen {
     run: String,
     tool: String,
-    reserve_cents: u64,
     args_digest: Option<String>,
     trace_id: Option<String>,
 }
@@ -350,7 +355,6 @@ impl Seen {
         Seen {
             run: req.run.clone(),
             tool: req.tool.clone(),
-            reserve_cents: req.reserve_cents.unwrap_or(0),
             args_digest: req.args.as_ref().map(|a| a.digest()),
             trace_id: req.trace_id.clone(),
         }
@@ -392,7 +396,8 @@ impl Observer {
         self.metrics
             .check(decision, reason, &seen.tool, took.as_secs_f64());
         if answer.decision == tally_policy::Verdict::Allow {
-            self.metrics.reserved(seen.reserve_cents);
+            // What was reserved: the declared amount, or the tool's price if more.
+            self.metrics.reserved(answer.reserve_nanos.unwrap_or(0));
         }
         let refusal = match answer.decision {
             tally_policy::Verdict::Allow => None,
@@ -436,10 +441,10 @@ impl Observer {
         &self,
         run: &str,
         s: tally_ledger::decision::Status,
-        settled_cents: Option<u64>,
+        settled_nanos: Option<u64>,
         seq: u64,
     ) {
-        self.metrics.outcome(status(s), settled_cents);
+        self.metrics.outcome(status(s), settled_nanos);
         self.bump();
         if self.log == LogFormat::Json {
             self.log_json(serde_json::json!({

@@ -21,43 +21,30 @@ impl Decision {
                 "reserve_cents",
                 self.reserve_cents,
                 "reserve_nanos",
-                self.reserve_nanos.is_some(),
+                self.reserve_nanos,
             ),
             (
                 "settled_cents",
                 self.settled_cents,
                 "settled_nanos",
-                self.settled_nanos.is_some(),
+                self.settled_nanos,
             ),
-            ("cents", self.cents, "nanos", self.nanos.is_some()),
+            ("cents", self.cents, "nanos", self.nanos),
             (
                 "budget.spend_cents",
                 budget.and_then(|b| b.spend_cents),
                 "budget.spend_nanos",
-                budget.is_some_and(|b| b.spend_nanos.is_some()),
+                budget.and_then(|b| b.spend_nanos),
             ),
             (
                 "scope.cents",
                 scope.and_then(|s| s.cents),
                 "scope.nanos",
-                scope.is_some_and(|s| s.nanos.is_some()),
+                scope.and_then(|s| s.nanos),
             ),
         ];
         for (cents_field, cents, nanos_field, nanos) in pairs {
-            if let Some(c) = cents {
-                if nanos {
-                    return Err(DecisionError::BothUnits {
-                        cents: cents_field,
-                        nanos: nanos_field,
-                    });
-                }
-                if crate::money::Nanos::from_cents(c).is_none() {
-                    return Err(DecisionError::CentsOverflow {
-                        field: cents_field,
-                        cents: c,
-                    });
-                }
-            }
+            super::one_amount(cents_field, cents, nanos_field, nanos)?;
         }
         if let Some(l) = self.limits.as_ref().and_then(|l| l.get("spend_cents")) {
             for (v, field) in [(l.used, "limits.spend_cents.used"), (l.limit, "limits.spend_cents.limit")] {

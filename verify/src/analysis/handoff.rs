@@ -60,8 +60,8 @@ pub struct Completed {
     pub remote_ref: Option<String>,
     /// The remote state observed when it completed.
     pub observed: Option<String>,
-    /// What it settled, cents (what it cost).
-    pub settled_cents: u64,
+    /// What it settled, nanodollars (what it cost).
+    pub settled_nanos: u64,
     /// When it completed.
     pub at: When,
 }
@@ -137,20 +137,20 @@ pub struct Attempts {
 /// Spend reserved and settled, as the policy core counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Spend {
-    /// Cents held: reserved by allowed calls not yet settled.
-    pub reserved_cents: u64,
-    /// Cents settled by outcomes.
-    pub settled_cents: u64,
-    /// The limit in force: `budget.spend_cents`, plus what approvals granted, less what
+    /// Nanodollars held: reserved by allowed calls not yet settled.
+    pub reserved_nanos: u64,
+    /// Nanodollars settled by outcomes.
+    pub settled_nanos: u64,
+    /// The limit in force: the budget's spend, plus what approvals granted, less what
     /// was carved out for child runs (`null`: no limit).
-    pub limit_cents: Option<u64>,
-    /// Cents granted by approvals the run used.
-    pub approved_extra_cents: u64,
-    /// Cents settled above their calls' reservations (the upstream billed more than was
-    /// reserved). After an overrun the gate allows no call until a human grants cents.
-    pub overrun_cents: u64,
-    /// Cents carved out for child runs.
-    pub carved_out_cents: u64,
+    pub limit_nanos: Option<u64>,
+    /// Nanodollars granted by approvals the run used.
+    pub approved_extra_nanos: u64,
+    /// Nanodollars settled above their calls' reservations (the upstream billed more than was
+    /// reserved). After an overrun the gate allows no call until a human grants spend.
+    pub overrun_nanos: u64,
+    /// Nanodollars carved out for child runs.
+    pub carved_out_nanos: u64,
 }
 
 /// Polls of one remote operation against the allowance.

@@ -150,10 +150,10 @@ pub struct Loop {
     pub last_ms: u64,
     /// `last_ms - first_ms`.
     pub span_ms: u64,
-    /// Cents reserved by the loop's calls.
-    pub reserved_cents: u64,
-    /// Cents settled by the loop's calls' outcomes.
-    pub settled_cents: u64,
+    /// Nanodollars reserved by the loop's calls.
+    pub reserved_nanos: u64,
+    /// Nanodollars settled by the loop's calls' outcomes.
+    pub settled_nanos: u64,
     /// Failed results in the loop: `error` or `timeout` outcomes and refusals whose
     /// action is `retry`.
     pub failures: u64,
@@ -426,8 +426,8 @@ impl Series {
             first_ms: self.first_ms,
             last_ms: f.last_ms,
             span_ms: f.last_ms.saturating_sub(self.first_ms),
-            reserved_cents: f.reserved,
-            settled_cents: f.settled,
+            reserved_nanos: f.reserved,
+            settled_nanos: f.settled,
             failures: f.failures,
             ignored_retry_after: self.early,
             poll: self.poll.as_ref().map(|p| PollEvidence {

@@ -5,6 +5,7 @@ mod handoffs;
 pub use handoffs::render_handoffs_text;
 
 use std::fmt::Write;
+use tally_record::money::Nanos;
 
 use serde::Serialize;
 
@@ -135,8 +136,9 @@ pub fn render_loops_text(report: &Report) -> String {
         }
         let _ = writeln!(
             out,
-            "   spend during the loop: {}¢ reserved, {}¢ settled",
-            l.reserved_cents, l.settled_cents
+            "   spend during the loop: {} reserved, {} settled",
+            Nanos(l.reserved_nanos),
+            Nanos(l.settled_nanos)
         );
         if !l.workers.is_empty() {
             let _ = writeln!(out, "   workers: {}", names(&l.workers));
@@ -159,8 +161,10 @@ fn finding_text(f: &Inconsistency) -> String {
                 duration(limit.saturating_add(1))
             ),
             tally_policy::Dimension::SpendNanos => format!(
-                "allowed beyond its spend limit in force ({used}¢ of {limit}¢, approvals used \
-                 and what its child runs took counted)"
+                "allowed beyond its spend limit in force ({} of {}, approvals used and what \
+                 its child runs took counted)",
+                Nanos(*used),
+                Nanos(*limit)
             ),
             d => format!(
                 "allowed beyond its {} limit in force ({used} of {limit}, approvals used and \
@@ -169,7 +173,7 @@ fn finding_text(f: &Inconsistency) -> String {
             ),
         },
         Inconsistency::AllowAfterOverrun => "allowed after an overrun with no human grant of \
-            cents since (no call is free after one: its outcome could settle any amount)"
+            spend since (no call is free after one: its outcome could settle any amount)"
             .to_owned(),
         Inconsistency::AfterStop { record, stop } => {
             format!("{record} record after the run stopped ({stop})")
@@ -203,7 +207,7 @@ fn finding_text(f: &Inconsistency) -> String {
         }
         Inconsistency::DuplicateOutcome { attempt } => format!(
             "an outcome for attempt {attempt} after it was settled (it had its final outcome, \
-             or settled cents once already)"
+             or settled spend once already)"
         ),
         Inconsistency::RefundWithoutAttempt { of } => {
             format!("refund of attempt {of}, which was never allowed")
@@ -249,6 +253,12 @@ fn finding_text(f: &Inconsistency) -> String {
         Inconsistency::Overflow { field } => {
             format!("{field} would overflow; counted as the largest number, never wrapped")
         }
+        Inconsistency::ReserveBelowPrice { reserved, price } => format!(
+            "allowed reserving {}, below the policy's price of {} for the tool (a call \
+             reserves at least its tool's price)",
+            Nanos(*reserved),
+            Nanos(*price)
+        ),
         other => other.as_str().replace('_', " "),
     }
 }

@@ -39,7 +39,7 @@
     poly.setAttribute("points", pts.join(" "));
     svg.appendChild(poly);
     td.appendChild(svg);
-    td.appendChild(el("span", " " + s.used[n - 1] + "/" + s.limit));
+    td.appendChild(el("span", " " + s.shown));
     return td;
   }
 
@@ -68,7 +68,7 @@
       tr.appendChild(el("td", r.run, "run"));
       tr.appendChild(el("td", r.state + (r.stop_reason ? " (" + r.stop_reason + ")" : "")));
       tr.appendChild(nearest(r.closeness));
-      ["attempts", "spend_cents", "polls", "depth"].forEach(function (d) {
+      ["attempts", "spend_nanos", "polls", "depth"].forEach(function (d) {
         tr.appendChild(spark(r.spark ? r.spark[d] : null));
       });
       var lr = r.last_refusal;

@@ -1,6 +1,7 @@
 //! Handoffs as text: where each run stands, for the human or the next run.
 
 use std::fmt::Write;
+use tally_record::money::Nanos;
 
 use crate::text::shown;
 
@@ -55,32 +56,33 @@ fn handoff_text(h: &Handoff, out: &mut String) {
     let _ = writeln!(out, "  Attempts: {attempts}");
     let mut spend_limit = h
         .spend
-        .limit_cents
-        .map_or("no limit".to_owned(), |l| format!("limit {l}¢"));
-    if h.spend.approved_extra_cents > 0 {
+        .limit_nanos
+        .map_or("no limit".to_owned(), |l| format!("limit {}", Nanos(l)));
+    if h.spend.approved_extra_nanos > 0 {
         let _ = write!(
             spend_limit,
-            ", {}¢ granted by approval",
-            h.spend.approved_extra_cents
+            ", {} granted by approval",
+            Nanos(h.spend.approved_extra_nanos)
         );
     }
-    if h.spend.carved_out_cents > 0 {
+    if h.spend.carved_out_nanos > 0 {
         let _ = write!(
             spend_limit,
-            ", {}¢ carved out for child runs",
-            h.spend.carved_out_cents
+            ", {} carved out for child runs",
+            Nanos(h.spend.carved_out_nanos)
         );
     }
     let _ = writeln!(
         out,
-        "  Spend: {}¢ reserved, {}¢ settled ({spend_limit})",
-        h.spend.reserved_cents, h.spend.settled_cents
+        "  Spend: {} reserved, {} settled ({spend_limit})",
+        Nanos(h.spend.reserved_nanos),
+        Nanos(h.spend.settled_nanos)
     );
-    if h.spend.overrun_cents > 0 {
+    if h.spend.overrun_nanos > 0 {
         let _ = writeln!(
             out,
-            "  Overrun: {}¢ settled above what calls reserved (the upstream billed more); no call is allowed after an overrun until a human grants cents",
-            h.spend.overrun_cents
+            "  Overrun: {} settled above what calls reserved (the upstream billed more); no call is allowed after an overrun until a human grants spend",
+            Nanos(h.spend.overrun_nanos)
         );
     }
     for p in &h.polls {
@@ -110,8 +112,8 @@ fn handoff_text(h: &Handoff, out: &mut String) {
                 .as_deref()
                 .map(|s| format!(" \"{}\"", shown(s)))
                 .unwrap_or_default();
-            let cost = if c.settled_cents > 0 {
-                format!(", {}¢", c.settled_cents)
+            let cost = if c.settled_nanos > 0 {
+                format!(", {}", Nanos(c.settled_nanos))
             } else {
                 String::new()
             };

@@ -37,7 +37,7 @@ impl RunAnalysis {
             operation: shared.operation.as_ref(),
             args_digest: d.args_digest.as_deref(),
             reserve: if allowed {
-                d.reserve_cents.unwrap_or(0)
+                d.reserve().map_or(0, |n| n.0)
             } else {
                 0
             },

@@ -310,12 +310,12 @@ pub(crate) fn build(run: &RunAnalysis, loops: &[&Loop], findings: u64) -> Handof
             carved_out: core.delegated_attempts,
         },
         spend: Spend {
-            reserved_cents: core.held_cents,
-            settled_cents: core.settled_cents,
-            limit_cents: core.spend_limit(),
-            approved_extra_cents: core.extra_cents,
-            overrun_cents: core.overrun_cents,
-            carved_out_cents: core.delegated_cents,
+            reserved_nanos: core.held_nanos,
+            settled_nanos: core.settled_nanos,
+            limit_nanos: core.spend_limit(),
+            approved_extra_nanos: core.extra_nanos,
+            overrun_nanos: core.overrun_nanos,
+            carved_out_nanos: core.delegated_nanos,
         },
         polls: run
             .polls_used()

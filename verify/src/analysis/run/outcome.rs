@@ -50,7 +50,7 @@ impl RunAnalysis {
         let (Some(status), Some(attempt)) = (d.status, d.attempt) else {
             return;
         };
-        let settled = d.settled_cents.unwrap_or(0);
+        let settled = d.settled().map_or(0, |n| n.0);
         let facts = OutcomeFacts {
             seq: e.seq,
             status,
@@ -200,7 +200,7 @@ impl RunAnalysis {
                     effect: o.effect,
                     remote_ref: remote_name.clone(),
                     observed: d.observed.clone(),
-                    settled_cents: o.settled,
+                    settled_nanos: o.settled,
                     at,
                 });
             }

@@ -1,0 +1,166 @@
+//! How a backend stores state values: one format byte, then postcard of the state type.
+//! The embedded gate and gate-postgres both use it, so they read the same formats.
+//!
+//! * 3 (written now): money in nanodollars.
+//! * 2 (written before money was counted in nanodollars): the same fields, every amount
+//!   in cents; read exactly, each amount times 10,000,000 (a value that would not fit is
+//!   refused, never wrapped), so a gate upgraded in place keeps its open runs' budgets.
+//! * 1: refused with its cause (a field read at the wrong place would be a wrong budget).
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{CredentialState, RunState, ToolState};
+
+/// The format byte of state written now.
+pub const STATE_FORMAT: u8 = 3;
+
+/// A state type a backend stores, and how to read it from a format-2 value (in cents).
+pub trait Stored: Serialize + DeserializeOwned {
+    /// The value as kept in cents (format 2), in nanodollars; `None` if an amount
+    /// does not fit.
+    fn from_cents(self) -> Option<Self>;
+}
+
+impl Stored for RunState {
+    fn from_cents(self) -> Option<Self> {
+        RunState::from_cents(self)
+    }
+}
+
+impl Stored for CredentialState {
+    fn from_cents(self) -> Option<Self> {
+        CredentialState::from_cents(self)
+    }
+}
+
+impl Stored for ToolState {
+    // A tool's state counts calls, never money.
+    fn from_cents(self) -> Option<Self> {
+        Some(self)
+    }
+}
+
+impl Stored for BTreeMap<u64, u64> {
+    // A tool's calls in flight: call ids and deadlines.
+    fn from_cents(self) -> Option<Self> {
+        Some(self)
+    }
+}
+
+/// A state value as stored.
+pub fn encode<T: Stored>(v: &T) -> Vec<u8> {
+    let mut out = vec![STATE_FORMAT];
+    // Structs of numbers, strings, options and maps always serialize.
+    out.extend(postcard::to_allocvec(v).unwrap_or_default());
+    out
+}
+
+/// A stored state value, or why it cannot be read (words for an operator).
+pub fn decode<T: Stored>(bytes: &[u8]) -> Result<T, String> {
+    match bytes.split_first() {
+        Some((&STATE_FORMAT, rest)) => postcard::from_bytes(rest).map_err(|e| e.to_string()),
+        Some((2, rest)) => postcard::from_bytes::<T>(rest)
+            .map_err(|e| e.to_string())?
+            .from_cents()
+            .ok_or_else(|| {
+                "it was written in cents (state format 2) and an amount does not fit in \
+                 nanodollars"
+                    .to_owned()
+            }),
+        Some((1, _)) => Err(
+            "it was written by an older tally (state format 1; this one reads 2 and 3): \
+             finish or stop its runs with that version, or serve a new ledger"
+                .into(),
+        ),
+        Some((other, _)) => Err(format!(
+            "unknown state format {other} (this tally reads 2 and 3): was it written by a \
+             newer tally?"
+        )),
+        None => Err("empty".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_record::decision::Scope;
+
+    /// A format-2 value: what the gate wrote before nanodollars (the same layout).
+    fn format_2<T: Serialize>(v: &T) -> Vec<u8> {
+        let mut out = vec![2];
+        out.extend(postcard::to_allocvec(v).unwrap());
+        out
+    }
+
+    #[test]
+    fn state_kept_in_cents_reads_exactly_in_nanos() {
+        let mut cents = RunState::new("r");
+        cents.budget.spend_nanos = Some(500); // format 2 kept spend_cents in this slot
+        cents.settled_nanos = 120;
+        cents.held_nanos = 30;
+        cents.overrun_nanos = 2;
+        cents.extra_nanos = 50;
+        cents.delegated_nanos = 100;
+        cents.open.insert(
+            1,
+            super::super::Attempt {
+                tool: None,
+                op: 0,
+                effect: None,
+                reserved: 30,
+                held: 30,
+                counted: true,
+                write: false,
+                poll: None,
+                settled: false,
+                status: None,
+                registered: None,
+            },
+        );
+        cents.grants.push(super::super::Grant {
+            digest: "d".into(),
+            approver: "a".into(),
+            scope: Scope {
+                nanos: Some(50),
+                ..Scope::default()
+            },
+            expires_ms: 1,
+            used: true,
+        });
+        let run: RunState = decode(&format_2(&cents)).unwrap();
+        let c = 10_000_000;
+        assert_eq!(run.budget.spend_nanos, Some(500 * c));
+        assert_eq!(run.spend_limit(), Some((500 + 50 - 100) * c));
+        assert_eq!(
+            (
+                run.settled_nanos,
+                run.held_nanos,
+                run.overrun_nanos,
+                run.spent_nanos()
+            ),
+            (120 * c, 30 * c, 2 * c, 150 * c)
+        );
+        assert_eq!((run.open[&1].reserved, run.open[&1].held), (30 * c, 30 * c));
+        assert_eq!(run.grants[0].scope.nanos, Some(50 * c));
+        // Format 3 reads as written, and round-trips.
+        assert_eq!(decode::<RunState>(&encode(&run)).unwrap(), run);
+
+        let cred = CredentialState {
+            spent_nanos: 7,
+            ..CredentialState::default()
+        };
+        let back: CredentialState = decode(&format_2(&cred)).unwrap();
+        assert_eq!(back.spent_nanos, 7 * c);
+
+        // Cents that do not fit in nanodollars are refused, never wrapped.
+        let mut huge = RunState::new("r");
+        huge.settled_nanos = u64::MAX / c + 1;
+        let e = decode::<RunState>(&format_2(&huge)).unwrap_err();
+        assert!(e.contains("does not fit"), "{e}");
+        assert!(decode::<RunState>(&[1, 0]).unwrap_err().contains("format 1"));
+        assert!(decode::<RunState>(&[4, 0]).unwrap_err().contains("newer"));
+    }
+}
