@@ -185,8 +185,8 @@ fn last_cents<F: Fleet>(fleet: &F) -> String {
             json!({"run": "r", "worker": format!("w{i}"), "tool": "llm", "operation": format!("gen{i}"), "effect": "read", "reserve_cents": 30}),
         ))
     });
-    let held = gates[1].run(OPERATOR, "r").expect("standing").held_cents;
-    assert_eq!(held, 90, "held cents");
+    let held = gates[1].run(OPERATOR, "r").expect("standing").held_nanos;
+    assert_eq!(held, 90 * 10_000_000, "held nanodollars (90 cents)");
     let summary = format!("{}; held {held}", tally(results));
     assert_eq!(
         summary,
@@ -212,6 +212,7 @@ fn breaker_shared<F: Fleet>(fleet: &F) -> String {
             attempt: a.attempt.expect("attempt"),
             status: tally_ledger::Status::Error,
             settled_cents: None,
+            settled_nanos: None,
             remote_ref: None,
             observed: None,
             retry_after_ms: None,

@@ -284,6 +284,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                     attempt,
                     status: STATUSES[status as usize],
                     settled_cents: settled.map(u64::from),
+                    settled_nanos: None,
                     remote_ref: remote.map(|r| format!("j{r}")),
                     observed: observed.map(|o| format!("state{o}")),
                     retry_after_ms: retry_after.map(|r| u64::from(r) * 200),
@@ -326,6 +327,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                 let scope = Scope {
                     attempts: attempts.map(u64::from),
                     cents: cents.map(u64::from),
+                    nanos: None,
                     tool: tool.map(|t| format!("t{t}")),
                     operation: None,
                 };

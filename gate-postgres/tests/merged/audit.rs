@@ -60,6 +60,7 @@ fn outcome(h: &Host, run: &str, attempt: u64, status: Status) {
         attempt,
         status,
         settled_cents: None,
+        settled_nanos: None,
         remote_ref: None,
         observed: None,
         retry_after_ms: None,
@@ -343,6 +344,7 @@ fn racing_hosts_replay_clean_in_version_order() {
                         attempt,
                         status: Status::Ok,
                         settled_cents: Some(20),
+                        settled_nanos: None,
                         remote_ref: None,
                         observed: None,
                         retry_after_ms: None,
@@ -371,8 +373,8 @@ fn racing_hosts_replay_clean_in_version_order() {
     assert_eq!(v["audit"]["findings"], json!([]), "{v:#}");
     let (_, s) = run("stats", &all, &auditor_path);
     assert_eq!(
-        s["runs"][0]["spend"]["settled_cents"],
-        u64::from(allowed) * 20,
+        s["runs"][0]["spend"]["settled_nanos"],
+        u64::from(allowed) * 20 * 10_000_000,
         "{s:#}"
     );
 }

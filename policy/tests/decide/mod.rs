@@ -197,7 +197,7 @@ fn attempts_exhausted_but_exempt_tools_still_pass() {
 fn reservation_insufficient_when_settled_plus_held_plus_reserve_exceeds_spend() {
     let mut sim = Sim::with_run(NO_ASK, json!({"spend_cents": 100}));
     let reserve = |n: u64, cents: u64| Call {
-        reserve_cents: cents,
+        reserve_nanos: cents * 10_000_000,
         ..call("llm", Effect::Read, json!({"n": n}))
     };
     let first = sim.allow(&reserve(1, 60), 10);
@@ -217,7 +217,7 @@ fn reservation_insufficient_when_settled_plus_held_plus_reserve_exceeds_spend() 
 fn budget_exceeded_after_an_overrun() {
     let mut sim = Sim::with_run(NO_ASK, json!({"spend_cents": 100}));
     let c = |n: u64, cents: u64| Call {
-        reserve_cents: cents,
+        reserve_nanos: cents * 10_000_000,
         ..call("llm", Effect::Read, json!({"n": n}))
     };
     let a = sim.allow(&c(1, 10), 10);
@@ -225,7 +225,7 @@ fn budget_exceeded_after_an_overrun() {
     let found = sim.outcome("r1", a, "ok", 20, json!({"settled_cents": 20}));
     assert!(found.is_empty(), "{found:?}");
     assert!(sim.run("r1").overrun);
-    assert_eq!(sim.run("r1").overrun_cents, 10);
+    assert_eq!(sim.run("r1").overrun_nanos, 10 * 10_000_000);
     sim.refused(&c(2, 1), 30, Reason::BudgetExceeded);
     // Review finding: a call that reserves nothing was still allowed, and its outcome
     // could settle any amount, overrun after overrun. After an overrun no call is free.
@@ -236,7 +236,7 @@ fn budget_exceeded_after_an_overrun() {
 fn a_spent_budget_still_allows_calls_that_reserve_nothing() {
     let mut sim = Sim::with_run(NO_ASK, json!({"spend_cents": 100}));
     let c = |n: u64, cents: u64| Call {
-        reserve_cents: cents,
+        reserve_nanos: cents * 10_000_000,
         ..call("llm", Effect::Read, json!({"n": n}))
     };
     let a = sim.allow(&c(1, 100), 10);
@@ -346,7 +346,7 @@ fn decide_is_pure_and_its_records_are_valid() {
         json!({"attempts": 1, "spend_cents": 10, "deadline_ms": 5000}),
     );
     let c = Call {
-        reserve_cents: 5,
+        reserve_nanos: 5 * 10_000_000,
         worker: Some("w1".into()),
         target: Some("api.example.com".into()),
         depth: Some(1),
@@ -357,7 +357,7 @@ fn decide_is_pure_and_its_records_are_valid() {
     assert_eq!(allow.verdict, Verdict::Allow);
     assert_eq!(allow.cause, None);
     assert_eq!(allow.record.attempt, Some(1));
-    assert_eq!(allow.record.reserve_cents, Some(5));
+    assert_eq!(allow.record.reserve_nanos, Some(5 * 10_000_000));
     assert_eq!(allow.record.policy.as_deref(), Some(sim.digest.as_str()));
     // Straight through the library as well: nothing moved, same record twice.
     let view = View::of(sim.run("r1"));

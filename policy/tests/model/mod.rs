@@ -1,7 +1,9 @@
 //! A reference model of docs/GATE.md, how a budget is counted's attempts and spend, written from the table alone, and
 //! random runs folded through both `apply` and the model: the numbers must agree, and
-//! `held_cents` must always be the sum of what the open attempts hold.
+//! `held_nanos` must always be the sum of what the open attempts hold.
 
+/// Nanodollars in a cent: the model counts the records' cents.
+const CENT: u64 = 10_000_000;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
@@ -206,9 +208,9 @@ proptest! {
             found.extend(sim.apply_json(v));
             let r = sim.run("r1");
             let open_held: u64 = r.open.values().map(|a| a.held).sum();
-            prop_assert_eq!(r.held_cents, open_held, "held_cents is not what open attempts hold, after {:?}", op);
-            prop_assert_eq!(r.held_cents, model.held, "held after {:?}", op);
-            prop_assert_eq!(r.settled_cents, model.settled, "settled after {:?}", op);
+            prop_assert_eq!(r.held_nanos, open_held, "held_nanos is not what open attempts hold, after {:?}", op);
+            prop_assert_eq!(r.held_nanos, model.held * CENT, "held after {:?}", op);
+            prop_assert_eq!(r.settled_nanos, model.settled * CENT, "settled after {:?}", op);
             prop_assert_eq!(r.attempts_used, model.attempts, "attempts after {:?}", op);
             prop_assert_eq!(r.side_effects_used, model.side_effects, "side effects after {:?}", op);
             prop_assert_eq!(r.overrun, model.overrun, "overrun after {:?}", op);

@@ -30,12 +30,12 @@ fn spend_reservation_overrun() {
     assert_eq!(
         h.spend,
         Spend {
-            reserved_cents: 0, // every call settled
-            settled_cents: 120,
-            limit_cents: Some(100),
-            approved_extra_cents: 0,
-            overrun_cents: 45,
-            carved_out_cents: 0,
+            reserved_nanos: 0, // every call settled
+            settled_nanos: 120 * CENT,
+            limit_nanos: Some(100 * CENT),
+            approved_extra_nanos: 0,
+            overrun_nanos: 45 * CENT,
+            carved_out_nanos: 0,
         }
     );
     let done: Vec<_> = h
@@ -53,7 +53,7 @@ fn spend_reservation_overrun() {
     // budget_exceeded asks a human: only a grant of more cents lets the run go on.
     assert_eq!(actions(h), vec![(ResumeAction::AskHuman, Some(5))]);
     assert_eq!(h.findings, 2);
-    let cost: Vec<u64> = h.completed.iter().map(|c| c.settled_cents).collect();
+    let cost: Vec<u64> = h.completed.iter().map(|c| c.settled_nanos / CENT).collect();
     assert_eq!(cost, vec![85, 35]);
 }
 
@@ -77,8 +77,8 @@ fn chain_depth_runaway() {
             first_ms: 100,
             last_ms: 500,
             span_ms: 400,
-            reserved_cents: 0,
-            settled_cents: 0,
+            reserved_nanos: 0,
+            settled_nanos: 0,
             failures: 0,
             ignored_retry_after: 0,
             poll: None,
@@ -273,12 +273,12 @@ fn eight_workers_sharing_one_budget() {
     assert_eq!(
         h.spend,
         Spend {
-            reserved_cents: 0, // every call settled
-            settled_cents: 405,
-            limit_cents: Some(400),
-            approved_extra_cents: 0,
-            overrun_cents: 0,
-            carved_out_cents: 0,
+            reserved_nanos: 0, // every call settled
+            settled_nanos: 405 * CENT,
+            limit_nanos: Some(400 * CENT),
+            approved_extra_nanos: 0,
+            overrun_nanos: 0,
+            carved_out_nanos: 0,
         }
     );
     let seqs: Vec<u64> = h.completed.iter().map(|c| c.seq.seq).collect();
@@ -309,8 +309,8 @@ fn many_runs_hammering_one_failing_tool_are_one_storm() {
             first_ms: wall(4),
             last_ms: wall(19),
             span_ms: 150,
-            reserved_cents: 0,
-            settled_cents: 0,
+            reserved_nanos: 0,
+            settled_nanos: 0,
             failures: 9,
             ignored_retry_after: 0,
             poll: None,

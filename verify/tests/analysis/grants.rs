@@ -242,7 +242,7 @@ fn a_valid_refund_returns_its_slot_once() {
             carved_out: 0,
         }
     );
-    assert_eq!(h.spend.reserved_cents, 0);
+    assert_eq!(h.spend.reserved_nanos, 0);
 }
 
 #[test]

@@ -18,6 +18,9 @@ use tally_verify::{Event, Seq};
 const T0: u64 = 1_700_000_000_000;
 
 /// The stories of `corpus/stories/`, in file-name order.
+/// Nanodollars in a cent: the scenarios' records count cents, the reports nanodollars.
+const CENT: u64 = 10_000_000;
+
 fn scenarios() -> Vec<(String, Vec<Decision>)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../corpus/stories");
     let mut files: Vec<_> = std::fs::read_dir(&dir)

@@ -39,8 +39,8 @@ fn retry_storm_against_a_failing_tool() {
             first_ms: 100,
             last_ms: 2000,
             span_ms: 1900,
-            reserved_cents: 60,
-            settled_cents: 0,
+            reserved_nanos: 60 * CENT,
+            settled_nanos: 0,
             failures: 7,
             ignored_retry_after: 0,
             poll: None,
@@ -70,12 +70,12 @@ fn retry_storm_against_a_failing_tool() {
     assert_eq!(
         h.spend,
         Spend {
-            reserved_cents: 0, // error outcomes settle (0¢): nothing is held
-            settled_cents: 0,
-            limit_cents: Some(500),
-            approved_extra_cents: 0,
-            overrun_cents: 0,
-            carved_out_cents: 0,
+            reserved_nanos: 0, // error outcomes settle ($0): nothing is held
+            settled_nanos: 0,
+            limit_nanos: Some(500 * CENT),
+            approved_extra_nanos: 0,
+            overrun_nanos: 0,
+            carved_out_nanos: 0,
         }
     );
     assert_eq!((h.completed.len(), h.completed_total), (0, 0));
@@ -107,7 +107,7 @@ fn legitimate_polling_is_not_a_loop() {
     // The four status reads of the export are polls: they use its poll allowance, not
     // attempts (docs/GATE.md, how a budget is counted, one model with the gate).
     assert_eq!(h.attempts.used, 1);
-    assert_eq!(h.spend.reserved_cents, 5);
+    assert_eq!(h.spend.reserved_nanos, 5 * CENT);
     assert_eq!(
         h.completed,
         vec![Completed {
@@ -118,7 +118,7 @@ fn legitimate_polling_is_not_a_loop() {
             effect: Some(Effect::IdempotentWrite),
             remote_ref: s("ea91"),
             observed: s("done"),
-            settled_cents: 0,
+            settled_nanos: 0,
             at: at(10_100, 10),
         }]
     );
@@ -157,8 +157,8 @@ fn polling_past_its_allowance() {
             first_ms: 1500,
             last_ms: 6000,
             span_ms: 4500,
-            reserved_cents: 0,
-            settled_cents: 0,
+            reserved_nanos: 0,
+            settled_nanos: 0,
             failures: 0,
             ignored_retry_after: 0,
             poll: Some(PollEvidence {
@@ -245,12 +245,12 @@ fn non_idempotent_post_whose_response_was_lost() {
     assert_eq!(
         h.spend,
         Spend {
-            reserved_cents: 30, // the timed-out write's reservation stays held
-            settled_cents: 30,
-            limit_cents: Some(200),
-            approved_extra_cents: 0,
-            overrun_cents: 0,
-            carved_out_cents: 0,
+            reserved_nanos: 30 * CENT, // the timed-out write's reservation stays held
+            settled_nanos: 30 * CENT,
+            limit_nanos: Some(200 * CENT),
+            approved_extra_nanos: 0,
+            overrun_nanos: 0,
+            carved_out_nanos: 0,
         }
     );
     assert_eq!(
@@ -263,7 +263,7 @@ fn non_idempotent_post_whose_response_was_lost() {
             effect: Some(Effect::NonIdempotentWrite),
             remote_ref: s("ch_88"),
             observed: s("succeeded"),
-            settled_cents: 30,
+            settled_nanos: 30 * CENT,
             at: at(5900, 4),
         }]
     );
@@ -320,8 +320,8 @@ fn retry_after_honoured_is_quiet_and_retries_past_their_class_are_a_storm() {
             first_ms: 100,
             last_ms: 1000,
             span_ms: 900,
-            reserved_cents: 0,
-            settled_cents: 0,
+            reserved_nanos: 0,
+            settled_nanos: 0,
             failures: 4,
             // Retry-After binds polls at the gate (`upstream_backoff`); a plain retry is
             // bound by its effect class's retries, which the fourth read is past.
