@@ -213,9 +213,7 @@ pub(crate) fn use_grant_op(run: &mut RunState, grant: &Grant, op: u64) {
         run.overrun = false;
     }
     run.extra_attempts = run.extra_attempts.saturating_add(s.attempts.unwrap_or(0));
-    run.extra_nanos = run
-        .extra_nanos
-        .saturating_add(s.spend().map_or(0, |n| n.0));
+    run.extra_nanos = run.extra_nanos.saturating_add(s.spend().map_or(0, |n| n.0));
     if let Some(t) = &s.tool {
         if !run.unblocked.contains(t) {
             run.unblocked.push(t.clone());

@@ -56,7 +56,9 @@ pub enum ApprovalError {
         approver: String,
     },
     /// The approval grants nothing.
-    #[error("approval grants nothing: give attempts, spend (nanos or cents), a tool or an operation")]
+    #[error(
+        "approval grants nothing: give attempts, spend (nanos or cents), a tool or an operation"
+    )]
     Empty,
 }
 

@@ -135,12 +135,7 @@ pub(crate) mod budget {
 /// Nanodollars per period from a credential's `spend_cents_per_period` or
 /// `spend_usd_per_period`.
 pub(crate) fn period_spend(cents: Option<u64>, usd: Option<Usd>) -> Result<Option<u64>, String> {
-    one_amount(
-        cents,
-        usd,
-        "spend_cents_per_period",
-        "spend_usd_per_period",
-    )
+    one_amount(cents, usd, "spend_cents_per_period", "spend_usd_per_period")
 }
 
 impl Policy {
@@ -152,7 +147,8 @@ impl Policy {
     /// What a call of `tool` reserves when its caller declares `declared` nanodollars:
     /// at least the tool's price, so declaring 0 is no way around a spend budget.
     pub fn reservation(&self, tool: &str, declared: u64) -> u64 {
-        self.tool_price(tool).map_or(declared, |p| declared.max(p.0))
+        self.tool_price(tool)
+            .map_or(declared, |p| declared.max(p.0))
     }
 }
 

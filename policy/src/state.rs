@@ -298,7 +298,13 @@ mod scope_fields {
     type Fields = (Option<u64>, Option<u64>, Option<String>, Option<String>);
 
     pub fn serialize<S: Serializer>(sc: &Scope, s: S) -> Result<S::Ok, S::Error> {
-        (sc.attempts, sc.spend().map(|n| n.0), &sc.tool, &sc.operation).serialize(s)
+        (
+            sc.attempts,
+            sc.spend().map(|n| n.0),
+            &sc.tool,
+            &sc.operation,
+        )
+            .serialize(s)
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Scope, D::Error> {
@@ -430,7 +436,7 @@ impl RunState {
     /// A run state kept when money was counted in cents (gate state format 2: the same
     /// fields, every amount in cents), its amounts read exactly as nanodollars; `None`
     /// if one does not fit.
-    pub fn from_cents(mut self) -> Option<RunState> {
+    pub fn into_nanos(mut self) -> Option<RunState> {
         let n = |c: u64| Nanos::from_cents(c).map(|n| n.0);
         for v in [
             &mut self.settled_nanos,

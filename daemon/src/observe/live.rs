@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use serde::Serialize;
-use tally_ledger::money::Nanos;
 use tally_ledger::decision::Limit;
+use tally_ledger::money::Nanos;
 
 /// Runs whose trajectory is kept.
 pub(crate) const MAX_RUNS: usize = 20_000;

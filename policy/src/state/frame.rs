@@ -21,31 +21,31 @@ pub const STATE_FORMAT: u8 = 3;
 pub trait Stored: Serialize + DeserializeOwned {
     /// The value as kept in cents (format 2), in nanodollars; `None` if an amount
     /// does not fit.
-    fn from_cents(self) -> Option<Self>;
+    fn into_nanos(self) -> Option<Self>;
 }
 
 impl Stored for RunState {
-    fn from_cents(self) -> Option<Self> {
-        RunState::from_cents(self)
+    fn into_nanos(self) -> Option<Self> {
+        RunState::into_nanos(self)
     }
 }
 
 impl Stored for CredentialState {
-    fn from_cents(self) -> Option<Self> {
-        CredentialState::from_cents(self)
+    fn into_nanos(self) -> Option<Self> {
+        CredentialState::into_nanos(self)
     }
 }
 
 impl Stored for ToolState {
     // A tool's state counts calls, never money.
-    fn from_cents(self) -> Option<Self> {
+    fn into_nanos(self) -> Option<Self> {
         Some(self)
     }
 }
 
 impl Stored for BTreeMap<u64, u64> {
     // A tool's calls in flight: call ids and deadlines.
-    fn from_cents(self) -> Option<Self> {
+    fn into_nanos(self) -> Option<Self> {
         Some(self)
     }
 }
@@ -64,7 +64,7 @@ pub fn decode<T: Stored>(bytes: &[u8]) -> Result<T, String> {
         Some((&STATE_FORMAT, rest)) => postcard::from_bytes(rest).map_err(|e| e.to_string()),
         Some((2, rest)) => postcard::from_bytes::<T>(rest)
             .map_err(|e| e.to_string())?
-            .from_cents()
+            .into_nanos()
             .ok_or_else(|| {
                 "it was written in cents (state format 2) and an amount does not fit in \
                  nanodollars"
@@ -160,7 +160,9 @@ mod tests {
         huge.settled_nanos = u64::MAX / c + 1;
         let e = decode::<RunState>(&format_2(&huge)).unwrap_err();
         assert!(e.contains("does not fit"), "{e}");
-        assert!(decode::<RunState>(&[1, 0]).unwrap_err().contains("format 1"));
+        assert!(decode::<RunState>(&[1, 0])
+            .unwrap_err()
+            .contains("format 1"));
         assert!(decode::<RunState>(&[4, 0]).unwrap_err().contains("newer"));
     }
 }

@@ -144,7 +144,7 @@ pub struct CredentialState {
 impl CredentialState {
     /// A credential state kept when money was counted in cents (gate state format 2),
     /// its amounts read exactly as nanodollars; `None` if one does not fit.
-    pub fn from_cents(mut self) -> Option<CredentialState> {
+    pub fn into_nanos(mut self) -> Option<CredentialState> {
         self.spent_nanos = tally_record::money::Nanos::from_cents(self.spent_nanos)?.0;
         Some(self)
     }

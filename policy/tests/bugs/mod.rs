@@ -111,7 +111,10 @@ fn a_second_allow_of_one_attempt_is_a_finding_and_leaks_nothing() {
     sim.outcome("r1", 1, "ok", 7, json!({"settled_cents": 20}));
     let r = sim.run("r1");
     assert!(!found.is_empty(), "a reused attempt number is not reported");
-    assert_eq!(r.held_nanos, 0, "attempt 1 is settled, yet spend stays held");
+    assert_eq!(
+        r.held_nanos, 0,
+        "attempt 1 is settled, yet spend stays held"
+    );
 }
 
 /// A ceiling of 0 attempts (no call could ever be made) is refused in a policy put in

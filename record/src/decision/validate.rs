@@ -47,7 +47,10 @@ impl Decision {
             super::one_amount(cents_field, cents, nanos_field, nanos)?;
         }
         if let Some(l) = self.limits.as_ref().and_then(|l| l.get("spend_cents")) {
-            for (v, field) in [(l.used, "limits.spend_cents.used"), (l.limit, "limits.spend_cents.limit")] {
+            for (v, field) in [
+                (l.used, "limits.spend_cents.used"),
+                (l.limit, "limits.spend_cents.limit"),
+            ] {
                 if crate::money::Nanos::from_cents(v).is_none() {
                     return Err(DecisionError::CentsOverflow { field, cents: v });
                 }

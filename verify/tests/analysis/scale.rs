@@ -149,7 +149,10 @@ fn regression_issue_10_a_late_outcome_settles_once_and_refunds_return_one_slot()
     assert_eq!(r.findings, vec![], "an honest run has no finding");
     let h = only_handoff(&r);
     assert_eq!((h.attempts.used, h.attempts.refunded), (2, 1));
-    assert_eq!((h.spend.reserved_nanos, h.spend.settled_nanos), (0, 50 * CENT));
+    assert_eq!(
+        (h.spend.reserved_nanos, h.spend.settled_nanos),
+        (0, 50 * CENT)
+    );
 }
 
 /// Open attempts and loop windows share their tool, operation and worker names, in a
