@@ -545,6 +545,18 @@ impl Policy {
         c
     }
 
+    /// The policy's price for one call of `tool` (`[tool_prices]`), if it names one.
+    pub fn tool_price(&self, tool: &str) -> Option<tally_record::money::Nanos> {
+        self.tool_prices.get(tool).map(|u| u.0)
+    }
+
+    /// What a call of `tool` reserves when its caller declares `declared` nanodollars:
+    /// at least the tool's price, so declaring 0 is no way around a spend budget.
+    pub fn reservation(&self, tool: &str, declared: u64) -> u64 {
+        self.tool_price(tool)
+            .map_or(declared, |p| declared.max(p.0))
+    }
+
     /// Whether a human may lift a refusal with this reason.
     pub fn asks(&self, reason: Reason) -> bool {
         self.approvals.ask_on.contains(&reason)

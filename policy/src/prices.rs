@@ -11,8 +11,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tally_record::decision::Budget;
 use tally_record::money::{parse_usd, Nanos};
 
-use crate::config::Policy;
-
 /// An exact amount of US dollars as the policy writes it: a quoted decimal (`"0.15"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Usd(pub Nanos);
@@ -136,77 +134,4 @@ pub(crate) mod budget {
 /// `spend_usd_per_period`.
 pub(crate) fn period_spend(cents: Option<u64>, usd: Option<Usd>) -> Result<Option<u64>, String> {
     one_amount(cents, usd, "spend_cents_per_period", "spend_usd_per_period")
-}
-
-impl Policy {
-    /// The policy's price for one call of `tool` (`[tool_prices]`), if it names one.
-    pub fn tool_price(&self, tool: &str) -> Option<Nanos> {
-        self.tool_prices.get(tool).map(|u| u.0)
-    }
-
-    /// What a call of `tool` reserves when its caller declares `declared` nanodollars:
-    /// at least the tool's price, so declaring 0 is no way around a spend budget.
-    pub fn reservation(&self, tool: &str, declared: u64) -> u64 {
-        self.tool_price(tool)
-            .map_or(declared, |p| declared.max(p.0))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn budgets_read_dollars_or_cents_exactly_and_never_both() {
-        let p = Policy::from_toml("[ceiling]\nspend_usd = \"12.50\"\n").unwrap();
-        assert_eq!(p.ceiling.spend_nanos, Some(12_500_000_000));
-        assert_eq!(p.ceiling.spend_cents, None);
-        let p = Policy::from_toml("[ceiling]\nspend_cents = 1250\n").unwrap();
-        assert_eq!(p.ceiling.spend_nanos, Some(12_500_000_000));
-        let p = Policy::from_toml("[ceiling]\nspend_usd = \"0.000000001\"\n").unwrap();
-        assert_eq!(p.ceiling.spend_nanos, Some(1));
-        for (text, says) in [
-            (
-                "[ceiling]\nspend_usd = \"1\"\nspend_cents = 100\n",
-                "two units",
-            ),
-            ("[ceiling]\nspend_usd = 12.5\n", "quoted decimal"),
-            ("[ceiling]\nspend_usd = 12\n", "quoted decimal"),
-            ("[ceiling]\nspend_usd = \"1e3\"\n", "not a decimal"),
-            ("[ceiling]\nspend_usd = \"-1\"\n", "not a decimal"),
-            ("[ceiling]\nspend_usd = \"0.0000000001\"\n", "9 digits"),
-            ("[ceiling]\nspend_cents = 1844674407371\n", "too large"),
-            ("[ceiling]\nspend_cents = -1\n", "whole number"),
-            ("[ceiling]\nspend_cents = 1.5\n", "whole number"),
-            ("[ceiling]\nspend_nanos = 5\n", "unknown field"),
-            ("[tool_prices]\nsearch = 0.01\n", "quoted decimal"),
-            ("[tool_prices]\nsearch = \"0.01$\"\n", "not a decimal"),
-            (
-                "[credentials.c]\nspend_usd_per_period = \"1\"\nspend_cents_per_period = 1\n",
-                "two units",
-            ),
-        ] {
-            let e = Policy::from_toml(text).unwrap_err().to_string();
-            assert!(e.contains(says), "{text:?}: {e}");
-            assert!(e.contains("line"), "{text:?} names no line: {e}");
-        }
-    }
-
-    #[test]
-    fn tool_prices_set_the_least_reservation() {
-        let p = Policy::from_toml("[tool_prices]\nsearch = \"0.000150\"\n").unwrap();
-        assert_eq!(p.tool_price("search"), Some(Nanos(150_000)));
-        assert_eq!(p.reservation("search", 0), 150_000);
-        assert_eq!(p.reservation("search", 200_000), 200_000);
-        assert_eq!(p.reservation("other", 7), 7);
-        // What `tally policy check` prints reads back to the same policy.
-        let again = Policy::from_toml(&p.to_toml()).unwrap();
-        assert_eq!(again, p);
-        let c = Policy::from_toml("[credentials.c]\nspend_usd_per_period = \"2.5\"\n").unwrap();
-        assert_eq!(
-            c.credentials["c"].spend_nanos_per_period,
-            Some(2_500_000_000)
-        );
-        assert_eq!(Policy::from_toml(&c.to_toml()).unwrap(), c);
-    }
 }

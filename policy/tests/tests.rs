@@ -9,5 +9,6 @@ mod decide;
 mod gates;
 mod layers;
 mod model;
+mod prices;
 mod review;
 mod support;

@@ -9,8 +9,12 @@ use crate::approvals::{alice, grant, policy};
 use crate::support::{call, Sim, NO_ASK};
 
 fn spend(n: u64, cents: u64) -> Call {
+    reserve(n, cents * 10_000_000)
+}
+
+fn reserve(n: u64, nanos: u64) -> Call {
     Call {
-        reserve_nanos: cents * 10_000_000,
+        reserve_nanos: nanos,
         ..call("llm", Effect::Read, json!({"n": n}))
     }
 }
@@ -59,14 +63,14 @@ fn a_second_refusal_a_human_may_lift_still_asks() {
     assert_eq!(d.cause, Some(Reason::ReservationInsufficient));
 }
 
-/// docs/GATE.md, how a budget is counted (amounts): "cents, attempts and times are u64 and never wrap: a value that
+/// docs/GATE.md, how a budget is counted (amounts): "nanodollars, attempts and times are u64 and never wrap: a value that
 /// would overflow is a bad-input error". The gate must never allow a call whose own
 /// record then overflows the fold.
 #[test]
 fn decide_never_allows_a_reservation_that_overflows() {
     let mut sim = Sim::with_run(NO_ASK, json!({}));
-    sim.allow(&spend(1, u64::MAX), 10);
-    let d = sim.decide(&spend(2, 1), 20);
+    sim.allow(&reserve(1, u64::MAX), 10);
+    let d = sim.decide(&reserve(2, 1), 20);
     let found = sim.apply(&d.record);
     assert!(
         d.verdict != Verdict::Allow && found.is_empty(),

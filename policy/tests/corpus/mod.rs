@@ -12,10 +12,15 @@ use tally_record::{Decision, Kind};
 use crate::support::now;
 
 /// Keys of one run's `expect`, and whether each is required.
+/// Held and settled spend are given in cents (`held_cents`, `settled_cents`: the state's
+/// nanodollars must be exactly that many cents) or in nanodollars (`held_nanos`,
+/// `settled_nanos`): one of each pair is required.
 const EXPECT_KEYS: &[(&str, bool)] = &[
     ("attempts_used", true),
-    ("held_cents", true),
-    ("settled_cents", true),
+    ("held_cents", false),
+    ("settled_cents", false),
+    ("held_nanos", false),
+    ("settled_nanos", false),
     ("side_effects_used", true),
     ("stop", true),
     ("inconsistencies", true),
@@ -169,6 +174,14 @@ fn replay(name: &str, text: &str) -> Result<(), Vec<String>> {
                 errors.push(at(format!("expect lacks `{key}`")));
             }
         }
+        for (cents, nanos) in [
+            ("held_cents", "held_nanos"),
+            ("settled_cents", "settled_nanos"),
+        ] {
+            if want.contains_key(cents) == want.contains_key(nanos) {
+                errors.push(at(format!("expect gives one of `{cents}` and `{nanos}`")));
+            }
+        }
         let kinds: Vec<Value> = found
             .iter()
             .map(|i| serde_json::to_value(i).expect("an inconsistency serializes")["kind"].clone())
@@ -178,6 +191,8 @@ fn replay(name: &str, text: &str) -> Result<(), Vec<String>> {
             // The corpus's records count cents; the state counts nanodollars, exactly.
             ("held_cents", cents(state.held_nanos)),
             ("settled_cents", cents(state.settled_nanos)),
+            ("held_nanos", Value::from(state.held_nanos)),
+            ("settled_nanos", Value::from(state.settled_nanos)),
             ("side_effects_used", Value::from(state.side_effects_used)),
             (
                 "stop",
@@ -281,6 +296,7 @@ fn corpus_covers_the_required_scenarios() {
         "repeated_unknown_write",
         "allow_beyond_limit",
         "overflow_never_wraps",
+        "cents_and_nanos_count_alike",
     ] {
         assert!(
             names.iter().any(|n| n == required),
