@@ -170,7 +170,7 @@ fn attempts_five<F: Fleet>(fleet: &F) -> String {
     summary
 }
 
-/// 8 workers reserving 30 of the last 100 cents: 3 allows, 90 held, never more.
+/// 8 workers reserving 30 of the last 100 cents: 3 allows, 90 cents held, never more.
 fn last_cents<F: Fleet>(fleet: &F) -> String {
     let gates = fleet.gates(HOSTS, "");
     start(
@@ -190,7 +190,7 @@ fn last_cents<F: Fleet>(fleet: &F) -> String {
     let summary = format!("{}; held {held}", tally(results));
     assert_eq!(
         summary,
-        "3 x Allow, 5 x Deny ReservationInsufficient; held 90"
+        "3 x Allow, 5 x Deny ReservationInsufficient; held 900000000"
     );
     summary
 }

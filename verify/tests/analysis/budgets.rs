@@ -18,8 +18,8 @@ fn spend_reservation_overrun() {
                 "spend",
                 Inconsistency::AllowBeyondLimit {
                     dimension: Dimension::SpendNanos,
-                    used: 125,
-                    limit: 100
+                    used: 125 * CENT,
+                    limit: 100 * CENT
                 }
             ),
             finding(3, "spend", Inconsistency::AllowAfterOverrun),
@@ -248,8 +248,8 @@ fn eight_workers_sharing_one_budget() {
                 "fleet",
                 Inconsistency::AllowBeyondLimit {
                     dimension: Dimension::SpendNanos,
-                    used: 410,
-                    limit: 400
+                    used: 410 * CENT,
+                    limit: 400 * CENT
                 }
             )
         ]

@@ -53,8 +53,8 @@ fn json_reports_have_the_documented_fields() {
         "first_ms",
         "last_ms",
         "span_ms",
-        "reserved_cents",
-        "settled_cents",
+        "reserved_nanos",
+        "settled_nanos",
         "failures",
         "ignored_retry_after",
         "poll",
@@ -123,7 +123,7 @@ fn json_reports_have_the_documented_fields() {
     assert_eq!(
         f["findings"][0],
         json!({"seq": 3, "run": "spend", "kind": "allow_beyond_limit",
-               "dimension": "spend_cents", "used": 125, "limit": 100})
+               "dimension": "spend_nanos", "used": 1_250_000_000u64, "limit": 1_000_000_000u64})
     );
     assert_eq!(
         f["findings"][1],
@@ -140,8 +140,8 @@ fn text_reports_read_like_an_operators_note() {
         "Run post: \"Charge customer c_17 for order 5512\"",
         "  Status: stopped: completed at seq 5, 6.0 s after the run started, recorded 2023-11-14 22:13:20 UTC",
         "  Attempts: 2 of 5",
-        "  Spend: 30¢ reserved, 30¢ settled (limit 200¢)",
-        "    - payments.charge (payments.charge:order-5512) -> ch_88 \"succeeded\" (seq 4, 30¢, 5.9 s after the run started, recorded 2023-11-14 22:13:20 UTC)",
+        "  Spend: $0.30 reserved, $0.30 settled (limit $2.00)",
+        "    - payments.charge (payments.charge:order-5512) -> ch_88 \"succeeded\" (seq 4, $0.30, 5.9 s after the run started, recorded 2023-11-14 22:13:20 UTC)",
         "    - payments.charge (payments.charge:order-5512) attempt 1: OUTCOME UNKNOWN (seq 2, 5.1 s after the run started, recorded 2023-11-14 22:13:20 UTC)",
         "  Must not repeat:",
         "  Checkpoint: not determined",
