@@ -749,8 +749,10 @@ fn the_demo_reads_as_a_story() {
             None => "running".to_owned(),
         };
         let from_ledger = format!(
-            "run {run}: {state}; {} of {} attempts used; {}¢ settled",
-            h["attempts"]["used"], h["attempts"]["limit"], h["spend"]["settled_cents"]
+            "run {run}: {state}; {} of {} attempts used; {} settled",
+            h["attempts"]["used"],
+            h["attempts"]["limit"],
+            tally_ledger::money::Nanos(h["spend"]["settled_nanos"].as_u64().unwrap_or(0))
         );
         assert_eq!(
             narrated, from_ledger,

@@ -590,11 +590,12 @@ fn acknowledged_are_in_ledgers(
             .collect();
         let reserved = on_run("allow")
             .iter()
-            .map(|d| d["reserve_cents"].as_u64().unwrap_or(0))
+            // The gate records nanodollars; counted here in cents, exactly.
+            .map(|d| d["reserve_nanos"].as_u64().unwrap_or(0) / 10_000_000)
             .sum();
         let settled = on_run("outcome")
             .iter()
-            .map(|d| d["settled_cents"].as_u64().unwrap_or(0))
+            .map(|d| d["settled_nanos"].as_u64().unwrap_or(0) / 10_000_000)
             .sum();
         per_host.push((attempts, reserved, settled));
     }
@@ -891,7 +892,7 @@ async fn postgres_restart_mid_load_refuses_then_recovers() {
         recovered.as_secs_f64()
     );
     assert!(
-        standing["settled_cents"].as_u64() >= Some(settled),
+        standing["settled_nanos"].as_u64() >= Some(settled * 10_000_000),
         "{standing} < {settled}"
     );
 }
@@ -940,8 +941,12 @@ async fn racing_for_the_last_cents_across_three_daemons_never_overspends() {
     let settled: u64 = per_host.iter().map(|h| h.2).sum();
     assert_eq!(reserved, RESERVE * (CENTS / RESERVE));
     assert_eq!(settled, reserved);
-    assert_eq!(standing["settled_cents"], settled, "{standing}");
-    assert_eq!(standing["held_cents"], 0, "{standing}");
+    assert_eq!(
+        standing["settled_nanos"],
+        settled * 10_000_000,
+        "{standing}"
+    );
+    assert_eq!(standing["held_nanos"], 0, "{standing}");
 }
 
 /// A network namespace joined to this one by a veth pair: `10.213.N.1` on this side,

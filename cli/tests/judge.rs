@@ -209,7 +209,7 @@ fn regression_issue_20_a_parent_spending_what_its_child_took_is_found() {
         v.contains("run p  allow_beyond_limit: allowed beyond its attempts limit in force (5 of 4"),
         "{v}"
     );
-    assert!(v.contains("(50¢ of 40¢"), "{v}");
+    assert!(v.contains("($0.50 of $0.40"), "{v}");
     let stats = text(&audit(d, "stats", &[]));
     let parent = stats
         .lines()
@@ -407,7 +407,7 @@ fn regression_issue_20_a_real_approval_verifies_consistent() {
     assert_eq!(s.check(reserve(2))["cause"], "reservation_insufficient");
     let said = approve("cents", &["--cents", "30"]);
     assert!(
-        said.contains("30¢ more (its spend limit 20¢ -> 50¢)"),
+        said.contains("$0.30 more (its spend limit $0.20 -> $0.50)"),
         "{said}"
     );
     assert_eq!(s.check(reserve(2))["decision"], "allow");
@@ -504,11 +504,11 @@ fn regression_issue_20_an_agent_alone_cannot_make_the_ledger_inconsistent() {
     assert!(v.contains("No inconsistencies"), "{v}");
     let h = text(&audit(s.dir.path(), "handoff", &["--run", "late"]));
     assert!(h.contains("model (generate) -> gen-5"), "{h}");
-    assert!(h.contains(", 20¢,"), "{h}");
+    assert!(h.contains(", $0.20,"), "{h}");
     assert!(!h.contains("Completed: nothing"), "{h}");
     let over = text(&audit(s.dir.path(), "handoff", &["--run", "over"]));
     assert!(
-        over.contains("Overrun: 45¢ settled above what calls reserved"),
+        over.contains("Overrun: $0.45 settled above what calls reserved"),
         "{over}"
     );
 }

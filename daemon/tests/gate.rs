@@ -129,7 +129,7 @@ async fn eight_workers_racing_for_the_last_cents_never_overspend() {
     for a in answers.iter().filter(|a| a["decision"] != "allow") {
         assert_eq!(decision(a).1, Some("approval_required"), "{a}");
         assert_eq!(decision(a).2, Some("ask"), "{a}");
-        assert_eq!(a["limits"]["spend_cents"]["used"], 90, "{a}");
+        assert_eq!(a["limits"]["spend_nanos"]["used"], 900_000_000u64, "{a}");
     }
     d.shutdown().await.expect("shutdown");
 }
@@ -414,7 +414,7 @@ async fn state_survives_a_restart_and_is_never_behind_the_ledger() {
     let standing: Value =
         serde_json::from_slice(&crate::common::get(&mut c, "/v1/runs/r").await.body).expect("json");
     assert_eq!(standing["limits"]["attempts"]["used"], 3, "{standing}");
-    assert_eq!(standing["held_cents"], 60);
+    assert_eq!(standing["held_nanos"], 600_000_000u64);
     let answers = race(
         &d,
         (0..4)

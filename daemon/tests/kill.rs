@@ -241,7 +241,7 @@ async fn kill_9_during_checks_loses_no_decision_and_state_is_never_behind() {
             "state behind the acknowledged allows: {standing}"
         );
         assert_eq!(used, in_chain, "state and chain disagree: {standing}");
-        assert_eq!(standing["held_cents"].as_u64(), Some(in_chain));
+        assert_eq!(standing["held_nanos"].as_u64(), Some(in_chain * 10_000_000));
     }
     let chain = walk(&ledger_dir, &auditor);
     chain.assert_holds(&acked);

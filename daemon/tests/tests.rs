@@ -13,6 +13,7 @@ mod gate;
 mod gate_client;
 mod kill;
 mod lifecycle;
+mod money;
 mod ownership;
 mod review;
 mod schema;

@@ -430,19 +430,19 @@ fn duplicated_checkpoints_are_one_finding() {
 fn reservations_that_would_overflow_are_a_finding_never_a_wrap() {
     let cli = Cli::new(&[
         json!({"run": "r", "kind": "start", "goal": "g", "budget": {"spend_cents": 10}}),
-        json!({"run": "r", "kind": "allow", "tool": "t", "attempt": 1, "reserve_cents": u64::MAX}),
+        json!({"run": "r", "kind": "allow", "tool": "t", "attempt": 1, "reserve_nanos": u64::MAX}),
         json!({"run": "r", "kind": "allow", "tool": "t", "attempt": 2, "reserve_cents": 2}),
     ]);
     let out = cli.run(&with_keys(&["handoff", "L.tally"]));
     let stdout = text(&out.stdout);
     assert_eq!(code(&out), 1, "{stdout}");
     assert!(
-        stdout.contains(&format!("{}¢ reserved", u64::MAX)),
+        stdout.contains("$18446744073.709551615 reserved"),
         "{stdout}"
     );
     let loops = text(&cli.run(&with_keys(&["loops", "L.tally"])).stdout);
     assert!(
-        loops.contains("overflow: held_cents would overflow"),
+        loops.contains("overflow: held_nanos would overflow"),
         "{loops}"
     );
 }

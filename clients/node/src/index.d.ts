@@ -8,9 +8,9 @@ export declare const VERSION: string;
 /** `{dimension: {used, limit}}`, e.g. `{attempts: {used: 1, limit: 10}}`. */
 export type Limits = Record<string, { used: number; limit: number }>;
 
-/** A budget by dimension: `attempts`, `deadline_ms`, `spend_cents`, `side_effects`, `polls`, `depth`. */
+/** A budget by dimension: `attempts`, `deadline_ms`, `spend_nanos` (or `spend_cents`), `side_effects`, `polls`, `depth`. */
 export type Budget = Partial<
-  Record<"attempts" | "deadline_ms" | "spend_cents" | "side_effects" | "polls" | "depth", number>
+  Record<"attempts" | "deadline_ms" | "spend_nanos" | "spend_cents" | "side_effects" | "polls" | "depth", number>
 >;
 
 /** The effect class of a call. */
@@ -80,6 +80,8 @@ export interface CheckOptions {
   channel?: string;
   depth?: number;
   reserveCents?: number;
+  /** Nanodollars (10^-9 USD) to reserve; give this or `reserveCents`. */
+  reserveNanos?: number;
   remoteRef?: string;
   credential?: string;
   timeoutMs?: number;
@@ -87,6 +89,8 @@ export interface CheckOptions {
 
 export interface OutcomeDetails {
   settledCents?: number;
+  /** What the call cost, nanodollars; give this or `settledCents`. */
+  settledNanos?: number;
   remoteRef?: string;
   observed?: string;
   retryAfterMs?: number;
@@ -153,8 +157,10 @@ export declare class RunStanding {
   readonly goal: string | null;
   readonly budget: Budget;
   readonly limits: Limits;
-  readonly heldCents: number;
-  readonly settledCents: number;
+  /** Nanodollars (10^-9 USD) held by calls not yet settled. */
+  readonly heldNanos: number;
+  /** Nanodollars settled. */
+  readonly settledNanos: number;
   readonly callsAllowed: number;
   readonly atMs: number;
   readonly grantsUnused: number;
@@ -182,8 +188,8 @@ export declare class Call {
   readonly logged: Logged | null;
   /** Set the outcome recorded when the body ends; it wins over what the end implies. */
   report(status: OutcomeStatus, details?: OutcomeDetails): void;
-  /** The call succeeded; `settledCents` is what it actually cost. */
-  ok(details?: { settledCents?: number; remoteRef?: string; observed?: string; result?: unknown }): void;
+  /** The call succeeded; `settledNanos` (or `settledCents`) is what it actually cost. */
+  ok(details?: { settledCents?: number; settledNanos?: number; remoteRef?: string; observed?: string; result?: unknown }): void;
   /** Whether the call took effect is not known. */
   unknown(details?: { remoteRef?: string; observed?: string }): void;
 }

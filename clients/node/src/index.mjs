@@ -5,7 +5,7 @@
 // typed errors and records the call's outcome for you:
 //
 //     const gate = new Gate("/run/tally/agent.sock");
-//     await gate.startRun("r1", { goal: "triage inbox", budget: { attempts: 10, spend_cents: 200 } });
+//     await gate.startRun("r1", { goal: "triage inbox", budget: { attempts: 10, spend_nanos: 2_000_000_000 } });
 //     await gate.call("r1", "http", { effect: "read", args: { page: 1 } }, async (call) =>
 //       fetch(url, { signal: call.signal }));
 //
@@ -124,8 +124,10 @@ export class RunStanding {
     this.goal = body.goal ?? null;
     this.budget = { ...(body.budget ?? {}) };
     this.limits = { ...(body.limits ?? {}) };
-    this.heldCents = body.held_cents;
-    this.settledCents = body.settled_cents;
+    /** Nanodollars (10^-9 USD) held by calls not yet settled. */
+    this.heldNanos = body.held_nanos;
+    /** Nanodollars settled. */
+    this.settledNanos = body.settled_nanos;
     /** Attempt numbers issued, including exempt calls and polls. */
     this.callsAllowed = body.calls_allowed;
     /** The run's clock now, ms since its start. */
@@ -294,6 +296,7 @@ function checkFields(o) {
     channel: o.channel,
     depth: o.depth,
     reserve_cents: o.reserveCents,
+    reserve_nanos: o.reserveNanos,
     remote_ref: o.remoteRef,
     credential: o.credential,
     timeout_ms: o.timeoutMs,
@@ -465,7 +468,7 @@ export class Gate {
    * `unknown`.
    * @param {string} run @param {number} attempt @param {string} status
    * `result`, if given, is sent only as its digest (`resultDigest`).
-   * @param {{settledCents?: number, remoteRef?: string, observed?: string, retryAfterMs?: number, result?: unknown}} [options]
+   * @param {{settledCents?: number, settledNanos?: number, remoteRef?: string, observed?: string, retryAfterMs?: number, result?: unknown}} [options]
    * @returns {Promise<Logged>}
    */
   outcome(run, attempt, status, options = {}) {
@@ -474,6 +477,7 @@ export class Gate {
       attempt,
       status,
       settled_cents: options.settledCents,
+      settled_nanos: options.settledNanos,
       remote_ref: options.remoteRef,
       observed: options.observed,
       retry_after_ms: options.retryAfterMs,
@@ -502,7 +506,7 @@ export class Gate {
   }
 
   /**
-   * Where the run stands: state, limits, held and settled cents, calls allowed.
+   * Where the run stands: state, limits, held and settled nanodollars, calls allowed.
    * @param {string} run
    * @returns {Promise<RunStanding>}
    */
@@ -608,7 +612,7 @@ export class Call {
     this.signal = signal;
     /** @type {string | null} the status the body set, if any */
     this.status = null;
-    /** @type {{settledCents?: number, remoteRef?: string, observed?: string, retryAfterMs?: number}} */
+    /** @type {{settledCents?: number, settledNanos?: number, remoteRef?: string, observed?: string, retryAfterMs?: number}} */
     this.details = {};
     /** @type {Logged | null} the outcome's receipt, once recorded */
     this.logged = null;
@@ -618,16 +622,16 @@ export class Call {
    * Set the outcome recorded when the body ends (`ok`, `error`, `rejected`, `timeout`,
    * `running`, `unknown`); it wins over what the body's end would imply.
    * @param {string} status
-   * @param {{settledCents?: number, remoteRef?: string, observed?: string, retryAfterMs?: number}} [details]
+   * @param {{settledCents?: number, settledNanos?: number, remoteRef?: string, observed?: string, retryAfterMs?: number}} [details]
    */
   report(status, details = {}) {
     this.status = status;
     this.details = { ...details };
   }
 
-  /** The call succeeded; `settledCents` is what it actually cost, `result` what it
+  /** The call succeeded; `settledNanos` (or `settledCents`) is what it actually cost, `result` what it
    * returned (only its digest is sent: a changed result is progress, not a loop).
-   * @param {{settledCents?: number, remoteRef?: string, observed?: string, result?: unknown}} [details] */
+   * @param {{settledCents?: number, settledNanos?: number, remoteRef?: string, observed?: string, result?: unknown}} [details] */
   ok(details = {}) {
     this.report("ok", details);
   }

@@ -28,6 +28,9 @@ import {
 
 import { NO_ASK, serve } from "./daemon.mjs";
 
+/** Nanodollars in a cent: the gate counts nanodollars (10^-9 USD). */
+const CENT = 10_000_000;
+
 /** A body that must not run: the gate refused the call. */
 function never() {
   throw new Error("the body of a refused call ran");
@@ -42,7 +45,7 @@ test("allow, then the outcome ok is recorded", async (t) => {
   assert.ok(run instanceof Run);
   assert.equal(run.run, "r1");
   assert.equal(run.budget.attempts, 10);
-  assert.equal(run.budget.spend_cents, 200);
+  assert.equal(run.budget.spend_nanos, 200 * CENT);
   assert.equal(typeof run.seq, "number");
   assert.match(run.hash, /^[0-9a-f]{64}$/);
 
@@ -61,15 +64,15 @@ test("allow, then the outcome ok is recorded", async (t) => {
   assert.equal(d.timeoutMs, 1500);
   assert.deepEqual(d.limits.attempts, { used: 0, limit: 10 });
   assert.ok(d.seq > run.seq);
-  assert.equal((await gate.run("r1")).heldCents, 20);
+  assert.equal((await gate.run("r1")).heldNanos, 20 * CENT);
 
   const logged = await gate.outcome("r1", d.attempt, "ok", { settledCents: 7 });
   assert.ok(logged instanceof Logged && logged.seq > d.seq);
   let standing = await gate.run("r1");
   assert.ok(standing instanceof RunStanding);
   assert.equal(standing.state, "running");
-  assert.equal(standing.heldCents, 0);
-  assert.equal(standing.settledCents, 7);
+  assert.equal(standing.heldNanos, 0);
+  assert.equal(standing.settledNanos, 7 * CENT);
   assert.equal(standing.callsAllowed, 1);
   assert.equal(standing.limits.attempts.used, 1);
 
@@ -91,8 +94,8 @@ test("allow, then the outcome ok is recorded", async (t) => {
   assert.equal(answer, "the body's answer");
   assert.ok(seen?.logged && seen.logged.seq > 0);
   standing = await gate.run("r1");
-  assert.equal(standing.settledCents, 10);
-  assert.equal(standing.heldCents, 0);
+  assert.equal(standing.settledNanos, 10 * CENT);
+  assert.equal(standing.heldNanos, 0);
   assert.equal(standing.callsAllowed, 2);
 
   await gate.stop("r1", "completed");
@@ -264,7 +267,7 @@ test("call() records ok, error, timeout and unknown", async (t) => {
   // ok (with its settled cost): the hold is settled; the operation may run again.
   await pay("charge:a", 1, 10, (call) => call.ok({ settledCents: 4 }));
   let standing = await gate.run("r1");
-  assert.deepEqual([standing.heldCents, standing.settledCents], [0, 4]);
+  assert.deepEqual([standing.heldNanos, standing.settledNanos], [0, 4 * CENT]);
   await pay("charge:a", 2, undefined, async () => {}); // allowed again; records ok when it resolves
 
   // error: the hold is released, the error is rethrown, the operation's one attempt spent.
@@ -276,7 +279,7 @@ test("call() records ok, error, timeout and unknown", async (t) => {
     (e) => e === boom,
   );
   standing = await gate.run("r1");
-  assert.deepEqual([standing.heldCents, standing.settledCents], [0, 4]);
+  assert.deepEqual([standing.heldNanos, standing.settledNanos], [0, 4 * CENT]);
   await assert.rejects(
     pay("charge:b", 4, 10, never),
     (e) => e instanceof StopRun && e.reason === "retries_exhausted",
@@ -290,7 +293,7 @@ test("call() records ok, error, timeout and unknown", async (t) => {
     }),
     (e) => e.name === "TimeoutError" || e.name === "AbortError",
   );
-  assert.equal((await gate.run("r1")).heldCents, 10);
+  assert.equal((await gate.run("r1")).heldNanos, 10 * CENT);
   await assert.rejects(pay("charge:c", 6, 10, never), (e) => {
     assert.ok(e instanceof AskHuman);
     assert.deepEqual([e.reason, e.action], ["outcome_unknown_non_idempotent", "ask"]);
@@ -539,7 +542,7 @@ test("every option reaches the gate under its wire name", async (t) => {
     credential: "c1",
     depth: 1,
   });
-  assert.deepEqual([child.budget.attempts, child.budget.spend_cents], [5, 40]);
+  assert.deepEqual([child.budget.attempts, child.budget.spend_nanos], [5, 40 * CENT]);
   const d = await gate.check("child", "http", {
     effect: "idempotent_write",
     operation: "export.create",
@@ -571,7 +574,7 @@ test("every option reaches the gate under its wire name", async (t) => {
   await gate.outcome("child", poll.attempt, "running", { observed: "still queued" });
   const standing = await gate.run("child");
   assert.equal(standing.goal, "the export itself");
-  assert.deepEqual([standing.settledCents, standing.heldCents], [3, 0]);
+  assert.deepEqual([standing.settledNanos, standing.heldNanos], [3 * CENT, 0]);
   await gate.stop("child", "completed");
   const next = await gate.startRun("child-2", { continues: "child", credential: "c1" });
   assert.equal(next.run, "child-2");

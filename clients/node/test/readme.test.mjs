@@ -110,7 +110,7 @@ async function runExample(t, daemon, beforeCheck) {
   g.postExport = async (/** @type {{signal: AbortSignal}} */ options) => {
     assert.ok(options.signal instanceof AbortSignal);
     calls.postExport.push(options);
-    return { costCents: 7 };
+    return { costNanos: 70_000_000 };
   };
   g.escalate = (/** @type {unknown} */ cause) => calls.escalate.push(cause);
   g.handOff = (/** @type {unknown} */ reason) => calls.handOff.push(reason);
@@ -140,7 +140,7 @@ test("README's example: the call is allowed, runs once, its cost is recorded, th
   assert.deepEqual([calls.escalate, calls.handOff, calls.sleep], [[], [], []]);
   const standing = await new Gate(daemon.socket).run("r1");
   assert.equal(standing.goal, "export Q3 report");
-  assert.deepEqual([standing.callsAllowed, standing.heldCents, standing.settledCents], [1, 0, 7]);
+  assert.deepEqual([standing.callsAllowed, standing.heldNanos, standing.settledNanos], [1, 0, 70_000_000]);
   assert.deepEqual([standing.state, standing.stopReason], ["stopped", "completed"]);
 });
 

@@ -392,12 +392,14 @@ class _Base:
         observed: Optional[str],
         retry_after_ms: Optional[int],
         result: Any = _NO_RESULT,
+        settled_nanos: Optional[int] = None,
     ) -> _Request[Dict[str, Any]]:
         body = _compact(
             run=run,
             attempt=attempt,
             status=status,
             settled_cents=settled_cents,
+            settled_nanos=settled_nanos,
             remote_ref=remote_ref,
             observed=observed,
             retry_after_ms=retry_after_ms,
@@ -424,6 +426,7 @@ def _check_options(
     idempotency_key: Optional[str],
     target: Optional[str],
     reserve_cents: Optional[int],
+    reserve_nanos: Optional[int],
     remote_ref: Optional[str],
     timeout_ms: Optional[int],
     args_preview: Optional[str],
@@ -437,6 +440,7 @@ def _check_options(
         idempotency_key=idempotency_key,
         target=target,
         reserve_cents=reserve_cents,
+        reserve_nanos=reserve_nanos,
         remote_ref=remote_ref,
         timeout_ms=timeout_ms,
         args_preview=args_preview,
@@ -514,6 +518,7 @@ class Gate(_Base):
         idempotency_key: Optional[str] = None,
         target: Optional[str] = None,
         reserve_cents: Optional[int] = None,
+        reserve_nanos: Optional[int] = None,
         remote_ref: Optional[str] = None,
         timeout_ms: Optional[int] = None,
         args_preview: Optional[str] = None,
@@ -524,7 +529,7 @@ class Gate(_Base):
         """Ask before one call. Returns the decision, allow or not (see
         `Decision.raise_if_denied`); raises `GateUnavailable` if the gate cannot decide."""
         options = _check_options(
-            args, operation, idempotency_key, target, reserve_cents, remote_ref,
+            args, operation, idempotency_key, target, reserve_cents, reserve_nanos, remote_ref,
             timeout_ms, args_preview, channel, depth, credential,
         )  # fmt: skip
         return self._do(self._check(run, tool, effect, options))
@@ -539,11 +544,13 @@ class Gate(_Base):
         observed: Optional[str] = None,
         retry_after_ms: Optional[int] = None,
         result: Any = _NO_RESULT,
+        settled_nanos: Optional[int] = None,
     ) -> Dict[str, Any]:
         """Record what an allowed call did: `ok`, `error`, `rejected`, `timeout`,
         `running` or `unknown`. Returns `{seq, hash, limits}`."""
         req = self._outcome(
-            run, attempt, status, settled_cents, remote_ref, observed, retry_after_ms, result
+            run, attempt, status, settled_cents, remote_ref, observed, retry_after_ms, result,
+            settled_nanos,
         )
         return self._do(req)
 
@@ -554,7 +561,8 @@ class Gate(_Base):
         return self._do(self._stop(run, reason))
 
     def run(self, run: str) -> Dict[str, Any]:
-        """Where the run stands: state, limits, held_cents, settled_cents, calls_allowed..."""
+        """Where the run stands: state, limits, held_nanos, settled_nanos (nanodollars,
+        10^-9 USD), calls_allowed..."""
         return self._do(self._run(run))
 
     def call(
@@ -568,6 +576,7 @@ class Gate(_Base):
         idempotency_key: Optional[str] = None,
         target: Optional[str] = None,
         reserve_cents: Optional[int] = None,
+        reserve_nanos: Optional[int] = None,
         remote_ref: Optional[str] = None,
         timeout_ms: Optional[int] = None,
         args_preview: Optional[str] = None,
@@ -578,7 +587,7 @@ class Gate(_Base):
         """`with gate.call(...) as call:` checks on entry (raising the `Denied` subclass,
         so the body never runs) and records the outcome on exit."""
         options = _check_options(
-            args, operation, idempotency_key, target, reserve_cents, remote_ref,
+            args, operation, idempotency_key, target, reserve_cents, reserve_nanos, remote_ref,
             timeout_ms, args_preview, channel, depth, credential,
         )  # fmt: skip
         return Call(self, run, tool, effect, options)
@@ -669,6 +678,7 @@ class AsyncGate(_Base):
         idempotency_key: Optional[str] = None,
         target: Optional[str] = None,
         reserve_cents: Optional[int] = None,
+        reserve_nanos: Optional[int] = None,
         remote_ref: Optional[str] = None,
         timeout_ms: Optional[int] = None,
         args_preview: Optional[str] = None,
@@ -678,7 +688,7 @@ class AsyncGate(_Base):
     ) -> Decision:
         """Ask before one call (see `Gate.check`)."""
         options = _check_options(
-            args, operation, idempotency_key, target, reserve_cents, remote_ref,
+            args, operation, idempotency_key, target, reserve_cents, reserve_nanos, remote_ref,
             timeout_ms, args_preview, channel, depth, credential,
         )  # fmt: skip
         return await self._do(self._check(run, tool, effect, options))
@@ -693,10 +703,12 @@ class AsyncGate(_Base):
         observed: Optional[str] = None,
         retry_after_ms: Optional[int] = None,
         result: Any = _NO_RESULT,
+        settled_nanos: Optional[int] = None,
     ) -> Dict[str, Any]:
         """Record what an allowed call did (see `Gate.outcome`)."""
         req = self._outcome(
-            run, attempt, status, settled_cents, remote_ref, observed, retry_after_ms, result
+            run, attempt, status, settled_cents, remote_ref, observed, retry_after_ms, result,
+            settled_nanos,
         )
         return await self._do(req)
 
@@ -719,6 +731,7 @@ class AsyncGate(_Base):
         idempotency_key: Optional[str] = None,
         target: Optional[str] = None,
         reserve_cents: Optional[int] = None,
+        reserve_nanos: Optional[int] = None,
         remote_ref: Optional[str] = None,
         timeout_ms: Optional[int] = None,
         args_preview: Optional[str] = None,
@@ -728,7 +741,7 @@ class AsyncGate(_Base):
     ) -> "AsyncCall":
         """`async with agate.call(...) as call:` (see `Gate.call`)."""
         options = _check_options(
-            args, operation, idempotency_key, target, reserve_cents, remote_ref,
+            args, operation, idempotency_key, target, reserve_cents, reserve_nanos, remote_ref,
             timeout_ms, args_preview, channel, depth, credential,
         )  # fmt: skip
         return AsyncCall(self, run, tool, effect, options)
@@ -754,6 +767,7 @@ class _CallState:
         self.decision: Optional[Decision] = None
         self.status: Optional[str] = None
         self.settled_cents: Optional[int] = None
+        self.settled_nanos: Optional[int] = None
         self.remote_ref: Optional[str] = None
         self.observed: Optional[str] = None
         self.retry_after_ms: Optional[int] = None
@@ -787,12 +801,14 @@ class _CallState:
         observed: Optional[str] = None,
         retry_after_ms: Optional[int] = None,
         result: Any = _NO_RESULT,
+        settled_nanos: Optional[int] = None,
     ) -> None:
         """Set the outcome recorded on exit (`ok`, `error`, `rejected`, `timeout`,
         `running`, `unknown`); it wins over what the exit would imply. `result`, if
         given, is kept only as its digest (`result_digest`)."""
         self.status = status
         self.settled_cents = settled_cents
+        self.settled_nanos = settled_nanos
         self.remote_ref = remote_ref
         self.observed = observed
         self.retry_after_ms = retry_after_ms
@@ -804,12 +820,15 @@ class _CallState:
         remote_ref: Optional[str] = None,
         observed: Optional[str] = None,
         result: Any = _NO_RESULT,
+        *,
+        settled_nanos: Optional[int] = None,
     ) -> None:
-        """The call succeeded; `settled_cents` is what it actually cost, `result` what it
-        returned (only its digest is sent: a changed result is progress, not a loop)."""
+        """The call succeeded; `settled_nanos` (nanodollars, 10^-9 USD) or `settled_cents`
+        is what it actually cost, `result` what it returned (only its digest is sent: a
+        changed result is progress, not a loop)."""
         self.report(
             "ok", settled_cents=settled_cents, remote_ref=remote_ref, observed=observed,
-            result=result,
+            result=result, settled_nanos=settled_nanos,
         )  # fmt: skip
 
     def unknown(self, remote_ref: Optional[str] = None, observed: Optional[str] = None) -> None:
@@ -831,7 +850,7 @@ class _CallState:
     def _outcome_args(self, status: str) -> Tuple[Any, ...]:
         return (
             self.run, self.attempt, status, self.settled_cents, self.remote_ref,
-            self.observed, self.retry_after_ms, self.result,
+            self.observed, self.retry_after_ms, self.result, self.settled_nanos,
         )  # fmt: skip
 
     def _failed(self, status: str, error: TallyError, exc: Optional[BaseException]) -> None:

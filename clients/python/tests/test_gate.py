@@ -39,6 +39,9 @@ from tally_gate import (
 from conftest import NO_ASK, Daemon  # noqa: E402  (the fixtures: tests/conftest.py)
 
 
+CENT = 10_000_000  # nanodollars in a cent: the gate counts nanodollars (10^-9 USD)
+
+
 # ---------------------------------------------------------------------------- tests
 
 
@@ -46,7 +49,7 @@ def test_allow_then_outcome_ok_is_recorded(serve: Callable[..., Daemon]) -> None
     gate = Gate(serve().socket)
     run = gate.start_run("r1", goal="triage inbox", budget={"attempts": 10, "spend_cents": 200})
     assert run.run == "r1"
-    assert run.budget["attempts"] == 10 and run.budget["spend_cents"] == 200
+    assert run.budget["attempts"] == 10 and run.budget["spend_nanos"] == 200 * CENT
     assert isinstance(run.seq, int) and len(run.hash) == 64
 
     d = gate.check("r1", "http", effect="read", operation="inbox.list", args={"page": 1},
@@ -56,13 +59,13 @@ def test_allow_then_outcome_ok_is_recorded(serve: Callable[..., Daemon]) -> None
     assert d.attempt == 1 and d.timeout_ms == 1500 and d.timeout == 1.5
     assert d.limits["attempts"] == {"used": 0, "limit": 10}
     assert isinstance(d.seq, int) and d.seq > run.seq
-    assert gate.run("r1")["held_cents"] == 20
+    assert gate.run("r1")["held_nanos"] == 20 * CENT
 
     logged = gate.outcome("r1", d.attempt, "ok", settled_cents=7)
     assert logged["seq"] > d.seq
     standing = gate.run("r1")
     assert standing["state"] == "running"
-    assert standing["held_cents"] == 0 and standing["settled_cents"] == 7
+    assert standing["held_nanos"] == 0 and standing["settled_nanos"] == 7 * CENT
     assert standing["calls_allowed"] == 1
     assert standing["limits"]["attempts"]["used"] == 1
 
@@ -74,7 +77,7 @@ def test_allow_then_outcome_ok_is_recorded(serve: Callable[..., Daemon]) -> None
         call.ok(settled_cents=3)
     assert call.logged is not None and call.logged["seq"] > 0
     standing = gate.run("r1")
-    assert standing["settled_cents"] == 10 and standing["held_cents"] == 0
+    assert standing["settled_nanos"] == 10 * CENT and standing["held_nanos"] == 0
     assert standing["calls_allowed"] == 2
 
     gate.stop("r1", "completed")
@@ -194,7 +197,7 @@ def test_the_context_manager_records_ok_error_timeout_and_unknown(
     with pay("charge:a", 1) as call:
         call.ok(settled_cents=4)
     standing = gate.run("r1")
-    assert (standing["held_cents"], standing["settled_cents"]) == (0, 4)
+    assert (standing["held_nanos"], standing["settled_nanos"]) == (0, 4 * CENT)
     with pay("charge:a", 2, reserve=None):
         pass  # allowed again: the first outcome was ok; this one records ok on exit
 
@@ -203,7 +206,7 @@ def test_the_context_manager_records_ok_error_timeout_and_unknown(
         with pay("charge:b", 3):
             raise ValueError("boom")
     standing = gate.run("r1")
-    assert (standing["held_cents"], standing["settled_cents"]) == (0, 4)
+    assert (standing["held_nanos"], standing["settled_nanos"]) == (0, 4 * CENT)
     with pytest.raises(StopRun) as stopped:
         with pay("charge:b", 4):
             pytest.fail("the body of a refused call ran")
@@ -214,7 +217,7 @@ def test_the_context_manager_records_ok_error_timeout_and_unknown(
     with pytest.raises(TimeoutError):
         with pay("charge:c", 5):
             raise TimeoutError("upstream took too long")
-    assert gate.run("r1")["held_cents"] == 10
+    assert gate.run("r1")["held_nanos"] == 10 * CENT
     with pytest.raises(AskHuman) as asked:
         with pay("charge:c", 6):
             pytest.fail("the body of a refused call ran")
@@ -355,9 +358,9 @@ def test_async_client(serve: Callable[..., Daemon]) -> None:
             await asyncio.sleep(0)
             call.ok(settled_cents=6)
         standing = await gate.run("r1")
-        assert (standing["held_cents"], standing["settled_cents"], standing["calls_allowed"]) == (
+        assert (standing["held_nanos"], standing["settled_nanos"], standing["calls_allowed"]) == (
             0,
-            6,
+            6 * CENT,
             1,
         )
 
@@ -370,7 +373,7 @@ def test_async_client(serve: Callable[..., Daemon]) -> None:
                                  reserve_cents=10):  # fmt: skip
                 await asyncio.wait_for(asyncio.sleep(10), 0.01)
         standing = await gate.run("r1")
-        assert standing["held_cents"] == 10  # the error released its hold; the timeout did not
+        assert standing["held_nanos"] == 10 * CENT  # the error released its hold; the timeout did not
         assert standing["limits"]["attempts"]["used"] == 3
 
         ran = False

@@ -120,7 +120,7 @@ def run_example(
     def post_export(timeout: float) -> Any:
         assert timeout > 0
         calls["post_export"].append(timeout)
-        return SimpleNamespace(cost_cents=7)
+        return SimpleNamespace(cost_nanos=70_000_000)
 
     monkeypatch.setattr(time, "sleep", lambda s: calls["sleep"].append(s))
     socket_path = daemon.socket
@@ -150,7 +150,7 @@ def test_the_call_is_allowed_runs_once_and_its_cost_is_recorded(
     assert len(calls["post_export"]) == 1
     assert (calls["escalate"], calls["hand_off"], calls["sleep"]) == ([], [], [])
     standing = Gate(daemon.socket).run("r1")
-    assert (standing["calls_allowed"], standing["settled_cents"]) == (1, 7)
+    assert (standing["calls_allowed"], standing["settled_nanos"]) == (1, 70_000_000)
     assert (standing["state"], standing["stop_reason"]) == ("stopped", "completed"), standing
 
 
