@@ -6,10 +6,11 @@ use tokio_postgres::Statement;
 
 /// The first byte of every stored state value: the encoding that follows (postcard of the
 /// policy core's state types; 2 since the core became the only judge, whose run state
-/// records overruns and forgotten attempts). State of another format is never read: a
+/// records overruns and forgotten attempts; 3 since an open attempt records whether the
+/// proxy made it). State of another format is never read: a
 /// field read at the wrong place would be a wrong budget, so it is refused with its cause.
 /// the same as the embedded backend's.
-pub(crate) const STATE_FORMAT: u8 = 2;
+pub(crate) const STATE_FORMAT: u8 = 3;
 
 pub(crate) fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
     let mut out = vec![STATE_FORMAT];
@@ -31,13 +32,12 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(
         Some((&STATE_FORMAT, rest)) => {
             postcard::from_bytes(rest).map_err(|e| unreadable(e.to_string()))
         }
-        Some((1, _)) => Err(unreadable(
-            "it was written by an older tally (state format 1; this one reads 2): finish or \
+        Some((old @ (1 | 2), _)) => Err(unreadable(format!(
+            "it was written by an older tally (state format {old}; this one reads 3): finish or \
              stop its runs with that version, or serve a new ledger"
-                .into(),
-        )),
+        ))),
         Some((other, _)) => Err(unreadable(format!(
-            "unknown state format {other} (this tally reads 2): was it written by a newer tally?"
+            "unknown state format {other} (this tally reads 3): was it written by a newer tally?"
         ))),
         None => Err(unreadable("empty".into())),
     }
@@ -73,6 +73,15 @@ CREATE TABLE tally_owners (
 /// Version 2: the state version every decision is recorded at (docs/FLEET.md).
 pub(crate) const SCHEMA_V2: &str = "CREATE SEQUENCE IF NOT EXISTS tally_state_version AS bigint;";
 
+/// Version 3: principals' budgets across their runs, one row per uid (docs/GATE.md,
+/// "Principals"), shared by every daemon of the fleet.
+pub(crate) const SCHEMA_V3: &str = "
+CREATE TABLE IF NOT EXISTS tally_principals (
+    uid bigint PRIMARY KEY,
+    state bytea NOT NULL,
+    version bigint NOT NULL
+);";
+
 /// Every statement a decision uses, prepared once per connection.
 pub(crate) struct Statements {
     pub(crate) run_lock: Statement,
@@ -88,6 +97,9 @@ pub(crate) struct Statements {
     pub(crate) breakers: Statement,
     pub(crate) credential_lock: Statement,
     pub(crate) credential_insert: Statement,
+    pub(crate) principal_lock: Statement,
+    pub(crate) principal_insert: Statement,
+    pub(crate) principal_write: Statement,
     pub(crate) write: Statement,
     pub(crate) next_version: Statement,
 }

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tally_ledger::Ledger;
 use tally_policy::state::Breaker;
-use tally_policy::{CredentialState, Policy, RunState, ToolState, View, ViewMut};
+use tally_policy::{CredentialState, Policy, PrincipalState, RunState, ToolState, View, ViewMut};
+
+use crate::backend::Scopes;
 
 use crate::{Caller, GateError};
 
@@ -47,9 +49,10 @@ pub(crate) fn pause_entry(run: &str, paused: bool) -> (Vec<u8>, Vec<u8>) {
 
 /// The first byte of every stored state value: the encoding that follows (postcard of the
 /// policy core's state types; 2 since the core became the only judge, whose run state
-/// records overruns and forgotten attempts). State of another format is never read: a
+/// records overruns and forgotten attempts; 3 since an open attempt records whether the
+/// proxy made it). State of another format is never read: a
 /// field read at the wrong place would be a wrong budget, so it is refused with its cause.
-const STATE_FORMAT: u8 = 2;
+const STATE_FORMAT: u8 = 3;
 
 /// A state value as stored: compact (the state of every scope a decision touches is
 /// written with it, so its size is paid on every call).
@@ -71,13 +74,12 @@ fn decode<T: serde::de::DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T,
         Some((&STATE_FORMAT, rest)) => {
             postcard::from_bytes(rest).map_err(|e| unreadable(e.to_string()))
         }
-        Some((1, _)) => Err(unreadable(
-            "it was written by an older tally (state format 1; this one reads 2): finish or \
+        Some((old @ (1 | 2), _)) => Err(unreadable(format!(
+            "it was written by an older tally (state format {old}; this one reads 3): finish or \
              stop its runs with that version, or serve a new ledger"
-                .into(),
-        )),
+        ))),
         Some((other, _)) => Err(unreadable(format!(
-            "unknown state format {other} (this tally reads 2): was it written by a newer tally?"
+            "unknown state format {other} (this tally reads 3): was it written by a newer tally?"
         ))),
         None => Err(unreadable("empty".into())),
     }
@@ -88,6 +90,7 @@ pub(crate) struct Tables {
     pub runs: BTreeMap<String, RunState>,
     tools: BTreeMap<String, ToolState>,
     credentials: BTreeMap<String, CredentialState>,
+    principals: BTreeMap<String, PrincipalState>,
     stopped: VecDeque<String>,
 }
 
@@ -114,6 +117,10 @@ impl Tables {
         for (k, v) in ledger.state(b"c/")? {
             let name = String::from_utf8_lossy(&k[2..]).into_owned();
             t.credentials.insert(name, decode(&k, &v)?);
+        }
+        for (k, v) in ledger.state(b"u/")? {
+            let name = String::from_utf8_lossy(&k[2..]).into_owned();
+            t.principals.insert(name, decode(&k, &v)?);
         }
         Ok(t)
     }
@@ -268,46 +275,53 @@ impl Tables {
         Ok(())
     }
 
-    pub fn view(&self, run: &str, tool: Option<&str>, credential: Option<&str>) -> View<'_> {
+    /// Read (or create) a principal's state. One per uid the policy budgets, and a uid
+    /// is a u32: bounded by the uids that start runs, never dropped (its period's counts
+    /// are its budget).
+    pub fn ensure_principal(&mut self, principal: &str) -> Result<(), GateError> {
+        self.principals.entry(principal.to_owned()).or_default();
+        Ok(())
+    }
+
+    pub fn view(&self, s: &Scopes<'_>) -> View<'_> {
         static EMPTY: std::sync::OnceLock<RunState> = std::sync::OnceLock::new();
         View {
             run: self
                 .runs
-                .get(run)
+                .get(s.run)
                 .unwrap_or_else(|| EMPTY.get_or_init(RunState::default)),
-            tool: tool.and_then(|t| self.tools.get(t)),
-            credential: credential.and_then(|c| self.credentials.get(c)),
+            tool: s.tool.and_then(|t| self.tools.get(t)),
+            credential: s.credential.and_then(|c| self.credentials.get(c)),
+            principal: s.principal.and_then(|p| self.principals.get(p)),
             family: Default::default(),
         }
     }
 
-    pub fn view_mut(
-        &mut self,
-        run: &str,
-        tool: Option<&str>,
-        credential: Option<&str>,
-    ) -> ViewMut<'_> {
+    pub fn view_mut(&mut self, s: &Scopes<'_>) -> ViewMut<'_> {
         let state = self
             .runs
-            .entry(run.to_owned())
-            .or_insert_with(|| RunState::new(run));
+            .entry(s.run.to_owned())
+            .or_insert_with(|| RunState::new(s.run));
         ViewMut {
             run: state,
-            tool: tool.and_then(|t| self.tools.get_mut(t)),
-            credential: credential.and_then(|c| self.credentials.get_mut(c)),
+            tool: s.tool.and_then(|t| self.tools.get_mut(t)),
+            credential: s.credential.and_then(|c| self.credentials.get_mut(c)),
+            principal: s.principal.and_then(|p| self.principals.get_mut(p)),
             parent: None,
             continued: None,
         }
     }
 
     /// The durable entries of the scopes a decision touched.
-    pub fn entries(
-        &self,
-        run: &str,
-        tool: Option<&str>,
-        credential: Option<&str>,
-    ) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut out = Vec::with_capacity(3);
+    pub fn entries(&self, s: &Scopes<'_>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let (run, tool, credential) = (s.run, s.tool, s.credential);
+        let mut out = Vec::with_capacity(4);
+        if let Some((name, p)) = s
+            .principal
+            .and_then(|n| self.principals.get(n).map(|p| (n, p)))
+        {
+            out.push(([b"u/", name.as_bytes()].concat(), encode(p)));
+        }
         if let Some(r) = self.runs.get(run) {
             out.push(run_entry(r));
         }

@@ -40,6 +40,46 @@ pub struct Policy {
     /// Runs one uid may hold open at once (started, not stopped). Default 1,000: a flood
     /// of new run names is refused, never allowed to evict another run's counters.
     pub max_open_runs_per_uid: u64,
+    /// Principal budgets: what one uid may start and spend across all its runs per
+    /// period (docs/GATE.md, "Principals"). Default: none.
+    pub principals: Principals,
+}
+
+/// Principal budgets, by uid: `[principals.default]` for every uid without its own,
+/// `[principals.uid.1000]` for uid 1000 (it replaces the default for that uid, whole).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Principals {
+    /// The budget of every uid the policy does not name.
+    pub default: Option<PrincipalLimits>,
+    /// Budgets of named uids (decimal keys), replacing the default for them.
+    pub uid: BTreeMap<String, PrincipalLimits>,
+}
+
+/// One principal's budget per period. A limit left out is no limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrincipalLimits {
+    /// Runs it may start per period.
+    pub runs: Option<u64>,
+    /// Attempts (allows that use one, docs/GATE.md) across its runs per period.
+    pub attempts: Option<u64>,
+    /// Cents reserved or settled across its runs per period.
+    pub spend_cents: Option<u64>,
+    /// The period, ms. Default 86,400,000 (a day). A period begins with the first run
+    /// or call after the one before it ended.
+    pub period_ms: u64,
+}
+
+impl Default for PrincipalLimits {
+    fn default() -> PrincipalLimits {
+        PrincipalLimits {
+            runs: None,
+            attempts: None,
+            spend_cents: None,
+            period_ms: 86_400_000,
+        }
+    }
 }
 
 /// Attempts per logical operation, by effect class (defaults after RFC 9110 §9.2.2).
@@ -191,6 +231,7 @@ impl Default for Policy {
             approvals: Approvals::default(),
             credentials: BTreeMap::new(),
             max_open_runs_per_uid: 1_000,
+            principals: Principals::default(),
         }
     }
 }
@@ -406,6 +447,27 @@ impl Policy {
                 );
             }
         }
+        let named = self
+            .principals
+            .uid
+            .iter()
+            .map(|(k, l)| (format!("principals.uid.{k}"), Some(k), l));
+        let default = self
+            .principals
+            .default
+            .iter()
+            .map(|l| ("principals.default".to_owned(), None, l));
+        for (at, key, limits) in default.chain(named) {
+            if key.is_some_and(|k| k.parse::<u32>().map(|u| u.to_string()) != Ok(k.clone())) {
+                return invalid(
+                    &at,
+                    "is not a uid: name it in decimal (`[principals.uid.1000]`)",
+                );
+            }
+            if limits.period_ms == 0 {
+                return invalid(&format!("{at}.period_ms"), "must be at least 1 (ms)");
+            }
+        }
         if self.approvals.ask_on.contains(&Reason::Completed) {
             return invalid("approvals.ask_on", "`completed` is not a refusal");
         }
@@ -486,7 +548,16 @@ impl Policy {
         c
     }
 
-    /// Whether a human may lift a refusal with this reason.
+    /// The principal budget of `uid`: its own, else the default; `None` if the policy
+    /// gives it none.
+    pub fn principal(&self, uid: u32) -> Option<&PrincipalLimits> {
+        self.principals
+            .uid
+            .get(&uid.to_string())
+            .or(self.principals.default.as_ref())
+    }
+
+    /// Whether a human may lift a refusal with `reason` (it is in `approvals.ask_on`).
     pub fn asks(&self, reason: Reason) -> bool {
         self.approvals.ask_on.contains(&reason)
     }

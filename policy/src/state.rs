@@ -14,7 +14,7 @@ use tally_record::{Effect, Reason, Status};
 
 mod shared;
 
-pub use shared::{Breaker, Bucket, CredentialState, Probe, ToolState};
+pub use shared::{Breaker, Bucket, CredentialState, PrincipalState, Probe, ToolState};
 
 /// Attempt numbers as sorted, disjoint, non-adjacent inclusive ranges: attempts are
 /// numbered in order, so this stays a handful of ranges however long the run.
@@ -95,6 +95,9 @@ pub struct Attempt {
     pub status: Option<Status>,
     /// The remote operation its outcome registered (each call registers at most one).
     pub registered: Option<u64>,
+    /// The proxy made the call (its allow says `proxied`): only the proxy reports its
+    /// outcome.
+    pub proxied: bool,
 }
 
 /// A remote operation the run has seen, whose status reads are polls.

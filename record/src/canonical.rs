@@ -127,6 +127,17 @@ impl<'a> Reader<'a> {
         Some(v)
     }
 
+    /// `true` or `false`.
+    fn boolean(&mut self) -> Option<bool> {
+        if self.eat(b"true") {
+            Some(true)
+        } else if self.eat(b"false") {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
     /// An enum's name: a string of lowercase letters and underscores.
     fn word(&mut self) -> Option<&'a str> {
         if !self.eat(b"\"") {
@@ -207,6 +218,7 @@ impl<'a> Reader<'a> {
         opt!(continues, self.string()?);
         opt!(state_version, self.u64()?);
         opt!(result_digest, self.string()?);
+        opt!(proxied, self.boolean()?);
         opt!(trace_id, self.string()?);
         opt!(prev_seq, self.u64()?);
         self.eat(b"}").then_some(d)
@@ -476,8 +488,8 @@ mod tests {
             o(text()),
         )
             .boxed();
-        (a, b, c, e, o(limits), g)
-            .prop_map(|(a, b, c, e, limits, g)| Decision {
+        (a, b, c, e, o(limits), g, o(any::<bool>()))
+            .prop_map(|(a, b, c, e, limits, g, proxied)| Decision {
                 run: a.0,
                 kind: Some(a.1),
                 worker: a.2,
@@ -522,6 +534,7 @@ mod tests {
                 continues: g.7,
                 state_version: g.8,
                 result_digest: g.9,
+                proxied,
                 prev_seq: g.10,
                 trace_id: g.11,
             })

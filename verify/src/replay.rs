@@ -286,7 +286,10 @@ pub fn judge(
     policy: &tally_policy::Policy,
     digest: &str,
     run: &RunState,
-    credential: Option<&tally_policy::CredentialState>,
+    (credential, principal): (
+        Option<&tally_policy::CredentialState>,
+        Option<&tally_policy::PrincipalState>,
+    ),
     d: &Decision,
     call: &Call,
     recorded: Option<Reason>,
@@ -296,6 +299,7 @@ pub fn judge(
         run,
         tool: None,
         credential,
+        principal,
         family: Default::default(),
     };
     let again = decide(policy, digest, view, call, now);

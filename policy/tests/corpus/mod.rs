@@ -132,6 +132,7 @@ fn replay(name: &str, text: &str) -> Result<(), Vec<String>> {
                 credential: None,
                 parent: None,
                 continued: None,
+                principal: None,
             },
             &d,
             now(at),
