@@ -14,6 +14,7 @@ mod gate_client;
 mod kill;
 mod lifecycle;
 mod ownership;
+mod proxied;
 mod review;
 mod schema;
 mod strict;
