@@ -1,5 +1,5 @@
-//! Principal budgets on the real binary and daemon over its real Unix socket (issue 22's
-//! "31 runs in a row from one uid stop at the principal budget"): one uid starting run
+//! Principal budgets on the real binary and daemon over its real Unix socket (31 runs in
+//! a row from one uid stop at the principal budget): one uid starting run
 //! after run draws from one budget; its runs and attempts of the period are counted
 //! across them, a refused start says `principal_budget_exceeded` (action ask), the
 //! budget survives the loss of the index, and `tally verify` replays the ledger clean.

@@ -297,3 +297,22 @@ fn the_agent_cannot_report_the_outcome_of_a_proxied_attempt() {
     let standing = f.gate.run(agent(1000), "r").expect("run");
     assert_eq!((standing.held_cents, standing.settled_cents), (0, 3));
 }
+
+#[test]
+fn a_proxied_check_the_gate_refuses_is_recorded_as_the_proxys() {
+    let f = Fixture::new("[principals.default]\nattempts = 1\n");
+    f.start(agent(1000), "r").expect("start");
+    assert_eq!(f.check_as(proxy(1000), "r", 0).decision, Verdict::Allow);
+    let refused = f.check_as(proxy(1000), "r", 0);
+    assert_eq!(
+        (refused.decision, refused.reason),
+        PRINCIPAL,
+        "the proxy's calls draw from the owner's budget"
+    );
+    assert!(refused.seq.is_some(), "recorded");
+    assert_eq!(
+        f.check(1000, "r", 0),
+        PRINCIPAL,
+        "and so do the agent's own"
+    );
+}

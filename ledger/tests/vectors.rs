@@ -478,7 +478,7 @@ fn proxied_vectors_match_docs() {
     }
     for bad in [
         r#"{"run":"r1","kind":"allow","tool":"t","proxied":false}"#,
-        r#"{"run":"r1","kind":"deny","tool":"t","reason":"scope_violation","proxied":true}"#,
+        r#"{"run":"r1","kind":"refund","of":1,"proxied":true}"#,
         r#"{"run":"r1","kind":"start","proxied":true}"#,
     ] {
         let d = Decision::from_json(bad).expect("parses");

@@ -151,9 +151,10 @@ pub fn apply_keyed(
             if let Some(k) =
                 keyed.filter(|_| !has(|f| matches!(f, Inconsistency::DuplicateAllow { .. })))
             {
+                // Whether it uses an attempt, as the run counts it (before it is folded).
+                let counted = counts(policy, &k.call.tool, k.poll(run).is_some());
                 allow(policy, run, tool, credential, record, k, now);
                 if let (Some(p), Some(rolled)) = (principal.as_deref_mut(), principal_now) {
-                    let counted = counts(policy, &k.call.tool, k.poll(run).is_some());
                     *p = rolled;
                     if counted {
                         p.attempts = p.attempts.saturating_add(1);

@@ -278,7 +278,7 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub result_digest: Option<String>,
-    /// The call was made through tally's proxy (allow, outcome): only `true` is written
+    /// The call was asked for by tally's proxy (allow, deny, outcome): only `true` is written
     /// (absent is false). The proxy owns an allowed proxied attempt's outcome: it observes
     /// it, and the agent socket refuses to take one from the agent (docs/GATE.md,
     /// "Proxied attempts"). Written by the gate alone.

@@ -170,7 +170,7 @@ impl Decision {
             (
                 "proxied",
                 self.proxied.is_some(),
-                &[Kind::Allow, Kind::Outcome],
+                &[Kind::Allow, Kind::Deny, Kind::Outcome],
             ),
             (
                 "trace_id",
