@@ -53,6 +53,9 @@ fn caller(peer: Peer, role: Role) -> Caller {
             Peer::Tcp | Peer::Unknown => None,
         },
         operator: role == Role::Operator,
+        // The agent and operator sockets never speak for the proxy: only the proxy, in
+        // process, makes a proxied caller.
+        proxied: false,
     }
 }
 

@@ -27,7 +27,17 @@ pub(crate) fn gate_error(e: GateError) -> ApiError {
             ApiError::new(S::CONFLICT, "run_stopped", msg)
         }
         GateError::NotStopped(_) => ApiError::new(S::CONFLICT, "run_not_stopped", msg),
+        // A uid past its budget across its runs: the code is the reason's, so an agent
+        // tells it by the code alone (action ask: a new run does not help).
+        GateError::Refused(r @ tally_ledger::Reason::PrincipalBudgetExceeded) => ApiError::new(
+            S::FORBIDDEN,
+            "principal_budget_exceeded",
+            format!("{msg} (action {}): {}", r.action(), r.meaning()),
+        ),
         GateError::Refused(_) => ApiError::new(S::FORBIDDEN, "refused", msg),
+        GateError::OutcomeOwnedByProxy { .. } => {
+            ApiError::new(S::FORBIDDEN, "outcome_owned_by_proxy", msg)
+        }
         GateError::NoSuchAttempt { .. } => ApiError::new(S::NOT_FOUND, "no_such_attempt", msg),
         GateError::AttemptSettled { .. } => ApiError::new(S::CONFLICT, "attempt_settled", msg),
         GateError::ApprovalRefused(_) => ApiError::new(S::FORBIDDEN, "approval_refused", msg),

@@ -15,6 +15,7 @@ mod kill;
 mod lifecycle;
 mod money;
 mod ownership;
+mod proxied;
 mod review;
 mod schema;
 mod strict;

@@ -43,11 +43,11 @@ use tally_ledger::Ledger;
 use tally_policy::RunState;
 use tokio_postgres::{Client, NoTls};
 
-use schema::{Statements, SCHEMA_V1, SCHEMA_V2, WRITE};
+use schema::{Statements, SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, WRITE};
 pub use txn::PostgresTxn;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -267,6 +267,9 @@ impl Postgres {
                 tool_insert: p("INSERT INTO tally_tools (name, state, in_flight, version) VALUES ($1, $2, $3, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state, in_flight")?,
                 credential_lock: p("SELECT state FROM tally_credentials WHERE name = $1 FOR UPDATE")?,
                 credential_insert: p("INSERT INTO tally_credentials (name, state, version) VALUES ($1, $2, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state")?,
+                principal_lock: p("SELECT state FROM tally_principals WHERE uid = $1 FOR UPDATE")?,
+                principal_insert: p("INSERT INTO tally_principals (uid, state, version) VALUES ($1, $2, 0) ON CONFLICT (uid) DO UPDATE SET uid = EXCLUDED.uid RETURNING state")?,
+                principal_write: p("UPDATE tally_principals SET state = $2, version = version + 1 WHERE uid = $1")?,
                 write: p(WRITE)?,
                 next_version: p("SELECT nextval('tally_state_version')")?,
             })
@@ -321,8 +324,9 @@ impl Postgres {
             )?;
             let found: Option<i32> = rows.first().and_then(|r| r.get(0));
             let steps: &[&str] = match found {
-                None => &[SCHEMA_V1, SCHEMA_V2],
-                Some(1) => &[SCHEMA_V2],
+                None => &[SCHEMA_V1, SCHEMA_V2, SCHEMA_V3],
+                Some(1) => &[SCHEMA_V2, SCHEMA_V3],
+                Some(2) => &[SCHEMA_V3],
                 Some(v) if v > SCHEMA_VERSION => {
                     return Ok(Err(PostgresError::SchemaTooNew {
                         target: self.target.clone(),
@@ -429,6 +433,7 @@ impl StateBackend for Postgres {
             runs: BTreeMap::new(),
             tools: BTreeMap::new(),
             credentials: BTreeMap::new(),
+            principals: BTreeMap::new(),
             listed: Vec::new(),
             empty: RunState::default(),
         };

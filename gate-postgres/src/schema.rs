@@ -53,6 +53,15 @@ CREATE TABLE tally_owners (
 /// Version 2: the state version every decision is recorded at (docs/FLEET.md).
 pub(crate) const SCHEMA_V2: &str = "CREATE SEQUENCE IF NOT EXISTS tally_state_version AS bigint;";
 
+/// Version 3: principals' budgets across their runs, one row per uid (docs/GATE.md,
+/// "Principals"), shared by every daemon of the fleet.
+pub(crate) const SCHEMA_V3: &str = "
+CREATE TABLE IF NOT EXISTS tally_principals (
+    uid bigint PRIMARY KEY,
+    state bytea NOT NULL,
+    version bigint NOT NULL
+);";
+
 /// Every statement a decision uses, prepared once per connection.
 pub(crate) struct Statements {
     pub(crate) run_lock: Statement,
@@ -68,6 +77,9 @@ pub(crate) struct Statements {
     pub(crate) breakers: Statement,
     pub(crate) credential_lock: Statement,
     pub(crate) credential_insert: Statement,
+    pub(crate) principal_lock: Statement,
+    pub(crate) principal_insert: Statement,
+    pub(crate) principal_write: Statement,
     pub(crate) write: Statement,
     pub(crate) next_version: Statement,
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use tally_gate::backend::{Committed, Scopes, StateTxn};
 use tally_gate::{Caller, GateError};
-use tally_policy::{CredentialState, Policy, RunState, ToolState, View, ViewMut};
+use tally_policy::{CredentialState, Policy, PrincipalState, RunState, ToolState, View, ViewMut};
 
 use crate::schema::{decode, encode, NO_UID};
 use crate::txn::{tool_from, PostgresTxn};
@@ -189,11 +189,39 @@ impl StateTxn for PostgresTxn<'_> {
         Ok(())
     }
 
+    fn ensure_principal(&mut self, principal: &str) -> Result<(), GateError> {
+        if self.principals.contains_key(principal) {
+            return Ok(());
+        }
+        let uid: i64 = principal.parse().map_err(|_| {
+            GateError::Unavailable(format!("a principal is a uid, not `{principal}`"))
+        })?;
+        // Locked to the end of the transaction: the fleet's daemons take turns at one
+        // uid's budget, so two can never both spend its last attempt.
+        let mut rows = self.rows("to read a principal", |s| &s.principal_lock, &[&uid])?;
+        if rows.is_empty() {
+            let state = encode(&PrincipalState::default());
+            rows = self.rows(
+                "to create a principal",
+                |s| &s.principal_insert,
+                &[&uid, &state],
+            )?;
+        }
+        let row = rows.first().ok_or_else(|| {
+            self.backend
+                .unavailable("to read a principal", "no row came back")
+        })?;
+        let state: PrincipalState = decode("a principal", row.get::<_, &[u8]>(0))?;
+        self.principals.insert(principal.to_owned(), state);
+        Ok(())
+    }
+
     fn view(&self, s: &Scopes<'_>) -> View<'_> {
         View {
             run: self.runs.get(s.run).unwrap_or(&self.empty),
             tool: s.tool.and_then(|t| self.tools.get(t)),
             credential: s.credential.and_then(|c| self.credentials.get(c)),
+            principal: s.principal.and_then(|p| self.principals.get(p)),
             family: Default::default(),
         }
     }
@@ -207,6 +235,7 @@ impl StateTxn for PostgresTxn<'_> {
             run,
             tool: s.tool.and_then(|t| self.tools.get_mut(t)),
             credential: s.credential.and_then(|c| self.credentials.get_mut(c)),
+            principal: s.principal.and_then(|p| self.principals.get_mut(p)),
             parent: None,
             continued: None,
         }
@@ -241,6 +270,22 @@ impl StateTxn for PostgresTxn<'_> {
                 self.credentials.keys().cloned().collect::<Vec<_>>(),
             )
         };
+        if !scopes.is_empty() {
+            // Every principal this transaction read is locked: write them back (one
+            // statement each; a uid's budget is one row).
+            let principals: Vec<(i64, Vec<u8>)> = self
+                .principals
+                .iter()
+                .filter_map(|(n, p)| n.parse::<i64>().ok().map(|u| (u, encode(p))))
+                .collect();
+            for (uid, state) in principals {
+                self.rows(
+                    "to write a principal",
+                    |s| &s.principal_write,
+                    &[&uid, &state],
+                )?;
+            }
+        }
         let n = runs.len().max(tools.len()).max(creds.len());
         for i in 0..n.saturating_sub(1) {
             self.write(

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::MutexGuard;
 
 use tally_gate::GateError;
-use tally_policy::{CredentialState, RunState, ToolState};
+use tally_policy::{CredentialState, PrincipalState, RunState, ToolState};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
@@ -26,6 +26,7 @@ pub struct PostgresTxn<'a> {
     pub(crate) runs: BTreeMap<String, RunState>,
     pub(crate) tools: BTreeMap<String, ToolState>,
     pub(crate) credentials: BTreeMap<String, CredentialState>,
+    pub(crate) principals: BTreeMap<String, PrincipalState>,
     pub(crate) listed: Vec<RunState>,
     pub(crate) empty: RunState,
 }

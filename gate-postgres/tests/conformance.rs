@@ -81,6 +81,7 @@ fn no_asking(policy: &str) -> String {
 const OPERATOR: Caller = Caller {
     uid: None,
     operator: true,
+    proxied: false,
 };
 
 fn start<B: StateBackend>(
@@ -340,6 +341,7 @@ fn deadlines<F: Fleet>(fleet: &F) -> String {
     let agent = Caller {
         uid: Some(1000),
         operator: false,
+        proxied: false,
     };
     let budget = |d: u64| json!({"deadline_ms": d});
     start(
@@ -396,6 +398,7 @@ fn names_and_quota<F: Fleet>(fleet: &F) -> String {
     let agent = Caller {
         uid: Some(1000),
         operator: false,
+        proxied: false,
     };
     let quota = race(&gates, 8, move |g, i| {
         match start(g, agent, json!({"run": format!("u{i}")})) {
@@ -412,6 +415,42 @@ fn names_and_quota<F: Fleet>(fleet: &F) -> String {
     summary
 }
 
+/// One uid's principal budget, shared by the fleet: its starts and its checks race on
+/// every gate at once, and the gates together give exactly its runs and attempts.
+fn principal_shared<F: Fleet>(fleet: &F) -> String {
+    let gates = fleet.gates(HOSTS, "[principals.default]\nruns = 4\nattempts = 10\n");
+    let agent = Caller {
+        uid: Some(1000),
+        ..Caller::default()
+    };
+    let starts = race(&gates, 8, move |g, i| {
+        match start(g, agent, json!({"run": format!("p{i}")})) {
+            Ok(_) => "started".to_owned(),
+            Err(GateError::Refused(r)) => format!("refused {r}"),
+            Err(e) => format!("error {e}"),
+        }
+    });
+    let open: Vec<String> = (0..8)
+        .map(|i| format!("p{i}"))
+        .filter(|r| gates[0].run(OPERATOR, r).is_ok())
+        .collect();
+    // The closure each thread runs is copied: the names it reads live for the test.
+    let open: &'static [String] = Vec::leak(open);
+    let checks = race(&gates, 16, move |g, i| {
+        let run = &open[i % open.len()];
+        verdict(&check(
+            g,
+            json!({"run": run, "tool": "t", "operation": format!("op{i}"), "effect": "read"}),
+        ))
+    });
+    let summary = format!("starts: {}; checks: {}", tally(starts), tally(checks));
+    assert_eq!(
+        summary,
+        "starts: 4 x refused principal_budget_exceeded, 4 x started; checks: 10 x Allow, 6 x Deny PrincipalBudgetExceeded"
+    );
+    summary
+}
+
 type Case<F> = (&'static str, fn(&F) -> String);
 
 fn cases<F: Fleet>() -> Vec<Case<F>> {
@@ -423,6 +462,7 @@ fn cases<F: Fleet>() -> Vec<Case<F>> {
         ("kill_and_pause", kill_and_pause::<F>),
         ("names_and_quota", names_and_quota::<F>),
         ("deadlines", deadlines::<F>),
+        ("principal_shared", principal_shared::<F>),
     ]
 }
 

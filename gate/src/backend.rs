@@ -29,6 +29,8 @@ pub struct Scopes<'a> {
     pub tool: Option<&'a str>,
     /// The credential, if the decision touches one.
     pub credential: Option<&'a str>,
+    /// The principal (a uid, in decimal), if the decision touches one.
+    pub principal: Option<&'a str>,
 }
 
 impl<'a> Scopes<'a> {
@@ -38,6 +40,7 @@ impl<'a> Scopes<'a> {
             run,
             tool: None,
             credential: None,
+            principal: None,
         }
     }
 }
@@ -108,6 +111,8 @@ pub trait StateTxn {
         now_ms: u64,
         policy: &Policy,
     ) -> Result<(), GateError>;
+    /// Read (or create) a principal's state (`principal`: a uid in decimal).
+    fn ensure_principal(&mut self, principal: &str) -> Result<(), GateError>;
     /// The scopes, to decide from.
     fn view(&self, scopes: &Scopes<'_>) -> View<'_>;
     /// The scopes, to apply a decision to.
@@ -267,12 +272,16 @@ impl StateTxn for EmbeddedTxn<'_> {
         self.t.ensure_credential(credential, now_ms, policy)
     }
 
+    fn ensure_principal(&mut self, principal: &str) -> Result<(), GateError> {
+        self.t.ensure_principal(principal)
+    }
+
     fn view(&self, s: &Scopes<'_>) -> View<'_> {
-        self.t.view(s.run, s.tool, s.credential)
+        self.t.view(s)
     }
 
     fn view_mut(&mut self, s: &Scopes<'_>) -> ViewMut<'_> {
-        self.t.view_mut(s.run, s.tool, s.credential)
+        self.t.view_mut(s)
     }
 
     fn mark_stopped(&mut self, run: &str) {
@@ -307,7 +316,7 @@ impl StateTxn for EmbeddedTxn<'_> {
         done: Committed,
     ) {
         for s in scopes {
-            ledger_state.extend(self.t.entries(s.run, s.tool, s.credential));
+            ledger_state.extend(self.t.entries(s));
         }
         // Queued under the lock: the ledger's order is the state's order.
         self.ledger

@@ -5,8 +5,8 @@ use tally_policy::{apply, decide, judge, Call, Verdict};
 
 use crate::backend::{Scopes, StateBackend, StateTxn};
 use crate::{
-    encodable, inconsistent, tracks_credential, Caller, CheckAnswer, CheckRequest, Done, Gate,
-    GateError, Logged, OutcomeRequest, Touched, MAX_TOOL_BYTES,
+    encodable, inconsistent, principal_scope, tracks_credential, Caller, CheckAnswer, CheckRequest,
+    Done, Gate, GateError, Logged, OutcomeRequest, Touched, MAX_TOOL_BYTES,
 };
 
 impl<B: StateBackend> Gate<B> {
@@ -21,9 +21,15 @@ impl<B: StateBackend> Gate<B> {
         let result = (|| {
             let mut t = self.begin()?;
             let policy = &self.policy.policy;
-            let (stopped, run_credential, now) = {
+            let (stopped, run_credential, owner, now) = {
                 let run = t.run(&req.run, caller)?;
-                (run.stop.is_some(), run.credential.clone(), self.clock(run))
+                let owner = run.owner_uid;
+                (
+                    run.stop.is_some(),
+                    run.credential.clone(),
+                    owner,
+                    self.clock(run),
+                )
             };
             if req.tool.len() > MAX_TOOL_BYTES {
                 // Tool names are identifiers, and every open call keeps its tool's name.
@@ -63,6 +69,7 @@ impl<B: StateBackend> Gate<B> {
                 credential: run_credential,
                 timeout_ms: req.timeout_ms,
                 uid: caller.uid,
+                proxied: caller.proxied,
             };
             if stopped {
                 let run = t.run(&req.run, caller)?.clone();
@@ -93,11 +100,17 @@ impl<B: StateBackend> Gate<B> {
             if let Some(c) = &cred_scope {
                 t.ensure_credential(c, now.wall_ms, policy)?;
             }
+            // The run owner's budget across its runs, where the policy gives it one.
+            let principal = principal_scope(policy, owner);
+            if let Some(p) = &principal {
+                t.ensure_principal(p)?;
+            }
             let mut decided = {
                 let scopes = Scopes {
                     run: &call.run,
                     tool: Some(&call.tool),
                     credential: cred_scope.as_deref(),
+                    principal: principal.as_deref(),
                 };
                 decide(policy, &self.policy.digest, t.view(&scopes), &call, now)
             };
@@ -108,6 +121,7 @@ impl<B: StateBackend> Gate<B> {
                     run: &call.run,
                     tool: Some(&call.tool),
                     credential: cred_scope.as_deref(),
+                    principal: principal.as_deref(),
                 };
                 apply(policy, t.view_mut(&scopes), &decided.record, now);
                 if decided.verdict == Verdict::Allow {
@@ -115,6 +129,7 @@ impl<B: StateBackend> Gate<B> {
                         run: call.run.clone(),
                         tool: Some(call.tool.clone()),
                         credential: cred_scope.clone(),
+                        principal: principal.clone(),
                     }]
                 } else {
                     // A refusal changes no state worth keeping (the run's clock only): a
@@ -173,6 +188,7 @@ impl<B: StateBackend> Gate<B> {
             let policy = &self.policy.policy;
             let run = t.run(&req.run, caller)?;
             let now = self.clock(run);
+            let run_owner = run.owner_uid;
             let tool = run.tool_of(req.attempt).map(str::to_owned);
             let credential = run
                 .credential
@@ -183,6 +199,10 @@ impl<B: StateBackend> Gate<B> {
             }
             if let Some(c) = &credential {
                 t.ensure_credential(c, now.wall_ms, policy)?;
+            }
+            let principal = principal_scope(policy, run_owner);
+            if let Some(p) = &principal {
+                t.ensure_principal(p)?;
             }
             let mut record = Decision {
                 run: req.run.clone(),
@@ -203,6 +223,8 @@ impl<B: StateBackend> Gate<B> {
                 observed: req.observed,
                 retry_after_ms: req.retry_after_ms,
                 result_digest: req.result_digest,
+                // The proxy's own report of a call it made; an agent's never says so.
+                proxied: caller.proxied.then_some(true),
                 uid: caller.uid,
                 policy: Some(self.policy.digest.clone()),
                 ..Decision::default()
@@ -212,6 +234,7 @@ impl<B: StateBackend> Gate<B> {
                 run: req.run.clone(),
                 tool,
                 credential,
+                principal,
             };
             // What the core would call inconsistent is refused and never recorded.
             if let Some(found) = judge(policy, t.view(&touched.scopes()), &record, now)

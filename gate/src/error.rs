@@ -66,6 +66,15 @@ pub enum GateError {
         /// The attempt.
         attempt: u64,
     },
+    /// An outcome for an attempt the proxy made, from a caller that is not the proxy: the
+    /// proxy observes it (the daemon answers 403 `outcome_owned_by_proxy`).
+    #[error("attempt {attempt} of run `{run}` was made through tally's proxy, which observes its outcome: the agent cannot report it")]
+    OutcomeOwnedByProxy {
+        /// The run.
+        run: String,
+        /// The attempt.
+        attempt: u64,
+    },
     /// What the record would do is inconsistent with the run's history (the policy
     /// core's judgement): refused, never recorded.
     #[error("refused: {} (run `{run}`)", found.as_str())]

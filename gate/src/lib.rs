@@ -53,6 +53,13 @@ fn tracks_credential(policy: &tally_policy::Policy, credential: &str) -> bool {
             .is_some_and(|c| c.spend_nanos_per_period.is_some())
 }
 
+/// The principal scope of `uid`: its name (the uid in decimal), if the policy gives the
+/// uid a principal budget. A caller without a uid (in-process, loopback TCP) has none.
+fn principal_scope(policy: &tally_policy::Policy, uid: Option<u32>) -> Option<String> {
+    uid.filter(|u| policy.principal(*u).is_some())
+        .map(|u| u.to_string())
+}
+
 /// Longest tool name the gate takes, in bytes.
 pub const MAX_TOOL_BYTES: usize = 256;
 
@@ -85,6 +92,7 @@ struct Touched {
     run: String,
     tool: Option<String>,
     credential: Option<String>,
+    principal: Option<String>,
 }
 
 impl Touched {
@@ -93,6 +101,7 @@ impl Touched {
             run: run.to_owned(),
             tool: None,
             credential: None,
+            principal: None,
         }
     }
 
@@ -101,6 +110,7 @@ impl Touched {
             run: &self.run,
             tool: self.tool.as_deref(),
             credential: self.credential.as_deref(),
+            principal: self.principal.as_deref(),
         }
     }
 }
@@ -348,6 +358,7 @@ fn start_refused(
             ))
         }
         R::DepthExceeded { .. } => GateError::Refused(Reason::ChainDepthExceeded),
+        R::PrincipalBudgetExceeded => GateError::Refused(Reason::PrincipalBudgetExceeded),
         other => GateError::NotAuthorized(other.to_string()),
     }
 }
@@ -362,6 +373,10 @@ fn inconsistent(run: &str, found: tally_policy::Inconsistency) -> GateError {
             attempt,
         },
         I::DuplicateOutcome { attempt } => GateError::AttemptSettled {
+            run: run.to_owned(),
+            attempt,
+        },
+        I::OutcomeOwnedByProxy { attempt } => GateError::OutcomeOwnedByProxy {
             run: run.to_owned(),
             attempt,
         },

@@ -15,6 +15,9 @@ pub struct Caller {
     pub uid: Option<u32>,
     /// Whether this is the operator (the operator socket, or an in-process owner).
     pub operator: bool,
+    /// Whether this is tally's proxy acting for the run's owner (`uid` is that owner):
+    /// its checks mark their attempts as the proxy's, whose outcomes only it reports.
+    pub proxied: bool,
 }
 
 /// `POST /v1/runs`: start a run.

@@ -7,8 +7,9 @@ use tally_policy::{apply, judge, Now, RunState, ViewMut};
 
 use crate::backend::{Scopes, StateBackend, StateTxn};
 use crate::{
-    clock, encodable, inconsistent, live, open_descendants, start_refused, Approval, Caller, Done,
-    Gate, GateError, Logged, Standing, StartRequest, Started, StopRequest, Touched,
+    clock, encodable, inconsistent, live, open_descendants, principal_scope, start_refused,
+    Approval, Caller, Done, Gate, GateError, Logged, Standing, StartRequest, Started, StopRequest,
+    Touched,
 };
 
 impl<B: StateBackend> Gate<B> {
@@ -124,6 +125,25 @@ impl<B: StateBackend> Gate<B> {
         };
         // One rule for what a run is granted and whether it may start: the core's, the
         // one replay holds every recorded start to.
+        let now = Now {
+            wall_ms: self.time.now_ms(),
+            at_ms: Some(0),
+        };
+        // The starting uid's budget across its runs, as it stands now.
+        let principal = principal_scope(policy, caller.uid);
+        let principal_now = match (&principal, caller.uid.and_then(|u| policy.principal(u))) {
+            (Some(p), Some(limits)) => {
+                t.ensure_principal(p)?;
+                let scopes = Scopes {
+                    principal: Some(p),
+                    ..Scopes::run(&req.run)
+                };
+                t.view(&scopes)
+                    .principal
+                    .map(|s| s.at(now.wall_ms, limits.period_ms))
+            }
+            _ => None,
+        };
         let ask = tally_policy::Ask {
             budget: req.budget.as_ref(),
             credential: req.credential.as_deref(),
@@ -135,6 +155,7 @@ impl<B: StateBackend> Gate<B> {
             parent: parent.as_ref(),
             continued: continued.as_ref(),
             open_runs_of_uid,
+            principal: principal_now,
         };
         let budget = tally_policy::start(policy, &ask, &family)
             .map_err(|r| start_refused(r, req, parent.as_ref(), caller))?;
@@ -153,21 +174,24 @@ impl<B: StateBackend> Gate<B> {
             ..Decision::default()
         };
         encodable(&mut record)?;
-        let now = Now {
-            wall_ms: self.time.now_ms(),
-            at_ms: Some(0),
-        };
         let mut run = RunState::new(&req.run);
-        let mut writes = vec![Touched::run(&req.run)];
+        let mut writes = vec![Touched {
+            principal: principal.clone(),
+            ..Touched::run(&req.run)
+        }];
         if let Some(p) = &req.parent {
             writes.push(Touched::run(p));
         }
+        // The principal is folded on a copy (the parent is borrowed from the transaction
+        // beside it) and written back once the run is in.
+        let mut principal_state = principal_now;
         let found = apply(
             policy,
             ViewMut {
                 run: &mut run,
                 tool: None,
                 credential: None,
+                principal: principal_state.as_mut(),
                 parent: match &req.parent {
                     Some(p) => Some(
                         t.run_mut(p)
@@ -182,6 +206,15 @@ impl<B: StateBackend> Gate<B> {
         );
         debug_assert!(found.is_empty(), "a start the core granted: {found:?}");
         t.insert_run(run);
+        if let (Some(name), Some(state)) = (&principal, principal_state) {
+            let scopes = Scopes {
+                principal: Some(name),
+                ..Scopes::run(&req.run)
+            };
+            if let Some(p) = t.view_mut(&scopes).principal {
+                *p = state;
+            }
+        }
         Ok((record, writes, budget))
     }
 
@@ -270,9 +303,8 @@ impl<B: StateBackend> Gate<B> {
         for (tool, attempt) in open {
             t.ensure_tool(&tool, now.wall_ms, policy)?;
             let scopes = Scopes {
-                run,
                 tool: Some(&tool),
-                credential: None,
+                ..Scopes::run(run)
             };
             if let Some(ts) = t.view_mut(&scopes).tool {
                 ts.in_flight

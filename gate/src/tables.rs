@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tally_ledger::Ledger;
 use tally_policy::state::Breaker;
-use tally_policy::{CredentialState, Policy, RunState, ToolState, View, ViewMut};
+use tally_policy::{CredentialState, Policy, PrincipalState, RunState, ToolState, View, ViewMut};
+
+use crate::backend::Scopes;
 
 use crate::{Caller, GateError};
 
@@ -68,6 +70,7 @@ pub(crate) struct Tables {
     pub runs: BTreeMap<String, RunState>,
     tools: BTreeMap<String, ToolState>,
     credentials: BTreeMap<String, CredentialState>,
+    principals: BTreeMap<String, PrincipalState>,
     stopped: VecDeque<String>,
 }
 
@@ -94,6 +97,10 @@ impl Tables {
         for (k, v) in ledger.state(b"c/")? {
             let name = String::from_utf8_lossy(&k[2..]).into_owned();
             t.credentials.insert(name, decode(&k, &v)?);
+        }
+        for (k, v) in ledger.state(b"u/")? {
+            let name = String::from_utf8_lossy(&k[2..]).into_owned();
+            t.principals.insert(name, decode(&k, &v)?);
         }
         Ok(t)
     }
@@ -248,46 +255,53 @@ impl Tables {
         Ok(())
     }
 
-    pub fn view(&self, run: &str, tool: Option<&str>, credential: Option<&str>) -> View<'_> {
+    /// Read (or create) a principal's state. One per uid the policy budgets, and a uid
+    /// is a u32: bounded by the uids that start runs, never dropped (its period's counts
+    /// are its budget).
+    pub fn ensure_principal(&mut self, principal: &str) -> Result<(), GateError> {
+        self.principals.entry(principal.to_owned()).or_default();
+        Ok(())
+    }
+
+    pub fn view(&self, s: &Scopes<'_>) -> View<'_> {
         static EMPTY: std::sync::OnceLock<RunState> = std::sync::OnceLock::new();
         View {
             run: self
                 .runs
-                .get(run)
+                .get(s.run)
                 .unwrap_or_else(|| EMPTY.get_or_init(RunState::default)),
-            tool: tool.and_then(|t| self.tools.get(t)),
-            credential: credential.and_then(|c| self.credentials.get(c)),
+            tool: s.tool.and_then(|t| self.tools.get(t)),
+            credential: s.credential.and_then(|c| self.credentials.get(c)),
+            principal: s.principal.and_then(|p| self.principals.get(p)),
             family: Default::default(),
         }
     }
 
-    pub fn view_mut(
-        &mut self,
-        run: &str,
-        tool: Option<&str>,
-        credential: Option<&str>,
-    ) -> ViewMut<'_> {
+    pub fn view_mut(&mut self, s: &Scopes<'_>) -> ViewMut<'_> {
         let state = self
             .runs
-            .entry(run.to_owned())
-            .or_insert_with(|| RunState::new(run));
+            .entry(s.run.to_owned())
+            .or_insert_with(|| RunState::new(s.run));
         ViewMut {
             run: state,
-            tool: tool.and_then(|t| self.tools.get_mut(t)),
-            credential: credential.and_then(|c| self.credentials.get_mut(c)),
+            tool: s.tool.and_then(|t| self.tools.get_mut(t)),
+            credential: s.credential.and_then(|c| self.credentials.get_mut(c)),
+            principal: s.principal.and_then(|p| self.principals.get_mut(p)),
             parent: None,
             continued: None,
         }
     }
 
     /// The durable entries of the scopes a decision touched.
-    pub fn entries(
-        &self,
-        run: &str,
-        tool: Option<&str>,
-        credential: Option<&str>,
-    ) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut out = Vec::with_capacity(3);
+    pub fn entries(&self, s: &Scopes<'_>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let (run, tool, credential) = (s.run, s.tool, s.credential);
+        let mut out = Vec::with_capacity(4);
+        if let Some((name, p)) = s
+            .principal
+            .and_then(|n| self.principals.get(n).map(|p| (n, p)))
+        {
+            out.push(([b"u/", name.as_bytes()].concat(), encode(p)));
+        }
         if let Some(r) = self.runs.get(run) {
             out.push(run_entry(r));
         }

@@ -247,6 +247,7 @@ fn every_reason_says_what_to_do() {
         ("killed_by_operator", Stop),
         ("run_paused", Retry),
         ("retries_exhausted", Stop),
+        ("principal_budget_exceeded", Ask),
         ("gate_unavailable", Retry),
         ("completed", Stop),
     ];

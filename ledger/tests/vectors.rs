@@ -434,3 +434,55 @@ fn trace_id_vectors_match_docs() {
         );
     }
 }
+
+/// docs/FORMAT.md, "Proxied calls": each decision as sent and its stored bytes; `false`
+/// and the field on another kind are refused.
+#[test]
+fn proxied_vectors_match_docs() {
+    let doc = include_str!("../../docs/FORMAT.md");
+    let table = doc
+        .split_once(
+            "| proxied decision as sent | stored (canonical, as the ledger writes it) |\n|---|---|\n",
+        )
+        .expect("the proxied table")
+        .1;
+    let rows: Vec<[String; 2]> = table
+        .lines()
+        .take_while(|l| l.starts_with('|'))
+        .map(|row| {
+            let cells: Vec<String> = row
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().trim_matches('`').to_string())
+                .collect();
+            [cells[0].clone(), cells[1].clone()]
+        })
+        .collect();
+    assert_eq!(rows.len(), 2);
+    for [sent, stored] in &rows {
+        let dir = tempfile::tempdir().unwrap();
+        let (l, auditor) = crate::store::new_ledger(&dir.path().join("l"), Default::default());
+        l.append(Decision::from_json(r#"{"run":"r1","kind":"start"}"#).unwrap())
+            .unwrap();
+        l.append(Decision::from_json(sent).unwrap()).unwrap();
+        let back = crate::store::read_back(&l, &auditor);
+        let last = back.last().unwrap();
+        assert_eq!(
+            String::from_utf8(last.to_canonical_json()).unwrap(),
+            *stored
+        );
+        assert_eq!(
+            Decision::from_stored(stored.as_bytes()).unwrap().proxied,
+            Some(true)
+        );
+    }
+    for bad in [
+        r#"{"run":"r1","kind":"allow","tool":"t","proxied":false}"#,
+        r#"{"run":"r1","kind":"refund","of":1,"proxied":true}"#,
+        r#"{"run":"r1","kind":"start","proxied":true}"#,
+    ] {
+        let d = Decision::from_json(bad).expect("parses");
+        let err = d.validate().expect_err(bad).to_string();
+        assert!(err.contains("proxied"), "{bad}: {err}");
+    }
+}

@@ -14,8 +14,8 @@ use crate::start::{carry_over, delegate, Family};
 pub use crate::state::standing;
 use crate::state::Now;
 use crate::state::{
-    call_id, result_key, Attempt, Breaker, CredentialState, Grant, Probe, Recent, RunState,
-    ToolState, Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
+    call_id, result_key, Attempt, Breaker, CredentialState, Grant, PrincipalState, Probe, Recent,
+    RunState, ToolState, Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
 };
 
 /// The state a decision changes.
@@ -27,6 +27,9 @@ pub struct ViewMut<'a> {
     pub tool: Option<&'a mut ToolState>,
     /// The run's credential.
     pub credential: Option<&'a mut CredentialState>,
+    /// The run owner's principal state (for a start, the starting uid's), where the
+    /// policy gives the uid a principal budget.
+    pub principal: Option<&'a mut PrincipalState>,
     /// For a start naming a parent: the parent, which its child's budget is carved from.
     pub parent: Option<&'a mut RunState>,
     /// For a start naming the run it continues: that run.
@@ -40,6 +43,7 @@ impl<'a> ViewMut<'a> {
             run,
             tool: None,
             credential: None,
+            principal: None,
             parent: None,
             continued: None,
         }
@@ -87,9 +91,20 @@ pub fn apply_keyed(
         run,
         tool,
         credential,
+        mut principal,
         parent,
         continued,
     } = state;
+    // The principal's budget: the starting uid's for a start, else the run's owner's.
+    let uid = match record.kind() {
+        Kind::Start => record.uid,
+        _ => run.owner_uid,
+    };
+    let period = uid.and_then(|u| policy.principal(u)).map(|l| l.period_ms);
+    let principal_now = principal
+        .as_deref()
+        .zip(period)
+        .map(|(p, period)| p.at(now.wall_ms, period));
     let mut found = count_unrecorded(run, record);
     found.extend(judge_keyed(
         policy,
@@ -97,10 +112,12 @@ pub fn apply_keyed(
             run,
             tool: tool.as_deref(),
             credential: credential.as_deref(),
+            principal: principal.as_deref(),
             family: Family {
                 parent: parent.as_deref(),
                 continued,
                 open_runs_of_uid: None,
+                principal: principal_now,
             },
         },
         record,
@@ -119,6 +136,10 @@ pub fn apply_keyed(
         Kind::Start => {
             if !has(|f| matches!(f, Inconsistency::SecondStart)) {
                 start(run, record, now);
+                if let (Some(p), Some(rolled)) = (principal.as_deref_mut(), principal_now) {
+                    *p = rolled;
+                    p.runs = p.runs.saturating_add(1);
+                }
                 if let Some(old) = continued {
                     carry_over(run, old);
                 }
@@ -131,14 +152,27 @@ pub fn apply_keyed(
             if let Some(k) =
                 keyed.filter(|_| !has(|f| matches!(f, Inconsistency::DuplicateAllow { .. })))
             {
+                // Whether it uses an attempt, as the run counts it (before it is folded).
+                let counted = counts(policy, &k.call.tool, k.poll(run).is_some());
                 allow(policy, run, tool, credential, record, k, now);
+                if let (Some(p), Some(rolled)) = (principal.as_deref_mut(), principal_now) {
+                    *p = rolled;
+                    if counted {
+                        p.attempts = p.attempts.saturating_add(1);
+                    }
+                    p.spent_nanos = p
+                        .spent_nanos
+                        .saturating_add(record.reserve().map_or(0, |n| n.0));
+                }
             }
         }
         Kind::Deny | Kind::Policy => {}
         Kind::Outcome => {
             // A second settlement of an open attempt is not counted, but its status is.
             if !has(|f| matches!(f, Inconsistency::OutcomeWithoutAllow { .. })) {
-                outcome(policy, run, tool, credential, record, now, run_ms);
+                outcome(
+                    policy, run, tool, credential, principal, record, now, run_ms,
+                );
             }
         }
         Kind::Refund => {
@@ -150,7 +184,7 @@ pub fn apply_keyed(
                 )
             });
             if !bad {
-                refund(run, credential, record);
+                refund(run, credential, principal, record);
             }
         }
         Kind::Override => {
@@ -325,6 +359,9 @@ fn allow(
             registered: None,
         },
     );
+    if d.proxied == Some(true) {
+        run.proxied.insert(attempt);
+    }
     if run.open.len() > MAX_OPEN {
         // Bounded, in O(log n): the oldest open attempt is forgotten. Its held spend stays
         // counted as held (it may have been charged); its later outcome is counted, not
@@ -375,11 +412,13 @@ fn roll_period(policy: &Policy, credential: Option<&str>, c: &mut CredentialStat
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn outcome(
     policy: &Policy,
     run: &mut RunState,
     tool: Option<&mut ToolState>,
     credential: Option<&mut CredentialState>,
+    principal: Option<&mut PrincipalState>,
     d: &Decision,
     now: Now,
     run_ms: u64,
@@ -404,6 +443,9 @@ fn outcome(
         run.settled_nanos = run.settled_nanos.saturating_add(settled);
         if let Some(c) = credential {
             c.spent_nanos = c.spent_nanos.saturating_sub(a.held).saturating_add(settled);
+        }
+        if let Some(p) = principal {
+            p.spent_nanos = p.spent_nanos.saturating_sub(a.held).saturating_add(settled);
         }
         a.held = 0;
         a.settled = true;
@@ -554,7 +596,12 @@ pub fn breaker_outcome(policy: &Policy, t: &mut ToolState, id: u64, status: Stat
     };
 }
 
-fn refund(run: &mut RunState, credential: Option<&mut CredentialState>, d: &Decision) {
+fn refund(
+    run: &mut RunState,
+    credential: Option<&mut CredentialState>,
+    principal: Option<&mut PrincipalState>,
+    d: &Decision,
+) {
     let Some(of) = d.of else { return };
     run.refunded.insert(of);
     let slots = d.slots.unwrap_or(1).min(run.attempts_used);
@@ -566,6 +613,9 @@ fn refund(run: &mut RunState, credential: Option<&mut CredentialState>, d: &Deci
         run.held_nanos = run.held_nanos.saturating_sub(nanos);
         if let Some(c) = credential {
             c.spent_nanos = c.spent_nanos.saturating_sub(nanos);
+        }
+        if let Some(p) = principal {
+            p.spent_nanos = p.spent_nanos.saturating_sub(nanos);
         }
     }
 }

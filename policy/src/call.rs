@@ -8,7 +8,9 @@ use tally_record::{Decision, Effect};
 
 use crate::config::{matches, Policy};
 use crate::start::Family;
-use crate::state::{call_key, op_key, ref_key, CredentialState, Grant, RunState, ToolState};
+use crate::state::{
+    call_key, op_key, ref_key, CredentialState, Grant, PrincipalState, RunState, ToolState,
+};
 
 /// One intended call, as the agent asked for it (its arguments already digested).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +48,8 @@ pub struct Call {
     pub timeout_ms: Option<u64>,
     /// The asking process's uid.
     pub uid: Option<u32>,
+    /// Whether tally's proxy makes the call (and so observes its outcome).
+    pub proxied: bool,
 }
 
 impl Call {
@@ -68,6 +72,7 @@ impl Call {
             credential: d.credential.clone(),
             timeout_ms: d.timeout_ms,
             uid: d.uid,
+            proxied: d.proxied == Some(true),
         }
     }
 
@@ -158,6 +163,9 @@ pub struct View<'a> {
     pub tool: Option<&'a ToolState>,
     /// The credential.
     pub credential: Option<&'a CredentialState>,
+    /// The principal: the run's owner uid's budget across its runs (for a start, the
+    /// starting uid's), where the policy gives it one.
+    pub principal: Option<&'a PrincipalState>,
     /// For a start: its parent, the run it continues, the uid's open runs.
     pub family: Family<'a>,
 }
@@ -169,6 +177,7 @@ impl<'a> View<'a> {
             run,
             tool: None,
             credential: None,
+            principal: None,
             family: Family::default(),
         }
     }

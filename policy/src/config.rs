@@ -45,6 +45,100 @@ pub struct Policy {
     /// Tool name -> its price per call, exact US dollars (`search = "0.002"`). A call
     /// of the tool reserves at least its price, whatever the caller declares.
     pub tool_prices: BTreeMap<String, crate::prices::Usd>,
+    /// Principal budgets: what one uid may start and spend across all its runs per
+    /// period (docs/GATE.md, "Principals"). Default: none.
+    pub principals: Principals,
+}
+
+/// Principal budgets, by uid: `[principals.default]` for every uid without its own,
+/// `[principals.uid.1000]` for uid 1000 (it replaces the default for that uid, whole).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Principals {
+    /// The budget of every uid the policy does not name.
+    pub default: Option<PrincipalLimits>,
+    /// Budgets of named uids (decimal keys), replacing the default for them.
+    pub uid: BTreeMap<String, PrincipalLimits>,
+}
+
+/// One principal's budget per period. A limit left out is no limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "PrincipalToml", into = "PrincipalToml")]
+pub struct PrincipalLimits {
+    /// Runs it may start per period.
+    pub runs: Option<u64>,
+    /// Attempts (allows that use one, docs/GATE.md) across its runs per period.
+    pub attempts: Option<u64>,
+    /// Spend reserved or settled across its runs per period, nanodollars: written
+    /// `spend_usd` (exact dollars) or `spend_cents`.
+    pub spend_nanos: Option<u64>,
+    /// The period, ms. Default 86,400,000 (a day). A period begins with the first run
+    /// or call after the one before it ended.
+    pub period_ms: u64,
+}
+
+impl Default for PrincipalLimits {
+    fn default() -> PrincipalLimits {
+        PrincipalLimits {
+            runs: None,
+            attempts: None,
+            spend_nanos: None,
+            period_ms: 86_400_000,
+        }
+    }
+}
+
+/// A principal's budget as the policy writes it (its spend in cents or exact dollars).
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct PrincipalToml {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempts: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spend_cents: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spend_usd: Option<crate::prices::Usd>,
+    period_ms: u64,
+}
+
+impl Default for PrincipalToml {
+    fn default() -> PrincipalToml {
+        PrincipalLimits::default().into()
+    }
+}
+
+impl TryFrom<PrincipalToml> for PrincipalLimits {
+    type Error = String;
+
+    fn try_from(t: PrincipalToml) -> Result<PrincipalLimits, String> {
+        Ok(PrincipalLimits {
+            runs: t.runs,
+            attempts: t.attempts,
+            spend_nanos: crate::prices::one_amount(
+                t.spend_cents,
+                t.spend_usd,
+                "spend_cents",
+                "spend_usd",
+            )?,
+            period_ms: t.period_ms,
+        })
+    }
+}
+
+impl From<PrincipalLimits> for PrincipalToml {
+    fn from(p: PrincipalLimits) -> PrincipalToml {
+        PrincipalToml {
+            runs: p.runs,
+            attempts: p.attempts,
+            spend_cents: None,
+            spend_usd: p
+                .spend_nanos
+                .map(|n| crate::prices::Usd(tally_record::money::Nanos(n))),
+            period_ms: p.period_ms,
+        }
+    }
 }
 
 /// Attempts per logical operation, by effect class (defaults after RFC 9110 §9.2.2).
@@ -200,6 +294,7 @@ impl Default for Policy {
             credentials: BTreeMap::new(),
             max_open_runs_per_uid: 1_000,
             tool_prices: BTreeMap::new(),
+            principals: Principals::default(),
         }
     }
 }
@@ -465,6 +560,27 @@ impl Policy {
                 );
             }
         }
+        let named = self
+            .principals
+            .uid
+            .iter()
+            .map(|(k, l)| (format!("principals.uid.{k}"), Some(k), l));
+        let default = self
+            .principals
+            .default
+            .iter()
+            .map(|l| ("principals.default".to_owned(), None, l));
+        for (at, key, limits) in default.chain(named) {
+            if key.is_some_and(|k| k.parse::<u32>().map(|u| u.to_string()) != Ok(k.clone())) {
+                return invalid(
+                    &at,
+                    "is not a uid: name it in decimal (`[principals.uid.1000]`)",
+                );
+            }
+            if limits.period_ms == 0 {
+                return invalid(&format!("{at}.period_ms"), "must be at least 1 (ms)");
+            }
+        }
         if self.approvals.ask_on.contains(&Reason::Completed) {
             return invalid("approvals.ask_on", "`completed` is not a refusal");
         }
@@ -557,7 +673,16 @@ impl Policy {
             .map_or(declared, |p| declared.max(p.0))
     }
 
-    /// Whether a human may lift a refusal with this reason.
+    /// The principal budget of `uid`: its own, else the default; `None` if the policy
+    /// gives it none.
+    pub fn principal(&self, uid: u32) -> Option<&PrincipalLimits> {
+        self.principals
+            .uid
+            .get(&uid.to_string())
+            .or(self.principals.default.as_ref())
+    }
+
+    /// Whether a human may lift a refusal with `reason` (it is in `approvals.ask_on`).
     pub fn asks(&self, reason: Reason) -> bool {
         self.approvals.ask_on.contains(&reason)
     }

@@ -124,6 +124,7 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
         depth: call.depth,
         remote_ref: call.remote_ref.clone(),
         credential: call.credential.clone().or_else(|| run.credential.clone()),
+        proxied: call.proxied.then_some(true),
         uid: call.uid,
         policy: Some(digest.to_owned()),
         limits: Some(limits(run, call, run_ms)),
@@ -340,6 +341,20 @@ fn first_refusal(
         };
         if spent.saturating_add(reserve) > cap {
             return Some(refuse(Reason::BudgetExceeded));
+        }
+    }
+    // The principal: the run's owner's budget across all its runs in the period.
+    let limits = run.owner_uid.and_then(|u| policy.principal(u));
+    if let (Some(l), Some(p)) = (limits, state.principal) {
+        let p = p.at(now.wall_ms, l.period_ms);
+        let counted = counts(policy, &call.tool, poll.is_some());
+        if counted && l.attempts.is_some_and(|m| p.attempts >= m) {
+            return Some(refuse(Reason::PrincipalBudgetExceeded));
+        }
+        if l.spend_nanos
+            .is_some_and(|m| p.spent_nanos.saturating_add(reserve) > m)
+        {
+            return Some(refuse(Reason::PrincipalBudgetExceeded));
         }
     }
     None

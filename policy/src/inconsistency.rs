@@ -157,6 +157,13 @@ pub enum Inconsistency {
         /// The last attempt skipped.
         to: u64,
     },
+    /// An outcome for an attempt the proxy made (its allow says `proxied`) that the
+    /// proxy did not report: the proxy observes those outcomes, the agent cannot report
+    /// them.
+    OutcomeOwnedByProxy {
+        /// The attempt.
+        attempt: u64,
+    },
     /// A number that would overflow u64.
     Overflow {
         /// What overflowed.
@@ -186,6 +193,7 @@ impl Inconsistency {
             Inconsistency::GrantExpired { .. } => "grant_expired",
             Inconsistency::DuplicateAllow { .. } => "duplicate_allow",
             Inconsistency::AttemptsUnrecorded { .. } => "attempts_unrecorded",
+            Inconsistency::OutcomeOwnedByProxy { .. } => "outcome_owned_by_proxy",
             Inconsistency::Overflow { .. } => "overflow",
         }
     }
@@ -219,6 +227,10 @@ pub enum StartRefusal {
         "the credential is not this uid's to start runs under (the policy's credentials.NAME.uids)"
     )]
     CredentialNotAllowed,
+    /// The starting uid used its principal budget for the period (runs, attempts or
+    /// spend across its runs).
+    #[error("the uid used its principal budget for the period (the policy's principals)")]
+    PrincipalBudgetExceeded,
     /// The starting agent is deeper than the granted depth.
     #[error("chain depth {depth} is beyond the {limit} granted")]
     DepthExceeded {

@@ -240,6 +240,9 @@ fn outcome(run: &RunState, d: &Decision, found: &mut Vec<Inconsistency>) {
         // Forgotten beyond the bound on open attempts: counted, not judged.
         None if attempt <= run.forgotten_to => {}
         None => found.push(Inconsistency::DuplicateOutcome { attempt }),
+        Some(_) if run.proxied.contains(attempt) && d.proxied != Some(true) => {
+            found.push(Inconsistency::OutcomeOwnedByProxy { attempt });
+        }
         Some(a) => {
             if a.settled && d.settled().is_some() {
                 found.push(Inconsistency::DuplicateOutcome { attempt });

@@ -78,7 +78,7 @@ struct BudgetToml {
 }
 
 /// One amount given in cents or in exact dollars: nanodollars, or why not.
-fn one_amount(
+pub(crate) fn one_amount(
     cents: Option<u64>,
     usd: Option<Usd>,
     cents_key: &str,

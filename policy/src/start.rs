@@ -10,7 +10,7 @@ use tally_record::{Decision, Effect};
 use crate::config::Policy;
 pub use crate::inconsistency::StartRefusal;
 use crate::inconsistency::{Dimension, Inconsistency};
-use crate::state::RunState;
+use crate::state::{PrincipalState, RunState};
 
 /// What a start asks for: the agent's `POST /v1/runs`, or a recorded start record.
 #[derive(Clone, Copy, Debug, Default)]
@@ -38,6 +38,9 @@ pub struct Family<'a> {
     /// Runs the starting uid holds open (started, not stopped), where known: the gate
     /// knows it; a replay of one ledger of a fleet may not.
     pub open_runs_of_uid: Option<u64>,
+    /// The starting uid's principal state as it stands now (its period rolled over if
+    /// it ended), where the policy gives the uid a principal budget.
+    pub principal: Option<PrincipalState>,
 }
 
 /// The budget a run is granted: what it asked for, never more than the policy's ceiling
@@ -103,6 +106,18 @@ pub fn start(policy: &Policy, ask: &Ask<'_>, family: &Family<'_>) -> Result<Budg
                 return Err(StartRefusal::TooManyRuns {
                     max: policy.max_open_runs_per_uid,
                 });
+            }
+        }
+    }
+    if let (Some(uid), Some(p)) = (ask.uid, family.principal) {
+        if let Some(l) = policy.principal(uid) {
+            // A new run is not a new budget: no run starts once the uid's runs, attempts
+            // or spend of the period are used up.
+            let runs = l.runs.is_some_and(|m| p.runs >= m);
+            let attempts = l.attempts.is_some_and(|m| p.attempts >= m);
+            let spend = l.spend_nanos.is_some_and(|m| m > 0 && p.spent_nanos >= m);
+            if runs || attempts || spend {
+                return Err(StartRefusal::PrincipalBudgetExceeded);
             }
         }
     }

@@ -18,7 +18,7 @@ mod shared;
 
 pub use frame::{decode as decode_frame, encode as encode_frame, Stored, STATE_FORMAT};
 
-pub use shared::{Breaker, Bucket, CredentialState, Probe, ToolState};
+pub use shared::{Breaker, Bucket, CredentialState, PrincipalState, Probe, ToolState};
 
 /// Attempt numbers as sorted, disjoint, non-adjacent inclusive ranges: attempts are
 /// numbered in order, so this stays a handful of ranges however long the run.
@@ -247,6 +247,10 @@ pub struct RunState {
     pub grants: Vec<Grant>,
     /// The run's own rate bucket.
     pub bucket: Bucket,
+    /// Attempts the proxy made (their allow says `proxied`): only the proxy reports
+    /// their outcome. The last field, so that state written before it existed (format 2)
+    /// reads as format 3 with an empty set appended ([`frame`]).
+    pub proxied: Ranges,
 }
 
 /// `Budget` and `Scope` omit absent fields in JSON; state is also kept in formats that

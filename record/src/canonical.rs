@@ -127,6 +127,17 @@ impl<'a> Reader<'a> {
         Some(v)
     }
 
+    /// `true` or `false`.
+    fn boolean(&mut self) -> Option<bool> {
+        if self.eat(b"true") {
+            Some(true)
+        } else if self.eat(b"false") {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
     /// An enum's name: a string of lowercase letters and underscores.
     fn word(&mut self) -> Option<&'a str> {
         if !self.eat(b"\"") {
@@ -210,6 +221,7 @@ impl<'a> Reader<'a> {
         opt!(continues, self.string()?);
         opt!(state_version, self.u64()?);
         opt!(result_digest, self.string()?);
+        opt!(proxied, self.boolean()?);
         opt!(trace_id, self.string()?);
         opt!(prev_seq, self.u64()?);
         self.eat(b"}").then_some(d)
@@ -497,8 +509,8 @@ mod tests {
         )
             .boxed();
         let h = (o(num()), o(num()), o(num())).boxed();
-        (a, b, c, e, o(limits), g, h)
-            .prop_map(|(a, b, c, e, limits, g, h)| Decision {
+        (a, b, c, e, o(limits), g, h, o(any::<bool>()))
+            .prop_map(|(a, b, c, e, limits, g, h, proxied)| Decision {
                 reserve_nanos: h.0,
                 settled_nanos: h.1,
                 nanos: h.2,
@@ -546,6 +558,7 @@ mod tests {
                 continues: g.7,
                 state_version: g.8,
                 result_digest: g.9,
+                proxied,
                 prev_seq: g.10,
                 trace_id: g.11,
             })

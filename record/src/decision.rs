@@ -304,6 +304,13 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub result_digest: Option<String>,
+    /// The call was asked for by tally's proxy (allow, deny, outcome): only `true` is written
+    /// (absent is false). The proxy owns an allowed proxied attempt's outcome: it observes
+    /// it, and the agent socket refuses to take one from the agent (docs/GATE.md,
+    /// "Proxied attempts"). Written by the gate alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub proxied: Option<bool>,
     /// The OpenTelemetry trace the decision belongs to (allow, deny): 32 lowercase hex
     /// characters, not all zero (a W3C trace-id). The gate writes the trace id of the
     /// span it made for the check, or of the `traceparent` the agent sent, so an auditor

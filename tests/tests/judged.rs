@@ -32,10 +32,12 @@ use tally_verify::{verify, Event, Options, Verdict};
 const AGENT: Caller = Caller {
     uid: Some(1000),
     operator: false,
+    proxied: false,
 };
 const OPERATOR: Caller = Caller {
     uid: None,
     operator: true,
+    proxied: false,
 };
 
 fn dana() -> SigningKey {
@@ -464,6 +466,7 @@ fn core_fold(events: &[Event]) -> Vec<(u64, Inconsistency)> {
                 credential: None,
                 parent: parent.as_mut(),
                 continued: continued.as_ref(),
+                principal: None,
             },
             d,
             now,

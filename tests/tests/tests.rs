@@ -8,6 +8,7 @@ mod flips;
 mod judged;
 mod keys;
 mod loops;
+mod principals;
 mod replay;
 mod roundtrip;
 mod seals;

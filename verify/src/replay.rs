@@ -210,7 +210,7 @@ impl ReplayReport {
         );
         if self.taken_as_recorded > 0 {
             out.push_str(&format!(
-                " ({} depended on what the ledger does not hold, a rate limit, an open breaker or a pause, so {} not checked)",
+                " ({} depended on what the ledger does not hold, a rate limit, an open breaker, a pause or a principal's period ending within seconds, so {} not checked)",
                 plural(self.taken_as_recorded, "refusal", "refusals"),
                 if self.taken_as_recorded == 1 { "it is" } else { "they are" }
             ));
@@ -274,6 +274,30 @@ pub fn offline(policy: &tally_policy::Policy) -> tally_policy::Policy {
     offline
 }
 
+/// How near the end of a principal's period, ms, a decision is taken as recorded when
+/// replay disagrees with it about the principal budget: replay times a run from the
+/// ledger's wall time of its start, which trails the gate's clock by the time to commit
+/// it.
+pub const PRINCIPAL_EDGE_MS: u64 = 5_000;
+
+/// Whether `now` is within [`PRINCIPAL_EDGE_MS`] of the end of `p`'s period (or past
+/// it by less than that: replay's clock may run ahead of the gate's).
+pub fn near_period_end(p: &tally_policy::PrincipalState, period_ms: u64, now: Now) -> bool {
+    let end = p.period_start_ms.saturating_add(period_ms.max(1));
+    now.wall_ms.abs_diff(end) <= PRINCIPAL_EDGE_MS
+}
+
+/// Whether a replay finding is about the principal budget (either side says it).
+pub fn about_principal(kind: &ReplayKind) -> bool {
+    let p = Reason::PrincipalBudgetExceeded;
+    match kind {
+        ReplayKind::AllowedAgainstPolicy { would } => *would == p,
+        ReplayKind::RefusedAgainstPolicy { recorded } => *recorded == p,
+        ReplayKind::ReasonDiffers { recorded, would } => *recorded == p || *would == p,
+        _ => false,
+    }
+}
+
 /// Whether a recorded refusal's cause is outside the records (taken as recorded).
 pub fn outside_the_records(reason: Reason) -> bool {
     OUTSIDE_THE_RECORDS.contains(&reason)
@@ -286,7 +310,10 @@ pub fn judge(
     policy: &tally_policy::Policy,
     digest: &str,
     run: &RunState,
-    credential: Option<&tally_policy::CredentialState>,
+    (credential, principal): (
+        Option<&tally_policy::CredentialState>,
+        Option<&tally_policy::PrincipalState>,
+    ),
     d: &Decision,
     call: &Call,
     recorded: Option<Reason>,
@@ -296,6 +323,7 @@ pub fn judge(
         run,
         tool: None,
         credential,
+        principal,
         family: Default::default(),
     };
     let again = decide(policy, digest, view, call, now);
@@ -322,5 +350,48 @@ pub fn judge(
             would: w,
         }),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_principal_disagreements_near_a_period_end_are_taken_as_recorded() {
+        let p = tally_policy::PrincipalState {
+            period_start_ms: 1_000_000,
+            ..Default::default()
+        };
+        let at = |wall_ms| Now {
+            wall_ms,
+            at_ms: None,
+        };
+        let end = 1_000_000 + 60_000;
+        assert!(near_period_end(&p, 60_000, at(end - PRINCIPAL_EDGE_MS)));
+        assert!(near_period_end(&p, 60_000, at(end + PRINCIPAL_EDGE_MS)));
+        assert!(!near_period_end(
+            &p,
+            60_000,
+            at(end - PRINCIPAL_EDGE_MS - 1)
+        ));
+        assert!(!near_period_end(
+            &p,
+            60_000,
+            at(end + PRINCIPAL_EDGE_MS + 1)
+        ));
+        let principal = Reason::PrincipalBudgetExceeded;
+        assert!(about_principal(&ReplayKind::AllowedAgainstPolicy {
+            would: principal
+        }));
+        assert!(about_principal(&ReplayKind::RefusedAgainstPolicy {
+            recorded: principal
+        }));
+        assert!(!about_principal(&ReplayKind::AllowedAgainstPolicy {
+            would: Reason::AttemptsExhausted
+        }));
+        assert!(!about_principal(&ReplayKind::FieldDiffers {
+            field: "attempt"
+        }));
     }
 }

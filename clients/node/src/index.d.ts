@@ -26,6 +26,7 @@ export type Action = "stop" | "retry" | "ask";
 export type Reason =
   | "attempts_exhausted"
   | "retries_exhausted"
+  | "principal_budget_exceeded"
   | "budget_exceeded"
   | "reservation_insufficient"
   | "run_deadline_exhausted"

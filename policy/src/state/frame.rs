@@ -1,10 +1,12 @@
 //! How a backend stores state values: one format byte, then postcard of the state type.
 //! The embedded gate and gate-postgres both use it, so they read the same formats.
 //!
-//! * 3 (written now): money in nanodollars.
+//! * 3 (written now): money in nanodollars; a run's proxied attempts.
 //! * 2 (written before money was counted in nanodollars): the same fields, every amount
 //!   in cents; read exactly, each amount times 10,000,000 (a value that would not fit is
 //!   refused, never wrapped), so a gate upgraded in place keeps its open runs' budgets.
+//!   A run's state then ended before its last field, `proxied` (no attempt was made
+//!   through the proxy): the value is read with that field empty ([`Stored::FORMAT_2_TAIL`]).
 //! * 1: refused with its cause (a field read at the wrong place would be a wrong budget).
 
 use std::collections::BTreeMap;
@@ -12,19 +14,28 @@ use std::collections::BTreeMap;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{CredentialState, RunState, ToolState};
+use super::{CredentialState, PrincipalState, RunState, ToolState};
 
 /// The format byte of state written now.
 pub const STATE_FORMAT: u8 = 3;
 
 /// A state type a backend stores, and how to read it from a format-2 value (in cents).
 pub trait Stored: Serialize + DeserializeOwned {
+    /// The postcard bytes of the fields added at the end of the type since format 2,
+    /// at their empty values: appended to a format-2 value before it is read.
+    const FORMAT_2_TAIL: &'static [u8] = &[];
+
+
     /// The value as kept in cents (format 2), in nanodollars; `None` if an amount
     /// does not fit.
     fn into_nanos(self) -> Option<Self>;
 }
 
 impl Stored for RunState {
+    // `proxied`, an empty set of attempt ranges: a zero length.
+    const FORMAT_2_TAIL: &'static [u8] = &[0];
+
+
     fn into_nanos(self) -> Option<Self> {
         RunState::into_nanos(self)
     }
@@ -33,6 +44,13 @@ impl Stored for RunState {
 impl Stored for CredentialState {
     fn into_nanos(self) -> Option<Self> {
         CredentialState::into_nanos(self)
+    }
+}
+
+impl Stored for PrincipalState {
+    // Principal budgets came with format 3: a format-2 value of one was never written.
+    fn into_nanos(self) -> Option<Self> {
+        None
     }
 }
 
@@ -62,7 +80,7 @@ pub fn encode<T: Stored>(v: &T) -> Vec<u8> {
 pub fn decode<T: Stored>(bytes: &[u8]) -> Result<T, String> {
     match bytes.split_first() {
         Some((&STATE_FORMAT, rest)) => postcard::from_bytes(rest).map_err(|e| e.to_string()),
-        Some((2, rest)) => postcard::from_bytes::<T>(rest)
+        Some((2, rest)) => postcard::from_bytes::<T>(&[rest, T::FORMAT_2_TAIL].concat())
             .map_err(|e| e.to_string())?
             .into_nanos()
             .ok_or_else(|| {
@@ -88,11 +106,12 @@ mod tests {
     use super::*;
     use tally_record::decision::Scope;
 
-    /// A format-2 value: what the gate wrote before nanodollars (the same layout).
-    fn format_2<T: Serialize>(v: &T) -> Vec<u8> {
-        let mut out = vec![2];
-        out.extend(postcard::to_allocvec(v).unwrap());
-        out
+    /// A format-2 value: what the gate wrote before nanodollars (the same layout, less
+    /// the fields added at the end since).
+    fn format_2<T: Stored>(v: &T) -> Vec<u8> {
+        let now = postcard::to_allocvec(v).unwrap();
+        let old = now.strip_suffix(T::FORMAT_2_TAIL).expect("the new fields are empty");
+        [&[2], old].concat()
     }
 
     #[test]
@@ -145,7 +164,10 @@ mod tests {
         );
         assert_eq!((run.open[&1].reserved, run.open[&1].held), (30 * c, 30 * c));
         assert_eq!(run.grants[0].scope.nanos, Some(50 * c));
-        // Format 3 reads as written, and round-trips.
+        assert!(!run.proxied.contains(1));
+        // Format 3 reads as written, and round-trips, proxied attempts and all.
+        let mut run = run;
+        run.proxied.insert(1);
         assert_eq!(decode::<RunState>(&encode(&run)).unwrap(), run);
 
         let cred = CredentialState {

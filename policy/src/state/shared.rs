@@ -149,3 +149,32 @@ impl CredentialState {
         Some(self)
     }
 }
+
+/// A principal's (one uid's) use of its budget in the current period, across all its
+/// runs (docs/GATE.md, "Principals").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrincipalState {
+    /// Wall time the current period began, ms.
+    pub period_start_ms: u64,
+    /// Runs started in the period.
+    pub runs: u64,
+    /// Attempts used in the period.
+    pub attempts: u64,
+    /// Nanodollars reserved or settled in the period.
+    pub spent_nanos: u64,
+}
+
+impl PrincipalState {
+    /// The state as it stands at `now_ms`: a fresh period if the current one, `period_ms`
+    /// long, has ended.
+    pub fn at(&self, now_ms: u64, period_ms: u64) -> PrincipalState {
+        if now_ms >= self.period_start_ms.saturating_add(period_ms.max(1)) {
+            PrincipalState {
+                period_start_ms: now_ms,
+                ..PrincipalState::default()
+            }
+        } else {
+            *self
+        }
+    }
+}

@@ -137,6 +137,7 @@ fn replay(name: &str, text: &str) -> Result<(), Vec<String>> {
                 credential: None,
                 parent: None,
                 continued: None,
+                principal: None,
             },
             &d,
             now(at),

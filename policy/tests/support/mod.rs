@@ -109,6 +109,7 @@ impl Sim {
                 credential: None,
                 parent: None,
                 continued: None,
+                principal: None,
             },
             d,
             now(at),
@@ -132,6 +133,7 @@ impl Sim {
             tool,
             credential: None,
             family: Default::default(),
+            principal: None,
         };
         let first = decide(&self.policy, &self.digest, view, call, now(at));
         let second = decide(&self.policy, &self.digest, view, call, now(at));

@@ -171,6 +171,11 @@ reasons! {
     /// `idempotent_write` 2, `non_idempotent_write` 1, between two `ok` outcomes): this
     /// run must not retry it again. The run's own attempt budget may have room left.
     RetriesExhausted = "retries_exhausted" => Stop,
+    /// The uid that owns the run (for a run token, the uid that started its run) used
+    /// its principal budget for the period: runs started, attempts or spend across all
+    /// its runs (`[principals]` in the policy). Starting another run does not help; a
+    /// human may raise the policy's allowance, or the period ends.
+    PrincipalBudgetExceeded = "principal_budget_exceeded" => Ask,
     /// The gate cannot decide durably (its ledger or its state store is down): the
     /// call does not proceed (fail closed); ask again later.
     GateUnavailable = "gate_unavailable" => Retry,
@@ -215,6 +220,9 @@ impl Reason {
             Reason::RunPaused => "an operator paused the run",
             Reason::RetriesExhausted => {
                 "this operation was retried as often as its kind allows since it last succeeded (the run may have attempts left for other work)"
+            }
+            Reason::PrincipalBudgetExceeded => {
+                "this uid used its runs, attempts or spend for the period across all its runs"
             }
             Reason::GateUnavailable => "the gate cannot record decisions right now",
             Reason::Completed => "the run completed its task",

@@ -128,7 +128,7 @@ impl Decision {
             }
         }
         self.validate_amounts()?;
-        let present: [(&'static str, bool, &[Kind]); 46] = [
+        let present: [(&'static str, bool, &[Kind]); 47] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -224,6 +224,11 @@ impl Decision {
                 &[Kind::Outcome],
             ),
             (
+                "proxied",
+                self.proxied.is_some(),
+                &[Kind::Allow, Kind::Deny, Kind::Outcome],
+            ),
+            (
                 "trace_id",
                 self.trace_id.is_some(),
                 &[Kind::Allow, Kind::Deny],
@@ -296,6 +301,12 @@ impl Decision {
                     });
                 }
             }
+        }
+        if self.proxied == Some(false) {
+            return Err(DecisionError::Invalid {
+                field: "proxied",
+                why: "only `true` is written; leave it out for a call the proxy did not make",
+            });
         }
         if let Some(t) = &self.trace_id {
             if !super::is_trace_id(t) {

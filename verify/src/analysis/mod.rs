@@ -97,6 +97,8 @@ pub struct Analysis {
     policies: HashMap<String, RecordedPolicy>,
     /// Credentials' spend, from every run under them (their backstop).
     credentials: HashMap<String, tally_policy::CredentialState>,
+    /// Principals' use of their budgets, from every run each uid owns.
+    principals: HashMap<u32, tally_policy::PrincipalState>,
     storms: ToolStorms,
     names: Names,
     loops: Vec<Loop>,
@@ -115,6 +117,7 @@ impl Analysis {
             index: HashMap::new(),
             policies: HashMap::new(),
             credentials: HashMap::new(),
+            principals: HashMap::new(),
             storms: ToolStorms::default(),
             names: Names::default(),
             loops: Vec::new(),
@@ -248,6 +251,13 @@ impl Analysis {
                     Kind::Allow | Kind::Deny | Kind::Outcome | Kind::Refund
                 )
             });
+        // The principal: for a start the starting uid, else the run's owner; only where
+        // the policy gives the uid a budget (as the gate keeps one only then).
+        let principal_uid = match kind {
+            Kind::Start => d.uid,
+            _ => run.core.owner_uid,
+        }
+        .filter(|u| governed && policy.principal(*u).is_some());
         // What the rules say of a call before it counts: replay's decision, the loop
         // rules' verdicts.
         // Attempts a governed run's allow skips are counted first, so the allow is judged
@@ -267,18 +277,33 @@ impl Analysis {
                 } else {
                     self.replay.replayed += 1;
                     let cred = credential.as_ref().and_then(|c| self.credentials.get(c));
+                    let principal = principal_uid.and_then(|u| self.principals.get(&u));
                     let digest = d.policy.as_deref().unwrap_or("");
+                    let period = principal_uid
+                        .and_then(|u| policy.principal(u))
+                        .map(|l| l.period_ms);
                     if let Some(kind) = replay::judge(
                         &policy,
                         digest,
                         &run.core,
-                        cred,
+                        (cred, principal),
                         d,
                         &keyed.call,
                         recorded,
                         now,
                     ) {
-                        self.replay.find(e.seq, &d.run, kind);
+                        let at_edge = principal
+                            .zip(period)
+                            .is_some_and(|(p, period)| replay::near_period_end(p, period, now));
+                        if replay::about_principal(&kind) && at_edge {
+                            // Replay times a run by its start's ledger time, which trails
+                            // the gate's clock by the commit: at a period's edge the two
+                            // may roll it over a decision apart. Not judged.
+                            self.replay.replayed -= 1;
+                            self.replay.taken_as_recorded += 1;
+                        } else {
+                            self.replay.find(e.seq, &d.run, kind);
+                        }
                     }
                 }
             }
@@ -287,12 +312,14 @@ impl Analysis {
         let cred_state = credential
             .as_ref()
             .map(|c| self.credentials.entry(c.clone()).or_default());
+        let principal_state = principal_uid.map(|u| self.principals.entry(u).or_default());
         found.extend(tally_policy::apply_keyed(
             &policy,
             ViewMut {
                 run: &mut run.core,
                 tool: None,
                 credential: cred_state,
+                principal: principal_state,
                 parent: parent.as_mut().map(|p| &mut p.core),
                 continued: continued.as_ref(),
             },

@@ -250,6 +250,10 @@ fn finding_text(f: &Inconsistency) -> String {
             "attempts {from}..={to} were issued and no ledger given records them (a gate \
              killed before recording, or a ledger of the fleet missing)"
         ),
+        Inconsistency::OutcomeOwnedByProxy { attempt } => format!(
+            "an outcome for attempt {attempt}, a call tally's proxy made, not reported by the \
+             proxy (the proxy observes those outcomes)"
+        ),
         Inconsistency::Overflow { field } => {
             format!("{field} would overflow; counted as the largest number, never wrapped")
         }

@@ -1,0 +1,147 @@
+//! Proxied attempts against the real daemon on its real agent socket: a call the proxy
+//! made (checked through the daemon's own gate, in process, as the proxy will) has its
+//! outcome from the proxy only. The agent's `POST /v1/outcome` for it is refused
+//! `403 outcome_owned_by_proxy` and recorded nowhere; its own calls it still reports.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tally_gate::{Caller, CheckRequest, Gatekeeper, OutcomeRequest};
+use tally_policy::{Recorded, Verdict};
+
+use crate::common::{post_json, Daemon};
+
+/// Where run `r` stands, as the agent socket says.
+async fn standing_of(c: &mut tally_daemon::client::Client) -> serde_json::Value {
+    let reply = crate::common::get(c, "/v1/runs/r").await;
+    serde_json::from_slice(&reply.body).expect("json")
+}
+
+type Slot = Arc<Mutex<Option<Arc<dyn Gatekeeper>>>>;
+
+/// A daemon whose gate (the embedded one) the test also holds, as the proxy in
+/// `tally serve` does.
+async fn with_gate(policy: &str) -> (Daemon, Arc<dyn Gatekeeper>) {
+    let slot: Slot = Arc::new(Mutex::new(None));
+    let kept = Arc::clone(&slot);
+    let recorded = Recorded::new(policy).expect("policy");
+    let open: tally_daemon::OpenGate = Arc::new(move |ledger, policy, clock| {
+        let gate = tally_gate::Gate::open(ledger, policy)
+            .map_err(|e| e.to_string())?
+            .with_clock(clock);
+        let gate: Arc<dyn Gatekeeper> = Arc::new(gate);
+        *kept.lock().expect("slot") = Some(Arc::clone(&gate));
+        Ok(gate)
+    });
+    let d = Daemon::start(move |o| {
+        o.policy = recorded;
+        o.state = Some(tally_daemon::SharedState {
+            open,
+            timeout: Duration::from_secs(2),
+            label: "the test's gate".into(),
+        });
+    })
+    .await;
+    let gate = slot.lock().expect("slot").clone().expect("the gate opened");
+    (d, gate)
+}
+
+/// Call the gate as the proxy does, for the run owner `uid`.
+async fn proxied_check(gate: &Arc<dyn Gatekeeper>, uid: Option<u32>, run: &str) -> u64 {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let req: CheckRequest = serde_json::from_value(json!({
+        "run": run, "tool": "openai", "effect": "non_idempotent_write",
+        "channel": "model", "args": {"model": "m"}, "reserve_cents": 3,
+    }))
+    .expect("request");
+    let proxy = Caller {
+        uid,
+        proxied: true,
+        ..Caller::default()
+    };
+    gate.check(
+        proxy,
+        req,
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    let answer = rx.await.expect("answered").expect("decided");
+    assert_eq!(answer.decision, Verdict::Allow, "{answer:?}");
+    answer.attempt.expect("an attempt")
+}
+
+#[tokio::test]
+async fn the_agent_socket_refuses_outcomes_of_proxied_attempts() {
+    let (d, gate) = with_gate("").await;
+    let mut c = d.agent().await;
+    let (status, body) = post_json(&mut c, "/v1/runs", &json!({"run": "r"}).to_string()).await;
+    assert_eq!(status, 201, "{body}");
+    let standing = standing_of(&mut c).await;
+    let owner = standing["owner_uid"].as_u64().map(|u| u as u32);
+    let proxied = proxied_check(&gate, owner, "r").await;
+    let (status, own) = post_json(
+        &mut c,
+        "/v1/check",
+        &json!({"run": "r", "tool": "search", "effect": "read", "args": {"q": 1}}).to_string(),
+    )
+    .await;
+    assert_eq!(
+        (status, own["decision"].as_str()),
+        (200, Some("allow")),
+        "{own}"
+    );
+
+    let outcome = |attempt: u64| {
+        json!({"run": "r", "attempt": attempt, "status": "ok", "settled_cents": 0}).to_string()
+    };
+    let (status, body) = post_json(&mut c, "/v1/outcome", &outcome(proxied)).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("outcome_owned_by_proxy")),
+        "{body}"
+    );
+    // Refused, not recorded: the reservation is still held.
+    let standing = standing_of(&mut c).await;
+    assert_eq!(standing["held_cents"], 3, "{standing}");
+    // Its own call the agent reports as before.
+    let own_attempt = own["attempt"].as_u64().expect("attempt");
+    let (status, body) = post_json(&mut c, "/v1/outcome", &outcome(own_attempt)).await;
+    assert_eq!(status, 200, "{body}");
+    // The proxy reports what it observed.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let req = OutcomeRequest {
+        run: "r".into(),
+        attempt: proxied,
+        status: tally_ledger::Status::Ok,
+        settled_cents: Some(2),
+        remote_ref: None,
+        observed: None,
+        retry_after_ms: None,
+        result_digest: None,
+        worker: None,
+    };
+    let proxy = Caller {
+        uid: owner,
+        proxied: true,
+        ..Caller::default()
+    };
+    gate.outcome(
+        proxy,
+        req,
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    rx.await.expect("answered").expect("the proxy's outcome");
+    let standing = standing_of(&mut c).await;
+    assert_eq!(
+        (
+            standing["held_cents"].as_u64(),
+            standing["settled_cents"].as_u64()
+        ),
+        (Some(0), Some(2)),
+        "{standing}"
+    );
+}
