@@ -355,7 +355,7 @@ fn call(run: &str, n: u64) -> Value {
 
 /// A real approval keeps an honest ledger consistent. `tally approve
 /// --attempts 3` (with or without `--tool`) lets exactly 3 more calls through, as the CLI
-/// says; `--cents 30` lets 30¢ more be reserved; and `verify --auditor-key` finds nothing.
+/// says; `--cents 30` lets $0.30 more be reserved, `--usd` exact dollars; and `verify --auditor-key` finds nothing.
 #[test]
 fn regression_issue_20_a_real_approval_verifies_consistent() {
     let mut s = Served::start("");
@@ -412,6 +412,34 @@ fn regression_issue_20_a_real_approval_verifies_consistent() {
     );
     assert_eq!(s.check(reserve(2))["decision"], "allow");
     assert_eq!(s.check(reserve(3))["cause"], "reservation_insufficient");
+    // Exact dollars: $0.200000001 more lets the third 20-cent call through, with one
+    // nanodollar to spare; a fraction finer than a nanodollar is refused.
+    let said = approve("cents", &["--usd", "0.200000001"]);
+    assert!(
+        said.contains("$0.200000001 more (its spend limit $0.50 -> $0.700000001)"),
+        "{said}"
+    );
+    assert_eq!(s.check(reserve(3))["decision"], "allow");
+    let refused = run(
+        s.dir.path(),
+        &[
+            "approve",
+            "--operator-socket",
+            "operator.sock",
+            "--run",
+            "cents",
+            "--key",
+            "dana.key",
+            "--expires",
+            "10m",
+            "--usd",
+            "0.0000000001",
+        ],
+        "",
+    );
+    assert_ne!(refused.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("more than 9 digits"), "{said}");
 
     let verify = s.audit("verify");
     let v = text(&verify);
