@@ -116,6 +116,7 @@ async fn the_agent_socket_refuses_outcomes_of_proxied_attempts() {
         attempt: proxied,
         status: tally_ledger::Status::Ok,
         settled_cents: Some(2),
+        settled_nanos: None,
         remote_ref: None,
         observed: None,
         retry_after_ms: None,

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tally_ledger::money::NANOS_PER_CENT;
 
 use serde_json::json;
 use tally_gate::{Caller, CheckAnswer, CheckRequest, Clock, Gate, GateError, ManualClock};
@@ -109,6 +110,7 @@ impl Fixture {
             attempt,
             status: tally_ledger::Status::Ok,
             settled_cents: Some(settled),
+            settled_nanos: None,
             remote_ref: None,
             observed: None,
             retry_after_ms: None,
@@ -295,7 +297,10 @@ fn the_agent_cannot_report_the_outcome_of_a_proxied_attempt() {
     f.outcome(proxy(1000), "r", p, 3)
         .expect("the proxy reports it");
     let standing = f.gate.run(agent(1000), "r").expect("run");
-    assert_eq!((standing.held_cents, standing.settled_cents), (0, 3));
+    assert_eq!(
+        (standing.held_nanos, standing.settled_nanos),
+        (0, 3 * NANOS_PER_CENT)
+    );
 }
 
 #[test]

@@ -25,7 +25,6 @@ pub trait Stored: Serialize + DeserializeOwned {
     /// at their empty values: appended to a format-2 value before it is read.
     const FORMAT_2_TAIL: &'static [u8] = &[];
 
-
     /// The value as kept in cents (format 2), in nanodollars; `None` if an amount
     /// does not fit.
     fn into_nanos(self) -> Option<Self>;
@@ -34,7 +33,6 @@ pub trait Stored: Serialize + DeserializeOwned {
 impl Stored for RunState {
     // `proxied`, an empty set of attempt ranges: a zero length.
     const FORMAT_2_TAIL: &'static [u8] = &[0];
-
 
     fn into_nanos(self) -> Option<Self> {
         RunState::into_nanos(self)
@@ -110,7 +108,9 @@ mod tests {
     /// the fields added at the end since).
     fn format_2<T: Stored>(v: &T) -> Vec<u8> {
         let now = postcard::to_allocvec(v).unwrap();
-        let old = now.strip_suffix(T::FORMAT_2_TAIL).expect("the new fields are empty");
+        let old = now
+            .strip_suffix(T::FORMAT_2_TAIL)
+            .expect("the new fields are empty");
         [&[2], old].concat()
     }
 
