@@ -4,50 +4,22 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use serde_json::Value;
+use tally_testkit::tally::text;
+use tally_testkit::{Daemon, Tally};
 
-/// The binary under test: this build's, or `TALLY_UNDER_TEST` (to show a test fails
-/// against an older build).
-fn tally() -> Command {
-    Command::new(
-        std::env::var_os("TALLY_UNDER_TEST")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally"))),
-    )
+fn tally() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
 }
 
 fn run(dir: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = tally()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tally");
-    // A command that does not read its input may have exited already.
-    let _ = child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes());
-    child.wait_with_output().expect("tally runs")
+    tally().run(dir, args, stdin)
 }
 
 fn ok(dir: &Path, args: &[&str], stdin: &str) -> String {
-    let out = run(dir, args, stdin);
-    assert!(out.status.success(), "tally {args:?}: {}", text(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    tally().ok(dir, args, stdin)
 }
 
 /// `n` decisions of run `run` (a start, then allows), as NDJSON.
@@ -203,66 +175,10 @@ fn a_changed_link_is_named_where_it_is_not_on_the_entry_before() {
     assert_eq!(findings[0], (72, "broken_link".to_string()), "{findings:?}");
 }
 
-/// `tally serve` on an agent and an operator socket in `dir` (a new ledger), stopped
-/// (SIGTERM) when dropped.
-struct Serve {
-    child: std::process::Child,
-    agent: PathBuf,
-    operator: PathBuf,
-}
-
-impl Serve {
-    fn start(dir: &Path, policy: &str) -> Serve {
-        ok(dir, &["keygen", "--out", "auditor.key"], "");
-        ok(
-            dir,
-            &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-            "",
-        );
-        std::fs::write(dir.join("policy.toml"), policy).unwrap();
-        let agent = dir.join("agent.sock");
-        let operator = dir.join("operator.sock");
-        let child = tally()
-            .args([
-                "serve",
-                "--ledger",
-                "ledger",
-                "--policy",
-                "policy.toml",
-                "--socket",
-            ])
-            .arg(&agent)
-            .arg("--operator-socket")
-            .arg(&operator)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn tally serve");
-        let serve = Serve {
-            child,
-            agent,
-            operator,
-        };
-        let started = std::time::Instant::now();
-        while !(serve.agent.exists() && serve.operator.exists()) {
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(30),
-                "tally serve did not start"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        serve
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let pid = rustix::process::Pid::from_child(&self.child);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let _ = self.child.wait();
-    }
+/// `tally serve` on an agent and an operator socket in `dir` (a new ledger under `policy`).
+fn serve(dir: &Path, policy: &str) -> Daemon {
+    tally().init(dir, policy);
+    tally().serve(dir, &[])
 }
 
 /// One HTTP/1.1 request on a Unix socket: the status and the body as JSON (`Null` if
@@ -315,8 +231,8 @@ fn triple(status: u16, code: &str, field: &str) -> (u16, String, String) {
 #[test]
 fn gate_bodies_are_refused_with_the_documented_codes() {
     let tmp = tempfile::tempdir().unwrap();
-    let serve = Serve::start(tmp.path(), "");
-    let s = &serve.agent;
+    let serve = serve(tmp.path(), "");
+    let s = &serve.agent_socket();
     assert_eq!(post(s, "/v1/runs", r#"{"run":"r1"}"#).0, 201);
     let cases: &[(&str, &str, (u16, &str, &str))] = &[
         (
@@ -405,8 +321,8 @@ fn gate_bodies_are_refused_with_the_documented_codes() {
 #[test]
 fn a_form_encoded_gate_body_is_415() {
     let tmp = tempfile::tempdir().unwrap();
-    let serve = Serve::start(tmp.path(), "");
-    let s = &serve.agent;
+    let serve = serve(tmp.path(), "");
+    let s = &serve.agent_socket();
     for (path, body) in [
         ("/v1/runs", r#"{"run":"r3"}"#),
         ("/v1/check", r#"{"run":"r3","tool":"t","effect":"read"}"#),
@@ -436,8 +352,11 @@ fn a_form_encoded_gate_body_is_415() {
 #[test]
 fn routes_on_the_wrong_socket_say_which_socket_serves_them() {
     let tmp = tempfile::tempdir().unwrap();
-    let serve = Serve::start(tmp.path(), "");
-    assert_eq!(post(&serve.agent, "/v1/runs", r#"{"run":"r1"}"#).0, 201);
+    let serve = serve(tmp.path(), "");
+    assert_eq!(
+        post(&serve.agent_socket(), "/v1/runs", r#"{"run":"r1"}"#).0,
+        201
+    );
     for (method, path) in [
         ("POST", "/v1/runs/r1/pause"),
         ("POST", "/v1/runs/r1/resume"),
@@ -445,7 +364,13 @@ fn routes_on_the_wrong_socket_say_which_socket_serves_them() {
         ("POST", "/v1/approvals"),
         ("GET", "/v1/export"),
     ] {
-        let (status, body) = http(&serve.agent, method, path, Some("application/json"), "{}");
+        let (status, body) = http(
+            &serve.agent_socket(),
+            method,
+            path,
+            Some("application/json"),
+            "{}",
+        );
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert_eq!(
             (status, body["error"]["code"].as_str()),
@@ -463,7 +388,7 @@ fn routes_on_the_wrong_socket_say_which_socket_serves_them() {
         ("POST", "/v1/runs/r1/stop"),
     ] {
         let (status, body) = http(
-            &serve.operator,
+            &serve.operator_socket(),
             method,
             path,
             Some("application/json"),
@@ -477,7 +402,7 @@ fn routes_on_the_wrong_socket_say_which_socket_serves_them() {
         );
     }
     // The run was not paused or killed.
-    let (_, standing) = http(&serve.agent, "GET", "/v1/runs/r1", None, "");
+    let (_, standing) = http(&serve.agent_socket(), "GET", "/v1/runs/r1", None, "");
     assert_eq!(standing["state"], "running", "{standing}");
 }
 

@@ -5,12 +5,10 @@
 //! (`tally verify --auditor-key`, then the decrypted chain by seq and hash), and the
 //! budget is checked across the whole fleet.
 //!
-//! The cluster helper is the one `gate-postgres`'s own tests use (shared by path, not
-//! copied): with `CI` set, missing PostgreSQL binaries fail these tests instead of
-//! skipping them.
+//! The cluster is `tally_testkit::postgres`'s, as `gate-postgres`'s own tests use: with
+//! `CI` set, missing PostgreSQL binaries fail these tests instead of skipping them.
 
-#[path = "../../gate-postgres/tests/common/mod.rs"]
-mod pg;
+use tally_testkit::postgres as pg;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -6,10 +6,12 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tally_testkit::daemon::request;
+use tally_testkit::{Daemon, Tally};
 
 const POLICY: &str = r#"
 [scope]
@@ -20,32 +22,12 @@ failures = 2
 open_ms = 600000
 "#;
 
-fn tally() -> Command {
-    Command::new(
-        std::env::var_os("TALLY_UNDER_TEST")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally"))),
-    )
-}
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    tally()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("tally")
+fn tally() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
 }
 
 fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
-    assert!(
-        out.status.success(),
-        "tally {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    tally().ok(dir, args, "")
 }
 
 /// A free loopback port (bound, then released for the daemon).
@@ -57,59 +39,22 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `tally serve` over `dir/ledger` under `dir/policy.toml` plus `extra` flags, its
-/// stderr in `dir/serve.log`; stopped (SIGTERM) by [`Served::stop`], killed on drop.
-struct Served {
-    dir: PathBuf,
-    child: Option<Child>,
+/// What these tests ask of `tally serve` (over `dir/ledger` under [`POLICY`], its stderr
+/// in `dir/serve.log`).
+trait Gate {
+    fn operator_text(&self, path: &str) -> (u16, String);
+    fn start_run(&self, run: &str, attempts: u64);
+    /// One check; its answer.
+    fn check(&self, run: &str, tool: &str, args: Value) -> Value;
+    /// A check, and when it is allowed its outcome `ok`: the same call made again and
+    /// again is then a loop (`loop_repeated_call`), not a retry.
+    fn call(&self, run: &str, tool: &str, args: Value) -> Value;
+    fn outcome(&self, run: &str, attempt: u64, status: &str);
 }
 
-impl Served {
-    fn start(dir: &Path, extra: &[&str]) -> Served {
-        let _ = std::fs::remove_file(dir.join("agent.sock"));
-        let _ = std::fs::remove_file(dir.join("operator.sock"));
-        let log = std::fs::File::create(dir.join("serve.log")).expect("log");
-        let child = tally()
-            .args([
-                "serve",
-                "--ledger",
-                "ledger",
-                "--socket",
-                "agent.sock",
-                "--operator-socket",
-                "operator.sock",
-                "--policy",
-                "policy.toml",
-            ])
-            .args(extra)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("tally serve");
-        let started = Instant::now();
-        while !(dir.join("agent.sock").exists() && dir.join("operator.sock").exists()) {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "tally serve did not open its sockets: {}",
-                std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Served {
-            dir: dir.to_path_buf(),
-            child: Some(child),
-        }
-    }
-
-    fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let (s, b) = raw(&self.dir.join("agent.sock"), method, path, body);
-        (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
-    }
-
+impl Gate for Daemon {
     fn operator_text(&self, path: &str) -> (u16, String) {
-        let (s, b) = raw(&self.dir.join("operator.sock"), "GET", path, None);
+        let (s, b) = request(&self.operator_socket(), "GET", path, None);
         (s, String::from_utf8_lossy(&b).into_owned())
     }
 
@@ -122,7 +67,6 @@ impl Served {
         assert_eq!(status, 201, "{v}");
     }
 
-    /// One check; its answer.
     fn check(&self, run: &str, tool: &str, args: Value) -> Value {
         let (status, v) = self.agent(
             "POST",
@@ -133,8 +77,6 @@ impl Served {
         v
     }
 
-    /// A check, and when it is allowed its outcome `ok`: the same call made again and
-    /// again is then a loop (`loop_repeated_call`), not a retry.
     fn call(&self, run: &str, tool: &str, args: Value) -> Value {
         let a = self.check(run, tool, args);
         if let Some(n) = a["attempt"].as_u64() {
@@ -151,63 +93,11 @@ impl Served {
         );
         assert_eq!(s, 200, "{v}");
     }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&child),
-                rustix::process::Signal::TERM,
-            );
-            let started = Instant::now();
-            while child.try_wait().expect("wait").is_none() {
-                if started.elapsed() > Duration::from_secs(30) {
-                    let _ = child.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn raw(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Vec<u8>) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let mut client = tally_daemon::client::Client::unix(socket)
-            .await
-            .expect("connect");
-        let reply = client
-            .request(
-                method.parse().expect("method"),
-                path,
-                body.as_ref().map(|_| "application/json"),
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )
-            .await
-            .expect("request");
-        (reply.status.as_u16(), reply.body.to_vec())
-    })
 }
 
 /// A fresh ledger in `dir/ledger` and [`POLICY`] in `dir/policy.toml`.
 fn ledger(dir: &Path) {
-    ok(dir, &["keygen", "--out", "auditor.key"]);
-    ok(
-        dir,
-        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-    );
-    std::fs::write(dir.join("policy.toml"), POLICY).expect("policy");
+    tally().init(dir, POLICY);
 }
 
 /// Every decision in `dir/ledger`, decrypted with the auditor key, by seq (the daemon
@@ -293,7 +183,7 @@ fn metrics_parse_and_match_the_ledger_after_a_load() {
     ledger(dir);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut served = Served::start(dir, &["--metrics-listen", &addr]);
+    let mut served = tally().serve(dir, &["--metrics-listen", &addr]);
     for r in 0..4 {
         let run = format!("load-run-{r}");
         served.start_run(&run, 12);
@@ -525,7 +415,7 @@ fn the_live_page_in_chromium() {
     ledger(dir);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let _served = Served::start(dir, &["--metrics-listen", &addr]);
+    let _served = tally().serve(dir, &["--metrics-listen", &addr]);
     let served = &_served;
     let hostile =
         "<img src=x onerror=\"document.title='pwned'\"><script>document.title='pwned'</script>";
@@ -617,16 +507,14 @@ fn tally_top_in_tmux_and_on_a_pipe() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path();
     ledger(dir);
-    let served = Served::start(dir, &[]);
+    let served = tally().serve(dir, &[]);
     served.start_run("far-from-it", 10);
     served.check("far-from-it", "search", json!({"i": 0}));
     served.start_run("close-to-it", 10);
     for i in 0..8 {
         served.check("close-to-it", "search", json!({"i": i}));
     }
-    let bin = std::env::var_os("TALLY_UNDER_TEST")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally")));
+    let bin = tally().path().to_path_buf();
     let sock = dir.join("operator.sock");
 
     // A pipe, and TERM=dumb even on a pipe: one table.
@@ -739,7 +627,7 @@ fn the_json_log_has_a_line_per_decision_and_no_arguments() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path();
     ledger(dir);
-    let mut served = Served::start(dir, &["--log-format", "json"]);
+    let mut served = tally().serve(dir, &["--log-format", "json"]);
     served.start_run("logged", 10);
     let secret = "do-not-log-this-3f9a";
     let mut seqs = Vec::new();
@@ -905,7 +793,7 @@ fn a_span_per_check_reaches_the_collector_and_its_trace_id_is_on_the_decision() 
     let dir = tmp.path();
     ledger(dir);
     let endpoint = format!("http://{}", receiver.addr);
-    let mut served = Served::start(dir, &["--otlp-endpoint", &endpoint]);
+    let mut served = tally().serve(dir, &["--otlp-endpoint", &endpoint]);
     served.start_run("traced", 10);
     let own = served.check("traced", "search", json!({"i": 0}));
     // With the agent's traceparent (curl: a header the test client does not send).
@@ -1017,9 +905,7 @@ fn the_service_files_are_valid() {
     ) {
         return;
     }
-    let bin = std::env::var_os("TALLY_UNDER_TEST")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally")));
+    let bin = tally().path().to_path_buf();
     let here = tmp.path().join("tally.service");
     std::fs::write(
         &here,
@@ -1052,7 +938,7 @@ fn ten_thousand_runs_are_paged_in_order() {
         format!("max_open_runs_per_uid = 20000\n{POLICY}\n[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n"),
     )
     .expect("policy");
-    let served = Served::start(dir, &[]);
+    let served = tally().serve(dir, &[]);
     const RUNS: usize = 10_000;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

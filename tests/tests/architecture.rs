@@ -13,7 +13,6 @@ use serde_json::Value;
 /// layers.
 const LAYERS: [(&str, u32); 12] = [
     ("tally-record", 0),
-    ("tally-testkit", 0),
     ("tally-ledger", 1),
     ("tally-policy", 1),
     ("tally-gate", 2),
@@ -22,6 +21,7 @@ const LAYERS: [(&str, u32); 12] = [
     ("tally-gate-postgres", 3),
     ("tally-daemon", 4),
     ("tally-mcp", 4),
+    ("tally-testkit", 4),
     ("tally-cli", 5),
     ("tally-tests", 5),
 ];

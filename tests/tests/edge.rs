@@ -6,42 +6,16 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 use tally_ledger::Frame;
 use tally_tests::*;
 use tally_verify::FindingKind;
 
-/// The `tally` binary of this workspace, built once (the test crate cannot name another
-/// package's binary, so it asks cargo for it, in the same target directory and profile).
-/// `TALLY_BIN` names another build instead (to see these tests fail on an older one).
-fn tally_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("TALLY_BIN") {
-            return PathBuf::from(bin);
-        }
-        let exe = std::env::current_exe().expect("test binary path");
-        // target/<profile>/deps/tests-<hash> -> target/<profile>/tally
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target directory")
-            .to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build.args(["build", "--quiet", "-p", "tally-cli", "--bin", "tally"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            build.arg("--release");
-        }
-        let status = build
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building the tally binary failed");
-        profile_dir.join("tally")
-    })
+/// The `tally` binary of this workspace, built by cargo (the test crate cannot name another
+/// package's binary), or `TALLY_UNDER_TEST` (to see these tests fail on an older build).
+fn tally_bin() -> PathBuf {
+    tally_testkit::Tally::workspace().path().to_path_buf()
 }
 
 /// A ledger made with the real CLI in a temporary directory: `a.key`/`a.pub`, the ledger
