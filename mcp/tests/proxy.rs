@@ -3,8 +3,8 @@
 //! server (`python/server.py`) and client (`python/client.py`), and the ledger read back
 //! and verified.
 //!
-//! Built as a test of the cli package (it needs the `tally` binary); it lives with the
-//! proxy it tests.
+//! It needs the `tally` binary, another package's: `tally_testkit::Tally::workspace`
+//! has cargo build it (or takes `TALLY_UNDER_TEST`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -15,60 +15,42 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tally_ledger::keys::{AuditorKey, LedgerPublic};
 use tally_ledger::{Decision, Effect, Kind, Status};
+use tally_testkit::{Daemon, Tally};
 use tempfile::TempDir;
 
 mod crafted;
 mod session;
 
-const TALLY: &str = env!("CARGO_BIN_EXE_tally");
+/// The workspace's `tally` (built by cargo for this test: it is another package's binary).
+fn tally() -> Tally {
+    Tally::workspace()
+}
 
 fn here() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("cli is in the workspace")
-        .join("mcp/tests/python")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python")
 }
 
 fn server_py() -> String {
     here().join("server.py").display().to_string()
 }
 
-/// Whether python3 has the MCP SDK. With CI set, it must.
-fn sdk_available(test: &str) -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import mcp.server.fastmcp, mcp.client.stdio"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "python3 with the MCP SDK is required in CI: `python3 -m pip install mcp==1.30.0`"
-            );
-        }
-        // Straight to the stderr handle: the test harness captures `eprintln!`.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED {test}: the MCP Python SDK is not installed (python3 -m pip install mcp==1.30.0)"
-        );
-    }
-    ok
+/// Whether python3 has the MCP SDK; if not, the test is SKIPPED (a failure under CI).
+fn sdk_available() -> bool {
+    tally_testkit::have(
+        "python3",
+        &["-c", "import mcp.server.fastmcp, mcp.client.stdio"],
+        "python3 -m pip install mcp==1.30.0",
+    )
 }
 
-/// The MCP reference server's command, if it is installed. With CI set, it must be.
-fn reference_server(test: &str) -> Option<String> {
+/// The MCP reference server's command, if it is installed; if not, the test is SKIPPED
+/// (a failure under CI).
+fn reference_server() -> Option<String> {
     let server = here().join("../node/node_modules/.bin/mcp-server-everything");
     if !server.exists() {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "the MCP reference server is required in CI: `npm install --prefix mcp/tests/node`"
-            );
-        }
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED {test}: npm install --prefix mcp/tests/node"
+        tally_testkit::skip(
+            "the MCP reference server is not installed",
+            "npm install --prefix mcp/tests/node --no-audit --no-fund",
         );
         return None;
     }
@@ -77,52 +59,17 @@ fn reference_server(test: &str) -> Option<String> {
 
 /// A ledger, a policy and `tally serve` on a socket in a temporary directory.
 struct Gate {
+    serve: Daemon,
     dir: TempDir,
-    serve: Option<Child>,
 }
 
 impl Gate {
     fn start(policy: &str) -> Gate {
         let dir = tempfile::tempdir().expect("tempdir");
-        let d = dir.path();
-        run_ok(&["keygen", "--out", &p(d, "auditor.key")]);
-        run_ok(&[
-            "init",
-            "--ledger",
-            &p(d, "ledger"),
-            "--recipient",
-            &p(d, "auditor.pub"),
-        ]);
-        std::fs::write(d.join("policy.toml"), policy).expect("write policy");
-        let serve = Command::new(TALLY)
-            .args([
-                "serve",
-                "--ledger",
-                &p(d, "ledger"),
-                "--socket",
-                &p(d, "agent.sock"),
-                "--operator-socket",
-                &p(d, "operator.sock"),
-                "--policy",
-                &p(d, "policy.toml"),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn tally serve");
-        let socket = d.join("agent.sock");
-        let started = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "tally serve did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        tally().init(dir.path(), policy);
         Gate {
+            serve: tally().serve(dir.path(), &[]),
             dir,
-            serve: Some(serve),
         }
     }
 
@@ -142,7 +89,7 @@ impl Gate {
     /// `tally mcp` in front of a server command, as an argument list.
     fn proxy_to(&self, run: &str, extra: &[&str], server: &[String]) -> Vec<String> {
         let mut args: Vec<String> = vec![
-            TALLY.into(),
+            tally().path().display().to_string(),
             "mcp".into(),
             "--socket".into(),
             self.socket(),
@@ -165,13 +112,11 @@ impl Gate {
 
     /// As `finish`, for each of `runs`.
     fn finish_all(mut self, runs: &[&str]) -> Vec<Vec<Decision>> {
-        let mut serve = self.serve.take().expect("running");
-        let pid = rustix::process::Pid::from_child(&serve);
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
-        let status = serve.wait().expect("wait for tally serve");
+        let status = self.serve.stop().expect("tally serve running");
         assert!(status.success(), "tally serve exited with {status}");
         let ledger = self.path("ledger");
-        let out = Command::new(TALLY)
+        let out = tally()
+            .command()
             .args([
                 "verify",
                 &ledger,
@@ -193,26 +138,8 @@ impl Gate {
     }
 }
 
-impl Drop for Gate {
-    fn drop(&mut self) {
-        if let Some(mut serve) = self.serve.take() {
-            let _ = serve.kill();
-            let _ = serve.wait();
-        }
-    }
-}
-
 fn p(dir: &Path, name: &str) -> String {
     dir.join(name).display().to_string()
-}
-
-fn run_ok(args: &[&str]) {
-    let out = Command::new(TALLY).args(args).output().expect("run tally");
-    assert!(
-        out.status.success(),
-        "tally {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Every decision of `run`, decrypted by the verifier.
@@ -281,7 +208,7 @@ const POLICY: &str = "[ceiling]\nattempts = 5\n[breaker]\nfailures = 50\n";
 
 #[test]
 fn a_session_through_the_proxy_is_the_session_with_the_server() {
-    if !sdk_available("a_session_through_the_proxy_is_the_session_with_the_server") {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("");
@@ -323,7 +250,7 @@ fn a_session_through_the_proxy_is_the_session_with_the_server() {
 
 #[test]
 fn a_looping_client_is_stopped_at_the_cap_and_the_ledger_says_so() {
-    if !sdk_available("a_looping_client_is_stopped_at_the_cap_and_the_ledger_says_so") {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start(POLICY);
@@ -381,7 +308,7 @@ fn a_looping_client_is_stopped_at_the_cap_and_the_ledger_says_so() {
 /// left: not "a human must approve more" while the run still has attempts.
 #[test]
 fn regression_issue_20_a_retried_call_is_told_retries_exhausted_not_to_ask() {
-    if !sdk_available("regression_issue_20_a_retried_call_is_told_retries_exhausted_not_to_ask") {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("[ceiling]\nattempts = 6\n[breaker]\nfailures = 50\n");
@@ -571,7 +498,7 @@ fn raw_script(command: &[String]) -> Vec<String> {
 
 #[test]
 fn every_message_passes_through_byte_for_byte() {
-    if !sdk_available("every_message_passes_through_byte_for_byte") {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("");
@@ -611,7 +538,7 @@ fn text(result: &Value) -> String {
 
 #[test]
 fn with_the_gate_down_no_call_is_made() {
-    if !sdk_available("with_the_gate_down_no_call_is_made") {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("");
@@ -647,7 +574,7 @@ fn with_the_gate_down_no_call_is_made() {
 
 #[test]
 fn a_call_the_server_never_answers_is_recorded_as_timeout() {
-    if !sdk_available("a_call_the_server_never_answers_is_recorded_as_timeout") {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("[rate]\ncall_timeout_ms = 800\n");
@@ -687,7 +614,7 @@ fn a_call_the_server_never_answers_is_recorded_as_timeout() {
 
 #[test]
 fn a_refusal_to_retry_says_when() {
-    if !sdk_available("a_refusal_to_retry_says_when") {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("[rate]\nrun_per_sec = 1\nrun_burst = 1\n");
@@ -719,7 +646,7 @@ fn a_refusal_to_retry_says_when() {
 
 #[test]
 fn the_policy_map_overrides_annotations_and_unlisted_tools_are_looked_up() {
-    if !sdk_available("the_policy_map_overrides_annotations_and_unlisted_tools_are_looked_up") {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("");
@@ -764,7 +691,8 @@ fn a_bad_policy_map_stops_tally_mcp_before_anything_starts() {
     let map = p(dir.path(), "map.toml");
     std::fs::write(&map, "[effects]\n\"files/put\" = \"write\"\n").expect("map");
     let marker = p(dir.path(), "started");
-    let out = Command::new(TALLY)
+    let out = tally()
+        .command()
         .args([
             "mcp",
             "--socket",
@@ -790,7 +718,8 @@ fn a_bad_policy_map_stops_tally_mcp_before_anything_starts() {
     );
     assert!(!Path::new(&marker).exists(), "the server was never started");
 
-    let out = Command::new(TALLY)
+    let out = tally()
+        .command()
         .args(["mcp", "--socket", "/nonexistent.sock", "--run", "r"])
         .stdin(Stdio::null())
         .output()
@@ -801,7 +730,7 @@ fn a_bad_policy_map_stops_tally_mcp_before_anything_starts() {
 
 #[test]
 fn a_server_that_exits_mid_call_leaves_an_unknown_outcome_and_its_exit_code() {
-    if !sdk_available("a_server_that_exits_mid_call_leaves_an_unknown_outcome_and_its_exit_code") {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("");
@@ -832,11 +761,10 @@ fn a_server_that_exits_mid_call_leaves_an_unknown_outcome_and_its_exit_code() {
 
 #[test]
 fn the_mcp_reference_server_passes_through() {
-    let name = "the_mcp_reference_server_passes_through";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
-    let Some(server) = reference_server(name) else {
+    let Some(server) = reference_server() else {
         return;
     };
     let gate = Gate::start("");
