@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tally_daemon::client::{Client, Method};
+use tally_api::client::{Client, Method};
 
 const TALLY: &str = env!("CARGO_BIN_EXE_tally");
 const WORKERS: usize = 8;

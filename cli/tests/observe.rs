@@ -951,7 +951,7 @@ fn ten_thousand_runs_are_paged_in_order() {
         for t in 0..16 {
             let socket = socket.clone();
             tasks.push(tokio::spawn(async move {
-                let mut c = tally_daemon::client::Client::unix(&socket)
+                let mut c = tally_api::client::Client::unix(&socket)
                     .await
                     .expect("connect");
                 for i in (t..RUNS).step_by(16) {

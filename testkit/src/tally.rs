@@ -1,9 +1,10 @@
 //! The `tally` binary under test, and running it.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use crate::daemon::Daemon;
 
@@ -25,36 +26,15 @@ impl Tally {
     }
 
     /// For another package's tests, which cannot name the cli package's binary: the
-    /// workspace's `tally`, built once per test process by `cargo build -p tally-cli`
-    /// in this test's target directory and profile (a no-op when it is up to date), or
-    /// `TALLY_UNDER_TEST`.
+    /// workspace's `tally` ([`workspace_bin`]), or `TALLY_UNDER_TEST` (then nothing is
+    /// built).
     pub fn workspace() -> Tally {
-        static BIN: OnceLock<PathBuf> = OnceLock::new();
-        let bin = BIN.get_or_init(|| {
-            if let Some(bin) = std::env::var_os("TALLY_UNDER_TEST") {
-                return PathBuf::from(bin);
-            }
-            let exe = std::env::current_exe().expect("the test binary's path");
-            // target/<profile>/deps/<test>-<hash> -> target/<profile>/tally
-            let profile_dir = exe
-                .parent()
-                .and_then(Path::parent)
-                .expect("the target directory")
-                .to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut build = Command::new(cargo);
-            build.args(["build", "--quiet", "-p", "tally-cli", "--bin", "tally"]);
-            if profile_dir.file_name().is_some_and(|n| n == "release") {
-                build.arg("--release");
-            }
-            let status = build
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("run cargo build");
-            assert!(status.success(), "building the tally binary failed");
-            profile_dir.join("tally")
-        });
-        Tally { bin: bin.clone() }
+        match std::env::var_os("TALLY_UNDER_TEST") {
+            Some(bin) => Tally {
+                bin: PathBuf::from(bin),
+            },
+            None => Tally::new(workspace_bin("tally-cli", "tally")),
+        }
     }
 
     /// The binary's path.
@@ -120,6 +100,40 @@ impl Tally {
     pub fn serve(&self, dir: &Path, extra: &[&str]) -> Daemon {
         Daemon::start(self, dir, extra)
     }
+}
+
+/// Binary `bin` of workspace package `package`, built once per test process by `cargo
+/// build -p PACKAGE --bin BIN` in this test's target directory and profile (a no-op when
+/// it is up to date): how a package's tests run another package's binary, which only
+/// that package's own tests can name (`CARGO_BIN_EXE_*`). Never a stale build.
+pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
+    static BUILT: Mutex<BTreeMap<(String, String), PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (package.to_owned(), bin.to_owned());
+    if let Some(path) = built.get(&key) {
+        return path.clone();
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/<bin>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the target directory")
+        .to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build.args(["build", "--quiet", "-p", package, "--bin", bin]);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let status = build
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building {bin} (-p {package}) failed");
+    let path = profile_dir.join(bin);
+    built.insert(key, path.clone());
+    path
 }
 
 /// Standard output and standard error of `out`, as text.
