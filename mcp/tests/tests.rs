@@ -1,5 +1,5 @@
 //! tally-mcp's library: the policy map and the effect classes annotations give. The
-//! proxy end to end (real binary, real daemon, the MCP SDKs) is `proxy.rs`.
+//! proxy end to end (real binary, real daemon, the MCP SDKs) is `proxy/`.
 
 use std::path::Path;
 
