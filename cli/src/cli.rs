@@ -99,48 +99,11 @@ pub enum Command {
     Checkpoint(CheckpointArgs),
     /// Write a C2SP tlog-proof: one entry (--seq), every entry of a run (--run, with the
     /// auditor key), or a consistency proof from an older checkpoint (--from).
-    Prove {
-        /// The ledger directory.
-        #[arg(long)]
-        ledger: PathBuf,
-        /// The entry to prove.
-        #[arg(long, conflicts_with_all = ["run", "from"])]
-        seq: Option<u64>,
-        /// The run whose every entry to prove (needs --auditor-key to find them).
-        #[arg(long, conflicts_with = "from", requires = "auditor_key")]
-        run: Option<String>,
-        /// An older C2SP checkpoint of this ledger: prove the latest one extends it.
-        #[arg(long, value_name = "CP")]
-        from: Option<PathBuf>,
-        /// The auditor's secret key (for --run).
-        #[arg(long)]
-        auditor_key: Option<PathBuf>,
-        /// Where to write the proof (default: standard output).
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
+    Prove(ProveArgs),
     /// Check a proof offline with the ledger's public key: inclusion of each entry, the
     /// checkpoint's signature, the witnesses' quorum; with the auditor key, show the
     /// decisions and whether a run's are complete.
-    VerifyProof {
-        /// The proof file (`tally prove`), or `-` for standard input.
-        file: PathBuf,
-        /// The ledger's public verification key (ledger.pub, version 2: with its log key).
-        #[arg(long)]
-        key: PathBuf,
-        /// Require a quorum of valid cosignatures (C2SP tlog-policy file).
-        #[arg(long, value_name = "FILE")]
-        witness_policy: Option<PathBuf>,
-        /// The auditor's secret key: decrypt and show the decisions.
-        #[arg(long)]
-        auditor_key: Option<PathBuf>,
-        /// For a consistency proof: the older checkpoint it starts from (held by you).
-        #[arg(long, value_name = "CP")]
-        from: Option<PathBuf>,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    VerifyProof(VerifyProofArgs),
     /// A C2SP tlog-witness: `tally witness keygen`, `tally witness serve`.
     Witness {
         #[command(subcommand)]
@@ -165,33 +128,7 @@ pub enum Command {
     Serve(ServeArgs),
     /// A stdio MCP proxy: the MCP client starts it in place of the server; it starts the
     /// server and checks every `tools/call` with the gate first (docs/MCP.md).
-    Mcp {
-        /// The gate's agent socket (`tally serve --socket`).
-        #[arg(long)]
-        socket: PathBuf,
-        /// The run the calls are checked under: started if new, joined if it exists.
-        #[arg(long)]
-        run: String,
-        /// Effect overrides: a TOML file, `[effects]` with `"server/tool" = "read"`.
-        #[arg(long, value_name = "FILE")]
-        policy_map: Option<PathBuf>,
-        /// The server's name in tool names (`server/tool`) [default: its initialize
-        /// answer's serverInfo.name].
-        #[arg(long)]
-        server_name: Option<String>,
-        /// The run's goal, if this starts it.
-        #[arg(long)]
-        goal: Option<String>,
-        /// The worker name recorded with each decision.
-        #[arg(long)]
-        worker: Option<String>,
-        /// The credential the run is started and checked under.
-        #[arg(long)]
-        credential: Option<String>,
-        /// The MCP server's command and its arguments, after `--`.
-        #[arg(last = true, required = true, value_name = "SERVER_COMMAND")]
-        command: Vec<std::ffi::OsString>,
-    },
+    Mcp(McpArgs),
     /// Policies: `tally policy check FILE` validates one and prints it with its defaults.
     Policy {
         #[command(subcommand)]
@@ -441,6 +378,81 @@ pub struct DemoArgs {
     /// (default: about a screen per act).
     #[arg(long, short)]
     pub verbose: bool,
+}
+
+/// `tally prove`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct ProveArgs {
+    /// The ledger directory.
+    #[arg(long)]
+    pub ledger: PathBuf,
+    /// The entry to prove.
+    #[arg(long, conflicts_with_all = ["run", "from"])]
+    pub seq: Option<u64>,
+    /// The run whose every entry to prove (needs --auditor-key to find them).
+    #[arg(long, conflicts_with = "from", requires = "auditor_key")]
+    pub run: Option<String>,
+    /// An older C2SP checkpoint of this ledger: prove the latest one extends it.
+    #[arg(long, value_name = "CP")]
+    pub from: Option<PathBuf>,
+    /// The auditor's secret key (for --run).
+    #[arg(long)]
+    pub auditor_key: Option<PathBuf>,
+    /// Where to write the proof (default: standard output).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// `tally verify-proof`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct VerifyProofArgs {
+    /// The proof file (`tally prove`), or `-` for standard input.
+    pub file: PathBuf,
+    /// The ledger's public verification key (ledger.pub, version 2: with its log key).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// Require a quorum of valid cosignatures (C2SP tlog-policy file).
+    #[arg(long, value_name = "FILE")]
+    pub witness_policy: Option<PathBuf>,
+    /// The auditor's secret key: decrypt and show the decisions.
+    #[arg(long)]
+    pub auditor_key: Option<PathBuf>,
+    /// For a consistency proof: the older checkpoint it starts from (held by you).
+    #[arg(long, value_name = "CP")]
+    pub from: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tally mcp`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct McpArgs {
+    /// The gate's agent socket (`tally serve --socket`).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The run the calls are checked under: started if new, joined if it exists.
+    #[arg(long)]
+    pub run: String,
+    /// Effect overrides: a TOML file, `[effects]` with `"server/tool" = "read"`.
+    #[arg(long, value_name = "FILE")]
+    pub policy_map: Option<PathBuf>,
+    /// The server's name in tool names (`server/tool`) [default: its initialize
+    /// answer's serverInfo.name].
+    #[arg(long)]
+    pub server_name: Option<String>,
+    /// The run's goal, if this starts it.
+    #[arg(long)]
+    pub goal: Option<String>,
+    /// The worker name recorded with each decision.
+    #[arg(long)]
+    pub worker: Option<String>,
+    /// The credential the run is started and checked under.
+    #[arg(long)]
+    pub credential: Option<String>,
+    /// The MCP server's command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "SERVER_COMMAND")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// `tally serve`'s flags.
