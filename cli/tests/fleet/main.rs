@@ -40,19 +40,9 @@ const POLICY: &str = "[ceiling]\nattempts = 1000000\nspend_cents = 100000000\n\
 side_effects = 1000000\n[loops]\ntool_calls = 1000000\n\
 [rate]\nrun_per_sec = 0\ntool_per_sec = 0\ntool_in_flight = 0\n[approvals]\nask_on = []\n";
 
-fn tally(dir: &Path, args: &[&str]) -> std::process::Output {
-    let out = Command::new(TALLY)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run tally");
-    assert!(
-        out.status.success(),
-        "tally {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+/// `tally args` in `dir`, which must succeed.
+fn tally(dir: &Path, args: &[&str]) {
+    tally_testkit::Tally::new(TALLY).ok(dir, args, "");
 }
 
 /// Three hosts, each a ledger and a `tally serve` on its own sockets, one database.
