@@ -71,186 +71,39 @@ pub struct Rules {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Create the auditor's X25519 key pair: FILE (0600) and FILE with extension .pub.
-    Keygen {
-        /// Where to write the secret key.
-        #[arg(long)]
-        out: PathBuf,
-        /// An approver's Ed25519 key pair (its public half goes in the policy's
-        /// `[approvals.approvers]`), instead of an auditor's X25519 pair.
-        #[arg(long)]
-        approver: bool,
-    },
+    Keygen(KeygenArgs),
     /// Sign and record a human's approval for a run: a bounded extra allocation, used
     /// once, until it expires.
-    Approve {
-        /// The daemon's operator socket.
-        #[arg(long)]
-        operator_socket: PathBuf,
-        /// The run.
-        #[arg(long)]
-        run: String,
-        /// The approver's secret key (`tally keygen --approver`).
-        #[arg(long)]
-        key: PathBuf,
-        /// The approver's name in the policy (default: the key file's name, `dana` for
-        /// `dana.key`).
-        #[arg(long)]
-        approver: Option<String>,
-        /// How long it is valid, on the run's clock: `30s`, `10m`, `2h`, `500ms`.
-        #[arg(long)]
-        expires: String,
-        /// Extra attempts (and side effects).
-        #[arg(long)]
-        attempts: Option<u64>,
-        /// Extra spend in US dollars, exact (`0.30`).
-        #[arg(long, conflicts_with = "cents")]
-        usd: Option<String>,
-        /// Extra spend in cents.
-        #[arg(long)]
-        cents: Option<u64>,
-        /// The one tool it is for (unblocks it, if the policy blocks it).
-        #[arg(long)]
-        tool: Option<String>,
-        /// The one operation it is for.
-        #[arg(long)]
-        operation: Option<String>,
-        /// Why, for the record.
-        #[arg(long)]
-        note: Option<String>,
-    },
+    Approve(ApproveArgs),
     /// Every run the gate holds, nearest to a limit first: state, nearest limit, used
     /// of limit, its last refusal and the action it was told.
-    Runs {
-        /// The daemon's operator socket.
-        #[arg(long)]
-        operator_socket: PathBuf,
-        /// JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Runs(RunsArgs),
     /// Watch the gate live in the terminal: runs nearest to a limit first, their last
     /// refusal and action, breakers, refusals, approvals waiting (q quits). Without a
     /// terminal (a pipe, TERM=dumb) it prints one plain table and exits.
-    Top {
-        /// The daemon's operator socket.
-        #[arg(long)]
-        operator_socket: PathBuf,
-        /// Print the plain table once, even on a terminal.
-        #[arg(long)]
-        once: bool,
-    },
+    Top(TopArgs),
     /// Pause a run: its next check, from any worker, is refused until it is resumed.
-    Pause {
-        /// The daemon's operator socket.
-        #[arg(long)]
-        operator_socket: PathBuf,
-        /// The run.
-        #[arg(long)]
-        run: String,
-    },
+    Pause(RunArgs),
     /// Resume a paused run.
-    Resume {
-        /// The daemon's operator socket.
-        #[arg(long)]
-        operator_socket: PathBuf,
-        /// The run.
-        #[arg(long)]
-        run: String,
-    },
+    Resume(RunArgs),
     /// Kill a run: a stop record (`killed_by_operator`); every later check is refused.
-    Kill {
-        /// The daemon's operator socket.
-        #[arg(long)]
-        operator_socket: PathBuf,
-        /// The run.
-        #[arg(long)]
-        run: String,
-    },
+    Kill(RunArgs),
     /// Create a new ledger whose records only the auditor can decrypt.
-    Init {
-        /// The ledger directory to create (0700).
-        #[arg(long)]
-        ledger: PathBuf,
-        /// The auditor's public key (auditor.pub).
-        #[arg(long)]
-        recipient: PathBuf,
-        /// Rotate key epochs after this many entries.
-        #[arg(long, default_value_t = 100_000)]
-        rotate_records: u64,
-        /// Rotate key epochs after this many seconds.
-        #[arg(long, default_value_t = 600)]
-        rotate_secs: u64,
-    },
+    Init(InitArgs),
     /// Append decisions: one JSON object as argument, or NDJSON on stdin. Every line is
     /// checked before anything is written; prints one receipt (seq, hash) per decision,
     /// once durable.
-    Append {
-        /// The ledger directory.
-        #[arg(long)]
-        ledger: PathBuf,
-        /// One decision as JSON; without it (or with `-`), NDJSON is read from stdin.
-        json: Option<String>,
-        /// With NDJSON on stdin: decisions per atomic commit.
-        #[arg(long, default_value_t = 10_000)]
-        batch: usize,
-    },
+    Append(AppendArgs),
     /// Print the latest checkpoint on stdout, to keep elsewhere as an anchor: a C2SP
     /// checkpoint (origin, size, Merkle root) signed by the ledger's log key.
-    Checkpoint {
-        /// The ledger directory.
-        #[arg(long)]
-        ledger: PathBuf,
-        /// Print the log key's vkey instead (what witnesses and tlog-policy files name).
-        #[arg(long, conflicts_with = "chain")]
-        vkey: bool,
-        /// Print the chain's own checkpoint (the epoch key's seal in the log) instead.
-        #[arg(long)]
-        chain: bool,
-    },
+    Checkpoint(CheckpointArgs),
     /// Write a C2SP tlog-proof: one entry (--seq), every entry of a run (--run, with the
     /// auditor key), or a consistency proof from an older checkpoint (--from).
-    Prove {
-        /// The ledger directory.
-        #[arg(long)]
-        ledger: PathBuf,
-        /// The entry to prove.
-        #[arg(long, conflicts_with_all = ["run", "from"])]
-        seq: Option<u64>,
-        /// The run whose every entry to prove (needs --auditor-key to find them).
-        #[arg(long, conflicts_with = "from", requires = "auditor_key")]
-        run: Option<String>,
-        /// An older C2SP checkpoint of this ledger: prove the latest one extends it.
-        #[arg(long, value_name = "CP")]
-        from: Option<PathBuf>,
-        /// The auditor's secret key (for --run).
-        #[arg(long)]
-        auditor_key: Option<PathBuf>,
-        /// Where to write the proof (default: standard output).
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
+    Prove(ProveArgs),
     /// Check a proof offline with the ledger's public key: inclusion of each entry, the
     /// checkpoint's signature, the witnesses' quorum; with the auditor key, show the
     /// decisions and whether a run's are complete.
-    VerifyProof {
-        /// The proof file (`tally prove`), or `-` for standard input.
-        file: PathBuf,
-        /// The ledger's public verification key (ledger.pub, version 2: with its log key).
-        #[arg(long)]
-        key: PathBuf,
-        /// Require a quorum of valid cosignatures (C2SP tlog-policy file).
-        #[arg(long, value_name = "FILE")]
-        witness_policy: Option<PathBuf>,
-        /// The auditor's secret key: decrypt and show the decisions.
-        #[arg(long)]
-        auditor_key: Option<PathBuf>,
-        /// For a consistency proof: the older checkpoint it starts from (held by you).
-        #[arg(long, value_name = "CP")]
-        from: Option<PathBuf>,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    VerifyProof(VerifyProofArgs),
     /// A C2SP tlog-witness: `tally witness keygen`, `tally witness serve`.
     Witness {
         #[command(subcommand)]
@@ -258,133 +111,24 @@ pub enum Command {
     },
     /// Rebuild the ledger's index (the gate's derived state, seq positions) from its log
     /// segments; nothing that verifies trusts the index. The ledger must not be held.
-    Reindex {
-        /// The ledger directory.
-        #[arg(long)]
-        ledger: PathBuf,
-    },
+    Reindex(LedgerArgs),
     /// Start a new key epoch now (the old epoch's secrets are destroyed).
-    Rotate {
-        /// The ledger directory.
-        #[arg(long)]
-        ledger: PathBuf,
-    },
+    Rotate(LedgerArgs),
     /// Write one self-describing file for offline audit.
-    Export {
-        /// The ledger directory.
-        #[arg(long)]
-        ledger: PathBuf,
-        /// The export file to write, by convention NAME.tally (it must not exist, unless
-        /// --force).
-        #[arg(long)]
-        out: PathBuf,
-        /// Replace an existing file at --out (a symlink there is replaced, not followed).
-        #[arg(long)]
-        force: bool,
-    },
+    Export(ExportArgs),
     /// Prove a ledger or export intact, with only its public key.
-    Verify {
-        /// What to read and check against.
-        #[command(flatten)]
-        read: ReadArgs,
-        /// Also decrypt every decision and check it (auditor.key): replay every gate
-        /// decision and audit every record with the policy core.
-        #[arg(long)]
-        auditor_key: Option<PathBuf>,
-        /// The rules runs are read under.
-        #[command(flatten)]
-        rules: Rules,
-        /// Judge the cosigned checkpoints by this C2SP tlog-policy: without one its quorum
-        /// cosigned, exit 3; say which seqs they cover.
-        #[arg(long, value_name = "FILE")]
-        witness_policy: Option<PathBuf>,
-        /// Also ask each witness of --witness-policy that has a URL for the latest
-        /// checkpoint it cosigned, and hold the ledger to it (truncation, rollback, fork).
-        #[arg(long, requires = "witness_policy")]
-        ask_witnesses: bool,
-    },
+    Verify(VerifyArgs),
     /// Reconstruct loops: retry storms, identical repeated calls, endless polling.
-    Loops {
-        /// What to read and check against.
-        #[command(flatten)]
-        read: ReadArgs,
-        /// The auditor's secret key.
-        #[arg(long)]
-        auditor_key: PathBuf,
-        /// Report even if the chain does not verify (every page says so).
-        #[arg(long)]
-        force: bool,
-        /// The rules runs are read under.
-        #[command(flatten)]
-        rules: Rules,
-    },
+    Loops(LoopsArgs),
     /// Resumable handoff summaries: why each run stopped and what is safe to resume.
-    Handoff {
-        /// What to read and check against.
-        #[command(flatten)]
-        read: ReadArgs,
-        /// The auditor's secret key.
-        #[arg(long)]
-        auditor_key: PathBuf,
-        /// Only this run.
-        #[arg(long)]
-        run: Option<String>,
-        /// Report even if the chain does not verify (every page says so).
-        #[arg(long)]
-        force: bool,
-        /// The rules runs are read under.
-        #[command(flatten)]
-        rules: Rules,
-    },
+    Handoff(ReportArgs),
     /// Attempts per run against its cap, and spend against its limit.
-    Stats {
-        /// What to read and check against.
-        #[command(flatten)]
-        read: ReadArgs,
-        /// The auditor's secret key.
-        #[arg(long)]
-        auditor_key: PathBuf,
-        /// Only this run.
-        #[arg(long)]
-        run: Option<String>,
-        /// Report even if the chain does not verify (every page says so).
-        #[arg(long)]
-        force: bool,
-        /// The rules runs are read under.
-        #[command(flatten)]
-        rules: Rules,
-    },
+    Stats(ReportArgs),
     /// Run the append daemon: HTTP/1.1 JSON on a Unix socket (and optionally loopback TCP).
     Serve(ServeArgs),
     /// A stdio MCP proxy: the MCP client starts it in place of the server; it starts the
     /// server and checks every `tools/call` with the gate first (docs/MCP.md).
-    Mcp {
-        /// The gate's agent socket (`tally serve --socket`).
-        #[arg(long)]
-        socket: PathBuf,
-        /// The run the calls are checked under: started if new, joined if it exists.
-        #[arg(long)]
-        run: String,
-        /// Effect overrides: a TOML file, `[effects]` with `"server/tool" = "read"`.
-        #[arg(long, value_name = "FILE")]
-        policy_map: Option<PathBuf>,
-        /// The server's name in tool names (`server/tool`) [default: its initialize
-        /// answer's serverInfo.name].
-        #[arg(long)]
-        server_name: Option<String>,
-        /// The run's goal, if this starts it.
-        #[arg(long)]
-        goal: Option<String>,
-        /// The worker name recorded with each decision.
-        #[arg(long)]
-        worker: Option<String>,
-        /// The credential the run is started and checked under.
-        #[arg(long)]
-        credential: Option<String>,
-        /// The MCP server's command and its arguments, after `--`.
-        #[arg(last = true, required = true, value_name = "SERVER_COMMAND")]
-        command: Vec<std::ffi::OsString>,
-    },
+    Mcp(McpArgs),
     /// Policies: `tally policy check FILE` validates one and prints it with its defaults.
     Policy {
         #[command(subcommand)]
@@ -401,15 +145,7 @@ pub enum Command {
     McpDemoServer,
     /// The whole story on the embedded store: agents append decisions, the ledger is
     /// exported and verified, loops are found and handoffs printed.
-    Demo {
-        /// Keep the demo's files here (default: a temporary directory, removed after).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-        /// Print everything: every loop, finding and handoff, and the anchor's text
-        /// (default: about a screen per act).
-        #[arg(long, short)]
-        verbose: bool,
-    },
+    Demo(DemoArgs),
     /// Write man pages (tally.1 and one per subcommand) into DIR.
     #[command(hide = true)]
     Man {
@@ -422,6 +158,304 @@ pub enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+}
+
+/// `tally verify`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct VerifyArgs {
+    /// What to read and check against.
+    #[command(flatten)]
+    pub read: ReadArgs,
+    /// Also decrypt every decision and check it (auditor.key): replay every gate
+    /// decision and audit every record with the policy core.
+    #[arg(long)]
+    pub auditor_key: Option<PathBuf>,
+    /// The rules runs are read under.
+    #[command(flatten)]
+    pub rules: Rules,
+    /// Judge the cosigned checkpoints by this C2SP tlog-policy: without one its quorum
+    /// cosigned, exit 3; say which seqs they cover.
+    #[arg(long, value_name = "FILE")]
+    pub witness_policy: Option<PathBuf>,
+    /// Also ask each witness of --witness-policy that has a URL for the latest
+    /// checkpoint it cosigned, and hold the ledger to it (truncation, rollback, fork).
+    #[arg(long, requires = "witness_policy")]
+    pub ask_witnesses: bool,
+}
+
+/// `tally loops`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct LoopsArgs {
+    /// What to read and check against.
+    #[command(flatten)]
+    pub read: ReadArgs,
+    /// The auditor's secret key.
+    #[arg(long)]
+    pub auditor_key: PathBuf,
+    /// Report even if the chain does not verify (every page says so).
+    #[arg(long)]
+    pub force: bool,
+    /// The rules runs are read under.
+    #[command(flatten)]
+    pub rules: Rules,
+}
+
+/// The arguments of `tally handoff` and `tally stats`.
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// What to read and check against.
+    #[command(flatten)]
+    pub read: ReadArgs,
+    /// The auditor's secret key.
+    #[arg(long)]
+    pub auditor_key: PathBuf,
+    /// Only this run.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Report even if the chain does not verify (every page says so).
+    #[arg(long)]
+    pub force: bool,
+    /// The rules runs are read under.
+    #[command(flatten)]
+    pub rules: Rules,
+}
+
+/// The operator socket and a run: `tally pause`, `resume` and `kill`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// The run.
+    #[arg(long)]
+    pub run: String,
+}
+
+/// `tally keygen`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct KeygenArgs {
+    /// Where to write the secret key.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// An approver's Ed25519 key pair (its public half goes in the policy's
+    /// `[approvals.approvers]`), instead of an auditor's X25519 pair.
+    #[arg(long)]
+    pub approver: bool,
+}
+
+/// `tally approve`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct ApproveArgs {
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// The run.
+    #[arg(long)]
+    pub run: String,
+    /// The approver's secret key (`tally keygen --approver`).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// The approver's name in the policy (default: the key file's name, `dana` for
+    /// `dana.key`).
+    #[arg(long)]
+    pub approver: Option<String>,
+    /// How long it is valid, on the run's clock: `30s`, `10m`, `2h`, `500ms`.
+    #[arg(long)]
+    pub expires: String,
+    /// Extra attempts (and side effects).
+    #[arg(long)]
+    pub attempts: Option<u64>,
+    /// Extra spend in US dollars, exact (`0.30`).
+    #[arg(long, conflicts_with = "cents")]
+    pub usd: Option<String>,
+    /// Extra spend in cents.
+    #[arg(long)]
+    pub cents: Option<u64>,
+    /// The one tool it is for (unblocks it, if the policy blocks it).
+    #[arg(long)]
+    pub tool: Option<String>,
+    /// The one operation it is for.
+    #[arg(long)]
+    pub operation: Option<String>,
+    /// Why, for the record.
+    #[arg(long)]
+    pub note: Option<String>,
+}
+
+/// `tally runs`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct RunsArgs {
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tally top`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct TopArgs {
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// Print the plain table once, even on a terminal.
+    #[arg(long)]
+    pub once: bool,
+}
+
+/// `tally init`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct InitArgs {
+    /// The ledger directory to create (0700).
+    #[arg(long)]
+    pub ledger: PathBuf,
+    /// The auditor's public key (auditor.pub).
+    #[arg(long)]
+    pub recipient: PathBuf,
+    /// Rotate key epochs after this many entries.
+    #[arg(long, default_value_t = 100_000)]
+    pub rotate_records: u64,
+    /// Rotate key epochs after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub rotate_secs: u64,
+}
+
+/// `tally append`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct AppendArgs {
+    /// The ledger directory.
+    #[arg(long)]
+    pub ledger: PathBuf,
+    /// One decision as JSON; without it (or with `-`), NDJSON is read from stdin.
+    pub json: Option<String>,
+    /// With NDJSON on stdin: decisions per atomic commit.
+    #[arg(long, default_value_t = 10_000)]
+    pub batch: usize,
+}
+
+/// `tally checkpoint`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct CheckpointArgs {
+    /// The ledger directory.
+    #[arg(long)]
+    pub ledger: PathBuf,
+    /// Print the log key's vkey instead (what witnesses and tlog-policy files name).
+    #[arg(long, conflicts_with = "chain")]
+    pub vkey: bool,
+    /// Print the chain's own checkpoint (the epoch key's seal in the log) instead.
+    #[arg(long)]
+    pub chain: bool,
+}
+
+/// A ledger directory: `tally reindex` and `tally rotate`.
+#[derive(clap::Args, Debug)]
+pub struct LedgerArgs {
+    /// The ledger directory.
+    #[arg(long)]
+    pub ledger: PathBuf,
+}
+
+/// `tally export`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct ExportArgs {
+    /// The ledger directory.
+    #[arg(long)]
+    pub ledger: PathBuf,
+    /// The export file to write, by convention NAME.tally (it must not exist, unless
+    /// --force).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace an existing file at --out (a symlink there is replaced, not followed).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `tally demo`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Keep the demo's files here (default: a temporary directory, removed after).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print everything: every loop, finding and handoff, and the anchor's text
+    /// (default: about a screen per act).
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+/// `tally prove`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct ProveArgs {
+    /// The ledger directory.
+    #[arg(long)]
+    pub ledger: PathBuf,
+    /// The entry to prove.
+    #[arg(long, conflicts_with_all = ["run", "from"])]
+    pub seq: Option<u64>,
+    /// The run whose every entry to prove (needs --auditor-key to find them).
+    #[arg(long, conflicts_with = "from", requires = "auditor_key")]
+    pub run: Option<String>,
+    /// An older C2SP checkpoint of this ledger: prove the latest one extends it.
+    #[arg(long, value_name = "CP")]
+    pub from: Option<PathBuf>,
+    /// The auditor's secret key (for --run).
+    #[arg(long)]
+    pub auditor_key: Option<PathBuf>,
+    /// Where to write the proof (default: standard output).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// `tally verify-proof`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct VerifyProofArgs {
+    /// The proof file (`tally prove`), or `-` for standard input.
+    pub file: PathBuf,
+    /// The ledger's public verification key (ledger.pub, version 2: with its log key).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// Require a quorum of valid cosignatures (C2SP tlog-policy file).
+    #[arg(long, value_name = "FILE")]
+    pub witness_policy: Option<PathBuf>,
+    /// The auditor's secret key: decrypt and show the decisions.
+    #[arg(long)]
+    pub auditor_key: Option<PathBuf>,
+    /// For a consistency proof: the older checkpoint it starts from (held by you).
+    #[arg(long, value_name = "CP")]
+    pub from: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tally mcp`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct McpArgs {
+    /// The gate's agent socket (`tally serve --socket`).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The run the calls are checked under: started if new, joined if it exists.
+    #[arg(long)]
+    pub run: String,
+    /// Effect overrides: a TOML file, `[effects]` with `"server/tool" = "read"`.
+    #[arg(long, value_name = "FILE")]
+    pub policy_map: Option<PathBuf>,
+    /// The server's name in tool names (`server/tool`) [default: its initialize
+    /// answer's serverInfo.name].
+    #[arg(long)]
+    pub server_name: Option<String>,
+    /// The run's goal, if this starts it.
+    #[arg(long)]
+    pub goal: Option<String>,
+    /// The worker name recorded with each decision.
+    #[arg(long)]
+    pub worker: Option<String>,
+    /// The credential the run is started and checked under.
+    #[arg(long)]
+    pub credential: Option<String>,
+    /// The MCP server's command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "SERVER_COMMAND")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// `tally serve`'s flags.

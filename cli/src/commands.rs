@@ -9,6 +9,7 @@ use tally_ledger::export::Target;
 use tally_ledger::keys::{read_auditor_public, AuditorKey};
 use tally_ledger::{Frame, Ledger, Rotation};
 
+use crate::cli::{ExportArgs, InitArgs, KeygenArgs, LedgerArgs};
 use crate::output::{errln, note, noteln, out, outln};
 use crate::Exit;
 
@@ -34,7 +35,8 @@ fn must_not_exist(path: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn keygen(out: &Path, approver: bool) -> Result<Exit> {
+pub fn keygen(args: &KeygenArgs) -> Result<Exit> {
+    let (out, approver) = (args.out.as_path(), args.approver);
     if out.extension().is_some_and(|e| e == "pub") {
         bail!(
             "{} ends in .pub, where the public half goes: give the secret key's path (e.g. dana.key)",
@@ -72,7 +74,12 @@ pub fn keygen(out: &Path, approver: bool) -> Result<Exit> {
     Ok(Exit::Success)
 }
 
-pub fn init(ledger: &Path, recipient: &Path, rotation: Rotation) -> Result<Exit> {
+pub fn init(args: &InitArgs) -> Result<Exit> {
+    let (ledger, recipient) = (args.ledger.as_path(), args.recipient.as_path());
+    let rotation = Rotation {
+        records: args.rotate_records,
+        ms: args.rotate_secs.saturating_mul(1000),
+    };
     // A ledger takes its directory over (0700, a secret writer key): only a new or empty one.
     match std::fs::read_dir(ledger) {
         Ok(mut entries) => {
@@ -154,7 +161,8 @@ pub fn checkpoint(ledger: &Path) -> Result<Exit> {
     Ok(Exit::Success)
 }
 
-pub fn rotate(ledger: &Path) -> Result<Exit> {
+pub fn rotate(args: &LedgerArgs) -> Result<Exit> {
+    let ledger = args.ledger.as_path();
     let ledger = open(ledger)?;
     let cp = ledger.rotate()?;
     noteln!(
@@ -164,7 +172,8 @@ pub fn rotate(ledger: &Path) -> Result<Exit> {
     Ok(Exit::Success)
 }
 
-pub fn export(ledger: &Path, out: &Path, force: bool) -> Result<Exit> {
+pub fn export(args: &ExportArgs) -> Result<Exit> {
+    let (ledger, out, force) = (args.ledger.as_path(), args.out.as_path(), args.force);
     if is_stdio(out) && io::stdout().is_terminal() {
         bail!("--out - writes the export to standard output, which is a terminal: redirect it to a file or a pipe");
     }

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use crate::cli::DemoArgs;
 use crate::output::{out, outln};
 use crate::Exit;
 use tally_api::client::Client;
@@ -33,7 +34,8 @@ fn verify_bytes(bytes: &[u8], options: &Options, sink: impl FnMut(Event)) -> Res
     ))
 }
 
-pub fn run(dir: Option<&Path>, verbose: bool) -> Result<Exit> {
+pub fn run(args: &DemoArgs) -> Result<Exit> {
+    let (dir, verbose) = (args.dir.as_deref(), args.verbose);
     let tmp;
     let base: PathBuf = match dir {
         Some(d) => {

@@ -34,7 +34,6 @@ use clap::Parser;
 
 use cli::{Cli, Command};
 use output::errln;
-use tally_ledger::Rotation;
 
 /// How `tally` ends: the only exit codes it has (argument errors from clap are 2 too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,156 +118,33 @@ fn render(e: &anyhow::Error) -> String {
 
 fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
-        Command::Keygen { out, approver } => commands::keygen(&out, approver),
-        Command::Approve {
-            operator_socket,
-            run,
-            key,
-            approver,
-            expires,
-            attempts,
-            usd,
-            cents,
-            tool,
-            operation,
-            note,
-        } => operator::approve(
-            &operator_socket,
-            operator::Grant {
-                run,
-                key,
-                approver,
-                expires,
-                scope: tally_ledger::decision::Scope {
-                    attempts,
-                    cents,
-                    nanos: usd
-                        .map(|u| tally_ledger::money::parse_usd(&u).map(|n| n.0))
-                        .transpose()
-                        .map_err(|e| anyhow::anyhow!("--usd: {e}"))?,
-                    tool,
-                    operation,
-                },
-                note,
-            },
-        ),
-        Command::Runs {
-            operator_socket,
-            json,
-        } => match json {
-            true => operator::runs(&operator_socket, json),
-            false => top::runs_text(&operator_socket),
+        Command::Keygen(args) => commands::keygen(&args),
+        Command::Approve(args) => operator::approve(&args),
+        Command::Runs(args) => match args.json {
+            true => operator::runs(&args),
+            false => top::runs_text(&args.operator_socket),
         },
-        Command::Top {
-            operator_socket,
-            once,
-        } => top::top(&operator_socket, once),
-        Command::Pause {
-            operator_socket,
-            run,
-        } => operator::lifecycle(&operator_socket, &run, tally_api::RunAction::Pause),
-        Command::Resume {
-            operator_socket,
-            run,
-        } => operator::lifecycle(&operator_socket, &run, tally_api::RunAction::Resume),
-        Command::Kill {
-            operator_socket,
-            run,
-        } => operator::lifecycle(&operator_socket, &run, tally_api::RunAction::Kill),
-        Command::Init {
-            ledger,
-            recipient,
-            rotate_records,
-            rotate_secs,
-        } => commands::init(
-            &ledger,
-            &recipient,
-            Rotation {
-                records: rotate_records,
-                ms: rotate_secs.saturating_mul(1000),
-            },
-        ),
-        Command::Append {
-            ledger,
-            json,
-            batch,
-        } => commands::append(&ledger, json.as_deref(), batch),
-        Command::Checkpoint {
-            ledger,
-            vkey,
-            chain,
-        } => match (vkey, chain) {
-            (_, true) => commands::checkpoint(&ledger),
-            (true, _) => prove::vkey(&ledger),
-            _ => prove::checkpoint(&ledger),
+        Command::Top(args) => top::top(&args),
+        Command::Pause(args) => operator::lifecycle(&args, tally_api::RunAction::Pause),
+        Command::Resume(args) => operator::lifecycle(&args, tally_api::RunAction::Resume),
+        Command::Kill(args) => operator::lifecycle(&args, tally_api::RunAction::Kill),
+        Command::Init(args) => commands::init(&args),
+        Command::Append(args) => commands::append(&args),
+        Command::Checkpoint(args) => match (args.vkey, args.chain) {
+            (_, true) => commands::checkpoint(&args.ledger),
+            (true, _) => prove::vkey(&args.ledger),
+            _ => prove::checkpoint(&args.ledger),
         },
-        Command::Prove {
-            ledger,
-            seq,
-            run,
-            from,
-            auditor_key,
-            out,
-        } => prove::prove(&prove::ProveArgs {
-            ledger,
-            seq,
-            run,
-            from,
-            auditor_key,
-            out,
-        }),
-        Command::VerifyProof {
-            file,
-            key,
-            witness_policy,
-            auditor_key,
-            from,
-            json,
-        } => prove::verify_proof(&prove::VerifyProofArgs {
-            file,
-            key,
-            witness_policy,
-            auditor_key,
-            from,
-            json,
-        }),
+        Command::Prove(args) => prove::prove(&args),
+        Command::VerifyProof(args) => prove::verify_proof(&args),
         Command::Witness { command } => witness::run(command),
-        Command::Rotate { ledger } => commands::rotate(&ledger),
-        Command::Reindex { ledger } => reindex::run(&ledger),
-        Command::Export { ledger, out, force } => commands::export(&ledger, &out, force),
-        Command::Verify {
-            read,
-            auditor_key,
-            rules,
-            witness_policy,
-            ask_witnesses,
-        } => commands::verify(
-            &read,
-            auditor_key.as_deref(),
-            &rules,
-            witness_policy.as_deref(),
-            ask_witnesses,
-        ),
-        Command::Loops {
-            read,
-            auditor_key,
-            force,
-            rules,
-        } => commands::loops(&read, &auditor_key, force, &rules),
-        Command::Handoff {
-            read,
-            auditor_key,
-            run,
-            force,
-            rules,
-        } => commands::handoff(&read, &auditor_key, run.as_deref(), force, &rules),
-        Command::Stats {
-            read,
-            auditor_key,
-            run,
-            force,
-            rules,
-        } => stats::stats(&read, &auditor_key, run.as_deref(), force, &rules),
+        Command::Rotate(args) => commands::rotate(&args),
+        Command::Reindex(args) => reindex::run(&args),
+        Command::Export(args) => commands::export(&args),
+        Command::Verify(args) => commands::verify(&args),
+        Command::Loops(args) => commands::loops(&args),
+        Command::Handoff(args) => commands::handoff(&args),
+        Command::Stats(args) => stats::stats(&args),
         Command::Serve(args) => serve::serve(args),
         Command::Policy {
             command: cli::PolicyCommand::Check { file },
@@ -289,28 +165,10 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             effects: effect.into_iter().collect(),
             defer,
         }),
-        Command::Demo { dir, verbose } => demo::run(dir.as_deref(), verbose),
+        Command::Demo(args) => demo::run(&args),
         Command::McpDemoServer => demo_mcp::server(),
         Command::Man { dir } => generate::man(&dir),
         Command::Completions { shell } => generate::completions(shell),
-        Command::Mcp {
-            socket,
-            run,
-            policy_map,
-            server_name,
-            goal,
-            worker,
-            credential,
-            command,
-        } => mcp::run(mcp::Args {
-            socket,
-            run,
-            policy_map,
-            server_name,
-            goal,
-            worker,
-            credential,
-            command,
-        }),
+        Command::Mcp(args) => mcp::run(args),
     }
 }

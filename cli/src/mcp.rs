@@ -1,28 +1,14 @@
 //! `tally mcp`: the stdio MCP proxy (the work is in `tally-mcp`).
 
-use std::ffi::OsString;
-use std::path::PathBuf;
-
 use anyhow::Context;
 
+use crate::cli::McpArgs;
 use crate::output::errln;
 use crate::Exit;
 
-/// `tally mcp`'s arguments.
-pub struct Args {
-    pub socket: PathBuf,
-    pub run: String,
-    pub policy_map: Option<PathBuf>,
-    pub server_name: Option<String>,
-    pub goal: Option<String>,
-    pub worker: Option<String>,
-    pub credential: Option<String>,
-    pub command: Vec<OsString>,
-}
-
 /// Run the proxy: exit 0 when the server exited 0, else 2 (tally's exit codes are 0-3;
 /// the server's own code is on stderr).
-pub fn run(args: Args) -> anyhow::Result<Exit> {
+pub fn run(args: McpArgs) -> anyhow::Result<Exit> {
     let policy_map = match &args.policy_map {
         Some(path) => tally_mcp::PolicyMap::load(path)?,
         None => tally_mcp::PolicyMap::default(),

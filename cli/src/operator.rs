@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use crate::cli::{ApproveArgs, RunArgs, RunsArgs};
 use crate::output::outln;
 use crate::Exit;
 use serde_json::Value;
@@ -74,8 +75,32 @@ fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         .block_on(f)
 }
 
+/// `tally approve`.
+pub fn approve(args: &ApproveArgs) -> Result<Exit> {
+    let grant = Grant {
+        run: args.run.clone(),
+        key: args.key.clone(),
+        approver: args.approver.clone(),
+        expires: args.expires.clone(),
+        scope: tally_ledger::decision::Scope {
+            attempts: args.attempts,
+            cents: args.cents,
+            nanos: args
+                .usd
+                .as_deref()
+                .map(|u| tally_ledger::money::parse_usd(u).map(|n| n.0))
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--usd: {e}"))?,
+            tool: args.tool.clone(),
+            operation: args.operation.clone(),
+        },
+        note: args.note.clone(),
+    };
+    record(&args.operator_socket, grant)
+}
+
 /// Sign an approval with the approver's key and record it through the daemon.
-pub fn approve(socket: &Path, g: Grant) -> Result<Exit> {
+fn record(socket: &Path, g: Grant) -> Result<Exit> {
     let expires = duration_ms(&g.expires)?;
     let key = tally_ledger::keys::ApproverKey::read(&g.key)
         .with_context(|| format!("reading the approver key {}", g.key.display()))?;
@@ -173,7 +198,8 @@ fn granted_text(
 }
 
 /// Every run the gate holds.
-pub fn runs(socket: &Path, json: bool) -> Result<Exit> {
+pub fn runs(args: &RunsArgs) -> Result<Exit> {
+    let (socket, json) = (args.operator_socket.as_path(), args.json);
     block_on(async {
         let runs = gate(socket).await?.runs().await.map_err(refused)?;
         if json {
@@ -216,7 +242,8 @@ pub fn runs(socket: &Path, json: bool) -> Result<Exit> {
 }
 
 /// Pause, resume or kill a run.
-pub fn lifecycle(socket: &Path, run: &str, action: RunAction) -> Result<Exit> {
+pub fn lifecycle(args: &RunArgs, action: RunAction) -> Result<Exit> {
+    let (socket, run) = (args.operator_socket.as_path(), args.run.as_str());
     block_on(async {
         gate(socket)
             .await?

@@ -1,7 +1,7 @@
 //! `tally checkpoint` (C2SP form, `--vkey`), `tally prove` and `tally verify-proof`.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -15,6 +15,7 @@ use tally_ledger::tlog::LogKey;
 use tally_ledger::{Decision, LedgerId};
 use tally_verify::tree::TreeAnchor;
 
+use crate::cli::{ProveArgs, VerifyProofArgs};
 use crate::output::{noteln, out, outln};
 use crate::Exit;
 
@@ -82,16 +83,6 @@ pub fn tree_anchor(text: &[u8], path: &Path) -> Option<(LedgerId, TreeAnchor)> {
             note,
         },
     ))
-}
-
-/// `tally prove`'s arguments.
-pub struct ProveArgs {
-    pub ledger: PathBuf,
-    pub seq: Option<u64>,
-    pub run: Option<String>,
-    pub from: Option<PathBuf>,
-    pub auditor_key: Option<PathBuf>,
-    pub out: Option<PathBuf>,
 }
 
 /// `tally prove`.
@@ -200,16 +191,6 @@ fn run_seqs(
         bail!("no decision of run {run:?} in {}", dir.display());
     }
     Ok(seqs)
-}
-
-/// `tally verify-proof`'s arguments.
-pub struct VerifyProofArgs {
-    pub file: PathBuf,
-    pub key: PathBuf,
-    pub witness_policy: Option<PathBuf>,
-    pub auditor_key: Option<PathBuf>,
-    pub from: Option<PathBuf>,
-    pub json: bool,
 }
 
 /// What checking a proof came to.

@@ -6,15 +6,15 @@
 //! the log does not hold, state written outside any decision (an operator's pause), is
 //! carried over from the old index when that still opens.
 
-use std::path::Path;
-
 use anyhow::{Context, Result};
 use tally_ledger::Ledger;
 
+use crate::cli::LedgerArgs;
 use crate::output::{errln, outln};
 use crate::Exit;
 
-pub fn run(ledger: &Path) -> Result<Exit> {
+pub fn run(args: &LedgerArgs) -> Result<Exit> {
+    let ledger = args.ledger.as_path();
     let done = Ledger::reindex(ledger).with_context(|| {
         format!(
             "reindexing ledger {} (if `tally serve` holds it, stop it first)",

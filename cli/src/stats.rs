@@ -3,8 +3,6 @@
 //! ([`StatsReport`]): its JSON is `docs/schemas/stats.json` (docs/REPORTS.md), its text
 //! a table.
 
-use std::path::Path;
-
 use anyhow::{bail, Result};
 use serde::Serialize;
 use tally_ledger::money::Nanos;
@@ -12,7 +10,7 @@ use tally_ledger::Reason;
 use tally_verify::analysis::{self, Attempts, Handoff, Spend};
 use tally_verify::text::{plural, shown};
 
-use crate::cli::{ReadArgs, Rules};
+use crate::cli::ReportArgs;
 use crate::commands::{analyse, analysis_code, emit};
 use crate::Exit;
 
@@ -103,14 +101,16 @@ impl StatsReport<'_> {
 }
 
 /// `tally stats`.
-pub fn stats(
-    read: &ReadArgs,
-    auditor_key: &Path,
-    run: Option<&str>,
-    force: bool,
-    rules: &Rules,
-) -> Result<Exit> {
-    let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
+pub fn stats(args: &ReportArgs) -> Result<Exit> {
+    let ReportArgs {
+        read,
+        auditor_key,
+        run,
+        force,
+        rules,
+    } = args;
+    let run = run.as_deref();
+    let Some((verified, found)) = analyse(read, auditor_key, *force, rules)? else {
         return Ok(Exit::Findings);
     };
     // With --run, only that run's findings decide the exit code.

@@ -12,6 +12,7 @@ use serde_json::Value;
 use tally_api::client::Method;
 use tally_verify::text::shown;
 
+use crate::cli::TopArgs;
 use crate::operator::{gate, refused};
 use crate::output::{out, outln};
 use crate::Exit;
@@ -172,7 +173,8 @@ fn interactive() -> bool {
 }
 
 /// `tally top`.
-pub fn top(socket: &Path, once: bool) -> Result<Exit> {
+pub fn top(args: &TopArgs) -> Result<Exit> {
+    let (socket, once) = (args.operator_socket.as_path(), args.once);
     if once || !interactive() {
         let snap = block_on(snapshot(socket, 0))?;
         let runs = snap["runs"].as_array().cloned().unwrap_or_default();

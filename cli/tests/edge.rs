@@ -16,20 +16,7 @@ fn run(dir: &Path, args: &[&str]) -> Output {
 }
 
 fn run_stdin(dir: &Path, args: &[&str], stdin: &str) -> Output {
-    use std::io::Write;
-    let mut child = tally()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    // The binary may refuse before reading everything: a closed pipe here is fine.
-    let _ = input.write_all(stdin.as_bytes());
-    drop(input);
-    child.wait_with_output().unwrap()
+    fixture::kit().run(dir, args, stdin)
 }
 
 fn stderr(o: &Output) -> String {
@@ -474,17 +461,6 @@ fn append_and_export_show_progress_on_a_terminal() {
     assert!(!text.contains("exported"), "-q kept a note: {text}");
 }
 
-/// `tally serve` on real sockets in `dir`, stopped (SIGTERM) when dropped.
-struct Daemon(std::process::Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let pid = rustix::process::Pid::from_child(&self.0);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let _ = self.0.wait();
-    }
-}
-
 // The operator's forms (docs/CLI.md): runs, approve, pause, resume, kill, on the real daemon.
 #[test]
 fn operator_commands_against_the_daemon() {
@@ -493,48 +469,13 @@ fn operator_commands_against_the_daemon() {
     fixture::ledger(d);
     let approvers = fixture::ok(d, &["keygen", "--approver", "--out", "dana.key"], "");
     std::fs::write(d.join("policy.toml"), approvers).unwrap();
-    let _daemon = Daemon(
-        tally()
-            .args(["serve", "--ledger", "ledger", "--socket", "agent.sock"])
-            .args([
-                "--operator-socket",
-                "operator.sock",
-                "--policy",
-                "policy.toml",
-            ])
-            .current_dir(d)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let daemon = tally_testkit::Tally::new(env!("CARGO_BIN_EXE_tally")).serve(d, &[]);
+    let (status, reply) = daemon.agent(
+        "POST",
+        "/v1/runs",
+        Some(serde_json::json!({"run":"r2","goal":"triage inbox","budget":{"attempts":10,"spend_cents":200}})),
     );
-    let agent = d.join("agent.sock");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let mut client = None;
-        for _ in 0..3000 {
-            if let Ok(c) = tally_daemon::client::Client::unix(&agent).await {
-                client = Some(c);
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        let mut client = client.expect("the daemon listens on agent.sock");
-        let reply = client
-            .request(
-                tally_daemon::client::Method::POST,
-                "/v1/runs",
-                Some("application/json"),
-                r#"{"run":"r2","goal":"triage inbox","budget":{"attempts":10,"spend_cents":200}}"#,
-            )
-            .await
-            .unwrap();
-        assert_eq!(reply.status.as_u16(), 201, "{:?}", reply.body);
-    });
+    assert_eq!(status, 201, "{reply}");
     let op = ["--operator-socket", "operator.sock"];
     let with = |args: &[&str]| {
         let mut all = vec![args[0]];

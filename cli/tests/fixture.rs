@@ -1,9 +1,10 @@
 //! The files that case files start from, made with the real binary: an auditor key pair,
 //! a ledger with the README's four decisions, an anchor, an export and a tampered copy.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use tally_testkit::Tally;
 
 /// The README walkthrough's decisions for run `r1`.
 pub const R1: &str = r#"{"run":"r1","kind":"start","goal":"export Q3 report","budget":{"attempts":3,"spend_cents":200}}
@@ -12,27 +13,18 @@ pub const R1: &str = r#"{"run":"r1","kind":"start","goal":"export Q3 report","bu
 {"run":"r1","kind":"stop","reason":"outcome_unknown_non_idempotent"}
 "#;
 
+/// The binary under test.
+pub fn kit() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
+}
+
 pub fn tally() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tally"))
+    kit().command()
 }
 
 /// Run `tally args` in `dir` with `stdin`; panics unless it exits 0.
 pub fn ok(dir: &Path, args: &[&str], stdin: &str) -> Vec<u8> {
-    let mut child = tally()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tally");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = kit().run(dir, args, stdin);
     assert!(
         out.status.success(),
         "tally {args:?}: {}",

@@ -3,17 +3,15 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
+use tally_testkit::{Daemon, Tally};
 
 /// The binary under test: this build's, or `TALLY_UNDER_TEST` (to show a regression test
 /// fails against an older build).
 fn bin() -> PathBuf {
-    std::env::var_os("TALLY_UNDER_TEST")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally")))
+    Tally::new(env!("CARGO_BIN_EXE_tally")).path().to_path_buf()
 }
 
 fn tally(args: &[&str]) -> std::process::Output {
@@ -30,59 +28,26 @@ fn tally(args: &[&str]) -> std::process::Output {
     out
 }
 
-/// A daemon serving a fresh ledger under `policy`; killed on drop.
+/// A daemon serving a fresh ledger under `policy` in a temporary directory; killed on
+/// drop.
 struct Served {
+    daemon: Daemon,
     dir: tempfile::TempDir,
-    child: Option<Child>,
 }
 
 impl Served {
     fn start(policy: &str) -> Served {
         let dir = tempfile::tempdir().expect("tempdir");
-        let p = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-        tally(&["keygen", "--out", &p("auditor.key")]);
-        tally(&[
-            "init",
-            "--ledger",
-            &p("ledger"),
-            "--recipient",
-            &p("auditor.pub"),
-        ]);
-        std::fs::write(dir.path().join("policy.toml"), policy).expect("policy");
-        let child = Command::new(bin())
-            .args([
-                "serve",
-                "--ledger",
-                &p("ledger"),
-                "--socket",
-                &p("agent.sock"),
-                "--operator-socket",
-                &p("operator.sock"),
-                "--policy",
-                &p("policy.toml"),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tally serve");
-        let served = Served {
+        let t = Tally::new(bin());
+        t.init(dir.path(), policy);
+        Served {
+            daemon: t.serve(dir.path(), &[]),
             dir,
-            child: Some(child),
-        };
-        let started = Instant::now();
-        while !(served.socket().exists() && served.path("operator.sock").exists()) {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "tally serve did not open its socket"
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
-        served
     }
 
     fn socket(&self) -> PathBuf {
-        self.dir.path().join("agent.sock")
+        self.daemon.agent_socket()
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -91,27 +56,7 @@ impl Served {
 
     /// Stop the daemon (SIGTERM, a clean shutdown).
     fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let started = Instant::now();
-            while c.try_wait().expect("wait").is_none() {
-                if started.elapsed() > Duration::from_secs(20) {
-                    let _ = c.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.daemon.stop();
     }
 }
 
@@ -369,25 +314,9 @@ fn event(session: &str, event: &str, tool: &str, input: Value, id: &str, extra: 
 
 /// Where `run` stands, asked on the operator socket.
 fn standing(s: &Served, run: &str) -> Value {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let mut c = tally_daemon::client::Client::unix(&s.path("operator.sock"))
-            .await
-            .expect("connect");
-        let reply = c
-            .request(
-                "GET".parse().expect("method"),
-                &format!("/v1/runs/{run}"),
-                None,
-                String::new(),
-            )
-            .await
-            .expect("request");
-        serde_json::from_slice(&reply.body).expect("json")
-    })
+    let (status, v) = s.daemon.operator("GET", &format!("/v1/runs/{run}"), None);
+    assert!(!v.is_null(), "GET /v1/runs/{run}: {status}, not JSON");
+    v
 }
 
 /// Claude Code's SessionEnd ends the session's run, so sessions do not

@@ -4,68 +4,28 @@
 //! ways an honest ledger verified INCONSISTENT, or a real overspend verified clean, while
 //! the reports kept second copies of the gate's rules.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Output;
 
 use serde_json::{json, Value};
+use tally_testkit::tally::text;
+use tally_testkit::{Daemon, Tally};
 
-/// The binary under test: this build's, or `TALLY_UNDER_TEST` (to show a regression test
-/// fails against an older build).
-fn tally() -> Command {
-    Command::new(
-        std::env::var_os("TALLY_UNDER_TEST")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally"))),
-    )
+fn tally() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
 }
 
 fn run(dir: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = tally()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tally");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("tally runs")
+    tally().run(dir, args, stdin)
 }
 
 fn ok(dir: &Path, args: &[&str], stdin: &str) -> String {
-    let out = run(dir, args, stdin);
-    assert!(
-        out.status.success(),
-        "tally {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    tally().ok(dir, args, stdin)
 }
 
 /// A fresh ledger in `dir/ledger`, encrypted to `dir/auditor.pub`.
 fn ledger(dir: &Path) {
-    ok(dir, &["keygen", "--out", "auditor.key"], "");
-    ok(
-        dir,
-        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-        "",
-    );
+    tally().ledger(dir);
 }
 
 /// `tally CMD ledger --key ... --auditor-key ...` (the ledger not held by a writer).
@@ -221,8 +181,8 @@ fn regression_issue_20_a_parent_spending_what_its_child_took_is_found() {
 
 /// A daemon over a fresh ledger under `policy`, with an approver `dana`; killed on drop.
 struct Served {
+    daemon: Daemon,
     dir: tempfile::TempDir,
-    child: Option<Child>,
 }
 
 impl Served {
@@ -237,46 +197,15 @@ impl Served {
             .collect::<Vec<_>>()
             .join("\n");
         std::fs::write(d.join("policy.toml"), format!("{policy}\n{approvers}\n")).expect("policy");
-        let child = tally()
-            .args([
-                "serve",
-                "--ledger",
-                "ledger",
-                "--socket",
-                "agent.sock",
-                "--operator-socket",
-                "operator.sock",
-                "--policy",
-                "policy.toml",
-            ])
-            .current_dir(d)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tally serve");
-        let served = Served {
+        Served {
+            daemon: tally().serve(d, &[]),
             dir,
-            child: Some(child),
-        };
-        let started = Instant::now();
-        while !served.path("operator.sock").exists() || !served.path("agent.sock").exists() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "tally serve did not open its sockets"
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
-        served
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
     }
 
     /// One request on the agent socket: status and JSON body.
     fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        request(&self.path("agent.sock"), method, path, body)
+        self.daemon.agent(method, path, body)
     }
 
     fn started(&self, run: &str, budget: Value) {
@@ -300,52 +229,9 @@ impl Served {
 
     /// Stop the daemon (the ledger is then free to read) and audit it with `cmd`.
     fn audit(&mut self, cmd: &str) -> Output {
-        self.stop();
+        self.daemon.stop();
         audit(self.dir.path(), cmd, &[])
     }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&child),
-                rustix::process::Signal::TERM,
-            );
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn request(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let mut client = tally_daemon::client::Client::unix(socket)
-            .await
-            .expect("connect");
-        let method = method.parse().expect("method");
-        let reply = client
-            .request(
-                method,
-                path,
-                body.as_ref().map(|_| "application/json"),
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )
-            .await
-            .expect("request");
-        let value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
-        (reply.status.as_u16(), value)
-    })
 }
 
 fn call(run: &str, n: u64) -> Value {

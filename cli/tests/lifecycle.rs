@@ -6,96 +6,38 @@
 //! `TALLY_UNDER_TEST` runs these against another build (they fail against one from
 //! before these fixes).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
 
 use serde_json::{json, Value};
+use tally_testkit::{Daemon, Tally};
 
-fn tally() -> Command {
-    Command::new(
-        std::env::var_os("TALLY_UNDER_TEST")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally"))),
-    )
+fn tally() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
 }
 
 fn run(dir: &Path, args: &[&str]) -> Output {
-    tally()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("tally")
+    tally().run(dir, args, "")
 }
 
 fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
-    assert!(
-        out.status.success(),
-        "tally {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    tally().ok(dir, args, "")
 }
 
-/// `tally serve` over `dir/ledger` under `dir/policy.toml`; stopped (SIGTERM) on drop.
-struct Served {
-    dir: PathBuf,
-    child: Option<Child>,
+/// What these tests ask of the gate.
+trait Gate {
+    fn started(&self, body: Value);
+    /// The decision on one read by `run`, and its reason.
+    fn check(&self, run: &str) -> (String, String);
 }
 
-impl Served {
-    fn start(dir: &Path) -> Served {
-        let _ = std::fs::remove_file(dir.join("agent.sock"));
-        let _ = std::fs::remove_file(dir.join("operator.sock"));
-        let child = tally()
-            .args([
-                "serve",
-                "--ledger",
-                "ledger",
-                "--socket",
-                "agent.sock",
-                "--operator-socket",
-                "operator.sock",
-                "--policy",
-                "policy.toml",
-            ])
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tally serve");
-        let started = Instant::now();
-        while !(dir.join("agent.sock").exists() && dir.join("operator.sock").exists()) {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "tally serve did not open its socket"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Served {
-            dir: dir.to_path_buf(),
-            child: Some(child),
-        }
-    }
-
-    fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        request(&self.dir.join("agent.sock"), method, path, body)
-    }
-
-    fn operator(&self, method: &str, path: &str) -> (u16, Value) {
-        request(&self.dir.join("operator.sock"), method, path, None)
-    }
-
+impl Gate for Daemon {
     fn started(&self, body: Value) {
         let (status, v) = self.agent("POST", "/v1/runs", Some(body));
         assert_eq!(status, 201, "{v}");
     }
 
-    /// The decision on one read by `run`, and its reason.
     fn check(&self, run: &str) -> (String, String) {
         let (status, v) = self.agent(
             "POST",
@@ -108,32 +50,6 @@ impl Served {
             v["reason"].as_str().unwrap_or("").to_owned(),
         )
     }
-
-    /// Stop the daemon cleanly (SIGTERM) and wait for it.
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&child),
-                rustix::process::Signal::TERM,
-            );
-            let started = Instant::now();
-            while child.try_wait().expect("wait").is_none() {
-                if started.elapsed() > Duration::from_secs(20) {
-                    let _ = child.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// Distinct arguments for each call (no loop rule fires).
@@ -143,37 +59,9 @@ fn rand() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-fn request(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let mut client = tally_daemon::client::Client::unix(socket)
-            .await
-            .expect("connect");
-        let reply = client
-            .request(
-                method.parse().expect("method"),
-                path,
-                body.as_ref().map(|_| "application/json"),
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )
-            .await
-            .expect("request");
-        let v = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
-        (reply.status.as_u16(), v)
-    })
-}
-
 /// A fresh ledger in `dir/ledger` and `policy` in `dir/policy.toml`.
 fn ledger(dir: &Path, policy: &str) {
-    ok(dir, &["keygen", "--out", "auditor.key"]);
-    ok(
-        dir,
-        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-    );
-    std::fs::write(dir.join("policy.toml"), policy).expect("policy");
+    tally().init(dir, policy);
 }
 
 /// `tally verify` with the auditor key: INTACT, and replay finds nothing.
@@ -221,13 +109,13 @@ fn regression_issue_21_a_pause_survives_the_loss_of_the_index() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
     ledger(d, "");
-    let mut s = Served::start(d);
+    let mut s = tally().serve(d, &[]);
     s.started(json!({"run": "r", "goal": "paused across restarts"}));
     assert_eq!(s.check("r").0, "allow");
     s.stop();
     copy_dir(&d.join("ledger/index"), &d.join("index-before-the-pause"));
-    let mut s = Served::start(d);
-    let (status, v) = s.operator("POST", "/v1/runs/r/pause");
+    let mut s = tally().serve(d, &[]);
+    let (status, v) = s.operator("POST", "/v1/runs/r/pause", None);
     assert_eq!((status, v["state"].as_str()), (200, Some("paused")), "{v}");
     assert_eq!(s.check("r"), ("deny".into(), "run_paused".into()));
     s.stop();
@@ -248,8 +136,8 @@ fn regression_issue_21_a_pause_survives_the_loss_of_the_index() {
     ];
     for (what, lose) in losses {
         lose(d);
-        let mut s = Served::start(d);
-        let (_, v) = s.operator("GET", "/v1/runs/r");
+        let mut s = tally().serve(d, &[]);
+        let (_, v) = s.operator("GET", "/v1/runs/r", None);
         assert_eq!(v["state"], "paused", "{what}: {v}");
         assert_eq!(
             s.check("r"),
@@ -259,12 +147,12 @@ fn regression_issue_21_a_pause_survives_the_loss_of_the_index() {
         s.stop();
     }
     // Resumed, and the index lost again: it stays resumed.
-    let mut s = Served::start(d);
-    let (status, v) = s.operator("POST", "/v1/runs/r/resume");
+    let mut s = tally().serve(d, &[]);
+    let (status, v) = s.operator("POST", "/v1/runs/r/resume", None);
     assert_eq!((status, v["state"].as_str()), (200, Some("running")), "{v}");
     s.stop();
     std::fs::remove_dir_all(d.join("ledger/index")).expect("rm index");
-    let mut s = Served::start(d);
+    let mut s = tally().serve(d, &[]);
     assert_eq!(s.check("r").0, "allow");
     s.stop();
     let report = verifies(d);
@@ -281,7 +169,7 @@ fn regression_issue_21_a_pause_holds_the_runs_below() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
     ledger(d, "");
-    let mut s = Served::start(d);
+    let mut s = tally().serve(d, &[]);
     s.started(json!({"run": "p", "goal": "parent", "budget": {"attempts": 30}}));
     s.started(json!({"run": "c", "goal": "child", "parent": "p", "budget": {"attempts": 10}}));
     s.started(json!({"run": "g", "goal": "grandchild", "parent": "c", "budget": {"attempts": 4}}));
@@ -289,7 +177,7 @@ fn regression_issue_21_a_pause_holds_the_runs_below() {
     for r in ["p", "c", "g", "other"] {
         assert_eq!(s.check(r).0, "allow", "{r}");
     }
-    let (status, v) = s.operator("POST", "/v1/runs/p/pause");
+    let (status, v) = s.operator("POST", "/v1/runs/p/pause", None);
     assert_eq!(status, 200, "{v}");
     for r in ["p", "c", "g"] {
         assert_eq!(
@@ -297,11 +185,11 @@ fn regression_issue_21_a_pause_holds_the_runs_below() {
             ("deny".into(), "run_paused".into()),
             "{r} runs on while p is paused"
         );
-        let (_, v) = s.operator("GET", &format!("/v1/runs/{r}"));
+        let (_, v) = s.operator("GET", &format!("/v1/runs/{r}"), None);
         assert_eq!(v["state"], "paused", "{r}: {v}");
     }
     assert_eq!(s.check("other").0, "allow");
-    let (status, v) = s.operator("POST", "/v1/runs/p/resume");
+    let (status, v) = s.operator("POST", "/v1/runs/p/resume", None);
     assert_eq!(status, 200, "{v}");
     for r in ["p", "c", "g"] {
         assert_eq!(s.check(r).0, "allow", "{r} is held after p resumed");
@@ -321,7 +209,7 @@ fn regression_issue_21_runs_past_their_deadline_stop_counting() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
     ledger(d, "max_open_runs_per_uid = 2\n");
-    let mut s = Served::start(d);
+    let mut s = tally().serve(d, &[]);
     for r in ["session-1", "session-2"] {
         s.started(json!({"run": r, "goal": "a session", "budget": {"deadline_ms": 50}}));
     }

@@ -2,23 +2,11 @@
 //! value, and duplicate keys, nulls and non-JSON whitespace are refused with the line
 //! named and nothing written.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 fn tally(dir: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .current_dir(dir)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tally");
-    let mut input = child.stdin.take().expect("stdin");
-    input.write_all(stdin.as_bytes()).expect("write stdin");
-    drop(input);
-    child.wait_with_output().expect("tally output")
+    tally_testkit::Tally::new(env!("CARGO_BIN_EXE_tally")).run(dir, args, stdin)
 }
 
 fn ok(out: &Output) -> String {

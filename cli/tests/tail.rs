@@ -6,55 +6,31 @@
 //! before the tail was checked).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn tally() -> Command {
-    Command::new(
-        std::env::var_os("TALLY_UNDER_TEST")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally"))),
-    )
+use tally_testkit::tally::text;
+use tally_testkit::Tally;
+
+fn tally() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
 }
 
 fn run(dir: &Path, args: &[&str], stdin: &str) -> Output {
-    use std::io::Write;
-    let mut child = tally()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tally");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("stdin");
-    child.wait_with_output().expect("tally")
+    tally().run(dir, args, stdin)
 }
 
+/// [`run`], which must succeed: what it said on standard error.
 fn ok(dir: &Path, args: &[&str], stdin: &str) -> String {
     let out = run(dir, args, stdin);
-    assert!(
-        out.status.success(),
-        "tally {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "tally {args:?}: {}", text(&out));
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A ledger in `dir/ledger` of three appends (three commit groups), the last of three
 /// decisions.
 fn ledger(dir: &Path) {
-    ok(dir, &["keygen", "--out", "auditor.key"], "");
-    ok(
-        dir,
-        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-        "",
-    );
+    tally().ledger(dir);
     for run in ["a", "b"] {
         ok(
             dir,
@@ -125,6 +101,7 @@ fn both_refuse(dir: &Path, what: &str) {
         "{what}: tally append changed a file"
     );
     let mut serve = tally()
+        .command()
         .args([
             "serve",
             "--ledger",

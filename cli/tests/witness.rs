@@ -12,21 +12,7 @@ use std::time::{Duration, Instant};
 const TALLY: &str = env!("CARGO_BIN_EXE_tally");
 
 fn tally(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(TALLY)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tally");
-    let mut input = child.stdin.take().expect("stdin");
-    if let Some(s) = stdin {
-        input.write_all(s.as_bytes()).expect("write stdin");
-    }
-    drop(input);
-    child.wait_with_output().expect("tally")
+    tally_testkit::Tally::new(TALLY).run(dir, args, stdin.unwrap_or(""))
 }
 
 fn ok(o: &Output) -> String {

@@ -5,7 +5,7 @@
 # exported to a local OTLP/HTTP receiver, the live page's event stream held open), benched
 # in turn with the same load, ROUNDS times; prints each pair and its ratio.
 #
-#   cargo build --release -p tally-daemon --bin tally-load
+#   cargo build --release -p tally-load
 #   daemon/benches/observe-vs.sh [ROUNDS] [CLIENTS] [SECONDS]
 #   NO_OTLP=1 daemon/benches/observe-vs.sh ...   # the same without traces
 set -euo pipefail

@@ -23,7 +23,7 @@ pub(crate) use crate::app::{
 use crate::error::ApiError;
 use crate::limit::Peer;
 use crate::parse::{parse_body, Framing};
-use crate::wire::Health;
+use tally_api::wire::Health;
 
 /// The router of one socket.
 pub(crate) fn router(app: Arc<App>, role: Role) -> Router {

@@ -8,7 +8,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tally_ledger::DecisionError;
 
-use crate::wire::{ErrorDetail, ErrorReply};
+use tally_api::wire::{ErrorDetail, ErrorReply};
 
 /// Why the daemon could not start, or ended with an error.
 ///

@@ -12,7 +12,7 @@
 //!   (a consistent `tally export v1` snapshot while appends go on).
 //! * No route updates, deletes or rewinds anything.
 //!
-//! Errors are typed JSON ([`wire::ErrorReply`]). When the ledger cannot write, every
+//! Errors are typed JSON ([`tally_api::wire::ErrorReply`]). When the ledger cannot write, every
 //! append gets 503 and nothing is acknowledged (fail closed). Concurrent requests share
 //! the ledger's group commits; connections and in-flight appends are bounded (excess
 //! waits: backpressure), bodies are size-limited, slow clients time out, and an optional
@@ -28,8 +28,6 @@ pub mod access;
 mod api;
 mod app;
 mod bulk;
-/// The client side, re-exported from `tally-api` (where it lives: a client links no server).
-pub use tally_api::client;
 mod commit;
 pub mod error;
 #[doc(hidden)]
@@ -42,7 +40,6 @@ mod peers;
 mod server;
 mod stage;
 mod tiles;
-pub use tally_api::wire;
 pub mod witness;
 
 use std::future::Future;

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use bytes::Bytes;
-use tally_daemon::client::{receipts, ClientError};
-use tally_daemon::wire::{ErrorReply, Health};
+use tally_api::client::{receipts, ClientError};
+use tally_api::wire::{ErrorReply, Health};
 use tally_ledger::export::ExportReader;
 use tally_ledger::format::Frame;
 use tally_ledger::Checkpoint;
@@ -497,7 +497,7 @@ async fn export_streams_a_consistent_snapshot_while_appends_go_on() {
     c.append_ndjson(batch.join("\n")).await.expect("batch");
     let socket = daemon.socket.clone();
     let writer = tokio::spawn(async move {
-        let mut c = tally_daemon::client::Client::unix(&socket)
+        let mut c = tally_api::client::Client::unix(&socket)
             .await
             .expect("connect");
         for i in 0..50 {

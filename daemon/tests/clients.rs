@@ -1,6 +1,6 @@
 //! The clients people install, against the real daemon: the Python client
 //! (`clients/python`) and the Node client (`clients/node`) run their own suites, each
-//! test starting this package's `tally-load serve`; and each installs the way its
+//! test starting `tally-load serve` (the tally-load package's, built by cargo); and each installs the way its
 //! README says (`pip install`, `npm install`) into a throwaway environment.
 //!
 //! A missing interpreter skips a test, loudly; with env `CI` set it fails instead.
@@ -10,6 +10,8 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use tally_testkit::skip;
+
+use crate::common::tally_load;
 
 /// A whole suite runs in a few seconds; this bounds a hang.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -124,7 +126,7 @@ fn python_client_against_the_real_daemon() {
         "clients/python/tests",
     ])
     .current_dir(&repo)
-    .env("TALLY_LOAD", env!("CARGO_BIN_EXE_tally-load"))
+    .env("TALLY_LOAD", tally_load())
     .env("PYTHONPATH", repo.join("clients/python"))
     .env("PYTHONDONTWRITEBYTECODE", "1");
     println!("{}", run_ok(cmd, LIMIT, "the Python client's tests"));
@@ -296,7 +298,7 @@ fn node_client_against_the_real_daemon() {
     cmd.arg("--test")
         .args(&files)
         .current_dir(&repo)
-        .env("TALLY_LOAD", env!("CARGO_BIN_EXE_tally-load"));
+        .env("TALLY_LOAD", tally_load());
     let output = run_ok(cmd, LIMIT, "the Node client's tests");
     // The runner's summary: some tests ran, none failed.
     let count = |key: &str| -> Option<u64> {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
-use tally_daemon::client::{Client, Reply};
+use tally_api::client::{Client, Reply};
 use tally_daemon::{DaemonError, ServeOptions};
 use tally_ledger::format::Frame;
 use tally_ledger::keys::{verify_checkpoint, DataKey};
@@ -18,6 +18,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+/// `tally-load` (the `tally-load` package's binary: `tally-load serve` runs the daemon in a
+/// child process), built by cargo for these tests.
+pub fn tally_load() -> PathBuf {
+    tally_testkit::tally::workspace_bin("tally-load", "tally-load")
+}
 
 /// A running daemon over a fresh ledger.
 pub struct Daemon {

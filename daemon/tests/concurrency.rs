@@ -17,7 +17,7 @@ async fn thirty_two_clients_interleave_many_runs_with_no_gap_and_no_loss() {
     for client in 0..CLIENTS {
         let socket = daemon.socket.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = tally_daemon::client::Client::unix(&socket)
+            let mut c = tally_api::client::Client::unix(&socket)
                 .await
                 .expect("connect");
             let mut acked: Vec<(Receipt, String, String, u64)> = Vec::new();
@@ -124,7 +124,7 @@ async fn big_batches_parse_on_parse_threads_and_hang_ups_change_nothing() {
         let socket = daemon.socket.clone();
         let bodies: Vec<String> = (0..3).map(|round| batch(client, round)).collect();
         tasks.push(tokio::spawn(async move {
-            let mut c = tally_daemon::client::Client::unix(&socket)
+            let mut c = tally_api::client::Client::unix(&socket)
                 .await
                 .expect("connect");
             let mut acked = Vec::new();
@@ -146,7 +146,7 @@ async fn big_batches_parse_on_parse_threads_and_hang_ups_change_nothing() {
     lines[349] = r#"{"run":"big-bad","kind":"allow","reserve_cents":"two"}"#.into();
     let mut c = daemon.client().await;
     match c.append_ndjson(lines.join("\n")).await {
-        Err(tally_daemon::client::ClientError::Refused { status, error }) => {
+        Err(tally_api::client::ClientError::Refused { status, error }) => {
             assert_eq!(status, 400);
             assert_eq!(error.line, Some(350), "{error:?}");
             assert_eq!(error.field.as_deref(), Some("reserve_cents"), "{error:?}");

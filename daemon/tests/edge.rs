@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use tally_daemon::client::Client;
+use tally_api::client::Client;
 use tally_daemon::{DaemonError, ServeOptions};
 
 use crate::common::{new_ledger, open_ledger, post_json, wait_for_socket};
 
 fn tally_load() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tally-load"))
+    Command::new(crate::common::tally_load())
 }
 
 fn size(ledger: &Path) -> u64 {
@@ -188,7 +188,7 @@ async fn the_rate_limit_holds_back_an_agent_s_gate_calls() {
             json!({"run": "r", "tool": "http", "effect": "read", "operation": format!("op-{i}")});
         let reply = c
             .request(
-                tally_daemon::client::Method::POST,
+                tally_api::client::Method::POST,
                 "/v1/check",
                 Some("application/json"),
                 body.to_string(),

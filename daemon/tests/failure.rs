@@ -2,8 +2,8 @@
 
 use axum::http::{Method, StatusCode};
 use bytes::Bytes;
-use tally_daemon::client::{receipts, ClientError};
-use tally_daemon::wire::ErrorReply;
+use tally_api::client::{receipts, ClientError};
+use tally_api::wire::ErrorReply;
 use tally_daemon::DaemonError;
 use tally_ledger::{Checkpoint, Rotation};
 

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tally_daemon::client::Client;
+use tally_api::client::Client;
 
 use crate::common::{get, post_json, Daemon};
 

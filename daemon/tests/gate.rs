@@ -68,7 +68,7 @@ async fn race(d: &Daemon, bodies: Vec<Value>) -> Vec<Value> {
     for body in bodies {
         let socket = d.agent_socket.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = tally_daemon::client::Client::unix(&socket)
+            let mut c = tally_api::client::Client::unix(&socket)
                 .await
                 .expect("connect");
             let (status, answer) = post_json(&mut c, "/v1/check", &body.to_string()).await;
@@ -614,7 +614,7 @@ async fn regression_tcp_peers_cannot_act_on_a_unix_uids_run() {
     })
     .await;
     start(&d, "mine", json!({})).await;
-    let mut tcp = tally_daemon::client::Client::tcp(addr).await.expect("tcp");
+    let mut tcp = tally_api::client::Client::tcp(addr).await.expect("tcp");
     let (status, _) = post_json(
         &mut tcp,
         "/v1/check",

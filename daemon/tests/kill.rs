@@ -3,10 +3,10 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tally_daemon::client::Client;
+use tally_api::client::Client;
 use tally_ledger::Receipt;
 
-use crate::common::{allow, new_ledger, wait_for_socket, walk};
+use crate::common::{allow, new_ledger, tally_load, wait_for_socket, walk};
 
 fn spawn_daemon(ledger: &std::path::Path, socket: &std::path::Path) -> Child {
     spawn(ledger, &socket.with_extension("agent"), socket, None)
@@ -20,7 +20,7 @@ fn spawn(
     operator: &std::path::Path,
     policy: Option<&std::path::Path>,
 ) -> Child {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tally-load"));
+    let mut c = Command::new(tally_load());
     c.arg("serve")
         .arg("--ledger")
         .arg(ledger)
@@ -171,7 +171,7 @@ async fn kill_9_during_checks_loses_no_decision_and_state_is_never_behind() {
                     );
                     let reply = c
                         .request(
-                            tally_daemon::client::Method::POST,
+                            tally_api::client::Method::POST,
                             "/v1/check",
                             Some("application/json"),
                             body,

@@ -162,7 +162,7 @@ async fn the_socket_path_is_guarded() {
 async fn tcp_loopback_serves_the_same_api() {
     let addr = free_loopback_addr();
     let mut daemon = Daemon::start(|o| o.listen = Some(addr)).await;
-    let mut tcp = tally_daemon::client::Client::tcp(addr)
+    let mut tcp = tally_api::client::Client::tcp(addr)
         .await
         .expect("connect tcp");
     // TCP peers are agents: they reach the gate, not raw appends.
@@ -183,7 +183,7 @@ async fn tcp_loopback_serves_the_same_api() {
     assert!(
         matches!(
             &refused,
-            Err(tally_daemon::client::ClientError::Refused { status: 403, .. })
+            Err(tally_api::client::ClientError::Refused { status: 403, .. })
         ),
         "{refused:?}"
     );

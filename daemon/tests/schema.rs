@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-const TALLY_LOAD: &str = env!("CARGO_BIN_EXE_tally-load");
+use crate::common::tally_load;
 
 /// Runs started before schemathesis, so the operations on an existing run are exercised:
 /// the spec's examples name them (`r` for check, outcome and `GET /v1/runs/{run}`;
@@ -102,7 +102,7 @@ fn http(
 
 fn start_daemon(dir: &Path, addr: SocketAddr) -> Serve {
     let ledger = dir.join("ledger");
-    let init = Command::new(TALLY_LOAD)
+    let init = Command::new(tally_load())
         .arg("init")
         .arg("--ledger")
         .arg(&ledger)
@@ -117,7 +117,7 @@ fn start_daemon(dir: &Path, addr: SocketAddr) -> Serve {
     std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o700))
         .expect("chmod ledger");
     let log = dir.join("serve.log");
-    let child = Command::new(TALLY_LOAD)
+    let child = Command::new(tally_load())
         .arg("serve")
         .arg("--ledger")
         .arg(&ledger)

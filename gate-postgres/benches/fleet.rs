@@ -112,13 +112,13 @@ fn report(label: &str, workers: usize, mut lat: Vec<Duration>, elapsed: f64) {
 }
 
 async fn post(
-    c: &mut tally_daemon::client::Client,
+    c: &mut tally_api::client::Client,
     path: &str,
     body: serde_json::Value,
 ) -> (u16, serde_json::Value) {
     let reply = c
         .request(
-            tally_daemon::client::Method::POST,
+            tally_api::client::Method::POST,
             path,
             Some("application/json"),
             body.to_string(),
@@ -137,7 +137,7 @@ async fn daemon_load(label: &str, sockets: &[PathBuf], secs: f64) {
     for (d, socket) in sockets.iter().enumerate() {
         for w in 0..WORKERS {
             let run = format!("{label}-d{d}-w{w}");
-            let mut c = tally_daemon::client::Client::unix(socket)
+            let mut c = tally_api::client::Client::unix(socket)
                 .await
                 .expect("connect");
             let (status, started) = post(
@@ -224,7 +224,7 @@ async fn daemons(label: &str, dirs: &[&Path], state: Option<&str>, secs: f64) {
             },
         )));
         stops.push(stop);
-        while tally_daemon::client::Client::unix(&socket).await.is_err() {
+        while tally_api::client::Client::unix(&socket).await.is_err() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         sockets.push(socket);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{ledger, Cluster};
-use tally_daemon::client::{Client, Method};
+use tally_api::client::{Client, Method};
 use tally_daemon::ServeOptions;
 use tally_gate_postgres::Options as PostgresOptions;
 use tally_policy::Recorded;

@@ -1,6 +1,6 @@
 //! The classifier's rule, line by line (docs/MCP.md, "What reaches the server"): test
 //! vectors for what passes, as what, and for what is refused, why, and under which id it
-//! is answered. The same lines against the real servers are `proxy.rs`'s `crafted`.
+//! is answered. The same lines against the real servers are `proxy/crafted.rs`.
 
 use serde_json::{json, Map, Value};
 use tally_mcp::classify::{

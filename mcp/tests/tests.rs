@@ -1,6 +1,5 @@
 //! tally-mcp's library: the policy map and the effect classes annotations give. The
-//! proxy end to end (real binary, real daemon, the MCP Python SDK) is `proxy.rs`, built
-//! as a test of the cli package.
+//! proxy end to end (real binary, real daemon, the MCP SDKs) is `proxy/`.
 
 use std::path::Path;
 

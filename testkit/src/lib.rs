@@ -1,4 +1,6 @@
-//! What tally's test suites share.
+//! What tally's test suites share: the `tally` binary ([`Tally`]), `tally serve` as a
+//! fixture ([`Daemon`]), a temporary PostgreSQL cluster ([`postgres::Cluster`]), and how a
+//! test that cannot run here says so ([`skip`]).
 //!
 //! A test that needs something this machine may lack (PostgreSQL, pytest, schemathesis,
 //! the MCP SDKs, node, root, `chattr`, `ip`, `curl`) never passes quietly without it: it
@@ -8,6 +10,13 @@
 #![forbid(unsafe_code)]
 
 use std::io::Write;
+
+pub mod daemon;
+pub mod postgres;
+pub mod tally;
+
+pub use daemon::Daemon;
+pub use tally::Tally;
 
 /// Whether the environment variable `CI` is set: every test must then run.
 pub fn ci() -> bool {

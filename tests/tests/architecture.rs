@@ -11,9 +11,8 @@ use serde_json::Value;
 
 /// Each crate's layer (ARCHITECTURE.md): a crate may depend only on crates of lower
 /// layers.
-const LAYERS: [(&str, u32); 12] = [
+const LAYERS: [(&str, u32); 13] = [
     ("tally-record", 0),
-    ("tally-testkit", 0),
     ("tally-ledger", 1),
     ("tally-policy", 1),
     ("tally-gate", 2),
@@ -22,7 +21,9 @@ const LAYERS: [(&str, u32); 12] = [
     ("tally-gate-postgres", 3),
     ("tally-daemon", 4),
     ("tally-mcp", 4),
+    ("tally-testkit", 4),
     ("tally-cli", 5),
+    ("tally-load", 5),
     ("tally-tests", 5),
 ];
 
@@ -109,7 +110,7 @@ fn wrong(graph: &BTreeMap<String, Vec<String>>) -> Vec<String> {
             ));
             continue;
         };
-        let library = !["tally-cli", "tally-tests"].contains(&krate.as_str());
+        let library = !["tally-cli", "tally-load", "tally-tests"].contains(&krate.as_str());
         for dep in deps {
             if let Some(&theirs) = layer.get(dep.as_str()) {
                 if theirs >= mine {
@@ -172,6 +173,30 @@ fn a_dependency_the_wrong_way_is_found() {
             "{krate} -> {dep} not found: {found:?}"
         );
     }
+}
+
+/// The client and wire types are tally-api's alone: the daemon does not re-export them (a
+/// client would otherwise reach them through the server's crate), and `tally-load` (its own
+/// package, not a binary of the daemon's) uses the api's client.
+#[test]
+fn the_daemon_re_exports_no_client_or_wire_type() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lib = std::fs::read_to_string(root.join("daemon/src/lib.rs")).expect("daemon/src/lib.rs");
+    for line in lib.lines() {
+        assert!(
+            !(line.trim_start().starts_with("pub use tally_api")),
+            "daemon/src/lib.rs re-exports tally-api: {line}"
+        );
+    }
+    assert!(
+        !root.join("daemon/src/bin").exists(),
+        "a binary in the daemon's library crate (tally-load lives in load/)"
+    );
+    let load = std::fs::read_to_string(root.join("load/src/main.rs")).expect("load/src/main.rs");
+    assert!(
+        load.contains("use tally_api::client::"),
+        "tally-load uses tally-api's client"
+    );
 }
 
 /// Every fuzz target (a `[[bin]]` of fuzz/Cargo.toml) is listed in SECURITY.md and in

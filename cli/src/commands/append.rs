@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use tally_ledger::Decision;
 
 use super::{check_ledger_dir, open, Progress};
+use crate::cli::AppendArgs;
 use crate::output::outln;
 use crate::Exit;
 
@@ -34,7 +35,8 @@ fn prepare(text: &str, number: usize, what: impl Fn() -> String) -> Result<Line>
     Ok(Line { number, bytes })
 }
 
-pub fn append(ledger: &Path, json: Option<&str>, batch: usize) -> Result<Exit> {
+pub fn append(args: &AppendArgs) -> Result<Exit> {
+    let (ledger, json, batch) = (args.ledger.as_path(), args.json.as_deref(), args.batch);
     check_ledger_dir(ledger)?;
     if let Some(text) = json.filter(|text| *text != "-") {
         let line = prepare(text, 0, || "the decision argument".into())?;

@@ -13,7 +13,7 @@ use tally_verify::text::terminal_safe;
 use tally_verify::{Event, Options, Report, SourceError, Verdict};
 
 use super::{is_stdio, read_policy, Progress};
-use crate::cli::{ReadArgs, Rules};
+use crate::cli::{LoopsArgs, ReadArgs, ReportArgs, Rules, VerifyArgs};
 use crate::output::{errln, out, outln};
 use crate::Exit;
 
@@ -324,13 +324,20 @@ impl Audit {
     }
 }
 
-pub fn verify(
-    read: &ReadArgs,
-    auditor_key: Option<&Path>,
-    rules: &Rules,
-    witness_policy: Option<&Path>,
-    ask_witnesses: bool,
-) -> Result<Exit> {
+/// `tally verify`.
+pub fn verify(args: &VerifyArgs) -> Result<Exit> {
+    let VerifyArgs {
+        read,
+        auditor_key,
+        rules,
+        witness_policy,
+        ask_witnesses,
+    } = args;
+    let (auditor_key, witness_policy, ask_witnesses) = (
+        auditor_key.as_deref(),
+        witness_policy.as_deref(),
+        *ask_witnesses,
+    );
     let mut audits = Audits::from_args(read, auditor_key)?;
     if let Some(p) = witness_policy {
         crate::witness::apply_policy(&mut audits, p, ask_witnesses)?;
@@ -603,8 +610,15 @@ pub(crate) fn analysis_code(verified: &Verified, findings: u64, run: Option<&str
     }
 }
 
-pub fn loops(read: &ReadArgs, auditor_key: &Path, force: bool, rules: &Rules) -> Result<Exit> {
-    let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
+/// `tally loops`.
+pub fn loops(args: &LoopsArgs) -> Result<Exit> {
+    let LoopsArgs {
+        read,
+        auditor_key,
+        force,
+        rules,
+    } = args;
+    let Some((verified, found)) = analyse(read, auditor_key, *force, rules)? else {
         return Ok(Exit::Findings);
     };
     let text = format!(
@@ -621,14 +635,17 @@ pub fn loops(read: &ReadArgs, auditor_key: &Path, force: bool, rules: &Rules) ->
     Ok(analysis_code(&verified, findings, None))
 }
 
-pub fn handoff(
-    read: &ReadArgs,
-    auditor_key: &Path,
-    run: Option<&str>,
-    force: bool,
-    rules: &Rules,
-) -> Result<Exit> {
-    let Some((verified, found)) = analyse(read, auditor_key, force, rules)? else {
+/// `tally handoff`.
+pub fn handoff(args: &ReportArgs) -> Result<Exit> {
+    let ReportArgs {
+        read,
+        auditor_key,
+        run,
+        force,
+        rules,
+    } = args;
+    let run = run.as_deref();
+    let Some((verified, found)) = analyse(read, auditor_key, *force, rules)? else {
         return Ok(Exit::Findings);
     };
     // With --run, only that run's findings decide the exit code.

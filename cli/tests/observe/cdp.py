@@ -1,4 +1,4 @@
-"""A headless Chromium driven over the Chrome DevTools Protocol, for cli/tests/observe.rs.
+"""A headless Chromium driven over the Chrome DevTools Protocol, for cli/tests/observe/.
 
 Starts Debian's `chromium` headless with a private profile, connects to its page with
 websocket-client, then answers one JSON command per line on stdin with one JSON line on

@@ -11,7 +11,7 @@ import path from "node:path";
 export const NO_ASK = "[approvals]\nask_on = []\n";
 
 const HOW =
-  "build the daemon with `cargo build -p tally-daemon --bins` and run " +
+  "build the daemon with `cargo build -p tally-load` and run " +
   "TALLY_LOAD=target/debug/tally-load node --test clients/node/test/*.test.mjs";
 
 function binary() {

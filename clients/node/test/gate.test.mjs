@@ -1,7 +1,7 @@
 // tally-gate against the real daemon: each test starts `tally-load serve` (path in env
 // TALLY_LOAD) over a fresh ledger, with the policy it needs, and kills it when it ends.
 //
-//     cargo build -p tally-daemon --bins
+//     cargo build -p tally-load
 //     TALLY_LOAD=target/debug/tally-load node --test clients/node/test/*.test.mjs
 
 import assert from "node:assert/strict";

@@ -77,7 +77,7 @@ def serve() -> Iterator[Callable[..., Daemon]]:
     binary = os.environ.get("TALLY_LOAD")
     if not binary:
         pytest.fail(
-            "env TALLY_LOAD is not set: build the daemon with `cargo build -p tally-daemon --bins` "
+            "env TALLY_LOAD is not set: build the daemon with `cargo build -p tally-load` "
             "and run TALLY_LOAD=target/debug/tally-load PYTHONPATH=clients/python "
             "python3 -m pytest clients/python/tests",
             pytrace=False,

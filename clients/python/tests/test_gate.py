@@ -1,7 +1,7 @@
 """tally_gate against the real daemon: each test starts `tally-load serve` (path in env
 TALLY_LOAD) over a fresh ledger, with the policy it needs, and kills it at teardown.
 
-    cargo build -p tally-daemon --bins
+    cargo build -p tally-load
     TALLY_LOAD=target/debug/tally-load PYTHONPATH=clients/python \
         python3 -m pytest -q clients/python/tests
 """

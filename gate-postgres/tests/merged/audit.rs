@@ -1,13 +1,12 @@
 //! The merged audit of a fleet: three gates with their own ledgers on one PostgreSQL,
 //! one run's decisions spread over all three, read back by the real `tally` binary as
-//! one. Built as a test of the CLI package (it needs `tally`), from here, beside the
-//! cluster it shares with the backend's other tests.
+//! one. `tally` is another package's binary: `tally_testkit::Tally::workspace` has cargo
+//! build it (or takes `TALLY_UNDER_TEST`).
 
 #[path = "../common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -16,6 +15,7 @@ use tally_gate_postgres::{Options, Postgres};
 use tally_ledger::keys::AuditorKey;
 use tally_ledger::{Ledger, Rotation, Status};
 use tally_policy::Recorded;
+use tally_testkit::Tally;
 
 const AGENT: Caller = Caller {
     uid: Some(1000),
@@ -72,7 +72,8 @@ fn outcome(h: &Host, run: &str, attempt: u64, status: Status) {
 }
 
 fn tally(args: &[&std::ffi::OsStr]) -> (i32, Value) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+    let out = Tally::workspace()
+        .command()
         .args(args)
         .output()
         .expect("tally runs");
@@ -231,7 +232,8 @@ fn three_ledgers_of_one_fleet_audit_as_one() {
         "--auditor-key".into(),
         auditor_path.clone().into_os_string(),
     ]);
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+    let out = Tally::workspace()
+        .command()
         .args(&args)
         .output()
         .expect("tally runs");

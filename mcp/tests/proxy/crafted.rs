@@ -407,8 +407,7 @@ fn crafted_lines_never_reach(
 
 #[test]
 fn crafted_lines_never_reach_the_python_sdk_server() {
-    let name = "crafted_lines_never_reach_the_python_sdk_server";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
     let t = Target {
@@ -450,11 +449,10 @@ fn crafted_lines_never_reach_the_python_sdk_server() {
 
 #[test]
 fn crafted_lines_never_reach_the_mcp_reference_server() {
-    let name = "crafted_lines_never_reach_the_mcp_reference_server";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
-    let Some(server) = reference_server(name) else {
+    let Some(server) = reference_server() else {
         return;
     };
     let t = Target {
@@ -479,11 +477,10 @@ fn crafted_lines_never_reach_the_mcp_reference_server() {
 /// else is dropped (the reference server asks the client for sampling inside a tool).
 #[test]
 fn only_answers_to_the_servers_requests_pass() {
-    let name = "only_answers_to_the_servers_requests_pass";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
-    let Some(server) = reference_server(name) else {
+    let Some(server) = reference_server() else {
         return;
     };
     let gate = Gate::start("");
@@ -544,8 +541,7 @@ fn only_answers_to_the_servers_requests_pass() {
 /// be told apart (the gate would record the wrong call's outcome).
 #[test]
 fn a_request_reusing_an_id_in_flight_is_dropped() {
-    let name = "a_request_reusing_an_id_in_flight_is_dropped";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("");
@@ -588,8 +584,7 @@ fn a_request_reusing_an_id_in_flight_is_dropped() {
 /// name the tool for the gate yet (and a lenient server might run it).
 #[test]
 fn a_call_before_initialize_is_not_made() {
-    let name = "a_call_before_initialize_is_not_made";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("");

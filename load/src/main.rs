@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tally_daemon::client::{Client, Method};
+use tally_api::client::{Client, ClientError, Method};
 use tally_daemon::ServeOptions;
 use tally_ledger::{AuditorKey, Ledger, Rotation};
 use tokio::sync::{mpsc, Mutex};
@@ -250,7 +250,7 @@ enum Target {
 }
 
 impl Target {
-    async fn connect(&self) -> Result<Client, tally_daemon::client::ClientError> {
+    async fn connect(&self) -> Result<Client, ClientError> {
         match self {
             Target::Unix(p) => Client::unix(p).await,
             Target::Tcp(a) => Client::tcp(*a).await,

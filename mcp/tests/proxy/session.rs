@@ -69,8 +69,7 @@ fn close(raw: &mut Raw) {
 
 #[test]
 fn each_way_a_session_ends_stops_the_run_it_started() {
-    let name = "each_way_a_session_ends_stops_the_run_it_started";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("");
@@ -149,8 +148,7 @@ fn each_way_a_session_ends_stops_the_run_it_started() {
 
 #[test]
 fn sessions_do_not_pile_up_toward_the_open_run_limit() {
-    let name = "sessions_do_not_pile_up_toward_the_open_run_limit";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
     // Two open runs at most for this uid: the third session was refused every call.
@@ -182,8 +180,7 @@ fn sessions_do_not_pile_up_toward_the_open_run_limit() {
 /// is still checked (on a new connection), not refused as if the gate were down.
 #[test]
 fn a_call_after_the_gate_closed_the_idle_connection_is_checked() {
-    let name = "a_call_after_the_gate_closed_the_idle_connection_is_checked";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
     let gate = Gate::start("");
@@ -228,8 +225,7 @@ fn sockets(pid: u32) -> usize {
 /// the human's approval, and the next session under the same --run joins it.
 #[test]
 fn the_stop_says_why_the_gate_ended_the_session() {
-    let name = "the_stop_says_why_the_gate_ended_the_session";
-    if !sdk_available(name) {
+    if !sdk_available() {
         return;
     }
     let looped = Gate::start("");

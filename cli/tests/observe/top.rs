@@ -1,0 +1,123 @@
+//! `tally top` in tmux and on a pipe.
+
+use super::*;
+
+/// `tally top` in tmux: the table, nearest to a limit first, redrawn as checks come in;
+/// `q` quits. On a pipe and under TERM=dumb: one plain table, then exit.
+#[test]
+fn tally_top_in_tmux_and_on_a_pipe() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    ledger(dir);
+    let served = tally().serve(dir, &[]);
+    served.start_run("far-from-it", 10);
+    served.check("far-from-it", "search", json!({"i": 0}));
+    served.start_run("close-to-it", 10);
+    for i in 0..8 {
+        served.check("close-to-it", "search", json!({"i": i}));
+    }
+    let bin = tally().path().to_path_buf();
+    let sock = dir.join("operator.sock");
+
+    // A pipe, and TERM=dumb even on a pipe: one table.
+    for term in ["xterm-256color", "dumb"] {
+        let out = Command::new(&bin)
+            .args(["top", "--operator-socket"])
+            .arg(&sock)
+            .env("TERM", term)
+            .stdin(Stdio::null())
+            .output()
+            .expect("tally top");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !text.contains('\x1b'),
+            "escape sequences on a pipe: {text:?}"
+        );
+        let close = text.find("close-to-it").expect("close-to-it");
+        let far = text.find("far-from-it").expect("far-from-it");
+        assert!(close < far, "nearest first:\n{text}");
+        assert!(text.contains("attempts 80%"), "{text}");
+    }
+    // `tally runs`: the same order, with the last refusal.
+    let runs = ok(dir, &["runs", "--operator-socket", "operator.sock"]);
+    assert!(
+        runs.find("close-to-it") < runs.find("far-from-it"),
+        "{runs}"
+    );
+
+    if !tally_testkit::have(
+        "tmux",
+        &["-V"],
+        "apt-get install tmux (README, Development)",
+    ) {
+        return;
+    }
+    let session = format!("tally-top-{}", std::process::id());
+    let socket = dir.join("tmux.sock");
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .arg("-S")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .expect("tmux")
+    };
+    let command = format!(
+        "TERM=xterm-256color {} top --operator-socket {}",
+        bin.display(),
+        sock.display()
+    );
+    let o = tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "160",
+        "-y",
+        "40",
+        &command,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pane = |want: &dyn Fn(&str) -> bool| -> String {
+        let started = Instant::now();
+        loop {
+            let o = tmux(&["capture-pane", "-p", "-t", &session]);
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            if want(&text) {
+                return text;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "tally top never showed it:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let text = pane(&|t| t.contains("close-to-it") && t.contains("far-from-it"));
+    assert!(
+        text.find("close-to-it") < text.find("far-from-it"),
+        "{text}"
+    );
+    assert!(text.contains("runs, nearest to a limit first"), "{text}");
+    // A refusal while it runs: redrawn with it.
+    for _ in 0..4 {
+        served.call("far-from-it", "search", json!({"q": "same"}));
+    }
+    pane(&|t| t.contains("loop_repeated_call"));
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let started = Instant::now();
+    while tmux(&["has-session", "-t", &session]).status.success() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "q did not quit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = tmux(&["kill-server"]);
+}

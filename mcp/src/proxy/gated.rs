@@ -1,0 +1,221 @@
+//! A `tools/call` through the gate: checked before it is forwarded, answered by the proxy
+//! when it is not made, its outcome recorded when the server answers or the call expires.
+
+use super::server::learn_tools;
+use super::*;
+
+pub(super) fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
+    OutcomeRequest {
+        run: options.run.clone(),
+        attempt,
+        status,
+        settled_cents: None,
+        settled_nanos: None,
+        remote_ref: None,
+        observed: None,
+        retry_after_ms: None,
+        result_digest: None,
+        worker: options.worker.clone(),
+    }
+}
+
+/// A `tools/call`: asked of the gate first; forwarded, as the bytes classified, only on
+/// an allow.
+pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
+    let id_value = id.to_value();
+    let server = shared.state().server_name.clone();
+    let Some(server) = server else {
+        return not_made(shared, &id_value, None, "tally mcp has not seen the server's initialize answer, so it cannot name the tool for the gate: the call was not made. Initialize the session first (or start tally mcp with --server-name).".into());
+    };
+    let tool = format!("{server}/{}", c.name);
+    let args = match tally_ledger::decision::Args::from_value(&Value::Object(c.arguments)) {
+        Ok(a) => a,
+        Err(e) => {
+            return shared.to_client.send(reply::error(
+                &id_value,
+                -32602,
+                &format!("tally mcp: the call's arguments cannot be digested ({e}); the call was not forwarded"),
+                None,
+            ))
+        }
+    };
+    let effect = effect(shared, &c.name, &tool).await;
+    let request = CheckRequest {
+        run: shared.options.run.clone(),
+        worker: shared.options.worker.clone(),
+        tool: tool.clone(),
+        operation: None,
+        args: Some(args),
+        args_preview: None,
+        effect,
+        idempotency_key: None,
+        target: None,
+        channel: Some(tally_ledger::decision::Channel::Tool),
+        depth: None,
+        reserve_cents: None,
+        reserve_nanos: None,
+        remote_ref: None,
+        credential: shared.options.credential.clone(),
+        timeout_ms: None,
+        trace_id: None,
+    };
+    let answer = shared.gate.check(request).await;
+    if let Ok(a) = &answer {
+        let mut state = shared.state();
+        match (a.decision, a.reason, a.action) {
+            (Verdict::Allow, _, _) => state.last_refusal = None,
+            (_, Some(reason), Some(action)) => state.last_refusal = Some((reason, action)),
+            _ => {}
+        }
+    }
+    match answer {
+        Ok(answer) if answer.decision == Verdict::Allow => {
+            let Some(attempt) = answer.attempt else {
+                return not_made(shared, &id_value, Some(&answer), "tally's gate allowed the call without an attempt number to record its outcome under: the call was not made.".into());
+            };
+            let timeout = answer
+                .timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or(DEFAULT_CALL_TIMEOUT);
+            let timer =
+                tokio::spawn(expire(shared.clone(), id_value.clone(), timeout)).abort_handle();
+            let k = id.key();
+            let mut state = shared.state();
+            state.asked.insert(k.clone(), Asked::Call);
+            state.pending.insert(
+                k,
+                Pending {
+                    attempt,
+                    tool,
+                    effect,
+                    cancelled: false,
+                    timer,
+                },
+            );
+            drop(state);
+            shared.to_server.send(line);
+        }
+        Ok(answer) => {
+            let text = reply::refusal_text(&tool, &answer);
+            not_made(shared, &id_value, Some(&answer), text);
+        }
+        Err(GateFailure::Refused { code, message, .. }) if code == "run_stopped" => {
+            let text = format!(
+                "tally did not make this call to {tool}: {message}. Action: ask: a human must decide how this task goes on; say so and wait."
+            );
+            not_made(shared, &id_value, None, text);
+        }
+        Err(failure) => {
+            let text = format!(
+                "tally could not check this call to {tool} with its gate, so the call was not made (fail closed): {failure}. Action: retry later; if it keeps failing, a human must check that `tally serve` runs on that socket{}.",
+                match &failure {
+                    GateFailure::Refused { code, .. } if code == "run_not_found" || code == "not_owner" => " and that the run is this user's",
+                    _ => "",
+                }
+            );
+            not_made(shared, &id_value, None, text);
+        }
+    }
+}
+
+pub(super) fn not_made(
+    shared: &Shared,
+    id: &Value,
+    answer: Option<&tally_gate::CheckAnswer>,
+    text: String,
+) {
+    shared.to_client.send(reply::not_made(id, answer, text));
+}
+
+/// No answer in time: the outcome is `timeout`, the server is told to cancel, and the
+/// client (unless it cancelled itself) gets an error result.
+pub(super) async fn expire(shared: Shared, id: Value, after: Duration) {
+    tokio::time::sleep(after).await;
+    let Some(p) = ({
+        let mut state = shared.state();
+        let p = state.pending.remove(&key(&id));
+        if p.is_some() {
+            state.expired.insert(key(&id));
+        }
+        p
+    }) else {
+        return;
+    };
+    shared
+        .gate
+        .outcome(outcome(&shared.options, p.attempt, Status::Timeout));
+    let cancel = json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": id, "reason": "tally mcp: no answer within the gate's time limit"},
+    });
+    shared.to_server.send(cancel.to_string());
+    if !p.cancelled {
+        let text = format!(
+            "tally: {} did not answer within {}, the time the gate allowed this call; it was cancelled and its outcome recorded as timeout. The tool may or may not have acted: check before calling it again.",
+            p.tool,
+            tally_ledger::words::duration(after.as_millis() as u64)
+        );
+        not_made(&shared, &id, None, text);
+    }
+}
+
+/// The effect a call is checked under: the map's, else the tool's annotations (asking
+/// the server for its tool list if the client has not), else a non-idempotent write.
+pub(super) async fn effect(shared: &Shared, name: &str, tool: &str) -> Effect {
+    if let Some(e) = shared.options.policy_map.effect(tool) {
+        return e;
+    }
+    if let Some(e) = shared.state().tools.get(name) {
+        return *e;
+    }
+    list_tools(shared).await;
+    shared
+        .state()
+        .tools
+        .get(name)
+        .copied()
+        .unwrap_or(Effect::NonIdempotentWrite)
+}
+
+/// The proxy's own `tools/list`, every page, under ids no request in flight uses.
+pub(super) async fn list_tools(shared: &Shared) {
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut state = shared.state();
+            let id = loop {
+                state.next_own += 1;
+                let id = Value::String(format!("tally-mcp-{}", state.next_own));
+                if !state.asked.contains_key(&key(&id)) {
+                    break id;
+                }
+            };
+            state.own.insert(key(&id), tx);
+            id
+        };
+        let mut request = json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"});
+        if let Some(c) = &cursor {
+            request["params"] = json!({ "cursor": c });
+        }
+        shared.to_server.send(request.to_string());
+        let Ok(Ok(env)) = tokio::time::timeout(LIST_TIMEOUT, rx).await else {
+            shared.state().own.remove(&key(&id));
+            log("the server did not answer the proxy's tools/list: unlisted tools count as non-idempotent writes");
+            return;
+        };
+        let Some(result) = env.get("result").cloned() else {
+            return;
+        };
+        let next = result
+            .get("nextCursor")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        learn_tools(&mut shared.state(), result);
+        match next {
+            Some(c) => cursor = Some(c),
+            None => return,
+        }
+    }
+}
