@@ -141,7 +141,7 @@ fn request(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let mut client = tally_daemon::client::Client::unix(socket)
+        let mut client = tally_api::client::Client::unix(socket)
             .await
             .expect("connect");
         let reply = client

@@ -212,7 +212,7 @@ async fn sixty_four_checks_racing_a_budget_never_hold_more_than_it() {
     for i in 0..64 {
         let socket = d.agent_socket.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = tally_daemon::client::Client::unix(&socket).await.expect("connect");
+            let mut c = tally_api::client::Client::unix(&socket).await.expect("connect");
             let body = json!({"run": "r", "worker": format!("w{i}"), "tool": "llm", "operation": format!("gen-{i}"), "effect": "read", "reserve_nanos": each});
             post_json(&mut c, "/v1/check", &body.to_string()).await
         }));

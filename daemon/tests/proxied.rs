@@ -13,7 +13,7 @@ use tally_policy::{Recorded, Verdict};
 use crate::common::{post_json, Daemon};
 
 /// Where run `r` stands, as the agent socket says.
-async fn standing_of(c: &mut tally_daemon::client::Client) -> serde_json::Value {
+async fn standing_of(c: &mut tally_api::client::Client) -> serde_json::Value {
     let reply = crate::common::get(c, "/v1/runs/r").await;
     serde_json::from_slice(&reply.body).expect("json")
 }
@@ -104,7 +104,7 @@ async fn the_agent_socket_refuses_outcomes_of_proxied_attempts() {
     );
     // Refused, not recorded: the reservation is still held.
     let standing = standing_of(&mut c).await;
-    assert_eq!(standing["held_cents"], 3, "{standing}");
+    assert_eq!(standing["held_nanos"], 3 * 10_000_000, "{standing}");
     // Its own call the agent reports as before.
     let own_attempt = own["attempt"].as_u64().expect("attempt");
     let (status, body) = post_json(&mut c, "/v1/outcome", &outcome(own_attempt)).await;
@@ -139,10 +139,10 @@ async fn the_agent_socket_refuses_outcomes_of_proxied_attempts() {
     let standing = standing_of(&mut c).await;
     assert_eq!(
         (
-            standing["held_cents"].as_u64(),
-            standing["settled_cents"].as_u64()
+            standing["held_nanos"].as_u64(),
+            standing["settled_nanos"].as_u64()
         ),
-        (Some(0), Some(2)),
+        (Some(0), Some(2 * 10_000_000)),
         "{standing}"
     );
 }
