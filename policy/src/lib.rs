@@ -49,5 +49,5 @@ pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
 pub use rules::{loop_rule, poll_rule, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
-pub use upstreams::{ModelPrice, Prices, RoutePrice, Upstream, UpstreamKind};
 pub use state::{Breaker, CredentialState, Now, RunState, ToolState};
+pub use upstreams::{ModelPrice, Prices, RoutePrice, Upstream, UpstreamKind};

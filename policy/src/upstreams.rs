@@ -162,13 +162,12 @@ impl Prices {
         };
         let mut out = BTreeMap::new();
         let line = |item: &toml_edit::Item| item.span().map(|s| line_at(text, s.start));
-        let err = |key: String, why: String, span: Option<std::ops::Range<usize>>| {
-            PolicyError::Invalid {
+        let err =
+            |key: String, why: String, span: Option<std::ops::Range<usize>>| PolicyError::Invalid {
                 key,
                 why,
                 line: span.map(|s| line_at(text, s.start)),
-            }
-        };
+            };
         let table = item.as_table_like().ok_or_else(|| {
             err(
                 "prices".into(),
@@ -280,13 +279,12 @@ fn read_fields(
     key: &str,
     allowed: &[&str],
 ) -> Result<BTreeMap<String, Field>, PolicyError> {
-    let invalid = |key: String, why: String, span: Option<std::ops::Range<usize>>| {
-        PolicyError::Invalid {
+    let invalid =
+        |key: String, why: String, span: Option<std::ops::Range<usize>>| PolicyError::Invalid {
             key,
             why,
             line: span.map(|s| line_at(text, s.start)),
-        }
-    };
+        };
     let t = item.as_table_like().ok_or_else(|| {
         invalid(
             key.to_owned(),
@@ -301,7 +299,10 @@ fn read_fields(
             let span = t.key(name).and_then(|k| k.span()).or(value.span());
             return Err(invalid(
                 at,
-                format!("is not a known key here (expected one of: {})", allowed.join(", ")),
+                format!(
+                    "is not a known key here (expected one of: {})",
+                    allowed.join(", ")
+                ),
                 span,
             ));
         }
@@ -449,9 +450,9 @@ impl Upstream {
 /// An upstream URL's scheme (`http` or `https`), authority and base path (`""` or a
 /// path without a trailing `/`).
 pub fn split_url(url: &str) -> Result<(&str, &str, &str), String> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format!("`{url}` is not a URL: write http://host[:port][/base] or https://..."))?;
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        format!("`{url}` is not a URL: write http://host[:port][/base] or https://...")
+    })?;
     if scheme != "http" && scheme != "https" {
         return Err(format!("`{url}`: the scheme must be http or https"));
     }

@@ -46,13 +46,18 @@ fn prices_are_read_exactly_from_their_text() {
     assert_eq!(m.cached_input_per_mtok, Nanos(75_000_000));
     assert_eq!(m.output_per_mtok, Nanos(600_000_000));
     assert_eq!(m.max_output_tokens, 16_384);
-    let m = p.prices.model("openai", "gpt-4.1").expect("dotted model name");
+    let m = p
+        .prices
+        .model("openai", "gpt-4.1")
+        .expect("dotted model name");
     // A float would round 8.000000001; the literal text does not.
     assert_eq!(m.output_per_mtok, Nanos(8_000_000_001));
     assert_eq!(m.cached_input_per_mtok, Nanos(2_000_000_000));
     assert_eq!(m.max_output_tokens, 4_096);
     assert_eq!(
-        p.prices.route("search", "POST /v1/search").map(|r| r.per_call),
+        p.prices
+            .route("search", "POST /v1/search")
+            .map(|r| r.per_call),
         Some(Nanos(2_000_000))
     );
     // What `tally policy check` prints parses back to the same policy.
@@ -68,18 +73,56 @@ fn refused(text: &str) -> PolicyError {
 fn bad_upstreams_and_prices_are_refused_with_key_and_line() {
     let upstream = "[upstreams.openai]\nurl = \"https://api.openai.com\"\nkind = \"openai\"\ncredential = \"openai\"\n";
     for (extra, key, line) in [
-        ("[prices.openai.m]\ninput_per_mtok = 1e-3\noutput_per_mtok = 1\n", "prices.openai.m.input_per_mtok", 7),
-        ("[prices.openai.m]\ninput_per_mtok = -1.0\noutput_per_mtok = 1\n", "prices.openai.m.input_per_mtok", 7),
-        ("[prices.openai.m]\ninput_per_mtok = 0.0000000001\noutput_per_mtok = 1\n", "prices.openai.m.input_per_mtok", 7),
-        ("[prices.openai.m]\ninput_per_mtok = \"1,5\"\noutput_per_mtok = 1\n", "prices.openai.m.input_per_mtok", 7),
-        ("[prices.openai.m]\ninput_per_mtok = 1\n", "prices.openai.m.output_per_mtok", 6),
-        ("[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\nunknown = 1\n", "prices.openai.m.unknown", 9),
-        ("[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\nmax_output_tokens = 0\n", "prices.openai.m.max_output_tokens", 9),
-        ("[prices.other.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\n", "prices.other", 0),
-        ("[prices.openai.routes.\"POST /x\"]\nper_call = 1\n", "prices.openai.routes", 0),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1e-3\noutput_per_mtok = 1\n",
+            "prices.openai.m.input_per_mtok",
+            7,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = -1.0\noutput_per_mtok = 1\n",
+            "prices.openai.m.input_per_mtok",
+            7,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 0.0000000001\noutput_per_mtok = 1\n",
+            "prices.openai.m.input_per_mtok",
+            7,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = \"1,5\"\noutput_per_mtok = 1\n",
+            "prices.openai.m.input_per_mtok",
+            7,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\n",
+            "prices.openai.m.output_per_mtok",
+            6,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\nunknown = 1\n",
+            "prices.openai.m.unknown",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\nmax_output_tokens = 0\n",
+            "prices.openai.m.max_output_tokens",
+            9,
+        ),
+        (
+            "[prices.other.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\n",
+            "prices.other",
+            0,
+        ),
+        (
+            "[prices.openai.routes.\"POST /x\"]\nper_call = 1\n",
+            "prices.openai.routes",
+            0,
+        ),
     ] {
         match refused(&format!("{upstream}\n{extra}")) {
-            PolicyError::Invalid { key: k, line: l, .. } => {
+            PolicyError::Invalid {
+                key: k, line: l, ..
+            } => {
                 assert_eq!(k, key, "{extra}");
                 if line > 0 {
                     assert_eq!(l, Some(line), "{extra}");
