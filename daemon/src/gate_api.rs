@@ -53,6 +53,7 @@ fn caller(peer: Peer, role: Role) -> Caller {
             Peer::Tcp | Peer::Unknown => None,
         },
         operator: role == Role::Operator,
+        proxied: false,
     }
 }
 
