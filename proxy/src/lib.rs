@@ -31,7 +31,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty};
 
-pub use proxy::{read_credential, Proxy, ProxyError, ProxyOptions, Stage};
+pub use proxy::{read_credential, Proxy, ProxyError, ProxyOptions, Secret, Stage};
 pub use token::TokenKey;
 
 /// The body of the proxy's answers.
