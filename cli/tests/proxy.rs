@@ -535,9 +535,9 @@ async fn a_request_without_max_tokens_gets_one_its_budget_can_pay() {
     // was asked.
     let seen = upstream.seen();
     let asked = seen[0].max_tokens.expect("max_tokens injected");
-    assert!(asked >= 1 && asked < 50, "asked {asked}");
-    // 5 cents pays asked tokens at $0.001 and the input bound at $0.00001.
-    assert!(asked as f64 * 0.001 <= 0.05, "{asked}");
+    // 5 cents pays fewer than 50 tokens at $0.001 once the input bound ($0.00001 a
+    // byte of the body) is paid.
+    assert!((1..50).contains(&asked), "asked {asked}");
     let st = served.standing("r").await;
     assert!(a.status == 200, "{}", a.text());
     // The usage the fake reports (50 out) is above what was asked: recorded as an

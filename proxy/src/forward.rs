@@ -127,7 +127,7 @@ impl Proxy {
         let caught = self.caught(&parts.headers).await?;
         let u = &route.upstream;
         let method = parts.method.as_str().to_owned();
-        if !u.methods.iter().any(|m| *m == method) {
+        if !u.methods.contains(&method) {
             return Err(Refusal::reason(
                 Reason::ScopeViolation,
                 None,
