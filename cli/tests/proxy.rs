@@ -1,4 +1,4 @@
-//! The HTTP/model proxy end to end (issue 22): the real `tally serve` with
+//! The HTTP/model proxy end to end: the real `tally serve` with
 //! `--proxy-listen`, a real agent socket, and the fake upstream (testkit) over HTTP and
 //! HTTPS; every ledger verifies clean afterwards.
 
