@@ -403,11 +403,22 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
             assert!(!s.token_seen, "the run token reached the upstream: {s:?}");
             assert_eq!(s.max_tokens, Some(50));
             for h in ["connection", "x-secret-hop", "cookie"] {
-                assert!(!s.headers.iter().any(|n| n == h), "{h} reached the upstream: {s:?}");
+                assert!(
+                    !s.headers.iter().any(|n| n == h),
+                    "{h} reached the upstream: {s:?}"
+                );
             }
         }
-        assert!(!seen[0].headers.iter().any(|n| n == "x-api-key"), "{:?}", seen[0]);
-        assert!(!seen[1].headers.iter().any(|n| n == "authorization"), "{:?}", seen[1]);
+        assert!(
+            !seen[0].headers.iter().any(|n| n == "x-api-key"),
+            "{:?}",
+            seen[0]
+        );
+        assert!(
+            !seen[1].headers.iter().any(|n| n == "authorization"),
+            "{:?}",
+            seen[1]
+        );
         // $0.051 each, settled as 6 cents each, nothing held.
         let st = served.standing("r1").await;
         assert_eq!(st["settled_cents"], 12, "{st}");
@@ -781,7 +792,11 @@ async fn the_run_deadline_cuts_a_stream_and_keeps_its_reservation_held() {
     let dir = tempfile::tempdir().expect("dir");
     let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
     let (status, v) = served
-        .agent("POST", "/v1/runs", Some(json!({"run": "short", "budget": {"deadline_ms": 1500}})))
+        .agent(
+            "POST",
+            "/v1/runs",
+            Some(json!({"run": "short", "budget": {"deadline_ms": 1500}})),
+        )
         .await;
     assert_eq!(status, 201, "{v}");
     let token = v["token"].as_str().expect("token").to_owned();
@@ -797,11 +812,17 @@ async fn the_run_deadline_cuts_a_stream_and_keeps_its_reservation_held() {
     let took = started.elapsed();
     assert_eq!(a.status, 200);
     assert!(a.cut, "the stream is cut at the deadline: {}", a.text());
-    assert!(!a.chunks.is_empty(), "what came before the deadline was passed on");
+    assert!(
+        !a.chunks.is_empty(),
+        "what came before the deadline was passed on"
+    );
     assert!(took < Duration::from_secs(5), "cut after {took:?}");
     let st = served.standing("short").await;
     assert_eq!(st["settled_cents"], 0, "{st}");
-    assert!(st["held_cents"].as_u64() >= Some(6), "a timeout keeps it held: {st}");
+    assert!(
+        st["held_cents"].as_u64() >= Some(6),
+        "a timeout keeps it held: {st}"
+    );
     // Past its deadline, the token no longer spends.
     let a = call(
         served.proxy,
