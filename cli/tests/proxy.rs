@@ -137,6 +137,8 @@ impl Served {
                 "policy.toml",
                 "--proxy-listen",
                 &proxy.to_string(),
+                "--proxy-socket",
+                "proxy.sock",
                 "--credential",
                 "openai=openai.secret",
                 "--credential",
@@ -833,4 +835,48 @@ async fn the_run_deadline_cuts_a_stream_and_keeps_its_reservation_held() {
     .await;
     assert_eq!(a.status, 401, "{}", a.text());
     served.verifies();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_answers_on_its_unix_socket_too() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let token = served.start_run("u").await;
+    let sock = dir.path().join("proxy.sock");
+    let stream = tokio::net::UnixStream::connect(&sock)
+        .await
+        .expect("connect to the proxy socket");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/openai/v1/chat/completions")
+        .header("host", "localhost")
+        .header("authorization", bearer(&token))
+        .body(Full::new(Bytes::from(chat(
+            "fake-ok",
+            json!({"max_tokens": 50}),
+        ))))
+        .expect("request");
+    let response = send.send_request(req).await.expect("response");
+    assert_eq!(response.status(), 200);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("fake upstream"));
+    let mode = std::fs::metadata(&sock)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660, "the agent socket's mode");
+    assert_eq!(served.standing("u").await["settled_cents"], 6);
+    served.verifies();
+    assert!(!sock.exists(), "removed when the daemon stops");
 }
