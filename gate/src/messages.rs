@@ -217,6 +217,10 @@ pub struct Started {
     pub seq: u64,
     /// Its hash.
     pub hash: String,
+    /// The run token, when `tally serve` runs the proxy: the agent's API key for the
+    /// upstreams it forwards to (docs/PROXY.md). It spends this run only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// A recorded decision's receipt.

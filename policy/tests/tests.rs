@@ -12,3 +12,4 @@ mod model;
 mod prices;
 mod review;
 mod support;
+mod upstreams;

@@ -9,6 +9,8 @@
 //! the one command that installs it.
 #![forbid(unsafe_code)]
 
+pub mod upstream;
+
 use std::io::Write;
 
 pub mod daemon;

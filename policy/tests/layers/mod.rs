@@ -8,6 +8,7 @@ use std::path::Path;
 const LAYERS: &[&str] = &[
     "error",
     "prices",
+    "upstreams",
     "config",
     "approval",
     "state",
