@@ -166,7 +166,7 @@ impl Served {
     }
 
     async fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut client = tally_daemon::client::Client::unix(&self.dir.join("agent.sock"))
+        let mut client = tally_api::client::Client::unix(&self.dir.join("agent.sock"))
             .await
             .expect("connect");
         let reply = client
