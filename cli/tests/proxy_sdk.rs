@@ -286,7 +286,8 @@ impl Proxy {
         lines.remove(0)
     }
 
-    /// `tally handoff --run RUN --json` of the ledger (the daemon stopped first).
+    /// The run's handoff from `tally handoff --run RUN --json` of the ledger (the daemon
+    /// stopped first; `serve` starts it again).
     fn handoff(&mut self, run: &str) -> Value {
         self.stop();
         let out = tally()
@@ -305,7 +306,9 @@ impl Proxy {
             .output()
             .expect("tally handoff");
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-        serde_json::from_slice(&out.stdout).expect("handoff JSON")
+        let v: Value = serde_json::from_slice(&out.stdout).expect("handoff JSON");
+        assert_eq!(v["handoffs"][0]["run"], run, "{v}");
+        v["handoffs"][0].clone()
     }
 
     /// Every request each fake upstream received carried the real key, and none a token.
