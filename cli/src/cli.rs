@@ -490,6 +490,18 @@ pub struct ServeArgs {
     /// agent's `traceparent`'s) is recorded on the decision.
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// Run the HTTP/model proxy for the policy's `[upstreams.NAME]` on this loopback TCP
+    /// address (e.g. 127.0.0.1:7390): agents call http://ADDR/NAME/PATH with their run's
+    /// token as the API key (docs/PROXY.md).
+    #[arg(long, value_name = "ADDR")]
+    pub proxy_listen: Option<String>,
+    /// Run the proxy on this Unix socket too (the agent socket's mode and group).
+    #[arg(long, value_name = "PATH")]
+    pub proxy_socket: Option<PathBuf>,
+    /// An upstream credential's secret, read from FILE (mode 0600, one line); repeat
+    /// for each credential the policy's upstreams name. Never logged; zeroized.
+    #[arg(long, value_name = "NAME=FILE")]
+    pub credential: Vec<String>,
 }
 
 /// `tally witness ...`.

@@ -61,7 +61,46 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         _ => tally_daemon::LogFormat::Text,
     };
     options.otlp_endpoint = args.otlp_endpoint;
+    options.proxy = proxy(&args.proxy_listen, &args.proxy_socket, &args.credential)?;
     Ok(options)
+}
+
+/// `--proxy-listen`, `--proxy-socket` and `--credential`: the proxy, if either of the
+/// first two is given.
+fn proxy(
+    listen: &Option<String>,
+    socket: &Option<std::path::PathBuf>,
+    credentials: &[String],
+) -> Result<Option<tally_daemon::ProxyServe>> {
+    if listen.is_none() && socket.is_none() {
+        if !credentials.is_empty() {
+            bail!("--credential: only the proxy uses credentials; give --proxy-listen ADDR or --proxy-socket PATH");
+        }
+        return Ok(None);
+    }
+    let mut p = tally_daemon::ProxyServe::default();
+    if let Some(text) = listen {
+        let addr: std::net::SocketAddr = text.parse().with_context(|| {
+            format!("--proxy-listen: `{text}` is not ADDR:PORT (e.g. 127.0.0.1:7390)")
+        })?;
+        if !addr.ip().is_loopback() {
+            bail!("--proxy-listen: {addr} is not loopback; the proxy spends budgets for whoever holds a run token, so it listens on loopback only");
+        }
+        p.listen = Some(addr);
+    }
+    p.socket = socket.clone();
+    for c in credentials {
+        let Some((name, file)) = c.split_once('=').filter(|(n, f)| !n.is_empty() && !f.is_empty()) else {
+            bail!("--credential: `{c}` is not NAME=FILE");
+        };
+        if p.credentials.contains_key(name) {
+            bail!("--credential: `{name}` is given twice");
+        }
+        let secret = tally_proxy::read_credential(std::path::Path::new(file))
+            .with_context(|| format!("--credential {name}"))?;
+        p.credentials.insert(name.to_owned(), secret);
+    }
+    Ok(Some(p))
 }
 
 /// `--metrics-listen`: `ADDR:PORT` on loopback, or a port alone for 127.0.0.1.

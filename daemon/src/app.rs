@@ -43,6 +43,8 @@ pub(crate) struct App {
     pub max_body_bytes: usize,
     pub max_batch: usize,
     pub read_timeout: Duration,
+    /// With the proxy on: the key that mints each started run's token.
+    pub token_key: Option<Arc<tally_proxy::TokenKey>>,
 }
 
 /// What [`App::new`] needs from the options.
@@ -54,6 +56,8 @@ pub(crate) struct Limits {
     /// The clock the rate limit refills by.
     pub clock: Arc<dyn tally_ledger::clock::Clock>,
     pub read_timeout: Duration,
+    /// The run token key (the proxy is on).
+    pub token_key: Option<Arc<tally_proxy::TokenKey>>,
     /// A networked state backend's bound: a gate call that waited longer than this for
     /// the decision thread is refused as unavailable without being made.
     pub queue_bound: Option<Duration>,
@@ -92,6 +96,7 @@ impl App {
             max_body_bytes: limits.max_body_bytes,
             max_batch: limits.max_batch.max(1),
             read_timeout: limits.read_timeout,
+            token_key: limits.token_key,
         })
     }
 }

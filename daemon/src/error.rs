@@ -59,6 +59,9 @@ pub enum DaemonError {
         /// The refused address.
         addr: std::net::SocketAddr,
     },
+    /// The proxy cannot start (a missing credential, a `ca_file`, the run token key).
+    #[error("proxy: {0}")]
+    Proxy(#[from] tally_proxy::ProxyError),
     /// `--otlp-endpoint` could not be used; nothing was started.
     #[error("--otlp-endpoint {endpoint}: {why}; give the collector's OTLP/HTTP address, e.g. http://127.0.0.1:4318")]
     Otlp {

@@ -53,6 +53,7 @@ fn caller(peer: Peer, role: Role) -> Caller {
             Peer::Tcp | Peer::Unknown => None,
         },
         operator: role == Role::Operator,
+        proxied: false,
     }
 }
 
@@ -188,11 +189,24 @@ async fn start(
     request: Request,
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
+    let key = app.token_key.clone();
     posted(
         &app,
         request,
         StatusCode::CREATED,
-        move |req: StartRequest, done| gate.start(caller(peer, role), req, done),
+        move |req: StartRequest, done| {
+            gate.start(
+                caller(peer, role),
+                req,
+                Box::new(move |r: Result<tally_gate::Started, GateError>| {
+                    // With the proxy on, the run's token: its agent's API key.
+                    done(r.map(|mut s| {
+                        s.token = key.as_ref().map(|k| k.mint(&s.run));
+                        s
+                    }))
+                }),
+            )
+        },
     )
     .await
 }

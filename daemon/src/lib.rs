@@ -161,6 +161,32 @@ pub struct ServeOptions {
     pub log_format: LogFormat,
     /// Export a span per check to this OTLP/HTTP endpoint (`http://host:4318`).
     pub otlp_endpoint: Option<String>,
+    /// The HTTP/model proxy for the policy's upstreams (docs/PROXY.md); `None` (the
+    /// default): no proxy, and starts answer no run token.
+    pub proxy: Option<ProxyServe>,
+}
+
+/// Where and with which secrets `tally serve` runs the proxy.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct ProxyServe {
+    /// Loopback TCP address (`--proxy-listen`).
+    pub listen: Option<SocketAddr>,
+    /// Unix socket (`--proxy-socket`), with the agent socket's mode and group.
+    pub socket: Option<PathBuf>,
+    /// Each upstream credential's secret, by name (`--credential NAME=FILE`).
+    pub credentials: std::collections::BTreeMap<String, tally_proxy::Secret>,
+}
+
+impl std::fmt::Debug for ProxyServe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secrets.
+        f.debug_struct("ProxyServe")
+            .field("listen", &self.listen)
+            .field("socket", &self.socket)
+            .field("credentials", &self.credentials.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 impl ServeOptions {
@@ -189,6 +215,7 @@ impl ServeOptions {
             metrics_listen: None,
             log_format: LogFormat::Text,
             otlp_endpoint: None,
+            proxy: None,
         }
     }
 }
@@ -302,8 +329,12 @@ async fn serve_inner(
     if let Some(op) = &options.operator_socket {
         server::check_socket_dir(op)?;
     }
+    if let Some(p) = options.proxy.as_ref().and_then(|p| p.socket.as_ref()) {
+        server::check_socket_dir(p)?;
+    }
     let tcp = server::bind_tcp(options.listen).await?;
     let metrics_tcp = server::bind_tcp(options.metrics_listen).await?;
+    let proxy_tcp = server::bind_tcp(options.proxy.as_ref().and_then(|p| p.listen)).await?;
     let tracer = match &options.otlp_endpoint {
         Some(url) => Some(
             observe::trace::Exporter::new(url).map_err(|why| DaemonError::Otlp {
@@ -332,6 +363,13 @@ async fn serve_inner(
         failure: std::sync::Mutex::new(None),
     });
     let max_in_flight = options.max_in_flight.max(1);
+    let token_key = match &options.proxy {
+        Some(_) => Some(Arc::new(
+            tally_proxy::TokenKey::open_or_create(ledger.dir())
+                .map_err(tally_proxy::ProxyError::from)?,
+        )),
+        None => None,
+    };
     let app = Arc::new(
         api::App::new(
             ledger,
@@ -345,11 +383,41 @@ async fn serve_inner(
                 clock: Arc::clone(&options.clock),
                 read_timeout: options.read_timeout,
                 queue_bound: options.state.as_ref().map(|s| s.timeout),
+                token_key,
             },
             observer,
         )
         .map_err(DaemonError::Runtime)?,
     );
+    // The proxy, on the gate's decision thread like every other gate call.
+    let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
+    let mut proxies = tokio::task::JoinSet::new();
+    let mut proxy_socket = None;
+    if let Some(p) = &options.proxy {
+        let proxy = Arc::new(tally_proxy::Proxy::new(
+            &app.gate.policy().policy,
+            tally_proxy::ProxyOptions::new(
+                p.credentials.clone(),
+                Arc::clone(app.token_key.as_ref().ok_or_else(|| {
+                    DaemonError::Gate("the run token key is missing".into())
+                })?),
+            ),
+            Arc::clone(&app.gate),
+            app.stage.submitter(),
+        )?);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        if let Some(listener) = proxy_tcp {
+            proxies.spawn(Arc::clone(&proxy).serve_tcp(listener, stopped(proxy_stopped.clone())));
+        }
+        if let Some(path) = &p.socket {
+            let socket = server::Socket::bind(path, options.socket_mode, options.socket_gid)?;
+            let (listener, placed) = socket.split();
+            proxies.spawn(Arc::clone(&proxy).serve_unix(listener, stopped(proxy_stopped.clone())));
+            proxy_socket = Some(placed);
+        }
+    }
     if log_start {
         log(&started_line(&options, &app.ledger));
     }
@@ -400,6 +468,16 @@ async fn serve_inner(
         op.close();
     }
     drop(tcp);
+    // The proxy stops accepting; its requests in flight finish (each bounded by its
+    // deadline), but the daemon waits at most 5 s for them.
+    let _ = stop_proxy.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while proxies.join_next().await.is_some() {}
+    })
+    .await;
+    if let Some(placed) = proxy_socket {
+        placed.remove();
+    }
     let _ = stop_view.send(true);
     if let Some(v) = view {
         // Its event streams end with it; a stream still open is cut after a second.

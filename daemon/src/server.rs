@@ -83,9 +83,37 @@ impl Socket {
         }
     }
 
+    /// The listener, and the file to remove once done with it.
+    pub fn split(self) -> (UnixListener, Placed) {
+        (
+            self.listener,
+            Placed {
+                path: self.path,
+                dev_ino: self.dev_ino,
+            },
+        )
+    }
+
     /// Stop listening and remove the socket file if it is still ours.
     pub fn close(self) {
         drop(self.listener);
+        if let Ok(meta) = std::fs::symlink_metadata(&self.path) {
+            if (meta.dev(), meta.ino()) == self.dev_ino {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// A socket file this daemon placed.
+pub(crate) struct Placed {
+    path: PathBuf,
+    dev_ino: (u64, u64),
+}
+
+impl Placed {
+    /// Remove it if it is still ours.
+    pub fn remove(self) {
         if let Ok(meta) = std::fs::symlink_metadata(&self.path) {
             if (meta.dev(), meta.ino()) == self.dev_ino {
                 let _ = std::fs::remove_file(&self.path);

@@ -89,6 +89,20 @@ impl Stage {
             })?;
         Ok(Stage { jobs })
     }
+
+    /// The proxy's way onto this thread: each job runs here in turn, told whether it
+    /// waited past the bound.
+    pub fn submitter(&self) -> tally_proxy::Stage {
+        let jobs = std::sync::Mutex::new(self.jobs.clone());
+        std::sync::Arc::new(move |job: Box<dyn FnOnce(bool) + Send>| {
+            let sent = jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .send((std::time::Instant::now(), job));
+            // The thread is gone: the job is dropped, and its caller hears `Unavailable`.
+            drop(sent);
+        })
+    }
 }
 
 /// Run `f` on the decision thread; its answer once `f` calls back (after the decision

@@ -27,6 +27,7 @@ use tally_policy::Verdict;
 const OPERATOR: Caller = Caller {
     uid: None,
     operator: true,
+    proxied: false,
 };
 const POLICY: &str = "[ceiling]\nattempts = 100000000\nspend_cents = 100000000\n\
 [loops]\ntool_calls = 100000000\n[rate]\nrun_per_sec = 0\ntool_per_sec = 0\n\

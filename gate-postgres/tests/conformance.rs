@@ -81,6 +81,7 @@ fn no_asking(policy: &str) -> String {
 const OPERATOR: Caller = Caller {
     uid: None,
     operator: true,
+    proxied: false,
 };
 
 fn start<B: StateBackend>(
@@ -339,6 +340,7 @@ fn deadlines<F: Fleet>(fleet: &F) -> String {
     let agent = Caller {
         uid: Some(1000),
         operator: false,
+        proxied: false,
     };
     let budget = |d: u64| json!({"deadline_ms": d});
     start(
@@ -395,6 +397,7 @@ fn names_and_quota<F: Fleet>(fleet: &F) -> String {
     let agent = Caller {
         uid: Some(1000),
         operator: false,
+        proxied: false,
     };
     let quota = race(&gates, 8, move |g, i| {
         match start(g, agent, json!({"run": format!("u{i}")})) {

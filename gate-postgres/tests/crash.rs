@@ -17,6 +17,7 @@ use tally_policy::Verdict;
 const OPERATOR: Caller = Caller {
     uid: None,
     operator: true,
+    proxied: false,
 };
 const POLICY: &str = "[ceiling]\nattempts = 1000000\n[loops]\ntool_calls = 1000000\n\
 [rate]\nrun_per_sec = 0\ntool_per_sec = 0\ntool_in_flight = 1000000\n[approvals]\nask_on = []\n";

@@ -137,6 +137,7 @@ fn checks_queued_on_a_daemon_behind_a_held_row_are_each_refused_within_the_bound
     let operator = tally_gate::Caller {
         uid: None,
         operator: true,
+        proxied: false,
     };
     let Some(cluster) = Cluster::start() else {
         return;

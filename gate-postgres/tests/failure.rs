@@ -17,6 +17,7 @@ use common::Cluster;
 const OPERATOR: Caller = Caller {
     uid: None,
     operator: true,
+    proxied: false,
 };
 const POLICY: &str = "[approvals]\nask_on = []\n";
 const BOUND: Duration = Duration::from_millis(500);

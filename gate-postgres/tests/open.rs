@@ -71,6 +71,7 @@ fn a_version_1_schema_is_migrated_in_place() {
         tally_gate::Caller {
             uid: None,
             operator: true,
+            proxied: false,
         },
         req,
     )

@@ -15,6 +15,9 @@ pub struct Caller {
     pub uid: Option<u32>,
     /// Whether this is the operator (the operator socket, or an in-process owner).
     pub operator: bool,
+    /// Whether the call comes through tally's proxy, which observes its outcome (the
+    /// attempt is the proxy's: docs/PROXY.md).
+    pub proxied: bool,
 }
 
 /// `POST /v1/runs`: start a run.
@@ -203,6 +206,10 @@ pub struct Started {
     pub seq: u64,
     /// Its hash.
     pub hash: String,
+    /// The run token, when `tally serve` runs the proxy: the agent's API key for the
+    /// upstreams it forwards to (docs/PROXY.md). It spends this run only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// A recorded decision's receipt.

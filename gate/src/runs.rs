@@ -61,6 +61,7 @@ impl<B: StateBackend> Gate<B> {
                     policy: digest,
                     seq: r.seq,
                     hash: r.hash.to_string(),
+                    token: None,
                 };
                 // Queued inside the transaction: the ledger's order is the state's order.
                 self.submit(t, records, &writes, answer, done)

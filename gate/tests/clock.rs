@@ -21,10 +21,12 @@ const T0: u64 = 1_700_000_000_000;
 const AGENT: Caller = Caller {
     uid: Some(1000),
     operator: false,
+    proxied: false,
 };
 const OPERATOR: Caller = Caller {
     uid: None,
     operator: true,
+    proxied: false,
 };
 
 struct Fixture {

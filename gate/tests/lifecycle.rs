@@ -15,14 +15,17 @@ const T0: u64 = 1_700_000_000_000;
 const ALICE: Caller = Caller {
     uid: Some(1000),
     operator: false,
+    proxied: false,
 };
 const BOB: Caller = Caller {
     uid: Some(2000),
     operator: false,
+    proxied: false,
 };
 const OPERATOR: Caller = Caller {
     uid: None,
     operator: true,
+    proxied: false,
 };
 
 struct Fixture {

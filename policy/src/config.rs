@@ -40,6 +40,11 @@ pub struct Policy {
     /// Runs one uid may hold open at once (started, not stopped). Default 1,000: a flood
     /// of new run names is refused, never allowed to evict another run's counters.
     pub max_open_runs_per_uid: u64,
+    /// The upstreams `tally serve`'s proxy forwards to, by name (docs/GATE.md,
+    /// "Upstreams and prices"). Default: none.
+    pub upstreams: BTreeMap<String, crate::upstreams::Upstream>,
+    /// What calls through the proxy cost, by upstream (read exactly from the text).
+    pub prices: crate::upstreams::Prices,
 }
 
 /// Attempts per logical operation, by effect class (defaults after RFC 9110 §9.2.2).
@@ -191,6 +196,8 @@ impl Default for Policy {
             approvals: Approvals::default(),
             credentials: BTreeMap::new(),
             max_open_runs_per_uid: 1_000,
+            upstreams: BTreeMap::new(),
+            prices: crate::upstreams::Prices::default(),
         }
     }
 }
@@ -328,6 +335,7 @@ impl Policy {
         c.side_effects = c.side_effects.or(d.side_effects);
         c.polls = c.polls.or(d.polls);
         c.depth = c.depth.or(d.depth);
+        policy.prices = crate::upstreams::Prices::read(text)?;
         policy
             .check(new)
             .map_err(|(key, why)| PolicyError::Invalid {
@@ -406,8 +414,47 @@ impl Policy {
                 );
             }
         }
+        self.check_upstreams()?;
         if self.approvals.ask_on.contains(&Reason::Completed) {
             return invalid("approvals.ask_on", "`completed` is not a refusal");
+        }
+        Ok(())
+    }
+
+    /// Upstreams and their prices: names that fit a URL path, valid URLs and lists, a
+    /// price table for each model upstream's models and only for upstreams named.
+    fn check_upstreams(&self) -> Result<(), (String, String)> {
+        use crate::upstreams::UpstreamKind;
+        for (name, u) in &self.upstreams {
+            if !crate::upstreams::valid_name(name) {
+                return Err((
+                    format!("upstreams.{name}"),
+                    "a name is one URL path segment: letters, digits, `_`, `-`, at most 64".into(),
+                ));
+            }
+            if let Some((key, why)) = u.problem() {
+                return Err((format!("upstreams.{name}.{key}"), why));
+            }
+        }
+        for (name, p) in &self.prices.0 {
+            let Some(u) = self.upstreams.get(name) else {
+                return Err((
+                    format!("prices.{name}"),
+                    format!("prices an upstream the policy does not name: add [upstreams.{name}]"),
+                ));
+            };
+            if u.kind == UpstreamKind::Http && !p.models.is_empty() {
+                return Err((
+                    format!("prices.{name}"),
+                    "an `http` upstream is priced per route ([prices.NAME.routes.\"POST /path\"]) or by its cost_header, not per model".into(),
+                ));
+            }
+            if u.kind != UpstreamKind::Http && !p.routes.is_empty() {
+                return Err((
+                    format!("prices.{name}.routes"),
+                    "routes price `http` upstreams; a model upstream is priced per model".into(),
+                ));
+            }
         }
         Ok(())
     }

@@ -18,7 +18,7 @@
 //! can reach output, checked arithmetic.
 //!
 //! Modules depend on each other one way, each only on those before it here (checked by
-//! `tests/layers`): `error`, `config`, `approval`, `state` (with [`Now`]),
+//! `tests/layers`): `error`, `upstreams` (the proxy's upstreams and prices), `config`, `approval`, `state` (with [`Now`]),
 //! `inconsistency` (what judging finds), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits). Items moved down
@@ -38,6 +38,7 @@ pub mod judge;
 pub mod rules;
 pub mod start;
 pub mod state;
+pub mod upstreams;
 
 pub use apply::{apply, apply_keyed, breaker_outcome, count_unrecorded, ViewMut};
 pub use call::Keyed;
@@ -49,3 +50,4 @@ pub use judge::{judge, Dimension, Inconsistency};
 pub use rules::{loop_rule, poll_rule, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
 pub use state::{Breaker, CredentialState, Now, RunState, ToolState};
+pub use upstreams::{ModelPrice, Prices, RoutePrice, Upstream, UpstreamKind};

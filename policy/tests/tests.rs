@@ -11,3 +11,4 @@ mod layers;
 mod model;
 mod review;
 mod support;
+mod upstreams;

@@ -7,6 +7,8 @@
 //! the one command that installs it.
 #![forbid(unsafe_code)]
 
+pub mod upstream;
+
 use std::io::Write;
 
 /// Whether the environment variable `CI` is set: every test must then run.

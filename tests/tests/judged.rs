@@ -32,10 +32,12 @@ use tally_verify::{verify, Event, Options, Verdict};
 const AGENT: Caller = Caller {
     uid: Some(1000),
     operator: false,
+    proxied: false,
 };
 const OPERATOR: Caller = Caller {
     uid: None,
     operator: true,
+    proxied: false,
 };
 
 fn dana() -> SigningKey {

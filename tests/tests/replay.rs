@@ -331,6 +331,7 @@ fn an_honest_gate_with_children_continuations_exempt_tools_and_backstops_replays
     let operator = Caller {
         uid: None,
         operator: true,
+        proxied: false,
     };
     gate.stop_blocking(operator, "p", tally_gate::StopRequest::default())
         .expect("kill");

@@ -177,6 +177,7 @@ pub(crate) async fn snapshot(
             let operator = Caller {
                 uid: None,
                 operator: true,
+                proxied: false,
             };
             Ok((gate.runs(operator)?, gate.breakers()?))
         })
@@ -277,6 +278,7 @@ pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::G
             let operator = Caller {
                 uid: None,
                 operator: true,
+                proxied: false,
             };
             Ok((gate.runs(operator)?, gate.breakers()?))
         })

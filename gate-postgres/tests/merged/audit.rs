@@ -20,6 +20,7 @@ use tally_policy::Recorded;
 const AGENT: Caller = Caller {
     uid: Some(1000),
     operator: false,
+    proxied: false,
 };
 
 const POLICY: &str = "[ceiling]\nattempts = 6\n[approvals]\nask_on = []\n";

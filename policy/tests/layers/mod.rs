@@ -7,6 +7,7 @@ use std::path::Path;
 /// Bottom first.
 const LAYERS: &[&str] = &[
     "error",
+    "upstreams",
     "config",
     "approval",
     "state",

@@ -1,0 +1,103 @@
+//! Answers in the upstream's own error dialect, so an official SDK raises its usual
+//! error and shows tally's reason (docs/PROXY.md).
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Response, StatusCode};
+use serde_json::json;
+use tally_policy::UpstreamKind;
+use tally_record::{Action, Reason};
+
+use crate::Body;
+
+/// A refusal or error the proxy answers itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The code (a reason code of the gate, or the proxy's own: `invalid_token`,
+    /// `invalid_request`, `request_too_large`, `unknown_upstream`, `upstream_unreachable`,
+    /// `gate_unavailable`).
+    pub code: String,
+    /// What the agent must do (`stop`, `retry`, `ask`).
+    pub action: Action,
+    /// Words for a human.
+    pub message: String,
+    /// For `retry`: back off this long, ms.
+    pub retry_after_ms: Option<u64>,
+}
+
+impl Refusal {
+    /// A refusal with a reason code of the gate: 429 and Retry-After for `retry`, 403
+    /// otherwise.
+    pub fn reason(reason: Reason, retry_after_ms: Option<u64>, message: String) -> Refusal {
+        let action = reason.action();
+        Refusal {
+            status: if action == Action::Retry {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::FORBIDDEN
+            },
+            code: reason.as_str().to_owned(),
+            action,
+            message,
+            retry_after_ms: if action == Action::Retry {
+                Some(retry_after_ms.unwrap_or(1000))
+            } else {
+                None
+            },
+        }
+    }
+
+    /// The proxy's own error: `status` and `code`, action `stop`.
+    pub fn own(status: StatusCode, code: &str, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            code: code.to_owned(),
+            action: Action::Stop,
+            message: message.into(),
+            retry_after_ms: None,
+        }
+    }
+
+    /// A 401 for a token that is unknown, forged, or of a run that may not spend.
+    pub fn token(message: impl Into<String>) -> Refusal {
+        Refusal::own(StatusCode::UNAUTHORIZED, "invalid_token", message)
+    }
+
+    /// The answer in `kind`'s dialect.
+    pub fn response(&self, kind: UpstreamKind) -> Response<Body> {
+        let action = self.action.as_str();
+        let message = format!("tally: {} ({}, action {action})", self.message, self.code);
+        let body = match kind {
+            UpstreamKind::Anthropic => {
+                let kind = match self.status {
+                    StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+                    StatusCode::UNAUTHORIZED => "authentication_error",
+                    StatusCode::FORBIDDEN => "permission_error",
+                    StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+                    StatusCode::NOT_FOUND => "not_found_error",
+                    s if s.is_server_error() => "api_error",
+                    _ => "invalid_request_error",
+                };
+                json!({"type": "error", "error": {"type": kind, "message": message},
+                       "tally": {"reason": self.code, "action": action}})
+            }
+            UpstreamKind::Openai | UpstreamKind::Http => json!({"error": {
+                "message": message, "type": "tally_refused", "code": self.code,
+                "param": null, "action": action}}),
+        };
+        let mut r = Response::builder()
+            .status(self.status)
+            .header("content-type", "application/json");
+        if let Some(ms) = self.retry_after_ms {
+            r = r.header("retry-after", ms.div_ceil(1000).max(1).to_string());
+        }
+        r.body(
+            Full::new(Bytes::from(body.to_string()))
+                .map_err(|e| match e {})
+                .boxed(),
+        )
+        .unwrap_or_else(|_| Response::new(crate::empty()))
+    }
+}

@@ -1,0 +1,491 @@
+//! One request through the proxy: who is calling, what it may cost, the gate's check,
+//! the upstream, and the answer (docs/PROXY.md).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use tally_gate::{Caller, CheckAnswer, CheckRequest, GateError, Standing};
+use tally_policy::{UpstreamKind, Verdict};
+use tally_record::decision::Channel;
+use tally_record::money::Nanos;
+use tally_record::{Effect, Reason, Status};
+
+use crate::dialect::Refusal;
+use crate::proxy::{Proxy, Route};
+use crate::request::{cents_nanos, reserve_cents};
+use crate::stream::{Pump, Settle};
+use crate::Body;
+
+/// Headers never passed on in either direction (RFC 9110 7.6.1 and the proxy's own).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+];
+
+/// The agent's credentials: never passed to the upstream.
+const AUTH: &[&str] = &["authorization", "x-api-key", "api-key", "cookie"];
+
+/// What the proxy knows of a request once its token is read.
+pub(crate) struct Caught {
+    pub run: String,
+    pub standing: Standing,
+}
+
+impl Proxy {
+    /// Answers one request.
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let mut parts = path.trim_start_matches('/').splitn(2, '/');
+        let name = parts.next().unwrap_or_default().to_owned();
+        let rest = format!("/{}", parts.next().unwrap_or_default());
+        let Some(route) = self.routes.get(&name) else {
+            return Refusal::own(
+                StatusCode::NOT_FOUND,
+                "unknown_upstream",
+                format!("no upstream `{name}` in the policy: call /NAME/PATH for an upstream of [upstreams.NAME]"),
+            )
+            .response(UpstreamKind::Openai);
+        };
+        let kind = route.upstream.kind;
+        match self.forward(route, &rest, req).await {
+            Ok(r) => r,
+            Err(refusal) => refusal.response(kind),
+        }
+    }
+
+    /// The run the request's token names, if it may spend.
+    async fn caught(&self, headers: &HeaderMap) -> Result<Caught, Refusal> {
+        let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let bearer = value("authorization").and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+                .map(str::trim)
+        });
+        let token = match (bearer, value("x-api-key").map(str::trim)) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(Refusal::token(
+                    "two different keys (Authorization and x-api-key): send the run token once",
+                ))
+            }
+            (Some(t), _) | (None, Some(t)) => t,
+            (None, None) => {
+                return Err(Refusal::token(
+                    "no run token: use the token of your run (the `token` of POST /v1/runs) as the API key",
+                ))
+            }
+        };
+        let run = self
+            .key
+            .run_of(token)
+            .ok_or_else(|| Refusal::token("this is not a run token of this tally"))?;
+        let operator = Caller {
+            uid: None,
+            operator: true,
+            proxied: false,
+        };
+        let lookup = run.clone();
+        let standing = self
+            .gate(move |gate, done| done(gate.run(operator, &lookup)))
+            .await
+            .map_err(|e| match e {
+                GateError::Unavailable(_) => unavailable(),
+                _ => Refusal::token("the run of this token is not known to the gate"),
+            })?;
+        if standing.state == "stopped" {
+            return Err(Refusal::token("the run of this token has stopped"));
+        }
+        if standing
+            .budget
+            .deadline_ms
+            .is_some_and(|d| standing.at_ms >= d)
+        {
+            return Err(Refusal::token("the run of this token is past its deadline"));
+        }
+        Ok(Caught { run, standing })
+    }
+
+    async fn forward(
+        &self,
+        route: &Route,
+        rest: &str,
+        req: Request<Incoming>,
+    ) -> Result<Response<Body>, Refusal> {
+        let (parts, body) = req.into_parts();
+        let caught = self.caught(&parts.headers).await?;
+        let u = &route.upstream;
+        let method = parts.method.as_str().to_owned();
+        if !u.methods.iter().any(|m| *m == method) {
+            return Err(Refusal::reason(
+                Reason::ScopeViolation,
+                None,
+                format!("{method} is not allowed to upstream `{}`", route.name),
+            ));
+        }
+        if !path_allowed(&u.paths, rest) {
+            return Err(Refusal::reason(
+                Reason::ScopeViolation,
+                None,
+                format!("{rest} is not a path upstream `{}` allows", route.name),
+            ));
+        }
+        let limit = usize::try_from(u.max_request_bytes).unwrap_or(usize::MAX);
+        if parts
+            .headers
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|n| n > u.max_request_bytes)
+        {
+            return Err(too_large(u.max_request_bytes));
+        }
+        let bytes = match Limited::new(body, limit).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(too_large(u.max_request_bytes))
+            }
+            Err(_) => {
+                return Err(Refusal::own(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "the request body could not be read",
+                ))
+            }
+        };
+        let remaining = spend_left(&caught.standing);
+        let plan = self.plan(route, &method, rest, &bytes, remaining)?;
+        let timeout_ms = caught
+            .standing
+            .budget
+            .deadline_ms
+            .map_or(u.timeout_ms, |d| {
+                u.timeout_ms.min(d.saturating_sub(caught.standing.at_ms))
+            });
+        let check = CheckRequest {
+            run: caught.run.clone(),
+            worker: None,
+            tool: route.name.clone(),
+            operation: Some(plan.operation.clone()),
+            args: plan.args.clone(),
+            args_preview: None,
+            effect: plan.effect,
+            idempotency_key: None,
+            target: Some(route.host.clone()),
+            channel: Some(if u.kind == UpstreamKind::Http {
+                Channel::Http
+            } else {
+                Channel::Model
+            }),
+            depth: None,
+            reserve_cents: Some(reserve_cents(plan.worst)),
+            remote_ref: None,
+            credential: None,
+            timeout_ms: Some(timeout_ms),
+            trace_id: None,
+        };
+        let caller = Caller {
+            uid: caught.standing.owner_uid,
+            operator: false,
+            proxied: true,
+        };
+        let answer = match self
+            .gate(move |gate, done| gate.check(caller, check, done))
+            .await
+        {
+            Ok(a) => a,
+            Err(GateError::Stopped(a)) => *a,
+            Err(GateError::Unavailable(_)) => return Err(unavailable()),
+            Err(GateError::RunStopped { .. }) | Err(GateError::RunNotFound(_)) => {
+                return Err(Refusal::token("the run of this token has stopped"))
+            }
+            Err(e) => {
+                return Err(Refusal::own(
+                    StatusCode::FORBIDDEN,
+                    "refused",
+                    format!("the gate refused the call: {e}"),
+                ))
+            }
+        };
+        let attempt = match allowed(&answer) {
+            Ok(a) => a,
+            Err(r) => return Err(r),
+        };
+        let deadline = Instant::now()
+            + Duration::from_millis(answer.timeout_ms.unwrap_or(timeout_ms).min(timeout_ms));
+        let settle = Settle {
+            run: caught.run.clone(),
+            attempt,
+            seq: answer.seq,
+            caller,
+            effect: plan.effect,
+            kind: u.kind,
+            price: plan.price.clone(),
+            route_price: plan.route_price,
+            cost_header: u.cost_header.clone(),
+            worst: plan.worst,
+        };
+        // The upstream request: the base path, the agent's path and query, its headers
+        // less the hop-by-hop and credentials, the real credential.
+        let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        let uri = format!(
+            "{}://{}{}{rest}{query}",
+            route.scheme, route.authority, route.base
+        );
+        let mut out = Request::builder()
+            .method(parts.method.clone())
+            .uri(&uri)
+            .body(Full::new(Bytes::from(plan.body)))
+            .map_err(|_| {
+                Refusal::own(StatusCode::BAD_REQUEST, "invalid_request", "the request cannot be forwarded")
+            })?;
+        *out.headers_mut() = outgoing(&parts.headers, route);
+        let sent = tokio::time::timeout_at(deadline.into(), route.client.request(out)).await;
+        let pump = Pump::new(self.shared(), settle, deadline);
+        let response = match sent {
+            Err(_) => {
+                pump.settle_now(Status::Timeout, None).await;
+                return Err(Refusal::own(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_timeout",
+                    "the upstream did not answer within the call's time (the run's deadline or the upstream's timeout_ms)",
+                ));
+            }
+            Ok(Err(e)) => {
+                // Never connected: nothing happened upstream. Else it may have.
+                let status = if e.is_connect() {
+                    Status::Rejected
+                } else {
+                    Status::Unknown
+                };
+                pump.settle_now(status, None).await;
+                return Err(Refusal::own(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_unreachable",
+                    format!("the upstream could not be reached: {e}"),
+                ));
+            }
+            Ok(Ok(r)) => r,
+        };
+        if response.status().is_redirection() {
+            if let Some(refusal) = redirect(route, response.headers()) {
+                pump.settle_now(Status::Rejected, Some("redirect_refused:scope_violation".into()))
+                    .await;
+                return Err(refusal);
+            }
+        }
+        Ok(pump.answer(response, plan.client_asked_usage, plan.strip_usage))
+    }
+}
+
+/// Whether `path` is under one of `prefixes` (a whole segment: `/v1/chat` allows
+/// `/v1/chat/completions`, not `/v1/chatx`), with no dot segment or encoded byte.
+fn path_allowed(prefixes: &[String], path: &str) -> bool {
+    if path.contains('%') || path.split('/').any(|s| s == ".." || s == ".") {
+        return false;
+    }
+    prefixes.iter().any(|p| {
+        let p = p.trim_end_matches('/');
+        path == p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/'))
+    })
+}
+
+fn too_large(max: u64) -> Refusal {
+    Refusal::own(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request_too_large",
+        format!("the request body is over this upstream's max_request_bytes ({max} bytes)"),
+    )
+}
+
+fn unavailable() -> Refusal {
+    let mut r = Refusal::reason(
+        Reason::GateUnavailable,
+        Some(1000),
+        "the gate cannot record decisions, so the call must not proceed (fail closed)".into(),
+    );
+    r.status = StatusCode::SERVICE_UNAVAILABLE;
+    r
+}
+
+/// What the run can still spend.
+fn spend_left(s: &Standing) -> Nanos {
+    match s.budget.spend_cents {
+        None => Nanos::MAX,
+        Some(limit) => cents_nanos(
+            limit
+                .saturating_sub(s.settled_cents)
+                .saturating_sub(s.held_cents),
+        ),
+    }
+}
+
+/// The attempt of an allow, or the refusal in words.
+fn allowed(a: &CheckAnswer) -> Result<u64, Refusal> {
+    if a.decision == Verdict::Allow {
+        if let Some(attempt) = a.attempt {
+            return Ok(attempt);
+        }
+    }
+    let reason = a.reason.unwrap_or(Reason::GateUnavailable);
+    let words = match a.cause {
+        Some(cause) => format!("the gate refused the call: {} ({})", reason.as_str(), cause.as_str()),
+        None => format!("the gate refused the call: {}", reason.as_str()),
+    };
+    Err(Refusal::reason(reason, a.retry_after_ms, words))
+}
+
+/// The headers sent upstream.
+fn outgoing(incoming: &HeaderMap, route: &Route) -> HeaderMap {
+    let listed: Vec<String> = incoming
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .collect();
+    let mut out = HeaderMap::new();
+    for (name, value) in incoming {
+        let n = name.as_str();
+        if HOP_BY_HOP.contains(&n)
+            || AUTH.contains(&n)
+            || listed.iter().any(|l| l == n)
+            || n.starts_with("x-tally-")
+            || n == "accept-encoding"
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    // Usage is read from the answer's bytes: no compression.
+    out.insert(
+        hyper::header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    let secret = route.secret.as_str();
+    let (name, value) = match route.upstream.kind {
+        UpstreamKind::Anthropic => ("x-api-key", secret.to_owned()),
+        UpstreamKind::Openai | UpstreamKind::Http => ("authorization", format!("Bearer {secret}")),
+    };
+    if let Ok(mut v) = HeaderValue::from_str(&value) {
+        v.set_sensitive(true);
+        out.insert(HeaderName::from_static(name), v);
+    }
+    out
+}
+
+/// A redirect the proxy refuses: to any other scheme, host or port than the upstream's.
+/// One to the upstream itself is passed back as it is.
+fn redirect(route: &Route, headers: &HeaderMap) -> Option<Refusal> {
+    let location = headers
+        .get(hyper::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let same = if location.starts_with('/') && !location.starts_with("//") {
+        true
+    } else {
+        match location.parse::<hyper::Uri>() {
+            Ok(u) => {
+                u.scheme_str() == Some(route.scheme.as_str())
+                    && u.authority().map(|a| a.as_str()) == Some(route.authority.as_str())
+            }
+            Err(_) => false,
+        }
+    };
+    (!same).then(|| {
+        Refusal::reason(
+            Reason::ScopeViolation,
+            None,
+            "the upstream redirected to another host; tally never follows a redirect out of the upstream".into(),
+        )
+    })
+}
+
+/// What a request is, priced.
+pub(crate) struct Plan {
+    pub body: Vec<u8>,
+    pub worst: Nanos,
+    pub operation: String,
+    pub effect: Effect,
+    pub args: Option<tally_record::Args>,
+    pub price: Option<tally_policy::ModelPrice>,
+    pub route_price: Option<Nanos>,
+    pub client_asked_usage: bool,
+    pub strip_usage: bool,
+}
+
+impl Proxy {
+    fn plan(
+        &self,
+        route: &Route,
+        method: &str,
+        rest: &str,
+        bytes: &[u8],
+        remaining: Nanos,
+    ) -> Result<Plan, Refusal> {
+        let u = &route.upstream;
+        if u.kind == UpstreamKind::Http {
+            let key = format!("{method} {rest}");
+            let Some(p) = self.policy.prices.route(&route.name, &key) else {
+                return Err(Refusal::reason(
+                    Reason::ScopeViolation,
+                    None,
+                    format!("`{key}` on upstream `{}` has no price in the policy; tally never forwards a call it cannot price", route.name),
+                ));
+            };
+            let effect = match Method::from_bytes(method.as_bytes()) {
+                Ok(Method::GET) | Ok(Method::HEAD) | Ok(Method::OPTIONS) => Effect::Read,
+                Ok(Method::PUT) | Ok(Method::DELETE) => Effect::IdempotentWrite,
+                _ => Effect::NonIdempotentWrite,
+            };
+            return Ok(Plan {
+                body: bytes.to_vec(),
+                worst: p.per_call,
+                operation: key.replace(':', "_"),
+                effect,
+                args: None,
+                price: None,
+                route_price: Some(p.per_call),
+                client_asked_usage: false,
+                strip_usage: false,
+            });
+        }
+        let request = crate::request::parse(u.kind, bytes).map_err(|e| {
+            Refusal::own(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
+        })?;
+        let Some(price) = self.policy.prices.model(&route.name, &request.model) else {
+            return Err(Refusal::reason(
+                Reason::ScopeViolation,
+                None,
+                format!(
+                    "model `{}` on upstream `{}` has no price in the policy; tally never forwards a call it cannot price",
+                    request.model, route.name
+                ),
+            ));
+        };
+        let priced = request.price(u.kind, price, remaining);
+        Ok(Plan {
+            body: priced.body,
+            worst: priced.worst,
+            // `:` would make the operation read as a poll of a remote reference.
+            operation: request.model.replace(':', "_"),
+            // A completion changes nothing upstream: a read, whatever its method.
+            effect: Effect::Read,
+            args: Some(request.args.clone()),
+            price: Some(price.clone()),
+            route_price: None,
+            client_asked_usage: request.client_asked_usage,
+            strip_usage: u.kind == UpstreamKind::Openai && request.stream && !request.client_asked_usage,
+        })
+    }
+}

@@ -1,0 +1,43 @@
+//! tally's HTTP/model proxy: in `tally serve`, between an agent and the upstreams the
+//! policy names (`[upstreams.NAME]`), it prices, forwards and observes the calls that
+//! cost money, through the gate (docs/PROXY.md).
+//!
+//! For each request to `/<NAME>/<upstream path>`:
+//!
+//! 1. the run token (the agent's API key) names the run ([`token`]); unknown, forged,
+//!    stopped or expired: 401;
+//! 2. the method and path must be the upstream's; the body at most its
+//!    `max_request_bytes` (413), read strictly ([`request`]);
+//! 3. the worst case is reserved: the gate's `check` with the run owner's uid
+//!    (`proxied`), refused in the upstream's dialect ([`dialect`]);
+//! 4. the request goes to the upstream with the real credential (the agent's key never
+//!    does), redirects never followed;
+//! 5. the answer streams back chunk by chunk while its usage ([`usage`]) and BLAKE3
+//!    digest are read from it; the gate's `outcome` settles the truth.
+//!
+//! Depends on the gate, the policy core, the record crate and the API types only; the
+//! daemon wires it into `tally serve`.
+#![forbid(unsafe_code)]
+
+pub mod dialect;
+mod forward;
+mod proxy;
+pub mod request;
+mod stream;
+pub mod token;
+pub mod usage;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty};
+
+pub use proxy::{read_credential, Proxy, ProxyError, ProxyOptions, Secret, Stage};
+pub use token::TokenKey;
+
+/// The body of the proxy's answers.
+pub type Body = BoxBody<Bytes, std::io::Error>;
+
+/// An empty body.
+pub(crate) fn empty() -> Body {
+    Empty::new().map_err(|e| match e {}).boxed()
+}

@@ -1,0 +1,361 @@
+//! The proxy as one value ([`Proxy`]): its upstreams with their clients and secrets, the
+//! run token key, and the gate it asks; and how it serves a listener.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tally_gate::{GateError, Gatekeeper};
+use tally_policy::{Policy, Upstream};
+use zeroize::Zeroizing;
+
+use crate::token::{KeyError, TokenKey};
+
+/// How the proxy runs a gate call: on the daemon's decision thread. The job is called
+/// with `true` when it waited past the backend's bound (it must then refuse as
+/// unavailable, without calling the gate).
+pub type Stage = Arc<dyn Fn(Box<dyn FnOnce(bool) + Send>) + Send + Sync>;
+
+/// Why the proxy cannot start. Nothing is bound.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// An upstream's credential was not given.
+    #[error("upstream `{upstream}` injects credential `{credential}`, which was not given: pass --credential {credential}=FILE")]
+    MissingCredential {
+        /// The upstream.
+        upstream: String,
+        /// The credential it names.
+        credential: String,
+    },
+    /// A credential file cannot be used.
+    #[error("credential file {path}: {why}")]
+    Credential {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        why: String,
+    },
+    /// An upstream's `ca_file` cannot be read.
+    #[error("upstream `{upstream}`: ca_file {path}: {why}")]
+    CaFile {
+        /// The upstream.
+        upstream: String,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// An upstream's URL is not one the client can reach.
+    #[error("upstream `{upstream}`: url `{url}` cannot be used: {why}")]
+    Url {
+        /// The upstream.
+        upstream: String,
+        /// Its URL.
+        url: String,
+        /// Why.
+        why: String,
+    },
+    /// The TLS configuration cannot be built.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The run token key.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+}
+
+/// A secret read from a credential file (zeroized on drop, never logged).
+pub type Secret = Zeroizing<String>;
+
+/// Reads a credential's secret from `path`: mode 0600 (or stricter), one line (a single
+/// trailing newline is dropped), not empty, visible ASCII.
+pub fn read_credential(path: &Path) -> Result<Secret, ProxyError> {
+    use std::os::unix::fs::PermissionsExt;
+    let bad = |why: String| ProxyError::Credential {
+        path: path.to_path_buf(),
+        why,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "has mode {mode:04o}; a secret must be 0600 (chmod 600 {})",
+            path.display()
+        )));
+    }
+    let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| bad(e.to_string()))?);
+    let mut text: &[u8] = &bytes;
+    if let Some(t) = text.strip_suffix(b"\n") {
+        text = t;
+    }
+    if text.is_empty() || !text.iter().all(|b| b.is_ascii_graphic()) {
+        return Err(bad(
+            "must hold the secret alone on one line (visible ASCII, no spaces)".into(),
+        ));
+    }
+    // Visible ASCII is UTF-8.
+    Ok(Zeroizing::new(String::from_utf8_lossy(text).into_owned()))
+}
+
+/// What the proxy needs besides the policy and the gate.
+#[non_exhaustive]
+pub struct ProxyOptions {
+    /// Secrets by credential name.
+    pub credentials: BTreeMap<String, Secret>,
+    /// The run token key.
+    pub key: Arc<TokenKey>,
+}
+
+impl ProxyOptions {
+    /// Options with these secrets and key.
+    pub fn new(credentials: BTreeMap<String, Secret>, key: Arc<TokenKey>) -> ProxyOptions {
+        ProxyOptions { credentials, key }
+    }
+}
+
+pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// One upstream, ready.
+pub(crate) struct Route {
+    pub name: String,
+    pub upstream: Upstream,
+    /// `http` or `https`.
+    pub scheme: String,
+    /// `host[:port]`.
+    pub authority: String,
+    /// The host alone (the gate's target).
+    pub host: String,
+    /// The base path (`""` or `/base`).
+    pub base: String,
+    pub secret: Secret,
+    pub client: HttpClient,
+}
+
+/// The proxy: cheap to share (`Arc`), one per daemon.
+pub struct Proxy {
+    pub(crate) routes: BTreeMap<String, Route>,
+    pub(crate) policy: Policy,
+    pub(crate) gate: Arc<dyn Gatekeeper>,
+    pub(crate) stage: Stage,
+    pub(crate) key: Arc<TokenKey>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("upstreams", &self.routes.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+fn client(name: &str, u: &Upstream) -> Result<HttpClient, ProxyError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(file) = &u.ca_file {
+        let bad = |why: String| ProxyError::CaFile {
+            upstream: name.to_owned(),
+            path: PathBuf::from(file),
+            why,
+        };
+        let mut n = 0;
+        for cert in CertificateDer::pem_file_iter(file).map_err(|e| bad(e.to_string()))? {
+            let cert = cert.map_err(|e| bad(e.to_string()))?;
+            roots.add(cert).map_err(|e| bad(e.to_string()))?;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(bad("holds no PEM certificate".into()));
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ProxyError::Tls(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .build(connector))
+}
+
+impl Proxy {
+    /// The proxy for the policy's upstreams. Every upstream's credential must be given;
+    /// `ca_file`s are read now.
+    pub fn new(
+        policy: &Policy,
+        options: ProxyOptions,
+        gate: Arc<dyn Gatekeeper>,
+        stage: Stage,
+    ) -> Result<Proxy, ProxyError> {
+        let mut routes = BTreeMap::new();
+        for (name, u) in &policy.upstreams {
+            let secret = options.credentials.get(&u.credential).ok_or_else(|| {
+                ProxyError::MissingCredential {
+                    upstream: name.clone(),
+                    credential: u.credential.clone(),
+                }
+            })?;
+            let (scheme, authority, base) =
+                tally_policy::upstreams::split_url(&u.url).map_err(|why| ProxyError::Url {
+                    upstream: name.clone(),
+                    url: u.url.clone(),
+                    why,
+                })?;
+            let uri: hyper::Uri =
+                format!("{scheme}://{authority}/")
+                    .parse()
+                    .map_err(|e: hyper::http::uri::InvalidUri| ProxyError::Url {
+                        upstream: name.clone(),
+                        url: u.url.clone(),
+                        why: e.to_string(),
+                    })?;
+            routes.insert(
+                name.clone(),
+                Route {
+                    name: name.clone(),
+                    upstream: u.clone(),
+                    scheme: scheme.to_owned(),
+                    authority: authority.to_owned(),
+                    host: uri.host().unwrap_or_default().to_owned(),
+                    base: base.to_owned(),
+                    secret: Zeroizing::new(secret.as_str().to_owned()),
+                    client: client(name, u)?,
+                },
+            );
+        }
+        Ok(Proxy {
+            routes,
+            policy: policy.clone(),
+            gate,
+            stage,
+            key: options.key,
+        })
+    }
+
+    /// The token a run's agent uses as its API key.
+    pub fn token(&self, run: &str) -> String {
+        self.key.mint(run)
+    }
+
+    /// Serves connections from `listener` until `shutdown` resolves; connections in
+    /// flight finish (a stream is bounded by its deadline).
+    pub async fn serve_tcp(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else { continue };
+                    let _ = stream.set_nodelay(true);
+                    self.connection(&graceful, TokioIo::new(stream));
+                }
+            }
+        }
+        graceful.shutdown().await;
+    }
+
+    /// [`Proxy::serve_tcp`] on a Unix socket.
+    pub async fn serve_unix(
+        self: Arc<Self>,
+        listener: tokio::net::UnixListener,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else { continue };
+                    self.connection(&graceful, TokioIo::new(stream));
+                }
+            }
+        }
+        graceful.shutdown().await;
+    }
+
+    fn connection<I>(self: &Arc<Self>, graceful: &hyper_util::server::graceful::GracefulShutdown, io: I)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let me = Arc::clone(self);
+        let service = hyper::service::service_fn(move |req| {
+            let me = Arc::clone(&me);
+            async move { Ok::<_, std::convert::Infallible>(me.handle(req).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(std::time::Duration::from_secs(10))
+            .serve_connection(io, service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+
+    /// Runs a gate call on the stage and awaits its answer.
+    pub(crate) async fn gate<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(Arc<dyn Gatekeeper>, Box<dyn FnOnce(Result<T, GateError>) + Send>)
+            + Send
+            + 'static,
+    ) -> Result<T, GateError> {
+        call(&self.gate, &self.stage, f).await
+    }
+
+    /// The gate, for a task that outlives the request.
+    pub(crate) fn shared(&self) -> crate::stream::Shared {
+        crate::stream::Shared {
+            gate: Arc::clone(&self.gate),
+            stage: Arc::clone(&self.stage),
+        }
+    }
+}
+
+/// Runs a gate call on `stage` and awaits its answer.
+pub(crate) async fn call<T: Send + 'static>(
+    gate: &Arc<dyn Gatekeeper>,
+    stage: &Stage,
+    f: impl FnOnce(Arc<dyn Gatekeeper>, Box<dyn FnOnce(Result<T, GateError>) + Send>)
+        + Send
+        + 'static,
+) -> Result<T, GateError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let gate = Arc::clone(gate);
+    stage(Box::new(move |late| {
+        if late {
+            let _ = tx.send(Err(GateError::Unavailable(
+                "the gate's earlier decisions held its state store past its bound".into(),
+            )));
+            return;
+        }
+        f(
+            gate,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )
+    }));
+    rx.await
+        .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
+}

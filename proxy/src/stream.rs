@@ -1,0 +1,350 @@
+//! The upstream's answer, passed to the agent chunk by chunk while its usage and digest
+//! are read from it; then the gate's outcome settles the truth.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use eventsource_stream::EventStream;
+use futures::FutureExt;
+use futures::StreamExt;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderValue};
+use hyper::{Response, StatusCode};
+use tally_gate::{Caller, Gatekeeper, OutcomeRequest};
+use tally_policy::{ModelPrice, UpstreamKind};
+use tally_record::money::{parse_usd, Nanos};
+use tally_record::{Effect, Status};
+
+use crate::proxy::Stage;
+use crate::request::settle_cents;
+use crate::usage::{Keep, StreamUsage};
+use crate::Body;
+
+/// The most of a plain (not streamed) answer kept to read its usage: 16 MiB. A longer
+/// answer passes through whole, and settles as `unknown` (its reservation held).
+const MAX_KEPT: usize = 16 * 1024 * 1024;
+
+/// What settling an attempt needs.
+#[derive(Clone)]
+pub(crate) struct Settle {
+    pub run: String,
+    pub attempt: u64,
+    pub seq: Option<u64>,
+    pub caller: Caller,
+    pub effect: Effect,
+    pub kind: UpstreamKind,
+    pub price: Option<ModelPrice>,
+    pub route_price: Option<Nanos>,
+    pub cost_header: Option<String>,
+    #[allow(dead_code)]
+    pub worst: Nanos,
+}
+
+/// The gate, as a spawned task reaches it.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub gate: Arc<dyn Gatekeeper>,
+    pub stage: Stage,
+}
+
+/// One allowed attempt's answer.
+pub(crate) struct Pump {
+    shared: Shared,
+    settle: Settle,
+    deadline: Instant,
+}
+
+/// How an answer ended.
+struct Ended {
+    status: Status,
+    cents: Option<u64>,
+    retry_after_ms: Option<u64>,
+    digest: Option<String>,
+    observed: Option<String>,
+}
+
+impl Pump {
+    pub fn new(shared: Shared, settle: Settle, deadline: Instant) -> Pump {
+        Pump {
+            shared,
+            settle,
+            deadline,
+        }
+    }
+
+    /// Settles with no answer body: a timeout, an unreachable upstream, a refused
+    /// redirect.
+    pub async fn settle_now(self, status: Status, observed: Option<String>) {
+        let status = timeout_status(status, self.settle.effect);
+        let cents = matches!(status, Status::Rejected).then_some(0);
+        outcome(
+            &self.shared,
+            &self.settle,
+            Ended {
+                status,
+                cents,
+                retry_after_ms: None,
+                digest: None,
+                observed,
+            },
+        )
+        .await;
+    }
+
+    /// The answer to the agent: the upstream's status and headers (less hop-by-hop,
+    /// plus `x-tally-run`, `x-tally-attempt`, `x-tally-seq`), its body streamed through.
+    pub fn answer(
+        self,
+        response: Response<Incoming>,
+        _client_asked_usage: bool,
+        strip_usage: bool,
+    ) -> Response<Body> {
+        let (parts, body) = response.into_parts();
+        let status = parts.status;
+        let sse = parts
+            .headers
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        let reframe = sse && strip_usage;
+        let mut headers = HeaderMap::new();
+        for (name, value) in &parts.headers {
+            let n = name.as_str();
+            if matches!(
+                n,
+                "connection" | "keep-alive" | "transfer-encoding" | "te" | "trailer" | "upgrade" | "proxy-authenticate"
+            ) || (reframe && n == "content-length")
+                || n.starts_with("x-tally-")
+            {
+                continue;
+            }
+            headers.append(name.clone(), value.clone());
+        }
+        let mut add = |name: &'static str, value: String| {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(name, v);
+            }
+        };
+        add("x-tally-run", self.settle.run.clone());
+        add("x-tally-attempt", self.settle.attempt.to_string());
+        if let Some(seq) = self.settle.seq {
+            add("x-tally-seq", seq.to_string());
+        }
+        let header_cost = self
+            .settle
+            .cost_header
+            .as_ref()
+            .and_then(|h| parts.headers.get(h.as_str()))
+            .map(|v| v.to_str().ok().and_then(|t| parse_usd(t.trim()).ok()));
+        let retry_after_ms = parts
+            .headers
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|s| s.saturating_mul(1000));
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(16);
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        tokio::spawn(self.pump(body, tx, status, sse, reframe, header_cost, retry_after_ms));
+        let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn pump(
+        self,
+        mut body: Incoming,
+        tx: tokio::sync::mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>,
+        status: StatusCode,
+        sse: bool,
+        reframe: bool,
+        header_cost: Option<Option<Nanos>>,
+        retry_after_ms: Option<u64>,
+    ) {
+        let kind = self.settle.kind;
+        let mut hasher = blake3::Hasher::new();
+        let mut kept: Vec<u8> = Vec::new();
+        let mut overflow = false;
+        let mut usage = StreamUsage::new(kind);
+        let (feed, fed) = futures::channel::mpsc::unbounded::<Result<Bytes, std::convert::Infallible>>();
+        let mut events = EventStream::new(fed);
+        let mut client = Some(tx);
+        let deadline = tokio::time::Instant::from_std(self.deadline);
+        let end: Result<(), Status> = loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) => break Err(Status::Timeout),
+                Ok(None) => break Ok(()),
+                Ok(Some(Err(_))) => break Err(Status::Unknown),
+                Ok(Some(Ok(f))) => f,
+            };
+            let Ok(chunk) = frame.into_data() else {
+                continue;
+            };
+            hasher.update(&chunk);
+            let mut out = Vec::new();
+            if sse {
+                let _ = feed.unbounded_send(Ok(chunk.clone()));
+                while let Some(Some(Ok(ev))) = events.next().now_or_never() {
+                    let keep = usage.event(&ev.data);
+                    if reframe && keep == Keep::Pass {
+                        out.push(reframed(&ev));
+                    }
+                }
+            } else if !overflow {
+                if kept.len() + chunk.len() > MAX_KEPT {
+                    overflow = true;
+                    kept = Vec::new();
+                } else {
+                    kept.extend_from_slice(&chunk);
+                }
+            }
+            let forwarded: Vec<Bytes> = if reframe { out } else { vec![chunk] };
+            if let Some(c) = &client {
+                for b in forwarded {
+                    if b.is_empty() {
+                        continue;
+                    }
+                    // A client that went away stops receiving; the upstream is still
+                    // read to its end (or the deadline) to settle what it cost.
+                    let sent = tokio::time::timeout_at(deadline, c.send(Ok(Frame::data(b)))).await;
+                    if !matches!(sent, Ok(Ok(()))) {
+                        client = None;
+                        break;
+                    }
+                }
+            }
+        };
+        let digest = Some(hasher.finalize().to_hex().to_string());
+        let ended = match end {
+            Err(cut) => {
+                if let Some(c) = client.take() {
+                    let _ = c
+                        .send(Err(std::io::Error::other("the upstream answer was cut")))
+                        .await;
+                }
+                Ended {
+                    status: timeout_status(cut, self.settle.effect),
+                    cents: None,
+                    retry_after_ms: None,
+                    digest,
+                    observed: None,
+                }
+            }
+            Ok(()) => {
+                drop(client);
+                let cost = if !status.is_success() {
+                    None
+                } else if kind == UpstreamKind::Http {
+                    match header_cost {
+                        Some(c) => c,
+                        None => self.settle.route_price,
+                    }
+                } else {
+                    let used = if sse {
+                        usage.usage()
+                    } else if overflow {
+                        None
+                    } else {
+                        crate::usage::from_body(kind, &kept)
+                    };
+                    match (used, &self.settle.price) {
+                        (Some(u), Some(p)) => u.cost(p),
+                        _ => None,
+                    }
+                };
+                classify(status, cost, retry_after_ms, digest)
+            }
+        };
+        outcome(&self.shared, &self.settle, ended).await;
+    }
+}
+
+/// An event as the client would have received it.
+fn reframed(ev: &eventsource_stream::Event) -> Bytes {
+    let mut s = String::new();
+    if !ev.event.is_empty() && ev.event != "message" {
+        s.push_str(&format!("event: {}\n", ev.event));
+    }
+    if !ev.id.is_empty() {
+        s.push_str(&format!("id: {}\n", ev.id));
+    }
+    for line in ev.data.split('\n') {
+        s.push_str("data: ");
+        s.push_str(line);
+        s.push('\n');
+    }
+    s.push('\n');
+    Bytes::from(s)
+}
+
+/// A timeout of a non-idempotent write is `unknown`: it may have happened.
+fn timeout_status(status: Status, effect: Effect) -> Status {
+    if status == Status::Timeout && effect == Effect::NonIdempotentWrite {
+        Status::Unknown
+    } else {
+        status
+    }
+}
+
+/// The outcome of a complete answer: 2xx `ok` with its cost (none read: `unknown`, the
+/// reservation held); 429 and 503 with Retry-After `rejected` with it; other 4xx
+/// `rejected`; 3xx `rejected`; 5xx `error`. Nothing is charged for an answer that is
+/// not a success.
+fn classify(
+    status: StatusCode,
+    cost: Option<Nanos>,
+    retry_after_ms: Option<u64>,
+    digest: Option<String>,
+) -> Ended {
+    let (st, cents, retry) = if status.is_success() {
+        match cost {
+            Some(c) => (Status::Ok, Some(settle_cents(c)), None),
+            None => (Status::Unknown, None, None),
+        }
+    } else if (status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE)
+        && retry_after_ms.is_some()
+    {
+        (Status::Rejected, Some(0), retry_after_ms)
+    } else if status.is_server_error() {
+        (Status::Error, Some(0), None)
+    } else {
+        (Status::Rejected, Some(0), None)
+    };
+    Ended {
+        status: st,
+        cents,
+        retry_after_ms: retry,
+        digest,
+        observed: None,
+    }
+}
+
+async fn outcome(shared: &Shared, s: &Settle, e: Ended) {
+    let req = OutcomeRequest {
+        run: s.run.clone(),
+        attempt: s.attempt,
+        status: e.status,
+        settled_cents: e.cents,
+        remote_ref: None,
+        observed: e.observed,
+        retry_after_ms: e.retry_after_ms,
+        result_digest: e.digest,
+        worker: None,
+    };
+    let caller = s.caller;
+    let r = crate::proxy::call(&shared.gate, &shared.stage, move |gate, done| {
+        gate.outcome(caller, req, done)
+    })
+    .await;
+    if let Err(e) = r {
+        eprintln!(
+            "tally serve: proxy: the outcome of run {} attempt {} could not be recorded (its reservation stays held): {e}",
+            s.run, s.attempt
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! Run tokens: what an agent holds in place of an upstream's key.
+//!
+//! `tly_` + base64url(run name, no padding) + `.` + hex(BLAKE3 keyed hash of the run
+//! name under a 32-byte key). Stateless: the proxy reads the run from the token and
+//! checks the MAC in constant time (`blake3::Hash`'s equality); whether the run may
+//! still spend is the gate's state (a stopped or expired run's token is refused).
+//!
+//! The key is `proxy-token.key` in the ledger's directory: 32 random bytes, mode 0600,
+//! created on first use, held zeroized. Daemons of a PostgreSQL fleet share runs, so
+//! they must share the key: copy the one file (0600, the daemon's user) into each
+//! daemon's ledger directory before it starts; a token minted by one daemon is then
+//! accepted by all.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use zeroize::Zeroizing;
+
+/// The key file's name in the ledger's directory.
+pub const KEY_FILE: &str = "proxy-token.key";
+/// Run tokens start with this.
+pub const PREFIX: &str = "tly_";
+
+/// Why the token key cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// Reading or creating it failed.
+    #[error("run token key {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Readable by others than its owner.
+    #[error("run token key {path} has mode {mode:04o}; it must be 0600 (chmod 600 {path})")]
+    Permissions {
+        /// The file.
+        path: PathBuf,
+        /// Its mode.
+        mode: u32,
+    },
+    /// Not 32 bytes.
+    #[error("run token key {path} is {len} bytes, not 32: remove it to make a new one (tokens already handed out stop working)")]
+    Length {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: usize,
+    },
+}
+
+/// The key that mints and checks run tokens (zeroized on drop).
+pub struct TokenKey(Zeroizing<[u8; 32]>);
+
+impl std::fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenKey(..)")
+    }
+}
+
+impl TokenKey {
+    /// A key from its bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> TokenKey {
+        TokenKey(Zeroizing::new(bytes))
+    }
+
+    /// The key in `dir` (the ledger's directory), made (0600) if there is none.
+    pub fn open_or_create(dir: &Path) -> Result<TokenKey, KeyError> {
+        let path = dir.join(KEY_FILE);
+        let io = |source| KeyError::Io {
+            path: path.clone(),
+            source,
+        };
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(mut f) => {
+                let mut key = Zeroizing::new([0u8; 32]);
+                rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut key[..]);
+                f.write_all(&key[..]).map_err(io)?;
+                f.sync_all().map_err(io)?;
+                return Ok(TokenKey(key));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io(e)),
+        }
+        let mut f = std::fs::File::open(&path).map_err(io)?;
+        let mode = f.metadata().map_err(io)?.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(KeyError::Permissions { path, mode });
+        }
+        let mut bytes = Zeroizing::new(Vec::with_capacity(33));
+        Read::by_ref(&mut f).take(33).read_to_end(&mut bytes).map_err(io)?;
+        let key: [u8; 32] = bytes.as_slice().try_into().map_err(|_| KeyError::Length {
+            path: path.clone(),
+            len: bytes.len(),
+        })?;
+        Ok(TokenKey::from_bytes(key))
+    }
+
+    /// The token of `run`.
+    pub fn mint(&self, run: &str) -> String {
+        let mac = blake3::keyed_hash(&self.0, run.as_bytes());
+        format!(
+            "{PREFIX}{}.{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(run.as_bytes()),
+            mac.to_hex()
+        )
+    }
+
+    /// The run a token names, if its MAC is this key's (compared in constant time).
+    pub fn run_of(&self, token: &str) -> Option<String> {
+        let rest = token.strip_prefix(PREFIX)?;
+        let (name, mac) = rest.split_once('.')?;
+        if name.len() > 4096 {
+            return None;
+        }
+        let given = blake3::Hash::from_hex(mac).ok()?;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(name)
+            .ok()?;
+        let run = String::from_utf8(bytes).ok()?;
+        // `Hash`'s equality is constant-time.
+        (blake3::keyed_hash(&self.0, run.as_bytes()) == given).then_some(run)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_names_its_run_and_nothing_else() {
+        let k = TokenKey::from_bytes([7; 32]);
+        let t = k.mint("run-1");
+        assert!(t.starts_with("tly_"));
+        assert_eq!(k.run_of(&t).as_deref(), Some("run-1"));
+        let other = TokenKey::from_bytes([8; 32]);
+        assert_eq!(other.run_of(&t), None);
+        // Another run's name with this run's MAC.
+        let (_, mac) = t.split_once('.').expect("dot");
+        let forged = format!("tly_{}.{mac}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("run-2"));
+        assert_eq!(k.run_of(&forged), None);
+        assert_eq!(k.run_of("sk-real"), None);
+        assert_eq!(k.run_of(&t.to_uppercase()), None);
+    }
+
+    #[test]
+    fn the_key_file_is_made_0600_and_refused_when_open_to_others() {
+        let dir = tempfile::tempdir().expect("dir");
+        let a = TokenKey::open_or_create(dir.path()).expect("made");
+        let b = TokenKey::open_or_create(dir.path()).expect("read");
+        assert_eq!(a.mint("r"), b.mint("r"));
+        let path = dir.path().join(KEY_FILE);
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert!(matches!(
+            TokenKey::open_or_create(dir.path()),
+            Err(KeyError::Permissions { .. })
+        ));
+    }
+}
