@@ -21,6 +21,8 @@ use tally_api::GateClient;
 pub const RUN: &str = "model-agent";
 /// The story's upstream, as the policy names it.
 const UPSTREAM: &str = "openai";
+/// The name of the upstream's credential (the daemon holds its secret).
+pub const CREDENTIAL: &str = "openai";
 /// The model, and what every call of it uses: 1,000 tokens in, 500 out.
 const MODEL: &str = "demo-model";
 const INPUT_TOKENS: u64 = 1000;
@@ -32,7 +34,7 @@ const BUDGET_CENTS: u64 = 20;
 /// dollars per million tokens: a call of 1,000 tokens in and 500 out costs 3¢).
 pub fn policy(upstream: &str) -> String {
     format!(
-        "[upstreams.{UPSTREAM}]\nurl = \"{upstream}\"\nkind = \"openai\"\ncredential = \"{UPSTREAM}\"\n\
+        "[upstreams.{UPSTREAM}]\nurl = \"{upstream}\"\nkind = \"openai\"\ncredential = \"{CREDENTIAL}\"\n\
          paths = [\"/v1/chat/completions\"]\n\
          [prices.{UPSTREAM}.\"{MODEL}\"]\ninput_per_mtok = \"10\"\noutput_per_mtok = \"40\"\n\
          max_output_tokens = 4096\n"
