@@ -90,7 +90,10 @@ fn proxy(
     }
     p.socket = socket.clone();
     for c in credentials {
-        let Some((name, file)) = c.split_once('=').filter(|(n, f)| !n.is_empty() && !f.is_empty()) else {
+        let Some((name, file)) = c
+            .split_once('=')
+            .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+        else {
             bail!("--credential: `{c}` is not NAME=FILE");
         };
         if p.credentials.contains_key(name) {

@@ -398,9 +398,11 @@ async fn serve_inner(
             &app.gate.policy().policy,
             tally_proxy::ProxyOptions::new(
                 p.credentials.clone(),
-                Arc::clone(app.token_key.as_ref().ok_or_else(|| {
-                    DaemonError::Gate("the run token key is missing".into())
-                })?),
+                Arc::clone(
+                    app.token_key
+                        .as_ref()
+                        .ok_or_else(|| DaemonError::Gate("the run token key is missing".into()))?,
+                ),
             ),
             Arc::clone(&app.gate),
             app.stage.submitter(),

@@ -127,7 +127,7 @@ impl Proxy {
         let caught = self.caught(&parts.headers).await?;
         let u = &route.upstream;
         let method = parts.method.as_str().to_owned();
-        if !u.methods.iter().any(|m| *m == method) {
+        if !u.methods.contains(&method) {
             return Err(Refusal::reason(
                 Reason::ScopeViolation,
                 None,
@@ -177,9 +177,11 @@ impl Proxy {
             run: caught.run.clone(),
             worker: None,
             tool: route.name.clone(),
-            operation: Some(plan.operation.clone()),
+            // A logical operation is the request itself (tool and arguments): concurrent
+            // calls to one model are not retries of each other.
+            operation: None,
             args: plan.args.clone(),
-            args_preview: None,
+            args_preview: Some(preview(&plan.operation)),
             effect: plan.effect,
             idempotency_key: None,
             target: Some(route.host.clone()),
@@ -238,7 +240,11 @@ impl Proxy {
         };
         // The upstream request: the base path, the agent's path and query, its headers
         // less the hop-by-hop and credentials, the real credential.
-        let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        let query = parts
+            .uri
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
         let uri = format!(
             "{}://{}{}{rest}{query}",
             route.scheme, route.authority, route.base
@@ -248,7 +254,11 @@ impl Proxy {
             .uri(&uri)
             .body(Full::new(Bytes::from(plan.body)))
             .map_err(|_| {
-                Refusal::own(StatusCode::BAD_REQUEST, "invalid_request", "the request cannot be forwarded")
+                Refusal::own(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "the request cannot be forwarded",
+                )
             })?;
         *out.headers_mut() = outgoing(&parts.headers, route);
         let sent = tokio::time::timeout_at(deadline.into(), route.client.request(out)).await;
@@ -280,8 +290,11 @@ impl Proxy {
         };
         if response.status().is_redirection() {
             if let Some(refusal) = redirect(route, response.headers()) {
-                pump.settle_now(Status::Rejected, Some("redirect_refused:scope_violation".into()))
-                    .await;
+                pump.settle_now(
+                    Status::Rejected,
+                    Some("redirect_refused:scope_violation".into()),
+                )
+                .await;
                 return Err(refusal);
             }
         }
@@ -340,7 +353,11 @@ fn allowed(a: &CheckAnswer) -> Result<u64, Refusal> {
     }
     let reason = a.reason.unwrap_or(Reason::GateUnavailable);
     let words = match a.cause {
-        Some(cause) => format!("the gate refused the call: {} ({})", reason.as_str(), cause.as_str()),
+        Some(cause) => format!(
+            "the gate refused the call: {} ({})",
+            reason.as_str(),
+            cause.as_str()
+        ),
         None => format!("the gate refused the call: {}", reason.as_str()),
     };
     Err(Refusal::reason(reason, a.retry_after_ms, words))
@@ -411,6 +428,15 @@ fn redirect(route: &Route, headers: &HeaderMap) -> Option<Refusal> {
     })
 }
 
+/// The call's preview: at most 256 bytes, cut at a character.
+fn preview(text: &str) -> String {
+    let mut end = text.len().min(tally_record::decision::MAX_PREVIEW_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
 /// What a request is, priced.
 pub(crate) struct Plan {
     pub body: Vec<u8>,
@@ -448,21 +474,26 @@ impl Proxy {
                 Ok(Method::PUT) | Ok(Method::DELETE) => Effect::IdempotentWrite,
                 _ => Effect::NonIdempotentWrite,
             };
+            // The request as the loop rules see it: its route and the digest of its body.
+            let args = tally_record::Args::from_value(&serde_json::json!({
+                "route": key,
+                "body_blake3": blake3::hash(bytes).to_hex().to_string(),
+            }))
+            .ok();
             return Ok(Plan {
                 body: bytes.to_vec(),
                 worst: p.per_call,
-                operation: key.replace(':', "_"),
+                operation: key.clone(),
                 effect,
-                args: None,
+                args,
                 price: None,
                 route_price: Some(p.per_call),
                 client_asked_usage: false,
                 strip_usage: false,
             });
         }
-        let request = crate::request::parse(u.kind, bytes).map_err(|e| {
-            Refusal::own(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
-        })?;
+        let request = crate::request::parse(u.kind, bytes)
+            .map_err(|e| Refusal::own(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))?;
         let Some(price) = self.policy.prices.model(&route.name, &request.model) else {
             return Err(Refusal::reason(
                 Reason::ScopeViolation,
@@ -477,15 +508,17 @@ impl Proxy {
         Ok(Plan {
             body: priced.body,
             worst: priced.worst,
-            // `:` would make the operation read as a poll of a remote reference.
-            operation: request.model.replace(':', "_"),
+            // Kept as the call's preview (bounded: a model name is at most 256 bytes).
+            operation: request.model.clone(),
             // A completion changes nothing upstream: a read, whatever its method.
             effect: Effect::Read,
             args: Some(request.args.clone()),
             price: Some(price.clone()),
             route_price: None,
             client_asked_usage: request.client_asked_usage,
-            strip_usage: u.kind == UpstreamKind::Openai && request.stream && !request.client_asked_usage,
+            strip_usage: u.kind == UpstreamKind::Openai
+                && request.stream
+                && !request.client_asked_usage,
         })
     }
 }

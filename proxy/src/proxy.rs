@@ -216,14 +216,13 @@ impl Proxy {
                     url: u.url.clone(),
                     why,
                 })?;
-            let uri: hyper::Uri =
-                format!("{scheme}://{authority}/")
-                    .parse()
-                    .map_err(|e: hyper::http::uri::InvalidUri| ProxyError::Url {
-                        upstream: name.clone(),
-                        url: u.url.clone(),
-                        why: e.to_string(),
-                    })?;
+            let uri: hyper::Uri = format!("{scheme}://{authority}/").parse().map_err(
+                |e: hyper::http::uri::InvalidUri| ProxyError::Url {
+                    upstream: name.clone(),
+                    url: u.url.clone(),
+                    why: e.to_string(),
+                },
+            )?;
             routes.insert(
                 name.clone(),
                 Route {
@@ -294,8 +293,11 @@ impl Proxy {
         graceful.shutdown().await;
     }
 
-    fn connection<I>(self: &Arc<Self>, graceful: &hyper_util::server::graceful::GracefulShutdown, io: I)
-    where
+    fn connection<I>(
+        self: &Arc<Self>,
+        graceful: &hyper_util::server::graceful::GracefulShutdown,
+        io: I,
+    ) where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let me = Arc::clone(self);
@@ -336,9 +338,7 @@ impl Proxy {
 pub(crate) async fn call<T: Send + 'static>(
     gate: &Arc<dyn Gatekeeper>,
     stage: &Stage,
-    f: impl FnOnce(Arc<dyn Gatekeeper>, Box<dyn FnOnce(Result<T, GateError>) + Send>)
-        + Send
-        + 'static,
+    f: impl FnOnce(Arc<dyn Gatekeeper>, Box<dyn FnOnce(Result<T, GateError>) + Send>) + Send + 'static,
 ) -> Result<T, GateError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let gate = Arc::clone(gate);

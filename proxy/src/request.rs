@@ -118,10 +118,14 @@ pub fn parse(kind: UpstreamKind, body: &[u8]) -> Result<ModelRequest, RequestErr
     let count = |field: &'static str| -> Result<Option<u64>, RequestError> {
         match raw.get(field) {
             None => Ok(None),
-            Some(v) => v.get().parse::<u64>().map(Some).map_err(|_| RequestError::Field {
-                field,
-                why: "must be a whole number",
-            }),
+            Some(v) => v
+                .get()
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| RequestError::Field {
+                    field,
+                    why: "must be a whole number",
+                }),
         }
     };
     let max_tokens = match kind {
@@ -185,7 +189,8 @@ pub fn parse(kind: UpstreamKind, body: &[u8]) -> Result<ModelRequest, RequestErr
         }
     };
     // Read for the walk only (a number's digits do not matter to it).
-    let whole: Value = serde_json::from_str(args.canonical()).map_err(|_| RequestError::NotObject)?;
+    let whole: Value =
+        serde_json::from_str(args.canonical()).map_err(|_| RequestError::NotObject)?;
     not_text(&whole)?;
     Ok(ModelRequest {
         members: raw,
@@ -358,7 +363,10 @@ mod tests {
             r#"{"model":"a","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
             r#"{"model":"a","max_tokens":1,"max_completion_tokens":2}"#,
         ] {
-            assert!(parse(UpstreamKind::Openai, body.as_bytes()).is_err(), "{body}");
+            assert!(
+                parse(UpstreamKind::Openai, body.as_bytes()).is_err(),
+                "{body}"
+            );
         }
     }
 
@@ -369,7 +377,10 @@ mod tests {
         assert_eq!(r.max_tokens, Some(100));
         let p = r.price(UpstreamKind::Openai, &price(), Nanos(0));
         let text = String::from_utf8(p.body.clone()).expect("utf8");
-        assert!(text.contains("\"temperature\":0.10000000000000000001"), "{text}");
+        assert!(
+            text.contains("\"temperature\":0.10000000000000000001"),
+            "{text}"
+        );
         assert!(text.contains("\"max_tokens\":100"), "{text}");
         assert!(!p.injected);
         assert!(p.input_bound >= p.body.len() as u64);
@@ -390,7 +401,10 @@ mod tests {
         assert!(p.worst <= remaining, "{p:?}");
         assert!(p.max_tokens > 1 && p.max_tokens < 1000, "{p:?}");
         let text = String::from_utf8(p.body).expect("utf8");
-        assert!(text.contains("\"stream_options\":{\"include_usage\":true}"), "{text}");
+        assert!(
+            text.contains("\"stream_options\":{\"include_usage\":true}"),
+            "{text}"
+        );
         // Capped at the model's limit when the budget is large.
         let p = r.price(UpstreamKind::Openai, &price(), Nanos(u64::MAX));
         assert_eq!(p.max_tokens, 1000);

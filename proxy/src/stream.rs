@@ -114,7 +114,13 @@ impl Pump {
             let n = name.as_str();
             if matches!(
                 n,
-                "connection" | "keep-alive" | "transfer-encoding" | "te" | "trailer" | "upgrade" | "proxy-authenticate"
+                "connection"
+                    | "keep-alive"
+                    | "transfer-encoding"
+                    | "te"
+                    | "trailer"
+                    | "upgrade"
+                    | "proxy-authenticate"
             ) || (reframe && n == "content-length")
                 || n.starts_with("x-tally-")
             {
@@ -171,7 +177,8 @@ impl Pump {
         let mut kept: Vec<u8> = Vec::new();
         let mut overflow = false;
         let mut usage = StreamUsage::new(kind);
-        let (feed, fed) = futures::channel::mpsc::unbounded::<Result<Bytes, std::convert::Infallible>>();
+        let (feed, fed) =
+            futures::channel::mpsc::unbounded::<Result<Bytes, std::convert::Infallible>>();
         let mut events = EventStream::new(fed);
         let mut client = Some(tx);
         let deadline = tokio::time::Instant::from_std(self.deadline);

@@ -97,7 +97,10 @@ impl TokenKey {
             return Err(KeyError::Permissions { path, mode });
         }
         let mut bytes = Zeroizing::new(Vec::with_capacity(33));
-        Read::by_ref(&mut f).take(33).read_to_end(&mut bytes).map_err(io)?;
+        Read::by_ref(&mut f)
+            .take(33)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
         let key: [u8; 32] = bytes.as_slice().try_into().map_err(|_| KeyError::Length {
             path: path.clone(),
             len: bytes.len(),
@@ -146,7 +149,10 @@ mod tests {
         assert_eq!(other.run_of(&t), None);
         // Another run's name with this run's MAC.
         let (_, mac) = t.split_once('.').expect("dot");
-        let forged = format!("tly_{}.{mac}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("run-2"));
+        let forged = format!(
+            "tly_{}.{mac}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("run-2")
+        );
         assert_eq!(k.run_of(&forged), None);
         assert_eq!(k.run_of("sk-real"), None);
         assert_eq!(k.run_of(&t.to_uppercase()), None);

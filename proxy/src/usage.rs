@@ -182,25 +182,52 @@ mod tests {
         let b = br#"{"usage":{"prompt_tokens":100,"completion_tokens":50,"prompt_tokens_details":{"cached_tokens":40}}}"#;
         assert_eq!(
             from_body(UpstreamKind::Openai, b),
-            Some(Usage { input: 60, cached: 40, output: 50 })
+            Some(Usage {
+                input: 60,
+                cached: 40,
+                output: 50
+            })
         );
         let b = br#"{"usage":{"input_tokens":10,"output_tokens":5,"cache_read_input_tokens":7}}"#;
         assert_eq!(
             from_body(UpstreamKind::Anthropic, b),
-            Some(Usage { input: 10, cached: 7, output: 5 })
+            Some(Usage {
+                input: 10,
+                cached: 7,
+                output: 5
+            })
         );
         assert_eq!(from_body(UpstreamKind::Openai, br#"{"usage":null}"#), None);
         let mut s = StreamUsage::new(UpstreamKind::Anthropic);
-        s.event(r#"{"type":"message_start","message":{"usage":{"input_tokens":9,"output_tokens":1}}}"#);
+        s.event(
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":9,"output_tokens":1}}}"#,
+        );
         assert_eq!(s.usage(), None, "no output yet: a cut stream has no usage");
         s.event(r#"{"type":"message_delta","usage":{"output_tokens":30}}"#);
-        assert_eq!(s.usage(), Some(Usage { input: 9, cached: 0, output: 30 }));
+        assert_eq!(
+            s.usage(),
+            Some(Usage {
+                input: 9,
+                cached: 0,
+                output: 30
+            })
+        );
         let mut s = StreamUsage::new(UpstreamKind::Openai);
-        assert_eq!(s.event(r#"{"choices":[{"delta":{}}],"usage":null}"#), Keep::Pass);
+        assert_eq!(
+            s.event(r#"{"choices":[{"delta":{}}],"usage":null}"#),
+            Keep::Pass
+        );
         assert_eq!(
             s.event(r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#),
             Keep::Drop
         );
-        assert_eq!(s.usage(), Some(Usage { input: 3, cached: 0, output: 4 }));
+        assert_eq!(
+            s.usage(),
+            Some(Usage {
+                input: 3,
+                cached: 0,
+                output: 4
+            })
+        );
     }
 }

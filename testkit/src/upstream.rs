@@ -252,10 +252,14 @@ fn streamed(chunks: Vec<Bytes>, every: Duration, cut: bool) -> Body {
                     }
                     Some((Ok(Frame::data(c)), (it, cut, false)))
                 }
-                None if cut => Some((
-                    Err(std::io::Error::other("cut by the fake upstream")),
-                    (it, cut, true),
-                )),
+                None if cut => {
+                    // What was sent reaches the client (hyper flushes it) before the cut.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Some((
+                        Err(std::io::Error::other("cut by the fake upstream")),
+                        (it, cut, true),
+                    ))
+                }
                 None => None,
             }
         },
@@ -473,6 +477,8 @@ impl State {
         }
         let every = if slow {
             Duration::from_millis(200)
+        } else if cut {
+            Duration::from_millis(20)
         } else {
             Duration::ZERO
         };

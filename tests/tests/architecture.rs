@@ -11,7 +11,7 @@ use serde_json::Value;
 
 /// Each crate's layer (ARCHITECTURE.md): a crate may depend only on crates of lower
 /// layers.
-const LAYERS: [(&str, u32); 12] = [
+const LAYERS: [(&str, u32); 13] = [
     ("tally-record", 0),
     ("tally-testkit", 0),
     ("tally-ledger", 1),
@@ -20,6 +20,7 @@ const LAYERS: [(&str, u32); 12] = [
     ("tally-verify", 2),
     ("tally-api", 3),
     ("tally-gate-postgres", 3),
+    ("tally-proxy", 3),
     ("tally-daemon", 4),
     ("tally-mcp", 4),
     ("tally-cli", 5),
@@ -27,7 +28,18 @@ const LAYERS: [(&str, u32); 12] = [
 ];
 
 /// Crates that must never be among a crate's (normal) dependencies.
-const FORBIDDEN: [(&str, &[&str]); 4] = [
+const FORBIDDEN: [(&str, &[&str]); 5] = [
+    (
+        "tally-proxy",
+        &[
+            "tally-daemon",
+            "tally-gate-postgres",
+            "tokio-postgres",
+            "axum",
+            "clap",
+            "anyhow",
+        ],
+    ),
     (
         "tally-daemon",
         &["tally-gate-postgres", "tokio-postgres", "clap", "anyhow"],
