@@ -173,9 +173,15 @@ async fn answer(
     )
 }
 
-/// One chat completion through the proxy at `proxy`, with `token` as the API key:
-/// status and JSON body.
-async fn complete(proxy: SocketAddr, token: &str, step: u64) -> Result<(StatusCode, Value)> {
+/// What the proxy answered a call: status, tally's headers (`x-tally-*`) and the body.
+struct Answer {
+    status: StatusCode,
+    tally: Vec<String>,
+    body: Value,
+}
+
+/// One chat completion through the proxy at `proxy`, with `token` as the API key.
+async fn complete(proxy: SocketAddr, token: &str, step: u64) -> Result<Answer> {
     let stream = tokio::net::TcpStream::connect(proxy)
         .await
         .with_context(|| format!("connecting to the proxy on {proxy}"))?;
@@ -191,8 +197,18 @@ async fn complete(proxy: SocketAddr, token: &str, step: u64) -> Result<(StatusCo
         .body(Full::new(Bytes::from(body.to_string())))?;
     let response = sender.send_request(req).await?;
     let status = response.status();
+    let tally = response
+        .headers()
+        .iter()
+        .filter(|(k, _)| k.as_str().starts_with("x-tally-"))
+        .map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(v.as_bytes())))
+        .collect();
     let bytes = response.into_body().collect().await?.to_bytes();
-    Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+    Ok(Answer {
+        status,
+        tally,
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    })
 }
 
 /// Nanodollars as the ledger's money is shown (`$0.03`).
@@ -244,7 +260,11 @@ pub async fn story(
     let mut allowed = 0;
     let mut refusal = None;
     for step in 1..=20 {
-        let (status, body) = complete(proxy, &token, step).await?;
+        let Answer {
+            status,
+            tally,
+            body,
+        } = complete(proxy, &token, step).await?;
         if status == StatusCode::OK {
             allowed += 1;
             let now = settled_nanos(&op.run(RUN).await?);
@@ -255,6 +275,9 @@ pub async fn story(
                 dollars(now - settled),
                 dollars(now)
             );
+            if verbose {
+                outln!("    the proxy's headers: {}", tally.join(", "));
+            }
             settled = now;
             continue;
         }
@@ -276,6 +299,7 @@ pub async fn story(
         if verbose {
             outln!("    the answer's body, in OpenAI's error format: {body}");
         }
+        outln!("    the budget cannot pay for another call; a human may grant more (`tally approve`)");
         ok &= status == StatusCode::FORBIDDEN;
         refusal = Some(code);
         break;
@@ -289,7 +313,7 @@ pub async fn story(
         .post(&format!("/v1/runs/{RUN}/stop"), &json!({"reason": reason}))
         .await?;
     outln!("  {}", crate::demo::standing(operator_socket, RUN).await?);
-    let (status, _) = complete(proxy, &token, 0).await?;
+    let status = complete(proxy, &token, 0).await?.status;
     let (with_key, without) = model.seen();
     outln!(
         "The model API saw the operator's key on all {with_key} calls and the agent's token on none;"
