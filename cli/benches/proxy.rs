@@ -102,7 +102,10 @@ async fn load(targets: Vec<Target>, stream: bool) -> Measured {
                 }
                 let req = Request::post(format!("{}/v1/chat/completions", target.prefix))
                     .header(hyper::header::HOST, "127.0.0.1")
-                    .header(hyper::header::AUTHORIZATION, format!("Bearer {}", target.key))
+                    .header(
+                        hyper::header::AUTHORIZATION,
+                        format!("Bearer {}", target.key),
+                    )
                     .header(hyper::header::CONTENT_TYPE, "application/json")
                     .body(Full::new(Bytes::from(body.to_string())))
                     .expect("request");
@@ -237,7 +240,10 @@ fn daemon(upstream: &FakeUpstream) -> Daemon {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     tally(d, &["keygen", "--out", "auditor.key"]);
-    tally(d, &["init", "--ledger", "ledger", "--recipient", "auditor.pub"]);
+    tally(
+        d,
+        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
+    );
     // Nothing but the budget in the way: rates off, loop bars out of reach.
     let policy = format!(
         "max_open_runs_per_uid = 100000\n\
@@ -287,7 +293,10 @@ fn daemon(upstream: &FakeUpstream) -> Daemon {
     let socket = d.join("agent.sock");
     let t = Instant::now();
     while !socket.exists() || std::net::TcpStream::connect(proxy).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(30), "tally serve did not listen");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "tally serve did not listen"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     Daemon {
@@ -317,7 +326,10 @@ async fn runs(socket: &Path, prefix: &str, n: usize) -> Vec<(String, String)> {
             .await
             .expect("start");
         let v: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
-        let token = v["token"].as_str().unwrap_or_else(|| panic!("{v}")).to_string();
+        let token = v["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{v}"))
+            .to_string();
         out.push((run, token));
     }
     out

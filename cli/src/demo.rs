@@ -262,7 +262,10 @@ impl Served {
             .enable_all()
             .build()?;
         // The operator's key to the model API: the daemon holds it, the agent never does.
-        let key = format!("sk-demo-{}", hex::encode(rand_core::RngCore::next_u64(&mut rand_core::OsRng).to_be_bytes()));
+        let key = format!(
+            "sk-demo-{}",
+            hex::encode(rand_core::RngCore::next_u64(&mut rand_core::OsRng).to_be_bytes())
+        );
         let model = runtime.block_on(crate::demo_proxy::FakeModel::start(&key))?;
         let proxy = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

@@ -299,7 +299,9 @@ pub async fn story(
         if verbose {
             outln!("    the answer's body, in OpenAI's error format: {body}");
         }
-        outln!("    the budget cannot pay for another call; a human may grant more (`tally approve`)");
+        outln!(
+            "    the budget cannot pay for another call; a human may grant more (`tally approve`)"
+        );
         ok &= status == StatusCode::FORBIDDEN;
         refusal = Some(code);
         break;
