@@ -137,6 +137,8 @@ impl Served {
                 "policy.toml",
                 "--proxy-listen",
                 &proxy.to_string(),
+                "--proxy-socket",
+                "proxy.sock",
                 "--credential",
                 "openai=openai.secret",
                 "--credential",
@@ -372,7 +374,12 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
         let a = call(
             served.proxy,
             "/openai/v1/chat/completions",
-            &[("authorization", &bearer(&token))],
+            &[
+                ("authorization", &bearer(&token)),
+                ("x-api-key", &token),
+                ("connection", "keep-alive, x-secret-hop"),
+                ("x-secret-hop", "1"),
+            ],
             chat("fake-ok", json!({"max_tokens": 50})),
         )
         .await;
@@ -397,7 +404,23 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
             assert!(s.real_key, "the upstream got the real key: {s:?}");
             assert!(!s.token_seen, "the run token reached the upstream: {s:?}");
             assert_eq!(s.max_tokens, Some(50));
+            for h in ["connection", "x-secret-hop", "cookie"] {
+                assert!(
+                    !s.headers.iter().any(|n| n == h),
+                    "{h} reached the upstream: {s:?}"
+                );
+            }
         }
+        assert!(
+            !seen[0].headers.iter().any(|n| n == "x-api-key"),
+            "{:?}",
+            seen[0]
+        );
+        assert!(
+            !seen[1].headers.iter().any(|n| n == "authorization"),
+            "{:?}",
+            seen[1]
+        );
         // $0.051 each, settled as 6 cents each, nothing held.
         let st = served.standing("r1").await;
         assert_eq!(st["settled_cents"], 12, "{st}");
@@ -763,4 +786,97 @@ async fn kill_9_mid_stream_keeps_the_reservation_held_after_restart() {
         "held, never lost: {st}"
     );
     served.verifies();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_deadline_cuts_a_stream_and_keeps_its_reservation_held() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let (status, v) = served
+        .agent(
+            "POST",
+            "/v1/runs",
+            Some(json!({"run": "short", "budget": {"deadline_ms": 1500}})),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let token = v["token"].as_str().expect("token").to_owned();
+    let started = Instant::now();
+    // 50 chunks, one every 200 ms: 10 s, far past the run's 1.5 s.
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(&token))],
+        chat("fake-slow", json!({"stream": true, "max_tokens": 50})),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(a.status, 200);
+    assert!(a.cut, "the stream is cut at the deadline: {}", a.text());
+    assert!(
+        !a.chunks.is_empty(),
+        "what came before the deadline was passed on"
+    );
+    assert!(took < Duration::from_secs(5), "cut after {took:?}");
+    let st = served.standing("short").await;
+    assert_eq!(st["settled_cents"], 0, "{st}");
+    assert!(
+        st["held_cents"].as_u64() >= Some(6),
+        "a timeout keeps it held: {st}"
+    );
+    // Past its deadline, the token no longer spends.
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(&token))],
+        chat("fake-ok", json!({"max_tokens": 5})),
+    )
+    .await;
+    assert_eq!(a.status, 401, "{}", a.text());
+    served.verifies();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_answers_on_its_unix_socket_too() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let token = served.start_run("u").await;
+    let sock = dir.path().join("proxy.sock");
+    let stream = tokio::net::UnixStream::connect(&sock)
+        .await
+        .expect("connect to the proxy socket");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/openai/v1/chat/completions")
+        .header("host", "localhost")
+        .header("authorization", bearer(&token))
+        .body(Full::new(Bytes::from(chat(
+            "fake-ok",
+            json!({"max_tokens": 50}),
+        ))))
+        .expect("request");
+    let response = send.send_request(req).await.expect("response");
+    assert_eq!(response.status(), 200);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("fake upstream"));
+    let mode = std::fs::metadata(&sock)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660, "the agent socket's mode");
+    assert_eq!(served.standing("u").await["settled_cents"], 6);
+    served.verifies();
+    assert!(!sock.exists(), "removed when the daemon stops");
 }

@@ -528,10 +528,23 @@ fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
         Some(p) => format!("; operator socket {} (mode 600)", p.display()),
         None => "; no operator socket".to_string(),
     };
-    let tcp = match options.listen {
+    let mut tcp = match options.listen {
         Some(addr) => format!("; loopback TCP {addr}"),
         None => String::new(),
     };
+    if let Some(p) = &options.proxy {
+        let at: Vec<String> = p
+            .listen
+            .iter()
+            .map(|a| a.to_string())
+            .chain(p.socket.iter().map(|s| s.display().to_string()))
+            .collect();
+        tcp.push_str(&format!(
+            "; proxy on {} for {} upstream(s)",
+            at.join(" and "),
+            options.policy.policy.upstreams.len()
+        ));
+    }
     let rate = match options.rate_per_sec {
         Some(r) => format!("{r} decisions/s per peer"),
         None => "no rate limit".to_string(),

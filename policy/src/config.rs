@@ -42,8 +42,10 @@ pub struct Policy {
     pub max_open_runs_per_uid: u64,
     /// The upstreams `tally serve`'s proxy forwards to, by name (docs/GATE.md,
     /// "Upstreams and prices"). Default: none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub upstreams: BTreeMap<String, crate::upstreams::Upstream>,
     /// What calls through the proxy cost, by upstream (read exactly from the text).
+    #[serde(skip_serializing_if = "crate::upstreams::Prices::is_empty")]
     pub prices: crate::upstreams::Prices,
 }
 

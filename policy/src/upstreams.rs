@@ -141,6 +141,11 @@ fn usd<S: Serializer>(n: &Nanos, s: S) -> Result<S::Ok, S::Error> {
 }
 
 impl Prices {
+    /// Whether no upstream is priced.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The price of `model` on `upstream`.
     pub fn model(&self, upstream: &str, model: &str) -> Option<&ModelPrice> {
         self.0.get(upstream)?.models.get(model)
@@ -322,7 +327,13 @@ fn read_fields(
             _ => None,
         };
         let usd = match literal {
-            Some(l) => parse_usd(&l).map_err(|e| invalid(at.clone(), format!("{e}"), span.clone())),
+            Some(l) => parse_usd(&l).map_err(|e| {
+                invalid(
+                    at.clone(),
+                    format!("must be exact US dollars: {e}"),
+                    span.clone(),
+                )
+            }),
             None => Err(invalid(
                 at.clone(),
                 "must be an amount of US dollars, like 0.15 or \"0.15\"".into(),

@@ -236,7 +236,6 @@ impl Proxy {
             price: plan.price.clone(),
             route_price: plan.route_price,
             cost_header: u.cost_header.clone(),
-            worst: plan.worst,
         };
         // The upstream request: the base path, the agent's path and query, its headers
         // less the hop-by-hop and credentials, the real credential.

@@ -38,8 +38,6 @@ pub(crate) struct Settle {
     pub price: Option<ModelPrice>,
     pub route_price: Option<Nanos>,
     pub cost_header: Option<String>,
-    #[allow(dead_code)]
-    pub worst: Nanos,
 }
 
 /// The gate, as a spawned task reaches it.
@@ -243,6 +241,20 @@ impl Pump {
                 }
             }
             Ok(()) => {
+                if sse {
+                    // A last event with no blank line after it is still an event.
+                    drop(feed);
+                    while let Some(Some(Ok(ev))) = events.next().now_or_never() {
+                        let keep = usage.event(&ev.data);
+                        if let (true, Keep::Pass, Some(c)) = (reframe, keep, &client) {
+                            let _ = tokio::time::timeout_at(
+                                deadline,
+                                c.send(Ok(Frame::data(reframed(&ev)))),
+                            )
+                            .await;
+                        }
+                    }
+                }
                 drop(client);
                 let cost = if !status.is_success() {
                     None
