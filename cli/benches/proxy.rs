@@ -351,7 +351,6 @@ fn main() {
     let upstream = FakeUpstream::start(FakeOptions {
         tls: false,
         key: KEY.into(),
-        ..Default::default()
     });
     let daemon = daemon(&upstream);
     let direct_addr: SocketAddr = upstream
