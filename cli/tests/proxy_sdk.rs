@@ -232,6 +232,20 @@ impl Proxy {
         v
     }
 
+    /// The run's standing once nothing is held: the proxy records a call's outcome as its
+    /// answer ends, so the client can read the end of the answer a moment before the
+    /// settlement is durable. Waits at most 10 s, then returns what it has.
+    fn standing_settled(&self, run: &str) -> Value {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.standing(run);
+            if nanos(&s, "held") == 0 || Instant::now() > until {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The upstream's base URL for `sdk` as the SDK wants it (`/v1` for OpenAI).
     fn base_url(&self, sdk: &str, tls: bool) -> String {
         let name = if tls {
@@ -469,7 +483,7 @@ fn the_sdks_call_through_the_proxy_with_the_token() {
                         "{r}"
                     );
                 }
-                let s = proxy.standing(&run);
+                let s = proxy.standing_settled(&run);
                 assert_eq!(
                     nanos(&s, "settled"),
                     charged(&s, 100, 50),
@@ -551,7 +565,7 @@ fn race_within_the_budget(models: &str) {
                 (1..64).contains(&passed),
                 "{run}: {passed} calls went through"
             );
-            let s = proxy.standing(&run);
+            let s = proxy.standing_settled(&run);
             let settled = nanos(&s, "settled");
             let held = nanos(&s, "held");
             assert!(
@@ -866,7 +880,7 @@ fn refusals_raise_the_sdks_own_errors() {
     let token = proxy.run("upstream-429", json!({"spend_cents": 100}));
     let r = proxy.call("openai", false, &token, &["--model", "fake-429"]);
     assert_eq!(r["error"], "RateLimitError", "{r}");
-    let s = proxy.standing("upstream-429");
+    let s = proxy.standing_settled("upstream-429");
     assert_eq!(nanos(&s, "held"), 0, "a rejected call holds nothing: {s}");
 }
 
