@@ -102,8 +102,8 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
     let corpus = crate::stories::stories()?;
     let agents = corpus.len();
     let start = Instant::now();
-    let (appended, refused, gated) =
-        run_agents(&ledger, &ledger_dir, &socket, &operator_socket, corpus)?;
+    let mut served = Served::start(&ledger, &ledger_dir, &socket, &operator_socket)?;
+    let (appended, refused, gated) = served.agents(&socket, &operator_socket, corpus)?;
     let elapsed = start.elapsed();
     let checkpoint = ledger.checkpoint();
     ok &= gated;
@@ -142,7 +142,14 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
         cp.epoch - 1
     );
 
-    step(3, "Export for offline audit");
+    step(
+        3,
+        "A model called through tally, until the budget stops the agent",
+    );
+    ok &= served.model_story(&socket, &operator_socket, verbose)?;
+    served.stop()?;
+
+    step(4, "Export for offline audit");
     let (entries, checkpoints) = ledger.export(&export)?;
     drop(ledger);
     outln!(
@@ -154,7 +161,7 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
     let bytes = std::fs::read(&export)?;
 
     step(
-        4,
+        5,
         "Verify: integrity with only the public key, and the anchor",
     );
     let public = LedgerPublic::read(&ledger_dir.join("ledger.pub"))?;
@@ -167,7 +174,7 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
     ok &= report.verdict() == Verdict::Intact;
 
     step(
-        5,
+        6,
         "Decrypt with the auditor key: loops, budget consistency, handoffs",
     );
     options.auditor = Some(AuditorKey::read(&auditor_path)?);
@@ -197,7 +204,7 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
     } else {
         summary(&found, &replayed);
     }
-    step(6, "Attacks on the export are caught");
+    step(7, "Attacks on the export are caught");
     let mut flipped = bytes.clone();
     let at = bytes.len() / 2;
     flipped[at] ^= 0x04;
@@ -212,7 +219,7 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
     outln!("  {}", r.to_text().lines().next().unwrap_or_default());
     ok &= r.verdict() != Verdict::Intact;
 
-    step(7, "Do it yourself");
+    step(8, "Do it yourself");
     if dir.is_some() {
         let d = base.display();
         outln!("tally verify {d}/ledger.tally --key {d}/ledger/ledger.pub --anchor {d}/anchor.cp");
@@ -232,75 +239,148 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
     Ok(Exit::Success)
 }
 
-/// Serve the ledger: agents ask the gate on the agent socket (a retry storm, a repeated
-/// payment whose outcome is unknown, a reservation over budget), and the recorded runs
-/// of the corpus are imported on the operator socket, one request at a time,
-/// concurrently. Returns (imported, refused, whether the gate behaved as it must).
-fn run_agents(
-    ledger: &Arc<Ledger>,
-    ledger_dir: &Path,
-    socket: &Path,
-    operator_socket: &Path,
-    corpus: Vec<(&'static str, Vec<tally_ledger::Decision>)>,
-) -> Result<(usize, usize, bool)> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// The daemon serving the demo's ledger through acts 2 and 3: the gate on its sockets
+/// and the model proxy on loopback, in front of the demo's model API.
+struct Served {
+    runtime: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<Result<(), tally_daemon::DaemonError>>>,
+    dana: tally_ledger::keys::ApproverKey,
+    model: crate::demo_proxy::FakeModel,
+    proxy: std::net::SocketAddr,
+}
+
+impl Served {
+    /// Serve `ledger` on the agent and operator sockets, with the proxy on a loopback
+    /// port in front of a model API of the demo's own (in this process, no network).
+    fn start(
+        ledger: &Arc<Ledger>,
+        ledger_dir: &Path,
+        socket: &Path,
+        operator_socket: &Path,
+    ) -> Result<Served> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        // The operator's key to the model API: the daemon holds it, the agent never does.
+        let key = format!(
+            "sk-demo-{}",
+            hex::encode(rand_core::RngCore::next_u64(&mut rand_core::OsRng).to_be_bytes())
+        );
+        let model = runtime.block_on(crate::demo_proxy::FakeModel::start(&key))?;
+        let proxy = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("finding a free loopback port for the proxy")?;
         let mut options = tally_daemon::ServeOptions::new(ledger_dir, socket);
         options.operator_socket = Some(operator_socket.to_path_buf());
-        // The demo's approver: a human whose key the policy lists.
+        // The demo's approver: a human whose key the policy lists; and the model API.
         let dana = tally_ledger::keys::ApproverKey::generate();
         options.policy = tally_policy::Recorded::new(&format!(
-            "[approvals.approvers]\ndana = \"{}\"\n",
-            dana.public_hex()
+            "[approvals.approvers]\ndana = \"{}\"\n{}",
+            dana.public_hex(),
+            crate::demo_proxy::policy(&model.url())
         ))?;
-        let server = tokio::spawn(tally_daemon::serve(Arc::clone(ledger), options, async {
+        let mut proxied = tally_daemon::ProxyServe::default();
+        proxied.listen = Some(proxy);
+        proxied.credentials.insert(
+            crate::demo_proxy::CREDENTIAL.to_owned(),
+            zeroize::Zeroizing::new(model.key().to_owned()),
+        );
+        options.proxy = Some(proxied);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = runtime.spawn(tally_daemon::serve(Arc::clone(ledger), options, async {
             let _ = stopped.await;
         }));
+        let mut served = Served {
+            runtime,
+            stop: Some(stop),
+            server: Some(server),
+            dana,
+            model,
+            proxy,
+        };
         let mut tries = 0;
-        while !socket.exists() || !operator_socket.exists() {
+        while !socket.exists()
+            || !operator_socket.exists()
+            || std::net::TcpStream::connect(proxy).is_err()
+        {
             tries += 1;
-            if tries > 500 {
+            if tries > 500 || served.server.as_ref().is_some_and(|s| s.is_finished()) {
+                served.stop()?;
                 bail!("the daemon did not start on {}", socket.display());
             }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let gated = gate_story(socket, operator_socket, &dana).await?;
-        let gated = crate::demo_mcp::story(socket).await? && gated;
-        outln!(
-            "  the client went away, and `tally mcp` ended its session: {}",
-            standing(operator_socket, crate::demo_mcp::RUN).await?
-        );
-        let agents: Vec<_> = corpus
-            .into_iter()
-            .map(|(_, decisions)| {
-                let socket = operator_socket.to_path_buf();
-                tokio::spawn(async move {
-                    let mut client = Client::unix(&socket).await?;
-                    let (mut appended, mut refused) = (0, 0);
-                    for d in decisions {
-                        match client.append(&serde_json::to_string(&d)?).await {
-                            Ok(_) => appended += 1,
-                            Err(_) => refused += 1,
+        Ok(served)
+    }
+
+    /// Act 2: agents ask the gate on the agent socket (a retry storm, a repeated payment
+    /// whose outcome is unknown, a reservation over budget, an MCP client), and the
+    /// recorded runs of the corpus are imported on the operator socket, one request at a
+    /// time, concurrently. Returns (imported, refused, whether the gate behaved as it
+    /// must).
+    fn agents(
+        &self,
+        socket: &Path,
+        operator_socket: &Path,
+        corpus: Vec<(&'static str, Vec<tally_ledger::Decision>)>,
+    ) -> Result<(usize, usize, bool)> {
+        self.runtime.block_on(async {
+            let gated = gate_story(socket, operator_socket, &self.dana).await?;
+            let gated = crate::demo_mcp::story(socket).await? && gated;
+            outln!(
+                "  the client went away, and `tally mcp` ended its session: {}",
+                standing(operator_socket, crate::demo_mcp::RUN).await?
+            );
+            let agents: Vec<_> = corpus
+                .into_iter()
+                .map(|(_, decisions)| {
+                    let socket = operator_socket.to_path_buf();
+                    tokio::spawn(async move {
+                        let mut client = Client::unix(&socket).await?;
+                        let (mut appended, mut refused) = (0, 0);
+                        for d in decisions {
+                            match client.append(&serde_json::to_string(&d)?).await {
+                                Ok(_) => appended += 1,
+                                Err(_) => refused += 1,
+                            }
                         }
-                    }
-                    anyhow::Ok((appended, refused))
+                        anyhow::Ok((appended, refused))
+                    })
                 })
-            })
-            .collect();
-        let (mut appended, mut refused) = (0, 0);
-        for agent in agents {
-            let (a, r) = agent.await??;
-            appended += a;
-            refused += r;
+                .collect();
+            let (mut appended, mut refused) = (0, 0);
+            for agent in agents {
+                let (a, r) = agent.await??;
+                appended += a;
+                refused += r;
+            }
+            Ok((appended, refused, gated))
+        })
+    }
+
+    /// Act 3: an agent loop calling the model through the proxy.
+    fn model_story(&self, socket: &Path, operator_socket: &Path, verbose: bool) -> Result<bool> {
+        self.runtime.block_on(crate::demo_proxy::story(
+            socket,
+            operator_socket,
+            self.proxy,
+            &self.model,
+            verbose,
+        ))
+    }
+
+    /// Stop the daemon and wait for it (its decisions all durable).
+    fn stop(&mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
         }
-        let _ = stop.send(());
-        server.await??;
-        Ok((appended, refused, gated))
-    })
+        if let Some(server) = self.server.take() {
+            self.runtime.block_on(server)??;
+        }
+        Ok(())
+    }
 }
 
 /// POST a JSON body to the gate; the JSON answer.
@@ -497,7 +577,7 @@ pub(crate) async fn standing(operator_socket: &Path, run: &str) -> Result<String
     ))
 }
 
-/// Act 5 in about a screen: each loop and finding in a line, the replay's verdict, and
+/// Act 6 in about a screen: each loop and finding in a line, the replay's verdict, and
 /// what the next run reads: the handoff of `lost-post` whole, the other runs the gate's
 /// part of the story told in a line each.
 fn summary(found: &analysis::Report, replayed: &tally_verify::replay::ReplayReport) {
@@ -538,7 +618,7 @@ fn summary(found: &analysis::Report, replayed: &tally_verify::replay::ReplayRepo
         "{}",
         analysis::render_handoffs_text(found, Some("lost-post"))
     );
-    outln!("\nWhat the ledger says of the runs the gate decided for (as act 2 told them):");
+    outln!("\nWhat the ledger says of the runs the gate decided for (as acts 2 and 3 told them):");
     for h in &found.handoffs {
         if GATED.contains(&h.run.as_str()) {
             outln!("  {}", handoff_line(h));
@@ -546,8 +626,14 @@ fn summary(found: &analysis::Report, replayed: &tally_verify::replay::ReplayRepo
     }
 }
 
-/// The runs act 2 tells, through the gate.
-const GATED: [&str; 4] = ["export-q3", "lost-post", "summarize", crate::demo_mcp::RUN];
+/// The runs acts 2 and 3 tell, through the gate.
+const GATED: [&str; 5] = [
+    "export-q3",
+    "lost-post",
+    "summarize",
+    crate::demo_mcp::RUN,
+    crate::demo_proxy::RUN,
+];
 
 /// A handoff in the words of [`standing`]: `run export-q3: stopped (retries_exhausted);
 /// 3 of 20 attempts used; $0.00 settled`.

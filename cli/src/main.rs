@@ -10,6 +10,7 @@ mod cli;
 mod commands;
 mod demo;
 mod demo_mcp;
+mod demo_proxy;
 mod gate;
 mod generate;
 mod hook;

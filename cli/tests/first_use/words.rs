@@ -63,6 +63,23 @@ fn the_demo_reads_as_a_story() {
         "numbers a person should not have to read:\n{}",
         bad.join("\n")
     );
+    // The model act: the agent loops on the model through the proxy until the budget
+    // refuses a call before it reaches the model; the model API saw the operator's key
+    // on every call and the token on none; the stopped run's token is dead.
+    let model_act = text
+        .split("\n== ")
+        .find(|a| a.starts_with("3."))
+        .unwrap_or_else(|| panic!("no act 3:\n{text}"));
+    assert!(model_act.contains("  call 1: "), "{model_act}");
+    assert!(
+        model_act.contains("refused before it reached the model: HTTP 403"),
+        "{model_act}"
+    );
+    assert!(
+        model_act.contains("the agent's token on none"),
+        "{model_act}"
+    );
+    assert!(model_act.contains("refused now (HTTP 401)"), "{model_act}");
     for jargon in [
         "taken as recorded",
         "accepted as recorded",
@@ -102,8 +119,8 @@ fn the_demo_reads_as_a_story() {
     assert!(export.is_file(), "no {}", export.display());
     assert!(verbose.contains(&export.display().to_string()), "{verbose}");
 
-    // What the demo narrated about each run it sent through the gate (act 2, from the
-    // gate's own view of the run) is what the exported ledger's handoff says (act 5, and
+    // What the demo narrated about each run it sent through the gate (acts 2 and 3, from
+    // the gate's own view of the run) is what the exported ledger's handoff says (act 6, and
     // `tally handoff` on the kept files), line for line.
     let act = |text: &str, n: &str| -> Vec<String> {
         text.split("\n== ")
@@ -113,7 +130,13 @@ fn the_demo_reads_as_a_story() {
             .map(str::to_owned)
             .collect()
     };
-    for run in ["export-q3", "lost-post", "summarize", "mcp-reports"] {
+    for (run, told) in [
+        ("export-q3", "2."),
+        ("lost-post", "2."),
+        ("summarize", "2."),
+        ("mcp-reports", "2."),
+        ("model-agent", "3."),
+    ] {
         let said = |lines: Vec<String>| -> String {
             let tag = format!("run {run}: ");
             let line = lines
@@ -122,8 +145,8 @@ fn the_demo_reads_as_a_story() {
                 .unwrap_or_else(|| panic!("no line says where {run} stands:\n{text}"));
             line
         };
-        let narrated = said(act(&text, "2."));
-        assert_eq!(narrated, said(act(&text, "5.")), "{text}");
+        let narrated = said(act(&text, told));
+        assert_eq!(narrated, said(act(&text, "6.")), "{text}");
         let handoff = ok(
             d,
             &[
@@ -156,7 +179,7 @@ fn the_demo_reads_as_a_story() {
             "the demo and its handoff disagree: {h}"
         );
         // And the kept demo narrated the same as the default one.
-        assert_eq!(said(act(&verbose, "2.")), from_ledger, "{verbose}");
+        assert_eq!(said(act(&verbose, told)), from_ledger, "{verbose}");
     }
 }
 

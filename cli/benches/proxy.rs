@@ -1,0 +1,424 @@
+//! The model proxy's cost, side by side in one run: the same fake upstream (testkit's)
+//! called directly and through `tally serve --proxy-listen` (this build's `tally`), at 1,
+//! 8 and 64 clients, plain and streaming; and proxied calls per second against the
+//! gate's own checks per second (a check and its outcome, the two decisions a proxied
+//! call records) on the agent socket, same daemon, same clients.
+//!
+//! ```text
+//! cargo bench -p tally-cli --bench proxy                  # TALLY_BENCH_SECS=3 per line
+//! TALLY_BENCH_ONLY=1,8 cargo bench -p tally-cli --bench proxy
+//! ```
+//! Each client is a closed loop on one keep-alive connection. Latency of a plain call:
+//! request sent to the whole answer read; of a streaming call: to the first byte of the
+//! body (time to first byte). "added" is proxied minus direct at the same percentile.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tally_testkit::upstream::{FakeOptions, FakeUpstream};
+
+const KEY: &str = "sk-bench-real-key";
+
+fn secs() -> Duration {
+    Duration::from_secs_f64(
+        std::env::var("TALLY_BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3.0),
+    )
+}
+
+fn only() -> Option<Vec<usize>> {
+    std::env::var("TALLY_BENCH_ONLY")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
+}
+
+/// Where a client sends its calls: an address, the path prefix and the key it sends.
+#[derive(Clone)]
+struct Target {
+    addr: SocketAddr,
+    prefix: String,
+    key: String,
+}
+
+/// What a line of the benchmark measured.
+struct Measured {
+    latencies: Vec<Duration>,
+    calls: u64,
+    elapsed: Duration,
+    failures: u64,
+}
+
+impl Measured {
+    fn pct(&self, p: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies[i]
+    }
+    fn rate(&self) -> f64 {
+        self.calls as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// One closed loop per target for `secs()`, each on its own connection (through the
+/// proxy each client has its own run's token).
+async fn load(targets: Vec<Target>, stream: bool) -> Measured {
+    let deadline = Instant::now() + secs();
+    let failures = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = vec![];
+    for (c, target) in targets.into_iter().enumerate() {
+        let failures = Arc::clone(&failures);
+        tasks.push(tokio::spawn(async move {
+            let mut lat = vec![];
+            let tcp = tokio::net::TcpStream::connect(target.addr)
+                .await
+                .expect("connect");
+            tcp.set_nodelay(true).expect("nodelay");
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tcp))
+                    .await
+                    .expect("handshake");
+            tokio::spawn(conn);
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                n += 1;
+                let mut body = json!({"model": "fake-ok", "max_tokens": 100,
+                    "messages": [{"role": "user", "content": format!("client {c} call {n}")}]});
+                if stream {
+                    body["stream"] = json!(true);
+                }
+                let req = Request::post(format!("{}/v1/chat/completions", target.prefix))
+                    .header(hyper::header::HOST, "127.0.0.1")
+                    .header(
+                        hyper::header::AUTHORIZATION,
+                        format!("Bearer {}", target.key),
+                    )
+                    .header(hyper::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .expect("request");
+                let t = Instant::now();
+                if sender.ready().await.is_err() {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                let Ok(response) = sender.send_request(req).await else {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                    break;
+                };
+                if !response.status().is_success() {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+                let mut body = response.into_body();
+                let mut first = None;
+                while let Some(frame) = body.frame().await {
+                    if frame.is_err() {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    if first.is_none() {
+                        first = Some(t.elapsed());
+                    }
+                }
+                lat.push(if stream {
+                    first.unwrap_or_else(|| t.elapsed())
+                } else {
+                    t.elapsed()
+                });
+            }
+            lat
+        }));
+    }
+    let mut latencies = vec![];
+    for t in tasks {
+        latencies.extend(t.await.expect("client"));
+    }
+    let elapsed = start.elapsed();
+    latencies.sort();
+    Measured {
+        calls: latencies.len() as u64,
+        latencies,
+        elapsed,
+        failures: failures.load(Ordering::Relaxed),
+    }
+}
+
+/// The gate's own checks: `clients` closed loops of a check and its outcome on the agent
+/// socket, each client its own run.
+async fn checks(socket: &Path, runs: &[String]) -> Measured {
+    let deadline = Instant::now() + secs();
+    let start = Instant::now();
+    let mut tasks = vec![];
+    for run in runs {
+        let (socket, run) = (socket.to_path_buf(), run.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = tally_api::client::Client::unix(&socket)
+                .await
+                .expect("connect");
+            let mut lat = vec![];
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                n += 1;
+                let t = Instant::now();
+                let check = json!({"run": run, "tool": "bench", "effect": "read",
+                                   "args": {"n": n}, "reserve_cents": 0});
+                let a = c
+                    .request(
+                        hyper::Method::POST,
+                        "/v1/check",
+                        Some("application/json"),
+                        check.to_string(),
+                    )
+                    .await
+                    .expect("check");
+                let a: serde_json::Value = serde_json::from_slice(&a.body).expect("JSON");
+                assert_eq!(a["decision"], "allow", "{a}");
+                let outcome = json!({"run": run, "attempt": a["attempt"], "status": "ok"});
+                c.request(
+                    hyper::Method::POST,
+                    "/v1/outcome",
+                    Some("application/json"),
+                    outcome.to_string(),
+                )
+                .await
+                .expect("outcome");
+                lat.push(t.elapsed());
+            }
+            lat
+        }));
+    }
+    let mut latencies = vec![];
+    for t in tasks {
+        latencies.extend(t.await.expect("client"));
+    }
+    let elapsed = start.elapsed();
+    latencies.sort();
+    Measured {
+        calls: latencies.len() as u64,
+        latencies,
+        elapsed,
+        failures: 0,
+    }
+}
+
+struct Daemon {
+    _dir: tempfile::TempDir,
+    child: Child,
+    socket: std::path::PathBuf,
+    proxy: SocketAddr,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tally(dir: &Path, args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("tally");
+    assert!(out.status.success(), "tally {args:?}: {out:?}");
+}
+
+fn daemon(upstream: &FakeUpstream) -> Daemon {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    tally(d, &["keygen", "--out", "auditor.key"]);
+    tally(
+        d,
+        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
+    );
+    // Nothing but the budget in the way: rates off, loop bars out of reach.
+    let policy = format!(
+        "max_open_runs_per_uid = 100000\n\
+         [ceiling]\nattempts = 1000000000\nspend_cents = 1000000000\n\
+         [loops]\ntool_calls = 1000000000\nidentical_in_window = 1000000\n\
+         [rate]\nrun_per_sec = 0\nrun_burst = 0\ntool_per_sec = 0\ntool_burst = 0\ntool_in_flight = 0\n\
+         [upstreams.openai]\nurl = \"{}\"\nkind = \"openai\"\ncredential = \"real\"\n\
+         paths = [\"/v1/chat/completions\"]\n\
+         [prices.openai.\"fake-ok\"]\ninput_per_mtok = \"0.15\"\noutput_per_mtok = \"0.60\"\n\
+         max_output_tokens = 16384\n",
+        upstream.url()
+    );
+    std::fs::write(d.join("policy.toml"), policy).expect("policy");
+    std::fs::write(d.join("real.key"), KEY).expect("key");
+    std::fs::set_permissions(
+        d.join("real.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let proxy: SocketAddr = ([127, 0, 0, 1], port).into();
+    let child = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args([
+            "serve",
+            "--ledger",
+            "ledger",
+            "--socket",
+            "agent.sock",
+            "--operator-socket",
+            "operator.sock",
+            "--policy",
+            "policy.toml",
+            "--proxy-listen",
+            &proxy.to_string(),
+            "--credential",
+            "real=real.key",
+        ])
+        .current_dir(d)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("tally serve");
+    let socket = d.join("agent.sock");
+    let t = Instant::now();
+    while !socket.exists() || std::net::TcpStream::connect(proxy).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "tally serve did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Daemon {
+        _dir: dir,
+        child,
+        socket,
+        proxy,
+    }
+}
+
+/// Start `n` runs named `PREFIX-i`; their tokens.
+async fn runs(socket: &Path, prefix: &str, n: usize) -> Vec<(String, String)> {
+    let mut c = tally_api::client::Client::unix(socket)
+        .await
+        .expect("connect");
+    let mut out = vec![];
+    for i in 0..n {
+        let run = format!("{prefix}-{i}");
+        let r = c
+            .request(
+                hyper::Method::POST,
+                "/v1/runs",
+                Some("application/json"),
+                json!({"run": run, "budget": {"spend_cents": 1000000000u64, "attempts": 1000000000u64}})
+                    .to_string(),
+            )
+            .await
+            .expect("start");
+        let v: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
+        let token = v["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{v}"))
+            .to_string();
+        out.push((run, token));
+    }
+    out
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1e6)
+}
+
+fn added(a: Duration, b: Duration) -> String {
+    format!("{:.0}", (a.as_secs_f64() - b.as_secs_f64()) * 1e6)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let upstream = FakeUpstream::start(FakeOptions {
+        tls: false,
+        key: KEY.into(),
+    });
+    let daemon = daemon(&upstream);
+    let direct_addr: SocketAddr = upstream
+        .url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the fake upstream's address");
+    let clients = only().unwrap_or_else(|| vec![1, 8, 64]);
+    println!("one run, {:?} per line; latencies in µs", secs());
+    println!();
+    println!("| clients | response | direct p50 | proxied p50 | added p50 | direct p99 | proxied p99 | added p99 | direct calls/s | proxied calls/s | failures |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut rates = std::collections::BTreeMap::new();
+    for &n in &clients {
+        for stream in [false, true] {
+            let direct = vec![
+                Target {
+                    addr: direct_addr,
+                    prefix: String::new(),
+                    key: KEY.into(),
+                };
+                n
+            ];
+            let tokens = rt.block_on(runs(
+                &daemon.socket,
+                &format!("p{n}{}", if stream { "s" } else { "" }),
+                n,
+            ));
+            let proxied: Vec<Target> = tokens
+                .iter()
+                .map(|(_, t)| Target {
+                    addr: daemon.proxy,
+                    prefix: "/openai".into(),
+                    key: t.clone(),
+                })
+                .collect();
+            let d = rt.block_on(load(direct, stream));
+            let p = rt.block_on(load(proxied, stream));
+            println!(
+                "| {n} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {} |",
+                if stream { "stream (TTFB)" } else { "plain" },
+                us(d.pct(0.5)),
+                us(p.pct(0.5)),
+                added(p.pct(0.5), d.pct(0.5)),
+                us(d.pct(0.99)),
+                us(p.pct(0.99)),
+                added(p.pct(0.99), d.pct(0.99)),
+                d.rate(),
+                p.rate(),
+                d.failures + p.failures,
+            );
+            if !stream {
+                // The gate's own checks right after, same clients, same daemon.
+                let runs: Vec<String> = rt
+                    .block_on(runs(&daemon.socket, &format!("g{n}"), n))
+                    .into_iter()
+                    .map(|(r, _)| r)
+                    .collect();
+                let g = rt.block_on(checks(&daemon.socket, &runs));
+                rates.insert(n, (g.rate(), p.rate()));
+            }
+        }
+    }
+    println!();
+    println!("| clients | gate checks/s (check + outcome) | proxied calls/s (plain) | ratio |");
+    println!("|---|---|---|---|");
+    for (n, (g, p)) in rates {
+        println!("| {n} | {g:.0} | {p:.0} | {:.2} |", p / g);
+    }
+}

@@ -1,0 +1,155 @@
+"""An agent calling a model through tally's proxy with an official SDK.
+
+Run by cli/tests/proxy_sdk.rs. The SDK is configured only the way a user configures it:
+`OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL` point at the proxy and the run token is the API
+key (`OPENAI_API_KEY` / `ANTHROPIC_API_KEY`). Each call prints one JSON line: what the
+SDK returned (text, usage, tally's headers) or the exception it raised (its class, HTTP
+status, message and body), so the Rust test judges the SDK's own behaviour.
+
+usage: agent.py SDK MODE [options]
+  SDK   openai | anthropic
+  MODE  call   one call (--model, --stream, --max-tokens N or --no-max-tokens)
+        race   --n calls at once on threads (--models a,b,c cycled), a JSON line each
+        hold   one streaming call: prints {"first": ...} after the first chunk, then
+               reads to the end (the test kills the daemon meanwhile)
+"""
+
+import argparse
+import concurrent.futures
+import json
+import sys
+import uuid
+
+
+def sdk_error(e):
+    """The SDK's exception as data: class, status, message, body."""
+    out = {"error": type(e).__name__, "message": str(e)}
+    status = getattr(e, "status_code", None)
+    if status is not None:
+        out["status"] = status
+    body = getattr(e, "body", None)
+    if body is not None:
+        out["body"] = body
+    response = getattr(e, "response", None)
+    if response is not None:
+        out["headers"] = {k.lower(): v for k, v in response.headers.items()
+                          if k.lower().startswith("x-tally") or k.lower() == "retry-after"}
+    return out
+
+
+def tally_headers(raw):
+    return {k.lower(): v for k, v in raw.headers.items() if k.lower().startswith("x-tally")}
+
+
+def prompt():
+    # Each call its own words: identical calls in a row are the loop rule's business,
+    # not what these tests are about.
+    return [{"role": "user", "content": f"Say hello. ({uuid.uuid4()})"}]
+
+
+def openai_call(client, args, model, first=None):
+    kwargs = {"model": model, "messages": prompt()}
+    if not args.no_max_tokens:
+        kwargs["max_tokens"] = args.max_tokens
+    if args.stream:
+        kwargs["stream"] = True
+        if args.include_usage:
+            kwargs["stream_options"] = {"include_usage": True}
+    raw = client.chat.completions.with_raw_response.create(**kwargs)
+    out = {"ok": True, "status": raw.status_code, "headers": tally_headers(raw)}
+    parsed = raw.parse()
+    if args.stream:
+        text, usage, chunks, empty_choices = [], None, 0, 0
+        for chunk in parsed:
+            chunks += 1
+            if chunks == 1 and first is not None:
+                first()
+            if chunk.usage is not None:
+                usage = chunk.usage.model_dump()
+            if not chunk.choices:
+                empty_choices += 1
+            for choice in chunk.choices:
+                if choice.delta and choice.delta.content:
+                    text.append(choice.delta.content)
+        out.update(text="".join(text), usage=usage, chunks=chunks,
+                   empty_choices=empty_choices)
+    else:
+        out.update(text=parsed.choices[0].message.content,
+                   usage=parsed.usage.model_dump() if parsed.usage else None)
+    return out
+
+
+def anthropic_call(client, args, model, first=None):
+    # The Messages API requires max_tokens; the SDK refuses a call without it.
+    kwargs = {"model": model, "max_tokens": args.max_tokens, "messages": prompt()}
+    if args.stream:
+        kwargs["stream"] = True
+    raw = client.messages.with_raw_response.create(**kwargs)
+    out = {"ok": True, "status": raw.status_code, "headers": tally_headers(raw)}
+    parsed = raw.parse()
+    if args.stream:
+        text, usage, events = [], {}, 0
+        for event in parsed:
+            events += 1
+            if events == 1 and first is not None:
+                first()
+            if event.type == "message_start":
+                usage["input_tokens"] = event.message.usage.input_tokens
+            elif event.type == "message_delta":
+                usage["output_tokens"] = event.usage.output_tokens
+            elif event.type == "content_block_delta" and hasattr(event.delta, "text"):
+                text.append(event.delta.text)
+        out.update(text="".join(text), usage=usage or None, chunks=events)
+    else:
+        out.update(text="".join(b.text for b in parsed.content if b.type == "text"),
+                   usage=parsed.usage.model_dump())
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("sdk", choices=["openai", "anthropic"])
+    p.add_argument("mode", choices=["call", "race", "hold"])
+    p.add_argument("--model", default="fake-ok")
+    p.add_argument("--models", default="")
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--stream", action="store_true")
+    p.add_argument("--include-usage", action="store_true")
+    p.add_argument("--max-tokens", type=int, default=100)
+    p.add_argument("--no-max-tokens", action="store_true")
+    p.add_argument("--timeout", type=float, default=60.0)
+    args = p.parse_args()
+
+    # No retries: the test sees each answer as the proxy gave it (an SDK left at its
+    # default would retry 429s and connection errors on its own).
+    if args.sdk == "openai":
+        import openai
+        client = openai.OpenAI(max_retries=0, timeout=args.timeout)
+        call = openai_call
+    else:
+        import anthropic
+        client = anthropic.Anthropic(max_retries=0, timeout=args.timeout)
+        call = anthropic_call
+
+    def one(model, first=None):
+        try:
+            return call(client, args, model, first)
+        except Exception as e:  # the SDK's own exception classes, reported as data
+            return sdk_error(e)
+
+    if args.mode == "call":
+        print(json.dumps(one(args.model)), flush=True)
+    elif args.mode == "hold":
+        def first():
+            print(json.dumps({"first": True}), flush=True)
+        print(json.dumps(one(args.model, first)), flush=True)
+    else:
+        models = [m for m in args.models.split(",") if m] or [args.model]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.n) as pool:
+            futures = [pool.submit(one, models[i % len(models)]) for i in range(args.n)]
+            for f in futures:
+                print(json.dumps(f.result()), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
