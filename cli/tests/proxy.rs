@@ -39,7 +39,8 @@ fn ok(dir: &Path, args: &[&str]) -> String {
 }
 
 /// $10 per million input tokens, $1,000 per million output tokens ($0.001 each), at most
-/// 100 output tokens: `fake-ok` (100 in, 50 out) costs $0.051, settled as 6 cents.
+/// 100 output tokens: `fake-ok` (100 in, 50 out) costs $0.051 (51,000,000 nanodollars),
+/// where its request is at least 100 bytes (the input bound).
 fn policy(upstream: &FakeUpstream, spend_cents: u64) -> String {
     let ca = upstream
         .ca_pem()
@@ -421,10 +422,12 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
             "{:?}",
             seen[1]
         );
-        // $0.051 each, settled as 6 cents each, nothing held.
+        // $0.051 for the OpenAI call. The Anthropic request is 97 bytes, so its input is
+        // bounded at 97 tokens: the fake's 100 are not believed and it settles at its
+        // reservation, $0.05097. Nothing held.
         let st = served.standing("r1").await;
-        assert_eq!(st["settled_cents"], 12, "{st}");
-        assert_eq!(st["held_cents"], 0, "{st}");
+        assert_eq!(st["settled_nanos"], 101_970_000, "{st}");
+        assert_eq!(st["held_nanos"], 0, "{st}");
 
         // Unknown, forged and missing tokens: 401 in the dialect, nothing forwarded.
         for auth in ["Bearer sk-real", "Bearer tly_cjE.00", "Bearer ", ""] {
@@ -465,7 +468,7 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
         assert_eq!(upstream.seen().len(), 2, "nothing more was forwarded");
         served.verifies();
         let h = served.handoff("r1");
-        assert_eq!(h["spend"]["settled_cents"], 12, "{h}");
+        assert_eq!(h["spend"]["settled_nanos"], 101_970_000, "{h}");
     }
 }
 
@@ -563,9 +566,10 @@ async fn a_request_without_max_tokens_gets_one_its_budget_can_pay() {
     assert!((1..50).contains(&asked), "asked {asked}");
     let st = served.standing("r").await;
     assert!(a.status == 200, "{}", a.text());
-    // The usage the fake reports (50 out) is above what was asked: recorded as an
-    // overrun, as SPEC 3.1 says, and the next call refused until a human grants more.
-    assert_eq!(st["settled_cents"], 6, "{st}");
+    // The usage the fake reports (50 out) is above what was asked, so above the worst
+    // case: not believed, it settles at the reservation, which is the whole budget; the
+    // next call does not fit.
+    assert_eq!(st["settled_nanos"], 50_000_000, "{st}");
     let a = call(
         served.proxy,
         "/openai/v1/chat/completions",
@@ -637,8 +641,8 @@ async fn streams_pass_through_and_settle_and_a_client_that_did_not_ask_sees_no_u
     .await;
     assert!(a.text().contains("message_stop"), "{}", a.text());
     let st = served.standing("r").await;
-    assert_eq!(st["settled_cents"], 18, "{st}");
-    assert_eq!(st["held_cents"], 0, "{st}");
+    assert_eq!(st["settled_nanos"], 3 * 51_000_000, "{st}");
+    assert_eq!(st["held_nanos"], 0, "{st}");
     served.verifies();
 }
 
@@ -672,7 +676,7 @@ async fn a_redirect_to_another_host_is_refused_and_recorded_and_a_cut_stream_sta
     assert_eq!(a.headers["location"], "/v1/elsewhere");
     let st = served.standing("r").await;
     assert_eq!(
-        (st["settled_cents"].as_u64(), st["held_cents"].as_u64()),
+        (st["settled_nanos"].as_u64(), st["held_nanos"].as_u64()),
         (Some(0), Some(0)),
         "{st}"
     );
@@ -686,10 +690,10 @@ async fn a_redirect_to_another_host_is_refused_and_recorded_and_a_cut_stream_sta
     .await;
     assert!(a.cut, "the client sees the cut: {} {}", a.status, a.text());
     let st = served.standing("r").await;
-    assert_eq!(st["settled_cents"], 0, "{st}");
-    assert!(st["held_cents"].as_u64() >= Some(6), "{st}");
+    assert_eq!(st["settled_nanos"], 0, "{st}");
+    assert!(st["held_nanos"].as_u64() >= Some(50_000_000), "{st}");
     // Status classes: 500 error, 429 rejected; nothing charged, nothing held by them.
-    let held = st["held_cents"].clone();
+    let held = st["held_nanos"].clone();
     for model in ["fake-500", "fake-429"] {
         let a = call(
             served.proxy,
@@ -701,7 +705,7 @@ async fn a_redirect_to_another_host_is_refused_and_recorded_and_a_cut_stream_sta
         assert!(a.status == 500 || a.status == 429, "{}", a.text());
     }
     let st = served.standing("r").await;
-    assert_eq!(st["held_cents"], held, "{st}");
+    assert_eq!(st["held_nanos"], held, "{st}");
     served.verifies();
     // The refused redirect is in the ledger: the attempt's outcome, rejected, says why.
     let h = served.handoff("r");
@@ -742,14 +746,14 @@ async fn sixty_four_concurrent_requests_never_settle_more_than_the_budget() {
         allowed += usize::from(s == 200);
     }
     let st = served.standing("race").await;
-    let settled = st["settled_cents"].as_u64().expect("settled");
-    assert!(settled <= 100, "{st}");
-    assert_eq!(settled, 6 * allowed as u64, "{st}");
+    let settled = st["settled_nanos"].as_u64().expect("settled");
+    assert!(settled <= 100 * 10_000_000, "{st}");
+    assert_eq!(settled, 51_000_000 * allowed as u64, "{st}");
     assert!(allowed >= 10, "{allowed} allowed");
-    assert_eq!(st["held_cents"], 0, "{st}");
+    assert_eq!(st["held_nanos"], 0, "{st}");
     served.verifies();
     let h = served.handoff("race");
-    assert_eq!(h["spend"]["settled_cents"].as_u64(), Some(settled), "{h}");
+    assert_eq!(h["spend"]["settled_nanos"].as_u64(), Some(settled), "{h}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -780,9 +784,9 @@ async fn kill_9_mid_stream_keeps_the_reservation_held_after_restart() {
     assert!(a.cut, "the client's stream ends with the daemon");
     let mut served = Served::start(dir.path());
     let st = served.standing("r").await;
-    assert_eq!(st["settled_cents"], 0, "{st}");
+    assert_eq!(st["settled_nanos"], 0, "{st}");
     assert!(
-        st["held_cents"].as_u64() >= Some(6),
+        st["held_nanos"].as_u64() >= Some(50_000_000),
         "held, never lost: {st}"
     );
     served.verifies();
@@ -820,9 +824,9 @@ async fn the_run_deadline_cuts_a_stream_and_keeps_its_reservation_held() {
     );
     assert!(took < Duration::from_secs(5), "cut after {took:?}");
     let st = served.standing("short").await;
-    assert_eq!(st["settled_cents"], 0, "{st}");
+    assert_eq!(st["settled_nanos"], 0, "{st}");
     assert!(
-        st["held_cents"].as_u64() >= Some(6),
+        st["held_nanos"].as_u64() >= Some(50_000_000),
         "a timeout keeps it held: {st}"
     );
     // Past its deadline, the token no longer spends.
@@ -876,7 +880,7 @@ async fn the_proxy_answers_on_its_unix_socket_too() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o660, "the agent socket's mode");
-    assert_eq!(served.standing("u").await["settled_cents"], 6);
+    assert_eq!(served.standing("u").await["settled_nanos"], 51_000_000);
     served.verifies();
     assert!(!sock.exists(), "removed when the daemon stops");
 }

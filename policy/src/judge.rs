@@ -236,13 +236,15 @@ fn outcome(run: &RunState, d: &Decision, found: &mut Vec<Inconsistency>) {
         found.push(Inconsistency::OutcomeWithoutAllow { attempt });
         return;
     }
+    // The proxy's attempts are the proxy's, settled or not: nobody else reports on them.
+    if run.proxied.contains(attempt) && d.proxied != Some(true) {
+        found.push(Inconsistency::OutcomeOwnedByProxy { attempt });
+        return;
+    }
     match run.open.get(&attempt) {
         // Forgotten beyond the bound on open attempts: counted, not judged.
         None if attempt <= run.forgotten_to => {}
         None => found.push(Inconsistency::DuplicateOutcome { attempt }),
-        Some(_) if run.proxied.contains(attempt) && d.proxied != Some(true) => {
-            found.push(Inconsistency::OutcomeOwnedByProxy { attempt });
-        }
         Some(a) => {
             if a.settled && d.settled().is_some() {
                 found.push(Inconsistency::DuplicateOutcome { attempt });
