@@ -201,6 +201,20 @@ impl Served {
         v
     }
 
+    /// The run's standing once nothing is held: the proxy records a call's outcome as its
+    /// answer ends, so the client may read the last byte just before the settlement is
+    /// durable. Waits for that (at most 10 s), never for a fixed time.
+    async fn settled(&self, run: &str) -> Value {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.standing(run).await;
+            if v["held_nanos"] == 0 || std::time::Instant::now() > until {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().expect("SIGKILL");
@@ -425,7 +439,7 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
         // $0.051 for the OpenAI call. The Anthropic request is 97 bytes, so its input is
         // bounded at 97 tokens: the fake's 100 are not believed and it settles at its
         // reservation, $0.05097. Nothing held.
-        let st = served.standing("r1").await;
+        let st = served.settled("r1").await;
         assert_eq!(st["settled_nanos"], 101_970_000, "{st}");
         assert_eq!(st["held_nanos"], 0, "{st}");
 
@@ -564,7 +578,7 @@ async fn a_request_without_max_tokens_gets_one_its_budget_can_pay() {
     // 5 cents pays fewer than 50 tokens at $0.001 once the input bound ($0.00001 a
     // byte of the body) is paid.
     assert!((1..50).contains(&asked), "asked {asked}");
-    let st = served.standing("r").await;
+    let st = served.settled("r").await;
     assert!(a.status == 200, "{}", a.text());
     // The usage the fake reports (50 out) is above what was asked, so above the worst
     // case: not believed, it settles at the reservation, which is the whole budget; the
@@ -640,7 +654,7 @@ async fn streams_pass_through_and_settle_and_a_client_that_did_not_ask_sees_no_u
     )
     .await;
     assert!(a.text().contains("message_stop"), "{}", a.text());
-    let st = served.standing("r").await;
+    let st = served.settled("r").await;
     assert_eq!(st["settled_nanos"], 3 * 51_000_000, "{st}");
     assert_eq!(st["held_nanos"], 0, "{st}");
     served.verifies();
@@ -674,7 +688,7 @@ async fn a_redirect_to_another_host_is_refused_and_recorded_and_a_cut_stream_sta
     .await;
     assert_eq!(a.status, 302, "{}", a.text());
     assert_eq!(a.headers["location"], "/v1/elsewhere");
-    let st = served.standing("r").await;
+    let st = served.settled("r").await;
     assert_eq!(
         (st["settled_nanos"].as_u64(), st["held_nanos"].as_u64()),
         (Some(0), Some(0)),
@@ -745,7 +759,7 @@ async fn sixty_four_concurrent_requests_never_settle_more_than_the_budget() {
         assert!(s == 200 || s == 403 || s == 429, "{s}");
         allowed += usize::from(s == 200);
     }
-    let st = served.standing("race").await;
+    let st = served.settled("race").await;
     let settled = st["settled_nanos"].as_u64().expect("settled");
     assert!(settled <= 100 * 10_000_000, "{st}");
     assert_eq!(settled, 51_000_000 * allowed as u64, "{st}");
@@ -880,7 +894,7 @@ async fn the_proxy_answers_on_its_unix_socket_too() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o660, "the agent socket's mode");
-    assert_eq!(served.standing("u").await["settled_nanos"], 51_000_000);
+    assert_eq!(served.settled("u").await["settled_nanos"], 51_000_000);
     served.verifies();
     assert!(!sock.exists(), "removed when the daemon stops");
 }

@@ -597,8 +597,8 @@ fn sixty_four_racing_calls_never_settle_past_the_budget() {
 }
 
 /// Usage far beyond what each call reserved (an upstream that lies or bills past
-/// `max_tokens`): still never more than the budget settled, as issue 22 asks ("whatever
-/// usage they report").
+/// `max_tokens`): still never more than the budget settled, whatever usage they report
+/// (a call settles at most its reservation: docs/PROXY.md).
 #[test]
 fn sixty_four_racing_calls_never_settle_past_the_budget_whatever_the_usage() {
     if sdks() {
