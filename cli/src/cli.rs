@@ -148,16 +148,10 @@ pub enum Command {
     Demo(DemoArgs),
     /// Write man pages (tally.1 and one per subcommand) into DIR.
     #[command(hide = true)]
-    Man {
-        /// Where to write them (created if missing).
-        dir: PathBuf,
-    },
+    Man(ManArgs),
     /// Print a shell completion script.
     #[command(hide = true)]
-    Completions {
-        /// The shell.
-        shell: clap_complete::Shell,
-    },
+    Completions(CompletionsArgs),
 }
 
 /// `tally verify`'s arguments.
@@ -579,26 +573,7 @@ pub enum HookCommand {
     /// prints the hook's decision (allow, deny or ask; exit 2 blocks the call when the
     /// gate cannot be asked: fail closed); PostToolUse and PostToolUseFailure record the
     /// call's outcome; SessionEnd stops the session's run.
-    ClaudeCode {
-        /// The daemon's agent socket.
-        #[arg(long)]
-        socket: PathBuf,
-        /// The run the session's calls count against [default: claude-code-SESSION_ID].
-        #[arg(long)]
-        run: Option<String>,
-        /// Where allowed calls wait for their outcome [default: $XDG_RUNTIME_DIR/tally-hook,
-        /// else /tmp/tally-hook-UID].
-        #[arg(long, value_name = "DIR")]
-        state_dir: Option<PathBuf>,
-        /// A tool's effect class over the built-in one, e.g. `--effect Bash=read`
-        /// (read, idempotent_write, non_idempotent_write).
-        #[arg(long, value_name = "TOOL=EFFECT", value_parser = tool_effect)]
-        effect: Vec<(String, String)>,
-        /// Print no decision for an allowed call, so Claude Code's own permission rules
-        /// and prompts still apply to it.
-        #[arg(long)]
-        defer: bool,
-    },
+    ClaudeCode(ClaudeCodeArgs),
 }
 
 /// `TOOL=EFFECT` for `--effect`.
@@ -620,8 +595,49 @@ fn tool_effect(s: &str) -> Result<(String, String), String> {
 #[derive(Subcommand, Debug)]
 pub enum PolicyCommand {
     /// Validate a policy file and print it with every default filled in.
-    Check {
-        /// The policy file (TOML), or `-` for standard input.
-        file: PathBuf,
-    },
+    Check(PolicyCheckArgs),
+}
+
+/// `tally hook claude-code`.
+#[derive(clap::Args, Debug)]
+pub struct ClaudeCodeArgs {
+    /// The daemon's agent socket.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The run the session's calls count against [default: claude-code-SESSION_ID].
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Where allowed calls wait for their outcome [default: $XDG_RUNTIME_DIR/tally-hook,
+    /// else /tmp/tally-hook-UID].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// A tool's effect class over the built-in one, e.g. `--effect Bash=read`
+    /// (read, idempotent_write, non_idempotent_write).
+    #[arg(long, value_name = "TOOL=EFFECT", value_parser = tool_effect)]
+    pub effect: Vec<(String, String)>,
+    /// Print no decision for an allowed call, so Claude Code's own permission rules
+    /// and prompts still apply to it.
+    #[arg(long)]
+    pub defer: bool,
+}
+
+/// `tally policy check`.
+#[derive(clap::Args, Debug)]
+pub struct PolicyCheckArgs {
+    /// The policy file (TOML), or `-` for standard input.
+    pub file: PathBuf,
+}
+
+/// `tally man`.
+#[derive(clap::Args, Debug)]
+pub struct ManArgs {
+    /// Where to write them (created if missing).
+    pub dir: PathBuf,
+}
+
+/// `tally completions`.
+#[derive(clap::Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
 }

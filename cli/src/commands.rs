@@ -284,7 +284,8 @@ pub(crate) fn read_policy(path: &std::path::Path) -> Result<tally_policy::Record
 }
 
 /// `tally policy check FILE`: validate, then print the policy with its defaults.
-pub fn policy_check(path: &std::path::Path) -> Result<Exit> {
+pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
+    let path: &std::path::Path = &args.file;
     let recorded = read_policy(path)?;
     let name = if is_stdio(path) {
         "standard input".into()

@@ -11,7 +11,8 @@ use crate::output::noteln;
 use crate::Exit;
 
 /// Write `tally.1` and one `tally-SUBCOMMAND.1` per subcommand into `dir`.
-pub fn man(dir: &Path) -> Result<Exit> {
+pub fn man(args: &crate::cli::ManArgs) -> Result<Exit> {
+    let dir: &Path = &args.dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let cmd = Cli::command();
     let mut pages = vec![("tally".to_owned(), cmd.clone())];
@@ -41,7 +42,8 @@ pub fn man(dir: &Path) -> Result<Exit> {
 }
 
 /// Print the completion script for `shell` on standard output.
-pub fn completions(shell: clap_complete::Shell) -> Result<Exit> {
+pub fn completions(args: &crate::cli::CompletionsArgs) -> Result<Exit> {
+    let shell = args.shell;
     let mut bytes = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "tally", &mut bytes);
     crate::output::out!("{}", String::from_utf8_lossy(&bytes));

@@ -148,28 +148,15 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Stats(args) => stats::stats(&args),
         Command::Serve(args) => serve::serve(args),
         Command::Policy {
-            command: cli::PolicyCommand::Check { file },
-        } => commands::policy_check(&file),
+            command: cli::PolicyCommand::Check(args),
+        } => commands::policy_check(&args),
         Command::Hook {
-            command:
-                cli::HookCommand::ClaudeCode {
-                    socket,
-                    run,
-                    state_dir,
-                    effect,
-                    defer,
-                },
-        } => hook::claude_code(&hook::Hook {
-            socket,
-            run,
-            state_dir,
-            effects: effect.into_iter().collect(),
-            defer,
-        }),
+            command: cli::HookCommand::ClaudeCode(args),
+        } => hook::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::McpDemoServer => demo_mcp::server(),
-        Command::Man { dir } => generate::man(&dir),
-        Command::Completions { shell } => generate::completions(shell),
+        Command::Man(args) => generate::man(&args),
+        Command::Completions(args) => generate::completions(&args),
         Command::Mcp(args) => mcp::run(args),
     }
 }

@@ -114,6 +114,17 @@ fn failed(response: &Value) -> bool {
         || response.get("error").is_some_and(|e| !e.is_null())
 }
 
+/// `tally hook claude-code`, as its arguments say.
+pub fn run(args: &crate::cli::ClaudeCodeArgs) -> Result<Exit> {
+    claude_code(&Hook {
+        socket: args.socket.clone(),
+        run: args.run.clone(),
+        state_dir: args.state_dir.clone(),
+        effects: args.effect.iter().cloned().collect(),
+        defer: args.defer,
+    })
+}
+
 /// Run the hook: read the payload from stdin, answer on stdout. The exit code is 0 when
 /// the hook's answer is on stdout (or it has none to give), 2 when it failed: before a
 /// tool runs that blocks the call (fail closed); after, Claude Code shows the message.
