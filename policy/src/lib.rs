@@ -18,7 +18,7 @@
 //! can reach output, checked arithmetic.
 //!
 //! Modules depend on each other one way, each only on those before it here (checked by
-//! `tests/layers`): `error`, `upstreams` (the proxy's upstreams and prices), `config`, `approval`, `state` (with [`Now`]),
+//! `tests/layers`): `error`, `prices` (money in the policy), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
 //! `inconsistency` (what judging finds), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits). Items moved down
@@ -36,6 +36,7 @@ pub mod headroom;
 pub mod inconsistency;
 pub mod judge;
 pub mod prices;
+pub mod principals;
 pub mod rules;
 pub mod start;
 pub mod state;

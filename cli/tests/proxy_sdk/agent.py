@@ -1,6 +1,6 @@
 """An agent calling a model through tally's proxy with an official SDK.
 
-Run by cli/tests/proxy_sdk.rs. The SDK is configured only the way a user configures it:
+Run by cli/tests/proxy_sdk/main.rs. The SDK is configured only the way a user configures it:
 `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL` point at the proxy and the run token is the API
 key (`OPENAI_API_KEY` / `ANTHROPIC_API_KEY`). Each call prints one JSON line: what the
 SDK returned (text, usage, tally's headers) or the exception it raised (its class, HTTP

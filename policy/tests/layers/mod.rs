@@ -9,6 +9,7 @@ const LAYERS: &[&str] = &[
     "error",
     "prices",
     "upstreams",
+    "principals",
     "config",
     "approval",
     "state",

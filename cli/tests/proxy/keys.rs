@@ -1,0 +1,157 @@
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_and_https() {
+    for tls in [false, true] {
+        let upstream = FakeUpstream::start(FakeOptions {
+            tls,
+            ..Default::default()
+        });
+        let dir = tempfile::tempdir().expect("dir");
+        let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+        let token = served.start_run("r1").await;
+        assert!(token.starts_with("tly_"), "{token}");
+
+        let a = call(
+            served.proxy,
+            "/openai/v1/chat/completions",
+            &[
+                ("authorization", &bearer(&token)),
+                ("x-api-key", &token),
+                ("connection", "keep-alive, x-secret-hop"),
+                ("x-secret-hop", "1"),
+            ],
+            chat("fake-ok", json!({"max_tokens": 50})),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert_eq!(a.json()["usage"]["completion_tokens"], 50);
+        assert_eq!(a.headers["x-tally-run"], "r1");
+        assert_eq!(a.headers["x-tally-attempt"], "1");
+        assert!(a.headers.contains_key("x-tally-seq"));
+        // Anthropic's dialect, its key header.
+        let a = call(
+            served.proxy,
+            "/anthropic/v1/messages",
+            &[("x-api-key", &token)],
+            br#"{"model":"fake-ok","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}"#
+                .to_vec(),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        let seen = upstream.seen();
+        assert_eq!(seen.len(), 2);
+        for s in &seen {
+            assert!(s.real_key, "the upstream got the real key: {s:?}");
+            assert!(!s.token_seen, "the run token reached the upstream: {s:?}");
+            assert_eq!(s.max_tokens, Some(50));
+            for h in ["connection", "x-secret-hop", "cookie"] {
+                assert!(
+                    !s.headers.iter().any(|n| n == h),
+                    "{h} reached the upstream: {s:?}"
+                );
+            }
+        }
+        assert!(
+            !seen[0].headers.iter().any(|n| n == "x-api-key"),
+            "{:?}",
+            seen[0]
+        );
+        assert!(
+            !seen[1].headers.iter().any(|n| n == "authorization"),
+            "{:?}",
+            seen[1]
+        );
+        // $0.051 for the OpenAI call. The Anthropic request is 97 bytes, so its input is
+        // bounded at 97 tokens: the fake's 100 are not believed and it settles at its
+        // reservation, $0.05097. Nothing held.
+        let st = served.settled("r1").await;
+        assert_eq!(st["settled_nanos"], 101_970_000, "{st}");
+        assert_eq!(st["held_nanos"], 0, "{st}");
+
+        // Unknown, forged and missing tokens: 401 in the dialect, nothing forwarded.
+        for auth in ["Bearer sk-real", "Bearer tly_cjE.00", "Bearer ", ""] {
+            let headers: Vec<(&str, &str)> = if auth.is_empty() {
+                vec![]
+            } else {
+                vec![("authorization", auth)]
+            };
+            let a = call(
+                served.proxy,
+                "/openai/v1/chat/completions",
+                &headers,
+                chat("fake-ok", json!({})),
+            )
+            .await;
+            assert_eq!(a.status, 401, "{auth}: {}", a.text());
+            assert_eq!(a.json()["error"]["code"], "invalid_token", "{}", a.text());
+        }
+        // A stopped run's token.
+        let (status, v) = served
+            .agent("POST", "/v1/runs/r1/stop", Some(json!({})))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        let a = call(
+            served.proxy,
+            "/anthropic/v1/messages",
+            &[("x-api-key", &token)],
+            br#"{"model":"fake-ok","max_tokens":5,"messages":[]}"#.to_vec(),
+        )
+        .await;
+        assert_eq!(a.status, 401, "{}", a.text());
+        assert_eq!(
+            a.json()["error"]["type"],
+            "authentication_error",
+            "{}",
+            a.text()
+        );
+        assert_eq!(upstream.seen().len(), 2, "nothing more was forwarded");
+        served.verifies();
+        let h = served.handoff("r1");
+        assert_eq!(h["spend"]["settled_nanos"], 101_970_000, "{h}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_answers_on_its_unix_socket_too() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let token = served.start_run("u").await;
+    let sock = dir.path().join("proxy.sock");
+    let stream = tokio::net::UnixStream::connect(&sock)
+        .await
+        .expect("connect to the proxy socket");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/openai/v1/chat/completions")
+        .header("host", "localhost")
+        .header("authorization", bearer(&token))
+        .body(Full::new(Bytes::from(chat(
+            "fake-ok",
+            json!({"max_tokens": 50}),
+        ))))
+        .expect("request");
+    let response = send.send_request(req).await.expect("response");
+    assert_eq!(response.status(), 200);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("fake upstream"));
+    let mode = std::fs::metadata(&sock)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660, "the agent socket's mode");
+    assert_eq!(served.settled("u").await["settled_nanos"], 51_000_000);
+    served.verifies();
+    assert!(!sock.exists(), "removed when the daemon stops");
+}

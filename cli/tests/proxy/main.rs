@@ -1,0 +1,380 @@
+//! The HTTP/model proxy end to end: the real `tally serve` with
+//! `--proxy-listen`, a real agent socket, and the fake upstream (testkit) over HTTP and
+//! HTTPS; every ledger verifies clean afterwards.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tally_testkit::upstream::{FakeOptions, FakeUpstream};
+
+fn tally() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tally"))
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    tally()
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("tally")
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = run(dir, args);
+    assert!(
+        out.status.success(),
+        "tally {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// $10 per million input tokens, $1,000 per million output tokens ($0.001 each), at most
+/// 100 output tokens: `fake-ok` (100 in, 50 out) costs $0.051 (51,000,000 nanodollars),
+/// where its request is at least 100 bytes (the input bound).
+fn policy(upstream: &FakeUpstream, spend_cents: u64) -> String {
+    let ca = upstream
+        .ca_pem()
+        .map(|p| format!("ca_file = {:?}\n", p.display().to_string()))
+        .unwrap_or_default();
+    let mut text = format!(
+        r#"
+[ceiling]
+spend_cents = {spend_cents}
+attempts = 1000
+side_effects = 1000
+[loops]
+identical_consecutive = 1000
+identical_in_window = 1000
+tool_calls = 1000
+[rate]
+run_per_sec = 0
+tool_per_sec = 0
+tool_in_flight = 0
+
+[upstreams.openai]
+url = "{url}"
+kind = "openai"
+credential = "openai"
+paths = ["/v1/chat/completions"]
+max_request_bytes = 4096
+{ca}
+[upstreams.anthropic]
+url = "{url}"
+kind = "anthropic"
+credential = "anthropic"
+paths = ["/v1/messages"]
+{ca}
+"#,
+        url = upstream.url()
+    );
+    for up in ["openai", "anthropic"] {
+        for model in [
+            "fake-ok",
+            "fake-cut",
+            "fake-slow",
+            "fake-redirect",
+            "fake-redirect-same",
+            "fake-500",
+            "fake-429",
+        ] {
+            text.push_str(&format!(
+                "[prices.{up}.\"{model}\"]\ninput_per_mtok = 10\noutput_per_mtok = \"1000\"\nmax_output_tokens = 100\n"
+            ));
+        }
+    }
+    text
+}
+
+/// `tally serve` with the proxy on a loopback port; killed on drop.
+struct Served {
+    dir: PathBuf,
+    child: Option<Child>,
+    proxy: SocketAddr,
+}
+
+fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+impl Served {
+    /// A fresh ledger in `dir`, the policy, the credential files, and the daemon.
+    fn new(dir: &Path, policy: &str) -> Served {
+        ok(dir, &["keygen", "--out", "auditor.key"]);
+        ok(
+            dir,
+            &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
+        );
+        std::fs::write(dir.join("policy.toml"), policy).expect("policy");
+        for (name, secret) in [("openai", "sk-real\n"), ("anthropic", "sk-real")] {
+            let f = dir.join(format!("{name}.secret"));
+            std::fs::write(&f, secret).expect("secret");
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        Served::start(dir)
+    }
+
+    fn start(dir: &Path) -> Served {
+        let _ = std::fs::remove_file(dir.join("agent.sock"));
+        let proxy = free_port();
+        let child = tally()
+            .args([
+                "serve",
+                "--ledger",
+                "ledger",
+                "--socket",
+                "agent.sock",
+                "--policy",
+                "policy.toml",
+                "--proxy-listen",
+                &proxy.to_string(),
+                "--proxy-socket",
+                "proxy.sock",
+                "--credential",
+                "openai=openai.secret",
+                "--credential",
+                "anthropic=anthropic.secret",
+            ])
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("tally serve");
+        let started = Instant::now();
+        while !(dir.join("agent.sock").exists() && std::net::TcpStream::connect(proxy).is_ok()) {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "tally serve did not open its sockets"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Served {
+            dir: dir.to_path_buf(),
+            child: Some(child),
+            proxy,
+        }
+    }
+
+    async fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut client = tally_api::client::Client::unix(&self.dir.join("agent.sock"))
+            .await
+            .expect("connect");
+        let reply = client
+            .request(
+                method.parse().expect("method"),
+                path,
+                body.as_ref().map(|_| "application/json"),
+                body.map(|b| b.to_string()).unwrap_or_default(),
+            )
+            .await
+            .expect("request");
+        let v = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+        (reply.status.as_u16(), v)
+    }
+
+    /// Starts `run`; its token.
+    async fn start_run(&self, run: &str) -> String {
+        let (status, v) = self
+            .agent("POST", "/v1/runs", Some(json!({"run": run})))
+            .await;
+        assert_eq!(status, 201, "{v}");
+        v["token"]
+            .as_str()
+            .expect("a token in the start answer")
+            .to_owned()
+    }
+
+    async fn standing(&self, run: &str) -> Value {
+        let (status, v) = self.agent("GET", &format!("/v1/runs/{run}"), None).await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    /// The run's standing once nothing is held: the proxy records a call's outcome as its
+    /// answer ends, so the client may read the last byte just before the settlement is
+    /// durable. Waits for that (at most 10 s), never for a fixed time.
+    async fn settled(&self, run: &str) -> Value {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.standing(run).await;
+            if v["held_nanos"] == 0 || std::time::Instant::now() > until {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().expect("SIGKILL");
+            c.wait().expect("reap");
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_child(&child),
+                rustix::process::Signal::TERM,
+            );
+            let started = Instant::now();
+            while child.try_wait().expect("wait").is_none() {
+                if started.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Stops the daemon; `tally verify` finds the ledger intact and replay nothing; the
+    /// handoff of each run (its settled and held cents) as the ledger says.
+    fn verifies(&mut self) -> Value {
+        self.stop();
+        let out = run(
+            &self.dir,
+            &[
+                "verify",
+                "ledger",
+                "--key",
+                "ledger/ledger.pub",
+                "--auditor-key",
+                "auditor.key",
+                "--json",
+            ],
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "verify --json: {e}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert!(out.status.success(), "{report}");
+        assert_eq!(report["replay"]["findings"], json!([]), "{report}");
+        report
+    }
+
+    fn handoff(&self, run: &str) -> Value {
+        let text = ok(
+            &self.dir,
+            &[
+                "handoff",
+                "ledger",
+                "--key",
+                "ledger/ledger.pub",
+                "--auditor-key",
+                "auditor.key",
+                "--run",
+                run,
+                "--json",
+            ],
+        );
+        let v: Value = serde_json::from_str(&text).expect("handoff json");
+        v["handoffs"][0].clone()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// An answer of the proxy: status, headers, body chunks as received, and whether the
+/// body was cut.
+struct Answer {
+    status: u16,
+    headers: hyper::HeaderMap,
+    chunks: Vec<Bytes>,
+    cut: bool,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.chunks.concat()).unwrap_or(Value::Null)
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.chunks.concat()).into_owned()
+    }
+}
+
+async fn call(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the proxy");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let response = send
+        .send_request(req.body(Full::new(body.into())).expect("request"))
+        .await
+        .expect("response");
+    let (parts, mut body) = response.into_parts();
+    let mut chunks = Vec::new();
+    let mut cut = false;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Ok(f)) => {
+                if let Ok(d) = f.into_data() {
+                    chunks.push(d);
+                }
+            }
+            Some(Err(_)) => {
+                cut = true;
+                break;
+            }
+        }
+    }
+    Answer {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        chunks,
+        cut,
+    }
+}
+
+fn chat(model: &str, extra: Value) -> Vec<u8> {
+    let mut v = json!({"model": model, "messages": [{"role": "user", "content": "hello"}]});
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    v.to_string().into_bytes()
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+mod bodies;
+mod keys;
+mod race;
+mod streams;

@@ -1,0 +1,447 @@
+//! tally's model proxy with the official `openai` and `anthropic` Python SDKs, end to
+//! end and with real parts only: the real `tally serve --proxy-listen`, the fake
+//! upstream (testkit) over HTTP and over HTTPS with its test CA, runs started on the
+//! agent socket for their tokens, the SDKs configured as a user configures them
+//! (`OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`, the token as the API key), and the ledger
+//! read back with `tally handoff --json`.
+//!
+//! Each SDK call is made by `proxy_sdk/agent.py`, which prints what the SDK returned or
+//! raised as a JSON line; the assertions are here.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tally_testkit::upstream::{FakeOptions, FakeUpstream};
+
+fn tally() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tally"))
+}
+
+fn agent_py() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/proxy_sdk/agent.py")
+}
+
+/// The key the fake upstream accepts: the operator's secret, never the agent's.
+const REAL_KEY: &str = "sk-real-upstream-key-0123456789";
+
+/// Whether python3 has both SDKs at the pinned versions; if not, SKIPPED (CI: fails).
+fn sdks() -> bool {
+    tally_testkit::have(
+        "python3",
+        &[
+            "-c",
+            "import openai, anthropic, sys; \
+             sys.exit(0 if (openai.__version__, anthropic.__version__) == ('3.57.0', '2.15.0') else 1)",
+        ],
+        "python3 -m pip install openai==3.57.0 anthropic==2.15.0",
+    )
+}
+
+/// Dollars per million tokens in the test policy: one output token is 0.05 cents
+/// (500,000 nanodollars), so a call with `max_tokens = 100` reserves 5 cents of output.
+const INPUT_PER_MTOK: u64 = 1;
+const OUTPUT_PER_MTOK: u64 = 500;
+/// Nanodollars per output token and per input token at those prices.
+const OUT_NANOS: u64 = OUTPUT_PER_MTOK * 1000;
+const IN_NANOS: u64 = INPUT_PER_MTOK * 1000;
+/// Nanodollars in a cent.
+const CENT: u64 = 10_000_000;
+
+/// The models the fake upstream knows (its behaviour is chosen by the model name),
+/// priced alike; `fake-small` has a model limit of 40 output tokens.
+const MODELS: &[&str] = &[
+    "fake-ok",
+    "fake-cut",
+    "fake-slow",
+    "fake-429",
+    "fake-500",
+    "fake-redirect",
+    "fake-usage-0-0",
+    "fake-usage-100-50",
+    "fake-usage-100-100",
+    "fake-usage-100-20",
+    "fake-usage-100-1000000",
+    "fake-usage-1000000-1000000",
+];
+
+fn policy(http: &FakeUpstream, https: &FakeUpstream, extra: &str) -> String {
+    let mut p = String::from(
+        "[loops]\ntool_calls = 100000\nidentical_in_window = 1000\n\
+         [ceiling]\nspend_cents = 100000\nattempts = 1000\n",
+    );
+    for (name, kind, path, up) in [
+        ("openai", "openai", "/v1/chat/completions", http),
+        ("anthropic", "anthropic", "/v1/messages", http),
+        ("openai_tls", "openai", "/v1/chat/completions", https),
+        ("anthropic_tls", "anthropic", "/v1/messages", https),
+    ] {
+        p.push_str(&format!(
+            "[upstreams.{name}]\nurl = \"{}\"\nkind = \"{kind}\"\ncredential = \"real\"\n\
+             paths = [\"{path}\"]\ntimeout_ms = 30000\n",
+            up.url()
+        ));
+        if let Some(ca) = up.ca_pem() {
+            p.push_str(&format!("ca_file = \"{}\"\n", ca.display()));
+        }
+        for model in MODELS.iter().chain(["fake-small"].iter()) {
+            let limit = if *model == "fake-small" { 40 } else { 4096 };
+            p.push_str(&format!(
+                "[prices.{name}.\"{model}\"]\ninput_per_mtok = \"{INPUT_PER_MTOK}\"\n\
+                 output_per_mtok = \"{OUTPUT_PER_MTOK}\"\nmax_output_tokens = {limit}\n"
+            ));
+        }
+    }
+    p.push_str(extra);
+    p
+}
+
+/// Two fake upstreams (HTTP, and HTTPS with a test CA) and `tally serve` proxying to
+/// both, over a fresh ledger; the daemon is killed on drop.
+struct Proxy {
+    dir: tempfile::TempDir,
+    http: FakeUpstream,
+    https: FakeUpstream,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Proxy {
+    fn start(extra_policy: &str) -> Proxy {
+        let http = FakeUpstream::start(FakeOptions {
+            tls: false,
+            key: REAL_KEY.into(),
+        });
+        let https = FakeUpstream::start(FakeOptions {
+            tls: true,
+            key: REAL_KEY.into(),
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        ok(d, &["keygen", "--out", "auditor.key"]);
+        ok(
+            d,
+            &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
+        );
+        std::fs::write(d.join("policy.toml"), policy(&http, &https, extra_policy)).expect("policy");
+        let key = d.join("real.key");
+        std::fs::write(&key, format!("{REAL_KEY}\n")).expect("credential");
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
+        let port = free_port();
+        let mut proxy = Proxy {
+            dir,
+            http,
+            https,
+            port,
+            child: None,
+        };
+        proxy.serve();
+        proxy
+    }
+
+    /// Start (or restart) `tally serve` over this directory's ledger.
+    fn serve(&mut self) {
+        let d = self.dir.path();
+        let _ = std::fs::remove_file(d.join("agent.sock"));
+        let _ = std::fs::remove_file(d.join("operator.sock"));
+        let child = tally()
+            .args([
+                "serve",
+                "--ledger",
+                "ledger",
+                "--socket",
+                "agent.sock",
+                "--operator-socket",
+                "operator.sock",
+                "--policy",
+                "policy.toml",
+                "--proxy-listen",
+                &format!("127.0.0.1:{}", self.port),
+                "--credential",
+                "real=real.key",
+            ])
+            .current_dir(d)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tally serve");
+        self.child = Some(child);
+        let started = Instant::now();
+        while !d.join("agent.sock").exists()
+            || std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err()
+        {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("tally serve exited ({status}) before it listened");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "tally serve did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `kill -9` of the daemon: no drain, no goodbye.
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL");
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, and wait: the daemon drains and frees the ledger.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_child(&child),
+                rustix::process::Signal::TERM,
+            );
+            let _ = child.wait();
+        }
+    }
+
+    fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        request(&self.dir.path().join("agent.sock"), method, path, body)
+    }
+
+    /// Start a run with `budget`; its token.
+    fn run(&self, run: &str, budget: Value) -> String {
+        let (status, v) = self.agent(
+            "POST",
+            "/v1/runs",
+            Some(json!({"run": run, "goal": "proxy test", "budget": budget})),
+        );
+        assert_eq!(status, 201, "{v}");
+        v["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no token in the start answer: {v}"))
+            .to_string()
+    }
+
+    fn standing(&self, run: &str) -> Value {
+        let (status, v) = self.agent("GET", &format!("/v1/runs/{run}"), None);
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    /// The run's standing once nothing is held: the proxy records a call's outcome as its
+    /// answer ends, so the client can read the end of the answer a moment before the
+    /// settlement is durable. Waits at most 10 s, then returns what it has.
+    fn standing_settled(&self, run: &str) -> Value {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.standing(run);
+            if nanos(&s, "held") == 0 || Instant::now() > until {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The upstream's base URL for `sdk` as the SDK wants it (`/v1` for OpenAI).
+    fn base_url(&self, sdk: &str, tls: bool) -> String {
+        let name = if tls {
+            format!("{sdk}_tls")
+        } else {
+            sdk.to_string()
+        };
+        match sdk {
+            "openai" => format!("http://127.0.0.1:{}/{name}/v1", self.port),
+            _ => format!("http://127.0.0.1:{}/{name}", self.port),
+        }
+    }
+
+    /// `agent.py SDK MODE ARGS` with the token as the key; its JSON lines.
+    fn py(&self, sdk: &str, tls: bool, token: &str, args: &[&str]) -> Vec<Value> {
+        let out = self
+            .py_command(sdk, tls, token, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("python3");
+        assert!(out.status.success(), "agent.py failed: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+
+    fn py_command(&self, sdk: &str, tls: bool, token: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("python3");
+        c.arg(agent_py()).arg(sdk).args(args);
+        // Only what a user sets; nothing of the test's own environment leaks a key in.
+        c.env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ANTHROPIC_BASE_URL")
+            .env_remove("ANTHROPIC_AUTH_TOKEN");
+        match sdk {
+            "openai" => c
+                .env("OPENAI_BASE_URL", self.base_url(sdk, tls))
+                .env("OPENAI_API_KEY", token),
+            _ => c
+                .env("ANTHROPIC_BASE_URL", self.base_url(sdk, tls))
+                .env("ANTHROPIC_API_KEY", token),
+        };
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// One call; its JSON line.
+    fn call(&self, sdk: &str, tls: bool, token: &str, args: &[&str]) -> Value {
+        let mut mode = vec!["call"];
+        mode.extend_from_slice(args);
+        let mut lines = self.py(sdk, tls, token, &mode);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        lines.remove(0)
+    }
+
+    /// The run's handoff from `tally handoff --run RUN --json` of the ledger (the daemon
+    /// stopped first; `serve` starts it again).
+    fn handoff(&mut self, run: &str) -> Value {
+        self.stop();
+        let out = tally()
+            .args([
+                "handoff",
+                "ledger",
+                "--key",
+                "ledger/ledger.pub",
+                "--auditor-key",
+                "auditor.key",
+                "--run",
+                run,
+                "--json",
+            ])
+            .current_dir(self.dir.path())
+            .output()
+            .expect("tally handoff");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).expect("handoff JSON");
+        assert_eq!(v["handoffs"][0]["run"], run, "{v}");
+        v["handoffs"][0].clone()
+    }
+
+    /// Every request each fake upstream received carried the real key, and none a token.
+    fn upstreams_saw_only_the_key(&self, tokens: &[&str]) -> usize {
+        let mut n = 0;
+        for up in [&self.http, &self.https] {
+            for seen in up.seen() {
+                n += 1;
+                assert!(
+                    seen.real_key,
+                    "the upstream did not get the real key: {seen:?}"
+                );
+                assert!(!seen.token_seen, "a token reached the upstream: {seen:?}");
+                for t in tokens {
+                    assert!(
+                        !format!("{seen:?}").contains(t),
+                        "the token reached the upstream: {seen:?}"
+                    );
+                }
+            }
+        }
+        n
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = tally().args(args).current_dir(dir).output().expect("tally");
+    assert!(out.status.success(), "tally {args:?}: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn request(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut client = tally_api::client::Client::unix(socket)
+            .await
+            .expect("connect");
+        let reply = client
+            .request(
+                method.parse().expect("method"),
+                path,
+                body.as_ref().map(|_| "application/json"),
+                body.map(|b| b.to_string()).unwrap_or_default(),
+            )
+            .await
+            .expect("request");
+        let value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+        (reply.status.as_u16(), value)
+    })
+}
+
+/// An amount in nanodollars from a standing or a handoff's spend: `WHAT_nanos` where the
+/// record has it, else `WHAT_cents` (exact whole cents).
+fn nanos(v: &Value, what: &str) -> u64 {
+    if let Some(n) = v[format!("{what}_nanos")].as_u64() {
+        return n;
+    }
+    let cents = v[format!("{what}_cents")]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {what}_nanos or {what}_cents in {v}"));
+    cents * CENT
+}
+
+/// What a call of `input` and `output` tokens is charged at the test's prices: its cost in
+/// nanodollars, rounded up to the unit the run's standing counts in (whole cents while the
+/// gate counts cents; the proxy rounds up, never down).
+fn charged(v: &Value, input: u64, output: u64) -> u64 {
+    let cost = input * IN_NANOS + output * OUT_NANOS;
+    if v.get("settled_nanos").is_some() {
+        cost
+    } else {
+        cost.div_ceil(CENT) * CENT
+    }
+}
+
+/// The SDK raised `class` with HTTP `status`, and its message names `reason`.
+fn raised(r: &Value, class: &str, status: u64, reason: &str) {
+    assert_eq!(r["error"], class, "{r}");
+    assert_eq!(r["status"], status, "{r}");
+    assert!(
+        r["message"].as_str().unwrap_or("").contains(reason),
+        "the SDK's message does not name {reason}: {r}"
+    );
+}
+
+const SDKS: [&str; 2] = ["openai", "anthropic"];
+
+mod authority;
+mod calls;
+mod held;
+mod race;

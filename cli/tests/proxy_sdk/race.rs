@@ -1,0 +1,114 @@
+use super::*;
+
+/// 64 calls at once against a budget of 100 cents through each SDK, streaming (over
+/// HTTPS) and not (over HTTP), the upstream reporting the usage of `models` in turn: the
+/// run never settles more than 100 cents, every call either went through or was refused
+/// in the SDK's own error with the reason, and the ledger's settled total is the state's
+/// to the unit.
+fn race_within_the_budget(models: &str) {
+    let mut proxy = Proxy::start("");
+    let mut runs = vec![];
+    for sdk in SDKS {
+        for stream in [false, true] {
+            let tls = stream;
+            let run = format!("race-{sdk}-{stream}");
+            let token = proxy.run(&run, json!({"spend_cents": 100}));
+            let mut args = vec!["race", "--n", "64", "--models", models];
+            if stream {
+                args.push("--stream");
+            }
+            let results = proxy.py(sdk, tls, &token, &args);
+            assert_eq!(results.len(), 64);
+            let passed = results.iter().filter(|r| r["ok"] == true).count();
+            for r in results.iter().filter(|r| r["ok"] != true) {
+                assert_eq!(r["error"], "PermissionDeniedError", "{run}: {r}");
+                assert_eq!(r["status"], 403, "{r}");
+                let m = r["message"].as_str().unwrap_or("");
+                assert!(
+                    m.contains("reservation_insufficient") || m.contains("budget_exceeded"),
+                    "{run}: refused without the reason: {r}"
+                );
+            }
+            // 5 cents of output reserved per call: 64 never fit, so refusals happened
+            // (calls that settle below their reservation free budget for later ones).
+            assert!(
+                (1..64).contains(&passed),
+                "{run}: {passed} calls went through"
+            );
+            let s = proxy.standing_settled(&run);
+            let settled = nanos(&s, "settled");
+            let held = nanos(&s, "held");
+            assert!(
+                settled + held <= 100 * CENT,
+                "{run}: settled {settled} + held {held} nanodollars past 100 cents: {s}"
+            );
+            assert_eq!(held, 0, "{run}: every call ended: {s}");
+            runs.push((run, settled));
+        }
+    }
+    proxy.upstreams_saw_only_the_key(&[]);
+    for (run, settled) in runs {
+        let h = proxy.handoff(&run);
+        assert_eq!(
+            nanos(&h["spend"], "settled"),
+            settled,
+            "{run}: the ledger and the state disagree: {h}"
+        );
+        proxy.serve();
+    }
+}
+
+/// Honest usage (within what each call reserved: none, some, all of `max_tokens`).
+#[test]
+fn sixty_four_racing_calls_never_settle_past_the_budget() {
+    if sdks() {
+        race_within_the_budget("fake-ok,fake-usage-0-0,fake-usage-100-100,fake-usage-100-20");
+    }
+}
+
+/// Usage far beyond what each call reserved (an upstream that lies or bills past
+/// `max_tokens`): still never more than the budget settled, whatever usage they report
+/// (a call settles at most its reservation: docs/PROXY.md).
+#[test]
+fn sixty_four_racing_calls_never_settle_past_the_budget_whatever_the_usage() {
+    if sdks() {
+        race_within_the_budget("fake-ok,fake-usage-100-1000000,fake-usage-1000000-1000000");
+    }
+}
+
+/// Calls to one model at once, each its own prompt, are distinct calls, not retries of
+/// one logical operation: with a budget that pays for all of them, 8 concurrent calls all
+/// go through (none refused `retries_exhausted`, whose action `stop` would end the run).
+#[test]
+fn concurrent_calls_to_one_model_are_not_retries() {
+    if !sdks() {
+        return;
+    }
+    let proxy = Proxy::start("");
+    for sdk in SDKS {
+        let run = format!("parallel-{sdk}");
+        let token = proxy.run(&run, json!({"spend_cents": 1000}));
+        let results = proxy.py(
+            sdk,
+            false,
+            &token,
+            &["race", "--n", "8", "--model", "fake-ok"],
+        );
+        for r in &results {
+            assert_eq!(r["ok"], true, "{run}: {r}");
+        }
+        // And one after another, after calls the upstream failed (5xx), new prompts are
+        // not retries either.
+        let run = format!("sequential-{sdk}");
+        let token = proxy.run(&run, json!({"spend_cents": 1000}));
+        for _ in 0..3 {
+            let r = proxy.call(sdk, false, &token, &["--model", "fake-500"]);
+            assert_eq!(r["error"], "InternalServerError", "{r}");
+        }
+        let r = proxy.call(sdk, false, &token, &["--model", "fake-500"]);
+        assert_eq!(
+            r["error"], "InternalServerError",
+            "{run}: a new prompt refused: {r}"
+        );
+    }
+}
