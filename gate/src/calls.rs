@@ -70,6 +70,7 @@ impl<B: StateBackend> Gate<B> {
                 timeout_ms: req.timeout_ms,
                 uid: caller.uid,
                 proxied: caller.proxied,
+                refused: req.refused.filter(|_| caller.proxied),
             };
             if stopped {
                 let run = t.run(&req.run, caller)?.clone();

@@ -105,6 +105,12 @@ pub struct CheckRequest {
     /// the agent's valid `traceparent` header); an invalid one is dropped, never an error.
     #[serde(skip)]
     pub trace_id: Option<String>,
+    /// The proxy refused the request as sent (`request_refused`, or `scope_violation`
+    /// for a method, path, upstream or model outside the policy): the gate records that
+    /// refusal as the decision, and only then is it answered. Honoured for the proxy's
+    /// own checks alone; never read from a body.
+    #[serde(skip)]
+    pub refused: Option<tally_ledger::Reason>,
 }
 
 /// `POST /v1/outcome`: what an allowed call did.

@@ -249,6 +249,7 @@ fn every_reason_says_what_to_do() {
         ("retries_exhausted", Stop),
         ("principal_budget_exceeded", Ask),
         ("gate_unavailable", Retry),
+        ("request_refused", Stop),
         ("completed", Stop),
     ];
     assert_eq!(Reason::ALL.len(), spec.len());

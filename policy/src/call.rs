@@ -4,13 +4,17 @@
 
 use serde::{Deserialize, Serialize};
 use tally_record::decision::Channel;
-use tally_record::{Decision, Effect};
+use tally_record::{Decision, Effect, Kind, Reason};
 
 use crate::config::{matches, Policy};
 use crate::start::Family;
 use crate::state::{
     call_key, op_key, ref_key, CredentialState, Grant, PrincipalState, RunState, ToolState,
 };
+
+/// The reasons the proxy refuses a request with before any budget rule
+/// ([`Call::refused`]).
+pub const PROXY_REFUSALS: &[Reason] = &[Reason::RequestRefused, Reason::ScopeViolation];
 
 /// One intended call, as the agent asked for it (its arguments already digested).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +54,13 @@ pub struct Call {
     pub uid: Option<u32>,
     /// Whether tally's proxy makes the call (and so observes its outcome).
     pub proxied: bool,
+    /// The proxy refused the request as sent, before any budget rule, with this reason
+    /// (`request_refused`, or `scope_violation` for a method, path, upstream or model
+    /// outside the policy): the decision is that refusal, whatever the state. Only the
+    /// proxy sets it (the gate ignores it for any other caller); replay reads it back
+    /// from a proxied `deny` ([`Call::from_record`]).
+    #[serde(default)]
+    pub refused: Option<Reason>,
 }
 
 impl Call {
@@ -73,6 +84,9 @@ impl Call {
             timeout_ms: d.timeout_ms,
             uid: d.uid,
             proxied: d.proxied == Some(true),
+            refused: d.reason.filter(|r| {
+                d.kind == Some(Kind::Deny) && d.proxied == Some(true) && PROXY_REFUSALS.contains(r)
+            }),
         }
     }
 

@@ -72,10 +72,21 @@ fn retry(reason: Reason, after_ms: u64) -> Refusal {
 pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: Now) -> Decided {
     let run = state.run;
     let run_ms = run.run_ms(now);
-    let mut refusal = first_refusal(policy, state, call, now, run_ms);
+    // A request the proxy refused as sent is that refusal: no rule, no approval, can
+    // make it a call.
+    let refused = call
+        .refused
+        .filter(|r| call.proxied && crate::call::PROXY_REFUSALS.contains(r));
+    let mut refusal = match refused {
+        Some(reason) => Some(refuse(reason)),
+        None => first_refusal(policy, state, call, now, run_ms),
+    };
     let mut grant = None;
     let mut cause = None;
-    if let Some(r) = refusal.as_ref().filter(|r| policy.asks(r.reason)) {
+    if let Some(r) = refusal
+        .as_ref()
+        .filter(|r| refused.is_none() && policy.asks(r.reason))
+    {
         cause = Some(r.reason);
         match usable_grant(run, call, r.reason, run_ms) {
             Ok(g) => {

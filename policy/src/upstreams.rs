@@ -86,12 +86,41 @@ pub struct ModelPrice {
     /// Input tokens the API reports as read from its cache (default: the input price).
     #[serde(serialize_with = "usd")]
     pub cached_input_per_mtok: Nanos,
+    /// Input tokens the API writes to its cache (Anthropic's
+    /// `cache_creation_input_tokens`, billed above the input price: 1.25x for the
+    /// 5-minute cache). No default: tally never guesses a multiplier, so a call that
+    /// reports cache writes while this is not set settles at its reservation (the most
+    /// it could have cost).
+    #[serde(
+        serialize_with = "usd_or_unset",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache_write_per_mtok: Option<Nanos>,
+    /// Input tokens written to the 1-hour cache (Anthropic's
+    /// `cache_creation.ephemeral_1h_input_tokens`, 2x the input price); unset, as
+    /// `cache_write_per_mtok`.
+    #[serde(
+        serialize_with = "usd_or_unset",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache_write_1h_per_mtok: Option<Nanos>,
     /// Output tokens.
     #[serde(serialize_with = "usd")]
     pub output_per_mtok: Nanos,
     /// The model's output limit: an injected `max_tokens` is never above it, nor is a
     /// request's own accepted above it. Default 4,096.
     pub max_output_tokens: u64,
+}
+
+impl ModelPrice {
+    /// The most one input token can cost: the largest of the input, cached-input and
+    /// cache-write prices (a token of the prompt is billed as one of them).
+    pub fn input_worst_per_mtok(&self) -> Nanos {
+        self.input_per_mtok
+            .max(self.cached_input_per_mtok)
+            .max(self.cache_write_per_mtok.unwrap_or(Nanos(0)))
+            .max(self.cache_write_1h_per_mtok.unwrap_or(Nanos(0)))
+    }
 }
 
 /// Default `max_output_tokens`.
@@ -138,6 +167,14 @@ impl<'de> Deserialize<'de> for Prices {
 fn usd<S: Serializer>(n: &Nanos, s: S) -> Result<S::Ok, S::Error> {
     // `$0.15` -> `0.15`: the text parse_usd reads back.
     s.serialize_str(n.to_string().trim_start_matches('$'))
+}
+
+fn usd_or_unset<S: Serializer>(n: &Option<Nanos>, s: S) -> Result<S::Ok, S::Error> {
+    match n {
+        Some(n) => usd(n, s),
+        // Skipped when unset: never reached.
+        None => s.serialize_none(),
+    }
 }
 
 impl Prices {
@@ -218,6 +255,8 @@ impl Prices {
                     &[
                         "input_per_mtok",
                         "cached_input_per_mtok",
+                        "cache_write_per_mtok",
+                        "cache_write_1h_per_mtok",
                         "output_per_mtok",
                         "max_output_tokens",
                     ],
@@ -229,6 +268,9 @@ impl Prices {
                     .map(|f| f.usd.clone())
                     .transpose()?
                     .unwrap_or(input);
+                let optional = |name: &str| fields.get(name).map(|f| f.usd.clone()).transpose();
+                let cache_write = optional("cache_write_per_mtok")?;
+                let cache_write_1h = optional("cache_write_1h_per_mtok")?;
                 let max_output_tokens = match fields.get("max_output_tokens") {
                     None => DEFAULT_MAX_OUTPUT_TOKENS,
                     Some(f) => match f.integer {
@@ -247,6 +289,8 @@ impl Prices {
                     ModelPrice {
                         input_per_mtok: input,
                         cached_input_per_mtok: cached,
+                        cache_write_per_mtok: cache_write,
+                        cache_write_1h_per_mtok: cache_write_1h,
                         output_per_mtok: output,
                         max_output_tokens,
                     },
@@ -382,7 +426,7 @@ pub(crate) fn valid_path(p: &str) -> bool {
 }
 
 /// An upstream's name: a URL path segment (`[A-Za-z0-9_-]`, at most 64 bytes).
-pub(crate) fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name

@@ -15,9 +15,9 @@ use crate::Body;
 pub struct Refusal {
     /// The HTTP status.
     pub status: StatusCode,
-    /// The code (a reason code of the gate, or the proxy's own: `invalid_token`,
-    /// `invalid_request`, `request_too_large`, `unknown_upstream`, `upstream_unreachable`,
-    /// `gate_unavailable`).
+    /// The code: a reason code of the gate (recorded), or the proxy's own for what is
+    /// not a decision of a run (`invalid_token`, `upstream_unreachable`,
+    /// `upstream_timeout`, `invalid_request` for a request the upstream cannot be sent).
     pub code: String,
     /// What the agent must do (`stop`, `retry`, `ask`).
     pub action: Action,
@@ -25,6 +25,9 @@ pub struct Refusal {
     pub message: String,
     /// For `retry`: back off this long, ms.
     pub retry_after_ms: Option<u64>,
+    /// The run and the seq of the recorded refusal, answered as `x-tally-run` and
+    /// `x-tally-seq` (none for a refusal nothing records: a bad token, a gate down).
+    pub recorded: Option<(String, u64)>,
 }
 
 impl Refusal {
@@ -46,6 +49,7 @@ impl Refusal {
             } else {
                 None
             },
+            recorded: None,
         }
     }
 
@@ -57,6 +61,7 @@ impl Refusal {
             action: Action::Stop,
             message: message.into(),
             retry_after_ms: None,
+            recorded: None,
         }
     }
 
@@ -92,6 +97,12 @@ impl Refusal {
             .header("content-type", "application/json");
         if let Some(ms) = self.retry_after_ms {
             r = r.header("retry-after", ms.div_ceil(1000).max(1).to_string());
+        }
+        if let Some((run, seq)) = &self.recorded {
+            if let Ok(v) = hyper::header::HeaderValue::from_str(run) {
+                r = r.header("x-tally-run", v);
+            }
+            r = r.header("x-tally-seq", seq.to_string());
         }
         r.body(
             Full::new(Bytes::from(body.to_string()))

@@ -16,6 +16,7 @@ use tally_record::{Effect, Reason, Status};
 
 use crate::dialect::Refusal;
 use crate::proxy::{Proxy, Route};
+use crate::refuse::{Pre, Refused};
 use crate::stream::{Pump, Settle};
 use crate::Body;
 
@@ -44,22 +45,43 @@ pub(crate) struct Caught {
 }
 
 impl Proxy {
-    /// Answers one request.
+    /// Answers one request. The token is read first, whatever the path: a bad token is
+    /// a 401 and nothing is recorded (there is no run to record it in). Past the token,
+    /// every refusal is a decision in the run's ledger before it is answered.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_owned();
         let mut parts = path.trim_start_matches('/').splitn(2, '/');
         let name = parts.next().unwrap_or_default().to_owned();
         let rest = format!("/{}", parts.next().unwrap_or_default());
-        let Some(route) = self.routes.get(&name) else {
-            return Refusal::own(
+        let route = self.routes.get(&name);
+        let kind = route.map_or(UpstreamKind::Openai, |r| r.upstream.kind);
+        let caught = match self.caught(req.headers()).await {
+            Ok(c) => c,
+            Err(refusal) => return refusal.response(kind),
+        };
+        let Some(route) = route else {
+            let method = req.method().as_str().to_owned();
+            let refused = Refused {
+                // A tool name is an identifier: a name no upstream could have is kept
+                // in the preview only.
+                tool: if tally_policy::upstreams::valid_name(&name) {
+                    name.clone()
+                } else {
+                    "proxy".to_owned()
+                },
+                target: None,
+                channel: Channel::Http,
+                effect: effect_of(&method),
+            };
+            let pre = Pre::new(
+                Reason::ScopeViolation,
                 StatusCode::NOT_FOUND,
-                "unknown_upstream",
                 format!("no upstream `{name}` in the policy: call /NAME/PATH for an upstream of [upstreams.NAME]"),
             )
-            .response(UpstreamKind::Openai);
+            .preview(format!("{method} {path}"));
+            return self.refuse(&caught, refused, pre).await.response(kind);
         };
-        let kind = route.upstream.kind;
-        match self.forward(route, &rest, req).await {
+        match self.forward(route, &rest, caught, req).await {
             Ok(r) => r,
             Err(refusal) => refusal.response(kind),
         }
@@ -120,51 +142,74 @@ impl Proxy {
         &self,
         route: &Route,
         rest: &str,
+        caught: Caught,
         req: Request<Incoming>,
     ) -> Result<Response<Body>, Refusal> {
         let (parts, body) = req.into_parts();
-        let caught = self.caught(&parts.headers).await?;
         let u = &route.upstream;
         let method = parts.method.as_str().to_owned();
-        if !u.methods.contains(&method) {
-            return Err(Refusal::reason(
-                Reason::ScopeViolation,
-                None,
-                format!("{method} is not allowed to upstream `{}`", route.name),
-            ));
-        }
-        if !path_allowed(&u.paths, rest) {
-            return Err(Refusal::reason(
-                Reason::ScopeViolation,
-                None,
-                format!("{rest} is not a path upstream `{}` allows", route.name),
-            ));
-        }
-        let limit = usize::try_from(u.max_request_bytes).unwrap_or(usize::MAX);
-        if parts
-            .headers
-            .get(hyper::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .is_some_and(|n| n > u.max_request_bytes)
-        {
-            return Err(too_large(u.max_request_bytes));
-        }
-        let bytes = match Limited::new(body, limit).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return Err(too_large(u.max_request_bytes))
+        let remaining = spend_left(&caught.standing);
+        let read = async {
+            if !u.methods.contains(&method) {
+                return Err(Pre::new(
+                    Reason::ScopeViolation,
+                    StatusCode::FORBIDDEN,
+                    format!("{method} is not allowed to upstream `{}`", route.name),
+                ));
             }
-            Err(_) => {
-                return Err(Refusal::own(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "the request body could not be read",
-                ))
+            if !path_allowed(&u.paths, rest) {
+                return Err(Pre::new(
+                    Reason::ScopeViolation,
+                    StatusCode::FORBIDDEN,
+                    format!("{rest} is not a path upstream `{}` allows", route.name),
+                ));
+            }
+            let limit = usize::try_from(u.max_request_bytes).unwrap_or(usize::MAX);
+            if parts
+                .headers
+                .get(hyper::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|n| n > u.max_request_bytes)
+            {
+                return Err(too_large(u.max_request_bytes));
+            }
+            let bytes = match Limited::new(body, limit).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                    return Err(too_large(u.max_request_bytes))
+                }
+                Err(_) => {
+                    return Err(Pre::new(
+                        Reason::RequestRefused,
+                        StatusCode::BAD_REQUEST,
+                        "the request body could not be read",
+                    ))
+                }
+            };
+            self.plan(route, &method, rest, &bytes, remaining)
+        };
+        let plan = match read.await {
+            Ok(plan) => plan,
+            Err(pre) => {
+                let refused = Refused {
+                    tool: route.name.clone(),
+                    target: Some(route.host.clone()),
+                    channel: channel_of(u.kind),
+                    effect: if u.kind == UpstreamKind::Http {
+                        effect_of(&method)
+                    } else {
+                        Effect::Read
+                    },
+                };
+                let pre = if pre.preview.is_none() {
+                    pre.preview(format!("{method} {rest}"))
+                } else {
+                    pre
+                };
+                return Err(self.refuse(&caught, refused, pre).await);
             }
         };
-        let remaining = spend_left(&caught.standing);
-        let plan = self.plan(route, &method, rest, &bytes, remaining)?;
         let timeout_ms = caught
             .standing
             .budget
@@ -184,11 +229,7 @@ impl Proxy {
             effect: plan.effect,
             idempotency_key: None,
             target: Some(route.host.clone()),
-            channel: Some(if u.kind == UpstreamKind::Http {
-                Channel::Http
-            } else {
-                Channel::Model
-            }),
+            channel: Some(channel_of(u.kind)),
             depth: None,
             reserve_cents: None,
             reserve_nanos: Some(plan.worst.0),
@@ -196,6 +237,7 @@ impl Proxy {
             credential: None,
             timeout_ms: Some(timeout_ms),
             trace_id: None,
+            refused: None,
         };
         let caller = Caller {
             uid: caught.standing.owner_uid,
@@ -222,7 +264,10 @@ impl Proxy {
         };
         let attempt = match allowed(&answer) {
             Ok(a) => a,
-            Err(r) => return Err(r),
+            Err(mut r) => {
+                r.recorded = answer.seq.map(|seq| (caught.run.clone(), seq));
+                return Err(r);
+            }
         };
         let deadline = Instant::now()
             + Duration::from_millis(answer.timeout_ms.unwrap_or(timeout_ms).min(timeout_ms));
@@ -315,15 +360,31 @@ fn path_allowed(prefixes: &[String], path: &str) -> bool {
     })
 }
 
-fn too_large(max: u64) -> Refusal {
-    Refusal::own(
+fn too_large(max: u64) -> Pre {
+    Pre::new(
+        Reason::RequestRefused,
         StatusCode::PAYLOAD_TOO_LARGE,
-        "request_too_large",
         format!("the request body is over this upstream's max_request_bytes ({max} bytes)"),
     )
 }
 
-fn unavailable() -> Refusal {
+fn channel_of(kind: UpstreamKind) -> Channel {
+    match kind {
+        UpstreamKind::Http => Channel::Http,
+        UpstreamKind::Openai | UpstreamKind::Anthropic => Channel::Model,
+    }
+}
+
+/// An HTTP method's effect class: what it may change upstream (RFC 9110 9.2).
+fn effect_of(method: &str) -> Effect {
+    match Method::from_bytes(method.as_bytes()) {
+        Ok(Method::GET) | Ok(Method::HEAD) | Ok(Method::OPTIONS) => Effect::Read,
+        Ok(Method::PUT) | Ok(Method::DELETE) => Effect::IdempotentWrite,
+        _ => Effect::NonIdempotentWrite,
+    }
+}
+
+pub(crate) fn unavailable() -> Refusal {
     let mut r = Refusal::reason(
         Reason::GateUnavailable,
         Some(1000),
@@ -427,7 +488,7 @@ fn redirect(route: &Route, headers: &HeaderMap) -> Option<Refusal> {
 }
 
 /// The call's preview: at most 256 bytes, cut at a character.
-fn preview(text: &str) -> String {
+pub(crate) fn preview(text: &str) -> String {
     let mut end = text.len().min(tally_record::decision::MAX_PREVIEW_BYTES);
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -456,22 +517,18 @@ impl Proxy {
         rest: &str,
         bytes: &[u8],
         remaining: Nanos,
-    ) -> Result<Plan, Refusal> {
+    ) -> Result<Plan, Pre> {
         let u = &route.upstream;
         if u.kind == UpstreamKind::Http {
             let key = format!("{method} {rest}");
             let Some(p) = self.policy.prices.route(&route.name, &key) else {
-                return Err(Refusal::reason(
+                return Err(Pre::new(
                     Reason::ScopeViolation,
-                    None,
+                    StatusCode::FORBIDDEN,
                     format!("`{key}` on upstream `{}` has no price in the policy; tally never forwards a call it cannot price", route.name),
                 ));
             };
-            let effect = match Method::from_bytes(method.as_bytes()) {
-                Ok(Method::GET) | Ok(Method::HEAD) | Ok(Method::OPTIONS) => Effect::Read,
-                Ok(Method::PUT) | Ok(Method::DELETE) => Effect::IdempotentWrite,
-                _ => Effect::NonIdempotentWrite,
-            };
+            let effect = effect_of(method);
             // The request as the loop rules see it: its route and the digest of its body.
             let args = tally_record::Args::from_value(&serde_json::json!({
                 "route": key,
@@ -490,17 +547,23 @@ impl Proxy {
                 strip_usage: false,
             });
         }
-        let request = crate::request::parse(u.kind, bytes)
-            .map_err(|e| Refusal::own(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))?;
+        let request = crate::request::parse(u.kind, bytes).map_err(|e| {
+            Pre::new(
+                Reason::RequestRefused,
+                StatusCode::BAD_REQUEST,
+                e.to_string(),
+            )
+        })?;
         let Some(price) = self.policy.prices.model(&route.name, &request.model) else {
-            return Err(Refusal::reason(
+            return Err(Pre::new(
                 Reason::ScopeViolation,
-                None,
+                StatusCode::FORBIDDEN,
                 format!(
                     "model `{}` on upstream `{}` has no price in the policy; tally never forwards a call it cannot price",
                     request.model, route.name
                 ),
-            ));
+            )
+            .preview(request.model.clone()));
         };
         let priced = request.price(u.kind, price, remaining);
         Ok(Plan {

@@ -5,9 +5,10 @@
 //! For each request to `/<NAME>/<upstream path>`:
 //!
 //! 1. the run token (the agent's API key) names the run ([`token`]); unknown, forged,
-//!    stopped or expired: 401;
-//! 2. the method and path must be the upstream's; the body at most its
-//!    `max_request_bytes` (413), read strictly ([`request`]);
+//!    stopped or expired: 401, whatever the path, and nothing recorded;
+//! 2. the upstream must be named, the method and path its own; the body at most its
+//!    `max_request_bytes` (413), read strictly ([`request`]); each refusal here is
+//!    recorded through the gate as the run's `deny` before it is answered;
 //! 3. the worst case is reserved: the gate's `check` with the run owner's uid
 //!    (`proxied`), refused in the upstream's dialect ([`dialect`]);
 //! 4. the request goes to the upstream with the real credential (the agent's key never
@@ -22,6 +23,7 @@
 pub mod dialect;
 mod forward;
 mod proxy;
+mod refuse;
 pub mod request;
 mod stream;
 pub mod token;

@@ -19,7 +19,8 @@
 //!   `max_tokens`; Anthropic: `max_tokens`) times `n` (OpenAI's choices), capped at the
 //!   model's `max_output_tokens` (the forwarded value is capped too, so the upstream
 //!   itself enforces the cap). A request without one gets one: what the budget can pay.
-//! * The input is priced at the larger of the input and cached-input prices.
+//! * The input is priced at the largest of the input, cached-input and cache-write
+//!   prices (a prompt token is billed as one of them).
 
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
@@ -258,7 +259,7 @@ impl ModelRequest {
         // Measured with the longest count (20 digits) in place: the input bound.
         members.insert(field.into(), raw(&u64::MAX.to_string()));
         let input_bound = render(&members).len() as u64;
-        let input_price = price.input_per_mtok.max(price.cached_input_per_mtok);
+        let input_price = price.input_worst_per_mtok();
         let input_cost = per_million(input_bound, input_price).unwrap_or(Nanos::MAX);
         let (max_tokens, injected) = match self.max_tokens {
             Some(m) => (m.min(price.max_output_tokens), false),
@@ -327,6 +328,8 @@ mod tests {
         ModelPrice {
             input_per_mtok: Nanos(1_000_000_000),
             cached_input_per_mtok: Nanos(500_000_000),
+            cache_write_per_mtok: None,
+            cache_write_1h_per_mtok: None,
             output_per_mtok: Nanos(2_000_000_000),
             max_output_tokens: 1000,
         }
@@ -373,6 +376,24 @@ mod tests {
             .and_then(|i| i.checked_add(Nanos(200_000)))
             .expect("fits");
         assert_eq!(p.worst, want);
+        // A cache-write price above the input price is the input's worst case: a prompt
+        // written to the cache whole still fits the reservation.
+        let dear = ModelPrice {
+            cache_write_per_mtok: Some(Nanos(1_250_000_000)),
+            cache_write_1h_per_mtok: Some(Nanos(2_000_000_000)),
+            ..price()
+        };
+        let q = r.price(UpstreamKind::Openai, &dear, Nanos(0));
+        let want = per_million(q.input_bound, Nanos(2_000_000_000))
+            .and_then(|i| i.checked_add(Nanos(200_000)))
+            .expect("fits");
+        assert_eq!(q.worst, want);
+        let all_written = crate::usage::Usage {
+            written_1h: q.input_bound,
+            output: 100,
+            ..Default::default()
+        };
+        assert_eq!(all_written.cost(&dear), Some(q.worst));
     }
 
     #[test]

@@ -5,9 +5,12 @@
 //!   reports it in its last chunk (`choices: []`), which the proxy asks for with
 //!   `stream_options.include_usage`.
 //! * Anthropic: `usage.input_tokens`, `usage.output_tokens`,
-//!   `usage.cache_read_input_tokens` and `usage.cache_creation_input_tokens` (neither
-//!   part of `input_tokens`; cache writes are counted at the input price); a stream
-//!   reports the input in `message_start` and the output in `message_delta`.
+//!   `usage.cache_read_input_tokens` (at the cached price) and
+//!   `usage.cache_creation_input_tokens` (at the cache-write price; of them,
+//!   `usage.cache_creation.ephemeral_1h_input_tokens` at the 1-hour cache-write price);
+//!   none of them part of `input_tokens`. A cache write the policy gives no price for is
+//!   not guessed: the call settles at its reservation. A stream reports the input in
+//!   `message_start` and the output in `message_delta`.
 
 use serde_json::Value;
 use tally_policy::{ModelPrice, UpstreamKind};
@@ -20,15 +23,32 @@ pub struct Usage {
     pub input: u64,
     /// Input tokens read from the API's cache (at the cached price).
     pub cached: u64,
+    /// Input tokens written to the API's 5-minute cache (at the cache-write price).
+    pub written: u64,
+    /// Input tokens written to the API's 1-hour cache (at its cache-write price).
+    pub written_1h: u64,
     /// Output tokens.
     pub output: u64,
 }
 
 impl Usage {
     /// What it costs at `price` (`None`: more than a `u64` of nanodollars).
+    /// [`Nanos::MAX`] if it reports cache writes `price` has no price for: tally does
+    /// not guess, and the call settles at its reservation.
     pub fn cost(&self, price: &ModelPrice) -> Option<Nanos> {
+        let unpriced = (self.written > 0 && price.cache_write_per_mtok.is_none())
+            || (self.written_1h > 0 && price.cache_write_1h_per_mtok.is_none());
+        if unpriced {
+            return Some(Nanos::MAX);
+        }
+        let write = |tokens: u64, per_mtok: Option<Nanos>| match per_mtok {
+            Some(p) => per_million(tokens, p),
+            None => Some(Nanos(0)),
+        };
         per_million(self.input, price.input_per_mtok)?
             .checked_add(per_million(self.cached, price.cached_input_per_mtok)?)?
+            .checked_add(write(self.written, price.cache_write_per_mtok)?)?
+            .checked_add(write(self.written_1h, price.cache_write_1h_per_mtok)?)?
             .checked_add(per_million(self.output, price.output_per_mtok)?)
     }
 }
@@ -43,11 +63,10 @@ pub fn from_body(kind: UpstreamKind, body: &[u8]) -> Option<Usage> {
     match kind {
         UpstreamKind::Openai => openai(&v),
         UpstreamKind::Anthropic => {
-            let (input, cached) = anthropic_input(v.get("usage")?)?;
+            let input = anthropic_input(v.get("usage")?)?;
             Some(Usage {
-                input,
-                cached,
                 output: count(&v, "/usage/output_tokens")?,
+                ..input
             })
         }
         UpstreamKind::Http => None,
@@ -65,22 +84,33 @@ fn openai(v: &Value) -> Option<Usage> {
         input: prompt - cached,
         cached,
         output,
+        ..Usage::default()
     })
 }
 
-/// Anthropic's input: (tokens at the input price, tokens read from the cache).
-fn anthropic_input(u: &Value) -> Option<(u64, u64)> {
+/// Anthropic's input (its output left 0): tokens at the input price, read from the
+/// cache, written to the 5-minute and to the 1-hour cache.
+fn anthropic_input(u: &Value) -> Option<Usage> {
     let input = count(u, "/input_tokens")?;
     let written = count(u, "/cache_creation_input_tokens").unwrap_or(0);
-    let read = count(u, "/cache_read_input_tokens").unwrap_or(0);
-    Some((input.checked_add(written)?, read))
+    // The 1-hour part of the writes, where the answer breaks them down (at most all).
+    let written_1h = count(u, "/cache_creation/ephemeral_1h_input_tokens")
+        .unwrap_or(0)
+        .min(written);
+    Some(Usage {
+        input,
+        cached: count(u, "/cache_read_input_tokens").unwrap_or(0),
+        written: written - written_1h,
+        written_1h,
+        output: 0,
+    })
 }
 
 /// Reads usage from a stream's events, in order.
 #[derive(Debug, Clone)]
 pub struct StreamUsage {
     kind: UpstreamKind,
-    input: Option<(u64, u64)>,
+    input: Option<Usage>,
     output: Option<u64>,
     openai: Option<Usage>,
 }
@@ -160,14 +190,10 @@ impl StreamUsage {
     pub fn usage(&self) -> Option<Usage> {
         match self.kind {
             UpstreamKind::Openai => self.openai,
-            UpstreamKind::Anthropic => {
-                let (input, cached) = self.input?;
-                Some(Usage {
-                    input,
-                    cached,
-                    output: self.output?,
-                })
-            }
+            UpstreamKind::Anthropic => Some(Usage {
+                output: self.output?,
+                ..self.input?
+            }),
             UpstreamKind::Http => None,
         }
     }
@@ -185,7 +211,8 @@ mod tests {
             Some(Usage {
                 input: 60,
                 cached: 40,
-                output: 50
+                output: 50,
+                ..Usage::default()
             })
         );
         let b = br#"{"usage":{"input_tokens":10,"output_tokens":5,"cache_read_input_tokens":7}}"#;
@@ -194,7 +221,8 @@ mod tests {
             Some(Usage {
                 input: 10,
                 cached: 7,
-                output: 5
+                output: 5,
+                ..Usage::default()
             })
         );
         assert_eq!(from_body(UpstreamKind::Openai, br#"{"usage":null}"#), None);
@@ -209,7 +237,8 @@ mod tests {
             Some(Usage {
                 input: 9,
                 cached: 0,
-                output: 30
+                output: 30,
+                ..Usage::default()
             })
         );
         let mut s = StreamUsage::new(UpstreamKind::Openai);
@@ -226,7 +255,72 @@ mod tests {
             Some(Usage {
                 input: 3,
                 cached: 0,
-                output: 4
+                output: 4,
+                ..Usage::default()
+            })
+        );
+    }
+
+    fn price(cache_write: Option<u64>, cache_write_1h: Option<u64>) -> ModelPrice {
+        ModelPrice {
+            input_per_mtok: Nanos(3_000_000_000),
+            cached_input_per_mtok: Nanos(300_000_000),
+            cache_write_per_mtok: cache_write.map(Nanos),
+            cache_write_1h_per_mtok: cache_write_1h.map(Nanos),
+            output_per_mtok: Nanos(15_000_000_000),
+            max_output_tokens: 1000,
+        }
+    }
+
+    #[test]
+    fn cache_writes_are_priced_at_their_own_price_or_not_guessed() {
+        // 1000 written, of them 400 to the 1-hour cache; 7 read; 10 plain in; 5 out.
+        let b = br#"{"usage":{"input_tokens":10,"output_tokens":5,"cache_read_input_tokens":7,
+            "cache_creation_input_tokens":1000,
+            "cache_creation":{"ephemeral_5m_input_tokens":600,"ephemeral_1h_input_tokens":400}}}"#;
+        let u = from_body(UpstreamKind::Anthropic, b).expect("usage");
+        assert_eq!(
+            u,
+            Usage {
+                input: 10,
+                cached: 7,
+                written: 600,
+                written_1h: 400,
+                output: 5
+            }
+        );
+        // $3.75 and $6 per million writes: exact nanodollars.
+        let p = price(Some(3_750_000_000), Some(6_000_000_000));
+        let want = 10 * 3_000 + 7 * 300 + 600 * 3_750 + 400 * 6_000 + 5 * 15_000;
+        assert_eq!(u.cost(&p), Some(Nanos(want)));
+        // Not at the plain input price (the old count, 25 % and 50 % under the bill).
+        assert!(want > (10 + 1000) * 3_000 + 7 * 300 + 5 * 15_000);
+        // A write with no price: the most the call could cost (its reservation).
+        assert_eq!(u.cost(&price(Some(3_750_000_000), None)), Some(Nanos::MAX));
+        assert_eq!(u.cost(&price(None, Some(6_000_000_000))), Some(Nanos::MAX));
+        // No writes: no write price needed.
+        let plain = Usage {
+            input: 10,
+            output: 5,
+            ..Usage::default()
+        };
+        assert_eq!(plain.cost(&price(None, None)), Some(Nanos(30_000 + 75_000)));
+        // Without the breakdown every write is a 5-minute one; a breakdown above the
+        // total is read as all of it.
+        let b = br#"{"usage":{"input_tokens":1,"output_tokens":1,"cache_creation_input_tokens":8,
+            "cache_creation":{"ephemeral_1h_input_tokens":9}}}"#;
+        let u = from_body(UpstreamKind::Anthropic, b).expect("usage");
+        assert_eq!((u.written, u.written_1h), (0, 8));
+        let mut s = StreamUsage::new(UpstreamKind::Anthropic);
+        s.event(r#"{"type":"message_start","message":{"usage":{"input_tokens":2,"cache_creation_input_tokens":30}}}"#);
+        s.event(r#"{"type":"message_delta","usage":{"output_tokens":3}}"#);
+        assert_eq!(
+            s.usage(),
+            Some(Usage {
+                input: 2,
+                written: 30,
+                output: 3,
+                ..Usage::default()
             })
         );
     }

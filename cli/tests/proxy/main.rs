@@ -265,6 +265,39 @@ impl Served {
         report
     }
 
+    /// The decisions of `run`, decrypted (the daemon stopped): each `{seq, decision}`,
+    /// through `tally prove --run` and `tally verify-proof --auditor-key`.
+    fn decisions(&self, run: &str) -> Vec<Value> {
+        ok(
+            &self.dir,
+            &[
+                "prove",
+                "--ledger",
+                "ledger",
+                "--run",
+                run,
+                "--auditor-key",
+                "auditor.key",
+                "--out",
+                "run.proof",
+            ],
+        );
+        let text = ok(
+            &self.dir,
+            &[
+                "verify-proof",
+                "run.proof",
+                "--key",
+                "ledger/ledger.pub",
+                "--auditor-key",
+                "auditor.key",
+                "--json",
+            ],
+        );
+        let v: Value = serde_json::from_str(&text).expect("verify-proof json");
+        v["decisions"].as_array().cloned().unwrap_or_default()
+    }
+
     fn handoff(&self, run: &str) -> Value {
         let text = ok(
             &self.dir,

@@ -46,6 +46,7 @@ export type Reason =
   | "killed_by_operator"
   | "run_paused"
   | "gate_unavailable"
+  | "request_refused"
   | "completed";
 
 /** Why a run ends, as an agent says it: `completed`, or the reason of the refusal that

@@ -58,6 +58,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         credential: shared.options.credential.clone(),
         timeout_ms: None,
         trace_id: None,
+        refused: None,
     };
     let answer = shared.gate.check(request).await;
     if let Ok(a) = &answer {

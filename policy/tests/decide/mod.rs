@@ -372,3 +372,35 @@ fn decide_is_pure_and_its_records_are_valid() {
     assert_eq!(deny.record.timeout_ms, None);
     deny.record.validate().expect("a valid deny");
 }
+
+#[test]
+fn a_request_the_proxy_refused_is_that_refusal_and_reads_back_from_its_record() {
+    // With approvals asked on every limit: a refusal of the request as sent is never one
+    // a human can lift, nor one any state changes.
+    let mut sim = Sim::with_run("", json!({"attempts": 5}));
+    let mut c = call("openai", Effect::Read, json!({}));
+    c.proxied = true;
+    for reason in [Reason::RequestRefused, Reason::ScopeViolation] {
+        c.refused = Some(reason);
+        let d = sim.refused(&c, 10, reason);
+        assert_eq!(d.verdict, Verdict::Deny);
+        assert_eq!(d.record.kind, Some(Kind::Deny));
+        assert_eq!(d.record.proxied, Some(true));
+        assert_eq!(d.record.attempt, None, "a refusal uses no attempt");
+        // Replay reads the call back from the record and decides the same.
+        let again = tally_policy::Call::from_record(&d.record);
+        assert_eq!(again.refused, Some(reason));
+        assert_eq!(sim.decide(&again, 10).record, d.record);
+    }
+    // Only the proxy's refusals, and only for a proxied call.
+    c.refused = Some(Reason::BudgetExceeded);
+    sim.allow(&c, 20);
+    c.refused = Some(Reason::RequestRefused);
+    c.proxied = false;
+    sim.allow(&c, 30);
+    // An agent's own deny record is never read back as the proxy's refusal.
+    let mut d = sim.decide(&c, 40).record;
+    d.kind = Some(Kind::Deny);
+    d.reason = Some(Reason::RequestRefused);
+    assert_eq!(tally_policy::Call::from_record(&d).refused, None);
+}

@@ -29,6 +29,12 @@ max_output_tokens = 16384
 input_per_mtok = 2
 output_per_mtok = 8.000000001
 
+[prices.openai."claude-ish"]
+input_per_mtok = 3
+cache_write_per_mtok = "3.75"
+cache_write_1h_per_mtok = 6
+output_per_mtok = 15
+
 [prices.search.routes."POST /v1/search"]
 per_call = "0.002"
 "#;
@@ -54,6 +60,13 @@ fn prices_are_read_exactly_from_their_text() {
     assert_eq!(m.output_per_mtok, Nanos(8_000_000_001));
     assert_eq!(m.cached_input_per_mtok, Nanos(2_000_000_000));
     assert_eq!(m.max_output_tokens, 4_096);
+    // Cache writes have no default price: none is guessed.
+    assert_eq!(m.cache_write_per_mtok, None);
+    assert_eq!(m.cache_write_1h_per_mtok, None);
+    let m = p.prices.model("openai", "claude-ish").expect("priced");
+    assert_eq!(m.cache_write_per_mtok, Some(Nanos(3_750_000_000)));
+    assert_eq!(m.cache_write_1h_per_mtok, Some(Nanos(6_000_000_000)));
+    assert_eq!(m.input_worst_per_mtok(), Nanos(6_000_000_000));
     assert_eq!(
         p.prices
             .route("search", "POST /v1/search")

@@ -179,6 +179,12 @@ reasons! {
     /// The gate cannot decide durably (its ledger or its state store is down): the
     /// call does not proceed (fail closed); ask again later.
     GateUnavailable = "gate_unavailable" => Retry,
+    /// tally's proxy refused the request as it was sent, before any budget rule: a body
+    /// it cannot read exactly (not strict JSON, a duplicate key, a field of the wrong
+    /// type), input it cannot price (an image, audio or file part), or a body over the
+    /// upstream's `max_request_bytes`. Nothing was forwarded; the same request is
+    /// refused again.
+    RequestRefused = "request_refused" => Stop,
     /// The run completed its task (stop only).
     Completed = "completed" => Stop,
 }
@@ -225,6 +231,9 @@ impl Reason {
                 "this uid used its runs, attempts or spend for the period across all its runs"
             }
             Reason::GateUnavailable => "the gate cannot record decisions right now",
+            Reason::RequestRefused => {
+                "the proxy cannot read or price this request as sent (its body, its size or a part that is not text); nothing was forwarded"
+            }
             Reason::Completed => "the run completed its task",
         }
     }

@@ -1,0 +1,109 @@
+//! Refusals the proxy makes itself, before the budget rules: the request as sent is
+//! outside the upstream's policy (a method, path, upstream or unpriced model:
+//! `scope_violation`) or cannot be read or priced exactly (`request_refused`). Each is a
+//! `deny` in the run's ledger before it is answered, like any refusal of the gate.
+
+use hyper::StatusCode;
+use tally_gate::{Caller, CheckRequest, GateError};
+use tally_policy::Verdict;
+use tally_record::decision::Channel;
+use tally_record::{Effect, Reason};
+
+use crate::dialect::Refusal;
+use crate::forward::{preview, unavailable, Caught};
+use crate::proxy::Proxy;
+
+/// A refusal of the request as sent, not yet recorded.
+#[derive(Debug)]
+pub(crate) struct Pre {
+    pub reason: Reason,
+    /// The answer's status (413 for a body too large, 400 for one that cannot be read,
+    /// 404 for an unknown upstream, 403 otherwise).
+    pub status: StatusCode,
+    pub message: String,
+    /// What the record keeps of the request (bounded): its method and path, or its
+    /// model.
+    pub preview: Option<String>,
+}
+
+impl Pre {
+    pub fn new(reason: Reason, status: StatusCode, message: impl Into<String>) -> Pre {
+        Pre {
+            reason,
+            status,
+            message: message.into(),
+            preview: None,
+        }
+    }
+
+    pub fn preview(mut self, preview: String) -> Pre {
+        self.preview = Some(preview);
+        self
+    }
+}
+
+/// What the refused call is, as the record names it.
+pub(crate) struct Refused {
+    /// The upstream's name (the tool of its calls).
+    pub tool: String,
+    /// The upstream's host.
+    pub target: Option<String>,
+    pub channel: Channel,
+    pub effect: Effect,
+}
+
+impl Proxy {
+    /// Records `pre` as the run's decision (a `deny`), then gives the answer. If it
+    /// cannot be recorded, the answer is `gate_unavailable` (fail closed, as any
+    /// refusal the gate cannot make durable).
+    pub(crate) async fn refuse(&self, caught: &Caught, call: Refused, pre: Pre) -> Refusal {
+        let check = CheckRequest {
+            run: caught.run.clone(),
+            worker: None,
+            tool: call.tool,
+            operation: None,
+            args: None,
+            args_preview: pre.preview.as_deref().map(preview),
+            effect: call.effect,
+            idempotency_key: None,
+            target: call.target,
+            channel: Some(call.channel),
+            depth: None,
+            reserve_cents: None,
+            reserve_nanos: None,
+            remote_ref: None,
+            credential: None,
+            timeout_ms: None,
+            trace_id: None,
+            refused: Some(pre.reason),
+        };
+        let caller = Caller {
+            uid: caught.standing.owner_uid,
+            operator: false,
+            proxied: true,
+        };
+        match self
+            .gate(move |gate, done| gate.check(caller, check, done))
+            .await
+        {
+            Ok(a) if a.decision != Verdict::Allow => {
+                let mut r = Refusal::reason(a.reason.unwrap_or(pre.reason), None, pre.message);
+                r.status = pre.status;
+                r.recorded = a.seq.map(|seq| (caught.run.clone(), seq));
+                r
+            }
+            // The core never allows a request refused as sent; were it to, nothing is
+            // forwarded all the same.
+            Ok(_) => unavailable(),
+            Err(GateError::Unavailable(_)) => unavailable(),
+            Err(GateError::Stopped(_))
+            | Err(GateError::RunStopped { .. })
+            | Err(GateError::RunNotFound(_)) => Refusal::token("the run of this token has stopped"),
+            Err(e) => Refusal::own(
+                StatusCode::FORBIDDEN,
+                "refused",
+                format!("the gate refused the call: {e}"),
+            ),
+        }
+    }
+}
