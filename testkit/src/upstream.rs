@@ -8,6 +8,8 @@
 //!
 //! * `fake-ok`: usage 100 input, 50 output tokens;
 //! * `fake-usage-I-O`: usage I input, O output tokens (`fake-usage-1000-20`);
+//!   `fake-usage-I-O-W-H` (Anthropic) also W cache-write tokens, H of them to the
+//!   1-hour cache (`cache_creation_input_tokens`, `cache_creation`);
 //! * `fake-cut`: a stream is cut after 2 chunks (no usage); a plain answer is cut
 //!   mid-body;
 //! * `fake-slow`: one chunk every 200 ms, 50 chunks (a plain answer after 10 s);
@@ -344,15 +346,24 @@ impl State {
             return full(StatusCode::UNAUTHORIZED, e);
         }
         let model = model.unwrap_or_default();
-        let (input, output) = match model.as_str() {
+        let (input, output, written, written_1h) = match model.as_str() {
             m if m.starts_with("fake-usage-") => {
                 let mut it = m["fake-usage-".len()..]
                     .split('-')
                     .map(|n| n.parse::<u64>().unwrap_or(0));
-                (it.next().unwrap_or(0), it.next().unwrap_or(0))
+                let mut next = || it.next().unwrap_or(0);
+                (next(), next(), next(), next())
             }
-            _ => (100, 50),
+            _ => (100, 50, 0, 0),
         };
+        // Anthropic's input usage: cache writes only where some were made.
+        let mut anthropic_usage = json!({"input_tokens": input, "output_tokens": output});
+        if written > 0 {
+            anthropic_usage["cache_creation_input_tokens"] = json!(written);
+            anthropic_usage["cache_creation"] = json!({
+                "ephemeral_5m_input_tokens": written.saturating_sub(written_1h),
+                "ephemeral_1h_input_tokens": written_1h});
+        }
         match model.as_str() {
             "fake-429" => {
                 let mut r = full(
@@ -390,7 +401,7 @@ impl State {
                 json!({"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
                        "content": [{"type": "text", "text": "hello from the fake upstream"}],
                        "stop_reason": "end_turn", "stop_sequence": null,
-                       "usage": {"input_tokens": input, "output_tokens": output}})
+                       "usage": anthropic_usage})
             } else {
                 json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": model,
                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello from the fake upstream"}, "finish_reason": "stop"}],
@@ -413,10 +424,13 @@ impl State {
         }
         let n = if slow { 50 } else { 3 };
         let events: Vec<(Option<&str>, Value)> = if anthropic {
+            // The input (and cache writes) in message_start; the output in the delta.
+            let mut start_usage = anthropic_usage.clone();
+            start_usage["output_tokens"] = json!(1);
             let mut ev = vec![
                 (
                     Some("message_start"),
-                    json!({"type": "message_start", "message": {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": input, "output_tokens": 1}}}),
+                    json!({"type": "message_start", "message": {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": start_usage}}),
                 ),
                 (
                     Some("content_block_start"),

@@ -408,6 +408,7 @@ fn bearer(token: &str) -> String {
 }
 
 mod bodies;
+mod cache;
 mod keys;
 mod race;
 mod streams;
