@@ -240,6 +240,41 @@ fn thirty_one_runs_in_a_row_from_one_uid_stop_at_the_principal_budget() {
     assert_eq!(allowed, 148, "the uid's attempts, across its runs");
     assert_eq!(denied, vec![30, 30], "the 30th run's last two calls");
     assert_eq!(refused_at, Some(31), "the 31st run does not start");
+    // The uid's usage, as the gate counts it, in every run's standing (GET /v1/runs and
+    // `tally runs`) and in a run's own (GET /v1/runs/RUN).
+    let runs: Value = serde_json::from_str(&ok(
+        d,
+        &["runs", "--operator-socket", "operator.sock", "--json"],
+    ))
+    .expect("runs json");
+    let runs = runs.as_array().expect("a list");
+    assert!(!runs.is_empty());
+    for r in runs {
+        assert_eq!(
+            r["limits"]["principal_runs"],
+            json!({"used": 30, "limit": 30}),
+            "{r}"
+        );
+        assert_eq!(
+            r["limits"]["principal_attempts"],
+            json!({"used": 148, "limit": 148}),
+            "{r}"
+        );
+        assert!(r["limits"].get("principal_spend_nanos").is_none(), "{r}");
+    }
+    let text = ok(d, &["runs", "--operator-socket", "operator.sock"]);
+    // The nearest limit of every run is the uid's attempts, used up.
+    assert_eq!(
+        text.lines()
+            .skip(1)
+            .filter(|l| l.contains("principal_attempts 100%"))
+            .count(),
+        runs.len(),
+        "{text}"
+    );
+    let (status, v) = s.agent("GET", "/v1/runs/run-30", None);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["limits"]["principal_attempts"]["used"], 148, "{v}");
     s.stop();
 
     // The budget is state with the decisions: the index lost, it comes back from the log.

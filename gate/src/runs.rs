@@ -454,18 +454,47 @@ impl<B: StateBackend> Gate<B> {
     /// Where a run stands.
     pub fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError> {
         let mut t = self.begin()?;
-        Ok(self.standing(t.run(run, caller)?))
+        let state = t.run(run, caller)?.clone();
+        self.standing_in(&mut t, &state)
     }
 
     /// The runs the gate holds in memory (open runs, and recently stopped ones): every
     /// one for the operator, the caller's own for an agent.
     pub fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError> {
         let mut t = self.begin()?;
-        Ok(t.runs()?
+        let runs: Vec<RunState> = t
+            .runs()?
             .into_iter()
             .filter(|r| caller.operator || r.owner_uid == caller.uid)
-            .map(|r| self.standing(r))
-            .collect())
+            .cloned()
+            .collect();
+        runs.iter().map(|r| self.standing_in(&mut t, r)).collect()
+    }
+
+    /// Where a run stands now, with its owner's principal usage where the policy gives
+    /// the owner a budget (the policy core's count, [`tally_policy::principal_limits`]).
+    /// Reads only: the transaction is dropped, never committed.
+    fn standing_in<T: StateTxn>(&self, t: &mut T, run: &RunState) -> Result<Standing, GateError> {
+        let mut out = self.standing(run);
+        let policy = &self.policy.policy;
+        let limits = run.owner_uid.and_then(|u| policy.principal(u));
+        if let (Some(key), Some(limits)) = (principal_scope(policy, run.owner_uid), limits) {
+            t.ensure_principal(&key)?;
+            let scopes = Scopes {
+                run: &run.run,
+                tool: None,
+                credential: None,
+                principal: Some(&key),
+            };
+            let state = t.view(&scopes).principal.copied();
+            let wall_ms = self.clock(run).wall_ms;
+            out.limits.extend(tally_policy::principal_limits(
+                limits,
+                state.as_ref(),
+                wall_ms,
+            ));
+        }
+        Ok(out)
     }
 
     /// Every downstream tool the gate holds state for, with its breaker as it stands now

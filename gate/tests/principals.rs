@@ -321,3 +321,72 @@ fn a_proxied_check_the_gate_refuses_is_recorded_as_the_proxys() {
         "and so do the agent's own"
     );
 }
+
+/// `(used, limit)` of `dimension` in a snapshot.
+fn dim(
+    limits: &std::collections::BTreeMap<String, tally_ledger::decision::Limit>,
+    dimension: &str,
+) -> Option<(u64, u64)> {
+    limits.get(dimension).map(|l| (l.used, l.limit))
+}
+
+#[test]
+fn a_principals_usage_is_in_every_snapshot_and_standing() {
+    let f = Fixture::new(
+        "[principals.default]\nruns = 5\nattempts = 10\nspend_cents = 100\nperiod_ms = 60000\n\
+         [principals.uid.3000]\nattempts = 2\n",
+    );
+    f.start(agent(1000), "a").expect("start");
+    f.start(agent(1000), "b").expect("start");
+    let first = f.check_as(agent(1000), "a", 30);
+    // The snapshot is the state before the call, as every other dimension's.
+    assert_eq!(dim(&first.limits, "principal_runs"), Some((2, 5)));
+    assert_eq!(dim(&first.limits, "principal_attempts"), Some((0, 10)));
+    assert_eq!(
+        dim(&first.limits, "principal_spend_nanos"),
+        Some((0, 100 * NANOS_PER_CENT))
+    );
+    // Across the uid's runs: b's check sees a's attempt and reservation.
+    let second = f.check_as(agent(1000), "b", 20);
+    assert_eq!(dim(&second.limits, "principal_attempts"), Some((1, 10)));
+    assert_eq!(
+        dim(&second.limits, "principal_spend_nanos"),
+        Some((30 * NANOS_PER_CENT, 100 * NANOS_PER_CENT))
+    );
+    // The standings read it now (after both calls), for one run and in the list.
+    let operator = Caller {
+        operator: true,
+        ..Caller::default()
+    };
+    let a = f.gate.run(operator, "a").expect("standing");
+    assert_eq!(dim(&a.limits, "principal_attempts"), Some((2, 10)));
+    assert_eq!(
+        dim(&a.limits, "principal_spend_nanos"),
+        Some((50 * NANOS_PER_CENT, 100 * NANOS_PER_CENT))
+    );
+    assert_eq!(dim(&a.limits, "principal_runs"), Some((2, 5)));
+    // The run's own dimensions are its own.
+    assert_eq!(a.limits["spend_nanos"].used, 30 * NANOS_PER_CENT);
+    let runs = f.gate.runs(operator).expect("runs");
+    assert_eq!(runs.len(), 2);
+    for r in &runs {
+        assert_eq!(dim(&r.limits, "principal_attempts"), Some((2, 10)), "{r:?}");
+    }
+    // A uid of its own has only the limits it sets; a run without an owner none.
+    f.start(agent(3000), "c").expect("start");
+    let c = f.gate.run(operator, "c").expect("standing");
+    assert_eq!(dim(&c.limits, "principal_attempts"), Some((0, 2)));
+    assert_eq!(dim(&c.limits, "principal_runs"), None);
+    assert_eq!(dim(&c.limits, "principal_spend_nanos"), None);
+    f.start(Caller::default(), "in-process").expect("no uid");
+    let p = f.gate.run(operator, "in-process").expect("standing");
+    assert!(
+        p.limits.keys().all(|k| !k.starts_with("principal_")),
+        "{p:?}"
+    );
+    // A new period counts from nothing, in the standing too.
+    f.at(60_000);
+    let a = f.gate.run(operator, "a").expect("standing");
+    assert_eq!(dim(&a.limits, "principal_attempts"), Some((0, 10)));
+    assert_eq!(dim(&a.limits, "principal_runs"), Some((0, 5)));
+}

@@ -138,7 +138,7 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
         proxied: call.proxied.then_some(true),
         uid: call.uid,
         policy: Some(digest.to_owned()),
-        limits: Some(limits(run, call, run_ms)),
+        limits: Some(limits(policy, state, call, now, run_ms)),
         // Every input of the decision is recorded, so replay can decide it again.
         // The reservation is at least the tool's price (`[tool_prices]`), whatever the
         // caller declared.
@@ -410,12 +410,29 @@ fn usable_grant<'a>(
 }
 
 /// The `{dimension: {used, limit}}` snapshot of a decision.
-fn limits(run: &RunState, call: &Call, run_ms: u64) -> BTreeMap<String, Limit> {
-    let now = Now {
-        wall_ms: 0,
-        at_ms: Some(run_ms),
-    };
-    let mut out = crate::state::standing(run, now);
+/// With the run owner's principal usage, where the policy gives it a budget.
+fn limits(
+    policy: &Policy,
+    state: View<'_>,
+    call: &Call,
+    now: Now,
+    run_ms: u64,
+) -> BTreeMap<String, Limit> {
+    let run = state.run;
+    let mut out = crate::state::standing(
+        run,
+        Now {
+            wall_ms: 0,
+            at_ms: Some(run_ms),
+        },
+    );
+    if let Some(l) = run.owner_uid.and_then(|u| policy.principal(u)) {
+        out.extend(crate::state::principal_limits(
+            l,
+            state.principal,
+            now.wall_ms,
+        ));
+    }
     if let (Some(depth), Some(limit)) = (call.depth, run.budget.depth) {
         out.insert("depth".to_owned(), Limit { used: depth, limit });
     }

@@ -77,6 +77,7 @@ pub fn closeness(limits: &BTreeMap<String, Limit>) -> Closeness {
 /// effects and deadline (as a decision's snapshot has them), and polls: the most polled
 /// remote operation against the per-operation allowance. Depth belongs to a call, not to
 /// the run's state: a caller that saw the run's decisions adds their `depth` snapshot.
+/// The run owner's principal usage is [`crate::principal_limits`].
 pub fn limits_now(run: &RunState, now: Now) -> BTreeMap<String, Limit> {
     let mut out = crate::apply::standing(run, now);
     if let Some(limit) = run.budget.polls {

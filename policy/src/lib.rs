@@ -51,5 +51,8 @@ pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
 pub use rules::{loop_rule, poll_rule, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
-pub use state::{Breaker, CredentialState, Now, PrincipalState, RunState, ToolState};
+pub use state::{
+    principal_limits, Breaker, CredentialState, Now, PrincipalState, RunState, ToolState,
+    PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
+};
 pub use upstreams::{ModelPrice, Prices, RoutePrice, Upstream, UpstreamKind};

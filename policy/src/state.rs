@@ -18,7 +18,10 @@ mod shared;
 
 pub use frame::{decode as decode_frame, encode as encode_frame, Stored, STATE_FORMAT};
 
-pub use shared::{Breaker, Bucket, CredentialState, PrincipalState, Probe, ToolState};
+pub use shared::{
+    principal_limits, Breaker, Bucket, CredentialState, PrincipalState, Probe, ToolState,
+    PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
+};
 
 /// Attempt numbers as sorted, disjoint, non-adjacent inclusive ranges: attempts are
 /// numbered in order, so this stays a handful of ranges however long the run.

@@ -394,13 +394,15 @@ pub(crate) fn unavailable() -> Refusal {
     r
 }
 
-/// What the run can still spend.
+/// What the run can still spend: the less of what its budget and its owner's principal
+/// budget have left.
 fn spend_left(s: &Standing) -> Nanos {
-    // The gate's own count of the spend dimension (grants and carve-outs included).
-    match s.limits.get("spend_nanos") {
+    // The gate's own counts (grants and carve-outs included).
+    let left = |dimension: &str| match s.limits.get(dimension) {
         None => Nanos::MAX,
         Some(l) => Nanos(l.limit.saturating_sub(l.used)),
-    }
+    };
+    left("spend_nanos").min(left(tally_policy::PRINCIPAL_SPEND))
 }
 
 /// The attempt of an allow, or the refusal in words.

@@ -338,6 +338,9 @@ pub const LIMIT_DIMENSIONS: &[&str] = &[
     "polls",
     "depth",
     "rate",
+    "principal_runs",
+    "principal_attempts",
+    "principal_spend_nanos",
 ];
 
 impl Decision {

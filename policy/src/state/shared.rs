@@ -1,9 +1,12 @@
 //! The state runs share: each downstream tool's breaker, bucket and calls in flight, and
-//! each credential's bucket and spend backstop.
+//! each credential's bucket and spend backstop; each principal's usage in its period.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use tally_record::decision::Limit;
+
+use crate::config::PrincipalLimits;
 
 /// A token bucket in integer milli-tokens, so replay computes exactly what the gate did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,4 +180,36 @@ impl PrincipalState {
             *self
         }
     }
+}
+
+/// The snapshot dimension of the runs a principal started in its period.
+pub const PRINCIPAL_RUNS: &str = "principal_runs";
+/// The snapshot dimension of the attempts a principal used in its period.
+pub const PRINCIPAL_ATTEMPTS: &str = "principal_attempts";
+/// The snapshot dimension of what a principal reserved or settled in its period,
+/// nanodollars.
+pub const PRINCIPAL_SPEND: &str = "principal_spend_nanos";
+
+/// A principal's usage against its budget at wall time `wall_ms`, as a
+/// `{dimension: {used, limit}}` snapshot adds it: `principal_runs`, `principal_attempts`
+/// and `principal_spend_nanos`, each only where the policy gives that limit. The period
+/// rolls as the gate's decisions roll it (a period that ended counts nothing); no state
+/// yet is nothing used. The one count of a principal's standing: decisions, the run
+/// standings and every report print it, none counts it.
+pub fn principal_limits(
+    limits: &PrincipalLimits,
+    state: Option<&PrincipalState>,
+    wall_ms: u64,
+) -> BTreeMap<String, Limit> {
+    let now = state
+        .map(|p| p.at(wall_ms, limits.period_ms))
+        .unwrap_or_default();
+    [
+        (PRINCIPAL_RUNS, limits.runs, now.runs),
+        (PRINCIPAL_ATTEMPTS, limits.attempts, now.attempts),
+        (PRINCIPAL_SPEND, limits.spend_nanos, now.spent_nanos),
+    ]
+    .into_iter()
+    .filter_map(|(d, limit, used)| limit.map(|limit| (d.to_owned(), Limit { used, limit })))
+    .collect()
 }

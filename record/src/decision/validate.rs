@@ -345,7 +345,7 @@ impl Decision {
                 if !LIMIT_DIMENSIONS.contains(&name.as_str()) {
                     return Err(DecisionError::Invalid {
                         field: "limits",
-                        why: "unknown dimension (known: attempts, deadline_ms, spend_cents, spend_nanos, side_effects, polls, depth, rate)",
+                        why: "unknown dimension (known: attempts, deadline_ms, spend_cents, spend_nanos, side_effects, polls, depth, rate, principal_runs, principal_attempts, principal_spend_nanos)",
                     });
                 }
             }
