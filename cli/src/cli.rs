@@ -529,6 +529,11 @@ pub struct ServeArgs {
     /// Run the proxy on this Unix socket too (the agent socket's mode and group).
     #[arg(long, value_name = "PATH")]
     pub proxy_socket: Option<PathBuf>,
+    /// Open proxy connections one peer (uid on --proxy-socket; all loopback TCP clients
+    /// together) may hold, apart from the agent socket's; one more gets 429
+    /// too_many_connections [default: 64].
+    #[arg(long, value_name = "N")]
+    pub proxy_max_connections_per_peer: Option<usize>,
     /// An upstream credential's secret, read from FILE (mode 0600, one line); repeat
     /// for each credential the policy's upstreams name. Never logged; zeroized.
     #[arg(long, value_name = "NAME=FILE")]

@@ -62,6 +62,12 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
     };
     options.otlp_endpoint = args.otlp_endpoint;
     options.proxy = proxy(&args.proxy_listen, &args.proxy_socket, &args.credential)?;
+    match (&mut options.proxy, args.proxy_max_connections_per_peer) {
+        (_, Some(0)) => bail!("--proxy-max-connections-per-peer: must be at least 1"),
+        (Some(p), Some(n)) => p.max_connections_per_peer = n,
+        (None, Some(_)) => bail!("--proxy-max-connections-per-peer: only the proxy has it; give --proxy-listen ADDR or --proxy-socket PATH"),
+        (_, None) => {}
+    }
     Ok(options)
 }
 

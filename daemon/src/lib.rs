@@ -163,6 +163,26 @@ pub struct ServeOptions {
     pub proxy: Option<ProxyServe>,
 }
 
+/// The proxy's per-peer connection count: its own, apart from the agent socket's.
+fn proxy_admit(per_peer: usize) -> tally_proxy::Admit {
+    let per_peer = if per_peer == 0 {
+        DEFAULT_PROXY_CONNECTIONS_PER_PEER
+    } else {
+        per_peer
+    };
+    let peers = peers::PeerConnections::new(per_peer);
+    Arc::new(move |peer: tally_proxy::Peer| {
+        let peer = match peer {
+            tally_proxy::Peer::Uid(uid) => limit::Peer::Uid(uid),
+            tally_proxy::Peer::Tcp => limit::Peer::Tcp,
+            _ => limit::Peer::Unknown,
+        };
+        peers
+            .try_open(peer)
+            .map(|slot| Box::new(slot) as Box<dyn Send>)
+    })
+}
+
 /// Where and with which secrets `tally serve` runs the proxy.
 #[derive(Clone, Default)]
 #[non_exhaustive]
@@ -173,7 +193,17 @@ pub struct ProxyServe {
     pub socket: Option<PathBuf>,
     /// Each upstream credential's secret, by name (`--credential NAME=FILE`).
     pub credentials: std::collections::BTreeMap<String, tally_proxy::Secret>,
+    /// Open proxy connections one peer may hold (a uid on the proxy's Unix socket; all
+    /// loopback TCP clients together), counted apart from the agent socket's; one more
+    /// is answered `429 too_many_connections` and closed. `0` means the default,
+    /// [`DEFAULT_PROXY_CONNECTIONS_PER_PEER`].
+    pub max_connections_per_peer: usize,
 }
+
+/// The proxy's default connections per peer: a model call can hold its connection for
+/// the length of a stream, so an agent with many calls in flight needs many, but one
+/// peer must not hold them all.
+pub const DEFAULT_PROXY_CONNECTIONS_PER_PEER: usize = 64;
 
 impl std::fmt::Debug for ProxyServe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -400,7 +430,8 @@ async fn serve_inner(
                         .as_ref()
                         .ok_or_else(|| DaemonError::Gate("the run token key is missing".into()))?,
                 ),
-            ),
+            )
+            .admitting(proxy_admit(p.max_connections_per_peer)),
             Arc::clone(&app.gate),
             app.stage.submitter(),
         )?);

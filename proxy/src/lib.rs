@@ -33,7 +33,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty};
 
-pub use proxy::{read_credential, Proxy, ProxyError, ProxyOptions, Secret, Stage};
+pub use proxy::{read_credential, Admit, Peer, Proxy, ProxyError, ProxyOptions, Secret, Stage};
 pub use token::TokenKey;
 
 /// The body of the proxy's answers.

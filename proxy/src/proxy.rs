@@ -103,6 +103,25 @@ pub fn read_credential(path: &Path) -> Result<Secret, ProxyError> {
     Ok(Zeroizing::new(String::from_utf8_lossy(text).into_owned()))
 }
 
+/// Who a connection comes from, as the kernel says: the Unix socket peer's uid
+/// (`SO_PEERCRED`), or loopback TCP (one class: a loopback client's address is its own
+/// choice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Peer {
+    /// A Unix socket peer's uid.
+    Uid(u32),
+    /// Any loopback TCP client.
+    Tcp,
+    /// A Unix socket peer whose credentials could not be read.
+    Unknown,
+}
+
+/// A place for one more connection of a peer: held for the connection's life and given
+/// back when dropped, or `None` when the peer holds all it may (the connection is then
+/// answered `429 too_many_connections` and closed).
+pub type Admit = Arc<dyn Fn(Peer) -> Option<Box<dyn Send>> + Send + Sync>;
+
 /// What the proxy needs besides the policy and the gate.
 #[non_exhaustive]
 pub struct ProxyOptions {
@@ -110,12 +129,25 @@ pub struct ProxyOptions {
     pub credentials: BTreeMap<String, Secret>,
     /// The run token key.
     pub key: Arc<TokenKey>,
+    /// Connections of one peer at once (the daemon counts them: [`Admit`]); `None`
+    /// admits every connection.
+    pub admit: Option<Admit>,
 }
 
 impl ProxyOptions {
-    /// Options with these secrets and key.
+    /// Options with these secrets and key, admitting every connection.
     pub fn new(credentials: BTreeMap<String, Secret>, key: Arc<TokenKey>) -> ProxyOptions {
-        ProxyOptions { credentials, key }
+        ProxyOptions {
+            credentials,
+            key,
+            admit: None,
+        }
+    }
+
+    /// The same, each connection admitted by `admit` (a per-peer connection limit).
+    pub fn admitting(mut self, admit: Admit) -> ProxyOptions {
+        self.admit = Some(admit);
+        self
     }
 }
 
@@ -144,6 +176,7 @@ pub struct Proxy {
     pub(crate) gate: Arc<dyn Gatekeeper>,
     pub(crate) stage: Stage,
     pub(crate) key: Arc<TokenKey>,
+    pub(crate) admit: Option<Admit>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -243,6 +276,7 @@ impl Proxy {
             gate,
             stage,
             key: options.key,
+            admit: options.admit,
         })
     }
 
@@ -266,7 +300,7 @@ impl Proxy {
                 accepted = listener.accept() => {
                     let Ok((stream, _)) = accepted else { continue };
                     let _ = stream.set_nodelay(true);
-                    self.connection(&graceful, TokioIo::new(stream));
+                    self.connection(&graceful, TokioIo::new(stream), Peer::Tcp);
                 }
             }
         }
@@ -286,7 +320,10 @@ impl Proxy {
                 _ = &mut shutdown => break,
                 accepted = listener.accept() => {
                     let Ok((stream, _)) = accepted else { continue };
-                    self.connection(&graceful, TokioIo::new(stream));
+                    let peer = stream
+                        .peer_cred()
+                        .map_or(Peer::Unknown, |c| Peer::Uid(c.uid()));
+                    self.connection(&graceful, TokioIo::new(stream), peer);
                 }
             }
         }
@@ -297,13 +334,25 @@ impl Proxy {
         self: &Arc<Self>,
         graceful: &hyper_util::server::graceful::GracefulShutdown,
         io: I,
+        peer: Peer,
     ) where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
+        // The peer's place, held until the connection ends; none: one answer, closed.
+        let slot = match &self.admit {
+            None => Some(None),
+            Some(admit) => admit(peer).map(Some),
+        };
         let me = Arc::clone(self);
         let service = hyper::service::service_fn(move |req| {
             let me = Arc::clone(&me);
-            async move { Ok::<_, std::convert::Infallible>(me.handle(req).await) }
+            let over = slot.is_none();
+            async move {
+                if over {
+                    return Ok(too_many_connections(&me, &req));
+                }
+                Ok::<_, std::convert::Infallible>(me.handle(req).await)
+            }
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
@@ -332,6 +381,35 @@ impl Proxy {
             stage: Arc::clone(&self.stage),
         }
     }
+}
+
+/// The answer to a request on a connection its peer had no place for: 429 in the
+/// upstream's dialect, with `Retry-After`, and the connection closed after it.
+fn too_many_connections<B>(proxy: &Proxy, req: &hyper::Request<B>) -> hyper::Response<crate::Body> {
+    let name = req
+        .uri()
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let kind = proxy
+        .routes
+        .get(name)
+        .map_or(tally_policy::UpstreamKind::Openai, |r| r.upstream.kind);
+    let mut refusal = crate::dialect::Refusal::own(
+        hyper::StatusCode::TOO_MANY_REQUESTS,
+        "too_many_connections",
+        "this client holds as many connections to the proxy as one peer may (tally serve --proxy-max-connections-per-peer): reuse one, or close one",
+    );
+    refusal.action = tally_record::Action::Retry;
+    refusal.retry_after_ms = Some(1000);
+    let mut r = refusal.response(kind);
+    r.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    r
 }
 
 /// Runs a gate call on `stage` and awaits its answer.
