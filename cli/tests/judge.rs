@@ -30,16 +30,7 @@ fn ledger(dir: &Path) {
 
 /// `tally CMD ledger --key ... --auditor-key ...` (the ledger not held by a writer).
 fn audit(dir: &Path, cmd: &str, extra: &[&str]) -> Output {
-    let mut args = vec![
-        cmd,
-        "ledger",
-        "--key",
-        "ledger/ledger.pub",
-        "--auditor-key",
-        "auditor.key",
-    ];
-    args.extend_from_slice(extra);
-    run(dir, &args, "")
+    tally().audit(dir, cmd, extra)
 }
 
 /// NDJSON of `records`.

@@ -7,7 +7,6 @@
 //! before these fixes).
 
 use std::path::Path;
-use std::process::Output;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -15,10 +14,6 @@ use tally_testkit::{Daemon, Tally};
 
 fn tally() -> Tally {
     Tally::new(env!("CARGO_BIN_EXE_tally"))
-}
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    tally().run(dir, args, "")
 }
 
 fn ok(dir: &Path, args: &[&str]) -> String {
@@ -39,24 +34,8 @@ impl Gate for Daemon {
     }
 
     fn check(&self, run: &str) -> (String, String) {
-        let (status, v) = self.agent(
-            "POST",
-            "/v1/check",
-            Some(json!({"run": run, "tool": "search", "effect": "read", "args": {"q": rand()}})),
-        );
-        assert_eq!(status, 200, "{v}");
-        (
-            v["decision"].as_str().unwrap_or("?").to_owned(),
-            v["reason"].as_str().unwrap_or("").to_owned(),
-        )
+        self.check_read(run)
     }
-}
-
-/// Distinct arguments for each call (no loop rule fires).
-fn rand() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A fresh ledger in `dir/ledger` and `policy` in `dir/policy.toml`.
@@ -66,27 +45,7 @@ fn ledger(dir: &Path, policy: &str) {
 
 /// `tally verify` with the auditor key: INTACT, and replay finds nothing.
 fn verifies(dir: &Path) -> Value {
-    let out = run(
-        dir,
-        &[
-            "verify",
-            "ledger",
-            "--key",
-            "ledger/ledger.pub",
-            "--auditor-key",
-            "auditor.key",
-            "--json",
-        ],
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "verify --json: {e}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert!(out.status.success(), "{report}");
-    assert_eq!(report["replay"]["findings"], json!([]), "{report}");
-    report
+    tally().verifies(dir)
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -7,190 +7,11 @@
 //! `TALLY_UNDER_TEST` runs these against another build (they fail against one from
 //! before principal budgets: every new run was a fresh budget).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
 use serde_json::{json, Value};
+use tally_testkit::Tally;
 
-fn tally() -> Command {
-    Command::new(
-        std::env::var_os("TALLY_UNDER_TEST")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tally"))),
-    )
-}
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    tally()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("tally")
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
-    assert!(
-        out.status.success(),
-        "tally {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `tally serve` over `dir/ledger` under `dir/policy.toml`; stopped (SIGTERM) on drop.
-struct Served {
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
-impl Served {
-    fn start(dir: &Path) -> Served {
-        let _ = std::fs::remove_file(dir.join("agent.sock"));
-        let _ = std::fs::remove_file(dir.join("operator.sock"));
-        let child = tally()
-            .args([
-                "serve",
-                "--ledger",
-                "ledger",
-                "--socket",
-                "agent.sock",
-                "--operator-socket",
-                "operator.sock",
-                "--policy",
-                "policy.toml",
-            ])
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tally serve");
-        let started = Instant::now();
-        while !(dir.join("agent.sock").exists() && dir.join("operator.sock").exists()) {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "tally serve did not open its socket"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Served {
-            dir: dir.to_path_buf(),
-            child: Some(child),
-        }
-    }
-
-    fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        request(&self.dir.join("agent.sock"), method, path, body)
-    }
-
-    /// The decision on one read by `run`, and its reason.
-    fn check(&self, run: &str) -> (String, String) {
-        let (status, v) = self.agent(
-            "POST",
-            "/v1/check",
-            Some(json!({"run": run, "tool": "search", "effect": "read", "args": {"q": rand()}})),
-        );
-        assert_eq!(status, 200, "{v}");
-        (
-            v["decision"].as_str().unwrap_or("?").to_owned(),
-            v["reason"].as_str().unwrap_or("").to_owned(),
-        )
-    }
-
-    /// Stop the daemon cleanly (SIGTERM) and wait for it.
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&child),
-                rustix::process::Signal::TERM,
-            );
-            let started = Instant::now();
-            while child.try_wait().expect("wait").is_none() {
-                if started.elapsed() > Duration::from_secs(20) {
-                    let _ = child.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Distinct arguments for each call (no loop rule fires).
-fn rand() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
-}
-
-fn request(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let mut client = tally_api::client::Client::unix(socket)
-            .await
-            .expect("connect");
-        let reply = client
-            .request(
-                method.parse().expect("method"),
-                path,
-                body.as_ref().map(|_| "application/json"),
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )
-            .await
-            .expect("request");
-        let v = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
-        (reply.status.as_u16(), v)
-    })
-}
-
-/// A fresh ledger in `dir/ledger` and `policy` in `dir/policy.toml`.
-fn ledger(dir: &Path, policy: &str) {
-    ok(dir, &["keygen", "--out", "auditor.key"]);
-    ok(
-        dir,
-        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-    );
-    std::fs::write(dir.join("policy.toml"), policy).expect("policy");
-}
-
-/// `tally verify` with the auditor key: INTACT, and replay finds nothing.
-fn verifies(dir: &Path) -> Value {
-    let out = run(
-        dir,
-        &[
-            "verify",
-            "ledger",
-            "--key",
-            "ledger/ledger.pub",
-            "--auditor-key",
-            "auditor.key",
-            "--json",
-        ],
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "verify --json: {e}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert!(out.status.success(), "{report}");
-    assert_eq!(report["replay"]["findings"], json!([]), "{report}");
-    report
+fn tally() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
 }
 
 #[test]
@@ -199,11 +20,11 @@ fn thirty_one_runs_in_a_row_from_one_uid_stop_at_the_principal_budget() {
     let d = tmp.path();
     // 30 runs of 5 calls would be 150 allows; the uid's budget is 30 runs and 148
     // attempts a day, whatever each run's own budget says.
-    ledger(
+    tally().init(
         d,
         "[principals.default]\nruns = 30\nattempts = 148\nperiod_ms = 86400000\n",
     );
-    let mut s = Served::start(d);
+    let mut s = tally().serve(d, &[]);
     let mut allowed = 0;
     let mut denied = Vec::new();
     let mut refused_at = None;
@@ -223,7 +44,7 @@ fn thirty_one_runs_in_a_row_from_one_uid_stop_at_the_principal_budget() {
             break;
         }
         for _ in 0..5 {
-            match s.check(&run) {
+            match s.check_read(&run) {
                 (d, _) if d == "allow" => allowed += 1,
                 (d, r) => {
                     assert_eq!(
@@ -242,9 +63,10 @@ fn thirty_one_runs_in_a_row_from_one_uid_stop_at_the_principal_budget() {
     assert_eq!(refused_at, Some(31), "the 31st run does not start");
     // The uid's usage, as the gate counts it, in every run's standing (GET /v1/runs and
     // `tally runs`) and in a run's own (GET /v1/runs/RUN).
-    let runs: Value = serde_json::from_str(&ok(
+    let runs: Value = serde_json::from_str(&tally().ok(
         d,
         &["runs", "--operator-socket", "operator.sock", "--json"],
+        "",
     ))
     .expect("runs json");
     let runs = runs.as_array().expect("a list");
@@ -262,7 +84,7 @@ fn thirty_one_runs_in_a_row_from_one_uid_stop_at_the_principal_budget() {
         );
         assert!(r["limits"].get("principal_spend_nanos").is_none(), "{r}");
     }
-    let text = ok(d, &["runs", "--operator-socket", "operator.sock"]);
+    let text = tally().ok(d, &["runs", "--operator-socket", "operator.sock"], "");
     // The nearest limit of every run is the uid's attempts, used up.
     assert_eq!(
         text.lines()
@@ -279,7 +101,7 @@ fn thirty_one_runs_in_a_row_from_one_uid_stop_at_the_principal_budget() {
 
     // The budget is state with the decisions: the index lost, it comes back from the log.
     std::fs::remove_dir_all(d.join("ledger/index")).expect("rm index");
-    let mut s = Served::start(d);
+    let mut s = tally().serve(d, &[]);
     let (status, v) = s.agent("POST", "/v1/runs", Some(json!({"run": "after-restart"})));
     assert_eq!(
         (status, v["error"]["code"].as_str()),
@@ -288,7 +110,7 @@ fn thirty_one_runs_in_a_row_from_one_uid_stop_at_the_principal_budget() {
     );
     s.stop();
 
-    let report = verifies(d);
+    let report = tally().verifies(d);
     assert_eq!(
         report["replay"]["replayed"].as_u64(),
         Some(150),

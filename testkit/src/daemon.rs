@@ -65,18 +65,30 @@ impl Daemon {
             .spawn()
             .expect("spawn tally serve");
         self.child = Some(child);
+        self.wait_listening(&[self.agent_socket(), self.operator_socket()]);
+    }
+
+    /// Wait until every one of `sockets` accepts connections (or the daemon exits, or
+    /// [`PATIENCE`] runs out: the test fails with its log).
+    fn wait_listening(&mut self, sockets: &[PathBuf]) {
         let started = Instant::now();
-        while !(listens(&self.agent_socket()) && listens(&self.operator_socket())) {
+        while !sockets.iter().all(|s| listens(s)) {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok()?) {
                 panic!("tally serve exited ({status}): {}", self.log());
             }
             assert!(
                 started.elapsed() < PATIENCE,
-                "tally serve did not listen within {PATIENCE:?}: {}",
+                "tally serve did not listen on {sockets:?} within {PATIENCE:?}: {}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Wait until `name` in its directory (a socket its flags added, such as the
+    /// proxy's) accepts connections.
+    pub fn wait_for_socket(&mut self, name: &str) {
+        self.wait_listening(&[self.path(name)]);
     }
 
     /// The directory it runs in.
@@ -123,6 +135,25 @@ impl Daemon {
             path,
             body.as_ref(),
         ))
+    }
+
+    /// One `read` of tool `search` by `run` on the agent socket, with arguments no
+    /// earlier call had (no loop rule fires): the decision and its reason (`""` for an
+    /// allow).
+    pub fn check_read(&self, run: &str) -> (String, String) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let q = N.fetch_add(1, Ordering::Relaxed);
+        let (status, v) = self.agent(
+            "POST",
+            "/v1/check",
+            Some(serde_json::json!({"run": run, "tool": "search", "effect": "read", "args": {"q": q}})),
+        );
+        assert_eq!(status, 200, "{v}");
+        (
+            v["decision"].as_str().unwrap_or("?").to_owned(),
+            v["reason"].as_str().unwrap_or("").to_owned(),
+        )
     }
 
     /// Stop it cleanly (SIGTERM) and wait for it to exit (SIGKILL after 30 s): how it

@@ -96,6 +96,45 @@ impl Tally {
         std::fs::write(dir.join("policy.toml"), policy).expect("write policy.toml");
     }
 
+    /// `tally COMMAND ledger --key ledger/ledger.pub --auditor-key auditor.key EXTRA...`
+    /// in `dir` (a ledger [`Tally::ledger`] made, not held by a writer): what it did.
+    pub fn audit(&self, dir: &Path, command: &str, extra: &[&str]) -> Output {
+        let mut args = vec![
+            command,
+            "ledger",
+            "--key",
+            "ledger/ledger.pub",
+            "--auditor-key",
+            "auditor.key",
+        ];
+        args.extend_from_slice(extra);
+        self.run(dir, &args, "")
+    }
+
+    /// [`Tally::audit`] with `--json`: how it exited, and its report (the test fails if
+    /// standard output is not JSON).
+    pub fn report(&self, dir: &Path, command: &str, extra: &[&str]) -> (Output, serde_json::Value) {
+        let mut extra = extra.to_vec();
+        extra.push("--json");
+        let out = self.audit(dir, command, &extra);
+        let report = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("tally {command} --json: {e}: {}", text(&out)));
+        (out, report)
+    }
+
+    /// [`Tally::report`] of `tally verify`: the ledger must verify, and replay must find
+    /// nothing. The report.
+    pub fn verifies(&self, dir: &Path) -> serde_json::Value {
+        let (out, report) = self.report(dir, "verify", &[]);
+        assert!(out.status.success(), "{report}");
+        assert_eq!(
+            report["replay"]["findings"],
+            serde_json::json!([]),
+            "{report}"
+        );
+        report
+    }
+
     /// `tally serve` in `dir` (see [`Daemon::start`]).
     pub fn serve(&self, dir: &Path, extra: &[&str]) -> Daemon {
         Daemon::start(self, dir, extra)

@@ -4,8 +4,7 @@
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -13,29 +12,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tally_testkit::upstream::{FakeOptions, FakeUpstream};
+use tally_testkit::{Daemon, Tally};
 
-fn tally() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tally"))
-}
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    tally()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("tally")
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
-    assert!(
-        out.status.success(),
-        "tally {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+fn tally() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
 }
 
 /// $10 per million input tokens, $1,000 per million output tokens ($0.001 each), at most
@@ -95,10 +75,10 @@ paths = ["/v1/messages"]
     text
 }
 
-/// `tally serve` with the proxy on a loopback port; killed on drop.
+/// `tally serve` (testkit's [`Daemon`]) with the proxy on a loopback port and on
+/// `proxy.sock`; killed on drop.
 struct Served {
-    dir: PathBuf,
-    child: Option<Child>,
+    daemon: Daemon,
     proxy: SocketAddr,
 }
 
@@ -115,12 +95,7 @@ impl Served {
 
     /// [`Served::new`], the daemon given `extra` arguments.
     fn new_with(dir: &Path, policy: &str, extra: &[&str]) -> Served {
-        ok(dir, &["keygen", "--out", "auditor.key"]);
-        ok(
-            dir,
-            &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-        );
-        std::fs::write(dir.join("policy.toml"), policy).expect("policy");
+        tally().init(dir, policy);
         for (name, secret) in [("openai", "sk-real\n"), ("anthropic", "sk-real")] {
             let f = dir.join(format!("{name}.secret"));
             std::fs::write(&f, secret).expect("secret");
@@ -134,50 +109,31 @@ impl Served {
     }
 
     fn start_with(dir: &Path, extra: &[&str]) -> Served {
-        let _ = std::fs::remove_file(dir.join("agent.sock"));
         let proxy = free_port();
-        let child = tally()
-            .args([
-                "serve",
-                "--ledger",
-                "ledger",
-                "--socket",
-                "agent.sock",
-                "--policy",
-                "policy.toml",
-                "--proxy-listen",
-                &proxy.to_string(),
-                "--proxy-socket",
-                "proxy.sock",
-                "--credential",
-                "openai=openai.secret",
-                "--credential",
-                "anthropic=anthropic.secret",
-            ])
-            .args(extra)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("tally serve");
-        let started = Instant::now();
-        while !(dir.join("agent.sock").exists() && std::net::TcpStream::connect(proxy).is_ok()) {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "tally serve did not open its sockets"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Served {
-            dir: dir.to_path_buf(),
-            child: Some(child),
-            proxy,
-        }
+        let listen = proxy.to_string();
+        let mut args = vec![
+            "--proxy-listen",
+            &listen,
+            "--proxy-socket",
+            "proxy.sock",
+            "--credential",
+            "openai=openai.secret",
+            "--credential",
+            "anthropic=anthropic.secret",
+        ];
+        args.extend_from_slice(extra);
+        let mut daemon = tally().serve(dir, &args);
+        // The proxy's socket is bound after the agent's; its TCP port before.
+        daemon.wait_for_socket("proxy.sock");
+        Served { daemon, proxy }
+    }
+
+    fn dir(&self) -> &Path {
+        self.daemon.dir()
     }
 
     async fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut client = tally_api::client::Client::unix(&self.dir.join("agent.sock"))
+        let mut client = tally_api::client::Client::unix(&self.daemon.agent_socket())
             .await
             .expect("connect");
         let reply = client
@@ -226,60 +182,21 @@ impl Served {
     }
 
     fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().expect("SIGKILL");
-            c.wait().expect("reap");
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&child),
-                rustix::process::Signal::TERM,
-            );
-            let started = Instant::now();
-            while child.try_wait().expect("wait").is_none() {
-                if started.elapsed() > Duration::from_secs(20) {
-                    let _ = child.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        self.daemon.kill_9();
     }
 
     /// Stops the daemon; `tally verify` finds the ledger intact and replay nothing; the
-    /// handoff of each run (its settled and held cents) as the ledger says.
+    /// report.
     fn verifies(&mut self) -> Value {
-        self.stop();
-        let out = run(
-            &self.dir,
-            &[
-                "verify",
-                "ledger",
-                "--key",
-                "ledger/ledger.pub",
-                "--auditor-key",
-                "auditor.key",
-                "--json",
-            ],
-        );
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "verify --json: {e}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        assert!(out.status.success(), "{report}");
-        assert_eq!(report["replay"]["findings"], json!([]), "{report}");
-        report
+        self.daemon.stop();
+        tally().verifies(self.dir())
     }
 
     /// The decisions of `run`, decrypted (the daemon stopped): each `{seq, decision}`,
     /// through `tally prove --run` and `tally verify-proof --auditor-key`.
     fn decisions(&self, run: &str) -> Vec<Value> {
-        ok(
-            &self.dir,
+        tally().ok(
+            self.dir(),
             &[
                 "prove",
                 "--ledger",
@@ -291,9 +208,10 @@ impl Served {
                 "--out",
                 "run.proof",
             ],
+            "",
         );
-        let text = ok(
-            &self.dir,
+        let text = tally().ok(
+            self.dir(),
             &[
                 "verify-proof",
                 "run.proof",
@@ -303,37 +221,16 @@ impl Served {
                 "auditor.key",
                 "--json",
             ],
+            "",
         );
         let v: Value = serde_json::from_str(&text).expect("verify-proof json");
         v["decisions"].as_array().cloned().unwrap_or_default()
     }
 
     fn handoff(&self, run: &str) -> Value {
-        let text = ok(
-            &self.dir,
-            &[
-                "handoff",
-                "ledger",
-                "--key",
-                "ledger/ledger.pub",
-                "--auditor-key",
-                "auditor.key",
-                "--run",
-                run,
-                "--json",
-            ],
-        );
-        let v: Value = serde_json::from_str(&text).expect("handoff json");
+        let (out, v) = tally().report(self.dir(), "handoff", &["--run", run]);
+        assert!(out.status.success(), "{v}");
         v["handoffs"][0].clone()
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 

@@ -10,14 +10,16 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tally_testkit::tally::text;
 use tally_testkit::upstream::{FakeOptions, FakeUpstream};
+use tally_testkit::{Daemon, Tally};
 
-fn tally() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tally"))
+fn tally() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
 }
 
 fn agent_py() -> PathBuf {
@@ -98,14 +100,15 @@ fn policy(http: &FakeUpstream, https: &FakeUpstream, extra: &str) -> String {
     p
 }
 
-/// Two fake upstreams (HTTP, and HTTPS with a test CA) and `tally serve` proxying to
-/// both, over a fresh ledger; the daemon is killed on drop.
+/// Two fake upstreams (HTTP, and HTTPS with a test CA) and `tally serve` (testkit's
+/// [`Daemon`]) proxying to both, over a fresh ledger; the daemon is killed on drop.
 struct Proxy {
-    dir: tempfile::TempDir,
+    daemon: Daemon,
     http: FakeUpstream,
     https: FakeUpstream,
     port: u16,
-    child: Option<Child>,
+    // Last: removed after the daemon is gone.
+    dir: tempfile::TempDir,
 }
 
 impl Proxy {
@@ -120,96 +123,50 @@ impl Proxy {
         });
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
-        ok(d, &["keygen", "--out", "auditor.key"]);
-        ok(
-            d,
-            &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-        );
-        std::fs::write(d.join("policy.toml"), policy(&http, &https, extra_policy)).expect("policy");
+        tally().init(d, &policy(&http, &https, extra_policy));
         let key = d.join("real.key");
         std::fs::write(&key, format!("{REAL_KEY}\n")).expect("credential");
         std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .expect("chmod");
         let port = free_port();
-        let mut proxy = Proxy {
-            dir,
+        // The proxy's port is bound before the daemon's sockets listen.
+        let daemon = tally().serve(
+            d,
+            &[
+                "--proxy-listen",
+                &format!("127.0.0.1:{port}"),
+                "--credential",
+                "real=real.key",
+            ],
+        );
+        Proxy {
+            daemon,
             http,
             https,
             port,
-            child: None,
-        };
-        proxy.serve();
-        proxy
+            dir,
+        }
     }
 
-    /// Start (or restart) `tally serve` over this directory's ledger.
+    /// Start `tally serve` again over this directory's ledger (stopped first if it
+    /// runs).
     fn serve(&mut self) {
-        let d = self.dir.path();
-        let _ = std::fs::remove_file(d.join("agent.sock"));
-        let _ = std::fs::remove_file(d.join("operator.sock"));
-        let child = tally()
-            .args([
-                "serve",
-                "--ledger",
-                "ledger",
-                "--socket",
-                "agent.sock",
-                "--operator-socket",
-                "operator.sock",
-                "--policy",
-                "policy.toml",
-                "--proxy-listen",
-                &format!("127.0.0.1:{}", self.port),
-                "--credential",
-                "real=real.key",
-            ])
-            .current_dir(d)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tally serve");
-        self.child = Some(child);
-        let started = Instant::now();
-        while !d.join("agent.sock").exists()
-            || std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err()
-        {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!("tally serve exited ({status}) before it listened");
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "tally serve did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.daemon.stop();
+        self.daemon.restart();
     }
 
     /// `kill -9` of the daemon: no drain, no goodbye.
     fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("SIGKILL");
-            let _ = child.wait();
-        }
+        self.daemon.kill_9();
     }
 
     /// SIGTERM, and wait: the daemon drains and frees the ledger.
     fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&child),
-                rustix::process::Signal::TERM,
-            );
-            let _ = child.wait();
-        }
+        self.daemon.stop();
     }
 
     fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        request(&self.dir.path().join("agent.sock"), method, path, body)
+        self.daemon.agent(method, path, body)
     }
 
     /// Start a run with `budget`; its token.
@@ -308,23 +265,8 @@ impl Proxy {
     /// stopped first; `serve` starts it again).
     fn handoff(&mut self, run: &str) -> Value {
         self.stop();
-        let out = tally()
-            .args([
-                "handoff",
-                "ledger",
-                "--key",
-                "ledger/ledger.pub",
-                "--auditor-key",
-                "auditor.key",
-                "--run",
-                run,
-                "--json",
-            ])
-            .current_dir(self.dir.path())
-            .output()
-            .expect("tally handoff");
+        let (out, v) = tally().report(self.dir.path(), "handoff", &["--run", run]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-        let v: Value = serde_json::from_slice(&out.stdout).expect("handoff JSON");
         assert_eq!(v["handoffs"][0]["run"], run, "{v}");
         v["handoffs"][0].clone()
     }
@@ -352,57 +294,11 @@ impl Proxy {
     }
 }
 
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port()
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = tally().args(args).current_dir(dir).output().expect("tally");
-    assert!(out.status.success(), "tally {args:?}: {}", text(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn request(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let mut client = tally_api::client::Client::unix(socket)
-            .await
-            .expect("connect");
-        let reply = client
-            .request(
-                method.parse().expect("method"),
-                path,
-                body.as_ref().map(|_| "application/json"),
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )
-            .await
-            .expect("request");
-        let value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
-        (reply.status.as_u16(), value)
-    })
 }
 
 /// An amount in nanodollars from a standing or a handoff's spend: `WHAT_nanos` where the
