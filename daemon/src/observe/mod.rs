@@ -5,6 +5,7 @@
 //! How close a run is to a limit, and the order runs are shown in, come from the policy
 //! core (`tally_policy::headroom`); nothing here counts a budget.
 
+pub(crate) mod listen;
 pub(crate) mod live;
 pub(crate) mod metrics;
 pub(crate) mod page;
@@ -70,6 +71,11 @@ pub(crate) struct Observer {
     /// Set when the daemon stops: the live page's streams end, so draining the
     /// connections does not wait for a page that never closes.
     pub closing: tokio::sync::watch::Sender<bool>,
+    /// Event streams open at once (the live page's), on every listener together: each
+    /// holds a connection and builds a snapshot every few seconds, so they are bounded
+    /// (`ServeOptions::max_live_streams`); one more is refused `503 too_many_streams`.
+    pub streams: Arc<tokio::sync::Semaphore>,
+    pub max_streams: usize,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -84,6 +90,7 @@ impl Observer {
         named_tools: std::collections::BTreeSet<String>,
         log: LogFormat,
         tracer: Option<trace::Exporter>,
+        max_streams: usize,
     ) -> Observer {
         Observer {
             metrics: metrics::Metrics::new(named_tools),
@@ -92,6 +99,8 @@ impl Observer {
             tracer,
             changed: tokio::sync::watch::channel(0).0,
             closing: tokio::sync::watch::channel(false).0,
+            streams: Arc::new(tokio::sync::Semaphore::new(max_streams.max(1))),
+            max_streams: max_streams.max(1),
         }
     }
 
