@@ -17,6 +17,8 @@ mod log;
 mod metrics;
 mod page;
 mod paging;
+mod pg_view;
+mod runs;
 mod service;
 mod spans;
 mod top;

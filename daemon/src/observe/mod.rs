@@ -9,6 +9,7 @@ pub(crate) mod listen;
 pub(crate) mod live;
 pub(crate) mod metrics;
 pub(crate) mod page;
+pub(crate) mod reader;
 pub(crate) mod trace;
 
 use std::collections::BTreeMap;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use tally_gate::{Caller, Standing};
+use tally_gate::Standing;
 use tally_ledger::money::Nanos;
 use tally_policy::headroom::{closeness, order, Closeness};
 
@@ -184,17 +185,8 @@ pub(crate) async fn snapshot(
     app: &Arc<App>,
     page: usize,
 ) -> Result<Snapshot, tally_gate::GateError> {
-    let gate = Arc::clone(&app.gate);
-    let (standings, breakers) = app
-        .at_once(move || {
-            let operator = Caller {
-                uid: None,
-                operator: true,
-                proxied: false,
-            };
-            Ok((gate.runs(operator)?, gate.breakers()?))
-        })
-        .await?;
+    // Never on the decision thread (reader.rs).
+    let (standings, breakers) = app.reader.read(&app.gate).await?;
     let now = wall_ms();
     Ok(build(&app.observer, standings, breakers, page, now))
 }
@@ -208,27 +200,7 @@ fn build(
 ) -> Snapshot {
     let total_runs = standings.len();
     let open_runs = standings.iter().filter(|s| s.state != "stopped").count();
-    // Depth belongs to a call: the live state adds the depth its last check saw.
-    let names: Vec<&str> = standings.iter().map(|s| s.run.as_str()).collect();
-    let views = obs.live.views(&names);
-    let mut rows: Vec<(Standing, live::RunView, Closeness)> = standings
-        .into_iter()
-        .zip(views)
-        .map(|(s, v)| {
-            let mut limits: BTreeMap<String, tally_ledger::decision::Limit> = s.limits.clone();
-            if let Some(d) = &v.depth {
-                limits.insert("depth".into(), *d);
-            }
-            let c = closeness(&limits);
-            (s, v, c)
-        })
-        .collect();
-    rows.sort_by(|a, b| {
-        order(
-            (&a.0.run, a.0.state != "stopped", &a.2),
-            (&b.0.run, b.0.state != "stopped", &b.2),
-        )
-    });
+    let rows = ordered(obs, standings);
     let runs = rows
         .into_iter()
         .skip(page.saturating_mul(PER_PAGE))
@@ -285,19 +257,64 @@ fn build(
     }
 }
 
+/// `standings` in the order every view shows runs (the page, `tally top`, `GET
+/// /v1/runs`): open runs first, then the nearest to a limit (per mille of its nearest
+/// limit, depth included as the run's last check saw it), then by name (names are
+/// unique, so the order is total). Each with its live view and its closeness.
+pub(crate) fn ordered(
+    obs: &Observer,
+    standings: Vec<Standing>,
+) -> Vec<(Standing, live::RunView, Closeness)> {
+    // Depth belongs to a call: the live state adds the depth its last check saw.
+    let names: Vec<&str> = standings.iter().map(|s| s.run.as_str()).collect();
+    let views = obs.live.views(&names);
+    let mut rows: Vec<(Standing, live::RunView, Closeness)> = standings
+        .into_iter()
+        .zip(views)
+        .map(|(s, v)| {
+            let mut limits: BTreeMap<String, tally_ledger::decision::Limit> = s.limits.clone();
+            if let Some(d) = &v.depth {
+                limits.insert("depth".into(), *d);
+            }
+            let c = closeness(&limits);
+            (s, v, c)
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        order(
+            (&a.0.run, a.0.state != "stopped", &a.2),
+            (&b.0.run, b.0.state != "stopped", &b.2),
+        )
+    });
+    rows
+}
+
+/// One run of `GET /v1/runs`: where it stands (as `GET /v1/runs/{run}`), how close it
+/// is to a limit, and its last refusal.
+#[derive(Serialize)]
+pub(crate) struct ListedRun {
+    #[serde(flatten)]
+    pub standing: Standing,
+    pub closeness: Closeness,
+    pub last_refusal: Option<live::Refusal>,
+}
+
+/// `GET /v1/runs`, in the order of [`ordered`].
+pub(crate) fn listed(obs: &Observer, standings: Vec<Standing>) -> Vec<ListedRun> {
+    ordered(obs, standings)
+        .into_iter()
+        .map(|(standing, v, closeness)| ListedRun {
+            standing,
+            closeness,
+            last_refusal: v.last_refusal,
+        })
+        .collect()
+}
+
 /// The gate's state for a scrape, and the metrics' text.
 pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::GateError> {
-    let gate = Arc::clone(&app.gate);
-    let (standings, breakers) = app
-        .at_once(move || {
-            let operator = Caller {
-                uid: None,
-                operator: true,
-                proxied: false,
-            };
-            Ok((gate.runs(operator)?, gate.breakers()?))
-        })
-        .await?;
+    // Never on the decision thread (reader.rs).
+    let (standings, breakers) = app.reader.read(&app.gate).await?;
     let mut by_state: BTreeMap<&'static str, i64> = BTreeMap::new();
     let mut held = 0i64;
     for s in &standings {
