@@ -18,6 +18,7 @@ mod metrics;
 mod page;
 mod paging;
 mod pg_view;
+mod restart;
 mod runs;
 mod service;
 mod spans;

@@ -5,7 +5,10 @@
 //! it past [`MAX_RUNS`] runs (the least recently seen is forgotten first).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+use super::journal::{Journal, Line};
 
 use serde::Serialize;
 use tally_ledger::decision::Limit;
@@ -78,6 +81,59 @@ struct Inner {
     /// minute (ms since the epoch / 60000) -> reason -> refusals.
     refusals: BTreeMap<u64, BTreeMap<&'static str, u64>>,
     pending: VecDeque<Pending>,
+    /// Where the trajectories are kept across a restart, and the directory it is in.
+    journal: Option<(Journal, PathBuf)>,
+}
+
+impl Inner {
+    /// Add `points` (dimension index, used, limit) taken at `at_ms` to `run`'s
+    /// trajectory; the least recently seen run is forgotten first past [`MAX_RUNS`].
+    fn push(&mut self, run: &str, at_ms: u64, points: &[(u8, u64, u64)]) -> &mut RunLive {
+        if !self.runs.contains_key(run) && self.runs.len() >= MAX_RUNS {
+            let oldest = self
+                .runs
+                .iter()
+                .min_by_key(|(_, r)| r.last_ms)
+                .map(|(n, _)| n.clone());
+            if let Some(o) = oldest {
+                self.runs.remove(&o);
+            }
+        }
+        let r = self.runs.entry(run.to_owned()).or_default();
+        r.last_ms = r.last_ms.max(at_ms);
+        for &(i, used, limit) in points {
+            let Some(p) = r.points.get_mut(i as usize) else {
+                continue;
+            };
+            if p.len() == POINTS {
+                p.pop_front();
+            }
+            p.push_back((at_ms, used, limit));
+            if TRACKED[i as usize] == "depth" {
+                r.depth = Some(Limit { used, limit });
+            }
+        }
+        r
+    }
+
+    /// Every point held, one line each, runs least recently seen first.
+    fn lines(&self) -> Vec<Line> {
+        let mut runs: Vec<(&String, &RunLive)> = self.runs.iter().collect();
+        runs.sort_by(|a, b| a.1.last_ms.cmp(&b.1.last_ms).then_with(|| a.0.cmp(b.0)));
+        let mut out = Vec::new();
+        for (name, r) in runs {
+            for (i, p) in r.points.iter().enumerate() {
+                for &(at_ms, used, limit) in p {
+                    out.push(Line {
+                        run: name.clone(),
+                        at_ms,
+                        points: vec![(i as u8, used, limit)],
+                    });
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The live state, shared by the handlers.
@@ -86,7 +142,89 @@ pub(crate) struct Live {
     inner: Mutex<Inner>,
 }
 
+impl Inner {
+    /// Rewrite the journal from memory (it holds exactly what the page shows).
+    fn compact(&mut self) {
+        let Some((_, dir)) = self.journal.take() else {
+            return;
+        };
+        let lines = self.lines();
+        match Journal::rewrite(&dir, lines.into_iter()) {
+            Ok(j) => self.journal = Some((j, dir)),
+            Err(e) => super::log_line(
+                "error",
+                &format!(
+                    "tally serve: cannot rewrite {}: {e}; the live view's trajectories are kept in memory only until the next start",
+                    dir.join(super::journal::FILE).display()
+                ),
+            ),
+        }
+    }
+}
+
+/// What [`Live::open`] read back.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Restored {
+    pub runs: usize,
+    pub points: usize,
+    /// Lines that did not parse (skipped).
+    pub skipped: u64,
+}
+
 impl Live {
+    /// The live state with the trajectories kept in `dir` (the ledger's directory) read
+    /// back, bounded as the page is ([`MAX_RUNS`] runs, [`POINTS`] points each), and the
+    /// file rewritten with exactly those, then appended to.
+    pub fn open(dir: &Path) -> (Live, Restored) {
+        let read = Journal::read(dir);
+        let mut inner = Inner::default();
+        // The most recently seen runs only, so no run is read in only to be forgotten.
+        let mut last: HashMap<&str, u64> = HashMap::new();
+        for l in &read.lines {
+            let e = last.entry(l.run.as_str()).or_default();
+            *e = (*e).max(l.at_ms);
+        }
+        let keep: std::collections::HashSet<&str> = if last.len() > MAX_RUNS {
+            let mut by: Vec<(&str, u64)> = last.into_iter().collect();
+            by.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            by.into_iter().take(MAX_RUNS).map(|(r, _)| r).collect()
+        } else {
+            last.into_keys().collect()
+        };
+        for l in &read.lines {
+            if keep.contains(l.run.as_str()) {
+                inner.push(&l.run, l.at_ms, &l.points);
+            }
+        }
+        let restored = Restored {
+            runs: inner.runs.len(),
+            points: inner
+                .runs
+                .values()
+                .map(|r| r.points.iter().map(VecDeque::len).sum::<usize>())
+                .sum(),
+            skipped: read.bad,
+        };
+        drop(keep);
+        let lines = inner.lines();
+        match Journal::rewrite(dir, lines.into_iter()) {
+            Ok(j) => inner.journal = Some((j, dir.to_path_buf())),
+            Err(e) => super::log_line(
+                "error",
+                &format!(
+                    "tally serve: cannot write {}: {e}; the live view's trajectories are kept in memory only",
+                    dir.join(super::journal::FILE).display()
+                ),
+            ),
+        }
+        (
+            Live {
+                inner: Mutex::new(inner),
+            },
+            restored,
+        )
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -105,27 +243,21 @@ impl Live {
         now_ms: u64,
     ) {
         let mut inner = self.lock();
-        if !inner.runs.contains_key(run) && inner.runs.len() >= MAX_RUNS {
-            let oldest = inner
-                .runs
-                .iter()
-                .min_by_key(|(_, r)| r.last_ms)
-                .map(|(n, _)| n.clone());
-            if let Some(o) = oldest {
-                inner.runs.remove(&o);
+        let points: Vec<(u8, u64, u64)> = TRACKED
+            .iter()
+            .enumerate()
+            .filter_map(|(i, dim)| limits.get(*dim).map(|l| (i as u8, l.used, l.limit)))
+            .collect();
+        if !points.is_empty() {
+            if let Some((journal, _)) = inner.journal.as_mut() {
+                journal.append(&Line {
+                    run: run.to_owned(),
+                    at_ms: now_ms,
+                    points: points.clone(),
+                });
             }
         }
-        let r = inner.runs.entry(run.to_owned()).or_default();
-        r.last_ms = now_ms;
-        for (i, dim) in TRACKED.iter().enumerate() {
-            if let Some(l) = limits.get(*dim) {
-                let p = &mut r.points[i];
-                if p.len() == POINTS {
-                    p.pop_front();
-                }
-                p.push_back((now_ms, l.used, l.limit));
-            }
-        }
+        let r = inner.push(run, now_ms, &points);
         if let Some(d) = limits.get("depth") {
             r.depth = Some(*d);
         }
@@ -151,6 +283,9 @@ impl Live {
             {
                 inner.refusals.pop_first();
             }
+        }
+        if inner.journal.as_ref().is_some_and(|(j, _)| j.due()) {
+            inner.compact();
         }
         if approval {
             if inner.pending.len() == MAX_PENDING {

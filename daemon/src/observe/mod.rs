@@ -5,6 +5,7 @@
 //! How close a run is to a limit, and the order runs are shown in, come from the policy
 //! core (`tally_policy::headroom`); nothing here counts a budget.
 
+pub(crate) mod journal;
 pub(crate) mod listen;
 pub(crate) mod live;
 pub(crate) mod metrics;
@@ -92,10 +93,11 @@ impl Observer {
         log: LogFormat,
         tracer: Option<trace::Exporter>,
         max_streams: usize,
+        live: live::Live,
     ) -> Observer {
         Observer {
             metrics: metrics::Metrics::new(named_tools),
-            live: live::Live::default(),
+            live,
             log,
             tracer,
             changed: tokio::sync::watch::channel(0).0,
@@ -353,6 +355,10 @@ fn log_bytes(dir: &std::path::Path) -> u64 {
     };
     for e in entries.flatten() {
         let Ok(meta) = e.metadata() else { continue };
+        // The live view's trajectories are not the ledger's.
+        if e.file_name() == journal::FILE {
+            continue;
+        }
         if meta.is_file() {
             total += meta.len();
         } else if meta.is_dir() {

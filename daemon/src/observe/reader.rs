@@ -54,9 +54,11 @@ impl Reader {
         });
         match jobs.try_send(job) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(GateError::Unavailable(format!(
+            Err(TrySendError::Full(_)) => {
+                return Err(GateError::Unavailable(format!(
                 "{QUEUE} reads of the operator's view are waiting for the database already; retry"
-            ))),
+            )))
+            }
             Err(TrySendError::Disconnected(_)) => {
                 return Err(GateError::Unavailable(
                     "the operator's view thread has stopped".into(),
