@@ -122,15 +122,18 @@ impl Inner {
         runs.sort_by(|a, b| a.1.last_ms.cmp(&b.1.last_ms).then_with(|| a.0.cmp(b.0)));
         let mut out = Vec::new();
         for (name, r) in runs {
+            // One line per check, as they were appended: its dimensions share its time.
+            let mut at: BTreeMap<u64, Vec<(u8, u64, u64)>> = BTreeMap::new();
             for (i, p) in r.points.iter().enumerate() {
                 for &(at_ms, used, limit) in p {
-                    out.push(Line {
-                        run: name.clone(),
-                        at_ms,
-                        points: vec![(i as u8, used, limit)],
-                    });
+                    at.entry(at_ms).or_default().push((i as u8, used, limit));
                 }
             }
+            out.extend(at.into_iter().map(|(at_ms, points)| Line {
+                run: name.clone(),
+                at_ms,
+                points,
+            }));
         }
         out
     }
