@@ -42,6 +42,31 @@ fn first_event(served: &Daemon) -> Value {
     }
 }
 
+/// Wait until the trajectories' file holds `n` attempts points (its writer is a thread
+/// of its own: a point is on disk a moment after the page shows it).
+fn wait_for_points(dir: &Path, n: usize) {
+    let file = dir.join("ledger/live.ndjson");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let got: usize = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .map(|l| {
+                l["points"]
+                    .as_array()
+                    .map_or(0, |p| p.iter().filter(|p| p[0] == 0).count())
+            })
+            .sum();
+        if got >= n {
+            assert_eq!(got, n, "{text}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "{got} of {n} points: {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn spark(run: &Value, dim: &str) -> Vec<u64> {
     run["spark"][dim]["used"]
         .as_array()
@@ -73,6 +98,7 @@ fn trajectories_survive_kill_9_and_restart() {
     assert_eq!(r_attempts.len(), 12, "{}", before["r"]);
     assert_eq!(spark(&before["s"], "attempts").len(), 5);
 
+    wait_for_points(dir, 17);
     served.kill_9();
     served.restart();
     let after = runs_of(&live(&served));
@@ -96,6 +122,7 @@ fn trajectories_survive_kill_9_and_restart() {
     assert_eq!(grown[..12], r_attempts[..]);
 
     // A write cut by a kill: a torn last line.
+    wait_for_points(dir, 18);
     served.kill_9();
     let mut f = std::fs::OpenOptions::new()
         .append(true)

@@ -3,8 +3,11 @@
 //! can show it), and read back when the daemon starts. Not part of the audit: the ledger
 //! is the record; this file only spares the operator an empty page after a restart.
 //!
-//! * A `write` per point, no fsync: a daemon killed (`kill -9`, a crash) loses nothing
-//!   written, a machine that loses power may lose the last points.
+//! * Written by a thread of its own (`tally-live`), never on a check's path: a check
+//!   hands its line over a bounded channel ([`QUEUE`] lines; when it is full the line is
+//!   dropped from the file, kept in memory, and the drop logged once). The thread writes
+//!   what it has in one `write`, no fsync: a daemon killed (`kill -9`, a crash) loses
+//!   what was written by then, a machine that loses power may lose the last points.
 //! * Bounded: at start only the last [`super::live::POINTS`] points of the
 //!   [`super::live::MAX_RUNS`] most recently seen runs are kept (what the page shows),
 //!   and the file is rewritten with exactly those; while serving it is rewritten the same
@@ -15,7 +18,7 @@
 //!   file is 0600 in the ledger's 0700 directory.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +27,9 @@ pub(crate) const FILE: &str = "live.ndjson";
 
 /// Lines appended before the file is rewritten from memory.
 pub(crate) const COMPACT_AFTER: u64 = 200_000;
+
+/// Lines waiting for the writer thread.
+pub(crate) const QUEUE: usize = 65_536;
 
 /// One point of one run: `(dimension index in TRACKED, used, limit)` for each dimension
 /// the check saw.
@@ -35,11 +41,20 @@ pub(crate) struct Line {
     pub points: Vec<(u8, u64, u64)>,
 }
 
-/// The open file and how much was appended since it was last rewritten.
+/// What the writer thread is asked to do.
+enum Job {
+    /// One line, as bytes (newline included).
+    Line(Vec<u8>),
+    /// Rewrite the file with these lines (what memory holds), then append to it.
+    Rewrite(Vec<Line>),
+}
+
+/// The writer thread's end of the file, and how much was appended since the last
+/// rewrite.
 pub(crate) struct Journal {
-    path: PathBuf,
-    file: Option<std::fs::File>,
+    jobs: std::sync::mpsc::SyncSender<Job>,
     appended: u64,
+    dropped: bool,
 }
 
 /// What reading the file found.
@@ -76,58 +91,114 @@ impl Journal {
         read
     }
 
-    /// Rewrite `dir`'s file with `lines` (a new file renamed into place), and open it to
-    /// append. A file that cannot be written leaves the view in memory only.
-    pub fn rewrite(dir: &Path, lines: impl Iterator<Item = Line>) -> std::io::Result<Journal> {
-        let path = dir.join(FILE);
-        let tmp = dir.join(format!("{FILE}.tmp"));
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            let mut w = std::io::BufWriter::new(f);
-            for l in lines {
-                serde_json::to_writer(&mut w, &l)?;
-                w.write_all(b"\n")?;
-            }
-            w.flush()?;
-        }
-        std::fs::rename(&tmp, &path)?;
-        let file = std::fs::OpenOptions::new().append(true).open(&path)?;
+    /// Rewrite `dir`'s file with `lines` (a new file renamed into place), then start the
+    /// thread that appends to it. A file that cannot be written leaves the view in
+    /// memory only.
+    pub fn start(dir: &Path, lines: Vec<Line>) -> std::io::Result<Journal> {
+        let mut file = rewrite(dir, &lines)?;
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
+        let dir = dir.to_path_buf();
+        std::thread::Builder::new()
+            .name("tally-live".into())
+            .spawn(move || {
+                let mut buf = Vec::new();
+                while let Ok(first) = queue.recv() {
+                    let mut next = Some(first);
+                    // What has queued up meanwhile goes in the same write.
+                    while let Some(job) = next.take() {
+                        match job {
+                            Job::Line(bytes) => buf.extend_from_slice(&bytes),
+                            Job::Rewrite(lines) => {
+                                if let Some(f) = file.as_mut() {
+                                    let _ = f.write_all(&buf);
+                                }
+                                buf.clear();
+                                file = match rewrite(&dir, &lines) {
+                                    Ok(f) => f,
+                                    Err(e) => {
+                                        failed(&dir, &e);
+                                        None
+                                    }
+                                };
+                            }
+                        }
+                        next = queue.try_recv().ok();
+                    }
+                    if let Some(f) = file.as_mut() {
+                        if let Err(e) = f.write_all(&buf) {
+                            failed(&dir, &e);
+                            file = None;
+                        }
+                    }
+                    buf.clear();
+                }
+            })?;
         Ok(Journal {
-            path,
-            file: Some(file),
+            jobs,
             appended: 0,
+            dropped: false,
         })
     }
 
-    /// Append one line (one `write`). A failed write stops the journal (the page goes
-    /// on from memory).
+    /// Hand one line to the writer (never waits).
     pub fn append(&mut self, line: &Line) {
-        let Some(f) = self.file.as_mut() else { return };
         let Ok(mut bytes) = serde_json::to_vec(line) else {
             return;
         };
         bytes.push(b'\n');
-        if f.write_all(&bytes).is_err() {
+        if self.jobs.try_send(Job::Line(bytes)).is_err() && !self.dropped {
+            self.dropped = true;
             super::log_line(
                 "error",
                 &format!(
-                    "tally serve: cannot append to {}: the live view's trajectories are kept in memory only until the next start",
-                    self.path.display()
+                    "tally serve: the live view's trajectory file falls behind ({QUEUE} lines waiting): points are kept in memory, and some will be missing after a restart"
                 ),
             );
-            self.file = None;
         }
         self.appended += 1;
     }
 
     /// Whether the file should be rewritten from memory.
     pub fn due(&self) -> bool {
-        self.file.is_some() && self.appended >= COMPACT_AFTER
+        self.appended >= COMPACT_AFTER
     }
+
+    /// Have the file rewritten with `lines` (after every line handed over before).
+    pub fn compact(&mut self, lines: Vec<Line>) {
+        self.appended = 0;
+        let _ = self.jobs.try_send(Job::Rewrite(lines));
+    }
+}
+
+fn failed(dir: &Path, e: &std::io::Error) {
+    super::log_line(
+        "error",
+        &format!(
+            "tally serve: cannot write {}: {e}; the live view's trajectories are kept in memory only until the next start",
+            dir.join(FILE).display()
+        ),
+    );
+}
+
+/// Write `lines` to a new file renamed into place as `dir`'s file; it, open to append.
+fn rewrite(dir: &Path, lines: &[Line]) -> std::io::Result<Option<std::fs::File>> {
+    let path = dir.join(FILE);
+    let tmp = dir.join(format!("{FILE}.tmp"));
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let mut w = std::io::BufWriter::new(f);
+        for l in lines {
+            serde_json::to_writer(&mut w, l)?;
+            w.write_all(b"\n")?;
+        }
+        w.flush()?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    Ok(Some(std::fs::OpenOptions::new().append(true).open(&path)?))
 }

@@ -5,7 +5,7 @@
 //! it past [`MAX_RUNS`] runs (the least recently seen is forgotten first).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 
 use super::journal::{Journal, Line};
@@ -81,8 +81,8 @@ struct Inner {
     /// minute (ms since the epoch / 60000) -> reason -> refusals.
     refusals: BTreeMap<u64, BTreeMap<&'static str, u64>>,
     pending: VecDeque<Pending>,
-    /// Where the trajectories are kept across a restart, and the directory it is in.
-    journal: Option<(Journal, PathBuf)>,
+    /// Where the trajectories are kept across a restart.
+    journal: Option<Journal>,
 }
 
 impl Inner {
@@ -148,19 +148,9 @@ pub(crate) struct Live {
 impl Inner {
     /// Rewrite the journal from memory (it holds exactly what the page shows).
     fn compact(&mut self) {
-        let Some((_, dir)) = self.journal.take() else {
-            return;
-        };
         let lines = self.lines();
-        match Journal::rewrite(&dir, lines.into_iter()) {
-            Ok(j) => self.journal = Some((j, dir)),
-            Err(e) => super::log_line(
-                "error",
-                &format!(
-                    "tally serve: cannot rewrite {}: {e}; the live view's trajectories are kept in memory only until the next start",
-                    dir.join(super::journal::FILE).display()
-                ),
-            ),
+        if let Some(j) = self.journal.as_mut() {
+            j.compact(lines);
         }
     }
 }
@@ -210,8 +200,8 @@ impl Live {
         };
         drop(keep);
         let lines = inner.lines();
-        match Journal::rewrite(dir, lines.into_iter()) {
-            Ok(j) => inner.journal = Some((j, dir.to_path_buf())),
+        match Journal::start(dir, lines) {
+            Ok(j) => inner.journal = Some(j),
             Err(e) => super::log_line(
                 "error",
                 &format!(
@@ -252,7 +242,7 @@ impl Live {
             .filter_map(|(i, dim)| limits.get(*dim).map(|l| (i as u8, l.used, l.limit)))
             .collect();
         if !points.is_empty() {
-            if let Some((journal, _)) = inner.journal.as_mut() {
+            if let Some(journal) = inner.journal.as_mut() {
                 journal.append(&Line {
                     run: run.to_owned(),
                     at_ms: now_ms,
@@ -287,7 +277,7 @@ impl Live {
                 inner.refusals.pop_first();
             }
         }
-        if inner.journal.as_ref().is_some_and(|(j, _)| j.due()) {
+        if inner.journal.as_ref().is_some_and(Journal::due) {
             inner.compact();
         }
         if approval {
@@ -360,5 +350,90 @@ impl Live {
     /// The calls waiting for approval, oldest first.
     pub fn pending(&self) -> Vec<Pending> {
         self.lock().pending.iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(run: &str, at_ms: u64, used: u64) -> String {
+        serde_json::to_string(&Line {
+            run: run.into(),
+            at_ms,
+            points: vec![(0, used, 100)],
+        })
+        .expect("json")
+    }
+
+    /// A journal past every bound (one run more than kept, one run with more points than
+    /// kept, a line that does not parse, a dimension that does not exist): read back as
+    /// the page keeps it, and rewritten with exactly that.
+    #[test]
+    fn a_journal_past_its_bounds_is_read_back_bounded() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut text = String::new();
+        for i in 0..=MAX_RUNS as u64 {
+            text.push_str(&line(&format!("run-{i}"), 1_000 + i, 1));
+            text.push('\n');
+        }
+        for p in 0..(POINTS as u64 + 10) {
+            text.push_str(&line("busy", 100_000 + p, p));
+            text.push('\n');
+        }
+        text.push_str("{\"run\":\"busy\",\"at_ms\":1,\"points\":[[7,1,1]]}\n");
+        text.push_str("{\"run\":\"torn\",\"at");
+        std::fs::write(dir.path().join(super::super::journal::FILE), text).expect("write");
+        let (live, restored) = Live::open(dir.path());
+        assert_eq!(restored.runs, MAX_RUNS);
+        assert_eq!(restored.skipped, 2);
+        // The least recently seen run (run-0) and run-1 gave way to `busy`.
+        let views = live.views(&["run-0", "run-1", "run-2", "busy"]);
+        assert!(views[0].spark.is_empty() && views[1].spark.is_empty());
+        assert_eq!(views[2].spark["attempts"].used, [1]);
+        let busy = &views[3].spark["attempts"].used;
+        assert_eq!(busy.len(), POINTS);
+        assert_eq!(busy[0], 10);
+        // Rewritten: what is held, one line per point in time.
+        let again = super::super::journal::Journal::read(dir.path());
+        assert_eq!(again.bad, 0);
+        assert_eq!(again.lines.len(), MAX_RUNS - 1 + POINTS);
+        // A check is appended, and read back next time.
+        live.check(
+            "busy",
+            "t",
+            None,
+            false,
+            None,
+            &[(
+                "attempts".to_owned(),
+                Limit {
+                    used: 77,
+                    limit: 100,
+                },
+            )]
+            .into(),
+            Some(1),
+            200_000,
+        );
+        drop(live);
+        // The writer thread has it once the file holds one more line.
+        let file = dir.path().join(super::super::journal::FILE);
+        for _ in 0..2000 {
+            let n = std::fs::read_to_string(&file)
+                .expect("file")
+                .lines()
+                .count();
+            if n == MAX_RUNS + POINTS {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let (live, _) = Live::open(dir.path());
+        let busy = live.views(&["busy"]).remove(0).spark["attempts"]
+            .used
+            .clone();
+        assert_eq!(busy.last(), Some(&77));
+        assert_eq!(busy.len(), POINTS);
     }
 }
