@@ -4,7 +4,9 @@
 # with no live.ndjson, and with the largest one it reads (20,000 runs x 60 points, one
 # line per check with attempts, spend and depth, plus the 200,000 lines appended before a
 # rewrite), in turn, ROUNDS times; each time from the exec to the operator socket's first
-# answer (`GET /v1/health`). Prints each pair and its difference.
+# answer (`GET /v1/health`), and with the file, to its rewrite (the file renamed into
+# place: the trajectories read back, merged and written again by the daemon's own thread,
+# while it already serves). Prints each round.
 #
 #   cargo build --release -p tally-cli --bin tally
 #   daemon/benches/live-journal-start.sh [ROUNDS]
@@ -31,20 +33,23 @@ with open(sys.argv[1], "w") as f:
             "points": [[0, 61 + i // 20000, 100]]}, separators=(",", ":")) + "\n")
 PY
 ls -l "$W/full.ndjson" | awk '{print "live.ndjson:", $5, "bytes"}'
-start() { # prints ms from exec to the first answer
+start() { # prints "ms to the first answer, ms to the file's rewrite"
   rm -f "$W/a.sock" "$W/o.sock"
+  local ino; ino=$(stat -c %i "$W/ledger/live.ndjson" 2>/dev/null || echo none)
   local t0; t0=$(date +%s%N)
   "$T" serve --ledger "$W/ledger" --socket "$W/a.sock" --operator-socket "$W/o.sock" 2>"$W/serve.log" &
   local pid=$!
   until curl -sf --unix-socket "$W/o.sock" http://localhost/v1/health >/dev/null 2>&1; do sleep 0.005; done
   local t1; t1=$(date +%s%N)
+  until [ -e "$W/ledger/live.ndjson" ] && [ "$(stat -c %i "$W/ledger/live.ndjson")" != "$ino" ] && [ ! -e "$W/ledger/live.ndjson.tmp" ]; do sleep 0.01; done
+  local t2; t2=$(date +%s%N)
   kill -TERM $pid; wait $pid || true
-  echo $(( (t1 - t0) / 1000000 ))
+  echo "$(( (t1 - t0) / 1000000 )) $(( (t2 - t0) / 1000000 ))"
 }
 for i in $(seq "$ROUNDS"); do
   rm -f "$W/ledger/live.ndjson"
-  empty=$(start)
+  read -r empty _ < <(start)
   cp "$W/full.ndjson" "$W/ledger/live.ndjson"
-  full=$(start)
-  echo "round $i: no journal ${empty} ms, full journal ${full} ms, +$((full - empty)) ms"
+  read -r full loaded < <(start)
+  echo "round $i: first answer: no file ${empty} ms, full file ${full} ms; full file read back and rewritten after ${loaded} ms"
 done

@@ -352,20 +352,9 @@ async fn serve_inner(
         None => None,
     };
     let gate = open_gate(&ledger, &options)?;
-    // The live page's trajectories from before this start (observe/journal.rs).
-    let (live, restored) = observe::live::Live::open(ledger.dir());
-    if restored.skipped > 0 {
-        observe::log_line(
-            "error",
-            &format!(
-                "tally serve: {} line(s) of {} did not parse and were skipped (a write cut by a crash); the live view kept {} point(s) of {} run(s)",
-                restored.skipped,
-                ledger.dir().join(observe::journal::FILE).display(),
-                restored.points,
-                restored.runs
-            ),
-        );
-    }
+    // The live page's trajectories from before this start, read back by a thread of
+    // their own (observe/journal.rs): nothing waits for them.
+    let live = observe::live::Live::open(ledger.dir());
     let observer = Arc::new(observe::Observer::new(
         gate.policy().policy.named_tools(),
         options.log_format,

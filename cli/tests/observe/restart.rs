@@ -18,6 +18,24 @@ fn live(served: &Daemon) -> Value {
     serde_json::from_str(&text).expect("snapshot")
 }
 
+/// The snapshot once run `run` has `n` attempts points (a restarted daemon reads its
+/// trajectories back on a thread of its own, while it already serves).
+fn live_with(served: &Daemon, run: &str, n: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let snap = live(served);
+        let have = runs_of(&snap)
+            .get(run)
+            .and_then(|r| r["spark"]["attempts"]["used"].as_array().map(Vec::len))
+            .unwrap_or(0);
+        if have >= n {
+            return snap;
+        }
+        assert!(Instant::now() < deadline, "{have} of {n} points: {snap}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The first snapshot of the event stream on the operator socket.
 fn first_event(served: &Daemon) -> Value {
     use std::io::Read;
@@ -101,7 +119,7 @@ fn trajectories_survive_kill_9_and_restart() {
     wait_for_points(dir, 17);
     served.kill_9();
     served.restart();
-    let after = runs_of(&live(&served));
+    let after = runs_of(&live_with(&served, "r", 12));
     for run in ["r", "s"] {
         for dim in ["attempts", "spend_nanos"] {
             assert_eq!(
@@ -131,11 +149,11 @@ fn trajectories_survive_kill_9_and_restart() {
     f.write_all(b"{\"run\":\"r\",\"at_ms\":17").expect("torn");
     drop(f);
     served.restart();
-    let again = runs_of(&live(&served));
+    let again = runs_of(&live_with(&served, "r", 13));
     assert_eq!(spark(&again["r"], "attempts"), grown);
-    assert!(
-        served.log().contains("did not parse and were skipped"),
-        "{}",
-        served.log()
-    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !served.log().contains("did not parse and were skipped") {
+        assert!(Instant::now() < deadline, "{}", served.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

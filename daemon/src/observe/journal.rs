@@ -1,6 +1,6 @@
 //! The trajectories kept across a restart: every point the live view takes is appended
-//! to `live.ndjson` in the ledger's directory (one JSON line, written before the page
-//! can show it), and read back when the daemon starts. Not part of the audit: the ledger
+//! to `live.ndjson` in the ledger's directory (one JSON line per check, handed to the
+//! writer thread as the point is taken), and read back when the daemon starts. Not part of the audit: the ledger
 //! is the record; this file only spares the operator an empty page after a restart.
 //!
 //! * Written by a thread of its own (`tally-live`), never on a check's path: a check
@@ -91,16 +91,24 @@ impl Journal {
         read
     }
 
-    /// Rewrite `dir`'s file with `lines` (a new file renamed into place), then start the
-    /// thread that appends to it. A file that cannot be written leaves the view in
-    /// memory only.
+    /// Start the thread that rewrites `dir`'s file with `lines` (a new file renamed into
+    /// place), then appends to it. A file that cannot be written leaves the view in
+    /// memory only (logged).
     pub fn start(dir: &Path, lines: Vec<Line>) -> std::io::Result<Journal> {
-        let mut file = rewrite(dir, &lines)?;
         let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
         let dir = dir.to_path_buf();
         std::thread::Builder::new()
             .name("tally-live".into())
             .spawn(move || {
+                // First the file as memory holds it; lines handed over meanwhile queue.
+                let mut file = match rewrite(&dir, &lines) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        failed(&dir, &e);
+                        None
+                    }
+                };
+                drop(lines);
                 let mut buf = Vec::new();
                 while let Ok(first) = queue.recv() {
                     let mut next = Some(first);

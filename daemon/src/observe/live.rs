@@ -142,7 +142,7 @@ impl Inner {
 /// The live state, shared by the handlers.
 #[derive(Default)]
 pub(crate) struct Live {
-    inner: Mutex<Inner>,
+    inner: std::sync::Arc<Mutex<Inner>>,
 }
 
 impl Inner {
@@ -155,22 +155,11 @@ impl Inner {
     }
 }
 
-/// What [`Live::open`] read back.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Restored {
-    pub runs: usize,
-    pub points: usize,
-    /// Lines that did not parse (skipped).
-    pub skipped: u64,
-}
-
-impl Live {
-    /// The live state with the trajectories kept in `dir` (the ledger's directory) read
-    /// back, bounded as the page is ([`MAX_RUNS`] runs, [`POINTS`] points each), and the
-    /// file rewritten with exactly those, then appended to.
-    pub fn open(dir: &Path) -> (Live, Restored) {
-        let read = Journal::read(dir);
-        let mut inner = Inner::default();
+/// Read `dir`'s file back into `live` (see [`Live::open`]).
+fn load(live: &Mutex<Inner>, dir: &Path) {
+    let read = Journal::read(dir);
+    let mut restored = Inner::default();
+    {
         // The most recently seen runs only, so no run is read in only to be forgotten.
         let mut last: HashMap<&str, u64> = HashMap::new();
         for l in &read.lines {
@@ -186,36 +175,89 @@ impl Live {
         };
         for l in &read.lines {
             if keep.contains(l.run.as_str()) {
-                inner.push(&l.run, l.at_ms, &l.points);
+                restored.push(&l.run, l.at_ms, &l.points);
             }
         }
-        let restored = Restored {
-            runs: inner.runs.len(),
-            points: inner
-                .runs
-                .values()
-                .map(|r| r.points.iter().map(VecDeque::len).sum::<usize>())
-                .sum(),
-            skipped: read.bad,
-        };
-        drop(keep);
-        let lines = inner.lines();
-        match Journal::start(dir, lines) {
-            Ok(j) => inner.journal = Some(j),
-            Err(e) => super::log_line(
-                "error",
-                &format!(
-                    "tally serve: cannot write {}: {e}; the live view's trajectories are kept in memory only",
-                    dir.join(super::journal::FILE).display()
-                ),
-            ),
+    }
+    let (runs, points) = (
+        restored.runs.len(),
+        restored
+            .runs
+            .values()
+            .map(|r| r.points.iter().map(VecDeque::len).sum::<usize>())
+            .sum::<usize>(),
+    );
+    drop(read.lines);
+    let mut inner = live.lock().unwrap_or_else(|e| e.into_inner());
+    // What the first checks added is newer: it goes after what was read.
+    for (name, old) in restored.runs {
+        let room = inner.runs.len() < MAX_RUNS;
+        match inner.runs.get_mut(&name) {
+            Some(now) => {
+                for (n, o) in now.points.iter_mut().zip(old.points) {
+                    let mut merged = o;
+                    merged.extend(n.drain(..));
+                    while merged.len() > POINTS {
+                        merged.pop_front();
+                    }
+                    *n = merged;
+                }
+                now.last_ms = now.last_ms.max(old.last_ms);
+                if now.depth.is_none() {
+                    now.depth = old.depth;
+                }
+            }
+            None if room => {
+                inner.runs.insert(name, old);
+            }
+            None => {}
         }
-        (
-            Live {
-                inner: Mutex::new(inner),
-            },
-            restored,
-        )
+    }
+    let lines = inner.lines();
+    match Journal::start(dir, lines) {
+        Ok(j) => inner.journal = Some(j),
+        Err(e) => super::log_line(
+            "error",
+            &format!(
+                "tally serve: cannot keep the live view's trajectories in {}: {e}; they are kept in memory only",
+                dir.join(super::journal::FILE).display()
+            ),
+        ),
+    }
+    drop(inner);
+    if read.bad > 0 {
+        super::log_line(
+            "error",
+            &format!(
+                "tally serve: {} line(s) of {} did not parse and were skipped (a write cut by a crash); the live view kept {points} point(s) of {runs} run(s)",
+                read.bad,
+                dir.join(super::journal::FILE).display(),
+            ),
+        );
+    }
+}
+
+impl Live {
+    /// The live state, empty at once; a thread of its own (`tally-live-load`) reads the
+    /// trajectories kept in `dir` (the ledger's directory) back, bounded as the page is
+    /// ([`MAX_RUNS`] runs, [`POINTS`] points each), merges them before whatever the
+    /// first checks added meanwhile, and has the file rewritten with exactly what is
+    /// held, then appended to. Nothing waits for it: the daemon decides from its first
+    /// moment, and the page fills in once the file is read.
+    pub fn open(dir: &Path) -> Live {
+        let inner = std::sync::Arc::new(Mutex::new(Inner::default()));
+        let shared = std::sync::Arc::clone(&inner);
+        let dir = dir.to_path_buf();
+        let spawned = std::thread::Builder::new()
+            .name("tally-live-load".into())
+            .spawn(move || load(&shared, &dir));
+        if let Err(e) = spawned {
+            super::log_line(
+                "error",
+                &format!("tally serve: cannot start the thread that reads the live view's trajectories: {e}; the page starts empty"),
+            );
+        }
+        Live { inner }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -384,9 +426,23 @@ mod tests {
         text.push_str("{\"run\":\"busy\",\"at_ms\":1,\"points\":[[7,1,1]]}\n");
         text.push_str("{\"run\":\"torn\",\"at");
         std::fs::write(dir.path().join(super::super::journal::FILE), text).expect("write");
-        let (live, restored) = Live::open(dir.path());
-        assert_eq!(restored.runs, MAX_RUNS);
-        assert_eq!(restored.skipped, 2);
+        let file = dir.path().join(super::super::journal::FILE);
+        let live = Live::open(dir.path());
+        // Read back by a thread of its own: wait until the file is rewritten as held.
+        let until = |what: &dyn Fn() -> bool| {
+            for _ in 0..6000 {
+                if what() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            panic!("not within a minute");
+        };
+        until(&|| {
+            let r = super::super::journal::Journal::read(dir.path());
+            r.bad == 0 && r.lines.len() == MAX_RUNS - 1 + POINTS
+        });
+        assert_eq!(live.lock().runs.len(), MAX_RUNS);
         // The least recently seen run (run-0) and run-1 gave way to `busy`.
         let views = live.views(&["run-0", "run-1", "run-2", "busy"]);
         assert!(views[0].spark.is_empty() && views[1].spark.is_empty());
@@ -394,10 +450,6 @@ mod tests {
         let busy = &views[3].spark["attempts"].used;
         assert_eq!(busy.len(), POINTS);
         assert_eq!(busy[0], 10);
-        // Rewritten: what is held, one line per point in time.
-        let again = super::super::journal::Journal::read(dir.path());
-        assert_eq!(again.bad, 0);
-        assert_eq!(again.lines.len(), MAX_RUNS - 1 + POINTS);
         // A check is appended, and read back next time.
         live.check(
             "busy",
@@ -416,20 +468,14 @@ mod tests {
             Some(1),
             200_000,
         );
+        until(&|| {
+            std::fs::read_to_string(&file)
+                .map(|t| t.lines().count() == MAX_RUNS + POINTS)
+                .unwrap_or(false)
+        });
         drop(live);
-        // The writer thread has it once the file holds one more line.
-        let file = dir.path().join(super::super::journal::FILE);
-        for _ in 0..2000 {
-            let n = std::fs::read_to_string(&file)
-                .expect("file")
-                .lines()
-                .count();
-            if n == MAX_RUNS + POINTS {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let (live, _) = Live::open(dir.path());
+        let live = Live::open(dir.path());
+        until(&|| live.views(&["busy"])[0].spark.contains_key("attempts"));
         let busy = live.views(&["busy"]).remove(0).spark["attempts"]
             .used
             .clone();
