@@ -58,6 +58,7 @@ pub(crate) struct Journal {
 }
 
 /// What reading the file found.
+#[cfg(test)]
 pub(crate) struct Read {
     pub lines: Vec<Line>,
     /// Lines that did not parse (skipped).
@@ -66,29 +67,34 @@ pub(crate) struct Read {
 
 impl Journal {
     /// The lines of `dir`'s file (none if there is none).
+    #[cfg(test)]
     pub fn read(dir: &Path) -> Read {
-        let path = dir.join(FILE);
-        let mut read = Read {
-            lines: Vec::new(),
-            bad: 0,
-        };
-        let Ok(f) = std::fs::File::open(&path) else {
-            return read;
+        let mut lines = Vec::new();
+        let bad = Journal::scan(dir, |l| lines.push(l));
+        Read { lines, bad }
+    }
+
+    /// Each line of `dir`'s file that parses, in order, handed to `each` (streamed: the
+    /// file is never held whole); the count of lines that did not.
+    pub fn scan(dir: &Path, mut each: impl FnMut(Line)) -> u64 {
+        let mut bad = 0;
+        let Ok(f) = std::fs::File::open(dir.join(FILE)) else {
+            return 0;
         };
         for line in BufReader::new(f).split(b'\n') {
             let Ok(line) = line else {
-                read.bad += 1;
+                bad += 1;
                 break;
             };
             if line.is_empty() {
                 continue;
             }
             match serde_json::from_slice::<Line>(&line) {
-                Ok(l) if l.points.iter().all(|p| (p.0 as usize) < 4) => read.lines.push(l),
-                _ => read.bad += 1,
+                Ok(l) if l.points.iter().all(|p| (p.0 as usize) < 4) => each(l),
+                _ => bad += 1,
             }
         }
-        read
+        bad
     }
 
     /// Start the thread that rewrites `dir`'s file with `lines` (a new file renamed into

@@ -157,28 +157,27 @@ impl Inner {
 
 /// Read `dir`'s file back into `live` (see [`Live::open`]).
 fn load(live: &Mutex<Inner>, dir: &Path) {
-    let read = Journal::read(dir);
-    let mut restored = Inner::default();
-    {
-        // The most recently seen runs only, so no run is read in only to be forgotten.
-        let mut last: HashMap<&str, u64> = HashMap::new();
-        for l in &read.lines {
-            let e = last.entry(l.run.as_str()).or_default();
-            *e = (*e).max(l.at_ms);
-        }
-        let keep: std::collections::HashSet<&str> = if last.len() > MAX_RUNS {
-            let mut by: Vec<(&str, u64)> = last.into_iter().collect();
-            by.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-            by.into_iter().take(MAX_RUNS).map(|(r, _)| r).collect()
-        } else {
-            last.into_keys().collect()
-        };
-        for l in &read.lines {
-            if keep.contains(l.run.as_str()) {
-                restored.push(&l.run, l.at_ms, &l.points);
-            }
-        }
+    // Two passes over the file, streamed: which runs are the most recently seen, then
+    // their points (so no run is read in only to be forgotten, and the file is never
+    // held whole).
+    let mut last: HashMap<String, u64> = HashMap::new();
+    Journal::scan(dir, |l| {
+        let e = last.entry(l.run).or_default();
+        *e = (*e).max(l.at_ms);
+    });
+    if last.len() > MAX_RUNS {
+        let mut by: Vec<(String, u64)> = last.into_iter().collect();
+        by.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        by.truncate(MAX_RUNS);
+        last = by.into_iter().collect();
     }
+    let mut restored = Inner::default();
+    let bad = Journal::scan(dir, |l| {
+        if last.contains_key(&l.run) {
+            restored.push(&l.run, l.at_ms, &l.points);
+        }
+    });
+    drop(last);
     let (runs, points) = (
         restored.runs.len(),
         restored
@@ -187,7 +186,6 @@ fn load(live: &Mutex<Inner>, dir: &Path) {
             .map(|r| r.points.iter().map(VecDeque::len).sum::<usize>())
             .sum::<usize>(),
     );
-    drop(read.lines);
     let mut inner = live.lock().unwrap_or_else(|e| e.into_inner());
     // What the first checks added is newer: it goes after what was read.
     for (name, old) in restored.runs {
@@ -225,12 +223,12 @@ fn load(live: &Mutex<Inner>, dir: &Path) {
         ),
     }
     drop(inner);
-    if read.bad > 0 {
+    if bad > 0 {
         super::log_line(
             "error",
             &format!(
                 "tally serve: {} line(s) of {} did not parse and were skipped (a write cut by a crash); the live view kept {points} point(s) of {runs} run(s)",
-                read.bad,
+                bad,
                 dir.join(super::journal::FILE).display(),
             ),
         );
