@@ -197,46 +197,15 @@ fn granted_text(
     )
 }
 
-/// Every run the gate holds.
+/// `tally runs --json`: every run the gate holds, as `GET /v1/runs` answers, in the
+/// daemon's order (open runs first, then the nearest to a limit, then by name: the live
+/// page's order), each with its closeness and last refusal. The text form is
+/// `top::runs_text`.
 pub fn runs(args: &RunsArgs) -> Result<Exit> {
-    let (socket, json) = (args.operator_socket.as_path(), args.json);
+    let socket = args.operator_socket.as_path();
     block_on(async {
         let runs = gate(socket).await?.runs().await.map_err(refused)?;
-        if json {
-            outln!("{}", serde_json::to_string_pretty(&runs)?);
-            return Ok(Exit::Success);
-        }
-        let list = runs.as_array().cloned().unwrap_or_default();
-        if list.is_empty() {
-            outln!("no runs");
-        }
-        for r in list {
-            let used = |d: &str| {
-                let l = &r["limits"][d];
-                match (l["used"].as_u64(), l["limit"].as_u64()) {
-                    (Some(u), Some(m)) if d == "spend_nanos" => format!(
-                        "{} of {}",
-                        tally_ledger::money::Nanos(u),
-                        tally_ledger::money::Nanos(m)
-                    ),
-                    (Some(u), Some(m)) => format!("{u} of {m}"),
-                    _ => "-".into(),
-                }
-            };
-            outln!(
-                "{:<24} {:<8} attempts {:<10} spend {:<14} held {:<6} started {} ago{}",
-                tally_verify::text::shown(r["run"].as_str().unwrap_or("?")),
-                r["state"].as_str().unwrap_or("?"),
-                used("attempts"),
-                used("spend_nanos"),
-                crate::top::usd(&r["held_nanos"]),
-                tally_verify::text::duration(r["at_ms"].as_u64().unwrap_or(0)),
-                r["stop_reason"]
-                    .as_str()
-                    .map(|s| format!("  ({s})"))
-                    .unwrap_or_default()
-            );
-        }
+        outln!("{}", serde_json::to_string_pretty(&runs)?);
         Ok(Exit::Success)
     })
 }

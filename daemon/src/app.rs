@@ -45,6 +45,8 @@ pub(crate) struct App {
     pub read_timeout: Duration,
     /// With the proxy on: the key that mints each started run's token.
     pub token_key: Option<Arc<tally_proxy::TokenKey>>,
+    /// Where the operator's views read the runs and breakers (never the decision thread).
+    pub reader: crate::observe::reader::Reader,
 }
 
 /// What [`App::new`] needs from the options.
@@ -79,7 +81,9 @@ impl App {
         observer: Arc<crate::observe::Observer>,
     ) -> std::io::Result<App> {
         let max_in_flight = limits.max_in_flight.max(1);
+        let reader = crate::observe::reader::Reader::start(&gate)?;
         Ok(App {
+            reader,
             ledger,
             state,
             gate,

@@ -458,5 +458,9 @@ async fn runs(
         .at_once(move || gate.runs(caller(peer, role)))
         .await
         .map_err(gate_error)?;
-    Ok(json(StatusCode::OK, &all))
+    // The order of the live page: nearest to a limit first (docs/OPERATOR.md).
+    Ok(json(
+        StatusCode::OK,
+        &crate::observe::listed(&app.observer, all),
+    ))
 }

@@ -154,6 +154,14 @@ pub struct ServeOptions {
     /// Also serve the read-only operator's view (`/metrics`, the live page) on this TCP
     /// address; it must be loopback (the page names every run).
     pub metrics_listen: Option<SocketAddr>,
+    /// Connections the `metrics_listen` listener serves at once (default 32), apart
+    /// from the agent and operator sockets' connections; one more is answered `503
+    /// too_many_connections` with `Retry-After` and closed.
+    pub metrics_max_connections: usize,
+    /// The live page's event streams open at once, on the operator socket and the
+    /// metrics listener together (default 8); one more is answered `503
+    /// too_many_streams` with `Retry-After`.
+    pub max_live_streams: usize,
     /// How the log is written (default text; JSON adds a line per decision).
     pub log_format: LogFormat,
     /// Export a span per check to this OTLP/HTTP endpoint (`http://host:4318`).
@@ -240,6 +248,8 @@ impl ServeOptions {
             witness_interval: Duration::from_secs(1),
             clock: Arc::new(SystemClock),
             metrics_listen: None,
+            metrics_max_connections: 32,
+            max_live_streams: 8,
             log_format: LogFormat::Text,
             otlp_endpoint: None,
             proxy: None,
@@ -372,10 +382,15 @@ async fn serve_inner(
         None => None,
     };
     let gate = open_gate(&ledger, &options)?;
+    // The live page's trajectories from before this start, read back by a thread of
+    // their own (observe/journal.rs): nothing waits for them.
+    let live = observe::live::Live::open(ledger.dir());
     let observer = Arc::new(observe::Observer::new(
         gate.policy().policy.named_tools(),
         options.log_format,
         tracer,
+        options.max_live_streams,
+        live,
     ));
     {
         let o = Arc::clone(&observer);
@@ -466,13 +481,19 @@ async fn serve_inner(
     let view = metrics_tcp.map(|listener| {
         let router = observe::page::listener_router(Arc::clone(&app));
         let mut stopped = view_stopped;
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await;
-        })
+        let limits = observe::listen::ViewLimits {
+            max_connections: options.metrics_max_connections,
+            read_timeout: options.read_timeout,
+            write_timeout: options.write_timeout,
+        };
+        tokio::spawn(observe::listen::serve(
+            listener,
+            router,
+            limits,
+            async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            },
+        ))
     });
     let router = api::router(Arc::clone(&app), api::Role::Agent);
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
@@ -510,8 +531,8 @@ async fn serve_inner(
     }
     let _ = stop_view.send(true);
     if let Some(v) = view {
-        // Its event streams end with it; a stream still open is cut after a second.
-        let _ = tokio::time::timeout(Duration::from_secs(1), v).await;
+        // Its event streams end with it; a connection still open is cut after a second.
+        let _ = tokio::time::timeout(Duration::from_secs(3), v).await;
     }
     // Each open connection finishes the request it is in; idle ones close now.
     graceful.shutdown().await;

@@ -393,7 +393,7 @@ fn too_many_connections(peer: Peer, cap: usize) -> Router {
     })
 }
 
-fn serve_connection<I>(
+pub(crate) fn serve_connection<I>(
     builder: &http1::Builder,
     graceful: &GracefulShutdown,
     tasks: &mut JoinSet<()>,

@@ -20,3 +20,4 @@ mod review;
 mod schema;
 mod strict;
 mod tiles;
+mod view;

@@ -26,10 +26,12 @@
 #![forbid(unsafe_code)]
 
 mod gatekeeper;
+mod overview;
 mod schema;
 mod state;
 mod txn;
 pub use gatekeeper::gatekeeper;
+pub use overview::VIEW_SUFFIX;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -141,6 +143,8 @@ pub struct Postgres {
     turn: Turn,
     conn: Mutex<Option<Conn>>,
     round_trips: Arc<AtomicU64>,
+    /// The operator's views, on a connection of their own.
+    reader: overview::Reader,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -191,6 +195,13 @@ impl Postgres {
                 target: target.clone(),
                 why: format!("cannot start the client's runtime: {e}"),
             })?;
+        let round_trips = Arc::new(AtomicU64::new(0));
+        let reader =
+            overview::Reader::new(&config, &target, options.timeout, Arc::clone(&round_trips))
+                .map_err(|e| PostgresError::Database {
+                    target: target.clone(),
+                    why: format!("cannot start the view's runtime: {e}"),
+                })?;
         let backend = Postgres {
             ledger,
             config,
@@ -199,7 +210,8 @@ impl Postgres {
             rt: Rt(Some(rt)),
             turn: Turn::default(),
             conn: Mutex::new(None),
-            round_trips: Arc::new(AtomicU64::new(0)),
+            round_trips,
+            reader,
         };
         backend.migrate()?;
         Ok(backend)
@@ -407,6 +419,15 @@ impl StateBackend for Postgres {
     /// Round trips to the database so far (connecting and preparing count one each).
     fn round_trips(&self) -> Option<u64> {
         Some(self.round_trips.load(Ordering::Relaxed))
+    }
+
+    /// On the view's own connection, without the decisions' turn.
+    fn overview(&self) -> Option<Result<tally_gate::backend::Overview, GateError>> {
+        Some(self.reader.read())
+    }
+
+    fn overview_apart(&self) -> bool {
+        true
     }
 
     fn begin(&self) -> Result<PostgresTxn<'_>, GateError> {

@@ -69,7 +69,26 @@ pub trait StateBackend: Send + Sync {
     fn networked(&self) -> bool {
         false
     }
+
+    /// The runs held (as [`StateTxn::runs`]) and every tool's breaker (as
+    /// [`StateTxn::breakers`]), for the operator's views, read **apart from the
+    /// decisions**: a networked backend reads them on a connection of its own, in one
+    /// read-only transaction, without the turn decisions take, so a slow read never
+    /// delays a decision. `None` (the default): the backend has no such path, and the
+    /// gate reads them in ordinary transactions.
+    fn overview(&self) -> Option<Result<Overview, GateError>> {
+        None
+    }
+
+    /// Whether [`StateBackend::overview`] reads apart from the decisions (`Some`).
+    fn overview_apart(&self) -> bool {
+        false
+    }
 }
+
+/// The runs and breakers as [`StateBackend::overview`] reads them: each run's state, and
+/// each tool's breaker as stored, by name.
+pub type Overview = (Vec<RunState>, Vec<(String, tally_policy::Breaker)>);
 
 /// One transaction over the gate's state. Dropped without [`StateTxn::commit`], it
 /// keeps nothing durable (what it changed in memory is ahead of the ledger: conservative).

@@ -93,6 +93,14 @@ pub trait Gatekeeper: Send + Sync {
     fn governs(&self, run: &str) -> Result<bool, GateError>;
     /// [`Gate::breakers`].
     fn breakers(&self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError>;
+    /// [`Gate::overview`]: the runs and breakers for the operator's views, read apart
+    /// from the decisions where the backend can ([`Gatekeeper::overview_apart`]).
+    #[allow(clippy::type_complexity)]
+    fn overview(&self) -> Result<(Vec<Standing>, Vec<(String, tally_policy::Breaker)>), GateError>;
+    /// Whether [`Gatekeeper::overview`] is read apart from the decisions (a networked
+    /// backend's own connection): then call it from a thread of its own, never from the
+    /// decision thread, so a slow read delays no decision.
+    fn overview_apart(&self) -> bool;
     /// Round trips to a networked state backend so far (None for the embedded store).
     fn round_trips(&self) -> Option<u64>;
     /// [`Gate::failure`].
@@ -133,6 +141,12 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn breakers(&self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
         Gate::breakers(self)
+    }
+    fn overview(&self) -> Result<(Vec<Standing>, Vec<(String, tally_policy::Breaker)>), GateError> {
+        Gate::overview(self)
+    }
+    fn overview_apart(&self) -> bool {
+        self.backend.overview_apart()
     }
     fn round_trips(&self) -> Option<u64> {
         self.backend_round_trips()

@@ -510,6 +510,34 @@ impl<B: StateBackend> Gate<B> {
             .collect())
     }
 
+    /// Every run the gate holds (as [`Gate::runs`] for the operator) and every tool's
+    /// breaker (as [`Gate::breakers`]): the operator's views. Read apart from the
+    /// decisions where the backend can ([`StateBackend::overview`]), else in ordinary
+    /// transactions. Read only.
+    #[allow(clippy::type_complexity)]
+    pub fn overview(
+        &self,
+    ) -> Result<(Vec<Standing>, Vec<(String, tally_policy::Breaker)>), GateError> {
+        let Some(read) = self.backend.overview() else {
+            let operator = Caller {
+                uid: None,
+                operator: true,
+                proxied: false,
+            };
+            return Ok((self.runs(operator)?, self.breakers()?));
+        };
+        let (runs, breakers) = read?;
+        let now = self.time.now_ms();
+        let open_ms = self.policy.policy.breaker.open_ms;
+        Ok((
+            runs.iter().map(|r| self.standing(r)).collect(),
+            breakers
+                .into_iter()
+                .map(|(tool, b)| (tool, b.at(now, open_ms)))
+                .collect(),
+        ))
+    }
+
     /// Whether the gate governs `run` (it started through the gate): raw appends for it
     /// are refused.
     pub fn governs(&self, run: &str) -> Result<bool, GateError> {

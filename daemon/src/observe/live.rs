@@ -5,7 +5,10 @@
 //! it past [`MAX_RUNS`] runs (the least recently seen is forgotten first).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
 use std::sync::Mutex;
+
+use super::journal::{Journal, Line};
 
 use serde::Serialize;
 use tally_ledger::decision::Limit;
@@ -78,15 +81,183 @@ struct Inner {
     /// minute (ms since the epoch / 60000) -> reason -> refusals.
     refusals: BTreeMap<u64, BTreeMap<&'static str, u64>>,
     pending: VecDeque<Pending>,
+    /// Where the trajectories are kept across a restart.
+    journal: Option<Journal>,
+}
+
+impl Inner {
+    /// Add `points` (dimension index, used, limit) taken at `at_ms` to `run`'s
+    /// trajectory; the least recently seen run is forgotten first past [`MAX_RUNS`].
+    fn push(&mut self, run: &str, at_ms: u64, points: &[(u8, u64, u64)]) -> &mut RunLive {
+        if !self.runs.contains_key(run) && self.runs.len() >= MAX_RUNS {
+            let oldest = self
+                .runs
+                .iter()
+                .min_by_key(|(_, r)| r.last_ms)
+                .map(|(n, _)| n.clone());
+            if let Some(o) = oldest {
+                self.runs.remove(&o);
+            }
+        }
+        let r = self.runs.entry(run.to_owned()).or_default();
+        r.last_ms = r.last_ms.max(at_ms);
+        for &(i, used, limit) in points {
+            let Some(p) = r.points.get_mut(i as usize) else {
+                continue;
+            };
+            if p.len() == POINTS {
+                p.pop_front();
+            }
+            p.push_back((at_ms, used, limit));
+            if TRACKED[i as usize] == "depth" {
+                r.depth = Some(Limit { used, limit });
+            }
+        }
+        r
+    }
+
+    /// Every point held, one line each, runs least recently seen first.
+    fn lines(&self) -> Vec<Line> {
+        let mut runs: Vec<(&String, &RunLive)> = self.runs.iter().collect();
+        runs.sort_by(|a, b| a.1.last_ms.cmp(&b.1.last_ms).then_with(|| a.0.cmp(b.0)));
+        let mut out = Vec::new();
+        for (name, r) in runs {
+            // One line per check, as they were appended: its dimensions share its time.
+            let mut at: BTreeMap<u64, Vec<(u8, u64, u64)>> = BTreeMap::new();
+            for (i, p) in r.points.iter().enumerate() {
+                for &(at_ms, used, limit) in p {
+                    at.entry(at_ms).or_default().push((i as u8, used, limit));
+                }
+            }
+            out.extend(at.into_iter().map(|(at_ms, points)| Line {
+                run: name.clone(),
+                at_ms,
+                points,
+            }));
+        }
+        out
+    }
 }
 
 /// The live state, shared by the handlers.
 #[derive(Default)]
 pub(crate) struct Live {
-    inner: Mutex<Inner>,
+    inner: std::sync::Arc<Mutex<Inner>>,
+}
+
+impl Inner {
+    /// Rewrite the journal from memory (it holds exactly what the page shows).
+    fn compact(&mut self) {
+        let lines = self.lines();
+        if let Some(j) = self.journal.as_mut() {
+            j.compact(lines);
+        }
+    }
+}
+
+/// Read `dir`'s file back into `live` (see [`Live::open`]).
+fn load(live: &Mutex<Inner>, dir: &Path) {
+    // Two passes over the file, streamed: which runs are the most recently seen, then
+    // their points (so no run is read in only to be forgotten, and the file is never
+    // held whole).
+    let mut last: HashMap<String, u64> = HashMap::new();
+    Journal::scan(dir, |l| {
+        let e = last.entry(l.run).or_default();
+        *e = (*e).max(l.at_ms);
+    });
+    if last.len() > MAX_RUNS {
+        let mut by: Vec<(String, u64)> = last.into_iter().collect();
+        by.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        by.truncate(MAX_RUNS);
+        last = by.into_iter().collect();
+    }
+    let mut restored = Inner::default();
+    let bad = Journal::scan(dir, |l| {
+        if last.contains_key(&l.run) {
+            restored.push(&l.run, l.at_ms, &l.points);
+        }
+    });
+    drop(last);
+    let (runs, points) = (
+        restored.runs.len(),
+        restored
+            .runs
+            .values()
+            .map(|r| r.points.iter().map(VecDeque::len).sum::<usize>())
+            .sum::<usize>(),
+    );
+    let mut inner = live.lock().unwrap_or_else(|e| e.into_inner());
+    // What the first checks added is newer: it goes after what was read.
+    for (name, old) in restored.runs {
+        let room = inner.runs.len() < MAX_RUNS;
+        match inner.runs.get_mut(&name) {
+            Some(now) => {
+                for (n, o) in now.points.iter_mut().zip(old.points) {
+                    let mut merged = o;
+                    merged.extend(n.drain(..));
+                    while merged.len() > POINTS {
+                        merged.pop_front();
+                    }
+                    *n = merged;
+                }
+                now.last_ms = now.last_ms.max(old.last_ms);
+                if now.depth.is_none() {
+                    now.depth = old.depth;
+                }
+            }
+            None if room => {
+                inner.runs.insert(name, old);
+            }
+            None => {}
+        }
+    }
+    let lines = inner.lines();
+    match Journal::start(dir, lines) {
+        Ok(j) => inner.journal = Some(j),
+        Err(e) => super::log_line(
+            "error",
+            &format!(
+                "tally serve: cannot keep the live view's trajectories in {}: {e}; they are kept in memory only",
+                dir.join(super::journal::FILE).display()
+            ),
+        ),
+    }
+    drop(inner);
+    if bad > 0 {
+        super::log_line(
+            "error",
+            &format!(
+                "tally serve: {} line(s) of {} did not parse and were skipped (a write cut by a crash); the live view kept {points} point(s) of {runs} run(s)",
+                bad,
+                dir.join(super::journal::FILE).display(),
+            ),
+        );
+    }
 }
 
 impl Live {
+    /// The live state, empty at once; a thread of its own (`tally-live-load`) reads the
+    /// trajectories kept in `dir` (the ledger's directory) back, bounded as the page is
+    /// ([`MAX_RUNS`] runs, [`POINTS`] points each), merges them before whatever the
+    /// first checks added meanwhile, and has the file rewritten with exactly what is
+    /// held, then appended to. Nothing waits for it: the daemon decides from its first
+    /// moment, and the page fills in once the file is read.
+    pub fn open(dir: &Path) -> Live {
+        let inner = std::sync::Arc::new(Mutex::new(Inner::default()));
+        let shared = std::sync::Arc::clone(&inner);
+        let dir = dir.to_path_buf();
+        let spawned = std::thread::Builder::new()
+            .name("tally-live-load".into())
+            .spawn(move || load(&shared, &dir));
+        if let Err(e) = spawned {
+            super::log_line(
+                "error",
+                &format!("tally serve: cannot start the thread that reads the live view's trajectories: {e}; the page starts empty"),
+            );
+        }
+        Live { inner }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -105,27 +276,21 @@ impl Live {
         now_ms: u64,
     ) {
         let mut inner = self.lock();
-        if !inner.runs.contains_key(run) && inner.runs.len() >= MAX_RUNS {
-            let oldest = inner
-                .runs
-                .iter()
-                .min_by_key(|(_, r)| r.last_ms)
-                .map(|(n, _)| n.clone());
-            if let Some(o) = oldest {
-                inner.runs.remove(&o);
+        let points: Vec<(u8, u64, u64)> = TRACKED
+            .iter()
+            .enumerate()
+            .filter_map(|(i, dim)| limits.get(*dim).map(|l| (i as u8, l.used, l.limit)))
+            .collect();
+        if !points.is_empty() {
+            if let Some(journal) = inner.journal.as_mut() {
+                journal.append(&Line {
+                    run: run.to_owned(),
+                    at_ms: now_ms,
+                    points: points.clone(),
+                });
             }
         }
-        let r = inner.runs.entry(run.to_owned()).or_default();
-        r.last_ms = now_ms;
-        for (i, dim) in TRACKED.iter().enumerate() {
-            if let Some(l) = limits.get(*dim) {
-                let p = &mut r.points[i];
-                if p.len() == POINTS {
-                    p.pop_front();
-                }
-                p.push_back((now_ms, l.used, l.limit));
-            }
-        }
+        let r = inner.push(run, now_ms, &points);
         if let Some(d) = limits.get("depth") {
             r.depth = Some(*d);
         }
@@ -151,6 +316,9 @@ impl Live {
             {
                 inner.refusals.pop_first();
             }
+        }
+        if inner.journal.as_ref().is_some_and(Journal::due) {
+            inner.compact();
         }
         if approval {
             if inner.pending.len() == MAX_PENDING {
@@ -222,5 +390,94 @@ impl Live {
     /// The calls waiting for approval, oldest first.
     pub fn pending(&self) -> Vec<Pending> {
         self.lock().pending.iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(run: &str, at_ms: u64, used: u64) -> String {
+        serde_json::to_string(&Line {
+            run: run.into(),
+            at_ms,
+            points: vec![(0, used, 100)],
+        })
+        .expect("json")
+    }
+
+    /// A journal past every bound (one run more than kept, one run with more points than
+    /// kept, a line that does not parse, a dimension that does not exist): read back as
+    /// the page keeps it, and rewritten with exactly that.
+    #[test]
+    fn a_journal_past_its_bounds_is_read_back_bounded() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut text = String::new();
+        for i in 0..=MAX_RUNS as u64 {
+            text.push_str(&line(&format!("run-{i}"), 1_000 + i, 1));
+            text.push('\n');
+        }
+        for p in 0..(POINTS as u64 + 10) {
+            text.push_str(&line("busy", 100_000 + p, p));
+            text.push('\n');
+        }
+        text.push_str("{\"run\":\"busy\",\"at_ms\":1,\"points\":[[7,1,1]]}\n");
+        text.push_str("{\"run\":\"torn\",\"at");
+        std::fs::write(dir.path().join(super::super::journal::FILE), text).expect("write");
+        let file = dir.path().join(super::super::journal::FILE);
+        let live = Live::open(dir.path());
+        // Read back by a thread of its own: wait until the file is rewritten as held.
+        let until = |what: &dyn Fn() -> bool| {
+            for _ in 0..6000 {
+                if what() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            panic!("not within a minute");
+        };
+        until(&|| {
+            let r = super::super::journal::Journal::read(dir.path());
+            r.bad == 0 && r.lines.len() == MAX_RUNS - 1 + POINTS
+        });
+        assert_eq!(live.lock().runs.len(), MAX_RUNS);
+        // The least recently seen run (run-0) and run-1 gave way to `busy`.
+        let views = live.views(&["run-0", "run-1", "run-2", "busy"]);
+        assert!(views[0].spark.is_empty() && views[1].spark.is_empty());
+        assert_eq!(views[2].spark["attempts"].used, [1]);
+        let busy = &views[3].spark["attempts"].used;
+        assert_eq!(busy.len(), POINTS);
+        assert_eq!(busy[0], 10);
+        // A check is appended, and read back next time.
+        live.check(
+            "busy",
+            "t",
+            None,
+            false,
+            None,
+            &[(
+                "attempts".to_owned(),
+                Limit {
+                    used: 77,
+                    limit: 100,
+                },
+            )]
+            .into(),
+            Some(1),
+            200_000,
+        );
+        until(&|| {
+            std::fs::read_to_string(&file)
+                .map(|t| t.lines().count() == MAX_RUNS + POINTS)
+                .unwrap_or(false)
+        });
+        drop(live);
+        let live = Live::open(dir.path());
+        until(&|| live.views(&["busy"])[0].spark.contains_key("attempts"));
+        let busy = live.views(&["busy"]).remove(0).spark["attempts"]
+            .used
+            .clone();
+        assert_eq!(busy.last(), Some(&77));
+        assert_eq!(busy.len(), POINTS);
     }
 }

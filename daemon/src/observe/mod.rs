@@ -5,9 +5,12 @@
 //! How close a run is to a limit, and the order runs are shown in, come from the policy
 //! core (`tally_policy::headroom`); nothing here counts a budget.
 
+pub(crate) mod journal;
+pub(crate) mod listen;
 pub(crate) mod live;
 pub(crate) mod metrics;
 pub(crate) mod page;
+pub(crate) mod reader;
 pub(crate) mod trace;
 
 use std::collections::BTreeMap;
@@ -15,7 +18,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use tally_gate::{Caller, Standing};
+use tally_gate::Standing;
 use tally_ledger::money::Nanos;
 use tally_policy::headroom::{closeness, order, Closeness};
 
@@ -70,6 +73,11 @@ pub(crate) struct Observer {
     /// Set when the daemon stops: the live page's streams end, so draining the
     /// connections does not wait for a page that never closes.
     pub closing: tokio::sync::watch::Sender<bool>,
+    /// Event streams open at once (the live page's), on every listener together: each
+    /// holds a connection and builds a snapshot every few seconds, so they are bounded
+    /// (`ServeOptions::max_live_streams`); one more is refused `503 too_many_streams`.
+    pub streams: Arc<tokio::sync::Semaphore>,
+    pub max_streams: usize,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -84,14 +92,18 @@ impl Observer {
         named_tools: std::collections::BTreeSet<String>,
         log: LogFormat,
         tracer: Option<trace::Exporter>,
+        max_streams: usize,
+        live: live::Live,
     ) -> Observer {
         Observer {
             metrics: metrics::Metrics::new(named_tools),
-            live: live::Live::default(),
+            live,
             log,
             tracer,
             changed: tokio::sync::watch::channel(0).0,
             closing: tokio::sync::watch::channel(false).0,
+            streams: Arc::new(tokio::sync::Semaphore::new(max_streams.max(1))),
+            max_streams: max_streams.max(1),
         }
     }
 
@@ -175,17 +187,8 @@ pub(crate) async fn snapshot(
     app: &Arc<App>,
     page: usize,
 ) -> Result<Snapshot, tally_gate::GateError> {
-    let gate = Arc::clone(&app.gate);
-    let (standings, breakers) = app
-        .at_once(move || {
-            let operator = Caller {
-                uid: None,
-                operator: true,
-                proxied: false,
-            };
-            Ok((gate.runs(operator)?, gate.breakers()?))
-        })
-        .await?;
+    // Never on the decision thread (reader.rs).
+    let (standings, breakers) = app.reader.read(&app.gate).await?;
     let now = wall_ms();
     Ok(build(&app.observer, standings, breakers, page, now))
 }
@@ -199,27 +202,7 @@ fn build(
 ) -> Snapshot {
     let total_runs = standings.len();
     let open_runs = standings.iter().filter(|s| s.state != "stopped").count();
-    // Depth belongs to a call: the live state adds the depth its last check saw.
-    let names: Vec<&str> = standings.iter().map(|s| s.run.as_str()).collect();
-    let views = obs.live.views(&names);
-    let mut rows: Vec<(Standing, live::RunView, Closeness)> = standings
-        .into_iter()
-        .zip(views)
-        .map(|(s, v)| {
-            let mut limits: BTreeMap<String, tally_ledger::decision::Limit> = s.limits.clone();
-            if let Some(d) = &v.depth {
-                limits.insert("depth".into(), *d);
-            }
-            let c = closeness(&limits);
-            (s, v, c)
-        })
-        .collect();
-    rows.sort_by(|a, b| {
-        order(
-            (&a.0.run, a.0.state != "stopped", &a.2),
-            (&b.0.run, b.0.state != "stopped", &b.2),
-        )
-    });
+    let rows = ordered(obs, standings);
     let runs = rows
         .into_iter()
         .skip(page.saturating_mul(PER_PAGE))
@@ -276,19 +259,64 @@ fn build(
     }
 }
 
+/// `standings` in the order every view shows runs (the page, `tally top`, `GET
+/// /v1/runs`): open runs first, then the nearest to a limit (per mille of its nearest
+/// limit, depth included as the run's last check saw it), then by name (names are
+/// unique, so the order is total). Each with its live view and its closeness.
+pub(crate) fn ordered(
+    obs: &Observer,
+    standings: Vec<Standing>,
+) -> Vec<(Standing, live::RunView, Closeness)> {
+    // Depth belongs to a call: the live state adds the depth its last check saw.
+    let names: Vec<&str> = standings.iter().map(|s| s.run.as_str()).collect();
+    let views = obs.live.views(&names);
+    let mut rows: Vec<(Standing, live::RunView, Closeness)> = standings
+        .into_iter()
+        .zip(views)
+        .map(|(s, v)| {
+            let mut limits: BTreeMap<String, tally_ledger::decision::Limit> = s.limits.clone();
+            if let Some(d) = &v.depth {
+                limits.insert("depth".into(), *d);
+            }
+            let c = closeness(&limits);
+            (s, v, c)
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        order(
+            (&a.0.run, a.0.state != "stopped", &a.2),
+            (&b.0.run, b.0.state != "stopped", &b.2),
+        )
+    });
+    rows
+}
+
+/// One run of `GET /v1/runs`: where it stands (as `GET /v1/runs/{run}`), how close it
+/// is to a limit, and its last refusal.
+#[derive(Serialize)]
+pub(crate) struct ListedRun {
+    #[serde(flatten)]
+    pub standing: Standing,
+    pub closeness: Closeness,
+    pub last_refusal: Option<live::Refusal>,
+}
+
+/// `GET /v1/runs`, in the order of [`ordered`].
+pub(crate) fn listed(obs: &Observer, standings: Vec<Standing>) -> Vec<ListedRun> {
+    ordered(obs, standings)
+        .into_iter()
+        .map(|(standing, v, closeness)| ListedRun {
+            standing,
+            closeness,
+            last_refusal: v.last_refusal,
+        })
+        .collect()
+}
+
 /// The gate's state for a scrape, and the metrics' text.
 pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::GateError> {
-    let gate = Arc::clone(&app.gate);
-    let (standings, breakers) = app
-        .at_once(move || {
-            let operator = Caller {
-                uid: None,
-                operator: true,
-                proxied: false,
-            };
-            Ok((gate.runs(operator)?, gate.breakers()?))
-        })
-        .await?;
+    // Never on the decision thread (reader.rs).
+    let (standings, breakers) = app.reader.read(&app.gate).await?;
     let mut by_state: BTreeMap<&'static str, i64> = BTreeMap::new();
     let mut held = 0i64;
     for s in &standings {
@@ -327,6 +355,10 @@ fn log_bytes(dir: &std::path::Path) -> u64 {
     };
     for e in entries.flatten() {
         let Ok(meta) = e.metadata() else { continue };
+        // The live view's trajectories are not the ledger's.
+        if e.file_name() == journal::FILE {
+            continue;
+        }
         if meta.is_file() {
             total += meta.len();
         } else if meta.is_dir() {

@@ -161,11 +161,26 @@ async fn events(
 ) -> Result<Response, ApiError> {
     let Query(q) = q.map_err(bad_query)?;
     let page = q.page;
+    // Held as long as the stream is open.
+    let Ok(stream_slot) = Arc::clone(&app.observer.streams).try_acquire_owned() else {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_streams",
+            format!(
+                "{} live event streams are open already, the most this daemon serves; \
+                 retry after the Retry-After seconds, or close a page you no longer watch \
+                 (GET /v1/live answers one snapshot without a stream)",
+                app.observer.max_streams
+            ),
+        );
+        e.retry_after_secs = Some(5);
+        return Err(e);
+    };
     let changed = app.observer.changed.subscribe();
     let closing = app.observer.closing.subscribe();
     let stream = futures::stream::unfold(
-        (app, changed, closing, true),
-        move |(app, mut changed, mut closing, first)| async move {
+        (app, changed, closing, true, stream_slot),
+        move |(app, mut changed, mut closing, first, slot)| async move {
             if *closing.borrow() {
                 return None;
             }
@@ -188,7 +203,10 @@ async fn events(
                     .unwrap_or_else(|_| Event::default().event("error").data("encoding")),
                 Err(e) => Event::default().event("error").data(e.to_string()),
             };
-            Some((Ok::<_, Infallible>(event), (app, changed, closing, false)))
+            Some((
+                Ok::<_, Infallible>(event),
+                (app, changed, closing, false, slot),
+            ))
         },
     );
     Ok(Sse::new(stream)

@@ -128,6 +128,12 @@
     source.onerror = function () {
       status.textContent = "reconnecting";
       status.className = "lost";
+      // Refused (the daemon serves a bounded number of streams, 503): the browser does
+      // not retry by itself, so try again a little later.
+      if (source.readyState === EventSource.CLOSED) {
+        var mine = source;
+        setTimeout(function () { if (source === mine) connect(); }, 5000);
+      }
     };
   }
 
