@@ -59,7 +59,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         timeout_ms: None,
         trace_id: None,
     };
-    let answer = shared.gate.check(request).await;
+    let answer = shared.gate.check(request, c.trace).await;
     if let Ok(a) = &answer {
         let mut state = shared.state();
         match (a.decision, a.reason, a.action) {
