@@ -110,12 +110,24 @@ pub struct ProxyOptions {
     pub credentials: BTreeMap<String, Secret>,
     /// The run token key.
     pub key: Arc<TokenKey>,
+    /// The tracer for a span per call (`serve --otlp-endpoint`); none: no spans.
+    pub tracer: Option<Arc<opentelemetry::global::BoxedTracer>>,
 }
 
 impl ProxyOptions {
     /// Options with these secrets and key.
     pub fn new(credentials: BTreeMap<String, Secret>, key: Arc<TokenKey>) -> ProxyOptions {
-        ProxyOptions { credentials, key }
+        ProxyOptions {
+            credentials,
+            key,
+            tracer: None,
+        }
+    }
+
+    /// A span per call, made by `tracer` (docs/PROXY.md).
+    pub fn with_tracer(mut self, tracer: opentelemetry::global::BoxedTracer) -> ProxyOptions {
+        self.tracer = Some(Arc::new(tracer));
+        self
     }
 }
 
@@ -144,6 +156,7 @@ pub struct Proxy {
     pub(crate) gate: Arc<dyn Gatekeeper>,
     pub(crate) stage: Stage,
     pub(crate) key: Arc<TokenKey>,
+    pub(crate) tracer: Option<Arc<opentelemetry::global::BoxedTracer>>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -243,6 +256,7 @@ impl Proxy {
             gate,
             stage,
             key: options.key,
+            tracer: options.tracer,
         })
     }
 

@@ -110,6 +110,11 @@ fn free_port() -> SocketAddr {
 impl Served {
     /// A fresh ledger in `dir`, the policy, the credential files, and the daemon.
     fn new(dir: &Path, policy: &str) -> Served {
+        Served::new_with(dir, policy, &[])
+    }
+
+    /// As [`Served::new`], with `extra` flags for `tally serve`.
+    fn new_with(dir: &Path, policy: &str, extra: &[&str]) -> Served {
         ok(dir, &["keygen", "--out", "auditor.key"]);
         ok(
             dir,
@@ -121,10 +126,14 @@ impl Served {
             std::fs::write(&f, secret).expect("secret");
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         }
-        Served::start(dir)
+        Served::start_with(dir, extra)
     }
 
     fn start(dir: &Path) -> Served {
+        Served::start_with(dir, &[])
+    }
+
+    fn start_with(dir: &Path, extra: &[&str]) -> Served {
         let _ = std::fs::remove_file(dir.join("agent.sock"));
         let proxy = free_port();
         let child = tally()
@@ -145,6 +154,7 @@ impl Served {
                 "--credential",
                 "anthropic=anthropic.secret",
             ])
+            .args(extra)
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -378,3 +388,4 @@ mod bodies;
 mod keys;
 mod race;
 mod streams;
+mod traced;
