@@ -113,12 +113,31 @@ impl Client {
         content_type: Option<&str>,
         body: impl Into<Bytes>,
     ) -> Result<Reply, ClientError> {
+        self.request_with(method, path, content_type, &[], body)
+            .await
+    }
+
+    /// [`Client::request`] with extra headers; one whose value is not a valid header
+    /// value is left out (never sent mangled).
+    pub async fn request_with(
+        &mut self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        headers: &[(&'static str, String)],
+        body: impl Into<Bytes>,
+    ) -> Result<Reply, ClientError> {
         let mut builder = Request::builder()
             .method(method)
             .uri(path)
             .header(header::HOST, self.host);
         if let Some(ct) = content_type {
             builder = builder.header(header::CONTENT_TYPE, ct);
+        }
+        for (name, value) in headers {
+            if let Ok(v) = header::HeaderValue::from_str(value) {
+                builder = builder.header(*name, v);
+            }
         }
         let request =
             builder

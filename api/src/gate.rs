@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use tally_gate::{CheckAnswer, CheckRequest, OutcomeRequest, StartRequest, Started};
+use tally_ledger::trace::Traceparent;
 use tally_ledger::Reason;
 
 use crate::client::{Client, ClientError, Reply};
@@ -202,6 +203,27 @@ impl GateClient {
         self.post("/v1/check", check).await
     }
 
+    /// `POST /v1/check` in the caller's trace: `traceparent` (and `tracestate`) headers
+    /// naming it, so the check's span is its child and the decision records its trace
+    /// id. Only a context already parsed strictly ([`tally_ledger::trace::incoming`]) is
+    /// sent; a `tracestate` that is not a valid header value is left out.
+    pub async fn check_traced(
+        &mut self,
+        check: &CheckRequest,
+        trace: Option<&(Traceparent, Option<String>)>,
+    ) -> Result<CheckAnswer, GateError> {
+        let mut headers = Vec::new();
+        if let Some((parent, state)) = trace {
+            headers.push(("traceparent", parent.header()));
+            if let Some(s) = state.as_deref().and_then(tally_ledger::trace::tracestate) {
+                headers.push(("tracestate", s.to_owned()));
+            }
+        }
+        let body = to_body(check)?;
+        self.exchange(Method::POST, "/v1/check", Some(body), &headers)
+            .await
+    }
+
     /// Ask about one call; if the gate does not know the run (`run_not_found`), start
     /// it with `start` (its `run` set to the check's) and ask again. A run someone else
     /// started in between is joined. The answer, and whether this call started the run.
@@ -274,10 +296,7 @@ impl GateClient {
         path: &str,
         body: &impl Serialize,
     ) -> Result<T, GateError> {
-        let body = serde_json::to_vec(body).map_err(|e| GateError::Unexpected {
-            status: 0,
-            why: format!("the request does not serialize: {e}"),
-        })?;
+        let body = to_body(body)?;
         self.request(Method::POST, path, Some(body)).await
     }
 
@@ -288,10 +307,23 @@ impl GateClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<T, GateError> {
+        self.exchange(method, path, body, &[]).await
+    }
+
+    /// [`GateClient::request`] with extra headers.
+    async fn exchange<T: DeserializeOwned>(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        headers: &[(&'static str, String)],
+    ) -> Result<T, GateError> {
         let mut waited = Duration::ZERO;
         let mut tries = 1;
         loop {
-            let reply = self.send(method.clone(), path, body.clone()).await?;
+            let reply = self
+                .send(method.clone(), path, body.clone(), headers)
+                .await?;
             match answer(reply) {
                 Err(GateError::Refused {
                     status: 429 | 503,
@@ -317,6 +349,7 @@ impl GateClient {
         method: Method,
         path: &str,
         body: Option<Vec<u8>>,
+        headers: &[(&'static str, String)],
     ) -> Result<Reply, GateError> {
         self.connect().await?;
         let (kind, body) = match body {
@@ -330,7 +363,7 @@ impl GateClient {
                 None => return Err(self.unreachable("not connected")),
             };
             match client
-                .request(method.clone(), path, kind, body.clone())
+                .request_with(method.clone(), path, kind, headers, body.clone())
                 .await
             {
                 Ok(reply) => return Ok(reply),
@@ -370,5 +403,13 @@ fn answer<T: DeserializeOwned>(reply: Reply) -> Result<T, GateError> {
             status: reply.status.as_u16(),
             why: e.to_string(),
         },
+    })
+}
+
+/// A request's JSON body.
+fn to_body(body: &impl Serialize) -> Result<Vec<u8>, GateError> {
+    serde_json::to_vec(body).map_err(|e| GateError::Unexpected {
+        status: 0,
+        why: format!("the request does not serialize: {e}"),
     })
 }

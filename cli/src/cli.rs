@@ -516,11 +516,18 @@ pub struct ServeArgs {
     /// decision: run, tool, decision, reason, seq; never arguments).
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
-    /// Export a span per check (OpenTelemetry, GenAI conventions: `execute_tool`) to this
-    /// OTLP/HTTP collector, e.g. http://127.0.0.1:4318; the span's trace id (or the
-    /// agent's `traceparent`'s) is recorded on the decision.
+    /// Export a span per check (OpenTelemetry, GenAI conventions: `execute_tool`) and per
+    /// proxied model call (`chat`) to this OTLP/HTTP collector, e.g.
+    /// http://127.0.0.1:4318; the span's trace id (the agent's `traceparent`'s, if it sent
+    /// one) is recorded on the decision.
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// The share of traces tally starts that are exported, 0 to 1 (default 0.1): a check
+    /// or proxied call with no `traceparent` starts a trace, sampled at this ratio; one
+    /// with a `traceparent` is exported exactly when its caller sampled it. Every
+    /// decision records its trace id, sampled or not.
+    #[arg(long, value_name = "RATIO", requires = "otlp_endpoint")]
+    pub otlp_sample: Option<String>,
     /// Run the HTTP/model proxy for the policy's `[upstreams.NAME]` on this loopback TCP
     /// address (e.g. 127.0.0.1:7390): agents call http://ADDR/NAME/PATH with their run's
     /// token as the API key (docs/PROXY.md).

@@ -61,6 +61,9 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         _ => tally_daemon::LogFormat::Text,
     };
     options.otlp_endpoint = args.otlp_endpoint;
+    if let Some(ratio) = &args.otlp_sample {
+        options.otlp_sample = sample(ratio)?;
+    }
     options.proxy = proxy(&args.proxy_listen, &args.proxy_socket, &args.credential)?;
     match (&mut options.proxy, args.proxy_max_connections_per_peer) {
         (_, Some(0)) => bail!("--proxy-max-connections-per-peer: must be at least 1"),
@@ -69,6 +72,27 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         (_, None) => {}
     }
     Ok(options)
+}
+
+/// `--otlp-sample`: a ratio from 0 to 1, written as a decimal number.
+fn sample(ratio: &str) -> Result<f64> {
+    let bad = || {
+        anyhow::anyhow!(
+            "--otlp-sample: `{ratio}` is not a ratio from 0 to 1 (e.g. 0.1 exports a tenth of the traces tally starts; 1 exports them all)"
+        )
+    };
+    // Digits and one dot only: no sign, exponent, `inf` or `NaN`.
+    if ratio.is_empty()
+        || !ratio.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        || ratio.bytes().filter(|&b| b == b'.').count() > 1
+    {
+        return Err(bad());
+    }
+    let r: f64 = ratio.parse().map_err(|_| bad())?;
+    if !(0.0..=1.0).contains(&r) {
+        return Err(bad());
+    }
+    Ok(r)
 }
 
 /// `--proxy-listen`, `--proxy-socket` and `--credential`: the proxy, if either of the
@@ -166,6 +190,41 @@ mod tests {
             assert!(e.to_string().contains("--metrics-listen"), "{e}");
         }
         assert!(parsed(&["--log-format", "yaml"]).is_err());
+    }
+
+    #[test]
+    fn the_sample_ratio() {
+        let otlp = |r: &str| {
+            parsed(&[
+                "--otlp-endpoint",
+                "http://127.0.0.1:4318",
+                "--otlp-sample",
+                r,
+            ])
+        };
+        assert_eq!(
+            parsed(&[]).expect("default").otlp_sample,
+            tally_daemon::DEFAULT_OTLP_SAMPLE
+        );
+        for (r, v) in [
+            ("0", 0.0),
+            ("1", 1.0),
+            ("0.25", 0.25),
+            ("1.0", 1.0),
+            (".5", 0.5),
+        ] {
+            assert_eq!(otlp(r).expect(r).otlp_sample, v, "{r}");
+        }
+        for bad in [
+            "", "1.01", "2", "NaN", "inf", "1e-1", "+0.5", "0.5.1", "0,5", " 0.5", ".",
+        ] {
+            let e = otlp(bad).expect_err(bad);
+            assert!(e.to_string().contains("--otlp-sample"), "{bad}: {e}");
+        }
+        // A sign is clap's to refuse (it reads `-0.1` as a flag).
+        assert!(otlp("-0.1").is_err());
+        // Sampling without an endpoint is a usage error.
+        assert!(parsed(&["--otlp-sample", "0.5"]).is_err());
     }
 
     #[test]

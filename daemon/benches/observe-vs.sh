@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The operator's view, its cost side by side (docs/PERFORMANCE.md, "The operator's view"):
-# two daemons from one build over two fresh ledgers under one policy, `plain` (no view)
-# and `observed` (metrics scraped every second on --metrics-listen, a span per check
-# exported to a local OTLP/HTTP receiver, the live page's event stream held open), benched
-# in turn with the same load, ROUNDS times; prints each pair and its ratio.
+# daemons from one build over fresh ledgers under one policy, `plain` (no view) and one
+# `observed` per sample ratio (metrics scraped every second on --metrics-listen, spans
+# exported to a local OTLP/HTTP receiver with --otlp-sample RATIO, the live page's event
+# stream held open), benched in turn with the same load, ROUNDS times; prints each round
+# and each observed daemon's ratio to plain, then the means.
 #
 #   cargo build --release -p tally-load
 #   daemon/benches/observe-vs.sh [ROUNDS] [CLIENTS] [SECONDS]
-#   NO_OTLP=1 daemon/benches/observe-vs.sh ...   # the same without traces
+#   SAMPLES="none 1 0.1" daemon/benches/observe-vs.sh ...   # one observed daemon per ratio
+#                                                        # (`none`: metrics and page, no traces)
+#   NO_OTLP=1 daemon/benches/observe-vs.sh ...         # one observed daemon, no traces
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 L=${L:-target/release/tally-load}
@@ -35,39 +38,71 @@ PY
 pids+=($!)
 while [ ! -s "$W/otlp.port" ]; do sleep 0.05; done
 OTLP="http://127.0.0.1:$(cat "$W/otlp.port")"
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 
-for side in plain observed; do
-  $L init --ledger "$W/$side"
-done
+# NO_OTLP=1: metrics and the page only, without traces; else one observed daemon per
+# ratio in SAMPLES (default: the daemon's default ratio, no --otlp-sample).
+if [ "${NO_OTLP:-}" = 1 ]; then SIDES=(nootlp); else SIDES=(); for r in ${SAMPLES:-default}; do SIDES+=("s$r"); done; fi
+$L init --ledger "$W/plain"
 $L serve --ledger "$W/plain" --socket "$W/plain.sock" --policy "$W/p.toml" &
 pids+=($!)
-# NO_OTLP=1: metrics and the page only, without traces.
-if [ "${NO_OTLP:-}" = 1 ]; then TRACES=(); else TRACES=(--otlp-endpoint "$OTLP"); fi
-$L serve --ledger "$W/observed" --socket "$W/observed.sock" --policy "$W/p.toml" \
-  --metrics-listen "127.0.0.1:$PORT" "${TRACES[@]}" &
-pids+=($!)
-while [ ! -S "$W/plain.sock" ] || [ ! -S "$W/observed.sock" ]; do
-  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "a daemon did not start" >&2; exit 1; }; done
-  sleep 0.05
+for side in "${SIDES[@]}"; do
+  $L init --ledger "$W/$side"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  echo "$port" > "$W/$side.port"
+  case "$side" in
+    nootlp|snone) TRACES=() ;;
+    sdefault) TRACES=(--otlp-endpoint "$OTLP") ;;
+    *) TRACES=(--otlp-endpoint "$OTLP" --otlp-sample "${side#s}") ;;
+  esac
+  $L serve --ledger "$W/$side" --socket "$W/$side.sock" --policy "$W/p.toml" \
+    --metrics-listen "127.0.0.1:$port" "${TRACES[@]}" &
+  pids+=($!)
+done
+for side in plain "${SIDES[@]}"; do
+  while [ ! -S "$W/$side.sock" ]; do
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "a daemon did not start" >&2; exit 1; }; done
+    sleep 0.05
+  done
 done
 sleep 0.5
-# The page open (its event stream), and a scraper every second.
-curl -sN "http://127.0.0.1:$PORT/v1/live/events" > /dev/null &
-pids+=($!)
-( while :; do curl -s "http://127.0.0.1:$PORT/metrics" > /dev/null; sleep 1; done ) &
-pids+=($!)
+# Each observed daemon's page open (its event stream), and a scraper every second.
+for side in "${SIDES[@]}"; do
+  port=$(cat "$W/$side.port")
+  curl -sN "http://127.0.0.1:$port/v1/live/events" > /dev/null &
+  pids+=($!)
+  ( while :; do curl -s "http://127.0.0.1:$port/metrics" > /dev/null; sleep 1; done ) &
+  pids+=($!)
+done
 
-echo "rounds=$ROUNDS clients=$CLIENTS seconds=$SECONDS_EACH"
+ALL=(plain "${SIDES[@]}")
+N=${#ALL[@]}
+echo "rounds=$ROUNDS clients=$CLIENTS seconds=$SECONDS_EACH sides=${ALL[*]}"
+bench() { $L bench --socket "$W/$1.sock" --clients "$CLIENTS" --seconds "$SECONDS_EACH" --check --json | tail -1; }
 for r in $(seq "$ROUNDS"); do
-  bench() { $L bench --socket "$W/$1.sock" --clients "$CLIENTS" --seconds "$SECONDS_EACH" --check --json | tail -1; }
-  # Which goes first alternates, so neither always runs on a warmer machine.
-  if [ $((r % 2)) -eq 1 ]; then p=$(bench plain); o=$(bench observed); else o=$(bench observed); p=$(bench plain); fi
-  python3 - "$p" "$o" <<'PY'
+  # The order rotates each round, so no side always runs first (on a cooler machine).
+  for i in $(seq 0 $((N - 1))); do
+    side=${ALL[$(( (i + r) % N ))]}
+    bench "$side" > "$W/$side.$r.json"
+  done
+  python3 - "$W" "$r" "${ALL[@]}" <<'PY'
 import json, sys
-p, o = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+w, r, sides = sys.argv[1], sys.argv[2], sys.argv[3:]
 k = "decisions_per_sec"
-print("plain %8.0f decisions/s p99 %6.2f ms | observed %8.0f decisions/s p99 %6.2f ms | ratio %.3f"
-      % (p[k], p["p99_ms"], o[k], o["p99_ms"], o[k] / p[k]))
+got = {s: json.load(open(f"{w}/{s}.{r}.json")) for s in sides}
+p = got["plain"][k]
+print("round %s: plain %6.0f/s p99 %6.2f ms" % (r, p, got["plain"]["p99_ms"])
+      + "".join(" | %s %6.0f/s p99 %6.2f ms ratio %.3f" % (s, got[s][k], got[s]["p99_ms"], got[s][k] / p)
+                for s in sides[1:]))
 PY
 done
+python3 - "$W" "$ROUNDS" "${ALL[@]}" <<'PY'
+import json, sys
+w, n, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+k = "decisions_per_sec"
+runs = {s: [json.load(open(f"{w}/{s}.{r}.json"))[k] for r in range(1, n + 1)] for s in sides}
+mean = {s: sum(v) / len(v) for s, v in runs.items()}
+print("means: plain %.0f/s" % mean["plain"])
+for s in sides[1:]:
+    per = ", ".join("%.2f" % (o / p) for o, p in zip(runs[s], runs["plain"]))
+    print("  %s %.0f/s ratio of the means %.3f; per round: %s" % (s, mean[s], mean[s] / mean["plain"], per))
+PY

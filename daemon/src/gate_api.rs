@@ -224,11 +224,7 @@ async fn check(
     let mut req: CheckRequest = body(&app, &parts.headers, b).await?;
     // The agent's trace, when it sent a valid `traceparent`, else the check's own span's
     // (with an OTLP endpoint): recorded on the decision.
-    let parent = parts
-        .headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .and_then(crate::observe::trace::parent);
+    let parent = crate::observe::trace::incoming(&parts.headers);
     let span = app
         .observer
         .tracer
@@ -236,7 +232,7 @@ async fn check(
         .map(|t| t.check(&req.tool, &req.run, parent.as_ref()));
     req.trace_id = match &span {
         Some(s) => Some(s.trace_id()),
-        None => parent.map(|p| p.trace_id),
+        None => parent.map(|(p, _)| p.trace_id),
     };
     let seen = crate::observe::Seen::of(&req);
     let end = |answer: Option<&tally_gate::CheckAnswer>| {

@@ -53,6 +53,8 @@ use tally_ledger::clock::{Clock, SystemClock};
 use tally_ledger::Ledger;
 
 pub use error::DaemonError;
+/// The ratio of root spans sampled when `ServeOptions::otlp_sample` is not set.
+pub use observe::trace::DEFAULT_SAMPLE as DEFAULT_OTLP_SAMPLE;
 pub use observe::LogFormat;
 /// Builds the gate over the open ledger and the policy: how a caller (the CLI) gives the
 /// daemon a gate whose state lives elsewhere, such as a fleet's PostgreSQL database. The
@@ -166,6 +168,11 @@ pub struct ServeOptions {
     pub log_format: LogFormat,
     /// Export a span per check to this OTLP/HTTP endpoint (`http://host:4318`).
     pub otlp_endpoint: Option<String>,
+    /// The ratio of checks and proxied calls that start their own trace whose spans are
+    /// exported (0 to 1; default [`DEFAULT_OTLP_SAMPLE`]). A span whose caller sent a
+    /// `traceparent` follows the caller's sampled flag. Every decision records its trace
+    /// id, sampled or not.
+    pub otlp_sample: f64,
     /// The HTTP/model proxy for the policy's upstreams (docs/PROXY.md); `None` (the
     /// default): no proxy, and starts answer no run token.
     pub proxy: Option<ProxyServe>,
@@ -252,6 +259,7 @@ impl ServeOptions {
             max_live_streams: 8,
             log_format: LogFormat::Text,
             otlp_endpoint: None,
+            otlp_sample: DEFAULT_OTLP_SAMPLE,
             proxy: None,
         }
     }
@@ -374,9 +382,11 @@ async fn serve_inner(
     let proxy_tcp = server::bind_tcp(options.proxy.as_ref().and_then(|p| p.listen)).await?;
     let tracer = match &options.otlp_endpoint {
         Some(url) => Some(
-            observe::trace::Exporter::new(url).map_err(|why| DaemonError::Otlp {
-                endpoint: url.clone(),
-                why,
+            observe::trace::Exporter::new(url, options.otlp_sample).map_err(|why| {
+                DaemonError::Otlp {
+                    endpoint: url.clone(),
+                    why,
+                }
             })?,
         ),
         None => None,
@@ -436,17 +446,20 @@ async fn serve_inner(
     let mut proxies = tokio::task::JoinSet::new();
     let mut proxy_socket = None;
     if let Some(p) = &options.proxy {
+        let mut proxy_options = tally_proxy::ProxyOptions::new(
+            p.credentials.clone(),
+            Arc::clone(
+                app.token_key
+                    .as_ref()
+                    .ok_or_else(|| DaemonError::Gate("the run token key is missing".into()))?,
+            ),
+        );
+        if let Some(t) = &app.observer.tracer {
+            proxy_options = proxy_options.with_tracer(t.boxed());
+        }
         let proxy = Arc::new(tally_proxy::Proxy::new(
             &app.gate.policy().policy,
-            tally_proxy::ProxyOptions::new(
-                p.credentials.clone(),
-                Arc::clone(
-                    app.token_key
-                        .as_ref()
-                        .ok_or_else(|| DaemonError::Gate("the run token key is missing".into()))?,
-                ),
-            )
-            .admitting(proxy_admit(p.max_connections_per_peer)),
+            proxy_options.admitting(proxy_admit(p.max_connections_per_peer)),
             Arc::clone(&app.gate),
             app.stage.submitter(),
         )?);

@@ -21,6 +21,7 @@
 pub use tally_record::clock;
 pub use tally_record::decision;
 pub use tally_record::money;
+pub use tally_record::trace;
 pub use tally_record::words;
 pub mod error;
 pub mod export;

@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, Mutex};
 const USAGE: &str = "usage:
   tally-load init  --ledger DIR
   tally-load serve --ledger DIR --socket PATH [--operator-socket PATH] [--policy FILE] [--listen ADDR] [--max-in-flight N]
-                   [--metrics-listen ADDR] [--otlp-endpoint URL]
+                   [--metrics-listen ADDR] [--otlp-endpoint URL [--otlp-sample RATIO]]
   tally-load bench (--socket PATH | --tcp ADDR) [--clients N] [--batch N] [--seconds S]
                    [--check | --pairs]   # a call through the gate (check + outcome), or the same two decisions appended
                    [--offered DECISIONS_PER_SEC [--even]] [--json]";
@@ -131,6 +131,7 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
         "offered",
         "metrics-listen",
         "otlp-endpoint",
+        "otlp-sample",
     ];
     let mut args = Args::parse(argv, &known, &["json", "even", "check", "pairs"])?;
     match command.as_str() {
@@ -165,6 +166,9 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
             // The operator's view, for its cost (docs/PERFORMANCE.md).
             options.metrics_listen = args.value("metrics-listen")?;
             options.otlp_endpoint = args.value("otlp-endpoint")?;
+            if let Some(r) = args.value::<f64>("otlp-sample")? {
+                options.otlp_sample = r;
+            }
             args.done()?;
             Ok(match tally_daemon::run(options) {
                 Ok(()) => ExitCode::SUCCESS,

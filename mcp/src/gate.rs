@@ -16,12 +16,16 @@ use tally_api::{CheckAnswer, CheckRequest, GateClient, OutcomeRequest, StartRequ
 use tally_ledger::Reason;
 use tokio::sync::{mpsc, oneshot};
 
+/// A client's W3C trace context, parsed strictly (`tally_ledger::trace`).
+pub type Trace = (tally_ledger::trace::Traceparent, Option<String>);
+
 /// Why the gate could not answer a check: the call is then not made (fail closed).
 pub use tally_api::GateError as GateFailure;
 
 enum Job {
     Check(
         Box<CheckRequest>,
+        Option<Trace>,
         oneshot::Sender<Result<CheckAnswer, GateFailure>>,
     ),
     Outcome(OutcomeRequest),
@@ -81,8 +85,8 @@ impl Gate {
             }
             while let Some(job) = rx.recv().await {
                 match job {
-                    Job::Check(request, reply) => {
-                        let answer = worker.check(&request).await;
+                    Job::Check(request, trace, reply) => {
+                        let answer = worker.check(&request, trace.as_ref()).await;
                         let _ = reply.send(answer);
                     }
                     Job::Outcome(mut request) => {
@@ -106,15 +110,20 @@ impl Gate {
         Gate { jobs }
     }
 
-    /// Ask the gate about one call.
-    pub async fn check(&self, request: CheckRequest) -> Result<CheckAnswer, GateFailure> {
+    /// Ask the gate about one call, in the client's trace if it sent one (the check's
+    /// span is then its child, and the decision records its trace id).
+    pub async fn check(
+        &self,
+        request: CheckRequest,
+        trace: Option<Trace>,
+    ) -> Result<CheckAnswer, GateFailure> {
         let (tx, rx) = oneshot::channel();
         let gone = || GateFailure::Unreachable {
             socket: String::new(),
             why: "the proxy's gate worker stopped".into(),
         };
         self.jobs
-            .send(Job::Check(Box::new(request), tx))
+            .send(Job::Check(Box::new(request), trace, tx))
             .map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
     }
@@ -265,11 +274,15 @@ impl Worker {
         }
     }
 
-    async fn check(&mut self, request: &CheckRequest) -> Result<CheckAnswer, GateFailure> {
+    async fn check(
+        &mut self,
+        request: &CheckRequest,
+        trace: Option<&Trace>,
+    ) -> Result<CheckAnswer, GateFailure> {
         self.ensure_started().await?;
         let mut request = request.clone();
         request.run = self.run.clone();
-        self.gate.check(&request).await
+        self.gate.check_traced(&request, trace).await
     }
 
     /// Stop the run if this proxy started it: the run's name once stopped.

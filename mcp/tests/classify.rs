@@ -46,6 +46,7 @@ fn a_call_is_classified_with_its_id_name_and_arguments() {
             call: Call {
                 name: "send".into(),
                 arguments: args(json!({"to": "bob"})),
+                trace: None,
             },
         }
     );

@@ -217,6 +217,27 @@ impl Proxy {
             .map_or(u.timeout_ms, |d| {
                 u.timeout_ms.min(d.saturating_sub(caught.standing.at_ms))
             });
+        // The call's span (with a tracer), the agent's trace its parent; the decision
+        // records the trace id, the span's or (without a tracer) the agent's.
+        let parent = crate::trace::incoming(&parts.headers);
+        let mut span = self.tracer.as_ref().map(|t| {
+            crate::trace::CallSpan::start(
+                t,
+                parent.as_ref(),
+                &crate::trace::About {
+                    kind: u.kind,
+                    upstream: &route.name,
+                    host: &route.host,
+                    method: &method,
+                    model: (u.kind != UpstreamKind::Http).then_some(plan.operation.as_str()),
+                    run: &caught.run,
+                },
+            )
+        });
+        let trace_id = match &span {
+            Some(s) => Some(s.trace_id()),
+            None => parent.as_ref().map(|(p, _)| p.trace_id.clone()),
+        };
         let check = CheckRequest {
             run: caught.run.clone(),
             worker: None,
@@ -236,7 +257,7 @@ impl Proxy {
             remote_ref: None,
             credential: None,
             timeout_ms: Some(timeout_ms),
-            trace_id: None,
+            trace_id,
             refused: None,
         };
         let caller = Caller {
@@ -250,22 +271,38 @@ impl Proxy {
         {
             Ok(a) => a,
             Err(GateError::Stopped(a)) => *a,
-            Err(GateError::Unavailable(_)) => return Err(unavailable()),
-            Err(GateError::RunStopped { .. }) | Err(GateError::RunNotFound(_)) => {
-                return Err(Refusal::token("the run of this token has stopped"))
-            }
             Err(e) => {
-                return Err(Refusal::own(
-                    StatusCode::FORBIDDEN,
-                    "refused",
-                    format!("the gate refused the call: {e}"),
-                ))
+                if let Some(mut s) = span {
+                    s.decided("error", Some("gate_unavailable"), None);
+                    s.finish();
+                }
+                return Err(match e {
+                    GateError::Unavailable(_) => unavailable(),
+                    GateError::RunStopped { .. } | GateError::RunNotFound(_) => {
+                        Refusal::token("the run of this token has stopped")
+                    }
+                    e => Refusal::own(
+                        StatusCode::FORBIDDEN,
+                        "refused",
+                        format!("the gate refused the call: {e}"),
+                    ),
+                });
             }
         };
+        if let Some(s) = &mut span {
+            s.decided(
+                verdict(answer.decision),
+                answer.reason.map(|r| r.as_str()),
+                answer.seq,
+            );
+        }
         let attempt = match allowed(&answer) {
             Ok(a) => a,
             Err(mut r) => {
                 r.recorded = answer.seq.map(|seq| (caught.run.clone(), seq));
+                if let Some(s) = span {
+                    s.finish();
+                }
                 return Err(r);
             }
         };
@@ -306,9 +343,15 @@ impl Proxy {
                     "the request cannot be forwarded",
                 )
             })?;
-        *out.headers_mut() = outgoing(&parts.headers, route);
+        // The upstream's traceparent: the proxy's span, or (without a tracer) the agent's
+        // valid one as it came; an invalid one never.
+        let onward = match &span {
+            Some(s) => Some(s.outgoing()),
+            None => parent,
+        };
+        *out.headers_mut() = outgoing(&parts.headers, route, onward.as_ref());
         let sent = tokio::time::timeout_at(deadline.into(), route.client.request(out)).await;
-        let pump = Pump::new(self.shared(), settle, deadline);
+        let pump = Pump::new(self.shared(), settle, deadline, span);
         let response = match sent {
             Err(_) => {
                 pump.settle_now(Status::Timeout, None).await;
@@ -405,6 +448,15 @@ fn spend_left(s: &Standing) -> Nanos {
     left("spend_nanos").min(left(tally_policy::PRINCIPAL_SPEND))
 }
 
+/// A verdict as spans and logs name it.
+fn verdict(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Allow => "allow",
+        Verdict::Deny => "deny",
+        Verdict::RequireApproval => "require_approval",
+    }
+}
+
 /// The attempt of an allow, or the refusal in words.
 fn allowed(a: &CheckAnswer) -> Result<u64, Refusal> {
     if a.decision == Verdict::Allow {
@@ -424,8 +476,9 @@ fn allowed(a: &CheckAnswer) -> Result<u64, Refusal> {
     Err(Refusal::reason(reason, a.retry_after_ms, words))
 }
 
-/// The headers sent upstream.
-fn outgoing(incoming: &HeaderMap, route: &Route) -> HeaderMap {
+/// The headers sent upstream: the agent's, less hop-by-hop headers, its credentials and
+/// its trace context, which is replaced by `trace` (docs/PROXY.md).
+fn outgoing(incoming: &HeaderMap, route: &Route, trace: Option<&crate::trace::Trace>) -> HeaderMap {
     let listed: Vec<String> = incoming
         .get_all(hyper::header::CONNECTION)
         .iter()
@@ -440,10 +493,24 @@ fn outgoing(incoming: &HeaderMap, route: &Route) -> HeaderMap {
             || listed.iter().any(|l| l == n)
             || n.starts_with("x-tally-")
             || n == "accept-encoding"
+            || n == "traceparent"
+            || n == "tracestate"
         {
             continue;
         }
         out.append(name.clone(), value.clone());
+    }
+    if let Some((parent, state)) = trace {
+        if let Ok(v) = HeaderValue::from_str(&parent.header()) {
+            out.insert(HeaderName::from_static("traceparent"), v);
+        }
+        if let Some(v) = state
+            .as_deref()
+            .and_then(tally_record::trace::tracestate)
+            .and_then(|s| HeaderValue::from_str(s).ok())
+        {
+            out.insert(HeaderName::from_static("tracestate"), v);
+        }
     }
     // Usage is read from the answer's bytes: no compression.
     out.insert(

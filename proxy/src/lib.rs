@@ -16,8 +16,11 @@
 //! 5. the answer streams back chunk by chunk while its usage ([`usage`]) and BLAKE3
 //!    digest are read from it; the gate's `outcome` settles the truth.
 //!
-//! Depends on the gate, the policy core, the record crate and the API types only; the
-//! daemon wires it into `tally serve`.
+//! With a tracer, each call that reaches the gate is a span ([`trace`]).
+//!
+//! Depends on the gate, the policy core, the record crate, the API types and the
+//! OpenTelemetry API only; the daemon wires it into `tally serve` (and gives it its
+//! tracer).
 #![forbid(unsafe_code)]
 
 pub mod dialect;
@@ -27,6 +30,7 @@ mod refuse;
 pub mod request;
 mod stream;
 pub mod token;
+pub mod trace;
 pub mod usage;
 
 use bytes::Bytes;

@@ -132,6 +132,8 @@ pub struct ProxyOptions {
     /// Connections of one peer at once (the daemon counts them: [`Admit`]); `None`
     /// admits every connection.
     pub admit: Option<Admit>,
+    /// The tracer for a span per call (`serve --otlp-endpoint`); none: no spans.
+    pub tracer: Option<Arc<opentelemetry::global::BoxedTracer>>,
 }
 
 impl ProxyOptions {
@@ -141,12 +143,19 @@ impl ProxyOptions {
             credentials,
             key,
             admit: None,
+            tracer: None,
         }
     }
 
     /// The same, each connection admitted by `admit` (a per-peer connection limit).
     pub fn admitting(mut self, admit: Admit) -> ProxyOptions {
         self.admit = Some(admit);
+        self
+    }
+
+    /// A span per call, made by `tracer` (docs/PROXY.md).
+    pub fn with_tracer(mut self, tracer: opentelemetry::global::BoxedTracer) -> ProxyOptions {
+        self.tracer = Some(Arc::new(tracer));
         self
     }
 }
@@ -177,6 +186,7 @@ pub struct Proxy {
     pub(crate) stage: Stage,
     pub(crate) key: Arc<TokenKey>,
     pub(crate) admit: Option<Admit>,
+    pub(crate) tracer: Option<Arc<opentelemetry::global::BoxedTracer>>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -277,6 +287,7 @@ impl Proxy {
             stage,
             key: options.key,
             admit: options.admit,
+            tracer: options.tracer,
         })
     }
 

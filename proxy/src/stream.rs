@@ -18,6 +18,7 @@ use tally_record::money::{parse_usd, Nanos};
 use tally_record::{Effect, Status};
 
 use crate::proxy::Stage;
+use crate::trace::CallSpan;
 use crate::usage::{Keep, StreamUsage};
 use crate::Body;
 
@@ -53,6 +54,8 @@ pub(crate) struct Pump {
     shared: Shared,
     settle: Settle,
     deadline: Instant,
+    /// The call's span, ended with its outcome.
+    span: Option<CallSpan>,
 }
 
 /// How an answer ended.
@@ -65,11 +68,12 @@ struct Ended {
 }
 
 impl Pump {
-    pub fn new(shared: Shared, settle: Settle, deadline: Instant) -> Pump {
+    pub fn new(shared: Shared, settle: Settle, deadline: Instant, span: Option<CallSpan>) -> Pump {
         Pump {
             shared,
             settle,
             deadline,
+            span,
         }
     }
 
@@ -90,6 +94,9 @@ impl Pump {
             },
         )
         .await;
+        if let Some(span) = self.span {
+            span.end(status_name(status), None, None);
+        }
     }
 
     /// The answer to the agent: the upstream's status and headers (less hop-by-hop,
@@ -162,7 +169,7 @@ impl Pump {
 
     #[allow(clippy::too_many_arguments)]
     async fn pump(
-        self,
+        mut self,
         mut body: Incoming,
         tx: tokio::sync::mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>,
         status: StatusCode,
@@ -181,6 +188,7 @@ impl Pump {
         let mut events = EventStream::new(fed);
         let mut client = Some(tx);
         let deadline = tokio::time::Instant::from_std(self.deadline);
+        let mut used = None;
         let end: Result<(), Status> = loop {
             let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
                 Err(_) => break Err(Status::Timeout),
@@ -257,6 +265,15 @@ impl Pump {
                     }
                 }
                 drop(client);
+                used = if !status.is_success() || kind == UpstreamKind::Http {
+                    None
+                } else if sse {
+                    usage.usage()
+                } else if overflow {
+                    None
+                } else {
+                    crate::usage::from_body(kind, &kept)
+                };
                 let cost = if !status.is_success() {
                     None
                 } else if kind == UpstreamKind::Http {
@@ -265,13 +282,6 @@ impl Pump {
                         None => self.settle.route_price,
                     }
                 } else {
-                    let used = if sse {
-                        usage.usage()
-                    } else if overflow {
-                        None
-                    } else {
-                        crate::usage::from_body(kind, &kept)
-                    };
                     match (used, &self.settle.price) {
                         (Some(u), Some(p)) => u.cost(p),
                         _ => None,
@@ -280,7 +290,25 @@ impl Pump {
                 classify(status, cost, self.settle.reserved, retry_after_ms, digest)
             }
         };
+        let recorded = ended.status;
         outcome(&self.shared, &self.settle, ended).await;
+        if let Some(span) = self.span.take() {
+            span.end(status_name(recorded), Some(status.as_u16()), used);
+        }
+    }
+}
+
+/// A status as the span names it.
+fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::Ok => "ok",
+        Status::Error => "error",
+        Status::Rejected => "rejected",
+        Status::Timeout => "timeout",
+        Status::Running => "running",
+        Status::Unknown => "unknown",
+        #[allow(unreachable_patterns)]
+        _ => "other",
     }
 }
 

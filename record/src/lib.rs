@@ -15,6 +15,7 @@ pub mod decision;
 pub mod error;
 pub mod money;
 mod strict;
+pub mod trace;
 pub mod words;
 
 pub use args::Args;

@@ -76,6 +76,8 @@ pub struct Seen {
     pub stream: bool,
     /// The body's length in bytes.
     pub body_len: usize,
+    /// The `traceparent` and then the `tracestate` values it carried, as received.
+    pub trace: Vec<String>,
 }
 
 /// A running fake upstream; stopped when dropped.
@@ -336,6 +338,11 @@ impl State {
                 stream_options: json.get("stream_options").map(|v| v.to_string()),
                 stream,
                 body_len: bytes.len(),
+                trace: ["traceparent", "tracestate"]
+                    .iter()
+                    .flat_map(|n| parts.headers.get_all(*n).iter())
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .collect(),
             });
         if !real_key {
             let e = if anthropic {

@@ -1,94 +1,34 @@
-//! A span per check at an OTLP receiver, its trace id on the decision in the ledger.
+//! A span per check at an OTLP receiver, its trace id on the decision in the ledger;
+//! head sampling (`--otlp-sample`) and the trace id on every decision, sampled or not.
 
 use super::*;
+use tally_testkit::otlp::Receiver;
 
-/// An OTLP/HTTP receiver on loopback: every `POST /v1/traces` body decoded with the
-/// OpenTelemetry project's protobuf types; its spans as (trace id, parent span id, name,
-/// attributes).
-struct Receiver {
-    addr: std::net::SocketAddr,
-    spans: std::sync::Arc<std::sync::Mutex<Vec<ReceivedSpan>>>,
-    _rt: tokio::runtime::Runtime,
-}
+const THEIRS: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT: &str = "00f067aa0ba902b7";
 
-#[derive(Clone, Debug)]
-struct ReceivedSpan {
-    trace_id: String,
-    parent_span_id: String,
-    name: String,
-    attributes: BTreeMap<String, String>,
-}
-
-impl Receiver {
-    fn start() -> Receiver {
-        use http_body_util::BodyExt;
-        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-        use prost::Message;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let kept = std::sync::Arc::clone(&spans);
-        rt.spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let kept = std::sync::Arc::clone(&kept);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(
-                        move |req: hyper::Request<hyper::body::Incoming>| {
-                            let kept = std::sync::Arc::clone(&kept);
-                            async move {
-                                let path = req.uri().path().to_owned();
-                                let body = req.into_body().collect().await?.to_bytes();
-                                if path == "/v1/traces" {
-                                    let export = ExportTraceServiceRequest::decode(body)
-                                        .expect("an OTLP ExportTraceServiceRequest");
-                                    let mut k = kept.lock().unwrap();
-                                    for rs in export.resource_spans {
-                                        for ss in rs.scope_spans {
-                                            for s in ss.spans {
-                                                k.push(ReceivedSpan {
-                                                    trace_id: hex::encode(&s.trace_id),
-                                                    parent_span_id: hex::encode(&s.parent_span_id),
-                                                    name: s.name,
-                                                    attributes: s
-                                                        .attributes
-                                                        .into_iter()
-                                                        .map(|kv| {
-                                                            (kv.key, format!("{:?}", kv.value))
-                                                        })
-                                                        .collect(),
-                                                });
-                                            }
-                                        }
-                                    }
-                                }
-                                Ok::<_, hyper::Error>(hyper::Response::new(
-                                    http_body_util::Full::new(bytes::Bytes::new()),
-                                ))
-                            }
-                        },
-                    );
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Receiver {
-            addr,
-            spans,
-            _rt: rt,
-        }
+/// A check of `search` in `run` (arguments `{"i": i}`) over the agent socket with these
+/// extra headers (curl: the test client sends none); its answer.
+fn check_with(dir: &Path, run: &str, i: u64, headers: &[&str]) -> Value {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--unix-socket"])
+        .arg(dir.join("agent.sock"));
+    for h in headers {
+        cmd.args(["-H", h]);
     }
+    let out = cmd
+        .args([
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &format!(r#"{{"run":"{run}","tool":"search","effect":"read","args":{{"i":{i}}}}}"#),
+            "http://localhost/v1/check",
+        ])
+        .output()
+        .expect("curl");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("answer");
+    assert_eq!(v["decision"], "allow", "{v}");
+    v
 }
 
 /// A check's span reaches an OTLP receiver the test started, under the GenAI
@@ -103,61 +43,42 @@ fn a_span_per_check_reaches_the_collector_and_its_trace_id_is_on_the_decision() 
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path();
     ledger(dir);
-    let endpoint = format!("http://{}", receiver.addr);
-    let mut served = tally().serve(dir, &["--otlp-endpoint", &endpoint]);
+    let mut served = tally().serve(
+        dir,
+        &[
+            "--otlp-endpoint",
+            &receiver.endpoint(),
+            "--otlp-sample",
+            "1",
+        ],
+    );
     served.start_run("traced", 10);
     let own = served.check("traced", "search", json!({"i": 0}));
-    // With the agent's traceparent (curl: a header the test client does not send).
-    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let out = Command::new("curl")
-        .args(["-sS", "--unix-socket"])
-        .arg(dir.join("agent.sock"))
-        .args([
-            "-H",
-            &format!("traceparent: {parent}"),
-            "-H",
-            "content-type: application/json",
-            "-d",
-            r#"{"run":"traced","tool":"search","effect":"read","args":{"i":1}}"#,
-            "http://localhost/v1/check",
-        ])
-        .output()
-        .expect("curl");
-    let child: Value = serde_json::from_slice(&out.stdout).expect("answer");
-    assert_eq!(child["decision"], "allow", "{child}");
+    let child = check_with(
+        dir,
+        "traced",
+        1,
+        &[
+            &format!("traceparent: 00-{THEIRS}-{PARENT}-01"),
+            "tracestate: vendor=opaque,other=1",
+        ],
+    );
     // A malformed traceparent is ignored, never an error.
-    let bad = Command::new("curl")
-        .args(["-sS", "--unix-socket"])
-        .arg(dir.join("agent.sock"))
-        .args([
-            "-H",
-            "traceparent: 00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "-H",
-            "content-type: application/json",
-            "-d",
-            r#"{"run":"traced","tool":"search","effect":"read","args":{"i":2}}"#,
-            "http://localhost/v1/check",
-        ])
-        .output()
-        .expect("curl");
-    let bad: Value = serde_json::from_slice(&bad.stdout).expect("answer");
-    assert_eq!(bad["decision"], "allow", "{bad}");
+    let bad = check_with(
+        dir,
+        "traced",
+        2,
+        &["traceparent: 00-00000000000000000000000000000000-00f067aa0ba902b7-01"],
+    );
     // Stopping flushes the batch.
     served.stop();
-    let started = Instant::now();
-    while receiver.spans.lock().unwrap().len() < 3 {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the receiver got {:?}",
-            receiver.spans.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let spans = receiver.spans.lock().unwrap().clone();
+    let spans = receiver.wait_for(3);
+    assert_eq!(spans.len(), 3, "{spans:?}");
     let all = decisions(dir);
     let on = |seq: &Value| all[&seq.as_u64().expect("seq")]["trace_id"].clone();
     for s in &spans {
         assert_eq!(s.name, "execute_tool search");
+        assert_eq!(s.kind, 1, "internal");
         assert!(
             s.attributes["gen_ai.operation.name"].contains("execute_tool"),
             "{s:?}"
@@ -165,20 +86,145 @@ fn a_span_per_check_reaches_the_collector_and_its_trace_id_is_on_the_decision() 
         assert!(s.attributes["gen_ai.tool.name"].contains("search"), "{s:?}");
         assert!(s.attributes["tally.decision"].contains("allow"), "{s:?}");
     }
-    // The agent's trace: the decision carries it, the span is the child of its parent.
-    assert_eq!(on(&child["seq"]), "4bf92f3577b34da6a3ce929d0e0e4736");
+    // The agent's trace: the decision carries it, the span is the child of its parent
+    // and keeps its tracestate.
+    assert_eq!(on(&child["seq"]), THEIRS);
     let theirs = spans
         .iter()
-        .find(|s| s.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736")
+        .find(|s| s.trace_id == THEIRS)
         .expect("the span in the agent's trace");
-    assert_eq!(theirs.parent_span_id, "00f067aa0ba902b7");
+    assert_eq!(theirs.parent_span_id, PARENT);
+    assert_eq!(theirs.trace_state, "vendor=opaque,other=1");
     // The daemon's own traces: each decision's trace id is its span's.
     for answer in [&own, &bad] {
         let id = on(&answer["seq"]);
         let id = id.as_str().expect("a trace id on the decision");
-        assert_eq!(id.len(), 32);
-        assert_ne!(id, "00000000000000000000000000000000");
+        assert!(tally_ledger::decision::is_trace_id(id), "{id}");
         let span = spans.iter().find(|s| s.trace_id == id).expect("its span");
         assert!(span.parent_span_id.is_empty(), "{span:?}");
+    }
+}
+
+/// `--otlp-sample 0`: a check that starts its own trace is not exported, one whose
+/// agent sampled its trace is, one whose agent did not is not; every decision records
+/// its trace id all the same. Hostile traceparents start a fresh (unsampled) trace.
+#[test]
+fn sampling_exports_what_the_parent_sampled_and_every_decision_keeps_its_trace_id() {
+    if !tally_testkit::have("curl", &[], "apt-get install curl") {
+        return;
+    }
+    let receiver = Receiver::start();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    ledger(dir);
+    let mut served = tally().serve(
+        dir,
+        &[
+            "--otlp-endpoint",
+            &receiver.endpoint(),
+            "--otlp-sample",
+            "0",
+        ],
+    );
+    served.start_run("sampled", 100);
+    let root = served.check("sampled", "search", json!({"i": 0}));
+    let sampled = check_with(
+        dir,
+        "sampled",
+        1,
+        &[&format!("traceparent: 00-{THEIRS}-{PARENT}-01")],
+    );
+    let unsampled_trace = "0af7651916cd43dd8448eb211c80319c";
+    let unsampled = check_with(
+        dir,
+        "sampled",
+        2,
+        &[&format!(
+            "traceparent: 00-{unsampled_trace}-b7ad6b7169203331-00"
+        )],
+    );
+    let hostile = [
+        format!("traceparent: ff-{THEIRS}-{PARENT}-01"),
+        format!("traceparent: 01-{THEIRS}-{PARENT}-01"),
+        format!("traceparent: 00-{}-{PARENT}-01", THEIRS.to_uppercase()),
+        format!("traceparent: 00-{THEIRS}-{PARENT}-01-extra"),
+        format!("traceparent: 00-{THEIRS}0-{PARENT}-01"),
+        format!("traceparent: 00-{THEIRS}-0000000000000000-01"),
+    ];
+    let mut fresh = Vec::new();
+    for (i, h) in hostile.iter().enumerate() {
+        fresh.push(check_with(dir, "sampled", 10 + i as u64, &[h]));
+    }
+    // Two traceparents: W3C says neither is valid.
+    fresh.push(check_with(
+        dir,
+        "sampled",
+        20,
+        &[
+            &format!("traceparent: 00-{THEIRS}-{PARENT}-01"),
+            &format!("traceparent: 00-{THEIRS}-{PARENT}-01"),
+        ],
+    ));
+    served.stop();
+    let spans = receiver.spans.lock().unwrap().clone();
+    // Only the sampled parent's span (the daemon has stopped: its batch is flushed).
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    assert_eq!(spans[0].trace_id, THEIRS);
+    assert_eq!(spans[0].parent_span_id, PARENT);
+    let all = decisions(dir);
+    let on = |a: &Value| {
+        all[&a["seq"].as_u64().expect("seq")]["trace_id"]
+            .as_str()
+            .expect("a trace id on every decision")
+            .to_owned()
+    };
+    assert_eq!(on(&sampled), THEIRS);
+    assert_eq!(on(&unsampled), unsampled_trace);
+    let mut seen = std::collections::BTreeSet::new();
+    for a in std::iter::once(&root).chain(&fresh) {
+        let id = on(a);
+        assert!(tally_ledger::decision::is_trace_id(&id), "{id}");
+        assert_ne!(id, THEIRS, "a hostile traceparent was believed: {a}");
+        assert!(seen.insert(id), "each fresh trace is its own");
+    }
+}
+
+/// A ratio between 0 and 1 exports about that share of the traces the daemon starts,
+/// and each exported span's trace id is on its decision.
+#[test]
+fn a_ratio_exports_about_that_share_of_root_spans() {
+    let receiver = Receiver::start();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    ledger(dir);
+    let mut served = tally().serve(
+        dir,
+        &[
+            "--otlp-endpoint",
+            &receiver.endpoint(),
+            "--otlp-sample",
+            "0.5",
+        ],
+    );
+    served.start_run("ratio", 1000);
+    let n = 200;
+    for i in 0..n {
+        served.check("ratio", "search", json!({ "i": i }));
+    }
+    served.stop();
+    let spans = receiver.spans.lock().unwrap().clone();
+    // Binomial(200, 0.5): outside 60..=140 with a probability under 1e-8.
+    assert!(
+        (60..=140).contains(&spans.len()),
+        "{} of {n} exported at 0.5",
+        spans.len()
+    );
+    let ids: std::collections::BTreeSet<String> = decisions(dir)
+        .values()
+        .filter_map(|d| d["trace_id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids.len(), n as usize, "a trace id on every check");
+    for s in &spans {
+        assert!(ids.contains(&s.trace_id), "{s:?}");
     }
 }

@@ -320,3 +320,4 @@ mod keys;
 mod peers;
 mod race;
 mod streams;
+mod traced;

@@ -1,40 +1,25 @@
-//! W3C Trace Context (https://www.w3.org/TR/trace-context/): the `traceparent` header an
-//! agent may send with a check. Its trace id is recorded on the decision, so an auditor
-//! can join the ledger to the agent's traces. A header that is not exactly a valid
-//! version-00 `traceparent` is ignored (the check goes on without a trace id), never an
-//! error: tracing must not change what the gate decides.
+//! Spans over OTLP, and the W3C Trace Context an agent sends with a check
+//! (`tally_ledger::trace`: parsed strictly, an invalid one ignored). Every decision
+//! records a trace id, sampled or not, so an auditor joins the ledger to the traces.
+//!
+//! Sampling is decided at the head, by the SDK's parent-based sampler: a span whose
+//! caller sent a `traceparent` is exported exactly when the caller sampled it; a span
+//! that starts its own trace (no valid `traceparent`) is exported with the probability
+//! `serve --otlp-sample` gives (the SDK's trace-id ratio sampler, so one trace id always
+//! gets the same answer). A span that is not sampled still has its trace id, which the
+//! decision records: it is only never built or sent.
 
-/// A parsed `traceparent`: trace id, parent span id, flags.
-pub(crate) struct Parent {
-    pub trace_id: String,
-    pub span_id: String,
-    pub sampled: bool,
-}
+use opentelemetry::trace::{SpanKind, Tracer as _};
+use opentelemetry::KeyValue;
 
-/// A `traceparent` value, parsed strictly: `00-{32 hex}-{16 hex}-{2 hex}`, lowercase,
-/// neither id all zeros. Anything else is `None`.
-pub(crate) fn parent(traceparent: &str) -> Option<Parent> {
-    let mut parts = traceparent.split('-');
-    let (version, trace, parent, flags) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || version != "00" {
-        return None;
-    }
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    let zero = |s: &str| s.bytes().all(|b| b == b'0');
-    if !hex(trace, 32) || !hex(parent, 16) || !hex(flags, 2) || zero(trace) || zero(parent) {
-        return None;
-    }
-    Some(Parent {
-        trace_id: trace.to_owned(),
-        span_id: parent.to_owned(),
-        sampled: u8::from_str_radix(flags, 16).is_ok_and(|f| f & 1 == 1),
-    })
-}
+/// The export batch and queue: an export per 2,048 spans (a quarter of the HTTP posts
+/// and protobuf framings of the SDK's 512), up to 8,192 spans queued (about a second of
+/// checks at full speed; more are dropped, never held in memory without bound).
+const MAX_EXPORT_BATCH: usize = 2048;
+const MAX_QUEUE: usize = 8192;
+
+/// The ratio of root spans sampled when `--otlp-sample` is not given (docs/OPERATOR.md).
+pub const DEFAULT_SAMPLE: f64 = 0.1;
 
 /// Spans exported over OTLP/HTTP by the OpenTelemetry SDK's batch processor (its own
 /// thread: a slow or absent collector never holds a check up; spans it cannot send are
@@ -47,13 +32,20 @@ pub(crate) struct Exporter {
 /// A span being timed.
 pub(crate) struct CheckSpan(opentelemetry_sdk::trace::Span);
 
+pub use tally_proxy::trace::{incoming, remote, Trace};
+
 impl Exporter {
     /// Export to `endpoint` (`http://host:4318`, `/v1/traces` added when no path is
-    /// given). Builds the HTTP client on a thread of its own: a blocking client must not
-    /// be made (or dropped) on an async worker.
-    pub fn new(endpoint: &str) -> Result<Exporter, String> {
+    /// given), sampling root spans at `sample` (0 to 1). Builds the HTTP client on a
+    /// thread of its own: a blocking client must not be made (or dropped) on an async
+    /// worker.
+    pub fn new(endpoint: &str, sample: f64) -> Result<Exporter, String> {
         use opentelemetry::trace::TracerProvider as _;
         use opentelemetry_otlp::WithExportConfig;
+        use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, Sampler};
+        if !(0.0..=1.0).contains(&sample) {
+            return Err(format!("the sample ratio {sample} is not between 0 and 1"));
+        }
         let url = match endpoint.split_once("://") {
             Some((_, rest)) if !rest.trim_end_matches('/').contains('/') => {
                 format!("{}/v1/traces", endpoint.trim_end_matches('/'))
@@ -70,8 +62,19 @@ impl Exporter {
         })
         .join()
         .map_err(|_| "building the OTLP exporter panicked".to_owned())??;
+        let batch = BatchSpanProcessor::builder(built)
+            .with_batch_config(
+                BatchConfigBuilder::default()
+                    .with_max_export_batch_size(MAX_EXPORT_BATCH)
+                    .with_max_queue_size(MAX_QUEUE)
+                    .build(),
+            )
+            .build();
         let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-            .with_batch_exporter(built)
+            .with_span_processor(batch)
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                sample,
+            ))))
             .with_resource(
                 opentelemetry_sdk::Resource::builder()
                     .with_service_name("tally")
@@ -82,42 +85,31 @@ impl Exporter {
         Ok(Exporter { provider, tracer })
     }
 
+    /// The tracer, for the model proxy's spans (same provider, sampler and export).
+    pub fn boxed(&self) -> opentelemetry::global::BoxedTracer {
+        opentelemetry::global::BoxedTracer::new(Box::new(self.tracer.clone()))
+    }
+
     /// Start the span of a check of `tool` in `run`, a child of the agent's
     /// `traceparent` if it sent a valid one. GenAI semantic conventions: the span is
     /// `execute_tool {tool}`, kind internal, with `gen_ai.operation.name` and
-    /// `gen_ai.tool.name`.
-    pub fn check(&self, tool: &str, run: &str, parent: Option<&Parent>) -> CheckSpan {
-        use opentelemetry::trace::{
-            SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState,
-            Tracer as _,
-        };
-        use opentelemetry::KeyValue;
-        let cx = match parent.and_then(|p| {
-            Some(SpanContext::new(
-                TraceId::from_hex(&p.trace_id).ok()?,
-                SpanId::from_hex(&p.span_id).ok()?,
-                if p.sampled {
-                    TraceFlags::SAMPLED
-                } else {
-                    TraceFlags::default()
-                },
-                true,
-                TraceState::default(),
-            ))
-        }) {
-            Some(sc) => opentelemetry::Context::new().with_remote_span_context(sc),
-            None => opentelemetry::Context::new(),
-        };
-        let span = self
+    /// `gen_ai.tool.name`. Its name and attributes are built only when it is sampled.
+    pub fn check(&self, tool: &str, run: &str, parent: Option<&Trace>) -> CheckSpan {
+        use opentelemetry::trace::Span as _;
+        let cx = remote(parent);
+        let mut span = self
             .tracer
-            .span_builder(format!("execute_tool {tool}"))
+            .span_builder("execute_tool")
             .with_kind(SpanKind::Internal)
-            .with_attributes([
+            .start_with_context(&self.tracer, &cx);
+        if span.is_recording() {
+            span.update_name(format!("execute_tool {tool}"));
+            span.set_attributes([
                 KeyValue::new("gen_ai.operation.name", "execute_tool"),
                 KeyValue::new("gen_ai.tool.name", tool.to_owned()),
                 KeyValue::new("tally.run", run.to_owned()),
-            ])
-            .start_with_context(&self.tracer, &cx);
+            ]);
+        }
         CheckSpan(span)
     }
 
@@ -128,7 +120,7 @@ impl Exporter {
 }
 
 impl CheckSpan {
-    /// The span's trace id (32 lowercase hex).
+    /// The span's trace id (32 lowercase hex), sampled or not.
     pub fn trace_id(&self) -> String {
         use opentelemetry::trace::Span as _;
         self.0.span_context().trace_id().to_string()
@@ -137,7 +129,9 @@ impl CheckSpan {
     /// End it with the gate's answer.
     pub fn end(mut self, decision: &'static str, reason: Option<&'static str>, seq: Option<u64>) {
         use opentelemetry::trace::{Span as _, Status};
-        use opentelemetry::KeyValue;
+        if !self.0.is_recording() {
+            return;
+        }
         self.0
             .set_attribute(KeyValue::new("tally.decision", decision));
         if let Some(r) = reason {
@@ -155,33 +149,5 @@ impl CheckSpan {
                 .set_status(Status::error(reason.unwrap_or("refused")));
         }
         self.0.end();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    fn trace_id(s: &str) -> Option<String> {
-        super::parent(s).map(|p| p.trace_id)
-    }
-
-    #[test]
-    fn only_an_exact_traceparent_gives_a_trace_id() {
-        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        assert_eq!(
-            trace_id(ok).as_deref(),
-            Some("4bf92f3577b34da6a3ce929d0e0e4736")
-        );
-        for bad in [
-            "",
-            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
-            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
-        ] {
-            assert_eq!(trace_id(bad), None, "{bad}");
-        }
     }
 }

@@ -109,6 +109,11 @@ pub struct Call {
     pub name: String,
     /// Its arguments (absent or `null`: none).
     pub arguments: Map<String, Value>,
+    /// The client's W3C trace context, `params._meta.traceparent` (and `tracestate`),
+    /// when it is exactly valid (`tally_ledger::trace`): the gate's check is made its
+    /// child. A malformed one is `None` (the check starts a fresh trace); the call is
+    /// neither refused for it nor is the bad value passed to the gate.
+    pub trace: Option<crate::gate::Trace>,
 }
 
 /// A message classified with certainty.
@@ -571,9 +576,21 @@ fn call(params: Option<Value>) -> Result<Call, String> {
         Some(Value::Object(a)) => a.clone(),
         Some(_) => return Err("the arguments are not an object".into()),
     };
-    match params.get("_meta") {
-        None | Some(Value::Null) | Some(Value::Object(_)) => {}
+    let trace = match params.get("_meta") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(meta)) => {
+            let text = |k: &str| match meta.get(k) {
+                Some(Value::String(s)) => Some(s.as_str()),
+                _ => None,
+            };
+            // Not a string, or not exactly valid: no parent (a fresh trace).
+            tally_ledger::trace::incoming(text("traceparent"), text("tracestate"))
+        }
         Some(_) => return Err("_meta is not an object".into()),
-    }
-    Ok(Call { name, arguments })
+    };
+    Ok(Call {
+        name,
+        arguments,
+        trace,
+    })
 }

@@ -60,7 +60,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         trace_id: None,
         refused: None,
     };
-    let answer = shared.gate.check(request).await;
+    let answer = shared.gate.check(request, c.trace).await;
     if let Ok(a) = &answer {
         let mut state = shared.state();
         match (a.decision, a.reason, a.action) {

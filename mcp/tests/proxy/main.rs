@@ -25,6 +25,7 @@ mod faults;
 mod map;
 mod passthrough;
 mod sdk;
+mod traced;
 
 /// The workspace's `tally` (built by cargo for this test: it is another package's binary).
 fn tally() -> Tally {
