@@ -9,6 +9,7 @@
 //! the one command that installs it.
 #![forbid(unsafe_code)]
 
+pub mod tls;
 pub mod upstream;
 
 use std::io::Write;
