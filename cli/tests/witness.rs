@@ -512,6 +512,15 @@ fn witnesses_over_https_with_a_private_ca() {
     let trusting =
         tally_daemon::witness::WitnessClient::new(Some(&pki.ca)).expect("client with the CA");
     assert_eq!(held_with(&trusting, &url, &origin), Ok(Some(4)));
+    // A later daemon starts the witness at `old 0`, learns size 4 from its 409, and
+    // sends the consistency proof 4 -> 7 (C2SP tlog-witness): cosigned.
+    append(dir, "r2", 3);
+    let s = serve_with(dir, "policy", &["--witness-ca", &format!("w1={ca}")]);
+    wait_for("the witness to cosign size 7", || {
+        held_with(&trusting, &url, &origin) == Ok(Some(7))
+    });
+    let said = stop(s);
+    assert!(!said.contains("did not cosign"), "{said}");
     let v = tally(
         dir,
         &[
@@ -529,7 +538,7 @@ fn witnesses_over_https_with_a_private_ca() {
     );
     let text = ok(&v);
     assert!(
-        text.contains("witnessed   seq 0..=3 by a quorum (w1)"),
+        text.contains("witnessed   seq 0..=6 by a quorum (w1)"),
         "{text}"
     );
     // Asking without the CA cannot reach it: a usage/I-O error, not a verdict.

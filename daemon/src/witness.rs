@@ -582,7 +582,10 @@ mod tests {
             let e = c.request("POST", url, Vec::new()).await.unwrap_err();
             assert!(e.contains("https://"), "{url}: {e}");
         }
-        assert!(c.request("POST", "127.0.0.1:80/x", Vec::new()).await.is_err());
+        assert!(c
+            .request("POST", "127.0.0.1:80/x", Vec::new())
+            .await
+            .is_err());
     }
 
     #[test]
