@@ -82,6 +82,10 @@ pub fn run(read: &ReadArgs) -> Result<Exit> {
     if read.json {
         let mut v = serde_json::to_value(&report)?;
         if let serde_json::Value::Object(m) = &mut v {
+            m.insert(
+                "version".into(),
+                tally_verify::analysis::REPORT_VERSION.into(),
+            );
             m.insert("mode".into(), "no_walk".into());
         }
         outln!("{}", serde_json::to_string_pretty(&v)?);

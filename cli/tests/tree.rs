@@ -175,6 +175,16 @@ fn reindex_rebuilds_deleted_cut_or_corrupt_tree_files_and_proofs_work_again() {
     }
 }
 
+/// `v` is valid against docs/schemas/verify.json (its `no_walk` form).
+fn schema_valid(v: &serde_json::Value) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/schemas/verify.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("schema")).expect("json");
+    let validator = jsonschema::draft202012::new(&schema).expect("a valid schema");
+    let errors: Vec<String> = validator.iter_errors(v).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:#?}\n{v:#}");
+}
+
 /// Run `tally verify PATH --key KEY --anchor A --no-walk [--json]`.
 fn no_walk(dir: &Path, path: &str, anchor: &str, json: bool) -> (Option<i32>, String) {
     let key = format!("{path}/ledger.pub");
@@ -225,6 +235,7 @@ fn verify_no_walk_proves_an_old_anchor_and_refuses_forks_cuts_and_bad_tree_files
     let (code, json) = no_walk(dir, "L", "a9", true);
     assert_eq!(code, Some(0), "{json}");
     let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+    schema_valid(&v);
     assert_eq!(v["mode"], "no_walk");
     assert_eq!(v["verdict"], "consistent");
     assert_eq!(v["size"], 9);
@@ -235,6 +246,13 @@ fn verify_no_walk_proves_an_old_anchor_and_refuses_forks_cuts_and_bad_tree_files
     // is past its end.
     let (code, text) = no_walk(dir, "L.cut", "a9", false);
     assert_eq!(code, Some(1), "{text}");
+    let (_, json) = no_walk(dir, "L.cut", "a9", true);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+    schema_valid(&v);
+    assert_eq!(
+        (&v["verdict"], &v["anchors"][0]["status"]),
+        (&"inconsistent".into(), &"truncated".into())
+    );
     assert!(
         text.starts_with("NOT CONSISTENT") && text.contains("Truncated"),
         "{text}"
