@@ -180,7 +180,7 @@ fn truncate_and_keep_appending_is_caught_by_an_anchor() {
     assert_intact(&verify_export(&original.export(), &with(&anchor)).expect("export"));
 }
 
-/// The signed end (issue 24): a copy cut at any checkpoint and given a new end is never
+/// The signed end of an export: a copy cut at any checkpoint and given a new end is never
 /// complete evidence for a verifier holding the log key. A new plain end is incomplete
 /// (`unsigned_end`, exit 3); the original signed end put back after the cut names other
 /// counts and another root: `export_end_mismatch` (tampered). Without the log key the
