@@ -175,6 +175,18 @@ pub struct VerifyArgs {
     /// checkpoint it cosigned, and hold the ledger to it (truncation, rollback, fork).
     #[arg(long, requires = "witness_policy")]
     pub ask_witnesses: bool,
+    /// A PEM file of CA certificates to trust for witness NAME's HTTPS beside the
+    /// Mozilla roots (a private CA); repeatable.
+    #[arg(long, value_name = "NAME=PEM", requires = "ask_witnesses")]
+    pub witness_ca: Vec<String>,
+    /// Check each C2SP --anchor by an RFC 9162 consistency proof from the ledger
+    /// directory's tree files to the tree its log records, without reading the entries:
+    /// shows the log was not cut below or forked from the anchor, and nothing more (the
+    /// entries, signatures, decryption and replay are the walk's; docs/VERIFY.md).
+    /// Exit 0 consistent, 1 cut, fork or foreign anchor, 3 unproven (tree files that do
+    /// not match the log: `tally reindex`).
+    #[arg(long, requires = "anchors", conflicts_with_all = ["auditor_key", "witness_policy", "require_anchor"])]
+    pub no_walk: bool,
 }
 
 /// `tally loops`'s arguments.
@@ -507,6 +519,10 @@ pub struct ServeArgs {
         requires = "witness_policy"
     )]
     pub witness_interval_ms: u64,
+    /// A PEM file of CA certificates to trust for witness NAME's HTTPS beside the
+    /// Mozilla roots (a witness whose certificate a private CA issued); repeatable.
+    #[arg(long, value_name = "NAME=PEM", requires = "witness_policy")]
+    pub witness_ca: Vec<String>,
     /// Also serve the operator's read-only view (`/metrics`, the live page at `/live`)
     /// on this loopback TCP address (e.g. 127.0.0.1:9464, or a port alone for
     /// 127.0.0.1). It is on the operator socket either way.
@@ -561,14 +577,25 @@ pub enum WitnessCommand {
         out: PathBuf,
     },
     /// Serve C2SP tlog-witness (`POST /add-checkpoint`, `GET /<origin hash>/checkpoint`)
-    /// over HTTP on a loopback address.
+    /// over HTTPS (--tls-cert, --tls-key), or plain HTTP on a loopback address (or,
+    /// with --plain-http, behind a TLS-terminating proxy).
     Serve {
         /// The witness key (`tally witness keygen`).
         #[arg(long)]
         key: PathBuf,
-        /// Where to listen, e.g. 127.0.0.1:7380.
+        /// Where to listen, e.g. 127.0.0.1:7380 or 0.0.0.0:443.
         #[arg(long)]
         listen: std::net::SocketAddr,
+        /// The TLS certificate chain (PEM, leaf first): serve HTTPS.
+        #[arg(long, value_name = "PEM", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The TLS private key (PEM, mode 0600).
+        #[arg(long, value_name = "PEM", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Serve plain HTTP on a non-loopback address: only behind a TLS-terminating
+        /// proxy (without TLS, plain HTTP is served on loopback alone).
+        #[arg(long, conflicts_with = "tls_cert")]
+        plain_http: bool,
         /// The state directory (the latest checkpoint cosigned per log; created 0700).
         #[arg(long)]
         state: PathBuf,

@@ -15,6 +15,7 @@ mod gate;
 mod generate;
 mod hook;
 mod mcp;
+mod no_walk;
 mod operator;
 mod prove;
 mod reindex;

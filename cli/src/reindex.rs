@@ -4,7 +4,9 @@
 //! (replayed from the log's state frames) and a sparse map from seqs to log positions.
 //! Nothing that verifies reads it, so rebuilding it is always safe; the one thing in it
 //! the log does not hold, state written outside any decision (an operator's pause), is
-//! carried over from the old index when that still opens.
+//! carried over from the old index when that still opens. The Merkle tree files
+//! (`DIR/tree/`, what `tally prove` and the tiles read) are rebuilt from the entries too,
+//! whole, and put in place only if their root is the one the log records.
 
 use anyhow::{Context, Result};
 use tally_ledger::Ledger;
@@ -31,6 +33,10 @@ pub fn run(args: &LedgerArgs) -> Result<Exit> {
         n(done.segments, "segment", "segments"),
         n(done.state_frames, "state frame", "state frames"),
         n(done.points, "index point", "index points")
+    );
+    outln!(
+        "rebuilt the Merkle tree files from the entries: {}",
+        n(done.tree_leaves, "leaf", "leaves")
     );
     if done.old_index_unreadable {
         errln!(

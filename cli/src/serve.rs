@@ -52,6 +52,7 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         options.witness_policy = Some(crate::witness::read_policy(path)?);
         options.witness_interval =
             std::time::Duration::from_millis(args.witness_interval_ms.max(100));
+        options.witness_ca_files = crate::witness::ca_files(&args.witness_ca)?;
     }
     if let Some(addr) = &args.metrics_listen {
         options.metrics_listen = Some(metrics_addr(addr)?);

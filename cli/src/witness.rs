@@ -1,11 +1,13 @@
 //! `tally witness keygen|serve`, and what `verify --witness-policy` and `serve
 //! --witness-policy` read: the policy file, and the witnesses' own latest views.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use ed25519_dalek::SigningKey;
+use tally_daemon::witness::WitnessClient;
 use tally_ledger::tlog::note::{Note, Vkey, TYPE_COSIGNATURE};
 use tally_ledger::tlog::policy::Policy;
 use tally_ledger::tlog::witness::{origin_hash, Witness};
@@ -26,10 +28,43 @@ pub fn read_policy(path: &Path) -> Result<Policy> {
     Policy::parse(&bytes).with_context(|| format!("{}", path.display()))
 }
 
+/// `--witness-ca NAME=PEM`s: by witness name, the CA file to trust beside the Mozilla
+/// roots. A name given twice is refused.
+pub fn ca_files(args: &[String]) -> Result<BTreeMap<String, PathBuf>> {
+    let mut out = BTreeMap::new();
+    for a in args {
+        let Some((name, file)) = a
+            .split_once('=')
+            .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+        else {
+            bail!("--witness-ca {a}: give NAME=PEM (the witness's name in the policy, a CA file)");
+        };
+        if out.insert(name.to_owned(), PathBuf::from(file)).is_some() {
+            bail!("--witness-ca: `{name}` is given twice");
+        }
+    }
+    Ok(out)
+}
+
 /// Judge each ledger's cosigned checkpoints by the policy at `path`; with `ask`, also
-/// hold each ledger to the latest checkpoint each witness with a URL says it cosigned.
-pub fn apply_policy(audits: &mut Audits, path: &Path, ask: bool) -> Result<()> {
+/// hold each ledger to the latest checkpoint each witness with a URL says it cosigned
+/// (over HTTPS, trusting `cas` for the witnesses it names).
+pub fn apply_policy(
+    audits: &mut Audits,
+    path: &Path,
+    ask: bool,
+    cas: &BTreeMap<String, PathBuf>,
+) -> Result<()> {
     let policy = read_policy(path)?;
+    if let Some(name) = cas
+        .keys()
+        .find(|n| !policy.witnesses.iter().any(|w| &w.name == *n))
+    {
+        bail!(
+            "--witness-ca {name}: not a witness of {} (give the name of a `witness` line)",
+            path.display()
+        );
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -47,8 +82,11 @@ pub fn apply_policy(audits: &mut Audits, path: &Path, ask: bool) -> Result<()> {
                 url.trim_end_matches('/'),
                 origin_hash(&origin)
             );
+            let client = WitnessClient::new(cas.get(&w.name).map(PathBuf::as_path))
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("--witness-ca for witness {}", w.name))?;
             let reply = runtime
-                .block_on(tally_daemon::witness::http("GET", &url, Vec::new()))
+                .block_on(client.request("GET", &url, Vec::new()))
                 .map_err(anyhow::Error::msg)
                 .with_context(|| format!("asking witness {} for its view of {origin}", w.name))?;
             match reply.status {
@@ -88,9 +126,25 @@ pub fn run(command: WitnessCommand) -> Result<Exit> {
         WitnessCommand::Serve {
             key,
             listen,
+            tls_cert,
+            tls_key,
+            plain_http,
             state,
             logs,
-        } => serve(&key, listen, &state, &logs),
+        } => {
+            let tls = match (tls_cert, tls_key) {
+                (Some(c), Some(k)) => {
+                    Some(tally_daemon::witness::tls_acceptor(&c, &k).map_err(anyhow::Error::msg)?)
+                }
+                _ => None,
+            };
+            if tls.is_none() && !plain_http && !listen.ip().is_loopback() {
+                bail!(
+                    "--listen {listen}: not a loopback address, and no --tls-cert/--tls-key: serve HTTPS there, or give --plain-http if a TLS-terminating proxy is in front"
+                );
+            }
+            serve(&key, listen, tls, &state, &logs)
+        }
     }
 }
 
@@ -151,7 +205,13 @@ fn read_key(path: &Path) -> Result<(String, SigningKey)> {
     Ok((name.to_owned(), SigningKey::from_bytes(&seed)))
 }
 
-fn serve(key: &Path, listen: std::net::SocketAddr, state: &Path, logs: &[String]) -> Result<Exit> {
+fn serve(
+    key: &Path,
+    listen: std::net::SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    state: &Path,
+    logs: &[String],
+) -> Result<Exit> {
     let (name, key) = read_key(key)?;
     let mut vkeys = Vec::new();
     for l in logs {
@@ -176,7 +236,7 @@ fn serve(key: &Path, listen: std::net::SocketAddr, state: &Path, logs: &[String]
         let addr = listener.local_addr().context("the listening address")?;
         errln!(
             "tally witness: {name} ({vkey}) listening on {} for {} log(s); state in {}",
-            tally_daemon::witness::describe(addr),
+            tally_daemon::witness::describe(addr, tls.is_some()),
             logs.len(),
             state.display()
         );
@@ -192,7 +252,7 @@ fn serve(key: &Path, listen: std::net::SocketAddr, state: &Path, logs: &[String]
                 }
             }
         };
-        tally_daemon::witness::serve_witness(witness, listener, shutdown)
+        tally_daemon::witness::serve_witness(witness, listener, tls, shutdown)
             .await
             .context("serving")
     })?;

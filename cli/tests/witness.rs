@@ -32,6 +32,16 @@ impl Drop for Server {
 
 /// Start a witness; its listening URL from its first line.
 fn witness(dir: &Path, name: &str, log_vkey: &str) -> (Server, String, String) {
+    witness_with(dir, name, log_vkey, &[])
+}
+
+/// Start a witness with `extra` arguments (`--tls-cert`, `--tls-key`).
+fn witness_with(
+    dir: &Path,
+    name: &str,
+    log_vkey: &str,
+    extra: &[&str],
+) -> (Server, String, String) {
     let key = format!("{name}.key");
     let vkey = ok(&tally(
         dir,
@@ -60,6 +70,7 @@ fn witness(dir: &Path, name: &str, log_vkey: &str) -> (Server, String, String) {
             "--log",
             log_vkey,
         ])
+        .args(extra)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -72,7 +83,7 @@ fn witness(dir: &Path, name: &str, log_vkey: &str) -> (Server, String, String) {
         .expect("witness line");
     let url = line
         .split_whitespace()
-        .find(|w| w.starts_with("http://"))
+        .find(|w| w.starts_with("http://") || w.starts_with("https://"))
         .unwrap_or_else(|| panic!("no URL in {line:?}"))
         .to_owned();
     (Server(child), url, vkey)
@@ -81,6 +92,15 @@ fn witness(dir: &Path, name: &str, log_vkey: &str) -> (Server, String, String) {
 /// Start `tally serve` pushing to the policy's witnesses; returns once it listens (its
 /// first line), so a SIGTERM after it always ends in its last push.
 fn serve(dir: &Path, policy: &str) -> (Server, BufReader<std::process::ChildStderr>) {
+    serve_with(dir, policy, &[])
+}
+
+/// [`serve`] with `extra` arguments (`--witness-ca`).
+fn serve_with(
+    dir: &Path,
+    policy: &str,
+    extra: &[&str],
+) -> (Server, BufReader<std::process::ChildStderr>) {
     let sock = dir.join("agent.sock");
     let _ = std::fs::remove_file(&sock);
     let mut s = Server(
@@ -96,6 +116,7 @@ fn serve(dir: &Path, policy: &str) -> (Server, BufReader<std::process::ChildStde
                 "--witness-interval-ms",
                 "100",
             ])
+            .args(extra)
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -400,5 +421,232 @@ fn two_witnesses_refuse_a_rollback_and_a_fork_and_verify_reports_them_without_an
         Some(0),
         "{}",
         String::from_utf8_lossy(&v.stdout)
+    );
+}
+
+/// What a witness over HTTPS holds, asked with `client`.
+fn held_with(
+    client: &tally_daemon::witness::WitnessClient,
+    url: &str,
+    origin: &str,
+) -> Result<Option<u64>, String> {
+    use sha2::Digest;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let hash = hex::encode(sha2::Sha256::digest(origin.as_bytes()));
+    let reply =
+        rt.block_on(client.request("GET", &format!("{url}/{hash}/checkpoint"), Vec::new()))?;
+    if reply.status == 404 {
+        return Ok(None);
+    }
+    let text = String::from_utf8(reply.body).expect("utf-8");
+    Ok(Some(
+        text.lines().nth(1).expect("size").parse().expect("size"),
+    ))
+}
+
+/// The witness protocol over HTTPS: `tally witness serve --tls-cert --tls-key` with a
+/// certificate of a private CA (rcgen, made now); `tally serve` trusts it only with
+/// `--witness-ca NAME=CA`, and `verify --ask-witnesses` likewise. Plain HTTP is refused
+/// on a non-loopback address without `--plain-http`.
+#[test]
+fn witnesses_over_https_with_a_private_ca() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .expect("mode");
+    ok(&tally(dir, &["keygen", "--out", "auditor.key"], None));
+    ok(&tally(
+        dir,
+        &["init", "--ledger", "L", "--recipient", "auditor.pub"],
+        None,
+    ));
+    let log_vkey = ok(&tally(
+        dir,
+        &["checkpoint", "--ledger", "L", "--vkey"],
+        None,
+    ))
+    .trim()
+    .to_owned();
+    let origin = log_vkey.split('+').next().expect("origin").to_owned();
+    let pki = tally_testkit::tls::TestPki::new().write(dir, "w1");
+    let (cert, key, ca) = (
+        pki.cert.to_str().expect("path"),
+        pki.key.to_str().expect("path"),
+        pki.ca.to_str().expect("path"),
+    );
+    let (_w1, url, vkey) = witness_with(
+        dir,
+        "w1",
+        &log_vkey,
+        &["--tls-cert", cert, "--tls-key", key],
+    );
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    std::fs::write(
+        dir.join("policy"),
+        format!("log {log_vkey}\nwitness w1 {vkey} {url}\nquorum w1\n"),
+    )
+    .expect("policy");
+    append(dir, "r1", 3);
+
+    // Without the CA the pusher does not trust the witness: nothing is cosigned.
+    let said = stop(serve(dir, "policy"));
+    assert!(
+        said.contains("witness w1 did not cosign size 4") && said.contains("certificate"),
+        "{said}"
+    );
+    assert!(!dir.join("L/checkpoint.cosigned").exists());
+    let plain = tally_daemon::witness::WitnessClient::new(None).expect("client");
+    assert!(held_with(&plain, &url, &origin).is_err());
+    // Plain HTTP to a TLS port is no answer either.
+    assert!(held_with(&plain, &url.replace("https://", "http://"), &origin).is_err());
+
+    // With --witness-ca w1=CA: cosigned over TLS.
+    let s = serve_with(dir, "policy", &["--witness-ca", &format!("w1={ca}")]);
+    wait_for("the cosigned checkpoint", || {
+        dir.join("L/checkpoint.cosigned").exists()
+    });
+    stop(s);
+    let trusting =
+        tally_daemon::witness::WitnessClient::new(Some(&pki.ca)).expect("client with the CA");
+    assert_eq!(held_with(&trusting, &url, &origin), Ok(Some(4)));
+    // A later daemon starts the witness at `old 0`, learns size 4 from its 409, and
+    // sends the consistency proof 4 -> 7 (C2SP tlog-witness): cosigned.
+    append(dir, "r2", 3);
+    let s = serve_with(dir, "policy", &["--witness-ca", &format!("w1={ca}")]);
+    wait_for("the witness to cosign size 7", || {
+        held_with(&trusting, &url, &origin) == Ok(Some(7))
+    });
+    let said = stop(s);
+    assert!(!said.contains("did not cosign"), "{said}");
+    let v = tally(
+        dir,
+        &[
+            "verify",
+            "L",
+            "--key",
+            "L/ledger.pub",
+            "--witness-policy",
+            "policy",
+            "--ask-witnesses",
+            "--witness-ca",
+            &format!("w1={ca}"),
+        ],
+        None,
+    );
+    let text = ok(&v);
+    assert!(
+        text.contains("witnessed   seq 0..=6 by a quorum (w1)"),
+        "{text}"
+    );
+    // Asking without the CA cannot reach it: a usage/I-O error, not a verdict.
+    let v = tally(
+        dir,
+        &[
+            "verify",
+            "L",
+            "--key",
+            "L/ledger.pub",
+            "--witness-policy",
+            "policy",
+            "--ask-witnesses",
+        ],
+        None,
+    );
+    assert_eq!(v.status.code(), Some(2));
+    // A CA for a witness the policy does not name, or a CA file that holds none.
+    let v = tally(
+        dir,
+        &[
+            "serve",
+            "--ledger",
+            "L",
+            "--socket",
+            "s2.sock",
+            "--witness-policy",
+            "policy",
+            "--witness-ca",
+            &format!("w9={ca}"),
+        ],
+        None,
+    );
+    assert_eq!(v.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&v.stderr).contains("w9"), "{v:?}");
+    std::fs::write(dir.join("empty.pem"), "").expect("empty");
+    let v = tally(
+        dir,
+        &[
+            "serve",
+            "--ledger",
+            "L",
+            "--socket",
+            "s2.sock",
+            "--witness-policy",
+            "policy",
+            "--witness-ca",
+            "w1=empty.pem",
+        ],
+        None,
+    );
+    assert_eq!(v.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&v.stderr).contains("no PEM certificate"),
+        "{v:?}"
+    );
+
+    // A witness will not serve plain HTTP beyond loopback unless told it is behind a
+    // TLS-terminating proxy; a key file others can read is refused.
+    let v = tally(
+        dir,
+        &[
+            "witness",
+            "serve",
+            "--key",
+            "w1.key",
+            "--listen",
+            "0.0.0.0:0",
+            "--state",
+            "s",
+            "--log",
+            &log_vkey,
+        ],
+        None,
+    );
+    assert_eq!(v.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&v.stderr).contains("--plain-http"),
+        "{v:?}"
+    );
+    std::fs::set_permissions(
+        &pki.key,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .expect("mode");
+    let v = tally(
+        dir,
+        &[
+            "witness",
+            "serve",
+            "--key",
+            "w1.key",
+            "--listen",
+            "127.0.0.1:0",
+            "--state",
+            "s",
+            "--log",
+            &log_vkey,
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+        ],
+        None,
+    );
+    assert_eq!(v.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&v.stderr).contains("--tls-key"),
+        "{v:?}"
     );
 }

@@ -59,6 +59,9 @@ pub enum DaemonError {
         /// The refused address.
         addr: std::net::SocketAddr,
     },
+    /// The witness pusher cannot start (a CA file, a witness name).
+    #[error("witnesses: {0}")]
+    Witness(String),
     /// The proxy cannot start (a missing credential, a `ca_file`, the run token key).
     #[error("proxy: {0}")]
     Proxy(#[from] tally_proxy::ProxyError),

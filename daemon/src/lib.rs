@@ -149,6 +149,9 @@ pub struct ServeOptions {
     pub witness_policy: Option<tally_ledger::tlog::policy::Policy>,
     /// The least time between two pushes (default 1 s).
     pub witness_interval: Duration,
+    /// By witness name: a PEM file of CA certificates the pusher trusts for that witness
+    /// beside the Mozilla roots (a witness whose certificate a private CA issued).
+    pub witness_ca_files: std::collections::BTreeMap<String, std::path::PathBuf>,
     /// Where the gate, the ledger and the per-peer rate limit read the time (default: the
     /// system's clock; tests pass a `ManualClock` to drive deadlines, breakers, back-off
     /// and buckets without sleeping).
@@ -253,6 +256,7 @@ impl ServeOptions {
             write_timeout: Duration::from_secs(10),
             witness_policy: None,
             witness_interval: Duration::from_secs(1),
+            witness_ca_files: std::collections::BTreeMap::new(),
             clock: Arc::new(SystemClock),
             metrics_listen: None,
             metrics_max_connections: 32,
@@ -481,14 +485,19 @@ async fn serve_inner(
     }
     // The witnesses: pushed to every interval, and once more after the last request.
     let (stop_push, stopped) = tokio::sync::watch::channel(false);
-    let pusher = options.witness_policy.clone().map(|policy| {
-        let p = witness::Pusher::new(
-            Arc::clone(&app.ledger),
-            app.ledger.dir().to_path_buf(),
-            policy,
-        );
-        tokio::spawn(p.run(options.witness_interval, stopped))
-    });
+    let pusher = match options.witness_policy.clone() {
+        Some(policy) => {
+            let p = witness::Pusher::new(
+                Arc::clone(&app.ledger),
+                app.ledger.dir().to_path_buf(),
+                policy,
+                &options.witness_ca_files,
+            )
+            .map_err(DaemonError::Witness)?;
+            Some(tokio::spawn(p.run(options.witness_interval, stopped)))
+        }
+        None => None,
+    };
     // The read-only view on loopback TCP, stopped with the rest.
     let (stop_view, view_stopped) = tokio::sync::watch::channel(false);
     let view = metrics_tcp.map(|listener| {

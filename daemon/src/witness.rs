@@ -1,13 +1,19 @@
-//! C2SP tlog-witness over HTTP: `tally witness serve` (the witness), the daemon's pusher
-//! (the log's side: it sends each new checkpoint to the witnesses a tlog-policy names
-//! and keeps the latest one a quorum cosigned), and the plain HTTP/1.1 client both use.
+//! C2SP tlog-witness over HTTPS: `tally witness serve` (the witness), the daemon's pusher
+//! (the log's side: it sends each new checkpoint, with a consistency proof from the size
+//! each witness holds, to the witnesses a tlog-policy names and keeps the latest one a
+//! quorum cosigned), and the client both use.
 //!
-//! Plain `http://` only (loopback, or behind a TLS-terminating bastion): no TLS stack is
-//! linked into tally.
+//! TLS is rustls (the `ring` provider, as the proxy's). The client trusts the Mozilla
+//! roots compiled in ([`webpki_roots`]) plus, per witness, an optional CA file (PEM);
+//! plain `http://` it speaks only to a loopback host. The witness serves HTTPS with a
+//! PEM certificate and key, or plain HTTP on loopback (or, explicitly, behind a
+//! TLS-terminating proxy). TLS keeps the exchange private and the witness's address
+//! authentic; what makes a cosignature count is its Ed25519 signature, checked against
+//! the witness's vkey whatever the transport.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,17 +24,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tally_ledger::tlog::note::{Note, NoteSig};
 use tally_ledger::tlog::policy::Policy;
 use tally_ledger::tlog::proof::ConsistencyProof;
 use tally_ledger::tlog::witness::{parse_cosignatures, Refusal, Witness};
 use tally_ledger::Ledger;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// Largest add-checkpoint body a witness reads.
 pub const MAX_BODY: usize = 64 * 1024;
-/// How long one request to a witness may take.
+/// How long one request to a witness may take (TLS handshake included).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A witness's (or any) reply: status, content type, body.
@@ -42,60 +50,175 @@ pub struct HttpReply {
     pub body: Vec<u8>,
 }
 
-/// One HTTP/1.1 request to an `http://host:port/path` URL (a new connection each time).
-pub async fn http(method: &str, url: &str, body: Vec<u8>) -> Result<HttpReply, String> {
-    let uri: axum::http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-    if uri.scheme_str() != Some("http") {
-        return Err(format!("{url}: only http:// URLs are supported"));
+fn rustls_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Whether `host` (a URL's host, IPv6 in brackets) is a loopback host.
+fn loopback_host(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The client a log (or an auditor) talks to witnesses with: HTTPS with the Mozilla
+/// roots and an optional extra CA, plain HTTP to loopback hosts only. Cheap to clone.
+#[derive(Clone)]
+pub struct WitnessClient {
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl std::fmt::Debug for WitnessClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WitnessClient").finish_non_exhaustive()
     }
-    let host = uri
-        .host()
-        .ok_or_else(|| format!("{url}: no host"))?
-        .to_owned();
-    let port = uri.port_u16().unwrap_or(80);
-    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
-    let work = async move {
-        let stream = TcpStream::connect((host.as_str(), port))
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+}
+
+impl WitnessClient {
+    /// A client trusting the Mozilla roots and, if given, the certificates of the PEM
+    /// file `ca_file` (for a witness whose certificate a private CA issued).
+    pub fn new(ca_file: Option<&Path>) -> Result<WitnessClient, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::CertificateDer;
+        let mut roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        if let Some(file) = ca_file {
+            let bad = |why: String| format!("ca_file {}: {why}", file.display());
+            let mut n = 0;
+            for cert in CertificateDer::pem_file_iter(file).map_err(|e| bad(e.to_string()))? {
+                let cert = cert.map_err(|e| bad(e.to_string()))?;
+                roots.add(cert).map_err(|e| bad(e.to_string()))?;
+                n += 1;
+            }
+            if n == 0 {
+                return Err(bad("holds no PEM certificate".into()));
+            }
+        }
+        let config = rustls::ClientConfig::builder_with_provider(rustls_provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Ok(WitnessClient {
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build(connector),
+        })
+    }
+
+    /// One HTTP/1.1 request to an `https://` URL, or an `http://` URL of a loopback host.
+    pub async fn request(
+        &self,
+        method: &str,
+        url: &str,
+        body: Vec<u8>,
+    ) -> Result<HttpReply, String> {
+        let uri: axum::http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let host = uri.host().ok_or_else(|| format!("{url}: no host"))?;
+        match uri.scheme_str() {
+            Some("https") => {}
+            Some("http") if loopback_host(host) => {}
+            Some("http") => {
+                return Err(format!(
+                    "{url}: plain http:// only to a loopback host; use https://"
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "{url}: only https:// (and http:// on loopback) URLs"
+                ))
+            }
+        }
+        let method: axum::http::Method = method
+            .parse()
+            .map_err(|_| format!("{method}: not a method"))?;
         let req = axum::http::Request::builder()
             .method(method)
-            .uri(path)
-            .header(header::HOST, format!("{host}:{port}"))
+            .uri(uri)
             .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| format!("{url}: {e}"))?;
-        let res = send
-            .send_request(req)
+        let work = async {
+            let res = self.client.request(req).await.map_err(|e| {
+                // The connector's error (TLS, refused) is in the chain: say it.
+                let mut why = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    why = format!("{why}: {s}");
+                    src = s.source();
+                }
+                format!("{url}: {why}")
+            })?;
+            let status = res.status().as_u16();
+            let content_type = res
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let body = http_body_util::Limited::new(res.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map_err(|e| format!("{url}: {e}"))?
+                .to_bytes()
+                .to_vec();
+            Ok(HttpReply {
+                status,
+                content_type,
+                body,
+            })
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, work)
             .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        let status = res.status().as_u16();
-        let content_type = res
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let body = http_body_util::Limited::new(res.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| format!("{url}: {e}"))?
-            .to_bytes()
-            .to_vec();
-        Ok(HttpReply {
-            status,
-            content_type,
-            body,
-        })
-    };
-    tokio::time::timeout(REQUEST_TIMEOUT, work)
-        .await
-        .map_err(|_| format!("{url}: no answer in {} s", REQUEST_TIMEOUT.as_secs()))?
+            .map_err(|_| format!("{url}: no answer in {} s", REQUEST_TIMEOUT.as_secs()))?
+    }
+}
+
+/// One request with a client trusting the Mozilla roots only
+/// ([`WitnessClient::request`]).
+pub async fn http(method: &str, url: &str, body: Vec<u8>) -> Result<HttpReply, String> {
+    WitnessClient::new(None)?.request(method, url, body).await
+}
+
+/// The TLS acceptor of a witness serving HTTPS: the certificate chain of the PEM file
+/// `cert` (leaf first) and the private key of the PEM file `key` (mode 0600, as every
+/// secret key file; never logged).
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "--tls-cert {}: holds no PEM certificate",
+            cert.display()
+        ));
+    }
+    let pem = tally_ledger::keys::read_secret_file(key)
+        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let private = PrivateKeyDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| format!("--tls-key {}: no PEM private key ({e})", key.display()))?;
+    let config = rustls::ServerConfig::builder_with_provider(rustls_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, private)
+        .map_err(|e| {
+            format!(
+                "--tls-cert {} and --tls-key {}: {e}",
+                cert.display(),
+                key.display()
+            )
+        })?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 fn now_secs() -> u64 {
@@ -155,15 +278,53 @@ async fn held_checkpoint(
     }
 }
 
-/// Serve `witness` on `listener` until `shutdown` resolves.
+/// Serve `witness` on `listener` until `shutdown` resolves: over TLS with `tls`, else
+/// plain HTTP (the caller decides where that is allowed).
 pub async fn serve_witness(
     witness: Arc<Witness>,
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, witness_router(witness))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let Some(tls) = tls else {
+        return axum::serve(listener, witness_router(witness))
+            .with_graceful_shutdown(shutdown)
+            .await;
+    };
+    let router = witness_router(witness);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(_) => {
+                    // Out of descriptors and the like: do not spin.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let (tls, router, watcher) = (tls.clone(), router.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            // A handshake that does not finish in time is dropped.
+            let Ok(Ok(stream)) = tokio::time::timeout(REQUEST_TIMEOUT, tls.accept(tcp)).await
+            else {
+                return;
+            };
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(REQUEST_TIMEOUT)
+                .serve_connection(
+                    TokioIo::new(stream),
+                    hyper_util::service::TowerToHyperService::new(router),
+                );
+            let _ = watcher.watch(conn).await;
+        });
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+    Ok(())
 }
 
 /// The log's side: push checkpoints to the policy's witnesses.
@@ -175,6 +336,8 @@ pub struct Pusher {
     held: BTreeMap<usize, u64>,
     /// The size last cosigned by a quorum.
     cosigned: u64,
+    /// The client for each of the policy's witnesses (by index).
+    clients: Vec<WitnessClient>,
 }
 
 /// What one push round did, for the log line and the tests.
@@ -191,20 +354,44 @@ pub struct Pushed {
 }
 
 impl Pusher {
-    /// A pusher for `ledger` (in `dir`) to the witnesses of `policy` that have a URL.
-    pub fn new(ledger: Arc<Ledger>, dir: PathBuf, policy: Policy) -> Pusher {
+    /// A pusher for `ledger` (in `dir`) to the witnesses of `policy` that have a URL;
+    /// `ca_files` names, by witness name, a PEM file of CA certificates to trust for it
+    /// beside the Mozilla roots. An unknown name or an unreadable file is an error.
+    pub fn new(
+        ledger: Arc<Ledger>,
+        dir: PathBuf,
+        policy: Policy,
+        ca_files: &BTreeMap<String, PathBuf>,
+    ) -> Result<Pusher, String> {
+        if let Some(name) = ca_files
+            .keys()
+            .find(|n| !policy.witnesses.iter().any(|w| &w.name == *n))
+        {
+            return Err(format!(
+                "a CA file is given for `{name}`, which is not a witness of the witness policy"
+            ));
+        }
+        let clients = policy
+            .witnesses
+            .iter()
+            .map(|w| {
+                WitnessClient::new(ca_files.get(&w.name).map(PathBuf::as_path))
+                    .map_err(|e| format!("witness {}: {e}", w.name))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let cosigned = tally_ledger::tlog::read_cosigned(&dir)
             .ok()
             .flatten()
             .and_then(|n| tally_ledger::tlog::note::TreeHead::parse(&n.text).ok())
             .map_or(0, |h| h.size);
-        Pusher {
+        Ok(Pusher {
             ledger,
             dir,
             policy,
             held: BTreeMap::new(),
             cosigned,
-        }
+            clients,
+        })
     }
 
     /// Push the latest durable checkpoint (if newer than the last cosigned one).
@@ -295,7 +482,9 @@ impl Pusher {
                 checkpoint: note.clone(),
             }
             .to_text();
-            let reply = http("POST", &endpoint, body.into_bytes()).await?;
+            let reply = self.clients[i]
+                .request("POST", &endpoint, body.into_bytes())
+                .await?;
             match reply.status {
                 200 => {
                     let text = String::from_utf8(reply.body)
@@ -357,7 +546,56 @@ fn log(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-/// The address a witness listens on, for its log line.
-pub fn describe(addr: SocketAddr) -> String {
-    format!("http://{addr}")
+/// The URL a witness listens on, for its log line.
+pub fn describe(addr: SocketAddr, tls: bool) -> String {
+    format!("{}://{addr}", if tls { "https" } else { "http" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_only_for_plain_http() {
+        for h in ["127.0.0.1", "127.8.9.1", "[::1]", "localhost", "LOCALHOST"] {
+            assert!(loopback_host(h), "{h}");
+        }
+        for h in [
+            "10.0.0.1",
+            "example.org",
+            "[::2]",
+            "localhost.example.org",
+            "0.0.0.0",
+        ] {
+            assert!(!loopback_host(h), "{h}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_client_refuses_plain_http_beyond_loopback_and_other_schemes() {
+        let c = WitnessClient::new(None).expect("client");
+        for url in [
+            "http://example.org/add-checkpoint",
+            "http://10.1.2.3:80/add-checkpoint",
+            "ftp://127.0.0.1/x",
+        ] {
+            let e = c.request("POST", url, Vec::new()).await.unwrap_err();
+            assert!(e.contains("https://"), "{url}: {e}");
+        }
+        assert!(c
+            .request("POST", "127.0.0.1:80/x", Vec::new())
+            .await
+            .is_err());
+    }
+
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let empty = dir.path().join("ca.pem");
+        std::fs::write(&empty, "not a certificate\n").expect("write");
+        let e = WitnessClient::new(Some(&empty)).unwrap_err();
+        assert!(e.contains("no PEM certificate"), "{e}");
+        let e = WitnessClient::new(Some(&dir.path().join("missing.pem"))).unwrap_err();
+        assert!(e.contains("missing.pem"), "{e}");
+    }
 }

@@ -98,6 +98,8 @@ pub struct Reindexed {
     pub old_index_unreadable: bool,
     /// Torn writes seen (kept in place).
     pub torn: u64,
+    /// Leaves of the Merkle tree files rebuilt from the entries (the sealed size).
+    pub tree_leaves: u64,
 }
 
 /// When the writer moves to a new key epoch. Rotation happens at commit-group

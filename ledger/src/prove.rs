@@ -53,6 +53,14 @@ pub fn read_tree_head(dir: &Path) -> Result<(Checkpoint, TreeHash)> {
     })
 }
 
+/// The tree head the log of the ledger in `dir` records, read without walking it: the
+/// size its last checkpoint seals and the Merkle root of its group's tree frame (`None`
+/// for a log written before tree frames). Nothing here is checked against the entries.
+pub fn recorded_tree_head(dir: &Path) -> Result<(u64, Option<TreeHash>)> {
+    let (size, tree) = crate::tree::sealed_tree(&list_segments(dir)?)?;
+    Ok((size, tree.filter(|(s, _)| *s == size).map(|(_, r)| r)))
+}
+
 /// The inclusion proof of leaf `index` in the tree of `size` leaves of the ledger in `dir`.
 pub fn inclusion(dir: &Path, index: u64, size: u64) -> Result<Vec<TreeHash>> {
     if index >= size {

@@ -68,6 +68,89 @@ pub(crate) fn open_tree(
     Ok(w)
 }
 
+/// Where [`rebuild_tree`] builds the new tree files, beside the old ones.
+const REBUILD_DIR: &str = "tree.rebuild";
+/// Where the old tree files go for the moment between [`rebuild_tree`]'s two renames.
+const OLD_TREE_DIR: &str = "tree.old";
+
+/// The sealed end of the log `segments`: its size (from the last checkpoint) and the tree
+/// frame of that checkpoint's group, if it has one.
+pub(crate) fn sealed_tree(segments: &[(u64, PathBuf)]) -> Result<(u64, Option<(u64, TreeHash)>)> {
+    use crate::segment;
+    for (_, path) in segments.iter().rev() {
+        let scan = segment::scan(path)?;
+        let (true, Some(at)) = (scan.sealed, scan.last_checkpoint) else {
+            continue;
+        };
+        let cp = crate::Checkpoint::from_text(&segment::read_payload(path, at)?)?;
+        let tree = match scan.last_tree {
+            Some(t) => segment::decode_tree(&segment::read_payload(path, t)?),
+            None => None,
+        };
+        return Ok((cp.size, tree));
+    }
+    Err(Error::Corrupt {
+        seq: 0,
+        why: "no segment holds a checkpoint".into(),
+    })
+}
+
+/// Rebuild the tree files of the ledger in `dir` from the entries of its sealed log (the
+/// entries are the truth; the files are derived from them), whatever the old files hold:
+/// built whole in `tree.rebuild/`, checked against the root the log's last tree frame
+/// records (when it has one), synced, then put in place of `tree/` by two renames. A
+/// crash between the renames leaves no `tree/`, which the writer's open rebuilds; a
+/// build whose root is not the log's changes nothing. Returns the leaves built. The
+/// caller holds the writer's lock.
+pub(crate) fn rebuild_tree(dir: &Path, segments: &[(u64, PathBuf)]) -> Result<u64> {
+    use std::fs;
+    let staging = dir.join(REBUILD_DIR);
+    let old = dir.join(OLD_TREE_DIR);
+    let remove = |p: &Path| match fs::remove_dir_all(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(p, e)),
+    };
+    remove(&staging)?;
+    remove(&old)?;
+    let (size, target) = sealed_tree(segments)?;
+    let target = target.filter(|(s, _)| *s == size).map(|(_, r)| r);
+    fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
+    let built = (|| {
+        let mut w = TreeWriter::empty(&staging)?;
+        extend(
+            &mut w,
+            LogReader::new(segments.to_vec(), false, None),
+            0,
+            size,
+        )?;
+        w.flush()?;
+        if let Some(root) = target {
+            if w.frontier().root() != root {
+                return Err(Error::Corrupt {
+                    seq: size.saturating_sub(1),
+                    why: "the Merkle root of the log's entries is not the one its last tree frame records: the log is damaged (`tally verify` says where); the tree files were left as they were".into(),
+                });
+            }
+        }
+        tiles::sync(&staging)
+    })();
+    if let Err(e) = built {
+        let _ = fs::remove_dir_all(&staging);
+        return Err(e);
+    }
+    let tree = dir.join(tiles::TREE_DIR);
+    if tree.exists() {
+        fs::rename(&tree, &old).map_err(|e| Error::io(&tree, e))?;
+    }
+    let new = staging.join(tiles::TREE_DIR);
+    fs::rename(&new, &tree).map_err(|e| Error::io(&new, e))?;
+    crate::segment::sync_dir(dir)?;
+    remove(&old)?;
+    remove(&staging)?;
+    Ok(size)
+}
+
 /// Resume from the files' prefix (up to `size` leaves), read the rest of the entries
 /// from the log; `None` when that does not lead to `root`.
 fn catch_up(

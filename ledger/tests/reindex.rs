@@ -178,3 +178,35 @@ fn reindex_gives_the_live_state_across_rotations_and_cleared_bases() {
     let again: BTreeMap<Vec<u8>, Vec<u8>> = ledger.state(b"").unwrap().into_iter().collect();
     assert_eq!(again, live.into_iter().collect::<BTreeMap<_, _>>());
 }
+
+/// `tally reindex` rebuilds the tree files from the entries, but only puts them in place
+/// when their root is the one the log's last tree frame records: a log whose recorded
+/// root is not its entries' (a changed tree frame) is refused, and the tree files are
+/// left byte for byte as they were, with nothing beside them.
+#[test]
+fn a_reindex_whose_tree_is_not_the_logs_recorded_root_changes_nothing() {
+    use tally_ledger::segment::{list_segments, scan};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("l");
+    let (ledger, _) = new_ledger(&dir, Rotation::default());
+    write_groups(&ledger, 0, 5);
+    drop(ledger);
+    // Damaged tree files are rebuilt whole.
+    let level0 = dir.join("tree/0");
+    let good = std::fs::read(&level0).unwrap();
+    std::fs::write(&level0, &good[..32]).unwrap();
+    let done = Ledger::reindex(&dir).unwrap();
+    assert_eq!(std::fs::read(&level0).unwrap(), good);
+    assert_eq!(done.tree_leaves, good.len() as u64 / 32);
+    // Now change the root the last tree frame records.
+    let (_, seg) = list_segments(&dir).unwrap().pop().unwrap();
+    let (at, _) = scan(&seg).unwrap().last_tree.expect("a tree frame");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[at as usize + 8 + 5] ^= 1;
+    std::fs::write(&seg, &bytes).unwrap();
+    std::fs::write(&level0, &good[..64]).unwrap();
+    let err = Ledger::reindex(&dir).unwrap_err().to_string();
+    assert!(err.contains("tree frame"), "{err}");
+    assert_eq!(std::fs::read(&level0).unwrap(), &good[..64]);
+    assert!(!dir.join("tree.rebuild").exists() && !dir.join("tree.old").exists());
+}

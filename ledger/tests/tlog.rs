@@ -78,6 +78,40 @@ fn transparency_dev_inclusion_probes() {
         }
     }
     assert!(wrong.is_empty(), "probes judged wrongly: {wrong:#?}");
+    // Every kind of probe the issue names is among them: index +-1, size x2 and /2,
+    // wrong, empty and random roots and leaves, garbage before and after, a removed,
+    // inserted or modified component (a bit flip in each element).
+    let names: BTreeSet<&str> = all
+        .iter()
+        .map(|p| p["file"].as_str().unwrap().rsplit('/').next().unwrap())
+        .collect();
+    for want in [
+        "happy-path.json",
+        "leafIdx-plus-@1.json",
+        "leafIdx-sub-@1.json",
+        "leafIdx-XOR-@2.json",
+        "treeSize-mul-@2.json",
+        "treeSize-div-@2.json",
+        "wrong-leaf.json",
+        "random-root.json",
+        "empty-root.json",
+        "empty-leaf.json",
+        "empty-root-and-leaf.json",
+        "matching-root-and-leaf.json",
+        "trailing-garbage.json",
+        "preceding-garbage.json",
+        "trailing-root.json",
+        "preceding-root.json",
+        "removed-component.json",
+        "inserted-component.json",
+        "modified-proof[0]-bit-@3.json",
+        "modified-proof[1]-bit-@3.json",
+        "modified-proof[2]-bit-@3.json",
+    ] {
+        assert!(names.contains(want), "{want}");
+    }
+    // Happy paths pass, so the rest fail for the reason they test.
+    assert!(all.iter().any(|p| !p["wantErr"].as_bool().unwrap()));
 }
 
 #[test]
@@ -120,6 +154,20 @@ fn transparency_dev_consistency_probes() {
         "modified-proof@0-bit-@4.json",
         "sizes-are-equal-zero-but-roots-are-not.json",
         "sizes-are-equal-one-but-roots-are-not.json",
+        "size1-sub-@1.json",
+        "size1-XOR-@2.json",
+        "wrong-root2.json",
+        "trailing-root1.json",
+        "preceding-root2.json",
+        "preceding-proof-@0.json",
+        "modified-proof@1-bit-@4.json",
+        "modified-proof@2-bit-@4.json",
+        "size1-is-zero-and-size2-is-not-zero.json",
+        "size1-is-greater-than-size2.json",
+        "sizes-are-equal-zero-and-proof-is-empty.json",
+        "sizes-are-equal-one-and-proof-is-empty.json",
+        "sizes-match-but-proof-is-not-empty-and-sizes-are-one.json",
+        "consistency-check-on-empty-tree-size1-is-zero-is-useless.json",
     ] {
         assert!(names.contains(want), "{want}");
     }

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod otlp;
+pub mod tls;
 pub mod upstream;
 
 use std::io::Write;

@@ -193,30 +193,17 @@ impl Drop for FakeUpstream {
 /// A TLS acceptor with a fresh CA's leaf for `127.0.0.1` and `localhost`, and the CA's
 /// PEM in a temporary file.
 fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, tempfile::NamedTempFile) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().expect("CA key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "tally test CA");
-    let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
-    let issuer = Issuer::new(ca_params, ca_key);
-    let leaf_key = KeyPair::generate().expect("leaf key");
-    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .expect("leaf params")
-        .signed_by(&leaf_key, &issuer)
-        .expect("leaf certificate");
+    let pki = crate::tls::TestPki::new();
     let mut ca_file = tempfile::NamedTempFile::new().expect("CA file");
-    std::io::Write::write_all(&mut ca_file, ca_cert.pem().as_bytes()).expect("write CA");
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    std::io::Write::write_all(&mut ca_file, pki.ca_pem.as_bytes()).expect("write CA");
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(pki.leaf_key_der.clone().into());
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .expect("protocols")
     .with_no_client_auth()
-    .with_single_cert(vec![leaf.der().clone()], key)
+    .with_single_cert(vec![pki.leaf_der.clone().into()], key)
     .expect("server config");
     (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_file)
 }

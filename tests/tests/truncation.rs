@@ -179,3 +179,62 @@ fn truncate_and_keep_appending_is_caught_by_an_anchor() {
     }
     assert_intact(&verify_export(&original.export(), &with(&anchor)).expect("export"));
 }
+
+/// The signed end of an export: a copy cut at any checkpoint and given a new end is never
+/// complete evidence for a verifier holding the log key. A new plain end is incomplete
+/// (`unsigned_end`, exit 3); the original signed end put back after the cut names other
+/// counts and another root: `export_end_mismatch` (tampered). Without the log key the
+/// plain-ended cut is indistinguishable from a shorter export, which is why `ledger.pub`
+/// v2 names the log key.
+#[test]
+fn a_cut_export_given_a_new_end_never_verifies_complete_with_the_log_key() {
+    let fx = small();
+    let export = fx.export();
+    let frames = parse_frames(&export);
+    let offsets = frame_offsets(&frames);
+    let signed_end = &export[export.len() - END_FRAME_LEN..];
+    assert_intact(&verify_export(&export, &fx.options_with_log_key()).expect("export"));
+    let mut cuts = 0;
+    for (i, f) in frames.iter().enumerate() {
+        if !matches!(f, Frame::Checkpoint(_)) || i + 1 == frames.len() {
+            continue;
+        }
+        cuts += 1;
+        let plain = write_export(&frames[..=i]);
+        let report = verify_export(&plain, &fx.options_with_log_key()).expect("export");
+        let text = report.to_text();
+        assert_eq!(report.verdict(), Incomplete, "cut after frame {i}\n{text}");
+        assert_eq!(report.tail, Tail::UnsignedEnd, "{text}");
+        assert!(!text.contains("INTACT"), "{text}");
+        // Without the log key nothing tells this copy from a shorter export.
+        assert_eq!(
+            verify_export(&plain, &fx.options())
+                .expect("export")
+                .verdict(),
+            Intact
+        );
+        // The original signed end after the cut: its counts are not the file's.
+        let mut resigned = export[..offsets[i + 1]].to_vec();
+        resigned.extend_from_slice(signed_end);
+        let report = verify_export(&resigned, &fx.options_with_log_key()).expect("export");
+        let text = report.to_text();
+        assert_eq!(report.verdict(), Tampered, "cut after frame {i}\n{text}");
+        // ... and with the counts made the file's (tag, length, entries, checkpoints):
+        // the log key's signature over them no longer verifies.
+        let checkpoints = frames[..=i]
+            .iter()
+            .filter(|f| matches!(f, Frame::Checkpoint(_)))
+            .count() as u64;
+        let at = offsets[i + 1];
+        resigned[at + 5..at + 13].copy_from_slice(&entry_count(&frames[..=i]).to_be_bytes());
+        resigned[at + 13..at + 21].copy_from_slice(&checkpoints.to_be_bytes());
+        let report = verify_export(&resigned, &fx.options_with_log_key()).expect("export");
+        let text = report.to_text();
+        assert_eq!(report.verdict(), Tampered, "cut after frame {i}\n{text}");
+        assert!(
+            report.findings.iter().any(|f| f.kind == ExportEndMismatch),
+            "{text}"
+        );
+    }
+    assert!(cuts >= 3, "the fixture has checkpoints to cut at");
+}

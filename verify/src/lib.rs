@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod analysis;
+pub mod consistency;
 pub mod event;
 pub mod finding;
 pub mod merge;

@@ -332,7 +332,12 @@ pub fn verify(args: &VerifyArgs) -> Result<Exit> {
         rules,
         witness_policy,
         ask_witnesses,
+        witness_ca,
+        no_walk,
     } = args;
+    if *no_walk {
+        return crate::no_walk::run(read);
+    }
     let (auditor_key, witness_policy, ask_witnesses) = (
         auditor_key.as_deref(),
         witness_policy.as_deref(),
@@ -340,7 +345,8 @@ pub fn verify(args: &VerifyArgs) -> Result<Exit> {
     );
     let mut audits = Audits::from_args(read, auditor_key)?;
     if let Some(p) = witness_policy {
-        crate::witness::apply_policy(&mut audits, p, ask_witnesses)?;
+        let cas = crate::witness::ca_files(witness_ca)?;
+        crate::witness::apply_policy(&mut audits, p, ask_witnesses, &cas)?;
     }
     // With the auditor key: the replay of every gate decision (SECURITY.md 5.8) and the
     // consistency audit of every record, in one fold through the policy core the gate

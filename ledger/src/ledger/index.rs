@@ -13,8 +13,9 @@ use crate::store::{Point, Store, POINT_EVERY};
 use super::{files, Ledger, Reindexed};
 
 impl Ledger {
-    /// Rebuild the sled index of the ledger in `dir` from its log: derived state from the
-    /// state frames, index points from the entries; values written outside commit groups
+    /// Rebuild the sled index and the Merkle tree files of the ledger in `dir` from its
+    /// log: the tree from the sealed entries (checked against the root the log records),
+    /// derived state from the state frames, index points from the entries; values written outside commit groups
     /// ([`Ledger::put_state_durable`]) are carried over from the old index when it still
     /// opens. Takes the writer's lock ([`Error::Busy`] while a writer holds the ledger).
     /// The new index is built beside the old one and then put in its place.
@@ -31,6 +32,9 @@ impl Ledger {
             segments: segments.len() as u64,
             ..Reindexed::default()
         };
+        // The tree files first: a log whose entries do not lead to the root it records
+        // stops the reindex before anything is replaced.
+        done.tree_leaves = crate::tree::rebuild_tree(dir, &segments)?;
         let old_path = dir.join(INDEX_DIR);
         let carried = if old_path.exists() {
             match Store::open(dir).and_then(|s| s.put_pairs()) {
