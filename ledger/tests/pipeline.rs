@@ -252,10 +252,7 @@ fn the_tree_of_groups_hashed_beside_the_chain_is_the_tree_of_the_log() {
     use tally_ledger::tlog::merkle::{range_root, TreeHash};
     struct Leaves(Vec<TreeHash>);
     impl tlog_tiles::HashReader for Leaves {
-        fn read_hashes(
-            &self,
-            indexes: &[u64],
-        ) -> Result<Vec<tlog_tiles::Hash>, tlog_tiles::Error> {
+        fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<tlog_tiles::Hash>, tlog_tiles::Error> {
             Ok(indexes
                 .iter()
                 .map(|&i| {
@@ -282,7 +279,10 @@ fn the_tree_of_groups_hashed_beside_the_chain_is_the_tree_of_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l");
     let (l, _auditor) = new_ledger(&path, Rotation::default());
-    for (i, n) in [1u64, 127, 128, 129, 700, 2, 1000, 131].into_iter().enumerate() {
+    for (i, n) in [1u64, 127, 128, 129, 700, 2, 1000, 131]
+        .into_iter()
+        .enumerate()
+    {
         if i == 6 {
             l.rotate().unwrap();
         }
@@ -292,7 +292,11 @@ fn the_tree_of_groups_hashed_beside_the_chain_is_the_tree_of_the_log() {
         });
         assert_eq!(rx.recv_timeout(ANSWER).unwrap(), Ok(n as usize));
         let (cp, root) = l.tree_head();
-        assert_eq!((cp.size, root), root_of_log(&path), "after group {i} of {n}");
+        assert_eq!(
+            (cp.size, root),
+            root_of_log(&path),
+            "after group {i} of {n}"
+        );
     }
     let (cp, root) = l.tree_head();
     drop(l);

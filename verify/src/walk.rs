@@ -27,8 +27,8 @@ use crate::event::Event;
 use crate::finding::{Finding, FindingKind, Hashes};
 use crate::report::{AnchorResult, AnchorStatus, KeyMismatch, Report, Tail, TornWrite};
 use crate::tree::{TreeAnchor, TreeCheck, TreeFinding};
-use treefeed::{TreeFeed, TreeOp, TreeRun, Unconfirmed};
 use tally_ledger::tlog::policy::Policy;
+use treefeed::{TreeFeed, TreeOp, TreeRun, Unconfirmed};
 
 pub use source::{export_frames, ledger_frames, SourceError};
 
