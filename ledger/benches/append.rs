@@ -74,6 +74,43 @@ struct Run {
     groups: u64,
     elapsed: Duration,
     bytes_per_decision: f64,
+    /// CPU time of the whole process (every thread, user + system) while appending.
+    cpu: Duration,
+    /// CPU time of the ledger's commit thread (since the ledger was opened).
+    commit: Duration,
+}
+
+/// CPU time the ledger's commit thread (`tally-commit`) has used, user + system.
+fn commit_cpu() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    for t in tasks.filter_map(Result::ok) {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == "tally-commit" {
+            return cpu_of(&t.path().join("stat"));
+        }
+    }
+    Duration::ZERO
+}
+
+/// CPU time the process has used, all threads, user + system (`/proc/self/stat`, in
+/// ticks of 10 ms: Linux's USER_HZ).
+fn cpu_time() -> Duration {
+    cpu_of(std::path::Path::new("/proc/self/stat"))
+}
+
+/// User + system CPU time from a `stat` file of /proc (ticks of 10 ms).
+fn cpu_of(path: &std::path::Path) -> Duration {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    Duration::from_millis(10 * f.iter().sum::<u64>())
 }
 
 /// How the appending threads come by their decisions.
@@ -106,6 +143,7 @@ fn durable(threads: usize, batch: usize, callers: Callers) -> Run {
         .collect();
     let stop = Instant::now() + secs();
     let start = Instant::now();
+    let cpu0 = cpu_time();
     let handles: Vec<_> = pools
         .into_iter()
         .enumerate()
@@ -130,6 +168,8 @@ fn durable(threads: usize, batch: usize, callers: Callers) -> Run {
         h.join().unwrap();
     }
     let elapsed = start.elapsed();
+    let cpu = cpu_time() - cpu0;
+    let commit = commit_cpu();
     let cp = ledger.checkpoint();
     let decisions = cp.size - size0;
     let groups = ledger
@@ -148,6 +188,8 @@ fn durable(threads: usize, batch: usize, callers: Callers) -> Run {
         groups,
         elapsed,
         bytes_per_decision: bytes as f64 / decisions as f64,
+        cpu,
+        commit,
     }
 }
 
@@ -238,8 +280,8 @@ fn main() {
     println!("| parse + validate + digest + canonical JSON | 1 decision | {t_json:.0} |");
     println!();
     println!("## Durable appends (each acknowledged only after fsync and a signed checkpoint)\n");
-    println!("| appenders | decisions/s | decisions per commit group | primitive bound/s | ratio | bytes on disk per decision |");
-    println!("|---|---|---|---|---|---|");
+    println!("| appenders | decisions/s | decisions per commit group | primitive bound/s | ratio | bytes on disk per decision | CPU us per decision (all threads) | commit thread CPU us per decision |");
+    println!("|---|---|---|---|---|---|---|---|");
     // TALLY_BENCH_ONLY=8x1000,8x1000b (comma-separated) runs only those lines; `b` is the
     // line whose appenders clone decisions built beforehand.
     let only = std::env::var("TALLY_BENCH_ONLY").ok();
@@ -270,13 +312,15 @@ fn main() {
         let bound_ns = t_blake3 + t_aead + (t_sled + t_sign + t_fsync) / per_group;
         let bound = 1e9 / bound_ns;
         println!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.2} | {:.0} |",
+            "| {} | {:.0} | {:.1} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} |",
             r.label,
             rate,
             per_group,
             bound,
             rate / bound,
-            r.bytes_per_decision
+            r.bytes_per_decision,
+            r.cpu.as_secs_f64() * 1e6 / r.decisions.max(1) as f64,
+            r.commit.as_secs_f64() * 1e6 / r.decisions.max(1) as f64
         );
     }
 }

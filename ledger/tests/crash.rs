@@ -68,6 +68,7 @@ fn crash_child_writer() {
                 // Thread 0 appends batches of 200 (writes of ~60 KiB, which a kill can
                 // cut short: torn writes); the others one decision at a time.
                 let n = if t == 0 { 200 } else { 1 };
+                // (Groups of 128 or more hash their tree on a second thread: these do.)
                 for i in 0u64.. {
                     let ds = (0..n)
                         .map(|k| {

@@ -242,3 +242,65 @@ fn mixed_stress_answers_everything_in_order_and_durably() {
     assert_eq!(l.epoch(), epoch);
     assert_eq!(read_back(&l, &auditor).len(), expected);
 }
+
+/// The Merkle tree of groups big enough to be hashed on a second thread (and of small
+/// ones between them, and of groups that rotate the epoch) is the RFC 6962 tree of the
+/// log's entries, as an independent implementation computes it, at every size the
+/// ledger reports, and again after reopening (the tree frame and tiles agree with it).
+#[test]
+fn the_tree_of_groups_hashed_beside_the_chain_is_the_tree_of_the_log() {
+    use tally_ledger::tlog::merkle::{range_root, TreeHash};
+    struct Leaves(Vec<TreeHash>);
+    impl tlog_tiles::HashReader for Leaves {
+        fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<tlog_tiles::Hash>, tlog_tiles::Error> {
+            Ok(indexes
+                .iter()
+                .map(|&i| {
+                    let (level, n) = tlog_tiles::split_stored_hash_index(i);
+                    let lo = (n << level) as usize;
+                    tlog_tiles::Hash(range_root(&self.0[lo..lo + (1usize << level)]))
+                })
+                .collect())
+        }
+    }
+    // Leaves hashed by tlog_tiles from the log's entry bytes.
+    let root_of_log = |dir: &std::path::Path| -> (u64, TreeHash) {
+        let leaves: Vec<TreeHash> = tally_ledger::segment::LogReader::open(dir)
+            .unwrap()
+            .frames()
+            .filter_map(|f| match f.unwrap() {
+                tally_ledger::Frame::Entry(b) => Some(tlog_tiles::record_hash(&b).0),
+                _ => None,
+            })
+            .collect();
+        let n = leaves.len() as u64;
+        (n, tlog_tiles::tree_hash(n, &Leaves(leaves)).unwrap().0)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l");
+    let (l, _auditor) = new_ledger(&path, Rotation::default());
+    for (i, n) in [1u64, 127, 128, 129, 700, 2, 1000, 131]
+        .into_iter()
+        .enumerate()
+    {
+        if i == 6 {
+            l.rotate().unwrap();
+        }
+        let (tx, rx) = channel();
+        l.submit_prepared(prepared(&format!("r{i}"), n), move |r| {
+            let _ = tx.send(r.map(|v| v.len()).map_err(|e| e.to_string()));
+        });
+        assert_eq!(rx.recv_timeout(ANSWER).unwrap(), Ok(n as usize));
+        let (cp, root) = l.tree_head();
+        assert_eq!(
+            (cp.size, root),
+            root_of_log(&path),
+            "after group {i} of {n}"
+        );
+    }
+    let (cp, root) = l.tree_head();
+    drop(l);
+    let l = Ledger::open(&path).unwrap();
+    assert_eq!(l.tree_head().1, root);
+    assert_eq!(l.tree_head().0.size, cp.size);
+}

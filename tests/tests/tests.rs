@@ -14,4 +14,5 @@ mod roundtrip;
 mod seals;
 mod store;
 mod tamper;
+mod tree_thread;
 mod truncation;

@@ -47,6 +47,50 @@ pub(super) struct Writer {
     pub(super) linked: Vec<u8>,
 }
 
+/// Groups of at least this many decisions hash their Merkle leaves on a second thread
+/// (starting one costs about as much as 30 leaf hashes; the crash tests append groups of 200).
+const TREE_THREAD_MIN: usize = 128;
+/// Entries handed to that thread at a time, and chunks in flight to it.
+const LEAF_CHUNK: usize = 32;
+const LEAF_CHUNKS: usize = 64;
+
+/// Where a group's entries go to become the tree's leaves, in order.
+enum Leaves<'a> {
+    /// Hashed and pushed here.
+    Inline(&'a mut TreeWriter),
+    /// Handed to the tree's thread in chunks (dropping the sender ends it).
+    Thread {
+        chunk: Vec<Vec<u8>>,
+        tx: std::sync::mpsc::SyncSender<Vec<Vec<u8>>>,
+    },
+}
+
+impl Leaves<'_> {
+    fn push(&mut self, bytes: Vec<u8>) {
+        match self {
+            Leaves::Inline(tree) => tree.push(leaf_hash(&bytes)),
+            Leaves::Thread { chunk, tx } => {
+                chunk.push(bytes);
+                if chunk.len() >= LEAF_CHUNK {
+                    let full = std::mem::replace(chunk, Vec::with_capacity(LEAF_CHUNK));
+                    // The thread ends only once the sender is dropped, or by panicking
+                    // (which the scope's join passes on).
+                    let _ = tx.send(full);
+                }
+            }
+        }
+    }
+
+    /// Hand over the last chunk and let the thread end.
+    fn finish(self) {
+        if let Leaves::Thread { chunk, tx } = self {
+            if !chunk.is_empty() {
+                let _ = tx.send(chunk);
+            }
+        }
+    }
+}
+
 /// A state frame's `check`, before its pairs.
 pub(super) const STATE_CHECK_LEN: usize = 4;
 
@@ -144,31 +188,58 @@ impl Writer {
         // The last seq of each run this group links, recorded with the group's state.
         let mut group_links: std::collections::HashMap<Vec<u8>, u64> = Default::default();
         let mut linked = std::mem::take(&mut self.linked);
-        for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
-            let seq = self.next_seq;
-            let mut nonce = [0u8; 24];
-            nonce[..16].copy_from_slice(&self.nonce_prefix);
-            nonce[16..].copy_from_slice(&seq.to_be_bytes());
-            linked.clear();
-            linked.extend_from_slice(plaintext);
-            self.links.link(store, &mut linked, seq, &mut group_links)?;
-            let bytes = self.cipher.decision_entry(
-                self.ledger_id,
-                seq,
-                self.secrets.epoch,
-                wall,
-                self.head,
-                nonce,
-                &linked,
-            );
-            self.tree.push(leaf_hash(&bytes));
-            self.head = entry_hash(&bytes);
-            self.next_seq += 1;
-            receipts.push(Receipt {
-                seq,
-                hash: self.head,
-            });
-            push_frame(&mut frames, TAG_ENTRY, &bytes);
+        let mut entries = |leaves: &mut Leaves<'_>| -> Result<()> {
+            for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
+                let seq = self.next_seq;
+                let mut nonce = [0u8; 24];
+                nonce[..16].copy_from_slice(&self.nonce_prefix);
+                nonce[16..].copy_from_slice(&seq.to_be_bytes());
+                linked.clear();
+                linked.extend_from_slice(plaintext);
+                self.links.link(store, &mut linked, seq, &mut group_links)?;
+                let bytes = self.cipher.decision_entry(
+                    self.ledger_id,
+                    seq,
+                    self.secrets.epoch,
+                    wall,
+                    self.head,
+                    nonce,
+                    &linked,
+                );
+                self.head = entry_hash(&bytes);
+                self.next_seq += 1;
+                receipts.push(Receipt {
+                    seq,
+                    hash: self.head,
+                });
+                push_frame(&mut frames, TAG_ENTRY, &bytes);
+                leaves.push(bytes);
+            }
+            Ok(())
+        };
+        if count < TREE_THREAD_MIN {
+            entries(&mut Leaves::Inline(&mut self.tree))?;
+        } else {
+            // The leaves and nodes on a second thread, beside the encryption and the
+            // chain on this one; the tree is complete (joined) before its frame is made.
+            let tree = &mut self.tree;
+            std::thread::scope(|s| -> Result<()> {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Vec<u8>>>(LEAF_CHUNKS);
+                s.spawn(move || {
+                    for chunk in rx {
+                        for bytes in chunk {
+                            tree.push(leaf_hash(&bytes));
+                        }
+                    }
+                });
+                let mut leaves = Leaves::Thread {
+                    chunk: Vec::with_capacity(LEAF_CHUNK),
+                    tx,
+                };
+                let done = entries(&mut leaves);
+                leaves.finish();
+                done
+            })?;
         }
         let checkpoint =
             self.secrets

@@ -16,10 +16,7 @@ impl Walk<'_> {
     pub(super) fn entry(&mut self, bytes: Vec<u8>) {
         let at = self.position;
         self.position += 1;
-        self.tree.push(&bytes, &mut self.tree_out);
-        if !self.tree_out.is_empty() {
-            self.drain_tree();
-        }
+        self.tree.leaf(self.ordinal, &bytes);
         let expected = self.next_seq;
         let before_clean = std::mem::replace(&mut self.last_clean, false);
         let entry = match Entry::decode(&bytes) {

@@ -116,10 +116,10 @@ impl Walk<'_> {
             self.duplicate_checkpoint(n);
             return;
         }
+        self.tree_broken();
         if !self.broken && self.key_mismatch.is_none() {
             // Nothing is sealed under another ledger's key.
-            self.sealed = cp.size;
-            self.last_checkpoint = Some(cp);
+            self.seal(cp);
         }
     }
 
