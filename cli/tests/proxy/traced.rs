@@ -95,7 +95,7 @@ async fn a_span_per_model_call_under_the_genai_conventions_the_agents_trace_its_
     .await;
     assert_eq!(a.status, 200, "{}", a.text());
     let _ = served.settled("t1").await;
-    served.stop();
+    served.daemon.stop();
     let seen = upstream.seen();
     assert_eq!(seen.len(), 3);
     // The upstream is sent the proxy's span as the parent, in the agent's trace, with the
@@ -187,7 +187,7 @@ async fn without_a_collector_a_valid_traceparent_passes_and_garbage_does_not() {
         assert_eq!(a.status, 200, "{}", a.text());
     }
     let _ = served.settled("t2").await;
-    served.stop();
+    served.daemon.stop();
     let seen = upstream.seen();
     assert_eq!(seen[0].trace, vec![valid.clone(), "agent=1".to_owned()]);
     for s in &seen[1..] {
