@@ -652,3 +652,54 @@ impl Proxy {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_record::decision::Limit;
+
+    #[test]
+    fn what_is_left_is_the_less_of_the_runs_and_its_owners() {
+        let mut s = Standing {
+            run: "r".into(),
+            state: "running",
+            stop_reason: None,
+            goal: None,
+            budget: Default::default(),
+            limits: Default::default(),
+            held_nanos: 0,
+            settled_nanos: 0,
+            calls_allowed: 0,
+            at_ms: 0,
+            grants_unused: 0,
+            owner_uid: Some(1000),
+        };
+        assert_eq!(spend_left(&s), Nanos::MAX, "no limit");
+        s.limits.insert(
+            "spend_nanos".into(),
+            Limit {
+                used: 40,
+                limit: 100,
+            },
+        );
+        assert_eq!(spend_left(&s), Nanos(60));
+        s.limits.insert(
+            tally_policy::PRINCIPAL_SPEND.into(),
+            Limit {
+                used: 990,
+                limit: 1000,
+            },
+        );
+        assert_eq!(spend_left(&s), Nanos(10), "the owner has less left");
+        s.limits.remove("spend_nanos");
+        assert_eq!(spend_left(&s), Nanos(10));
+        s.limits.insert(
+            tally_policy::PRINCIPAL_SPEND.into(),
+            Limit {
+                used: 2000,
+                limit: 1000,
+            },
+        );
+        assert_eq!(spend_left(&s), Nanos(0), "never below nothing");
+    }
+}
