@@ -125,7 +125,7 @@ pub enum Command {
     /// Attempts per run against its cap, and spend against its limit.
     Stats(ReportArgs),
     /// Run the append daemon: HTTP/1.1 JSON on a Unix socket (and optionally loopback TCP).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// A stdio MCP proxy: the MCP client starts it in place of the server; it starts the
     /// server and checks every `tools/call` with the gate first (docs/MCP.md).
     Mcp(McpArgs),

@@ -147,7 +147,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Loops(args) => commands::loops(&args),
         Command::Handoff(args) => commands::handoff(&args),
         Command::Stats(args) => stats::stats(&args),
-        Command::Serve(args) => serve::serve(args),
+        Command::Serve(args) => serve::serve(*args),
         Command::Policy {
             command: cli::PolicyCommand::Check(args),
         } => commands::policy_check(&args),

@@ -164,7 +164,7 @@ mod tests {
         let Command::Serve(args) = Cli::try_parse_from(argv)?.command else {
             panic!("not serve");
         };
-        super::options(args)
+        super::options(*args)
     }
 
     #[test]
