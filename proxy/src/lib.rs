@@ -25,6 +25,7 @@
 
 pub mod dialect;
 mod forward;
+mod plan;
 mod proxy;
 mod refuse;
 pub mod request;
