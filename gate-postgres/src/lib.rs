@@ -124,6 +124,22 @@ impl std::ops::Deref for Rt {
     }
 }
 
+impl Rt {
+    /// One round trip bounded by `bound`: its value, or why there was none (the
+    /// server's error, or no answer in time) in words.
+    pub(crate) fn bounded<T>(
+        &self,
+        bound: Duration,
+        fut: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, String> {
+        match self.block_on(async { tokio::time::timeout(bound, fut).await }) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(describe(&e)),
+            Err(_) => Err(format!("no answer within {} ms", bound.as_millis())),
+        }
+    }
+}
+
 impl Drop for Rt {
     fn drop(&mut self) {
         if let Some(rt) = self.0.take() {
@@ -236,17 +252,9 @@ impl Postgres {
         fut: impl Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, GateError> {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
-        let bound = self.timeout;
-        match self
-            .rt
-            .block_on(async { tokio::time::timeout(bound, fut).await })
-        {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.unavailable(what, &describe(&e))),
-            Err(_) => {
-                Err(self.unavailable(what, &format!("no answer within {} ms", bound.as_millis())))
-            }
-        }
+        self.rt
+            .bounded(self.timeout, fut)
+            .map_err(|why| self.unavailable(what, &why))
     }
 
     fn connect(&self) -> Result<Conn, GateError> {

@@ -15,7 +15,7 @@ use tally_policy::{RunState, ToolState};
 use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::schema::decode;
-use crate::{describe, Rt};
+use crate::Rt;
 
 /// The `application_name` of the views' connection (seen in `pg_stat_activity`),
 /// appended to the gate's own.
@@ -79,17 +79,9 @@ impl Reader {
         fut: impl Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, GateError> {
         self.round_trips.fetch_add(round_trips, Ordering::Relaxed);
-        let bound = self.timeout;
-        match self
-            .rt
-            .block_on(async { tokio::time::timeout(bound, fut).await })
-        {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.unavailable(what, &describe(&e))),
-            Err(_) => {
-                Err(self.unavailable(what, &format!("no answer within {} ms", bound.as_millis())))
-            }
-        }
+        self.rt
+            .bounded(self.timeout, fut)
+            .map_err(|why| self.unavailable(what, &why))
     }
 
     fn connect(&self) -> Result<ReaderConn, GateError> {
