@@ -528,6 +528,13 @@ pub struct ServeArgs {
     /// 127.0.0.1). It is on the operator socket either way.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// Connections the `--metrics-listen` listener serves at once; one more gets 503.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub metrics_max_connections: usize,
+    /// The live page's event streams open at once, on every listener together; one more
+    /// gets 503.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_live_streams: usize,
     /// The log's format: `text`, or `json` (one object per line, and a line per
     /// decision: run, tool, decision, reason, seq; never arguments).
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]

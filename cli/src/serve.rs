@@ -57,6 +57,14 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
     if let Some(addr) = &args.metrics_listen {
         options.metrics_listen = Some(metrics_addr(addr)?);
     }
+    if args.metrics_max_connections == 0 {
+        bail!("--metrics-max-connections: must be at least 1");
+    }
+    options.metrics_max_connections = args.metrics_max_connections;
+    if args.max_live_streams == 0 {
+        bail!("--max-live-streams: must be at least 1");
+    }
+    options.max_live_streams = args.max_live_streams;
     options.log_format = match args.log_format.as_str() {
         "json" => tally_daemon::LogFormat::Json,
         _ => tally_daemon::LogFormat::Text,

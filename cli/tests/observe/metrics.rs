@@ -178,3 +178,59 @@ fn log_entries(dir: &Path) -> usize {
         .filter(|f| matches!(f, Ok(tally_ledger::Frame::Entry(_))))
         .count()
 }
+
+/// The status line of `GET path` on `stream`, read within 20 s.
+fn status_of(mut stream: impl std::io::Read + Write, path: &str) -> String {
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").expect("write");
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => got.push(byte[0]),
+            other => panic!("no status line ({other:?}): {got:?}"),
+        }
+    }
+    String::from_utf8_lossy(&got).trim_end().to_owned()
+}
+
+/// `--max-live-streams` and `--metrics-max-connections` bound what `tally serve` holds for
+/// the view: with both at 1, one open event stream on the listener takes the only
+/// stream (the operator socket's is refused `503`) and the listener's only connection
+/// (a scrape is refused `503`).
+#[test]
+fn the_views_bounds_are_set_by_flags() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    ledger(dir);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut served = tally().serve(
+        dir,
+        &[
+            "--metrics-listen",
+            &addr,
+            "--max-live-streams",
+            "1",
+            "--metrics-max-connections",
+            "1",
+        ],
+    );
+    let timeout = Some(Duration::from_secs(20));
+    let stream = std::net::TcpStream::connect(&addr).expect("connect");
+    stream.set_read_timeout(timeout).expect("timeout");
+    assert_eq!(status_of(&stream, "/v1/live/events"), "HTTP/1.1 200 OK");
+    let op = std::os::unix::net::UnixStream::connect(served.operator_socket()).expect("op");
+    op.set_read_timeout(timeout).expect("timeout");
+    assert_eq!(
+        status_of(&op, "/v1/live/events"),
+        "HTTP/1.1 503 Service Unavailable"
+    );
+    let scrape = std::net::TcpStream::connect(&addr).expect("connect");
+    scrape.set_read_timeout(timeout).expect("timeout");
+    assert_eq!(
+        status_of(&scrape, "/metrics"),
+        "HTTP/1.1 503 Service Unavailable"
+    );
+    drop(stream);
+    served.stop();
+}

@@ -171,10 +171,16 @@ impl Served {
     /// answer ends, so the client may read the last byte just before the settlement is
     /// durable. Waits for that (at most 10 s), never for a fixed time.
     async fn settled(&self, run: &str) -> Value {
+        self.held_back_to(run, 0).await
+    }
+
+    /// The run's standing once what it holds is back to `held` nanodollars (the calls
+    /// made since have had their outcomes recorded), as [`Served::settled`] waits.
+    async fn held_back_to(&self, run: &str, held: u64) -> Value {
         let until = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let v = self.standing(run).await;
-            if v["held_nanos"] == 0 || std::time::Instant::now() > until {
+            if v["held_nanos"] == held || std::time::Instant::now() > until {
                 return v;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -111,7 +111,7 @@ async fn a_redirect_to_another_host_is_refused_and_recorded_and_a_cut_stream_sta
     assert_eq!(st["settled_nanos"], 0, "{st}");
     assert!(st["held_nanos"].as_u64() >= Some(50_000_000), "{st}");
     // Status classes: 500 error, 429 rejected; nothing charged, nothing held by them.
-    let held = st["held_nanos"].clone();
+    let held = st["held_nanos"].as_u64().expect("held");
     for model in ["fake-500", "fake-429"] {
         let a = call(
             served.proxy,
@@ -122,7 +122,9 @@ async fn a_redirect_to_another_host_is_refused_and_recorded_and_a_cut_stream_sta
         .await;
         assert!(a.status == 500 || a.status == 429, "{}", a.text());
     }
-    let st = served.standing("r").await;
+    // Their outcomes are recorded as their answers end: wait for them, then nothing more
+    // is held than before.
+    let st = served.held_back_to("r", held).await;
     assert_eq!(st["held_nanos"], held, "{st}");
     served.verifies();
     // The refused redirect is in the ledger: the attempt's outcome, rejected, says why.
