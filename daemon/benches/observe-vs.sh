@@ -15,13 +15,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 L=${L:-target/release/tally-load}
 ROUNDS=${1:-5}; CLIENTS=${2:-64}; SECONDS_EACH=${3:-4}
-W=$(mktemp -d /tmp/observe-vs.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/observe-vs.XXXXXX")
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
 trap cleanup EXIT
 
 # The gate's limits lifted, as in "The gate (issue 10)": every call is allowed.
-printf '[ceiling]\nattempts = 1000000000\nspend_cents = 100000000000\nside_effects = 1000000000\n[loops]\ntool_calls = 1000000000\n[rate]\nrun_per_sec = 0\ntool_per_sec = 0\ntool_in_flight = 0\n[breaker]\nfailures = 1000000\n' > "$W/p.toml"
+printf 'max_open_runs_per_uid = 1000000\n[ceiling]\nattempts = 1000000000\nspend_cents = 100000000000\nside_effects = 1000000000\n[loops]\ntool_calls = 1000000000\n[rate]\nrun_per_sec = 0\ntool_per_sec = 0\ntool_in_flight = 0\n[breaker]\nfailures = 1000000\n' > "$W/p.toml"
 
 # An OTLP/HTTP receiver that accepts and drops every export.
 python3 - "$W/otlp.port" <<'PY' &
@@ -44,7 +44,7 @@ OTLP="http://127.0.0.1:$(cat "$W/otlp.port")"
 if [ "${NO_OTLP:-}" = 1 ]; then SIDES=(nootlp); else SIDES=(); for r in ${SAMPLES:-default}; do SIDES+=("s$r"); done; fi
 $L init --ledger "$W/plain"
 $L serve --ledger "$W/plain" --socket "$W/plain.sock" --policy "$W/p.toml" &
-pids+=($!)
+pids+=($!); echo $! > "$W/plain.pid"
 for side in "${SIDES[@]}"; do
   $L init --ledger "$W/$side"
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -56,7 +56,7 @@ for side in "${SIDES[@]}"; do
   esac
   $L serve --ledger "$W/$side" --socket "$W/$side.sock" --policy "$W/p.toml" \
     --metrics-listen "127.0.0.1:$port" "${TRACES[@]}" &
-  pids+=($!)
+  pids+=($!); echo $! > "$W/$side.pid"
 done
 for side in plain "${SIDES[@]}"; do
   while [ ! -S "$W/$side.sock" ]; do
@@ -77,7 +77,16 @@ done
 ALL=(plain "${SIDES[@]}")
 N=${#ALL[@]}
 echo "rounds=$ROUNDS clients=$CLIENTS seconds=$SECONDS_EACH sides=${ALL[*]}"
-bench() { $L bench --socket "$W/$1.sock" --clients "$CLIENTS" --seconds "$SECONDS_EACH" --check --json | tail -1; }
+# A daemon's CPU time so far (user + system, all threads), in ticks of 10 ms.
+ticks() { awk '{print $14 + $15}' "/proc/$(cat "$W/$1.pid")/stat"; }
+# One round of one daemon: the load's JSON report, with the daemon's CPU ticks spent in it.
+bench() {
+  local t0 t1
+  t0=$(ticks "$1")
+  $L bench --socket "$W/$1.sock" --clients "$CLIENTS" --seconds "$SECONDS_EACH" --check --json | tail -1 > "$W/$1.out"
+  t1=$(ticks "$1")
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["daemon_ticks"]=int(sys.argv[2]); print(json.dumps(d))' "$W/$1.out" $((t1 - t0))
+}
 for r in $(seq "$ROUNDS"); do
   # The order rotates each round, so no side always runs first (on a cooler machine).
   for i in $(seq 0 $((N - 1))); do
@@ -99,10 +108,15 @@ python3 - "$W" "$ROUNDS" "${ALL[@]}" <<'PY'
 import json, sys
 w, n, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 k = "decisions_per_sec"
-runs = {s: [json.load(open(f"{w}/{s}.{r}.json"))[k] for r in range(1, n + 1)] for s in sides}
+got = {s: [json.load(open(f"{w}/{s}.{r}.json")) for r in range(1, n + 1)] for s in sides}
+runs = {s: [g[k] for g in v] for s, v in got.items()}
 mean = {s: sum(v) / len(v) for s, v in runs.items()}
-print("means: plain %.0f/s" % mean["plain"])
+# The daemon's CPU per decision over all rounds (each check is two decisions' worth of
+# requests: check and outcome; `decisions` counts calls): microseconds per call.
+cpu = {s: 1e4 * sum(g["daemon_ticks"] for g in v) / sum(g["decisions"] for g in v) for s, v in got.items()}
+print("means: plain %.0f/s, daemon CPU %.1f us per call" % (mean["plain"], cpu["plain"]))
 for s in sides[1:]:
     per = ", ".join("%.2f" % (o / p) for o, p in zip(runs[s], runs["plain"]))
-    print("  %s %.0f/s ratio of the means %.3f; per round: %s" % (s, mean[s], mean[s] / mean["plain"], per))
+    print("  %s %.0f/s ratio of the means %.3f; daemon CPU %.1f us per call, plain/this %.3f; per round: %s"
+          % (s, mean[s], mean[s] / mean["plain"], cpu[s], cpu["plain"] / cpu[s], per))
 PY
