@@ -293,9 +293,11 @@ fn mismatch(computed: &TreeHash, expected: &TreeHash) -> ProofError {
 /// How many hashes an inclusion proof of `index` in a tree of `size` has: the inner
 /// part (where the paths to `index` and to `size - 1` differ) and the border.
 fn inclusion_len(index: u64, size: u64) -> (usize, usize) {
-    let inner = (64 - (index ^ (size - 1)).leading_zeros()) as usize;
-    let border = (index >> inner).count_ones() as usize;
-    (inner, border)
+    let inner = 64 - (index ^ (size - 1)).leading_zeros();
+    // `inner` is 64 when the paths part at the root's first bit (a size past 2^63): then
+    // nothing is left of the index above it (a plain `>>` by 64 overflows).
+    let border = index.checked_shr(inner).unwrap_or(0).count_ones() as usize;
+    (inner as usize, border)
 }
 
 /// The root an inclusion proof of `leaf` at `index` leads to in a tree of `size`.
@@ -456,6 +458,34 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{old} -> {size}: {e}"));
                 if old < size {
                     assert!(verify_consistency(old, size, &root, &root, &p).is_err());
+                }
+            }
+        }
+    }
+
+    /// Sizes past 2^63 (a hostile checkpoint or proof bundle names any u64): the proof
+    /// lengths are computed without overflow, and proofs that are not real are refused,
+    /// never a panic. (Found by `cargo fuzz run consistency`: `old` 2, `new` moved past
+    /// 2^63 panicked on a shift by 64 in a build with overflow checks.)
+    #[test]
+    fn sizes_past_two_to_the_63_are_refused_not_a_panic() {
+        assert_eq!(inclusion_len(0, 1 << 63), (63, 0));
+        assert_eq!(inclusion_len(0, (1 << 63) + 1), (64, 0));
+        assert_eq!(inclusion_len(1, u64::MAX), (64, 0));
+        assert_eq!(inclusion_len(u64::MAX - 1, u64::MAX), (0, 63));
+        let all = leaves(4);
+        let h = all[0];
+        for size in [1u64 << 63, (1 << 63) + 1, u64::MAX - 1, u64::MAX] {
+            for index in [0, 1, size / 2, size - 1] {
+                for len in [0usize, 1, 63, 64, 65, 127, 128] {
+                    let proof = vec![h; len];
+                    assert!(verify_inclusion(index, size, &h, &proof, &all[1]).is_err());
+                }
+            }
+            for old in [1u64, 2, 3, 1 << 62, size - 1] {
+                for len in [0usize, 1, 63, 64, 65, 127, 128] {
+                    let proof = vec![h; len];
+                    assert!(verify_consistency(old, size, &all[0], &all[1], &proof).is_err());
                 }
             }
         }
