@@ -547,8 +547,8 @@ pub struct ServeArgs {
     pub otlp_endpoint: Option<String>,
     /// The share of traces tally starts that are exported, 0 to 1 (default 0.1): a check
     /// or proxied call with no `traceparent` starts a trace, sampled at this ratio; one
-    /// with a `traceparent` is exported exactly when its caller sampled it. Every
-    /// decision records its trace id, sampled or not.
+    /// with a `traceparent` is exported exactly when its caller sampled it. A check's
+    /// decision records the caller's trace id, or its own span's when it is exported.
     #[arg(long, value_name = "RATIO", requires = "otlp_endpoint")]
     pub otlp_sample: Option<String>,
     /// Run the HTTP/model proxy for the policy's `[upstreams.NAME]` on this loopback TCP

@@ -230,9 +230,13 @@ async fn check(
         .tracer
         .as_ref()
         .map(|t| t.check(&req.tool, &req.run, parent.as_ref()));
-    req.trace_id = match &span {
-        Some(s) => Some(s.trace_id()),
-        None => parent.map(|(p, _)| p.trace_id),
+    // Recorded where the trace exists: the agent's (sampled or not: the agent knows its
+    // id), or the check's own span when it is exported. A root span that is not sampled
+    // names a trace nobody holds (docs/OPERATOR.md, "Traces").
+    req.trace_id = match (parent, &span) {
+        (Some((p, _)), _) => Some(p.trace_id),
+        (None, Some(s)) => s.exported_trace_id(),
+        (None, None) => None,
     };
     let seen = crate::observe::Seen::of(&req);
     let end = |answer: Option<&tally_gate::CheckAnswer>| {

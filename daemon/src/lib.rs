@@ -173,8 +173,8 @@ pub struct ServeOptions {
     pub otlp_endpoint: Option<String>,
     /// The ratio of checks and proxied calls that start their own trace whose spans are
     /// exported (0 to 1; default [`DEFAULT_OTLP_SAMPLE`]). A span whose caller sent a
-    /// `traceparent` follows the caller's sampled flag. Every decision records its trace
-    /// id, sampled or not.
+    /// `traceparent` follows the caller's sampled flag. A check's decision records the
+    /// caller's trace id, or its own span's when it is exported (docs/OPERATOR.md).
     pub otlp_sample: f64,
     /// The HTTP/model proxy for the policy's upstreams (docs/PROXY.md); `None` (the
     /// default): no proxy, and starts answer no run token.

@@ -1,6 +1,9 @@
 //! Spans over OTLP, and the W3C Trace Context an agent sends with a check
-//! (`tally_ledger::trace`: parsed strictly, an invalid one ignored). Every decision
-//! records a trace id, sampled or not, so an auditor joins the ledger to the traces.
+//! (`tally_ledger::trace`: parsed strictly, an invalid one ignored). A decision records
+//! the id of the trace it belongs to wherever that trace exists outside tally's own
+//! sampler (the agent's, sampled or not) or tally exports it, so an auditor joins the
+//! ledger to the traces; a root span tally does not sample names a trace nobody holds,
+//! and its id is not recorded.
 //!
 //! Sampling is decided at the head, by the SDK's parent-based sampler: a span whose
 //! caller sent a `traceparent` is exported exactly when the caller sampled it; a span
@@ -120,10 +123,12 @@ impl Exporter {
 }
 
 impl CheckSpan {
-    /// The span's trace id (32 lowercase hex), sampled or not.
-    pub fn trace_id(&self) -> String {
+    /// The span's trace id (32 lowercase hex) if the span is sampled (exported), else
+    /// `None`.
+    pub fn exported_trace_id(&self) -> Option<String> {
         use opentelemetry::trace::Span as _;
-        self.0.span_context().trace_id().to_string()
+        let sc = self.0.span_context();
+        sc.is_sampled().then(|| sc.trace_id().to_string())
     }
 
     /// End it with the gate's answer.

@@ -99,16 +99,17 @@ fn the_clients_traceparent_is_the_checks_parent_and_on_the_decision() {
     let ds = gate.finish("traced");
     let allowed = allows(&ds);
     assert_eq!(allowed.len(), 3 + hostile.len());
-    let trace = |d: &Decision| d.trace_id.clone().expect("a trace id on every decision");
+    let trace = |d: &Decision| d.trace_id.clone().expect("the agent's trace id");
     assert_eq!(trace(allowed[0]), SAMPLED);
     assert_eq!(trace(allowed[1]), UNSAMPLED);
     assert_eq!(trace(allowed[2]), STATE);
-    let mut fresh = std::collections::BTreeSet::new();
+    // A hostile traceparent starts a trace of the gate's own, which the sampler (ratio
+    // 0) drops: nothing names it, so no trace id is recorded, and never theirs.
     for d in &allowed[3..] {
-        let t = trace(d);
-        assert!(tally_ledger::decision::is_trace_id(&t), "{t}");
-        assert_ne!(t, SAMPLED, "a hostile traceparent was believed");
-        assert!(fresh.insert(t), "each a fresh trace");
+        assert_eq!(
+            d.trace_id, None,
+            "a hostile traceparent was believed: {d:?}"
+        );
     }
     // The daemon has stopped, its batch flushed: the two sampled traces' spans only.
     let mut spans = receiver.spans.lock().unwrap().clone();
