@@ -65,7 +65,10 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         }
         match (size_of.get(&old_root), size_of.get(&new_root)) {
             (Some(o), Some(n)) => {
-                assert!(o <= n, "a larger tree accepted as the prefix of a smaller one")
+                assert!(
+                    o <= n,
+                    "a larger tree accepted as the prefix of a smaller one"
+                )
             }
             // Two made-up roots consistent with each other (equal sizes and one root, or a
             // proof rebuilt from them): nothing about the real tree is claimed.
