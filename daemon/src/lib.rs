@@ -571,12 +571,13 @@ async fn serve_inner(
         let _ = p.await;
     }
     // The spans still batched are sent (the exporter's own thread; bounded by its
-    // timeout).
+    // timeout), and the live view's last points written.
     let flushed = Arc::clone(&app.observer);
     let _ = tokio::task::spawn_blocking(move || {
         if let Some(t) = &flushed.tracer {
             t.shutdown();
         }
+        flushed.live.close();
     })
     .await;
     let gate_failure = app.gate.failure();

@@ -63,19 +63,9 @@ fn first_event(served: &Daemon) -> Value {
 /// Wait until the trajectories' file holds `n` attempts points (its writer is a thread
 /// of its own: a point is on disk a moment after the page shows it).
 fn wait_for_points(dir: &Path, n: usize) {
-    let file = dir.join("ledger/live.ndjson");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        let got: usize = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .map(|l| {
-                l["points"]
-                    .as_array()
-                    .map_or(0, |p| p.iter().filter(|p| p[0] == 0).count())
-            })
-            .sum();
+        let (got, text) = points_in(dir);
         if got >= n {
             assert_eq!(got, n, "{text}");
             return;
@@ -83,6 +73,21 @@ fn wait_for_points(dir: &Path, n: usize) {
         assert!(Instant::now() < deadline, "{got} of {n} points: {text}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The attempts points the trajectories' file holds now, and its text.
+fn points_in(dir: &Path) -> (usize, String) {
+    let text = std::fs::read_to_string(dir.join("ledger/live.ndjson")).unwrap_or_default();
+    let got = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|l| {
+            l["points"]
+                .as_array()
+                .map_or(0, |p| p.iter().filter(|p| p[0] == 0).count())
+        })
+        .sum();
+    (got, text)
 }
 
 fn spark(run: &Value, dim: &str) -> Vec<u64> {
@@ -96,7 +101,8 @@ fn spark(run: &Value, dim: &str) -> Vec<u64> {
 
 /// Checks, then SIGKILL, then a new start: the page's JSON and its event stream have
 /// every trajectory point from before (attempts and spend), the next check adds to them;
-/// a torn last line (a write cut by the kill) is skipped and said in the log.
+/// a torn last line (a write cut by the kill) is skipped and said in the log; a clean
+/// stop writes the last point before it exits.
 #[test]
 fn trajectories_survive_kill_9_and_restart() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -156,4 +162,14 @@ fn trajectories_survive_kill_9_and_restart() {
         assert!(Instant::now() < deadline, "{}", served.log());
         std::thread::sleep(Duration::from_millis(20));
     }
+
+    // A clean stop right after checks: the file has their points too (the writer, which
+    // writes at most every 50 ms, is flushed and joined), with no wait.
+    wait_for_points(dir, 18);
+    for i in 0..8 {
+        served.check("s", "search", json!({"last": i}));
+    }
+    served.stop();
+    let (got, text) = points_in(dir);
+    assert_eq!(got, 26, "{text}");
 }

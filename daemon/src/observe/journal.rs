@@ -10,7 +10,8 @@
 //!   more: at most 20 writes a second, and a check almost never has to wake it (woken
 //!   per line, the thread and the wake-ups took a tenth of a busy daemon's CPU). A daemon
 //!   killed (`kill -9`, a crash) loses the points not yet written (at most the last
-//!   [`WRITE_EVERY`] of them), a machine that loses power may lose more.
+//!   [`WRITE_EVERY`] of them), a machine that loses power may lose more; a clean stop
+//!   writes them all ([`Journal::close`]).
 //! * Bounded: at start only the last [`super::live::POINTS`] points of the
 //!   [`super::live::MAX_RUNS`] most recently seen runs are kept (what the page shows),
 //!   and the file is rewritten with exactly those; while serving it is rewritten the same
@@ -61,6 +62,8 @@ enum Job {
 /// rewrite.
 pub(crate) struct Journal {
     jobs: std::sync::mpsc::SyncSender<Job>,
+    /// The writer thread, joined by [`Journal::close`].
+    writer: std::thread::JoinHandle<()>,
     appended: u64,
     dropped: bool,
 }
@@ -111,7 +114,7 @@ impl Journal {
     pub fn start(dir: &Path, lines: Vec<Line>) -> std::io::Result<Journal> {
         let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
         let dir = dir.to_path_buf();
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("tally-live".into())
             .spawn(move || {
                 // First the file as memory holds it; lines handed over meanwhile queue.
@@ -158,6 +161,7 @@ impl Journal {
             })?;
         Ok(Journal {
             jobs,
+            writer,
             appended: 0,
             dropped: false,
         })
@@ -179,6 +183,15 @@ impl Journal {
             );
         }
         self.appended += 1;
+    }
+
+    /// Write every line handed over and end the writer (at a clean stop: what a stop
+    /// loses is only what `kill -9` would, never the last [`WRITE_EVERY`] of points).
+    pub fn close(self) {
+        drop(self.jobs);
+        // The thread takes what is queued, writes it and ends once the channel is empty
+        // and closed; a writer that panicked has nothing more to write.
+        let _ = self.writer.join();
     }
 
     /// Whether the file should be rewritten from memory.

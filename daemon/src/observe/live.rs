@@ -258,6 +258,16 @@ impl Live {
         Live { inner }
     }
 
+    /// At a clean stop: the trajectories' file gets every point taken (the writer is
+    /// joined; it may take [`super::journal::WRITE_EVERY`]). Blocks: call it off the
+    /// async workers.
+    pub fn close(&self) {
+        let journal = self.lock().journal.take();
+        if let Some(j) = journal {
+            j.close();
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
