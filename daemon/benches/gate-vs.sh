@@ -11,7 +11,7 @@ A=$1; B=$2; ROUNDS=${3:-10}; S=${4:-3}
 W=$(mktemp -d "${TMPDIR:-/tmp}/gate-vs.XXXXXX"); pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
 trap cleanup EXIT
-printf 'max_open_runs_per_uid = 1000000\n[ceiling]\nattempts = 1000000000\nspend_cents = 100000000000\nside_effects = 1000000000\n[loops]\ntool_calls = 1000000000\n[rate]\nrun_per_sec = 0\ntool_per_sec = 0\ntool_in_flight = 0\n[breaker]\nfailures = 1000000\n' > "$W/p.toml"
+cp "$(dirname "$0")/lifted-policy.toml" "$W/p.toml"
 for s in a b; do
   if [ $s = a ]; then L=$A; else L=$B; fi
   $L init --ledger "$W/$s" > /dev/null

@@ -20,8 +20,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
 trap cleanup EXIT
 
-# The gate's limits lifted, as in "The gate (issue 10)": every call is allowed.
-printf 'max_open_runs_per_uid = 1000000\n[ceiling]\nattempts = 1000000000\nspend_cents = 100000000000\nside_effects = 1000000000\n[loops]\ntool_calls = 1000000000\n[rate]\nrun_per_sec = 0\ntool_per_sec = 0\ntool_in_flight = 0\n[breaker]\nfailures = 1000000\n' > "$W/p.toml"
+cp daemon/benches/lifted-policy.toml "$W/p.toml"
 
 # An OTLP/HTTP receiver that accepts and drops every export.
 python3 - "$W/otlp.port" <<'PY' &
