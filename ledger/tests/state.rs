@@ -165,3 +165,25 @@ fn a_ledger_keeps_its_state_as_deltas_and_gives_it_back() {
     // Each key's first value is whole; the rest are deltas.
     assert!(deltas > 300, "{deltas} deltas, {whole} whole");
 }
+
+/// The writer does not try a delta for a value under 13 bytes (a run link's 8-byte seq
+/// is one, in every group): LZ4 cannot write one shorter, even against a base equal to
+/// the value, so skipping it never changes what is stored.
+#[test]
+fn values_under_13_bytes_are_never_shorter_as_deltas() {
+    for len in 1..13usize {
+        for base in [vec![7u8; len], vec![7u8; 64], (0..len as u8).collect()] {
+            let value = vec![7u8; len];
+            let block = lz4_flex::block::compress_with_dict(&value, &base);
+            assert!(
+                block.len() + 4 >= len,
+                "{len} bytes: a {}-byte block",
+                block.len()
+            );
+            assert_eq!(
+                StateValue::encode(&value, Some(&base)),
+                StateValue::Full(value)
+            );
+        }
+    }
+}

@@ -31,6 +31,11 @@ pub(super) fn write_pairs<'a>(
     }
 }
 
+/// The shortest value worth a delta. LZ4 writes any input under 13 bytes (its `MFLIMIT`
+/// of 12, plus one) as literals, one byte longer than the input, so trying a shorter one
+/// only costs the compressor's table (a run link's 8-byte seq, in every commit group).
+const MIN_DELTA_VALUE: usize = 13;
+
 /// One value of a state frame, as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -52,7 +57,7 @@ impl StateValue {
     /// a delta when that is shorter, else whole.
     pub fn encode(value: &[u8], base: Option<&[u8]>) -> StateValue {
         if let Some(base) = base.filter(|b| b.len() <= MAX_DELTA_BASE && !b.is_empty()) {
-            if value.len() > 4 {
+            if value.len() >= MIN_DELTA_VALUE {
                 let block = lz4_flex::block::compress_with_dict(value, base);
                 if block.len() + 4 < value.len() {
                     return StateValue::Delta {
