@@ -234,68 +234,113 @@ pub(crate) fn link_key(run: &[u8]) -> Vec<u8> {
 const MAX_LINKS: usize = 1 << 20;
 
 /// The seq of each run's last decision, for the `prev_seq` links.
-#[derive(Default)]
 pub(crate) struct RunLinks {
-    last: HashMap<Vec<u8>, u64>,
+    /// Most runs kept in memory ([`MAX_LINKS`]).
+    cap: usize,
+    /// Each run's last seq, and the number of the group that last linked it.
+    last: HashMap<Vec<u8>, (u64, u64)>,
+    /// The group being linked (counts from 1).
+    group: u64,
+    /// The runs the current group linked, each once.
+    touched: Vec<Vec<u8>>,
+}
+
+impl Default for RunLinks {
+    fn default() -> RunLinks {
+        RunLinks::with_cap(MAX_LINKS)
+    }
 }
 
 impl RunLinks {
+    fn with_cap(cap: usize) -> RunLinks {
+        RunLinks {
+            cap,
+            last: HashMap::new(),
+            group: 0,
+            touched: Vec::new(),
+        }
+    }
+
+    /// Start linking a new group (forgetting the runs the last one touched).
+    pub(crate) fn begin_group(&mut self) {
+        self.group += 1;
+        self.touched.clear();
+    }
+
     /// Link the decision `plaintext` (canonical JSON) at `seq` to its run's previous one:
     /// `prev_seq` is spliced in as its last field (declared last, so the result is still
-    /// canonical). The run's new last seq goes into `group` (by run), to be recorded with
-    /// the group's state ([`RunLinks::pairs`]). Allocates only for a run new to this
-    /// process or to the group.
-    pub(crate) fn link(
-        &mut self,
-        store: &Store,
-        plaintext: &mut Vec<u8>,
-        seq: u64,
-        group: &mut HashMap<Vec<u8>, u64>,
-    ) -> Result<()> {
+    /// canonical). The run's new last seq is recorded with the group's state
+    /// ([`RunLinks::pairs`]). One hash lookup per decision; allocates only for a run new
+    /// to this process or to the group.
+    pub(crate) fn link(&mut self, store: &Store, plaintext: &mut Vec<u8>, seq: u64) -> Result<()> {
         let Some(run) = run_of(plaintext) else {
             return Ok(());
         };
         if run.is_empty() {
             return Ok(());
         }
-        let prev = match self.last.get_mut(run) {
-            Some(p) => Some(std::mem::replace(p, seq)),
+        let group = self.group;
+        let (prev, first_in_group) = match self.last.get_mut(run) {
+            Some((last, stamp)) => {
+                let first = *stamp != group;
+                *stamp = group;
+                (Some(std::mem::replace(last, seq)), first)
+            }
             None => {
                 let stored = store.state_get(&link_key(run))?.and_then(|v| {
                     let b: [u8; 8] = v.as_slice().try_into().ok()?;
                     Some(u64::from_be_bytes(b))
                 });
-                if self.last.len() >= MAX_LINKS {
+                if self.last.len() >= self.cap {
+                    // Keep the runs this group linked: `pairs` reads their seqs here.
+                    let keep: Vec<_> = (self.touched.iter())
+                        .filter_map(|r| Some((r.clone(), *self.last.get(r)?)))
+                        .collect();
                     self.last.clear();
+                    self.last.extend(keep);
                 }
-                self.last.insert(run.to_vec(), seq);
-                stored
+                self.last.insert(run.to_vec(), (seq, group));
+                (stored, true)
             }
         };
-        match group.get_mut(run) {
-            Some(s) => *s = seq,
-            None => {
-                group.insert(run.to_vec(), seq);
-            }
+        if first_in_group {
+            self.touched.push(run.to_vec());
         }
         if let Some(p) = prev {
             if plaintext.last() == Some(&b'}') {
-                use std::io::Write as _;
                 plaintext.pop();
-                // Writing to a Vec cannot fail.
-                let _ = write!(plaintext, ",\"prev_seq\":{p}}}");
+                plaintext.extend_from_slice(b",\"prev_seq\":");
+                push_decimal(plaintext, p);
+                plaintext.push(b'}');
             }
         }
         Ok(())
     }
 
-    /// The state pairs recording each run's last seq of a group.
-    pub(crate) fn pairs(group: &HashMap<Vec<u8>, u64>) -> Vec<(Vec<u8>, Vec<u8>)> {
-        group
-            .iter()
-            .map(|(run, seq)| (link_key(run), seq.to_be_bytes().to_vec()))
+    /// The state pairs recording each run's last seq in the current group.
+    pub(crate) fn pairs(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        (self.touched.iter())
+            .filter_map(|run| {
+                let (seq, _) = self.last.get(run)?;
+                Some((link_key(run), seq.to_be_bytes().to_vec()))
+            })
             .collect()
     }
+}
+
+/// Append `n` in decimal (as JSON writes it) to `out`.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// The raw (escaped) bytes of the `run` string a canonical decision starts with.
@@ -314,7 +359,82 @@ fn run_of(plaintext: &[u8]) -> Option<&[u8]> {
 
 #[cfg(test)]
 mod tests {
-    use super::run_of;
+    use super::{link_key, push_decimal, run_of, RunLinks};
+    use crate::store::Store;
+
+    /// Link `runs` as one group at seqs from `seq`, record its pairs as the writer does,
+    /// and return the decisions as linked.
+    fn group(links: &mut RunLinks, store: &Store, seq: u64, runs: &[&str]) -> Vec<String> {
+        links.begin_group();
+        let mut out = Vec::new();
+        for (i, run) in runs.iter().enumerate() {
+            let mut d = format!(r#"{{"run":"{run}","kind":"start"}}"#).into_bytes();
+            links.link(store, &mut d, seq + i as u64).unwrap();
+            out.push(String::from_utf8(d).unwrap());
+        }
+        let pairs = links.pairs();
+        let pairs = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice()));
+        store.apply_group(pairs, None, (0, seq)).unwrap();
+        out
+    }
+
+    /// Past its cap the map starts again, keeping the runs of the group being linked:
+    /// every link is still the run's last seq, from memory or from the index.
+    #[test]
+    fn links_survive_the_map_starting_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let mut links = RunLinks::with_cap(2);
+        let first = group(&mut links, &store, 1, &["a", "b", "a", "c", "d", "c"]);
+        let linked =
+            |prev: u64, run: &str| format!(r#"{{"run":"{run}","kind":"start","prev_seq":{prev}}}"#);
+        let start = |run: &str| format!(r#"{{"run":"{run}","kind":"start"}}"#);
+        assert_eq!(
+            first,
+            [
+                start("a"),
+                start("b"),
+                linked(1, "a"),
+                start("c"),
+                start("d"),
+                linked(4, "c")
+            ]
+        );
+        let v = |seq: u64| Some(seq.to_be_bytes().to_vec());
+        for (run, seq) in [("a", 3), ("b", 2), ("c", 6), ("d", 5)] {
+            assert_eq!(
+                store.state_get(&link_key(run.as_bytes())).unwrap(),
+                v(seq),
+                "{run}"
+            );
+        }
+        let second = group(&mut links, &store, 7, &["b", "a", "e", "d"]);
+        assert_eq!(
+            second,
+            [linked(2, "b"), linked(3, "a"), start("e"), linked(5, "d")]
+        );
+        assert_eq!(links.pairs().len(), 4);
+    }
+
+    #[test]
+    fn decimals_are_written_as_json_writes_them() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12_345,
+            u64::from(u32::MAX),
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            let mut out = b"x".to_vec();
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}").into_bytes());
+        }
+    }
 
     #[test]
     fn run_of_reads_escaped_names() {

@@ -185,8 +185,8 @@ impl Writer {
             push_frame(&mut frames, TAG_ENTRY, &bytes);
         }
         let mut receipts = Vec::with_capacity(count);
-        // The last seq of each run this group links, recorded with the group's state.
-        let mut group_links: std::collections::HashMap<Vec<u8>, u64> = Default::default();
+        // The last seq of each run this group links is recorded with the group's state.
+        self.links.begin_group();
         let mut linked = std::mem::take(&mut self.linked);
         let mut entries = |leaves: &mut Leaves<'_>| -> Result<()> {
             for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
@@ -196,7 +196,7 @@ impl Writer {
                 nonce[16..].copy_from_slice(&seq.to_be_bytes());
                 linked.clear();
                 linked.extend_from_slice(plaintext);
-                self.links.link(store, &mut linked, seq, &mut group_links)?;
+                self.links.link(store, &mut linked, seq)?;
                 let bytes = self.cipher.decision_entry(
                     self.ledger_id,
                     seq,
@@ -245,7 +245,7 @@ impl Writer {
             self.secrets
                 .sign_checkpoint(self.ledger_id, self.next_seq, self.head, wall);
         self.linked = linked;
-        let links = RunLinks::pairs(&group_links);
+        let links = self.links.pairs();
         // The group's last value of each key, in one state frame before the checkpoint.
         let mut changed: BTreeMap<&[u8], &[u8]> = BTreeMap::new();
         for (k, v) in group.iter().flat_map(|p| &p.state) {
