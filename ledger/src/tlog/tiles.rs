@@ -102,6 +102,9 @@ pub struct TreeWriter {
     dir: PathBuf,
     frontier: Frontier,
     files: Vec<File>,
+    /// Each level file's length: what this writer set and wrote (it holds the writer's
+    /// lock), so a flush needs no `stat`.
+    lens: Vec<u64>,
     /// Hashes to append per tile level, gathered over one group.
     pending: Vec<Vec<u8>>,
 }
@@ -114,6 +117,7 @@ impl TreeWriter {
         fs::create_dir_all(&tree).map_err(|e| Error::io(&tree, e))?;
         let size = frontier.size();
         let mut files = Vec::new();
+        let mut lens = Vec::new();
         for level in 0..8u8 {
             let path = level_path(dir, level);
             let f = OpenOptions::new()
@@ -126,11 +130,13 @@ impl TreeWriter {
             let want = (size >> (u32::from(level) * 8)) * 32;
             f.set_len(want).map_err(|e| Error::io(&path, e))?;
             files.push(f);
+            lens.push(want);
         }
         Ok(TreeWriter {
             dir: dir.to_path_buf(),
             frontier,
             files,
+            lens,
             pending: vec![Vec::new(); 8],
         })
     }
@@ -158,13 +164,11 @@ impl TreeWriter {
             if buf.is_empty() {
                 continue;
             }
-            let f = &self.files[level];
-            let end = f
-                .metadata()
-                .map_err(|e| Error::io(level_path(&self.dir, level as u8), e))?
-                .len();
-            f.write_all_at(buf, end)
+            let end = self.lens[level];
+            self.files[level]
+                .write_all_at(buf, end)
                 .map_err(|e| Error::io(level_path(&self.dir, level as u8), e))?;
+            self.lens[level] = end + buf.len() as u64;
             buf.clear();
         }
         Ok(())
