@@ -55,6 +55,27 @@ impl DataKey {
         nonce: [u8; 24],
         plaintext: &[u8],
     ) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(HEADER_LEN + plaintext.len() + TAG_LEN);
+        self.decision_entry_into(
+            ledger_id, seq, epoch, wall_ms, prev_hash, nonce, plaintext, &mut bytes,
+        );
+        bytes
+    }
+
+    /// [`DataKey::decision_entry`], appended to `out` (a commit group's frames, so the
+    /// entry is built where it is written).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decision_entry_into(
+        &self,
+        ledger_id: LedgerId,
+        seq: u64,
+        epoch: u32,
+        wall_ms: u64,
+        prev_hash: Hash,
+        nonce: [u8; 24],
+        plaintext: &[u8],
+        out: &mut Vec<u8>,
+    ) {
         let header = Header {
             entry_type: EntryType::Decision,
             ledger_id,
@@ -65,22 +86,15 @@ impl DataKey {
             nonce,
             body_len: (plaintext.len() + TAG_LEN) as u32,
         };
-        let mut bytes = Vec::with_capacity(HEADER_LEN + plaintext.len() + TAG_LEN);
-        bytes.extend_from_slice(&header.encode());
-        self.seal_into(&nonce, plaintext, &mut bytes);
-        bytes
-    }
-
-    /// Encrypt `plaintext` onto `out`, which holds exactly the entry header: the header is
-    /// bound as associated data, and `out` becomes the whole entry.
-    pub fn seal_into(&self, nonce: &[u8; 24], plaintext: &[u8], out: &mut Vec<u8>) {
+        let at = out.len();
+        out.extend_from_slice(&header.encode());
         let start = out.len();
         out.extend_from_slice(plaintext);
-        let (header, body) = out.split_at_mut(start);
+        let (head, body) = out.split_at_mut(start);
         // Encryption only fails for messages beyond 256 GiB.
         let tag = self
             .cipher
-            .encrypt_in_place_detached(XNonce::from_slice(nonce), header, body)
+            .encrypt_in_place_detached(XNonce::from_slice(&nonce), &head[at..], body)
             .unwrap_or_default();
         out.extend_from_slice(&tag);
     }

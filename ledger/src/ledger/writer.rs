@@ -66,11 +66,11 @@ enum Leaves<'a> {
 }
 
 impl Leaves<'_> {
-    fn push(&mut self, bytes: Vec<u8>) {
+    fn push(&mut self, bytes: &[u8]) {
         match self {
-            Leaves::Inline(tree) => tree.push(leaf_hash(&bytes)),
+            Leaves::Inline(tree) => tree.push(leaf_hash(bytes)),
             Leaves::Thread { chunk, tx } => {
-                chunk.push(bytes);
+                chunk.push(bytes.to_vec());
                 if chunk.len() >= LEAF_CHUNK {
                     let full = std::mem::replace(chunk, Vec::with_capacity(LEAF_CHUNK));
                     // The thread ends only once the sender is dropped, or by panicking
@@ -197,7 +197,11 @@ impl Writer {
                 linked.clear();
                 linked.extend_from_slice(plaintext);
                 self.links.link(store, &mut linked, seq)?;
-                let bytes = self.cipher.decision_entry(
+                // Built in place in the group's frames: tag, length, then the entry.
+                frames.push(TAG_ENTRY);
+                let len_at = frames.len();
+                frames.extend_from_slice(&[0; 4]);
+                self.cipher.decision_entry_into(
                     self.ledger_id,
                     seq,
                     self.secrets.epoch,
@@ -205,15 +209,18 @@ impl Writer {
                     self.head,
                     nonce,
                     &linked,
+                    &mut frames,
                 );
-                self.head = entry_hash(&bytes);
+                let bytes = &frames[len_at + 4..];
+                self.head = entry_hash(bytes);
+                leaves.push(bytes);
+                let len = (bytes.len() as u32).to_be_bytes();
+                frames[len_at..len_at + 4].copy_from_slice(&len);
                 self.next_seq += 1;
                 receipts.push(Receipt {
                     seq,
                     hash: self.head,
                 });
-                push_frame(&mut frames, TAG_ENTRY, &bytes);
-                leaves.push(bytes);
             }
             Ok(())
         };
