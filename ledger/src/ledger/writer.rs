@@ -51,8 +51,8 @@ pub(super) struct Writer {
 /// (starting one costs about as much as 30 leaf hashes; the crash tests append groups of 200).
 const TREE_THREAD_MIN: usize = 128;
 /// Entries handed to that thread at a time, and chunks in flight to it.
-const LEAF_CHUNK: usize = 32;
-const LEAF_CHUNKS: usize = 64;
+const LEAF_CHUNK: usize = 256;
+const LEAF_CHUNKS: usize = 16;
 
 /// Where a group's entries go to become the tree's leaves, in order.
 enum Leaves<'a> {
