@@ -149,9 +149,20 @@ impl SegmentHeader {
 
 /// Append one frame to `out`.
 pub fn push_frame(out: &mut Vec<u8>, tag: u8, payload: &[u8]) {
+    push_frame_with(out, tag, |out| out.extend_from_slice(payload));
+}
+
+/// Append one frame to `out` whose payload `write` appends in place (a decision entry
+/// built where it is written); returns where the payload starts in `out`.
+pub fn push_frame_with(out: &mut Vec<u8>, tag: u8, write: impl FnOnce(&mut Vec<u8>)) -> usize {
     out.push(tag);
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    out.extend_from_slice(payload);
+    let len_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let start = out.len();
+    write(out);
+    let len = (out.len() - start) as u32;
+    out[len_at..start].copy_from_slice(&len.to_be_bytes());
+    start
 }
 
 pub(crate) fn max_payload(tag: u8) -> Option<usize> {

@@ -197,25 +197,22 @@ impl Writer {
                 linked.clear();
                 linked.extend_from_slice(plaintext);
                 self.links.link(store, &mut linked, seq)?;
-                // Built in place in the group's frames: tag, length, then the entry.
-                frames.push(TAG_ENTRY);
-                let len_at = frames.len();
-                frames.extend_from_slice(&[0; 4]);
-                self.cipher.decision_entry_into(
-                    self.ledger_id,
-                    seq,
-                    self.secrets.epoch,
-                    wall,
-                    self.head,
-                    nonce,
-                    &linked,
-                    &mut frames,
-                );
-                let bytes = &frames[len_at + 4..];
+                // Built in place in the group's frames.
+                let at = segment::push_frame_with(&mut frames, TAG_ENTRY, |out| {
+                    self.cipher.decision_entry_into(
+                        self.ledger_id,
+                        seq,
+                        self.secrets.epoch,
+                        wall,
+                        self.head,
+                        nonce,
+                        &linked,
+                        out,
+                    )
+                });
+                let bytes = &frames[at..];
                 self.head = entry_hash(bytes);
                 leaves.push(bytes);
-                let len = (bytes.len() as u32).to_be_bytes();
-                frames[len_at..len_at + 4].copy_from_slice(&len);
                 self.next_seq += 1;
                 receipts.push(Receipt {
                     seq,
