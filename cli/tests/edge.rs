@@ -398,7 +398,7 @@ fn a_dash_reads_and_writes_the_standard_streams() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("to standard output"), "{}", stderr(&o));
     let export = o.stdout;
-    assert!(export.starts_with(b"tally export v1\n"));
+    assert!(export.starts_with(b"tally export v2\n"));
     let mut child = tally()
         .args(["verify", "-", "--key", "ledger/ledger.pub", "--json"])
         .current_dir(d)

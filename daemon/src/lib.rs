@@ -9,7 +9,7 @@
 //!   `[{"seq", "hash"}]` is sent only after the decisions are durable and sealed by a
 //!   signed checkpoint; a batch is atomic.
 //! * `GET /v1/runs/{run}`, `GET /v1/checkpoint`, `GET /v1/health`, `GET /v1/export`
-//!   (a consistent `tally export v1` snapshot while appends go on).
+//!   (a consistent `tally export v2` snapshot while appends go on).
 //! * No route updates, deletes or rewinds anything.
 //!
 //! Errors are typed JSON ([`tally_api::wire::ErrorReply`]). When the ledger cannot write, every

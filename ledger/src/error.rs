@@ -139,8 +139,13 @@ pub enum Error {
     Busy(PathBuf),
     /// The directory holds a ledger in layout 1 (entries inside the sled store
     /// `store/`), which this build neither reads nor writes.
-    #[error("{0}: this ledger is in layout 1 (its entries inside the sled store `store/`); this build reads and writes layout 2 only (append-only segments in `log/`, docs/FORMAT.md). Export it with the tally build that wrote it (`tally export --ledger DIR --out FILE`; exports are unchanged, so this build verifies that file with `tally verify FILE --key DIR/ledger.pub`). There is no import into layout 2: start a new ledger with `tally init` in another directory, and keep the old directory and its export as the old ledger's record")]
+    #[error("{0}: this ledger is in layout 1 (its entries inside the sled store `store/`); this build reads and writes layout 3 only (append-only segments in `log/`, docs/FORMAT.md). Export it with the tally build that wrote it (`tally export --ledger DIR --out FILE`; this build verifies that file, a `tally export v1`, with `tally verify FILE --key DIR/ledger.pub`). There is no import into layout 3: start a new ledger with `tally init` in another directory, and keep the old directory and its export as the old ledger's record")]
     OldLayout(PathBuf),
+    /// The directory holds a ledger in layout 2 (segments whose entries are chained over
+    /// their bytes, not their Merkle leaf hashes), which this build neither reads nor
+    /// writes; its exports (`tally export v1`) this build verifies.
+    #[error("{0}: this ledger is in layout 2 (its log's segments start `tally segment 2`: entries chained over their bytes); this build reads and writes layout 3 only (entries chained over their Merkle leaf hashes, docs/FORMAT.md). Export it with the tally build that wrote it (`tally export --ledger DIR --out FILE`); this build verifies that file, a `tally export v1`, with `tally verify FILE --key DIR/ledger.pub`. There is no import into layout 3: start a new ledger with `tally init` in another directory, and keep the old directory and its export as the old ledger's record")]
+    Layout2(PathBuf),
     /// A log segment that is not what the layout says (header, name, numbering).
     #[error("{path}: {why}")]
     Segment {

@@ -1,7 +1,7 @@
 //! The export file: one self-describing file holding a ledger's entries and checkpoints,
 //! for offline audit.
 //!
-//! Layout: the 16-byte magic `tally export v1\n`, then frames `tag (u8) | len (u32 BE) |
+//! Layout: the 16-byte magic `tally export v2\n`, then frames `tag (u8) | len (u32 BE) |
 //! payload`, in [`Frame`] order, then one end frame (tag `0xff`, 16 bytes: entry count and
 //! checkpoint count, u64 BE each), then nothing. A file cut inside a frame is *torn*; a
 //! file cut between frames (no end frame) is *cut clean*: the reader tells them apart.
@@ -11,8 +11,8 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::format::{
-    Checkpoint, Frame, LedgerId, DOMAIN_EXPORT_END, EXPORT_MAGIC, FRAME_CHECKPOINT, FRAME_COSIGNED,
-    FRAME_END, FRAME_ENTRY, FRAME_SIGNED_END, MAX_FRAME_LEN,
+    ChainRule, Checkpoint, Frame, LedgerId, DOMAIN_EXPORT_END, EXPORT_MAGIC, EXPORT_MAGIC_V1,
+    FRAME_CHECKPOINT, FRAME_COSIGNED, FRAME_END, FRAME_ENTRY, FRAME_SIGNED_END, MAX_FRAME_LEN,
 };
 use crate::tlog::merkle::TreeHash;
 use crate::tlog::note::Note;
@@ -76,7 +76,7 @@ pub struct Seal<'a> {
 #[non_exhaustive]
 pub enum ExportError {
     /// Not an export file (or an unknown export version).
-    #[error("not a tally export v1 file (bad magic)")]
+    #[error("not a tally export file (its first 16 bytes are neither `tally export v2` nor `tally export v1`)")]
     BadMagic,
     /// The file ends inside a frame: a torn write or a cut mid-record.
     #[error("torn frame at byte {offset}: file ends {missing} bytes early")]
@@ -331,6 +331,7 @@ pub struct ExportReader<R: Read> {
     checkpoints: u64,
     done: bool,
     end: Option<SignedEnd>,
+    chain: ChainRule,
 }
 
 impl<R: Read> ExportReader<R> {
@@ -342,9 +343,12 @@ impl<R: Read> ExportReader<R> {
             offset: 0,
             message: e.to_string(),
         })?;
-        if n != 16 || &magic != EXPORT_MAGIC {
-            return Err(ExportError::BadMagic);
-        }
+        let chain = match &magic {
+            _ if n != 16 => return Err(ExportError::BadMagic),
+            m if m == EXPORT_MAGIC => ChainRule::LeafHash,
+            m if m == EXPORT_MAGIC_V1 => ChainRule::EntryBytes,
+            _ => return Err(ExportError::BadMagic),
+        };
         Ok(ExportReader {
             input,
             offset: 16,
@@ -352,7 +356,14 @@ impl<R: Read> ExportReader<R> {
             checkpoints: 0,
             done: false,
             end: None,
+            chain,
         })
+    }
+
+    /// How the export's entries are chained, by its magic: [`ChainRule::LeafHash`] for
+    /// `tally export v2`, [`ChainRule::EntryBytes`] for `v1` (written before layout 3).
+    pub fn chain_rule(&self) -> ChainRule {
+        self.chain
     }
 
     /// The signed end marker, once the export was read to it (`None` after a plain one).

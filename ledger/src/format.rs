@@ -24,7 +24,10 @@ pub const EPOCH_BODY_LEN: usize = 32 + 32 + 64;
 pub const TAG_LEN: usize = 16;
 
 /// BLAKE3 derive-key context for entry hashes.
-pub const CONTEXT_ENTRY_HASH: &str = "tally v1 entry hash";
+pub const CONTEXT_ENTRY_HASH: &str = "tally v2 entry hash";
+/// BLAKE3 derive-key context for the chain hashes of `tally export v1` files (ledgers
+/// written in layout 2 or before), which this build verifies but never writes.
+pub const CONTEXT_ENTRY_HASH_V1: &str = "tally v1 entry hash";
 /// BLAKE3 derive-key context for key ids.
 pub const CONTEXT_KEY_ID: &str = "tally v1 key id";
 /// BLAKE3 derive-key context for an epoch's data key.
@@ -69,10 +72,54 @@ fn entry_hash_key() -> &'static [u8; 32] {
     KEY.get_or_init(|| blake3::derive_key(CONTEXT_ENTRY_HASH, b""))
 }
 
-/// The chain hash of an entry: BLAKE3 keyed with `derive_key("tally v1 entry hash", "")`
-/// over the entry's exact stored bytes. Needs no secret.
+/// The chain hash of an entry: BLAKE3 keyed with `derive_key("tally v2 entry hash", "")`
+/// over the entry's Merkle leaf hash, `SHA-256(0x00 ‖ entry)` of its exact stored bytes
+/// ([`crate::tlog::merkle::leaf_hash`]). Needs no secret. The entry's bytes are hashed
+/// once, for the tree and the chain both.
 pub fn entry_hash(entry: &[u8]) -> Hash {
-    Hash(*blake3::keyed_hash(entry_hash_key(), entry).as_bytes())
+    chain_hash(&crate::tlog::merkle::leaf_hash(entry))
+}
+
+/// The chain hash of the entry whose Merkle leaf hash is `leaf` (see [`entry_hash`]).
+pub fn chain_hash(leaf: &[u8; 32]) -> Hash {
+    Hash(*blake3::keyed_hash(entry_hash_key(), leaf).as_bytes())
+}
+
+/// How a ledger's entries are chained: fixed for the ledger when it is created, and named
+/// by the magic of its segments and its exports (docs/FORMAT.md, "Entry").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ChainRule {
+    /// [`entry_hash`]: keyed BLAKE3 over the entry's Merkle leaf hash. Layout 3 segments
+    /// and `tally export v2`, the only form this build writes.
+    LeafHash,
+    /// Keyed BLAKE3 (`derive_key("tally v1 entry hash", "")`) over the entry's stored
+    /// bytes: `tally export v1`, from ledgers written in layout 2 or before. Verified,
+    /// never written.
+    EntryBytes,
+}
+
+impl ChainRule {
+    /// The chain hash of the entry `entry` under this rule.
+    pub fn hash(self, entry: &[u8]) -> Hash {
+        match self {
+            ChainRule::LeafHash => entry_hash(entry),
+            ChainRule::EntryBytes => {
+                static KEY: OnceLock<[u8; 32]> = OnceLock::new();
+                let key = KEY.get_or_init(|| blake3::derive_key(CONTEXT_ENTRY_HASH_V1, b""));
+                Hash(*blake3::keyed_hash(key, entry).as_bytes())
+            }
+        }
+    }
+
+    /// [`ChainRule::hash`] of `entry`, given its Merkle leaf hash `leaf` (which the
+    /// leaf-hash rule then does not compute again).
+    pub fn hash_with_leaf(self, entry: &[u8], leaf: &[u8; 32]) -> Hash {
+        match self {
+            ChainRule::LeafHash => chain_hash(leaf),
+            rule => rule.hash(entry),
+        }
+    }
 }
 
 /// The 4-byte id of an Ed25519 verifying key: the first bytes of
@@ -503,7 +550,10 @@ pub enum Frame {
 }
 
 /// Export file magic: 16 bytes.
-pub const EXPORT_MAGIC: &[u8; 16] = b"tally export v1\n";
+pub const EXPORT_MAGIC: &[u8; 16] = b"tally export v2\n";
+/// The magic of exports chained by [`ChainRule::EntryBytes`] (written by builds before
+/// layout 3), which [`crate::export::ExportReader`] still reads.
+pub const EXPORT_MAGIC_V1: &[u8; 16] = b"tally export v1\n";
 /// Frame tag of an entry.
 pub const FRAME_ENTRY: u8 = 1;
 /// Frame tag of a checkpoint.

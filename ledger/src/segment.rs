@@ -37,7 +37,7 @@ pub const LOG_DIR: &str = "log";
 /// The sled directory of layout 1, which held the entries themselves.
 pub const OLD_STORE_DIR: &str = "store";
 /// Segment file magic (16 bytes); the `2` is the ledger layout version.
-pub const SEGMENT_MAGIC: &[u8; 16] = b"tally segment 2\n";
+pub const SEGMENT_MAGIC: &[u8; 16] = b"tally segment 3\n";
 /// Length of a segment header.
 pub const SEGMENT_HEADER_LEN: usize = 80;
 /// Length of a frame's tag and length prefix.
@@ -119,7 +119,7 @@ impl SegmentHeader {
         if &b[..16] != SEGMENT_MAGIC {
             return Err(FormatError::invalid(
                 "segment header",
-                "not a tally layout 2 segment (magic)",
+                "not a tally layout 3 segment (magic)",
             ));
         }
         let u64_at = |i: usize| {
@@ -175,10 +175,24 @@ pub(crate) fn max_payload(tag: u8) -> Option<usize> {
     }
 }
 
-/// The refusal of a directory in ledger layout 1, or `Ok` when it is not one.
+/// The magic of a layout 2 segment (entries chained over their bytes).
+const SEGMENT_MAGIC_LAYOUT_2: &[u8; 16] = b"tally segment 2\n";
+
+/// The refusal of a directory in ledger layout 1 or 2, or `Ok` when it is neither.
 pub fn refuse_old_layout(dir: &Path) -> Result<()> {
     if dir.join(OLD_STORE_DIR).join("db").exists() && !dir.join(LOG_DIR).exists() {
         return Err(Error::OldLayout(dir.to_path_buf()));
+    }
+    // Layout 2 is told by the first segment's magic: the rest of it reads as layout 3,
+    // so only the chain would say it, with every link broken.
+    let first = dir.join(LOG_DIR).join(segment_name(0));
+    let mut magic = [0u8; 16];
+    if let Ok(mut f) = File::open(&first) {
+        if read_full(&mut f, &mut magic).map_err(|e| Error::io(&first, e))? == 16
+            && &magic == SEGMENT_MAGIC_LAYOUT_2
+        {
+            return Err(Error::Layout2(dir.to_path_buf()));
+        }
     }
     Ok(())
 }

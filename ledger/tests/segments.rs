@@ -222,7 +222,7 @@ fn the_old_layout_is_refused_naming_its_version() {
     assert!(matches!(e, Error::OldLayout(_)), "{e}");
     let text = e.to_string();
     assert!(
-        text.contains("layout 1") && text.contains("layout 2"),
+        text.contains("layout 1") && text.contains("layout 3"),
         "{text}"
     );
     assert!(text.contains("tally export"), "{text}");

@@ -286,9 +286,15 @@ fn retry_lock<T>(mut open: impl FnMut() -> tally_ledger::Result<T>) -> T {
 
 /// Frames of an export, or the error that stops reading. `Err` only for a bad magic.
 pub fn read_export(bytes: &[u8]) -> Result<Vec<Result<Frame, SourceError>>, ExportError> {
-    // How the export ended (signed or not) is not a frame.
+    // How the export ended (signed or not), or how its entries are chained, is not a
+    // frame.
     Ok(tally_verify::walk::export_frames(bytes)?
-        .filter(|f| !matches!(f, Err(SourceError::SignedEnd(_) | SourceError::PlainEnd)))
+        .filter(|f| {
+            !matches!(
+                f,
+                Err(SourceError::SignedEnd(_) | SourceError::PlainEnd | SourceError::Chain(_))
+            )
+        })
         .collect())
 }
 

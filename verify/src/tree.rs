@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 use tally_ledger::export::SignedEnd;
-use tally_ledger::tlog::merkle::{leaf_hash, Frontier, TreeHash};
+use tally_ledger::tlog::merkle::{Frontier, TreeHash};
 use tally_ledger::tlog::note::{b64, Note, TreeHead, Vkey};
 use tally_ledger::tlog::policy::Policy;
 use tally_ledger::LedgerId;
@@ -114,9 +114,9 @@ impl TreeCheck {
         self.log_key.is_some()
     }
 
-    /// Add the entry `bytes` (the next leaf) and check the anchors of the new size.
-    pub(crate) fn push(&mut self, bytes: &[u8], out: &mut Vec<TreeFinding>) {
-        self.frontier.push(leaf_hash(bytes));
+    /// Add the next leaf (an entry's leaf hash) and check the anchors of the new size.
+    pub(crate) fn push(&mut self, leaf: TreeHash, out: &mut Vec<TreeFinding>) {
+        self.frontier.push(leaf);
         let size = self.frontier.size();
         if !self
             .anchors

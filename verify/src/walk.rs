@@ -19,7 +19,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use tally_ledger::export::ExportError;
-use tally_ledger::format::{Entry, Hash};
+use tally_ledger::format::{ChainRule, Entry, Hash};
 use tally_ledger::keys::{AuditorKey, DataKey, LedgerPublic};
 use tally_ledger::{Checkpoint, Decision, Frame, LedgerId};
 
@@ -105,6 +105,8 @@ struct Walk<'a> {
     /// duplicate or gap is one finding, not one per later entry).
     next_seq: u64,
     head: Hash,
+    /// How entries are chained: the current rule unless the source announced another.
+    chain: ChainRule,
     head_epoch: u32,
     head_wall: u64,
     epoch_keys: Vec<[u8; 32]>,
@@ -256,6 +258,7 @@ pub fn verify(
             position: 0,
             next_seq: 0,
             head: Hash::default(),
+            chain: ChainRule::LeafHash,
             head_epoch: 0,
             head_wall: 0,
             epoch_keys: Vec::new(),
@@ -339,6 +342,12 @@ pub fn verify(
                     let at = w.position;
                     w.tree.push(w.ordinal, TreeOp::Frame { at, size, root });
                 }
+                Err(SourceError::Chain(rule)) if w.ordinal == 1 => w.chain = rule,
+                Err(SourceError::Chain(_)) => w.find(
+                    FindingKind::StoreError,
+                    w.position,
+                    "the source named its chain rule after its first frame",
+                ),
                 Err(SourceError::PlainEnd) => {
                     if w.has_log_key {
                         w.tail = Tail::UnsignedEnd;

@@ -37,7 +37,7 @@ pub(crate) fn ledger_with_groups(dir: &Path, ends: &[u64]) {
 
 /// The byte offsets of each entry frame's payload in an export, in seq order.
 fn entry_offsets(export: &[u8]) -> Vec<usize> {
-    let mut at = 16; // "tally export v1\n"
+    let mut at = 16; // "tally export v2\n"
     let mut entries = Vec::new();
     while at + 5 <= export.len() {
         let tag = export[at];

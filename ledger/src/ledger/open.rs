@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
-use crate::format::{entry_hash, key_id, Checkpoint, Entry, Frame, Hash, LedgerId};
+use crate::format::{chain_hash, key_id, Checkpoint, Entry, Frame, Hash, LedgerId};
 use crate::keys::{self, EpochSecrets, LedgerPublic};
 use crate::segment::{
     self, list_segments, push_frame, sync_dir, LogReader, LogWriter, Resume, DEFAULT_SEGMENT_BYTES,
@@ -93,7 +93,8 @@ impl Ledger {
         secrets.since_ms = wall;
         let vk = secrets.verifying_key();
         let bytes = secrets.genesis_entry(ledger_id, wall, recipient, ephemeral);
-        let head = entry_hash(&bytes);
+        let leaf = leaf_hash(&bytes);
+        let head = chain_hash(&leaf);
         let checkpoint = secrets.sign_checkpoint(ledger_id, 1, head, wall);
         let log_key = LogKey::generate(ledger_id);
 
@@ -103,7 +104,7 @@ impl Ledger {
         secrets.write(&dir.join(files::WRITER_KEY), ledger_id)?;
         log_key.write(dir)?;
         let mut tree = TreeWriter::empty(dir)?;
-        tree.push(leaf_hash(&bytes));
+        tree.push(leaf);
         tree.flush()?;
         let root = tree.frontier().root();
         let log_dir = dir.join(LOG_DIR);
@@ -141,8 +142,8 @@ impl Ledger {
 
     /// Open an existing ledger for appending. Takes the log's exclusive lock; finishes
     /// or discards a key rotation that a crash interrupted; brings the index up to the
-    /// log; resumes in a new segment after a torn write. Refuses layout 1
-    /// ([`Error::OldLayout`]).
+    /// log; resumes in a new segment after a torn write. Refuses layout 2
+    /// ([`Error::Layout2`]) and layout 1 ([`Error::OldLayout`]).
     pub fn open(dir: &Path) -> Result<Ledger> {
         Ledger::open_with(dir, DEFAULT_SEGMENT_BYTES, Arc::new(SystemClock))
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::format::{entry_hash, Checkpoint, Hash, LedgerId};
+use crate::format::{chain_hash, Checkpoint, Hash, LedgerId};
 use crate::keys::{self, DataKey, EpochSecrets};
 use crate::segment::{self, push_frame, LogWriter, TAG_CHECKPOINT, TAG_ENTRY, TAG_STATE_DELTA};
 use crate::store::{Point, Store, POINT_EVERY};
@@ -45,50 +45,6 @@ pub(super) struct Writer {
     pub(super) links: RunLinks,
     /// A plaintext with its run link, reused from decision to decision.
     pub(super) linked: Vec<u8>,
-}
-
-/// Groups of at least this many decisions hash their Merkle leaves on a second thread
-/// (starting one costs about as much as 30 leaf hashes; the crash tests append groups of 200).
-const TREE_THREAD_MIN: usize = 128;
-/// Entries handed to that thread at a time, and chunks in flight to it.
-const LEAF_CHUNK: usize = 256;
-const LEAF_CHUNKS: usize = 16;
-
-/// Where a group's entries go to become the tree's leaves, in order.
-enum Leaves<'a> {
-    /// Hashed and pushed here.
-    Inline(&'a mut TreeWriter),
-    /// Handed to the tree's thread in chunks (dropping the sender ends it).
-    Thread {
-        chunk: Vec<Vec<u8>>,
-        tx: std::sync::mpsc::SyncSender<Vec<Vec<u8>>>,
-    },
-}
-
-impl Leaves<'_> {
-    fn push(&mut self, bytes: &[u8]) {
-        match self {
-            Leaves::Inline(tree) => tree.push(leaf_hash(bytes)),
-            Leaves::Thread { chunk, tx } => {
-                chunk.push(bytes.to_vec());
-                if chunk.len() >= LEAF_CHUNK {
-                    let full = std::mem::replace(chunk, Vec::with_capacity(LEAF_CHUNK));
-                    // The thread ends only once the sender is dropped, or by panicking
-                    // (which the scope's join passes on).
-                    let _ = tx.send(full);
-                }
-            }
-        }
-    }
-
-    /// Hand over the last chunk and let the thread end.
-    fn finish(self) {
-        if let Leaves::Thread { chunk, tx } = self {
-            if !chunk.is_empty() {
-                let _ = tx.send(chunk);
-            }
-        }
-    }
 }
 
 /// A state frame's `check`, before its pairs.
@@ -180,70 +136,45 @@ impl Writer {
             || wall.saturating_sub(self.epoch_since_ms) >= self.rotation.ms;
         let rotated = group.iter().any(|p| p.rotate) || due;
         if rotated {
-            let (_, bytes) = self.rotate(wall)?;
-            self.tree.push(leaf_hash(&bytes));
+            let (leaf, bytes) = self.rotate(wall)?;
+            self.tree.push(leaf);
             push_frame(&mut frames, TAG_ENTRY, &bytes);
         }
         let mut receipts = Vec::with_capacity(count);
         // The last seq of each run this group links is recorded with the group's state.
         self.links.begin_group();
         let mut linked = std::mem::take(&mut self.linked);
-        let mut entries = |leaves: &mut Leaves<'_>| -> Result<()> {
-            for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
-                let seq = self.next_seq;
-                let mut nonce = [0u8; 24];
-                nonce[..16].copy_from_slice(&self.nonce_prefix);
-                nonce[16..].copy_from_slice(&seq.to_be_bytes());
-                linked.clear();
-                linked.extend_from_slice(plaintext);
-                self.links.link(store, &mut linked, seq)?;
-                // Built in place in the group's frames.
-                let at = segment::push_frame_with(&mut frames, TAG_ENTRY, |out| {
-                    self.cipher.decision_entry_into(
-                        self.ledger_id,
-                        seq,
-                        self.secrets.epoch,
-                        wall,
-                        self.head,
-                        nonce,
-                        &linked,
-                        out,
-                    )
-                });
-                let bytes = &frames[at..];
-                self.head = entry_hash(bytes);
-                leaves.push(bytes);
-                self.next_seq += 1;
-                receipts.push(Receipt {
+        for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
+            let seq = self.next_seq;
+            let mut nonce = [0u8; 24];
+            nonce[..16].copy_from_slice(&self.nonce_prefix);
+            nonce[16..].copy_from_slice(&seq.to_be_bytes());
+            linked.clear();
+            linked.extend_from_slice(plaintext);
+            self.links.link(store, &mut linked, seq)?;
+            // Built in place in the group's frames.
+            let at = segment::push_frame_with(&mut frames, TAG_ENTRY, |out| {
+                self.cipher.decision_entry_into(
+                    self.ledger_id,
                     seq,
-                    hash: self.head,
-                });
-            }
-            Ok(())
-        };
-        if count < TREE_THREAD_MIN {
-            entries(&mut Leaves::Inline(&mut self.tree))?;
-        } else {
-            // The leaves and nodes on a second thread, beside the encryption and the
-            // chain on this one; the tree is complete (joined) before its frame is made.
-            let tree = &mut self.tree;
-            std::thread::scope(|s| -> Result<()> {
-                let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Vec<u8>>>(LEAF_CHUNKS);
-                s.spawn(move || {
-                    for chunk in rx {
-                        for bytes in chunk {
-                            tree.push(leaf_hash(&bytes));
-                        }
-                    }
-                });
-                let mut leaves = Leaves::Thread {
-                    chunk: Vec::with_capacity(LEAF_CHUNK),
-                    tx,
-                };
-                let done = entries(&mut leaves);
-                leaves.finish();
-                done
-            })?;
+                    self.secrets.epoch,
+                    wall,
+                    self.head,
+                    nonce,
+                    &linked,
+                    out,
+                )
+            });
+            // One pass over the entry's bytes: its leaf is the tree's, and the chain's
+            // input.
+            let leaf = leaf_hash(&frames[at..]);
+            self.head = chain_hash(&leaf);
+            self.tree.push(leaf);
+            self.next_seq += 1;
+            receipts.push(Receipt {
+                seq,
+                hash: self.head,
+            });
         }
         let checkpoint =
             self.secrets
@@ -304,8 +235,9 @@ impl Writer {
 
     /// Start the next epoch: certify its keys with the current key, persist them as
     /// `writer.key.next`, and switch. The old secrets are dropped (zeroized) here; the old
-    /// key file is replaced once the certificate is durable.
-    fn rotate(&mut self, wall: u64) -> Result<(u64, Vec<u8>)> {
+    /// key file is replaced once the certificate is durable. Returns the certificate
+    /// entry's leaf hash and bytes.
+    fn rotate(&mut self, wall: u64) -> Result<(TreeHash, Vec<u8>)> {
         let epoch = self.secrets.epoch + 1;
         let seq = self.next_seq;
         let (mut next, ephemeral) = EpochSecrets::generate(epoch, &self.recipient, self.ledger_id)?;
@@ -321,8 +253,9 @@ impl Writer {
         self.epoch_from_seq = seq;
         self.epoch_since_ms = wall;
         self.secrets = next;
-        self.head = entry_hash(&bytes);
+        let leaf = leaf_hash(&bytes);
+        self.head = chain_hash(&leaf);
         self.next_seq += 1;
-        Ok((seq, bytes))
+        Ok((leaf, bytes))
     }
 }

@@ -77,7 +77,7 @@ pub fn writer_active(dir: &Path) -> Result<bool> {
 }
 
 impl LogReader {
-    /// Read the log of the ledger in `dir`. Refuses layout 1 ([`Error::OldLayout`]).
+    /// Read the log of the ledger in `dir`. Refuses layouts 1 and 2 ([`Error::OldLayout`], [`Error::Layout2`]).
     /// The last segment's unsealed remainder is reported as torn only when no writer
     /// holds the ledger (a live writer's may be a write in progress).
     pub fn open(dir: &Path) -> Result<LogReader> {

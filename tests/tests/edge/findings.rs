@@ -33,7 +33,7 @@ fn a_flipped_genesis_recipient_is_reported_as_tampering() {
 }
 
 /// A damaged store is a finding (exit 1), not "Read corrupted data"
-/// with exit 2. In layout 2: a segment whose header is damaged.
+/// with exit 2. In layout 3: a segment whose header is damaged.
 #[test]
 fn a_damaged_store_is_a_finding() {
     let cli = Cli::new(&clean_run("r"));

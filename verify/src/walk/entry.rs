@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use tally_ledger::format::{entry_hash, Entry, EntryType};
+use tally_ledger::format::{Entry, EntryType};
 use tally_ledger::keys::verify_signature;
+use tally_ledger::tlog::merkle::leaf_hash;
 
 use crate::finding::FindingKind;
 use crate::report::KeyMismatch;
@@ -16,7 +17,10 @@ impl Walk<'_> {
     pub(super) fn entry(&mut self, bytes: Vec<u8>) {
         let at = self.position;
         self.position += 1;
-        self.tree.leaf(self.ordinal, &bytes);
+        // The entry's bytes are hashed once for the tree and (layout 3) the chain.
+        let leaf = leaf_hash(&bytes);
+        self.tree.leaf(self.ordinal, leaf);
+        let hash = self.chain.hash_with_leaf(&bytes, &leaf);
         let expected = self.next_seq;
         let before_clean = std::mem::replace(&mut self.last_clean, false);
         let entry = match Entry::decode(&bytes) {
@@ -29,7 +33,7 @@ impl Walk<'_> {
                     format!("entry does not decode: {e}"),
                 );
                 // Resynchronise on the stored bytes so one bad entry is one finding.
-                self.head = entry_hash(&bytes);
+                self.head = hash;
                 self.next_seq = expected.saturating_add(1);
                 return;
             }
@@ -124,7 +128,7 @@ impl Walk<'_> {
             }
             _ => self.find(FindingKind::Malformed, at, "unknown entry type"),
         }
-        self.head = entry.hash();
+        self.head = hash;
         self.head_wall = h.wall_ms;
         self.next_seq = h.seq.saturating_add(1);
         self.last_clean = self.found() == found_before && h.seq == expected;

@@ -8,6 +8,7 @@ use tally_ledger::export::{ExportError, ExportReader};
 use tally_ledger::{Checkpoint, Frame};
 
 use tally_ledger::export::SignedEnd;
+use tally_ledger::format::ChainRule;
 
 /// Where frames come from failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +41,10 @@ pub enum SourceError {
         /// Bytes it claims beyond the end of the file.
         missing: u64,
     },
+    /// Not an error: the export's entries are chained by this rule, not by
+    /// [`ChainRule::LeafHash`] (a `tally export v1` file). Comes first, before any frame.
+    #[error("the export's entries are chained by {0:?}")]
+    Chain(ChainRule),
     /// Not an error: the export ended with its signed end marker (read to it whole).
     #[error("the export's signed end")]
     SignedEnd(SignedEnd),
@@ -69,9 +74,11 @@ pub fn export_frames<R: Read>(
         input,
         tail: Arc::clone(&tail),
     })?;
+    let legacy = (reader.chain_rule() != ChainRule::LeafHash).then(|| reader.chain_rule());
     Ok(ExportFrames {
         reader,
         tail,
+        legacy,
         failed: false,
         ended: false,
     })
@@ -81,6 +88,8 @@ pub fn export_frames<R: Read>(
 struct ExportFrames<R: Read> {
     reader: ExportReader<TailTap<R>>,
     tail: Arc<Mutex<Vec<u8>>>,
+    /// The chain rule to announce before the first frame, when it is not the current one.
+    legacy: Option<ChainRule>,
     failed: bool,
     ended: bool,
 }
@@ -91,6 +100,9 @@ impl<R: Read> Iterator for ExportFrames<R> {
     fn next(&mut self) -> Option<Self::Item> {
         if self.ended {
             return None;
+        }
+        if let Some(rule) = self.legacy.take() {
+            return Some(Err(SourceError::Chain(rule)));
         }
         match self.reader.next() {
             Some(Err(ExportError::Torn { offset, missing }))

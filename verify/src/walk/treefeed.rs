@@ -29,19 +29,14 @@ use crate::tree::{TreeCheck, TreeFinding};
 
 /// Frames per batch handed to the tree thread.
 const BATCH: usize = 512;
-/// Bytes of leaves after which a batch is sent even if it holds fewer than [`BATCH`]
-/// frames (entries can be large).
-const BATCH_BYTES: usize = 256 << 10;
-/// Batches in flight to the tree thread: with [`BATCH`], at most this many entries (and
-/// checkpoints sealed meanwhile) are held beyond the walk's own, in at most
-/// `IN_FLIGHT + 3` buffers of about [`BATCH_BYTES`] (plus one entry) each.
+/// Batches in flight to the tree thread: with [`BATCH`], at most this many frames' steps
+/// (a leaf's is its 32-byte hash) are held beyond the walk's own.
 const IN_FLIGHT: usize = 8;
 
 /// One step of the tree checks, in walk order.
 pub(super) enum TreeOp {
-    /// The next entry's stored bytes (the next leaf): where they end in the batch's
-    /// `leaves` (they start where the one before ends).
-    Leaf(usize),
+    /// The next entry's Merkle leaf hash (the walk hashed the entry's bytes).
+    Leaf(TreeHash),
     /// A tree frame of the log, read after `at` entries.
     Frame { at: u64, size: u64, root: TreeHash },
     /// A cosigned checkpoint, read after `at` entries.
@@ -75,30 +70,18 @@ pub(crate) struct TreeRun {
     progress: Arc<Progress>,
 }
 
-/// Steps in walk order, with the bytes of their leaves one after another (a batch's
-/// buffers go back to the walk to be filled again: no allocation per entry).
+/// Steps in walk order (a batch's buffer goes back to the walk to be filled again: no
+/// allocation per entry).
 #[derive(Default)]
 pub(super) struct Batch {
     ops: Vec<(u64, TreeOp)>,
-    leaves: Vec<u8>,
 }
 
 impl TreeRun {
     fn apply_batch(&mut self, batch: &mut Batch) {
-        let mut start = 0;
         for (ord, op) in batch.ops.drain(..) {
-            let op = match op {
-                TreeOp::Leaf(end) => {
-                    self.check.push(&batch.leaves[start..end], &mut self.out);
-                    start = end;
-                    self.found_at(ord);
-                    continue;
-                }
-                op => op,
-            };
             self.apply(ord, op);
         }
-        batch.leaves.clear();
     }
 
     /// The ordinal of the frame of its first finding (`u64::MAX`: none).
@@ -108,8 +91,7 @@ impl TreeRun {
 
     fn apply(&mut self, ord: u64, op: TreeOp) {
         match op {
-            // Leaves come with their batch's bytes (`apply_batch`).
-            TreeOp::Leaf(_) => {}
+            TreeOp::Leaf(leaf) => self.check.push(leaf, &mut self.out),
             TreeOp::Frame { at, size, root } => {
                 let have = self.check.root();
                 if size != at || root != have {
@@ -221,20 +203,9 @@ impl TreeFeed {
         (feed, Some(body))
     }
 
-    /// The next entry's bytes (the next leaf), read at the frame with ordinal `ord`.
-    pub(super) fn leaf(&mut self, ord: u64, bytes: &[u8]) {
-        if let Some(run) = &mut self.inline {
-            run.check.push(bytes, &mut run.out);
-            run.found_at(ord);
-            self.progress.done.store(ord + 1, Ordering::Release);
-            return;
-        }
-        self.batch.leaves.extend_from_slice(bytes);
-        let end = self.batch.leaves.len();
-        self.batch.ops.push((ord, TreeOp::Leaf(end)));
-        if self.batch.ops.len() >= BATCH || end >= BATCH_BYTES {
-            self.send();
-        }
+    /// The next entry's leaf hash, read at the frame with ordinal `ord`.
+    pub(super) fn leaf(&mut self, ord: u64, leaf: TreeHash) {
+        self.push(ord, TreeOp::Leaf(leaf));
     }
 
     /// The next step, made at the frame with ordinal `ord`.
@@ -254,7 +225,7 @@ impl TreeFeed {
         if self.batch.ops.is_empty() {
             return;
         }
-        // A spent batch's buffers if one is back, else new ones: at most
+        // A spent batch's buffer if one is back, else a new one: at most
         // IN_FLIGHT + 2 batches ever exist.
         let fresh = self
             .spent
@@ -262,7 +233,6 @@ impl TreeFeed {
             .and_then(|s| s.try_recv().ok())
             .unwrap_or_else(|| Batch {
                 ops: Vec::with_capacity(BATCH),
-                leaves: Vec::with_capacity(BATCH_BYTES + 4096),
             });
         let batch = std::mem::replace(&mut self.batch, fresh);
         if let Some(tx) = &self.tx {
