@@ -14,6 +14,7 @@ use tally_verify::FindingKind;
 
 mod exits;
 mod findings;
+mod legacy;
 mod schemas;
 mod terminal;
 
