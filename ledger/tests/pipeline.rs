@@ -243,12 +243,12 @@ fn mixed_stress_answers_everything_in_order_and_durably() {
     assert_eq!(read_back(&l, &auditor).len(), expected);
 }
 
-/// The Merkle tree of groups big enough to be hashed on a second thread (and of small
-/// ones between them, and of groups that rotate the epoch) is the RFC 6962 tree of the
-/// log's entries, as an independent implementation computes it, at every size the
+/// The Merkle tree of big groups (and of small ones between them, and of groups that
+/// rotate the epoch), each leaf also the input of the entry's chain hash, is the RFC 6962
+/// tree of the log's entries, as an independent implementation computes it, at every size the
 /// ledger reports, and again after reopening (the tree frame and tiles agree with it).
 #[test]
-fn the_tree_of_groups_hashed_beside_the_chain_is_the_tree_of_the_log() {
+fn the_tree_of_every_group_is_the_tree_of_the_log() {
     use tally_ledger::tlog::merkle::{range_root, TreeHash};
     struct Leaves(Vec<TreeHash>);
     impl tlog_tiles::HashReader for Leaves {
