@@ -7,8 +7,9 @@
 //!
 //! * Every entry has a clear header (version, type, ledger id, seq, epoch, wall time,
 //!   previous hash, nonce) and a body. A decision's body is XChaCha20-Poly1305 ciphertext
-//!   with the header as associated data. The chain hash is keyed BLAKE3 over the exact
-//!   stored bytes, so the chain verifies with no secret.
+//!   with the header as associated data. The chain hash is keyed BLAKE3 over the entry's
+//!   RFC 6962 Merkle leaf hash (SHA-256 of its exact stored bytes), so the chain verifies
+//!   with no secret.
 //! * Each commit group is sealed by a [`Checkpoint`] signed with the current epoch's
 //!   Ed25519 key. Epoch keys rotate; each new key is certified in the chain by the old
 //!   one, and the old secret is destroyed.

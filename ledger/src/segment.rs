@@ -36,7 +36,7 @@ pub use writer::{LogWriter, Placed};
 pub const LOG_DIR: &str = "log";
 /// The sled directory of layout 1, which held the entries themselves.
 pub const OLD_STORE_DIR: &str = "store";
-/// Segment file magic (16 bytes); the `2` is the ledger layout version.
+/// Segment file magic (16 bytes); the `3` is the ledger layout version.
 pub const SEGMENT_MAGIC: &[u8; 16] = b"tally segment 3\n";
 /// Length of a segment header.
 pub const SEGMENT_HEADER_LEN: usize = 80;

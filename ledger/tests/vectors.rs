@@ -1,6 +1,6 @@
 //! The test vectors of docs/FORMAT.md, rebuilt from their inputs byte for byte.
 
-use tally_ledger::format::{entry_hash, Checkpoint, Entry, LedgerId};
+use tally_ledger::format::{entry_hash, ChainRule, Checkpoint, Entry, LedgerId};
 use tally_ledger::keys::{verify_checkpoint, verify_signature, AuditorKey, EpochSecrets};
 use tally_ledger::Decision;
 
@@ -56,6 +56,8 @@ const EPHEMERAL_PUBLIC: &str = "0faa684ed28867b97f4a6a2dee5df8ce974e76b7018e3f22
 const VERIFYING_KEY: &str = "17cb79fb2b4120f2b1ec65e4198d6e08b28e813feb01e4a400839b85e18080ce";
 const GENESIS: &str = "0100aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa0000000000000000000000000000018bcfe568000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000a017cb79fb2b4120f2b1ec65e4198d6e08b28e813feb01e4a400839b85e18080ce7b4e909bbe7ffe44c465a220037d608ee35897d31ef972f07f74892cb0f73f130faa684ed28867b97f4a6a2dee5df8ce974e76b7018e3f22a1c4cf2678570f2077068b6222ee14145fac1c45a2a2736f48cc77a0532686c4eb87e5a16408bfa65c3ca24f6a134c4ecfec6ad5916246cf61e2cb75c561eca2ede2f0be20ceb601";
 const GENESIS_HASH: &str = "81e0d145711058e2374928091852b8a544723d60ee572b554be51ea929164644";
+/// The same genesis under the rule of `tally export v1` (keyed BLAKE3 over its bytes).
+const GENESIS_HASH_V1: &str = "d068fd911e6f4effbdfeb3e4f4cafcc0dd92513deaf9ef7c9d328cfeaf5f9666";
 const DECISION: &str = "0101aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa0000000000000001000000000000018bcfe5680181e0d145711058e2374928091852b8a544723d60ee572b554be51ea9291646444444444444444444444444444444444400000000000000010000003964e0cb47955bc0ed4ba1fa48232e3e96282b69ff482cdf47a298587675eb382a1b84f403cdf39b4b4a40ecb73f1444c4488361d570e56a525e";
 const DECISION_HASH: &str = "07fe0ae072d933f488a97a7cb8301b262c340161009dd4cecd4ce58908efddbd";
 const CHECKPOINT: &str = concat!(
@@ -93,6 +95,14 @@ fn vectors_match_docs() {
     assert_eq!(hex::encode(v.verifying_key), VERIFYING_KEY);
     assert_eq!(hex::encode(&v.genesis), GENESIS);
     assert_eq!(entry_hash(&v.genesis).to_string(), GENESIS_HASH);
+    assert_eq!(
+        ChainRule::LeafHash.hash(&v.genesis).to_string(),
+        GENESIS_HASH
+    );
+    assert_eq!(
+        ChainRule::EntryBytes.hash(&v.genesis).to_string(),
+        GENESIS_HASH_V1
+    );
     assert_eq!(hex::encode(&v.decision), DECISION);
     assert_eq!(entry_hash(&v.decision).to_string(), DECISION_HASH);
     assert_eq!(v.checkpoint, CHECKPOINT);

@@ -179,12 +179,19 @@ fn a_layout_2_directory_is_refused_and_left_as_it_was() {
     let tmp = fixture();
     let before = tree(tmp.path());
     let decision = r#"{"run":"r3","kind":"start","at_ms":200}"#;
+    // The daemon's socket outside the fixture, so that only the ledger is compared.
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let socket = elsewhere.path().join("tally.sock");
+    let socket = socket.to_str().expect("utf-8 path");
     for args in [
         vec!["verify", "ledger", "--key", "ledger/ledger.pub"],
         vec!["append", "--ledger", "ledger", decision],
         vec!["export", "--ledger", "ledger", "--out", "again.tally"],
         vec!["rotate", "--ledger", "ledger"],
         vec!["checkpoint", "--ledger", "ledger"],
+        vec!["reindex", "--ledger", "ledger"],
+        vec!["prove", "--ledger", "ledger", "--seq", "1"],
+        vec!["serve", "--ledger", "ledger", "--socket", socket],
     ] {
         let out = run_in(tmp.path(), &args);
         let stderr = text(&out.stderr);

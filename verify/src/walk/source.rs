@@ -134,7 +134,8 @@ impl<R: Read> Iterator for ExportFrames<R> {
 /// lock taken, no byte written, while a writer may keep appending (each segment is read
 /// up to its last complete checkpoint). Torn writes come as [`SourceError::TornWrite`];
 /// a segment that does not read as one comes as [`SourceError::Store`]. Fails up front
-/// when `dir` holds no log (or one in the old layout, [`tally_ledger::Error::OldLayout`]).
+/// when `dir` holds no log (or one in an old layout: [`tally_ledger::Error::OldLayout`],
+/// [`tally_ledger::Error::Layout2`]).
 pub fn ledger_frames(
     dir: &std::path::Path,
 ) -> Result<impl Iterator<Item = Result<Frame, SourceError>>, tally_ledger::Error> {
