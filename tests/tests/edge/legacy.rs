@@ -32,6 +32,16 @@ fn run_in(dir: &Path, args: &[&str]) -> Output {
         .expect("run tally")
 }
 
+/// `tally verify FILE --key KEY --json` and `more`, run in `dir`: its exit code and report.
+fn verify_json(dir: &Path, file: &str, key: &str, more: &[&str]) -> (i32, Value) {
+    let mut args = vec!["verify", file, "--key", key, "--json"];
+    args.extend_from_slice(more);
+    let out = run_in(dir, &args);
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", text(&out.stderr)));
+    (code(&out), report)
+}
+
 /// Every file under `dir` with its bytes.
 fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut out = BTreeMap::new();
@@ -65,20 +75,13 @@ fn a_layout_2_export_verifies_decrypts_and_replays() {
     );
     // With the auditor key: every decision opens and the replay judges them (the run
     // the fixture was made from refunds one attempt twice).
-    let out = run_in(
+    let (code, report) = verify_json(
         tmp.path(),
-        &[
-            "verify",
-            "export-v1.tally",
-            "--key",
-            "ledger/ledger.pub",
-            "--auditor-key",
-            "auditor.key",
-            "--json",
-        ],
+        "export-v1.tally",
+        "ledger/ledger.pub",
+        &["--auditor-key", "auditor.key"],
     );
-    assert_eq!(code(&out), 1, "{}", text(&out.stderr));
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(code, 1, "{report}");
     assert_eq!(report["entries"], 8);
     assert_eq!(report["epochs"], 2);
     assert_eq!(report["decrypted"], 6);
@@ -106,18 +109,8 @@ fn a_changed_layout_2_export_is_tampered() {
     let mut bytes = write_export(&changed);
     bytes[..16].copy_from_slice(b"tally export v1\n");
     fs::write(tmp.path().join("changed.tally"), &bytes).expect("write");
-    let out = run_in(
-        tmp.path(),
-        &[
-            "verify",
-            "changed.tally",
-            "--key",
-            "ledger/ledger.pub",
-            "--json",
-        ],
-    );
-    assert_eq!(code(&out), 1, "{}", text(&out.stderr));
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let (code, report) = verify_json(tmp.path(), "changed.tally", "ledger/ledger.pub", &[]);
+    assert_eq!(code, 1, "{report}");
     assert_eq!(report["verdict"], "tampered", "{report}");
     assert_eq!(report["findings"][0]["seq"], 3, "{report}");
 }
@@ -150,18 +143,13 @@ fn relabelling_an_export_breaks_its_first_seal() {
         bytes[..16].copy_from_slice(magic);
         let path = tmp.path().join(name);
         fs::write(&path, &bytes).expect("write");
-        let out = run_in(
+        let (code, report) = verify_json(
             tmp.path(),
-            &[
-                "verify",
-                path.to_str().expect("utf-8"),
-                "--key",
-                key.to_str().expect("utf-8"),
-                "--json",
-            ],
+            path.to_str().expect("utf-8"),
+            key.to_str().expect("utf-8"),
+            &[],
         );
-        assert_eq!(code(&out), 1, "{name}: {}", text(&out.stderr));
-        let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(code, 1, "{name}: {report}");
         assert_eq!(report["verdict"], "tampered", "{name}: {report}");
         assert_eq!(
             report["findings"][0]["kind"], "entry_altered",
@@ -203,5 +191,46 @@ fn a_layout_2_directory_is_refused_and_left_as_it_was() {
             "{args:?}: {stderr}"
         );
         assert_eq!(tree(tmp.path()), before, "{args:?} changed the fixture");
+    }
+}
+
+/// The chain rule is the source's to name once, before its first frame: a rule named
+/// later (no source does so; a crafted one could) is a finding, never a switch of rule
+/// for the entries after it.
+#[test]
+fn a_chain_rule_named_after_the_first_frame_is_a_finding() {
+    use tally_ledger::format::ChainRule;
+    use tally_verify::walk::SourceError;
+    let tmp = fixture();
+    let export = fs::read(tmp.path().join("export-v1.tally")).expect("export");
+    let public = tally_ledger::keys::LedgerPublic::read(&tmp.path().join("ledger/ledger.pub"))
+        .expect("ledger.pub");
+    let opts = tally_verify::Options::new(public);
+    let items: Vec<_> = tally_verify::walk::export_frames(&export[..])
+        .expect("export")
+        .collect();
+    assert_eq!(items[0], Err(SourceError::Chain(ChainRule::EntryBytes)));
+    let run = |items: Vec<Result<Frame, SourceError>>| {
+        tally_verify::verify(items.into_iter(), &opts, |_| {}, |_| {})
+    };
+    assert_eq!(findings(&run(items.clone())), vec![], "the export as it is");
+    for late in [ChainRule::EntryBytes, ChainRule::LeafHash] {
+        let mut crafted = items.clone();
+        crafted.insert(2, Err(SourceError::Chain(late)));
+        let report = run(crafted);
+        assert_eq!(
+            report.findings.first().map(|f| f.kind),
+            Some(FindingKind::StoreError),
+            "{late:?}: {:?}",
+            report.findings
+        );
+        assert!(
+            report
+                .findings
+                .iter()
+                .all(|f| f.kind != FindingKind::EntryAltered),
+            "{late:?}: the rule changed: {:?}",
+            report.findings
+        );
     }
 }
