@@ -144,7 +144,7 @@ pub enum Error {
     /// The directory holds a ledger in layout 2 (segments whose entries are chained over
     /// their bytes, not their Merkle leaf hashes), which this build neither reads nor
     /// writes; its exports (`tally export v1`) this build verifies.
-    #[error("{0}: this ledger is in layout 2 (its log's segments start `tally segment 2`: entries chained over their bytes); this build reads and writes layout 3 only (entries chained over their Merkle leaf hashes, docs/FORMAT.md). Export it with the tally build that wrote it (`tally export --ledger DIR --out FILE`); this build verifies that file, a `tally export v1`, with `tally verify FILE --key DIR/ledger.pub`. There is no import into layout 3: start a new ledger with `tally init` in another directory, and keep the old directory and its export as the old ledger's record. If a build of layout 3 wrote this directory, its first segment's header was changed: treat it as tampered (the old build's export of it breaks at seq 0)")]
+    #[error("{0}: this ledger is in layout 2 (its log's segments start `tally segment 2`: entries chained over their bytes); this build reads and writes layout 3 only (entries chained over their Merkle leaf hashes, docs/FORMAT.md). Export it with the tally build that wrote it (`tally export --ledger DIR --out FILE`); this build verifies that file, a `tally export v1`, with `tally verify FILE --key DIR/ledger.pub`. There is no import into layout 3: start a new ledger with `tally init` in another directory, and keep the old directory and its export as the old ledger's record")]
     Layout2(PathBuf),
     /// A log segment that is not what the layout says (header, name, numbering).
     #[error("{path}: {why}")]

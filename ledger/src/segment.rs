@@ -16,12 +16,12 @@
 //! read each segment up to its last complete checkpoint while a writer keeps appending.
 
 use std::fs::{self, File};
-use std::io::{self, BufReader};
+use std::io::{self, BufReader, Read as _};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, FormatError, Result};
 use crate::export::read_full;
-use crate::format::{Hash, LedgerId, HEADER_LEN, MAX_BODY_LEN};
+use crate::format::{ChainRule, Checkpoint, Hash, LedgerId, HEADER_LEN, MAX_BODY_LEN};
 
 mod reader;
 mod state;
@@ -183,18 +183,52 @@ pub fn refuse_old_layout(dir: &Path) -> Result<()> {
     if dir.join(OLD_STORE_DIR).join("db").exists() && !dir.join(LOG_DIR).exists() {
         return Err(Error::OldLayout(dir.to_path_buf()));
     }
-    // Layout 2 is told by the first segment's magic: the rest of it reads as layout 3,
-    // so only the chain would say it, with every link broken.
+    // Layout 2 is told by the first segment's magic (the rest of it reads as layout 3, so
+    // only the chain would say it, with every link broken), confirmed by its first group:
+    // a layout 3 segment whose magic was changed to layout 2's is left to be read, and
+    // reported, as a damaged segment (a finding), not taken for an old ledger.
     let first = dir.join(LOG_DIR).join(segment_name(0));
-    let mut magic = [0u8; 16];
-    if let Ok(mut f) = File::open(&first) {
-        if read_full(&mut f, &mut magic).map_err(|e| Error::io(&first, e))? == 16
-            && &magic == SEGMENT_MAGIC_LAYOUT_2
-        {
-            return Err(Error::Layout2(dir.to_path_buf()));
-        }
+    let Ok(f) = File::open(&first) else {
+        return Ok(());
+    };
+    let mut start = Vec::with_capacity(GENESIS_GROUP_MAX);
+    io::Read::take(f, GENESIS_GROUP_MAX as u64)
+        .read_to_end(&mut start)
+        .map_err(|e| Error::io(&first, e))?;
+    if start.starts_with(SEGMENT_MAGIC_LAYOUT_2) && seals_genesis_as_layout_2(&start) {
+        return Err(Error::Layout2(dir.to_path_buf()));
     }
     Ok(())
+}
+
+/// Bytes of segment 0 read to find its first group (genesis, tree frame, checkpoint: well
+/// under 1 KiB).
+const GENESIS_GROUP_MAX: usize = 16 << 10;
+
+/// Whether `segment` (its first bytes) starts with a genesis entry sealed by a checkpoint
+/// of size 1 whose head is that entry's chain hash under layout 2's rule
+/// ([`ChainRule::EntryBytes`]). Unsigned here: this tells an old ledger from a damaged
+/// new one for the refusal's sake; nothing is trusted on it.
+fn seals_genesis_as_layout_2(segment: &[u8]) -> bool {
+    let mut at = SEGMENT_HEADER_LEN;
+    let mut genesis = None;
+    while let Some(prefix) = segment.get(at..at + FRAME_PREFIX_LEN) {
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        let Some(payload) = segment.get(at + FRAME_PREFIX_LEN..at + FRAME_PREFIX_LEN + len) else {
+            return false;
+        };
+        match (prefix[0], genesis) {
+            (TAG_ENTRY, None) => genesis = Some(payload),
+            (_, None) => return false,
+            (TAG_CHECKPOINT, Some(entry)) => {
+                return Checkpoint::from_text(payload)
+                    .is_ok_and(|c| c.size == 1 && c.head == ChainRule::EntryBytes.hash(entry))
+            }
+            _ => {}
+        }
+        at += FRAME_PREFIX_LEN + len;
+    }
+    false
 }
 
 /// The segments in `DIR/log`, by number. Any other file there is an error (nothing but

@@ -234,3 +234,26 @@ fn a_chain_rule_named_after_the_first_frame_is_a_finding() {
         );
     }
 }
+
+/// The refusal is not a place to hide damage: a layout 3 ledger whose first segment's
+/// magic is changed to layout 2's (its genesis not sealed under layout 2's rule) is a
+/// damaged store, a finding with exit 1, not an old ledger to be exported elsewhere.
+#[test]
+fn a_layout_3_ledger_relabelled_layout_2_is_tampered() {
+    let cli = Cli::new(&clean_run("r"));
+    let seg = cli
+        .path("L")
+        .join(tally_ledger::segment::LOG_DIR)
+        .join(tally_ledger::segment::segment_name(0));
+    let mut bytes = fs::read(&seg).expect("segment");
+    assert_eq!(&bytes[..16], b"tally segment 3\n");
+    bytes[..16].copy_from_slice(b"tally segment 2\n");
+    fs::write(&seg, &bytes).expect("write");
+    let out = cli.run(&["verify", "L", "--key", "L/ledger.pub", "--json"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(code(&out), 1, "{stderr}{}", text(&out.stdout));
+    assert!(!stderr.contains("layout 2"), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["verdict"], "tampered", "{report}");
+    assert_eq!(report["findings"][0]["kind"], "store_error", "{report}");
+}
