@@ -122,6 +122,7 @@ async fn the_agent_socket_refuses_outcomes_of_proxied_attempts() {
         retry_after_ms: None,
         result_digest: None,
         worker: None,
+        usage_refused: None,
     };
     let proxy = Caller {
         uid: owner,

@@ -63,6 +63,7 @@ fn one_call<B: StateBackend>(gate: &Gate<B>, run: &str, i: u64) -> Duration {
         retry_after_ms: None,
         result_digest: None,
         worker: None,
+        usage_refused: None,
     };
     gate.outcome_blocking(OPERATOR, req).expect("outcome");
     took
@@ -316,6 +317,7 @@ fn main() {
         retry_after_ms: None,
         result_digest: None,
         worker: None,
+        usage_refused: None,
     };
     gate.outcome_blocking(OPERATOR, req).expect("outcome");
     let after_outcome = trips();

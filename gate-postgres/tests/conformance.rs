@@ -219,6 +219,7 @@ fn breaker_shared<F: Fleet>(fleet: &F) -> String {
             retry_after_ms: None,
             result_digest: None,
             worker: None,
+            usage_refused: None,
         };
         gates[0].outcome_blocking(OPERATOR, req).expect("outcome");
     }

@@ -6,7 +6,7 @@ use tally_policy::{apply, decide, judge, Call, Verdict};
 use crate::backend::{Scopes, StateBackend, StateTxn};
 use crate::{
     encodable, inconsistent, principal_scope, tracks_credential, Caller, CheckAnswer, CheckRequest,
-    Done, Gate, GateError, Logged, OutcomeRequest, Touched, MAX_TOOL_BYTES,
+    Done, Gate, GateError, Logged, OutcomeRequest, SettleRequest, Touched, MAX_TOOL_BYTES,
 };
 
 impl<B: StateBackend> Gate<B> {
@@ -184,6 +184,43 @@ impl<B: StateBackend> Gate<B> {
 
     /// Record what an allowed call did.
     pub fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>) {
+        self.record_outcome(caller, req, false, done)
+    }
+
+    /// The operator settles what attempt `req.attempt` of `run` holds (`tally settle`):
+    /// its outcome, `unknown` with the amount, marked `operator`, with the operator's uid.
+    /// Only the operator may; an attempt already settled is refused (`AttemptSettled`).
+    pub fn settle(&self, caller: Caller, run: &str, req: SettleRequest, done: Done<Logged>) {
+        if !caller.operator || caller.proxied {
+            return done(Err(GateError::NotAuthorized(
+                "only the operator settles a held attempt (the operator socket)".into(),
+            )));
+        }
+        let outcome = OutcomeRequest {
+            run: run.to_owned(),
+            attempt: req.attempt,
+            status: tally_ledger::Status::Unknown,
+            settled_cents: None,
+            settled_nanos: Some(req.settled_nanos),
+            remote_ref: None,
+            observed: None,
+            retry_after_ms: None,
+            result_digest: None,
+            worker: None,
+            usage_refused: None,
+        };
+        self.record_outcome(caller, outcome, true, done)
+    }
+
+    /// An outcome as recorded: the agent's or the proxy's report, or (`by_operator`) the
+    /// operator's settlement.
+    fn record_outcome(
+        &self,
+        caller: Caller,
+        req: OutcomeRequest,
+        by_operator: bool,
+        done: Done<Logged>,
+    ) {
         let result = (|| {
             let mut t = self.begin()?;
             let policy = &self.policy.policy;
@@ -226,6 +263,8 @@ impl<B: StateBackend> Gate<B> {
                 result_digest: req.result_digest,
                 // The proxy's own report of a call it made; an agent's never says so.
                 proxied: caller.proxied.then_some(true),
+                operator: by_operator.then_some(true),
+                usage_refused: req.usage_refused.filter(|_| caller.proxied),
                 uid: caller.uid,
                 policy: Some(self.policy.digest.clone()),
                 ..Decision::default()
@@ -237,6 +276,9 @@ impl<B: StateBackend> Gate<B> {
                 credential,
                 principal,
             };
+            // The overrun, if the settlement makes one: the core's count, on the record.
+            record.overrun_nanos =
+                tally_policy::overrun(t.view(&touched.scopes()).run, &record).map(|o| o.excess().0);
             // What the core would call inconsistent is refused and never recorded.
             if let Some(found) = judge(policy, t.view(&touched.scopes()), &record, now)
                 .into_iter()

@@ -6,7 +6,7 @@ use tally_policy::Recorded;
 use crate::backend::StateBackend;
 use crate::{
     Approval, Caller, CheckAnswer, CheckRequest, Done, Gate, GateError, Logged, OutcomeRequest,
-    Standing, StartRequest, Started, StopRequest,
+    SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 
 impl<B: StateBackend> Gate<B> {
@@ -31,6 +31,16 @@ impl<B: StateBackend> Gate<B> {
         req: OutcomeRequest,
     ) -> Result<Logged, GateError> {
         blocking(|done| self.outcome(caller, req, done))
+    }
+
+    /// Blocking [`Gate::settle`].
+    pub fn settle_blocking(
+        &self,
+        caller: Caller,
+        run: &str,
+        req: SettleRequest,
+    ) -> Result<Logged, GateError> {
+        blocking(|done| self.settle(caller, run, req, done))
     }
 
     /// Blocking [`Gate::stop`].
@@ -79,6 +89,8 @@ pub trait Gatekeeper: Send + Sync {
     fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>);
     /// [`Gate::outcome`].
     fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>);
+    /// [`Gate::settle`].
+    fn settle(&self, caller: Caller, run: &str, req: SettleRequest, done: Done<Logged>);
     /// [`Gate::stop`].
     fn stop(&self, caller: Caller, run: &str, req: StopRequest, done: Done<Logged>);
     /// [`Gate::pause`].
@@ -120,6 +132,9 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>) {
         Gate::outcome(self, caller, req, done)
+    }
+    fn settle(&self, caller: Caller, run: &str, req: SettleRequest, done: Done<Logged>) {
+        Gate::settle(self, caller, run, req, done)
     }
     fn stop(&self, caller: Caller, run: &str, req: StopRequest, done: Done<Logged>) {
         Gate::stop(self, caller, run, req, done)

@@ -38,8 +38,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::GateError;
 pub use gatekeeper::Gatekeeper;
 pub use messages::{
-    Approval, Caller, CheckAnswer, CheckRequest, Logged, OutcomeRequest, Standing, StartRequest,
-    Started, StopRequest,
+    Approval, Caller, CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, Standing,
+    StartRequest, Started, StopRequest,
 };
 
 type Done<T> = Box<dyn FnOnce(Result<T, GateError>) + Send>;

@@ -146,6 +146,10 @@ pub struct OutcomeRequest {
     /// The worker reporting.
     #[serde(default)]
     pub worker: Option<String>,
+    /// Tally's proxy only (never on the wire): why it did not believe the usage the
+    /// upstream reported; the outcome is an `error` settled at its reservation.
+    #[serde(skip)]
+    pub usage_refused: Option<tally_ledger::UsageRefused>,
 }
 
 /// `POST /v1/runs/{run}/stop`.
@@ -158,6 +162,19 @@ pub struct StopRequest {
     /// The worker stopping it.
     #[serde(default)]
     pub worker: Option<String>,
+}
+
+/// `POST /v1/runs/{run}/settle` (operator socket only): settle what an attempt holds
+/// when nobody observed how it ended (a cut stream, a daemon killed mid-call), from the
+/// upstream's own figure (its console, its invoice). Recorded as the attempt's outcome,
+/// `unknown` (what happened is still not known; what it cost is), with `operator`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettleRequest {
+    /// The attempt whose reservation is held.
+    pub attempt: u64,
+    /// What it cost, nanodollars (0 releases what it held: it cost nothing).
+    pub settled_nanos: u64,
 }
 
 /// An approval, signed by an approver the policy lists (`tally approve` makes one).

@@ -116,6 +116,7 @@ impl Fixture {
             retry_after_ms: None,
             result_digest: None,
             worker: None,
+            usage_refused: None,
         };
         self.gate.outcome_blocking(who, req).map(drop)
     }
@@ -389,4 +390,98 @@ fn a_principals_usage_is_in_every_snapshot_and_standing() {
     let a = f.gate.run(operator, "a").expect("standing");
     assert_eq!(dim(&a.limits, "principal_attempts"), Some((0, 10)));
     assert_eq!(dim(&a.limits, "principal_runs"), Some((0, 5)));
+}
+
+fn operator() -> Caller {
+    Caller {
+        uid: Some(0),
+        operator: true,
+        ..Caller::default()
+    }
+}
+
+/// The upstream's bill is the truth: an outcome settling above its reservation settles
+/// whole, records the overrun on the outcome (the core's count), is charged to the run
+/// and its principal, and the run's later spending is refused until a human grants it.
+#[test]
+fn an_overrun_settles_whole_is_recorded_and_stops_later_spending() {
+    let f = Fixture::new("[principals.default]\nspend_cents = 1000\n");
+    f.start(agent(1000), "r").expect("start");
+    let a = f.check_as(proxy(1000), "r", 5);
+    assert_eq!(a.decision, Verdict::Allow);
+    // Billed 9 cents on a 5-cent reservation.
+    f.outcome(proxy(1000), "r", a.attempt.expect("a"), 9)
+        .expect("the proxy reports what the upstream billed");
+    let s = f.gate.run(agent(1000), "r").expect("run");
+    assert_eq!((s.held_nanos, s.settled_nanos), (0, 9 * NANOS_PER_CENT));
+    let principal = s
+        .limits
+        .get(tally_policy::PRINCIPAL_SPEND)
+        .expect("principal");
+    assert_eq!(
+        principal.used,
+        9 * NANOS_PER_CENT,
+        "charged to the principal too"
+    );
+    // Even a call that reserves nothing: its outcome could settle any amount. A human
+    // may grant more (`budget_exceeded` asks).
+    let next = f.check_as(agent(1000), "r", 0);
+    assert_eq!(
+        (next.decision, next.cause),
+        (Verdict::RequireApproval, Some(Reason::BudgetExceeded))
+    );
+}
+
+/// The operator settles a held attempt (a cut stream's, a dead daemon's): only the
+/// operator, only an attempt still held, once; the agent and the proxy cannot.
+#[test]
+fn the_operator_settles_a_held_attempt_once() {
+    let f = Fixture::new("");
+    f.start(agent(1000), "r").expect("start");
+    let a = f.check_as(proxy(1000), "r", 5);
+    let attempt = a.attempt.expect("a");
+    let held = |f: &Fixture| {
+        let s = f.gate.run(agent(1000), "r").expect("run");
+        (s.held_nanos, s.settled_nanos)
+    };
+    assert_eq!(held(&f), (5 * NANOS_PER_CENT, 0));
+    let settle = |who: Caller, nanos: u64| {
+        f.gate.settle_blocking(
+            who,
+            "r",
+            tally_gate::SettleRequest {
+                attempt,
+                settled_nanos: nanos,
+            },
+        )
+    };
+    for who in [agent(1000), proxy(1000)] {
+        assert!(
+            matches!(settle(who, 1), Err(GateError::NotAuthorized(_))),
+            "{who:?}"
+        );
+    }
+    assert!(matches!(
+        f.gate.settle_blocking(
+            operator(),
+            "r",
+            tally_gate::SettleRequest {
+                attempt: 99,
+                settled_nanos: 0
+            }
+        ),
+        Err(GateError::NoSuchAttempt { .. })
+    ));
+    assert_eq!(held(&f), (5 * NANOS_PER_CENT, 0), "nothing changed");
+    settle(operator(), 3 * NANOS_PER_CENT).expect("the operator settles");
+    assert_eq!(held(&f), (0, 3 * NANOS_PER_CENT));
+    assert!(matches!(
+        settle(operator(), 0),
+        Err(GateError::AttemptSettled { .. })
+    ));
+    // The proxy's late report is a second settlement: refused.
+    assert!(matches!(
+        f.outcome(proxy(1000), "r", attempt, 1),
+        Err(GateError::AttemptSettled { .. })
+    ));
 }

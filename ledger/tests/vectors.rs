@@ -496,3 +496,87 @@ fn proxied_vectors_match_docs() {
         assert!(err.contains("proxied"), "{bad}: {err}");
     }
 }
+
+/// docs/FORMAT.md, "Overruns, refused usage and the operator's settlement": each outcome as sent and its
+/// stored bytes; the forms the section refuses are refused, naming the field.
+#[test]
+fn settlement_vectors_match_docs() {
+    let doc = include_str!("../../docs/FORMAT.md");
+    let table = doc
+        .split_once(
+            "| settlement as sent | stored (canonical, as the ledger writes it) |\n|---|---|\n",
+        )
+        .expect("the settlement table")
+        .1;
+    let rows: Vec<[String; 2]> = table
+        .lines()
+        .take_while(|l| l.starts_with('|'))
+        .map(|row| {
+            let cells: Vec<String> = row
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().trim_matches('`').to_string())
+                .collect();
+            [cells[0].clone(), cells[1].clone()]
+        })
+        .collect();
+    assert_eq!(rows.len(), 3);
+    for [sent, stored] in &rows {
+        let dir = tempfile::tempdir().unwrap();
+        let (l, auditor) = crate::store::new_ledger(&dir.path().join("l"), Default::default());
+        l.append(Decision::from_json(r#"{"run":"r1","kind":"start"}"#).unwrap())
+            .unwrap();
+        l.append(Decision::from_json(sent).unwrap()).unwrap();
+        let back = crate::store::read_back(&l, &auditor);
+        let last = back.last().unwrap();
+        assert_eq!(
+            String::from_utf8(last.to_canonical_json()).unwrap(),
+            *stored
+        );
+        let d = Decision::from_stored(stored.as_bytes()).unwrap();
+        assert!(
+            d.overrun_nanos == Some(500)
+                || d.operator == Some(true)
+                || d.usage_refused == Some(tally_ledger::UsageRefused::Implausible),
+            "{stored}"
+        );
+    }
+    for (bad, field) in [
+        (
+            r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","overrun_nanos":0}"#,
+            "overrun_nanos",
+        ),
+        (
+            r#"{"run":"r1","kind":"allow","tool":"t","overrun_nanos":5}"#,
+            "overrun_nanos",
+        ),
+        (
+            r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","settled_nanos":1,"operator":false}"#,
+            "operator",
+        ),
+        (
+            r#"{"run":"r1","kind":"outcome","attempt":1,"status":"unknown","operator":true}"#,
+            "operator",
+        ),
+        (
+            r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","settled_nanos":1,"operator":true,"proxied":true}"#,
+            "operator",
+        ),
+        (
+            r#"{"run":"r1","kind":"stop","reason":"completed","operator":true}"#,
+            "operator",
+        ),
+        (
+            r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","proxied":true,"usage_refused":"unpriced"}"#,
+            "usage_refused",
+        ),
+        (
+            r#"{"run":"r1","kind":"outcome","attempt":1,"status":"error","usage_refused":"implausible"}"#,
+            "usage_refused",
+        ),
+    ] {
+        let d = Decision::from_json(bad).expect("parses");
+        let err = d.validate().expect_err(bad).to_string();
+        assert!(err.contains(field), "{bad}: {err}");
+    }
+}

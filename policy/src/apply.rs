@@ -426,6 +426,7 @@ fn outcome(
     let (Some(status), Some(attempt)) = (d.status, d.attempt) else {
         return;
     };
+    let over = crate::overrun::overrun(run, d);
     let Some(mut a) = run.open.remove(&attempt) else {
         // Forgotten beyond the bound on open attempts: what it settled still counts.
         // (Else it had its final outcome: a duplicate, counted once.)
@@ -449,11 +450,11 @@ fn outcome(
         }
         a.held = 0;
         a.settled = true;
-        if settled > a.reserved {
+        if let Some(o) = over {
             // The upstream billed more than was reserved: a fact, recorded; no call is
             // allowed after it until a human grants spend.
             run.overrun = true;
-            run.overrun_nanos = run.overrun_nanos.saturating_add(settled - a.reserved);
+            run.overrun_nanos = run.overrun_nanos.saturating_add(o.excess().0);
         }
     }
     if status == Status::Rejected && !run.refunded.contains(attempt) {

@@ -164,6 +164,14 @@ pub enum Inconsistency {
         /// The attempt.
         attempt: u64,
     },
+    /// An outcome whose `overrun_nanos` is not the overrun its settlement makes against
+    /// the attempt's reservation (`tally_policy::overrun`).
+    OverrunMisrecorded {
+        /// What the outcome records.
+        recorded: u64,
+        /// What the core counts (`None`: no overrun).
+        counted: Option<u64>,
+    },
     /// A number that would overflow u64.
     Overflow {
         /// What overflowed.
@@ -194,6 +202,7 @@ impl Inconsistency {
             Inconsistency::DuplicateAllow { .. } => "duplicate_allow",
             Inconsistency::AttemptsUnrecorded { .. } => "attempts_unrecorded",
             Inconsistency::OutcomeOwnedByProxy { .. } => "outcome_owned_by_proxy",
+            Inconsistency::OverrunMisrecorded { .. } => "overrun_misrecorded",
             Inconsistency::Overflow { .. } => "overflow",
         }
     }

@@ -237,7 +237,7 @@ fn outcome(run: &RunState, d: &Decision, found: &mut Vec<Inconsistency>) {
         return;
     }
     // The proxy's attempts are the proxy's, settled or not: nobody else reports on them.
-    if run.proxied.contains(attempt) && d.proxied != Some(true) {
+    if run.proxied.contains(attempt) && d.proxied != Some(true) && d.operator != Some(true) {
         found.push(Inconsistency::OutcomeOwnedByProxy { attempt });
         return;
     }
@@ -255,6 +255,14 @@ fn outcome(run: &RunState, d: &Decision, found: &mut Vec<Inconsistency>) {
                     });
                 }
             }
+        }
+    }
+    // The overrun the outcome records is the core's count of it, or none at all (a
+    // writer from before the field); never another amount.
+    if let Some(recorded) = d.overrun_nanos {
+        let counted = crate::overrun::overrun(run, d).map(|o| o.excess().0);
+        if counted != Some(recorded) {
+            found.push(Inconsistency::OverrunMisrecorded { recorded, counted });
         }
     }
 }

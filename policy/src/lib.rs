@@ -19,7 +19,7 @@
 //!
 //! Modules depend on each other one way, each only on those before it here (checked by
 //! `tests/layers`): `error`, `prices` (money in the policy), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
-//! `inconsistency` (what judging finds), `start`, `call` (a call, the view a decision
+//! `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits). Items moved down
 //! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
@@ -35,6 +35,7 @@ pub mod error;
 pub mod headroom;
 pub mod inconsistency;
 pub mod judge;
+pub mod overrun;
 pub mod prices;
 pub mod principals;
 pub mod rules;
@@ -49,6 +50,7 @@ pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
+pub use overrun::{overrun, Overrun};
 pub use rules::{loop_rule, poll_rule, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
 pub use state::{

@@ -15,7 +15,7 @@ use hyper::{Response, StatusCode};
 use tally_gate::{Caller, Gatekeeper, OutcomeRequest};
 use tally_policy::{ModelPrice, UpstreamKind};
 use tally_record::money::{parse_usd, Nanos};
-use tally_record::{Effect, Status};
+use tally_record::{Effect, Status, UsageRefused};
 
 use crate::proxy::Stage;
 use crate::trace::CallSpan;
@@ -65,6 +65,18 @@ struct Ended {
     retry_after_ms: Option<u64>,
     digest: Option<String>,
     observed: Option<String>,
+    usage_refused: Option<UsageRefused>,
+}
+
+/// What a complete answer says the call cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Billed {
+    /// What the upstream's report costs at the policy's prices: the truth, settled whole.
+    Cost(Nanos),
+    /// No report (nothing to settle from: the reservation stays held).
+    Missing,
+    /// A report tally does not believe or cannot price.
+    Refused(UsageRefused),
 }
 
 impl Pump {
@@ -91,6 +103,7 @@ impl Pump {
                 retry_after_ms: None,
                 digest: None,
                 observed,
+                usage_refused: None,
             },
         )
         .await;
@@ -247,6 +260,7 @@ impl Pump {
                     retry_after_ms: None,
                     digest,
                     observed: None,
+                    usage_refused: None,
                 }
             }
             Ok(()) => {
@@ -274,20 +288,26 @@ impl Pump {
                 } else {
                     crate::usage::from_body(kind, &kept)
                 };
-                let cost = if !status.is_success() {
-                    None
+                let billed = if !status.is_success() {
+                    Billed::Missing
                 } else if kind == UpstreamKind::Http {
-                    match header_cost {
-                        Some(c) => c,
-                        None => self.settle.route_price,
+                    match header_cost.unwrap_or(self.settle.route_price) {
+                        Some(c) => Billed::Cost(c),
+                        None => Billed::Missing,
                     }
                 } else {
                     match (used, &self.settle.price) {
-                        (Some(u), Some(p)) => u.cost(p),
-                        _ => None,
+                        (Some(u), Some(p)) => match u.cost(p) {
+                            // A usage class with no price: tally does not guess.
+                            Some(Nanos::MAX) => Billed::Refused(UsageRefused::Unpriced),
+                            Some(c) => Billed::Cost(c),
+                            // More than a u64 of nanodollars: no call costs that.
+                            None => Billed::Refused(UsageRefused::Implausible),
+                        },
+                        _ => Billed::Missing,
                     }
                 };
-                classify(status, cost, self.settle.reserved, retry_after_ms, digest)
+                classify(status, billed, self.settle.reserved, retry_after_ms, digest)
             }
         };
         let recorded = ended.status;
@@ -339,24 +359,29 @@ fn timeout_status(status: Status, effect: Effect) -> Status {
     }
 }
 
-/// The outcome of a complete answer: 2xx `ok` with its cost (none read: `unknown`, the
-/// reservation held); 429 and 503 with Retry-After `rejected` with it; other 4xx
-/// `rejected`; 3xx `rejected`; 5xx `error`. Nothing is charged for an answer that is
-/// not a success. A cost above `reserved` settles at `reserved`: the reservation is the
-/// most the request can cost (its input bounded by its bytes, its output by
-/// `max_tokens`), so usage reported beyond it is not believed, and no report of an
-/// upstream's can spend past the budget.
+/// The outcome of a complete answer: 2xx `ok`, settled at what the upstream reported,
+/// **whatever the reservation was** (the upstream is the authority on what a call cost:
+/// an excess is an overrun the gate records, never a number clipped away); 2xx with no
+/// report `unknown` (the reservation held); 2xx with a report tally does not believe
+/// (`usage_refused`) `error`, settled at the reservation. 429 and 503 with Retry-After
+/// `rejected` with it; other 4xx `rejected`; 3xx `rejected`; 5xx `error`. Nothing is
+/// charged for an answer that is not a success.
 fn classify(
     status: StatusCode,
-    cost: Option<Nanos>,
+    billed: Billed,
     reserved: Nanos,
     retry_after_ms: Option<u64>,
     digest: Option<String>,
 ) -> Ended {
+    let mut usage_refused = None;
     let (st, nanos, retry) = if status.is_success() {
-        match cost {
-            Some(c) => (Status::Ok, Some(c.min(reserved).0), None),
-            None => (Status::Unknown, None, None),
+        match billed {
+            Billed::Cost(c) => (Status::Ok, Some(c.0), None),
+            Billed::Missing => (Status::Unknown, None, None),
+            Billed::Refused(why) => {
+                usage_refused = Some(why);
+                (Status::Error, Some(reserved.0), None)
+            }
         }
     } else if (status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE)
         && retry_after_ms.is_some()
@@ -373,6 +398,7 @@ fn classify(
         retry_after_ms: retry,
         digest,
         observed: None,
+        usage_refused,
     }
 }
 
@@ -388,6 +414,7 @@ async fn outcome(shared: &Shared, s: &Settle, e: Ended) {
         retry_after_ms: e.retry_after_ms,
         result_digest: e.digest,
         worker: None,
+        usage_refused: e.usage_refused,
     };
     let caller = s.caller;
     let r = crate::proxy::call(&shared.gate, &shared.stage, move |gate, done| {

@@ -12,7 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::decision::{Budget, Channel, Decision, Effect, Kind, Limit, Reason, Scope, Status};
+use crate::decision::{
+    Budget, Channel, Decision, Effect, Kind, Limit, Reason, Scope, Status, UsageRefused,
+};
 
 /// Read a canonical stored decision, or `None` if the bytes are not exactly in canonical
 /// form. Does not validate the decision against docs/FORMAT.md.
@@ -222,6 +224,9 @@ impl<'a> Reader<'a> {
         opt!(state_version, self.u64()?);
         opt!(result_digest, self.string()?);
         opt!(proxied, self.boolean()?);
+        opt!(overrun_nanos, self.u64()?);
+        opt!(usage_refused, usage_refused(self.word()?)?);
+        opt!(operator, self.boolean()?);
         opt!(trace_id, self.string()?);
         opt!(prev_seq, self.u64()?);
         self.eat(b"}").then_some(d)
@@ -345,6 +350,14 @@ fn status(w: &str) -> Option<Status> {
         "timeout" => Status::Timeout,
         "running" => Status::Running,
         "unknown" => Status::Unknown,
+        _ => return None,
+    })
+}
+
+fn usage_refused(w: &str) -> Option<UsageRefused> {
+    Some(match w {
+        "implausible" => UsageRefused::Implausible,
+        "unpriced" => UsageRefused::Unpriced,
         _ => return None,
     })
 }
@@ -508,9 +521,24 @@ mod tests {
             o(text()),
         )
             .boxed();
-        let h = (o(num()), o(num()), o(num())).boxed();
+        let refused = prop_oneof![
+            Just(UsageRefused::Implausible),
+            Just(UsageRefused::Unpriced)
+        ];
+        let h = (
+            o(num()),
+            o(num()),
+            o(num()),
+            o(num()),
+            o(any::<bool>()),
+            o(refused),
+        )
+            .boxed();
         (a, b, c, e, o(limits), g, h, o(any::<bool>()))
             .prop_map(|(a, b, c, e, limits, g, h, proxied)| Decision {
+                overrun_nanos: h.3,
+                operator: h.4,
+                usage_refused: h.5,
                 reserve_nanos: h.0,
                 settled_nanos: h.1,
                 nanos: h.2,

@@ -18,7 +18,7 @@ use crate::money::Nanos;
 pub use crate::strict::is_blank_line;
 use crate::strict::{limits, present};
 
-pub use codes::{Action, Channel, Effect, Kind, Reason, Status};
+pub use codes::{Action, Channel, Effect, Kind, Reason, Status, UsageRefused};
 
 /// Longest `args_preview` the ledger stores, in bytes.
 pub const MAX_PREVIEW_BYTES: usize = 256;
@@ -311,6 +311,26 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub proxied: Option<bool>,
+    /// How far the outcome settled above its attempt's reservation, nanodollars
+    /// (outcome): the upstream billed more than the gate reserved. Written by the gate
+    /// alone, from the policy core's count (`tally_policy::overrun`), and only when it is
+    /// above 0; `tally verify` holds it to that count and lists every overrun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub overrun_nanos: Option<u64>,
+    /// Why the usage the upstream reported was not believed (outcome): the call is an
+    /// `error` settled at its reservation. Written by the gate for tally's proxy alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub usage_refused: Option<UsageRefused>,
+    /// The outcome was recorded by the operator (outcome; only `true` is written):
+    /// `tally settle` settling what a call held when nobody observed how it ended (a cut
+    /// stream, a daemon killed mid-call), from the upstream's own figure. Only the gate
+    /// writes it, for the operator socket's caller (whose uid it records); `tally verify`
+    /// takes such an outcome as the operator's, not the run owner's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub operator: Option<bool>,
     /// The OpenTelemetry trace the decision belongs to (allow, deny): 32 lowercase hex
     /// characters, not all zero (a W3C trace-id). The gate writes the trace id of the
     /// span it made for the check, or of the `traceparent` the agent sent, so an auditor

@@ -292,6 +292,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                     retry_after_ms: retry_after.map(|r| u64::from(r) * 200),
                     result_digest: result.map(|r| blake3::hash(&[r]).to_hex().to_string()),
                     worker: None,
+                    usage_refused: None,
                 };
                 let _ = gate.outcome_blocking(AGENT, req);
             }

@@ -86,6 +86,7 @@ fn analysed(forge: impl FnOnce(&Ledger, &str)) -> Report {
             retry_after_ms: None,
             result_digest: None,
             worker: None,
+            usage_refused: None,
         },
     )
     .expect("the proxy's outcome");

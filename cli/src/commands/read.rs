@@ -385,7 +385,8 @@ pub fn verify(args: &VerifyArgs) -> Result<Exit> {
         if let (serde_json::Value::Object(map), Some(f)) = (&mut value, &found) {
             map.insert(
                 "audit".into(),
-                serde_json::json!({"findings": f.findings, "findings_omitted": f.findings_omitted}),
+                serde_json::json!({"findings": f.findings, "findings_omitted": f.findings_omitted,
+                                   "overruns": f.overruns}),
             );
             map.insert("replay".into(), serde_json::to_value(&f.replay)?);
         }
@@ -395,6 +396,7 @@ pub fn verify(args: &VerifyArgs) -> Result<Exit> {
         if let Some(f) = &found {
             text.push('\n');
             text.push_str(&analysis::render_findings_text(f));
+            text.push_str(&analysis::render_overruns_text(f));
             text.push('\n');
             text.push_str(&f.replay.to_text());
         }

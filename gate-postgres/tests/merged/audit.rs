@@ -67,6 +67,7 @@ fn outcome(h: &Host, run: &str, attempt: u64, status: Status) {
         retry_after_ms: None,
         result_digest: None,
         worker: None,
+        usage_refused: None,
     };
     h.gate.outcome_blocking(AGENT, req).expect("outcome");
 }
@@ -353,6 +354,7 @@ fn racing_hosts_replay_clean_in_version_order() {
                         retry_after_ms: None,
                         result_digest: None,
                         worker: None,
+                        usage_refused: None,
                     };
                     settle.gate.outcome_blocking(AGENT, req).expect("outcome");
                     return 1;

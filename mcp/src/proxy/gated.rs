@@ -16,6 +16,7 @@ pub(super) fn outcome(options: &Options, attempt: u64, status: Status) -> Outcom
         retry_after_ms: None,
         result_digest: None,
         worker: options.worker.clone(),
+        usage_refused: None,
     }
 }
 

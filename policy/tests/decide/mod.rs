@@ -2,7 +2,7 @@
 //! effect class, unknown outcomes; and `decide` itself (pure, deterministic, valid records).
 
 use serde_json::json;
-use tally_policy::{decide, Verdict, View};
+use tally_policy::{decide, Inconsistency, Verdict, View};
 use tally_record::{Action, Effect, Kind, Reason};
 
 use crate::support::{call, now, op_call, Sim, NO_ASK};
@@ -230,6 +230,38 @@ fn budget_exceeded_after_an_overrun() {
     // Review finding: a call that reserves nothing was still allowed, and its outcome
     // could settle any amount, overrun after overrun. After an overrun no call is free.
     sim.refused(&c(3, 0), 40, Reason::BudgetExceeded);
+}
+
+/// The overrun an outcome records is the core's count of it: the right amount is
+/// consistent, another amount (or one where nothing was overrun) is a finding.
+#[test]
+fn an_outcome_records_its_overrun_as_the_core_counts_it() {
+    let c = |n: u64, cents: u64| Call {
+        reserve_nanos: cents * 10_000_000,
+        ..call("llm", Effect::Read, json!({"n": n}))
+    };
+    for (settled, recorded, finding) in [
+        (20, Some(100_000_000), None),
+        (20, Some(99_999_999), Some(Some(100_000_000))),
+        (10, Some(1), Some(None)),
+        (20, None, None),
+    ] {
+        let mut sim = Sim::with_run(NO_ASK, json!({"spend_cents": 100}));
+        let a = sim.allow(&c(1, 10), 10);
+        let mut extra = json!({"settled_cents": settled});
+        if let Some(r) = recorded {
+            extra["overrun_nanos"] = json!(r);
+        }
+        let found = sim.outcome("r1", a, "ok", 20, extra);
+        let want: Vec<Inconsistency> = finding
+            .map(|counted| Inconsistency::OverrunMisrecorded {
+                recorded: recorded.unwrap_or(0),
+                counted,
+            })
+            .into_iter()
+            .collect();
+        assert_eq!(found, want, "settled {settled}, recorded {recorded:?}");
+    }
 }
 
 #[test]

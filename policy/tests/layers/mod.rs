@@ -14,6 +14,7 @@ const LAYERS: &[&str] = &[
     "approval",
     "state",
     "inconsistency",
+    "overrun",
     "start",
     "call",
     "rules",

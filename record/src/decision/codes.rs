@@ -275,6 +275,30 @@ pub enum Status {
     Unknown,
 }
 
+/// Why the proxy did not believe the usage an upstream reported (an outcome's
+/// `usage_refused`): the call is then an `error` settled at its reservation, never at a
+/// number it cannot price or that cannot be true, and `tally verify` lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageRefused {
+    /// Not a usage that can be true: a count negative, not a whole number, or beyond
+    /// what the model can take in and put out (its context plus its output limit).
+    Implausible,
+    /// A class of usage the policy has no price for (cache writes without
+    /// `cache_write_per_mtok`, a server tool without its per-use price).
+    Unpriced,
+}
+
+impl UsageRefused {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageRefused::Implausible => "implausible",
+            UsageRefused::Unpriced => "unpriced",
+        }
+    }
+}
+
 /// How the call reaches its destination.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -4,8 +4,8 @@
 use crate::error::DecisionError;
 
 use super::{
-    is_digest_hex, policy_digest, Decision, Kind, Reason, LIMIT_DIMENSIONS, MAX_POLICY_BYTES,
-    MAX_PREVIEW_BYTES, MAX_TEXT_BYTES,
+    is_digest_hex, policy_digest, Decision, Kind, Reason, Status, LIMIT_DIMENSIONS,
+    MAX_POLICY_BYTES, MAX_PREVIEW_BYTES, MAX_TEXT_BYTES,
 };
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
@@ -128,7 +128,7 @@ impl Decision {
             }
         }
         self.validate_amounts()?;
-        let present: [(&'static str, bool, &[Kind]); 47] = [
+        let present: [(&'static str, bool, &[Kind]); 50] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -229,6 +229,17 @@ impl Decision {
                 &[Kind::Allow, Kind::Deny, Kind::Outcome],
             ),
             (
+                "overrun_nanos",
+                self.overrun_nanos.is_some(),
+                &[Kind::Outcome],
+            ),
+            ("operator", self.operator.is_some(), &[Kind::Outcome]),
+            (
+                "usage_refused",
+                self.usage_refused.is_some(),
+                &[Kind::Outcome],
+            ),
+            (
                 "trace_id",
                 self.trace_id.is_some(),
                 &[Kind::Allow, Kind::Deny],
@@ -306,6 +317,38 @@ impl Decision {
             return Err(DecisionError::Invalid {
                 field: "proxied",
                 why: "only `true` is written; leave it out for a call the proxy did not make",
+            });
+        }
+        if self.operator == Some(false) {
+            return Err(DecisionError::Invalid {
+                field: "operator",
+                why: "only `true` is written; leave it out for an outcome the operator did not record",
+            });
+        }
+        if self.overrun_nanos == Some(0) {
+            return Err(DecisionError::Invalid {
+                field: "overrun_nanos",
+                why: "is written only above 0; leave it out for an outcome within its reservation",
+            });
+        }
+        if self.operator == Some(true) && self.settled().is_none() {
+            return Err(DecisionError::Invalid {
+                field: "operator",
+                why: "the operator's outcome settles its attempt: give `settled_nanos` (0 releases what it held)",
+            });
+        }
+        if self.usage_refused.is_some()
+            && (self.proxied != Some(true) || self.status != Some(Status::Error))
+        {
+            return Err(DecisionError::Invalid {
+                field: "usage_refused",
+                why: "is written by tally's proxy on an `error` outcome only (`proxied`, status `error`)",
+            });
+        }
+        if self.operator == Some(true) && self.proxied.is_some() {
+            return Err(DecisionError::Invalid {
+                field: "operator",
+                why: "an outcome is the proxy's observation or the operator's settlement, not both",
             });
         }
         if let Some(t) = &self.trace_id {

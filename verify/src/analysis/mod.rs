@@ -42,9 +42,9 @@ pub use handoff::{
 pub use loops::{Clock, Loop, LoopEnd, Pattern, PollEvidence};
 pub use render::{
     render_findings_json, render_findings_text, render_handoffs_json, render_handoffs_text,
-    render_loops_json, render_loops_text, REPORT_VERSION,
+    render_loops_json, render_loops_text, render_overruns_text, REPORT_VERSION,
 };
-pub use report::Report;
+pub use report::{Overrun, Report};
 pub use tally_policy::{Dimension, Inconsistency};
 
 use crate::replay::{self, ReplayKind, ReplayReport};
@@ -104,6 +104,7 @@ pub struct Analysis {
     loops: Vec<Loop>,
     findings: Vec<AuditFinding>,
     findings_omitted: u64,
+    overruns: Vec<Overrun>,
     replay: ReplayReport,
 }
 
@@ -123,6 +124,7 @@ impl Analysis {
             loops: Vec::new(),
             findings: Vec::new(),
             findings_omitted: 0,
+            overruns: Vec::new(),
             replay: ReplayReport::default(),
         }
     }
@@ -308,6 +310,17 @@ impl Analysis {
                 }
             }
         }
+        // An outcome settling above its reservation: listed, as the core counts it.
+        if let Some(o) = tally_policy::overrun(&run.core, d) {
+            self.overruns.push(Overrun {
+                seq: e.seq,
+                run: d.run.clone(),
+                attempt: o.attempt,
+                reserved_nanos: o.reserved_nanos,
+                settled_nanos: o.settled_nanos,
+                overrun_nanos: o.excess().0,
+            });
+        }
         // The one fold.
         let cred_state = credential
             .as_ref()
@@ -384,7 +397,13 @@ impl Analysis {
                 },
             );
         }
-        if matches!(kind, Kind::Allow | Kind::Deny | Kind::Outcome) && d.uid != run.core.owner_uid {
+        // The operator's settlement (`tally settle`) is the operator's, under the
+        // operator's uid: only the gate writes `operator`, for its operator socket.
+        let by_operator = kind == Kind::Outcome && d.operator == Some(true);
+        if matches!(kind, Kind::Allow | Kind::Deny | Kind::Outcome)
+            && d.uid != run.core.owner_uid
+            && !by_operator
+        {
             self.replay
                 .find(e.seq, &d.run, ReplayKind::NotOwner { uid: d.uid });
         }
@@ -399,6 +418,7 @@ impl Analysis {
             mut loops,
             mut findings,
             findings_omitted,
+            overruns,
             replay,
             ..
         } = self;
@@ -429,6 +449,7 @@ impl Analysis {
             loops,
             findings,
             findings_omitted,
+            overruns,
             replay,
             handoffs,
         }

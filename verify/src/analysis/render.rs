@@ -263,6 +263,19 @@ fn finding_text(f: &Inconsistency) -> String {
             Nanos(*reserved),
             Nanos(*price)
         ),
+        Inconsistency::OverrunMisrecorded { recorded, counted } => match counted {
+            Some(c) => format!(
+                "records an overrun of {}, but its settlement is {} above the attempt's \
+                 reservation",
+                Nanos(*recorded),
+                Nanos(*c)
+            ),
+            None => format!(
+                "records an overrun of {}, but its settlement is within the attempt's \
+                 reservation",
+                Nanos(*recorded)
+            ),
+        },
         other => other.as_str().replace('_', " "),
     }
 }
@@ -292,6 +305,38 @@ pub fn render_findings_text(report: &Report) -> String {
             out,
             "({} more not listed: over the per-run limit)",
             report.findings_omitted
+        );
+    }
+    out
+}
+
+/// The overruns as text: nothing when there are none, else one line each (the seq of
+/// the outcome, the run and attempt, what was reserved and what was settled).
+pub fn render_overruns_text(report: &Report) -> String {
+    let mut out = String::new();
+    if report.overruns.is_empty() {
+        return out;
+    }
+    let total: u64 = report
+        .overruns
+        .iter()
+        .fold(0u64, |t, o| t.saturating_add(o.overrun_nanos));
+    let _ = writeln!(
+        out,
+        "{}: the upstream billed {} above what the gate reserved (each run spends nothing more until a human grants it; find out why the estimate was short).",
+        plural(report.overruns.len() as u64, "overrun", "overruns"),
+        Nanos(total)
+    );
+    for o in &report.overruns {
+        let _ = writeln!(
+            out,
+            "seq {}  run {}  overrun: attempt {} settled {} on a reservation of {} ({} over)",
+            o.seq,
+            shown(&o.run),
+            o.attempt,
+            Nanos(o.settled_nanos),
+            Nanos(o.reserved_nanos),
+            Nanos(o.overrun_nanos)
         );
     }
     out

@@ -5,7 +5,25 @@ use serde::Serialize;
 use super::findings::AuditFinding;
 use super::handoff::{Coverage, Handoff, LedgerCoverage};
 use super::loops::Loop;
+use crate::event::Seq;
 use crate::replay::ReplayReport;
+
+/// One outcome that settled above its attempt's reservation (`tally_policy::overrun`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Overrun {
+    /// The outcome's seq.
+    pub seq: Seq,
+    /// Its run.
+    pub run: String,
+    /// The attempt it settled.
+    pub attempt: u64,
+    /// What the gate reserved for the attempt, nanodollars.
+    pub reserved_nanos: u64,
+    /// What the outcome settled, nanodollars.
+    pub settled_nanos: u64,
+    /// How far above the reservation, nanodollars.
+    pub overrun_nanos: u64,
+}
 
 /// Everything the analysis found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -16,6 +34,11 @@ pub struct Report {
     pub findings: Vec<AuditFinding>,
     /// Findings beyond `Config::max_findings_per_run`, counted, not listed.
     pub findings_omitted: u64,
+    /// Every outcome that settled above its attempt's reservation, by seq: the upstream
+    /// billed more than the gate's worst case. A fact of the bill, not an inconsistency
+    /// (the gate refuses later spending after one); each says where an estimate was
+    /// wrong.
+    pub overruns: Vec<Overrun>,
     /// Every gate decision decided again under its recorded policy.
     pub replay: ReplayReport,
     /// One handoff per run, in order of the run's first record.
