@@ -23,7 +23,9 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
-use tally_gate::{CheckAnswer, CheckRequest, OutcomeRequest, StartRequest, Started};
+use tally_gate::{
+    CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, StartRequest, Started,
+};
 use tally_ledger::trace::Traceparent;
 use tally_ledger::Reason;
 
@@ -283,6 +285,13 @@ impl GateClient {
     pub async fn act(&mut self, run: &str, action: RunAction) -> Result<Value, GateError> {
         let path = format!("{}/{}", run_path(run), action.as_str());
         self.request(Method::POST, &path, None).await
+    }
+
+    /// `POST /v1/runs/{run}/settle` (operator socket): settle what an attempt holds, from
+    /// the upstream's own figure (0 releases it).
+    pub async fn settle(&mut self, run: &str, req: &SettleRequest) -> Result<Logged, GateError> {
+        let path = format!("{}/settle", run_path(run));
+        self.post(&path, req).await
     }
 
     /// `POST /v1/approvals` (operator socket): record a signed approval.

@@ -25,6 +25,8 @@ mod gate;
 pub mod wire;
 
 pub use gate::{run_path, Checked, GateClient, GateError, Retry, RunAction};
-pub use tally_gate::{CheckAnswer, CheckRequest, OutcomeRequest, StartRequest, Started};
+pub use tally_gate::{
+    CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, StartRequest, Started,
+};
 pub use tally_ledger::Reason;
 pub use tally_policy::Verdict;

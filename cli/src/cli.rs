@@ -88,6 +88,10 @@ pub enum Command {
     Resume(RunArgs),
     /// Kill a run: a stop record (`killed_by_operator`); every later check is refused.
     Kill(RunArgs),
+    /// Settle what an attempt holds when nobody saw how it ended (a cut stream, a daemon
+    /// killed mid-call): its outcome, from the upstream's own figure (its console or
+    /// invoice), recorded as the operator's.
+    Settle(SettleArgs),
     /// Create a new ledger whose records only the auditor can decrypt.
     Init(InitArgs),
     /// Append decisions: one JSON object as argument, or NDJSON on stdin. Every line is
@@ -235,6 +239,27 @@ pub struct RunArgs {
     /// The run.
     #[arg(long)]
     pub run: String,
+}
+
+/// `tally settle`'s arguments.
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("amount").required(true).args(["usd", "release"])))]
+pub struct SettleArgs {
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// The run.
+    #[arg(long)]
+    pub run: String,
+    /// The attempt whose reservation is held (its `x-tally-attempt`, or the handoff's).
+    #[arg(long)]
+    pub attempt: u64,
+    /// What the call cost, in US dollars as the upstream billed it (exact: `0.0137`).
+    #[arg(long)]
+    pub usd: Option<String>,
+    /// It cost nothing: release what it held.
+    #[arg(long)]
+    pub release: bool,
 }
 
 /// `tally keygen`'s arguments.

@@ -130,6 +130,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Pause(args) => operator::lifecycle(&args, tally_api::RunAction::Pause),
         Command::Resume(args) => operator::lifecycle(&args, tally_api::RunAction::Resume),
         Command::Kill(args) => operator::lifecycle(&args, tally_api::RunAction::Kill),
+        Command::Settle(args) => operator::settle(&args),
         Command::Init(args) => commands::init(&args),
         Command::Append(args) => commands::append(&args),
         Command::Checkpoint(args) => match (args.vkey, args.chain) {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::cli::{ApproveArgs, RunArgs, RunsArgs};
+use crate::cli::{ApproveArgs, RunArgs, RunsArgs, SettleArgs};
 use crate::output::outln;
 use crate::Exit;
 use serde_json::Value;
@@ -223,6 +223,40 @@ pub fn lifecycle(args: &RunArgs, action: RunAction) -> Result<Exit> {
             "run {}: {} done",
             tally_verify::text::shown(run),
             action.as_str()
+        );
+        Ok(Exit::Success)
+    })
+}
+
+/// Settle what an attempt holds (`tally settle`), from the upstream's own figure.
+pub fn settle(args: &SettleArgs) -> Result<Exit> {
+    let nanos = match (&args.usd, args.release) {
+        (Some(usd), false) => {
+            tally_ledger::money::parse_usd(usd.trim())
+                .map_err(|e| {
+                    anyhow::anyhow!("--usd {usd}: {e} (give exact US dollars, like 0.0137)")
+                })?
+                .0
+        }
+        _ => 0,
+    };
+    let (socket, run) = (args.operator_socket.as_path(), args.run.as_str());
+    block_on(async {
+        let req = tally_api::SettleRequest {
+            attempt: args.attempt,
+            settled_nanos: nanos,
+        };
+        let logged = gate(socket)
+            .await?
+            .settle(run, &req)
+            .await
+            .map_err(refused)?;
+        outln!(
+            "run {} attempt {}: settled {} (seq {})",
+            tally_verify::text::shown(run),
+            args.attempt,
+            tally_ledger::money::Nanos(nanos),
+            logged.seq
         );
         Ok(Exit::Success)
     })

@@ -162,10 +162,10 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
         Role::Agent
             if matches!(path, "/v1/approvals" | "/v1/export")
                 || crate::observe::operators_view(path)
-                || (run_action && matches!(tail, "pause" | "resume" | "kill")) =>
+                || (run_action && matches!(tail, "pause" | "resume" | "kill" | "settle")) =>
         {
             let how = match tail {
-                "pause" | "resume" | "kill" => {
+                "pause" | "resume" | "kill" | "settle" => {
                     let run = path.split('/').nth(3).unwrap_or("RUN");
                     format!(" (`tally {tail} --operator-socket PATH --run {run}`)")
                 }
@@ -215,7 +215,7 @@ fn allowed(role: Role, path: &str) -> &'static str {
         },
         Role::Operator => match path {
             "/v1/decisions" | "/v1/approvals" => "POST",
-            _ if run_action && matches!(tail, "pause" | "resume" | "kill") => "POST",
+            _ if run_action && matches!(tail, "pause" | "resume" | "kill" | "settle") => "POST",
             _ => "GET, HEAD",
         },
     }

@@ -1,5 +1,6 @@
 //! The gate's HTTP API (docs/GATE.md): the agent socket's start, check, outcome, stop and
-//! where-a-run-stands; the operator socket's run list, pause, resume, kill and approvals.
+//! where-a-run-stands; the operator socket's run list, pause, resume, kill, settle and
+//! approvals.
 //! Each answer goes out only once its decision is durable.
 
 use std::sync::Arc;
@@ -14,7 +15,8 @@ use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tally_gate::{
-    Approval, Caller, CheckRequest, GateError, OutcomeRequest, StartRequest, StopRequest,
+    Approval, Caller, CheckRequest, GateError, OutcomeRequest, SettleRequest, StartRequest,
+    StopRequest,
 };
 use tally_ledger::Reason;
 
@@ -43,6 +45,7 @@ pub(crate) fn operator_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
         .route("/v1/runs/{run}/pause", post(pause))
         .route("/v1/runs/{run}/resume", post(resume))
         .route("/v1/runs/{run}/kill", post(kill))
+        .route("/v1/runs/{run}/settle", post(settle))
         .route("/v1/approvals", post(approve))
 }
 
@@ -357,6 +360,25 @@ async fn stop(
     .await
     .map_err(gate_error)?;
     Ok(json(StatusCode::OK, &logged))
+}
+
+/// The operator settles what an attempt holds (`tally settle`): its outcome, recorded
+/// with the operator's uid, from the upstream's own figure.
+async fn settle(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    run: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let run = path_run(run)?;
+    let gate = Arc::clone(&app.gate);
+    posted(
+        &app,
+        request,
+        StatusCode::OK,
+        move |req: SettleRequest, done| gate.settle(caller(peer, Role::Operator), &run, req, done),
+    )
+    .await
 }
 
 async fn kill(

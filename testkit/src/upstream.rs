@@ -6,7 +6,8 @@
 //! What each request does is chosen by its `model`, so a test in any language steers it
 //! with no API of its own:
 //!
-//! * `fake-ok`: usage 100 input, 50 output tokens;
+//! * `fake-ok`: usage 100 input, 50 output tokens (fewer where the request's
+//!   `max_tokens` is lower, as a real API never answers past it);
 //! * `fake-usage-I-O`: usage I input, O output tokens (`fake-usage-1000-20`);
 //!   `fake-usage-I-O-W-H` (Anthropic) also W cache-write tokens, H of them to the
 //!   1-hour cache (`cache_creation_input_tokens`, `cache_creation`);
@@ -348,7 +349,15 @@ impl State {
                 let mut next = || it.next().unwrap_or(0);
                 (next(), next(), next(), next())
             }
-            _ => (100, 50, 0, 0),
+            // As a real API: never more output than the request's limit.
+            _ => {
+                let limit = json
+                    .get("max_tokens")
+                    .or_else(|| json.get("max_completion_tokens"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(50);
+                (100, limit.min(50), 0, 0)
+            }
         };
         // Anthropic's input usage: cache writes only where some were made.
         let mut anthropic_usage = json!({"input_tokens": input, "output_tokens": output});

@@ -154,15 +154,18 @@ async fn a_request_without_max_tokens_gets_one_its_budget_can_pay() {
     assert!((1..50).contains(&asked), "asked {asked}");
     let st = served.settled("r").await;
     assert!(a.status == 200, "{}", a.text());
-    // The usage the fake reports (50 out) is above what was asked, so above the worst
-    // case: not believed, it settles at the reservation, which is the whole budget; the
-    // next call does not fit.
-    assert_eq!(st["settled_nanos"], 50_000_000, "{st}");
+    // The fake answers within what it was asked (as a real API does) and bills 100 in:
+    // the call settles at that bill, within the budget, with nothing held.
+    let bill = 100 * 10_000 + asked * 1_000_000;
+    assert_eq!(st["settled_nanos"], bill, "{st}");
+    assert_eq!(st["held_nanos"], 0, "{st}");
+    assert!(bill <= 50_000_000);
+    // What is left does not pay 10 more output tokens: refused, nothing forwarded.
     let a = call(
         served.proxy,
         "/openai/v1/chat/completions",
         &[("authorization", &bearer(&token))],
-        chat("fake-ok", json!({"max_tokens": 1})),
+        chat("fake-ok", json!({"max_tokens": 10})),
     )
     .await;
     assert_eq!(a.status, 403, "{}", a.text());

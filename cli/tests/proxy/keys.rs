@@ -34,8 +34,7 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
             served.proxy,
             "/anthropic/v1/messages",
             &[("x-api-key", &token)],
-            br#"{"model":"fake-ok","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}"#
-                .to_vec(),
+            chat("fake-ok", json!({"max_tokens": 50})),
         )
         .await;
         assert_eq!(a.status, 200, "{}", a.text());
@@ -62,11 +61,10 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
             "{:?}",
             seen[1]
         );
-        // $0.051 for the OpenAI call. The Anthropic request is 97 bytes, so its input is
-        // bounded at 97 tokens: the fake's 100 are not believed and it settles at its
-        // reservation, $0.05097. Nothing held.
+        // $0.051 for each call (100 in at $10/M, 50 out at $1,000/M): what the upstream
+        // billed. Nothing held.
         let st = served.settled("r1").await;
-        assert_eq!(st["settled_nanos"], 101_970_000, "{st}");
+        assert_eq!(st["settled_nanos"], 102_000_000, "{st}");
         assert_eq!(st["held_nanos"], 0, "{st}");
 
         // Unknown, forged and missing tokens: 401 in the dialect, nothing forwarded.
@@ -108,7 +106,7 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
         assert_eq!(upstream.seen().len(), 2, "nothing more was forwarded");
         served.verifies();
         let h = served.handoff("r1");
-        assert_eq!(h["spend"]["settled_nanos"], 101_970_000, "{h}");
+        assert_eq!(h["spend"]["settled_nanos"], 102_000_000, "{h}");
     }
 }
 

@@ -54,7 +54,7 @@ async fn streams_pass_through_and_settle_and_a_client_that_did_not_ask_sees_no_u
         served.proxy,
         "/anthropic/v1/messages",
         &[("x-api-key", &token)],
-        br#"{"model":"fake-ok","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#.to_vec(),
+        chat("fake-ok", json!({"max_tokens": 50, "stream": true})),
     )
     .await;
     assert!(a.text().contains("message_stop"), "{}", a.text());

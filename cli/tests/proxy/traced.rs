@@ -73,8 +73,7 @@ async fn a_span_per_model_call_under_the_genai_conventions_the_agents_trace_its_
             ("x-api-key", &token),
             ("traceparent", &format!("00-{UNSAMPLED}-{PARENT}-00")),
         ],
-        br#"{"model":"fake-ok","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}"#
-            .to_vec(),
+        chat("fake-ok", json!({"max_tokens": 50})),
     )
     .await;
     assert_eq!(a.status, 200, "{}", a.text());

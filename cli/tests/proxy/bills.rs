@@ -1,0 +1,156 @@
+//! The upstream's bill is the truth: a call settles what the upstream reports, whatever
+//! the gate reserved; an excess is an overrun recorded on the outcome and listed by
+//! `tally verify`, and the run spends nothing more until a human grants it. A call
+//! nobody saw end keeps its reservation held until the operator settles it (`tally
+//! settle`), from the upstream's own figure.
+
+use super::*;
+
+/// The test policy with `fake-usage-1000-50` priced like the others: it bills 1,000
+/// input tokens for a body of a few hundred bytes (as a provider adds a tool prompt the
+/// body does not carry), past the input bound the gate reserved for.
+fn billing_policy(upstream: &FakeUpstream) -> String {
+    let mut p = policy(upstream, 1000);
+    p.push_str(
+        "[prices.openai.\"fake-usage-1000-50\"]\ninput_per_mtok = 10\noutput_per_mtok = \"1000\"\nmax_output_tokens = 100\n",
+    );
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &billing_policy(&upstream));
+    let token = served.start_run("r").await;
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(&token))],
+        chat("fake-usage-1000-50", json!({"max_tokens": 50})),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    // 1,000 in at $10/M and 50 out at $1,000/M: $0.06, the bill, whatever was reserved.
+    let bill = 1000 * 10_000 + 50 * 1_000_000;
+    let st = served.settled("r").await;
+    assert_eq!(st["settled_nanos"], bill, "{st}");
+    // The next call, however small, is refused: after an overrun a human grants spend.
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(&token))],
+        chat("fake-ok", json!({"max_tokens": 1})),
+    )
+    .await;
+    assert_eq!(a.status, 403, "{}", a.text());
+    assert!(a.text().contains("budget_exceeded"), "{}", a.text());
+    assert_eq!(upstream.seen().len(), 1, "nothing more forwarded");
+    // The outcome records the excess; verify lists it with its seq, and is consistent.
+    let report = served.verifies();
+    let overruns = report["audit"]["overruns"].as_array().expect("overruns");
+    assert_eq!(overruns.len(), 1, "{report}");
+    let o = &overruns[0];
+    let reserved = o["reserved_nanos"].as_u64().expect("reserved");
+    assert!(reserved < bill, "{o}");
+    assert_eq!(o["settled_nanos"], bill, "{o}");
+    assert_eq!(o["overrun_nanos"], bill - reserved, "{o}");
+    let outcome = served
+        .decisions("r")
+        .into_iter()
+        .find(|d| d["decision"]["kind"] == "outcome")
+        .expect("the outcome");
+    assert_eq!(outcome["seq"], o["seq"], "{outcome}");
+    assert_eq!(
+        outcome["decision"]["overrun_nanos"],
+        bill - reserved,
+        "{outcome}"
+    );
+    let h = served.handoff("r");
+    assert_eq!(h["spend"]["overrun_nanos"], bill - reserved, "{h}");
+    let text = tally().audit(served.dir(), "verify", &[]);
+    let text = tally_testkit::tally::text(&text);
+    assert!(text.contains("1 overrun"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_mid_stream_the_operator_settles_what_the_call_held() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let token = served.start_run("r").await;
+    let (addr, auth) = (served.proxy, bearer(&token));
+    let streaming = tokio::spawn(async move {
+        call(
+            addr,
+            "/openai/v1/chat/completions",
+            &[("authorization", &auth)],
+            chat("fake-slow", json!({"stream": true, "max_tokens": 50})),
+        )
+        .await
+    });
+    let started = Instant::now();
+    while upstream.seen().is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    served.kill9();
+    assert!(streaming.await.expect("task").cut);
+    let mut served = Served::start(dir.path());
+    let st = served.standing("r").await;
+    let held = st["held_nanos"].as_u64().expect("held");
+    assert!(held >= 50_000_000, "held, never lost: {st}");
+    // The agent cannot settle it, on either socket.
+    let (status, v) = served
+        .agent(
+            "POST",
+            "/v1/runs/r/settle",
+            Some(json!({"attempt": 1, "settled_nanos": 0})),
+        )
+        .await;
+    assert_eq!(status, 403, "{v}");
+    let operator = served.daemon.operator_socket().display().to_string();
+    let settle = |extra: &[&str]| {
+        let mut args = vec!["settle", "--operator-socket", &operator, "--run", "r"];
+        args.extend_from_slice(extra);
+        tally().run(served.dir(), &args, "")
+    };
+    // Bad input changes nothing.
+    for bad in [
+        &["--attempt", "1", "--usd", "1e-3"][..],
+        &["--attempt", "1"][..],
+        &["--attempt", "1", "--usd", "0.01", "--release"][..],
+        &["--attempt", "9", "--usd", "0.01"][..],
+    ] {
+        let out = settle(bad);
+        assert!(!out.status.success(), "{bad:?}");
+    }
+    assert_eq!(served.standing("r").await["held_nanos"], held);
+    // The provider's console says $0.0123.
+    let out = settle(&["--attempt", "1", "--usd", "0.0123"]);
+    assert!(out.status.success(), "{}", tally_testkit::tally::text(&out));
+    let st = served.standing("r").await;
+    assert_eq!(
+        (st["held_nanos"].as_u64(), st["settled_nanos"].as_u64()),
+        (Some(0), Some(12_300_000)),
+        "{st}"
+    );
+    // Once: a second settlement is refused.
+    let out = settle(&["--attempt", "1", "--release"]);
+    assert!(!out.status.success());
+    assert!(
+        tally_testkit::tally::text(&out).contains("attempt_settled")
+            || tally_testkit::tally::text(&out).contains("already settled"),
+        "{}",
+        tally_testkit::tally::text(&out)
+    );
+    let report = served.verifies();
+    assert_eq!(report["audit"]["findings"], json!([]), "{report}");
+    let settled = served
+        .decisions("r")
+        .into_iter()
+        .find(|d| d["decision"]["kind"] == "outcome")
+        .expect("the operator's outcome");
+    assert_eq!(settled["decision"]["operator"], true, "{settled}");
+    assert_eq!(settled["decision"]["status"], "unknown", "{settled}");
+}
