@@ -2,6 +2,7 @@
 
 mod architecture;
 mod backup;
+mod bill_rule;
 mod crafted;
 mod edge;
 mod flips;

@@ -386,7 +386,7 @@ pub fn verify(args: &VerifyArgs) -> Result<Exit> {
             map.insert(
                 "audit".into(),
                 serde_json::json!({"findings": f.findings, "findings_omitted": f.findings_omitted,
-                                   "overruns": f.overruns}),
+                                   "overruns": f.overruns, "usage_refused": f.usage_refused}),
             );
             map.insert("replay".into(), serde_json::to_value(&f.replay)?);
         }
@@ -397,6 +397,7 @@ pub fn verify(args: &VerifyArgs) -> Result<Exit> {
             text.push('\n');
             text.push_str(&analysis::render_findings_text(f));
             text.push_str(&analysis::render_overruns_text(f));
+            text.push_str(&analysis::render_usage_refused_text(f));
             text.push('\n');
             text.push_str(&f.replay.to_text());
         }

@@ -1,11 +1,25 @@
 use super::*;
 
+/// How the upstream in a race bills.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bills {
+    /// Within what each call reserved.
+    Honestly,
+    /// Past what calls reserved (more than the body's bytes in, more than `max_tokens`
+    /// out).
+    PastTheReservation,
+}
+
 /// 64 calls at once against a budget of 100 cents through each SDK, streaming (over
-/// HTTPS) and not (over HTTP), the upstream reporting the usage of `models` in turn: the
-/// run never settles more than 100 cents, every call either went through or was refused
-/// in the SDK's own error with the reason, and the ledger's settled total is the state's
-/// to the unit.
-fn race_within_the_budget(models: &str) {
+/// HTTPS) and not (over HTTP), the upstream reporting the usage of `models` in turn:
+/// every call either went through or was refused in the SDK's own error with the reason,
+/// and the ledger's settled total is the state's to the unit. Billed honestly, the run
+/// never settles more than 100 cents and has no overrun. Billed past the reservations,
+/// each call settles its bill: what is settled beyond 100 cents is exactly covered by
+/// the overruns `tally verify` lists (each allowed while the budget had room, so at most
+/// one per racing call), and no call was allowed after an overrun's outcome (the audit
+/// finds nothing).
+fn race_within_the_budget(models: &str, bills: Bills) {
     let mut proxy = Proxy::start("");
     let mut runs = vec![];
     for sdk in SDKS {
@@ -38,22 +52,48 @@ fn race_within_the_budget(models: &str) {
             let s = proxy.standing_settled(&run);
             let settled = nanos(&s, "settled");
             let held = nanos(&s, "held");
-            assert!(
-                settled + held <= 100 * CENT,
-                "{run}: settled {settled} + held {held} nanodollars past 100 cents: {s}"
-            );
+            if bills == Bills::Honestly {
+                assert!(
+                    settled + held <= 100 * CENT,
+                    "{run}: settled {settled} + held {held} nanodollars past 100 cents: {s}"
+                );
+            }
             assert_eq!(held, 0, "{run}: every call ended: {s}");
-            runs.push((run, settled));
+            runs.push((run, settled, passed));
         }
     }
     proxy.upstreams_saw_only_the_key(&[]);
-    for (run, settled) in runs {
+    for (run, settled, passed) in runs {
         let h = proxy.handoff(&run);
         assert_eq!(
             nanos(&h["spend"], "settled"),
             settled,
             "{run}: the ledger and the state disagree: {h}"
         );
+        let (out, report) = tally().report(proxy.dir.path(), "verify", &[]);
+        assert_eq!(out.status.code(), Some(0), "{run}: {report}");
+        assert_eq!(report["audit"]["findings"], json!([]), "{run}: {report}");
+        let overruns: Vec<&Value> = report["audit"]["overruns"]
+            .as_array()
+            .expect("overruns")
+            .iter()
+            .filter(|o| o["run"] == run.as_str())
+            .collect();
+        let over: u64 = overruns
+            .iter()
+            .map(|o| o["overrun_nanos"].as_u64().expect("overrun_nanos"))
+            .sum();
+        match bills {
+            Bills::Honestly => assert!(overruns.is_empty(), "{run}: {overruns:?}"),
+            Bills::PastTheReservation => {
+                assert!(!overruns.is_empty(), "{run}: no overrun recorded");
+                assert!(overruns.len() <= passed, "{run}: {overruns:?}");
+                assert!(
+                    settled <= 100 * CENT + over,
+                    "{run}: {settled} settled, past the budget by more than the overruns ({over})"
+                );
+            }
+        }
         proxy.serve();
     }
 }
@@ -62,17 +102,23 @@ fn race_within_the_budget(models: &str) {
 #[test]
 fn sixty_four_racing_calls_never_settle_past_the_budget() {
     if sdks() {
-        race_within_the_budget("fake-ok,fake-usage-0-0,fake-usage-100-100,fake-usage-100-20");
+        race_within_the_budget(
+            "fake-ok,fake-usage-0-0,fake-usage-100-100,fake-usage-100-20",
+            Bills::Honestly,
+        );
     }
 }
 
-/// Usage far beyond what each call reserved (an upstream that lies or bills past
-/// `max_tokens`): still never more than the budget settled, whatever usage they report
-/// (a call settles at most its reservation: docs/PROXY.md).
+/// Usage far beyond what each call reserved (an upstream that bills past `max_tokens`
+/// or past the body's bytes): each call settles its bill (the ledger equals the bill),
+/// the excess is an overrun per call, recorded, and no call is allowed after one.
 #[test]
-fn sixty_four_racing_calls_never_settle_past_the_budget_whatever_the_usage() {
+fn sixty_four_racing_calls_past_their_reservations_settle_the_bill_as_overruns() {
     if sdks() {
-        race_within_the_budget("fake-ok,fake-usage-100-1000000,fake-usage-1000000-1000000");
+        race_within_the_budget(
+            "fake-ok,fake-usage-100-1000000,fake-usage-1000000-1000000",
+            Bills::PastTheReservation,
+        );
     }
 }
 

@@ -42,9 +42,10 @@ pub use handoff::{
 pub use loops::{Clock, Loop, LoopEnd, Pattern, PollEvidence};
 pub use render::{
     render_findings_json, render_findings_text, render_handoffs_json, render_handoffs_text,
-    render_loops_json, render_loops_text, render_overruns_text, REPORT_VERSION,
+    render_loops_json, render_loops_text, render_overruns_text, render_usage_refused_text,
+    REPORT_VERSION,
 };
-pub use report::{Overrun, Report};
+pub use report::{Overrun, RefusedUsage, Report};
 pub use tally_policy::{Dimension, Inconsistency};
 
 use crate::replay::{self, ReplayKind, ReplayReport};
@@ -105,6 +106,7 @@ pub struct Analysis {
     findings: Vec<AuditFinding>,
     findings_omitted: u64,
     overruns: Vec<Overrun>,
+    usage_refused: Vec<RefusedUsage>,
     replay: ReplayReport,
 }
 
@@ -125,6 +127,7 @@ impl Analysis {
             findings: Vec::new(),
             findings_omitted: 0,
             overruns: Vec::new(),
+            usage_refused: Vec::new(),
             replay: ReplayReport::default(),
         }
     }
@@ -321,6 +324,15 @@ impl Analysis {
                 overrun_nanos: o.excess().0,
             });
         }
+        if let (Kind::Outcome, Some(why), Some(attempt)) = (kind, d.usage_refused, d.attempt) {
+            self.usage_refused.push(RefusedUsage {
+                seq: e.seq,
+                run: d.run.clone(),
+                attempt,
+                why,
+                settled_nanos: d.settled().map_or(0, |n| n.0),
+            });
+        }
         // The one fold.
         let cred_state = credential
             .as_ref()
@@ -419,6 +431,7 @@ impl Analysis {
             mut findings,
             findings_omitted,
             overruns,
+            usage_refused,
             replay,
             ..
         } = self;
@@ -450,6 +463,7 @@ impl Analysis {
             findings,
             findings_omitted,
             overruns,
+            usage_refused,
             replay,
             handoffs,
         }

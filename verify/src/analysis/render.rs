@@ -342,6 +342,31 @@ pub fn render_overruns_text(report: &Report) -> String {
     out
 }
 
+/// The outcomes whose usage the proxy refused, as text: nothing when there are none.
+pub fn render_usage_refused_text(report: &Report) -> String {
+    let mut out = String::new();
+    if report.usage_refused.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{} whose usage the proxy did not believe or could not price: each is an error settled at its reservation (the provider's console has the real bill).",
+        plural(report.usage_refused.len() as u64, "call", "calls"),
+    );
+    for u in &report.usage_refused {
+        let _ = writeln!(
+            out,
+            "seq {}  run {}  usage_refused: attempt {} ({}), settled {}",
+            u.seq,
+            shown(&u.run),
+            u.attempt,
+            u.why.as_str(),
+            Nanos(u.settled_nanos)
+        );
+    }
+    out
+}
+
 #[derive(Serialize)]
 struct LoopsDoc<'a> {
     version: u32,

@@ -25,6 +25,21 @@ pub struct Overrun {
     pub overrun_nanos: u64,
 }
 
+/// A proxied outcome whose usage the proxy refused (`usage_refused`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RefusedUsage {
+    /// The outcome's seq.
+    pub seq: Seq,
+    /// Its run.
+    pub run: String,
+    /// The attempt.
+    pub attempt: u64,
+    /// Why: `implausible` or `unpriced`.
+    pub why: tally_ledger::UsageRefused,
+    /// What it settled (the attempt's reservation), nanodollars.
+    pub settled_nanos: u64,
+}
+
 /// Everything the analysis found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Report {
@@ -39,6 +54,10 @@ pub struct Report {
     /// (the gate refuses later spending after one); each says where an estimate was
     /// wrong.
     pub overruns: Vec<Overrun>,
+    /// Every proxied outcome whose usage the proxy did not believe or could not price
+    /// (`usage_refused`), by seq: an `error` settled at its reservation, whose real bill
+    /// the operator finds in the provider's console.
+    pub usage_refused: Vec<RefusedUsage>,
     /// Every gate decision decided again under its recorded policy.
     pub replay: ReplayReport,
     /// One handoff per run, in order of the run's first record.
