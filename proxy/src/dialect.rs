@@ -65,7 +65,21 @@ impl Refusal {
         }
     }
 
-    /// A 401 for a token that is unknown, forged, or of a run that may not spend.
+    /// A 403 for a real token whose run may spend no more (stopped, or past its
+    /// deadline): `reason`, action `stop`, whatever the reason's own action, since
+    /// nothing this run does can make the call go through.
+    pub fn ended(reason: Reason, message: String) -> Refusal {
+        Refusal {
+            status: StatusCode::FORBIDDEN,
+            code: reason.as_str().to_owned(),
+            action: Action::Stop,
+            message,
+            retry_after_ms: None,
+            recorded: None,
+        }
+    }
+
+    /// A 401 for a token that is unknown or forged.
     pub fn token(message: impl Into<String>) -> Refusal {
         Refusal::own(StatusCode::UNAUTHORIZED, "invalid_token", message)
     }

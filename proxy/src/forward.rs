@@ -125,15 +125,30 @@ impl Proxy {
                 GateError::Unavailable(_) => unavailable(),
                 _ => Refusal::token("the run of this token is not known to the gate"),
             })?;
+        // A real token of a run that may not spend any more: 403 with the reason, its
+        // action `stop`, so a client shows why and stops (a 401 reads as a bad key, which
+        // agents retry or send the user to log in again). Nothing is recorded: the run
+        // has ended, or its deadline has (the next check would stop it).
         if standing.state == "stopped" {
-            return Err(Refusal::token("the run of this token has stopped"));
+            let reason = standing.stop_reason.unwrap_or(Reason::Completed);
+            return Err(Refusal::ended(
+                reason,
+                format!(
+                    "the run of this token has stopped ({}): a new task is a new run, with its own token",
+                    reason.as_str()
+                ),
+            ));
         }
         if standing
             .budget
             .deadline_ms
             .is_some_and(|d| standing.at_ms >= d)
         {
-            return Err(Refusal::token("the run of this token is past its deadline"));
+            return Err(Refusal::ended(
+                Reason::RunDeadlineExhausted,
+                "the run of this token is past its deadline: a new task is a new run, with its own token"
+                    .into(),
+            ));
         }
         Ok(Caught { run, standing })
     }
@@ -278,8 +293,12 @@ impl Proxy {
                 }
                 return Err(match e {
                     GateError::Unavailable(_) => unavailable(),
-                    GateError::RunStopped { .. } | GateError::RunNotFound(_) => {
-                        Refusal::token("the run of this token has stopped")
+                    GateError::RunStopped { reason, .. } => Refusal::ended(
+                        reason,
+                        format!("the run of this token has stopped ({})", reason.as_str()),
+                    ),
+                    GateError::RunNotFound(_) => {
+                        Refusal::token("the run of this token is not known to the gate")
                     }
                     e => Refusal::own(
                         StatusCode::FORBIDDEN,

@@ -96,9 +96,20 @@ impl Proxy {
             // forwarded all the same.
             Ok(_) => unavailable(),
             Err(GateError::Unavailable(_)) => unavailable(),
-            Err(GateError::Stopped(_))
-            | Err(GateError::RunStopped { .. })
-            | Err(GateError::RunNotFound(_)) => Refusal::token("the run of this token has stopped"),
+            Err(GateError::RunStopped { reason, .. }) => Refusal::ended(
+                reason,
+                format!("the run of this token has stopped ({})", reason.as_str()),
+            ),
+            Err(GateError::Stopped(a)) => {
+                let reason = a.reason.unwrap_or(Reason::Completed);
+                Refusal::ended(
+                    reason,
+                    format!("the run of this token has stopped ({})", reason.as_str()),
+                )
+            }
+            Err(GateError::RunNotFound(_)) => {
+                Refusal::token("the run of this token is not known to the gate")
+            }
             Err(e) => Refusal::own(
                 StatusCode::FORBIDDEN,
                 "refused",

@@ -96,13 +96,17 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
             br#"{"model":"fake-ok","max_tokens":5,"messages":[]}"#.to_vec(),
         )
         .await;
-        assert_eq!(a.status, 401, "{}", a.text());
+        // A real token of a run that has ended: 403 with the stop's reason and `stop`
+        // (Anthropic's `permission_error`), not a bad key.
+        assert_eq!(a.status, 403, "{}", a.text());
         assert_eq!(
             a.json()["error"]["type"],
-            "authentication_error",
+            "permission_error",
             "{}",
             a.text()
         );
+        assert_eq!(a.json()["tally"]["reason"], "completed", "{}", a.text());
+        assert_eq!(a.json()["tally"]["action"], "stop", "{}", a.text());
         assert_eq!(upstream.seen().len(), 2, "nothing more was forwarded");
         served.verifies();
         let h = served.handoff("r1");

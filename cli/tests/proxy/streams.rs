@@ -205,7 +205,8 @@ async fn the_run_deadline_cuts_a_stream_and_keeps_its_reservation_held() {
         st["held_nanos"].as_u64() >= Some(50_000_000),
         "a timeout keeps it held: {st}"
     );
-    // Past its deadline, the token no longer spends.
+    // Past its deadline, the token no longer spends: 403 with the reason and `stop`, so
+    // a client shows why and stops (a 401 reads as a bad key, which clients retry).
     let a = call(
         served.proxy,
         "/openai/v1/chat/completions",
@@ -213,6 +214,13 @@ async fn the_run_deadline_cuts_a_stream_and_keeps_its_reservation_held() {
         chat("fake-ok", json!({"max_tokens": 5})),
     )
     .await;
-    assert_eq!(a.status, 401, "{}", a.text());
+    assert_eq!(a.status, 403, "{}", a.text());
+    assert_eq!(
+        a.json()["error"]["code"],
+        "run_deadline_exhausted",
+        "{}",
+        a.text()
+    );
+    assert_eq!(a.json()["error"]["action"], "stop", "{}", a.text());
     served.verifies();
 }

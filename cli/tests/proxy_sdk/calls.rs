@@ -150,10 +150,11 @@ fn a_call_without_max_tokens_gets_one_its_budget_can_pay() {
     );
 }
 
-/// A stopped run's token, and a token never issued, are 401: the SDK raises its
-/// AuthenticationError, and nothing reaches the upstream.
+/// A stopped run's token is 403 with the stop's reason and action `stop` (the SDK raises
+/// PermissionDeniedError, which agents show and do not retry); a token never issued is
+/// 401 (AuthenticationError). Nothing reaches the upstream.
 #[test]
-fn a_stopped_runs_token_is_refused_401() {
+fn a_stopped_runs_token_is_refused_403_and_a_forged_one_401() {
     if !sdks() {
         return;
     }
@@ -166,10 +167,13 @@ fn a_stopped_runs_token_is_refused_401() {
         assert_eq!(status, 200, "{v}");
         let before = proxy.http.seen().len();
         let r = proxy.call(sdk, false, &token, &[]);
-        assert_eq!(r["error"], "AuthenticationError", "{r}");
-        assert_eq!(r["status"], 401, "{r}");
+        assert_eq!(r["error"], "PermissionDeniedError", "{r}");
+        assert_eq!(r["status"], 403, "{r}");
+        let m = r["message"].as_str().unwrap_or("");
+        assert!(m.contains("completed") && m.contains("action stop"), "{r}");
         let r = proxy.call(sdk, false, "tally-not-a-token", &[]);
         assert_eq!(r["error"], "AuthenticationError", "{r}");
+        assert_eq!(r["status"], 401, "{r}");
         assert_eq!(
             proxy.http.seen().len(),
             before,
