@@ -531,3 +531,132 @@ fn regression_issue_20_reading_a_file_an_edit_changed_is_no_loop() {
         assert_eq!(code, 0, "{err}");
     }
 }
+
+/// The policy docs/PROXY.md gives for Claude Code sessions ("Ceilings for a Claude Code
+/// session"): its ceilings, and a breaker that a run of failing tests does not open.
+const CLAUDE_CODE_POLICY: &str =
+    "[ceiling]\nattempts = 1000\nside_effects = 500\n[breaker]\nfailures = 1000\n";
+
+/// Claude Code's `Edit`, as its hooks send it (`tool_input` and `tool_response`).
+fn edit(i: usize) -> (Value, Value) {
+    let input = json!({"file_path": "/home/u/project/src/login.js",
+        "old_string": format!("return v{i};"), "new_string": format!("return v{};", i + 1), "replace_all": false});
+    let response = json!({"tool_response": {"filePath": "/home/u/project/src/login.js",
+        "oldString": format!("return v{i};"), "newString": format!("return v{};", i + 1),
+        "originalFile": format!("function f() {{ return v{i}; }}\n"),
+        "structuredPatch": [{"oldStart": 1, "oldLines": 1, "newStart": 1, "newLines": 1,
+            "lines": [format!("-function f() {{ return v{i}; }}"), format!("+function f() {{ return v{}; }}", i + 1)]}],
+        "userModified": false, "replaceAll": false}});
+    (input, response)
+}
+
+/// `Bash npm test`, and its failure as Claude Code reports it (the test's output in it).
+fn npm_test() -> Value {
+    json!({"command": "npm test", "description": "Run the test suite"})
+}
+
+fn failing(output: &str) -> Value {
+    json!({"error": format!("Exit code 1\n> login@1.0.0 test\n> node --test\n\n{output}"), "is_interrupt": false})
+}
+
+/// One tool call through both hooks: the PreToolUse decision and its reason; the
+/// outcome is reported only for an allowed call.
+fn through(
+    s: &Served,
+    tool: &str,
+    input: &Value,
+    id: &str,
+    post: &str,
+    result: Value,
+) -> (String, String) {
+    let (code, out, err) = hook(
+        s,
+        &payload("PreToolUse", tool, input.clone(), id, json!({})),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (choice, reason) = decision(&out);
+    let (choice, reason) = (choice.to_owned(), reason.to_owned());
+    if choice == "allow" {
+        let (code, out, err) = hook(s, &payload(post, tool, input.clone(), id, result));
+        assert_eq!((code, &out), (0, &Value::Null), "{err}");
+    }
+    (choice, reason)
+}
+
+/// A coding agent's fix cycle with Claude Code's real payloads: run the tests, they
+/// fail, edit, run them again; twenty times, then they pass. Every call is allowed:
+/// each re-run follows an edit that completed (progress), not a retry of the last.
+#[test]
+fn edit_then_test_twenty_times_is_allowed() {
+    let s = Served::start(CLAUDE_CODE_POLICY);
+    for i in 0..20 {
+        let failure = failing(&format!(
+            "# tests 12\n# pass {}\n# fail {}",
+            i % 12,
+            12 - i % 12
+        ));
+        let (choice, reason) = through(
+            &s,
+            "Bash",
+            &npm_test(),
+            &format!("toolu_t{i}"),
+            "PostToolUseFailure",
+            failure,
+        );
+        assert_eq!(choice, "allow", "test run {i}: {reason}");
+        let (input, response) = edit(i);
+        let (choice, reason) = through(
+            &s,
+            "Edit",
+            &input,
+            &format!("toolu_e{i}"),
+            "PostToolUse",
+            response,
+        );
+        assert_eq!(choice, "allow", "edit {i}: {reason}");
+    }
+    let passed = json!({"tool_response": {"stdout": "# tests 12\n# pass 12\n# fail 0", "stderr": "", "interrupted": false, "isImage": false}});
+    let (choice, reason) = through(&s, "Bash", &npm_test(), "toolu_pass", "PostToolUse", passed);
+    assert_eq!(choice, "allow", "{reason}");
+    let v = standing(&s, "claude-code-abc123");
+    assert_eq!(v["limits"]["attempts"]["used"], 41, "{v}");
+}
+
+/// The seed's failing loop: the same failing command again and again with nothing in
+/// between. It is stopped within the loop bound (the policy's `identical_consecutive`,
+/// 3 by default): here at its second run, as a non-idempotent write retried with
+/// nothing changed (`retries_exhausted`, action stop); an edit that failed changes
+/// nothing either.
+#[test]
+fn the_same_failing_command_is_stopped_within_the_loop_bound() {
+    let s = Served::start(CLAUDE_CODE_POLICY);
+    let bound = 3;
+    let mut stopped = None;
+    for i in 0..=bound {
+        if i == 1 {
+            let (input, _) = edit(0);
+            let failed =
+                json!({"error": "String to replace not found in file.", "is_interrupt": false});
+            through(&s, "Edit", &input, "toolu_e0", "PostToolUseFailure", failed);
+        }
+        let (choice, reason) = through(
+            &s,
+            "Bash",
+            &npm_test(),
+            &format!("toolu_t{i}"),
+            "PostToolUseFailure",
+            failing("# fail 3"),
+        );
+        if choice == "deny" {
+            assert!(
+                reason.contains("retries_exhausted") && reason.contains("action stop"),
+                "{reason}"
+            );
+            stopped = Some(i);
+            break;
+        }
+        assert_eq!(choice, "allow", "{reason}");
+    }
+    let at = stopped.expect("the failing loop is stopped within the bound");
+    assert!(at <= bound, "stopped at run {at}");
+}

@@ -289,8 +289,9 @@ fn allow(
         remote.last_ms = run_ms;
         remote.retry_after_ms = None;
     } else {
-        let n = run.ops.entry(op).or_insert(0);
-        *n = n.saturating_add(1);
+        // Progress since the call was last made starts its count again (the retry rule's).
+        let used = crate::rules::retries_used(run, op, keyed.key);
+        run.ops.insert(op, used.saturating_add(1));
         if run.ops.len() > MAX_OPS {
             // The operation retried longest ago: its count is least likely to matter.
             if let Some(k) = run.ops.keys().find(|k| **k != op).copied() {

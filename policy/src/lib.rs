@@ -51,7 +51,7 @@ pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
 pub use overrun::{overrun, Overrun};
-pub use rules::{loop_rule, poll_rule, retry_rule, LoopRule, PollRule};
+pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
 pub use state::{
     principal_limits, Breaker, CredentialState, Now, PrincipalState, RunState, ToolState,

@@ -104,19 +104,42 @@ fn loop_rule_by(
 }
 
 /// Whether `call` retries its logical operation past its effect class's retries
-/// (`retries_exhausted`): attempts of the operation since its last `ok` reach the class's
-/// (`read` 3, `idempotent_write` 2 and the second only with an idempotency key,
+/// (`retries_exhausted`): attempts of the operation since its last `ok` and since the
+/// run last made progress ([`retries_used`]) reach the class's (`read` 3,
+/// `idempotent_write` 2 and the second only with an idempotency key,
 /// `non_idempotent_write` 1 by default). Polls are not retries.
 pub fn retry_rule(policy: &Policy, run: &RunState, call: &Call) -> bool {
-    retry_rule_by(policy, run, call, call.op())
+    retry_rule_by(policy, run, call, call.op(), call.key())
 }
 
-/// [`retry_rule`] for `call` whose operation key ([`Call::op`]) is `op`.
-fn retry_rule_by(policy: &Policy, run: &RunState, call: &Call, op: u64) -> bool {
+/// The attempts of logical operation `op` that a call of key `key` ([`Call::op`],
+/// [`Call::key`]) would retry: those since its last `ok`, or none when the run made
+/// progress since this call was last made (a write completed, a result or an observed
+/// state changed, its own last result included). Edit, then re-run the failing test, is
+/// progress; the same failing command with nothing changed in between is a retry. A
+/// call no longer in the run's recent history keeps its count. The gate judges by it and
+/// the state's fold counts by it, so the two never differ.
+pub fn retries_used(run: &RunState, op: u64, key: u64) -> u64 {
+    let progressed = run
+        .recent
+        .iter()
+        .rev()
+        .find(|r| r.key == key)
+        .is_some_and(|r| r.progress != run.progress);
+    if progressed {
+        0
+    } else {
+        run.ops.get(&op).copied().unwrap_or(0)
+    }
+}
+
+/// [`retry_rule`] for `call` whose operation key ([`Call::op`]) is `op` and key
+/// ([`Call::key`]) is `key`.
+fn retry_rule_by(policy: &Policy, run: &RunState, call: &Call, op: u64, key: u64) -> bool {
     let Some(effect) = call.effect else {
         return false;
     };
-    let used = run.ops.get(&op).copied().unwrap_or(0);
+    let used = retries_used(run, op, key);
     let keyless_retry =
         effect == Effect::IdempotentWrite && used >= 1 && call.idempotency_key.is_none();
     used >= policy.retries_for(effect) || keyless_retry
@@ -130,7 +153,7 @@ impl Keyed {
 
     /// [`retry_rule`] of the call, by its operation key hashed once.
     pub fn retry_rule(&self, policy: &Policy, run: &RunState) -> bool {
-        retry_rule_by(policy, run, &self.call, self.op)
+        retry_rule_by(policy, run, &self.call, self.op, self.key)
     }
 }
 

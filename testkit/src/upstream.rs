@@ -1,7 +1,14 @@
 //! A fake model upstream for the proxy's tests: a real HTTP/1.1 server (hyper), over
 //! plain HTTP or HTTPS with a certificate from a CA made at start (rcgen), speaking
-//! enough of OpenAI's chat completions and Anthropic's Messages API for the official
-//! SDKs, streaming and not.
+//! OpenAI's Chat Completions (`/v1/chat/completions`) and Responses (`/v1/responses`)
+//! and Anthropic's Messages (`/v1/messages`, a query string allowed) and token counting
+//! (`/v1/messages/count_tokens`: `{"input_tokens": N}`, no usage, nothing billed), JSON
+//! and streaming, as the official SDKs and real agents read them: Anthropic's stream with
+//! its `event:` lines (`message_start`, `ping`, `content_block_*`, `message_delta`,
+//! `message_stop`), the Responses stream with its typed events (`response.created`,
+//! `response.in_progress`, `response.output_item.added`, `response.output_text.delta`,
+//! `response.function_call_arguments.delta`, ..., `response.completed` carrying the
+//! usage), tool calls as `tool_use` blocks, `tool_calls` and `function_call` items.
 //!
 //! What each request does is chosen by its `model`, so a test in any language steers it
 //! with no API of its own:
@@ -10,7 +17,12 @@
 //!   `max_tokens` is lower, as a real API never answers past it);
 //! * `fake-usage-I-O`: usage I input, O output tokens (`fake-usage-1000-20`);
 //!   `fake-usage-I-O-W-H` (Anthropic) also W cache-write tokens, H of them to the
-//!   1-hour cache (`cache_creation_input_tokens`, `cache_creation`);
+//!   1-hour cache (`cache_creation_input_tokens`, `cache_creation`); on OpenAI's APIs
+//!   W of the I input tokens are cached (`cached_tokens`) and H of the O output tokens
+//!   are reasoning tokens (Responses' `reasoning_tokens`);
+//! * `fake-bill-tools-T-S`: bills what the body does not carry: 100 input tokens plus T
+//!   (the provider's tool-use system prompt) when the body has `tools`, 50 output, and
+//!   on Anthropic S web searches (`usage.server_tool_use.web_search_requests`);
 //! * `fake-cut`: a stream is cut after 2 chunks (no usage); a plain answer is cut
 //!   mid-body;
 //! * `fake-slow`: one chunk every 200 ms, 50 chunks (a plain answer after 10 s);
@@ -18,10 +30,18 @@
 //! * `fake-redirect`: 302 to `http://127.0.0.2:1/elsewhere`;
 //!   `fake-redirect-same`: 302 to `/v1/elsewhere` on this server.
 //!
+//! A test can also script a conversation under any model name ([`FakeUpstream::script`]):
+//! the answer asks for the script's tool calls one by one, the k-th when the request
+//! already carries k tool results, then gives the final text. It is read from the request
+//! alone, so an agent's retries and parallel requests see the same script.
+//!
 //! The key must be the one the upstream was started with (`Authorization: Bearer KEY`
 //! for OpenAI paths, `x-api-key: KEY` for Anthropic's), else 401. Every request is kept
-//! in [`FakeUpstream::seen`].
+//! in [`FakeUpstream::seen`], and what each answer billed in [`FakeUpstream::billed`]
+//! (an answer whose usage reached the client in full: not errors, cut answers, or token
+//! counts); [`assert_bill`] prices that bill and compares it with the ledger's.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -35,6 +55,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
+use tally_record::money::{per_million, Nanos};
 
 /// How to start a [`FakeUpstream`].
 #[derive(Clone, Debug)]
@@ -81,12 +102,150 @@ pub struct Seen {
     pub trace: Vec<String>,
 }
 
+/// What one answer billed, by class of token, as the fake upstream reported it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Billed {
+    /// The request's path (and query).
+    pub path: String,
+    /// The request's `model`.
+    pub model: String,
+    /// Input tokens at the input price (for OpenAI, the prompt less its cached part).
+    pub input: u64,
+    /// Input tokens read from the cache.
+    pub cached: u64,
+    /// Input tokens written to the 5-minute cache (Anthropic).
+    pub written: u64,
+    /// Input tokens written to the 1-hour cache (Anthropic).
+    pub written_1h: u64,
+    /// Output tokens (reasoning included).
+    pub output: u64,
+    /// Of the output, reasoning tokens (OpenAI Responses).
+    pub reasoning: u64,
+    /// Server-side web searches (Anthropic `server_tool_use.web_search_requests`).
+    pub web_searches: u64,
+}
+
+/// One tool call a scripted model asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    /// The tool's name as the agent declared it (`Bash`, `get_weather`).
+    pub name: String,
+    /// Its input (Anthropic's `input`; OpenAI's `arguments`, as JSON text).
+    pub input: Value,
+}
+
+/// A scripted conversation ([`FakeUpstream::script`]): the model asks for `calls` in
+/// order, then answers `then`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Script {
+    /// The tool calls, one per answer.
+    pub calls: Vec<ToolCall>,
+    /// The final text.
+    pub then: String,
+    /// Input and output tokens each answer reports.
+    pub usage: (u64, u64),
+}
+
+impl Script {
+    /// The same tool call `n` times, then `then`; 100 input and 50 output tokens a turn.
+    pub fn repeat(name: &str, input: Value, n: usize, then: &str) -> Script {
+        Script {
+            calls: vec![
+                ToolCall {
+                    name: name.to_owned(),
+                    input,
+                };
+                n
+            ],
+            then: then.to_owned(),
+            usage: (100, 50),
+        }
+    }
+}
+
+/// A model's prices as a test gives them to the policy, each in nanodollars: per
+/// million tokens of each class, and per web search.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Price {
+    /// Per million input tokens.
+    pub input_per_mtok: u64,
+    /// Per million output tokens.
+    pub output_per_mtok: u64,
+    /// Per million cached input tokens.
+    pub cached_input_per_mtok: u64,
+    /// Per million tokens written to the 5-minute cache.
+    pub cache_write_per_mtok: u64,
+    /// Per million tokens written to the 1-hour cache.
+    pub cache_write_1h_per_mtok: u64,
+    /// Per web search.
+    pub per_web_search: u64,
+}
+
+impl Price {
+    /// Whole dollars per million input and output tokens (`input_per_mtok = 10`).
+    pub fn usd(input_per_mtok: u64, output_per_mtok: u64) -> Price {
+        let usd = tally_record::money::NANOS_PER_DOLLAR;
+        Price {
+            input_per_mtok: input_per_mtok * usd,
+            output_per_mtok: output_per_mtok * usd,
+            ..Price::default()
+        }
+    }
+
+    /// What `b` costs at these prices, each class rounded up to the nanodollar as the
+    /// proxy rounds it.
+    pub fn of(&self, b: &Billed) -> u64 {
+        let at = |units: u64, price: u64| {
+            per_million(units, Nanos(price))
+                .expect("a fake bill fits in u64 nanodollars")
+                .0
+        };
+        at(b.input, self.input_per_mtok)
+            + at(b.cached, self.cached_input_per_mtok)
+            + at(b.written, self.cache_write_per_mtok)
+            + at(b.written_1h, self.cache_write_1h_per_mtok)
+            + at(b.output, self.output_per_mtok)
+            + b.web_searches * self.per_web_search
+    }
+}
+
+/// The one comparison of the upstream's bill with the ledger: every answer `upstream`
+/// billed, priced at `prices` (by model; a billed model without a price fails the
+/// test), equals `settled_nanos`, the ledger's settled total for the same calls (a
+/// run's standing's `settled_nanos`, or `tally stats --json`). The bill, to the
+/// nanodollar.
+pub fn assert_bill(upstream: &FakeUpstream, prices: &[(&str, Price)], settled_nanos: u64) {
+    let prices: BTreeMap<&str, Price> = prices.iter().copied().collect();
+    let billed = upstream.billed();
+    let bill: u64 = billed
+        .iter()
+        .map(|b| {
+            prices
+                .get(b.model.as_str())
+                .unwrap_or_else(|| {
+                    panic!(
+                        "the fake upstream billed model {} with no price given",
+                        b.model
+                    )
+                })
+                .of(b)
+        })
+        .sum();
+    assert_eq!(
+        settled_nanos, bill,
+        "the ledger settled {settled_nanos} nanodollars; the upstream billed {bill} for {} answers: {billed:#?}",
+        billed.len()
+    );
+}
+
 /// A running fake upstream; stopped when dropped.
 pub struct FakeUpstream {
     addr: SocketAddr,
     tls: bool,
     ca: Option<tempfile::NamedTempFile>,
     seen: Arc<Mutex<Vec<Seen>>>,
+    billed: Arc<Mutex<Vec<Billed>>>,
+    scripts: Arc<Mutex<BTreeMap<String, Script>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -104,10 +263,14 @@ impl FakeUpstream {
             (None, None)
         };
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let billed = Arc::new(Mutex::new(Vec::new()));
+        let scripts = Arc::new(Mutex::new(BTreeMap::new()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let state = Arc::new(State {
             key: options.key,
             seen: Arc::clone(&seen),
+            billed: Arc::clone(&billed),
+            scripts: Arc::clone(&scripts),
         });
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -153,6 +316,8 @@ impl FakeUpstream {
             tls: options.tls,
             ca,
             seen,
+            billed,
+            scripts,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -177,6 +342,23 @@ impl FakeUpstream {
     /// Every request received so far, in order.
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// What every answer so far billed, in order (answers whose usage reached the client
+    /// in full).
+    pub fn billed(&self) -> Vec<Billed> {
+        self.billed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// From now on, requests for `model` follow `script` (the module's doc).
+    pub fn script(&self, model: &str, script: Script) {
+        self.scripts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(model.to_owned(), script);
     }
 }
 
@@ -214,6 +396,8 @@ type Body = BoxBody<Bytes, std::io::Error>;
 struct State {
     key: String,
     seen: Arc<Mutex<Vec<Seen>>>,
+    billed: Arc<Mutex<Vec<Billed>>>,
+    scripts: Arc<Mutex<BTreeMap<String, Script>>>,
 }
 
 fn full(status: StatusCode, body: Value) -> Response<Body> {
@@ -271,6 +455,82 @@ fn sse(events: &[(Option<&str>, Value)]) -> Vec<Bytes> {
         .collect()
 }
 
+/// Which API a request is for, by its path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Responses,
+    Messages,
+    CountTokens,
+}
+
+fn api_of(path: &str) -> Api {
+    let p = path.split('?').next().unwrap_or("");
+    if p.starts_with("/v1/messages/count_tokens") {
+        Api::CountTokens
+    } else if p.starts_with("/v1/messages") {
+        Api::Messages
+    } else if p.starts_with("/v1/responses") {
+        Api::Responses
+    } else {
+        Api::Chat
+    }
+}
+
+/// The usage one answer reports, as the model's name (or its script) chose it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Numbers {
+    input: u64,
+    output: u64,
+    /// Anthropic: cache writes; OpenAI: cached input tokens (part of `input`).
+    third: u64,
+    /// Anthropic: 1-hour cache writes (part of `third`); OpenAI: reasoning tokens.
+    fourth: u64,
+    searches: u64,
+}
+
+/// How many tool results the conversation in `json` already carries.
+fn tool_results(api: Api, json: &Value) -> usize {
+    let items = |key: &str| {
+        json.get(key)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    match api {
+        Api::Messages | Api::CountTokens => items("messages")
+            .iter()
+            .filter_map(|m| m.get("content").and_then(Value::as_array))
+            .flatten()
+            .filter(|c| c.get("type").and_then(Value::as_str) == Some("tool_result"))
+            .count(),
+        Api::Chat => items("messages")
+            .iter()
+            .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+            .count(),
+        Api::Responses => items("input")
+            .iter()
+            .filter(|m| m.get("type").and_then(Value::as_str) == Some("function_call_output"))
+            .count(),
+    }
+}
+
+fn has_tools(json: &Value) -> bool {
+    json.get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty())
+}
+
+/// The numbers after a prefix: `fake-usage-10-5` -> 10, 5, then zeros.
+fn numbers_after(model: &str, prefix: &str) -> impl FnMut() -> u64 {
+    let mut it = model[prefix.len()..]
+        .split('-')
+        .map(|n| n.parse::<u64>().unwrap_or(0))
+        .collect::<Vec<_>>()
+        .into_iter();
+    move || it.next().unwrap_or(0)
+}
+
 impl State {
     async fn answer(&self, req: Request<Incoming>) -> Response<Body> {
         let (parts, body) = req.into_parts();
@@ -285,7 +545,8 @@ impl State {
             .path_and_query()
             .map(|p| p.as_str().to_owned())
             .unwrap_or_default();
-        let anthropic = path.starts_with("/v1/messages");
+        let api = api_of(&path);
+        let anthropic = matches!(api, Api::Messages | Api::CountTokens);
         let header = |name: &str| {
             parts
                 .headers
@@ -322,6 +583,7 @@ impl State {
                 max_tokens: json
                     .get("max_tokens")
                     .or_else(|| json.get("max_completion_tokens"))
+                    .or_else(|| json.get("max_output_tokens"))
                     .and_then(Value::as_u64),
                 stream_options: json.get("stream_options").map(|v| v.to_string()),
                 stream,
@@ -341,32 +603,6 @@ impl State {
             return full(StatusCode::UNAUTHORIZED, e);
         }
         let model = model.unwrap_or_default();
-        let (input, output, written, written_1h) = match model.as_str() {
-            m if m.starts_with("fake-usage-") => {
-                let mut it = m["fake-usage-".len()..]
-                    .split('-')
-                    .map(|n| n.parse::<u64>().unwrap_or(0));
-                let mut next = || it.next().unwrap_or(0);
-                (next(), next(), next(), next())
-            }
-            // As a real API: never more output than the request's limit.
-            _ => {
-                let limit = json
-                    .get("max_tokens")
-                    .or_else(|| json.get("max_completion_tokens"))
-                    .and_then(Value::as_u64)
-                    .unwrap_or(50);
-                (100, limit.min(50), 0, 0)
-            }
-        };
-        // Anthropic's input usage: cache writes only where some were made.
-        let mut anthropic_usage = json!({"input_tokens": input, "output_tokens": output});
-        if written > 0 {
-            anthropic_usage["cache_creation_input_tokens"] = json!(written);
-            anthropic_usage["cache_creation"] = json!({
-                "ephemeral_5m_input_tokens": written.saturating_sub(written_1h),
-                "ephemeral_1h_input_tokens": written_1h});
-        }
         match model.as_str() {
             "fake-429" => {
                 let mut r = full(
@@ -397,18 +633,101 @@ impl State {
             }
             _ => {}
         }
+        let script = self
+            .scripts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&model)
+            .cloned();
+        let n = match model.as_str() {
+            m if m.starts_with("fake-usage-") => {
+                let mut next = numbers_after(m, "fake-usage-");
+                Numbers {
+                    input: next(),
+                    output: next(),
+                    third: next(),
+                    fourth: next(),
+                    searches: 0,
+                }
+            }
+            m if m.starts_with("fake-bill-tools-") => {
+                let mut next = numbers_after(m, "fake-bill-tools-");
+                let (tool_prompt, searches) = (next(), next());
+                Numbers {
+                    input: 100 + if has_tools(&json) { tool_prompt } else { 0 },
+                    output: 50,
+                    searches,
+                    ..Numbers::default()
+                }
+            }
+            _ => {
+                let (input, output) = script.as_ref().map_or((100, 50), |s| s.usage);
+                // As a real API: never more output than the request's limit.
+                let limit = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+                    .iter()
+                    .find_map(|k| json.get(*k).and_then(Value::as_u64))
+                    .unwrap_or(u64::MAX);
+                Numbers {
+                    input,
+                    output: output.min(limit),
+                    ..Numbers::default()
+                }
+            }
+        };
+        if api == Api::CountTokens {
+            // Counting is free: an answer with no usage, nothing billed.
+            return full(StatusCode::OK, json!({"input_tokens": n.input}));
+        }
+        // The turn: the script's next tool call while the agent offers tools, else text.
+        let call = script.as_ref().and_then(|s| {
+            let k = tool_results(api, &json);
+            (has_tools(&json) && k < s.calls.len()).then(|| (k, s.calls[k].clone()))
+        });
+        let text = script
+            .as_ref()
+            .map_or("hello from the fake upstream".to_owned(), |s| {
+                s.then.clone()
+            });
         let cut = model == "fake-cut";
         let slow = model == "fake-slow";
+        let billed = match api {
+            Api::Messages => Billed {
+                input: n.input,
+                written: n.third.saturating_sub(n.fourth),
+                written_1h: n.fourth.min(n.third),
+                output: n.output,
+                web_searches: n.searches,
+                ..Billed::default()
+            },
+            _ => Billed {
+                input: n.input - n.third.min(n.input),
+                cached: n.third.min(n.input),
+                output: n.output,
+                reasoning: n.fourth.min(n.output),
+                ..Billed::default()
+            },
+        };
+        if !cut {
+            self.billed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Billed {
+                    path: path.clone(),
+                    model: model.clone(),
+                    ..billed
+                });
+        }
+        let reply = Reply {
+            model: &model,
+            n,
+            call: call.as_ref(),
+            text: &text,
+        };
         if !stream {
-            let body = if anthropic {
-                json!({"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
-                       "content": [{"type": "text", "text": "hello from the fake upstream"}],
-                       "stop_reason": "end_turn", "stop_sequence": null,
-                       "usage": anthropic_usage})
-            } else {
-                json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": model,
-                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello from the fake upstream"}, "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}})
+            let body = match api {
+                Api::Messages => reply.message(),
+                Api::Responses => reply.response("completed"),
+                _ => reply.completion(),
             };
             let text = Bytes::from(body.to_string());
             if cut {
@@ -425,70 +744,20 @@ impl State {
             }
             return full(StatusCode::OK, body);
         }
-        let n = if slow { 50 } else { 3 };
-        let events: Vec<(Option<&str>, Value)> = if anthropic {
-            // The input (and cache writes) in message_start; the output in the delta.
-            let mut start_usage = anthropic_usage.clone();
-            start_usage["output_tokens"] = json!(1);
-            let mut ev = vec![
-                (
-                    Some("message_start"),
-                    json!({"type": "message_start", "message": {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": start_usage}}),
-                ),
-                (
-                    Some("content_block_start"),
-                    json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                ),
-            ];
-            for i in 0..n {
-                ev.push((Some("content_block_delta"), json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!("w{i} ")}})));
-            }
-            ev.push((
-                Some("content_block_stop"),
-                json!({"type": "content_block_stop", "index": 0}),
-            ));
-            ev.push((Some("message_delta"), json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": output}})));
-            ev.push((Some("message_stop"), json!({"type": "message_stop"})));
-            ev
-        } else {
-            let include_usage = json
-                .pointer("/stream_options/include_usage")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            let usage_null = if include_usage {
-                json!({"usage": null})
-            } else {
-                json!({})
-            };
-            let chunk = |delta: Value, finish: Value| {
-                let mut c = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model,
-                                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
-                if let (Some(c), Some(u)) = (c.as_object_mut(), usage_null.as_object()) {
-                    c.extend(u.clone());
-                }
+        let pieces = if slow { 50 } else { 3 };
+        let mut chunks = match api {
+            Api::Messages => sse(&reply.message_events(pieces)),
+            Api::Responses => sse(&reply.response_events(pieces)),
+            _ => {
+                let include_usage = json
+                    .pointer("/stream_options/include_usage")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                let mut c = sse(&reply.completion_chunks(pieces, include_usage));
+                c.push(Bytes::from_static(b"data: [DONE]\n\n"));
                 c
-            };
-            let mut ev = vec![(
-                None,
-                chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-            )];
-            for i in 0..n {
-                ev.push((
-                    None,
-                    chunk(json!({"content": format!("w{i} ")}), Value::Null),
-                ));
             }
-            ev.push((None, chunk(json!({}), json!("stop"))));
-            if include_usage {
-                ev.push((None, json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [],
-                                      "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}})));
-            }
-            ev
         };
-        let mut chunks = sse(&events);
-        if !anthropic {
-            chunks.push(Bytes::from_static(b"data: [DONE]\n\n"));
-        }
         if cut {
             chunks.truncate(2);
         }
@@ -504,5 +773,303 @@ impl State {
             .header("cache-control", "no-cache")
             .body(streamed(chunks, every, cut))
             .expect("response")
+    }
+}
+
+/// One answer, in each API's words.
+struct Reply<'a> {
+    model: &'a str,
+    n: Numbers,
+    call: Option<&'a (usize, ToolCall)>,
+    text: &'a str,
+}
+
+/// `text` in `pieces` parts (at least one), as a stream sends it.
+fn split(text: &str, pieces: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let size = chars.len().div_ceil(pieces.max(1)).max(1);
+    let mut out: Vec<String> = chars.chunks(size).map(|c| c.iter().collect()).collect();
+    if out.is_empty() {
+        out.push(String::new());
+    }
+    out
+}
+
+impl Reply<'_> {
+    fn arguments(&self) -> String {
+        self.call
+            .map(|(_, c)| c.input.to_string())
+            .unwrap_or_default()
+    }
+
+    fn anthropic_usage(&self) -> Value {
+        let n = self.n;
+        let mut u = json!({"input_tokens": n.input, "output_tokens": n.output});
+        if n.third > 0 {
+            u["cache_creation_input_tokens"] = json!(n.third);
+            u["cache_creation"] = json!({
+                "ephemeral_5m_input_tokens": n.third.saturating_sub(n.fourth),
+                "ephemeral_1h_input_tokens": n.fourth});
+        }
+        if n.searches > 0 {
+            u["server_tool_use"] = json!({"web_search_requests": n.searches});
+        }
+        u
+    }
+
+    fn chat_usage(&self) -> Value {
+        let n = self.n;
+        let mut u = json!({"prompt_tokens": n.input, "completion_tokens": n.output, "total_tokens": n.input + n.output});
+        if n.third > 0 {
+            u["prompt_tokens_details"] = json!({"cached_tokens": n.third.min(n.input)});
+        }
+        if n.fourth > 0 {
+            u["completion_tokens_details"] = json!({"reasoning_tokens": n.fourth.min(n.output)});
+        }
+        u
+    }
+
+    fn responses_usage(&self) -> Value {
+        let n = self.n;
+        json!({"input_tokens": n.input,
+               "input_tokens_details": {"cached_tokens": n.third.min(n.input)},
+               "output_tokens": n.output,
+               "output_tokens_details": {"reasoning_tokens": n.fourth.min(n.output)},
+               "total_tokens": n.input + n.output})
+    }
+
+    /// Anthropic's content block (`tool_use` or `text`) and its stop reason.
+    fn block(&self) -> (Value, &'static str) {
+        match self.call {
+            Some((k, c)) => (
+                json!({"type": "tool_use", "id": format!("toolu_fake_{k}"), "name": c.name, "input": c.input}),
+                "tool_use",
+            ),
+            None => (json!({"type": "text", "text": self.text}), "end_turn"),
+        }
+    }
+
+    fn message(&self) -> Value {
+        let (block, stop) = self.block();
+        json!({"id": "msg_fake", "type": "message", "role": "assistant", "model": self.model,
+               "content": [block], "stop_reason": stop, "stop_sequence": null,
+               "usage": self.anthropic_usage()})
+    }
+
+    fn message_events(&self, pieces: usize) -> Vec<(Option<&'static str>, Value)> {
+        // The input (and cache writes) in message_start; the output in the delta.
+        let mut start_usage = self.anthropic_usage();
+        start_usage["output_tokens"] = json!(1);
+        if let Some(u) = start_usage.as_object_mut() {
+            u.remove("server_tool_use");
+        }
+        let (_, stop) = self.block();
+        let (opened, deltas) = match self.call {
+            Some((k, c)) => (
+                json!({"type": "tool_use", "id": format!("toolu_fake_{k}"), "name": c.name, "input": {}}),
+                split(&self.arguments(), pieces)
+                    .into_iter()
+                    .map(|p| json!({"type": "input_json_delta", "partial_json": p}))
+                    .collect::<Vec<_>>(),
+            ),
+            None => (
+                json!({"type": "text", "text": ""}),
+                (0..pieces)
+                    .map(|i| json!({"type": "text_delta", "text": format!("w{i} ")}))
+                    .collect(),
+            ),
+        };
+        let mut ev = vec![
+            (
+                Some("message_start"),
+                json!({"type": "message_start", "message": {"id": "msg_fake", "type": "message", "role": "assistant", "model": self.model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": start_usage}}),
+            ),
+            (
+                Some("content_block_start"),
+                json!({"type": "content_block_start", "index": 0, "content_block": opened}),
+            ),
+            (Some("ping"), json!({"type": "ping"})),
+        ];
+        for d in deltas {
+            ev.push((
+                Some("content_block_delta"),
+                json!({"type": "content_block_delta", "index": 0, "delta": d}),
+            ));
+        }
+        ev.push((
+            Some("content_block_stop"),
+            json!({"type": "content_block_stop", "index": 0}),
+        ));
+        let mut delta_usage = json!({"output_tokens": self.n.output});
+        if self.n.searches > 0 {
+            delta_usage["server_tool_use"] = json!({"web_search_requests": self.n.searches});
+        }
+        ev.push((
+            Some("message_delta"),
+            json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": delta_usage}),
+        ));
+        ev.push((Some("message_stop"), json!({"type": "message_stop"})));
+        ev
+    }
+
+    fn completion(&self) -> Value {
+        let (message, finish) = match self.call {
+            Some((k, c)) => (
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_fake_{k}"), "type": "function", "function": {"name": c.name, "arguments": self.arguments()}}]}),
+                "tool_calls",
+            ),
+            None => (json!({"role": "assistant", "content": self.text}), "stop"),
+        };
+        json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": self.model,
+               "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+               "usage": self.chat_usage()})
+    }
+
+    fn completion_chunks(
+        &self,
+        pieces: usize,
+        include_usage: bool,
+    ) -> Vec<(Option<&'static str>, Value)> {
+        let chunk = |delta: Value, finish: Value| {
+            let mut c = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": self.model,
+                               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+            if include_usage {
+                c["usage"] = Value::Null;
+            }
+            c
+        };
+        let mut ev = Vec::new();
+        let finish = match self.call {
+            Some((k, c)) => {
+                ev.push((None, chunk(json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": format!("call_fake_{k}"), "type": "function", "function": {"name": c.name, "arguments": ""}}]}), Value::Null)));
+                for p in split(&self.arguments(), pieces) {
+                    ev.push((
+                        None,
+                        chunk(
+                            json!({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}),
+                            Value::Null,
+                        ),
+                    ));
+                }
+                "tool_calls"
+            }
+            None => {
+                ev.push((
+                    None,
+                    chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+                ));
+                for i in 0..pieces {
+                    ev.push((
+                        None,
+                        chunk(json!({"content": format!("w{i} ")}), Value::Null),
+                    ));
+                }
+                "stop"
+            }
+        };
+        ev.push((None, chunk(json!({}), json!(finish))));
+        if include_usage {
+            ev.push((None, json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": self.model, "choices": [],
+                                  "usage": self.chat_usage()})));
+        }
+        ev
+    }
+
+    /// The Responses API's output item, complete.
+    fn item(&self) -> Value {
+        match self.call {
+            Some((k, c)) => {
+                json!({"type": "function_call", "id": format!("fc_fake_{k}"), "call_id": format!("call_fake_{k}"),
+                                   "name": c.name, "arguments": self.arguments(), "status": "completed"})
+            }
+            None => {
+                json!({"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant",
+                           "content": [{"type": "output_text", "text": self.text, "annotations": []}]})
+            }
+        }
+    }
+
+    /// A Responses API `response` object; `status` `completed` carries the output and
+    /// usage, `in_progress` neither.
+    fn response(&self, status: &str) -> Value {
+        let done = status == "completed";
+        json!({"id": "resp_fake", "object": "response", "created_at": 1, "status": status,
+               "model": self.model, "error": null, "incomplete_details": null,
+               "instructions": null, "metadata": {}, "parallel_tool_calls": true,
+               "temperature": 1.0, "top_p": 1.0, "tool_choice": "auto", "tools": [],
+               "text": {"format": {"type": "text"}},
+               "output": if done { json!([self.item()]) } else { json!([]) },
+               "usage": if done { self.responses_usage() } else { Value::Null }})
+    }
+
+    fn response_events(&self, pieces: usize) -> Vec<(Option<&'static str>, Value)> {
+        let mut ev: Vec<(&'static str, Value)> = vec![
+            (
+                "response.created",
+                json!({"response": self.response("in_progress")}),
+            ),
+            (
+                "response.in_progress",
+                json!({"response": self.response("in_progress")}),
+            ),
+        ];
+        let item = self.item();
+        match self.call {
+            Some((k, c)) => {
+                let id = format!("fc_fake_{k}");
+                ev.push(("response.output_item.added", json!({"output_index": 0,
+                    "item": {"type": "function_call", "id": id, "call_id": format!("call_fake_{k}"), "name": c.name, "arguments": "", "status": "in_progress"}})));
+                for p in split(&self.arguments(), pieces) {
+                    ev.push((
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": id, "output_index": 0, "delta": p}),
+                    ));
+                }
+                ev.push((
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": 0, "name": c.name, "arguments": self.arguments()}),
+                ));
+            }
+            None => {
+                let part =
+                    |text: &str| json!({"type": "output_text", "text": text, "annotations": []});
+                ev.push(("response.output_item.added", json!({"output_index": 0,
+                    "item": {"type": "message", "id": "msg_fake", "status": "in_progress", "role": "assistant", "content": []}})));
+                ev.push((
+                    "response.content_part.added",
+                    json!({"item_id": "msg_fake", "output_index": 0, "content_index": 0, "part": part("")}),
+                ));
+                for d in split(self.text, pieces) {
+                    ev.push((
+                        "response.output_text.delta",
+                        json!({"item_id": "msg_fake", "output_index": 0, "content_index": 0, "delta": d, "logprobs": []}),
+                    ));
+                }
+                ev.push((
+                    "response.output_text.done",
+                    json!({"item_id": "msg_fake", "output_index": 0, "content_index": 0, "text": self.text, "logprobs": []}),
+                ));
+                ev.push((
+                    "response.content_part.done",
+                    json!({"item_id": "msg_fake", "output_index": 0, "content_index": 0, "part": part(self.text)}),
+                ));
+            }
+        }
+        ev.push((
+            "response.output_item.done",
+            json!({"output_index": 0, "item": item}),
+        ));
+        ev.push((
+            "response.completed",
+            json!({"response": self.response("completed")}),
+        ));
+        ev.into_iter()
+            .enumerate()
+            .map(|(i, (name, mut data))| {
+                data["type"] = json!(name);
+                data["sequence_number"] = json!(i);
+                (Some(name), data)
+            })
+            .collect()
     }
 }

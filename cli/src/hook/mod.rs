@@ -78,17 +78,32 @@ fn decision(choice: &str, reason: &str) -> Value {
     })
 }
 
-/// The effect class of a Claude Code tool: reads, edits (a second identical edit leaves
-/// the file as the first did), and everything else (shell commands, MCP tools, agents)
-/// as writes that are not safe to repeat.
+/// The effect class of a Claude Code tool: reads, and Claude Code's own bookkeeping that
+/// changes nothing outside the session (its todo list, plan mode, starting a subagent,
+/// whose own tool calls come through this hook one by one), use no side effect; edits
+/// are writes a second identical one leaves as the first did; everything else (shell
+/// commands, MCP tools) writes that are not safe to repeat.
 fn effect_of(tool: &str, overrides: &BTreeMap<String, String>) -> String {
     if let Some(e) = overrides.get(tool) {
         return e.clone();
     }
     match tool {
-        "Read" | "Grep" | "Glob" | "LS" | "WebFetch" | "WebSearch" | "TodoRead"
-        | "NotebookRead" | "BashOutput" => "read",
-        "Edit" | "MultiEdit" | "Write" | "NotebookEdit" | "TodoWrite" => "idempotent_write",
+        "Read"
+        | "Grep"
+        | "Glob"
+        | "LS"
+        | "WebFetch"
+        | "WebSearch"
+        | "TodoRead"
+        | "NotebookRead"
+        | "BashOutput"
+        | "TodoWrite"
+        | "Task"
+        | "Agent"
+        | "ExitPlanMode"
+        | "ListMcpResourcesTool"
+        | "ReadMcpResourceTool" => "read",
+        "Edit" | "MultiEdit" | "Write" | "NotebookEdit" => "idempotent_write",
         _ => "non_idempotent_write",
     }
     .to_owned()
@@ -507,6 +522,8 @@ mod tests {
         let none = BTreeMap::new();
         assert_eq!(effect_of("Read", &none), "read");
         assert_eq!(effect_of("Edit", &none), "idempotent_write");
+        assert_eq!(effect_of("TodoWrite", &none), "read");
+        assert_eq!(effect_of("Task", &none), "read");
         assert_eq!(effect_of("Bash", &none), "non_idempotent_write");
         assert_eq!(effect_of("mcp__x__y", &none), "non_idempotent_write");
         let mut map = BTreeMap::new();

@@ -57,6 +57,15 @@ async fn cache_writes_settle_at_their_own_price_and_unpriced_ones_at_the_reserva
             "stream {stream}: {st}"
         );
     }
+    // What the upstream billed for the two, to the nanodollar.
+    let price = Price {
+        input_per_mtok: 3_000_000_000,
+        cache_write_per_mtok: 3_750_000_000,
+        cache_write_1h_per_mtok: 6_000_000_000,
+        output_per_mtok: 15_000_000_000,
+        ..Price::default()
+    };
+    assert_bill(&upstream, &[("fake-usage-10-5-1000-400", price)], 2 * one);
     // Cache writes with no price: not guessed; the call settles at what was reserved.
     let a = call(
         served.proxy,

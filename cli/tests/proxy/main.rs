@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tally_testkit::upstream::{FakeOptions, FakeUpstream};
+use tally_testkit::upstream::{assert_bill, FakeOptions, FakeUpstream, Price};
 use tally_testkit::{Daemon, Tally};
 
 fn tally() -> Tally {
@@ -73,6 +73,22 @@ paths = ["/v1/messages"]
         }
     }
     text
+}
+
+/// The prices [`policy`] gives every model, for [`assert_bill`].
+fn prices() -> Vec<(&'static str, Price)> {
+    [
+        "fake-ok",
+        "fake-cut",
+        "fake-slow",
+        "fake-redirect",
+        "fake-redirect-same",
+        "fake-500",
+        "fake-429",
+    ]
+    .into_iter()
+    .map(|m| (m, Price::usd(10, 1000)))
+    .collect()
 }
 
 /// `tally serve` (testkit's [`Daemon`]) with the proxy on a loopback port and on

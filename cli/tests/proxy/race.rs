@@ -37,6 +37,7 @@ async fn sixty_four_concurrent_requests_never_settle_more_than_the_budget() {
     let settled = st["settled_nanos"].as_u64().expect("settled");
     assert!(settled <= 100 * 10_000_000, "{st}");
     assert_eq!(settled, 51_000_000 * allowed as u64, "{st}");
+    assert_bill(&upstream, &prices(), settled);
     assert!(allowed >= 10, "{allowed} allowed");
     assert_eq!(st["held_nanos"], 0, "{st}");
     served.verifies();

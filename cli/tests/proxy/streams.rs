@@ -61,6 +61,11 @@ async fn streams_pass_through_and_settle_and_a_client_that_did_not_ask_sees_no_u
     let st = served.settled("r").await;
     assert_eq!(st["settled_nanos"], 3 * 51_000_000, "{st}");
     assert_eq!(st["held_nanos"], 0, "{st}");
+    assert_bill(
+        &upstream,
+        &prices(),
+        st["settled_nanos"].as_u64().expect("settled"),
+    );
     served.verifies();
 }
 

@@ -436,3 +436,102 @@ fn a_request_the_proxy_refused_is_that_refusal_and_reads_back_from_its_record() 
     d.reason = Some(Reason::RequestRefused);
     assert_eq!(tally_policy::Call::from_record(&d).refused, None);
 }
+
+/// An outcome's `result_digest` of `text`.
+fn result(text: &str) -> serde_json::Value {
+    json!({"result_digest": tally_record::decision::args_digest(&json!(text))})
+}
+
+/// A coding agent's fix cycle: a shell command (a non-idempotent write, no retry), an
+/// edit, the command again. The edit completed a write between the two runs of the
+/// command, so the second is progress, not a retry of the first.
+#[test]
+fn edit_then_rerun_the_failing_test_is_progress_not_a_retry() {
+    // The breaker (five failures of one tool in a row) is not what this is about.
+    let policy = format!("{NO_ASK}[breaker]\nfailures = 1000\n");
+    let mut sim = Sim::with_run(&policy, json!({"attempts": 1000, "side_effects": 1000}));
+    let test = call(
+        "claude-code/Bash",
+        Effect::NonIdempotentWrite,
+        json!({"command": "npm test"}),
+    );
+    let mut t = 0;
+    for i in 0..20u64 {
+        let a = sim.allow(&test, t);
+        // The test still fails, with a different failure each time.
+        let failed = result(&format!("{i} failing"));
+        assert!(sim.outcome("r1", a, "error", t + 1, failed).is_empty());
+        let edit = call(
+            "claude-code/Edit",
+            Effect::IdempotentWrite,
+            json!({"file_path": "src/a.js", "new_string": i}),
+        );
+        let e = sim.allow(&edit, t + 2);
+        assert!(sim.outcome("r1", e, "ok", t + 3, json!({})).is_empty());
+        t += 10;
+    }
+    sim.allow(&test, t);
+}
+
+/// The same failing command with nothing changed in between is one operation retried:
+/// refused at its class's bound, whether nothing ran in between, a read did, or an edit
+/// that failed did.
+#[test]
+fn the_same_failing_command_with_nothing_changed_is_a_retry() {
+    let test = call(
+        "claude-code/Bash",
+        Effect::NonIdempotentWrite,
+        json!({"command": "npm test"}),
+    );
+    let read = call(
+        "claude-code/Read",
+        Effect::Read,
+        json!({"file_path": "src/a.js"}),
+    );
+    let edit = call(
+        "claude-code/Edit",
+        Effect::IdempotentWrite,
+        json!({"file_path": "src/a.js", "new_string": "x"}),
+    );
+    for between in [None, Some((&read, "ok")), Some((&edit, "error"))] {
+        let mut sim = Sim::with_run(NO_ASK, json!({}));
+        let a = sim.allow(&test, 0);
+        let failed = result("3 failing");
+        assert!(sim.outcome("r1", a, "error", 1, failed.clone()).is_empty());
+        if let Some((c, status)) = between {
+            let b = sim.allow(c, 2);
+            assert!(sim.outcome("r1", b, status, 3, json!({})).is_empty());
+        }
+        sim.refused(&test, 10, Reason::RetriesExhausted);
+    }
+}
+
+/// A retry whose preceding attempt's result changed is progress: its count starts again.
+#[test]
+fn a_changed_result_starts_the_retry_count_again() {
+    let fetch = call(
+        "web",
+        Effect::Read,
+        json!({"url": "https://example.com/status"}),
+    );
+    let run = |last: &str| {
+        let mut sim = Sim::with_run(NO_ASK, json!({}));
+        for (i, text) in ["503 page", "503 page", last].into_iter().enumerate() {
+            let t = i as u64 * 10;
+            let a = sim.allow(&fetch, t);
+            let r = result(text);
+            assert!(sim.outcome("r1", a, "error", t + 1, r).is_empty());
+        }
+        sim
+    };
+    // Three failures with nothing new: the read's three attempts are used.
+    run("503 page").refused(&fetch, 40, Reason::RetriesExhausted);
+    // The third answered something else: the fourth is allowed, and the count starts
+    // again from it (a fifth is still within the read's three).
+    let mut sim = run("502 page");
+    let a = sim.allow(&fetch, 40);
+    assert!(sim
+        .outcome("r1", a, "error", 41, result("502 page"))
+        .is_empty());
+    sim.allow(&fetch, 50);
+}
