@@ -187,7 +187,7 @@ impl Proxy {
                     ))
                 }
             };
-            self.plan(route, &method, rest, &bytes, remaining)
+            self.plan(route, &method, rest, parts.uri.query(), &bytes, remaining)
         };
         let plan = match read.await {
             Ok(plan) => plan,
@@ -315,6 +315,7 @@ impl Proxy {
             caller,
             effect: plan.effect,
             kind: u.kind,
+            endpoint: plan.endpoint,
             price: plan.price.clone(),
             route_price: plan.route_price,
             cost_header: u.cost_header.clone(),
@@ -394,7 +395,14 @@ impl Proxy {
 /// Whether `path` is under one of `prefixes` (a whole segment: `/v1/chat` allows
 /// `/v1/chat/completions`, not `/v1/chatx`), with no dot segment or encoded byte.
 fn path_allowed(prefixes: &[String], path: &str) -> bool {
-    if path.contains('%') || path.split('/').any(|s| s == ".." || s == ".") {
+    // One spelling per path: no encoded byte, backslash, dot segment, empty segment
+    // (`//`) or trailing `/`.
+    if path.contains(['%', '\\'])
+        || path.len() > 1 && path.ends_with('/')
+        || path[1.min(path.len())..]
+            .split('/')
+            .any(|s| s.is_empty() || s == ".." || s == ".")
+    {
         return false;
     }
     prefixes.iter().any(|p| {

@@ -322,6 +322,7 @@ fn bearer(token: &str) -> String {
 
 mod bodies;
 mod cache;
+mod endpoints;
 mod keys;
 mod peers;
 mod race;
