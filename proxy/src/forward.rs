@@ -20,23 +20,14 @@ use crate::refuse::{Pre, Refused};
 use crate::stream::{Pump, Settle};
 use crate::Body;
 
-/// Headers never passed on in either direction (RFC 9110 7.6.1 and the proxy's own).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-];
-
-/// The agent's credentials: never passed to the upstream.
-const AUTH: &[&str] = &["authorization", "x-api-key", "api-key", "cookie"];
+/// The agent's headers that reach the upstream, by kind: what the dialect needs to be
+/// read right, nothing that can choose an account, a beta or a billing option (docs/
+/// PROXY.md, "Headers"). Every other header is dropped, hop-by-hop, credentials, `expect`,
+/// `openai-organization`, `openai-project` and `openai-beta` among them.
+fn passed(kind: UpstreamKind, name: &str) -> bool {
+    matches!(name, "content-type" | "accept")
+        || (kind == UpstreamKind::Anthropic && name == "anthropic-version")
+}
 
 /// What the proxy knows of a request once its token is read.
 pub(crate) struct Caught {
@@ -484,29 +475,21 @@ fn allowed(a: &CheckAnswer) -> Result<u64, Refusal> {
     Err(Refusal::reason(reason, a.retry_after_ms, words))
 }
 
-/// The headers sent upstream: the agent's, less hop-by-hop headers, its credentials and
-/// its trace context, which is replaced by `trace` (docs/PROXY.md).
+/// The headers sent upstream: the agent's that its dialect needs ([`passed`]), the
+/// `anthropic-beta` values the upstream allows (`anthropic_beta`), the trace context
+/// replaced by `trace`, and the real credential (docs/PROXY.md).
 fn outgoing(incoming: &HeaderMap, route: &Route, trace: Option<&crate::trace::Trace>) -> HeaderMap {
-    let listed: Vec<String> = incoming
-        .get_all(hyper::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
-        .collect();
+    let kind = route.upstream.kind;
     let mut out = HeaderMap::new();
     for (name, value) in incoming {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n)
-            || AUTH.contains(&n)
-            || listed.iter().any(|l| l == n)
-            || n.starts_with("x-tally-")
-            || n == "accept-encoding"
-            || n == "traceparent"
-            || n == "tracestate"
-        {
-            continue;
+        if passed(kind, name.as_str()) {
+            out.append(name.clone(), value.clone());
         }
-        out.append(name.clone(), value.clone());
+    }
+    if kind == UpstreamKind::Anthropic {
+        if let Some(v) = betas(incoming, &route.upstream.anthropic_beta) {
+            out.insert(HeaderName::from_static("anthropic-beta"), v);
+        }
     }
     if let Some((parent, state)) = trace {
         if let Ok(v) = HeaderValue::from_str(&parent.header()) {
@@ -535,6 +518,24 @@ fn outgoing(incoming: &HeaderMap, route: &Route, trace: Option<&crate::trace::Tr
         out.insert(HeaderName::from_static(name), v);
     }
     out
+}
+
+/// The agent's `anthropic-beta` values that `allowed` lists, in its order, once each;
+/// none: no header.
+fn betas(incoming: &HeaderMap, allowed: &[String]) -> Option<HeaderValue> {
+    let mut kept: Vec<&str> = Vec::new();
+    for v in incoming.get_all("anthropic-beta") {
+        let Ok(v) = v.to_str() else { continue };
+        for b in v.split(',').map(str::trim) {
+            if allowed.iter().any(|a| a == b) && !kept.contains(&b) {
+                kept.push(b);
+            }
+        }
+    }
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&kept.join(",")).ok()
 }
 
 /// A redirect the proxy refuses: to any other scheme, host or port than the upstream's.
@@ -577,6 +578,56 @@ pub(crate) fn preview(text: &str) -> String {
 mod tests {
     use super::*;
     use tally_record::decision::Limit;
+
+    #[test]
+    fn only_the_dialects_headers_and_the_allowed_betas_pass() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+            (
+                "anthropic-beta",
+                "claude-code-20250219, context-1m-2025-08-07",
+            ),
+            (
+                "anthropic-beta",
+                "interleaved-thinking-2025-05-14,claude-code-20250219",
+            ),
+            ("openai-organization", "org-x"),
+            ("openai-project", "proj-x"),
+            ("openai-beta", "assistants=v2"),
+            ("expect", "100-continue"),
+            ("connection", "keep-alive"),
+            ("user-agent", "claude-cli"),
+            ("x-stainless-os", "Linux"),
+            ("anthropic-dangerous-direct-browser-access", "true"),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let names = |kind| {
+            h.keys()
+                .filter(|n| passed(kind, n.as_str()))
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(UpstreamKind::Anthropic),
+            ["content-type", "accept", "anthropic-version"]
+        );
+        assert_eq!(names(UpstreamKind::Openai), ["content-type", "accept"]);
+        assert_eq!(names(UpstreamKind::Http), ["content-type", "accept"]);
+        let allowed = vec![
+            "claude-code-20250219".to_owned(),
+            "interleaved-thinking-2025-05-14".to_owned(),
+        ];
+        assert_eq!(
+            betas(&h, &allowed).as_ref().and_then(|v| v.to_str().ok()),
+            Some("claude-code-20250219,interleaved-thinking-2025-05-14"),
+            "the long-context beta (billed at its own rates) is dropped"
+        );
+        assert_eq!(betas(&h, &[]), None);
+    }
 
     #[test]
     fn what_is_left_is_the_less_of_the_runs_and_its_owners() {

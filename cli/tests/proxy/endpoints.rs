@@ -206,3 +206,85 @@ async fn a_dated_id_is_priced_as_its_model() {
     served.settled("d").await;
     served.verifies();
 }
+
+// Only the headers a dialect needs reach the upstream: an agent's organization or
+// project would choose whose account pays, a beta the operator did not allow can change
+// what a call bills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_allow_listed_headers_and_betas_reach_the_upstream() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let text = policy(&upstream, 1000).replacen(
+        "paths = [\"/v1/messages\"]",
+        "paths = [\"/v1/messages\"]\nanthropic_beta = [\"claude-code-20250219\"]",
+        1,
+    );
+    let mut served = Served::new(dir.path(), &text);
+    let token = served.start_run("h").await;
+    let auth = bearer(&token);
+    let extra = [
+        ("openai-organization", "org-agent"),
+        ("openai-project", "proj-agent"),
+        ("openai-beta", "assistants=v2"),
+        ("x-stainless-os", "Linux"),
+        ("anthropic-dangerous-direct-browser-access", "true"),
+        ("accept", "application/json"),
+    ];
+    let mut h: Vec<(&str, &str)> = vec![("authorization", auth.as_str())];
+    h.extend(extra);
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &h,
+        chat("fake-ok", json!({})),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    for betas in [
+        "context-1m-2025-08-07",
+        "context-1m-2025-08-07,claude-code-20250219",
+    ] {
+        let mut h: Vec<(&str, &str)> = vec![
+            ("x-api-key", token.as_str()),
+            ("anthropic-version", "2023-06-01"),
+            ("anthropic-beta", betas),
+        ];
+        h.extend(extra);
+        let a = call(
+            served.proxy,
+            "/anthropic/v1/messages",
+            &h,
+            message("fake-ok", json!({})),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 3);
+    for s in &seen {
+        for (name, _) in extra.iter().filter(|(n, _)| *n != "accept") {
+            assert!(
+                !s.headers.iter().any(|n| n == name),
+                "{name} reached the upstream: {s:?}"
+            );
+        }
+        assert!(s.headers.iter().any(|n| n == "accept"), "{s:?}");
+    }
+    assert!(
+        seen[1].headers.iter().any(|n| n == "anthropic-version"),
+        "{:?}",
+        seen[1]
+    );
+    assert!(
+        !seen[1].headers.iter().any(|n| n == "anthropic-beta"),
+        "no allowed beta, no header: {:?}",
+        seen[1]
+    );
+    assert!(
+        seen[2].headers.iter().any(|n| n == "anthropic-beta"),
+        "{:?}",
+        seen[2]
+    );
+    served.settled("h").await;
+    served.verifies();
+}
