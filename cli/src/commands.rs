@@ -294,6 +294,10 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
     };
     outln!("# {name}: valid; digest {}", recorded.digest);
     out!("{}", recorded.policy.to_toml());
+    // Which model ids each price covers (its name, its aliases, its dated snapshots).
+    for (upstream, name, ids) in recorded.policy.prices.coverage() {
+        outln!("# prices.{upstream}.{name:?} covers: {}", ids.join(", "));
+    }
     Ok(Exit::Success)
 }
 

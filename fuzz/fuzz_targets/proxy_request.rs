@@ -1,12 +1,12 @@
 //! The proxy's readers of what an agent and an upstream send (`tally_proxy::request` and
 //! `tally_proxy::usage`): never panic; a request that is accepted is forwarded as a body
-//! the same strict reader accepts again with the same model, stream and `max_tokens` (the
-//! capped or injected one), at most as long as the input bound, and its worst case is at
+//! the same strict reader accepts again with the same model, stream and output limit (the
+//! capped, clamped or injected one), at most as long as the input bound, and its worst case is at
 //! least what the input bound and the output asked for cost. Usage readers never panic on
 //! any answer or event.
 #![no_main]
-use tally_policy::{ModelPrice, UpstreamKind};
-use tally_proxy::request::parse;
+use tally_policy::ModelPrice;
+use tally_proxy::request::{parse, Endpoint};
 use tally_proxy::usage::{from_body, StreamUsage};
 use tally_record::money::{per_million, Nanos};
 
@@ -14,31 +14,42 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some((&selector, body)) = data.split_first() else {
         return;
     };
-    let kind = if selector & 1 == 0 {
-        UpstreamKind::Openai
-    } else {
-        UpstreamKind::Anthropic
+    let endpoint = match selector & 3 {
+        0 => Endpoint::ChatCompletions,
+        1 => Endpoint::Messages,
+        2 => Endpoint::Responses,
+        _ => Endpoint::CountTokens,
     };
     // The usage readers take anything.
-    let _ = from_body(kind, body);
+    let _ = from_body(endpoint, body);
     if let Ok(text) = std::str::from_utf8(body) {
-        let mut s = StreamUsage::new(kind);
+        let mut s = StreamUsage::new(endpoint);
         for line in text.split('\n') {
             s.event(line);
         }
-        let _ = s.usage();
+        let _ = s.reported();
     }
-    let Ok(request) = parse(kind, body) else {
+    let Ok(request) = parse(endpoint, body) else {
         return;
     };
+    let input = Nanos(u64::from(selector) * 1_000_000);
     let price = ModelPrice {
-        input_per_mtok: Nanos(u64::from(selector) * 1_000_000),
-        cached_input_per_mtok: Nanos(u64::from(selector >> 1) * 1_000_000),
-        output_per_mtok: Nanos(u64::from(selector >> 2) * 10_000_000),
+        cached_input_per_mtok: Nanos(u64::from(selector >> 1) * 1_000_000).min(input),
+        cache_write_per_mtok: Some(Nanos(u64::from(selector) * 1_250_000)),
+        cache_write_1h_per_mtok: Some(Nanos(u64::from(selector) * 2_000_000)),
         max_output_tokens: 1 + u64::from(selector) * 64,
+        tool_prompt_tokens: u64::from(selector >> 3) * 100,
+        web_search_per_use: Some(Nanos(10_000_000)),
+        ..ModelPrice::new(input, Nanos(u64::from(selector >> 2) * 10_000_000))
     };
     let remaining = Nanos(u64::from(selector) * 1_000_000_000);
-    let priced = request.price(kind, &price, remaining);
+    let Ok(priced) = request.price(&price, remaining, selector & 4 != 0) else {
+        return;
+    };
+    if endpoint == Endpoint::CountTokens {
+        assert_eq!(priced.worst, Nanos(0));
+        return;
+    }
     assert!(priced.input_bound >= priced.body.len() as u64);
     assert!(priced.max_tokens >= 1 && priced.max_tokens <= price.max_output_tokens);
     let again = parse(kind, &priced.body).unwrap_or_else(|e| {
@@ -51,10 +62,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     assert_eq!(again.stream, request.stream);
     assert_eq!(again.choices, request.choices);
     assert_eq!(again.max_tokens, Some(priced.max_tokens));
-    let input = per_million(
-        priced.input_bound,
-        price.input_per_mtok.max(price.cached_input_per_mtok),
-    );
+    let rate = price.input_rate(request.cache).unwrap_or(Nanos::MAX);
+    let input = per_million(priced.input_bound, rate);
     let output = per_million(
         priced.max_tokens.saturating_mul(request.choices),
         price.output_per_mtok,
@@ -64,10 +73,10 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             assert!(priced.worst >= total, "{priced:?}");
         }
     }
-    if priced.injected {
+    if priced.injected || priced.clamped {
         assert!(
             priced.worst <= remaining || priced.max_tokens == 1,
-            "an injected max_tokens the budget cannot pay: {priced:?}"
+            "an injected or clamped limit the budget cannot pay: {priced:?}"
         );
     }
 });

@@ -57,4 +57,6 @@ pub use state::{
     principal_limits, Breaker, CredentialState, Now, PrincipalState, RunState, ToolState,
     PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
 };
-pub use upstreams::{ModelPrice, Prices, RoutePrice, Upstream, UpstreamKind};
+pub use upstreams::{
+    CacheMark, MaxTokensField, ModelPrice, Prices, RoutePrice, Upstream, UpstreamKind,
+};

@@ -65,6 +65,17 @@ pub struct Upstream {
     /// `http` kind: the response header carrying the call's cost in US dollars.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_header: Option<String>,
+    /// Model kinds: a request whose own `max_tokens` (or `max_completion_tokens`,
+    /// `max_output_tokens`) costs more than the run can pay is forwarded with the limit
+    /// lowered to what it can pay, instead of refused. Off by default: the agent then
+    /// sees its answer cut where the limit was (`stop_reason: "max_tokens"`,
+    /// `finish_reason: "length"`, Responses `status: "incomplete"`).
+    #[serde(default)]
+    pub clamp_max_tokens: bool,
+    /// `anthropic` kind: the `anthropic-beta` values the agent may send on; any other is
+    /// dropped from the header (a beta can change what a call bills). Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub anthropic_beta: Vec<String>,
 }
 
 fn default_methods() -> Vec<String> {
@@ -77,20 +88,53 @@ fn default_timeout_ms() -> u64 {
     DEFAULT_UPSTREAM_TIMEOUT_MS
 }
 
-/// A model's prices, nanodollars per million tokens.
+/// The field an OpenAI Chat Completions request's output limit is injected as.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensField {
+    /// `max_tokens` (the default).
+    #[default]
+    MaxTokens,
+    /// `max_completion_tokens` (OpenAI's reasoning models refuse `max_tokens`).
+    MaxCompletionTokens,
+}
+
+impl MaxTokensField {
+    /// The JSON member's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+        }
+    }
+}
+
+/// Which cache-write rate a request's markers allow (Anthropic's `cache_control`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum CacheMark {
+    /// No `cache_control`: nothing can be written to the cache.
+    None,
+    /// `cache_control` with the 5-minute cache (no `ttl`, or `"5m"`).
+    FiveMinutes,
+    /// `cache_control` with `"ttl": "1h"` somewhere.
+    OneHour,
+}
+
+/// A model's prices, nanodollars per million tokens (and per use, for server tools).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ModelPrice {
     /// Input tokens.
     #[serde(serialize_with = "usd")]
     pub input_per_mtok: Nanos,
-    /// Input tokens the API reports as read from its cache (default: the input price).
+    /// Input tokens the API reports as read from its cache (default: the input price;
+    /// never above it).
     #[serde(serialize_with = "usd")]
     pub cached_input_per_mtok: Nanos,
     /// Input tokens the API writes to its cache (Anthropic's
     /// `cache_creation_input_tokens`, billed above the input price: 1.25x for the
-    /// 5-minute cache). No default: tally never guesses a multiplier, so a call that
-    /// reports cache writes while this is not set settles at its reservation (the most
-    /// it could have cost).
+    /// 5-minute cache). No default: tally never guesses a multiplier, so a request that
+    /// marks a `cache_control` while this is not set is refused.
     #[serde(
         serialize_with = "usd_or_unset",
         skip_serializing_if = "Option::is_none"
@@ -98,7 +142,7 @@ pub struct ModelPrice {
     pub cache_write_per_mtok: Option<Nanos>,
     /// Input tokens written to the 1-hour cache (Anthropic's
     /// `cache_creation.ephemeral_1h_input_tokens`, 2x the input price); unset, as
-    /// `cache_write_per_mtok`.
+    /// `cache_write_per_mtok` (a `"ttl": "1h"` marker is then refused).
     #[serde(
         serialize_with = "usd_or_unset",
         skip_serializing_if = "Option::is_none"
@@ -110,21 +154,76 @@ pub struct ModelPrice {
     /// The model's output limit: an injected `max_tokens` is never above it, nor is a
     /// request's own accepted above it. Default 4,096.
     pub max_output_tokens: u64,
+    /// The model's context window, tokens: reported usage above it plus
+    /// `max_output_tokens` cannot be true. Default 2,000,000 (no model priced today has
+    /// a larger one, so the default never rejects a true report).
+    pub context_tokens: u64,
+    /// Input tokens the provider adds to a request that has `tools` (its tool-use
+    /// system prompt; Anthropic documents a few hundred): added to the input bound.
+    /// Default 0.
+    pub tool_prompt_tokens: u64,
+    /// One web search (Anthropic's `web_search` server tool, OpenAI's Responses
+    /// `web_search` tool); unset: a request that can search is refused.
+    #[serde(
+        serialize_with = "usd_or_unset",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub web_search_per_use: Option<Nanos>,
+    /// Input tokens one web search can add (its results), reserved per possible use
+    /// and settled as the input tokens the upstream reports. Default 0.
+    pub web_search_tokens_per_use: u64,
+    /// OpenAI Chat Completions: the field an injected output limit is set as.
+    pub max_tokens_field: MaxTokensField,
+    /// `service_tier` values billed at these prices besides the default tier (a request
+    /// naming any other tier is refused). Default: none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub service_tiers: Vec<String>,
+    /// Other model ids that share this price (a dated snapshot, a short name).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
 }
 
 impl ModelPrice {
-    /// The most one input token can cost: the largest of the input, cached-input and
-    /// cache-write prices (a token of the prompt is billed as one of them).
-    pub fn input_worst_per_mtok(&self) -> Nanos {
-        self.input_per_mtok
-            .max(self.cached_input_per_mtok)
-            .max(self.cache_write_per_mtok.unwrap_or(Nanos(0)))
-            .max(self.cache_write_1h_per_mtok.unwrap_or(Nanos(0)))
+    /// A price with these input and output rates and every other key at its default.
+    pub fn new(input_per_mtok: Nanos, output_per_mtok: Nanos) -> ModelPrice {
+        ModelPrice {
+            input_per_mtok,
+            cached_input_per_mtok: input_per_mtok,
+            cache_write_per_mtok: None,
+            cache_write_1h_per_mtok: None,
+            output_per_mtok,
+            max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
+            context_tokens: DEFAULT_CONTEXT_TOKENS,
+            tool_prompt_tokens: 0,
+            web_search_per_use: None,
+            web_search_tokens_per_use: 0,
+            max_tokens_field: MaxTokensField::MaxTokens,
+            service_tiers: Vec::new(),
+            aliases: Vec::new(),
+        }
+    }
+
+    /// The most one input token of a request with `mark` can cost: the input price, or
+    /// the matching cache-write price where it is dearer (a marked prompt may be
+    /// written whole); `None` if the mark needs a price that is not set. A cache read
+    /// is never the worst case: it is priced at most the input price.
+    pub fn input_rate(&self, mark: CacheMark) -> Option<Nanos> {
+        let write = match mark {
+            CacheMark::None => return Some(self.input_per_mtok),
+            CacheMark::FiveMinutes => self.cache_write_per_mtok?,
+            // A 1-hour marker does not stop another block being written for 5 minutes.
+            CacheMark::OneHour => self
+                .cache_write_1h_per_mtok?
+                .max(self.cache_write_per_mtok.unwrap_or(Nanos(0))),
+        };
+        Some(self.input_per_mtok.max(write))
     }
 }
 
 /// Default `max_output_tokens`.
 pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 4_096;
+/// Default `context_tokens`.
+pub const DEFAULT_CONTEXT_TOKENS: u64 = 2_000_000;
 
 /// A route's price (`http` upstreams).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -183,9 +282,38 @@ impl Prices {
         self.0.is_empty()
     }
 
-    /// The price of `model` on `upstream`.
+    /// The price of `model` on `upstream`: the price of that name, else the one naming
+    /// it in its `aliases`, else (the dated-suffix rule) the price named `model` less a
+    /// `-YYYYMMDD` suffix (a dash and exactly 8 digits). An id named explicitly (a
+    /// price's name or alias) is never also covered by the rule.
     pub fn model(&self, upstream: &str, model: &str) -> Option<&ModelPrice> {
-        self.0.get(upstream)?.models.get(model)
+        let p = self.0.get(upstream)?;
+        if let Some(m) = p.models.get(model) {
+            return Some(m);
+        }
+        if let Some(m) = p
+            .models
+            .values()
+            .find(|m| m.aliases.iter().any(|a| a == model))
+        {
+            return Some(m);
+        }
+        p.models.get(undated(model)?)
+    }
+
+    /// Which ids each model price covers, as `tally policy check` prints them:
+    /// (upstream, price name, ids), the dated-suffix rule written `NAME-YYYYMMDD`.
+    pub fn coverage(&self) -> Vec<(String, String, Vec<String>)> {
+        let mut out = Vec::new();
+        for (upstream, p) in &self.0 {
+            for (name, m) in &p.models {
+                let mut ids = vec![name.clone()];
+                ids.extend(m.aliases.iter().cloned());
+                ids.push(format!("{name}-YYYYMMDD"));
+                out.push((upstream.clone(), name.clone(), ids));
+            }
+        }
+        out
     }
 
     /// The price of a route (`POST /v1/search`) on `upstream`.
@@ -259,6 +387,13 @@ impl Prices {
                         "cache_write_1h_per_mtok",
                         "output_per_mtok",
                         "max_output_tokens",
+                        "context_tokens",
+                        "tool_prompt_tokens",
+                        "web_search_per_use",
+                        "web_search_tokens_per_use",
+                        "max_tokens_field",
+                        "service_tiers",
+                        "aliases",
                     ],
                 )?;
                 let input = required(&fields, "input_per_mtok", &key, line(item))?;
@@ -271,19 +406,66 @@ impl Prices {
                 let optional = |name: &str| fields.get(name).map(|f| f.usd.clone()).transpose();
                 let cache_write = optional("cache_write_per_mtok")?;
                 let cache_write_1h = optional("cache_write_1h_per_mtok")?;
-                let max_output_tokens = match fields.get("max_output_tokens") {
-                    None => DEFAULT_MAX_OUTPUT_TOKENS,
-                    Some(f) => match f.integer {
-                        Some(n) if n >= 1 => n,
+                let tokens = |field: &str, default: u64, least: u64| -> Result<u64, PolicyError> {
+                    match fields.get(field) {
+                        None => Ok(default),
+                        Some(f) => match f.integer {
+                            Some(n) if n >= least => Ok(n),
+                            _ => Err(err(
+                                format!("{key}.{field}"),
+                                format!("must be a whole number of tokens, at least {least}"),
+                                f.span.clone(),
+                            )),
+                        },
+                    }
+                };
+                let max_output_tokens = tokens("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS, 1)?;
+                let context_tokens = tokens("context_tokens", DEFAULT_CONTEXT_TOKENS, 1)?;
+                let tool_prompt_tokens = tokens("tool_prompt_tokens", 0, 0)?;
+                let web_search_tokens_per_use = tokens("web_search_tokens_per_use", 0, 0)?;
+                let web_search_per_use = optional("web_search_per_use")?;
+                if cached > input {
+                    return Err(err(
+                        format!("{key}.cached_input_per_mtok"),
+                        "is above input_per_mtok: a cache read is never dearer than the input"
+                            .into(),
+                        fields
+                            .get("cached_input_per_mtok")
+                            .and_then(|f| f.span.clone()),
+                    ));
+                }
+                let max_tokens_field = match fields.get("max_tokens_field") {
+                    None => MaxTokensField::MaxTokens,
+                    Some(f) => match f.text.as_deref() {
+                        Some("max_tokens") => MaxTokensField::MaxTokens,
+                        Some("max_completion_tokens") => MaxTokensField::MaxCompletionTokens,
                         _ => {
                             return Err(err(
-                                format!("{key}.max_output_tokens"),
-                                "must be a whole number of tokens, at least 1".into(),
+                                format!("{key}.max_tokens_field"),
+                                "must be \"max_tokens\" or \"max_completion_tokens\"".into(),
                                 f.span.clone(),
                             ))
                         }
                     },
                 };
+                let ids = |field: &str, what: &str| -> Result<Vec<String>, PolicyError> {
+                    match fields.get(field) {
+                        None => Ok(Vec::new()),
+                        Some(f) => f
+                            .strings
+                            .clone()
+                            .filter(|v| v.iter().all(|s| !s.is_empty() && s.len() <= 256))
+                            .ok_or_else(|| {
+                                err(
+                                    format!("{key}.{field}"),
+                                    format!("must be a list of {what} (strings of 1 to 256 bytes)"),
+                                    f.span.clone(),
+                                )
+                            }),
+                    }
+                };
+                let service_tiers = ids("service_tiers", "service tiers")?;
+                let aliases = ids("aliases", "model ids")?;
                 prices.models.insert(
                     name.to_owned(),
                     ModelPrice {
@@ -293,8 +475,29 @@ impl Prices {
                         cache_write_1h_per_mtok: cache_write_1h,
                         output_per_mtok: output,
                         max_output_tokens,
+                        context_tokens,
+                        tool_prompt_tokens,
+                        web_search_per_use,
+                        web_search_tokens_per_use,
+                        max_tokens_field,
+                        service_tiers,
+                        aliases,
                     },
                 );
+            }
+            // One price per id: a price's name or alias named by another price too is
+            // ambiguous.
+            let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+            for (name, m) in &prices.models {
+                for id in std::iter::once(name).chain(m.aliases.iter()) {
+                    if let Some(other) = seen.insert(id.as_str(), name.as_str()) {
+                        return Err(err(
+                            format!("{at}.{}.aliases", quoted(name)),
+                            format!("model id `{id}` is covered by prices `{other}` and `{name}`: name each id in one price"),
+                            t.get(name).and_then(|i| i.span()),
+                        ));
+                    }
+                }
             }
             out.insert(upstream.to_owned(), prices);
         }
@@ -319,6 +522,10 @@ fn quoted(key: &str) -> String {
 struct Field {
     usd: Result<Nanos, PolicyError>,
     integer: Option<u64>,
+    /// A string's value.
+    text: Option<String>,
+    /// An array of strings' values.
+    strings: Option<Vec<String>>,
     span: Option<std::ops::Range<usize>>,
 }
 
@@ -384,7 +591,27 @@ fn read_fields(
                 span.clone(),
             )),
         };
-        out.insert(name.to_owned(), Field { usd, integer, span });
+        let text = match v {
+            Some(toml_edit::Value::String(s)) => Some(s.value().to_owned()),
+            _ => None,
+        };
+        let strings = match v {
+            Some(toml_edit::Value::Array(a)) => a
+                .iter()
+                .map(|x| x.as_str().map(str::to_owned))
+                .collect::<Option<Vec<String>>>(),
+            _ => None,
+        };
+        out.insert(
+            name.to_owned(),
+            Field {
+                usd,
+                integer,
+                text,
+                strings,
+                span,
+            },
+        );
     }
     Ok(out)
 }
@@ -481,6 +708,26 @@ impl Upstream {
         if self.ca_file.as_deref() == Some("") {
             return Some(("ca_file", "is empty: give a PEM file's path".into()));
         }
+        if !self.anthropic_beta.is_empty() && self.kind != UpstreamKind::Anthropic {
+            return Some(("anthropic_beta", "is for `anthropic` upstreams only".into()));
+        }
+        if let Some(b) = self.anthropic_beta.iter().find(|b| {
+            b.is_empty()
+                || !b
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.')
+        }) {
+            return Some((
+                "anthropic_beta",
+                format!("`{b}` is not a beta name (letters, digits, `-`, `_`, `.`)"),
+            ));
+        }
+        if self.clamp_max_tokens && self.kind == UpstreamKind::Http {
+            return Some((
+                "clamp_max_tokens",
+                "is for model upstreams only (an `http` route has no output limit)".into(),
+            ));
+        }
         match (&self.cost_header, self.kind) {
             (Some(_), UpstreamKind::Openai | UpstreamKind::Anthropic) => {
                 return Some((
@@ -532,6 +779,13 @@ pub fn split_url(url: &str) -> Result<(&str, &str, &str), String> {
         ));
     }
     Ok((scheme, authority, path))
+}
+
+/// `model` less a dated suffix (`-YYYYMMDD`: a dash and exactly 8 ASCII digits).
+fn undated(model: &str) -> Option<&str> {
+    let (base, date) = model.rsplit_once('-')?;
+    (!base.is_empty() && date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit()))
+        .then_some(base)
 }
 
 /// The 1-based line of byte `at` in `text`.

@@ -20,23 +20,14 @@ use crate::refuse::{Pre, Refused};
 use crate::stream::{Pump, Settle};
 use crate::Body;
 
-/// Headers never passed on in either direction (RFC 9110 7.6.1 and the proxy's own).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-];
-
-/// The agent's credentials: never passed to the upstream.
-const AUTH: &[&str] = &["authorization", "x-api-key", "api-key", "cookie"];
+/// The agent's headers that reach the upstream, by kind: what the dialect needs to be
+/// read right, nothing that can choose an account, a beta or a billing option (docs/
+/// PROXY.md, "Headers"). Every other header is dropped, hop-by-hop, credentials, `expect`,
+/// `openai-organization`, `openai-project` and `openai-beta` among them.
+fn passed(kind: UpstreamKind, name: &str) -> bool {
+    matches!(name, "content-type" | "accept")
+        || (kind == UpstreamKind::Anthropic && name == "anthropic-version")
+}
 
 /// What the proxy knows of a request once its token is read.
 pub(crate) struct Caught {
@@ -202,7 +193,7 @@ impl Proxy {
                     ))
                 }
             };
-            self.plan(route, &method, rest, &bytes, remaining)
+            self.plan(route, &method, rest, parts.uri.query(), &bytes, remaining)
         };
         let plan = match read.await {
             Ok(plan) => plan,
@@ -334,6 +325,7 @@ impl Proxy {
             caller,
             effect: plan.effect,
             kind: u.kind,
+            endpoint: plan.endpoint,
             price: plan.price.clone(),
             route_price: plan.route_price,
             cost_header: u.cost_header.clone(),
@@ -413,7 +405,14 @@ impl Proxy {
 /// Whether `path` is under one of `prefixes` (a whole segment: `/v1/chat` allows
 /// `/v1/chat/completions`, not `/v1/chatx`), with no dot segment or encoded byte.
 fn path_allowed(prefixes: &[String], path: &str) -> bool {
-    if path.contains('%') || path.split('/').any(|s| s == ".." || s == ".") {
+    // One spelling per path: no encoded byte, backslash, dot segment, empty segment
+    // (`//`) or trailing `/`.
+    if path.contains(['%', '\\'])
+        || path.len() > 1 && path.ends_with('/')
+        || path[1.min(path.len())..]
+            .split('/')
+            .any(|s| s.is_empty() || s == ".." || s == ".")
+    {
         return false;
     }
     prefixes.iter().any(|p| {
@@ -495,29 +494,21 @@ fn allowed(a: &CheckAnswer) -> Result<u64, Refusal> {
     Err(Refusal::reason(reason, a.retry_after_ms, words))
 }
 
-/// The headers sent upstream: the agent's, less hop-by-hop headers, its credentials and
-/// its trace context, which is replaced by `trace` (docs/PROXY.md).
+/// The headers sent upstream: the agent's that its dialect needs ([`passed`]), the
+/// `anthropic-beta` values the upstream allows (`anthropic_beta`), the trace context
+/// replaced by `trace`, and the real credential (docs/PROXY.md).
 fn outgoing(incoming: &HeaderMap, route: &Route, trace: Option<&crate::trace::Trace>) -> HeaderMap {
-    let listed: Vec<String> = incoming
-        .get_all(hyper::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
-        .collect();
+    let kind = route.upstream.kind;
     let mut out = HeaderMap::new();
     for (name, value) in incoming {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n)
-            || AUTH.contains(&n)
-            || listed.iter().any(|l| l == n)
-            || n.starts_with("x-tally-")
-            || n == "accept-encoding"
-            || n == "traceparent"
-            || n == "tracestate"
-        {
-            continue;
+        if passed(kind, name.as_str()) {
+            out.append(name.clone(), value.clone());
         }
-        out.append(name.clone(), value.clone());
+    }
+    if kind == UpstreamKind::Anthropic {
+        if let Some(v) = betas(incoming, &route.upstream.anthropic_beta) {
+            out.insert(HeaderName::from_static("anthropic-beta"), v);
+        }
     }
     if let Some((parent, state)) = trace {
         if let Ok(v) = HeaderValue::from_str(&parent.header()) {
@@ -546,6 +537,24 @@ fn outgoing(incoming: &HeaderMap, route: &Route, trace: Option<&crate::trace::Tr
         out.insert(HeaderName::from_static(name), v);
     }
     out
+}
+
+/// The agent's `anthropic-beta` values that `allowed` lists, in its order, once each;
+/// none: no header.
+fn betas(incoming: &HeaderMap, allowed: &[String]) -> Option<HeaderValue> {
+    let mut kept: Vec<&str> = Vec::new();
+    for v in incoming.get_all("anthropic-beta") {
+        let Ok(v) = v.to_str() else { continue };
+        for b in v.split(',').map(str::trim) {
+            if allowed.iter().any(|a| a == b) && !kept.contains(&b) {
+                kept.push(b);
+            }
+        }
+    }
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&kept.join(",")).ok()
 }
 
 /// A redirect the proxy refuses: to any other scheme, host or port than the upstream's.
@@ -588,6 +597,56 @@ pub(crate) fn preview(text: &str) -> String {
 mod tests {
     use super::*;
     use tally_record::decision::Limit;
+
+    #[test]
+    fn only_the_dialects_headers_and_the_allowed_betas_pass() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+            (
+                "anthropic-beta",
+                "claude-code-20250219, context-1m-2025-08-07",
+            ),
+            (
+                "anthropic-beta",
+                "interleaved-thinking-2025-05-14,claude-code-20250219",
+            ),
+            ("openai-organization", "org-x"),
+            ("openai-project", "proj-x"),
+            ("openai-beta", "assistants=v2"),
+            ("expect", "100-continue"),
+            ("connection", "keep-alive"),
+            ("user-agent", "claude-cli"),
+            ("x-stainless-os", "Linux"),
+            ("anthropic-dangerous-direct-browser-access", "true"),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let names = |kind| {
+            h.keys()
+                .filter(|n| passed(kind, n.as_str()))
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(UpstreamKind::Anthropic),
+            ["content-type", "accept", "anthropic-version"]
+        );
+        assert_eq!(names(UpstreamKind::Openai), ["content-type", "accept"]);
+        assert_eq!(names(UpstreamKind::Http), ["content-type", "accept"]);
+        let allowed = vec![
+            "claude-code-20250219".to_owned(),
+            "interleaved-thinking-2025-05-14".to_owned(),
+        ];
+        assert_eq!(
+            betas(&h, &allowed).as_ref().and_then(|v| v.to_str().ok()),
+            Some("claude-code-20250219,interleaved-thinking-2025-05-14"),
+            "the long-context beta (billed at its own rates) is dropped"
+        );
+        assert_eq!(betas(&h, &[]), None);
+    }
 
     #[test]
     fn what_is_left_is_the_less_of_the_runs_and_its_owners() {

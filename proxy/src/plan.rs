@@ -9,9 +9,11 @@ use tally_record::{Effect, Reason};
 use crate::forward::effect_of;
 use crate::proxy::{Proxy, Route};
 use crate::refuse::Pre;
+use crate::request::{Endpoint, RequestError};
 
 /// What a request is, priced.
 pub(crate) struct Plan {
+    pub endpoint: Endpoint,
     pub body: Vec<u8>,
     pub worst: Nanos,
     pub operation: String,
@@ -30,10 +32,33 @@ impl Proxy {
         route: &Route,
         method: &str,
         rest: &str,
+        query: Option<&str>,
         bytes: &[u8],
         remaining: Nanos,
     ) -> Result<Plan, Pre> {
         let u = &route.upstream;
+        let Some(endpoint) = Endpoint::of(u.kind, rest) else {
+            return Err(Pre::new(
+                Reason::ScopeViolation,
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{method} {rest} is not an endpoint tally meters on upstream `{}` (it meters {}); tally never forwards a call it cannot meter",
+                    route.name,
+                    Endpoint::metered(u.kind)
+                ),
+            ));
+        };
+        if !endpoint.query_allowed(query) {
+            return Err(Pre::new(
+                Reason::ScopeViolation,
+                StatusCode::FORBIDDEN,
+                format!(
+                    "the query `?{}` is not forwarded to {rest} on upstream `{}`",
+                    query.unwrap_or_default(),
+                    route.name
+                ),
+            ));
+        }
         if u.kind == UpstreamKind::Http {
             let key = format!("{method} {rest}");
             let Some(p) = self.policy.prices.route(&route.name, &key) else {
@@ -51,6 +76,7 @@ impl Proxy {
             }))
             .ok();
             return Ok(Plan {
+                endpoint,
                 body: bytes.to_vec(),
                 worst: p.per_call,
                 operation: key.clone(),
@@ -62,13 +88,7 @@ impl Proxy {
                 strip_usage: false,
             });
         }
-        let request = crate::request::parse(u.kind, bytes).map_err(|e| {
-            Pre::new(
-                Reason::RequestRefused,
-                StatusCode::BAD_REQUEST,
-                e.to_string(),
-            )
-        })?;
+        let request = crate::request::parse(endpoint, bytes).map_err(refused)?;
         let Some(price) = self.policy.prices.model(&route.name, &request.model) else {
             return Err(Pre::new(
                 Reason::ScopeViolation,
@@ -80,8 +100,11 @@ impl Proxy {
             )
             .preview(request.model.clone()));
         };
-        let priced = request.price(u.kind, price, remaining);
+        let priced = request
+            .price(price, remaining, u.clamp_max_tokens)
+            .map_err(|e| refused(e).preview(request.model.clone()))?;
         Ok(Plan {
+            endpoint,
             body: priced.body,
             worst: priced.worst,
             // Kept as the call's preview (bounded: a model name is at most 256 bytes).
@@ -92,9 +115,24 @@ impl Proxy {
             price: Some(price.clone()),
             route_price: None,
             client_asked_usage: request.client_asked_usage,
-            strip_usage: u.kind == UpstreamKind::Openai
+            strip_usage: endpoint == Endpoint::ChatCompletions
                 && request.stream
                 && !request.client_asked_usage,
         })
+    }
+}
+
+/// A request the proxy cannot forward: 403 `scope_violation` for what it cannot price,
+/// 400 `request_refused` for a body it cannot read.
+fn refused(e: RequestError) -> Pre {
+    match e {
+        RequestError::Unpriced { .. } => {
+            Pre::new(Reason::ScopeViolation, StatusCode::FORBIDDEN, e.to_string())
+        }
+        e => Pre::new(
+            Reason::RequestRefused,
+            StatusCode::BAD_REQUEST,
+            e.to_string(),
+        ),
     }
 }

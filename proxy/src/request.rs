@@ -6,29 +6,117 @@
 //! different `model`s or `max_tokens` from one body. What is forwarded is the canonical
 //! form of what was read (plus what the proxy sets), never the agent's bytes.
 //!
+//! # Endpoints
+//!
+//! The endpoint is decided by the exact path ([`Endpoint::of`]): OpenAI Chat Completions
+//! (`/v1/chat/completions`) and Responses (`/v1/responses`), Anthropic Messages
+//! (`/v1/messages`) and its free `count_tokens`. Any other path of a model upstream is
+//! not metered, so it is refused.
+//!
 //! # The worst case
 //!
 //! * **Input tokens** are bounded by the forwarded body's length in bytes: a tokenizer's
 //!   token covers at least one byte of the UTF-8 text it encodes, and the tokens an API
 //!   adds around each message are fewer than the JSON punctuation around it (at least
-//!   `{"role":"","content":""}`, 24 bytes). Inputs that are not text (images, audio,
-//!   files: content parts of type `image_url`, `input_audio`, `file`, `image`,
-//!   `document`, ...) are priced by the API independently of their bytes, so a request
-//!   holding one is refused ([`RequestError::NotText`]).
-//! * **Output tokens** are `max_tokens` (OpenAI: `max_completion_tokens` or
-//!   `max_tokens`; Anthropic: `max_tokens`) times `n` (OpenAI's choices), capped at the
-//!   model's `max_output_tokens` (the forwarded value is capped too, so the upstream
-//!   itself enforces the cap). A request without one gets one: what the budget can pay.
-//! * The input is priced at the largest of the input, cached-input and cache-write
-//!   prices (a prompt token is billed as one of them).
+//!   `{"role":"","content":""}`, 24 bytes). To that the provider's own additions are
+//!   added, as the price configures them: `tool_prompt_tokens` when the request has
+//!   `tools`, `web_search_tokens_per_use` per possible web search. Inputs that are not
+//!   text (images, audio, files: content parts of type `image_url`, `input_audio`,
+//!   `file`, `image`, `document`, ...) are priced by the API independently of their
+//!   bytes, so a request holding one is refused ([`RequestError::NotText`]).
+//! * The input is priced at the **input rate**; where the body marks a `cache_control`
+//!   (Anthropic), the whole input at the dearer cache-write rate (the 1-hour one only if
+//!   a marker says `"ttl": "1h"`). A cache read is never dearer than the input.
+//! * **Output tokens** are the request's limit (Chat: `max_completion_tokens` or
+//!   `max_tokens`; Responses: `max_output_tokens`; Messages: `max_tokens`) times `n`
+//!   (Chat's choices), capped at the model's `max_output_tokens` (the forwarded value is
+//!   capped too, so the upstream itself enforces the cap). A request without one gets
+//!   one: what the budget can pay.
+//! * **Server tools**: each possible web search (`max_uses` of Anthropic's `web_search`
+//!   tool, `max_tool_calls` of a Responses request with a `web_search` tool) at
+//!   `web_search_per_use`.
+//! * What can cost money with no price in the policy is refused, naming the field
+//!   ([`RequestError::Unpriced`]): other server tools, `mcp_servers`, a `service_tier`
+//!   the price does not list, state kept upstream (`previous_response_id`), a cache
+//!   marker without its cache-write price.
 
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use tally_policy::{ModelPrice, UpstreamKind};
+use tally_policy::{CacheMark, ModelPrice, UpstreamKind};
 use tally_record::money::{per_million, Nanos};
 use tally_record::Args;
+
+/// The API a request is made to, decided from its exact path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Endpoint {
+    /// OpenAI Chat Completions (`/v1/chat/completions`).
+    ChatCompletions,
+    /// OpenAI Responses (`/v1/responses`).
+    Responses,
+    /// Anthropic Messages (`/v1/messages`).
+    Messages,
+    /// Anthropic `/v1/messages/count_tokens`: free.
+    CountTokens,
+    /// A route of an `http` upstream: priced per call or by a cost header, no usage.
+    Route,
+}
+
+impl Endpoint {
+    /// The endpoint `path` names on an upstream of `kind`: one exact spelling each, with
+    /// or without the `/v1` (for an upstream whose base URL holds it); `None` for a path
+    /// the proxy does not meter. An `http` upstream's every path is a [`Endpoint::Route`].
+    pub fn of(kind: UpstreamKind, path: &str) -> Option<Endpoint> {
+        let path = path.strip_prefix("/v1").unwrap_or(path);
+        match (kind, path) {
+            (UpstreamKind::Http, _) => Some(Endpoint::Route),
+            (UpstreamKind::Openai, "/chat/completions") => Some(Endpoint::ChatCompletions),
+            (UpstreamKind::Openai, "/responses") => Some(Endpoint::Responses),
+            (UpstreamKind::Anthropic, "/messages") => Some(Endpoint::Messages),
+            (UpstreamKind::Anthropic, "/messages/count_tokens") => Some(Endpoint::CountTokens),
+            _ => None,
+        }
+    }
+
+    /// The paths a model upstream of `kind` meters, as a refusal names them.
+    pub fn metered(kind: UpstreamKind) -> &'static str {
+        match kind {
+            UpstreamKind::Openai => "/v1/chat/completions, /v1/responses",
+            UpstreamKind::Anthropic => "/v1/messages, /v1/messages/count_tokens",
+            UpstreamKind::Http => "the routes its prices name",
+        }
+    }
+
+    /// Whether a query string may be forwarded: none, except `beta=true` on Anthropic's
+    /// endpoints (the Anthropic SDK's beta client, Claude Code's, sends it). An `http`
+    /// route's query is its own.
+    pub fn query_allowed(self, query: Option<&str>) -> bool {
+        match (self, query) {
+            (_, None) | (Endpoint::Route, _) => true,
+            (Endpoint::Messages | Endpoint::CountTokens, Some("beta=true")) => true,
+            _ => false,
+        }
+    }
+
+    /// The API kind it belongs to.
+    pub fn kind(self) -> UpstreamKind {
+        match self {
+            Endpoint::ChatCompletions | Endpoint::Responses => UpstreamKind::Openai,
+            Endpoint::Messages | Endpoint::CountTokens => UpstreamKind::Anthropic,
+            Endpoint::Route => UpstreamKind::Http,
+        }
+    }
+
+    /// The member a request's output limit is in, where the endpoint has one fixed.
+    fn limit_field(self) -> &'static str {
+        match self {
+            Endpoint::Responses => "max_output_tokens",
+            _ => "max_tokens",
+        }
+    }
+}
 
 /// Why a request body cannot be forwarded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,6 +142,24 @@ pub enum RequestError {
         /// The content part's type.
         kind: String,
     },
+    /// A field that can make the call cost what the policy gives no price for (a server
+    /// tool, a billing tier, state kept upstream): never forwarded unpriced.
+    #[error("`{field}` {why}; tally never forwards a call it cannot price")]
+    Unpriced {
+        /// The field, as a path into the body (`tools[2].type`).
+        field: String,
+        /// What it would cost, and what the policy would need.
+        why: String,
+    },
+}
+
+impl RequestError {
+    fn unpriced(field: impl Into<String>, why: impl Into<String>) -> RequestError {
+        RequestError::Unpriced {
+            field: field.into(),
+            why: why.into(),
+        }
+    }
 }
 
 /// Content part types whose token count does not follow from their bytes.
@@ -71,28 +177,83 @@ const NOT_TEXT: &[&str] = &[
     "video_url",
 ];
 
+/// Members that make a call cost what no price covers, per endpoint, and why.
+const UNPRICED: &[(Endpoint, &str, &str)] = &[
+    (
+        Endpoint::ChatCompletions,
+        "web_search_options",
+        "searches the web, which Chat Completions bills per search without reporting a count",
+    ),
+    (
+        Endpoint::ChatCompletions,
+        "audio",
+        "asks for audio output, billed at audio rates",
+    ),
+    (
+        Endpoint::ChatCompletions,
+        "prediction",
+        "bills rejected predicted tokens the request does not bound",
+    ),
+    (
+        Endpoint::Responses,
+        "previous_response_id",
+        "adds input kept upstream that the body does not carry",
+    ),
+    (
+        Endpoint::Responses,
+        "conversation",
+        "adds input kept upstream that the body does not carry",
+    ),
+    (
+        Endpoint::Responses,
+        "prompt",
+        "adds a stored prompt the body does not carry",
+    ),
+    (
+        Endpoint::Messages,
+        "mcp_servers",
+        "lets the upstream call MCP servers on the run's behalf",
+    ),
+    (
+        Endpoint::Messages,
+        "container",
+        "runs code in a container, billed per hour",
+    ),
+];
+
 /// A model request as read.
 #[derive(Debug, Clone)]
 pub struct ModelRequest {
     /// Its members, each once, as canonical JSON text.
     members: BTreeMap<String, Box<RawValue>>,
+    /// The endpoint it is for.
+    pub endpoint: Endpoint,
     /// Its `model`.
     pub model: String,
-    /// The output tokens it asks for at most, if it says (`max_tokens` or
-    /// `max_completion_tokens`), before any cap.
+    /// The output tokens it asks for at most, if it says, before any cap.
     pub max_tokens: Option<u64>,
+    /// The member its limit was given in, if any.
+    limit_field: Option<&'static str>,
     /// OpenAI's `n` (choices), 1 when absent.
     pub choices: u64,
     /// Whether it asks for a stream.
     pub stream: bool,
     /// OpenAI: whether the client itself asked for the usage chunk of a stream.
     pub client_asked_usage: bool,
+    /// Whether it has tools (a non-empty `tools`): the provider adds its tool prompt.
+    pub tools: bool,
+    /// The cache writes its markers allow.
+    pub cache: CacheMark,
+    /// The most web searches it can make (server tools).
+    pub web_searches: u64,
+    /// Its `service_tier`, if it names one.
+    pub service_tier: Option<String>,
     /// The canonical request, as the argument digest reads it.
     pub args: Args,
 }
 
-/// Reads a model request strictly.
-pub fn parse(kind: UpstreamKind, body: &[u8]) -> Result<ModelRequest, RequestError> {
+/// Reads a request to `endpoint` strictly.
+pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestError> {
     let text = std::str::from_utf8(body).map_err(|_| RequestError::Json("not UTF-8".into()))?;
     let args = Args::parse(text).map_err(|e| RequestError::Json(e.to_string()))?;
     // The canonical text has every key once and every number exactly; members are read
@@ -129,34 +290,9 @@ pub fn parse(kind: UpstreamKind, body: &[u8]) -> Result<ModelRequest, RequestErr
                 }),
         }
     };
-    let max_tokens = match kind {
-        UpstreamKind::Openai => match (count("max_tokens")?, count("max_completion_tokens")?) {
-            (Some(_), Some(_)) => {
-                return Err(RequestError::Field {
-                    field: "max_completion_tokens",
-                    why: "and `max_tokens` are both given: give one",
-                })
-            }
-            (a, b) => a.or(b),
-        },
-        _ => count("max_tokens")?,
-    };
-    if max_tokens == Some(0) {
-        return Err(RequestError::Field {
-            field: "max_tokens",
-            why: "must be at least 1",
-        });
-    }
-    let choices = match kind {
-        UpstreamKind::Openai => count("n")?.unwrap_or(1),
-        _ => 1,
-    };
-    if choices == 0 || choices > 128 {
-        return Err(RequestError::Field {
-            field: "n",
-            why: "must be between 1 and 128",
-        });
-    }
+    // Read for the walks only (a number's digits do not matter to them).
+    let whole: Value =
+        serde_json::from_str(args.canonical()).map_err(|_| RequestError::NotObject)?;
     let stream = match raw.get("stream").map(|v| v.get()) {
         None | Some("false") => false,
         Some("true") => true,
@@ -167,12 +303,87 @@ pub fn parse(kind: UpstreamKind, body: &[u8]) -> Result<ModelRequest, RequestErr
             })
         }
     };
-    let stream_options: Option<Value> = raw
-        .get("stream_options")
-        .and_then(|v| serde_json::from_str(v.get()).ok());
-    let client_asked_usage = match &stream_options {
-        None => false,
-        Some(Value::Object(o)) => match o.get("include_usage") {
+    let service_tier = match whole.get("service_tier") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(t)) => Some(t.clone()),
+        Some(_) => {
+            return Err(RequestError::Field {
+                field: "service_tier",
+                why: "must be a string",
+            })
+        }
+    };
+    if endpoint == Endpoint::CountTokens {
+        // Free: read for its model only, forwarded as read.
+        return Ok(ModelRequest {
+            members: raw,
+            endpoint,
+            model,
+            max_tokens: None,
+            limit_field: None,
+            choices: 1,
+            stream,
+            client_asked_usage: false,
+            tools: false,
+            cache: CacheMark::None,
+            web_searches: 0,
+            service_tier,
+            args,
+        });
+    }
+    let (max_tokens, limit_field) = match endpoint {
+        Endpoint::ChatCompletions => {
+            match (count("max_tokens")?, count("max_completion_tokens")?) {
+                (Some(_), Some(_)) => {
+                    return Err(RequestError::Field {
+                        field: "max_completion_tokens",
+                        why: "and `max_tokens` are both given: give one",
+                    })
+                }
+                (Some(m), None) => (Some(m), Some("max_tokens")),
+                (None, Some(m)) => (Some(m), Some("max_completion_tokens")),
+                (None, None) => (None, None),
+            }
+        }
+        Endpoint::Responses => {
+            for field in ["max_tokens", "max_completion_tokens"] {
+                if raw.contains_key(field) {
+                    return Err(RequestError::Field {
+                        field: if field == "max_tokens" {
+                            "max_tokens"
+                        } else {
+                            "max_completion_tokens"
+                        },
+                        why: "is not a Responses API field: give `max_output_tokens`",
+                    });
+                }
+            }
+            let m = count("max_output_tokens")?;
+            (m, m.map(|_| "max_output_tokens"))
+        }
+        _ => {
+            let m = count("max_tokens")?;
+            (m, m.map(|_| "max_tokens"))
+        }
+    };
+    if max_tokens == Some(0) {
+        return Err(RequestError::Field {
+            field: "max_tokens",
+            why: "must be at least 1",
+        });
+    }
+    let choices = match endpoint {
+        Endpoint::ChatCompletions => count("n")?.unwrap_or(1),
+        _ => 1,
+    };
+    if choices == 0 || choices > 128 {
+        return Err(RequestError::Field {
+            field: "n",
+            why: "must be between 1 and 128",
+        });
+    }
+    let client_asked_usage = match (endpoint, whole.get("stream_options")) {
+        (Endpoint::ChatCompletions, Some(Value::Object(o))) => match o.get("include_usage") {
             None | Some(Value::Bool(false)) => false,
             Some(Value::Bool(true)) => true,
             Some(_) => {
@@ -182,26 +393,175 @@ pub fn parse(kind: UpstreamKind, body: &[u8]) -> Result<ModelRequest, RequestErr
                 })
             }
         },
-        Some(_) => {
+        (_, None) => false,
+        (_, Some(Value::Object(_))) => false,
+        (_, Some(_)) => {
             return Err(RequestError::Field {
                 field: "stream_options",
                 why: "must be an object",
             })
         }
     };
-    // Read for the walk only (a number's digits do not matter to it).
-    let whole: Value =
-        serde_json::from_str(args.canonical()).map_err(|_| RequestError::NotObject)?;
+    for (at, name, why) in UNPRICED {
+        if *at == endpoint && whole.get(*name).is_some_and(|v| !v.is_null()) {
+            return Err(RequestError::unpriced(*name, *why));
+        }
+    }
+    if endpoint == Endpoint::ChatCompletions {
+        if let Some(m) = whole.get("modalities").and_then(Value::as_array) {
+            if m.iter().any(|x| x.as_str() != Some("text")) {
+                return Err(RequestError::unpriced(
+                    "modalities",
+                    "asks for output other than text, billed at its own rates",
+                ));
+            }
+        }
+    }
+    if endpoint == Endpoint::Responses && whole.get("background") == Some(&Value::Bool(true)) {
+        return Err(RequestError::unpriced(
+            "background",
+            "answers later, out of the proxy's sight, so its usage cannot be read",
+        ));
+    }
+    let (tools, web_searches) = tools_of(endpoint, &whole)?;
+    let cache = if endpoint == Endpoint::Messages {
+        cache_mark(&whole)?
+    } else {
+        CacheMark::None
+    };
     not_text(&whole)?;
     Ok(ModelRequest {
         members: raw,
+        endpoint,
         model,
         max_tokens,
+        limit_field,
         choices,
         stream,
         client_asked_usage,
+        tools,
+        cache,
+        web_searches,
+        service_tier,
         args,
     })
+}
+
+/// Whether the request has tools, and the most web searches they can make; a tool that
+/// can cost what no price covers is refused.
+fn tools_of(endpoint: Endpoint, whole: &Value) -> Result<(bool, u64), RequestError> {
+    let list = match whole.get("tools") {
+        None | Some(Value::Null) => return Ok((false, 0)),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(RequestError::Field {
+                field: "tools",
+                why: "must be a list",
+            })
+        }
+    };
+    let mut searches: u64 = 0;
+    let mut searching = false;
+    for (i, tool) in list.iter().enumerate() {
+        let kind = match tool.get("type") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(t)) => Some(t.as_str()),
+            Some(_) => {
+                return Err(RequestError::Field {
+                    field: "tools",
+                    why: "has a `type` that is not a string",
+                })
+            }
+        };
+        let field = format!("tools[{i}].type");
+        match (endpoint, kind) {
+            // A tool the client runs itself: its cost is the tokens of its schema.
+            (Endpoint::Messages, None | Some("custom")) => {}
+            (Endpoint::ChatCompletions | Endpoint::Responses, Some("function" | "custom")) => {}
+            (Endpoint::Messages, Some(t)) if t.starts_with("web_search_") => {
+                let uses = match tool.get("max_uses") {
+                    Some(Value::Number(n)) => n.as_u64().filter(|&n| n >= 1),
+                    _ => None,
+                };
+                let Some(uses) = uses else {
+                    return Err(RequestError::unpriced(
+                        format!("tools[{i}].max_uses"),
+                        "is missing or not a whole number of at least 1: a web search tool without a bound can search without end",
+                    ));
+                };
+                searches = searches.saturating_add(uses);
+            }
+            (Endpoint::Responses, Some(t)) if t.starts_with("web_search") => searching = true,
+            (_, Some(t)) => {
+                return Err(RequestError::unpriced(
+                    field,
+                    format!("`{t}` is a tool the provider runs or bills itself, which the policy has no price for"),
+                ))
+            }
+            (_, None) => {
+                return Err(RequestError::Field {
+                    field: "tools",
+                    why: "holds a tool without a `type`",
+                })
+            }
+        }
+    }
+    if searching {
+        // Responses: every call of a built-in tool in one response, at most.
+        let uses = match whole.get("max_tool_calls") {
+            Some(Value::Number(n)) => n.as_u64(),
+            _ => None,
+        };
+        let Some(uses) = uses else {
+            return Err(RequestError::unpriced(
+                "max_tool_calls",
+                "is missing: a web search tool without a bound on its calls can search without end",
+            ));
+        };
+        searches = searches.saturating_add(uses);
+    }
+    Ok((!list.is_empty(), searches))
+}
+
+/// The cache writes a body's `cache_control` markers allow, at any depth.
+fn cache_mark(v: &Value) -> Result<CacheMark, RequestError> {
+    let mut mark = CacheMark::None;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(o) => {
+                if let Some(c) = o.get("cache_control") {
+                    let ttl = match c {
+                        Value::Null => None,
+                        Value::Object(c) => Some(c.get("ttl")),
+                        _ => {
+                            return Err(RequestError::Field {
+                                field: "cache_control",
+                                why: "must be an object",
+                            })
+                        }
+                    };
+                    let this = match ttl {
+                        None => CacheMark::None,
+                        Some(None) => CacheMark::FiveMinutes,
+                        Some(Some(Value::String(t))) if t == "5m" => CacheMark::FiveMinutes,
+                        Some(Some(Value::String(t))) if t == "1h" => CacheMark::OneHour,
+                        Some(Some(_)) => {
+                            return Err(RequestError::Field {
+                                field: "cache_control",
+                                why: "has a `ttl` other than \"5m\" or \"1h\"",
+                            })
+                        }
+                    };
+                    mark = mark.max(this);
+                }
+                stack.extend(o.values());
+            }
+            Value::Array(a) => stack.extend(a.iter()),
+            _ => {}
+        }
+    }
+    Ok(mark)
 }
 
 /// Refuses content parts that are not text, at any depth.
@@ -225,24 +585,83 @@ fn not_text(v: &Value) -> Result<(), RequestError> {
 pub struct Priced {
     /// The body to forward (canonical JSON with the proxy's settings).
     pub body: Vec<u8>,
-    /// The output tokens asked of the upstream (per choice).
+    /// The output tokens asked of the upstream (per choice; 0 for `count_tokens`).
     pub max_tokens: u64,
-    /// Whether the proxy set `max_tokens` itself.
+    /// Whether the proxy set the output limit itself.
     pub injected: bool,
-    /// The input token bound.
+    /// Whether the proxy lowered the request's own limit to what the run can pay
+    /// (`clamp_max_tokens`).
+    pub clamped: bool,
+    /// The input token bound (the body's bytes plus the price's overheads).
     pub input_bound: u64,
     /// The most the call can cost.
     pub worst: Nanos,
 }
 
+/// The `service_tier` values billed at a price's rates without being listed.
+fn default_tier(endpoint: Endpoint, tier: &str) -> bool {
+    match endpoint.kind() {
+        UpstreamKind::Openai => tier == "default",
+        UpstreamKind::Anthropic => tier == "standard_only",
+        UpstreamKind::Http => false,
+    }
+}
+
 impl ModelRequest {
-    /// The body to forward and the most it can cost: `max_tokens` capped at the model's
-    /// limit, or (absent) the most `remaining` can pay at `price` (at least 1); for an
-    /// OpenAI stream, `stream_options.include_usage` set.
-    pub fn price(&self, kind: UpstreamKind, price: &ModelPrice, remaining: Nanos) -> Priced {
+    /// The body to forward and the most it can cost at `price`: the limit capped at the
+    /// model's, or (absent) the most `remaining` can pay (at least 1), or (with `clamp`,
+    /// a limit `remaining` cannot pay) lowered to what it can; for an OpenAI Chat stream,
+    /// `stream_options.include_usage` set. Refused where the request can cost what
+    /// `price` does not cover.
+    pub fn price(
+        &self,
+        price: &ModelPrice,
+        remaining: Nanos,
+        clamp: bool,
+    ) -> Result<Priced, RequestError> {
+        if let Some(t) = &self.service_tier {
+            if !default_tier(self.endpoint, t) && !price.service_tiers.iter().any(|s| s == t) {
+                return Err(RequestError::unpriced(
+                    "service_tier",
+                    format!(
+                        "`{t}` is a billing tier this model's price does not list (service_tiers)"
+                    ),
+                ));
+            }
+        }
+        if self.endpoint == Endpoint::CountTokens {
+            return Ok(Priced {
+                body: render(&self.members).into_bytes(),
+                max_tokens: 0,
+                injected: false,
+                clamped: false,
+                input_bound: 0,
+                worst: Nanos(0),
+            });
+        }
+        let Some(input_rate) = price.input_rate(self.cache) else {
+            let key = if self.cache == CacheMark::OneHour {
+                "cache_write_1h_per_mtok"
+            } else {
+                "cache_write_per_mtok"
+            };
+            return Err(RequestError::unpriced(
+                "cache_control",
+                format!("can write the prompt to the cache, and this model's price has no {key}"),
+            ));
+        };
+        let search_cost = match (self.web_searches, price.web_search_per_use) {
+            (0, _) => Nanos(0),
+            (n, Some(p)) => Nanos(p.0.saturating_mul(n)),
+            (_, None) => {
+                return Err(RequestError::unpriced(
+                    "tools",
+                    "can search the web, and this model's price has no web_search_per_use",
+                ))
+            }
+        };
         let mut members = self.members.clone();
-        let stream_usage = kind == UpstreamKind::Openai && self.stream;
-        if stream_usage {
+        if self.endpoint == Endpoint::ChatCompletions && self.stream {
             let mut o: BTreeMap<String, Box<RawValue>> = members
                 .get("stream_options")
                 .and_then(|v| serde_json::from_str(v.get()).ok())
@@ -250,38 +669,59 @@ impl ModelRequest {
             o.insert("include_usage".into(), raw("true"));
             members.insert("stream_options".into(), raw(&render(&o)));
         }
-        // The field the proxy sets: the one the request used, else `max_tokens`.
-        let field = if members.contains_key("max_completion_tokens") {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
+        // The field the proxy sets: the one the request used, else the endpoint's (for
+        // Chat, the one the price names).
+        let field = match (self.limit_field, self.endpoint) {
+            (Some(f), _) => f,
+            (None, Endpoint::ChatCompletions) => price.max_tokens_field.as_str(),
+            (None, e) => e.limit_field(),
         };
         // Measured with the longest count (20 digits) in place: the input bound.
         members.insert(field.into(), raw(&u64::MAX.to_string()));
-        let input_bound = render(&members).len() as u64;
-        let input_price = price.input_worst_per_mtok();
-        let input_cost = per_million(input_bound, input_price).unwrap_or(Nanos::MAX);
-        let (max_tokens, injected) = match self.max_tokens {
-            Some(m) => (m.min(price.max_output_tokens), false),
-            None => {
-                let left = remaining.saturating_sub(input_cost);
-                let per_choice = affordable(left, price.output_per_mtok) / self.choices;
-                (per_choice.clamp(1, price.max_output_tokens), true)
+        let added = if self.tools {
+            price.tool_prompt_tokens
+        } else {
+            0
+        }
+        .saturating_add(
+            self.web_searches
+                .saturating_mul(price.web_search_tokens_per_use),
+        );
+        let input_bound = (render(&members).len() as u64).saturating_add(added);
+        let input_cost = per_million(input_bound, input_rate).unwrap_or(Nanos::MAX);
+        let fixed = input_cost.checked_add(search_cost).unwrap_or(Nanos::MAX);
+        let pays = |left: Nanos| {
+            let per_choice = affordable(left, price.output_per_mtok) / self.choices;
+            per_choice.clamp(1, price.max_output_tokens)
+        };
+        let output_cost = |tokens: u64| {
+            per_million(tokens.saturating_mul(self.choices), price.output_per_mtok)
+                .unwrap_or(Nanos::MAX)
+        };
+        let (max_tokens, injected, clamped) = match self.max_tokens {
+            Some(m) => {
+                let m = m.min(price.max_output_tokens);
+                let total = fixed.checked_add(output_cost(m)).unwrap_or(Nanos::MAX);
+                if clamp && total > remaining {
+                    let lower = pays(remaining.saturating_sub(fixed)).min(m);
+                    (lower, false, lower < m)
+                } else {
+                    (m, false, false)
+                }
             }
+            None => (pays(remaining.saturating_sub(fixed)), true, false),
         };
         members.insert(field.into(), raw(&max_tokens.to_string()));
-        let output_cost = per_million(
-            max_tokens.saturating_mul(self.choices),
-            price.output_per_mtok,
-        )
-        .unwrap_or(Nanos::MAX);
-        Priced {
+        Ok(Priced {
             body: render(&members).into_bytes(),
             max_tokens,
             injected,
+            clamped,
             input_bound,
-            worst: input_cost.checked_add(output_cost).unwrap_or(Nanos::MAX),
-        }
+            worst: fixed
+                .checked_add(output_cost(max_tokens))
+                .unwrap_or(Nanos::MAX),
+        })
     }
 }
 
@@ -326,13 +766,14 @@ mod tests {
 
     fn price() -> ModelPrice {
         ModelPrice {
-            input_per_mtok: Nanos(1_000_000_000),
             cached_input_per_mtok: Nanos(500_000_000),
-            cache_write_per_mtok: None,
-            cache_write_1h_per_mtok: None,
-            output_per_mtok: Nanos(2_000_000_000),
             max_output_tokens: 1000,
+            ..ModelPrice::new(Nanos(1_000_000_000), Nanos(2_000_000_000))
         }
+    }
+
+    fn chat(body: &[u8]) -> ModelRequest {
+        parse(Endpoint::ChatCompletions, body).expect("reads")
     }
 
     #[test]
@@ -351,18 +792,59 @@ mod tests {
             r#"{"model":"a","max_tokens":1,"max_completion_tokens":2}"#,
         ] {
             assert!(
-                parse(UpstreamKind::Openai, body.as_bytes()).is_err(),
+                parse(Endpoint::ChatCompletions, body.as_bytes()).is_err(),
                 "{body}"
             );
         }
     }
 
     #[test]
+    fn the_endpoint_is_the_exact_path() {
+        use Endpoint::*;
+        let o = UpstreamKind::Openai;
+        let a = UpstreamKind::Anthropic;
+        assert_eq!(
+            Endpoint::of(o, "/v1/chat/completions"),
+            Some(ChatCompletions)
+        );
+        assert_eq!(Endpoint::of(o, "/chat/completions"), Some(ChatCompletions));
+        assert_eq!(Endpoint::of(o, "/v1/responses"), Some(Responses));
+        assert_eq!(Endpoint::of(a, "/v1/messages"), Some(Messages));
+        assert_eq!(
+            Endpoint::of(a, "/v1/messages/count_tokens"),
+            Some(CountTokens)
+        );
+        for (kind, path) in [
+            (a, "/v1/messages/batches"),
+            (a, "/v1/messages/batches/b1/results"),
+            (a, "/v1/messages/"),
+            (a, "/v1/complete"),
+            (o, "/v1/batches"),
+            (o, "/v1/chat/completions/x"),
+            (o, "/v1/responses/resp_1"),
+            (o, "/v1/responses/input_tokens"),
+            (o, "/v1/files"),
+            (o, "/v1/v1/responses"),
+            (o, "/v1/messages"),
+            (a, "/v1/chat/completions"),
+        ] {
+            assert_eq!(Endpoint::of(kind, path), None, "{path}");
+        }
+        assert!(Messages.query_allowed(Some("beta=true")));
+        assert!(CountTokens.query_allowed(None));
+        for q in ["beta=false", "beta=true&x=1", "x=1"] {
+            assert!(!Messages.query_allowed(Some(q)), "{q}");
+        }
+        assert!(!ChatCompletions.query_allowed(Some("beta=true")));
+        assert!(!Responses.query_allowed(Some("x=1")));
+    }
+
+    #[test]
     fn numbers_keep_their_digits_and_the_worst_case_bounds_the_call() {
         let body = br#"{"model":"m","temperature":0.10000000000000000001,"max_tokens":1e2,"messages":[{"role":"user","content":"hi"}]}"#;
-        let r = parse(UpstreamKind::Openai, body).expect("reads");
+        let r = chat(body);
         assert_eq!(r.max_tokens, Some(100));
-        let p = r.price(UpstreamKind::Openai, &price(), Nanos(0));
+        let p = r.price(&price(), Nanos(0), false).expect("priced");
         let text = String::from_utf8(p.body.clone()).expect("utf8");
         assert!(
             text.contains("\"temperature\":0.10000000000000000001"),
@@ -376,32 +858,315 @@ mod tests {
             .and_then(|i| i.checked_add(Nanos(200_000)))
             .expect("fits");
         assert_eq!(p.worst, want);
-        // A cache-write price above the input price is the input's worst case: a prompt
-        // written to the cache whole still fits the reservation.
+        // Cache-write prices do not raise a body that marks nothing for the cache.
         let dear = ModelPrice {
             cache_write_per_mtok: Some(Nanos(1_250_000_000)),
             cache_write_1h_per_mtok: Some(Nanos(2_000_000_000)),
             ..price()
         };
-        let q = r.price(UpstreamKind::Openai, &dear, Nanos(0));
-        let want = per_million(q.input_bound, Nanos(2_000_000_000))
-            .and_then(|i| i.checked_add(Nanos(200_000)))
-            .expect("fits");
-        assert_eq!(q.worst, want);
-        let all_written = crate::usage::Usage {
-            written_1h: q.input_bound,
-            output: 100,
-            ..Default::default()
+        assert_eq!(r.price(&dear, Nanos(0), false).expect("priced").worst, want);
+    }
+
+    fn messages(body: &serde_json::Value) -> ModelRequest {
+        parse(Endpoint::Messages, body.to_string().as_bytes()).expect("reads")
+    }
+
+    #[test]
+    fn cache_writes_are_reserved_only_where_the_body_marks_them() {
+        let dear = ModelPrice {
+            cache_write_per_mtok: Some(Nanos(1_250_000_000)),
+            cache_write_1h_per_mtok: Some(Nanos(2_000_000_000)),
+            ..price()
         };
-        assert_eq!(all_written.cost(&dear), Some(q.worst));
+        let body = |cc: serde_json::Value| {
+            serde_json::json!({"model": "m", "max_tokens": 10, "system": [
+                {"type": "text", "text": "you are", "cache_control": cc}],
+                "messages": [{"role": "user", "content": "hi"}]})
+        };
+        let rate = |r: &ModelRequest, p: &ModelPrice| {
+            let q = r.price(p, Nanos(0), false).expect("priced");
+            let input = q.worst.0 - 20_000; // 10 out at $2/M
+            (input, q.input_bound)
+        };
+        let five = messages(&body(serde_json::json!({"type": "ephemeral"})));
+        assert_eq!(five.cache, CacheMark::FiveMinutes);
+        let (cost, bound) = rate(&five, &dear);
+        assert_eq!(Some(Nanos(cost)), per_million(bound, Nanos(1_250_000_000)));
+        let hour = messages(&body(serde_json::json!({"type": "ephemeral", "ttl": "1h"})));
+        assert_eq!(hour.cache, CacheMark::OneHour);
+        let (cost, bound) = rate(&hour, &dear);
+        assert_eq!(Some(Nanos(cost)), per_million(bound, Nanos(2_000_000_000)));
+        let none = messages(&body(serde_json::Value::Null));
+        assert_eq!(none.cache, CacheMark::None);
+        let (cost, bound) = rate(&none, &dear);
+        assert_eq!(Some(Nanos(cost)), per_million(bound, Nanos(1_000_000_000)));
+        // A marker whose write has no price is refused, naming the field.
+        for (r, p) in [
+            (&five, price()),
+            (
+                &hour,
+                ModelPrice {
+                    cache_write_per_mtok: Some(Nanos(1_250_000_000)),
+                    ..price()
+                },
+            ),
+        ] {
+            match r.price(&p, Nanos(0), false) {
+                Err(RequestError::Unpriced { field, .. }) => assert_eq!(field, "cache_control"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(parse(
+            Endpoint::Messages,
+            body(serde_json::json!({"type": "ephemeral", "ttl": "2h"}))
+                .to_string()
+                .as_bytes()
+        )
+        .is_err());
+    }
+
+    /// Claude Code 2.1.332's first turn of `claude -p hello`, as it sent it (paths and
+    /// ids scrubbed): 12 tools, a system prompt with three `cache_control` markers (no
+    /// ttl), `max_tokens: 128000`, streaming.
+    const CLAUDE_CODE: &[u8] = include_bytes!("../testdata/claude-code-2.1.332-messages.json");
+
+    #[test]
+    fn a_claude_code_turn_reserves_its_input_at_the_base_rate_plus_overheads_and_its_output() {
+        // Claude Opus's prices: $5 in, $6.25 written (5 min), $10 (1 h), $25 out.
+        let opus = ModelPrice {
+            cached_input_per_mtok: Nanos(500_000_000),
+            cache_write_per_mtok: Some(Nanos(6_250_000_000)),
+            cache_write_1h_per_mtok: Some(Nanos(10_000_000_000)),
+            max_output_tokens: 128_000,
+            tool_prompt_tokens: 500,
+            ..ModelPrice::new(Nanos(5_000_000_000), Nanos(25_000_000_000))
+        };
+        let turn: Value = serde_json::from_slice(CLAUDE_CODE).expect("json");
+        let r = parse(Endpoint::Messages, CLAUDE_CODE).expect("Claude Code's turn reads");
+        assert_eq!(r.max_tokens, Some(128_000));
+        assert!(r.tools && r.stream);
+        assert_eq!(r.cache, CacheMark::FiveMinutes);
+        // Its markers removed: input at the base rate.
+        let mut plain = turn.clone();
+        strip(&mut plain, "cache_control");
+        let bare = parse(Endpoint::Messages, plain.to_string().as_bytes()).expect("reads");
+        assert_eq!(bare.cache, CacheMark::None);
+        let p = bare.price(&opus, Nanos(u64::MAX), false).expect("priced");
+        assert_eq!(p.max_tokens, 128_000);
+        // The body forwarded, its limit at 20 digits, plus the tool prompt.
+        let body_bound = p.body.len() as u64 - 6 + 20;
+        assert_eq!(p.input_bound, body_bound + 500);
+        let most = per_million(body_bound + 500, Nanos(5_000_000_000))
+            .and_then(|i| i.checked_add(per_million(128_000, Nanos(25_000_000_000))?))
+            .expect("fits");
+        assert_eq!(p.worst, most);
+        assert!(p.worst <= most, "no more than input + overheads + output");
+        // About $3.45: $3.20 of it the output Claude Code asks for, $0.25 the input.
+        assert!(p.worst.0 < 3_500_000_000, "{:?}", p.worst);
+        // The markers present: the whole input at the 5-minute write rate, no dearer.
+        let q = r.price(&opus, Nanos(u64::MAX), false).expect("priced");
+        let marked = per_million(q.input_bound, Nanos(6_250_000_000))
+            .and_then(|i| i.checked_add(per_million(128_000, Nanos(25_000_000_000))?))
+            .expect("fits");
+        assert_eq!(q.worst, marked);
+        // A run with $1 left, clamping: the limit is what the dollar pays.
+        let c = r.price(&opus, Nanos(1_000_000_000), true).expect("priced");
+        assert!(c.clamped && c.max_tokens < 128_000 && c.worst <= Nanos(1_000_000_000));
+        let c = r.price(&opus, Nanos(1_000_000_000), false).expect("priced");
+        assert!(!c.clamped && c.max_tokens == 128_000, "off by default");
+    }
+
+    fn strip(v: &mut Value, key: &str) {
+        match v {
+            Value::Object(o) => {
+                o.remove(key);
+                o.values_mut().for_each(|x| strip(x, key));
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| strip(x, key)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn server_tools_are_priced_per_use_or_refused() {
+        let search = ModelPrice {
+            web_search_per_use: Some(Nanos(10_000_000)),
+            web_search_tokens_per_use: 1000,
+            tool_prompt_tokens: 300,
+            ..price()
+        };
+        let r = messages(&serde_json::json!({"model": "m", "max_tokens": 10,
+            "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
+            "messages": [{"role": "user", "content": "hi"}]}));
+        assert_eq!(r.web_searches, 3);
+        let p = r.price(&search, Nanos(0), false).expect("priced");
+        assert_eq!(p.input_bound, p.body.len() as u64 - 2 + 20 + 300 + 3 * 1000);
+        let want = per_million(p.input_bound, Nanos(1_000_000_000))
+            .and_then(|i| i.checked_add(Nanos(3 * 10_000_000 + 20_000)))
+            .expect("fits");
+        assert_eq!(p.worst, want);
+        match r.price(&price(), Nanos(0), false) {
+            Err(RequestError::Unpriced { field, .. }) => assert_eq!(field, "tools"),
+            other => panic!("{other:?}"),
+        }
+        let refused = |endpoint: Endpoint, body: serde_json::Value| -> String {
+            match parse(endpoint, body.to_string().as_bytes()) {
+                Err(RequestError::Unpriced { field, .. }) => field,
+                other => panic!("{body}: {other:?}"),
+            }
+        };
+        let m = |extra: serde_json::Value| {
+            let mut b = serde_json::json!({"model": "m", "max_tokens": 10, "messages": []});
+            b.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().expect("object").clone());
+            b
+        };
+        use serde_json::json;
+        let e = Endpoint::Messages;
+        assert_eq!(
+            refused(
+                e,
+                m(json!({"tools": [{"type": "web_search_20250305", "name": "s"}]}))
+            ),
+            "tools[0].max_uses"
+        );
+        assert_eq!(
+            refused(
+                e,
+                m(
+                    json!({"tools": [{"name": "a", "input_schema": {}}, {"type": "computer_20250124", "name": "c"}]})
+                )
+            ),
+            "tools[1].type"
+        );
+        assert_eq!(
+            refused(
+                e,
+                m(json!({"tools": [{"type": "code_execution_20250825", "name": "c"}]}))
+            ),
+            "tools[0].type"
+        );
+        assert_eq!(
+            refused(
+                e,
+                m(json!({"mcp_servers": [{"type": "url", "url": "https://x"}]}))
+            ),
+            "mcp_servers"
+        );
+        let e = Endpoint::ChatCompletions;
+        assert_eq!(
+            refused(e, m(json!({"web_search_options": {}}))),
+            "web_search_options"
+        );
+        assert_eq!(
+            refused(
+                e,
+                m(
+                    json!({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "file_search"}]})
+                )
+            ),
+            "tools[1].type"
+        );
+        let r = |extra: serde_json::Value| {
+            let mut b = serde_json::json!({"model": "m", "input": "hi"});
+            b.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().expect("object").clone());
+            b
+        };
+        let e = Endpoint::Responses;
+        assert_eq!(
+            refused(e, r(json!({"tools": [{"type": "web_search"}]}))),
+            "max_tool_calls"
+        );
+        assert_eq!(
+            refused(e, r(json!({"previous_response_id": "resp_1"}))),
+            "previous_response_id"
+        );
+        assert_eq!(refused(e, r(json!({"background": true}))), "background");
+        assert_eq!(
+            refused(e, r(json!({"tools": [{"type": "mcp", "server_url": "x"}]}))),
+            "tools[0].type"
+        );
+        let ok = parse(
+            e,
+            r(json!({"tools": [{"type": "web_search"}], "max_tool_calls": 2}))
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("reads");
+        assert_eq!(ok.web_searches, 2);
+    }
+
+    #[test]
+    fn billing_tiers_are_refused_unless_priced() {
+        let r = |tier: &str| chat(format!(r#"{{"model":"m","service_tier":"{tier}"}}"#).as_bytes());
+        assert!(r("default").price(&price(), Nanos(0), false).is_ok());
+        for tier in ["priority", "flex", "auto", "scale"] {
+            match r(tier).price(&price(), Nanos(0), false) {
+                Err(RequestError::Unpriced { field, .. }) => assert_eq!(field, "service_tier"),
+                other => panic!("{tier}: {other:?}"),
+            }
+        }
+        let listed = ModelPrice {
+            service_tiers: vec!["flex".into()],
+            ..price()
+        };
+        assert!(r("flex").price(&listed, Nanos(0), false).is_ok());
+    }
+
+    #[test]
+    fn responses_and_reasoning_models_get_the_limit_they_accept() {
+        let r = parse(
+            Endpoint::Responses,
+            br#"{"model":"m","input":"hi","stream":true}"#,
+        )
+        .expect("reads");
+        let p = r.price(&price(), Nanos(u64::MAX), false).expect("priced");
+        let text = String::from_utf8(p.body).expect("utf8");
+        assert!(text.contains("\"max_output_tokens\":1000"), "{text}");
+        assert!(!text.contains("max_tokens\""), "{text}");
+        assert!(!text.contains("stream_options"), "{text}");
+        assert!(parse(Endpoint::Responses, br#"{"model":"m","max_tokens":5}"#).is_err());
+        let reasoning = ModelPrice {
+            max_tokens_field: tally_policy::MaxTokensField::MaxCompletionTokens,
+            ..price()
+        };
+        let p = chat(br#"{"model":"o","messages":[]}"#)
+            .price(&reasoning, Nanos(u64::MAX), false)
+            .expect("priced");
+        let text = String::from_utf8(p.body).expect("utf8");
+        assert!(text.contains("\"max_completion_tokens\":1000"), "{text}");
+        assert!(!text.contains("\"max_tokens\""), "{text}");
+        // The request's own field is kept (and capped).
+        let p = chat(br#"{"model":"o","max_tokens":5000,"messages":[]}"#)
+            .price(&reasoning, Nanos(u64::MAX), false)
+            .expect("priced");
+        assert!(String::from_utf8(p.body)
+            .expect("utf8")
+            .contains("\"max_tokens\":1000"));
+    }
+
+    #[test]
+    fn count_tokens_reserves_nothing_and_gets_no_limit() {
+        let r = parse(
+            Endpoint::CountTokens,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"web_search_20250305","name":"s"}]}"#,
+        )
+        .expect("reads");
+        let p = r.price(&price(), Nanos(0), false).expect("priced");
+        assert_eq!(p.worst, Nanos(0));
+        let text = String::from_utf8(p.body).expect("utf8");
+        assert!(!text.contains("max_tokens"), "{text}");
     }
 
     #[test]
     fn a_missing_max_tokens_is_what_the_budget_pays() {
         let body = br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-        let r = parse(UpstreamKind::Openai, body).expect("reads");
+        let r = chat(body);
         let remaining = Nanos(1_000_000); // $0.001
-        let p = r.price(UpstreamKind::Openai, &price(), remaining);
+        let p = r.price(&price(), remaining, false).expect("priced");
         assert!(p.injected);
         assert!(p.worst <= remaining, "{p:?}");
         assert!(p.max_tokens > 1 && p.max_tokens < 1000, "{p:?}");
@@ -411,7 +1176,7 @@ mod tests {
             "{text}"
         );
         // Capped at the model's limit when the budget is large.
-        let p = r.price(UpstreamKind::Openai, &price(), Nanos(u64::MAX));
+        let p = r.price(&price(), Nanos(u64::MAX), false).expect("priced");
         assert_eq!(p.max_tokens, 1000);
     }
 }

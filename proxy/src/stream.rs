@@ -35,6 +35,7 @@ pub(crate) struct Settle {
     pub caller: Caller,
     pub effect: Effect,
     pub kind: UpstreamKind,
+    pub endpoint: crate::request::Endpoint,
     pub price: Option<ModelPrice>,
     pub route_price: Option<Nanos>,
     pub cost_header: Option<String>,
@@ -195,7 +196,7 @@ impl Pump {
         let mut hasher = blake3::Hasher::new();
         let mut kept: Vec<u8> = Vec::new();
         let mut overflow = false;
-        let mut usage = StreamUsage::new(kind);
+        let mut usage = StreamUsage::new(self.settle.endpoint);
         let (feed, fed) =
             futures::channel::mpsc::unbounded::<Result<Bytes, std::convert::Infallible>>();
         let mut events = EventStream::new(fed);
@@ -282,11 +283,13 @@ impl Pump {
                 used = if !status.is_success() || kind == UpstreamKind::Http {
                     None
                 } else if sse {
-                    usage.usage()
+                    usage.reported().within(self.settle.price.as_ref()).usage()
                 } else if overflow {
                     None
                 } else {
-                    crate::usage::from_body(kind, &kept)
+                    crate::usage::from_body(self.settle.endpoint, &kept)
+                        .within(self.settle.price.as_ref())
+                        .usage()
                 };
                 let billed = if !status.is_success() {
                     Billed::Missing

@@ -2,7 +2,7 @@ use super::*;
 
 /// Anthropic's cache writes at their own prices: $3 per million input, $3.75 written to
 /// the 5-minute cache, $6 to the 1-hour cache, $15 output; and a model whose cache
-/// writes have no price.
+/// writes have no price (with an alias that reports none).
 fn cache_policy(upstream: &FakeUpstream) -> String {
     let mut text = policy(upstream, 1000);
     text.push_str(
@@ -15,6 +15,7 @@ output_per_mtok = "15"
 max_output_tokens = 100
 
 [prices.anthropic."fake-usage-10-5-1000-0"]
+aliases = ["fake-usage-10-5-0-0"]
 input_per_mtok = "3"
 output_per_mtok = "15"
 max_output_tokens = 100
@@ -23,16 +24,23 @@ max_output_tokens = 100
     text
 }
 
-/// A message long enough (over 2,000 bytes) that the usage reported fits its worst case.
-fn message(model: &str, stream: bool) -> Vec<u8> {
-    json!({"model": model, "max_tokens": 5, "stream": stream,
-           "messages": [{"role": "user", "content": "cached context ".repeat(150)}]})
-    .to_string()
-    .into_bytes()
+/// A message long enough (over 2,000 bytes) that the usage reported fits its worst case;
+/// its system prompt marked for the 1-hour cache when `cached`.
+fn message(model: &str, stream: bool, cached: bool) -> Vec<u8> {
+    let mut m = json!({"model": model, "max_tokens": 5, "stream": stream,
+           "messages": [{"role": "user", "content": "cached context ".repeat(150)}]});
+    if cached {
+        m["system"] = json!([{"type": "text", "text": "you are",
+                              "cache_control": {"type": "ephemeral", "ttl": "1h"}}]);
+    }
+    m.to_string().into_bytes()
 }
 
+// The cache writes this test's upstream reports are made possible by the body's
+// `cache_control` markers: a marked request reserves its input at the 1-hour write
+// rate, an unmarked one at the input rate, and a marker with no write price is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cache_writes_settle_at_their_own_price_and_unpriced_ones_at_the_reservation() {
+async fn cache_writes_settle_at_their_own_price_and_unpriced_markers_are_refused() {
     let upstream = FakeUpstream::start(FakeOptions::default());
     let dir = tempfile::tempdir().expect("dir");
     let mut served = Served::new(dir.path(), &cache_policy(&upstream));
@@ -46,7 +54,7 @@ async fn cache_writes_settle_at_their_own_price_and_unpriced_ones_at_the_reserva
             served.proxy,
             "/anthropic/v1/messages",
             &h,
-            message("fake-usage-10-5-1000-400", stream),
+            message("fake-usage-10-5-1000-400", stream, true),
         )
         .await;
         assert_eq!(a.status, 200, "{}", a.text());
@@ -66,18 +74,37 @@ async fn cache_writes_settle_at_their_own_price_and_unpriced_ones_at_the_reserva
         ..Price::default()
     };
     assert_bill(&upstream, &[("fake-usage-10-5-1000-400", price)], 2 * one);
-    // Cache writes with no price: not guessed; the call settles at what was reserved.
+    // A cache marker on a model whose cache writes have no price: refused, named,
+    // recorded, and nothing forwarded.
+    let seen = upstream.seen().len();
     let a = call(
         served.proxy,
         "/anthropic/v1/messages",
         &h,
-        message("fake-usage-10-5-1000-0", false),
+        message("fake-usage-10-5-1000-0", false, true),
+    )
+    .await;
+    assert_eq!(a.status, 403, "{}", a.text());
+    let v = a.json();
+    assert_eq!(v["tally"]["reason"], "scope_violation", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`cache_control`") && m.contains("cache_write_1h_per_mtok")),
+        "{v}"
+    );
+    assert_eq!(upstream.seen().len(), seen, "never forwarded");
+    // Unmarked, the same model is reserved at the input rate.
+    let a = call(
+        served.proxy,
+        "/anthropic/v1/messages",
+        &h,
+        message("fake-usage-10-5-0-0", false, false),
     )
     .await;
     assert_eq!(a.status, 200, "{}", a.text());
     let st = served.settled("c").await;
     assert_eq!(st["held_nanos"], 0, "{st}");
-    let third = st["settled_nanos"].as_u64().expect("settled") - 2 * one;
     served.verifies();
     let decisions = served.decisions("c");
     let reserved: Vec<u64> = decisions
@@ -90,14 +117,20 @@ async fn cache_writes_settle_at_their_own_price_and_unpriced_ones_at_the_reserva
         .filter(|d| d["decision"]["kind"] == "outcome")
         .map(|d| d["decision"]["settled_nanos"].as_u64().expect("settled"))
         .collect();
-    assert_eq!(settled, [one, one, third], "{decisions:?}");
-    assert_eq!(reserved.len(), 3);
     assert_eq!(
-        third, reserved[2],
-        "unpriced cache writes settle at the reservation"
+        settled,
+        [one, one, 10 * 3_000 + 5 * 15_000],
+        "{decisions:?}"
     );
-    // The plain input price would have settled 1,010 input tokens at $3: below the bill.
-    assert!(third > 1_010 * 3_000 + 5 * 15_000);
-    // The reservation bounds a prompt written to the 1-hour cache whole.
-    assert!(reserved[0] >= (message("x", false).len() as u64) * 6_000);
+    assert_eq!(reserved.len(), 3);
+    // The marked reservations bound a prompt written to the 1-hour cache whole; the
+    // unmarked one is its bytes at the input price and its output.
+    let marked = message("x", false, true).len() as u64;
+    assert!(reserved[0] >= marked * 6_000);
+    let plain = message("fake-usage-10-5-0-0", false, false).len() as u64;
+    assert!(
+        reserved[2] < (plain + 40) * 3_000 + 5 * 15_000,
+        "{reserved:?}"
+    );
+    assert!(reserved[2] >= plain * 3_000 + 5 * 15_000, "{reserved:?}");
 }

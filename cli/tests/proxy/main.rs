@@ -345,6 +345,7 @@ fn bearer(token: &str) -> String {
 mod bills;
 mod bodies;
 mod cache;
+mod endpoints;
 mod keys;
 mod peers;
 mod race;

@@ -66,7 +66,17 @@ fn prices_are_read_exactly_from_their_text() {
     let m = p.prices.model("openai", "claude-ish").expect("priced");
     assert_eq!(m.cache_write_per_mtok, Some(Nanos(3_750_000_000)));
     assert_eq!(m.cache_write_1h_per_mtok, Some(Nanos(6_000_000_000)));
-    assert_eq!(m.input_worst_per_mtok(), Nanos(6_000_000_000));
+    // The input's worst case follows the body's cache markers: the input price
+    // without any, a cache-write price only where one is marked.
+    use tally_policy::CacheMark;
+    assert_eq!(m.input_rate(CacheMark::None), Some(Nanos(3_000_000_000)));
+    assert_eq!(
+        m.input_rate(CacheMark::FiveMinutes),
+        Some(Nanos(3_750_000_000))
+    );
+    assert_eq!(m.input_rate(CacheMark::OneHour), Some(Nanos(6_000_000_000)));
+    let m = p.prices.model("openai", "gpt-4.1").expect("priced");
+    assert_eq!(m.input_rate(CacheMark::FiveMinutes), None, "no write price");
     assert_eq!(
         p.prices
             .route("search", "POST /v1/search")
@@ -127,6 +137,46 @@ fn bad_upstreams_and_prices_are_refused_with_key_and_line() {
             0,
         ),
         (
+            "[prices.openai.m]\ninput_per_mtok = 1\ncached_input_per_mtok = 2\noutput_per_mtok = 1\n",
+            "prices.openai.m.cached_input_per_mtok",
+            8,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\ncontext_tokens = 0\n",
+            "prices.openai.m.context_tokens",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\ntool_prompt_tokens = -1\n",
+            "prices.openai.m.tool_prompt_tokens",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\nmax_tokens_field = \"max_output_tokens\"\n",
+            "prices.openai.m.max_tokens_field",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\naliases = \"m2\"\n",
+            "prices.openai.m.aliases",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\nweb_search_per_use = \"x\"\n",
+            "prices.openai.m.web_search_per_use",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\naliases = [\"n\"]\n[prices.openai.n]\ninput_per_mtok = 1\noutput_per_mtok = 1\n",
+            "prices.openai.n.aliases",
+            0,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\naliases = [\"x\"]\n[prices.openai.n]\ninput_per_mtok = 1\noutput_per_mtok = 1\naliases = [\"x\"]\n",
+            "prices.openai.n.aliases",
+            0,
+        ),
+        (
             "[prices.openai.routes.\"POST /x\"]\nper_call = 1\n",
             "prices.openai.routes",
             0,
@@ -153,6 +203,9 @@ fn bad_upstreams_and_prices_are_refused_with_key_and_line() {
         ("[upstreams.a]\nurl = \"https://x\"\nkind = \"openai\"\ncredential = \"c\"\nmethods = [\"post\"]\n", "upstreams.a.methods"),
         ("[upstreams.a]\nurl = \"https://x\"\nkind = \"openai\"\ncredential = \"c\"\nmax_request_bytes = 0\n", "upstreams.a.max_request_bytes"),
         ("[upstreams.a]\nurl = \"https://x\"\nkind = \"openai\"\ncredential = \"c\"\ncost_header = \"x-cost\"\n", "upstreams.a.cost_header"),
+        ("[upstreams.a]\nurl = \"https://x\"\nkind = \"openai\"\ncredential = \"c\"\nanthropic_beta = [\"b\"]\n", "upstreams.a.anthropic_beta"),
+        ("[upstreams.a]\nurl = \"https://x\"\nkind = \"anthropic\"\ncredential = \"c\"\nanthropic_beta = [\"a,b\"]\n", "upstreams.a.anthropic_beta"),
+        ("[upstreams.a]\nurl = \"https://x\"\nkind = \"http\"\ncredential = \"c\"\nclamp_max_tokens = true\n", "upstreams.a.clamp_max_tokens"),
         ("[upstreams.\"a/b\"]\nurl = \"https://x\"\nkind = \"openai\"\ncredential = \"c\"\n", "upstreams.a/b"),
     ] {
         match refused(text) {
@@ -171,4 +224,118 @@ fn bad_upstreams_and_prices_are_refused_with_key_and_line() {
             other => panic!("{text}: {other:?}"),
         }
     }
+}
+
+const MODELS: &str = r#"
+[upstreams.anthropic]
+url = "https://api.anthropic.com"
+kind = "anthropic"
+credential = "anthropic"
+paths = ["/v1/messages"]
+clamp_max_tokens = true
+anthropic_beta = ["context-management-2025-06-27"]
+
+[prices.anthropic."claude-haiku-4-5"]
+input_per_mtok = 1
+output_per_mtok = 5
+aliases = ["claude-haiku-4-5-20251001", "haiku"]
+tool_prompt_tokens = 346
+web_search_per_use = "0.01"
+web_search_tokens_per_use = 4000
+context_tokens = 200000
+service_tiers = ["priority"]
+
+[prices.anthropic."claude-sonnet-4-5"]
+input_per_mtok = 3
+output_per_mtok = 15
+
+[prices.anthropic."claude-sonnet-4-5-20250101"]
+input_per_mtok = 4
+output_per_mtok = 16
+
+[upstreams.openai]
+url = "https://api.openai.com"
+kind = "openai"
+credential = "openai"
+paths = ["/v1/responses"]
+
+[prices.openai."o4-mini"]
+input_per_mtok = "1.10"
+output_per_mtok = "4.40"
+max_tokens_field = "max_completion_tokens"
+"#;
+
+#[test]
+fn prices_name_the_ids_they_cover_and_the_overheads_they_add() {
+    use tally_policy::MaxTokensField;
+    let p = Policy::from_toml(MODELS).expect("parses");
+    let u = &p.upstreams["anthropic"];
+    assert!(u.clamp_max_tokens);
+    assert_eq!(u.anthropic_beta, ["context-management-2025-06-27"]);
+    assert!(!p.upstreams["openai"].clamp_max_tokens, "off by default");
+    let haiku = p
+        .prices
+        .model("anthropic", "claude-haiku-4-5")
+        .expect("priced");
+    assert_eq!(haiku.tool_prompt_tokens, 346);
+    assert_eq!(haiku.web_search_per_use, Some(Nanos(10_000_000)));
+    assert_eq!(haiku.web_search_tokens_per_use, 4000);
+    assert_eq!(haiku.context_tokens, 200_000);
+    assert_eq!(haiku.service_tiers, ["priority"]);
+    for id in [
+        "claude-haiku-4-5-20251001",
+        "haiku",
+        "claude-haiku-4-5-20990101",
+    ] {
+        assert_eq!(p.prices.model("anthropic", id), Some(haiku), "{id}");
+    }
+    let sonnet = p
+        .prices
+        .model("anthropic", "claude-sonnet-4-5")
+        .expect("priced");
+    assert_eq!(sonnet.context_tokens, 2_000_000, "the default");
+    assert_eq!(sonnet.tool_prompt_tokens, 0);
+    assert_eq!(sonnet.max_tokens_field, MaxTokensField::MaxTokens);
+    assert_eq!(
+        p.prices.model("anthropic", "claude-sonnet-4-5-20250929"),
+        Some(sonnet)
+    );
+    // A snapshot priced by its own name is its own price, not the dated rule's.
+    assert_eq!(
+        p.prices
+            .model("anthropic", "claude-sonnet-4-5-20250101")
+            .map(|m| m.input_per_mtok),
+        Some(Nanos(4_000_000_000))
+    );
+    // The rule is a dash and exactly 8 digits, nothing else.
+    for id in [
+        "claude-sonnet-4-5-2025092",
+        "claude-sonnet-4-5-202509290",
+        "claude-sonnet-4-5-2025-09-29",
+        "claude-sonnet-4-5-latest",
+        "claude-sonnet-4-5x20250929",
+        "claude-sonnet-4-5-20250929-20250929",
+        "claude-sonnet-4-5-2025092a",
+    ] {
+        assert_eq!(p.prices.model("anthropic", id), None, "{id}");
+    }
+    assert_eq!(
+        p.prices
+            .model("openai", "o4-mini")
+            .map(|m| m.max_tokens_field),
+        Some(MaxTokensField::MaxCompletionTokens)
+    );
+    let covers = p.prices.coverage();
+    assert!(covers.contains(&(
+        "anthropic".into(),
+        "claude-haiku-4-5".into(),
+        vec![
+            "claude-haiku-4-5".into(),
+            "claude-haiku-4-5-20251001".into(),
+            "haiku".into(),
+            "claude-haiku-4-5-YYYYMMDD".into()
+        ]
+    )));
+    let again = Policy::from_toml(&p.to_toml()).expect("round trip");
+    assert_eq!(again, p);
 }
