@@ -19,7 +19,7 @@ use tally_record::{Effect, Status, UsageRefused};
 
 use crate::proxy::Stage;
 use crate::trace::CallSpan;
-use crate::usage::{Keep, StreamUsage};
+use crate::usage::{Keep, Reported, StreamUsage};
 use crate::Body;
 
 /// The most of a plain (not streamed) answer kept to read its usage: 16 MiB. A longer
@@ -280,17 +280,17 @@ impl Pump {
                     }
                 }
                 drop(client);
-                used = if !status.is_success() || kind == UpstreamKind::Http {
-                    None
+                let reported = if !status.is_success() || kind == UpstreamKind::Http {
+                    Reported::Missing
                 } else if sse {
-                    usage.reported().within(self.settle.price.as_ref()).usage()
+                    usage.reported().within(self.settle.price.as_ref())
                 } else if overflow {
-                    None
+                    Reported::Missing
                 } else {
                     crate::usage::from_body(self.settle.endpoint, &kept)
                         .within(self.settle.price.as_ref())
-                        .usage()
                 };
+                used = reported.clone().usage();
                 let billed = if !status.is_success() {
                     Billed::Missing
                 } else if kind == UpstreamKind::Http {
@@ -299,16 +299,7 @@ impl Pump {
                         None => Billed::Missing,
                     }
                 } else {
-                    match (used, &self.settle.price) {
-                        (Some(u), Some(p)) => match u.cost(p) {
-                            // A usage class with no price: tally does not guess.
-                            Some(Nanos::MAX) => Billed::Refused(UsageRefused::Unpriced),
-                            Some(c) => Billed::Cost(c),
-                            // More than a u64 of nanodollars: no call costs that.
-                            None => Billed::Refused(UsageRefused::Implausible),
-                        },
-                        _ => Billed::Missing,
-                    }
+                    billed(&reported, self.settle.price.as_ref())
                 };
                 classify(status, billed, self.settle.reserved, retry_after_ms, digest)
             }
@@ -359,6 +350,21 @@ fn timeout_status(status: Status, effect: Effect) -> Status {
         Status::Unknown
     } else {
         status
+    }
+}
+
+/// What a model call's reported usage comes to at its price: the cost, nothing to
+/// settle from, or a report tally does not believe (`implausible`: it cannot be true,
+/// or costs more than a `u64` of nanodollars) or cannot price (`unpriced`).
+fn billed(reported: &Reported, price: Option<&ModelPrice>) -> Billed {
+    match (reported, price) {
+        (Reported::Implausible(_), _) => Billed::Refused(UsageRefused::Implausible),
+        (Reported::Usage(u), Some(p)) if u.unpriced(p) => Billed::Refused(UsageRefused::Unpriced),
+        (Reported::Usage(u), Some(p)) => match u.cost(p) {
+            Some(c) => Billed::Cost(c),
+            None => Billed::Refused(UsageRefused::Implausible),
+        },
+        _ => Billed::Missing,
     }
 }
 
@@ -429,5 +435,72 @@ async fn outcome(shared: &Shared, s: &Settle, e: Ended) {
             "tally serve: proxy: the outcome of run {} attempt {} could not be recorded (its reservation stays held): {e}",
             s.run, s.attempt
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::usage::Usage;
+
+    fn price() -> ModelPrice {
+        ModelPrice {
+            max_output_tokens: 100,
+            context_tokens: 1000,
+            ..ModelPrice::new(Nanos(1_000_000_000), Nanos(2_000_000_000))
+        }
+    }
+
+    fn settle(reported: Reported, reserved: u64) -> Ended {
+        let b = billed(&reported.within(Some(&price())), Some(&price()));
+        classify(StatusCode::OK, b, Nanos(reserved), None, None)
+    }
+
+    /// The bill settles whole, above the reservation too; usage that cannot be true or
+    /// cannot be priced is an error at the reservation, with why; no usage is held.
+    #[test]
+    fn the_bill_settles_whole_and_only_what_cannot_be_true_is_refused() {
+        let u = |input, output| Usage {
+            input,
+            output,
+            ..Usage::default()
+        };
+        // 100 in at $1/M, 50 out at $2/M: 200,000 nanodollars, past a 1,000 reservation.
+        let e = settle(Reported::Usage(u(100, 50)), 1_000);
+        assert_eq!(
+            (e.status, e.nanos, e.usage_refused),
+            (Status::Ok, Some(200_000), None)
+        );
+        // Past the model's context plus its output limit: cannot be true.
+        let e = settle(Reported::Usage(u(1000, 101)), 1_000);
+        assert_eq!(
+            (e.status, e.nanos, e.usage_refused),
+            (Status::Error, Some(1_000), Some(UsageRefused::Implausible))
+        );
+        let e = settle(Reported::Implausible("negative".into()), 7);
+        assert_eq!(
+            (e.status, e.nanos, e.usage_refused),
+            (Status::Error, Some(7), Some(UsageRefused::Implausible))
+        );
+        // Cache writes with no price: not guessed.
+        let written = Usage {
+            written: 10,
+            ..u(1, 1)
+        };
+        let e = settle(Reported::Usage(written), 9);
+        assert_eq!(
+            (e.status, e.nanos, e.usage_refused),
+            (Status::Error, Some(9), Some(UsageRefused::Unpriced))
+        );
+        // No usage: held (unknown, nothing settled).
+        let e = settle(Reported::Missing, 9);
+        assert_eq!(
+            (e.status, e.nanos, e.usage_refused),
+            (Status::Unknown, None, None)
+        );
+        // Not a success: nothing charged, whatever it reports.
+        let b = billed(&Reported::Usage(u(100, 50)), Some(&price()));
+        let e = classify(StatusCode::INTERNAL_SERVER_ERROR, b, Nanos(9), None, None);
+        assert_eq!((e.status, e.nanos), (Status::Error, Some(0)));
     }
 }

@@ -71,6 +71,14 @@ impl Usage {
             .checked_add(searches)
     }
 
+    /// Whether it reports a class of usage `price` has no price for (cache writes, web
+    /// searches): tally does not guess what that costs.
+    pub fn unpriced(&self, price: &ModelPrice) -> bool {
+        (self.written > 0 && price.cache_write_per_mtok.is_none())
+            || (self.written_1h > 0 && price.cache_write_1h_per_mtok.is_none())
+            || (self.web_searches > 0 && price.web_search_per_use.is_none())
+    }
+
     /// Every token it counts.
     pub fn tokens(&self) -> u64 {
         self.input
