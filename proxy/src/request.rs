@@ -93,11 +93,15 @@ impl Endpoint {
     /// endpoints (the Anthropic SDK's beta client, Claude Code's, sends it). An `http`
     /// route's query is its own.
     pub fn query_allowed(self, query: Option<&str>) -> bool {
-        match (self, query) {
-            (_, None) | (Endpoint::Route, _) => true,
-            (Endpoint::Messages | Endpoint::CountTokens, Some("beta=true")) => true,
-            _ => false,
-        }
+        matches!(
+            (self, query),
+            (_, None)
+                | (Endpoint::Route, _)
+                | (
+                    Endpoint::Messages | Endpoint::CountTokens,
+                    Some("beta=true")
+                )
+        )
     }
 
     /// The API kind it belongs to.
