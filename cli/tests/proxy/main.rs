@@ -323,6 +323,7 @@ fn bearer(token: &str) -> String {
 mod bodies;
 mod cache;
 mod keys;
+mod observed;
 mod peers;
 mod race;
 mod streams;
