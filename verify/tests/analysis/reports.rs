@@ -55,6 +55,7 @@ fn json_reports_have_the_documented_fields() {
         "span_ms",
         "reserved_nanos",
         "settled_nanos",
+        "model_spend_nanos",
         "failures",
         "ignored_retry_after",
         "poll",
