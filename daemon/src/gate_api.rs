@@ -222,7 +222,6 @@ async fn check(
     Extension(role): Extension<Role>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let started = std::time::Instant::now();
     let (parts, b) = request.into_parts();
     let mut req: CheckRequest = body(&app, &parts.headers, b).await?;
     // The agent's trace, when it sent a valid `traceparent`, else the check's own span's
@@ -241,7 +240,6 @@ async fn check(
         (None, Some(s)) => s.exported_trace_id(),
         (None, None) => None,
     };
-    let seen = crate::observe::Seen::of(&req);
     let end = |answer: Option<&tally_gate::CheckAnswer>| {
         if let Some(s) = span {
             match answer {
@@ -260,14 +258,13 @@ async fn check(
     })
     .await
     {
+        // Observed by the gate's seam (observe/gated.rs), as every decision is.
         Ok(answer) => {
-            app.observer.checked(&seen, &answer, started.elapsed());
             end(Some(&answer));
             Ok(json(StatusCode::OK, &answer))
         }
         // The run is over: a decision-shaped answer, so a client needs one code path.
         Err(GateError::Stopped(answer)) => {
-            app.observer.checked(&seen, &answer, started.elapsed());
             end(Some(&answer));
             Ok(json(StatusCode::OK, &answer))
         }
@@ -308,35 +305,11 @@ async fn outcome(
     request: Request,
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
-    let observer = Arc::clone(&app.observer);
     posted(
         &app,
         request,
         StatusCode::OK,
-        move |req: OutcomeRequest, done| {
-            // The gate refuses an outcome whose amount is bad input; a recorded one has
-            // its settlement in nanodollars.
-            let nanos = tally_ledger::decision::one_amount(
-                "settled_cents",
-                req.settled_cents,
-                "settled_nanos",
-                req.settled_nanos,
-            )
-            .ok()
-            .flatten()
-            .map(|n| n.0);
-            let (run, status) = (req.run.clone(), req.status);
-            gate.outcome(
-                caller(peer, role),
-                req,
-                Box::new(move |r: Result<tally_gate::Logged, GateError>| {
-                    if let Ok(l) = &r {
-                        observer.outcome(&run, status, nanos, l.seq);
-                    }
-                    done(r)
-                }),
-            )
-        },
+        move |req: OutcomeRequest, done| gate.outcome(caller(peer, role), req, done),
     )
     .await
 }
@@ -437,20 +410,8 @@ async fn approve(
     request: Request,
 ) -> Result<Response, ApiError> {
     let gate = Arc::clone(&app.gate);
-    let observer = Arc::clone(&app.observer);
     posted(&app, request, StatusCode::OK, move |a: Approval, done| {
-        let run = a.run.clone();
-        gate.approve(
-            caller(peer, Role::Operator),
-            a,
-            Box::new(move |r| {
-                if r.is_ok() {
-                    observer.live.approved(&run);
-                    observer.bump();
-                }
-                done(r)
-            }),
-        )
+        gate.approve(caller(peer, Role::Operator), a, done)
     })
     .await
 }

@@ -400,7 +400,7 @@ async fn serve_inner(
     // their own (observe/journal.rs): nothing waits for them.
     let live = observe::live::Live::open(ledger.dir());
     let observer = Arc::new(observe::Observer::new(
-        gate.policy().policy.named_tools(),
+        &gate.policy().policy,
         options.log_format,
         tracer,
         options.max_live_streams,
@@ -426,6 +426,9 @@ async fn serve_inner(
         )),
         None => None,
     };
+    // Every decision, the handlers' and the proxy's alike, is observed where it is made.
+    let gate: Arc<dyn tally_gate::Gatekeeper> =
+        Arc::new(observe::gated::Observed::new(gate, Arc::clone(&observer)));
     let app = Arc::new(
         api::App::new(
             ledger,

@@ -25,6 +25,10 @@ pub struct Refusal {
     pub message: String,
     /// For `retry`: back off this long, ms.
     pub retry_after_ms: Option<u64>,
+    /// What a refusal asking a human (`approval_required`) was caused by
+    /// (`reservation_insufficient`, `side_effect_limit_exceeded`, ...), answered in the
+    /// body's `tally` field.
+    pub cause: Option<Reason>,
     /// The run and the seq of the recorded refusal, answered as `x-tally-run` and
     /// `x-tally-seq` (none for a refusal nothing records: a bad token, a gate down).
     pub recorded: Option<(String, u64)>,
@@ -49,6 +53,7 @@ impl Refusal {
             } else {
                 None
             },
+            cause: None,
             recorded: None,
         }
     }
@@ -61,6 +66,7 @@ impl Refusal {
             action: Action::Stop,
             message: message.into(),
             retry_after_ms: None,
+            cause: None,
             recorded: None,
         }
     }
@@ -87,6 +93,7 @@ impl Refusal {
     /// The answer in `kind`'s dialect.
     pub fn response(&self, kind: UpstreamKind) -> Response<Body> {
         let action = self.action.as_str();
+        let cause = self.cause.map(|c| c.as_str());
         let message = format!("tally: {} ({}, action {action})", self.message, self.code);
         let body = match kind {
             UpstreamKind::Anthropic => {
@@ -100,11 +107,11 @@ impl Refusal {
                     _ => "invalid_request_error",
                 };
                 json!({"type": "error", "error": {"type": kind, "message": message},
-                       "tally": {"reason": self.code, "action": action}})
+                       "tally": {"reason": self.code, "action": action, "cause": cause}})
             }
             UpstreamKind::Openai | UpstreamKind::Http => json!({"error": {
                 "message": message, "type": "tally_refused", "code": self.code,
-                "param": null, "action": action}}),
+                "param": null, "action": action, "cause": cause}}),
         };
         let mut r = Response::builder()
             .status(self.status)

@@ -306,7 +306,7 @@ impl Proxy {
                 answer.seq,
             );
         }
-        let attempt = match allowed(&answer) {
+        let attempt = match allowed(&answer, plan.worst) {
             Ok(a) => a,
             Err(mut r) => {
                 r.recorded = answer.seq.map(|seq| (caught.run.clone(), seq));
@@ -475,15 +475,16 @@ fn verdict(v: Verdict) -> &'static str {
     }
 }
 
-/// The attempt of an allow, or the refusal in words.
-fn allowed(a: &CheckAnswer) -> Result<u64, Refusal> {
+/// The attempt of an allow, or the refusal in words: a refusal for money says what the
+/// call needed (`needed`, its worst case) and what the run and its owner have left.
+fn allowed(a: &CheckAnswer, needed: Nanos) -> Result<u64, Refusal> {
     if a.decision == Verdict::Allow {
         if let Some(attempt) = a.attempt {
             return Ok(attempt);
         }
     }
     let reason = a.reason.unwrap_or(Reason::GateUnavailable);
-    let words = match a.cause {
+    let mut words = match a.cause {
         Some(cause) => format!(
             "the gate refused the call: {} ({})",
             reason.as_str(),
@@ -491,7 +492,30 @@ fn allowed(a: &CheckAnswer) -> Result<u64, Refusal> {
         ),
         None => format!("the gate refused the call: {}", reason.as_str()),
     };
-    Err(Refusal::reason(reason, a.retry_after_ms, words))
+    let money = [
+        Reason::ReservationInsufficient,
+        Reason::BudgetExceeded,
+        Reason::PrincipalBudgetExceeded,
+    ];
+    if money.contains(&reason) || a.cause.is_some_and(|c| money.contains(&c)) {
+        // The gate's own counts as it decided: settled plus held of each limit.
+        let left = |dimension: &str, whose: &str| {
+            a.limits.get(dimension).map(|l| {
+                format!(
+                    "{whose} has {} left of {}",
+                    Nanos(l.limit.saturating_sub(l.used)),
+                    Nanos(l.limit)
+                )
+            })
+        };
+        let mut parts = vec![format!("the call may cost up to {needed}")];
+        parts.extend(left("spend_nanos", "the run"));
+        parts.extend(left(tally_policy::PRINCIPAL_SPEND, "its owner's budget"));
+        words = format!("{words}: {}", parts.join("; "));
+    }
+    let mut r = Refusal::reason(reason, a.retry_after_ms, words);
+    r.cause = a.cause;
+    Err(r)
 }
 
 /// The headers sent upstream: the agent's that its dialect needs ([`passed`]), the

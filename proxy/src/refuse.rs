@@ -89,6 +89,7 @@ impl Proxy {
             Ok(a) if a.decision != Verdict::Allow => {
                 let mut r = Refusal::reason(a.reason.unwrap_or(pre.reason), None, pre.message);
                 r.status = pre.status;
+                r.cause = a.cause;
                 r.recorded = a.seq.map(|seq| (caught.run.clone(), seq));
                 r
             }

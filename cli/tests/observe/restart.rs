@@ -100,7 +100,8 @@ fn spark(run: &Value, dim: &str) -> Vec<u64> {
 }
 
 /// Checks, then SIGKILL, then a new start: the page's JSON and its event stream have
-/// every trajectory point from before (attempts and spend), the next check adds to them;
+/// every trajectory point from before (attempts and spend; a point per check and one per
+/// outcome, which settles the call's spend), the next call adds to them;
 /// a torn last line (a write cut by the kill) is skipped and said in the log; a clean
 /// stop writes the last point before it exits.
 #[test]
@@ -119,13 +120,13 @@ fn trajectories_survive_kill_9_and_restart() {
     }
     let before = runs_of(&live(&served));
     let r_attempts = spark(&before["r"], "attempts");
-    assert_eq!(r_attempts.len(), 12, "{}", before["r"]);
-    assert_eq!(spark(&before["s"], "attempts").len(), 5);
+    assert_eq!(r_attempts.len(), 24, "{}", before["r"]);
+    assert_eq!(spark(&before["s"], "attempts").len(), 10);
 
-    wait_for_points(dir, 17);
+    wait_for_points(dir, 34);
     served.kill_9();
     served.restart();
-    let after = runs_of(&live_with(&served, "r", 12));
+    let after = runs_of(&live_with(&served, "r", 24));
     for run in ["r", "s"] {
         for dim in ["attempts", "spend_nanos"] {
             assert_eq!(
@@ -138,15 +139,15 @@ fn trajectories_survive_kill_9_and_restart() {
     }
     let event = runs_of(&first_event(&served));
     assert_eq!(spark(&event["r"], "attempts"), r_attempts);
-    // The next check adds a point to the same trajectory.
+    // The next call (a check and its outcome) adds two points to the same trajectory.
     served.call("r", "search", json!({"i": "after"}));
     let now = runs_of(&live(&served));
     let grown = spark(&now["r"], "attempts");
-    assert_eq!(grown.len(), 13, "{}", now["r"]);
-    assert_eq!(grown[..12], r_attempts[..]);
+    assert_eq!(grown.len(), 26, "{}", now["r"]);
+    assert_eq!(grown[..24], r_attempts[..]);
 
     // A write cut by a kill: a torn last line.
-    wait_for_points(dir, 18);
+    wait_for_points(dir, 36);
     served.kill_9();
     let mut f = std::fs::OpenOptions::new()
         .append(true)
@@ -155,7 +156,7 @@ fn trajectories_survive_kill_9_and_restart() {
     f.write_all(b"{\"run\":\"r\",\"at_ms\":17").expect("torn");
     drop(f);
     served.restart();
-    let again = runs_of(&live_with(&served, "r", 13));
+    let again = runs_of(&live_with(&served, "r", 26));
     assert_eq!(spark(&again["r"], "attempts"), grown);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !served.log().contains("did not parse and were skipped") {
@@ -165,11 +166,11 @@ fn trajectories_survive_kill_9_and_restart() {
 
     // A clean stop right after checks: the file has their points too (the writer, which
     // writes at most every 50 ms, is flushed and joined), with no wait.
-    wait_for_points(dir, 18);
+    wait_for_points(dir, 36);
     for i in 0..8 {
         served.check("s", "search", json!({"last": i}));
     }
     served.stop();
     let (got, text) = points_in(dir);
-    assert_eq!(got, 26, "{text}");
+    assert_eq!(got, 44, "{text}");
 }

@@ -347,6 +347,7 @@ mod bodies;
 mod cache;
 mod endpoints;
 mod keys;
+mod observed;
 mod peers;
 mod race;
 mod streams;

@@ -66,6 +66,39 @@ pub(crate) struct RunView {
     pub depth: Option<Limit>,
 }
 
+impl RunView {
+    /// Ends each trajectory at `limits`, where the run stands now (what the page's bar is
+    /// drawn from), so that a row's numbers are its bar's: a dimension the run has that
+    /// no check has shown yet gets a trajectory of that one point.
+    pub fn now(&mut self, limits: &BTreeMap<String, Limit>) {
+        for dim in TRACKED {
+            if dim == "depth" {
+                // Depth belongs to a call, not to the run: its last check's.
+                continue;
+            }
+            let Some(l) = limits.get(dim) else { continue };
+            let spark = self.spark.entry(dim).or_default();
+            if spark.used.last() != Some(&l.used) || spark.limit != l.limit {
+                if spark.used.len() == POINTS {
+                    spark.used.remove(0);
+                }
+                spark.used.push(l.used);
+                spark.limit = l.limit;
+            }
+            spark.shown = shown(dim, l.used, l.limit);
+        }
+    }
+}
+
+/// A point as people read it: `used/limit`, spend in dollars (`$0.15/$10.00`).
+fn shown(dim: &str, used: u64, limit: u64) -> String {
+    if dim == "spend_nanos" {
+        format!("{}/{}", Nanos(used), Nanos(limit))
+    } else {
+        format!("{used}/{limit}")
+    }
+}
+
 /// One sparkline.
 #[derive(Clone, Debug, Default, Serialize)]
 pub(crate) struct Spark {
@@ -114,6 +147,25 @@ impl Inner {
             }
         }
         r
+    }
+
+    /// The tracked dimensions of `limits` as `run`'s point at `at_ms`, journaled.
+    fn point(&mut self, run: &str, limits: &BTreeMap<String, Limit>, at_ms: u64) -> &mut RunLive {
+        let points: Vec<(u8, u64, u64)> = TRACKED
+            .iter()
+            .enumerate()
+            .filter_map(|(i, dim)| limits.get(*dim).map(|l| (i as u8, l.used, l.limit)))
+            .collect();
+        if !points.is_empty() {
+            if let Some(journal) = self.journal.as_mut() {
+                journal.append(&Line {
+                    run: run.to_owned(),
+                    at_ms,
+                    points: points.clone(),
+                });
+            }
+        }
+        self.push(run, at_ms, &points)
     }
 
     /// Every point held, one line each, runs least recently seen first.
@@ -286,21 +338,7 @@ impl Live {
         now_ms: u64,
     ) {
         let mut inner = self.lock();
-        let points: Vec<(u8, u64, u64)> = TRACKED
-            .iter()
-            .enumerate()
-            .filter_map(|(i, dim)| limits.get(*dim).map(|l| (i as u8, l.used, l.limit)))
-            .collect();
-        if !points.is_empty() {
-            if let Some(journal) = inner.journal.as_mut() {
-                journal.append(&Line {
-                    run: run.to_owned(),
-                    at_ms: now_ms,
-                    points: points.clone(),
-                });
-            }
-        }
-        let r = inner.push(run, now_ms, &points);
+        let r = inner.point(run, limits, now_ms);
         if let Some(d) = limits.get("depth") {
             r.depth = Some(*d);
         }
@@ -344,6 +382,16 @@ impl Live {
         }
     }
 
+    /// An outcome was recorded for `run`: `limits` are the run's after it (its spend
+    /// settled), so the trajectory shows the settlement without waiting for a next check.
+    pub fn settled(&self, run: &str, limits: &BTreeMap<String, Limit>, now_ms: u64) {
+        let mut inner = self.lock();
+        inner.point(run, limits, now_ms);
+        if inner.journal.as_ref().is_some_and(Journal::due) {
+            inner.compact();
+        }
+    }
+
     /// An approval was recorded for `run`: its waiting calls are no longer pending.
     pub fn approved(&self, run: &str) {
         self.lock().pending.retain(|p| p.run != run);
@@ -363,11 +411,7 @@ impl Live {
                         .map(|(i, d)| {
                             let p = &r.points[i];
                             let (used, limit) = p.back().map_or((0, 0), |x| (x.1, x.2));
-                            let shown = if *d == "spend_nanos" {
-                                format!("{}/{}", Nanos(used), Nanos(limit))
-                            } else {
-                                format!("{used}/{limit}")
-                            };
+                            let shown = shown(d, used, limit);
                             (
                                 *d,
                                 Spark {

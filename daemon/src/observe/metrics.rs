@@ -2,11 +2,13 @@
 //! exposition format through `prometheus-client`.
 //!
 //! No label value is a string an agent chose: a tool is labelled with its name only when
-//! the policy names it exactly (`Policy::named_tools`), every other tool is `other`;
+//! the policy names it exactly (`Policy::named_tools`, and the upstreams' names: the
+//! proxy's calls are their upstream's), every other tool is `other`; an upstream and a
+//! model only as the policy names and prices them ([`Upstreams`]), else `other`;
 //! decisions, reasons and statuses are closed sets of the gate's own codes; run names are
 //! never labels (an agent could otherwise grow the series without bound).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use prometheus_client::encoding::text::encode;
@@ -39,6 +41,117 @@ pub(crate) struct Metrics {
     entries: Gauge,
     bytes: Gauge,
     round_trips: Counter,
+    upstreams: Upstreams,
+    upstream_checks: Family<Labels, Counter>,
+    upstream_reserved: Family<Labels, Counter>,
+    upstream_settled: Family<Labels, Counter>,
+    /// The labels of each proxied attempt not yet settled, so that its outcome (which
+    /// names no upstream) is counted under its call's upstream and model.
+    open_calls: Mutex<OpenCalls>,
+}
+
+/// A proxied call's labels: its upstream and model as the policy names them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Call {
+    pub upstream: String,
+    pub model: String,
+}
+
+impl Call {
+    fn labels(&self) -> Labels {
+        vec![
+            ("upstream", self.upstream.clone()),
+            ("model", self.model.clone()),
+        ]
+    }
+}
+
+/// The upstreams the policy names, with the model ids it prices for each: the only
+/// values the `upstream` and `model` labels take (besides `other`, and `none` for an
+/// `http` upstream, whose calls have no model).
+pub(crate) struct Upstreams {
+    kinds: BTreeMap<String, tally_policy::UpstreamKind>,
+    prices: tally_policy::Prices,
+}
+
+impl Upstreams {
+    pub fn of(policy: &tally_policy::Policy) -> Upstreams {
+        Upstreams {
+            kinds: policy
+                .upstreams
+                .iter()
+                .map(|(n, u)| (n.clone(), u.kind))
+                .collect(),
+            prices: policy.prices.clone(),
+        }
+    }
+
+    /// The labels of a call to `upstream` that names `model` (as the agent sent it).
+    pub fn call(&self, upstream: &str, model: Option<&str>) -> Call {
+        let Some(kind) = self.kinds.get(upstream) else {
+            return Call {
+                upstream: OTHER.into(),
+                model: OTHER.into(),
+            };
+        };
+        let model = if *kind == tally_policy::UpstreamKind::Http {
+            "none".to_owned()
+        } else {
+            model
+                .and_then(|m| self.priced(upstream, m))
+                .unwrap_or_else(|| OTHER.to_owned())
+        };
+        Call {
+            upstream: upstream.to_owned(),
+            model,
+        }
+    }
+
+    /// The id of the price `model` is charged at on `upstream` (a price's own id, also for
+    /// an id the price covers under another name), or None if it is not priced.
+    fn priced(&self, upstream: &str, model: &str) -> Option<String> {
+        let price = self.prices.model(upstream, model)?;
+        let models = &self.prices.0.get(upstream)?.models;
+        if models.contains_key(model) {
+            return Some(model.to_owned());
+        }
+        // The price entry found is one of the policy's own: its key is the label.
+        models
+            .iter()
+            .find(|(_, p)| std::ptr::eq(*p, price))
+            .map(|(k, _)| k.clone())
+    }
+}
+
+const OTHER: &str = "other";
+
+/// Proxied attempts not yet settled, oldest first past [`MAX_OPEN_CALLS`].
+#[derive(Default)]
+struct OpenCalls {
+    by: HashMap<(String, u64), Call>,
+    order: VecDeque<(String, u64)>,
+}
+
+/// Proxied attempts whose labels are kept until their outcome: beyond this many held at
+/// once the oldest is forgotten (its settlement is then counted under `other`).
+const MAX_OPEN_CALLS: usize = 100_000;
+
+impl OpenCalls {
+    fn insert(&mut self, key: (String, u64), call: Call) {
+        while self.by.len() >= MAX_OPEN_CALLS {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            self.by.remove(&old);
+        }
+        if self.by.insert(key.clone(), call).is_none() {
+            self.order.push_back(key);
+        }
+        // Keys settled meanwhile are dropped from the front as they come up.
+        while self.order.front().is_some_and(|k| !self.by.contains_key(k)) {
+            self.order.pop_front();
+        }
+    }
 }
 
 /// The gate's state at a scrape.
@@ -60,7 +173,9 @@ pub(crate) struct Scraped {
 }
 
 impl Metrics {
-    pub fn new(named_tools: BTreeSet<String>) -> Metrics {
+    pub fn new(policy: &tally_policy::Policy) -> Metrics {
+        let mut named_tools = policy.named_tools();
+        named_tools.extend(policy.upstreams.keys().cloned());
         let mut registry = Registry::with_prefix("tally");
         let checks = Family::<Labels, Counter>::default();
         registry.register(
@@ -71,7 +186,7 @@ impl Metrics {
         let outcomes = Family::<Labels, Counter>::default();
         registry.register(
             "outcomes",
-            "Outcomes reported for allowed calls, by status",
+            "Outcomes recorded for allowed calls (reported, or observed by the proxy), by status",
             outcomes.clone(),
         );
         let reserved = Counter::default();
@@ -83,8 +198,26 @@ impl Metrics {
         let settled = Counter::default();
         registry.register(
             "spend_settled_nanos",
-            "Nanodollars (1e-9 USD) settled by reported outcomes",
+            "Nanodollars (1e-9 USD) settled by recorded outcomes (reported, or observed by the proxy)",
             settled.clone(),
+        );
+        let upstream_checks = Family::<Labels, Counter>::default();
+        registry.register(
+            "upstream_checks",
+            "The proxy's checks, by decision, upstream and model (as the policy names and prices them, else other; none for an http upstream)",
+            upstream_checks.clone(),
+        );
+        let upstream_reserved = Family::<Labels, Counter>::default();
+        registry.register(
+            "upstream_spend_reserved_nanos",
+            "Nanodollars (1e-9 USD) reserved by the proxy's allowed calls, by upstream and model",
+            upstream_reserved.clone(),
+        );
+        let upstream_settled = Family::<Labels, Counter>::default();
+        registry.register(
+            "upstream_spend_settled_nanos",
+            "Nanodollars (1e-9 USD) settled by the proxy's observed outcomes, by upstream and model",
+            upstream_settled.clone(),
         );
         let rate_limited = Counter::default();
         registry.register(
@@ -96,7 +229,7 @@ impl Metrics {
         let check_seconds = Histogram::new(exponential_buckets(0.00005, 2.0, 16));
         registry.register_with_unit(
             "check_duration",
-            "Time from a check's body read to its durable answer",
+            "Time from a check reaching the gate to its durable answer (the agent socket's and the proxy's)",
             Unit::Seconds,
             check_seconds.clone(),
         );
@@ -156,6 +289,61 @@ impl Metrics {
             entries,
             bytes,
             round_trips,
+            upstreams: Upstreams::of(policy),
+            upstream_checks,
+            upstream_reserved,
+            upstream_settled,
+            open_calls: Mutex::new(OpenCalls::default()),
+        }
+    }
+
+    /// The labels of the proxy's check `req`: its tool is the upstream, its preview the
+    /// model it names.
+    pub fn call_of(&self, req: &tally_gate::CheckRequest) -> Call {
+        self.upstreams.call(&req.tool, req.args_preview.as_deref())
+    }
+
+    /// A proxied check's answer: counted by upstream and model, and an allowed attempt's
+    /// labels kept for its outcome.
+    pub fn upstream_check(
+        &self,
+        call: &Call,
+        decision: &'static str,
+        run: &str,
+        attempt: Option<u64>,
+        reserved_nanos: Option<u64>,
+    ) {
+        let mut l = call.labels();
+        l.push(("decision", decision.to_owned()));
+        self.upstream_checks.get_or_create(&l).inc();
+        if let (Some(a), Some(n)) = (attempt, reserved_nanos) {
+            self.upstream_reserved
+                .get_or_create(&call.labels())
+                .inc_by(n);
+            self.open_calls
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert((run.to_owned(), a), call.clone());
+        }
+    }
+
+    /// A proxied attempt's settlement (an outcome of an attempt that is not the proxy's
+    /// changes nothing here). Its labels are forgotten once it is settled.
+    pub fn upstream_outcome(&self, run: &str, attempt: u64, settled_nanos: Option<u64>) {
+        let Some(n) = settled_nanos else {
+            // Held still (`unknown`, `timeout`): a later outcome settles it.
+            return;
+        };
+        let call = self
+            .open_calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by
+            .remove(&(run.to_owned(), attempt));
+        if let Some(call) = call {
+            self.upstream_settled
+                .get_or_create(&call.labels())
+                .inc_by(n);
         }
     }
 
@@ -164,7 +352,7 @@ impl Metrics {
         if self.named_tools.contains(tool) {
             tool.to_owned()
         } else {
-            "other".to_owned()
+            OTHER.to_owned()
         }
     }
 

@@ -5,6 +5,7 @@
 //! How close a run is to a limit, and the order runs are shown in, come from the policy
 //! core (`tally_policy::headroom`); nothing here counts a budget.
 
+pub(crate) mod gated;
 pub(crate) mod journal;
 pub(crate) mod listen;
 pub(crate) mod live;
@@ -89,14 +90,14 @@ pub(crate) fn wall_ms() -> u64 {
 
 impl Observer {
     pub fn new(
-        named_tools: std::collections::BTreeSet<String>,
+        policy: &tally_policy::Policy,
         log: LogFormat,
         tracer: Option<trace::Exporter>,
         max_streams: usize,
         live: live::Live,
     ) -> Observer {
         Observer {
-            metrics: metrics::Metrics::new(named_tools),
+            metrics: metrics::Metrics::new(policy),
             live,
             log,
             tracer,
@@ -273,7 +274,8 @@ pub(crate) fn ordered(
     let mut rows: Vec<(Standing, live::RunView, Closeness)> = standings
         .into_iter()
         .zip(views)
-        .map(|(s, v)| {
+        .map(|(s, mut v)| {
+            v.now(&s.limits);
             let mut limits: BTreeMap<String, tally_ledger::decision::Limit> = s.limits.clone();
             if let Some(d) = &v.depth {
                 limits.insert("depth".into(), *d);
@@ -382,15 +384,18 @@ pub(crate) struct Seen {
     tool: String,
     args_digest: Option<String>,
     trace_id: Option<String>,
+    /// A proxied call's upstream and model labels.
+    call: Option<metrics::Call>,
 }
 
 impl Seen {
-    pub fn of(req: &tally_gate::CheckRequest) -> Seen {
+    pub fn of(req: &tally_gate::CheckRequest, call: Option<metrics::Call>) -> Seen {
         Seen {
             run: req.run.clone(),
             tool: req.tool.clone(),
             args_digest: req.args.as_ref().map(|a| a.digest()),
             trace_id: req.trace_id.clone(),
+            call,
         }
     }
 }
@@ -433,6 +438,16 @@ impl Observer {
             // What was reserved: the declared amount, or the tool's price if more.
             self.metrics.reserved(answer.reserve_nanos.unwrap_or(0));
         }
+        if let Some(call) = &seen.call {
+            let allowed = answer.decision == tally_policy::Verdict::Allow;
+            self.metrics.upstream_check(
+                call,
+                decision,
+                &seen.run,
+                answer.attempt.filter(|_| allowed),
+                answer.reserve_nanos.filter(|_| allowed),
+            );
+        }
         let refusal = match answer.decision {
             tally_policy::Verdict::Allow => None,
             _ => Some((reason, answer.action.map(|a| a.as_str()))),
@@ -466,19 +481,26 @@ impl Observer {
                 "reason": answer.reason.map(|r| r.as_str()),
                 "seq": answer.seq,
                 "trace_id": seen.trace_id,
+                "upstream": seen.call.as_ref().map(|c| &c.upstream),
+                "model": seen.call.as_ref().map(|c| &c.model),
             }));
         }
     }
 
-    /// An outcome was recorded.
+    /// An outcome was recorded (`logged` its receipt: the run's limits after it).
     pub fn outcome(
         &self,
         run: &str,
+        attempt: u64,
         s: tally_ledger::decision::Status,
         settled_nanos: Option<u64>,
-        seq: u64,
+        logged: &tally_gate::Logged,
     ) {
+        let seq = logged.seq;
         self.metrics.outcome(status(s), settled_nanos);
+        self.metrics.upstream_outcome(run, attempt, settled_nanos);
+        // The trajectory moves when the spend settles, not only at the next check.
+        self.live.settled(run, &logged.limits, wall_ms());
         self.bump();
         if self.log == LogFormat::Json {
             self.log_json(serde_json::json!({

@@ -13,20 +13,22 @@ pub struct When {
     pub wall_ms: u64,
 }
 
-/// How a run ended, if it did.
+/// How a run ended, if it did: its last state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopStatus {
     /// The run wrote a stop record.
     Stopped,
-    /// No stop record, but the gate refused a call with a code whose action is stop.
+    /// No stop record, and the run's last call was refused: the run is open, and the
+    /// refusal (its reason, action and cause) says why it cannot go on as it was.
     Refused,
-    /// No stop record and no stopping refusal: the run may still be running.
+    /// No stop record, and the run's last call was allowed (or it made none): the run
+    /// may still be running.
     Running,
 }
 
-/// Why the run stopped: the stop record's reason, else the first refusal whose code
-/// means stop, else still running.
+/// How the run ended: the stop record's reason, else the refusal of its last call, else
+/// still running.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct StopReason {
     /// Which of the three it is.
@@ -35,6 +37,10 @@ pub struct StopReason {
     pub reason: Option<Reason>,
     /// What the code tells a caller to do.
     pub action: Option<Action>,
+    /// For a refusal asking a human (`approval_required`): the limit a grant would lift
+    /// (`reservation_insufficient`, `side_effect_limit_exceeded`, ...), as the policy
+    /// core decides it again.
+    pub cause: Option<Reason>,
     /// The stop record's (or refusal's) seq.
     pub seq: Option<Seq>,
     /// When it was written.
@@ -54,6 +60,8 @@ pub struct Completed {
     pub tool: Option<String>,
     /// Its logical operation.
     pub operation: Option<String>,
+    /// The digest of its arguments, as its allow recorded it.
+    pub args_digest: Option<String>,
     /// Its side-effect class.
     pub effect: Option<Effect>,
     /// The remote operation id.

@@ -154,6 +154,11 @@ pub struct Loop {
     pub reserved_nanos: u64,
     /// Nanodollars settled by the loop's calls' outcomes.
     pub settled_nanos: u64,
+    /// Nanodollars the run's model calls (channel `model`) settled while the loop went
+    /// on, from its first call to its last refused one: what the loop cost in model
+    /// turns beyond its own calls (which are counted in too, if they are model calls).
+    /// `null` for a loop across runs.
+    pub model_spend_nanos: Option<u64>,
     /// Failed results in the loop: `error` or `timeout` outcomes and refusals whose
     /// action is `retry`.
     pub failures: u64,
@@ -186,6 +191,8 @@ pub(crate) struct CallFacts<'a> {
     pub operation: Option<&'a Arc<str>>,
     pub args_digest: Option<&'a str>,
     pub reserve: u64,
+    /// What the run's model calls had settled before this call (a running total).
+    pub model: u64,
     /// The refusal's reason, for a deny.
     pub refused: Option<Reason>,
     /// Whether the core's rule for this series refuses this call (or refused it).
@@ -213,6 +220,8 @@ struct Upto {
     settled: u64,
     failures: u64,
     refused: Option<(Reason, Seq)>,
+    /// The run's model spend so far at its last call.
+    model: u64,
 }
 
 /// A series of calls one rule looks at: identical calls, one operation's retries, one
@@ -222,6 +231,8 @@ pub(crate) struct Series {
     pattern: Pattern,
     first_seq: Seq,
     first_ms: u64,
+    /// The run's model spend so far at its first call.
+    model_first: Option<u64>,
     /// Running totals of the whole series.
     now: Upto,
     /// Snapshot at its last flagged call (`None`: no rule refused in it: no loop).
@@ -257,6 +268,7 @@ impl Series {
             pattern,
             first_seq: seq,
             first_ms: ms,
+            model_first: None,
             now: Upto {
                 last_seq: seq,
                 last_ms: ms,
@@ -284,7 +296,9 @@ impl Series {
         settled: u64,
         failures: u64,
         worker: Option<Arc<str>>,
+        model: u64,
     ) -> Series {
+        self.model_first = Some(model);
         self.workers.extend(worker);
         self.now.count = 1;
         self.now.reserved = reserve;
@@ -330,6 +344,8 @@ impl Series {
         self.now.last_ms = self.now.last_ms.max(c.ms);
         self.now.count += 1;
         self.now.reserved = self.now.reserved.saturating_add(c.reserve);
+        self.model_first.get_or_insert(c.model);
+        self.now.model = self.now.model.max(c.model);
         if c.refused.is_some_and(|r| r.action() == Action::Retry) {
             self.now.failures += 1;
         }
@@ -428,6 +444,8 @@ impl Series {
             span_ms: f.last_ms.saturating_sub(self.first_ms),
             reserved_nanos: f.reserved,
             settled_nanos: f.settled,
+            model_spend_nanos: (clock == Clock::Run)
+                .then(|| f.model.saturating_sub(self.model_first.unwrap_or(f.model))),
             failures: f.failures,
             ignored_retry_after: self.early,
             poll: self.poll.as_ref().map(|p| PollEvidence {

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
-use tally_ledger::{Decision, Kind};
+use tally_ledger::{Decision, Kind, Reason};
 use tally_policy::{Keyed, Now, Policy, Recorded, ViewMut};
 
 pub use findings::AuditFinding;
@@ -276,6 +276,20 @@ impl Analysis {
             let breaker = d.tool.as_deref().and_then(|t| self.storms.breaker(t));
             verdicts = run.verdicts(&policy, keyed, at.run_ms, breaker, e.wall_ms);
             let recorded = d.reason.filter(|_| kind == Kind::Deny);
+            if recorded == Some(Reason::ApprovalRequired) {
+                // The record names no cause: the core, deciding the call again on the
+                // state before it, says which limit a grant would lift.
+                let view = tally_policy::View {
+                    run: &run.core,
+                    tool: None,
+                    credential: credential.as_ref().and_then(|c| self.credentials.get(c)),
+                    principal: principal_uid.and_then(|u| self.principals.get(&u)),
+                    family: Default::default(),
+                };
+                let digest = d.policy.as_deref().unwrap_or("");
+                verdicts.cause =
+                    tally_policy::decide(&policy, digest, view, &keyed.call, now).cause;
+            }
             if governed && d.policy.is_some() && run.core.stop.is_none() {
                 if recorded.is_some_and(replay::outside_the_records) {
                     self.replay.taken_as_recorded += 1;

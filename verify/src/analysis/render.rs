@@ -134,9 +134,13 @@ pub fn render_loops_text(report: &Report) -> String {
         if !evidence.is_empty() {
             let _ = writeln!(out, "   {}", evidence.join("; "));
         }
+        let model = match l.model_spend_nanos {
+            Some(m) if m > 0 => format!("; model calls meanwhile settled {}", Nanos(m)),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "   spend during the loop: {} reserved, {} settled",
+            "   spend during the loop: {} reserved, {} settled{model}",
             Nanos(l.reserved_nanos),
             Nanos(l.settled_nanos)
         );

@@ -112,6 +112,7 @@ fn stopped(reason: Reason, seq: u64, when: When) -> StopReason {
         status: StopStatus::Stopped,
         reason: Some(reason),
         action: Some(reason.action()),
+        cause: None,
         seq: Some(Seq::single(seq)),
         at: Some(when),
     }

@@ -55,6 +55,7 @@ fn json_reports_have_the_documented_fields() {
         "span_ms",
         "reserved_nanos",
         "settled_nanos",
+        "model_spend_nanos",
         "failures",
         "ignored_retry_after",
         "poll",
@@ -200,4 +201,69 @@ fn findings_beyond_the_per_run_cap_are_counted() {
     assert_eq!(r.findings.len(), 3);
     assert_eq!(r.findings_omitted, 7);
     assert_eq!(r.handoffs[0].findings, 10);
+}
+
+/// The handoff's status is the run's last state: a stop-action refusal an allow followed
+/// is history (running), a refusal of the last call is why the open run cannot go on,
+/// whatever its action; a completed write repeated is one "do not repeat" line per
+/// distinct call, named by its argument digest.
+#[test]
+fn the_handoff_says_how_the_run_ended_and_names_each_completed_write() {
+    let write = |run: &str, at_ms: u64, attempt: u64, n: u64| {
+        d(
+            json!({"run": run, "kind": "allow", "at_ms": at_ms, "tool": "deploy",
+                 "args": {"n": n}, "effect": "non_idempotent_write", "attempt": attempt}),
+        )
+    };
+    let deny = |run: &str, at_ms: u64, reason: &str| {
+        d(
+            json!({"run": run, "kind": "deny", "at_ms": at_ms, "tool": "deploy",
+                 "reason": reason}),
+        )
+    };
+    let r = analyse(&[
+        start("went-on", json!({"attempts": 10})),
+        deny("went-on", 10, "attempts_exhausted"),
+        write("went-on", 20, 1, 1),
+        ok("went-on", 30, 1),
+        write("went-on", 40, 2, 1),
+        ok("went-on", 50, 2),
+        write("went-on", 60, 3, 2),
+        ok("went-on", 70, 3),
+        start("backing-off", json!({"attempts": 10})),
+        deny("backing-off", 10, "attempts_exhausted"),
+        deny("backing-off", 20, "rate_limit_exceeded"),
+    ]);
+    let went_on = r.handoffs.iter().find(|h| h.run == "went-on").expect("run");
+    assert_eq!(went_on.stop.status, StopStatus::Running);
+    assert_eq!(went_on.stop.reason, None);
+    let lines: Vec<&str> = went_on
+        .unsafe_actions
+        .iter()
+        .filter(|u| u.kind == UnsafeKind::AlreadyDone)
+        .map(|u| u.what.as_str())
+        .collect();
+    let one = &args_digest(&json!({"n": 1}))[..12];
+    let two = &args_digest(&json!({"n": 2}))[..12];
+    assert_eq!(
+        lines,
+        [
+            format!("do not repeat deploy with arguments {one}: it already completed (2 times, the last at seq 5)"),
+            format!("do not repeat deploy with arguments {two}: it already completed"),
+        ]
+    );
+    let backing = r
+        .handoffs
+        .iter()
+        .find(|h| h.run == "backing-off")
+        .expect("run");
+    assert_eq!(backing.stop.status, StopStatus::Refused);
+    assert_eq!(backing.stop.reason, Some(Reason::RateLimitExceeded));
+    assert_eq!(backing.stop.action, Some(Action::Retry));
+    assert_eq!(backing.stop.seq.map(|s| s.seq), Some(10));
+    let text = render_handoffs_text(&r, None);
+    assert!(
+        text.contains("Status: open (no stop record), its last call refused with rate_limit_exceeded, action retry at seq 10"),
+        "{text}"
+    );
 }

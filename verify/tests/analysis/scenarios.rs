@@ -41,6 +41,7 @@ fn retry_storm_against_a_failing_tool() {
             span_ms: 1900,
             reserved_nanos: 60 * CENT,
             settled_nanos: 0,
+            model_spend_nanos: Some(0),
             failures: 7,
             ignored_retry_after: 0,
             poll: None,
@@ -115,6 +116,7 @@ fn legitimate_polling_is_not_a_loop() {
             attempt: Some(1),
             tool: s("export.create"),
             operation: s("export.create"),
+            args_digest: s("7fd068f59ba71590e4d3a9315f84ed1e8ec2390331304bddc8943e4748cfbc32"),
             effect: Some(Effect::IdempotentWrite),
             remote_ref: s("ea91"),
             observed: s("done"),
@@ -159,6 +161,7 @@ fn polling_past_its_allowance() {
             span_ms: 4500,
             reserved_nanos: 0,
             settled_nanos: 0,
+            model_spend_nanos: Some(0),
             failures: 0,
             ignored_retry_after: 0,
             poll: Some(PollEvidence {
@@ -260,6 +263,7 @@ fn non_idempotent_post_whose_response_was_lost() {
             attempt: Some(2),
             tool: s("payments.charge"),
             operation: s("payments.charge:order-5512"),
+            args_digest: s("209f408bc14354d3394a6938a2557bd0e024ee82ada5971b9e81bad4edbe9df1"),
             effect: Some(Effect::NonIdempotentWrite),
             remote_ref: s("ch_88"),
             observed: s("succeeded"),
@@ -322,6 +326,7 @@ fn retry_after_honoured_is_quiet_and_retries_past_their_class_are_a_storm() {
             span_ms: 900,
             reserved_nanos: 0,
             settled_nanos: 0,
+            model_spend_nanos: Some(0),
             failures: 4,
             // Retry-After binds polls at the gate (`upstream_backoff`); a plain retry is
             // bound by its effect class's retries, which the fourth read is past.

@@ -25,7 +25,15 @@ fn handoff_text(h: &Handoff, out: &mut String) {
     }
     let stop = match (h.stop.status, h.stop.reason) {
         (StopStatus::Stopped, Some(r)) => format!("stopped: {r}"),
-        (StopStatus::Refused, Some(r)) => format!("refused with {r} (no stop record)"),
+        (StopStatus::Refused, Some(r)) => {
+            let cause = h.stop.cause.map(|c| format!(": {c}")).unwrap_or_default();
+            let action = h
+                .stop
+                .action
+                .map(|a| format!(", action {a}"))
+                .unwrap_or_default();
+            format!("open (no stop record), its last call refused with {r}{cause}{action}")
+        }
         _ => "still running (no stop record)".to_owned(),
     };
     let when = match (h.stop.seq, h.stop.at) {

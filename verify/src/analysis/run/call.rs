@@ -41,6 +41,7 @@ impl RunAnalysis {
             } else {
                 0
             },
+            model: self.model_settled,
             refused,
             flagged,
             early,
@@ -137,6 +138,7 @@ impl RunAnalysis {
                 settled: 0,
                 failures: 0,
                 worker: shared.worker.clone(),
+                model: self.model_settled,
             });
             if let Some(tool) = &d.tool {
                 let bar = v.loop_rule == Some(LoopRule::ToolBar) && !retried;
@@ -160,6 +162,7 @@ impl RunAnalysis {
             storms.call(tool, &self.name, &f);
         }
         if allowed {
+            self.last_refusal = None;
             self.asks
                 .retain(|a| !(a.tool == d.tool && a.operation == d.operation));
             if let Some((attempt, a)) = d
@@ -171,7 +174,9 @@ impl RunAnalysis {
                     attempt,
                     Box::new(Open {
                         names: shared,
+                        args_digest: d.args_digest.as_deref().map(Box::from),
                         effect: d.effect,
+                        model: d.channel == Some(tally_ledger::decision::Channel::Model),
                         seq: e.seq,
                         at,
                         remote_ref: None,
@@ -185,15 +190,18 @@ impl RunAnalysis {
                 );
             }
         } else if let Some(reason) = d.reason {
-            self.refusal(d, e.seq, at, reason);
+            self.refusal(d, e.seq, at, reason, v.cause);
         }
     }
 
-    fn refusal(&mut self, d: &Decision, seq: Seq, at: When, reason: Reason) {
+    fn refusal(&mut self, d: &Decision, seq: Seq, at: When, reason: Reason, cause: Option<Reason>) {
         let action = reason.action();
-        if action == Action::Stop && self.first_stop_refusal.is_none() {
-            self.first_stop_refusal = Some(Halt { reason, seq, at });
-        }
+        self.last_refusal = Some(Halt {
+            reason,
+            cause,
+            seq,
+            at,
+        });
         if action == Action::Ask {
             self.asks
                 .retain(|a| !(a.tool == d.tool && a.operation == d.operation));
@@ -202,6 +210,7 @@ impl RunAnalysis {
                     tool: d.tool.clone(),
                     operation: d.operation.clone(),
                     reason,
+                    cause,
                     seq,
                 });
             }

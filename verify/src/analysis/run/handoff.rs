@@ -136,12 +136,15 @@ pub(crate) fn build(run: &RunAnalysis, loops: &[&Loop], findings: u64) -> Handof
         });
     }
     for ask in &run.asks {
+        let why = match ask.cause {
+            Some(c) => format!("{}: {c}", ask.reason),
+            None => ask.reason.to_string(),
+        };
         safe_resume.push(ResumeStep {
             action: ResumeAction::AskHuman,
             what: format!(
-                "get a human's approval for {} (refused: {})",
+                "get a human's approval for {} (refused: {why})",
                 label(ask.tool.as_deref(), ask.operation.as_deref()),
-                ask.reason
             ),
             tool: ask.tool.clone(),
             operation: ask.operation.clone(),
@@ -216,20 +219,47 @@ pub(crate) fn build(run: &RunAnalysis, loops: &[&Loop], findings: u64) -> Handof
         });
     }
 
+    // One line per distinct call (tool, operation, arguments), named so that two
+    // different writes of one tool read apart; in the order each last completed.
+    let mut done: Vec<(&crate::analysis::handoff::Completed, u64)> = Vec::new();
     for c in run
         .completed
         .iter()
         .filter(|c| c.effect == Some(Effect::NonIdempotentWrite))
     {
-        let name = label(c.tool.as_deref(), c.operation.as_deref());
+        let same = |p: &&crate::analysis::handoff::Completed| {
+            p.tool == c.tool && p.operation == c.operation && p.args_digest == c.args_digest
+        };
+        match done.iter().position(|(p, _)| same(p)) {
+            Some(i) => {
+                let (_, n) = done.remove(i);
+                done.push((c, n + 1));
+            }
+            None => done.push((c, 1)),
+        }
+    }
+    for (c, n) in done {
+        let mut name = label(c.tool.as_deref(), c.operation.as_deref());
+        if let Some(d) = c.args_digest.as_deref() {
+            let prefix = d.get(..12).unwrap_or(d);
+            name = format!("{name} with arguments {prefix}");
+        }
         let remote = c
             .remote_ref
             .as_deref()
             .map(|r| format!(" as {r}"))
             .unwrap_or_default();
+        let times = match n {
+            1 => String::new(),
+            n => format!(
+                " ({}, the last at seq {})",
+                count(n, "time", "times"),
+                c.seq
+            ),
+        };
         unsafe_actions.push(UnsafeAction {
             kind: UnsafeKind::AlreadyDone,
-            what: format!("do not repeat {name}: it already completed{remote}"),
+            what: format!("do not repeat {name}: it already completed{remote}{times}"),
             tool: c.tool.clone(),
             operation: c.operation.clone(),
             attempt: c.attempt,

@@ -53,12 +53,17 @@ pub(crate) struct Verdicts {
     pub retries: bool,
     /// The tool's shared breaker refuses it.
     pub breaker: bool,
+    /// For an `approval_required` refusal: the limit a grant would lift, as the core
+    /// decides the call again.
+    pub cause: Option<Reason>,
 }
 
 /// An allowed attempt the core holds open: the names it is described by.
 #[derive(Clone, Debug)]
 struct Open {
     names: Arc<CallNames>,
+    /// The digest of its arguments (its allow's).
+    args_digest: Option<Box<str>>,
     effect: Option<Effect>,
     /// The latest record about it (its allow, then each outcome), and when.
     seq: Seq,
@@ -70,6 +75,8 @@ struct Open {
     /// Whether it used an attempt (only such a call's outcome registers a remote
     /// operation with the core, whose polls are then polls).
     counted: bool,
+    /// A model call (channel `model`): what it settles is the run's model spend.
+    model: bool,
     /// Its place among the run's recent calls (`firsts`, counted from the first ever).
     ring: Option<u64>,
     /// The series it belongs to: identical calls, retries, polls (keys), and its tool.
@@ -78,10 +85,12 @@ struct Open {
     poll: Option<u64>,
 }
 
-/// A stop record or stopping refusal.
+/// A stop record, or the refusal of the run's last call.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Halt {
     pub reason: Reason,
+    /// What an `approval_required` refusal was caused by.
+    pub cause: Option<Reason>,
     pub seq: Seq,
     pub at: When,
 }
@@ -102,6 +111,8 @@ pub(crate) struct Ask {
     pub tool: Option<String>,
     pub operation: Option<String>,
     pub reason: Reason,
+    /// What an `approval_required` refusal was caused by.
+    pub cause: Option<Reason>,
     pub seq: Seq,
 }
 
@@ -124,12 +135,16 @@ pub(crate) struct RunAnalysis {
     /// one the record before them did).
     pub policy: Option<(String, std::sync::Arc<tally_policy::Policy>)>,
     pub stop: Option<Halt>,
-    first_stop_refusal: Option<Halt>,
+    /// The refusal of the run's last call (none once a later call is allowed).
+    last_refusal: Option<Halt>,
     open: BTreeMap<u64, Box<Open>>,
     jobs: HashMap<u64, Job>,
     pub unknown: HashMap<u64, UnknownWrite>,
     pub completed: VecDeque<Completed>,
     pub completed_total: u64,
+    /// What the run's model calls have settled so far (loops report what was spent on
+    /// model turns while they went on).
+    model_settled: u64,
     pub last_observed: Option<Observed>,
     pub backoff: Option<Backoff>,
     pub asks: Vec<Ask>,
@@ -162,12 +177,13 @@ impl RunAnalysis {
             digest: None,
             policy: None,
             stop: None,
-            first_stop_refusal: None,
+            last_refusal: None,
             open: BTreeMap::new(),
             jobs: HashMap::new(),
             unknown: HashMap::new(),
             completed: VecDeque::new(),
             completed_total: 0,
+            model_settled: 0,
             last_observed: None,
             backoff: None,
             asks: Vec::new(),
@@ -237,6 +253,7 @@ impl RunAnalysis {
                     && !(call.effect == Some(Effect::NonIdempotentWrite)
                         && core.unknown.contains_key(&op)),
                 breaker,
+                cause: None,
             },
         }
     }
@@ -275,6 +292,7 @@ impl RunAnalysis {
                 if let (None, Some(reason)) = (self.stop, d.reason) {
                     self.stop = Some(Halt {
                         reason,
+                        cause: None,
                         seq: e.seq,
                         at,
                     });
@@ -358,29 +376,21 @@ impl RunAnalysis {
         self.close_all(Close::Finish { stop }, loops);
     }
 
+    /// How the run ended: its stop record, else the refusal of its last call (a refusal
+    /// an allow followed is history, not the run's state), else running.
     pub fn stop_reason(&self) -> StopReason {
-        match (self.stop, self.first_stop_refusal) {
-            (Some(h), _) => StopReason {
-                status: StopStatus::Stopped,
-                reason: Some(h.reason),
-                action: Some(h.reason.action()),
-                seq: Some(h.seq),
-                at: Some(h.at),
-            },
-            (None, Some(h)) => StopReason {
-                status: StopStatus::Refused,
-                reason: Some(h.reason),
-                action: Some(h.reason.action()),
-                seq: Some(h.seq),
-                at: Some(h.at),
-            },
-            (None, None) => StopReason {
-                status: StopStatus::Running,
-                reason: None,
-                action: None,
-                seq: None,
-                at: None,
-            },
+        let (status, halt) = match (self.stop, self.last_refusal) {
+            (Some(h), _) => (StopStatus::Stopped, Some(h)),
+            (None, Some(h)) => (StopStatus::Refused, Some(h)),
+            (None, None) => (StopStatus::Running, None),
+        };
+        StopReason {
+            status,
+            reason: halt.map(|h| h.reason),
+            action: halt.map(|h| h.reason.action()),
+            cause: halt.and_then(|h| h.cause),
+            seq: halt.map(|h| h.seq),
+            at: halt.map(|h| h.at),
         }
     }
 
@@ -403,6 +413,8 @@ pub(crate) struct First {
     settled: u64,
     failures: u64,
     worker: Option<Arc<str>>,
+    /// The run's model spend so far when it was made.
+    model: u64,
 }
 
 /// A series of `pattern` from the recent call `from` (else from this call).
@@ -419,6 +431,7 @@ fn series_from(
             f.settled,
             f.failures,
             f.worker.clone(),
+            f.model,
         ),
         None => Series::new(pattern, seq, ms, names.tool.clone()),
     }

@@ -65,6 +65,9 @@ impl RunAnalysis {
             return;
         };
         call.settled = call.settled.saturating_add(settled);
+        if call.model {
+            self.model_settled = self.model_settled.saturating_add(settled);
+        }
         call.seq = e.seq;
         call.at = at;
         if let Some(f) = call
@@ -197,6 +200,7 @@ impl RunAnalysis {
                     attempt: Some(a),
                     tool: o.names.tool.as_deref().map(str::to_owned),
                     operation: o.names.operation.as_deref().map(str::to_owned),
+                    args_digest: o.args_digest.as_deref().map(str::to_owned),
                     effect: o.effect,
                     remote_ref: remote_name.clone(),
                     observed: d.observed.clone(),
