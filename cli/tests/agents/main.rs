@@ -313,3 +313,154 @@ fn claude_code_the_spend_budget_stops_the_model_calls() {
         "the handoff says the budget stopped it: {h:#}"
     );
 }
+
+/// Whether python3 has the OpenAI Agents SDK at its pinned version; if not, SKIPPED.
+fn agents_sdk() -> bool {
+    tally_testkit::have(
+        "python3",
+        &[
+            "-c",
+            "import importlib.metadata as m, sys; \
+             sys.exit(0 if m.version('openai-agents') == '0.24.0' else 1)",
+        ],
+        "python3 -m pip install openai-agents==0.24.0 (.ci/run does)",
+    )
+}
+
+/// The OpenAI Agents SDK on `api` (`responses`, its default, or `chat`, Chat
+/// Completions): a model that keeps asking for the same failing function tool, gated
+/// through the Python client, is stopped by the gate at the tool's second run
+/// (`retries_exhausted`); the model calls settle what the upstream billed, and the SDK's
+/// own usage count agrees with it.
+fn agents_sdk_loop(api: &str) {
+    if !agents_sdk() {
+        return;
+    }
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let model = "fake-agents";
+    upstream.script(
+        model,
+        Script::repeat("run_tests", json!({}), 4, "The tests still fail."),
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let text = format!(
+        r#"
+[ceiling]
+spend_cents = 500
+attempts = 1000
+side_effects = 500
+[approvals]
+ask_on = []
+
+[upstreams.openai]
+url = "{url}"
+kind = "openai"
+credential = "openai"
+paths = ["/v1/chat/completions", "/v1/responses"]
+
+[prices.openai."{model}"]
+input_per_mtok = 10
+output_per_mtok = 1000
+max_output_tokens = 100
+"#,
+        url = upstream.url()
+    );
+    let d = dir.path();
+    tally().init(d, &text);
+    let secret = d.join("openai.secret");
+    std::fs::write(&secret, "sk-real").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let listen = proxy.to_string();
+    let mut daemon = tally().serve(
+        d,
+        &[
+            "--proxy-listen",
+            &listen,
+            "--credential",
+            "openai=openai.secret",
+        ],
+    );
+    let run = format!("agents-{api}");
+    let (status, v) = daemon.agent(
+        "POST",
+        "/v1/runs",
+        Some(json!({"run": run, "goal": "make the tests pass"})),
+    );
+    assert_eq!(status, 201, "{v}");
+    let token = v["token"].as_str().expect("token").to_owned();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents/openai_agents.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(api)
+        .env(
+            "PYTHONPATH",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python"),
+        )
+        .env("TALLY_SOCKET", daemon.agent_socket())
+        .env("TALLY_RUN", &run)
+        .env("TALLY_TOKEN", &token)
+        .env("PROXY_URL", format!("http://{proxy}/openai/v1"))
+        .env("MODEL", model)
+        .env("OPENAI_AGENTS_DISABLE_TRACING", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let result: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "the agent's output is not its JSON line ({e}): {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    // The first run of the failing tool is allowed, the same call again refused.
+    assert_eq!(result["gate"][0], "allow", "{result}");
+    assert!(
+        result["gate"].as_array().expect("gate")[1..]
+            .iter()
+            .all(|r| r == "retries_exhausted"),
+        "{result}"
+    );
+    assert_eq!(result["final"], "The tests still fail.", "{result}");
+    let (status, st) = daemon.agent("GET", &format!("/v1/runs/{run}"), None);
+    assert_eq!(status, 200, "{st}");
+    assert_eq!(st["held_nanos"], 0, "{st}");
+    let settled = st["settled_nanos"].as_u64().expect("settled");
+    assert_bill(&upstream, &[(model, Price::usd(10, 1000))], settled);
+    // The SDK's own count of the model's usage is the upstream's bill.
+    let billed = upstream.billed();
+    assert_eq!(result["requests"], billed.len(), "{result}");
+    assert_eq!(
+        result["output_tokens"],
+        billed.iter().map(|b| b.output).sum::<u64>(),
+        "{result}"
+    );
+    let path = if api == "responses" {
+        "/v1/responses"
+    } else {
+        "/v1/chat/completions"
+    };
+    assert!(
+        upstream.seen().iter().all(|r| r.path == path),
+        "{:?}",
+        upstream.seen()
+    );
+    daemon.stop();
+    let (out, h) = tally().report(d, "handoff", &["--run", &run]);
+    assert!(out.status.success(), "{h}");
+    assert!(h.to_string().contains("retries_exhausted"), "{h:#}");
+}
+
+/// The Agents SDK's default model API, Responses.
+#[test]
+fn openai_agents_sdk_on_responses() {
+    agents_sdk_loop("responses");
+}
+
+/// The Agents SDK on Chat Completions (`OpenAIChatCompletionsModel`).
+#[test]
+fn openai_agents_sdk_on_chat_completions() {
+    agents_sdk_loop("chat");
+}
