@@ -336,6 +336,7 @@ fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
+mod bills;
 mod bodies;
 mod cache;
 mod keys;
