@@ -328,11 +328,11 @@ fn agents_sdk() -> bool {
 }
 
 /// The OpenAI Agents SDK on `api` (`responses`, its default, or `chat`, Chat
-/// Completions): a model that keeps asking for the same failing function tool, gated
+/// Completions), its model calls streamed or not: a model that keeps asking for the same failing function tool, gated
 /// through the Python client, is stopped by the gate at the tool's second run
 /// (`retries_exhausted`); the model calls settle what the upstream billed, and the SDK's
 /// own usage count agrees with it.
-fn agents_sdk_loop(api: &str) {
+fn agents_sdk_loop(api: &str, stream: bool) {
     if !agents_sdk() {
         return;
     }
@@ -383,7 +383,7 @@ max_output_tokens = 100
             "openai=openai.secret",
         ],
     );
-    let run = format!("agents-{api}");
+    let run = format!("agents-{api}-{stream}");
     let (status, v) = daemon.agent(
         "POST",
         "/v1/runs",
@@ -395,6 +395,7 @@ max_output_tokens = 100
     let out = Command::new("python3")
         .arg(script)
         .arg(api)
+        .args(stream.then_some("stream"))
         .env(
             "PYTHONPATH",
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python"),
@@ -443,7 +444,10 @@ max_output_tokens = 100
         "/v1/chat/completions"
     };
     assert!(
-        upstream.seen().iter().all(|r| r.path == path),
+        upstream
+            .seen()
+            .iter()
+            .all(|r| r.path == path && r.stream == stream),
         "{:?}",
         upstream.seen()
     );
@@ -456,11 +460,23 @@ max_output_tokens = 100
 /// The Agents SDK's default model API, Responses.
 #[test]
 fn openai_agents_sdk_on_responses() {
-    agents_sdk_loop("responses");
+    agents_sdk_loop("responses", false);
+}
+
+/// The same, streamed (`Runner.run_streamed`).
+#[test]
+fn openai_agents_sdk_on_responses_streamed() {
+    agents_sdk_loop("responses", true);
 }
 
 /// The Agents SDK on Chat Completions (`OpenAIChatCompletionsModel`).
 #[test]
 fn openai_agents_sdk_on_chat_completions() {
-    agents_sdk_loop("chat");
+    agents_sdk_loop("chat", false);
+}
+
+/// The same, streamed.
+#[test]
+fn openai_agents_sdk_on_chat_completions_streamed() {
+    agents_sdk_loop("chat", true);
 }

@@ -1,6 +1,6 @@
 """An OpenAI Agents SDK agent for cli/tests/agents/: its model calls go through tally's
 proxy (the run token as the API key), its one function tool through the gate (the
-Python client, tally_gate). Usage: openai_agents.py responses|chat. Prints one JSON
+Python client, tally_gate). Usage: openai_agents.py responses|chat [stream]. Prints one JSON
 line: the final output, the SDK's usage, and what the gate said to each tool call."""
 
 import json
@@ -9,6 +9,7 @@ import sys
 
 from agents import (
     Agent,
+    ModelSettings,
     OpenAIChatCompletionsModel,
     OpenAIResponsesModel,
     Runner,
@@ -44,8 +45,28 @@ model = (
     if sys.argv[1] == "responses"
     else OpenAIChatCompletionsModel(model=model_id, openai_client=client)
 )
-agent = Agent(name="fixer", instructions="Make the tests pass.", tools=[run_tests], model=model)
-result = Runner.run_sync(agent, "Run the tests until they pass.", max_turns=20)
+# A streamed Chat Completion reports its usage only when asked (`include_usage`).
+agent = Agent(
+    name="fixer",
+    instructions="Make the tests pass.",
+    tools=[run_tests],
+    model=model,
+    model_settings=ModelSettings(include_usage=True),
+)
+
+async def streamed():
+    run = Runner.run_streamed(agent, "Run the tests until they pass.", max_turns=20)
+    async for _ in run.stream_events():
+        pass
+    return run
+
+
+if sys.argv[2:] == ["stream"]:
+    import asyncio
+
+    result = asyncio.run(streamed())
+else:
+    result = Runner.run_sync(agent, "Run the tests until they pass.", max_turns=20)
 usage = result.context_wrapper.usage
 print(json.dumps({
     "final": result.final_output,
