@@ -722,6 +722,7 @@ impl State {
             n,
             call: call.as_ref(),
             text: &text,
+            scripted: script.is_some(),
         };
         if !stream {
             let body = match api {
@@ -782,6 +783,8 @@ struct Reply<'a> {
     n: Numbers,
     call: Option<&'a (usize, ToolCall)>,
     text: &'a str,
+    /// A script's text is streamed as it is; the models' own answers stream `w0 w1 ...`.
+    scripted: bool,
 }
 
 /// `text` in `pieces` parts (at least one), as a stream sends it.
@@ -796,6 +799,15 @@ fn split(text: &str, pieces: usize) -> Vec<String> {
 }
 
 impl Reply<'_> {
+    /// The text's deltas, as a stream sends them.
+    fn deltas(&self, pieces: usize) -> Vec<String> {
+        if self.scripted {
+            split(self.text, pieces)
+        } else {
+            (0..pieces).map(|i| format!("w{i} ")).collect()
+        }
+    }
+
     fn arguments(&self) -> String {
         self.call
             .map(|(_, c)| c.input.to_string())
@@ -874,8 +886,9 @@ impl Reply<'_> {
             ),
             None => (
                 json!({"type": "text", "text": ""}),
-                (0..pieces)
-                    .map(|i| json!({"type": "text_delta", "text": format!("w{i} ")}))
+                self.deltas(pieces)
+                    .into_iter()
+                    .map(|t| json!({"type": "text_delta", "text": t}))
                     .collect(),
             ),
         };
@@ -958,11 +971,8 @@ impl Reply<'_> {
                     None,
                     chunk(json!({"role": "assistant", "content": ""}), Value::Null),
                 ));
-                for i in 0..pieces {
-                    ev.push((
-                        None,
-                        chunk(json!({"content": format!("w{i} ")}), Value::Null),
-                    ));
+                for t in self.deltas(pieces) {
+                    ev.push((None, chunk(json!({"content": t}), Value::Null)));
                 }
                 "stop"
             }
