@@ -292,6 +292,7 @@ impl<B: StateBackend> Gate<B> {
                 .map(|r| tally_policy::apply::standing(r, now))
                 .unwrap_or_default();
             let writes = vec![touched];
+            let overrun_nanos = record.overrun_nanos;
             Ok((
                 record,
                 writes,
@@ -299,6 +300,7 @@ impl<B: StateBackend> Gate<B> {
                     seq: r.seq,
                     hash: r.hash.to_string(),
                     limits,
+                    overrun_nanos,
                 },
                 t,
             ))

@@ -255,6 +255,10 @@ pub struct Logged {
     pub hash: String,
     /// The run's limits after it.
     pub limits: BTreeMap<String, Limit>,
+    /// An outcome's overrun: how far it settled above its attempt's reservation,
+    /// nanodollars (the record's `overrun_nanos`); absent when there was none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrun_nanos: Option<u64>,
 }
 
 /// Where a run stands (`GET /v1/runs/{run}`).

@@ -258,6 +258,7 @@ impl<B: StateBackend> Gate<B> {
                     seq: r.seq,
                     hash: r.hash.to_string(),
                     limits,
+                    overrun_nanos: None,
                 },
                 t,
             ))
@@ -441,6 +442,7 @@ impl<B: StateBackend> Gate<B> {
                     seq: r.seq,
                     hash: r.hash.to_string(),
                     limits,
+                    overrun_nanos: None,
                 },
                 t,
             ))

@@ -82,6 +82,7 @@ impl Refusal {
             message,
             retry_after_ms: None,
             recorded: None,
+            cause: None,
         }
     }
 

@@ -46,6 +46,11 @@ async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() 
     assert_eq!(a.status, 403, "{}", a.text());
     assert!(a.text().contains("budget_exceeded"), "{}", a.text());
     assert_eq!(upstream.seen().len(), 1, "nothing more forwarded");
+    // The operator sees it: counted, with its amount.
+    let (status, body) = super::observed::operator(&served, "/metrics").await;
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8_lossy(&body).into_owned();
+    assert!(metrics.contains("\ntally_overruns_total 1\n"), "{metrics}");
     // The outcome records the excess; verify lists it with its seq, and is consistent.
     let report = served.verifies();
     let overruns = report["audit"]["overruns"].as_array().expect("overruns");
@@ -55,6 +60,13 @@ async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() 
     assert!(reserved < bill, "{o}");
     assert_eq!(o["settled_nanos"], bill, "{o}");
     assert_eq!(o["overrun_nanos"], bill - reserved, "{o}");
+    assert!(
+        metrics.contains(&format!(
+            "\ntally_overrun_nanos_total {}\n",
+            bill - reserved
+        )),
+        "{metrics}"
+    );
     let outcome = served
         .decisions("r")
         .into_iter()

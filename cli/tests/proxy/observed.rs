@@ -212,7 +212,7 @@ fn ledger_counts(served: &Served, runs: &[&str]) -> Counts {
     c
 }
 
-async fn operator(served: &Served, path: &str) -> (u16, Vec<u8>) {
+pub(super) async fn operator(served: &Served, path: &str) -> (u16, Vec<u8>) {
     let mut client = tally_api::client::Client::unix(&served.daemon.operator_socket())
         .await
         .expect("connect");

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tally_gate::{
     Approval, Caller, CheckAnswer, CheckRequest, GateError, Gatekeeper, Logged, OutcomeRequest,
-    Standing, StartRequest, Started, StopRequest,
+    SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 use tally_policy::Recorded;
 
@@ -78,6 +78,24 @@ impl Gatekeeper for Observed {
             Box::new(move |r| {
                 if let Ok(l) = &r {
                     observer.outcome(&run, attempt, status, nanos, l);
+                }
+                done(r)
+            }),
+        )
+    }
+
+    fn settle(&self, caller: Caller, run: &str, req: SettleRequest, done: Done<Logged>) {
+        let (name, attempt, nanos) = (run.to_owned(), req.attempt, req.settled_nanos);
+        let observer = Arc::clone(&self.observer);
+        self.inner.settle(
+            caller,
+            run,
+            req,
+            Box::new(move |r| {
+                if let Ok(l) = &r {
+                    // The operator's settlement is the attempt's outcome: `unknown`.
+                    let status = tally_ledger::Status::Unknown;
+                    observer.outcome(&name, attempt, status, Some(nanos), l);
                 }
                 done(r)
             }),

@@ -31,6 +31,8 @@ pub(crate) struct Metrics {
     outcomes: Family<Labels, Counter>,
     reserved: Counter,
     settled: Counter,
+    overruns: Counter,
+    overrun_nanos: Counter,
     rate_limited: Counter,
     check_seconds: Histogram,
     commit_seconds: Histogram,
@@ -201,6 +203,18 @@ impl Metrics {
             "Nanodollars (1e-9 USD) settled by recorded outcomes (reported, or observed by the proxy)",
             settled.clone(),
         );
+        let overruns = Counter::default();
+        registry.register(
+            "overruns",
+            "Outcomes that settled above their attempt's reservation (the upstream billed more than the gate reserved: the run spends nothing more until a human grants it)",
+            overruns.clone(),
+        );
+        let overrun_nanos = Counter::default();
+        registry.register(
+            "overrun_nanos",
+            "Nanodollars (1e-9 USD) settled above the reservations of the calls that overran",
+            overrun_nanos.clone(),
+        );
         let upstream_checks = Family::<Labels, Counter>::default();
         registry.register(
             "upstream_checks",
@@ -279,6 +293,8 @@ impl Metrics {
             outcomes,
             reserved,
             settled,
+            overruns,
+            overrun_nanos,
             rate_limited,
             check_seconds,
             commit_seconds,
@@ -371,12 +387,16 @@ impl Metrics {
         self.reserved.inc_by(nanos);
     }
 
-    pub fn outcome(&self, status: &'static str, settled_nanos: Option<u64>) {
+    pub fn outcome(&self, status: &'static str, settled_nanos: Option<u64>, overrun: Option<u64>) {
         self.outcomes
             .get_or_create(&vec![("status", status.to_owned())])
             .inc();
         if let Some(c) = settled_nanos {
             self.settled.inc_by(c);
+        }
+        if let Some(o) = overrun {
+            self.overruns.inc();
+            self.overrun_nanos.inc_by(o);
         }
     }
 

@@ -497,7 +497,8 @@ impl Observer {
         logged: &tally_gate::Logged,
     ) {
         let seq = logged.seq;
-        self.metrics.outcome(status(s), settled_nanos);
+        self.metrics
+            .outcome(status(s), settled_nanos, logged.overrun_nanos);
         self.metrics.upstream_outcome(run, attempt, settled_nanos);
         // The trajectory moves when the spend settles, not only at the next check.
         self.live.settled(run, &logged.limits, wall_ms());
@@ -511,6 +512,7 @@ impl Observer {
                 "run": run,
                 "status": status(s),
                 "seq": seq,
+                "overrun_nanos": logged.overrun_nanos,
             }));
         }
     }
