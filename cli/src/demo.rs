@@ -639,9 +639,11 @@ const GATED: [&str; 5] = [
 /// 3 of 20 attempts used; $0.00 settled`.
 fn handoff_line(h: &analysis::Handoff) -> String {
     use tally_verify::text::{plural, shown};
-    let state = match &h.stop.reason {
-        Some(r) => format!("stopped ({r})"),
-        None => "running".to_owned(),
+    // As the gate says it: a run with no stop record is running, whatever its last call.
+    let state = match (h.stop.status, &h.stop.reason) {
+        (analysis::StopStatus::Stopped, Some(r)) => format!("stopped ({r})"),
+        (analysis::StopStatus::Stopped, None) => "stopped".to_owned(),
+        _ => "running".to_owned(),
     };
     let attempts = match h.attempts.limit {
         Some(l) => format!(

@@ -23,7 +23,8 @@ use crate::usage::{Keep, Reported, StreamUsage};
 use crate::Body;
 
 /// The most of a plain (not streamed) answer kept to read its usage: 16 MiB. A longer
-/// answer passes through whole, and settles as `unknown` (its reservation held).
+/// answer passes through whole, and settles as `unknown` (its reservation held). Also the
+/// largest event of a stream: one larger is cut, an `error` settled at its reservation.
 const MAX_KEPT: usize = 16 * 1024 * 1024;
 
 /// What settling an attempt needs.
@@ -203,6 +204,8 @@ impl Pump {
         let mut client = Some(tx);
         let deadline = tokio::time::Instant::from_std(self.deadline);
         let mut used = None;
+        // Bytes of the stream fed since its last whole event.
+        let mut pending = 0usize;
         let end: Result<(), Status> = loop {
             let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
                 Err(_) => break Err(Status::Timeout),
@@ -217,11 +220,17 @@ impl Pump {
             let mut out = Vec::new();
             if sse {
                 let _ = feed.unbounded_send(Ok(chunk.clone()));
+                pending = pending.saturating_add(chunk.len());
                 while let Some(Some(Ok(ev))) = events.next().now_or_never() {
+                    pending = 0;
                     let keep = usage.event(&ev.data);
                     if reframe && keep == Keep::Pass {
                         out.push(reframed(&ev));
                     }
+                }
+                // One event past the bound: a stream no API sends, never buffered on.
+                if pending > MAX_KEPT {
+                    break Err(Status::Error);
                 }
             } else if !overflow {
                 if kept.len() + chunk.len() > MAX_KEPT {
@@ -257,7 +266,9 @@ impl Pump {
                 }
                 Ended {
                     status: timeout_status(cut, self.settle.effect),
-                    nanos: None,
+                    // An event past the bound (`error`): final, so settled at the most the
+                    // gate allowed, never at nothing. A cut or a timeout stays held.
+                    nanos: (cut == Status::Error).then_some(self.settle.reserved.0),
                     retry_after_ms: None,
                     digest,
                     observed: None,

@@ -26,6 +26,7 @@
 //! * `fake-cut`: a stream is cut after 2 chunks (no usage); a plain answer is cut
 //!   mid-body;
 //! * `fake-slow`: one chunk every 200 ms, 50 chunks (a plain answer after 10 s);
+//! * `fake-huge-event`: a stream whose second event never ends (17 MiB, no blank line);
 //! * `fake-429`: 429 with `Retry-After: 2`; `fake-500`: 500;
 //! * `fake-redirect`: 302 to `http://127.0.0.2:1/elsewhere`;
 //!   `fake-redirect-same`: 302 to `/v1/elsewhere` on this server.
@@ -761,6 +762,13 @@ impl State {
         };
         if cut {
             chunks.truncate(2);
+        }
+        if model == "fake-huge-event" {
+            // After its first events, one event that never ends: 17 MiB of data in 1 MiB
+            // chunks, no blank line (a stream no API sends).
+            chunks.truncate(1);
+            chunks.push(Bytes::from_static(b"data: "));
+            chunks.extend((0..17).map(|_| Bytes::from(vec![b'x'; 1 << 20])));
         }
         let every = if slow {
             Duration::from_millis(200)

@@ -79,7 +79,7 @@ fn the_demo_reads_as_a_story() {
         model_act.contains("the agent's token on none"),
         "{model_act}"
     );
-    assert!(model_act.contains("refused now (HTTP 401)"), "{model_act}");
+    assert!(model_act.contains("refused now (HTTP 403)"), "{model_act}");
     for jargon in [
         "taken as recorded",
         "accepted as recorded",
@@ -164,9 +164,10 @@ fn the_demo_reads_as_a_story() {
         );
         let handoff: Value = serde_json::from_str(&handoff).unwrap();
         let h = &handoff["handoffs"][0];
-        let state = match h["stop"]["reason"].as_str() {
-            Some(reason) => format!("stopped ({reason})"),
-            None => "running".to_owned(),
+        // Stopped by a stop record; open (its last call refused or not) is running.
+        let state = match (h["stop"]["status"].as_str(), h["stop"]["reason"].as_str()) {
+            (Some("stopped"), Some(reason)) => format!("stopped ({reason})"),
+            _ => "running".to_owned(),
         };
         let from_ledger = format!(
             "run {run}: {state}; {} of {} attempts used; {} settled",

@@ -217,3 +217,46 @@ async fn a_bill_above_the_reservation_is_settled_exactly_and_stops_later_spendin
     assert_eq!(upstream.seen().len(), 1);
     served.verifies();
 }
+
+/// An upstream event past the bound (16 MiB) is not buffered on: the stream is cut, and
+/// the call is an `error` settled at its reservation (the most the gate allowed it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_event_past_the_bound_is_an_error_at_the_reservation() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut p = policy(&upstream, 1000);
+    p.push_str(
+        "[prices.openai.\"fake-huge-event\"]\ninput_per_mtok = 10\noutput_per_mtok = \"1000\"\nmax_output_tokens = 100\n",
+    );
+    let mut served = Served::new(dir.path(), &p);
+    let token = served.start_run("h").await;
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(&token))],
+        chat("fake-huge-event", json!({"stream": true, "max_tokens": 10})),
+    )
+    .await;
+    assert!(a.cut, "the client's stream is cut");
+    let st = served.settled("h").await;
+    let outcome = {
+        served.daemon.stop();
+        served
+            .decisions("h")
+            .into_iter()
+            .find(|d| d["decision"]["kind"] == "outcome")
+            .expect("the outcome")
+    };
+    let allow = served
+        .decisions("h")
+        .into_iter()
+        .find(|d| d["decision"]["kind"] == "allow")
+        .expect("the allow");
+    assert_eq!(outcome["decision"]["status"], "error", "{outcome}");
+    assert_eq!(
+        outcome["decision"]["settled_nanos"], allow["decision"]["reserve_nanos"],
+        "{outcome} {allow}"
+    );
+    assert_eq!(st["held_nanos"], 0, "{st}");
+    served.verifies();
+}
