@@ -399,18 +399,15 @@ fn tlog_vectors_match_docs() {
     }
 }
 
-/// docs/FORMAT.md, "Trace ids": each decision as sent, and its stored bytes once the
-/// ledger has linked it to the run's start at seq 1 (`prev_seq` stays the last field).
-#[test]
-fn trace_id_vectors_match_docs() {
+/// The rows of the two-column table of docs/FORMAT.md under `header` (its header line
+/// and rule): each decision as sent and as stored, backticks off.
+fn sent_and_stored(header: &str) -> Vec<[String; 2]> {
     let doc = include_str!("../../docs/FORMAT.md");
     let table = doc
-        .split_once(
-            "| decision as sent | stored (canonical, as the ledger writes it) |\n|---|---|\n",
-        )
-        .expect("the trace id table")
+        .split_once(&format!("{header}\n|---|---|\n"))
+        .unwrap_or_else(|| panic!("no table `{header}` in docs/FORMAT.md"))
         .1;
-    let rows: Vec<[String; 2]> = table
+    table
         .lines()
         .take_while(|l| l.starts_with('|'))
         .map(|row| {
@@ -421,20 +418,30 @@ fn trace_id_vectors_match_docs() {
                 .collect();
             [cells[0].clone(), cells[1].clone()]
         })
-        .collect();
+        .collect()
+}
+
+/// `sent` appended as the second decision of run `r1` (after its start, so the ledger
+/// links it at seq 1): its stored bytes, as the auditor reads them back.
+fn stored_after_a_start(sent: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, auditor) = crate::store::new_ledger(&dir.path().join("l"), Default::default());
+    l.append(Decision::from_json(r#"{"run":"r1","kind":"start"}"#).unwrap())
+        .unwrap();
+    l.append(Decision::from_json(sent).unwrap()).unwrap();
+    let back = crate::store::read_back(&l, &auditor);
+    String::from_utf8(back.last().unwrap().to_canonical_json()).unwrap()
+}
+
+/// docs/FORMAT.md, "Trace ids": each decision as sent, and its stored bytes once the
+/// ledger has linked it to the run's start at seq 1 (`prev_seq` stays the last field).
+#[test]
+fn trace_id_vectors_match_docs() {
+    let rows =
+        sent_and_stored("| decision as sent | stored (canonical, as the ledger writes it) |");
     assert!(!rows.is_empty());
     for [sent, stored] in &rows {
-        let dir = tempfile::tempdir().unwrap();
-        let (l, auditor) = crate::store::new_ledger(&dir.path().join("l"), Default::default());
-        l.append(Decision::from_json(r#"{"run":"r1","kind":"start"}"#).unwrap())
-            .unwrap();
-        l.append(Decision::from_json(sent).unwrap()).unwrap();
-        let back = crate::store::read_back(&l, &auditor);
-        let last = back.last().unwrap();
-        assert_eq!(
-            String::from_utf8(last.to_canonical_json()).unwrap(),
-            *stored
-        );
+        assert_eq!(stored_after_a_start(sent), *stored);
         assert_eq!(
             Decision::from_stored(stored.as_bytes())
                 .unwrap()
@@ -449,38 +456,12 @@ fn trace_id_vectors_match_docs() {
 /// and the field on another kind are refused.
 #[test]
 fn proxied_vectors_match_docs() {
-    let doc = include_str!("../../docs/FORMAT.md");
-    let table = doc
-        .split_once(
-            "| proxied decision as sent | stored (canonical, as the ledger writes it) |\n|---|---|\n",
-        )
-        .expect("the proxied table")
-        .1;
-    let rows: Vec<[String; 2]> = table
-        .lines()
-        .take_while(|l| l.starts_with('|'))
-        .map(|row| {
-            let cells: Vec<String> = row
-                .trim_matches('|')
-                .split(" | ")
-                .map(|c| c.trim().trim_matches('`').to_string())
-                .collect();
-            [cells[0].clone(), cells[1].clone()]
-        })
-        .collect();
+    let rows = sent_and_stored(
+        "| proxied decision as sent | stored (canonical, as the ledger writes it) |",
+    );
     assert_eq!(rows.len(), 2);
     for [sent, stored] in &rows {
-        let dir = tempfile::tempdir().unwrap();
-        let (l, auditor) = crate::store::new_ledger(&dir.path().join("l"), Default::default());
-        l.append(Decision::from_json(r#"{"run":"r1","kind":"start"}"#).unwrap())
-            .unwrap();
-        l.append(Decision::from_json(sent).unwrap()).unwrap();
-        let back = crate::store::read_back(&l, &auditor);
-        let last = back.last().unwrap();
-        assert_eq!(
-            String::from_utf8(last.to_canonical_json()).unwrap(),
-            *stored
-        );
+        assert_eq!(stored_after_a_start(sent), *stored);
         assert_eq!(
             Decision::from_stored(stored.as_bytes()).unwrap().proxied,
             Some(true)
@@ -501,38 +482,11 @@ fn proxied_vectors_match_docs() {
 /// stored bytes; the forms the section refuses are refused, naming the field.
 #[test]
 fn settlement_vectors_match_docs() {
-    let doc = include_str!("../../docs/FORMAT.md");
-    let table = doc
-        .split_once(
-            "| settlement as sent | stored (canonical, as the ledger writes it) |\n|---|---|\n",
-        )
-        .expect("the settlement table")
-        .1;
-    let rows: Vec<[String; 2]> = table
-        .lines()
-        .take_while(|l| l.starts_with('|'))
-        .map(|row| {
-            let cells: Vec<String> = row
-                .trim_matches('|')
-                .split(" | ")
-                .map(|c| c.trim().trim_matches('`').to_string())
-                .collect();
-            [cells[0].clone(), cells[1].clone()]
-        })
-        .collect();
+    let rows =
+        sent_and_stored("| settlement as sent | stored (canonical, as the ledger writes it) |");
     assert_eq!(rows.len(), 3);
     for [sent, stored] in &rows {
-        let dir = tempfile::tempdir().unwrap();
-        let (l, auditor) = crate::store::new_ledger(&dir.path().join("l"), Default::default());
-        l.append(Decision::from_json(r#"{"run":"r1","kind":"start"}"#).unwrap())
-            .unwrap();
-        l.append(Decision::from_json(sent).unwrap()).unwrap();
-        let back = crate::store::read_back(&l, &auditor);
-        let last = back.last().unwrap();
-        assert_eq!(
-            String::from_utf8(last.to_canonical_json()).unwrap(),
-            *stored
-        );
+        assert_eq!(stored_after_a_start(sent), *stored);
         let d = Decision::from_stored(stored.as_bytes()).unwrap();
         assert!(
             d.overrun_nanos == Some(500)
