@@ -89,26 +89,9 @@ async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() 
 async fn after_kill_9_mid_stream_the_operator_settles_what_the_call_held() {
     let upstream = FakeUpstream::start(FakeOptions::default());
     let dir = tempfile::tempdir().expect("dir");
-    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let served = Served::new(dir.path(), &policy(&upstream, 1000));
     let token = served.start_run("r").await;
-    let (addr, auth) = (served.proxy, bearer(&token));
-    let streaming = tokio::spawn(async move {
-        call(
-            addr,
-            "/openai/v1/chat/completions",
-            &[("authorization", &auth)],
-            chat("fake-slow", json!({"stream": true, "max_tokens": 50})),
-        )
-        .await
-    });
-    let started = Instant::now();
-    while upstream.seen().is_empty() {
-        assert!(started.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    served.kill9();
-    assert!(streaming.await.expect("task").cut);
-    let mut served = Served::start(dir.path());
+    let mut served = served.killed_mid_stream(&upstream, &token).await;
     let st = served.standing("r").await;
     let held = st["held_nanos"].as_u64().expect("held");
     assert!(held >= 50_000_000, "held, never lost: {st}");

@@ -207,6 +207,37 @@ impl Served {
         self.daemon.kill_9();
     }
 
+    /// A stream of `fake-slow` under way on `token`'s run (the upstream got it), then
+    /// the daemon killed with `kill -9` and started again: the new daemon. The client's
+    /// stream ends with the old one.
+    async fn killed_mid_stream(mut self, upstream: &FakeUpstream, token: &str) -> Served {
+        let (addr, auth) = (self.proxy, bearer(token));
+        let streaming = tokio::spawn(async move {
+            call(
+                addr,
+                "/openai/v1/chat/completions",
+                &[("authorization", &auth)],
+                chat("fake-slow", json!({"stream": true, "max_tokens": 50})),
+            )
+            .await
+        });
+        let started = Instant::now();
+        while upstream.seen().is_empty() {
+            assert!(started.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Some of the stream has reached the client.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.kill9();
+        assert!(
+            streaming.await.expect("task").cut,
+            "the client's stream ends with the daemon"
+        );
+        let dir = self.dir().to_owned();
+        drop(self);
+        Served::start(&dir)
+    }
+
     /// Stops the daemon; `tally verify` finds the ledger intact and replay nothing; the
     /// report.
     fn verifies(&mut self) -> Value {

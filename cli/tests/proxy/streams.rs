@@ -141,29 +141,9 @@ async fn a_redirect_to_another_host_is_refused_and_recorded_and_a_cut_stream_sta
 async fn kill_9_mid_stream_keeps_the_reservation_held_after_restart() {
     let upstream = FakeUpstream::start(FakeOptions::default());
     let dir = tempfile::tempdir().expect("dir");
-    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let served = Served::new(dir.path(), &policy(&upstream, 1000));
     let token = served.start_run("r").await;
-    let (addr, auth) = (served.proxy, bearer(&token));
-    let streaming = tokio::spawn(async move {
-        call(
-            addr,
-            "/openai/v1/chat/completions",
-            &[("authorization", &auth)],
-            chat("fake-slow", json!({"stream": true, "max_tokens": 50})),
-        )
-        .await
-    });
-    // The stream is under way (the upstream got it) when the daemon is killed.
-    let started = Instant::now();
-    while upstream.seen().is_empty() {
-        assert!(started.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    served.kill9();
-    let a = streaming.await.expect("task");
-    assert!(a.cut, "the client's stream ends with the daemon");
-    let mut served = Served::start(dir.path());
+    let mut served = served.killed_mid_stream(&upstream, &token).await;
     let st = served.standing("r").await;
     assert_eq!(st["settled_nanos"], 0, "{st}");
     assert!(
