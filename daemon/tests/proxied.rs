@@ -123,6 +123,7 @@ async fn the_agent_socket_refuses_outcomes_of_proxied_attempts() {
         result_digest: None,
         worker: None,
         usage_refused: None,
+        usage: None,
     };
     let proxy = Caller {
         uid: owner,

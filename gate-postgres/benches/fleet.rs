@@ -64,6 +64,7 @@ fn one_call<B: StateBackend>(gate: &Gate<B>, run: &str, i: u64) -> Duration {
         result_digest: None,
         worker: None,
         usage_refused: None,
+        usage: None,
     };
     gate.outcome_blocking(OPERATOR, req).expect("outcome");
     took
@@ -318,6 +319,7 @@ fn main() {
         result_digest: None,
         worker: None,
         usage_refused: None,
+        usage: None,
     };
     gate.outcome_blocking(OPERATOR, req).expect("outcome");
     let after_outcome = trips();

@@ -220,6 +220,7 @@ fn breaker_shared<F: Fleet>(fleet: &F) -> String {
             result_digest: None,
             worker: None,
             usage_refused: None,
+            usage: None,
         };
         gates[0].outcome_blocking(OPERATOR, req).expect("outcome");
     }

@@ -208,6 +208,7 @@ impl<B: StateBackend> Gate<B> {
             result_digest: None,
             worker: None,
             usage_refused: None,
+            usage: None,
         };
         self.record_outcome(caller, outcome, true, done)
     }
@@ -265,6 +266,7 @@ impl<B: StateBackend> Gate<B> {
                 proxied: caller.proxied.then_some(true),
                 operator: by_operator.then_some(true),
                 usage_refused: req.usage_refused.filter(|_| caller.proxied),
+                usage: req.usage.filter(|_| caller.proxied),
                 uid: caller.uid,
                 policy: Some(self.policy.digest.clone()),
                 ..Decision::default()

@@ -150,6 +150,10 @@ pub struct OutcomeRequest {
     /// upstream reported; the outcome is an `error` settled at its reservation.
     #[serde(skip)]
     pub usage_refused: Option<tally_ledger::UsageRefused>,
+    /// Tally's proxy only (never on the wire): the usage the upstream reported, recorded
+    /// on the outcome beside what it settled.
+    #[serde(skip)]
+    pub usage: Option<tally_ledger::Usage>,
 }
 
 /// `POST /v1/runs/{run}/stop`.

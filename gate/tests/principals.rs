@@ -117,6 +117,7 @@ impl Fixture {
             result_digest: None,
             worker: None,
             usage_refused: None,
+            usage: None,
         };
         self.gate.outcome_blocking(who, req).map(drop)
     }

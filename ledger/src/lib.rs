@@ -38,7 +38,7 @@ mod tail;
 pub mod tlog;
 mod tree;
 
-pub use decision::{Action, Decision, Effect, Kind, Reason, Status, UsageRefused};
+pub use decision::{Action, Decision, Effect, Kind, Reason, Status, Usage, UsageRefused};
 pub use error::{ArgsError, CryptoError, DecisionError, Error, FormatError, Result};
 pub use format::{Checkpoint, Entry, EntryType, Frame, Hash, Header, LedgerId};
 pub use keys::{AuditorKey, LedgerPublic};

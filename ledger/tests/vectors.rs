@@ -534,3 +534,35 @@ fn settlement_vectors_match_docs() {
         assert!(err.contains(field), "{bad}: {err}");
     }
 }
+
+/// docs/FORMAT.md, "Usage: what the upstream reported": each outcome as sent and its
+/// stored bytes (the counts in their one order); the forms the section refuses are
+/// refused, naming `usage`.
+#[test]
+fn usage_vectors_match_docs() {
+    let rows = sent_and_stored("| usage as sent | stored (canonical, as the ledger writes it) |");
+    assert_eq!(rows.len(), 3);
+    for [sent, stored] in &rows {
+        assert_eq!(stored_after_a_start(sent), *stored);
+        let d = Decision::from_stored(stored.as_bytes()).unwrap();
+        assert!(d.usage.is_some_and(|u| !u.is_empty()), "{stored}");
+    }
+    for bad in [
+        r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","proxied":true,"usage":{"input_tokens":0}}"#,
+        r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","proxied":true,"usage":{}}"#,
+        r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","usage":{"input_tokens":1}}"#,
+        r#"{"run":"r1","kind":"allow","tool":"t","proxied":true,"usage":{"input_tokens":1}}"#,
+    ] {
+        let d = Decision::from_json(bad).expect("parses");
+        let err = d.validate().expect_err(bad).to_string();
+        assert!(err.contains("usage"), "{bad}: {err}");
+    }
+    for unparsed in [
+        r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","proxied":true,"usage":{"input_tokens":1,"input_tokens":2}}"#,
+        r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","proxied":true,"usage":{"tokens":1}}"#,
+        r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","proxied":true,"usage":{"input_tokens":-1}}"#,
+        r#"{"run":"r1","kind":"outcome","attempt":1,"status":"ok","proxied":true,"usage":{"input_tokens":1.5}}"#,
+    ] {
+        assert!(Decision::from_json(unparsed).is_err(), "{unparsed}");
+    }
+}

@@ -68,6 +68,8 @@ struct Ended {
     digest: Option<String>,
     observed: Option<String>,
     usage_refused: Option<UsageRefused>,
+    /// What the upstream reported, as recorded on the outcome.
+    usage: Option<tally_record::Usage>,
 }
 
 /// What a complete answer says the call cost.
@@ -106,11 +108,12 @@ impl Pump {
                 digest: None,
                 observed,
                 usage_refused: None,
+                usage: None,
             },
         )
         .await;
         if let Some(span) = self.span {
-            span.end(status_name(status), None, None);
+            span.end(status.as_str(), None, None);
         }
     }
 
@@ -273,6 +276,7 @@ impl Pump {
                     digest,
                     observed: None,
                     usage_refused: None,
+                    usage: None,
                 }
             }
             Ok(()) => {
@@ -312,28 +316,19 @@ impl Pump {
                 } else {
                     billed(&reported, self.settle.price.as_ref())
                 };
-                classify(status, billed, self.settle.reserved, retry_after_ms, digest)
+                let mut ended =
+                    classify(status, billed, self.settle.reserved, retry_after_ms, digest);
+                if status.is_success() {
+                    ended.usage = used.as_ref().and_then(crate::usage::Usage::recorded);
+                }
+                ended
             }
         };
         let recorded = ended.status;
         outcome(&self.shared, &self.settle, ended).await;
         if let Some(span) = self.span.take() {
-            span.end(status_name(recorded), Some(status.as_u16()), used);
+            span.end(recorded.as_str(), Some(status.as_u16()), used);
         }
-    }
-}
-
-/// A status as the span names it.
-fn status_name(s: Status) -> &'static str {
-    match s {
-        Status::Ok => "ok",
-        Status::Error => "error",
-        Status::Rejected => "rejected",
-        Status::Timeout => "timeout",
-        Status::Running => "running",
-        Status::Unknown => "unknown",
-        #[allow(unreachable_patterns)]
-        _ => "other",
     }
 }
 
@@ -419,6 +414,7 @@ fn classify(
         digest,
         observed: None,
         usage_refused,
+        usage: None,
     }
 }
 
@@ -435,6 +431,7 @@ async fn outcome(shared: &Shared, s: &Settle, e: Ended) {
         result_digest: e.digest,
         worker: None,
         usage_refused: e.usage_refused,
+        usage: e.usage,
     };
     let caller = s.caller;
     let r = crate::proxy::call(&shared.gate, &shared.stage, move |gate, done| {

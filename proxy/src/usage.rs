@@ -79,6 +79,19 @@ impl Usage {
             || (self.web_searches > 0 && price.web_search_per_use.is_none())
     }
 
+    /// As an outcome records it (`None` when it reports nothing at all).
+    pub fn recorded(&self) -> Option<tally_record::Usage> {
+        let u = tally_record::Usage::of(
+            self.input,
+            self.cached,
+            self.written,
+            self.written_1h,
+            self.output,
+            self.web_searches,
+        );
+        (!u.is_empty()).then_some(u)
+    }
+
     /// Every token it counts.
     pub fn tokens(&self) -> u64 {
         self.input

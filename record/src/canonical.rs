@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::decision::{
-    Budget, Channel, Decision, Effect, Kind, Limit, Reason, Scope, Status, UsageRefused,
+    Budget, Channel, Decision, Effect, Kind, Limit, Reason, Scope, Status, Usage, UsageRefused,
 };
 
 /// Read a canonical stored decision, or `None` if the bytes are not exactly in canonical
@@ -226,6 +226,7 @@ impl<'a> Reader<'a> {
         opt!(proxied, self.boolean()?);
         opt!(overrun_nanos, self.u64()?);
         opt!(usage_refused, usage_refused(self.word()?)?);
+        opt!(usage, self.usage()?);
         opt!(operator, self.boolean()?);
         opt!(trace_id, self.string()?);
         opt!(prev_seq, self.u64()?);
@@ -253,6 +254,28 @@ impl<'a> Reader<'a> {
         opt!(polls);
         opt!(depth);
         self.eat(b"}").then_some(b)
+    }
+
+    fn usage(&mut self) -> Option<Usage> {
+        if !self.eat(b"{") {
+            return None;
+        }
+        let mut first = true;
+        let mut u = Usage::default();
+        macro_rules! opt {
+            ($field:ident) => {
+                if self.key(&mut first, stringify!($field)) {
+                    u.$field = Some(self.u64()?);
+                }
+            };
+        }
+        opt!(input_tokens);
+        opt!(cached_tokens);
+        opt!(cache_write_tokens);
+        opt!(cache_write_1h_tokens);
+        opt!(output_tokens);
+        opt!(web_searches);
+        self.eat(b"}").then_some(u)
     }
 
     fn scope(&mut self) -> Option<Scope> {
@@ -532,10 +555,19 @@ mod tests {
             o(num()),
             o(any::<bool>()),
             o(refused),
+            o((o(num()), o(num()), o(num()), o(num()), o(num()), o(num()))),
         )
             .boxed();
         (a, b, c, e, o(limits), g, h, o(any::<bool>()))
             .prop_map(|(a, b, c, e, limits, g, h, proxied)| Decision {
+                usage: h.6.map(|u| Usage {
+                    input_tokens: u.0,
+                    cached_tokens: u.1,
+                    cache_write_tokens: u.2,
+                    cache_write_1h_tokens: u.3,
+                    output_tokens: u.4,
+                    web_searches: u.5,
+                }),
                 overrun_nanos: h.3,
                 operator: h.4,
                 usage_refused: h.5,

@@ -5,6 +5,7 @@
 //! `args` by `args_digest`, BLAKE3 over the canonical JSON of the arguments.
 
 mod codes;
+mod usage;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ pub use crate::strict::is_blank_line;
 use crate::strict::{limits, present};
 
 pub use codes::{Action, Channel, Effect, Kind, Reason, Status, UsageRefused};
+pub use usage::Usage;
 
 /// Longest `args_preview` the ledger stores, in bytes.
 pub const MAX_PREVIEW_BYTES: usize = 256;
@@ -323,6 +325,12 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub usage_refused: Option<UsageRefused>,
+    /// The tokens and server tool uses the upstream reported for the call (outcome):
+    /// what its settlement priced (or, with `usage_refused: unpriced`, could not).
+    /// Written by the gate for tally's proxy alone, on the outcome it observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub usage: Option<Usage>,
     /// The outcome was recorded by the operator (outcome; only `true` is written):
     /// `tally settle` settling what a call held when nobody observed how it ended (a cut
     /// stream, a daemon killed mid-call), from the upstream's own figure. Only the gate

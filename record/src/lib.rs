@@ -20,6 +20,6 @@ pub mod words;
 
 pub use args::Args;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Action, Decision, Effect, Kind, Reason, Status, UsageRefused};
+pub use decision::{Action, Decision, Effect, Kind, Reason, Status, Usage, UsageRefused};
 pub use error::{ArgsError, DecisionError};
 pub use money::{parse_usd, MoneyError, Nanos};

@@ -293,6 +293,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                     result_digest: result.map(|r| blake3::hash(&[r]).to_hex().to_string()),
                     worker: None,
                     usage_refused: None,
+                    usage: None,
                 };
                 let _ = gate.outcome_blocking(AGENT, req);
             }

@@ -87,6 +87,7 @@ fn analysed(forge: impl FnOnce(&Ledger, &str)) -> Report {
             result_digest: None,
             worker: None,
             usage_refused: None,
+            usage: None,
         },
     )
     .expect("the proxy's outcome");

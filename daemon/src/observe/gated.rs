@@ -71,13 +71,15 @@ impl Gatekeeper for Observed {
         .flatten()
         .map(|n| n.0);
         let (run, attempt, status) = (req.run.clone(), req.attempt, req.status);
+        // Only the proxy's own report carries a usage (the gate records it for no other).
+        let usage = req.usage.filter(|_| caller.proxied);
         let observer = Arc::clone(&self.observer);
         self.inner.outcome(
             caller,
             req,
             Box::new(move |r| {
                 if let Ok(l) = &r {
-                    observer.outcome(&run, attempt, status, nanos, l);
+                    observer.outcome(&run, attempt, status, nanos, usage.as_ref(), l);
                 }
                 done(r)
             }),
@@ -95,7 +97,7 @@ impl Gatekeeper for Observed {
                 if let Ok(l) = &r {
                     // The operator's settlement is the attempt's outcome: `unknown`.
                     let status = tally_ledger::Status::Unknown;
-                    observer.outcome(&name, attempt, status, Some(nanos), l);
+                    observer.outcome(&name, attempt, status, Some(nanos), None, l);
                 }
                 done(r)
             }),

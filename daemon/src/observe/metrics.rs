@@ -47,6 +47,8 @@ pub(crate) struct Metrics {
     upstream_checks: Family<Labels, Counter>,
     upstream_reserved: Family<Labels, Counter>,
     upstream_settled: Family<Labels, Counter>,
+    upstream_tokens: Family<Labels, Counter>,
+    upstream_web_searches: Family<Labels, Counter>,
     /// The labels of each proxied attempt not yet settled, so that its outcome (which
     /// names no upstream) is counted under its call's upstream and model.
     open_calls: Mutex<OpenCalls>,
@@ -233,6 +235,18 @@ impl Metrics {
             "Nanodollars (1e-9 USD) settled by the proxy's observed outcomes, by upstream and model",
             upstream_settled.clone(),
         );
+        let upstream_tokens = Family::<Labels, Counter>::default();
+        registry.register(
+            "upstream_tokens",
+            "Tokens the upstreams reported for the proxy's calls, by upstream, model and price class (input, cached, cache_write, cache_write_1h, output)",
+            upstream_tokens.clone(),
+        );
+        let upstream_web_searches = Family::<Labels, Counter>::default();
+        registry.register(
+            "upstream_web_searches",
+            "Server-side web searches the upstreams reported for the proxy's calls, by upstream and model",
+            upstream_web_searches.clone(),
+        );
         let rate_limited = Counter::default();
         registry.register(
             "rate_limited_requests",
@@ -309,6 +323,8 @@ impl Metrics {
             upstream_checks,
             upstream_reserved,
             upstream_settled,
+            upstream_tokens,
+            upstream_web_searches,
             open_calls: Mutex::new(OpenCalls::default()),
         }
     }
@@ -344,8 +360,15 @@ impl Metrics {
     }
 
     /// A proxied attempt's settlement (an outcome of an attempt that is not the proxy's
-    /// changes nothing here). Its labels are forgotten once it is settled.
-    pub fn upstream_outcome(&self, run: &str, attempt: u64, settled_nanos: Option<u64>) {
+    /// changes nothing here), with the usage the upstream reported. Its labels are
+    /// forgotten once it is settled.
+    pub fn upstream_outcome(
+        &self,
+        run: &str,
+        attempt: u64,
+        settled_nanos: Option<u64>,
+        usage: Option<&tally_ledger::Usage>,
+    ) {
         let Some(n) = settled_nanos else {
             // Held still (`unknown`, `timeout`): a later outcome settles it.
             return;
@@ -356,8 +379,30 @@ impl Metrics {
             .unwrap_or_else(|e| e.into_inner())
             .by
             .remove(&(run.to_owned(), attempt));
-        if let Some(call) = call {
-            self.upstream_settled
+        let Some(call) = call else {
+            return;
+        };
+        self.upstream_settled
+            .get_or_create(&call.labels())
+            .inc_by(n);
+        let Some(u) = usage else {
+            return;
+        };
+        for (class, n) in [
+            ("input", u.input_tokens),
+            ("cached", u.cached_tokens),
+            ("cache_write", u.cache_write_tokens),
+            ("cache_write_1h", u.cache_write_1h_tokens),
+            ("output", u.output_tokens),
+        ] {
+            if let Some(n) = n {
+                let mut l = call.labels();
+                l.push(("class", class.to_owned()));
+                self.upstream_tokens.get_or_create(&l).inc_by(n);
+            }
+        }
+        if let Some(n) = u.web_searches {
+            self.upstream_web_searches
                 .get_or_create(&call.labels())
                 .inc_by(n);
         }

@@ -408,20 +408,6 @@ pub(crate) fn verdict(v: tally_policy::Verdict) -> &'static str {
     }
 }
 
-fn status(s: tally_ledger::decision::Status) -> &'static str {
-    use tally_ledger::decision::Status as S;
-    match s {
-        S::Ok => "ok",
-        S::Error => "error",
-        S::Rejected => "rejected",
-        S::Timeout => "timeout",
-        S::Running => "running",
-        S::Unknown => "unknown",
-        #[allow(unreachable_patterns)]
-        _ => "other",
-    }
-}
-
 impl Observer {
     /// A check was answered (once durable).
     pub fn checked(
@@ -494,12 +480,14 @@ impl Observer {
         attempt: u64,
         s: tally_ledger::decision::Status,
         settled_nanos: Option<u64>,
+        usage: Option<&tally_ledger::Usage>,
         logged: &tally_gate::Logged,
     ) {
         let seq = logged.seq;
         self.metrics
-            .outcome(status(s), settled_nanos, logged.overrun_nanos);
-        self.metrics.upstream_outcome(run, attempt, settled_nanos);
+            .outcome(s.as_str(), settled_nanos, logged.overrun_nanos);
+        self.metrics
+            .upstream_outcome(run, attempt, settled_nanos, usage);
         // The trajectory moves when the spend settles, not only at the next check.
         self.live.settled(run, &logged.limits, wall_ms());
         self.bump();
@@ -510,9 +498,10 @@ impl Observer {
                 "msg": "decision",
                 "kind": "outcome",
                 "run": run,
-                "status": status(s),
+                "status": s.as_str(),
                 "seq": seq,
                 "overrun_nanos": logged.overrun_nanos,
+                "usage": usage,
             }));
         }
     }

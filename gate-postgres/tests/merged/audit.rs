@@ -68,6 +68,7 @@ fn outcome(h: &Host, run: &str, attempt: u64, status: Status) {
         result_digest: None,
         worker: None,
         usage_refused: None,
+        usage: None,
     };
     h.gate.outcome_blocking(AGENT, req).expect("outcome");
 }
@@ -355,6 +356,7 @@ fn racing_hosts_replay_clean_in_version_order() {
                         result_digest: None,
                         worker: None,
                         usage_refused: None,
+                        usage: None,
                     };
                     settle.gate.outcome_blocking(AGENT, req).expect("outcome");
                     return 1;

@@ -17,6 +17,7 @@ pub(super) fn outcome(options: &Options, attempt: u64, status: Status) -> Outcom
         result_digest: None,
         worker: options.worker.clone(),
         usage_refused: None,
+        usage: None,
     }
 }
 

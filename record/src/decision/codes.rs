@@ -275,6 +275,26 @@ pub enum Status {
     Unknown,
 }
 
+impl Status {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Error => "error",
+            Status::Rejected => "rejected",
+            Status::Timeout => "timeout",
+            Status::Running => "running",
+            Status::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Why the proxy did not believe the usage an upstream reported (an outcome's
 /// `usage_refused`): the call is then an `error` settled at its reservation, never at a
 /// number it cannot price or that cannot be true, and `tally verify` lists it.

@@ -128,7 +128,7 @@ impl Decision {
             }
         }
         self.validate_amounts()?;
-        let present: [(&'static str, bool, &[Kind]); 50] = [
+        let present: [(&'static str, bool, &[Kind]); 51] = [
             ("worker", self.worker.is_some(), Kind::ALL),
             ("at_ms", self.at_ms.is_some(), Kind::ALL),
             ("goal", self.goal.is_some(), &[Kind::Start]),
@@ -239,6 +239,7 @@ impl Decision {
                 self.usage_refused.is_some(),
                 &[Kind::Outcome],
             ),
+            ("usage", self.usage.is_some(), &[Kind::Outcome]),
             (
                 "trace_id",
                 self.trace_id.is_some(),
@@ -344,6 +345,15 @@ impl Decision {
                 field: "usage_refused",
                 why: "is written by tally's proxy on an `error` outcome only (`proxied`, status `error`)",
             });
+        }
+        if let Some(u) = &self.usage {
+            if self.proxied != Some(true) {
+                return Err(DecisionError::Invalid {
+                    field: "usage",
+                    why: "is written by tally's proxy on the outcome it observed only (`proxied`)",
+                });
+            }
+            u.validate()?;
         }
         if self.operator == Some(true) && self.proxied.is_some() {
             return Err(DecisionError::Invalid {
