@@ -383,3 +383,4 @@ mod peers;
 mod race;
 mod streams;
 mod traced;
+mod usage;

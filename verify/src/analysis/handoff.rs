@@ -2,7 +2,7 @@
 
 use crate::event::Seq;
 use serde::Serialize;
-use tally_ledger::{Action, Effect, Reason};
+use tally_ledger::{Action, Effect, Reason, Status, Usage, UsageRefused};
 
 /// A moment on both clocks: the run's own, and the ledger's wall clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -71,6 +71,57 @@ pub struct Completed {
     /// What it settled, nanodollars (what it cost).
     pub settled_nanos: u64,
     /// When it completed.
+    pub at: When,
+}
+
+/// A model call tally's proxy made for the run and observed to its end (an outcome of
+/// an attempt on channel `model`): which model, what the upstream reported and what it
+/// cost. Upstream errors are here too, with their status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ModelCall {
+    /// The seq of its outcome.
+    pub seq: Seq,
+    /// Its attempt.
+    pub attempt: u64,
+    /// The upstream (its tool).
+    pub upstream: Option<String>,
+    /// The model it asked for (its allow's preview: the proxy writes the model there).
+    pub model: Option<String>,
+    /// How it ended.
+    pub status: Status,
+    /// The tokens and server tool uses the upstream reported (none when it reported
+    /// nothing: an error, a cut answer).
+    pub usage: Option<Usage>,
+    /// What it settled, nanodollars.
+    pub settled_nanos: u64,
+    /// How far that was above its reservation (the upstream billed more than the gate
+    /// reserved), nanodollars.
+    pub overrun_nanos: Option<u64>,
+    /// Why the usage the upstream reported was not believed (settled at the
+    /// reservation).
+    pub usage_refused: Option<UsageRefused>,
+    /// When it ended.
+    pub at: When,
+}
+
+/// A call the gate refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RefusedCall {
+    /// The deny's seq.
+    pub seq: Seq,
+    /// Its tool (a proxied call's upstream).
+    pub tool: Option<String>,
+    /// Its logical operation.
+    pub operation: Option<String>,
+    /// Its preview (a proxied call's model).
+    pub preview: Option<String>,
+    /// The reason code.
+    pub reason: Reason,
+    /// What the code tells a caller to do.
+    pub action: Action,
+    /// For `approval_required`: the limit a grant would lift.
+    pub cause: Option<Reason>,
+    /// When it was refused.
     pub at: When,
 }
 
@@ -323,6 +374,14 @@ pub struct Handoff {
     pub completed: Vec<Completed>,
     /// All completed calls, listed or not.
     pub completed_total: u64,
+    /// Model calls the proxy observed to their end (the latest 50).
+    pub model_calls: Vec<ModelCall>,
+    /// All such model calls, listed or not.
+    pub model_calls_total: u64,
+    /// Calls the gate refused (the latest 50).
+    pub refused: Vec<RefusedCall>,
+    /// All refused calls, listed or not.
+    pub refused_total: u64,
     /// External work not resolved.
     pub pending: Vec<Pending>,
     /// The last remote state observed.

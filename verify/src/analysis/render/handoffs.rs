@@ -134,6 +134,8 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             );
         }
     }
+    model_calls_text(h, out);
+    refused_text(h, out);
     if h.pending.is_empty() {
         let _ = writeln!(out, "  Pending external work: none.");
     } else {
@@ -245,6 +247,88 @@ fn handoff_text(h: &Handoff, out: &mut String) {
         Coverage::Unknown => "not determined".to_owned(),
     };
     let _ = writeln!(out, "  Checkpoint: {cover}");
+}
+
+/// "(latest N of M)" when not every one is listed.
+fn latest(listed: usize, total: u64) -> String {
+    if (listed as u64) < total {
+        format!(" (latest {listed} of {total})")
+    } else {
+        String::new()
+    }
+}
+
+/// The model calls the proxy observed: model, tokens, cost, and how each ended.
+fn model_calls_text(h: &Handoff, out: &mut String) {
+    if h.model_calls_total == 0 {
+        return;
+    }
+    let more = latest(h.model_calls.len(), h.model_calls_total);
+    let _ = writeln!(out, "  Model calls{more}:");
+    for c in &h.model_calls {
+        let what = match (&c.upstream, &c.model) {
+            (Some(u), Some(m)) => format!("{} {}", shown(u), shown(m)),
+            (Some(u), None) => shown(u).into_owned(),
+            (None, Some(m)) => shown(m).into_owned(),
+            (None, None) => "a model call".to_owned(),
+        };
+        let tokens = c
+            .usage
+            .map(|u| {
+                let searches = match u.web_searches {
+                    Some(n) => format!(", {}", plural(n, "web search", "web searches")),
+                    None => String::new(),
+                };
+                format!(", {} tokens in, {} out{searches}", u.input(), u.output())
+            })
+            .unwrap_or_default();
+        let mut notes = String::new();
+        if let Some(o) = c.overrun_nanos {
+            let _ = write!(notes, "; OVERRUN: {} above its reservation", Nanos(o));
+        }
+        if let Some(r) = c.usage_refused {
+            let _ = write!(
+                notes,
+                "; usage not believed ({}): settled at its reservation",
+                r.as_str()
+            );
+        }
+        let _ = writeln!(
+            out,
+            "    - {what}: {}{tokens}, {}{notes} (attempt {}, seq {}, {})",
+            c.status,
+            Nanos(c.settled_nanos),
+            c.attempt,
+            c.seq,
+            moment(c.at)
+        );
+    }
+}
+
+/// The calls the gate refused, and why.
+fn refused_text(h: &Handoff, out: &mut String) {
+    if h.refused_total == 0 {
+        return;
+    }
+    let more = latest(h.refused.len(), h.refused_total);
+    let _ = writeln!(out, "  Refused{more}:");
+    for r in &h.refused {
+        let preview = r
+            .preview
+            .as_deref()
+            .map(|p| format!(" \"{}\"", shown(p)))
+            .unwrap_or_default();
+        let cause = r.cause.map(|c| format!(" ({c})")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "    - {}{preview}: {}{cause}, action {} (seq {}, {})",
+            name(r.tool.as_deref(), r.operation.as_deref()),
+            r.reason,
+            r.action,
+            r.seq,
+            moment(r.at)
+        );
+    }
 }
 
 /// The handoffs as text: every run's, or only `run`'s.

@@ -5,7 +5,7 @@ use tally_ledger::{Action, Decision, Kind, Reason};
 use tally_policy::state::tool_key;
 use tally_policy::{LoopRule, PollRule};
 
-use crate::analysis::handoff::When;
+use crate::analysis::handoff::{RefusedCall, When};
 use crate::analysis::loops::{CallFacts, Pattern, Series, ToolStorms};
 use crate::analysis::names::Names;
 use crate::event::Seq;
@@ -177,6 +177,9 @@ impl RunAnalysis {
                         args_digest: d.args_digest.as_deref().map(Box::from),
                         effect: d.effect,
                         model: d.channel == Some(tally_ledger::decision::Channel::Model),
+                        model_name: (d.channel == Some(tally_ledger::decision::Channel::Model))
+                            .then(|| d.args_preview.as_deref().map(Box::from))
+                            .flatten(),
                         seq: e.seq,
                         at,
                         remote_ref: None,
@@ -196,6 +199,20 @@ impl RunAnalysis {
 
     fn refusal(&mut self, d: &Decision, seq: Seq, at: When, reason: Reason, cause: Option<Reason>) {
         let action = reason.action();
+        super::listed(
+            &mut self.refused,
+            &mut self.refused_total,
+            RefusedCall {
+                seq,
+                tool: d.tool.clone(),
+                operation: d.operation.clone(),
+                preview: d.args_preview.clone(),
+                reason,
+                action,
+                cause,
+                at,
+            },
+        );
         self.last_refusal = Some(Halt {
             reason,
             cause,

@@ -14,7 +14,7 @@ mod call;
 mod handoff;
 mod outcome;
 
-use super::handoff::{Completed, Observed, StopReason, StopStatus, When};
+use super::handoff::{Completed, ModelCall, Observed, RefusedCall, StopReason, StopStatus, When};
 use super::loops::{Close, Loop, Pattern, Series, ToolStorms};
 use super::names::{CallNames, Names};
 use crate::event::Seq;
@@ -77,6 +77,8 @@ struct Open {
     counted: bool,
     /// A model call (channel `model`): what it settles is the run's model spend.
     model: bool,
+    /// A model call's model: its allow's preview, where the proxy writes it.
+    model_name: Option<Box<str>>,
     /// Its place among the run's recent calls (`firsts`, counted from the first ever).
     ring: Option<u64>,
     /// The series it belongs to: identical calls, retries, polls (keys), and its tool.
@@ -142,6 +144,10 @@ pub(crate) struct RunAnalysis {
     pub unknown: HashMap<u64, UnknownWrite>,
     pub completed: VecDeque<Completed>,
     pub completed_total: u64,
+    pub model_calls: VecDeque<ModelCall>,
+    pub model_calls_total: u64,
+    pub refused: VecDeque<RefusedCall>,
+    pub refused_total: u64,
     /// What the run's model calls have settled so far (loops report what was spent on
     /// model turns while they went on).
     model_settled: u64,
@@ -183,6 +189,10 @@ impl RunAnalysis {
             unknown: HashMap::new(),
             completed: VecDeque::new(),
             completed_total: 0,
+            model_calls: VecDeque::new(),
+            model_calls_total: 0,
+            refused: VecDeque::new(),
+            refused_total: 0,
             model_settled: 0,
             last_observed: None,
             backoff: None,
@@ -435,6 +445,15 @@ fn series_from(
         ),
         None => Series::new(pattern, seq, ms, names.tool.clone()),
     }
+}
+
+/// Keep `item` among the latest [`MAX_LISTED`] of `list`, counting it in `total`.
+fn listed<T>(list: &mut VecDeque<T>, total: &mut u64, item: T) {
+    *total += 1;
+    if list.len() >= MAX_LISTED {
+        list.pop_front();
+    }
+    list.push_back(item);
 }
 
 /// Remove and return the entries of `map` for which `f` holds.

@@ -5,7 +5,7 @@ use tally_ledger::{Effect, Status};
 use tally_policy::state::{call_id, ref_key, tool_key};
 
 use super::RunAnalysis;
-use crate::analysis::handoff::{Completed, Observed, Pending, PendingStatus, When};
+use crate::analysis::handoff::{Completed, ModelCall, Observed, Pending, PendingStatus, When};
 use crate::analysis::loops::{Loop, OutcomeFacts, ToolStorms};
 use crate::event::Seq;
 use crate::Event;
@@ -67,6 +67,22 @@ impl RunAnalysis {
         call.settled = call.settled.saturating_add(settled);
         if call.model {
             self.model_settled = self.model_settled.saturating_add(settled);
+            super::listed(
+                &mut self.model_calls,
+                &mut self.model_calls_total,
+                ModelCall {
+                    seq: e.seq,
+                    attempt,
+                    upstream: call.names.tool.as_deref().map(str::to_owned),
+                    model: call.model_name.as_deref().map(str::to_owned),
+                    status,
+                    usage: d.usage,
+                    settled_nanos: settled,
+                    overrun_nanos: d.overrun_nanos,
+                    usage_refused: d.usage_refused,
+                    at,
+                },
+            );
         }
         call.seq = e.seq;
         call.at = at;
