@@ -80,13 +80,16 @@ impl Proxy {
 
     /// The run the request's token names, if it may spend.
     async fn caught(&self, headers: &HeaderMap) -> Result<Caught, Refusal> {
-        let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        let bearer = value("authorization").and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-                .map(str::trim)
-        });
-        let token = match (bearer, value("x-api-key").map(str::trim)) {
+        // A field's value without the whitespace around it (RFC 9110 5.5: it is HTTP's,
+        // not the value's); the token itself must then be spelt exactly as minted.
+        let value = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.trim_matches([' ', '\t']))
+        };
+        let bearer = value("authorization").and_then(crate::token::bearer);
+        let token = match (bearer, value("x-api-key")) {
             (Some(a), Some(b)) if a != b => {
                 return Err(Refusal::token(
                     "two different keys (Authorization and x-api-key): send the run token once",
