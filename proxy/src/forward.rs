@@ -392,7 +392,7 @@ impl Proxy {
             Ok(Ok(r)) => r,
         };
         if response.status().is_redirection() {
-            if let Some(refusal) = redirect(route, response.headers()) {
+            if let Some(refusal) = crate::redirect::refused(&uri, response.headers()) {
                 pump.settle_now(
                     Status::Rejected,
                     Some("redirect_refused:scope_violation".into()),
@@ -582,33 +582,6 @@ fn betas(incoming: &HeaderMap, allowed: &[String]) -> Option<HeaderValue> {
         return None;
     }
     HeaderValue::from_str(&kept.join(",")).ok()
-}
-
-/// A redirect the proxy refuses: to any other scheme, host or port than the upstream's.
-/// One to the upstream itself is passed back as it is.
-fn redirect(route: &Route, headers: &HeaderMap) -> Option<Refusal> {
-    let location = headers
-        .get(hyper::header::LOCATION)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let same = if location.starts_with('/') && !location.starts_with("//") {
-        true
-    } else {
-        match location.parse::<hyper::Uri>() {
-            Ok(u) => {
-                u.scheme_str() == Some(route.scheme.as_str())
-                    && u.authority().map(|a| a.as_str()) == Some(route.authority.as_str())
-            }
-            Err(_) => false,
-        }
-    };
-    (!same).then(|| {
-        Refusal::reason(
-            Reason::ScopeViolation,
-            None,
-            "the upstream redirected to another host; tally never follows a redirect out of the upstream".into(),
-        )
-    })
 }
 
 /// The call's preview: at most 256 bytes, cut at a character.

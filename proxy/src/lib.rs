@@ -12,7 +12,7 @@
 //! 3. the worst case is reserved: the gate's `check` with the run owner's uid
 //!    (`proxied`), refused in the upstream's dialect ([`dialect`]);
 //! 4. the request goes to the upstream with the real credential (the agent's key never
-//!    does), redirects never followed;
+//!    does), redirects never followed, and refused unless they stay on it;
 //! 5. the answer streams back chunk by chunk while its usage ([`usage`]) and BLAKE3
 //!    digest are read from it; the gate's `outcome` settles the truth.
 //!
@@ -27,6 +27,7 @@ pub mod dialect;
 mod forward;
 mod plan;
 mod proxy;
+mod redirect;
 mod refuse;
 pub mod request;
 mod stream;
