@@ -183,12 +183,16 @@ impl Proxy {
             {
                 return Err(too_large(u.max_request_bytes));
             }
-            let bytes = match Limited::new(body, limit).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            // The whole body within the read timeout: a client that announces a body
+            // and stalls holds its connection (and its peer's place) no longer.
+            let reading = Limited::new(body, limit).collect();
+            let bytes = match tokio::time::timeout(self.read_timeout, reading).await {
+                Err(_) => return Err(too_slow(self.read_timeout)),
+                Ok(Ok(b)) => b.to_bytes(),
+                Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                     return Err(too_large(u.max_request_bytes))
                 }
-                Err(_) => {
+                Ok(Err(_)) => {
                     return Err(Pre::new(
                         Reason::RequestRefused,
                         StatusCode::BAD_REQUEST,
@@ -430,6 +434,20 @@ fn too_large(max: u64) -> Pre {
         StatusCode::PAYLOAD_TOO_LARGE,
         format!("the request body is over this upstream's max_request_bytes ({max} bytes)"),
     )
+}
+
+/// A body that did not arrive within the read timeout: 408 (the connection is closed
+/// after it: the rest of the body is never read).
+fn too_slow(limit: Duration) -> Pre {
+    Pre::new(
+        Reason::RequestRefused,
+        StatusCode::REQUEST_TIMEOUT,
+        format!(
+            "the request body did not arrive whole within {} ms (tally serve --proxy-read-timeout-ms); nothing was forwarded",
+            limit.as_millis()
+        ),
+    )
+    .closing()
 }
 
 fn channel_of(kind: UpstreamKind) -> Channel {

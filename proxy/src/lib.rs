@@ -7,8 +7,9 @@
 //! 1. the run token (the agent's API key) names the run ([`token`]); unknown, forged,
 //!    stopped or expired: 401, whatever the path, and nothing recorded;
 //! 2. the upstream must be named, the method and path its own; the body at most its
-//!    `max_request_bytes` (413), read strictly ([`request`]); each refusal here is
-//!    recorded through the gate as the run's `deny` before it is answered;
+//!    `max_request_bytes` (413), whole within the read timeout (408), read strictly
+//!    ([`request`]); each refusal here is recorded through the gate as the run's `deny`
+//!    before it is answered;
 //! 3. the worst case is reserved: the gate's `check` with the run owner's uid
 //!    (`proxied`), refused in the upstream's dialect ([`dialect`]);
 //! 4. the request goes to the upstream with the real credential (the agent's key never
@@ -39,7 +40,10 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty};
 
-pub use proxy::{read_credential, Admit, Peer, Proxy, ProxyError, ProxyOptions, Secret, Stage};
+pub use proxy::{
+    read_credential, Admit, Peer, Proxy, ProxyError, ProxyOptions, Secret, Stage,
+    DEFAULT_READ_TIMEOUT,
+};
 pub use token::TokenKey;
 
 /// The body of the proxy's answers.
