@@ -589,6 +589,11 @@ pub struct ServeArgs {
     /// too_many_connections [default: 64].
     #[arg(long, value_name = "N")]
     pub proxy_max_connections_per_peer: Option<usize>,
+    /// A proxied request's headers, and then its whole body, must each arrive within
+    /// this many ms; a body too slow gets 408 (recorded), and the connection is closed
+    /// [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub proxy_read_timeout_ms: Option<u64>,
     /// An upstream credential's secret, read from FILE (mode 0600, one line); repeat
     /// for each credential the policy's upstreams name. Never logged; zeroized.
     #[arg(long, value_name = "NAME=FILE")]

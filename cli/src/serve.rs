@@ -80,6 +80,12 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         (None, Some(_)) => bail!("--proxy-max-connections-per-peer: only the proxy has it; give --proxy-listen ADDR or --proxy-socket PATH"),
         (_, None) => {}
     }
+    match (&mut options.proxy, args.proxy_read_timeout_ms) {
+        (_, Some(0)) => bail!("--proxy-read-timeout-ms: must be at least 1"),
+        (Some(p), Some(ms)) => p.read_timeout = std::time::Duration::from_millis(ms),
+        (None, Some(_)) => bail!("--proxy-read-timeout-ms: only the proxy has it; give --proxy-listen ADDR or --proxy-socket PATH"),
+        (_, None) => {}
+    }
     Ok(options)
 }
 
@@ -285,6 +291,21 @@ mod tests {
     }
 
     #[test]
+    fn the_proxys_read_timeout_is_its_flag_or_the_default() {
+        let proxy = |extra: &[&str]| {
+            let mut argv = vec!["--proxy-listen", "127.0.0.1:7390"];
+            argv.extend_from_slice(extra);
+            parsed(&argv).expect("flags").proxy.expect("a proxy")
+        };
+        // Zero is the daemon's default (tally_proxy::DEFAULT_READ_TIMEOUT).
+        assert_eq!(proxy(&[]).read_timeout, std::time::Duration::ZERO);
+        assert_eq!(
+            proxy(&["--proxy-read-timeout-ms", "1500"]).read_timeout,
+            std::time::Duration::from_millis(1500)
+        );
+    }
+
+    #[test]
     fn bad_serve_flags_name_the_flag_and_the_fix() {
         let cases: &[(&[&str], &str)] = &[
             (&["--socket-mode", "0968"], "--socket-mode: socket mode \"0968\": write it in octal, like 0660"),
@@ -293,6 +314,8 @@ mod tests {
             (&["--rate-per-sec", "0"], "--rate-per-sec: must be at least 1 (leave it out for no limit)"),
             (&["--max-connections-per-peer", "0"], "--max-connections-per-peer: must be at least 1"),
             (&["--max-body-bytes", "0"], "--max-body-bytes: must be at least 1"),
+            (&["--proxy-read-timeout-ms", "500"], "--proxy-read-timeout-ms: only the proxy has it; give --proxy-listen ADDR or --proxy-socket PATH"),
+            (&["--proxy-listen", "127.0.0.1:7390", "--proxy-read-timeout-ms", "0"], "--proxy-read-timeout-ms: must be at least 1"),
         ];
         for (args, message) in cases {
             let e = parsed(args).expect_err("refused");

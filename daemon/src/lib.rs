@@ -216,6 +216,12 @@ pub struct ProxyServe {
     /// is answered `429 too_many_connections` and closed. `0` means the default,
     /// [`DEFAULT_PROXY_CONNECTIONS_PER_PEER`].
     pub max_connections_per_peer: usize,
+    /// A proxied request's headers, and then its whole body, must each arrive within
+    /// this time, or the connection is closed (a body too slow is answered 408 first,
+    /// and recorded like a body too large): a client that announces a body and stalls
+    /// holds its place no longer. Zero means the default,
+    /// [`tally_proxy::DEFAULT_READ_TIMEOUT`] (10 s).
+    pub read_timeout: Duration,
 }
 
 /// The proxy's default connections per peer: a model call can hold its connection for
@@ -466,7 +472,13 @@ async fn serve_inner(
         }
         let proxy = Arc::new(tally_proxy::Proxy::new(
             &app.gate.policy().policy,
-            proxy_options.admitting(proxy_admit(p.max_connections_per_peer)),
+            proxy_options
+                .admitting(proxy_admit(p.max_connections_per_peer))
+                .reading_within(if p.read_timeout.is_zero() {
+                    tally_proxy::DEFAULT_READ_TIMEOUT
+                } else {
+                    p.read_timeout
+                }),
             Arc::clone(&app.gate),
             app.stage.submitter(),
         )?);

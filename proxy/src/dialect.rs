@@ -32,6 +32,9 @@ pub struct Refusal {
     /// The run and the seq of the recorded refusal, answered as `x-tally-run` and
     /// `x-tally-seq` (none for a refusal nothing records: a bad token, a gate down).
     pub recorded: Option<(String, u64)>,
+    /// Close the connection after this answer (`Connection: close`): its request's
+    /// body was not read to its end (RFC 9110 15.5.9 for a 408).
+    pub close: bool,
 }
 
 impl Refusal {
@@ -55,6 +58,7 @@ impl Refusal {
             },
             cause: None,
             recorded: None,
+            close: false,
         }
     }
 
@@ -68,6 +72,7 @@ impl Refusal {
             retry_after_ms: None,
             cause: None,
             recorded: None,
+            close: false,
         }
     }
 
@@ -83,6 +88,7 @@ impl Refusal {
             retry_after_ms: None,
             recorded: None,
             cause: None,
+            close: false,
         }
     }
 
@@ -125,6 +131,9 @@ impl Refusal {
                 r = r.header("x-tally-run", v);
             }
             r = r.header("x-tally-seq", seq.to_string());
+        }
+        if self.close {
+            r = r.header("connection", "close");
         }
         r.body(
             Full::new(Bytes::from(body.to_string()))

@@ -80,13 +80,16 @@ impl Proxy {
 
     /// The run the request's token names, if it may spend.
     async fn caught(&self, headers: &HeaderMap) -> Result<Caught, Refusal> {
-        let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        let bearer = value("authorization").and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-                .map(str::trim)
-        });
-        let token = match (bearer, value("x-api-key").map(str::trim)) {
+        // A field's value without the whitespace around it (RFC 9110 5.5: it is HTTP's,
+        // not the value's); the token itself must then be spelt exactly as minted.
+        let value = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.trim_matches([' ', '\t']))
+        };
+        let bearer = value("authorization").and_then(crate::token::bearer);
+        let token = match (bearer, value("x-api-key")) {
             (Some(a), Some(b)) if a != b => {
                 return Err(Refusal::token(
                     "two different keys (Authorization and x-api-key): send the run token once",
@@ -180,12 +183,16 @@ impl Proxy {
             {
                 return Err(too_large(u.max_request_bytes));
             }
-            let bytes = match Limited::new(body, limit).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            // The whole body within the read timeout: a client that announces a body
+            // and stalls holds its connection (and its peer's place) no longer.
+            let reading = Limited::new(body, limit).collect();
+            let bytes = match tokio::time::timeout(self.read_timeout, reading).await {
+                Err(_) => return Err(too_slow(self.read_timeout)),
+                Ok(Ok(b)) => b.to_bytes(),
+                Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                     return Err(too_large(u.max_request_bytes))
                 }
-                Err(_) => {
+                Ok(Err(_)) => {
                     return Err(Pre::new(
                         Reason::RequestRefused,
                         StatusCode::BAD_REQUEST,
@@ -389,7 +396,7 @@ impl Proxy {
             Ok(Ok(r)) => r,
         };
         if response.status().is_redirection() {
-            if let Some(refusal) = redirect(route, response.headers()) {
+            if let Some(refusal) = crate::redirect::refused(&uri, response.headers()) {
                 pump.settle_now(
                     Status::Rejected,
                     Some("redirect_refused:scope_violation".into()),
@@ -427,6 +434,20 @@ fn too_large(max: u64) -> Pre {
         StatusCode::PAYLOAD_TOO_LARGE,
         format!("the request body is over this upstream's max_request_bytes ({max} bytes)"),
     )
+}
+
+/// A body that did not arrive within the read timeout: 408 (the connection is closed
+/// after it: the rest of the body is never read).
+fn too_slow(limit: Duration) -> Pre {
+    Pre::new(
+        Reason::RequestRefused,
+        StatusCode::REQUEST_TIMEOUT,
+        format!(
+            "the request body did not arrive whole within {} ms (tally serve --proxy-read-timeout-ms); nothing was forwarded",
+            limit.as_millis()
+        ),
+    )
+    .closing()
 }
 
 fn channel_of(kind: UpstreamKind) -> Channel {
@@ -579,33 +600,6 @@ fn betas(incoming: &HeaderMap, allowed: &[String]) -> Option<HeaderValue> {
         return None;
     }
     HeaderValue::from_str(&kept.join(",")).ok()
-}
-
-/// A redirect the proxy refuses: to any other scheme, host or port than the upstream's.
-/// One to the upstream itself is passed back as it is.
-fn redirect(route: &Route, headers: &HeaderMap) -> Option<Refusal> {
-    let location = headers
-        .get(hyper::header::LOCATION)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let same = if location.starts_with('/') && !location.starts_with("//") {
-        true
-    } else {
-        match location.parse::<hyper::Uri>() {
-            Ok(u) => {
-                u.scheme_str() == Some(route.scheme.as_str())
-                    && u.authority().map(|a| a.as_str()) == Some(route.authority.as_str())
-            }
-            Err(_) => false,
-        }
-    };
-    (!same).then(|| {
-        Refusal::reason(
-            Reason::ScopeViolation,
-            None,
-            "the upstream redirected to another host; tally never follows a redirect out of the upstream".into(),
-        )
-    })
 }
 
 /// The call's preview: at most 256 bytes, cut at a character.

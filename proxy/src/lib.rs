@@ -7,12 +7,13 @@
 //! 1. the run token (the agent's API key) names the run ([`token`]); unknown, forged,
 //!    stopped or expired: 401, whatever the path, and nothing recorded;
 //! 2. the upstream must be named, the method and path its own; the body at most its
-//!    `max_request_bytes` (413), read strictly ([`request`]); each refusal here is
-//!    recorded through the gate as the run's `deny` before it is answered;
+//!    `max_request_bytes` (413), whole within the read timeout (408), read strictly
+//!    ([`request`]); each refusal here is recorded through the gate as the run's `deny`
+//!    before it is answered;
 //! 3. the worst case is reserved: the gate's `check` with the run owner's uid
 //!    (`proxied`), refused in the upstream's dialect ([`dialect`]);
 //! 4. the request goes to the upstream with the real credential (the agent's key never
-//!    does), redirects never followed;
+//!    does), redirects never followed, and refused unless they stay on it;
 //! 5. the answer streams back chunk by chunk while its usage ([`usage`]) and BLAKE3
 //!    digest are read from it; the gate's `outcome` settles the truth.
 //!
@@ -27,6 +28,7 @@ pub mod dialect;
 mod forward;
 mod plan;
 mod proxy;
+mod redirect;
 mod refuse;
 pub mod request;
 mod stream;
@@ -38,7 +40,10 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty};
 
-pub use proxy::{read_credential, Admit, Peer, Proxy, ProxyError, ProxyOptions, Secret, Stage};
+pub use proxy::{
+    read_credential, Admit, Peer, Proxy, ProxyError, ProxyOptions, Secret, Stage,
+    DEFAULT_READ_TIMEOUT,
+};
 pub use token::TokenKey;
 
 /// The body of the proxy's answers.

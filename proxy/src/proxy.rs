@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -134,7 +135,14 @@ pub struct ProxyOptions {
     pub admit: Option<Admit>,
     /// The tracer for a span per call (`serve --otlp-endpoint`); none: no spans.
     pub tracer: Option<Arc<opentelemetry::global::BoxedTracer>>,
+    /// A request's headers, and then its whole body, must each arrive within this time
+    /// (default [`DEFAULT_READ_TIMEOUT`]); a body that does not is answered 408 and its
+    /// connection closed, slow headers a closed connection.
+    pub read_timeout: Duration,
 }
+
+/// The time a request's headers, and then its body, have to arrive by default.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ProxyOptions {
     /// Options with these secrets and key, admitting every connection.
@@ -144,7 +152,14 @@ impl ProxyOptions {
             key,
             admit: None,
             tracer: None,
+            read_timeout: DEFAULT_READ_TIMEOUT,
         }
+    }
+
+    /// The same, each request's headers and then its body read within `limit` (not 0).
+    pub fn reading_within(mut self, limit: Duration) -> ProxyOptions {
+        self.read_timeout = limit;
+        self
     }
 
     /// The same, each connection admitted by `admit` (a per-peer connection limit).
@@ -187,6 +202,8 @@ pub struct Proxy {
     pub(crate) key: Arc<TokenKey>,
     pub(crate) admit: Option<Admit>,
     pub(crate) tracer: Option<Arc<opentelemetry::global::BoxedTracer>>,
+    /// The headers, then the body, each within it ([`ProxyOptions::read_timeout`]).
+    pub(crate) read_timeout: Duration,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -232,7 +249,7 @@ fn client(name: &str, u: &Upstream) -> Result<HttpClient, ProxyError> {
         .enable_http1()
         .build();
     Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .pool_idle_timeout(Duration::from_secs(30))
         .build(connector))
 }
 
@@ -288,6 +305,7 @@ impl Proxy {
             key: options.key,
             admit: options.admit,
             tracer: options.tracer,
+            read_timeout: options.read_timeout,
         })
     }
 
@@ -367,7 +385,7 @@ impl Proxy {
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(std::time::Duration::from_secs(10))
+            .header_read_timeout(self.read_timeout)
             .serve_connection(io, service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -415,12 +433,8 @@ fn too_many_connections<B>(proxy: &Proxy, req: &hyper::Request<B>) -> hyper::Res
     );
     refusal.action = tally_record::Action::Retry;
     refusal.retry_after_ms = Some(1000);
-    let mut r = refusal.response(kind);
-    r.headers_mut().insert(
-        hyper::header::CONNECTION,
-        hyper::header::HeaderValue::from_static("close"),
-    );
-    r
+    refusal.close = true;
+    refusal.response(kind)
 }
 
 /// Runs a gate call on `stage` and awaits its answer.

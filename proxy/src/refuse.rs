@@ -17,13 +17,15 @@ use crate::proxy::Proxy;
 #[derive(Debug)]
 pub(crate) struct Pre {
     pub reason: Reason,
-    /// The answer's status (413 for a body too large, 400 for one that cannot be read,
-    /// 404 for an unknown upstream, 403 otherwise).
+    /// The answer's status (413 for a body too large, 408 for one too slow, 400 for
+    /// one that cannot be read, 404 for an unknown upstream, 403 otherwise).
     pub status: StatusCode,
     pub message: String,
     /// What the record keeps of the request (bounded): its method and path, or its
     /// model.
     pub preview: Option<String>,
+    /// The body was not read to its end: the connection is closed after the answer.
+    pub close: bool,
 }
 
 impl Pre {
@@ -33,7 +35,13 @@ impl Pre {
             status,
             message: message.into(),
             preview: None,
+            close: false,
         }
+    }
+
+    pub fn closing(mut self) -> Pre {
+        self.close = true;
+        self
     }
 
     pub fn preview(mut self, preview: String) -> Pre {
@@ -57,6 +65,14 @@ impl Proxy {
     /// cannot be recorded, the answer is `gate_unavailable` (fail closed, as any
     /// refusal the gate cannot make durable).
     pub(crate) async fn refuse(&self, caught: &Caught, call: Refused, pre: Pre) -> Refusal {
+        let close = pre.close;
+        let mut r = self.record(caught, call, pre).await;
+        r.close = close;
+        r
+    }
+
+    /// [`Proxy::refuse`], the connection's fate aside.
+    async fn record(&self, caught: &Caught, call: Refused, pre: Pre) -> Refusal {
         let check = CheckRequest {
             run: caught.run.clone(),
             worker: None,

@@ -118,21 +118,42 @@ impl TokenKey {
         )
     }
 
-    /// The run a token names, if its MAC is this key's (compared in constant time).
+    /// The run a token names, if it is spelt exactly as [`TokenKey::mint`] spells it
+    /// and its MAC is this key's (compared in constant time). One token, one spelling:
+    /// the prefix as it is, the run's name in canonical base64url (no padding, no stray
+    /// bits), a dot, and the MAC in 64 lowercase hex digits; nothing before or after.
     pub fn run_of(&self, token: &str) -> Option<String> {
         let rest = token.strip_prefix(PREFIX)?;
         let (name, mac) = rest.split_once('.')?;
-        if name.len() > 4096 {
+        if name.len() > 4096 || !lower_hex(mac, blake3::OUT_LEN) {
             return None;
         }
         let given = blake3::Hash::from_hex(mac).ok()?;
-        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(name)
-            .ok()?;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let bytes = b64.decode(name).ok()?;
+        // The engine refuses padding and stray bits; this keeps it so.
+        if b64.encode(&bytes) != name {
+            return None;
+        }
         let run = String::from_utf8(bytes).ok()?;
         // `Hash`'s equality is constant-time.
         (blake3::keyed_hash(&self.0, run.as_bytes()) == given).then_some(run)
     }
+}
+
+/// Whether `text` is exactly `bytes` bytes in lowercase hex, as [`TokenKey::mint`]
+/// writes a MAC (`blake3::Hash::from_hex` alone takes uppercase too).
+fn lower_hex(text: &str, bytes: usize) -> bool {
+    text.len() == 2 * bytes && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The credentials of an `Authorization` field value: `Bearer` (any case, RFC 9110
+/// 11.1), one or more spaces, then the token as it was sent; any other scheme: `None`.
+pub(crate) fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
 }
 
 #[cfg(test)]
@@ -155,7 +176,75 @@ mod tests {
         );
         assert_eq!(k.run_of(&forged), None);
         assert_eq!(k.run_of("sk-real"), None);
-        assert_eq!(k.run_of(&t.to_uppercase()), None);
+    }
+
+    #[test]
+    fn a_token_has_one_spelling_the_one_minted() {
+        let k = TokenKey::from_bytes([7; 32]);
+        // `run-1` is `cnVuLTE` in base64url: its last symbol carries two spare bits.
+        let t = k.mint("run-1");
+        let (head, mac) = t.split_once('.').expect("dot");
+        assert_eq!(head, "tly_cnVuLTE");
+        assert!(
+            mac.bytes().any(|b| b.is_ascii_alphabetic()),
+            "the MAC has letters to change the case of: {mac}"
+        );
+        let mixed: String = mac
+            .chars()
+            .enumerate()
+            .map(|(i, c)| {
+                if i % 2 == 0 {
+                    c.to_ascii_uppercase()
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let cases = [
+            (
+                "the MAC in uppercase",
+                format!("{head}.{}", mac.to_uppercase()),
+            ),
+            ("the MAC in mixed case", format!("{head}.{mixed}")),
+            ("the prefix in uppercase", format!("TLY_{}", &t[4..])),
+            ("the prefix in mixed case", format!("Tly_{}", &t[4..])),
+            ("a space before", format!(" {t}")),
+            ("a space after", format!("{t} ")),
+            ("a tab after", format!("{t}\t")),
+            ("a newline after", format!("{t}\n")),
+            ("a space after the dot", format!("{head}. {mac}")),
+            ("a byte after", format!("{t}0")),
+            ("a NUL after", format!("{t}\0")),
+            ("a second MAC", format!("{t}.{mac}")),
+            ("the MAC one digit short", format!("{head}.{}", &mac[..63])),
+            ("the MAC as 0x hex", format!("{head}.0x{}", &mac[..62])),
+            ("the name padded", format!("{head}=.{mac}")),
+            ("the name's spare bits set", format!("tly_cnVuLTF.{mac}")),
+            ("no prefix", t[4..].to_owned()),
+        ];
+        for (what, spelt) in &cases {
+            assert_ne!(spelt, &t, "{what}");
+            assert_eq!(k.run_of(spelt), None, "{what}: {spelt:?}");
+        }
+        assert_eq!(k.run_of(&t).as_deref(), Some("run-1"));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_any_case_and_the_token_is_as_sent() {
+        for (value, token) in [
+            ("Bearer tly_a.b", Some("tly_a.b")),
+            ("bearer tly_a.b", Some("tly_a.b")),
+            ("BEARER tly_a.b", Some("tly_a.b")),
+            ("Bearer   tly_a.b", Some("tly_a.b")),
+            // What follows the spaces is the token's to be right or wrong.
+            ("Bearer tly_a.b ", Some("tly_a.b ")),
+            ("Bearer\ttly_a.b", None),
+            ("Bearertly_a.b", None),
+            ("Basic tly_a.b", None),
+            ("tly_a.b", None),
+        ] {
+            assert_eq!(bearer(value), token, "{value:?}");
+        }
     }
 
     #[test]

@@ -29,7 +29,9 @@
 //! * `fake-huge-event`: a stream whose second event never ends (17 MiB, no blank line);
 //! * `fake-429`: 429 with `Retry-After: 2`; `fake-500`: 500;
 //! * `fake-redirect`: 302 to `http://127.0.0.2:1/elsewhere`;
-//!   `fake-redirect-same`: 302 to `/v1/elsewhere` on this server.
+//!   `fake-redirect-same`: 302 to `/v1/elsewhere` on this server; any model a test
+//!   gave a `Location` of its own ([`FakeUpstream::redirect`]): 302 there, byte for
+//!   byte.
 //!
 //! A test can also script a conversation under any model name ([`FakeUpstream::script`]):
 //! the answer asks for the script's tool calls one by one, the k-th when the request
@@ -247,6 +249,7 @@ pub struct FakeUpstream {
     seen: Arc<Mutex<Vec<Seen>>>,
     billed: Arc<Mutex<Vec<Billed>>>,
     scripts: Arc<Mutex<BTreeMap<String, Script>>>,
+    redirects: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -266,12 +269,14 @@ impl FakeUpstream {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let billed = Arc::new(Mutex::new(Vec::new()));
         let scripts = Arc::new(Mutex::new(BTreeMap::new()));
+        let redirects = Arc::new(Mutex::new(BTreeMap::new()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let state = Arc::new(State {
             key: options.key,
             seen: Arc::clone(&seen),
             billed: Arc::clone(&billed),
             scripts: Arc::clone(&scripts),
+            redirects: Arc::clone(&redirects),
         });
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -319,6 +324,7 @@ impl FakeUpstream {
             seen,
             billed,
             scripts,
+            redirects,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -361,6 +367,15 @@ impl FakeUpstream {
             .unwrap_or_else(|e| e.into_inner())
             .insert(model.to_owned(), script);
     }
+
+    /// From now on, requests for `model` are answered `302 Found` with `location` as its
+    /// `Location`, byte for byte (a tab, a backslash, bytes that are not ASCII).
+    pub fn redirect(&self, model: &str, location: &[u8]) {
+        self.redirects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(model.to_owned(), location.to_vec());
+    }
 }
 
 impl Drop for FakeUpstream {
@@ -399,6 +414,7 @@ struct State {
     seen: Arc<Mutex<Vec<Seen>>>,
     billed: Arc<Mutex<Vec<Billed>>>,
     scripts: Arc<Mutex<BTreeMap<String, Script>>>,
+    redirects: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
 }
 
 fn full(status: StatusCode, body: Value) -> Response<Body> {
@@ -604,6 +620,22 @@ impl State {
             return full(StatusCode::UNAUTHORIZED, e);
         }
         let model = model.unwrap_or_default();
+        let redirect = self
+            .redirects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&model)
+            .cloned();
+        if let Some(to) = redirect {
+            return Response::builder()
+                .status(StatusCode::FOUND)
+                .header(
+                    "location",
+                    hyper::header::HeaderValue::from_bytes(&to).expect("a header value"),
+                )
+                .body(Full::new(Bytes::new()).map_err(|e| match e {}).boxed())
+                .expect("response");
+        }
         match model.as_str() {
             "fake-429" => {
                 let mut r = full(

@@ -157,3 +157,82 @@ async fn the_proxy_answers_on_its_unix_socket_too() {
     served.verifies();
     assert!(!sock.exists(), "removed when the daemon stops");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_is_accepted_only_as_minted_whatever_the_schemes_case() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let token = served.start_run("r").await;
+    let (head, mac) = token.split_once('.').expect("a dot");
+    let mixed: String = mac
+        .chars()
+        .enumerate()
+        .map(|(i, c)| {
+            if i % 2 == 0 {
+                c.to_ascii_uppercase()
+            } else {
+                c
+            }
+        })
+        .collect();
+    let upper_prefix = format!("TLY_{}", &token[4..]);
+    let spellings = [
+        (
+            "authorization",
+            format!("Bearer {head}.{}", mac.to_uppercase()),
+        ),
+        ("authorization", format!("Bearer {head}.{mixed}")),
+        ("authorization", format!("Bearer {upper_prefix}")),
+        ("authorization", format!("Bearer {token}0")),
+        ("authorization", format!("Bearer {token} x")),
+        ("authorization", format!("Bearer {head}. {mac}")),
+        ("authorization", format!("Bearer\t{token}")),
+        ("x-api-key", format!("{head}.{}", mac.to_uppercase())),
+        ("x-api-key", format!("{token}.")),
+    ];
+    for (name, value) in &spellings {
+        let a = call(
+            served.proxy,
+            "/openai/v1/chat/completions",
+            &[(*name, value.as_str())],
+            chat("fake-ok", json!({"max_tokens": 10})),
+        )
+        .await;
+        assert_eq!(a.status, 401, "{name}: {value:?}: {}", a.text());
+        assert_eq!(a.json()["error"]["code"], "invalid_token", "{}", a.text());
+        assert!(!a.headers.contains_key("x-tally-seq"), "{value:?}");
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
+    // The scheme's word is case-insensitive (RFC 9110), and may be followed by more than
+    // one space; the token as minted.
+    let accepted = [
+        format!("Bearer {token}"),
+        format!("bearer {token}"),
+        format!("BEARER {token}"),
+        format!("Bearer   {token}"),
+    ];
+    for value in &accepted {
+        let a = call(
+            served.proxy,
+            "/openai/v1/chat/completions",
+            &[("authorization", value.as_str())],
+            chat("fake-ok", json!({"max_tokens": 10})),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{value:?}: {}", a.text());
+    }
+    assert_eq!(upstream.seen().len(), accepted.len());
+    served.settled("r").await;
+    served.verifies();
+    // Nothing was recorded for a token refused: the run holds the accepted calls only.
+    let decisions = served.decisions("r");
+    let kinds = |kind: &str| {
+        decisions
+            .iter()
+            .filter(|d| d["decision"]["kind"] == kind)
+            .count()
+    };
+    assert_eq!(kinds("allow"), accepted.len(), "{decisions:?}");
+    assert_eq!(kinds("deny"), 0, "{decisions:?}");
+}

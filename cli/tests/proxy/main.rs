@@ -64,6 +64,7 @@ paths = ["/v1/messages"]
             "fake-slow",
             "fake-redirect",
             "fake-redirect-same",
+            "fake-crafted-redirect",
             "fake-500",
             "fake-429",
         ] {
@@ -83,6 +84,7 @@ fn prices() -> Vec<(&'static str, Price)> {
         "fake-slow",
         "fake-redirect",
         "fake-redirect-same",
+        "fake-crafted-redirect",
         "fake-500",
         "fake-429",
     ]

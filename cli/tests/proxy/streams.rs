@@ -138,6 +138,70 @@ async fn a_redirect_to_another_host_is_refused_and_recorded_and_a_cut_stream_sta
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_location_a_browser_reads_as_another_host_is_refused_and_recorded() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let token = served.start_run("r").await;
+    let auth = bearer(&token);
+    let h = [("authorization", auth.as_str())];
+    let here = upstream.addr().to_string();
+    let redirected = |location: &[u8]| {
+        upstream.redirect("fake-crafted-redirect", location);
+        call(
+            served.proxy,
+            "/openai/v1/chat/completions",
+            &h,
+            chat("fake-crafted-redirect", json!({"max_tokens": 10})),
+        )
+    };
+    // Each starts like a path on the upstream, or names it, and a browser (WHATWG URL)
+    // or some client reads it as another host.
+    let off: Vec<Vec<u8>> = vec![
+        b"/\\evil.example/x".to_vec(),
+        b"/\t/evil.example/x".to_vec(),
+        b"\\\\evil.example/x".to_vec(),
+        b"//evil.example/x".to_vec(),
+        b"https:evil.example".to_vec(),
+        format!("http://{here}@evil.example/").into_bytes(),
+        format!("http://{here}\\@evil.example/").into_bytes(),
+    ];
+    for location in &off {
+        let a = redirected(location).await;
+        let shown = String::from_utf8_lossy(location);
+        assert_eq!(a.status, 403, "{shown:?}: {}", a.text());
+        assert_eq!(a.json()["error"]["code"], "scope_violation", "{shown:?}");
+        assert!(a.headers.get("location").is_none(), "{shown:?}");
+    }
+    // On the upstream however it is spelt: passed back as it is.
+    let on = [
+        "/%5Cevil.example".to_owned(),
+        "elsewhere".to_owned(),
+        format!("http://{here}/v1/elsewhere"),
+    ];
+    for location in &on {
+        let a = redirected(location.as_bytes()).await;
+        assert_eq!(a.status, 302, "{location}: {}", a.text());
+        assert_eq!(a.headers["location"], location.as_str());
+    }
+    assert_eq!(upstream.seen().len(), off.len() + on.len());
+    let st = served.settled("r").await;
+    assert_eq!(
+        (st["settled_nanos"].as_u64(), st["held_nanos"].as_u64()),
+        (Some(0), Some(0)),
+        "{st}"
+    );
+    served.verifies();
+    // Each refused redirect is its attempt's outcome, rejected, saying why.
+    let refused = served
+        .decisions("r")
+        .iter()
+        .filter(|d| d.to_string().contains("redirect_refused"))
+        .count();
+    assert_eq!(refused, off.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_stream_keeps_the_reservation_held_after_restart() {
     let upstream = FakeUpstream::start(FakeOptions::default());
     let dir = tempfile::tempdir().expect("dir");
