@@ -207,8 +207,10 @@ impl Pump {
         let mut client = Some(tx);
         let deadline = tokio::time::Instant::from_std(self.deadline);
         let mut used = None;
-        // Bytes of the stream fed since its last whole event.
+        // Bytes of the stream read since its last whole event.
         let mut pending = 0usize;
+        // Chunks read since the last line end, not yet fed to the parser.
+        let mut unfed: Vec<Bytes> = Vec::new();
         let end: Result<(), Status> = loop {
             let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
                 Err(_) => break Err(Status::Timeout),
@@ -222,8 +224,21 @@ impl Pump {
             hasher.update(&chunk);
             let mut out = Vec::new();
             if sse {
-                let _ = feed.unbounded_send(Ok(chunk.clone()));
                 pending = pending.saturating_add(chunk.len());
+                // The parser reads a line again from its start each time it is fed, so
+                // bytes that end no line wait here until one does: a long line costs
+                // its length once, not its length per chunk.
+                if !chunk.iter().any(|&b| b == b'\n' || b == b'\r') {
+                    if pending > MAX_KEPT {
+                        break Err(Status::Error);
+                    }
+                    unfed.push(chunk.clone());
+                } else {
+                    for b in unfed.drain(..) {
+                        let _ = feed.unbounded_send(Ok(b));
+                    }
+                    let _ = feed.unbounded_send(Ok(chunk.clone()));
+                }
                 while let Some(Some(Ok(ev))) = events.next().now_or_never() {
                     pending = 0;
                     let keep = usage.event(&ev.data);
@@ -282,6 +297,9 @@ impl Pump {
             Ok(()) => {
                 if sse {
                     // A last event with no blank line after it is still an event.
+                    for b in unfed.drain(..) {
+                        let _ = feed.unbounded_send(Ok(b));
+                    }
                     drop(feed);
                     while let Some(Some(Ok(ev))) = events.next().now_or_never() {
                         let keep = usage.event(&ev.data);
