@@ -17,6 +17,13 @@ fn billing_policy(upstream: &FakeUpstream) -> String {
     p
 }
 
+/// The prices [`billing_policy`] gives, for [`assert_bill`].
+fn billing_prices() -> Vec<(&'static str, Price)> {
+    let mut p = prices();
+    p.push(("fake-usage-1000-50", Price::usd(10, 1000)));
+    p
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() {
     let upstream = FakeUpstream::start(FakeOptions::default());
@@ -32,7 +39,8 @@ async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() 
     .await;
     assert_eq!(a.status, 200, "{}", a.text());
     // 1,000 in at $10/M and 50 out at $1,000/M: $0.06, the bill, whatever was reserved.
-    let bill = 1000 * 10_000 + 50 * 1_000_000;
+    let bill = tally_testkit::upstream::bill(&[&upstream], &billing_prices());
+    assert_eq!(bill, 60_000_000);
     let st = served.settled("r").await;
     assert_eq!(st["settled_nanos"], bill, "{st}");
     // The next call, however small, is refused: after an overrun a human grants spend.
@@ -51,8 +59,9 @@ async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() 
     assert_eq!(status, 200);
     let metrics = String::from_utf8_lossy(&body).into_owned();
     assert!(metrics.contains("\ntally_overruns_total 1\n"), "{metrics}");
-    // The outcome records the excess; verify lists it with its seq, and is consistent.
-    let report = served.verifies();
+    // The outcome records the excess; verify lists it with its seq, and is consistent;
+    // the ledger settled the bill.
+    let report = served.verifies_the_bill(&upstream, &billing_prices(), 0);
     let overruns = report["audit"]["overruns"].as_array().expect("overruns");
     assert_eq!(overruns.len(), 1, "{report}");
     let o = &overruns[0];
@@ -139,7 +148,9 @@ async fn after_kill_9_mid_stream_the_operator_settles_what_the_call_held() {
         "{}",
         tally_testkit::tally::text(&out)
     );
-    let report = served.verifies();
+    // The upstream billed nothing for the stream nobody saw end: the ledger settled the
+    // operator's figure and holds nothing.
+    let report = served.verifies_the_bill(&upstream, &prices(), 12_300_000);
     assert_eq!(report["audit"]["findings"], json!([]), "{report}");
     let settled = served
         .decisions("r")
@@ -175,15 +186,9 @@ async fn a_bill_above_the_reservation_is_settled_exactly_and_stops_later_spendin
     )
     .await;
     assert_eq!(a.status, 200, "{}", a.text());
-    let st = served.settled("b").await;
-    let prices = [("fake-bill-tools-500-0", Price::usd(10, 1000))];
+    served.settled("b").await;
     // 600 input and 50 output tokens: $0.006 + $0.05.
     assert_eq!(upstream.billed()[0].input, 600);
-    assert_bill(
-        &upstream,
-        &prices,
-        st["settled_nanos"].as_u64().expect("settled"),
-    );
     let a = call(
         served.proxy,
         "/anthropic/v1/messages",
@@ -198,7 +203,8 @@ async fn a_bill_above_the_reservation_is_settled_exactly_and_stops_later_spendin
         a.text()
     );
     assert_eq!(upstream.seen().len(), 1);
-    served.verifies();
+    let prices = [("fake-bill-tools-500-0", Price::usd(10, 1000))];
+    served.verifies_the_bill(&upstream, &prices, 0);
 }
 
 /// An upstream event past the bound (16 MiB) is not buffered on: the stream is cut, and
@@ -241,5 +247,12 @@ async fn a_stream_event_past_the_bound_is_an_error_at_the_reservation() {
         "{outcome} {allow}"
     );
     assert_eq!(st["held_nanos"], 0, "{st}");
-    served.verifies();
+    // The upstream billed nothing it could show (no usage): the ledger settled the
+    // reservation without a bill.
+    let mut p = prices();
+    p.push(("fake-huge-event", Price::usd(10, 1000)));
+    let reserved = allow["decision"]["reserve_nanos"]
+        .as_u64()
+        .expect("reserved");
+    served.verifies_the_bill(&upstream, &p, reserved);
 }

@@ -37,10 +37,9 @@ async fn sixty_four_concurrent_requests_never_settle_more_than_the_budget() {
     let settled = st["settled_nanos"].as_u64().expect("settled");
     assert!(settled <= 100 * 10_000_000, "{st}");
     assert_eq!(settled, 51_000_000 * allowed as u64, "{st}");
-    assert_bill(&upstream, &prices(), settled);
     assert!(allowed >= 10, "{allowed} allowed");
     assert_eq!(st["held_nanos"], 0, "{st}");
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
     let h = served.handoff("race");
     assert_eq!(h["spend"]["settled_nanos"].as_u64(), Some(settled), "{h}");
 }

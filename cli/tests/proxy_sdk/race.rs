@@ -96,6 +96,7 @@ fn race_within_the_budget(models: &str, bills: Bills) {
         }
         proxy.serve();
     }
+    proxy.verifies_the_bill();
 }
 
 /// Honest usage (within what each call reserved: none, some, all of `max_tokens`).
@@ -130,7 +131,7 @@ fn concurrent_calls_to_one_model_are_not_retries() {
     if !sdks() {
         return;
     }
-    let proxy = Proxy::start("");
+    let mut proxy = Proxy::start("");
     for sdk in SDKS {
         let run = format!("parallel-{sdk}");
         let token = proxy.run(&run, json!({"spend_cents": 1000}));
@@ -157,4 +158,5 @@ fn concurrent_calls_to_one_model_are_not_retries() {
             "{run}: a new prompt refused: {r}"
         );
     }
+    proxy.verifies_the_bill();
 }
