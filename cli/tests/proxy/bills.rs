@@ -256,3 +256,105 @@ async fn a_stream_event_past_the_bound_is_an_error_at_the_reservation() {
         .expect("reserved");
     served.verifies_the_bill(&upstream, &p, reserved);
 }
+
+/// An upstream that bills a tool prompt and web searches: Anthropic Messages with a
+/// client tool and a `web_search` server tool (`max_uses` 2), the fake billing 3,000
+/// tool-prompt tokens (the policy counts 100) and 2 searches, as a plain answer and as a
+/// stream. The ledger settles the bill to the nanodollar, searches included; the excess
+/// over the reservation is an overrun `tally verify` lists with the outcome's seq; and
+/// the run's next call is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_prompt_and_web_searches_billed_past_the_reservation_settle_to_the_unit() {
+    const MODEL: &str = "fake-bill-tools-3000-2";
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut text = policy(&upstream, 1000);
+    text.push_str(&format!(
+        "[prices.anthropic.\"{MODEL}\"]\ninput_per_mtok = 10\noutput_per_mtok = \"1000\"\nmax_output_tokens = 100\ntool_prompt_tokens = 100\nweb_search_per_use = \"0.01\"\n"
+    ));
+    let mut served = Served::new(dir.path(), &text);
+    let body = |stream: bool| {
+        json!({"model": MODEL, "max_tokens": 50, "stream": stream,
+            "tools": [{"name": "get_weather", "description": "weather", "input_schema": {"type": "object"}},
+                      {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+            "messages": [{"role": "user", "content": "What is the weather in Lyon today?"}]})
+        .to_string()
+        .into_bytes()
+    };
+    for stream in [false, true] {
+        let run = format!("ws-{stream}");
+        let token = served.start_run(&run).await;
+        let a = call(
+            served.proxy,
+            "/anthropic/v1/messages",
+            &[("x-api-key", &token)],
+            body(stream),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert!(a.text().contains("web_search_requests"), "{}", a.text());
+        served.settled(&run).await;
+        let a = call(
+            served.proxy,
+            "/anthropic/v1/messages",
+            &[("x-api-key", &token)],
+            body(stream),
+        )
+        .await;
+        assert_eq!(a.status, 403, "after an overrun: {}", a.text());
+        assert!(a.text().contains("budget_exceeded"), "{}", a.text());
+    }
+    assert_eq!(
+        upstream.seen().len(),
+        2,
+        "nothing forwarded after an overrun"
+    );
+    // Each: 3,100 in at $10/M, 50 out at $1,000/M, 2 searches at $0.01: $0.101.
+    let billed = upstream.billed();
+    assert!(
+        billed
+            .iter()
+            .all(|b| (b.input, b.output, b.web_searches) == (3100, 50, 2)),
+        "{billed:?}"
+    );
+    let price = Price {
+        per_web_search: 10_000_000,
+        ..Price::usd(10, 1000)
+    };
+    let bill = 3100 * 10_000 + 50 * 1_000_000 + 2 * 10_000_000;
+    assert_eq!(
+        tally_testkit::upstream::bill(&[&upstream], &[(MODEL, price)]),
+        2 * bill
+    );
+    let report = served.verifies_the_bill(&upstream, &[(MODEL, price)], 0);
+    let overruns = report["audit"]["overruns"].as_array().expect("overruns");
+    assert_eq!(overruns.len(), 2, "{report}");
+    for (o, stream) in overruns.iter().zip([false, true]) {
+        let run = format!("ws-{stream}");
+        assert_eq!(o["run"], run.as_str(), "{o}");
+        assert_eq!(o["settled_nanos"], bill, "{o}");
+        let decisions = served.decisions(&run);
+        let allow = decisions
+            .iter()
+            .find(|d| d["decision"]["kind"] == "allow")
+            .expect("the allow");
+        let reserved = allow["decision"]["reserve_nanos"]
+            .as_u64()
+            .expect("reserved");
+        assert_eq!(o["reserved_nanos"], reserved, "{o}");
+        assert_eq!(o["overrun_nanos"], bill - reserved, "{o}");
+        let outcome = decisions
+            .iter()
+            .find(|d| d["decision"]["kind"] == "outcome")
+            .expect("the outcome");
+        assert_eq!(outcome["seq"], o["seq"], "{outcome}");
+        assert_eq!(
+            outcome["decision"]["overrun_nanos"],
+            bill - reserved,
+            "{outcome}"
+        );
+    }
+    let text = tally().audit(served.dir(), "verify", &[]);
+    let text = tally_testkit::tally::text(&text);
+    assert!(text.contains("2 overruns"), "{text}");
+}
