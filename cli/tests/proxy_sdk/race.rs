@@ -17,8 +17,9 @@ enum Bills {
 /// never settles more than 100 cents and has no overrun. Billed past the reservations,
 /// each call settles its bill: what is settled beyond 100 cents is exactly covered by
 /// the overruns `tally verify` lists (each allowed while the budget had room, so at most
-/// one per racing call), and no call was allowed after an overrun's outcome (the audit
-/// finds nothing).
+/// one per racing call), each with the seq of the outcome that records it, and no call
+/// was allowed after an overrun's outcome (the audit finds nothing). Either way the
+/// upstreams' bill is the ledger's.
 fn race_within_the_budget(models: &str, bills: Bills) {
     let mut proxy = Proxy::start("");
     let mut runs = vec![];
@@ -83,6 +84,18 @@ fn race_within_the_budget(models: &str, bills: Bills) {
             .iter()
             .map(|o| o["overrun_nanos"].as_u64().expect("overrun_nanos"))
             .sum();
+        // Verify names each overrun by the seq of the outcome that records it.
+        let listed: std::collections::BTreeSet<u64> = overruns
+            .iter()
+            .map(|o| o["seq"].as_u64().expect("seq"))
+            .collect();
+        let recorded: std::collections::BTreeSet<u64> = tally()
+            .decisions(proxy.dir.path(), &run)
+            .iter()
+            .filter(|d| d["decision"]["overrun_nanos"].is_u64())
+            .map(|d| d["seq"].as_u64().expect("seq"))
+            .collect();
+        assert_eq!(listed, recorded, "{run}");
         match bills {
             Bills::Honestly => assert!(overruns.is_empty(), "{run}: {overruns:?}"),
             Bills::PastTheReservation => {
