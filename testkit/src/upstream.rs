@@ -265,8 +265,8 @@ impl Unbilled {
     };
 }
 
-/// What the allows among `decisions` (each `{seq, decision}`, as `tally verify-proof
-/// --json` lists them; testkit's [`crate::Tally::decisions`]) reserved for attempts no
+/// What the allows among one run's `decisions` (each `{seq, decision}`, as `tally
+/// verify-proof --json` lists them; [`crate::Tally::decisions`]) reserved for attempts no
 /// outcome settled (none, or only an `unknown` or `timeout` naming no amount): what the
 /// ledger must hold for them.
 pub fn open_reservations(decisions: &[Value]) -> u64 {
