@@ -135,6 +135,43 @@ impl Tally {
         report
     }
 
+    /// The decisions of `run` in `dir`'s ledger (not held by a writer), decrypted: each
+    /// `{seq, decision}`, through `tally prove --run` and `tally verify-proof
+    /// --auditor-key --json`.
+    pub fn decisions(&self, dir: &Path, run: &str) -> Vec<serde_json::Value> {
+        let proof = format!("{run}.proof");
+        self.ok(
+            dir,
+            &[
+                "prove",
+                "--ledger",
+                "ledger",
+                "--run",
+                run,
+                "--auditor-key",
+                "auditor.key",
+                "--out",
+                &proof,
+            ],
+            "",
+        );
+        let text = self.ok(
+            dir,
+            &[
+                "verify-proof",
+                &proof,
+                "--key",
+                "ledger/ledger.pub",
+                "--auditor-key",
+                "auditor.key",
+                "--json",
+            ],
+            "",
+        );
+        let v: serde_json::Value = serde_json::from_str(&text).expect("verify-proof json");
+        v["decisions"].as_array().cloned().unwrap_or_default()
+    }
+
     /// `tally serve` in `dir` (see [`Daemon::start`]).
     pub fn serve(&self, dir: &Path, extra: &[&str]) -> Daemon {
         Daemon::start(self, dir, extra)

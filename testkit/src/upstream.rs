@@ -41,8 +41,10 @@
 //! The key must be the one the upstream was started with (`Authorization: Bearer KEY`
 //! for OpenAI paths, `x-api-key: KEY` for Anthropic's), else 401. Every request is kept
 //! in [`FakeUpstream::seen`], and what each answer billed in [`FakeUpstream::billed`]
-//! (an answer whose usage reached the client in full: not errors, cut answers, or token
-//! counts); [`assert_bill`] prices that bill and compares it with the ledger's.
+//! (an answer whose usage reached the client in full: not errors, cut answers, streams
+//! left before their end, `fake-huge-event`, or token counts); [`assert_bill`] prices
+//! that bill and compares it with the ledger's ([`Ledger`]), less what the ledger holds
+//! or settled without a bill ([`Unbilled`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -212,16 +214,91 @@ impl Price {
     }
 }
 
-/// The one comparison of the upstream's bill with the ledger: every answer `upstream`
-/// billed, priced at `prices` (by model; a billed model without a price fails the
-/// test), equals `settled_nanos`, the ledger's settled total for the same calls (a
-/// run's standing's `settled_nanos`, or `tally stats --json`). The bill, to the
-/// nanodollar.
-pub fn assert_bill(upstream: &FakeUpstream, prices: &[(&str, Price)], settled_nanos: u64) {
-    let prices: BTreeMap<&str, Price> = prices.iter().copied().collect();
-    let billed = upstream.billed();
-    let bill: u64 = billed
+/// The ledger's side of the bill, as the auditor reads it: each run's handoff `spend`
+/// (`tally handoff --json`), summed over the runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Nanodollars settled by outcomes.
+    pub settled_nanos: u64,
+    /// Nanodollars held: reserved by allowed calls with no settlement yet.
+    pub held_nanos: u64,
+}
+
+impl Ledger {
+    /// Every run's spend in a `tally handoff --json` report (its `handoffs`).
+    pub fn handed_off(report: &Value) -> Ledger {
+        let handoffs = report["handoffs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no handoffs in the handoff report: {report}"));
+        Ledger::of(handoffs)
+    }
+
+    /// The spend of `handoffs` (each one run's handoff), summed.
+    pub fn of(handoffs: &[Value]) -> Ledger {
+        let nanos = |h: &Value, what: &str| {
+            h["spend"][what]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no spend.{what} in the handoff: {h}"))
+        };
+        handoffs.iter().fold(Ledger::default(), |l, h| Ledger {
+            settled_nanos: l.settled_nanos + nanos(h, "settled_nanos"),
+            held_nanos: l.held_nanos + nanos(h, "reserved_nanos"),
+        })
+    }
+}
+
+/// What the ledger counts that the fake upstream billed nothing for (it bills only
+/// answers whose usage reached the client in full).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unbilled {
+    /// Held: calls whose usage never reached the client (cut, killed, past a deadline),
+    /// each held at its reservation ([`open_reservations`]).
+    pub held_nanos: u64,
+    /// Settled without a bill: an operator's settlement from the provider's own figure,
+    /// an `error` settled at its reservation.
+    pub settled_nanos: u64,
+}
+
+impl Unbilled {
+    /// Nothing: every call the ledger counts the upstream billed, and nothing is held.
+    pub const NONE: Unbilled = Unbilled {
+        held_nanos: 0,
+        settled_nanos: 0,
+    };
+}
+
+/// What the allows among one run's `decisions` (each `{seq, decision}`, as `tally
+/// verify-proof --json` lists them; [`crate::Tally::decisions`]) reserved for attempts no
+/// outcome settled (none, or only an `unknown` or `timeout` naming no amount): what the
+/// ledger must hold for them.
+pub fn open_reservations(decisions: &[Value]) -> u64 {
+    let attempt = |d: &Value| d["decision"]["attempt"].as_u64();
+    let settles = |d: &Value| {
+        let d = &d["decision"];
+        d["kind"] == "outcome"
+            && (d["settled_nanos"].is_u64()
+                || !["unknown", "timeout"].contains(&d["status"].as_str().unwrap_or("")))
+    };
+    let settled: Vec<u64> = decisions
         .iter()
+        .filter(|d| settles(d))
+        .filter_map(attempt)
+        .collect();
+    decisions
+        .iter()
+        .filter(|d| d["decision"]["kind"] == "allow")
+        .filter(|d| attempt(d).is_some_and(|a| !settled.contains(&a)))
+        .map(|d| d["decision"]["reserve_nanos"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// What `upstreams` billed, priced at `prices` (by model; a billed model without a price
+/// fails the test), nanodollars.
+pub fn bill(upstreams: &[&FakeUpstream], prices: &[(&str, Price)]) -> u64 {
+    let prices: BTreeMap<&str, Price> = prices.iter().copied().collect();
+    upstreams
+        .iter()
+        .flat_map(|u| u.billed())
         .map(|b| {
             prices
                 .get(b.model.as_str())
@@ -231,13 +308,37 @@ pub fn assert_bill(upstream: &FakeUpstream, prices: &[(&str, Price)], settled_na
                         b.model
                     )
                 })
-                .of(b)
+                .of(&b)
         })
-        .sum();
+        .sum()
+}
+
+/// The one comparison of the upstreams' bill with the ledger, to the nanodollar: every
+/// answer `upstreams` billed, priced at `prices` ([`bill`]), plus what the ledger settled
+/// without a bill (`unbilled.settled_nanos`), is what the ledger settled; and what the
+/// ledger holds is exactly `unbilled.held_nanos`, the reservations of the calls the
+/// upstream billed nothing for since their usage never reached the client.
+pub fn assert_bill(
+    upstreams: &[&FakeUpstream],
+    prices: &[(&str, Price)],
+    ledger: Ledger,
+    unbilled: Unbilled,
+) {
+    let bill = bill(upstreams, prices);
+    let billed: Vec<Billed> = upstreams.iter().flat_map(|u| u.billed()).collect();
     assert_eq!(
-        settled_nanos, bill,
-        "the ledger settled {settled_nanos} nanodollars; the upstream billed {bill} for {} answers: {billed:#?}",
-        billed.len()
+        ledger.settled_nanos,
+        bill + unbilled.settled_nanos,
+        "the ledger settled {} nanodollars; the upstream billed {bill} for {} answers, and \
+         {} was settled without a bill: {billed:#?}",
+        ledger.settled_nanos,
+        billed.len(),
+        unbilled.settled_nanos,
+    );
+    assert_eq!(
+        ledger.held_nanos, unbilled.held_nanos,
+        "the ledger holds {} nanodollars; the calls the upstream billed nothing for reserved {}",
+        ledger.held_nanos, unbilled.held_nanos
     );
 }
 
@@ -429,12 +530,15 @@ fn full(status: StatusCode, body: Value) -> Response<Body> {
         .expect("response")
 }
 
-/// A body of `chunks`, each after `every`, then `end`: `Ok` ends it cleanly, `Err` cuts
-/// the connection.
-fn streamed(chunks: Vec<Bytes>, every: Duration, cut: bool) -> Body {
+/// What to do once a body has been sent to its end (the fake's bill of an answer).
+type AtEnd = Box<dyn FnOnce() + Send + Sync>;
+
+/// A body of `chunks`, each after `every`, then `end`: `Ok` ends it cleanly (then
+/// `at_end` runs: the client read it all), `Err` cuts the connection.
+fn streamed(chunks: Vec<Bytes>, every: Duration, cut: bool, at_end: Option<AtEnd>) -> Body {
     let s = futures::stream::unfold(
-        (chunks.into_iter(), cut, false),
-        move |(mut it, cut, done)| async move {
+        (chunks.into_iter(), cut, false, at_end),
+        move |(mut it, cut, done, at_end)| async move {
             if done {
                 return None;
             }
@@ -443,17 +547,22 @@ fn streamed(chunks: Vec<Bytes>, every: Duration, cut: bool) -> Body {
                     if !every.is_zero() {
                         tokio::time::sleep(every).await;
                     }
-                    Some((Ok(Frame::data(c)), (it, cut, false)))
+                    Some((Ok(Frame::data(c)), (it, cut, false, at_end)))
                 }
                 None if cut => {
                     // What was sent reaches the client (hyper flushes it) before the cut.
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     Some((
                         Err(std::io::Error::other("cut by the fake upstream")),
-                        (it, cut, true),
+                        (it, cut, true, at_end),
                     ))
                 }
-                None => None,
+                None => {
+                    if let Some(f) = at_end {
+                        f();
+                    }
+                    None
+                }
             }
         },
     );
@@ -740,16 +849,19 @@ impl State {
                 ..Billed::default()
             },
         };
-        if !cut {
-            self.billed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Billed {
-                    path: path.clone(),
-                    model: model.clone(),
-                    ..billed
-                });
-        }
+        // Billed once the answer's usage has reached the client: never for a cut answer or
+        // one with no usage, a stream only at its end (not one the client left).
+        let billed = (!cut && model != "fake-huge-event").then(|| Billed {
+            path: path.clone(),
+            model: model.clone(),
+            ..billed
+        });
+        let log = Arc::clone(&self.billed);
+        let bill: AtEnd = Box::new(move || {
+            if let Some(b) = billed {
+                log.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+            }
+        });
         let reply = Reply {
             model: &model,
             n,
@@ -770,12 +882,13 @@ impl State {
                 return Response::builder()
                     .header("content-type", "application/json")
                     .header("content-length", text.len())
-                    .body(streamed(vec![half], Duration::ZERO, true))
+                    .body(streamed(vec![half], Duration::ZERO, true, None))
                     .expect("response");
             }
             if slow {
                 tokio::time::sleep(Duration::from_secs(10)).await;
             }
+            bill();
             return full(StatusCode::OK, body);
         }
         let pieces = if slow { 50 } else { 3 };
@@ -812,7 +925,7 @@ impl State {
         Response::builder()
             .header("content-type", "text/event-stream")
             .header("cache-control", "no-cache")
-            .body(streamed(chunks, every, cut))
+            .body(streamed(chunks, every, cut, Some(bill)))
             .expect("response")
     }
 }

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
-use tally_testkit::upstream::{assert_bill, FakeOptions, FakeUpstream, Price, Script};
+use tally_testkit::upstream::{
+    assert_bill, FakeOptions, FakeUpstream, Ledger, Price, Script, Unbilled,
+};
 use tally_testkit::{Daemon, Tally};
 
 fn tally() -> Tally {
@@ -261,7 +263,6 @@ fn claude_code_a_failing_loop_is_stopped_and_the_bill_is_the_ledger() {
         settled,
         "Claude Code's cost against the ledger: {result} {st}"
     );
-    assert_bill(&upstream, &[(MODEL, price())], settled);
     // What Claude Code sends (2.1.332): streamed `/v1/messages?beta=true` turns with
     // `max_tokens` 32000, its `anthropic-beta` list, and the key as `x-api-key`.
     let seen = upstream.seen();
@@ -273,6 +274,12 @@ fn claude_code_a_failing_loop_is_stopped_and_the_bill_is_the_ledger() {
     // How it ended: the model's last turn (its final answer) was allowed, so the run is
     // open, and what must not be repeated is the failing command the gate stopped.
     let h = s.handoff();
+    assert_bill(
+        &[&upstream],
+        &[(MODEL, price())],
+        Ledger::of(std::slice::from_ref(&h)),
+        Unbilled::NONE,
+    );
     assert_eq!(h["stop"]["status"], "running", "{h:#}");
     assert!(
         h.to_string().contains("do not repeat claude-code/Bash"),
@@ -307,13 +314,18 @@ fn claude_code_the_spend_budget_stops_the_model_calls() {
     assert_eq!(st["held_nanos"], 0, "{st}");
     let settled = st["settled_nanos"].as_u64().expect("settled");
     assert!(settled <= 100 * 10_000_000, "{st}");
-    assert_bill(&upstream, &[(MODEL, price())], settled);
     assert!(
         upstream.billed().len() < 10,
         "the budget stopped the model calls: {result}"
     );
     assert_eq!(cost_nanos(&result), settled, "{result} {st}");
     let h = s.handoff();
+    assert_bill(
+        &[&upstream],
+        &[(MODEL, price())],
+        Ledger::of(std::slice::from_ref(&h)),
+        Unbilled::NONE,
+    );
     let text = h.to_string();
     assert!(
         text.contains("reservation_insufficient") || text.contains("budget_exceeded"),
@@ -436,7 +448,6 @@ max_output_tokens = 100
     assert_eq!(status, 200, "{st}");
     assert_eq!(st["held_nanos"], 0, "{st}");
     let settled = st["settled_nanos"].as_u64().expect("settled");
-    assert_bill(&upstream, &[(model, Price::usd(10, 1000))], settled);
     // The SDK's own count of the model's usage is the upstream's bill.
     let billed = upstream.billed();
     assert_eq!(result["requests"], billed.len(), "{result}");
@@ -464,6 +475,13 @@ max_output_tokens = 100
     // How it ended: the agent's last call (its model's final answer) was allowed, so the
     // run is open; what must not be repeated is the failing tool call, by name.
     let h = &h["handoffs"][0];
+    assert_eq!(h["spend"]["settled_nanos"], settled, "{h:#}");
+    assert_bill(
+        &[&upstream],
+        &[(model, Price::usd(10, 1000))],
+        Ledger::of(std::slice::from_ref(h)),
+        Unbilled::NONE,
+    );
     assert_eq!(h["stop"]["status"], "running", "{h:#}");
     assert!(h.to_string().contains("do not repeat shell"), "{h:#}");
 }

@@ -17,6 +17,13 @@ fn billing_policy(upstream: &FakeUpstream) -> String {
     p
 }
 
+/// The prices [`billing_policy`] gives, for [`assert_bill`].
+fn billing_prices() -> Vec<(&'static str, Price)> {
+    let mut p = prices();
+    p.push(("fake-usage-1000-50", Price::usd(10, 1000)));
+    p
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() {
     let upstream = FakeUpstream::start(FakeOptions::default());
@@ -32,7 +39,8 @@ async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() 
     .await;
     assert_eq!(a.status, 200, "{}", a.text());
     // 1,000 in at $10/M and 50 out at $1,000/M: $0.06, the bill, whatever was reserved.
-    let bill = 1000 * 10_000 + 50 * 1_000_000;
+    let bill = tally_testkit::upstream::bill(&[&upstream], &billing_prices());
+    assert_eq!(bill, 60_000_000);
     let st = served.settled("r").await;
     assert_eq!(st["settled_nanos"], bill, "{st}");
     // The next call, however small, is refused: after an overrun a human grants spend.
@@ -51,8 +59,9 @@ async fn an_upstream_billing_past_the_reservation_settles_whole_as_an_overrun() 
     assert_eq!(status, 200);
     let metrics = String::from_utf8_lossy(&body).into_owned();
     assert!(metrics.contains("\ntally_overruns_total 1\n"), "{metrics}");
-    // The outcome records the excess; verify lists it with its seq, and is consistent.
-    let report = served.verifies();
+    // The outcome records the excess; verify lists it with its seq, and is consistent;
+    // the ledger settled the bill.
+    let report = served.verifies_the_bill(&upstream, &billing_prices(), 0);
     let overruns = report["audit"]["overruns"].as_array().expect("overruns");
     assert_eq!(overruns.len(), 1, "{report}");
     let o = &overruns[0];
@@ -139,7 +148,9 @@ async fn after_kill_9_mid_stream_the_operator_settles_what_the_call_held() {
         "{}",
         tally_testkit::tally::text(&out)
     );
-    let report = served.verifies();
+    // The upstream billed nothing for the stream nobody saw end: the ledger settled the
+    // operator's figure and holds nothing.
+    let report = served.verifies_the_bill(&upstream, &prices(), 12_300_000);
     assert_eq!(report["audit"]["findings"], json!([]), "{report}");
     let settled = served
         .decisions("r")
@@ -175,15 +186,9 @@ async fn a_bill_above_the_reservation_is_settled_exactly_and_stops_later_spendin
     )
     .await;
     assert_eq!(a.status, 200, "{}", a.text());
-    let st = served.settled("b").await;
-    let prices = [("fake-bill-tools-500-0", Price::usd(10, 1000))];
+    served.settled("b").await;
     // 600 input and 50 output tokens: $0.006 + $0.05.
     assert_eq!(upstream.billed()[0].input, 600);
-    assert_bill(
-        &upstream,
-        &prices,
-        st["settled_nanos"].as_u64().expect("settled"),
-    );
     let a = call(
         served.proxy,
         "/anthropic/v1/messages",
@@ -198,7 +203,8 @@ async fn a_bill_above_the_reservation_is_settled_exactly_and_stops_later_spendin
         a.text()
     );
     assert_eq!(upstream.seen().len(), 1);
-    served.verifies();
+    let prices = [("fake-bill-tools-500-0", Price::usd(10, 1000))];
+    served.verifies_the_bill(&upstream, &prices, 0);
 }
 
 /// An upstream event past the bound (16 MiB) is not buffered on: the stream is cut, and
@@ -241,5 +247,114 @@ async fn a_stream_event_past_the_bound_is_an_error_at_the_reservation() {
         "{outcome} {allow}"
     );
     assert_eq!(st["held_nanos"], 0, "{st}");
-    served.verifies();
+    // The upstream billed nothing it could show (no usage): the ledger settled the
+    // reservation without a bill.
+    let mut p = prices();
+    p.push(("fake-huge-event", Price::usd(10, 1000)));
+    let reserved = allow["decision"]["reserve_nanos"]
+        .as_u64()
+        .expect("reserved");
+    served.verifies_the_bill(&upstream, &p, reserved);
+}
+
+/// An upstream that bills a tool prompt and web searches: Anthropic Messages with a
+/// client tool and a `web_search` server tool (`max_uses` 2), the fake billing 3,000
+/// tool-prompt tokens (the policy counts 100) and 2 searches, as a plain answer and as a
+/// stream. The ledger settles the bill to the nanodollar, searches included; the excess
+/// over the reservation is an overrun `tally verify` lists with the outcome's seq; and
+/// the run's next call is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_prompt_and_web_searches_billed_past_the_reservation_settle_to_the_unit() {
+    const MODEL: &str = "fake-bill-tools-3000-2";
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut text = policy(&upstream, 1000);
+    text.push_str(&format!(
+        "[prices.anthropic.\"{MODEL}\"]\ninput_per_mtok = 10\noutput_per_mtok = \"1000\"\nmax_output_tokens = 100\ntool_prompt_tokens = 100\nweb_search_per_use = \"0.01\"\n"
+    ));
+    let mut served = Served::new(dir.path(), &text);
+    let body = |stream: bool| {
+        json!({"model": MODEL, "max_tokens": 50, "stream": stream,
+            "tools": [{"name": "get_weather", "description": "weather", "input_schema": {"type": "object"}},
+                      {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+            "messages": [{"role": "user", "content": "What is the weather in Lyon today?"}]})
+        .to_string()
+        .into_bytes()
+    };
+    for stream in [false, true] {
+        let run = format!("ws-{stream}");
+        let token = served.start_run(&run).await;
+        let a = call(
+            served.proxy,
+            "/anthropic/v1/messages",
+            &[("x-api-key", &token)],
+            body(stream),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert!(a.text().contains("web_search_requests"), "{}", a.text());
+        served.settled(&run).await;
+        let a = call(
+            served.proxy,
+            "/anthropic/v1/messages",
+            &[("x-api-key", &token)],
+            body(stream),
+        )
+        .await;
+        assert_eq!(a.status, 403, "after an overrun: {}", a.text());
+        assert!(a.text().contains("budget_exceeded"), "{}", a.text());
+    }
+    assert_eq!(
+        upstream.seen().len(),
+        2,
+        "nothing forwarded after an overrun"
+    );
+    // Each: 3,100 in at $10/M, 50 out at $1,000/M, 2 searches at $0.01: $0.101.
+    let billed = upstream.billed();
+    assert!(
+        billed
+            .iter()
+            .all(|b| (b.input, b.output, b.web_searches) == (3100, 50, 2)),
+        "{billed:?}"
+    );
+    let price = Price {
+        per_web_search: 10_000_000,
+        ..Price::usd(10, 1000)
+    };
+    let bill = 3100 * 10_000 + 50 * 1_000_000 + 2 * 10_000_000;
+    assert_eq!(
+        tally_testkit::upstream::bill(&[&upstream], &[(MODEL, price)]),
+        2 * bill
+    );
+    let report = served.verifies_the_bill(&upstream, &[(MODEL, price)], 0);
+    let overruns = report["audit"]["overruns"].as_array().expect("overruns");
+    assert_eq!(overruns.len(), 2, "{report}");
+    for (o, stream) in overruns.iter().zip([false, true]) {
+        let run = format!("ws-{stream}");
+        assert_eq!(o["run"], run.as_str(), "{o}");
+        assert_eq!(o["settled_nanos"], bill, "{o}");
+        let decisions = served.decisions(&run);
+        let allow = decisions
+            .iter()
+            .find(|d| d["decision"]["kind"] == "allow")
+            .expect("the allow");
+        let reserved = allow["decision"]["reserve_nanos"]
+            .as_u64()
+            .expect("reserved");
+        assert_eq!(o["reserved_nanos"], reserved, "{o}");
+        assert_eq!(o["overrun_nanos"], bill - reserved, "{o}");
+        let outcome = decisions
+            .iter()
+            .find(|d| d["decision"]["kind"] == "outcome")
+            .expect("the outcome");
+        assert_eq!(outcome["seq"], o["seq"], "{outcome}");
+        assert_eq!(
+            outcome["decision"]["overrun_nanos"],
+            bill - reserved,
+            "{outcome}"
+        );
+    }
+    let text = tally().audit(served.dir(), "verify", &[]);
+    let text = tally_testkit::tally::text(&text);
+    assert!(text.contains("2 overruns"), "{text}");
 }

@@ -94,7 +94,7 @@ async fn bad_requests_are_refused_recorded_and_never_forwarded() {
         assert!(!a.headers.contains_key("x-tally-seq"));
     }
     assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
-    let report = served.verifies();
+    let report = served.verifies_the_bill(&upstream, &prices(), 0);
     // Every refusal is a gate decision replay decided again, and agrees with.
     assert_eq!(report["replay"]["replayed"], seqs.len(), "{report}");
     assert_eq!(report["replay"]["taken_as_recorded"], 0, "{report}");
@@ -170,5 +170,5 @@ async fn a_request_without_max_tokens_gets_one_its_budget_can_pay() {
     .await;
     assert_eq!(a.status, 403, "{}", a.text());
     assert_eq!(upstream.seen().len(), 1);
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }

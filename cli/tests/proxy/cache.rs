@@ -66,14 +66,13 @@ async fn cache_writes_settle_at_their_own_price_and_unpriced_markers_are_refused
         );
     }
     // What the upstream billed for the two, to the nanodollar.
-    let price = Price {
+    let cached = Price {
         input_per_mtok: 3_000_000_000,
         cache_write_per_mtok: 3_750_000_000,
         cache_write_1h_per_mtok: 6_000_000_000,
         output_per_mtok: 15_000_000_000,
         ..Price::default()
     };
-    assert_bill(&upstream, &[("fake-usage-10-5-1000-400", price)], 2 * one);
     // A cache marker on a model whose cache writes have no price: refused, named,
     // recorded, and nothing forwarded.
     let seen = upstream.seen().len();
@@ -105,7 +104,21 @@ async fn cache_writes_settle_at_their_own_price_and_unpriced_markers_are_refused
     assert_eq!(a.status, 200, "{}", a.text());
     let st = served.settled("c").await;
     assert_eq!(st["held_nanos"], 0, "{st}");
-    served.verifies();
+    let unmarked = Price {
+        input_per_mtok: 3_000_000_000,
+        output_per_mtok: 15_000_000_000,
+        ..Price::default()
+    };
+    let p = [
+        ("fake-usage-10-5-1000-400", cached),
+        ("fake-usage-10-5-0-0", unmarked),
+    ];
+    // The two marked calls, and the unmarked one: 10 x 3,000 + 5 x 15,000.
+    assert_eq!(
+        tally_testkit::upstream::bill(&[&upstream], &p),
+        2 * one + 105_000
+    );
+    served.verifies_the_bill(&upstream, &p, 0);
     let decisions = served.decisions("c");
     let reserved: Vec<u64> = decisions
         .iter()

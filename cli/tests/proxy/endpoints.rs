@@ -43,7 +43,7 @@ async fn count_tokens_a_hundred_times_holds_nothing_and_adds_no_max_tokens() {
             .ends_with("/v1/messages/count_tokens?beta=true"),
         "{seen:?}"
     );
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
     let decisions = served.decisions("t");
     let allows: Vec<&Value> = decisions
         .iter()
@@ -101,7 +101,7 @@ async fn paths_the_proxy_does_not_meter_are_refused_by_name_and_never_forwarded(
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(upstream.seen()[0].path, "/v1/messages?beta=true");
     served.settled("p").await;
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }
 
 // A request that can cost what the policy has no price for is refused with the field
@@ -165,7 +165,14 @@ async fn unpriced_costs_are_refused_with_the_field_named_and_priced_ones_reserve
     let a = call(served.proxy, "/anthropic/v1/messages", &h, body.clone()).await;
     assert_eq!(a.status, 200, "{}", a.text());
     served.settled("u").await;
-    served.verifies();
+    let p = [(
+        "fake-usage-10-5",
+        Price {
+            per_web_search: 10_000_000,
+            ..Price::usd(10, 1000)
+        },
+    )];
+    served.verifies_the_bill(&upstream, &p, 0);
     let decisions = served.decisions("u");
     let reserved = decisions
         .iter()
@@ -204,7 +211,7 @@ async fn a_dated_id_is_priced_as_its_model() {
     .await;
     assert_eq!(a.status, 403, "only -YYYYMMDD: {}", a.text());
     served.settled("d").await;
-    served.verifies();
+    served.verifies_the_bill(&upstream, &[("fake-ok-20251001", Price::usd(10, 1000))], 0);
 }
 
 // Only the headers a dialect needs reach the upstream: an agent's organization or
@@ -286,5 +293,5 @@ async fn only_allow_listed_headers_and_betas_reach_the_upstream() {
         seen[2]
     );
     served.settled("h").await;
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }

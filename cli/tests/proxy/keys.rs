@@ -108,7 +108,7 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
         assert_eq!(a.json()["tally"]["reason"], "completed", "{}", a.text());
         assert_eq!(a.json()["tally"]["action"], "stop", "{}", a.text());
         assert_eq!(upstream.seen().len(), 2, "nothing more was forwarded");
-        served.verifies();
+        served.verifies_the_bill(&upstream, &prices(), 0);
         let h = served.handoff("r1");
         assert_eq!(h["spend"]["settled_nanos"], 102_000_000, "{h}");
     }
@@ -154,7 +154,7 @@ async fn the_proxy_answers_on_its_unix_socket_too() {
         & 0o777;
     assert_eq!(mode, 0o660, "the agent socket's mode");
     assert_eq!(served.settled("u").await["settled_nanos"], 51_000_000);
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
     assert!(!sock.exists(), "removed when the daemon stops");
 }
 

@@ -11,7 +11,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tally_testkit::upstream::{assert_bill, FakeOptions, FakeUpstream, Price};
+use tally_testkit::upstream::{
+    assert_bill, open_reservations, FakeOptions, FakeUpstream, Ledger, Price, Unbilled,
+};
 use tally_testkit::{Daemon, Tally};
 
 fn tally() -> Tally {
@@ -247,39 +249,41 @@ impl Served {
         tally().verifies(self.dir())
     }
 
-    /// The decisions of `run`, decrypted (the daemon stopped): each `{seq, decision}`,
-    /// through `tally prove --run` and `tally verify-proof --auditor-key`.
+    /// [`Served::verifies`], and the upstream's bill is the ledger's, as [`assert_bill`]
+    /// compares them: what `upstream` billed at `prices`, plus `settled_unbilled` (what
+    /// the ledger settled with no bill: an operator's figure, an error at its
+    /// reservation), is what the ledger settled (`tally handoff --json`, every run); what it holds is what the calls no
+    /// outcome settled reserved, each run's decisions read back. The report.
+    fn verifies_the_bill(
+        &mut self,
+        upstream: &FakeUpstream,
+        prices: &[(&str, Price)],
+        settled_unbilled: u64,
+    ) -> Value {
+        let report = self.verifies();
+        let (out, handoffs) = tally().report(self.dir(), "handoff", &[]);
+        assert!(out.status.success(), "{handoffs}");
+        let held = handoffs["handoffs"]
+            .as_array()
+            .expect("handoffs")
+            .iter()
+            .map(|h| open_reservations(&self.decisions(h["run"].as_str().expect("run"))))
+            .sum();
+        assert_bill(
+            &[upstream],
+            prices,
+            Ledger::handed_off(&handoffs),
+            Unbilled {
+                held_nanos: held,
+                settled_nanos: settled_unbilled,
+            },
+        );
+        report
+    }
+
+    /// The decisions of `run`, decrypted (the daemon stopped): each `{seq, decision}`.
     fn decisions(&self, run: &str) -> Vec<Value> {
-        tally().ok(
-            self.dir(),
-            &[
-                "prove",
-                "--ledger",
-                "ledger",
-                "--run",
-                run,
-                "--auditor-key",
-                "auditor.key",
-                "--out",
-                "run.proof",
-            ],
-            "",
-        );
-        let text = tally().ok(
-            self.dir(),
-            &[
-                "verify-proof",
-                "run.proof",
-                "--key",
-                "ledger/ledger.pub",
-                "--auditor-key",
-                "auditor.key",
-                "--json",
-            ],
-            "",
-        );
-        let v: Value = serde_json::from_str(&text).expect("verify-proof json");
-        v["decisions"].as_array().cloned().unwrap_or_default()
+        tally().decisions(self.dir(), run)
     }
 
     fn handoff(&self, run: &str) -> Value {

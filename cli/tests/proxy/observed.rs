@@ -366,7 +366,7 @@ async fn metrics_runs_and_the_page_count_every_proxied_decision_the_ledger_holds
         }
     }
 
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
     let ledger = ledger_counts(&served, &["a", "b", "c"]);
     assert_eq!(ledger.allows, Some(7), "{ledger:?}");
     assert_eq!(ledger.refusals, Some(5), "{ledger:?}");

@@ -117,7 +117,7 @@ async fn a_peer_over_its_connections_is_refused_while_others_proceed() {
     }
     let st = served.settled("p").await;
     assert_eq!(st["held_nanos"], 0, "{st}");
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }
 
 /// A connection that sent `head` (a request's headers, perhaps some of its body) and

@@ -61,12 +61,7 @@ async fn streams_pass_through_and_settle_and_a_client_that_did_not_ask_sees_no_u
     let st = served.settled("r").await;
     assert_eq!(st["settled_nanos"], 3 * 51_000_000, "{st}");
     assert_eq!(st["held_nanos"], 0, "{st}");
-    assert_bill(
-        &upstream,
-        &prices(),
-        st["settled_nanos"].as_u64().expect("settled"),
-    );
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +126,7 @@ async fn a_redirect_to_another_host_is_refused_and_recorded_and_a_cut_stream_sta
     // is held than before.
     let st = served.held_back_to("r", held).await;
     assert_eq!(st["held_nanos"], held, "{st}");
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
     // The refused redirect is in the ledger: the attempt's outcome, rejected, says why.
     let h = served.handoff("r");
     assert!(h.to_string().contains("redirect_refused"), "{h}");
@@ -214,7 +209,7 @@ async fn kill_9_mid_stream_keeps_the_reservation_held_after_restart() {
         st["held_nanos"].as_u64() >= Some(50_000_000),
         "held, never lost: {st}"
     );
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,5 +266,5 @@ async fn the_run_deadline_cuts_a_stream_and_keeps_its_reservation_held() {
         a.text()
     );
     assert_eq!(a.json()["error"]["action"], "stop", "{}", a.text());
-    served.verifies();
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }

@@ -154,6 +154,7 @@ async fn a_span_per_model_call_under_the_genai_conventions_the_agents_trace_its_
             s.attributes.get(k)
         );
     }
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }
 
 /// Without `--otlp-endpoint` the proxy takes no part in the trace: an agent's valid
@@ -196,4 +197,5 @@ async fn without_a_collector_a_valid_traceparent_passes_and_garbage_does_not() {
         trace_ids(dir.path(), "t2"),
         vec![Some(SAMPLED.into()), None, None, None]
     );
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }

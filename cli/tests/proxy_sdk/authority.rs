@@ -7,7 +7,7 @@ fn the_agent_cannot_report_a_proxied_attempts_outcome() {
     if !sdks() {
         return;
     }
-    let proxy = Proxy::start("");
+    let mut proxy = Proxy::start("");
     for sdk in SDKS {
         let run = format!("owned-{sdk}");
         let token = proxy.run(&run, json!({"spend_cents": 100}));
@@ -34,6 +34,7 @@ fn the_agent_cannot_report_a_proxied_attempts_outcome() {
         assert_eq!(nanos(&after, "settled"), nanos(&before, "settled"));
         assert_eq!(nanos(&after, "held"), nanos(&before, "held"));
     }
+    proxy.verifies_the_bill();
 }
 
 /// One uid starting run after run draws from its principal budget: the 31st run in a row
@@ -43,7 +44,7 @@ fn thirty_one_runs_in_a_row_stop_at_the_principal_budget() {
     if !sdks() {
         return;
     }
-    let proxy = Proxy::start("[principals.default]\nruns = 30\n");
+    let mut proxy = Proxy::start("[principals.default]\nruns = 30\n");
     for i in 0..30 {
         let run = format!("p{i}");
         let token = proxy.run(&run, json!({"spend_cents": 10}));
@@ -68,4 +69,5 @@ fn thirty_one_runs_in_a_row_stop_at_the_principal_budget() {
     );
     // The 31st run got no token: nothing more reached the upstream.
     assert_eq!(proxy.upstreams_saw_only_the_key(&[]), 30);
+    proxy.verifies_the_bill();
 }

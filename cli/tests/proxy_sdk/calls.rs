@@ -87,6 +87,7 @@ fn the_sdks_call_through_the_proxy_with_the_token() {
         charged(&h["spend"], 100, 50),
         "{h}"
     );
+    proxy.verifies_the_bill();
 }
 
 /// An OpenAI agent that sends no `max_tokens` gets one: the most its remaining budget
@@ -96,7 +97,7 @@ fn a_call_without_max_tokens_gets_one_its_budget_can_pay() {
     if !sdks() {
         return;
     }
-    let proxy = Proxy::start("");
+    let mut proxy = Proxy::start("");
     for stream in [false, true] {
         let run = format!("nomax-{stream}");
         // 10 cents: at 0.05 cent per output token, fewer than 200 tokens.
@@ -148,6 +149,7 @@ fn a_call_without_max_tokens_gets_one_its_budget_can_pay() {
         proxy.http.seen().last().and_then(|s| s.max_tokens),
         Some(40)
     );
+    proxy.verifies_the_bill();
 }
 
 /// A stopped run's token is 403 with the stop's reason and action `stop` (the SDK raises
@@ -158,7 +160,7 @@ fn a_stopped_runs_token_is_refused_403_and_a_forged_one_401() {
     if !sdks() {
         return;
     }
-    let proxy = Proxy::start("");
+    let mut proxy = Proxy::start("");
     for sdk in SDKS {
         let run = format!("stopped-{sdk}");
         let token = proxy.run(&run, json!({"spend_cents": 100}));
@@ -180,6 +182,7 @@ fn a_stopped_runs_token_is_refused_403_and_a_forged_one_401() {
             "a refused call reached the upstream"
         );
     }
+    proxy.verifies_the_bill();
 }
 
 /// tally's refusals raise the SDK's normal errors with the reason code in the message:
@@ -189,7 +192,7 @@ fn refusals_raise_the_sdks_own_errors() {
     if !sdks() {
         return;
     }
-    let proxy = Proxy::start("[rate]\nrun_per_sec = 1\nrun_burst = 1\n");
+    let mut proxy = Proxy::start("[rate]\nrun_per_sec = 1\nrun_burst = 1\n");
     for sdk in SDKS {
         for stream in [false, true] {
             let mut args = vec!["--model", "fake-ok"];
@@ -219,4 +222,5 @@ fn refusals_raise_the_sdks_own_errors() {
     assert_eq!(r["error"], "RateLimitError", "{r}");
     let s = proxy.standing_settled("upstream-429");
     assert_eq!(nanos(&s, "held"), 0, "a rejected call holds nothing: {s}");
+    proxy.verifies_the_bill();
 }

@@ -43,6 +43,7 @@ fn a_cut_response_stays_held_at_its_reservation() {
         assert_eq!(nanos(&h["spend"], "settled"), 0, "{h}");
         proxy.serve();
     }
+    proxy.verifies_the_bill();
 }
 
 /// `kill -9` of the daemon while a stream is passing through it: the SDK raises, and
@@ -85,6 +86,7 @@ fn kill_9_mid_stream_keeps_the_reservation_held() {
     }
     let h = proxy.handoff("kill-openai");
     assert!(nanos(&h["spend"], "reserved") >= 100 * OUT_NANOS, "{h}");
+    proxy.verifies_the_bill();
 }
 
 /// A redirect to another host is refused (`scope_violation`, the SDK's
@@ -94,7 +96,7 @@ fn a_redirect_to_another_host_is_refused() {
     if !sdks() {
         return;
     }
-    let proxy = Proxy::start("");
+    let mut proxy = Proxy::start("");
     for sdk in SDKS {
         for stream in [false, true] {
             let token = proxy.run(
@@ -111,4 +113,5 @@ fn a_redirect_to_another_host_is_refused() {
     }
     // The redirect's target (127.0.0.2:1) is no upstream: only the four calls reached one.
     assert_eq!(proxy.upstreams_saw_only_the_key(&[]), 4);
+    proxy.verifies_the_bill();
 }

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tally_testkit::tally::text;
-use tally_testkit::upstream::{FakeOptions, FakeUpstream};
+use tally_testkit::upstream::{
+    assert_bill, open_reservations, FakeOptions, FakeUpstream, Ledger, Price, Unbilled,
+};
 use tally_testkit::{Daemon, Tally};
 
 fn tally() -> Tally {
@@ -269,6 +271,44 @@ impl Proxy {
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         assert_eq!(v["handoffs"][0]["run"], run, "{v}");
         v["handoffs"][0].clone()
+    }
+
+    /// The daemon stopped, `tally verify --json` finds the ledger intact and replay
+    /// nothing, and the upstreams' bill is the ledger's, as [`assert_bill`] compares them:
+    /// what both fake upstreams billed at the policy's prices is what the ledger settled
+    /// (`tally handoff --json`, every run),
+    /// and what it holds is what the calls no outcome settled reserved (each run's
+    /// decisions read back). The report.
+    fn verifies_the_bill(&mut self) -> Value {
+        self.stop();
+        let report = tally().verifies(self.dir.path());
+        let (out, handoffs) = tally().report(self.dir.path(), "handoff", &[]);
+        assert!(out.status.success(), "{handoffs}");
+        let held = handoffs["handoffs"]
+            .as_array()
+            .expect("handoffs")
+            .iter()
+            .map(|h| {
+                let run = h["run"].as_str().expect("run");
+                open_reservations(&tally().decisions(self.dir.path(), run))
+            })
+            .sum();
+        let price = Price::usd(INPUT_PER_MTOK, OUTPUT_PER_MTOK);
+        let prices: Vec<(&str, Price)> = MODELS
+            .iter()
+            .chain(["fake-small"].iter())
+            .map(|m| (*m, price))
+            .collect();
+        assert_bill(
+            &[&self.http, &self.https],
+            &prices,
+            Ledger::handed_off(&handoffs),
+            Unbilled {
+                held_nanos: held,
+                settled_nanos: 0,
+            },
+        );
+        report
     }
 
     /// Every request each fake upstream received carried the real key, and none a token.

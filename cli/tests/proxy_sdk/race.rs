@@ -17,8 +17,9 @@ enum Bills {
 /// never settles more than 100 cents and has no overrun. Billed past the reservations,
 /// each call settles its bill: what is settled beyond 100 cents is exactly covered by
 /// the overruns `tally verify` lists (each allowed while the budget had room, so at most
-/// one per racing call), and no call was allowed after an overrun's outcome (the audit
-/// finds nothing).
+/// one per racing call), each with the seq of the outcome that records it, and no call
+/// was allowed after an overrun's outcome (the audit finds nothing). Either way the
+/// upstreams' bill is the ledger's.
 fn race_within_the_budget(models: &str, bills: Bills) {
     let mut proxy = Proxy::start("");
     let mut runs = vec![];
@@ -83,6 +84,18 @@ fn race_within_the_budget(models: &str, bills: Bills) {
             .iter()
             .map(|o| o["overrun_nanos"].as_u64().expect("overrun_nanos"))
             .sum();
+        // Verify names each overrun by the seq of the outcome that records it.
+        let listed: std::collections::BTreeSet<u64> = overruns
+            .iter()
+            .map(|o| o["seq"].as_u64().expect("seq"))
+            .collect();
+        let recorded: std::collections::BTreeSet<u64> = tally()
+            .decisions(proxy.dir.path(), &run)
+            .iter()
+            .filter(|d| d["decision"]["overrun_nanos"].is_u64())
+            .map(|d| d["seq"].as_u64().expect("seq"))
+            .collect();
+        assert_eq!(listed, recorded, "{run}");
         match bills {
             Bills::Honestly => assert!(overruns.is_empty(), "{run}: {overruns:?}"),
             Bills::PastTheReservation => {
@@ -96,6 +109,7 @@ fn race_within_the_budget(models: &str, bills: Bills) {
         }
         proxy.serve();
     }
+    proxy.verifies_the_bill();
 }
 
 /// Honest usage (within what each call reserved: none, some, all of `max_tokens`).
@@ -130,7 +144,7 @@ fn concurrent_calls_to_one_model_are_not_retries() {
     if !sdks() {
         return;
     }
-    let proxy = Proxy::start("");
+    let mut proxy = Proxy::start("");
     for sdk in SDKS {
         let run = format!("parallel-{sdk}");
         let token = proxy.run(&run, json!({"spend_cents": 1000}));
@@ -157,4 +171,5 @@ fn concurrent_calls_to_one_model_are_not_retries() {
             "{run}: a new prompt refused: {r}"
         );
     }
+    proxy.verifies_the_bill();
 }
