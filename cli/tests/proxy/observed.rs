@@ -223,6 +223,27 @@ pub(super) async fn operator(served: &Served, path: &str) -> (u16, Vec<u8>) {
     (reply.status.as_u16(), reply.body.to_vec())
 }
 
+/// `/metrics` once it counts `outcomes` outcomes (at most 10 s). The gate's state has an
+/// outcome (a standing's `held_nanos` shows it) a moment before the outcome is durable
+/// and counted, so a scrape right after the standing may miss the last one.
+pub(super) async fn metrics_after(served: &Served, outcomes: u64) -> String {
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, text) = operator(served, "/metrics").await;
+        assert_eq!(status, 200);
+        let text = String::from_utf8(text).expect("utf-8");
+        let counted: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("tally_outcomes_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        if counted >= outcomes || std::time::Instant::now() > until {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_runs_and_the_page_count_every_proxied_decision_the_ledger_holds() {
     if !tally_testkit::have(
@@ -314,9 +335,7 @@ async fn metrics_runs_and_the_page_count_every_proxied_decision_the_ledger_holds
         assert_eq!(st["held_nanos"], 0, "{st}");
     }
 
-    let (status, text) = operator(&served, "/metrics").await;
-    assert_eq!(status, 200);
-    let text = String::from_utf8(text).expect("utf-8");
+    let text = metrics_after(&served, 7).await;
     let seen_metrics = metrics_counts(&text);
     // No model an agent named is a label: the unpriced one is `other`, with the
     // refusals whose model was never read.
