@@ -1,5 +1,6 @@
 //! Answers in the upstream's own error dialect, so an official SDK raises its usual
-//! error and shows tally's reason (docs/PROXY.md).
+//! error and shows tally's reason, and so the client retries only what tally says may be
+//! retried (docs/PROXY.md, "Refusals in the upstream's own dialect").
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -13,7 +14,8 @@ use crate::Body;
 /// A refusal or error the proxy answers itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// The HTTP status.
+    /// The HTTP status (in the Anthropic dialect a 403 is answered 402: see
+    /// [`Refusal::response`]).
     pub status: StatusCode,
     /// The code: a reason code of the gate (recorded), or the proxy's own for what is
     /// not a decision of a run (`invalid_token`, `upstream_unreachable`,
@@ -39,7 +41,7 @@ pub struct Refusal {
 
 impl Refusal {
     /// A refusal with a reason code of the gate: 429 and Retry-After for `retry`, 403
-    /// otherwise.
+    /// (Anthropic: 402) otherwise.
     pub fn reason(reason: Reason, retry_after_ms: Option<u64>, message: String) -> Refusal {
         let action = reason.action();
         Refusal {
@@ -76,9 +78,9 @@ impl Refusal {
         }
     }
 
-    /// A 403 for a real token whose run may spend no more (stopped, or past its
-    /// deadline): `reason`, action `stop`, whatever the reason's own action, since
-    /// nothing this run does can make the call go through.
+    /// A 403 (Anthropic: 402) for a real token whose run may spend no more (stopped, or
+    /// past its deadline): `reason`, action `stop`, whatever the reason's own action,
+    /// since nothing this run does can make the call go through.
     pub fn ended(reason: Reason, message: String) -> Refusal {
         Refusal {
             status: StatusCode::FORBIDDEN,
@@ -97,16 +99,46 @@ impl Refusal {
         Refusal::own(StatusCode::UNAUTHORIZED, "invalid_token", message)
     }
 
+    /// The status in `kind`'s dialect. Anthropic's for a call this run may not make
+    /// (403 elsewhere) is 402, its `billing_error`: Claude Code answers a 401 or 403
+    /// by running its `apiKeyHelper` again and retrying, up to ten times over minutes,
+    /// whatever `x-should-retry` says, and shows "Failed to authenticate" otherwise; a
+    /// 402 it reports once, with the message (the official SDK raises
+    /// `PaymentRequiredError`).
+    pub fn status_in(&self, kind: UpstreamKind) -> StatusCode {
+        match (kind, self.status) {
+            (UpstreamKind::Anthropic, StatusCode::FORBIDDEN) => StatusCode::PAYMENT_REQUIRED,
+            (_, status) => status,
+        }
+    }
+
+    /// The `x-should-retry` the answer carries, which the official OpenAI and Anthropic
+    /// SDKs (and Claude Code, and the OpenAI Agents SDK) obey over their own choice:
+    /// `true` for action `retry` (with `Retry-After`), `false` for `stop` and `ask`, so
+    /// that no client sends again a call that is refused again. None for the proxy's
+    /// 502 and 504 (`upstream_unreachable`, `upstream_timeout`): the upstream failed,
+    /// not the run, and a client retries them as it retries the upstream's own 5xx (each
+    /// retry a new call the gate decides).
+    pub fn should_retry(&self) -> Option<&'static str> {
+        match self.action {
+            Action::Retry => Some("true"),
+            _ if self.status.is_server_error() => None,
+            _ => Some("false"),
+        }
+    }
+
     /// The answer in `kind`'s dialect.
     pub fn response(&self, kind: UpstreamKind) -> Response<Body> {
         let action = self.action.as_str();
         let cause = self.cause.map(|c| c.as_str());
         let message = format!("tally: {} ({}, action {action})", self.message, self.code);
+        let status = self.status_in(kind);
         let body = match kind {
             UpstreamKind::Anthropic => {
-                let kind = match self.status {
+                let kind = match status {
                     StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
                     StatusCode::UNAUTHORIZED => "authentication_error",
+                    StatusCode::PAYMENT_REQUIRED => "billing_error",
                     StatusCode::FORBIDDEN => "permission_error",
                     StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
                     StatusCode::NOT_FOUND => "not_found_error",
@@ -121,8 +153,11 @@ impl Refusal {
                 "param": null, "action": action, "cause": cause}}),
         };
         let mut r = Response::builder()
-            .status(self.status)
+            .status(status)
             .header("content-type", "application/json");
+        if let Some(retry) = self.should_retry() {
+            r = r.header("x-should-retry", retry);
+        }
         if let Some(ms) = self.retry_after_ms {
             r = r.header("retry-after", ms.div_ceil(1000).max(1).to_string());
         }

@@ -83,7 +83,7 @@ async fn cache_writes_settle_at_their_own_price_and_unpriced_markers_are_refused
         message("fake-usage-10-5-1000-0", false, true),
     )
     .await;
-    assert_eq!(a.status, 403, "{}", a.text());
+    assert_eq!(a.status, 402, "{}", a.text());
     let v = a.json();
     assert_eq!(v["tally"]["reason"], "scope_violation", "{v}");
     assert!(

@@ -90,7 +90,13 @@ async fn paths_the_proxy_does_not_meter_are_refused_by_name_and_never_forwarded(
         ("/openai/v1/chat/completions?x=1", "?x=1"),
     ] {
         let a = call(served.proxy, path, &h, body.clone()).await;
-        assert_eq!(a.status, 403, "{path}: {}", a.text());
+        // 402 in Anthropic's dialect (docs/PROXY.md), 403 in OpenAI's.
+        let refused = if path.starts_with("/anthropic/") {
+            402
+        } else {
+            403
+        };
+        assert_eq!(a.status, refused, "{path}: {}", a.text());
         let text = a.text();
         assert!(text.contains("scope_violation"), "{path}: {text}");
         assert!(text.contains(names), "{path}: {text}");
@@ -148,7 +154,7 @@ async fn unpriced_costs_are_refused_with_the_field_named_and_priced_ones_reserve
         ),
     ] {
         let a = call(served.proxy, "/anthropic/v1/messages", &h, body).await;
-        assert_eq!(a.status, 403, "{field}: {}", a.text());
+        assert_eq!(a.status, 402, "{field}: {}", a.text());
         let v = a.json();
         assert_eq!(v["tally"]["reason"], "scope_violation", "{v}");
         assert!(
@@ -209,7 +215,7 @@ async fn a_dated_id_is_priced_as_its_model() {
         message("fake-ok-2025-10-01", json!({})),
     )
     .await;
-    assert_eq!(a.status, 403, "only -YYYYMMDD: {}", a.text());
+    assert_eq!(a.status, 402, "only -YYYYMMDD: {}", a.text());
     served.settled("d").await;
     served.verifies_the_bill(&upstream, &[("fake-ok-20251001", Price::usd(10, 1000))], 0);
 }

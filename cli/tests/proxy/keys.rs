@@ -96,12 +96,14 @@ async fn the_key_is_injected_the_token_never_leaves_and_usage_settles_over_http_
             br#"{"model":"fake-ok","max_tokens":5,"messages":[]}"#.to_vec(),
         )
         .await;
-        // A real token of a run that has ended: 403 with the stop's reason and `stop`
-        // (Anthropic's `permission_error`), not a bad key.
-        assert_eq!(a.status, 403, "{}", a.text());
+        // A real token of a run that has ended: the stop's reason and `stop`, not a bad
+        // key; in Anthropic's dialect 402 `billing_error` (a 403 Claude Code retries),
+        // and `x-should-retry: false`, which the SDKs obey.
+        assert_eq!(a.status, 402, "{}", a.text());
+        assert_eq!(a.json()["error"]["type"], "billing_error", "{}", a.text());
         assert_eq!(
-            a.json()["error"]["type"],
-            "permission_error",
+            a.headers.get("x-should-retry").map(|v| v.as_bytes()),
+            Some(&b"false"[..]),
             "{}",
             a.text()
         );

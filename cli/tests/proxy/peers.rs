@@ -79,6 +79,7 @@ async fn a_peer_over_its_connections_is_refused_while_others_proceed() {
     assert_eq!(v["error"]["code"], "too_many_connections", "{v}");
     assert_eq!(v["error"]["action"], "retry", "{v}");
     assert_eq!(headers["retry-after"], "1");
+    assert_eq!(headers["x-should-retry"], "true");
     assert!(
         third.chat(&token).await.is_none(),
         "closed after its answer"

@@ -266,5 +266,12 @@ async fn the_run_deadline_cuts_a_stream_and_keeps_its_reservation_held() {
         a.text()
     );
     assert_eq!(a.json()["error"]["action"], "stop", "{}", a.text());
+    // And says so to the SDKs, which obey it over their own retry rules.
+    assert_eq!(
+        a.headers.get("x-should-retry").map(|v| v.as_bytes()),
+        Some(&b"false"[..]),
+        "{}",
+        a.text()
+    );
     served.verifies_the_bill(&upstream, &prices(), 0);
 }

@@ -10,6 +10,7 @@ usage: agent.py SDK MODE [options]
   SDK   openai | anthropic
   MODE  call   one call (--model, --stream, --max-tokens N or --no-max-tokens)
         race   --n calls at once on threads (--models a,b,c cycled), a JSON line each
+  --default-retries: the SDK's own retries (max_retries left at its default), not none
         hold   one streaming call: prints {"first": ...} after the first chunk, then
                reads to the end (the test kills the daemon meanwhile)
 """
@@ -33,7 +34,8 @@ def sdk_error(e):
     response = getattr(e, "response", None)
     if response is not None:
         out["headers"] = {k.lower(): v for k, v in response.headers.items()
-                          if k.lower().startswith("x-tally") or k.lower() == "retry-after"}
+                          if k.lower().startswith("x-tally")
+                          or k.lower() in ("retry-after", "x-should-retry")}
     return out
 
 
@@ -118,17 +120,20 @@ def main():
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--no-max-tokens", action="store_true")
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--default-retries", action="store_true")
     args = p.parse_args()
 
-    # No retries: the test sees each answer as the proxy gave it (an SDK left at its
-    # default would retry 429s and connection errors on its own).
+    # No retries unless asked: the test sees each answer as the proxy gave it (an SDK
+    # left at its default retries 429s, 5xx and connection errors on its own, and obeys
+    # the answer's `x-should-retry`).
+    retries = {} if args.default_retries else {"max_retries": 0}
     if args.sdk == "openai":
         import openai
-        client = openai.OpenAI(max_retries=0, timeout=args.timeout)
+        client = openai.OpenAI(timeout=args.timeout, **retries)
         call = openai_call
     else:
         import anthropic
-        client = anthropic.Anthropic(max_retries=0, timeout=args.timeout)
+        client = anthropic.Anthropic(timeout=args.timeout, **retries)
         call = anthropic_call
 
     def one(model, first=None):

@@ -152,11 +152,12 @@ fn a_call_without_max_tokens_gets_one_its_budget_can_pay() {
     proxy.verifies_the_bill();
 }
 
-/// A stopped run's token is 403 with the stop's reason and action `stop` (the SDK raises
-/// PermissionDeniedError, which agents show and do not retry); a token never issued is
-/// 401 (AuthenticationError). Nothing reaches the upstream.
+/// A stopped run's token is refused with the stop's reason and action `stop` (403, the
+/// OpenAI SDK's PermissionDeniedError; 402, the Anthropic SDK's PaymentRequiredError:
+/// errors agents show and do not retry); a token never issued is 401
+/// (AuthenticationError). Nothing reaches the upstream.
 #[test]
-fn a_stopped_runs_token_is_refused_403_and_a_forged_one_401() {
+fn a_stopped_runs_token_is_refused_with_its_reason_and_a_forged_one_401() {
     if !sdks() {
         return;
     }
@@ -169,8 +170,9 @@ fn a_stopped_runs_token_is_refused_403_and_a_forged_one_401() {
         assert_eq!(status, 200, "{v}");
         let before = proxy.http.seen().len();
         let r = proxy.call(sdk, false, &token, &[]);
-        assert_eq!(r["error"], "PermissionDeniedError", "{r}");
-        assert_eq!(r["status"], 403, "{r}");
+        let (class, status) = refused(sdk);
+        assert_eq!(r["error"], class, "{r}");
+        assert_eq!(r["status"], status, "{r}");
         let m = r["message"].as_str().unwrap_or("");
         assert!(m.contains("completed") && m.contains("action stop"), "{r}");
         let r = proxy.call(sdk, false, "tally-not-a-token", &[]);
@@ -186,7 +188,8 @@ fn a_stopped_runs_token_is_refused_403_and_a_forged_one_401() {
 }
 
 /// tally's refusals raise the SDK's normal errors with the reason code in the message:
-/// `retry` as RateLimitError (429, Retry-After), `ask`/`stop` as PermissionDeniedError.
+/// `retry` as RateLimitError (429, Retry-After), `ask`/`stop` as PermissionDeniedError
+/// (OpenAI) or PaymentRequiredError (Anthropic).
 #[test]
 fn refusals_raise_the_sdks_own_errors() {
     if !sdks() {
@@ -202,7 +205,8 @@ fn refusals_raise_the_sdks_own_errors() {
             // A run whose budget cannot pay for one call: ask.
             let token = proxy.run(&format!("poor-{sdk}-{stream}"), json!({"spend_cents": 1}));
             let r = proxy.call(sdk, false, &token, &args);
-            raised(&r, "PermissionDeniedError", 403, "reservation_insufficient");
+            let (class, status) = refused(sdk);
+            raised(&r, class, status, "reservation_insufficient");
             // A run past its rate (one call a second): retry, with Retry-After.
             let token = proxy.run(&format!("fast-{sdk}-{stream}"), json!({"spend_cents": 100}));
             let mut race = vec!["race", "--n", "3"];

@@ -377,7 +377,20 @@ fn raised(r: &Value, class: &str, status: u64, reason: &str) {
 
 const SDKS: [&str; 2] = ["openai", "anthropic"];
 
+/// The exception and HTTP status `sdk` raises for a `stop` or `ask` refusal: 403 in
+/// OpenAI's dialect, 402 (`billing_error`) in Anthropic's (docs/PROXY.md, "Refusals in
+/// the upstream's own dialect").
+fn refused(sdk: &str) -> (&'static str, u64) {
+    match sdk {
+        "anthropic" => ("PaymentRequiredError", 402),
+        _ => ("PermissionDeniedError", 403),
+    }
+}
+
 mod authority;
 mod calls;
 mod held;
+#[path = "../common/ledger.rs"]
+mod ledger;
 mod race;
+mod retries;
