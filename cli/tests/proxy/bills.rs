@@ -359,3 +359,66 @@ async fn a_tool_prompt_and_web_searches_billed_past_the_reservation_settle_to_th
     let text = tally_testkit::tally::text(&text);
     assert!(text.contains("2 overruns"), "{text}");
 }
+
+/// Usage that cannot be true (more input than the model's context) is not believed: the
+/// call is an `error` settled at its reservation (never at the number, never capped to a
+/// believable one), the outcome says why (`usage_refused`) and records no usage, and
+/// `tally verify` lists it with its seq for the operator to reconcile with the
+/// provider's console. The upstream's bill is then, by design, not the ledger's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_past_the_models_context_is_an_error_at_the_reservation_and_listed() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut p = policy(&upstream, 1000);
+    p.push_str(
+        "[prices.openai.\"fake-usage-5000-20\"]\ninput_per_mtok = 10\noutput_per_mtok = \"1000\"\n\
+         max_output_tokens = 100\ncontext_tokens = 1000\n",
+    );
+    let mut served = Served::new(dir.path(), &p);
+    let token = served.start_run("r").await;
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(&token))],
+        chat("fake-usage-5000-20", json!({"max_tokens": 50})),
+    )
+    .await;
+    assert_eq!(
+        a.status,
+        200,
+        "the agent has the upstream's answer: {}",
+        a.text()
+    );
+    let st = served.settled("r").await;
+    served.daemon.stop();
+    let decisions = served.decisions("r");
+    let allow = decisions
+        .iter()
+        .map(|d| &d["decision"])
+        .find(|d| d["kind"] == "allow")
+        .expect("the allow");
+    let (seq, outcome) = decisions
+        .iter()
+        .find(|d| d["decision"]["kind"] == "outcome")
+        .map(|d| (d["seq"].as_u64().expect("seq"), &d["decision"]))
+        .expect("the outcome");
+    assert_eq!(outcome["status"], "error", "{outcome}");
+    assert_eq!(outcome["usage_refused"], "implausible", "{outcome}");
+    assert_eq!(
+        outcome["settled_nanos"], allow["reserve_nanos"],
+        "{outcome}"
+    );
+    assert!(
+        outcome.get("usage").is_none(),
+        "nothing unbelievable recorded: {outcome}"
+    );
+    assert_eq!(st["settled_nanos"], allow["reserve_nanos"], "{st}");
+    let report = served.verifies();
+    let listed = report["audit"]["usage_refused"].as_array().expect("listed");
+    assert_eq!(listed.len(), 1, "{report:#}");
+    assert_eq!(listed[0]["seq"], seq, "{report:#}");
+    assert_eq!(report["replay"]["findings"], json!([]), "{report:#}");
+    let h = served.handoff("r");
+    assert_eq!(h["model_calls"][0]["usage_refused"], "implausible", "{h:#}");
+    assert_eq!(h["model_calls"][0]["usage"], Value::Null, "{h:#}");
+}
