@@ -496,7 +496,8 @@ async fn serve_inner(
         }
     }
     if log_start {
-        log(&started_line(&options, &app.ledger));
+        let metrics_at = metrics_tcp.as_ref().and_then(|l| l.local_addr().ok());
+        log(&started_line(&options, &app.ledger, metrics_at));
     }
     // The witnesses: pushed to every interval, and once more after the last request.
     let (stop_push, stopped) = tokio::sync::watch::channel(false);
@@ -605,7 +606,7 @@ async fn serve_inner(
 
 /// What `tally serve` says once it listens: where, over which ledger, under which policy
 /// and limits.
-fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
+fn started_line(options: &ServeOptions, ledger: &Ledger, metrics_at: Option<SocketAddr>) -> String {
     let cp = ledger.checkpoint();
     let group = match options.socket_gid {
         Some(gid) => format!(", group {gid}"),
@@ -630,6 +631,19 @@ fn started_line(options: &ServeOptions, ledger: &Ledger) -> String {
             "; proxy on {} for {} upstream(s)",
             at.join(" and "),
             options.policy.policy.upstreams.len()
+        ));
+    }
+    if let Some(at) = metrics_at {
+        tcp.push_str(&format!(
+            "; /metrics and the live page (/live) on http://{at}"
+        ));
+    }
+    if let Some(w) = &options.witness_policy {
+        let pushed = w.witnesses.iter().filter(|w| w.url.is_some()).count();
+        tcp.push_str(&format!(
+            "; checkpoints pushed to {pushed} of the witness policy's {} witness(es) every {} ms",
+            w.witnesses.len(),
+            options.witness_interval.as_millis()
         ));
     }
     let rate = match options.rate_per_sec {

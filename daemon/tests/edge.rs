@@ -100,6 +100,7 @@ async fn regression_12_serve_logs_one_line_at_start_and_one_at_a_clean_stop() {
         .arg(&agent)
         .arg("--operator-socket")
         .arg(&operator)
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -118,6 +119,12 @@ async fn regression_12_serve_logs_one_line_at_start_and_one_at_a_clean_stop() {
     ] {
         assert!(first.contains(part), "{part:?} missing from {first:?}");
     }
+    // The read-only view's listener, when asked for, is named with the port it got.
+    assert!(
+        first.contains("/metrics and the live page (/live) on http://127.0.0.1:")
+            && !first.contains("127.0.0.1:0;"),
+        "the metrics listener missing from {first:?}"
+    );
     wait_for_socket(&agent).await;
     let mut c = Client::unix(&agent).await.expect("connect");
     let (status, body) = post_json(
