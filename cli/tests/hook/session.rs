@@ -5,7 +5,9 @@
 
 use serde_json::{json, Value};
 
-use super::{claude_code_policy, failing, hook, npm_test, session_end, standing, through, Served};
+use super::{
+    claude_code_policy, failing, hook, npm_test, session_end, standing, tally, through, Served,
+};
 
 /// Failing test runs in a row (each but the first after an edit) of each task's fix
 /// cycle, the run after the last edit passing: eight tasks, 48 failing runs of 64. The
@@ -198,7 +200,7 @@ impl Session<'_> {
 /// stops the run with that refusal's reason.
 #[test]
 fn a_claude_code_session_passes_under_the_shipped_profile() {
-    let s = Served::start(&claude_code_policy());
+    let mut s = Served::start(&claude_code_policy());
     let mut session = Session {
         served: &s,
         calls: 0,
@@ -267,4 +269,34 @@ fn a_claude_code_session_passes_under_the_shipped_profile() {
         err.contains("stopped (retries_exhausted)"),
         "the session's last answer stopped it: {err}"
     );
+
+    // The replay decides every call again under the recorded profile and finds what the
+    // gate did; the failing test runs, which no breaker follows, are no retry storm
+    // across runs (a tool's breaker's, on the wall clock).
+    s.stop();
+    let ledger = s.path("ledger");
+    let export = s.path("session.tally");
+    let (ledger, export) = (ledger.to_string_lossy(), export.to_string_lossy());
+    tally(&["export", "--ledger", &ledger, "--out", &export]);
+    let key = s.path("ledger").join("ledger.pub");
+    let auditor = s.path("auditor.key");
+    let (key, auditor) = (key.to_string_lossy(), auditor.to_string_lossy());
+    let args = ["--key", &key, "--auditor-key", &auditor, "--json"];
+    let out = tally(&[&["verify", &export][..], &args[..]].concat());
+    let report: Value = serde_json::from_slice(&out.stdout).expect("verify --json");
+    assert_eq!(
+        report["replay"]["findings"],
+        json!([]),
+        "{}",
+        report["replay"]
+    );
+    let out = tally(&[&["loops", &export][..], &args[..]].concat());
+    let report: Value = serde_json::from_slice(&out.stdout).expect("loops --json");
+    let across_runs: Vec<&Value> = report["loops"]
+        .as_array()
+        .expect("loops")
+        .iter()
+        .filter(|l| l["clock"] == "wall")
+        .collect();
+    assert!(across_runs.is_empty(), "{across_runs:?}");
 }
