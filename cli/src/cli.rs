@@ -133,7 +133,8 @@ pub enum Command {
     /// A stdio MCP proxy: the MCP client starts it in place of the server; it starts the
     /// server and checks every `tools/call` with the gate first (docs/MCP.md).
     Mcp(McpArgs),
-    /// Policies: `tally policy check FILE` validates one and prints it with its defaults.
+    /// Policies: `tally policy check FILE` validates one and prints it with its defaults;
+    /// `tally policy example claude-code` prints the one shipped for Claude Code.
     Policy {
         #[command(subcommand)]
         command: PolicyCommand,
@@ -672,6 +673,23 @@ fn tool_effect(s: &str) -> Result<(String, String), String> {
 pub enum PolicyCommand {
     /// Validate a policy file and print it with every default filled in.
     Check(PolicyCheckArgs),
+    /// Print a policy tally ships for one kind of agent (`claude-code`: the ceilings and
+    /// breaker a Claude Code session under `tally hook claude-code` needs).
+    Example(PolicyExampleArgs),
+}
+
+/// `tally policy example`.
+#[derive(clap::Args, Debug)]
+pub struct PolicyExampleArgs {
+    /// Which policy.
+    pub name: PolicyExample,
+}
+
+/// The policies `tally policy example` prints.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum PolicyExample {
+    /// Claude Code sessions gated by `tally hook claude-code` (dist/claude-code.toml).
+    ClaudeCode,
 }
 
 /// `tally hook claude-code`.

@@ -301,6 +301,16 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
     Ok(Exit::Success)
 }
 
+/// `tally policy example NAME`: the policy tally ships for one kind of agent, as the
+/// file in dist/ holds it (so what is printed is what the test suite runs under).
+pub fn policy_example(args: &crate::cli::PolicyExampleArgs) -> Result<Exit> {
+    let text = match args.name {
+        crate::cli::PolicyExample::ClaudeCode => crate::hook::CLAUDE_CODE_POLICY,
+    };
+    out!("{text}");
+    Ok(Exit::Success)
+}
+
 /// A progress line on a terminal; silent when stderr is not one, and with `--quiet`.
 pub(crate) struct Progress {
     on: bool,

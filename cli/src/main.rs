@@ -152,6 +152,9 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Policy {
             command: cli::PolicyCommand::Check(args),
         } => commands::policy_check(&args),
+        Command::Policy {
+            command: cli::PolicyCommand::Example(args),
+        } => commands::policy_example(&args),
         Command::Hook {
             command: cli::HookCommand::ClaudeCode(args),
         } => hook::run(&args),

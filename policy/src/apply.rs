@@ -546,7 +546,7 @@ fn outcome(
         if final_outcome || status == Status::Timeout || status == Status::Unknown {
             t.in_flight.remove(&id);
         }
-        breaker_outcome(policy, t, id, status, now);
+        breaker_outcome(policy, a.tool.as_deref().unwrap_or(""), t, id, status, now);
     }
 }
 
@@ -570,9 +570,21 @@ fn record_result(run: &mut RunState, attempt: u64, result: u64) {
     }
 }
 
-/// The breaker's transitions on an outcome, in one place: the gate and every report
-/// that follows a tool's breaker fold outcomes through it.
-pub fn breaker_outcome(policy: &Policy, t: &mut ToolState, id: u64, status: Status, now: Now) {
+/// The breaker's transitions on an outcome of a call of `tool`, in one place: the gate
+/// and every report that follows a tool's breaker fold outcomes through it. A tool the
+/// policy gives no breaker (`[breaker.tools]`, 0) stays closed whatever it reports.
+pub fn breaker_outcome(
+    policy: &Policy,
+    tool: &str,
+    t: &mut ToolState,
+    id: u64,
+    status: Status,
+    now: Now,
+) {
+    let Some(limit) = policy.breaker.failures_for(tool) else {
+        t.breaker = Breaker::Closed { failures: 0 };
+        return;
+    };
     let failed = matches!(status, Status::Error | Status::Timeout);
     let reopen = Breaker::Open {
         until_ms: now.wall_ms.saturating_add(policy.breaker.open_ms),
@@ -580,7 +592,7 @@ pub fn breaker_outcome(policy: &Policy, t: &mut ToolState, id: u64, status: Stat
     t.breaker = match t.breaker.at(now.wall_ms, policy.breaker.open_ms) {
         Breaker::Closed { failures } if failed => {
             let failures = failures.saturating_add(1);
-            if failures >= policy.breaker.failures {
+            if failures >= limit {
                 reopen
             } else {
                 Breaker::Closed { failures }

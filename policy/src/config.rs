@@ -119,6 +119,30 @@ pub struct Breaker {
     /// A half-open probe that has not reported within this many ms is taken as
     /// failed and the breaker opens again. Default 10,000.
     pub probe_timeout_ms: u64,
+    /// Tools whose breaker opens after a number of failures of their own, by name
+    /// (exact, or a prefix ending in `*`): an exact name wins, else the longest prefix
+    /// that matches. 0 gives the tool no breaker: a tool with no shared downstream to
+    /// protect (a coding agent's own shell, whose failing test runs are its work), whose
+    /// failures only the run's retry and loop rules bound. Default: none.
+    pub tools: BTreeMap<String, u64>,
+}
+
+impl Breaker {
+    /// Consecutive failed outcomes that open `tool`'s breaker: its own
+    /// (`[breaker.tools]`), else `failures`; `None` when the tool has no breaker.
+    pub fn failures_for(&self, tool: &str) -> Option<u64> {
+        let own = self.tools.get(tool).or_else(|| {
+            self.tools
+                .iter()
+                .filter(|(pattern, _)| pattern.ends_with('*') && matches(pattern, tool))
+                .max_by_key(|(pattern, _)| pattern.len())
+                .map(|(_, n)| n)
+        });
+        match own.copied().unwrap_or(self.failures) {
+            0 => None,
+            n => Some(n),
+        }
+    }
 }
 
 /// Token buckets (rate per second, burst) and in-flight bounds. A rate of 0 disables
@@ -319,6 +343,7 @@ impl Default for Breaker {
             failures: 5,
             open_ms: 30_000,
             probe_timeout_ms: 10_000,
+            tools: BTreeMap::new(),
         }
     }
 }
@@ -457,6 +482,12 @@ impl Policy {
         }
         if self.breaker.failures == 0 {
             return invalid("breaker.failures", at_least_one);
+        }
+        if self.breaker.tools.keys().any(|t| t.is_empty() || t == "*") {
+            return invalid(
+                "breaker.tools",
+                "names a tool (exact, or a prefix ending in `*`): an empty name, or `*` alone, is none (set `breaker.failures` for every tool)",
+            );
         }
         if self.rate.call_timeout_ms == 0 {
             return invalid("rate.call_timeout_ms", "must be at least 1 (ms)");

@@ -29,6 +29,10 @@ use tally_api::{CheckRequest, GateClient, GateError, OutcomeRequest, StartReques
 use crate::output::{errln, outln};
 use crate::Exit;
 
+/// The policy tally ships for Claude Code sessions (`tally policy example claude-code`):
+/// ceilings above a session's measured band, and no breaker for Claude Code's own tools.
+pub const CLAUDE_CODE_POLICY: &str = include_str!("../../../dist/claude-code.toml");
+
 /// The largest payload read from stdin (a tool's input and response are bounded by the
 /// model's context; anything larger is not a hook payload).
 const MAX_PAYLOAD: u64 = 16 << 20;

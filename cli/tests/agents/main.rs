@@ -79,20 +79,28 @@ fn price() -> Price {
 /// between: the policy's `[retries] non_idempotent_write` (the default, written out).
 const BASH_RUNS: usize = 1;
 
-/// The policy docs/PROXY.md gives a Claude Code session (its ceilings and breaker), a
-/// spend limit, the fake upstream as Anthropic, and the model priced, its cache writes
-/// too (Claude Code marks its prompt for the cache on every turn: unpriced, the proxy
-/// refuses the marker). A call the budget cannot pay is refused, not asked of a human
-/// (`ask_on = []`).
+/// The policy tally ships for Claude Code sessions (`tally policy example claude-code`:
+/// its ceilings, and no breaker for Claude Code's own tools) with a spend limit added
+/// to its ceiling, the fake upstream as Anthropic, and the model priced, its cache
+/// writes too (Claude Code marks its prompt for the cache on every turn: unpriced, the
+/// proxy refuses the marker). A call the budget cannot pay is refused, not asked of a
+/// human (`ask_on = []`).
 fn policy(upstream: &FakeUpstream, spend_cents: u64) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["policy", "example", "claude-code"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("tally policy example");
+    assert!(out.status.success(), "tally policy example claude-code");
+    let shipped = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(shipped.contains("\n[ceiling]\n"), "{shipped}");
+    let shipped = shipped.replacen(
+        "\n[ceiling]\n",
+        &format!("\n[ceiling]\nspend_cents = {spend_cents}\n"),
+        1,
+    );
     format!(
-        r#"
-[ceiling]
-spend_cents = {spend_cents}
-attempts = 1000
-side_effects = 500
-[breaker]
-failures = 1000
+        r#"{shipped}
 [approvals]
 ask_on = []
 [retries]

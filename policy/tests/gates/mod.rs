@@ -238,3 +238,85 @@ fn calls_in_flight_per_tool_are_bounded() {
     sim.allow(&r2(3), 5300);
     let _ = b;
 }
+
+/// `[breaker.tools]`: a tool's own failure count (an exact name over the longest
+/// prefix), and 0 for no breaker at all, so a coding agent's failing test runs never
+/// open its shell's breaker for every run; every other tool keeps `[breaker]`'s.
+#[test]
+fn a_tool_has_its_own_breaker_failures_or_none() {
+    let policy = concat!(
+        "[approvals]\nask_on = []\n",
+        "[breaker]\nfailures = 2\n",
+        "[breaker.tools]\n\"claude-code/*\" = 0\n\"claude-code/Web*\" = 4\n\"claude-code/WebFetch\" = 3\n",
+    );
+    let mut sim = Sim::with_run(policy, json!({}));
+    let b = &tally_policy::Policy::from_toml(policy)
+        .expect("policy")
+        .breaker;
+    assert_eq!(b.failures_for("claude-code/Bash"), None);
+    assert_eq!(b.failures_for("claude-code/WebSearch"), Some(4));
+    assert_eq!(b.failures_for("claude-code/WebFetch"), Some(3));
+    assert_eq!(b.failures_for("github/create_issue"), Some(2));
+    let fail = |sim: &mut Sim, tool: &str, n: u64| {
+        let a = sim.allow(&call(tool, Effect::Read, json!({"n": n})), n * 10);
+        sim.outcome("r1", a, "error", n * 10 + 5, json!({}));
+    };
+    // No breaker: twenty failures in a row leave it closed, every call allowed.
+    for n in 0..20 {
+        fail(&mut sim, "claude-code/Bash", n);
+    }
+    assert_eq!(
+        sim.tools["claude-code/Bash"].breaker,
+        Breaker::Closed { failures: 0 }
+    );
+    // Its own count: the exact name's 3, not the prefix's 4 nor the policy's 2.
+    for n in 20..22 {
+        fail(&mut sim, "claude-code/WebFetch", n);
+    }
+    assert_eq!(
+        sim.tools["claude-code/WebFetch"].breaker,
+        Breaker::Closed { failures: 2 }
+    );
+    fail(&mut sim, "claude-code/WebFetch", 22);
+    sim.refused(
+        &call("claude-code/WebFetch", Effect::Read, json!({"n": 23})),
+        230,
+        Reason::CircuitOpen,
+    );
+    // Every other tool: the policy's 2.
+    for n in 30..32 {
+        fail(&mut sim, "api", n);
+    }
+    sim.refused(
+        &call("api", Effect::Read, json!({"n": 32})),
+        320,
+        Reason::CircuitOpen,
+    );
+    sim.allow(
+        &call("claude-code/Bash", Effect::Read, json!({"n": 33})),
+        330,
+    );
+}
+
+#[test]
+fn breaker_tools_are_printed_and_a_nameless_one_refused() {
+    use tally_policy::{Policy, PolicyError};
+    let p = Policy::from_toml("[breaker.tools]\n\"claude-code/*\" = 0\n").expect("policy");
+    let printed = p.to_toml();
+    assert!(
+        printed.contains("[breaker.tools]\n\"claude-code/*\" = 0"),
+        "{printed}"
+    );
+    assert_eq!(Policy::from_toml(&printed).expect("reads back"), p);
+    for bad in [
+        "[breaker.tools]\n\"*\" = 3\n",
+        "[breaker.tools]\n\"\" = 3\n",
+    ] {
+        match Policy::from_toml(bad) {
+            Err(PolicyError::Invalid { key, line, .. }) => {
+                assert_eq!((key.as_str(), line), ("breaker.tools", Some(1)), "{bad}")
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}

@@ -79,12 +79,17 @@ impl ToolStorms {
         wall_ms: u64,
         sink: &mut Vec<Loop>,
     ) {
+        if policy.breaker.failures_for(tool).is_none() {
+            // A tool the policy gives no breaker: its failures are the runs' own to
+            // bound (their retry and loop rules), never a storm across runs.
+            return;
+        }
         let t = self.entry(tool);
         let now = tally_policy::Now {
             wall_ms,
             at_ms: None,
         };
-        tally_policy::breaker_outcome(policy, &mut t.breaker, call, o.status, now);
+        tally_policy::breaker_outcome(policy, tool, &mut t.breaker, call, o.status, now);
         let failed = matches!(o.status, Status::Error | Status::Timeout);
         if failed {
             let s = t.series.get_or_insert_with(|| {

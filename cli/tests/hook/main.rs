@@ -1,6 +1,8 @@
 //! `tally hook claude-code` against the real daemon (`tally serve` on a real socket), fed
 //! payloads in the format of Claude Code's hooks reference.
 
+mod session;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -532,10 +534,20 @@ fn regression_issue_20_reading_a_file_an_edit_changed_is_no_loop() {
     }
 }
 
-/// The policy docs/PROXY.md gives for Claude Code sessions ("Ceilings for a Claude Code
-/// session"): its ceilings, and a breaker that a run of failing tests does not open.
-const CLAUDE_CODE_POLICY: &str =
-    "[ceiling]\nattempts = 1000\nside_effects = 500\n[breaker]\nfailures = 1000\n";
+/// The policy tally ships for Claude Code sessions, as `tally policy example
+/// claude-code` prints it (dist/claude-code.toml), and checked by `tally policy check` as
+/// an operator would before serving it.
+fn claude_code_policy() -> String {
+    let out = tally(&["policy", "example", "claude-code"]);
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("claude-code.toml");
+    std::fs::write(&file, &text).expect("write the policy");
+    let checked = tally(&["policy", "check", &file.to_string_lossy()]);
+    let checked = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.contains(": valid; digest"), "{checked}");
+    text
+}
 
 /// Claude Code's `Edit`, as its hooks send it (`tool_input` and `tool_response`).
 fn edit(i: usize) -> (Value, Value) {
@@ -588,7 +600,7 @@ fn through(
 /// each re-run follows an edit that completed (progress), not a retry of the last.
 #[test]
 fn edit_then_test_twenty_times_is_allowed() {
-    let s = Served::start(CLAUDE_CODE_POLICY);
+    let s = Served::start(&claude_code_policy());
     for i in 0..20 {
         let failure = failing(&format!(
             "# tests 12\n# pass {}\n# fail {}",
@@ -629,7 +641,7 @@ fn edit_then_test_twenty_times_is_allowed() {
 /// nothing either.
 #[test]
 fn the_same_failing_command_is_stopped_within_the_loop_bound() {
-    let s = Served::start(CLAUDE_CODE_POLICY);
+    let s = Served::start(&claude_code_policy());
     let bound = 3;
     let mut stopped = None;
     for i in 0..=bound {
