@@ -1,6 +1,8 @@
 //! The decisions as the ledger holds them, for the tests that count what the gate
-//! answered (shared by cli/tests/agents/ and cli/tests/proxy_sdk/ through `#[path]`).
+//! answered (shared by cli/tests/agents/, cli/tests/proxy_sdk/ and cli/tests/observe/
+//! through `#[path]`).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
@@ -8,6 +10,11 @@ use serde_json::Value;
 /// Every decision in `dir/ledger`, decrypted with `dir/auditor.key`, in seq order (the
 /// daemon must be stopped); the ledger must verify intact.
 pub fn decisions(dir: &Path) -> Vec<Value> {
+    by_seq(dir).into_values().collect()
+}
+
+/// [`decisions`], by seq.
+pub fn by_seq(dir: &Path) -> BTreeMap<u64, Value> {
     let ledger = dir.join("ledger");
     let frames: Vec<tally_ledger::Frame> = tally_ledger::segment::LogReader::open(&ledger)
         .expect("log")
@@ -18,11 +25,13 @@ pub fn decisions(dir: &Path) -> Vec<Value> {
         tally_ledger::LedgerPublic::read(&ledger.join("ledger.pub")).expect("ledger.pub"),
     );
     options.auditor = Some(tally_ledger::AuditorKey::read(&dir.join("auditor.key")).expect("key"));
-    let mut out = Vec::new();
+    let mut out = BTreeMap::new();
     let report = tally_verify::verify(
         frames.into_iter().map(Ok),
         &options,
-        |e| out.push(serde_json::to_value(&e.decision).expect("json")),
+        |e| {
+            out.insert(e.seq.seq, serde_json::to_value(&e.decision).expect("json"));
+        },
         |_| {},
     );
     assert_eq!(report.verdict(), tally_verify::Verdict::Intact);

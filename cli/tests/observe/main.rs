@@ -18,6 +18,9 @@ mod metrics;
 mod page;
 mod paging;
 mod pg_view;
+#[path = "../common/ledger.rs"]
+#[allow(dead_code)]
+mod recorded;
 mod restart;
 mod runs;
 mod service;
@@ -114,27 +117,7 @@ fn ledger(dir: &Path) {
 /// Every decision in `dir/ledger`, decrypted with the auditor key, by seq (the daemon
 /// must be stopped).
 fn decisions(dir: &Path) -> BTreeMap<u64, Value> {
-    let ledger = dir.join("ledger");
-    let frames: Vec<tally_ledger::Frame> = tally_ledger::segment::LogReader::open(&ledger)
-        .expect("log")
-        .frames()
-        .map(|f| f.expect("frame"))
-        .collect();
-    let mut options = tally_verify::Options::new(
-        tally_ledger::LedgerPublic::read(&ledger.join("ledger.pub")).expect("ledger.pub"),
-    );
-    options.auditor = Some(tally_ledger::AuditorKey::read(&dir.join("auditor.key")).expect("key"));
-    let mut out = BTreeMap::new();
-    let report = tally_verify::verify(
-        frames.into_iter().map(Ok),
-        &options,
-        |e| {
-            out.insert(e.seq.seq, serde_json::to_value(&e.decision).expect("json"));
-        },
-        |_| {},
-    );
-    assert_eq!(report.verdict(), tally_verify::Verdict::Intact);
-    out
+    recorded::by_seq(dir)
 }
 
 fn python_has(module: &str, fix: &str) -> bool {
