@@ -7,14 +7,19 @@
 //! its `event:` lines (`message_start`, `ping`, `content_block_*`, `message_delta`,
 //! `message_stop`), the Responses stream with its typed events (`response.created`,
 //! `response.in_progress`, `response.output_item.added`, `response.output_text.delta`,
-//! `response.function_call_arguments.delta`, ..., `response.completed` carrying the
+//! `response.function_call_arguments.delta`, ..., `response.completed` (or `response.incomplete`, `response.failed`) carrying the
 //! usage), tool calls as `tool_use` blocks, `tool_calls` and `function_call` items.
 //!
 //! What each request does is chosen by its `model`, so a test in any language steers it
 //! with no API of its own:
 //!
 //! * `fake-ok`: usage 100 input, 50 output tokens (fewer where the request's
-//!   `max_tokens` is lower, as a real API never answers past it);
+//!   `max_tokens` is lower, as a real API never answers past it: the answer then says
+//!   it was cut at the limit, as each API says it: Chat's `finish_reason: "length"`,
+//!   Anthropic's `stop_reason: "max_tokens"`, Responses' `status: "incomplete"` with
+//!   `incomplete_details.reason: "max_output_tokens"`, its stream ending with
+//!   `response.incomplete`; a script's answer is its script's, whole, its usage capped
+//!   alike);
 //! * `fake-usage-I-O`: usage I input, O output tokens (`fake-usage-1000-20`);
 //!   `fake-usage-I-O-W-H` (Anthropic) also W cache-write tokens, H of them to the
 //!   1-hour cache (`cache_creation_input_tokens`, `cache_creation`); on OpenAI's APIs
@@ -25,6 +30,9 @@
 //!   on Anthropic S web searches (`usage.server_tool_use.web_search_requests`);
 //! * `fake-cut`: a stream is cut after 2 chunks (no usage); a plain answer is cut
 //!   mid-body;
+//! * `fake-failed`, `fake-failed-I-O`: a Responses stream that ends with
+//!   `response.failed` (`status: "failed"`, an `error`), its `usage` null as OpenAI's
+//!   reference shows it, or I input and O output tokens; any other call: 500;
 //! * `fake-slow`: one chunk every 200 ms, 50 chunks (a plain answer after 10 s);
 //! * `fake-huge-event`: a stream whose second event never ends (17 MiB, no blank line);
 //! * `fake-429`: 429 with `Retry-After: 2`; `fake-500`: 500;
@@ -95,8 +103,11 @@ pub struct Seen {
     pub headers: Vec<String>,
     /// The request's `model`.
     pub model: Option<String>,
-    /// Its `max_tokens` (or `max_completion_tokens`).
+    /// Its `max_tokens` (or `max_completion_tokens`, or `max_output_tokens`).
     pub max_tokens: Option<u64>,
+    /// Which of `max_tokens`, `max_completion_tokens` and `max_output_tokens` it
+    /// carried.
+    pub limit_fields: Vec<String>,
     /// Its `stream_options`, as JSON text.
     pub stream_options: Option<String>,
     /// Whether it asked for a stream.
@@ -711,6 +722,11 @@ impl State {
                     .or_else(|| json.get("max_completion_tokens"))
                     .or_else(|| json.get("max_output_tokens"))
                     .and_then(Value::as_u64),
+                limit_fields: LIMIT_FIELDS
+                    .iter()
+                    .filter(|k| json.get(**k).is_some())
+                    .map(|k| (*k).to_owned())
+                    .collect(),
                 stream_options: json.get("stream_options").map(|v| v.to_string()),
                 stream,
                 body_len: bytes.len(),
@@ -755,6 +771,12 @@ impl State {
                     .insert("retry-after", hyper::header::HeaderValue::from_static("2"));
                 return r;
             }
+            m if m.starts_with("fake-failed") && !(api == Api::Responses && stream) => {
+                return full(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({"error": {"message": "upstream broke", "type": "server_error"}}),
+                )
+            }
             "fake-500" => {
                 return full(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -781,7 +803,19 @@ impl State {
             .unwrap_or_else(|e| e.into_inner())
             .get(&model)
             .cloned();
+        // Whether the answer stops at the request's limit, short of what it would say.
+        let mut at_limit = false;
         let n = match model.as_str() {
+            // Failed with no usage at all.
+            "fake-failed" => Numbers::default(),
+            m if m.starts_with("fake-failed-") => {
+                let mut next = numbers_after(m, "fake-failed-");
+                Numbers {
+                    input: next(),
+                    output: next(),
+                    ..Numbers::default()
+                }
+            }
             m if m.starts_with("fake-usage-") => {
                 let mut next = numbers_after(m, "fake-usage-");
                 Numbers {
@@ -805,10 +839,11 @@ impl State {
             _ => {
                 let (input, output) = script.as_ref().map_or((100, 50), |s| s.usage);
                 // As a real API: never more output than the request's limit.
-                let limit = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+                let limit = LIMIT_FIELDS
                     .iter()
                     .find_map(|k| json.get(*k).and_then(Value::as_u64))
                     .unwrap_or(u64::MAX);
+                at_limit = script.is_none() && limit < output;
                 Numbers {
                     input,
                     output: output.min(limit),
@@ -832,6 +867,9 @@ impl State {
             });
         let cut = model == "fake-cut";
         let slow = model == "fake-slow";
+        // A failed response bills what its usage says, if it says anything.
+        let failed = model.starts_with("fake-failed");
+        let unbilled = failed && n.input + n.output == 0;
         let billed = match api {
             Api::Messages => Billed {
                 input: n.input,
@@ -851,7 +889,7 @@ impl State {
         };
         // Billed once the answer's usage has reached the client: never for a cut answer or
         // one with no usage, a stream only at its end (not one the client left).
-        let billed = (!cut && model != "fake-huge-event").then(|| Billed {
+        let billed = (!cut && !unbilled && model != "fake-huge-event").then(|| Billed {
             path: path.clone(),
             model: model.clone(),
             ..billed
@@ -868,11 +906,18 @@ impl State {
             call: call.as_ref(),
             text: &text,
             scripted: script.is_some(),
+            end: if failed {
+                End::Failed
+            } else if at_limit {
+                End::AtLimit
+            } else {
+                End::Done
+            },
         };
         if !stream {
             let body = match api {
                 Api::Messages => reply.message(),
-                Api::Responses => reply.response("completed"),
+                Api::Responses => reply.response(true),
                 _ => reply.completion(),
             };
             let text = Bytes::from(body.to_string());
@@ -930,6 +975,20 @@ impl State {
     }
 }
 
+/// The request fields that carry an output limit.
+const LIMIT_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+
+/// How an answer ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// As the model chose.
+    Done,
+    /// Cut at the request's output limit.
+    AtLimit,
+    /// Failed mid-answer (Responses: `response.failed`).
+    Failed,
+}
+
 /// One answer, in each API's words.
 struct Reply<'a> {
     model: &'a str,
@@ -938,6 +997,7 @@ struct Reply<'a> {
     text: &'a str,
     /// A script's text is streamed as it is; the models' own answers stream `w0 w1 ...`.
     scripted: bool,
+    end: End,
 }
 
 /// `text` in `pieces` parts (at least one), as a stream sends it.
@@ -1010,6 +1070,9 @@ impl Reply<'_> {
                 json!({"type": "tool_use", "id": format!("toolu_fake_{k}"), "name": c.name, "input": c.input}),
                 "tool_use",
             ),
+            None if self.end == End::AtLimit => {
+                (json!({"type": "text", "text": self.text}), "max_tokens")
+            }
             None => (json!({"type": "text", "text": self.text}), "end_turn"),
         }
     }
@@ -1084,6 +1147,9 @@ impl Reply<'_> {
                 json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_fake_{k}"), "type": "function", "function": {"name": c.name, "arguments": self.arguments()}}]}),
                 "tool_calls",
             ),
+            None if self.end == End::AtLimit => {
+                (json!({"role": "assistant", "content": self.text}), "length")
+            }
             None => (json!({"role": "assistant", "content": self.text}), "stop"),
         };
         json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": self.model,
@@ -1127,7 +1193,11 @@ impl Reply<'_> {
                 for t in self.deltas(pieces) {
                     ev.push((None, chunk(json!({"content": t}), Value::Null)));
                 }
-                "stop"
+                if self.end == End::AtLimit {
+                    "length"
+                } else {
+                    "stop"
+                }
             }
         };
         ev.push((None, chunk(json!({}), json!(finish))));
@@ -1152,28 +1222,53 @@ impl Reply<'_> {
         }
     }
 
-    /// A Responses API `response` object; `status` `completed` carries the output and
-    /// usage, `in_progress` neither.
-    fn response(&self, status: &str) -> Value {
-        let done = status == "completed";
+    /// A Responses API `response` object: under way (`in_progress`), with neither output
+    /// nor usage; or at its end, with both: `completed`, `incomplete` (cut at the limit:
+    /// `incomplete_details.reason` `max_output_tokens`), or `failed` (an `error`, no
+    /// output, the usage only where the model's name gives it).
+    fn response(&self, done: bool) -> Value {
+        let (status, incomplete, error) = match (done, self.end) {
+            (false, _) => ("in_progress", Value::Null, Value::Null),
+            (true, End::Done) => ("completed", Value::Null, Value::Null),
+            (true, End::AtLimit) => (
+                "incomplete",
+                json!({"reason": "max_output_tokens"}),
+                Value::Null,
+            ),
+            (true, End::Failed) => (
+                "failed",
+                Value::Null,
+                json!({"code": "server_error", "message": "The model failed to generate a response."}),
+            ),
+        };
+        let failed = self.end == End::Failed;
+        let usage = if done && !(failed && self.n.input + self.n.output == 0) {
+            self.responses_usage()
+        } else {
+            Value::Null
+        };
+        let output = if done && !failed {
+            json!([self.item()])
+        } else {
+            json!([])
+        };
         json!({"id": "resp_fake", "object": "response", "created_at": 1, "status": status,
-               "model": self.model, "error": null, "incomplete_details": null,
+               "model": self.model, "error": error, "incomplete_details": incomplete,
                "instructions": null, "metadata": {}, "parallel_tool_calls": true,
                "temperature": 1.0, "top_p": 1.0, "tool_choice": "auto", "tools": [],
                "text": {"format": {"type": "text"}},
-               "output": if done { json!([self.item()]) } else { json!([]) },
-               "usage": if done { self.responses_usage() } else { Value::Null }})
+               "output": output, "usage": usage})
     }
 
     fn response_events(&self, pieces: usize) -> Vec<(Option<&'static str>, Value)> {
         let mut ev: Vec<(&'static str, Value)> = vec![
             (
                 "response.created",
-                json!({"response": self.response("in_progress")}),
+                json!({"response": self.response(false)}),
             ),
             (
                 "response.in_progress",
-                json!({"response": self.response("in_progress")}),
+                json!({"response": self.response(false)}),
             ),
         ];
         let item = self.item();
@@ -1222,10 +1317,12 @@ impl Reply<'_> {
             "response.output_item.done",
             json!({"output_index": 0, "item": item}),
         ));
-        ev.push((
-            "response.completed",
-            json!({"response": self.response("completed")}),
-        ));
+        let last = match self.end {
+            End::Done => "response.completed",
+            End::AtLimit => "response.incomplete",
+            End::Failed => "response.failed",
+        };
+        ev.push((last, json!({"response": self.response(true)})));
         ev.into_iter()
             .enumerate()
             .map(|(i, (name, mut data))| {

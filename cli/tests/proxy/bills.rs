@@ -302,7 +302,8 @@ async fn a_tool_prompt_and_web_searches_billed_past_the_reservation_settle_to_th
             body(stream),
         )
         .await;
-        assert_eq!(a.status, 403, "after an overrun: {}", a.text());
+        // Anthropic's dialect: 402 (docs/PROXY.md).
+        assert_eq!(a.status, 402, "after an overrun: {}", a.text());
         assert!(a.text().contains("budget_exceeded"), "{}", a.text());
     }
     assert_eq!(

@@ -382,11 +382,13 @@ fn bearer(token: &str) -> String {
 mod bills;
 mod bodies;
 mod cache;
+mod clamp;
 mod endpoints;
 mod keys;
 mod observed;
 mod peers;
 mod race;
+mod responses;
 mod streams;
 mod traced;
 mod usage;

@@ -13,6 +13,7 @@ usage: agent.py SDK MODE [options]
   --default-retries: the SDK's own retries (max_retries left at its default), not none
         hold   one streaming call: prints {"first": ...} after the first chunk, then
                reads to the end (the test kills the daemon meanwhile)
+        count  (anthropic) one `messages.count_tokens` call: {"ok", "input_tokens"}
 """
 
 import argparse
@@ -111,7 +112,7 @@ def anthropic_call(client, args, model, first=None):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("sdk", choices=["openai", "anthropic"])
-    p.add_argument("mode", choices=["call", "race", "hold"])
+    p.add_argument("mode", choices=["call", "race", "hold", "count"])
     p.add_argument("--model", default="fake-ok")
     p.add_argument("--models", default="")
     p.add_argument("--n", type=int, default=64)
@@ -144,6 +145,13 @@ def main():
 
     if args.mode == "call":
         print(json.dumps(one(args.model)), flush=True)
+    elif args.mode == "count":
+        try:
+            n = client.messages.count_tokens(model=args.model, messages=prompt())
+            out = {"ok": True, "input_tokens": n.input_tokens}
+        except Exception as e:
+            out = sdk_error(e)
+        print(json.dumps(out), flush=True)
     elif args.mode == "hold":
         def first():
             print(json.dumps({"first": True}), flush=True)

@@ -228,3 +228,52 @@ fn refusals_raise_the_sdks_own_errors() {
     assert_eq!(nanos(&s, "held"), 0, "a rejected call holds nothing: {s}");
     proxy.verifies_the_bill();
 }
+
+/// The Anthropic SDK set up as docs/PROXY.md ("The Anthropic SDK") says, from
+/// `ANTHROPIC_BASE_URL` and `ANTHROPIC_API_KEY`: `messages.count_tokens` gets the
+/// upstream's count and reserves, settles and sends a limit for nothing; a message
+/// reserves its forwarded body's bytes at the input price and its `max_tokens` at the
+/// output price, and settles its usage.
+#[test]
+fn the_anthropic_sdk_counts_tokens_for_nothing_and_a_message_reserves_its_limit() {
+    if !sdks() {
+        return;
+    }
+    let mut proxy = Proxy::start("");
+    let run = "anthropic-count";
+    let token = proxy.run(run, json!({"spend_cents": 100}));
+    let r = proxy.py("anthropic", false, &token, &["count", "--model", "fake-ok"]);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0]["ok"], true, "{r:?}");
+    assert_eq!(r[0]["input_tokens"], 100, "{r:?}");
+    let s = proxy.standing_settled(run);
+    assert_eq!((nanos(&s, "settled"), nanos(&s, "held")), (0, 0), "{s}");
+    let r = proxy.call(
+        "anthropic",
+        false,
+        &token,
+        &["--model", "fake-ok", "--max-tokens", "100"],
+    );
+    assert_eq!(r["ok"], true, "{r}");
+    let s = proxy.standing_settled(run);
+    assert_eq!(nanos(&s, "settled"), charged(&s, 100, 50), "{s}");
+    let seen = proxy.http.seen();
+    let paths: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(paths, ["/v1/messages/count_tokens", "/v1/messages"]);
+    assert_eq!(seen[0].max_tokens, None, "{:?}", seen[0]);
+    assert_eq!(seen[1].max_tokens, Some(100), "{:?}", seen[1]);
+    proxy.stop();
+    let decisions = ledger::decisions(proxy.dir.path());
+    let reserved: Vec<u64> = ledger::checks(&decisions, run, "anthropic")
+        .iter()
+        .map(|d| d["reserve_nanos"].as_u64().unwrap_or(0))
+        .collect();
+    // The input bound is measured with the longest limit's 20 digits in place of `100`.
+    let input_bound = seen[1].body_len as u64 - 3 + 20;
+    assert_eq!(
+        reserved,
+        [0, input_bound * IN_NANOS + 100 * OUT_NANOS],
+        "{decisions:#?}"
+    );
+    proxy.verifies_the_bill();
+}
