@@ -386,6 +386,7 @@ mod endpoints;
 mod keys;
 mod observed;
 mod peers;
+mod priced;
 mod race;
 mod streams;
 mod traced;
