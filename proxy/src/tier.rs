@@ -101,7 +101,7 @@ pub fn settled(
 }
 
 /// The tier an answer (a whole body, or one event of a stream) says served it, if it
-/// says: OpenAI's `service_tier` (a Responses event's `response.service_tier`),
+/// says (`auto` says none): OpenAI's `service_tier` (a Responses event's `response.service_tier`),
 /// Anthropic's `usage.service_tier` (a stream's `message_start` or `message_delta`). A
 /// value that is not a string is kept as its JSON text, which names no tier.
 pub fn said(endpoint: Endpoint, v: &Value) -> Option<String> {
@@ -114,7 +114,10 @@ pub fn said(endpoint: Endpoint, v: &Value) -> Option<String> {
         _ => None,
     };
     match at {
+        // `auto` is a request's choice, not a tier that served it (a Responses stream's
+        // first events echo it): unsaid.
         None | Some(Value::Null) => None,
+        Some(Value::String(t)) if t == "auto" => None,
         Some(Value::String(t)) => Some(t.clone()),
         Some(other) => Some(other.to_string()),
     }
@@ -259,6 +262,13 @@ mod tests {
             said_in(
                 Endpoint::ChatCompletions,
                 serde_json::json!({"service_tier": null})
+            ),
+            None
+        );
+        assert_eq!(
+            said_in(
+                Endpoint::Responses,
+                serde_json::json!({"type": "response.created", "response": {"service_tier": "auto"}})
             ),
             None
         );
