@@ -18,7 +18,7 @@
 //! can reach output, checked arithmetic.
 //!
 //! Modules depend on each other one way, each only on those before it here (checked by
-//! `tests/layers`): `error`, `prices` (money in the policy), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
+//! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
 //! `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits). Items moved down
@@ -32,6 +32,7 @@ pub mod call;
 pub mod config;
 pub mod decide;
 pub mod error;
+pub mod fields;
 pub mod headroom;
 pub mod inconsistency;
 pub mod judge;
@@ -41,6 +42,7 @@ pub mod principals;
 pub mod rules;
 pub mod start;
 pub mod state;
+pub mod tiers;
 pub mod upstreams;
 
 pub use apply::{apply, apply_keyed, breaker_outcome, count_unrecorded, ViewMut};
@@ -57,6 +59,7 @@ pub use state::{
     principal_limits, Breaker, CredentialState, Now, PrincipalState, RunState, ToolState,
     PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
 };
+pub use tiers::TierPrice;
 pub use upstreams::{
     CacheMark, MaxTokensField, ModelPrice, Prices, RoutePrice, Upstream, UpstreamKind,
 };

@@ -10,9 +10,11 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use tally_record::money::{parse_usd, Nanos};
+use tally_record::money::Nanos;
 
 use crate::error::PolicyError;
+use crate::fields::{line_at, quoted, read_fields, required, usd, usd_or_unset};
+use crate::tiers::TierPrice;
 
 /// Default `max_request_bytes`: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 1024 * 1024;
@@ -174,10 +176,16 @@ pub struct ModelPrice {
     pub web_search_tokens_per_use: u64,
     /// OpenAI Chat Completions: the field an injected output limit is set as.
     pub max_tokens_field: MaxTokensField,
-    /// `service_tier` values billed at these prices besides the default tier (a request
-    /// naming any other tier is refused). Default: none.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub service_tiers: Vec<String>,
+    /// The input tokens one image can cost at most (Anthropic: about width x height / 750,
+    /// images above about 1.15 megapixels resized, so about 1,600; OpenAI: by detail and
+    /// tiles, per model). Unset: a request with an image is refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_tokens: Option<u64>,
+    /// The `service_tier`s billed at rates of their own (`[prices.U."M".tiers.NAME]`),
+    /// besides the default tier, billed at the rates above. A request naming any other
+    /// tier is refused; an answer reporting one is not priced.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tiers: BTreeMap<String, TierPrice>,
     /// Other model ids that share this price (a dated snapshot, a short name).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
@@ -198,7 +206,8 @@ impl ModelPrice {
             web_search_per_use: None,
             web_search_tokens_per_use: 0,
             max_tokens_field: MaxTokensField::MaxTokens,
-            service_tiers: Vec::new(),
+            image_tokens: None,
+            tiers: BTreeMap::new(),
             aliases: Vec::new(),
         }
     }
@@ -217,6 +226,19 @@ impl ModelPrice {
                 .max(self.cache_write_per_mtok.unwrap_or(Nanos(0))),
         };
         Some(self.input_per_mtok.max(write))
+    }
+
+    /// This price with the rates of tier `name` (`None` if it lists no such tier).
+    pub fn at_tier(&self, name: &str) -> Option<ModelPrice> {
+        let t = self.tiers.get(name)?;
+        Some(ModelPrice {
+            input_per_mtok: t.input_per_mtok,
+            cached_input_per_mtok: t.cached_input_per_mtok,
+            cache_write_per_mtok: t.cache_write_per_mtok,
+            cache_write_1h_per_mtok: t.cache_write_1h_per_mtok,
+            output_per_mtok: t.output_per_mtok,
+            ..self.clone()
+        })
     }
 }
 
@@ -260,19 +282,6 @@ impl<'de> Deserialize<'de> for Prices {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Prices, D::Error> {
         serde::de::IgnoredAny::deserialize(d)?;
         Ok(Prices::default())
-    }
-}
-
-fn usd<S: Serializer>(n: &Nanos, s: S) -> Result<S::Ok, S::Error> {
-    // `$0.15` -> `0.15`: the text parse_usd reads back.
-    s.serialize_str(n.to_string().trim_start_matches('$'))
-}
-
-fn usd_or_unset<S: Serializer>(n: &Option<Nanos>, s: S) -> Result<S::Ok, S::Error> {
-    match n {
-        Some(n) => usd(n, s),
-        // Skipped when unset: never reached.
-        None => s.serialize_none(),
     }
 }
 
@@ -376,6 +385,13 @@ impl Prices {
                     continue;
                 }
                 let key = format!("{at}.{}", quoted(name));
+                if let Some(old) = item.as_table_like().and_then(|t| t.get("service_tiers")) {
+                    return Err(err(
+                        format!("{key}.service_tiers"),
+                        "is replaced by `[prices.UPSTREAM.\"MODEL\".tiers.NAME]` tables giving each tier's own rates (a tier billed at the default rates makes the ledger differ from the bill)".into(),
+                        old.span(),
+                    ));
+                }
                 let fields = read_fields(
                     text,
                     item,
@@ -392,7 +408,8 @@ impl Prices {
                         "web_search_per_use",
                         "web_search_tokens_per_use",
                         "max_tokens_field",
-                        "service_tiers",
+                        "image_tokens",
+                        "tiers",
                         "aliases",
                     ],
                 )?;
@@ -464,7 +481,14 @@ impl Prices {
                             }),
                     }
                 };
-                let service_tiers = ids("service_tiers", "service tiers")?;
+                let image_tokens = match fields.get("image_tokens") {
+                    None => None,
+                    Some(_) => Some(tokens("image_tokens", 0, 1)?),
+                };
+                let tiers = match item.as_table_like().and_then(|t| t.get("tiers")) {
+                    None => BTreeMap::new(),
+                    Some(tiers) => crate::tiers::read(text, tiers, &format!("{key}.tiers"))?,
+                };
                 let aliases = ids("aliases", "model ids")?;
                 prices.models.insert(
                     name.to_owned(),
@@ -480,7 +504,8 @@ impl Prices {
                         web_search_per_use,
                         web_search_tokens_per_use,
                         max_tokens_field,
-                        service_tiers,
+                        image_tokens,
+                        tiers,
                         aliases,
                     },
                 );
@@ -502,133 +527,6 @@ impl Prices {
             out.insert(upstream.to_owned(), prices);
         }
         Ok(Prices(out))
-    }
-}
-
-/// A key as a policy writes it: bare if it can be, else quoted.
-fn quoted(key: &str) -> String {
-    if !key.is_empty()
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
-        key.to_owned()
-    } else {
-        format!("{key:?}")
-    }
-}
-
-/// One field of a price table: its amount (if it reads as one) and integer value.
-struct Field {
-    usd: Result<Nanos, PolicyError>,
-    integer: Option<u64>,
-    /// A string's value.
-    text: Option<String>,
-    /// An array of strings' values.
-    strings: Option<Vec<String>>,
-    span: Option<std::ops::Range<usize>>,
-}
-
-fn read_fields(
-    text: &str,
-    item: &toml_edit::Item,
-    key: &str,
-    allowed: &[&str],
-) -> Result<BTreeMap<String, Field>, PolicyError> {
-    let invalid =
-        |key: String, why: String, span: Option<std::ops::Range<usize>>| PolicyError::Invalid {
-            key,
-            why,
-            line: span.map(|s| line_at(text, s.start)),
-        };
-    let t = item.as_table_like().ok_or_else(|| {
-        invalid(
-            key.to_owned(),
-            "must be a table of prices".into(),
-            item.span(),
-        )
-    })?;
-    let mut out = BTreeMap::new();
-    for (name, value) in t.iter() {
-        let at = format!("{key}.{name}");
-        if !allowed.contains(&name) {
-            let span = t.key(name).and_then(|k| k.span()).or(value.span());
-            return Err(invalid(
-                at,
-                format!(
-                    "is not a known key here (expected one of: {})",
-                    allowed.join(", ")
-                ),
-                span,
-            ));
-        }
-        let span = value.span();
-        let v = value.as_value();
-        // The literal text of a number, exactly as written in the file.
-        let literal = match v {
-            Some(toml_edit::Value::String(s)) => Some(s.value().to_owned()),
-            Some(toml_edit::Value::Integer(_)) | Some(toml_edit::Value::Float(_)) => span
-                .clone()
-                .and_then(|s| text.get(s))
-                .map(|t| t.trim().to_owned()),
-            _ => None,
-        };
-        let integer = match v {
-            Some(toml_edit::Value::Integer(i)) => u64::try_from(*i.value()).ok(),
-            _ => None,
-        };
-        let usd = match literal {
-            Some(l) => parse_usd(&l).map_err(|e| {
-                invalid(
-                    at.clone(),
-                    format!("must be exact US dollars: {e}"),
-                    span.clone(),
-                )
-            }),
-            None => Err(invalid(
-                at.clone(),
-                "must be an amount of US dollars, like 0.15 or \"0.15\"".into(),
-                span.clone(),
-            )),
-        };
-        let text = match v {
-            Some(toml_edit::Value::String(s)) => Some(s.value().to_owned()),
-            _ => None,
-        };
-        let strings = match v {
-            Some(toml_edit::Value::Array(a)) => a
-                .iter()
-                .map(|x| x.as_str().map(str::to_owned))
-                .collect::<Option<Vec<String>>>(),
-            _ => None,
-        };
-        out.insert(
-            name.to_owned(),
-            Field {
-                usd,
-                integer,
-                text,
-                strings,
-                span,
-            },
-        );
-    }
-    Ok(out)
-}
-
-fn required(
-    fields: &BTreeMap<String, Field>,
-    name: &str,
-    key: &str,
-    line: Option<usize>,
-) -> Result<Nanos, PolicyError> {
-    match fields.get(name) {
-        Some(f) => f.usd.clone(),
-        None => Err(PolicyError::Invalid {
-            key: format!("{key}.{name}"),
-            why: "is missing: give it (US dollars, like 0.15)".into(),
-            line,
-        }),
     }
 }
 
@@ -786,13 +684,4 @@ fn undated(model: &str) -> Option<&str> {
     let (base, date) = model.rsplit_once('-')?;
     (!base.is_empty() && date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit()))
         .then_some(base)
-}
-
-/// The 1-based line of byte `at` in `text`.
-fn line_at(text: &str, at: usize) -> usize {
-    text.as_bytes()[..at.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
 }

@@ -335,6 +335,7 @@ impl Proxy {
             endpoint: plan.endpoint,
             price: plan.price.clone(),
             route_price: plan.route_price,
+            lands: plan.lands.clone(),
             cost_header: u.cost_header.clone(),
             // What the gate reserved: the most this call may settle.
             reserved: Nanos(answer.reserve_nanos.unwrap_or(plan.worst.0)),

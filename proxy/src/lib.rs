@@ -26,12 +26,14 @@
 
 pub mod dialect;
 mod forward;
+pub mod media;
 mod plan;
 mod proxy;
 mod redirect;
 mod refuse;
 pub mod request;
 mod stream;
+pub mod tier;
 pub mod token;
 pub mod trace;
 pub mod usage;

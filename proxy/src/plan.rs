@@ -23,6 +23,8 @@ pub(crate) struct Plan {
     pub route_price: Option<Nanos>,
     pub client_asked_usage: bool,
     pub strip_usage: bool,
+    /// The billing tiers the call can land on.
+    pub lands: crate::tier::Lands,
 }
 
 impl Proxy {
@@ -86,6 +88,7 @@ impl Proxy {
                 route_price: Some(p.per_call),
                 client_asked_usage: false,
                 strip_usage: false,
+                lands: crate::tier::Lands::Default,
             });
         }
         let request = crate::request::parse(endpoint, bytes).map_err(refused)?;
@@ -118,6 +121,7 @@ impl Proxy {
             strip_usage: endpoint == Endpoint::ChatCompletions
                 && request.stream
                 && !request.client_asked_usage,
+            lands: crate::tier::lands(endpoint, request.service_tier.as_deref()),
         })
     }
 }

@@ -20,10 +20,10 @@
 //!   adds around each message are fewer than the JSON punctuation around it (at least
 //!   `{"role":"","content":""}`, 24 bytes). To that the provider's own additions are
 //!   added, as the price configures them: `tool_prompt_tokens` when the request has
-//!   `tools`, `web_search_tokens_per_use` per possible web search. Inputs that are not
-//!   text (images, audio, files: content parts of type `image_url`, `input_audio`,
-//!   `file`, `image`, `document`, ...) are priced by the API independently of their
-//!   bytes, so a request holding one is refused ([`RequestError::NotText`]).
+//!   `tools`, `web_search_tokens_per_use` per possible web search. Each image
+//!   ([`crate::media`]) adds the price's `image_tokens` (its base64 data left out of the
+//!   bytes); a request with an image and no `image_tokens` is refused, and so is audio,
+//!   a file, a document or video, which no price covers.
 //! * The input is priced at the **input rate**; where the body marks a `cache_control`
 //!   (Anthropic), the whole input at the dearer cache-write rate (the 1-hour one only if
 //!   a marker says `"ttl": "1h"`). A cache read is never dearer than the input.
@@ -32,12 +32,14 @@
 //!   (Chat's choices), capped at the model's `max_output_tokens` (the forwarded value is
 //!   capped too, so the upstream itself enforces the cap). A request without one gets
 //!   one: what the budget can pay.
+//! * **Billing tiers** ([`crate::tier`]): every rate at the dearest tier the request can
+//!   land on (`auto`, or no `service_tier`: the default or any tier the price lists).
 //! * **Server tools**: each possible web search (`max_uses` of Anthropic's `web_search`
 //!   tool, `max_tool_calls` of a Responses request with a `web_search` tool) at
 //!   `web_search_per_use`.
 //! * What can cost money with no price in the policy is refused, naming the field
 //!   ([`RequestError::Unpriced`]): other server tools, `mcp_servers`, a `service_tier`
-//!   the price does not list, state kept upstream (`previous_response_id`), a cache
+//!   the price has no rates for, state kept upstream (`previous_response_id`), a cache
 //!   marker without its cache-write price.
 
 use serde_json::value::RawValue;
@@ -140,12 +142,6 @@ pub enum RequestError {
         /// What is wrong.
         why: &'static str,
     },
-    /// Input that is not text: its price does not follow from its size.
-    #[error("content of type `{kind}` is not priced by tally's proxy: only text is forwarded")]
-    NotText {
-        /// The content part's type.
-        kind: String,
-    },
     /// A field that can make the call cost what the policy gives no price for (a server
     /// tool, a billing tier, state kept upstream): never forwarded unpriced.
     #[error("`{field}` {why}; tally never forwards a call it cannot price")]
@@ -165,21 +161,6 @@ impl RequestError {
         }
     }
 }
-
-/// Content part types whose token count does not follow from their bytes.
-const NOT_TEXT: &[&str] = &[
-    "image_url",
-    "input_image",
-    "image",
-    "input_audio",
-    "audio",
-    "audio_url",
-    "file",
-    "input_file",
-    "document",
-    "video",
-    "video_url",
-];
 
 /// Members that make a call cost what no price covers, per endpoint, and why.
 const UNPRICED: &[(Endpoint, &str, &str)] = &[
@@ -252,6 +233,8 @@ pub struct ModelRequest {
     pub web_searches: u64,
     /// Its `service_tier`, if it names one.
     pub service_tier: Option<String>,
+    /// Its images.
+    pub images: crate::media::Images,
     /// The canonical request, as the argument digest reads it.
     pub args: Args,
 }
@@ -332,6 +315,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
             cache: CacheMark::None,
             web_searches: 0,
             service_tier,
+            images: crate::media::Images::default(),
             args,
         });
     }
@@ -433,7 +417,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
     } else {
         CacheMark::None
     };
-    not_text(&whole)?;
+    let images = crate::media::images(endpoint, &whole)?;
     Ok(ModelRequest {
         members: raw,
         endpoint,
@@ -447,6 +431,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
         cache,
         web_searches,
         service_tier,
+        images,
         args,
     })
 }
@@ -568,22 +553,6 @@ fn cache_mark(v: &Value) -> Result<CacheMark, RequestError> {
     Ok(mark)
 }
 
-/// Refuses content parts that are not text, at any depth.
-fn not_text(v: &Value) -> Result<(), RequestError> {
-    match v {
-        Value::Object(o) => {
-            if let Some(Value::String(t)) = o.get("type") {
-                if NOT_TEXT.contains(&t.as_str()) {
-                    return Err(RequestError::NotText { kind: t.clone() });
-                }
-            }
-            o.values().try_for_each(not_text)
-        }
-        Value::Array(a) => a.iter().try_for_each(not_text),
-        _ => Ok(()),
-    }
-}
-
 /// What the proxy forwards and reserves for one model request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Priced {
@@ -602,15 +571,6 @@ pub struct Priced {
     pub worst: Nanos,
 }
 
-/// The `service_tier` values billed at a price's rates without being listed.
-fn default_tier(endpoint: Endpoint, tier: &str) -> bool {
-    match endpoint.kind() {
-        UpstreamKind::Openai => tier == "default",
-        UpstreamKind::Anthropic => tier == "standard_only",
-        UpstreamKind::Http => false,
-    }
-}
-
 impl ModelRequest {
     /// The body to forward and the most it can cost at `price`: the limit capped at the
     /// model's, or (absent) the most `remaining` can pay (at least 1), or (with `clamp`,
@@ -623,16 +583,8 @@ impl ModelRequest {
         remaining: Nanos,
         clamp: bool,
     ) -> Result<Priced, RequestError> {
-        if let Some(t) = &self.service_tier {
-            if !default_tier(self.endpoint, t) && !price.service_tiers.iter().any(|s| s == t) {
-                return Err(RequestError::unpriced(
-                    "service_tier",
-                    format!(
-                        "`{t}` is a billing tier this model's price does not list (service_tiers)"
-                    ),
-                ));
-            }
-        }
+        let lands = crate::tier::lands(self.endpoint, self.service_tier.as_deref());
+        let price = &crate::tier::reserved(price, &lands)?;
         if self.endpoint == Endpoint::CountTokens {
             return Ok(Priced {
                 body: render(&self.members).into_bytes(),
@@ -682,6 +634,16 @@ impl ModelRequest {
         };
         // Measured with the longest count (20 digits) in place: the input bound.
         members.insert(field.into(), raw(&u64::MAX.to_string()));
+        let image_tokens = match (self.images.count, price.image_tokens) {
+            (0, _) => 0,
+            (n, Some(each)) => n.saturating_mul(each),
+            (_, None) => {
+                return Err(RequestError::unpriced(
+                    self.images.first.clone().unwrap_or_else(|| "image".into()),
+                    "is an image, and this model's price has no image_tokens (the most input tokens one image can cost)",
+                ))
+            }
+        };
         let added = if self.tools {
             price.tool_prompt_tokens
         } else {
@@ -691,7 +653,11 @@ impl ModelRequest {
             self.web_searches
                 .saturating_mul(price.web_search_tokens_per_use),
         );
-        let input_bound = (render(&members).len() as u64).saturating_add(added);
+        // The body's bytes less the images' base64 data, plus each image's bound.
+        let input_bound = (render(&members).len() as u64)
+            .saturating_sub(self.images.data_bytes)
+            .saturating_add(added)
+            .saturating_add(image_tokens);
         let input_cost = per_million(input_bound, input_rate).unwrap_or(Nanos::MAX);
         let fixed = input_cost.checked_add(search_cost).unwrap_or(Nanos::MAX);
         let pays = |left: Nanos| {
@@ -792,7 +758,7 @@ mod tests {
             r#"{"model":"a","max_tokens":-1}"#,
             r#"{"model":"a","max_tokens":"9"}"#,
             r#"{"model":"a","stream":"yes"}"#,
-            r#"{"model":"a","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
+            r#"{"model":"a","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"x"}}]}]}"#,
             r#"{"model":"a","max_tokens":1,"max_completion_tokens":2}"#,
         ] {
             assert!(
@@ -1104,20 +1070,59 @@ mod tests {
     }
 
     #[test]
-    fn billing_tiers_are_refused_unless_priced() {
-        let r = |tier: &str| chat(format!(r#"{{"model":"m","service_tier":"{tier}"}}"#).as_bytes());
-        assert!(r("default").price(&price(), Nanos(0), false).is_ok());
-        for tier in ["priority", "flex", "auto", "scale"] {
-            match r(tier).price(&price(), Nanos(0), false) {
+    fn billing_tiers_are_reserved_at_their_rates_or_refused() {
+        let r = |tier: &str| {
+            chat(format!(r#"{{"model":"m","max_tokens":10,"service_tier":"{tier}"}}"#).as_bytes())
+        };
+        let worst = |tier: &str, p: &ModelPrice| r(tier).price(p, Nanos(0), false).map(|q| q.worst);
+        let base = worst("default", &price()).expect("priced");
+        // At `input` per million input and `output` per million output (10 tokens).
+        let at = |tier: &str, p: &ModelPrice, input: u64, output: u64| {
+            let q = r(tier).price(p, Nanos(0), false).expect("priced");
+            let want = per_million(q.input_bound, Nanos(input))
+                .and_then(|i| i.checked_add(per_million(10, Nanos(output))?));
+            assert_eq!(Some(q.worst), want, "{tier}");
+        };
+        at("auto", &price(), 1_000_000_000, 2_000_000_000);
+        for tier in ["priority", "flex", "scale"] {
+            match worst(tier, &price()) {
                 Err(RequestError::Unpriced { field, .. }) => assert_eq!(field, "service_tier"),
                 other => panic!("{tier}: {other:?}"),
             }
         }
+        let tier = |i: u64, o: u64| tally_policy::TierPrice {
+            input_per_mtok: Nanos(i),
+            cached_input_per_mtok: Nanos(i),
+            cache_write_per_mtok: None,
+            cache_write_1h_per_mtok: None,
+            output_per_mtok: Nanos(o),
+        };
         let listed = ModelPrice {
-            service_tiers: vec!["flex".into()],
+            tiers: [
+                ("flex".to_owned(), tier(500_000_000, 1_000_000_000)),
+                ("priority".to_owned(), tier(2_000_000_000, 4_000_000_000)),
+            ]
+            .into(),
             ..price()
         };
-        assert!(r("flex").price(&listed, Nanos(0), false).is_ok());
+        let flex = worst("flex", &listed).expect("priced");
+        let priority = worst("priority", &listed).expect("priced");
+        assert!(
+            flex < base && base < priority,
+            "{flex:?} {base:?} {priority:?}"
+        );
+        at("priority", &listed, 2_000_000_000, 4_000_000_000);
+        at("flex", &listed, 500_000_000, 1_000_000_000);
+        assert_eq!(worst("default", &listed), Ok(base));
+        // `auto` (or none) is the dearest it can land on.
+        at("auto", &listed, 2_000_000_000, 4_000_000_000);
+        let none = chat(br#"{"model":"m","max_tokens":10}"#);
+        let q = none.price(&listed, Nanos(0), false).expect("priced");
+        assert_eq!(
+            Some(q.worst),
+            per_million(q.input_bound, Nanos(2_000_000_000))
+                .and_then(|i| i.checked_add(Nanos(40_000)))
+        );
     }
 
     #[test]

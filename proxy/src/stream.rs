@@ -39,6 +39,8 @@ pub(crate) struct Settle {
     pub endpoint: crate::request::Endpoint,
     pub price: Option<ModelPrice>,
     pub route_price: Option<Nanos>,
+    /// The billing tiers the call can land on.
+    pub lands: crate::tier::Lands,
     pub cost_header: Option<String>,
     /// What the gate reserved for the call: the worst case it can cost.
     pub reserved: Nanos,
@@ -313,16 +315,20 @@ impl Pump {
                     }
                 }
                 drop(client);
-                let reported = if !status.is_success() || kind == UpstreamKind::Http {
-                    Reported::Missing
+                let (reported, said) = if !status.is_success() || kind == UpstreamKind::Http {
+                    (Reported::Missing, None)
                 } else if sse {
-                    usage.reported().within(self.settle.price.as_ref())
+                    (usage.reported(), usage.tier().map(str::to_owned))
                 } else if overflow {
-                    Reported::Missing
+                    (Reported::Missing, None)
                 } else {
-                    crate::usage::from_body(self.settle.endpoint, &kept)
-                        .within(self.settle.price.as_ref())
+                    crate::usage::answer(self.settle.endpoint, &kept)
                 };
+                let reported = reported.within(self.settle.price.as_ref());
+                // The rates of the tier the answer says served it.
+                let at_tier = self.settle.price.as_ref().and_then(|p| {
+                    crate::tier::settled(p, kind, &self.settle.lands, said.as_deref())
+                });
                 used = reported.clone().usage();
                 let billed = if !status.is_success() {
                     Billed::Missing
@@ -332,7 +338,7 @@ impl Pump {
                         None => Billed::Missing,
                     }
                 } else {
-                    billed(&reported, self.settle.price.as_ref())
+                    billed(&reported, self.settle.price.as_ref(), at_tier.as_ref())
                 };
                 let mut ended =
                     classify(status, billed, self.settle.reserved, retry_after_ms, digest);
@@ -377,14 +383,19 @@ fn timeout_status(status: Status, effect: Effect) -> Status {
     }
 }
 
-/// What a model call's reported usage comes to at its price: the cost, nothing to
-/// settle from, or a report tally does not believe (`implausible`: it cannot be true,
-/// or costs more than a `u64` of nanodollars) or cannot price (`unpriced`).
-fn billed(reported: &Reported, price: Option<&ModelPrice>) -> Billed {
-    match (reported, price) {
+/// What a model call's reported usage comes to at its price (`price`, at the rates of
+/// the tier the answer says served it: `at_tier`, none if that tier has no price): the
+/// cost, nothing to settle from, or a report tally does not believe (`implausible`: it
+/// cannot be true, or costs more than a `u64` of nanodollars) or cannot price
+/// (`unpriced`: a class of usage or a tier with no price).
+fn billed(reported: &Reported, price: Option<&ModelPrice>, at_tier: Option<&ModelPrice>) -> Billed {
+    match (reported, price.and(Some(at_tier))) {
         (Reported::Implausible(_), _) => Billed::Refused(UsageRefused::Implausible),
-        (Reported::Usage(u), Some(p)) if u.unpriced(p) => Billed::Refused(UsageRefused::Unpriced),
-        (Reported::Usage(u), Some(p)) => match u.cost(p) {
+        (Reported::Usage(_), Some(None)) => Billed::Refused(UsageRefused::Unpriced),
+        (Reported::Usage(u), Some(Some(p))) if u.unpriced(p) => {
+            Billed::Refused(UsageRefused::Unpriced)
+        }
+        (Reported::Usage(u), Some(Some(p))) => match u.cost(p) {
             Some(c) => Billed::Cost(c),
             None => Billed::Refused(UsageRefused::Implausible),
         },
@@ -478,7 +489,11 @@ mod tests {
     }
 
     fn settle(reported: Reported, reserved: u64) -> Ended {
-        let b = billed(&reported.within(Some(&price())), Some(&price()));
+        let b = billed(
+            &reported.within(Some(&price())),
+            Some(&price()),
+            Some(&price()),
+        );
         classify(StatusCode::OK, b, Nanos(reserved), None, None)
     }
 
@@ -525,7 +540,7 @@ mod tests {
             (Status::Unknown, None, None)
         );
         // Not a success: nothing charged, whatever it reports.
-        let b = billed(&Reported::Usage(u(100, 50)), Some(&price()));
+        let b = billed(&Reported::Usage(u(100, 50)), Some(&price()), Some(&price()));
         let e = classify(StatusCode::INTERNAL_SERVER_ERROR, b, Nanos(9), None, None);
         assert_eq!((e.status, e.nanos), (Status::Error, Some(0)));
     }

@@ -175,15 +175,25 @@ fn reported(usage: Option<&Value>, read: impl Fn(&Value) -> Result<Usage, String
 
 /// Usage in a complete (not streamed) JSON answer from `endpoint`.
 pub fn from_body(endpoint: Endpoint, body: &[u8]) -> Reported {
+    answer(endpoint, body).0
+}
+
+/// Usage in a complete (not streamed) JSON answer from `endpoint`, and the billing tier
+/// it says served it ([`crate::tier::said`]).
+pub fn answer(endpoint: Endpoint, body: &[u8]) -> (Reported, Option<String>) {
     if endpoint == Endpoint::CountTokens {
-        return Reported::Usage(Usage::default());
+        return (Reported::Usage(Usage::default()), None);
     }
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
-        return Reported::Missing;
+        return (Reported::Missing, None);
     };
+    (of_body(endpoint, &v), crate::tier::said(endpoint, &v))
+}
+
+fn of_body(endpoint: Endpoint, v: &Value) -> Reported {
     match endpoint {
         Endpoint::ChatCompletions => reported(v.get("usage"), chat),
-        Endpoint::Responses => responses(&v),
+        Endpoint::Responses => responses(v),
         Endpoint::Messages => reported(v.get("usage"), |u| {
             Ok(Usage {
                 output: needed(u, "/output_tokens")?,
@@ -275,6 +285,8 @@ pub struct StreamUsage {
     whole: Option<Reported>,
     /// The first count that could not be true, if any: the whole stream's usage then is.
     bad: Option<String>,
+    /// The billing tier the stream last said served it.
+    tier: Option<String>,
 }
 
 /// What to do with one event of a stream.
@@ -295,7 +307,13 @@ impl StreamUsage {
             output: None,
             whole: None,
             bad: None,
+            tier: None,
         }
+    }
+
+    /// The billing tier the stream says served it, if it said.
+    pub fn tier(&self) -> Option<&str> {
+        self.tier.as_deref()
     }
 
     fn note(&mut self, r: Result<(), String>) {
@@ -310,6 +328,9 @@ impl StreamUsage {
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             return Keep::Pass;
         };
+        if let Some(t) = crate::tier::said(self.endpoint, &v) {
+            self.tier = Some(t);
+        }
         match self.endpoint {
             Endpoint::ChatCompletions => {
                 if v.get("usage").is_some_and(|u| !u.is_null()) {

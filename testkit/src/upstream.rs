@@ -28,6 +28,14 @@
 //! * `fake-bill-tools-T-S`: bills what the body does not carry: 100 input tokens plus T
 //!   (the provider's tool-use system prompt) when the body has `tools`, 50 output, and
 //!   on Anthropic S web searches (`usage.server_tool_use.web_search_requests`);
+//! * `fake-images-T`: 100 input tokens plus T for each image the request holds where
+//!   its API takes one (Anthropic `image` parts, in a message or a `tool_result`; Chat
+//!   `image_url` parts; Responses `input_image` parts), 50 output;
+//! * `fake-tier-NAME`: a request with no `service_tier`, or `auto`, is served at tier
+//!   NAME (a named tier is served as named); any model's answer says the tier that
+//!   served it, where the request named one (OpenAI `service_tier`, Anthropic
+//!   `usage.service_tier`), and [`bill`] prices a tier's answers at the price given as
+//!   `MODEL@TIER` (the default tier, `default` or `standard`, at `MODEL`'s);
 //! * `fake-cut`: a stream is cut after 2 chunks (no usage); a plain answer is cut
 //!   mid-body;
 //! * `fake-failed`, `fake-failed-I-O`: a Responses stream that ends with
@@ -139,6 +147,8 @@ pub struct Billed {
     pub reasoning: u64,
     /// Server-side web searches (Anthropic `server_tool_use.web_search_requests`).
     pub web_searches: u64,
+    /// The billing tier the answer says served it, where it says.
+    pub tier: Option<String>,
 }
 
 /// One tool call a scripted model asks for.
@@ -311,14 +321,13 @@ pub fn bill(upstreams: &[&FakeUpstream], prices: &[(&str, Price)]) -> u64 {
         .iter()
         .flat_map(|u| u.billed())
         .map(|b| {
+            let key = match b.tier.as_deref() {
+                None | Some("default" | "standard") => b.model.clone(),
+                Some(t) => format!("{}@{t}", b.model),
+            };
             prices
-                .get(b.model.as_str())
-                .unwrap_or_else(|| {
-                    panic!(
-                        "the fake upstream billed model {} with no price given",
-                        b.model
-                    )
-                })
+                .get(key.as_str())
+                .unwrap_or_else(|| panic!("the fake upstream billed {key} with no price given"))
                 .of(&b)
         })
         .sum()
@@ -652,6 +661,41 @@ fn tool_results(api: Api, json: &Value) -> usize {
     }
 }
 
+/// How many images `json` holds where its API takes one.
+fn images(api: Api, json: &Value) -> u64 {
+    let list = |v: &Value, key: &str| {
+        v.get(key)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let typed = |v: &Value, t: &str| v.get("type").and_then(Value::as_str) == Some(t);
+    let mut n = 0;
+    let (items, inner, image) = match api {
+        Api::Messages | Api::CountTokens => ("messages", "content", "image"),
+        Api::Chat => ("messages", "content", "image_url"),
+        Api::Responses => ("input", "content", "input_image"),
+    };
+    for item in list(json, items) {
+        let parts = if typed(&item, "function_call_output") {
+            list(&item, "output")
+        } else {
+            list(&item, inner)
+        };
+        for part in parts {
+            if typed(&part, image) {
+                n += 1;
+            } else if typed(&part, "tool_result") {
+                n += list(&part, "content")
+                    .iter()
+                    .filter(|c| typed(c, image))
+                    .count() as u64;
+            }
+        }
+    }
+    n
+}
+
 fn has_tools(json: &Value) -> bool {
     json.get("tools")
         .and_then(Value::as_array)
@@ -826,6 +870,14 @@ impl State {
                     searches: 0,
                 }
             }
+            m if m.starts_with("fake-images-") => {
+                let each = numbers_after(m, "fake-images-")();
+                Numbers {
+                    input: 100 + each * images(api, &json),
+                    output: 50,
+                    ..Numbers::default()
+                }
+            }
             m if m.starts_with("fake-bill-tools-") => {
                 let mut next = numbers_after(m, "fake-bill-tools-");
                 let (tool_prompt, searches) = (next(), next());
@@ -870,6 +922,19 @@ impl State {
         // A failed response bills what its usage says, if it says anything.
         let failed = model.starts_with("fake-failed");
         let unbilled = failed && n.input + n.output == 0;
+        // The tier that serves it: the one named, else (`auto`, none) the model's.
+        let tier = match json.get("service_tier").and_then(Value::as_str) {
+            Some("default") if !anthropic => Some("default".to_owned()),
+            Some("standard_only") => Some("standard".to_owned()),
+            Some(t) if t != "auto" => Some(t.to_owned()),
+            _ => model
+                .strip_prefix("fake-tier-")
+                .map(str::to_owned)
+                .or_else(|| {
+                    json.get("service_tier")
+                        .map(|_| if anthropic { "standard" } else { "default" }.to_owned())
+                }),
+        };
         let billed = match api {
             Api::Messages => Billed {
                 input: n.input,
@@ -892,6 +957,7 @@ impl State {
         let billed = (!cut && !unbilled && model != "fake-huge-event").then(|| Billed {
             path: path.clone(),
             model: model.clone(),
+            tier: tier.clone(),
             ..billed
         });
         let log = Arc::clone(&self.billed);
@@ -902,6 +968,7 @@ impl State {
         });
         let reply = Reply {
             model: &model,
+            tier: tier.as_deref(),
             n,
             call: call.as_ref(),
             text: &text,
@@ -992,6 +1059,8 @@ enum End {
 /// One answer, in each API's words.
 struct Reply<'a> {
     model: &'a str,
+    /// The billing tier that served it, said where the request named one.
+    tier: Option<&'a str>,
     n: Numbers,
     call: Option<&'a (usize, ToolCall)>,
     text: &'a str,
@@ -1039,7 +1108,18 @@ impl Reply<'_> {
         if n.searches > 0 {
             u["server_tool_use"] = json!({"web_search_requests": n.searches});
         }
+        if let Some(t) = self.tier {
+            u["service_tier"] = json!(t);
+        }
         u
+    }
+
+    /// `v` with the top-level `service_tier` OpenAI answers carry, where one is said.
+    fn tiered(&self, mut v: Value) -> Value {
+        if let Some(t) = self.tier {
+            v["service_tier"] = json!(t);
+        }
+        v
     }
 
     fn chat_usage(&self) -> Value {
@@ -1152,9 +1232,9 @@ impl Reply<'_> {
             }
             None => (json!({"role": "assistant", "content": self.text}), "stop"),
         };
-        json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": self.model,
+        self.tiered(json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": self.model,
                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-               "usage": self.chat_usage()})
+               "usage": self.chat_usage()}))
     }
 
     fn completion_chunks(
@@ -1202,8 +1282,8 @@ impl Reply<'_> {
         };
         ev.push((None, chunk(json!({}), json!(finish))));
         if include_usage {
-            ev.push((None, json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": self.model, "choices": [],
-                                  "usage": self.chat_usage()})));
+            ev.push((None, self.tiered(json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": self.model, "choices": [],
+                                  "usage": self.chat_usage()}))));
         }
         ev
     }
@@ -1252,12 +1332,14 @@ impl Reply<'_> {
         } else {
             json!([])
         };
-        json!({"id": "resp_fake", "object": "response", "created_at": 1, "status": status,
+        self.tiered(
+            json!({"id": "resp_fake", "object": "response", "created_at": 1, "status": status,
                "model": self.model, "error": error, "incomplete_details": incomplete,
                "instructions": null, "metadata": {}, "parallel_tool_calls": true,
                "temperature": 1.0, "top_p": 1.0, "tool_choice": "auto", "tools": [],
                "text": {"format": {"type": "text"}},
-               "output": output, "usage": usage})
+               "output": output, "usage": usage}),
+        )
     }
 
     fn response_events(&self, pieces: usize) -> Vec<(Option<&'static str>, Value)> {

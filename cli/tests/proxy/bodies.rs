@@ -33,8 +33,9 @@ async fn bad_requests_are_refused_recorded_and_never_forwarded() {
             "request_refused",
         ),
         (chat_path, b"not json".to_vec(), 400, "request_refused"),
-        // Input that is not text: its price does not follow from its size.
-        (chat_path, chat("fake-ok", image), 400, "request_refused"),
+        // An image on a model whose price has no image_tokens: its price does not
+        // follow from its size, so it is not priced.
+        (chat_path, chat("fake-ok", image), 403, "scope_violation"),
         // A model with no price.
         (chat_path, chat("gpt-4o", json!({})), 403, "scope_violation"),
         // Over max_request_bytes (4096).

@@ -149,7 +149,7 @@ async fn unpriced_costs_are_refused_with_the_field_named_and_priced_ones_reserve
             "`tools[0].type`",
         ),
         (
-            message("fake-usage-10-5", json!({"service_tier": "auto"})),
+            message("fake-usage-10-5", json!({"service_tier": "priority"})),
             "`service_tier`",
         ),
     ] {

@@ -387,6 +387,7 @@ mod endpoints;
 mod keys;
 mod observed;
 mod peers;
+mod priced;
 mod race;
 mod responses;
 mod streams;

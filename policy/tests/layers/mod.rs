@@ -8,6 +8,8 @@ use std::path::Path;
 const LAYERS: &[&str] = &[
     "error",
     "prices",
+    "fields",
+    "tiers",
     "upstreams",
     "principals",
     "config",

@@ -177,6 +177,36 @@ fn bad_upstreams_and_prices_are_refused_with_key_and_line() {
             0,
         ),
         (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\nimage_tokens = 0\n",
+            "prices.openai.m.image_tokens",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\nservice_tiers = [\"flex\"]\n",
+            "prices.openai.m.service_tiers",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\n[prices.openai.m.tiers.flex]\ninput_per_mtok = 1\n",
+            "prices.openai.m.tiers.flex.output_per_mtok",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\n[prices.openai.m.tiers.default]\ninput_per_mtok = 1\noutput_per_mtok = 1\n",
+            "prices.openai.m.tiers.default",
+            9,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\n[prices.openai.m.tiers.flex]\ninput_per_mtok = 1\ncached_input_per_mtok = 2\noutput_per_mtok = 1\n",
+            "prices.openai.m.tiers.flex.cached_input_per_mtok",
+            11,
+        ),
+        (
+            "[prices.openai.m]\ninput_per_mtok = 1\noutput_per_mtok = 1\n[prices.openai.m.tiers.flex]\ninput_per_mtok = 1\noutput_per_mtok = 1\nweb_search_per_use = 1\n",
+            "prices.openai.m.tiers.flex.web_search_per_use",
+            12,
+        ),
+        (
             "[prices.openai.routes.\"POST /x\"]\nper_call = 1\n",
             "prices.openai.routes",
             0,
@@ -243,7 +273,12 @@ tool_prompt_tokens = 346
 web_search_per_use = "0.01"
 web_search_tokens_per_use = 4000
 context_tokens = 200000
-service_tiers = ["priority"]
+image_tokens = 1600
+
+[prices.anthropic."claude-haiku-4-5".tiers.priority]
+input_per_mtok = "1.25"
+cached_input_per_mtok = "0.125"
+output_per_mtok = "6.25"
 
 [prices.anthropic."claude-sonnet-4-5"]
 input_per_mtok = 3
@@ -281,7 +316,26 @@ fn prices_name_the_ids_they_cover_and_the_overheads_they_add() {
     assert_eq!(haiku.web_search_per_use, Some(Nanos(10_000_000)));
     assert_eq!(haiku.web_search_tokens_per_use, 4000);
     assert_eq!(haiku.context_tokens, 200_000);
-    assert_eq!(haiku.service_tiers, ["priority"]);
+    assert_eq!(haiku.image_tokens, Some(1600));
+    let priority = haiku.at_tier("priority").expect("a tier of its own");
+    assert_eq!(
+        (
+            priority.input_per_mtok,
+            priority.cached_input_per_mtok,
+            priority.output_per_mtok,
+            priority.cache_write_per_mtok,
+            priority.tool_prompt_tokens,
+        ),
+        (
+            Nanos(1_250_000_000),
+            Nanos(125_000_000),
+            Nanos(6_250_000_000),
+            None,
+            346
+        ),
+        "the tier's rates, the model's other keys"
+    );
+    assert_eq!(haiku.at_tier("flex"), None);
     for id in [
         "claude-haiku-4-5-20251001",
         "haiku",
