@@ -305,14 +305,20 @@ fn model_calls_text(h: &Handoff, out: &mut String) {
     }
 }
 
-/// The calls the gate refused, and why.
+/// The calls the gate refused, and why; the one the status line already names is not
+/// said twice.
 fn refused_text(h: &Handoff, out: &mut String) {
-    if h.refused_total == 0 {
+    let listed: Vec<_> = h
+        .refused
+        .iter()
+        .filter(|r| Some(r.seq) != h.stop.seq)
+        .collect();
+    if listed.is_empty() {
         return;
     }
     let more = latest(h.refused.len(), h.refused_total);
     let _ = writeln!(out, "  Refused{more}:");
-    for r in &h.refused {
+    for r in listed {
         let preview = r
             .preview
             .as_deref()
