@@ -92,7 +92,10 @@ fn refused_for(a: &Answer) -> String {
 /// calls went through than the reservations the budget had room for, and each overran by
 /// exactly its own excess, so the settled total passes the limit by no more than the
 /// overruns. `tally verify` lists each overrun with the seq of the outcome that records
-/// it, and every later call is refused.
+/// it, and every later racer is refused: when a racer was refused, the budget's settled
+/// and held spend left less room than a racer reserves, and every call then in flight
+/// settled above its reservation, so less is left after the race. (A smaller call may
+/// still fit: how many racers got a slot before others were refused depends on timing.)
 async fn race_the_last_cents(principal: bool) {
     let upstream = FakeUpstream::start(FakeOptions::default());
     let dir = tempfile::tempdir().expect("dir");
@@ -160,7 +163,7 @@ async fn race_the_last_cents(principal: bool) {
         }
     }
     assert!(allowed >= 1, "no racer went through");
-    // Every later call is refused, for the budget, and nothing more is forwarded.
+    // Every later racer is refused, for the budget, and nothing more is forwarded.
     if principal {
         let (status, v) = served
             .agent("POST", "/v1/runs", Some(json!({"run": "late"})))
@@ -171,7 +174,7 @@ async fn race_the_last_cents(principal: bool) {
                 served.proxy,
                 "/anthropic/v1/messages",
                 &[("x-api-key", token)],
-                chat("fake-ok", json!({"max_tokens": 1})),
+                racer(64),
             )
             .await;
             assert_eq!(a.status, 402, "{}", a.text());
@@ -186,11 +189,11 @@ async fn race_the_last_cents(principal: bool) {
             served.proxy,
             "/anthropic/v1/messages",
             &[("x-api-key", &token)],
-            chat("fake-ok", json!({"max_tokens": 1})),
+            racer(64),
         )
         .await;
         assert_eq!(a.status, 402, "{}", a.text());
-        assert_eq!(refused_for(&a), "budget_exceeded");
+        assert!(refusals.contains(&refused_for(&a).as_str()), "{}", a.text());
     }
     assert_eq!(upstream.seen().len(), 1 + allowed);
     for run in &runs {
