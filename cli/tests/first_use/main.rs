@@ -10,6 +10,7 @@ use serde_json::Value;
 use tally_testkit::tally::text;
 use tally_testkit::{Daemon, Tally};
 
+mod blocks;
 mod errors;
 mod gate;
 mod verify;
