@@ -101,6 +101,12 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
     let ledger = Arc::new(Ledger::open(&ledger_dir)?);
     let corpus = crate::stories::stories()?;
     let agents = corpus.len();
+    let mut runs: Vec<String> = Vec::new();
+    for d in corpus.iter().flat_map(|(_, ds)| ds) {
+        if !runs.contains(&d.run) {
+            runs.push(d.run.clone());
+        }
+    }
     let start = Instant::now();
     let mut served = Served::start(&ledger, &ledger_dir, &socket, &operator_socket)?;
     let (appended, refused, gated) = served.agents(&socket, &operator_socket, corpus)?;
@@ -108,13 +114,22 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
     let checkpoint = ledger.checkpoint();
     ok &= gated;
     outln!(
-        "\nAnd {agents} runs recorded before the gate existed ({appended} decisions) were imported on the"
+        "\nAnd the history of an agent platform that had no gate: {} runs in {agents} stories:",
+        runs.len()
     );
+    for line in wrapped(&runs, 86) {
+        outln!("  {line}");
+    }
+    outln!("A retry storm, polling past its allowance, a payment retried while its outcome was");
+    outln!("unknown, an overspend and a forged override went unchecked there; act 6 finds them.");
     outln!(
-        "operator socket in {}: no reply came before its decision was on disk and sealed by a",
+        "Their {appended} decisions were imported on the operator socket in {}: no reply came",
         tally_verify::text::duration(elapsed.as_millis() as u64)
     );
-    outln!("signed checkpoint. Key epoch now {}.", checkpoint.epoch);
+    outln!(
+        "before its decision was on disk and sealed by a signed checkpoint. Key epoch now {}.",
+        checkpoint.epoch
+    );
     if refused > 0 {
         outln!("{refused} decisions were refused by the daemon (typed errors; nothing written)");
         ok = false;
@@ -674,4 +689,25 @@ fn cut_at_frame(bytes: &[u8], n: u64) -> usize {
         at += 5 + len;
     }
     at
+}
+
+/// `words` joined by ", " into lines of at most `width` characters (a word longer than
+/// that on a line of its own), the last ending with a full stop.
+fn wrapped(words: &[String], width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        let word = if i + 1 == words.len() {
+            format!("{w}.")
+        } else {
+            format!("{w},")
+        };
+        match lines.last_mut() {
+            Some(line) if line.len() + 1 + word.len() <= width => {
+                line.push(' ');
+                line.push_str(&word);
+            }
+            _ => lines.push(word),
+        }
+    }
+    lines
 }

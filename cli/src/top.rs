@@ -214,6 +214,30 @@ fn summary(snap: &Value) -> String {
     )
 }
 
+/// Column widths for `room` characters: each column as wide as its widest cell; when
+/// they do not all fit, RUN and LAST REFUSAL (long, agent-chosen names and reason codes)
+/// give up width first, down to 12 each, then every column is cut evenly from the right.
+fn fit(content: [usize; 9], room: usize) -> [u16; 9] {
+    const FLEXIBLE: [usize; 2] = [0, 6];
+    const FLOOR: usize = 12;
+    let mut w = content;
+    let mut over = w.iter().sum::<usize>().saturating_sub(room);
+    for i in FLEXIBLE {
+        let give = over.min(w[i].saturating_sub(FLOOR));
+        w[i] -= give;
+        over -= give;
+    }
+    for i in (0..w.len()).rev() {
+        if over == 0 {
+            break;
+        }
+        let give = over.min(w[i].saturating_sub(1));
+        w[i] -= give;
+        over -= give;
+    }
+    w.map(|x| u16::try_from(x).unwrap_or(u16::MAX))
+}
+
 mod tui {
     use super::*;
     use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
@@ -272,17 +296,15 @@ mod tui {
         );
         let runs = snap["runs"].as_array().cloned().unwrap_or_default();
         let rows: Vec<Row> = runs.iter().map(|r| Row::new(cells(r).to_vec())).collect();
-        let widths = [
-            Constraint::Fill(3),
-            Constraint::Length(10),
-            Constraint::Length(18),
-            Constraint::Length(9),
-            Constraint::Length(10),
-            Constraint::Length(7),
-            Constraint::Fill(2),
-            Constraint::Length(8),
-            Constraint::Length(14),
-        ];
+        let mut content = HEADERS.map(|h| h.chars().count());
+        for r in &runs {
+            for (w, c) in content.iter_mut().zip(cells(r)) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        // Inside the borders, one space between columns.
+        let room = usize::from(body.width).saturating_sub(2 + HEADERS.len() - 1);
+        let widths = super::fit(content, room).map(Constraint::Length);
         f.render_widget(
             Table::new(rows, widths)
                 .header(
@@ -291,5 +313,35 @@ mod tui {
                 .block(Block::bordered().title("runs, nearest to a limit first")),
             body,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit;
+
+    #[test]
+    fn columns_are_as_wide_as_their_cells_when_they_fit() {
+        let content = [20, 27, 14, 8, 11, 5, 24, 6, 12];
+        assert_eq!(fit(content, 200), content.map(|x| x as u16));
+    }
+
+    #[test]
+    fn run_and_last_refusal_give_up_width_first() {
+        // 160 columns of a terminal: 151 inside the borders and spaces; the cells want 171.
+        let content = [60, 40, 14, 8, 11, 5, 19, 6, 8];
+        let w = fit(content, 151);
+        assert_eq!(w, [40, 40, 14, 8, 11, 5, 19, 6, 8]);
+        assert_eq!(w.iter().map(|&x| usize::from(x)).sum::<usize>(), 151);
+    }
+
+    #[test]
+    fn past_the_floors_every_column_is_cut_from_the_right() {
+        let content = [30, 40, 14, 8, 11, 5, 30, 6, 12];
+        let w = fit(content, 100);
+        assert_eq!(w.iter().map(|&x| usize::from(x)).sum::<usize>(), 100);
+        assert_eq!((w[0], w[6]), (12, 8));
+        assert_eq!(&w[1..6], &[40, 14, 8, 11, 5]);
+        assert_eq!(&w[7..], &[1, 1]);
     }
 }

@@ -232,6 +232,11 @@ fn every_shell_block_of_the_docs_is_run_or_says_why_not() {
         file!(),
         unlisted.join("\n")
     );
+    for (file, prefix, plan) in PLANS {
+        if let Plan::Not(why) = plan {
+            assert!(why.len() > 10, "{file}: {prefix}: say why it is not run");
+        }
+    }
     let stale: Vec<_> = PLANS
         .iter()
         .zip(&used)

@@ -2,6 +2,18 @@
 
 use super::*;
 
+const HEADERS: [&str; 9] = [
+    "RUN",
+    "STATE",
+    "NEAREST",
+    "ATTEMPTS",
+    "SPEND",
+    "HELD",
+    "LAST REFUSAL",
+    "ACTION",
+    "STARTED",
+];
+
 /// `tally top` in tmux: the table, nearest to a limit first, redrawn as checks come in;
 /// `q` quits. On a pipe and under TERM=dumb: one plain table, then exit.
 #[test]
@@ -16,6 +28,35 @@ fn tally_top_in_tmux_and_on_a_pipe() {
     for i in 0..8 {
         served.check("close-to-it", "search", json!({"i": i}));
     }
+    // A run that spent and was stopped for a long reason: its state and spend are the
+    // widest cells, and at 160 columns they are shown whole.
+    let (status, v) = served.agent(
+        "POST",
+        "/v1/runs",
+        Some(json!({"run": "paid-invoice", "budget": {"attempts": 10, "spend_cents": 200}})),
+    );
+    assert_eq!(status, 201, "{v}");
+    let (status, a) = served.agent(
+        "POST",
+        "/v1/check",
+        Some(
+            json!({"run": "paid-invoice", "tool": "search", "effect": "read",
+                    "args": {"invoice": 4411}, "reserve_cents": 120}),
+        ),
+    );
+    assert_eq!((status, &a["decision"]), (200, &json!("allow")), "{a}");
+    let (status, v) = served.agent(
+        "POST",
+        "/v1/outcome",
+        Some(json!({"run": "paid-invoice", "attempt": a["attempt"], "status": "ok", "settled_cents": 115})),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = served.agent(
+        "POST",
+        "/v1/runs/paid-invoice/stop",
+        Some(json!({"reason": "outcome_unknown_non_idempotent"})),
+    );
+    assert_eq!(status, 200, "{v}");
     let bin = tally().path().to_path_buf();
     let sock = dir.join("operator.sock");
 
@@ -105,6 +146,21 @@ fn tally_top_in_tmux_and_on_a_pipe() {
         "{text}"
     );
     assert!(text.contains("runs, nearest to a limit first"), "{text}");
+    // Every cell whole at 160 columns: the long state, the spend, when it started.
+    let paid = text
+        .lines()
+        .find(|l| l.contains("paid-invoice"))
+        .unwrap_or_else(|| panic!("no paid-invoice row:\n{text}"));
+    for cell in [
+        "stopped (outcome_unknown_non_idempotent)",
+        "$1.15/$2.00",
+        " ago",
+    ] {
+        assert!(paid.contains(cell), "{cell:?} cut:\n{text}");
+    }
+    for header in HEADERS {
+        assert!(text.contains(header), "{header} cut:\n{text}");
+    }
     // A refusal while it runs: redrawn with it.
     for _ in 0..4 {
         served.call("far-from-it", "search", json!({"q": "same"}));
