@@ -1,7 +1,7 @@
 //! Decision records: every kind round-trips; every kind of bad input gets its typed error.
 
 use serde_json::json;
-use tally_ledger::decision::{args_digest, canonical_json, Action, Reason};
+use tally_ledger::decision::{args_digest, canonical_json, Reason};
 use tally_ledger::{ArgsError, Decision, DecisionError, Kind};
 
 /// One valid decision of each kind, with every field that kind may carry.
@@ -224,40 +224,13 @@ fn json_errors_are_strict() {
 
 #[test]
 fn every_reason_says_what_to_do() {
-    // docs/GATE.md, reason codes, in its order: every code, each with exactly one action.
-    use Action::{Ask, Retry, Stop};
-    let spec = [
-        ("attempts_exhausted", Stop),
-        ("budget_exceeded", Ask),
-        ("reservation_insufficient", Ask),
-        ("run_deadline_exhausted", Stop),
-        ("rate_limit_exceeded", Retry),
-        ("upstream_backoff", Retry),
-        ("loop_repeated_call", Stop),
-        ("poll_allowance_exhausted", Stop),
-        ("chain_depth_exceeded", Stop),
-        ("side_effect_limit_exceeded", Ask),
-        ("circuit_open", Retry),
-        ("tool_blocked", Ask),
-        ("scope_violation", Stop),
-        ("approval_required", Ask),
-        ("approval_expired", Ask),
-        ("approval_mismatch", Ask),
-        ("outcome_unknown_non_idempotent", Ask),
-        ("killed_by_operator", Stop),
-        ("run_paused", Retry),
-        ("retries_exhausted", Stop),
-        ("principal_budget_exceeded", Ask),
-        ("gate_unavailable", Retry),
-        ("request_refused", Stop),
-        ("completed", Stop),
-    ];
-    assert_eq!(Reason::ALL.len(), spec.len());
-    for (r, (name, action)) in Reason::ALL.iter().zip(spec) {
-        assert_eq!(serde_json::to_value(r).unwrap(), name);
-        assert_eq!(r.as_str(), name);
-        assert_eq!(r.action(), action, "{name}");
+    // Each code and its action serialize as their names (docs/GATE.md's table lists them:
+    // tests/tests/reasons.rs holds it to `Reason::ALL`).
+    for r in Reason::ALL {
+        assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        let action = r.action();
         assert_eq!(serde_json::to_value(action).unwrap(), action.as_str());
+        assert!(!r.meaning().is_empty(), "{r:?}");
     }
 }
 

@@ -10,6 +10,7 @@ mod judged;
 mod keys;
 mod loops;
 mod principals;
+mod reasons;
 mod replay;
 mod roundtrip;
 mod seals;
