@@ -1,4 +1,4 @@
-//! The shell blocks of README.md, SECURITY.md and docs/ as a new user pastes them: each
+//! The shell blocks of README.md, SECURITY.md, CONTRIBUTING.md, ARCHITECTURE.md and docs/ as a new user pastes them: each
 //! one a test can run is run as written, with the `tally` under test first on `PATH`, in
 //! a directory of its own (and `HOME` there too); each one it cannot run is listed with
 //! why. A new block fails the listing test until it is put on one side or the other, so
@@ -55,6 +55,16 @@ const PLANS: &[(&str, &str, Plan)] = &[
         "README.md",
         "install -m 0755 target/release/tally",
         Plan::Not("installs as root into /usr/local, /etc and systemd"),
+    ),
+    (
+        "CONTRIBUTING.md",
+        "cargo build  ",
+        Plan::Not("builds the workspace the test is part of; the demo is run by first_use::words"),
+    ),
+    (
+        "CONTRIBUTING.md",
+        "RUSTC_BOOTSTRAP=1 cargo fuzz run",
+        Plan::Not("ten minutes of fuzzing on a nightly feature"),
     ),
     (
         "SECURITY.md",
@@ -164,7 +174,14 @@ fn root() -> PathBuf {
 
 /// The files whose shell blocks are read.
 fn files() -> Vec<String> {
-    let mut files = vec!["README.md".to_owned(), "SECURITY.md".to_owned()];
+    let mut files: Vec<String> = [
+        "README.md",
+        "SECURITY.md",
+        "CONTRIBUTING.md",
+        "ARCHITECTURE.md",
+    ]
+    .map(String::from)
+    .to_vec();
     let mut docs: Vec<String> = std::fs::read_dir(root().join("docs"))
         .expect("docs")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
