@@ -390,7 +390,7 @@ impl<B: StateBackend> Gate<B> {
             let state = live(&mut t, &a.run, caller)?.clone();
             let now = self.clock(&state);
             let at = now.at_ms.unwrap_or(0);
-            if state.budget.deadline_ms.is_some_and(|d| at >= d) {
+            if tally_policy::past_deadline(&state.budget, at) {
                 return Err(GateError::ApprovalRefused(
                     "the run is past its deadline; an approval does not revive it".into(),
                 ));
@@ -552,5 +552,5 @@ impl<B: StateBackend> Gate<B> {
 /// refused `run_deadline_exhausted`).
 fn past_deadline(run: &RunState, wall: u64) -> bool {
     let at = clock::run_clock(wall, run).at_ms.unwrap_or(0);
-    run.budget.deadline_ms.is_some_and(|d| at >= d)
+    tally_policy::past_deadline(&run.budget, at)
 }

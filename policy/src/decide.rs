@@ -11,6 +11,7 @@ use tally_record::{Decision, Effect, Kind, Reason};
 use crate::call::{counts, grant_fits, grant_live, use_grant};
 pub use crate::call::{Call, View};
 use crate::config::{matches, target_matches, Policy};
+use crate::limits::past_deadline;
 use crate::rules::{loop_rule, poll_rule, retry_rule, PollRule};
 use crate::state::Now;
 use crate::state::{Breaker, Grant, RunState};
@@ -206,7 +207,7 @@ fn first_refusal(
         // before it may make more; its state stays bounded.
         return Some(retry(Reason::RateLimitExceeded, 1000));
     }
-    if b.deadline_ms.is_some_and(|d| run_ms >= d) {
+    if past_deadline(b, run_ms) {
         return Some(refuse(Reason::RunDeadlineExhausted));
     }
     if let (Some(depth), Some(limit)) = (call.depth, b.depth) {

@@ -133,11 +133,7 @@ impl Proxy {
                 ),
             ));
         }
-        if standing
-            .budget
-            .deadline_ms
-            .is_some_and(|d| standing.at_ms >= d)
-        {
+        if tally_policy::past_deadline(&standing.budget, standing.at_ms) {
             return Err(Refusal::ended(
                 Reason::RunDeadlineExhausted,
                 "the run of this token is past its deadline: a new task is a new run, with its own token"

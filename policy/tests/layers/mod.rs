@@ -15,6 +15,7 @@ const LAYERS: &[&str] = &[
     "config",
     "approval",
     "state",
+    "limits",
     "inconsistency",
     "overrun",
     "start",
