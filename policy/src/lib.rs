@@ -19,7 +19,7 @@
 //!
 //! Modules depend on each other one way, each only on those before it here (checked by
 //! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
-//! `limits` (what a run's limits answer at a moment), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `start`, `call` (a call, the view a decision
+//! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits). Items moved down
 //! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
@@ -43,6 +43,7 @@ pub mod principals;
 pub mod rules;
 pub mod start;
 pub mod state;
+pub mod status;
 pub mod tiers;
 pub mod upstreams;
 
@@ -60,6 +61,10 @@ pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRef
 pub use state::{
     principal_limits, Breaker, CredentialState, Now, PrincipalState, RunState, ToolState,
     PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
+};
+pub use status::{
+    is_failure, is_final, is_rejection, is_running, is_success, may_have_happened, recorded_status,
+    timed_out,
 };
 pub use tiers::TierPrice;
 pub use upstreams::{

@@ -16,6 +16,7 @@ const LAYERS: &[&str] = &[
     "approval",
     "state",
     "limits",
+    "status",
     "inconsistency",
     "overrun",
     "start",
