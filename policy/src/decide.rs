@@ -11,7 +11,7 @@ use tally_record::{Decision, Effect, Kind, Reason};
 use crate::call::{counts, grant_fits, grant_live, use_grant};
 pub use crate::call::{Call, View};
 use crate::config::{matches, target_matches, Policy};
-use crate::limits::past_deadline;
+use crate::limits::{call_timeout, past_deadline};
 use crate::rules::{loop_rule, poll_rule, retry_rule, PollRule};
 use crate::state::Now;
 use crate::state::{Breaker, Grant, RunState};
@@ -183,10 +183,7 @@ fn timeout(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> u64 {
         .timeout_ms
         .unwrap_or(policy.rate.call_timeout_ms)
         .min(policy.rate.call_timeout_ms);
-    match run.budget.deadline_ms {
-        Some(d) => own.min(d.saturating_sub(run_ms)),
-        None => own,
-    }
+    call_timeout(&run.budget, run_ms, own)
 }
 
 fn first_refusal(

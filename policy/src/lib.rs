@@ -54,7 +54,7 @@ pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
-pub use limits::past_deadline;
+pub use limits::{call_timeout, past_deadline, spend_left};
 pub use overrun::{overrun, Overrun};
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};

@@ -2,10 +2,77 @@
 //! alike: whether the run is past its deadline, how long a call may take, what the run
 //! and its principal may still spend. Only this crate compares a limit.
 
-use tally_record::decision::Budget;
+use std::collections::BTreeMap;
+
+use tally_record::decision::{Budget, Limit};
+use tally_record::money::Nanos;
+
+use crate::state::PRINCIPAL_SPEND;
 
 /// Whether a run at `run_ms` on its own clock is past the deadline of `budget`: its next
 /// check is refused `run_deadline_exhausted`, and the gate stops it.
 pub fn past_deadline(budget: &Budget, run_ms: u64) -> bool {
     budget.deadline_ms.is_some_and(|d| run_ms >= d)
+}
+
+/// How long a call may take, asked for `own_ms`, by a run at `run_ms` under `budget`:
+/// never past the run's deadline.
+pub fn call_timeout(budget: &Budget, run_ms: u64, own_ms: u64) -> u64 {
+    match budget.deadline_ms {
+        Some(d) => own_ms.min(d.saturating_sub(run_ms)),
+        None => own_ms,
+    }
+}
+
+/// What a run may still spend, from its limits snapshot (a decision's `limits`, or
+/// the run's standing): the least of what is left of its own spend limit (grants and
+/// carve-outs counted) and of its principal's. [`Nanos::MAX`] where neither is limited.
+pub fn spend_left(limits: &BTreeMap<String, Limit>) -> Nanos {
+    let left = |dimension: &str| match limits.get(dimension) {
+        None => Nanos::MAX,
+        Some(l) => Nanos(l.limit.saturating_sub(l.used)),
+    };
+    left("spend_nanos").min(left(PRINCIPAL_SPEND))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(deadline_ms: Option<u64>) -> Budget {
+        Budget {
+            deadline_ms,
+            ..Budget::default()
+        }
+    }
+
+    #[test]
+    fn a_run_is_past_its_deadline_from_the_deadline_on() {
+        assert!(!past_deadline(&budget(Some(100)), 99));
+        assert!(past_deadline(&budget(Some(100)), 100));
+        assert!(!past_deadline(&budget(None), u64::MAX));
+    }
+
+    #[test]
+    fn a_call_never_outlasts_its_runs_deadline() {
+        assert_eq!(call_timeout(&budget(Some(1_000)), 400, 30_000), 600);
+        assert_eq!(call_timeout(&budget(Some(1_000)), 400, 100), 100);
+        assert_eq!(call_timeout(&budget(Some(1_000)), 2_000, 100), 0);
+        assert_eq!(call_timeout(&budget(None), 2_000, 100), 100);
+    }
+
+    #[test]
+    fn what_is_left_is_the_less_of_the_runs_and_its_owners() {
+        let limit = |used, limit| Limit { used, limit };
+        let mut s = BTreeMap::new();
+        assert_eq!(spend_left(&s), Nanos::MAX, "no limit");
+        s.insert("spend_nanos".to_owned(), limit(40, 100));
+        assert_eq!(spend_left(&s), Nanos(60));
+        s.insert(PRINCIPAL_SPEND.to_owned(), limit(990, 1000));
+        assert_eq!(spend_left(&s), Nanos(10), "the owner has less left");
+        s.remove("spend_nanos");
+        assert_eq!(spend_left(&s), Nanos(10));
+        s.insert(PRINCIPAL_SPEND.to_owned(), limit(2000, 1000));
+        assert_eq!(spend_left(&s), Nanos(0), "never below nothing");
+    }
 }
