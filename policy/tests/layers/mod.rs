@@ -22,6 +22,7 @@ const LAYERS: &[&str] = &[
     "start",
     "call",
     "rules",
+    "refusals",
     "decide",
     "judge",
     "apply",
