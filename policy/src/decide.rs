@@ -38,6 +38,10 @@ pub struct Decided {
     /// The refusal that a grant would have to lift (for `require_approval`, the limit
     /// that was reached).
     pub cause: Option<Reason>,
+    /// The run stops with this decision, for this reason: the gate appends the stop
+    /// record in the same commit. Past its deadline a run can only be refused, so a
+    /// refusal for its deadline (or one a grant cannot lift for it) stops it.
+    pub stop: Option<Reason>,
 }
 
 impl Decided {
@@ -148,10 +152,14 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
     if verdict == Verdict::Allow {
         cause = None;
     }
+    let deadline = Some(Reason::RunDeadlineExhausted);
+    let stop =
+        (record.reason == deadline || cause == deadline).then_some(Reason::RunDeadlineExhausted);
     Decided {
         verdict,
         record,
         cause,
+        stop,
     }
 }
 

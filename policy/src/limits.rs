@@ -6,13 +6,20 @@ use std::collections::BTreeMap;
 
 use tally_record::decision::{Budget, Limit};
 use tally_record::money::Nanos;
+use tally_record::Reason;
 
-use crate::state::PRINCIPAL_SPEND;
+use crate::state::{RunState, PRINCIPAL_SPEND};
 
 /// Whether a run at `run_ms` on its own clock is past the deadline of `budget`: its next
 /// check is refused `run_deadline_exhausted`, and the gate stops it.
 pub fn past_deadline(budget: &Budget, run_ms: u64) -> bool {
     budget.deadline_ms.is_some_and(|d| run_ms >= d)
+}
+
+/// The stop an open run is owed at `run_ms` on its own clock, if any: past its deadline
+/// it is stopped (`run_deadline_exhausted`) before anything else of its owner's is done.
+pub fn deadline_stop(run: &RunState, run_ms: u64) -> Option<Reason> {
+    past_deadline(&run.budget, run_ms).then_some(Reason::RunDeadlineExhausted)
 }
 
 /// How long a call may take, asked for `own_ms`, by a run at `run_ms` under `budget`:
