@@ -55,7 +55,7 @@ pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
-pub use limits::{call_timeout, deadline_stop, past_deadline, spend_left};
+pub use limits::{call_timeout, deadline_stop, left, over_limit, past_deadline, spend_left};
 pub use overrun::{overrun, Overrun};
 pub use refusals::{breaker_wait, outcome_unknown, taken_as_recorded, Rule, RULES};
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};

@@ -31,15 +31,26 @@ pub fn call_timeout(budget: &Budget, run_ms: u64, own_ms: u64) -> u64 {
     }
 }
 
+/// What is left of a limit: nothing once it is used up or past.
+pub fn left(limit: &Limit) -> u64 {
+    limit.limit.saturating_sub(limit.used)
+}
+
+/// Whether `used` is past `limit` (`None`: no limit); a run gets there when a limit in
+/// force shrinks below what it had used.
+pub fn over_limit(used: u64, limit: Option<u64>) -> bool {
+    limit.is_some_and(|l| used > l)
+}
+
 /// What a run may still spend, from its limits snapshot (a decision's `limits`, or
 /// the run's standing): the least of what is left of its own spend limit (grants and
 /// carve-outs counted) and of its principal's. [`Nanos::MAX`] where neither is limited.
 pub fn spend_left(limits: &BTreeMap<String, Limit>) -> Nanos {
-    let left = |dimension: &str| match limits.get(dimension) {
+    let left_of = |dimension: &str| match limits.get(dimension) {
         None => Nanos::MAX,
-        Some(l) => Nanos(l.limit.saturating_sub(l.used)),
+        Some(l) => Nanos(left(l)),
     };
-    left("spend_nanos").min(left(PRINCIPAL_SPEND))
+    left_of("spend_nanos").min(left_of(PRINCIPAL_SPEND))
 }
 
 #[cfg(test)]
@@ -66,6 +77,15 @@ mod tests {
         assert_eq!(call_timeout(&budget(Some(1_000)), 400, 100), 100);
         assert_eq!(call_timeout(&budget(Some(1_000)), 2_000, 100), 0);
         assert_eq!(call_timeout(&budget(None), 2_000, 100), 100);
+    }
+
+    #[test]
+    fn a_limit_is_over_only_past_it() {
+        assert!(!over_limit(5, Some(5)));
+        assert!(over_limit(6, Some(5)));
+        assert!(!over_limit(u64::MAX, None));
+        assert_eq!(left(&Limit { used: 7, limit: 5 }), 0);
+        assert_eq!(left(&Limit { used: 2, limit: 5 }), 3);
     }
 
     #[test]

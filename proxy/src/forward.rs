@@ -509,7 +509,7 @@ fn allowed(a: &CheckAnswer, needed: Nanos) -> Result<u64, Refusal> {
             a.limits.get(dimension).map(|l| {
                 format!(
                     "{whose} has {} left of {}",
-                    Nanos(l.limit.saturating_sub(l.used)),
+                    Nanos(tally_policy::left(l)),
                     Nanos(l.limit)
                 )
             })
