@@ -13,6 +13,11 @@
 //! * [`headroom`]: how close a run is to each limit, and the order runs are shown in.
 //! * [`loop_rule`], [`retry_rule`], [`poll_rule`]: what repetition is, for the gate and
 //!   for `tally loops`.
+//! * [`RULES`]: the refusal order, named rules `decide` checks in turn; the reports read
+//!   the order and replay which rules it cannot judge offline from it.
+//! * [`past_deadline`], [`call_timeout`], [`spend_left`], [`is_failure`], ...: the
+//!   questions the gate, the proxy and verify ask of a run's limits and an outcome's
+//!   status, answered here only (ARCHITECTURE.md, where the rules live).
 //!
 //! Pure: no I/O and no clock (the caller passes [`Now`]), ordered maps wherever order
 //! can reach output, checked arithmetic.

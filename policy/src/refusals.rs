@@ -276,8 +276,8 @@ fn check(rule: Rule, c: &Check<'_>) -> Option<Refusal> {
         Rule::OutcomeUnknown => outcome_unknown(run, call.effect, call.op())
             .then(|| refuse(Reason::OutcomeUnknownNonIdempotent)),
         Rule::Poll => match poll_rule(c.policy, run, c.poll?, c.run_ms)? {
+            PollRule::Allowance | PollRule::Stalled => Some(refuse(Reason::PollAllowanceExhausted)),
             PollRule::Early { wait_ms } => Some(retry(Reason::UpstreamBackoff, wait_ms)),
-            _ => Some(refuse(Reason::PollAllowanceExhausted)),
         },
         // A failing operation retried past its class is told so before it is told it
         // loops: the more specific of the two. Neither applies to a poll.
