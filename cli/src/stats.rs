@@ -45,7 +45,7 @@ impl<'a> RunStats<'a> {
             run: &h.run,
             attempts: &h.attempts,
             spend: &h.spend,
-            over_cap: h.attempts.limit.is_some_and(|l| h.attempts.used > l),
+            over_cap: tally_policy::over_limit(h.attempts.used, h.attempts.limit),
             stop: h.stop.reason,
         }
     }

@@ -143,13 +143,10 @@ impl<B: StateBackend> Gate<B> {
             let verdict = decided.verdict;
             let mut records = vec![record.clone()];
             let mut writes = writes;
-            if record.reason == Some(Reason::RunDeadlineExhausted)
-                || cause == Some(Reason::RunDeadlineExhausted)
-            {
-                // Past its deadline the run can only be refused: it is stopped with the
-                // refusal, in the same commit, and no longer counts as open.
+            if let Some(reason) = decided.stop {
+                // The core stops the run with the refusal: in the same commit, and it no
+                // longer counts as open.
                 let state = t.run(&call.run, caller)?.clone();
-                let reason = Reason::RunDeadlineExhausted;
                 records.push(self.stop_one(&mut t, &call.run, &state, reason, None, caller)?);
                 writes = vec![Touched::run(&call.run)];
             }

@@ -78,19 +78,15 @@ impl<B: StateBackend> Gate<B> {
         caller: Caller,
     ) -> Result<(Vec<Decision>, Vec<Touched>), GateError> {
         let wall = self.time.now_ms();
-        let expired = t.expired_runs_of(caller.uid, &|r| past_deadline(r, wall))?;
+        let expired = t.expired_runs_of(caller.uid, &|r| deadline_stop(r, wall).is_some())?;
         let mut stops = Vec::with_capacity(expired.len());
         let mut writes = Vec::with_capacity(expired.len());
         for name in expired {
             let state = t.run(&name, caller)?.clone();
-            stops.push(self.stop_one(
-                t,
-                &name,
-                &state,
-                Reason::RunDeadlineExhausted,
-                None,
-                caller,
-            )?);
+            let Some(reason) = deadline_stop(&state, wall) else {
+                continue;
+            };
+            stops.push(self.stop_one(t, &name, &state, reason, None, caller)?);
             writes.push(Touched::run(&name));
         }
         Ok((stops, writes))
@@ -390,7 +386,7 @@ impl<B: StateBackend> Gate<B> {
             let state = live(&mut t, &a.run, caller)?.clone();
             let now = self.clock(&state);
             let at = now.at_ms.unwrap_or(0);
-            if state.budget.deadline_ms.is_some_and(|d| at >= d) {
+            if tally_policy::past_deadline(&state.budget, at) {
                 return Err(GateError::ApprovalRefused(
                     "the run is past its deadline; an approval does not revive it".into(),
                 ));
@@ -548,9 +544,9 @@ impl<B: StateBackend> Gate<B> {
     }
 }
 
-/// Whether `run` is past its deadline at wall time `wall` (its next check would be
-/// refused `run_deadline_exhausted`).
-fn past_deadline(run: &RunState, wall: u64) -> bool {
+/// The stop the core owes `run` at wall time `wall` on the run's clock, if any (past
+/// its deadline: its next check would be refused `run_deadline_exhausted`).
+fn deadline_stop(run: &RunState, wall: u64) -> Option<Reason> {
     let at = clock::run_clock(wall, run).at_ms.unwrap_or(0);
-    run.budget.deadline_ms.is_some_and(|d| at >= d)
+    tally_policy::deadline_stop(run, at)
 }

@@ -585,7 +585,7 @@ pub fn breaker_outcome(
         t.breaker = Breaker::Closed { failures: 0 };
         return;
     };
-    let failed = matches!(status, Status::Error | Status::Timeout);
+    let failed = crate::status::is_failure(status);
     let reopen = Breaker::Open {
         until_ms: now.wall_ms.saturating_add(policy.breaker.open_ms),
     };

@@ -6,14 +6,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tally_record::decision::Limit;
-use tally_record::{Decision, Effect, Kind, Reason};
+use tally_record::{Decision, Kind, Reason};
 
-use crate::call::{counts, grant_fits, grant_live, use_grant};
+use crate::call::{grant_fits, grant_live, use_grant};
 pub use crate::call::{Call, View};
-use crate::config::{matches, target_matches, Policy};
-use crate::rules::{loop_rule, poll_rule, retry_rule, PollRule};
+use crate::config::Policy;
+use crate::limits::call_timeout;
+use crate::refusals::{first_refusal, refuse};
 use crate::state::Now;
-use crate::state::{Breaker, Grant, RunState};
+use crate::state::{Grant, RunState};
 
 /// The gate's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -37,31 +38,16 @@ pub struct Decided {
     /// The refusal that a grant would have to lift (for `require_approval`, the limit
     /// that was reached).
     pub cause: Option<Reason>,
+    /// The run stops with this decision, for this reason: the gate appends the stop
+    /// record in the same commit. Past its deadline a run can only be refused, so a
+    /// refusal for its deadline (or one a grant cannot lift for it) stops it.
+    pub stop: Option<Reason>,
 }
 
 impl Decided {
     /// The reason code (none for an allow).
     pub fn reason(&self) -> Option<Reason> {
         self.record.reason
-    }
-}
-
-struct Refusal {
-    reason: Reason,
-    retry_after_ms: Option<u64>,
-}
-
-fn refuse(reason: Reason) -> Refusal {
-    Refusal {
-        reason,
-        retry_after_ms: None,
-    }
-}
-
-fn retry(reason: Reason, after_ms: u64) -> Refusal {
-    Refusal {
-        reason,
-        retry_after_ms: Some(after_ms.max(1)),
     }
 }
 
@@ -166,10 +152,14 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
     if verdict == Verdict::Allow {
         cause = None;
     }
+    let deadline = Some(Reason::RunDeadlineExhausted);
+    let stop =
+        (record.reason == deadline || cause == deadline).then_some(Reason::RunDeadlineExhausted);
     Decided {
         verdict,
         record,
         cause,
+        stop,
     }
 }
 
@@ -182,193 +172,7 @@ fn timeout(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> u64 {
         .timeout_ms
         .unwrap_or(policy.rate.call_timeout_ms)
         .min(policy.rate.call_timeout_ms);
-    match run.budget.deadline_ms {
-        Some(d) => own.min(d.saturating_sub(run_ms)),
-        None => own,
-    }
-}
-
-fn first_refusal(
-    policy: &Policy,
-    state: View<'_>,
-    call: &Call,
-    now: Now,
-    run_ms: u64,
-) -> Option<Refusal> {
-    let run = state.run;
-    let b = &run.budget;
-    let reserve = policy.reservation(&call.tool, call.reserve_nanos);
-    if run.paused {
-        return Some(refuse(Reason::RunPaused));
-    }
-    if run.open.len() >= crate::state::MAX_IN_FLIGHT_PER_RUN {
-        // Calls without a reported outcome: the run must report (or time out) some
-        // before it may make more; its state stays bounded.
-        return Some(retry(Reason::RateLimitExceeded, 1000));
-    }
-    if b.deadline_ms.is_some_and(|d| run_ms >= d) {
-        return Some(refuse(Reason::RunDeadlineExhausted));
-    }
-    if let (Some(depth), Some(limit)) = (call.depth, b.depth) {
-        if depth > limit {
-            return Some(refuse(Reason::ChainDepthExceeded));
-        }
-    }
-    let scope = &policy.scope;
-    if !scope.tools.is_empty() && !scope.tools.iter().any(|p| matches(p, &call.tool)) {
-        return Some(refuse(Reason::ScopeViolation));
-    }
-    if let Some(target) = &call.target {
-        if !scope.targets.is_empty() && !scope.targets.iter().any(|p| target_matches(p, target)) {
-            return Some(refuse(Reason::ScopeViolation));
-        }
-    }
-    if scope.blocked.iter().any(|p| matches(p, &call.tool))
-        && !run.unblocked.iter().any(|t| t == &call.tool)
-    {
-        return Some(refuse(Reason::ToolBlocked));
-    }
-    if let Some(tool) = state.tool {
-        match tool.breaker.at(now.wall_ms, policy.breaker.open_ms) {
-            Breaker::Open { until_ms } => {
-                return Some(retry(Reason::CircuitOpen, until_ms - now.wall_ms));
-            }
-            Breaker::HalfOpen { probe: Some(p) } => {
-                return Some(retry(Reason::CircuitOpen, p.deadline_ms - now.wall_ms));
-            }
-            Breaker::HalfOpen { probe: None } | Breaker::Closed { .. } => {}
-        }
-    }
-    let op = call.op();
-    if call.effect == Some(Effect::NonIdempotentWrite) && run.unknown.contains_key(&op) {
-        return Some(refuse(Reason::OutcomeUnknownNonIdempotent));
-    }
-    let poll = run.poll_of(
-        call.effect,
-        call.remote_ref.as_deref(),
-        call.operation.as_deref(),
-    );
-    if let Some(r) = poll {
-        match poll_rule(policy, run, r, run_ms) {
-            Some(PollRule::Allowance | PollRule::Stalled) => {
-                return Some(refuse(Reason::PollAllowanceExhausted))
-            }
-            Some(PollRule::Early { wait_ms }) => {
-                return Some(retry(Reason::UpstreamBackoff, wait_ms))
-            }
-            None => {}
-        }
-    } else {
-        // A failing operation retried past its class is told so before it is told it
-        // loops: the more specific of the two.
-        if retry_rule(policy, run, call) {
-            return Some(refuse(Reason::RetriesExhausted));
-        }
-        if loop_rule(policy, run, call, run_ms).is_some() {
-            return Some(refuse(Reason::LoopRepeatedCall));
-        }
-    }
-    if run.last_attempt == u64::MAX {
-        // No attempt number is left to give: never reuse one.
-        return Some(refuse(Reason::AttemptsExhausted));
-    }
-    let committed = run
-        .held_nanos
-        .checked_add(run.settled_nanos)
-        .and_then(|c| c.checked_add(reserve));
-    if committed.is_none() {
-        // The reservation would overflow the run's spend: it never fits.
-        return Some(refuse(Reason::ReservationInsufficient));
-    }
-    if counts(policy, &call.tool, poll.is_some())
-        && run
-            .attempts_limit()
-            .is_some_and(|limit| run.attempts_used >= limit)
-    {
-        return Some(refuse(Reason::AttemptsExhausted));
-    }
-    if call.is_write()
-        && run
-            .side_effects_limit()
-            .is_some_and(|limit| run.side_effects_used >= limit)
-    {
-        return Some(refuse(Reason::SideEffectLimitExceeded));
-    }
-    if let Some(limit) = run.spend_limit() {
-        // After an overrun the run's outcomes settle more than its calls reserve, so no
-        // call is free: a zero-reserve call could settle any amount. Until a human grants
-        // more, every counted call is refused; otherwise a spent budget refuses spend.
-        if run.overrun || (reserve > 0 && run.settled_nanos >= limit) {
-            return Some(refuse(Reason::BudgetExceeded));
-        }
-        let total = run.spent_nanos().checked_add(reserve);
-        if total.is_none_or(|t| t > limit) {
-            return Some(refuse(Reason::ReservationInsufficient));
-        }
-    }
-    let rate = &policy.rate;
-    if let Some(wait) = run
-        .bucket
-        .wait(rate.run_per_sec, rate.run_burst, now.wall_ms)
-    {
-        return Some(retry(Reason::RateLimitExceeded, wait));
-    }
-    if let Some(cred) = state.credential {
-        if let Some(wait) =
-            cred.bucket
-                .wait(rate.credential_per_sec, rate.credential_burst, now.wall_ms)
-        {
-            return Some(retry(Reason::RateLimitExceeded, wait));
-        }
-    }
-    if let Some(tool) = state.tool {
-        if let Some(wait) = tool
-            .bucket
-            .wait(rate.tool_per_sec, rate.tool_burst, now.wall_ms)
-        {
-            return Some(retry(Reason::RateLimitExceeded, wait));
-        }
-        if rate.tool_in_flight > 0 && tool.in_flight_at(now.wall_ms) >= rate.tool_in_flight {
-            let next = tool
-                .in_flight
-                .values()
-                .filter(|&&t| t > now.wall_ms)
-                .min()
-                .map_or(1, |t| t - now.wall_ms);
-            return Some(retry(Reason::RateLimitExceeded, next));
-        }
-    }
-    let backstop = call
-        .credential
-        .as_deref()
-        .or(run.credential.as_deref())
-        .and_then(|c| policy.credentials.get(c))
-        .and_then(|c| c.spend_nanos_per_period.map(|s| (s, c.period_ms.max(1))));
-    if let (Some((cap, period)), Some(cred)) = (backstop, state.credential) {
-        let spent = if now.wall_ms >= cred.period_start_ms.saturating_add(period) {
-            0
-        } else {
-            cred.spent_nanos
-        };
-        if spent.saturating_add(reserve) > cap {
-            return Some(refuse(Reason::BudgetExceeded));
-        }
-    }
-    // The principal: the run's owner's budget across all its runs in the period.
-    let limits = run.owner_uid.and_then(|u| policy.principal(u));
-    if let (Some(l), Some(p)) = (limits, state.principal) {
-        let p = p.at(now.wall_ms, l.period_ms);
-        let counted = counts(policy, &call.tool, poll.is_some());
-        if counted && l.attempts.is_some_and(|m| p.attempts >= m) {
-            return Some(refuse(Reason::PrincipalBudgetExceeded));
-        }
-        if l.spend_nanos
-            .is_some_and(|m| p.spent_nanos.saturating_add(reserve) > m)
-        {
-            return Some(refuse(Reason::PrincipalBudgetExceeded));
-        }
-    }
-    None
+    call_timeout(&run.budget, run_ms, own)
 }
 
 /// The grant a refusal with `reason` could use: `Ok` an unused, unexpired grant that

@@ -5,7 +5,7 @@
 //! So a ledger the gate wrote always verifies, and an agent alone cannot make one verify
 //! inconsistent.
 
-use tally_record::{Decision, Effect, Kind, Status};
+use tally_record::{Decision, Effect, Kind};
 
 use crate::call::{counts, grant_fits, grant_live, Call, Keyed, View};
 use crate::config::Policy;
@@ -267,7 +267,4 @@ fn outcome(run: &RunState, d: &Decision, found: &mut Vec<Inconsistency>) {
     }
 }
 
-/// Whether an outcome with `status` ends its attempt (no further outcome for it).
-pub fn is_final(status: Status) -> bool {
-    matches!(status, Status::Ok | Status::Error | Status::Rejected)
-}
+pub use crate::status::is_final;

@@ -13,14 +13,19 @@
 //! * [`headroom`]: how close a run is to each limit, and the order runs are shown in.
 //! * [`loop_rule`], [`retry_rule`], [`poll_rule`]: what repetition is, for the gate and
 //!   for `tally loops`.
+//! * [`RULES`]: the refusal order, named rules `decide` checks in turn; the reports read
+//!   the order and replay which rules it cannot judge offline from it.
+//! * [`past_deadline`], [`call_timeout`], [`spend_left`], [`is_failure`], ...: the
+//!   questions the gate, the proxy and verify ask of a run's limits and an outcome's
+//!   status, answered here only (ARCHITECTURE.md, where the rules live).
 //!
 //! Pure: no I/O and no clock (the caller passes [`Now`]), ordered maps wherever order
 //! can reach output, checked arithmetic.
 //!
 //! Modules depend on each other one way, each only on those before it here (checked by
 //! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
-//! `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `start`, `call` (a call, the view a decision
-//! reads, and what a grant covers), `rules`, `decide`, `judge`, `apply`, `headroom` (how
+//! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `start`, `call` (a call, the view a decision
+//! reads, and what a grant covers), `rules`, `refusals` (the refusal order: named rules, checked in one order), `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits). Items moved down
 //! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
 //! `apply::standing`, ...).
@@ -36,12 +41,15 @@ pub mod fields;
 pub mod headroom;
 pub mod inconsistency;
 pub mod judge;
+pub mod limits;
 pub mod overrun;
 pub mod prices;
 pub mod principals;
+pub mod refusals;
 pub mod rules;
 pub mod start;
 pub mod state;
+pub mod status;
 pub mod tiers;
 pub mod upstreams;
 
@@ -52,12 +60,18 @@ pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
+pub use limits::{call_timeout, deadline_stop, left, over_limit, past_deadline, spend_left};
 pub use overrun::{overrun, Overrun};
+pub use refusals::{breaker_wait, outcome_unknown, taken_as_recorded, Rule, RULES};
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
 pub use state::{
     principal_limits, Breaker, CredentialState, Now, PrincipalState, RunState, ToolState,
     PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
+};
+pub use status::{
+    is_failure, is_final, is_rejection, is_running, is_success, may_have_happened, recorded_status,
+    timed_out,
 };
 pub use tiers::TierPrice;
 pub use upstreams::{

@@ -133,11 +133,7 @@ impl Proxy {
                 ),
             ));
         }
-        if standing
-            .budget
-            .deadline_ms
-            .is_some_and(|d| standing.at_ms >= d)
-        {
+        if tally_policy::past_deadline(&standing.budget, standing.at_ms) {
             return Err(Refusal::ended(
                 Reason::RunDeadlineExhausted,
                 "the run of this token is past its deadline: a new task is a new run, with its own token"
@@ -157,7 +153,8 @@ impl Proxy {
         let (parts, body) = req.into_parts();
         let u = &route.upstream;
         let method = parts.method.as_str().to_owned();
-        let remaining = spend_left(&caught.standing);
+        // The gate's own counts (grants and carve-outs included).
+        let remaining = tally_policy::spend_left(&caught.standing.limits);
         let read = async {
             if !u.methods.contains(&method) {
                 return Err(Pre::new(
@@ -223,13 +220,11 @@ impl Proxy {
                 return Err(self.refuse(&caught, refused, pre).await);
             }
         };
-        let timeout_ms = caught
-            .standing
-            .budget
-            .deadline_ms
-            .map_or(u.timeout_ms, |d| {
-                u.timeout_ms.min(d.saturating_sub(caught.standing.at_ms))
-            });
+        let timeout_ms = tally_policy::call_timeout(
+            &caught.standing.budget,
+            caught.standing.at_ms,
+            u.timeout_ms,
+        );
         // The call's span (with a tracer), the agent's trace its parent; the decision
         // records the trace id, the span's or (without a tracer) the agent's.
         let parent = crate::trace::incoming(&parts.headers);
@@ -477,17 +472,6 @@ pub(crate) fn unavailable() -> Refusal {
     r
 }
 
-/// What the run can still spend: the less of what its budget and its owner's principal
-/// budget have left.
-fn spend_left(s: &Standing) -> Nanos {
-    // The gate's own counts (grants and carve-outs included).
-    let left = |dimension: &str| match s.limits.get(dimension) {
-        None => Nanos::MAX,
-        Some(l) => Nanos(l.limit.saturating_sub(l.used)),
-    };
-    left("spend_nanos").min(left(tally_policy::PRINCIPAL_SPEND))
-}
-
 /// A verdict as spans and logs name it.
 fn verdict(v: Verdict) -> &'static str {
     match v {
@@ -525,7 +509,7 @@ fn allowed(a: &CheckAnswer, needed: Nanos) -> Result<u64, Refusal> {
             a.limits.get(dimension).map(|l| {
                 format!(
                     "{whose} has {} left of {}",
-                    Nanos(l.limit.saturating_sub(l.used)),
+                    Nanos(tally_policy::left(l)),
                     Nanos(l.limit)
                 )
             })
@@ -615,7 +599,6 @@ pub(crate) fn preview(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tally_record::decision::Limit;
 
     #[test]
     fn only_the_dialects_headers_and_the_allowed_betas_pass() {
@@ -665,50 +648,5 @@ mod tests {
             "the long-context beta (billed at its own rates) is dropped"
         );
         assert_eq!(betas(&h, &[]), None);
-    }
-
-    #[test]
-    fn what_is_left_is_the_less_of_the_runs_and_its_owners() {
-        let mut s = Standing {
-            run: "r".into(),
-            state: "running",
-            stop_reason: None,
-            goal: None,
-            budget: Default::default(),
-            limits: Default::default(),
-            held_nanos: 0,
-            settled_nanos: 0,
-            calls_allowed: 0,
-            at_ms: 0,
-            grants_unused: 0,
-            owner_uid: Some(1000),
-        };
-        assert_eq!(spend_left(&s), Nanos::MAX, "no limit");
-        s.limits.insert(
-            "spend_nanos".into(),
-            Limit {
-                used: 40,
-                limit: 100,
-            },
-        );
-        assert_eq!(spend_left(&s), Nanos(60));
-        s.limits.insert(
-            tally_policy::PRINCIPAL_SPEND.into(),
-            Limit {
-                used: 990,
-                limit: 1000,
-            },
-        );
-        assert_eq!(spend_left(&s), Nanos(10), "the owner has less left");
-        s.limits.remove("spend_nanos");
-        assert_eq!(spend_left(&s), Nanos(10));
-        s.limits.insert(
-            tally_policy::PRINCIPAL_SPEND.into(),
-            Limit {
-                used: 2000,
-                limit: 1000,
-            },
-        );
-        assert_eq!(spend_left(&s), Nanos(0), "never below nothing");
     }
 }

@@ -98,8 +98,8 @@ impl Pump {
     /// Settles with no answer body: a timeout, an unreachable upstream, a refused
     /// redirect.
     pub async fn settle_now(self, status: Status, observed: Option<String>) {
-        let status = timeout_status(status, self.settle.effect);
-        let nanos = matches!(status, Status::Rejected).then_some(0);
+        let status = tally_policy::recorded_status(status, self.settle.effect);
+        let nanos = tally_policy::is_rejection(status).then_some(0);
         outcome(
             &self.shared,
             &self.settle,
@@ -285,10 +285,10 @@ impl Pump {
                         .await;
                 }
                 Ended {
-                    status: timeout_status(cut, self.settle.effect),
+                    status: tally_policy::recorded_status(cut, self.settle.effect),
                     // An event past the bound (`error`): final, so settled at the most the
                     // gate allowed, never at nothing. A cut or a timeout stays held.
-                    nanos: (cut == Status::Error).then_some(self.settle.reserved.0),
+                    nanos: tally_policy::is_final(cut).then_some(self.settle.reserved.0),
                     retry_after_ms: None,
                     digest,
                     observed: None,
@@ -372,15 +372,6 @@ fn reframed(ev: &eventsource_stream::Event) -> Bytes {
     }
     s.push('\n');
     Bytes::from(s)
-}
-
-/// A timeout of a non-idempotent write is `unknown`: it may have happened.
-fn timeout_status(status: Status, effect: Effect) -> Status {
-    if status == Status::Timeout && effect == Effect::NonIdempotentWrite {
-        Status::Unknown
-    } else {
-        status
-    }
 }
 
 /// What a model call's reported usage comes to at its price (`price`, at the rates of

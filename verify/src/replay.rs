@@ -20,14 +20,6 @@ use tally_policy::{decide, Call, Now, RunState, Verdict, View};
 
 use crate::Event;
 
-/// Refusals whose cause is not in the run's records: replay takes them as recorded.
-const OUTSIDE_THE_RECORDS: &[Reason] = &[
-    Reason::RateLimitExceeded,
-    Reason::CircuitOpen,
-    Reason::RunPaused,
-    Reason::GateUnavailable,
-];
-
 /// Most findings listed; the rest are counted.
 pub const MAX_LISTED: usize = 1000;
 
@@ -262,17 +254,9 @@ impl Replay {
     }
 }
 
-/// The policy as replay applies it offline: buckets and in-flight bounds depend on every
-/// run's wall times and on calls outside the records, so they are off (their refusals
-/// are taken as recorded).
-pub fn offline(policy: &tally_policy::Policy) -> tally_policy::Policy {
-    let mut offline = policy.clone();
-    offline.rate.run_per_sec = 0;
-    offline.rate.credential_per_sec = 0;
-    offline.rate.tool_per_sec = 0;
-    offline.rate.tool_in_flight = 0;
-    offline
-}
+/// The policy as replay applies it offline: the core's rules whose state is outside the
+/// records are off (their refusals are taken as recorded).
+pub use tally_policy::refusals::offline;
 
 /// How near the end of a principal's period, ms, a decision is taken as recorded when
 /// replay disagrees with it about the principal budget: replay times a run from the
@@ -298,9 +282,10 @@ pub fn about_principal(kind: &ReplayKind) -> bool {
     }
 }
 
-/// Whether a recorded refusal's cause is outside the records (taken as recorded).
+/// Whether a recorded refusal's cause is outside the records (taken as recorded): the
+/// core says which of its rules read state the records do not hold.
 pub fn outside_the_records(reason: Reason) -> bool {
-    OUTSIDE_THE_RECORDS.contains(&reason)
+    tally_policy::taken_as_recorded(reason)
 }
 
 /// Decide the recorded call again on the state before it; what differs, if anything.

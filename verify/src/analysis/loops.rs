@@ -388,16 +388,16 @@ impl Series {
     /// Take the outcome of one of its calls.
     pub fn outcome(&mut self, o: &OutcomeFacts<'_>) {
         self.now.settled = self.now.settled.saturating_add(o.settled);
-        if matches!(o.status, Status::Error | Status::Timeout) {
+        if tally_policy::is_failure(o.status) {
             self.now.failures += 1;
         }
         if let Some(f) = &mut self.flagged {
             // The loop's calls' outcomes belong to it, wherever they land.
             f.settled = f.settled.saturating_add(o.settled);
-            if matches!(o.status, Status::Error | Status::Timeout) {
+            if tally_policy::is_failure(o.status) {
                 f.failures += 1;
             }
-            if o.status == Status::Ok {
+            if tally_policy::is_success(o.status) {
                 self.ok_after = Some(o.seq);
             }
         }

@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use tally_ledger::{Reason, Status};
+use tally_ledger::Reason;
 
 use crate::event::Seq;
 
@@ -90,7 +90,7 @@ impl ToolStorms {
             at_ms: None,
         };
         tally_policy::breaker_outcome(policy, tool, &mut t.breaker, call, o.status, now);
-        let failed = matches!(o.status, Status::Error | Status::Timeout);
+        let failed = tally_policy::is_failure(o.status);
         if failed {
             let s = t.series.get_or_insert_with(|| {
                 Series::new(Pattern::RetryStorm, o.seq, wall_ms, Some(Arc::clone(tool)))

@@ -3,7 +3,7 @@
 
 use tally_ledger::{Action, Decision, Kind, Reason};
 use tally_policy::state::tool_key;
-use tally_policy::{LoopRule, PollRule};
+use tally_policy::{LoopRule, PollRule, Rule};
 
 use crate::analysis::handoff::{RefusedCall, When};
 use crate::analysis::loops::{CallFacts, Pattern, Series, ToolStorms};
@@ -86,10 +86,15 @@ impl RunAnalysis {
                 })
                 .call(&facts(flagged, early), None);
         } else {
-            // Judged in the gate's order: the retry rule first, then the loop rule.
+            // Judged in the core's order (`tally_policy::RULES`): a refusal of the retry
+            // rule, checked before the loop rule, is the call's, not a loop's.
+            let before_loop = Rule::Retries.precedes(Rule::Loop);
             let retried = v.retries || refused == Some(Reason::RetriesExhausted);
             let loop_refused = refused == Some(Reason::LoopRepeatedCall);
-            let pattern = match v.loop_rule.filter(|_| !v.retries || loop_refused) {
+            let pattern = match v
+                .loop_rule
+                .filter(|_| !(v.retries && before_loop) || loop_refused)
+            {
                 Some(LoopRule::Alternating) => Some(Pattern::Alternation),
                 Some(LoopRule::ToolBar) => None,
                 Some(_) => Some(Pattern::ExactRepetition),
@@ -141,7 +146,7 @@ impl RunAnalysis {
                 model: self.model_settled,
             });
             if let Some(tool) = &d.tool {
-                let bar = v.loop_rule == Some(LoopRule::ToolBar) && !retried;
+                let bar = v.loop_rule == Some(LoopRule::ToolBar) && !(retried && before_loop);
                 self.bursts
                     .entry(tool_key(tool))
                     .or_insert_with(|| {

@@ -118,7 +118,7 @@ pub(crate) fn build(run: &RunAnalysis, loops: &[&Loop], findings: u64) -> Handof
             (None, a) => format!(" (attempt {a})"),
         };
         let known = match u.status {
-            Some(tally_ledger::Status::Timeout) => "it timed out",
+            Some(s) if tally_policy::timed_out(s) => "it timed out",
             Some(_) => "its response was lost",
             None => "no outcome was recorded",
         };

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use tally_ledger::{Decision, Effect, Kind, Reason};
-use tally_policy::{LoopRule, PollRule};
+use tally_policy::{LoopRule, PollRule, Rule};
 
 mod call;
 mod handoff;
@@ -233,13 +233,8 @@ impl RunAnalysis {
         let poll = keyed.poll(core);
         let call = &keyed.call;
         let (key, op) = (keyed.key, keyed.op);
-        let breaker = breaker.is_some_and(|t| {
-            matches!(
-                t.breaker.at(wall_ms, policy.breaker.open_ms),
-                tally_policy::Breaker::Open { .. }
-                    | tally_policy::Breaker::HalfOpen { probe: Some(_) }
-            )
-        });
+        let breaker =
+            breaker.is_some_and(|t| tally_policy::breaker_wait(policy, t, wall_ms).is_some());
         match poll {
             Some(r) => Verdicts {
                 key,
@@ -257,11 +252,11 @@ impl RunAnalysis {
                 poll: None,
                 poll_rule: None,
                 loop_rule: keyed.loop_rule(policy, core, run_ms),
-                // A non-idempotent write repeated while its outcome is unknown is refused
-                // for that first (`outcome_unknown_non_idempotent`), not as a retry.
+                // The retry rule, unless a rule the core checks before it refuses the
+                // call (a non-idempotent write repeated while its outcome is unknown).
                 retries: keyed.retry_rule(policy, core)
-                    && !(call.effect == Some(Effect::NonIdempotentWrite)
-                        && core.unknown.contains_key(&op)),
+                    && !(Rule::OutcomeUnknown.precedes(Rule::Retries)
+                        && tally_policy::outcome_unknown(core, call.effect, op)),
                 breaker,
                 cause: None,
             },

@@ -92,7 +92,7 @@ impl RunAnalysis {
             .and_then(|i| self.firsts.get_mut(i as usize))
         {
             f.settled = f.settled.saturating_add(settled);
-            if matches!(status, Status::Error | Status::Timeout) {
+            if tally_policy::is_failure(status) {
                 f.failures += 1;
             }
         }
@@ -192,7 +192,7 @@ impl RunAnalysis {
         }
         self.unknown
             .retain(|op, _| self.core.unknown.contains_key(op));
-        if status == Status::Ok {
+        if tally_policy::is_success(status) {
             let done = if is_poll {
                 // A poll that finds its job done completes the call that started it.
                 let job = remote
@@ -270,10 +270,17 @@ impl RunAnalysis {
                 .map(ref_key)
                 .and_then(|r| self.jobs.get(&r));
             let status = match a.status {
-                Some(Status::Running) if job.is_some_and(|j| j.finished) => continue,
-                Some(Status::Running) => PendingStatus::Running,
-                Some(Status::Unknown) if a.effect != Some(Effect::Read) => PendingStatus::Unknown,
-                Some(Status::Timeout) if a.effect != Some(Effect::Read) => PendingStatus::Timeout,
+                Some(s) if tally_policy::is_running(s) => match job {
+                    Some(j) if j.finished => continue,
+                    _ => PendingStatus::Running,
+                },
+                Some(s) if tally_policy::may_have_happened(s) && a.effect != Some(Effect::Read) => {
+                    if tally_policy::timed_out(s) {
+                        PendingStatus::Timeout
+                    } else {
+                        PendingStatus::Unknown
+                    }
+                }
                 None if write => PendingStatus::NoOutcome,
                 _ => continue,
             };
