@@ -69,7 +69,7 @@ pub fn apply_policy(
         .enable_all()
         .build()
         .context("starting the HTTP client")?;
-    for l in &mut audits.ledgers {
+    for l in &mut audits.audit.ledgers {
         l.options.witness_policy = Some(policy.clone());
         if !ask {
             continue;

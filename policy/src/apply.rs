@@ -314,7 +314,8 @@ fn allow(
         while run.recent.len() as u64 > keep {
             run.recent.pop_front();
         }
-        if let Some(t) = d.tool.as_deref().map(crate::state::tool_key) {
+        // The tool's key, hashed once with the call's ([`Keyed`]).
+        if let Some(t) = d.tool.as_ref().map(|_| keyed.tool) {
             let window = policy.loops.tool_window_ms;
             let w = run.tools.entry(t).or_insert_with(|| Window {
                 start_ms: run_ms,
@@ -489,7 +490,9 @@ fn outcome(
             run.progress = run.progress.saturating_add(1);
         }
     }
-    if let Some(state) = d.observed.as_deref().map(crate::state::observed_key) {
+    // The observed state, hashed once: the run's progress and its remote operation's.
+    let observed = d.observed.as_deref().map(crate::state::observed_key);
+    if let Some(state) = observed {
         if run.observed != Some(state) {
             run.progress = run.progress.saturating_add(1);
             run.observed = Some(state);
@@ -528,8 +531,7 @@ fn outcome(
         let entry = run.refs.entry(r).or_default();
         entry.last_ms = run_ms;
         entry.retry_after_ms = d.retry_after_ms;
-        if let Some(o) = &d.observed {
-            let o = crate::state::observed_key(o);
+        if let Some(o) = observed {
             if entry.observed != Some(o) {
                 entry.unchanged = 0;
             }

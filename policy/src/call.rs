@@ -9,7 +9,8 @@ use tally_record::{Decision, Effect, Kind, Reason};
 use crate::config::{matches, Policy};
 use crate::start::Family;
 use crate::state::{
-    call_key, op_key, ref_key, CredentialState, Grant, PrincipalState, RunState, ToolState,
+    call_key, op_key, ref_key, tool_key, CredentialState, Grant, PrincipalState, RunState,
+    ToolState,
 };
 
 /// The reasons the proxy refuses a request with before any budget rule
@@ -126,6 +127,8 @@ pub struct Keyed {
     pub key: u64,
     /// [`Call::op`].
     pub op: u64,
+    /// [`tool_key`] of its tool: the key of its per-run tool window.
+    pub tool: u64,
     /// [`ref_key`] of its `remote_ref` and of its operation's `:REF` suffix.
     refs: (Option<u64>, Option<u64>),
 }
@@ -153,6 +156,7 @@ impl Keyed {
         Keyed {
             key: call.key(),
             op: call.op(),
+            tool: tool_key(&call.tool),
             refs,
             call,
         }

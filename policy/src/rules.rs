@@ -54,14 +54,15 @@ fn same_again<'a>(
 /// beyond the policy's loop limits given the run's recent allowed calls. Polls are not
 /// judged here: their rule is [`poll_rule`], so polling is never this kind of loop.
 pub fn loop_rule(policy: &Policy, run: &RunState, call: &Call, run_ms: u64) -> Option<LoopRule> {
-    loop_rule_by(policy, run, &call.tool, call.key(), run_ms)
+    loop_rule_by(policy, run, tool_key(&call.tool), call.key(), run_ms)
 }
 
-/// [`loop_rule`] for a call to `tool` whose key ([`Call::key`]) is `key`.
+/// [`loop_rule`] for a call to the tool whose window is kept under `tool` ([`tool_key`])
+/// and whose key ([`Call::key`]) is `key`.
 fn loop_rule_by(
     policy: &Policy,
     run: &RunState,
-    tool: &str,
+    tool: u64,
     key: u64,
     run_ms: u64,
 ) -> Option<LoopRule> {
@@ -94,7 +95,7 @@ fn loop_rule_by(
             return Some(LoopRule::Alternating);
         }
     }
-    if let Some(w) = run.tools.get(&tool_key(tool)) {
+    if let Some(w) = run.tools.get(&tool) {
         let open = run_ms.saturating_sub(w.start_ms) < l.tool_window_ms;
         if open && w.count >= l.tool_calls {
             return Some(LoopRule::ToolBar);
@@ -148,7 +149,7 @@ fn retry_rule_by(policy: &Policy, run: &RunState, call: &Call, op: u64, key: u64
 impl Keyed {
     /// [`loop_rule`] of the call, by its key hashed once.
     pub fn loop_rule(&self, policy: &Policy, run: &RunState, run_ms: u64) -> Option<LoopRule> {
-        loop_rule_by(policy, run, &self.call.tool, self.key, run_ms)
+        loop_rule_by(policy, run, self.tool, self.key, run_ms)
     }
 
     /// [`retry_rule`] of the call, by its operation key hashed once.

@@ -21,7 +21,11 @@ use crate::decision::{
 pub(crate) fn parse(bytes: &[u8]) -> Option<Decision> {
     // Strings are copied out as they are; the whole text must be UTF-8.
     let text = std::str::from_utf8(bytes).ok()?;
-    let mut r = Reader { text, at: 0 };
+    let mut r = Reader {
+        text,
+        at: 0,
+        next: None,
+    };
     let d = r.decision()?;
     (r.at == bytes.len()).then_some(d)
 }
@@ -29,6 +33,18 @@ pub(crate) fn parse(bytes: &[u8]) -> Option<Decision> {
 struct Reader<'a> {
     text: &'a str,
     at: usize,
+    /// The member name read at `at`, if `at` has been looked at: `key` is asked for each
+    /// field in turn at one position, and the name there is read once, not per field.
+    next: Option<(usize, Option<Member>)>,
+}
+
+/// A member's start as the reader saw it: `[,]"name":`.
+#[derive(Clone, Copy)]
+struct Member {
+    /// Whether a comma leads it.
+    comma: bool,
+    /// Where its name starts and ends.
+    name: (usize, usize),
 }
 
 impl<'a> Reader<'a> {
@@ -47,18 +63,41 @@ impl<'a> Reader<'a> {
 
     /// `"name":`, preceded by a comma unless it is the object's first member.
     fn key(&mut self, first: &mut bool, name: &str) -> bool {
-        let start = self.at;
-        if (*first || self.eat(b","))
-            && self.eat(b"\"")
-            && self.eat(name.as_bytes())
-            && self.eat(b"\":")
-        {
-            *first = false;
-            true
-        } else {
-            self.at = start;
-            false
+        let member = match self.next {
+            Some((at, member)) if at == self.at => member,
+            _ => {
+                let member = self.member();
+                self.next = Some((self.at, member));
+                member
+            }
+        };
+        // A name is letters, digits and underscores: the member's name ends at the first
+        // quote after it, so comparing names is comparing `"name":` at this position.
+        match member {
+            Some(m) if m.comma != *first && &self.text[m.name.0..m.name.1] == name => {
+                self.at = m.name.1 + 2;
+                *first = false;
+                true
+            }
+            _ => false,
         }
+    }
+
+    /// The member that starts here: an optional comma, a quote, a name up to the next
+    /// quote, and `":` right after it.
+    fn member(&self) -> Option<Member> {
+        let bytes = self.bytes();
+        let comma = bytes.get(self.at) == Some(&b',');
+        let open = self.at + usize::from(comma);
+        if bytes.get(open) != Some(&b'"') {
+            return None;
+        }
+        let start = open + 1;
+        let end = start + bytes.get(start..)?.iter().position(|&b| b == b'"')?;
+        (bytes.get(end + 1) == Some(&b':')).then_some(Member {
+            comma,
+            name: (start, end),
+        })
     }
 
     /// A JSON string exactly as serde_json writes it: `"` and `\` escaped, control

@@ -5,11 +5,14 @@
 //! intact, checks every epoch certificate and checkpoint, matches anchors, and tells a
 //! torn tail from a clean cut from an unsealed one. With the auditor key it decrypts each
 //! decision and checks it against docs/FORMAT.md, handing each to the [`analysis`]
-//! (loops, consistency audit, handoffs). It depends on `tally-ledger` for the format
-//! and keys only, and opens nothing for writing.
+//! (loops, consistency audit, handoffs). [`Audit`] runs the whole audit `tally verify`
+//! runs, of one ledger or of several read as one, and gives its report
+//! ([`AuditReport::to_text`], [`AuditReport::to_json`]). It depends on `tally-ledger` for
+//! the format and keys only, and opens nothing for writing.
 #![forbid(unsafe_code)]
 
 pub mod analysis;
+pub mod audit;
 pub mod consistency;
 pub mod event;
 pub mod finding;
@@ -20,6 +23,7 @@ pub mod text;
 pub mod tree;
 pub mod walk;
 
+pub use audit::{Audit, AuditError, AuditReport};
 pub use event::{Event, Seq};
 pub use finding::{Finding, FindingKind, Hashes};
 pub use report::{AnchorStatus, Report, Tail, TornWrite, Verdict};

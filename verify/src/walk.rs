@@ -19,7 +19,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use tally_ledger::export::ExportError;
-use tally_ledger::format::{ChainRule, Entry, Hash};
+use tally_ledger::format::{ChainRule, Hash, HEADER_LEN};
 use tally_ledger::keys::{AuditorKey, DataKey, LedgerPublic};
 use tally_ledger::{Checkpoint, Decision, Frame, LedgerId};
 
@@ -76,11 +76,15 @@ impl Options {
 
 const BATCH: usize = 512;
 
+/// A decision entry queued for decryption, with what the walk read of its header (the
+/// workers do not decode it again).
 struct Pending {
     seq: u64,
     wall_ms: u64,
     epoch: u32,
+    nonce: [u8; 24],
     key: Arc<DataKey>,
+    /// The whole entry, as decoded by the walk: header, then body.
     bytes: Vec<u8>,
 }
 
@@ -447,8 +451,14 @@ impl Walk<'_> {
         if let Some(why) = broken {
             self.find(FindingKind::RunLinkBroken, seq, why);
         }
-        self.links
-            .insert(d.run.clone(), (seq, d.prev_seq.is_some()));
+        // The run's name is copied once, at its first decision.
+        let last = (seq, d.prev_seq.is_some());
+        match self.links.get_mut(&d.run) {
+            Some(l) => *l = last,
+            None => {
+                self.links.insert(d.run.clone(), last);
+            }
+        }
     }
 
     /// Findings made so far, kept or counted.
@@ -662,14 +672,10 @@ impl Walk<'_> {
 }
 
 fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Box<Decision>, String> {
-    let entry = Entry::decode(&p.bytes).map_err(|e| e.to_string())?;
+    // The walk decoded the entry (exactly one, header then body) before queueing it.
+    let (header, body) = p.bytes.split_at(HEADER_LEN);
     p.key
-        .open_into(
-            &entry.header.nonce,
-            entry.header_bytes(),
-            entry.body(),
-            plain,
-        )
+        .open_into(&p.nonce, header, body, plain)
         .map_err(|e| e.to_string())?;
     Decision::from_stored(plain)
         .map(Box::new)

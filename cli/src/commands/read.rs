@@ -1,124 +1,28 @@
 //! The readers: `tally verify`, and the reports (`loops`, `handoff`) that verify,
 //! decrypt and analyse first.
 
-use std::fs::File;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tally_ledger::keys::{AuditorKey, LedgerPublic};
 use tally_ledger::Checkpoint;
-use tally_verify::analysis::{self, Analysis};
+use tally_verify::analysis;
+use tally_verify::audit::{Audit, Ledger, Verified};
 use tally_verify::text::terminal_safe;
-use tally_verify::{Event, Options, Report, SourceError, Verdict};
+use tally_verify::{Options, Verdict};
 
 use super::{is_stdio, read_policy, Progress};
 use crate::cli::{LoopsArgs, ReadArgs, ReportArgs, Rules, VerifyArgs};
 use crate::output::{errln, out, outln};
 use crate::Exit;
 
-pub struct Audit {
-    pub options: Options,
-    pub path: PathBuf,
-    /// Show progress on a terminal (one ledger at a time only).
-    pub progress: bool,
-}
-
-/// The ledgers of one audit: one, or the several ledgers of a fleet, read as one.
+/// The ledgers of one audit as the arguments name them: the audit, and what its
+/// messages name each ledger's key by.
 pub struct Audits {
-    pub ledgers: Vec<Audit>,
+    pub audit: Audit,
     /// Each ledger's key file, in the same order (for messages).
     pub keys: Vec<PathBuf>,
     pub json: bool,
-}
-
-/// What the verifier found: one report per ledger, and for several, the merge's.
-pub struct Verified {
-    pub reports: Vec<(PathBuf, Report)>,
-    pub merge: Option<tally_verify::merge::MergeReport>,
-}
-
-impl Verified {
-    /// The worst of the ledgers' verdicts.
-    pub fn verdict(&self) -> Verdict {
-        let verdicts = || self.reports.iter().map(|(_, r)| r.verdict());
-        if verdicts().any(|v| v == Verdict::Tampered) {
-            Verdict::Tampered
-        } else if verdicts().any(|v| v == Verdict::Incomplete) {
-            Verdict::Incomplete
-        } else {
-            Verdict::Intact
-        }
-    }
-
-    /// The one report of a one-ledger audit.
-    fn single(&self) -> Option<&Report> {
-        match self.reports.as_slice() {
-            [(_, r)] => Some(r),
-            _ => None,
-        }
-    }
-
-    /// How many findings the merge made (of `run`'s records only, if given; findings
-    /// beyond those listed count for every run).
-    fn merge_findings(&self, run: Option<&str>) -> u64 {
-        self.merge.as_ref().map_or(0, |m| {
-            let listed = m
-                .findings
-                .iter()
-                .filter(|f| run.is_none_or(|r| f.run == r))
-                .count() as u64;
-            listed + m.omitted
-        })
-    }
-
-    /// Every ledger's report as text, each under its path.
-    fn to_text(&self) -> String {
-        match self.single() {
-            Some(r) => r.to_text(),
-            None => {
-                let n = self.reports.len();
-                let worst = |v: Verdict| {
-                    self.reports
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, (_, r))| r.verdict() == v)
-                        .map(|(i, _)| (i + 1).to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                let mut out = match self.verdict() {
-                    Verdict::Intact if self.merge.is_some() => {
-                        format!("INTACT: all {n} ledgers verified and sealed, read as one\n")
-                    }
-                    Verdict::Intact => format!("INTACT: all {n} ledgers verified and sealed\n"),
-                    Verdict::Tampered => format!(
-                        "TAMPERED: ledger {} of {n} did not verify\n",
-                        worst(Verdict::Tampered)
-                    ),
-                    Verdict::Incomplete => format!(
-                        "INCOMPLETE: ledger {} of {n} is not wholly sealed\n",
-                        worst(Verdict::Incomplete)
-                    ),
-                };
-                for (i, (path, r)) in self.reports.iter().enumerate() {
-                    out.push_str(&format!("ledger {} ({}):\n", i + 1, path.display()));
-                    for line in r.to_text().lines() {
-                        out.push_str(&format!("  {line}\n"));
-                    }
-                }
-                if let Some(m) = &self.merge {
-                    let total: u64 = m.decisions.iter().sum();
-                    out.push_str(&format!(
-                        "merged: {total} decisions of {} ledgers in state version order\n",
-                        self.reports.len()
-                    ));
-                    out.push_str(&m.to_text());
-                }
-                out
-            }
-        }
-    }
 }
 
 impl Audits {
@@ -142,7 +46,7 @@ impl Audits {
         }
         let n = read.paths.len();
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let mut ledgers: Vec<Audit> = Vec::with_capacity(n);
+        let mut ledgers: Vec<Ledger> = Vec::with_capacity(n);
         for (path, key) in read.paths.iter().zip(&read.keys) {
             let public = LedgerPublic::read(key).with_context(|| {
                 format!(
@@ -170,11 +74,7 @@ impl Audits {
                         .with_context(|| format!("reading the auditor key {}", k.display()))?,
                 );
             }
-            ledgers.push(Audit {
-                options,
-                path: path.clone(),
-                progress: n == 1,
-            });
+            ledgers.push(Ledger::new(path.clone(), options));
         }
         for a in &read.anchors {
             let text =
@@ -218,109 +118,15 @@ impl Audits {
             }
         }
         Ok(Audits {
-            ledgers,
+            audit: Audit { ledgers },
             keys: read.keys.clone(),
             json: read.json,
         })
     }
 
-    /// Verify every ledger, handing every decrypted decision to `sink`: one ledger's in
-    /// seq order, several ledgers' merged in state version order (each verified on a
-    /// thread of its own while the merge reads them).
-    pub fn run(&self, mut sink: impl FnMut(Event)) -> Result<Verified> {
-        // Without the auditor key nothing is decrypted: each ledger is verified, nothing
-        // is merged.
-        let decrypting = self.ledgers.iter().all(|l| l.options.auditor.is_some());
-        if !decrypting {
-            let mut reports = Vec::with_capacity(self.ledgers.len());
-            for audit in &self.ledgers {
-                reports.push((audit.path.clone(), audit.run(|_| {})?));
-            }
-            return Ok(Verified {
-                reports,
-                merge: None,
-            });
-        }
-        if let [one] = self.ledgers.as_slice() {
-            let report = one.run(sink)?;
-            return Ok(Verified {
-                reports: vec![(one.path.clone(), report)],
-                merge: None,
-            });
-        }
-        std::thread::scope(|scope| {
-            let mut walks = Vec::with_capacity(self.ledgers.len());
-            let mut streams = Vec::with_capacity(self.ledgers.len());
-            for audit in &self.ledgers {
-                let (tx, rx) = std::sync::mpsc::sync_channel::<Event>(1024);
-                walks.push(scope.spawn(move || {
-                    audit.run(|e| {
-                        // The merge stops reading only once every stream ended.
-                        let _ = tx.send(e);
-                    })
-                }));
-                streams.push(rx.into_iter());
-            }
-            // Ties go by ledger id: the merged order is the same whatever order the
-            // ledgers were given in.
-            let ids = self.ledgers.iter().map(|l| l.options.public.ledger_id);
-            let merge = tally_verify::merge::merge(ids.zip(streams).collect(), &mut sink);
-            let mut reports = Vec::with_capacity(walks.len());
-            for (audit, walk) in self.ledgers.iter().zip(walks) {
-                let report = walk
-                    .join()
-                    .map_err(|_| anyhow::anyhow!("verifying {} failed", audit.path.display()))??;
-                reports.push((audit.path.clone(), report));
-            }
-            Ok(Verified {
-                reports,
-                merge: Some(merge),
-            })
-        })
-    }
-}
-
-impl Audit {
-    /// Verify, handing every decrypted decision to `sink`.
-    pub fn run(&self, sink: impl FnMut(Event)) -> Result<Report> {
-        let progress = Progress::new("verifying").on_if(self.progress);
-        if self.path.is_dir() {
-            let frames = match tally_verify::walk::ledger_frames(&self.path) {
-                Ok(frames) => frames,
-                // A log that is there but does not read back is evidence, not a usage
-                // error: the walk reports it as a finding.
-                Err(
-                    e @ (tally_ledger::Error::Segment { .. }
-                    | tally_ledger::Error::Corrupt { .. }
-                    | tally_ledger::Error::Format(_)),
-                ) => {
-                    let why = format!("the log in {} does not read: {e}", self.path.display());
-                    let frames = std::iter::once(Err(SourceError::Store(why)));
-                    return Ok(tally_verify::verify(frames, &self.options, sink, |_| {}));
-                }
-                Err(e) => {
-                    return Err(anyhow::Error::new(e)
-                        .context(format!("reading the log in {}", self.path.display())))
-                }
-            };
-            Ok(tally_verify::verify(frames, &self.options, sink, |n| {
-                progress.show(n)
-            }))
-        } else if is_stdio(&self.path) {
-            let frames = tally_verify::walk::export_frames(io::stdin().lock())
-                .context("standard input is not a tally export")?;
-            Ok(tally_verify::verify(frames, &self.options, sink, |n| {
-                progress.show(n)
-            }))
-        } else {
-            let file = File::open(&self.path)
-                .with_context(|| format!("opening {}", self.path.display()))?;
-            let frames = tally_verify::walk::export_frames(file)
-                .with_context(|| format!("{} is not a tally export", self.path.display()))?;
-            Ok(tally_verify::verify(frames, &self.options, sink, |n| {
-                progress.show(n)
-            }))
-        }
+    /// The progress line while verifying (one ledger at a time only).
+    fn progress(&self) -> Progress {
+        Progress::new("verifying").on_if(self.audit.ledgers.len() == 1)
     }
 }
 
@@ -351,68 +157,24 @@ pub fn verify(args: &VerifyArgs) -> Result<Exit> {
     // With the auditor key: the replay of every gate decision (SECURITY.md 5.8) and the
     // consistency audit of every record, in one fold through the policy core the gate
     // decided with.
-    let mut analysis = match auditor_key {
-        Some(_) => Some(Analysis::in_background(config(rules)?)),
+    let config = match auditor_key {
+        Some(_) => Some(config(rules)?),
         None => None,
     };
-    let verified = audits.run(|e| {
-        if let Some(a) = analysis.as_mut() {
-            a.push(e);
-        }
-    })?;
-    let found = analysis.map(analysis::Background::finish);
-    usage_errors(&verified, &audits, auditor_key)?;
-    let inconsistent = found.as_ref().is_some_and(analysis::Report::inconsistent)
-        || verified.merge_findings(None) > 0;
-    let verdict = verified.verdict();
+    let progress = audits.progress();
+    let report = audits.audit.run(config, |n| progress.show(n))?;
+    drop(progress);
+    usage_errors(&report.verified, &audits, auditor_key)?;
     if audits.json {
-        let mut value = match verified.single() {
-            Some(report) => report.to_json(),
-            None => serde_json::json!({
-                "version": analysis::REPORT_VERSION,
-                "verdict": verdict,
-                "ledgers": verified.reports.iter().enumerate().map(|(i, (path, r))| {
-                    let mut v = r.to_json();
-                    if let serde_json::Value::Object(map) = &mut v {
-                        map.insert("ledger".into(), (i + 1).into());
-                        map.insert("path".into(), path.display().to_string().into());
-                    }
-                    v
-                }).collect::<Vec<_>>(),
-                "merge": verified.merge,
-            }),
-        };
-        if let (serde_json::Value::Object(map), Some(f)) = (&mut value, &found) {
-            map.insert(
-                "audit".into(),
-                serde_json::json!({"findings": f.findings, "findings_omitted": f.findings_omitted,
-                                   "overruns": f.overruns, "usage_refused": f.usage_refused}),
-            );
-            map.insert("replay".into(), serde_json::to_value(&f.replay)?);
-        }
-        outln!("{}", serde_json::to_string_pretty(&value)?);
+        outln!("{}", serde_json::to_string_pretty(&report.to_json())?);
     } else {
-        let mut text = verified.to_text();
-        if let Some(f) = &found {
-            text.push('\n');
-            text.push_str(&analysis::render_findings_text(f));
-            text.push_str(&analysis::render_overruns_text(f));
-            text.push_str(&analysis::render_usage_refused_text(f));
-            text.push('\n');
-            text.push_str(&f.replay.to_text());
-        }
-        if inconsistent && verdict != Verdict::Tampered {
-            text.push_str(
-                "\nINCONSISTENT: the chain verifies, but decisions in it are inconsistent (the findings above): exit 1\n",
-            );
-        }
-        out!("{}", terminal_safe(&text));
+        out!("{}", terminal_safe(&report.to_text()));
     }
     // An inconsistency is exit 1 over incomplete evidence too, as for loops and handoff.
-    Ok(if inconsistent {
+    Ok(if report.inconsistent() {
         Exit::Findings
     } else {
-        verdict.into()
+        report.verdict().into()
     })
 }
 
@@ -456,7 +218,7 @@ fn refuse(verified: &Verified, json: bool) -> Result<()> {
     if json {
         let doc = serde_json::json!({
             "version": analysis::REPORT_VERSION,
-            "verification": verification(verified),
+            "verification": verified.verification_json(),
             "refused": WHY,
         });
         outln!("{}", serde_json::to_string_pretty(&doc)?);
@@ -473,31 +235,14 @@ pub(crate) fn analyse(
     rules: &Rules,
 ) -> Result<Option<(Verified, analysis::Report)>> {
     let audits = Audits::from_args(read, Some(auditor_key))?;
-    let mut analysis = Analysis::in_background(config(rules)?);
-    let verified = audits.run(|e| analysis.push(e))?;
-    let mut found = analysis.finish();
+    let config = config(rules)?;
+    let progress = audits.progress();
+    let (verified, found) = audits.audit.analyse(config, |n| progress.show(n))?;
+    drop(progress);
     usage_errors(&verified, &audits, Some(auditor_key))?;
     if verified.verdict() == Verdict::Tampered && !force {
         refuse(&verified, read.json)?;
         return Ok(None);
-    }
-    match verified.single() {
-        Some(report) => {
-            if let Some(cp) = &report.last_checkpoint {
-                found.set_coverage(report.sealed, cp.head.clone(), cp.epoch);
-            }
-        }
-        None => {
-            let sealed: Vec<_> = verified
-                .reports
-                .iter()
-                .map(|(_, r)| {
-                    let cp = r.last_checkpoint.as_ref();
-                    (r.sealed, cp.map(|c| c.head.clone()), cp.map(|c| c.epoch))
-                })
-                .collect();
-            found.set_coverage_merged(&sealed);
-        }
     }
     Ok(Some((verified, found)))
 }
@@ -509,79 +254,6 @@ fn config(rules: &Rules) -> Result<analysis::Config> {
         c.policy = std::sync::Arc::new(read_policy(path)?.policy);
     }
     Ok(c)
-}
-
-/// The line every page carries when the evidence is not intact: a chain that did not
-/// verify (forced), or evidence that is incomplete (exit 3), saying what is covered.
-fn banner(verified: &Verified) -> Option<String> {
-    let first = match verified.single() {
-        Some(report) => report
-            .to_text()
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .to_owned(),
-        None => verified
-            .reports
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, r))| r.verdict() != Verdict::Intact)
-            .map(|(i, (_, r))| {
-                let line = r.to_text().lines().next().unwrap_or_default().to_owned();
-                format!("ledger {}: {line}", i + 1)
-            })
-            .collect::<Vec<_>>()
-            .join("; "),
-    };
-    let merge = match verified.merge_findings(None) {
-        0 => String::new(),
-        n => format!(
-            "WARNING: merging the ledgers found {n} state versions out of order or shared (`tally verify` lists them).\n"
-        ),
-    };
-    let verdict = match verified.verdict() {
-        Verdict::Tampered => Some(format!(
-            "WARNING: this ledger did NOT verify ({first}); what follows may be false.\n"
-        )),
-        Verdict::Incomplete => Some(format!(
-            "NOTE: the evidence is incomplete ({first}); what follows covers only the records read.\n"
-        )),
-        Verdict::Intact => None,
-    };
-    match (verdict, merge.is_empty()) {
-        (None, true) => None,
-        (v, _) => Some(format!("{}{merge}", v.unwrap_or_default())),
-    }
-}
-
-/// What the verifier found, as every report's JSON carries it: one ledger's, or for
-/// several the verdict over them, each ledger's, and the merge's findings.
-fn verification(verified: &Verified) -> serde_json::Value {
-    let one = |report: &Report| {
-        serde_json::json!({
-            "verdict": report.verdict(),
-            "ledger_id": report.ledger_id,
-            "entries": report.entries,
-            "sealed": report.sealed,
-            "tail": report.tail,
-            "first_bad": report.first_break(),
-        })
-    };
-    match verified.single() {
-        Some(report) => one(report),
-        None => serde_json::json!({
-            "verdict": verified.verdict(),
-            "ledgers": verified.reports.iter().enumerate().map(|(i, (path, r))| {
-                let mut v = one(r);
-                if let serde_json::Value::Object(map) = &mut v {
-                    map.insert("ledger".into(), (i + 1).into());
-                    map.insert("path".into(), path.display().to_string().into());
-                }
-                v
-            }).collect::<Vec<_>>(),
-            "merge": verified.merge,
-        }),
-    }
 }
 
 /// Text with the banner above and below, or one JSON document: the report's fields
@@ -599,10 +271,10 @@ pub(crate) fn emit(
                 doc.extend(fields);
             }
         }
-        doc.insert("verification".into(), verification(verified));
+        doc.insert("verification".into(), verified.verification_json());
         outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        let banner = banner(verified).unwrap_or_default();
+        let banner = verified.banner().unwrap_or_default();
         out!("{}", terminal_safe(&format!("{banner}{text}{banner}")));
     }
     Ok(())

@@ -138,6 +138,7 @@ impl Walk<'_> {
                     seq: h.seq,
                     wall_ms: h.wall_ms,
                     epoch: h.epoch,
+                    nonce: h.nonce,
                     key: Arc::clone(key),
                     bytes,
                 }),

@@ -2,7 +2,6 @@
 //! rules gave it, fed to its loop series.
 
 use tally_ledger::{Action, Decision, Kind, Reason};
-use tally_policy::state::tool_key;
 use tally_policy::{LoopRule, PollRule, Rule};
 
 use crate::analysis::handoff::{RefusedCall, When};
@@ -145,10 +144,10 @@ impl RunAnalysis {
                 worker: shared.worker.clone(),
                 model: self.model_settled,
             });
-            if let Some(tool) = &d.tool {
+            if d.tool.is_some() {
                 let bar = v.loop_rule == Some(LoopRule::ToolBar) && !(retried && before_loop);
                 self.bursts
-                    .entry(tool_key(tool))
+                    .entry(v.tool)
                     .or_insert_with(|| {
                         Series::new(
                             Pattern::HighCallCount,

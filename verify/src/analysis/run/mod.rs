@@ -39,6 +39,8 @@ pub(crate) struct Verdicts {
     /// The call's key (identical calls share it) and its logical operation's.
     pub key: u64,
     pub op: u64,
+    /// Its tool's key (`tool_key`), hashed once with the call's.
+    pub tool: u64,
     /// An identical call is in the core's recent history: this one repeats it.
     pub repeats_call: bool,
     /// The core counts earlier attempts of this operation since its last `ok`.
@@ -239,6 +241,7 @@ impl RunAnalysis {
             Some(r) => Verdicts {
                 key,
                 op,
+                tool: keyed.tool,
                 poll,
                 poll_rule: tally_policy::poll_rule(policy, core, r, run_ms),
                 breaker,
@@ -247,6 +250,7 @@ impl RunAnalysis {
             None => Verdicts {
                 key,
                 op,
+                tool: keyed.tool,
                 repeats_call: core.recent.iter().any(|r| r.key == key),
                 retries_op: core.ops.get(&op).is_some_and(|&n| n > 0),
                 poll: None,
