@@ -14,9 +14,13 @@
 //! * `true`, `false`, `null` as themselves;
 //! * numbers by their exact decimal value, written as ECMAScript writes a number from its
 //!   digits (the form RFC 8785 uses), but with every significant digit kept.
+//!
+//! The text is read once ([`reader`]); [`Args::read`] also gives what a reader of the
+//! arguments' members needs, from that one reading.
 
 use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::{Serialize, Serializer};
@@ -24,6 +28,12 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::error::ArgsError;
+
+#[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod oracle;
+mod reader;
 
 /// Deepest nesting of arrays and objects in `args` (serde_json's own limit).
 pub const MAX_ARGS_DEPTH: usize = 128;
@@ -39,26 +49,19 @@ impl Args {
     /// `null`, nesting beyond [`MAX_ARGS_DEPTH`] and exponents beyond [`MAX_EXPONENT`]
     /// are errors; every number keeps all its digits.
     pub fn parse(text: &str) -> Result<Args, ArgsError> {
-        // One JSON value, nothing else: serde_json checks the grammar, and every value
-        // below is handed on by it, so `canonical` only ever sees valid JSON.
-        let raw: &RawValue = serde_json::from_str(text).map_err(|e| ArgsError::Json {
-            path: "args".into(),
-            message: e.to_string(),
-        })?;
-        let text = raw.get();
-        if text == "null" {
-            return Err(ArgsError::Null);
-        }
-        let mut out = Vec::with_capacity(text.len());
-        let mut path = String::from("args");
-        canonical(text, &mut path, 0, &mut out)?;
-        // Every byte written came from valid UTF-8 or is ASCII.
-        String::from_utf8(out)
-            .map(Args)
-            .map_err(|_| ArgsError::Json {
-                path: "args".into(),
-                message: "not UTF-8".into(),
-            })
+        reader::canonical(text, false).map(|c| Args(c.text))
+    }
+
+    /// Read arguments as [`Args::parse`] does, and from the same one reading of the text,
+    /// what a reader of their members needs: where each top-level member is in the
+    /// canonical text, and the value serde_json reads from it.
+    pub fn read(text: &str) -> Result<Read, ArgsError> {
+        let c = reader::canonical(text, true)?;
+        Ok(Read {
+            args: Args(c.text),
+            members: c.members,
+            value: c.value,
+        })
     }
 
     /// Arguments built in code. A `Value` holds numbers as `u64`, `i64` or `f64`: use
@@ -78,6 +81,20 @@ impl Args {
     }
 }
 
+/// Arguments read once for a reader of their members: what [`Args::read`] gives.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Read {
+    /// The arguments.
+    pub args: Args,
+    /// Where the arguments are one object: each member in key order, its key (decoded)
+    /// and where its value's canonical text is in `args.canonical()`; else empty.
+    pub members: Vec<(String, Range<usize>)>,
+    /// The value serde_json reads from the canonical text; `None` where it reads none (a
+    /// number beyond an `f64`, 128 arrays and objects nested).
+    pub value: Option<Value>,
+}
+
 impl fmt::Debug for Args {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Args({})", self.0)
@@ -95,91 +112,6 @@ impl<'de> Deserialize<'de> for Args {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Args, D::Error> {
         let raw = Box::<RawValue>::deserialize(d)?;
         Args::parse(raw.get()).map_err(de::Error::custom)
-    }
-}
-
-/// Append the canonical form of the JSON value `raw` (valid JSON, no surrounding
-/// whitespace) at `path`.
-fn canonical(
-    raw: &str,
-    path: &mut String,
-    depth: usize,
-    out: &mut Vec<u8>,
-) -> Result<(), ArgsError> {
-    let json = |path: &str, e: serde_json::Error| ArgsError::Json {
-        path: path.to_string(),
-        message: e.to_string(),
-    };
-    match raw.as_bytes().first() {
-        Some(b'{') | Some(b'[') if depth >= MAX_ARGS_DEPTH => Err(ArgsError::TooDeep {
-            path: path.clone(),
-            max: MAX_ARGS_DEPTH,
-        }),
-        Some(b'{') => {
-            let mut members = serde_json::from_str::<Members>(raw)
-                .map_err(|e| json(path, e))?
-                .0;
-            members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            if let Some(w) = members.windows(2).find(|w| w[0].0 == w[1].0) {
-                return Err(ArgsError::DuplicateKey {
-                    path: path.clone(),
-                    key: w[0].0.to_string(),
-                });
-            }
-            out.push(b'{');
-            let len = path.len();
-            for (i, (key, value)) in members.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(key, out);
-                out.push(b':');
-                push_key(path, key);
-                canonical(value.get(), path, depth + 1, out)?;
-                path.truncate(len);
-            }
-            out.push(b'}');
-            Ok(())
-        }
-        Some(b'[') => {
-            let items = serde_json::from_str::<Vec<&RawValue>>(raw).map_err(|e| json(path, e))?;
-            out.push(b'[');
-            let len = path.len();
-            for (i, value) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                path.push_str(&format!("[{i}]"));
-                canonical(value.get(), path, depth + 1, out)?;
-                path.truncate(len);
-            }
-            out.push(b']');
-            Ok(())
-        }
-        Some(b'"') => {
-            if raw.contains('\\') {
-                let s: String = serde_json::from_str(raw).map_err(|e| json(path, e))?;
-                write_string(&s, out);
-            } else {
-                // No escape: valid JSON text of a string with no quote, backslash or
-                // control character inside is already canonical.
-                out.extend_from_slice(raw.as_bytes());
-            }
-            Ok(())
-        }
-        Some(b't' | b'f' | b'n') => {
-            // serde_json has checked it is exactly `true`, `false` or `null`.
-            out.extend_from_slice(raw.as_bytes());
-            Ok(())
-        }
-        Some(_) => canonical_number(raw, out).ok_or_else(|| ArgsError::ExponentOutOfRange {
-            path: path.clone(),
-            max: MAX_EXPONENT,
-        }),
-        None => Err(ArgsError::Json {
-            path: path.clone(),
-            message: "empty value".into(),
-        }),
     }
 }
 
