@@ -1,10 +1,11 @@
 //! The canonical form of arguments in one pass over their text.
 //!
-//! The text is read once into a tree that borrows what is already canonical (a string
-//! with no escape, `true`, `false`, `null`) and holds the rest (a number, a string with an
-//! escape) canonical in one side buffer; objects are sorted there, and the tree is then
-//! written out once. Reading each nesting level's text again, as a reader of raw members
-//! would, costs the body's size times its depth.
+//! The text is read once into a tree that borrows what is already canonical (`true`,
+//! `false`, `null`, a string with no escape but the ones serde_json writes) and holds the
+//! rest (a number, a string with a `\u` or `\/` escape) canonical in one side buffer;
+//! objects are sorted there, and the tree is then written out once. Reading each nesting
+//! level's text again, as a reader of raw members would, costs the body's size times its
+//! depth.
 //!
 //! What it refuses, and how it names it, is what docs/FORMAT.md and [`super::Args::parse`]
 //! promise, to the byte:
@@ -114,12 +115,46 @@ enum Node<'a> {
     Verbatim(&'a str),
     /// A number: its canonical text in the side buffer.
     Number(Range<usize>),
-    /// A string with an escape: decoded, and its canonical text in the side buffer.
+    /// A string whose escapes are all ones serde_json writes (`\" \\ \b \f \n \r \t`):
+    /// its text is canonical.
+    Short(&'a str),
+    /// A string with another escape: decoded, and its canonical text in the side buffer.
     Escaped(String, Range<usize>),
     Array(Vec<Node<'a>>),
     /// Members sorted by key, each key once.
     Object(Vec<(Key<'a>, Node<'a>)>),
     Bad(Problem),
+}
+
+/// The escapes in a string's text, from none to ones serde_json does not write.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Escapes {
+    None,
+    /// Only `\" \\ \b \f \n \r \t`, which serde_json writes as they are.
+    Short,
+    /// `\/` or `\u`.
+    Other,
+}
+
+/// A string's text with only short escapes, decoded.
+fn unescape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        out.push(match rest.as_bytes().get(i + 1) {
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
+            Some(b'"') => '"',
+            _ => '\\',
+        });
+        rest = rest.get(i + 2..).unwrap_or_default();
+    }
+    out.push_str(rest);
+    out
 }
 
 /// An object's key: decoded, and whether its text had an escape.
@@ -228,11 +263,13 @@ impl<'a> Reader<'a> {
             b'{' => self.object(depth),
             b'[' => self.array(depth),
             b'"' => {
-                let escaped = self.string()?;
+                let escapes = self.string()?;
                 let raw = &self.text[start..self.at];
-                if !escaped {
-                    // No escape: no quote, backslash or control inside; canonical.
-                    return Ok(Node::Verbatim(raw));
+                match escapes {
+                    // No quote, backslash or control inside but as serde_json writes them.
+                    Escapes::None => return Ok(Node::Verbatim(raw)),
+                    Escapes::Short => return Ok(Node::Short(raw)),
+                    Escapes::Other => {}
                 }
                 match serde_json::from_str::<String>(raw) {
                     Ok(s) => {
@@ -313,7 +350,7 @@ impl<'a> Reader<'a> {
             if self.peek() != Some(b'"') {
                 return Err(Grammar);
             }
-            let escaped = self.string()?;
+            let escaped = self.string()? != Escapes::None;
             let raw = &self.text[from..self.at];
             let key = if escaped {
                 match serde_json::from_str::<String>(raw) {
@@ -363,22 +400,27 @@ impl<'a> Reader<'a> {
     }
 
     /// A string at the cursor (its opening quote), checked as serde_json checks it; the
-    /// cursor ends after its closing quote. Whether it has an escape.
-    fn string(&mut self) -> Result<bool, Grammar> {
+    /// cursor ends after its closing quote. Which escapes it has.
+    fn string(&mut self) -> Result<Escapes, Grammar> {
         self.at += 1;
-        let mut escaped = false;
+        let mut escapes = Escapes::None;
         loop {
             self.at = plain_run(self.bytes, self.at);
             match self.peek().ok_or(Grammar)? {
                 b'"' => {
                     self.at += 1;
-                    return Ok(escaped);
+                    return Ok(escapes);
                 }
                 b'\\' => {
-                    escaped = true;
+                    escapes = escapes.max(Escapes::Short);
                     match self.bytes.get(self.at + 1).ok_or(Grammar)? {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.at += 2,
+                        b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't' => self.at += 2,
+                        b'/' => {
+                            escapes = Escapes::Other;
+                            self.at += 2;
+                        }
                         b'u' => {
+                            escapes = Escapes::Other;
                             let hex = self.bytes.get(self.at + 2..self.at + 6).ok_or(Grammar)?;
                             if !hex.iter().all(u8::is_ascii_hexdigit) {
                                 return Err(Grammar);
@@ -519,6 +561,7 @@ impl<'a> Reader<'a> {
             Node::Verbatim("null") => Value::Null,
             Node::Verbatim(t) => Value::String(t[1..t.len() - 1].to_owned()),
             Node::Escaped(s, _) => Value::String(s),
+            Node::Short(t) => Value::String(unescape(&t[1..t.len() - 1])),
             Node::Number(r) => number_value(std::str::from_utf8(&self.side[r]).ok()?)?,
             Node::Array(items) if depth < SERDE_DEPTH => Value::Array(
                 items
@@ -539,7 +582,7 @@ impl<'a> Reader<'a> {
 
     fn write(&self, node: &Node<'a>, out: &mut Vec<u8>) {
         match node {
-            Node::Verbatim(t) => out.extend_from_slice(t.as_bytes()),
+            Node::Verbatim(t) | Node::Short(t) => out.extend_from_slice(t.as_bytes()),
             Node::Number(r) | Node::Escaped(_, r) => out.extend_from_slice(&self.side[r.clone()]),
             Node::Array(items) => {
                 out.push(b'[');
