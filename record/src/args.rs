@@ -20,7 +20,9 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::{Serialize, Serializer};
@@ -41,15 +43,30 @@ pub const MAX_ARGS_DEPTH: usize = 128;
 pub const MAX_EXPONENT: u64 = 999_999_999_999_999_999;
 
 /// A call's arguments in canonical JSON: input only, the ledger stores their digest.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Args(String);
+#[derive(Clone)]
+pub struct Args(String, OnceLock<String>);
+
+// Equal arguments are equal canonical texts; the digest is only remembered.
+impl PartialEq for Args {
+    fn eq(&self, other: &Args) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Args {}
+
+impl Hash for Args {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.0.hash(h)
+    }
+}
 
 impl Args {
     /// Read arguments from JSON text, exactly: duplicate keys (at any depth), a bare
     /// `null`, nesting beyond [`MAX_ARGS_DEPTH`] and exponents beyond [`MAX_EXPONENT`]
     /// are errors; every number keeps all its digits.
     pub fn parse(text: &str) -> Result<Args, ArgsError> {
-        reader::canonical(text, false).map(|c| Args(c.text))
+        reader::canonical(text, false).map(|c| Args(c.text, OnceLock::new()))
     }
 
     /// Read arguments as [`Args::parse`] does, and from the same one reading of the text,
@@ -58,7 +75,7 @@ impl Args {
     pub fn read(text: &str) -> Result<Read, ArgsError> {
         let c = reader::canonical(text, true)?;
         Ok(Read {
-            args: Args(c.text),
+            args: Args(c.text, OnceLock::new()),
             members: c.members,
             value: c.value,
         })
@@ -76,8 +93,12 @@ impl Args {
     }
 
     /// BLAKE3 over the canonical JSON, lowercase hex: the `args_digest` stored for them.
+    /// Computed once (a proxied call's arguments are its whole body, and both the gate
+    /// and the daemon's observer ask for it).
     pub fn digest(&self) -> String {
-        blake3::hash(self.0.as_bytes()).to_hex().to_string()
+        self.1
+            .get_or_init(|| blake3::hash(self.0.as_bytes()).to_hex().to_string())
+            .clone()
     }
 }
 
@@ -477,6 +498,22 @@ mod tests {
         ));
         assert!(matches!(Args::parse("1 2"), Err(ArgsError::Json { .. })));
         assert!(matches!(Args::parse("01"), Err(ArgsError::Json { .. })));
+    }
+
+    #[test]
+    fn the_digest_is_remembered_and_is_no_part_of_equality() {
+        use std::hash::BuildHasher;
+        let a = Args::parse(r#"{"b":[1.0],"a":"x"}"#).unwrap();
+        let b = a.clone();
+        let want = blake3::hash(br#"{"a":"x","b":[1]}"#).to_hex().to_string();
+        assert_eq!(a.digest(), want);
+        assert_eq!(a.digest(), want);
+        // `a` remembers its digest, `b` does not yet: still equal, and hashed alike.
+        assert_eq!(a, b);
+        let state = std::collections::hash_map::RandomState::new();
+        assert_eq!(state.hash_one(&a), state.hash_one(&b));
+        assert_eq!(b.digest(), want);
+        assert_ne!(a, Args::parse(r#"{"a":"y"}"#).unwrap());
     }
 
     #[test]
