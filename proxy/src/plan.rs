@@ -114,7 +114,7 @@ impl Proxy {
             operation: request.model.clone(),
             // A completion changes nothing upstream: a read, whatever its method.
             effect: Effect::Read,
-            args: Some(request.args.clone()),
+            args: Some(request.args),
             price: Some(price.clone()),
             route_price: None,
             client_asked_usage: request.client_asked_usage,

@@ -14,9 +14,15 @@
 //! * `true`, `false`, `null` as themselves;
 //! * numbers by their exact decimal value, written as ECMAScript writes a number from its
 //!   digits (the form RFC 8785 uses), but with every significant digit kept.
+//!
+//! The text is read once ([`reader`]); [`Args::read`] also gives what a reader of the
+//! arguments' members needs, from that one reading.
 
 use std::borrow::Cow;
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Range;
+use std::sync::OnceLock;
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::{Serialize, Serializer};
@@ -25,40 +31,54 @@ use serde_json::Value;
 
 use crate::error::ArgsError;
 
+#[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod oracle;
+mod reader;
+
 /// Deepest nesting of arrays and objects in `args` (serde_json's own limit).
 pub const MAX_ARGS_DEPTH: usize = 128;
 /// Largest exponent (in magnitude) a number in `args` may be written with.
 pub const MAX_EXPONENT: u64 = 999_999_999_999_999_999;
 
 /// A call's arguments in canonical JSON: input only, the ledger stores their digest.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Args(String);
+#[derive(Clone)]
+pub struct Args(String, OnceLock<String>);
+
+// Equal arguments are equal canonical texts; the digest is only remembered.
+impl PartialEq for Args {
+    fn eq(&self, other: &Args) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Args {}
+
+impl Hash for Args {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.0.hash(h)
+    }
+}
 
 impl Args {
     /// Read arguments from JSON text, exactly: duplicate keys (at any depth), a bare
     /// `null`, nesting beyond [`MAX_ARGS_DEPTH`] and exponents beyond [`MAX_EXPONENT`]
     /// are errors; every number keeps all its digits.
     pub fn parse(text: &str) -> Result<Args, ArgsError> {
-        // One JSON value, nothing else: serde_json checks the grammar, and every value
-        // below is handed on by it, so `canonical` only ever sees valid JSON.
-        let raw: &RawValue = serde_json::from_str(text).map_err(|e| ArgsError::Json {
-            path: "args".into(),
-            message: e.to_string(),
-        })?;
-        let text = raw.get();
-        if text == "null" {
-            return Err(ArgsError::Null);
-        }
-        let mut out = Vec::with_capacity(text.len());
-        let mut path = String::from("args");
-        canonical(text, &mut path, 0, &mut out)?;
-        // Every byte written came from valid UTF-8 or is ASCII.
-        String::from_utf8(out)
-            .map(Args)
-            .map_err(|_| ArgsError::Json {
-                path: "args".into(),
-                message: "not UTF-8".into(),
-            })
+        reader::canonical(text, false).map(|c| Args(c.text, OnceLock::new()))
+    }
+
+    /// Read arguments as [`Args::parse`] does, and from the same one reading of the text,
+    /// what a reader of their members needs: where each top-level member is in the
+    /// canonical text, and the value serde_json reads from it.
+    pub fn read(text: &str) -> Result<Read, ArgsError> {
+        let c = reader::canonical(text, true)?;
+        Ok(Read {
+            args: Args(c.text, OnceLock::new()),
+            members: c.members,
+            value: c.value,
+        })
     }
 
     /// Arguments built in code. A `Value` holds numbers as `u64`, `i64` or `f64`: use
@@ -73,9 +93,27 @@ impl Args {
     }
 
     /// BLAKE3 over the canonical JSON, lowercase hex: the `args_digest` stored for them.
+    /// Computed once (a proxied call's arguments are its whole body, and both the gate
+    /// and the daemon's observer ask for it).
     pub fn digest(&self) -> String {
-        blake3::hash(self.0.as_bytes()).to_hex().to_string()
+        self.1
+            .get_or_init(|| blake3::hash(self.0.as_bytes()).to_hex().to_string())
+            .clone()
     }
+}
+
+/// Arguments read once for a reader of their members: what [`Args::read`] gives.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Read {
+    /// The arguments.
+    pub args: Args,
+    /// Where the arguments are one object: each member in key order, its key (decoded)
+    /// and where its value's canonical text is in `args.canonical()`; else empty.
+    pub members: Vec<(String, Range<usize>)>,
+    /// The value serde_json reads from the canonical text; `None` where it reads none (a
+    /// number beyond an `f64`, 128 arrays and objects nested).
+    pub value: Option<Value>,
 }
 
 impl fmt::Debug for Args {
@@ -95,91 +133,6 @@ impl<'de> Deserialize<'de> for Args {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Args, D::Error> {
         let raw = Box::<RawValue>::deserialize(d)?;
         Args::parse(raw.get()).map_err(de::Error::custom)
-    }
-}
-
-/// Append the canonical form of the JSON value `raw` (valid JSON, no surrounding
-/// whitespace) at `path`.
-fn canonical(
-    raw: &str,
-    path: &mut String,
-    depth: usize,
-    out: &mut Vec<u8>,
-) -> Result<(), ArgsError> {
-    let json = |path: &str, e: serde_json::Error| ArgsError::Json {
-        path: path.to_string(),
-        message: e.to_string(),
-    };
-    match raw.as_bytes().first() {
-        Some(b'{') | Some(b'[') if depth >= MAX_ARGS_DEPTH => Err(ArgsError::TooDeep {
-            path: path.clone(),
-            max: MAX_ARGS_DEPTH,
-        }),
-        Some(b'{') => {
-            let mut members = serde_json::from_str::<Members>(raw)
-                .map_err(|e| json(path, e))?
-                .0;
-            members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            if let Some(w) = members.windows(2).find(|w| w[0].0 == w[1].0) {
-                return Err(ArgsError::DuplicateKey {
-                    path: path.clone(),
-                    key: w[0].0.to_string(),
-                });
-            }
-            out.push(b'{');
-            let len = path.len();
-            for (i, (key, value)) in members.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(key, out);
-                out.push(b':');
-                push_key(path, key);
-                canonical(value.get(), path, depth + 1, out)?;
-                path.truncate(len);
-            }
-            out.push(b'}');
-            Ok(())
-        }
-        Some(b'[') => {
-            let items = serde_json::from_str::<Vec<&RawValue>>(raw).map_err(|e| json(path, e))?;
-            out.push(b'[');
-            let len = path.len();
-            for (i, value) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                path.push_str(&format!("[{i}]"));
-                canonical(value.get(), path, depth + 1, out)?;
-                path.truncate(len);
-            }
-            out.push(b']');
-            Ok(())
-        }
-        Some(b'"') => {
-            if raw.contains('\\') {
-                let s: String = serde_json::from_str(raw).map_err(|e| json(path, e))?;
-                write_string(&s, out);
-            } else {
-                // No escape: valid JSON text of a string with no quote, backslash or
-                // control character inside is already canonical.
-                out.extend_from_slice(raw.as_bytes());
-            }
-            Ok(())
-        }
-        Some(b't' | b'f' | b'n') => {
-            // serde_json has checked it is exactly `true`, `false` or `null`.
-            out.extend_from_slice(raw.as_bytes());
-            Ok(())
-        }
-        Some(_) => canonical_number(raw, out).ok_or_else(|| ArgsError::ExponentOutOfRange {
-            path: path.clone(),
-            max: MAX_EXPONENT,
-        }),
-        None => Err(ArgsError::Json {
-            path: path.clone(),
-            message: "empty value".into(),
-        }),
     }
 }
 
@@ -545,6 +498,22 @@ mod tests {
         ));
         assert!(matches!(Args::parse("1 2"), Err(ArgsError::Json { .. })));
         assert!(matches!(Args::parse("01"), Err(ArgsError::Json { .. })));
+    }
+
+    #[test]
+    fn the_digest_is_remembered_and_is_no_part_of_equality() {
+        use std::hash::BuildHasher;
+        let a = Args::parse(r#"{"b":[1.0],"a":"x"}"#).unwrap();
+        let b = a.clone();
+        let want = blake3::hash(br#"{"a":"x","b":[1]}"#).to_hex().to_string();
+        assert_eq!(a.digest(), want);
+        assert_eq!(a.digest(), want);
+        // `a` remembers its digest, `b` does not yet: still equal, and hashed alike.
+        assert_eq!(a, b);
+        let state = std::collections::hash_map::RandomState::new();
+        assert_eq!(state.hash_one(&a), state.hash_one(&b));
+        assert_eq!(b.digest(), want);
+        assert_ne!(a, Args::parse(r#"{"a":"y"}"#).unwrap());
     }
 
     #[test]

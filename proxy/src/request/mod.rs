@@ -44,6 +44,7 @@
 
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use serde_json::Value;
 use tally_policy::{CacheMark, ModelPrice, UpstreamKind};
@@ -209,8 +210,8 @@ const UNPRICED: &[(Endpoint, &str, &str)] = &[
 /// A model request as read.
 #[derive(Debug, Clone)]
 pub struct ModelRequest {
-    /// Its members, each once, as canonical JSON text.
-    members: BTreeMap<String, Box<RawValue>>,
+    /// Its members in key order, each once: where their canonical JSON text is in `args`.
+    members: Vec<(String, Range<usize>)>,
     /// The endpoint it is for.
     pub endpoint: Endpoint,
     /// Its `model`.
@@ -242,12 +243,24 @@ pub struct ModelRequest {
 /// Reads a request to `endpoint` strictly.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestError> {
     let text = std::str::from_utf8(body).map_err(|_| RequestError::Json("not UTF-8".into()))?;
-    let args = Args::parse(text).map_err(|e| RequestError::Json(e.to_string()))?;
-    // The canonical text has every key once and every number exactly; members are read
-    // as raw text where their exact digits matter.
-    let raw: BTreeMap<String, Box<RawValue>> =
-        serde_json::from_str(args.canonical()).map_err(|_| RequestError::NotObject)?;
-    let model = match raw.get("model").map(|v| v.get()) {
+    // One reading of the body gives the canonical text (every key once, every number
+    // exactly), where each member is in it (read as raw text where their exact digits
+    // matter), and the value the walks below read.
+    let read = Args::read(text).map_err(|e| RequestError::Json(e.to_string()))?;
+    if !read.args.canonical().starts_with('{') {
+        return Err(RequestError::NotObject);
+    }
+    let tally_record::args::Read {
+        args,
+        members,
+        value,
+        ..
+    } = read;
+    let raw = Members {
+        text: args.canonical(),
+        members: &members,
+    };
+    let model = match raw.get("model") {
         Some(t) => match serde_json::from_str::<String>(t) {
             Ok(m) if !m.is_empty() && m.len() <= 256 => m,
             _ => {
@@ -267,20 +280,17 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
     let count = |field: &'static str| -> Result<Option<u64>, RequestError> {
         match raw.get(field) {
             None => Ok(None),
-            Some(v) => v
-                .get()
-                .parse::<u64>()
-                .map(Some)
-                .map_err(|_| RequestError::Field {
-                    field,
-                    why: "must be a whole number",
-                }),
+            Some(v) => v.parse::<u64>().map(Some).map_err(|_| RequestError::Field {
+                field,
+                why: "must be a whole number",
+            }),
         }
     };
-    // Read for the walks only (a number's digits do not matter to them).
-    let whole: Value =
-        serde_json::from_str(args.canonical()).map_err(|_| RequestError::NotObject)?;
-    let stream = match raw.get("stream").map(|v| v.get()) {
+    // Read for the walks only (a number's digits do not matter to them); none where
+    // serde_json reads none from the canonical text (a number beyond an `f64`, nesting of
+    // 128).
+    let whole: Value = value.ok_or(RequestError::NotObject)?;
+    let stream = match raw.get("stream") {
         None | Some("false") => false,
         Some("true") => true,
         Some(_) => {
@@ -303,7 +313,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
     if endpoint == Endpoint::CountTokens {
         // Free: read for its model only, forwarded as read.
         return Ok(ModelRequest {
-            members: raw,
+            members,
             endpoint,
             model,
             max_tokens: None,
@@ -335,7 +345,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
         }
         Endpoint::Responses => {
             for field in ["max_tokens", "max_completion_tokens"] {
-                if raw.contains_key(field) {
+                if raw.get(field).is_some() {
                     return Err(RequestError::Field {
                         field: if field == "max_tokens" {
                             "max_tokens"
@@ -419,7 +429,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
     };
     let images = crate::media::images(endpoint, &whole)?;
     Ok(ModelRequest {
-        members: raw,
+        members,
         endpoint,
         model,
         max_tokens,
@@ -587,7 +597,7 @@ impl ModelRequest {
         let price = &crate::tier::reserved(price, &lands)?;
         if self.endpoint == Endpoint::CountTokens {
             return Ok(Priced {
-                body: render(&self.members).into_bytes(),
+                body: self.render(&BTreeMap::new()).into_bytes(),
                 max_tokens: 0,
                 injected: false,
                 clamped: false,
@@ -616,14 +626,16 @@ impl ModelRequest {
                 ))
             }
         };
-        let mut members = self.members.clone();
+        // The members the proxy sets, over the request's own.
+        let mut set: BTreeMap<&str, String> = BTreeMap::new();
         if self.endpoint == Endpoint::ChatCompletions && self.stream {
-            let mut o: BTreeMap<String, Box<RawValue>> = members
+            let mut o: BTreeMap<String, Box<RawValue>> = self
+                .members()
                 .get("stream_options")
-                .and_then(|v| serde_json::from_str(v.get()).ok())
+                .and_then(|v| serde_json::from_str(v).ok())
                 .unwrap_or_default();
             o.insert("include_usage".into(), raw("true"));
-            members.insert("stream_options".into(), raw(&render(&o)));
+            set.insert("stream_options", render(&o));
         }
         // The field the proxy sets: the one the request used, else the endpoint's (for
         // Chat, the one the price names).
@@ -633,7 +645,7 @@ impl ModelRequest {
             (None, e) => e.limit_field(),
         };
         // Measured with the longest count (20 digits) in place: the input bound.
-        members.insert(field.into(), raw(&u64::MAX.to_string()));
+        set.insert(field, u64::MAX.to_string());
         let image_tokens = match (self.images.count, price.image_tokens) {
             (0, _) => 0,
             (n, Some(each)) => n.saturating_mul(each),
@@ -654,7 +666,7 @@ impl ModelRequest {
                 .saturating_mul(price.web_search_tokens_per_use),
         );
         // The body's bytes less the images' base64 data, plus each image's bound.
-        let input_bound = (render(&members).len() as u64)
+        let input_bound = (self.render(&set).len() as u64)
             .saturating_sub(self.images.data_bytes)
             .saturating_add(added)
             .saturating_add(image_tokens);
@@ -681,9 +693,9 @@ impl ModelRequest {
             }
             None => (pays(remaining.saturating_sub(fixed)), true, false),
         };
-        members.insert(field.into(), raw(&max_tokens.to_string()));
+        set.insert(field, max_tokens.to_string());
         Ok(Priced {
-            body: render(&members).into_bytes(),
+            body: self.render(&set).into_bytes(),
             max_tokens,
             injected,
             clamped,
@@ -692,6 +704,74 @@ impl ModelRequest {
                 .checked_add(output_cost(max_tokens))
                 .unwrap_or(Nanos::MAX),
         })
+    }
+}
+
+impl ModelRequest {
+    fn members(&self) -> Members<'_> {
+        Members {
+            text: self.args.canonical(),
+            members: &self.members,
+        }
+    }
+
+    /// The body as one JSON object: its members, with those in `set` (canonical JSON
+    /// text) put in or over them, keys in byte order.
+    fn render(&self, set: &BTreeMap<&str, String>) -> String {
+        let text = self.args.canonical();
+        let mut out = String::with_capacity(text.len() + 64);
+        out.push('{');
+        let mut own = self.members.iter().peekable();
+        let mut set = set.iter().peekable();
+        loop {
+            let (key, value) = match (own.peek(), set.peek()) {
+                (None, None) => break,
+                (Some((k, _)), Some((s, _))) if k.as_str() == **s => {
+                    own.next();
+                    let (s, v) = set.next().expect("peeked");
+                    (*s, v.as_str())
+                }
+                (Some((k, r)), Some((s, _))) if k.as_str() < **s => {
+                    own.next();
+                    (k.as_str(), &text[r.clone()])
+                }
+                (Some((k, r)), None) => {
+                    own.next();
+                    (k.as_str(), &text[r.clone()])
+                }
+                (_, Some(_)) => {
+                    let (s, v) = set.next().expect("peeked");
+                    (*s, v.as_str())
+                }
+            };
+            if out.len() > 1 {
+                out.push(',');
+            }
+            // A string's JSON form cannot fail.
+            out.push_str(&serde_json::to_string(key).unwrap_or_default());
+            out.push(':');
+            out.push_str(value);
+        }
+        out.push('}');
+        out
+    }
+}
+
+/// A request's members, looked up by key in its canonical text.
+#[derive(Clone, Copy)]
+struct Members<'a> {
+    text: &'a str,
+    members: &'a [(String, Range<usize>)],
+}
+
+impl<'a> Members<'a> {
+    /// The canonical JSON text of member `key`.
+    fn get(self, key: &str) -> Option<&'a str> {
+        let i = self
+            .members
+            .binary_search_by(|(k, _)| k.as_str().cmp(key))
+            .ok()?;
+        Some(&self.text[self.members[i].1.clone()])
     }
 }
 

@@ -455,3 +455,38 @@ fn a_missing_max_tokens_is_what_the_budget_pays() {
     let p = r.price(&price(), Nanos(u64::MAX), false).expect("priced");
     assert_eq!(p.max_tokens, 1000);
 }
+
+#[test]
+fn what_the_walks_cannot_read_is_refused_as_before() {
+    // The walks read the value serde_json reads from the canonical text: a body it reads
+    // none from (a number beyond an f64, 128 arrays and objects nested) is not an object
+    // the proxy reads, after its model is checked.
+    let nested = |n: usize| format!(r#"{{"model":"m","x":{}1{}}}"#, "[".repeat(n), "]".repeat(n));
+    for (body, want) in [
+        (
+            r#"{"model":"m","x":1e400}"#.to_string(),
+            Some(RequestError::NotObject),
+        ),
+        (r#"{"x":1e400}"#.to_string(), None),
+        (r#"{"model":"m","x":1e300}"#.to_string(), None),
+        (nested(127), Some(RequestError::NotObject)),
+        (nested(126), None),
+        ("[1]".to_string(), Some(RequestError::NotObject)),
+    ] {
+        let got = parse(Endpoint::ChatCompletions, body.as_bytes());
+        match want {
+            Some(e) => assert_eq!(got.err(), Some(e), "{body}"),
+            None => assert_ne!(got.err(), Some(RequestError::NotObject), "{body}"),
+        }
+    }
+    // Every member's exact text, wherever it sorts among the ones the proxy sets.
+    let r = chat(br#"{"z":18446744073709551617,"stream":true,"model":"m","a":0.10,"stream_options":{"x":1}}"#);
+    let body = r
+        .price(&price(), Nanos(u64::MAX), false)
+        .expect("priced")
+        .body;
+    assert_eq!(
+        String::from_utf8(body).expect("UTF-8"),
+        r#"{"a":0.1,"max_tokens":1000,"model":"m","stream":true,"stream_options":{"include_usage":true,"x":1},"z":18446744073709551617}"#
+    );
+}
