@@ -23,11 +23,10 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
-use tally_gate::{
-    CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, StartRequest, Started,
+use tally_record::trace::Traceparent;
+use tally_wire::{
+    CheckAnswer, CheckRequest, Logged, OutcomeRequest, Reason, SettleRequest, StartRequest, Started,
 };
-use tally_ledger::trace::Traceparent;
-use tally_ledger::Reason;
 
 use crate::client::{Client, ClientError, Reply};
 
@@ -207,7 +206,7 @@ impl GateClient {
 
     /// `POST /v1/check` in the caller's trace: `traceparent` (and `tracestate`) headers
     /// naming it, so the check's span is its child and the decision records its trace
-    /// id. Only a context already parsed strictly ([`tally_ledger::trace::incoming`]) is
+    /// id. Only a context already parsed strictly ([`tally_record::trace::incoming`]) is
     /// sent; a `tracestate` that is not a valid header value is left out.
     pub async fn check_traced(
         &mut self,
@@ -217,7 +216,7 @@ impl GateClient {
         let mut headers = Vec::new();
         if let Some((parent, state)) = trace {
             headers.push(("traceparent", parent.header()));
-            if let Some(s) = state.as_deref().and_then(tally_ledger::trace::tracestate) {
+            if let Some(s) = state.as_deref().and_then(tally_record::trace::tracestate) {
                 headers.push(("tracestate", s.to_owned()));
             }
         }

@@ -37,8 +37,9 @@ use backend::{Embedded, Scopes, StateBackend, StateTxn};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::GateError;
 pub use gatekeeper::Gatekeeper;
-pub use messages::{
-    Approval, Caller, CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, Standing,
+pub use messages::Caller;
+pub use tally_wire::{
+    Approval, CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, Standing,
     StartRequest, Started, StopRequest,
 };
 

@@ -13,11 +13,11 @@
 use std::path::PathBuf;
 
 use tally_api::{CheckAnswer, CheckRequest, GateClient, OutcomeRequest, StartRequest};
-use tally_ledger::Reason;
+use tally_record::Reason;
 use tokio::sync::{mpsc, oneshot};
 
-/// A client's W3C trace context, parsed strictly (`tally_ledger::trace`).
-pub type Trace = (tally_ledger::trace::Traceparent, Option<String>);
+/// A client's W3C trace context, parsed strictly (`tally_record::trace`).
+pub type Trace = (tally_record::trace::Traceparent, Option<String>);
 
 /// Why the gate could not answer a check: the call is then not made (fail closed).
 pub use tally_api::GateError as GateFailure;

@@ -1,7 +1,8 @@
 //! The crate graph ARCHITECTURE.md draws, read from `cargo metadata`: every dependency
 //! between this workspace's crates points down its layers, no library links clap or
 //! anyhow, the daemon links no database, and a client (`tally-api`, `tally-mcp`) links
-//! neither the daemon nor a database.
+//! neither the daemon nor a database, nor (through any crate, `cargo tree`) the gate, the
+//! ledger or the policy core: only the wire.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,17 +12,18 @@ use serde_json::Value;
 
 /// Each crate's layer (ARCHITECTURE.md): a crate may depend only on crates of lower
 /// layers.
-const LAYERS: [(&str, u32); 14] = [
+const LAYERS: [(&str, u32); 15] = [
     ("tally-record", 0),
     ("tally-ledger", 1),
     ("tally-policy", 1),
+    ("tally-wire", 1),
     ("tally-gate", 2),
     ("tally-verify", 2),
-    ("tally-api", 3),
+    ("tally-api", 2),
     ("tally-gate-postgres", 3),
     ("tally-proxy", 3),
+    ("tally-mcp", 3),
     ("tally-daemon", 4),
-    ("tally-mcp", 4),
     ("tally-testkit", 4),
     ("tally-cli", 5),
     ("tally-load", 5),
@@ -187,7 +189,72 @@ fn a_dependency_the_wrong_way_is_found() {
     }
 }
 
-/// The client and wire types are tally-api's alone: the daemon does not re-export them (a
+/// Crates a client must not link, through any crate: what `cargo tree -e normal` lists.
+const NOT_IN_A_CLIENT: [&str; 5] = [
+    "tally-gate",
+    "tally-ledger",
+    "tally-policy",
+    "sled",
+    "tokio-postgres",
+];
+
+/// The packages `krate` links (its normal dependencies, transitively, for this host), as
+/// `cargo tree` resolves them.
+fn linked(krate: &str) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-p", krate, "-e", "normal", "--offline"])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .current_dir(&root)
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// What of [`NOT_IN_A_CLIENT`] a client's linked packages hold.
+fn banned_in_a_client(linked: &[String]) -> Vec<&'static str> {
+    NOT_IN_A_CLIENT
+        .into_iter()
+        .filter(|b| linked.iter().any(|l| l == b))
+        .collect()
+}
+
+/// A client speaks the wire (`tally-wire`, over `tally-record`) and links no gate, no
+/// ledger, no policy core and no database, through any crate.
+#[test]
+fn a_client_links_the_wire_and_no_gate_ledger_or_database() {
+    for client in ["tally-api", "tally-mcp"] {
+        let linked = linked(client);
+        assert!(
+            linked.iter().any(|l| l == "tally-wire"),
+            "{client} does not link tally-wire: {linked:?}"
+        );
+        let banned = banned_in_a_client(&linked);
+        assert!(banned.is_empty(), "{client} links {banned:?}");
+    }
+    // The check finds what it must: the daemon links all of them but the database.
+    let daemon = banned_in_a_client(&linked("tally-daemon"));
+    assert_eq!(
+        daemon,
+        ["tally-gate", "tally-ledger", "tally-policy", "sled"],
+        "the daemon's links, as the check sees them"
+    );
+}
+
+/// The client and wire types are tally-api's and tally-wire's alone: the daemon does not
+/// re-export them (a
 /// client would otherwise reach them through the server's crate), and `tally-load` (its own
 /// package, not a binary of the daemon's) uses the api's client.
 #[test]
@@ -196,8 +263,9 @@ fn the_daemon_re_exports_no_client_or_wire_type() {
     let lib = std::fs::read_to_string(root.join("daemon/src/lib.rs")).expect("daemon/src/lib.rs");
     for line in lib.lines() {
         assert!(
-            !(line.trim_start().starts_with("pub use tally_api")),
-            "daemon/src/lib.rs re-exports tally-api: {line}"
+            !(line.trim_start().starts_with("pub use tally_api")
+                || line.trim_start().starts_with("pub use tally_wire")),
+            "daemon/src/lib.rs re-exports tally-api or tally-wire: {line}"
         );
     }
     assert!(

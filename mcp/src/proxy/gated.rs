@@ -30,7 +30,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         return not_made(shared, &id_value, None, "tally mcp has not seen the server's initialize answer, so it cannot name the tool for the gate: the call was not made. Initialize the session first (or start tally mcp with --server-name).".into());
     };
     let tool = format!("{server}/{}", c.name);
-    let args = match tally_ledger::decision::Args::from_value(&Value::Object(c.arguments)) {
+    let args = match tally_record::decision::Args::from_value(&Value::Object(c.arguments)) {
         Ok(a) => a,
         Err(e) => {
             return shared.to_client.send(reply::error(
@@ -52,7 +52,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         effect,
         idempotency_key: None,
         target: None,
-        channel: Some(tally_ledger::decision::Channel::Tool),
+        channel: Some(tally_record::decision::Channel::Tool),
         depth: None,
         reserve_cents: None,
         reserve_nanos: None,
@@ -124,7 +124,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
 pub(super) fn not_made(
     shared: &Shared,
     id: &Value,
-    answer: Option<&tally_gate::CheckAnswer>,
+    answer: Option<&tally_wire::CheckAnswer>,
     text: String,
 ) {
     shared.to_client.send(reply::not_made(id, answer, text));
@@ -157,7 +157,7 @@ pub(super) async fn expire(shared: Shared, id: Value, after: Duration) {
         let text = format!(
             "tally: {} did not answer within {}, the time the gate allowed this call; it was cancelled and its outcome recorded as timeout. The tool may or may not have acted: check before calling it again.",
             p.tool,
-            tally_ledger::words::duration(after.as_millis() as u64)
+            tally_record::words::duration(after.as_millis() as u64)
         );
         not_made(&shared, &id, None, text);
     }
