@@ -25,7 +25,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tally_record::trace::Traceparent;
 use tally_wire::{
-    CheckAnswer, CheckRequest, Logged, OutcomeRequest, Reason, SettleRequest, StartRequest, Started,
+    CheckAnswer, CheckRequest, ErrorCode, Logged, OutcomeRequest, Reason, SettleRequest,
+    StartRequest, Started,
 };
 
 use crate::client::{Client, ClientError, Reply};
@@ -49,7 +50,7 @@ pub enum GateError {
         /// The HTTP status.
         status: u16,
         /// The error code: `run_not_found`, `not_owner`, `gate_unavailable`, ...
-        code: String,
+        code: ErrorCode,
         /// The gate's message.
         message: String,
         /// The field at fault, for a request the gate could not read.
@@ -69,9 +70,9 @@ pub enum GateError {
 
 impl GateError {
     /// The refusal's code, if the gate refused.
-    pub fn code(&self) -> Option<&str> {
+    pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            GateError::Refused { code, .. } => Some(code),
+            GateError::Refused { code, .. } => Some(*code),
             _ => None,
         }
     }
@@ -234,12 +235,12 @@ impl GateClient {
         start: &StartRequest,
     ) -> Result<Checked, GateError> {
         match self.check(check).await {
-            Err(e) if e.code() == Some("run_not_found") => {
+            Err(e) if e.code() == Some(ErrorCode::RunNotFound) => {
                 let mut start = start.clone();
                 start.run = check.run.clone();
                 let started = match self.start(&start).await {
                     Ok(_) => true,
-                    Err(e) if e.code() == Some("run_exists") => false,
+                    Err(e) if e.code() == Some(ErrorCode::RunExists) => false,
                     Err(e) => return Err(e),
                 };
                 let answer = self.check(check).await?;

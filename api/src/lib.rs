@@ -26,6 +26,6 @@ pub mod wire;
 
 pub use gate::{run_path, Checked, GateClient, GateError, Retry, RunAction};
 pub use tally_wire::{
-    CheckAnswer, CheckRequest, Logged, OutcomeRequest, Reason, SettleRequest, StartRequest,
-    Started, Verdict,
+    CheckAnswer, CheckRequest, Dimension, ErrorCode, Logged, OutcomeRequest, Reason, SettleRequest,
+    StartRequest, Started, Verdict,
 };

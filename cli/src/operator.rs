@@ -164,7 +164,7 @@ fn granted_text(
     }
     if let Some(c) = scope.spend().filter(|c| c.0 > 0) {
         use tally_ledger::money::Nanos;
-        gives.push(match limit("spend_nanos") {
+        gives.push(match limit(tally_api::Dimension::SpendNanos.as_str()) {
             Some(l) => format!(
                 "{c} more (its spend limit {} -> {})",
                 Nanos(l),

@@ -425,11 +425,11 @@ fn standing(run: &RunState, now: Now) -> Standing {
     Standing {
         run: run.run.clone(),
         state: if run.stop.is_some() {
-            "stopped"
+            tally_wire::RunState::Stopped
         } else if run.paused {
-            "paused"
+            tally_wire::RunState::Paused
         } else {
-            "running"
+            tally_wire::RunState::Running
         },
         stop_reason: run.stop,
         goal: run.goal.clone(),

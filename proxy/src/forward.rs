@@ -12,7 +12,7 @@ use tally_gate::{Caller, CheckAnswer, CheckRequest, GateError, Standing};
 use tally_policy::{UpstreamKind, Verdict};
 use tally_record::decision::Channel;
 use tally_record::money::Nanos;
-use tally_record::{Effect, Reason, Status};
+use tally_record::{Dimension, Effect, Reason, Status};
 
 use crate::dialect::Refusal;
 use crate::proxy::{Proxy, Route};
@@ -123,7 +123,7 @@ impl Proxy {
         // action `stop`, so a client shows why and stops (a 401 reads as a bad key, which
         // agents retry or send the user to log in again). Nothing is recorded: the run
         // has ended, or its deadline has (the next check would stop it).
-        if standing.state == "stopped" {
+        if standing.state == tally_wire::RunState::Stopped {
             let reason = standing.stop_reason.unwrap_or(Reason::Completed);
             return Err(Refusal::ended(
                 reason,
@@ -286,7 +286,7 @@ impl Proxy {
             Err(GateError::Stopped(a)) => *a,
             Err(e) => {
                 if let Some(mut s) = span {
-                    s.decided("error", Some("gate_unavailable"), None);
+                    s.decided("error", Some(Reason::GateUnavailable.as_str()), None);
                     s.finish();
                 }
                 return Err(match e {
@@ -300,7 +300,7 @@ impl Proxy {
                     }
                     e => Refusal::own(
                         StatusCode::FORBIDDEN,
-                        "refused",
+                        tally_wire::ErrorCode::Refused,
                         format!("the gate refused the call: {e}"),
                     ),
                 });
@@ -358,7 +358,7 @@ impl Proxy {
             .map_err(|_| {
                 Refusal::own(
                     StatusCode::BAD_REQUEST,
-                    "invalid_request",
+                    tally_wire::ErrorCode::InvalidRequest,
                     "the request cannot be forwarded",
                 )
             })?;
@@ -376,7 +376,7 @@ impl Proxy {
                 pump.settle_now(Status::Timeout, None).await;
                 return Err(Refusal::own(
                     StatusCode::GATEWAY_TIMEOUT,
-                    "upstream_timeout",
+                    tally_wire::ErrorCode::UpstreamTimeout,
                     "the upstream did not answer within the call's time (the run's deadline or the upstream's timeout_ms)",
                 ));
             }
@@ -390,7 +390,7 @@ impl Proxy {
                 pump.settle_now(status, None).await;
                 return Err(Refusal::own(
                     StatusCode::BAD_GATEWAY,
-                    "upstream_unreachable",
+                    tally_wire::ErrorCode::UpstreamUnreachable,
                     format!("the upstream could not be reached: {e}"),
                 ));
             }
@@ -485,7 +485,7 @@ fn spend_left(s: &Standing) -> Nanos {
         None => Nanos::MAX,
         Some(l) => Nanos(l.limit.saturating_sub(l.used)),
     };
-    left("spend_nanos").min(left(tally_policy::PRINCIPAL_SPEND))
+    left(Dimension::SpendNanos.as_str()).min(left(tally_policy::PRINCIPAL_SPEND))
 }
 
 /// A verdict as spans and logs name it.
@@ -531,7 +531,7 @@ fn allowed(a: &CheckAnswer, needed: Nanos) -> Result<u64, Refusal> {
             })
         };
         let mut parts = vec![format!("the call may cost up to {needed}")];
-        parts.extend(left("spend_nanos", "the run"));
+        parts.extend(left(Dimension::SpendNanos.as_str(), "the run"));
         parts.extend(left(tally_policy::PRINCIPAL_SPEND, "its owner's budget"));
         words = format!("{words}: {}", parts.join("; "));
     }
@@ -671,7 +671,7 @@ mod tests {
     fn what_is_left_is_the_less_of_the_runs_and_its_owners() {
         let mut s = Standing {
             run: "r".into(),
-            state: "running",
+            state: tally_wire::RunState::Running,
             stop_reason: None,
             goal: None,
             budget: Default::default(),

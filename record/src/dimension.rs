@@ -23,7 +23,7 @@ pub enum Dimension {
 
 impl Dimension {
     /// The dimension's name as it appears in JSON and in `limits` snapshots.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Dimension::Attempts => "attempts",
             Dimension::SpendNanos => "spend_nanos",

@@ -427,3 +427,101 @@ fn the_daemons_modules_form_no_cycle() {
         }
     }
 }
+
+/// Where `text` spells an error code as a string rather than as the wire's `ErrorCode`:
+/// an `ApiError::new` or `Refusal::own` whose code is a literal, a code compared with a
+/// literal, or a literal `"code"` in a JSON body. Each as `line: text`.
+fn string_codes(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for call in ["ApiError::new(", "Refusal::own("] {
+        for (at, _) in text.match_indices(call) {
+            let args = &text[at + call.len()..];
+            let mut depth = 0i32;
+            let comma = args.char_indices().find(|&(_, c)| {
+                match c {
+                    '(' | '[' | '{' => depth += 1,
+                    ')' | ']' | '}' => depth -= 1,
+                    _ => {}
+                }
+                c == ',' && depth == 0
+            });
+            if let Some((i, _)) = comma {
+                if args[i + 1..].trim_start().starts_with('"') {
+                    found.push(at);
+                }
+            }
+        }
+    }
+    for pattern in ["code() == Some(\"", "code == \""] {
+        found.extend(text.match_indices(pattern).map(|(at, _)| at));
+    }
+    // A JSON body's `"code"` is tally's only if it is one of tally's codes (the fake
+    // upstream answers the OpenAI API's own, `invalid_api_key`).
+    for (at, _) in text.match_indices("\"code\": \"") {
+        let rest = &text[at + 9..];
+        let code = rest.split('"').next().unwrap_or_default();
+        if tally_wire::ErrorCode::ALL
+            .iter()
+            .any(|c| c.as_str() == code)
+        {
+            found.push(at);
+        }
+    }
+    found
+        .into_iter()
+        .map(|at| {
+            let line = text[..at].lines().count().max(1);
+            let shown = text.lines().nth(line - 1).unwrap_or_default().trim();
+            format!("{line}: {shown}")
+        })
+        .collect()
+}
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("a source directory") {
+        let path = e.expect("an entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Error codes are the wire's `ErrorCode` (and a proxy refusal's `RefusalCode`): no
+/// crate's source but `tally-wire`'s spells one as a string, to send or to match.
+#[test]
+fn no_error_code_is_a_string_outside_the_wire() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for (krate, _) in LAYERS {
+        let dir = krate.trim_start_matches("tally-");
+        if dir != "wire" && root.join(dir).join("src").is_dir() {
+            sources(&root.join(dir).join("src"), &mut files);
+        }
+    }
+    assert!(files.len() > 100, "{} files", files.len());
+    let mut found = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("a source file");
+        for at in string_codes(&text) {
+            found.push(format!("{}:{at}", f.display()));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The check finds what it must.
+    let old = r#"
+        ApiError::new(StatusCode::CONFLICT, "run_exists", msg);
+        Refusal::own(
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            message,
+        );
+        Err(e) if e.code() == Some("run_not_found") => {}
+        Err(GateFailure::Refused { code, .. }) if code == "not_owner" => {}
+        json!({"error": {"code": "gate_unavailable"}});
+        ApiError::new(bad, ErrorCode::InvalidJson, format!("{}", "x"));
+    "#;
+    assert_eq!(string_codes(old).len(), 5, "{:?}", string_codes(old));
+}

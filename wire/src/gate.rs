@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use tally_record::decision::{Args, Budget, Channel, Limit, Scope};
 use tally_record::{Action, Effect, Reason, Status, Usage, UsageRefused, Verdict};
 
+use crate::{ErrorCode, ErrorDetail};
+
 /// `POST /v1/runs`: start a run.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -218,6 +220,61 @@ pub struct CheckAnswer {
     pub hash: Option<String>,
 }
 
+/// `POST /v1/check`'s `503` when the gate cannot record decisions: a deny shaped as a
+/// [`CheckAnswer`] (`gate_unavailable`, action `retry`, nothing recorded), so a client
+/// reads one shape, with the error reply's detail beside it. Its fields are in the
+/// order the daemon has always sent them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckUnavailable {
+    /// `retry`.
+    pub action: Action,
+    /// None: nothing was allowed.
+    pub attempt: Option<u64>,
+    /// None.
+    pub cause: Option<Reason>,
+    /// `deny`.
+    pub decision: Verdict,
+    /// `gate_unavailable`, and what a person should read.
+    pub error: ErrorDetail,
+    /// None: nothing was recorded.
+    pub hash: Option<String>,
+    /// Empty: the run's state was not read.
+    pub limits: BTreeMap<String, Limit>,
+    /// `gate_unavailable`.
+    pub reason: Reason,
+    /// Back off this long before asking again.
+    pub retry_after_ms: u64,
+    /// None: nothing was recorded.
+    pub seq: Option<u64>,
+    /// None.
+    pub timeout_ms: Option<u64>,
+}
+
+impl CheckUnavailable {
+    /// The answer, with `message` for a person.
+    pub fn new(message: impl Into<String>) -> CheckUnavailable {
+        CheckUnavailable {
+            action: Reason::GateUnavailable.action(),
+            attempt: None,
+            cause: None,
+            decision: Verdict::Deny,
+            error: ErrorDetail {
+                code: ErrorCode::GateUnavailable,
+                message: message.into(),
+                field: None,
+                line: None,
+                column: None,
+            },
+            hash: None,
+            limits: BTreeMap::new(),
+            reason: Reason::GateUnavailable,
+            retry_after_ms: 1000,
+            seq: None,
+            timeout_ms: None,
+        }
+    }
+}
+
 /// The answer to a start.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Started {
@@ -252,13 +309,37 @@ pub struct Logged {
     pub overrun_nanos: Option<u64>,
 }
 
+/// Whether a run is running, paused or stopped ([`Standing::state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RunState {
+    /// Its checks are decided.
+    Running,
+    /// An operator paused it: its checks are refused until it is resumed.
+    Paused,
+    /// It stopped ([`Standing::stop_reason`] says why): nothing more is decided for it.
+    Stopped,
+}
+
+impl RunState {
+    /// The state as it is on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Paused => "paused",
+            RunState::Stopped => "stopped",
+        }
+    }
+}
+
 /// Where a run stands (`GET /v1/runs/{run}`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Standing {
     /// The run.
     pub run: String,
     /// `running`, `paused` or `stopped`.
-    pub state: &'static str,
+    pub state: RunState,
     /// Why it stopped.
     pub stop_reason: Option<Reason>,
     /// Its goal.

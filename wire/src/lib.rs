@@ -1,5 +1,6 @@
 //! tally's wire, typed: every request, answer and error the daemon's sockets carry (the
-//! agent socket's gate calls, the operator socket's, the error replies), as the types
+//! agent socket's gate calls, the operator socket's, the error replies) and the codes of
+//! the model proxy's refusals, as the types
 //! the daemon serves and every client in Rust reads (`tally-api`'s [`GateClient`], the
 //! hook, `tally mcp`, the CLI, `tally top`, tally-load).
 //!
@@ -13,11 +14,13 @@
 mod daemon;
 mod error;
 mod gate;
+mod proxy;
 
 pub use daemon::Health;
-pub use error::{ErrorDetail, ErrorReply};
+pub use error::{ErrorCode, ErrorDetail, ErrorReply};
 pub use gate::{
-    Approval, CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, Standing,
-    StartRequest, Started, StopRequest,
+    Approval, CheckAnswer, CheckRequest, CheckUnavailable, Logged, OutcomeRequest, RunState,
+    SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
+pub use proxy::RefusalCode;
 pub use tally_record::{Action, Dimension, Hash, Reason, Receipt, Status, Verdict};

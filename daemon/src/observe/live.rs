@@ -13,6 +13,7 @@ use super::journal::{Journal, Line};
 use serde::Serialize;
 use tally_ledger::decision::Limit;
 use tally_ledger::money::Nanos;
+use tally_wire::Dimension;
 
 /// Runs whose trajectory is kept.
 pub(crate) const MAX_RUNS: usize = 20_000;
@@ -24,7 +25,12 @@ pub(crate) const MINUTES: u64 = 15;
 pub(crate) const MAX_PENDING: usize = 1_000;
 
 /// The dimensions a trajectory follows.
-pub(crate) const TRACKED: [&str; 4] = ["attempts", "spend_nanos", "polls", "depth"];
+pub(crate) const TRACKED: [&str; 4] = [
+    Dimension::Attempts.as_str(),
+    Dimension::SpendNanos.as_str(),
+    Dimension::Polls.as_str(),
+    Dimension::Depth.as_str(),
+];
 
 /// The last refusal a run was given.
 #[derive(Clone, Debug, Serialize)]
@@ -92,7 +98,7 @@ impl RunView {
 
 /// A point as people read it: `used/limit`, spend in dollars (`$0.15/$10.00`).
 fn shown(dim: &str, used: u64, limit: u64) -> String {
-    if dim == "spend_nanos" {
+    if dim == Dimension::SpendNanos.as_str() {
         format!("{}/{}", Nanos(used), Nanos(limit))
     } else {
         format!("{used}/{limit}")

@@ -3,6 +3,7 @@
 
 use super::server::learn_tools;
 use super::*;
+use tally_api::ErrorCode;
 
 pub(super) fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
     OutcomeRequest {
@@ -102,7 +103,11 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
             let text = reply::refusal_text(&tool, &answer);
             not_made(shared, &id_value, Some(&answer), text);
         }
-        Err(GateFailure::Refused { code, message, .. }) if code == "run_stopped" => {
+        Err(GateFailure::Refused {
+            code: ErrorCode::RunStopped,
+            message,
+            ..
+        }) => {
             let text = format!(
                 "tally did not make this call to {tool}: {message}. Action: ask: a human must decide how this task goes on; say so and wait."
             );
@@ -111,8 +116,8 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         Err(failure) => {
             let text = format!(
                 "tally could not check this call to {tool} with its gate, so the call was not made (fail closed): {failure}. Action: retry later; if it keeps failing, a human must check that `tally serve` runs on that socket{}.",
-                match &failure {
-                    GateFailure::Refused { code, .. } if code == "run_not_found" || code == "not_owner" => " and that the run is this user's",
+                match failure.code() {
+                    Some(ErrorCode::RunNotFound | ErrorCode::NotOwner) => " and that the run is this user's",
                     _ => "",
                 }
             );
