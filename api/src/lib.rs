@@ -24,8 +24,8 @@ pub mod client;
 mod gate;
 pub mod wire;
 
-pub use gate::{run_path, Checked, GateClient, GateError, Retry, RunAction};
+pub use gate::{run_path, Acted, Checked, GateClient, GateError, Retry, RunAction};
 pub use tally_wire::{
-    CheckAnswer, CheckRequest, Dimension, ErrorCode, Logged, OutcomeRequest, Reason, SettleRequest,
-    StartRequest, Started, Verdict,
+    Approval, CheckAnswer, CheckRequest, Dimension, ErrorCode, ListedRun, Logged, OutcomeRequest,
+    Reason, RunState, SettleRequest, Standing, StartRequest, Started, Verdict,
 };

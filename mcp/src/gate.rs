@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use tally_api::ErrorCode;
 
-use tally_api::{CheckAnswer, CheckRequest, GateClient, OutcomeRequest, StartRequest};
+use tally_api::{CheckAnswer, CheckRequest, GateClient, OutcomeRequest, RunState, StartRequest};
 use tally_record::Reason;
 use tokio::sync::{mpsc, oneshot};
 
@@ -263,9 +263,7 @@ impl Worker {
     /// `GET /v1/runs/{run}`: whether the run is missing, open or stopped.
     async fn standing(&mut self, run: &str) -> Result<Standing, GateFailure> {
         match self.gate.run(run).await {
-            Ok(v) if v["state"] == "stopped" => Ok(Standing::Stopped(
-                serde_json::from_value(v["stop_reason"].clone()).ok(),
-            )),
+            Ok(v) if v.state == RunState::Stopped => Ok(Standing::Stopped(v.stop_reason)),
             Ok(_) => Ok(Standing::Open),
             Err(GateFailure::Refused {
                 code: ErrorCode::RunNotFound,

@@ -525,3 +525,42 @@ fn no_error_code_is_a_string_outside_the_wire() {
     "#;
     assert_eq!(string_codes(old).len(), 5, "{:?}", string_codes(old));
 }
+
+/// The public functions of `tally-api` whose signature passes a `serde_json::Value`:
+/// each as `file: signature`.
+fn untyped_client_signatures(file: &str, text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for start in ["pub fn ", "pub async fn "] {
+        for (at, _) in text.match_indices(start) {
+            let signature = text[at..].split(['{', ';']).next().unwrap_or_default();
+            let untyped = signature
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .any(|word| word == "Value");
+            if untyped {
+                found.push(format!("{file}: {}", signature.trim()));
+            }
+        }
+    }
+    found
+}
+
+/// The client answers typed: no public function of `tally-api` takes or returns a
+/// `serde_json::Value`.
+#[test]
+fn the_client_passes_nothing_untyped() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../api/src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    assert!(files.len() >= 3, "{files:?}");
+    let mut found = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("a source file");
+        found.extend(untyped_client_signatures(&f.display().to_string(), &text));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The check finds what it must.
+    let old = "pub async fn runs(&mut self) -> Result<Value, GateError> {\n}\n\
+               pub fn settle(&mut self, run: &str) -> Result<Logged, GateError> {\n}\n\
+               pub async fn act(\n    &mut self,\n    body: serde_json::Value,\n) -> Result<(), E>;";
+    assert_eq!(untyped_client_signatures("old", old).len(), 2);
+}

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tally_record::decision::{Args, Budget, Channel, Limit, Scope};
-use tally_record::{Action, Effect, Reason, Status, Usage, UsageRefused, Verdict};
+use tally_record::{Action, Closeness, Effect, Reason, Status, Usage, UsageRefused, Verdict};
 
 use crate::{ErrorCode, ErrorDetail};
 
@@ -360,4 +360,32 @@ pub struct Standing {
     pub grants_unused: usize,
     /// The uid that started it.
     pub owner_uid: Option<u32>,
+}
+
+/// One run of `GET /v1/runs`: where it stands (as `GET /v1/runs/{run}`), how close it is
+/// to a limit, and its last refusal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedRun {
+    /// Where it stands.
+    #[serde(flatten)]
+    pub standing: Standing,
+    /// How close it is to each limit, nearest first.
+    pub closeness: Closeness,
+    /// The last refusal it was given since the daemon started (none yet: `null`).
+    pub last_refusal: Option<LastRefusal>,
+}
+
+/// The last refusal a run was given, as the live view keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastRefusal {
+    /// The reason code (`none` for a refusal that named none).
+    pub reason: String,
+    /// What the caller was told to do (`stop`, `retry`, `ask`).
+    pub action: Option<String>,
+    /// The tool refused.
+    pub tool: String,
+    /// The refusal's seq in the ledger (none: nothing was recorded).
+    pub seq: Option<u64>,
+    /// When, ms since the Unix epoch.
+    pub at_ms: u64,
 }

@@ -19,8 +19,10 @@ mod proxy;
 pub use daemon::Health;
 pub use error::{ErrorCode, ErrorDetail, ErrorReply};
 pub use gate::{
-    Approval, CheckAnswer, CheckRequest, CheckUnavailable, Logged, OutcomeRequest, RunState,
-    SettleRequest, Standing, StartRequest, Started, StopRequest,
+    Approval, CheckAnswer, CheckRequest, CheckUnavailable, LastRefusal, ListedRun, Logged,
+    OutcomeRequest, RunState, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 pub use proxy::RefusalCode;
-pub use tally_record::{Action, Dimension, Hash, Reason, Receipt, Status, Verdict};
+pub use tally_record::{
+    Action, Closeness, Dimension, Hash, Headroom, Reason, Receipt, Status, Verdict,
+};

@@ -505,7 +505,7 @@ async fn gate(socket: &Path) -> Result<GateClient> {
 
 /// Report an outcome: the gate's receipt, or its refusal (a daemon not there is the
 /// outer error).
-async fn outcome(socket: &Path, body: Value) -> Result<Result<Value, GateError>> {
+async fn outcome(socket: &Path, body: Value) -> Result<Result<tally_api::Logged, GateError>> {
     let outcome: OutcomeRequest =
         serde_json::from_value(body).context("the outcome is not one the gate reads")?;
     Ok(gate(socket).await?.outcome(&outcome).await)

@@ -33,14 +33,7 @@ pub(crate) const TRACKED: [&str; 4] = [
 ];
 
 /// The last refusal a run was given.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct Refusal {
-    pub reason: &'static str,
-    pub action: Option<&'static str>,
-    pub tool: String,
-    pub seq: Option<u64>,
-    pub at_ms: u64,
-}
+pub(crate) use tally_wire::LastRefusal as Refusal;
 
 /// A call waiting for a human's approval: exactly the call an approval would allow.
 #[derive(Clone, Debug, Serialize)]
@@ -350,8 +343,8 @@ impl Live {
         }
         if let Some((reason, action)) = refusal {
             r.last_refusal = Some(Refusal {
-                reason,
-                action,
+                reason: reason.to_owned(),
+                action: action.map(str::to_owned),
                 tool: tool.to_owned(),
                 seq,
                 at_ms: now_ms,

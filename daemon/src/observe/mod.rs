@@ -17,7 +17,7 @@ pub(crate) mod trace;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
-use tally_wire::RunState;
+use tally_wire::{ListedRun, RunState};
 
 use serde::Serialize;
 use tally_gate::Standing;
@@ -297,17 +297,7 @@ pub(crate) fn ordered(
     rows
 }
 
-/// One run of `GET /v1/runs`: where it stands (as `GET /v1/runs/{run}`), how close it
-/// is to a limit, and its last refusal.
-#[derive(Serialize)]
-pub(crate) struct ListedRun {
-    #[serde(flatten)]
-    pub standing: Standing,
-    pub closeness: Closeness,
-    pub last_refusal: Option<live::Refusal>,
-}
-
-/// `GET /v1/runs`, in the order of [`ordered`].
+/// `GET /v1/runs` (the wire's [`ListedRun`]s), in the order of [`ordered`].
 pub(crate) fn listed(obs: &Observer, standings: Vec<Standing>) -> Vec<ListedRun> {
     ordered(obs, standings)
         .into_iter()
