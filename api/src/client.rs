@@ -20,7 +20,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 pub use hyper::Method;
 use hyper::{header, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use tally_ledger::Receipt;
+use tally_wire::Receipt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 

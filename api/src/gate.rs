@@ -22,12 +22,11 @@ use hyper::Method;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::Value;
-use tally_gate::{
-    CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, StartRequest, Started,
+use tally_record::trace::Traceparent;
+use tally_wire::{
+    CheckAnswer, CheckRequest, ErrorCode, ListedRun, Logged, OutcomeRequest, Reason, SettleRequest,
+    Standing, StartRequest, Started, StopRequest,
 };
-use tally_ledger::trace::Traceparent;
-use tally_ledger::Reason;
 
 use crate::client::{Client, ClientError, Reply};
 
@@ -50,7 +49,7 @@ pub enum GateError {
         /// The HTTP status.
         status: u16,
         /// The error code: `run_not_found`, `not_owner`, `gate_unavailable`, ...
-        code: String,
+        code: ErrorCode,
         /// The gate's message.
         message: String,
         /// The field at fault, for a request the gate could not read.
@@ -70,9 +69,9 @@ pub enum GateError {
 
 impl GateError {
     /// The refusal's code, if the gate refused.
-    pub fn code(&self) -> Option<&str> {
+    pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            GateError::Refused { code, .. } => Some(code),
+            GateError::Refused { code, .. } => Some(*code),
             _ => None,
         }
     }
@@ -127,6 +126,16 @@ impl RunAction {
             RunAction::Kill => "kill",
         }
     }
+}
+
+/// The answer to [`GateClient::act`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acted {
+    /// Paused or resumed: where the run stands now.
+    Standing(Box<Standing>),
+    /// Killed: the stop's receipt.
+    Stopped(Logged),
 }
 
 /// The answer to [`GateClient::check_or_start`].
@@ -207,7 +216,7 @@ impl GateClient {
 
     /// `POST /v1/check` in the caller's trace: `traceparent` (and `tracestate`) headers
     /// naming it, so the check's span is its child and the decision records its trace
-    /// id. Only a context already parsed strictly ([`tally_ledger::trace::incoming`]) is
+    /// id. Only a context already parsed strictly ([`tally_record::trace::incoming`]) is
     /// sent; a `tracestate` that is not a valid header value is left out.
     pub async fn check_traced(
         &mut self,
@@ -217,7 +226,7 @@ impl GateClient {
         let mut headers = Vec::new();
         if let Some((parent, state)) = trace {
             headers.push(("traceparent", parent.header()));
-            if let Some(s) = state.as_deref().and_then(tally_ledger::trace::tracestate) {
+            if let Some(s) = state.as_deref().and_then(tally_record::trace::tracestate) {
                 headers.push(("tracestate", s.to_owned()));
             }
         }
@@ -235,12 +244,12 @@ impl GateClient {
         start: &StartRequest,
     ) -> Result<Checked, GateError> {
         match self.check(check).await {
-            Err(e) if e.code() == Some("run_not_found") => {
+            Err(e) if e.code() == Some(ErrorCode::RunNotFound) => {
                 let mut start = start.clone();
                 start.run = check.run.clone();
                 let started = match self.start(&start).await {
                     Ok(_) => true,
-                    Err(e) if e.code() == Some("run_exists") => false,
+                    Err(e) if e.code() == Some(ErrorCode::RunExists) => false,
                     Err(e) => return Err(e),
                 };
                 let answer = self.check(check).await?;
@@ -254,37 +263,48 @@ impl GateClient {
         }
     }
 
-    /// `POST /v1/outcome`: report an allowed call's outcome.
-    pub async fn outcome(&mut self, outcome: &OutcomeRequest) -> Result<Value, GateError> {
+    /// `POST /v1/outcome`: report an allowed call's outcome; its receipt.
+    pub async fn outcome(&mut self, outcome: &OutcomeRequest) -> Result<Logged, GateError> {
         self.post("/v1/outcome", outcome).await
     }
 
-    /// `POST /v1/runs/{run}/stop`: stop a run with `reason` (from `worker`, if named).
+    /// `POST /v1/runs/{run}/stop`: stop a run with `reason` (from `worker`, if named);
+    /// the stop's receipt.
     pub async fn stop(
         &mut self,
         run: &str,
         reason: Reason,
         worker: Option<&str>,
-    ) -> Result<Value, GateError> {
+    ) -> Result<Logged, GateError> {
         let path = format!("{}/stop", run_path(run));
-        let body = serde_json::json!({"reason": reason, "worker": worker});
+        let body = StopRequest {
+            reason: Some(reason),
+            worker: worker.map(str::to_owned),
+        };
         self.post(&path, &body).await
     }
 
     /// `GET /v1/runs/{run}`: where a run stands.
-    pub async fn run(&mut self, run: &str) -> Result<Value, GateError> {
+    pub async fn run(&mut self, run: &str) -> Result<Standing, GateError> {
         self.request(Method::GET, &run_path(run), None).await
     }
 
-    /// `GET /v1/runs`: every run the caller may see.
-    pub async fn runs(&mut self) -> Result<Value, GateError> {
+    /// `GET /v1/runs`: every run the caller may see, open runs first, then the nearest
+    /// to a limit, then by name.
+    pub async fn runs(&mut self) -> Result<Vec<ListedRun>, GateError> {
         self.request(Method::GET, "/v1/runs", None).await
     }
 
-    /// `POST /v1/runs/{run}/pause|resume|kill` (operator socket).
-    pub async fn act(&mut self, run: &str, action: RunAction) -> Result<Value, GateError> {
+    /// `POST /v1/runs/{run}/pause|resume|kill` (operator socket): where the run stands
+    /// after a pause or a resume, the stop's receipt after a kill.
+    pub async fn act(&mut self, run: &str, action: RunAction) -> Result<Acted, GateError> {
         let path = format!("{}/{}", run_path(run), action.as_str());
-        self.request(Method::POST, &path, None).await
+        Ok(match action {
+            RunAction::Pause | RunAction::Resume => {
+                Acted::Standing(Box::new(self.request(Method::POST, &path, None).await?))
+            }
+            RunAction::Kill => Acted::Stopped(self.request(Method::POST, &path, None).await?),
+        })
     }
 
     /// `POST /v1/runs/{run}/settle` (operator socket): settle what an attempt holds, from
@@ -294,8 +314,9 @@ impl GateClient {
         self.post(&path, req).await
     }
 
-    /// `POST /v1/approvals` (operator socket): record a signed approval.
-    pub async fn approve(&mut self, approval: &impl Serialize) -> Result<Value, GateError> {
+    /// `POST /v1/approvals` (operator socket): record a signed approval (an
+    /// [`tally_wire::Approval`], or its JSON); its receipt.
+    pub async fn approve(&mut self, approval: &impl Serialize) -> Result<Logged, GateError> {
         self.post("/v1/approvals", approval).await
     }
 

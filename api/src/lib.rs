@@ -1,6 +1,6 @@
 //! The gate's API for Rust: its request and answer types (re-exported from
-//! `tally-gate`, where the gate decides with them), the daemon's wire types ([`wire`]),
-//! and the one typed client, [`GateClient`], over a daemon's Unix socket.
+//! `tally-wire`, the one crate that defines the daemon's wire), and the one typed client,
+//! [`GateClient`], over a daemon's Unix socket.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tally_api::GateError> {
@@ -16,17 +16,16 @@
 //! # Ok(()) }
 //! ```
 //!
-//! This crate links no HTTP server and no database: a client (the hook, `tally mcp`)
-//! depends on it, never on `tally-daemon`.
+//! This crate links no HTTP server, no gate, no ledger and no database: a client (the
+//! hook, `tally mcp`) depends on it, never on `tally-daemon`.
 #![forbid(unsafe_code)]
 
 pub mod client;
 mod gate;
 pub mod wire;
 
-pub use gate::{run_path, Checked, GateClient, GateError, Retry, RunAction};
-pub use tally_gate::{
-    CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, StartRequest, Started,
+pub use gate::{run_path, Acted, Checked, GateClient, GateError, Retry, RunAction};
+pub use tally_wire::{
+    Approval, CheckAnswer, CheckRequest, Dimension, ErrorCode, ListedRun, Logged, OutcomeRequest,
+    Reason, RunState, SettleRequest, Standing, StartRequest, Started, Verdict,
 };
-pub use tally_ledger::Reason;
-pub use tally_policy::Verdict;

@@ -526,7 +526,7 @@ async fn gate_story(
     ok &= two["decision"] == "require_approval";
     // A human looks, and grants $0.30 more for that one operation, for ten minutes.
     let mut op = GateClient::new(operator_socket);
-    let at = op.run("summarize").await?["at_ms"].as_u64().unwrap_or(0);
+    let at = op.run("summarize").await?.at_ms;
     let scope = tally_ledger::decision::Scope {
         nanos: Some(300_000_000),
         operation: Some("summarize.more".into()),
@@ -574,21 +574,18 @@ async fn gate_story(
 pub(crate) async fn standing(operator_socket: &Path, run: &str) -> Result<String> {
     use tally_verify::text::{plural, shown};
     let v = GateClient::new(operator_socket).run(run).await?;
-    let state = match (v["state"].as_str(), v["stop_reason"].as_str()) {
-        (Some("stopped"), Some(reason)) => format!("stopped ({reason})"),
-        (Some(state), _) => state.replace('_', " "),
-        _ => bail!("the gate does not know run {}: {v}", shown(run)),
+    let state = match (v.state, v.stop_reason) {
+        (tally_api::RunState::Stopped, Some(reason)) => format!("stopped ({reason})"),
+        (state, _) => state.as_str().replace('_', " "),
     };
-    let attempts = &v["limits"]["attempts"];
-    let used = attempts["used"].as_u64().unwrap_or(0);
-    let attempts = match attempts["limit"].as_u64() {
-        Some(limit) => format!("{used} of {}", plural(limit, "attempt", "attempts")),
-        None => plural(used, "attempt", "attempts"),
+    let attempts = match v.limits.get(tally_api::Dimension::Attempts.as_str()) {
+        Some(l) => format!("{} of {}", l.used, plural(l.limit, "attempt", "attempts")),
+        None => plural(0, "attempt", "attempts"),
     };
     Ok(format!(
         "run {}: {state}; {attempts} used; {} settled",
         shown(run),
-        tally_ledger::money::Nanos(v["settled_nanos"].as_u64().unwrap_or(0))
+        tally_ledger::money::Nanos(v.settled_nanos)
     ))
 }
 

@@ -222,21 +222,14 @@ fn dollars(nanos: u64) -> String {
 }
 
 /// A run's settled spend in nanodollars, from its standing.
-fn settled_nanos(v: &Value) -> u64 {
-    v["settled_nanos"]
-        .as_u64()
-        .unwrap_or_else(|| v["settled_cents"].as_u64().unwrap_or(0) * 10_000_000)
-}
-
 /// The run once its calls are settled: the proxy records a call's outcome as its answer
 /// ends, so the answer can arrive a moment before its settlement is durable. Waits for
 /// nothing to be held (at most 5 s), never for a fixed time.
-async fn settled_run(op: &mut GateClient) -> Result<Value> {
+async fn settled_run(op: &mut GateClient) -> Result<tally_api::Standing> {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         let v = op.run(RUN).await?;
-        let held = v["held_nanos"].as_u64().unwrap_or(0);
-        if held == 0 || std::time::Instant::now() > until {
+        if v.held_nanos == 0 || std::time::Instant::now() > until {
             return Ok(v);
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -287,7 +280,7 @@ pub async fn story(
         } = complete(proxy, &token, step).await?;
         if status == StatusCode::OK {
             allowed += 1;
-            let now = settled_nanos(&settled_run(&mut op).await?);
+            let now = settled_run(&mut op).await?.settled_nanos;
             outln!(
                 "  call {step}: {} tokens in, {} out: {} settled ({} so far)",
                 body["usage"]["prompt_tokens"],

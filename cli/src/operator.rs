@@ -8,8 +8,7 @@ use anyhow::{bail, Context, Result};
 use crate::cli::{ApproveArgs, RunArgs, RunsArgs, SettleArgs};
 use crate::output::outln;
 use crate::Exit;
-use serde_json::Value;
-use tally_api::{GateClient, GateError, RunAction};
+use tally_api::{Dimension, GateClient, GateError, Logged, RunAction, Standing};
 use tally_ledger::decision::Scope;
 
 /// What `tally approve` grants.
@@ -118,9 +117,7 @@ fn record(socket: &Path, g: Grant) -> Result<Exit> {
     block_on(async {
         let mut gate = gate(socket).await?;
         let run = gate.run(&g.run).await.map_err(refused)?;
-        let at = run["at_ms"]
-            .as_u64()
-            .context("the daemon gave no run clock")?;
+        let at = run.at_ms;
         let expires_ms = at.checked_add(expires).context("the expiry overflows")?;
         let digest = tally_policy::approval::digest(&g.run, &approver, &g.scope, expires_ms);
         let signature = tally_policy::approval::sign(key.signing_key(), &digest);
@@ -143,18 +140,18 @@ fn record(socket: &Path, g: Grant) -> Result<Exit> {
 fn granted_text(
     run: &str,
     scope: &Scope,
-    standing: &Value,
+    standing: &Standing,
     digest: &str,
-    reply: &Value,
+    reply: &Logged,
     valid_ms: u64,
     expires_ms: u64,
 ) -> String {
     use tally_verify::text::{duration, shown};
-    let limit = |d: &str| standing["limits"][d]["limit"].as_u64();
+    let limit = |d: &str| standing.limits.get(d).map(|l| l.limit);
     let mut gives = Vec::new();
     if let Some(a) = scope.attempts.filter(|&a| a > 0) {
         let plural = if a == 1 { "attempt" } else { "attempts" };
-        gives.push(match limit("attempts") {
+        gives.push(match limit(Dimension::Attempts.as_str()) {
             Some(l) => format!(
                 "{a} more {plural} (its limit {l} -> {})",
                 l.saturating_add(a)
@@ -164,7 +161,7 @@ fn granted_text(
     }
     if let Some(c) = scope.spend().filter(|c| c.0 > 0) {
         use tally_ledger::money::Nanos;
-        gives.push(match limit("spend_nanos") {
+        gives.push(match limit(Dimension::SpendNanos.as_str()) {
             Some(l) => format!(
                 "{c} more (its spend limit {} -> {})",
                 Nanos(l),
@@ -189,7 +186,7 @@ fn granted_text(
     format!(
         "approval {} recorded at seq {} for run {}: {}; put in force by {by} (one use: the grant is then spent, what it added stays); valid for {} (until {})",
         digest.get(..16).unwrap_or(digest),
-        reply["seq"],
+        reply.seq,
         shown(run),
         gives.join(", "),
         duration(valid_ms),
@@ -205,7 +202,11 @@ pub fn runs(args: &RunsArgs) -> Result<Exit> {
     let socket = args.operator_socket.as_path();
     block_on(async {
         let runs = gate(socket).await?.runs().await.map_err(refused)?;
-        outln!("{}", serde_json::to_string_pretty(&runs)?);
+        // As a JSON value, so its keys are in the order they always were (by name).
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::to_value(&runs)?)?
+        );
         Ok(Exit::Success)
     })
 }

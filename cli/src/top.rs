@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::Value;
 use tally_api::client::Method;
+use tally_api::Dimension;
 use tally_verify::text::shown;
 
 use crate::cli::TopArgs;
@@ -46,7 +47,7 @@ pub(crate) async fn all_runs(socket: &Path) -> Result<Vec<Value>> {
 fn used(r: &Value, dim: &str) -> String {
     let each = r["closeness"]["each"].as_array();
     if let Some(h) = each.and_then(|e| e.iter().find(|h| h["dimension"] == dim)) {
-        if dim == "spend_nanos" {
+        if dim == Dimension::SpendNanos.as_str() {
             return format!("{}/{}", usd(&h["used"]), usd(&h["limit"]));
         }
         return format!("{}/{}", h["used"], h["limit"]);
@@ -95,7 +96,7 @@ fn cells(r: &Value) -> [String; 9] {
         state,
         nearest(r),
         used(r, "attempts"),
-        used(r, "spend_nanos"),
+        used(r, Dimension::SpendNanos.as_str()),
         usd(&r["held_nanos"]),
         reason,
         action,

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tally_wire::ErrorCode;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -87,7 +88,7 @@ async fn tcp_guard(request: Request, next: axum::middleware::Next) -> Response {
         let refuse = |why: &str| {
             ApiError::new(
                 StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 format!("{why}; use the Unix socket, or a client that is not a browser"),
             )
             .close()
@@ -132,7 +133,7 @@ async fn tcp_guard(request: Request, next: axum::middleware::Next) -> Response {
         if request.method() == Method::POST && takes_post && !json {
             return ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ErrorCode::UnsupportedMediaType,
                 "over TCP, send Content-Type application/json or application/x-ndjson",
             )
             .close()
@@ -145,7 +146,7 @@ async fn tcp_guard(request: Request, next: axum::middleware::Next) -> Response {
 async fn agents_may_not_append() -> ApiError {
     ApiError::new(
         StatusCode::FORBIDDEN,
-        "not_authorized",
+        ErrorCode::NotAuthorized,
         "agents do not append decisions: ask the gate with POST /v1/check (raw decisions go to the operator socket, for runs the gate does not govern)",
     )
 }
@@ -174,7 +175,7 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
             };
             ApiError::new(
                 StatusCode::FORBIDDEN,
-                "not_authorized",
+                ErrorCode::NotAuthorized,
                 format!(
                     "{method} {path} is the operator's: it is served on the operator socket \
                      (`tally serve --operator-socket`, mode 0600), not on this agent socket{how}"
@@ -186,7 +187,7 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
         {
             ApiError::new(
                 StatusCode::NOT_FOUND,
-                "not_found",
+                ErrorCode::NotFound,
                 format!(
                     "{method} {path} is the agents': it is served on the agent socket \
                      (`tally serve --socket`), not on this operator socket (the operator \
@@ -196,7 +197,7 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
         }
         _ => ApiError::new(
             StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorCode::NotFound,
             format!("no route for {method} {path}; see docs/DAEMON.md"),
         ),
     }
@@ -226,7 +227,7 @@ fn method_not_allowed(role: Role, method: Method, uri: axum::http::Uri) -> Respo
     let allow = allowed(role, path);
     let mut response = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         format!(
             "{method} is not allowed on {}; the ledger is append-only (allowed: {allow})",
             uri.path()
@@ -255,7 +256,7 @@ fn framing(headers: &HeaderMap) -> Result<Framing, ApiError> {
         "application/x-ndjson" | "application/ndjson" => Ok(Framing::Ndjson),
         _ => Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
             format!("content type `{value}` is not accepted; send application/json (one decision) or application/x-ndjson (one per line)"),
         )
         .close()),
@@ -265,7 +266,7 @@ fn framing(headers: &HeaderMap) -> Result<Framing, ApiError> {
 fn rate_limited(secs: u64) -> ApiError {
     let mut e = ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
+        ErrorCode::RateLimited,
         format!("this client is over its decisions-per-second limit; retry after {secs} s"),
     );
     e.retry_after_secs = Some(secs);
@@ -316,7 +317,7 @@ async fn post_decisions(
             .map_err(|_| {
                 ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
+                    ErrorCode::Internal,
                     "parsing the request body failed unexpectedly",
                 )
             })?
@@ -339,7 +340,7 @@ async fn post_decisions(
     if let Some(run) = governed {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "governed_run",
+            ErrorCode::GovernedRun,
             format!("run `{run}` is governed by the gate: its decisions come from the gate alone (POST /v1/check on the agent socket)"),
         ));
     }
@@ -380,7 +381,7 @@ fn prepare(
         let at = line.map(|l| format!("line {l}: ")).unwrap_or_default();
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "field_not_allowed",
+            ErrorCode::FieldNotAllowed,
             format!("{at}`state_version` is written by the gate alone; leave it out of appended decisions"),
         )
         .field("state_version")
@@ -399,7 +400,7 @@ fn prepare(
         }
         other => ApiError::new(
             StatusCode::BAD_REQUEST,
-            "invalid_decision",
+            ErrorCode::InvalidDecision,
             other.to_string(),
         ),
     })?;
@@ -472,7 +473,7 @@ async fn get_export(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     let size = size_rx.await.map_err(|_| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "export task ended early",
         )
     })?;

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tally_wire::ErrorCode;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -117,7 +118,7 @@ pub(crate) enum Role {
 fn too_large(max: usize) -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
+        ErrorCode::BodyTooLarge,
         format!("request body is over {max} bytes; split the batch"),
     )
     .close()
@@ -140,7 +141,7 @@ pub(crate) async fn read_body(
     match tokio::time::timeout(app.read_timeout, limited.collect()).await {
         Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
+            ErrorCode::RequestTimeout,
             format!(
                 "request body did not arrive within {}",
                 tally_ledger::words::duration(app.read_timeout.as_millis() as u64)
@@ -152,7 +153,7 @@ pub(crate) async fn read_body(
         }
         Ok(Err(e)) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "body_read_failed",
+            ErrorCode::BodyReadFailed,
             format!("reading the request body failed: {e}"),
         )
         .close()),

@@ -8,7 +8,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tally_ledger::DecisionError;
 
-use tally_api::wire::{ErrorDetail, ErrorReply};
+use tally_wire::ErrorCode;
+use tally_wire::{ErrorDetail, ErrorReply};
 
 /// Why the daemon could not start, or ended with an error.
 ///
@@ -154,11 +155,11 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             detail: Box::new(ErrorDetail {
-                code: code.to_string(),
+                code,
                 message: message.into(),
                 field: None,
                 line: None,
@@ -195,19 +196,19 @@ impl ApiError {
         let bad = StatusCode::BAD_REQUEST;
         match e {
             DecisionError::Missing { field } => {
-                ApiError::new(bad, "missing_field", e.to_string()).field(*field)
+                ApiError::new(bad, ErrorCode::MissingField, e.to_string()).field(*field)
             }
             DecisionError::NotAllowed { field, .. } => {
-                ApiError::new(bad, "field_not_allowed", e.to_string()).field(*field)
+                ApiError::new(bad, ErrorCode::FieldNotAllowed, e.to_string()).field(*field)
             }
             DecisionError::TooLong { field, .. } => {
-                ApiError::new(bad, "field_too_long", e.to_string()).field(*field)
+                ApiError::new(bad, ErrorCode::FieldTooLong, e.to_string()).field(*field)
             }
             DecisionError::Invalid { field, .. } => {
-                ApiError::new(bad, "invalid_field", e.to_string()).field(*field)
+                ApiError::new(bad, ErrorCode::InvalidField, e.to_string()).field(*field)
             }
-            DecisionError::Json { .. } => ApiError::new(bad, "invalid_json", e.to_string()),
-            _ => ApiError::new(bad, "invalid_decision", e.to_string()),
+            DecisionError::Json { .. } => ApiError::new(bad, ErrorCode::InvalidJson, e.to_string()),
+            _ => ApiError::new(bad, ErrorCode::InvalidDecision, e.to_string()),
         }
     }
 
@@ -215,7 +216,7 @@ impl ApiError {
     pub fn unavailable(why: impl std::fmt::Display) -> ApiError {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "ledger_unavailable",
+            ErrorCode::LedgerUnavailable,
             format!("the ledger cannot write; nothing in this request is acknowledged: {why}"),
         )
     }

@@ -5,27 +5,28 @@
 use tally_gate::{CheckRequest, OutcomeRequest, StartRequest};
 use tally_ledger::Decision;
 
+use tally_wire::ErrorCode;
+
 use crate::error::ApiError;
 use crate::parse::{parse_body, Framing};
 
 /// The codes a refused body may carry (docs/DAEMON.md).
-const CODES: [&str; 10] = [
-    "not_utf8",
-    "empty_body",
-    "batch_too_large",
-    "invalid_json",
-    "invalid_type",
-    "invalid_value",
-    "unknown_field",
-    "missing_field",
-    "invalid_decision",
-    "invalid_args",
+const CODES: [ErrorCode; 9] = [
+    ErrorCode::NotUtf8,
+    ErrorCode::EmptyBody,
+    ErrorCode::BatchTooLarge,
+    ErrorCode::InvalidJson,
+    ErrorCode::InvalidType,
+    ErrorCode::InvalidValue,
+    ErrorCode::UnknownField,
+    ErrorCode::MissingField,
+    ErrorCode::InvalidDecision,
 ];
 
 fn refused_as_documented(e: &ApiError, lines: usize) {
     let code = e.detail.code.as_str();
     assert!(
-        CODES.contains(&code) || code.starts_with("invalid_"),
+        CODES.contains(&e.detail.code) || code.starts_with("invalid_"),
         "an undocumented code {code:?}: {}",
         e.detail.message
     );

@@ -4,6 +4,7 @@
 //! Each answer goes out only once its decision is durable.
 
 use std::sync::Arc;
+use tally_wire::ErrorCode;
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -86,7 +87,7 @@ fn json_only(headers: &HeaderMap) -> Result<(), ApiError> {
     }
     Err(ApiError::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "unsupported_media_type",
+        ErrorCode::UnsupportedMediaType,
         format!(
             "content type `{text}` is not accepted here: the gate takes one JSON object; send \
              `Content-Type: application/json` (curl: `--json BODY`, or `-H 'content-type: \
@@ -104,7 +105,7 @@ fn json_only(headers: &HeaderMap) -> Result<(), ApiError> {
 pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, ApiError> {
     let bad = StatusCode::BAD_REQUEST;
     let text = std::str::from_utf8(bytes)
-        .map_err(|_| ApiError::new(bad, "not_utf8", "the request body is not UTF-8"))?;
+        .map_err(|_| ApiError::new(bad, ErrorCode::NotUtf8, "the request body is not UTF-8"))?;
     let text = if empty_ok && text.trim().is_empty() {
         "{}"
     } else {
@@ -119,7 +120,7 @@ pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> R
                 {
                     return Err(ApiError::new(
                         bad,
-                        "invalid_type",
+                        ErrorCode::InvalidType,
                         format!("`{field}` must be a JSON object"),
                     )
                     .field(field));
@@ -128,7 +129,7 @@ pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> R
             if map.get("run").and_then(|v| v.as_str()) == Some("") {
                 return Err(ApiError::new(
                     bad,
-                    "invalid_value",
+                    ErrorCode::InvalidValue,
                     "`run` is empty: name the run (the same name on every call of the run)",
                 )
                 .field("run"));
@@ -137,7 +138,7 @@ pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> R
         Ok(_) => {
             return Err(ApiError::new(
                 bad,
-                "invalid_type",
+                ErrorCode::InvalidType,
                 "the body must be one JSON object",
             ))
         }
@@ -161,7 +162,7 @@ fn path_run(run: Result<Path<String>, PathRejection>) -> Result<String, ApiError
     run.map(|Path(r)| r).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "invalid_run",
+            ErrorCode::InvalidRun,
             format!("the run name in the path is not valid: {}", e.body_text()),
         )
     })
@@ -248,7 +249,7 @@ async fn check(
                     a.reason.map(|r| r.as_str()),
                     a.seq,
                 ),
-                None => s.end("error", Some("gate_unavailable"), None),
+                None => s.end("error", Some(Reason::GateUnavailable.as_str()), None),
             }
         }
     };
@@ -273,22 +274,9 @@ async fn check(
             log(&format!(
                 "tally serve: the gate cannot decide durably: {why}"
             ));
-            let reply = serde_json::json!({
-                "decision": "deny",
-                "reason": Reason::GateUnavailable,
-                "action": Reason::GateUnavailable.action(),
-                "cause": null,
-                "retry_after_ms": 1000,
-                "timeout_ms": null,
-                "attempt": null,
-                "limits": {},
-                "seq": null,
-                "hash": null,
-                "error": {
-                    "code": "gate_unavailable",
-                    "message": "the gate cannot record decisions, so the call must not proceed (fail closed); retry later",
-                },
-            });
+            let reply = tally_wire::CheckUnavailable::new(
+                "the gate cannot record decisions, so the call must not proceed (fail closed); retry later",
+            );
             Ok(json(StatusCode::SERVICE_UNAVAILABLE, &reply))
         }
         Err(e) => {

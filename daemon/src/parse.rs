@@ -6,6 +6,7 @@
 
 use axum::http::StatusCode;
 use tally_ledger::Decision;
+use tally_wire::ErrorCode;
 
 use crate::error::ApiError;
 
@@ -39,7 +40,7 @@ pub(crate) fn parse_body(
             + 1;
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "not_utf8",
+            ErrorCode::NotUtf8,
             "request body is not UTF-8",
         )
         .line(Some(line))
@@ -47,7 +48,7 @@ pub(crate) fn parse_body(
     if text.trim().is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "empty_body",
+            ErrorCode::EmptyBody,
             "request body holds no decision",
         ));
     }
@@ -74,7 +75,7 @@ pub(crate) fn parse_body(
         if decisions.len() == max_batch {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "batch_too_large",
+                ErrorCode::BatchTooLarge,
                 format!("a request holds at most {max_batch} decisions; split the batch"),
             )
             .line(Some(i + 1)));
@@ -107,7 +108,7 @@ fn parse_one(text: &str) -> Result<Decision, OneError> {
         return Err(OneError {
             error: ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "invalid_type",
+                ErrorCode::InvalidType,
                 "a decision is a JSON object, not an array",
             ),
             trailing: false,
@@ -126,7 +127,11 @@ fn parse_one(text: &str) -> Result<Decision, OneError> {
     de.end().map_err(|e| json_error(e, "."))?;
     // Only `from_json`'s own checks (a struct written as an array) are left.
     Err(OneError {
-        error: ApiError::new(StatusCode::BAD_REQUEST, "invalid_type", refused.to_string()),
+        error: ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidType,
+            refused.to_string(),
+        ),
         trailing: false,
     })
 }
@@ -156,16 +161,16 @@ fn json_error(e: serde_json::Error, path: &str) -> OneError {
     let error = match e.classify() {
         serde_json::error::Category::Data => {
             if let Some(name) = quoted(&message, "unknown field `") {
-                ApiError::new(bad, "unknown_field", message.clone())
+                ApiError::new(bad, ErrorCode::UnknownField, message.clone())
                     .field(join(field.as_deref(), name))
             } else if let Some(name) = quoted(&message, "missing field `") {
-                ApiError::new(bad, "missing_field", message.clone())
+                ApiError::new(bad, ErrorCode::MissingField, message.clone())
                     .field(join(field.as_deref(), name))
             } else {
                 let code = if message.starts_with("invalid type") {
-                    "invalid_type"
+                    ErrorCode::InvalidType
                 } else {
-                    "invalid_value"
+                    ErrorCode::InvalidValue
                 };
                 let error = ApiError::new(bad, code, message.clone());
                 match field {
@@ -174,7 +179,7 @@ fn json_error(e: serde_json::Error, path: &str) -> OneError {
                 }
             }
         }
-        _ => ApiError::new(bad, "invalid_json", message.clone()),
+        _ => ApiError::new(bad, ErrorCode::InvalidJson, message.clone()),
     };
     OneError {
         error: error.line(line).column(column),

@@ -7,6 +7,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tally_wire::ErrorCode;
 
 use axum::extract::Request;
 use axum::http::StatusCode;
@@ -383,7 +384,7 @@ fn too_many_connections(peer: Peer, cap: usize) -> Router {
         async move {
             let mut e = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                "too_many_connections",
+                ErrorCode::TooManyConnections,
                 message,
             )
             .close();

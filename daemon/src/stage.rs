@@ -3,6 +3,7 @@
 
 use axum::http::StatusCode;
 use tally_gate::GateError;
+use tally_wire::ErrorCode;
 use tokio::sync::oneshot;
 
 use crate::error::ApiError;
@@ -18,32 +19,40 @@ pub(crate) fn gate_error(e: GateError) -> ApiError {
     use StatusCode as S;
     let msg = e.to_string();
     match e {
-        GateError::RunNotFound(_) => ApiError::new(S::NOT_FOUND, "run_not_found", msg),
-        GateError::RunExists(_) => ApiError::new(S::CONFLICT, "run_exists", msg),
-        GateError::NotOwner { .. } => ApiError::new(S::FORBIDDEN, "not_owner", msg),
-        GateError::NotAuthorized(_) => ApiError::new(S::FORBIDDEN, "not_authorized", msg),
-        GateError::TooManyRuns { .. } => ApiError::new(S::TOO_MANY_REQUESTS, "too_many_runs", msg),
-        GateError::RunStopped { .. } | GateError::Stopped(_) => {
-            ApiError::new(S::CONFLICT, "run_stopped", msg)
+        GateError::RunNotFound(_) => ApiError::new(S::NOT_FOUND, ErrorCode::RunNotFound, msg),
+        GateError::RunExists(_) => ApiError::new(S::CONFLICT, ErrorCode::RunExists, msg),
+        GateError::NotOwner { .. } => ApiError::new(S::FORBIDDEN, ErrorCode::NotOwner, msg),
+        GateError::NotAuthorized(_) => ApiError::new(S::FORBIDDEN, ErrorCode::NotAuthorized, msg),
+        GateError::TooManyRuns { .. } => {
+            ApiError::new(S::TOO_MANY_REQUESTS, ErrorCode::TooManyRuns, msg)
         }
-        GateError::NotStopped(_) => ApiError::new(S::CONFLICT, "run_not_stopped", msg),
+        GateError::RunStopped { .. } | GateError::Stopped(_) => {
+            ApiError::new(S::CONFLICT, ErrorCode::RunStopped, msg)
+        }
+        GateError::NotStopped(_) => ApiError::new(S::CONFLICT, ErrorCode::RunNotStopped, msg),
         // A uid past its budget across its runs: the code is the reason's, so an agent
         // tells it by the code alone (action ask: a new run does not help).
         GateError::Refused(r @ tally_ledger::Reason::PrincipalBudgetExceeded) => ApiError::new(
             S::FORBIDDEN,
-            "principal_budget_exceeded",
+            ErrorCode::PrincipalBudgetExceeded,
             format!("{msg} (action {}): {}", r.action(), r.meaning()),
         ),
-        GateError::Refused(_) => ApiError::new(S::FORBIDDEN, "refused", msg),
+        GateError::Refused(_) => ApiError::new(S::FORBIDDEN, ErrorCode::Refused, msg),
         GateError::OutcomeOwnedByProxy { .. } => {
-            ApiError::new(S::FORBIDDEN, "outcome_owned_by_proxy", msg)
+            ApiError::new(S::FORBIDDEN, ErrorCode::OutcomeOwnedByProxy, msg)
         }
-        GateError::NoSuchAttempt { .. } => ApiError::new(S::NOT_FOUND, "no_such_attempt", msg),
-        GateError::AttemptSettled { .. } => ApiError::new(S::CONFLICT, "attempt_settled", msg),
-        GateError::ApprovalRefused(_) => ApiError::new(S::FORBIDDEN, "approval_refused", msg),
-        GateError::Inconsistent { .. } => ApiError::new(S::CONFLICT, "inconsistent", msg),
+        GateError::NoSuchAttempt { .. } => {
+            ApiError::new(S::NOT_FOUND, ErrorCode::NoSuchAttempt, msg)
+        }
+        GateError::AttemptSettled { .. } => {
+            ApiError::new(S::CONFLICT, ErrorCode::AttemptSettled, msg)
+        }
+        GateError::ApprovalRefused(_) => {
+            ApiError::new(S::FORBIDDEN, ErrorCode::ApprovalRefused, msg)
+        }
+        GateError::Inconsistent { .. } => ApiError::new(S::CONFLICT, ErrorCode::Inconsistent, msg),
         GateError::TooManyNames { .. } => {
-            let mut e = ApiError::new(S::TOO_MANY_REQUESTS, "too_many_names", msg);
+            let mut e = ApiError::new(S::TOO_MANY_REQUESTS, ErrorCode::TooManyNames, msg);
             e.retry_after_secs = Some(1);
             e
         }
@@ -54,11 +63,11 @@ pub(crate) fn gate_error(e: GateError) -> ApiError {
             ));
             ApiError::new(
                 S::SERVICE_UNAVAILABLE,
-                "gate_unavailable",
+                ErrorCode::GateUnavailable,
                 "the gate cannot record decisions, so it refuses every call (fail closed); retry later (the daemon's log has the cause)",
             )
         }
-        _ => ApiError::new(S::INTERNAL_SERVER_ERROR, "internal", msg),
+        _ => ApiError::new(S::INTERNAL_SERVER_ERROR, ErrorCode::Internal, msg),
     }
 }
 

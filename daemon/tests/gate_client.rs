@@ -38,7 +38,7 @@ async fn check_or_start_starts_a_missing_run_once() {
     // The started run is the one the check named, with the start's goal.
     let mut op = GateClient::new(&d.socket);
     let run = op.run("r1").await.expect("the run");
-    assert_eq!(run["goal"], "export the report", "{run}");
+    assert_eq!(run.goal.as_deref(), Some("export the report"), "{run:?}");
     assert!(
         op.run("ignored").await.is_err(),
         "a run named by the start was made"
@@ -134,11 +134,9 @@ async fn retry_after_is_honoured_and_only_for_what_was_not_recorded() {
     let mut op = GateClient::new(&d.socket);
     let runs = op.runs().await.expect("runs");
     let names: Vec<&str> = runs
-        .as_array()
-        .unwrap()
         .iter()
-        .filter_map(|r| r["run"].as_str())
+        .map(|r| r.standing.run.as_str())
         .filter(|r| r.starts_with('p'))
         .collect();
-    assert_eq!(names.len(), 3, "{runs}");
+    assert_eq!(names.len(), 3, "{runs:?}");
 }

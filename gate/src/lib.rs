@@ -37,8 +37,9 @@ use backend::{Embedded, Scopes, StateBackend, StateTxn};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::GateError;
 pub use gatekeeper::Gatekeeper;
-pub use messages::{
-    Approval, Caller, CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, Standing,
+pub use messages::Caller;
+pub use tally_wire::{
+    Approval, CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, Standing,
     StartRequest, Started, StopRequest,
 };
 
@@ -424,11 +425,11 @@ fn standing(run: &RunState, now: Now) -> Standing {
     Standing {
         run: run.run.clone(),
         state: if run.stop.is_some() {
-            "stopped"
+            tally_wire::RunState::Stopped
         } else if run.paused {
-            "paused"
+            tally_wire::RunState::Paused
         } else {
-            "running"
+            tally_wire::RunState::Running
         },
         stop_reason: run.stop,
         goal: run.goal.clone(),

@@ -85,7 +85,7 @@ fn check(gate: &Gate, who: Caller, run: &str) -> Result<tally_gate::CheckAnswer,
 
 fn state(gate: &Gate, run: &str) -> (&'static str, Option<Reason>) {
     let s = gate.run(OPERATOR, run).expect("run");
-    (s.state, s.stop_reason)
+    (s.state.as_str(), s.stop_reason)
 }
 
 #[test]

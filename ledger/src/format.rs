@@ -52,20 +52,7 @@ impl fmt::Debug for LedgerId {
     }
 }
 
-/// A 32-byte BLAKE3 entry hash.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Hash(pub [u8; 32]);
-
-impl fmt::Display for Hash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&hex::encode(self.0))
-    }
-}
-impl fmt::Debug for Hash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Hash({self})")
-    }
-}
+pub use tally_record::Hash;
 
 fn entry_hash_key() -> &'static [u8; 32] {
     static KEY: OnceLock<[u8; 32]> = OnceLock::new();

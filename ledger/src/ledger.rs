@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decision::{Decision, MAX_DECISION_BYTES};
 use crate::error::{DecisionError, Error, Result};
-use crate::format::{Checkpoint, Frame, Hash, Header, LedgerId};
+use crate::format::{Checkpoint, Frame, Header, LedgerId};
 use crate::segment::{self, list_segments, Item, LogReader, MAX_STATE_LEN};
 use crate::tlog::merkle::TreeHash;
 use crate::tlog::LogKey;
@@ -53,31 +53,7 @@ pub mod files {
     pub const CONFIG: &str = "config.json";
 }
 
-/// What the ledger acknowledges for each durable decision.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Receipt {
-    /// The entry's position in the chain.
-    pub seq: u64,
-    /// The entry's chain hash, lowercase hex.
-    #[serde(with = "hash_hex")]
-    pub hash: Hash,
-}
-
-mod hash_hex {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use crate::format::{parse_hex, Hash};
-
-    pub fn serialize<S: Serializer>(h: &Hash, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&h.to_string())
-    }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Hash, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_hex::<32>(&s, "hash")
-            .map(Hash)
-            .map_err(serde::de::Error::custom)
-    }
-}
+pub use tally_record::Receipt;
 
 /// What [`Ledger::reindex`] rebuilt.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -11,13 +11,14 @@
 //! refused until a human starts `tally mcp` with a new `--run`.
 
 use std::path::PathBuf;
+use tally_api::ErrorCode;
 
-use tally_api::{CheckAnswer, CheckRequest, GateClient, OutcomeRequest, StartRequest};
-use tally_ledger::Reason;
+use tally_api::{CheckAnswer, CheckRequest, GateClient, OutcomeRequest, RunState, StartRequest};
+use tally_record::Reason;
 use tokio::sync::{mpsc, oneshot};
 
-/// A client's W3C trace context, parsed strictly (`tally_ledger::trace`).
-pub type Trace = (tally_ledger::trace::Traceparent, Option<String>);
+/// A client's W3C trace context, parsed strictly (`tally_record::trace`).
+pub type Trace = (tally_record::trace::Traceparent, Option<String>);
 
 /// Why the gate could not answer a check: the call is then not made (fail closed).
 pub use tally_api::GateError as GateFailure;
@@ -197,7 +198,7 @@ impl Worker {
                     let reason = reason.map_or("stopped", Reason::as_str);
                     return Err(GateFailure::Refused {
                         status: 409,
-                        code: "run_stopped".into(),
+                        code: ErrorCode::RunStopped,
                         message: format!(
                             "run {name} has stopped ({reason}); tally mcp continues only a run that stopped completed, so a human must look at it (tally handoff) and start tally mcp with a new --run"
                         ),
@@ -209,7 +210,7 @@ impl Worker {
         }
         Err(GateFailure::Refused {
             status: 409,
-            code: "run_exists".into(),
+            code: ErrorCode::RunExists,
             message: format!(
                 "could not start a run continuing {base}: other sessions keep taking the next name"
             ),
@@ -225,7 +226,10 @@ impl Worker {
         start.continues = continues.map(str::to_owned);
         match self.gate.start(&start).await {
             Ok(_) => Ok(true),
-            Err(GateFailure::Refused { code, .. }) if code == "run_exists" => Ok(false),
+            Err(GateFailure::Refused {
+                code: ErrorCode::RunExists,
+                ..
+            }) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -259,17 +263,17 @@ impl Worker {
     /// `GET /v1/runs/{run}`: whether the run is missing, open or stopped.
     async fn standing(&mut self, run: &str) -> Result<Standing, GateFailure> {
         match self.gate.run(run).await {
-            Ok(v) if v["state"] == "stopped" => Ok(Standing::Stopped(
-                serde_json::from_value(v["stop_reason"].clone()).ok(),
-            )),
+            Ok(v) if v.state == RunState::Stopped => Ok(Standing::Stopped(v.stop_reason)),
             Ok(_) => Ok(Standing::Open),
-            Err(GateFailure::Refused { code, .. }) if code == "run_not_found" => {
-                Ok(Standing::Missing)
-            }
+            Err(GateFailure::Refused {
+                code: ErrorCode::RunNotFound,
+                ..
+            }) => Ok(Standing::Missing),
             // Someone else's: taken, and not one this session may join or continue.
-            Err(GateFailure::Refused { code, .. }) if code == "not_owner" => {
-                Ok(Standing::Stopped(None))
-            }
+            Err(GateFailure::Refused {
+                code: ErrorCode::NotOwner,
+                ..
+            }) => Ok(Standing::Stopped(None)),
             Err(e) => Err(e),
         }
     }

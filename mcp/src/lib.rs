@@ -34,7 +34,7 @@ use std::process::ExitStatus;
 
 pub use gate::GateFailure;
 pub use map::{MapError, PolicyMap};
-use tally_gate::StartRequest;
+use tally_wire::StartRequest;
 
 /// Why the proxy could not run.
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use rmcp::model::ToolAnnotations;
 use serde::Deserialize;
-use tally_ledger::Effect;
+use tally_record::Effect;
 
 /// Why a policy map was refused. Nothing is started when it is.
 #[derive(Debug, thiserror::Error)]

@@ -15,14 +15,15 @@ use std::collections::{HashMap, HashSet};
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tally_api::ErrorCode;
 
 use futures::StreamExt;
 use rmcp::model::{InitializeResult, ListToolsResult};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use tally_gate::{CheckRequest, OutcomeRequest};
-use tally_ledger::{Action, Effect, Reason, Status};
-use tally_policy::Verdict;
+use tally_record::{Action, Effect, Reason, Status};
+use tally_wire::Verdict;
+use tally_wire::{CheckRequest, OutcomeRequest};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::oneshot;
@@ -212,9 +213,10 @@ where
     if let Some(reason) = reason {
         match gate.stop(reason).await {
             Some(Ok(run)) => log(&format!("{ended}: run {run} stopped ({reason})")),
-            Some(Err(GateFailure::Refused { code, .. })) if code == "run_stopped" => {
-                log(&format!("{ended}: the run had already stopped"))
-            }
+            Some(Err(GateFailure::Refused {
+                code: ErrorCode::RunStopped,
+                ..
+            })) => log(&format!("{ended}: the run had already stopped")),
             Some(Err(e)) => log(&format!("{ended}: the run could not be stopped: {e}")),
             None => {}
         }

@@ -4,8 +4,8 @@
 
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject};
 use serde_json::{json, Value};
-use tally_gate::CheckAnswer;
-use tally_policy::Verdict;
+use tally_wire::CheckAnswer;
+use tally_wire::Verdict;
 
 use crate::classify::{Id, Why};
 
@@ -68,7 +68,7 @@ pub fn refusal_text(tool: &str, a: &CheckAnswer) -> String {
         _ => "do not call it again for this task; report what happened and what is left to do",
     };
     // Each code says which limit it is: the run's attempts are not an operation's retries.
-    let meaning = |r: Option<tally_ledger::Reason>| r.map_or("", |r| r.meaning());
+    let meaning = |r: Option<tally_record::Reason>| r.map_or("", |r| r.meaning());
     let mut text = match (a.decision, a.cause) {
         (Verdict::RequireApproval, Some(cause)) => format!(
             "tally refused this call to {tool}: {cause} ({}), and going on needs a human's approval ({reason}). Action: {action}: {todo}.",

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use rmcp::model::ToolAnnotations;
-use tally_ledger::Effect;
 use tally_mcp::map::effect_of;
 use tally_mcp::{MapError, PolicyMap};
+use tally_record::Effect;
 
 mod classify;
 

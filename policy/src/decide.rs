@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use tally_record::decision::Limit;
 use tally_record::{Decision, Kind, Reason};
 
@@ -16,17 +15,7 @@ use crate::refusals::{first_refusal, refuse};
 use crate::state::Now;
 use crate::state::{Grant, RunState};
 
-/// The gate's answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    /// Make the call.
-    Allow,
-    /// Do not make it.
-    Deny,
-    /// Do not make it; a human may approve it.
-    RequireApproval,
-}
+pub use tally_record::Verdict;
 
 /// A decision: the verdict, and the exact record to append.
 #[derive(Clone, Debug, PartialEq, Eq)]

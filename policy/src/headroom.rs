@@ -8,35 +8,11 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
 use tally_record::decision::Limit;
 
 use crate::{Now, Policy, RunState};
 
-/// One dimension's headroom.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Headroom {
-    /// The dimension (`attempts`, `spend_nanos`, `side_effects`, `deadline_ms`, `polls`,
-    /// `depth`, `rate`).
-    pub dimension: String,
-    /// Used.
-    pub used: u64,
-    /// The limit.
-    pub limit: u64,
-    /// Used per mille of the limit, 0..=1000.
-    pub permille: u32,
-}
-
-/// How close a run is to its limits.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Closeness {
-    /// The nearest limit's dimension (`None`: the run has no limit).
-    pub nearest: Option<String>,
-    /// The nearest limit's per mille used, 0..=1000.
-    pub permille: u32,
-    /// Every dimension, nearest first (ties by dimension name).
-    pub each: Vec<Headroom>,
-}
+pub use tally_record::{Closeness, Headroom};
 
 /// `used` per mille of `limit`, at most 1000; a limit of 0 is reached.
 pub fn permille(used: u64, limit: u64) -> u32 {

@@ -5,37 +5,7 @@
 use serde::{Deserialize, Serialize};
 use tally_record::{Kind, Reason};
 
-/// A budget dimension.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Dimension {
-    /// Attempts.
-    Attempts,
-    /// Spend, nanodollars (10⁻⁹ USD).
-    SpendNanos,
-    /// Side effects.
-    SideEffects,
-    /// Polls of one remote operation.
-    Polls,
-    /// Run time, ms.
-    DeadlineMs,
-    /// Chain depth.
-    Depth,
-}
-
-impl Dimension {
-    /// The dimension's name as it appears in JSON and in `limits` snapshots.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Dimension::Attempts => "attempts",
-            Dimension::SpendNanos => "spend_nanos",
-            Dimension::SideEffects => "side_effects",
-            Dimension::Polls => "polls",
-            Dimension::DeadlineMs => "deadline_ms",
-            Dimension::Depth => "depth",
-        }
-    }
-}
+pub use tally_record::Dimension;
 
 /// Something a record does that its run's own history does not allow.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

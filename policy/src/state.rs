@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use tally_record::decision::{Budget, Scope};
 use tally_record::money::Nanos;
-use tally_record::{Effect, Reason, Status};
+use tally_record::{Dimension, Effect, Reason, Status};
 
 mod frame;
 mod shared;
@@ -533,13 +533,25 @@ pub fn standing(
             );
         }
     };
-    put("attempts", run.attempts_used, run.attempts_limit());
-    put("spend_nanos", run.spent_nanos(), run.spend_limit());
     put(
-        "side_effects",
+        Dimension::Attempts.as_str(),
+        run.attempts_used,
+        run.attempts_limit(),
+    );
+    put(
+        Dimension::SpendNanos.as_str(),
+        run.spent_nanos(),
+        run.spend_limit(),
+    );
+    put(
+        Dimension::SideEffects.as_str(),
         run.side_effects_used,
         run.side_effects_limit(),
     );
-    put("deadline_ms", run.run_ms(now), run.budget.deadline_ms);
+    put(
+        Dimension::DeadlineMs.as_str(),
+        run.run_ms(now),
+        run.budget.deadline_ms,
+    );
     out
 }

@@ -8,6 +8,7 @@ use hyper::{Response, StatusCode};
 use serde_json::json;
 use tally_policy::UpstreamKind;
 use tally_record::{Action, Reason};
+use tally_wire::{ErrorCode, RefusalCode};
 
 use crate::Body;
 
@@ -20,7 +21,7 @@ pub struct Refusal {
     /// The code: a reason code of the gate (recorded), or the proxy's own for what is
     /// not a decision of a run (`invalid_token`, `upstream_unreachable`,
     /// `upstream_timeout`, `invalid_request` for a request the upstream cannot be sent).
-    pub code: String,
+    pub code: RefusalCode,
     /// What the agent must do (`stop`, `retry`, `ask`).
     pub action: Action,
     /// Words for a human.
@@ -50,7 +51,7 @@ impl Refusal {
             } else {
                 StatusCode::FORBIDDEN
             },
-            code: reason.as_str().to_owned(),
+            code: RefusalCode::Reason(reason),
             action,
             message,
             retry_after_ms: if action == Action::Retry {
@@ -65,10 +66,10 @@ impl Refusal {
     }
 
     /// The proxy's own error: `status` and `code`, action `stop`.
-    pub fn own(status: StatusCode, code: &str, message: impl Into<String>) -> Refusal {
+    pub fn own(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Refusal {
         Refusal {
             status,
-            code: code.to_owned(),
+            code: RefusalCode::Error(code),
             action: Action::Stop,
             message: message.into(),
             retry_after_ms: None,
@@ -84,7 +85,7 @@ impl Refusal {
     pub fn ended(reason: Reason, message: String) -> Refusal {
         Refusal {
             status: StatusCode::FORBIDDEN,
-            code: reason.as_str().to_owned(),
+            code: RefusalCode::Reason(reason),
             action: Action::Stop,
             message,
             retry_after_ms: None,
@@ -96,7 +97,7 @@ impl Refusal {
 
     /// A 401 for a token that is unknown or forged.
     pub fn token(message: impl Into<String>) -> Refusal {
-        Refusal::own(StatusCode::UNAUTHORIZED, "invalid_token", message)
+        Refusal::own(StatusCode::UNAUTHORIZED, ErrorCode::InvalidToken, message)
     }
 
     /// The status in `kind`'s dialect. Anthropic's for a call this run may not make
@@ -146,10 +147,10 @@ impl Refusal {
                     _ => "invalid_request_error",
                 };
                 json!({"type": "error", "error": {"type": kind, "message": message},
-                       "tally": {"reason": self.code, "action": action, "cause": cause}})
+                       "tally": {"reason": self.code.as_str(), "action": action, "cause": cause}})
             }
             UpstreamKind::Openai | UpstreamKind::Http => json!({"error": {
-                "message": message, "type": "tally_refused", "code": self.code,
+                "message": message, "type": "tally_refused", "code": self.code.as_str(),
                 "param": null, "action": action, "cause": cause}}),
         };
         let mut r = Response::builder()

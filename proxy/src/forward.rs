@@ -12,7 +12,7 @@ use tally_gate::{Caller, CheckAnswer, CheckRequest, GateError, Standing};
 use tally_policy::{UpstreamKind, Verdict};
 use tally_record::decision::Channel;
 use tally_record::money::Nanos;
-use tally_record::{Effect, Reason, Status};
+use tally_record::{Dimension, Effect, Reason, Status};
 
 use crate::dialect::Refusal;
 use crate::proxy::{Proxy, Route};
@@ -123,7 +123,7 @@ impl Proxy {
         // action `stop`, so a client shows why and stops (a 401 reads as a bad key, which
         // agents retry or send the user to log in again). Nothing is recorded: the run
         // has ended, or its deadline has (the next check would stop it).
-        if standing.state == "stopped" {
+        if standing.state == tally_wire::RunState::Stopped {
             let reason = standing.stop_reason.unwrap_or(Reason::Completed);
             return Err(Refusal::ended(
                 reason,
@@ -281,7 +281,7 @@ impl Proxy {
             Err(GateError::Stopped(a)) => *a,
             Err(e) => {
                 if let Some(mut s) = span {
-                    s.decided("error", Some("gate_unavailable"), None);
+                    s.decided("error", Some(Reason::GateUnavailable.as_str()), None);
                     s.finish();
                 }
                 return Err(match e {
@@ -295,7 +295,7 @@ impl Proxy {
                     }
                     e => Refusal::own(
                         StatusCode::FORBIDDEN,
-                        "refused",
+                        tally_wire::ErrorCode::Refused,
                         format!("the gate refused the call: {e}"),
                     ),
                 });
@@ -353,7 +353,7 @@ impl Proxy {
             .map_err(|_| {
                 Refusal::own(
                     StatusCode::BAD_REQUEST,
-                    "invalid_request",
+                    tally_wire::ErrorCode::InvalidRequest,
                     "the request cannot be forwarded",
                 )
             })?;
@@ -371,7 +371,7 @@ impl Proxy {
                 pump.settle_now(Status::Timeout, None).await;
                 return Err(Refusal::own(
                     StatusCode::GATEWAY_TIMEOUT,
-                    "upstream_timeout",
+                    tally_wire::ErrorCode::UpstreamTimeout,
                     "the upstream did not answer within the call's time (the run's deadline or the upstream's timeout_ms)",
                 ));
             }
@@ -385,7 +385,7 @@ impl Proxy {
                 pump.settle_now(status, None).await;
                 return Err(Refusal::own(
                     StatusCode::BAD_GATEWAY,
-                    "upstream_unreachable",
+                    tally_wire::ErrorCode::UpstreamUnreachable,
                     format!("the upstream could not be reached: {e}"),
                 ));
             }
@@ -515,7 +515,7 @@ fn allowed(a: &CheckAnswer, needed: Nanos) -> Result<u64, Refusal> {
             })
         };
         let mut parts = vec![format!("the call may cost up to {needed}")];
-        parts.extend(left("spend_nanos", "the run"));
+        parts.extend(left(Dimension::SpendNanos.as_str(), "the run"));
         parts.extend(left(tally_policy::PRINCIPAL_SPEND, "its owner's budget"));
         words = format!("{words}: {}", parts.join("; "));
     }

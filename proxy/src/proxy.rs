@@ -428,7 +428,7 @@ fn too_many_connections<B>(proxy: &Proxy, req: &hyper::Request<B>) -> hyper::Res
         .map_or(tally_policy::UpstreamKind::Openai, |r| r.upstream.kind);
     let mut refusal = crate::dialect::Refusal::own(
         hyper::StatusCode::TOO_MANY_REQUESTS,
-        "too_many_connections",
+        tally_wire::ErrorCode::TooManyConnections,
         "this client holds as many connections to the proxy as one peer may (tally serve --proxy-max-connections-per-peer): reuse one, or close one",
     );
     refusal.action = tally_record::Action::Retry;

@@ -129,7 +129,7 @@ impl Proxy {
             }
             Err(e) => Refusal::own(
                 StatusCode::FORBIDDEN,
-                "refused",
+                tally_wire::ErrorCode::Refused,
                 format!("the gate refused the call: {e}"),
             ),
         }

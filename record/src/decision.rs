@@ -18,6 +18,7 @@ use crate::error::DecisionError;
 use crate::money::Nanos;
 pub use crate::strict::is_blank_line;
 use crate::strict::{limits, present};
+use crate::Dimension;
 
 pub use codes::{Action, Channel, Effect, Kind, Reason, Status, UsageRefused};
 pub use usage::Usage;
@@ -539,7 +540,7 @@ pub fn limits_in_nanos(limits: &BTreeMap<String, Limit>) -> BTreeMap<String, Lim
     if let Some(l) = out.remove("spend_cents") {
         let n = |c: u64| Nanos::from_cents(c).unwrap_or(Nanos::MAX).0;
         out.insert(
-            "spend_nanos".to_owned(),
+            Dimension::SpendNanos.as_str().to_owned(),
             Limit {
                 used: n(l.used),
                 limit: n(l.limit),

@@ -1,7 +1,8 @@
 //! The crate graph ARCHITECTURE.md draws, read from `cargo metadata`: every dependency
 //! between this workspace's crates points down its layers, no library links clap or
 //! anyhow, the daemon links no database, and a client (`tally-api`, `tally-mcp`) links
-//! neither the daemon nor a database.
+//! neither the daemon nor a database, nor (through any crate, `cargo tree`) the gate, the
+//! ledger or the policy core: only the wire.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,17 +12,18 @@ use serde_json::Value;
 
 /// Each crate's layer (ARCHITECTURE.md): a crate may depend only on crates of lower
 /// layers.
-const LAYERS: [(&str, u32); 14] = [
+const LAYERS: [(&str, u32); 15] = [
     ("tally-record", 0),
     ("tally-ledger", 1),
     ("tally-policy", 1),
+    ("tally-wire", 1),
     ("tally-gate", 2),
     ("tally-verify", 2),
-    ("tally-api", 3),
+    ("tally-api", 2),
     ("tally-gate-postgres", 3),
     ("tally-proxy", 3),
+    ("tally-mcp", 3),
     ("tally-daemon", 4),
-    ("tally-mcp", 4),
     ("tally-testkit", 4),
     ("tally-cli", 5),
     ("tally-load", 5),
@@ -187,7 +189,72 @@ fn a_dependency_the_wrong_way_is_found() {
     }
 }
 
-/// The client and wire types are tally-api's alone: the daemon does not re-export them (a
+/// Crates a client must not link, through any crate: what `cargo tree -e normal` lists.
+const NOT_IN_A_CLIENT: [&str; 5] = [
+    "tally-gate",
+    "tally-ledger",
+    "tally-policy",
+    "sled",
+    "tokio-postgres",
+];
+
+/// The packages `krate` links (its normal dependencies, transitively, for this host), as
+/// `cargo tree` resolves them.
+fn linked(krate: &str) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-p", krate, "-e", "normal", "--offline"])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .current_dir(&root)
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// What of [`NOT_IN_A_CLIENT`] a client's linked packages hold.
+fn banned_in_a_client(linked: &[String]) -> Vec<&'static str> {
+    NOT_IN_A_CLIENT
+        .into_iter()
+        .filter(|b| linked.iter().any(|l| l == b))
+        .collect()
+}
+
+/// A client speaks the wire (`tally-wire`, over `tally-record`) and links no gate, no
+/// ledger, no policy core and no database, through any crate.
+#[test]
+fn a_client_links_the_wire_and_no_gate_ledger_or_database() {
+    for client in ["tally-api", "tally-mcp"] {
+        let linked = linked(client);
+        assert!(
+            linked.iter().any(|l| l == "tally-wire"),
+            "{client} does not link tally-wire: {linked:?}"
+        );
+        let banned = banned_in_a_client(&linked);
+        assert!(banned.is_empty(), "{client} links {banned:?}");
+    }
+    // The check finds what it must: the daemon links all of them but the database.
+    let daemon = banned_in_a_client(&linked("tally-daemon"));
+    assert_eq!(
+        daemon,
+        ["tally-gate", "tally-ledger", "tally-policy", "sled"],
+        "the daemon's links, as the check sees them"
+    );
+}
+
+/// The client and wire types are tally-api's and tally-wire's alone: the daemon does not
+/// re-export them (a
 /// client would otherwise reach them through the server's crate), and `tally-load` (its own
 /// package, not a binary of the daemon's) uses the api's client.
 #[test]
@@ -196,8 +263,9 @@ fn the_daemon_re_exports_no_client_or_wire_type() {
     let lib = std::fs::read_to_string(root.join("daemon/src/lib.rs")).expect("daemon/src/lib.rs");
     for line in lib.lines() {
         assert!(
-            !(line.trim_start().starts_with("pub use tally_api")),
-            "daemon/src/lib.rs re-exports tally-api: {line}"
+            !(line.trim_start().starts_with("pub use tally_api")
+                || line.trim_start().starts_with("pub use tally_wire")),
+            "daemon/src/lib.rs re-exports tally-api or tally-wire: {line}"
         );
     }
     assert!(
@@ -358,6 +426,143 @@ fn the_daemons_modules_form_no_cycle() {
             panic!("a module cycle in the daemon: {}", cycle.join(" -> "));
         }
     }
+}
+
+/// Where `text` spells an error code as a string rather than as the wire's `ErrorCode`:
+/// an `ApiError::new` or `Refusal::own` whose code is a literal, a code compared with a
+/// literal, or a literal `"code"` in a JSON body. Each as `line: text`.
+fn string_codes(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for call in ["ApiError::new(", "Refusal::own("] {
+        for (at, _) in text.match_indices(call) {
+            let args = &text[at + call.len()..];
+            let mut depth = 0i32;
+            let comma = args.char_indices().find(|&(_, c)| {
+                match c {
+                    '(' | '[' | '{' => depth += 1,
+                    ')' | ']' | '}' => depth -= 1,
+                    _ => {}
+                }
+                c == ',' && depth == 0
+            });
+            if let Some((i, _)) = comma {
+                if args[i + 1..].trim_start().starts_with('"') {
+                    found.push(at);
+                }
+            }
+        }
+    }
+    for pattern in ["code() == Some(\"", "code == \""] {
+        found.extend(text.match_indices(pattern).map(|(at, _)| at));
+    }
+    // A JSON body's `"code"` is tally's only if it is one of tally's codes (the fake
+    // upstream answers the OpenAI API's own, `invalid_api_key`).
+    for (at, _) in text.match_indices("\"code\": \"") {
+        let rest = &text[at + 9..];
+        let code = rest.split('"').next().unwrap_or_default();
+        if tally_wire::ErrorCode::ALL
+            .iter()
+            .any(|c| c.as_str() == code)
+        {
+            found.push(at);
+        }
+    }
+    found
+        .into_iter()
+        .map(|at| {
+            let line = text[..at].lines().count().max(1);
+            let shown = text.lines().nth(line - 1).unwrap_or_default().trim();
+            format!("{line}: {shown}")
+        })
+        .collect()
+}
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("a source directory") {
+        let path = e.expect("an entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Error codes are the wire's `ErrorCode` (and a proxy refusal's `RefusalCode`): no
+/// crate's source but `tally-wire`'s spells one as a string, to send or to match.
+#[test]
+fn no_error_code_is_a_string_outside_the_wire() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for (krate, _) in LAYERS {
+        let dir = krate.trim_start_matches("tally-");
+        if dir != "wire" && root.join(dir).join("src").is_dir() {
+            sources(&root.join(dir).join("src"), &mut files);
+        }
+    }
+    assert!(files.len() > 100, "{} files", files.len());
+    let mut found = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("a source file");
+        for at in string_codes(&text) {
+            found.push(format!("{}:{at}", f.display()));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The check finds what it must.
+    let old = r#"
+        ApiError::new(StatusCode::CONFLICT, "run_exists", msg);
+        Refusal::own(
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            message,
+        );
+        Err(e) if e.code() == Some("run_not_found") => {}
+        Err(GateFailure::Refused { code, .. }) if code == "not_owner" => {}
+        json!({"error": {"code": "gate_unavailable"}});
+        ApiError::new(bad, ErrorCode::InvalidJson, format!("{}", "x"));
+    "#;
+    assert_eq!(string_codes(old).len(), 5, "{:?}", string_codes(old));
+}
+
+/// The public functions of `tally-api` whose signature passes a `serde_json::Value`:
+/// each as `file: signature`.
+fn untyped_client_signatures(file: &str, text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for start in ["pub fn ", "pub async fn "] {
+        for (at, _) in text.match_indices(start) {
+            let signature = text[at..].split(['{', ';']).next().unwrap_or_default();
+            let untyped = signature
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .any(|word| word == "Value");
+            if untyped {
+                found.push(format!("{file}: {}", signature.trim()));
+            }
+        }
+    }
+    found
+}
+
+/// The client answers typed: no public function of `tally-api` takes or returns a
+/// `serde_json::Value`.
+#[test]
+fn the_client_passes_nothing_untyped() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../api/src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    assert!(files.len() >= 3, "{files:?}");
+    let mut found = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("a source file");
+        found.extend(untyped_client_signatures(&f.display().to_string(), &text));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The check finds what it must.
+    let old = "pub async fn runs(&mut self) -> Result<Value, GateError> {\n}\n\
+               pub fn settle(&mut self, run: &str) -> Result<Logged, GateError> {\n}\n\
+               pub async fn act(\n    &mut self,\n    body: serde_json::Value,\n) -> Result<(), E>;";
+    assert_eq!(untyped_client_signatures("old", old).len(), 2);
 }
 
 /// Sources that may match on a `Status` and compare a limit: the policy core (the rules),

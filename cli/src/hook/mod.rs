@@ -20,6 +20,7 @@ mod session;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use tally_api::ErrorCode;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -478,11 +479,11 @@ fn session_end(h: &Hook, run: &str, p: &Payload) -> Result<String> {
             })?;
             match stopped {
                 Ok(_) => format!("the session ended: run {} stopped ({reason})", shown(&r)),
-                Err(e) if e.code() == Some("run_not_found") => {
+                Err(e) if e.code() == Some(ErrorCode::RunNotFound) => {
                     "the session ended before any of its calls reached the gate: no run to stop"
                         .to_owned()
                 }
-                Err(e) if e.code() == Some("run_stopped") => format!(
+                Err(e) if e.code() == Some(ErrorCode::RunStopped) => format!(
                     "the session ended; run {} had already stopped",
                     shown(&r)
                 ),
@@ -504,7 +505,7 @@ async fn gate(socket: &Path) -> Result<GateClient> {
 
 /// Report an outcome: the gate's receipt, or its refusal (a daemon not there is the
 /// outer error).
-async fn outcome(socket: &Path, body: Value) -> Result<Result<Value, GateError>> {
+async fn outcome(socket: &Path, body: Value) -> Result<Result<tally_api::Logged, GateError>> {
     let outcome: OutcomeRequest =
         serde_json::from_value(body).context("the outcome is not one the gate reads")?;
     Ok(gate(socket).await?.outcome(&outcome).await)

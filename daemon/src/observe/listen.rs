@@ -16,6 +16,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tally_wire::ErrorCode;
 
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
@@ -139,7 +140,7 @@ async fn no_body(request: Request, next: axum::middleware::Next) -> Response {
     if length || h.contains_key(header::TRANSFER_ENCODING) {
         return ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "body_not_allowed",
+            ErrorCode::BodyNotAllowed,
             "the metrics listener serves GET requests only, without a body",
         )
         .close()
@@ -159,7 +160,7 @@ fn too_many_connections(max: usize) -> Router {
         async move {
             let mut e = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "too_many_connections",
+                ErrorCode::TooManyConnections,
                 message,
             )
             .close();

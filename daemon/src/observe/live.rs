@@ -13,6 +13,7 @@ use super::journal::{Journal, Line};
 use serde::Serialize;
 use tally_ledger::decision::Limit;
 use tally_ledger::money::Nanos;
+use tally_wire::Dimension;
 
 /// Runs whose trajectory is kept.
 pub(crate) const MAX_RUNS: usize = 20_000;
@@ -24,17 +25,15 @@ pub(crate) const MINUTES: u64 = 15;
 pub(crate) const MAX_PENDING: usize = 1_000;
 
 /// The dimensions a trajectory follows.
-pub(crate) const TRACKED: [&str; 4] = ["attempts", "spend_nanos", "polls", "depth"];
+pub(crate) const TRACKED: [&str; 4] = [
+    Dimension::Attempts.as_str(),
+    Dimension::SpendNanos.as_str(),
+    Dimension::Polls.as_str(),
+    Dimension::Depth.as_str(),
+];
 
 /// The last refusal a run was given.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct Refusal {
-    pub reason: &'static str,
-    pub action: Option<&'static str>,
-    pub tool: String,
-    pub seq: Option<u64>,
-    pub at_ms: u64,
-}
+pub(crate) use tally_wire::LastRefusal as Refusal;
 
 /// A call waiting for a human's approval: exactly the call an approval would allow.
 #[derive(Clone, Debug, Serialize)]
@@ -92,7 +91,7 @@ impl RunView {
 
 /// A point as people read it: `used/limit`, spend in dollars (`$0.15/$10.00`).
 fn shown(dim: &str, used: u64, limit: u64) -> String {
-    if dim == "spend_nanos" {
+    if dim == Dimension::SpendNanos.as_str() {
         format!("{}/{}", Nanos(used), Nanos(limit))
     } else {
         format!("{used}/{limit}")
@@ -344,8 +343,8 @@ impl Live {
         }
         if let Some((reason, action)) = refusal {
             r.last_refusal = Some(Refusal {
-                reason,
-                action,
+                reason: reason.to_owned(),
+                action: action.map(str::to_owned),
                 tool: tool.to_owned(),
                 seq,
                 at_ms: now_ms,

@@ -17,6 +17,7 @@ pub(crate) mod trace;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
+use tally_wire::{ListedRun, RunState};
 
 use serde::Serialize;
 use tally_gate::Standing;
@@ -202,7 +203,10 @@ fn build(
     now: u64,
 ) -> Snapshot {
     let total_runs = standings.len();
-    let open_runs = standings.iter().filter(|s| s.state != "stopped").count();
+    let open_runs = standings
+        .iter()
+        .filter(|s| s.state != RunState::Stopped)
+        .count();
     let rows = ordered(obs, standings);
     let runs = rows
         .into_iter()
@@ -210,7 +214,7 @@ fn build(
         .take(PER_PAGE)
         .map(|(s, v, c)| RunRow {
             run: s.run,
-            state: s.state,
+            state: s.state.as_str(),
             stop_reason: s.stop_reason.map(|r| r.as_str()),
             closeness: c,
             live: v,
@@ -286,24 +290,14 @@ pub(crate) fn ordered(
         .collect();
     rows.sort_by(|a, b| {
         order(
-            (&a.0.run, a.0.state != "stopped", &a.2),
-            (&b.0.run, b.0.state != "stopped", &b.2),
+            (&a.0.run, a.0.state != RunState::Stopped, &a.2),
+            (&b.0.run, b.0.state != RunState::Stopped, &b.2),
         )
     });
     rows
 }
 
-/// One run of `GET /v1/runs`: where it stands (as `GET /v1/runs/{run}`), how close it
-/// is to a limit, and its last refusal.
-#[derive(Serialize)]
-pub(crate) struct ListedRun {
-    #[serde(flatten)]
-    pub standing: Standing,
-    pub closeness: Closeness,
-    pub last_refusal: Option<live::Refusal>,
-}
-
-/// `GET /v1/runs`, in the order of [`ordered`].
+/// `GET /v1/runs` (the wire's [`ListedRun`]s), in the order of [`ordered`].
 pub(crate) fn listed(obs: &Observer, standings: Vec<Standing>) -> Vec<ListedRun> {
     ordered(obs, standings)
         .into_iter()
@@ -322,8 +316,8 @@ pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::G
     let mut by_state: BTreeMap<&'static str, i64> = BTreeMap::new();
     let mut held = 0i64;
     for s in &standings {
-        *by_state.entry(s.state).or_default() += 1;
-        if s.state != "stopped" {
+        *by_state.entry(s.state.as_str()).or_default() += 1;
+        if s.state != RunState::Stopped {
             held = held.saturating_add(i64::try_from(s.held_nanos).unwrap_or(i64::MAX));
         }
     }

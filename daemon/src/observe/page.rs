@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
+use tally_wire::ErrorCode;
 
 use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -72,7 +73,7 @@ async fn loopback_only(request: Request, next: axum::middleware::Next) -> Respon
     if !matches!(name, "localhost" | "127.0.0.1" | "::1") || !origin_ok {
         return ApiError::new(
             StatusCode::FORBIDDEN,
-            "forbidden",
+            ErrorCode::Forbidden,
             "the metrics listener answers loopback hosts and its own page only",
         )
         .close()
@@ -139,7 +140,7 @@ pub(crate) struct PageQuery {
 fn bad_query(e: axum::extract::rejection::QueryRejection) -> ApiError {
     ApiError::new(
         StatusCode::BAD_REQUEST,
-        "invalid_query",
+        ErrorCode::InvalidQuery,
         format!(
             "{}; the only parameter is `page`, a page number from 0",
             e.body_text()
@@ -168,7 +169,7 @@ async fn events(
     let Ok(stream_slot) = Arc::clone(&app.observer.streams).try_acquire_owned() else {
         let mut e = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_streams",
+            ErrorCode::TooManyStreams,
             format!(
                 "{} live event streams are open already, the most this daemon serves; \
                  retry after the Retry-After seconds, or close a page you no longer watch \

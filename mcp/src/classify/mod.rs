@@ -110,7 +110,7 @@ pub struct Call {
     /// Its arguments (absent or `null`: none).
     pub arguments: Map<String, Value>,
     /// The client's W3C trace context, `params._meta.traceparent` (and `tracestate`),
-    /// when it is exactly valid (`tally_ledger::trace`): the gate's check is made its
+    /// when it is exactly valid (`tally_record::trace`): the gate's check is made its
     /// child. A malformed one is `None` (the check starts a fresh trace); the call is
     /// neither refused for it nor is the bad value passed to the gate.
     pub trace: Option<crate::gate::Trace>,
@@ -584,7 +584,7 @@ fn call(params: Option<Value>) -> Result<Call, String> {
                 _ => None,
             };
             // Not a string, or not exactly valid: no parent (a fresh trace).
-            tally_ledger::trace::incoming(text("traceparent"), text("tracestate"))
+            tally_record::trace::incoming(text("traceparent"), text("tracestate"))
         }
         Some(_) => return Err("_meta is not an object".into()),
     };

@@ -3,6 +3,7 @@
 
 use super::server::learn_tools;
 use super::*;
+use tally_api::ErrorCode;
 
 pub(super) fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
     OutcomeRequest {
@@ -30,7 +31,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         return not_made(shared, &id_value, None, "tally mcp has not seen the server's initialize answer, so it cannot name the tool for the gate: the call was not made. Initialize the session first (or start tally mcp with --server-name).".into());
     };
     let tool = format!("{server}/{}", c.name);
-    let args = match tally_ledger::decision::Args::from_value(&Value::Object(c.arguments)) {
+    let args = match tally_record::decision::Args::from_value(&Value::Object(c.arguments)) {
         Ok(a) => a,
         Err(e) => {
             return shared.to_client.send(reply::error(
@@ -52,7 +53,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         effect,
         idempotency_key: None,
         target: None,
-        channel: Some(tally_ledger::decision::Channel::Tool),
+        channel: Some(tally_record::decision::Channel::Tool),
         depth: None,
         reserve_cents: None,
         reserve_nanos: None,
@@ -102,7 +103,11 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
             let text = reply::refusal_text(&tool, &answer);
             not_made(shared, &id_value, Some(&answer), text);
         }
-        Err(GateFailure::Refused { code, message, .. }) if code == "run_stopped" => {
+        Err(GateFailure::Refused {
+            code: ErrorCode::RunStopped,
+            message,
+            ..
+        }) => {
             let text = format!(
                 "tally did not make this call to {tool}: {message}. Action: ask: a human must decide how this task goes on; say so and wait."
             );
@@ -111,8 +116,8 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         Err(failure) => {
             let text = format!(
                 "tally could not check this call to {tool} with its gate, so the call was not made (fail closed): {failure}. Action: retry later; if it keeps failing, a human must check that `tally serve` runs on that socket{}.",
-                match &failure {
-                    GateFailure::Refused { code, .. } if code == "run_not_found" || code == "not_owner" => " and that the run is this user's",
+                match failure.code() {
+                    Some(ErrorCode::RunNotFound | ErrorCode::NotOwner) => " and that the run is this user's",
                     _ => "",
                 }
             );
@@ -124,7 +129,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
 pub(super) fn not_made(
     shared: &Shared,
     id: &Value,
-    answer: Option<&tally_gate::CheckAnswer>,
+    answer: Option<&tally_wire::CheckAnswer>,
     text: String,
 ) {
     shared.to_client.send(reply::not_made(id, answer, text));
@@ -157,7 +162,7 @@ pub(super) async fn expire(shared: Shared, id: Value, after: Duration) {
         let text = format!(
             "tally: {} did not answer within {}, the time the gate allowed this call; it was cancelled and its outcome recorded as timeout. The tool may or may not have acted: check before calling it again.",
             p.tool,
-            tally_ledger::words::duration(after.as_millis() as u64)
+            tally_record::words::duration(after.as_millis() as u64)
         );
         not_made(&shared, &id, None, text);
     }

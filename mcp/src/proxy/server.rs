@@ -40,7 +40,7 @@ pub(super) fn from_server(shared: &Shared, message: &RawValue) {
                         o.result_digest = env
                             .get("result")
                             .or_else(|| env.get("error"))
-                            .map(tally_ledger::decision::args_digest);
+                            .map(tally_record::decision::args_digest);
                         shared.gate.outcome(o);
                     }
                 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tally_ledger::keys::{AuditorKey, LedgerPublic};
-use tally_ledger::{Decision, Effect, Kind, Status};
+use tally_record::{Decision, Effect, Kind, Status};
 use tally_testkit::{Daemon, Tally};
 use tempfile::TempDir;
 

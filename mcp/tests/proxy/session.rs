@@ -4,7 +4,7 @@
 //! stopped `completed`, and does not continue one that stopped for anything else.
 
 use super::*;
-use tally_ledger::Reason;
+use tally_record::Reason;
 
 /// The stop records of `run`: their reasons.
 fn stops(ds: &[Decision]) -> Vec<Reason> {

@@ -2,6 +2,7 @@
 //! kind.
 
 use crate::error::DecisionError;
+use crate::Dimension;
 
 use super::{
     is_digest_hex, policy_digest, Decision, Kind, Reason, Status, LIMIT_DIMENSIONS,
@@ -402,7 +403,9 @@ impl Decision {
                     });
                 }
             }
-            if limits.contains_key("spend_cents") && limits.contains_key("spend_nanos") {
+            if limits.contains_key("spend_cents")
+                && limits.contains_key(Dimension::SpendNanos.as_str())
+            {
                 return Err(DecisionError::BothUnits {
                     cents: "limits.spend_cents",
                     nanos: "limits.spend_nanos",
