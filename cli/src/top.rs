@@ -61,11 +61,12 @@ pub(crate) fn usd(v: &Value) -> String {
         .map_or_else(|| "-".into(), |n| tally_ledger::money::Nanos(n).to_string())
 }
 
-/// A run's nearest limit: `attempts 90%`.
+/// A run's nearest limit as people read it: `attempts 90%`, `spend 40%`.
 fn nearest(r: &Value) -> String {
     match r["closeness"]["nearest"].as_str() {
         Some(d) => format!(
-            "{d} {}%",
+            "{} {}%",
+            tally_record::dimension_label(d),
             r["closeness"]["permille"].as_u64().unwrap_or(0) / 10
         ),
         None => "no limit".into(),

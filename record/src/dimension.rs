@@ -34,3 +34,37 @@ impl Dimension {
         }
     }
 }
+
+/// A `limits` dimension's name as people read it in a table or a sentence: `spend` for
+/// `spend_nanos`, `deadline` for `deadline_ms`, `owner's spend` for
+/// `principal_spend_nanos`; a name this build does not know, as it is.
+pub fn label(dimension: &str) -> &str {
+    match dimension {
+        "spend_nanos" | "spend_cents" => "spend",
+        "deadline_ms" => "deadline",
+        "side_effects" => "side effects",
+        "principal_runs" => "owner's runs",
+        "principal_attempts" => "owner's attempts",
+        "principal_spend_nanos" => "owner's spend",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label;
+
+    #[test]
+    fn every_limit_dimension_has_a_label_without_units_or_underscores() {
+        for d in crate::decision::LIMIT_DIMENSIONS {
+            let l = label(d);
+            assert!(
+                !l.contains('_') && !l.ends_with("nanos") && !l.ends_with("ms"),
+                "{d}: {l}"
+            );
+        }
+        assert_eq!(label("spend_nanos"), "spend");
+        assert_eq!(label("deadline_ms"), "deadline");
+        assert_eq!(label("tokens"), "tokens");
+    }
+}

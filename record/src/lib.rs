@@ -25,7 +25,7 @@ pub mod words;
 pub use args::Args;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status, Usage, UsageRefused};
-pub use dimension::Dimension;
+pub use dimension::{label as dimension_label, Dimension};
 pub use error::{ArgsError, DecisionError};
 pub use headroom::{Closeness, Headroom};
 pub use money::{parse_usd, MoneyError, Nanos};

@@ -83,6 +83,9 @@ fn tally_top_in_tmux_and_on_a_pipe() {
         let far = text.find("far-from-it").expect("far-from-it");
         assert!(close < far, "nearest first:\n{text}");
         assert!(text.contains("attempts 80%"), "{text}");
+        // A limit is named as people say it: `spend`, not `spend_nanos`.
+        assert!(text.contains("spend 57%"), "{text}");
+        assert!(!text.contains("spend_nanos"), "{text}");
     }
     // `tally runs`: the same order, with the last refusal.
     let runs = ok(dir, &["runs", "--operator-socket", "operator.sock"]);
