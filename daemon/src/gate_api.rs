@@ -54,7 +54,7 @@ fn caller(peer: Peer, role: Role) -> Caller {
     Caller {
         uid: match peer {
             Peer::Uid(uid) => Some(uid),
-            Peer::Tcp | Peer::Unknown => None,
+            _ => None,
         },
         operator: role == Role::Operator,
         // The agent and operator sockets never speak for the proxy: only the proxy, in

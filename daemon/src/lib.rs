@@ -190,11 +190,6 @@ fn proxy_admit(per_peer: usize) -> tally_proxy::Admit {
     };
     let peers = peers::PeerConnections::new(per_peer);
     Arc::new(move |peer: tally_proxy::Peer| {
-        let peer = match peer {
-            tally_proxy::Peer::Uid(uid) => limit::Peer::Uid(uid),
-            tally_proxy::Peer::Tcp => limit::Peer::Tcp,
-            _ => limit::Peer::Unknown,
-        };
         peers
             .try_open(peer)
             .map(|slot| Box::new(slot) as Box<dyn Send>)

@@ -11,16 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use tally_ledger::clock::Clock;
 
-/// Who is on the other end of a connection, as the kernel reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Peer {
-    /// A Unix socket peer's user id (SO_PEERCRED).
-    Uid(u32),
-    /// A loopback TCP peer (all are one: their addresses are free to choose).
-    Tcp,
-    /// A peer whose credentials could not be read.
-    Unknown,
-}
+/// Who is on the other end of a connection, as the kernel reports it (one type for
+/// every listener: `tally_proxy::accept` hands it out).
+pub(crate) use tally_proxy::Peer;
 
 struct Bucket {
     tokens: f64,

@@ -17,8 +17,9 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tally_proxy::accept::Accept;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
@@ -190,13 +191,6 @@ pub(crate) async fn bind_tcp(addr: Option<SocketAddr>) -> Result<Option<TcpListe
         })
 }
 
-async fn accept_tcp(listener: &Option<TcpListener>) -> io::Result<(TcpStream, SocketAddr)> {
-    match listener {
-        Some(l) => l.accept().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// How many connections, from whom, and how long each may stall.
 pub(crate) struct ConnectionLimits {
     /// Open connections in all.
@@ -250,6 +244,7 @@ pub(crate) async fn accept_loop(
         refusing: &refusing,
         write_timeout: limits.write_timeout,
     };
+    let operator_listener = operator.as_ref().map(|o| &o.0.listener);
     tokio::pin!(shutdown);
     loop {
         // Reap finished connection tasks so the set does not grow.
@@ -264,52 +259,27 @@ pub(crate) async fn accept_loop(
             },
         };
         // Not biased: a flood of connections on one socket must not starve the others.
+        // A failed accept has paused already (`tally_proxy::accept`).
         tokio::select! {
             _ = &mut shutdown => break,
-            accepted = socket.listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let peer = stream.peer_cred().map(|c| Peer::Uid(c.uid())).unwrap_or(Peer::Unknown);
+            accepted = socket.listener.accept_peer() => {
+                if let Ok((stream, peer)) = accepted {
                     edge.serve(&mut tasks, &router, &peers, stream, peer, permit);
                 }
-                Err(e) => backoff(e).await,
             },
-            accepted = accept_operator(operator.as_ref().map(|o| o.0)) => match (accepted, &operator) {
-                (Ok((stream, _)), Some((_, op_router))) => {
-                    let peer = stream.peer_cred().map(|c| Peer::Uid(c.uid())).unwrap_or(Peer::Unknown);
+            accepted = operator_listener.accept_peer() => {
+                if let (Ok((stream, peer)), Some((_, op_router))) = (accepted, &operator) {
                     edge.serve(&mut tasks, op_router, &operator_peers, stream, peer, permit);
                 }
-                (Ok(_), None) => {}
-                (Err(e), _) => backoff(e).await,
             },
-            accepted = accept_tcp(tcp) => match accepted {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    // Every loopback TCP client is one peer, for the connection cap and the
-                    // rate limit: any of 127.0.0.0/8 reaches us, so per-address budgets
-                    // could be multiplied.
-                    edge.serve(&mut tasks, &router, &peers, stream, Peer::Tcp, permit);
+            accepted = tcp.accept_peer() => {
+                if let Ok((stream, peer)) = accepted {
+                    edge.serve(&mut tasks, &router, &peers, stream, peer, permit);
                 }
-                Err(e) => backoff(e).await,
             },
         }
     }
     (graceful, tasks)
-}
-
-/// Accept on the operator socket, or never if there is none.
-async fn accept_operator(
-    socket: Option<&Socket>,
-) -> io::Result<(tokio::net::UnixStream, tokio::net::unix::SocketAddr)> {
-    match socket {
-        Some(s) => s.listener.accept().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Accept errors (out of file descriptors, a connection reset before accept) are not
-/// fatal; pause briefly so they do not spin.
-async fn backoff(_error: io::Error) {
-    tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
 /// What every accepted connection goes through: its peer's cap, then hyper.
@@ -372,7 +342,7 @@ fn too_many_connections(peer: Peer, cap: usize) -> Router {
     let who = match peer {
         Peer::Uid(uid) => format!("uid {uid}"),
         Peer::Tcp => "loopback TCP clients (together one peer)".to_string(),
-        Peer::Unknown => "clients whose uid the kernel did not report".to_string(),
+        _ => "clients whose uid the kernel did not report".to_string(),
     };
     let message = format!(
         "{who} already hold {cap} connections to this daemon, the most one peer may; \

@@ -26,7 +26,7 @@ use axum::Router;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tally_ledger::tlog::note::{Note, NoteSig};
 use tally_ledger::tlog::policy::Policy;
 use tally_ledger::tlog::proof::ConsistencyProof;
@@ -51,7 +51,7 @@ pub struct HttpReply {
 }
 
 fn rustls_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    tally_proxy::tls::provider()
 }
 
 /// Whether `host` (a URL's host, IPv6 in brackets) is a loopback host.
@@ -80,38 +80,13 @@ impl WitnessClient {
     /// A client trusting the Mozilla roots and, if given, the certificates of the PEM
     /// file `ca_file` (for a witness whose certificate a private CA issued).
     pub fn new(ca_file: Option<&Path>) -> Result<WitnessClient, String> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::CertificateDer;
-        let mut roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        if let Some(file) = ca_file {
-            let bad = |why: String| format!("ca_file {}: {why}", file.display());
-            let mut n = 0;
-            for cert in CertificateDer::pem_file_iter(file).map_err(|e| bad(e.to_string()))? {
-                let cert = cert.map_err(|e| bad(e.to_string()))?;
-                roots.add(cert).map_err(|e| bad(e.to_string()))?;
-                n += 1;
+        let client = tally_proxy::tls::https_client(ca_file).map_err(|e| match (e, ca_file) {
+            (tally_proxy::tls::TlsError::CaFile { why }, Some(file)) => {
+                format!("ca_file {}: {why}", file.display())
             }
-            if n == 0 {
-                return Err(bad("holds no PEM certificate".into()));
-            }
-        }
-        let config = rustls::ClientConfig::builder_with_provider(rustls_provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        Ok(WitnessClient {
-            client: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build(connector),
-        })
+            (e, _) => e.to_string(),
+        })?;
+        Ok(WitnessClient { client })
     }
 
     /// One HTTP/1.1 request to an `https://` URL, or an `http://` URL of a loopback host.
@@ -286,43 +261,35 @@ pub async fn serve_witness(
     tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let Some(tls) = tls else {
-        return axum::serve(listener, witness_router(witness))
-            .with_graceful_shutdown(shutdown)
-            .await;
-    };
     let router = witness_router(witness);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let tcp = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
-                Err(_) => {
-                    // Out of descriptors and the like: do not spin.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = &mut shutdown => break,
-        };
+    tally_proxy::accept::until(&listener, shutdown, |tcp, _| {
         let (tls, router, watcher) = (tls.clone(), router.clone(), graceful.watcher());
         tokio::spawn(async move {
-            // A handshake that does not finish in time is dropped.
-            let Ok(Ok(stream)) = tokio::time::timeout(REQUEST_TIMEOUT, tls.accept(tcp)).await
-            else {
-                return;
-            };
-            let conn = hyper::server::conn::http1::Builder::new()
+            let service = hyper_util::service::TowerToHyperService::new(router);
+            let http = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(REQUEST_TIMEOUT)
-                .serve_connection(
-                    TokioIo::new(stream),
-                    hyper_util::service::TowerToHyperService::new(router),
-                );
-            let _ = watcher.watch(conn).await;
+                .clone();
+            match tls {
+                // A handshake that does not finish in time is dropped.
+                Some(tls) => {
+                    let Ok(Ok(stream)) =
+                        tokio::time::timeout(REQUEST_TIMEOUT, tls.accept(tcp)).await
+                    else {
+                        return;
+                    };
+                    let conn = http.serve_connection(TokioIo::new(stream), service);
+                    let _ = watcher.watch(conn).await;
+                }
+                None => {
+                    let conn = http.serve_connection(TokioIo::new(tcp), service);
+                    let _ = watcher.watch(conn).await;
+                }
+            }
         });
-    }
+    })
+    .await;
     let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
     Ok(())
 }

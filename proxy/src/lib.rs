@@ -24,6 +24,7 @@
 //! tracer).
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod dialect;
 mod forward;
 pub mod media;
@@ -34,6 +35,7 @@ mod refuse;
 pub mod request;
 mod stream;
 pub mod tier;
+pub mod tls;
 pub mod token;
 pub mod trace;
 pub mod usage;

@@ -6,12 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tally_gate::{GateError, Gatekeeper};
 use tally_policy::{Policy, Upstream};
 use zeroize::Zeroizing;
@@ -175,7 +170,7 @@ impl ProxyOptions {
     }
 }
 
-pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub(crate) type HttpClient = crate::tls::HttpsClient;
 
 /// One upstream, ready.
 pub(crate) struct Route {
@@ -215,42 +210,15 @@ impl std::fmt::Debug for Proxy {
 }
 
 fn client(name: &str, u: &Upstream) -> Result<HttpClient, ProxyError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    if let Some(file) = &u.ca_file {
-        let bad = |why: String| ProxyError::CaFile {
+    let ca_file = u.ca_file.as_deref().map(Path::new);
+    crate::tls::https_client(ca_file).map_err(|e| match e {
+        crate::tls::TlsError::CaFile { why } => ProxyError::CaFile {
             upstream: name.to_owned(),
-            path: PathBuf::from(file),
+            path: PathBuf::from(ca_file.unwrap_or(Path::new(""))),
             why,
-        };
-        let mut n = 0;
-        for cert in CertificateDer::pem_file_iter(file).map_err(|e| bad(e.to_string()))? {
-            let cert = cert.map_err(|e| bad(e.to_string()))?;
-            roots.add(cert).map_err(|e| bad(e.to_string()))?;
-            n += 1;
-        }
-        if n == 0 {
-            return Err(bad("holds no PEM certificate".into()));
-        }
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| ProxyError::Tls(e.to_string()))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config)
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector))
+        },
+        other => ProxyError::Tls(other.to_string()),
+    })
 }
 
 impl Proxy {
@@ -321,19 +289,7 @@ impl Proxy {
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = listener.accept() => {
-                    let Ok((stream, _)) = accepted else { continue };
-                    let _ = stream.set_nodelay(true);
-                    self.connection(&graceful, TokioIo::new(stream), Peer::Tcp);
-                }
-            }
-        }
-        graceful.shutdown().await;
+        self.serve(listener, shutdown).await;
     }
 
     /// [`Proxy::serve_tcp`] on a Unix socket.
@@ -342,20 +298,19 @@ impl Proxy {
         listener: tokio::net::UnixListener,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
+        self.serve(listener, shutdown).await;
+    }
+
+    async fn serve<L: crate::accept::Accept>(
+        self: Arc<Self>,
+        listener: L,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = listener.accept() => {
-                    let Ok((stream, _)) = accepted else { continue };
-                    let peer = stream
-                        .peer_cred()
-                        .map_or(Peer::Unknown, |c| Peer::Uid(c.uid()));
-                    self.connection(&graceful, TokioIo::new(stream), peer);
-                }
-            }
-        }
+        crate::accept::until(&listener, shutdown, |stream, peer| {
+            self.connection(&graceful, TokioIo::new(stream), peer);
+        })
+        .await;
         graceful.shutdown().await;
     }
 

@@ -30,7 +30,6 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::error::ApiError;
-use crate::limit::Peer;
 use crate::peers::WriteDeadline;
 
 /// Connections being told they are over the limit at once; more are just closed.
@@ -77,50 +76,25 @@ pub(crate) async fn serve(
         .keep_alive(false);
     let router = router.layer(axum::middleware::from_fn(no_body));
     let refusal = too_many_connections(limits.max_connections);
-    tokio::pin!(stop);
-    loop {
+    tally_proxy::accept::until(&listener, stop, |stream, peer| {
         while tasks.try_join_next().is_some() {}
-        let (stream, _) = tokio::select! {
-            biased;
-            () = &mut stop => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                // Out of descriptors, a connection reset before accept: not fatal.
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
         let io = WriteDeadline::new(stream, limits.write_timeout);
         match Arc::clone(&slots).try_acquire_owned() {
             Ok(slot) => crate::server::serve_connection(
-                &builder,
-                &graceful,
-                &mut tasks,
-                &router,
-                io,
-                Peer::Tcp,
-                slot,
+                &builder, &graceful, &mut tasks, &router, io, peer, slot,
             ),
             Err(_) => {
                 let Ok(r) = Arc::clone(&refusing).try_acquire_owned() else {
                     // Dropped: closed at once.
-                    continue;
+                    return;
                 };
                 crate::server::serve_connection(
-                    &refuse,
-                    &graceful,
-                    &mut tasks,
-                    &refusal,
-                    io,
-                    Peer::Tcp,
-                    r,
+                    &refuse, &graceful, &mut tasks, &refusal, io, peer, r,
                 );
             }
         }
-    }
+    })
+    .await;
     drop(listener);
     // Each connection finishes the request it is in (streams end as the daemon closes);
     // a client that does not let go is cut after a second.

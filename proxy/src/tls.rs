@@ -1,0 +1,106 @@
+//! The one HTTPS client tally builds, for the model proxy's upstreams and `tally serve`'s
+//! witnesses alike: rustls with the ring provider, TLS 1.2 and 1.3, the Mozilla roots
+//! compiled in, plus the CA certificates of a PEM file for a peer whose certificate a
+//! private CA issued. Plain `http://` is the caller's to allow or refuse.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// An HTTPS (or HTTP) client with bodies in memory.
+pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Why a client could not be built.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// The CA file could not be read, holds something that is not a certificate, or
+    /// holds none.
+    #[error("{why}")]
+    CaFile {
+        /// What is wrong with it.
+        why: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS: {0}")]
+    Config(String),
+}
+
+/// The crypto provider every TLS client and server of tally uses.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The Mozilla roots, and the certificates of the PEM file `ca_file` if given (at least
+/// one, every block a certificate).
+pub fn roots(ca_file: Option<&Path>) -> Result<rustls::RootCertStore, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let Some(file) = ca_file else {
+        return Ok(roots);
+    };
+    let bad = |why: String| TlsError::CaFile { why };
+    let mut n = 0;
+    for cert in CertificateDer::pem_file_iter(file).map_err(|e| bad(e.to_string()))? {
+        let cert = cert.map_err(|e| bad(e.to_string()))?;
+        roots.add(cert).map_err(|e| bad(e.to_string()))?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(bad("holds no PEM certificate".into()));
+    }
+    Ok(roots)
+}
+
+/// A client trusting [`roots`] of `ca_file`, HTTP/1.1, idle connections kept 30 s.
+pub fn https_client(ca_file: Option<&Path>) -> Result<HttpsClient, TlsError> {
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(roots(ca_file)?)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").expect("write");
+        let e = roots(Some(&empty)).expect_err("no certificate");
+        assert_eq!(
+            e,
+            TlsError::CaFile {
+                why: "holds no PEM certificate".into()
+            }
+        );
+        let missing = dir.path().join("missing.pem");
+        assert!(matches!(
+            roots(Some(&missing)),
+            Err(TlsError::CaFile { .. })
+        ));
+        let mozilla = roots(None).expect("roots").len();
+        assert!(mozilla > 100, "{mozilla}");
+    }
+}
