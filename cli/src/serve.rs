@@ -39,39 +39,39 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
     if args.max_body_bytes == 0 {
         bail!("--max-body-bytes: must be at least 1");
     }
-    options.max_body_bytes = args.max_body_bytes;
+    options.limits.max_body_bytes = args.max_body_bytes;
     if args.rate_per_sec == Some(0) {
         bail!("--rate-per-sec: must be at least 1 (leave it out for no limit)");
     }
-    options.rate_per_sec = args.rate_per_sec;
+    options.limits.rate_per_sec = args.rate_per_sec;
     if args.max_connections_per_peer == 0 {
         bail!("--max-connections-per-peer: must be at least 1");
     }
-    options.max_connections_per_peer = args.max_connections_per_peer;
+    options.limits.max_connections_per_peer = args.max_connections_per_peer;
     if let Some(path) = &args.witness_policy {
-        options.witness_policy = Some(crate::witness::read_policy(path)?);
-        options.witness_interval =
+        options.witness.policy = Some(crate::witness::read_policy(path)?);
+        options.witness.interval =
             std::time::Duration::from_millis(args.witness_interval_ms.max(100));
-        options.witness_ca_files = crate::witness::ca_files(&args.witness_ca)?;
+        options.witness.ca_files = crate::witness::ca_files(&args.witness_ca)?;
     }
     if let Some(addr) = &args.metrics_listen {
-        options.metrics_listen = Some(metrics_addr(addr)?);
+        options.observe.metrics_listen = Some(metrics_addr(addr)?);
     }
     if args.metrics_max_connections == 0 {
         bail!("--metrics-max-connections: must be at least 1");
     }
-    options.metrics_max_connections = args.metrics_max_connections;
+    options.observe.metrics_max_connections = args.metrics_max_connections;
     if args.max_live_streams == 0 {
         bail!("--max-live-streams: must be at least 1");
     }
-    options.max_live_streams = args.max_live_streams;
-    options.log_format = match args.log_format.as_str() {
+    options.observe.max_live_streams = args.max_live_streams;
+    options.observe.log_format = match args.log_format.as_str() {
         "json" => tally_daemon::LogFormat::Json,
         _ => tally_daemon::LogFormat::Text,
     };
-    options.otlp_endpoint = args.otlp_endpoint;
+    options.observe.otlp_endpoint = args.otlp_endpoint;
     if let Some(ratio) = &args.otlp_sample {
-        options.otlp_sample = sample(ratio)?;
+        options.observe.otlp_sample = sample(ratio)?;
     }
     options.proxy = proxy(&args.proxy_listen, &args.proxy_socket, &args.credential)?;
     match (&mut options.proxy, args.proxy_max_connections_per_peer) {
@@ -184,8 +184,8 @@ mod tests {
     #[test]
     fn the_operators_view_flags() {
         let d = parsed(&[]).expect("defaults");
-        assert!(d.metrics_listen.is_none() && d.otlp_endpoint.is_none());
-        assert_eq!(d.log_format, tally_daemon::LogFormat::Text);
+        assert!(d.observe.metrics_listen.is_none() && d.observe.otlp_endpoint.is_none());
+        assert_eq!(d.observe.log_format, tally_daemon::LogFormat::Text);
         let o = parsed(&[
             "--metrics-listen",
             "9464",
@@ -195,11 +195,20 @@ mod tests {
             "http://127.0.0.1:4318",
         ])
         .expect("flags");
-        assert_eq!(o.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
-        assert_eq!(o.log_format, tally_daemon::LogFormat::Json);
-        assert_eq!(o.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+        assert_eq!(
+            o.observe.metrics_listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        assert_eq!(o.observe.log_format, tally_daemon::LogFormat::Json);
+        assert_eq!(
+            o.observe.otlp_endpoint.as_deref(),
+            Some("http://127.0.0.1:4318")
+        );
         let v6 = parsed(&["--metrics-listen", "[::1]:9464"]).expect("v6");
-        assert_eq!(v6.metrics_listen, Some("[::1]:9464".parse().unwrap()));
+        assert_eq!(
+            v6.observe.metrics_listen,
+            Some("[::1]:9464".parse().unwrap())
+        );
         for bad in ["0.0.0.0:9464", "192.168.1.2:9464", "localhost:9464", "x"] {
             let e = parsed(&["--metrics-listen", bad]).expect_err(bad);
             assert!(e.to_string().contains("--metrics-listen"), "{e}");
@@ -218,7 +227,7 @@ mod tests {
             ])
         };
         assert_eq!(
-            parsed(&[]).expect("default").otlp_sample,
+            parsed(&[]).expect("default").observe.otlp_sample,
             tally_daemon::DEFAULT_OTLP_SAMPLE
         );
         for (r, v) in [
@@ -228,7 +237,7 @@ mod tests {
             ("1.0", 1.0),
             (".5", 0.5),
         ] {
-            assert_eq!(otlp(r).expect(r).otlp_sample, v, "{r}");
+            assert_eq!(otlp(r).expect(r).observe.otlp_sample, v, "{r}");
         }
         for bad in [
             "", "1.01", "2", "NaN", "inf", "1e-1", "+0.5", "0.5.1", "0,5", " 0.5", ".",
@@ -249,9 +258,9 @@ mod tests {
             (
                 d.socket_mode,
                 d.socket_gid,
-                d.max_body_bytes,
-                d.rate_per_sec,
-                d.max_connections_per_peer
+                d.limits.max_body_bytes,
+                d.limits.rate_per_sec,
+                d.limits.max_connections_per_peer
             ),
             (0o660, None, 1024 * 1024, None, 128)
         );
@@ -282,9 +291,9 @@ mod tests {
             (
                 o.socket_mode,
                 o.socket_gid,
-                o.max_body_bytes,
-                o.rate_per_sec,
-                o.max_connections_per_peer
+                o.limits.max_body_bytes,
+                o.limits.rate_per_sec,
+                o.limits.max_connections_per_peer
             ),
             (0o640, Some(4321), 4096, Some(50), 8)
         );

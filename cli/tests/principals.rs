@@ -89,7 +89,7 @@ fn thirty_one_runs_in_a_row_from_one_uid_stop_at_the_principal_budget() {
     assert_eq!(
         text.lines()
             .skip(1)
-            .filter(|l| l.contains("principal_attempts 100%"))
+            .filter(|l| l.contains("owner's attempts 100%"))
             .count(),
         runs.len(),
         "{text}"

@@ -35,6 +35,7 @@ pub mod fuzzing;
 mod gate_api;
 mod limit;
 mod observe;
+mod options;
 mod parse;
 mod peers;
 mod server;
@@ -49,13 +50,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tally_ledger::clock::{Clock, SystemClock};
+use tally_ledger::clock::Clock;
 use tally_ledger::Ledger;
 
 pub use error::DaemonError;
 /// The ratio of root spans sampled when `ServeOptions::otlp_sample` is not set.
 pub use observe::trace::DEFAULT_SAMPLE as DEFAULT_OTLP_SAMPLE;
 pub use observe::LogFormat;
+pub use options::{ObserveOptions, RequestLimits, ServeOptions, WitnessOptions};
 /// Builds the gate over the open ledger and the policy: how a caller (the CLI) gives the
 /// daemon a gate whose state lives elsewhere, such as a fleet's PostgreSQL database. The
 /// daemon links no backend of its own but the ledger's embedded store.
@@ -89,96 +91,6 @@ impl std::fmt::Debug for SharedState {
             .field("label", &self.label)
             .finish_non_exhaustive()
     }
-}
-
-/// How to serve. Build with [`ServeOptions::new`], then adjust fields.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ServeOptions {
-    /// The ledger directory ([`run`] opens it; [`serve`] is given the open ledger).
-    pub ledger: PathBuf,
-    /// The Unix socket path. A stale socket left by a dead daemon is replaced; a live
-    /// one, or a file that is not a socket, is refused.
-    pub socket: PathBuf,
-    /// The operator socket (mode 0600: the daemon's user only): raw decisions for runs
-    /// the gate does not govern, pause, resume, kill, approvals, export. Without it,
-    /// none of those is reachable.
-    pub operator_socket: Option<PathBuf>,
-    /// The gate's policy (default: the built-in defaults, recorded as the empty text).
-    pub policy: tally_policy::Recorded,
-    /// Where the gate keeps its state: `None` (the default) in the ledger's own store;
-    /// `Some` a store several daemons, each with its own ledger, share (`tally serve
-    /// --state postgres://...` wires PostgreSQL here: docs/FLEET.md).
-    pub state: Option<SharedState>,
-    /// Also listen on this TCP address; it must be loopback.
-    pub listen: Option<SocketAddr>,
-    /// The socket file's permission bits (default `0o660`: the daemon's user and group).
-    pub socket_mode: u32,
-    /// Give the socket file to this group, so agents in it can connect (default: the
-    /// daemon's group).
-    pub socket_gid: Option<u32>,
-    /// Largest request body accepted, in bytes (default 1 MiB); larger gets 413. Parsing
-    /// expands JSON several times over in memory, so keep it modest.
-    pub max_body_bytes: usize,
-    /// Most decisions in one request (default 10,000); more gets 413.
-    pub max_batch: usize,
-    /// Append requests processed at once (default 256); more wait for a slot.
-    pub max_in_flight: usize,
-    /// Open connections (default 256); more wait in the kernel's accept queue.
-    pub max_connections: usize,
-    /// Open connections of one peer (default 128, half of `max_connections`): one uid on the Unix sockets, and all
-    /// loopback TCP clients together. One more is answered `429 too_many_connections`
-    /// and closed, so one client cannot hold the connections everyone else needs.
-    pub max_connections_per_peer: usize,
-    /// Decisions per second each peer (Unix uid; all loopback TCP clients are one peer)
-    /// may append; `None` (the default) for no limit. Every POST on the agent socket
-    /// pays one, a raw `POST /v1/decisions` one per decision. Over the limit: 429 with
-    /// `Retry-After`.
-    pub rate_per_sec: Option<u32>,
-    /// Request headers, and then the whole body, must each arrive within this time
-    /// (default 10 s); a slow body gets 408, slow headers a closed connection. Idle
-    /// keep-alive connections are closed after this long too.
-    pub read_timeout: Duration,
-    /// A connection whose client reads none of its responses for this long (default
-    /// 10 s) is closed: a write that makes no progress for it fails. A slow reader that
-    /// keeps reading is not affected.
-    pub write_timeout: Duration,
-    /// Push checkpoints to the witnesses this C2SP tlog-policy names (those with a URL),
-    /// keeping the latest one its quorum cosigned beside the ledger
-    /// (`checkpoint.cosigned`).
-    pub witness_policy: Option<tally_ledger::tlog::policy::Policy>,
-    /// The least time between two pushes (default 1 s).
-    pub witness_interval: Duration,
-    /// By witness name: a PEM file of CA certificates the pusher trusts for that witness
-    /// beside the Mozilla roots (a witness whose certificate a private CA issued).
-    pub witness_ca_files: std::collections::BTreeMap<String, std::path::PathBuf>,
-    /// Where the gate, the ledger and the per-peer rate limit read the time (default: the
-    /// system's clock; tests pass a `ManualClock` to drive deadlines, breakers, back-off
-    /// and buckets without sleeping).
-    pub clock: Arc<dyn Clock>,
-    /// Also serve the read-only operator's view (`/metrics`, the live page) on this TCP
-    /// address; it must be loopback (the page names every run).
-    pub metrics_listen: Option<SocketAddr>,
-    /// Connections the `metrics_listen` listener serves at once (default 32), apart
-    /// from the agent and operator sockets' connections; one more is answered `503
-    /// too_many_connections` with `Retry-After` and closed.
-    pub metrics_max_connections: usize,
-    /// The live page's event streams open at once, on the operator socket and the
-    /// metrics listener together (default 8); one more is answered `503
-    /// too_many_streams` with `Retry-After`.
-    pub max_live_streams: usize,
-    /// How the log is written (default text; JSON adds a line per decision).
-    pub log_format: LogFormat,
-    /// Export a span per check to this OTLP/HTTP endpoint (`http://host:4318`).
-    pub otlp_endpoint: Option<String>,
-    /// The ratio of checks and proxied calls that start their own trace whose spans are
-    /// exported (0 to 1; default [`DEFAULT_OTLP_SAMPLE`]). A span whose caller sent a
-    /// `traceparent` follows the caller's sampled flag. A check's decision records the
-    /// caller's trace id, or its own span's when it is exported (docs/OPERATOR.md).
-    pub otlp_sample: f64,
-    /// The HTTP/model proxy for the policy's upstreams (docs/PROXY.md); `None` (the
-    /// default): no proxy, and starts answer no run token.
-    pub proxy: Option<ProxyServe>,
 }
 
 /// The proxy's per-peer connection count: its own, apart from the agent socket's.
@@ -235,41 +147,6 @@ impl std::fmt::Debug for ProxyServe {
     }
 }
 
-impl ServeOptions {
-    /// Defaults for serving the ledger in `ledger` on the socket `socket`.
-    pub fn new(ledger: impl Into<PathBuf>, socket: impl Into<PathBuf>) -> ServeOptions {
-        ServeOptions {
-            ledger: ledger.into(),
-            socket: socket.into(),
-            operator_socket: None,
-            policy: tally_policy::Recorded::default_policy(),
-            state: None,
-            listen: None,
-            socket_mode: 0o660,
-            socket_gid: None,
-            max_body_bytes: 1024 * 1024,
-            max_batch: 10_000,
-            max_in_flight: 256,
-            max_connections: 256,
-            max_connections_per_peer: 128,
-            rate_per_sec: None,
-            read_timeout: Duration::from_secs(10),
-            write_timeout: Duration::from_secs(10),
-            witness_policy: None,
-            witness_interval: Duration::from_secs(1),
-            witness_ca_files: std::collections::BTreeMap::new(),
-            clock: Arc::new(SystemClock),
-            metrics_listen: None,
-            metrics_max_connections: 32,
-            max_live_streams: 8,
-            log_format: LogFormat::Text,
-            otlp_endpoint: None,
-            otlp_sample: DEFAULT_OTLP_SAMPLE,
-            proxy: None,
-        }
-    }
-}
-
 /// Open the ledger in `options.ledger`, serve until SIGTERM or SIGINT, drain, and
 /// return. Blocking: builds its own tokio runtime. The ledger (and its lock) is
 /// released when this returns.
@@ -279,7 +156,7 @@ impl ServeOptions {
 /// the caller to print (once), and nothing else is logged for it. No line holds a key,
 /// a decision or a call's arguments.
 pub fn run(options: ServeOptions) -> Result<(), DaemonError> {
-    observe::set_log_format(options.log_format);
+    observe::set_log_format(options.observe.log_format);
     check_ledger_dir(&options.ledger)?;
     // Before the ledger is opened: a bad socket path changes nothing.
     server::check_socket_dir(&options.socket)?;
@@ -383,11 +260,11 @@ async fn serve_inner(
         server::check_socket_dir(p)?;
     }
     let tcp = server::bind_tcp(options.listen).await?;
-    let metrics_tcp = server::bind_tcp(options.metrics_listen).await?;
+    let metrics_tcp = server::bind_tcp(options.observe.metrics_listen).await?;
     let proxy_tcp = server::bind_tcp(options.proxy.as_ref().and_then(|p| p.listen)).await?;
-    let tracer = match &options.otlp_endpoint {
+    let tracer = match &options.observe.otlp_endpoint {
         Some(url) => Some(
-            observe::trace::Exporter::new(url, options.otlp_sample).map_err(|why| {
+            observe::trace::Exporter::new(url, options.observe.otlp_sample).map_err(|why| {
                 DaemonError::Otlp {
                     endpoint: url.clone(),
                     why,
@@ -402,9 +279,9 @@ async fn serve_inner(
     let live = observe::live::Live::open(ledger.dir());
     let observer = Arc::new(observe::Observer::new(
         &gate.policy().policy,
-        options.log_format,
+        options.observe.log_format,
         tracer,
-        options.max_live_streams,
+        options.observe.max_live_streams,
         live,
     ));
     {
@@ -419,7 +296,7 @@ async fn serve_inner(
     let state = Arc::new(commit::LedgerState {
         failure: std::sync::Mutex::new(None),
     });
-    let max_in_flight = options.max_in_flight.max(1);
+    let max_in_flight = options.limits.max_in_flight.max(1);
     let token_key = match &options.proxy {
         Some(_) => Some(Arc::new(
             tally_proxy::TokenKey::open_or_create(ledger.dir())
@@ -436,12 +313,12 @@ async fn serve_inner(
             Arc::clone(&state),
             gate,
             api::Limits {
-                max_body_bytes: options.max_body_bytes,
+                max_body_bytes: options.limits.max_body_bytes,
                 max_in_flight,
-                max_batch: options.max_batch,
-                rate_per_sec: options.rate_per_sec,
+                max_batch: options.limits.max_batch,
+                rate_per_sec: options.limits.rate_per_sec,
                 clock: Arc::clone(&options.clock),
-                read_timeout: options.read_timeout,
+                read_timeout: options.limits.read_timeout,
                 queue_bound: options.state.as_ref().map(|s| s.timeout),
                 token_key,
             },
@@ -496,16 +373,16 @@ async fn serve_inner(
     }
     // The witnesses: pushed to every interval, and once more after the last request.
     let (stop_push, stopped) = tokio::sync::watch::channel(false);
-    let pusher = match options.witness_policy.clone() {
+    let pusher = match options.witness.policy.clone() {
         Some(policy) => {
             let p = witness::Pusher::new(
                 Arc::clone(&app.ledger),
                 app.ledger.dir().to_path_buf(),
                 policy,
-                &options.witness_ca_files,
+                &options.witness.ca_files,
             )
             .map_err(DaemonError::Witness)?;
-            Some(tokio::spawn(p.run(options.witness_interval, stopped)))
+            Some(tokio::spawn(p.run(options.witness.interval, stopped)))
         }
         None => None,
     };
@@ -515,9 +392,9 @@ async fn serve_inner(
         let router = observe::page::listener_router(Arc::clone(&app));
         let mut stopped = view_stopped;
         let limits = observe::listen::ViewLimits {
-            max_connections: options.metrics_max_connections,
-            read_timeout: options.read_timeout,
-            write_timeout: options.write_timeout,
+            max_connections: options.observe.metrics_max_connections,
+            read_timeout: options.limits.read_timeout,
+            write_timeout: options.limits.write_timeout,
         };
         tokio::spawn(observe::listen::serve(
             listener,
@@ -536,10 +413,10 @@ async fn serve_inner(
         router,
         operator.as_ref().map(|s| (s, operator_router)),
         server::ConnectionLimits {
-            max_connections: options.max_connections,
-            per_peer: options.max_connections_per_peer,
-            read_timeout: options.read_timeout,
-            write_timeout: options.write_timeout,
+            max_connections: options.limits.max_connections,
+            per_peer: options.limits.max_connections_per_peer,
+            read_timeout: options.limits.read_timeout,
+            write_timeout: options.limits.write_timeout,
         },
         shutdown,
     )
@@ -633,15 +510,15 @@ fn started_line(options: &ServeOptions, ledger: &Ledger, metrics_at: Option<Sock
             "; /metrics and the live page (/live) on http://{at}"
         ));
     }
-    if let Some(w) = &options.witness_policy {
+    if let Some(w) = &options.witness.policy {
         let pushed = w.witnesses.iter().filter(|w| w.url.is_some()).count();
         tcp.push_str(&format!(
             "; checkpoints pushed to {pushed} of the witness policy's {} witness(es) every {} ms",
             w.witnesses.len(),
-            options.witness_interval.as_millis()
+            options.witness.interval.as_millis()
         ));
     }
-    let rate = match options.rate_per_sec {
+    let rate = match options.limits.rate_per_sec {
         Some(r) => format!("{r} decisions/s per peer"),
         None => "no rate limit".to_string(),
     };
@@ -663,9 +540,9 @@ fn started_line(options: &ServeOptions, ledger: &Ledger, metrics_at: Option<Sock
         } else {
             format!("digest {}", options.policy.digest)
         },
-        options.max_connections,
-        options.max_connections_per_peer,
-        options.max_body_bytes,
+        options.limits.max_connections,
+        options.limits.max_connections_per_peer,
+        options.limits.max_body_bytes,
     )
 }
 

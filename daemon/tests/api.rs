@@ -106,8 +106,8 @@ fn case(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_typed_errors_and_change_nothing() {
     let mut daemon = Daemon::start(|o| {
-        o.max_body_bytes = 8 * 1024;
-        o.max_batch = 5;
+        o.limits.max_body_bytes = 8 * 1024;
+        o.limits.max_batch = 5;
     })
     .await;
     let mut c = daemon.client().await;
@@ -369,7 +369,7 @@ async fn bad_requests_get_typed_errors_and_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_time_out_without_starving_others() {
-    let mut daemon = Daemon::start(|o| o.read_timeout = Duration::from_millis(300)).await;
+    let mut daemon = Daemon::start(|o| o.limits.read_timeout = Duration::from_millis(300)).await;
     let mut c = daemon.client().await;
     let before = checkpoint_text(&mut c).await;
 
@@ -432,7 +432,7 @@ async fn rate_limit_refuses_with_retry_after_and_writes_nothing() {
     let clock = std::sync::Arc::new(tally_ledger::clock::ManualClock::new(1_700_000_000_000));
     let moved = std::sync::Arc::clone(&clock) as std::sync::Arc<dyn tally_ledger::clock::Clock>;
     let mut daemon = Daemon::start(|o| {
-        o.rate_per_sec = Some(5);
+        o.limits.rate_per_sec = Some(5);
         o.clock = moved;
     })
     .await;

@@ -12,7 +12,7 @@ const RUNS: usize = 48;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_clients_interleave_many_runs_with_no_gap_and_no_loss() {
-    let mut daemon = Daemon::start(|o| o.max_in_flight = 16).await;
+    let mut daemon = Daemon::start(|o| o.limits.max_in_flight = 16).await;
     let mut tasks = Vec::new();
     for client in 0..CLIENTS {
         let socket = daemon.socket.clone();

@@ -180,7 +180,7 @@ async fn the_rate_limit_holds_back_an_agent_s_gate_calls() {
     let clock = std::sync::Arc::new(tally_ledger::clock::ManualClock::new(1_700_000_000_000));
     let moved = std::sync::Arc::clone(&clock) as std::sync::Arc<dyn tally_ledger::clock::Clock>;
     let mut daemon = crate::common::Daemon::start(|o| {
-        o.rate_per_sec = Some(5);
+        o.limits.rate_per_sec = Some(5);
         o.clock = moved;
     })
     .await;

@@ -242,7 +242,7 @@ async fn regression_14_one_uid_flooding_connections_does_not_stall_another_uids_
 // other connections, and every other peer, are served as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_14_a_peer_over_its_connection_cap_gets_a_typed_429() {
-    let mut daemon = Daemon::start(|o| o.max_connections_per_peer = 2).await;
+    let mut daemon = Daemon::start(|o| o.limits.max_connections_per_peer = 2).await;
     // The start's probes of the sockets count until the daemon sees them closed.
     let first = served(&daemon).await.expect("a first connection");
     let mut second = served(&daemon).await.expect("a second connection");
@@ -280,7 +280,7 @@ async fn regression_14_a_peer_over_its_connection_cap_gets_a_typed_429() {
 // once a write has been blocked for the write timeout; one that reads slowly is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_14_a_client_that_stops_reading_is_closed_after_the_write_timeout() {
-    let mut daemon = Daemon::start(|o| o.write_timeout = Duration::from_millis(500)).await;
+    let mut daemon = Daemon::start(|o| o.limits.write_timeout = Duration::from_millis(500)).await;
     let socket = daemon.agent_socket.clone();
     let outcome = tokio::task::spawn_blocking(move || {
         let requests = pipelined_requests();

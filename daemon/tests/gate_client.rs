@@ -105,7 +105,7 @@ async fn a_daemon_that_is_not_there_is_unreachable() {
 /// wait; with them it waits and the request goes through, once.
 #[tokio::test]
 async fn retry_after_is_honoured_and_only_for_what_was_not_recorded() {
-    let d = Daemon::start(|o| o.rate_per_sec = Some(1)).await;
+    let d = Daemon::start(|o| o.limits.rate_per_sec = Some(1)).await;
     let mut never = GateClient::new(&d.agent_socket).with_retry(Retry::NEVER);
     let mut refused = None;
     for i in 0..5 {

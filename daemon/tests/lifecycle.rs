@@ -12,7 +12,7 @@ use crate::common::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_the_request_in_flight_then_removes_the_socket() {
-    let mut daemon = Daemon::start(|o| o.read_timeout = Duration::from_secs(5)).await;
+    let mut daemon = Daemon::start(|o| o.limits.read_timeout = Duration::from_secs(5)).await;
     let body = allow("drain", "w", 1);
     let (head, tail) = body.split_at(body.len() / 2);
     let mut stream = tokio::net::UnixStream::connect(&daemon.socket)

@@ -65,8 +65,8 @@ async fn decisions_whose_client_hung_up_are_committed_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_bodies_do_not_block_appends() {
     let mut daemon = Daemon::start(|o| {
-        o.max_in_flight = 4;
-        o.read_timeout = Duration::from_secs(8);
+        o.limits.max_in_flight = 4;
+        o.limits.read_timeout = Duration::from_secs(8);
     })
     .await;
     let mut stalled = Vec::new();

@@ -95,11 +95,11 @@ async fn decide(d: &Daemon, run: &str, n: u64) {
 async fn a_flood_on_the_metrics_listener_is_refused_typed_and_never_stops_decisions() {
     let addr = free_loopback_addr();
     let mut d = Daemon::start(|o| {
-        o.metrics_listen = Some(addr);
-        o.metrics_max_connections = 4;
-        o.max_live_streams = 2;
+        o.observe.metrics_listen = Some(addr);
+        o.observe.metrics_max_connections = 4;
+        o.observe.max_live_streams = 2;
         // Long enough that the held connections below are not cut while the test runs.
-        o.read_timeout = Duration::from_secs(60);
+        o.limits.read_timeout = Duration::from_secs(60);
     })
     .await;
     let mut c = d.agent().await;
@@ -189,10 +189,10 @@ async fn a_flood_on_the_metrics_listener_is_refused_typed_and_never_stops_decisi
 async fn slow_headers_huge_headers_and_bodies_on_the_metrics_listener_are_cut() {
     let addr = free_loopback_addr();
     let mut d = Daemon::start(|o| {
-        o.metrics_listen = Some(addr);
+        o.observe.metrics_listen = Some(addr);
         // One connection in all: the slow client holds it until it is cut.
-        o.metrics_max_connections = 1;
-        o.read_timeout = Duration::from_millis(400);
+        o.observe.metrics_max_connections = 1;
+        o.limits.read_timeout = Duration::from_millis(400);
     })
     .await;
     // Slowloris: the request line, then a header byte now and then, never the end.

@@ -162,12 +162,12 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
                 options.policy = tally_policy::Recorded::new(&text)
                     .map_err(|e| format!("--policy {}: {e}", path.display()))?;
             }
-            options.max_in_flight = args.value("max-in-flight")?.unwrap_or(256);
+            options.limits.max_in_flight = args.value("max-in-flight")?.unwrap_or(256);
             // The operator's view, for its cost (docs/PERFORMANCE.md).
-            options.metrics_listen = args.value("metrics-listen")?;
-            options.otlp_endpoint = args.value("otlp-endpoint")?;
+            options.observe.metrics_listen = args.value("metrics-listen")?;
+            options.observe.otlp_endpoint = args.value("otlp-endpoint")?;
             if let Some(r) = args.value::<f64>("otlp-sample")? {
-                options.otlp_sample = r;
+                options.observe.otlp_sample = r;
             }
             args.done()?;
             Ok(match tally_daemon::run(options) {
