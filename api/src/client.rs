@@ -212,11 +212,17 @@ pub fn json_of<T: serde::de::DeserializeOwned>(reply: &Reply) -> Result<T, Clien
             why: e.to_string(),
         });
     }
-    match serde_json::from_slice::<ErrorReply>(&reply.body) {
-        Ok(r) => Err(ClientError::Refused {
-            status,
-            error: r.error,
-        }),
+    // A check the gate could not record is answered 503 with a deny the shape of a
+    // check's answer and the error reply's detail beside it: the same typed refusal.
+    let refused = serde_json::from_slice::<ErrorReply>(&reply.body)
+        .map(|r| r.error)
+        .or_else(|e| {
+            serde_json::from_slice::<tally_wire::CheckUnavailable>(&reply.body)
+                .map(|c| c.error)
+                .map_err(|_| e)
+        });
+    match refused {
+        Ok(error) => Err(ClientError::Refused { status, error }),
         Err(e) => Err(ClientError::Unexpected {
             status,
             why: format!(
@@ -224,5 +230,38 @@ pub fn json_of<T: serde::de::DeserializeOwned>(reply: &Reply) -> Result<T, Clien
                 String::from_utf8_lossy(&reply.body[..reply.body.len().min(200)])
             ),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(status: u16, body: Vec<u8>) -> Reply {
+        Reply {
+            status: StatusCode::from_u16(status).expect("status"),
+            content_type: Some("application/json".into()),
+            body: Bytes::from(body),
+            retry_after_secs: Some(1),
+        }
+    }
+
+    #[test]
+    fn a_check_the_gate_could_not_record_reads_as_its_typed_refusal() {
+        let body = serde_json::to_vec(&tally_wire::CheckUnavailable::new("the disk is full"))
+            .expect("json");
+        match json_of::<serde_json::Value>(&reply(503, body)) {
+            Err(ClientError::Refused { status, error }) => {
+                assert_eq!(status, 503);
+                assert_eq!(error.code, tally_wire::ErrorCode::GateUnavailable);
+                assert_eq!(error.message, "the disk is full");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Neither shape: unexpected, never a refusal made up.
+        assert!(matches!(
+            json_of::<serde_json::Value>(&reply(503, b"{\"decision\":\"deny\"}".to_vec())),
+            Err(ClientError::Unexpected { status: 503, .. })
+        ));
     }
 }
