@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use tally_gate::{Caller, CheckAnswer, CheckRequest, GateError, Standing};
+use tally_gate::{Caller, CheckAnswer, CheckRequest, GateError};
 use tally_policy::{UpstreamKind, Verdict};
 use tally_record::decision::Channel;
 use tally_record::money::Nanos;
@@ -16,7 +16,7 @@ use tally_record::{Dimension, Effect, Reason, Status};
 
 use crate::dialect::Refusal;
 use crate::proxy::{Proxy, Route};
-use crate::refuse::{Pre, Refused};
+use crate::refuse::{preview, unavailable, Caught, Pre, Refused};
 use crate::stream::{Pump, Settle};
 use crate::Body;
 
@@ -27,12 +27,6 @@ use crate::Body;
 fn passed(kind: UpstreamKind, name: &str) -> bool {
     matches!(name, "content-type" | "accept")
         || (kind == UpstreamKind::Anthropic && name == "anthropic-version")
-}
-
-/// What the proxy knows of a request once its token is read.
-pub(crate) struct Caught {
-    pub run: String,
-    pub standing: Standing,
 }
 
 impl Proxy {
@@ -462,16 +456,6 @@ pub(crate) fn effect_of(method: &str) -> Effect {
     }
 }
 
-pub(crate) fn unavailable() -> Refusal {
-    let mut r = Refusal::reason(
-        Reason::GateUnavailable,
-        Some(1000),
-        "the gate cannot record decisions, so the call must not proceed (fail closed)".into(),
-    );
-    r.status = StatusCode::SERVICE_UNAVAILABLE;
-    r
-}
-
 /// A verdict as spans and logs name it.
 fn verdict(v: Verdict) -> &'static str {
     match v {
@@ -585,15 +569,6 @@ fn betas(incoming: &HeaderMap, allowed: &[String]) -> Option<HeaderValue> {
         return None;
     }
     HeaderValue::from_str(&kept.join(",")).ok()
-}
-
-/// The call's preview: at most 256 bytes, cut at a character.
-pub(crate) fn preview(text: &str) -> String {
-    let mut end = text.len().min(tally_record::decision::MAX_PREVIEW_BYTES);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
 }
 
 #[cfg(test)]

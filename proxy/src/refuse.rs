@@ -1,17 +1,44 @@
 //! Refusals the proxy makes itself, before the budget rules: the request as sent is
 //! outside the upstream's policy (a method, path, upstream or unpriced model:
 //! `scope_violation`) or cannot be read or priced exactly (`request_refused`). Each is a
-//! `deny` in the run's ledger before it is answered, like any refusal of the gate.
+//! `deny` in the run's ledger before it is answered, like any refusal of the gate. Also
+//! what every refusal of a request is made from: the run its token named ([`Caught`]),
+//! the call's preview, and the answer when the gate cannot record (`unavailable`).
 
 use hyper::StatusCode;
-use tally_gate::{Caller, CheckRequest, GateError};
+use tally_gate::{Caller, CheckRequest, GateError, Standing};
 use tally_policy::Verdict;
 use tally_record::decision::Channel;
 use tally_record::{Effect, Reason};
 
 use crate::dialect::Refusal;
-use crate::forward::{preview, unavailable, Caught};
 use crate::proxy::Proxy;
+
+/// What the proxy knows of a request once its token is read.
+pub(crate) struct Caught {
+    pub run: String,
+    pub standing: Standing,
+}
+
+/// The gate cannot record decisions: the call is refused as unavailable (fail closed).
+pub(crate) fn unavailable() -> Refusal {
+    let mut r = Refusal::reason(
+        Reason::GateUnavailable,
+        Some(1000),
+        "the gate cannot record decisions, so the call must not proceed (fail closed)".into(),
+    );
+    r.status = StatusCode::SERVICE_UNAVAILABLE;
+    r
+}
+
+/// The call's preview: at most 256 bytes, cut at a character.
+pub(crate) fn preview(text: &str) -> String {
+    let mut end = text.len().min(tally_record::decision::MAX_PREVIEW_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
 
 /// A refusal of the request as sent, not yet recorded.
 #[derive(Debug)]
