@@ -194,7 +194,7 @@ pub fn run(args: &DemoArgs) -> Result<Exit> {
     );
     options.auditor = Some(AuditorKey::read(&auditor_path)?);
     let mut analysis = Analysis::new(analysis::Config::default());
-    let mut replay = tally_verify::replay::Replay::new();
+    let mut replay = tally_verify::analysis::Replay::new();
     let report = verify_bytes(&bytes, &options, |e| {
         analysis.push(&e);
         replay.push(&e);

@@ -38,7 +38,7 @@ pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
                 Arc::clone(&app),
                 agent_rate,
             )),
-        Role::Operator => crate::observe::page::routes(crate::tiles::log_routes(
+        Role::Operator => crate::page::routes(crate::tiles::log_routes(
             crate::gate_api::operator_routes(common),
         ))
         .route("/v1/decisions", post(post_decisions))

@@ -36,11 +36,13 @@ mod gate_api;
 mod limit;
 mod observe;
 mod options;
+mod page;
 mod parse;
 mod peers;
 mod server;
 mod stage;
 mod tiles;
+mod view;
 pub mod witness;
 
 use std::future::Future;
@@ -389,7 +391,7 @@ async fn serve_inner(
     // The read-only view on loopback TCP, stopped with the rest.
     let (stop_view, view_stopped) = tokio::sync::watch::channel(false);
     let view = metrics_tcp.map(|listener| {
-        let router = observe::page::listener_router(Arc::clone(&app));
+        let router = page::listener_router(Arc::clone(&app));
         let mut stopped = view_stopped;
         let limits = observe::listen::ViewLimits {
             max_connections: options.observe.metrics_max_connections,

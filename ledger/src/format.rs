@@ -61,10 +61,10 @@ fn entry_hash_key() -> &'static [u8; 32] {
 
 /// The chain hash of an entry: BLAKE3 keyed with `derive_key("tally v2 entry hash", "")`
 /// over the entry's Merkle leaf hash, `SHA-256(0x00 ‖ entry)` of its exact stored bytes
-/// ([`crate::tlog::merkle::leaf_hash`]). Needs no secret. The entry's bytes are hashed
+/// ([`crate::merkle::leaf_hash`]). Needs no secret. The entry's bytes are hashed
 /// once, for the tree and the chain both.
 pub fn entry_hash(entry: &[u8]) -> Hash {
-    chain_hash(&crate::tlog::merkle::leaf_hash(entry))
+    chain_hash(&crate::merkle::leaf_hash(entry))
 }
 
 /// The chain hash of the entry whose Merkle leaf hash is `leaf` (see [`entry_hash`]).

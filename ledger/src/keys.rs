@@ -5,7 +5,6 @@
 //! Secrets live in zeroizing types and in 0600 files; they are never printed.
 
 mod epoch;
-mod files;
 
 use std::fs::{self};
 use std::path::Path;
@@ -22,13 +21,13 @@ use crate::format::{
     key_id, parse_hex, EntryType, Hash, Header, LedgerId, CONTEXT_DATA_KEY, HEADER_LEN, TAG_LEN,
 };
 
-pub use epoch::EpochSecrets;
-pub use files::{random16, read_secret_file, sync_parent, write_secret_file};
-use files::{
+pub use crate::files::{random16, read_secret_file, sync_parent, write_secret_file};
+use crate::files::{
     read_secret, strip_line, write_new, write_new_secret, APPROVER_PUBLIC_HEADER,
     APPROVER_SECRET_HEADER, AUDITOR_PUBLIC_HEADER, AUDITOR_SECRET_HEADER, LEDGER_PUBLIC_HEADER,
     LEDGER_PUBLIC_HEADER_V2,
 };
+pub use epoch::EpochSecrets;
 
 /// An epoch's symmetric key for record encryption. Zeroized on drop.
 pub struct DataKey {

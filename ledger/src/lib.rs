@@ -28,9 +28,11 @@ pub mod error;
 pub mod export;
 #[cfg(feature = "faults")]
 pub mod faults;
+mod files;
 pub mod format;
 pub mod keys;
 pub mod ledger;
+pub mod merkle;
 pub mod prove;
 pub mod segment;
 pub mod store;

@@ -12,6 +12,14 @@ use crate::tally::Tally;
 /// How long a daemon may take to listen, or to stop after SIGTERM.
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// The daemon as the [`Tally`] binary starts it.
+impl Tally {
+    /// `tally serve` in `dir` (see [`Daemon::start`]).
+    pub fn serve(&self, dir: &Path, extra: &[&str]) -> Daemon {
+        Daemon::start(self, dir, extra)
+    }
+}
+
 /// `tally serve` over `DIR/ledger` under `DIR/policy.toml` (what [`Tally::init`] makes), on
 /// the agent socket `DIR/agent.sock` and the operator socket `DIR/operator.sock`, its
 /// standard error in `DIR/serve.log`. Killed (SIGKILL) if still running when dropped.

@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
-use crate::daemon::Daemon;
-
 /// The `tally` binary a test runs. `TALLY_UNDER_TEST` names another build instead (to see
 /// a regression test fail on a build from before its fix).
 #[derive(Debug, Clone)]
@@ -170,11 +168,6 @@ impl Tally {
         );
         let v: serde_json::Value = serde_json::from_str(&text).expect("verify-proof json");
         v["decisions"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// `tally serve` in `dir` (see [`Daemon::start`]).
-    pub fn serve(&self, dir: &Path, extra: &[&str]) -> Daemon {
-        Daemon::start(self, dir, extra)
     }
 }
 

@@ -9,8 +9,8 @@ use tally_ledger::{Decision, Effect, Ledger, Reason, Rotation};
 use tally_policy::Inconsistency;
 use tally_policy::Recorded;
 use tally_tests::read_export;
-use tally_verify::analysis::{Analysis, Config};
-use tally_verify::replay::{Replay, ReplayKind};
+use tally_verify::analysis::{Analysis, Config, Replay};
+use tally_verify::replay::ReplayKind;
 use tally_verify::{verify, Options};
 
 const POLICY: &str = "[ceiling]\nattempts = 2\n[approvals]\nask_on = []\n";

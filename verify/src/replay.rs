@@ -18,7 +18,6 @@ use serde::Serialize;
 use tally_ledger::{Decision, Kind, Reason};
 use tally_policy::{decide, Call, Now, RunState, Verdict, View};
 
-use crate::Event;
 
 /// Most findings listed; the rest are counted.
 pub const MAX_LISTED: usize = 1000;
@@ -221,36 +220,6 @@ impl ReplayReport {
             }
         }
         out
-    }
-}
-
-/// The streaming replay alone: the analysis's one fold (`crate::analysis::Analysis`),
-/// whose replay report it returns. Push events in seq order, then finish.
-#[derive(Debug)]
-pub struct Replay(crate::analysis::Analysis);
-
-impl Default for Replay {
-    fn default() -> Replay {
-        Replay::new()
-    }
-}
-
-impl Replay {
-    /// A new replay.
-    pub fn new() -> Replay {
-        Replay(crate::analysis::Analysis::new(
-            crate::analysis::Config::default(),
-        ))
-    }
-
-    /// Take the next event.
-    pub fn push(&mut self, e: &Event) {
-        self.0.push(e);
-    }
-
-    /// The report.
-    pub fn finish(self) -> ReplayReport {
-        self.0.finish().replay
     }
 }
 

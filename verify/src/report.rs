@@ -7,6 +7,7 @@ use serde::Serialize;
 use tally_ledger::Checkpoint;
 
 use crate::finding::Finding;
+pub use crate::tree::AnchorStatus;
 
 /// The one-word outcome, and the exit code it maps to (docs/CLI.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -59,18 +60,6 @@ pub struct KeyMismatch {
     pub key_ledger_id: String,
     /// The ledger that was read (its genesis).
     pub ledger_id: String,
-}
-
-/// Whether an anchor was found in the ledger.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AnchorStatus {
-    /// The ledger contains exactly this checkpoint.
-    Matched,
-    /// The ledger reaches the anchor's size but disagrees with it.
-    Mismatch,
-    /// The ledger is shorter than the anchor.
-    Missing,
 }
 
 /// One anchor's result.

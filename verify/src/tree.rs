@@ -14,6 +14,18 @@ use tally_ledger::LedgerId;
 
 use crate::finding::FindingKind;
 
+/// Whether an anchor was found in the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnchorStatus {
+    /// The ledger contains exactly this checkpoint.
+    Matched,
+    /// The ledger reaches the anchor's size but disagrees with it.
+    Mismatch,
+    /// The ledger is shorter than the anchor.
+    Missing,
+}
+
 /// A C2SP checkpoint the ledger must contain: an auditor's anchor, or a witness's view.
 #[derive(Clone, Debug)]
 pub struct TreeAnchor {
@@ -33,7 +45,7 @@ pub struct TreeAnchorResult {
     /// Its root (base64, as in the checkpoint).
     pub root: String,
     /// `matched`, `mismatch` or `missing`.
-    pub status: crate::report::AnchorStatus,
+    pub status: AnchorStatus,
 }
 
 /// What the witnesses' cosignatures cover.
@@ -55,7 +67,7 @@ pub(crate) struct TreeCheck {
     origin: String,
     log_key: Option<Vkey>,
     policy: Option<Policy>,
-    anchors: Vec<(TreeHead, TreeAnchor, Option<crate::report::AnchorStatus>)>,
+    anchors: Vec<(TreeHead, TreeAnchor, Option<AnchorStatus>)>,
     pub(crate) witnessed: Option<Witnessed>,
 }
 
@@ -137,12 +149,12 @@ impl TreeCheck {
                         size,
                         format!("{}: {e}", a.source),
                     ));
-                    *status = Some(crate::report::AnchorStatus::Mismatch);
+                    *status = Some(AnchorStatus::Mismatch);
                     continue;
                 }
             }
             if h.root == root {
-                *status = Some(crate::report::AnchorStatus::Matched);
+                *status = Some(AnchorStatus::Matched);
             } else {
                 out.push((
                     FindingKind::Fork,
@@ -154,7 +166,7 @@ impl TreeCheck {
                         b64(&root)
                     ),
                 ));
-                *status = Some(crate::report::AnchorStatus::Mismatch);
+                *status = Some(AnchorStatus::Mismatch);
             }
         }
     }
@@ -281,13 +293,13 @@ impl TreeCheck {
                         a.source, h.size
                     ),
                 ));
-                *status = Some(crate::report::AnchorStatus::Missing);
+                *status = Some(AnchorStatus::Missing);
             }
             results.push(TreeAnchorResult {
                 source: a.source.clone(),
                 size: h.size,
                 root: b64(&h.root),
-                status: status.unwrap_or(crate::report::AnchorStatus::Missing),
+                status: status.unwrap_or(AnchorStatus::Missing),
             });
         }
         results

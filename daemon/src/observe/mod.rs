@@ -10,7 +10,6 @@ pub(crate) mod journal;
 pub(crate) mod listen;
 pub(crate) mod live;
 pub(crate) mod metrics;
-pub(crate) mod page;
 pub(crate) mod reader;
 pub(crate) mod trace;
 
@@ -23,8 +22,6 @@ use serde::Serialize;
 use tally_gate::Standing;
 use tally_ledger::money::Nanos;
 use tally_policy::headroom::{closeness, order, Closeness};
-
-use crate::api::App;
 
 /// How `tally serve` writes its log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -184,18 +181,7 @@ pub(crate) struct Snapshot {
     pub pending: Vec<live::Pending>,
 }
 
-/// The snapshot of page `page` (0-based), built from the gate's state (read only).
-pub(crate) async fn snapshot(
-    app: &Arc<App>,
-    page: usize,
-) -> Result<Snapshot, tally_gate::GateError> {
-    // Never on the decision thread (reader.rs).
-    let (standings, breakers) = app.reader.read(&app.gate).await?;
-    let now = wall_ms();
-    Ok(build(&app.observer, standings, breakers, page, now))
-}
-
-fn build(
+pub(crate) fn build(
     obs: &Observer,
     standings: Vec<Standing>,
     breakers: Vec<(String, tally_policy::Breaker)>,
@@ -309,42 +295,8 @@ pub(crate) fn listed(obs: &Observer, standings: Vec<Standing>) -> Vec<ListedRun>
         .collect()
 }
 
-/// The gate's state for a scrape, and the metrics' text.
-pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::GateError> {
-    // Never on the decision thread (reader.rs).
-    let (standings, breakers) = app.reader.read(&app.gate).await?;
-    let mut by_state: BTreeMap<&'static str, i64> = BTreeMap::new();
-    let mut held = 0i64;
-    for s in &standings {
-        *by_state.entry(s.state.as_str()).or_default() += 1;
-        if s.state != RunState::Stopped {
-            held = held.saturating_add(i64::try_from(s.held_nanos).unwrap_or(i64::MAX));
-        }
-    }
-    let mut b = [("closed", 0i64), ("open", 0), ("half_open", 0)];
-    for (_, br) in &breakers {
-        let i = match br {
-            tally_policy::Breaker::Closed { .. } => 0,
-            tally_policy::Breaker::Open { .. } => 1,
-            tally_policy::Breaker::HalfOpen { .. } => 2,
-        };
-        b[i].1 += 1;
-    }
-    let cp = app.ledger.checkpoint();
-    let scraped = metrics::Scraped {
-        open: (standings.len() as i64) - by_state.get("stopped").copied().unwrap_or(0),
-        runs_by_state: by_state.into_iter().collect(),
-        held_nanos: held,
-        breakers: b,
-        entries: i64::try_from(cp.size).unwrap_or(i64::MAX),
-        bytes: i64::try_from(log_bytes(app.ledger.dir())).unwrap_or(i64::MAX),
-        round_trips: app.gate.round_trips().unwrap_or(0),
-    };
-    Ok(app.observer.metrics.encode(&scraped))
-}
-
 /// Bytes of the files in the ledger's directory and its subdirectories (one level).
-fn log_bytes(dir: &std::path::Path) -> u64 {
+pub(crate) fn log_bytes(dir: &std::path::Path) -> u64 {
     let mut total = 0;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;

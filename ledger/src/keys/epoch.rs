@@ -15,7 +15,7 @@ use crate::format::{
 };
 
 use super::agree_writer;
-use super::files::{read_secret, sync_parent, write_new_secret, WRITER_HEADER};
+use crate::files::{read_secret, sync_parent, write_new_secret, WRITER_HEADER};
 
 /// The writer's secrets for its current epoch: signing key and data key.
 pub struct EpochSecrets {

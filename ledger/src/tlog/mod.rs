@@ -8,7 +8,7 @@
 //! and proof verifiers know, printed by `tally checkpoint --vkey`); the epoch keys keep
 //! sealing the chain in the log (forward integrity). SECURITY.md says what each protects.
 
-pub mod merkle;
+pub use crate::merkle;
 pub mod note;
 pub mod policy;
 pub mod proof;
@@ -101,13 +101,13 @@ impl LogKey {
             self.origin,
             seed.as_str()
         ));
-        crate::keys::write_secret_file(&path, text.as_bytes())
+        crate::files::write_secret_file(&path, text.as_bytes())
     }
 
     /// Read `DIR/log.key` for `ledger`; refuses a file others can read.
     pub fn read(dir: &Path, ledger: LedgerId) -> Result<LogKey> {
         let path = dir.join(LOG_KEY);
-        let text = crate::keys::read_secret_file(&path)?;
+        let text = crate::files::read_secret_file(&path)?;
         let bad = || {
             FormatError::invalid(
                 "log key",
@@ -186,5 +186,5 @@ pub fn write_cosigned(dir: &Path, note: &Note) -> Result<()> {
         .and_then(|f| f.sync_all())
         .map_err(|e| Error::io(&tmp, e))?;
     fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-    crate::keys::sync_parent(&path)
+    crate::files::sync_parent(&path)
 }

@@ -23,6 +23,7 @@ mod handoff;
 mod loops;
 mod names;
 mod render;
+mod replay_only;
 mod report;
 mod run;
 
@@ -45,6 +46,7 @@ pub use render::{
     render_loops_json, render_loops_text, render_overruns_text, render_usage_refused_text,
     REPORT_VERSION,
 };
+pub use replay_only::Replay;
 pub use report::{Overrun, RefusedUsage, Report};
 pub use tally_policy::{Dimension, Inconsistency};
 

@@ -17,7 +17,7 @@ use axum::routing::get;
 use axum::Router;
 use serde::Deserialize;
 
-use crate::api::App;
+use crate::app::App;
 use crate::error::ApiError;
 
 const HTML: &str = include_str!("page/index.html");
@@ -118,7 +118,7 @@ async fn style() -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
-    let text = super::metrics_text(&app)
+    let text = crate::view::metrics_text(&app)
         .await
         .map_err(crate::stage::gate_error)?;
     let mut r = text.into_response();
@@ -153,7 +153,7 @@ async fn snapshot(
     q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = q.map_err(bad_query)?;
-    let snap = super::snapshot(&app, q.page)
+    let snap = crate::view::snapshot(&app, q.page)
         .await
         .map_err(crate::stage::gate_error)?;
     Ok(axum::Json(snap).into_response())
@@ -200,7 +200,7 @@ async fn events(
                 }
             }
             changed.borrow_and_update();
-            let event = match super::snapshot(&app, page).await {
+            let event = match crate::view::snapshot(&app, page).await {
                 Ok(snap) => Event::default()
                     .event("snapshot")
                     .json_data(&snap)
