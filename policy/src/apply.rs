@@ -286,66 +286,17 @@ fn allow(
         let remote = run.refs.entry(*r).or_default();
         remote.polls = remote.polls.saturating_add(1);
         remote.unchanged = remote.unchanged.saturating_add(1);
-        remote.last_ms = run_ms;
-        remote.retry_after_ms = None;
+        (remote.last_ms, remote.retry_after_ms) = (run_ms, None);
     } else {
-        // Progress since the call was last made starts its count again (the retry rule's).
-        let used = crate::rules::retries_used(run, op, keyed.key);
-        run.ops.insert(op, used.saturating_add(1));
-        if run.ops.len() > MAX_OPS {
-            // The operation retried longest ago: its count is least likely to matter.
-            if let Some(k) = run.ops.keys().find(|k| **k != op).copied() {
-                run.ops.remove(&k);
-            }
-        }
-        run.recent.push_back(Recent {
-            key: keyed.key,
-            attempt,
-            progress: run.progress,
-            result: None,
-        });
-        // The breakers look back at most this far.
-        let l = &policy.loops;
-        let keep = l
-            .identical_window
-            .max(l.identical_consecutive)
-            .max(l.alternating)
-            .min(crate::config::MAX_WINDOW);
-        while run.recent.len() as u64 > keep {
-            run.recent.pop_front();
-        }
-        // The tool's key, hashed once with the call's ([`Keyed`]).
-        if let Some(t) = d.tool.as_ref().map(|_| keyed.tool) {
-            let window = policy.loops.tool_window_ms;
-            let w = run.tools.entry(t).or_insert_with(|| Window {
-                start_ms: run_ms,
-                count: 0,
-            });
-            if run_ms.saturating_sub(w.start_ms) >= window {
-                *w = Window {
-                    start_ms: run_ms,
-                    count: 0,
-                };
-            }
-            w.count = w.count.saturating_add(1);
-            if run.tools.len() > MAX_TOOL_WINDOWS {
-                let oldest = run
-                    .tools
-                    .iter()
-                    .filter(|(k, _)| **k != t)
-                    .min_by_key(|(_, w)| w.start_ms)
-                    .map(|(k, _)| *k);
-                if let Some(k) = oldest {
-                    run.tools.remove(&k);
-                }
-            }
-        }
+        remember_call(policy, run, d, keyed, attempt, run_ms);
     }
     if let Some(t) = granted.and_then(|g| g.scope.tool) {
         // A tool's approval is used by this one call: the tool is blocked again after.
         run.unblocked.retain(|u| *u != t);
     }
-    run.open.insert(
+    let proxied = d.proxied == Some(true);
+    open_attempt(
+        run,
         attempt,
         Attempt {
             tool: d.tool.clone(),
@@ -360,8 +311,24 @@ fn allow(
             status: None,
             registered: None,
         },
+        proxied,
     );
-    if d.proxied == Some(true) {
+    let rate = &policy.rate;
+    run.bucket.take(rate.run_per_sec, now.wall_ms);
+    if let Some(t) = tool {
+        hold_in_flight(policy, run, t, d, attempt, now);
+    }
+    if let Some(c) = credential {
+        c.bucket.take(rate.credential_per_sec, now.wall_ms);
+        roll_period(policy, run.credential.as_deref(), c, now);
+        c.spent_nanos = c.spent_nanos.saturating_add(reserve);
+    }
+}
+
+/// The attempt held open until its outcome, the oldest forgotten past [`MAX_OPEN`].
+fn open_attempt(run: &mut RunState, attempt: u64, open: Attempt, proxied: bool) {
+    run.open.insert(attempt, open);
+    if proxied {
         run.proxied.insert(attempt);
     }
     if run.open.len() > MAX_OPEN {
@@ -372,35 +339,108 @@ fn allow(
             run.forgotten_to = run.forgotten_to.max(a);
         }
     }
-    let rate = &policy.rate;
-    run.bucket.take(rate.run_per_sec, now.wall_ms);
-    if let Some(t) = tool {
-        let id = call_id(&run.run, attempt);
-        // A call counts in flight for at least a second: a timeout of 0 must not make
-        // the in-flight bound vanish.
-        let held = d
-            .timeout_ms
-            .unwrap_or(rate.call_timeout_ms)
-            .min(rate.call_timeout_ms)
-            .max(1000);
-        let until = now.wall_ms.saturating_add(held);
-        t.in_flight.retain(|_, &mut u| u > now.wall_ms);
-        t.in_flight.insert(id, until);
-        t.bucket.take(rate.tool_per_sec, now.wall_ms);
-        if let Breaker::HalfOpen { probe: None } = t.breaker.at(now.wall_ms, policy.breaker.open_ms)
-        {
-            t.breaker = Breaker::HalfOpen {
-                probe: Some(Probe {
-                    call: id,
-                    deadline_ms: now.wall_ms.saturating_add(policy.breaker.probe_timeout_ms),
-                }),
-            };
+}
+
+/// An allowed call that is not a poll, remembered for the rules that look back: its
+/// operation's retry count, the recent calls the breakers read, its tool's window.
+fn remember_call(
+    policy: &Policy,
+    run: &mut RunState,
+    d: &Decision,
+    keyed: &Keyed,
+    attempt: u64,
+    run_ms: u64,
+) {
+    let op = keyed.op;
+    // Progress since the call was last made starts its count again (the retry rule's).
+    let used = crate::rules::retries_used(run, op, keyed.key);
+    run.ops.insert(op, used.saturating_add(1));
+    if run.ops.len() > MAX_OPS {
+        // The operation retried longest ago: its count is least likely to matter.
+        if let Some(k) = run.ops.keys().find(|k| **k != op).copied() {
+            run.ops.remove(&k);
         }
     }
-    if let Some(c) = credential {
-        c.bucket.take(rate.credential_per_sec, now.wall_ms);
-        roll_period(policy, run.credential.as_deref(), c, now);
-        c.spent_nanos = c.spent_nanos.saturating_add(reserve);
+    run.recent.push_back(Recent {
+        key: keyed.key,
+        attempt,
+        progress: run.progress,
+        result: None,
+    });
+    // The breakers look back at most this far.
+    let l = &policy.loops;
+    let keep = l
+        .identical_window
+        .max(l.identical_consecutive)
+        .max(l.alternating)
+        .min(crate::config::MAX_WINDOW);
+    while run.recent.len() as u64 > keep {
+        run.recent.pop_front();
+    }
+    // The tool's key, hashed once with the call's ([`Keyed`]).
+    if let Some(t) = d.tool.as_ref().map(|_| keyed.tool) {
+        count_tool_window(policy, run, t, run_ms);
+    }
+}
+
+/// The tool's calls in its current window (the tool-rate loop rule's), bounded in the
+/// number of tools a run remembers.
+fn count_tool_window(policy: &Policy, run: &mut RunState, t: u64, run_ms: u64) {
+    let window = policy.loops.tool_window_ms;
+    let w = run.tools.entry(t).or_insert_with(|| Window {
+        start_ms: run_ms,
+        count: 0,
+    });
+    if run_ms.saturating_sub(w.start_ms) >= window {
+        *w = Window {
+            start_ms: run_ms,
+            count: 0,
+        };
+    }
+    w.count = w.count.saturating_add(1);
+    if run.tools.len() > MAX_TOOL_WINDOWS {
+        let oldest = run
+            .tools
+            .iter()
+            .filter(|(k, _)| **k != t)
+            .min_by_key(|(_, w)| w.start_ms)
+            .map(|(k, _)| *k);
+        if let Some(k) = oldest {
+            run.tools.remove(&k);
+        }
+    }
+}
+
+/// The call in flight on its tool until its timeout (at least a second), the tool's rate
+/// bucket taken, and the probe named when the tool's breaker is half-open.
+fn hold_in_flight(
+    policy: &Policy,
+    run: &RunState,
+    t: &mut ToolState,
+    d: &Decision,
+    attempt: u64,
+    now: Now,
+) {
+    let rate = &policy.rate;
+    let id = call_id(&run.run, attempt);
+    // A call counts in flight for at least a second: a timeout of 0 must not make
+    // the in-flight bound vanish.
+    let held = d
+        .timeout_ms
+        .unwrap_or(rate.call_timeout_ms)
+        .min(rate.call_timeout_ms)
+        .max(1000);
+    let until = now.wall_ms.saturating_add(held);
+    t.in_flight.retain(|_, &mut u| u > now.wall_ms);
+    t.in_flight.insert(id, until);
+    t.bucket.take(rate.tool_per_sec, now.wall_ms);
+    if let Breaker::HalfOpen { probe: None } = t.breaker.at(now.wall_ms, policy.breaker.open_ms) {
+        t.breaker = Breaker::HalfOpen {
+            probe: Some(Probe {
+                call: id,
+                deadline_ms: now.wall_ms.saturating_add(policy.breaker.probe_timeout_ms),
+            }),
+        };
     }
 }
 

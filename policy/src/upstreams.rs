@@ -339,194 +339,262 @@ impl Prices {
         let Some(item) = doc.get("prices") else {
             return Ok(Prices::default());
         };
-        let mut out = BTreeMap::new();
-        let line = |item: &toml_edit::Item| item.span().map(|s| line_at(text, s.start));
-        let err =
-            |key: String, why: String, span: Option<std::ops::Range<usize>>| PolicyError::Invalid {
-                key,
-                why,
-                line: span.map(|s| line_at(text, s.start)),
-            };
+        let read = PriceReader { text };
         let table = item.as_table_like().ok_or_else(|| {
-            err(
+            read.err(
                 "prices".into(),
                 "must be a table of upstreams".into(),
                 item.span(),
             )
         })?;
+        let mut out = BTreeMap::new();
         for (upstream, item) in table.iter() {
-            let at = format!("prices.{}", quoted(upstream));
-            let t = item.as_table_like().ok_or_else(|| {
-                err(
-                    at.clone(),
-                    "must be a table of models (and `routes`)".into(),
-                    item.span(),
-                )
-            })?;
-            let mut prices = UpstreamPrices::default();
-            for (name, item) in t.iter() {
-                if name == "routes" {
-                    let routes = item.as_table_like().ok_or_else(|| {
-                        err(
-                            format!("{at}.routes"),
-                            "must be a table of `\"METHOD /path\"` routes".into(),
-                            item.span(),
-                        )
-                    })?;
-                    for (route, item) in routes.iter() {
-                        let key = format!("{at}.routes.{}", quoted(route));
-                        let fields = read_fields(text, item, &key, &["per_call"])?;
-                        let per_call = required(&fields, "per_call", &key, line(item))?;
-                        check_route(route).map_err(|why| err(key.clone(), why, item.span()))?;
-                        prices
-                            .routes
-                            .insert(route.to_owned(), RoutePrice { per_call });
-                    }
-                    continue;
-                }
-                let key = format!("{at}.{}", quoted(name));
-                if let Some(old) = item.as_table_like().and_then(|t| t.get("service_tiers")) {
-                    return Err(err(
-                        format!("{key}.service_tiers"),
-                        "is replaced by `[prices.UPSTREAM.\"MODEL\".tiers.NAME]` tables giving each tier's own rates (a tier billed at the default rates makes the ledger differ from the bill)".into(),
-                        old.span(),
-                    ));
-                }
-                let fields = read_fields(
-                    text,
-                    item,
-                    &key,
-                    &[
-                        "input_per_mtok",
-                        "cached_input_per_mtok",
-                        "cache_write_per_mtok",
-                        "cache_write_1h_per_mtok",
-                        "output_per_mtok",
-                        "max_output_tokens",
-                        "context_tokens",
-                        "tool_prompt_tokens",
-                        "web_search_per_use",
-                        "web_search_tokens_per_use",
-                        "max_tokens_field",
-                        "image_tokens",
-                        "tiers",
-                        "aliases",
-                    ],
-                )?;
-                let input = required(&fields, "input_per_mtok", &key, line(item))?;
-                let output = required(&fields, "output_per_mtok", &key, line(item))?;
-                let cached = fields
-                    .get("cached_input_per_mtok")
-                    .map(|f| f.usd.clone())
-                    .transpose()?
-                    .unwrap_or(input);
-                let optional = |name: &str| fields.get(name).map(|f| f.usd.clone()).transpose();
-                let cache_write = optional("cache_write_per_mtok")?;
-                let cache_write_1h = optional("cache_write_1h_per_mtok")?;
-                let tokens = |field: &str, default: u64, least: u64| -> Result<u64, PolicyError> {
-                    match fields.get(field) {
-                        None => Ok(default),
-                        Some(f) => match f.integer {
-                            Some(n) if n >= least => Ok(n),
-                            _ => Err(err(
-                                format!("{key}.{field}"),
-                                format!("must be a whole number of tokens, at least {least}"),
-                                f.span.clone(),
-                            )),
-                        },
-                    }
-                };
-                let max_output_tokens = tokens("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS, 1)?;
-                let context_tokens = tokens("context_tokens", DEFAULT_CONTEXT_TOKENS, 1)?;
-                let tool_prompt_tokens = tokens("tool_prompt_tokens", 0, 0)?;
-                let web_search_tokens_per_use = tokens("web_search_tokens_per_use", 0, 0)?;
-                let web_search_per_use = optional("web_search_per_use")?;
-                if cached > input {
-                    return Err(err(
-                        format!("{key}.cached_input_per_mtok"),
-                        "is above input_per_mtok: a cache read is never dearer than the input"
-                            .into(),
-                        fields
-                            .get("cached_input_per_mtok")
-                            .and_then(|f| f.span.clone()),
-                    ));
-                }
-                let max_tokens_field = match fields.get("max_tokens_field") {
-                    None => MaxTokensField::MaxTokens,
-                    Some(f) => match f.text.as_deref() {
-                        Some("max_tokens") => MaxTokensField::MaxTokens,
-                        Some("max_completion_tokens") => MaxTokensField::MaxCompletionTokens,
-                        _ => {
-                            return Err(err(
-                                format!("{key}.max_tokens_field"),
-                                "must be \"max_tokens\" or \"max_completion_tokens\"".into(),
-                                f.span.clone(),
-                            ))
-                        }
-                    },
-                };
-                let ids = |field: &str, what: &str| -> Result<Vec<String>, PolicyError> {
-                    match fields.get(field) {
-                        None => Ok(Vec::new()),
-                        Some(f) => f
-                            .strings
-                            .clone()
-                            .filter(|v| v.iter().all(|s| !s.is_empty() && s.len() <= 256))
-                            .ok_or_else(|| {
-                                err(
-                                    format!("{key}.{field}"),
-                                    format!("must be a list of {what} (strings of 1 to 256 bytes)"),
-                                    f.span.clone(),
-                                )
-                            }),
-                    }
-                };
-                let image_tokens = match fields.get("image_tokens") {
-                    None => None,
-                    Some(_) => Some(tokens("image_tokens", 0, 1)?),
-                };
-                let tiers = match item.as_table_like().and_then(|t| t.get("tiers")) {
-                    None => BTreeMap::new(),
-                    Some(tiers) => crate::tiers::read(text, tiers, &format!("{key}.tiers"))?,
-                };
-                let aliases = ids("aliases", "model ids")?;
-                prices.models.insert(
-                    name.to_owned(),
-                    ModelPrice {
-                        input_per_mtok: input,
-                        cached_input_per_mtok: cached,
-                        cache_write_per_mtok: cache_write,
-                        cache_write_1h_per_mtok: cache_write_1h,
-                        output_per_mtok: output,
-                        max_output_tokens,
-                        context_tokens,
-                        tool_prompt_tokens,
-                        web_search_per_use,
-                        web_search_tokens_per_use,
-                        max_tokens_field,
-                        image_tokens,
-                        tiers,
-                        aliases,
-                    },
-                );
-            }
-            // One price per id: a price's name or alias named by another price too is
-            // ambiguous.
-            let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
-            for (name, m) in &prices.models {
-                for id in std::iter::once(name).chain(m.aliases.iter()) {
-                    if let Some(other) = seen.insert(id.as_str(), name.as_str()) {
-                        return Err(err(
-                            format!("{at}.{}.aliases", quoted(name)),
-                            format!("model id `{id}` is covered by prices `{other}` and `{name}`: name each id in one price"),
-                            t.get(name).and_then(|i| i.span()),
-                        ));
-                    }
-                }
-            }
-            out.insert(upstream.to_owned(), prices);
+            out.insert(upstream.to_owned(), read.upstream(upstream, item)?);
         }
         Ok(Prices(out))
+    }
+}
+
+/// Reads `[prices]` tables out of the policy's text, naming the line of each error.
+struct PriceReader<'a> {
+    text: &'a str,
+}
+
+impl PriceReader<'_> {
+    /// An error at `key`, on the line `span` starts.
+    fn err(&self, key: String, why: String, span: Option<std::ops::Range<usize>>) -> PolicyError {
+        PolicyError::Invalid {
+            key,
+            why,
+            line: span.map(|s| line_at(self.text, s.start)),
+        }
+    }
+
+    /// The line `item` starts on.
+    fn line(&self, item: &toml_edit::Item) -> Option<usize> {
+        item.span().map(|s| line_at(self.text, s.start))
+    }
+
+    /// `[prices.UPSTREAM]`: its models and its `routes`, each model id named by one
+    /// price only.
+    fn upstream(
+        &self,
+        upstream: &str,
+        item: &toml_edit::Item,
+    ) -> Result<UpstreamPrices, PolicyError> {
+        let at = format!("prices.{}", quoted(upstream));
+        let t = item.as_table_like().ok_or_else(|| {
+            self.err(
+                at.clone(),
+                "must be a table of models (and `routes`)".into(),
+                item.span(),
+            )
+        })?;
+        let mut prices = UpstreamPrices::default();
+        for (name, item) in t.iter() {
+            if name == "routes" {
+                self.routes(&at, item, &mut prices)?;
+                continue;
+            }
+            let key = format!("{at}.{}", quoted(name));
+            prices
+                .models
+                .insert(name.to_owned(), self.model(&key, item)?);
+        }
+        self.one_price_per_id(&at, t, &prices)?;
+        Ok(prices)
+    }
+
+    /// `[prices.UPSTREAM.routes]`: a price per call of each `"METHOD /path"`.
+    fn routes(
+        &self,
+        at: &str,
+        item: &toml_edit::Item,
+        prices: &mut UpstreamPrices,
+    ) -> Result<(), PolicyError> {
+        let routes = item.as_table_like().ok_or_else(|| {
+            self.err(
+                format!("{at}.routes"),
+                "must be a table of `\"METHOD /path\"` routes".into(),
+                item.span(),
+            )
+        })?;
+        for (route, item) in routes.iter() {
+            let key = format!("{at}.routes.{}", quoted(route));
+            let fields = read_fields(self.text, item, &key, &["per_call"])?;
+            let per_call = required(&fields, "per_call", &key, self.line(item))?;
+            check_route(route).map_err(|why| self.err(key.clone(), why, item.span()))?;
+            prices
+                .routes
+                .insert(route.to_owned(), RoutePrice { per_call });
+        }
+        Ok(())
+    }
+
+    /// `[prices.UPSTREAM."MODEL"]`: one model's rates, limits and overheads.
+    fn model(&self, key: &str, item: &toml_edit::Item) -> Result<ModelPrice, PolicyError> {
+        if let Some(old) = item.as_table_like().and_then(|t| t.get("service_tiers")) {
+            return Err(self.err(
+                format!("{key}.service_tiers"),
+                "is replaced by `[prices.UPSTREAM.\"MODEL\".tiers.NAME]` tables giving each tier's own rates (a tier billed at the default rates makes the ledger differ from the bill)".into(),
+                old.span(),
+            ));
+        }
+        let fields = read_fields(self.text, item, key, MODEL_FIELDS)?;
+        let model = ModelFields {
+            read: self,
+            key,
+            fields: &fields,
+        };
+        // Read in this order, so that the first of several errors is the one named.
+        let input = required(&fields, "input_per_mtok", key, self.line(item))?;
+        let output = required(&fields, "output_per_mtok", key, self.line(item))?;
+        let cached = model.usd("cached_input_per_mtok")?.unwrap_or(input);
+        let cache_write = model.usd("cache_write_per_mtok")?;
+        let cache_write_1h = model.usd("cache_write_1h_per_mtok")?;
+        let max_output_tokens = model.tokens("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS, 1)?;
+        let context_tokens = model.tokens("context_tokens", DEFAULT_CONTEXT_TOKENS, 1)?;
+        let tool_prompt_tokens = model.tokens("tool_prompt_tokens", 0, 0)?;
+        let web_search_tokens_per_use = model.tokens("web_search_tokens_per_use", 0, 0)?;
+        let web_search_per_use = model.usd("web_search_per_use")?;
+        if cached > input {
+            return Err(self.err(
+                format!("{key}.cached_input_per_mtok"),
+                "is above input_per_mtok: a cache read is never dearer than the input".into(),
+                fields
+                    .get("cached_input_per_mtok")
+                    .and_then(|f| f.span.clone()),
+            ));
+        }
+        let max_tokens_field = model.max_tokens_field()?;
+        let image_tokens = match fields.get("image_tokens") {
+            None => None,
+            Some(_) => Some(model.tokens("image_tokens", 0, 1)?),
+        };
+        let tiers = match item.as_table_like().and_then(|t| t.get("tiers")) {
+            None => BTreeMap::new(),
+            Some(tiers) => crate::tiers::read(self.text, tiers, &format!("{key}.tiers"))?,
+        };
+        Ok(ModelPrice {
+            input_per_mtok: input,
+            cached_input_per_mtok: cached,
+            cache_write_per_mtok: cache_write,
+            cache_write_1h_per_mtok: cache_write_1h,
+            output_per_mtok: output,
+            max_output_tokens,
+            context_tokens,
+            tool_prompt_tokens,
+            web_search_per_use,
+            web_search_tokens_per_use,
+            max_tokens_field,
+            image_tokens,
+            tiers,
+            aliases: model.ids("aliases", "model ids")?,
+        })
+    }
+
+    /// One price per id: a price's name or alias named by another price too is
+    /// ambiguous.
+    fn one_price_per_id(
+        &self,
+        at: &str,
+        t: &dyn toml_edit::TableLike,
+        prices: &UpstreamPrices,
+    ) -> Result<(), PolicyError> {
+        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+        for (name, m) in &prices.models {
+            for id in std::iter::once(name).chain(m.aliases.iter()) {
+                if let Some(other) = seen.insert(id.as_str(), name.as_str()) {
+                    return Err(self.err(
+                        format!("{at}.{}.aliases", quoted(name)),
+                        format!("model id `{id}` is covered by prices `{other}` and `{name}`: name each id in one price"),
+                        t.get(name).and_then(|i| i.span()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The keys a model's price table may hold.
+const MODEL_FIELDS: &[&str] = &[
+    "input_per_mtok",
+    "cached_input_per_mtok",
+    "cache_write_per_mtok",
+    "cache_write_1h_per_mtok",
+    "output_per_mtok",
+    "max_output_tokens",
+    "context_tokens",
+    "tool_prompt_tokens",
+    "web_search_per_use",
+    "web_search_tokens_per_use",
+    "max_tokens_field",
+    "image_tokens",
+    "tiers",
+    "aliases",
+];
+
+/// One model's price table, read field by field.
+struct ModelFields<'a> {
+    read: &'a PriceReader<'a>,
+    key: &'a str,
+    fields: &'a BTreeMap<String, crate::fields::Field>,
+}
+
+impl ModelFields<'_> {
+    /// An optional price in USD.
+    fn usd(&self, name: &str) -> Result<Option<Nanos>, PolicyError> {
+        self.fields.get(name).map(|f| f.usd.clone()).transpose()
+    }
+
+    /// A count of tokens, `default` when absent, at least `least`.
+    fn tokens(&self, field: &str, default: u64, least: u64) -> Result<u64, PolicyError> {
+        match self.fields.get(field) {
+            None => Ok(default),
+            Some(f) => match f.integer {
+                Some(n) if n >= least => Ok(n),
+                _ => Err(self.read.err(
+                    format!("{}.{field}", self.key),
+                    format!("must be a whole number of tokens, at least {least}"),
+                    f.span.clone(),
+                )),
+            },
+        }
+    }
+
+    /// The request field an injected output limit uses.
+    fn max_tokens_field(&self) -> Result<MaxTokensField, PolicyError> {
+        match self.fields.get("max_tokens_field") {
+            None => Ok(MaxTokensField::MaxTokens),
+            Some(f) => match f.text.as_deref() {
+                Some("max_tokens") => Ok(MaxTokensField::MaxTokens),
+                Some("max_completion_tokens") => Ok(MaxTokensField::MaxCompletionTokens),
+                _ => Err(self.read.err(
+                    format!("{}.max_tokens_field", self.key),
+                    "must be \"max_tokens\" or \"max_completion_tokens\"".into(),
+                    f.span.clone(),
+                )),
+            },
+        }
+    }
+
+    /// A list of ids (strings of 1 to 256 bytes), empty when absent.
+    fn ids(&self, field: &str, what: &str) -> Result<Vec<String>, PolicyError> {
+        match self.fields.get(field) {
+            None => Ok(Vec::new()),
+            Some(f) => f
+                .strings
+                .clone()
+                .filter(|v| v.iter().all(|s| !s.is_empty() && s.len() <= 256))
+                .ok_or_else(|| {
+                    self.read.err(
+                        format!("{}.{field}", self.key),
+                        format!("must be a list of {what} (strings of 1 to 256 bytes)"),
+                        f.span.clone(),
+                    )
+                }),
+        }
     }
 }
 
