@@ -395,23 +395,7 @@ impl<R: Read> ExportReader<R> {
         }
         let tag = head[0];
         let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as u64;
-        let max = match tag {
-            FRAME_END => 16,
-            FRAME_SIGNED_END => SIGNED_END_LEN,
-            _ => MAX_FRAME_LEN as u64,
-        };
-        if !matches!(
-            tag,
-            FRAME_ENTRY | FRAME_CHECKPOINT | FRAME_COSIGNED | FRAME_END | FRAME_SIGNED_END
-        ) {
-            return Err(ExportError::BadTag { offset: start, tag });
-        }
-        if len > max
-            || (tag == FRAME_END && len != 16)
-            || (tag == FRAME_SIGNED_END && len != SIGNED_END_LEN)
-        {
-            return Err(ExportError::FrameTooLarge { offset: start, len });
-        }
+        check_frame_head(start, tag, len)?;
         let mut payload = vec![0u8; len as usize];
         let n = read_full(&mut self.input, &mut payload).map_err(io)?;
         if (n as u64) < len {
@@ -431,42 +415,70 @@ impl<R: Read> ExportReader<R> {
                 Ok(Some(Frame::Checkpoint(payload)))
             }
             FRAME_COSIGNED => Ok(Some(Frame::Cosigned(payload))),
-            _ => {
-                let claimed_entries =
-                    u64::from_be_bytes(payload[..8].try_into().unwrap_or_default());
-                let claimed_checkpoints =
-                    u64::from_be_bytes(payload[8..16].try_into().unwrap_or_default());
-                if claimed_entries != self.entries || claimed_checkpoints != self.checkpoints {
-                    return Err(ExportError::CountMismatch {
-                        offset: start,
-                        claimed_entries,
-                        claimed_checkpoints,
-                        entries: self.entries,
-                        checkpoints: self.checkpoints,
-                    });
-                }
-                let mut extra = [0u8; 1];
-                if read_full(&mut self.input, &mut extra).map_err(io)? != 0 {
-                    return Err(ExportError::TrailingBytes {
-                        offset: self.offset,
-                    });
-                }
-                if tag == FRAME_SIGNED_END {
-                    let mut root = [0u8; 32];
-                    root.copy_from_slice(&payload[16..48]);
-                    let mut signature = [0u8; 64];
-                    signature.copy_from_slice(&payload[48..112]);
-                    self.end = Some(SignedEnd {
-                        entries: claimed_entries,
-                        checkpoints: claimed_checkpoints,
-                        root,
-                        signature,
-                    });
-                }
-                Ok(None)
-            }
+            _ => self.read_end(start, tag, &payload).map(|()| None),
         }
     }
+
+    /// The end frame (plain or signed) read at `start`: its counts must be the frames
+    /// read, and nothing may follow it.
+    fn read_end(&mut self, start: u64, tag: u8, payload: &[u8]) -> Result<(), ExportError> {
+        let claimed_entries = u64::from_be_bytes(payload[..8].try_into().unwrap_or_default());
+        let claimed_checkpoints = u64::from_be_bytes(payload[8..16].try_into().unwrap_or_default());
+        if claimed_entries != self.entries || claimed_checkpoints != self.checkpoints {
+            return Err(ExportError::CountMismatch {
+                offset: start,
+                claimed_entries,
+                claimed_checkpoints,
+                entries: self.entries,
+                checkpoints: self.checkpoints,
+            });
+        }
+        let mut extra = [0u8; 1];
+        let more = read_full(&mut self.input, &mut extra).map_err(|e| ExportError::Io {
+            offset: start,
+            message: e.to_string(),
+        })?;
+        if more != 0 {
+            return Err(ExportError::TrailingBytes {
+                offset: self.offset,
+            });
+        }
+        if tag == FRAME_SIGNED_END {
+            let mut root = [0u8; 32];
+            root.copy_from_slice(&payload[16..48]);
+            let mut signature = [0u8; 64];
+            signature.copy_from_slice(&payload[48..112]);
+            self.end = Some(SignedEnd {
+                entries: claimed_entries,
+                checkpoints: claimed_checkpoints,
+                root,
+                signature,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A frame's tag is known and its length within the tag's bound (an end frame's exact).
+fn check_frame_head(start: u64, tag: u8, len: u64) -> Result<(), ExportError> {
+    let max = match tag {
+        FRAME_END => 16,
+        FRAME_SIGNED_END => SIGNED_END_LEN,
+        _ => MAX_FRAME_LEN as u64,
+    };
+    if !matches!(
+        tag,
+        FRAME_ENTRY | FRAME_CHECKPOINT | FRAME_COSIGNED | FRAME_END | FRAME_SIGNED_END
+    ) {
+        return Err(ExportError::BadTag { offset: start, tag });
+    }
+    if len > max
+        || (tag == FRAME_END && len != 16)
+        || (tag == FRAME_SIGNED_END && len != SIGNED_END_LEN)
+    {
+        return Err(ExportError::FrameTooLarge { offset: start, len });
+    }
+    Ok(())
 }
 
 impl<R: Read> Iterator for ExportReader<R> {

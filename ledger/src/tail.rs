@@ -158,23 +158,31 @@ fn checkpoint_of(s: &Sealed<'_>, path: &Path, at_: (u64, u32)) -> Result<Checkpo
 
 /// The last sealed group, from the seal before it to the last checkpoint.
 fn sealed_group(s: &Sealed<'_>) -> Result<()> {
+    let (seq, head, rotated) = group_start(s)?;
+    let end = group_frames(s, seq, head, rotated)?;
+    group_seal(s, end)
+}
+
+/// Where the last sealed group starts (the seq and head its first entry chains to), and
+/// whether it must open with a new epoch's certificate.
+fn group_start(s: &Sealed<'_>) -> Result<(u64, Hash, bool)> {
     let (number, path) = &s.segments[s.index];
     let scan = s.scan;
-    let mut rotated = false;
-    let (mut seq, mut head) = match (scan.prev_checkpoint, scan.header) {
+    let start = match (scan.prev_checkpoint, scan.header) {
         (Some(prev), _) => {
             let cp = checkpoint_of(s, path, prev)?;
-            if cp.epoch == s.checkpoint.epoch {
+            let rotated = if cp.epoch == s.checkpoint.epoch {
                 keys::verify_checkpoint(&cp, &s.key).map_err(|e| {
                     s.damaged(
                         at(path, prev.0),
                         format!("the checkpoint before the last: {e}"),
                     )
                 })?;
+                false
             } else if cp.epoch.checked_add(1) == Some(s.checkpoint.epoch) {
                 // Signed by the epoch before, whose key is gone: the group must then
                 // start with the new epoch's certificate (a rotation moves one epoch).
-                rotated = true;
+                true
             } else {
                 return Err(s.damaged(
                     at(path, prev.0),
@@ -183,8 +191,8 @@ fn sealed_group(s: &Sealed<'_>) -> Result<()> {
                         cp.epoch, s.checkpoint.epoch
                     ),
                 ));
-            }
-            (cp.size, cp.head)
+            };
+            (cp.size, cp.head, rotated)
         }
         (None, Some(h)) if *number > 0 => {
             // The group is the segment's first: its header must start where the segment
@@ -200,10 +208,27 @@ fn sealed_group(s: &Sealed<'_>) -> Result<()> {
                     "the segment's header does not start where the segment before it is sealed",
                 ));
             }
-            (h.first_seq, h.prev_hash)
+            (h.first_seq, h.prev_hash, false)
         }
-        _ => (0, Hash([0; 32])),
+        _ => (0, Hash([0; 32]), false),
     };
+    Ok(start)
+}
+
+/// The end of the last group's entries: the seq after them, the last one's hash and
+/// epoch, and how many there were.
+struct GroupEnd {
+    seq: u64,
+    head: Hash,
+    epoch: Option<u32>,
+    entries: u64,
+}
+
+/// The last group's frames in order: its entries chained, at most one state frame after
+/// them, at most one tree frame of their size, and the checkpoint last.
+fn group_frames(s: &Sealed<'_>, mut seq: u64, mut head: Hash, rotated: bool) -> Result<GroupEnd> {
+    let path = &s.segments[s.index].1;
+    let scan = s.scan;
     let bytes = read_range(path, scan.group_start, scan.sealed_end)?;
     let mut pos = 0usize;
     let (mut entries, mut state, mut tree, mut epoch) = (0u64, false, false, None);
@@ -268,6 +293,25 @@ fn sealed_group(s: &Sealed<'_>) -> Result<()> {
             }
         }
     }
+    Ok(GroupEnd {
+        seq,
+        head,
+        epoch,
+        entries,
+    })
+}
+
+/// The last checkpoint seals exactly the group's entries, of their epoch, signed by the
+/// writer's key.
+fn group_seal(s: &Sealed<'_>, end: GroupEnd) -> Result<()> {
+    let path = &s.segments[s.index].1;
+    let scan = s.scan;
+    let GroupEnd {
+        seq,
+        head,
+        epoch,
+        entries,
+    } = end;
     let cp = s.checkpoint;
     let sealed_at = at(path, scan.last_checkpoint.map_or(scan.sealed_end, |c| c.0));
     if entries == 0 {
@@ -325,6 +369,18 @@ fn chained<'a>(
         ));
     }
     Ok(e)
+}
+
+/// No checkpoint signed by this ledger's writer lies in the bytes after the sealed end:
+/// if one did, a frame before it was changed, and the groups it seals would be dropped.
+fn no_hidden_checkpoint(s: &Sealed<'_>, path: &Path, offset: u64, bytes: &[u8]) -> Result<()> {
+    match hidden_checkpoint(s, bytes) {
+        Some(found) => Err(s.damaged(
+            at(path, offset + found as u64),
+            "a checkpoint signed by this ledger's writer lies after the sealed end: a frame before it was changed, and the groups it seals would be dropped",
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The bytes after the sealed end of segment `number`, from `offset`: a torn write if they
@@ -399,12 +455,7 @@ fn remainder(s: &Sealed<'_>, number: u64, path: &Path, offset: u64, bytes: &[u8]
         }
         pos += FRAME_PREFIX_LEN + len;
     }
-    if let Some(found) = hidden_checkpoint(s, bytes) {
-        return Err(s.damaged(
-            at(path, offset + found as u64),
-            "a checkpoint signed by this ledger's writer lies after the sealed end: a frame before it was changed, and the groups it seals would be dropped",
-        ));
-    }
+    no_hidden_checkpoint(s, path, offset, bytes)?;
     Ok(Torn {
         segment: number,
         path: path.to_path_buf(),

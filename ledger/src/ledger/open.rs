@@ -10,8 +10,8 @@ use crate::error::{Error, Result};
 use crate::format::{chain_hash, key_id, Checkpoint, Entry, Frame, Hash, LedgerId};
 use crate::keys::{self, EpochSecrets, LedgerPublic};
 use crate::segment::{
-    self, list_segments, push_frame, sync_dir, LogReader, LogWriter, Resume, DEFAULT_SEGMENT_BYTES,
-    LOG_DIR, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY,
+    self, list_segments, push_frame, sync_dir, LogReader, LogWriter, Resume, Scan,
+    DEFAULT_SEGMENT_BYTES, LOG_DIR, OLD_STORE_DIR, TAG_CHECKPOINT, TAG_ENTRY,
 };
 use crate::store::Store;
 use crate::tlog::merkle::leaf_hash;
@@ -169,131 +169,34 @@ impl Ledger {
         }
         let public = LedgerPublic::read(&pub_path)?;
         let ledger_id = public.ledger_id;
-        let config_path = dir.join(files::CONFIG);
-        let config = fs::read(&config_path).map_err(|e| Error::io(&config_path, e))?;
-        let rotation: Rotation = serde_json::from_slice(&config).map_err(|e| Error::Corrupt {
-            seq: 0,
-            why: format!("{}: {e}", config_path.display()),
-        })?;
+        let rotation = read_rotation(dir)?;
         let lock = LogWriter::lock(dir)?;
         recover_index(dir)?;
         let segments = list_segments(dir)?;
-        let corrupt = |seq: u64, why: String| Error::TailDamaged {
-            dir: dir.to_path_buf(),
-            at: format!("seq {seq}"),
-            why,
-        };
-        let genesis_bytes = match LogReader::new(segments[..1].to_vec(), false, None)
-            .frames()
-            .next()
-        {
-            Some(Ok(Frame::Entry(b))) => b,
-            Some(Err(Error::Segment { why, .. })) => return Err(corrupt(0, why)),
-            Some(Err(e)) => return Err(e),
-            _ => return Err(corrupt(0, "no genesis entry".into())),
-        };
-        let genesis = Entry::decode(&genesis_bytes).map_err(|e| corrupt(0, e.to_string()))?;
-        let g = genesis
-            .genesis()
-            .ok_or_else(|| corrupt(0, "entry 0 is not a genesis".into()))?;
-        if genesis.header.ledger_id != ledger_id || g.verifying_key != public.verifying_key {
-            return Err(corrupt(0, "genesis does not match ledger.pub".into()));
-        }
-        // The last segment with a complete checkpoint holds the log's sealed end; any
-        // byte after it (a torn write, or segments holding only one) is never
-        // overwritten: the next write starts a new segment.
-        let mut sealed_at = None;
-        for (i, (_, path)) in segments.iter().enumerate().rev() {
-            let scan = segment::scan(path).map_err(|e| match e {
-                Error::Segment { path, why } => Error::TailDamaged {
-                    dir: dir.to_path_buf(),
-                    at: format!("{}", path.display()),
-                    why,
-                },
-                e => e,
-            })?;
-            if scan.sealed {
-                sealed_at = Some((i, scan));
-                break;
-            }
-        }
-        let Some((sealed_index, sealed_scan)) = sealed_at else {
-            return Err(corrupt(0, "no segment holds a checkpoint".into()));
-        };
+        let end = check_log(dir, &public, &segments)?;
+        let (sealed_index, sealed_scan) = (end.index, &end.scan);
+        let sealed_path = &segments[sealed_index].1;
         let last_number = segments[segments.len() - 1].0;
         let mut resync = sealed_index + 1 < segments.len() || sealed_scan.unsealed() > 0;
-        // The scan found where the last entry and checkpoint are: read those two alone.
-        let sealed_path = &segments[sealed_index].1;
-        let (Some(entry_at), Some(cp_at)) = (sealed_scan.last_entry, sealed_scan.last_checkpoint)
-        else {
-            return Err(corrupt(0, "the last sealed segment holds no entry".into()));
-        };
-        let last_bytes = segment::read_payload(sealed_path, entry_at)?;
-        let cp_text = segment::read_payload(sealed_path, cp_at)?;
-        let last = Entry::decode(&last_bytes).map_err(|e| corrupt(0, e.to_string()))?;
-        let last_seq = last.header.seq;
-        if last.header.ledger_id != ledger_id {
-            return Err(corrupt(
-                last_seq,
-                "the log's last entry is not of this ledger".into(),
-            ));
-        }
-        let checkpoint =
-            Checkpoint::from_text(&cp_text).map_err(|e| corrupt(last_seq, e.to_string()))?;
-        if checkpoint.size != last_seq + 1 || checkpoint.head != last.hash() {
-            return Err(corrupt(
-                last_seq,
-                "the log's last checkpoint does not seal its last entry".into(),
-            ));
-        }
-        // Never write after bytes that do not verify: the last group and everything
-        // after it are checked before anything is written, the index included.
-        let torn = crate::tail::check(
-            &crate::tail::Sealed {
-                dir,
-                ledger_id,
-                segments: &segments,
-                index: sealed_index,
-                scan: &sealed_scan,
-                checkpoint: &checkpoint,
-                key: writer_verifying_key(dir, ledger_id, last.header.epoch)?,
-            },
-            &genesis,
-        )?;
+        let (checkpoint, last_seq) = (end.checkpoint, end.last_seq);
         // Bring the index up to the log: replay the state frames after its mark.
         let store = Store::open(dir)?;
-        let mut mark = store.mark()?;
         let sealed_number = segments[sealed_index].0;
-        let new_number = last_number + 1;
-        if let Some((seg, off)) = mark {
-            if seg > sealed_number || (seg == sealed_number && off > sealed_scan.sealed_end) {
-                // The index holds state from log bytes that are gone (lost with a power
-                // failure, never acknowledged): state ahead of the log is safe (a budget
-                // is over-counted, never re-spendable). Its mark and seq points may name
-                // a segment the log no longer has, whose number the next segment takes
-                // (the numbers have no gap): set them back to the sealed end, durably,
-                // before anything is written where they point.
-                resync = true;
-                let sealed = (sealed_number, sealed_scan.sealed_end);
-                store.remark(sealed, last_seq + 1)?;
-                mark = Some(sealed);
-            }
-        }
-        replay_into(
-            dir,
-            &store,
-            LogReader::new(segments.clone(), false, mark),
-            &mut Reindexed::default(),
-        )?;
-        let tree_frame = match sealed_scan.last_tree {
-            Some(at) => segment::decode_tree(&segment::read_payload(sealed_path, at)?),
-            None => None,
-        };
+        let sealed_end = (sealed_number, sealed_scan.sealed_end);
+        resync |= catch_up_index(dir, &store, &segments, sealed_end, last_seq)?;
+        let tree_frame = sealed_scan
+            .last_tree
+            .map(|at| segment::read_payload(sealed_path, at));
+        let tree_frame = tree_frame
+            .transpose()?
+            .and_then(|f| segment::decode_tree(&f));
         let tree = crate::tree::open_tree(dir, &segments, &store, last_seq + 1, tree_frame)?;
         let durable_root = tree.frontier().root();
         let log_key = open_log_key(dir, &pub_path, &public)?;
         let resume = if resync {
-            Resume::NewSegment { number: new_number }
+            Resume::NewSegment {
+                number: last_number + 1,
+            }
         } else {
             Resume::Continue {
                 number: sealed_number,
@@ -301,45 +204,17 @@ impl Ledger {
             }
         };
         let log = LogWriter::new(dir, lock, ledger_id, segment_bytes, resume)?;
-        let epoch = last.header.epoch;
-
-        let key_path = dir.join(files::WRITER_KEY);
-        let next_path = dir.join(files::WRITER_KEY_NEXT);
-        if next_path.exists() {
-            let next = EpochSecrets::read(&next_path, ledger_id)?;
-            if next.epoch == epoch {
-                // The certificate committed; the rename did not.
-                fs::rename(&next_path, &key_path).map_err(|e| Error::io(&key_path, e))?;
-            } else {
-                // The certificate never became durable: this key was never used.
-                fs::remove_file(&next_path).map_err(|e| Error::io(&next_path, e))?;
-            }
-            keys::sync_parent(&key_path)?;
-        }
-        let secrets = EpochSecrets::read(&key_path, ledger_id)?;
-        if secrets.epoch != epoch {
-            return Err(Error::KeyEpochMismatch {
-                key_epoch: secrets.epoch,
-                ledger_epoch: epoch,
-            });
-        }
-        let cp_size = checkpoint.size;
-        if checkpoint.epoch == epoch && checkpoint.key_id != key_id(&secrets.verifying_key()) {
-            return Err(corrupt(
-                cp_size,
-                "writer key does not match the key that sealed the ledger".into(),
-            ));
-        }
+        let secrets = writer_secrets(dir, ledger_id, end.epoch, &checkpoint)?;
         let cipher = keys::data_key(&secrets.data);
         let writer = Writer {
             dir: dir.to_path_buf(),
             clock,
             ledger_id,
-            recipient: g.recipient,
+            recipient: end.recipient,
             rotation,
             next_seq: last_seq + 1,
-            head: last.hash(),
-            last_wall: last.header.wall_ms.max(checkpoint.wall_ms),
+            head: end.head,
+            last_wall: end.last_wall.max(checkpoint.wall_ms),
             epoch_from_seq: secrets.from_seq,
             epoch_since_ms: secrets.since_ms,
             secrets,
@@ -351,50 +226,305 @@ impl Ledger {
             links: RunLinks::default(),
             linked: Vec::new(),
         };
-        let shared = Arc::new(Shared {
-            log,
-            store,
-            queue: Mutex::new(Queue {
-                pending: Vec::new(),
-                applied: Vec::new(),
-                committing: false,
-                syncing: false,
-                flushing: false,
-                commit_idle: false,
-                sync_idle: false,
-                durable: checkpoint,
-                durable_root,
-                poisoned: None,
-                closing: false,
-            }),
-            to_commit: Condvar::new(),
-            to_sync: Condvar::new(),
-            writer: Mutex::new(writer),
-            on_sync: std::sync::OnceLock::new(),
-        });
+        let shared = shared(log, store, checkpoint, durable_root, writer);
         let mut ledger = Ledger {
             dir: dir.to_path_buf(),
             ledger_id,
             log_key,
             shared,
             threads: Vec::with_capacity(2),
-            torn,
+            torn: end.torn,
         };
+        ledger.start_threads()?;
+        Ok(ledger)
+    }
+
+    /// The commit and sync threads, started once the ledger is open.
+    fn start_threads(&mut self) -> Result<()> {
         type Stage = fn(&Shared);
         let stages: [(&str, Stage); 2] = [
             ("tally-commit", Shared::commit_loop),
             ("tally-sync", Shared::sync_loop),
         ];
         for (name, stage) in stages {
-            let shared = Arc::clone(&ledger.shared);
+            let shared = Arc::clone(&self.shared);
             let thread = std::thread::Builder::new()
                 .name(name.into())
                 .spawn(move || stage(&shared))
-                .map_err(|e| Error::io(dir, e))?;
-            ledger.threads.push(thread);
+                .map_err(|e| Error::io(&self.dir, e))?;
+            self.threads.push(thread);
         }
-        Ok(ledger)
+        Ok(())
     }
+}
+
+/// What opening reads from the log's sealed end, every byte of it verified.
+struct LogEnd {
+    /// The auditor's key the genesis names.
+    recipient: [u8; 32],
+    /// The last sealed segment's place in the list, and its scan.
+    index: usize,
+    scan: Scan,
+    /// The last checkpoint, which seals the last entry.
+    checkpoint: Checkpoint,
+    /// The last entry's seq, hash, time and epoch.
+    last_seq: u64,
+    head: Hash,
+    last_wall: u64,
+    epoch: u32,
+    /// Torn writes found after the sealed end.
+    torn: Vec<segment::Torn>,
+}
+
+/// The log checked before anything is written: its genesis matches `ledger.pub`, its
+/// last checkpoint seals its last entry, and the last group and everything after it
+/// verify (the index included).
+fn check_log(
+    dir: &Path,
+    public: &LedgerPublic,
+    segments: &[(u64, std::path::PathBuf)],
+) -> Result<LogEnd> {
+    let ledger_id = public.ledger_id;
+    let genesis_bytes = genesis_bytes(dir, segments)?;
+    let genesis = Entry::decode(&genesis_bytes).map_err(|e| corrupt(dir, 0, e.to_string()))?;
+    let g = genesis
+        .genesis()
+        .ok_or_else(|| corrupt(dir, 0, "entry 0 is not a genesis".into()))?;
+    if genesis.header.ledger_id != ledger_id || g.verifying_key != public.verifying_key {
+        return Err(corrupt(dir, 0, "genesis does not match ledger.pub".into()));
+    }
+    let (index, scan) = last_sealed(dir, segments)?;
+    let (last_bytes, cp_text) = sealed_end_bytes(dir, &segments[index].1, &scan)?;
+    let last = Entry::decode(&last_bytes).map_err(|e| corrupt(dir, 0, e.to_string()))?;
+    let checkpoint = check_sealed_end(dir, &last, &cp_text, ledger_id)?;
+    let torn = crate::tail::check(
+        &crate::tail::Sealed {
+            dir,
+            ledger_id,
+            segments,
+            index,
+            scan: &scan,
+            checkpoint: &checkpoint,
+            key: writer_verifying_key(dir, ledger_id, last.header.epoch)?,
+        },
+        &genesis,
+    )?;
+    Ok(LogEnd {
+        recipient: g.recipient,
+        index,
+        scan,
+        checkpoint,
+        last_seq: last.header.seq,
+        head: last.hash(),
+        last_wall: last.header.wall_ms,
+        epoch: last.header.epoch,
+        torn,
+    })
+}
+
+/// A damaged log's error, at `seq`.
+fn corrupt(dir: &Path, seq: u64, why: String) -> Error {
+    Error::TailDamaged {
+        dir: dir.to_path_buf(),
+        at: format!("seq {seq}"),
+        why,
+    }
+}
+
+/// The ledger's rotation settings (`config.json`).
+fn read_rotation(dir: &Path) -> Result<Rotation> {
+    let config_path = dir.join(files::CONFIG);
+    let config = fs::read(&config_path).map_err(|e| Error::io(&config_path, e))?;
+    serde_json::from_slice(&config).map_err(|e| Error::Corrupt {
+        seq: 0,
+        why: format!("{}: {e}", config_path.display()),
+    })
+}
+
+/// The bytes of entry 0, the first frame of the first segment.
+fn genesis_bytes(dir: &Path, segments: &[(u64, std::path::PathBuf)]) -> Result<Vec<u8>> {
+    match LogReader::new(segments[..1].to_vec(), false, None)
+        .frames()
+        .next()
+    {
+        Some(Ok(Frame::Entry(b))) => Ok(b),
+        Some(Err(Error::Segment { why, .. })) => Err(corrupt(dir, 0, why)),
+        Some(Err(e)) => Err(e),
+        _ => Err(corrupt(dir, 0, "no genesis entry".into())),
+    }
+}
+
+/// The last segment with a complete checkpoint, which holds the log's sealed end; any
+/// byte after it (a torn write, or segments holding only one) is never overwritten: the
+/// next write starts a new segment.
+fn last_sealed(dir: &Path, segments: &[(u64, std::path::PathBuf)]) -> Result<(usize, Scan)> {
+    for (i, (_, path)) in segments.iter().enumerate().rev() {
+        let scan = segment::scan(path).map_err(|e| match e {
+            Error::Segment { path, why } => Error::TailDamaged {
+                dir: dir.to_path_buf(),
+                at: format!("{}", path.display()),
+                why,
+            },
+            e => e,
+        })?;
+        if scan.sealed {
+            return Ok((i, scan));
+        }
+    }
+    Err(corrupt(dir, 0, "no segment holds a checkpoint".into()))
+}
+
+/// The last entry's and the last checkpoint's bytes: the scan found where they are, so
+/// those two alone are read.
+fn sealed_end_bytes(dir: &Path, path: &Path, scan: &Scan) -> Result<(Vec<u8>, Vec<u8>)> {
+    let (Some(entry_at), Some(cp_at)) = (scan.last_entry, scan.last_checkpoint) else {
+        return Err(corrupt(
+            dir,
+            0,
+            "the last sealed segment holds no entry".into(),
+        ));
+    };
+    Ok((
+        segment::read_payload(path, entry_at)?,
+        segment::read_payload(path, cp_at)?,
+    ))
+}
+
+/// The log's last checkpoint, which must seal its last entry, of this ledger.
+fn check_sealed_end(
+    dir: &Path,
+    last: &Entry<'_>,
+    cp_text: &[u8],
+    ledger_id: LedgerId,
+) -> Result<Checkpoint> {
+    let last_seq = last.header.seq;
+    if last.header.ledger_id != ledger_id {
+        return Err(corrupt(
+            dir,
+            last_seq,
+            "the log's last entry is not of this ledger".into(),
+        ));
+    }
+    let checkpoint =
+        Checkpoint::from_text(cp_text).map_err(|e| corrupt(dir, last_seq, e.to_string()))?;
+    if checkpoint.size != last_seq + 1 || checkpoint.head != last.hash() {
+        return Err(corrupt(
+            dir,
+            last_seq,
+            "the log's last checkpoint does not seal its last entry".into(),
+        ));
+    }
+    Ok(checkpoint)
+}
+
+/// The index brought up to the log: the state frames after its mark replayed into it.
+/// Whether it was ahead of the log (see [`index_mark`]).
+fn catch_up_index(
+    dir: &Path,
+    store: &Store,
+    segments: &[(u64, std::path::PathBuf)],
+    sealed_end: (u64, u64),
+    last_seq: u64,
+) -> Result<bool> {
+    let (mark, ahead) = index_mark(store, sealed_end, last_seq)?;
+    replay_into(
+        dir,
+        store,
+        LogReader::new(segments.to_vec(), false, mark),
+        &mut Reindexed::default(),
+    )?;
+    Ok(ahead)
+}
+
+/// Where the index's replay starts, and whether the index was ahead of the log.
+///
+/// The index may hold state from log bytes that are gone (lost with a power failure,
+/// never acknowledged): state ahead of the log is safe (a budget is over-counted, never
+/// re-spendable). Its mark and seq points may name a segment the log no longer has, whose
+/// number the next segment takes (the numbers have no gap): they are set back to the
+/// sealed end, durably, before anything is written where they point.
+fn index_mark(
+    store: &Store,
+    sealed: (u64, u64),
+    last_seq: u64,
+) -> Result<(Option<(u64, u64)>, bool)> {
+    let mark = store.mark()?;
+    match mark {
+        Some((seg, off)) if seg > sealed.0 || (seg == sealed.0 && off > sealed.1) => {
+            store.remark(sealed, last_seq + 1)?;
+            Ok((Some(sealed), true))
+        }
+        _ => Ok((mark, false)),
+    }
+}
+
+/// The writer's key for `epoch`, after finishing a rotation a crash interrupted: the
+/// key that sealed the log's last checkpoint if that is of this epoch.
+fn writer_secrets(
+    dir: &Path,
+    ledger_id: LedgerId,
+    epoch: u32,
+    checkpoint: &Checkpoint,
+) -> Result<EpochSecrets> {
+    let key_path = dir.join(files::WRITER_KEY);
+    let next_path = dir.join(files::WRITER_KEY_NEXT);
+    if next_path.exists() {
+        let next = EpochSecrets::read(&next_path, ledger_id)?;
+        if next.epoch == epoch {
+            // The certificate committed; the rename did not.
+            fs::rename(&next_path, &key_path).map_err(|e| Error::io(&key_path, e))?;
+        } else {
+            // The certificate never became durable: this key was never used.
+            fs::remove_file(&next_path).map_err(|e| Error::io(&next_path, e))?;
+        }
+        keys::sync_parent(&key_path)?;
+    }
+    let secrets = EpochSecrets::read(&key_path, ledger_id)?;
+    if secrets.epoch != epoch {
+        return Err(Error::KeyEpochMismatch {
+            key_epoch: secrets.epoch,
+            ledger_epoch: epoch,
+        });
+    }
+    if checkpoint.epoch == epoch && checkpoint.key_id != key_id(&secrets.verifying_key()) {
+        return Err(corrupt(
+            dir,
+            checkpoint.size,
+            "writer key does not match the key that sealed the ledger".into(),
+        ));
+    }
+    Ok(secrets)
+}
+
+/// The state the commit and sync threads share, its durable end the log's.
+fn shared(
+    log: LogWriter,
+    store: Store,
+    durable: Checkpoint,
+    durable_root: crate::tlog::merkle::TreeHash,
+    writer: Writer,
+) -> Arc<Shared> {
+    Arc::new(Shared {
+        log,
+        store,
+        queue: Mutex::new(Queue {
+            pending: Vec::new(),
+            applied: Vec::new(),
+            committing: false,
+            syncing: false,
+            flushing: false,
+            commit_idle: false,
+            sync_idle: false,
+            durable,
+            durable_root,
+            poisoned: None,
+            closing: false,
+        }),
+        to_commit: Condvar::new(),
+        to_sync: Condvar::new(),
+        writer: Mutex::new(writer),
+        on_sync: std::sync::OnceLock::new(),
+    })
 }
 
 /// The verifying key of the writer's key for `epoch` (`writer.key`, or `writer.key.next`

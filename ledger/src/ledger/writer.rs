@@ -140,46 +140,10 @@ impl Writer {
             self.tree.push(leaf);
             push_frame(&mut frames, TAG_ENTRY, &bytes);
         }
-        let mut receipts = Vec::with_capacity(count);
-        // The last seq of each run this group links is recorded with the group's state.
-        self.links.begin_group();
-        let mut linked = std::mem::take(&mut self.linked);
-        for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
-            let seq = self.next_seq;
-            let mut nonce = [0u8; 24];
-            nonce[..16].copy_from_slice(&self.nonce_prefix);
-            nonce[16..].copy_from_slice(&seq.to_be_bytes());
-            linked.clear();
-            linked.extend_from_slice(plaintext);
-            self.links.link(store, &mut linked, seq)?;
-            // Built in place in the group's frames.
-            let at = segment::push_frame_with(&mut frames, TAG_ENTRY, |out| {
-                self.cipher.decision_entry_into(
-                    self.ledger_id,
-                    seq,
-                    self.secrets.epoch,
-                    wall,
-                    self.head,
-                    nonce,
-                    &linked,
-                    out,
-                )
-            });
-            // One pass over the entry's bytes: its leaf is the tree's, and the chain's
-            // input.
-            let leaf = leaf_hash(&frames[at..]);
-            self.head = chain_hash(&leaf);
-            self.tree.push(leaf);
-            self.next_seq += 1;
-            receipts.push(Receipt {
-                seq,
-                hash: self.head,
-            });
-        }
+        let receipts = self.push_entries(&mut frames, store, group, count, wall)?;
         let checkpoint =
             self.secrets
                 .sign_checkpoint(self.ledger_id, self.next_seq, self.head, wall);
-        self.linked = linked;
         let links = self.links.pairs();
         // The group's last value of each key, in one state frame before the checkpoint.
         let mut changed: BTreeMap<&[u8], &[u8]> = BTreeMap::new();
@@ -209,28 +173,89 @@ impl Writer {
         for (k, v) in &changed {
             self.bases.put(k, v);
         }
-        let point = match self.last_point {
-            Some((seg, off)) if seg == placed.segment && placed.offset - off < POINT_EVERY => None,
-            _ => Some(Point {
-                seq: first_seq,
-                segment: placed.segment,
-                offset: placed.offset,
-            }),
-        };
-        if let Some(p) = point {
-            self.last_point = Some((p.segment, p.offset));
-        }
+        let point = self.index_point(first_seq, placed.segment, placed.offset);
         store.apply_group(changed, point, (placed.segment, placed.end))?;
         self.last_wall = wall;
         if rotated {
-            // The old key file may be replaced only once the certificate is durable.
-            log.sync()?;
-            let key_path = self.dir.join(files::WRITER_KEY);
-            fs::rename(self.dir.join(files::WRITER_KEY_NEXT), &key_path)
-                .map_err(|e| Error::io(&key_path, e))?;
-            keys::sync_parent(&key_path)?;
+            self.finish_rotation(log)?;
         }
         Ok((receipts, checkpoint, root))
+    }
+
+    /// The group's entries, each encrypted and chained in place in `frames`, its leaf
+    /// pushed on the tree; their receipts.
+    fn push_entries(
+        &mut self,
+        frames: &mut Vec<u8>,
+        store: &Store,
+        group: &[Pending],
+        count: usize,
+        wall: u64,
+    ) -> Result<Vec<Receipt>> {
+        let mut receipts = Vec::with_capacity(count);
+        // The last seq of each run this group links is recorded with the group's state.
+        self.links.begin_group();
+        let mut linked = std::mem::take(&mut self.linked);
+        for plaintext in group.iter().flat_map(|p| &p.plaintexts) {
+            let seq = self.next_seq;
+            let mut nonce = [0u8; 24];
+            nonce[..16].copy_from_slice(&self.nonce_prefix);
+            nonce[16..].copy_from_slice(&seq.to_be_bytes());
+            linked.clear();
+            linked.extend_from_slice(plaintext);
+            self.links.link(store, &mut linked, seq)?;
+            // Built in place in the group's frames.
+            let at = segment::push_frame_with(frames, TAG_ENTRY, |out| {
+                self.cipher.decision_entry_into(
+                    self.ledger_id,
+                    seq,
+                    self.secrets.epoch,
+                    wall,
+                    self.head,
+                    nonce,
+                    &linked,
+                    out,
+                )
+            });
+            // One pass over the entry's bytes: its leaf is the tree's, and the chain's
+            // input.
+            let leaf = leaf_hash(&frames[at..]);
+            self.head = chain_hash(&leaf);
+            self.tree.push(leaf);
+            self.next_seq += 1;
+            receipts.push(Receipt {
+                seq,
+                hash: self.head,
+            });
+        }
+        self.linked = linked;
+        Ok(receipts)
+    }
+
+    /// A seq point for the index every [`POINT_EVERY`] bytes of log: where the group
+    /// starting at `first_seq` was placed, if the last point is that far behind.
+    fn index_point(&mut self, first_seq: u64, segment: u64, offset: u64) -> Option<Point> {
+        let point = match self.last_point {
+            Some((seg, off)) if seg == segment && offset - off < POINT_EVERY => None,
+            _ => Some(Point {
+                seq: first_seq,
+                segment,
+                offset,
+            }),
+        };
+        if let Some(p) = &point {
+            self.last_point = Some((p.segment, p.offset));
+        }
+        point
+    }
+
+    /// The old key file replaced by the new epoch's, once its certificate is durable.
+    fn finish_rotation(&self, log: &LogWriter) -> Result<()> {
+        log.sync()?;
+        let key_path = self.dir.join(files::WRITER_KEY);
+        fs::rename(self.dir.join(files::WRITER_KEY_NEXT), &key_path)
+            .map_err(|e| Error::io(&key_path, e))?;
+        keys::sync_parent(&key_path)
     }
 
     /// Start the next epoch: certify its keys with the current key, persist them as

@@ -78,7 +78,6 @@ pub const MAX_ITEMS: usize = 256;
 impl Policy {
     /// Parse a policy file.
     pub fn parse(bytes: &[u8]) -> Result<Policy, PolicyError> {
-        let err = |line: usize, why: String| PolicyError { line, why };
         if let Some(i) = bytes
             .iter()
             .position(|&b| b != b'\t' && b != b'\n' && (b < 0x20 || b == 0x7f))
@@ -88,145 +87,15 @@ impl Policy {
         }
         // Names are opaque bytes; vkeys and URLs must be UTF-8 (they are ASCII in practice).
         let text = String::from_utf8_lossy(bytes);
-        let mut p = Policy {
-            logs: Vec::new(),
-            witnesses: Vec::new(),
-            groups: Vec::new(),
-            quorum: None,
-        };
-        let mut names: BTreeMap<String, Member> = BTreeMap::new();
-        let mut keys: BTreeSet<[u8; 32]> = BTreeSet::new();
-        let mut quorum_seen = false;
+        let mut parser = Parser::default();
         for (i, raw) in text.split('\n').enumerate() {
-            let n = i + 1;
             let words: Vec<&str> = raw.split([' ', '\t']).filter(|w| !w.is_empty()).collect();
-            let Some(&first) = words.first() else {
-                continue;
-            };
-            if first.starts_with('#') {
-                continue;
-            }
-            if p.logs.len() + p.witnesses.len() + p.groups.len() > MAX_ITEMS {
-                return Err(err(
-                    n,
-                    format!("more than {MAX_ITEMS} logs, witnesses and groups"),
-                ));
-            }
-            let vkey = |s: &str, t: u8, what: &str| -> Result<Vkey, PolicyError> {
-                let v = Vkey::parse(s).map_err(|e| err(n, e.to_string()))?;
-                if v.sig_type != t {
-                    return Err(err(
-                        n,
-                        format!(
-                            "a {what} key must be of signature type {t:#04x}, not {:#04x}",
-                            v.sig_type
-                        ),
-                    ));
-                }
-                Ok(v)
-            };
-            let mut fresh_key = |v: &Vkey| {
-                if keys.insert(v.public) {
-                    Ok(())
-                } else {
-                    Err(err(n, "this public key is listed twice".into()))
-                }
-            };
-            match first {
-                "log" => {
-                    if !(2..=3).contains(&words.len()) {
-                        return Err(err(n, "expected `log <vkey> [<url>]`".into()));
-                    }
-                    let v = vkey(words[1], TYPE_ED25519, "log")?;
-                    fresh_key(&v)?;
-                    p.logs.push(Log {
-                        vkey: v,
-                        url: words.get(2).map(|s| s.to_string()),
-                    });
-                }
-                "witness" => {
-                    if !(3..=4).contains(&words.len()) {
-                        return Err(err(n, "expected `witness <name> <vkey> [<url>]`".into()));
-                    }
-                    let name = words[1];
-                    if name == "none" || names.contains_key(name) {
-                        return Err(err(
-                            n,
-                            format!("name {name:?} is reserved or defined twice"),
-                        ));
-                    }
-                    let v = vkey(words[2], TYPE_COSIGNATURE, "witness")?;
-                    fresh_key(&v)?;
-                    names.insert(name.into(), Member::Witness(p.witnesses.len()));
-                    p.witnesses.push(Witness {
-                        name: name.into(),
-                        vkey: v,
-                        url: words.get(3).map(|s| s.to_string()),
-                    });
-                }
-                "group" => {
-                    if words.len() < 4 {
-                        return Err(err(
-                            n,
-                            "expected `group <name> all|any|<k> <name>...`".into(),
-                        ));
-                    }
-                    let name = words[1];
-                    if name == "none" || names.contains_key(name) {
-                        return Err(err(
-                            n,
-                            format!("name {name:?} is reserved or defined twice"),
-                        ));
-                    }
-                    let mut members = Vec::new();
-                    let mut seen = BTreeSet::new();
-                    for m in &words[3..] {
-                        let member = names
-                            .get(*m)
-                            .ok_or_else(|| err(n, format!("{m:?} is not defined above")))?;
-                        if !seen.insert(*m) {
-                            return Err(err(n, format!("{m:?} is listed twice")));
-                        }
-                        members.push(member.clone());
-                    }
-                    let total = members.len();
-                    let k = match words[2] {
-                        "all" => total,
-                        "any" => 1,
-                        k => parse_decimal(k, "group threshold")
-                            .ok()
-                            .and_then(|k| usize::try_from(k).ok())
-                            .filter(|k| (1..=total).contains(k))
-                            .ok_or_else(|| {
-                                err(n, format!("threshold {k:?} is not all, any or 1..={total}"))
-                            })?,
-                    };
-                    names.insert(name.into(), Member::Group(p.groups.len()));
-                    p.groups.push(Group { k, members });
-                }
-                "quorum" => {
-                    if words.len() != 2 {
-                        return Err(err(n, "expected `quorum <name>`".into()));
-                    }
-                    if quorum_seen {
-                        return Err(err(n, "a second quorum line".into()));
-                    }
-                    quorum_seen = true;
-                    p.quorum = if words[1] == "none" {
-                        None
-                    } else {
-                        Some(names.get(words[1]).cloned().ok_or_else(|| {
-                            err(n, format!("{:?} is not defined above", words[1]))
-                        })?)
-                    };
-                }
-                other => return Err(err(n, format!("unknown keyword {other:?}"))),
-            }
+            parser.line(i + 1, &words)?;
         }
-        if !quorum_seen {
+        if !parser.quorum_seen {
             return Err(err(0, "no quorum line".into()));
         }
-        Ok(p)
+        Ok(parser.policy)
     }
 
     /// Whether the witnesses at the indexes `cosigned` (into [`Policy::witnesses`]) make
@@ -262,6 +131,179 @@ impl Policy {
     /// The log whose key name is `origin`.
     pub fn log(&self, origin: &str) -> Option<&Log> {
         self.logs.iter().find(|l| l.vkey.name == origin)
+    }
+}
+
+/// An error on line `line` (1-based; 0 for the file as a whole).
+fn err(line: usize, why: String) -> PolicyError {
+    PolicyError { line, why }
+}
+
+/// A policy read line by line: what the lines above defined.
+struct Parser {
+    policy: Policy,
+    names: BTreeMap<String, Member>,
+    keys: BTreeSet<[u8; 32]>,
+    quorum_seen: bool,
+}
+
+impl Default for Parser {
+    fn default() -> Parser {
+        Parser {
+            policy: Policy {
+                logs: Vec::new(),
+                witnesses: Vec::new(),
+                groups: Vec::new(),
+                quorum: None,
+            },
+            names: BTreeMap::new(),
+            keys: BTreeSet::new(),
+            quorum_seen: false,
+        }
+    }
+}
+
+impl Parser {
+    /// One line, its words split on spaces and tabs.
+    fn line(&mut self, n: usize, words: &[&str]) -> Result<(), PolicyError> {
+        let Some(&first) = words.first() else {
+            return Ok(());
+        };
+        if first.starts_with('#') {
+            return Ok(());
+        }
+        let p = &self.policy;
+        if p.logs.len() + p.witnesses.len() + p.groups.len() > MAX_ITEMS {
+            return Err(err(
+                n,
+                format!("more than {MAX_ITEMS} logs, witnesses and groups"),
+            ));
+        }
+        match first {
+            "log" => self.log(n, words),
+            "witness" => self.witness(n, words),
+            "group" => self.group(n, words),
+            "quorum" => self.quorum(n, words),
+            other => Err(err(n, format!("unknown keyword {other:?}"))),
+        }
+    }
+
+    /// `log <vkey> [<url>]`.
+    fn log(&mut self, n: usize, words: &[&str]) -> Result<(), PolicyError> {
+        if !(2..=3).contains(&words.len()) {
+            return Err(err(n, "expected `log <vkey> [<url>]`".into()));
+        }
+        let v = self.fresh_key(n, words[1], TYPE_ED25519, "log")?;
+        self.policy.logs.push(Log {
+            vkey: v,
+            url: words.get(2).map(|s| s.to_string()),
+        });
+        Ok(())
+    }
+
+    /// `witness <name> <vkey> [<url>]`.
+    fn witness(&mut self, n: usize, words: &[&str]) -> Result<(), PolicyError> {
+        if !(3..=4).contains(&words.len()) {
+            return Err(err(n, "expected `witness <name> <vkey> [<url>]`".into()));
+        }
+        let name = self.new_name(n, words[1])?;
+        let v = self.fresh_key(n, words[2], TYPE_COSIGNATURE, "witness")?;
+        let at = self.policy.witnesses.len();
+        self.names.insert(name.into(), Member::Witness(at));
+        self.policy.witnesses.push(Witness {
+            name: name.into(),
+            vkey: v,
+            url: words.get(3).map(|s| s.to_string()),
+        });
+        Ok(())
+    }
+
+    /// `group <name> all|any|<k> <name>...`, of names defined above.
+    fn group(&mut self, n: usize, words: &[&str]) -> Result<(), PolicyError> {
+        if words.len() < 4 {
+            return Err(err(
+                n,
+                "expected `group <name> all|any|<k> <name>...`".into(),
+            ));
+        }
+        let name = self.new_name(n, words[1])?;
+        let mut members = Vec::new();
+        let mut seen = BTreeSet::new();
+        for m in &words[3..] {
+            let member = self
+                .names
+                .get(*m)
+                .ok_or_else(|| err(n, format!("{m:?} is not defined above")))?;
+            if !seen.insert(*m) {
+                return Err(err(n, format!("{m:?} is listed twice")));
+            }
+            members.push(member.clone());
+        }
+        let total = members.len();
+        let k = match words[2] {
+            "all" => total,
+            "any" => 1,
+            k => parse_decimal(k, "group threshold")
+                .ok()
+                .and_then(|k| usize::try_from(k).ok())
+                .filter(|k| (1..=total).contains(k))
+                .ok_or_else(|| err(n, format!("threshold {k:?} is not all, any or 1..={total}")))?,
+        };
+        let at = self.policy.groups.len();
+        self.names.insert(name.into(), Member::Group(at));
+        self.policy.groups.push(Group { k, members });
+        Ok(())
+    }
+
+    /// `quorum <name>` or `quorum none`, once.
+    fn quorum(&mut self, n: usize, words: &[&str]) -> Result<(), PolicyError> {
+        if words.len() != 2 {
+            return Err(err(n, "expected `quorum <name>`".into()));
+        }
+        if self.quorum_seen {
+            return Err(err(n, "a second quorum line".into()));
+        }
+        self.quorum_seen = true;
+        self.policy.quorum = if words[1] == "none" {
+            None
+        } else {
+            Some(
+                self.names
+                    .get(words[1])
+                    .cloned()
+                    .ok_or_else(|| err(n, format!("{:?} is not defined above", words[1])))?,
+            )
+        };
+        Ok(())
+    }
+
+    /// A name not yet defined, and not `none`.
+    fn new_name<'w>(&self, n: usize, name: &'w str) -> Result<&'w str, PolicyError> {
+        if name == "none" || self.names.contains_key(name) {
+            return Err(err(
+                n,
+                format!("name {name:?} is reserved or defined twice"),
+            ));
+        }
+        Ok(name)
+    }
+
+    /// A vkey of signature type `t`, whose public key no line above listed.
+    fn fresh_key(&mut self, n: usize, s: &str, t: u8, what: &str) -> Result<Vkey, PolicyError> {
+        let v = Vkey::parse(s).map_err(|e| err(n, e.to_string()))?;
+        if v.sig_type != t {
+            return Err(err(
+                n,
+                format!(
+                    "a {what} key must be of signature type {t:#04x}, not {:#04x}",
+                    v.sig_type
+                ),
+            ));
+        }
+        if !self.keys.insert(v.public) {
+            return Err(err(n, "this public key is listed twice".into()));
+        }
+        Ok(v)
     }
 }
 
