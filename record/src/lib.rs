@@ -11,12 +11,14 @@
 pub mod args;
 mod canonical;
 pub mod clock;
+mod codes;
 pub mod decision;
 mod dimension;
 pub mod error;
 pub mod headroom;
 pub mod money;
 mod receipt;
+mod stored;
 mod strict;
 pub mod trace;
 mod verdict;

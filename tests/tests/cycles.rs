@@ -25,10 +25,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ),
     ("proxy", &["media", "request", "tier"]),
     ("proxy", &["proxy", "stream"]),
-    (
-        "record",
-        &["args", "canonical", "decision", "error", "strict"],
-    ),
     ("testkit", &["daemon", "tally"]),
     ("verify", &["analysis", "replay"]),
     ("verify", &["report", "tree"]),
