@@ -5,7 +5,6 @@
 //! `args` by `args_digest`, BLAKE3 over the canonical JSON of the arguments.
 
 mod usage;
-mod validate;
 
 use std::collections::BTreeMap;
 
@@ -535,7 +534,7 @@ pub fn is_trace_id(s: &str) -> bool {
         && s.bytes().any(|b| b != b'0')
 }
 
-fn is_digest_hex(s: &str) -> bool {
+pub(crate) fn is_digest_hex(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 

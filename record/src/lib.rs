@@ -21,6 +21,7 @@ mod receipt;
 mod stored;
 mod strict;
 pub mod trace;
+pub mod typed;
 mod verdict;
 pub mod words;
 
@@ -32,4 +33,5 @@ pub use error::{ArgsError, DecisionError};
 pub use headroom::{Closeness, Headroom};
 pub use money::{parse_usd, MoneyError, Nanos};
 pub use receipt::{Hash, Receipt};
+pub use typed::Record;
 pub use verdict::Verdict;
