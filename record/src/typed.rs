@@ -1,17 +1,17 @@
 //! The typed record: one variant per [`Kind`], each holding exactly the fields its kind
-//! may carry ([`kinds`]). [`Decision::typed`] is the validation: a decision that has a
+//! may carry (`kinds`). [`Decision::typed`] is the validation: a decision that has a
 //! typed form is valid (docs/FORMAT.md), and one that does not is refused with the field
 //! that is wrong. The JSON is the flat [`Decision`]'s, unchanged; the typed form borrows
 //! from it, and [`Decision::from`] gives the flat form back.
 //!
 //! The checks run in steps: the kind and the run, each text within its bound, only
-//! fields the kind carries ([`fields`]), then the kind's own constructor (required
-//! fields, amounts in one unit, digests, the rules between its fields; [`build`]).
+//! fields the kind carries (`fields`), then the kind's own constructor (required
+//! fields, amounts in one unit, digests, the rules between its fields; `build`).
 
 mod back;
 mod build;
 mod fields;
-pub mod kinds;
+mod kinds;
 #[cfg(test)]
 mod oracle;
 #[cfg(test)]
