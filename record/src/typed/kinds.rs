@@ -45,7 +45,8 @@ impl Head<'_> {
 }
 
 /// An amount given in one unit: cents (records before nanodollars) or nanodollars.
-/// Giving both is not representable; cents always fit in nanodollars.
+/// Giving both is not representable; in a record from [`crate::Decision::typed`] the
+/// cents fit in nanodollars.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Amount {
     /// In cents (`reserve_cents`, `settled_cents`, `cents`).
@@ -58,7 +59,8 @@ impl Amount {
     /// The amount in nanodollars, exactly.
     pub fn nanos(self) -> Nanos {
         match self {
-            // A constructed amount's cents fit (validation refuses those that do not).
+            // Validation refuses cents that do not fit; built by hand, they read as the
+            // most there is, never wrapped.
             Amount::Cents(c) => Nanos::from_cents(c).unwrap_or(Nanos::MAX),
             Amount::Nanos(n) => Nanos(n),
         }

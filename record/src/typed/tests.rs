@@ -49,7 +49,7 @@ fn agree(d: &Decision) -> Result<bool, TestCaseError> {
     }
 }
 
-/// A value for field number `i` of [`FIELDS`], valid or not as `v` picks (mostly
+/// Give `field` (a name of [`FIELDS`]) a value, valid or not as `v` picks (mostly
 /// valid: a decision then needs few repairs to be accepted).
 fn set(d: &mut Decision, field: &str, v: u64) {
     let text = ["w", "export.status:ea91", "", "é\"\\\n"][(v % 4) as usize].to_owned();
