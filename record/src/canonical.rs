@@ -467,9 +467,8 @@ mod tests {
         proptest::option::of(s)
     }
 
-    fn decision() -> BoxedStrategy<Decision> {
-        let kinds = prop::sample::select(Kind::ALL.to_vec());
-        let budget = (
+    fn budget() -> impl Strategy<Value = Budget> {
+        (
             o(num()),
             o(num()),
             o(num()),
@@ -490,8 +489,11 @@ mod tests {
                         depth,
                     }
                 },
-            );
-        let scope = (o(num()), o(num()), o(num()), o(text()), o(text())).prop_map(
+            )
+    }
+
+    fn scope() -> impl Strategy<Value = Scope> {
+        (o(num()), o(num()), o(num()), o(text()), o(text())).prop_map(
             |(attempts, cents, nanos, tool, operation)| Scope {
                 attempts,
                 cents,
@@ -499,167 +501,197 @@ mod tests {
                 tool,
                 operation,
             },
-        );
-        let limits = prop::collection::btree_map(
+        )
+    }
+
+    fn limits() -> impl Strategy<Value = BTreeMap<String, Limit>> {
+        prop::collection::btree_map(
             text(),
             (num(), num()).prop_map(|(used, limit)| Limit { used, limit }),
             0..4,
-        );
-        let effect = prop::sample::select(vec![
+        )
+    }
+
+    fn usage() -> impl Strategy<Value = Usage> {
+        (o(num()), o(num()), o(num()), o(num()), o(num()), o(num())).prop_map(|u| Usage {
+            input_tokens: u.0,
+            cached_tokens: u.1,
+            cache_write_tokens: u.2,
+            cache_write_1h_tokens: u.3,
+            output_tokens: u.4,
+            web_searches: u.5,
+        })
+    }
+
+    /// One of an enum's values.
+    fn one<T: Clone + std::fmt::Debug + 'static>(values: &[T]) -> impl Strategy<Value = T> {
+        prop::sample::select(values.to_vec())
+    }
+
+    /// Any decision of any kind, each field present or not, valid or not: what the
+    /// reader must read back from its canonical encoding. Built in parts by what the
+    /// fields are about, each part setting its own on the decision before it.
+    fn decision() -> BoxedStrategy<Decision> {
+        rest(outcome(call_use(call(start(head())))))
+    }
+
+    /// Whose record it is: run, kind, writer and ledger links.
+    fn head() -> BoxedStrategy<Decision> {
+        (
+            text(),
+            one(Kind::ALL),
+            o(text()),
+            o(num()),
+            o(any::<u32>()),
+            o(num()),
+            o(num()),
+            o(text()),
+        )
+            .prop_map(
+                |(run, kind, worker, at_ms, uid, state_version, prev_seq, policy)| Decision {
+                    run,
+                    kind: Some(kind),
+                    worker,
+                    at_ms,
+                    uid,
+                    state_version,
+                    prev_seq,
+                    policy,
+                    ..Decision::default()
+                },
+            )
+            .boxed()
+    }
+
+    /// A start's fields.
+    fn start(d: BoxedStrategy<Decision>) -> BoxedStrategy<Decision> {
+        (d, o(text()), o(budget()), o(text()), o(text()), o(text()))
+            .prop_map(|(mut d, goal, budget, parent, credential, continues)| {
+                d.goal = goal;
+                d.budget = budget;
+                d.parent = parent;
+                d.credential = credential;
+                d.continues = continues;
+                d
+            })
+            .boxed()
+    }
+
+    /// What a call is: tool, operation, arguments and where it goes.
+    fn call(d: BoxedStrategy<Decision>) -> BoxedStrategy<Decision> {
+        let effects = [
             Effect::Read,
             Effect::IdempotentWrite,
             Effect::NonIdempotentWrite,
-        ]);
-        let status = prop::sample::select(vec![
+        ];
+        let channels = [Channel::Http, Channel::Ssh, Channel::Tool, Channel::Model];
+        (
+            d,
+            (o(text()), o(text()), o(text()), o(text())),
+            o(one(&effects)),
+            o(text()),
+            o(text()),
+            o(one(&channels)),
+            o(num()),
+            o(text()),
+        )
+            .prop_map(
+                |(mut d, texts, effect, key, target, channel, depth, trace)| {
+                    (d.tool, d.operation, d.args_digest, d.args_preview) = texts;
+                    d.effect = effect;
+                    d.idempotency_key = key;
+                    d.target = target;
+                    d.channel = channel;
+                    d.depth = depth;
+                    d.trace_id = trace;
+                    d
+                },
+            )
+            .boxed()
+    }
+
+    /// What a call uses and why it was decided: attempt, reservation, limits, reason.
+    fn call_use(d: BoxedStrategy<Decision>) -> BoxedStrategy<Decision> {
+        (
+            d,
+            o(one(Reason::ALL)),
+            o(num()),
+            (o(num()), o(num())),
+            o(text()),
+            o(limits()),
+            o(num()),
+            o(text()),
+            o(any::<bool>()),
+        )
+            .prop_map(
+                |(mut d, reason, attempt, reserve, remote_ref, limits, timeout, grant, proxied)| {
+                    d.reason = reason;
+                    d.attempt = attempt;
+                    (d.reserve_cents, d.reserve_nanos) = reserve;
+                    d.remote_ref = remote_ref;
+                    d.limits = limits;
+                    d.timeout_ms = timeout;
+                    d.grant = grant;
+                    d.proxied = proxied;
+                    d
+                },
+            )
+            .boxed()
+    }
+
+    /// An outcome's fields.
+    fn outcome(d: BoxedStrategy<Decision>) -> BoxedStrategy<Decision> {
+        let statuses = [
             Status::Ok,
             Status::Error,
             Status::Rejected,
             Status::Timeout,
             Status::Running,
             Status::Unknown,
-        ]);
-        let channel = prop::sample::select(vec![
-            Channel::Http,
-            Channel::Ssh,
-            Channel::Tool,
-            Channel::Model,
-        ]);
-        let a = (
-            text(),
-            kinds,
-            o(text()),
-            o(num()),
-            o(text()),
-            o(budget),
-            o(text()),
-            o(text()),
-        )
-            .boxed();
-        let b = (
-            o(text()),
-            o(text()),
-            o(effect),
-            o(text()),
-            o(text()),
-            o(channel),
-            o(num()),
-            o(text()),
-        )
-            .boxed();
-        let c = (
-            o(prop::sample::select(Reason::ALL.to_vec())),
-            o(num()),
-            o(num()),
-            o(status),
-            o(num()),
-            o(text()),
-            o(text()),
-            o(num()),
-        )
-            .boxed();
-        let e = (
-            o(num()),
-            o(num()),
-            o(num()),
-            o(text()),
-            o(scope),
-            o(text()),
-            o(num()),
-            o(text()),
-        )
-            .boxed();
-        let g = (
-            o(text()),
-            o(text()),
-            o(any::<u32>()),
-            o(text()),
-            o(num()),
-            o(text()),
-            o(text()),
-            o(text()),
-            o(num()),
-            o(text()),
-            o(num()),
-            o(text()),
-        )
-            .boxed();
-        let refused = prop_oneof![
-            Just(UsageRefused::Implausible),
-            Just(UsageRefused::Unpriced)
         ];
-        let h = (
-            o(num()),
-            o(num()),
-            o(num()),
+        let refused = [UsageRefused::Implausible, UsageRefused::Unpriced];
+        (
+            d,
+            o(one(&statuses)),
+            (o(num()), o(num())),
+            (o(text()), o(num()), o(text())),
             o(num()),
             o(any::<bool>()),
-            o(refused),
-            o((o(num()), o(num()), o(num()), o(num()), o(num()), o(num()))),
+            o(one(&refused)),
+            o(usage()),
         )
-            .boxed();
-        (a, b, c, e, o(limits), g, h, o(any::<bool>()))
-            .prop_map(|(a, b, c, e, limits, g, h, proxied)| Decision {
-                usage: h.6.map(|u| Usage {
-                    input_tokens: u.0,
-                    cached_tokens: u.1,
-                    cache_write_tokens: u.2,
-                    cache_write_1h_tokens: u.3,
-                    output_tokens: u.4,
-                    web_searches: u.5,
-                }),
-                overrun_nanos: h.3,
-                operator: h.4,
-                usage_refused: h.5,
-                reserve_nanos: h.0,
-                settled_nanos: h.1,
-                nanos: h.2,
-                run: a.0,
-                kind: Some(a.1),
-                worker: a.2,
-                at_ms: a.3,
-                goal: a.4,
-                budget: a.5,
-                tool: a.6,
-                operation: a.7,
-                args: None,
-                args_digest: b.0,
-                args_preview: b.1,
-                effect: b.2,
-                idempotency_key: b.3,
-                target: b.4,
-                channel: b.5,
-                depth: b.6,
-                parent: b.7,
-                reason: c.0,
-                attempt: c.1,
-                reserve_cents: c.2,
-                status: c.3,
-                settled_cents: c.4,
-                remote_ref: c.5,
-                observed: c.6,
-                retry_after_ms: c.7,
-                of: e.0,
-                slots: e.1,
-                cents: e.2,
-                approver: e.3,
-                scope: e.4,
-                digest: e.5,
-                expires_ms: e.6,
-                note: e.7,
-                limits,
-                policy: g.0,
-                policy_text: g.1,
-                uid: g.2,
-                credential: g.3,
-                timeout_ms: g.4,
-                grant: g.5,
-                signature: g.6,
-                continues: g.7,
-                state_version: g.8,
-                result_digest: g.9,
-                proxied,
-                prev_seq: g.10,
-                trace_id: g.11,
+            .prop_map(
+                |(mut d, status, settled, seen, overrun, operator, usage_refused, usage)| {
+                    d.status = status;
+                    (d.settled_cents, d.settled_nanos) = settled;
+                    (d.observed, d.retry_after_ms, d.result_digest) = seen;
+                    d.overrun_nanos = overrun;
+                    d.operator = operator;
+                    d.usage_refused = usage_refused;
+                    d.usage = usage;
+                    d
+                },
+            )
+            .boxed()
+    }
+
+    /// The fields of a refund, an override, a stop's note and a policy record.
+    fn rest(d: BoxedStrategy<Decision>) -> BoxedStrategy<Decision> {
+        (
+            d,
+            (o(num()), o(num()), o(num()), o(num())),
+            (o(text()), o(scope()), o(text()), o(num())),
+            o(text()),
+            o(text()),
+            o(text()),
+        )
+            .prop_map(|(mut d, refund, approval, signature, note, policy_text)| {
+                (d.of, d.slots, d.cents, d.nanos) = refund;
+                (d.approver, d.scope, d.digest, d.expires_ms) = approval;
+                d.signature = signature;
+                d.note = note;
+                d.policy_text = policy_text;
+                d
             })
             .boxed()
     }

@@ -4,9 +4,7 @@
 //! error. Raw call arguments never enter the ledger: [`Decision::seal_args`] replaces
 //! `args` by `args_digest`, BLAKE3 over the canonical JSON of the arguments.
 
-mod codes;
 mod usage;
-mod validate;
 
 use std::collections::BTreeMap;
 
@@ -20,7 +18,7 @@ pub use crate::strict::is_blank_line;
 use crate::strict::{limits, present};
 use crate::Dimension;
 
-pub use codes::{Action, Channel, Effect, Kind, Reason, Status, UsageRefused};
+pub use crate::codes::{Action, Channel, Effect, Kind, Reason, Status, UsageRefused};
 pub use usage::Usage;
 
 /// Longest `args_preview` the ledger stores, in bytes.
@@ -432,69 +430,6 @@ impl Decision {
         // Serializing a struct of strings, integers and enums cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }
-
-    /// Parse a stored plaintext strictly: it must be a valid decision in exactly its
-    /// canonical form, with no raw `args`.
-    ///
-    /// Canonical bytes are read by a reader that accepts that one form and nothing else,
-    /// then validated; anything it refuses goes through [`Decision::from_stored_general`],
-    /// which names what is wrong. The result is the same either way, only faster.
-    pub fn from_stored(bytes: &[u8]) -> Result<Decision, DecisionError> {
-        if let Some(d) = crate::canonical::parse(bytes) {
-            d.validate()?;
-            return Ok(d);
-        }
-        Decision::from_stored_general(bytes)
-    }
-
-    /// The general strict parse of a stored plaintext: JSON parse, no raw `args`, the record
-    /// checks, then a re-encoding that must equal the stored bytes. [`Decision::from_stored`]
-    /// gives the same result; this one is public so tests and fuzzers can hold the two
-    /// to that.
-    pub fn from_stored_general(bytes: &[u8]) -> Result<Decision, DecisionError> {
-        let text = std::str::from_utf8(bytes).map_err(|_| DecisionError::Json {
-            message: "stored decision is not UTF-8".into(),
-        })?;
-        let d = Decision::from_json(text)?;
-        if d.args.is_some() {
-            return Err(DecisionError::Invalid {
-                field: "args",
-                why: "raw arguments must never be stored",
-            });
-        }
-        d.validate()?;
-        // Re-encode straight into a comparison with the stored bytes: no second copy.
-        let mut same = SameBytes {
-            expected: bytes,
-            at: 0,
-        };
-        if serde_json::to_writer(&mut same, &d).is_err() || same.at != bytes.len() {
-            return Err(DecisionError::NotCanonical);
-        }
-        Ok(d)
-    }
-}
-
-/// An `io::Write` that accepts exactly `expected`, byte for byte, and fails at the first
-/// difference (or at more bytes than expected).
-struct SameBytes<'a> {
-    expected: &'a [u8],
-    at: usize,
-}
-
-impl std::io::Write for SameBytes<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let end = self.at + buf.len();
-        if self.expected.get(self.at..end) != Some(buf) {
-            return Err(std::io::Error::other("differs from the canonical encoding"));
-        }
-        self.at = end;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// One amount an input gives in cents (`cents_field`) or in nanodollars
@@ -599,7 +534,7 @@ pub fn is_trace_id(s: &str) -> bool {
         && s.bytes().any(|b| b != b'0')
 }
 
-fn is_digest_hex(s: &str) -> bool {
+pub(crate) fn is_digest_hex(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 

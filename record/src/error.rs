@@ -1,6 +1,6 @@
 //! The typed error of a refused decision.
 
-use crate::decision::Kind;
+use crate::codes::Kind;
 
 /// A decision that the ledger refuses (docs/FORMAT.md). Nothing is written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

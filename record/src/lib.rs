@@ -11,14 +11,17 @@
 pub mod args;
 mod canonical;
 pub mod clock;
+mod codes;
 pub mod decision;
 mod dimension;
 pub mod error;
 pub mod headroom;
 pub mod money;
 mod receipt;
+mod stored;
 mod strict;
 pub mod trace;
+pub mod typed;
 mod verdict;
 pub mod words;
 
@@ -30,4 +33,5 @@ pub use error::{ArgsError, DecisionError};
 pub use headroom::{Closeness, Headroom};
 pub use money::{parse_usd, MoneyError, Nanos};
 pub use receipt::{Hash, Receipt};
+pub use typed::Record;
 pub use verdict::Verdict;

@@ -18,7 +18,6 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use crate::decision::Limit;
 use crate::error::DecisionError;
 
 /// An optional field that is present must hold a value of its type: `null` is refused.
@@ -30,13 +29,14 @@ where
     T::deserialize(d).map(Some)
 }
 
-/// `limits`: an object of dimensions, each named once.
-pub(crate) fn limits<'de, D>(d: D) -> Result<Option<BTreeMap<String, Limit>>, D::Error>
+/// `limits`: an object of dimensions (each a `Limit`), each named once.
+pub(crate) fn limits<'de, D, Limit>(d: D) -> Result<Option<BTreeMap<String, Limit>>, D::Error>
 where
     D: Deserializer<'de>,
+    Limit: Deserialize<'de>,
 {
-    struct V;
-    impl<'de> Visitor<'de> for V {
+    struct V<Limit>(std::marker::PhantomData<Limit>);
+    impl<'de, Limit: Deserialize<'de>> Visitor<'de> for V<Limit> {
         type Value = BTreeMap<String, Limit>;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("an object of {used, limit} per dimension")
@@ -55,7 +55,7 @@ where
             Ok(out)
         }
     }
-    d.deserialize_map(V).map(Some)
+    d.deserialize_map(V(std::marker::PhantomData)).map(Some)
 }
 
 /// Whether a line of NDJSON holds no decision: only JSON whitespace (space, tab, CR,

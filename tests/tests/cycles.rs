@@ -13,10 +13,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("gate", &["backend", "tables"]),
     ("proxy", &["media", "request", "tier"]),
     ("proxy", &["proxy", "stream"]),
-    (
-        "record",
-        &["args", "canonical", "decision", "error", "strict"],
-    ),
 ];
 
 /// A crate's top-level modules and the others each names (`crate::m`), test modules
