@@ -26,6 +26,7 @@
 
 pub mod accept;
 pub mod dialect;
+mod endpoint;
 mod forward;
 pub mod media;
 mod plan;

@@ -23,7 +23,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
             "state",
         ],
     ),
-    ("proxy", &["media", "request", "tier"]),
     ("proxy", &["proxy", "stream"]),
     (
         "record",
