@@ -27,14 +27,12 @@
 pub mod accept;
 pub mod dialect;
 mod endpoint;
-mod forward;
 pub mod media;
-mod plan;
+mod phase;
 mod proxy;
 mod redirect;
 mod refuse;
 pub mod request;
-mod stream;
 pub mod tier;
 pub mod tls;
 pub mod token;

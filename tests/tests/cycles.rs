@@ -23,7 +23,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
             "state",
         ],
     ),
-    ("proxy", &["proxy", "stream"]),
     (
         "record",
         &["args", "canonical", "decision", "error", "strict"],
