@@ -2,20 +2,24 @@
 //! policy names (`[upstreams.NAME]`), it prices, forwards and observes the calls that
 //! cost money, through the gate (docs/PROXY.md).
 //!
-//! For each request to `/<NAME>/<upstream path>`:
+//! Each request to `/<NAME>/<upstream path>` goes through named phases over one record
+//! of the call (`phase/`, docs/PROXY.md, "How a call flows"):
 //!
-//! 1. the run token (the agent's API key) names the run ([`token`]); unknown, forged,
-//!    stopped or expired: 401, whatever the path, and nothing recorded;
-//! 2. the upstream must be named, the method and path its own; the body at most its
-//!    `max_request_bytes` (413), whole within the read timeout (408), read strictly
-//!    ([`request`]); each refusal here is recorded through the gate as the run's `deny`
-//!    before it is answered;
-//! 3. the worst case is reserved: the gate's `check` with the run owner's uid
+//! 1. authenticate: the run token (the agent's API key) names the run ([`token`]);
+//!    unknown, forged, stopped or expired: 401 or 403, whatever the path, and nothing
+//!    recorded;
+//! 2. plan: the upstream must be named, the method and path its own; the body at most
+//!    its `max_request_bytes` (413), whole within the read timeout (408), read strictly
+//!    ([`request`]) and priced; each refusal here is recorded through the gate as the
+//!    run's `deny` before it is answered;
+//! 3. check: the worst case is reserved: the gate's `check` with the run owner's uid
 //!    (`proxied`), refused in the upstream's dialect ([`dialect`]);
-//! 4. the request goes to the upstream with the real credential (the agent's key never
-//!    does), redirects never followed, and refused unless they stay on it;
-//! 5. the answer streams back chunk by chunk while its usage ([`usage`]) and BLAKE3
-//!    digest are read from it; the gate's `outcome` settles the truth.
+//! 4. forward: the request goes to the upstream with the real credential (the agent's
+//!    key never does), redirects never followed, and refused unless they stay on it;
+//! 5. pump: the answer streams back chunk by chunk while its usage ([`usage`]) and
+//!    BLAKE3 digest are read from it;
+//! 6. settle: the gate's `outcome` settles the truth; once the check allowed the call,
+//!    it always runs, whatever ended the call.
 //!
 //! With a tracer, each call that reaches the gate is a span ([`trace`]).
 //!
@@ -26,14 +30,13 @@
 
 pub mod accept;
 pub mod dialect;
-mod forward;
+mod endpoint;
 pub mod media;
-mod plan;
+mod phase;
 mod proxy;
 mod redirect;
 mod refuse;
 pub mod request;
-mod stream;
 pub mod tier;
 pub mod tls;
 pub mod token;

@@ -22,7 +22,7 @@
 
 use serde_json::Value;
 
-use crate::request::{Endpoint, RequestError};
+use crate::endpoint::{Endpoint, RequestError};
 
 /// Content part types priced by a measure other than their bytes.
 const MEDIA: &[&str] = &[

@@ -357,14 +357,6 @@ impl Proxy {
     ) -> Result<T, GateError> {
         call(&self.gate, &self.stage, f).await
     }
-
-    /// The gate, for a task that outlives the request.
-    pub(crate) fn shared(&self) -> crate::stream::Shared {
-        crate::stream::Shared {
-            gate: Arc::clone(&self.gate),
-            stage: Arc::clone(&self.stage),
-        }
-    }
 }
 
 /// The answer to a request on a connection its peer had no place for: 429 in the

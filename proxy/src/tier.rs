@@ -16,7 +16,7 @@
 use serde_json::Value;
 use tally_policy::{ModelPrice, UpstreamKind};
 
-use crate::request::{Endpoint, RequestError};
+use crate::endpoint::{Endpoint, RequestError};
 
 /// The tiers a request can land on.
 #[derive(Debug, Clone, PartialEq, Eq)]

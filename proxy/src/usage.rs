@@ -27,7 +27,7 @@ use serde_json::Value;
 use tally_policy::ModelPrice;
 use tally_record::money::{per_million, Nanos};
 
-use crate::request::Endpoint;
+use crate::endpoint::Endpoint;
 
 /// Tokens (and server tool uses) a call used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

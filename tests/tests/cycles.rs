@@ -11,8 +11,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("cli", &["commands", "no_walk", "prove", "witness"]),
     ("cli", &["demo", "demo_proxy"]),
     ("gate", &["backend", "tables"]),
-    ("proxy", &["media", "request", "tier"]),
-    ("proxy", &["proxy", "stream"]),
 ];
 
 /// A crate's top-level modules and the others each names (`crate::m`), test modules

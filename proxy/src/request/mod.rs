@@ -45,120 +45,10 @@
 use std::ops::Range;
 
 use serde_json::Value;
-use tally_policy::{CacheMark, UpstreamKind};
+use tally_policy::CacheMark;
 use tally_record::Args;
 
-/// The API a request is made to, decided from its exact path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Endpoint {
-    /// OpenAI Chat Completions (`/v1/chat/completions`).
-    ChatCompletions,
-    /// OpenAI Responses (`/v1/responses`).
-    Responses,
-    /// Anthropic Messages (`/v1/messages`).
-    Messages,
-    /// Anthropic `/v1/messages/count_tokens`: free.
-    CountTokens,
-    /// A route of an `http` upstream: priced per call or by a cost header, no usage.
-    Route,
-}
-
-impl Endpoint {
-    /// The endpoint `path` names on an upstream of `kind`: one exact spelling each, with
-    /// or without the `/v1` (for an upstream whose base URL holds it); `None` for a path
-    /// the proxy does not meter. An `http` upstream's every path is a [`Endpoint::Route`].
-    pub fn of(kind: UpstreamKind, path: &str) -> Option<Endpoint> {
-        let path = path.strip_prefix("/v1").unwrap_or(path);
-        match (kind, path) {
-            (UpstreamKind::Http, _) => Some(Endpoint::Route),
-            (UpstreamKind::Openai, "/chat/completions") => Some(Endpoint::ChatCompletions),
-            (UpstreamKind::Openai, "/responses") => Some(Endpoint::Responses),
-            (UpstreamKind::Anthropic, "/messages") => Some(Endpoint::Messages),
-            (UpstreamKind::Anthropic, "/messages/count_tokens") => Some(Endpoint::CountTokens),
-            _ => None,
-        }
-    }
-
-    /// The paths a model upstream of `kind` meters, as a refusal names them.
-    pub fn metered(kind: UpstreamKind) -> &'static str {
-        match kind {
-            UpstreamKind::Openai => "/v1/chat/completions, /v1/responses",
-            UpstreamKind::Anthropic => "/v1/messages, /v1/messages/count_tokens",
-            UpstreamKind::Http => "the routes its prices name",
-        }
-    }
-
-    /// Whether a query string may be forwarded: none, except `beta=true` on Anthropic's
-    /// endpoints (the Anthropic SDK's beta client, Claude Code's, sends it). An `http`
-    /// route's query is its own.
-    pub fn query_allowed(self, query: Option<&str>) -> bool {
-        matches!(
-            (self, query),
-            (_, None)
-                | (Endpoint::Route, _)
-                | (
-                    Endpoint::Messages | Endpoint::CountTokens,
-                    Some("beta=true")
-                )
-        )
-    }
-
-    /// The API kind it belongs to.
-    pub fn kind(self) -> UpstreamKind {
-        match self {
-            Endpoint::ChatCompletions | Endpoint::Responses => UpstreamKind::Openai,
-            Endpoint::Messages | Endpoint::CountTokens => UpstreamKind::Anthropic,
-            Endpoint::Route => UpstreamKind::Http,
-        }
-    }
-
-    /// The member a request's output limit is in, where the endpoint has one fixed.
-    fn limit_field(self) -> &'static str {
-        match self {
-            Endpoint::Responses => "max_output_tokens",
-            _ => "max_tokens",
-        }
-    }
-}
-
-/// Why a request body cannot be forwarded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum RequestError {
-    /// Not strict JSON (a duplicate key, bad syntax, trailing bytes, too deep).
-    #[error("the request body is not JSON tally can read exactly: {0}")]
-    Json(String),
-    /// Not a JSON object.
-    #[error("the request body must be one JSON object")]
-    NotObject,
-    /// A field with the wrong type or an impossible value.
-    #[error("`{field}` {why}")]
-    Field {
-        /// The field.
-        field: &'static str,
-        /// What is wrong.
-        why: &'static str,
-    },
-    /// A field that can make the call cost what the policy gives no price for (a server
-    /// tool, a billing tier, state kept upstream): never forwarded unpriced.
-    #[error("`{field}` {why}; tally never forwards a call it cannot price")]
-    Unpriced {
-        /// The field, as a path into the body (`tools[2].type`).
-        field: String,
-        /// What it would cost, and what the policy would need.
-        why: String,
-    },
-}
-
-impl RequestError {
-    fn unpriced(field: impl Into<String>, why: impl Into<String>) -> RequestError {
-        RequestError::Unpriced {
-            field: field.into(),
-            why: why.into(),
-        }
-    }
-}
+pub use crate::endpoint::{Endpoint, RequestError};
 
 /// Members that make a call cost what no price covers, per endpoint, and why.
 const UNPRICED: &[(Endpoint, &str, &str)] = &[
@@ -237,76 +127,24 @@ pub struct ModelRequest {
     pub args: Args,
 }
 
-/// Reads a request to `endpoint` strictly.
+/// Reads a request to `endpoint` strictly: the body read once, then what it asks
+/// (model, stream, tier, output limit, choices, usage chunk), what no price covers
+/// refused, and what its tools, cache markers and images add.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestError> {
-    let text = std::str::from_utf8(body).map_err(|_| RequestError::Json("not UTF-8".into()))?;
-    // One reading of the body gives the canonical text (every key once, every number
-    // exactly), where each member is in it (read as raw text where their exact digits
-    // matter), and the value the walks below read.
-    let read = Args::read(text).map_err(|e| RequestError::Json(e.to_string()))?;
-    if !read.args.canonical().starts_with('{') {
-        return Err(RequestError::NotObject);
-    }
     let tally_record::args::Read {
         args,
         members,
-        value,
+        value: whole,
         ..
-    } = read;
+    } = read(body)?;
     let raw = Members {
         text: args.canonical(),
         members: &members,
     };
-    let model = match raw.get("model") {
-        Some(t) => match serde_json::from_str::<String>(t) {
-            Ok(m) if !m.is_empty() && m.len() <= 256 => m,
-            _ => {
-                return Err(RequestError::Field {
-                    field: "model",
-                    why: "must be a model name (a string of at most 256 bytes)",
-                })
-            }
-        },
-        None => {
-            return Err(RequestError::Field {
-                field: "model",
-                why: "is missing: name the model",
-            })
-        }
-    };
-    let count = |field: &'static str| -> Result<Option<u64>, RequestError> {
-        match raw.get(field) {
-            None => Ok(None),
-            Some(v) => v.parse::<u64>().map(Some).map_err(|_| RequestError::Field {
-                field,
-                why: "must be a whole number",
-            }),
-        }
-    };
-    // Read for the walks only (a number's digits do not matter to them); none where
-    // serde_json reads none from the canonical text (a number beyond an `f64`, nesting of
-    // 128).
-    let whole: Value = value.ok_or(RequestError::NotObject)?;
-    let stream = match raw.get("stream") {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(_) => {
-            return Err(RequestError::Field {
-                field: "stream",
-                why: "must be true or false",
-            })
-        }
-    };
-    let service_tier = match whole.get("service_tier") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(t)) => Some(t.clone()),
-        Some(_) => {
-            return Err(RequestError::Field {
-                field: "service_tier",
-                why: "must be a string",
-            })
-        }
-    };
+    let model = model_of(raw)?;
+    let whole = whole.ok_or(RequestError::NotObject)?;
+    let stream = stream_of(raw)?;
+    let service_tier = service_tier_of(&whole)?;
     if endpoint == Endpoint::CountTokens {
         // Free: read for its model only, forwarded as read.
         return Ok(ModelRequest {
@@ -326,98 +164,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
             args,
         });
     }
-    let (max_tokens, limit_field) = match endpoint {
-        Endpoint::ChatCompletions => {
-            match (count("max_tokens")?, count("max_completion_tokens")?) {
-                (Some(_), Some(_)) => {
-                    return Err(RequestError::Field {
-                        field: "max_completion_tokens",
-                        why: "and `max_tokens` are both given: give one",
-                    })
-                }
-                (Some(m), None) => (Some(m), Some("max_tokens")),
-                (None, Some(m)) => (Some(m), Some("max_completion_tokens")),
-                (None, None) => (None, None),
-            }
-        }
-        Endpoint::Responses => {
-            for field in ["max_tokens", "max_completion_tokens"] {
-                if raw.get(field).is_some() {
-                    return Err(RequestError::Field {
-                        field: if field == "max_tokens" {
-                            "max_tokens"
-                        } else {
-                            "max_completion_tokens"
-                        },
-                        why: "is not a Responses API field: give `max_output_tokens`",
-                    });
-                }
-            }
-            let m = count("max_output_tokens")?;
-            (m, m.map(|_| "max_output_tokens"))
-        }
-        _ => {
-            let m = count("max_tokens")?;
-            (m, m.map(|_| "max_tokens"))
-        }
-    };
-    if max_tokens == Some(0) {
-        return Err(RequestError::Field {
-            field: "max_tokens",
-            why: "must be at least 1",
-        });
-    }
-    let choices = match endpoint {
-        Endpoint::ChatCompletions => count("n")?.unwrap_or(1),
-        _ => 1,
-    };
-    if choices == 0 || choices > 128 {
-        return Err(RequestError::Field {
-            field: "n",
-            why: "must be between 1 and 128",
-        });
-    }
-    let client_asked_usage = match (endpoint, whole.get("stream_options")) {
-        (Endpoint::ChatCompletions, Some(Value::Object(o))) => match o.get("include_usage") {
-            None | Some(Value::Bool(false)) => false,
-            Some(Value::Bool(true)) => true,
-            Some(_) => {
-                return Err(RequestError::Field {
-                    field: "stream_options",
-                    why: "`include_usage` must be true or false",
-                })
-            }
-        },
-        (_, None) => false,
-        (_, Some(Value::Object(_))) => false,
-        (_, Some(_)) => {
-            return Err(RequestError::Field {
-                field: "stream_options",
-                why: "must be an object",
-            })
-        }
-    };
-    for (at, name, why) in UNPRICED {
-        if *at == endpoint && whole.get(*name).is_some_and(|v| !v.is_null()) {
-            return Err(RequestError::unpriced(*name, *why));
-        }
-    }
-    if endpoint == Endpoint::ChatCompletions {
-        if let Some(m) = whole.get("modalities").and_then(Value::as_array) {
-            if m.iter().any(|x| x.as_str() != Some("text")) {
-                return Err(RequestError::unpriced(
-                    "modalities",
-                    "asks for output other than text, billed at its own rates",
-                ));
-            }
-        }
-    }
-    if endpoint == Endpoint::Responses && whole.get("background") == Some(&Value::Bool(true)) {
-        return Err(RequestError::unpriced(
-            "background",
-            "answers later, out of the proxy's sight, so its usage cannot be read",
-        ));
-    }
+    let (max_tokens, limit_field) = limit_of(endpoint, raw)?;
+    let choices = choices_of(endpoint, raw)?;
+    let client_asked_usage = asked_usage(endpoint, &whole)?;
+    unpriced(endpoint, &whole)?;
     let (tools, web_searches) = tools_of(endpoint, &whole)?;
     let cache = if endpoint == Endpoint::Messages {
         cache_mark(&whole)?
@@ -441,6 +191,184 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
         images,
         args,
     })
+}
+
+/// The body read once, strictly: the canonical text (every key once, every number
+/// exactly) and where each member is in it (read as raw text where their exact digits
+/// matter), and the value the walks read (none where serde_json reads none from the
+/// canonical text: a number beyond an `f64`, nesting of 128).
+fn read(body: &[u8]) -> Result<tally_record::args::Read, RequestError> {
+    let text = std::str::from_utf8(body).map_err(|_| RequestError::Json("not UTF-8".into()))?;
+    let read = Args::read(text).map_err(|e| RequestError::Json(e.to_string()))?;
+    if !read.args.canonical().starts_with('{') {
+        return Err(RequestError::NotObject);
+    }
+    Ok(read)
+}
+
+/// Its `model`: a name of at most 256 bytes.
+fn model_of(raw: Members<'_>) -> Result<String, RequestError> {
+    match raw.get("model") {
+        Some(t) => match serde_json::from_str::<String>(t) {
+            Ok(m) if !m.is_empty() && m.len() <= 256 => Ok(m),
+            _ => Err(RequestError::Field {
+                field: "model",
+                why: "must be a model name (a string of at most 256 bytes)",
+            }),
+        },
+        None => Err(RequestError::Field {
+            field: "model",
+            why: "is missing: name the model",
+        }),
+    }
+}
+
+/// Whether it asks for a stream.
+fn stream_of(raw: Members<'_>) -> Result<bool, RequestError> {
+    match raw.get("stream") {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(_) => Err(RequestError::Field {
+            field: "stream",
+            why: "must be true or false",
+        }),
+    }
+}
+
+/// Its `service_tier`, if it names one.
+fn service_tier_of(whole: &Value) -> Result<Option<String>, RequestError> {
+    match whole.get("service_tier") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(t)) => Ok(Some(t.clone())),
+        Some(_) => Err(RequestError::Field {
+            field: "service_tier",
+            why: "must be a string",
+        }),
+    }
+}
+
+/// A whole number member, if given.
+fn count(raw: Members<'_>, field: &'static str) -> Result<Option<u64>, RequestError> {
+    match raw.get(field) {
+        None => Ok(None),
+        Some(v) => v.parse::<u64>().map(Some).map_err(|_| RequestError::Field {
+            field,
+            why: "must be a whole number",
+        }),
+    }
+}
+
+/// The output tokens it asks for at most (at least 1), and the member it says so in:
+/// one of Chat's two, Responses' `max_output_tokens` (never Chat's), `max_tokens`
+/// elsewhere.
+fn limit_of(
+    endpoint: Endpoint,
+    raw: Members<'_>,
+) -> Result<(Option<u64>, Option<&'static str>), RequestError> {
+    let (max_tokens, limit_field) = match endpoint {
+        Endpoint::ChatCompletions => {
+            match (
+                count(raw, "max_tokens")?,
+                count(raw, "max_completion_tokens")?,
+            ) {
+                (Some(_), Some(_)) => {
+                    return Err(RequestError::Field {
+                        field: "max_completion_tokens",
+                        why: "and `max_tokens` are both given: give one",
+                    })
+                }
+                (Some(m), None) => (Some(m), Some("max_tokens")),
+                (None, Some(m)) => (Some(m), Some("max_completion_tokens")),
+                (None, None) => (None, None),
+            }
+        }
+        Endpoint::Responses => {
+            for field in ["max_tokens", "max_completion_tokens"] {
+                if raw.get(field).is_some() {
+                    return Err(RequestError::Field {
+                        field,
+                        why: "is not a Responses API field: give `max_output_tokens`",
+                    });
+                }
+            }
+            let m = count(raw, "max_output_tokens")?;
+            (m, m.map(|_| "max_output_tokens"))
+        }
+        _ => {
+            let m = count(raw, "max_tokens")?;
+            (m, m.map(|_| "max_tokens"))
+        }
+    };
+    if max_tokens == Some(0) {
+        return Err(RequestError::Field {
+            field: "max_tokens",
+            why: "must be at least 1",
+        });
+    }
+    Ok((max_tokens, limit_field))
+}
+
+/// OpenAI Chat's `n` (choices): 1 to 128, 1 when absent; 1 elsewhere.
+fn choices_of(endpoint: Endpoint, raw: Members<'_>) -> Result<u64, RequestError> {
+    let choices = match endpoint {
+        Endpoint::ChatCompletions => count(raw, "n")?.unwrap_or(1),
+        _ => 1,
+    };
+    if choices == 0 || choices > 128 {
+        return Err(RequestError::Field {
+            field: "n",
+            why: "must be between 1 and 128",
+        });
+    }
+    Ok(choices)
+}
+
+/// OpenAI Chat: whether the client itself asked for a stream's usage chunk
+/// (`stream_options.include_usage`).
+fn asked_usage(endpoint: Endpoint, whole: &Value) -> Result<bool, RequestError> {
+    match (endpoint, whole.get("stream_options")) {
+        (Endpoint::ChatCompletions, Some(Value::Object(o))) => match o.get("include_usage") {
+            None | Some(Value::Bool(false)) => Ok(false),
+            Some(Value::Bool(true)) => Ok(true),
+            Some(_) => Err(RequestError::Field {
+                field: "stream_options",
+                why: "`include_usage` must be true or false",
+            }),
+        },
+        (_, None) => Ok(false),
+        (_, Some(Value::Object(_))) => Ok(false),
+        (_, Some(_)) => Err(RequestError::Field {
+            field: "stream_options",
+            why: "must be an object",
+        }),
+    }
+}
+
+/// Refuses the members that make a call cost what no price covers ([`UNPRICED`],
+/// Chat's non-text `modalities`, a Responses `background`).
+fn unpriced(endpoint: Endpoint, whole: &Value) -> Result<(), RequestError> {
+    for (at, name, why) in UNPRICED {
+        if *at == endpoint && whole.get(*name).is_some_and(|v| !v.is_null()) {
+            return Err(RequestError::unpriced(*name, *why));
+        }
+    }
+    if endpoint == Endpoint::ChatCompletions {
+        if let Some(m) = whole.get("modalities").and_then(Value::as_array) {
+            if m.iter().any(|x| x.as_str() != Some("text")) {
+                return Err(RequestError::unpriced(
+                    "modalities",
+                    "asks for output other than text, billed at its own rates",
+                ));
+            }
+        }
+    }
+    if endpoint == Endpoint::Responses && whole.get("background") == Some(&Value::Bool(true)) {
+        return Err(RequestError::unpriced(
+            "background",
+            "answers later, out of the proxy's sight, so its usage cannot be read",
+        ));
+    }
+    Ok(())
 }
 
 /// Whether the request has tools, and the most web searches they can make; a tool that

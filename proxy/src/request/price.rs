@@ -50,6 +50,30 @@ impl ModelRequest {
                 worst: Nanos(0),
             });
         }
+        let (input_rate, search_cost) = self.rates(price)?;
+        let (mut set, field) = self.settings(price);
+        // Measured with the longest count (20 digits) in place: the input bound.
+        set.insert(field, u64::MAX.to_string());
+        let input_bound = self.input_bound(price, &set)?;
+        let input_cost = per_million(input_bound, input_rate).unwrap_or(Nanos::MAX);
+        let fixed = input_cost.checked_add(search_cost).unwrap_or(Nanos::MAX);
+        let (max_tokens, injected, clamped) = self.output_limit(price, fixed, remaining, clamp);
+        set.insert(field, max_tokens.to_string());
+        Ok(Priced {
+            body: self.render(&set).into_bytes(),
+            max_tokens,
+            injected,
+            clamped,
+            input_bound,
+            worst: fixed
+                .checked_add(self.output_cost(price, max_tokens))
+                .unwrap_or(Nanos::MAX),
+        })
+    }
+
+    /// The rate its input is priced at (the cache-write rate its markers allow), and
+    /// what its web searches cost at most; refused where the price has neither.
+    fn rates(&self, price: &ModelPrice) -> Result<(Nanos, Nanos), RequestError> {
         let Some(input_rate) = price.input_rate(self.cache) else {
             let key = if self.cache == CacheMark::OneHour {
                 "cache_write_1h_per_mtok"
@@ -71,7 +95,13 @@ impl ModelRequest {
                 ))
             }
         };
-        // The members the proxy sets, over the request's own.
+        Ok((input_rate, search_cost))
+    }
+
+    /// The members the proxy sets over the request's own (an OpenAI Chat stream's
+    /// `stream_options.include_usage`), and the member its output limit is set in: the
+    /// one the request used, else the endpoint's (for Chat, the one the price names).
+    fn settings<'p>(&'p self, price: &'p ModelPrice) -> (BTreeMap<&'p str, String>, &'p str) {
         let mut set: BTreeMap<&str, String> = BTreeMap::new();
         if self.endpoint == Endpoint::ChatCompletions && self.stream {
             let mut o: BTreeMap<String, Box<RawValue>> = self
@@ -82,15 +112,22 @@ impl ModelRequest {
             o.insert("include_usage".into(), raw("true"));
             set.insert("stream_options", render(&o));
         }
-        // The field the proxy sets: the one the request used, else the endpoint's (for
-        // Chat, the one the price names).
         let field = match (self.limit_field, self.endpoint) {
             (Some(f), _) => f,
             (None, Endpoint::ChatCompletions) => price.max_tokens_field.as_str(),
             (None, e) => e.limit_field(),
         };
-        // Measured with the longest count (20 digits) in place: the input bound.
-        set.insert(field, u64::MAX.to_string());
+        (set, field)
+    }
+
+    /// The input token bound: the body's bytes (with the proxy's members `set`) less
+    /// the images' base64 data, plus each image's bound and the price's overheads for
+    /// tools and web searches; refused for an image the price has no bound for.
+    fn input_bound(
+        &self,
+        price: &ModelPrice,
+        set: &BTreeMap<&str, String>,
+    ) -> Result<u64, RequestError> {
         let image_tokens = match (self.images.count, price.image_tokens) {
             (0, _) => 0,
             (n, Some(each)) => n.saturating_mul(each),
@@ -110,25 +147,32 @@ impl ModelRequest {
             self.web_searches
                 .saturating_mul(price.web_search_tokens_per_use),
         );
-        // The body's bytes less the images' base64 data, plus each image's bound.
-        let input_bound = (self.render(&set).len() as u64)
+        Ok((self.render(set).len() as u64)
             .saturating_sub(self.images.data_bytes)
             .saturating_add(added)
-            .saturating_add(image_tokens);
-        let input_cost = per_million(input_bound, input_rate).unwrap_or(Nanos::MAX);
-        let fixed = input_cost.checked_add(search_cost).unwrap_or(Nanos::MAX);
+            .saturating_add(image_tokens))
+    }
+
+    /// The output tokens asked of the upstream per choice, whether the proxy set them
+    /// itself (`injected`) and whether it lowered the request's own (`clamped`), with
+    /// `fixed` the cost of all but the output and `remaining` what the run can pay.
+    fn output_limit(
+        &self,
+        price: &ModelPrice,
+        fixed: Nanos,
+        remaining: Nanos,
+        clamp: bool,
+    ) -> (u64, bool, bool) {
         let pays = |left: Nanos| {
             let per_choice = affordable(left, price.output_per_mtok) / self.choices;
             per_choice.clamp(1, price.max_output_tokens)
         };
-        let output_cost = |tokens: u64| {
-            per_million(tokens.saturating_mul(self.choices), price.output_per_mtok)
-                .unwrap_or(Nanos::MAX)
-        };
-        let (max_tokens, injected, clamped) = match self.max_tokens {
+        match self.max_tokens {
             Some(m) => {
                 let m = m.min(price.max_output_tokens);
-                let total = fixed.checked_add(output_cost(m)).unwrap_or(Nanos::MAX);
+                let total = fixed
+                    .checked_add(self.output_cost(price, m))
+                    .unwrap_or(Nanos::MAX);
                 if clamp && total > remaining {
                     let lower = pays(remaining.saturating_sub(fixed)).min(m);
                     (lower, false, lower < m)
@@ -137,18 +181,13 @@ impl ModelRequest {
                 }
             }
             None => (pays(remaining.saturating_sub(fixed)), true, false),
-        };
-        set.insert(field, max_tokens.to_string());
-        Ok(Priced {
-            body: self.render(&set).into_bytes(),
-            max_tokens,
-            injected,
-            clamped,
-            input_bound,
-            worst: fixed
-                .checked_add(output_cost(max_tokens))
-                .unwrap_or(Nanos::MAX),
-        })
+        }
+    }
+
+    /// What `tokens` of output per choice cost.
+    fn output_cost(&self, price: &ModelPrice, tokens: u64) -> Nanos {
+        per_million(tokens.saturating_mul(self.choices), price.output_per_mtok)
+            .unwrap_or(Nanos::MAX)
     }
 }
 

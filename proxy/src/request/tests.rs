@@ -1,7 +1,7 @@
 //! The request parser's and the worst case's unit tests.
 
 use super::*;
-use tally_policy::ModelPrice;
+use tally_policy::{ModelPrice, UpstreamKind};
 use tally_record::money::{per_million, Nanos};
 
 fn price() -> ModelPrice {

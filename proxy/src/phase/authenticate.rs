@@ -1,0 +1,79 @@
+//! The authenticate phase: the run the agent's token names, if it may spend. A token
+//! that is missing, forged or twice different is a 401; a run that has stopped or is
+//! past its deadline a 403 with its reason. Nothing is recorded: there is no run to
+//! record in, or it has ended.
+
+use hyper::header::HeaderMap;
+use tally_gate::{Caller, GateError};
+use tally_record::Reason;
+
+use crate::dialect::Refusal;
+use crate::proxy::Proxy;
+use crate::refuse::{unavailable, Caught};
+
+/// The run the request's token names, if it may spend.
+pub(super) async fn authenticate(proxy: &Proxy, headers: &HeaderMap) -> Result<Caught, Refusal> {
+    let token = token(headers)?;
+    let run = proxy
+        .key
+        .run_of(token)
+        .ok_or_else(|| Refusal::token("this is not a run token of this tally"))?;
+    let operator = Caller {
+        uid: None,
+        operator: true,
+        proxied: false,
+    };
+    let lookup = run.clone();
+    let standing = proxy
+        .gate(move |gate, done| done(gate.run(operator, &lookup)))
+        .await
+        .map_err(|e| match e {
+            GateError::Unavailable(_) => unavailable(),
+            _ => Refusal::token("the run of this token is not known to the gate"),
+        })?;
+    // A real token of a run that may not spend any more: 403 with the reason, its
+    // action `stop`, so a client shows why and stops (a 401 reads as a bad key, which
+    // agents retry or send the user to log in again). Nothing is recorded: the run
+    // has ended, or its deadline has (the next check would stop it).
+    if standing.state == tally_wire::RunState::Stopped {
+        let reason = standing.stop_reason.unwrap_or(Reason::Completed);
+        return Err(Refusal::ended(
+            reason,
+            format!(
+                "the run of this token has stopped ({}): a new task is a new run, with its own token",
+                reason.as_str()
+            ),
+        ));
+    }
+    if tally_policy::past_deadline(&standing.budget, standing.at_ms) {
+        return Err(Refusal::ended(
+            Reason::RunDeadlineExhausted,
+            "the run of this token is past its deadline: a new task is a new run, with its own token"
+                .into(),
+        ));
+    }
+    Ok(Caught { run, standing })
+}
+
+/// The run token the agent sent as its API key (`Authorization: Bearer` or
+/// `x-api-key`; both only if the same).
+fn token(headers: &HeaderMap) -> Result<&str, Refusal> {
+    // A field's value without the whitespace around it (RFC 9110 5.5: it is HTTP's,
+    // not the value's); the token itself must then be spelt exactly as minted.
+    let value = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim_matches([' ', '\t']))
+    };
+    let bearer = value("authorization").and_then(crate::token::bearer);
+    match (bearer, value("x-api-key")) {
+        (Some(a), Some(b)) if a != b => Err(Refusal::token(
+            "two different keys (Authorization and x-api-key): send the run token once",
+        )),
+        (Some(t), _) | (None, Some(t)) => Ok(t),
+        (None, None) => Err(Refusal::token(
+            "no run token: use the token of your run (the `token` of POST /v1/runs) as the API key",
+        )),
+    }
+}

@@ -1,0 +1,213 @@
+//! The check phase: the gate asked to reserve the plan's worst case (its `check`, with
+//! the run owner's uid, `proxied`), the call's span started; a refusal is answered in
+//! the upstream's dialect, saying for money what the call needed and what is left.
+//! Allowed, the settle phase is armed ([`Settling`]).
+
+use std::time::{Duration, Instant};
+
+use hyper::StatusCode;
+use tally_gate::{Caller, CheckAnswer, CheckRequest, GateError};
+use tally_policy::{UpstreamKind, Verdict};
+use tally_record::money::Nanos;
+use tally_record::{Dimension, Reason};
+
+use super::plan::Plan;
+use super::settle::{Settle, Settling};
+use super::{channel_of, Call};
+use crate::dialect::Refusal;
+use crate::proxy::Proxy;
+use crate::refuse::{preview, unavailable};
+use crate::trace::CallSpan;
+
+/// The gate's check of `plan`: the armed settle phase of an allowed call, or the refusal.
+pub(super) async fn check(
+    proxy: &Proxy,
+    call: &Call<'_>,
+    plan: &Plan,
+) -> Result<Settling, Refusal> {
+    let (u, standing) = (&call.route.upstream, &call.caught.standing);
+    let timeout_ms = tally_policy::call_timeout(&standing.budget, standing.at_ms, u.timeout_ms);
+    // The call's span (with a tracer), the agent's trace its parent; the decision
+    // records the trace id, the span's or (without a tracer) the agent's.
+    let mut span = span(proxy, call, plan);
+    let trace_id = match &span {
+        Some(s) => Some(s.trace_id()),
+        None => call.parent.as_ref().map(|(p, _)| p.trace_id.clone()),
+    };
+    let check = request(call, plan, timeout_ms, trace_id);
+    let caller = Caller {
+        uid: standing.owner_uid,
+        operator: false,
+        proxied: true,
+    };
+    let answer = match proxy
+        .gate(move |gate, done| gate.check(caller, check, done))
+        .await
+    {
+        Ok(a) => a,
+        Err(GateError::Stopped(a)) => *a,
+        Err(e) => {
+            if let Some(mut s) = span {
+                s.decided("error", Some(Reason::GateUnavailable.as_str()), None);
+                s.finish();
+            }
+            return Err(refused_by(e));
+        }
+    };
+    if let Some(s) = &mut span {
+        s.decided(
+            verdict(answer.decision),
+            answer.reason.map(|r| r.as_str()),
+            answer.seq,
+        );
+    }
+    let attempt = match allowed(&answer, plan.worst) {
+        Ok(a) => a,
+        Err(mut r) => {
+            r.recorded = answer.seq.map(|seq| (call.caught.run.clone(), seq));
+            if let Some(s) = span {
+                s.finish();
+            }
+            return Err(r);
+        }
+    };
+    let deadline = Instant::now()
+        + Duration::from_millis(answer.timeout_ms.unwrap_or(timeout_ms).min(timeout_ms));
+    let settle = Settle {
+        run: call.caught.run.clone(),
+        attempt,
+        seq: answer.seq,
+        caller,
+        effect: plan.effect,
+        kind: u.kind,
+        endpoint: plan.endpoint,
+        price: plan.price.clone(),
+        route_price: plan.route_price,
+        lands: plan.lands.clone(),
+        cost_header: u.cost_header.clone(),
+        // What the gate reserved: the most this call may settle.
+        reserved: Nanos(answer.reserve_nanos.unwrap_or(plan.worst.0)),
+    };
+    Ok(Settling::arm(proxy.recorder(), settle, deadline, span))
+}
+
+/// The call's span, with a tracer.
+fn span(proxy: &Proxy, call: &Call<'_>, plan: &Plan) -> Option<CallSpan> {
+    let (route, u) = (call.route, &call.route.upstream);
+    proxy.tracer.as_ref().map(|t| {
+        CallSpan::start(
+            t,
+            call.parent.as_ref(),
+            &crate::trace::About {
+                kind: u.kind,
+                upstream: &route.name,
+                host: &route.host,
+                method: &call.method,
+                model: (u.kind != UpstreamKind::Http).then_some(plan.operation.as_str()),
+                run: &call.caught.run,
+            },
+        )
+    })
+}
+
+/// The gate's check request for `plan`.
+fn request(
+    call: &Call<'_>,
+    plan: &Plan,
+    timeout_ms: u64,
+    trace_id: Option<String>,
+) -> CheckRequest {
+    CheckRequest {
+        run: call.caught.run.clone(),
+        worker: None,
+        tool: call.route.name.clone(),
+        // A logical operation is the request itself (tool and arguments): concurrent
+        // calls to one model are not retries of each other.
+        operation: None,
+        args: plan.args.clone(),
+        args_preview: Some(preview(&plan.operation)),
+        effect: plan.effect,
+        idempotency_key: None,
+        target: Some(call.route.host.clone()),
+        channel: Some(channel_of(call.route.upstream.kind)),
+        depth: None,
+        reserve_cents: None,
+        reserve_nanos: Some(plan.worst.0),
+        remote_ref: None,
+        credential: None,
+        timeout_ms: Some(timeout_ms),
+        trace_id,
+        refused: None,
+    }
+}
+
+/// The answer when the gate could not decide.
+fn refused_by(e: GateError) -> Refusal {
+    match e {
+        GateError::Unavailable(_) => unavailable(),
+        GateError::RunStopped { reason, .. } => Refusal::ended(
+            reason,
+            format!("the run of this token has stopped ({})", reason.as_str()),
+        ),
+        GateError::RunNotFound(_) => {
+            Refusal::token("the run of this token is not known to the gate")
+        }
+        e => Refusal::own(
+            StatusCode::FORBIDDEN,
+            tally_wire::ErrorCode::Refused,
+            format!("the gate refused the call: {e}"),
+        ),
+    }
+}
+
+/// A verdict as spans and logs name it.
+fn verdict(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Allow => "allow",
+        Verdict::Deny => "deny",
+        Verdict::RequireApproval => "require_approval",
+    }
+}
+
+/// The attempt of an allow, or the refusal in words: a refusal for money says what the
+/// call needed (`needed`, its worst case) and what the run and its owner have left.
+fn allowed(a: &CheckAnswer, needed: Nanos) -> Result<u64, Refusal> {
+    if a.decision == Verdict::Allow {
+        if let Some(attempt) = a.attempt {
+            return Ok(attempt);
+        }
+    }
+    let reason = a.reason.unwrap_or(Reason::GateUnavailable);
+    let mut words = match a.cause {
+        Some(cause) => format!(
+            "the gate refused the call: {} ({})",
+            reason.as_str(),
+            cause.as_str()
+        ),
+        None => format!("the gate refused the call: {}", reason.as_str()),
+    };
+    let money = [
+        Reason::ReservationInsufficient,
+        Reason::BudgetExceeded,
+        Reason::PrincipalBudgetExceeded,
+    ];
+    if money.contains(&reason) || a.cause.is_some_and(|c| money.contains(&c)) {
+        // The gate's own counts as it decided: settled plus held of each limit.
+        let left = |dimension: &str, whose: &str| {
+            a.limits.get(dimension).map(|l| {
+                format!(
+                    "{whose} has {} left of {}",
+                    Nanos(tally_policy::left(l)),
+                    Nanos(l.limit)
+                )
+            })
+        };
+        let mut parts = vec![format!("the call may cost up to {needed}")];
+        parts.extend(left(Dimension::SpendNanos.as_str(), "the run"));
+        parts.extend(left(tally_policy::PRINCIPAL_SPEND, "its owner's budget"));
+        words = format!("{words}: {}", parts.join("; "));
+    }
+    let mut r = Refusal::reason(reason, a.retry_after_ms, words);
+    r.cause = a.cause;
+    Err(r)
+}

@@ -1,0 +1,135 @@
+//! The forward phase: the planned request sent to the upstream with the real credential
+//! (the agent's key never is), within the call's time; a redirect is never followed,
+//! and refused unless it stays on the upstream ([`crate::redirect`]). What went wrong
+//! is told to the settle phase with the refusal the agent gets.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use tally_policy::UpstreamKind;
+use tally_record::Status;
+
+use super::settle::{Ended, Settling};
+use super::Call;
+use crate::dialect::Refusal;
+use crate::proxy::Route;
+
+/// The upstream's answer to `body` with the plan's `headers`; else the refusal, its
+/// outcome told to `settling`.
+pub(super) async fn forward(
+    call: &Call<'_>,
+    body: Vec<u8>,
+    headers: HeaderMap,
+    settling: &mut Settling,
+) -> Result<Response<Incoming>, Refusal> {
+    let route = call.route;
+    // The upstream request: the base path, the agent's path and query, the plan's
+    // headers, the trace context and the real credential.
+    let query = call
+        .head
+        .uri
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let uri = format!(
+        "{}://{}{}{}{query}",
+        route.scheme, route.authority, route.base, call.rest
+    );
+    let Ok(mut out) = Request::builder()
+        .method(call.head.method.clone())
+        .uri(&uri)
+        .body(Full::new(Bytes::from(body)))
+    else {
+        // Nothing was sent.
+        let refusal = Refusal::own(
+            StatusCode::BAD_REQUEST,
+            tally_wire::ErrorCode::InvalidRequest,
+            "the request cannot be forwarded",
+        );
+        return refused(settling, Status::Rejected, None, refusal);
+    };
+    // The upstream's traceparent: the proxy's span, or (without a tracer) the agent's
+    // valid one as it came; an invalid one never.
+    let onward = settling.outgoing().or_else(|| call.parent.clone());
+    *out.headers_mut() = outgoing(headers, route, onward.as_ref());
+    let sent = tokio::time::timeout_at(settling.deadline.into(), route.client.request(out)).await;
+    let response = match sent {
+        Err(_) => {
+            let refusal = Refusal::own(
+                StatusCode::GATEWAY_TIMEOUT,
+                tally_wire::ErrorCode::UpstreamTimeout,
+                "the upstream did not answer within the call's time (the run's deadline or the upstream's timeout_ms)",
+            );
+            return refused(settling, Status::Timeout, None, refusal);
+        }
+        Ok(Err(e)) => {
+            // Never connected: nothing happened upstream. Else it may have.
+            let status = if e.is_connect() {
+                Status::Rejected
+            } else {
+                Status::Unknown
+            };
+            let refusal = Refusal::own(
+                StatusCode::BAD_GATEWAY,
+                tally_wire::ErrorCode::UpstreamUnreachable,
+                format!("the upstream could not be reached: {e}"),
+            );
+            return refused(settling, status, None, refusal);
+        }
+        Ok(Ok(r)) => r,
+    };
+    if response.status().is_redirection() {
+        if let Some(refusal) = crate::redirect::refused(&uri, response.headers()) {
+            let observed = Some("redirect_refused:scope_violation".into());
+            return refused(settling, Status::Rejected, observed, refusal);
+        }
+    }
+    Ok(response)
+}
+
+/// `refusal`, its outcome (`status`, with no answer) told to `settling`.
+fn refused(
+    settling: &mut Settling,
+    status: Status,
+    observed: Option<String>,
+    refusal: Refusal,
+) -> Result<Response<Incoming>, Refusal> {
+    let effect = settling.facts().effect;
+    settling.ended(Ended::without_answer(status, effect, observed));
+    Err(refusal)
+}
+
+/// The headers sent upstream: the plan's (`allowed`), the trace context replaced by
+/// `trace`, no compression, and the real credential (docs/PROXY.md).
+fn outgoing(allowed: HeaderMap, route: &Route, trace: Option<&crate::trace::Trace>) -> HeaderMap {
+    let mut out = allowed;
+    if let Some((parent, state)) = trace {
+        if let Ok(v) = HeaderValue::from_str(&parent.header()) {
+            out.insert(HeaderName::from_static("traceparent"), v);
+        }
+        if let Some(v) = state
+            .as_deref()
+            .and_then(tally_record::trace::tracestate)
+            .and_then(|s| HeaderValue::from_str(s).ok())
+        {
+            out.insert(HeaderName::from_static("tracestate"), v);
+        }
+    }
+    // Usage is read from the answer's bytes: no compression.
+    out.insert(
+        hyper::header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    let secret = route.secret.as_str();
+    let (name, value) = match route.upstream.kind {
+        UpstreamKind::Anthropic => ("x-api-key", secret.to_owned()),
+        UpstreamKind::Openai | UpstreamKind::Http => ("authorization", format!("Bearer {secret}")),
+    };
+    if let Ok(mut v) = HeaderValue::from_str(&value) {
+        v.set_sensitive(true);
+        out.insert(HeaderName::from_static(name), v);
+    }
+    out
+}

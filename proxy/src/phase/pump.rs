@@ -1,0 +1,119 @@
+//! The pump phase: the upstream's answer passed to the agent (its status and headers
+//! less hop-by-hop, plus `x-tally-run`, `x-tally-attempt`, `x-tally-seq`), its body
+//! relayed chunk by chunk on a task of its own ([`relay`]) while its usage and BLAKE3
+//! digest are read from it (JSON or SSE); when it has ended, what it cost ([`bill`])
+//! is settled.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderValue};
+use hyper::Response;
+use tally_record::money::parse_usd;
+
+use super::settle::{Settle, Settling};
+use crate::Body;
+
+mod bill;
+mod relay;
+
+use bill::Answer;
+use relay::Relay;
+
+/// The answer to the agent, its body relayed by a task that settles when it has ended;
+/// with `strip_usage`, an SSE stream is reframed without the usage chunk the client
+/// did not ask for.
+pub(super) fn pump(
+    response: Response<Incoming>,
+    strip_usage: bool,
+    settling: Settling,
+) -> Response<Body> {
+    let (parts, body) = response.into_parts();
+    let sse = parts
+        .headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let reframe = sse && strip_usage;
+    let facts = settling.facts();
+    let headers = passed_back(&parts.headers, reframe, facts);
+    let answer = Answer {
+        status: parts.status,
+        header_cost: facts
+            .cost_header
+            .as_ref()
+            .and_then(|h| parts.headers.get(h.as_str()))
+            .map(|v| v.to_str().ok().and_then(|t| parse_usd(t.trim()).ok())),
+        retry_after_ms: parts
+            .headers
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|s| s.saturating_mul(1000)),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(16);
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let relay = Relay::new(facts.endpoint, sse, reframe, tx, settling.deadline);
+    tokio::spawn(relayed(body, relay, answer, settling));
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    *r.status_mut() = parts.status;
+    *r.headers_mut() = headers;
+    r
+}
+
+/// The body relayed to its end (or the deadline), then what it cost settled.
+async fn relayed(mut body: Incoming, mut relay: Relay, answer: Answer, settling: Settling) {
+    let end = relay.run(&mut body).await;
+    let facts = settling.facts();
+    let ended = match end {
+        Err(cut) => {
+            relay.cut().await;
+            bill::cut(facts, &answer, cut, relay.digest())
+        }
+        Ok(()) => {
+            relay.last_events().await;
+            let (reported, said) = relay.reported(answer.status, facts.kind);
+            bill::answered(facts, &answer, reported, said, relay.digest())
+        }
+    };
+    let mut settling = settling;
+    settling.ended(ended);
+    settling.settle().await;
+}
+
+/// The upstream's headers passed back, less hop-by-hop (and a reframed stream's
+/// length), plus the call's own.
+fn passed_back(upstream: &HeaderMap, reframe: bool, facts: &Settle) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in upstream {
+        let n = name.as_str();
+        if matches!(
+            n,
+            "connection"
+                | "keep-alive"
+                | "transfer-encoding"
+                | "te"
+                | "trailer"
+                | "upgrade"
+                | "proxy-authenticate"
+        ) || (reframe && n == "content-length")
+            || n.starts_with("x-tally-")
+        {
+            continue;
+        }
+        headers.append(name.clone(), value.clone());
+    }
+    let mut add = |name: &'static str, value: String| {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    };
+    add("x-tally-run", facts.run.clone());
+    add("x-tally-attempt", facts.attempt.to_string());
+    if let Some(seq) = facts.seq {
+        add("x-tally-seq", seq.to_string());
+    }
+    headers
+}

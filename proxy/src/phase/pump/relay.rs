@@ -1,0 +1,233 @@
+//! The relay of an answer's body: each chunk hashed, passed to the agent (a stream the
+//! client did not ask usage of reframed without its usage chunk) and read for usage,
+//! an SSE stream event by event, a plain body kept (up to [`MAX_KEPT`]) to be read
+//! whole at its end. A client that went away stops receiving; the upstream is still
+//! read to its end (or the deadline) to settle what it cost.
+
+use std::convert::Infallible;
+use std::time::Instant;
+
+use bytes::Bytes;
+use eventsource_stream::{Event, EventStream};
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use futures::{FutureExt, StreamExt};
+use http_body_util::BodyExt;
+use hyper::body::{Frame, Incoming};
+use hyper::StatusCode;
+use tally_policy::UpstreamKind;
+use tally_record::Status;
+
+use crate::request::Endpoint;
+use crate::usage::{Keep, Reported, StreamUsage};
+
+/// The most of a plain (not streamed) answer kept to read its usage: 16 MiB. A longer
+/// answer passes through whole, and settles as `unknown` (its reservation held). Also the
+/// largest event of a stream: one larger is cut, an `error` settled at its reservation.
+const MAX_KEPT: usize = 16 * 1024 * 1024;
+
+/// Where the agent's answer body is sent.
+pub(super) type Client = tokio::sync::mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+
+/// One answer's body, as it is relayed.
+pub(super) struct Relay {
+    endpoint: Endpoint,
+    sse: bool,
+    reframe: bool,
+    deadline: tokio::time::Instant,
+    client: Option<Client>,
+    hasher: blake3::Hasher,
+    /// A plain answer, kept to read its usage, unless it overflowed.
+    kept: Vec<u8>,
+    overflow: bool,
+    /// A stream's usage, read event by event.
+    usage: StreamUsage,
+    feed: UnboundedSender<Result<Bytes, Infallible>>,
+    events: EventStream<UnboundedReceiver<Result<Bytes, Infallible>>>,
+    /// Bytes of the stream read since its last whole event.
+    pending: usize,
+    /// Chunks read since the last line end, not yet fed to the parser.
+    unfed: Vec<Bytes>,
+}
+
+impl Relay {
+    pub fn new(
+        endpoint: Endpoint,
+        sse: bool,
+        reframe: bool,
+        client: Client,
+        deadline: Instant,
+    ) -> Relay {
+        let (feed, fed) = futures::channel::mpsc::unbounded::<Result<Bytes, Infallible>>();
+        Relay {
+            endpoint,
+            sse,
+            reframe,
+            deadline: tokio::time::Instant::from_std(deadline),
+            client: Some(client),
+            hasher: blake3::Hasher::new(),
+            kept: Vec::new(),
+            overflow: false,
+            usage: StreamUsage::new(endpoint),
+            feed,
+            events: EventStream::new(fed),
+            pending: 0,
+            unfed: Vec::new(),
+        }
+    }
+
+    /// Relays `body` to its end (`Ok`), or until it is cut: the status of the cut (a
+    /// timeout, a broken body, an event past the bound).
+    pub async fn run(&mut self, body: &mut Incoming) -> Result<(), Status> {
+        loop {
+            let frame = match tokio::time::timeout_at(self.deadline, body.frame()).await {
+                Err(_) => return Err(Status::Timeout),
+                Ok(None) => return Ok(()),
+                Ok(Some(Err(_))) => return Err(Status::Unknown),
+                Ok(Some(Ok(f))) => f,
+            };
+            let Ok(chunk) = frame.into_data() else {
+                continue;
+            };
+            self.hasher.update(&chunk);
+            let mut out = Vec::new();
+            if self.sse {
+                out = self.events_of(&chunk)?;
+            } else {
+                self.keep(&chunk);
+            }
+            let forwarded = if self.reframe { out } else { vec![chunk] };
+            self.send(forwarded).await;
+        }
+    }
+
+    /// A stream's chunk fed to the event parser: the events it completes read for
+    /// usage, and (reframing) those the client sees.
+    fn events_of(&mut self, chunk: &Bytes) -> Result<Vec<Bytes>, Status> {
+        self.pending = self.pending.saturating_add(chunk.len());
+        // The parser reads a line again from its start each time it is fed, so bytes
+        // that end no line wait here until one does: a long line costs its length
+        // once, not its length per chunk.
+        if !chunk.iter().any(|&b| b == b'\n' || b == b'\r') {
+            if self.pending > MAX_KEPT {
+                return Err(Status::Error);
+            }
+            self.unfed.push(chunk.clone());
+        } else {
+            for b in self.unfed.drain(..) {
+                let _ = self.feed.unbounded_send(Ok(b));
+            }
+            let _ = self.feed.unbounded_send(Ok(chunk.clone()));
+        }
+        let mut out = Vec::new();
+        while let Some(Some(Ok(ev))) = self.events.next().now_or_never() {
+            self.pending = 0;
+            let keep = self.usage.event(&ev.data);
+            if self.reframe && keep == Keep::Pass {
+                out.push(reframed(&ev));
+            }
+        }
+        // One event past the bound: a stream no API sends, never buffered on.
+        if self.pending > MAX_KEPT {
+            return Err(Status::Error);
+        }
+        Ok(out)
+    }
+
+    /// A plain answer's chunk kept, until it is more than [`MAX_KEPT`].
+    fn keep(&mut self, chunk: &Bytes) {
+        if self.overflow {
+            return;
+        }
+        if self.kept.len() + chunk.len() > MAX_KEPT {
+            self.overflow = true;
+            self.kept = Vec::new();
+        } else {
+            self.kept.extend_from_slice(chunk);
+        }
+    }
+
+    /// `forwarded` sent to the client, unless it went away.
+    async fn send(&mut self, forwarded: Vec<Bytes>) {
+        let Some(c) = &self.client else {
+            return;
+        };
+        for b in forwarded {
+            if b.is_empty() {
+                continue;
+            }
+            let sent = tokio::time::timeout_at(self.deadline, c.send(Ok(Frame::data(b)))).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                self.client = None;
+                return;
+            }
+        }
+    }
+
+    /// The client told the answer was cut.
+    pub async fn cut(&mut self) {
+        if let Some(c) = self.client.take() {
+            let _ = c
+                .send(Err(std::io::Error::other("the upstream answer was cut")))
+                .await;
+        }
+    }
+
+    /// At the stream's end, its last event (one with no blank line after it is still
+    /// an event) read and passed on; then the client's body ends.
+    pub async fn last_events(&mut self) {
+        if self.sse {
+            for b in self.unfed.drain(..) {
+                let _ = self.feed.unbounded_send(Ok(b));
+            }
+            self.feed.close_channel();
+            while let Some(Some(Ok(ev))) = self.events.next().now_or_never() {
+                let keep = self.usage.event(&ev.data);
+                if let (true, Keep::Pass, Some(c)) = (self.reframe, keep, &self.client) {
+                    let _ = tokio::time::timeout_at(
+                        self.deadline,
+                        c.send(Ok(Frame::data(reframed(&ev)))),
+                    )
+                    .await;
+                }
+            }
+        }
+        self.client = None;
+    }
+
+    /// The usage a complete answer with `status` from an upstream of `kind` reported,
+    /// and the tier it says served it.
+    pub fn reported(&self, status: StatusCode, kind: UpstreamKind) -> (Reported, Option<String>) {
+        if !status.is_success() || kind == UpstreamKind::Http {
+            (Reported::Missing, None)
+        } else if self.sse {
+            (self.usage.reported(), self.usage.tier().map(str::to_owned))
+        } else if self.overflow {
+            (Reported::Missing, None)
+        } else {
+            crate::usage::answer(self.endpoint, &self.kept)
+        }
+    }
+
+    /// The BLAKE3 digest of the answer's bytes as read.
+    pub fn digest(&self) -> String {
+        self.hasher.finalize().to_hex().to_string()
+    }
+}
+
+/// An event as the client would have received it.
+fn reframed(ev: &Event) -> Bytes {
+    let mut s = String::new();
+    if !ev.event.is_empty() && ev.event != "message" {
+        s.push_str(&format!("event: {}\n", ev.event));
+    }
+    if !ev.id.is_empty() {
+        s.push_str(&format!("id: {}\n", ev.id));
+    }
+    for line in ev.data.split('\n') {
+        s.push_str("data: ");
+        s.push_str(line);
+        s.push('\n');
+    }
+    s.push('\n');
+    Bytes::from(s)
+}
