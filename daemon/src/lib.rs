@@ -41,6 +41,7 @@ mod parse;
 mod peers;
 mod server;
 mod stage;
+mod tasks;
 mod tiles;
 mod view;
 pub mod witness;
@@ -245,15 +246,9 @@ pub async fn serve(
     serve_inner(ledger, options, shutdown, false).await
 }
 
-/// [`serve`], writing the start line to stderr if `log_start`.
-async fn serve_inner(
-    ledger: Arc<Ledger>,
-    options: ServeOptions,
-    shutdown: impl Future<Output = ()> + Send,
-    log_start: bool,
-) -> Result<(), DaemonError> {
-    // Nothing is bound or recorded (the gate records its policy) until every socket path
-    // is known to be possible.
+/// Nothing is bound or recorded (the gate records its policy) until every socket path
+/// is known to be possible.
+fn check_socket_paths(options: &ServeOptions) -> Result<(), DaemonError> {
     server::check_socket_dir(&options.socket)?;
     if let Some(op) = &options.operator_socket {
         server::check_socket_dir(op)?;
@@ -261,20 +256,112 @@ async fn serve_inner(
     if let Some(p) = options.proxy.as_ref().and_then(|p| p.socket.as_ref()) {
         server::check_socket_dir(p)?;
     }
+    Ok(())
+}
+
+/// The OTLP exporter, if the options name an endpoint.
+fn tracer(options: &ServeOptions) -> Result<Option<observe::trace::Exporter>, DaemonError> {
+    let Some(url) = &options.observe.otlp_endpoint else {
+        return Ok(None);
+    };
+    observe::trace::Exporter::new(url, options.observe.otlp_sample)
+        .map(Some)
+        .map_err(|why| DaemonError::Otlp {
+            endpoint: url.clone(),
+            why,
+        })
+}
+
+/// The handlers' shared state: the ledger, the gate (observed where it decides), the
+/// request limits and the run token key the proxy signs with.
+fn app(
+    ledger: Arc<Ledger>,
+    state: &Arc<commit::LedgerState>,
+    gate: Arc<dyn tally_gate::Gatekeeper>,
+    options: &ServeOptions,
+    observer: Arc<observe::Observer>,
+) -> Result<Arc<api::App>, DaemonError> {
+    let token_key = match &options.proxy {
+        Some(_) => Some(Arc::new(
+            tally_proxy::TokenKey::open_or_create(ledger.dir())
+                .map_err(tally_proxy::ProxyError::from)?,
+        )),
+        None => None,
+    };
+    // Every decision, the handlers' and the proxy's alike, is observed where it is made.
+    let gate: Arc<dyn tally_gate::Gatekeeper> =
+        Arc::new(observe::gated::Observed::new(gate, Arc::clone(&observer)));
+    let limits = api::Limits {
+        max_body_bytes: options.limits.max_body_bytes,
+        max_in_flight: options.limits.max_in_flight.max(1),
+        max_batch: options.limits.max_batch,
+        rate_per_sec: options.limits.rate_per_sec,
+        clock: Arc::clone(&options.clock),
+        read_timeout: options.limits.read_timeout,
+        queue_bound: options.state.as_ref().map(|s| s.timeout),
+        token_key,
+    };
+    let app = api::App::new(ledger, Arc::clone(state), gate, limits, observer)
+        .map_err(DaemonError::Runtime)?;
+    Ok(Arc::new(app))
+}
+
+/// After the connections: the appends whose client went away complete (every one), then
+/// the exports; the witnesses get their last push; the spans still batched are sent (the
+/// exporter's own thread; bounded by its timeout) and the live view's last points
+/// written. The permits returned hold every append and export off until dropped.
+async fn drain(
+    app: &Arc<api::App>,
+    max_in_flight: usize,
+    pusher: Option<tasks::Pusher>,
+) -> (
+    Option<tokio::sync::OwnedSemaphorePermit>,
+    Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    let drained = Arc::clone(&app.in_flight)
+        .acquire_many_owned(max_in_flight as u32)
+        .await
+        .ok();
+    let exports = Arc::clone(&app.exports)
+        .acquire_many_owned(api::MAX_EXPORTS as u32)
+        .await
+        .ok();
+    if let Some(p) = pusher {
+        p.stop().await;
+    }
+    let flushed = Arc::clone(&app.observer);
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(t) = &flushed.tracer {
+            t.shutdown();
+        }
+        flushed.live.close();
+    })
+    .await;
+    (drained, exports)
+}
+
+/// The sockets' bounds on connections, per peer and in all, and on a slow peer.
+fn connection_limits(options: &ServeOptions) -> server::ConnectionLimits {
+    server::ConnectionLimits {
+        max_connections: options.limits.max_connections,
+        per_peer: options.limits.max_connections_per_peer,
+        read_timeout: options.limits.read_timeout,
+        write_timeout: options.limits.write_timeout,
+    }
+}
+
+/// [`serve`], writing the start line to stderr if `log_start`.
+async fn serve_inner(
+    ledger: Arc<Ledger>,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send,
+    log_start: bool,
+) -> Result<(), DaemonError> {
+    check_socket_paths(&options)?;
     let tcp = server::bind_tcp(options.listen).await?;
     let metrics_tcp = server::bind_tcp(options.observe.metrics_listen).await?;
     let proxy_tcp = server::bind_tcp(options.proxy.as_ref().and_then(|p| p.listen)).await?;
-    let tracer = match &options.observe.otlp_endpoint {
-        Some(url) => Some(
-            observe::trace::Exporter::new(url, options.observe.otlp_sample).map_err(|why| {
-                DaemonError::Otlp {
-                    endpoint: url.clone(),
-                    why,
-                }
-            })?,
-        ),
-        None => None,
-    };
+    let tracer = tracer(&options)?;
     let gate = open_gate(&ledger, &options)?;
     // The live page's trajectories from before this start, read back by a thread of
     // their own (observe/journal.rs): nothing waits for them.
@@ -299,114 +386,14 @@ async fn serve_inner(
         failure: std::sync::Mutex::new(None),
     });
     let max_in_flight = options.limits.max_in_flight.max(1);
-    let token_key = match &options.proxy {
-        Some(_) => Some(Arc::new(
-            tally_proxy::TokenKey::open_or_create(ledger.dir())
-                .map_err(tally_proxy::ProxyError::from)?,
-        )),
-        None => None,
-    };
-    // Every decision, the handlers' and the proxy's alike, is observed where it is made.
-    let gate: Arc<dyn tally_gate::Gatekeeper> =
-        Arc::new(observe::gated::Observed::new(gate, Arc::clone(&observer)));
-    let app = Arc::new(
-        api::App::new(
-            ledger,
-            Arc::clone(&state),
-            gate,
-            api::Limits {
-                max_body_bytes: options.limits.max_body_bytes,
-                max_in_flight,
-                max_batch: options.limits.max_batch,
-                rate_per_sec: options.limits.rate_per_sec,
-                clock: Arc::clone(&options.clock),
-                read_timeout: options.limits.read_timeout,
-                queue_bound: options.state.as_ref().map(|s| s.timeout),
-                token_key,
-            },
-            observer,
-        )
-        .map_err(DaemonError::Runtime)?,
-    );
-    // The proxy, on the gate's decision thread like every other gate call.
-    let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
-    let mut proxies = tokio::task::JoinSet::new();
-    let mut proxy_socket = None;
-    if let Some(p) = &options.proxy {
-        let mut proxy_options = tally_proxy::ProxyOptions::new(
-            p.credentials.clone(),
-            Arc::clone(
-                app.token_key
-                    .as_ref()
-                    .ok_or_else(|| DaemonError::Gate("the run token key is missing".into()))?,
-            ),
-        );
-        if let Some(t) = &app.observer.tracer {
-            proxy_options = proxy_options.with_tracer(t.boxed());
-        }
-        let proxy = Arc::new(tally_proxy::Proxy::new(
-            &app.gate.policy().policy,
-            proxy_options
-                .admitting(proxy_admit(p.max_connections_per_peer))
-                .reading_within(if p.read_timeout.is_zero() {
-                    tally_proxy::DEFAULT_READ_TIMEOUT
-                } else {
-                    p.read_timeout
-                }),
-            Arc::clone(&app.gate),
-            app.stage.submitter(),
-        )?);
-        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        if let Some(listener) = proxy_tcp {
-            proxies.spawn(Arc::clone(&proxy).serve_tcp(listener, stopped(proxy_stopped.clone())));
-        }
-        if let Some(path) = &p.socket {
-            let socket = server::Socket::bind(path, options.socket_mode, options.socket_gid)?;
-            let (listener, placed) = socket.split();
-            proxies.spawn(Arc::clone(&proxy).serve_unix(listener, stopped(proxy_stopped.clone())));
-            proxy_socket = Some(placed);
-        }
-    }
+    let app = app(ledger, &state, gate, &options, observer)?;
+    let proxies = tasks::Proxies::start(&app, &options, proxy_tcp)?;
     if log_start {
         let metrics_at = metrics_tcp.as_ref().and_then(|l| l.local_addr().ok());
         log(&started_line(&options, &app.ledger, metrics_at));
     }
-    // The witnesses: pushed to every interval, and once more after the last request.
-    let (stop_push, stopped) = tokio::sync::watch::channel(false);
-    let pusher = match options.witness.policy.clone() {
-        Some(policy) => {
-            let p = witness::Pusher::new(
-                Arc::clone(&app.ledger),
-                app.ledger.dir().to_path_buf(),
-                policy,
-                &options.witness.ca_files,
-            )
-            .map_err(DaemonError::Witness)?;
-            Some(tokio::spawn(p.run(options.witness.interval, stopped)))
-        }
-        None => None,
-    };
-    // The read-only view on loopback TCP, stopped with the rest.
-    let (stop_view, view_stopped) = tokio::sync::watch::channel(false);
-    let view = metrics_tcp.map(|listener| {
-        let router = page::listener_router(Arc::clone(&app));
-        let mut stopped = view_stopped;
-        let limits = observe::listen::ViewLimits {
-            max_connections: options.observe.metrics_max_connections,
-            read_timeout: options.limits.read_timeout,
-            write_timeout: options.limits.write_timeout,
-        };
-        tokio::spawn(observe::listen::serve(
-            listener,
-            router,
-            limits,
-            async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            },
-        ))
-    });
+    let pusher = tasks::Pusher::start(&app, &options)?;
+    let view = tasks::View::start(&app, &options, metrics_tcp);
     let router = api::router(Arc::clone(&app), api::Role::Agent);
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
     let (graceful, mut connections) = server::accept_loop(
@@ -414,12 +401,7 @@ async fn serve_inner(
         &tcp,
         router,
         operator.as_ref().map(|s| (s, operator_router)),
-        server::ConnectionLimits {
-            max_connections: options.limits.max_connections,
-            per_peer: options.limits.max_connections_per_peer,
-            read_timeout: options.limits.read_timeout,
-            write_timeout: options.limits.write_timeout,
-        },
+        connection_limits(&options),
         shutdown,
     )
     .await;
@@ -431,45 +413,14 @@ async fn serve_inner(
         op.close();
     }
     drop(tcp);
-    // The proxy stops accepting; its requests in flight finish (each bounded by its
-    // deadline), but the daemon waits at most 5 s for them.
-    let _ = stop_proxy.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        while proxies.join_next().await.is_some() {}
-    })
-    .await;
-    if let Some(placed) = proxy_socket {
-        placed.remove();
-    }
-    let _ = stop_view.send(true);
+    proxies.stop().await;
     if let Some(v) = view {
-        // Its event streams end with it; a connection still open is cut after a second.
-        let _ = tokio::time::timeout(Duration::from_secs(3), v).await;
+        v.stop().await;
     }
     // Each open connection finishes the request it is in; idle ones close now.
     graceful.shutdown().await;
     while connections.join_next().await.is_some() {}
-    // Appends whose client went away still complete; wait for every one, then for exports.
-    let drained = Arc::clone(&app.in_flight)
-        .acquire_many_owned(max_in_flight as u32)
-        .await;
-    let exports = Arc::clone(&app.exports)
-        .acquire_many_owned(api::MAX_EXPORTS as u32)
-        .await;
-    if let Some(p) = pusher {
-        let _ = stop_push.send(true);
-        let _ = p.await;
-    }
-    // The spans still batched are sent (the exporter's own thread; bounded by its
-    // timeout), and the live view's last points written.
-    let flushed = Arc::clone(&app.observer);
-    let _ = tokio::task::spawn_blocking(move || {
-        if let Some(t) = &flushed.tracer {
-            t.shutdown();
-        }
-        flushed.live.close();
-    })
-    .await;
+    let (drained, exports) = drain(&app, max_in_flight, pusher).await;
     let gate_failure = app.gate.failure();
     drop((drained, exports, app));
     match state.failure().or(gate_failure) {

@@ -177,6 +177,9 @@ pub(crate) struct Scraped {
 }
 
 impl Metrics {
+    /// Every series registered, with its help text, in the order `/metrics` lists them.
+    // Long: one registration per metric beside its name and help text, read as a table;
+    // split, a name would sit apart from the series it registers.
     pub fn new(policy: &tally_policy::Policy) -> Metrics {
         let mut named_tools = policy.named_tools();
         named_tools.extend(policy.upstreams.keys().cloned());
