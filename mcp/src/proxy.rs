@@ -121,18 +121,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (program, args) = options.command.split_first().ok_or(McpError::NoCommand)?;
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| McpError::Spawn {
-            command: program.to_string_lossy().into_owned(),
-            source,
-        })?;
+    let mut child = spawn_server(&options)?;
     let server_in = child.stdin.take().expect("piped");
     let server_out = child.stdout.take().expect("piped");
 
@@ -182,7 +171,42 @@ where
     // What the server wrote last is still forwarded (and its outcomes recorded).
     let _ = tokio::time::timeout(Duration::from_secs(2), from_server).await;
 
-    // Calls the server never answered: their outcome is unknown.
+    end_session(&shared, &gate, ended).await;
+    gate.flush().await;
+    let refused = shared.state().refused;
+    if refused > 0 {
+        log(&format!(
+            "{refused} {} from the client {} refused and never reached the server",
+            if refused == 1 { "message" } else { "messages" },
+            if refused == 1 { "was" } else { "were" },
+        ));
+    }
+    shared.to_client.close();
+    let _ = tokio::time::timeout(Duration::from_secs(2), client_writer).await;
+    Ok(status)
+}
+
+/// The MCP server, its stdin and stdout piped to the proxy, its stderr the proxy's.
+fn spawn_server(options: &Options) -> Result<tokio::process::Child, McpError> {
+    let (program, args) = options.command.split_first().ok_or(McpError::NoCommand)?;
+    tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| McpError::Spawn {
+            command: program.to_string_lossy().into_owned(),
+            source,
+        })
+}
+
+/// The session is over (`ended` says how): calls the server never answered are recorded
+/// `unknown`, then the run it started is stopped after its outcomes, unless a human may
+/// still grant what its last refusal asked (docs/MCP.md, "The run, and the end of a
+/// session").
+async fn end_session(shared: &Shared, gate: &Gate, ended: &str) {
     let unanswered: Vec<Pending> = shared.state().pending.drain().map(|(_, p)| p).collect();
     let unknown_write = unanswered
         .iter()
@@ -193,8 +217,6 @@ where
             .gate
             .outcome(outcome(&shared.options, p.attempt, Status::Unknown));
     }
-    // The session is over, so is the run it started, after its outcomes (docs/MCP.md,
-    // "The run, and the end of a session").
     let last_refusal = shared.state().last_refusal;
     let reason = match last_refusal {
         _ if unknown_write => Some(Reason::OutcomeUnknownNonIdempotent),
@@ -221,18 +243,6 @@ where
             None => {}
         }
     }
-    gate.flush().await;
-    let refused = shared.state().refused;
-    if refused > 0 {
-        log(&format!(
-            "{refused} {} from the client {} refused and never reached the server",
-            if refused == 1 { "message" } else { "messages" },
-            if refused == 1 { "was" } else { "were" },
-        ));
-    }
-    shared.to_client.close();
-    let _ = tokio::time::timeout(Duration::from_secs(2), client_writer).await;
-    Ok(status)
 }
 
 /// The client is gone: close the server's stdin (MCP's stdio shutdown) and give it
