@@ -9,7 +9,19 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
-use crate::Peer;
+/// Who a connection comes from, as the kernel says: the Unix socket peer's uid
+/// (`SO_PEERCRED`), or loopback TCP (one class: a loopback client's address is its own
+/// choice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Peer {
+    /// A Unix socket peer's uid.
+    Uid(u32),
+    /// Any loopback TCP client.
+    Tcp,
+    /// A Unix socket peer whose credentials could not be read.
+    Unknown,
+}
 
 /// The pause after a failed accept.
 pub const BACKOFF: Duration = Duration::from_millis(20);

@@ -47,9 +47,9 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty};
 
+pub use accept::Peer;
 pub use proxy::{
-    read_credential, Admit, Peer, Proxy, ProxyError, ProxyOptions, Secret, Stage,
-    DEFAULT_READ_TIMEOUT,
+    read_credential, Admit, Proxy, ProxyError, ProxyOptions, Secret, Stage, DEFAULT_READ_TIMEOUT,
 };
 pub use token::TokenKey;
 

@@ -11,6 +11,7 @@ use tally_gate::{GateError, Gatekeeper};
 use tally_policy::{Policy, Upstream};
 use zeroize::Zeroizing;
 
+use crate::accept::Peer;
 use crate::token::{KeyError, TokenKey};
 
 /// How the proxy runs a gate call: on the daemon's decision thread. The job is called
@@ -97,20 +98,6 @@ pub fn read_credential(path: &Path) -> Result<Secret, ProxyError> {
     }
     // Visible ASCII is UTF-8.
     Ok(Zeroizing::new(String::from_utf8_lossy(text).into_owned()))
-}
-
-/// Who a connection comes from, as the kernel says: the Unix socket peer's uid
-/// (`SO_PEERCRED`), or loopback TCP (one class: a loopback client's address is its own
-/// choice).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Peer {
-    /// A Unix socket peer's uid.
-    Uid(u32),
-    /// Any loopback TCP client.
-    Tcp,
-    /// A Unix socket peer whose credentials could not be read.
-    Unknown,
 }
 
 /// A place for one more connection of a peer: held for the connection's life and given
