@@ -13,8 +13,9 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("gate", &["backend", "tables"]),
 ];
 
-/// A crate's top-level modules and the others each names (`crate::m`), test modules
-/// left out: a module's edges are those of every file under it.
+/// A crate's top-level modules and the others each names (`crate::m`, `crate::{m, ..}`,
+/// or an item the crate root re-exports from `m`), test modules left out: a module's
+/// edges are those of every file under it.
 fn module_edges(src: &Path) -> BTreeMap<String, Vec<String>> {
     fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         for e in std::fs::read_dir(dir).expect("a source dir") {
@@ -28,6 +29,7 @@ fn module_edges(src: &Path) -> BTreeMap<String, Vec<String>> {
     }
     let mut all = Vec::new();
     files(src, &mut all);
+    let reexported = root_reexports(src);
     let mut edges: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for path in all {
         let rel = path.strip_prefix(src).expect("under src");
@@ -43,17 +45,87 @@ fn module_edges(src: &Path) -> BTreeMap<String, Vec<String>> {
         let text = std::fs::read_to_string(&path).expect("a source file");
         let code = code_of(text.split("#[cfg(test)]").next().unwrap_or_default());
         let to = edges.entry(module.clone()).or_default();
-        for (at, _) in code.match_indices("crate::") {
-            let m: String = code[at + 7..]
-                .chars()
-                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
-                .collect();
-            if !m.is_empty() && m != module && !to.contains(&m) {
+        for name in crate_paths(&code) {
+            // A module's own name first: a re-exported item may share it.
+            let is_module = src.join(format!("{name}.rs")).exists() || src.join(&name).is_dir();
+            let m = match reexported.get(&name) {
+                Some(m) if !is_module => m.clone(),
+                _ => name,
+            };
+            if m != module && !to.contains(&m) {
                 to.push(m);
             }
         }
     }
     edges
+}
+
+/// The first name of every path from the crate root in `code`: `a` of `crate::a::b`, and
+/// `a`, `b` of `crate::{a::x, b}`.
+fn crate_paths(code: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    for (at, _) in code.match_indices("crate::") {
+        let rest = &code[at + "crate::".len()..];
+        let Some(group) = rest.strip_prefix('{') else {
+            names.push(ident(rest));
+            continue;
+        };
+        // The group's items at depth 0, each up to its comma.
+        let (mut depth, mut item) = (0usize, String::new());
+        for c in group.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => break,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    names.push(ident(&item));
+                    item.clear();
+                    continue;
+                }
+                _ => {}
+            }
+            if depth == 0 {
+                item.push(c);
+            }
+        }
+        names.push(ident(&item));
+    }
+    names.retain(|n| !n.is_empty() && n != "self");
+    names
+}
+
+/// The names the crate root (`lib.rs`, `main.rs`) re-exports from a module of its own
+/// (`pub use m::{A, B as C};`), each mapped to that module.
+fn root_reexports(src: &Path) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    for root in ["lib.rs", "main.rs"] {
+        let Ok(text) = std::fs::read_to_string(src.join(root)) else {
+            continue;
+        };
+        let code = code_of(&text);
+        for statement in code.split(';') {
+            let s = statement.trim();
+            let Some(at) = s.find("use ").filter(|_| s.starts_with("pub")) else {
+                continue;
+            };
+            let path = s[at + 4..].trim_start();
+            let Some((module, rest)) = path.split_once("::") else {
+                continue;
+            };
+            for name in rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if !name.is_empty() && name != "as" && name != "self" {
+                    map.insert(name.to_owned(), module.to_owned());
+                }
+            }
+        }
+    }
+    map
 }
 
 /// A file's code without its comment lines: a doc link (`[`crate::m`]`) names a module
@@ -143,4 +215,12 @@ fn no_crate_grows_a_module_cycle() {
         module_cycles(&sample),
         vec![vec!["a".to_owned(), "b".to_owned()]]
     );
+}
+
+/// Paths from the crate root are read in every form a `use` or an expression writes.
+#[test]
+fn the_cycle_check_reads_every_path_from_the_crate_root() {
+    let code = "use crate::{a::X, b, c::{D, E}, self};\nlet x = crate::f::g();\nuse crate::Item;";
+    assert_eq!(crate_paths(code), vec!["a", "b", "c", "f", "Item"]);
+    assert_eq!(code_of("// crate::z\nuse crate::y;"), "use crate::y;");
 }
