@@ -473,7 +473,10 @@ fn session_end(h: &Hook, run: &str, p: &Payload) -> Result<String> {
             shown(&r)
         ),
         (Some(r), Some(reason)) => {
-            let why: tally_ledger::Reason = serde_json::from_value(json!(reason))
+            let why = tally_ledger::Reason::ALL
+                .iter()
+                .copied()
+                .find(|r| r.as_str() == reason)
                 .with_context(|| format!("`{reason}` is not a reason the gate records"))?;
             let stopped = block_on(async {
                 let mut gate = gate(&h.socket).await?;
