@@ -240,22 +240,44 @@ fn shown(text: &str) -> String {
     tally_verify::text::shown(text).to_string()
 }
 
+/// The gate's check of a Claude Code tool call: its tool, effect class and arguments.
+fn check_of(
+    run: &str,
+    tool: &str,
+    effect: &str,
+    args: Option<&Value>,
+) -> serde_json::Result<CheckRequest> {
+    Ok(CheckRequest {
+        run: run.to_owned(),
+        worker: None,
+        tool: gate_tool(tool),
+        operation: None,
+        args: args.cloned().map(serde_json::from_value).transpose()?,
+        args_preview: None,
+        // `--effect TOOL=EFFECT` is checked when parsed; the wire reads the class.
+        effect: serde_json::from_value(Value::from(effect))?,
+        idempotency_key: None,
+        target: None,
+        channel: None,
+        depth: None,
+        reserve_cents: None,
+        reserve_nanos: None,
+        remote_ref: None,
+        credential: None,
+        timeout_ms: None,
+        trace_id: None,
+        refused: None,
+    })
+}
+
 fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
     let tool = p
         .tool_name
         .as_deref()
         .context("the PreToolUse payload has no tool_name")?;
     let effect = effect_of(tool, &h.effects);
-    let mut check = json!({
-        "run": run,
-        "tool": gate_tool(tool),
-        "effect": effect,
-    });
-    if let Some(args) = &p.tool_input {
-        check["args"] = args.clone();
-    }
-    let check: CheckRequest =
-        serde_json::from_value(check).context("the tool call is not a check the gate reads")?;
+    let check = check_of(run, tool, &effect, p.tool_input.as_ref())
+        .context("the tool call is not a check the gate reads")?;
     // The session's first call starts its run, under the policy's ceiling.
     let start = StartRequest {
         run: run.to_owned(),
