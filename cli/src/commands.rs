@@ -17,7 +17,7 @@ mod append;
 mod read;
 pub use append::append;
 pub(crate) use read::{analyse, analysis_code, emit};
-pub use read::{handoff, loops, verify, Audits};
+pub use read::{handoff, loops, verify};
 
 /// `-` where a PATH or FILE is taken: standard input (or output).
 fn is_stdio(path: &Path) -> bool {

@@ -9,8 +9,6 @@ mod output;
 mod cli;
 mod commands;
 mod demo;
-mod demo_mcp;
-mod demo_proxy;
 mod gate;
 mod generate;
 mod hook;
@@ -21,7 +19,6 @@ mod prove;
 mod reindex;
 mod serve;
 mod stats;
-mod stories;
 mod top;
 mod witness;
 
@@ -159,7 +156,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             command: cli::HookCommand::ClaudeCode(args),
         } => hook::run(&args),
         Command::Demo(args) => demo::run(&args),
-        Command::McpDemoServer => demo_mcp::server(),
+        Command::McpDemoServer => demo::mcp_server(),
         Command::Man(args) => generate::man(&args),
         Command::Completions(args) => generate::completions(&args),
         Command::Mcp(args) => mcp::run(args),

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use crate::cli::{ApproveArgs, RunArgs, RunsArgs, SettleArgs};
 use crate::output::outln;
 use crate::Exit;
-use tally_api::{Dimension, GateClient, GateError, Logged, RunAction, Standing};
+use tally_api::{Approval, Dimension, GateClient, GateError, Logged, RunAction, Standing};
 use tally_ledger::decision::Scope;
 
 /// What `tally approve` grants.
@@ -121,10 +121,17 @@ fn record(socket: &Path, g: Grant) -> Result<Exit> {
         let expires_ms = at.checked_add(expires).context("the expiry overflows")?;
         let digest = tally_policy::approval::digest(&g.run, &approver, &g.scope, expires_ms);
         let signature = tally_policy::approval::sign(key.signing_key(), &digest);
-        let body = serde_json::json!({
-            "run": g.run, "approver": approver, "scope": g.scope, "expires_ms": expires_ms,
-            "digest": digest, "signature": signature, "note": g.note,
-        });
+        let approval = Approval {
+            run: g.run.clone(),
+            approver: approver.clone(),
+            scope: g.scope.clone(),
+            expires_ms,
+            digest: digest.clone(),
+            signature,
+            note: g.note.clone(),
+        };
+        // Sent as a JSON object (its members in name order), as it always was.
+        let body = serde_json::to_value(&approval)?;
         let reply = gate.approve(&body).await.map_err(refused)?;
         outln!(
             "{}",

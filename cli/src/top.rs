@@ -8,10 +8,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
-use serde_json::Value;
 use tally_api::client::Method;
 use tally_api::Dimension;
 use tally_verify::text::shown;
+use tally_wire::{LiveRun, LiveSnapshot};
 
 use crate::cli::TopArgs;
 use crate::operator::{gate, refused};
@@ -19,7 +19,7 @@ use crate::output::{out, outln};
 use crate::Exit;
 
 /// One page of the daemon's snapshot.
-pub(crate) async fn snapshot(socket: &Path, page: usize) -> Result<Value> {
+pub(crate) async fn snapshot(socket: &Path, page: usize) -> Result<LiveSnapshot> {
     gate(socket)
         .await?
         .request(Method::GET, &format!("/v1/live?page={page}"), None)
@@ -28,14 +28,13 @@ pub(crate) async fn snapshot(socket: &Path, page: usize) -> Result<Value> {
 }
 
 /// Every run, nearest to a limit first (all pages).
-pub(crate) async fn all_runs(socket: &Path) -> Result<Vec<Value>> {
+pub(crate) async fn all_runs(socket: &Path) -> Result<Vec<LiveRun>> {
     let mut out = Vec::new();
     for page in 0.. {
         let snap = snapshot(socket, page).await?;
-        let runs = snap["runs"].as_array().cloned().unwrap_or_default();
-        let total = snap["total_runs"].as_u64().unwrap_or(0) as usize;
-        let empty = runs.is_empty();
-        out.extend(runs);
+        let total = usize::try_from(snap.total_runs).unwrap_or(usize::MAX);
+        let empty = snap.runs.is_empty();
+        out.extend(snap.runs);
         if empty || out.len() >= total {
             break;
         }
@@ -43,69 +42,62 @@ pub(crate) async fn all_runs(socket: &Path) -> Result<Vec<Value>> {
     Ok(out)
 }
 
-/// `used/limit` of a dimension in a run's sparkline or its nearest limit.
-fn used(r: &Value, dim: &str) -> String {
-    let each = r["closeness"]["each"].as_array();
-    if let Some(h) = each.and_then(|e| e.iter().find(|h| h["dimension"] == dim)) {
-        if dim == Dimension::SpendNanos.as_str() {
-            return format!("{}/{}", usd(&h["used"]), usd(&h["limit"]));
-        }
-        return format!("{}/{}", h["used"], h["limit"]);
+/// `used/limit` of a dimension in a run's closeness; spend in dollars.
+fn used(r: &LiveRun, dim: Dimension) -> String {
+    let each = &r.closeness.each;
+    match each.iter().find(|h| h.dimension == dim.as_str()) {
+        Some(h) if dim == Dimension::SpendNanos => format!("{}/{}", usd(h.used), usd(h.limit)),
+        Some(h) => format!("{}/{}", h.used, h.limit),
+        None => "-".into(),
     }
-    "-".into()
 }
 
-/// An amount of nanodollars in a JSON answer as people read it (`$0.15`); `-` if absent.
-pub(crate) fn usd(v: &Value) -> String {
-    v.as_u64()
-        .map_or_else(|| "-".into(), |n| tally_ledger::money::Nanos(n).to_string())
+/// Nanodollars as people read them (`$0.15`).
+fn usd(nanos: u64) -> String {
+    tally_ledger::money::Nanos(nanos).to_string()
 }
 
 /// A run's nearest limit as people read it: `attempts 90%`, `spend 40%`.
-fn nearest(r: &Value) -> String {
-    match r["closeness"]["nearest"].as_str() {
+fn nearest(r: &LiveRun) -> String {
+    match &r.closeness.nearest {
         Some(d) => format!(
             "{} {}%",
             tally_record::dimension_label(d),
-            r["closeness"]["permille"].as_u64().unwrap_or(0) / 10
+            r.closeness.permille / 10
         ),
         None => "no limit".into(),
     }
 }
 
 /// A run's last refusal and its action.
-fn refusal(r: &Value) -> (String, String) {
-    let l = &r["last_refusal"];
-    match l["reason"].as_str() {
-        Some(reason) => (
-            reason.to_owned(),
-            l["action"].as_str().unwrap_or("-").to_owned(),
+fn refusal(r: &LiveRun) -> (String, String) {
+    match &r.last_refusal {
+        Some(l) => (
+            l.reason.clone(),
+            l.action.clone().unwrap_or_else(|| "-".into()),
         ),
         None => ("-".into(), "-".into()),
     }
 }
 
 /// The row of cells a run is shown as (every agent-chosen string escaped).
-fn cells(r: &Value) -> [String; 9] {
+fn cells(r: &LiveRun) -> [String; 9] {
     let (reason, action) = refusal(r);
-    let state = match r["stop_reason"].as_str() {
-        Some(s) => format!("{} ({s})", r["state"].as_str().unwrap_or("?")),
-        None => r["state"].as_str().unwrap_or("?").to_owned(),
+    let state = match r.stop_reason {
+        Some(s) => format!("{} ({})", r.state.as_str(), s.as_str()),
+        None => r.state.as_str().to_owned(),
     };
     [
-        shown(r["run"].as_str().unwrap_or("?")).into_owned(),
+        shown(&r.run).into_owned(),
         state,
         nearest(r),
-        used(r, "attempts"),
-        used(r, Dimension::SpendNanos.as_str()),
-        usd(&r["held_nanos"]),
+        used(r, Dimension::Attempts),
+        used(r, Dimension::SpendNanos),
+        usd(r.held_nanos),
         reason,
         action,
         // The run's clock: how long ago it started, as a person reads it.
-        match r["at_ms"].as_u64() {
-            Some(ms) => format!("{} ago", tally_verify::text::duration(ms)),
-            None => "-".to_owned(),
-        },
+        format!("{} ago", tally_verify::text::duration(r.at_ms)),
     ]
 }
 
@@ -122,7 +114,7 @@ const HEADERS: [&str; 9] = [
 ];
 
 /// A plain table of `runs`, columns padded to their widest cell.
-pub(crate) fn table(runs: &[Value]) -> String {
+pub(crate) fn table(runs: &[LiveRun]) -> String {
     let rows: Vec<[String; 9]> = runs.iter().map(cells).collect();
     let mut width = HEADERS.map(|h| h.chars().count());
     for row in &rows {
@@ -179,40 +171,27 @@ pub fn top(args: &TopArgs) -> Result<Exit> {
     let (socket, once) = (args.operator_socket.as_path(), args.once);
     if once || !interactive() {
         let snap = block_on(snapshot(socket, 0))?;
-        let runs = snap["runs"].as_array().cloned().unwrap_or_default();
         out!("{}", summary(&snap));
-        out!("{}", table(&runs));
+        out!("{}", table(&snap.runs));
         return Ok(Exit::Success);
     }
     tui::run(socket)
 }
 
 /// The line above the table: runs, breakers, refusals in the last minutes, approvals.
-fn summary(snap: &Value) -> String {
-    let breakers: Vec<String> = snap["breakers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|b| {
-            format!(
-                "{} {}",
-                shown(b["tool"].as_str().unwrap_or("?")),
-                b["state"].as_str().unwrap_or("?")
-            )
-        })
+fn summary(snap: &LiveSnapshot) -> String {
+    let breakers: Vec<String> = snap
+        .breakers
+        .iter()
+        .map(|b| format!("{} {}", shown(&b.tool), b.state.as_str()))
         .collect();
-    let refusals: u64 = snap["refusals"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["count"].as_u64())
-        .sum();
+    let refusals: u64 = snap.refusals.iter().map(|r| r.count).sum();
     format!(
         "{} open of {} runs; breakers not closed: {}; refusals in the last 15 min: {refusals}; waiting for approval: {}\n",
-        snap["open_runs"],
-        snap["total_runs"],
+        snap.open_runs,
+        snap.total_runs,
         if breakers.is_empty() { "none".into() } else { breakers.join(", ") },
-        snap["pending"].as_array().map_or(0, Vec::len),
+        snap.pending.len(),
     )
 }
 
@@ -276,7 +255,7 @@ mod tui {
         result.map(|()| Exit::Success)
     }
 
-    fn draw(f: &mut ratatui::Frame, snap: &Result<Value>, page: usize) {
+    fn draw(f: &mut ratatui::Frame, snap: &Result<LiveSnapshot>, page: usize) {
         let [head, body] =
             Layout::vertical([Constraint::Length(3), Constraint::Min(3)]).areas(f.area());
         let snap = match snap {
@@ -296,10 +275,10 @@ mod tui {
             ),
             head,
         );
-        let runs = snap["runs"].as_array().cloned().unwrap_or_default();
+        let runs = &snap.runs;
         let rows: Vec<Row> = runs.iter().map(|r| Row::new(cells(r).to_vec())).collect();
         let mut content = HEADERS.map(|h| h.chars().count());
-        for r in &runs {
+        for r in runs {
             for (w, c) in content.iter_mut().zip(cells(r)) {
                 *w = (*w).max(c.chars().count());
             }

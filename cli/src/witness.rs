@@ -15,7 +15,6 @@ use tally_verify::tree::TreeAnchor;
 use zeroize::Zeroizing;
 
 use crate::cli::WitnessCommand;
-use crate::commands::Audits;
 use crate::output::{errln, noteln, outln};
 use crate::Exit;
 
@@ -46,11 +45,11 @@ pub fn ca_files(args: &[String]) -> Result<BTreeMap<String, PathBuf>> {
     Ok(out)
 }
 
-/// Judge each ledger's cosigned checkpoints by the policy at `path`; with `ask`, also
-/// hold each ledger to the latest checkpoint each witness with a URL says it cosigned
-/// (over HTTPS, trusting `cas` for the witnesses it names).
+/// Judge each of an audit's ledgers' cosigned checkpoints by the policy at `path`; with
+/// `ask`, also hold each ledger to the latest checkpoint each witness with a URL says it
+/// cosigned (over HTTPS, trusting `cas` for the witnesses it names).
 pub fn apply_policy(
-    audits: &mut Audits,
+    ledgers: &mut [tally_verify::audit::Ledger],
     path: &Path,
     ask: bool,
     cas: &BTreeMap<String, PathBuf>,
@@ -69,7 +68,7 @@ pub fn apply_policy(
         .enable_all()
         .build()
         .context("starting the HTTP client")?;
-    for l in &mut audits.audit.ledgers {
+    for l in ledgers.iter_mut() {
         l.options.witness_policy = Some(policy.clone());
         if !ask {
             continue;

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tally_api::client::{Client, ClientError, Method};
+use tally_api::{CheckAnswer, Verdict};
 use tally_daemon::ServeOptions;
 use tally_ledger::{AuditorKey, Ledger, Rotation};
 use tokio::sync::{mpsc, Mutex};
@@ -449,17 +450,20 @@ async fn call(client: &mut Client, mode: Mode, id: usize, n: u64) -> Result<(), 
     }
     let outcome = match (mode, second) {
         (Mode::Check, _) => {
-            let a: serde_json::Value =
-                serde_json::from_slice(&reply.body).map_err(|e| e.to_string())?;
-            if a["decision"] != "allow" {
-                return Err(format!("the gate refused a benchmark call: {a}"));
-            }
+            let a: CheckAnswer = serde_json::from_slice(&reply.body).map_err(|e| e.to_string())?;
+            let attempt = match (a.decision, a.attempt) {
+                (Verdict::Allow, Some(attempt)) => attempt,
+                _ => {
+                    return Err(format!(
+                        "the gate refused a benchmark call: {}",
+                        String::from_utf8_lossy(&reply.body)
+                    ))
+                }
+            };
+            // The outcome as the benchmark has always sent it (the fields it sets only).
             (
                 "/v1/outcome",
-                format!(
-                    r#"{{"run":"{run}","attempt":{},"status":"ok","settled_cents":2}}"#,
-                    a["attempt"]
-                ),
+                format!(r#"{{"run":"{run}","attempt":{attempt},"status":"ok","settled_cents":2}}"#),
             )
         }
         (_, Some(o)) => ("/v1/decisions", o),

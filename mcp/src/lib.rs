@@ -19,7 +19,6 @@
 #![forbid(unsafe_code)]
 
 pub mod classify;
-pub mod demo;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
@@ -57,9 +56,6 @@ pub enum McpError {
     /// Waiting for the server failed.
     #[error("waiting for the MCP server: {0}")]
     Io(std::io::Error),
-    /// The demo's session failed ([`demo`]).
-    #[error("the MCP session failed: {0}")]
-    Session(String),
 }
 
 /// What the proxy needs.

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 /// Each crate's layer (ARCHITECTURE.md): a crate may depend only on crates of lower
 /// layers.
-const LAYERS: [(&str, u32); 15] = [
+const LAYERS: [(&str, u32); 16] = [
     ("tally-record", 0),
     ("tally-ledger", 1),
     ("tally-policy", 1),
@@ -25,7 +25,8 @@ const LAYERS: [(&str, u32); 15] = [
     ("tally-mcp", 3),
     ("tally-daemon", 4),
     ("tally-testkit", 4),
-    ("tally-cli", 5),
+    ("tally-demos", 5),
+    ("tally-cli", 6),
     ("tally-load", 5),
     ("tally-tests", 5),
 ];

@@ -14,6 +14,7 @@
 mod daemon;
 mod error;
 mod gate;
+mod live;
 mod proxy;
 
 pub use daemon::Health;
@@ -21,6 +22,9 @@ pub use error::{ErrorCode, ErrorDetail, ErrorReply};
 pub use gate::{
     Approval, CheckAnswer, CheckRequest, CheckUnavailable, LastRefusal, ListedRun, Logged,
     OutcomeRequest, RunState, SettleRequest, Standing, StartRequest, Started, StopRequest,
+};
+pub use live::{
+    BreakerState, LiveBreaker, LivePending, LiveRefusals, LiveRun, LiveSnapshot, Spark,
 };
 pub use proxy::RefusalCode;
 pub use tally_record::{

@@ -152,7 +152,7 @@ pub fn verify(args: &VerifyArgs) -> Result<Exit> {
     let mut audits = Audits::from_args(read, auditor_key)?;
     if let Some(p) = witness_policy {
         let cas = crate::witness::ca_files(witness_ca)?;
-        crate::witness::apply_policy(&mut audits, p, ask_witnesses, &cas)?;
+        crate::witness::apply_policy(&mut audits.audit.ledgers, p, ask_witnesses, &cas)?;
     }
     // With the auditor key: the replay of every gate decision (SECURITY.md 5.8) and the
     // consistency audit of every record, in one fold through the policy core the gate

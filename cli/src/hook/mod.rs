@@ -25,7 +25,8 @@ use tally_api::ErrorCode;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tally_api::{CheckRequest, GateClient, GateError, OutcomeRequest, StartRequest};
+use tally_api::{CheckRequest, GateClient, GateError, OutcomeRequest, StartRequest, Verdict};
+use tally_wire::Status;
 
 use crate::output::{errln, outln};
 use crate::Exit;
@@ -239,27 +240,50 @@ fn shown(text: &str) -> String {
     tally_verify::text::shown(text).to_string()
 }
 
+/// The gate's check of a Claude Code tool call: its tool, effect class and arguments.
+fn check_of(
+    run: &str,
+    tool: &str,
+    effect: &str,
+    args: Option<&Value>,
+) -> serde_json::Result<CheckRequest> {
+    Ok(CheckRequest {
+        run: run.to_owned(),
+        worker: None,
+        tool: gate_tool(tool),
+        operation: None,
+        args: args.cloned().map(serde_json::from_value).transpose()?,
+        args_preview: None,
+        // `--effect TOOL=EFFECT` is checked when parsed; the wire reads the class.
+        effect: serde_json::from_value(Value::from(effect))?,
+        idempotency_key: None,
+        target: None,
+        channel: None,
+        depth: None,
+        reserve_cents: None,
+        reserve_nanos: None,
+        remote_ref: None,
+        credential: None,
+        timeout_ms: None,
+        trace_id: None,
+        refused: None,
+    })
+}
+
 fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
     let tool = p
         .tool_name
         .as_deref()
         .context("the PreToolUse payload has no tool_name")?;
     let effect = effect_of(tool, &h.effects);
-    let mut check = json!({
-        "run": run,
-        "tool": gate_tool(tool),
-        "effect": effect,
-    });
-    if let Some(args) = &p.tool_input {
-        check["args"] = args.clone();
-    }
-    let check: CheckRequest =
-        serde_json::from_value(check).context("the tool call is not a check the gate reads")?;
+    let check = check_of(run, tool, &effect, p.tool_input.as_ref())
+        .context("the tool call is not a check the gate reads")?;
     // The session's first call starts its run, under the policy's ceiling.
-    let start: StartRequest = serde_json::from_value(
-        json!({"run": run, "goal": format!("Claude Code session {}", p.session_id)}),
-    )
-    .context("the session's run cannot be started")?;
+    let start = StartRequest {
+        run: run.to_owned(),
+        goal: Some(format!("Claude Code session {}", p.session_id)),
+        ..StartRequest::default()
+    };
     let checked = block_on(async {
         let mut gate = gate(&h.socket).await?;
         Ok(gate.check_or_start(&check, &start).await?)
@@ -268,11 +292,11 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
         // This session started the run: its end stops it.
         session::started(h, &p.session_id, run)?;
     }
-    let reply = serde_json::to_value(&checked.answer)?;
-    let reason = reply["reason"].as_str().unwrap_or("");
-    let action = reply["action"].as_str().unwrap_or("");
-    let after = reply["retry_after_ms"]
-        .as_u64()
+    let answer = &checked.answer;
+    let reason = answer.reason.map_or("", |r| r.as_str());
+    let action = answer.action.map_or("", |a| a.as_str());
+    let after = answer
+        .retry_after_ms
         .map(|ms| format!("; retry after {}", tally_verify::text::duration(ms)))
         .unwrap_or_default();
     let refused = |reason: &str, action: &str| {
@@ -285,10 +309,10 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
             }),
         )
     };
-    match reply["decision"].as_str() {
-        Some("allow") => {
-            let attempt = reply["attempt"]
-                .as_u64()
+    match answer.decision {
+        Verdict::Allow => {
+            let attempt = answer
+                .attempt
                 .context("the gate allowed the call but gave no attempt number")?;
             if let Some(id) = &p.tool_use_id {
                 let slot = session::Slot {
@@ -308,7 +332,7 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
                 &format!("tally: allowed, attempt {attempt} of run {run}"),
             ))
         }
-        Some("deny") => {
+        Verdict::Deny => {
             refused(reason, action)?;
             Ok(decision(
                 "deny",
@@ -319,8 +343,8 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
                 ),
             ))
         }
-        Some("require_approval") => {
-            let cause = reply["cause"].as_str().unwrap_or(reason);
+        Verdict::RequireApproval => {
+            let cause = answer.cause.map_or(reason, |c| c.as_str());
             refused(reason, "ask")?;
             if let Some(id) = &p.tool_use_id {
                 // If the human lets the call run at Claude Code's prompt, its outcome
@@ -341,7 +365,6 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
                 ),
             ))
         }
-        _ => bail!("the gate's answer has no decision: {reply}"),
     }
 }
 
@@ -400,17 +423,18 @@ fn post(h: &Hook, p: &Payload) -> Result<Option<String>> {
         || p.error.as_ref().is_some_and(|e| !e.is_null())
         || p.tool_response.as_ref().is_some_and(failed)
     {
-        "error"
+        Status::Error
     } else {
-        "ok"
+        Status::Ok
     };
-    let mut body = json!({"run": run_of, "attempt": attempt, "status": status});
     // A digest of what the tool returned (never the result itself): re-reading a file an
     // edit changed, or re-running a test after a fix, is progress, not a loop.
-    if let Some(result) = p.tool_response.as_ref().or(p.error.as_ref()) {
-        body["result_digest"] = json!(tally_ledger::decision::args_digest(result));
-    }
-    match block_on(outcome(&h.socket, body))? {
+    let digest = p
+        .tool_response
+        .as_ref()
+        .or(p.error.as_ref())
+        .map(tally_ledger::decision::args_digest);
+    match block_on(outcome(&h.socket, report(&run_of, attempt, status, digest)))? {
         Ok(_) => {}
         Err(GateError::Refused {
             status,
@@ -434,7 +458,7 @@ fn session_end(h: &Hook, run: &str, p: &Payload) -> Result<String> {
         let Some(attempt) = slot.attempt else {
             continue;
         };
-        let body = json!({"run": slot.run, "attempt": attempt, "status": "unknown"});
+        let body = report(&slot.run, attempt, Status::Unknown, None);
         match block_on(outcome(&h.socket, body))? {
             // 404/409: the attempt had its outcome, or is not the gate's: nothing to add.
             Ok(_)
@@ -471,7 +495,10 @@ fn session_end(h: &Hook, run: &str, p: &Payload) -> Result<String> {
             shown(&r)
         ),
         (Some(r), Some(reason)) => {
-            let why: tally_ledger::Reason = serde_json::from_value(json!(reason))
+            let why = tally_ledger::Reason::ALL
+                .iter()
+                .copied()
+                .find(|r| r.as_str() == reason)
                 .with_context(|| format!("`{reason}` is not a reason the gate records"))?;
             let stopped = block_on(async {
                 let mut gate = gate(&h.socket).await?;
@@ -505,9 +532,33 @@ async fn gate(socket: &Path) -> Result<GateClient> {
 
 /// Report an outcome: the gate's receipt, or its refusal (a daemon not there is the
 /// outer error).
-async fn outcome(socket: &Path, body: Value) -> Result<Result<tally_api::Logged, GateError>> {
-    let outcome: OutcomeRequest =
-        serde_json::from_value(body).context("the outcome is not one the gate reads")?;
+/// The outcome the hook reports of `attempt`: its status and a digest of its result.
+fn report(
+    run: &str,
+    attempt: u64,
+    status: Status,
+    result_digest: Option<String>,
+) -> OutcomeRequest {
+    OutcomeRequest {
+        run: run.to_owned(),
+        attempt,
+        status,
+        settled_cents: None,
+        settled_nanos: None,
+        remote_ref: None,
+        observed: None,
+        retry_after_ms: None,
+        result_digest,
+        worker: None,
+        usage_refused: None,
+        usage: None,
+    }
+}
+
+async fn outcome(
+    socket: &Path,
+    outcome: OutcomeRequest,
+) -> Result<Result<tally_api::Logged, GateError>> {
     Ok(gate(socket).await?.outcome(&outcome).await)
 }
 

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use super::Hook;
 
@@ -151,11 +150,19 @@ pub(super) fn answered(h: &Hook, session: &str, refusal: Option<Refusal>) -> Res
     }
 }
 
+/// The session's `started` file: the run its hook started.
+#[derive(Serialize, Deserialize)]
+struct Started {
+    run: String,
+}
+
 /// This session's hook started `run`: the session's end stops it.
 pub(super) fn started(h: &Hook, session: &str, run: &str) -> Result<()> {
     write_json(
         &session_dir(h, session)?.join("started"),
-        &json!({ "run": run }),
+        &Started {
+            run: run.to_owned(),
+        },
     )
 }
 
@@ -184,8 +191,7 @@ impl Left {
         }
         waiting.sort_by(|a, b| (&a.run, a.attempt).cmp(&(&b.run, b.attempt)));
         let last = read_json(&dir.join("last"))?;
-        let started = read_json::<serde_json::Value>(&dir.join("started"))?
-            .and_then(|v| v["run"].as_str().map(str::to_owned));
+        let started = read_json::<Started>(&dir.join("started"))?.map(|s| s.run);
         Ok(Left {
             waiting,
             last,

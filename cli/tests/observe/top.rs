@@ -179,3 +179,35 @@ fn tally_top_in_tmux_and_on_a_pipe() {
     }
     let _ = tmux(&["kill-server"]);
 }
+
+/// What `tally top` reads, `GET /v1/live`, is tally-wire's `LiveSnapshot` field for field:
+/// a page with a running run, a refused one (a call waiting for approval) and a stopped
+/// one reads as the type and is
+/// written back byte for byte (a field the daemon adds, renames or reorders fails here).
+#[test]
+fn the_live_page_is_the_wires_live_snapshot_byte_for_byte() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    ledger(dir);
+    let served = tally().serve(dir, &[]);
+    served.start_run("running", 10);
+    served.call("running", "search", json!({"i": 0}));
+    served.start_run("refused", 1);
+    served.call("refused", "search", json!({"i": 0}));
+    let refused = served.check("refused", "search", json!({"i": 1}));
+    assert_eq!(refused["decision"], "require_approval", "{refused}");
+    served.start_run("stopped", 10);
+    let (status, v) = served.agent(
+        "POST",
+        "/v1/runs/stopped/stop",
+        Some(json!({"reason": "completed"})),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (status, page) = served.operator_text("/v1/live?page=0");
+    assert_eq!(status, 200, "{page}");
+    let live: tally_wire::LiveSnapshot = serde_json::from_str(&page).expect("a LiveSnapshot");
+    assert_eq!(live.runs.len(), 3, "{page}");
+    assert!(live.runs.iter().any(|r| r.last_refusal.is_some()), "{page}");
+    assert_eq!(live.pending.len(), 1, "{page}");
+    assert_eq!(serde_json::to_string(&live).expect("JSON"), page.trim_end());
+}

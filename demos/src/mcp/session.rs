@@ -11,20 +11,20 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use crate::McpError;
+use crate::error::DemoError;
 
 /// The protocol version the demo client asks for.
 const PROTOCOL: &str = "2025-06-18";
 
-fn io(e: impl std::fmt::Display) -> McpError {
-    McpError::Session(e.to_string())
+fn io(e: impl std::fmt::Display) -> DemoError {
+    DemoError::Refused(format!("the MCP session failed: {e}"))
 }
 
 /// Serve the demo's `reports` server on `input`/`output` until the client hangs up.
 pub async fn serve_reports(
     input: impl AsyncRead + Unpin,
     output: impl AsyncWrite + Unpin,
-) -> Result<(), McpError> {
+) -> Result<(), DemoError> {
     let mut lines = FramedRead::new(input, JsonRpcMessageCodec::<Value>::default());
     let mut out = FramedWrite::new(output, JsonRpcMessageCodec::<Value>::default());
     while let Some(message) = lines.next().await {
@@ -76,7 +76,7 @@ pub async fn loop_on_failing_tool(
     input: impl AsyncRead + Unpin,
     output: impl AsyncWrite + Unpin,
     max: u64,
-) -> Result<Vec<Attempt>, McpError> {
+) -> Result<Vec<Attempt>, DemoError> {
     let mut s = Session {
         lines: FramedRead::new(input, JsonRpcMessageCodec::<Value>::default()),
         out: FramedWrite::new(output, JsonRpcMessageCodec::<Value>::default()),
@@ -114,7 +114,7 @@ struct Session<R, W> {
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Session<R, W> {
-    async fn ask(&mut self, method: &str, params: Value) -> Result<Value, McpError> {
+    async fn ask(&mut self, method: &str, params: Value) -> Result<Value, DemoError> {
         self.next += 1;
         let id = self.next;
         let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});

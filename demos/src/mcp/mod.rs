@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::process::Stdio;
 
-use anyhow::{bail, Context, Result};
-
+use crate::error::{bail, Context, Result};
 use crate::output::outln;
-use crate::Exit;
+
+mod session;
 
 /// The run the story's calls count against.
 pub const RUN: &str = "mcp-reports";
@@ -34,7 +34,7 @@ pub async fn story(socket: &Path) -> Result<bool> {
     let (Some(to_proxy), Some(from_proxy)) = (proxy.stdin.take(), proxy.stdout.take()) else {
         bail!("tally mcp gave no stdio");
     };
-    let seen = tally_mcp::demo::loop_on_failing_tool(from_proxy, to_proxy, 10).await?;
+    let seen = session::loop_on_failing_tool(from_proxy, to_proxy, 10).await?;
     for (i, a) in seen.iter().enumerate() {
         let who = if a.refused { "" } else { "the server: " };
         outln!(
@@ -52,14 +52,14 @@ pub async fn story(socket: &Path) -> Result<bool> {
 }
 
 /// `tally mcp-demo-server`: the story's MCP server, on stdio.
-pub fn server() -> Result<Exit> {
+pub fn server() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(tally_mcp::demo::serve_reports(
+    runtime.block_on(session::serve_reports(
         tokio::io::stdin(),
         tokio::io::stdout(),
     ))?;
-    Ok(Exit::Success)
+    Ok(())
 }

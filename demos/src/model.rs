@@ -7,15 +7,16 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
-use crate::output::outln;
 use tally_api::GateClient;
+
+use crate::error::{bail, Context, Result};
+use crate::output::outln;
 
 /// The run the story's model calls count against.
 pub const RUN: &str = "model-agent";
@@ -327,7 +328,10 @@ pub async fn story(
     let _: Value = gate
         .post(&format!("/v1/runs/{RUN}/stop"), &json!({"reason": reason}))
         .await?;
-    outln!("  {}", crate::demo::standing(operator_socket, RUN).await?);
+    outln!(
+        "  {}",
+        crate::standing::standing(operator_socket, RUN).await?
+    );
     let status = complete(proxy, &token, 0).await?.status;
     let (with_key, without) = model.seen();
     outln!(

@@ -3,8 +3,9 @@
 //! handoff). They are data, `corpus/stories/*.ndjson`, one decision per line; the
 //! verifier's tests read the same files.
 
-use anyhow::Context;
 use tally_ledger::Decision;
+
+use crate::error::{Context, Result};
 
 /// Every story, in the order the demo imports them.
 const STORIES: &[(&str, &str)] = &[
@@ -63,7 +64,7 @@ const STORIES: &[(&str, &str)] = &[
 ];
 
 /// Every story: its name and its decisions in append order.
-pub fn stories() -> anyhow::Result<Vec<(&'static str, Vec<Decision>)>> {
+pub fn stories() -> Result<Vec<(&'static str, Vec<Decision>)>> {
     STORIES
         .iter()
         .map(|(name, text)| {
@@ -74,7 +75,7 @@ pub fn stories() -> anyhow::Result<Vec<(&'static str, Vec<Decision>)>> {
                     Decision::from_json(line)
                         .with_context(|| format!("corpus/stories/{name}.ndjson line {}", i + 1))
                 })
-                .collect::<anyhow::Result<Vec<_>>>()?;
+                .collect::<Result<Vec<_>>>()?;
             Ok((*name, decisions))
         })
         .collect()
