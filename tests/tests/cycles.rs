@@ -14,7 +14,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
         "daemon",
         &["api", "app", "gate_api", "observe", "stage", "tiles"],
     ),
-    ("gate", &["backend", "tables"]),
     ("ledger", &["export", "format", "keys", "tlog"]),
     (
         "policy",
