@@ -1,9 +1,12 @@
 //! The seam between the gate and where its state lives (DESIGN: the backend owns the
 //! atomicity; the policy core is pure and knows nothing of it).
 //!
-//! A decision is one transaction: [`StateBackend::begin`], read the scopes it touches
-//! (the run, its tool, its credential) in that fixed order, decide and apply with the
-//! core, then [`StateTxn::commit`] with the decision's bytes. A backend guarantees:
+//! A decision is one transaction, driven by the gate's one `transact` path:
+//! [`StateBackend::begin`], read the scopes it touches (the run, its tool, its
+//! credential) in that fixed order, decide and apply with the core, then
+//! [`StateTxn::persist`] and [`StateTxn::commit`] with the decision's bytes. Who may act
+//! on a run, and what is recorded and answered, are the gate's; a backend reads, locks
+//! and writes state. It guarantees:
 //!
 //! * isolation: no other transaction sees or changes those scopes between the read and
 //!   the commit (the embedded backend holds one lock; a networked one locks rows in the
