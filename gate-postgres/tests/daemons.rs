@@ -134,11 +134,6 @@ fn checks_queued_on_a_daemon_behind_a_held_row_are_each_refused_within_the_bound
     use std::time::{Duration, Instant};
     use tally_gate::backend::{StateBackend, StateTxn};
     const BOUND: Duration = Duration::from_secs(1);
-    let operator = tally_gate::Caller {
-        uid: None,
-        operator: true,
-        proxied: false,
-    };
     let Some(cluster) = Cluster::start() else {
         return;
     };
@@ -195,7 +190,7 @@ fn checks_queued_on_a_daemon_behind_a_held_row_are_each_refused_within_the_bound
             )
             .expect("second backend");
             let mut held = other.begin().expect("begin");
-            held.run("r", operator).expect("lock the run's row");
+            held.run("r").expect("lock the run's row");
             locked_tx.send(()).expect("signal");
             let _ = released.recv();
             drop(held);

@@ -1,182 +1,210 @@
-//! One call at the gate: the check before it and the outcome after it.
+//! One call at the gate: the check before it and the outcome after it. Each is a step
+//! that reads its scopes, lets the core decide, folds the decision into the transaction
+//! and hands [`Gate::transact`] a [`Commit`].
 
-use tally_ledger::{Action, Decision, Kind, Reason, Receipt};
-use tally_policy::{apply, decide, judge, Call, Verdict};
+use tally_ledger::{Action, Decision, Kind, Reason};
+use tally_policy::{apply, decide, judge, Call, Decided, Now, Verdict};
 
-use crate::backend::{Scopes, StateBackend, StateTxn};
+use crate::backend::{StateBackend, StateTxn};
+use crate::commit::Commit;
 use crate::{
-    encodable, inconsistent, principal_scope, tracks_credential, Caller, CheckAnswer, CheckRequest,
-    Done, Gate, GateError, Logged, OutcomeRequest, SettleRequest, Touched, MAX_TOOL_BYTES,
+    encodable, held, inconsistent, principal_scope, tracks_credential, Caller, CheckAnswer,
+    CheckRequest, Done, Gate, GateError, Logged, OutcomeRequest, SettleRequest, Touched,
+    MAX_TOOL_BYTES,
 };
+
+/// What a check computes before the state lock: the arguments' digest and the trace.
+struct Unlocked {
+    args_digest: Option<String>,
+    trace_id: Option<String>,
+}
+
+/// The call a check asks about, as the core decides it, once its request passes the
+/// gate's own checks: a tool name within [`MAX_TOOL_BYTES`], no credential but the
+/// run's, a reserve in one unit.
+fn call_of(
+    req: CheckRequest,
+    caller: Caller,
+    run_credential: Option<String>,
+    args_digest: Option<String>,
+) -> Result<Call, GateError> {
+    if req.tool.len() > MAX_TOOL_BYTES {
+        // Tool names are identifiers, and every open call keeps its tool's name.
+        return Err(GateError::Invalid(tally_ledger::DecisionError::TooLong {
+            field: "tool",
+            len: req.tool.len(),
+            max: MAX_TOOL_BYTES,
+        }));
+    }
+    if req.credential.is_some() && req.credential != run_credential {
+        // A run's credential is the one it started under: naming another would escape
+        // that credential's backstop and bucket.
+        return Err(GateError::NotAuthorized(
+            "a check names the credential its run was started under, or none".into(),
+        ));
+    }
+    let reserve = tally_ledger::decision::one_amount(
+        "reserve_cents",
+        req.reserve_cents,
+        "reserve_nanos",
+        req.reserve_nanos,
+    )?;
+    Ok(Call {
+        run: req.run,
+        worker: req.worker,
+        tool: req.tool,
+        operation: req.operation,
+        args_digest,
+        args_preview: req.args_preview,
+        effect: Some(req.effect),
+        idempotency_key: req.idempotency_key,
+        target: req.target,
+        channel: req.channel,
+        depth: req.depth,
+        reserve_nanos: reserve.map_or(0, |n| n.0),
+        remote_ref: req.remote_ref,
+        credential: run_credential,
+        timeout_ms: req.timeout_ms,
+        uid: caller.uid,
+        proxied: caller.proxied,
+        refused: req.refused.filter(|_| caller.proxied),
+    })
+}
+
+/// What a check answers for `decided`, before its receipt.
+fn check_answer(decided: &Decided) -> CheckAnswer {
+    let (record, verdict) = (&decided.record, decided.verdict);
+    CheckAnswer {
+        decision: verdict,
+        reason: record.reason,
+        action: record.reason.map(Reason::action),
+        cause: decided.cause,
+        retry_after_ms: record.retry_after_ms,
+        timeout_ms: record.timeout_ms,
+        attempt: record.attempt,
+        reserve_nanos: (verdict == Verdict::Allow).then(|| record.reserve_nanos.unwrap_or(0)),
+        limits: record.limits.clone().unwrap_or_default(),
+        seq: None,
+        hash: None,
+    }
+}
 
 impl<B: StateBackend> Gate<B> {
     /// Decide one intended call. `done` gets the answer once the decision is durable.
     pub fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>) {
         // Hashing the arguments needs no state: done before the lock.
-        let args_digest = req.args.as_ref().map(tally_ledger::decision::Args::digest);
-        let trace_id = req
-            .trace_id
-            .clone()
-            .filter(|t| tally_ledger::decision::is_trace_id(t));
-        let result = (|| {
-            let mut t = self.begin()?;
-            let policy = &self.policy.policy;
-            let (stopped, run_credential, owner, now) = {
-                let run = t.run(&req.run, caller)?;
-                let owner = run.owner_uid;
-                (
-                    run.stop.is_some(),
-                    run.credential.clone(),
-                    owner,
-                    self.clock(run),
-                )
-            };
-            if req.tool.len() > MAX_TOOL_BYTES {
-                // Tool names are identifiers, and every open call keeps its tool's name.
-                return Err(GateError::Invalid(tally_ledger::DecisionError::TooLong {
-                    field: "tool",
-                    len: req.tool.len(),
-                    max: MAX_TOOL_BYTES,
-                }));
-            }
-            if req.credential.is_some() && req.credential != run_credential {
-                // A run's credential is the one it started under: naming another would
-                // escape that credential's backstop and bucket.
-                return Err(GateError::NotAuthorized(
-                    "a check names the credential its run was started under, or none".into(),
-                ));
-            }
-            let call = Call {
-                run: req.run.clone(),
-                worker: req.worker,
-                tool: req.tool,
-                operation: req.operation,
-                args_digest,
-                args_preview: req.args_preview,
-                effect: Some(req.effect),
-                idempotency_key: req.idempotency_key,
-                target: req.target,
-                channel: req.channel,
-                depth: req.depth,
-                reserve_nanos: tally_ledger::decision::one_amount(
-                    "reserve_cents",
-                    req.reserve_cents,
-                    "reserve_nanos",
-                    req.reserve_nanos,
-                )?
-                .map_or(0, |n| n.0),
-                remote_ref: req.remote_ref,
-                credential: run_credential,
-                timeout_ms: req.timeout_ms,
-                uid: caller.uid,
-                proxied: caller.proxied,
-                refused: req.refused.filter(|_| caller.proxied),
-            };
-            if stopped {
-                let run = t.run(&req.run, caller)?.clone();
-                // Bad input is refused the same whether or not the run is over.
-                let view = tally_policy::View::of(&run);
-                encodable(&mut decide(policy, &self.policy.digest, view, &call, now).record)?;
-                // The run is over: nothing to decide, nothing recorded.
-                return Err(GateError::Stopped(Box::new(CheckAnswer {
-                    decision: Verdict::Deny,
-                    reason: run.stop,
-                    action: Some(Action::Stop),
-                    cause: None,
-                    retry_after_ms: None,
-                    timeout_ms: None,
-                    attempt: None,
-                    reserve_nanos: None,
-                    limits: tally_policy::apply::standing(&run, now),
-                    seq: None,
-                    hash: None,
-                })));
-            }
-            t.ensure_tool(&call.tool, now.wall_ms, policy)?;
-            // A credential has state only if the policy gives it a backstop or a bucket.
-            let cred_scope = call
-                .credential
+        let unlocked = Unlocked {
+            args_digest: req.args.as_ref().map(tally_ledger::decision::Args::digest),
+            trace_id: req
+                .trace_id
                 .clone()
-                .filter(|c| tracks_credential(policy, c));
-            if let Some(c) = &cred_scope {
-                t.ensure_credential(c, now.wall_ms, policy)?;
-            }
-            // The run owner's budget across its runs, where the policy gives it one.
-            let principal = principal_scope(policy, owner);
-            if let Some(p) = &principal {
-                t.ensure_principal(p)?;
-            }
-            let mut decided = {
-                let scopes = Scopes {
-                    run: &call.run,
-                    tool: Some(&call.tool),
-                    credential: cred_scope.as_deref(),
-                    principal: principal.as_deref(),
-                };
-                decide(policy, &self.policy.digest, t.view(&scopes), &call, now)
-            };
-            decided.record.trace_id = trace_id;
-            encodable(&mut decided.record)?;
-            let writes = {
-                let scopes = Scopes {
-                    run: &call.run,
-                    tool: Some(&call.tool),
-                    credential: cred_scope.as_deref(),
-                    principal: principal.as_deref(),
-                };
-                apply(policy, t.view_mut(&scopes), &decided.record, now);
-                if decided.verdict == Verdict::Allow {
-                    vec![Touched {
-                        run: call.run.clone(),
-                        tool: Some(call.tool.clone()),
-                        credential: cred_scope.clone(),
-                        principal: principal.clone(),
-                    }]
-                } else {
-                    // A refusal changes no state worth keeping (the run's clock only): a
-                    // stream of refusals rewrites nothing.
-                    Vec::new()
-                }
-            };
-            let record = decided.record;
-            let cause = decided.cause;
-            let verdict = decided.verdict;
-            let mut records = vec![record.clone()];
-            let mut writes = writes;
-            if let Some(reason) = decided.stop {
-                // The core stops the run with the refusal: in the same commit, and it no
-                // longer counts as open.
-                let state = t.run(&call.run, caller)?.clone();
-                records.push(self.stop_one(&mut t, &call.run, &state, reason, None, caller)?);
-                writes = vec![Touched::run(&call.run)];
-            }
-            Ok((
-                records,
-                writes,
-                move |r: Receipt| CheckAnswer {
-                    decision: verdict,
-                    reason: record.reason,
-                    action: record.reason.map(Reason::action),
-                    cause,
-                    retry_after_ms: record.retry_after_ms,
-                    timeout_ms: record.timeout_ms,
-                    attempt: record.attempt,
-                    reserve_nanos: (verdict == Verdict::Allow)
-                        .then(|| record.reserve_nanos.unwrap_or(0)),
-                    limits: record.limits.unwrap_or_default(),
-                    seq: Some(r.seq),
-                    hash: Some(r.hash.to_string()),
-                },
-                t,
-            ))
-        })();
-        match result {
-            // The answer is the decision's, before any stop that follows it.
-            Ok((records, writes, answer, t)) => {
-                self.submit_answering(t, records, &writes, 0, answer, done)
-            }
-            Err(e) => done(Err(e)),
+                .filter(|t| tally_ledger::decision::is_trace_id(t)),
+        };
+        self.transact(done, |t| self.decide_call(t, caller, req, unlocked))
+    }
+
+    /// A check's step: the call decided by the core and folded into the transaction.
+    fn decide_call(
+        &self,
+        t: &mut B::Txn<'_>,
+        caller: Caller,
+        req: CheckRequest,
+        unlocked: Unlocked,
+    ) -> Result<Commit<CheckAnswer>, GateError> {
+        let policy = &self.policy.policy;
+        let run = held(t, &req.run, caller)?;
+        let (stopped, owner, now) = (run.stop.is_some(), run.owner_uid, self.clock(run));
+        let credential = run.credential.clone();
+        let call = call_of(req, caller, credential, unlocked.args_digest)?;
+        if stopped {
+            return Err(self.over(t, &call, now));
         }
+        let touched = self.call_scopes(t, &call, owner, now)?;
+        let mut decided = decide(
+            policy,
+            &self.policy.digest,
+            t.view(&touched.scopes()),
+            &call,
+            now,
+        );
+        decided.record.trace_id = unlocked.trace_id;
+        encodable(&mut decided.record)?;
+        apply(policy, t.view_mut(&touched.scopes()), &decided.record, now);
+        let answer = check_answer(&decided);
+        // A refusal changes no state worth keeping (the run's clock only): a stream of
+        // refusals rewrites nothing.
+        let mut writes = match decided.verdict {
+            Verdict::Allow => vec![touched],
+            _ => Vec::new(),
+        };
+        let mut records = vec![decided.record];
+        if let Some(reason) = decided.stop {
+            // The core stops the run with the refusal: in the same commit, and it no
+            // longer counts as open.
+            let state = t.run(&call.run)?.clone();
+            records.push(self.stop_one(t, &call.run, &state, reason, None, caller)?);
+            writes = vec![Touched::run(&call.run)];
+        }
+        // The answer is the decision's, before any stop that follows it.
+        Ok(Commit::new(records, writes, answer).answering(0))
+    }
+
+    /// The answer to a check of a stopped run: nothing to decide, nothing recorded. Bad
+    /// input is refused the same whether or not the run is over.
+    fn over(&self, t: &mut B::Txn<'_>, call: &Call, now: Now) -> GateError {
+        let run = match t.run(&call.run) {
+            Ok(r) => r.clone(),
+            Err(e) => return e,
+        };
+        let view = tally_policy::View::of(&run);
+        let mut record = decide(&self.policy.policy, &self.policy.digest, view, call, now).record;
+        if let Err(e) = encodable(&mut record) {
+            return e;
+        }
+        GateError::Stopped(Box::new(CheckAnswer {
+            decision: Verdict::Deny,
+            reason: run.stop,
+            action: Some(Action::Stop),
+            cause: None,
+            retry_after_ms: None,
+            timeout_ms: None,
+            attempt: None,
+            reserve_nanos: None,
+            limits: tally_policy::apply::standing(&run, now),
+            seq: None,
+            hash: None,
+        }))
+    }
+
+    /// The scopes a call's decision reads and writes, read into the transaction: its
+    /// run, its tool, its credential if the policy gives that state (a backstop or a
+    /// bucket), and the run owner's principal if the policy gives the owner a budget.
+    fn call_scopes(
+        &self,
+        t: &mut B::Txn<'_>,
+        call: &Call,
+        owner: Option<u32>,
+        now: Now,
+    ) -> Result<Touched, GateError> {
+        let policy = &self.policy.policy;
+        t.ensure_tool(&call.tool, now.wall_ms, policy)?;
+        let credential = call
+            .credential
+            .clone()
+            .filter(|c| tracks_credential(policy, c));
+        if let Some(c) = &credential {
+            t.ensure_credential(c, now.wall_ms, policy)?;
+        }
+        let principal = principal_scope(policy, owner);
+        if let Some(p) = &principal {
+            t.ensure_principal(p)?;
+        }
+        Ok(Touched {
+            run: call.run.clone(),
+            tool: Some(call.tool.clone()),
+            credential,
+            principal,
+        })
     }
 
     /// Record what an allowed call did.
@@ -219,94 +247,118 @@ impl<B: StateBackend> Gate<B> {
         by_operator: bool,
         done: Done<Logged>,
     ) {
-        let result = (|| {
-            let mut t = self.begin()?;
-            let policy = &self.policy.policy;
-            let run = t.run(&req.run, caller)?;
-            let now = self.clock(run);
-            let run_owner = run.owner_uid;
-            let tool = run.tool_of(req.attempt).map(str::to_owned);
-            let credential = run
-                .credential
-                .clone()
-                .filter(|c| tracks_credential(policy, c));
-            if let Some(tool) = &tool {
-                t.ensure_tool(tool, now.wall_ms, policy)?;
-            }
-            if let Some(c) = &credential {
-                t.ensure_credential(c, now.wall_ms, policy)?;
-            }
-            let principal = principal_scope(policy, run_owner);
-            if let Some(p) = &principal {
-                t.ensure_principal(p)?;
-            }
-            let mut record = Decision {
-                run: req.run.clone(),
-                kind: Some(Kind::Outcome),
-                worker: req.worker,
-                at_ms: now.at_ms,
-                attempt: Some(req.attempt),
-                status: Some(req.status),
-                // Kept in nanodollars whichever unit the agent reported in.
-                settled_nanos: tally_ledger::decision::one_amount(
-                    "settled_cents",
-                    req.settled_cents,
-                    "settled_nanos",
-                    req.settled_nanos,
-                )?
-                .map(|n| n.0),
-                remote_ref: req.remote_ref,
-                observed: req.observed,
-                retry_after_ms: req.retry_after_ms,
-                result_digest: req.result_digest,
-                // The proxy's own report of a call it made; an agent's never says so.
-                proxied: caller.proxied.then_some(true),
-                operator: by_operator.then_some(true),
-                usage_refused: req.usage_refused.filter(|_| caller.proxied),
-                usage: req.usage.filter(|_| caller.proxied),
-                uid: caller.uid,
-                policy: Some(self.policy.digest.clone()),
-                ..Decision::default()
-            };
-            encodable(&mut record)?;
-            let touched = Touched {
-                run: req.run.clone(),
-                tool,
-                credential,
-                principal,
-            };
-            // The overrun, if the settlement makes one: the core's count, on the record.
-            record.overrun_nanos =
-                tally_policy::overrun(t.view(&touched.scopes()).run, &record).map(|o| o.excess().0);
-            // What the core would call inconsistent is refused and never recorded.
-            if let Some(found) = judge(policy, t.view(&touched.scopes()), &record, now)
-                .into_iter()
-                .next()
-            {
-                return Err(inconsistent(&req.run, found));
-            }
-            apply(policy, t.view_mut(&touched.scopes()), &record, now);
-            let limits = t
-                .run_mut(&req.run)
-                .map(|r| tally_policy::apply::standing(r, now))
-                .unwrap_or_default();
-            let writes = vec![touched];
-            let overrun_nanos = record.overrun_nanos;
-            Ok((
-                record,
-                writes,
-                move |r: Receipt| Logged {
-                    seq: r.seq,
-                    hash: r.hash.to_string(),
-                    limits,
-                    overrun_nanos,
-                },
-                t,
-            ))
-        })();
-        match result {
-            Ok((record, writes, answer, t)) => self.submit(t, vec![record], &writes, answer, done),
-            Err(e) => done(Err(e)),
+        self.transact(done, |t| self.settle_call(t, caller, req, by_operator))
+    }
+
+    /// An outcome's step: its record, judged by the core and folded into the transaction.
+    fn settle_call(
+        &self,
+        t: &mut B::Txn<'_>,
+        caller: Caller,
+        req: OutcomeRequest,
+        by_operator: bool,
+    ) -> Result<Commit<Logged>, GateError> {
+        let policy = &self.policy.policy;
+        let run = held(t, &req.run, caller)?;
+        let now = self.clock(run);
+        let owner = run.owner_uid;
+        let tool = run.tool_of(req.attempt).map(str::to_owned);
+        let credential = run.credential.clone();
+        let touched = self.outcome_scopes(t, &req.run, tool, credential, owner, now)?;
+        let mut record = self.outcome_record(req, caller, by_operator, now)?;
+        // The overrun, if the settlement makes one: the core's count, on the record.
+        record.overrun_nanos =
+            tally_policy::overrun(t.view(&touched.scopes()).run, &record).map(|o| o.excess().0);
+        // What the core would call inconsistent is refused and never recorded.
+        if let Some(found) = judge(policy, t.view(&touched.scopes()), &record, now)
+            .into_iter()
+            .next()
+        {
+            return Err(inconsistent(&record.run, found));
         }
+        apply(policy, t.view_mut(&touched.scopes()), &record, now);
+        let limits = t
+            .run_mut(&record.run)
+            .map(|r| tally_policy::apply::standing(r, now))
+            .unwrap_or_default();
+        let answer = Logged {
+            seq: 0,
+            hash: String::new(),
+            limits,
+            overrun_nanos: record.overrun_nanos,
+        };
+        Ok(Commit::new(vec![record], vec![touched], answer))
+    }
+
+    /// The scopes an outcome of `run` reads and writes, read into the transaction: the
+    /// run, the attempt's tool, the run's credential and its owner's principal where the
+    /// policy gives them state.
+    fn outcome_scopes(
+        &self,
+        t: &mut B::Txn<'_>,
+        run: &str,
+        tool: Option<String>,
+        credential: Option<String>,
+        owner: Option<u32>,
+        now: Now,
+    ) -> Result<Touched, GateError> {
+        let policy = &self.policy.policy;
+        let credential = credential.filter(|c| tracks_credential(policy, c));
+        if let Some(tool) = &tool {
+            t.ensure_tool(tool, now.wall_ms, policy)?;
+        }
+        if let Some(c) = &credential {
+            t.ensure_credential(c, now.wall_ms, policy)?;
+        }
+        let principal = principal_scope(policy, owner);
+        if let Some(p) = &principal {
+            t.ensure_principal(p)?;
+        }
+        Ok(Touched {
+            run: run.to_owned(),
+            tool,
+            credential,
+            principal,
+        })
+    }
+
+    /// The outcome record `req` asks for, checked to encode.
+    fn outcome_record(
+        &self,
+        req: OutcomeRequest,
+        caller: Caller,
+        by_operator: bool,
+        now: Now,
+    ) -> Result<Decision, GateError> {
+        let mut record = Decision {
+            run: req.run,
+            kind: Some(Kind::Outcome),
+            worker: req.worker,
+            at_ms: now.at_ms,
+            attempt: Some(req.attempt),
+            status: Some(req.status),
+            // Kept in nanodollars whichever unit the agent reported in.
+            settled_nanos: tally_ledger::decision::one_amount(
+                "settled_cents",
+                req.settled_cents,
+                "settled_nanos",
+                req.settled_nanos,
+            )?
+            .map(|n| n.0),
+            remote_ref: req.remote_ref,
+            observed: req.observed,
+            retry_after_ms: req.retry_after_ms,
+            result_digest: req.result_digest,
+            // The proxy's own report of a call it made; an agent's never says so.
+            proxied: caller.proxied.then_some(true),
+            operator: by_operator.then_some(true),
+            usage_refused: req.usage_refused.filter(|_| caller.proxied),
+            usage: req.usage.filter(|_| caller.proxied),
+            uid: caller.uid,
+            policy: Some(self.policy.digest.clone()),
+            ..Decision::default()
+        };
+        encodable(&mut record)?;
+        Ok(record)
     }
 }

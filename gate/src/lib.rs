@@ -22,15 +22,18 @@
 pub mod backend;
 mod calls;
 pub mod clock;
+mod commit;
 mod error;
 mod gatekeeper;
 mod messages;
 mod runs;
+mod scopes;
+mod start;
 mod tables;
 
 use std::sync::{Arc, Mutex};
 
-use tally_ledger::{Decision, Kind, Ledger, Reason, Receipt};
+use tally_ledger::{Decision, Kind, Ledger, Reason};
 use tally_policy::{Now, Recorded, RunState};
 
 use backend::{Embedded, Scopes, StateBackend, StateTxn};
@@ -116,13 +119,31 @@ impl Touched {
     }
 }
 
-/// A run in the transaction that has not stopped.
+/// A run the gate governs, if `caller` may act on it: exactly the uid that started it
+/// (loopback TCP peers, uid unknown, are one identity of their own), or the operator.
+/// The gate's authority check, one for every backend.
+fn held<'t, T: StateTxn>(
+    t: &'t mut T,
+    run: &str,
+    caller: Caller,
+) -> Result<&'t RunState, GateError> {
+    let state = t.run(run)?;
+    if caller.operator || state.owner_uid == caller.uid {
+        Ok(state)
+    } else {
+        Err(GateError::NotOwner {
+            run: run.to_owned(),
+        })
+    }
+}
+
+/// A run in the transaction that has not stopped, if `caller` may act on it.
 fn live<'t, T: StateTxn>(
     t: &'t mut T,
     run: &str,
     caller: Caller,
 ) -> Result<&'t RunState, GateError> {
-    let state = t.run(run, caller)?;
+    let state = held(t, run, caller)?;
     match state.stop {
         Some(reason) => Err(GateError::RunStopped {
             run: run.to_owned(),
@@ -237,96 +258,6 @@ impl<B: StateBackend> Gate<B> {
             return Err(GateError::Unavailable(why));
         }
         self.backend.begin()
-    }
-
-    /// Commit `records` with the state of the scopes they touched; `answer` turns the
-    /// receipt of the last into the reply.
-    fn submit<T: Send + 'static>(
-        &self,
-        t: B::Txn<'_>,
-        records: Vec<Decision>,
-        touched: &[Touched],
-        answer: impl FnOnce(Receipt) -> T + Send + 'static,
-        done: Done<T>,
-    ) {
-        let last = records.len().saturating_sub(1);
-        self.submit_answering(t, records, touched, last, answer, done)
-    }
-
-    /// [`Gate::submit`], answering with the receipt of `records[answering]`.
-    fn submit_answering<T: Send + 'static>(
-        &self,
-        mut t: B::Txn<'_>,
-        mut records: Vec<Decision>,
-        touched: &[Touched],
-        answering: usize,
-        answer: impl FnOnce(Receipt) -> T + Send + 'static,
-        done: Done<T>,
-    ) {
-        // Counted from the end: a policy record may come first.
-        let from_end = records.len().saturating_sub(answering + 1);
-        let scopes: Vec<Scopes<'_>> = touched.iter().map(Touched::scopes).collect();
-        // A networked backend's state is durable before the decision is queued; if it
-        // cannot be, nothing was queued and the gate stays up (the caller retries).
-        let version = match t.persist(&scopes) {
-            Ok(v) => v,
-            Err(e) => return done(Err(e)),
-        };
-        let mut encoded = Vec::with_capacity(records.len());
-        for r in &mut records {
-            r.state_version = Some(version);
-            match encode(r) {
-                Ok(bytes) => encoded.push(bytes),
-                Err(e) => {
-                    // Checked with the largest version before the state changed
-                    // (`encodable`): a state ahead of its record must not go on.
-                    let why = format!("a checked decision no longer encodes: {e}");
-                    self.failure
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get_or_insert(why.clone());
-                    return done(Err(GateError::Unavailable(why)));
-                }
-            }
-        }
-        let records = encoded;
-        let failure = Arc::clone(&self.failure);
-        let mut plaintexts = Vec::with_capacity(records.len() + 1);
-        let mut ledger_state = Vec::new();
-        // Called inside the transaction, so exactly one decision carries the policy.
-        if !self
-            .policy_recorded
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            plaintexts.push(self.policy_record.clone());
-            ledger_state.push((
-                tables::POLICY_KEY.to_vec(),
-                self.policy.digest.as_bytes().to_vec(),
-            ));
-        }
-        // The answer is the last record's: the one the caller asked for.
-        plaintexts.extend(records);
-        t.commit(
-            plaintexts,
-            &scopes,
-            ledger_state,
-            Box::new(move |result| match result {
-                Ok(receipts) => match receipts.iter().rev().nth(from_end) {
-                    Some(r) => done(Ok(answer(*r))),
-                    None => done(Err(GateError::Unavailable(
-                        "the ledger returned no receipt".into(),
-                    ))),
-                },
-                Err(e) => {
-                    let why = format!("the ledger could not record a decision: {e}");
-                    failure
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get_or_insert(why.clone());
-                    done(Err(GateError::Unavailable(why)));
-                }
-            }),
-        );
     }
 }
 

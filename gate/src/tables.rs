@@ -12,9 +12,9 @@ use tally_ledger::Ledger;
 use tally_policy::state::Breaker;
 use tally_policy::{CredentialState, Policy, PrincipalState, RunState, ToolState, View, ViewMut};
 
-use crate::backend::Scopes;
+use crate::scopes::Scopes;
 
-use crate::{Caller, GateError};
+use crate::GateError;
 
 /// The key under which the digest of the last recorded policy is kept.
 pub(crate) const POLICY_KEY: &[u8] = b"policy";
@@ -139,39 +139,18 @@ impl Tables {
             .count() as u64
     }
 
-    fn owned(run: &RunState, caller: Caller) -> Result<(), GateError> {
-        // Exactly the uid that started it (loopback TCP peers, uid unknown, are one
-        // identity of their own), or the operator.
-        if caller.operator || run.owner_uid == caller.uid {
-            Ok(())
-        } else {
-            Err(GateError::NotOwner {
-                run: run.run.clone(),
-            })
-        }
-    }
-
-    /// Any run the gate governs, owned by the caller, read into memory if it was only
-    /// on disk (a stopped run: it is let go again later).
-    pub fn loaded(
-        &mut self,
-        ledger: &Ledger,
-        run: &str,
-        caller: Caller,
-    ) -> Result<&RunState, GateError> {
+    /// Any run the gate governs, read into memory if it was only on disk (a stopped
+    /// run: it is let go again later).
+    pub fn loaded(&mut self, ledger: &Ledger, run: &str) -> Result<&RunState, GateError> {
         if !self.runs.contains_key(run) {
             let state = Tables::stored(ledger, run)?
                 .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?;
-            Tables::owned(&state, caller)?;
             self.runs.insert(run.to_owned(), state);
             self.mark_stopped(run);
         }
-        let state = self
-            .runs
+        self.runs
             .get(run)
-            .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?;
-        Tables::owned(state, caller)?;
-        Ok(state)
+            .ok_or_else(|| GateError::RunNotFound(run.to_owned()))
     }
 
     pub fn insert_run(&mut self, run: RunState) {

@@ -1,0 +1,202 @@
+//! Every gate operation as a value: a [`Commit`] (the records to append, the scopes
+//! whose state they wrote, the answer) that a step builds inside the state transaction,
+//! and [`Gate::transact`], the one path that makes any of them durable and answers.
+
+use std::sync::{Arc, Mutex};
+
+use tally_ledger::{Decision, Receipt};
+
+use crate::backend::{Scopes, StateBackend, StateTxn};
+use crate::tables::POLICY_KEY;
+use crate::{encode, CheckAnswer, Done, Gate, GateError, Logged, Standing, Started, Touched};
+
+/// What one operation leaves to make durable, decided and folded into its transaction:
+/// the records to append (in order), the scopes whose state they changed, and the answer
+/// the caller gets once the records are durable. The answer may be a refusal that still
+/// records something (a start refused after the caller's expired runs were stopped).
+pub(crate) struct Commit<T> {
+    records: Vec<Decision>,
+    writes: Vec<Touched>,
+    /// The record whose receipt the answer carries.
+    answering: usize,
+    answer: Result<T, GateError>,
+}
+
+impl<T> Commit<T> {
+    /// `records` with the state of `writes`, answered with `answer` and the receipt of
+    /// the last record.
+    pub(crate) fn new(records: Vec<Decision>, writes: Vec<Touched>, answer: T) -> Commit<T> {
+        let answering = records.len().saturating_sub(1);
+        Commit {
+            records,
+            writes,
+            answering,
+            answer: Ok(answer),
+        }
+    }
+
+    /// `records` made durable, and the caller refused with `why` once they are.
+    pub(crate) fn refused(records: Vec<Decision>, writes: Vec<Touched>, why: GateError) -> Self {
+        Commit {
+            answering: records.len().saturating_sub(1),
+            records,
+            writes,
+            answer: Err(why),
+        }
+    }
+
+    /// The answer carries the receipt of `records[index]` instead of the last one's.
+    pub(crate) fn answering(mut self, index: usize) -> Commit<T> {
+        self.answering = index;
+        self
+    }
+}
+
+/// An answer, given the receipt of the record it answers with.
+pub(crate) trait Receipted {
+    /// The answer with the receipt's place in the ledger.
+    fn receipted(self, receipt: Receipt) -> Self;
+}
+
+impl Receipted for CheckAnswer {
+    fn receipted(mut self, r: Receipt) -> CheckAnswer {
+        self.seq = Some(r.seq);
+        self.hash = Some(r.hash.to_string());
+        self
+    }
+}
+
+impl Receipted for Logged {
+    fn receipted(mut self, r: Receipt) -> Logged {
+        self.seq = r.seq;
+        self.hash = r.hash.to_string();
+        self
+    }
+}
+
+impl Receipted for Started {
+    fn receipted(mut self, r: Receipt) -> Started {
+        self.seq = r.seq;
+        self.hash = r.hash.to_string();
+        self
+    }
+}
+
+impl Receipted for Standing {
+    fn receipted(self, _: Receipt) -> Standing {
+        self
+    }
+}
+
+/// The gate refuses everything from now on, for `why` (kept if one was already given).
+fn fail(failure: &Mutex<Option<String>>, why: String) -> GateError {
+    failure
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert(why.clone());
+    GateError::Unavailable(why)
+}
+
+impl<B: StateBackend> Gate<B> {
+    /// Run one operation: begin the state transaction, let `step` decide and fold what
+    /// it decides into it, then make its [`Commit`] durable (the state first where the
+    /// backend is networked, the records queued for the ledger's group commit while the
+    /// transaction still holds its scopes) and answer `done` once the ledger says the
+    /// records are durable. A step's error, or a commit of no records, answers at once
+    /// and records nothing.
+    pub(crate) fn transact<T: Receipted + Send + 'static>(
+        &self,
+        done: Done<T>,
+        step: impl FnOnce(&mut B::Txn<'_>) -> Result<Commit<T>, GateError>,
+    ) {
+        let mut t = match self.begin() {
+            Ok(t) => t,
+            Err(e) => return done(Err(e)),
+        };
+        let commit = match step(&mut t) {
+            Ok(c) => c,
+            Err(e) => return done(Err(e)),
+        };
+        if commit.records.is_empty() {
+            drop(t);
+            return done(commit.answer);
+        }
+        let Commit {
+            records,
+            writes,
+            answering,
+            answer,
+        } = commit;
+        // Counted from the end: the policy record may come first.
+        let from_end = records.len().saturating_sub(answering + 1);
+        let scopes: Vec<Scopes<'_>> = writes.iter().map(Touched::scopes).collect();
+        // A networked backend's state is durable before the decision is queued; if it
+        // cannot be, nothing was queued and the gate stays up (the caller retries).
+        let version = match t.persist(&scopes) {
+            Ok(v) => v,
+            Err(e) => return done(Err(e)),
+        };
+        let (plaintexts, ledger_state) = match self.plaintexts(records, version) {
+            Ok(p) => p,
+            Err(e) => return done(Err(e)),
+        };
+        let failure = Arc::clone(&self.failure);
+        t.commit(
+            plaintexts,
+            &scopes,
+            ledger_state,
+            Box::new(move |result| {
+                let answered = match result {
+                    Ok(receipts) => match receipts.iter().rev().nth(from_end) {
+                        Some(r) => answer.map(|a| a.receipted(*r)),
+                        None => Err(GateError::Unavailable(
+                            "the ledger returned no receipt".into(),
+                        )),
+                    },
+                    Err(e) => Err(fail(
+                        &failure,
+                        format!("the ledger could not record a decision: {e}"),
+                    )),
+                };
+                done(answered)
+            }),
+        );
+    }
+
+    /// The stored bytes of `records` at state version `version`, after the policy record
+    /// if this is the first commit under the policy, and the ledger's own state to write
+    /// with them. Called inside the transaction, so exactly one commit carries the policy.
+    #[allow(clippy::type_complexity)]
+    fn plaintexts(
+        &self,
+        mut records: Vec<Decision>,
+        version: u64,
+    ) -> Result<(Vec<Vec<u8>>, Vec<(Vec<u8>, Vec<u8>)>), GateError> {
+        let mut plaintexts = Vec::with_capacity(records.len() + 1);
+        let mut ledger_state = Vec::new();
+        // A placeholder for the policy record, taken out again if it is not needed.
+        plaintexts.push(Vec::new());
+        for r in &mut records {
+            r.state_version = Some(version);
+            // Checked with the largest version before the state changed (`encodable`):
+            // a state ahead of its record must not go on.
+            let bytes = encode(r).map_err(|e| {
+                fail(
+                    &self.failure,
+                    format!("a checked decision no longer encodes: {e}"),
+                )
+            })?;
+            plaintexts.push(bytes);
+        }
+        if self
+            .policy_recorded
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            plaintexts.remove(0);
+        } else {
+            plaintexts[0] = self.policy_record.clone();
+            ledger_state.push((POLICY_KEY.to_vec(), self.policy.digest.as_bytes().to_vec()));
+        }
+        Ok((plaintexts, ledger_state))
+    }
+}
