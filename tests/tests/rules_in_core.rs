@@ -77,10 +77,11 @@ fn rules_outside_the_core(path: &str, text: &str) -> Vec<String> {
     let mut found = Vec::new();
     let (mut statement, mut from) = (String::new(), 0);
     for (i, line) in lines.iter().enumerate() {
+        // An inline test module ends the code; `mod oracle;` only declares a file.
         let test_module = line.trim() == "#[cfg(test)]"
             && lines
                 .get(i + 1)
-                .is_some_and(|l| l.trim_start().starts_with("mod "));
+                .is_some_and(|l| l.trim_start().starts_with("mod ") && l.trim_end().ends_with('{'));
         if test_module {
             break;
         }

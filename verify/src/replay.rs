@@ -18,7 +18,6 @@ use serde::Serialize;
 use tally_ledger::{Decision, Kind, Reason};
 use tally_policy::{decide, Call, Now, RunState, Verdict, View};
 
-
 /// Most findings listed; the rest are counted.
 pub const MAX_LISTED: usize = 1000;
 
