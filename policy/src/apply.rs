@@ -140,12 +140,7 @@ pub fn apply_keyed(
                     *p = rolled;
                     p.runs = p.runs.saturating_add(1);
                 }
-                if let Some(old) = continued {
-                    carry_over(run, old);
-                }
-                if let Some(p) = parent {
-                    delegate(p, record.budget.as_ref().unwrap_or(&Default::default()));
-                }
+                family_start(run, record, continued, parent);
             }
         }
         Kind::Allow => {
@@ -156,13 +151,7 @@ pub fn apply_keyed(
                 let counted = counts(policy, &k.call.tool, k.poll(run).is_some());
                 allow(policy, run, tool, credential, record, k, now);
                 if let (Some(p), Some(rolled)) = (principal.as_deref_mut(), principal_now) {
-                    *p = rolled;
-                    if counted {
-                        p.attempts = p.attempts.saturating_add(1);
-                    }
-                    p.spent_nanos = p
-                        .spent_nanos
-                        .saturating_add(record.reserve().map_or(0, |n| n.0));
+                    principal_allow(p, rolled, counted, record);
                 }
             }
         }
@@ -206,6 +195,38 @@ pub fn apply_keyed(
         }
     }
     found
+}
+
+/// A started run's family: a continued run's use carried over, a child's budget taken
+/// from its parent's.
+fn family_start(
+    run: &mut RunState,
+    record: &Decision,
+    continued: Option<&RunState>,
+    parent: Option<&mut RunState>,
+) {
+    if let Some(old) = continued {
+        carry_over(run, old);
+    }
+    if let Some(p) = parent {
+        delegate(p, record.budget.as_ref().unwrap_or(&Default::default()));
+    }
+}
+
+/// An allow counted on its principal, in the principal's current period.
+fn principal_allow(
+    p: &mut PrincipalState,
+    rolled: PrincipalState,
+    counted: bool,
+    record: &Decision,
+) {
+    *p = rolled;
+    if counted {
+        p.attempts = p.attempts.saturating_add(1);
+    }
+    p.spent_nanos = p
+        .spent_nanos
+        .saturating_add(record.reserve().map_or(0, |n| n.0));
 }
 
 /// Attempts a gate-governed run's allow skips: the gate numbers its attempts one by one,
@@ -479,7 +500,46 @@ fn outcome(
         }
         return;
     };
-    let settles = d.settled().is_some() || is_final(status);
+    settle(run, credential, principal, &mut a, d, over);
+    count_status(run, &a, status, attempt);
+    // The observed state, hashed once: the run's progress and its remote operation's.
+    let observed = d.observed.as_deref().map(crate::state::observed_key);
+    if let Some(state) = observed {
+        if run.observed != Some(state) {
+            run.progress = run.progress.saturating_add(1);
+            run.observed = Some(state);
+        }
+    }
+    if let Some(result) = d.result_digest.as_deref().map(result_key) {
+        record_result(run, attempt, result);
+    }
+    register_remote(run, &mut a, d, observed, run_ms);
+    let final_outcome = is_final(status);
+    a.status = Some(status);
+    if !final_outcome {
+        run.open.insert(attempt, a.clone());
+    }
+    if let Some(t) = tool {
+        let id = call_id(&run.run, attempt);
+        if final_outcome || status == Status::Timeout || status == Status::Unknown {
+            t.in_flight.remove(&id);
+        }
+        breaker_outcome(policy, a.tool.as_deref().unwrap_or(""), t, id, status, now);
+    }
+}
+
+/// What an outcome settles, once per attempt: the held spend released and the settled
+/// charged, on the run, its credential and its principal; an overrun recorded.
+fn settle(
+    run: &mut RunState,
+    credential: Option<&mut CredentialState>,
+    principal: Option<&mut PrincipalState>,
+    a: &mut Attempt,
+    d: &Decision,
+    over: Option<crate::overrun::Overrun>,
+) {
+    let status = d.status;
+    let settles = d.settled().is_some() || status.is_some_and(is_final);
     if settles && !a.settled {
         let settled = d.settled().map_or(0, |n| n.0);
         run.held_nanos = run.held_nanos.saturating_sub(a.held);
@@ -499,6 +559,13 @@ fn outcome(
             run.overrun_nanos = run.overrun_nanos.saturating_add(o.excess().0);
         }
     }
+}
+
+/// What an outcome's status says of its call: a rejected call gives back what it used; an
+/// unknown non-idempotent write is remembered until a later outcome of its operation
+/// settles it; an `ok` ends the operation's retries, and a write that succeeded is
+/// progress.
+fn count_status(run: &mut RunState, a: &Attempt, status: Status, attempt: u64) {
     if status == Status::Rejected && !run.refunded.contains(attempt) {
         // Nothing happened: the budget counts iteration, not friction.
         run.refunded.insert(attempt);
@@ -530,17 +597,16 @@ fn outcome(
             run.progress = run.progress.saturating_add(1);
         }
     }
-    // The observed state, hashed once: the run's progress and its remote operation's.
-    let observed = d.observed.as_deref().map(crate::state::observed_key);
-    if let Some(state) = observed {
-        if run.observed != Some(state) {
-            run.progress = run.progress.saturating_add(1);
-            run.observed = Some(state);
-        }
-    }
-    if let Some(result) = d.result_digest.as_deref().map(result_key) {
-        record_result(run, attempt, result);
-    }
+}
+
+/// The remote operation the outcome reports on, and what it observed of it.
+fn register_remote(
+    run: &mut RunState,
+    a: &mut Attempt,
+    d: &Decision,
+    observed: Option<u64>,
+    run_ms: u64,
+) {
     // A remote operation is registered only by the outcome of a call that used an
     // attempt: a poll reports on its own operation, never a new one, and an exempt call
     // registers none. Otherwise each poll could name the next, and one attempt would buy
@@ -577,18 +643,6 @@ fn outcome(
             }
             entry.observed = Some(o);
         }
-    }
-    let final_outcome = is_final(status);
-    a.status = Some(status);
-    if !final_outcome {
-        run.open.insert(attempt, a.clone());
-    }
-    if let Some(t) = tool {
-        let id = call_id(&run.run, attempt);
-        if final_outcome || status == Status::Timeout || status == Status::Unknown {
-            t.in_flight.remove(&id);
-        }
-        breaker_outcome(policy, a.tool.as_deref().unwrap_or(""), t, id, status, now);
     }
 }
 
