@@ -11,7 +11,7 @@ use crate::call::{grant_fits, grant_live, use_grant};
 pub use crate::call::{Call, View};
 use crate::config::Policy;
 use crate::limits::call_timeout;
-use crate::refusals::{first_refusal, refuse};
+use crate::refusals::{first_refusal, refuse, Refusal};
 use crate::state::Now;
 use crate::state::{Grant, RunState};
 
@@ -56,70 +56,15 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
         Some(reason) => Some(refuse(reason)),
         None => first_refusal(policy, state, call, now, run_ms),
     };
-    let mut grant = None;
-    let mut cause = None;
+    let (mut grant, mut cause) = (None, None);
     if let Some(r) = refusal
         .as_ref()
         .filter(|r| refused.is_none() && policy.asks(r.reason))
     {
-        cause = Some(r.reason);
-        match usable_grant(run, call, r.reason, run_ms) {
-            Ok(g) => {
-                // Decide again as if the grant were in force: allow only if nothing else
-                // stands in the way.
-                let mut granted = run.clone();
-                use_grant(&mut granted, g, call);
-                let view = View {
-                    run: &granted,
-                    ..state
-                };
-                let again = first_refusal(policy, view, call, now, run_ms);
-                match again {
-                    None => {
-                        grant = Some(g.digest.clone());
-                        refusal = None;
-                    }
-                    // Another limit stands: a human may lift it too, or not.
-                    Some(other) if policy.asks(other.reason) => {
-                        cause = Some(other.reason);
-                        refusal = Some(refuse(Reason::ApprovalRequired));
-                    }
-                    Some(other) => {
-                        cause = None;
-                        refusal = Some(other);
-                    }
-                }
-            }
-            Err(Some(reason)) => refusal = Some(refuse(reason)),
-            Err(None) => refusal = Some(refuse(Reason::ApprovalRequired)),
-        }
+        let approved = approval(policy, state, call, now, run_ms, r.reason);
+        (refusal, grant, cause) = (approved.refusal, approved.grant, approved.cause);
     }
-    let mut record = Decision {
-        run: call.run.clone(),
-        kind: Some(Kind::Allow),
-        worker: call.worker.clone(),
-        at_ms: Some(run_ms),
-        tool: Some(call.tool.clone()),
-        operation: call.operation.clone(),
-        args_digest: call.args_digest.clone(),
-        args_preview: call.args_preview.clone(),
-        effect: call.effect,
-        idempotency_key: call.idempotency_key.clone(),
-        target: call.target.clone(),
-        channel: call.channel,
-        depth: call.depth,
-        remote_ref: call.remote_ref.clone(),
-        credential: call.credential.clone().or_else(|| run.credential.clone()),
-        proxied: call.proxied.then_some(true),
-        uid: call.uid,
-        policy: Some(digest.to_owned()),
-        limits: Some(limits(policy, state, call, now, run_ms)),
-        // Every input of the decision is recorded, so replay can decide it again.
-        // The reservation is at least the tool's price (`[tool_prices]`), whatever the
-        // caller declared.
-        reserve_nanos: Some(policy.reservation(&call.tool, call.reserve_nanos)).filter(|&r| r > 0),
-        ..Decision::default()
-    };
+    let mut record = call_record(policy, digest, state, call, now, run_ms);
     let verdict = match refusal {
         None => {
             record.attempt = Some(run.last_attempt.saturating_add(1));
@@ -150,6 +95,98 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
         cause,
         stop,
     }
+}
+
+/// The decision's record before its verdict: every input of the decision, so replay can
+/// decide it again.
+fn call_record(
+    policy: &Policy,
+    digest: &str,
+    state: View<'_>,
+    call: &Call,
+    now: Now,
+    run_ms: u64,
+) -> Decision {
+    let run = state.run;
+    Decision {
+        run: call.run.clone(),
+        kind: Some(Kind::Allow),
+        worker: call.worker.clone(),
+        at_ms: Some(run_ms),
+        tool: Some(call.tool.clone()),
+        operation: call.operation.clone(),
+        args_digest: call.args_digest.clone(),
+        args_preview: call.args_preview.clone(),
+        effect: call.effect,
+        idempotency_key: call.idempotency_key.clone(),
+        target: call.target.clone(),
+        channel: call.channel,
+        depth: call.depth,
+        remote_ref: call.remote_ref.clone(),
+        credential: call.credential.clone().or_else(|| run.credential.clone()),
+        proxied: call.proxied.then_some(true),
+        uid: call.uid,
+        policy: Some(digest.to_owned()),
+        limits: Some(limits(policy, state, call, now, run_ms)),
+        // Every input of the decision is recorded, so replay can decide it again.
+        // The reservation is at least the tool's price (`[tool_prices]`), whatever the
+        // caller declared.
+        reserve_nanos: Some(policy.reservation(&call.tool, call.reserve_nanos)).filter(|&r| r > 0),
+        ..Decision::default()
+    }
+}
+
+/// What a refusal a human may lift becomes: allowed under a usable grant if nothing else
+/// stands in the way, or a request for approval naming its cause, or another refusal.
+struct Approval {
+    refusal: Option<Refusal>,
+    grant: Option<String>,
+    cause: Option<Reason>,
+}
+
+/// The refusal for `reason`, which a human may lift, decided again under the run's
+/// grants (see [`Approval`]).
+fn approval(
+    policy: &Policy,
+    state: View<'_>,
+    call: &Call,
+    now: Now,
+    run_ms: u64,
+    reason: Reason,
+) -> Approval {
+    let run = state.run;
+    let mut out = Approval {
+        refusal: None,
+        grant: None,
+        cause: Some(reason),
+    };
+    match usable_grant(run, call, reason, run_ms) {
+        Ok(g) => {
+            // Decide again as if the grant were in force: allow only if nothing else
+            // stands in the way.
+            let mut granted = run.clone();
+            use_grant(&mut granted, g, call);
+            let view = View {
+                run: &granted,
+                ..state
+            };
+            match first_refusal(policy, view, call, now, run_ms) {
+                None => out.grant = Some(g.digest.clone()),
+                // Another limit stands: a human may lift it too, or not.
+                Some(other) if policy.asks(other.reason) => {
+                    out.cause = Some(other.reason);
+                    out.refusal = Some(refuse(Reason::ApprovalRequired));
+                }
+                Some(other) => {
+                    out.cause = None;
+                    out.refusal = Some(other);
+                }
+            }
+        }
+        Err(Some(reason)) => out.refusal = Some(refuse(reason)),
+        Err(None) => out.refusal = Some(refuse(Reason::ApprovalRequired)),
+    }
+    out
 }
 
 /// The allowed call's time limit: its own, the policy's default, and never past the

@@ -95,22 +95,16 @@ pub(crate) fn grant_in_force<'a>(
     (grant_fits(g, call) && grant_live(g, run_ms)).then_some(g)
 }
 
-fn allow(
-    policy: &Policy,
-    run: &RunState,
+/// The grant an allow names, if the run holds it, it fits the call and it is live; each
+/// way it does not is a finding.
+fn recorded_grant<'r>(
+    run: &'r RunState,
     d: &Decision,
-    keyed: &Keyed,
-    now: Now,
+    call: &Call,
+    run_ms: u64,
     found: &mut Vec<Inconsistency>,
-) {
-    let attempt = d.attempt.unwrap_or(run.last_attempt.saturating_add(1));
-    if run.allowed.contains(attempt) {
-        found.push(Inconsistency::DuplicateAllow { attempt });
-        return;
-    }
-    let call = &keyed.call;
-    let run_ms = run.run_ms(now);
-    let grant = match (&d.grant, held_grant(run, d)) {
+) -> Option<&'r Grant> {
+    match (&d.grant, held_grant(run, d)) {
         (Some(digest), None) => {
             found.push(Inconsistency::GrantNotHeld {
                 digest: digest.clone(),
@@ -132,7 +126,25 @@ fn allow(
             None
         }
         (_, g) => g,
-    };
+    }
+}
+
+fn allow(
+    policy: &Policy,
+    run: &RunState,
+    d: &Decision,
+    keyed: &Keyed,
+    now: Now,
+    found: &mut Vec<Inconsistency>,
+) {
+    let attempt = d.attempt.unwrap_or(run.last_attempt.saturating_add(1));
+    if run.allowed.contains(attempt) {
+        found.push(Inconsistency::DuplicateAllow { attempt });
+        return;
+    }
+    let call = &keyed.call;
+    let run_ms = run.run_ms(now);
+    let grant = recorded_grant(run, d, call, run_ms, found);
     let op = keyed.op;
     // A grant naming the tool or operation is a human's reconciliation of it.
     let reconciled = grant.is_some_and(|g| g.scope.tool.is_some() || g.scope.operation.is_some());
