@@ -158,9 +158,9 @@ struct Walk<'a> {
     /// Checkpoints read (for an export's signed end).
     checkpoints_read: u64,
     /// Each run's last decision seq, and whether it carried a run link.
-    links: HashMap<String, (u64, bool)>,
+    links: crate::hash::Map<String, (u64, bool)>,
     /// Decisions that did not decrypt or were invalid (a link to one is not a finding).
-    unreadable: std::collections::HashSet<u64>,
+    unreadable: crate::hash::Set<u64>,
     /// Whether the entry read last had no finding of its own (its header, seq and link
     /// all as the chain expects): then a checkpoint right after it that signs another
     /// head means its bytes were changed.
@@ -296,8 +296,8 @@ pub fn verify(
             tree_out,
             has_log_key,
             checkpoints_read: 0,
-            links: HashMap::new(),
-            unreadable: std::collections::HashSet::new(),
+            links: crate::hash::Map::default(),
+            unreadable: crate::hash::Set::default(),
             last_clean: false,
             suspect: None,
             disputed: None,
@@ -433,10 +433,19 @@ impl Walk<'_> {
         if d.run.is_empty() {
             return;
         }
-        let before = self.links.get(&d.run).copied();
+        // One look-up of the run's name: its entry is read and updated in place; the
+        // name is copied once, at the run's first decision.
+        let last = (seq, d.prev_seq.is_some());
+        let before = match self.links.get_mut(d.run.as_str()) {
+            Some(l) => Some(std::mem::replace(l, last)),
+            None => {
+                self.links.insert(d.run.clone(), last);
+                None
+            }
+        };
         let broken = match (d.prev_seq, before) {
             // A link to a decision that could not be read: that one is the finding.
-            (Some(p), _) if self.unreadable.contains(&p) => None,
+            (Some(p), _) if !self.unreadable.is_empty() && self.unreadable.contains(&p) => None,
             (Some(p), Some((last, _))) if p != last => Some(format!(
                 "names seq {p} as its run's previous decision, but that is seq {last}"
             )),
@@ -450,14 +459,6 @@ impl Walk<'_> {
         };
         if let Some(why) = broken {
             self.find(FindingKind::RunLinkBroken, seq, why);
-        }
-        // The run's name is copied once, at its first decision.
-        let last = (seq, d.prev_seq.is_some());
-        match self.links.get_mut(&d.run) {
-            Some(l) => *l = last,
-            None => {
-                self.links.insert(d.run.clone(), last);
-            }
         }
     }
 
