@@ -211,64 +211,87 @@ impl<'a> Reader<'a> {
             return None;
         }
         d.kind = Some(kind(self.word()?)?);
-        macro_rules! opt {
-            ($field:ident, $value:expr) => {
-                if self.key(&mut first, stringify!($field)) {
-                    d.$field = Some($value);
+        // The other members, each at most once and in declaration order: each member's
+        // name is read once and matched to its field (one jump, not a comparison with
+        // every field in turn).
+        macro_rules! members {
+            ($($field:ident => $value:expr,)*) => {
+                /// The optional fields, in declaration order.
+                #[allow(non_camel_case_types)]
+                #[derive(Clone, Copy, PartialEq, PartialOrd)]
+                enum Field {
+                    $($field,)*
+                }
+                let mut last: Option<Field> = None;
+                while let Some(m) = self.member().filter(|m| m.comma) {
+                    let field = match &self.text[m.name.0..m.name.1] {
+                        $(stringify!($field) => Field::$field,)*
+                        _ => return None,
+                    };
+                    if last.is_some_and(|l| l >= field) {
+                        return None;
+                    }
+                    last = Some(field);
+                    self.at = m.name.1 + 2;
+                    match field {
+                        $(Field::$field => d.$field = Some($value),)*
+                    }
                 }
             };
         }
-        opt!(worker, self.string()?);
-        opt!(at_ms, self.u64()?);
-        opt!(goal, self.string()?);
-        opt!(budget, self.budget()?);
-        opt!(tool, self.string()?);
-        opt!(operation, self.string()?);
-        opt!(args_digest, self.string()?);
-        opt!(args_preview, self.string()?);
-        opt!(effect, effect(self.word()?)?);
-        opt!(idempotency_key, self.string()?);
-        opt!(target, self.string()?);
-        opt!(channel, channel(self.word()?)?);
-        opt!(depth, self.u64()?);
-        opt!(parent, self.string()?);
-        opt!(reason, reason(self.word()?)?);
-        opt!(attempt, self.u64()?);
-        opt!(reserve_cents, self.u64()?);
-        opt!(reserve_nanos, self.u64()?);
-        opt!(status, status(self.word()?)?);
-        opt!(settled_cents, self.u64()?);
-        opt!(settled_nanos, self.u64()?);
-        opt!(remote_ref, self.string()?);
-        opt!(observed, self.string()?);
-        opt!(retry_after_ms, self.u64()?);
-        opt!(of, self.u64()?);
-        opt!(slots, self.u64()?);
-        opt!(cents, self.u64()?);
-        opt!(nanos, self.u64()?);
-        opt!(approver, self.string()?);
-        opt!(scope, self.scope()?);
-        opt!(digest, self.string()?);
-        opt!(expires_ms, self.u64()?);
-        opt!(note, self.string()?);
-        opt!(limits, self.limits()?);
-        opt!(policy, self.string()?);
-        opt!(policy_text, self.string()?);
-        opt!(uid, u32::try_from(self.u64()?).ok()?);
-        opt!(credential, self.string()?);
-        opt!(timeout_ms, self.u64()?);
-        opt!(grant, self.string()?);
-        opt!(signature, self.string()?);
-        opt!(continues, self.string()?);
-        opt!(state_version, self.u64()?);
-        opt!(result_digest, self.string()?);
-        opt!(proxied, self.boolean()?);
-        opt!(overrun_nanos, self.u64()?);
-        opt!(usage_refused, usage_refused(self.word()?)?);
-        opt!(usage, self.usage()?);
-        opt!(operator, self.boolean()?);
-        opt!(trace_id, self.string()?);
-        opt!(prev_seq, self.u64()?);
+        members! {
+            worker => self.string()?,
+            at_ms => self.u64()?,
+            goal => self.string()?,
+            budget => self.budget()?,
+            tool => self.string()?,
+            operation => self.string()?,
+            args_digest => self.string()?,
+            args_preview => self.string()?,
+            effect => effect(self.word()?)?,
+            idempotency_key => self.string()?,
+            target => self.string()?,
+            channel => channel(self.word()?)?,
+            depth => self.u64()?,
+            parent => self.string()?,
+            reason => reason(self.word()?)?,
+            attempt => self.u64()?,
+            reserve_cents => self.u64()?,
+            reserve_nanos => self.u64()?,
+            status => status(self.word()?)?,
+            settled_cents => self.u64()?,
+            settled_nanos => self.u64()?,
+            remote_ref => self.string()?,
+            observed => self.string()?,
+            retry_after_ms => self.u64()?,
+            of => self.u64()?,
+            slots => self.u64()?,
+            cents => self.u64()?,
+            nanos => self.u64()?,
+            approver => self.string()?,
+            scope => self.scope()?,
+            digest => self.string()?,
+            expires_ms => self.u64()?,
+            note => self.string()?,
+            limits => self.limits()?,
+            policy => self.string()?,
+            policy_text => self.string()?,
+            uid => u32::try_from(self.u64()?).ok()?,
+            credential => self.string()?,
+            timeout_ms => self.u64()?,
+            grant => self.string()?,
+            signature => self.string()?,
+            continues => self.string()?,
+            state_version => self.u64()?,
+            result_digest => self.string()?,
+            proxied => self.boolean()?,
+            overrun_nanos => self.u64()?,
+            usage_refused => usage_refused(self.word()?)?,
+            usage => self.usage()?,
+            operator => self.boolean()?,
+            trace_id => self.string()?,
+            prev_seq => self.u64()?,
+        }
         self.eat(b"}").then_some(d)
     }
 

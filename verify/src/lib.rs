@@ -16,6 +16,7 @@ pub mod audit;
 pub mod consistency;
 pub mod event;
 pub mod finding;
+mod hash;
 pub mod merge;
 pub mod replay;
 pub mod report;

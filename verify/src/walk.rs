@@ -100,6 +100,37 @@ struct Pipeline {
     reorder: BTreeMap<u64, (Vec<Pending>, Opened)>,
 }
 
+impl Pipeline {
+    /// `threads` decryption workers on `scope`, waiting for batches.
+    fn start<'scope>(scope: &'scope std::thread::Scope<'scope, '_>, threads: usize) -> Pipeline {
+        let threads = threads.max(1);
+        let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<Pending>)>(2 * threads);
+        let (done_tx, done_rx) = mpsc::channel();
+        let work_rx = Arc::new(Mutex::new(work_rx));
+        for _ in 0..threads {
+            let (work_rx, done_tx) = (Arc::clone(&work_rx), done_tx.clone());
+            scope.spawn(move || {
+                let mut plain = Vec::new();
+                loop {
+                    let job = work_rx.lock().map(|rx| rx.recv());
+                    let Ok(Ok((id, batch))) = job else { break };
+                    let opened: Opened = batch.iter().map(|p| open(p, &mut plain)).collect();
+                    if done_tx.send((id, batch, opened)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Pipeline {
+            work: Some(work_tx),
+            done: done_rx,
+            sent: 0,
+            delivered: 0,
+            reorder: BTreeMap::new(),
+        }
+    }
+}
+
 struct Walk<'a> {
     opts: &'a Options,
     ledger_id: LedgerId,
@@ -158,9 +189,9 @@ struct Walk<'a> {
     /// Checkpoints read (for an export's signed end).
     checkpoints_read: u64,
     /// Each run's last decision seq, and whether it carried a run link.
-    links: HashMap<String, (u64, bool)>,
+    links: crate::hash::Map<String, (u64, bool)>,
     /// Decisions that did not decrypt or were invalid (a link to one is not a finding).
-    unreadable: std::collections::HashSet<u64>,
+    unreadable: crate::hash::Set<u64>,
     /// Whether the entry read last had no finding of its own (its header, seq and link
     /// all as the chain expects): then a checkpoint right after it that signs another
     /// head means its bytes were changed.
@@ -229,34 +260,40 @@ pub fn verify(
     let (tree, tree_body) = TreeFeed::new(tree, opts.max_findings, opts.tree_thread);
     std::thread::scope(|scope| {
         let tree_thread = tree_body.map(|body| scope.spawn(body));
-        let pipeline = opts.auditor.as_ref().map(|_| {
-            let threads = opts.threads.max(1);
-            let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<Pending>)>(2 * threads);
-            let (done_tx, done_rx) = mpsc::channel();
-            let work_rx = Arc::new(Mutex::new(work_rx));
-            for _ in 0..threads {
-                let (work_rx, done_tx) = (Arc::clone(&work_rx), done_tx.clone());
-                scope.spawn(move || {
-                    let mut plain = Vec::new();
-                    loop {
-                        let job = work_rx.lock().map(|rx| rx.recv());
-                        let Ok(Ok((id, batch))) = job else { break };
-                        let opened: Opened = batch.iter().map(|p| open(p, &mut plain)).collect();
-                        if done_tx.send((id, batch, opened)).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-            Pipeline {
-                work: Some(work_tx),
-                done: done_rx,
-                sent: 0,
-                delivered: 0,
-                reorder: BTreeMap::new(),
-            }
-        });
-        let mut w = Walk {
+        let pipeline = opts
+            .auditor
+            .as_ref()
+            .map(|_| Pipeline::start(scope, opts.threads));
+        let mut w = Walk::new(opts, anchors, (tree, tree_out), has_log_key, pipeline);
+        w.drain_tree();
+        for frame in frames {
+            w.frame(frame, &mut sink, &mut progress);
+        }
+        w.flush(&mut sink);
+        w.ordinal += 1;
+        w.drain(&mut sink);
+        progress(w.position);
+        let run = match (w.tree.close(), tree_thread) {
+            (Some(run), _) => run,
+            (None, Some(t)) => t
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            (None, None) => unreachable!("the tree runs inline or on its thread"),
+        };
+        w.finish(run)
+    })
+}
+
+impl<'a> Walk<'a> {
+    /// A walk before its first frame.
+    fn new(
+        opts: &'a Options,
+        anchors: Vec<(Checkpoint, Option<AnchorStatus>)>,
+        (tree, tree_out): (TreeFeed, Vec<TreeFinding>),
+        has_log_key: bool,
+        pipeline: Option<Pipeline>,
+    ) -> Walk<'a> {
+        Walk {
             opts,
             ledger_id: opts.public.ledger_id,
             position: 0,
@@ -296,115 +333,91 @@ pub fn verify(
             tree_out,
             has_log_key,
             checkpoints_read: 0,
-            links: HashMap::new(),
-            unreadable: std::collections::HashSet::new(),
+            links: crate::hash::Map::default(),
+            unreadable: crate::hash::Set::default(),
             last_clean: false,
             suspect: None,
             disputed: None,
-        };
-        w.drain_tree();
-        for frame in frames {
-            w.ordinal += 1;
-            match frame {
-                Ok(Frame::Entry(bytes)) => {
-                    w.entry(bytes);
-                    if w.batch.len() >= BATCH {
-                        w.flush(&mut sink);
-                    }
-                    if w.position.is_multiple_of(65_536) {
-                        progress(w.position);
-                    }
-                }
-                Ok(Frame::Checkpoint(text)) => {
-                    w.checkpoints_read += 1;
-                    w.checkpoint(&text)
-                }
-                Ok(Frame::Cosigned(bytes)) => {
-                    let at = w.position;
-                    w.tree.push(w.ordinal, TreeOp::Cosigned { bytes, at });
-                }
-                Err(SourceError::SignedEnd(end)) => {
-                    // An entry already named as changed (and kept) is in the tree: the
-                    // root it changes is that finding, not another.
-                    let altered = w
-                        .findings
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, f)| f.kind == FindingKind::EntryAltered)
-                        .map(|(i, _)| (w.ordinals[i], i))
-                        .collect();
-                    let op = TreeOp::SignedEnd {
-                        ledger: w.ledger_id,
-                        end: Box::new(end),
-                        checkpoints: w.checkpoints_read,
-                        altered,
-                        max_findings: opts.max_findings,
-                    };
-                    w.tree.push(w.ordinal, op);
-                }
-                Err(SourceError::TreeFrame { size, root }) => {
-                    let at = w.position;
-                    w.tree.push(w.ordinal, TreeOp::Frame { at, size, root });
-                }
-                Err(SourceError::Chain(rule)) if w.ordinal == 1 => w.chain = rule,
-                Err(SourceError::Chain(_)) => w.find(
-                    FindingKind::StoreError,
-                    w.position,
-                    "the source named its chain rule after its first frame",
-                ),
-                Err(SourceError::PlainEnd) => {
-                    if w.has_log_key {
-                        w.tail = Tail::UnsignedEnd;
-                    }
-                }
-                Err(SourceError::Export(ExportError::CutClean { offset })) => {
-                    w.tail = Tail::CutClean { offset };
-                }
-                // A copy cut inside a frame is incomplete evidence, like one cut between
-                // frames: what is there is judged, and nothing in it is contradicted.
-                Err(SourceError::Export(ExportError::Torn { offset, missing })) => {
-                    w.tail = Tail::Torn { offset, missing };
-                }
-                Err(SourceError::FrameOverrunsEnd { offset, missing }) => w.find(
-                    FindingKind::ExportMalformed,
-                    w.position,
-                    format!(
-                        "the frame at byte {offset} claims {missing} bytes more than the export holds, \
-                         yet the export ends with its end marker: the frame's length was altered"
-                    ),
-                ),
-                Err(SourceError::Export(e)) => {
-                    w.find(FindingKind::ExportMalformed, w.position, e.to_string())
-                }
-                Err(SourceError::Store(e)) => w.find(FindingKind::StoreError, w.position, e),
-                Err(SourceError::TornWrite {
-                    segment,
-                    offset,
-                    len,
-                }) => w.torn_writes.push(TornWrite {
-                    segment,
-                    offset,
-                    bytes: len,
-                    before_seq: w.position,
-                }),
-            }
         }
-        w.flush(&mut sink);
-        w.ordinal += 1;
-        w.drain(&mut sink);
-        progress(w.position);
-        let run = match (w.tree.close(), tree_thread) {
-            (Some(run), _) => run,
-            (None, Some(t)) => t
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            (None, None) => unreachable!("the tree runs inline or on its thread"),
-        };
-        w.finish(run)
-    })
-}
+    }
 
-impl Walk<'_> {
+    /// Read one frame: an entry checked (and queued to decrypt), a checkpoint sealed, or
+    /// what the source says of itself.
+    fn frame(
+        &mut self,
+        frame: Result<Frame, SourceError>,
+        sink: &mut impl FnMut(Event),
+        progress: &mut impl FnMut(u64),
+    ) {
+        self.ordinal += 1;
+        match frame {
+            Ok(Frame::Entry(bytes)) => {
+                self.entry(bytes);
+                if self.batch.len() >= BATCH {
+                    self.flush(sink);
+                }
+                if self.position.is_multiple_of(65_536) {
+                    progress(self.position);
+                }
+            }
+            Ok(Frame::Checkpoint(text)) => {
+                self.checkpoints_read += 1;
+                self.checkpoint(&text)
+            }
+            Ok(Frame::Cosigned(bytes)) => {
+                let at = self.position;
+                self.tree.push(self.ordinal, TreeOp::Cosigned { bytes, at });
+            }
+            Err(SourceError::SignedEnd(end)) => self.signed_end(end),
+            Err(SourceError::TreeFrame { size, root }) => {
+                let at = self.position;
+                self.tree
+                    .push(self.ordinal, TreeOp::Frame { at, size, root });
+            }
+            Err(SourceError::Chain(rule)) if self.ordinal == 1 => self.chain = rule,
+            Err(SourceError::Chain(_)) => self.find(
+                FindingKind::StoreError,
+                self.position,
+                "the source named its chain rule after its first frame",
+            ),
+            Err(SourceError::PlainEnd) => {
+                if self.has_log_key {
+                    self.tail = Tail::UnsignedEnd;
+                }
+            }
+            Err(SourceError::Export(ExportError::CutClean { offset })) => {
+                self.tail = Tail::CutClean { offset };
+            }
+            // A copy cut inside a frame is incomplete evidence, like one cut between
+            // frames: what is there is judged, and nothing in it is contradicted.
+            Err(SourceError::Export(ExportError::Torn { offset, missing })) => {
+                self.tail = Tail::Torn { offset, missing };
+            }
+            Err(SourceError::FrameOverrunsEnd { offset, missing }) => self.find(
+                FindingKind::ExportMalformed,
+                self.position,
+                format!(
+                    "the frame at byte {offset} claims {missing} bytes more than the export holds, \
+                     yet the export ends with its end marker: the frame's length was altered"
+                ),
+            ),
+            Err(SourceError::Export(e)) => {
+                self.find(FindingKind::ExportMalformed, self.position, e.to_string())
+            }
+            Err(SourceError::Store(e)) => self.find(FindingKind::StoreError, self.position, e),
+            Err(SourceError::TornWrite {
+                segment,
+                offset,
+                len,
+            }) => self.torn_writes.push(TornWrite {
+                segment,
+                offset,
+                bytes: len,
+                before_seq: self.position,
+            }),
+        }
+    }
+
     fn find(&mut self, kind: FindingKind, seq: u64, detail: impl Into<String>) {
         self.broken = true;
         if self.findings.len() < self.opts.max_findings {
@@ -433,10 +446,19 @@ impl Walk<'_> {
         if d.run.is_empty() {
             return;
         }
-        let before = self.links.get(&d.run).copied();
+        // One look-up of the run's name: its entry is read and updated in place; the
+        // name is copied once, at the run's first decision.
+        let last = (seq, d.prev_seq.is_some());
+        let before = match self.links.get_mut(d.run.as_str()) {
+            Some(l) => Some(std::mem::replace(l, last)),
+            None => {
+                self.links.insert(d.run.clone(), last);
+                None
+            }
+        };
         let broken = match (d.prev_seq, before) {
             // A link to a decision that could not be read: that one is the finding.
-            (Some(p), _) if self.unreadable.contains(&p) => None,
+            (Some(p), _) if !self.unreadable.is_empty() && self.unreadable.contains(&p) => None,
             (Some(p), Some((last, _))) if p != last => Some(format!(
                 "names seq {p} as its run's previous decision, but that is seq {last}"
             )),
@@ -450,14 +472,6 @@ impl Walk<'_> {
         };
         if let Some(why) = broken {
             self.find(FindingKind::RunLinkBroken, seq, why);
-        }
-        // The run's name is copied once, at its first decision.
-        let last = (seq, d.prev_seq.is_some());
-        match self.links.get_mut(&d.run) {
-            Some(l) => *l = last,
-            None => {
-                self.links.insert(d.run.clone(), last);
-            }
         }
     }
 
@@ -553,10 +567,30 @@ impl Walk<'_> {
         self.last_checkpoint = Some(cp);
     }
 
-    fn finish(mut self, mut run: TreeRun) -> Report {
-        // A disputed checkpoint after the last entry: its signature stands.
-        self.settle(true);
-        self.end_position();
+    /// The export's signed end: the tree checks it against the entries read.
+    fn signed_end(&mut self, end: tally_ledger::export::SignedEnd) {
+        // An entry already named as changed (and kept) is in the tree: the root it
+        // changes is that finding, not another.
+        let altered = self
+            .findings
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.kind == FindingKind::EntryAltered)
+            .map(|(i, _)| (self.ordinals[i], i))
+            .collect();
+        let op = TreeOp::SignedEnd {
+            ledger: self.ledger_id,
+            end: Box::new(end),
+            checkpoints: self.checkpoints_read,
+            altered,
+            max_findings: self.opts.max_findings,
+        };
+        self.tree.push(self.ordinal, op);
+    }
+
+    /// The tree has checked everything: take back what its first finding unseals, and
+    /// merge its findings with the walk's. Gives the tree's checks, to finish.
+    fn merge_tree(&mut self, mut run: TreeRun) -> TreeCheck {
         // The tree has checked everything: take back what its first finding unseals,
         // and merge its findings with the walk's.
         let first = run.first();
@@ -590,9 +624,11 @@ impl Walk<'_> {
         self.omitted += run.omitted + cut;
         self.ordinals = vec![self.ordinal; kept.len()];
         self.findings = kept;
-        let mut tree_check = run.check;
-        let tree_anchors = tree_check.finish(&mut self.tree_out);
-        self.drain_tree();
+        run.check
+    }
+
+    /// Anchors the walk never met: each a finding.
+    fn missing_anchors(&mut self) {
         let n = self.position;
         for i in 0..self.anchors.len() {
             if self.anchors[i].1.is_none() {
@@ -617,6 +653,17 @@ impl Walk<'_> {
                 self.anchors[i].1 = Some(AnchorStatus::Missing);
             }
         }
+    }
+
+    fn finish(mut self, run: TreeRun) -> Report {
+        // A disputed checkpoint after the last entry: its signature stands.
+        self.settle(true);
+        self.end_position();
+        let mut tree_check = self.merge_tree(run);
+        let tree_anchors = tree_check.finish(&mut self.tree_out);
+        self.drain_tree();
+        self.missing_anchors();
+        let n = self.position;
         if n == 0
             && self.findings.is_empty()
             && !matches!(self.tail, Tail::CutClean { .. } | Tail::Torn { .. })

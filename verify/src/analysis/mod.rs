@@ -95,13 +95,13 @@ pub struct Analysis {
     /// Every run, in order of its first record.
     runs: Vec<RunAnalysis>,
     /// Where each run is in `runs`, by name.
-    index: HashMap<String, usize>,
+    index: crate::hash::Map<String, usize>,
     /// Policies the ledger recorded, by digest.
-    policies: HashMap<String, RecordedPolicy>,
+    policies: crate::hash::Map<String, RecordedPolicy>,
     /// Credentials' spend, from every run under them (their backstop).
-    credentials: HashMap<String, tally_policy::CredentialState>,
+    credentials: crate::hash::Map<String, tally_policy::CredentialState>,
     /// Principals' use of their budgets, from every run each uid owns.
-    principals: HashMap<u32, tally_policy::PrincipalState>,
+    principals: crate::hash::Map<u32, tally_policy::PrincipalState>,
     storms: ToolStorms,
     names: Names,
     loops: Vec<Loop>,
@@ -119,10 +119,10 @@ impl Analysis {
             default_policy: Arc::new(replay::offline(&config.policy)),
             config,
             runs: Vec::new(),
-            index: HashMap::new(),
-            policies: HashMap::new(),
-            credentials: HashMap::new(),
-            principals: HashMap::new(),
+            index: crate::hash::Map::default(),
+            policies: crate::hash::Map::default(),
+            credentials: crate::hash::Map::default(),
+            principals: crate::hash::Map::default(),
             storms: ToolStorms::default(),
             names: Names::default(),
             loops: Vec::new(),

@@ -2,7 +2,6 @@
 //! attempts and loop series hold them. Bounded: when full it forgets them all (sharing
 //! saves memory only; nothing is decided by it).
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Most distinct names, and combinations of a call's names, [`Names`] shares before it
@@ -20,9 +19,9 @@ pub(crate) struct CallNames {
 /// The shared names.
 #[derive(Debug, Default)]
 pub(crate) struct Names {
-    text: HashSet<Arc<str>>,
+    text: crate::hash::Set<Arc<str>>,
     /// By the addresses of the shared names: each stays allocated while its entry holds it.
-    calls: HashMap<[usize; 3], Arc<CallNames>>,
+    calls: crate::hash::Map<[usize; 3], Arc<CallNames>>,
 }
 
 impl Names {

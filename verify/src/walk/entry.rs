@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tally_ledger::format::{Entry, EntryType};
+use tally_ledger::format::{Entry, EntryType, Header};
 use tally_ledger::keys::verify_signature;
 use tally_ledger::tlog::merkle::leaf_hash;
 
@@ -46,6 +46,46 @@ impl Walk<'_> {
         self.settle(true);
         // This entry's own findings from here on.
         let found_before = self.found();
+        self.check_header(&h, at, expected, before_clean, found_before);
+        match h.entry_type {
+            EntryType::Genesis => self.genesis(&entry, at),
+            EntryType::Epoch => self.epoch_cert(&entry, at),
+            EntryType::Decision => {
+                self.decisions += 1;
+                if self.epoch_keys.is_empty() {
+                    self.find(FindingKind::BadGenesis, at, "decision before any genesis");
+                } else if h.epoch != self.head_epoch {
+                    self.find(
+                        FindingKind::EpochBreak,
+                        at,
+                        format!(
+                            "decision claims epoch {} but epoch {} is in force",
+                            h.epoch, self.head_epoch
+                        ),
+                    );
+                }
+            }
+            _ => self.find(FindingKind::Malformed, at, "unknown entry type"),
+        }
+        self.head = hash;
+        self.head_wall = h.wall_ms;
+        self.next_seq = h.seq.saturating_add(1);
+        self.last_clean = self.found() == found_before && h.seq == expected;
+        if self.decrypt && h.entry_type == EntryType::Decision {
+            self.queue(&h, at, bytes);
+        }
+        self.check_anchors();
+    }
+
+    /// The header against the chain: its ledger, seq, link and wall time.
+    fn check_header(
+        &mut self,
+        h: &Header,
+        at: u64,
+        expected: u64,
+        before_clean: bool,
+        found_before: u64,
+    ) {
         if at == 0 && h.entry_type == EntryType::Genesis && h.ledger_id != self.ledger_id {
             // The ids are compared before any signature (as minisign compares key ids):
             // this is another ledger's key, a user's mistake, not tampering. The rest is
@@ -108,51 +148,28 @@ impl Walk<'_> {
                 ),
             );
         }
-        match h.entry_type {
-            EntryType::Genesis => self.genesis(&entry, at),
-            EntryType::Epoch => self.epoch_cert(&entry, at),
-            EntryType::Decision => {
-                self.decisions += 1;
-                if self.epoch_keys.is_empty() {
-                    self.find(FindingKind::BadGenesis, at, "decision before any genesis");
-                } else if h.epoch != self.head_epoch {
-                    self.find(
-                        FindingKind::EpochBreak,
-                        at,
-                        format!(
-                            "decision claims epoch {} but epoch {} is in force",
-                            h.epoch, self.head_epoch
-                        ),
-                    );
-                }
-            }
-            _ => self.find(FindingKind::Malformed, at, "unknown entry type"),
-        }
-        self.head = hash;
-        self.head_wall = h.wall_ms;
-        self.next_seq = h.seq.saturating_add(1);
-        self.last_clean = self.found() == found_before && h.seq == expected;
-        if self.decrypt && h.entry_type == EntryType::Decision {
-            match self.data_keys.get(&h.epoch) {
-                Some(key) => self.batch.push(Pending {
-                    seq: h.seq,
-                    wall_ms: h.wall_ms,
-                    epoch: h.epoch,
-                    nonce: h.nonce,
-                    key: Arc::clone(key),
-                    bytes,
-                }),
-                None => self.find(
-                    FindingKind::Undecryptable,
-                    at,
-                    format!(
-                        "no data key for epoch {}: its certificate is missing or invalid",
-                        h.epoch
-                    ),
+    }
+
+    /// A decision entry queued for decryption, under its epoch's data key.
+    fn queue(&mut self, h: &Header, at: u64, bytes: Vec<u8>) {
+        match self.data_keys.get(&h.epoch) {
+            Some(key) => self.batch.push(Pending {
+                seq: h.seq,
+                wall_ms: h.wall_ms,
+                epoch: h.epoch,
+                nonce: h.nonce,
+                key: Arc::clone(key),
+                bytes,
+            }),
+            None => self.find(
+                FindingKind::Undecryptable,
+                at,
+                format!(
+                    "no data key for epoch {}: its certificate is missing or invalid",
+                    h.epoch
                 ),
-            }
+            ),
         }
-        self.check_anchors();
     }
 
     pub(super) fn genesis(&mut self, entry: &Entry<'_>, seq: u64) {

@@ -1,6 +1,6 @@
 //! Retry storms across runs: one tool's calls from every run, on the wall clock.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tally_ledger::Reason;
@@ -22,7 +22,7 @@ pub(crate) struct ToolStorm {
 /// The breakers of every tool, folded by the core's own transitions.
 #[derive(Debug, Default)]
 pub(crate) struct ToolStorms {
-    tools: HashMap<Arc<str>, ToolStorm>,
+    tools: crate::hash::Map<Arc<str>, ToolStorm>,
 }
 
 /// Most tools whose breaker the analysis follows at once; a closed breaker with no

@@ -193,6 +193,7 @@ impl RunAnalysis {
                         call_key: v.poll.is_none().then_some(key),
                         op,
                         poll: v.poll,
+                        tool: v.tool,
                     }),
                 );
             }

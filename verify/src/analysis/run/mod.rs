@@ -4,7 +4,7 @@
 //! budget, a poll, a loop or a grant: every number comes from the core's state, every
 //! verdict from the core's rules.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use tally_ledger::{Decision, Effect, Kind, Reason};
@@ -18,6 +18,7 @@ use super::handoff::{Completed, ModelCall, Observed, RefusedCall, StopReason, St
 use super::loops::{Close, Loop, Pattern, Series, ToolStorms};
 use super::names::{CallNames, Names};
 use crate::event::Seq;
+use crate::hash::Map;
 use crate::Event;
 pub(crate) use handoff::build as build_handoff;
 use outcome::Job;
@@ -87,6 +88,8 @@ struct Open {
     call_key: Option<u64>,
     op: u64,
     poll: Option<u64>,
+    /// Its tool's key (`tool_key`), as the call's verdicts hashed it.
+    tool: u64,
 }
 
 /// A stop record, or the refusal of the run's last call.
@@ -142,8 +145,8 @@ pub(crate) struct RunAnalysis {
     /// The refusal of the run's last call (none once a later call is allowed).
     last_refusal: Option<Halt>,
     open: BTreeMap<u64, Box<Open>>,
-    jobs: HashMap<u64, Job>,
-    pub unknown: HashMap<u64, UnknownWrite>,
+    jobs: Map<u64, Job>,
+    pub unknown: Map<u64, UnknownWrite>,
     pub completed: VecDeque<Completed>,
     pub completed_total: u64,
     pub model_calls: VecDeque<ModelCall>,
@@ -160,10 +163,10 @@ pub(crate) struct RunAnalysis {
     firsts: VecDeque<First>,
     /// Recent calls forgotten from the front of `firsts`.
     firsts_popped: u64,
-    calls: HashMap<u64, Series>,
-    retries: HashMap<u64, Series>,
-    polls: HashMap<u64, Series>,
-    bursts: HashMap<u64, Series>,
+    calls: Map<u64, Series>,
+    retries: Map<u64, Series>,
+    polls: Map<u64, Series>,
+    bursts: Map<u64, Series>,
     since_sweep: u32,
     pub findings: u64,
 }
@@ -187,8 +190,8 @@ impl RunAnalysis {
             stop: None,
             last_refusal: None,
             open: BTreeMap::new(),
-            jobs: HashMap::new(),
-            unknown: HashMap::new(),
+            jobs: Map::default(),
+            unknown: Map::default(),
             completed: VecDeque::new(),
             completed_total: 0,
             model_calls: VecDeque::new(),
@@ -201,10 +204,10 @@ impl RunAnalysis {
             asks: Vec::new(),
             firsts: VecDeque::new(),
             firsts_popped: 0,
-            calls: HashMap::new(),
-            retries: HashMap::new(),
-            polls: HashMap::new(),
-            bursts: HashMap::new(),
+            calls: Map::default(),
+            retries: Map::default(),
+            polls: Map::default(),
+            bursts: Map::default(),
             since_sweep: 0,
             findings: 0,
         }
@@ -282,7 +285,12 @@ impl RunAnalysis {
     ) {
         let d = &e.decision;
         self.last_seq = e.seq;
-        self.last_in.insert(e.seq.ledger, e.seq.seq);
+        match self.last_in.get_mut(&e.seq.ledger) {
+            Some(last) => *last = e.seq.seq,
+            None => {
+                self.last_in.insert(e.seq.ledger, e.seq.seq);
+            }
+        }
         if let Some(w) = &d.worker {
             if self.workers.len() < MAX_WORKERS && !self.workers.contains(w) {
                 self.workers.insert(w.clone());
@@ -456,7 +464,7 @@ fn listed<T>(list: &mut VecDeque<T>, total: &mut u64, item: T) {
 }
 
 /// Remove and return the entries of `map` for which `f` holds.
-fn extract<V>(map: &mut HashMap<u64, V>, f: impl Fn(&u64, &V) -> bool) -> Vec<(u64, V)> {
+fn extract<V>(map: &mut Map<u64, V>, f: impl Fn(&u64, &V) -> bool) -> Vec<(u64, V)> {
     let keys: Vec<u64> = map
         .iter()
         .filter(|(k, v)| f(k, v))

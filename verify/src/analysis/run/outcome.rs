@@ -2,7 +2,7 @@
 //! completed, the work still pending, the writes the core holds unknown, the polls used.
 
 use tally_ledger::{Effect, Status};
-use tally_policy::state::{call_id, ref_key, tool_key};
+use tally_policy::state::{call_id, ref_key};
 
 use super::RunAnalysis;
 use crate::analysis::handoff::{Completed, ModelCall, Observed, Pending, PendingStatus, When};
@@ -111,7 +111,7 @@ impl RunAnalysis {
         }
         if let Some(tool) = call.names.tool.clone() {
             if call.poll.is_none() {
-                if let Some(s) = self.bursts.get_mut(&tool_key(&tool)) {
+                if let Some(s) = self.bursts.get_mut(&call.tool) {
                     s.outcome(&facts);
                 }
             }
@@ -147,8 +147,8 @@ impl RunAnalysis {
             });
             job.seq = e.seq;
             job.at = at;
-            if d.observed.is_some() {
-                job.observed = d.observed.clone();
+            if d.observed.is_some() && job.observed != d.observed {
+                job.observed.clone_from(&d.observed);
             }
             if not_before.is_some() {
                 job.not_before = not_before;
@@ -159,8 +159,8 @@ impl RunAnalysis {
             if let Some(job) = self.jobs.get_mut(&r) {
                 job.seq = e.seq;
                 job.at = at;
-                if d.observed.is_some() {
-                    job.observed = d.observed.clone();
+                if d.observed.is_some() && job.observed != d.observed {
+                    job.observed.clone_from(&d.observed);
                 }
                 if not_before.is_some() {
                     job.not_before = not_before;
@@ -168,12 +168,27 @@ impl RunAnalysis {
             }
         }
         if let Some(state) = &d.observed {
-            self.last_observed = Some(Observed {
-                state: state.clone(),
-                remote_ref: remote_name.clone(),
-                seq: e.seq,
-                at,
-            });
+            // Most outcomes observe what the one before did: its strings are kept.
+            match &mut self.last_observed {
+                Some(o) => {
+                    if o.state != *state {
+                        o.state.clone_from(state);
+                    }
+                    if o.remote_ref != remote_name {
+                        o.remote_ref.clone_from(&remote_name);
+                    }
+                    o.seq = e.seq;
+                    o.at = at;
+                }
+                None => {
+                    self.last_observed = Some(Observed {
+                        state: state.clone(),
+                        remote_ref: remote_name.clone(),
+                        seq: e.seq,
+                        at,
+                    });
+                }
+            }
         }
         // A non-idempotent write whose outcome the core now holds unknown: its names.
         let op = call.op;
@@ -202,11 +217,12 @@ impl RunAnalysis {
                     j.finished = true;
                     j.attempt
                 })
-                .and_then(|a| self.open.get(&a).map(|o| (a, o.as_ref().clone())))
             } else {
-                Some((attempt, call.as_ref().clone()))
+                Some(attempt)
             };
-            if let Some((a, o)) = done {
+            // Described from the open call in place: its names are copied once, into
+            // the listed completion.
+            if let Some((a, o)) = done.and_then(|a| self.open.get(&a).map(|o| (a, o))) {
                 self.completed_total += 1;
                 if self.completed.len() >= super::MAX_LISTED {
                     self.completed.pop_front();
@@ -218,7 +234,7 @@ impl RunAnalysis {
                     operation: o.names.operation.as_deref().map(str::to_owned),
                     args_digest: o.args_digest.as_deref().map(str::to_owned),
                     effect: o.effect,
-                    remote_ref: remote_name.clone(),
+                    remote_ref: remote_name,
                     observed: d.observed.clone(),
                     settled_nanos: o.settled,
                     at,
