@@ -9,6 +9,7 @@ mod edge;
 mod flips;
 mod judged;
 mod keys;
+mod lengths;
 mod loops;
 mod principals;
 mod reasons;

@@ -3,7 +3,7 @@
 
 use super::server::learn_tools;
 use super::*;
-use tally_api::ErrorCode;
+use tally_api::{CheckAnswer, ErrorCode};
 
 pub(super) fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
     OutcomeRequest {
@@ -43,26 +43,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         }
     };
     let effect = effect(shared, &c.name, &tool).await;
-    let request = CheckRequest {
-        run: shared.options.run.clone(),
-        worker: shared.options.worker.clone(),
-        tool: tool.clone(),
-        operation: None,
-        args: Some(args),
-        args_preview: None,
-        effect,
-        idempotency_key: None,
-        target: None,
-        channel: Some(tally_record::decision::Channel::Tool),
-        depth: None,
-        reserve_cents: None,
-        reserve_nanos: None,
-        remote_ref: None,
-        credential: shared.options.credential.clone(),
-        timeout_ms: None,
-        trace_id: None,
-        refused: None,
-    };
+    let request = check_request(shared, tool.clone(), args, effect);
     let answer = shared.gate.check(request, c.trace).await;
     if let Ok(a) = &answer {
         let mut state = shared.state();
@@ -74,30 +55,7 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
     }
     match answer {
         Ok(answer) if answer.decision == Verdict::Allow => {
-            let Some(attempt) = answer.attempt else {
-                return not_made(shared, &id_value, Some(&answer), "tally's gate allowed the call without an attempt number to record its outcome under: the call was not made.".into());
-            };
-            let timeout = answer
-                .timeout_ms
-                .map(Duration::from_millis)
-                .unwrap_or(DEFAULT_CALL_TIMEOUT);
-            let timer =
-                tokio::spawn(expire(shared.clone(), id_value.clone(), timeout)).abort_handle();
-            let k = id.key();
-            let mut state = shared.state();
-            state.asked.insert(k.clone(), Asked::Call);
-            state.pending.insert(
-                k,
-                Pending {
-                    attempt,
-                    tool,
-                    effect,
-                    cancelled: false,
-                    timer,
-                },
-            );
-            drop(state);
-            shared.to_server.send(line);
+            forward(shared, &id, &id_value, &answer, tool, effect, line)
         }
         Ok(answer) => {
             let text = reply::refusal_text(&tool, &answer);
@@ -124,6 +82,72 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
             not_made(shared, &id_value, None, text);
         }
     }
+}
+
+/// The gate's question for a call: the server's tool, its arguments' digest and its
+/// effect, under the session's run.
+fn check_request(
+    shared: &Shared,
+    tool: String,
+    args: tally_record::decision::Args,
+    effect: tally_record::decision::Effect,
+) -> CheckRequest {
+    CheckRequest {
+        run: shared.options.run.clone(),
+        worker: shared.options.worker.clone(),
+        tool,
+        operation: None,
+        args: Some(args),
+        args_preview: None,
+        effect,
+        idempotency_key: None,
+        target: None,
+        channel: Some(tally_record::decision::Channel::Tool),
+        depth: None,
+        reserve_cents: None,
+        reserve_nanos: None,
+        remote_ref: None,
+        credential: shared.options.credential.clone(),
+        timeout_ms: None,
+        trace_id: None,
+        refused: None,
+    }
+}
+
+/// An allowed call: pending under its attempt, its timer started, the line forwarded to
+/// the server as it was classified.
+fn forward(
+    shared: &Shared,
+    id: &Id,
+    id_value: &Value,
+    answer: &CheckAnswer,
+    tool: String,
+    effect: tally_record::decision::Effect,
+    line: String,
+) {
+    let Some(attempt) = answer.attempt else {
+        return not_made(shared, id_value, Some(answer), "tally's gate allowed the call without an attempt number to record its outcome under: the call was not made.".into());
+    };
+    let timeout = answer
+        .timeout_ms
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_CALL_TIMEOUT);
+    let timer = tokio::spawn(expire(shared.clone(), id_value.clone(), timeout)).abort_handle();
+    let k = id.key();
+    let mut state = shared.state();
+    state.asked.insert(k.clone(), Asked::Call);
+    state.pending.insert(
+        k,
+        Pending {
+            attempt,
+            tool,
+            effect,
+            cancelled: false,
+            timer,
+        },
+    );
+    drop(state);
+    shared.to_server.send(line);
 }
 
 pub(super) fn not_made(
