@@ -23,7 +23,6 @@ mod handoff;
 mod loops;
 mod names;
 mod render;
-mod replay_only;
 mod report;
 mod run;
 
@@ -46,7 +45,6 @@ pub use render::{
     render_loops_json, render_loops_text, render_overruns_text, render_usage_refused_text,
     REPORT_VERSION,
 };
-pub use replay_only::Replay;
 pub use report::{Overrun, RefusedUsage, Report};
 pub use tally_policy::{Dimension, Inconsistency};
 
@@ -572,5 +570,33 @@ impl Background {
             }
             Background::Inline(a) => a.finish(),
         }
+    }
+}
+
+/// The streaming replay alone: the analysis's one fold ([`Analysis`]),
+/// whose replay report it returns. Push events in seq order, then finish.
+#[derive(Debug)]
+pub struct Replay(Analysis);
+
+impl Default for Replay {
+    fn default() -> Replay {
+        Replay::new()
+    }
+}
+
+impl Replay {
+    /// A new replay.
+    pub fn new() -> Replay {
+        Replay(Analysis::new(Config::default()))
+    }
+
+    /// Take the next event.
+    pub fn push(&mut self, e: &Event) {
+        self.0.push(e);
+    }
+
+    /// The report.
+    pub fn finish(self) -> ReplayReport {
+        self.0.finish().replay
     }
 }
