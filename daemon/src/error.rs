@@ -164,6 +164,7 @@ impl ApiError {
                 field: None,
                 line: None,
                 column: None,
+                cause: None,
             }),
             retry_after_secs: None,
             close: false,

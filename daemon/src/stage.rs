@@ -38,6 +38,17 @@ pub(crate) fn gate_error(e: GateError) -> ApiError {
             format!("{msg} (action {}): {}", r.action(), r.meaning()),
         ),
         GateError::Refused(_) => ApiError::new(S::FORBIDDEN, ErrorCode::Refused, msg),
+        // A start a human must grant: the code is the verdict's, the cause typed beside it.
+        GateError::ApprovalRequired { cause, .. } => {
+            let mut e = ApiError::new(
+                S::FORBIDDEN,
+                ErrorCode::ApprovalRequired,
+                format!("{msg} (action {}): {}", cause.action(), cause.meaning()),
+            )
+            .field("continues");
+            e.detail.cause = Some(cause);
+            e
+        }
         GateError::OutcomeOwnedByProxy { .. } => {
             ApiError::new(S::FORBIDDEN, ErrorCode::OutcomeOwnedByProxy, msg)
         }

@@ -16,6 +16,7 @@ mod lifecycle;
 mod money;
 mod ownership;
 mod proxied;
+mod refill;
 mod review;
 mod schema;
 mod strict;

@@ -87,6 +87,14 @@ pub enum GateError {
     /// The approval does not check out, or arrived too late.
     #[error("approval refused: {0}")]
     ApprovalRefused(String),
+    /// A start the core refuses until an approver grants it (`cause` says why).
+    #[error("approval required ({cause}): {why}")]
+    ApprovalRequired {
+        /// The reason a human must decide.
+        cause: Reason,
+        /// What was found, in words.
+        why: String,
+    },
     /// Too many distinct tools or credentials are tracked (an agent inventing names).
     #[error("the gate tracks {max} {what} already; retry when some are idle")]
     TooManyNames {

@@ -291,6 +291,10 @@ fn start_refused(
         }
         R::DepthExceeded { .. } => GateError::Refused(Reason::ChainDepthExceeded),
         R::PrincipalBudgetExceeded => GateError::Refused(Reason::PrincipalBudgetExceeded),
+        r @ R::RefillWithoutApproval { .. } => GateError::ApprovalRequired {
+            cause: Reason::RefillWithoutApproval,
+            why: r.to_string(),
+        },
         other => GateError::NotAuthorized(other.to_string()),
     }
 }

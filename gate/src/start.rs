@@ -129,11 +129,17 @@ impl<B: StateBackend> Gate<B> {
             uid: caller.uid,
             operator: caller.operator,
         };
+        // A continuation of a run a refusal stopped: the chain it ends, looked up here,
+        // counted by the core.
+        let refill = continued
+            .as_ref()
+            .and_then(|c| tally_policy::refill::refill(policy, c, |n| t.run(n).ok().cloned()));
         let family = tally_policy::Family {
             parent: parent.as_ref(),
             continued: continued.as_ref(),
             open_runs_of_uid,
             principal: principal_now,
+            refill,
         };
         let budget = tally_policy::start(policy, &ask, &family)
             .map_err(|r| start_refused(r, req, parent.as_ref(), caller))?;

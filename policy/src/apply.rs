@@ -118,6 +118,7 @@ pub fn apply_keyed(
                 continued,
                 open_runs_of_uid: None,
                 principal: principal_now,
+                refill: None,
             },
         },
         record,
@@ -141,6 +142,7 @@ pub fn apply_keyed(
                     p.runs = p.runs.saturating_add(1);
                 }
                 family_start(run, record, continued, parent);
+                crate::refill::fold_grant(policy, run, record);
             }
         }
         Kind::Allow => {

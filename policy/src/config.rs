@@ -194,6 +194,10 @@ pub struct Approvals {
     pub ask_on: Vec<Reason>,
     /// The longest an approval may be valid, ms. Default 86,400,000 (a day).
     pub max_expiry_ms: u64,
+    /// Continuations of a run stopped by a `stop`-action refusal that a chain of runs
+    /// may make without an approver's grant naming the stopped run: a budget is never
+    /// refilled by restarting ([`crate::refill`]). Default 1.
+    pub max_unapproved_continuations: u64,
 }
 
 /// One credential's limits.
@@ -376,6 +380,7 @@ impl Default for Approvals {
                 Reason::OutcomeUnknownNonIdempotent,
             ],
             max_expiry_ms: 86_400_000,
+            max_unapproved_continuations: 1,
         }
     }
 }

@@ -147,6 +147,17 @@ pub enum Inconsistency {
         /// What overflowed.
         field: &'static str,
     },
+    /// A start continuing a run stopped by a `stop`-action refusal, beyond the policy's
+    /// `approvals.max_unapproved_continuations`, with no approver's grant naming the
+    /// stopped run: a budget refilled by restarting ([`crate::refill`]).
+    RefillWithoutApproval {
+        /// The stopped run it continues.
+        predecessor: String,
+        /// Unapproved continuations along the chain, this one included.
+        continuations: u64,
+        /// The policy's allowance.
+        allowance: u64,
+    },
 }
 
 impl Inconsistency {
@@ -174,6 +185,7 @@ impl Inconsistency {
             Inconsistency::OutcomeOwnedByProxy { .. } => "outcome_owned_by_proxy",
             Inconsistency::OverrunMisrecorded { .. } => "overrun_misrecorded",
             Inconsistency::Overflow { .. } => "overflow",
+            Inconsistency::RefillWithoutApproval { .. } => "refill_without_approval",
         }
     }
 }
@@ -210,6 +222,16 @@ pub enum StartRefusal {
     /// spend across its runs).
     #[error("the uid used its principal budget for the period (the policy's principals)")]
     PrincipalBudgetExceeded,
+    /// The run it continues was stopped by a `stop`-action refusal, and the chain it
+    /// ends has made the policy's unapproved continuations already
+    /// (`approvals.max_unapproved_continuations`): an approver must grant it.
+    #[error("continuing a run stopped by a refusal: {continuations} unapproved continuations in a row, beyond the {allowance} allowed (approvals.max_unapproved_continuations); an approver may grant a new run (`tally approve --new-run`)")]
+    RefillWithoutApproval {
+        /// Unapproved continuations along the chain, this one included.
+        continuations: u64,
+        /// The policy's allowance.
+        allowance: u64,
+    },
     /// The starting agent is deeper than the granted depth.
     #[error("chain depth {depth} is beyond the {limit} granted")]
     DepthExceeded {

@@ -9,7 +9,8 @@
 //! * [`judge`]: what a record does that the state before it does not allow; never
 //!   mutates. The gate refuses what it finds; replay and the reports only describe it.
 //! * [`apply`]: the only fold; returns what [`judge`] found.
-//! * [`start`]: what a run is granted, and whether it may start.
+//! * [`start`]: what a run is granted, and whether it may start; [`refill`]: when a
+//!   continuation of a run a refusal stopped needs an approver.
 //! * [`headroom`]: how close a run is to each limit, and the order runs are shown in.
 //! * [`loop_rule`], [`retry_rule`], [`poll_rule`]: what repetition is, for the gate and
 //!   for `tally loops`.
@@ -24,7 +25,7 @@
 //!
 //! Modules depend on each other one way, each only on those before it here (checked by
 //! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
-//! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `start`, `call` (a call, the view a decision
+//! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `refill` (continuations of runs a refusal stopped), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `refusals` (the refusal order: named rules, checked in one order), `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits). Items moved down
 //! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
@@ -45,6 +46,7 @@ pub mod limits;
 pub mod overrun;
 pub mod prices;
 pub mod principals;
+pub mod refill;
 pub mod refusals;
 pub mod rules;
 pub mod start;

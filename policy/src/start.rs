@@ -10,6 +10,7 @@ use tally_record::{Decision, Effect};
 use crate::config::Policy;
 pub use crate::inconsistency::StartRefusal;
 use crate::inconsistency::{Dimension, Inconsistency};
+use crate::refill::Refill;
 use crate::state::{PrincipalState, RunState};
 
 /// What a start asks for: the agent's `POST /v1/runs`, or a recorded start record.
@@ -41,6 +42,10 @@ pub struct Family<'a> {
     /// The starting uid's principal state as it stands now (its period rolled over if
     /// it ended), where the policy gives the uid a principal budget.
     pub principal: Option<PrincipalState>,
+    /// Where the start continues a run stopped by a refusal beyond the policy's
+    /// allowance with no approval, what [`crate::refill::refill`] found: the gate looks
+    /// the chain up; a recorded start is judged by [`crate::refill::judge`] instead.
+    pub refill: Option<Refill>,
 }
 
 /// The budget a run is granted: what it asked for, never more than the policy's ceiling
@@ -134,6 +139,13 @@ pub fn start(policy: &Policy, ask: &Ask<'_>, family: &Family<'_>) -> Result<Budg
     }
     if family.continued.is_some_and(|c| c.stop.is_none()) {
         return Err(StartRefusal::ContinuedNotStopped);
+    }
+    if let Some(r) = family.refill {
+        // A budget is never refilled by restarting.
+        return Err(StartRefusal::RefillWithoutApproval {
+            continuations: r.continuations,
+            allowance: r.allowance,
+        });
     }
     if let Some(c) = ask.credential {
         let allowed = policy.credentials.get(c).is_none_or(|cred| {

@@ -185,6 +185,11 @@ reasons! {
     /// upstream's `max_request_bytes`. Nothing was forwarded; the same request is
     /// refused again.
     RequestRefused = "request_refused" => Stop,
+    /// A run continuing a run that a `stop`-action refusal stopped, beyond the policy's
+    /// `approvals.max_unapproved_continuations`: a budget is never refilled by
+    /// restarting. The cause of an `approval_required` start; an approver may grant a
+    /// new run naming the stopped one.
+    RefillWithoutApproval = "refill_without_approval" => Ask,
     /// The run completed its task (stop only).
     Completed = "completed" => Stop,
 }
@@ -233,6 +238,9 @@ impl Reason {
             Reason::GateUnavailable => "the gate cannot record decisions right now",
             Reason::RequestRefused => {
                 "the proxy cannot read or price this request as sent (its body, its size or a part that is not text); nothing was forwarded"
+            }
+            Reason::RefillWithoutApproval => {
+                "this run continues a chain of runs stopped by the same kind of refusal beyond what the policy allows without a human: a new run is not a new budget"
             }
             Reason::Completed => "the run completed its task",
         }

@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 pub enum ErrorCode {
     /// An approval whose signature, approver or scope the policy refuses.
     ApprovalRefused,
+    /// A start that needs an approver's grant first (`cause` says why).
+    ApprovalRequired,
     /// An outcome (or a settle) for an attempt already settled.
     AttemptSettled,
     /// More decisions in one request than `max_batch`.
@@ -115,8 +117,9 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code a daemon or proxy of this build sends.
-    pub const ALL: [ErrorCode; 48] = [
+    pub const ALL: [ErrorCode; 49] = [
         ErrorCode::ApprovalRefused,
+        ErrorCode::ApprovalRequired,
         ErrorCode::AttemptSettled,
         ErrorCode::BatchTooLarge,
         ErrorCode::BodyNotAllowed,
@@ -170,6 +173,7 @@ impl ErrorCode {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::ApprovalRefused => "approval_refused",
+            ErrorCode::ApprovalRequired => "approval_required",
             ErrorCode::AttemptSettled => "attempt_settled",
             ErrorCode::BatchTooLarge => "batch_too_large",
             ErrorCode::BodyNotAllowed => "body_not_allowed",
@@ -267,6 +271,10 @@ pub struct ErrorDetail {
     /// 1-based column within that line, for JSON syntax and type errors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub column: Option<usize>,
+    /// For `approval_required`: the reason a human must decide
+    /// (`refill_without_approval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<tally_record::Reason>,
 }
 
 #[cfg(test)]

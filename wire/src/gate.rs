@@ -264,6 +264,7 @@ impl CheckUnavailable {
                 field: None,
                 line: None,
                 column: None,
+                cause: None,
             },
             hash: None,
             limits: BTreeMap::new(),

@@ -47,6 +47,7 @@ export type Reason =
   | "run_paused"
   | "gate_unavailable"
   | "request_refused"
+  | "refill_without_approval"
   | "completed";
 
 /** Why a run ends, as an agent says it: `completed`, or the reason of the refusal that

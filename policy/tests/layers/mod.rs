@@ -19,6 +19,7 @@ const LAYERS: &[&str] = &[
     "status",
     "inconsistency",
     "overrun",
+    "refill",
     "start",
     "call",
     "rules",
