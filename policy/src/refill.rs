@@ -6,9 +6,10 @@
 //!
 //! The gate asks [`refill`] before a start ([`crate::start`] refuses it
 //! `refill_without_approval`), `tally verify` asks [`judge`] of a recorded one, and the
-//! handoff shows the [`chain`]. Other runs are looked up by name through the caller;
-//! the walk is bounded, never revisits a run, and follows a link only to a run that
-//! had stopped by the time its successor started.
+//! handoff shows the [`chain`]. Other runs are looked up by name through the caller
+//! (as each stood when its successor started: the gate starts a continuation only of
+//! a stopped run; `tally verify` drops a link named before its run had stopped); the
+//! walk is bounded, and never revisits a run.
 
 use std::collections::BTreeSet;
 
@@ -17,7 +18,7 @@ use tally_record::{Action, Decision, Kind, Reason};
 use crate::approval::continuation_digest;
 use crate::config::Policy;
 use crate::inconsistency::Inconsistency;
-use crate::state::{Grant, Now, RunState};
+use crate::state::{Grant, RunState};
 
 /// Whether a run was stopped by a `stop`-action refusal: not completed, not killed by
 /// an operator.
@@ -51,9 +52,8 @@ pub struct Chain {
 
 /// The chain ending at `last`: `last`, the run it continued if that was stopped by a
 /// refusal and `last`'s start was not approved, and so on, at most `most` links back.
-/// `lookup` finds a run by name as it stands now; a name it does not know, a run seen
-/// already (a cycle), or one that had not stopped before its successor started ends the
-/// chain.
+/// `lookup` finds a run by name; a name it does not know, a run that never started,
+/// or a run seen already (a cycle) ends the chain.
 pub fn chain(
     last: &RunState,
     most: u64,
@@ -70,18 +70,13 @@ pub fn chain(
         let Some(prev) = cur.continues.as_deref().and_then(&mut lookup) else {
             break;
         };
-        if !stopped_by_refusal(&prev) || !seen.insert(prev.run.clone()) || !before(&prev, cur) {
+        if !prev.started || !stopped_by_refusal(&prev) || !seen.insert(prev.run.clone()) {
             break;
         }
         unapproved += 1;
         runs.push(prev);
     }
     Chain { runs, unapproved }
-}
-
-/// Whether `prev` had started, and stopped, by the time `next` started (wall ms).
-fn before(prev: &RunState, next: &RunState) -> bool {
-    prev.started && prev.start_wall_ms.saturating_add(prev.last_ms) <= next.start_wall_ms
 }
 
 /// A start continuing `continued` beyond the policy's allowance: the continuations
@@ -117,24 +112,17 @@ pub fn refill(
 
 /// What is inconsistent about a recorded start as a refill: one continuing a run stopped
 /// by a refusal beyond the allowance, with no continuation grant on record. `lookup`
-/// finds runs as they stood before the record, recorded at `now`.
+/// finds runs as they stood before the record.
 pub fn judge(
     policy: &Policy,
     record: &Decision,
-    now: Now,
     mut lookup: impl FnMut(&str) -> Option<RunState>,
 ) -> Option<Inconsistency> {
     if record.kind() != Kind::Start || granted(policy, record) {
         return None;
     }
     let predecessor = record.continues.as_deref()?;
-    let continued = lookup(predecessor)?;
-    let mut next = RunState::new(&record.run);
-    next.started = true;
-    next.start_wall_ms = now.wall_ms.saturating_sub(record.at_ms.unwrap_or(0));
-    if !before(&continued, &next) {
-        return None;
-    }
+    let continued = lookup(predecessor).filter(|c| c.started)?;
     let r = refill(policy, &continued, lookup)?;
     Some(Inconsistency::RefillWithoutApproval {
         predecessor: predecessor.to_owned(),
@@ -341,11 +329,9 @@ mod tests {
         assert!(chain(&cycle[0], u64::MAX, lookup(&cycle)).unapproved <= 1);
         let own = [looped("a", Some("a"), 100)];
         assert_eq!(chain(&own[0], u64::MAX, lookup(&own)).unapproved, 0);
-        // A name no run has, or a run that started (or stopped) after its successor.
+        // A name no run has, or a run that never started.
         let ghost = [looped("b", Some("ghost"), 100)];
         assert_eq!(chain(&ghost[0], 10, lookup(&ghost)).unapproved, 0);
-        let future = [looped("a", None, 500), looped("b", Some("a"), 100)];
-        assert_eq!(chain(&future[1], 10, lookup(&future)).unapproved, 0);
         let unstarted = [RunState::new("a"), looped("b", Some("a"), 100)];
         assert_eq!(chain(&unstarted[1], 10, lookup(&unstarted)).unapproved, 0);
     }
@@ -360,19 +346,12 @@ mod tests {
         }
     }
 
-    fn now(wall_ms: u64) -> Now {
-        Now {
-            wall_ms,
-            at_ms: Some(0),
-        }
-    }
-
     #[test]
     fn a_recorded_start_beyond_the_allowance_is_judged_unless_granted() {
         let runs = [looped("a", None, 0), looped("b", Some("a"), 100)];
         let p = policy(1);
-        assert_eq!(judge(&p, &start("b", "a"), now(100), lookup(&runs)), None);
-        let found = judge(&p, &start("c", "b"), now(200), lookup(&runs));
+        assert_eq!(judge(&p, &start("b", "a"), lookup(&runs)), None);
+        let found = judge(&p, &start("c", "b"), lookup(&runs));
         assert_eq!(
             found,
             Some(Inconsistency::RefillWithoutApproval {
@@ -381,8 +360,8 @@ mod tests {
                 allowance: 1,
             })
         );
-        // Named before the run it continues stopped: no continuation of it.
-        assert_eq!(judge(&p, &start("c", "b"), now(105), lookup(&runs)), None);
+        // A run that is not known, or never started, is no predecessor.
+        assert_eq!(judge(&p, &start("c", "ghost"), lookup(&runs)), None);
         let mut granted = start("c", "b");
         let digest = continuation_digest("b", "ana", &scope(), 1_000);
         granted.signature = Some(sign(&key(), &digest));
@@ -390,7 +369,7 @@ mod tests {
         granted.approver = Some("ana".into());
         granted.scope = Some(scope());
         granted.expires_ms = Some(1_000);
-        assert_eq!(judge(&p, &granted, now(200), lookup(&runs)), None);
+        assert_eq!(judge(&p, &granted, lookup(&runs)), None);
         let mut folded = RunState::new("c");
         folded.continues = Some("b".into());
         fold_grant(&p, &mut folded, &granted);
@@ -400,12 +379,12 @@ mod tests {
         let for_a = continuation_digest("a", "ana", &scope(), 1_000);
         other.signature = Some(sign(&key(), &for_a));
         other.digest = Some(for_a);
-        assert!(judge(&p, &other, now(200), lookup(&runs)).is_some());
+        assert!(judge(&p, &other, lookup(&runs)).is_some());
         let mut tampered = granted;
         tampered.scope = Some(Scope {
             attempts: Some(50),
             ..Scope::default()
         });
-        assert!(judge(&p, &tampered, now(200), lookup(&runs)).is_some());
+        assert!(judge(&p, &tampered, lookup(&runs)).is_some());
     }
 }

@@ -396,4 +396,28 @@ pub struct Handoff {
     pub findings: u64,
     /// The checkpoint that covers the run.
     pub checkpoint: Coverage,
+    /// The refill chain the run ends, where continuing it needs an approver (absent
+    /// otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain: Option<RefillChain>,
+}
+
+/// Runs each continuing the one before after a `stop`-action refusal, with no approval
+/// between them, ending at the handoff's run: continuing it is a human's decision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RefillChain {
+    /// The runs, oldest first (at most 65).
+    pub runs: Vec<String>,
+    /// Attempts they used, in all.
+    pub attempts_used: u64,
+    /// Nanodollars they spent (settled and held), in all.
+    pub spent_nanos: u64,
+    /// The refusal every one of them stopped on, where it is one.
+    pub failure: Option<Reason>,
+    /// The tool of the run's last refused call.
+    pub tool: Option<String>,
+    /// Unapproved continuations a new run would make, itself included.
+    pub continuations: u64,
+    /// The policy's `approvals.max_unapproved_continuations`.
+    pub allowance: u64,
 }

@@ -16,12 +16,14 @@
 //!
 //! Modules depend one way, each only on those before it (checked by `tests/layers.rs`):
 //! `names`, `findings`, `loops`, `handoff` (the handoff's types), `report`, `run` (one
-//! run's fold; it builds the run's handoff), `render`; this root ties them together.
+//! run's fold; it builds the run's handoff), `refill` (the refill chains a start
+//! makes, judged by the core), `render`; this root ties them together.
 
 mod findings;
 mod handoff;
 mod loops;
 mod names;
+mod refill;
 mod render;
 mod report;
 mod run;
@@ -108,6 +110,8 @@ pub struct Analysis {
     overruns: Vec<Overrun>,
     usage_refused: Vec<RefusedUsage>,
     replay: ReplayReport,
+    /// Which starts continue the run they name (the refill chains).
+    links: refill::Links,
 }
 
 impl Analysis {
@@ -129,6 +133,7 @@ impl Analysis {
             overruns: Vec::new(),
             usage_refused: Vec::new(),
             replay: ReplayReport::default(),
+            links: refill::Links::default(),
         }
     }
 
@@ -211,6 +216,7 @@ impl Analysis {
     fn fold(&mut self, runs: &mut [RunAnalysis], slot: usize, e: &Event) {
         let d = &e.decision;
         let kind = d.kind();
+        self.links.start(runs, &self.index, slot, d);
         // A start's family: its parent is carved from, the run it continues hands over
         // what must not be repeated.
         let parent_at = match (kind, &d.parent) {
@@ -380,6 +386,9 @@ impl Analysis {
                 run.carry_names(old);
             }
         }
+        // A start refilling a budget beyond the allowance: the core's count, on the runs
+        // as they stand (the one started is not in its own chain).
+        found.extend(self.links.judge(&policy, runs, &self.index, d));
         let run = &mut runs[slot];
         for kind in found {
             run.findings += 1;
@@ -447,6 +456,8 @@ impl Analysis {
             overruns,
             usage_refused,
             replay,
+            default_policy,
+            links,
             ..
         } = self;
         for run in &mut runs {
@@ -469,7 +480,10 @@ impl Analysis {
             .iter()
             .map(|run| {
                 let loops = of_run.get(run.name.as_str()).map_or(&[][..], Vec::as_slice);
-                run::build_handoff(run, loops, run.findings)
+                let mut h = run::build_handoff(run, loops, run.findings);
+                let policy = run.policy.as_ref().map_or(&default_policy, |(_, p)| p);
+                links.show(policy, &runs, &index, run, &mut h);
+                h
             })
             .collect();
         Report {

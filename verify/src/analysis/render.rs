@@ -280,6 +280,16 @@ fn finding_text(f: &Inconsistency) -> String {
                 Nanos(*recorded)
             ),
         },
+        Inconsistency::RefillWithoutApproval {
+            predecessor,
+            continuations,
+            allowance,
+        } => format!(
+            "started continuing {}, which a stop refusal ended, with no approver's grant: \
+             unapproved continuation {continuations} in a row, beyond the {allowance} the \
+             policy allows (a budget refilled by restarting)",
+            shown(predecessor)
+        ),
         other => other.as_str().replace('_', " "),
     }
 }

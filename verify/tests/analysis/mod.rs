@@ -4,6 +4,7 @@
 mod budgets;
 mod grants;
 mod loops;
+mod refill;
 mod reports;
 mod scale;
 mod scenarios;

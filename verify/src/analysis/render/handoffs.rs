@@ -10,6 +10,36 @@ use crate::analysis::report::Report;
 
 use super::{moment, name, names, plural};
 
+/// The refill chain a run ends, where continuing it needs a human.
+fn chain_text(h: &Handoff, out: &mut String) {
+    let Some(c) = &h.chain else {
+        return;
+    };
+    let on = c
+        .failure
+        .map_or("refusals".to_owned(), |r| r.as_str().to_owned());
+    let tool = c
+        .tool
+        .as_deref()
+        .map(|t| format!(" (last refused: {})", shown(t)))
+        .unwrap_or_default();
+    let runs: Vec<String> = c.runs.iter().map(|r| shown(r).to_string()).collect();
+    let _ = writeln!(
+        out,
+        "  Refill chain: {} runs in a row stopped on {on}{tool}: {}",
+        c.runs.len(),
+        runs.join(" -> ")
+    );
+    let _ = writeln!(
+        out,
+        "    {} attempts and {} spent across them; a new run would be unapproved continuation {} (the policy allows {} without an approver): a human decides, not a new run",
+        c.attempts_used,
+        Nanos(c.spent_nanos),
+        c.continuations,
+        c.allowance
+    );
+}
+
 fn handoff_text(h: &Handoff, out: &mut String) {
     let goal = match (&h.goal, h.started) {
         (Some(g), _) => format!("\"{}\"", shown(g)),
@@ -189,6 +219,7 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             let _ = writeln!(out, "  Last observed state: none recorded.");
         }
     }
+    chain_text(h, out);
     let _ = writeln!(out, "  Safe to resume:");
     if h.safe_resume.is_empty() {
         let _ = writeln!(

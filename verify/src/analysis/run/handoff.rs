@@ -369,5 +369,6 @@ pub(crate) fn build(run: &RunAnalysis, loops: &[&Loop], findings: u64) -> Handof
         loops: loops.len() as u64,
         findings,
         checkpoint: Coverage::Unknown,
+        chain: None,
     }
 }
