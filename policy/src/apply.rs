@@ -142,7 +142,6 @@ pub fn apply_keyed(
                     p.runs = p.runs.saturating_add(1);
                 }
                 family_start(run, record, continued, parent);
-                crate::refill::fold_grant(policy, run, record);
             }
         }
         Kind::Allow => {

@@ -5,11 +5,6 @@
 //! The digest is BLAKE3 over `tally approval v1\n` followed by the canonical JSON of
 //! `{"approver", "expires_ms", "run", "scope"}`; the approver signs the 32 digest bytes
 //! with Ed25519.
-//!
-//! A continuation grant (a new run continuing a stopped one, [`crate::refill`]) is signed
-//! the same way under its own domain, `tally continuation v1\n`, over the canonical JSON
-//! of `{"approver", "expires_ms", "predecessor", "scope"}`: a grant for one thing can
-//! never be replayed as the other.
 
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
 use serde_json::json;
@@ -21,7 +16,6 @@ use crate::config::Policy;
 use crate::error::ApprovalError;
 
 const DOMAIN: &[u8] = b"tally approval v1\n";
-const CONTINUATION: &[u8] = b"tally continuation v1\n";
 
 /// The digest of an approval, lowercase hex.
 pub fn digest(run: &str, approver: &str, scope: &Scope, expires_ms: u64) -> String {
@@ -32,25 +26,6 @@ pub fn digest(run: &str, approver: &str, scope: &Scope, expires_ms: u64) -> Stri
         "scope": scope,
     });
     let mut bytes = DOMAIN.to_vec();
-    canonical_json(&value, &mut bytes);
-    blake3::hash(&bytes).to_hex().to_string()
-}
-
-/// The digest of a continuation grant: a new run continuing `predecessor` with the
-/// allocation `scope`, lowercase hex.
-pub fn continuation_digest(
-    predecessor: &str,
-    approver: &str,
-    scope: &Scope,
-    expires_ms: u64,
-) -> String {
-    let value = json!({
-        "approver": approver,
-        "expires_ms": expires_ms,
-        "predecessor": predecessor,
-        "scope": scope,
-    });
-    let mut bytes = CONTINUATION.to_vec();
     canonical_json(&value, &mut bytes);
     blake3::hash(&bytes).to_hex().to_string()
 }
@@ -90,54 +65,14 @@ pub fn check(policy: &Policy, record: &Decision) -> Result<(), ApprovalError> {
         .signature
         .as_deref()
         .ok_or(ApprovalError::Missing("signature"))?;
-    // An unknown approver is named as such before the digest is looked at.
-    approver_key(policy, approver)?;
-    if digest(&record.run, approver, scope, expires) != given {
-        return Err(ApprovalError::Digest);
-    }
-    signed(policy, approver, given, signature)
-}
-
-/// Check a continuation grant: a listed approver, a non-empty allocation, a digest that
-/// covers exactly the predecessor, allocation, approver and expiry, and a valid
-/// signature over it.
-pub fn check_continuation(
-    policy: &Policy,
-    predecessor: &str,
-    approver: &str,
-    scope: &Scope,
-    expires_ms: u64,
-    given: &str,
-    signature: &str,
-) -> Result<(), ApprovalError> {
-    if scope.attempts.is_none() && scope.spend().is_none() {
-        return Err(ApprovalError::Empty);
-    }
-    approver_key(policy, approver)?;
-    if continuation_digest(predecessor, approver, scope, expires_ms) != given {
-        return Err(ApprovalError::Digest);
-    }
-    signed(policy, approver, given, signature)
-}
-
-/// The listed approver's public key, hex.
-fn approver_key<'p>(policy: &'p Policy, approver: &str) -> Result<&'p str, ApprovalError> {
-    policy
+    let key_hex = policy
         .approvals
         .approvers
         .get(approver)
-        .map(String::as_str)
-        .ok_or_else(|| ApprovalError::UnknownApprover(approver.to_owned()))
-}
-
-/// Whether `signature` is the approver's over the digest `given` (hex).
-fn signed(
-    policy: &Policy,
-    approver: &str,
-    given: &str,
-    signature: &str,
-) -> Result<(), ApprovalError> {
-    let key_hex = approver_key(policy, approver)?;
+        .ok_or_else(|| ApprovalError::UnknownApprover(approver.to_owned()))?;
+    if digest(&record.run, approver, scope, expires) != given {
+        return Err(ApprovalError::Digest);
+    }
     let bad = || ApprovalError::Signature {
         approver: approver.to_owned(),
     };

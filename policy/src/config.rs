@@ -195,8 +195,8 @@ pub struct Approvals {
     /// The longest an approval may be valid, ms. Default 86,400,000 (a day).
     pub max_expiry_ms: u64,
     /// Continuations of a run stopped by a `stop`-action refusal that a chain of runs
-    /// may make without an approver's grant naming the stopped run: a budget is never
-    /// refilled by restarting ([`crate::refill`]). Default 1.
+    /// may make without a human: a budget is never refilled by restarting
+    /// ([`crate::refill`]). Default 1.
     pub max_unapproved_continuations: u64,
 }
 

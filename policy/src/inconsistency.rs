@@ -148,8 +148,8 @@ pub enum Inconsistency {
         field: &'static str,
     },
     /// A start continuing a run stopped by a `stop`-action refusal, beyond the policy's
-    /// `approvals.max_unapproved_continuations`, with no approver's grant naming the
-    /// stopped run: a budget refilled by restarting ([`crate::refill`]).
+    /// `approvals.max_unapproved_continuations`: a budget refilled by restarting
+    /// ([`crate::refill`]).
     RefillWithoutApproval {
         /// The stopped run it continues.
         predecessor: String,
@@ -225,7 +225,7 @@ pub enum StartRefusal {
     /// The run it continues was stopped by a `stop`-action refusal, and the chain it
     /// ends has made the policy's unapproved continuations already
     /// (`approvals.max_unapproved_continuations`): an approver must grant it.
-    #[error("continuing a run stopped by a refusal: {continuations} unapproved continuations in a row, beyond the {allowance} allowed (approvals.max_unapproved_continuations); an approver may grant a new run (`tally approve --new-run`)")]
+    #[error("continuing a run stopped by a refusal: {continuations} unapproved continuations in a row, beyond the {allowance} allowed (approvals.max_unapproved_continuations): a human decides whether this goes on (fix the cause, or raise the allowance)")]
     RefillWithoutApproval {
         /// Unapproved continuations along the chain, this one included.
         continuations: u64,

@@ -1,8 +1,8 @@
 //! Refill chains: a budget is never refilled by restarting. A run continuing a run that
 //! a `stop`-action refusal stopped (a loop, retries, attempts or the deadline used up)
 //! is a continuation of that refusal; a chain of them may make the policy's
-//! `approvals.max_unapproved_continuations` without a human, and beyond it needs an
-//! approver's continuation grant naming the stopped run ([`crate::approval`]).
+//! `approvals.max_unapproved_continuations` without a human, and beyond it the start is
+//! refused for a human to decide.
 //!
 //! The gate asks [`refill`] before a start ([`crate::start`] refuses it
 //! `refill_without_approval`), `tally verify` asks [`judge`] of a recorded one, and the
@@ -15,10 +15,9 @@ use std::collections::BTreeSet;
 
 use tally_record::{Action, Decision, Kind, Reason};
 
-use crate::approval::continuation_digest;
 use crate::config::Policy;
 use crate::inconsistency::Inconsistency;
-use crate::state::{Grant, RunState};
+use crate::state::RunState;
 
 /// Whether a run was stopped by a `stop`-action refusal: not completed, not killed by
 /// an operator.
@@ -28,30 +27,18 @@ pub fn stopped_by_refusal(run: &RunState) -> bool {
     })
 }
 
-/// Whether a run's start was granted by an approver's continuation grant naming the run
-/// it continues (the grant is folded into its grants, used, at its start).
-pub fn approved(run: &RunState) -> bool {
-    let Some(predecessor) = run.continues.as_deref() else {
-        return false;
-    };
-    run.grants.iter().any(|g| {
-        g.used && continuation_digest(predecessor, &g.approver, &g.scope, g.expires_ms) == g.digest
-    })
-}
-
-/// A chain of runs each continuing the one before after a `stop`-action refusal, with
-/// no approval between them.
+/// A chain of runs each continuing the one before after a `stop`-action refusal.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
     /// The runs, the last first (the run the chain was asked of), then each one it
     /// continued.
     pub runs: Vec<RunState>,
-    /// Continuations between them made without an approval (`runs.len() - 1`).
+    /// Continuations between them (`runs.len() - 1`).
     pub unapproved: u64,
 }
 
 /// The chain ending at `last`: `last`, the run it continued if that was stopped by a
-/// refusal and `last`'s start was not approved, and so on, at most `most` links back.
+/// refusal, and so on, at most `most` links back.
 /// `lookup` finds a run by name; a name it does not know, a run that never started,
 /// or a run seen already (a cycle) ends the chain.
 pub fn chain(
@@ -64,9 +51,6 @@ pub fn chain(
     let mut unapproved = 0u64;
     while unapproved < most {
         let cur = &runs[runs.len() - 1];
-        if approved(cur) {
-            break;
-        }
         let Some(prev) = cur.continues.as_deref().and_then(&mut lookup) else {
             break;
         };
@@ -89,7 +73,7 @@ pub struct Refill {
     pub allowance: u64,
 }
 
-/// Whether an unapproved start continuing `continued` refills a budget beyond the
+/// Whether a start continuing `continued` refills a budget beyond the
 /// policy's allowance. `None`: it may start (the continued run was not stopped by a
 /// refusal, or the chain is within the allowance).
 pub fn refill(
@@ -111,14 +95,14 @@ pub fn refill(
 }
 
 /// What is inconsistent about a recorded start as a refill: one continuing a run stopped
-/// by a refusal beyond the allowance, with no continuation grant on record. `lookup`
+/// by a refusal beyond the allowance. `lookup`
 /// finds runs as they stood before the record.
 pub fn judge(
     policy: &Policy,
     record: &Decision,
     mut lookup: impl FnMut(&str) -> Option<RunState>,
 ) -> Option<Inconsistency> {
-    if record.kind() != Kind::Start || granted(policy, record) {
+    if record.kind() != Kind::Start {
         return None;
     }
     let predecessor = record.continues.as_deref()?;
@@ -131,66 +115,15 @@ pub fn judge(
     })
 }
 
-/// Whether a start record carries a valid continuation grant naming the run it
-/// continues.
-pub fn granted(policy: &Policy, record: &Decision) -> bool {
-    let (Some(p), Some(a), Some(s), Some(e), Some(d), Some(sig)) = (
-        record.continues.as_deref(),
-        record.approver.as_deref(),
-        record.scope.as_ref(),
-        record.expires_ms,
-        record.digest.as_deref(),
-        record.signature.as_deref(),
-    ) else {
-        return false;
-    };
-    crate::approval::check_continuation(policy, p, a, s, e, d, sig).is_ok()
-}
-
-/// Fold a start's continuation grant, if it carries a valid one: kept in the run's
-/// grants, used (its allocation is the run's budget), so [`approved`] knows the run's
-/// start was approved.
-pub fn fold_grant(policy: &Policy, run: &mut RunState, record: &Decision) {
-    if !granted(policy, record) {
-        return;
-    }
-    let (Some(approver), Some(scope), Some(expires_ms), Some(digest)) = (
-        record.approver.clone(),
-        record.scope.clone(),
-        record.expires_ms,
-        record.digest.clone(),
-    ) else {
-        return;
-    };
-    run.grants.push(Grant {
-        digest,
-        approver,
-        scope,
-        expires_ms,
-        used: true,
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
-    use ed25519_dalek::SigningKey;
-    use tally_record::decision::Scope;
-
     use super::*;
-    use crate::approval::sign;
-
-    fn key() -> SigningKey {
-        SigningKey::from_bytes(&[9u8; 32])
-    }
 
     fn policy(allowance: u64) -> Policy {
         let mut p = Policy::default();
         p.approvals.max_unapproved_continuations = allowance;
-        p.approvals
-            .approvers
-            .insert("ana".into(), hex::encode(key().verifying_key().to_bytes()));
         p
     }
 
@@ -215,26 +148,6 @@ mod tests {
         move |n| by.get(n).map(|r| (*r).clone())
     }
 
-    fn scope() -> Scope {
-        Scope {
-            attempts: Some(5),
-            ..Scope::default()
-        }
-    }
-
-    /// `run`'s start approved by a continuation grant naming its predecessor.
-    fn approve(run: &mut RunState) {
-        let p = run.continues.clone().unwrap_or_default();
-        let digest = continuation_digest(&p, "ana", &scope(), 1_000);
-        run.grants.push(Grant {
-            digest,
-            approver: "ana".into(),
-            scope: scope(),
-            expires_ms: 1_000,
-            used: true,
-        });
-    }
-
     #[test]
     fn the_first_continuation_is_within_the_default_allowance_the_second_is_not() {
         let runs = [looped("a", None, 0), looped("b", Some("a"), 100)];
@@ -245,37 +158,6 @@ mod tests {
         assert_eq!((r.continuations, r.allowance), (2, 1));
         // None without a human at all, under an allowance of 0.
         assert!(refill(&policy(0), &runs[0], lookup(&runs)).is_some());
-    }
-
-    #[test]
-    fn an_approved_continuation_starts_the_count_again() {
-        let mut b = looped("b", Some("a"), 100);
-        approve(&mut b);
-        let runs = [looped("a", None, 0), b, looped("c", Some("b"), 200)];
-        let p = policy(1);
-        assert!(approved(&runs[1]));
-        assert_eq!(refill(&p, &runs[1], lookup(&runs)), None);
-        assert_eq!(
-            refill(&p, &runs[2], lookup(&runs)).map(|r| r.continuations),
-            Some(2)
-        );
-        assert_eq!(chain(&runs[2], 10, lookup(&runs)).unapproved, 1);
-    }
-
-    #[test]
-    fn a_grant_for_another_run_or_tampered_approves_nothing() {
-        let mut b = looped("b", Some("a"), 100);
-        approve(&mut b);
-        b.continues = Some("z".into());
-        assert!(!approved(&b));
-        let mut c = looped("c", Some("a"), 100);
-        approve(&mut c);
-        c.grants[0].scope.attempts = Some(500);
-        assert!(!approved(&c));
-        let mut d = looped("d", Some("a"), 100);
-        approve(&mut d);
-        d.grants[0].used = false;
-        assert!(!approved(&d));
     }
 
     #[test]
@@ -347,7 +229,7 @@ mod tests {
     }
 
     #[test]
-    fn a_recorded_start_beyond_the_allowance_is_judged_unless_granted() {
+    fn a_recorded_start_beyond_the_allowance_is_judged() {
         let runs = [looped("a", None, 0), looped("b", Some("a"), 100)];
         let p = policy(1);
         assert_eq!(judge(&p, &start("b", "a"), lookup(&runs)), None);
@@ -362,29 +244,24 @@ mod tests {
         );
         // A run that is not known, or never started, is no predecessor.
         assert_eq!(judge(&p, &start("c", "ghost"), lookup(&runs)), None);
-        let mut granted = start("c", "b");
-        let digest = continuation_digest("b", "ana", &scope(), 1_000);
-        granted.signature = Some(sign(&key(), &digest));
-        granted.digest = Some(digest);
-        granted.approver = Some("ana".into());
-        granted.scope = Some(scope());
-        granted.expires_ms = Some(1_000);
-        assert_eq!(judge(&p, &granted, lookup(&runs)), None);
-        let mut folded = RunState::new("c");
-        folded.continues = Some("b".into());
-        fold_grant(&p, &mut folded, &granted);
-        assert!(approved(&folded));
-        // The same grant for another predecessor, or tampered, is none.
-        let mut other = granted.clone();
-        let for_a = continuation_digest("a", "ana", &scope(), 1_000);
-        other.signature = Some(sign(&key(), &for_a));
-        other.digest = Some(for_a);
-        assert!(judge(&p, &other, lookup(&runs)).is_some());
-        let mut tampered = granted;
-        tampered.scope = Some(Scope {
-            attempts: Some(50),
-            ..Scope::default()
-        });
-        assert!(judge(&p, &tampered, lookup(&runs)).is_some());
+        let unstarted = [RunState::new("a")];
+        assert_eq!(judge(&p, &start("b", "a"), lookup(&unstarted)), None);
+        // Only a start is judged.
+        let mut stop = start("c", "b");
+        stop.kind = Some(Kind::Stop);
+        assert_eq!(judge(&p, &stop, lookup(&runs)), None);
+    }
+
+    #[test]
+    fn the_allowance_is_read_from_the_policy_and_checked() {
+        let p = crate::Recorded::new("[approvals]\nmax_unapproved_continuations = 3\n")
+            .expect("policy");
+        assert_eq!(p.policy.approvals.max_unapproved_continuations, 3);
+        let bad = crate::Recorded::new("[approvals]\nmax_unapproved_continuations = \"3\"\n")
+            .expect_err("a string is no count");
+        assert!(
+            bad.to_string().contains("max_unapproved_continuations"),
+            "{bad}"
+        );
     }
 }

@@ -187,8 +187,7 @@ reasons! {
     RequestRefused = "request_refused" => Stop,
     /// A run continuing a run that a `stop`-action refusal stopped, beyond the policy's
     /// `approvals.max_unapproved_continuations`: a budget is never refilled by
-    /// restarting. The cause of an `approval_required` start; an approver may grant a
-    /// new run naming the stopped one.
+    /// restarting. The cause of an `approval_required` start: a human decides.
     RefillWithoutApproval = "refill_without_approval" => Ask,
     /// The run completed its task (stop only).
     Completed = "completed" => Stop,

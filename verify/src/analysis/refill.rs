@@ -133,7 +133,7 @@ fn advise(handoff: &mut Handoff, chain: &RefillChain) {
     handoff.safe_resume.push(ResumeStep {
         action: ResumeAction::AskHuman,
         what: format!(
-            "a human decides: {} runs in a row stopped on {why} (a new run is not a new budget; an approver may grant one with `tally approve --new-run`, or the cause is fixed first)",
+            "a human decides: {} runs in a row stopped on {why} (a new run is not a new budget: fix the cause first, or raise approvals.max_unapproved_continuations)",
             chain.runs.len()
         ),
         tool: chain.tool.clone(),

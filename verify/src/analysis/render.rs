@@ -285,7 +285,7 @@ fn finding_text(f: &Inconsistency) -> String {
             continuations,
             allowance,
         } => format!(
-            "started continuing {}, which a stop refusal ended, with no approver's grant: \
+            "started continuing {}, which a stop refusal ended, with no human's approval: \
              unapproved continuation {continuations} in a row, beyond the {allowance} the \
              policy allows (a budget refilled by restarting)",
             shown(predecessor)
