@@ -30,7 +30,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("policy/src/judge.rs", "allow"),
     ("policy/src/refusals.rs", "check"),
     ("policy/src/upstreams.rs", "problem"),
-    ("record/src/canonical.rs", "decision"),
     ("testkit/src/otlp.rs", "start"),
     ("testkit/src/upstream/mod.rs", "answer"),
     ("verify/src/analysis/mod.rs", "fold"),
