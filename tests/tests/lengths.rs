@@ -13,7 +13,6 @@ const BOUND: usize = 80;
 /// (take it off).
 const KNOWN_LONG: &[(&str, &str)] = &[
     ("cli/src/hook/mod.rs", "pre"),
-    ("daemon/src/api.rs", "post_decisions"),
     ("demos/src/gate.rs", "gate_story"),
     ("demos/src/model.rs", "story"),
     ("demos/src/tour.rs", "run"),
