@@ -16,8 +16,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("demos/src/gate.rs", "gate_story"),
     ("demos/src/model.rs", "story"),
     ("demos/src/tour.rs", "run"),
-    ("load/src/main.rs", "bench"),
-    ("load/src/main.rs", "run"),
     ("mcp/src/classify/mod.rs", "envelope"),
     ("policy/src/apply.rs", "apply_keyed"),
     ("policy/src/config.rs", "check"),
