@@ -13,9 +13,6 @@ const BOUND: usize = 80;
 /// (take it off).
 const KNOWN_LONG: &[(&str, &str)] = &[
     ("cli/src/hook/mod.rs", "pre"),
-    ("demos/src/gate.rs", "gate_story"),
-    ("demos/src/model.rs", "story"),
-    ("demos/src/tour.rs", "run"),
     ("mcp/src/classify/mod.rs", "envelope"),
     ("policy/src/apply.rs", "apply_keyed"),
     ("policy/src/config.rs", "check"),
