@@ -20,8 +20,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("policy/src/judge.rs", "allow"),
     ("policy/src/refusals.rs", "check"),
     ("policy/src/upstreams.rs", "problem"),
-    ("testkit/src/otlp.rs", "start"),
-    ("testkit/src/upstream/mod.rs", "answer"),
     ("verify/src/analysis/mod.rs", "fold"),
     ("verify/src/analysis/render.rs", "finding_text"),
     ("verify/src/analysis/render.rs", "render_loops_text"),
