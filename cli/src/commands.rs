@@ -174,6 +174,48 @@ pub fn rotate(args: &LedgerArgs) -> Result<Exit> {
 
 pub fn export(args: &ExportArgs) -> Result<Exit> {
     let (ledger, out, force) = (args.ledger.as_path(), args.out.as_path(), args.force);
+    check_export_target(out, force)?;
+    check_ledger_dir(ledger)?;
+    let (id, key) = read_log_key(ledger)?;
+    let (snapshot, root) = read_export_snapshot(ledger, key.is_some())?;
+    let total = snapshot.size();
+    let seal = match (&key, root) {
+        (Some(k), Some(root)) => Some(tally_ledger::export::Seal {
+            ledger: id,
+            key: k,
+            root,
+            cosigned: tally_ledger::tlog::read_cosigned_at(ledger, total)?,
+        }),
+        _ => None,
+    };
+    let progress = Progress::new("exporting");
+    let mut seen = 0u64;
+    let frames = snapshot.inspect(|f| {
+        if matches!(f, Ok(Frame::Entry(_))) {
+            seen += 1;
+            if seen == 1 || seen.is_multiple_of(4096) {
+                progress.show_of(seen, total);
+            }
+        }
+    });
+    let (entries, checkpoints) = write_export(frames, out, force, seal)?;
+    drop(progress);
+    noteln!(
+        "exported {} and {} to {}",
+        tally_verify::text::plural(entries, "entry", "entries"),
+        tally_verify::text::plural(checkpoints, "checkpoint", "checkpoints"),
+        if is_stdio(out) {
+            "standard output".into()
+        } else {
+            out.display().to_string()
+        }
+    );
+    Ok(Exit::Success)
+}
+
+/// Refuse an export target before anything is read: standard output on a terminal, a
+/// path that exists without `--force`, or one in a directory that does not.
+fn check_export_target(out: &Path, force: bool) -> Result<()> {
     if is_stdio(out) && io::stdout().is_terminal() {
         bail!("--out - writes the export to standard output, which is a terminal: redirect it to a file or a pipe");
     }
@@ -196,10 +238,15 @@ pub fn export(args: &ExportArgs) -> Result<Exit> {
             );
         }
     }
-    check_ledger_dir(ledger)?;
-    // Sealed with the log key when the ledger has one (its end is signed, and the latest
-    // cosigned checkpoint rides along); a ledger no build with log keys has opened yet is
-    // exported with a plain end, as before.
+    Ok(())
+}
+
+/// The ledger's id and its log key, when it has one. An export is sealed with the log key
+/// (its end is signed, and the latest cosigned checkpoint rides along); a ledger no build
+/// with log keys has opened yet is exported with a plain end, as before.
+fn read_log_key(
+    ledger: &Path,
+) -> Result<(tally_ledger::LedgerId, Option<tally_ledger::tlog::LogKey>)> {
     let public = tally_ledger::LedgerPublic::read(&ledger.join("ledger.pub"))
         .with_context(|| format!("reading {}", ledger.join("ledger.pub").display()))?;
     let key = match public.log_key {
@@ -209,62 +256,52 @@ pub fn export(args: &ExportArgs) -> Result<Exit> {
         ),
         None => None,
     };
-    let (snapshot, root) = match &key {
-        Some(_) => {
-            let (s, r) = Ledger::read_sealed_snapshot(ledger)
-                .with_context(|| format!("reading the log of ledger {}", ledger.display()))?;
-            (s, Some(r))
-        }
-        None => (
+    Ok((public.ledger_id, key))
+}
+
+/// The log's frames to export, with the Merkle root of its entries when it is `sealed`.
+fn read_export_snapshot(
+    ledger: &Path,
+    sealed: bool,
+) -> Result<(
+    tally_ledger::ledger::Snapshot,
+    Option<tally_ledger::merkle::TreeHash>,
+)> {
+    if sealed {
+        let (s, r) = Ledger::read_sealed_snapshot(ledger)
+            .with_context(|| format!("reading the log of ledger {}", ledger.display()))?;
+        Ok((s, Some(r)))
+    } else {
+        Ok((
             Ledger::read_snapshot(ledger)
                 .with_context(|| format!("reading the log of ledger {}", ledger.display()))?,
             None,
-        ),
-    };
-    let total = snapshot.size();
-    let seal = match (&key, root) {
-        (Some(k), Some(root)) => Some(tally_ledger::export::Seal {
-            ledger: public.ledger_id,
-            key: k,
-            root,
-            cosigned: tally_ledger::tlog::read_cosigned_at(ledger, total)?,
-        }),
-        _ => None,
-    };
-    let progress = Progress::new("exporting");
-    let mut seen = 0u64;
-    let frames = snapshot.inspect(|f| {
-        if matches!(f, Ok(Frame::Entry(_))) {
-            seen += 1;
-            if seen == 1 || seen.is_multiple_of(4096) {
-                progress.show_of(seen, total);
-            }
-        }
-    });
-    let (entries, checkpoints) = if is_stdio(out) {
+        ))
+    }
+}
+
+/// Write the export to `out` (or standard output), returning its entry and checkpoint
+/// counts.
+fn write_export(
+    frames: impl Iterator<Item = tally_ledger::Result<Frame>>,
+    out: &Path,
+    force: bool,
+    seal: Option<tally_ledger::export::Seal<'_>>,
+) -> Result<(u64, u64)> {
+    if is_stdio(out) {
         let stdout = io::stdout();
         let (mut b, counts) =
             tally_ledger::export::write_export_to(frames, io::BufWriter::new(stdout.lock()), seal)
                 .context("writing the export to standard output")?;
         io::Write::flush(&mut b).context("writing the export to standard output")?;
-        counts
+        Ok(counts)
     } else {
         let target = if force { Target::Replace } else { Target::New };
-        tally_ledger::export::export_frames_to(frames, out, target, seal)
-            .with_context(|| format!("exporting to {}", out.display()))?
-    };
-    drop(progress);
-    noteln!(
-        "exported {} and {} to {}",
-        tally_verify::text::plural(entries, "entry", "entries"),
-        tally_verify::text::plural(checkpoints, "checkpoint", "checkpoints"),
-        if is_stdio(out) {
-            "standard output".into()
-        } else {
-            out.display().to_string()
-        }
-    );
-    Ok(Exit::Success)
+        Ok(
+            tally_ledger::export::export_frames_to(frames, out, target, seal)
+                .with_context(|| format!("exporting to {}", out.display()))?,
+        )
+    }
 }
 
 /// A policy file given to a report (`--policy`), read and digested as the gate records it.

@@ -2,11 +2,14 @@
 //! proof from the ledger directory's tree files to the tree head its log records,
 //! without reading the entries (tally_verify::consistency says what that proves).
 
+use std::path::Path;
+
 use anyhow::{bail, Context, Result};
 use tally_ledger::keys::LedgerPublic;
 use tally_ledger::tlog::tiles::Tiles;
-use tally_verify::consistency::{check_anchors, RecordedHead};
+use tally_verify::consistency::{check_anchors, NoWalkReport, RecordedHead};
 use tally_verify::text::terminal_safe;
+use tally_verify::tree::TreeAnchor;
 
 use crate::cli::ReadArgs;
 use crate::output::{errln, out, outln};
@@ -28,6 +31,26 @@ pub fn run(read: &ReadArgs) -> Result<Exit> {
             key.display()
         )
     })?;
+    let anchors = read_anchors(read, key, &public)?;
+    let head = recorded_head(dir)?;
+    let origin = tally_ledger::tlog::origin(public.ledger_id);
+    let report = check_anchors(
+        &Tiles::new(dir),
+        &origin,
+        public.log_key.as_ref(),
+        &head,
+        &anchors,
+    );
+    print_report(&report, read.json)?;
+    Ok(match report.exit_code() {
+        0 => Exit::Success,
+        1 => Exit::Findings,
+        _ => Exit::Incomplete,
+    })
+}
+
+/// The `--anchor` files, each a C2SP checkpoint of the ledger `key` is the key of.
+fn read_anchors(read: &ReadArgs, key: &Path, public: &LedgerPublic) -> Result<Vec<TreeAnchor>> {
     let mut anchors = Vec::new();
     for a in &read.anchors {
         let text = std::fs::read(a).with_context(|| format!("reading anchor {}", a.display()))?;
@@ -47,10 +70,14 @@ pub fn run(read: &ReadArgs) -> Result<Exit> {
         }
         anchors.push(anchor);
     }
-    // A log that does not read back records no tree head: anchors past nothing are past
-    // its end, which is the finding, not a usage error.
-    let head = match tally_ledger::prove::recorded_tree_head(dir) {
-        Ok((size, root)) => RecordedHead { size, root },
+    Ok(anchors)
+}
+
+/// The tree head the log in `dir` records. A log that does not read back records no tree
+/// head: anchors past nothing are past its end, which is the finding, not a usage error.
+fn recorded_head(dir: &Path) -> Result<RecordedHead> {
+    match tally_ledger::prove::recorded_tree_head(dir) {
+        Ok((size, root)) => Ok(RecordedHead { size, root }),
         Err(
             e @ (tally_ledger::Error::Segment { .. }
             | tally_ledger::Error::Corrupt { .. }
@@ -60,27 +87,21 @@ pub fn run(read: &ReadArgs) -> Result<Exit> {
                 "tally: the log in {} does not read: {e}",
                 terminal_safe(&dir.display().to_string())
             );
-            RecordedHead {
+            Ok(RecordedHead {
                 size: 0,
                 root: None,
-            }
+            })
         }
         Err(e) => {
-            return Err(
-                anyhow::Error::new(e).context(format!("reading the log in {}", dir.display()))
-            )
+            Err(anyhow::Error::new(e).context(format!("reading the log in {}", dir.display())))
         }
-    };
-    let origin = tally_ledger::tlog::origin(public.ledger_id);
-    let report = check_anchors(
-        &Tiles::new(dir),
-        &origin,
-        public.log_key.as_ref(),
-        &head,
-        &anchors,
-    );
-    if read.json {
-        let mut v = serde_json::to_value(&report)?;
+    }
+}
+
+/// The report on standard output, as JSON (with the report version and mode) or text.
+fn print_report(report: &NoWalkReport, json: bool) -> Result<()> {
+    if json {
+        let mut v = serde_json::to_value(report)?;
         if let serde_json::Value::Object(m) = &mut v {
             m.insert(
                 "version".into(),
@@ -92,9 +113,5 @@ pub fn run(read: &ReadArgs) -> Result<Exit> {
     } else {
         out!("{}", terminal_safe(&report.to_text()));
     }
-    Ok(match report.exit_code() {
-        0 => Exit::Success,
-        1 => Exit::Findings,
-        _ => Exit::Incomplete,
-    })
+    Ok(())
 }

@@ -382,49 +382,7 @@ fn inclusion(
     let mut decisions: Vec<(u64, Decision)> = Vec::new();
     let mut entries = Vec::new();
     for p in &proofs {
-        let why = (|| -> std::result::Result<Option<Decision>, String> {
-            let extra = p.extra.as_deref().ok_or("no entry in its `extra` line")?;
-            let (bytes, opener) = split_extra(extra).ok_or("its `extra` is not a tally entry")?;
-            let entry = Entry::decode(bytes).map_err(|e| e.to_string())?;
-            if entry.header.ledger_id != public.ledger_id {
-                return Err("an entry of another ledger".into());
-            }
-            if entry.header.seq != p.index {
-                return Err(format!(
-                    "the entry is seq {}, the proof says index {}",
-                    entry.header.seq, p.index
-                ));
-            }
-            verify_inclusion(p.index, head.size, &leaf_hash(bytes), &p.proof, &head.root)
-                .map_err(|e| format!("not in the checkpoint's tree: {e}"))?;
-            let (Some(auditor), EntryType::Decision) = (&auditor, entry.header.entry_type) else {
-                return Ok(None);
-            };
-            let opener = Entry::decode(opener.ok_or("no epoch entry to decrypt it with")?)
-                .map_err(|e| e.to_string())?;
-            let ephemeral = match (opener.genesis(), opener.epoch_cert()) {
-                (Some(g), _) => g.ephemeral,
-                (_, Some(c)) => c.ephemeral,
-                _ => {
-                    return Err(
-                        "its epoch entry is neither genesis nor an epoch certificate".into(),
-                    )
-                }
-            };
-            if opener.header.epoch != entry.header.epoch {
-                return Err("its epoch entry is of another epoch".into());
-            }
-            let key = auditor
-                .epoch_key(&ephemeral, public.ledger_id, entry.header.epoch)
-                .map_err(|e| e.to_string())?;
-            let plain = key
-                .open(&entry.header.nonce, entry.header_bytes(), entry.body())
-                .map_err(|_| "does not decrypt with the auditor key".to_string())?;
-            Decision::from_stored(&plain)
-                .map(Some)
-                .map_err(|e| e.to_string())
-        })();
-        match why {
+        match proven_entry(p, &head, public, auditor.as_ref()) {
             Ok(d) => {
                 entries.push(p.index);
                 if let Some(d) = d {
@@ -434,22 +392,14 @@ fn inclusion(
             Err(e) => bad.push(format!("seq {}: {e}", p.index)),
         }
     }
-    let mut missing = Vec::new();
     // A run's decisions: each names its run's previous one, the first none.
     let runs: BTreeSet<&str> = decisions.iter().map(|(_, d)| d.run.as_str()).collect();
     // One proof is a proof of one decision, not of a run's history: no gap to judge.
-    if runs.len() == 1 && auditor.is_some() && proofs.len() > 1 {
-        let mut prev: Option<u64> = None;
-        for (seq, d) in &decisions {
-            match (d.prev_seq, prev) {
-                (Some(p), Some(q)) if p == q => {}
-                (None, None) => {}
-                (Some(p), _) => missing.push(format!("before seq {seq}: seq {p}, which it names as the run's previous decision, is not in the proof")),
-                (None, Some(q)) => missing.push(format!("seq {seq} names no previous decision, though seq {q} of the run comes before it")),
-            }
-            prev = Some(*seq);
-        }
-    }
+    let missing = if runs.len() == 1 && auditor.is_some() && proofs.len() > 1 {
+        run_gaps(&decisions)
+    } else {
+        Vec::new()
+    };
     let exit = if !bad.is_empty() || !missing.is_empty() {
         Exit::Findings
     } else if !quorum {
@@ -457,27 +407,7 @@ fn inclusion(
     } else {
         Exit::Success
     };
-    let verdict = if !bad.is_empty() {
-        "NOT PROVEN".to_string()
-    } else if !missing.is_empty() {
-        format!(
-            "INCOMPLETE RUN: {} entries proven, but the run's history has gaps",
-            entries.len()
-        )
-    } else {
-        format!(
-            "PROVEN: {} entr{} (seq {}) in the tree of size {}",
-            entries.len(),
-            if entries.len() == 1 { "y" } else { "ies" },
-            entries
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-            head.size
-        )
-    };
-    lines.insert(0, verdict);
+    lines.insert(0, inclusion_verdict(&bad, &missing, &entries, head.size));
     lines.extend(bad.iter().map(|b| format!("refused     {b}")));
     lines.extend(missing.iter().map(|m| format!("missing     {m}")));
     if let (1, Some((seq, d))) = (runs.len(), decisions.last()) {
@@ -510,4 +440,101 @@ fn inclusion(
         lines,
         exit,
     })
+}
+
+/// One inclusion proof's entry, checked: of this ledger, at the proof's index, in the
+/// checkpoint's tree; with the auditor key, a decision entry is decrypted and returned.
+/// The error says why the entry is refused.
+fn proven_entry(
+    p: &TlogProof,
+    head: &TreeHead,
+    public: &LedgerPublic,
+    auditor: Option<&AuditorKey>,
+) -> std::result::Result<Option<Decision>, String> {
+    let extra = p.extra.as_deref().ok_or("no entry in its `extra` line")?;
+    let (bytes, opener) = split_extra(extra).ok_or("its `extra` is not a tally entry")?;
+    let entry = Entry::decode(bytes).map_err(|e| e.to_string())?;
+    if entry.header.ledger_id != public.ledger_id {
+        return Err("an entry of another ledger".into());
+    }
+    if entry.header.seq != p.index {
+        return Err(format!(
+            "the entry is seq {}, the proof says index {}",
+            entry.header.seq, p.index
+        ));
+    }
+    verify_inclusion(p.index, head.size, &leaf_hash(bytes), &p.proof, &head.root)
+        .map_err(|e| format!("not in the checkpoint's tree: {e}"))?;
+    let (Some(auditor), EntryType::Decision) = (auditor, entry.header.entry_type) else {
+        return Ok(None);
+    };
+    let opener = Entry::decode(opener.ok_or("no epoch entry to decrypt it with")?)
+        .map_err(|e| e.to_string())?;
+    open_decision(&entry, &opener, auditor, public).map(Some)
+}
+
+/// A decision entry decrypted with the auditor key and the epoch key its epoch entry
+/// (`opener`: genesis or an epoch certificate) carries.
+fn open_decision(
+    entry: &Entry,
+    opener: &Entry,
+    auditor: &AuditorKey,
+    public: &LedgerPublic,
+) -> std::result::Result<Decision, String> {
+    let ephemeral = match (opener.genesis(), opener.epoch_cert()) {
+        (Some(g), _) => g.ephemeral,
+        (_, Some(c)) => c.ephemeral,
+        _ => return Err("its epoch entry is neither genesis nor an epoch certificate".into()),
+    };
+    if opener.header.epoch != entry.header.epoch {
+        return Err("its epoch entry is of another epoch".into());
+    }
+    let key = auditor
+        .epoch_key(&ephemeral, public.ledger_id, entry.header.epoch)
+        .map_err(|e| e.to_string())?;
+    let plain = key
+        .open(&entry.header.nonce, entry.header_bytes(), entry.body())
+        .map_err(|_| "does not decrypt with the auditor key".to_string())?;
+    Decision::from_stored(&plain).map_err(|e| e.to_string())
+}
+
+/// The gaps in one run's proven decisions: each must name the one before it as its
+/// previous decision, and the first none.
+fn run_gaps(decisions: &[(u64, Decision)]) -> Vec<String> {
+    let mut missing = Vec::new();
+    let mut prev: Option<u64> = None;
+    for (seq, d) in decisions {
+        match (d.prev_seq, prev) {
+            (Some(p), Some(q)) if p == q => {}
+            (None, None) => {}
+            (Some(p), _) => missing.push(format!("before seq {seq}: seq {p}, which it names as the run's previous decision, is not in the proof")),
+            (None, Some(q)) => missing.push(format!("seq {seq} names no previous decision, though seq {q} of the run comes before it")),
+        }
+        prev = Some(*seq);
+    }
+    missing
+}
+
+/// The first line of an inclusion proof's check: proven, an incomplete run, or not.
+fn inclusion_verdict(bad: &[String], missing: &[String], entries: &[u64], size: u64) -> String {
+    if !bad.is_empty() {
+        "NOT PROVEN".to_string()
+    } else if !missing.is_empty() {
+        format!(
+            "INCOMPLETE RUN: {} entries proven, but the run's history has gaps",
+            entries.len()
+        )
+    } else {
+        format!(
+            "PROVEN: {} entr{} (seq {}) in the tree of size {}",
+            entries.len(),
+            if entries.len() == 1 { "y" } else { "ies" },
+            entries
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            size
+        )
+    }
 }

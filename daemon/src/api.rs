@@ -297,33 +297,69 @@ async fn post_decisions(
         .acquire_owned()
         .await
         .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
-    let max_batch = app.max_batch;
-    let (prepared, permit) = if bytes.len() <= INLINE_PARSE_BYTES {
-        (prepare(&bytes, framing, max_batch), permit)
-    } else {
-        let parsing = Arc::clone(&app.big_parses)
-            .acquire_owned()
-            .await
-            .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
-        // The parse owns both permits: if the client hangs up meanwhile, they are
-        // released when the parse ends, not before, so the bounds hold.
-        app.bulk
-            .run(move || {
-                let prepared = prepare(&bytes, framing, max_batch);
-                drop(parsing);
-                (prepared, permit)
-            })
-            .await
-            .map_err(|_| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    ErrorCode::Internal,
-                    "parsing the request body failed unexpectedly",
-                )
-            })?
-    };
+    let (prepared, permit) = prepare_bounded(&app, bytes, framing, permit).await?;
     let (runs, plaintexts) = prepared?;
-    // Runs the gate governs take decisions from the gate alone (SECURITY.md 5.7).
+    refuse_governed(&app, &runs).await?;
+    if let Some(rate) = &app.rate {
+        // The first decision was paid for above; a batch pays for the rest now.
+        if plaintexts.len() > 1 {
+            rate.take(peer, plaintexts.len() - 1)
+                .map_err(rate_limited)?;
+        }
+    }
+    // The names are taken: the gate will never start a run of one of them.
+    let markers = runs.iter().map(|r| tally_gate::raw_run_entry(r)).collect();
+    let answer = crate::commit::submit(&app.ledger, &app.state, plaintexts, markers, permit);
+    match answer.await {
+        Ok(Ok(receipts)) => Ok(Json(receipts)),
+        Ok(Err(why)) => Err(ApiError::unavailable(why)),
+        // The ledger always answers (an unanswered reply answers itself with an error).
+        Err(_) => Err(ApiError::unavailable(
+            app.state.fail("the ledger dropped a request unanswered"),
+        )),
+    }
+}
+
+/// [`prepare`] a body: a small one inline, a big one on the bulk pool under a big-parse
+/// permit. The in-flight `permit` comes back with the result.
+async fn prepare_bounded(
+    app: &App,
+    bytes: Bytes,
+    framing: Framing,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Result<(Prepared, tokio::sync::OwnedSemaphorePermit), ApiError> {
+    let max_batch = app.max_batch;
+    if bytes.len() <= INLINE_PARSE_BYTES {
+        return Ok((prepare(&bytes, framing, max_batch), permit));
+    }
+    let parsing = Arc::clone(&app.big_parses)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::unavailable("the daemon is shutting down"))?;
+    // The parse owns both permits: if the client hangs up meanwhile, they are
+    // released when the parse ends, not before, so the bounds hold.
+    app.bulk
+        .run(move || {
+            let prepared = prepare(&bytes, framing, max_batch);
+            drop(parsing);
+            (prepared, permit)
+        })
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                "parsing the request body failed unexpectedly",
+            )
+        })
+}
+
+/// Refuse a batch that names a run the gate governs: those runs take decisions from the
+/// gate alone (SECURITY.md 5.7).
+async fn refuse_governed(
+    app: &App,
+    runs: &std::collections::BTreeSet<String>,
+) -> Result<(), ApiError> {
     let gate = Arc::clone(&app.gate);
     let names = runs.clone();
     let governed = app
@@ -344,25 +380,11 @@ async fn post_decisions(
             format!("run `{run}` is governed by the gate: its decisions come from the gate alone (POST /v1/check on the agent socket)"),
         ));
     }
-    if let Some(rate) = &app.rate {
-        // The first decision was paid for above; a batch pays for the rest now.
-        if plaintexts.len() > 1 {
-            rate.take(peer, plaintexts.len() - 1)
-                .map_err(rate_limited)?;
-        }
-    }
-    // The names are taken: the gate will never start a run of one of them.
-    let markers = runs.iter().map(|r| tally_gate::raw_run_entry(r)).collect();
-    let answer = crate::commit::submit(&app.ledger, &app.state, plaintexts, markers, permit);
-    match answer.await {
-        Ok(Ok(receipts)) => Ok(Json(receipts)),
-        Ok(Err(why)) => Err(ApiError::unavailable(why)),
-        // The ledger always answers (an unanswered reply answers itself with an error).
-        Err(_) => Err(ApiError::unavailable(
-            app.state.fail("the ledger dropped a request unanswered"),
-        )),
-    }
+    Ok(())
 }
+
+/// A prepared body: the runs it names and the plaintexts, or why it is refused.
+type Prepared = Result<(std::collections::BTreeSet<String>, Vec<Vec<u8>>), ApiError>;
 
 /// Parse, validate and encode a body: the runs it names and the plaintexts.
 fn prepare(

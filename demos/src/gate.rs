@@ -38,13 +38,22 @@ pub(crate) async fn gate_story(
     operator_socket: &Path,
     dana: &tally_ledger::keys::ApproverKey,
 ) -> Result<bool> {
-    use serde_json::json;
-    let mut ok = true;
     let mut c = GateClient::new(socket);
+    let mut ok = retry_storm(&mut c, socket, operator_socket).await?;
+    ok &= lost_post(&mut c, operator_socket).await?;
+    ok &= approved_reservation(&mut c, operator_socket, dana).await?;
+    if !ok {
+        outln!("  the gate did not decide as it must (see above)");
+    }
+    Ok(ok)
+}
 
+/// Run `export-q3`: 8 workers retry a failing export; the shared cap allows 3.
+async fn retry_storm(c: &mut GateClient, socket: &Path, operator_socket: &Path) -> Result<bool> {
+    use serde_json::json;
     outln!("A retry storm: 8 workers of run `export-q3` retry a failing report export.");
     ask(
-        &mut c,
+        c,
         "/v1/runs",
         json!({"run": "export-q3", "goal": "export the Q3 report", "budget": {"attempts": 20}}),
     )
@@ -80,61 +89,73 @@ pub(crate) async fn gate_story(
         }
     }
     outln!("  24 asks: {allowed} allowed, {refused} refused ({last_refusal}). The cap is shared: no worker can reset it.");
-    ok &= allowed == 3;
+    let ok = allowed == 3;
     // The workers stop the run with the gate's reason: the handoff then says why.
-    ask(
-        &mut c,
-        "/v1/runs/export-q3/stop",
-        json!({"reason": stop_reason}),
-    )
-    .await?;
+    ask(c, "/v1/runs/export-q3/stop", json!({"reason": stop_reason})).await?;
     outln!("  {}", standing(operator_socket, "export-q3").await?);
 
+    Ok(ok)
+}
+
+/// Run `lost-post`: a payment whose outcome is unknown is not paid twice.
+async fn lost_post(c: &mut GateClient, operator_socket: &Path) -> Result<bool> {
+    use serde_json::json;
     outln!("A payment whose outcome is unknown: run `lost-post` must not pay twice.");
     ask(
-        &mut c,
+        c,
         "/v1/runs",
         json!({"run": "lost-post", "goal": "pay invoice 4411", "budget": {"spend_nanos": 5_000_000_000u64}}),
     )
     .await?;
     let pay = json!({"run": "lost-post", "tool": "payments", "operation": "payments.create", "effect": "non_idempotent_write",
         "args": {"invoice": 4411, "cents": 12000}, "reserve_nanos": 1_200_000_000u64});
-    let first = ask(&mut c, "/v1/check", pay.clone()).await?;
+    let first = ask(c, "/v1/check", pay.clone()).await?;
     outln!("  pay:   {}", said(&first));
     ask(
-        &mut c,
+        c,
         "/v1/outcome",
         json!({"run": "lost-post", "attempt": first["attempt"], "status": "timeout"}),
     )
     .await?;
     outln!("  the payment timed out: nobody knows whether it went through");
-    let again = ask(&mut c, "/v1/check", pay).await?;
+    let again = ask(c, "/v1/check", pay).await?;
     outln!("  retry: {}", said(&again));
-    ok &= first["decision"] == "allow" && again["cause"] == "outcome_unknown_non_idempotent";
+    let ok = first["decision"] == "allow" && again["cause"] == "outcome_unknown_non_idempotent";
     outln!(
         "  it stays open until a human checks the payment: {}",
         standing(operator_socket, "lost-post").await?
     );
 
+    Ok(ok)
+}
+
+/// Run `summarize`: a reservation over budget asks a human; dana's signed approval lets
+/// the next ask through.
+async fn approved_reservation(
+    c: &mut GateClient,
+    operator_socket: &Path,
+    dana: &tally_ledger::keys::ApproverKey,
+) -> Result<bool> {
+    use serde_json::json;
     outln!("A reservation over budget: run `summarize` asks a human.");
     ask(
-        &mut c,
+        c,
         "/v1/runs",
         json!({"run": "summarize", "goal": "summarize the inbox", "budget": {"spend_nanos": 500_000_000}}),
     )
     .await?;
     let big = json!({"run": "summarize", "tool": "llm", "operation": "summarize", "effect": "read", "reserve_nanos": 400_000_000});
-    let one = ask(&mut c, "/v1/check", big.clone()).await?;
+    let one = ask(c, "/v1/check", big.clone()).await?;
     ask(
-        &mut c,
+        c,
         "/v1/outcome",
         json!({"run": "summarize", "attempt": one["attempt"], "status": "ok", "settled_nanos": 350_000_000}),
     )
     .await?;
-    let two = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_nanos": 400_000_000})).await?;
+    let two = ask(c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_nanos": 400_000_000})).await?;
     outln!("  first $0.40: {}; settled $0.35", said(&one));
     outln!("  next $0.40:  {}", said(&two));
-    ok &= two["decision"] == "require_approval";
+    let mut ok = two["decision"] == "require_approval";
     // A human looks, and grants $0.30 more for that one operation, for ten minutes.
     let mut op = GateClient::new(operator_socket);
     let at = op.run("summarize").await?.at_ms;
@@ -157,25 +178,17 @@ pub(crate) async fn gate_story(
         "  dana approves $0.30 more for summarize.more (signed, one use, 10 min): seq {}",
         approved["seq"]
     );
-    let three = ask(&mut c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_nanos": 400_000_000})).await?;
+    let three = ask(c, "/v1/check", json!({"run": "summarize", "tool": "llm", "operation": "summarize.more", "effect": "read", "reserve_nanos": 400_000_000})).await?;
     outln!("  asked again: {}", said(&three));
     ok &= three["decision"] == "allow";
     ask(
-        &mut c,
+        c,
         "/v1/outcome",
         json!({"run": "summarize", "attempt": three["attempt"], "status": "ok", "settled_nanos": 380_000_000}),
     )
     .await?;
     outln!("  settled $0.38: the inbox is summarized");
-    ask(
-        &mut c,
-        "/v1/runs/summarize/stop",
-        json!({"reason": "completed"}),
-    )
-    .await?;
+    ask(c, "/v1/runs/summarize/stop", json!({"reason": "completed"})).await?;
     outln!("  {}", standing(operator_socket, "summarize").await?);
-    if !ok {
-        outln!("  the gate did not decide as it must (see above)");
-    }
     Ok(ok)
 }

@@ -248,8 +248,41 @@ pub async fn story(
     model: &FakeModel,
     verbose: bool,
 ) -> Result<bool> {
-    let mut ok = true;
     let mut gate = GateClient::new(socket);
+    let token = start_run(&mut gate, proxy).await?;
+    let mut op = GateClient::new(operator_socket);
+    let calls = call_until_refused(proxy, &token, &mut op, verbose).await?;
+    let Some((reason, forbidden)) = calls.refusal else {
+        outln!("  the budget never stopped the agent (see above)");
+        return Ok(false);
+    };
+    let mut ok = forbidden;
+    ok &= calls.allowed > 0 && calls.settled <= BUDGET_CENTS * 10_000_000;
+    let _: Value = gate
+        .post(&format!("/v1/runs/{RUN}/stop"), &json!({"reason": reason}))
+        .await?;
+    outln!(
+        "  {}",
+        crate::standing::standing(operator_socket, RUN).await?
+    );
+    let status = complete(proxy, &token, 0).await?.status;
+    let (with_key, without) = model.seen();
+    outln!(
+        "The model API saw the operator's key on all {with_key} calls and the agent's token on none;"
+    );
+    outln!(
+        "the stopped run's token is refused now (HTTP {}): it spent its run alone.",
+        status.as_u16()
+    );
+    ok &= with_key == calls.allowed && without == 0 && status == StatusCode::FORBIDDEN;
+    if !ok {
+        outln!("  the proxy did not do as it must (see above)");
+    }
+    Ok(ok)
+}
+
+/// Start the story's run and say what the agent holds; the run's token.
+async fn start_run(gate: &mut GateClient, proxy: SocketAddr) -> Result<String> {
     let started: Value = gate
         .post(
             "/v1/runs",
@@ -269,81 +302,80 @@ pub async fn story(
     outln!(
         "The proxy reserves each call's worst case (input estimated, 500 tokens out), then settles its usage."
     );
-    let mut op = GateClient::new(operator_socket);
-    let mut settled = 0;
-    let mut allowed = 0;
-    let mut refusal = None;
+    Ok(token)
+}
+
+/// The agent's calls until the budget refused one.
+struct Calls {
+    /// Calls the proxy let through.
+    allowed: u64,
+    /// The run's settled spend after the last allowed call, in nanos.
+    settled: u64,
+    /// The refusal's code, and whether it was the 403 it must be; none if never refused.
+    refusal: Option<(String, bool)>,
+}
+
+/// Call the model step after step (at most 20), showing what each call settled, until
+/// one is refused.
+async fn call_until_refused(
+    proxy: SocketAddr,
+    token: &str,
+    op: &mut GateClient,
+    verbose: bool,
+) -> Result<Calls> {
+    let mut calls = Calls {
+        allowed: 0,
+        settled: 0,
+        refusal: None,
+    };
     for step in 1..=20 {
         let Answer {
             status,
             tally,
             body,
-        } = complete(proxy, &token, step).await?;
-        if status == StatusCode::OK {
-            allowed += 1;
-            let now = settled_run(&mut op).await?.settled_nanos;
-            outln!(
-                "  call {step}: {} tokens in, {} out: {} settled ({} so far)",
-                body["usage"]["prompt_tokens"],
-                body["usage"]["completion_tokens"],
-                dollars(now - settled),
-                dollars(now)
-            );
-            if verbose {
-                outln!("    the proxy's headers: {}", tally.join(", "));
-            }
-            settled = now;
-            continue;
+        } = complete(proxy, token, step).await?;
+        if status != StatusCode::OK {
+            let code = show_refusal(step, status, &body, verbose);
+            calls.refusal = Some((code, status == StatusCode::FORBIDDEN));
+            break;
         }
-        let code = body["error"]["code"].as_str().unwrap_or("?").to_owned();
-        let action = body["error"]["action"].as_str().unwrap_or("?");
+        calls.allowed += 1;
+        let now = settled_run(op).await?.settled_nanos;
         outln!(
-            "  call {step}: refused before it reached the model: HTTP {}, {code} (action {action})",
-            status.as_u16()
-        );
-        outln!(
-            "    the SDK raises {}: \"{}\"",
-            if status == StatusCode::TOO_MANY_REQUESTS {
-                "RateLimitError"
-            } else {
-                "PermissionDeniedError"
-            },
-            tally_verify::text::shown(body["error"]["message"].as_str().unwrap_or(""))
+            "  call {step}: {} tokens in, {} out: {} settled ({} so far)",
+            body["usage"]["prompt_tokens"],
+            body["usage"]["completion_tokens"],
+            dollars(now - calls.settled),
+            dollars(now)
         );
         if verbose {
-            outln!("    the answer's body, in OpenAI's error format: {body}");
+            outln!("    the proxy's headers: {}", tally.join(", "));
         }
-        outln!(
-            "    the budget cannot pay for another call; a human may grant more (`tally approve`)"
-        );
-        ok &= status == StatusCode::FORBIDDEN;
-        refusal = Some(code);
-        break;
+        calls.settled = now;
     }
-    let Some(reason) = refusal else {
-        outln!("  the budget never stopped the agent (see above)");
-        return Ok(false);
-    };
-    ok &= allowed > 0 && settled <= BUDGET_CENTS * 10_000_000;
-    let _: Value = gate
-        .post(&format!("/v1/runs/{RUN}/stop"), &json!({"reason": reason}))
-        .await?;
+    Ok(calls)
+}
+
+/// Say how call `step` was refused, as the agent's SDK sees it; the refusal's code.
+fn show_refusal(step: u64, status: StatusCode, body: &Value, verbose: bool) -> String {
+    let code = body["error"]["code"].as_str().unwrap_or("?").to_owned();
+    let action = body["error"]["action"].as_str().unwrap_or("?");
     outln!(
-        "  {}",
-        crate::standing::standing(operator_socket, RUN).await?
-    );
-    let status = complete(proxy, &token, 0).await?.status;
-    let (with_key, without) = model.seen();
-    outln!(
-        "The model API saw the operator's key on all {with_key} calls and the agent's token on none;"
-    );
-    outln!(
-        "the stopped run's token is refused now (HTTP {}): it spent its run alone.",
+        "  call {step}: refused before it reached the model: HTTP {}, {code} (action {action})",
         status.as_u16()
     );
-    ok &= with_key == allowed && without == 0 && status == StatusCode::FORBIDDEN;
-    if !ok {
-        outln!("  the proxy did not do as it must (see above)");
+    outln!(
+        "    the SDK raises {}: \"{}\"",
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            "RateLimitError"
+        } else {
+            "PermissionDeniedError"
+        },
+        tally_verify::text::shown(body["error"]["message"].as_str().unwrap_or(""))
+    );
+    if verbose {
+        outln!("    the answer's body, in OpenAI's error format: {body}");
     }
-    Ok(ok)
+    outln!("    the budget cannot pay for another call; a human may grant more (`tally approve`)");
+    code
 }

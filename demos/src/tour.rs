@@ -2,7 +2,7 @@
 //! model called through the proxy, the export, its offline verification, the auditor's
 //! decryption and analysis, two attacks on the export, and what to try next.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,32 +34,9 @@ fn verify_bytes(bytes: &[u8], options: &Options, sink: impl FnMut(Event)) -> Res
 /// Tell the whole story; whether everything went as it must.
 pub fn run(args: &DemoOptions) -> Result<bool> {
     let (dir, verbose) = (args.dir.as_deref(), args.verbose);
-    let tmp;
-    let base: PathBuf = match dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            if std::fs::read_dir(d)?.next().is_some() {
-                bail!(
-                    "{} is not empty: give `tally demo --dir` a new or empty directory",
-                    d.display()
-                );
-            }
-            // Said in full, so the files can be found from anywhere.
-            std::fs::canonicalize(d).with_context(|| format!("reading {}", d.display()))?
-        }
-        None => {
-            tmp = tempfile::tempdir().context("creating a temporary directory")?;
-            tmp.path().to_path_buf()
-        }
-    };
-    let ledger_dir = base.join("ledger");
-    let auditor_path = base.join("auditor.key");
-    let socket = base.join("agent.sock");
-    let operator_socket = base.join("operator.sock");
-    let export = base.join("ledger.tally");
-    let anchor_path = base.join("anchor.cp");
-    let mut ok = true;
-
+    // The temporary directory lives until the story ends.
+    let (_tmp, base) = demo_dir(dir)?;
+    let files = Files::under(&base);
     outln!("tally demo: the budget gate for AI agents and the audit ledger of its decisions, end to end.");
     match dir {
         Some(_) => outln!("files: {} (kept)", base.display()),
@@ -68,12 +45,80 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
             base.display()
         ),
     }
+    keys_and_ledger(&files)?;
+    let (ledger, mut served, anchor, mut ok) = agents_at_work(&files, verbose)?;
+    step(
+        3,
+        "A model called through tally, until the budget stops the agent",
+    );
+    ok &= served.model_story(&files.socket, &files.operator_socket, verbose)?;
+    served.stop()?;
+    let (bytes, entries) = export(ledger, &files.export)?;
+    let (mut options, intact) = verify_with_anchor(&bytes, &files.ledger_dir, &anchor)?;
+    ok &= intact;
+    ok &= decrypt_and_analyse(&bytes, &mut options, &files.auditor_path, verbose)?;
+    ok &= attacks(&bytes, &mut options, entries)?;
+    do_it_yourself(dir.is_some().then_some(base.as_path()));
+    if !ok {
+        outln!("\nThe demo did not go as it should: see above.");
+    }
+    Ok(ok)
+}
 
+/// The demo's directory: `--dir`, new or empty (said in full, so the files can be found
+/// from anywhere), or a temporary one, returned to be held until the demo ends.
+fn demo_dir(dir: Option<&Path>) -> Result<(Option<tempfile::TempDir>, PathBuf)> {
+    match dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            if std::fs::read_dir(d)?.next().is_some() {
+                bail!(
+                    "{} is not empty: give `tally demo --dir` a new or empty directory",
+                    d.display()
+                );
+            }
+            let base =
+                std::fs::canonicalize(d).with_context(|| format!("reading {}", d.display()))?;
+            Ok((None, base))
+        }
+        None => {
+            let tmp = tempfile::tempdir().context("creating a temporary directory")?;
+            let base = tmp.path().to_path_buf();
+            Ok((Some(tmp), base))
+        }
+    }
+}
+
+/// The demo's files, in its directory.
+struct Files {
+    ledger_dir: PathBuf,
+    auditor_path: PathBuf,
+    socket: PathBuf,
+    operator_socket: PathBuf,
+    export: PathBuf,
+    anchor_path: PathBuf,
+}
+
+impl Files {
+    fn under(base: &Path) -> Files {
+        Files {
+            ledger_dir: base.join("ledger"),
+            auditor_path: base.join("auditor.key"),
+            socket: base.join("agent.sock"),
+            operator_socket: base.join("operator.sock"),
+            export: base.join("ledger.tally"),
+            anchor_path: base.join("anchor.cp"),
+        }
+    }
+}
+
+/// Act 1: the auditor key pair and a new ledger.
+fn keys_and_ledger(files: &Files) -> Result<()> {
     step(1, "Keys and ledger");
     let auditor = AuditorKey::generate();
-    auditor.write(&auditor_path)?;
+    auditor.write(&files.auditor_path)?;
     let public = Ledger::init(
-        &ledger_dir,
+        &files.ledger_dir,
         &auditor.public(),
         Rotation {
             records: 200,
@@ -82,21 +127,27 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
     )?;
     outln!(
         "auditor key pair  {} (0600) + auditor.pub: only this key decrypts records",
-        auditor_path.display()
+        files.auditor_path.display()
     );
     outln!(
         "ledger            {} id {}",
-        ledger_dir.display(),
+        files.ledger_dir.display(),
         public.ledger_id
     );
     outln!(
         "verification key  {}/ledger.pub: all an integrity check needs",
-        ledger_dir.display()
+        files.ledger_dir.display()
     );
     outln!("key epochs        rotate every 200 entries; each new key is certified by the old one, then the old secret is destroyed");
+    Ok(())
+}
 
+/// Act 2: the stories' agents through the served gate, and the history imported; the
+/// auditor's anchor written, then a new key epoch. The ledger, the daemon still serving,
+/// the anchor's text, and whether every decision went as it must.
+fn agents_at_work(files: &Files, verbose: bool) -> Result<(Arc<Ledger>, Served, String, bool)> {
     step(2, "Agents at work, through the gate");
-    let ledger = Arc::new(Ledger::open(&ledger_dir)?);
+    let ledger = Arc::new(Ledger::open(&files.ledger_dir)?);
     let corpus = crate::stories::stories()?;
     let agents = corpus.len();
     let mut runs: Vec<String> = Vec::new();
@@ -106,11 +157,17 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
         }
     }
     let start = Instant::now();
-    let mut served = Served::start(&ledger, &ledger_dir, &socket, &operator_socket)?;
-    let (appended, refused, gated) = served.agents(&socket, &operator_socket, corpus)?;
+    let served = Served::start(
+        &ledger,
+        &files.ledger_dir,
+        &files.socket,
+        &files.operator_socket,
+    )?;
+    let (appended, refused, gated) =
+        served.agents(&files.socket, &files.operator_socket, corpus)?;
     let elapsed = start.elapsed();
     let checkpoint = ledger.checkpoint();
-    ok &= gated;
+    let mut ok = gated;
     outln!(
         "\nAnd the history of an agent platform that had no gate: {} runs in {agents} stories:",
         runs.len()
@@ -133,11 +190,11 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
         ok = false;
     }
     let anchor = checkpoint.to_text();
-    std::fs::write(&anchor_path, &anchor)?;
+    std::fs::write(&files.anchor_path, &anchor)?;
     if verbose {
         outln!(
             "\nThe auditor keeps this checkpoint elsewhere ({}), as an anchor:\n",
-            anchor_path.display()
+            files.anchor_path.display()
         );
         out!("{anchor}");
     } else {
@@ -145,7 +202,7 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
             "\nThe auditor keeps the latest checkpoint (over {}, head {}…) elsewhere, as an anchor: {}",
             tally_verify::text::plural(checkpoint.size, "entry", "entries"),
             &checkpoint.head.to_string()[..16],
-            anchor_path.display()
+            files.anchor_path.display()
         );
     }
     let cp = ledger.rotate()?;
@@ -154,16 +211,13 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
         cp.epoch,
         cp.epoch - 1
     );
+    Ok((ledger, served, anchor, ok))
+}
 
-    step(
-        3,
-        "A model called through tally, until the budget stops the agent",
-    );
-    ok &= served.model_story(&socket, &operator_socket, verbose)?;
-    served.stop()?;
-
+/// Act 4: the export, the ledger closed; its bytes and entry count.
+fn export(ledger: Arc<Ledger>, export: &Path) -> Result<(Vec<u8>, u64)> {
     step(4, "Export for offline audit");
-    let (entries, checkpoints) = ledger.export(&export)?;
+    let (entries, checkpoints) = ledger.export(export)?;
     drop(ledger);
     outln!(
         "{} holds {} and {}; the auditor copies it away.",
@@ -171,8 +225,12 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
         tally_verify::text::plural(entries, "entry", "entries"),
         tally_verify::text::plural(checkpoints, "checkpoint", "checkpoints")
     );
-    let bytes = std::fs::read(&export)?;
+    Ok((std::fs::read(export)?, entries))
+}
 
+/// Act 5: the export verified with the public key and the anchor; the options, and
+/// whether it is intact.
+fn verify_with_anchor(bytes: &[u8], ledger_dir: &Path, anchor: &str) -> Result<(Options, bool)> {
     step(
         5,
         "Verify: integrity with only the public key, and the anchor",
@@ -182,18 +240,27 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
     options
         .anchors
         .push(tally_ledger::Checkpoint::from_text(anchor.as_bytes())?);
-    let report = verify_bytes(&bytes, &options, |_| {})?;
+    let report = verify_bytes(bytes, &options, |_| {})?;
     out!("{}", report.to_text());
-    ok &= report.verdict() == Verdict::Intact;
+    Ok((options, report.verdict() == Verdict::Intact))
+}
 
+/// Act 6: decrypted with the auditor key, analysed and replayed; whether it is intact
+/// and the replay found nothing.
+fn decrypt_and_analyse(
+    bytes: &[u8],
+    options: &mut Options,
+    auditor_path: &Path,
+    verbose: bool,
+) -> Result<bool> {
     step(
         6,
         "Decrypt with the auditor key: loops, budget consistency, handoffs",
     );
-    options.auditor = Some(AuditorKey::read(&auditor_path)?);
+    options.auditor = Some(AuditorKey::read(auditor_path)?);
     let mut analysis = Analysis::new(analysis::Config::default());
     let mut replay = tally_verify::analysis::Replay::new();
-    let report = verify_bytes(&bytes, &options, |e| {
+    let report = verify_bytes(bytes, options, |e| {
         analysis.push(&e);
         replay.push(&e);
     })?;
@@ -202,7 +269,7 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
         report.decrypted.unwrap_or(0),
         report.decisions
     );
-    ok &= report.verdict() == Verdict::Intact;
+    let mut ok = report.verdict() == Verdict::Intact;
     let mut found = analysis.finish();
     if let Some(c) = &report.last_checkpoint {
         found.set_coverage(report.sealed, c.head.clone(), c.epoch);
@@ -217,23 +284,33 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
     } else {
         summary(&found, &replayed);
     }
+    Ok(ok)
+}
+
+/// Act 7: a flipped bit and a cut export, each caught without the auditor key.
+fn attacks(bytes: &[u8], options: &mut Options, entries: u64) -> Result<bool> {
     step(7, "Attacks on the export are caught");
-    let mut flipped = bytes.clone();
+    let mut flipped = bytes.to_vec();
     let at = bytes.len() / 2;
     flipped[at] ^= 0x04;
     options.auditor = None;
-    let r = verify_bytes(&flipped, &options, |_| {})?;
+    let r = verify_bytes(&flipped, options, |_| {})?;
     outln!("one bit flipped at byte {at}:");
     outln!("  {}", r.to_text().lines().next().unwrap_or_default());
-    ok &= r.verdict() == Verdict::Tampered;
-    let cut = cut_at_frame(&bytes, entries / 2);
-    let r = verify_bytes(&bytes[..cut], &options, |_| {})?;
+    let mut ok = r.verdict() == Verdict::Tampered;
+    let cut = cut_at_frame(bytes, entries / 2);
+    let r = verify_bytes(&bytes[..cut], options, |_| {})?;
     outln!("export cut after {} entries:", entries / 2);
     outln!("  {}", r.to_text().lines().next().unwrap_or_default());
     ok &= r.verdict() != Verdict::Intact;
+    Ok(ok)
+}
 
+/// Act 8: the commands to run on the kept files (`kept`: the `--dir` given), or how to
+/// keep them.
+fn do_it_yourself(kept: Option<&Path>) {
     step(8, "Do it yourself");
-    if dir.is_some() {
+    if let Some(base) = kept {
         let d = base.display();
         outln!("tally verify {d}/ledger.tally --key {d}/ledger/ledger.pub --anchor {d}/anchor.cp");
         outln!(
@@ -245,10 +322,6 @@ pub fn run(args: &DemoOptions) -> Result<bool> {
         outln!("`tally loops` and `tally handoff` on them (README.md has the walkthrough); `--verbose`");
         outln!("prints every loop, finding and handoff.");
     }
-    if !ok {
-        outln!("\nThe demo did not go as it should: see above.");
-    }
-    Ok(ok)
 }
 
 /// Act 6 in about a screen: each loop and finding in a line, the replay's verdict, and

@@ -47,6 +47,36 @@ struct Member {
     name: (usize, usize),
 }
 
+/// Read a decision's optional members into `$d`, each at most once and in declaration
+/// order, each with its `$value` reader: each member's name is read once and matched to
+/// its field (one jump, not a comparison with every field in turn). A member out of
+/// order, repeated or unknown returns `None` from the enclosing function.
+macro_rules! members {
+    ($reader:ident, $d:ident, $($field:ident => $value:expr,)*) => {
+        /// The optional fields, in declaration order.
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, PartialEq, PartialOrd)]
+        enum Field {
+            $($field,)*
+        }
+        let mut last: Option<Field> = None;
+        while let Some(m) = $reader.member().filter(|m| m.comma) {
+            let field = match &$reader.text[m.name.0..m.name.1] {
+                $(stringify!($field) => Field::$field,)*
+                _ => return None,
+            };
+            if last.is_some_and(|l| l >= field) {
+                return None;
+            }
+            last = Some(field);
+            $reader.at = m.name.1 + 2;
+            match field {
+                $(Field::$field => $d.$field = Some($value),)*
+            }
+        }
+    };
+}
+
 impl<'a> Reader<'a> {
     fn bytes(&self) -> &'a [u8] {
         self.text.as_bytes()
@@ -211,35 +241,9 @@ impl<'a> Reader<'a> {
             return None;
         }
         d.kind = Some(kind(self.word()?)?);
-        // The other members, each at most once and in declaration order: each member's
-        // name is read once and matched to its field (one jump, not a comparison with
-        // every field in turn).
-        macro_rules! members {
-            ($($field:ident => $value:expr,)*) => {
-                /// The optional fields, in declaration order.
-                #[allow(non_camel_case_types)]
-                #[derive(Clone, Copy, PartialEq, PartialOrd)]
-                enum Field {
-                    $($field,)*
-                }
-                let mut last: Option<Field> = None;
-                while let Some(m) = self.member().filter(|m| m.comma) {
-                    let field = match &self.text[m.name.0..m.name.1] {
-                        $(stringify!($field) => Field::$field,)*
-                        _ => return None,
-                    };
-                    if last.is_some_and(|l| l >= field) {
-                        return None;
-                    }
-                    last = Some(field);
-                    self.at = m.name.1 + 2;
-                    match field {
-                        $(Field::$field => d.$field = Some($value),)*
-                    }
-                }
-            };
-        }
+        // The other members, each at most once and in declaration order.
         members! {
+            self, d,
             worker => self.string()?,
             at_ms => self.u64()?,
             goal => self.string()?,

@@ -48,9 +48,6 @@ pub struct ReceivedSpan {
 impl Receiver {
     /// Listen on a loopback port.
     pub fn start() -> Receiver {
-        use http_body_util::BodyExt;
-        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-        use prost::Message;
         // Bound here, served on a thread of its own with its own runtime: a test may
         // start (and drop) it inside an async runtime of its own.
         let bound = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -59,58 +56,6 @@ impl Receiver {
         let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let kept = std::sync::Arc::clone(&spans);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serve = async move {
-            let listener = tokio::net::TcpListener::from_std(bound).expect("listener");
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let kept = std::sync::Arc::clone(&kept);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(
-                        move |req: hyper::Request<hyper::body::Incoming>| {
-                            let kept = std::sync::Arc::clone(&kept);
-                            async move {
-                                let path = req.uri().path().to_owned();
-                                let body = req.into_body().collect().await?.to_bytes();
-                                if path == "/v1/traces" {
-                                    let export = ExportTraceServiceRequest::decode(body)
-                                        .expect("an OTLP ExportTraceServiceRequest");
-                                    let mut k = kept.lock().unwrap();
-                                    for rs in export.resource_spans {
-                                        for ss in rs.scope_spans {
-                                            for s in ss.spans {
-                                                k.push(ReceivedSpan {
-                                                    trace_id: hex::encode(&s.trace_id),
-                                                    span_id: hex::encode(&s.span_id),
-                                                    parent_span_id: hex::encode(&s.parent_span_id),
-                                                    trace_state: s.trace_state,
-                                                    name: s.name,
-                                                    kind: s.kind,
-                                                    attributes: s
-                                                        .attributes
-                                                        .into_iter()
-                                                        .map(|kv| {
-                                                            (kv.key, format!("{:?}", kv.value))
-                                                        })
-                                                        .collect(),
-                                                });
-                                            }
-                                        }
-                                    }
-                                }
-                                Ok::<_, hyper::Error>(hyper::Response::new(
-                                    http_body_util::Full::new(bytes::Bytes::new()),
-                                ))
-                            }
-                        },
-                    );
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        };
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -119,7 +64,7 @@ impl Receiver {
             rt.block_on(async move {
                 tokio::select! {
                     _ = stopped => {}
-                    _ = serve => {}
+                    _ = serve(bound, kept) => {}
                 }
             });
         });
@@ -149,6 +94,75 @@ impl Receiver {
                 "the receiver got only {spans:?}"
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+/// Spans as received, shared between the receiver and its connections.
+type Kept = std::sync::Arc<std::sync::Mutex<Vec<ReceivedSpan>>>;
+
+/// Accept connections on `bound`, each served on a task of its own, until the listener
+/// fails.
+async fn serve(bound: std::net::TcpListener, kept: Kept) {
+    let listener = tokio::net::TcpListener::from_std(bound).expect("listener");
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        let kept = std::sync::Arc::clone(&kept);
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    answer(req, std::sync::Arc::clone(&kept))
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// One request: a `POST /v1/traces` body's spans kept; every request answered 200 with
+/// no body.
+async fn answer(
+    req: hyper::Request<hyper::body::Incoming>,
+    kept: Kept,
+) -> Result<hyper::Response<http_body_util::Full<bytes::Bytes>>, hyper::Error> {
+    use http_body_util::BodyExt;
+    let path = req.uri().path().to_owned();
+    let body = req.into_body().collect().await?.to_bytes();
+    if path == "/v1/traces" {
+        keep_spans(&body, &kept);
+    }
+    Ok(hyper::Response::new(http_body_util::Full::new(
+        bytes::Bytes::new(),
+    )))
+}
+
+/// Decode an OTLP `ExportTraceServiceRequest` and keep each of its spans.
+fn keep_spans(body: &[u8], kept: &Kept) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let export =
+        ExportTraceServiceRequest::decode(body).expect("an OTLP ExportTraceServiceRequest");
+    let mut k = kept.lock().unwrap();
+    for rs in export.resource_spans {
+        for ss in rs.scope_spans {
+            for s in ss.spans {
+                k.push(ReceivedSpan {
+                    trace_id: hex::encode(&s.trace_id),
+                    span_id: hex::encode(&s.span_id),
+                    parent_span_id: hex::encode(&s.parent_span_id),
+                    trace_state: s.trace_state,
+                    name: s.name,
+                    kind: s.kind,
+                    attributes: s
+                        .attributes
+                        .into_iter()
+                        .map(|kv| (kv.key, format!("{:?}", kv.value)))
+                        .collect(),
+                });
+            }
         }
     }
 }

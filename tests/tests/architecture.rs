@@ -273,7 +273,13 @@ fn the_daemon_re_exports_no_client_or_wire_type() {
         !root.join("daemon/src/bin").exists(),
         "a binary in the daemon's library crate (tally-load lives in load/)"
     );
-    let load = std::fs::read_to_string(root.join("load/src/main.rs")).expect("load/src/main.rs");
+    // tally-load's modules (main.rs and those beside it), read as one.
+    let load: String = std::fs::read_dir(root.join("load/src"))
+        .expect("load/src")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .map(|p| std::fs::read_to_string(p).expect("a source file"))
+        .collect();
     assert!(
         load.contains("use tally_api::client::"),
         "tally-load uses tally-api's client"

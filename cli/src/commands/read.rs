@@ -27,95 +27,10 @@ pub struct Audits {
 
 impl Audits {
     pub fn from_args(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Audits> {
-        if read.paths.len() != read.keys.len() {
-            bail!(
-                "{} ledgers and {} --key: give each ledger its ledger.pub, in the order of the ledgers",
-                read.paths.len(),
-                read.keys.len()
-            );
-        }
-        if read.paths.len() >= usize::from(u16::MAX) {
-            bail!(
-                "{} ledgers: at most {} can be read as one",
-                read.paths.len(),
-                u16::MAX - 1
-            );
-        }
-        if read.paths.iter().filter(|p| is_stdio(p)).count() > 1 {
-            bail!("standard input (-) can be only one of the ledgers");
-        }
-        let n = read.paths.len();
-        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let mut ledgers: Vec<Ledger> = Vec::with_capacity(n);
-        for (path, key) in read.paths.iter().zip(&read.keys) {
-            let public = LedgerPublic::read(key).with_context(|| {
-                format!(
-                    "reading the ledger verification key {} (the ledger's ledger.pub)",
-                    key.display()
-                )
-            })?;
-            if let Some(i) = ledgers
-                .iter()
-                .position(|l| l.options.public.ledger_id == public.ledger_id)
-            {
-                bail!(
-                    "{} and {} are keys of the same ledger {}: give each ledger once",
-                    read.keys[i].display(),
-                    key.display(),
-                    public.ledger_id
-                );
-            }
-            let mut options = Options::new(public);
-            options.require_anchor = read.require_anchor;
-            options.threads = (threads / n).max(1);
-            if let Some(k) = auditor_key {
-                options.auditor = Some(
-                    AuditorKey::read(k)
-                        .with_context(|| format!("reading the auditor key {}", k.display()))?,
-                );
-            }
-            ledgers.push(Ledger::new(path.clone(), options));
-        }
+        check_ledger_count(read)?;
+        let mut ledgers = open_ledgers(read, auditor_key)?;
         for a in &read.anchors {
-            let text =
-                std::fs::read(a).with_context(|| format!("reading anchor {}", a.display()))?;
-            if let Some((id, anchor)) = crate::prove::tree_anchor(&text, a) {
-                match ledgers.iter_mut().find(|l| l.options.public.ledger_id == id) {
-                    Some(l) => l.options.tree_anchors.push(anchor),
-                    None if n == 1 => bail!(
-                        "anchor {} is a checkpoint of ledger {id}, but {} is the key of ledger {}: give an anchor of this ledger",
-                        a.display(),
-                        read.keys[0].display(),
-                        ledgers[0].options.public.ledger_id
-                    ),
-                    None => bail!(
-                        "anchor {} is a checkpoint of ledger {id}, which none of the --key files is the key of: give an anchor of one of these ledgers",
-                        a.display()
-                    ),
-                }
-                continue;
-            }
-            let cp = Checkpoint::from_text(&text)
-                .with_context(|| format!("anchor {} is not a tally checkpoint", a.display()))?;
-            // Ids first, as minisign compares key ids: another ledger's anchor is a mistake.
-            match ledgers
-                .iter_mut()
-                .find(|l| l.options.public.ledger_id == cp.ledger_id)
-            {
-                Some(l) => l.options.anchors.push(cp),
-                None if n == 1 => bail!(
-                    "anchor {} is a checkpoint of ledger {}, but {} is the key of ledger {}: give an anchor of this ledger",
-                    a.display(),
-                    cp.ledger_id,
-                    read.keys[0].display(),
-                    ledgers[0].options.public.ledger_id
-                ),
-                None => bail!(
-                    "anchor {} is a checkpoint of ledger {}, which none of the --key files is the key of: give an anchor of one of these ledgers",
-                    a.display(),
-                    cp.ledger_id
-                ),
-            }
+            add_anchor(&mut ledgers, &read.keys, a)?;
         }
         Ok(Audits {
             audit: Audit { ledgers },
@@ -128,6 +43,112 @@ impl Audits {
     fn progress(&self) -> Progress {
         Progress::new("verifying").on_if(self.audit.ledgers.len() == 1)
     }
+}
+
+/// Refuse a ledger list the audit cannot read: a key missing or extra, too many ledgers,
+/// or standard input named twice.
+fn check_ledger_count(read: &ReadArgs) -> Result<()> {
+    if read.paths.len() != read.keys.len() {
+        bail!(
+            "{} ledgers and {} --key: give each ledger its ledger.pub, in the order of the ledgers",
+            read.paths.len(),
+            read.keys.len()
+        );
+    }
+    if read.paths.len() >= usize::from(u16::MAX) {
+        bail!(
+            "{} ledgers: at most {} can be read as one",
+            read.paths.len(),
+            u16::MAX - 1
+        );
+    }
+    if read.paths.iter().filter(|p| is_stdio(p)).count() > 1 {
+        bail!("standard input (-) can be only one of the ledgers");
+    }
+    Ok(())
+}
+
+/// Each ledger with its verification key and options, sharing the machine's threads;
+/// two keys of one ledger are refused.
+fn open_ledgers(read: &ReadArgs, auditor_key: Option<&Path>) -> Result<Vec<Ledger>> {
+    let n = read.paths.len();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut ledgers: Vec<Ledger> = Vec::with_capacity(n);
+    for (path, key) in read.paths.iter().zip(&read.keys) {
+        let public = LedgerPublic::read(key).with_context(|| {
+            format!(
+                "reading the ledger verification key {} (the ledger's ledger.pub)",
+                key.display()
+            )
+        })?;
+        if let Some(i) = ledgers
+            .iter()
+            .position(|l| l.options.public.ledger_id == public.ledger_id)
+        {
+            bail!(
+                "{} and {} are keys of the same ledger {}: give each ledger once",
+                read.keys[i].display(),
+                key.display(),
+                public.ledger_id
+            );
+        }
+        let mut options = Options::new(public);
+        options.require_anchor = read.require_anchor;
+        options.threads = (threads / n).max(1);
+        if let Some(k) = auditor_key {
+            options.auditor = Some(
+                AuditorKey::read(k)
+                    .with_context(|| format!("reading the auditor key {}", k.display()))?,
+            );
+        }
+        ledgers.push(Ledger::new(path.clone(), options));
+    }
+    Ok(ledgers)
+}
+
+/// Give the anchor file `a` (a tree anchor or a checkpoint) to the ledger it is of; an
+/// anchor of none of them is refused.
+fn add_anchor(ledgers: &mut [Ledger], keys: &[PathBuf], a: &Path) -> Result<()> {
+    let n = ledgers.len();
+    let text = std::fs::read(a).with_context(|| format!("reading anchor {}", a.display()))?;
+    if let Some((id, anchor)) = crate::prove::tree_anchor(&text, a) {
+        match ledgers.iter_mut().find(|l| l.options.public.ledger_id == id) {
+            Some(l) => l.options.tree_anchors.push(anchor),
+            None if n == 1 => bail!(
+                "anchor {} is a checkpoint of ledger {id}, but {} is the key of ledger {}: give an anchor of this ledger",
+                a.display(),
+                keys[0].display(),
+                ledgers[0].options.public.ledger_id
+            ),
+            None => bail!(
+                "anchor {} is a checkpoint of ledger {id}, which none of the --key files is the key of: give an anchor of one of these ledgers",
+                a.display()
+            ),
+        }
+        return Ok(());
+    }
+    let cp = Checkpoint::from_text(&text)
+        .with_context(|| format!("anchor {} is not a tally checkpoint", a.display()))?;
+    // Ids first, as minisign compares key ids: another ledger's anchor is a mistake.
+    match ledgers
+        .iter_mut()
+        .find(|l| l.options.public.ledger_id == cp.ledger_id)
+    {
+        Some(l) => l.options.anchors.push(cp),
+        None if n == 1 => bail!(
+            "anchor {} is a checkpoint of ledger {}, but {} is the key of ledger {}: give an anchor of this ledger",
+            a.display(),
+            cp.ledger_id,
+            keys[0].display(),
+            ledgers[0].options.public.ledger_id
+        ),
+        None => bail!(
+            "anchor {} is a checkpoint of ledger {}, which none of the --key files is the key of: give an anchor of one of these ledgers",
+            a.display(),
+            cp.ledger_id
+        ),
+    }
+    Ok(())
 }
 
 /// `tally verify`.
