@@ -13,6 +13,7 @@
 
 pub mod analysis;
 pub mod audit;
+pub mod backtest;
 pub mod consistency;
 pub mod event;
 pub mod finding;
