@@ -158,6 +158,44 @@ fn backtest_names_exactly_the_calls_the_live_gate_refuses_under_the_new_policy()
         text.contains("2 newly refused, 0 newly allowed, 7 not made"),
         "{text}"
     );
+    // Calibration: the completed runs' attempts (3, 6, 9, 12) reach the limit of 12.
+    let out = tally().run(
+        a.path(),
+        &[
+            "stats",
+            "ledger",
+            "--key",
+            "ledger/ledger.pub",
+            "--auditor-key",
+            "auditor.key",
+            "--json",
+        ],
+        "",
+    );
+    let stats: Value = serde_json::from_slice(&out.stdout).expect("stats json");
+    let family = &stats["calibration"][0];
+    assert_eq!(family["family"], "backtest", "{stats:#}");
+    assert_eq!(family["completed"], 4, "{stats:#}");
+    assert_eq!(
+        family["attempts"]["band"],
+        json!({"p50": 6, "p95": 12}),
+        "{stats:#}"
+    );
+    assert_eq!(family["attempts"]["judgement"], "inside_band", "{stats:#}");
+    assert_eq!(
+        family["spend_nanos"]["band"]["p95"],
+        24 * 10_000_000u64,
+        "{stats:#}"
+    );
+    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/schemas/stats.json");
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(schema).expect("schema")).expect("json");
+    let validator = jsonschema::draft202012::new(&schema).expect("a valid schema");
+    let errors: Vec<String> = validator
+        .iter_errors(&stats)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}\n{stats:#}");
     // The same policy changes nothing.
     std::fs::write(a.path().join("twelve.toml"), TWELVE).expect("write");
     let text = tally_testkit::tally::text(&backtest(a.path(), &a.path().join("twelve.toml"), &[]));
