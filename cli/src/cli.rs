@@ -676,6 +676,27 @@ pub enum PolicyCommand {
     /// Print a policy tally ships for one kind of agent (`claude-code`: the ceilings and
     /// breaker a Claude Code session under `tally hook claude-code` needs).
     Example(PolicyExampleArgs),
+    /// Replay every run the gate governed under another policy: which calls it would
+    /// have refused or allowed, where each run would have stopped, what it would have
+    /// saved (docs/REPORTS.md, "backtest").
+    Backtest(PolicyBacktestArgs),
+}
+
+/// `tally policy backtest`.
+#[derive(clap::Args, Debug)]
+pub struct PolicyBacktestArgs {
+    /// The policy to try (TOML, as `tally serve --policy` takes it).
+    #[arg(long, value_name = "FILE")]
+    pub policy: PathBuf,
+    /// What to read and check against.
+    #[command(flatten)]
+    pub read: ReadArgs,
+    /// The auditor's secret key.
+    #[arg(long)]
+    pub auditor_key: PathBuf,
+    /// Report even if the chain does not verify (every page says so).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `tally policy example`.

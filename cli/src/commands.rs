@@ -16,7 +16,7 @@ use crate::Exit;
 mod append;
 mod read;
 pub use append::append;
-pub(crate) use read::{analyse, analysis_code, emit};
+pub(crate) use read::{analyse, analysis_code, emit, walk};
 pub use read::{handoff, loops, verify};
 
 /// `-` where a PATH or FILE is taken: standard input (or output).

@@ -6,6 +6,7 @@
 
 mod output;
 
+mod backtest;
 mod cli;
 mod commands;
 mod demo;
@@ -152,6 +153,9 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Policy {
             command: cli::PolicyCommand::Example(args),
         } => commands::policy_example(&args),
+        Command::Policy {
+            command: cli::PolicyCommand::Backtest(args),
+        } => backtest::run(&args),
         Command::Hook {
             command: cli::HookCommand::ClaudeCode(args),
         } => hook::run(&args),

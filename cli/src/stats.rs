@@ -8,6 +8,7 @@ use serde::Serialize;
 use tally_ledger::money::Nanos;
 use tally_ledger::Reason;
 use tally_verify::analysis::{self, Attempts, Handoff, Spend};
+use tally_verify::calibration;
 use tally_verify::text::{plural, shown};
 
 use crate::cli::ReportArgs;
@@ -21,6 +22,10 @@ pub struct StatsReport<'a> {
     pub version: u32,
     /// The runs, in the order of their first record.
     pub runs: Vec<RunStats<'a>>,
+    /// The completed runs' band by goal family, beside the limits (absent when no run
+    /// completed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calibration: Vec<calibration::Family>,
 }
 
 /// One run's numbers.
@@ -90,6 +95,7 @@ impl StatsReport<'_> {
                 }
             ));
         }
+        text.push_str(&calibration::to_text(&self.calibration));
         if inconsistencies > 0 {
             text.push_str(&format!(
                 "\n{} found: `tally loops` (or `tally verify --auditor-key`) lists them\n",
@@ -121,14 +127,16 @@ pub fn stats(args: &ReportArgs) -> Result<Exit> {
         },
         None => found.findings.len() as u64 + found.findings_omitted,
     };
-    let report = StatsReport {
-        version: analysis::REPORT_VERSION,
-        runs: found
+    let shown = || {
+        found
             .handoffs
             .iter()
             .filter(|h| run.is_none_or(|r| h.run == r))
-            .map(RunStats::of)
-            .collect(),
+    };
+    let report = StatsReport {
+        version: analysis::REPORT_VERSION,
+        runs: shown().map(RunStats::of).collect(),
+        calibration: calibration::calibrate(shown()),
     };
     let text = report.to_text(found.findings.len() as u64 + found.findings_omitted);
     let json = serde_json::to_string(&report)?;

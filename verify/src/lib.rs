@@ -13,6 +13,8 @@
 
 pub mod analysis;
 pub mod audit;
+pub mod backtest;
+pub mod calibration;
 pub mod consistency;
 pub mod event;
 pub mod finding;

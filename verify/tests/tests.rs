@@ -1,5 +1,6 @@
 //! Integration tests of tally-verify: one binary, one module per area.
 
 mod analysis;
+mod backtest;
 mod layers;
 mod merge;

@@ -268,6 +268,27 @@ pub(crate) fn analyse(
     Ok(Some((verified, found)))
 }
 
+/// Verify with the auditor key, handing every decrypted decision to `sink` in seq
+/// order (`tally policy backtest`). Refuses a ledger that does not verify unless
+/// `force`, as [`analyse`] does.
+pub(crate) fn walk(
+    read: &ReadArgs,
+    auditor_key: &Path,
+    force: bool,
+    sink: impl FnMut(tally_verify::Event),
+) -> Result<Option<Verified>> {
+    let audits = Audits::from_args(read, Some(auditor_key))?;
+    let progress = audits.progress();
+    let verified = audits.audit.verify(sink, |n| progress.show(n))?;
+    drop(progress);
+    usage_errors(&verified, &audits, Some(auditor_key))?;
+    if verified.verdict() == Verdict::Tampered && !force {
+        refuse(&verified, read.json)?;
+        return Ok(None);
+    }
+    Ok(Some(verified))
+}
+
 /// The configuration runs are read under: the policy given, else the gate's defaults.
 fn config(rules: &Rules) -> Result<analysis::Config> {
     let mut c = analysis::Config::default();
