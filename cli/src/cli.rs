@@ -75,6 +75,9 @@ pub enum Command {
     /// Sign and record a human's approval for a run: a bounded extra allocation, used
     /// once, until it expires.
     Approve(ApproveArgs),
+    /// The approval requests the gate holds, pending first, nearest deadline first: the
+    /// refused call, what granting it would cost, where its run stands, who asked.
+    Approvals(ApprovalsArgs),
     /// Every run the gate holds, nearest to a limit first: state, nearest limit, used
     /// of limit, its last refusal and the action it was told.
     Runs(RunsArgs),
@@ -312,6 +315,17 @@ pub struct ApproveArgs {
     /// Why, for the record.
     #[arg(long)]
     pub note: Option<String>,
+}
+
+/// `tally approvals`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct ApprovalsArgs {
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// JSON instead of text: `GET /v1/approvals`'s answer.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `tally runs`'s arguments.

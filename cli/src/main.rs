@@ -6,6 +6,7 @@
 
 mod output;
 
+mod approvals;
 mod cli;
 mod commands;
 mod demo;
@@ -119,6 +120,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
         Command::Keygen(args) => commands::keygen(&args),
         Command::Approve(args) => operator::approve(&args),
+        Command::Approvals(args) => approvals::approvals(&args),
         Command::Runs(args) => match args.json {
             true => operator::runs(&args),
             false => top::runs_text(&args.operator_socket),

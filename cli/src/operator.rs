@@ -67,7 +67,7 @@ pub(crate) fn refused(e: GateError) -> anyhow::Error {
     }
 }
 
-fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+pub(crate) fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?

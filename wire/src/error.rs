@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorCode {
+    /// An answer to an approval request whose run is past its deadline.
+    ApprovalExpired,
     /// An approval whose signature, approver or scope the policy refuses.
     ApprovalRefused,
     /// An outcome (or a settle) for an attempt already settled.
@@ -82,6 +84,8 @@ pub enum ErrorCode {
     RateLimited,
     /// A start the gate refuses with a reason code (in the message).
     Refused,
+    /// No approval request of that id.
+    RequestNotFound,
     /// The body did not arrive within the read timeout.
     RequestTimeout,
     /// A start for a run that exists.
@@ -115,7 +119,8 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code a daemon or proxy of this build sends.
-    pub const ALL: [ErrorCode; 48] = [
+    pub const ALL: [ErrorCode; 50] = [
+        ErrorCode::ApprovalExpired,
         ErrorCode::ApprovalRefused,
         ErrorCode::AttemptSettled,
         ErrorCode::BatchTooLarge,
@@ -151,6 +156,7 @@ impl ErrorCode {
         ErrorCode::PrincipalBudgetExceeded,
         ErrorCode::RateLimited,
         ErrorCode::Refused,
+        ErrorCode::RequestNotFound,
         ErrorCode::RequestTimeout,
         ErrorCode::RunExists,
         ErrorCode::RunNotFound,
@@ -169,6 +175,7 @@ impl ErrorCode {
     /// The code as it is on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
+            ErrorCode::ApprovalExpired => "approval_expired",
             ErrorCode::ApprovalRefused => "approval_refused",
             ErrorCode::AttemptSettled => "attempt_settled",
             ErrorCode::BatchTooLarge => "batch_too_large",
@@ -205,6 +212,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::Refused => "refused",
             ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::RequestNotFound => "request_not_found",
             ErrorCode::RunExists => "run_exists",
             ErrorCode::RunNotFound => "run_not_found",
             ErrorCode::RunNotStopped => "run_not_stopped",

@@ -23,6 +23,7 @@ const LAYERS: &[&str] = &[
     "call",
     "rules",
     "refusals",
+    "request",
     "decide",
     "judge",
     "apply",

@@ -52,6 +52,7 @@ fn deny(d: &mut Decision, n: Deny<'_>) {
     d.reason = Some(n.reason);
     call(d, n.call);
     d.retry_after_ms = n.retry_after_ms;
+    d.request = n.request.cloned();
 }
 
 fn outcome(d: &mut Decision, o: Outcome<'_>) {
