@@ -116,10 +116,9 @@ pub(crate) fn listed(entry: &Entry, run: Option<(&RunState, Now)>) -> ApprovalRe
     let state = state_of(entry, run);
     let request = entry.request.clone();
     let expires_in_ms = match (state, run) {
-        (RequestState::Pending, Some((r, now))) => r
-            .budget
-            .deadline_ms
-            .map(|dl| dl.saturating_sub(now.at_ms.unwrap_or(0))),
+        (RequestState::Pending, Some((r, now))) => {
+            tally_policy::deadline_left(&r.budget, now.at_ms.unwrap_or(0))
+        }
         _ => None,
     };
     ApprovalRequest {

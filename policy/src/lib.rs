@@ -61,7 +61,9 @@ pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
-pub use limits::{call_timeout, deadline_stop, left, over_limit, past_deadline, spend_left};
+pub use limits::{
+    call_timeout, deadline_left, deadline_stop, left, over_limit, past_deadline, spend_left,
+};
 pub use overrun::{overrun, Overrun};
 pub use refusals::{breaker_wait, outcome_unknown, taken_as_recorded, Rule, RULES};
 pub use request::request_id;

@@ -22,7 +22,7 @@ pub fn request(policy: &Policy, run: &RunState, call: &Call, cause: Reason, at_m
         cause,
         cost: cost(policy, call, cause),
         calls,
-        left_ms: run.budget.deadline_ms.map(|d| d.saturating_sub(at_ms)),
+        left_ms: crate::limits::deadline_left(&run.budget, at_ms),
     }
 }
 
