@@ -281,12 +281,16 @@ pub struct KeygenArgs {
 /// `tally approve`'s arguments.
 #[derive(clap::Args, Debug)]
 pub struct ApproveArgs {
+    /// The approval request to grant (`tally approvals` lists them): its run and the
+    /// scope that lets exactly its call through are the request's.
+    #[arg(conflicts_with_all = ["run", "attempts", "usd", "cents", "tool", "operation"])]
+    pub request: Option<String>,
     /// The daemon's operator socket.
     #[arg(long)]
     pub operator_socket: PathBuf,
-    /// The run.
-    #[arg(long)]
-    pub run: String,
+    /// The run (a grant without a request).
+    #[arg(long, required_unless_present = "request")]
+    pub run: Option<String>,
     /// The approver's secret key (`tally keygen --approver`).
     #[arg(long)]
     pub key: PathBuf,
@@ -294,9 +298,10 @@ pub struct ApproveArgs {
     /// `dana.key`).
     #[arg(long)]
     pub approver: Option<String>,
-    /// How long it is valid, on the run's clock: `30s`, `10m`, `2h`, `500ms`.
-    #[arg(long)]
-    pub expires: String,
+    /// How long it is valid, on the run's clock: `30s`, `10m`, `2h`, `500ms` (for a
+    /// request: at most until the run's deadline; default 10m).
+    #[arg(long, required_unless_present = "request")]
+    pub expires: Option<String>,
     /// Extra attempts (and side effects).
     #[arg(long)]
     pub attempts: Option<u64>,

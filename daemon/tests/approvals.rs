@@ -113,3 +113,101 @@ async fn an_ask_is_listed_with_its_context_and_expires_with_the_run() {
 fn rustix_uid() -> u32 {
     std::fs::metadata("/proc/self").map_or(0, |m| std::os::unix::fs::MetadataExt::uid(&m))
 }
+
+/// An approval answering request `id`, signed by `key` as `approver`, for `scope`.
+fn answer(
+    key: &tally_ledger::keys::ApproverKey,
+    run: &str,
+    id: &str,
+    scope: tally_ledger::decision::Scope,
+    expires_ms: u64,
+) -> tally_api::Approval {
+    let digest = tally_policy::approval::answer_digest(run, "dana", &scope, expires_ms, Some(id));
+    tally_api::Approval {
+        run: run.into(),
+        approver: "dana".into(),
+        signature: tally_policy::approval::sign(key.signing_key(), &digest),
+        scope,
+        expires_ms,
+        digest,
+        note: None,
+        request: Some(id.into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_lets_exactly_that_call_through_once_and_a_late_one_is_expired() {
+    let dana = tally_ledger::keys::ApproverKey::generate();
+    let policy = format!("[approvals.approvers]\ndana = \"{}\"\n", dana.public_hex());
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let mut d = gated_on(&policy, &clock).await;
+    let asked_call = asked(&d).await;
+    assert_eq!(asked_call["cause"], "attempts_exhausted");
+    let mut op = GateClient::new(&d.socket);
+    let r = op.approval_requests().await.expect("list").remove(0);
+    // A scope wider than the request's cost, or the id of another run's request: refused.
+    let mut wide = r.cost.clone();
+    wide.attempts = Some(5);
+    let e = op
+        .approve(&answer(&dana, "r", &r.id, wide, 30_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::ApprovalRefused), "{e}");
+    let e = op
+        .approve(&answer(
+            &dana,
+            "r",
+            "0123456789abcdef",
+            r.cost.clone(),
+            30_000,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::RequestNotFound), "{e}");
+    // A signature over another request's id does not carry over to this one.
+    let mut swapped = answer(&dana, "r", "0123456789abcdef", r.cost.clone(), 30_000);
+    swapped.request = Some(r.id.clone());
+    let e = op.approve(&swapped).await.unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::ApprovalRefused), "{e}");
+    assert!(e.to_string().contains("digest"), "{e}");
+    // The request's own cost, signed for it: recorded, and the request is approved.
+    op.approve(&answer(&dana, "r", &r.id, r.cost.clone(), 30_000))
+        .await
+        .expect("approved");
+    let now = op.approval_request(&r.id).await.expect("one");
+    assert_eq!(now.state, RequestState::Approved);
+    assert_eq!(now.answered_by.as_deref(), Some("dana"));
+    assert!(op
+        .approval_requests()
+        .await
+        .expect("list")
+        .iter()
+        .all(|x| x.state != RequestState::Pending));
+    // Exactly that call goes through, once; a different one asks again.
+    let again = json!({"run": "r", "worker": "w2", "tool": "email.send", "operation": "send:42",
+        "effect": "non_idempotent_write", "target": "smtp", "args": {"to": "x@example.com"},
+        "args_preview": "to x@example.com", "reserve_nanos": 5_000_000});
+    let (_, a) = agent_post(&d, "/v1/check", again).await;
+    assert_eq!(a["decision"], "allow", "{a}");
+    let other = json!({"run": "r", "tool": "search", "operation": "q2", "effect": "read"});
+    let (_, a) = agent_post(&d, "/v1/check", other).await;
+    assert_eq!(a["decision"], "require_approval", "{a}");
+    let second = op
+        .approval_requests()
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|x| x.state == RequestState::Pending)
+        .expect("a new request");
+    assert_eq!(second.tool, "search");
+    // Answered after the run's deadline: refused `approval_expired`, listed as expired.
+    clock.advance(61_000);
+    let e = op
+        .approve(&answer(&dana, "r", &second.id, second.cost.clone(), 90_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::ApprovalExpired), "{e}");
+    let listed = op.approval_request(&second.id).await.expect("one");
+    assert_eq!(listed.state, RequestState::Expired);
+    d.shutdown().await.expect("shutdown");
+}

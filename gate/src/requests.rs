@@ -6,7 +6,7 @@
 //! which were answered; after a restart the ledger still holds every request.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tally_ledger::decision::Request;
 use tally_ledger::Decision;
@@ -14,6 +14,8 @@ use tally_policy::{Now, RunState};
 use tally_wire::{ApprovalRequest, RequestState};
 
 use crate::backend::{StateBackend, StateTxn};
+use crate::commit::AfterDurable;
+use crate::Approval;
 use crate::{Gate, GateError};
 
 /// The most requests the book keeps; the oldest go first.
@@ -86,6 +88,13 @@ impl Book {
     /// The request `id`, if the book holds it.
     pub fn get(&self, id: &str) -> Option<Entry> {
         self.lock().get(id).cloned()
+    }
+
+    /// Record the answer to `id`.
+    pub fn answer(&self, id: &str, answer: Answer) {
+        if let Some(e) = self.lock().get_mut(id) {
+            e.answer = Some(answer);
+        }
     }
 
     /// Every request the book holds.
@@ -190,5 +199,52 @@ impl<B: StateBackend> Gate<B> {
     fn request_in<T: StateTxn>(&self, t: &mut T, e: &Entry) -> ApprovalRequest {
         let run = t.run(&e.record.run).ok().cloned();
         listed(e, run.as_ref().map(|r| (r, self.clock(r))))
+    }
+}
+
+impl<B: StateBackend> Gate<B> {
+    /// Refused unless approval `a` may answer request `id` of run `state` at `now`: a
+    /// request the gate holds, of that run, pending, and `a` granting exactly its cost.
+    /// What marks it approved once the approval is durable.
+    pub(crate) fn answerable(
+        &self,
+        id: &str,
+        a: &Approval,
+        state: &RunState,
+        now: Now,
+    ) -> Result<AfterDurable, GateError> {
+        let entry = self
+            .requests
+            .get(id)
+            .ok_or_else(|| GateError::RequestNotFound(id.to_owned()))?;
+        if entry.record.run != a.run {
+            return Err(GateError::ApprovalRefused(format!(
+                "request `{id}` is another run's; sign the request of the run it names"
+            )));
+        }
+        match state_of(&entry, Some((state, now))) {
+            RequestState::Pending => {}
+            RequestState::Expired => return Err(GateError::RequestExpired(id.to_owned())),
+            other => {
+                return Err(GateError::ApprovalRefused(format!(
+                    "request `{id}` is {}: it takes no other answer",
+                    other.as_str()
+                )))
+            }
+        }
+        if a.scope != entry.request.cost {
+            return Err(GateError::ApprovalRefused(format!(
+                "the scope is not request `{id}`'s cost: `tally approve {id}` signs exactly that"
+            )));
+        }
+        let (book, id) = (Arc::clone(&self.requests), id.to_owned());
+        let answer = Answer {
+            state: RequestState::Approved,
+            by: a.approver.clone(),
+            note: a.note.clone(),
+        };
+        Ok(Box::new(move |_: &[tally_ledger::Receipt]| {
+            book.answer(&id, answer)
+        }))
     }
 }

@@ -346,6 +346,11 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub request: Option<Request>,
+    /// The approval request (its id) an override answers (override): the approver's
+    /// signature covers it (docs/APPROVALS.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub answers: Option<String>,
     /// The OpenTelemetry trace the decision belongs to (allow, deny): 32 lowercase hex
     /// characters, not all zero (a W3C trace-id). The gate writes the trace id of the
     /// span it made for the check, or of the `traceparent` the agent sent, so an auditor

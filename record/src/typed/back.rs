@@ -97,6 +97,7 @@ fn grant(d: &mut Decision, o: Override<'_>) {
     d.expires_ms = o.expires_ms;
     d.signature = o.signature.map(str::to_owned);
     d.note = o.note.map(str::to_owned);
+    d.answers = o.answers.map(str::to_owned);
 }
 
 fn stop(d: &mut Decision, s: Stop<'_>) {

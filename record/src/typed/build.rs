@@ -199,6 +199,7 @@ pub(super) fn grant(d: &Decision) -> Result<Override<'_>, DecisionError> {
         expires_ms: d.expires_ms,
         signature: d.signature.as_deref(),
         note: d.note.as_deref(),
+        answers: d.answers.as_deref(),
     })
 }
 

@@ -55,7 +55,7 @@ fn carries() -> &'static [[bool; NAMES.len()]; Kind::ALL.len()] {
 }
 
 /// The optional fields by their JSON names, in the order they are refused in.
-const NAMES: [&str; 53] = [
+const NAMES: [&str; 54] = [
     "worker",
     "at_ms",
     "goal",
@@ -106,6 +106,7 @@ const NAMES: [&str; 53] = [
     "usage_refused",
     "usage",
     "request",
+    "answers",
     "trace_id",
     "prev_seq",
     "note",
@@ -164,6 +165,7 @@ fn present(d: &Decision) -> [bool; NAMES.len()] {
         d.usage_refused.is_some(),
         d.usage.is_some(),
         d.request.is_some(),
+        d.answers.is_some(),
         d.trace_id.is_some(),
         d.prev_seq.is_some(),
         d.note.is_some(),

@@ -302,11 +302,14 @@ pub struct Override<'a> {
     pub signature: Option<&'a str>,
     /// Free text.
     pub note: Option<&'a str>,
+    /// The approval request it answers.
+    pub answers: Option<&'a str>,
 }
 
 impl Override<'_> {
     /// The JSON names of the fields an override carries beyond [`Head::FIELDS`].
     pub const FIELDS: &'static [&'static str] = &[
+        "answers",
         "approver",
         "scope",
         "digest",
