@@ -24,8 +24,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tally_record::trace::Traceparent;
 use tally_wire::{
-    CheckAnswer, CheckRequest, ErrorCode, ListedRun, Logged, OutcomeRequest, Reason, SettleRequest,
-    Standing, StartRequest, Started, StopRequest,
+    ApprovalRequest, CheckAnswer, CheckRequest, ErrorCode, ListedRun, Logged, OutcomeRequest,
+    Reason, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 
 use crate::client::{Client, ClientError, Reply};
@@ -318,6 +318,21 @@ impl GateClient {
     /// [`tally_wire::Approval`], or its JSON); its receipt.
     pub async fn approve(&mut self, approval: &impl Serialize) -> Result<Logged, GateError> {
         self.post("/v1/approvals", approval).await
+    }
+
+    /// `GET /v1/approvals` (operator socket): every approval request the gate holds,
+    /// pending first, nearest deadline first (docs/APPROVALS.md).
+    pub async fn approval_requests(&mut self) -> Result<Vec<ApprovalRequest>, GateError> {
+        self.request(Method::GET, "/v1/approvals", None).await
+    }
+
+    /// `GET /v1/approvals/{id}` (operator socket): one approval request.
+    pub async fn approval_request(&mut self, id: &str) -> Result<ApprovalRequest, GateError> {
+        let path = format!(
+            "/v1/approvals/{}",
+            utf8_percent_encode(id, NON_ALPHANUMERIC)
+        );
+        self.request(Method::GET, &path, None).await
     }
 
     /// POST a JSON body; a JSON answer, or the gate's typed error.

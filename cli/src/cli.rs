@@ -75,6 +75,9 @@ pub enum Command {
     /// Sign and record a human's approval for a run: a bounded extra allocation, used
     /// once, until it expires.
     Approve(ApproveArgs),
+    /// The approval requests the gate holds, pending first, nearest deadline first: the
+    /// refused call, what granting it would cost, where its run stands, who asked.
+    Approvals(ApprovalsArgs),
     /// Every run the gate holds, nearest to a limit first: state, nearest limit, used
     /// of limit, its last refusal and the action it was told.
     Runs(RunsArgs),
@@ -278,12 +281,16 @@ pub struct KeygenArgs {
 /// `tally approve`'s arguments.
 #[derive(clap::Args, Debug)]
 pub struct ApproveArgs {
+    /// The approval request to grant (`tally approvals` lists them): its run and the
+    /// scope that lets exactly its call through are the request's.
+    #[arg(conflicts_with_all = ["run", "attempts", "usd", "cents", "tool", "operation"])]
+    pub request: Option<String>,
     /// The daemon's operator socket.
     #[arg(long)]
     pub operator_socket: PathBuf,
-    /// The run.
-    #[arg(long)]
-    pub run: String,
+    /// The run (a grant without a request).
+    #[arg(long, required_unless_present = "request")]
+    pub run: Option<String>,
     /// The approver's secret key (`tally keygen --approver`).
     #[arg(long)]
     pub key: PathBuf,
@@ -291,9 +298,10 @@ pub struct ApproveArgs {
     /// `dana.key`).
     #[arg(long)]
     pub approver: Option<String>,
-    /// How long it is valid, on the run's clock: `30s`, `10m`, `2h`, `500ms`.
-    #[arg(long)]
-    pub expires: String,
+    /// How long it is valid, on the run's clock: `30s`, `10m`, `2h`, `500ms` (for a
+    /// request: at most until the run's deadline; default 10m).
+    #[arg(long, required_unless_present = "request")]
+    pub expires: Option<String>,
     /// Extra attempts (and side effects).
     #[arg(long)]
     pub attempts: Option<u64>,
@@ -312,6 +320,17 @@ pub struct ApproveArgs {
     /// Why, for the record.
     #[arg(long)]
     pub note: Option<String>,
+}
+
+/// `tally approvals`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct ApprovalsArgs {
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// JSON instead of text: `GET /v1/approvals`'s answer.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `tally runs`'s arguments.

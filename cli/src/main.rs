@@ -7,6 +7,7 @@
 mod output;
 
 mod backtest;
+mod approvals;
 mod cli;
 mod commands;
 mod demo;
@@ -120,6 +121,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
         Command::Keygen(args) => commands::keygen(&args),
         Command::Approve(args) => operator::approve(&args),
+        Command::Approvals(args) => approvals::approvals(&args),
         Command::Runs(args) => match args.json {
             true => operator::runs(&args),
             false => top::runs_text(&args.operator_socket),

@@ -14,6 +14,8 @@ use tally_ledger::decision::Scope;
 /// What `tally approve` grants.
 pub struct Grant {
     pub run: String,
+    /// The approval request it answers.
+    pub request: Option<String>,
     pub key: PathBuf,
     pub approver: Option<String>,
     pub expires: String,
@@ -67,7 +69,7 @@ pub(crate) fn refused(e: GateError) -> anyhow::Error {
     }
 }
 
-fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+pub(crate) fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
@@ -76,11 +78,15 @@ fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
 
 /// `tally approve`.
 pub fn approve(args: &ApproveArgs) -> Result<Exit> {
+    if let Some(id) = &args.request {
+        return approve_request(args, id);
+    }
     let grant = Grant {
-        run: args.run.clone(),
+        run: args.run.clone().unwrap_or_default(),
+        request: None,
         key: args.key.clone(),
         approver: args.approver.clone(),
-        expires: args.expires.clone(),
+        expires: args.expires.clone().unwrap_or_default(),
         scope: tally_ledger::decision::Scope {
             attempts: args.attempts,
             cents: args.cents,
@@ -93,6 +99,24 @@ pub fn approve(args: &ApproveArgs) -> Result<Exit> {
             tool: args.tool.clone(),
             operation: args.operation.clone(),
         },
+        note: args.note.clone(),
+    };
+    record(&args.operator_socket, grant)
+}
+
+/// `tally approve REQUEST`: the request's run and cost, signed with the request's id.
+fn approve_request(args: &ApproveArgs, id: &str) -> Result<Exit> {
+    let request = block_on(async {
+        let mut gate = gate(&args.operator_socket).await?;
+        gate.approval_request(id).await.map_err(refused)
+    })?;
+    let grant = Grant {
+        run: request.run.clone(),
+        request: Some(request.id.clone()),
+        key: args.key.clone(),
+        approver: args.approver.clone(),
+        expires: args.expires.clone().unwrap_or_else(|| "10m".to_owned()),
+        scope: request.cost.clone(),
         note: args.note.clone(),
     };
     record(&args.operator_socket, grant)
@@ -119,7 +143,13 @@ fn record(socket: &Path, g: Grant) -> Result<Exit> {
         let run = gate.run(&g.run).await.map_err(refused)?;
         let at = run.at_ms;
         let expires_ms = at.checked_add(expires).context("the expiry overflows")?;
-        let digest = tally_policy::approval::digest(&g.run, &approver, &g.scope, expires_ms);
+        let digest = tally_policy::approval::answer_digest(
+            &g.run,
+            &approver,
+            &g.scope,
+            expires_ms,
+            g.request.as_deref(),
+        );
         let signature = tally_policy::approval::sign(key.signing_key(), &digest);
         let approval = Approval {
             run: g.run.clone(),
@@ -129,6 +159,7 @@ fn record(socket: &Path, g: Grant) -> Result<Exit> {
             digest: digest.clone(),
             signature,
             note: g.note.clone(),
+            request: g.request.clone(),
         };
         // Sent as a JSON object (its members in name order), as it always was.
         let body = serde_json::to_value(&approval)?;

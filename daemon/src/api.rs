@@ -162,6 +162,7 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
     match role {
         Role::Agent
             if matches!(path, "/v1/approvals" | "/v1/export")
+                || path.starts_with("/v1/approvals/")
                 || crate::observe::operators_view(path)
                 || (run_action && matches!(tail, "pause" | "resume" | "kill" | "settle")) =>
         {
@@ -215,7 +216,8 @@ fn allowed(role: Role, path: &str) -> &'static str {
             _ => "GET, HEAD",
         },
         Role::Operator => match path {
-            "/v1/decisions" | "/v1/approvals" => "POST",
+            "/v1/decisions" => "POST",
+            "/v1/approvals" => "GET, HEAD, POST",
             _ if run_action && matches!(tail, "pause" | "resume" | "kill" | "settle") => "POST",
             _ => "GET, HEAD",
         },

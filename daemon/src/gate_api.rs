@@ -47,7 +47,8 @@ pub(crate) fn operator_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
         .route("/v1/runs/{run}/resume", post(resume))
         .route("/v1/runs/{run}/kill", post(kill))
         .route("/v1/runs/{run}/settle", post(settle))
-        .route("/v1/approvals", post(approve))
+        .route("/v1/approvals", post(approve).get(approval_requests))
+        .route("/v1/approvals/{id}", get(approval_request))
 }
 
 fn caller(peer: Peer, role: Role) -> Caller {
@@ -434,4 +435,34 @@ async fn runs(
         StatusCode::OK,
         &crate::observe::listed(&app.observer, all),
     ))
+}
+
+/// `GET /v1/approvals`: the approval requests, pending first (docs/APPROVALS.md).
+async fn approval_requests(State(app): AppState) -> Result<Response, ApiError> {
+    let gate = Arc::clone(&app.gate);
+    let list = app
+        .at_once(move || gate.approval_requests())
+        .await
+        .map_err(gate_error)?;
+    Ok(json(StatusCode::OK, &list))
+}
+
+/// `GET /v1/approvals/{id}`: one approval request.
+async fn approval_request(
+    State(app): AppState,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = id.map(|Path(i)| i).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidValue,
+            format!("the request id in the path is not valid: {}", e.body_text()),
+        )
+    })?;
+    let gate = Arc::clone(&app.gate);
+    let one = app
+        .at_once(move || gate.approval_request(&id))
+        .await
+        .map_err(gate_error)?;
+    Ok(json(StatusCode::OK, &one))
 }

@@ -61,6 +61,10 @@ pub(crate) fn gate_error(e: GateError) -> ApiError {
         GateError::ApprovalRefused(_) => {
             ApiError::new(S::FORBIDDEN, ErrorCode::ApprovalRefused, msg)
         }
+        GateError::RequestNotFound(_) => {
+            ApiError::new(S::NOT_FOUND, ErrorCode::RequestNotFound, msg)
+        }
+        GateError::RequestExpired(_) => ApiError::new(S::CONFLICT, ErrorCode::ApprovalExpired, msg),
         GateError::Inconsistent { .. } => ApiError::new(S::CONFLICT, ErrorCode::Inconsistent, msg),
         GateError::TooManyNames { .. } => {
             let mut e = ApiError::new(S::TOO_MANY_REQUESTS, ErrorCode::TooManyNames, msg);

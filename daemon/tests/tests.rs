@@ -4,6 +4,7 @@
 mod common;
 
 mod api;
+mod approvals;
 mod clients;
 mod concurrency;
 mod edge;

@@ -6,7 +6,9 @@ use tally_ledger::{Action, Decision, Kind, Reason};
 use tally_policy::{apply, decide, judge, Call, Decided, Now, Verdict};
 
 use crate::backend::{StateBackend, StateTxn};
-use crate::commit::Commit;
+use std::sync::Arc;
+
+use crate::commit::{AfterDurable, Commit};
 use crate::{
     encodable, held, inconsistent, principal_scope, tracks_credential, Caller, CheckAnswer,
     CheckRequest, Done, Gate, GateError, Logged, OutcomeRequest, SettleRequest, Touched,
@@ -137,6 +139,16 @@ impl<B: StateBackend> Gate<B> {
             Verdict::Allow => vec![touched],
             _ => Vec::new(),
         };
+        // An approval request joins the book once its record is durable.
+        let asked = decided.record.request.is_some().then(|| {
+            let (book, record) = (Arc::clone(&self.requests), decided.record.clone());
+            let add: AfterDurable = Box::new(move |receipts: &[tally_ledger::Receipt]| {
+                if let Some(r) = receipts.first() {
+                    book.add(record, r.seq);
+                }
+            });
+            add
+        });
         let mut records = vec![decided.record];
         if let Some(reason) = decided.stop {
             // The core stops the run with the refusal: in the same commit, and it no
@@ -146,7 +158,11 @@ impl<B: StateBackend> Gate<B> {
             writes = vec![Touched::run(&call.run)];
         }
         // The answer is the decision's, before any stop that follows it.
-        Ok(Commit::new(records, writes, answer).answering(0))
+        let commit = Commit::new(records, writes, answer).answering(0);
+        Ok(match asked {
+            Some(add) => commit.then_durable(add),
+            None => commit,
+        })
     }
 
     /// The answer to a check of a stopped run: nothing to decide, nothing recorded. Bad

@@ -20,7 +20,13 @@ pub(crate) struct Commit<T> {
     /// The record whose receipt the answer carries.
     answering: usize,
     answer: Result<T, GateError>,
+    /// What to do with the records' receipts once they are durable, before answering.
+    durable: Option<AfterDurable>,
 }
+
+/// A step's follow-up on its records' receipts (in record order, the policy record's
+/// left out).
+pub(crate) type AfterDurable = Box<dyn FnOnce(&[Receipt]) + Send>;
 
 impl<T> Commit<T> {
     /// `records` with the state of `writes`, answered with `answer` and the receipt of
@@ -32,6 +38,7 @@ impl<T> Commit<T> {
             writes,
             answering,
             answer: Ok(answer),
+            durable: None,
         }
     }
 
@@ -42,12 +49,19 @@ impl<T> Commit<T> {
             records,
             writes,
             answer: Err(why),
+            durable: None,
         }
     }
 
     /// The answer carries the receipt of `records[index]` instead of the last one's.
     pub(crate) fn answering(mut self, index: usize) -> Commit<T> {
         self.answering = index;
+        self
+    }
+
+    /// Once the records are durable, `then` gets their receipts (before the answer goes).
+    pub(crate) fn then_durable(mut self, then: AfterDurable) -> Commit<T> {
+        self.durable = Some(then);
         self
     }
 }
@@ -126,7 +140,9 @@ impl<B: StateBackend> Gate<B> {
             writes,
             answering,
             answer,
+            durable,
         } = commit;
+        let count = records.len();
         // Counted from the end: the policy record may come first.
         let from_end = records.len().saturating_sub(answering + 1);
         let scopes: Vec<Scopes<'_>> = writes.iter().map(Touched::scopes).collect();
@@ -148,6 +164,13 @@ impl<B: StateBackend> Gate<B> {
             Box::new(move |result| {
                 let answered = match result {
                     Ok(receipts) => match receipts.iter().rev().nth(from_end) {
+                        Some(r) if durable.is_some() => {
+                            let own = receipts.len().saturating_sub(count);
+                            if let Some(then) = durable {
+                                then(&receipts[own..]);
+                            }
+                            answer.map(|a| a.receipted(*r))
+                        }
                         Some(r) => answer.map(|a| a.receipted(*r)),
                         None => Err(GateError::Unavailable(
                             "the ledger returned no receipt".into(),

@@ -95,6 +95,12 @@ pub enum GateError {
         /// What was found, in words.
         why: String,
     },
+    /// No approval request of that id is held (`tally approvals` lists them).
+    #[error("no approval request `{0}`: `tally approvals --operator-socket PATH` lists the requests the gate holds")]
+    RequestNotFound(String),
+    /// An answer to a request whose run is past its deadline.
+    #[error("approval request `{0}` expired with its run's deadline; the run cannot be revived: start a new run")]
+    RequestExpired(String),
     /// Too many distinct tools or credentials are tracked (an agent inventing names).
     #[error("the gate tracks {max} {what} already; retry when some are idle")]
     TooManyNames {

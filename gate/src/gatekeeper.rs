@@ -2,6 +2,7 @@
 //! in-process caller.
 
 use tally_policy::Recorded;
+use tally_wire::ApprovalRequest;
 
 use crate::backend::StateBackend;
 use crate::{
@@ -101,6 +102,10 @@ pub trait Gatekeeper: Send + Sync {
     fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError>;
     /// [`Gate::runs`].
     fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError>;
+    /// [`Gate::approval_requests`].
+    fn approval_requests(&self) -> Result<Vec<ApprovalRequest>, GateError>;
+    /// [`Gate::approval_request`].
+    fn approval_request(&self, id: &str) -> Result<ApprovalRequest, GateError>;
     /// [`Gate::governs`].
     fn governs(&self, run: &str) -> Result<bool, GateError>;
     /// [`Gate::breakers`].
@@ -147,6 +152,12 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError> {
         Gate::run(self, caller, run)
+    }
+    fn approval_requests(&self) -> Result<Vec<ApprovalRequest>, GateError> {
+        Gate::approval_requests(self)
+    }
+    fn approval_request(&self, id: &str) -> Result<ApprovalRequest, GateError> {
+        Gate::approval_request(self, id)
     }
     fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError> {
         Gate::runs(self, caller)

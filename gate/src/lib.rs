@@ -26,6 +26,7 @@ mod commit;
 mod error;
 mod gatekeeper;
 mod messages;
+mod requests;
 mod runs;
 mod scopes;
 mod start;
@@ -42,8 +43,8 @@ pub use error::GateError;
 pub use gatekeeper::Gatekeeper;
 pub use messages::Caller;
 pub use tally_wire::{
-    Approval, CheckAnswer, CheckRequest, Logged, OutcomeRequest, SettleRequest, Standing,
-    StartRequest, Started, StopRequest,
+    Approval, ApprovalRequest, CheckAnswer, CheckRequest, Logged, OutcomeRequest, RequestState,
+    SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 
 type Done<T> = Box<dyn FnOnce(Result<T, GateError>) + Send>;
@@ -89,6 +90,8 @@ pub struct Gate<B: StateBackend = Embedded> {
     policy_recorded: std::sync::atomic::AtomicBool,
     /// Where the time is read.
     time: Arc<dyn Clock>,
+    /// The approval requests recorded, with their answers.
+    requests: Arc<requests::Book>,
 }
 
 /// The scopes a decision touched, to commit with it.
@@ -206,6 +209,7 @@ impl<B: StateBackend> Gate<B> {
             failure: Arc::new(Mutex::new(None)),
             policy_recorded: std::sync::atomic::AtomicBool::new(false),
             time: Arc::new(SystemClock),
+            requests: Arc::default(),
         };
         let last = gate.ledger.state_get(tables::POLICY_KEY)?;
         let recorded = last.as_deref() == Some(gate.policy.digest.as_bytes());

@@ -198,6 +198,10 @@ impl<B: StateBackend> Gate<B> {
         let policy = &self.policy.policy;
         let state = live(t, &a.run, caller)?.clone();
         let now = self.clock(&state);
+        let answered = match &a.request {
+            Some(id) => Some(self.answerable(id, &a, &state, now)?),
+            None => None,
+        };
         self.approval_in_time(&state, &a, now.at_ms.unwrap_or(0))?;
         let run = a.run.clone();
         let mut record = Decision {
@@ -210,6 +214,7 @@ impl<B: StateBackend> Gate<B> {
             expires_ms: Some(a.expires_ms),
             signature: Some(a.signature),
             note: a.note,
+            answers: a.request,
             uid: caller.uid,
             policy: Some(self.policy.digest.clone()),
             ..Decision::default()
@@ -223,11 +228,11 @@ impl<B: StateBackend> Gate<B> {
         }
         apply(policy, t.view_mut(&Scopes::run(&run)), &record, now);
         let limits = tally_policy::apply::standing(&state, now);
-        Ok(Commit::new(
-            vec![record],
-            vec![Touched::run(&run)],
-            logged(limits),
-        ))
+        let commit = Commit::new(vec![record], vec![Touched::run(&run)], logged(limits));
+        Ok(match answered {
+            Some(mark) => commit.then_durable(mark),
+            None => commit,
+        })
     }
 
     /// Refused unless approval `a` may be recorded for `state` at `at` on its clock:

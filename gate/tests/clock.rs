@@ -328,6 +328,7 @@ fn approval(run: &str, scope: Scope, expires_ms: u64) -> Approval {
         digest,
         signature,
         note: None,
+        request: None,
     }
 }
 

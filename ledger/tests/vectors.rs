@@ -566,3 +566,30 @@ fn usage_vectors_match_docs() {
         assert!(Decision::from_json(unparsed).is_err(), "{unparsed}");
     }
 }
+
+/// docs/FORMAT.md, "Approval requests": a `require_approval` deny with its request, as
+/// sent and stored; the request on another reason or kind, or with a malformed id, is
+/// refused.
+#[test]
+fn approval_request_vectors_match_docs() {
+    let rows = sent_and_stored(
+        "| approval request as sent | stored (canonical, as the ledger writes it) |",
+    );
+    assert_eq!(rows.len(), 1);
+    for [sent, stored] in &rows {
+        assert_eq!(stored_after_a_start(sent), *stored);
+        let back = Decision::from_stored(stored.as_bytes()).unwrap();
+        assert_eq!(back.request.unwrap().id, "779e96cd51871b36");
+    }
+    let request =
+        r#"{"id":"779e96cd51871b36","cause":"attempts_exhausted","cost":{"attempts":1},"calls":1}"#;
+    for bad in [
+        format!(r#"{{"run":"r1","kind":"deny","tool":"t","reason":"attempts_exhausted","request":{request}}}"#),
+        format!(r#"{{"run":"r1","kind":"allow","tool":"t","request":{request}}}"#),
+        r#"{"run":"r1","kind":"deny","tool":"t","reason":"approval_required","request":{"id":"XYZ","cause":"attempts_exhausted","cost":{},"calls":1}}"#.to_owned(),
+    ] {
+        let d = Decision::from_json(&bad).expect("parses");
+        let err = d.validate().expect_err(&bad).to_string();
+        assert!(err.contains("request"), "{bad}: {err}");
+    }
+}

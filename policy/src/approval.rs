@@ -3,8 +3,8 @@
 //! and `tally verify` checks them again offline from the ledger alone.
 //!
 //! The digest is BLAKE3 over `tally approval v1\n` followed by the canonical JSON of
-//! `{"approver", "expires_ms", "run", "scope"}`; the approver signs the 32 digest bytes
-//! with Ed25519.
+//! `{"approver", "expires_ms", "run", "scope"}`, with `"answers"` (the approval request's
+//! id) when it answers one; the approver signs the 32 digest bytes with Ed25519.
 
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
 use serde_json::json;
@@ -19,12 +19,27 @@ const DOMAIN: &[u8] = b"tally approval v1\n";
 
 /// The digest of an approval, lowercase hex.
 pub fn digest(run: &str, approver: &str, scope: &Scope, expires_ms: u64) -> String {
-    let value = json!({
+    answer_digest(run, approver, scope, expires_ms, None)
+}
+
+/// The digest of an approval that answers the approval request `answers` (none: a grant
+/// without a request, as [`digest`]), lowercase hex.
+pub fn answer_digest(
+    run: &str,
+    approver: &str,
+    scope: &Scope,
+    expires_ms: u64,
+    answers: Option<&str>,
+) -> String {
+    let mut value = json!({
         "approver": approver,
         "expires_ms": expires_ms,
         "run": run,
         "scope": scope,
     });
+    if let (Some(id), Some(map)) = (answers, value.as_object_mut()) {
+        map.insert("answers".to_owned(), json!(id));
+    }
     let mut bytes = DOMAIN.to_vec();
     canonical_json(&value, &mut bytes);
     blake3::hash(&bytes).to_hex().to_string()
@@ -70,7 +85,14 @@ pub fn check(policy: &Policy, record: &Decision) -> Result<(), ApprovalError> {
         .approvers
         .get(approver)
         .ok_or_else(|| ApprovalError::UnknownApprover(approver.to_owned()))?;
-    if digest(&record.run, approver, scope, expires) != given {
+    if answer_digest(
+        &record.run,
+        approver,
+        scope,
+        expires,
+        record.answers.as_deref(),
+    ) != given
+    {
         return Err(ApprovalError::Digest);
     }
     let bad = || ApprovalError::Signature {

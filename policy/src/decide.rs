@@ -12,6 +12,7 @@ pub use crate::call::{Call, View};
 use crate::config::Policy;
 use crate::limits::call_timeout;
 use crate::refusals::{first_refusal, refuse, Refusal};
+use crate::request::request;
 use crate::state::Now;
 use crate::state::{Grant, RunState};
 
@@ -77,6 +78,8 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
             record.reason = Some(r.reason);
             record.retry_after_ms = r.retry_after_ms;
             if r.reason == Reason::ApprovalRequired {
+                // The refusal is an approval request: its context is decided with it.
+                record.request = cause.map(|c| request(policy, run, call, c, run_ms));
                 Verdict::RequireApproval
             } else {
                 Verdict::Deny

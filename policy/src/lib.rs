@@ -26,7 +26,7 @@
 //! Modules depend on each other one way, each only on those before it here (checked by
 //! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
 //! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `refill` (continuations of runs a refusal stopped), `start`, `call` (a call, the view a decision
-//! reads, and what a grant covers), `rules`, `refusals` (the refusal order: named rules, checked in one order), `decide`, `judge`, `apply`, `headroom` (how
+//! reads, and what a grant covers), `rules`, `refusals` (the refusal order: named rules, checked in one order), `request` (the approval request a `require_approval` is), `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits). Items moved down
 //! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
 //! `apply::standing`, ...).
@@ -48,6 +48,7 @@ pub mod prices;
 pub mod principals;
 pub mod refill;
 pub mod refusals;
+pub mod request;
 pub mod rules;
 pub mod start;
 pub mod state;
@@ -62,9 +63,12 @@ pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use judge::{judge, Dimension, Inconsistency};
-pub use limits::{call_timeout, deadline_stop, left, over_limit, past_deadline, spend_left};
+pub use limits::{
+    call_timeout, deadline_left, deadline_stop, left, over_limit, past_deadline, spend_left,
+};
 pub use overrun::{overrun, Overrun};
 pub use refusals::{breaker_wait, outcome_unknown, taken_as_recorded, Rule, RULES};
+pub use request::request_id;
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
 pub use state::{

@@ -16,6 +16,12 @@ pub fn past_deadline(budget: &Budget, run_ms: u64) -> bool {
     budget.deadline_ms.is_some_and(|d| run_ms >= d)
 }
 
+/// Run time left before the deadline of `budget` at `run_ms` on the run's clock (`None`:
+/// no deadline): how long an approval request of the run stays open to an answer.
+pub fn deadline_left(budget: &Budget, run_ms: u64) -> Option<u64> {
+    budget.deadline_ms.map(|d| d.saturating_sub(run_ms))
+}
+
 /// The stop an open run is owed at `run_ms` on its own clock, if any: past its deadline
 /// it is stopped (`run_deadline_exhausted`) before anything else of its owner's is done.
 pub fn deadline_stop(run: &RunState, run_ms: u64) -> Option<Reason> {

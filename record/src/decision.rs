@@ -4,6 +4,7 @@
 //! error. Raw call arguments never enter the ledger: [`Decision::seal_args`] replaces
 //! `args` by `args_digest`, BLAKE3 over the canonical JSON of the arguments.
 
+mod request;
 mod usage;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use crate::strict::{limits, present};
 use crate::Dimension;
 
 pub use crate::codes::{Action, Channel, Effect, Kind, Reason, Status, UsageRefused};
+pub use request::Request;
 pub use usage::Usage;
 
 /// Longest `args_preview` the ledger stores, in bytes.
@@ -338,6 +340,17 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub operator: Option<bool>,
+    /// The approval request a `require_approval` deny is (deny, reason
+    /// `approval_required`): its id, cause, cost and the run's standing beyond `limits`
+    /// (docs/APPROVALS.md). Computed by the policy core with the decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub request: Option<Request>,
+    /// The approval request (its id) an override answers (override): the approver's
+    /// signature covers it (docs/APPROVALS.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub answers: Option<String>,
     /// The OpenTelemetry trace the decision belongs to (allow, deny): 32 lowercase hex
     /// characters, not all zero (a W3C trace-id). The gate writes the trace id of the
     /// span it made for the check, or of the `traceparent` the agent sent, so an auditor
@@ -512,7 +525,7 @@ fn reject_struct_arrays(text: &str) -> Result<(), DecisionError> {
     let Value::Object(map) = &value else {
         return Err(array("a decision"));
     };
-    for field in ["budget", "scope"] {
+    for field in ["budget", "scope", "request"] {
         if matches!(map.get(field), Some(Value::Array(_))) {
             return Err(array(field));
         }

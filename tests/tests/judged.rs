@@ -349,6 +349,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                         digest,
                         signature,
                         note: None,
+                        request: None,
                     },
                 );
                 if late {

@@ -294,6 +294,11 @@ pub fn judge(
             });
         }
     }
+    // An approval request's context is the core's: a recorded one must be what it
+    // computes (ledgers from before requests carry none).
+    if d.request.is_some() && recorded == would && again.record.request != d.request {
+        return Some(ReplayKind::FieldDiffers { field: "request" });
+    }
     match (recorded, would) {
         (None, None) => None,
         (None, Some(would)) => Some(ReplayKind::AllowedAgainstPolicy { would }),

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorCode {
+    /// An answer to an approval request whose run is past its deadline.
+    ApprovalExpired,
     /// An approval whose signature, approver or scope the policy refuses.
     ApprovalRefused,
     /// A start that needs an approver's grant first (`cause` says why).
@@ -84,6 +86,8 @@ pub enum ErrorCode {
     RateLimited,
     /// A start the gate refuses with a reason code (in the message).
     Refused,
+    /// No approval request of that id.
+    RequestNotFound,
     /// The body did not arrive within the read timeout.
     RequestTimeout,
     /// A start for a run that exists.
@@ -117,7 +121,8 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code a daemon or proxy of this build sends.
-    pub const ALL: [ErrorCode; 49] = [
+    pub const ALL: [ErrorCode; 51] = [
+        ErrorCode::ApprovalExpired,
         ErrorCode::ApprovalRefused,
         ErrorCode::ApprovalRequired,
         ErrorCode::AttemptSettled,
@@ -154,6 +159,7 @@ impl ErrorCode {
         ErrorCode::PrincipalBudgetExceeded,
         ErrorCode::RateLimited,
         ErrorCode::Refused,
+        ErrorCode::RequestNotFound,
         ErrorCode::RequestTimeout,
         ErrorCode::RunExists,
         ErrorCode::RunNotFound,
@@ -172,6 +178,7 @@ impl ErrorCode {
     /// The code as it is on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
+            ErrorCode::ApprovalExpired => "approval_expired",
             ErrorCode::ApprovalRefused => "approval_refused",
             ErrorCode::ApprovalRequired => "approval_required",
             ErrorCode::AttemptSettled => "attempt_settled",
@@ -209,6 +216,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::Refused => "refused",
             ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::RequestNotFound => "request_not_found",
             ErrorCode::RunExists => "run_exists",
             ErrorCode::RunNotFound => "run_not_found",
             ErrorCode::RunNotStopped => "run_not_stopped",

@@ -189,6 +189,10 @@ pub struct Approval {
     /// Free text.
     #[serde(default)]
     pub note: Option<String>,
+    /// The approval request it answers (`GET /v1/approvals`): its `scope` is then the
+    /// request's `cost`, and the digest covers the id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
 }
 
 /// The gate's answer to a check.

@@ -11,12 +11,14 @@
 //! [`GateClient`]: https://docs.rs/tally-api
 #![forbid(unsafe_code)]
 
+mod approval;
 mod daemon;
 mod error;
 mod gate;
 mod live;
 mod proxy;
 
+pub use approval::{ApprovalRequest, RequestState};
 pub use daemon::Health;
 pub use error::{ErrorCode, ErrorDetail, ErrorReply};
 pub use gate::{

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tally_gate::{
-    Approval, Caller, CheckAnswer, CheckRequest, GateError, Gatekeeper, Logged, OutcomeRequest,
-    SettleRequest, Standing, StartRequest, Started, StopRequest,
+    Approval, ApprovalRequest, Caller, CheckAnswer, CheckRequest, GateError, Gatekeeper, Logged,
+    OutcomeRequest, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 use tally_policy::Recorded;
 
@@ -134,6 +134,14 @@ impl Gatekeeper for Observed {
 
     fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError> {
         self.inner.runs(caller)
+    }
+
+    fn approval_requests(&self) -> Result<Vec<ApprovalRequest>, GateError> {
+        self.inner.approval_requests()
+    }
+
+    fn approval_request(&self, id: &str) -> Result<ApprovalRequest, GateError> {
+        self.inner.approval_request(id)
     }
 
     fn governs(&self, run: &str) -> Result<bool, GateError> {

@@ -24,6 +24,7 @@ const LAYERS: &[&str] = &[
     "call",
     "rules",
     "refusals",
+    "request",
     "decide",
     "judge",
     "apply",

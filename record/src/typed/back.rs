@@ -52,6 +52,7 @@ fn deny(d: &mut Decision, n: Deny<'_>) {
     d.reason = Some(n.reason);
     call(d, n.call);
     d.retry_after_ms = n.retry_after_ms;
+    d.request = n.request.cloned();
 }
 
 fn outcome(d: &mut Decision, o: Outcome<'_>) {
@@ -96,6 +97,7 @@ fn grant(d: &mut Decision, o: Override<'_>) {
     d.expires_ms = o.expires_ms;
     d.signature = o.signature.map(str::to_owned);
     d.note = o.note.map(str::to_owned);
+    d.answers = o.answers.map(str::to_owned);
 }
 
 fn stop(d: &mut Decision, s: Stop<'_>) {

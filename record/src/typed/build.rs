@@ -8,7 +8,8 @@ use std::num::NonZeroU64;
 
 use crate::codes::{Reason, Status};
 use crate::decision::{
-    is_digest_hex, is_trace_id, one_amount, policy_digest, Decision, Limit, LIMIT_DIMENSIONS,
+    is_digest_hex, is_trace_id, one_amount, policy_digest, Decision, Limit, Request,
+    LIMIT_DIMENSIONS,
 };
 use crate::error::DecisionError;
 use crate::money::Nanos;
@@ -65,6 +66,7 @@ pub(super) fn deny(d: &Decision) -> Result<Deny<'_>, DecisionError> {
         reason,
         call: call(d, reserve)?,
         retry_after_ms: d.retry_after_ms,
+        request: request(d, reason)?,
     })
 }
 
@@ -197,6 +199,7 @@ pub(super) fn grant(d: &Decision) -> Result<Override<'_>, DecisionError> {
         expires_ms: d.expires_ms,
         signature: d.signature.as_deref(),
         note: d.note.as_deref(),
+        answers: d.answers.as_deref(),
     })
 }
 
@@ -352,6 +355,33 @@ fn digest(field: &'static str, value: Option<&str>) -> Result<(), DecisionError>
         });
     }
     Ok(())
+}
+
+/// A deny's approval request: only on `approval_required`, with an id of 16 lowercase
+/// hex characters and a cost in one unit.
+fn request(d: &Decision, reason: Reason) -> Result<Option<&Request>, DecisionError> {
+    let Some(r) = &d.request else {
+        return Ok(None);
+    };
+    if reason != Reason::ApprovalRequired {
+        return Err(DecisionError::Invalid {
+            field: "request",
+            why: "only an `approval_required` deny is an approval request",
+        });
+    }
+    if r.id.len() != 16 || !r.id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Err(DecisionError::Invalid {
+            field: "request.id",
+            why: "must be 16 lowercase hex characters",
+        });
+    }
+    amount(
+        "request.cost.cents",
+        r.cost.cents,
+        "request.cost.nanos",
+        r.cost.nanos,
+    )?;
+    Ok(Some(r))
 }
 
 /// A flag written only as `true`: absent is false.

@@ -55,7 +55,7 @@ fn carries() -> &'static [[bool; NAMES.len()]; Kind::ALL.len()] {
 }
 
 /// The optional fields by their JSON names, in the order they are refused in.
-const NAMES: [&str; 52] = [
+const NAMES: [&str; 54] = [
     "worker",
     "at_ms",
     "goal",
@@ -105,6 +105,8 @@ const NAMES: [&str; 52] = [
     "operator",
     "usage_refused",
     "usage",
+    "request",
+    "answers",
     "trace_id",
     "prev_seq",
     "note",
@@ -162,6 +164,8 @@ fn present(d: &Decision) -> [bool; NAMES.len()] {
         d.operator.is_some(),
         d.usage_refused.is_some(),
         d.usage.is_some(),
+        d.request.is_some(),
+        d.answers.is_some(),
         d.trace_id.is_some(),
         d.prev_seq.is_some(),
         d.note.is_some(),

@@ -8,7 +8,7 @@ use std::num::NonZeroU64;
 
 use crate::args::Args;
 use crate::codes::{Channel, Effect, Reason, Status, UsageRefused};
-use crate::decision::{Budget, Limit, Scope, Usage};
+use crate::decision::{Budget, Limit, Request, Scope, Usage};
 use crate::money::Nanos;
 
 /// What every record of a run carries (every kind but `policy`).
@@ -191,12 +191,14 @@ pub struct Deny<'a> {
     pub call: Call<'a>,
     /// When to ask again, ms.
     pub retry_after_ms: Option<u64>,
+    /// The approval request it is (reason `approval_required` only).
+    pub request: Option<&'a Request>,
 }
 
 impl Deny<'_> {
     /// The JSON names of the fields a deny carries beyond [`Head::FIELDS`] and
     /// [`Call::FIELDS`].
-    pub const FIELDS: &'static [&'static str] = &["retry_after_ms"];
+    pub const FIELDS: &'static [&'static str] = &["retry_after_ms", "request"];
 }
 
 /// Who recorded an outcome.
@@ -300,11 +302,14 @@ pub struct Override<'a> {
     pub signature: Option<&'a str>,
     /// Free text.
     pub note: Option<&'a str>,
+    /// The approval request it answers.
+    pub answers: Option<&'a str>,
 }
 
 impl Override<'_> {
     /// The JSON names of the fields an override carries beyond [`Head::FIELDS`].
     pub const FIELDS: &'static [&'static str] = &[
+        "answers",
         "approver",
         "scope",
         "digest",

@@ -128,7 +128,7 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
         }
     }
     validate_amounts(d)?;
-    let present: [(&'static str, bool, &[Kind]); 51] = [
+    let present: [(&'static str, bool, &[Kind]); 53] = [
         ("worker", d.worker.is_some(), Kind::ALL),
         ("at_ms", d.at_ms.is_some(), Kind::ALL),
         ("goal", d.goal.is_some(), &[Kind::Start]),
@@ -220,6 +220,8 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
         ("operator", d.operator.is_some(), &[Kind::Outcome]),
         ("usage_refused", d.usage_refused.is_some(), &[Kind::Outcome]),
         ("usage", d.usage.is_some(), &[Kind::Outcome]),
+        ("request", d.request.is_some(), &[Kind::Deny]),
+        ("answers", d.answers.is_some(), &[Kind::Override]),
         ("trace_id", d.trace_id.is_some(), &[Kind::Allow, Kind::Deny]),
         (
             "prev_seq",

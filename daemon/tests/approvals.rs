@@ -1,0 +1,213 @@
+//! Approval requests against the real daemon on real sockets (docs/APPROVALS.md): each
+//! `require_approval` is listed on the operator socket with its context, and expires
+//! with its run's deadline on the gate's clock (a `ManualClock` the test moves).
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tally_api::{GateClient, RequestState};
+use tally_ledger::clock::{Clock, ManualClock};
+use tally_policy::Recorded;
+
+use crate::common::{get, post_json, Daemon};
+
+/// A daemon whose gate reads the time from `clock`, under `policy`.
+async fn gated_on(policy: &str, clock: &Arc<ManualClock>) -> Daemon {
+    let recorded = Recorded::new(policy).expect("policy");
+    let clock = Arc::clone(clock) as Arc<dyn Clock>;
+    Daemon::start(move |o| {
+        o.policy = recorded;
+        o.clock = clock;
+    })
+    .await
+}
+
+async fn agent_post(d: &Daemon, path: &str, body: Value) -> (u16, Value) {
+    let mut c = d.agent().await;
+    post_json(&mut c, path, &body.to_string()).await
+}
+
+/// A run with one attempt and a one-minute deadline, its attempt used, and a second
+/// call refused `require_approval`: the answer.
+async fn asked(d: &Daemon) -> Value {
+    let (s, b) = agent_post(
+        d,
+        "/v1/runs",
+        json!({"run": "r", "goal": "g", "budget": {"attempts": 1, "deadline_ms": 60_000}}),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    let first =
+        json!({"run": "r", "tool": "search", "operation": "q1", "effect": "read", "worker": "w1"});
+    let (s, a) = agent_post(d, "/v1/check", first).await;
+    assert_eq!((s, a["decision"].as_str()), (200, Some("allow")), "{a}");
+    let second = json!({"run": "r", "worker": "w2", "tool": "email.send", "operation": "send:42",
+        "effect": "non_idempotent_write", "target": "smtp", "args": {"to": "x@example.com"},
+        "args_preview": "to x@example.com", "reserve_nanos": 5_000_000});
+    let (s, a) = agent_post(d, "/v1/check", second).await;
+    assert_eq!(
+        (s, a["decision"].as_str()),
+        (200, Some("require_approval")),
+        "{a}"
+    );
+    a
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_is_listed_with_its_context_and_expires_with_the_run() {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let mut d = gated_on("", &clock).await;
+    clock.advance(1_000);
+    asked(&d).await;
+    let mut op = GateClient::new(&d.socket);
+    let list = op.approval_requests().await.expect("list");
+    assert_eq!(list.len(), 1, "{list:?}");
+    let r = &list[0];
+    assert_eq!(r.state, RequestState::Pending);
+    assert_eq!(r.id.len(), 16);
+    assert_eq!((r.run.as_str(), r.tool.as_str()), ("r", "email.send"));
+    assert_eq!(r.operation.as_deref(), Some("send:42"));
+    assert_eq!(r.effect, Some(tally_ledger::Effect::NonIdempotentWrite));
+    assert_eq!(r.target.as_deref(), Some("smtp"));
+    assert_eq!(r.args_preview.as_deref(), Some("to x@example.com"));
+    assert_eq!(
+        r.args_digest.as_deref(),
+        Some(tally_ledger::decision::args_digest(&json!({"to": "x@example.com"})).as_str())
+    );
+    assert_eq!(r.reason, tally_ledger::Reason::ApprovalRequired);
+    assert_eq!(r.cause, tally_ledger::Reason::AttemptsExhausted);
+    // Exactly this call: one attempt, for its tool and operation.
+    assert_eq!(r.cost.attempts, Some(1));
+    assert_eq!(r.cost.tool.as_deref(), Some("email.send"));
+    assert_eq!(r.cost.operation.as_deref(), Some("send:42"));
+    assert_eq!(
+        (r.limits["attempts"].used, r.limits["attempts"].limit),
+        (1, 1)
+    );
+    assert_eq!(r.calls, 1);
+    let at = r.at_ms;
+    assert_eq!(r.left_ms, Some(60_000 - at));
+    assert_eq!(r.expires_in_ms, Some(60_000 - at));
+    assert_eq!(r.uid, Some(rustix_uid()));
+    assert_eq!(r.worker.as_deref(), Some("w2"));
+    assert!(r.seq > 0 && r.answered_by.is_none());
+    assert_eq!(op.approval_request(&r.id).await.expect("one"), *r);
+    // An unknown id is a typed 404.
+    let e = op.approval_request("0000000000000000").await.unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::RequestNotFound), "{e}");
+    // The agent never reads (or answers) requests.
+    let mut agent = d.agent().await;
+    for path in ["/v1/approvals", &format!("/v1/approvals/{}", r.id)] {
+        let reply = get(&mut agent, path).await;
+        assert_eq!(reply.status.as_u16(), 403, "{path}");
+    }
+    // Past the run's deadline the request is expired, no longer pending.
+    clock.advance(60_000);
+    let list = op.approval_requests().await.expect("list");
+    assert_eq!(list[0].state, RequestState::Expired);
+    assert_eq!(list[0].expires_in_ms, None);
+    d.shutdown().await.expect("shutdown");
+}
+
+/// This process's uid, as the daemon reads it from the socket.
+fn rustix_uid() -> u32 {
+    std::fs::metadata("/proc/self").map_or(0, |m| std::os::unix::fs::MetadataExt::uid(&m))
+}
+
+/// An approval answering request `id`, signed by `key` as `approver`, for `scope`.
+fn answer(
+    key: &tally_ledger::keys::ApproverKey,
+    run: &str,
+    id: &str,
+    scope: tally_ledger::decision::Scope,
+    expires_ms: u64,
+) -> tally_api::Approval {
+    let digest = tally_policy::approval::answer_digest(run, "dana", &scope, expires_ms, Some(id));
+    tally_api::Approval {
+        run: run.into(),
+        approver: "dana".into(),
+        signature: tally_policy::approval::sign(key.signing_key(), &digest),
+        scope,
+        expires_ms,
+        digest,
+        note: None,
+        request: Some(id.into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_lets_exactly_that_call_through_once_and_a_late_one_is_expired() {
+    let dana = tally_ledger::keys::ApproverKey::generate();
+    let policy = format!("[approvals.approvers]\ndana = \"{}\"\n", dana.public_hex());
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let mut d = gated_on(&policy, &clock).await;
+    let asked_call = asked(&d).await;
+    assert_eq!(asked_call["cause"], "attempts_exhausted");
+    let mut op = GateClient::new(&d.socket);
+    let r = op.approval_requests().await.expect("list").remove(0);
+    // A scope wider than the request's cost, or the id of another run's request: refused.
+    let mut wide = r.cost.clone();
+    wide.attempts = Some(5);
+    let e = op
+        .approve(&answer(&dana, "r", &r.id, wide, 30_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::ApprovalRefused), "{e}");
+    let e = op
+        .approve(&answer(
+            &dana,
+            "r",
+            "0123456789abcdef",
+            r.cost.clone(),
+            30_000,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::RequestNotFound), "{e}");
+    // A signature over another request's id does not carry over to this one.
+    let mut swapped = answer(&dana, "r", "0123456789abcdef", r.cost.clone(), 30_000);
+    swapped.request = Some(r.id.clone());
+    let e = op.approve(&swapped).await.unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::ApprovalRefused), "{e}");
+    assert!(e.to_string().contains("digest"), "{e}");
+    // The request's own cost, signed for it: recorded, and the request is approved.
+    op.approve(&answer(&dana, "r", &r.id, r.cost.clone(), 30_000))
+        .await
+        .expect("approved");
+    let now = op.approval_request(&r.id).await.expect("one");
+    assert_eq!(now.state, RequestState::Approved);
+    assert_eq!(now.answered_by.as_deref(), Some("dana"));
+    assert!(op
+        .approval_requests()
+        .await
+        .expect("list")
+        .iter()
+        .all(|x| x.state != RequestState::Pending));
+    // Exactly that call goes through, once; a different one asks again.
+    let again = json!({"run": "r", "worker": "w2", "tool": "email.send", "operation": "send:42",
+        "effect": "non_idempotent_write", "target": "smtp", "args": {"to": "x@example.com"},
+        "args_preview": "to x@example.com", "reserve_nanos": 5_000_000});
+    let (_, a) = agent_post(&d, "/v1/check", again).await;
+    assert_eq!(a["decision"], "allow", "{a}");
+    let other = json!({"run": "r", "tool": "search", "operation": "q2", "effect": "read"});
+    let (_, a) = agent_post(&d, "/v1/check", other).await;
+    assert_eq!(a["decision"], "require_approval", "{a}");
+    let second = op
+        .approval_requests()
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|x| x.state == RequestState::Pending)
+        .expect("a new request");
+    assert_eq!(second.tool, "search");
+    // Answered after the run's deadline: refused `approval_expired`, listed as expired.
+    clock.advance(61_000);
+    let e = op
+        .approve(&answer(&dana, "r", &second.id, second.cost.clone(), 90_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::ApprovalExpired), "{e}");
+    let listed = op.approval_request(&second.id).await.expect("one");
+    assert_eq!(listed.state, RequestState::Expired);
+    d.shutdown().await.expect("shutdown");
+}

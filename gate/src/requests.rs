@@ -1,0 +1,250 @@
+//! The approval requests the gate recorded (docs/APPROVALS.md): each `require_approval`
+//! deny, kept in memory once it is durable, with its answer, and listed for the
+//! operator with its state as the run stands now.
+//!
+//! The record is the request: what is listed is read from it. The book only remembers
+//! which were answered; after a restart the ledger still holds every request.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tally_ledger::decision::Request;
+use tally_ledger::Decision;
+use tally_policy::{Now, RunState};
+use tally_wire::{ApprovalRequest, RequestState};
+
+use crate::backend::{StateBackend, StateTxn};
+use crate::commit::AfterDurable;
+use crate::Approval;
+use crate::{Gate, GateError};
+
+/// The most requests the book keeps; the oldest go first.
+pub const MAX_REQUESTS: usize = 4096;
+
+/// An answer to a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Answer {
+    /// Approved or denied.
+    pub state: RequestState,
+    /// The approver.
+    pub by: String,
+    /// The approver's note.
+    pub note: Option<String>,
+}
+
+/// One request: its deny record, its seq, and its answer if it has one.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    pub record: Decision,
+    pub request: Request,
+    pub seq: u64,
+    pub answer: Option<Answer>,
+}
+
+/// The requests, by id.
+#[derive(Default)]
+pub(crate) struct Book {
+    entries: Mutex<BTreeMap<String, Entry>>,
+}
+
+impl Book {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keep the request `record` is (recorded at `seq`), if it is one. The same request
+    /// asked again keeps its first record.
+    pub fn add(&self, record: Decision, seq: u64) {
+        let Some(request) = record.request.clone() else {
+            return;
+        };
+        let id = request.id.clone();
+        let mut entries = self.lock();
+        if entries.contains_key(&id) {
+            return;
+        }
+        if entries.len() >= MAX_REQUESTS {
+            let oldest = entries
+                .iter()
+                .min_by_key(|(_, e)| (e.answer.is_none(), e.seq))
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                entries.remove(&k);
+            }
+        }
+        entries.insert(
+            id,
+            Entry {
+                record,
+                request,
+                seq,
+                answer: None,
+            },
+        );
+    }
+
+    /// The request `id`, if the book holds it.
+    pub fn get(&self, id: &str) -> Option<Entry> {
+        self.lock().get(id).cloned()
+    }
+
+    /// Record the answer to `id`.
+    pub fn answer(&self, id: &str, answer: Answer) {
+        if let Some(e) = self.lock().get_mut(id) {
+            e.answer = Some(answer);
+        }
+    }
+
+    /// Every request the book holds.
+    pub fn all(&self) -> Vec<Entry> {
+        self.lock().values().cloned().collect()
+    }
+}
+
+/// Where a request stands now: answered, or moot once its run stopped (or the gate no
+/// longer holds it), or expired past the run's deadline, else pending.
+pub(crate) fn state_of(entry: &Entry, run: Option<(&RunState, Now)>) -> RequestState {
+    if let Some(a) = &entry.answer {
+        return a.state;
+    }
+    match run {
+        None => RequestState::Moot,
+        Some((r, _)) if r.stop.is_some() => RequestState::Moot,
+        Some((r, now)) if tally_policy::past_deadline(&r.budget, now.at_ms.unwrap_or(0)) => {
+            RequestState::Expired
+        }
+        Some(_) => RequestState::Pending,
+    }
+}
+
+/// The request as the operator socket lists it.
+pub(crate) fn listed(entry: &Entry, run: Option<(&RunState, Now)>) -> ApprovalRequest {
+    let d = &entry.record;
+    let state = state_of(entry, run);
+    let request = entry.request.clone();
+    let expires_in_ms = match (state, run) {
+        (RequestState::Pending, Some((r, now))) => {
+            tally_policy::deadline_left(&r.budget, now.at_ms.unwrap_or(0))
+        }
+        _ => None,
+    };
+    ApprovalRequest {
+        id: request.id,
+        state,
+        run: d.run.clone(),
+        seq: entry.seq,
+        at_ms: d.at_ms.unwrap_or(0),
+        tool: d.tool.clone().unwrap_or_default(),
+        operation: d.operation.clone(),
+        effect: d.effect,
+        target: d.target.clone(),
+        args_digest: d.args_digest.clone(),
+        args_preview: d.args_preview.clone(),
+        reason: d.reason.unwrap_or(tally_ledger::Reason::ApprovalRequired),
+        cause: request.cause,
+        cost: request.cost,
+        limits: d.limits.clone().unwrap_or_default(),
+        calls: request.calls,
+        left_ms: request.left_ms,
+        expires_in_ms,
+        uid: d.uid,
+        worker: d.worker.clone(),
+        credential: d.credential.clone(),
+        answered_by: entry.answer.as_ref().map(|a| a.by.clone()),
+        note: entry.answer.as_ref().and_then(|a| a.note.clone()),
+    }
+}
+
+/// The listing's order: pending first, nearest deadline first; then the rest, newest
+/// first.
+pub(crate) fn order(list: &mut [ApprovalRequest]) {
+    list.sort_by_key(|r| {
+        let pending = r.state == RequestState::Pending;
+        (
+            !pending,
+            r.expires_in_ms.unwrap_or(u64::MAX),
+            std::cmp::Reverse(r.seq),
+        )
+    });
+}
+
+impl<B: StateBackend> Gate<B> {
+    /// Every approval request the gate holds, with its state as its run stands now:
+    /// pending first, nearest deadline first, then the answered, expired and moot ones,
+    /// newest first (docs/APPROVALS.md). Read only.
+    pub fn approval_requests(&self) -> Result<Vec<ApprovalRequest>, GateError> {
+        let entries = self.requests.all();
+        let mut t = self.begin()?;
+        let mut list = Vec::with_capacity(entries.len());
+        for e in &entries {
+            list.push(self.request_in(&mut t, e));
+        }
+        order(&mut list);
+        Ok(list)
+    }
+
+    /// The approval request `id`, as [`Gate::approval_requests`] lists it.
+    pub fn approval_request(&self, id: &str) -> Result<ApprovalRequest, GateError> {
+        let entry = self
+            .requests
+            .get(id)
+            .ok_or_else(|| GateError::RequestNotFound(id.to_owned()))?;
+        let mut t = self.begin()?;
+        Ok(self.request_in(&mut t, &entry))
+    }
+
+    /// One request as its run stands in `t` (a run the gate no longer holds: moot).
+    fn request_in<T: StateTxn>(&self, t: &mut T, e: &Entry) -> ApprovalRequest {
+        let run = t.run(&e.record.run).ok().cloned();
+        listed(e, run.as_ref().map(|r| (r, self.clock(r))))
+    }
+}
+
+impl<B: StateBackend> Gate<B> {
+    /// Refused unless approval `a` may answer request `id` of run `state` at `now`: a
+    /// request the gate holds, of that run, pending, and `a` granting exactly its cost.
+    /// What marks it approved once the approval is durable.
+    pub(crate) fn answerable(
+        &self,
+        id: &str,
+        a: &Approval,
+        state: &RunState,
+        now: Now,
+    ) -> Result<AfterDurable, GateError> {
+        let entry = self
+            .requests
+            .get(id)
+            .ok_or_else(|| GateError::RequestNotFound(id.to_owned()))?;
+        if entry.record.run != a.run {
+            return Err(GateError::ApprovalRefused(format!(
+                "request `{id}` is another run's; sign the request of the run it names"
+            )));
+        }
+        match state_of(&entry, Some((state, now))) {
+            RequestState::Pending => {}
+            RequestState::Expired => return Err(GateError::RequestExpired(id.to_owned())),
+            other => {
+                return Err(GateError::ApprovalRefused(format!(
+                    "request `{id}` is {}: it takes no other answer",
+                    other.as_str()
+                )))
+            }
+        }
+        if a.scope != entry.request.cost {
+            return Err(GateError::ApprovalRefused(format!(
+                "the scope is not request `{id}`'s cost: `tally approve {id}` signs exactly that"
+            )));
+        }
+        let (book, id) = (Arc::clone(&self.requests), id.to_owned());
+        let answer = Answer {
+            state: RequestState::Approved,
+            by: a.approver.clone(),
+            note: a.note.clone(),
+        };
+        Ok(Box::new(move |_: &[tally_ledger::Receipt]| {
+            book.answer(&id, answer)
+        }))
+    }
+}
