@@ -171,7 +171,8 @@ pub fn top(args: &TopArgs) -> Result<Exit> {
     let (socket, once) = (args.operator_socket.as_path(), args.once);
     if once || !interactive() {
         let snap = block_on(snapshot(socket, 0))?;
-        out!("{}", summary(&snap));
+        let waiting = block_on(crate::desk::pending(socket))?.len();
+        out!("{}", summary(&snap, waiting));
         out!("{}", table(&snap.runs));
         return Ok(Exit::Success);
     }
@@ -179,8 +180,9 @@ pub fn top(args: &TopArgs) -> Result<Exit> {
     tui::run(socket, desk)
 }
 
-/// The line above the table: runs, breakers, refusals in the last minutes, approvals.
-fn summary(snap: &LiveSnapshot) -> String {
+/// The line above the table: runs, breakers, refusals in the last minutes, approval
+/// requests `waiting`.
+fn summary(snap: &LiveSnapshot, waiting: usize) -> String {
     let breakers: Vec<String> = snap
         .breakers
         .iter()
@@ -192,7 +194,7 @@ fn summary(snap: &LiveSnapshot) -> String {
         snap.open_runs,
         snap.total_runs,
         if breakers.is_empty() { "none".into() } else { breakers.join(", ") },
-        snap.pending.len(),
+        waiting,
     )
 }
 
@@ -246,7 +248,7 @@ mod tui {
                     let [top, bottom] =
                         Layout::vertical([Constraint::Min(6), Constraint::Length(8)])
                             .areas(f.area());
-                    draw(f, top, &snap, page);
+                    draw(f, top, &snap, page, asks.len());
                     draw_desk(f, bottom, &desk, &asks);
                 })?;
                 if event::poll(Duration::from_millis(500))? {
@@ -301,7 +303,13 @@ mod tui {
         );
     }
 
-    fn draw(f: &mut ratatui::Frame, area: Rect, snap: &Result<LiveSnapshot>, page: usize) {
+    fn draw(
+        f: &mut ratatui::Frame,
+        area: Rect,
+        snap: &Result<LiveSnapshot>,
+        page: usize,
+        waiting: usize,
+    ) {
         let [head, body] =
             Layout::vertical([Constraint::Length(3), Constraint::Min(3)]).areas(area);
         let snap = match snap {
@@ -316,7 +324,7 @@ mod tui {
             }
         };
         f.render_widget(
-            Paragraph::new(summary(snap).trim_end().to_owned()).block(
+            Paragraph::new(summary(snap, waiting).trim_end().to_owned()).block(
                 Block::bordered().title(format!("tally top: page {} (n/p, q quits)", page + 1)),
             ),
             head,

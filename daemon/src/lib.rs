@@ -372,6 +372,11 @@ async fn serve_inner(
         tracer,
         options.observe.max_live_streams,
         live,
+        options
+            .operator_socket
+            .as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+            .map(|p| p.display().to_string()),
     ));
     {
         let o = Arc::clone(&observer);
