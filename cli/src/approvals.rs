@@ -60,7 +60,7 @@ pub fn table(list: &[ApprovalRequest]) -> String {
 }
 
 /// One request's cells.
-fn row(r: &ApprovalRequest) -> [String; 8] {
+pub(crate) fn row(r: &ApprovalRequest) -> [String; 8] {
     [
         r.id.clone(),
         state(r),

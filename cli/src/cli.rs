@@ -353,6 +353,13 @@ pub struct TopArgs {
     /// Print the plain table once, even on a terminal.
     #[arg(long)]
     pub once: bool,
+    /// An approver's secret key (`tally keygen --approver`): `a` then approves the
+    /// selected approval request, signed as `tally approve` signs.
+    #[arg(long)]
+    pub approver_key: Option<PathBuf>,
+    /// The approver's name in the policy (default: the key file's name).
+    #[arg(long, requires = "approver_key")]
+    pub approver: Option<String>,
 }
 
 /// `tally init`'s arguments.

@@ -11,6 +11,7 @@ mod approvals;
 mod cli;
 mod commands;
 mod demo;
+mod desk;
 mod gate;
 mod generate;
 mod hook;

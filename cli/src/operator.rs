@@ -124,6 +124,13 @@ fn approve_request(args: &ApproveArgs, id: &str) -> Result<Exit> {
 
 /// Sign an approval with the approver's key and record it through the daemon.
 fn record(socket: &Path, g: Grant) -> Result<Exit> {
+    outln!("{}", signed(socket, g)?);
+    Ok(Exit::Success)
+}
+
+/// Sign an approval with the approver's key and record it through the daemon: what it
+/// grants, as people read it. `tally approve` and `tally top`'s `a` both sign here.
+pub(crate) fn signed(socket: &Path, g: Grant) -> Result<String> {
     let expires = duration_ms(&g.expires)?;
     let key = tally_ledger::keys::ApproverKey::read(&g.key)
         .with_context(|| format!("reading the approver key {}", g.key.display()))?;
@@ -164,11 +171,9 @@ fn record(socket: &Path, g: Grant) -> Result<Exit> {
         // Sent as a JSON object (its members in name order), as it always was.
         let body = serde_json::to_value(&approval)?;
         let reply = gate.approve(&body).await.map_err(refused)?;
-        outln!(
-            "{}",
-            granted_text(&g.run, &g.scope, &run, &digest, &reply, expires, expires_ms)
-        );
-        Ok(Exit::Success)
+        Ok(granted_text(
+            &g.run, &g.scope, &run, &digest, &reply, expires, expires_ms,
+        ))
     })
 }
 

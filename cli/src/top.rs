@@ -171,15 +171,18 @@ pub fn top(args: &TopArgs) -> Result<Exit> {
     let (socket, once) = (args.operator_socket.as_path(), args.once);
     if once || !interactive() {
         let snap = block_on(snapshot(socket, 0))?;
-        out!("{}", summary(&snap));
+        let waiting = block_on(crate::desk::pending(socket))?.len();
+        out!("{}", summary(&snap, waiting));
         out!("{}", table(&snap.runs));
         return Ok(Exit::Success);
     }
-    tui::run(socket)
+    let desk = crate::desk::Desk::new(args.approver_key.clone(), args.approver.clone());
+    tui::run(socket, desk)
 }
 
-/// The line above the table: runs, breakers, refusals in the last minutes, approvals.
-fn summary(snap: &LiveSnapshot) -> String {
+/// The line above the table: runs, breakers, refusals in the last minutes, approval
+/// requests `waiting`.
+fn summary(snap: &LiveSnapshot, waiting: usize) -> String {
     let breakers: Vec<String> = snap
         .breakers
         .iter()
@@ -191,7 +194,7 @@ fn summary(snap: &LiveSnapshot) -> String {
         snap.open_runs,
         snap.total_runs,
         if breakers.is_empty() { "none".into() } else { breakers.join(", ") },
-        snap.pending.len(),
+        waiting,
     )
 }
 
@@ -221,12 +224,15 @@ fn fit(content: [usize; 9], room: usize) -> [u16; 9] {
 
 mod tui {
     use super::*;
+    use crate::desk::Desk;
     use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
-    use ratatui::layout::{Constraint, Layout};
+    use ratatui::layout::{Constraint, Layout, Rect};
     use ratatui::style::{Modifier, Style};
+    use ratatui::text::Line;
     use ratatui::widgets::{Block, Paragraph, Row, Table};
+    use tally_api::ApprovalRequest;
 
-    pub fn run(socket: &Path) -> Result<Exit> {
+    pub fn run(socket: &Path, mut desk: Desk) -> Result<Exit> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -235,7 +241,16 @@ mod tui {
             let mut page = 0usize;
             loop {
                 let snap = rt.block_on(snapshot(socket, page));
-                terminal.draw(|f| draw(f, &snap, page))?;
+                let asks = rt
+                    .block_on(crate::desk::pending(socket))
+                    .unwrap_or_default();
+                terminal.draw(|f| {
+                    let [top, bottom] =
+                        Layout::vertical([Constraint::Min(6), Constraint::Length(8)])
+                            .areas(f.area());
+                    draw(f, top, &snap, page, asks.len());
+                    draw_desk(f, bottom, &desk, &asks);
+                })?;
                 if event::poll(Duration::from_millis(500))? {
                     if let Event::Key(k) = event::read()? {
                         if k.kind != KeyEventKind::Press {
@@ -245,6 +260,9 @@ mod tui {
                             KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
                             KeyCode::Char('n') | KeyCode::PageDown => page += 1,
                             KeyCode::Char('p') | KeyCode::PageUp => page = page.saturating_sub(1),
+                            KeyCode::Char('j') | KeyCode::Down => desk.select(1, asks.len()),
+                            KeyCode::Char('k') | KeyCode::Up => desk.select(-1, asks.len()),
+                            KeyCode::Char('a') => desk.approve(socket, &asks),
                             _ => {}
                         }
                     }
@@ -255,22 +273,58 @@ mod tui {
         result.map(|()| Exit::Success)
     }
 
-    fn draw(f: &mut ratatui::Frame, snap: &Result<LiveSnapshot>, page: usize) {
+    /// The approval requests waiting, the selected one marked, and what the last key did.
+    fn draw_desk(f: &mut ratatui::Frame, area: Rect, desk: &Desk, asks: &[ApprovalRequest]) {
+        let at = desk.selected(asks.len());
+        let mut lines: Vec<Line> = Desk::lines(asks)
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                if i == at {
+                    Line::styled(
+                        format!("> {l}"),
+                        Style::default().add_modifier(Modifier::REVERSED),
+                    )
+                } else {
+                    Line::raw(format!("  {l}"))
+                }
+            })
+            .collect();
+        if lines.is_empty() {
+            lines.push(Line::raw("no approval request is waiting"));
+        }
+        f.render_widget(
+            Paragraph::new(lines).block(
+                Block::bordered()
+                    .title(format!("waiting for approval: {}", asks.len()))
+                    .title_bottom(desk.said.clone()),
+            ),
+            area,
+        );
+    }
+
+    fn draw(
+        f: &mut ratatui::Frame,
+        area: Rect,
+        snap: &Result<LiveSnapshot>,
+        page: usize,
+        waiting: usize,
+    ) {
         let [head, body] =
-            Layout::vertical([Constraint::Length(3), Constraint::Min(3)]).areas(f.area());
+            Layout::vertical([Constraint::Length(3), Constraint::Min(3)]).areas(area);
         let snap = match snap {
             Ok(s) => s,
             Err(e) => {
                 f.render_widget(
                     Paragraph::new(format!("tally top: {e:#}"))
                         .block(Block::bordered().title("tally top")),
-                    f.area(),
+                    area,
                 );
                 return;
             }
         };
         f.render_widget(
-            Paragraph::new(summary(snap).trim_end().to_owned()).block(
+            Paragraph::new(summary(snap, waiting).trim_end().to_owned()).block(
                 Block::bordered().title(format!("tally top: page {} (n/p, q quits)", page + 1)),
             ),
             head,

@@ -350,6 +350,18 @@ fn connection_limits(options: &ServeOptions) -> server::ConnectionLimits {
     }
 }
 
+/// The operator socket's path as the live page names it in the commands it shows
+/// (absolute, so they work from any directory).
+fn operator_socket_shown(options: &ServeOptions) -> Option<String> {
+    let p = options.operator_socket.as_ref()?;
+    Some(
+        std::path::absolute(p)
+            .unwrap_or_else(|_| p.clone())
+            .display()
+            .to_string(),
+    )
+}
+
 /// [`serve`], writing the start line to stderr if `log_start`.
 async fn serve_inner(
     ledger: Arc<Ledger>,
@@ -372,6 +384,7 @@ async fn serve_inner(
         tracer,
         options.observe.max_live_streams,
         live,
+        operator_socket_shown(&options),
     ));
     {
         let o = Arc::clone(&observer);

@@ -15,6 +15,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use futures::StreamExt;
 use serde::Deserialize;
 
 use crate::app::App;
@@ -207,13 +208,27 @@ async fn events(
                     .unwrap_or_else(|_| Event::default().event("error").data("encoding")),
                 Err(e) => Event::default().event("error").data(e.to_string()),
             };
+            let desk = desk_event(&app).await;
             Some((
-                Ok::<_, Infallible>(event),
+                futures::stream::iter([Ok::<_, Infallible>(event), Ok(desk)]),
                 (app, changed, closing, false, slot),
             ))
         },
-    );
+    )
+    .flatten();
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// The `requests` event: the pending approval requests and the operator socket
+/// (`view::Desk`).
+async fn desk_event(app: &Arc<App>) -> Event {
+    match crate::view::desk(app).await {
+        Ok(desk) => Event::default()
+            .event("requests")
+            .json_data(&desk)
+            .unwrap_or_else(|_| Event::default().event("error").data("encoding")),
+        Err(e) => Event::default().event("error").data(e.to_string()),
+    }
 }

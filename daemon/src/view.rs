@@ -21,6 +21,35 @@ pub(crate) async fn snapshot(
     Ok(build(&app.observer, standings, breakers, page, now))
 }
 
+/// Pending approval requests the live page shows at most: a hostile agent asking again
+/// and again cannot grow a page (the gate's book is bounded too).
+pub(crate) const DESK_ROWS: usize = 20;
+
+/// The human's desk on the live page (its `requests` event): the pending approval
+/// requests, nearest deadline first, and the operator socket the commands to answer them
+/// name. Read only: answering takes an approver's key, never the browser's.
+#[derive(serde::Serialize)]
+pub(crate) struct Desk {
+    pub operator_socket: Option<String>,
+    pub pending: usize,
+    pub requests: Vec<tally_wire::ApprovalRequest>,
+}
+
+/// The desk, from the gate's approval requests (the one source `GET /v1/approvals` reads).
+pub(crate) async fn desk(app: &Arc<App>) -> Result<Desk, tally_gate::GateError> {
+    let gate = Arc::clone(&app.gate);
+    let list = app.at_once(move || gate.approval_requests()).await?;
+    let pending: Vec<_> = list
+        .into_iter()
+        .filter(|r| r.state == tally_wire::RequestState::Pending)
+        .collect();
+    Ok(Desk {
+        operator_socket: app.observer.operator_socket.clone(),
+        pending: pending.len(),
+        requests: pending.into_iter().take(DESK_ROWS).collect(),
+    })
+}
+
 /// The gate's state for a scrape, and the metrics' text.
 pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::GateError> {
     // Never on the decision thread (reader.rs).

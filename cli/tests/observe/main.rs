@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use tally_testkit::daemon::request;
 use tally_testkit::{Daemon, Tally};
 
+mod desk;
 mod log;
 mod metrics;
 mod page;

@@ -3,7 +3,7 @@
 use super::*;
 
 /// A headless Chromium on the CDP driver (cli/tests/observe/cdp.py).
-struct Browser {
+pub(crate) struct Browser {
     child: Child,
     /// Closed first on drop: the driver then kills Chromium itself (killing the driver
     /// alone would leave Chromium running).
@@ -12,7 +12,7 @@ struct Browser {
 }
 
 impl Browser {
-    fn start() -> Option<Browser> {
+    pub(crate) fn start() -> Option<Browser> {
         if !tally_testkit::have(
             "chromium",
             &[],
@@ -44,7 +44,7 @@ impl Browser {
         })
     }
 
-    fn send(&mut self, cmd: Value) -> Value {
+    pub(crate) fn send(&mut self, cmd: Value) -> Value {
         writeln!(self.input.as_mut().expect("open"), "{cmd}").expect("send");
         let mut line = String::new();
         self.output.read_line(&mut line).expect("answer");
@@ -53,13 +53,18 @@ impl Browser {
         v
     }
 
-    fn eval(&mut self, js: &str) -> Value {
+    pub(crate) fn eval(&mut self, js: &str) -> Value {
         self.send(json!({ "eval": js }))["value"].clone()
     }
 
     /// Evaluate `js` until `pred` holds of its value, for at most `within`; how long it
     /// took.
-    fn until(&mut self, js: &str, within: Duration, pred: impl Fn(&Value) -> bool) -> Duration {
+    pub(crate) fn until(
+        &mut self,
+        js: &str,
+        within: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Duration {
         let started = Instant::now();
         loop {
             let v = self.eval(js);

@@ -77,6 +77,9 @@ pub(crate) struct Observer {
     /// (`ServeOptions::max_live_streams`); one more is refused `503 too_many_streams`.
     pub streams: Arc<tokio::sync::Semaphore>,
     pub max_streams: usize,
+    /// The operator socket's path, for the commands the live page shows next to each
+    /// approval request.
+    pub operator_socket: Option<String>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -93,6 +96,7 @@ impl Observer {
         tracer: Option<trace::Exporter>,
         max_streams: usize,
         live: live::Live,
+        operator_socket: Option<String>,
     ) -> Observer {
         Observer {
             metrics: metrics::Metrics::new(policy),
@@ -103,6 +107,7 @@ impl Observer {
             closing: tokio::sync::watch::channel(false).0,
             streams: Arc::new(tokio::sync::Semaphore::new(max_streams.max(1))),
             max_streams: max_streams.max(1),
+            operator_socket,
         }
     }
 

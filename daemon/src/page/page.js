@@ -103,16 +103,95 @@
       rf.appendChild(tr);
     });
 
-    var pe = document.querySelector("#pending tbody");
-    clear(pe);
-    snap.pending.forEach(function (p) {
+  }
+
+  // An agent chose this text: control characters, bidi overrides and invisible marks
+  // are written as \u{...}, then it is cut to 40 characters (as `tally approvals` does).
+  function safe(s) {
+    if (s === undefined || s === null) return "-";
+    var t = String(s).replace(/[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]/g, function (c) {
+      return "\\u{" + c.charCodeAt(0).toString(16) + "}";
+    });
+    var cs = Array.from(t);
+    return cs.length > 40 ? cs.slice(0, 39).join("") + "\u2026" : t;
+  }
+
+  function span(ms) {
+    var s = Math.max(0, Math.floor(ms / 1000));
+    return s >= 60 ? Math.floor(s / 60) + " min " + (s % 60) + " s" : s + " s";
+  }
+
+  function usd(nanos) {
+    return "$" + (nanos / 1e9).toFixed(2);
+  }
+
+  var EFFECT = { read: "read", idempotent_write: "idempotent write", non_idempotent_write: "write" };
+
+  function call(r) {
+    var w = [(r.effect ? EFFECT[r.effect] + " " : "") + safe(r.tool)];
+    if (r.operation) w.push("op " + safe(r.operation));
+    if (r.args_preview) w.push("args " + safe(r.args_preview));
+    else if (r.args_digest) w.push("args " + String(r.args_digest).slice(0, 12));
+    w.push("(" + r.cause + ")");
+    return w.join(" ");
+  }
+
+  function cost(c) {
+    var w = [];
+    if (c.attempts) w.push(c.attempts + (c.attempts === 1 ? " attempt" : " attempts"));
+    var n = c.nanos !== undefined && c.nanos !== null ? c.nanos : (c.cents ? c.cents * 1e7 : null);
+    if (n) w.push(usd(n));
+    if (c.tool) w.push((w.length ? "for " : "tool ") + safe(c.tool));
+    if (c.operation && w.length === 1 && !c.attempts && !n) w.push(safe(c.operation));
+    return w.join(" ") || "-";
+  }
+
+  function stood(r) {
+    var w = [];
+    var a = r.limits && r.limits.attempts, s = r.limits && r.limits.spend_nanos;
+    if (a) w.push("attempts " + a.used + "/" + a.limit);
+    if (s) w.push("spend " + usd(s.used) + "/" + usd(s.limit));
+    w.push(r.calls + " calls");
+    if (r.left_ms !== undefined && r.left_ms !== null) w.push(span(r.left_ms) + " to deadline");
+    return w.join(", ");
+  }
+
+  function who(r) {
+    var w = [];
+    if (r.uid !== undefined && r.uid !== null) w.push("uid " + r.uid);
+    if (r.worker) w.push("worker " + safe(r.worker));
+    if (r.credential) w.push("cred " + safe(r.credential));
+    return w.join(" ") || "-";
+  }
+
+  // The commands an approver runs with their own key: the page never holds one.
+  function commands(r, socket) {
+    var td = el("td", null, "commands");
+    var id = /^[0-9a-f]{16}$/.test(r.id) ? r.id : "(bad id)";
+    var sock = socket ? " --operator-socket " + socket : " --operator-socket PATH";
+    td.appendChild(el("code", "tally approve " + id + sock + " --key APPROVER.key", "approve"));
+    td.appendChild(el("code", "tally deny " + id + sock + " --key APPROVER.key --note WHY", "deny"));
+    return td;
+  }
+
+  function renderDesk(desk) {
+    var tb = document.querySelector("#requests tbody");
+    clear(tb);
+    var n = desk.requests.length;
+    document.getElementById("asks").textContent = desk.pending > n ? "(" + n + " of " + desk.pending + ", nearest deadline first)" : "(" + n + ")";
+    desk.requests.forEach(function (r) {
       var tr = el("tr");
-      tr.appendChild(el("td", p.run, "run"));
-      tr.appendChild(el("td", p.tool));
-      tr.appendChild(el("td", p.args_digest || "(no arguments)"));
-      tr.appendChild(el("td", p.seq));
-      tr.appendChild(el("td", ago(p.at_ms, snap.at_ms)));
-      pe.appendChild(tr);
+      tr.appendChild(el("td", r.id, "id"));
+      var left = r.expires_in_ms !== undefined && r.expires_in_ms !== null ? span(r.expires_in_ms) + " left" : "no deadline";
+      tr.appendChild(el("td", left, "expires"));
+      tr.appendChild(el("td", safe(r.run), "run"));
+      tr.appendChild(el("td", call(r), "call"));
+      tr.appendChild(el("td", safe(r.target)));
+      tr.appendChild(el("td", cost(r.cost), "cost"));
+      tr.appendChild(el("td", stood(r)));
+      tr.appendChild(el("td", who(r)));
+      tr.appendChild(commands(r, desk.operator_socket));
+      tb.appendChild(tr);
     });
   }
 
@@ -124,6 +203,9 @@
       status.textContent = "live";
       status.className = "live";
       render(JSON.parse(e.data));
+    });
+    source.addEventListener("requests", function (e) {
+      renderDesk(JSON.parse(e.data));
     });
     source.onerror = function () {
       status.textContent = "reconnecting";

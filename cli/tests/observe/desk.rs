@@ -1,0 +1,211 @@
+//! The human's desk: a pending approval request in `tally top` (tmux), answered there
+//! with an approver's key, and on the live page (headless Chromium) with its countdown and
+//! the commands that answer it.
+
+use super::page::Browser;
+use super::*;
+
+/// The call the agent makes twice: its second attempt is past the run's one attempt.
+fn send_mail() -> Value {
+    // A bidi override in the preview: shown as `\u{202e}`, never applied.
+    json!({"run": "desk-run", "tool": "email.send", "operation": "send:42",
+           "effect": "non_idempotent_write", "target": "smtp", "worker": "w2",
+           "args": {"to": "x@example.com"}, "args_preview": "to x@example.com \u{202e}moc.live"})
+}
+
+/// A ledger whose policy lists the approver `dana` (`dir/dana.key`), served with
+/// `extra`; a run with one attempt and a ten-minute deadline, its attempt used, and
+/// [`send_mail`] refused `require_approval`: the daemon and the request's id.
+fn asked(dir: &Path, extra: &[&str]) -> (Daemon, String) {
+    tally().init(dir, "");
+    let approvers = ok(dir, &["keygen", "--approver", "--out", "dana.key"]);
+    std::fs::write(dir.join("policy.toml"), approvers).expect("policy");
+    let served = tally().serve(dir, extra);
+    let (status, v) = served.agent(
+        "POST",
+        "/v1/runs",
+        Some(json!({"run": "desk-run", "budget": {"attempts": 1, "deadline_ms": 600_000}})),
+    );
+    assert_eq!(status, 201, "{v}");
+    served.call("desk-run", "search", json!({"q": 1}));
+    let (status, a) = served.agent("POST", "/v1/check", Some(send_mail()));
+    assert_eq!(
+        (status, &a["decision"]),
+        (200, &json!("require_approval")),
+        "{a}"
+    );
+    let (status, list) = served.operator_text("/v1/approvals");
+    assert_eq!(status, 200, "{list}");
+    let list: Value = serde_json::from_str(&list).expect("json");
+    assert_eq!(list[0]["state"], "pending", "{list}");
+    let id = list[0]["id"].as_str().expect("id").to_owned();
+    (served, id)
+}
+
+/// `tally top --approver-key` in tmux: the pending request with its countdown, `a`
+/// approves it (signed as `tally approve` signs), and the agent's retry of the call is
+/// then allowed. Without the key, `a` says what is missing and grants nothing.
+#[test]
+fn tally_top_approves_a_pending_request_with_a_key_press() {
+    if !tally_testkit::have(
+        "tmux",
+        &["-V"],
+        "apt-get install tmux (README, Development)",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    let (served, id) = asked(dir, &[]);
+    let socket = dir.join("tmux.sock");
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .arg("-S")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .expect("tmux")
+    };
+    let pane = |session: &str, want: &dyn Fn(&str) -> bool| -> String {
+        let started = Instant::now();
+        loop {
+            let o = tmux(&["capture-pane", "-p", "-t", session]);
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            if want(&text) {
+                return text;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "tally top never showed it:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let top = |session: &str, key: &str| {
+        let command = format!(
+            "cd {} && TERM=xterm-256color {} top --operator-socket operator.sock {key}",
+            dir.display(),
+            tally().path().display()
+        );
+        let o = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-x",
+            "220",
+            "-y",
+            "40",
+            &command,
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+
+    // Read only: `a` says what is missing, and the call is still refused.
+    top("desk-ro", "");
+    let text = pane("desk-ro", &|t| t.contains(&id));
+    assert!(
+        text.contains("min") && text.contains("left"),
+        "no countdown:\n{text}"
+    );
+    assert!(
+        text.contains("\\u{202e}"),
+        "the bidi override is not escaped:\n{text}"
+    );
+    tmux(&["send-keys", "-t", "desk-ro", "a"]);
+    pane("desk-ro", &|t| t.contains("without --approver-key"));
+    let (_, again) = served.agent("POST", "/v1/check", Some(send_mail()));
+    assert_eq!(again["decision"], "require_approval", "{again}");
+
+    // With the key: `a` on the selected (only) request. (Started before the read-only
+    // one quits: the tmux server ends with its last session.)
+    top("desk", "--approver-key dana.key");
+    tmux(&["send-keys", "-t", "desk-ro", "q"]);
+    pane("desk", &|t| t.contains(&id) && t.contains("> "));
+    // The retry above asked again: the newer request is listed first (the same
+    // deadline), so the first one asked is one row down.
+    tmux(&["send-keys", "-t", "desk", "j", "a"]);
+    let text = pane("desk", &|t| t.contains(&format!("approved {id}")));
+    assert!(!text.contains("not approved"), "{text}");
+    let (status, retry) = served.agent("POST", "/v1/check", Some(send_mail()));
+    assert_eq!(
+        (status, &retry["decision"]),
+        (200, &json!("allow")),
+        "{retry}"
+    );
+    tmux(&["send-keys", "-t", "desk", "q"]);
+    let _ = tmux(&["kill-server"]);
+}
+
+/// The live page in headless Chromium shows the pending request (its id, countdown,
+/// context, escaped, and the exact commands that answer it, with this daemon's operator
+/// socket), and no longer once it is not pending. A screenshot is taken and checked.
+#[test]
+fn the_live_page_shows_the_desk() {
+    let Some(mut browser) = Browser::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let (served, id) = asked(dir, &["--metrics-listen", &addr]);
+    browser.send(json!({"nav": format!("http://{addr}/live")}));
+    let cell = |c: &str| {
+        format!(
+            "(() => {{ const e = document.querySelector('#requests tbody tr {c}'); return e ? e.textContent : null; }})()"
+        )
+    };
+    browser.until(&cell("td.id"), Duration::from_secs(20), |v| {
+        v == id.as_str()
+    });
+    let left = browser.eval(&cell("td.expires"));
+    assert!(
+        left.as_str()
+            .is_some_and(|s| s.ends_with(" left") && s.contains("min")),
+        "{left}"
+    );
+    let call = browser.eval(&cell("td.call"));
+    let call = call.as_str().unwrap_or_default();
+    assert!(call.starts_with("write email.send op send:42"), "{call}");
+    assert!(
+        call.contains("\\u{202e}") && !call.contains('\u{202e}'),
+        "{call}"
+    );
+    assert_eq!(browser.eval(&cell("td.cost")), "1 attempt for email.send");
+    let sock = dir.join("operator.sock");
+    let approve = format!(
+        "tally approve {id} --operator-socket {} --key APPROVER.key",
+        sock.display()
+    );
+    assert_eq!(browser.eval(&cell("code.approve")), approve.as_str());
+    let deny = browser.eval(&cell("code.deny"));
+    assert!(
+        deny.as_str()
+            .is_some_and(|d| d.starts_with(&format!("tally deny {id} "))),
+        "{deny}"
+    );
+    // Read only: nothing on the page submits anything.
+    assert_eq!(
+        browser.eval("document.querySelectorAll('form, input, button.answer').length"),
+        0
+    );
+    let shot = dir.join("desk.png");
+    browser.send(json!({"shot": shot}));
+    let png = std::fs::read(&shot).expect("screenshot");
+    assert_eq!(&png[1..4], b"PNG");
+    assert!(png.len() > 10_000, "{} bytes", png.len());
+
+    // The run stops: the request is no longer pending, and the page drops it.
+    let (status, v) = served.agent(
+        "POST",
+        "/v1/runs/desk-run/stop",
+        Some(json!({"reason": "completed"})),
+    );
+    assert_eq!(status, 200, "{v}");
+    browser.until(
+        "document.querySelectorAll('#requests tbody tr').length",
+        Duration::from_secs(5),
+        |v| v.as_u64() == Some(0),
+    );
+}
