@@ -46,7 +46,12 @@ impl Gatekeeper for Observed {
             req,
             Box::new(move |r| {
                 match &r {
-                    Ok(answer) => observer.checked(&seen, answer, started.elapsed()),
+                    Ok(answer) => {
+                        if answer.decision == tally_wire::Verdict::RequireApproval {
+                            observer.notify.asked();
+                        }
+                        observer.checked(&seen, answer, started.elapsed())
+                    }
                     // The run is over: a decision-shaped answer, counted like one.
                     Err(GateError::Stopped(answer)) => {
                         observer.checked(&seen, answer, started.elapsed())
@@ -114,12 +119,19 @@ impl Gatekeeper for Observed {
 
     fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>) {
         let run = a.run.clone();
+        let grant = crate::notify::Grant {
+            run: a.run.clone(),
+            approver: a.approver.clone(),
+            scope: a.scope.clone(),
+            note: a.note.clone(),
+        };
         let observer = Arc::clone(&self.observer);
         self.inner.approve(
             caller,
             a,
             Box::new(move |r| {
                 if r.is_ok() {
+                    observer.notify.granted(grant);
                     observer.live.approved(&run);
                     observer.bump();
                 }

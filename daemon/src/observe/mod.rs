@@ -77,6 +77,8 @@ pub(crate) struct Observer {
     /// (`ServeOptions::max_live_streams`); one more is refused `503 too_many_streams`.
     pub streams: Arc<tokio::sync::Semaphore>,
     pub max_streams: usize,
+    /// Approval events to the `serve --notify` receivers (off without any).
+    pub notify: crate::notify::Notify,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -103,7 +105,17 @@ impl Observer {
             closing: tokio::sync::watch::channel(false).0,
             streams: Arc::new(tokio::sync::Semaphore::new(max_streams.max(1))),
             max_streams: max_streams.max(1),
+            notify: crate::notify::Notify::default(),
         }
+    }
+
+    /// With `notify` sending approval events, its delivery counted in `/metrics`.
+    pub fn notifying(mut self, notify: crate::notify::Notify) -> Observer {
+        if let Some(c) = notify.counters() {
+            self.metrics.register_notify(c);
+        }
+        self.notify = notify;
+        self
     }
 
     /// A decision was made: the page's streams may send.
