@@ -96,14 +96,21 @@ fn cost(r: &ApprovalRequest) -> String {
     }
 }
 
-/// Where the run stood: `attempts 1/1, spend_nanos ..., 1 calls, 59 s to deadline`.
+/// Where the run stood: `attempts 1/1, spend $0.00/$10.00, 1 call allowed, 59 s to
+/// deadline`.
 fn standing(r: &ApprovalRequest) -> String {
     let mut parts: Vec<String> = r
         .limits
         .iter()
-        .map(|(dim, l)| format!("{} {}/{}", inert(dim), l.used, l.limit))
+        .filter_map(|(dim, l)| match dim.as_str() {
+            // Shown as the time left below.
+            "deadline_ms" => None,
+            "spend_nanos" => Some(format!("spend {}/{}", dollars(l.used), dollars(l.limit))),
+            _ => Some(format!("{} {}/{}", inert(dim), l.used, l.limit)),
+        })
         .collect();
-    parts.push(format!("{} calls", r.calls));
+    let plural = if r.calls == 1 { "" } else { "s" };
+    parts.push(format!("{} call{plural} allowed", r.calls));
     if let Some(left) = r.left_ms {
         parts.push(format!("{} to deadline", duration(left)));
     }
