@@ -44,7 +44,11 @@ async fn deliver(
     let o = &shared.options;
     let mut wait = o.retry_base;
     for attempt in 1..=o.attempts.max(1) {
-        if post(shared, receiver, body.clone()).await.is_ok() {
+        let sent = tokio::select! {
+            r = post(shared, receiver, body.clone()) => r,
+            _ = stop.wait_for(|s| *s) => return false,
+        };
+        if sent.is_ok() {
             shared.counters.delivered.inc();
             return true;
         }

@@ -128,8 +128,9 @@ impl Notify {
         self.shared.as_ref().map(|s| &s.counters)
     }
 
-    /// Commit point: the gate recorded a `require_approval` (a new request).
-    pub(crate) fn asked(&self) {
+    /// Commit point: a request was recorded or answered (a `require_approval` check;
+    /// an approve or deny by id): the watcher looks now rather than at its next poll.
+    pub(crate) fn changed(&self) {
         if let Some(s) = &self.shared {
             s.nudge.notify_one();
         }

@@ -48,7 +48,7 @@ impl Gatekeeper for Observed {
                 match &r {
                     Ok(answer) => {
                         if answer.decision == tally_wire::Verdict::RequireApproval {
-                            observer.notify.asked();
+                            observer.notify.changed();
                         }
                         observer.checked(&seen, answer, started.elapsed())
                     }
