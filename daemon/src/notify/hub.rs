@@ -101,7 +101,7 @@ impl Notify {
             }));
         }
         let file = options.secret_file.as_deref().ok_or_else(|| {
-            "--notify needs --notify-secret-file FILE: every notification is signed".to_owned()
+            "a receiver needs --notify-secret-file FILE: every notification is signed".to_owned()
         })?;
         let secret = Secret::read(file)?;
         let ca = options.ca_file.as_deref();
