@@ -575,6 +575,19 @@ pub struct ServeArgs {
     /// Mozilla roots (a witness whose certificate a private CA issued); repeatable.
     #[arg(long, value_name = "NAME=PEM", requires = "witness_policy")]
     pub witness_ca: Vec<String>,
+    /// POST each new approval request, each answer and each expiry as signed JSON to
+    /// this http:// or https:// URL (a Slack incoming webhook, a chat bridge);
+    /// repeatable (docs/APPROVALS.md, "Notifications").
+    #[arg(long, value_name = "URL")]
+    pub notify: Vec<String>,
+    /// The secret --notify signs with (HMAC-SHA256): a file only its owner may read
+    /// (0600), at least 32 bytes.
+    #[arg(long, value_name = "FILE", requires = "notify")]
+    pub notify_secret_file: Option<PathBuf>,
+    /// A PEM file of CA certificates to trust for --notify's https:// receivers beside
+    /// the Mozilla roots (a receiver whose certificate a private CA issued).
+    #[arg(long, value_name = "PEM", requires = "notify")]
+    pub notify_ca: Option<PathBuf>,
     /// Also serve the operator's read-only view (`/metrics`, the live page at `/live`)
     /// on this loopback TCP address (e.g. 127.0.0.1:9464, or a port alone for
     /// 127.0.0.1). It is on the operator socket either way.

@@ -6,8 +6,8 @@
 
 mod output;
 
-mod backtest;
 mod approvals;
+mod backtest;
 mod cli;
 mod commands;
 mod demo;

@@ -54,6 +54,9 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
             std::time::Duration::from_millis(args.witness_interval_ms.max(100));
         options.witness.ca_files = crate::witness::ca_files(&args.witness_ca)?;
     }
+    options.notify.receivers = args.notify.clone();
+    options.notify.secret_file = args.notify_secret_file.clone();
+    options.notify.ca_file = args.notify_ca.clone();
     if let Some(addr) = &args.metrics_listen {
         options.observe.metrics_listen = Some(metrics_addr(addr)?);
     }

@@ -63,6 +63,9 @@ pub enum DaemonError {
     /// The witness pusher cannot start (a CA file, a witness name).
     #[error("witnesses: {0}")]
     Witness(String),
+    /// Notifications cannot start (the secret file, a receiver URL, the CA file).
+    #[error("--notify: {0}")]
+    Notify(String),
     /// The proxy cannot start (a missing credential, a `ca_file`, the run token key).
     #[error("proxy: {0}")]
     Proxy(#[from] tally_proxy::ProxyError),

@@ -34,6 +34,7 @@ pub mod error;
 pub mod fuzzing;
 mod gate_api;
 mod limit;
+mod notify;
 mod observe;
 mod options;
 mod page;
@@ -57,6 +58,9 @@ use tally_ledger::clock::Clock;
 use tally_ledger::Ledger;
 
 pub use error::DaemonError;
+pub use notify::{
+    NotifyOptions, MIN_SECRET as MIN_NOTIFY_SECRET, SIGNATURE_HEADER as NOTIFY_SIGNATURE_HEADER,
+};
 /// The ratio of root spans sampled when `ServeOptions::otlp_sample` is not set.
 pub use observe::trace::DEFAULT_SAMPLE as DEFAULT_OTLP_SAMPLE;
 pub use observe::LogFormat;
@@ -362,6 +366,34 @@ fn operator_socket_shown(options: &ServeOptions) -> Option<String> {
     )
 }
 
+/// The operator's view: metrics (with the ledger's syncs timed), the live page, the log,
+/// traces and the approval notifications.
+fn observer(
+    ledger: &Ledger,
+    options: &ServeOptions,
+    policy: &tally_policy::Policy,
+    tracer: Option<observe::trace::Exporter>,
+    notify: notify::Notify,
+) -> Arc<observe::Observer> {
+    // The live page's trajectories from before this start, read back by a thread of
+    // their own (observe/journal.rs): nothing waits for them.
+    let live = observe::live::Live::open(ledger.dir());
+    let observer = Arc::new(
+        observe::Observer::new(
+            policy,
+            options.observe.log_format,
+            tracer,
+            options.observe.max_live_streams,
+            live,
+            operator_socket_shown(options),
+        )
+        .notifying(notify),
+    );
+    let o = Arc::clone(&observer);
+    ledger.on_sync(Box::new(move |took| o.metrics.synced(took.as_secs_f64())));
+    observer
+}
+
 /// [`serve`], writing the start line to stderr if `log_start`.
 async fn serve_inner(
     ledger: Arc<Ledger>,
@@ -374,22 +406,10 @@ async fn serve_inner(
     let metrics_tcp = server::bind_tcp(options.observe.metrics_listen).await?;
     let proxy_tcp = server::bind_tcp(options.proxy.as_ref().and_then(|p| p.listen)).await?;
     let tracer = tracer(&options)?;
+    let notify = notify::Notify::open(&options.notify, Arc::clone(&options.clock))
+        .map_err(DaemonError::Notify)?;
     let gate = open_gate(&ledger, &options)?;
-    // The live page's trajectories from before this start, read back by a thread of
-    // their own (observe/journal.rs): nothing waits for them.
-    let live = observe::live::Live::open(ledger.dir());
-    let observer = Arc::new(observe::Observer::new(
-        &gate.policy().policy,
-        options.observe.log_format,
-        tracer,
-        options.observe.max_live_streams,
-        live,
-        operator_socket_shown(&options),
-    ));
-    {
-        let o = Arc::clone(&observer);
-        ledger.on_sync(Box::new(move |took| o.metrics.synced(took.as_secs_f64())));
-    }
+    let observer = observer(&ledger, &options, &gate.policy().policy, tracer, notify);
     let socket = server::Socket::bind(&options.socket, options.socket_mode, options.socket_gid)?;
     let operator = match &options.operator_socket {
         Some(path) => Some(server::Socket::bind(path, 0o600, None)?),
@@ -407,6 +427,7 @@ async fn serve_inner(
     }
     let pusher = tasks::Pusher::start(&app, &options)?;
     let view = tasks::View::start(&app, &options, metrics_tcp);
+    let notifier = tasks::notifier(&app);
     let router = api::router(Arc::clone(&app), api::Role::Agent);
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
     let (graceful, mut connections) = server::accept_loop(
@@ -434,6 +455,7 @@ async fn serve_inner(
     graceful.shutdown().await;
     while connections.join_next().await.is_some() {}
     let (drained, exports) = drain(&app, max_in_flight, pusher).await;
+    notifier.stop().await;
     let gate_failure = app.gate.failure();
     drop((drained, exports, app));
     match state.failure().or(gate_failure) {

@@ -53,6 +53,9 @@ pub struct ServeOptions {
     /// The HTTP/model proxy for the policy's upstreams (docs/PROXY.md); `None` (the
     /// default): no proxy, and starts answer no run token.
     pub proxy: Option<ProxyServe>,
+    /// Where approval requests, their answers and their expiry are POSTed
+    /// (docs/APPROVALS.md, "Notifications").
+    pub notify: crate::NotifyOptions,
 }
 
 /// What one client may send and hold on the agent and operator sockets.
@@ -184,6 +187,7 @@ impl ServeOptions {
             witness: WitnessOptions::default(),
             observe: ObserveOptions::default(),
             proxy: None,
+            notify: crate::NotifyOptions::default(),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The daemon's tasks beside its sockets, each started from the options and stopped in
-//! turn when the daemon stops: the model proxy, the witness pusher and the read-only view
-//! on loopback TCP.
+//! turn when the daemon stops: the model proxy, the witness pusher, the read-only view
+//! on loopback TCP and the approval notifier.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,4 +159,20 @@ impl View {
         let _ = self.stop.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(3), self.task).await;
     }
+}
+
+/// The approval notifier's tasks (`serve --notify`), reading the requests as
+/// `GET /v1/approvals` does.
+pub(crate) fn notifier(app: &Arc<App>) -> crate::notify::Running {
+    let reader = Arc::clone(app);
+    let list: crate::notify::Lister = Arc::new(move || {
+        let app = Arc::clone(&reader);
+        Box::pin(async move {
+            let gate = Arc::clone(&app.gate);
+            app.at_once(move || gate.approval_requests())
+                .await
+                .map_err(|e| e.to_string())
+        })
+    });
+    crate::notify::Running::start(&app.observer.notify, list)
 }

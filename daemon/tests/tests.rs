@@ -15,6 +15,7 @@ mod gate_client;
 mod kill;
 mod lifecycle;
 mod money;
+mod notify;
 mod ownership;
 mod proxied;
 mod refill;

@@ -16,6 +16,7 @@ mod daemon;
 mod error;
 mod gate;
 mod live;
+mod notify;
 mod proxy;
 
 pub use approval::{ApprovalRequest, RequestState};
@@ -28,6 +29,7 @@ pub use gate::{
 pub use live::{
     BreakerState, LiveBreaker, LivePending, LiveRefusals, LiveRun, LiveSnapshot, Spark,
 };
+pub use notify::{Notification, NotifyKind};
 pub use proxy::RefusalCode;
 pub use tally_record::{
     Action, Closeness, Dimension, Hash, Headroom, Reason, Receipt, Status, Verdict,

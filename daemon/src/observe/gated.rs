@@ -46,7 +46,12 @@ impl Gatekeeper for Observed {
             req,
             Box::new(move |r| {
                 match &r {
-                    Ok(answer) => observer.checked(&seen, answer, started.elapsed()),
+                    Ok(answer) => {
+                        if answer.decision == tally_wire::Verdict::RequireApproval {
+                            observer.notify.changed();
+                        }
+                        observer.checked(&seen, answer, started.elapsed())
+                    }
                     // The run is over: a decision-shaped answer, counted like one.
                     Err(GateError::Stopped(answer)) => {
                         observer.checked(&seen, answer, started.elapsed())
@@ -120,6 +125,7 @@ impl Gatekeeper for Observed {
             a,
             Box::new(move |r| {
                 if r.is_ok() {
+                    observer.notify.changed();
                     observer.live.approved(&run);
                     observer.bump();
                 }

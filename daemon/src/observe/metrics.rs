@@ -456,6 +456,31 @@ impl Metrics {
         self.commit_seconds.observe(secs);
     }
 
+    /// The `serve --notify` delivery series (only when notifications are on).
+    pub fn register_notify(&mut self, c: &crate::notify::Counters) {
+        let r = &mut self.registry;
+        r.register(
+            "notify_delivered",
+            "Approval events a --notify receiver answered 2xx to",
+            c.delivered.clone(),
+        );
+        r.register(
+            "notify_failed_attempts",
+            "Attempts to deliver an approval event that failed (retried with back-off)",
+            c.failed.clone(),
+        );
+        r.register(
+            "notify_dropped",
+            "Approval events never delivered, by why (queue_full: dropped as the oldest of a full queue; gave_up: every attempt failed)",
+            c.dropped.clone(),
+        );
+        r.register(
+            "notify_queue_depth",
+            "Approval events waiting in the receivers' queues",
+            c.depth.clone(),
+        );
+    }
+
     /// The text exposition of every series, the gauges set from `scraped`.
     pub fn encode(&self, scraped: &Scraped) -> String {
         let _one = self.scrape.lock().unwrap_or_else(|e| e.into_inner());

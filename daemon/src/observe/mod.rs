@@ -80,6 +80,8 @@ pub(crate) struct Observer {
     /// The operator socket's path, for the commands the live page shows next to each
     /// approval request.
     pub operator_socket: Option<String>,
+    /// Approval events to the `serve --notify` receivers (off without any).
+    pub notify: crate::notify::Notify,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -108,7 +110,17 @@ impl Observer {
             streams: Arc::new(tokio::sync::Semaphore::new(max_streams.max(1))),
             max_streams: max_streams.max(1),
             operator_socket,
+            notify: crate::notify::Notify::default(),
         }
+    }
+
+    /// With `notify` sending approval events, its delivery counted in `/metrics`.
+    pub fn notifying(mut self, notify: crate::notify::Notify) -> Observer {
+        if let Some(c) = notify.counters() {
+            self.metrics.register_notify(c);
+        }
+        self.notify = notify;
+        self
     }
 
     /// A decision was made: the page's streams may send.
