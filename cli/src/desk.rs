@@ -87,6 +87,7 @@ impl Desk {
         };
         let grant = Grant {
             run: r.run.clone(),
+            request: Some(r.id.clone()),
             key,
             approver: self.approver.clone(),
             expires: r
@@ -94,7 +95,7 @@ impl Desk {
                 .filter(|&ms| ms > 0)
                 .map_or(DEFAULT_VALID.to_owned(), |ms| format!("{ms}ms")),
             scope: r.cost.clone(),
-            note: Some(format!("request {}", r.id)),
+            note: None,
         };
         self.said = match signed(socket, grant) {
             Ok(text) => format!(

@@ -133,6 +133,15 @@ fn tally_top_approves_a_pending_request_with_a_key_press() {
         (200, &json!("allow")),
         "{retry}"
     );
+    // The approval answers that request: the gate lists it approved.
+    let (status, one) = served.operator_text(&format!("/v1/approvals/{id}"));
+    assert_eq!(status, 200, "{one}");
+    let one: Value = serde_json::from_str(&one).expect("json");
+    assert_eq!(
+        (&one["state"], &one["answered_by"]),
+        (&json!("approved"), &json!("dana")),
+        "{one}"
+    );
     tmux(&["send-keys", "-t", "desk", "q"]);
     let _ = tmux(&["kill-server"]);
 }
@@ -149,7 +158,7 @@ fn the_live_page_shows_the_desk() {
     let dir = tmp.path();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let (served, id) = asked(dir, &["--metrics-listen", &addr]);
+    let (_served, id) = asked(dir, &["--metrics-listen", &addr]);
     browser.send(json!({"nav": format!("http://{addr}/live")}));
     let cell = |c: &str| {
         format!(
@@ -196,13 +205,19 @@ fn the_live_page_shows_the_desk() {
     assert_eq!(&png[1..4], b"PNG");
     assert!(png.len() > 10_000, "{} bytes", png.len());
 
-    // The run stops: the request is no longer pending, and the page drops it.
-    let (status, v) = served.agent(
-        "POST",
-        "/v1/runs/desk-run/stop",
-        Some(json!({"reason": "completed"})),
+    // `tally approve ID`, the command the page shows: the request is answered, no longer
+    // pending, and the page drops it.
+    ok(
+        dir,
+        &[
+            "approve",
+            &id,
+            "--operator-socket",
+            "operator.sock",
+            "--key",
+            "dana.key",
+        ],
     );
-    assert_eq!(status, 200, "{v}");
     browser.until(
         "document.querySelectorAll('#requests tbody tr').length",
         Duration::from_secs(5),
