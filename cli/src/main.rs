@@ -8,6 +8,7 @@ mod output;
 
 mod cli;
 mod commands;
+mod continuation;
 mod demo;
 mod gate;
 mod generate;

@@ -67,7 +67,7 @@ pub(crate) fn refused(e: GateError) -> anyhow::Error {
     }
 }
 
-fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+pub(crate) fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
@@ -92,25 +92,35 @@ pub fn approve(args: &ApproveArgs) -> Result<Exit> {
                 .map_err(|e| anyhow::anyhow!("--usd: {e}"))?,
             tool: args.tool.clone(),
             operation: args.operation.clone(),
+            new_run: None,
         },
         note: args.note.clone(),
     };
+    if args.new_run {
+        return crate::continuation::start(&args.operator_socket, grant);
+    }
     record(&args.operator_socket, grant)
 }
 
-/// Sign an approval with the approver's key and record it through the daemon.
-fn record(socket: &Path, g: Grant) -> Result<Exit> {
-    let expires = duration_ms(&g.expires)?;
+/// The approver's key and name (default: the key file's name).
+pub(crate) fn signer(g: &Grant) -> Result<(tally_ledger::keys::ApproverKey, String)> {
     let key = tally_ledger::keys::ApproverKey::read(&g.key)
         .with_context(|| format!("reading the approver key {}", g.key.display()))?;
-    let approver = match g.approver {
-        Some(a) => a,
+    let approver = match &g.approver {
+        Some(a) => a.clone(),
         None => g
             .key
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .context("name the approver with --approver")?,
     };
+    Ok((key, approver))
+}
+
+/// Sign an approval with the approver's key and record it through the daemon.
+fn record(socket: &Path, g: Grant) -> Result<Exit> {
+    let expires = duration_ms(&g.expires)?;
+    let (key, approver) = signer(&g)?;
     if g.scope == Scope::default() {
         bail!("an approval must grant something: give --attempts, --usd (or --cents), --tool or --operation");
     }

@@ -161,8 +161,10 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
     let run_action = path.starts_with("/v1/runs/") && path.matches('/').count() == 4;
     match role {
         Role::Agent
-            if matches!(path, "/v1/approvals" | "/v1/export")
-                || crate::observe::operators_view(path)
+            if matches!(
+                path,
+                "/v1/approvals" | "/v1/approvals/continuations" | "/v1/export"
+            ) || crate::observe::operators_view(path)
                 || (run_action && matches!(tail, "pause" | "resume" | "kill" | "settle")) =>
         {
             let how = match tail {
@@ -171,6 +173,9 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
                     format!(" (`tally {tail} --operator-socket PATH --run {run}`)")
                 }
                 "approvals" => " (`tally approve --operator-socket PATH ...`)".to_string(),
+                "continuations" => {
+                    " (`tally approve --new-run --operator-socket PATH ...`)".to_string()
+                }
                 _ => String::new(),
             };
             ApiError::new(
@@ -215,7 +220,7 @@ fn allowed(role: Role, path: &str) -> &'static str {
             _ => "GET, HEAD",
         },
         Role::Operator => match path {
-            "/v1/decisions" | "/v1/approvals" => "POST",
+            "/v1/decisions" | "/v1/approvals" | "/v1/approvals/continuations" => "POST",
             _ if run_action && matches!(tail, "pause" | "resume" | "kill" | "settle") => "POST",
             _ => "GET, HEAD",
         },
