@@ -7,7 +7,8 @@ use anyhow::{bail, Context, Result};
 use rand_core::RngCore;
 use tally_api::{Approval, Started};
 
-use crate::operator::{block_on, duration_ms, gate, refused, signer, Grant};
+use crate::cli::ApproveArgs;
+use crate::operator::{block_on, duration_ms, gate, grant_of, refused, signer};
 use crate::output::outln;
 use crate::Exit;
 
@@ -16,9 +17,12 @@ fn new_name(old: &str) -> String {
     format!("{old}.{:08x}", rand_core::OsRng.next_u32())
 }
 
-/// Sign the continuation grant `g` (its scope the new run's allocation), record it and
-/// start the new run; print the new run, its token and what it was granted.
-pub fn start(socket: &Path, mut g: Grant) -> Result<Exit> {
+/// `tally approve --new-run`: sign the continuation grant (its scope the new run's
+/// allocation), record it and start the new run; print the new run, its token and what
+/// it was granted.
+pub fn approve(args: &ApproveArgs) -> Result<Exit> {
+    let socket: &Path = &args.operator_socket;
+    let mut g = grant_of(args)?;
     if g.scope.attempts.is_none() && g.scope.spend().is_none() {
         bail!("a continuation grant allocates the new run's budget: give --attempts, --usd or --cents");
     }

@@ -119,6 +119,7 @@ fn render(e: &anyhow::Error) -> String {
 fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
         Command::Keygen(args) => commands::keygen(&args),
+        Command::Approve(args) if args.new_run => continuation::approve(&args),
         Command::Approve(args) => operator::approve(&args),
         Command::Runs(args) => match args.json {
             true => operator::runs(&args),

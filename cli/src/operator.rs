@@ -76,7 +76,12 @@ pub(crate) fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Re
 
 /// `tally approve`.
 pub fn approve(args: &ApproveArgs) -> Result<Exit> {
-    let grant = Grant {
+    record(&args.operator_socket, grant_of(args)?)
+}
+
+/// What `tally approve`'s arguments ask the approver to sign.
+pub(crate) fn grant_of(args: &ApproveArgs) -> Result<Grant> {
+    Ok(Grant {
         run: args.run.clone(),
         key: args.key.clone(),
         approver: args.approver.clone(),
@@ -95,11 +100,7 @@ pub fn approve(args: &ApproveArgs) -> Result<Exit> {
             new_run: None,
         },
         note: args.note.clone(),
-    };
-    if args.new_run {
-        return crate::continuation::start(&args.operator_socket, grant);
-    }
-    record(&args.operator_socket, grant)
+    })
 }
 
 /// The approver's key and name (default: the key file's name).
