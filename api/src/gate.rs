@@ -335,6 +335,16 @@ impl GateClient {
         self.request(Method::GET, &path, None).await
     }
 
+    /// `POST /v1/approvals/continuations` (operator socket): record a signed continuation
+    /// grant and start the new run it names; the new run, its budget and (with the proxy
+    /// on) its token, given once.
+    pub async fn continue_run(
+        &mut self,
+        grant: &impl Serialize,
+    ) -> Result<tally_wire::Started, GateError> {
+        self.post("/v1/approvals/continuations", grant).await
+    }
+
     /// POST a JSON body; a JSON answer, or the gate's typed error.
     pub async fn post<T: DeserializeOwned>(
         &mut self,

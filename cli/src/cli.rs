@@ -320,6 +320,10 @@ pub struct ApproveArgs {
     /// Why, for the record.
     #[arg(long)]
     pub note: Option<String>,
+    /// A continuation grant: start a new run continuing `--run` (stopped, or stopped
+    /// first) with `--attempts` and spend as its budget; prints the new run and its token.
+    #[arg(long, conflicts_with_all = ["tool", "operation"])]
+    pub new_run: bool,
 }
 
 /// `tally approvals`'s arguments.

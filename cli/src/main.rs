@@ -10,6 +10,7 @@ mod approvals;
 mod backtest;
 mod cli;
 mod commands;
+mod continuation;
 mod demo;
 mod desk;
 mod gate;
@@ -121,6 +122,7 @@ fn render(e: &anyhow::Error) -> String {
 fn run(command: Command) -> anyhow::Result<Exit> {
     match command {
         Command::Keygen(args) => commands::keygen(&args),
+        Command::Approve(args) if args.new_run => continuation::approve(&args),
         Command::Approve(args) => operator::approve(&args),
         Command::Approvals(args) => approvals::approvals(&args),
         Command::Runs(args) => match args.json {

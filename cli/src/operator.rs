@@ -81,12 +81,20 @@ pub fn approve(args: &ApproveArgs) -> Result<Exit> {
     if let Some(id) = &args.request {
         return approve_request(args, id);
     }
-    let grant = Grant {
-        run: args.run.clone().unwrap_or_default(),
+    record(&args.operator_socket, grant_of(args)?)
+}
+
+/// What `tally approve`'s arguments ask the approver to sign (a grant without a request).
+pub(crate) fn grant_of(args: &ApproveArgs) -> Result<Grant> {
+    Ok(Grant {
+        run: args.run.clone().context("name the run with --run")?,
         request: None,
         key: args.key.clone(),
         approver: args.approver.clone(),
-        expires: args.expires.clone().unwrap_or_default(),
+        expires: args
+            .expires
+            .clone()
+            .context("say how long it is valid with --expires")?,
         scope: tally_ledger::decision::Scope {
             attempts: args.attempts,
             cents: args.cents,
@@ -98,10 +106,10 @@ pub fn approve(args: &ApproveArgs) -> Result<Exit> {
                 .map_err(|e| anyhow::anyhow!("--usd: {e}"))?,
             tool: args.tool.clone(),
             operation: args.operation.clone(),
+            new_run: None,
         },
         note: args.note.clone(),
-    };
-    record(&args.operator_socket, grant)
+    })
 }
 
 /// `tally approve REQUEST`: the request's run and cost, signed with the request's id.
@@ -128,20 +136,26 @@ fn record(socket: &Path, g: Grant) -> Result<Exit> {
     Ok(Exit::Success)
 }
 
-/// Sign an approval with the approver's key and record it through the daemon: what it
-/// grants, as people read it. `tally approve` and `tally top`'s `a` both sign here.
-pub(crate) fn signed(socket: &Path, g: Grant) -> Result<String> {
-    let expires = duration_ms(&g.expires)?;
+/// The approver's key and name (default: the key file's name).
+pub(crate) fn signer(g: &Grant) -> Result<(tally_ledger::keys::ApproverKey, String)> {
     let key = tally_ledger::keys::ApproverKey::read(&g.key)
         .with_context(|| format!("reading the approver key {}", g.key.display()))?;
-    let approver = match g.approver {
-        Some(a) => a,
+    let approver = match &g.approver {
+        Some(a) => a.clone(),
         None => g
             .key
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .context("name the approver with --approver")?,
     };
+    Ok((key, approver))
+}
+
+/// Sign an approval with the approver's key and record it through the daemon: what it
+/// grants, as people read it. `tally approve` and `tally top`'s `a` both sign here.
+pub(crate) fn signed(socket: &Path, g: Grant) -> Result<String> {
+    let expires = duration_ms(&g.expires)?;
+    let (key, approver) = signer(&g)?;
     if g.scope == Scope::default() {
         bail!("an approval must grant something: give --attempts, --usd (or --cents), --tool or --operation");
     }

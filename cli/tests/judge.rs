@@ -471,3 +471,173 @@ fn regression_issue_20_progress_and_the_retry_cap_have_their_own_rules() {
     );
     assert_eq!(s.audit("verify").status.code(), Some(0));
 }
+
+/// Call the same tool, to the same result, until the loop rule refuses it, then stop the
+/// run with the refusal's reason, as an agent does.
+fn loop_and_stop(s: &Served, run: &str) {
+    let same = json!({"run": run, "tool": "make", "effect": "read", "args": {"t": "all"}});
+    let mut reason = Value::Null;
+    for _ in 0..6 {
+        let a = s.check(same.clone());
+        if a["decision"] != "allow" {
+            reason = a["reason"].clone();
+            break;
+        }
+        let done = json!({"run": run, "attempt": a["attempt"], "status": "ok",
+            "result_digest": "0".repeat(64)});
+        assert_eq!(s.outcome(done).0, 200);
+    }
+    assert_eq!(reason, "loop_repeated_call");
+    let (status, v) = s.agent(
+        "POST",
+        &format!("/v1/runs/{run}/stop"),
+        Some(json!({ "reason": reason })),
+    );
+    assert_eq!(status, 200, "{v}");
+}
+
+/// Start `run` continuing `continues` on the agent socket: status and reply.
+fn continuing(s: &Served, run: &str, continues: &str) -> (u16, Value) {
+    s.agent(
+        "POST",
+        "/v1/runs",
+        Some(
+            json!({"run": run, "goal": "fix the build", "budget": {"attempts": 20},
+                    "continues": continues}),
+        ),
+    )
+}
+
+/// A continuation grant for `run` (`new_run` in its scope, if any), signed with the key
+/// at `key` as `approver`, valid for a minute of the run's clock.
+fn grant(s: &Served, run: &str, new_run: Option<&str>, approver: &str, key: &str) -> Value {
+    let (_, standing) = s.daemon.operator("GET", &format!("/v1/runs/{run}"), None);
+    let expires_ms = standing["at_ms"].as_u64().expect("at_ms") + 60_000;
+    let scope = tally_ledger::decision::Scope {
+        attempts: Some(5),
+        new_run: new_run.map(str::to_owned),
+        ..Default::default()
+    };
+    let key = tally_ledger::keys::ApproverKey::read(&s.dir.path().join(key)).expect("key");
+    let digest = tally_policy::approval::digest(run, approver, &scope, expires_ms);
+    let signature = tally_policy::approval::sign(key.signing_key(), &digest);
+    json!({"run": run, "approver": approver, "scope": scope, "expires_ms": expires_ms,
+           "digest": digest, "signature": signature})
+}
+
+/// A human says yes to a new run after a refill chain: `tally approve --new-run` records
+/// the continuation grant on the stopped run and starts the new run with the granted
+/// allocation; the old run stays stopped, the count of unapproved continuations starts
+/// again at the new run, and every forged, tampered, misplaced or replayed grant is
+/// refused with nothing written. `verify --auditor-key` finds nothing, no refill either.
+#[test]
+fn a_continuation_grant_starts_the_new_run_and_the_count_starts_again() {
+    let mut s = Served::start("");
+    s.started("r1", json!({"attempts": 20}));
+    loop_and_stop(&s, "r1");
+    assert_eq!(continuing(&s, "r2", "r1").0, 201);
+    loop_and_stop(&s, "r2");
+    let (status, v) = continuing(&s, "r3", "r2");
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(v["error"]["cause"], "refill_without_approval", "{v}");
+
+    // Refused, each with its typed error, and nothing recorded: no new run.
+    ok(
+        s.dir.path(),
+        &["keygen", "--approver", "--out", "eve.key"],
+        "",
+    );
+    let continuations = "/v1/approvals/continuations";
+    let mut for_r1 = grant(&s, "r1", Some("n1"), "dana", "dana.key");
+    for_r1["run"] = json!("r2");
+    let mut tampered = grant(&s, "r2", Some("n1"), "dana", "dana.key");
+    tampered["scope"]["attempts"] = json!(500);
+    let ordinary = grant(&s, "r2", None, "dana", "dana.key");
+    let unknown = grant(&s, "r2", Some("n1"), "eve", "eve.key");
+    for (why, body) in [
+        ("signed for another run", for_r1),
+        ("tampered", tampered),
+        ("ordinary, as a continuation", ordinary),
+        ("unknown approver", unknown),
+    ] {
+        let (status, v) = s.daemon.operator("POST", continuations, Some(body));
+        assert_eq!(status, 403, "{why}: {v}");
+        assert_eq!(v["error"]["code"], "approval_refused", "{why}: {v}");
+        assert_eq!(
+            s.daemon.operator("GET", "/v1/runs/n1", None).0,
+            404,
+            "{why}"
+        );
+    }
+    let (status, v) = s.daemon.operator(
+        "POST",
+        "/v1/approvals",
+        Some(grant(&s, "r2", Some("n1"), "dana", "dana.key")),
+    );
+    assert_eq!(status, 403, "a continuation as an ordinary approval: {v}");
+    assert_eq!(v["error"]["code"], "approval_refused", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("--new-run"),
+        "{v}"
+    );
+
+    // The human's yes.
+    let said = ok(
+        s.dir.path(),
+        &[
+            "approve",
+            "--new-run",
+            "--run",
+            "r2",
+            "--attempts",
+            "7",
+            "--key",
+            "dana.key",
+            "--expires",
+            "10m",
+            "--operator-socket",
+            "operator.sock",
+        ],
+        "",
+    );
+    assert!(
+        said.contains("continues r2 (which stays stopped)"),
+        "{said}"
+    );
+    assert!(said.contains("granted 7 attempts"), "{said}");
+    let new_run = said
+        .split("run ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .expect("the new run named")
+        .to_owned();
+    let (status, standing) = s
+        .daemon
+        .operator("GET", &format!("/v1/runs/{new_run}"), None);
+    assert_eq!(status, 200, "{standing}");
+    assert_eq!(standing["limits"]["attempts"]["limit"], 7, "{standing}");
+    let (_, old) = s.daemon.operator("GET", "/v1/runs/r2", None);
+    assert_eq!(old["state"], "stopped", "{old}");
+    assert_eq!(old["stop_reason"], "loop_repeated_call", "{old}");
+    // The next unapproved continuation, of the new run, is within the allowance again.
+    loop_and_stop(&s, &new_run);
+    let (status, v) = continuing(&s, "r4", &new_run);
+    assert_eq!(status, 201, "{v}");
+
+    // A grant is used once: the same one again is refused, nothing recorded.
+    let once = grant(&s, "r1", Some("n2"), "dana", "dana.key");
+    let (status, v) = s.daemon.operator("POST", continuations, Some(once.clone()));
+    assert_eq!(status, 201, "{v}");
+    let (status, v) = s.daemon.operator("POST", continuations, Some(once));
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "run_exists", "{v}");
+
+    let verify = s.audit("verify");
+    let v = text(&verify);
+    assert_eq!(verify.status.code(), Some(0), "{v}");
+    assert!(v.contains("No inconsistencies"), "{v}");
+    assert!(!v.contains("refill"), "{v}");
+}

@@ -172,6 +172,9 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
                     format!(" (`tally {tail} --operator-socket PATH --run {run}`)")
                 }
                 "approvals" => " (`tally approve --operator-socket PATH ...`)".to_string(),
+                "continuations" => {
+                    " (`tally approve --new-run --operator-socket PATH ...`)".to_string()
+                }
                 _ => String::new(),
             };
             ApiError::new(
@@ -216,7 +219,7 @@ fn allowed(role: Role, path: &str) -> &'static str {
             _ => "GET, HEAD",
         },
         Role::Operator => match path {
-            "/v1/decisions" => "POST",
+            "/v1/decisions" | "/v1/approvals/continuations" => "POST",
             "/v1/approvals" => "GET, HEAD, POST",
             _ if run_action && matches!(tail, "pause" | "resume" | "kill" | "settle") => "POST",
             _ => "GET, HEAD",

@@ -49,6 +49,7 @@ pub(crate) fn operator_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
         .route("/v1/runs/{run}/settle", post(settle))
         .route("/v1/approvals", post(approve).get(approval_requests))
         .route("/v1/approvals/{id}", get(approval_request))
+        .route("/v1/approvals/continuations", post(continuation))
 }
 
 fn caller(peer: Peer, role: Role) -> Caller {
@@ -402,6 +403,35 @@ async fn approve(
     posted(&app, request, StatusCode::OK, move |a: Approval, done| {
         gate.approve(caller(peer, Role::Operator), a, done)
     })
+    .await
+}
+
+/// A continuation grant: recorded with the new run it starts, whose token (with the
+/// proxy on) is given once, here, as a start gives it.
+async fn continuation(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let gate = Arc::clone(&app.gate);
+    let key = app.token_key.clone();
+    posted(
+        &app,
+        request,
+        StatusCode::CREATED,
+        move |a: Approval, done| {
+            gate.continue_run(
+                caller(peer, Role::Operator),
+                a,
+                Box::new(move |r: Result<tally_gate::Started, GateError>| {
+                    done(r.map(|mut s| {
+                        s.token = key.as_ref().map(|k| k.mint(&s.run));
+                        s
+                    }))
+                }),
+            )
+        },
+    )
     .await
 }
 

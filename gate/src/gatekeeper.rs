@@ -98,6 +98,8 @@ pub trait Gatekeeper: Send + Sync {
     fn pause(&self, caller: Caller, run: &str, paused: bool, done: Done<Standing>);
     /// [`Gate::approve`].
     fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>);
+    /// [`Gate::continue_run`].
+    fn continue_run(&self, caller: Caller, a: Approval, done: Done<Started>);
     /// [`Gate::run`].
     fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError>;
     /// [`Gate::runs`].
@@ -149,6 +151,9 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>) {
         Gate::approve(self, caller, a, done)
+    }
+    fn continue_run(&self, caller: Caller, a: Approval, done: Done<Started>) {
+        Gate::continue_run(self, caller, a, done)
     }
     fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError> {
         Gate::run(self, caller, run)

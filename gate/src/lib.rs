@@ -23,6 +23,7 @@ pub mod backend;
 mod calls;
 pub mod clock;
 mod commit;
+mod continuation;
 mod error;
 mod gatekeeper;
 mod messages;

@@ -196,6 +196,14 @@ impl<B: StateBackend> Gate<B> {
         a: Approval,
     ) -> Result<Commit<Logged>, GateError> {
         let policy = &self.policy.policy;
+        if a.scope.new_run.is_some() {
+            return Err(GateError::ApprovalRefused(
+                "this is a continuation grant (its scope names a new run): it starts that \
+                 run, and is recorded with `tally approve --new-run` (POST \
+                 /v1/approvals/continuations)"
+                    .into(),
+            ));
+        }
         let state = live(t, &a.run, caller)?.clone();
         let now = self.clock(&state);
         let answered = match &a.request {
@@ -239,12 +247,18 @@ impl<B: StateBackend> Gate<B> {
     /// the run within its deadline (an approval never revives a run), the approval not
     /// expired and valid no longer than the policy allows.
     fn approval_in_time(&self, state: &RunState, a: &Approval, at: u64) -> Result<(), GateError> {
-        let max = self.policy.policy.approvals.max_expiry_ms;
         if tally_policy::past_deadline(&state.budget, at) {
             return Err(GateError::ApprovalRefused(
                 "the run is past its deadline; an approval does not revive it".into(),
             ));
         }
+        self.approval_expiry(a, at)
+    }
+
+    /// Refused unless approval `a`, at `at` on its run's clock, has not expired and is
+    /// valid no longer than the policy allows.
+    pub(crate) fn approval_expiry(&self, a: &Approval, at: u64) -> Result<(), GateError> {
+        let max = self.policy.policy.approvals.max_expiry_ms;
         if a.expires_ms <= at {
             use tally_ledger::words::after_start;
             return Err(GateError::ApprovalRefused(format!(

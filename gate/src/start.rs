@@ -89,7 +89,7 @@ impl<B: StateBackend> Gate<B> {
 
     /// What a start is granted, once the core allows it: its record, folded into the
     /// transaction ([`Gate::fold_start`]), the scopes it touched, and the budget.
-    fn grant(
+    pub(crate) fn grant(
         &self,
         t: &mut B::Txn<'_>,
         caller: Caller,
@@ -131,9 +131,9 @@ impl<B: StateBackend> Gate<B> {
         };
         // A continuation of a run a refusal stopped: the chain it ends, looked up here,
         // counted by the core.
-        let refill = continued
-            .as_ref()
-            .and_then(|c| tally_policy::refill::refill(policy, c, |n| t.run(n).ok().cloned()));
+        let refill = continued.as_ref().and_then(|c| {
+            tally_policy::refill::refill(policy, c, Some(&req.run), |n| t.run(n).ok().cloned())
+        });
         let family = tally_policy::Family {
             parent: parent.as_ref(),
             continued: continued.as_ref(),

@@ -593,3 +593,16 @@ fn approval_request_vectors_match_docs() {
         assert!(err.contains("request"), "{bad}: {err}");
     }
 }
+
+/// docs/FORMAT.md, "Continuation grants": an override whose scope names the new run, as
+/// sent and stored (`new_run` after the scope's other fields).
+#[test]
+fn continuation_grant_vectors_match_docs() {
+    let rows = sent_and_stored("| grant as sent | stored (canonical, as the ledger writes it) |");
+    assert_eq!(rows.len(), 1);
+    for [sent, stored] in &rows {
+        assert_eq!(stored_after_a_start(sent), *stored);
+        let d = Decision::from_stored(stored.as_bytes()).unwrap();
+        assert_eq!(d.scope.and_then(|s| s.new_run).as_deref(), Some("r2"));
+    }
+}

@@ -14,8 +14,8 @@ use crate::start::{carry_over, delegate, Family};
 pub use crate::state::standing;
 use crate::state::Now;
 use crate::state::{
-    call_id, result_key, Attempt, Breaker, CredentialState, Grant, PrincipalState, Probe, Recent,
-    RunState, ToolState, Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
+    call_id, result_key, Attempt, Breaker, Continuation, CredentialState, Grant, PrincipalState,
+    Probe, Recent, RunState, ToolState, Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
 };
 
 /// The state a decision changes.
@@ -740,6 +740,15 @@ fn approve(run: &mut RunState, d: &Decision) {
     ) else {
         return;
     };
+    // A continuation grant is the new run's allocation, never this run's.
+    if let Some(new_run) = scope.new_run {
+        run.continuations.push(Continuation {
+            new_run,
+            digest,
+            approver,
+        });
+        return;
+    }
     run.grants.push(Grant {
         digest,
         approver,

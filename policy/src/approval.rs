@@ -52,7 +52,9 @@ pub fn sign(key: &SigningKey, digest_hex: &str) -> String {
 }
 
 /// Check an override record against the policy: a listed approver, a digest that covers
-/// exactly its run, scope, approver and expiry, and a valid signature over it.
+/// exactly its run, scope, approver and expiry, and a valid signature over it. A
+/// continuation grant (its scope names `new_run`) gives attempts or spend to a new run
+/// of another name, never a tool or an operation.
 pub fn check(policy: &Policy, record: &Decision) -> Result<(), ApprovalError> {
     let approver = record
         .approver
@@ -68,6 +70,9 @@ pub fn check(policy: &Policy, record: &Decision) -> Result<(), ApprovalError> {
         && scope.operation.is_none()
     {
         return Err(ApprovalError::Empty);
+    }
+    if let Some(new_run) = &scope.new_run {
+        continuation_scope(&record.run, new_run, scope)?;
     }
     let expires = record
         .expires_ms
@@ -106,4 +111,118 @@ pub fn check(policy: &Policy, record: &Decision) -> Result<(), ApprovalError> {
     let message = hex::decode(given).map_err(|_| ApprovalError::Digest)?;
     key.verify(&message, &Signature::from_bytes(&sig))
         .map_err(|_| bad())
+}
+
+/// Whether a continuation grant's scope is one: an allocation (attempts or spend) for a
+/// new run other than the approved one; a tool or an operation belongs to an ordinary
+/// approval.
+fn continuation_scope(run: &str, new_run: &str, scope: &Scope) -> Result<(), ApprovalError> {
+    let why = if new_run.is_empty() || new_run == run {
+        "its new run must be named, and differ from the run it continues"
+    } else if scope.tool.is_some() || scope.operation.is_some() {
+        "it grants attempts or spend to the new run, not a tool or an operation"
+    } else if scope.attempts.is_none() && scope.spend().is_none() {
+        "it grants the new run nothing: give attempts or spend"
+    } else {
+        return Ok(());
+    };
+    Err(ApprovalError::Continuation(why))
+}
+
+#[cfg(test)]
+mod tests {
+    use tally_record::Kind;
+
+    use super::*;
+
+    fn key() -> SigningKey {
+        SigningKey::from_bytes(&[9u8; 32])
+    }
+
+    fn policy() -> Policy {
+        let mut p = Policy::default();
+        p.approvals
+            .approvers
+            .insert("ana".into(), hex::encode(key().verifying_key().to_bytes()));
+        p
+    }
+
+    /// An override on `run` granting `scope`, signed by ana.
+    fn signed(run: &str, scope: Scope) -> Decision {
+        let d = digest(run, "ana", &scope, 1_000);
+        Decision {
+            run: run.into(),
+            kind: Some(Kind::Override),
+            approver: Some("ana".into()),
+            signature: Some(sign(&key(), &d)),
+            digest: Some(d),
+            scope: Some(scope),
+            expires_ms: Some(1_000),
+            ..Decision::default()
+        }
+    }
+
+    fn allocation(new_run: Option<&str>) -> Scope {
+        Scope {
+            attempts: Some(5),
+            new_run: new_run.map(str::to_owned),
+            ..Scope::default()
+        }
+    }
+
+    #[test]
+    fn a_continuation_grant_is_bound_to_its_new_run_and_allocation() {
+        let p = policy();
+        let grant = signed("a", allocation(Some("b")));
+        assert_eq!(check(&p, &grant), Ok(()));
+        // Read as an ordinary approval (its new run dropped), or as one for another new
+        // run, or with its allocation changed after signing: the digest no longer covers it.
+        for tamper in [
+            allocation(None),
+            allocation(Some("c")),
+            Scope {
+                attempts: Some(50),
+                ..allocation(Some("b"))
+            },
+        ] {
+            let mut t = grant.clone();
+            t.scope = Some(tamper);
+            assert_eq!(check(&p, &t), Err(ApprovalError::Digest));
+        }
+        // An ordinary approval given a new run after signing is none either.
+        let mut ordinary = signed("a", allocation(None));
+        ordinary.scope = Some(allocation(Some("b")));
+        assert_eq!(check(&p, &ordinary), Err(ApprovalError::Digest));
+    }
+
+    #[test]
+    fn a_continuation_grant_gives_a_new_run_attempts_or_spend_only() {
+        let p = policy();
+        let tool = Scope {
+            tool: Some("t".into()),
+            ..allocation(Some("b"))
+        };
+        let nothing = Scope {
+            tool: Some("t".into()),
+            new_run: Some("b".into()),
+            ..Scope::default()
+        };
+        for bad in [
+            signed("a", tool),
+            signed("a", nothing),
+            signed("a", allocation(Some("a"))),
+            signed("a", allocation(Some(""))),
+        ] {
+            assert!(
+                matches!(check(&p, &bad), Err(ApprovalError::Continuation(_))),
+                "{bad:?}"
+            );
+        }
+        let spend = Scope {
+            nanos: Some(10),
+            new_run: Some("b".into()),
+            ..Scope::default()
+        };
+        assert_eq!(check(&p, &signed("a", spend)), Ok(()));
+    }
 }

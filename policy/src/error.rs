@@ -60,6 +60,9 @@ pub enum ApprovalError {
         "approval grants nothing: give attempts, spend (nanos or cents), a tool or an operation"
     )]
     Empty,
+    /// A continuation grant (its scope names `new_run`) that is not one.
+    #[error("continuation grant is not valid: {0}")]
+    Continuation(&'static str),
 }
 
 /// `line N, `key`: ` (either part only where known).

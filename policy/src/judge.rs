@@ -31,8 +31,12 @@ pub(crate) fn judge_keyed(
     let run = view.run;
     let kind = record.kind();
     let mut found = Vec::new();
+    // A continuation grant on a stopped run is what it is for: it starts a new run, and
+    // never revives this one.
+    let continuation =
+        kind == Kind::Override && record.scope.as_ref().is_some_and(|s| s.new_run.is_some());
     if let Some(stop) = run.stop {
-        if kind != Kind::Outcome {
+        if kind != Kind::Outcome && !continuation {
             found.push(Inconsistency::AfterStop { record: kind, stop });
         }
     }
@@ -65,7 +69,9 @@ pub(crate) fn judge_keyed(
             } else if run
                 .grants
                 .iter()
-                .any(|g| Some(&g.digest) == record.digest.as_ref())
+                .map(|g| &g.digest)
+                .chain(run.continuations.iter().map(|c| &c.digest))
+                .any(|d| Some(d) == record.digest.as_ref())
             {
                 found.push(Inconsistency::InvalidApproval {
                     why: "the same approval was recorded twice (each is used once)".into(),

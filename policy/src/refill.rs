@@ -2,7 +2,10 @@
 //! a `stop`-action refusal stopped (a loop, retries, attempts or the deadline used up)
 //! is a continuation of that refusal; a chain of them may make the policy's
 //! `approvals.max_unapproved_continuations` without a human, and beyond it the start is
-//! refused for a human to decide.
+//! refused for a human to decide. A human says yes with a continuation grant: an
+//! approver's `override` on the stopped run whose scope names the new run
+//! ([`crate::approval`]); the link from that run to the new one is approved, and the
+//! count starts again there.
 //!
 //! The gate asks [`refill`] before a start ([`crate::start`] refuses it
 //! `refill_without_approval`), `tally verify` asks [`judge`] of a recorded one, and the
@@ -27,6 +30,12 @@ pub fn stopped_by_refusal(run: &RunState) -> bool {
     })
 }
 
+/// Whether `run` holds a continuation grant for `new_run`: the new run's start,
+/// continuing `run`, is approved.
+pub fn granted(run: &RunState, new_run: &str) -> bool {
+    run.continuations.iter().any(|c| c.new_run == new_run)
+}
+
 /// A chain of runs each continuing the one before after a `stop`-action refusal.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
@@ -40,7 +49,7 @@ pub struct Chain {
 /// The chain ending at `last`: `last`, the run it continued if that was stopped by a
 /// refusal, and so on, at most `most` links back.
 /// `lookup` finds a run by name; a name it does not know, a run that never started,
-/// or a run seen already (a cycle) ends the chain.
+/// a run seen already (a cycle), or a link a continuation grant approved ends the chain.
 pub fn chain(
     last: &RunState,
     most: u64,
@@ -54,7 +63,11 @@ pub fn chain(
         let Some(prev) = cur.continues.as_deref().and_then(&mut lookup) else {
             break;
         };
-        if !prev.started || !stopped_by_refusal(&prev) || !seen.insert(prev.run.clone()) {
+        if !prev.started
+            || !stopped_by_refusal(&prev)
+            || granted(&prev, &cur.run)
+            || !seen.insert(prev.run.clone())
+        {
             break;
         }
         unapproved += 1;
@@ -73,15 +86,17 @@ pub struct Refill {
     pub allowance: u64,
 }
 
-/// Whether a start continuing `continued` refills a budget beyond the
-/// policy's allowance. `None`: it may start (the continued run was not stopped by a
-/// refusal, or the chain is within the allowance).
+/// Whether a start of `new_run` (where known) continuing `continued` refills a budget
+/// beyond the policy's allowance. `None`: it may start (the continued run was not
+/// stopped by a refusal, holds a continuation grant for `new_run`, or the chain is
+/// within the allowance).
 pub fn refill(
     policy: &Policy,
     continued: &RunState,
+    new_run: Option<&str>,
     lookup: impl FnMut(&str) -> Option<RunState>,
 ) -> Option<Refill> {
-    if !stopped_by_refusal(continued) {
+    if !stopped_by_refusal(continued) || new_run.is_some_and(|n| granted(continued, n)) {
         return None;
     }
     let allowance = policy.approvals.max_unapproved_continuations;
@@ -107,7 +122,7 @@ pub fn judge(
     }
     let predecessor = record.continues.as_deref()?;
     let continued = lookup(predecessor).filter(|c| c.started)?;
-    let r = refill(policy, &continued, lookup)?;
+    let r = refill(policy, &continued, Some(&record.run), lookup)?;
     Some(Inconsistency::RefillWithoutApproval {
         predecessor: predecessor.to_owned(),
         continuations: r.continuations,
@@ -153,11 +168,11 @@ mod tests {
         let runs = [looped("a", None, 0), looped("b", Some("a"), 100)];
         let p = policy(1);
         assert_eq!(Policy::default().approvals.max_unapproved_continuations, 1);
-        assert_eq!(refill(&p, &runs[0], lookup(&runs)), None);
-        let r = refill(&p, &runs[1], lookup(&runs)).expect("beyond the allowance");
+        assert_eq!(refill(&p, &runs[0], None, lookup(&runs)), None);
+        let r = refill(&p, &runs[1], None, lookup(&runs)).expect("beyond the allowance");
         assert_eq!((r.continuations, r.allowance), (2, 1));
         // None without a human at all, under an allowance of 0.
-        assert!(refill(&policy(0), &runs[0], lookup(&runs)).is_some());
+        assert!(refill(&policy(0), &runs[0], None, lookup(&runs)).is_some());
     }
 
     #[test]
@@ -166,7 +181,7 @@ mod tests {
             let runs = [run("a", None, Some(end), 0), looped("b", Some("a"), 100)];
             assert!(!stopped_by_refusal(&runs[0]));
             assert_eq!(chain(&runs[1], 10, lookup(&runs)).unapproved, 0);
-            assert_eq!(refill(&policy(1), &runs[1], lookup(&runs)), None);
+            assert_eq!(refill(&policy(1), &runs[1], None, lookup(&runs)), None);
         }
         // A run that has not stopped, or stopped on an `ask` refusal, is no refill.
         assert!(!stopped_by_refusal(&run("x", None, None, 0)));
@@ -199,7 +214,7 @@ mod tests {
         assert_eq!(order, ["r6", "r5", "r4", "r3", "r2", "r1"]);
         assert_eq!(chain(&runs[5], 2, lookup(&runs)).unapproved, 2);
         assert_eq!(
-            refill(&policy(3), &runs[5], lookup(&runs)).map(|r| r.continuations),
+            refill(&policy(3), &runs[5], None, lookup(&runs)).map(|r| r.continuations),
             Some(4)
         );
     }
@@ -250,6 +265,45 @@ mod tests {
         let mut stop = start("c", "b");
         stop.kind = Some(Kind::Stop);
         assert_eq!(judge(&p, &stop, lookup(&runs)), None);
+    }
+
+    /// `run` holding a continuation grant for `new_run`.
+    fn grant(mut run: RunState, new_run: &str) -> RunState {
+        run.continuations.push(crate::state::Continuation {
+            new_run: new_run.into(),
+            digest: "d".repeat(64),
+            approver: "ana".into(),
+        });
+        run
+    }
+
+    #[test]
+    fn a_continuation_grant_approves_its_new_run_and_the_count_starts_again() {
+        // a looped; b continued it (the allowance, 1); b looped; c is granted on b.
+        let b = grant(looped("b", Some("a"), 100), "c");
+        let runs = [
+            looped("a", None, 0),
+            b,
+            looped("c", Some("b"), 200),
+            looped("d", Some("c"), 300),
+        ];
+        let p = policy(1);
+        assert!(granted(&runs[1], "c"));
+        // Without its name, a start continuing b is beyond the allowance; as c, it is granted.
+        assert!(refill(&p, &runs[1], None, lookup(&runs)).is_some());
+        assert!(refill(&p, &runs[1], Some("x"), lookup(&runs)).is_some());
+        assert_eq!(refill(&p, &runs[1], Some("c"), lookup(&runs)), None);
+        assert_eq!(judge(&p, &start("c", "b"), lookup(&runs)), None);
+        // The count starts again at c: d (continuing c) is the one allowed, the next is not.
+        assert_eq!(chain(&runs[2], 10, lookup(&runs)).unapproved, 0);
+        assert_eq!(judge(&p, &start("d", "c"), lookup(&runs)), None);
+        assert_eq!(chain(&runs[3], 10, lookup(&runs)).unapproved, 1);
+        assert_eq!(
+            refill(&p, &runs[3], Some("e"), lookup(&runs)).map(|r| r.continuations),
+            Some(2)
+        );
+        // Another run continuing b without the grant is still judged.
+        assert!(judge(&p, &start("x", "b"), lookup(&runs)).is_some());
     }
 
     #[test]

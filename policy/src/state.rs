@@ -159,6 +159,18 @@ pub struct Grant {
     pub used: bool,
 }
 
+/// A continuation grant recorded on a run: an approver's yes to a new run continuing
+/// it, with a fresh allocation (an `override` whose scope names `new_run`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Continuation {
+    /// The new run the grant is for.
+    pub new_run: String,
+    /// The approval digest.
+    pub digest: String,
+    /// Who approved.
+    pub approver: String,
+}
+
 /// A run's state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunState {
@@ -254,6 +266,10 @@ pub struct RunState {
     /// their outcome. The last field, so that state written before it existed (format 2)
     /// reads as format 3 with an empty set appended ([`frame`]).
     pub proxied: Ranges,
+    /// Continuation grants an approver signed on this run: each names the new run,
+    /// continuing this one, that its allocation was for (docs/GATE.md, "Refill chains").
+    /// The last field: a run without one is written in format 3, as before ([`frame`]).
+    pub continuations: Vec<Continuation>,
 }
 
 /// `Budget` and `Scope` omit absent fields in JSON; state is also kept in formats that
@@ -322,6 +338,7 @@ mod scope_fields {
             nanos,
             tool,
             operation,
+            new_run: None,
         })
     }
 }

@@ -365,6 +365,9 @@ impl<'a> Reader<'a> {
         if self.key(&mut first, "operation") {
             s.operation = Some(self.string()?);
         }
+        if self.key(&mut first, "new_run") {
+            s.new_run = Some(self.string()?);
+        }
         self.eat(b"}").then_some(s)
     }
 
@@ -520,15 +523,22 @@ mod tests {
     }
 
     fn scope() -> impl Strategy<Value = Scope> {
-        (o(num()), o(num()), o(num()), o(text()), o(text())).prop_map(
-            |(attempts, cents, nanos, tool, operation)| Scope {
+        (
+            o(num()),
+            o(num()),
+            o(num()),
+            o(text()),
+            o(text()),
+            o(text()),
+        )
+            .prop_map(|(attempts, cents, nanos, tool, operation, new_run)| Scope {
                 attempts,
                 cents,
                 nanos,
                 tool,
                 operation,
-            },
-        )
+                new_run,
+            })
     }
 
     fn limits() -> impl Strategy<Value = BTreeMap<String, Limit>> {

@@ -92,6 +92,11 @@ pub struct Scope {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub operation: Option<String>,
+    /// A continuation grant: the new run, continuing the approved (stopped) run, that
+    /// the allocation is for. Absent on an ordinary approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub new_run: Option<String>,
 }
 
 /// One dimension's use at decision time.

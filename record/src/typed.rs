@@ -116,7 +116,7 @@ fn run(d: &Decision, kind: Kind) -> Result<(), DecisionError> {
 /// Every text within the bound the ledger stores, whatever the kind.
 fn bounds(d: &Decision) -> Result<(), DecisionError> {
     let scope = d.scope.as_ref();
-    let texts: [(&'static str, Option<&str>); 17] = [
+    let texts: [(&'static str, Option<&str>); 18] = [
         ("run", Some(d.run.as_str())),
         ("worker", d.worker.as_deref()),
         ("goal", d.goal.as_deref()),
@@ -134,6 +134,7 @@ fn bounds(d: &Decision) -> Result<(), DecisionError> {
             "scope.operation",
             scope.and_then(|s| s.operation.as_deref()),
         ),
+        ("scope.new_run", scope.and_then(|s| s.new_run.as_deref())),
         ("digest", d.digest.as_deref()),
         ("credential", d.credential.as_deref()),
         ("continues", d.continues.as_deref()),

@@ -334,6 +334,7 @@ fn gate_written(ops: &[Op]) -> (tally_verify::Report, Vec<Event>) {
                     nanos: None,
                     tool: tool.map(|t| format!("t{t}")),
                     operation: None,
+                    new_run: None,
                 };
                 // A late approval expires before the run's next call.
                 let expires_ms = standing.at_ms + if late { 1 } else { 60_000 };

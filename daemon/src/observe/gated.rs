@@ -134,6 +134,22 @@ impl Gatekeeper for Observed {
         )
     }
 
+    fn continue_run(&self, caller: Caller, a: Approval, done: Done<Started>) {
+        let run = a.run.clone();
+        let observer = Arc::clone(&self.observer);
+        self.inner.continue_run(
+            caller,
+            a,
+            Box::new(move |r| {
+                if r.is_ok() {
+                    observer.live.approved(&run);
+                    observer.bump();
+                }
+                done(r)
+            }),
+        )
+    }
+
     fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError> {
         self.inner.run(caller, run)
     }

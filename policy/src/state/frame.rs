@@ -1,7 +1,11 @@
 //! How a backend stores state values: one format byte, then postcard of the state type.
 //! The embedded gate and gate-postgres both use it, so they read the same formats.
 //!
-//! * 3 (written now): money in nanodollars; a run's proxied attempts.
+//! * 4 (written now, for a run holding a continuation grant): format 3 and the run's
+//!   continuation grants, its last field.
+//! * 3 (written now for every other value): money in nanodollars; a run's proxied
+//!   attempts. Read as format 4 with no continuation grant appended
+//!   ([`Stored::FORMAT_3_TAIL`]).
 //! * 2 (written before money was counted in nanodollars): the same fields, every amount
 //!   in cents; read exactly, each amount times 10,000,000 (a value that would not fit is
 //!   refused, never wrapped), so a gate upgraded in place keeps its open runs' budgets.
@@ -16,8 +20,11 @@ use serde::Serialize;
 
 use super::{CredentialState, PrincipalState, RunState, ToolState};
 
-/// The format byte of state written now.
-pub const STATE_FORMAT: u8 = 3;
+/// The format byte of state written now with fields added since format 3 in use.
+pub const STATE_FORMAT: u8 = 4;
+
+/// The format byte of state written now without them: the bytes of format 3.
+const FORMAT_3: u8 = 3;
 
 /// A state type a backend stores, and how to read it from a format-2 value (in cents).
 pub trait Stored: Serialize + DeserializeOwned {
@@ -25,14 +32,30 @@ pub trait Stored: Serialize + DeserializeOwned {
     /// at their empty values: appended to a format-2 value before it is read.
     const FORMAT_2_TAIL: &'static [u8] = &[];
 
+    /// The postcard bytes of the fields added at the end of the type since format 3,
+    /// at their empty values: cut from a value written as format 3, appended to one read.
+    const FORMAT_3_TAIL: &'static [u8] = &[];
+
+    /// Whether the fields added since format 3 are empty (the value is written as
+    /// format 3, byte for byte as before them).
+    fn format_3(&self) -> bool {
+        true
+    }
+
     /// The value as kept in cents (format 2), in nanodollars; `None` if an amount
     /// does not fit.
     fn into_nanos(self) -> Option<Self>;
 }
 
 impl Stored for RunState {
-    // `proxied`, an empty set of attempt ranges: a zero length.
-    const FORMAT_2_TAIL: &'static [u8] = &[0];
+    // `proxied`, an empty set of attempt ranges, then no continuation grant: zero lengths.
+    const FORMAT_2_TAIL: &'static [u8] = &[0, 0];
+    // `continuations`, none: a zero length.
+    const FORMAT_3_TAIL: &'static [u8] = &[0];
+
+    fn format_3(&self) -> bool {
+        self.continuations.is_empty()
+    }
 
     fn into_nanos(self) -> Option<Self> {
         RunState::into_nanos(self)
@@ -68,16 +91,23 @@ impl Stored for BTreeMap<u64, u64> {
 
 /// A state value as stored.
 pub fn encode<T: Stored>(v: &T) -> Vec<u8> {
-    let mut out = vec![STATE_FORMAT];
     // Structs of numbers, strings, options and maps always serialize.
-    out.extend(postcard::to_allocvec(v).unwrap_or_default());
-    out
+    let bytes = postcard::to_allocvec(v).unwrap_or_default();
+    if v.format_3() {
+        if let Some(old) = bytes.strip_suffix(T::FORMAT_3_TAIL) {
+            return [&[FORMAT_3], old].concat();
+        }
+    }
+    [&[STATE_FORMAT], &bytes[..]].concat()
 }
 
 /// A stored state value, or why it cannot be read (words for an operator).
 pub fn decode<T: Stored>(bytes: &[u8]) -> Result<T, String> {
     match bytes.split_first() {
         Some((&STATE_FORMAT, rest)) => postcard::from_bytes(rest).map_err(|e| e.to_string()),
+        Some((&FORMAT_3, rest)) => {
+            postcard::from_bytes(&[rest, T::FORMAT_3_TAIL].concat()).map_err(|e| e.to_string())
+        }
         Some((2, rest)) => postcard::from_bytes::<T>(&[rest, T::FORMAT_2_TAIL].concat())
             .map_err(|e| e.to_string())?
             .into_nanos()
@@ -87,12 +117,12 @@ pub fn decode<T: Stored>(bytes: &[u8]) -> Result<T, String> {
                     .to_owned()
             }),
         Some((1, _)) => Err(
-            "it was written by an older tally (state format 1; this one reads 2 and 3): \
+            "it was written by an older tally (state format 1; this one reads 2, 3 and 4): \
              finish or stop its runs with that version, or serve a new ledger"
                 .into(),
         ),
         Some((other, _)) => Err(format!(
-            "unknown state format {other} (this tally reads 2 and 3): was it written by a \
+            "unknown state format {other} (this tally reads 2, 3 and 4): was it written by a \
              newer tally?"
         )),
         None => Err("empty".into()),
@@ -112,6 +142,32 @@ mod tests {
             .strip_suffix(T::FORMAT_2_TAIL)
             .expect("the new fields are empty");
         [&[2], old].concat()
+    }
+
+    #[test]
+    fn a_run_without_a_continuation_grant_is_written_as_format_3() {
+        let mut run = RunState::new("r");
+        run.budget.attempts = Some(3);
+        let bytes = encode(&run);
+        assert_eq!(bytes[0], 3);
+        assert_eq!(
+            &bytes[1..],
+            postcard::to_allocvec(&run)
+                .unwrap()
+                .strip_suffix(&[0])
+                .unwrap()
+        );
+        assert_eq!(decode::<RunState>(&bytes).unwrap(), run);
+        run.continuations.push(super::super::Continuation {
+            new_run: "r2".into(),
+            digest: "d".into(),
+            approver: "ana".into(),
+        });
+        let bytes = encode(&run);
+        assert_eq!(bytes[0], STATE_FORMAT);
+        assert_eq!(decode::<RunState>(&bytes).unwrap(), run);
+        // Another type is format 3 as before.
+        assert_eq!(encode(&CredentialState::default())[0], 3);
     }
 
     #[test]
@@ -185,6 +241,6 @@ mod tests {
         assert!(decode::<RunState>(&[1, 0])
             .unwrap_err()
             .contains("format 1"));
-        assert!(decode::<RunState>(&[4, 0]).unwrap_err().contains("newer"));
+        assert!(decode::<RunState>(&[5, 0]).unwrap_err().contains("newer"));
     }
 }

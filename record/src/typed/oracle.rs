@@ -73,7 +73,7 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
     } else if d.run.is_empty() {
         return Err(DecisionError::Missing { field: "run" });
     }
-    let texts: [(&'static str, Option<&str>); 17] = [
+    let texts: [(&'static str, Option<&str>); 18] = [
         ("run", Some(d.run.as_str())),
         ("worker", d.worker.as_deref()),
         ("goal", d.goal.as_deref()),
@@ -93,6 +93,10 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
         (
             "scope.operation",
             d.scope.as_ref().and_then(|s| s.operation.as_deref()),
+        ),
+        (
+            "scope.new_run",
+            d.scope.as_ref().and_then(|s| s.new_run.as_deref()),
         ),
         ("digest", d.digest.as_deref()),
         ("credential", d.credential.as_deref()),

@@ -121,7 +121,8 @@ fn set(d: &mut Decision, field: &str, v: u64) {
                 cents: (!v.is_multiple_of(3)).then_some(num),
                 nanos: (v % 3 != 1).then_some(5),
                 tool: Some(text.clone()),
-                operation: v.is_multiple_of(2).then_some(text),
+                operation: v.is_multiple_of(2).then_some(text.clone()),
+                new_run: v.is_multiple_of(5).then_some(text),
             })
         }
         "digest" => d.digest = Some(hex(DIGEST)),

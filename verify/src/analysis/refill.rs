@@ -86,7 +86,7 @@ impl Links {
         run: &RunAnalysis,
         handoff: &mut Handoff,
     ) {
-        let next = refill::refill(policy, &run.core, self.lookup(runs, index));
+        let next = refill::refill(policy, &run.core, None, self.lookup(runs, index));
         let Some(next) = next else {
             return;
         };

@@ -1,0 +1,131 @@
+//! A continuation grant at the gate: an approver's yes to a new run continuing a run
+//! (docs/GATE.md, "Refill chains"). In one commit, in order: the grant, an `override`
+//! on the old run whose scope names the new one; the old run's stop if it was live (the
+//! operator's kill, its open descendants first); the new run's start, continuing the old
+//! one with the granted allocation as its budget. A grant never revives the old run.
+
+use tally_ledger::decision::{Budget, Scope};
+use tally_ledger::{Decision, Kind, Reason};
+use tally_policy::{apply, judge, RunState};
+
+use crate::backend::{Scopes, StateBackend, StateTxn};
+use crate::commit::Commit;
+use crate::{
+    encodable, held, inconsistent, open_descendants, Approval, Caller, Done, Gate, GateError,
+    StartRequest, Started, Touched,
+};
+
+/// The budget a continuation grant allocates: its attempts and spend, nothing else.
+fn allocation(scope: &Scope) -> Budget {
+    Budget {
+        attempts: scope.attempts,
+        spend_nanos: scope.spend().map(|n| n.0),
+        ..Budget::default()
+    }
+}
+
+impl<B: StateBackend> Gate<B> {
+    /// Record a continuation grant and start the new run it names. `done` gets the new
+    /// run's start once the records are durable; a grant refused records nothing.
+    pub fn continue_run(&self, caller: Caller, grant: Approval, done: Done<Started>) {
+        if !caller.operator {
+            return done(Err(GateError::NotAuthorized(
+                "continuation grants arrive on the operator socket".into(),
+            )));
+        }
+        self.transact(done, |t| self.continue_step(t, caller, grant))
+    }
+
+    /// The grant's step: the grant, the old run's stop if live, the new run's start.
+    fn continue_step(
+        &self,
+        t: &mut B::Txn<'_>,
+        caller: Caller,
+        a: Approval,
+    ) -> Result<Commit<Started>, GateError> {
+        let Some(new_run) = a.scope.new_run.clone() else {
+            return Err(GateError::ApprovalRefused(
+                "this approval names no new run: it is an ordinary approval for its run; \
+                 record it with `tally approve` without --new-run (POST /v1/approvals)"
+                    .into(),
+            ));
+        };
+        if !t.is_new(&new_run)? {
+            return Err(GateError::RunExists(new_run));
+        }
+        let old = a.run.clone();
+        let state = held(t, &old, caller)?.clone();
+        self.approval_expiry(&a, self.clock(&state).at_ms.unwrap_or(0))?;
+        let budget = allocation(&a.scope);
+        let mut records = vec![self.grant_record(t, caller, a, &state)?];
+        let mut writes = vec![Touched::run(&old)];
+        if state.stop.is_none() {
+            for run in open_descendants(t, &old)?.iter().rev().chain([&old]) {
+                let s = held(t, run, caller)?.clone();
+                let reason = Reason::KilledByOperator;
+                records.push(self.stop_one(t, run, &s, reason, None, caller)?);
+                writes.push(Touched::run(run));
+            }
+        }
+        let req = StartRequest {
+            run: new_run,
+            budget: Some(budget),
+            continues: Some(old),
+            ..StartRequest::default()
+        };
+        // The new run is the old run's owner's, as a run its agent started would be.
+        let owner = Caller {
+            uid: state.owner_uid,
+            ..caller
+        };
+        let (start, touched, budget) = self.grant(t, owner, &req, None)?;
+        records.push(start);
+        writes.extend(touched);
+        let started = Started {
+            run: req.run,
+            budget,
+            policy: self.policy.digest.clone(),
+            seq: 0,
+            hash: String::new(),
+            token: None,
+        };
+        Ok(Commit::new(records, writes, started))
+    }
+
+    /// The grant's `override` record on the old run, judged by the core (approver,
+    /// digest, signature, one use) and folded into the transaction.
+    fn grant_record(
+        &self,
+        t: &mut B::Txn<'_>,
+        caller: Caller,
+        a: Approval,
+        state: &RunState,
+    ) -> Result<Decision, GateError> {
+        let now = self.clock(state);
+        let run = a.run.clone();
+        let mut record = Decision {
+            run: a.run,
+            kind: Some(Kind::Override),
+            at_ms: now.at_ms,
+            approver: Some(a.approver),
+            scope: Some(a.scope),
+            digest: Some(a.digest),
+            expires_ms: Some(a.expires_ms),
+            signature: Some(a.signature),
+            note: a.note,
+            uid: caller.uid,
+            policy: Some(self.policy.digest.clone()),
+            ..Decision::default()
+        };
+        encodable(&mut record)?;
+        let policy = &self.policy.policy;
+        if let Some(found) = judge(policy, t.view(&Scopes::run(&run)), &record, now)
+            .into_iter()
+            .next()
+        {
+            return Err(inconsistent(&run, found));
+        }
+        apply(policy, t.view_mut(&Scopes::run(&run)), &record, now);
+        Ok(record)
+    }
+}
