@@ -4,6 +4,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+mod operator;
+pub use operator::{ApprovalsArgs, ApproveArgs, RunArgs, RunsArgs, SettleArgs, TopArgs};
+
 /// tally: an append-only, hash-chained, encrypted audit ledger for AI-agent budget
 /// decisions, and the offline verifier that audits it.
 #[derive(Parser, Debug)]
@@ -234,38 +237,6 @@ pub struct ReportArgs {
     pub rules: Rules,
 }
 
-/// The operator socket and a run: `tally pause`, `resume` and `kill`.
-#[derive(clap::Args, Debug)]
-pub struct RunArgs {
-    /// The daemon's operator socket.
-    #[arg(long)]
-    pub operator_socket: PathBuf,
-    /// The run.
-    #[arg(long)]
-    pub run: String,
-}
-
-/// `tally settle`'s arguments.
-#[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("amount").required(true).args(["usd", "release"])))]
-pub struct SettleArgs {
-    /// The daemon's operator socket.
-    #[arg(long)]
-    pub operator_socket: PathBuf,
-    /// The run.
-    #[arg(long)]
-    pub run: String,
-    /// The attempt whose reservation is held (its `x-tally-attempt`, or the handoff's).
-    #[arg(long)]
-    pub attempt: u64,
-    /// What the call cost, in US dollars as the upstream billed it (exact: `0.0137`).
-    #[arg(long)]
-    pub usd: Option<String>,
-    /// It cost nothing: release what it held.
-    #[arg(long)]
-    pub release: bool,
-}
-
 /// `tally keygen`'s arguments.
 #[derive(clap::Args, Debug)]
 pub struct KeygenArgs {
@@ -276,94 +247,6 @@ pub struct KeygenArgs {
     /// `[approvals.approvers]`), instead of an auditor's X25519 pair.
     #[arg(long)]
     pub approver: bool,
-}
-
-/// `tally approve`'s arguments.
-#[derive(clap::Args, Debug)]
-pub struct ApproveArgs {
-    /// The approval request to grant (`tally approvals` lists them): its run and the
-    /// scope that lets exactly its call through are the request's.
-    #[arg(conflicts_with_all = ["run", "attempts", "usd", "cents", "tool", "operation"])]
-    pub request: Option<String>,
-    /// The daemon's operator socket.
-    #[arg(long)]
-    pub operator_socket: PathBuf,
-    /// The run (a grant without a request).
-    #[arg(long, required_unless_present = "request")]
-    pub run: Option<String>,
-    /// The approver's secret key (`tally keygen --approver`).
-    #[arg(long)]
-    pub key: PathBuf,
-    /// The approver's name in the policy (default: the key file's name, `dana` for
-    /// `dana.key`).
-    #[arg(long)]
-    pub approver: Option<String>,
-    /// How long it is valid, on the run's clock: `30s`, `10m`, `2h`, `500ms` (for a
-    /// request: at most until the run's deadline; default 10m).
-    #[arg(long, required_unless_present = "request")]
-    pub expires: Option<String>,
-    /// Extra attempts (and side effects).
-    #[arg(long)]
-    pub attempts: Option<u64>,
-    /// Extra spend in US dollars, exact (`0.30`).
-    #[arg(long, conflicts_with = "cents")]
-    pub usd: Option<String>,
-    /// Extra spend in cents.
-    #[arg(long)]
-    pub cents: Option<u64>,
-    /// The one tool it is for (unblocks it, if the policy blocks it).
-    #[arg(long)]
-    pub tool: Option<String>,
-    /// The one operation it is for.
-    #[arg(long)]
-    pub operation: Option<String>,
-    /// Why, for the record.
-    #[arg(long)]
-    pub note: Option<String>,
-    /// A continuation grant: start a new run continuing `--run` (stopped, or stopped
-    /// first) with `--attempts` and spend as its budget; prints the new run and its token.
-    #[arg(long, conflicts_with_all = ["tool", "operation"])]
-    pub new_run: bool,
-}
-
-/// `tally approvals`'s arguments.
-#[derive(clap::Args, Debug)]
-pub struct ApprovalsArgs {
-    /// The daemon's operator socket.
-    #[arg(long)]
-    pub operator_socket: PathBuf,
-    /// JSON instead of text: `GET /v1/approvals`'s answer.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// `tally runs`'s arguments.
-#[derive(clap::Args, Debug)]
-pub struct RunsArgs {
-    /// The daemon's operator socket.
-    #[arg(long)]
-    pub operator_socket: PathBuf,
-    /// JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// `tally top`'s arguments.
-#[derive(clap::Args, Debug)]
-pub struct TopArgs {
-    /// The daemon's operator socket.
-    #[arg(long)]
-    pub operator_socket: PathBuf,
-    /// Print the plain table once, even on a terminal.
-    #[arg(long)]
-    pub once: bool,
-    /// An approver's secret key (`tally keygen --approver`): `a` then approves the
-    /// selected approval request, signed as `tally approve` signs.
-    #[arg(long)]
-    pub approver_key: Option<PathBuf>,
-    /// The approver's name in the policy (default: the key file's name).
-    #[arg(long, requires = "approver_key")]
-    pub approver: Option<String>,
 }
 
 /// `tally init`'s arguments.
