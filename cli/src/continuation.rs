@@ -8,7 +8,7 @@ use rand_core::RngCore;
 use tally_api::{Approval, Started};
 
 use crate::cli::ApproveArgs;
-use crate::operator::{block_on, duration_ms, gate, grant_of, refused, signer};
+use crate::operator::{block_on, duration_ms, gate, grant_for, grant_of, refused, request, signer};
 use crate::output::outln;
 use crate::Exit;
 
@@ -22,7 +22,14 @@ fn new_name(old: &str) -> String {
 /// it was granted.
 pub fn approve(args: &ApproveArgs) -> Result<Exit> {
     let socket: &Path = &args.operator_socket;
-    let mut g = grant_of(args)?;
+    // A request answered "a new run instead": its run is the one continued.
+    let mut g = match &args.request {
+        Some(id) => {
+            let expires = args.expires.clone().unwrap_or_else(|| "10m".to_owned());
+            grant_for(args, request(socket, id)?.run, expires)?
+        }
+        None => grant_of(args)?,
+    };
     if g.scope.attempts.is_none() && g.scope.spend().is_none() {
         bail!("a continuation grant allocates the new run's budget: give --attempts, --usd or --cents");
     }

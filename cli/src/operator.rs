@@ -86,15 +86,20 @@ pub fn approve(args: &ApproveArgs) -> Result<Exit> {
 
 /// What `tally approve`'s arguments ask the approver to sign (a grant without a request).
 pub(crate) fn grant_of(args: &ApproveArgs) -> Result<Grant> {
+    let run = args.run.clone().context("name the run with --run")?;
+    let expires = (args.expires.clone()).context("say how long it is valid with --expires")?;
+    grant_for(args, run, expires)
+}
+
+/// The grant `tally approve`'s arguments give for `run`, valid for `expires`: the scope
+/// its `--attempts`, `--usd`/`--cents`, `--tool` and `--operation` say.
+pub(crate) fn grant_for(args: &ApproveArgs, run: String, expires: String) -> Result<Grant> {
     Ok(Grant {
-        run: args.run.clone().context("name the run with --run")?,
+        run,
         request: None,
         key: args.key.clone(),
         approver: args.approver.clone(),
-        expires: args
-            .expires
-            .clone()
-            .context("say how long it is valid with --expires")?,
+        expires,
         scope: tally_ledger::decision::Scope {
             attempts: args.attempts,
             cents: args.cents,
@@ -112,12 +117,20 @@ pub(crate) fn grant_of(args: &ApproveArgs) -> Result<Grant> {
     })
 }
 
+/// The approval request `id`, read from the operator socket.
+pub(crate) fn request(socket: &Path, id: &str) -> Result<tally_wire::ApprovalRequest> {
+    block_on(async {
+        let mut gate = gate(socket).await?;
+        gate.approval_request(id).await.map_err(refused)
+    })
+}
+
 /// `tally approve REQUEST`: the request's run and cost, signed with the request's id.
 fn approve_request(args: &ApproveArgs, id: &str) -> Result<Exit> {
-    let request = block_on(async {
-        let mut gate = gate(&args.operator_socket).await?;
-        gate.approval_request(id).await.map_err(refused)
-    })?;
+    if args.attempts.is_some() || args.usd.is_some() || args.cents.is_some() {
+        bail!("an approval of a request grants exactly its cost: give --attempts, --usd or --cents only with --new-run (a new run instead)");
+    }
+    let request = request(&args.operator_socket, id)?;
     let grant = Grant {
         run: request.run.clone(),
         request: Some(request.id.clone()),

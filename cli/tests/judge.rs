@@ -641,3 +641,60 @@ fn a_continuation_grant_starts_the_new_run_and_the_count_starts_again() {
     assert!(v.contains("No inconsistencies"), "{v}");
     assert!(!v.contains("refill"), "{v}");
 }
+
+/// A request answered "a new run instead": `tally approve REQUEST --new-run --attempts 4`
+/// starts a run continuing the request's run with that budget, the old run stopped (it
+/// is not revived, and its request is no longer pending); without `--new-run`, a request
+/// is granted exactly its cost, so `--attempts` is refused. `verify --auditor-key` finds
+/// nothing.
+#[test]
+fn a_request_answered_with_a_new_run_starts_it_and_stops_the_old_one() {
+    let mut s = Served::start("");
+    s.started("q1", json!({"attempts": 1}));
+    assert_eq!(s.check(call("q1", 1))["decision"], "allow");
+    let asked = s.check(call("q1", 2));
+    assert_eq!(asked["decision"], "require_approval", "{asked}");
+    let (status, list) = s.daemon.operator("GET", "/v1/approvals", None);
+    assert_eq!(status, 200, "{list}");
+    let id = list[0]["id"].as_str().expect("a request").to_owned();
+    let socket = ["--key", "dana.key", "--operator-socket", "operator.sock"];
+
+    let mut wider = vec!["approve", id.as_str(), "--attempts", "4"];
+    wider.extend(socket);
+    let out = run(s.dir.path(), &wider, "");
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("only with --new-run"),
+        "{out:?}"
+    );
+
+    let mut instead = vec!["approve", id.as_str(), "--new-run", "--attempts", "4"];
+    instead.extend(socket);
+    let said = ok(s.dir.path(), &instead, "");
+    assert!(
+        said.contains("continues q1 (which stays stopped)"),
+        "{said}"
+    );
+    let new_run = said
+        .split("run ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .expect("the new run named")
+        .to_owned();
+    let (_, standing) = s
+        .daemon
+        .operator("GET", &format!("/v1/runs/{new_run}"), None);
+    assert_eq!(standing["limits"]["attempts"]["limit"], 4, "{standing}");
+    let (_, old) = s.daemon.operator("GET", "/v1/runs/q1", None);
+    assert_eq!(old["state"], "stopped", "{old}");
+    let (_, one) = s
+        .daemon
+        .operator("GET", &format!("/v1/approvals/{id}"), None);
+    assert_ne!(one["state"], "pending", "{one}");
+
+    let verify = s.audit("verify");
+    let v = text(&verify);
+    assert_eq!(verify.status.code(), Some(0), "{v}");
+    assert!(v.contains("No inconsistencies"), "{v}");
+    assert!(!v.contains("refill_without_approval"), "{v}");
+}

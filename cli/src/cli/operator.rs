@@ -39,8 +39,9 @@ pub struct SettleArgs {
 #[derive(clap::Args, Debug)]
 pub struct ApproveArgs {
     /// The approval request to grant (`tally approvals` lists them): its run and the
-    /// scope that lets exactly its call through are the request's.
-    #[arg(conflicts_with_all = ["run", "attempts", "usd", "cents", "tool", "operation"])]
+    /// scope that lets exactly its call through are the request's. With `--new-run`, its
+    /// run is the one continued, with `--attempts` and spend as the new run's budget.
+    #[arg(conflicts_with_all = ["run", "tool", "operation"])]
     pub request: Option<String>,
     /// The daemon's operator socket.
     #[arg(long)]
@@ -77,8 +78,9 @@ pub struct ApproveArgs {
     /// Why, for the record.
     #[arg(long)]
     pub note: Option<String>,
-    /// A continuation grant: start a new run continuing `--run` (stopped, or stopped
-    /// first) with `--attempts` and spend as its budget; prints the new run and its token.
+    /// A continuation grant: start a new run continuing `--run` (or REQUEST's run;
+    /// stopped, or stopped first) with `--attempts` and spend as its budget; prints the
+    /// new run and its token.
     #[arg(long, conflicts_with_all = ["tool", "operation"])]
     pub new_run: bool,
 }
