@@ -27,7 +27,7 @@
 //! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
 //! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `refill` (continuations of runs a refusal stopped), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `refusals` (the refusal order: named rules, checked in one order), `request` (the approval request a `require_approval` is), `decide`, `judge`, `apply`, `headroom` (how
-//! close a run is to its limits). Items moved down
+//! close a run is to its limits), `slices` (how big a leased slice of a budget is). Items moved down
 //! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
 //! `apply::standing`, ...).
 #![forbid(unsafe_code)]
@@ -50,6 +50,7 @@ pub mod refill;
 pub mod refusals;
 pub mod request;
 pub mod rules;
+pub mod slices;
 pub mod start;
 pub mod state;
 pub mod status;
@@ -70,6 +71,7 @@ pub use overrun::{overrun, Overrun};
 pub use refusals::{breaker_wait, outcome_unknown, taken_as_recorded, Rule, RULES};
 pub use request::request_id;
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
+pub use slices::{slice_size, SliceSize};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
 pub use state::{
     principal_limits, Breaker, CredentialState, Now, PrincipalState, RunState, ToolState,

@@ -29,6 +29,7 @@ const LAYERS: &[&str] = &[
     "judge",
     "apply",
     "headroom",
+    "slices",
 ];
 
 /// The `crate::MODULE` paths a source file names outside comments.
