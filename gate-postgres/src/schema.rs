@@ -1,6 +1,9 @@
 //! The schema: its tables and migrations, the prepared statements, and how a state row's
 //! value is encoded.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
 use tally_gate::GateError;
 use tokio_postgres::Statement;
 
@@ -106,3 +109,153 @@ SELECT (SELECT version FROM r), (SELECT version FROM t), (SELECT version FROM c)
 
 /// TCP peers (no uid) count as one owner.
 pub(crate) const NO_UID: i64 = -1;
+
+/// Version 4: leased slices of budgets (docs/FLEET.md, "Leased slices"): each scope's
+/// caps and what is settled, held centrally and leased out; every slice granted; each
+/// holder's epoch. `tally_lease_scopes_within` holds the invariant on every row: while
+/// any slice of a scope is out, settled + held + leased is within each cap (a cap of
+/// NULL: no limit). The grant's conditional update (`lease::sql::GRANT`) is what keeps
+/// it under races; the constraint refuses any other write that would break it.
+pub(crate) const SCHEMA_V4: &str = "
+CREATE TABLE IF NOT EXISTS tally_lease_scopes (
+    kind text NOT NULL CHECK (kind IN ('run', 'principal', 'credential', 'bucket')),
+    key text NOT NULL,
+    cap_attempts bigint, cap_nanos bigint, cap_effects bigint, cap_polls bigint,
+    settled_attempts bigint NOT NULL DEFAULT 0, settled_nanos bigint NOT NULL DEFAULT 0,
+    settled_effects bigint NOT NULL DEFAULT 0, settled_polls bigint NOT NULL DEFAULT 0,
+    held_attempts bigint NOT NULL DEFAULT 0, held_nanos bigint NOT NULL DEFAULT 0,
+    held_effects bigint NOT NULL DEFAULT 0, held_polls bigint NOT NULL DEFAULT 0,
+    leased_attempts bigint NOT NULL DEFAULT 0, leased_nanos bigint NOT NULL DEFAULT 0,
+    leased_effects bigint NOT NULL DEFAULT 0, leased_polls bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (kind, key),
+    CONSTRAINT tally_lease_scopes_nonnegative CHECK (least(
+        settled_attempts, settled_nanos, settled_effects, settled_polls,
+        held_attempts, held_nanos, held_effects, held_polls,
+        leased_attempts, leased_nanos, leased_effects, leased_polls) >= 0),
+    CONSTRAINT tally_lease_scopes_within CHECK (
+        leased_attempts + leased_nanos + leased_effects + leased_polls = 0 OR (
+        (cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts <= cap_attempts)
+        AND (cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos <= cap_nanos)
+        AND (cap_effects IS NULL OR settled_effects + held_effects + leased_effects <= cap_effects)
+        AND (cap_polls IS NULL OR settled_polls + held_polls + leased_polls <= cap_polls)))
+);
+CREATE TABLE IF NOT EXISTS tally_lease_holders (
+    holder text PRIMARY KEY,
+    epoch bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tally_leases (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind text NOT NULL,
+    key text NOT NULL,
+    holder text NOT NULL REFERENCES tally_lease_holders (holder),
+    epoch bigint NOT NULL,
+    attempts bigint NOT NULL CHECK (attempts >= 0),
+    nanos bigint NOT NULL CHECK (nanos >= 0),
+    effects bigint NOT NULL CHECK (effects >= 0),
+    polls bigint NOT NULL CHECK (polls >= 0),
+    state text NOT NULL CHECK (state IN ('held', 'returned', 'reclaimed')),
+    used_attempts bigint, used_nanos bigint, used_effects bigint, used_polls bigint,
+    granted_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    ended_at timestamptz,
+    FOREIGN KEY (kind, key) REFERENCES tally_lease_scopes (kind, key)
+);
+CREATE INDEX IF NOT EXISTS tally_leases_scope ON tally_leases (kind, key, granted_at);
+CREATE INDEX IF NOT EXISTS tally_leases_held ON tally_leases (expires_at) WHERE state = 'held';
+CREATE INDEX IF NOT EXISTS tally_leases_holder ON tally_leases (holder) WHERE state = 'held';
+";
+
+/// One round trip of the migration: bounded by `timeout`, counted in `trips`, its
+/// failure said as the gate says it.
+struct Migration<'a> {
+    rt: &'a crate::Rt,
+    target: &'a str,
+    timeout: Duration,
+    trips: &'a AtomicU64,
+}
+
+impl Migration<'_> {
+    fn wait<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, crate::PostgresError> {
+        self.trips.fetch_add(1, Ordering::Relaxed);
+        self.rt
+            .bounded(self.timeout, fut)
+            .map_err(|why| crate::PostgresError::Database {
+                target: self.target.to_owned(),
+                why: format!(
+                    "PostgreSQL at {} failed {what}: {why}; the gate refuses until the database answers (retry)",
+                    self.target
+                ),
+            })
+    }
+
+    /// The steps from the version found to [`crate::SCHEMA_VERSION`], in one transaction.
+    fn steps(&self, client: &tokio_postgres::Client) -> Result<(), crate::PostgresError> {
+        self.wait(
+            "to create the schema",
+            client.batch_execute(
+                "BEGIN; SELECT pg_advisory_xact_lock(7400331); \
+                 CREATE TABLE IF NOT EXISTS tally_schema (version integer NOT NULL);",
+            ),
+        )?;
+        let rows = self.wait(
+            "to read the schema version",
+            client.query("SELECT max(version) FROM tally_schema", &[]),
+        )?;
+        let found: Option<i32> = rows.first().and_then(|r| r.get(0));
+        let all = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+        let from = match found {
+            None => 0,
+            Some(v) if v > crate::SCHEMA_VERSION => {
+                return Err(crate::PostgresError::SchemaTooNew {
+                    target: self.target.to_owned(),
+                    found: v,
+                    known: crate::SCHEMA_VERSION,
+                })
+            }
+            Some(v) => usize::try_from(v).unwrap_or(0).min(all.len()),
+        };
+        let steps = &all[from..];
+        if !steps.is_empty() {
+            for step in steps {
+                self.wait("to create the schema", client.batch_execute(step))?;
+            }
+            self.wait(
+                "to record the schema version",
+                client.execute(
+                    "INSERT INTO tally_schema (version) VALUES ($1)",
+                    &[&crate::SCHEMA_VERSION],
+                ),
+            )?;
+        }
+        self.wait("to commit the schema", client.batch_execute("COMMIT"))
+    }
+}
+
+/// Create the schema, or check the one found, under an advisory lock (several daemons,
+/// and their lease managers, may start at once), on a connection of its own.
+pub(crate) fn migrate(
+    rt: &crate::Rt,
+    config: &tokio_postgres::Config,
+    target: &str,
+    timeout: Duration,
+    trips: &AtomicU64,
+) -> Result<(), crate::PostgresError> {
+    let m = Migration {
+        rt,
+        target,
+        timeout,
+        trips,
+    };
+    let (client, connection) = m.wait("to connect", config.connect(tokio_postgres::NoTls))?;
+    let task = rt.spawn(async move {
+        let _ = connection.await;
+    });
+    let result = m.steps(&client);
+    drop(client);
+    let _ = rt.block_on(task);
+    result
+}

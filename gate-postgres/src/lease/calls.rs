@@ -1,0 +1,303 @@
+//! The lease manager's calls: define a scope, read its outlook, grant, renew, return and
+//! reclaim slices.
+
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::error::SqlState;
+
+use super::types::{Amounts, Caps, Grant, Lease, LeaseError, Outlook, Reclaimed, Released};
+use super::{amounts_at, big, bigs, interval_of, left_at, ms, scope_at, sql, Leases, Scope};
+
+/// What a return finds, under the lease's lock.
+enum Found {
+    Missing,
+    Stale(i64),
+    NotHolder,
+    Returned,
+    Open { reclaimed: bool, granted: Amounts },
+}
+
+impl Leases {
+    /// Set a scope's caps and what is settled and held centrally (`None` cap: no limit).
+    /// Refused, nothing changed, if the slices out would then exceed a cap.
+    pub fn define(
+        &self,
+        scope: &Scope,
+        caps: Caps,
+        settled: Amounts,
+        held: Amounts,
+    ) -> Result<(), LeaseError> {
+        let (kind, key) = (scope.kind.as_str(), scope.key.as_str());
+        let mut c = [None; 4];
+        for (i, cap) in caps.each().iter().enumerate() {
+            c[i] = cap.map(|n| big("a cap", n)).transpose()?;
+        }
+        let (s, h) = (bigs("settled", &settled)?, bigs("held", &held)?);
+        let r = self.run("to define a lease scope", async |db| {
+            db.execute(
+                sql::DEFINE,
+                &[
+                    &kind, &key, &c[0], &c[1], &c[2], &c[3], &s[0], &s[1], &s[2], &s[3], &h[0],
+                    &h[1], &h[2], &h[3],
+                ],
+            )
+            .await
+        })?;
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(&SqlState::CHECK_VIOLATION) => {
+                Err(LeaseError::Overcommitted {
+                    kind,
+                    key: scope.key.clone(),
+                })
+            }
+            Err(e) => Err(self.unavailable("to define a lease scope", crate::describe(&e))),
+        }
+    }
+
+    /// What `scope` has left, and how many distinct holders have a slice of it out or
+    /// were granted one within `window` (what [`tally_policy::slice_size`] sizes by).
+    pub fn outlook(&self, scope: &Scope, window: Duration) -> Result<Outlook, LeaseError> {
+        let (kind, key, holder) = (scope.kind.as_str(), scope.key.as_str(), &self.holder);
+        let (window, now) = (ms(window), self.now());
+        let rows = self.with("to read a lease scope", async |db| {
+            db.query(sql::LEFT, &[&kind, &key, holder, &window, &now])
+                .await
+        })?;
+        let row = rows.first().ok_or_else(|| LeaseError::UnknownScope {
+            kind,
+            key: scope.key.clone(),
+        })?;
+        Ok(Outlook {
+            left: left_at(row, 1),
+            holders: u64::try_from(row.get::<_, i64>(5)).unwrap_or(0),
+        })
+    }
+
+    /// Lease `want` of `scope` for the manager's time to live, in one statement: the
+    /// slice, or [`Grant::Refused`] with what is left when it does not fit.
+    pub fn grant(&self, scope: &Scope, want: Amounts) -> Result<Grant, LeaseError> {
+        if want == Amounts::default() {
+            return Err(LeaseError::Invalid("a slice of nothing".into()));
+        }
+        let w = bigs("a slice", &want)?;
+        let (kind, key, holder, epoch) = (
+            scope.kind.as_str(),
+            scope.key.as_str(),
+            &self.holder,
+            &self.epoch,
+        );
+        let (ttl, now) = (ms(self.options.ttl), self.now());
+        let rows = self.with("to grant a slice", async |db| {
+            db.query(
+                sql::GRANT,
+                &[
+                    &kind, &key, holder, epoch, &w[0], &w[1], &w[2], &w[3], &ttl, &now,
+                ],
+            )
+            .await
+        })?;
+        if let Some(row) = rows.first() {
+            let (granted_at, expires_at): (SystemTime, SystemTime) = (row.get(1), row.get(2));
+            return Ok(Grant::Granted(Lease {
+                id: row.get(0),
+                scope: scope.clone(),
+                epoch: self.epoch,
+                granted: want,
+                granted_at,
+                expires_at,
+                valid_for: self.options.ttl,
+            }));
+        }
+        self.why_refused(scope)
+    }
+
+    /// A grant matched nothing: a stale epoch, an unknown scope, or too little left.
+    fn why_refused(&self, scope: &Scope) -> Result<Grant, LeaseError> {
+        let (kind, key, holder) = (scope.kind.as_str(), scope.key.as_str(), &self.holder);
+        let now = self.now();
+        let rows = self.with("to read a lease scope", async |db| {
+            db.query(sql::LEFT, &[&kind, &key, holder, &0i64, &now])
+                .await
+        })?;
+        let Some(row) = rows.first() else {
+            return Err(LeaseError::UnknownScope {
+                kind,
+                key: scope.key.clone(),
+            });
+        };
+        self.current(row.get(0))?;
+        Ok(Grant::Refused {
+            left: left_at(row, 1),
+        })
+    }
+
+    /// Refused if the holder's epoch in the database is not this manager's.
+    fn current(&self, found: Option<i64>) -> Result<(), LeaseError> {
+        match found {
+            Some(e) if e == self.epoch => Ok(()),
+            other => Err(LeaseError::StaleEpoch {
+                holder: self.holder.clone(),
+                epoch: self.epoch,
+                current: other.unwrap_or(0),
+            }),
+        }
+    }
+
+    /// Extend a held slice by the time to live from now (never shortening it). Refused
+    /// once it expired, ended, or this manager was replaced.
+    pub fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        let (id, holder, epoch) = (&lease.id, &self.holder, &self.epoch);
+        let (ttl, now) = (ms(self.options.ttl), self.now());
+        let rows = self.with("to renew a slice", async |db| {
+            db.query(sql::RENEW, &[id, holder, epoch, &ttl, &now]).await
+        })?;
+        if let Some(row) = rows.first() {
+            return Ok(Lease {
+                epoch: self.epoch,
+                expires_at: row.get(0),
+                valid_for: interval_of(row, 1),
+                ..lease.clone()
+            });
+        }
+        let rows = self.with("to read a slice", async |db| {
+            db.query(sql::LEASE, &[id, &now]).await
+        })?;
+        let Some(row) = rows.first().filter(|r| r.get::<_, &str>(0) == holder) else {
+            return Err(LeaseError::NotHolder {
+                id: lease.id,
+                holder: holder.clone(),
+            });
+        };
+        self.current(row.get(3))?;
+        let state: &str = row.get(1);
+        Err(LeaseError::Ended {
+            id: lease.id,
+            state: if state == "held" && row.get::<_, bool>(2) {
+                "expired".to_owned()
+            } else {
+                state.to_owned()
+            },
+        })
+    }
+
+    /// Give a slice back, saying what of it was `used`: the used part is settled, the
+    /// rest goes back to the scope. Once: a second return of the same lease changes
+    /// nothing ([`Released::Already`]). A slice reclaimed meanwhile (counted as spent
+    /// whole) has its unused part refunded now ([`Released::Refunded`]).
+    pub fn release(&self, id: i64, used: Amounts) -> Result<Released, LeaseError> {
+        let u = bigs("used", &used)?;
+        let (holder, epoch, now) = (&self.holder, self.epoch, self.now());
+        let (found, released) = self.with("to return a slice", async |db| {
+            db.batch_execute("BEGIN").await?;
+            let current: Option<i64> = db
+                .query_opt(sql::HOLDER_SHARE, &[holder])
+                .await?
+                .map(|r| r.get(0));
+            let row = db.query_opt(sql::LEASE_LOCK, &[&id]).await?;
+            let found = match (current, &row) {
+                (c, _) if c != Some(epoch) => Found::Stale(c.unwrap_or(0)),
+                (_, None) => Found::Missing,
+                (_, Some(r)) if r.get::<_, &str>(0) != holder => Found::NotHolder,
+                (_, Some(r)) if r.get::<_, &str>(1) == "returned" => Found::Returned,
+                (_, Some(r)) => Found::Open {
+                    reclaimed: r.get::<_, &str>(1) == "reclaimed",
+                    granted: amounts_at(r, 4),
+                },
+            };
+            let mut released = None;
+            if let (Found::Open { reclaimed, granted }, Some(r)) = (&found, &row) {
+                if used.within(granted) {
+                    let g = granted.each().map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+                    // Held: leased down by the slice, settled up by the used part.
+                    // Reclaimed (settled whole already): settled down by the unused part.
+                    let (leased, settled) = if *reclaimed {
+                        ([0; 4], [0, 1, 2, 3].map(|i| u[i] - g[i]))
+                    } else {
+                        (g, u)
+                    };
+                    let (kind, key): (&str, &str) = (r.get(2), r.get(3));
+                    db.execute(sql::CLOSE, &[&id, &u[0], &u[1], &u[2], &u[3], &now])
+                        .await?;
+                    move_amounts(db, kind, key, leased, settled).await?;
+                    released = Some(if *reclaimed {
+                        Released::Refunded
+                    } else {
+                        Released::Returned
+                    });
+                }
+            }
+            db.batch_execute("COMMIT").await?;
+            Ok((found, released))
+        })?;
+        match (found, released) {
+            (_, Some(r)) => Ok(r),
+            (Found::Stale(current), _) => Err(LeaseError::StaleEpoch {
+                holder: holder.clone(),
+                epoch,
+                current,
+            }),
+            (Found::Missing | Found::NotHolder, _) => Err(LeaseError::NotHolder {
+                id,
+                holder: holder.clone(),
+            }),
+            (Found::Returned, _) => Ok(Released::Already),
+            (Found::Open { granted, .. }, None) => {
+                Err(LeaseError::UsedMoreThanGranted { id, used, granted })
+            }
+        }
+    }
+
+    /// Reclaim every slice (of any holder) that expired more than the margin ago: each
+    /// is counted as spent whole (its holder may have spent all of it before its
+    /// expiry) and no longer leased; its holder's late return refunds the unused part.
+    /// Each slice is reclaimed once, whoever calls this, however often.
+    pub fn reclaim_expired(&self) -> Result<Vec<Reclaimed>, LeaseError> {
+        let (margin, now) = (ms(self.options.margin), self.now());
+        self.with("to reclaim expired slices", async |db| {
+            db.batch_execute("BEGIN").await?;
+            db.query(sql::RECLAIM_LOCK, &[]).await?;
+            let rows = db.query(sql::RECLAIM, &[&margin, &now]).await?;
+            let reclaimed: Vec<Reclaimed> = rows
+                .iter()
+                .map(|r| Reclaimed {
+                    id: r.get(0),
+                    scope: scope_at(r, 1),
+                    holder: r.get(3),
+                    granted: amounts_at(r, 4),
+                })
+                .collect();
+            // One update per scope, in the scopes' order.
+            let mut per: std::collections::BTreeMap<&Scope, [i64; 4]> = Default::default();
+            for r in &reclaimed {
+                let sum = per.entry(&r.scope).or_default();
+                for (s, g) in sum.iter_mut().zip(r.granted.each()) {
+                    *s += i64::try_from(g).unwrap_or(i64::MAX);
+                }
+            }
+            for (scope, sum) in per {
+                move_amounts(db, scope.kind.as_str(), &scope.key, sum, sum).await?;
+            }
+            db.batch_execute("COMMIT").await?;
+            Ok(reclaimed)
+        })
+    }
+}
+
+/// A scope's leased amounts down by `leased`, its settled amounts up by `settled`.
+async fn move_amounts(
+    db: &tokio_postgres::Client,
+    kind: &str,
+    key: &str,
+    leased: [i64; 4],
+    settled: [i64; 4],
+) -> Result<u64, tokio_postgres::Error> {
+    let (l, s) = (&leased, &settled);
+    db.execute(
+        sql::MOVE,
+        &[
+            &kind, &key, &l[0], &l[1], &l[2], &l[3], &s[0], &s[1], &s[2], &s[3],
+        ],
+    )
+    .await
+}

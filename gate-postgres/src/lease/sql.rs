@@ -1,0 +1,148 @@
+//! The lease manager's statements (the tables are `schema::SCHEMA_V4`). `$now` is the
+//! manager's clock: NULL for the database's `now()`.
+//!
+//! Why a grant can never take a scope past its caps, under READ COMMITTED and any number
+//! of managers at once: [`GRANT`] adds the slice to the scope's `leased_*` in ONE
+//! `UPDATE` whose `WHERE` is the invariant itself (settled + held + leased + the slice
+//! within each cap). An `UPDATE` locks the row it changes; one that finds the row
+//! changed by a transaction that committed meanwhile re-reads the row's newest version
+//! and evaluates its `WHERE` again on it (PostgreSQL's EvalPlanQual) before writing. So
+//! every grant's check and add happen on the latest committed totals, one grant at a
+//! time per scope: no two can both see the same room. The slice's row is inserted by
+//! the same statement, only if the update matched. `tally_lease_scopes_within` (a CHECK)
+//! refuses any other write that would break the invariant.
+//!
+//! The epoch: the grant's first step reads the holder's row `FOR SHARE` and matches only
+//! if the manager's epoch is current. Opening a manager bumps the epoch (an `UPDATE` of
+//! that row), which waits for every grant holding the share lock to commit; a grant
+//! after the bump finds the new epoch and is refused. So once a manager opened, no older
+//! manager of the holder grants, renews or returns anything.
+
+/// Take the holder's name at a new epoch: $1 holder.
+pub(crate) const BUMP: &str = "
+INSERT INTO tally_lease_holders (holder, epoch) VALUES ($1, 1)
+ON CONFLICT (holder) DO UPDATE SET epoch = tally_lease_holders.epoch + 1
+RETURNING epoch";
+
+/// Adopt the holder's slices still out (run after [`BUMP`], in its transaction, whose
+/// wait saw every earlier grant commit): $1 holder, $2 the new epoch.
+pub(crate) const ADOPT: &str = "
+UPDATE tally_leases SET epoch = $2 WHERE holder = $1 AND state = 'held'
+RETURNING id, kind, key, epoch, attempts, nanos, effects, polls, granted_at, expires_at,
+    expires_at - granted_at";
+
+/// This holder's slices out: $1 holder, $2 $now.
+pub(crate) const HELD: &str = "
+SELECT id, kind, key, epoch, attempts, nanos, effects, polls, granted_at, expires_at,
+    greatest(expires_at - COALESCE($2::timestamptz, now()), interval '0')
+FROM tally_leases WHERE holder = $1 AND state = 'held' ORDER BY id";
+
+/// Define (or redefine) a scope: $1 kind, $2 key, $3..$6 caps, $7..$10 settled,
+/// $11..$14 held.
+pub(crate) const DEFINE: &str = "
+INSERT INTO tally_lease_scopes (kind, key, cap_attempts, cap_nanos, cap_effects, cap_polls,
+    settled_attempts, settled_nanos, settled_effects, settled_polls,
+    held_attempts, held_nanos, held_effects, held_polls)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+ON CONFLICT (kind, key) DO UPDATE SET
+    cap_attempts = EXCLUDED.cap_attempts, cap_nanos = EXCLUDED.cap_nanos,
+    cap_effects = EXCLUDED.cap_effects, cap_polls = EXCLUDED.cap_polls,
+    settled_attempts = EXCLUDED.settled_attempts, settled_nanos = EXCLUDED.settled_nanos,
+    settled_effects = EXCLUDED.settled_effects, settled_polls = EXCLUDED.settled_polls,
+    held_attempts = EXCLUDED.held_attempts, held_nanos = EXCLUDED.held_nanos,
+    held_effects = EXCLUDED.held_effects, held_polls = EXCLUDED.held_polls";
+
+/// Grant a slice in one statement: $1 kind, $2 key, $3 holder, $4 epoch, $5..$8 the
+/// slice, $9 its time to live in ms, $10 $now. No row: refused (see the module's doc).
+pub(crate) const GRANT: &str = "
+WITH h AS (
+    SELECT 1 FROM tally_lease_holders WHERE holder = $3 AND epoch = $4 FOR SHARE
+), s AS (
+    UPDATE tally_lease_scopes SET
+        leased_attempts = leased_attempts + $5, leased_nanos = leased_nanos + $6,
+        leased_effects = leased_effects + $7, leased_polls = leased_polls + $8
+    WHERE kind = $1 AND key = $2 AND EXISTS (SELECT 1 FROM h)
+      AND (cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts + $5 <= cap_attempts)
+      AND (cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos + $6 <= cap_nanos)
+      AND (cap_effects IS NULL OR settled_effects + held_effects + leased_effects + $7 <= cap_effects)
+      AND (cap_polls IS NULL OR settled_polls + held_polls + leased_polls + $8 <= cap_polls)
+    RETURNING kind, key
+), t AS (
+    SELECT COALESCE($10::timestamptz, now()) AS at
+)
+INSERT INTO tally_leases (kind, key, holder, epoch, attempts, nanos, effects, polls, state,
+    granted_at, expires_at)
+SELECT s.kind, s.key, $3, $4, $5, $6, $7, $8, 'held', t.at, t.at + $9::bigint * interval '1 millisecond'
+FROM s, t
+RETURNING id, granted_at, expires_at";
+
+/// What a scope has left, the holder's epoch (why a grant matched nothing) and the
+/// holders of its slices out or granted within the window: $1 kind, $2 key, $3 holder,
+/// $4 the window in ms, $5 $now.
+pub(crate) const LEFT: &str = "
+SELECT (SELECT epoch FROM tally_lease_holders WHERE holder = $3),
+    cap_attempts - (settled_attempts + held_attempts + leased_attempts),
+    cap_nanos - (settled_nanos + held_nanos + leased_nanos),
+    cap_effects - (settled_effects + held_effects + leased_effects),
+    cap_polls - (settled_polls + held_polls + leased_polls),
+    (SELECT count(DISTINCT holder) FROM tally_leases l
+     WHERE l.kind = $1 AND l.key = $2
+       AND (l.state = 'held' OR l.granted_at > COALESCE($5::timestamptz, now()) - $4::bigint * interval '1 millisecond'))
+FROM tally_lease_scopes WHERE kind = $1 AND key = $2";
+
+/// Renew a held slice, never shortening it: $1 id, $2 holder, $3 epoch, $4 time to live
+/// in ms, $5 $now. No row: refused (not this holder's, stale, ended or expired).
+pub(crate) const RENEW: &str = "
+WITH h AS (
+    SELECT 1 FROM tally_lease_holders WHERE holder = $2 AND epoch = $3 FOR SHARE
+), t AS (
+    SELECT COALESCE($5::timestamptz, now()) AS at
+)
+UPDATE tally_leases l SET expires_at = greatest(l.expires_at, t.at + $4::bigint * interval '1 millisecond')
+FROM t
+WHERE l.id = $1 AND l.holder = $2 AND l.state = 'held' AND l.expires_at > t.at
+  AND EXISTS (SELECT 1 FROM h)
+RETURNING l.expires_at, l.expires_at - t.at";
+
+/// A lease as it stands, and its holder's epoch: $1 id, $2 $now.
+pub(crate) const LEASE: &str = "
+SELECT l.holder, l.state, l.expires_at <= COALESCE($2::timestamptz, now()),
+    (SELECT epoch FROM tally_lease_holders h WHERE h.holder = l.holder)
+FROM tally_leases l WHERE l.id = $1";
+
+/// The holder's row, shared to the end of the return's transaction: $1 holder.
+pub(crate) const HOLDER_SHARE: &str =
+    "SELECT epoch FROM tally_lease_holders WHERE holder = $1 FOR SHARE";
+
+/// A lease, locked to the end of the return's transaction: $1 id.
+pub(crate) const LEASE_LOCK: &str = "
+SELECT holder, state, kind, key, attempts, nanos, effects, polls
+FROM tally_leases WHERE id = $1 FOR UPDATE";
+
+/// Close a lease as returned: $1 id, $2..$5 used, $6 $now.
+pub(crate) const CLOSE: &str = "
+UPDATE tally_leases SET state = 'returned', used_attempts = $2, used_nanos = $3,
+    used_effects = $4, used_polls = $5, ended_at = COALESCE($6::timestamptz, now())
+WHERE id = $1";
+
+/// Move amounts of a scope: leased down by $3..$6, settled up by $7..$10 (negative:
+/// down): $1 kind, $2 key.
+pub(crate) const MOVE: &str = "
+UPDATE tally_lease_scopes SET
+    leased_attempts = leased_attempts - $3, leased_nanos = leased_nanos - $4,
+    leased_effects = leased_effects - $5, leased_polls = leased_polls - $6,
+    settled_attempts = settled_attempts + $7, settled_nanos = settled_nanos + $8,
+    settled_effects = settled_effects + $9, settled_polls = settled_polls + $10
+WHERE kind = $1 AND key = $2";
+
+/// One reclaimer at a time (two would lock scopes in crossing orders).
+pub(crate) const RECLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(7400332)";
+
+/// Every held slice past its expiry and the margin, reclaimed: $1 margin in ms, $2
+/// $now. An `UPDATE` re-reads a row changed meanwhile, so a slice renewed or returned
+/// since the statement began is left alone; each slice is reclaimed once.
+pub(crate) const RECLAIM: &str = "
+UPDATE tally_leases SET state = 'reclaimed', ended_at = COALESCE($2::timestamptz, now())
+WHERE state = 'held'
+  AND expires_at + $1::bigint * interval '1 millisecond' < COALESCE($2::timestamptz, now())
+RETURNING id, kind, key, holder, attempts, nanos, effects, polls";
