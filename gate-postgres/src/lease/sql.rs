@@ -16,7 +16,8 @@
 //! if the manager's epoch is current. Opening a manager bumps the epoch (an `UPDATE` of
 //! that row), which waits for every grant holding the share lock to commit; a grant
 //! after the bump finds the new epoch and is refused. So once a manager opened, no older
-//! manager of the holder grants, renews or returns anything.
+//! manager of the holder grants, renews or returns anything. (`MATERIALIZED`: the
+//! holder's row is read, and locked, as a step of its own.)
 
 /// Take the holder's name at a new epoch: $1 holder.
 pub(crate) const BUMP: &str = "
@@ -55,7 +56,7 @@ ON CONFLICT (kind, key) DO UPDATE SET
 /// Grant a slice in one statement: $1 kind, $2 key, $3 holder, $4 epoch, $5..$8 the
 /// slice, $9 its time to live in ms, $10 $now. No row: refused (see the module's doc).
 pub(crate) const GRANT: &str = "
-WITH h AS (
+WITH h AS MATERIALIZED (
     SELECT 1 FROM tally_lease_holders WHERE holder = $3 AND epoch = $4 FOR SHARE
 ), s AS (
     UPDATE tally_lease_scopes SET
@@ -93,7 +94,7 @@ FROM tally_lease_scopes WHERE kind = $1 AND key = $2";
 /// Renew a held slice, never shortening it: $1 id, $2 holder, $3 epoch, $4 time to live
 /// in ms, $5 $now. No row: refused (not this holder's, stale, ended or expired).
 pub(crate) const RENEW: &str = "
-WITH h AS (
+WITH h AS MATERIALIZED (
     SELECT 1 FROM tally_lease_holders WHERE holder = $2 AND epoch = $3 FOR SHARE
 ), t AS (
     SELECT COALESCE($5::timestamptz, now()) AS at
