@@ -8,13 +8,13 @@ use std::sync::Arc;
 use tally_wire::RunState;
 
 use crate::app::App;
-use crate::observe::{build, log_bytes, metrics, wall_ms, Snapshot};
+use crate::observe::{build, log_bytes, metrics, wall_ms};
 
 /// The snapshot of page `page` (0-based), built from the gate's state (read only).
 pub(crate) async fn snapshot(
     app: &Arc<App>,
     page: usize,
-) -> Result<Snapshot, tally_gate::GateError> {
+) -> Result<tally_wire::LiveSnapshot, tally_gate::GateError> {
     // Never on the decision thread (reader.rs).
     let (standings, breakers) = app.reader.read(&app.gate).await?;
     let now = wall_ms();

@@ -81,15 +81,7 @@ impl<B: StateBackend> Gate<B> {
         let (start, touched, budget) = self.grant(t, owner, &req, None)?;
         records.push(start);
         writes.extend(touched);
-        let started = Started {
-            run: req.run,
-            budget,
-            policy: self.policy.digest.clone(),
-            seq: 0,
-            hash: String::new(),
-            token: None,
-        };
-        Ok(Commit::new(records, writes, started))
+        Ok(Commit::new(records, writes, self.started(req.run, budget)))
     }
 
     /// The grant's `override` record on the old run, judged by the core (approver,

@@ -52,16 +52,22 @@ impl<B: StateBackend> Gate<B> {
             Ok((record, touched, budget)) => {
                 records.push(record);
                 writes.extend(touched);
-                let started = Started {
-                    run: req.run,
-                    budget,
-                    policy: self.policy.digest.clone(),
-                    seq: 0,
-                    hash: String::new(),
-                    token: None,
-                };
-                Ok(Commit::new(records, writes, started))
+                Ok(Commit::new(records, writes, self.started(req.run, budget)))
             }
+        }
+    }
+
+    /// The answer to a granted start of `run` with `budget` under this gate's policy (a
+    /// start or a continuation); its seq and hash are the start record's, set once that
+    /// is receipted.
+    pub(crate) fn started(&self, run: String, budget: Budget) -> Started {
+        Started {
+            run,
+            budget,
+            policy: self.policy.digest.clone(),
+            seq: 0,
+            hash: String::new(),
+            token: None,
         }
     }
 

@@ -14,33 +14,11 @@ use crate::tlog::proof::{ConsistencyProof, TlogProof};
 use crate::tlog::tiles::Tiles;
 use crate::Checkpoint;
 
-/// How often, and how far apart, [`read_tree_head`] reads again when the tree files are
-/// behind the log's last checkpoint: a live writer appends a group's checkpoint to the log
-/// first and flushes the tree files right after, so a reader in between sees files one
-/// group short. Files still short after these reads are reported.
-const BEHIND_READS: u32 = 50;
-const BEHIND_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
-
 /// The latest sealed checkpoint of the ledger in `dir` and the Merkle root at its size
-/// (from its group's tree frame, checked against the tree files).
+/// (from its group's tree frame, checked against the tree files). The writer writes a
+/// group's tree files before it appends the group's checkpoint, so files that do not
+/// reach that checkpoint's root are reported, even while a writer appends.
 pub fn read_tree_head(dir: &Path) -> Result<(Checkpoint, TreeHash)> {
-    let mut reads = 1;
-    loop {
-        match tree_head_once(dir) {
-            Err(Error::Corrupt { why, .. }) if why.starts_with(BEHIND) && reads < BEHIND_READS => {
-                reads += 1;
-                std::thread::sleep(BEHIND_PAUSE);
-            }
-            done => return done,
-        }
-    }
-}
-
-/// The start of the message for tree files that do not give the log's recorded root.
-const BEHIND: &str = "the tree files in ";
-
-/// [`read_tree_head`], read once.
-fn tree_head_once(dir: &Path) -> Result<(Checkpoint, TreeHash)> {
     let segments = list_segments(dir)?;
     for (_, path) in segments.iter().rev() {
         let scan = segment::scan(path)?;
@@ -64,7 +42,7 @@ fn tree_head_once(dir: &Path) -> Result<(Checkpoint, TreeHash)> {
             return Err(Error::Corrupt {
                 seq: size.saturating_sub(1),
                 why: format!(
-                    "{BEHIND}{} do not match the log at size {size}: open the ledger with its writer to rebuild them",
+                    "the tree files in {} do not match the log at size {size}: open the ledger with its writer to rebuild them",
                     dir.join(crate::tlog::tiles::TREE_DIR).display()
                 ),
             });

@@ -103,6 +103,30 @@ fn run_child_and_kill(dir: &Path, from: u64, n: u64) {
     assert!(done, "the child wrote its groups");
 }
 
+/// Run this binary's ignored test `test` as a child process with `env` until it ends:
+/// whether it died of `abort` (a fault point, as `kill -9`), and how it ended.
+pub(crate) fn child_to_abort(
+    test: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (bool, std::process::ExitStatus) {
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            test,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    let abort = rustix::process::Signal::ABORT.as_raw();
+    (status.signal() == Some(abort), status)
+}
+
 /// Every entry from seq 1 to the checkpoint is found through the index's points.
 fn every_entry_found(ledger: &Ledger) {
     for seq in 1..ledger.checkpoint().size {
@@ -406,26 +430,17 @@ fn kill_9_during_the_replay_on_open() {
         "300/flushed",
         "7",
     ] {
-        let status = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "review::review_child_writer",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_DIR, &dir)
-            .env(CHILD_GROUPS, "0")
-            .env(CHILD_FROM, "0")
-            .env(tally_ledger::faults::REPLAY_ABORT_AFTER, at)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(
-            status.signal(),
-            Some(rustix::process::Signal::ABORT.as_raw()),
+        let (aborted, status) = child_to_abort(
+            "review::review_child_writer",
+            &[
+                (CHILD_DIR, dir.as_os_str()),
+                (CHILD_GROUPS, "0".as_ref()),
+                (CHILD_FROM, "0".as_ref()),
+                (tally_ledger::faults::REPLAY_ABORT_AFTER, at.as_ref()),
+            ],
+        );
+        assert!(
+            aborted,
             "the child did not die inside its replay (after {at} state frames): {status}"
         );
         marks.push(Store::open(&dir).unwrap().mark().unwrap());

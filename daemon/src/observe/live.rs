@@ -10,10 +10,9 @@ use std::sync::Mutex;
 
 use super::journal::{Journal, Line};
 
-use serde::Serialize;
 use tally_ledger::decision::Limit;
 use tally_ledger::money::Nanos;
-use tally_wire::Dimension;
+use tally_wire::{Dimension, Spark};
 
 /// Runs whose trajectory is kept.
 pub(crate) const MAX_RUNS: usize = 20_000;
@@ -36,15 +35,7 @@ pub(crate) const TRACKED: [&str; 4] = [
 pub(crate) use tally_wire::LastRefusal as Refusal;
 
 /// A call waiting for a human's approval: exactly the call an approval would allow.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct Pending {
-    pub run: String,
-    pub tool: String,
-    /// The BLAKE3 digest of the call's arguments (never the arguments).
-    pub args_digest: Option<String>,
-    pub seq: Option<u64>,
-    pub at_ms: u64,
-}
+pub(crate) use tally_wire::LivePending as Pending;
 
 #[derive(Default)]
 struct RunLive {
@@ -57,10 +48,10 @@ struct RunLive {
 }
 
 /// A run's trajectory and last refusal, as the page shows it.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct RunView {
     /// Per dimension, the used values in time order (and the limit last seen).
-    pub spark: BTreeMap<&'static str, Spark>,
+    pub spark: BTreeMap<String, Spark>,
     pub last_refusal: Option<Refusal>,
     pub depth: Option<Limit>,
 }
@@ -76,7 +67,7 @@ impl RunView {
                 continue;
             }
             let Some(l) = limits.get(dim) else { continue };
-            let spark = self.spark.entry(dim).or_default();
+            let spark = self.spark.entry(dim.to_owned()).or_default();
             if spark.used.last() != Some(&l.used) || spark.limit != l.limit {
                 if spark.used.len() == POINTS {
                     spark.used.remove(0);
@@ -96,15 +87,6 @@ fn shown(dim: &str, used: u64, limit: u64) -> String {
     } else {
         format!("{used}/{limit}")
     }
-}
-
-/// One sparkline.
-#[derive(Clone, Debug, Default, Serialize)]
-pub(crate) struct Spark {
-    pub used: Vec<u64>,
-    pub limit: u64,
-    /// The last point as people read it: `used/limit`, spend in dollars (`$0.15/$10.00`).
-    pub shown: String,
 }
 
 #[derive(Default)]
@@ -412,7 +394,7 @@ impl Live {
                             let (used, limit) = p.back().map_or((0, 0), |x| (x.1, x.2));
                             let shown = shown(d, used, limit);
                             (
-                                *d,
+                                (*d).to_owned(),
                                 Spark {
                                     used: p.iter().map(|x| x.1).collect(),
                                     limit,

@@ -16,9 +16,10 @@ pub(crate) mod trace;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
-use tally_wire::{ListedRun, RunState};
+use tally_wire::{
+    BreakerState, ListedRun, LiveBreaker, LiveRefusals, LiveRun, LiveSnapshot, RunState,
+};
 
-use serde::Serialize;
 use tally_gate::Standing;
 use tally_ledger::money::Nanos;
 use tally_policy::headroom::{closeness, order, Closeness};
@@ -149,62 +150,16 @@ pub(crate) fn operators_view(path: &str) -> bool {
 /// Runs on one page of the live view.
 pub(crate) const PER_PAGE: usize = 50;
 
-/// One run as the page shows it.
-#[derive(Serialize)]
-pub(crate) struct RunRow {
-    pub run: String,
-    pub state: &'static str,
-    pub stop_reason: Option<&'static str>,
-    pub closeness: Closeness,
-    #[serde(flatten)]
-    pub live: live::RunView,
-    pub held_nanos: u64,
-    pub settled_nanos: u64,
-    /// Held and settled as people read them (`$0.15`).
-    pub held_usd: String,
-    pub settled_usd: String,
-    /// The run's clock: ms since it started.
-    pub at_ms: u64,
-}
-
-/// A breaker that is not closed.
-#[derive(Serialize)]
-pub(crate) struct BreakerRow {
-    pub tool: String,
-    pub state: &'static str,
-    /// When an open breaker half-opens (ms since the epoch).
-    pub half_opens_at_ms: Option<u64>,
-}
-
-/// A refusal count.
-#[derive(Serialize)]
-pub(crate) struct RefusalRow {
-    pub minute_ms: u64,
-    pub reason: &'static str,
-    pub count: u64,
-}
-
-/// What the live page and `tally top` show: one page of runs, nearest to a limit first.
-#[derive(Serialize)]
-pub(crate) struct Snapshot {
-    pub at_ms: u64,
-    pub page: usize,
-    pub per_page: usize,
-    pub total_runs: usize,
-    pub open_runs: usize,
-    pub runs: Vec<RunRow>,
-    pub breakers: Vec<BreakerRow>,
-    pub refusals: Vec<RefusalRow>,
-    pub pending: Vec<live::Pending>,
-}
-
+/// One page of the live view (`GET /v1/live`, the page's `snapshot` event, `tally top`):
+/// runs nearest to a limit first, the breakers not closed, refusals per minute and the
+/// calls waiting for a human.
 pub(crate) fn build(
     obs: &Observer,
     standings: Vec<Standing>,
     breakers: Vec<(String, tally_policy::Breaker)>,
     page: usize,
     now: u64,
-) -> Snapshot {
+) -> LiveSnapshot {
     let total_runs = standings.len();
     let open_runs = standings
         .iter()
@@ -215,12 +170,14 @@ pub(crate) fn build(
         .into_iter()
         .skip(page.saturating_mul(PER_PAGE))
         .take(PER_PAGE)
-        .map(|(s, v, c)| RunRow {
+        .map(|(s, v, c)| LiveRun {
             run: s.run,
-            state: s.state.as_str(),
-            stop_reason: s.stop_reason.map(|r| r.as_str()),
+            state: s.state,
+            stop_reason: s.stop_reason,
             closeness: c,
-            live: v,
+            spark: v.spark,
+            last_refusal: v.last_refusal,
+            depth: v.depth,
             held_nanos: s.held_nanos,
             settled_nanos: s.settled_nanos,
             held_usd: Nanos(s.held_nanos).to_string(),
@@ -232,14 +189,14 @@ pub(crate) fn build(
         .into_iter()
         .filter_map(|(tool, b)| match b {
             tally_policy::Breaker::Closed { .. } => None,
-            tally_policy::Breaker::Open { until_ms } => Some(BreakerRow {
+            tally_policy::Breaker::Open { until_ms } => Some(LiveBreaker {
                 tool,
-                state: "open",
+                state: BreakerState::Open,
                 half_opens_at_ms: Some(until_ms),
             }),
-            tally_policy::Breaker::HalfOpen { .. } => Some(BreakerRow {
+            tally_policy::Breaker::HalfOpen { .. } => Some(LiveBreaker {
                 tool,
-                state: "half_open",
+                state: BreakerState::HalfOpen,
                 half_opens_at_ms: None,
             }),
         })
@@ -248,18 +205,18 @@ pub(crate) fn build(
         .live
         .refusals(now)
         .into_iter()
-        .map(|(minute_ms, reason, count)| RefusalRow {
+        .map(|(minute_ms, reason, count)| LiveRefusals {
             minute_ms,
-            reason,
+            reason: reason.to_owned(),
             count,
         })
         .collect();
-    Snapshot {
+    LiveSnapshot {
         at_ms: now,
-        page,
-        per_page: PER_PAGE,
-        total_runs,
-        open_runs,
+        page: page as u64,
+        per_page: PER_PAGE as u64,
+        total_runs: total_runs as u64,
+        open_runs: open_runs as u64,
         runs,
         breakers,
         refusals,

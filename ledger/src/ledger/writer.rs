@@ -165,9 +165,17 @@ impl Writer {
             &segment::encode_tree(self.next_seq, &root),
         );
         push_frame(&mut frames, TAG_CHECKPOINT, checkpoint.to_text().as_bytes());
-        let placed = log.append(&frames, first_seq, prev_hash)?;
-        // The tree files are derived (checked against the tree frame on open), never synced.
+        // The tree files first, then the checkpoint that covers them: a reader that sees
+        // the checkpoint in the log finds the tree files at least at its size. They are
+        // derived and never synced (open checks them against the log's last tree frame
+        // and keeps a prefix or rebuilds): a crash between the two leaves files ahead of
+        // the log, which open cuts back to it.
         self.tree.flush()?;
+        #[cfg(feature = "faults")]
+        crate::faults::group_ready();
+        let placed = log.append(&frames, first_seq, prev_hash)?;
+        #[cfg(feature = "faults")]
+        crate::faults::group_appended(&self.dir);
         // Only once the frame is in the log is its value the next delta's base (a failed
         // write poisons the ledger: nothing follows it from this process).
         for (k, v) in &changed {

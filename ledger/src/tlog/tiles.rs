@@ -4,7 +4,9 @@
 //! partial `tile/L/N.p/W`) is the 256 (or `W`) hashes from `N * 256` of level `L`'s file.
 //!
 //! The files are derived from the log (`tally reindex` and the writer's open rebuild
-//! them); they are written with each commit group but never synced: on open the writer
+//! them); they are written with each commit group, before the group is appended to the
+//! log (a reader that sees a checkpoint finds them at least at its size), but never
+//! synced: on open the writer
 //! checks them against the root the log's last tree frame records, and rebuilds what does
 //! not match. Readers never trust them further than the root they compare with.
 

@@ -7,14 +7,15 @@ use tally_ledger::Checkpoint;
 use crate::finding::{Finding, FindingKind};
 use crate::report::AnchorStatus;
 
-use super::{differing, full, Disputed, Walk};
+use super::sealed::Disputed;
+use super::{differing, full, Walk};
 
 impl Walk<'_> {
     /// Leave the current position: say how many copies of a checkpoint stood there.
     pub(super) fn end_position(&mut self) {
-        if let (Some(i), n) = (self.duplicate.take(), self.duplicates_here) {
+        if let (Some(i), n) = (self.here.duplicate.take(), self.here.duplicates) {
             if n > 1 {
-                if let Some(f) = self.findings.get_mut(i) {
+                if let Some(f) = self.findings.kept.get_mut(i) {
                     f.detail = format!(
                         "{n} more checkpoints of size {} after the first (the ledger keeps one per size: copies were added)",
                         f.seq
@@ -22,19 +23,19 @@ impl Walk<'_> {
                 }
             }
         }
-        self.duplicates_here = 0;
-        self.checkpoints_here = 0;
-        self.head_here = None;
-        self.text_here = None;
+        self.here.duplicates = 0;
+        self.here.count = 0;
+        self.here.head = None;
+        self.here.text = None;
     }
 
     /// A second stored checkpoint at this position: the store keeps one per size, so it
     /// was added. One finding per position, however many copies.
     fn duplicate_checkpoint(&mut self, n: u64) {
-        self.duplicates_here += 1;
-        if self.duplicates_here == 1 {
-            if self.findings.len() < self.opts.max_findings {
-                self.duplicate = Some(self.findings.len());
+        self.here.duplicates += 1;
+        if self.here.duplicates == 1 {
+            if let Some(i) = self.findings.next_index() {
+                self.here.duplicate = Some(i);
             }
             self.find(
                 FindingKind::CheckpointDuplicate,
@@ -47,8 +48,8 @@ impl Walk<'_> {
     }
 
     pub(super) fn checkpoint(&mut self, text: &[u8]) {
-        let n = self.next_seq;
-        if self.text_here.as_deref() == Some(text) {
+        let n = self.chain.next_seq;
+        if self.here.text.as_deref() == Some(text) {
             // An exact copy of the checkpoint just read: no need to check it again.
             self.duplicate_checkpoint(n);
             return;
@@ -67,30 +68,34 @@ impl Walk<'_> {
         match self.check_seal(&cp, "checkpoint") {
             Ok(()) => self.vouched(n),
             Err((FindingKind::CheckpointHeadMismatch, why))
-                if self.last_clean && self.checkpoints_here == 0 && n > 0 =>
+                if self.chain.last_clean && self.here.count == 0 && n > 0 =>
             {
                 // Validly signed, over another head than the clean entry before it: what
                 // follows says which of the two was changed (`Disputed`).
-                self.hashes = None;
-                self.disputed = Some(Disputed {
+                self.findings.hashes = None;
+                self.here.disputed = Some(Disputed {
                     n,
-                    entry: self.position - 1,
-                    stored: self.head,
+                    entry: self.chain.position - 1,
+                    stored: self.chain.head,
                     signed: cp.head,
                     mismatch: why,
                 });
-                self.suspect = None;
-                self.text_here = Some(text.to_vec());
-                self.checkpoints_here += 1;
+                self.chain.suspect = None;
+                self.here.text = Some(text.to_vec());
+                self.here.count += 1;
                 return;
             }
             Err((FindingKind::CheckpointHeadMismatch, _))
-                if self.disputed.as_ref().is_some_and(|d| d.signed == cp.head) =>
+                if self
+                    .here
+                    .disputed
+                    .as_ref()
+                    .is_some_and(|d| d.signed == cp.head) =>
             {
                 // Another valid checkpoint signing the disputed head: a copy (the ledger
                 // keeps one per size), and one more witness against the entry.
-                self.hashes = None;
-                self.checkpoints_here += 1;
+                self.findings.hashes = None;
+                self.here.count += 1;
                 self.duplicate_checkpoint(n);
                 return;
             }
@@ -103,23 +108,33 @@ impl Walk<'_> {
                 if kind == FindingKind::CheckpointHeadMismatch {
                     // The entries since the last broken link do not hash to what was
                     // signed: nothing tells which side of that link was changed.
-                    self.suspect = None;
+                    self.chain.suspect = None;
                 }
                 self.find(kind, cp.size.min(n), why);
                 return;
             }
         }
         // Only valid checkpoints count as copies: an invalid one is its own finding.
-        self.text_here = Some(text.to_vec());
-        self.checkpoints_here += 1;
-        if self.checkpoints_here > 1 {
+        self.here.text = Some(text.to_vec());
+        self.here.count += 1;
+        if self.here.count > 1 {
             self.duplicate_checkpoint(n);
             return;
         }
         self.tree_broken();
-        if !self.broken && self.key_mismatch.is_none() {
+        if !self.findings.broken && self.chain.key_mismatch.is_none() {
             // Nothing is sealed under another ledger's key.
-            self.seal(cp);
+            self.sealed.seal(self.ordinal, cp);
+        }
+    }
+
+    /// Whether the tree has found something: nothing read after its first finding is
+    /// sealed (what was sealed since is taken back). Call before sealing a checkpoint.
+    fn tree_broken(&mut self) {
+        let (first, done) = self.tree.progress();
+        self.sealed.settle(first, done);
+        if first != u64::MAX {
+            self.findings.broken = true;
         }
     }
 
@@ -127,13 +142,15 @@ impl Walk<'_> {
     /// broken link is as written, that link included, so the entry before the link is the
     /// one whose bytes were changed (unless it has a finding of its own already).
     pub(super) fn vouched(&mut self, n: u64) {
-        let Some(s) = self.suspect.take() else { return };
+        let Some(s) = self.chain.suspect.take() else {
+            return;
+        };
         let (Some(i), true) = (s.finding, s.before_clean) else {
             return;
         };
         let entry = s.link_at - 1;
         let (found, want) = differing(&s.stored, &s.linked);
-        self.findings[i] = Finding {
+        self.findings.kept[i] = Finding {
             kind: FindingKind::EntryAltered,
             seq: entry,
             detail: format!(
@@ -150,12 +167,12 @@ impl Walk<'_> {
     /// entry's link is judged against what was sealed: one changed entry, one finding);
     /// else the checkpoint's head is the odd one.
     pub(super) fn settle(&mut self, changed: bool) {
-        let Some(d) = self.disputed.take() else {
+        let Some(d) = self.here.disputed.take() else {
             return;
         };
         if changed {
             let (found, want) = differing(&d.stored, &d.signed);
-            self.hashes = Some(full(&d.stored, &d.signed));
+            self.findings.hashes = Some(full(&d.stored, &d.signed));
             self.find(
                 FindingKind::EntryAltered,
                 d.entry,
@@ -165,22 +182,22 @@ impl Walk<'_> {
                     d.entry, d.n
                 ),
             );
-            self.head = d.signed;
+            self.chain.head = d.signed;
         } else {
-            self.hashes = Some(full(&d.signed, &d.stored));
+            self.findings.hashes = Some(full(&d.signed, &d.stored));
             self.find(FindingKind::CheckpointHeadMismatch, d.n, d.mismatch);
         }
     }
 
     /// Check a checkpoint or anchor against the chain at the current position.
     fn check_seal(&mut self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
-        let n = self.next_seq;
-        if cp.ledger_id != self.ledger_id {
+        let n = self.chain.next_seq;
+        if cp.ledger_id != self.chain.ledger_id {
             return Err((
                 FindingKind::CheckpointWrongLedger,
                 format!(
                     "{what} belongs to ledger {}, not {}",
-                    cp.ledger_id, self.ledger_id
+                    cp.ledger_id, self.chain.ledger_id
                 ),
             ));
         }
@@ -198,8 +215,8 @@ impl Walk<'_> {
                 },
             ));
         }
-        let key = self.epoch_keys.get(cp.epoch as usize).copied();
-        if cp.epoch != self.head_epoch {
+        let key = self.chain.epoch_keys.get(cp.epoch as usize).copied();
+        if cp.epoch != self.chain.head_epoch {
             let signed = match key {
                 Some(k) if verify_checkpoint(cp, &k).is_ok() => "validly signed",
                 _ => "claiming to be signed",
@@ -210,7 +227,7 @@ impl Walk<'_> {
                     "{what} is {signed} by epoch {}'s key, but entry {} is in epoch {} (re-sealed with another epoch's key)",
                     cp.epoch,
                     n - 1,
-                    self.head_epoch
+                    self.chain.head_epoch
                 ),
             ));
         }
@@ -231,7 +248,7 @@ impl Walk<'_> {
         }
         // The first head seen at this size (a checkpoint's or an anchor's) is the one
         // others must match: a constant-time check, however many checkpoints follow.
-        match self.head_here {
+        match self.here.head {
             Some(h) if h != cp.head => {
                 return Err((
                     FindingKind::Fork,
@@ -239,23 +256,23 @@ impl Walk<'_> {
                 ));
             }
             Some(_) => {}
-            None => self.head_here = Some(cp.head),
+            None => self.here.head = Some(cp.head),
         }
-        if cp.head != self.head {
-            let (found, want) = differing(&cp.head, &self.head);
+        if cp.head != self.chain.head {
+            let (found, want) = differing(&cp.head, &self.chain.head);
             // Taken by the finding the caller makes of this error.
-            self.hashes = Some(full(&cp.head, &self.head));
+            self.findings.hashes = Some(full(&cp.head, &self.chain.head));
             return Err((
                 FindingKind::CheckpointHeadMismatch,
                 format!("{what} head {found} is not the chain's hash {want} at size {n}"),
             ));
         }
-        if cp.wall_ms < self.head_wall {
+        if cp.wall_ms < self.chain.head_wall {
             return Err((
                 FindingKind::CheckpointTime,
                 format!(
                     "{what} time {} ms is before the entry it seals ({} ms)",
-                    cp.wall_ms, self.head_wall
+                    cp.wall_ms, self.chain.head_wall
                 ),
             ));
         }
@@ -264,7 +281,7 @@ impl Walk<'_> {
 
     pub(super) fn check_anchors(&mut self) {
         self.end_position();
-        let n = self.next_seq;
+        let n = self.chain.next_seq;
         let mut i = 0;
         while i < self.anchors.len() {
             if self.anchors[i].0.size == n && self.anchors[i].1.is_none() {
@@ -283,10 +300,38 @@ impl Walk<'_> {
                     }
                 };
                 self.anchors[i].1 = Some(status);
-                // The anchor's head stays in `head_here` so a stored checkpoint of the
+                // The anchor's head stays in `here.head` so a stored checkpoint of the
                 // same size with another head is reported as a fork.
             }
             i += 1;
+        }
+    }
+
+    /// Anchors the walk never met: each a finding.
+    pub(super) fn missing_anchors(&mut self) {
+        let n = self.chain.position;
+        for i in 0..self.anchors.len() {
+            if self.anchors[i].1.is_none() {
+                let a = self.anchors[i].0.clone();
+                let why = if a.ledger_id != self.chain.ledger_id {
+                    format!(
+                        "anchor belongs to ledger {}, not {}",
+                        a.ledger_id, self.chain.ledger_id
+                    )
+                } else {
+                    format!(
+                        "anchor seals {} entries but the ledger has {n}: it was truncated or rolled back",
+                        a.size
+                    )
+                };
+                let kind = if a.ledger_id != self.chain.ledger_id {
+                    FindingKind::AnchorInvalid
+                } else {
+                    FindingKind::AnchorMissing
+                };
+                self.find(kind, n.min(a.size), why);
+                self.anchors[i].1 = Some(AnchorStatus::Missing);
+            }
         }
     }
 }
