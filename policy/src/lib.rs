@@ -72,7 +72,7 @@ pub use request::request_id;
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
 pub use state::{
-    principal_limits, Breaker, CredentialState, Now, PrincipalState, RunState, ToolState,
+    principal_limits, Breaker, CredentialState, Denied, Now, PrincipalState, RunState, ToolState,
     PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
 };
 pub use status::{

@@ -48,7 +48,8 @@ export type Reason =
   | "gate_unavailable"
   | "request_refused"
   | "refill_without_approval"
-  | "completed";
+  | "completed"
+  | "denied_by_approver";
 
 /** Why a run ends, as an agent says it: `completed`, or the reason of the refusal that
  * ended it (only the operator kills). */
