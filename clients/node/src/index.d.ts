@@ -115,6 +115,10 @@ export declare class Decision {
   readonly action: Action | null;
   /** For `require_approval`: the limit that was reached. */
   readonly cause: string | null;
+  /** For `denied_by_approver`: the approver who denied this call. */
+  readonly deniedBy: string | null;
+  /** For `denied_by_approver`: the approver's note (escape it before showing it). */
+  readonly note: string | null;
   readonly retryAfterMs: number | null;
   /** For an allow: the call must end within this many ms. */
   readonly timeoutMs: number | null;
