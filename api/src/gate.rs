@@ -320,6 +320,12 @@ impl GateClient {
         self.post("/v1/approvals", approval).await
     }
 
+    /// `POST /v1/approvals/denials` (operator socket): record a signed denial of an
+    /// approval request (a [`tally_wire::Denial`], or its JSON); its receipt.
+    pub async fn deny(&mut self, denial: &impl Serialize) -> Result<Logged, GateError> {
+        self.post("/v1/approvals/denials", denial).await
+    }
+
     /// `GET /v1/approvals` (operator socket): every approval request the gate holds,
     /// pending first, nearest deadline first (docs/APPROVALS.md).
     pub async fn approval_requests(&mut self) -> Result<Vec<ApprovalRequest>, GateError> {

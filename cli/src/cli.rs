@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod operator;
-pub use operator::{ApprovalsArgs, ApproveArgs, RunArgs, RunsArgs, SettleArgs, TopArgs};
+pub use operator::{ApprovalsArgs, ApproveArgs, DenyArgs, RunArgs, RunsArgs, SettleArgs, TopArgs};
 
 /// tally: an append-only, hash-chained, encrypted audit ledger for AI-agent budget
 /// decisions, and the offline verifier that audits it.
@@ -78,6 +78,9 @@ pub enum Command {
     /// Sign and record a human's approval for a run: a bounded extra allocation, used
     /// once, until it expires.
     Approve(ApproveArgs),
+    /// Sign and record a human's denial of an approval request: the agent's next try of
+    /// exactly that call is refused `denied_by_approver` (stop), with the note.
+    Deny(DenyArgs),
     /// The approval requests the gate holds, pending first, nearest deadline first: the
     /// refused call, what granting it would cost, where its run stands, who asked.
     Approvals(ApprovalsArgs),

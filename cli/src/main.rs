@@ -12,6 +12,7 @@ mod cli;
 mod commands;
 mod continuation;
 mod demo;
+mod deny;
 mod desk;
 mod gate;
 mod generate;
@@ -124,6 +125,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Keygen(args) => commands::keygen(&args),
         Command::Approve(args) if args.new_run => continuation::approve(&args),
         Command::Approve(args) => operator::approve(&args),
+        Command::Deny(args) => deny::deny(&args),
         Command::Approvals(args) => approvals::approvals(&args),
         Command::Runs(args) => match args.json {
             true => operator::runs(&args),

@@ -151,12 +151,20 @@ fn record(socket: &Path, g: Grant) -> Result<Exit> {
 
 /// The approver's key and name (default: the key file's name).
 pub(crate) fn signer(g: &Grant) -> Result<(tally_ledger::keys::ApproverKey, String)> {
-    let key = tally_ledger::keys::ApproverKey::read(&g.key)
-        .with_context(|| format!("reading the approver key {}", g.key.display()))?;
-    let approver = match &g.approver {
-        Some(a) => a.clone(),
-        None => g
-            .key
+    signer_of(&g.key, g.approver.as_deref())
+}
+
+/// The approver's key read from `path`, and their name: `approver`, or the key file's
+/// name. `tally approve` and `tally deny` sign with it.
+pub(crate) fn signer_of(
+    path: &Path,
+    approver: Option<&str>,
+) -> Result<(tally_ledger::keys::ApproverKey, String)> {
+    let key = tally_ledger::keys::ApproverKey::read(path)
+        .with_context(|| format!("reading the approver key {}", path.display()))?;
+    let approver = match approver {
+        Some(a) => a.to_owned(),
+        None => path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .context("name the approver with --approver")?,

@@ -256,6 +256,16 @@ mod tui {
                         if k.kind != KeyEventKind::Press {
                             continue;
                         }
+                        if desk.noting() {
+                            match k.code {
+                                KeyCode::Enter => desk.deny(socket, &asks),
+                                KeyCode::Esc => desk.cancel(),
+                                KeyCode::Backspace => desk.erase(),
+                                KeyCode::Char(c) => desk.type_char(c),
+                                _ => {}
+                            }
+                            continue;
+                        }
                         match k.code {
                             KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
                             KeyCode::Char('n') | KeyCode::PageDown => page += 1,
@@ -263,6 +273,7 @@ mod tui {
                             KeyCode::Char('j') | KeyCode::Down => desk.select(1, asks.len()),
                             KeyCode::Char('k') | KeyCode::Up => desk.select(-1, asks.len()),
                             KeyCode::Char('a') => desk.approve(socket, &asks),
+                            KeyCode::Char('d') => desk.start_denial(&asks),
                             _ => {}
                         }
                     }

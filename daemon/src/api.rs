@@ -175,6 +175,7 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
                 "continuations" => {
                     " (`tally approve --new-run --operator-socket PATH ...`)".to_string()
                 }
+                "denials" => " (`tally deny --operator-socket PATH ...`)".to_string(),
                 _ => String::new(),
             };
             ApiError::new(
@@ -219,7 +220,7 @@ fn allowed(role: Role, path: &str) -> &'static str {
             _ => "GET, HEAD",
         },
         Role::Operator => match path {
-            "/v1/decisions" | "/v1/approvals/continuations" => "POST",
+            "/v1/decisions" | "/v1/approvals/continuations" | "/v1/approvals/denials" => "POST",
             "/v1/approvals" => "GET, HEAD, POST",
             _ if run_action && matches!(tail, "pause" | "resume" | "kill" | "settle") => "POST",
             _ => "GET, HEAD",

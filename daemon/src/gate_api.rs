@@ -16,7 +16,7 @@ use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tally_gate::{
-    Approval, Caller, CheckRequest, GateError, OutcomeRequest, SettleRequest, StartRequest,
+    Approval, Caller, CheckRequest, Denial, GateError, OutcomeRequest, SettleRequest, StartRequest,
     StopRequest,
 };
 use tally_ledger::Reason;
@@ -50,6 +50,7 @@ pub(crate) fn operator_routes(common: Router<Arc<App>>) -> Router<Arc<App>> {
         .route("/v1/approvals", post(approve).get(approval_requests))
         .route("/v1/approvals/{id}", get(approval_request))
         .route("/v1/approvals/continuations", post(continuation))
+        .route("/v1/approvals/denials", post(deny))
 }
 
 fn caller(peer: Peer, role: Role) -> Caller {
@@ -402,6 +403,19 @@ async fn approve(
     let gate = Arc::clone(&app.gate);
     posted(&app, request, StatusCode::OK, move |a: Approval, done| {
         gate.approve(caller(peer, Role::Operator), a, done)
+    })
+    .await
+}
+
+/// A denial of an approval request (docs/APPROVALS.md).
+async fn deny(
+    State(app): AppState,
+    Extension(peer): Extension<Peer>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let gate = Arc::clone(&app.gate);
+    posted(&app, request, StatusCode::OK, move |d: Denial, done| {
+        gate.deny(caller(peer, Role::Operator), d, done)
     })
     .await
 }

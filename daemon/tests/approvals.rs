@@ -211,3 +211,181 @@ async fn an_answer_lets_exactly_that_call_through_once_and_a_late_one_is_expired
     assert_eq!(listed.state, RequestState::Expired);
     d.shutdown().await.expect("shutdown");
 }
+
+/// A denial of request `r` by `approver`, signed with `key`, with `note`.
+fn denial(
+    key: &tally_ledger::keys::ApproverKey,
+    approver: &str,
+    run: &str,
+    r: &tally_api::ApprovalRequest,
+    note: &str,
+) -> tally_api::Denial {
+    let call = tally_policy::approval::DeniedCall {
+        tool: &r.tool,
+        operation: r.operation.as_deref(),
+        args_digest: r.args_digest.as_deref(),
+    };
+    let digest = tally_policy::approval::denial_digest(run, approver, &r.id, call, note);
+    tally_api::Denial {
+        run: run.into(),
+        request: r.id.clone(),
+        approver: approver.into(),
+        note: note.into(),
+        signature: tally_policy::approval::sign(key.signing_key(), &digest),
+        digest,
+    }
+}
+
+/// The call `asked` makes second (the one refused `require_approval`).
+fn the_asked_call() -> Value {
+    json!({"run": "r", "worker": "w2", "tool": "email.send", "operation": "send:42",
+        "effect": "non_idempotent_write", "target": "smtp", "args": {"to": "x@example.com"},
+        "args_preview": "to x@example.com", "reserve_nanos": 5_000_000})
+}
+
+/// The ledger in `d`'s directory verifies intact, and replay finds nothing.
+fn verifies(d: &mut Daemon) {
+    use tally_ledger::keys::{AuditorKey, LedgerPublic};
+    let public = LedgerPublic::read(&d.ledger_dir.join("ledger.pub")).expect("ledger.pub");
+    let mut options = tally_verify::Options::new(public);
+    options.auditor = Some(std::mem::replace(&mut d.auditor, AuditorKey::generate()));
+    let mut analysis =
+        tally_verify::analysis::Analysis::new(tally_verify::analysis::Config::default());
+    let frames: Vec<_> = tally_verify::walk::ledger_frames(&d.ledger_dir)
+        .expect("log")
+        .collect();
+    let report = tally_verify::verify(frames.into_iter(), &options, |e| analysis.push(&e), |_| {});
+    assert_eq!(
+        report.verdict(),
+        tally_verify::Verdict::Intact,
+        "{}",
+        report.to_text()
+    );
+    let replay = analysis.finish().replay;
+    assert!(replay.replayed > 0);
+    assert!(replay.findings.is_empty(), "{}", replay.to_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_stops_exactly_that_call_with_the_note_across_a_restart() {
+    let dana = tally_ledger::keys::ApproverKey::generate();
+    let mallory = tally_ledger::keys::ApproverKey::generate();
+    let policy = format!("[approvals.approvers]\ndana = \"{}\"\n", dana.public_hex());
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let mut d = gated_on(&policy, &clock).await;
+    asked(&d).await;
+    let mut op = GateClient::new(&d.socket);
+    let r = op.approval_requests().await.expect("list").remove(0);
+    let refused = |e: tally_api::GateError, code| assert_eq!(e.code(), Some(code), "{e}");
+    use tally_api::ErrorCode::{ApprovalRefused, RequestNotFound};
+    // Signed by a key the policy does not list.
+    let e = op.deny(&denial(&mallory, "mallory", "r", &r, "no")).await;
+    refused(e.unwrap_err(), ApprovalRefused);
+    let e = op.deny(&denial(&mallory, "dana", "r", &r, "no")).await;
+    refused(e.unwrap_err(), ApprovalRefused);
+    // An approval's signature sent as a denial, and a denial's as an approval.
+    let approval = answer(&dana, "r", &r.id, r.cost.clone(), 30_000);
+    let mut forged = denial(&dana, "dana", "r", &r, "no");
+    (forged.digest, forged.signature) = (approval.digest.clone(), approval.signature.clone());
+    let e = op.deny(&forged).await.unwrap_err();
+    assert!(e.to_string().contains("digest"), "{e}");
+    refused(e, ApprovalRefused);
+    let no = denial(&dana, "dana", "r", &r, "no");
+    let mut replayed = approval.clone();
+    (replayed.digest, replayed.signature) = (no.digest.clone(), no.signature.clone());
+    refused(op.approve(&replayed).await.unwrap_err(), ApprovalRefused);
+    // An id the gate does not hold; a note that says nothing.
+    let mut unknown = r.clone();
+    unknown.id = "0123456789abcdef".into();
+    let e = op.deny(&denial(&dana, "dana", "r", &unknown, "no")).await;
+    refused(e.unwrap_err(), RequestNotFound);
+    let e = op.deny(&denial(&dana, "dana", "r", &r, " ")).await;
+    refused(e.unwrap_err(), ApprovalRefused);
+    // Nothing of those was recorded: the request is still pending.
+    let still = op.approval_request(&r.id).await.expect("one");
+    assert_eq!(still.state, RequestState::Pending);
+
+    let note = "not to this address \u{1b}[31m";
+    op.deny(&denial(&dana, "dana", "r", &r, note))
+        .await
+        .expect("denied");
+    let now = op.approval_request(&r.id).await.expect("one");
+    assert_eq!(now.state, RequestState::Denied);
+    assert_eq!(now.answered_by.as_deref(), Some("dana"));
+    assert_eq!(now.note.as_deref(), Some(note));
+    // Answered: denying again, or approving it now, is refused.
+    let e = op.deny(&denial(&dana, "dana", "r", &r, "again")).await;
+    refused(e.unwrap_err(), ApprovalRefused);
+    refused(op.approve(&approval).await.unwrap_err(), ApprovalRefused);
+
+    // The agent's next try of exactly that call: a deny to stop at, with the note.
+    let (s, a) = agent_post(&d, "/v1/check", the_asked_call()).await;
+    assert_eq!(s, 200, "{a}");
+    assert_eq!(
+        (&a["decision"], &a["reason"], &a["action"]),
+        (&json!("deny"), &json!("denied_by_approver"), &json!("stop")),
+        "{a}"
+    );
+    assert_eq!(
+        (&a["denied_by"], &a["note"]),
+        (&json!("dana"), &json!(note))
+    );
+    // A different call asks, as any other; the agent cannot deny for itself.
+    let other = json!({"run": "r", "tool": "email.send", "operation": "send:43",
+        "effect": "non_idempotent_write", "args": {"to": "y@example.com"}});
+    let (_, a) = agent_post(&d, "/v1/check", other).await;
+    assert_eq!(a["decision"], "require_approval", "{a}");
+    let (s, _) = agent_post(&d, "/v1/approvals/denials", json!({})).await;
+    assert_eq!(s, 403);
+
+    // After a restart the denial still holds: it is the run's state, from the ledger.
+    d.shutdown().await.expect("shutdown");
+    let recorded = Recorded::new(&policy).expect("policy");
+    let again = Arc::clone(&clock) as Arc<dyn Clock>;
+    d.restart(move |o| {
+        o.policy = recorded;
+        o.clock = again;
+    })
+    .await;
+    let (_, a) = agent_post(&d, "/v1/check", the_asked_call()).await;
+    assert_eq!(a["reason"], "denied_by_approver", "{a}");
+    d.shutdown().await.expect("shutdown");
+    verifies(&mut d);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_answers_its_own_runs_pending_request_only() {
+    let dana = tally_ledger::keys::ApproverKey::generate();
+    let policy = format!("[approvals.approvers]\ndana = \"{}\"\n", dana.public_hex());
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let mut d = gated_on(&policy, &clock).await;
+    asked(&d).await;
+    let mut op = GateClient::new(&d.socket);
+    let r = op.approval_requests().await.expect("list").remove(0);
+    // Another run's request, signed for this run: refused.
+    let (s, b) = agent_post(
+        &d,
+        "/v1/runs",
+        json!({"run": "r2", "budget": {"attempts": 1}}),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    let e = op
+        .deny(&denial(&dana, "dana", "r2", &r, "no"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::ApprovalRefused), "{e}");
+    assert!(e.to_string().contains("another run"), "{e}");
+    // Past the run's deadline: expired.
+    clock.advance(61_000);
+    let e = op
+        .deny(&denial(&dana, "dana", "r", &r, "no"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::ApprovalExpired), "{e}");
+    assert_eq!(
+        op.approval_request(&r.id).await.expect("one").state,
+        RequestState::Expired
+    );
+    d.shutdown().await.expect("shutdown");
+}

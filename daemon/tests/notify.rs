@@ -254,6 +254,53 @@ async fn a_request_its_answer_and_an_expiry_reach_the_receiver_signed() {
     d.shutdown().await.expect("shutdown");
 }
 
+/// A denial reaches the receiver as an answer: the request `denied`, by whom, and the
+/// note escaped in `text`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_reaches_the_receiver_as_an_answer() {
+    let dana = tally_ledger::keys::ApproverKey::generate();
+    let policy = format!("[approvals.approvers]\ndana = \"{}\"\n", dana.public_hex());
+    let recorded = Recorded::new(&policy).expect("policy");
+    let dir = tempfile::tempdir().expect("dir");
+    let secret = secret_file(dir.path());
+    let (url, mut got) = receiver().await;
+    let mut d = Daemon::start(move |o| {
+        o.policy = recorded;
+        notifying(o, vec![url], &secret, 5);
+    })
+    .await;
+    ask(&d, "r", 1).await;
+    let asked = next(&mut got).await;
+    assert_eq!(asked["event"], "requested", "{asked}");
+    let r: tally_api::ApprovalRequest =
+        serde_json::from_value(asked["request"].clone()).expect("a request");
+    let note = "no <!here>";
+    let call = tally_policy::approval::DeniedCall {
+        tool: &r.tool,
+        operation: r.operation.as_deref(),
+        args_digest: r.args_digest.as_deref(),
+    };
+    let digest = tally_policy::approval::denial_digest("r", "dana", &r.id, call, note);
+    let denial = json!({"run": "r", "request": r.id, "approver": "dana", "note": note,
+        "signature": tally_policy::approval::sign(dana.signing_key(), &digest),
+        "digest": digest});
+    let mut op = d.client().await;
+    let (s, b) = post_json(&mut op, "/v1/approvals/denials", &denial.to_string()).await;
+    assert_eq!(s, 200, "{b}");
+    let answered = next(&mut got).await;
+    assert_eq!(answered["event"], "answered", "{answered}");
+    assert_eq!(answered["request"]["state"], "denied");
+    assert_eq!(answered["request"]["answered_by"], "dana");
+    assert_eq!(answered["request"]["note"], note);
+    let text = answered["text"].as_str().expect("text");
+    assert!(
+        text.starts_with(&format!("Approval denied ({})", r.id)),
+        "{text}"
+    );
+    assert!(text.contains("by dana: no &lt;!here&gt;"), "{text}");
+    d.shutdown().await.expect("shutdown");
+}
+
 /// `n` asks on a fresh daemon configured by `configure`: the time they took.
 async fn timed_asks(d: &Daemon, n: usize) -> Duration {
     let started = Instant::now();

@@ -6,8 +6,8 @@ use tally_wire::ApprovalRequest;
 
 use crate::backend::StateBackend;
 use crate::{
-    Approval, Caller, CheckAnswer, CheckRequest, Done, Gate, GateError, Logged, OutcomeRequest,
-    SettleRequest, Standing, StartRequest, Started, StopRequest,
+    Approval, Caller, CheckAnswer, CheckRequest, Denial, Done, Gate, GateError, Logged,
+    OutcomeRequest, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 
 impl<B: StateBackend> Gate<B> {
@@ -98,6 +98,8 @@ pub trait Gatekeeper: Send + Sync {
     fn pause(&self, caller: Caller, run: &str, paused: bool, done: Done<Standing>);
     /// [`Gate::approve`].
     fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>);
+    /// [`Gate::deny`].
+    fn deny(&self, caller: Caller, d: Denial, done: Done<Logged>);
     /// [`Gate::continue_run`].
     fn continue_run(&self, caller: Caller, a: Approval, done: Done<Started>);
     /// [`Gate::run`].
@@ -154,6 +156,9 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn continue_run(&self, caller: Caller, a: Approval, done: Done<Started>) {
         Gate::continue_run(self, caller, a, done)
+    }
+    fn deny(&self, caller: Caller, d: Denial, done: Done<Logged>) {
+        Gate::deny(self, caller, d, done)
     }
     fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError> {
         Gate::run(self, caller, run)

@@ -24,6 +24,7 @@ mod calls;
 pub mod clock;
 mod commit;
 mod continuation;
+mod denials;
 mod error;
 mod gatekeeper;
 mod messages;
@@ -44,8 +45,8 @@ pub use error::GateError;
 pub use gatekeeper::Gatekeeper;
 pub use messages::Caller;
 pub use tally_wire::{
-    Approval, ApprovalRequest, CheckAnswer, CheckRequest, Logged, OutcomeRequest, RequestState,
-    SettleRequest, Standing, StartRequest, Started, StopRequest,
+    Approval, ApprovalRequest, CheckAnswer, CheckRequest, Denial, Logged, OutcomeRequest,
+    RequestState, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 
 type Done<T> = Box<dyn FnOnce(Result<T, GateError>) + Send>;

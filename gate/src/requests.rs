@@ -213,38 +213,53 @@ impl<B: StateBackend> Gate<B> {
         state: &RunState,
         now: Now,
     ) -> Result<AfterDurable, GateError> {
-        let entry = self
-            .requests
-            .get(id)
-            .ok_or_else(|| GateError::RequestNotFound(id.to_owned()))?;
-        if entry.record.run != a.run {
-            return Err(GateError::ApprovalRefused(format!(
-                "request `{id}` is another run's; sign the request of the run it names"
-            )));
-        }
-        match state_of(&entry, Some((state, now))) {
-            RequestState::Pending => {}
-            RequestState::Expired => return Err(GateError::RequestExpired(id.to_owned())),
-            other => {
-                return Err(GateError::ApprovalRefused(format!(
-                    "request `{id}` is {}: it takes no other answer",
-                    other.as_str()
-                )))
-            }
-        }
+        let entry = self.pending_request(id, &a.run, state, now)?;
         if a.scope != entry.request.cost {
             return Err(GateError::ApprovalRefused(format!(
                 "the scope is not request `{id}`'s cost: `tally approve {id}` signs exactly that"
             )));
         }
+        Ok(self.answered(
+            id,
+            Answer {
+                state: RequestState::Approved,
+                by: a.approver.clone(),
+                note: a.note.clone(),
+            },
+        ))
+    }
+
+    /// The request `id`, refused unless the gate holds it, it is run `run`'s (whose state
+    /// is `state`), and it is pending at `now`.
+    pub(crate) fn pending_request(
+        &self,
+        id: &str,
+        run: &str,
+        state: &RunState,
+        now: Now,
+    ) -> Result<Entry, GateError> {
+        let entry = self
+            .requests
+            .get(id)
+            .ok_or_else(|| GateError::RequestNotFound(id.to_owned()))?;
+        if entry.record.run != run {
+            return Err(GateError::ApprovalRefused(format!(
+                "request `{id}` is another run's; sign the request of the run it names"
+            )));
+        }
+        match state_of(&entry, Some((state, now))) {
+            RequestState::Pending => Ok(entry),
+            RequestState::Expired => Err(GateError::RequestExpired(id.to_owned())),
+            other => Err(GateError::ApprovalRefused(format!(
+                "request `{id}` is {}: it takes no other answer",
+                other.as_str()
+            ))),
+        }
+    }
+
+    /// What records `answer` to request `id` once the answer is durable.
+    pub(crate) fn answered(&self, id: &str, answer: Answer) -> AfterDurable {
         let (book, id) = (Arc::clone(&self.requests), id.to_owned());
-        let answer = Answer {
-            state: RequestState::Approved,
-            by: a.approver.clone(),
-            note: a.note.clone(),
-        };
-        Ok(Box::new(move |_: &[tally_ledger::Receipt]| {
-            book.answer(&id, answer)
-        }))
+        Box::new(move |_: &[tally_ledger::Receipt]| book.answer(&id, answer))
     }
 }

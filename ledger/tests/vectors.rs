@@ -594,6 +594,28 @@ fn approval_request_vectors_match_docs() {
     }
 }
 
+/// docs/FORMAT.md, "Denials": a denial (an override with reason `denied_by_approver`
+/// naming the denied call), as sent and stored; a malformed argument digest is refused.
+#[test]
+fn denial_vectors_match_docs() {
+    let rows = sent_and_stored("| denial as sent | stored (canonical, as the ledger writes it) |");
+    assert_eq!(rows.len(), 1);
+    for [sent, stored] in &rows {
+        assert_eq!(stored_after_a_start(sent), *stored);
+        let d = Decision::from_stored(stored.as_bytes()).unwrap();
+        assert_eq!(d.reason, Some(tally_ledger::Reason::DeniedByApprover));
+        assert_eq!(d.answers.as_deref(), Some("779e96cd51871b36"));
+        assert_eq!(d.tool.as_deref(), Some("email.send"));
+    }
+    let bad = r#"{"run":"r1","kind":"override","reason":"denied_by_approver","tool":"t","args_digest":"NOT-HEX"}"#;
+    let err = Decision::from_json(bad)
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("args_digest"), "{err}");
+}
+
 /// docs/FORMAT.md, "Continuation grants": an override whose scope names the new run, as
 /// sent and stored (`new_run` after the scope's other fields).
 #[test]

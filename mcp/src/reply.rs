@@ -79,6 +79,16 @@ pub fn refusal_text(tool: &str, a: &CheckAnswer) -> String {
             meaning(a.reason)
         ),
     };
+    if let Some(note) = &a.note {
+        // A human's words, for the model: escaped, and bounded as the gate bounds them.
+        let escaped =
+            |t: &str| -> String { t.chars().take(500).flat_map(char::escape_debug).collect() };
+        let by = a.denied_by.as_deref().map_or("an approver".into(), escaped);
+        text.push_str(&format!(
+            " {by} denied this exact call: \"{}\".",
+            escaped(note)
+        ));
+    }
     if let Some(l) = a.limits.get("attempts") {
         text.push_str(&format!(
             " The run has used {} of its {} attempts.",
@@ -92,4 +102,27 @@ pub fn refusal_text(tool: &str, a: &CheckAnswer) -> String {
         text.push_str(&format!(" (Recorded in tally's ledger, seq {seq}.)"));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_denial_tells_the_model_who_and_why_escaped() {
+        let a: CheckAnswer = serde_json::from_value(json!({
+            "decision": "deny", "reason": "denied_by_approver", "action": "stop",
+            "cause": null, "denied_by": "dana", "note": "not to x\u{1b}[31m",
+            "retry_after_ms": null, "timeout_ms": null, "attempt": null, "limits": {},
+            "seq": 7, "hash": null
+        }))
+        .expect("an answer");
+        let text = refusal_text("email.send", &a);
+        assert!(text.contains("denied_by_approver"), "{text}");
+        assert!(text.contains("do not call it again"), "{text}");
+        assert!(
+            text.contains("dana denied this exact call: \"not to x\\u{1b}[31m\"."),
+            "{text}"
+        );
+    }
 }

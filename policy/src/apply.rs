@@ -14,8 +14,9 @@ use crate::start::{carry_over, delegate, Family};
 pub use crate::state::standing;
 use crate::state::Now;
 use crate::state::{
-    call_id, result_key, Attempt, Breaker, Continuation, CredentialState, Grant, PrincipalState,
-    Probe, Recent, RunState, ToolState, Window, MAX_OPEN, MAX_OPS, MAX_REFS, MAX_TOOL_WINDOWS,
+    call_id, result_key, Attempt, Breaker, Continuation, CredentialState, Denied, Grant,
+    PrincipalState, Probe, Recent, RunState, ToolState, Window, MAX_DENIED, MAX_OPEN, MAX_OPS,
+    MAX_REFS, MAX_TOOL_WINDOWS,
 };
 
 /// The state a decision changes.
@@ -732,6 +733,9 @@ fn refund(
 }
 
 fn approve(run: &mut RunState, d: &Decision) {
+    if crate::approval::is_denial(d) {
+        return deny(run, d);
+    }
     let (Some(digest), Some(approver), Some(scope), Some(expires_ms)) = (
         d.digest.clone(),
         d.approver.clone(),
@@ -755,5 +759,28 @@ fn approve(run: &mut RunState, d: &Decision) {
         scope,
         expires_ms,
         used: false,
+    });
+}
+
+/// A denial: the run remembers the denied call (the latest [`MAX_DENIED`]).
+fn deny(run: &mut RunState, d: &Decision) {
+    let (Some(tool), Some(request), Some(approver), Some(note)) = (
+        d.tool.clone(),
+        d.answers.clone(),
+        d.approver.clone(),
+        d.note.clone(),
+    ) else {
+        return;
+    };
+    if run.denied.len() >= MAX_DENIED {
+        run.denied.remove(0);
+    }
+    run.denied.push(Denied {
+        tool,
+        operation: d.operation.clone(),
+        args_digest: d.args_digest.clone(),
+        request,
+        approver,
+        note,
     });
 }

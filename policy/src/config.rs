@@ -541,6 +541,12 @@ impl Policy {
         if self.approvals.ask_on.contains(&Reason::Completed) {
             return invalid("approvals.ask_on", "`completed` is not a refusal");
         }
+        if self.approvals.ask_on.contains(&Reason::DeniedByApprover) {
+            return invalid(
+                "approvals.ask_on",
+                "`denied_by_approver` is a human's answer already: asking again does not lift it",
+            );
+        }
         Ok(())
     }
 

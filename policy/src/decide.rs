@@ -32,6 +32,8 @@ pub struct Decided {
     /// record in the same commit. Past its deadline a run can only be refused, so a
     /// refusal for its deadline (or one a grant cannot lift for it) stops it.
     pub stop: Option<Reason>,
+    /// For `denied_by_approver`: the denial, whose approver and note the agent is told.
+    pub denied: Option<crate::state::Denied>,
 }
 
 impl Decided {
@@ -92,11 +94,22 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
     let deadline = Some(Reason::RunDeadlineExhausted);
     let stop =
         (record.reason == deadline || cause == deadline).then_some(Reason::RunDeadlineExhausted);
+    let denied = (record.reason == Some(Reason::DeniedByApprover))
+        .then(|| {
+            run.denial_of(
+                &call.tool,
+                call.operation.as_deref(),
+                call.args_digest.as_deref(),
+            )
+        })
+        .flatten()
+        .cloned();
     Decided {
         verdict,
         record,
         cause,
         stop,
+        denied,
     }
 }
 

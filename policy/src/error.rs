@@ -63,6 +63,9 @@ pub enum ApprovalError {
     /// A continuation grant (its scope names `new_run`) that is not one.
     #[error("continuation grant is not valid: {0}")]
     Continuation(&'static str),
+    /// A denial (reason `denied_by_approver`) that is not one.
+    #[error("denial is not valid: {0}")]
+    Denial(&'static str),
 }
 
 /// `line N, `key`: ` (either part only where known).

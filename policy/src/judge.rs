@@ -66,6 +66,16 @@ pub(crate) fn judge_keyed(
         Kind::Override => {
             if let Err(e) = crate::approval::check(policy, record) {
                 found.push(Inconsistency::InvalidApproval { why: e.to_string() });
+            } else if crate::approval::is_denial(record) {
+                if run
+                    .denied
+                    .iter()
+                    .any(|d| Some(&d.request) == record.answers.as_ref())
+                {
+                    found.push(Inconsistency::InvalidApproval {
+                        why: "the same request was denied twice".into(),
+                    });
+                }
             } else if run
                 .grants
                 .iter()

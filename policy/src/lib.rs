@@ -74,7 +74,7 @@ pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRu
 pub use slices::{slice_size, SliceSize};
 pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
 pub use state::{
-    principal_limits, Breaker, CredentialState, Now, PrincipalState, RunState, ToolState,
+    principal_limits, Breaker, CredentialState, Denied, Now, PrincipalState, RunState, ToolState,
     PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
 };
 pub use status::{

@@ -44,6 +44,8 @@ pub enum Rule {
     RunInFlight,
     /// The run is past its deadline (`run_deadline_exhausted`).
     Deadline,
+    /// An approver denied exactly this call (`denied_by_approver`).
+    Denied,
     /// The call is deeper than the run's chain depth (`chain_depth_exceeded`).
     Depth,
     /// The tool or target is outside the policy's scope (`scope_violation`).
@@ -86,10 +88,11 @@ pub enum Rule {
 }
 
 /// The refusal order: a call is refused by the first of these that refuses it.
-pub const RULES: [Rule; 22] = [
+pub const RULES: [Rule; 23] = [
     Rule::Paused,
     Rule::RunInFlight,
     Rule::Deadline,
+    Rule::Denied,
     Rule::Depth,
     Rule::Scope,
     Rule::Blocked,
@@ -149,6 +152,7 @@ impl Rule {
             | Rule::ToolRate
             | Rule::ToolInFlight => &[Reason::RateLimitExceeded],
             Rule::Deadline => &[Reason::RunDeadlineExhausted],
+            Rule::Denied => &[Reason::DeniedByApprover],
             Rule::Depth => &[Reason::ChainDepthExceeded],
             Rule::Scope => &[Reason::ScopeViolation],
             Rule::Blocked => &[Reason::ToolBlocked],
@@ -255,6 +259,14 @@ fn check(rule: Rule, c: &Check<'_>) -> Option<Refusal> {
         Rule::Deadline => {
             past_deadline(&run.budget, c.run_ms).then(|| refuse(Reason::RunDeadlineExhausted))
         }
+        // A human said no to exactly this call: no grant, no retry makes it a call.
+        Rule::Denied => run
+            .denial_of(
+                &call.tool,
+                call.operation.as_deref(),
+                call.args_digest.as_deref(),
+            )
+            .map(|_| refuse(Reason::DeniedByApprover)),
         Rule::Depth => match (call.depth, run.budget.depth) {
             (Some(depth), Some(limit)) if depth > limit => Some(refuse(Reason::ChainDepthExceeded)),
             _ => None,

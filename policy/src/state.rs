@@ -76,6 +76,9 @@ pub const MAX_OPS: usize = 256;
 pub const MAX_REFS: usize = 256;
 /// Most tools a run keeps a per-tool window for; beyond it the oldest window goes.
 pub const MAX_TOOL_WINDOWS: usize = 64;
+/// Most denied calls a run remembers; beyond it the oldest denial is forgotten (that
+/// call is then decided as any other, and may ask again).
+pub const MAX_DENIED: usize = 64;
 
 /// An allowed attempt awaiting its final outcome.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,6 +172,34 @@ pub struct Continuation {
     pub digest: String,
     /// Who approved.
     pub approver: String,
+}
+
+/// A call an approver denied on this run (an `override` with reason
+/// `denied_by_approver`): the same tool, operation and argument digest is refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Denied {
+    /// The denied call's tool.
+    pub tool: String,
+    /// Its logical operation.
+    pub operation: Option<String>,
+    /// The digest of its arguments.
+    pub args_digest: Option<String>,
+    /// The request the denial answered.
+    pub request: String,
+    /// Who denied it.
+    pub approver: String,
+    /// Why (at most `approval::MAX_DENIAL_NOTE` bytes).
+    pub note: String,
+}
+
+impl Denied {
+    /// Whether this is the denial of exactly the call `tool` `operation` with
+    /// arguments `args_digest`.
+    pub fn covers(&self, tool: &str, operation: Option<&str>, args_digest: Option<&str>) -> bool {
+        self.tool == tool
+            && self.operation.as_deref() == operation
+            && self.args_digest.as_deref() == args_digest
+    }
 }
 
 /// A run's state.
@@ -268,8 +299,13 @@ pub struct RunState {
     pub proxied: Ranges,
     /// Continuation grants an approver signed on this run: each names the new run,
     /// continuing this one, that its allocation was for (docs/GATE.md, "Refill chains").
-    /// The last field: a run without one is written in format 3, as before ([`frame`]).
+    /// The last field but one: a run without one (and without a denial) is written in
+    /// format 3, as before ([`frame`]).
     pub continuations: Vec<Continuation>,
+    /// The calls an approver denied, oldest first, at most [`MAX_DENIED`] (the oldest
+    /// goes first). The last field: a run without one is written in format 4 or 3, as
+    /// before ([`frame`]).
+    pub denied: Vec<Denied>,
 }
 
 /// `Budget` and `Scope` omit absent fields in JSON; state is also kept in formats that
@@ -418,6 +454,20 @@ impl RunState {
             run: run.to_owned(),
             ..RunState::default()
         }
+    }
+
+    /// The denial of exactly the call `tool` `operation` with arguments `args_digest`, the
+    /// latest if there are several.
+    pub fn denial_of(
+        &self,
+        tool: &str,
+        operation: Option<&str>,
+        args_digest: Option<&str>,
+    ) -> Option<&Denied> {
+        self.denied
+            .iter()
+            .rev()
+            .find(|d| d.covers(tool, operation, args_digest))
     }
 
     /// The run's clock at `now`: the writer's `at_ms` where given, else wall time since

@@ -191,6 +191,10 @@ reasons! {
     RefillWithoutApproval = "refill_without_approval" => Ask,
     /// The run completed its task (stop only).
     Completed = "completed" => Stop,
+    /// A human denied the approval request this exact call made (`tally deny`): the
+    /// same tool, operation and arguments are refused, with the approver's note. Last,
+    /// so the codes before it keep their places in stored state.
+    DeniedByApprover = "denied_by_approver" => Stop,
 }
 
 impl Reason {
@@ -242,6 +246,9 @@ impl Reason {
                 "this run continues a chain of runs stopped by the same kind of refusal beyond what the policy allows without a human: a new run is not a new budget"
             }
             Reason::Completed => "the run completed its task",
+            Reason::DeniedByApprover => {
+                "a human denied this exact call (same tool, operation and arguments); do not make it again"
+            }
         }
     }
 }

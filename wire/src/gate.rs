@@ -195,6 +195,26 @@ pub struct Approval {
     pub request: Option<String>,
 }
 
+/// A denial of an approval request, signed by an approver the policy lists (`tally deny`
+/// makes one; `POST /v1/approvals/denials`). The gate names the denied call from the
+/// request; the digest (`tally_policy::approval::denial_digest`) covers it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Denial {
+    /// The run.
+    pub run: String,
+    /// The approval request it answers.
+    pub request: String,
+    /// The approver's name in the policy.
+    pub approver: String,
+    /// Why: the agent is told it (1 to 500 bytes).
+    pub note: String,
+    /// The denial digest of the above and the request's call, hex.
+    pub digest: String,
+    /// The approver's Ed25519 signature over the digest, hex.
+    pub signature: String,
+}
+
 /// The gate's answer to a check.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckAnswer {
@@ -206,6 +226,13 @@ pub struct CheckAnswer {
     pub action: Option<Action>,
     /// For `require_approval`: the limit that was reached.
     pub cause: Option<Reason>,
+    /// For `denied_by_approver`: the approver who denied this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denied_by: Option<String>,
+    /// For `denied_by_approver`: the approver's note, why (a human's words: escape them
+    /// before showing them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Back off this long before asking again.
     pub retry_after_ms: Option<u64>,
     /// For an allow: the call must end within this many ms.

@@ -23,7 +23,7 @@ pub use approval::{ApprovalRequest, RequestState};
 pub use daemon::Health;
 pub use error::{ErrorCode, ErrorDetail, ErrorReply};
 pub use gate::{
-    Approval, CheckAnswer, CheckRequest, CheckUnavailable, LastRefusal, ListedRun, Logged,
+    Approval, CheckAnswer, CheckRequest, CheckUnavailable, Denial, LastRefusal, ListedRun, Logged,
     OutcomeRequest, RunState, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 pub use live::{

@@ -85,6 +85,27 @@ pub struct ApproveArgs {
     pub new_run: bool,
 }
 
+/// `tally deny`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct DenyArgs {
+    /// The approval request to deny (`tally approvals` lists them): the agent's next
+    /// check of exactly its call is refused `denied_by_approver`, with the note.
+    pub request: String,
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// The approver's secret key (`tally keygen --approver`).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// The approver's name in the policy (default: the key file's name, `dana` for
+    /// `dana.key`).
+    #[arg(long)]
+    pub approver: Option<String>,
+    /// Why, 1 to 500 bytes: the agent is told it.
+    #[arg(long)]
+    pub note: String,
+}
+
 /// `tally approvals`'s arguments.
 #[derive(clap::Args, Debug)]
 pub struct ApprovalsArgs {

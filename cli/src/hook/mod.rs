@@ -337,9 +337,10 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
             Ok(decision(
                 "deny",
                 &format!(
-                    "tally refused this call: {reason}: {} (action {action}{after}). {}",
+                    "tally refused this call: {reason}: {} (action {action}{after}). {}{}",
                     meaning(reason),
-                    advice(action)
+                    advice(action),
+                    denied_note(answer)
                 ),
             ))
         }
@@ -374,6 +375,19 @@ fn meaning(reason: &str) -> &'static str {
         .iter()
         .find(|r| r.as_str() == reason)
         .map_or("", |r| r.meaning())
+}
+
+/// For a call an approver denied (`denied_by_approver`): who, and their note, escaped
+/// (the gate bounds it to 500 bytes); else nothing.
+fn denied_note(answer: &tally_api::CheckAnswer) -> String {
+    let Some(note) = &answer.note else {
+        return String::new();
+    };
+    let by = answer
+        .denied_by
+        .as_deref()
+        .map_or("An approver".into(), shown);
+    format!(" {by} denied this exact call: \"{}\".", shown(note))
 }
 
 /// What the model should do after a refusal, by its action (the gate's actions).
@@ -600,5 +614,23 @@ mod tests {
         assert!(failed(&json!({"interrupted": true, "stdout": ""})));
         assert!(!failed(&json!({"stdout": "ok", "interrupted": false})));
         assert!(!failed(&json!({"success": true, "filePath": "/x"})));
+    }
+
+    #[test]
+    fn a_denial_says_who_and_why_escaped() {
+        let answer: tally_api::CheckAnswer = serde_json::from_value(json!({
+            "decision": "deny", "reason": "denied_by_approver", "action": "stop",
+            "cause": null, "denied_by": "dana", "note": "wrong \u{202e}address",
+            "retry_after_ms": null, "timeout_ms": null, "attempt": null, "limits": {},
+            "seq": 3, "hash": null
+        }))
+        .expect("an answer");
+        assert_eq!(
+            denied_note(&answer),
+            " dana denied this exact call: \"wrong \\u{202e}address\"."
+        );
+        let mut other = answer;
+        other.note = None;
+        assert_eq!(denied_note(&other), "");
     }
 }

@@ -146,6 +146,156 @@ fn tally_top_approves_a_pending_request_with_a_key_press() {
     let _ = tmux(&["kill-server"]);
 }
 
+/// `tally deny REQUEST --note`: the agent's next try of that call is refused
+/// `denied_by_approver` (stop) with the note; a different call still asks.
+#[test]
+fn tally_deny_makes_the_next_try_of_that_call_a_stop_with_the_note() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    let (served, id) = asked(dir, &[]);
+    let said = ok(
+        dir,
+        &[
+            "deny",
+            &id,
+            "--operator-socket",
+            "operator.sock",
+            "--key",
+            "dana.key",
+            "--note",
+            "wrong address",
+        ],
+    );
+    assert!(
+        said.contains(&format!("denied {id} recorded at seq")),
+        "{said}"
+    );
+    let (_, retry) = served.agent("POST", "/v1/check", Some(send_mail()));
+    assert_eq!(
+        (&retry["reason"], &retry["action"], &retry["note"]),
+        (
+            &json!("denied_by_approver"),
+            &json!("stop"),
+            &json!("wrong address")
+        ),
+        "{retry}"
+    );
+    let mut other = send_mail();
+    other["args"] = json!({"to": "y@example.com"});
+    let (_, a) = served.agent("POST", "/v1/check", Some(other));
+    assert_eq!(a["decision"], "require_approval", "{a}");
+    // Answered: a second denial is refused, and nothing more is recorded.
+    let again = tally().run(
+        dir,
+        &[
+            "deny",
+            &id,
+            "--operator-socket",
+            "operator.sock",
+            "--key",
+            "dana.key",
+            "--note",
+            "no",
+        ],
+        "",
+    );
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        err.contains("approval_refused") && err.contains("denied"),
+        "{err}"
+    );
+}
+
+/// `tally top --approver-key` in tmux: `d` asks for a note on the status line, Enter
+/// denies the selected request with it (signed as `tally deny` signs), and the agent's
+/// retry of that call is then refused `denied_by_approver`, with the note.
+#[test]
+fn tally_top_denies_a_pending_request_with_a_note() {
+    if !tally_testkit::have(
+        "tmux",
+        &["-V"],
+        "apt-get install tmux (README, Development)",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    let (served, id) = asked(dir, &[]);
+    let socket = dir.join("tmux.sock");
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .arg("-S")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .expect("tmux")
+    };
+    let pane = |want: &dyn Fn(&str) -> bool| -> String {
+        let started = Instant::now();
+        loop {
+            let o = tmux(&["capture-pane", "-p", "-t", "deny"]);
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            if want(&text) {
+                return text;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "tally top never showed it:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let command = format!(
+        "cd {} && TERM=xterm-256color {} top --operator-socket operator.sock --approver-key dana.key",
+        dir.display(),
+        tally().path().display()
+    );
+    let o = tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        "deny",
+        "-x",
+        "220",
+        "-y",
+        "40",
+        &command,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    pane(&|t| t.contains(&id) && t.contains("> "));
+    // `q` typed into the note is part of it, not a quit; Esc would cancel.
+    tmux(&["send-keys", "-t", "deny", "d"]);
+    pane(&|t| t.contains(&format!("why deny {id}?")));
+    tmux(&["send-keys", "-t", "deny", "-l", "not to x, quite"]);
+    pane(&|t| t.contains("not to x, quite_"));
+    tmux(&["send-keys", "-t", "deny", "Enter"]);
+    let text = pane(&|t| t.contains(&format!("denied {id} recorded")));
+    assert!(!text.contains("not denied"), "{text}");
+    let (status, retry) = served.agent("POST", "/v1/check", Some(send_mail()));
+    assert_eq!(status, 200, "{retry}");
+    assert_eq!(
+        (&retry["decision"], &retry["reason"], &retry["action"]),
+        (&json!("deny"), &json!("denied_by_approver"), &json!("stop")),
+        "{retry}"
+    );
+    assert_eq!(
+        (&retry["denied_by"], &retry["note"]),
+        (&json!("dana"), &json!("not to x, quite")),
+        "{retry}"
+    );
+    let (status, one) = served.operator_text(&format!("/v1/approvals/{id}"));
+    assert_eq!(status, 200, "{one}");
+    let one: Value = serde_json::from_str(&one).expect("json");
+    assert_eq!(
+        (&one["state"], &one["answered_by"], &one["note"]),
+        (&json!("denied"), &json!("dana"), &json!("not to x, quite")),
+        "{one}"
+    );
+    tmux(&["send-keys", "-t", "deny", "q"]);
+    let _ = tmux(&["kill-server"]);
+}
+
 /// The live page in headless Chromium shows the pending request (its id, countdown,
 /// context, escaped, and the exact commands that answer it, with this daemon's operator
 /// socket), and no longer once it is not pending. A screenshot is taken and checked.

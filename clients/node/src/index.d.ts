@@ -48,7 +48,8 @@ export type Reason =
   | "gate_unavailable"
   | "request_refused"
   | "refill_without_approval"
-  | "completed";
+  | "completed"
+  | "denied_by_approver";
 
 /** Why a run ends, as an agent says it: `completed`, or the reason of the refusal that
  * ended it (only the operator kills). */
@@ -114,6 +115,10 @@ export declare class Decision {
   readonly action: Action | null;
   /** For `require_approval`: the limit that was reached. */
   readonly cause: string | null;
+  /** For `denied_by_approver`: the approver who denied this call. */
+  readonly deniedBy: string | null;
+  /** For `denied_by_approver`: the approver's note (escape it before showing it). */
+  readonly note: string | null;
   readonly retryAfterMs: number | null;
   /** For an allow: the call must end within this many ms. */
   readonly timeoutMs: number | null;

@@ -61,6 +61,11 @@ export class Decision {
     this.action = body.action ?? null;
     /** For `require_approval`: the limit that was reached. */
     this.cause = body.cause ?? null;
+    /** For `denied_by_approver`: the approver who denied this call. */
+    this.deniedBy = body.denied_by ?? null;
+    /** For `denied_by_approver`: the approver's note (a human's words: escape them
+     * before showing them). */
+    this.note = body.note ?? null;
     /** Back off this long before asking again. */
     this.retryAfterMs = body.retry_after_ms ?? null;
     /** For an allow: the call must end within this many ms. */
@@ -248,7 +253,10 @@ function denialMessage(d) {
     const after = d.retryAfterMs != null ? ` after ${d.retryAfterMs} ms` : " later";
     return `${what}: ask again${after}`;
   }
-  if (d.action === "stop") return `${what}: do not retry; stop the run and hand off`;
+  if (d.action === "stop") {
+    const why = d.note != null ? ` (${d.deniedBy ?? "an approver"} denied it: ${JSON.stringify(d.note)})` : "";
+    return `${what}: do not retry; stop the run and hand off${why}`;
+  }
   return what;
 }
 

@@ -36,6 +36,18 @@ function never() {
   throw new Error("the body of a refused call ran");
 }
 
+test("a call an approver denied is StopRun, with who and the note", () => {
+  const d = new Decision({
+    decision: "deny", reason: "denied_by_approver", action: "stop", cause: null,
+    denied_by: "dana", note: "wrong \u001b address", limits: {}, seq: 9, hash: null,
+  });
+  assert.deepEqual([d.deniedBy, d.note], ["dana", "wrong \u001b address"]);
+  assert.throws(
+    () => d.raiseIfDenied(),
+    (e) => e instanceof StopRun && e.message.endsWith('(dana denied it: "wrong \\u001b address")'),
+  );
+});
+
 test("allow, then the outcome ok is recorded", async (t) => {
   const gate = new Gate((await serve(t)).socket);
   const run = await gate.startRun("r1", {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tally_gate::{
-    Approval, ApprovalRequest, Caller, CheckAnswer, CheckRequest, GateError, Gatekeeper, Logged,
-    OutcomeRequest, SettleRequest, Standing, StartRequest, Started, StopRequest,
+    Approval, ApprovalRequest, Caller, CheckAnswer, CheckRequest, Denial, GateError, Gatekeeper,
+    Logged, OutcomeRequest, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
 use tally_policy::Recorded;
 
@@ -115,6 +115,21 @@ impl Gatekeeper for Observed {
 
     fn pause(&self, caller: Caller, run: &str, paused: bool, done: Done<Standing>) {
         self.inner.pause(caller, run, paused, done)
+    }
+
+    fn deny(&self, caller: Caller, d: Denial, done: Done<Logged>) {
+        let observer = Arc::clone(&self.observer);
+        self.inner.deny(
+            caller,
+            d,
+            Box::new(move |r| {
+                if r.is_ok() {
+                    observer.notify.changed();
+                    observer.bump();
+                }
+                done(r)
+            }),
+        )
     }
 
     fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>) {

@@ -1,10 +1,13 @@
 //! How a backend stores state values: one format byte, then postcard of the state type.
 //! The embedded gate and gate-postgres both use it, so they read the same formats.
 //!
-//! * 4 (written now, for a run holding a continuation grant): format 3 and the run's
-//!   continuation grants, its last field.
+//! * 5 (written now, for a run holding a denied call): format 4 and the run's denied
+//!   calls, its last field.
+//! * 4 (written now, for a run holding a continuation grant and no denied call): format
+//!   3 and the run's continuation grants. Read as format 5 with no denied call appended
+//!   ([`Stored::FORMAT_4_TAIL`]).
 //! * 3 (written now for every other value): money in nanodollars; a run's proxied
-//!   attempts. Read as format 4 with no continuation grant appended
+//!   attempts. Read as format 5 with no continuation grant and no denied call appended
 //!   ([`Stored::FORMAT_3_TAIL`]).
 //! * 2 (written before money was counted in nanodollars): the same fields, every amount
 //!   in cents; read exactly, each amount times 10,000,000 (a value that would not fit is
@@ -20,8 +23,12 @@ use serde::Serialize;
 
 use super::{CredentialState, PrincipalState, RunState, ToolState};
 
-/// The format byte of state written now with fields added since format 3 in use.
-pub const STATE_FORMAT: u8 = 4;
+/// The format byte of state written now with fields added since format 4 in use.
+pub const STATE_FORMAT: u8 = 5;
+
+/// The format byte of state written now with fields added since format 3 in use, but
+/// none added since format 4: the bytes of format 4.
+const FORMAT_4: u8 = 4;
 
 /// The format byte of state written now without them: the bytes of format 3.
 const FORMAT_3: u8 = 3;
@@ -36,9 +43,19 @@ pub trait Stored: Serialize + DeserializeOwned {
     /// at their empty values: cut from a value written as format 3, appended to one read.
     const FORMAT_3_TAIL: &'static [u8] = &[];
 
+    /// The postcard bytes of the fields added at the end of the type since format 4,
+    /// at their empty values: cut from a value written as format 4, appended to one read.
+    const FORMAT_4_TAIL: &'static [u8] = &[];
+
     /// Whether the fields added since format 3 are empty (the value is written as
     /// format 3, byte for byte as before them).
     fn format_3(&self) -> bool {
+        true
+    }
+
+    /// Whether the fields added since format 4 are empty (the value is written as
+    /// format 4, byte for byte as before them).
+    fn format_4(&self) -> bool {
         true
     }
 
@@ -48,13 +65,20 @@ pub trait Stored: Serialize + DeserializeOwned {
 }
 
 impl Stored for RunState {
-    // `proxied`, an empty set of attempt ranges, then no continuation grant: zero lengths.
-    const FORMAT_2_TAIL: &'static [u8] = &[0, 0];
-    // `continuations`, none: a zero length.
-    const FORMAT_3_TAIL: &'static [u8] = &[0];
+    // `proxied`, an empty set of attempt ranges, then no continuation grant and no denied
+    // call: zero lengths.
+    const FORMAT_2_TAIL: &'static [u8] = &[0, 0, 0];
+    // `continuations` and `denied`, none: zero lengths.
+    const FORMAT_3_TAIL: &'static [u8] = &[0, 0];
+    // `denied`, none: a zero length.
+    const FORMAT_4_TAIL: &'static [u8] = &[0];
 
     fn format_3(&self) -> bool {
-        self.continuations.is_empty()
+        self.continuations.is_empty() && self.denied.is_empty()
+    }
+
+    fn format_4(&self) -> bool {
+        self.denied.is_empty()
     }
 
     fn into_nanos(self) -> Option<Self> {
@@ -98,6 +122,11 @@ pub fn encode<T: Stored>(v: &T) -> Vec<u8> {
             return [&[FORMAT_3], old].concat();
         }
     }
+    if v.format_4() {
+        if let Some(old) = bytes.strip_suffix(T::FORMAT_4_TAIL) {
+            return [&[FORMAT_4], old].concat();
+        }
+    }
     [&[STATE_FORMAT], &bytes[..]].concat()
 }
 
@@ -105,6 +134,9 @@ pub fn encode<T: Stored>(v: &T) -> Vec<u8> {
 pub fn decode<T: Stored>(bytes: &[u8]) -> Result<T, String> {
     match bytes.split_first() {
         Some((&STATE_FORMAT, rest)) => postcard::from_bytes(rest).map_err(|e| e.to_string()),
+        Some((&FORMAT_4, rest)) => {
+            postcard::from_bytes(&[rest, T::FORMAT_4_TAIL].concat()).map_err(|e| e.to_string())
+        }
         Some((&FORMAT_3, rest)) => {
             postcard::from_bytes(&[rest, T::FORMAT_3_TAIL].concat()).map_err(|e| e.to_string())
         }
@@ -122,7 +154,7 @@ pub fn decode<T: Stored>(bytes: &[u8]) -> Result<T, String> {
                 .into(),
         ),
         Some((other, _)) => Err(format!(
-            "unknown state format {other} (this tally reads 2, 3 and 4): was it written by a \
+            "unknown state format {other} (this tally reads 2 to 5): was it written by a \
              newer tally?"
         )),
         None => Err("empty".into()),
@@ -154,7 +186,7 @@ mod tests {
             &bytes[1..],
             postcard::to_allocvec(&run)
                 .unwrap()
-                .strip_suffix(&[0])
+                .strip_suffix(&[0, 0])
                 .unwrap()
         );
         assert_eq!(decode::<RunState>(&bytes).unwrap(), run);
@@ -164,10 +196,59 @@ mod tests {
             approver: "ana".into(),
         });
         let bytes = encode(&run);
-        assert_eq!(bytes[0], STATE_FORMAT);
+        assert_eq!(bytes[0], 4);
         assert_eq!(decode::<RunState>(&bytes).unwrap(), run);
         // Another type is format 3 as before.
         assert_eq!(encode(&CredentialState::default())[0], 3);
+    }
+
+    fn denied(request: &str) -> super::super::Denied {
+        super::super::Denied {
+            tool: "email.send".into(),
+            operation: Some("send:0".into()),
+            args_digest: Some("ab".repeat(32)),
+            request: request.into(),
+            approver: "ana".into(),
+            note: "not this one".into(),
+        }
+    }
+
+    #[test]
+    fn a_run_with_a_denied_call_is_written_as_format_5_and_formats_3_and_4_read_on() {
+        let mut run = RunState::new("r");
+        run.budget.attempts = Some(3);
+        let three = encode(&run);
+        run.continuations.push(super::super::Continuation {
+            new_run: "r2".into(),
+            digest: "d".into(),
+            approver: "ana".into(),
+        });
+        let four = encode(&run);
+        assert_eq!((three[0], four[0]), (3, 4));
+        // Format 4 is format 3's bytes and the continuation grants, as before denials.
+        assert_eq!(
+            &four[1..],
+            postcard::to_allocvec(&run)
+                .unwrap()
+                .strip_suffix(&[0])
+                .unwrap()
+        );
+        run.denied.push(denied("0123456789abcdef"));
+        let five = encode(&run);
+        assert_eq!(five[0], STATE_FORMAT);
+        assert_eq!(decode::<RunState>(&five).unwrap(), run);
+        // A denial without a continuation grant is format 5 too.
+        run.continuations.clear();
+        run.denied.push(denied("fedcba9876543210"));
+        let five = encode(&run);
+        assert_eq!(five[0], 5);
+        assert_eq!(decode::<RunState>(&five).unwrap(), run);
+        // States written before denials read with none.
+        let old: RunState = decode(&three).unwrap();
+        assert!(old.denied.is_empty() && old.continuations.is_empty());
+        let old: RunState = decode(&four).unwrap();
+        assert!(old.denied.is_empty() && old.continuations.len() == 1);
+        assert_eq!(old.budget.attempts, Some(3));
     }
 
     #[test]
@@ -241,6 +322,6 @@ mod tests {
         assert!(decode::<RunState>(&[1, 0])
             .unwrap_err()
             .contains("format 1"));
-        assert!(decode::<RunState>(&[5, 0]).unwrap_err().contains("newer"));
+        assert!(decode::<RunState>(&[6, 0]).unwrap_err().contains("newer"));
     }
 }

@@ -10,6 +10,8 @@ use tally_record::{Action, Effect, Reason};
 
 use crate::support::{call, op_call, Sim};
 
+mod denials;
+
 pub fn alice() -> SigningKey {
     SigningKey::from_bytes(&[7u8; 32])
 }

@@ -98,6 +98,9 @@ fn grant(d: &mut Decision, o: Override<'_>) {
     d.signature = o.signature.map(str::to_owned);
     d.note = o.note.map(str::to_owned);
     d.answers = o.answers.map(str::to_owned);
+    d.tool = o.tool.map(str::to_owned);
+    d.operation = o.operation.map(str::to_owned);
+    d.args_digest = o.args_digest.map(str::to_owned);
 }
 
 fn stop(d: &mut Decision, s: Stop<'_>) {

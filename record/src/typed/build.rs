@@ -174,12 +174,13 @@ pub(super) fn refund(d: &Decision) -> Result<Refund<'_>, DecisionError> {
     })
 }
 
-/// An `override` record (an approval).
+/// An `override` record (an approval, or a denial).
 pub(super) fn grant(d: &Decision) -> Result<Override<'_>, DecisionError> {
     if let Some(s) = &d.scope {
         amount("scope.cents", s.cents, "scope.nanos", s.nanos)?;
     }
     not_completed(d.reason)?;
+    digest("args_digest", d.args_digest.as_deref())?;
     digest("digest", d.digest.as_deref())?;
     digest("policy", d.policy.as_deref())?;
     if let Some(sig) = &d.signature {
@@ -200,6 +201,9 @@ pub(super) fn grant(d: &Decision) -> Result<Override<'_>, DecisionError> {
         signature: d.signature.as_deref(),
         note: d.note.as_deref(),
         answers: d.answers.as_deref(),
+        tool: d.tool.as_deref(),
+        operation: d.operation.as_deref(),
+        args_digest: d.args_digest.as_deref(),
     })
 }
 

@@ -283,7 +283,8 @@ impl Refund<'_> {
     pub const FIELDS: &'static [&'static str] = &["of", "slots", "cents", "nanos"];
 }
 
-/// `override`: a human approved going beyond the budget.
+/// `override`: a human approved going beyond the budget, or denied an approval request
+/// (reason `denied_by_approver`, naming the denied call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Override<'a> {
     /// The run's own fields.
@@ -304,12 +305,21 @@ pub struct Override<'a> {
     pub note: Option<&'a str>,
     /// The approval request it answers.
     pub answers: Option<&'a str>,
+    /// A denial's (reason `denied_by_approver`): the denied call's tool.
+    pub tool: Option<&'a str>,
+    /// A denial's: the denied call's logical operation.
+    pub operation: Option<&'a str>,
+    /// A denial's: the digest of the denied call's arguments (64 lowercase hex).
+    pub args_digest: Option<&'a str>,
 }
 
 impl Override<'_> {
     /// The JSON names of the fields an override carries beyond [`Head::FIELDS`].
     pub const FIELDS: &'static [&'static str] = &[
         "answers",
+        "tool",
+        "operation",
+        "args_digest",
         "approver",
         "scope",
         "digest",

@@ -11,6 +11,9 @@ use crate::Dimension;
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
 
+/// A call's identity is also a denial's: the `override` that denies it names it.
+const CALL_OR_DENIAL: &[Kind] = &[Kind::Allow, Kind::Deny, Kind::Override];
+
 /// Each amount in one unit only, and every cents amount exactly convertible to
 /// nanodollars (docs/FORMAT.md, "Money").
 fn validate_amounts(d: &Decision) -> Result<(), DecisionError> {
@@ -137,10 +140,10 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
         ("at_ms", d.at_ms.is_some(), Kind::ALL),
         ("goal", d.goal.is_some(), &[Kind::Start]),
         ("budget", d.budget.is_some(), &[Kind::Start]),
-        ("tool", d.tool.is_some(), CALL),
-        ("operation", d.operation.is_some(), CALL),
+        ("tool", d.tool.is_some(), CALL_OR_DENIAL),
+        ("operation", d.operation.is_some(), CALL_OR_DENIAL),
         ("args", d.args.is_some(), CALL),
-        ("args_digest", d.args_digest.is_some(), CALL),
+        ("args_digest", d.args_digest.is_some(), CALL_OR_DENIAL),
         ("args_preview", d.args_preview.is_some(), CALL),
         ("effect", d.effect.is_some(), CALL),
         ("idempotency_key", d.idempotency_key.is_some(), CALL),
