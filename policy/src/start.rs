@@ -251,8 +251,10 @@ pub fn delegate(parent: &mut RunState, child: &Budget) {
 
 /// A continuation (`continues`) carries over what the stopped run must not repeat: its
 /// non-idempotent writes whose outcome is unknown stay refused in the new run until a
-/// human reconciles them.
+/// human reconciles them, and the calls an approver denied stay denied (a new run is
+/// not a way around a human's no).
 pub fn carry_over(new: &mut RunState, old: &RunState) {
+    carry_denials(new, old);
     // The attempt number belongs to the old run; 0 marks one no outcome here settles.
     for op in old.unknown.keys() {
         new.unknown.entry(*op).or_insert(0);
@@ -263,5 +265,19 @@ pub fn carry_over(new: &mut RunState, old: &RunState) {
         if a.effect == Some(Effect::NonIdempotentWrite) {
             new.unknown.entry(a.op).or_insert(0);
         }
+    }
+}
+
+/// The old run's denied calls, appended to the new run's after those it holds (the
+/// latest [`crate::state::MAX_DENIED`] kept, as on the run itself).
+fn carry_denials(new: &mut RunState, old: &RunState) {
+    for d in &old.denied {
+        if new.denied.iter().any(|n| n.request == d.request) {
+            continue;
+        }
+        if new.denied.len() >= crate::state::MAX_DENIED {
+            new.denied.remove(0);
+        }
+        new.denied.push(d.clone());
     }
 }

@@ -124,3 +124,21 @@ fn a_run_remembers_its_latest_64_denials() {
         Some(Reason::DeniedByApprover)
     );
 }
+
+/// A continuation is not a way around a human's no: the denied call stays denied in the
+/// run that continues the one it was denied in, and the carried list stays bounded.
+#[test]
+fn a_continuation_carries_the_denials_over() {
+    let (mut sim, next, id) = asked();
+    assert_eq!(sim.apply_json(denial(&next, &id, "not to x", 30)), vec![]);
+    // The new run, with a fresh allocation: its state as the start folds it.
+    let mut fresh = Sim::with_run(&policy(), json!({"attempts": 5}));
+    let new = fresh.runs.get_mut("r1").expect("the new run");
+    tally_policy::carry_over(new, sim.run("r1"));
+    tally_policy::carry_over(new, sim.run("r1"));
+    assert_eq!(new.denied.len(), 1, "carried once, however often");
+    let d = fresh.refused(&next, 10, Reason::DeniedByApprover);
+    assert_eq!(d.denied.expect("the denial").note, "not to x");
+    let other = call("email.send", Effect::NonIdempotentWrite, json!({"to": "y"}));
+    fresh.allow(&other, 20);
+}
