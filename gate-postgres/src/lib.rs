@@ -180,6 +180,31 @@ impl std::fmt::Debug for Postgres {
     }
 }
 
+/// The connection settings of `options` (named `application` unless the URL names
+/// one), the target they name (no password) and a runtime for the client's round trips.
+fn client(
+    options: &Options,
+    application: &str,
+) -> Result<(tokio_postgres::Config, String, Rt), PostgresError> {
+    let mut config: tokio_postgres::Config = options
+        .url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| PostgresError::Url { why: e.to_string() })?;
+    config.connect_timeout(options.timeout);
+    if config.get_application_name().is_none() {
+        config.application_name(application);
+    }
+    let target = target_of(&config);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| PostgresError::Database {
+            target: target.clone(),
+            why: format!("cannot start the client's runtime: {e}"),
+        })?;
+    Ok((config, target, Rt(Some(rt))))
+}
+
 fn target_of(config: &tokio_postgres::Config) -> String {
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
@@ -204,22 +229,7 @@ fn describe(e: &tokio_postgres::Error) -> String {
 impl Postgres {
     /// Connect, create or migrate the schema, and hold the ledger this daemon writes.
     pub fn open(ledger: Arc<Ledger>, options: &Options) -> Result<Postgres, PostgresError> {
-        let mut config: tokio_postgres::Config = options
-            .url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| PostgresError::Url { why: e.to_string() })?;
-        config.connect_timeout(options.timeout);
-        if config.get_application_name().is_none() {
-            config.application_name("tally");
-        }
-        let target = target_of(&config);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| PostgresError::Database {
-                target: target.clone(),
-                why: format!("cannot start the client's runtime: {e}"),
-            })?;
+        let (config, target, rt) = client(options, "tally")?;
         let round_trips = Arc::new(AtomicU64::new(0));
         let reader =
             overview::Reader::new(&config, &target, options.timeout, Arc::clone(&round_trips))
@@ -232,7 +242,7 @@ impl Postgres {
             config,
             target,
             timeout: options.timeout,
-            rt: Rt(Some(rt)),
+            rt,
             turn: Turn::default(),
             conn: Mutex::new(None),
             round_trips,

@@ -170,23 +170,7 @@ impl Leases {
         holder: &str,
         leases: LeaseOptions,
     ) -> Result<Leases, PostgresError> {
-        let mut config: tokio_postgres::Config = options
-            .url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| PostgresError::Url { why: e.to_string() })?;
-        config.connect_timeout(options.timeout);
-        if config.get_application_name().is_none() {
-            config.application_name("tally-leases");
-        }
-        let target = crate::target_of(&config);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| PostgresError::Database {
-                target: target.clone(),
-                why: format!("cannot start the client's runtime: {e}"),
-            })?;
-        let rt = Rt(Some(rt));
+        let (config, target, rt) = crate::client(options, "tally-leases")?;
         crate::schema::migrate(&rt, &config, &target, options.timeout, &AtomicU64::new(0))?;
         let mut manager = Leases {
             config,
