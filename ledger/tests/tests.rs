@@ -3,6 +3,7 @@
 mod clock;
 mod crash;
 mod decisions;
+mod own;
 mod pipeline;
 mod reindex;
 mod review;
