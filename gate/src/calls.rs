@@ -129,6 +129,10 @@ impl<B: StateBackend> Gate<B> {
             now,
         );
         decided.record.trace_id = unlocked.trace_id;
+        if cfg!(feature = "bench-no-requests") {
+            // A benchmark build's switch (gate/Cargo.toml): no request at all.
+            decided.record.request = None;
+        }
         encodable(&mut decided.record)?;
         apply(policy, t.view_mut(&touched.scopes()), &decided.record, now);
         let answer = check_answer(&decided);
