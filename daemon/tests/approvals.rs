@@ -389,3 +389,191 @@ async fn a_denial_answers_its_own_runs_pending_request_only() {
     );
     d.shutdown().await.expect("shutdown");
 }
+
+/// A daemon in a child process, killed with SIGKILL when dropped (a failed test leaves
+/// none behind).
+struct Child(std::process::Child);
+
+impl Child {
+    /// `kill -9`, and the child reaped.
+    fn kill_9(&mut self) {
+        self.0.kill().expect("SIGKILL");
+        self.0.wait().expect("reap");
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tally-load serve` over `ledger` under `policy` in a child process, once its agent and
+/// operator sockets answer.
+async fn child(
+    ledger: &std::path::Path,
+    agent: &std::path::Path,
+    operator: &std::path::Path,
+    policy: &std::path::Path,
+) -> Child {
+    let c = Child(crate::kill::spawn(ledger, agent, operator, Some(policy)));
+    crate::common::wait_for_socket(agent).await;
+    crate::common::wait_for_socket(operator).await;
+    c
+}
+
+/// POST `body` to `path` on the agent socket `agent`: the status and the answer.
+async fn agent_at(agent: &std::path::Path, path: &str, body: &Value) -> (u16, Value) {
+    let mut c = tally_api::client::Client::unix(agent)
+        .await
+        .expect("connect");
+    post_json(&mut c, path, &body.to_string()).await
+}
+
+/// The email to `to`, as the agent asks for it.
+fn send(op: &str) -> Value {
+    json!({"run": "r", "worker": "w2", "tool": "email.send", "operation": op,
+        "effect": "non_idempotent_write", "target": "smtp", "args": {"to": op},
+        "args_preview": format!("to {op}")})
+}
+
+/// A request as listed, without what changes with the time it is read at.
+fn at_rest(mut r: tally_api::ApprovalRequest) -> tally_api::ApprovalRequest {
+    r.expires_in_ms = None;
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_their_answers_survive_a_kill_9() {
+    let dana = tally_ledger::keys::ApproverKey::generate();
+    let (dir, ledger, _auditor) = crate::common::new_ledger(Default::default());
+    let policy = dir.path().join("policy.toml");
+    let text = format!("[approvals.approvers]\ndana = \"{}\"\n", dana.public_hex());
+    std::fs::write(&policy, text).expect("policy");
+    let (agent, operator) = (dir.path().join("agent.sock"), dir.path().join("op.sock"));
+    let mut daemon = child(&ledger, &agent, &operator, &policy).await;
+    let run = json!({"run": "r", "goal": "g", "budget": {"attempts": 1, "deadline_ms": 600_000}});
+    assert_eq!(agent_at(&agent, "/v1/runs", &run).await.0, 201);
+    let (_, a) = agent_at(&agent, "/v1/check", &send("first")).await;
+    assert_eq!(a["decision"], "allow", "{a}");
+    for op in ["a", "b"] {
+        let (_, a) = agent_at(&agent, "/v1/check", &send(op)).await;
+        assert_eq!(a["decision"], "require_approval", "{a}");
+    }
+    let mut gate = GateClient::new(&operator);
+    let before = gate.approval_requests().await.expect("list");
+    let find = |list: &[tally_api::ApprovalRequest], op: &str| {
+        let r = list.iter().find(|r| r.operation.as_deref() == Some(op));
+        r.cloned().expect("listed")
+    };
+    let (pending, answered) = (find(&before, "a"), find(&before, "b"));
+    gate.approve(&answer(
+        &dana,
+        "r",
+        &answered.id,
+        answered.cost.clone(),
+        30_000,
+    ))
+    .await
+    .expect("approved");
+    daemon.kill_9();
+
+    let mut daemon = child(&ledger, &agent, &operator, &policy).await;
+    let mut gate = GateClient::new(&operator);
+    let after = gate.approval_requests().await.expect("list");
+    assert_eq!(after.len(), 2, "{after:?}");
+    let again = find(&after, "a");
+    assert_eq!(again.state, RequestState::Pending);
+    assert!(again.expires_in_ms.is_some_and(|ms| ms > 0), "{again:?}");
+    assert_eq!(at_rest(again.clone()), at_rest(pending.clone()));
+    let b = find(&after, "b");
+    assert_eq!(b.state, RequestState::Approved);
+    assert_eq!(b.answered_by.as_deref(), Some("dana"));
+    // Still answerable: its call goes through once, then asks again.
+    gate.approve(&answer(&dana, "r", &again.id, again.cost.clone(), 30_000))
+        .await
+        .expect("approved after the restart");
+    let (_, a) = agent_at(&agent, "/v1/check", &send("a")).await;
+    assert_eq!(a["decision"], "allow", "{a}");
+    // Once: the same write again is not allowed (a retry of a write whose outcome is
+    // unknown, refused).
+    let (_, a) = agent_at(&agent, "/v1/check", &send("a")).await;
+    assert_ne!(a["decision"], "allow", "{a}");
+    daemon.kill_9();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_asked_again_leaves_one_pending_request_the_newest() {
+    let dana = tally_ledger::keys::ApproverKey::generate();
+    let policy = format!("[approvals.approvers]\ndana = \"{}\"\n", dana.public_hex());
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let mut d = gated_on(&policy, &clock).await;
+    asked(&d).await;
+    // The same call twice more, each a moment later: a request each.
+    let same = json!({"run": "r", "worker": "w2", "tool": "email.send", "operation": "send:42",
+        "effect": "non_idempotent_write", "target": "smtp", "args": {"to": "x@example.com"},
+        "args_preview": "to x@example.com", "reserve_nanos": 5_000_000});
+    for _ in 0..2 {
+        clock.advance(1_000);
+        let (_, a) = agent_post(&d, "/v1/check", same.clone()).await;
+        assert_eq!(a["decision"], "require_approval", "{a}");
+    }
+    // Another call of the same tool is a request of its own.
+    let other = json!({"run": "r", "tool": "email.send", "operation": "send:43",
+        "effect": "non_idempotent_write", "args": {"to": "y@example.com"}});
+    let (_, a) = agent_post(&d, "/v1/check", other).await;
+    assert_eq!(a["decision"], "require_approval", "{a}");
+    let states = |list: &[tally_api::ApprovalRequest]| {
+        let mut s: Vec<_> = list
+            .iter()
+            .map(|r| (r.operation.clone().unwrap_or_default(), r.state, r.seq))
+            .collect();
+        s.sort_by_key(|x| x.2);
+        s.into_iter().map(|(o, st, _)| (o, st)).collect::<Vec<_>>()
+    };
+    let want = vec![
+        ("send:42".to_owned(), RequestState::Moot),
+        ("send:42".to_owned(), RequestState::Moot),
+        ("send:42".to_owned(), RequestState::Pending),
+        ("send:43".to_owned(), RequestState::Pending),
+    ];
+    let mut op = GateClient::new(&d.socket);
+    let list = op.approval_requests().await.expect("list");
+    assert_eq!(states(&list), want, "{list:?}");
+    // The older ones take no answer; the newest does.
+    let mut by_seq = list.clone();
+    by_seq.sort_by_key(|r| r.seq);
+    let e = op
+        .approve(&answer(
+            &dana,
+            "r",
+            &by_seq[0].id,
+            by_seq[0].cost.clone(),
+            30_000,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tally_api::ErrorCode::ApprovalRefused), "{e}");
+    // The same after a restart: the book is read back from the ledger.
+    d.shutdown().await.expect("shutdown");
+    let (recorded, c) = (Recorded::new(&policy).expect("policy"), Arc::clone(&clock));
+    d.restart(move |o| {
+        o.policy = recorded;
+        o.clock = c as Arc<dyn Clock>;
+    })
+    .await;
+    let mut op = GateClient::new(&d.socket);
+    let list = op.approval_requests().await.expect("list");
+    assert_eq!(states(&list), want, "{list:?}");
+    op.approve(&answer(
+        &dana,
+        "r",
+        &by_seq[2].id,
+        by_seq[2].cost.clone(),
+        30_000,
+    ))
+    .await
+    .expect("the newest is answered");
+    d.shutdown().await.expect("shutdown");
+}

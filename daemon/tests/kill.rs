@@ -14,7 +14,7 @@ fn spawn_daemon(ledger: &std::path::Path, socket: &std::path::Path) -> Child {
 
 /// `tally-load serve` in a child process: the agent socket, the operator socket, and a
 /// policy file if given.
-fn spawn(
+pub(crate) fn spawn(
     ledger: &std::path::Path,
     agent: &std::path::Path,
     operator: &std::path::Path,

@@ -6,9 +6,8 @@ use tally_ledger::{Action, Decision, Kind, Reason};
 use tally_policy::{apply, decide, judge, Call, Decided, Now, Verdict};
 
 use crate::backend::{StateBackend, StateTxn};
-use std::sync::Arc;
 
-use crate::commit::{AfterDurable, Commit};
+use crate::commit::Commit;
 use crate::{
     encodable, held, inconsistent, principal_scope, tracks_credential, Caller, CheckAnswer,
     CheckRequest, Done, Gate, GateError, Logged, OutcomeRequest, SettleRequest, Touched,
@@ -132,6 +131,10 @@ impl<B: StateBackend> Gate<B> {
             now,
         );
         decided.record.trace_id = unlocked.trace_id;
+        if cfg!(feature = "bench-no-requests") {
+            // A benchmark build's switch (gate/Cargo.toml): no request at all.
+            decided.record.request = None;
+        }
         encodable(&mut decided.record)?;
         apply(policy, t.view_mut(&touched.scopes()), &decided.record, now);
         let answer = check_answer(&decided);
@@ -142,15 +145,11 @@ impl<B: StateBackend> Gate<B> {
             _ => Vec::new(),
         };
         // An approval request joins the book once its record is durable.
-        let asked = decided.record.request.is_some().then(|| {
-            let (book, record) = (Arc::clone(&self.requests), decided.record.clone());
-            let add: AfterDurable = Box::new(move |receipts: &[tally_ledger::Receipt]| {
-                if let Some(r) = receipts.first() {
-                    book.add(record, r.seq);
-                }
-            });
-            add
-        });
+        let asked = decided
+            .record
+            .request
+            .is_some()
+            .then(|| self.noting(&decided.record));
         let mut records = vec![decided.record];
         if let Some(reason) = decided.stop {
             // The core stops the run with the refusal: in the same commit, and it no

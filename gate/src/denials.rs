@@ -5,11 +5,10 @@
 
 use tally_ledger::{Decision, Kind, Reason};
 use tally_policy::{apply, judge};
-use tally_wire::{Denial, RequestState};
+use tally_wire::Denial;
 
 use crate::backend::{Scopes, StateBackend, StateTxn};
 use crate::commit::Commit;
-use crate::requests::Answer;
 use crate::{encodable, inconsistent, live, Caller, Done, Gate, GateError, Logged, Touched};
 
 impl<B: StateBackend> Gate<B> {
@@ -38,14 +37,6 @@ impl<B: StateBackend> Gate<B> {
         let now = self.clock(&state);
         let entry = self.pending_request(&d.request, &d.run, &state, now)?;
         let asked = entry.record;
-        let mark = self.answered(
-            &d.request,
-            Answer {
-                state: RequestState::Denied,
-                by: d.approver.clone(),
-                note: Some(d.note.clone()),
-            },
-        );
         let run = d.run.clone();
         let mut record = Decision {
             run: d.run,
@@ -78,6 +69,7 @@ impl<B: StateBackend> Gate<B> {
             limits: tally_policy::apply::standing(&state, now),
             overrun_nanos: None,
         };
+        let mark = self.noting(&record);
         Ok(Commit::new(vec![record], vec![Touched::run(&run)], logged).then_durable(mark))
     }
 }

@@ -217,6 +217,11 @@ impl<B: StateBackend> Gate<B> {
         let recorded = last.as_deref() == Some(gate.policy.digest.as_bytes());
         gate.policy_recorded
             .store(recorded, std::sync::atomic::Ordering::SeqCst);
+        // The requests the ledger's current key epoch holds, with their answers, before
+        // the first decision (docs/APPROVALS.md, "After a restart").
+        if !cfg!(feature = "bench-no-requests") {
+            gate.requests.recall(&gate.ledger)?;
+        }
         Ok(gate)
     }
 

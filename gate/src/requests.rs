@@ -2,14 +2,15 @@
 //! deny, kept in memory once it is durable, with its answer, and listed for the
 //! operator with its state as the run stands now.
 //!
-//! The record is the request: what is listed is read from it. The book only remembers
-//! which were answered; after a restart the ledger still holds every request.
+//! The record is the request: what is listed is read from it. The book is filled from
+//! the records the gate commits and, when the gate opens, from those of the ledger's
+//! current key epoch (the ones the writer can still read back).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tally_ledger::decision::Request;
-use tally_ledger::Decision;
+use tally_ledger::{Decision, Kind, Ledger, Reason};
 use tally_policy::{Now, RunState};
 use tally_wire::{ApprovalRequest, RequestState};
 
@@ -32,6 +33,22 @@ pub(crate) struct Answer {
     pub note: Option<String>,
 }
 
+/// The request `record` answers, and how: the one place a record is read as an answer.
+pub(crate) fn answer_of(record: &Decision) -> Option<(&str, Answer)> {
+    let id = record.answers.as_deref()?;
+    let state = match (record.kind, record.reason) {
+        (Some(Kind::Override), None) => RequestState::Approved,
+        (Some(Kind::Override), Some(Reason::DeniedByApprover)) => RequestState::Denied,
+        _ => return None,
+    };
+    let answer = Answer {
+        state,
+        by: record.approver.clone().unwrap_or_default(),
+        note: record.note.clone(),
+    };
+    Some((id, answer))
+}
+
 /// One request: its deny record, its seq, and its answer if it has one.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
@@ -39,6 +56,28 @@ pub(crate) struct Entry {
     pub request: Request,
     pub seq: u64,
     pub answer: Option<Answer>,
+    /// Whether its call was asked again (a newer request of the same run, tool,
+    /// operation and arguments) before it was answered.
+    pub asked_again: bool,
+}
+
+impl Entry {
+    /// Whether `other` asks for the same call: same run, tool, operation, arguments.
+    fn same_call(&self, other: &Decision) -> bool {
+        let d = &self.record;
+        (&d.run, &d.tool, &d.operation, &d.args_digest)
+            == (
+                &other.run,
+                &other.tool,
+                &other.operation,
+                &other.args_digest,
+            )
+    }
+
+    /// Whether it may still be answered, as far as the book knows.
+    fn open(&self) -> bool {
+        self.answer.is_none() && !self.asked_again
+    }
 }
 
 /// The requests, by id.
@@ -54,9 +93,36 @@ impl Book {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Keep the request `record` is (recorded at `seq`), if it is one. The same request
-    /// asked again keeps its first record.
-    pub fn add(&self, record: Decision, seq: u64) {
+    /// Keep what `record` (recorded at `seq`) is to the book: a request, or the answer
+    /// to one it holds. Anything else is not the book's.
+    pub fn note(&self, record: &Decision, seq: u64) {
+        if record.request.is_some() {
+            self.add(record.clone(), seq);
+        } else if let Some((id, answer)) = answer_of(record) {
+            self.answer(id, answer);
+        }
+    }
+
+    /// What keeps `record` in the book once it is durable (its receipt is the first).
+    pub fn noting(self: &Arc<Book>, record: Decision) -> AfterDurable {
+        let book = Arc::clone(self);
+        Box::new(move |receipts: &[tally_ledger::Receipt]| {
+            if let Some(r) = receipts.first() {
+                book.note(&record, r.seq);
+            }
+        })
+    }
+
+    /// Fill the book from the decisions of `ledger`'s current key epoch, in order: the
+    /// requests among them, the newest [`MAX_REQUESTS`] kept, with their answers. Reads
+    /// at most that one epoch, one record at a time.
+    pub fn recall(&self, ledger: &Ledger) -> Result<tally_ledger::EpochRead, GateError> {
+        Ok(ledger.read_epoch(|seq, d| self.note(&d, seq))?)
+    }
+
+    /// Keep the request `record` is (recorded at `seq`). The same request asked again
+    /// keeps its first record; an unanswered request of the same call is asked again.
+    fn add(&self, record: Decision, seq: u64) {
         let Some(request) = record.request.clone() else {
             return;
         };
@@ -65,10 +131,15 @@ impl Book {
         if entries.contains_key(&id) {
             return;
         }
+        for e in entries.values_mut() {
+            if e.answer.is_none() && e.same_call(&record) {
+                e.asked_again = true;
+            }
+        }
         if entries.len() >= MAX_REQUESTS {
             let oldest = entries
                 .iter()
-                .min_by_key(|(_, e)| (e.answer.is_none(), e.seq))
+                .min_by_key(|(_, e)| (e.open(), e.seq))
                 .map(|(k, _)| k.clone());
             if let Some(k) = oldest {
                 entries.remove(&k);
@@ -81,6 +152,7 @@ impl Book {
                 request,
                 seq,
                 answer: None,
+                asked_again: false,
             },
         );
     }
@@ -91,7 +163,7 @@ impl Book {
     }
 
     /// Record the answer to `id`.
-    pub fn answer(&self, id: &str, answer: Answer) {
+    fn answer(&self, id: &str, answer: Answer) {
         if let Some(e) = self.lock().get_mut(id) {
             e.answer = Some(answer);
         }
@@ -103,11 +175,15 @@ impl Book {
     }
 }
 
-/// Where a request stands now: answered, or moot once its run stopped (or the gate no
-/// longer holds it), or expired past the run's deadline, else pending.
+/// Where a request stands now: answered, or moot once its call was asked again or its
+/// run stopped (or the gate no longer holds it), or expired past the run's deadline, else
+/// pending.
 pub(crate) fn state_of(entry: &Entry, run: Option<(&RunState, Now)>) -> RequestState {
     if let Some(a) = &entry.answer {
         return a.state;
+    }
+    if entry.asked_again {
+        return RequestState::Moot;
     }
     match run {
         None => RequestState::Moot,
@@ -205,28 +281,20 @@ impl<B: StateBackend> Gate<B> {
 impl<B: StateBackend> Gate<B> {
     /// Refused unless approval `a` may answer request `id` of run `state` at `now`: a
     /// request the gate holds, of that run, pending, and `a` granting exactly its cost.
-    /// What marks it approved once the approval is durable.
     pub(crate) fn answerable(
         &self,
         id: &str,
         a: &Approval,
         state: &RunState,
         now: Now,
-    ) -> Result<AfterDurable, GateError> {
+    ) -> Result<(), GateError> {
         let entry = self.pending_request(id, &a.run, state, now)?;
         if a.scope != entry.request.cost {
             return Err(GateError::ApprovalRefused(format!(
                 "the scope is not request `{id}`'s cost: `tally approve {id}` signs exactly that"
             )));
         }
-        Ok(self.answered(
-            id,
-            Answer {
-                state: RequestState::Approved,
-                by: a.approver.clone(),
-                note: a.note.clone(),
-            },
-        ))
+        Ok(())
     }
 
     /// The request `id`, refused unless the gate holds it, it is run `run`'s (whose state
@@ -257,9 +325,8 @@ impl<B: StateBackend> Gate<B> {
         }
     }
 
-    /// What records `answer` to request `id` once the answer is durable.
-    pub(crate) fn answered(&self, id: &str, answer: Answer) -> AfterDurable {
-        let (book, id) = (Arc::clone(&self.requests), id.to_owned());
-        Box::new(move |_: &[tally_ledger::Receipt]| book.answer(&id, answer))
+    /// What keeps `record` (a request, or an answer) in the book once it is durable.
+    pub(crate) fn noting(&self, record: &Decision) -> AfterDurable {
+        self.requests.noting(record.clone())
     }
 }

@@ -206,10 +206,9 @@ impl<B: StateBackend> Gate<B> {
         }
         let state = live(t, &a.run, caller)?.clone();
         let now = self.clock(&state);
-        let answered = match &a.request {
-            Some(id) => Some(self.answerable(id, &a, &state, now)?),
-            None => None,
-        };
+        if let Some(id) = &a.request {
+            self.answerable(id, &a, &state, now)?;
+        }
         self.approval_in_time(&state, &a, now.at_ms.unwrap_or(0))?;
         let run = a.run.clone();
         let mut record = Decision {
@@ -236,6 +235,8 @@ impl<B: StateBackend> Gate<B> {
         }
         apply(policy, t.view_mut(&Scopes::run(&run)), &record, now);
         let limits = tally_policy::apply::standing(&state, now);
+        // An answer to a request marks it in the book once it is durable.
+        let answered = record.answers.is_some().then(|| self.noting(&record));
         let commit = Commit::new(vec![record], vec![Touched::run(&run)], logged(limits));
         Ok(match answered {
             Some(mark) => commit.then_durable(mark),

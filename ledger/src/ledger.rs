@@ -14,12 +14,14 @@
 //!
 //! Here: the public types and the read side. `open` creates and opens ledgers, `pipeline`
 //! runs the two stages, `writer` writes one group (and rotates epochs), `group` is what a
-//! group is made of, `index` rebuilds the sled index from the log. Among them
-//! dependencies point one way: open -> pipeline -> writer -> group, open -> index.
+//! group is made of, `index` rebuilds the sled index from the log, `own` reads the
+//! current epoch's decisions back with the writer's key. Among them dependencies point
+//! one way: open -> pipeline -> writer -> group, open -> index, own -> pipeline.
 
 mod group;
 mod index;
 mod open;
+mod own;
 mod pipeline;
 mod writer;
 
@@ -37,6 +39,7 @@ use crate::tlog::merkle::TreeHash;
 use crate::tlog::LogKey;
 
 use self::group::{Pending, Reply};
+pub use self::own::EpochRead;
 pub use self::pipeline::SyncObserver;
 use self::pipeline::{lock, Shared};
 use self::writer::{state_bound, STATE_CHECK_LEN};

@@ -4,6 +4,7 @@ mod clock;
 mod crash;
 mod decisions;
 mod order;
+mod own;
 mod pipeline;
 mod reindex;
 mod review;

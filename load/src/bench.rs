@@ -99,7 +99,7 @@ async fn client_loop(
     while let Some(due) = next_due(&clock, interval, plan.duration).await {
         let first = sent * plan.batch as u64;
         if plan.mode != Mode::Append {
-            call(&mut client, plan.mode, id, first).await?;
+            call(&mut client, plan.mode, id, first, plan.asks(first)).await?;
         } else {
             append(&mut client, id, first, plan.batch).await?;
         }

@@ -5,6 +5,7 @@
 //! tally-load init  --ledger DIR                       # a ledger with a throwaway auditor key
 //! tally-load serve --ledger DIR --socket PATH [...]   # tally_daemon::run
 //! tally-load bench --socket PATH --clients 64 --batch 1 --seconds 5 [--offered 5000]
+//! tally-load bench --socket PATH --clients 64 --seconds 5 --check [--ask-every 10]
 //! ```
 //! `bench` runs closed-loop (each client sends its next request when the last is
 //! acknowledged) unless `--offered` gives a target rate in decisions/s: then requests are
@@ -42,6 +43,7 @@ const USAGE: &str = "usage:
                    [--metrics-listen ADDR] [--otlp-endpoint URL [--otlp-sample RATIO]]
   tally-load bench (--socket PATH | --tcp ADDR) [--clients N] [--batch N] [--seconds S]
                    [--check | --pairs]   # a call through the gate (check + outcome), or the same two decisions appended
+                   [--ask-every N]       # with --check: every Nth call names tool `ask.me` (refused require_approval where the policy blocks it)
                    [--offered DECISIONS_PER_SEC [--even]] [--json]";
 
 fn main() -> ExitCode {
@@ -72,6 +74,7 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
         "metrics-listen",
         "otlp-endpoint",
         "otlp-sample",
+        "ask-every",
     ];
     let args = Args::parse(argv, &known, &["json", "even", "check", "pairs"])?;
     match command.as_str() {

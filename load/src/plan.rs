@@ -33,6 +33,16 @@ pub(crate) struct Plan {
     /// Open loop with due times from a pacer thread (`--even`).
     pub(crate) even: bool,
     pub(crate) mode: Mode,
+    /// With `--check`: every this many calls (0: none) names the tool `ask.me`, which a
+    /// policy blocking it refuses `require_approval` (an approval request, no outcome).
+    pub(crate) ask_every: u64,
+}
+
+impl Plan {
+    /// Whether call number `n` is one the gate is to refuse with a request.
+    pub(crate) fn asks(&self, n: u64) -> bool {
+        self.ask_every > 0 && n % self.ask_every == self.ask_every - 1
+    }
 }
 
 /// What one iteration sends.
@@ -85,6 +95,10 @@ impl Plan {
                     .into(),
             );
         }
+        let ask_every: u64 = args.value("ask-every")?.unwrap_or(0);
+        if ask_every > 0 && mode != Mode::Check {
+            return Err("--ask-every mixes refusals into --check: give --check too".into());
+        }
         if even && offered.is_none() {
             return Err("--even paces an open loop: give --offered too".into());
         }
@@ -96,6 +110,7 @@ impl Plan {
             offered,
             even,
             mode,
+            ask_every,
         })
     }
 }

@@ -29,15 +29,23 @@ pub(crate) fn decision(client: usize, n: u64) -> String {
 }
 
 /// One call: through the gate (check, then outcome), or the same two decisions appended.
-/// The call's latency is until its outcome is recorded too.
-pub(crate) async fn call(client: &mut Client, mode: Mode, id: usize, n: u64) -> Result<(), String> {
+/// The call's latency is until its outcome is recorded too. A call that `asks` names the
+/// tool `ask.me` and is to be refused `require_approval` (no outcome follows).
+pub(crate) async fn call(
+    client: &mut Client,
+    mode: Mode,
+    id: usize,
+    n: u64,
+    asks: bool,
+) -> Result<(), String> {
     let run = format!("gate-bench-{id}-{}", std::process::id());
+    let tool = if asks { "ask.me" } else { "http.post" };
     let (first, second) = match mode {
         Mode::Check => (
             (
                 "/v1/check",
                 format!(
-                    r#"{{"run":"{run}","worker":"w{id}","tool":"http.post","operation":"export.create:{n:x}","args":{{"url":"https://api.example.com/v1/export","body":{{"n":{n}}}}},"effect":"idempotent_write","idempotency_key":"k-{id}-{n}","channel":"http","reserve_cents":3}}"#
+                    r#"{{"run":"{run}","worker":"w{id}","tool":"{tool}","operation":"export.create:{n:x}","args":{{"url":"https://api.example.com/v1/export","body":{{"n":{n}}}}},"effect":"idempotent_write","idempotency_key":"k-{id}-{n}","channel":"http","reserve_cents":3}}"#
                 ),
             ),
             None,
@@ -66,7 +74,8 @@ pub(crate) async fn call(client: &mut Client, mode: Mode, id: usize, n: u64) -> 
         (Mode::Check, _) => {
             let a: CheckAnswer = serde_json::from_slice(&reply.body).map_err(|e| e.to_string())?;
             let attempt = match (a.decision, a.attempt) {
-                (Verdict::Allow, Some(attempt)) => attempt,
+                (Verdict::RequireApproval, _) if asks => return Ok(()),
+                (Verdict::Allow, Some(attempt)) if !asks => attempt,
                 _ => {
                     return Err(format!(
                         "the gate refused a benchmark call: {}",
