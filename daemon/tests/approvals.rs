@@ -349,6 +349,12 @@ async fn a_denial_stops_exactly_that_call_with_the_note_across_a_restart() {
     .await;
     let (_, a) = agent_post(&d, "/v1/check", the_asked_call()).await;
     assert_eq!(a["reason"], "denied_by_approver", "{a}");
+    // The listing was read back from the ledger: the request is still denied, by dana.
+    let mut op = GateClient::new(&d.socket);
+    let read_back = op.approval_request(&r.id).await.expect("read back");
+    assert_eq!(read_back.state, RequestState::Denied);
+    assert_eq!(read_back.answered_by.as_deref(), Some("dana"));
+    assert_eq!(read_back.note.as_deref(), Some(note));
     d.shutdown().await.expect("shutdown");
     verifies(&mut d);
 }
