@@ -511,10 +511,22 @@ fn continuing(s: &Served, run: &str, continues: &str) -> (u16, Value) {
 /// A continuation grant for `run` (`new_run` in its scope, if any), signed with the key
 /// at `key` as `approver`, valid for a minute of the run's clock.
 fn grant(s: &Served, run: &str, new_run: Option<&str>, approver: &str, key: &str) -> Value {
+    grant_of(s, run, new_run, approver, key, 5)
+}
+
+/// [`grant`] of `attempts`.
+fn grant_of(
+    s: &Served,
+    run: &str,
+    new_run: Option<&str>,
+    approver: &str,
+    key: &str,
+    attempts: u64,
+) -> Value {
     let (_, standing) = s.daemon.operator("GET", &format!("/v1/runs/{run}"), None);
     let expires_ms = standing["at_ms"].as_u64().expect("at_ms") + 60_000;
     let scope = tally_ledger::decision::Scope {
-        attempts: Some(5),
+        attempts: Some(attempts),
         new_run: new_run.map(str::to_owned),
         ..Default::default()
     };
@@ -554,15 +566,22 @@ fn a_continuation_grant_starts_the_new_run_and_the_count_starts_again() {
     tampered["scope"]["attempts"] = json!(500);
     let ordinary = grant(&s, "r2", None, "dana", "dana.key");
     let unknown = grant(&s, "r2", Some("n1"), "eve", "eve.key");
+    // Signed, but for more than the policy's ceiling of 50 attempts: refused, not cut.
+    let above = grant_of(&s, "r2", Some("n1"), "dana", "dana.key", 51);
     for (why, body) in [
         ("signed for another run", for_r1),
         ("tampered", tampered),
         ("ordinary, as a continuation", ordinary),
         ("unknown approver", unknown),
+        ("above the ceiling", above),
     ] {
         let (status, v) = s.daemon.operator("POST", continuations, Some(body));
         assert_eq!(status, 403, "{why}: {v}");
         assert_eq!(v["error"]["code"], "approval_refused", "{why}: {v}");
+        if why == "above the ceiling" {
+            let message = v["error"]["message"].as_str().unwrap_or("");
+            assert!(message.contains("ceiling for a run (50 attempts, $10.00)"), "{v}");
+        }
         assert_eq!(
             s.daemon.operator("GET", "/v1/runs/n1", None).0,
             404,

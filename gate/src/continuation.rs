@@ -24,6 +24,19 @@ fn allocation(scope: &Scope) -> Budget {
     }
 }
 
+/// A ceiling's attempts and spend, as an approver reads them.
+fn ceiling_text(most: &Budget) -> String {
+    let attempts = most
+        .attempts
+        .map_or("any number of attempts".to_owned(), |n| {
+            format!("{n} attempts")
+        });
+    let spend = most
+        .spend()
+        .map_or("any spend".to_owned(), |n| n.to_string());
+    format!("{attempts}, {spend}")
+}
+
 impl<B: StateBackend> Gate<B> {
     /// Record a continuation grant and start the new run it names. `done` gets the new
     /// run's start once the records are durable; a grant refused records nothing.
@@ -57,6 +70,12 @@ impl<B: StateBackend> Gate<B> {
         let state = held(t, &old, caller)?.clone();
         self.approval_expiry(&a, self.clock(&state).at_ms.unwrap_or(0))?;
         let budget = allocation(&a.scope);
+        if let Some(most) = tally_policy::above_ceiling(&self.policy.policy, &budget, None) {
+            return Err(GateError::ApprovalRefused(format!(
+                "the grant asks more than the policy's ceiling for a run ({}): grant at most that",
+                ceiling_text(&most)
+            )));
+        }
         let mut records = vec![self.grant_record(t, caller, a, &state)?];
         let mut writes = vec![Touched::run(&old)];
         if state.stop.is_none() {

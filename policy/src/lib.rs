@@ -72,7 +72,9 @@ pub use refusals::{breaker_wait, outcome_unknown, taken_as_recorded, Rule, RULES
 pub use request::request_id;
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
 pub use slices::{slice_size, SliceSize};
-pub use start::{carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal};
+pub use start::{
+    above_ceiling, carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal,
+};
 pub use state::{
     principal_limits, Breaker, CredentialState, Denied, Now, PrincipalState, RunState, ToolState,
     PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,

@@ -66,6 +66,21 @@ pub fn grant_budget(
     }
 }
 
+/// The policy's ceiling for `credential`, when `asked` names more than it in any
+/// dimension. A budget an approver names (a continuation grant) is refused above the
+/// ceiling rather than cut to fit: the approver learns what was granted.
+pub fn above_ceiling(policy: &Policy, asked: &Budget, credential: Option<&str>) -> Option<Budget> {
+    let most = policy.ceiling_for(credential);
+    let over = |a: Option<u64>, m: Option<u64>| matches!((a, m), (Some(a), Some(m)) if a > m);
+    let above = over(asked.attempts, most.attempts)
+        || over(asked.spend().map(|n| n.0), most.spend().map(|n| n.0))
+        || over(asked.side_effects, most.side_effects)
+        || over(asked.polls, most.polls)
+        || over(asked.depth, most.depth)
+        || over(asked.deadline_ms, most.deadline_ms);
+    above.then_some(most)
+}
+
 /// What a parent has left to hand down: each limit in force less what it used.
 pub fn left_of(parent: &RunState) -> Budget {
     let left = |limit: Option<u64>, used: u64| limit.map(|l| l.saturating_sub(used));
