@@ -580,7 +580,10 @@ fn a_continuation_grant_starts_the_new_run_and_the_count_starts_again() {
         assert_eq!(v["error"]["code"], "approval_refused", "{why}: {v}");
         if why == "above the ceiling" {
             let message = v["error"]["message"].as_str().unwrap_or("");
-            assert!(message.contains("ceiling for a run (50 attempts, $10.00)"), "{v}");
+            assert!(
+                message.contains("ceiling for a run (50 attempts, $10.00)"),
+                "{v}"
+            );
         }
         assert_eq!(
             s.daemon.operator("GET", "/v1/runs/n1", None).0,

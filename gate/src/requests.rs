@@ -19,8 +19,12 @@ use crate::commit::AfterDurable;
 use crate::Approval;
 use crate::{Gate, GateError};
 
-/// The most requests the book keeps; the oldest go first.
+/// The most requests the book keeps; the answered and moot go first, then the oldest.
 pub const MAX_REQUESTS: usize = 4096;
+
+/// The most requests the book keeps of one run: a run that asks more pushes out its own
+/// oldest, never another run's.
+pub const MAX_REQUESTS_PER_RUN: usize = 64;
 
 /// An answer to a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,15 +140,12 @@ impl Book {
                 e.asked_again = true;
             }
         }
-        if entries.len() >= MAX_REQUESTS {
-            let oldest = entries
-                .iter()
-                .min_by_key(|(_, e)| (e.open(), e.seq))
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                entries.remove(&k);
-            }
-        }
+        make_room(
+            &mut entries,
+            |e| e.record.run == record.run,
+            MAX_REQUESTS_PER_RUN,
+        );
+        make_room(&mut entries, |_| true, MAX_REQUESTS);
         entries.insert(
             id,
             Entry {
@@ -172,6 +173,22 @@ impl Book {
     /// Every request the book holds.
     pub fn all(&self) -> Vec<Entry> {
         self.lock().values().cloned().collect()
+    }
+}
+
+/// Room for one more among the entries `mine` picks, when there are `most` of them
+/// already: the first to go is an answered or moot one, then the oldest.
+fn make_room(entries: &mut BTreeMap<String, Entry>, mine: impl Fn(&Entry) -> bool, most: usize) {
+    if entries.values().filter(|e| mine(e)).count() < most {
+        return;
+    }
+    let first = entries
+        .iter()
+        .filter(|(_, e)| mine(e))
+        .min_by_key(|(_, e)| (e.open(), e.seq))
+        .map(|(k, _)| k.clone());
+    if let Some(k) = first {
+        entries.remove(&k);
     }
 }
 
@@ -328,5 +345,55 @@ impl<B: StateBackend> Gate<B> {
     /// What keeps `record` (a request, or an answer) in the book once it is durable.
     pub(crate) fn noting(&self, record: &Decision) -> AfterDurable {
         self.requests.noting(record.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_ledger::decision::Scope;
+
+    /// A request of `run` for the call with argument digest `n`, recorded at `seq`.
+    fn asked(run: &str, n: u64, seq: u64) -> Decision {
+        Decision {
+            run: run.into(),
+            kind: Some(Kind::Deny),
+            tool: Some("email.send".into()),
+            args_digest: Some(format!("{n:064x}")),
+            request: Some(Request {
+                id: format!("{run}-{n}"),
+                cause: Reason::ApprovalRequired,
+                cost: Scope::default(),
+                calls: n,
+                left_ms: None,
+            }),
+            ..Decision::default()
+        }
+    }
+
+    /// A run that asks and asks pushes out its own oldest requests: another run's
+    /// pending request stays answerable.
+    #[test]
+    fn a_flooding_run_evicts_only_its_own_requests() {
+        let book = Book::default();
+        book.note(&asked("victim", 0, 1), 1);
+        for n in 0..(MAX_REQUESTS_PER_RUN as u64 + 50) {
+            book.note(&asked("flood", n, 2 + n), 2 + n);
+        }
+        assert!(
+            book.get("victim-0").is_some(),
+            "another run's request stays"
+        );
+        let flood = book
+            .all()
+            .iter()
+            .filter(|e| e.record.run == "flood")
+            .count();
+        assert_eq!(flood, MAX_REQUESTS_PER_RUN);
+        assert!(
+            book.get("flood-0").is_none(),
+            "the flood's oldest went first"
+        );
+        assert!(book.get("flood-113").is_some(), "its newest is kept");
     }
 }
