@@ -353,8 +353,8 @@ mod tests {
     use super::*;
     use tally_ledger::decision::Scope;
 
-    /// A request of `run` for the call with argument digest `n`, recorded at `seq`.
-    fn asked(run: &str, n: u64, seq: u64) -> Decision {
+    /// A request of `run` for the call with argument digest `n`.
+    fn asked(run: &str, n: u64) -> Decision {
         Decision {
             run: run.into(),
             kind: Some(Kind::Deny),
@@ -376,9 +376,9 @@ mod tests {
     #[test]
     fn a_flooding_run_evicts_only_its_own_requests() {
         let book = Book::default();
-        book.note(&asked("victim", 0, 1), 1);
+        book.note(&asked("victim", 0), 1);
         for n in 0..(MAX_REQUESTS_PER_RUN as u64 + 50) {
-            book.note(&asked("flood", n, 2 + n), 2 + n);
+            book.note(&asked("flood", n), 2 + n);
         }
         assert!(
             book.get("victim-0").is_some(),
