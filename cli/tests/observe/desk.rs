@@ -116,15 +116,21 @@ fn tally_top_approves_a_pending_request_with_a_key_press() {
     pane("desk-ro", &|t| t.contains("without --approver-key"));
     let (_, again) = served.agent("POST", "/v1/check", Some(send_mail()));
     assert_eq!(again["decision"], "require_approval", "{again}");
+    // The retry asked again: its request is the pending one, the first is moot.
+    let (_, first) = served.operator_text(&format!("/v1/approvals/{id}"));
+    let first: Value = serde_json::from_str(&first).expect("json");
+    assert_eq!(first["state"], "moot", "{first}");
+    let (_, list) = served.operator_text("/v1/approvals");
+    let list: Value = serde_json::from_str(&list).expect("json");
+    assert_eq!(list[0]["state"], "pending", "{list}");
+    let id = list[0]["id"].as_str().expect("id").to_owned();
 
-    // With the key: `a` on the selected (only) request. (Started before the read-only
-    // one quits: the tmux server ends with its last session.)
+    // With the key: `a` on the selected (only pending) request. (Started before the
+    // read-only one quits: the tmux server ends with its last session.)
     top("desk", "--approver-key dana.key");
     tmux(&["send-keys", "-t", "desk-ro", "q"]);
     pane("desk", &|t| t.contains(&id) && t.contains("> "));
-    // The retry above asked again: the newer request is listed first (the same
-    // deadline), so the first one asked is one row down.
-    tmux(&["send-keys", "-t", "desk", "j", "a"]);
+    tmux(&["send-keys", "-t", "desk", "a"]);
     let text = pane("desk", &|t| t.contains(&format!("approved {id}")));
     assert!(!text.contains("not approved"), "{text}");
     let (status, retry) = served.agent("POST", "/v1/check", Some(send_mail()));
