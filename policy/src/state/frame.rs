@@ -130,8 +130,26 @@ pub fn encode<T: Stored>(v: &T) -> Vec<u8> {
     [&[STATE_FORMAT], &bytes[..]].concat()
 }
 
-/// A stored state value, or why it cannot be read (words for an operator).
+/// A stored state value, or why it cannot be read (words for an operator). Formats 3
+/// to 5 are read strictly: the bytes must be exactly what [`encode`] writes for the
+/// value they hold (nothing after it, and the one format its fields call for).
 pub fn decode<T: Stored>(bytes: &[u8]) -> Result<T, String> {
+    let v = read::<T>(bytes)?;
+    // Format 2 is converted to nanodollars as it is read: it has no one form to match.
+    if bytes.first() == Some(&2) || encode(&v) == bytes {
+        Ok(v)
+    } else {
+        Err(
+            "it is not in the one form this tally writes for it (bytes after the value, or \
+             a format that does not match the fields it holds): the state store was \
+             written by something else; rebuild it from the ledger"
+                .into(),
+        )
+    }
+}
+
+/// A stored state value as its format says, or why it cannot be read.
+fn read<T: Stored>(bytes: &[u8]) -> Result<T, String> {
     match bytes.split_first() {
         Some((&STATE_FORMAT, rest)) => postcard::from_bytes(rest).map_err(|e| e.to_string()),
         Some((&FORMAT_4, rest)) => {
@@ -249,6 +267,32 @@ mod tests {
         let old: RunState = decode(&four).unwrap();
         assert!(old.denied.is_empty() && old.continuations.len() == 1);
         assert_eq!(old.budget.attempts, Some(3));
+    }
+
+    /// The one stored form: a trailing byte, a format-5 label on a run with no denial,
+    /// and a format-4 label on one that holds a denial are each refused.
+    #[test]
+    fn a_state_is_read_only_in_the_form_it_is_written() {
+        let mut run = RunState::new("r");
+        run.budget.attempts = Some(3);
+        let three = encode(&run);
+        assert!(decode::<RunState>(&[&three[..], &[0]].concat()).is_err());
+        let mut five = vec![STATE_FORMAT];
+        five.extend(postcard::to_allocvec(&run).unwrap());
+        assert!(
+            decode::<RunState>(&five).is_err(),
+            "format 5 with no denial"
+        );
+        run.denied.push(denied("0123456789abcdef"));
+        // Its full bytes under the format-4 label: postcard alone would read them (the
+        // tail format 4 appends is left over), and the denial with them.
+        let mut four = vec![FORMAT_4];
+        four.extend(postcard::to_allocvec(&run).unwrap());
+        assert!(
+            decode::<RunState>(&four).is_err(),
+            "format 4 holding a denial"
+        );
+        assert_eq!(decode::<RunState>(&encode(&run)).unwrap(), run);
     }
 
     #[test]
