@@ -10,7 +10,7 @@ use tally_record::{Decision, Effect, Kind, Status};
 use crate::call::{counts, use_grant_op, Keyed, View};
 use crate::config::Policy;
 use crate::judge::{grant_in_force, is_final, judge_keyed, Inconsistency};
-use crate::start::{carry_over, delegate, Family};
+use crate::start::{carry_denials, carry_over, delegate, Family};
 pub use crate::state::standing;
 use crate::state::Now;
 use crate::state::{
@@ -211,6 +211,8 @@ fn family_start(
         carry_over(run, old);
     }
     if let Some(p) = parent {
+        // A child is not a way around a human's no to its parent either.
+        carry_denials(run, p);
         delegate(p, record.budget.as_ref().unwrap_or(&Default::default()));
     }
 }

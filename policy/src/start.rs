@@ -283,9 +283,9 @@ pub fn carry_over(new: &mut RunState, old: &RunState) {
     }
 }
 
-/// The old run's denied calls, appended to the new run's after those it holds (the
-/// latest [`crate::state::MAX_DENIED`] kept, as on the run itself).
-fn carry_denials(new: &mut RunState, old: &RunState) {
+/// The old (or parent) run's denied calls, appended to the new run's after those it
+/// holds (the latest [`crate::state::MAX_DENIED`] kept, as on the run itself).
+pub(crate) fn carry_denials(new: &mut RunState, old: &RunState) {
     for d in &old.denied {
         if new.denied.iter().any(|n| n.request == d.request) {
             continue;

@@ -142,3 +142,31 @@ fn a_continuation_carries_the_denials_over() {
     let other = call("email.send", Effect::NonIdempotentWrite, json!({"to": "y"}));
     fresh.allow(&other, 20);
 }
+
+/// A child run its parent starts carries the parent's denials too.
+#[test]
+fn a_child_run_carries_its_parents_denials() {
+    let (mut sim, next, id) = asked();
+    assert_eq!(sim.apply_json(denial(&next, &id, "not to x", 30)), vec![]);
+    // The parent has no attempt left to hand down: the child's refusal is the denial,
+    // which comes before its budget in the order of the rules.
+    let start = crate::support::record(&json!({"run": "c1", "kind": "start", "at_ms": 40,
+        "parent": "r1", "budget": {"attempts": 0}}));
+    let mut child = tally_policy::RunState::new("c1");
+    let parent = sim.runs.get_mut("r1").expect("the parent");
+    let view = tally_policy::ViewMut {
+        run: &mut child,
+        tool: None,
+        credential: None,
+        principal: None,
+        parent: Some(parent),
+        continued: None,
+    };
+    let found = tally_policy::apply(&sim.policy, view, &start, crate::support::now(40));
+    assert_eq!(found, vec![]);
+    sim.runs.insert("c1".into(), child);
+    let mut in_child = next.clone();
+    in_child.run = "c1".into();
+    let d = sim.refused(&in_child, 50, Reason::DeniedByApprover);
+    assert_eq!(d.denied.expect("the denial").note, "not to x");
+}
