@@ -62,6 +62,9 @@ impl<B: StateBackend> Gate<B> {
         {
             return Err(inconsistent(&run, found));
         }
+        if let Some(id) = &record.answers {
+            self.claim_request(id)?;
+        }
         apply(policy, t.view_mut(&Scopes::run(&run)), &record, now);
         let logged = Logged {
             seq: 0,

@@ -63,6 +63,11 @@ pub(crate) struct Entry {
     /// Whether its call was asked again (a newer request of the same run, tool,
     /// operation and arguments) before it was answered.
     pub asked_again: bool,
+    /// Whether an answer to it was decided and is being made durable: a second answer
+    /// is refused from then on, before the first is in the book.
+    pub claimed: bool,
+    /// The seq of its answer, once answered.
+    pub answered_seq: Option<u64>,
 }
 
 impl Entry {
@@ -81,6 +86,14 @@ impl Entry {
     /// Whether it may still be answered, as far as the book knows.
     fn open(&self) -> bool {
         self.answer.is_none() && !self.asked_again
+    }
+
+    /// Whether this entry holds the answer to `asked`'s call: it is of the same call and
+    /// is being answered, or was answered after `asked` was asked.
+    fn answers_call_of(&self, asked: &Entry) -> bool {
+        self.same_call(&asked.record)
+            && ((self.claimed && self.answer.is_none())
+                || self.answered_seq.is_some_and(|seq| seq > asked.seq))
     }
 }
 
@@ -103,7 +116,7 @@ impl Book {
         if record.request.is_some() {
             self.add(record.clone(), seq);
         } else if let Some((id, answer)) = answer_of(record) {
-            self.answer(id, answer);
+            self.answer(id, answer, seq);
         }
     }
 
@@ -154,6 +167,8 @@ impl Book {
                 seq,
                 answer: None,
                 asked_again: false,
+                claimed: false,
+                answered_seq: None,
             },
         );
     }
@@ -163,11 +178,46 @@ impl Book {
         self.lock().get(id).cloned()
     }
 
-    /// Record the answer to `id`.
-    fn answer(&self, id: &str, answer: Answer) {
-        if let Some(e) = self.lock().get_mut(id) {
-            e.answer = Some(answer);
+    /// Record the answer to `id`. Another unanswered request of the same call is moot
+    /// from then on: that call has its answer.
+    fn answer(&self, id: &str, answer: Answer, seq: u64) {
+        let mut entries = self.lock();
+        let Some(e) = entries.get_mut(id) else {
+            return;
+        };
+        e.answer = Some(answer);
+        e.answered_seq = Some(seq);
+        let record = e.record.clone();
+        for e in entries.values_mut() {
+            if e.answer.is_none() && e.same_call(&record) {
+                e.asked_again = true;
+            }
         }
+    }
+
+    /// Claim request `id` for an answer being made durable: false if it is answered or
+    /// claimed already (or the book no longer holds it).
+    fn claim(&self, id: &str) -> bool {
+        let mut entries = self.lock();
+        let Some(asked) = entries.get(id) else {
+            return false;
+        };
+        if entries.values().any(|o| o.answers_call_of(asked)) {
+            return false;
+        }
+        if let Some(e) = entries.get_mut(id) {
+            e.claimed = true;
+        }
+        true
+    }
+
+    /// Whether request `id`'s call has its answer already, or one being made durable
+    /// (through it or through another request of the same call asked before).
+    fn call_answered(&self, id: &str) -> bool {
+        let entries = self.lock();
+        entries
+            .get(id)
+            .is_some_and(|asked| entries.values().any(|o| o.answers_call_of(asked)))
     }
 
     /// Every request the book holds.
@@ -332,13 +382,38 @@ impl<B: StateBackend> Gate<B> {
                 "request `{id}` is another run's; sign the request of the run it names"
             )));
         }
-        match state_of(&entry, Some((state, now))) {
+        // A request whose call was asked again may still be answered (the newer request
+        // asks the same): an agent that asks and asks cannot outrun the human. Once one
+        // of them is answered, or being answered, the call takes no other answer.
+        let answerable = Entry {
+            asked_again: false,
+            ..entry.clone()
+        };
+        match state_of(&answerable, Some((state, now))) {
+            RequestState::Pending if self.requests.call_answered(id) => {
+                Err(GateError::ApprovalRefused(format!(
+                    "request `{id}`'s call is answered already (through it or a request \
+                     of the same call): it takes no other answer"
+                )))
+            }
             RequestState::Pending => Ok(entry),
             RequestState::Expired => Err(GateError::RequestExpired(id.to_owned())),
             other => Err(GateError::ApprovalRefused(format!(
                 "request `{id}` is {}: it takes no other answer",
                 other.as_str()
             ))),
+        }
+    }
+
+    /// Claim request `id` for the answer this step records (after every check, before
+    /// the state changes): refused if another answer got there first.
+    pub(crate) fn claim_request(&self, id: &str) -> Result<(), GateError> {
+        if self.requests.claim(id) {
+            Ok(())
+        } else {
+            Err(GateError::ApprovalRefused(format!(
+                "request `{id}` was answered meanwhile: it takes no other answer"
+            )))
         }
     }
 
@@ -395,5 +470,43 @@ mod tests {
             "the flood's oldest went first"
         );
         assert!(book.get("flood-113").is_some(), "its newest is kept");
+    }
+
+    /// An approval of one request of a call and a denial of another request of the same
+    /// call, decided at once: the second claim is refused. A request of that call asked
+    /// after the answer is a new question.
+    #[test]
+    fn a_call_takes_one_answer_whichever_request_it_comes_through() {
+        let book = Book::default();
+        let same = |seq: u64| {
+            let mut d = asked("r", 7);
+            if let Some(r) = d.request.as_mut() {
+                r.id = format!("r-7-{seq}");
+            }
+            (d, seq)
+        };
+        for (d, seq) in [same(1), same(2)] {
+            book.note(&d, seq);
+        }
+        assert!(book.claim("r-7-1"), "the first answer claims the call");
+        assert!(
+            !book.claim("r-7-2"),
+            "a second, through another request, is refused"
+        );
+        assert!(book.call_answered("r-7-2"));
+        let approved = Answer {
+            state: RequestState::Approved,
+            by: "dana".into(),
+            note: None,
+        };
+        book.answer("r-7-1", approved, 3);
+        assert!(!book.claim("r-7-1") && !book.claim("r-7-2"));
+        let (later, seq) = same(4);
+        book.note(&later, seq);
+        assert!(
+            !book.call_answered("r-7-4"),
+            "asked after the answer: a new question"
+        );
+        assert!(book.claim("r-7-4"));
     }
 }

@@ -233,6 +233,9 @@ impl<B: StateBackend> Gate<B> {
         {
             return Err(inconsistent(&run, found));
         }
+        if let Some(id) = &record.answers {
+            self.claim_request(id)?;
+        }
         apply(policy, t.view_mut(&Scopes::run(&run)), &record, now);
         let limits = tally_policy::apply::standing(&state, now);
         // An answer to a request marks it in the book once it is durable.
