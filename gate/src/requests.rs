@@ -19,7 +19,8 @@ use crate::commit::AfterDurable;
 use crate::Approval;
 use crate::{Gate, GateError};
 
-/// The most requests the book keeps; the answered and moot go first, then the oldest.
+/// The most requests the book keeps; when full, the uid holding the most gives way, its
+/// answered and moot ones first, then its oldest.
 pub const MAX_REQUESTS: usize = 4096;
 
 /// The most requests the book keeps of one run: a run that asks more pushes out its own
@@ -158,7 +159,7 @@ impl Book {
             |e| e.record.run == record.run,
             MAX_REQUESTS_PER_RUN,
         );
-        make_room(&mut entries, |_| true, MAX_REQUESTS);
+        make_room_fairly(&mut entries);
         entries.insert(
             id,
             Entry {
@@ -239,6 +240,21 @@ fn make_room(entries: &mut BTreeMap<String, Entry>, mine: impl Fn(&Entry) -> boo
         .map(|(k, _)| k.clone());
     if let Some(k) = first {
         entries.remove(&k);
+    }
+}
+
+/// Room for one more when the book holds [`MAX_REQUESTS`]: taken from the uid that
+/// holds the most (an agent that floods the book over many runs pushes out its own).
+fn make_room_fairly(entries: &mut BTreeMap<String, Entry>) {
+    if entries.len() < MAX_REQUESTS {
+        return;
+    }
+    let mut held: BTreeMap<Option<u32>, usize> = BTreeMap::new();
+    for e in entries.values() {
+        *held.entry(e.record.uid).or_default() += 1;
+    }
+    if let Some((&uid, _)) = held.iter().max_by_key(|(_, n)| **n) {
+        make_room(entries, |e| e.record.uid == uid, 0);
     }
 }
 
@@ -508,5 +524,29 @@ mod tests {
             "asked after the answer: a new question"
         );
         assert!(book.claim("r-7-4"));
+    }
+
+    /// An agent flooding the book over many runs pushes out its own requests, never
+    /// another uid's.
+    #[test]
+    fn a_uid_flooding_over_many_runs_evicts_only_its_own() {
+        let book = Book::default();
+        let mut victim = asked("victim", 0);
+        victim.uid = Some(7);
+        book.note(&victim, 1);
+        let mut seq = 2;
+        for run in 0..(MAX_REQUESTS / MAX_REQUESTS_PER_RUN + 2) {
+            for n in 0..MAX_REQUESTS_PER_RUN as u64 {
+                let mut d = asked(&format!("flood{run}"), n);
+                d.uid = Some(1000);
+                book.note(&d, seq);
+                seq += 1;
+            }
+        }
+        assert_eq!(book.all().len(), MAX_REQUESTS);
+        assert!(
+            book.get("victim-0").is_some(),
+            "another uid's request stays"
+        );
     }
 }
