@@ -71,6 +71,18 @@ fn civil(ms: u64) -> (String, u64) {
     (format!("{year:04}-{month:02}-{day:02}"), ms % 86_400_000)
 }
 
+/// Whether `c` changes how a reader sees text it does not belong to: a bidi control
+/// (embeddings, overrides, isolates, and the marks LRM, RLM and ALM) or a Unicode line or
+/// paragraph separator. Agent text shown to a human escapes these as it escapes control
+/// characters.
+pub fn is_bidi(c: char) -> bool {
+    matches!(
+        c,
+        '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}'
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

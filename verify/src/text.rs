@@ -15,11 +15,7 @@ pub fn terminal_safe(report: &str) -> Cow<'_, str> {
     escaped(report, |c| (c.is_control() && c != '\n') || is_bidi(c))
 }
 
-pub use tally_record::words::{after_start, duration, plural, rfc3339, utc};
-
-fn is_bidi(c: char) -> bool {
-    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
+pub use tally_record::words::{after_start, duration, is_bidi, plural, rfc3339, utc};
 
 fn escaped(s: &str, bad: impl Fn(char) -> bool) -> Cow<'_, str> {
     if !s.chars().any(&bad) {
@@ -48,6 +44,7 @@ mod tests {
             "a\\u{d}\\u{1b}[10A\\u{1b}[Jb"
         );
         assert_eq!(shown("x\u{202e}y"), "x\\u{202e}y");
+        assert_eq!(shown("x\u{200f}y\u{2028}"), "x\\u{200f}y\\u{2028}");
         assert_eq!(shown("a\nb"), "a\\u{a}b");
     }
 

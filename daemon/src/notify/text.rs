@@ -4,6 +4,7 @@
 //! `<`, `>` are escaped (so `<!channel>` pings nobody and no link is forged), and it is
 //! cut to [`MAX_FIELD`] characters.
 
+use tally_ledger::words::is_bidi;
 use tally_wire::{ApprovalRequest, NotifyKind, RequestState};
 
 /// The most characters of one agent-chosen string shown.
@@ -39,11 +40,6 @@ pub fn inert(s: &str) -> String {
         shown += 1;
     }
     out
-}
-
-/// Bidi controls that reorder what a reader sees.
-fn is_bidi(c: char) -> bool {
-    matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// A duration in words: `4 min 10 s`.
