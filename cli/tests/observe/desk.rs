@@ -57,49 +57,16 @@ fn tally_top_approves_a_pending_request_with_a_key_press() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path();
     let (served, id) = asked(dir, &[]);
-    let socket = dir.join("tmux.sock");
-    let tmux = |args: &[&str]| {
-        Command::new("tmux")
-            .arg("-S")
-            .arg(&socket)
-            .args(args)
-            .output()
-            .expect("tmux")
-    };
-    let pane = |session: &str, want: &dyn Fn(&str) -> bool| -> String {
-        let started = Instant::now();
-        loop {
-            let o = tmux(&["capture-pane", "-p", "-t", session]);
-            let text = String::from_utf8_lossy(&o.stdout).into_owned();
-            if want(&text) {
-                return text;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "tally top never showed it:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
+    let tmux = super::tmux::Tmux::new(dir);
     let top = |session: &str, key: &str| {
         let command = format!(
             "cd {} && TERM=xterm-256color {} top --operator-socket operator.sock {key}",
             dir.display(),
             tally().path().display()
         );
-        let o = tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            session,
-            "-x",
-            "220",
-            "-y",
-            "40",
-            &command,
-        ]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        tmux.start(session, 220, &command);
     };
+    let pane = |session: &str, want: &dyn Fn(&str) -> bool| tmux.pane(session, want);
 
     // Read only: `a` says what is missing, and the call is still refused.
     top("desk-ro", "");
@@ -112,7 +79,7 @@ fn tally_top_approves_a_pending_request_with_a_key_press() {
         text.contains("\\u{202e}"),
         "the bidi override is not escaped:\n{text}"
     );
-    tmux(&["send-keys", "-t", "desk-ro", "a"]);
+    tmux.keys("desk-ro", &["a"]);
     pane("desk-ro", &|t| t.contains("without --approver-key"));
     let (_, again) = served.agent("POST", "/v1/check", Some(send_mail()));
     assert_eq!(again["decision"], "require_approval", "{again}");
@@ -128,9 +95,9 @@ fn tally_top_approves_a_pending_request_with_a_key_press() {
     // With the key: `a` on the selected (only pending) request. (Started before the
     // read-only one quits: the tmux server ends with its last session.)
     top("desk", "--approver-key dana.key");
-    tmux(&["send-keys", "-t", "desk-ro", "q"]);
+    tmux.keys("desk-ro", &["q"]);
     pane("desk", &|t| t.contains(&id) && t.contains("> "));
-    tmux(&["send-keys", "-t", "desk", "a"]);
+    tmux.keys("desk", &["a"]);
     let text = pane("desk", &|t| t.contains(&format!("approved {id}")));
     assert!(!text.contains("not approved"), "{text}");
     let (status, retry) = served.agent("POST", "/v1/check", Some(send_mail()));
@@ -148,8 +115,8 @@ fn tally_top_approves_a_pending_request_with_a_key_press() {
         (&json!("approved"), &json!("dana")),
         "{one}"
     );
-    tmux(&["send-keys", "-t", "desk", "q"]);
-    let _ = tmux(&["kill-server"]);
+    tmux.keys("desk", &["q"]);
+    let _ = tmux.run(&["kill-server"]);
 }
 
 /// `tally deny REQUEST --note`: the agent's next try of that call is refused
@@ -228,54 +195,21 @@ fn tally_top_denies_a_pending_request_with_a_note() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path();
     let (served, id) = asked(dir, &[]);
-    let socket = dir.join("tmux.sock");
-    let tmux = |args: &[&str]| {
-        Command::new("tmux")
-            .arg("-S")
-            .arg(&socket)
-            .args(args)
-            .output()
-            .expect("tmux")
-    };
-    let pane = |want: &dyn Fn(&str) -> bool| -> String {
-        let started = Instant::now();
-        loop {
-            let o = tmux(&["capture-pane", "-p", "-t", "deny"]);
-            let text = String::from_utf8_lossy(&o.stdout).into_owned();
-            if want(&text) {
-                return text;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "tally top never showed it:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
+    let tmux = super::tmux::Tmux::new(dir);
+    let pane = |want: &dyn Fn(&str) -> bool| tmux.pane("deny", want);
     let command = format!(
         "cd {} && TERM=xterm-256color {} top --operator-socket operator.sock --approver-key dana.key",
         dir.display(),
         tally().path().display()
     );
-    let o = tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        "deny",
-        "-x",
-        "220",
-        "-y",
-        "40",
-        &command,
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    tmux.start("deny", 220, &command);
     pane(&|t| t.contains(&id) && t.contains("> "));
     // `q` typed into the note is part of it, not a quit; Esc would cancel.
-    tmux(&["send-keys", "-t", "deny", "d"]);
+    tmux.keys("deny", &["d"]);
     pane(&|t| t.contains(&format!("why deny {id}?")));
-    tmux(&["send-keys", "-t", "deny", "-l", "not to x, quite"]);
+    tmux.keys("deny", &["-l", "not to x, quite"]);
     pane(&|t| t.contains("not to x, quite_"));
-    tmux(&["send-keys", "-t", "deny", "Enter"]);
+    tmux.keys("deny", &["Enter"]);
     let text = pane(&|t| t.contains(&format!("denied {id} recorded")));
     assert!(!text.contains("not denied"), "{text}");
     let (status, retry) = served.agent("POST", "/v1/check", Some(send_mail()));
@@ -298,8 +232,8 @@ fn tally_top_denies_a_pending_request_with_a_note() {
         (&json!("denied"), &json!("dana"), &json!("not to x, quite")),
         "{one}"
     );
-    tmux(&["send-keys", "-t", "deny", "q"]);
-    let _ = tmux(&["kill-server"]);
+    tmux.keys("deny", &["q"]);
+    let _ = tmux.run(&["kill-server"]);
 }
 
 /// The live page in headless Chromium shows the pending request (its id, countdown,

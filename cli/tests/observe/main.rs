@@ -26,6 +26,7 @@ mod restart;
 mod runs;
 mod service;
 mod spans;
+mod tmux;
 mod top;
 
 const POLICY: &str = r#"

@@ -100,47 +100,14 @@ fn tally_top_in_tmux_and_on_a_pipe() {
         return;
     }
     let session = format!("tally-top-{}", std::process::id());
-    let socket = dir.join("tmux.sock");
-    let tmux = |args: &[&str]| {
-        Command::new("tmux")
-            .arg("-S")
-            .arg(&socket)
-            .args(args)
-            .output()
-            .expect("tmux")
-    };
+    let tmux = super::tmux::Tmux::new(dir);
     let command = format!(
         "TERM=xterm-256color {} top --operator-socket {}",
         bin.display(),
         sock.display()
     );
-    let o = tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &session,
-        "-x",
-        "160",
-        "-y",
-        "40",
-        &command,
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let pane = |want: &dyn Fn(&str) -> bool| -> String {
-        let started = Instant::now();
-        loop {
-            let o = tmux(&["capture-pane", "-p", "-t", &session]);
-            let text = String::from_utf8_lossy(&o.stdout).into_owned();
-            if want(&text) {
-                return text;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "tally top never showed it:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
+    tmux.start(&session, 160, &command);
+    let pane = |want: &dyn Fn(&str) -> bool| tmux.pane(&session, want);
     let text = pane(&|t| t.contains("close-to-it") && t.contains("far-from-it"));
     assert!(
         text.find("close-to-it") < text.find("far-from-it"),
@@ -168,16 +135,16 @@ fn tally_top_in_tmux_and_on_a_pipe() {
         served.call("far-from-it", "search", json!({"q": "same"}));
     }
     pane(&|t| t.contains("loop_repeated_call"));
-    tmux(&["send-keys", "-t", &session, "q"]);
+    tmux.keys(&session, &["q"]);
     let started = Instant::now();
-    while tmux(&["has-session", "-t", &session]).status.success() {
+    while tmux.run(&["has-session", "-t", &session]).status.success() {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "q did not quit"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = tmux(&["kill-server"]);
+    let _ = tmux.run(&["kill-server"]);
 }
 
 /// What `tally top` reads, `GET /v1/live`, is tally-wire's `LiveSnapshot` field for field:
