@@ -29,6 +29,24 @@ fn manager(cluster: &Cluster, holder: &str, clock: &LeaseClock) -> Leases {
     Leases::open(&Options::new(&cluster.url()), holder, options).expect("lease manager")
 }
 
+/// One manager per host of `hosts`, each on its own connection, on `clock`.
+fn managers(cluster: &Cluster, hosts: &[&str], clock: &LeaseClock) -> Vec<Arc<Leases>> {
+    hosts
+        .iter()
+        .map(|h| Arc::new(manager(cluster, h, clock)))
+        .collect()
+}
+
+/// Define `scope` through `m` with a cap of `n` attempts, nothing settled or held.
+fn define_attempts(m: &Leases, scope: &Scope, n: u64) {
+    let caps = Caps {
+        attempts: Some(n),
+        ..Caps::default()
+    };
+    m.define(scope, caps, Amounts::default(), Amounts::default())
+        .expect("define");
+}
+
 fn at_noon() -> LeaseClock {
     LeaseClock::manual(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
 }
@@ -120,10 +138,7 @@ fn three_holders_racing_for_the_last_attempts_and_cents_never_lease_past_a_cap()
         return;
     };
     let clock = LeaseClock::database();
-    let managers: Vec<Arc<Leases>> = ["host-a", "host-b", "host-c"]
-        .iter()
-        .map(|h| Arc::new(manager(&cluster, h, &clock)))
-        .collect();
+    let managers = managers(&cluster, &["host-a", "host-b", "host-c"], &clock);
     let (settled, held) = (
         Amounts {
             attempts: 3,
@@ -254,17 +269,8 @@ fn a_dead_holders_slice_is_reclaimed_only_past_expiry_and_margin_and_once() {
     };
     let clock = at_noon();
     let scope = Scope::new(ScopeKind::Principal, "1000");
-    let reclaimers: Vec<Arc<Leases>> = ["host-b", "host-c", "host-d"]
-        .iter()
-        .map(|h| Arc::new(manager(&cluster, h, &clock)))
-        .collect();
-    let caps = Caps {
-        attempts: Some(10),
-        ..Caps::default()
-    };
-    reclaimers[0]
-        .define(&scope, caps, Amounts::default(), Amounts::default())
-        .expect("define");
+    let reclaimers = managers(&cluster, &["host-b", "host-c", "host-d"], &clock);
+    define_attempts(&reclaimers[0], &scope, 10);
     let dead = manager(&cluster, "host-a", &clock);
     let Grant::Granted(lost) = dead.grant(&scope, attempts(5)).expect("grant") else {
         panic!("refused");
@@ -414,17 +420,8 @@ fn a_restarted_server_loses_no_slice_and_grants_none_twice() {
     };
     let clock = LeaseClock::database();
     let scope = Scope::new(ScopeKind::Run, "r");
-    let managers: Vec<Arc<Leases>> = ["host-a", "host-b", "host-c"]
-        .iter()
-        .map(|h| Arc::new(manager(&cluster, h, &clock)))
-        .collect();
-    let caps = Caps {
-        attempts: Some(60),
-        ..Caps::default()
-    };
-    managers[0]
-        .define(&scope, caps, Amounts::default(), Amounts::default())
-        .expect("define");
+    let managers = managers(&cluster, &["host-a", "host-b", "host-c"], &clock);
+    define_attempts(&managers[0], &scope, 60);
     let mut before = Vec::new();
     for m in &managers {
         for _ in 0..4 {
@@ -484,13 +481,7 @@ fn the_outlook_counts_the_holders_and_sizes_their_slices() {
         .map(|h| manager(&cluster, h, &clock))
         .collect();
     let scope = Scope::new(ScopeKind::Credential, "openai-main");
-    let caps = Caps {
-        attempts: Some(400),
-        ..Caps::default()
-    };
-    managers[0]
-        .define(&scope, caps, Amounts::default(), Amounts::default())
-        .expect("define");
+    define_attempts(&managers[0], &scope, 400);
     let window = Duration::from_secs(60);
     // Alone: most of what is left.
     let seen = managers[0].outlook(&scope, window).expect("outlook");
