@@ -41,10 +41,8 @@ impl<B: StateBackend> Gate<B> {
     /// Record a continuation grant and start the new run it names. `done` gets the new
     /// run's start once the records are durable; a grant refused records nothing.
     pub fn continue_run(&self, caller: Caller, grant: Approval, done: Done<Started>) {
-        if !caller.operator {
-            return done(Err(GateError::NotAuthorized(
-                "continuation grants arrive on the operator socket".into(),
-            )));
+        if let Err(e) = caller.operator_only("continuation grants arrive on the operator socket") {
+            return done(Err(e));
         }
         self.transact(done, |t| self.continue_step(t, caller, grant))
     }

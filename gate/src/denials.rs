@@ -16,10 +16,8 @@ impl<B: StateBackend> Gate<B> {
     /// approver and digest check out: the run's next check of that exact call is
     /// refused `denied_by_approver` with the note. The request is `denied` once durable.
     pub fn deny(&self, caller: Caller, d: Denial, done: Done<Logged>) {
-        if !caller.operator {
-            return done(Err(GateError::NotAuthorized(
-                "denials arrive on the operator socket".into(),
-            )));
+        if let Err(e) = caller.operator_only("denials arrive on the operator socket") {
+            return done(Err(e));
         }
         self.transact(done, |t| self.deny_run(t, caller, d))
     }

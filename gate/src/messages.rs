@@ -12,3 +12,14 @@ pub struct Caller {
     /// its checks mark their attempts as the proxy's, whose outcomes only it reports.
     pub proxied: bool,
 }
+
+impl Caller {
+    /// Refused `not_authorized` (with `why`) unless this is the operator.
+    pub(crate) fn operator_only(&self, why: &str) -> Result<(), crate::GateError> {
+        if self.operator {
+            Ok(())
+        } else {
+            Err(crate::GateError::NotAuthorized(why.into()))
+        }
+    }
+}

@@ -126,10 +126,8 @@ impl<B: StateBackend> Gate<B> {
     /// `done` gets where the run stands once the records are durable (at once if
     /// nothing changed).
     pub fn pause(&self, caller: Caller, run: &str, paused: bool, done: Done<Standing>) {
-        if !caller.operator {
-            return done(Err(GateError::NotAuthorized(
-                "pause and resume are the operator's".into(),
-            )));
+        if let Err(e) = caller.operator_only("pause and resume are the operator's") {
+            return done(Err(e));
         }
         self.transact(done, |t| self.pause_run(t, caller, run, paused))
     }
@@ -179,10 +177,8 @@ impl<B: StateBackend> Gate<B> {
     /// check out. An approval for a stopped run or after the run's deadline is refused:
     /// it never revives a run.
     pub fn approve(&self, caller: Caller, a: Approval, done: Done<Logged>) {
-        if !caller.operator {
-            return done(Err(GateError::NotAuthorized(
-                "approvals arrive on the operator socket".into(),
-            )));
+        if let Err(e) = caller.operator_only("approvals arrive on the operator socket") {
+            return done(Err(e));
         }
         self.transact(done, |t| self.approve_run(t, caller, a))
     }
