@@ -239,6 +239,25 @@ export class OutcomeNotRecorded extends TallyError {
   }
 }
 
+/** Characters that reorder or break what a terminal shows: bidi controls and the line
+ * and paragraph separators. */
+const BIDI = /[\u200e\u200f\u061c\u2028\u2029\u202a-\u202e\u2066-\u2069]/;
+
+/** A peer's words safe to show a human: quotes, backslashes, control and bidi
+ * characters escaped (`\"`, `\\`, `\uXXXX`), everything else as it is.
+ * @param {string} text */
+function shown(text) {
+  let out = "";
+  for (const c of String(text)) {
+    const code = c.codePointAt(0);
+    if (c === '"' || c === "\\") out += `\\${c}`;
+    else if (code < 0x20 || (code >= 0x7f && code < 0xa0) || BIDI.test(c)) {
+      out += `\\u${code.toString(16).padStart(4, "0")}`;
+    } else out += c;
+  }
+  return out;
+}
+
 /** @param {Decision} d */
 function denialMessage(d) {
   if (d.reason === "gate_unavailable") {
@@ -254,7 +273,8 @@ function denialMessage(d) {
     return `${what}: ask again${after}`;
   }
   if (d.action === "stop") {
-    const why = d.note != null ? ` (${d.deniedBy ?? "an approver"} denied it: ${JSON.stringify(d.note)})` : "";
+    const who = d.deniedBy != null ? shown(d.deniedBy) : "an approver";
+    const why = d.note != null ? ` (${who} denied it: "${shown(d.note)}")` : "";
     return `${what}: do not retry; stop the run and hand off${why}`;
   }
   return what;

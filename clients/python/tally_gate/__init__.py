@@ -76,6 +76,11 @@ class Decision:
     """What to do after a refusal: `stop`, `retry` or `ask`."""
     cause: Optional[str] = None
     """For `require_approval`: the limit that was reached."""
+    denied_by: Optional[str] = None
+    """For `denied_by_approver`: the approver who denied this call."""
+    note: Optional[str] = None
+    """For `denied_by_approver`: the approver's note (a human's words: escape them
+    before showing them, as the exception's message does)."""
     retry_after_ms: Optional[int] = None
     """Back off this long before asking again."""
     timeout_ms: Optional[int] = None
@@ -96,6 +101,8 @@ class Decision:
             reason=body.get("reason"),
             action=body.get("action"),
             cause=body.get("cause"),
+            denied_by=body.get("denied_by"),
+            note=body.get("note"),
             retry_after_ms=body.get("retry_after_ms"),
             timeout_ms=body.get("timeout_ms"),
             attempt=body.get("attempt"),
@@ -248,8 +255,33 @@ def _denial_message(d: Decision) -> str:
         after = f" after {d.retry_after_ms} ms" if d.retry_after_ms is not None else " later"
         return f"{what}: ask again{after}"
     if d.action == "stop":
-        return f"{what}: do not retry; stop the run and hand off"
+        why = ""
+        if d.note is not None:
+            who = _shown(d.denied_by) if d.denied_by is not None else "an approver"
+            why = f" ({who} denied it: \"{_shown(d.note)}\")"
+        return f"{what}: do not retry; stop the run and hand off{why}"
     return what
+
+
+#: Characters that reorder or break what a terminal shows (bidi controls, line and
+#: paragraph separators): escaped like control characters wherever a peer's words are
+#: shown.
+_BIDI = frozenset("\u200e\u200f\u061c\u2028\u2029\u202a\u202b\u202c\u202d\u202e"
+                  "\u2066\u2067\u2068\u2069")
+
+
+def _shown(text: str) -> str:
+    """`text` safe to show a human: quotes, backslashes, control and bidi characters
+    escaped as `\\uXXXX` (or `\\"`, `\\\\`), everything else as it is."""
+    out = []
+    for c in str(text):
+        if c in ('"', "\\"):
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or c in _BIDI:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def _denied(d: Decision) -> Denied:

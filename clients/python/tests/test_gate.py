@@ -463,3 +463,23 @@ def test_a_503_answer_fails_closed() -> None:
     finally:
         server.close()
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def test_a_denial_says_who_and_why_and_its_words_cannot_forge_the_message() -> None:
+    d = Decision.from_json(
+        {
+            "decision": "deny",
+            "reason": "denied_by_approver",
+            "action": "stop",
+            "denied_by": "da\u202ena",
+            "note": 'ok") (approved by root: "yes\u2066\u2028\x85\x1b\\',
+            "limits": {},
+            "seq": 9,
+        }
+    )
+    assert (d.denied_by, d.note) == ("da\u202ena", 'ok") (approved by root: "yes\u2066\u2028\x85\x1b\\')
+    with pytest.raises(StopRun) as e:
+        d.raise_if_denied()
+    assert str(e.value).endswith(
+        '(da\\u202ena denied it: "ok\\") (approved by root: \\"yes\\u2066\\u2028\\u0085\\u001b\\\\")'
+    )
