@@ -133,9 +133,18 @@ impl Book {
 
     /// Fill the book from the decisions of `ledger`'s current key epoch, in order: the
     /// requests among them, the newest [`MAX_REQUESTS`] kept, with their answers. Reads
-    /// at most that one epoch, one record at a time.
+    /// at most that one epoch, one record at a time. A decision of the epoch that does
+    /// not open with the writer's own key means the log was altered or damaged: the
+    /// gate does not decide on what is left of it (fail closed).
     pub fn recall(&self, ledger: &Ledger) -> Result<tally_ledger::EpochRead, GateError> {
-        Ok(ledger.read_epoch(|seq, d| self.note(&d, seq))?)
+        let read = ledger.read_epoch(|seq, d| self.note(&d, seq))?;
+        if read.unreadable > 0 {
+            return Err(GateError::Unavailable(format!(
+                "{} decision record(s) of the ledger's current key epoch (from seq {}) do not open with the writer's own key: the log was altered or damaged, and the approval requests it holds cannot be read back. Run `tally verify` on the ledger to find them",
+                read.unreadable, read.from_seq
+            )));
+        }
+        Ok(read)
     }
 
     /// Keep the request `record` is (recorded at `seq`). The same request asked again
