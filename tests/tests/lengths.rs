@@ -29,7 +29,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("verify/src/analysis/run/outcome.rs", "outcome"),
     ("verify/src/consistency.rs", "check_anchors"),
     ("verify/src/merge.rs", "merge"),
-    ("verify/src/report.rs", "to_text"),
     ("verify/src/walk/seal.rs", "check_seal"),
 ];
 
