@@ -20,7 +20,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("policy/src/judge.rs", "allow"),
     ("policy/src/refusals.rs", "check"),
     ("policy/src/upstreams.rs", "problem"),
-    ("verify/src/analysis/run/outcome.rs", "outcome"),
     ("verify/src/consistency.rs", "check_anchors"),
     ("verify/src/merge.rs", "merge"),
     ("verify/src/walk/seal.rs", "check_seal"),
