@@ -22,7 +22,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("policy/src/upstreams.rs", "problem"),
     ("verify/src/consistency.rs", "check_anchors"),
     ("verify/src/merge.rs", "merge"),
-    ("verify/src/walk/seal.rs", "check_seal"),
 ];
 
 /// A long function's reason: a comment line above it (among its docs and attributes)

@@ -191,6 +191,23 @@ impl Walk<'_> {
 
     /// Check a checkpoint or anchor against the chain at the current position.
     fn check_seal(&mut self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
+        self.check_place(cp, what)?;
+        self.check_signature(cp, what)?;
+        self.check_head(cp, what)?;
+        if cp.wall_ms < self.chain.head_wall {
+            return Err((
+                FindingKind::CheckpointTime,
+                format!(
+                    "{what} time {} ms is before the entry it seals ({} ms)",
+                    cp.wall_ms, self.chain.head_wall
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a checkpoint or anchor is of this ledger and of the size read so far.
+    fn check_place(&self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
         let n = self.chain.next_seq;
         if cp.ledger_id != self.chain.ledger_id {
             return Err((
@@ -215,6 +232,13 @@ impl Walk<'_> {
                 },
             ));
         }
+        Ok(())
+    }
+
+    /// Whether a checkpoint or anchor is validly signed by the key of the epoch of the
+    /// entry it seals.
+    fn check_signature(&self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
+        let n = self.chain.next_seq;
         let key = self.chain.epoch_keys.get(cp.epoch as usize).copied();
         if cp.epoch != self.chain.head_epoch {
             let signed = match key {
@@ -246,6 +270,13 @@ impl Walk<'_> {
                 format!("{what} of epoch {}: {e}", cp.epoch),
             ));
         }
+        Ok(())
+    }
+
+    /// Whether a checkpoint or anchor signs the head the chain hashes to here, and the
+    /// same head as the others at this size.
+    fn check_head(&mut self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
+        let n = self.chain.next_seq;
         // The first head seen at this size (a checkpoint's or an anchor's) is the one
         // others must match: a constant-time check, however many checkpoints follow.
         match self.here.head {
@@ -265,15 +296,6 @@ impl Walk<'_> {
             return Err((
                 FindingKind::CheckpointHeadMismatch,
                 format!("{what} head {found} is not the chain's hash {want} at size {n}"),
-            ));
-        }
-        if cp.wall_ms < self.chain.head_wall {
-            return Err((
-                FindingKind::CheckpointTime,
-                format!(
-                    "{what} time {} ms is before the entry it seals ({} ms)",
-                    cp.wall_ms, self.chain.head_wall
-                ),
             ));
         }
         Ok(())
