@@ -16,7 +16,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("mcp/src/classify/mod.rs", "envelope"),
     ("policy/src/apply.rs", "apply_keyed"),
     ("policy/src/config.rs", "check"),
-    ("policy/src/judge.rs", "allow"),
     ("policy/src/refusals.rs", "check"),
     ("policy/src/upstreams.rs", "problem"),
     ("verify/src/consistency.rs", "check_anchors"),
