@@ -14,7 +14,6 @@ const BOUND: usize = 80;
 const KNOWN_LONG: &[(&str, &str)] = &[
     ("cli/src/hook/mod.rs", "pre"),
     ("mcp/src/classify/mod.rs", "envelope"),
-    ("policy/src/upstreams.rs", "problem"),
     ("verify/src/consistency.rs", "check_anchors"),
     ("verify/src/merge.rs", "merge"),
 ];
