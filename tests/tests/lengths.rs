@@ -13,7 +13,6 @@ const BOUND: usize = 80;
 /// (take it off).
 const KNOWN_LONG: &[(&str, &str)] = &[
     ("cli/src/hook/mod.rs", "pre"),
-    ("mcp/src/classify/mod.rs", "envelope"),
     ("verify/src/consistency.rs", "check_anchors"),
     ("verify/src/merge.rs", "merge"),
 ];
