@@ -88,35 +88,18 @@ pub fn apply_keyed(
         }
         None => None,
     };
-    let ViewMut {
-        run,
-        tool,
-        credential,
-        mut principal,
-        parent,
-        continued,
-    } = state;
-    // The principal's budget: the starting uid's for a start, else the run's owner's.
-    let uid = match record.kind() {
-        Kind::Start => record.uid,
-        _ => run.owner_uid,
-    };
-    let period = uid.and_then(|u| policy.principal(u)).map(|l| l.period_ms);
-    let principal_now = principal
-        .as_deref()
-        .zip(period)
-        .map(|(p, period)| p.at(now.wall_ms, period));
-    let mut found = count_unrecorded(run, record);
+    let principal_now = principal_now(policy, state.run, state.principal.as_deref(), record, now);
+    let mut found = count_unrecorded(state.run, record);
     found.extend(judge_keyed(
         policy,
         View {
-            run,
-            tool: tool.as_deref(),
-            credential: credential.as_deref(),
-            principal: principal.as_deref(),
+            run: state.run,
+            tool: state.tool.as_deref(),
+            credential: state.credential.as_deref(),
+            principal: state.principal.as_deref(),
             family: Family {
-                parent: parent.as_deref(),
-                continued,
+                parent: state.parent.as_deref(),
+                continued: state.continued,
                 open_runs_of_uid: None,
                 principal: principal_now,
                 refill: None,
@@ -126,13 +109,50 @@ pub fn apply_keyed(
         keyed,
         now,
     ));
+    fold(policy, state, record, keyed, now, principal_now, &found);
+    found
+}
+
+/// The principal's state in its current period: the starting uid's for a start, else
+/// the run's owner's, where the policy gives the uid a principal budget.
+fn principal_now(
+    policy: &Policy,
+    run: &RunState,
+    principal: Option<&PrincipalState>,
+    record: &Decision,
+    now: Now,
+) -> Option<PrincipalState> {
+    let uid = match record.kind() {
+        Kind::Start => record.uid,
+        _ => run.owner_uid,
+    };
+    let period = uid.and_then(|u| policy.principal(u)).map(|l| l.period_ms);
+    principal
+        .zip(period)
+        .map(|(p, period)| p.at(now.wall_ms, period))
+}
+
+/// Fold a judged record into the state, as the rules say of what `found` holds: a
+/// duplicate is counted once, a refund of nothing returns nothing.
+fn fold(
+    policy: &Policy,
+    state: ViewMut<'_>,
+    record: &Decision,
+    keyed: Option<&Keyed>,
+    now: Now,
+    principal_now: Option<PrincipalState>,
+    found: &[Inconsistency],
+) {
+    let ViewMut {
+        run,
+        tool,
+        credential,
+        mut principal,
+        parent,
+        continued,
+    } = state;
     let kind = record.kind();
-    let run_ms = run.run_ms(now);
-    // A refusal changes no state, the run's clock included: a networked gate keeps no
-    // state of a refusal, so the clock is what the run's writes left, on every host.
-    if kind != Kind::Deny {
-        run.last_ms = run.last_ms.max(run_ms);
-    }
+    let run_ms = tick(run, kind, now);
     let has = |f: fn(&Inconsistency) -> bool| found.iter().any(f);
     match kind {
         Kind::Start => {
@@ -183,20 +203,32 @@ pub fn apply_keyed(
                 approve(run, record);
             }
         }
-        Kind::Stop => {
-            if run.stop.is_none() {
-                run.stop = record.reason;
-            }
-        }
-        // The operator's pause: the run's calls are refused until a resume. A stopped
-        // run stays as it stopped (the record is a finding).
-        Kind::Pause | Kind::Resume => {
-            if run.stop.is_none() {
-                run.paused = kind == Kind::Pause;
-            }
-        }
+        Kind::Stop | Kind::Pause | Kind::Resume => halt(run, record),
     }
-    found
+}
+
+/// The run's clock at `now`, which a `kind` record moves on. A refusal changes no state,
+/// the run's clock included: a networked gate keeps no state of a refusal, so the clock
+/// is what the run's writes left, on every host.
+fn tick(run: &mut RunState, kind: Kind, now: Now) -> u64 {
+    let run_ms = run.run_ms(now);
+    if kind != Kind::Deny {
+        run.last_ms = run.last_ms.max(run_ms);
+    }
+    run_ms
+}
+
+/// A stop, or the operator's pause or resume: a stop is kept (the first one); a pause
+/// refuses the run's calls until a resume. A stopped run stays as it stopped (the record
+/// is a finding).
+fn halt(run: &mut RunState, record: &Decision) {
+    if run.stop.is_some() {
+        return;
+    }
+    match record.kind() {
+        Kind::Stop => run.stop = record.reason,
+        kind => run.paused = kind == Kind::Pause,
+    }
 }
 
 /// A started run's family: a continued run's use carried over, a child's budget taken

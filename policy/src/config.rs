@@ -452,10 +452,19 @@ impl Policy {
     /// not one a ledger recorded, see [`Policy::from_recorded`]) make every run useless:
     /// the key (a dotted path) and what to give instead.
     fn check(&self, new: bool) -> Result<(), (String, String)> {
-        let invalid = |key: &str, why: &str| Err((key.to_owned(), why.to_owned()));
         if new {
             self.check_useful()?;
         }
+        self.check_rules()?;
+        self.check_approvers()?;
+        self.check_periods()?;
+        self.check_upstreams()?;
+        self.check_ask_on()
+    }
+
+    /// The loop, retry, breaker and rate rules: each can be met.
+    fn check_rules(&self) -> Result<(), (String, String)> {
+        let invalid = |key: &str, why: &str| Err((key.to_owned(), why.to_owned()));
         let l = &self.loops;
         let at_least_one = "must be at least 1";
         if l.identical_consecutive == 0 {
@@ -497,6 +506,12 @@ impl Policy {
         if self.rate.call_timeout_ms == 0 {
             return invalid("rate.call_timeout_ms", "must be at least 1 (ms)");
         }
+        Ok(())
+    }
+
+    /// Each approver: a name and an Ed25519 public key.
+    fn check_approvers(&self) -> Result<(), (String, String)> {
+        let invalid = |key: &str, why: &str| Err((key.to_owned(), why.to_owned()));
         for (name, key) in &self.approvals.approvers {
             let ok = key.len() == 64
                 && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
@@ -508,6 +523,12 @@ impl Policy {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// The credentials' and principals' budgets: a period each, principals named by uid.
+    fn check_periods(&self) -> Result<(), (String, String)> {
+        let invalid = |key: &str, why: &str| Err((key.to_owned(), why.to_owned()));
         for (name, c) in &self.credentials {
             if c.period_ms == 0 {
                 return invalid(
@@ -537,7 +558,12 @@ impl Policy {
                 return invalid(&format!("{at}.period_ms"), "must be at least 1 (ms)");
             }
         }
-        self.check_upstreams()?;
+        Ok(())
+    }
+
+    /// The refusals a human is asked about: refusals, and ones a human can lift.
+    fn check_ask_on(&self) -> Result<(), (String, String)> {
+        let invalid = |key: &str, why: &str| Err((key.to_owned(), why.to_owned()));
         if self.approvals.ask_on.contains(&Reason::Completed) {
             return invalid("approvals.ask_on", "`completed` is not a refusal");
         }

@@ -54,14 +54,9 @@ pub(crate) fn read_fields(
     key: &str,
     allowed: &[&str],
 ) -> Result<BTreeMap<String, Field>, PolicyError> {
-    let invalid =
-        |key: String, why: String, span: Option<std::ops::Range<usize>>| PolicyError::Invalid {
-            key,
-            why,
-            line: span.map(|s| line_at(text, s.start)),
-        };
     let t = item.as_table_like().ok_or_else(|| {
         invalid(
+            text,
             key.to_owned(),
             "must be a table of prices".into(),
             item.span(),
@@ -73,6 +68,7 @@ pub(crate) fn read_fields(
         if !allowed.contains(&name) {
             let span = t.key(name).and_then(|k| k.span()).or(value.span());
             return Err(invalid(
+                text,
                 at,
                 format!(
                     "is not a known key here (expected one of: {})",
@@ -81,58 +77,77 @@ pub(crate) fn read_fields(
                 span,
             ));
         }
-        let span = value.span();
-        let v = value.as_value();
-        // The literal text of a number, exactly as written in the file.
-        let literal = match v {
-            Some(toml_edit::Value::String(s)) => Some(s.value().to_owned()),
-            Some(toml_edit::Value::Integer(_)) | Some(toml_edit::Value::Float(_)) => span
-                .clone()
-                .and_then(|s| text.get(s))
-                .map(|t| t.trim().to_owned()),
-            _ => None,
-        };
-        let integer = match v {
-            Some(toml_edit::Value::Integer(i)) => u64::try_from(*i.value()).ok(),
-            _ => None,
-        };
-        let usd = match literal {
-            Some(l) => parse_usd(&l).map_err(|e| {
-                invalid(
-                    at.clone(),
-                    format!("must be exact US dollars: {e}"),
-                    span.clone(),
-                )
-            }),
-            None => Err(invalid(
-                at.clone(),
-                "must be an amount of US dollars, like 0.15 or \"0.15\"".into(),
-                span.clone(),
-            )),
-        };
-        let text = match v {
-            Some(toml_edit::Value::String(s)) => Some(s.value().to_owned()),
-            _ => None,
-        };
-        let strings = match v {
-            Some(toml_edit::Value::Array(a)) => a
-                .iter()
-                .map(|x| x.as_str().map(str::to_owned))
-                .collect::<Option<Vec<String>>>(),
-            _ => None,
-        };
-        out.insert(
-            name.to_owned(),
-            Field {
-                usd,
-                integer,
-                text,
-                strings,
-                span,
-            },
-        );
+        out.insert(name.to_owned(), read_field(text, &at, value));
     }
     Ok(out)
+}
+
+/// The error of the key `key` in `text`, on the line of `span`.
+fn invalid(
+    text: &str,
+    key: String,
+    why: String,
+    span: Option<std::ops::Range<usize>>,
+) -> PolicyError {
+    PolicyError::Invalid {
+        key,
+        why,
+        line: span.map(|s| line_at(text, s.start)),
+    }
+}
+
+/// One field, at `at`: its amount read from its literal text, and its value as an
+/// integer, a string or an array of strings, whichever it is.
+fn read_field(text: &str, at: &str, value: &toml_edit::Item) -> Field {
+    let span = value.span();
+    let v = value.as_value();
+    // The literal text of a number, exactly as written in the file.
+    let literal = match v {
+        Some(toml_edit::Value::String(s)) => Some(s.value().to_owned()),
+        Some(toml_edit::Value::Integer(_)) | Some(toml_edit::Value::Float(_)) => span
+            .clone()
+            .and_then(|s| text.get(s))
+            .map(|t| t.trim().to_owned()),
+        _ => None,
+    };
+    let integer = match v {
+        Some(toml_edit::Value::Integer(i)) => u64::try_from(*i.value()).ok(),
+        _ => None,
+    };
+    let usd = match literal {
+        Some(l) => parse_usd(&l).map_err(|e| {
+            invalid(
+                text,
+                at.to_owned(),
+                format!("must be exact US dollars: {e}"),
+                span.clone(),
+            )
+        }),
+        None => Err(invalid(
+            text,
+            at.to_owned(),
+            "must be an amount of US dollars, like 0.15 or \"0.15\"".into(),
+            span.clone(),
+        )),
+    };
+    let text = match v {
+        Some(toml_edit::Value::String(s)) => Some(s.value().to_owned()),
+        _ => None,
+    };
+    let strings = match v {
+        Some(toml_edit::Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>(),
+        _ => None,
+    };
+    Field {
+        usd,
+        integer,
+        text,
+        strings,
+        span,
+    }
 }
 
 /// The amount `name`, which must be there.

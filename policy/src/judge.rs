@@ -161,65 +161,78 @@ fn allow(
     let call = &keyed.call;
     let run_ms = run.run_ms(now);
     let grant = recorded_grant(run, d, call, run_ms, found);
-    let op = keyed.op;
     // A grant naming the tool or operation is a human's reconciliation of it.
     let reconciled = grant.is_some_and(|g| g.scope.tool.is_some() || g.scope.operation.is_some());
     if d.effect == Some(Effect::NonIdempotentWrite) && !reconciled {
-        if let Some(&earlier) = run.unknown.get(&op) {
+        if let Some(&earlier) = run.unknown.get(&keyed.op) {
             found.push(Inconsistency::RepeatedUnknownWrite { attempt: earlier });
         }
     }
     let poll = keyed.poll(run);
-    let counted = counts(policy, &call.tool, poll.is_some());
-    let write = matches!(
-        d.effect,
-        Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
-    );
-    let reserve = d.reserve().map_or(0, |n| n.0);
-    if let Some(price) = policy.tool_price(&call.tool).filter(|p| p.0 > reserve) {
+    let uses = Uses {
+        counted: counts(policy, &call.tool, poll.is_some()),
+        write: matches!(
+            d.effect,
+            Some(Effect::IdempotentWrite | Effect::NonIdempotentWrite)
+        ),
+        reserve: d.reserve().map_or(0, |n| n.0),
+        poll,
+    };
+    if let Some(price) = policy.tool_price(&call.tool).filter(|p| p.0 > uses.reserve) {
         found.push(Inconsistency::ReserveBelowPrice {
-            reserved: reserve,
+            reserved: uses.reserve,
             price: price.0,
         });
     }
+    beyond_limits(run, d, &uses, grant, run_ms, found);
+}
+
+/// What an allowed call uses of its run's limits.
+struct Uses {
+    /// It uses an attempt.
+    counted: bool,
+    /// It is a write (a side effect).
+    write: bool,
+    /// What it reserves.
+    reserve: u64,
+    /// The remote operation it polls.
+    poll: Option<u64>,
+}
+
+/// Each limit in force (with what the grant adds) an allow goes beyond, and an allow
+/// after an overrun with no spend granted since.
+fn beyond_limits(
+    run: &RunState,
+    d: &Decision,
+    uses: &Uses,
+    grant: Option<&Grant>,
+    run_ms: u64,
+    found: &mut Vec<Inconsistency>,
+) {
     let extra_attempts = grant.and_then(|g| g.scope.attempts).unwrap_or(0);
     let extra_nanos = grant.and_then(|g| g.scope.spend()).map_or(0, |n| n.0);
     let with_extra = |limit: Option<u64>, extra: u64| limit.map(|l| l.saturating_add(extra));
-
-    let Some(attempts_used) = run.attempts_used.checked_add(u64::from(counted)) else {
-        found.push(Inconsistency::Overflow { field: "attempts" });
+    let Some((attempts_used, side_effects_used)) = counted_uses(run, uses, found) else {
         return;
     };
-    let Some(side_effects_used) = run.side_effects_used.checked_add(u64::from(write)) else {
-        found.push(Inconsistency::Overflow {
-            field: "side_effects",
-        });
-        return;
-    };
-    if run.held_nanos.checked_add(reserve).is_none() {
-        found.push(Inconsistency::Overflow {
-            field: "held_nanos",
-        });
-        return;
-    }
-    let spent = run.spent_nanos().saturating_add(reserve);
-    let polls_used = poll.map(|r| run.refs[&r].polls.saturating_add(1));
+    let spent = run.spent_nanos().saturating_add(uses.reserve);
+    let polls_used = uses.poll.map(|r| run.refs[&r].polls.saturating_add(1));
     let dims = [
         (
             Dimension::Attempts,
-            counted,
+            uses.counted,
             attempts_used,
             with_extra(run.attempts_limit(), extra_attempts),
         ),
         (
             Dimension::SideEffects,
-            write,
+            uses.write,
             side_effects_used,
             with_extra(run.side_effects_limit(), extra_attempts),
         ),
         (
             Dimension::SpendNanos,
-            reserve > 0,
+            uses.reserve > 0,
             spent,
             with_extra(run.spend_limit(), extra_nanos),
         ),
@@ -254,6 +267,28 @@ fn allow(
     if run.overrun && extra_nanos == 0 && run.spend_limit().is_some() {
         found.push(Inconsistency::AllowAfterOverrun);
     }
+}
+
+/// The attempts and side effects used with the call counted, and whether what it
+/// reserves can be held; a count that would overflow is a finding (and `None`).
+fn counted_uses(run: &RunState, uses: &Uses, found: &mut Vec<Inconsistency>) -> Option<(u64, u64)> {
+    let Some(attempts_used) = run.attempts_used.checked_add(u64::from(uses.counted)) else {
+        found.push(Inconsistency::Overflow { field: "attempts" });
+        return None;
+    };
+    let Some(side_effects_used) = run.side_effects_used.checked_add(u64::from(uses.write)) else {
+        found.push(Inconsistency::Overflow {
+            field: "side_effects",
+        });
+        return None;
+    };
+    if run.held_nanos.checked_add(uses.reserve).is_none() {
+        found.push(Inconsistency::Overflow {
+            field: "held_nanos",
+        });
+        return None;
+    }
+    Some((attempts_used, side_effects_used))
 }
 
 fn outcome(run: &RunState, d: &Decision, found: &mut Vec<Inconsistency>) {

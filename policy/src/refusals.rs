@@ -10,7 +10,7 @@ use crate::call::{counts, Call, View};
 use crate::config::{matches, target_matches, Policy};
 use crate::limits::past_deadline;
 use crate::rules::{loop_rule, poll_rule, retry_rule, PollRule};
-use crate::state::{Breaker, Now, RunState, ToolState};
+use crate::state::{Breaker, Bucket, Now, RunState, ToolState};
 
 /// A refusal: its reason, and when to try again where waiting helps.
 pub(crate) struct Refusal {
@@ -259,27 +259,13 @@ fn check(rule: Rule, c: &Check<'_>) -> Option<Refusal> {
         Rule::Deadline => {
             past_deadline(&run.budget, c.run_ms).then(|| refuse(Reason::RunDeadlineExhausted))
         }
-        // A human said no to exactly this call: no grant, no retry makes it a call.
-        Rule::Denied => run
-            .denial_of(
-                &call.tool,
-                call.operation.as_deref(),
-                call.args_digest.as_deref(),
-            )
-            .map(|_| refuse(Reason::DeniedByApprover)),
+        Rule::Denied => denied(run, call),
         Rule::Depth => match (call.depth, run.budget.depth) {
             (Some(depth), Some(limit)) if depth > limit => Some(refuse(Reason::ChainDepthExceeded)),
             _ => None,
         },
         Rule::Scope => scope(c.policy, call),
-        Rule::Blocked => (c
-            .policy
-            .scope
-            .blocked
-            .iter()
-            .any(|p| matches(p, &call.tool))
-            && !run.unblocked.iter().any(|t| t == &call.tool))
-        .then(|| refuse(Reason::ToolBlocked)),
+        Rule::Blocked => blocked(c.policy, run, call),
         Rule::Breaker => c
             .state
             .tool
@@ -301,54 +287,93 @@ fn check(rule: Rule, c: &Check<'_>) -> Option<Refusal> {
         Rule::AttemptNumbers => {
             (run.last_attempt == u64::MAX).then(|| refuse(Reason::AttemptsExhausted))
         }
-        // The reservation would overflow the run's spend: it never fits.
-        Rule::SpendOverflow => run
-            .held_nanos
-            .checked_add(run.settled_nanos)
-            .and_then(|n| n.checked_add(c.reserve))
-            .is_none()
-            .then(|| refuse(Reason::ReservationInsufficient)),
-        Rule::Attempts => (counts(c.policy, &call.tool, c.poll.is_some())
-            && run
-                .attempts_limit()
-                .is_some_and(|limit| run.attempts_used >= limit))
-        .then(|| refuse(Reason::AttemptsExhausted)),
-        Rule::SideEffects => (call.is_write()
-            && run
-                .side_effects_limit()
-                .is_some_and(|limit| run.side_effects_used >= limit))
-        .then(|| refuse(Reason::SideEffectLimitExceeded)),
+        Rule::SpendOverflow => spend_overflow(run, c.reserve),
+        Rule::Attempts => attempts(c),
+        Rule::SideEffects => side_effects(run, call),
         Rule::Spend => spend(run, c.reserve),
         Rule::RunRate => {
             let rate = &c.policy.rate;
-            run.bucket
-                .wait(rate.run_per_sec, rate.run_burst, c.now.wall_ms)
-                .map(|wait| retry(Reason::RateLimitExceeded, wait))
+            rate_limit(&run.bucket, rate.run_per_sec, rate.run_burst, c.now)
         }
         Rule::CredentialRate => {
             let rate = &c.policy.rate;
-            c.state
-                .credential?
-                .bucket
-                .wait(
-                    rate.credential_per_sec,
-                    rate.credential_burst,
-                    c.now.wall_ms,
-                )
-                .map(|wait| retry(Reason::RateLimitExceeded, wait))
+            let bucket = &c.state.credential?.bucket;
+            rate_limit(
+                bucket,
+                rate.credential_per_sec,
+                rate.credential_burst,
+                c.now,
+            )
         }
         Rule::ToolRate => {
             let rate = &c.policy.rate;
-            c.state
-                .tool?
-                .bucket
-                .wait(rate.tool_per_sec, rate.tool_burst, c.now.wall_ms)
-                .map(|wait| retry(Reason::RateLimitExceeded, wait))
+            rate_limit(
+                &c.state.tool?.bucket,
+                rate.tool_per_sec,
+                rate.tool_burst,
+                c.now,
+            )
         }
         Rule::ToolInFlight => tool_in_flight(c.policy, c.state.tool?, c.now.wall_ms),
         Rule::CredentialSpend => credential_spend(c),
         Rule::Principal => principal(c),
     }
+}
+
+/// [`Rule::Denied`]: a human said no to exactly this call: no grant, no retry makes it
+/// a call.
+fn denied(run: &RunState, call: &Call) -> Option<Refusal> {
+    run.denial_of(
+        &call.tool,
+        call.operation.as_deref(),
+        call.args_digest.as_deref(),
+    )
+    .map(|_| refuse(Reason::DeniedByApprover))
+}
+
+/// [`Rule::SpendOverflow`]: the reservation would overflow the run's spend: it never
+/// fits.
+fn spend_overflow(run: &RunState, reserve: u64) -> Option<Refusal> {
+    run.held_nanos
+        .checked_add(run.settled_nanos)
+        .and_then(|n| n.checked_add(reserve))
+        .is_none()
+        .then(|| refuse(Reason::ReservationInsufficient))
+}
+
+/// [`Rule::Blocked`]: the tool is one the policy blocks, and no human unblocked it for
+/// the run.
+fn blocked(policy: &Policy, run: &RunState, call: &Call) -> Option<Refusal> {
+    (policy.scope.blocked.iter().any(|p| matches(p, &call.tool))
+        && !run.unblocked.iter().any(|t| t == &call.tool))
+    .then(|| refuse(Reason::ToolBlocked))
+}
+
+/// [`Rule::Attempts`]: a call that uses an attempt, with none left.
+fn attempts(c: &Check<'_>) -> Option<Refusal> {
+    let run = c.state.run;
+    (counts(c.policy, &c.call.tool, c.poll.is_some())
+        && run
+            .attempts_limit()
+            .is_some_and(|limit| run.attempts_used >= limit))
+    .then(|| refuse(Reason::AttemptsExhausted))
+}
+
+/// [`Rule::SideEffects`]: a write, with no side effect left.
+fn side_effects(run: &RunState, call: &Call) -> Option<Refusal> {
+    (call.is_write()
+        && run
+            .side_effects_limit()
+            .is_some_and(|limit| run.side_effects_used >= limit))
+    .then(|| refuse(Reason::SideEffectLimitExceeded))
+}
+
+/// [`Rule::RunRate`], [`Rule::CredentialRate`], [`Rule::ToolRate`]: the bucket of
+/// `per_sec` calls (bursts of `burst`) has no call left at `now`: try again once it has.
+fn rate_limit(bucket: &Bucket, per_sec: u64, burst: u64, now: Now) -> Option<Refusal> {
+    bucket
+        .wait(per_sec, burst, now.wall_ms)
+        .map(|wait| retry(Reason::RateLimitExceeded, wait))
 }
 
 /// [`Rule::Scope`]: the tool, then the target, within the policy's scope.

@@ -631,6 +631,12 @@ impl Upstream {
     /// What is wrong with this upstream, if anything: the key under
     /// `upstreams.NAME` and why.
     pub(crate) fn problem(&self) -> Option<(&'static str, String)> {
+        self.request_problem().or_else(|| self.kind_problem())
+    }
+
+    /// What is wrong with where and how requests go: the URL, the credential, the
+    /// methods and paths allowed, the bounds, the CA file.
+    fn request_problem(&self) -> Option<(&'static str, String)> {
         if let Err(why) = split_url(&self.url) {
             return Some(("url", why));
         }
@@ -674,6 +680,12 @@ impl Upstream {
         if self.ca_file.as_deref() == Some("") {
             return Some(("ca_file", "is empty: give a PEM file's path".into()));
         }
+        None
+    }
+
+    /// What is set that this kind of upstream does not take: beta names, a clamp on
+    /// output, a cost header.
+    fn kind_problem(&self) -> Option<(&'static str, String)> {
         if !self.anthropic_beta.is_empty() && self.kind != UpstreamKind::Anthropic {
             return Some(("anthropic_beta", "is for `anthropic` upstreams only".into()));
         }

@@ -12,25 +12,8 @@ const BOUND: usize = 80;
 /// [`every_long_function_says_why`], and so does a listed one that was split or is gone
 /// (take it off).
 const KNOWN_LONG: &[(&str, &str)] = &[
-    ("cli/src/hook/mod.rs", "pre"),
-    ("mcp/src/classify/mod.rs", "envelope"),
-    ("policy/src/apply.rs", "apply_keyed"),
-    ("policy/src/config.rs", "check"),
-    ("policy/src/fields.rs", "read_fields"),
-    ("policy/src/judge.rs", "allow"),
-    ("policy/src/refusals.rs", "check"),
-    ("policy/src/upstreams.rs", "problem"),
-    ("verify/src/analysis/mod.rs", "fold"),
-    ("verify/src/analysis/render.rs", "finding_text"),
-    ("verify/src/analysis/render.rs", "render_loops_text"),
-    ("verify/src/analysis/render/handoffs.rs", "handoff_text"),
-    ("verify/src/analysis/run/call.rs", "call"),
-    ("verify/src/analysis/run/handoff.rs", "build"),
-    ("verify/src/analysis/run/outcome.rs", "outcome"),
     ("verify/src/consistency.rs", "check_anchors"),
     ("verify/src/merge.rs", "merge"),
-    ("verify/src/report.rs", "to_text"),
-    ("verify/src/walk/seal.rs", "check_seal"),
 ];
 
 /// A long function's reason: a comment line above it (among its docs and attributes)

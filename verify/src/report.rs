@@ -7,6 +7,7 @@ use serde::Serialize;
 use tally_ledger::Checkpoint;
 
 use crate::finding::Finding;
+use crate::text::plural;
 pub use crate::tree::AnchorStatus;
 
 /// The one-word outcome, and the exit code it maps to (docs/CLI.md).
@@ -203,8 +204,18 @@ impl Report {
 
     /// The human-readable report: a verdict line first, then details and findings.
     pub fn to_text(&self) -> String {
-        use crate::text::plural;
         let mut out = String::new();
+        self.verdict_text(&mut out);
+        self.seal_text(&mut out);
+        self.anchors_text(&mut out);
+        self.witness_text(&mut out);
+        self.damage_text(&mut out);
+        self.findings_text(&mut out);
+        out
+    }
+
+    /// The verdict line: intact, not verified, tampered, or incomplete and why.
+    fn verdict_text(&self, out: &mut String) {
         let last = self.entries.saturating_sub(1);
         match self.verdict() {
             Verdict::Intact => {
@@ -242,48 +253,56 @@ impl Report {
                     );
                 }
             },
-            Verdict::Incomplete => {
-                let why = match self.tail {
-                    Tail::Unsealed { from, count } => format!(
-                        "{} (seq {from}..={}) {} NOT sealed by any checkpoint",
-                        plural(count, "entry", "entries"),
-                        from + count - 1,
-                        if count == 1 { "is" } else { "are" }
-                    ),
-                    Tail::CutClean { offset } => format!(
-                        "the export ends at byte {offset} without its end marker (cut short, between frames)"
-                    ),
-                    Tail::Torn { offset, missing } => format!(
-                        "the export ends inside the frame at byte {offset}, {} short (cut short, or a torn write)",
-                        plural(missing, "byte", "bytes")
-                    ),
-                    Tail::UnsignedEnd => "the export's end marker is not signed by the log key (a copy cut at a checkpoint looks the same; export it again with this build)".into(),
-                    Tail::Complete if self.witnessed.as_ref().is_some_and(|w| !w.quorum) => {
-                        "no checkpoint in it is cosigned by the witness policy's quorum".into()
-                    }
-                    _ => "no matching anchor was given, and one is required (--require-anchor)".into(),
-                };
-                let sealed = match self.sealed {
-                    0 => "nothing is sealed".to_string(),
-                    s => format!(
-                        "seq 0..={} verified and sealed (last sealed seq {})",
-                        s - 1,
-                        s - 1
-                    ),
-                };
-                let read = match self.tail {
-                    Tail::CutClean { .. } | Tail::Torn { .. } if self.entries > self.sealed => {
-                        format!(
-                            "; seq {}..={} read but not sealed",
-                            self.sealed,
-                            self.entries - 1
-                        )
-                    }
-                    _ => String::new(),
-                };
-                let _ = writeln!(out, "INCOMPLETE: {sealed}; {why}{read}");
-            }
+            Verdict::Incomplete => self.incomplete_text(out),
         }
+    }
+
+    /// The INCOMPLETE verdict line: what is sealed, why the rest is not, and what was
+    /// read past the seal.
+    fn incomplete_text(&self, out: &mut String) {
+        let why = match self.tail {
+            Tail::Unsealed { from, count } => format!(
+                "{} (seq {from}..={}) {} NOT sealed by any checkpoint",
+                plural(count, "entry", "entries"),
+                from + count - 1,
+                if count == 1 { "is" } else { "are" }
+            ),
+            Tail::CutClean { offset } => format!(
+                "the export ends at byte {offset} without its end marker (cut short, between frames)"
+            ),
+            Tail::Torn { offset, missing } => format!(
+                "the export ends inside the frame at byte {offset}, {} short (cut short, or a torn write)",
+                plural(missing, "byte", "bytes")
+            ),
+            Tail::UnsignedEnd => "the export's end marker is not signed by the log key (a copy cut at a checkpoint looks the same; export it again with this build)".into(),
+            Tail::Complete if self.witnessed.as_ref().is_some_and(|w| !w.quorum) => {
+                "no checkpoint in it is cosigned by the witness policy's quorum".into()
+            }
+            _ => "no matching anchor was given, and one is required (--require-anchor)".into(),
+        };
+        let sealed = match self.sealed {
+            0 => "nothing is sealed".to_string(),
+            s => format!(
+                "seq 0..={} verified and sealed (last sealed seq {})",
+                s - 1,
+                s - 1
+            ),
+        };
+        let read = match self.tail {
+            Tail::CutClean { .. } | Tail::Torn { .. } if self.entries > self.sealed => {
+                format!(
+                    "; seq {}..={} read but not sealed",
+                    self.sealed,
+                    self.entries - 1
+                )
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(out, "INCOMPLETE: {sealed}; {why}{read}");
+    }
+
+    /// The ledger, its entries, and how far they are sealed.
+    fn seal_text(&self, out: &mut String) {
         let _ = writeln!(out, "  ledger      {}", self.ledger_id);
         let _ = writeln!(
             out,
@@ -315,6 +334,10 @@ impl Report {
                 plural(count, "entry", "entries")
             );
         }
+    }
+
+    /// The anchors given, head and tree, each with how it matched.
+    fn anchors_text(&self, out: &mut String) {
         for a in &self.anchors {
             let _ = writeln!(
                 out,
@@ -334,30 +357,37 @@ impl Report {
                 a.status
             );
         }
-        if let Some(w) = &self.witnessed {
-            if w.quorum {
+    }
+
+    /// How far the witness policy's quorum cosigned the ledger, if a policy was given.
+    fn witness_text(&self, out: &mut String) {
+        let Some(w) = &self.witnessed else { return };
+        if w.quorum {
+            let _ = writeln!(
+                out,
+                "  witnessed   seq 0..={} by a quorum ({}) at root {}",
+                w.size.saturating_sub(1),
+                w.witnesses.join(", "),
+                w.root.as_deref().unwrap_or("")
+            );
+            if w.size < self.entries {
                 let _ = writeln!(
                     out,
-                    "  witnessed   seq 0..={} by a quorum ({}) at root {}",
-                    w.size.saturating_sub(1),
-                    w.witnesses.join(", "),
-                    w.root.as_deref().unwrap_or("")
-                );
-                if w.size < self.entries {
-                    let _ = writeln!(
-                        out,
-                        "  unwitnessed seq {}..={} (sealed, not yet cosigned)",
-                        w.size,
-                        self.entries - 1
-                    );
-                }
-            } else {
-                let _ = writeln!(
-                    out,
-                    "  witnessed   nothing: no checkpoint cosigned by the policy's quorum"
+                    "  unwitnessed seq {}..={} (sealed, not yet cosigned)",
+                    w.size,
+                    self.entries - 1
                 );
             }
+        } else {
+            let _ = writeln!(
+                out,
+                "  witnessed   nothing: no checkpoint cosigned by the policy's quorum"
+            );
         }
+    }
+
+    /// Torn writes, a missing required anchor, and what the auditor key decrypted.
+    fn damage_text(&self, out: &mut String) {
         for t in &self.torn_writes {
             let _ = writeln!(
                 out,
@@ -385,25 +415,29 @@ impl Report {
                 plural(self.decisions, "decision", "decisions")
             );
         }
-        if !self.findings.is_empty() {
+    }
+
+    /// The findings kept, and how many more were left off.
+    fn findings_text(&self, out: &mut String) {
+        if self.findings.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "findings ({}):",
+            self.findings.len() as u64 + self.findings_omitted
+        );
+        for f in &self.findings {
             let _ = writeln!(
                 out,
-                "findings ({}):",
-                self.findings.len() as u64 + self.findings_omitted
+                "  seq {:<8} {:<26} {}",
+                f.seq,
+                f.kind.as_str(),
+                crate::text::shown(&f.detail)
             );
-            for f in &self.findings {
-                let _ = writeln!(
-                    out,
-                    "  seq {:<8} {:<26} {}",
-                    f.seq,
-                    f.kind.as_str(),
-                    crate::text::shown(&f.detail)
-                );
-            }
-            if self.findings_omitted > 0 {
-                let _ = writeln!(out, "  ... and {} more", self.findings_omitted);
-            }
         }
-        out
+        if self.findings_omitted > 0 {
+            let _ = writeln!(out, "  ... and {} more", self.findings_omitted);
+        }
     }
 }

@@ -84,8 +84,9 @@ impl Options {
 }
 
 /// The chain walk's state, each part in the file that moves it on: the chain
-/// (`entry`), the checkpoints here and what is sealed (`seal`), decryption, run links,
-/// findings, and what the source says of itself (here).
+/// (`entry`; only `chain`'s own methods change it), the checkpoints here and what is
+/// sealed (`seal`), decryption, run links, findings, and what the source says of itself
+/// (here).
 struct Walk<'a> {
     opts: &'a Options,
     /// The ordinal of the frame being read.
@@ -150,7 +151,7 @@ pub fn verify(
         w.flush(&mut sink);
         w.ordinal += 1;
         w.drain(&mut sink);
-        progress(w.chain.position);
+        progress(w.chain.position());
         let run = match (w.tree.close(), tree_thread) {
             (Some(run), _) => run,
             (None, Some(t)) => t
@@ -207,8 +208,8 @@ impl<'a> Walk<'a> {
                 if self.decrypt.batch_full() {
                     self.flush(sink);
                 }
-                if self.chain.position.is_multiple_of(65_536) {
-                    progress(self.chain.position);
+                if self.chain.position().is_multiple_of(65_536) {
+                    progress(self.chain.position());
                 }
             }
             Ok(Frame::Checkpoint(text)) => {
@@ -216,19 +217,19 @@ impl<'a> Walk<'a> {
                 self.checkpoint(&text)
             }
             Ok(Frame::Cosigned(bytes)) => {
-                let at = self.chain.position;
+                let at = self.chain.position();
                 self.tree.push(self.ordinal, TreeOp::Cosigned { bytes, at });
             }
             Err(SourceError::SignedEnd(end)) => self.signed_end(end),
             Err(SourceError::TreeFrame { size, root }) => {
-                let at = self.chain.position;
+                let at = self.chain.position();
                 self.tree
                     .push(self.ordinal, TreeOp::Frame { at, size, root });
             }
-            Err(SourceError::Chain(rule)) if self.ordinal == 1 => self.chain.rule = rule,
+            Err(SourceError::Chain(rule)) if self.ordinal == 1 => self.chain.announce(rule),
             Err(SourceError::Chain(_)) => self.find(
                 FindingKind::StoreError,
-                self.chain.position,
+                self.chain.position(),
                 "the source named its chain rule after its first frame",
             ),
             Err(SourceError::PlainEnd) => {
@@ -246,7 +247,7 @@ impl<'a> Walk<'a> {
             }
             Err(SourceError::FrameOverrunsEnd { offset, missing }) => self.find(
                 FindingKind::ExportMalformed,
-                self.chain.position,
+                self.chain.position(),
                 format!(
                     "the frame at byte {offset} claims {missing} bytes more than the export holds, \
                      yet the export ends with its end marker: the frame's length was altered"
@@ -254,11 +255,11 @@ impl<'a> Walk<'a> {
             ),
             Err(SourceError::Export(e)) => self.find(
                 FindingKind::ExportMalformed,
-                self.chain.position,
+                self.chain.position(),
                 e.to_string(),
             ),
             Err(SourceError::Store(e)) => {
-                self.find(FindingKind::StoreError, self.chain.position, e)
+                self.find(FindingKind::StoreError, self.chain.position(), e)
             }
             Err(SourceError::TornWrite {
                 segment,
@@ -268,7 +269,7 @@ impl<'a> Walk<'a> {
                 segment,
                 offset,
                 bytes: len,
-                before_seq: self.chain.position,
+                before_seq: self.chain.position(),
             }),
         }
     }
@@ -340,7 +341,7 @@ impl<'a> Walk<'a> {
             .map(|(i, _)| (self.findings.ordinals[i], i))
             .collect();
         let op = TreeOp::SignedEnd {
-            ledger: self.chain.ledger_id,
+            ledger: self.chain.ledger_id(),
             end: Box::new(end),
             checkpoints: self.told.checkpoints_read,
             altered,
@@ -393,7 +394,7 @@ impl<'a> Walk<'a> {
         let tree_anchors = tree_check.finish(&mut self.tree_out);
         self.drain_tree();
         self.missing_anchors();
-        let n = self.chain.position;
+        let n = self.chain.position();
         if n == 0
             && self.findings.kept.is_empty()
             && !matches!(self.told.tail, Tail::CutClean { .. } | Tail::Torn { .. })
@@ -418,10 +419,10 @@ impl<'a> Walk<'a> {
             t => t,
         };
         Report {
-            ledger_id: self.chain.ledger_id.to_string(),
+            ledger_id: self.chain.ledger_id().to_string(),
             entries: n,
-            decisions: self.chain.decisions,
-            epochs: self.chain.epoch_keys.len() as u32,
+            decisions: self.chain.decisions(),
+            epochs: self.chain.epoch_keys().len() as u32,
             sealed: self.sealed.size,
             last_checkpoint: self.sealed.last.as_ref().map(Into::into),
             anchors: self
@@ -436,7 +437,7 @@ impl<'a> Walk<'a> {
             require_anchor: self.opts.require_anchor,
             decrypted: self.opts.auditor.as_ref().map(|_| self.decrypt.decrypted),
             auditor_key_mismatch: self.decrypt.auditor_mismatch,
-            key_mismatch: self.chain.key_mismatch,
+            key_mismatch: self.chain.key_mismatch().cloned(),
             findings: self.findings.kept,
             findings_omitted: self.findings.omitted,
             tail,

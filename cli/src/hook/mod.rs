@@ -293,79 +293,97 @@ fn pre(h: &Hook, run: &str, p: &Payload) -> Result<Value> {
         session::started(h, &p.session_id, run)?;
     }
     let answer = &checked.answer;
+    match answer.decision {
+        Verdict::Allow => allowed(h, run, p, answer, effect),
+        Verdict::Deny => denied(h, p, answer),
+        Verdict::RequireApproval => asked(h, run, p, answer),
+    }
+}
+
+/// An allowed call: its attempt is remembered for its outcome, and the model is let go
+/// on (or, deferring, Claude Code's own permissions decide).
+fn allowed(
+    h: &Hook,
+    run: &str,
+    p: &Payload,
+    answer: &tally_api::CheckAnswer,
+    effect: String,
+) -> Result<Value> {
+    let attempt = answer
+        .attempt
+        .context("the gate allowed the call but gave no attempt number")?;
+    if let Some(id) = &p.tool_use_id {
+        let slot = session::Slot {
+            run: run.to_owned(),
+            attempt: Some(attempt),
+            effect: Some(effect),
+            asked: None,
+        };
+        session::remember(h, &p.session_id, id, &slot)?;
+    }
+    session::answered(h, &p.session_id, None)?;
+    if h.defer {
+        return Ok(json!({}));
+    }
+    Ok(decision(
+        "allow",
+        &format!("tally: allowed, attempt {attempt} of run {run}"),
+    ))
+}
+
+/// A refused call: the refusal is remembered for the session, and the model is told
+/// what it means and what to do.
+fn denied(h: &Hook, p: &Payload, answer: &tally_api::CheckAnswer) -> Result<Value> {
     let reason = answer.reason.map_or("", |r| r.as_str());
     let action = answer.action.map_or("", |a| a.as_str());
     let after = answer
         .retry_after_ms
         .map(|ms| format!("; retry after {}", tally_verify::text::duration(ms)))
         .unwrap_or_default();
-    let refused = |reason: &str, action: &str| {
-        session::answered(
-            h,
-            &p.session_id,
-            Some(session::Refusal {
-                reason: reason.to_owned(),
-                action: action.to_owned(),
-            }),
-        )
-    };
-    match answer.decision {
-        Verdict::Allow => {
-            let attempt = answer
-                .attempt
-                .context("the gate allowed the call but gave no attempt number")?;
-            if let Some(id) = &p.tool_use_id {
-                let slot = session::Slot {
-                    run: run.to_owned(),
-                    attempt: Some(attempt),
-                    effect: Some(effect),
-                    asked: None,
-                };
-                session::remember(h, &p.session_id, id, &slot)?;
-            }
-            session::answered(h, &p.session_id, None)?;
-            if h.defer {
-                return Ok(json!({}));
-            }
-            Ok(decision(
-                "allow",
-                &format!("tally: allowed, attempt {attempt} of run {run}"),
-            ))
-        }
-        Verdict::Deny => {
-            refused(reason, action)?;
-            Ok(decision(
-                "deny",
-                &format!(
-                    "tally refused this call: {reason}: {} (action {action}{after}). {}{}",
-                    meaning(reason),
-                    advice(action),
-                    denied_note(answer)
-                ),
-            ))
-        }
-        Verdict::RequireApproval => {
-            let cause = answer.cause.map_or(reason, |c| c.as_str());
-            refused(reason, "ask")?;
-            if let Some(id) = &p.tool_use_id {
-                // If the human lets the call run at Claude Code's prompt, its outcome
-                // event finds this, and says the call ran outside the gate's budget.
-                let slot = session::Slot {
-                    run: run.to_owned(),
-                    attempt: None,
-                    effect: None,
-                    asked: Some(cause.to_owned()),
-                };
-                session::remember(h, &p.session_id, id, &slot)?;
-            }
-            Ok(decision(
-                "ask",
-                &format!(
-                    "tally: this call needs a human's approval ({cause}); approve it here, or grant more with `tally approve --run {}`",
-                    shown(run)
-                ),
-            ))
-        }
+    session::answered(h, &p.session_id, Some(refusal(reason, action)))?;
+    Ok(decision(
+        "deny",
+        &format!(
+            "tally refused this call: {reason}: {} (action {action}{after}). {}{}",
+            meaning(reason),
+            advice(action),
+            denied_note(answer)
+        ),
+    ))
+}
+
+/// A call that needs a human's approval: Claude Code asks the human, and the call is
+/// remembered so that its outcome, if the human lets it run, says it ran outside the
+/// gate's budget.
+fn asked(h: &Hook, run: &str, p: &Payload, answer: &tally_api::CheckAnswer) -> Result<Value> {
+    let reason = answer.reason.map_or("", |r| r.as_str());
+    let cause = answer.cause.map_or(reason, |c| c.as_str());
+    session::answered(h, &p.session_id, Some(refusal(reason, "ask")))?;
+    if let Some(id) = &p.tool_use_id {
+        // If the human lets the call run at Claude Code's prompt, its outcome
+        // event finds this, and says the call ran outside the gate's budget.
+        let slot = session::Slot {
+            run: run.to_owned(),
+            attempt: None,
+            effect: None,
+            asked: Some(cause.to_owned()),
+        };
+        session::remember(h, &p.session_id, id, &slot)?;
+    }
+    Ok(decision(
+        "ask",
+        &format!(
+            "tally: this call needs a human's approval ({cause}); approve it here, or grant more with `tally approve --run {}`",
+            shown(run)
+        ),
+    ))
+}
+
+/// A refusal as the session keeps it.
+fn refusal(reason: &str, action: &str) -> session::Refusal {
+    session::Refusal {
+        reason: reason.to_owned(),
+        action: action.to_owned(),
     }
 }
 

@@ -429,19 +429,7 @@ fn envelope(members: &[(String, &RawValue)]) -> Result<Message, Refused> {
         answer: usable.clone(),
     };
 
-    let mut seen: Vec<&str> = Vec::with_capacity(members.len());
-    for (k, _) in members {
-        if seen.contains(&k.as_str()) {
-            return Err(refuse(Why::DuplicateKey {
-                key: k.clone(),
-                at: String::new(),
-            }));
-        }
-        if !ENVELOPE.contains(&k.as_str()) {
-            return Err(refuse(Why::UnknownMember(k.clone())));
-        }
-        seen.push(k);
-    }
+    known_members(members).map_err(&refuse)?;
     let get = |name: &str| -> Result<Option<Value>, Refused> {
         let Some((_, raw)) = members.iter().find(|(k, _)| k == name) else {
             return Ok(None);
@@ -461,7 +449,6 @@ fn envelope(members: &[(String, &RawValue)]) -> Result<Message, Refused> {
         Some(Err(why)) => return Err(refuse(why)),
         None => None,
     };
-
     match (method, result, error) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err(refuse(Why::Ambiguous(
             "has both a method and a result or error",
@@ -470,49 +457,79 @@ fn envelope(members: &[(String, &RawValue)]) -> Result<Message, Refused> {
         (None, None, None) => Err(refuse(Why::Ambiguous(
             "has no method, result or error: it is neither a request nor an answer",
         ))),
-        (None, result, error) => {
-            let Some(id) = id else {
-                return Err(refuse(Why::BadId("is missing from an answer")));
-            };
-            if params.is_some() {
-                return Err(refuse(Why::Ambiguous("is an answer with params")));
-            }
-            if result.as_ref().is_some_and(|r| !r.is_object())
-                || error.as_ref().is_some_and(|e| !e.is_object())
-            {
-                return Err(refuse(Why::Ambiguous(
-                    "is an answer whose result or error is not an object",
-                )));
-            }
-            Ok(Message::Response { id })
+        (None, result, error) => answer(id, &params, &result, &error).map_err(refuse),
+        (Some(method), None, None) => request(id, method, params).map_err(refuse),
+    }
+}
+
+/// Each member once, and each one the envelope may hold.
+fn known_members(members: &[(String, &RawValue)]) -> Result<(), Why> {
+    let mut seen: Vec<&str> = Vec::with_capacity(members.len());
+    for (k, _) in members {
+        if seen.contains(&k.as_str()) {
+            return Err(Why::DuplicateKey {
+                key: k.clone(),
+                at: String::new(),
+            });
         }
-        (Some(method), None, None) => {
-            let Value::String(method) = method else {
-                return Err(refuse(Why::MethodNotString));
+        if !ENVELOPE.contains(&k.as_str()) {
+            return Err(Why::UnknownMember(k.clone()));
+        }
+        seen.push(k);
+    }
+    Ok(())
+}
+
+/// An answer: its id, no params, and an object for its result or error.
+fn answer(
+    id: Option<Id>,
+    params: &Option<Value>,
+    result: &Option<Value>,
+    error: &Option<Value>,
+) -> Result<Message, Why> {
+    let Some(id) = id else {
+        return Err(Why::BadId("is missing from an answer"));
+    };
+    if params.is_some() {
+        return Err(Why::Ambiguous("is an answer with params"));
+    }
+    if result.as_ref().is_some_and(|r| !r.is_object())
+        || error.as_ref().is_some_and(|e| !e.is_object())
+    {
+        return Err(Why::Ambiguous(
+            "is an answer whose result or error is not an object",
+        ));
+    }
+    Ok(Message::Response { id })
+}
+
+/// A request (with an id: a known method, a tool call read whole) or a notification
+/// (without one), and its params.
+fn request(id: Option<Id>, method: Value, params: Option<Value>) -> Result<Message, Why> {
+    let Value::String(method) = method else {
+        return Err(Why::MethodNotString);
+    };
+    match id {
+        Some(id) => {
+            let Some(&known) = REQUESTS.iter().find(|m| **m == method) else {
+                return Err(Why::UnknownMethod(method));
             };
-            match id {
-                Some(id) => {
-                    let Some(&known) = REQUESTS.iter().find(|m| **m == method) else {
-                        return Err(refuse(Why::UnknownMethod(method)));
-                    };
-                    if known == "tools/call" {
-                        let call = call(params).map_err(|why| refuse(Why::BadParams(why)))?;
-                        return Ok(Message::Call { id, call });
-                    }
-                    check_params(&params).map_err(|why| refuse(Why::BadParams(why)))?;
-                    Ok(Message::Request { id, method: known })
-                }
-                None => {
-                    let Some(&known) = NOTIFICATIONS.iter().find(|m| **m == method) else {
-                        return Err(refuse(Why::UnknownNotification(method)));
-                    };
-                    check_params(&params).map_err(|why| refuse(Why::BadParams(why)))?;
-                    Ok(Message::Notification {
-                        method: known,
-                        params,
-                    })
-                }
+            if known == "tools/call" {
+                let call = call(params).map_err(Why::BadParams)?;
+                return Ok(Message::Call { id, call });
             }
+            check_params(&params).map_err(Why::BadParams)?;
+            Ok(Message::Request { id, method: known })
+        }
+        None => {
+            let Some(&known) = NOTIFICATIONS.iter().find(|m| **m == method) else {
+                return Err(Why::UnknownNotification(method));
+            };
+            check_params(&params).map_err(Why::BadParams)?;
+            Ok(Message::Notification {
+                method: known,
+                params,
+            })
         }
     }
 }

@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use tally_ledger::{Decision, Kind, Reason};
-use tally_policy::{Keyed, Now, Policy, Recorded, ViewMut};
+use tally_policy::{Keyed, Now, Policy, Recorded, RunState, ViewMut};
 
 pub use findings::AuditFinding;
 pub use handoff::{
@@ -112,6 +112,56 @@ pub struct Analysis {
     replay: ReplayReport,
     /// Which starts continue the run they name (the refill chains).
     links: refill::Links,
+}
+
+/// What one record is judged under, as the fold's steps share it.
+struct Judged<'a> {
+    e: &'a Event,
+    policy: &'a Policy,
+    /// The record's time on its run's clock, and as the core reads it.
+    at: When,
+    now: Now,
+    /// Whether the gate governs the run.
+    governed: bool,
+    /// The credential and principal whose budgets the record counts against.
+    credential: Option<String>,
+    principal_uid: Option<u32>,
+}
+
+/// The run at `slot` and, apart from it, its parent's at `parent_at`: both changed by
+/// one record.
+fn family(
+    runs: &mut [RunAnalysis],
+    slot: usize,
+    parent_at: Option<usize>,
+) -> (&mut RunAnalysis, Option<&mut RunAnalysis>) {
+    match parent_at {
+        Some(p) if p < slot => {
+            let (low, high) = runs.split_at_mut(slot);
+            (&mut high[0], Some(&mut low[p]))
+        }
+        Some(p) => {
+            let (low, high) = runs.split_at_mut(p);
+            (&mut low[slot], Some(&mut high[0]))
+        }
+        None => (&mut runs[slot], None),
+    }
+}
+
+/// A start continuing the run at `c`: the run at `slot` takes over the names its calls
+/// were described by.
+fn carry_names(runs: &mut [RunAnalysis], slot: usize, c: usize) {
+    if c == slot {
+        return;
+    }
+    let (run, old) = if c < slot {
+        let (low, high) = runs.split_at_mut(slot);
+        (&mut high[0], &low[c])
+    } else {
+        let (low, high) = runs.split_at_mut(c);
+        (&mut low[slot], &high[0])
+    };
+    run.carry_names(old);
 }
 
 impl Analysis {
@@ -227,31 +277,71 @@ impl Analysis {
             (Kind::Start, Some(c)) => self.index.get(c).map(|&c| runs[c].core.clone()),
             _ => None,
         };
-        let (run, mut parent) = match parent_at {
-            Some(p) if p < slot => {
-                let (low, high) = runs.split_at_mut(slot);
-                (&mut high[0], Some(&mut low[p]))
-            }
-            Some(p) => {
-                let (low, high) = runs.split_at_mut(p);
-                (&mut low[slot], Some(&mut high[0]))
-            }
-            None => (&mut runs[slot], None),
-        };
+        let (run, mut parent) = family(runs, slot, parent_at);
         let Some(policy) = self.policy_for(run, e) else {
             // A decision under a policy the ledger never recorded cannot be judged; the
             // replay reported it.
             return;
         };
+        let j = self.judged(run, e, &policy);
+        if j.governed && kind != Kind::Start {
+            self.authority(run, e);
+        }
+        // What the rules say of a call before it counts: replay's decision, the loop
+        // rules' verdicts.
+        // Attempts a governed run's allow skips are counted first, so the allow is judged
+        // (and decided again) on the state that counts them.
+        let mut found = tally_policy::count_unrecorded(&mut run.core, d);
+        let mut verdicts = run::Verdicts::default();
+        // The call an allow or deny describes, hashed once for the rules, replay and the
+        // fold.
+        let keyed = matches!(kind, Kind::Allow | Kind::Deny).then(|| Keyed::from_record(d));
+        if let Some(keyed) = &keyed {
+            verdicts = self.verdicts(run, &j, keyed);
+            self.replay_call(run, &j, keyed);
+        }
+        self.list_settlement(run, e);
+        // The one fold.
+        found.extend(self.apply(
+            &j,
+            run,
+            parent.as_mut().map(|p| &mut p.core),
+            continued.as_ref(),
+            keyed.as_ref(),
+        ));
+        if let (Kind::Start, Some(&c)) =
+            (kind, d.continues.as_ref().and_then(|c| self.index.get(c)))
+        {
+            carry_names(runs, slot, c);
+        }
+        // A start refilling a budget beyond the allowance: the core's count, on the runs
+        // as they stand (the one started is not in its own chain).
+        found.extend(self.links.judge(&policy, runs, &self.index, d));
+        let run = &mut runs[slot];
+        self.keep_findings(run, e, found);
+        run.describe(
+            e,
+            j.at,
+            verdicts,
+            &mut self.names,
+            &mut self.storms,
+            &policy,
+            &mut self.loops,
+        );
+    }
+
+    /// What a record of `run` is judged under: the policy, its time on the run's clock,
+    /// whether the gate governs the run, and the credential and principal it counts
+    /// against.
+    fn judged<'a>(&self, run: &RunAnalysis, e: &'a Event, policy: &'a Policy) -> Judged<'a> {
+        let d = &e.decision;
+        let kind = d.kind();
         let at = run.when(d, e.wall_ms);
         let now = Now {
             wall_ms: run.core.start_wall_ms.saturating_add(at.run_ms),
             at_ms: Some(at.run_ms),
         };
         let governed = run.digest.is_some() || (kind == Kind::Start && d.policy.is_some());
-        if governed && kind != Kind::Start {
-            self.authority(run, e);
-        }
         let credential = d
             .credential
             .clone()
@@ -269,71 +359,90 @@ impl Analysis {
             _ => run.core.owner_uid,
         }
         .filter(|u| governed && policy.principal(*u).is_some());
-        // What the rules say of a call before it counts: replay's decision, the loop
-        // rules' verdicts.
-        // Attempts a governed run's allow skips are counted first, so the allow is judged
-        // (and decided again) on the state that counts them.
-        let mut found = tally_policy::count_unrecorded(&mut run.core, d);
-        let mut verdicts = run::Verdicts::default();
-        // The call an allow or deny describes, hashed once for the rules, replay and the
-        // fold.
-        let keyed = matches!(kind, Kind::Allow | Kind::Deny).then(|| Keyed::from_record(d));
-        if let Some(keyed) = &keyed {
-            let breaker = d.tool.as_deref().and_then(|t| self.storms.breaker(t));
-            verdicts = run.verdicts(&policy, keyed, at.run_ms, breaker, e.wall_ms);
-            let recorded = d.reason.filter(|_| kind == Kind::Deny);
-            if recorded == Some(Reason::ApprovalRequired) {
-                // The record names no cause: the core, deciding the call again on the
-                // state before it, says which limit a grant would lift.
-                let view = tally_policy::View {
-                    run: &run.core,
-                    tool: None,
-                    credential: credential.as_ref().and_then(|c| self.credentials.get(c)),
-                    principal: principal_uid.and_then(|u| self.principals.get(&u)),
-                    family: Default::default(),
-                };
-                let digest = d.policy.as_deref().unwrap_or("");
-                verdicts.cause =
-                    tally_policy::decide(&policy, digest, view, &keyed.call, now).cause;
-            }
-            if governed && d.policy.is_some() && run.core.stop.is_none() {
-                if recorded.is_some_and(replay::outside_the_records) {
-                    self.replay.taken_as_recorded += 1;
-                } else {
-                    self.replay.replayed += 1;
-                    let cred = credential.as_ref().and_then(|c| self.credentials.get(c));
-                    let principal = principal_uid.and_then(|u| self.principals.get(&u));
-                    let digest = d.policy.as_deref().unwrap_or("");
-                    let period = principal_uid
-                        .and_then(|u| policy.principal(u))
-                        .map(|l| l.period_ms);
-                    if let Some(kind) = replay::judge(
-                        &policy,
-                        digest,
-                        &run.core,
-                        (cred, principal),
-                        d,
-                        &keyed.call,
-                        recorded,
-                        now,
-                    ) {
-                        let at_edge = principal
-                            .zip(period)
-                            .is_some_and(|(p, period)| replay::near_period_end(p, period, now));
-                        if replay::about_principal(&kind) && at_edge {
-                            // Replay times a run by its start's ledger time, which trails
-                            // the gate's clock by the commit: at a period's edge the two
-                            // may roll it over a decision apart. Not judged.
-                            self.replay.replayed -= 1;
-                            self.replay.taken_as_recorded += 1;
-                        } else {
-                            self.replay.find(e.seq, &d.run, kind);
-                        }
-                    }
-                }
+        Judged {
+            e,
+            policy,
+            at,
+            now,
+            governed,
+            credential,
+            principal_uid,
+        }
+    }
+
+    /// What the rules say of an allow or deny before it counts; for an
+    /// `approval_required` refusal, the limit a grant would lift.
+    fn verdicts(&self, run: &RunAnalysis, j: &Judged, keyed: &Keyed) -> run::Verdicts {
+        let d = &j.e.decision;
+        let breaker = d.tool.as_deref().and_then(|t| self.storms.breaker(t));
+        let mut verdicts = run.verdicts(j.policy, keyed, j.at.run_ms, breaker, j.e.wall_ms);
+        let recorded = d.reason.filter(|_| d.kind() == Kind::Deny);
+        if recorded == Some(Reason::ApprovalRequired) {
+            // The record names no cause: the core, deciding the call again on the
+            // state before it, says which limit a grant would lift.
+            let view = tally_policy::View {
+                run: &run.core,
+                tool: None,
+                credential: j.credential.as_ref().and_then(|c| self.credentials.get(c)),
+                principal: j.principal_uid.and_then(|u| self.principals.get(&u)),
+                family: Default::default(),
+            };
+            let digest = d.policy.as_deref().unwrap_or("");
+            verdicts.cause = tally_policy::decide(j.policy, digest, view, &keyed.call, j.now).cause;
+        }
+        verdicts
+    }
+
+    /// Replay: the core decides a governed run's call again, and a different decision
+    /// is a finding (a decision the records cannot replay is taken as recorded).
+    fn replay_call(&mut self, run: &RunAnalysis, j: &Judged, keyed: &Keyed) {
+        let (e, policy, now) = (j.e, j.policy, j.now);
+        let d = &e.decision;
+        let recorded = d.reason.filter(|_| d.kind() == Kind::Deny);
+        if !(j.governed && d.policy.is_some() && run.core.stop.is_none()) {
+            return;
+        }
+        if recorded.is_some_and(replay::outside_the_records) {
+            self.replay.taken_as_recorded += 1;
+            return;
+        }
+        self.replay.replayed += 1;
+        let cred = j.credential.as_ref().and_then(|c| self.credentials.get(c));
+        let principal = j.principal_uid.and_then(|u| self.principals.get(&u));
+        let digest = d.policy.as_deref().unwrap_or("");
+        let period = j
+            .principal_uid
+            .and_then(|u| policy.principal(u))
+            .map(|l| l.period_ms);
+        if let Some(kind) = replay::judge(
+            policy,
+            digest,
+            &run.core,
+            (cred, principal),
+            d,
+            &keyed.call,
+            recorded,
+            now,
+        ) {
+            let at_edge = principal
+                .zip(period)
+                .is_some_and(|(p, period)| replay::near_period_end(p, period, now));
+            if replay::about_principal(&kind) && at_edge {
+                // Replay times a run by its start's ledger time, which trails
+                // the gate's clock by the commit: at a period's edge the two
+                // may roll it over a decision apart. Not judged.
+                self.replay.replayed -= 1;
+                self.replay.taken_as_recorded += 1;
+            } else {
+                self.replay.find(e.seq, &d.run, kind);
             }
         }
-        // An outcome settling above its reservation: listed, as the core counts it.
+    }
+
+    /// An outcome settling above its reservation, as the core counts it, or whose usage
+    /// the proxy refused: listed.
+    fn list_settlement(&mut self, run: &RunAnalysis, e: &Event) {
+        let d = &e.decision;
         if let Some(o) = tally_policy::overrun(&run.core, d) {
             self.overruns.push(Overrun {
                 seq: e.seq,
@@ -344,7 +453,7 @@ impl Analysis {
                 overrun_nanos: o.excess().0,
             });
         }
-        if let (Kind::Outcome, Some(why), Some(attempt)) = (kind, d.usage_refused, d.attempt) {
+        if let (Kind::Outcome, Some(why), Some(attempt)) = (d.kind(), d.usage_refused, d.attempt) {
             self.usage_refused.push(RefusedUsage {
                 seq: e.seq,
                 run: d.run.clone(),
@@ -353,43 +462,43 @@ impl Analysis {
                 settled_nanos: d.settled().map_or(0, |n| n.0),
             });
         }
-        // The one fold.
-        let cred_state = credential
+    }
+
+    /// The one fold: the core applies the record to the run, its parent, and the
+    /// credential's and principal's budgets, and says what was inconsistent.
+    fn apply(
+        &mut self,
+        j: &Judged,
+        run: &mut RunAnalysis,
+        parent: Option<&mut RunState>,
+        continued: Option<&RunState>,
+        keyed: Option<&Keyed>,
+    ) -> Vec<Inconsistency> {
+        let cred_state = j
+            .credential
             .as_ref()
             .map(|c| self.credentials.entry(c.clone()).or_default());
-        let principal_state = principal_uid.map(|u| self.principals.entry(u).or_default());
-        found.extend(tally_policy::apply_keyed(
-            &policy,
+        let principal_state = j
+            .principal_uid
+            .map(|u| self.principals.entry(u).or_default());
+        tally_policy::apply_keyed(
+            j.policy,
             ViewMut {
                 run: &mut run.core,
                 tool: None,
                 credential: cred_state,
                 principal: principal_state,
-                parent: parent.as_mut().map(|p| &mut p.core),
-                continued: continued.as_ref(),
+                parent,
+                continued,
             },
-            d,
-            keyed.as_ref(),
-            now,
-        ));
-        if let (Kind::Start, Some(&c)) =
-            (kind, d.continues.as_ref().and_then(|c| self.index.get(c)))
-        {
-            if c != slot {
-                let (run, old) = if c < slot {
-                    let (low, high) = runs.split_at_mut(slot);
-                    (&mut high[0], &low[c])
-                } else {
-                    let (low, high) = runs.split_at_mut(c);
-                    (&mut low[slot], &high[0])
-                };
-                run.carry_names(old);
-            }
-        }
-        // A start refilling a budget beyond the allowance: the core's count, on the runs
-        // as they stand (the one started is not in its own chain).
-        found.extend(self.links.judge(&policy, runs, &self.index, d));
-        let run = &mut runs[slot];
+            &j.e.decision,
+            keyed,
+            j.now,
+        )
+    }
+
+    /// The findings of a record: kept up to the per-run limit, counted beyond it.
+    fn keep_findings(&mut self, run: &mut RunAnalysis, e: &Event, found: Vec<Inconsistency>) {
         for kind in found {
             run.findings += 1;
             if run.findings > self.config.max_findings_per_run {
@@ -397,20 +506,11 @@ impl Analysis {
             } else {
                 self.findings.push(AuditFinding {
                     seq: e.seq,
-                    run: d.run.clone(),
+                    run: e.decision.run.clone(),
                     kind,
                 });
             }
         }
-        run.describe(
-            e,
-            at,
-            verdicts,
-            &mut self.names,
-            &mut self.storms,
-            &policy,
-            &mut self.loops,
-        );
     }
 
     /// What only the gate writes, checked for a run it governs (SECURITY.md 5.7): who

@@ -70,90 +70,120 @@ pub fn render_loops_text(report: &Report) -> String {
     );
     for (i, l) in report.loops.iter().enumerate() {
         let _ = writeln!(out);
-        let runs = match l.runs.as_slice() {
-            [one] => format!("run {}", shown(one)),
-            many => format!("{} runs ({})", many.len(), names(many)),
-        };
-        let _ = writeln!(
-            out,
-            "{}. {} in {runs}: {}",
-            i + 1,
-            l.pattern.as_str(),
-            name(l.tool.as_deref(), l.operation.as_deref())
-        );
-        let span = match l.clock {
-            Clock::Run => format!(
-                "from {} to {} after the run started ({})",
-                duration(l.first_ms),
-                duration(l.last_ms),
-                duration(l.span_ms)
-            ),
-            Clock::Wall => format!(
-                "recorded {} .. {} ({})",
-                utc(l.first_ms),
-                utc(l.last_ms),
-                duration(l.span_ms)
-            ),
-        };
-        let _ = writeln!(
-            out,
-            "   {}, seq {}..{}, {span}",
-            plural(l.count, "call", "calls"),
-            l.first_seq,
-            l.last_seq
-        );
-        let mut evidence = Vec::new();
-        if l.failures > 0 {
-            evidence.push(plural(l.failures, "failure", "failures"));
-        }
-        if l.ignored_retry_after > 0 {
-            evidence.push(format!(
-                "{} before the upstream's Retry-After",
-                plural(l.ignored_retry_after, "call", "calls")
-            ));
-        }
-        if let Some(p) = &l.poll {
-            if p.over_allowance {
-                match p.allowance {
-                    Some(a) => evidence.push(format!("past its poll allowance of {a}")),
-                    None => evidence.push("refused for its poll allowance".to_owned()),
-                }
-            }
-            evidence.push(format!(
-                "{} of observed state, longest stretch unchanged {}",
-                plural(p.state_changes, "change", "changes"),
-                plural(p.unchanged_polls, "poll", "polls")
-            ));
-            if let Some(s) = &p.last_observed {
-                evidence.push(format!("last seen \"{}\"", shown(s)));
-            }
-        }
-        if let Some(r) = &l.remote_ref {
-            evidence.push(format!("remote operation {}", shown(r)));
-        }
-        if !evidence.is_empty() {
-            let _ = writeln!(out, "   {}", evidence.join("; "));
-        }
-        let model = match l.model_spend_nanos {
-            Some(m) if m > 0 => format!("; model calls meanwhile settled {}", Nanos(m)),
-            _ => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "   spend during the loop: {} reserved, {} settled{model}",
-            Nanos(l.reserved_nanos),
-            Nanos(l.settled_nanos)
-        );
-        if !l.workers.is_empty() {
-            let _ = writeln!(out, "   workers: {}", names(&l.workers));
-        }
-        let _ = writeln!(out, "   ended: {}", loop_end(&l.ended_by));
+        loop_text(&mut out, i, l);
     }
     out
 }
 
+/// One loop's paragraph: what repeated and where, how often and when, the evidence,
+/// the spend meanwhile, the workers, and how it ended.
+fn loop_text(out: &mut String, i: usize, l: &Loop) {
+    let runs = match l.runs.as_slice() {
+        [one] => format!("run {}", shown(one)),
+        many => format!("{} runs ({})", many.len(), names(many)),
+    };
+    let _ = writeln!(
+        out,
+        "{}. {} in {runs}: {}",
+        i + 1,
+        l.pattern.as_str(),
+        name(l.tool.as_deref(), l.operation.as_deref())
+    );
+    let _ = writeln!(
+        out,
+        "   {}, seq {}..{}, {}",
+        plural(l.count, "call", "calls"),
+        l.first_seq,
+        l.last_seq,
+        loop_span(l)
+    );
+    let evidence = loop_evidence(l);
+    if !evidence.is_empty() {
+        let _ = writeln!(out, "   {}", evidence.join("; "));
+    }
+    let model = match l.model_spend_nanos {
+        Some(m) if m > 0 => format!("; model calls meanwhile settled {}", Nanos(m)),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "   spend during the loop: {} reserved, {} settled{model}",
+        Nanos(l.reserved_nanos),
+        Nanos(l.settled_nanos)
+    );
+    if !l.workers.is_empty() {
+        let _ = writeln!(out, "   workers: {}", names(&l.workers));
+    }
+    let _ = writeln!(out, "   ended: {}", loop_end(&l.ended_by));
+}
+
+/// When a loop ran, on the clock its calls were timed by.
+fn loop_span(l: &Loop) -> String {
+    match l.clock {
+        Clock::Run => format!(
+            "from {} to {} after the run started ({})",
+            duration(l.first_ms),
+            duration(l.last_ms),
+            duration(l.span_ms)
+        ),
+        Clock::Wall => format!(
+            "recorded {} .. {} ({})",
+            utc(l.first_ms),
+            utc(l.last_ms),
+            duration(l.span_ms)
+        ),
+    }
+}
+
+/// What shows a loop is one: failures, calls before Retry-After, a poll's allowance and
+/// what it observed, the remote operation it waited on.
+fn loop_evidence(l: &Loop) -> Vec<String> {
+    let mut evidence = Vec::new();
+    if l.failures > 0 {
+        evidence.push(plural(l.failures, "failure", "failures"));
+    }
+    if l.ignored_retry_after > 0 {
+        evidence.push(format!(
+            "{} before the upstream's Retry-After",
+            plural(l.ignored_retry_after, "call", "calls")
+        ));
+    }
+    if let Some(p) = &l.poll {
+        if p.over_allowance {
+            match p.allowance {
+                Some(a) => evidence.push(format!("past its poll allowance of {a}")),
+                None => evidence.push("refused for its poll allowance".to_owned()),
+            }
+        }
+        evidence.push(format!(
+            "{} of observed state, longest stretch unchanged {}",
+            plural(p.state_changes, "change", "changes"),
+            plural(p.unchanged_polls, "poll", "polls")
+        ));
+        if let Some(s) = &p.last_observed {
+            evidence.push(format!("last seen \"{}\"", shown(s)));
+        }
+    }
+    if let Some(r) = &l.remote_ref {
+        evidence.push(format!("remote operation {}", shown(r)));
+    }
+    evidence
+}
+
+/// An inconsistency for people: what the record shows and why it should not have been.
 fn finding_text(f: &Inconsistency) -> String {
-    match f {
+    limit_text(f)
+        .or_else(|| settlement_text(f))
+        .or_else(|| lifecycle_text(f))
+        .or_else(|| attempt_text(f))
+        .or_else(|| approval_text(f))
+        .unwrap_or_else(|| f.as_str().replace('_', " "))
+}
+
+/// A finding about a run's limits: allowed beyond one or after an overrun, started
+/// beyond its grant, or refilled by restarting without approval.
+fn limit_text(f: &Inconsistency) -> Option<String> {
+    Some(match f {
         Inconsistency::AllowBeyondLimit {
             dimension,
             used,
@@ -179,10 +209,6 @@ fn finding_text(f: &Inconsistency) -> String {
         Inconsistency::AllowAfterOverrun => "allowed after an overrun with no human grant of \
             spend since (no call is free after one: its outcome could settle any amount)"
             .to_owned(),
-        Inconsistency::AfterStop { record, stop } => {
-            format!("{record} record after the run stopped ({stop})")
-        }
-        Inconsistency::SecondStart => "the run started a second time".to_owned(),
         Inconsistency::StartBeyondGrant {
             dimension,
             granted,
@@ -199,6 +225,58 @@ fn finding_text(f: &Inconsistency) -> String {
                 dimension.as_str().replace('_', " ")
             )
         }
+        Inconsistency::RefillWithoutApproval {
+            predecessor,
+            continuations,
+            allowance,
+        } => format!(
+            "started continuing {}, which a stop refusal ended, with no human's approval: \
+             unapproved continuation {continuations} in a row, beyond the {allowance} the \
+             policy allows (a budget refilled by restarting)",
+            shown(predecessor)
+        ),
+        _ => return None,
+    })
+}
+
+/// A finding about what was reserved and settled: below the price, a misrecorded
+/// overrun, a count that would overflow.
+fn settlement_text(f: &Inconsistency) -> Option<String> {
+    Some(match f {
+        Inconsistency::ReserveBelowPrice { reserved, price } => format!(
+            "allowed reserving {}, below the policy's price of {} for the tool (a call \
+             reserves at least its tool's price)",
+            Nanos(*reserved),
+            Nanos(*price)
+        ),
+        Inconsistency::OverrunMisrecorded { recorded, counted } => match counted {
+            Some(c) => format!(
+                "records an overrun of {}, but its settlement is {} above the attempt's \
+                 reservation",
+                Nanos(*recorded),
+                Nanos(*c)
+            ),
+            None => format!(
+                "records an overrun of {}, but its settlement is within the attempt's \
+                 reservation",
+                Nanos(*recorded)
+            ),
+        },
+        Inconsistency::Overflow { field } => {
+            format!("{field} would overflow; counted as the largest number, never wrapped")
+        }
+        _ => return None,
+    })
+}
+
+/// A finding about a run's start and stop: a record after the stop, a second start, a
+/// start the gate refuses.
+fn lifecycle_text(f: &Inconsistency) -> Option<String> {
+    Some(match f {
+        Inconsistency::AfterStop { record, stop } => {
+            format!("{record} record after the run stopped ({stop})")
+        }
+        Inconsistency::SecondStart => "the run started a second time".to_owned(),
         Inconsistency::StartRefused { refusal } => format!(
             "started though the gate refuses such a start: {}",
             match refusal {
@@ -206,6 +284,13 @@ fn finding_text(f: &Inconsistency) -> String {
                 other => other.to_string(),
             }
         ),
+        _ => return None,
+    })
+}
+
+/// A finding about an attempt's allow, outcome and refund.
+fn attempt_text(f: &Inconsistency) -> Option<String> {
+    Some(match f {
         Inconsistency::OutcomeWithoutAllow { attempt } => {
             format!("outcome for attempt {attempt}, which was never allowed")
         }
@@ -226,6 +311,24 @@ fn finding_text(f: &Inconsistency) -> String {
                  no human approval"
             ),
         },
+        Inconsistency::DuplicateAllow { attempt } => {
+            format!("attempt {attempt} allowed a second time")
+        }
+        Inconsistency::AttemptsUnrecorded { from, to } => format!(
+            "attempts {from}..={to} were issued and no ledger given records them (a gate \
+             killed before recording, or a ledger of the fleet missing)"
+        ),
+        Inconsistency::OutcomeOwnedByProxy { attempt } => format!(
+            "an outcome for attempt {attempt}, a call tally's proxy made, not reported by the \
+             proxy (the proxy observes those outcomes)"
+        ),
+        _ => return None,
+    })
+}
+
+/// A finding about a human's approval the run was allowed on.
+fn approval_text(f: &Inconsistency) -> Option<String> {
+    Some(match f {
         Inconsistency::InvalidApproval { why } => {
             format!("approval not valid: {}", shown(why))
         }
@@ -247,51 +350,8 @@ fn finding_text(f: &Inconsistency) -> String {
             shown(digest.get(..16).unwrap_or(digest)),
             after_start(*expires_ms)
         ),
-        Inconsistency::DuplicateAllow { attempt } => {
-            format!("attempt {attempt} allowed a second time")
-        }
-        Inconsistency::AttemptsUnrecorded { from, to } => format!(
-            "attempts {from}..={to} were issued and no ledger given records them (a gate \
-             killed before recording, or a ledger of the fleet missing)"
-        ),
-        Inconsistency::OutcomeOwnedByProxy { attempt } => format!(
-            "an outcome for attempt {attempt}, a call tally's proxy made, not reported by the \
-             proxy (the proxy observes those outcomes)"
-        ),
-        Inconsistency::Overflow { field } => {
-            format!("{field} would overflow; counted as the largest number, never wrapped")
-        }
-        Inconsistency::ReserveBelowPrice { reserved, price } => format!(
-            "allowed reserving {}, below the policy's price of {} for the tool (a call \
-             reserves at least its tool's price)",
-            Nanos(*reserved),
-            Nanos(*price)
-        ),
-        Inconsistency::OverrunMisrecorded { recorded, counted } => match counted {
-            Some(c) => format!(
-                "records an overrun of {}, but its settlement is {} above the attempt's \
-                 reservation",
-                Nanos(*recorded),
-                Nanos(*c)
-            ),
-            None => format!(
-                "records an overrun of {}, but its settlement is within the attempt's \
-                 reservation",
-                Nanos(*recorded)
-            ),
-        },
-        Inconsistency::RefillWithoutApproval {
-            predecessor,
-            continuations,
-            allowance,
-        } => format!(
-            "started continuing {}, which a stop refusal ended, with no human's approval: \
-             unapproved continuation {continuations} in a row, beyond the {allowance} the \
-             policy allows (a budget refilled by restarting)",
-            shown(predecessor)
-        ),
-        other => other.as_str().replace('_', " "),
-    }
+        _ => return None,
+    })
 }
 
 /// The audit findings as text, one line each.

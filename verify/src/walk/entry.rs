@@ -7,21 +7,18 @@ use tally_ledger::keys::verify_signature;
 use tally_ledger::tlog::merkle::leaf_hash;
 
 use crate::finding::FindingKind;
-use crate::report::KeyMismatch;
 
 use super::chain::Suspect;
 use super::{differing, full, Walk};
 
 impl Walk<'_> {
     pub(super) fn entry(&mut self, bytes: Vec<u8>) {
-        let at = self.chain.position;
-        self.chain.position += 1;
+        let (at, before_clean) = self.chain.advance();
         // The entry's bytes are hashed once for the tree and (layout 3) the chain.
         let leaf = leaf_hash(&bytes);
         self.tree.leaf(self.ordinal, leaf);
-        let hash = self.chain.rule.hash_with_leaf(&bytes, &leaf);
-        let expected = self.chain.next_seq;
-        let before_clean = std::mem::replace(&mut self.chain.last_clean, false);
+        let hash = self.chain.rule().hash_with_leaf(&bytes, &leaf);
+        let expected = self.chain.next_seq();
         let entry = match Entry::decode(&bytes) {
             Ok(e) => e,
             Err(e) => {
@@ -32,8 +29,7 @@ impl Walk<'_> {
                     format!("entry does not decode: {e}"),
                 );
                 // Resynchronise on the stored bytes so one bad entry is one finding.
-                self.chain.head = hash;
-                self.chain.next_seq = expected.saturating_add(1);
+                self.chain.resync(hash);
                 return;
             }
         };
@@ -50,26 +46,25 @@ impl Walk<'_> {
             EntryType::Genesis => self.genesis(&entry, at),
             EntryType::Epoch => self.epoch_cert(&entry, at),
             EntryType::Decision => {
-                self.chain.decisions += 1;
-                if self.chain.epoch_keys.is_empty() {
+                self.chain.count_decision();
+                if self.chain.epoch_keys().is_empty() {
                     self.find(FindingKind::BadGenesis, at, "decision before any genesis");
-                } else if h.epoch != self.chain.head_epoch {
+                } else if h.epoch != self.chain.head_epoch() {
                     self.find(
                         FindingKind::EpochBreak,
                         at,
                         format!(
                             "decision claims epoch {} but epoch {} is in force",
-                            h.epoch, self.chain.head_epoch
+                            h.epoch,
+                            self.chain.head_epoch()
                         ),
                     );
                 }
             }
             _ => self.find(FindingKind::Malformed, at, "unknown entry type"),
         }
-        self.chain.head = hash;
-        self.chain.head_wall = h.wall_ms;
-        self.chain.next_seq = h.seq.saturating_add(1);
-        self.chain.last_clean = self.found() == found_before && h.seq == expected;
+        let clean = self.found() == found_before && h.seq == expected;
+        self.chain.link(hash, h.seq, h.wall_ms, clean);
         if self.decrypt.on && h.entry_type == EntryType::Decision {
             self.queue(&h, at, bytes);
         }
@@ -85,23 +80,19 @@ impl Walk<'_> {
         before_clean: bool,
         found_before: u64,
     ) {
-        if at == 0 && h.entry_type == EntryType::Genesis && h.ledger_id != self.chain.ledger_id {
+        if at == 0 && h.entry_type == EntryType::Genesis && h.ledger_id != self.chain.ledger_id() {
             // The ids are compared before any signature (as minisign compares key ids):
             // this is another ledger's key, a user's mistake, not tampering. The rest is
             // judged against its own genesis, so the report still says what it holds.
-            self.chain.key_mismatch = Some(KeyMismatch {
-                key_ledger_id: self.chain.ledger_id.to_string(),
-                ledger_id: h.ledger_id.to_string(),
-            });
-            self.chain.ledger_id = h.ledger_id;
-            self.chain.foreign = true;
-        } else if h.ledger_id != self.chain.ledger_id {
+            self.chain.adopt(h.ledger_id);
+        } else if h.ledger_id != self.chain.ledger_id() {
             self.find(
                 FindingKind::WrongLedger,
                 at,
                 format!(
                     "entry belongs to ledger {}, not {} (spliced from another ledger)",
-                    h.ledger_id, self.chain.ledger_id
+                    h.ledger_id,
+                    self.chain.ledger_id()
                 ),
             );
         }
@@ -117,33 +108,34 @@ impl Walk<'_> {
                 format!("expected seq {expected}, found seq {} ({what})", h.seq),
             );
         }
-        if h.prev_hash != self.chain.head {
+        if h.prev_hash != self.chain.head() {
             // Whose bytes changed, this entry's link or the entry before, a valid
             // checkpoint after this entry tells (see `Suspect`); until then it is the link.
             let from_here = self.found() == found_before && h.seq == expected && at > 0;
-            let (found, want) = differing(&h.prev_hash, &self.chain.head);
-            self.findings.hashes = Some(full(&h.prev_hash, &self.chain.head));
+            let (found, want) = differing(&h.prev_hash, &self.chain.head());
+            self.findings.hashes = Some(full(&h.prev_hash, &self.chain.head()));
             let index = self.findings.next_index();
             self.find(
                 FindingKind::BrokenLink,
                 at,
                 format!("previous-hash {found} is not the hash {want} of the entry before"),
             );
-            self.chain.suspect = from_here.then_some(Suspect {
+            self.chain.suspect(from_here.then_some(Suspect {
                 link_at: at,
                 finding: index,
                 before_clean,
-                stored: self.chain.head,
+                stored: self.chain.head(),
                 linked: h.prev_hash,
-            });
+            }));
         }
-        if h.wall_ms < self.chain.head_wall {
+        if h.wall_ms < self.chain.head_wall() {
             self.find(
                 FindingKind::TimeRegression,
                 at,
                 format!(
                     "wall time {} ms is before the previous entry's {} ms",
-                    h.wall_ms, self.chain.head_wall
+                    h.wall_ms,
+                    self.chain.head_wall()
                 ),
             );
         }
@@ -165,11 +157,11 @@ impl Walk<'_> {
 
     pub(super) fn genesis(&mut self, entry: &Entry<'_>, seq: u64) {
         let Some(g) = entry.genesis() else { return };
-        if !self.chain.epoch_keys.is_empty() {
+        if !self.chain.epoch_keys().is_empty() {
             self.find(FindingKind::BadGenesis, seq, "a second genesis entry");
             return;
         }
-        if self.chain.foreign {
+        if self.chain.foreign() {
             // Already reported: ledger.pub belongs to another ledger.
         } else if g.verifying_key != self.opts.public.verifying_key {
             self.find(
@@ -195,7 +187,7 @@ impl Walk<'_> {
                 "genesis signature does not verify",
             );
         }
-        self.chain.epoch_keys.push(g.verifying_key);
+        self.chain.add_key(g.verifying_key);
         if let Some(auditor) = &self.opts.auditor {
             if auditor.public() != g.recipient {
                 self.decrypt.mismatch();
@@ -208,8 +200,8 @@ impl Walk<'_> {
     fn epoch_cert(&mut self, entry: &Entry<'_>, at: u64) {
         let h = entry.header;
         let Some(c) = entry.epoch_cert() else { return };
-        let current = self.chain.head_epoch;
-        if self.chain.epoch_keys.is_empty() {
+        let current = self.chain.head_epoch();
+        if self.chain.epoch_keys().is_empty() {
             self.find(
                 FindingKind::BadGenesis,
                 at,
@@ -227,7 +219,7 @@ impl Walk<'_> {
             );
             return;
         }
-        let signer = self.chain.epoch_keys[self.chain.epoch_keys.len() - 1];
+        let signer = self.chain.epoch_keys()[self.chain.epoch_keys().len() - 1];
         if verify_signature(
             &signer,
             &entry.signed_message(),
@@ -247,8 +239,7 @@ impl Walk<'_> {
         }
         // Walk on with the new key (already reported if uncertified), so later entries
         // are judged on their own.
-        self.chain.epoch_keys.push(c.verifying_key);
-        self.chain.head_epoch = h.epoch;
+        self.chain.enter_epoch(h.epoch, c.verifying_key);
         if self.decrypt.on {
             self.add_data_key(h.epoch, &c.ephemeral, at);
         }
@@ -258,7 +249,7 @@ impl Walk<'_> {
         let Some(auditor) = &self.opts.auditor else {
             return;
         };
-        match auditor.epoch_key(ephemeral, self.chain.ledger_id, epoch) {
+        match auditor.epoch_key(ephemeral, self.chain.ledger_id(), epoch) {
             Ok(k) => self.decrypt.add_key(epoch, k),
             Err(e) => self.find(
                 FindingKind::Undecryptable,

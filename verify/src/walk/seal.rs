@@ -48,7 +48,7 @@ impl Walk<'_> {
     }
 
     pub(super) fn checkpoint(&mut self, text: &[u8]) {
-        let n = self.chain.next_seq;
+        let n = self.chain.next_seq();
         if self.here.text.as_deref() == Some(text) {
             // An exact copy of the checkpoint just read: no need to check it again.
             self.duplicate_checkpoint(n);
@@ -68,19 +68,19 @@ impl Walk<'_> {
         match self.check_seal(&cp, "checkpoint") {
             Ok(()) => self.vouched(n),
             Err((FindingKind::CheckpointHeadMismatch, why))
-                if self.chain.last_clean && self.here.count == 0 && n > 0 =>
+                if self.chain.last_clean() && self.here.count == 0 && n > 0 =>
             {
                 // Validly signed, over another head than the clean entry before it: what
                 // follows says which of the two was changed (`Disputed`).
                 self.findings.hashes = None;
                 self.here.disputed = Some(Disputed {
                     n,
-                    entry: self.chain.position - 1,
-                    stored: self.chain.head,
+                    entry: self.chain.position() - 1,
+                    stored: self.chain.head(),
                     signed: cp.head,
                     mismatch: why,
                 });
-                self.chain.suspect = None;
+                self.chain.clear_suspect();
                 self.here.text = Some(text.to_vec());
                 self.here.count += 1;
                 return;
@@ -108,7 +108,7 @@ impl Walk<'_> {
                 if kind == FindingKind::CheckpointHeadMismatch {
                     // The entries since the last broken link do not hash to what was
                     // signed: nothing tells which side of that link was changed.
-                    self.chain.suspect = None;
+                    self.chain.clear_suspect();
                 }
                 self.find(kind, cp.size.min(n), why);
                 return;
@@ -122,7 +122,7 @@ impl Walk<'_> {
             return;
         }
         self.tree_broken();
-        if !self.findings.broken && self.chain.key_mismatch.is_none() {
+        if !self.findings.broken && self.chain.key_mismatch().is_none() {
             // Nothing is sealed under another ledger's key.
             self.sealed.seal(self.ordinal, cp);
         }
@@ -142,7 +142,7 @@ impl Walk<'_> {
     /// broken link is as written, that link included, so the entry before the link is the
     /// one whose bytes were changed (unless it has a finding of its own already).
     pub(super) fn vouched(&mut self, n: u64) {
-        let Some(s) = self.chain.suspect.take() else {
+        let Some(s) = self.chain.take_suspect() else {
             return;
         };
         let (Some(i), true) = (s.finding, s.before_clean) else {
@@ -182,7 +182,7 @@ impl Walk<'_> {
                     d.entry, d.n
                 ),
             );
-            self.chain.head = d.signed;
+            self.chain.resume_from(d.signed);
         } else {
             self.findings.hashes = Some(full(&d.signed, &d.stored));
             self.find(FindingKind::CheckpointHeadMismatch, d.n, d.mismatch);
@@ -191,13 +191,32 @@ impl Walk<'_> {
 
     /// Check a checkpoint or anchor against the chain at the current position.
     fn check_seal(&mut self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
-        let n = self.chain.next_seq;
-        if cp.ledger_id != self.chain.ledger_id {
+        self.check_place(cp, what)?;
+        self.check_signature(cp, what)?;
+        self.check_head(cp, what)?;
+        if cp.wall_ms < self.chain.head_wall() {
+            return Err((
+                FindingKind::CheckpointTime,
+                format!(
+                    "{what} time {} ms is before the entry it seals ({} ms)",
+                    cp.wall_ms,
+                    self.chain.head_wall()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a checkpoint or anchor is of this ledger and of the size read so far.
+    fn check_place(&self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
+        let n = self.chain.next_seq();
+        if cp.ledger_id != self.chain.ledger_id() {
             return Err((
                 FindingKind::CheckpointWrongLedger,
                 format!(
                     "{what} belongs to ledger {}, not {}",
-                    cp.ledger_id, self.chain.ledger_id
+                    cp.ledger_id,
+                    self.chain.ledger_id()
                 ),
             ));
         }
@@ -215,8 +234,15 @@ impl Walk<'_> {
                 },
             ));
         }
-        let key = self.chain.epoch_keys.get(cp.epoch as usize).copied();
-        if cp.epoch != self.chain.head_epoch {
+        Ok(())
+    }
+
+    /// Whether a checkpoint or anchor is validly signed by the key of the epoch of the
+    /// entry it seals.
+    fn check_signature(&self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
+        let n = self.chain.next_seq();
+        let key = self.chain.epoch_keys().get(cp.epoch as usize).copied();
+        if cp.epoch != self.chain.head_epoch() {
             let signed = match key {
                 Some(k) if verify_checkpoint(cp, &k).is_ok() => "validly signed",
                 _ => "claiming to be signed",
@@ -227,7 +253,7 @@ impl Walk<'_> {
                     "{what} is {signed} by epoch {}'s key, but entry {} is in epoch {} (re-sealed with another epoch's key)",
                     cp.epoch,
                     n - 1,
-                    self.chain.head_epoch
+                    self.chain.head_epoch()
                 ),
             ));
         }
@@ -246,6 +272,13 @@ impl Walk<'_> {
                 format!("{what} of epoch {}: {e}", cp.epoch),
             ));
         }
+        Ok(())
+    }
+
+    /// Whether a checkpoint or anchor signs the head the chain hashes to here, and the
+    /// same head as the others at this size.
+    fn check_head(&mut self, cp: &Checkpoint, what: &str) -> Result<(), (FindingKind, String)> {
+        let n = self.chain.next_seq();
         // The first head seen at this size (a checkpoint's or an anchor's) is the one
         // others must match: a constant-time check, however many checkpoints follow.
         match self.here.head {
@@ -258,22 +291,13 @@ impl Walk<'_> {
             Some(_) => {}
             None => self.here.head = Some(cp.head),
         }
-        if cp.head != self.chain.head {
-            let (found, want) = differing(&cp.head, &self.chain.head);
+        if cp.head != self.chain.head() {
+            let (found, want) = differing(&cp.head, &self.chain.head());
             // Taken by the finding the caller makes of this error.
-            self.findings.hashes = Some(full(&cp.head, &self.chain.head));
+            self.findings.hashes = Some(full(&cp.head, &self.chain.head()));
             return Err((
                 FindingKind::CheckpointHeadMismatch,
                 format!("{what} head {found} is not the chain's hash {want} at size {n}"),
-            ));
-        }
-        if cp.wall_ms < self.chain.head_wall {
-            return Err((
-                FindingKind::CheckpointTime,
-                format!(
-                    "{what} time {} ms is before the entry it seals ({} ms)",
-                    cp.wall_ms, self.chain.head_wall
-                ),
             ));
         }
         Ok(())
@@ -281,7 +305,7 @@ impl Walk<'_> {
 
     pub(super) fn check_anchors(&mut self) {
         self.end_position();
-        let n = self.chain.next_seq;
+        let n = self.chain.next_seq();
         let mut i = 0;
         while i < self.anchors.len() {
             if self.anchors[i].0.size == n && self.anchors[i].1.is_none() {
@@ -309,14 +333,15 @@ impl Walk<'_> {
 
     /// Anchors the walk never met: each a finding.
     pub(super) fn missing_anchors(&mut self) {
-        let n = self.chain.position;
+        let n = self.chain.position();
         for i in 0..self.anchors.len() {
             if self.anchors[i].1.is_none() {
                 let a = self.anchors[i].0.clone();
-                let why = if a.ledger_id != self.chain.ledger_id {
+                let why = if a.ledger_id != self.chain.ledger_id() {
                     format!(
                         "anchor belongs to ledger {}, not {}",
-                        a.ledger_id, self.chain.ledger_id
+                        a.ledger_id,
+                        self.chain.ledger_id()
                     )
                 } else {
                     format!(
@@ -324,7 +349,7 @@ impl Walk<'_> {
                         a.size
                     )
                 };
-                let kind = if a.ledger_id != self.chain.ledger_id {
+                let kind = if a.ledger_id != self.chain.ledger_id() {
                     FindingKind::AnchorInvalid
                 } else {
                     FindingKind::AnchorMissing

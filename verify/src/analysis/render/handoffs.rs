@@ -40,7 +40,22 @@ fn chain_text(h: &Handoff, out: &mut String) {
     );
 }
 
+/// One run's handoff: where it stands, what it did and may not repeat, what is sealed.
 fn handoff_text(h: &Handoff, out: &mut String) {
+    status_text(h, out);
+    budget_text(h, out);
+    completed_text(h, out);
+    model_calls_text(h, out);
+    refused_text(h, out);
+    pending_text(h, out);
+    observed_text(h, out);
+    chain_text(h, out);
+    resume_text(h, out);
+    coverage_text(h, out);
+}
+
+/// The run, its goal, parent and workers, and whether it stopped.
+fn status_text(h: &Handoff, out: &mut String) {
     let goal = match (&h.goal, h.started) {
         (Some(g), _) => format!("\"{}\"", shown(g)),
         (None, true) => "(its start record gives no goal)".to_owned(),
@@ -71,6 +86,10 @@ fn handoff_text(h: &Handoff, out: &mut String) {
         _ => String::new(),
     };
     let _ = writeln!(out, "  Status: {stop}{when}");
+}
+
+/// The attempts and spend the run used of its limits, an overrun, and its polls.
+fn budget_text(h: &Handoff, out: &mut String) {
     let mut attempts = match h.attempts.limit {
         Some(l) => format!("{} of {l}", h.attempts.used),
         None => format!("{} used (no limit)", h.attempts.used),
@@ -129,6 +148,10 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             .map_or_else(|| "no allowance".to_owned(), |a| format!("of {a}"));
         let _ = writeln!(out, "  Polls of {}: {} {of}", shown(&p.remote_ref), p.used);
     }
+}
+
+/// The calls the run completed (the latest ones, when not all are listed).
+fn completed_text(h: &Handoff, out: &mut String) {
     if h.completed_total == 0 {
         let _ = writeln!(out, "  Completed: nothing.");
     } else {
@@ -164,8 +187,10 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             );
         }
     }
-    model_calls_text(h, out);
-    refused_text(h, out);
+}
+
+/// The external work the run started whose outcome is not known to be final.
+fn pending_text(h: &Handoff, out: &mut String) {
     if h.pending.is_empty() {
         let _ = writeln!(out, "  Pending external work: none.");
     } else {
@@ -200,6 +225,10 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             );
         }
     }
+}
+
+/// The last state the run observed of a remote operation.
+fn observed_text(h: &Handoff, out: &mut String) {
     match &h.last_observed {
         Some(o) => {
             let remote = o
@@ -219,7 +248,10 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             let _ = writeln!(out, "  Last observed state: none recorded.");
         }
     }
-    chain_text(h, out);
+}
+
+/// What is safe to resume, what must not be repeated, and the evidence to read.
+fn resume_text(h: &Handoff, out: &mut String) {
     let _ = writeln!(out, "  Safe to resume:");
     if h.safe_resume.is_empty() {
         let _ = writeln!(
@@ -250,6 +282,10 @@ fn handoff_text(h: &Handoff, out: &mut String) {
             plural(h.findings, "audit finding", "audit findings")
         );
     }
+}
+
+/// Whether the run's records are covered by a checkpoint, per ledger when merged.
+fn coverage_text(h: &Handoff, out: &mut String) {
     let cover = match &h.checkpoint {
         Coverage::Covered { size, head, epoch } => format!(
             "covered by the checkpoint over {size} entries (head {}, epoch {epoch})",

@@ -1,12 +1,15 @@
 //! What a run's outcomes tell: the remote operations its calls registered, the calls it
 //! completed, the work still pending, the writes the core holds unknown, the polls used.
 
+use std::sync::Arc;
+
 use tally_ledger::{Effect, Status};
 use tally_policy::state::{call_id, ref_key};
 
 use super::RunAnalysis;
 use crate::analysis::handoff::{Completed, ModelCall, Observed, Pending, PendingStatus, When};
 use crate::analysis::loops::{Loop, OutcomeFacts, ToolStorms};
+use crate::analysis::names::CallNames;
 use crate::event::Seq;
 use crate::Event;
 
@@ -37,6 +40,20 @@ pub(crate) struct UnknownWrite {
     pub from_run: Option<String>,
 }
 
+/// What the steps of an outcome read of the call it settles, once the call is updated.
+struct Settles {
+    attempt: u64,
+    names: Arc<CallNames>,
+    /// The call's place among the run's recent calls, and its series' keys.
+    ring: Option<u64>,
+    call_key: Option<u64>,
+    op: u64,
+    poll: Option<u64>,
+    tool: u64,
+    /// The remote operation: a poll's own, else the one the call registered.
+    remote: Option<u64>,
+}
+
 impl RunAnalysis {
     pub(super) fn outcome(
         &mut self,
@@ -57,67 +74,12 @@ impl RunAnalysis {
             settled,
             observed: d.observed.as_deref(),
         };
-        let not_before = d.retry_after_ms.map(|ra| When {
-            run_ms: at.run_ms.saturating_add(ra),
-            wall_ms: at.wall_ms.saturating_add(ra),
-        });
         let Some(call) = self.open.get_mut(&attempt) else {
             return;
         };
         call.settled = call.settled.saturating_add(settled);
-        if call.model {
-            self.model_settled = self.model_settled.saturating_add(settled);
-            super::listed(
-                &mut self.model_calls,
-                &mut self.model_calls_total,
-                ModelCall {
-                    seq: e.seq,
-                    attempt,
-                    upstream: call.names.tool.as_deref().map(str::to_owned),
-                    model: call.model_name.as_deref().map(str::to_owned),
-                    status,
-                    usage: d.usage,
-                    settled_nanos: settled,
-                    overrun_nanos: d.overrun_nanos,
-                    usage_refused: d.usage_refused,
-                    at,
-                },
-            );
-        }
         call.seq = e.seq;
         call.at = at;
-        if let Some(f) = call
-            .ring
-            .and_then(|pos| pos.checked_sub(self.firsts_popped))
-            .and_then(|i| self.firsts.get_mut(i as usize))
-        {
-            f.settled = f.settled.saturating_add(settled);
-            if tally_policy::is_failure(status) {
-                f.failures += 1;
-            }
-        }
-        if let Some(k) = call.call_key {
-            if let Some(s) = self.calls.get_mut(&k) {
-                s.outcome(&facts);
-            }
-            if let Some(s) = self.retries.get_mut(&call.op) {
-                s.outcome(&facts);
-            }
-        }
-        if let Some(r) = call.poll {
-            if let Some(s) = self.polls.get_mut(&r) {
-                s.outcome(&facts);
-            }
-        }
-        if let Some(tool) = call.names.tool.clone() {
-            if call.poll.is_none() {
-                if let Some(s) = self.bursts.get_mut(&call.tool) {
-                    s.outcome(&facts);
-                }
-            }
-            let id = call_id(&self.name, attempt);
-            storms.outcome(policy, &tool, &self.name, id, &facts, e.wall_ms, loops);
-        }
         // The remote operation: a poll's own, else the one this call's outcome
         // registered with the core.
         let remote = match call.poll {
@@ -135,16 +97,132 @@ impl RunAnalysis {
             (Some(r), _) => self.jobs.get(&r).map(|j| j.name.to_string()),
             (None, None) => d.remote_ref.clone(),
         };
-        if let (Some(r), None) = (remote, call.poll) {
-            let job = self.jobs.entry(r).or_insert_with(|| Job {
+        let s = Settles {
+            attempt,
+            names: Arc::clone(&call.names),
+            ring: call.ring,
+            call_key: call.call_key,
+            op: call.op,
+            poll: call.poll,
+            tool: call.tool,
+            remote,
+        };
+        if call.model {
+            let model = call.model_name.as_deref().map(str::to_owned);
+            self.list_model_call(e, at, &s, &facts, model);
+        }
+        self.count_first(&s, &facts);
+        self.feed_series(&s, &facts, e.wall_ms, storms, policy, loops);
+        self.track_job(e, at, &s, &remote_name);
+        self.observe(e, at, &remote_name);
+        self.hold_unknown(e, &s, status);
+        if tally_policy::is_success(status) {
+            self.complete(e, at, &s, remote_name);
+        }
+    }
+
+    /// A model call's outcome: what it settled counts to the run's model spend, and the
+    /// call is listed.
+    fn list_model_call(
+        &mut self,
+        e: &Event,
+        at: When,
+        s: &Settles,
+        facts: &OutcomeFacts,
+        model: Option<String>,
+    ) {
+        let d = &e.decision;
+        self.model_settled = self.model_settled.saturating_add(facts.settled);
+        super::listed(
+            &mut self.model_calls,
+            &mut self.model_calls_total,
+            ModelCall {
+                seq: e.seq,
+                attempt: s.attempt,
+                upstream: s.names.tool.as_deref().map(str::to_owned),
+                model,
+                status: facts.status,
+                usage: d.usage,
+                settled_nanos: facts.settled,
+                overrun_nanos: d.overrun_nanos,
+                usage_refused: d.usage_refused,
+                at,
+            },
+        );
+    }
+
+    /// The call among the run's recent ones, if the core still looks back at it: what
+    /// it settled, and whether it failed.
+    fn count_first(&mut self, s: &Settles, facts: &OutcomeFacts) {
+        if let Some(f) = s
+            .ring
+            .and_then(|pos| pos.checked_sub(self.firsts_popped))
+            .and_then(|i| self.firsts.get_mut(i as usize))
+        {
+            f.settled = f.settled.saturating_add(facts.settled);
+            if tally_policy::is_failure(facts.status) {
+                f.failures += 1;
+            }
+        }
+    }
+
+    /// The outcome, fed to the series its call is in: identical calls, retries, polls,
+    /// the tool's calls, and the tool's storms across runs.
+    fn feed_series(
+        &mut self,
+        s: &Settles,
+        facts: &OutcomeFacts,
+        wall_ms: u64,
+        storms: &mut ToolStorms,
+        policy: &tally_policy::Policy,
+        loops: &mut Vec<Loop>,
+    ) {
+        if let Some(k) = s.call_key {
+            if let Some(series) = self.calls.get_mut(&k) {
+                series.outcome(facts);
+            }
+            if let Some(series) = self.retries.get_mut(&s.op) {
+                series.outcome(facts);
+            }
+        }
+        if let Some(r) = s.poll {
+            if let Some(series) = self.polls.get_mut(&r) {
+                series.outcome(facts);
+            }
+        }
+        if let Some(tool) = s.names.tool.clone() {
+            if s.poll.is_none() {
+                if let Some(series) = self.bursts.get_mut(&s.tool) {
+                    series.outcome(facts);
+                }
+            }
+            let id = call_id(&self.name, s.attempt);
+            storms.outcome(policy, &tool, &self.name, id, facts, wall_ms, loops);
+        }
+    }
+
+    /// The remote operation the outcome is news of: registered by a call's outcome, or
+    /// polled; its latest record, what was observed of it, when to look again.
+    fn track_job(&mut self, e: &Event, at: When, s: &Settles, remote_name: &Option<String>) {
+        let d = &e.decision;
+        let not_before = d.retry_after_ms.map(|ra| When {
+            run_ms: at.run_ms.saturating_add(ra),
+            wall_ms: at.wall_ms.saturating_add(ra),
+        });
+        let job = match (s.remote, s.poll) {
+            (Some(r), None) => Some(self.jobs.entry(r).or_insert_with(|| Job {
                 name: Box::from(remote_name.as_deref().unwrap_or_default()),
-                attempt,
+                attempt: s.attempt,
                 seq: e.seq,
                 at,
                 observed: None,
                 not_before: None,
                 finished: false,
-            });
+            })),
+            (Some(r), Some(_)) => self.jobs.get_mut(&r),
+            (None, _) => None,
+        };
+        if let Some(job) = job {
             job.seq = e.seq;
             job.at = at;
             if d.observed.is_some() && job.observed != d.observed {
@@ -154,51 +232,46 @@ impl RunAnalysis {
                 job.not_before = not_before;
             }
         }
-        let is_poll = call.poll.is_some();
-        if let (Some(r), true) = (remote, is_poll) {
-            if let Some(job) = self.jobs.get_mut(&r) {
-                job.seq = e.seq;
-                job.at = at;
-                if d.observed.is_some() && job.observed != d.observed {
-                    job.observed.clone_from(&d.observed);
+    }
+
+    /// The last state the run observed of a remote operation.
+    fn observe(&mut self, e: &Event, at: When, remote_name: &Option<String>) {
+        let Some(state) = &e.decision.observed else {
+            return;
+        };
+        // Most outcomes observe what the one before did: its strings are kept.
+        match &mut self.last_observed {
+            Some(o) => {
+                if o.state != *state {
+                    o.state.clone_from(state);
                 }
-                if not_before.is_some() {
-                    job.not_before = not_before;
+                if o.remote_ref != *remote_name {
+                    o.remote_ref.clone_from(remote_name);
                 }
+                o.seq = e.seq;
+                o.at = at;
+            }
+            None => {
+                self.last_observed = Some(Observed {
+                    state: state.clone(),
+                    remote_ref: remote_name.clone(),
+                    seq: e.seq,
+                    at,
+                });
             }
         }
-        if let Some(state) = &d.observed {
-            // Most outcomes observe what the one before did: its strings are kept.
-            match &mut self.last_observed {
-                Some(o) => {
-                    if o.state != *state {
-                        o.state.clone_from(state);
-                    }
-                    if o.remote_ref != remote_name {
-                        o.remote_ref.clone_from(&remote_name);
-                    }
-                    o.seq = e.seq;
-                    o.at = at;
-                }
-                None => {
-                    self.last_observed = Some(Observed {
-                        state: state.clone(),
-                        remote_ref: remote_name.clone(),
-                        seq: e.seq,
-                        at,
-                    });
-                }
-            }
-        }
-        // A non-idempotent write whose outcome the core now holds unknown: its names.
-        let op = call.op;
-        if self.core.unknown.get(&op) == Some(&attempt) {
+    }
+
+    /// A non-idempotent write whose outcome the core now holds unknown: its names. The
+    /// writes the core no longer holds unknown are let go.
+    fn hold_unknown(&mut self, e: &Event, s: &Settles, status: Status) {
+        if self.core.unknown.get(&s.op) == Some(&s.attempt) {
             self.unknown.insert(
-                op,
+                s.op,
                 UnknownWrite {
-                    attempt,
-                    tool: call.names.tool.as_deref().map(str::to_owned),
-                    operation: call.names.operation.as_deref().map(str::to_owned),
+                    attempt: s.attempt,
+                    tool: s.names.tool.as_deref().map(str::to_owned),
+                    operation: s.names.operation.as_deref().map(str::to_owned),
                     seq: e.seq,
                     status: Some(status),
                     from_run: None,
@@ -207,41 +280,47 @@ impl RunAnalysis {
         }
         self.unknown
             .retain(|op, _| self.core.unknown.contains_key(op));
-        if tally_policy::is_success(status) {
-            let done = if is_poll {
-                // A poll that finds its job done completes the call that started it.
-                let job = remote
-                    .and_then(|r| self.jobs.get_mut(&r))
-                    .filter(|j| !j.finished);
-                job.map(|j| {
-                    j.finished = true;
-                    j.attempt
-                })
-            } else {
-                Some(attempt)
-            };
-            // Described from the open call in place: its names are copied once, into
-            // the listed completion.
-            if let Some((a, o)) = done.and_then(|a| self.open.get(&a).map(|o| (a, o))) {
-                self.completed_total += 1;
-                if self.completed.len() >= super::MAX_LISTED {
-                    self.completed.pop_front();
-                }
-                self.completed.push_back(Completed {
-                    seq: e.seq,
-                    attempt: Some(a),
-                    tool: o.names.tool.as_deref().map(str::to_owned),
-                    operation: o.names.operation.as_deref().map(str::to_owned),
-                    args_digest: o.args_digest.as_deref().map(str::to_owned),
-                    effect: o.effect,
-                    remote_ref: remote_name,
-                    observed: d.observed.clone(),
-                    settled_nanos: o.settled,
-                    at,
-                });
+    }
+
+    /// A successful outcome completes its call; a poll that finds its job done completes
+    /// the call that started the job. The completion is listed.
+    fn complete(&mut self, e: &Event, at: When, s: &Settles, remote_name: Option<String>) {
+        let d = &e.decision;
+        let done = if s.poll.is_some() {
+            // A poll that finds its job done completes the call that started it.
+            let job = s
+                .remote
+                .and_then(|r| self.jobs.get_mut(&r))
+                .filter(|j| !j.finished);
+            job.map(|j| {
+                j.finished = true;
+                j.attempt
+            })
+        } else {
+            Some(s.attempt)
+        };
+        // Described from the open call in place: its names are copied once, into
+        // the listed completion.
+        if let Some((a, o)) = done.and_then(|a| self.open.get(&a).map(|o| (a, o))) {
+            self.completed_total += 1;
+            if self.completed.len() >= super::MAX_LISTED {
+                self.completed.pop_front();
             }
+            self.completed.push_back(Completed {
+                seq: e.seq,
+                attempt: Some(a),
+                tool: o.names.tool.as_deref().map(str::to_owned),
+                operation: o.names.operation.as_deref().map(str::to_owned),
+                args_digest: o.args_digest.as_deref().map(str::to_owned),
+                effect: o.effect,
+                remote_ref: remote_name,
+                observed: d.observed.clone(),
+                settled_nanos: o.settled,
+                at,
+            });
         }
     }
+
     /// Carry over the names of the unknown writes of the run this one continues (the
     /// core carried the writes themselves).
     pub fn carry_names(&mut self, old: &RunAnalysis) {
