@@ -157,7 +157,7 @@ pub fn apply_keyed(
                 }
             }
         }
-        Kind::Deny | Kind::Policy => {}
+        Kind::Deny | Kind::Policy | Kind::Lease => {}
         Kind::Outcome => {
             // A second settlement of an open attempt is not counted, but its status is.
             if !has(|f| matches!(f, Inconsistency::OutcomeWithoutAllow { .. })) {
