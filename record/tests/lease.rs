@@ -138,6 +138,18 @@ fn duplicate_and_non_canonical_spellings_are_refused() {
     }
     let array = r#"{"run":"","kind":"lease","lease":7,"slice":["grant","host-a",3]}"#;
     assert!(refused(array).contains("slice"));
+    // Stored bytes in another order than the canonical one are refused as stored,
+    // though they parse as input.
+    let reordered = GRANT.replacen(
+        r#""event":"grant","holder":"host-a","#,
+        r#""holder":"host-a","event":"grant","#,
+        1,
+    );
+    stored(&reordered).expect("valid as input");
+    let canonical = stored(GRANT).unwrap();
+    assert_eq!(canonical, GRANT.as_bytes());
+    assert!(Decision::from_stored(reordered.as_bytes()).is_err());
+    assert!(Decision::from_stored(&canonical).is_ok());
 }
 
 #[test]
