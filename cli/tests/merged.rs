@@ -300,3 +300,82 @@ fn a_merged_verify_without_the_auditor_key_does_not_claim_a_merge() {
         "nothing was decrypted, so nothing was merged:\n{out}"
     );
 }
+
+/// A slice event of `id`, held by `holder`, on run `r`'s budget, granted at `t` (ms
+/// since the epoch), with `attempts`; a return closes it at `t + 1000`.
+fn slice(id: u64, event: &str, holder: &str, attempts: u64, t: u64) -> String {
+    let closed = if event == "return" {
+        format!(r#","closed_at_ms":{}"#, t + 1_000)
+    } else {
+        String::new()
+    };
+    format!(
+        r#"{{"run":"","kind":"lease","lease":{id},"slice":{{"event":"{event}","holder":"{holder}","epoch":1,"scope_kind":"run","scope_key":"r","attempts":{attempts},"granted_at_ms":{t},"expires_at_ms":{}{closed}}}}}"#,
+        t + 3_600_000
+    )
+}
+
+/// `doc` is valid against docs/schemas/verify.json.
+fn schema_valid(doc: &serde_json::Value) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/schemas/verify.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("schema")).expect("json");
+    let validator = jsonschema::draft202012::new(&schema).expect("a valid schema");
+    let errors: Vec<String> = validator.iter_errors(doc).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:#?}\n{doc:#}");
+}
+
+// Two hosts lease slices of one run's 10 attempts: 6 each, the second granted while the
+// first is open, is past the run's cap; the same slices one after the other are not.
+// `tally verify A B` over their ledgers says which, in text and in JSON.
+#[test]
+fn a_merged_verify_proves_two_hosts_slices_within_the_runs_cap_or_finds_them_past_it() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let t = u64::try_from(now.as_millis()).unwrap() - 60_000;
+    let start =
+        r#"{"run":"r","kind":"start","goal":"g","budget":{"attempts":10},"state_version":10}"#;
+    let allow = r#"{"run":"r","kind":"allow","tool":"http","operation":"get","args":{},"effect":"read","attempt":1,"lease":1,"state_version":11}"#;
+    let tmp = setup();
+    let d = tmp.path();
+    let (a1, b1) = (
+        slice(1, "grant", "host-a", 6, t),
+        slice(2, "grant", "host-b", 6, t + 10),
+    );
+    ledger(d, "a", &[start, &a1, allow]);
+    ledger(d, "b", &[&b1]);
+    let (code, out) = audit(d, "verify", &["a", "b"], &["--json"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(finding_kinds(&out), ["slices_over_cap"], "{out}");
+    let doc: serde_json::Value =
+        serde_json::from_str(out.split("\n--- stderr").next().unwrap()).unwrap();
+    schema_valid(&doc);
+    let f = &doc["audit"]["findings"][0];
+    assert_eq!(
+        (f["seq"].as_str(), f["lease"].as_u64()),
+        (Some("2:1"), Some(2)),
+        "{f}"
+    );
+    assert_eq!(doc["audit"]["leases"][0]["most_leased"]["attempts"], 12);
+    let (code, text) = audit(d, "verify", &["a", "b"], &[]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("slices_over_cap") && text.contains("INCONSISTENT"),
+        "{text}"
+    );
+
+    // Host A returns its slice before host B's grant: never more than 6 at once.
+    let tmp = setup();
+    let d = tmp.path();
+    let a2 = slice(1, "return", "host-a", 6, t);
+    let b2 = slice(2, "grant", "host-b", 6, t + 2_000);
+    ledger(d, "a", &[start, &a1, allow, &a2]);
+    ledger(d, "b", &[&b2]);
+    let (code, out) = audit(d, "verify", &["a", "b"], &["--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let doc: serde_json::Value =
+        serde_json::from_str(out.split("\n--- stderr").next().unwrap()).unwrap();
+    schema_valid(&doc);
+    assert_eq!(doc["audit"]["leases"][0]["cap"]["known"]["attempts"], 10);
+}

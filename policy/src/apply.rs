@@ -177,7 +177,7 @@ fn fold(
                 }
             }
         }
-        Kind::Deny | Kind::Policy => {}
+        Kind::Deny | Kind::Policy | Kind::Lease => {}
         Kind::Outcome => {
             // A second settlement of an open attempt is not counted, but its status is.
             if !has(|f| matches!(f, Inconsistency::OutcomeWithoutAllow { .. })) {

@@ -3,6 +3,7 @@
 //! ([`StartRefusal`]). Below `start` and `judge`, which both report them.
 
 use serde::{Deserialize, Serialize};
+use tally_record::decision::LeaseScope;
 use tally_record::{Kind, Reason};
 
 pub use tally_record::Dimension;
@@ -158,6 +159,77 @@ pub enum Inconsistency {
         /// The policy's allowance.
         allowance: u64,
     },
+    /// The decisions a host made on a leased slice used more of a dimension than the
+    /// slice bounds ([`crate::leased`]).
+    LeaseOverspent {
+        /// The slice's id.
+        lease: u64,
+        /// The dimension (`attempts`, `nanos`, `side_effects`, `polls`).
+        dimension: String,
+        /// Used, with this decision.
+        used: u64,
+        /// The slice's bound.
+        bound: u64,
+    },
+    /// The slices of one scope open at one moment (from every ledger given) bound more
+    /// than the scope's cap: the fleet leased out more than the budget.
+    SlicesOverCap {
+        /// The scope's kind (`run`, `principal`, `credential`, `bucket`).
+        scope_kind: LeaseScope,
+        /// Which one.
+        scope_key: String,
+        /// The dimension.
+        dimension: String,
+        /// The sum of the open slices' bounds, with this grant or renewal.
+        leased: u64,
+        /// The scope's cap.
+        cap: u64,
+        /// The slice whose grant or renewal passed the cap.
+        lease: u64,
+    },
+    /// A decision names a slice it may not be decided on.
+    DecisionOutsideLease {
+        /// The slice it names.
+        lease: u64,
+        /// Why it may not.
+        why: OutsideLease,
+    },
+    /// A lease record that does not follow from the slice's history: a renewal, return
+    /// or reclaim of a slice never granted, a second grant of one id, an event after the
+    /// slice closed, or one whose holder, scope or bounds differ from its grant's.
+    LeaseMisrecorded {
+        /// The slice's id.
+        lease: u64,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// Why a decision may not be decided on the slice it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OutsideLease {
+    /// No ledger given records its grant (before the decision, in its ledger).
+    Unknown,
+    /// Its grant is in another host's ledger: the slice is another holder's.
+    OtherHolder,
+    /// It was returned or reclaimed before the decision.
+    Closed,
+    /// The decision's time is past the slice's expiry.
+    Expired,
+}
+
+impl OutsideLease {
+    /// As it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutsideLease::Unknown => "unknown",
+            OutsideLease::OtherHolder => "other_holder",
+            OutsideLease::Closed => "closed",
+            OutsideLease::Expired => "expired",
+        }
+    }
 }
 
 impl Inconsistency {
@@ -186,6 +258,10 @@ impl Inconsistency {
             Inconsistency::OverrunMisrecorded { .. } => "overrun_misrecorded",
             Inconsistency::Overflow { .. } => "overflow",
             Inconsistency::RefillWithoutApproval { .. } => "refill_without_approval",
+            Inconsistency::LeaseOverspent { .. } => "lease_overspent",
+            Inconsistency::SlicesOverCap { .. } => "slices_over_cap",
+            Inconsistency::DecisionOutsideLease { .. } => "decision_outside_lease",
+            Inconsistency::LeaseMisrecorded { .. } => "lease_misrecorded",
         }
     }
 }

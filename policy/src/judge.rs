@@ -88,7 +88,8 @@ pub(crate) fn judge_keyed(
                 });
             }
         }
-        Kind::Deny | Kind::Stop | Kind::Policy | Kind::Pause | Kind::Resume => {}
+        // A lease record is no run's: the lease audit judges it (`crate::leased`).
+        Kind::Deny | Kind::Stop | Kind::Policy | Kind::Pause | Kind::Resume | Kind::Lease => {}
     }
     found
 }

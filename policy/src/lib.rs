@@ -27,7 +27,7 @@
 //! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
 //! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `refill` (continuations of runs a refusal stopped), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `refusals` (the refusal order: named rules, checked in one order), `request` (the approval request a `require_approval` is), `decide`, `judge`, `apply`, `headroom` (how
-//! close a run is to its limits), `slices` (how big a leased slice of a budget is). Items moved down
+//! close a run is to its limits), `slices` (how big a leased slice of a budget is), `leased` (what counts against a slice). Items moved down
 //! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
 //! `apply::standing`, ...).
 #![forbid(unsafe_code)]
@@ -42,6 +42,7 @@ pub mod fields;
 pub mod headroom;
 pub mod inconsistency;
 pub mod judge;
+pub mod leased;
 pub mod limits;
 pub mod overrun;
 pub mod prices;
@@ -63,7 +64,9 @@ pub use config::{Policy, Recorded};
 pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
+pub use inconsistency::OutsideLease;
 pub use judge::{judge, Dimension, Inconsistency};
+pub use leased::{principal_cap, run_cap, slices_past_cap, Past, RunCount, SliceUse};
 pub use limits::{
     call_timeout, deadline_left, deadline_stop, left, over_limit, past_deadline, spend_left,
 };

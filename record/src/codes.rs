@@ -30,6 +30,9 @@ pub enum Kind {
     Pause,
     /// The operator resumed a paused run. Written by the gate.
     Resume,
+    /// An event of a leased budget slice (grant, renewal, return, reclaim) in its
+    /// holder's ledger; not about a run. Written by the gate.
+    Lease,
 }
 
 impl Kind {
@@ -45,6 +48,7 @@ impl Kind {
         Kind::Policy,
         Kind::Pause,
         Kind::Resume,
+        Kind::Lease,
     ];
 
     /// The kind's name as it appears in JSON.
@@ -60,6 +64,7 @@ impl Kind {
             Kind::Policy => "policy",
             Kind::Pause => "pause",
             Kind::Resume => "resume",
+            Kind::Lease => "lease",
         }
     }
 }

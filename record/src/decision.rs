@@ -5,6 +5,7 @@
 //! `args` by `args_digest`, BLAKE3 over the canonical JSON of the arguments.
 
 mod request;
+mod slice;
 mod usage;
 
 use std::collections::BTreeMap;
@@ -21,6 +22,7 @@ use crate::Dimension;
 
 pub use crate::codes::{Action, Channel, Effect, Kind, Reason, Status, UsageRefused};
 pub use request::Request;
+pub use slice::{LeaseEvent, LeaseScope, Slice, SliceAmounts};
 pub use usage::Usage;
 
 /// Longest `args_preview` the ledger stores, in bytes.
@@ -364,6 +366,17 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
     pub trace_id: Option<String>,
+    /// The leased slice a decision was decided on (allow, deny, outcome, refund), or
+    /// the slice a `lease` record is about: its id in the fleet's database
+    /// (docs/FORMAT.md, "Leases"). Declared before `prev_seq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub lease: Option<u64>,
+    /// What happened to the slice `lease` names (`lease` records only): the event, its
+    /// holder, scope, bounds and times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "present")]
+    pub slice: Option<Slice>,
     /// The seq of the previous decision of the same run in this ledger, if there is one
     /// (every kind but `policy`, which belongs to no run). Written by the ledger alone,
     /// when it assigns seqs: it links a run's decisions to each other, so a proof of a
@@ -407,6 +420,17 @@ impl Decision {
                     message: e.to_string(),
                 })
             })
+    }
+
+    /// A `lease` record: what happened to the slice `id` (docs/FORMAT.md, "Leases"). It
+    /// belongs to no run; the writer adds `worker` and `at_ms` where it has them.
+    pub fn lease_record(id: u64, slice: Slice) -> Decision {
+        Decision {
+            kind: Some(Kind::Lease),
+            lease: Some(id),
+            slice: Some(slice),
+            ..Decision::default()
+        }
     }
 
     /// The record's kind. Validated decisions always have one.
@@ -530,7 +554,7 @@ fn reject_struct_arrays(text: &str) -> Result<(), DecisionError> {
     let Value::Object(map) = &value else {
         return Err(array("a decision"));
     };
-    for field in ["budget", "scope", "request"] {
+    for field in ["budget", "scope", "request", "slice"] {
         if matches!(map.get(field), Some(Value::Array(_))) {
             return Err(array(field));
         }

@@ -229,7 +229,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
                 }));
             }
             let role = match (self.role, key.as_str()) {
-                (Role::Decision, "budget" | "scope") | (Role::Limits, _) => Role::Record,
+                (Role::Decision, "budget" | "scope" | "slice") | (Role::Limits, _) => Role::Record,
                 (Role::Decision, "limits") => Role::Limits,
                 _ => Role::Any,
             };

@@ -22,7 +22,8 @@ use crate::decision::{Decision, MAX_POLICY_BYTES, MAX_PREVIEW_BYTES, MAX_TEXT_BY
 use crate::error::DecisionError;
 
 pub use kinds::{
-    Allow, Amount, Call, Deny, Head, Mark, Observer, Outcome, Override, Policy, Refund, Start, Stop,
+    Allow, Amount, Call, Deny, Head, Lease, Mark, Observer, Outcome, Override, Policy, Refund,
+    Start, Stop,
 };
 
 /// A valid decision, by kind: what each kind may carry and nothing else.
@@ -48,6 +49,8 @@ pub enum Record<'a> {
     Pause(Mark<'a>),
     /// The operator resumed the run.
     Resume(Mark<'a>),
+    /// An event of a leased budget slice.
+    Lease(Lease<'a>),
 }
 
 impl Record<'_> {
@@ -64,6 +67,7 @@ impl Record<'_> {
             Record::Policy(_) => Kind::Policy,
             Record::Pause(_) => Kind::Pause,
             Record::Resume(_) => Kind::Resume,
+            Record::Lease(_) => Kind::Lease,
         }
     }
 }
@@ -88,6 +92,7 @@ impl Decision {
             Kind::Policy => Record::Policy(build::policy(self)?),
             Kind::Pause => Record::Pause(build::mark(self)?),
             Kind::Resume => Record::Resume(build::mark(self)?),
+            Kind::Lease => Record::Lease(build::lease(self)?),
         })
     }
 
@@ -98,19 +103,27 @@ impl Decision {
     }
 }
 
-/// A policy record belongs to no run; every other record to one.
+/// A policy or lease record belongs to no run; every other record to one.
 fn run(d: &Decision, kind: Kind) -> Result<(), DecisionError> {
-    if kind == Kind::Policy {
+    if let Some(why) = runless(kind) {
         if !d.run.is_empty() {
-            return Err(DecisionError::Invalid {
-                field: "run",
-                why: "a policy record belongs to no run: leave `run` empty",
-            });
+            return Err(DecisionError::Invalid { field: "run", why });
         }
     } else if d.run.is_empty() {
         return Err(DecisionError::Missing { field: "run" });
     }
     Ok(())
+}
+
+/// Why a record of `kind` belongs to no run, for the kinds that do not.
+pub(crate) fn runless(kind: Kind) -> Option<&'static str> {
+    match kind {
+        Kind::Policy => Some("a policy record belongs to no run: leave `run` empty"),
+        Kind::Lease => {
+            Some("a lease record belongs to no run (its slice names its scope): leave `run` empty")
+        }
+        _ => None,
+    }
 }
 
 /// Every text within the bound the ledger stores, whatever the kind.

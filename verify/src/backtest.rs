@@ -100,6 +100,8 @@ impl Backtest {
                     self.policies.insert(r.digest, offline);
                 }
             }
+            // A slice's event is no run's: backtesting a policy leaves leases alone.
+            Kind::Lease => {}
             Kind::Start if !self.index.contains_key(&d.run) => self.start(e),
             _ => match self.index.get(&d.run) {
                 Some(&i) => self.fold(i, e),
@@ -189,7 +191,7 @@ impl Backtest {
         match d.kind() {
             Kind::Allow | Kind::Deny => self.call(i, e),
             Kind::Outcome | Kind::Refund => self.outcome(i, e),
-            Kind::Start | Kind::Policy => {}
+            Kind::Start | Kind::Policy | Kind::Lease => {}
             Kind::Stop | Kind::Override | Kind::Pause | Kind::Resume => {
                 let now = at(&self.runs[i].would);
                 self.apply_would(i, d, None, now);

@@ -214,7 +214,11 @@ pub fn merge<I: Iterator<Item = Event>, R: Ord>(
         };
         order += 1;
         report.decisions[i] += 1;
-        if e.decision.kind() != tally_ledger::Kind::Policy {
+        // Policy and lease records belong to no run.
+        if !matches!(
+            e.decision.kind(),
+            tally_ledger::Kind::Policy | tally_ledger::Kind::Lease
+        ) {
             let run = runs.entry(e.decision.run.clone()).or_insert(RunSeen {
                 first: i,
                 several: false,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// Bottom first; `mod.rs` (the root, which ties them together) is above them all.
 const LAYERS: &[&str] = &[
-    "names", "findings", "loops", "handoff", "report", "run", "refill", "render",
+    "names", "findings", "loops", "handoff", "report", "run", "refill", "leases", "render",
 ];
 
 /// The sibling modules a file under `analysis/` names outside comments (`super::X` from a

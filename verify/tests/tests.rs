@@ -3,4 +3,5 @@
 mod analysis;
 mod backtest;
 mod layers;
+mod leases;
 mod merge;

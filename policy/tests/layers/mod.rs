@@ -30,6 +30,7 @@ const LAYERS: &[&str] = &[
     "apply",
     "headroom",
     "slices",
+    "leased",
 ];
 
 /// The `crate::MODULE` paths a source file names outside comments.

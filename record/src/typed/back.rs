@@ -4,7 +4,8 @@
 use crate::decision::Decision;
 
 use super::kinds::{
-    Allow, Amount, Call, Deny, Head, Mark, Observer, Outcome, Override, Policy, Refund, Start, Stop,
+    Allow, Amount, Call, Deny, Head, Lease, Mark, Observer, Outcome, Override, Policy, Refund,
+    Start, Stop,
 };
 use super::Record;
 
@@ -24,6 +25,7 @@ impl From<Record<'_>> for Decision {
             Record::Stop(s) => stop(&mut d, s),
             Record::Policy(p) => policy(&mut d, p),
             Record::Pause(m) | Record::Resume(m) => mark(&mut d, m),
+            Record::Lease(l) => lease(&mut d, l),
         }
         d
     }
@@ -78,6 +80,7 @@ fn outcome(d: &mut Decision, o: Outcome<'_>) {
         }
         Observer::Operator => d.operator = Some(true),
     }
+    d.lease = o.lease;
 }
 
 fn refund(d: &mut Decision, r: Refund<'_>) {
@@ -86,6 +89,7 @@ fn refund(d: &mut Decision, r: Refund<'_>) {
     d.of = Some(r.of);
     d.slots = r.slots;
     (d.cents, d.nanos) = units(r.refunded);
+    d.lease = r.lease;
 }
 
 fn grant(d: &mut Decision, o: Override<'_>) {
@@ -117,6 +121,14 @@ fn policy(d: &mut Decision, p: Policy<'_>) {
     d.policy = Some(p.policy.to_owned());
     d.policy_text = Some(p.policy_text.to_owned());
     d.uid = p.uid;
+}
+
+fn lease(d: &mut Decision, l: Lease<'_>) {
+    d.worker = l.worker.map(str::to_owned);
+    d.at_ms = l.at_ms;
+    d.uid = l.uid;
+    d.lease = Some(l.id);
+    d.slice = Some(l.slice.clone());
 }
 
 fn mark(d: &mut Decision, m: Mark<'_>) {
@@ -153,6 +165,7 @@ fn call(d: &mut Decision, c: Call<'_>) {
     d.credential = c.credential.map(str::to_owned);
     d.proxied = c.proxied.then_some(true);
     d.trace_id = c.trace_id.map(str::to_owned);
+    d.lease = c.lease;
 }
 
 /// An amount as the JSON gives it: `(cents, nanos)`, at most one of them.

@@ -15,7 +15,8 @@ use crate::error::DecisionError;
 use crate::money::Nanos;
 
 use super::kinds::{
-    Allow, Amount, Call, Deny, Head, Mark, Observer, Outcome, Override, Policy, Refund, Start, Stop,
+    Allow, Amount, Call, Deny, Head, Lease, Mark, Observer, Outcome, Override, Policy, Refund,
+    Start, Stop,
 };
 
 pub(super) fn start(d: &Decision) -> Result<Start<'_>, DecisionError> {
@@ -110,6 +111,7 @@ pub(super) fn outcome(d: &Decision) -> Result<Outcome<'_>, DecisionError> {
         result_digest: d.result_digest.as_deref(),
         overrun_nanos,
         observer: observer(d, status, settled, proxied, operator)?,
+        lease: d.lease,
     })
 }
 
@@ -171,6 +173,7 @@ pub(super) fn refund(d: &Decision) -> Result<Refund<'_>, DecisionError> {
         of,
         slots: d.slots,
         refunded,
+        lease: d.lease,
     })
 }
 
@@ -251,6 +254,20 @@ pub(super) fn mark(d: &Decision) -> Result<Mark<'_>, DecisionError> {
     })
 }
 
+/// A `lease`: its id and a valid slice.
+pub(super) fn lease(d: &Decision) -> Result<Lease<'_>, DecisionError> {
+    let id = required("lease", d.lease)?;
+    let slice = required("slice", d.slice.as_ref())?;
+    slice.validate()?;
+    Ok(Lease {
+        worker: d.worker.as_deref(),
+        at_ms: d.at_ms,
+        uid: d.uid,
+        id,
+        slice,
+    })
+}
+
 /// The amounts of an allow or deny: the reservation in one unit, and a `limits` spend
 /// in cents that fits in nanodollars.
 fn call_amounts(d: &Decision) -> Result<Option<Amount>, DecisionError> {
@@ -306,6 +323,7 @@ fn call(d: &Decision, reserve: Option<Amount>) -> Result<Call<'_>, DecisionError
         credential: d.credential.as_deref(),
         proxied,
         trace_id: d.trace_id.as_deref(),
+        lease: d.lease,
     })
 }
 

@@ -6,7 +6,9 @@ use crate::codes::Kind;
 use crate::decision::Decision;
 use crate::error::DecisionError;
 
-use super::kinds::{Allow, Call, Deny, Head, Mark, Outcome, Override, Policy, Refund, Start, Stop};
+use super::kinds::{
+    Allow, Call, Deny, Head, Lease, Mark, Outcome, Override, Policy, Refund, Start, Stop,
+};
 
 /// Every field present in `d` must be one its kind carries; the first that is not (in
 /// the order of [`NAMES`], `note` last) is refused.
@@ -35,6 +37,7 @@ pub(super) fn carried(kind: Kind) -> &'static [&'static [&'static str]] {
         Kind::Stop => &[Head::FIELDS, Stop::FIELDS],
         Kind::Policy => &[Policy::FIELDS],
         Kind::Pause | Kind::Resume => &[Head::FIELDS, Mark::FIELDS],
+        Kind::Lease => &[Lease::FIELDS],
     }
 }
 
@@ -55,7 +58,7 @@ fn carries() -> &'static [[bool; NAMES.len()]; Kind::ALL.len()] {
 }
 
 /// The optional fields by their JSON names, in the order they are refused in.
-const NAMES: [&str; 54] = [
+const NAMES: [&str; 56] = [
     "worker",
     "at_ms",
     "goal",
@@ -108,6 +111,8 @@ const NAMES: [&str; 54] = [
     "request",
     "answers",
     "trace_id",
+    "lease",
+    "slice",
     "prev_seq",
     "note",
 ];
@@ -167,6 +172,8 @@ fn present(d: &Decision) -> [bool; NAMES.len()] {
         d.request.is_some(),
         d.answers.is_some(),
         d.trace_id.is_some(),
+        d.lease.is_some(),
+        d.slice.is_some(),
         d.prev_seq.is_some(),
         d.note.is_some(),
     ]

@@ -8,7 +8,7 @@ use std::num::NonZeroU64;
 
 use crate::args::Args;
 use crate::codes::{Channel, Effect, Reason, Status, UsageRefused};
-use crate::decision::{Budget, Limit, Request, Scope, Usage};
+use crate::decision::{Budget, Limit, Request, Scope, Slice, Usage};
 use crate::money::Nanos;
 
 /// What every record of a run carries (every kind but `policy`).
@@ -132,6 +132,8 @@ pub struct Call<'a> {
     pub proxied: bool,
     /// The OpenTelemetry trace-id of the check.
     pub trace_id: Option<&'a str>,
+    /// The leased slice it was decided on.
+    pub lease: Option<u64>,
 }
 
 impl Call<'_> {
@@ -156,6 +158,7 @@ impl Call<'_> {
         "credential",
         "proxied",
         "trace_id",
+        "lease",
     ];
 }
 
@@ -242,6 +245,8 @@ pub struct Outcome<'a> {
     pub overrun_nanos: Option<NonZeroU64>,
     /// Who recorded it.
     pub observer: Observer<'a>,
+    /// The leased slice it was decided on.
+    pub lease: Option<u64>,
 }
 
 impl Outcome<'_> {
@@ -260,6 +265,7 @@ impl Outcome<'_> {
         "operator",
         "usage_refused",
         "usage",
+        "lease",
     ];
 }
 
@@ -276,11 +282,13 @@ pub struct Refund<'a> {
     pub slots: Option<u64>,
     /// The reservation released.
     pub refunded: Option<Amount>,
+    /// The leased slice it was decided on.
+    pub lease: Option<u64>,
 }
 
 impl Refund<'_> {
     /// The JSON names of the fields a refund carries beyond [`Head::FIELDS`].
-    pub const FIELDS: &'static [&'static str] = &["of", "slots", "cents", "nanos"];
+    pub const FIELDS: &'static [&'static str] = &["of", "slots", "cents", "nanos", "lease"];
 }
 
 /// `override`: a human approved going beyond the budget, or denied an approval request
@@ -382,4 +390,25 @@ pub struct Mark<'a> {
 impl Mark<'_> {
     /// The JSON names of the fields a pause or resume carries beyond [`Head::FIELDS`].
     pub const FIELDS: &'static [&'static str] = &[];
+}
+
+/// `lease`: an event of a leased budget slice in its holder's ledger. It belongs to no
+/// run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease<'a> {
+    /// Which worker/process wrote it.
+    pub worker: Option<&'a str>,
+    /// The writer's elapsed ms.
+    pub at_ms: Option<u64>,
+    /// The Unix uid of the process that asked.
+    pub uid: Option<u32>,
+    /// The slice's id in the fleet's database.
+    pub id: u64,
+    /// What happened to it (valid: [`Slice::validate`]).
+    pub slice: &'a Slice,
+}
+
+impl Lease<'_> {
+    /// The JSON names of the fields a lease record carries.
+    pub const FIELDS: &'static [&'static str] = &["worker", "at_ms", "uid", "lease", "slice"];
 }

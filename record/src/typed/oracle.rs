@@ -14,6 +14,20 @@ const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
 /// A call's identity is also a denial's: the `override` that denies it names it.
 const CALL_OR_DENIAL: &[Kind] = &[Kind::Allow, Kind::Deny, Kind::Override];
 
+/// Every kind but `lease`, which carries only `worker`, `at_ms`, `uid`, `lease`, `slice`.
+const NOT_LEASE: &[Kind] = &[
+    Kind::Start,
+    Kind::Allow,
+    Kind::Deny,
+    Kind::Outcome,
+    Kind::Refund,
+    Kind::Override,
+    Kind::Stop,
+    Kind::Policy,
+    Kind::Pause,
+    Kind::Resume,
+];
+
 /// Each amount in one unit only, and every cents amount exactly convertible to
 /// nanodollars (docs/FORMAT.md, "Money").
 fn validate_amounts(d: &Decision) -> Result<(), DecisionError> {
@@ -71,6 +85,13 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
             return Err(DecisionError::Invalid {
                 field: "run",
                 why: "a policy record belongs to no run: leave `run` empty",
+            });
+        }
+    } else if kind == Kind::Lease {
+        if !d.run.is_empty() {
+            return Err(DecisionError::Invalid {
+                field: "run",
+                why: "a lease record belongs to no run (its slice names its scope): leave `run` empty",
             });
         }
     } else if d.run.is_empty() {
@@ -135,7 +156,7 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
         }
     }
     validate_amounts(d)?;
-    let present: [(&'static str, bool, &[Kind]); 53] = [
+    let present: [(&'static str, bool, &[Kind]); 55] = [
         ("worker", d.worker.is_some(), Kind::ALL),
         ("at_ms", d.at_ms.is_some(), Kind::ALL),
         ("goal", d.goal.is_some(), &[Kind::Start]),
@@ -155,7 +176,7 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
             d.parent.is_some(),
             &[Kind::Start, Kind::Allow, Kind::Deny],
         ),
-        ("reason", d.reason.is_some(), Kind::ALL),
+        ("reason", d.reason.is_some(), NOT_LEASE),
         (
             "attempt",
             d.attempt.is_some(),
@@ -190,7 +211,7 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
             d.limits.is_some(),
             &[Kind::Allow, Kind::Deny, Kind::Stop],
         ),
-        ("policy", d.policy.is_some(), Kind::ALL),
+        ("policy", d.policy.is_some(), NOT_LEASE),
         ("policy_text", d.policy_text.is_some(), &[Kind::Policy]),
         ("uid", d.uid.is_some(), Kind::ALL),
         (
@@ -230,6 +251,18 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
         ("request", d.request.is_some(), &[Kind::Deny]),
         ("answers", d.answers.is_some(), &[Kind::Override]),
         ("trace_id", d.trace_id.is_some(), &[Kind::Allow, Kind::Deny]),
+        (
+            "lease",
+            d.lease.is_some(),
+            &[
+                Kind::Allow,
+                Kind::Deny,
+                Kind::Outcome,
+                Kind::Refund,
+                Kind::Lease,
+            ],
+        ),
+        ("slice", d.slice.is_some(), &[Kind::Lease]),
         (
             "prev_seq",
             d.prev_seq.is_some(),
@@ -273,6 +306,8 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
         Kind::Policy if d.policy.is_none() => {
             return Err(DecisionError::Missing { field: "policy" })
         }
+        Kind::Lease if d.lease.is_none() => return Err(DecisionError::Missing { field: "lease" }),
+        Kind::Lease if d.slice.is_none() => return Err(DecisionError::Missing { field: "slice" }),
         _ => {}
     }
     if d.reason == Some(Reason::Completed) && kind != Kind::Stop {
@@ -336,6 +371,9 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
             });
         }
         u.validate()?;
+    }
+    if let Some(slice) = &d.slice {
+        slice.validate()?;
     }
     if d.operator == Some(true) && d.proxied.is_some() {
         return Err(DecisionError::Invalid {

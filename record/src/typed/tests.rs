@@ -12,7 +12,9 @@ use serde_json::json;
 use super::oracle;
 use crate::args::Args;
 use crate::codes::{Channel, Effect, Kind, Reason, Status, UsageRefused};
-use crate::decision::{policy_digest, Budget, Decision, Limit, Scope, Usage};
+use crate::decision::{
+    policy_digest, Budget, Decision, LeaseScope, Limit, Scope, Slice, SliceAmounts, Usage,
+};
 use crate::error::DecisionError;
 
 const DIGEST: &str = "a3f1c0de00000000000000000000000000000000000000000000000000000001";
@@ -186,7 +188,49 @@ fn set(d: &mut Decision, field: &str, v: u64) {
             })
         }
         "prev_seq" => d.prev_seq = Some(num),
+        "lease" => d.lease = Some(num),
+        "slice" => d.slice = Some(slice(v, &text)),
         other => panic!("no field {other}"),
+    }
+}
+
+/// A slice, valid or not as `v` picks (3 is a valid grant): an empty or long holder
+/// (through `text`), no bounds, an expiry at the grant, a return without its time or
+/// using more than its bound, a renewal saying what it used.
+fn slice(v: u64, text: &str) -> Slice {
+    let bounds = SliceAmounts {
+        attempts: Some(5),
+        nanos: (v % 2 == 1).then_some(1_000),
+        ..SliceAmounts::default()
+    };
+    let holder = if v % 5 == 4 { text } else { "host-a" };
+    let grant = Slice::grant(holder, 2, (LeaseScope::Run, "r1"), bounds, 1_000, 11_000);
+    let used = |attempts| SliceAmounts {
+        attempts: Some(attempts),
+        ..SliceAmounts::default()
+    };
+    match v % 11 {
+        0 => Slice::grant(
+            "host-a",
+            2,
+            (LeaseScope::Principal, "1000"),
+            SliceAmounts::default(),
+            1_000,
+            11_000,
+        ),
+        2 => Slice::grant("host-a", 2, (LeaseScope::Bucket, "b"), bounds, 1_000, 1_000),
+        6 => grant.returned(used(3), 5_000),
+        7 => grant.returned(used(6), 5_000),
+        8 => Slice {
+            closed_at_ms: None,
+            ..grant.reclaimed(used(1), 12_000)
+        },
+        9 => grant.renewed(21_000),
+        10 => Slice {
+            used_attempts: Some(1),
+            ..grant.renewed(21_000)
+        },
+        _ => grant,
     }
 }
 
@@ -196,7 +240,7 @@ fn clear(d: &mut Decision, field: &str) {
         ($($f:ident)*) => {
             match field {
                 $(stringify!($f) => d.$f = None,)*
-                "run" => d.run = if d.kind == Some(Kind::Policy) { String::new() } else { "r1".into() },
+                "run" => d.run = if matches!(d.kind, Some(Kind::Policy | Kind::Lease)) { String::new() } else { "r1".into() },
                 other => panic!("no field {other}"),
             }
         };
@@ -206,7 +250,7 @@ fn clear(d: &mut Decision, field: &str) {
         reserve_nanos status settled_cents settled_nanos remote_ref observed retry_after_ms
         of slots cents nanos approver scope digest expires_ms note limits policy policy_text
         uid credential timeout_ms grant signature continues state_version result_digest
-        proxied overrun_nanos operator usage_refused usage trace_id prev_seq)
+        proxied overrun_nanos operator usage_refused usage trace_id lease slice prev_seq)
 }
 
 /// Every field a decision may give, by its JSON name (`kind` aside).
@@ -263,6 +307,8 @@ const FIELDS: &[&str] = &[
     "usage_refused",
     "usage",
     "trace_id",
+    "lease",
+    "slice",
     "prev_seq",
 ];
 

@@ -17,10 +17,13 @@
 //! Modules depend one way, each only on those before it (checked by `tests/layers.rs`):
 //! `names`, `findings`, `loops`, `handoff` (the handoff's types), `report`, `run` (one
 //! run's fold; it builds the run's handoff), `refill` (the refill chains a start
-//! makes, judged by the core), `render`; this root ties them together.
+//! makes, judged by the core), `leases` (the leased slices and the decisions made on
+//! them, against their bounds and their scopes' caps), `render`; this root ties them
+//! together.
 
 mod findings;
 mod handoff;
+mod leases;
 mod loops;
 mod names;
 mod refill;
@@ -33,7 +36,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use tally_ledger::{Decision, Kind, Reason};
-use tally_policy::{Keyed, Now, Policy, Recorded, RunState, ViewMut};
+use tally_policy::{Keyed, Now, Policy, Recorded, RunCount, RunState, ViewMut};
 
 pub use findings::AuditFinding;
 pub use handoff::{
@@ -44,10 +47,10 @@ pub use handoff::{
 pub use loops::{Clock, Loop, LoopEnd, Pattern, PollEvidence};
 pub use render::{
     render_findings_json, render_findings_text, render_handoffs_json, render_handoffs_text,
-    render_loops_json, render_loops_text, render_overruns_text, render_usage_refused_text,
-    REPORT_VERSION,
+    render_leases_text, render_loops_json, render_loops_text, render_overruns_text,
+    render_usage_refused_text, REPORT_VERSION,
 };
-pub use report::{Overrun, RefusedUsage, Report};
+pub use report::{Cap, LeaseAmounts, Overrun, RefusedUsage, Report, ScopeLeases};
 pub use tally_policy::{Dimension, Inconsistency};
 
 use crate::replay::{self, ReplayKind, ReplayReport};
@@ -112,6 +115,8 @@ pub struct Analysis {
     replay: ReplayReport,
     /// Which starts continue the run they name (the refill chains).
     links: refill::Links,
+    /// The leased slices and the decisions made on them.
+    leases: leases::Leases,
 }
 
 /// What one record is judged under, as the fold's steps share it.
@@ -184,6 +189,7 @@ impl Analysis {
             usage_refused: Vec::new(),
             replay: ReplayReport::default(),
             links: refill::Links::default(),
+            leases: leases::Leases::default(),
         }
     }
 
@@ -206,6 +212,10 @@ impl Analysis {
             }
             return;
         }
+        if d.kind() == Kind::Lease {
+            self.leases.record(e);
+            return;
+        }
         let slot = match self.index.get(&d.run) {
             Some(&i) => i,
             None => {
@@ -217,7 +227,18 @@ impl Analysis {
         // The runs are taken out while one is folded, so its parent (another run) can be
         // changed beside it and the rest of the analysis beside both.
         let mut runs = std::mem::take(&mut self.runs);
+        // A decision made on a leased slice: what it changed in its run's count is what
+        // it used of the slice (`tally_policy::leased`).
+        let before = d.lease.map(|_| {
+            let core = &runs[slot].core;
+            let poll = d.kind() == Kind::Allow && Keyed::from_record(d).poll(core).is_some();
+            (RunCount::of(core), poll)
+        });
         self.fold(&mut runs, slot, e);
+        if let (Some(id), Some((before, poll))) = (d.lease, before) {
+            let after = RunCount::of(&runs[slot].core);
+            self.leases.decision(e, id, (before, after, poll));
+        }
         self.runs = runs;
     }
 
@@ -552,14 +573,20 @@ impl Analysis {
             storms,
             mut loops,
             mut findings,
-            findings_omitted,
+            mut findings_omitted,
             overruns,
             usage_refused,
             replay,
             default_policy,
             links,
+            leases,
+            policies,
             ..
         } = self;
+        let cap = |kind, key: &str| lease_cap(&runs, &index, &policies, kind, key);
+        let (lease_findings, lease_omitted, leases) = leases.finish(cap);
+        findings.extend(lease_findings);
+        findings_omitted += lease_omitted;
         for run in &mut runs {
             run.finish(&mut loops);
         }
@@ -594,6 +621,7 @@ impl Analysis {
             usage_refused,
             replay,
             handoffs,
+            leases,
         }
     }
 
@@ -632,6 +660,35 @@ impl Analysis {
             analysis.push(e);
         }
         analysis.finish()
+    }
+}
+
+/// A scope's cap as the ledgers say it: a started run's from its start, a principal's
+/// from the recorded policies' principal limits when they all give the uid the same;
+/// otherwise (a credential, a bucket, a run not started here, policies that disagree or
+/// say nothing) not known.
+fn lease_cap(
+    runs: &[RunAnalysis],
+    index: &crate::hash::Map<String, usize>,
+    policies: &crate::hash::Map<String, RecordedPolicy>,
+    kind: tally_ledger::decision::LeaseScope,
+    key: &str,
+) -> Option<tally_ledger::decision::SliceAmounts> {
+    use tally_ledger::decision::LeaseScope;
+    match kind {
+        LeaseScope::Run => {
+            let run = &runs[*index.get(key)?].core;
+            run.started.then(|| tally_policy::run_cap(&run.budget))
+        }
+        LeaseScope::Principal => {
+            let uid: u32 = key.parse().ok()?;
+            let mut limits = policies.values().map(|p| p.offline.principal(uid));
+            let first = limits.next()??;
+            limits
+                .all(|l| l == Some(first))
+                .then(|| tally_policy::principal_cap(first))
+        }
+        _ => None,
     }
 }
 

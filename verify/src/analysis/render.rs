@@ -177,6 +177,7 @@ fn finding_text(f: &Inconsistency) -> String {
         .or_else(|| lifecycle_text(f))
         .or_else(|| attempt_text(f))
         .or_else(|| approval_text(f))
+        .or_else(|| lease_text(f))
         .unwrap_or_else(|| f.as_str().replace('_', " "))
 }
 
@@ -352,6 +353,85 @@ fn approval_text(f: &Inconsistency) -> Option<String> {
         ),
         _ => return None,
     })
+}
+
+/// A lease finding as text (docs/VERIFY.md, "Leases").
+fn lease_text(f: &Inconsistency) -> Option<String> {
+    Some(match f {
+        Inconsistency::LeaseOverspent {
+            lease,
+            dimension,
+            used,
+            bound,
+        } => format!(
+            "decisions made on lease {lease} used {used} {dimension}, past the slice's {bound}"
+        ),
+        Inconsistency::SlicesOverCap {
+            scope_kind,
+            scope_key,
+            dimension,
+            leased,
+            cap,
+            lease,
+        } => format!(
+            "with lease {lease}, the slices of {} {} open at once bound {leased} {dimension}, past its cap of {cap}",
+            scope_kind.as_str(),
+            shown(scope_key)
+        ),
+        Inconsistency::DecisionOutsideLease { lease, why } => format!(
+            "decided on lease {lease}, which {}",
+            match why {
+                tally_policy::OutsideLease::Unknown => "no ledger given grants before it",
+                tally_policy::OutsideLease::OtherHolder => "is another host's (granted in another ledger)",
+                tally_policy::OutsideLease::Closed => "was returned or reclaimed before it",
+                tally_policy::OutsideLease::Expired => "had expired",
+                _ => "it may not be decided on",
+            }
+        ),
+        Inconsistency::LeaseMisrecorded { lease, why } => {
+            format!("lease {lease}: {}", shown(why))
+        }
+        _ => return None,
+    })
+}
+
+/// The scopes slices were leased from, as text: nothing when there are none, else one
+/// line each (its slices, the most leased at once, its cap or that it is unknown).
+pub fn render_leases_text(report: &Report) -> String {
+    let mut out = String::new();
+    if report.leases.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "Leased slices, per scope:");
+    for s in &report.leases {
+        let amounts = |a: &super::report::LeaseAmounts| {
+            let dims = [a.attempts, a.nanos, a.side_effects, a.polls];
+            let names = ["attempts", "nanos", "side_effects", "polls"];
+            let shown: Vec<String> = (dims.iter().zip(names))
+                .filter_map(|(v, n)| v.map(|v| format!("{n} {v}")))
+                .collect();
+            if shown.is_empty() {
+                "no limit".to_owned()
+            } else {
+                shown.join(", ")
+            }
+        };
+        let cap = match &s.cap {
+            super::report::Cap::Known(c) => format!("cap {}", amounts(c)),
+            super::report::Cap::Unknown => {
+                "cap unknown from the ledgers: the slices were not checked against it".to_owned()
+            }
+        };
+        let _ = writeln!(
+            out,
+            "{} {}  {}  most leased at once: {}  {cap}",
+            s.scope_kind.as_str(),
+            shown(&s.scope_key),
+            plural(s.slices, "slice", "slices"),
+            amounts(&s.most_leased),
+        );
+    }
+    out
 }
 
 /// The audit findings as text, one line each.

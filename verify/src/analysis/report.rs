@@ -40,6 +40,72 @@ pub struct RefusedUsage {
     pub settled_nanos: u64,
 }
 
+/// An amount per dimension of a leased slice or scope (absent: no bound, no cap).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LeaseAmounts {
+    /// Attempts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u64>,
+    /// Spend, nanodollars.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nanos: Option<u64>,
+    /// Side effects.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub side_effects: Option<u64>,
+    /// Polls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub polls: Option<u64>,
+}
+
+impl From<tally_ledger::decision::SliceAmounts> for LeaseAmounts {
+    fn from(a: tally_ledger::decision::SliceAmounts) -> LeaseAmounts {
+        LeaseAmounts {
+            attempts: a.attempts,
+            nanos: a.nanos,
+            side_effects: a.side_effects,
+            polls: a.polls,
+        }
+    }
+}
+
+impl From<[u64; 4]> for LeaseAmounts {
+    fn from([attempts, nanos, side_effects, polls]: [u64; 4]) -> LeaseAmounts {
+        LeaseAmounts {
+            attempts: Some(attempts),
+            nanos: Some(nanos),
+            side_effects: Some(side_effects),
+            polls: Some(polls),
+        }
+    }
+}
+
+/// A scope's cap, as the ledgers say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cap {
+    /// From the run's start record, or the recorded policy's principal limits.
+    Known(LeaseAmounts),
+    /// Not knowable from the ledgers (a credential's or bucket's, a run without its
+    /// start, a principal whose recorded policies disagree or say nothing): the slices
+    /// of the scope were not checked against a cap.
+    Unknown,
+}
+
+/// One scope slices were leased from, over the ledgers given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ScopeLeases {
+    /// The scope's kind.
+    pub scope_kind: tally_ledger::decision::LeaseScope,
+    /// Which one.
+    pub scope_key: String,
+    /// Slices granted on it.
+    pub slices: u64,
+    /// The most its open slices bounded at once, per dimension.
+    pub most_leased: LeaseAmounts,
+    /// Its cap.
+    pub cap: Cap,
+}
+
 /// Everything the analysis found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Report {
@@ -62,6 +128,10 @@ pub struct Report {
     pub replay: ReplayReport,
     /// One handoff per run, in order of the run's first record.
     pub handoffs: Vec<Handoff>,
+    /// Every scope slices were leased from (`lease` records), by kind and key; its
+    /// findings are among `findings`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<ScopeLeases>,
 }
 
 impl Report {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 
 use crate::analysis::{self, render_findings_text, render_overruns_text};
-use crate::analysis::{render_usage_refused_text, REPORT_VERSION};
+use crate::analysis::{render_leases_text, render_usage_refused_text, REPORT_VERSION};
 use crate::merge::MergeReport;
 use crate::{Report, Verdict};
 
@@ -238,6 +238,11 @@ impl AuditReport {
                 json!({"findings": f.findings, "findings_omitted": f.findings_omitted,
                        "overruns": f.overruns, "usage_refused": f.usage_refused}),
             );
+            if !f.leases.is_empty() {
+                if let Some(Value::Object(audit)) = map.get_mut("audit") {
+                    audit.insert("leases".into(), json!(f.leases));
+                }
+            }
             map.insert("replay".into(), json!(f.replay));
         }
         value
@@ -252,6 +257,7 @@ impl AuditReport {
             text.push_str(&render_findings_text(f));
             text.push_str(&render_overruns_text(f));
             text.push_str(&render_usage_refused_text(f));
+            text.push_str(&render_leases_text(f));
             text.push('\n');
             text.push_str(&f.replay.to_text());
         }

@@ -304,7 +304,12 @@ impl RunAnalysis {
             }
             Kind::Allow | Kind::Deny => self.call(e, at, v, names, storms),
             Kind::Outcome => self.outcome(e, at, storms, policy, loops),
-            Kind::Refund | Kind::Override | Kind::Policy | Kind::Pause | Kind::Resume => {}
+            Kind::Refund
+            | Kind::Override
+            | Kind::Policy
+            | Kind::Pause
+            | Kind::Resume
+            | Kind::Lease => {}
             Kind::Stop => {
                 if let (None, Some(reason)) = (self.stop, d.reason) {
                     self.stop = Some(Halt {
