@@ -5,6 +5,13 @@
 //!
 //! One dimension at a time (attempts, nanodollars, side effects, polls): the caller
 //! sizes each dimension it leases. Pure: the caller counts what is left and who asked.
+//!
+//! A host deciding inside its slices asks two more things here: what a decision used of
+//! the run's budget ([`slice_use`], read off the policy's own fold: the run's state
+//! before and after the decision was applied, never recomputed), and how big a slice
+//! must be for a use of `need` units ([`slice_for`]).
+
+use crate::RunState;
 
 /// What a host asking for a slice of one dimension may lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,9 +51,115 @@ pub fn slice_size(left: u64, holders: u64, floor: u64) -> SliceSize {
     }
 }
 
+/// What a decision used of a run's budget, in the dimensions a slice covers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SliceUse {
+    /// Attempts counted.
+    pub attempts: u64,
+    /// Nanodollars reserved or settled.
+    pub nanos: u64,
+    /// Side effects counted.
+    pub effects: u64,
+    /// Polls allowed.
+    pub polls: u64,
+}
+
+impl SliceUse {
+    /// The four in the order slices hold them: attempts, nanodollars, side effects, polls.
+    pub fn each(&self) -> [u64; 4] {
+        [self.attempts, self.nanos, self.effects, self.polls]
+    }
+}
+
+/// What applying a decision took of the run's budget, and what it gave back: `before`
+/// and `after` are the run's state around the policy's own apply. A check's allow takes
+/// an attempt, its reservation, a side effect or a poll; an outcome that settles below
+/// its reservation gives the difference back (and one above it takes the overrun).
+pub fn slice_use(before: &RunState, after: &RunState) -> (SliceUse, SliceUse) {
+    let spent = |r: &RunState| r.held_nanos.saturating_add(r.settled_nanos);
+    let new_polls = after
+        .open
+        .iter()
+        .filter(|(n, a)| a.poll.is_some() && !before.open.contains_key(n))
+        .count() as u64;
+    let took = SliceUse {
+        attempts: after.attempts_used.saturating_sub(before.attempts_used),
+        nanos: spent(after).saturating_sub(spent(before)),
+        effects: after
+            .side_effects_used
+            .saturating_sub(before.side_effects_used),
+        polls: new_polls,
+    };
+    let gave = SliceUse {
+        nanos: spent(before).saturating_sub(spent(after)),
+        ..SliceUse::default()
+    };
+    (took, gave)
+}
+
+/// The slice of one dimension a host asks for when it must cover a use of `need` units:
+/// [`slice_size`], raised to `need` when the host asks alone and `need` is left; with
+/// others asking, a use bigger than the share is served centrally ([`SliceSize::Central`]),
+/// so no slice is more than a quarter of what is left. `need` 0: [`slice_size`] as is.
+pub fn slice_for(left: u64, holders: u64, floor: u64, need: u64) -> SliceSize {
+    match slice_size(left, holders, floor) {
+        SliceSize::Lease(n) if n >= need => SliceSize::Lease(n),
+        SliceSize::Lease(_) if holders <= 1 && need <= left => SliceSize::Lease(need),
+        _ => SliceSize::Central,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slice_for_a_use_covers_it_or_is_central() {
+        assert_eq!(slice_for(100, 1, 5, 90), SliceSize::Lease(90));
+        assert_eq!(slice_for(100, 1, 5, 10), SliceSize::Lease(75));
+        assert_eq!(slice_for(100, 1, 5, 101), SliceSize::Central);
+        assert_eq!(slice_for(1_000, 2, 5, 250), SliceSize::Lease(250));
+        assert_eq!(slice_for(1_000, 2, 5, 251), SliceSize::Central);
+        for left in 0..120u64 {
+            for holders in 0..5u64 {
+                for need in 0..40u64 {
+                    if let SliceSize::Lease(n) = slice_for(left, holders, 3, need) {
+                        assert!(n >= need && n <= left && n >= 1, "{left} {holders} {need}");
+                        if holders >= 2 {
+                            assert!(n * 4 <= left, "{left} {holders} {need}: {n}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_decision_uses_what_the_fold_changed() {
+        let before = RunState::new("r");
+        let mut after = before.clone();
+        after.attempts_used = 1;
+        after.held_nanos = 700;
+        after.side_effects_used = 1;
+        let (took, gave) = slice_use(&before, &after);
+        assert_eq!(
+            took,
+            SliceUse {
+                attempts: 1,
+                nanos: 700,
+                effects: 1,
+                polls: 0
+            }
+        );
+        assert_eq!(gave, SliceUse::default());
+        // The outcome settles 500 of the 700 reserved: 200 come back.
+        let mut settled = after.clone();
+        settled.held_nanos = 0;
+        settled.settled_nanos = 500;
+        let (took, gave) = slice_use(&after, &settled);
+        assert_eq!(took, SliceUse::default());
+        assert_eq!(gave.nanos, 200);
+    }
 
     #[test]
     fn one_host_gets_most_of_what_is_left() {
