@@ -37,8 +37,9 @@ mod state;
 mod txn;
 pub use gatekeeper::gatekeeper;
 pub use lease::{
-    Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, LeaseOptions, Leases, Outlook, Reclaimed,
-    Released, Scope, ScopeKind,
+    on_lease_event, Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, LeaseEvent, LeaseMetrics,
+    LeaseOptions, Leases, Outlook, Reclaimed, Released, Scope, ScopeKind, Sink, SliceError,
+    SliceOptions, Slices, Spent, Taken, Ticked,
 };
 pub use overview::VIEW_SUFFIX;
 
@@ -58,7 +59,7 @@ use schema::{Statements, WRITE};
 pub use txn::PostgresTxn;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);

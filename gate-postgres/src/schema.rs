@@ -165,6 +165,12 @@ CREATE INDEX IF NOT EXISTS tally_leases_held ON tally_leases (expires_at) WHERE 
 CREATE INDEX IF NOT EXISTS tally_leases_holder ON tally_leases (holder) WHERE state = 'held';
 ";
 
+/// Version 5: a scope's slices can be revoked (its run paused or killed): no grant and
+/// no renewal of its slices while `revoked`.
+pub(crate) const SCHEMA_V5: &str = "
+ALTER TABLE tally_lease_scopes ADD COLUMN IF NOT EXISTS revoked boolean NOT NULL DEFAULT false;
+";
+
 /// One round trip of the migration: bounded by `timeout`, counted in `trips`, its
 /// failure said as the gate says it.
 struct Migration<'a> {
@@ -206,7 +212,7 @@ impl Migration<'_> {
             client.query("SELECT max(version) FROM tally_schema", &[]),
         )?;
         let found: Option<i32> = rows.first().and_then(|r| r.get(0));
-        let all = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+        let all = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
         let from = match found {
             None => 0,
             Some(v) if v > crate::SCHEMA_VERSION => {
