@@ -71,7 +71,7 @@ pub use overrun::{overrun, Overrun};
 pub use refusals::{breaker_wait, outcome_unknown, taken_as_recorded, Rule, RULES};
 pub use request::request_id;
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
-pub use slices::{slice_for, slice_size, slice_use, SliceSize, SliceUse};
+pub use slices::{fits_in_slice, slice_for, slice_size, slice_use, SliceSize, SliceUse};
 pub use start::{
     above_ceiling, carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal,
 };

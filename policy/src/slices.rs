@@ -97,6 +97,14 @@ pub fn slice_use(before: &RunState, after: &RunState) -> (SliceUse, SliceUse) {
     (took, gave)
 }
 
+/// Whether a use of `need` still fits in a slice that covers `granted` of which `used`
+/// is used, in every dimension: the one test a host makes before deciding inside its
+/// slices (no: refill, or decide centrally).
+pub fn fits_in_slice(need: &SliceUse, used: &SliceUse, granted: &SliceUse) -> bool {
+    let (n, u, g) = (need.each(), used.each(), granted.each());
+    (0..4).all(|d| u[d].checked_add(n[d]).is_some_and(|total| total <= g[d]))
+}
+
 /// The slice of one dimension a host asks for when it must cover a use of `need` units:
 /// [`slice_size`], raised to `need` when the host asks alone and `need` is left; with
 /// others asking, a use bigger than the share is served centrally ([`SliceSize::Central`]),
@@ -132,6 +140,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_use_fits_in_a_slice_only_within_every_dimension() {
+        let slice = SliceUse {
+            attempts: 5,
+            nanos: 100,
+            ..SliceUse::default()
+        };
+        let used = SliceUse {
+            attempts: 4,
+            nanos: 93,
+            ..SliceUse::default()
+        };
+        let need = |attempts, nanos, effects| SliceUse {
+            attempts,
+            nanos,
+            effects,
+            polls: 0,
+        };
+        assert!(fits_in_slice(&need(1, 7, 0), &used, &slice));
+        assert!(!fits_in_slice(&need(2, 7, 0), &used, &slice));
+        assert!(!fits_in_slice(&need(1, 8, 0), &used, &slice));
+        assert!(!fits_in_slice(&need(0, 0, 1), &used, &slice));
+        let full = need(u64::MAX, 0, 0);
+        assert!(!fits_in_slice(&need(1, 0, 0), &full, &full));
     }
 
     #[test]

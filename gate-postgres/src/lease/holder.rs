@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tally_policy::{slice_for, SliceSize};
+use tally_policy::{fits_in_slice, slice_for, SliceSize, SliceUse};
 
 use super::events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 use super::types::{Amounts, Grant, Lease, LeaseError, Spent};
@@ -125,10 +125,25 @@ fn add(a: &Amounts, b: &Amounts) -> Amounts {
     Amounts::from_each([0, 1, 2, 3].map(|i| a[i].saturating_add(b[i])))
 }
 
+/// Amounts as the policy core counts a use.
+pub(super) fn use_of(a: &Amounts) -> SliceUse {
+    SliceUse {
+        attempts: a.attempts,
+        nanos: a.nanos,
+        effects: a.effects,
+        polls: a.polls,
+    }
+}
+
 impl Held {
     /// Whether `need` fits in what is left of the slice at `now`.
     fn covers(&self, need: &Amounts, now: Instant, margin: Duration) -> bool {
-        now + margin < self.deadline && add(&self.used, need).within(&self.lease.granted)
+        now + margin < self.deadline
+            && fits_in_slice(
+                &use_of(need),
+                &use_of(&self.used),
+                &use_of(&self.lease.granted),
+            )
     }
 }
 
