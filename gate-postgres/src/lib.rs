@@ -37,9 +37,9 @@ mod state;
 mod txn;
 pub use gatekeeper::gatekeeper;
 pub use lease::{
-    on_lease_event, Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, LeaseEvent, LeaseMetrics,
-    LeaseOptions, Leases, Outlook, Reclaimed, Released, Scope, ScopeKind, Sink, SliceError,
-    SliceOptions, Slices, Spent, Taken, Ticked,
+    on_lease_event, spawn_ticks, Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, LeaseEvent,
+    LeaseMetrics, LeaseOptions, Leases, Outlook, Reclaimed, Released, Scope, ScopeKind, Sink,
+    SliceError, SliceOptions, Slices, Spent, Taken, Ticked,
 };
 pub use overview::VIEW_SUFFIX;
 

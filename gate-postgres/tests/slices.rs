@@ -8,13 +8,13 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::Cluster;
 use tally_gate_postgres::{
-    Amounts, Caps, LeaseClock, LeaseOptions, Leases, Options, Scope, ScopeKind, SliceError,
-    SliceOptions, Slices, Spent, Taken,
+    spawn_ticks, Amounts, Caps, LeaseClock, LeaseOptions, Leases, Options, Scope, ScopeKind,
+    SliceError, SliceOptions, Slices, Spent, Taken,
 };
 
 const TTL: Duration = Duration::from_secs(10);
@@ -301,12 +301,20 @@ fn a_revoked_run_loses_its_slices_at_each_holders_next_tick() {
         a.take(&scopes, need, t0 + Duration::from_secs(1)),
         Ok(Taken::Local)
     ));
+    // Host a's lease thread ticks at the refresh interval; host b is ticked here.
     let refresh = t0 + Duration::from_secs(2);
-    for h in [&a, &b] {
-        assert_eq!(h.tick(refresh).returned, 1);
+    let a = Arc::new(a);
+    let ((times, ticks), (done, ticked)) = (mpsc::channel(), mpsc::channel());
+    let thread = spawn_ticks(Arc::clone(&a), ticks, done).expect("lease thread");
+    times.send(refresh).expect("tick");
+    assert_eq!(ticked.recv().expect("ticked").returned, 1);
+    assert_eq!(b.tick(refresh).returned, 1);
+    for h in [&*a, &b] {
         let r = h.take(&scopes, need, refresh);
         assert!(matches!(r, Err(SliceError::Revoked { .. })), "{r:?}");
     }
+    drop(times);
+    thread.join().expect("the lease thread ends with its times");
     assert_eq!(
         operator.spend(&scopes, need).expect("spend"),
         Spent::Revoked

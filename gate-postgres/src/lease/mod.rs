@@ -27,7 +27,7 @@ use tokio_postgres::{Client, NoTls, Row};
 
 pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 pub use holder::{SliceError, SliceOptions, Slices, Taken};
-pub use tick::Ticked;
+pub use tick::{spawn_ticks, Ticked};
 pub use types::{
     Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, Outlook, Reclaimed, Released, Scope,
     ScopeKind, Spent,

@@ -5,6 +5,8 @@
 //! (its run paused or killed) loses its slices here, so a pause reaches every holder
 //! within one interval.
 
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::events::LeaseEvent;
@@ -76,4 +78,24 @@ impl Slices {
         }
         ticked
     }
+}
+
+/// The holder's lease thread: one [`Slices::tick`] at every time received on `times`
+/// (the daemon's timer sends one every refresh interval; a test sends the times it
+/// chooses), each tick's report sent back on `done`. It ends when `times` closes, or
+/// `done` does.
+pub fn spawn_ticks(
+    slices: Arc<Slices>,
+    times: Receiver<Instant>,
+    done: Sender<Ticked>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("tally-leases".into())
+        .spawn(move || {
+            for now in times {
+                if done.send(slices.tick(now)).is_err() {
+                    return;
+                }
+            }
+        })
 }
