@@ -24,6 +24,9 @@ pub struct PostgresTxn<'a> {
     /// Its BEGIN was sent.
     pub(crate) begun: bool,
     pub(crate) runs: BTreeMap<String, RunState>,
+    /// The runs as they were read, before the decision (what it took of their leased
+    /// scopes is the difference).
+    pub(crate) before: BTreeMap<String, RunState>,
     pub(crate) tools: BTreeMap<String, ToolState>,
     pub(crate) credentials: BTreeMap<String, CredentialState>,
     pub(crate) principals: BTreeMap<String, PrincipalState>,
@@ -178,7 +181,34 @@ impl PostgresTxn<'_> {
     /// The transaction's last round trip: `last`'s write (if any), the next state
     /// version, and `COMMIT`, pipelined. Every row the decision touches is held by now,
     /// so the version orders it after every decision that touched one of them before.
-    pub(crate) fn seal(&mut self, last: Option<WriteRow>) -> Result<u64, GateError> {
+    /// What the decision moves in its runs' lease scopes: per run read and changed, what
+    /// it took less what it gave back ([`tally_policy::slice_use`]).
+    pub(crate) fn lease_steps(&self, runs: &[String]) -> Vec<LeaseStep> {
+        let mut steps = Vec::new();
+        for name in runs {
+            let (Some(before), Some(after)) = (self.before.get(name), self.runs.get(name)) else {
+                continue;
+            };
+            let (took, gave) = tally_policy::slice_use(before, after);
+            let (t, g) = (took.each(), gave.each());
+            let d = [0, 1, 2, 3].map(|i| {
+                i64::try_from(t[i]).unwrap_or(i64::MAX) - i64::try_from(g[i]).unwrap_or(i64::MAX)
+            });
+            if d != [0; 4] {
+                steps.push(LeaseStep {
+                    run: name.clone(),
+                    delta: d,
+                });
+            }
+        }
+        steps
+    }
+
+    pub(crate) fn seal(
+        &mut self,
+        last: Option<WriteRow>,
+        steps: &[LeaseStep],
+    ) -> Result<u64, GateError> {
         if !self.open {
             return Err(GateError::Unavailable(
                 "the gate's transaction already ended".into(),
@@ -216,9 +246,17 @@ impl PostgresTxn<'_> {
                     return Err(e);
                 }
             }
-            let (_, _, version, committed) = tokio::join!(
+            // A run's lease scope moved in step: a use that does not fit beside the
+            // slices out fails the transaction (its COMMIT only rolls back).
+            let stepped = futures::future::join_all(steps.iter().map(|s| async move {
+                let d = &s.delta;
+                let p: [&(dyn ToSql + Sync); 5] = [&s.run, &d[0], &d[1], &d[2], &d[3]];
+                client.query(&st.lease_step, &p).await
+            }));
+            let (_, _, stepped, version, committed) = tokio::join!(
                 began.as_mut(),
                 written.as_mut(),
+                stepped,
                 client.query_one(&st.next_version, &[]),
                 client.batch_execute("COMMIT")
             );
@@ -226,6 +264,9 @@ impl PostgresTxn<'_> {
                 r?;
             }
             if let Some(r) = written.as_mut().take_output() {
+                r?;
+            }
+            for r in stepped {
                 r?;
             }
             let version = version?;
@@ -246,6 +287,13 @@ impl PostgresTxn<'_> {
             }
         }
     }
+}
+
+/// A run's lease scope moved by a central decision: settled up (or down) by `delta`
+/// (attempts, nanodollars, side effects, polls).
+pub(crate) struct LeaseStep {
+    pub(crate) run: String,
+    pub(crate) delta: [i64; 4],
 }
 
 /// One write statement's parameters (see [`WRITE`]).

@@ -362,3 +362,119 @@ fn a_restarted_holder_returns_the_slices_it_left_out_once() {
     assert_eq!(third.metrics().returned(), 0);
     assert_eq!(totals(&cluster, &run), [5, 35, 0, 0, 0, 0]);
 }
+
+/// Checks of run `r` through `gate` until one is not allowed: how many were.
+fn central_checks(gate: &tally_gate::Gate<tally_gate_postgres::Postgres>, worker: usize) -> u64 {
+    let operator = tally_gate::Caller {
+        uid: None,
+        operator: true,
+        proxied: false,
+    };
+    let mut allowed = 0;
+    for i in 0.. {
+        let req = serde_json::json!({"run": "r", "tool": "t", "operation": format!("w{worker}-{i}"), "effect": "read"});
+        let req = serde_json::from_value(req).expect("check request");
+        match gate.check_blocking(operator, req) {
+            Ok(a) if format!("{:?}", a.decision) == "Allow" => allowed += 1,
+            // Refused by the budget, or as unavailable: no room beside the slices out.
+            _ => break,
+        }
+    }
+    allowed
+}
+
+#[test]
+fn central_gates_and_leased_holders_racing_for_one_run_never_spend_past_its_budget() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("dir")).collect();
+    let gates: Vec<Arc<_>> = dirs
+        .iter()
+        .map(|d| {
+            Arc::new(common::pg_gate(
+                &cluster,
+                d.path(),
+                "[approvals]\nask_on = []\n",
+            ))
+        })
+        .collect();
+    let operator = tally_gate::Caller {
+        uid: None,
+        operator: true,
+        proxied: false,
+    };
+    let start = serde_json::json!({"run": "r", "budget": {"attempts": 40}});
+    let start = serde_json::from_value(start).expect("start request");
+    gates[0].start_blocking(operator, start).expect("start");
+    let clock = LeaseClock::database();
+    let holders: Vec<Arc<Slices>> = ["host-a", "host-b", "host-c"]
+        .iter()
+        .map(|h| Arc::new(holder(&cluster, h, &clock, 2)))
+        .collect();
+    // The run's scope, in step with its row: nothing used yet.
+    let run = Scope::new(ScopeKind::Run, "r");
+    let none = Amounts::default();
+    let cap = Caps {
+        attempts: Some(40),
+        ..Caps::default()
+    };
+    holders[0]
+        .leases()
+        .define(&run, cap, none, none)
+        .expect("define");
+    let mut workers = Vec::new();
+    for (i, g) in gates.iter().enumerate() {
+        for w in 0..8 {
+            let g = Arc::clone(g);
+            workers.push(std::thread::spawn(move || {
+                (0, central_checks(&g, i * 8 + w))
+            }));
+        }
+    }
+    let now = Instant::now();
+    for h in &holders {
+        for _ in 0..4 {
+            let (h, run) = (Arc::clone(h), run.clone());
+            workers.push(std::thread::spawn(move || {
+                let mut n = 0;
+                loop {
+                    match h.take(std::slice::from_ref(&run), use_of(1, 0), now) {
+                        Ok(_) => n += 1,
+                        Err(SliceError::Leased { .. }) => continue,
+                        Err(SliceError::Exhausted { .. }) => return (n, 0),
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }));
+        }
+    }
+    let (leased, central) = workers
+        .into_iter()
+        .map(|w| w.join().expect("worker"))
+        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
+    for h in &holders {
+        h.close();
+    }
+    assert!(
+        leased + central <= 40,
+        "{leased} leased + {central} central"
+    );
+    assert!(
+        leased > 0 && central > 0,
+        "{leased} leased, {central} central"
+    );
+    // The scope holds exactly what both paths spent; what is left goes to one holder.
+    let t = totals(&cluster, &run);
+    assert_eq!((t[0], t[4]), ((leased + central) as i64, 0));
+    let mut rest = 0;
+    while holders[0]
+        .take(std::slice::from_ref(&run), use_of(1, 0), now)
+        .is_ok()
+    {
+        rest += 1;
+    }
+    holders[0].close();
+    assert_eq!(leased + central + rest, 40);
+    assert_eq!(totals(&cluster, &run)[0], 40);
+}
