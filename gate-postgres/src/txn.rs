@@ -246,13 +246,7 @@ impl PostgresTxn<'_> {
                     return Err(e);
                 }
             }
-            // A run's lease scope moved in step: a use that does not fit beside the
-            // slices out fails the transaction (its COMMIT only rolls back).
-            let stepped = futures::future::join_all(steps.iter().map(|s| async move {
-                let d = &s.delta;
-                let p: [&(dyn ToSql + Sync); 5] = [&s.run, &d[0], &d[1], &d[2], &d[3]];
-                client.query(&st.lease_step, &p).await
-            }));
+            let stepped = step_scopes(client, &st.lease_step, steps);
             let (_, _, stepped, version, committed) = tokio::join!(
                 began.as_mut(),
                 written.as_mut(),
@@ -287,6 +281,21 @@ impl PostgresTxn<'_> {
             }
         }
     }
+}
+
+/// Each run's lease scope moved in step (sent in order on the first poll): a use that
+/// does not fit beside the slices out fails the transaction (its COMMIT only rolls back).
+async fn step_scopes(
+    client: &tokio_postgres::Client,
+    statement: &Statement,
+    steps: &[LeaseStep],
+) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
+    futures::future::join_all(steps.iter().map(|s| async move {
+        let d = &s.delta;
+        let p: [&(dyn ToSql + Sync); 5] = [&s.run, &d[0], &d[1], &d[2], &d[3]];
+        client.query(statement, &p).await
+    }))
+    .await
 }
 
 /// A run's lease scope moved by a central decision: settled up (or down) by `delta`
