@@ -478,3 +478,64 @@ fn central_gates_and_leased_holders_racing_for_one_run_never_spend_past_its_budg
     assert_eq!(leased + central + rest, 40);
     assert_eq!(totals(&cluster, &run)[0], 40);
 }
+
+#[test]
+fn a_central_run_with_a_scope_decides_as_one_without_and_its_scope_holds_what_it_spent() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = common::pg_gate(&cluster, dir.path(), "[approvals]\nask_on = []\n");
+    let operator = tally_gate::Caller {
+        uid: None,
+        operator: true,
+        proxied: false,
+    };
+    for run in ["plain", "scoped"] {
+        let start = serde_json::json!({"run": run, "budget": {"attempts": 12, "spend_cents": 100}});
+        let start = serde_json::from_value(start).expect("start request");
+        gate.start_blocking(operator, start).expect("start");
+    }
+    let scoped = Scope::new(ScopeKind::Run, "scoped");
+    let leases = manager(&cluster, "definer", &LeaseClock::database());
+    let none = Amounts::default();
+    leases
+        .define(&scoped, caps(12, 1_000_000_000), none, none)
+        .expect("define");
+    let mut answers = (Vec::new(), Vec::new());
+    let mut settled_cents = 0;
+    for i in 0..20u64 {
+        let reserve = 5 + (i % 3) * 10;
+        for (run, out) in [("plain", &mut answers.0), ("scoped", &mut answers.1)] {
+            let req = serde_json::json!({"run": run, "tool": "llm", "operation": format!("o{i}"), "effect": "read", "reserve_cents": reserve});
+            let a = gate
+                .check_blocking(operator, serde_json::from_value(req).expect("check"))
+                .expect("check");
+            out.push(format!("{:?} {:?}", a.decision, a.reason));
+            let Some(attempt) = a.attempt else { continue };
+            if run == "scoped" {
+                settled_cents += reserve / 2;
+            }
+            let req = tally_gate::OutcomeRequest {
+                run: run.into(),
+                attempt,
+                status: tally_ledger::Status::Ok,
+                settled_cents: Some(reserve / 2),
+                settled_nanos: None,
+                remote_ref: None,
+                observed: None,
+                retry_after_ms: None,
+                result_digest: None,
+                worker: None,
+                usage_refused: None,
+                usage: None,
+            };
+            gate.outcome_blocking(operator, req).expect("outcome");
+        }
+    }
+    assert_eq!(answers.0, answers.1);
+    assert!(answers.1.iter().any(|a| !a.starts_with("Allow")));
+    // Each check took its attempt and reservation, each outcome gave back the rest.
+    let t = totals(&cluster, &scoped);
+    assert_eq!(t, [12, settled_cents as i64 * 10_000_000, 0, 0, 0, 0]);
+}
