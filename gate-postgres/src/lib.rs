@@ -312,7 +312,7 @@ impl Postgres {
                 principal_write: p("UPDATE tally_principals SET state = $2, version = version + 1 WHERE uid = $1")?,
                 write: p(WRITE)?,
                 next_version: p("SELECT nextval('tally_state_version')")?,
-                lease_step: p("SELECT tally_lease_step('run', $1, $2, $3, $4, $5)")?,
+                lease_step: p("SELECT tally_lease_step('run', $1, $2, $3, $4, $5, $6)")?,
             })
         })();
         match prepared {

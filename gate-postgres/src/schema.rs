@@ -170,12 +170,21 @@ CREATE INDEX IF NOT EXISTS tally_leases_holder ON tally_leases (holder) WHERE st
 /// no renewal of its slices while `revoked`; and `tally_lease_step`, which a central
 /// decision calls in its own transaction to move its run's scope in step with the run
 /// (settled up by what it took, down by what it gave back), refusing (the transaction
-/// fails) a use that does not fit beside the slices out. A run without a scope: nothing.
+/// fails) a use that does not fit beside the slices out, and revoking the scope's slices
+/// when the run is paused or stopped (allowed again on resume). A run without a scope:
+/// nothing.
 pub(crate) const SCHEMA_V5: &str = "
 ALTER TABLE tally_lease_scopes ADD COLUMN IF NOT EXISTS revoked boolean NOT NULL DEFAULT false;
-CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint)
+CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
+    r boolean)
 RETURNS void LANGUAGE plpgsql AS $f$
 BEGIN
+    IF r IS NOT NULL THEN
+        UPDATE tally_lease_scopes SET revoked = r WHERE kind = k AND key = name;
+    END IF;
+    IF a = 0 AND n = 0 AND e = 0 AND p = 0 THEN
+        RETURN;
+    END IF;
     UPDATE tally_lease_scopes SET
         settled_attempts = greatest(settled_attempts + a, 0),
         settled_nanos = greatest(settled_nanos + n, 0),

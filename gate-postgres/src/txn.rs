@@ -182,7 +182,8 @@ impl PostgresTxn<'_> {
     /// version, and `COMMIT`, pipelined. Every row the decision touches is held by now,
     /// so the version orders it after every decision that touched one of them before.
     /// What the decision moves in its runs' lease scopes: per run read and changed, what
-    /// it took less what it gave back ([`tally_policy::slice_use`]).
+    /// it took less what it gave back ([`tally_policy::slice_use`]), and whether its
+    /// slices are revoked (the run paused or stopped) or allowed again (resumed).
     pub(crate) fn lease_steps(&self, runs: &[String]) -> Vec<LeaseStep> {
         let mut steps = Vec::new();
         for name in runs {
@@ -194,10 +195,13 @@ impl PostgresTxn<'_> {
             let d = [0, 1, 2, 3].map(|i| {
                 i64::try_from(t[i]).unwrap_or(i64::MAX) - i64::try_from(g[i]).unwrap_or(i64::MAX)
             });
-            if d != [0; 4] {
+            let held = |r: &RunState| r.paused || r.stop.is_some();
+            let revoked = (held(before) != held(after)).then(|| held(after));
+            if d != [0; 4] || revoked.is_some() {
                 steps.push(LeaseStep {
                     run: name.clone(),
                     delta: d,
+                    revoked,
                 });
             }
         }
@@ -292,17 +296,19 @@ async fn step_scopes(
 ) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
     futures::future::join_all(steps.iter().map(|s| async move {
         let d = &s.delta;
-        let p: [&(dyn ToSql + Sync); 5] = [&s.run, &d[0], &d[1], &d[2], &d[3]];
+        let p: [&(dyn ToSql + Sync); 6] = [&s.run, &d[0], &d[1], &d[2], &d[3], &s.revoked];
         client.query(statement, &p).await
     }))
     .await
 }
 
 /// A run's lease scope moved by a central decision: settled up (or down) by `delta`
-/// (attempts, nanodollars, side effects, polls).
+/// (attempts, nanodollars, side effects, polls), and revoked or not.
 pub(crate) struct LeaseStep {
     pub(crate) run: String,
     pub(crate) delta: [i64; 4],
+    /// The scope's slices revoked (`true`), allowed again (`false`), or left (`None`).
+    pub(crate) revoked: Option<bool>,
 }
 
 /// One write statement's parameters (see [`WRITE`]).

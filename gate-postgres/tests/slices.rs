@@ -539,3 +539,51 @@ fn a_central_run_with_a_scope_decides_as_one_without_and_its_scope_holds_what_it
     let t = totals(&cluster, &scoped);
     assert_eq!(t, [12, settled_cents as i64 * 10_000_000, 0, 0, 0, 0]);
 }
+
+#[test]
+fn a_run_paused_through_a_central_gate_revokes_its_slices_until_resumed() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = common::pg_gate(&cluster, dir.path(), "[approvals]\nask_on = []\n");
+    let operator = tally_gate::Caller {
+        uid: None,
+        operator: true,
+        proxied: false,
+    };
+    let start = serde_json::json!({"run": "r", "budget": {"attempts": 50}});
+    let start = serde_json::from_value(start).expect("start request");
+    gate.start_blocking(operator, start).expect("start");
+    let clock = LeaseClock::database();
+    let h = holder(&cluster, "host-a", &clock, 1);
+    let run = Scope::new(ScopeKind::Run, "r");
+    let none = Amounts::default();
+    let cap = Caps {
+        attempts: Some(50),
+        ..Caps::default()
+    };
+    h.leases().define(&run, cap, none, none).expect("define");
+    let (scopes, t0) = ([run.clone()], Instant::now());
+    assert!(matches!(
+        h.take(&scopes, use_of(1, 0), t0),
+        Ok(Taken::Local)
+    ));
+    gate.pause_blocking(operator, "r", true).expect("pause");
+    let refresh = t0 + Duration::from_secs(2);
+    assert_eq!(h.tick(refresh).returned, 1);
+    let r = h.take(&scopes, use_of(1, 0), refresh);
+    assert!(matches!(r, Err(SliceError::Revoked { .. })), "{r:?}");
+    gate.pause_blocking(operator, "r", false).expect("resume");
+    assert!(matches!(
+        h.take(&scopes, use_of(1, 0), refresh),
+        Ok(Taken::Local)
+    ));
+    // Stopped: revoked for good.
+    let stop = serde_json::from_value(serde_json::json!({})).expect("stop request");
+    gate.stop_blocking(operator, "r", stop).expect("stop");
+    assert_eq!(h.tick(refresh + Duration::from_secs(2)).returned, 1);
+    let r = h.take(&scopes, use_of(1, 0), refresh + Duration::from_secs(2));
+    assert!(matches!(r, Err(SliceError::Revoked { .. })), "{r:?}");
+    assert_eq!(totals(&cluster, &run)[..1], [2]);
+}
