@@ -21,8 +21,10 @@
 //! database that comes back is used again without a restart.
 //!
 //! Leased slices of budgets ([`Leases`]: grant, renew, return, reclaim, fenced by an
-//! epoch) are the foundation of deciding inside a slice; the decisions above do not use
-//! them yet (docs/FLEET.md, "Leased slices (the foundation)").
+//! epoch) and one daemon's side of them ([`Slices`]) are the foundation of deciding
+//! inside a slice; the decisions above do not decide inside slices yet, but a decision
+//! on a run whose lease scope is defined keeps that scope in step in its own transaction
+//! (docs/FLEET.md, "Deciding inside slices").
 //!
 //! Threads: the backend drives its client on its own runtime and blocks the calling
 //! thread for each round trip. Call the gate from a plain or blocking thread
