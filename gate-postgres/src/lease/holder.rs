@@ -99,6 +99,9 @@ pub(super) struct Held {
     /// When the grant (or last renewal) was asked for, plus its validity.
     pub(super) deadline: Instant,
     pub(super) last_used: Instant,
+    /// The dimensions the scope caps (when the slice was granted): only they are
+    /// counted against it.
+    pub(super) capped: [bool; 4],
 }
 
 #[derive(Default)]
@@ -140,10 +143,16 @@ impl Held {
     fn covers(&self, need: &Amounts, now: Instant, margin: Duration) -> bool {
         now + margin < self.deadline
             && fits_in_slice(
-                &use_of(need),
+                &use_of(&self.counted(need)),
                 &use_of(&self.used),
                 &use_of(&self.lease.granted),
             )
+    }
+
+    /// `need` in the dimensions the scope caps (a dimension without a cap is not leased).
+    pub(super) fn counted(&self, need: &Amounts) -> Amounts {
+        let n = need.each();
+        Amounts::from_each([0, 1, 2, 3].map(|i| if self.capped[i] { n[i] } else { 0 }))
     }
 }
 
@@ -218,7 +227,7 @@ impl Slices {
         if !central {
             for scope in scopes {
                 if let Some(h) = local.held.get_mut(scope) {
-                    h.used = add(&h.used, &need);
+                    h.used = add(&h.used, &h.counted(&need));
                     h.last_used = now;
                 }
             }
@@ -315,6 +324,7 @@ impl Slices {
                     used,
                     deadline,
                     last_used: now,
+                    capped: left.map(|c| c.is_some()),
                 };
                 local.held.insert(scope.clone(), held);
                 Ok(true)
