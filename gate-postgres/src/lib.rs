@@ -21,8 +21,10 @@
 //! database that comes back is used again without a restart.
 //!
 //! Leased slices of budgets ([`Leases`]: grant, renew, return, reclaim, fenced by an
-//! epoch) are the foundation of deciding inside a slice; the decisions above do not use
-//! them yet (docs/FLEET.md, "Leased slices (the foundation)").
+//! epoch) and one daemon's side of them ([`Slices`]) are the foundation of deciding
+//! inside a slice; the decisions above do not decide inside slices yet, but a decision
+//! on a run whose lease scope is defined keeps that scope in step in its own transaction
+//! (docs/FLEET.md, "Deciding inside slices").
 //!
 //! Threads: the backend drives its client on its own runtime and blocks the calling
 //! thread for each round trip. Call the gate from a plain or blocking thread
@@ -37,8 +39,9 @@ mod state;
 mod txn;
 pub use gatekeeper::gatekeeper;
 pub use lease::{
-    Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, LeaseOptions, Leases, Outlook, Reclaimed,
-    Released, Scope, ScopeKind,
+    on_lease_event, spawn_ticks, Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, LeaseEvent,
+    LeaseMetrics, LeaseOptions, Leases, Outlook, Reclaimed, Released, Scope, ScopeKind, Sink,
+    SliceError, SliceOptions, Slices, Spent, Taken, Ticked,
 };
 pub use overview::VIEW_SUFFIX;
 
@@ -58,7 +61,7 @@ use schema::{Statements, WRITE};
 pub use txn::PostgresTxn;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -311,6 +314,7 @@ impl Postgres {
                 principal_write: p("UPDATE tally_principals SET state = $2, version = version + 1 WHERE uid = $1")?,
                 write: p(WRITE)?,
                 next_version: p("SELECT nextval('tally_state_version')")?,
+                lease_step: p("SELECT tally_lease_step('run', $1, $2, $3, $4, $5, $6)")?,
             })
         })();
         match prepared {
@@ -428,6 +432,7 @@ impl StateBackend for Postgres {
             open: false,
             begun: false,
             runs: BTreeMap::new(),
+            before: BTreeMap::new(),
             tools: BTreeMap::new(),
             credentials: BTreeMap::new(),
             principals: BTreeMap::new(),

@@ -85,6 +85,7 @@ pub(crate) struct Statements {
     pub(crate) principal_write: Statement,
     pub(crate) write: Statement,
     pub(crate) next_version: Statement,
+    pub(crate) lease_step: Statement,
 }
 
 pub(crate) const WRITE: &str = "
@@ -165,6 +166,43 @@ CREATE INDEX IF NOT EXISTS tally_leases_held ON tally_leases (expires_at) WHERE 
 CREATE INDEX IF NOT EXISTS tally_leases_holder ON tally_leases (holder) WHERE state = 'held';
 ";
 
+/// Version 5: a scope's slices can be revoked (its run paused or killed): no grant and
+/// no renewal of its slices while `revoked`; and `tally_lease_step`, which a central
+/// decision calls in its own transaction to move its run's scope in step with the run
+/// (settled up by what it took, down by what it gave back), refusing (the transaction
+/// fails) a use that does not fit beside the slices out, and revoking the scope's slices
+/// when the run is paused or stopped (allowed again on resume). A run without a scope:
+/// nothing.
+pub(crate) const SCHEMA_V5: &str = "
+ALTER TABLE tally_lease_scopes ADD COLUMN IF NOT EXISTS revoked boolean NOT NULL DEFAULT false;
+CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
+    r boolean)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    IF r IS NOT NULL THEN
+        UPDATE tally_lease_scopes SET revoked = r WHERE kind = k AND key = name;
+    END IF;
+    IF a = 0 AND n = 0 AND e = 0 AND p = 0 THEN
+        RETURN;
+    END IF;
+    UPDATE tally_lease_scopes SET
+        settled_attempts = greatest(settled_attempts + a, 0),
+        settled_nanos = greatest(settled_nanos + n, 0),
+        settled_effects = greatest(settled_effects + e, 0),
+        settled_polls = greatest(settled_polls + p, 0)
+    WHERE kind = k AND key = name
+      AND (a <= 0 OR cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts + a <= cap_attempts)
+      AND (n <= 0 OR cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos + n <= cap_nanos)
+      AND (e <= 0 OR cap_effects IS NULL OR settled_effects + held_effects + leased_effects + e <= cap_effects)
+      AND (p <= 0 OR cap_polls IS NULL OR settled_polls + held_polls + leased_polls + p <= cap_polls);
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes WHERE kind = k AND key = name) THEN
+        RAISE EXCEPTION 'lease scope % %: no room left beside the slices out', k, name
+            USING ERRCODE = 'check_violation';
+    END IF;
+END
+$f$;
+";
+
 /// One round trip of the migration: bounded by `timeout`, counted in `trips`, its
 /// failure said as the gate says it.
 struct Migration<'a> {
@@ -206,7 +244,7 @@ impl Migration<'_> {
             client.query("SELECT max(version) FROM tally_schema", &[]),
         )?;
         let found: Option<i32> = rows.first().and_then(|r| r.get(0));
-        let all = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+        let all = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
         let from = match found {
             None => 0,
             Some(v) if v > crate::SCHEMA_VERSION => {

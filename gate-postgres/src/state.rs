@@ -41,6 +41,7 @@ impl StateTxn for PostgresTxn<'_> {
                 .first()
                 .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?;
             let state: RunState = decode(&format!("run `{run}`"), row.get::<_, &[u8]>(0))?;
+            self.before.insert(run.to_owned(), state.clone());
             self.runs.insert(run.to_owned(), state);
         }
         self.runs
@@ -292,7 +293,8 @@ impl StateTxn for PostgresTxn<'_> {
                 creds.get(i).map(String::as_str),
             )
         });
-        self.seal(last)
+        let steps = self.lease_steps(&runs);
+        self.seal(last, &steps)
     }
 
     fn commit(

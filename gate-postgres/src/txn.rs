@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::MutexGuard;
 
 use tally_gate::GateError;
-use tally_policy::{CredentialState, PrincipalState, RunState, ToolState};
+use tally_policy::{CredentialState, PrincipalState, RunCount, RunState, ToolState};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
@@ -24,6 +24,9 @@ pub struct PostgresTxn<'a> {
     /// Its BEGIN was sent.
     pub(crate) begun: bool,
     pub(crate) runs: BTreeMap<String, RunState>,
+    /// The runs as they were read, before the decision (what it took of their leased
+    /// scopes is the difference).
+    pub(crate) before: BTreeMap<String, RunState>,
     pub(crate) tools: BTreeMap<String, ToolState>,
     pub(crate) credentials: BTreeMap<String, CredentialState>,
     pub(crate) principals: BTreeMap<String, PrincipalState>,
@@ -178,7 +181,38 @@ impl PostgresTxn<'_> {
     /// The transaction's last round trip: `last`'s write (if any), the next state
     /// version, and `COMMIT`, pipelined. Every row the decision touches is held by now,
     /// so the version orders it after every decision that touched one of them before.
-    pub(crate) fn seal(&mut self, last: Option<WriteRow>) -> Result<u64, GateError> {
+    /// What the decision moves in its runs' lease scopes: per run read and changed, what
+    /// it took less what it gave back ([`tally_policy::slice_use`]), and whether its
+    /// slices are revoked (the run paused or stopped) or allowed again (resumed).
+    pub(crate) fn lease_steps(&self, runs: &[String]) -> Vec<LeaseStep> {
+        let mut steps = Vec::new();
+        for name in runs {
+            let (Some(before), Some(after)) = (self.before.get(name), self.runs.get(name)) else {
+                continue;
+            };
+            let (took, gave) = tally_policy::slice_use(RunCount::of(before), RunCount::of(after));
+            let (t, g) = (took.each(), gave.each());
+            let d = [0, 1, 2, 3].map(|i| {
+                i64::try_from(t[i]).unwrap_or(i64::MAX) - i64::try_from(g[i]).unwrap_or(i64::MAX)
+            });
+            let held = |r: &RunState| r.paused || r.stop.is_some();
+            let revoked = (held(before) != held(after)).then(|| held(after));
+            if d != [0; 4] || revoked.is_some() {
+                steps.push(LeaseStep {
+                    run: name.clone(),
+                    delta: d,
+                    revoked,
+                });
+            }
+        }
+        steps
+    }
+
+    pub(crate) fn seal(
+        &mut self,
+        last: Option<WriteRow>,
+        steps: &[LeaseStep],
+    ) -> Result<u64, GateError> {
         if !self.open {
             return Err(GateError::Unavailable(
                 "the gate's transaction already ended".into(),
@@ -216,9 +250,11 @@ impl PostgresTxn<'_> {
                     return Err(e);
                 }
             }
-            let (_, _, version, committed) = tokio::join!(
+            let stepped = step_scopes(client, &st.lease_step, steps);
+            let (_, _, stepped, version, committed) = tokio::join!(
                 began.as_mut(),
                 written.as_mut(),
+                stepped,
                 client.query_one(&st.next_version, &[]),
                 client.batch_execute("COMMIT")
             );
@@ -226,6 +262,9 @@ impl PostgresTxn<'_> {
                 r?;
             }
             if let Some(r) = written.as_mut().take_output() {
+                r?;
+            }
+            for r in stepped {
                 r?;
             }
             let version = version?;
@@ -246,6 +285,30 @@ impl PostgresTxn<'_> {
             }
         }
     }
+}
+
+/// Each run's lease scope moved in step (sent in order on the first poll): a use that
+/// does not fit beside the slices out fails the transaction (its COMMIT only rolls back).
+async fn step_scopes(
+    client: &tokio_postgres::Client,
+    statement: &Statement,
+    steps: &[LeaseStep],
+) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
+    futures::future::join_all(steps.iter().map(|s| async move {
+        let d = &s.delta;
+        let p: [&(dyn ToSql + Sync); 6] = [&s.run, &d[0], &d[1], &d[2], &d[3], &s.revoked];
+        client.query(statement, &p).await
+    }))
+    .await
+}
+
+/// A run's lease scope moved by a central decision: settled up (or down) by `delta`
+/// (attempts, nanodollars, side effects, polls), and revoked or not.
+pub(crate) struct LeaseStep {
+    pub(crate) run: String,
+    pub(crate) delta: [i64; 4],
+    /// The scope's slices revoked (`true`), allowed again (`false`), or left (`None`).
+    pub(crate) revoked: Option<bool>,
 }
 
 /// One write statement's parameters (see [`WRITE`]).

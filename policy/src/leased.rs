@@ -16,13 +16,14 @@ use crate::principals::PrincipalLimits;
 use crate::state::RunState;
 
 /// What a run counts that slices are cut from: attempts used (refunds given back),
-/// nanodollars settled and held, side effects used. Polls are counted per decision
-/// ([`SliceUse::add`]).
+/// nanodollars settled and held, side effects used, and its open polls (a poll allowed
+/// opens one: what a decision adds to them is a poll used).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RunCount {
     attempts: u64,
     nanos: u64,
     side_effects: u64,
+    polls_open: u64,
 }
 
 impl RunCount {
@@ -32,8 +33,31 @@ impl RunCount {
             attempts: run.attempts_used,
             nanos: run.settled_nanos.saturating_add(run.held_nanos),
             side_effects: run.side_effects_used,
+            polls_open: run.open.values().filter(|a| a.poll.is_some()).count() as u64,
         }
     }
+}
+
+/// What applying one decision took of its run's budget, and what it gave back: `before`
+/// and `after` are the run's counts around the policy's own apply. An allow takes an
+/// attempt, its reservation, a side effect or a poll; an outcome that settles below its
+/// reservation gives the difference back (one above it takes the overrun), a refund
+/// gives its attempt back. A poll, once allowed, is used: closing it gives nothing back.
+pub fn slice_use(before: RunCount, after: RunCount) -> (SliceUse, SliceUse) {
+    let up = |from: u64, to: u64| to.saturating_sub(from);
+    let took = SliceUse {
+        attempts: up(before.attempts, after.attempts),
+        nanos: up(before.nanos, after.nanos),
+        side_effects: up(before.side_effects, after.side_effects),
+        polls: up(before.polls_open, after.polls_open),
+    };
+    let gave = SliceUse {
+        attempts: up(after.attempts, before.attempts),
+        nanos: up(after.nanos, before.nanos),
+        side_effects: up(after.side_effects, before.side_effects),
+        polls: 0,
+    };
+    (took, gave)
 }
 
 /// What the decisions made on one slice have used of it so far.
@@ -61,15 +85,18 @@ pub struct Past {
 }
 
 impl SliceUse {
-    /// One decision's use added: the change it made to its run's count, from `before`
-    /// to `after` (what it gave back comes off), and a poll if `poll`.
-    pub fn add(&mut self, before: RunCount, after: RunCount, poll: bool) {
-        let step =
-            |used: u64, before: u64, after: u64| used.saturating_add(after).saturating_sub(before);
-        self.attempts = step(self.attempts, before.attempts, after.attempts);
-        self.nanos = step(self.nanos, before.nanos, after.nanos);
-        self.side_effects = step(self.side_effects, before.side_effects, after.side_effects);
-        self.polls = self.polls.saturating_add(u64::from(poll));
+    /// One decision's use added: what it took of its run's count from `before` to
+    /// `after`, less what it gave back ([`slice_use`]).
+    pub fn add(&mut self, before: RunCount, after: RunCount) {
+        let (took, gave) = slice_use(before, after);
+        let (u, t, g) = (self.each(), took.each(), gave.each());
+        let d = |i: usize| u[i].saturating_add(t[i]).saturating_sub(g[i]);
+        *self = SliceUse {
+            attempts: d(0),
+            nanos: d(1),
+            side_effects: d(2),
+            polls: d(3),
+        };
     }
 
     /// The four in the order of [`SliceAmounts::NAMES`].
@@ -128,11 +155,12 @@ pub fn principal_cap(limits: &PrincipalLimits) -> SliceAmounts {
 mod tests {
     use super::*;
 
-    fn count(attempts: u64, nanos: u64, side_effects: u64) -> RunCount {
+    fn count(attempts: u64, nanos: u64, side_effects: u64, polls_open: u64) -> RunCount {
         RunCount {
             attempts,
             nanos,
             side_effects,
+            polls_open,
         }
     }
 
@@ -140,15 +168,36 @@ mod tests {
     fn a_decision_uses_what_it_changes_in_its_run() {
         let mut used = SliceUse::default();
         // An allow: an attempt, a write, 500 reserved.
-        used.add(count(0, 0, 0), count(1, 500, 1), false);
+        used.add(count(0, 0, 0, 0), count(1, 500, 1, 0));
         // Its outcome settles 300: 200 given back.
-        used.add(count(1, 500, 1), count(1, 300, 1), false);
-        // A poll.
-        used.add(count(1, 300, 1), count(1, 300, 1), true);
+        used.add(count(1, 500, 1, 0), count(1, 300, 1, 0));
+        // A poll allowed opens one, and its outcome closing it gives nothing back.
+        used.add(count(1, 300, 1, 0), count(1, 300, 1, 1));
+        used.add(count(1, 300, 1, 1), count(1, 300, 1, 0));
         assert_eq!(used.each(), [1, 300, 1, 1]);
         // A refund of the attempt.
-        used.add(count(1, 300, 1), count(0, 300, 1), false);
+        used.add(count(1, 300, 1, 0), count(0, 300, 1, 0));
         assert_eq!(used.attempts, 0);
+    }
+
+    #[test]
+    fn a_decision_takes_and_gives_back_what_the_fold_changed() {
+        let mut before = RunState::new("r");
+        before.held_nanos = 10;
+        let mut after = before.clone();
+        after.attempts_used = 1;
+        after.side_effects_used = 1;
+        after.held_nanos = 25;
+        let (took, gave) = slice_use(RunCount::of(&before), RunCount::of(&after));
+        assert_eq!(took.each(), [1, 15, 1, 0]);
+        assert_eq!(gave, SliceUse::default());
+        // Settled below the reservation: the rest comes back.
+        let mut settled = after.clone();
+        settled.held_nanos = 10;
+        settled.settled_nanos = 5;
+        let (took, gave) = slice_use(RunCount::of(&after), RunCount::of(&settled));
+        assert_eq!(took, SliceUse::default());
+        assert_eq!(gave.each(), [0, 10, 0, 0]);
     }
 
     #[test]

@@ -27,7 +27,7 @@
 //! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
 //! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `refill` (continuations of runs a refusal stopped), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `refusals` (the refusal order: named rules, checked in one order), `request` (the approval request a `require_approval` is), `decide`, `judge`, `apply`, `headroom` (how
-//! close a run is to its limits), `slices` (how big a leased slice of a budget is), `leased` (what counts against a slice). Items moved down
+//! close a run is to its limits), `leased` (what counts against a slice), `slices` (how big a leased slice of a budget is, and whether a use fits in one). Items moved down
 //! are re-exported where they were (`decide::Call`, `judge::Inconsistency`,
 //! `apply::standing`, ...).
 #![forbid(unsafe_code)]
@@ -66,7 +66,7 @@ pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use inconsistency::OutsideLease;
 pub use judge::{judge, Dimension, Inconsistency};
-pub use leased::{principal_cap, run_cap, slices_past_cap, Past, RunCount, SliceUse};
+pub use leased::{principal_cap, run_cap, slice_use, slices_past_cap, Past, RunCount, SliceUse};
 pub use limits::{
     call_timeout, deadline_left, deadline_stop, left, over_limit, past_deadline, spend_left,
 };
@@ -74,7 +74,7 @@ pub use overrun::{overrun, Overrun};
 pub use refusals::{breaker_wait, outcome_unknown, taken_as_recorded, Rule, RULES};
 pub use request::request_id;
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
-pub use slices::{slice_size, SliceSize};
+pub use slices::{fits_in_slice, slice_for, slice_size, SliceSize};
 pub use start::{
     above_ceiling, carry_over, delegate, grant_budget, start, Ask, Family, StartRefusal,
 };

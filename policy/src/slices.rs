@@ -5,6 +5,13 @@
 //!
 //! One dimension at a time (attempts, nanodollars, side effects, polls): the caller
 //! sizes each dimension it leases. Pure: the caller counts what is left and who asked.
+//!
+//! A host deciding inside its slices asks two more things here: whether a use fits in
+//! the slice it holds ([`fits_in_slice`]; what a decision uses is
+//! [`crate::leased::slice_use`], read off the policy's own fold), and how big a slice
+//! must be for a use of `need` units ([`slice_for`]).
+
+use crate::leased::SliceUse;
 
 /// What a host asking for a slice of one dimension may lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,9 +51,76 @@ pub fn slice_size(left: u64, holders: u64, floor: u64) -> SliceSize {
     }
 }
 
+/// Whether a use of `need` still fits in a slice that covers `granted` of which `used`
+/// is used, in every dimension: the one test a host makes before deciding inside its
+/// slices (no: refill, or decide centrally).
+pub fn fits_in_slice(need: &SliceUse, used: &SliceUse, granted: &SliceUse) -> bool {
+    let (n, u, g) = (need.each(), used.each(), granted.each());
+    (0..4).all(|d| u[d].checked_add(n[d]).is_some_and(|total| total <= g[d]))
+}
+
+/// The slice of one dimension a host asks for when it must cover a use of `need` units:
+/// [`slice_size`], raised to `need` when the host asks alone and `need` is left; with
+/// others asking, a use bigger than the share is served centrally ([`SliceSize::Central`]),
+/// so no slice is more than a quarter of what is left. `need` 0: [`slice_size`] as is.
+pub fn slice_for(left: u64, holders: u64, floor: u64, need: u64) -> SliceSize {
+    match slice_size(left, holders, floor) {
+        SliceSize::Lease(n) if n >= need => SliceSize::Lease(n),
+        SliceSize::Lease(_) if holders <= 1 && need <= left => SliceSize::Lease(need),
+        _ => SliceSize::Central,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slice_for_a_use_covers_it_or_is_central() {
+        assert_eq!(slice_for(100, 1, 5, 90), SliceSize::Lease(90));
+        assert_eq!(slice_for(100, 1, 5, 10), SliceSize::Lease(75));
+        assert_eq!(slice_for(100, 1, 5, 101), SliceSize::Central);
+        assert_eq!(slice_for(1_000, 2, 5, 250), SliceSize::Lease(250));
+        assert_eq!(slice_for(1_000, 2, 5, 251), SliceSize::Central);
+        for left in 0..120u64 {
+            for holders in 0..5u64 {
+                for need in 0..40u64 {
+                    if let SliceSize::Lease(n) = slice_for(left, holders, 3, need) {
+                        assert!(n >= need && n <= left && n >= 1, "{left} {holders} {need}");
+                        if holders >= 2 {
+                            assert!(n * 4 <= left, "{left} {holders} {need}: {n}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_use_fits_in_a_slice_only_within_every_dimension() {
+        let slice = SliceUse {
+            attempts: 5,
+            nanos: 100,
+            ..SliceUse::default()
+        };
+        let used = SliceUse {
+            attempts: 4,
+            nanos: 93,
+            ..SliceUse::default()
+        };
+        let need = |attempts, nanos, effects| SliceUse {
+            attempts,
+            nanos,
+            side_effects: effects,
+            polls: 0,
+        };
+        assert!(fits_in_slice(&need(1, 7, 0), &used, &slice));
+        assert!(!fits_in_slice(&need(2, 7, 0), &used, &slice));
+        assert!(!fits_in_slice(&need(1, 8, 0), &used, &slice));
+        assert!(!fits_in_slice(&need(0, 0, 1), &used, &slice));
+        let full = need(u64::MAX, 0, 0);
+        assert!(!fits_in_slice(&need(1, 0, 0), &full, &full));
+    }
 
     #[test]
     fn one_host_gets_most_of_what_is_left() {

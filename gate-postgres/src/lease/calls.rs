@@ -127,6 +127,9 @@ impl Leases {
             });
         };
         self.current(row.get(0))?;
+        if row.get::<_, bool>(6) {
+            return Ok(Grant::Revoked);
+        }
         Ok(Grant::Refused {
             left: left_at(row, 1),
         })
@@ -173,7 +176,9 @@ impl Leases {
         let state: &str = row.get(1);
         Err(LeaseError::Ended {
             id: lease.id,
-            state: if state == "held" && row.get::<_, bool>(2) {
+            state: if state == "held" && row.get::<_, Option<bool>>(4) == Some(true) {
+                "revoked".to_owned()
+            } else if state == "held" && row.get::<_, bool>(2) {
                 "expired".to_owned()
             } else {
                 state.to_owned()

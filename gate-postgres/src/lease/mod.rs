@@ -7,10 +7,16 @@
 //! older manager of the same holder is fenced off) and adopts the holder's slices still
 //! out; then [`Leases::grant`], [`Leases::renew`], [`Leases::release`] (the unused part
 //! back, once) and [`Leases::reclaim_expired`] (only past expiry plus the skew margin).
-//! The gate's decisions do not use it yet.
+//! [`Slices`] is one daemon's side: the slices it holds, a use taken locally when it
+//! fits ([`Slices::take`]), refills, central spends of the last units, and the periodic
+//! work ([`Slices::tick`]). The gate's decisions do not call it yet.
 
 mod calls;
+mod central;
+mod events;
+mod holder;
 mod sql;
+mod tick;
 mod types;
 
 use std::sync::atomic::AtomicU64;
@@ -19,9 +25,12 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::{Client, NoTls, Row};
 
+pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
+pub use holder::{SliceError, SliceOptions, Slices, Taken};
+pub use tick::{spawn_ticks, Ticked};
 pub use types::{
     Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, Outlook, Reclaimed, Released, Scope,
-    ScopeKind,
+    ScopeKind, Spent,
 };
 
 use crate::{Options, PostgresError, Rt};

@@ -62,7 +62,7 @@ WITH h AS MATERIALIZED (
     UPDATE tally_lease_scopes SET
         leased_attempts = leased_attempts + $5, leased_nanos = leased_nanos + $6,
         leased_effects = leased_effects + $7, leased_polls = leased_polls + $8
-    WHERE kind = $1 AND key = $2 AND EXISTS (SELECT 1 FROM h)
+    WHERE kind = $1 AND key = $2 AND EXISTS (SELECT 1 FROM h) AND NOT revoked
       AND (cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts + $5 <= cap_attempts)
       AND (cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos + $6 <= cap_nanos)
       AND (cap_effects IS NULL OR settled_effects + held_effects + leased_effects + $7 <= cap_effects)
@@ -88,7 +88,8 @@ SELECT (SELECT epoch FROM tally_lease_holders WHERE holder = $3),
     cap_polls - (settled_polls + held_polls + leased_polls),
     (SELECT count(DISTINCT holder) FROM tally_leases l
      WHERE l.kind = $1 AND l.key = $2
-       AND (l.state = 'held' OR l.granted_at > COALESCE($5::timestamptz, now()) - $4::bigint * interval '1 millisecond'))
+       AND (l.state = 'held' OR l.granted_at > COALESCE($5::timestamptz, now()) - $4::bigint * interval '1 millisecond')),
+    revoked
 FROM tally_lease_scopes WHERE kind = $1 AND key = $2";
 
 /// Renew a held slice, never shortening it: $1 id, $2 holder, $3 epoch, $4 time to live
@@ -103,12 +104,14 @@ UPDATE tally_leases l SET expires_at = greatest(l.expires_at, t.at + $4::bigint 
 FROM t
 WHERE l.id = $1 AND l.holder = $2 AND l.state = 'held' AND l.expires_at > t.at
   AND EXISTS (SELECT 1 FROM h)
+  AND NOT EXISTS (SELECT 1 FROM tally_lease_scopes s WHERE s.kind = l.kind AND s.key = l.key AND s.revoked)
 RETURNING l.expires_at, l.expires_at - t.at";
 
 /// A lease as it stands, and its holder's epoch: $1 id, $2 $now.
 pub(crate) const LEASE: &str = "
 SELECT l.holder, l.state, l.expires_at <= COALESCE($2::timestamptz, now()),
-    (SELECT epoch FROM tally_lease_holders h WHERE h.holder = l.holder)
+    (SELECT epoch FROM tally_lease_holders h WHERE h.holder = l.holder),
+    (SELECT revoked FROM tally_lease_scopes s WHERE s.kind = l.kind AND s.key = l.key)
 FROM tally_leases l WHERE l.id = $1";
 
 /// The holder's row, shared to the end of the return's transaction: $1 holder.
@@ -147,3 +150,30 @@ UPDATE tally_leases SET state = 'reclaimed', ended_at = COALESCE($2::timestamptz
 WHERE state = 'held'
   AND expires_at + $1::bigint * interval '1 millisecond' < COALESCE($2::timestamptz, now())
 RETURNING id, kind, key, holder, attempts, nanos, effects, polls";
+
+/// Revoke (or restore) a scope's slices: $1 kind, $2 key, $3 revoked.
+pub(crate) const REVOKE: &str =
+    "UPDATE tally_lease_scopes SET revoked = $3 WHERE kind = $1 AND key = $2";
+
+/// A scope, locked for a central spend, and whether $3..$6 would fit in it were no
+/// slice out: $1 kind, $2 key.
+pub(crate) const SCOPE_LOCK: &str = "
+SELECT revoked,
+    (cap_attempts IS NULL OR settled_attempts + held_attempts + $3 <= cap_attempts)
+    AND (cap_nanos IS NULL OR settled_nanos + held_nanos + $4 <= cap_nanos)
+    AND (cap_effects IS NULL OR settled_effects + held_effects + $5 <= cap_effects)
+    AND (cap_polls IS NULL OR settled_polls + held_polls + $6 <= cap_polls)
+FROM tally_lease_scopes WHERE kind = $1 AND key = $2 FOR UPDATE";
+
+/// Spend centrally, within the invariant (slices out counted as unavailable): settled
+/// up by $3..$6: $1 kind, $2 key. No row: it does not fit.
+pub(crate) const SPEND: &str = "
+UPDATE tally_lease_scopes SET
+    settled_attempts = settled_attempts + $3, settled_nanos = settled_nanos + $4,
+    settled_effects = settled_effects + $5, settled_polls = settled_polls + $6
+WHERE kind = $1 AND key = $2
+  AND (cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts + $3 <= cap_attempts)
+  AND (cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos + $4 <= cap_nanos)
+  AND (cap_effects IS NULL OR settled_effects + held_effects + leased_effects + $5 <= cap_effects)
+  AND (cap_polls IS NULL OR settled_polls + held_polls + leased_polls + $6 <= cap_polls)
+RETURNING 1";

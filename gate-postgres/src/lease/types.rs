@@ -154,6 +154,23 @@ pub enum Grant {
         /// What is left in each dimension.
         left: Caps,
     },
+    /// Not granted: the scope's slices are revoked (its run paused or killed).
+    Revoked,
+}
+
+/// What a central spend did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Spent {
+    /// Settled in every scope, in one transaction.
+    Spent,
+    /// Nothing spent: it does not fit in some scope, slices out or not.
+    Refused,
+    /// Nothing spent: it would fit in every scope but for the slices out (held by
+    /// hosts that return them when used up, idle or expired): retry.
+    Leased,
+    /// Nothing spent: some scope's slices are revoked.
+    Revoked,
 }
 
 /// What a return did.

@@ -29,8 +29,8 @@ const LAYERS: &[&str] = &[
     "judge",
     "apply",
     "headroom",
-    "slices",
     "leased",
+    "slices",
 ];
 
 /// The `crate::MODULE` paths a source file names outside comments.

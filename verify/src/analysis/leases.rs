@@ -146,12 +146,7 @@ impl Leases {
 
     /// A decision naming slice `id`: where and when it may be made on it, and what it
     /// used of it (the change it made to its run's count, `before` to `after`).
-    pub(super) fn decision(
-        &mut self,
-        e: &Event,
-        id: u64,
-        (before, after, poll): (RunCount, RunCount, bool),
-    ) {
+    pub(super) fn decision(&mut self, e: &Event, id: u64, (before, after): (RunCount, RunCount)) {
         let outside = match self.slices.get(&id) {
             None => Some(OutsideLease::Unknown),
             Some(h) if h.ledger != e.seq.ledger => Some(OutsideLease::OtherHolder),
@@ -171,7 +166,7 @@ impl Leases {
         let Some(held) = self.slices.get_mut(&id) else {
             return;
         };
-        held.used.add(before, after, poll);
+        held.used.add(before, after);
         let past = held.used.past(&held.grant.bounds());
         if let Some(p) = past.filter(|_| !held.overspent) {
             held.overspent = true;

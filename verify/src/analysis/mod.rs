@@ -229,15 +229,11 @@ impl Analysis {
         let mut runs = std::mem::take(&mut self.runs);
         // A decision made on a leased slice: what it changed in its run's count is what
         // it used of the slice (`tally_policy::leased`).
-        let before = d.lease.map(|_| {
-            let core = &runs[slot].core;
-            let poll = d.kind() == Kind::Allow && Keyed::from_record(d).poll(core).is_some();
-            (RunCount::of(core), poll)
-        });
+        let before = d.lease.map(|_| RunCount::of(&runs[slot].core));
         self.fold(&mut runs, slot, e);
-        if let (Some(id), Some((before, poll))) = (d.lease, before) {
+        if let (Some(id), Some(before)) = (d.lease, before) {
             let after = RunCount::of(&runs[slot].core);
-            self.leases.decision(e, id, (before, after, poll));
+            self.leases.decision(e, id, (before, after));
         }
         self.runs = runs;
     }

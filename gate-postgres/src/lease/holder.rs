@@ -1,0 +1,397 @@
+//! One daemon's side of leased slices (docs/FLEET.md, "Deciding inside slices"): the
+//! slices it holds, what it used of each, and the one question a decision asks of them,
+//! [`Slices::take`]: does this use fit in the slices held for every scope it touches?
+//! Inside them it is answered locally, with no round trip; otherwise the holder refills
+//! (one grant, sized by [`tally_policy::slice_for`] from the scope's outlook), or, when
+//! the last units must not be leased to one host, spends centrally
+//! ([`Leases::spend`]), or refuses.
+//!
+//! Time is passed in (`now`, the local monotonic clock): a slice is used only until the
+//! moment its grant was asked for plus its validity, less the skew margin, so it is never
+//! used past the database's expiry. While the database is away, uses that fit in a slice
+//! still valid go on; any other is refused [`SliceError::Unavailable`] (retry).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tally_policy::{fits_in_slice, slice_for, SliceSize, SliceUse};
+
+use super::events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
+use super::types::{Amounts, Grant, Lease, LeaseError, Spent};
+use super::{Leases, Scope};
+
+/// How a holder sizes, keeps and gives back its slices.
+#[derive(Clone, Debug)]
+pub struct SliceOptions {
+    /// The smallest slice worth a lease, per dimension (0 counts as 1).
+    pub floor: Amounts,
+    /// Hosts that were granted a slice of a scope within this window count as asking.
+    pub window: Duration,
+    /// A slice not used for this long is given back at the next [`Slices::tick`].
+    pub idle: Duration,
+    /// A slice is not used within this margin of its deadline (clock skew, latency).
+    pub margin: Duration,
+}
+
+impl Default for SliceOptions {
+    /// Slices of at least one unit, hosts counted over 10 s, idle after 5 s, 1 s margin.
+    fn default() -> SliceOptions {
+        SliceOptions {
+            floor: Amounts::default(),
+            window: Duration::from_secs(10),
+            idle: Duration::from_secs(5),
+            margin: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How a use was allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Taken {
+    /// Inside the slices held: no round trip.
+    Local,
+    /// In the database, one decision at a time (the last units of a scope).
+    Central,
+}
+
+/// Why a use was not allowed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SliceError {
+    /// The scope has no room left for it (slices out elsewhere count as unavailable).
+    #[error("lease scope {kind} `{key}`: no room left for this use")]
+    Exhausted {
+        /// The scope's kind.
+        kind: &'static str,
+        /// Its key.
+        key: String,
+    },
+    /// What the scope has left is in other hosts' slices: refused for now (the gate's
+    /// `gate_unavailable`, retry); they return it when used up, idle or expired.
+    #[error("lease scope {kind} `{key}`: what is left is leased to other hosts; retry")]
+    Leased {
+        /// The scope's kind.
+        kind: &'static str,
+        /// Its key.
+        key: String,
+    },
+    /// The scope's slices are revoked (its run paused or killed).
+    #[error("lease scope {kind} `{key}`: its slices are revoked (paused or killed)")]
+    Revoked {
+        /// The scope's kind.
+        kind: &'static str,
+        /// Its key.
+        key: String,
+    },
+    /// The use does not fit in a slice held and the database did not answer: refused,
+    /// nothing spent (the gate's `gate_unavailable`, retry).
+    #[error(transparent)]
+    Unavailable(LeaseError),
+}
+
+/// A slice held, and what of it was used.
+#[derive(Clone, Debug)]
+pub(super) struct Held {
+    pub(super) lease: Lease,
+    pub(super) used: Amounts,
+    /// When the grant (or last renewal) was asked for, plus its validity.
+    pub(super) deadline: Instant,
+    pub(super) last_used: Instant,
+    /// The dimensions the scope caps (when the slice was granted): only they are
+    /// counted against it.
+    pub(super) capped: [bool; 4],
+}
+
+#[derive(Default)]
+pub(super) struct Local {
+    pub(super) held: BTreeMap<Scope, Held>,
+    /// Slices to give back whose return the database has not confirmed.
+    pub(super) unreturned: Vec<(Lease, Amounts)>,
+    /// When this holder was last granted a slice of a scope (it then counts among the
+    /// hosts the outlook saw).
+    granted: BTreeMap<Scope, Instant>,
+}
+
+/// One holder's slices (one daemon), over its lease manager.
+pub struct Slices {
+    pub(super) leases: Leases,
+    pub(super) options: SliceOptions,
+    local: Mutex<Local>,
+    metrics: LeaseMetrics,
+    sink: Option<Sink>,
+}
+
+fn add(a: &Amounts, b: &Amounts) -> Amounts {
+    let (a, b) = (a.each(), b.each());
+    Amounts::from_each([0, 1, 2, 3].map(|i| a[i].saturating_add(b[i])))
+}
+
+/// Amounts as the policy core counts a use.
+pub(super) fn use_of(a: &Amounts) -> SliceUse {
+    SliceUse {
+        attempts: a.attempts,
+        nanos: a.nanos,
+        side_effects: a.effects,
+        polls: a.polls,
+    }
+}
+
+impl Held {
+    /// Whether `need` fits in what is left of the slice at `now`.
+    fn covers(&self, need: &Amounts, now: Instant, margin: Duration) -> bool {
+        now + margin < self.deadline
+            && fits_in_slice(
+                &use_of(&self.counted(need)),
+                &use_of(&self.used),
+                &use_of(&self.lease.granted),
+            )
+    }
+
+    /// `need` in the dimensions the scope caps (a dimension without a cap is not leased).
+    pub(super) fn counted(&self, need: &Amounts) -> Amounts {
+        let n = need.each();
+        Amounts::from_each([0, 1, 2, 3].map(|i| if self.capped[i] { n[i] } else { 0 }))
+    }
+}
+
+impl Slices {
+    /// A holder over `leases`: the slices it adopted (an earlier process of the same
+    /// holder left them out) are given back first, each saying it used what `used_of`
+    /// says (what this holder's ledger recorded of it; the whole slice when unknown).
+    pub fn open(
+        leases: Leases,
+        options: SliceOptions,
+        used_of: impl Fn(&Lease) -> Amounts,
+        sink: Option<Sink>,
+    ) -> Slices {
+        let slices = Slices {
+            leases,
+            options,
+            local: Mutex::new(Local::default()),
+            metrics: LeaseMetrics::default(),
+            sink,
+        };
+        let mut local = slices.lock();
+        for lease in slices.leases.adopted().to_vec() {
+            let used = used_of(&lease);
+            slices.event(LeaseEvent::Adopted(lease.clone()));
+            slices.give_back(&mut local, lease, used);
+        }
+        drop(local);
+        slices
+    }
+
+    /// The lease manager (to define scopes, revoke, read outlooks).
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    /// The counters of lease events so far.
+    pub fn metrics(&self) -> &LeaseMetrics {
+        &self.metrics
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn event(&self, event: LeaseEvent) {
+        on_lease_event(&self.metrics, self.sink.as_ref(), &event);
+    }
+
+    /// Use `need` in every scope of `scopes` (a run's, its principal's), at `now`:
+    /// locally if it fits in every slice held, else after refilling, else centrally.
+    /// Never a use that no slice covered and the database did not settle.
+    pub fn take(&self, scopes: &[Scope], need: Amounts, now: Instant) -> Result<Taken, SliceError> {
+        let mut local = self.lock();
+        let margin = self.options.margin;
+        let short: Vec<Scope> = scopes
+            .iter()
+            .filter(|s| {
+                !local
+                    .held
+                    .get(*s)
+                    .is_some_and(|h| h.covers(&need, now, margin))
+            })
+            .cloned()
+            .collect();
+        let mut central = false;
+        for scope in &short {
+            if !self.refill(&mut local, scope, &need, now)? {
+                central = true;
+                break;
+            }
+        }
+        if !central {
+            for scope in scopes {
+                if let Some(h) = local.held.get_mut(scope) {
+                    h.used = add(&h.used, &h.counted(&need));
+                    h.last_used = now;
+                }
+            }
+            return Ok(Taken::Local);
+        }
+        // The host's own slices of these scopes go back first: its remnants never keep
+        // the last units from the central path.
+        for scope in scopes {
+            if let Some(h) = local.held.remove(scope) {
+                self.give_back(&mut local, h.lease, h.used);
+            }
+        }
+        drop(local);
+        self.central(scopes, need)
+    }
+
+    fn central(&self, scopes: &[Scope], need: Amounts) -> Result<Taken, SliceError> {
+        let first = scopes.first().map(|s| (s.kind.as_str(), s.key.clone()));
+        let (kind, key) = first.unwrap_or(("run", String::new()));
+        match self.leases.spend(scopes, need) {
+            Ok(Spent::Spent) => Ok(Taken::Central),
+            Ok(Spent::Revoked) => Err(SliceError::Revoked { kind, key }),
+            Ok(Spent::Leased) => Err(SliceError::Leased { kind, key }),
+            Ok(_) => {
+                self.event(LeaseEvent::Refused {
+                    scope: scopes.to_vec(),
+                });
+                Err(SliceError::Exhausted { kind, key })
+            }
+            Err(e) => {
+                self.event(LeaseEvent::Refused {
+                    scope: scopes.to_vec(),
+                });
+                Err(SliceError::Unavailable(e))
+            }
+        }
+    }
+
+    /// Replace the slice of `scope` by one covering `need`: `Ok(false)` when the scope's
+    /// last units must be served centrally (or the grant lost a race for them).
+    fn refill(
+        &self,
+        local: &mut Local,
+        scope: &Scope,
+        need: &Amounts,
+        now: Instant,
+    ) -> Result<bool, SliceError> {
+        let unavailable = |e| match e {
+            LeaseError::UnknownScope { kind, key } => SliceError::Exhausted { kind, key },
+            e => SliceError::Unavailable(e),
+        };
+        if let Some(h) = local.held.remove(scope) {
+            match self.leases.release(h.lease.id, h.used) {
+                Err(e @ LeaseError::Unavailable { .. }) => {
+                    local.held.insert(scope.clone(), h);
+                    return Err(SliceError::Unavailable(e));
+                }
+                r => self.returned(h.lease, h.used, r),
+            }
+        }
+        let outlook = self
+            .leases
+            .outlook(scope, self.options.window)
+            .map_err(unavailable)?;
+        let counted = local
+            .granted
+            .get(scope)
+            .is_some_and(|t| now.duration_since(*t) <= self.options.window);
+        let holders = outlook.holders + u64::from(!counted);
+        let (left, floor, need) = (outlook.left.each(), self.options.floor.each(), need.each());
+        let mut want = [0u64; 4];
+        for d in 0..4 {
+            let Some(left) = left[d] else { continue };
+            match slice_for(left, holders, floor[d], need[d]) {
+                SliceSize::Lease(n) => want[d] = n,
+                _ if need[d] == 0 => {}
+                _ => return Ok(false),
+            }
+        }
+        let want = Amounts::from_each(want);
+        if want == Amounts::default() {
+            // Nothing to lease (no cap, or only dimensions this use does not need are
+            // exhausted): decided centrally.
+            return Ok(false);
+        }
+        match self.leases.grant(scope, want).map_err(unavailable)? {
+            Grant::Granted(lease) => {
+                local.granted.insert(scope.clone(), now);
+                self.event(LeaseEvent::Granted(lease.clone()));
+                let deadline = now + lease.valid_for;
+                let used = Amounts::default();
+                let held = Held {
+                    lease,
+                    used,
+                    deadline,
+                    last_used: now,
+                    capped: left.map(|c| c.is_some()),
+                };
+                local.held.insert(scope.clone(), held);
+                Ok(true)
+            }
+            Grant::Revoked => Err(SliceError::Revoked {
+                kind: scope.kind.as_str(),
+                key: scope.key.clone(),
+            }),
+            _ => Ok(false),
+        }
+    }
+
+    /// An outcome gave back `freed` (settled below its reservation) in `scopes`: the
+    /// slices held for them have that much more room (a slice returned meanwhile keeps
+    /// it counted as used: the conservative side).
+    pub fn give(&self, scopes: &[Scope], freed: Amounts) {
+        let mut local = self.lock();
+        for scope in scopes {
+            if let Some(h) = local.held.get_mut(scope) {
+                let (u, f) = (h.used.each(), freed.each());
+                h.used = Amounts::from_each([0, 1, 2, 3].map(|i| u[i].saturating_sub(f[i])));
+            }
+        }
+    }
+
+    /// Return a slice saying `used`; kept to retry if the database did not answer.
+    pub(super) fn give_back(&self, local: &mut Local, lease: Lease, used: Amounts) {
+        let r = self.leases.release(lease.id, used);
+        if matches!(r, Err(LeaseError::Unavailable { .. })) {
+            local.unreturned.push((lease, used));
+            return;
+        }
+        self.returned(lease, used, r);
+    }
+
+    fn returned(&self, lease: Lease, used: Amounts, r: Result<super::Released, LeaseError>) {
+        let event = match r {
+            Ok(released) => LeaseEvent::Returned {
+                lease,
+                used,
+                released,
+            },
+            Err(e) => LeaseEvent::Lost {
+                lease,
+                why: e.to_string(),
+            },
+        };
+        self.event(event);
+    }
+
+    /// Give back every slice held (the daemon stops).
+    pub fn close(&self) {
+        let mut local = self.lock();
+        let held = std::mem::take(&mut local.held);
+        for (_, h) in held {
+            self.give_back(&mut local, h.lease, h.used);
+        }
+    }
+
+    /// What is held of `scope` now: what the slice covers and what of it was used.
+    pub fn held(&self, scope: &Scope) -> Option<(Amounts, Amounts)> {
+        let local = self.lock();
+        local.held.get(scope).map(|h| (h.lease.granted, h.used))
+    }
+
+    /// Slices whose return the database has not confirmed yet.
+    pub fn unreturned(&self) -> usize {
+        self.lock().unreturned.len()
+    }
+}
