@@ -7,7 +7,7 @@ use tally_policy::{apply, decide, judge, Call, Decided, Now, Verdict};
 
 use crate::backend::{StateBackend, StateTxn};
 
-use crate::commit::Commit;
+use crate::commit::{Answer, Commit};
 use crate::{
     encodable, held, inconsistent, principal_scope, tracks_credential, Caller, CheckAnswer,
     CheckRequest, Done, Gate, GateError, Logged, OutcomeRequest, SettleRequest, Touched,
@@ -229,6 +229,30 @@ impl<B: StateBackend> Gate<B> {
     /// Record what an allowed call did.
     pub fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>) {
         self.record_outcome(caller, req, false, done)
+    }
+
+    /// Record the outcome of a call the proxy made, answered once it is *sequenced*:
+    /// `sequenced` gets `Ok` as soon as its state change is applied and its record is
+    /// queued in the ledger's commit order (every later operation decides on state that
+    /// includes it, and every later decision is durable only after it), before the
+    /// record is durable; `durable` gets the receipted answer once the ledger says it
+    /// is, or the error that failed the gate closed. A refused outcome answers
+    /// `sequenced` with the refusal, and `durable` never. Only the proxy's own caller
+    /// may: every other outcome is answered once durable ([`Gate::outcome`]).
+    pub fn outcome_sequenced(
+        &self,
+        caller: Caller,
+        req: OutcomeRequest,
+        sequenced: Done<()>,
+        durable: Done<Logged>,
+    ) {
+        if !caller.proxied {
+            return sequenced(Err(GateError::NotAuthorized(
+                "only the proxy's own outcome is answered before it is durable".into(),
+            )));
+        }
+        let answer = Answer::sequenced(sequenced, durable);
+        self.transact_answering(answer, |t| self.settle_call(t, caller, req, false))
     }
 
     /// The operator settles what attempt `req.attempt` of `run` holds (`tally settle`):

@@ -111,6 +111,81 @@ fn fail(failure: &Mutex<Option<String>>, why: String) -> GateError {
     GateError::Unavailable(why)
 }
 
+/// What a commit's answer needs of its receipts once the ledger has answered.
+struct Receipts<T> {
+    /// The commit's own records (the policy record may come before them).
+    count: usize,
+    /// The answering record, counted from the end.
+    from_end: usize,
+    answer: Result<T, GateError>,
+    durable: Option<AfterDurable>,
+}
+
+impl<T: Receipted> Receipts<T> {
+    /// The answer, given the ledger's `result`: receipted, after the step's follow-up;
+    /// or the gate failed closed if the ledger could not record the records.
+    fn answer(
+        self,
+        result: tally_ledger::Result<Vec<Receipt>>,
+        failure: &Mutex<Option<String>>,
+    ) -> Result<T, GateError> {
+        let receipts = match result {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(fail(
+                    failure,
+                    format!("the ledger could not record a decision: {e}"),
+                ))
+            }
+        };
+        let Some(r) = receipts.iter().rev().nth(self.from_end) else {
+            return Err(GateError::Unavailable(
+                "the ledger returned no receipt".into(),
+            ));
+        };
+        if let Some(then) = self.durable {
+            let own = receipts.len().saturating_sub(self.count);
+            then(&receipts[own..]);
+        }
+        self.answer.map(|a| a.receipted(*r))
+    }
+}
+
+/// Who an operation answers, and when: `done` once its records are durable; an operation
+/// answered once *sequenced* ([`Answer::sequenced`]) also answers `sequenced` as soon as
+/// its state change is applied and its records are queued in the ledger's commit order.
+pub(crate) struct Answer<T> {
+    sequenced: Option<Done<()>>,
+    done: Done<T>,
+}
+
+impl<T> Answer<T> {
+    /// Answered once the records are durable (every operation but a proxied outcome).
+    pub(crate) fn durable(done: Done<T>) -> Answer<T> {
+        Answer {
+            sequenced: None,
+            done,
+        }
+    }
+
+    /// `sequenced` answered once the records are queued, `durable` once they are durable.
+    /// An operation refused, or one that records nothing, answers `sequenced` alone.
+    pub(crate) fn sequenced(sequenced: Done<()>, durable: Done<T>) -> Answer<T> {
+        Answer {
+            sequenced: Some(sequenced),
+            done: durable,
+        }
+    }
+
+    /// Answered now, nothing queued: to whoever waits first.
+    fn now(self, answer: Result<T, GateError>) {
+        match self.sequenced {
+            Some(sequenced) => sequenced(answer.map(|_| ())),
+            None => (self.done)(answer),
+        }
+    }
+}
+
 impl<B: StateBackend> Gate<B> {
     /// Run one operation: begin the state transaction, let `step` decide and fold what
     /// it decides into it, then make its [`Commit`] durable (the state first where the
@@ -123,67 +198,70 @@ impl<B: StateBackend> Gate<B> {
         done: Done<T>,
         step: impl FnOnce(&mut B::Txn<'_>) -> Result<Commit<T>, GateError>,
     ) {
+        self.transact_answering(Answer::durable(done), step)
+    }
+
+    /// [`Gate::transact`], answering as `answer` says: a sequenced answer goes once the
+    /// records are queued (after the transaction's state change is applied and while it
+    /// still holds its scopes, so every later operation decides on that state and is
+    /// durable only after these records, by log order), the durable one once they are
+    /// durable.
+    pub(crate) fn transact_answering<T: Receipted + Send + 'static>(
+        &self,
+        answer: Answer<T>,
+        step: impl FnOnce(&mut B::Txn<'_>) -> Result<Commit<T>, GateError>,
+    ) {
         let mut t = match self.begin() {
             Ok(t) => t,
-            Err(e) => return done(Err(e)),
+            Err(e) => return answer.now(Err(e)),
         };
         let commit = match step(&mut t) {
             Ok(c) => c,
-            Err(e) => return done(Err(e)),
+            Err(e) => return answer.now(Err(e)),
         };
         if commit.records.is_empty() {
             drop(t);
-            return done(commit.answer);
+            return answer.now(commit.answer);
         }
         let Commit {
             records,
             writes,
             answering,
-            answer,
+            answer: answered,
             durable,
         } = commit;
-        let count = records.len();
-        // Counted from the end: the policy record may come first.
-        let from_end = records.len().saturating_sub(answering + 1);
         let scopes: Vec<Scopes<'_>> = writes.iter().map(Touched::scopes).collect();
         // A networked backend's state is durable before the decision is queued; if it
         // cannot be, nothing was queued and the gate stays up (the caller retries).
         let version = match t.persist(&scopes) {
             Ok(v) => v,
-            Err(e) => return done(Err(e)),
+            Err(e) => return answer.now(Err(e)),
         };
+        let count = records.len();
+        // Counted from the end: the policy record may come first.
+        let from_end = records.len().saturating_sub(answering + 1);
         let (plaintexts, ledger_state) = match self.plaintexts(records, version) {
             Ok(p) => p,
-            Err(e) => return done(Err(e)),
+            Err(e) => return answer.now(Err(e)),
         };
         let failure = Arc::clone(&self.failure);
+        let Answer { sequenced, done } = answer;
+        let receipted = Receipts {
+            count,
+            from_end,
+            answer: answered,
+            durable,
+        };
         t.commit(
             plaintexts,
             &scopes,
             ledger_state,
-            Box::new(move |result| {
-                let answered = match result {
-                    Ok(receipts) => match receipts.iter().rev().nth(from_end) {
-                        Some(r) if durable.is_some() => {
-                            let own = receipts.len().saturating_sub(count);
-                            if let Some(then) = durable {
-                                then(&receipts[own..]);
-                            }
-                            answer.map(|a| a.receipted(*r))
-                        }
-                        Some(r) => answer.map(|a| a.receipted(*r)),
-                        None => Err(GateError::Unavailable(
-                            "the ledger returned no receipt".into(),
-                        )),
-                    },
-                    Err(e) => Err(fail(
-                        &failure,
-                        format!("the ledger could not record a decision: {e}"),
-                    )),
-                };
-                done(answered)
-            }),
+            Box::new(move |result| done(receipted.answer(result, &failure))),
         );
+        // Queued: the ledger's order is now the state's order.
+        if let Some(sequenced) = sequenced {
+            sequenced(Ok(()));
+        }
     }
 
     /// The stored bytes of `records` at state version `version`, after the policy record

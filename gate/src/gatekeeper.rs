@@ -90,6 +90,14 @@ pub trait Gatekeeper: Send + Sync {
     fn check(&self, caller: Caller, req: CheckRequest, done: Done<CheckAnswer>);
     /// [`Gate::outcome`].
     fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>);
+    /// [`Gate::outcome_sequenced`].
+    fn outcome_sequenced(
+        &self,
+        caller: Caller,
+        req: OutcomeRequest,
+        sequenced: Done<()>,
+        durable: Done<Logged>,
+    );
     /// [`Gate::settle`].
     fn settle(&self, caller: Caller, run: &str, req: SettleRequest, done: Done<Logged>);
     /// [`Gate::stop`].
@@ -141,6 +149,15 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>) {
         Gate::outcome(self, caller, req, done)
+    }
+    fn outcome_sequenced(
+        &self,
+        caller: Caller,
+        req: OutcomeRequest,
+        sequenced: Done<()>,
+        durable: Done<Logged>,
+    ) {
+        Gate::outcome_sequenced(self, caller, req, sequenced, durable)
     }
     fn settle(&self, caller: Caller, run: &str, req: SettleRequest, done: Done<Logged>) {
         Gate::settle(self, caller, run, req, done)

@@ -55,3 +55,157 @@ fn the_policy_record_goes_once_before_the_first_decision_made_under_it() {
     assert_eq!(start(&gate, "d"), before + 5);
     assert_eq!(ledger.checkpoint().size, before + 6);
 }
+
+/// The proxy's own caller.
+const PROXY: Caller = Caller {
+    uid: Some(1000),
+    operator: false,
+    proxied: true,
+};
+
+/// A gate over a fresh ledger in `dir` whose writer runs `at_append` after each group's
+/// log append (on its commit thread): what the tests hold it with, or fail it with.
+fn held_gate(dir: &std::path::Path, at_append: impl Fn() + Send + Sync + 'static) -> Gate {
+    let path = dir.join("l");
+    Ledger::init(&path, &AuditorKey::generate().public(), Rotation::default()).expect("init");
+    tally_ledger::faults::on_group_appended(&path, at_append);
+    let ledger = Arc::new(Ledger::open(&path).expect("open"));
+    let policy = Recorded::new("[ceiling]\nspend_cents = 100\n").expect("policy");
+    Gate::open(ledger, policy).expect("gate")
+}
+
+/// Run `run` started and one proxied call of it allowed, reserving 10 cents: its attempt.
+fn allowed(gate: &Gate, run: &str) -> u64 {
+    start(gate, run);
+    let req = serde_json::from_value(serde_json::json!({
+        "run": run, "tool": "model", "effect": "non_idempotent_write", "reserve_cents": 10,
+    }))
+    .expect("check");
+    let answer = gate.check_blocking(PROXY, req).expect("check");
+    answer.attempt.expect("an allowed call's attempt")
+}
+
+fn settled(run: &str, attempt: u64, nanos: u64) -> tally_gate::OutcomeRequest {
+    serde_json::from_value(serde_json::json!({
+        "run": run, "attempt": attempt, "status": "ok", "settled_nanos": nanos,
+    }))
+    .expect("outcome")
+}
+
+type Answers<T> = std::sync::mpsc::Receiver<Result<T, tally_gate::GateError>>;
+
+/// A proxied outcome asked sequenced: where its two answers arrive.
+fn sequenced(
+    gate: &Gate,
+    req: tally_gate::OutcomeRequest,
+) -> (Answers<()>, Answers<tally_gate::Logged>) {
+    let (seq_tx, seq_rx) = std::sync::mpsc::channel();
+    let (dur_tx, dur_rx) = std::sync::mpsc::channel();
+    gate.outcome_sequenced(
+        PROXY,
+        req,
+        Box::new(move |r| {
+            let _ = seq_tx.send(r);
+        }),
+        Box::new(move |r| {
+            let _ = dur_tx.send(r);
+        }),
+    );
+    (seq_rx, dur_rx)
+}
+
+const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[test]
+fn a_sequenced_outcome_is_answered_once_queued_and_seen_before_it_is_durable() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().expect("tempdir");
+    // While `hold` is set, the writer waits after each append: nothing more is durable.
+    let hold = Arc::new(AtomicBool::new(false));
+    let held = Arc::clone(&hold);
+    let gate = held_gate(dir.path(), move || {
+        while held.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+    let attempt = allowed(&gate, "r");
+    hold.store(true, Ordering::SeqCst);
+    let (seq, durable) = sequenced(&gate, settled("r", attempt, 40_000_000));
+    // Answered while its record cannot be durable yet.
+    seq.recv_timeout(WAIT).expect("sequenced").expect("queued");
+    assert!(
+        durable.try_recv().is_err(),
+        "not durable while the writer is held"
+    );
+    // Every later operation decides on state that includes it.
+    let s = gate.run(ALICE, "r").expect("standing");
+    assert_eq!((s.held_nanos, s.settled_nanos), (0, 40_000_000));
+    // Durable once the writer goes on, with its own receipt, before any later decision.
+    let before = ledger_size(&gate);
+    hold.store(false, Ordering::SeqCst);
+    let logged = durable
+        .recv_timeout(WAIT)
+        .expect("durable")
+        .expect("recorded");
+    assert_eq!(logged.seq, before);
+    // And the gate goes on deciding.
+    allowed(&gate, "s");
+    assert!(gate.failure().is_none());
+}
+
+fn ledger_size(gate: &Gate) -> u64 {
+    gate.ledger().checkpoint().size
+}
+
+#[test]
+fn a_sequenced_outcome_the_ledger_cannot_record_fails_the_gate_closed() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broken = Arc::new(AtomicBool::new(false));
+    let breaks = Arc::clone(&broken);
+    let gate = held_gate(dir.path(), move || {
+        // The writer dies at the append: the ledger refuses the group, and all after it.
+        assert!(!breaks.load(Ordering::SeqCst), "the disk fails");
+    });
+    let attempt = allowed(&gate, "r");
+    broken.store(true, Ordering::SeqCst);
+    let (seq, durable) = sequenced(&gate, settled("r", attempt, 40_000_000));
+    seq.recv_timeout(WAIT).expect("sequenced").expect("queued");
+    let failed = durable.recv_timeout(WAIT).expect("answered");
+    assert!(
+        matches!(failed, Err(tally_gate::GateError::Unavailable(_))),
+        "{failed:?}"
+    );
+    // The gate refuses everything from now on.
+    assert!(gate.failure().is_some());
+    let req = serde_json::from_value(serde_json::json!({
+        "run": "r", "tool": "model", "effect": "read",
+    }))
+    .expect("check");
+    assert!(matches!(
+        gate.check_blocking(PROXY, req),
+        Err(tally_gate::GateError::Unavailable(_))
+    ));
+}
+
+#[test]
+fn only_the_proxy_has_an_outcome_answered_before_it_is_durable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = held_gate(dir.path(), || {});
+    let attempt = allowed(&gate, "r");
+    let (tx, rx) = std::sync::mpsc::channel();
+    gate.outcome_sequenced(
+        ALICE,
+        settled("r", attempt, 1),
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+        Box::new(|_| panic!("nothing to make durable")),
+    );
+    let refused = rx.recv_timeout(WAIT).expect("answered");
+    assert!(
+        matches!(refused, Err(tally_gate::GateError::NotAuthorized(_))),
+        "{refused:?}"
+    );
+    assert_eq!(gate.run(ALICE, "r").expect("standing").settled_nanos, 0);
+}

@@ -390,6 +390,7 @@ mod peers;
 mod priced;
 mod race;
 mod responses;
+mod sequenced;
 mod streams;
 mod traced;
 mod usage;

@@ -29,6 +29,33 @@ impl Observed {
     }
 }
 
+impl Observed {
+    /// `done`, the outcome `req` observed first once it is durable.
+    fn observing(&self, caller: Caller, req: &OutcomeRequest, done: Done<Logged>) -> Done<Logged> {
+        // The gate refuses an outcome whose amount is bad input; a recorded one has its
+        // settlement in nanodollars.
+        let nanos = tally_ledger::decision::one_amount(
+            "settled_cents",
+            req.settled_cents,
+            "settled_nanos",
+            req.settled_nanos,
+        )
+        .ok()
+        .flatten()
+        .map(|n| n.0);
+        let (run, attempt, status) = (req.run.clone(), req.attempt, req.status);
+        // Only the proxy's own report carries a usage (the gate records it for no other).
+        let usage = req.usage.filter(|_| caller.proxied);
+        let observer = Arc::clone(&self.observer);
+        Box::new(move |r| {
+            if let Ok(l) = &r {
+                observer.outcome(&run, attempt, status, nanos, usage.as_ref(), l);
+            }
+            done(r)
+        })
+    }
+}
+
 impl Gatekeeper for Observed {
     fn start(&self, caller: Caller, req: StartRequest, done: Done<Started>) {
         self.inner.start(caller, req, done)
@@ -64,31 +91,21 @@ impl Gatekeeper for Observed {
     }
 
     fn outcome(&self, caller: Caller, req: OutcomeRequest, done: Done<Logged>) {
-        // The gate refuses an outcome whose amount is bad input; a recorded one has its
-        // settlement in nanodollars.
-        let nanos = tally_ledger::decision::one_amount(
-            "settled_cents",
-            req.settled_cents,
-            "settled_nanos",
-            req.settled_nanos,
-        )
-        .ok()
-        .flatten()
-        .map(|n| n.0);
-        let (run, attempt, status) = (req.run.clone(), req.attempt, req.status);
-        // Only the proxy's own report carries a usage (the gate records it for no other).
-        let usage = req.usage.filter(|_| caller.proxied);
-        let observer = Arc::clone(&self.observer);
-        self.inner.outcome(
-            caller,
-            req,
-            Box::new(move |r| {
-                if let Ok(l) = &r {
-                    observer.outcome(&run, attempt, status, nanos, usage.as_ref(), l);
-                }
-                done(r)
-            }),
-        )
+        let observed = self.observing(caller, &req, done);
+        self.inner.outcome(caller, req, observed)
+    }
+
+    fn outcome_sequenced(
+        &self,
+        caller: Caller,
+        req: OutcomeRequest,
+        sequenced: Done<()>,
+        durable: Done<Logged>,
+    ) {
+        // Observed, like every outcome, once it is durable.
+        let observed = self.observing(caller, &req, durable);
+        self.inner
+            .outcome_sequenced(caller, req, sequenced, observed)
     }
 
     fn settle(&self, caller: Caller, run: &str, req: SettleRequest, done: Done<Logged>) {

@@ -2,7 +2,7 @@
 //! less hop-by-hop, plus `x-tally-run`, `x-tally-attempt`, `x-tally-seq`), its body
 //! relayed chunk by chunk on a task of its own ([`relay`]) while its usage and BLAKE3
 //! digest are read from it (JSON or SSE); when it has ended, what it cost ([`bill`])
-//! is settled.
+//! is settled, and then the end of the answer released.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
@@ -63,15 +63,14 @@ pub(super) fn pump(
     r
 }
 
-/// The body relayed to its end (or the deadline), then what it cost settled.
+/// The body relayed to its end (or the deadline), then what it cost settled, and only
+/// then the end of the answer released: once the agent has it, any later decision, on
+/// any socket, decides on state that includes the outcome.
 async fn relayed(mut body: Incoming, mut relay: Relay, answer: Answer, settling: Settling) {
     let end = relay.run(&mut body).await;
     let facts = settling.facts();
     let ended = match end {
-        Err(cut) => {
-            relay.cut().await;
-            bill::cut(facts, &answer, cut, relay.digest())
-        }
+        Err(cut) => bill::cut(facts, &answer, cut, relay.digest()),
         Ok(()) => {
             relay.last_events().await;
             let (reported, said) = relay.reported(answer.status, facts.kind);
@@ -81,6 +80,10 @@ async fn relayed(mut body: Incoming, mut relay: Relay, answer: Answer, settling:
     let mut settling = settling;
     settling.ended(ended);
     settling.settle().await;
+    match end {
+        Err(_) => relay.cut().await,
+        Ok(()) => relay.finish().await,
+    }
 }
 
 /// The upstream's headers passed back, less hop-by-hop (and a reframed stream's

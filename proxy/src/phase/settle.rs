@@ -1,5 +1,6 @@
-//! The settle phase: the call's outcome recorded with the gate (its `outcome`, on the
-//! decision thread), then its span ended with it.
+//! The settle phase: the call's outcome recorded with the gate (its `outcome_sequenced`,
+//! on the decision thread), then its span ended with it. It returns once the outcome is
+//! sequenced, before it is durable (docs/PROXY.md, "The outcome off the answer's path").
 //!
 //! It runs once for every call the check allowed, whatever ends it: the check arms a
 //! [`Settling`], forward and pump tell it what happened ([`Settling::ended`]), and it
@@ -77,26 +78,42 @@ impl Ended {
     }
 }
 
-/// Where an outcome is recorded: the gate, on its decision thread.
+/// Where an outcome is recorded: the gate, on its decision thread. The future resolves
+/// once the outcome is *sequenced* (its state change applied, its record queued in the
+/// ledger's commit order), not once it is durable.
 pub(crate) type Record =
     Arc<dyn Fn(Caller, OutcomeRequest) -> BoxFuture<'static, Result<(), GateError>> + Send + Sync>;
 
 impl Proxy {
-    /// The gate's `outcome`, for a task that outlives the request.
+    /// The gate's `outcome_sequenced`, for a task that outlives the request: resolves
+    /// once the outcome is sequenced; if the ledger then cannot make it durable (the
+    /// gate fails closed), that is said on stderr.
     pub(crate) fn recorder(&self) -> Record {
         let (gate, stage) = (Arc::clone(&self.gate), Arc::clone(&self.stage));
         Arc::new(move |caller, req| {
             let (gate, stage) = (Arc::clone(&gate), Arc::clone(&stage));
             async move {
-                crate::proxy::call(&gate, &stage, move |gate, done| {
-                    gate.outcome(caller, req, done)
+                crate::proxy::call(&gate, &stage, move |gate, sequenced| {
+                    let (run, attempt) = (req.run.clone(), req.attempt);
+                    let durable = Box::new(move |r: Result<tally_gate::Logged, GateError>| {
+                        if let Err(e) = r {
+                            unrecorded(&run, attempt, &e);
+                        }
+                    });
+                    gate.outcome_sequenced(caller, req, sequenced, durable)
                 })
                 .await
-                .map(|_| ())
             }
             .boxed()
         })
     }
+}
+
+/// Said on stderr when the outcome of `run`'s `attempt` could not be recorded.
+fn unrecorded(run: &str, attempt: u64, e: &GateError) {
+    eprintln!(
+        "tally serve: proxy: the outcome of run {run} attempt {attempt} could not be recorded (its reservation stays held): {e}"
+    );
 }
 
 /// An allowed call, to be settled once: its deadline, what settling it needs, its span
@@ -155,7 +172,7 @@ impl Settling {
         }
     }
 
-    /// Settles the outcome it holds, and waits for the gate to record it.
+    /// Settles the outcome it holds, and waits for the gate to sequence it.
     pub async fn settle(mut self) {
         if let Some(p) = self.pending.take() {
             settle(p.record, p.settle, p.ended, p.span).await;
@@ -175,9 +192,9 @@ impl Drop for Settling {
     }
 }
 
-/// The settle phase: `ended` recorded as the outcome of `s`'s attempt, then the span
-/// ended with it. An outcome the gate cannot record is said on stderr (its reservation
-/// stays held).
+/// The settle phase: `ended` recorded as the outcome of `s`'s attempt (returns once it
+/// is sequenced: any later decision sees it), then the span ended with it. An outcome the
+/// gate cannot record is said on stderr (its reservation stays held).
 pub(crate) async fn settle(record: Record, s: Settle, ended: Ended, span: Option<CallSpan>) {
     let status = ended.status;
     let req = OutcomeRequest {
@@ -195,10 +212,7 @@ pub(crate) async fn settle(record: Record, s: Settle, ended: Ended, span: Option
         usage: ended.usage,
     };
     if let Err(e) = record(s.caller, req).await {
-        eprintln!(
-            "tally serve: proxy: the outcome of run {} attempt {} could not be recorded (its reservation stays held): {e}",
-            s.run, s.attempt
-        );
+        unrecorded(&s.run, s.attempt, &e);
     }
     if let Some(span) = span {
         span.end(status.as_str(), ended.http, ended.used);

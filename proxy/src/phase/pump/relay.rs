@@ -2,7 +2,9 @@
 //! client did not ask usage of reframed without its usage chunk) and read for usage,
 //! an SSE stream event by event, a plain body kept (up to [`MAX_KEPT`]) to be read
 //! whole at its end. A client that went away stops receiving; the upstream is still
-//! read to its end (or the deadline) to settle what it cost.
+//! read to its end (or the deadline) to settle what it cost. The end of the answer (a
+//! plain answer's last chunk, any body's end) is released only once the outcome is
+//! sequenced ([`Relay::finish`], [`Relay::cut`]).
 
 use std::convert::Infallible;
 use std::time::Instant;
@@ -47,6 +49,10 @@ pub(super) struct Relay {
     pending: usize,
     /// Chunks read since the last line end, not yet fed to the parser.
     unfed: Vec<Bytes>,
+    /// A plain answer's last chunk read, held back until the next one is read or, at the
+    /// end, the outcome is sequenced ([`Relay::finish`]): the agent has no whole answer
+    /// before any later decision would see what it cost.
+    last: Option<Bytes>,
 }
 
 impl Relay {
@@ -72,6 +78,7 @@ impl Relay {
             events: EventStream::new(fed),
             pending: 0,
             unfed: Vec::new(),
+            last: None,
         }
     }
 
@@ -146,25 +153,51 @@ impl Relay {
         }
     }
 
-    /// `forwarded` sent to the client, unless it went away.
+    /// `forwarded` sent to the client, unless it went away; a plain answer's last chunk
+    /// held back until the next one comes.
     async fn send(&mut self, forwarded: Vec<Bytes>) {
-        let Some(c) = &self.client else {
-            return;
-        };
         for b in forwarded {
             if b.is_empty() {
                 continue;
             }
-            let sent = tokio::time::timeout_at(self.deadline, c.send(Ok(Frame::data(b)))).await;
-            if !matches!(sent, Ok(Ok(()))) {
-                self.client = None;
-                return;
-            }
+            let b = if self.sse {
+                b
+            } else {
+                match self.last.replace(b) {
+                    Some(earlier) => earlier,
+                    None => continue,
+                }
+            };
+            self.pass(b).await;
         }
     }
 
-    /// The client told the answer was cut.
-    pub async fn cut(&mut self) {
+    /// `b` sent to the client, unless it went away.
+    async fn pass(&mut self, b: Bytes) {
+        let Some(c) = &self.client else {
+            return;
+        };
+        let sent = tokio::time::timeout_at(self.deadline, c.send(Ok(Frame::data(b)))).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            self.client = None;
+        }
+    }
+
+    /// The end of the answer released to the client: the chunk held back, then the end
+    /// of its body. Called once the outcome is sequenced.
+    pub async fn finish(mut self) {
+        if let Some(b) = self.last.take() {
+            self.pass(b).await;
+        }
+        self.client = None;
+    }
+
+    /// The client told the answer was cut, after what it was sent (the chunk held back
+    /// too). Called once the outcome is sequenced.
+    pub async fn cut(mut self) {
+        if let Some(b) = self.last.take() {
+            self.pass(b).await;
+        }
         if let Some(c) = self.client.take() {
             let _ = c
                 .send(Err(std::io::Error::other("the upstream answer was cut")))
@@ -173,25 +206,21 @@ impl Relay {
     }
 
     /// At the stream's end, its last event (one with no blank line after it is still
-    /// an event) read and passed on; then the client's body ends.
+    /// an event) read and passed on. The client's body ends later ([`Relay::finish`]).
     pub async fn last_events(&mut self) {
-        if self.sse {
-            for b in self.unfed.drain(..) {
-                let _ = self.feed.unbounded_send(Ok(b));
-            }
-            self.feed.close_channel();
-            while let Some(Some(Ok(ev))) = self.events.next().now_or_never() {
-                let keep = self.usage.event(&ev.data);
-                if let (true, Keep::Pass, Some(c)) = (self.reframe, keep, &self.client) {
-                    let _ = tokio::time::timeout_at(
-                        self.deadline,
-                        c.send(Ok(Frame::data(reframed(&ev)))),
-                    )
-                    .await;
-                }
+        if !self.sse {
+            return;
+        }
+        for b in self.unfed.drain(..) {
+            let _ = self.feed.unbounded_send(Ok(b));
+        }
+        self.feed.close_channel();
+        while let Some(Some(Ok(ev))) = self.events.next().now_or_never() {
+            let keep = self.usage.event(&ev.data);
+            if self.reframe && keep == Keep::Pass {
+                self.pass(reframed(&ev)).await;
             }
         }
-        self.client = None;
     }
 
     /// The usage a complete answer with `status` from an upstream of `kind` reported,
