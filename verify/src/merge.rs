@@ -14,6 +14,8 @@
 //! (its gate never numbers so), and one version in two ledgers (they were not written
 //! on one state, or a record was copied).
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use crate::event::{Event, Seq};
@@ -147,6 +149,51 @@ struct Source<I> {
     last_stop: bool,
 }
 
+impl<I: Iterator<Item = Event>> Source<I> {
+    fn open(mut events: I) -> Self {
+        Source {
+            head: events.next(),
+            events,
+            key: 0,
+            last_stop: false,
+        }
+    }
+
+    /// The key its head merges by: its version (a head without one goes with its
+    /// ledger's last), never below its ledger's last; `None` once the ledger is read.
+    fn head_key(&self) -> Option<u64> {
+        let e = self.head.as_ref()?;
+        Some(e.decision.state_version.unwrap_or(self.key).max(self.key))
+    }
+
+    /// Take its head and read the next.
+    fn advance(&mut self) -> Option<Event> {
+        let e = self.head.take()?;
+        self.head = self.events.next();
+        Some(e)
+    }
+}
+
+impl MergeReport {
+    /// List a finding, or count it past [`MAX_LISTED`].
+    fn flag(&mut self, f: MergeFinding) {
+        if self.findings.len() < MAX_LISTED {
+            self.findings.push(f);
+        } else {
+            self.omitted += 1;
+        }
+    }
+
+    /// List a finding about the record `e`.
+    fn flag_at(&mut self, e: &Event, kind: MergeKind) {
+        self.flag(MergeFinding {
+            seq: e.seq,
+            run: e.decision.run.clone(),
+            kind,
+        });
+    }
+}
+
 /// Merge the events of several ledgers, each in its own order, into `sink` in state
 /// version order. Events are renumbered: `Seq::ledger` is the source's place in
 /// `sources` from 1, `Seq::order` the place in the merged order.
@@ -166,46 +213,18 @@ pub fn merge<I: Iterator<Item = Event>, R: Ord>(
         ..MergeReport::default()
     };
     let (ranks, sources): (Vec<R>, Vec<I>) = sources.into_iter().unzip();
-    let mut sources: Vec<Source<I>> = sources
-        .into_iter()
-        .map(|mut events| Source {
-            head: events.next(),
-            events,
-            key: 0,
-            last_stop: false,
-        })
-        .collect();
+    let mut sources: Vec<Source<I>> = sources.into_iter().map(Source::open).collect();
     // Per run: the first ledger it has records in, whether it has records in another,
     // whether any has no version, and whether it was reported unordered.
-    let mut runs: std::collections::HashMap<String, RunSeen> = std::collections::HashMap::new();
+    let mut runs: HashMap<String, RunSeen> = HashMap::new();
     let mut order = 0u64;
     // The last versioned record given out: its version and where it is.
     let mut last: Option<(u64, Seq)> = None;
-    let flag = |report: &mut MergeReport, f: MergeFinding| {
-        if report.findings.len() < MAX_LISTED {
-            report.findings.push(f);
-        } else {
-            report.omitted += 1;
-        }
-    };
-    loop {
-        // The source whose head comes first: by version (a head without one goes with
-        // its ledger's last), then by the order the ledgers were given.
-        let next = sources
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let e = s.head.as_ref()?;
-                let key = e.decision.state_version.unwrap_or(s.key).max(s.key);
-                Some((key, &ranks[i], i))
-            })
-            .min();
-        let Some((_, _, i)) = next else { break };
+    while let Some(i) = next_source(&sources, &ranks) {
         let source = &mut sources[i];
-        let Some(mut e) = source.head.take() else {
+        let Some(mut e) = source.advance() else {
             break;
         };
-        source.head = source.events.next();
         let ledger = u16::try_from(i + 1).unwrap_or(u16::MAX);
         e.seq = Seq {
             order,
@@ -214,84 +233,85 @@ pub fn merge<I: Iterator<Item = Event>, R: Ord>(
         };
         order += 1;
         report.decisions[i] += 1;
-        // Policy and lease records belong to no run.
-        if !matches!(
-            e.decision.kind(),
-            tally_ledger::Kind::Policy | tally_ledger::Kind::Lease
-        ) {
-            let run = runs.entry(e.decision.run.clone()).or_insert(RunSeen {
-                first: i,
-                several: false,
-                unversioned: false,
-                reported: false,
-            });
-            run.several |= run.first != i;
-            run.unversioned |= e.decision.state_version.is_none();
-            if run.several && run.unversioned && !run.reported {
-                run.reported = true;
-                flag(
-                    &mut report,
-                    MergeFinding {
-                        seq: e.seq,
-                        run: e.decision.run.clone(),
-                        kind: MergeKind::Unordered,
-                    },
-                );
-            }
-        }
+        check_run(&mut report, &mut runs, i, &e);
         if let Some(v) = e.decision.state_version {
             report.versioned[i] += 1;
-            let stop = e.decision.kind() == tally_ledger::Kind::Stop;
-            let repeated = v == source.key && report.versioned[i] > 1;
-            if repeated && !(stop && source.last_stop) {
-                flag(
-                    &mut report,
-                    MergeFinding {
-                        seq: e.seq,
-                        run: e.decision.run.clone(),
-                        kind: MergeKind::VersionRepeated { version: v },
-                    },
-                );
-            }
-            source.last_stop = stop;
-            if v > i64::MAX as u64 {
-                flag(
-                    &mut report,
-                    MergeFinding {
-                        seq: e.seq,
-                        run: e.decision.run.clone(),
-                        kind: MergeKind::VersionOutOfRange { version: v },
-                    },
-                );
-            }
-            if v < source.key {
-                let before = source.key;
-                flag(
-                    &mut report,
-                    MergeFinding {
-                        seq: e.seq,
-                        run: e.decision.run.clone(),
-                        kind: MergeKind::VersionBackwards { version: v, before },
-                    },
-                );
-            } else {
-                source.key = v;
-                if let Some((lv, other)) = last {
-                    if lv == v && other.ledger != ledger {
-                        flag(
-                            &mut report,
-                            MergeFinding {
-                                seq: e.seq,
-                                run: e.decision.run.clone(),
-                                kind: MergeKind::VersionShared { version: v, other },
-                            },
-                        );
-                    }
-                }
-                last = Some((v, e.seq));
-            }
+            let first = report.versioned[i] == 1;
+            check_version(&mut report, source, first, &mut last, &e, v);
         }
         sink(e);
     }
     report
+}
+
+/// The source whose head comes first: by key (see [`Source::head_key`]), then by the
+/// ledgers' ranks, then by the order they were given; `None` once every one is read.
+fn next_source<I: Iterator<Item = Event>, R: Ord>(
+    sources: &[Source<I>],
+    ranks: &[R],
+) -> Option<usize> {
+    sources
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| Some((s.head_key()?, &ranks[i], i)))
+        .min()
+        .map(|(_, _, i)| i)
+}
+
+/// Note the record's run as seen in ledger `i`, and report the run unordered (once)
+/// when it has records in several ledgers and some without a version. Policy and
+/// lease records belong to no run.
+fn check_run(report: &mut MergeReport, runs: &mut HashMap<String, RunSeen>, i: usize, e: &Event) {
+    if matches!(
+        e.decision.kind(),
+        tally_ledger::Kind::Policy | tally_ledger::Kind::Lease
+    ) {
+        return;
+    }
+    let run = runs.entry(e.decision.run.clone()).or_insert(RunSeen {
+        first: i,
+        several: false,
+        unversioned: false,
+        reported: false,
+    });
+    run.several |= run.first != i;
+    run.unversioned |= e.decision.state_version.is_none();
+    if run.several && run.unversioned && !run.reported {
+        run.reported = true;
+        report.flag_at(e, MergeKind::Unordered);
+    }
+}
+
+/// Check the version `v` of the record `e`, read from `source` (`first`: its ledger's
+/// first versioned record), against its ledger's versions before it and the last
+/// versioned record given out (`last`, moved on to `e` unless its version went back).
+fn check_version<I>(
+    report: &mut MergeReport,
+    source: &mut Source<I>,
+    first: bool,
+    last: &mut Option<(u64, Seq)>,
+    e: &Event,
+    v: u64,
+) {
+    let stop = e.decision.kind() == tally_ledger::Kind::Stop;
+    let repeated = v == source.key && !first;
+    if repeated && !(stop && source.last_stop) {
+        report.flag_at(e, MergeKind::VersionRepeated { version: v });
+    }
+    source.last_stop = stop;
+    if v > i64::MAX as u64 {
+        report.flag_at(e, MergeKind::VersionOutOfRange { version: v });
+    }
+    if v < source.key {
+        let before = source.key;
+        report.flag_at(e, MergeKind::VersionBackwards { version: v, before });
+        return;
+    }
+    source.key = v;
+    if let Some((lv, other)) = *last {
+        if lv == v && other.ledger != e.seq.ledger {
+            report.flag_at(e, MergeKind::VersionShared { version: v, other });
+        }
+    }
+    *last = Some((v, e.seq));
 }
