@@ -161,9 +161,28 @@ pub fn check_anchors<N: Nodes + ?Sized>(
 where
     N::Error: std::fmt::Display,
 {
-    // The tree files are derived and untrusted: a proof from them counts only if they
-    // lead to the recorded root at the recorded size.
-    let files = match head.root {
+    let files = files_root(nodes, head);
+    let out: Vec<AnchorProof> = anchors
+        .iter()
+        .map(|a| check_anchor(nodes, origin, log_key, head, &files, a))
+        .collect();
+    NoWalkReport {
+        verdict: verdict(&out),
+        size: head.size,
+        root: head.root.map(|r| b64(&r)),
+        tree_files_match: files.is_ok(),
+        anchors: out,
+        not_checked: NOT_CHECKED.to_vec(),
+    }
+}
+
+/// The recorded root, if the tree files lead to it at the recorded size, or why not.
+/// The tree files are derived and untrusted: a proof from them counts only if they do.
+fn files_root<N: Nodes + ?Sized>(nodes: &N, head: &RecordedHead) -> Result<TreeHash, String>
+where
+    N::Error: std::fmt::Display,
+{
+    match head.root {
         None => Err("the log records no Merkle root (written by a build before trees): open it once with this build, or verify without --no-walk".to_owned()),
         Some(r) => match merkle::root(nodes, head.size) {
             Ok(ours) if ours == r => Ok(r),
@@ -177,92 +196,112 @@ where
                 head.size
             )),
         },
-    };
-    let mut out = Vec::with_capacity(anchors.len());
-    for a in anchors {
-        let mut result = AnchorProof {
-            source: a.source.clone(),
-            size: 0,
-            root: String::new(),
-            status: ProofStatus::Invalid,
-            proof_hashes: 0,
-            detail: String::new(),
-        };
-        let h = match TreeHead::parse(&a.note.text) {
-            Ok(h) => h,
-            Err(e) => {
-                result.detail = e.to_string();
-                out.push(result);
-                continue;
-            }
-        };
-        result.size = h.size;
-        result.root = b64(&h.root);
-        if h.origin != origin {
-            result.detail = format!("a checkpoint of {}, not of {origin}", h.origin);
-            out.push(result);
-            continue;
-        }
-        if let Some(k) = log_key {
-            if let Err(e) = k.verify(&a.note) {
-                result.detail = format!("not signed by the ledger's log key: {e}");
-                out.push(result);
-                continue;
-            }
-        }
-        if h.size > head.size {
-            (result.status, result.detail) = judge(h.size, &h.root, head.size, &[0; 32], &[]);
-            out.push(result);
-            continue;
-        }
-        let head_root = match &files {
-            Ok(r) => *r,
-            Err(why) => {
-                result.status = ProofStatus::Unproven;
-                result.detail = why.clone();
-                out.push(result);
-                continue;
-            }
-        };
-        let proof = if h.size == 0 {
-            Ok(Vec::new())
-        } else {
-            merkle::consistency_proof(nodes, h.size, head.size)
-        };
-        match proof {
-            Ok(p) => {
-                (result.status, result.detail) = judge(h.size, &h.root, head.size, &head_root, &p);
-                if h.size > 0 {
-                    result.proof_hashes = p.len();
-                }
-            }
-            Err(e) => {
-                result.status = ProofStatus::Unproven;
-                result.detail = format!("the tree files cannot make the proof: {e}");
-            }
-        }
-        out.push(result);
     }
+}
+
+/// One anchor: invalid unless it parses as a checkpoint of `origin` signed under
+/// `log_key` (when given); then truncated if past the head, else proven from the tree
+/// files (`files`: the root they lead to, or why they lead to none).
+fn check_anchor<N: Nodes + ?Sized>(
+    nodes: &N,
+    origin: &str,
+    log_key: Option<&Vkey>,
+    head: &RecordedHead,
+    files: &Result<TreeHash, String>,
+    a: &TreeAnchor,
+) -> AnchorProof
+where
+    N::Error: std::fmt::Display,
+{
+    let mut result = AnchorProof {
+        source: a.source.clone(),
+        size: 0,
+        root: String::new(),
+        status: ProofStatus::Invalid,
+        proof_hashes: 0,
+        detail: String::new(),
+    };
+    let h = match TreeHead::parse(&a.note.text) {
+        Ok(h) => h,
+        Err(e) => {
+            result.detail = e.to_string();
+            return result;
+        }
+    };
+    result.size = h.size;
+    result.root = b64(&h.root);
+    if h.origin != origin {
+        result.detail = format!("a checkpoint of {}, not of {origin}", h.origin);
+        return result;
+    }
+    if let Some(k) = log_key {
+        if let Err(e) = k.verify(&a.note) {
+            result.detail = format!("not signed by the ledger's log key: {e}");
+            return result;
+        }
+    }
+    if h.size > head.size {
+        (result.status, result.detail) = judge(h.size, &h.root, head.size, &[0; 32], &[]);
+        return result;
+    }
+    prove(nodes, &h, head, files, &mut result);
+    result
+}
+
+/// Prove the anchor's tree head `h` (no larger than the head) a prefix of the recorded
+/// tree with a consistency proof from the tree files, into `result`: unproven when the
+/// files lead to no root (`files`) or cannot make the proof.
+fn prove<N: Nodes + ?Sized>(
+    nodes: &N,
+    h: &TreeHead,
+    head: &RecordedHead,
+    files: &Result<TreeHash, String>,
+    result: &mut AnchorProof,
+) where
+    N::Error: std::fmt::Display,
+{
+    let head_root = match files {
+        Ok(r) => *r,
+        Err(why) => {
+            result.status = ProofStatus::Unproven;
+            result.detail = why.clone();
+            return;
+        }
+    };
+    let proof = if h.size == 0 {
+        Ok(Vec::new())
+    } else {
+        merkle::consistency_proof(nodes, h.size, head.size)
+    };
+    match proof {
+        Ok(p) => {
+            (result.status, result.detail) = judge(h.size, &h.root, head.size, &head_root, &p);
+            if h.size > 0 {
+                result.proof_hashes = p.len();
+            }
+        }
+        Err(e) => {
+            result.status = ProofStatus::Unproven;
+            result.detail = format!("the tree files cannot make the proof: {e}");
+        }
+    }
+}
+
+/// The verdict over every anchor's result: inconsistent if any is forked from, cut
+/// below or invalid; else unproven if any is unproven or there are none.
+fn verdict(out: &[AnchorProof]) -> NoWalkVerdict {
     let bad = out.iter().any(|a| {
         matches!(
             a.status,
             ProofStatus::Fork | ProofStatus::Truncated | ProofStatus::Invalid
         )
     });
-    let verdict = if bad {
+    if bad {
         NoWalkVerdict::Inconsistent
     } else if out.iter().any(|a| a.status == ProofStatus::Unproven) || out.is_empty() {
         NoWalkVerdict::Unproven
     } else {
         NoWalkVerdict::Consistent
-    };
-    NoWalkReport {
-        verdict,
-        size: head.size,
-        root: head.root.map(|r| b64(&r)),
-        tree_files_match: files.is_ok(),
-        anchors: out,
-        not_checked: NOT_CHECKED.to_vec(),
     }
 }
 
