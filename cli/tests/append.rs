@@ -121,7 +121,7 @@ fn a_late_bad_line_changes_no_byte_of_the_ledger() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert_eq!(
         stderr(&o),
-        "tally: error: stdin line 2751: nothing was written: invalid decision JSON: unknown variant `no_such_kind`, expected one of `start`, `allow`, `deny`, `outcome`, `refund`, `override`, `stop`, `policy`, `pause`, `resume` at line 1 column 35\n"
+        "tally: error: stdin line 2751: nothing was written: invalid decision JSON: unknown variant `no_such_kind`, expected one of `start`, `allow`, `deny`, `outcome`, `refund`, `override`, `stop`, `policy`, `pause`, `resume`, `lease` at line 1 column 35\n"
     );
     assert!(o.stdout.is_empty(), "receipts printed for a refused input");
     assert_eq!(hashes(&d.join("ledger")), before, "the ledger changed");

@@ -2,6 +2,7 @@
 //! whose state they wrote, the answer) that a step builds inside the state transaction,
 //! and [`Gate::transact`], the one path that makes any of them durable and answers.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tally_ledger::{Decision, Receipt};
@@ -100,6 +101,13 @@ impl Receipted for Standing {
     fn receipted(self, _: Receipt) -> Standing {
         self
     }
+}
+
+/// Records handed to the ledger: whether it refused them before `commit` returned.
+#[derive(Default)]
+struct Handed {
+    returned: AtomicBool,
+    refused: AtomicBool,
 }
 
 /// The gate refuses everything from now on, for `why` (kept if one was already given).
@@ -252,15 +260,36 @@ impl<B: StateBackend> Gate<B> {
             answer: answered,
             durable,
         };
+        // Whether the ledger refused the records as it was handed them (a writer already
+        // failed: it answers at once, inside `commit`): then nothing was queued, and a
+        // sequenced answer says so. A failure after queueing is the durable answer's.
+        let refused = sequenced.as_ref().map(|_| Arc::new(Handed::default()));
+        let refusing = refused.clone();
         t.commit(
             plaintexts,
             &scopes,
             ledger_state,
-            Box::new(move |result| done(receipted.answer(result, &failure))),
+            Box::new(move |result| {
+                if let (Some(r), Err(_)) = (&refusing, &result) {
+                    if !r.returned.load(Ordering::SeqCst) {
+                        r.refused.store(true, Ordering::SeqCst);
+                    }
+                }
+                done(receipted.answer(result, &failure))
+            }),
         );
+        if let Some(r) = &refused {
+            r.returned.store(true, Ordering::SeqCst);
+        }
         // Queued: the ledger's order is now the state's order.
-        if let Some(sequenced) = sequenced {
-            sequenced(Ok(()));
+        if let (Some(sequenced), Some(handed)) = (sequenced, refused) {
+            if handed.refused.load(Ordering::SeqCst) {
+                sequenced(Err(GateError::Unavailable(
+                    "the ledger refused the outcome's record: nothing was queued".into(),
+                )));
+            } else {
+                sequenced(Ok(()));
+            }
         }
     }
 

@@ -4,6 +4,9 @@
 //! digest are read from it (JSON or SSE); when it has ended, what it cost ([`bill`])
 //! is settled, and then the end of the answer released.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -52,10 +55,9 @@ pub(super) fn pump(
             .map(|s| s.saturating_mul(1000)),
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(16);
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    let relay = Relay::new(facts.endpoint, sse, reframe, tx, settling.deadline);
+    let broken = Arc::new(AtomicBool::new(false));
+    let stream = body_of(rx, Arc::clone(&broken));
+    let relay = Relay::new(facts.endpoint, sse, reframe, tx, broken, settling.deadline);
     tokio::spawn(relayed(body, relay, answer, settling));
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     *r.status_mut() = parts.status;
@@ -63,9 +65,38 @@ pub(super) fn pump(
     r
 }
 
+/// How long the end of an answer waits for its outcome to be sequenced: the decision
+/// thread answers in well under a millisecond, so only a stuck gate (a stalled disk
+/// under a synchronous write) reaches it. Past it the agent's answer ends with an error
+/// (it is not told the call completed) and the outcome is recorded when the gate can.
+const SEQUENCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What the agent's answer body is read from.
+type Receiver = tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>;
+
+/// The agent's answer body: the frames the relay sends, then, if the relay marked the
+/// answer `broken` (not whole), an error, so that it never ends as if complete.
+fn body_of(
+    rx: Receiver,
+    broken: Arc<AtomicBool>,
+) -> impl futures::Stream<Item = Result<Frame<Bytes>, std::io::Error>> {
+    futures::stream::unfold(Some((rx, broken)), |state| async move {
+        let (mut rx, broken) = state?;
+        match rx.recv().await {
+            Some(item) => Some((item, Some((rx, broken)))),
+            None if broken.load(Ordering::SeqCst) => Some((
+                Err(std::io::Error::other("the upstream answer was cut")),
+                None,
+            )),
+            None => None,
+        }
+    })
+}
+
 /// The body relayed to its end (or the deadline), then what it cost settled, and only
 /// then the end of the answer released: once the agent has it, any later decision, on
-/// any socket, decides on state that includes the outcome.
+/// any socket, decides on state that includes the outcome. A gate that does not
+/// sequence it within [`SEQUENCE_WAIT`] gets it later, and the answer is cut.
 async fn relayed(mut body: Incoming, mut relay: Relay, answer: Answer, settling: Settling) {
     let end = relay.run(&mut body).await;
     let facts = settling.facts();
@@ -79,7 +110,14 @@ async fn relayed(mut body: Incoming, mut relay: Relay, answer: Answer, settling:
     };
     let mut settling = settling;
     settling.ended(ended);
-    settling.settle().await;
+    let mut settled = Box::pin(settling.settle());
+    if tokio::time::timeout(SEQUENCE_WAIT, &mut settled)
+        .await
+        .is_err()
+    {
+        tokio::spawn(settled);
+        return relay.cut().await;
+    }
     match end {
         Err(_) => relay.cut().await,
         Ok(()) => relay.finish().await,

@@ -7,6 +7,8 @@
 //! sequenced ([`Relay::finish`], [`Relay::cut`]).
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -53,6 +55,9 @@ pub(super) struct Relay {
     /// end, the outcome is sequenced ([`Relay::finish`]): the agent has no whole answer
     /// before any later decision would see what it cost.
     last: Option<Bytes>,
+    /// Set when the agent's answer is not whole (a send that timed out, a cut): its
+    /// body then ends with an error after what was queued, never as if complete.
+    broken: Arc<AtomicBool>,
 }
 
 impl Relay {
@@ -61,6 +66,7 @@ impl Relay {
         sse: bool,
         reframe: bool,
         client: Client,
+        broken: Arc<AtomicBool>,
         deadline: Instant,
     ) -> Relay {
         let (feed, fed) = futures::channel::mpsc::unbounded::<Result<Bytes, Infallible>>();
@@ -79,6 +85,7 @@ impl Relay {
             pending: 0,
             unfed: Vec::new(),
             last: None,
+            broken,
         }
     }
 
@@ -179,6 +186,9 @@ impl Relay {
         };
         let sent = tokio::time::timeout_at(self.deadline, c.send(Ok(Frame::data(b)))).await;
         if !matches!(sent, Ok(Ok(()))) {
+            // Gone, or too slow to take the answer by the deadline: what it has is not
+            // the whole answer, and its body must not end as if it were.
+            self.broken.store(true, Ordering::SeqCst);
             self.client = None;
         }
     }
@@ -198,11 +208,10 @@ impl Relay {
         if let Some(b) = self.last.take() {
             self.pass(b).await;
         }
-        if let Some(c) = self.client.take() {
-            let _ = c
-                .send(Err(std::io::Error::other("the upstream answer was cut")))
-                .await;
-        }
+        // The body's end is an error, after what was queued (never a wait on a client
+        // that does not read).
+        self.broken.store(true, Ordering::SeqCst);
+        self.client = None;
     }
 
     /// At the stream's end, its last event (one with no blank line after it is still
@@ -259,4 +268,75 @@ fn reframed(ev: &Event) -> Bytes {
     }
     s.push('\n');
     Bytes::from(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn relay(
+        capacity: usize,
+        within: Duration,
+    ) -> (Relay, super::super::Receiver, Arc<AtomicBool>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity);
+        let broken = Arc::new(AtomicBool::new(false));
+        let r = Relay::new(
+            Endpoint::ChatCompletions,
+            false,
+            false,
+            tx,
+            Arc::clone(&broken),
+            Instant::now() + within,
+        );
+        (r, rx, broken)
+    }
+
+    #[tokio::test]
+    async fn an_answer_the_agent_took_whole_ends_cleanly() {
+        let (mut r, rx, broken) = relay(4, Duration::from_secs(5));
+        r.send(vec![
+            Bytes::from_static(b"{\"a\":"),
+            Bytes::from_static(b"1}"),
+        ])
+        .await;
+        r.finish().await;
+        let got: Vec<_> = super::super::body_of(rx, broken).collect().await;
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(Result::is_ok));
+    }
+
+    #[tokio::test]
+    async fn an_agent_too_slow_to_take_the_answer_never_sees_a_clean_end() {
+        // One frame fits; the agent reads nothing before the deadline.
+        let (mut r, rx, broken) = relay(1, Duration::from_millis(50));
+        r.send(vec![
+            Bytes::from_static(b"one"),
+            Bytes::from_static(b"two"),
+            Bytes::from_static(b"three"),
+        ])
+        .await;
+        r.finish().await;
+        let got: Vec<_> = super::super::body_of(rx, broken).collect().await;
+        assert!(
+            got.first().is_some_and(Result::is_ok),
+            "what was queued first"
+        );
+        assert!(
+            got.last().is_some_and(Result::is_err),
+            "the body ends with an error: {got:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_answer_ends_with_an_error_after_what_was_sent() {
+        let (mut r, rx, broken) = relay(4, Duration::from_secs(5));
+        r.send(vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")])
+            .await;
+        r.cut().await;
+        let got: Vec<_> = super::super::body_of(rx, broken).collect().await;
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got[..2].iter().all(Result::is_ok));
+        assert!(got[2].is_err());
+    }
 }
