@@ -279,3 +279,32 @@ fn forged_lease_records_are_found() {
     let text = report.to_text();
     assert!(text.contains("cap unknown from the ledgers"), "{text}");
 }
+
+#[test]
+fn a_truthful_return_of_an_overspent_slice_is_recorded_and_found_overspent() {
+    let t = now_ms() - 10_000;
+    let mut back = lease(1, "return", "host-a", "r1", 2, t);
+    // The holder says what it used: 3 attempts of 2.
+    back["slice"]["used_attempts"] = json!(3);
+    let a = vec![
+        start("r1", 10, 1),
+        lease(1, "grant", "host-a", "r1", 2, t),
+        allow("r1", 1, 1, 2),
+        allow("r1", 2, 1, 3),
+        allow("r1", 3, 1, 4),
+        back,
+    ];
+    let (_tmp, report) = fleet(&[a]);
+    let over = findings(&report, "lease_overspent");
+    assert_eq!(over.len(), 1, "{}", report.to_text());
+    assert_eq!(
+        (over[0]["used"].clone(), over[0]["bound"].clone()),
+        (json!(3), json!(2))
+    );
+    assert!(
+        findings(&report, "lease_misrecorded").is_empty(),
+        "{}",
+        report.to_text()
+    );
+    assert!(report.inconsistent());
+}
