@@ -218,6 +218,10 @@ pub enum OutsideLease {
     Closed,
     /// The decision's time is past the slice's expiry.
     Expired,
+    /// An outcome or refund giving back an attempt's reservation names another slice
+    /// than the one its allow took it on (or its allow named none): what is given back
+    /// is credited only to the slice that took it.
+    NotTheAllows,
 }
 
 impl OutsideLease {
@@ -228,6 +232,7 @@ impl OutsideLease {
             OutsideLease::OtherHolder => "other_holder",
             OutsideLease::Closed => "closed",
             OutsideLease::Expired => "expired",
+            OutsideLease::NotTheAllows => "not_the_allows",
         }
     }
 }

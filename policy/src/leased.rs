@@ -12,6 +12,7 @@
 
 use tally_record::decision::{Budget, SliceAmounts};
 
+use crate::inconsistency::OutsideLease;
 use crate::principals::PrincipalLimits;
 use crate::state::RunState;
 
@@ -71,6 +72,18 @@ pub struct SliceUse {
     pub side_effects: u64,
     /// Polls.
     pub polls: u64,
+}
+
+/// Whether an outcome or refund of an attempt may be decided on slice `named`: only
+/// when its allow took the attempt on that slice (`allowed_on`; `None`: its allow named
+/// no slice, or none is known). What it gives back is credited to the slice that took
+/// it and never to another, so a give-back cannot make room on a slice it never used.
+pub fn gives_back_on(allowed_on: Option<u64>, named: u64) -> Result<(), OutsideLease> {
+    if allowed_on == Some(named) {
+        Ok(())
+    } else {
+        Err(OutsideLease::NotTheAllows)
+    }
 }
 
 /// A dimension past its bound or its cap.
@@ -198,6 +211,13 @@ mod tests {
         let (took, gave) = slice_use(RunCount::of(&after), RunCount::of(&settled));
         assert_eq!(took, SliceUse::default());
         assert_eq!(gave.each(), [0, 10, 0, 0]);
+    }
+
+    #[test]
+    fn a_give_back_is_on_the_slice_its_allow_took_only() {
+        assert_eq!(gives_back_on(Some(7), 7), Ok(()));
+        assert_eq!(gives_back_on(Some(6), 7), Err(OutsideLease::NotTheAllows));
+        assert_eq!(gives_back_on(None, 7), Err(OutsideLease::NotTheAllows));
     }
 
     #[test]

@@ -308,3 +308,60 @@ fn a_truthful_return_of_an_overspent_slice_is_recorded_and_found_overspent() {
     );
     assert!(report.inconsistent());
 }
+
+#[test]
+fn a_give_back_naming_a_slice_its_allow_did_not_take_is_found_and_not_credited() {
+    let t = now_ms() - 10_000;
+    let mut central = allow("r1", 1, 0, 4);
+    central.as_object_mut().unwrap().remove("lease");
+    central["reserve_nanos"] = json!(3_000_000);
+    // Attempt 1 reserved centrally, attempt 2 on slice 2; their outcomes name slice 1
+    // and settle nothing, to make room on slice 1 it never used.
+    let free = |attempt: u64, version: u64| {
+        let mut o = outcome("r1", attempt, 1, version);
+        o["settled_nanos"] = json!(0);
+        o
+    };
+    let a = vec![
+        start("r1", 40, 1),
+        lease(1, "grant", "host-a", "r1", 20, t),
+        lease(2, "grant", "host-a", "r1", 20, t),
+        central,
+        allow("r1", 2, 2, 5),
+        allow("r1", 3, 1, 6),
+        allow("r1", 4, 1, 7),
+        allow("r1", 5, 1, 8),
+        allow("r1", 6, 1, 9),
+        free(1, 10),
+        free(2, 11),
+        // Slice 1 has used its 4,000,000 nanodollars: this allow is past it.
+        allow("r1", 7, 1, 12),
+    ];
+    let (_tmp, report) = fleet(&[a]);
+    let outside = findings(&report, "decision_outside_lease");
+    let whys: Vec<(Value, Value)> = outside
+        .iter()
+        .map(|f| (f["lease"].clone(), f["why"].clone()))
+        .collect();
+    assert_eq!(
+        whys,
+        [
+            (json!(1), json!("not_the_allows")),
+            (json!(1), json!("not_the_allows")),
+        ],
+        "{}",
+        report.to_text()
+    );
+    let over = findings(&report, "lease_overspent");
+    assert_eq!(over.len(), 1, "{}", report.to_text());
+    assert_eq!(
+        (over[0]["lease"].clone(), over[0]["dimension"].clone()),
+        (json!(1), json!("nanos"))
+    );
+    assert_eq!(over[0]["used"], 5_000_000);
+    let text = report.to_text();
+    assert!(
+        text.contains("not the slice its attempt's allow took"),
+        "{text}"
+    );
+}

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use tally_ledger::decision::{LeaseEvent, LeaseScope, Slice, SliceAmounts};
-use tally_ledger::Decision;
+use tally_ledger::{Decision, Kind};
 use tally_policy::{Inconsistency, OutsideLease, RunCount, SliceUse};
 
 use super::findings::AuditFinding;
@@ -51,6 +51,9 @@ struct Change {
 #[derive(Debug, Default)]
 pub(super) struct Leases {
     slices: BTreeMap<u64, Held>,
+    /// Which slice each attempt's allow took its reservation on (run, attempt): only
+    /// that slice is credited what its outcome or refund gives back.
+    takers: BTreeMap<(String, u64), u64>,
     changes: Vec<Change>,
     findings: Vec<AuditFinding>,
     omitted: u64,
@@ -152,7 +155,7 @@ impl Leases {
             Some(h) if h.ledger != e.seq.ledger => Some(OutsideLease::OtherHolder),
             Some(h) if h.closed.is_some() => Some(OutsideLease::Closed),
             Some(h) if e.wall_ms > h.expires_at_ms => Some(OutsideLease::Expired),
-            Some(_) => None,
+            Some(_) => self.taker(&e.decision, id).err(),
         };
         let run = e.decision.run.clone();
         if let Some(why) = outside {
@@ -178,6 +181,25 @@ impl Leases {
             };
             self.find(e.seq, &run, kind);
         }
+    }
+
+    /// An allow on slice `id` takes its attempt on it; an outcome or a refund of an
+    /// attempt may give back only on the slice its allow took it on
+    /// (`tally_policy::gives_back_on`).
+    fn taker(&mut self, d: &Decision, id: u64) -> Result<(), OutsideLease> {
+        let attempt = match d.kind() {
+            Kind::Allow => {
+                if let Some(a) = d.attempt {
+                    self.takers.insert((d.run.clone(), a), id);
+                }
+                return Ok(());
+            }
+            Kind::Outcome => d.attempt,
+            Kind::Refund => d.of,
+            _ => return Ok(()),
+        };
+        let allowed_on = attempt.and_then(|a| self.takers.get(&(d.run.clone(), a)).copied());
+        tally_policy::gives_back_on(allowed_on, id)
     }
 
     fn find(&mut self, seq: Seq, run: &str, kind: Inconsistency) {
