@@ -222,6 +222,10 @@ pub enum OutsideLease {
     /// than the one its allow took it on (or its allow named none): what is given back
     /// is credited only to the slice that took it.
     NotTheAllows,
+    /// The decision's run is outside the slice's scope: another run than a run
+    /// slice's, a run another uid owns than a principal slice's, a run under another
+    /// credential than a credential slice's.
+    OtherScope,
 }
 
 impl OutsideLease {
@@ -233,6 +237,7 @@ impl OutsideLease {
             OutsideLease::Closed => "closed",
             OutsideLease::Expired => "expired",
             OutsideLease::NotTheAllows => "not_the_allows",
+            OutsideLease::OtherScope => "other_scope",
         }
     }
 }

@@ -365,3 +365,48 @@ fn a_give_back_naming_a_slice_its_allow_did_not_take_is_found_and_not_credited()
         "{text}"
     );
 }
+
+#[test]
+fn decisions_of_runs_outside_a_slices_scope_are_found() {
+    let t = now_ms() - 10_000;
+    let scoped = |id: u64, kind: &str, key: &str| {
+        let mut g = lease(id, "grant", "host-a", "r1", 4, t);
+        g["slice"]["scope_kind"] = json!(kind);
+        g["slice"]["scope_key"] = json!(key);
+        g
+    };
+    let a = vec![
+        start("r1", 10, 1),
+        start("r2", 10, 1),
+        lease(1, "grant", "host-a", "r1", 4, t),
+        scoped(2, "principal", "1001"),
+        scoped(3, "principal", "1000"),
+        scoped(4, "credential", "cred-x"),
+        // Run r2 decides on run r1's slice; uid 1000's run on uid 1001's slice and
+        // on a credential's it does not run under.
+        allow("r2", 1, 1, 2),
+        allow("r1", 1, 2, 2),
+        allow("r1", 2, 4, 3),
+        // Its own principal's slice and its own run's: within scope.
+        allow("r1", 3, 3, 4),
+        allow("r1", 4, 1, 5),
+    ];
+    let (_tmp, report) = fleet(&[a]);
+    let outside = findings(&report, "decision_outside_lease");
+    let whys: Vec<(Value, Value, Value)> = outside
+        .iter()
+        .map(|f| (f["lease"].clone(), f["run"].clone(), f["why"].clone()))
+        .collect();
+    assert_eq!(
+        whys,
+        [
+            (json!(1), json!("r2"), json!("other_scope")),
+            (json!(2), json!("r1"), json!("other_scope")),
+            (json!(4), json!("r1"), json!("other_scope")),
+        ],
+        "{}",
+        report.to_text()
+    );
+    let text = report.to_text();
+    assert!(text.contains("is cut from another scope"), "{text}");
+}

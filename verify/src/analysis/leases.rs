@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use tally_ledger::decision::{LeaseEvent, LeaseScope, Slice, SliceAmounts};
 use tally_ledger::{Decision, Kind};
-use tally_policy::{Inconsistency, OutsideLease, RunCount, SliceUse};
+use tally_policy::{Inconsistency, OutsideLease, RunCount, RunState, SliceUse};
 
 use super::findings::AuditFinding;
 use super::report::{Cap, ScopeLeases};
@@ -149,15 +149,32 @@ impl Leases {
 
     /// A decision naming slice `id`: where and when it may be made on it, and what it
     /// used of it (the change it made to its run's count, `before` to `after`).
-    pub(super) fn decision(&mut self, e: &Event, id: u64, (before, after): (RunCount, RunCount)) {
+    /// `core` is its run's state (its owner and credential, for the slice's scope).
+    pub(super) fn decision(
+        &mut self,
+        e: &Event,
+        id: u64,
+        (before, after): (RunCount, RunCount),
+        core: &RunState,
+    ) {
+        let d = &e.decision;
+        let credential = d.credential.as_deref().or(core.credential.as_deref());
+        // A run whose start is in no ledger given is owned by the uid its decision says.
+        let owner = core.owner_uid.or(d.uid);
         let outside = match self.slices.get(&id) {
             None => Some(OutsideLease::Unknown),
             Some(h) if h.ledger != e.seq.ledger => Some(OutsideLease::OtherHolder),
-            Some(h) if h.closed.is_some() => Some(OutsideLease::Closed),
-            Some(h) if e.wall_ms > h.expires_at_ms => Some(OutsideLease::Expired),
-            Some(_) => self.taker(&e.decision, id).err(),
+            Some(h) => match tally_policy::in_scope(
+                (h.grant.scope_kind, &h.grant.scope_key),
+                &d.run,
+                owner,
+                credential,
+            ) {
+                Err(why) => Some(why),
+                Ok(()) => self.outside_in_time(e, id),
+            },
         };
-        let run = e.decision.run.clone();
+        let run = d.run.clone();
         if let Some(why) = outside {
             self.find(
                 e.seq,
@@ -180,6 +197,20 @@ impl Leases {
                 bound: p.bound,
             };
             self.find(e.seq, &run, kind);
+        }
+    }
+
+    /// Whether a decision naming slice `id` (granted in its ledger, of its scope) is
+    /// outside it: made after it closed or expired, or giving back on it what another
+    /// slice took.
+    fn outside_in_time(&mut self, e: &Event, id: u64) -> Option<OutsideLease> {
+        let h = self.slices.get(&id)?;
+        if h.closed.is_some() {
+            Some(OutsideLease::Closed)
+        } else if e.wall_ms > h.expires_at_ms {
+            Some(OutsideLease::Expired)
+        } else {
+            self.taker(&e.decision, id).err()
         }
     }
 
