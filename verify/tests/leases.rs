@@ -193,10 +193,11 @@ fn two_hosts_slices_open_at_once_past_the_runs_cap_are_found() {
     );
     assert_eq!(over[0]["seq"], "2:1", "in the second ledger given");
     assert!(report.inconsistent());
-    // The same slice granted after A's was returned: never more than 6 at once.
+    // The same slice granted after A's was returned (after its return was written):
+    // never more than 6 at once.
     let mut a = a;
     a.push(lease(1, "return", "host-a", "r1", 6, t));
-    let b = vec![lease(2, "grant", "host-b", "r1", 6, t + 10)];
+    let b = vec![lease(2, "grant", "host-b", "r1", 6, now_ms() + 60_000)];
     let (_tmp, report) = fleet(&[a, b]);
     assert!(!report.inconsistent(), "{}", report.to_text());
 }
@@ -409,4 +410,49 @@ fn decisions_of_runs_outside_a_slices_scope_are_found() {
     );
     let text = report.to_text();
     assert!(text.contains("is cut from another scope"), "{text}");
+}
+
+#[test]
+fn a_return_backdated_to_before_another_grant_still_overlaps_it() {
+    let t = now_ms() - 10_000;
+    // Host A's return says it closed at t + 1, but it is written now: its slice was
+    // open when host B's was granted at t + 5000, 12 attempts leased of 10.
+    let a = vec![
+        start("r1", 10, 1),
+        lease(1, "grant", "host-a", "r1", 6, t),
+        allow("r1", 1, 1, 2),
+        lease(1, "return", "host-a", "r1", 6, t),
+    ];
+    let b = vec![lease(2, "grant", "host-b", "r1", 6, t + 5_000)];
+    let (_tmp, report) = fleet(&[a, b]);
+    let over = findings(&report, "slices_over_cap");
+    assert_eq!(over.len(), 1, "{}", report.to_text());
+    assert_eq!(
+        (over[0]["lease"].clone(), over[0]["leased"].clone()),
+        (json!(2), json!(12))
+    );
+    assert!(report.inconsistent());
+}
+
+#[test]
+fn a_renewal_written_after_its_slice_expired_is_found_and_does_not_extend_it() {
+    let t = now_ms() - 10_000;
+    let mut grant = lease(1, "grant", "host-a", "r1", 4, t - 100_000);
+    grant["slice"]["expires_at_ms"] = json!(t - 50_000);
+    let mut renew = grant.clone();
+    renew["slice"]["event"] = json!("renew");
+    renew["slice"]["expires_at_ms"] = json!(t + 3_600_000);
+    let a = vec![start("r1", 10, 1), grant, renew, allow("r1", 1, 1, 2)];
+    let (_tmp, report) = fleet(&[a]);
+    let forged = findings(&report, "lease_misrecorded");
+    let whys: Vec<&str> = forged.iter().map(|f| f["why"].as_str().unwrap()).collect();
+    assert_eq!(
+        whys,
+        ["a renewal written after the slice expired"],
+        "{}",
+        report.to_text()
+    );
+    let outside = findings(&report, "decision_outside_lease");
+    assert_eq!(outside.len(), 1, "{}", report.to_text());
+    assert_eq!(outside[0]["why"], "expired");
 }

@@ -35,6 +35,9 @@ struct Held {
     used: SliceUse,
     /// Whether its overspending was reported (once per slice).
     overspent: bool,
+    /// The ledger's wall time of the last decision naming it in its holder's ledger:
+    /// it was open at least until then, whatever its return says.
+    last_decided_ms: u64,
 }
 
 /// A slice opening or closing on its scope, for the check over time.
@@ -100,6 +103,7 @@ impl Leases {
                 returned: false,
                 used: SliceUse::default(),
                 overspent: false,
+                last_decided_ms: 0,
             },
         );
         self.changes.push(Change {
@@ -111,8 +115,10 @@ impl Leases {
     }
 
     /// A return or reclaim that follows from the slice's history: it closes the slice
-    /// on its scope the first time; a return saying less used than its decisions used
-    /// is a finding.
+    /// on its scope the first time, at the later of the `closed_at_ms` it says and the
+    /// ledger's wall time of its record (a holder cannot backdate it to before it was
+    /// written; the last decision made on it moves it later still, at the end); a
+    /// return saying less used than its decisions used is a finding.
     fn close(&mut self, e: &Event, id: u64, slice: &Slice) {
         let Some(held) = self.slices.get_mut(&id) else {
             return;
@@ -125,7 +131,10 @@ impl Leases {
         let short = (0..4).find(|&i| said[i].is_some_and(|s| s < used[i]));
         if first {
             self.changes.push(Change {
-                at_ms: slice.closed_at_ms.unwrap_or(slice.granted_at_ms),
+                at_ms: slice
+                    .closed_at_ms
+                    .unwrap_or(slice.granted_at_ms)
+                    .max(e.wall_ms),
                 lease: id,
                 closes: true,
                 seq: e.seq,
@@ -159,6 +168,13 @@ impl Leases {
     ) {
         let d = &e.decision;
         let credential = d.credential.as_deref().or(core.credential.as_deref());
+        if let Some(h) = self
+            .slices
+            .get_mut(&id)
+            .filter(|h| h.ledger == e.seq.ledger)
+        {
+            h.last_decided_ms = h.last_decided_ms.max(e.wall_ms);
+        }
         // A run whose start is in no ledger given is owned by the uid its decision says.
         let owner = core.owner_uid.or(d.uid);
         let outside = match self.slices.get(&id) {
@@ -252,6 +268,12 @@ impl Leases {
         mut self,
         cap: impl Fn(LeaseScope, &str) -> Option<SliceAmounts>,
     ) -> (Vec<AuditFinding>, u64, Vec<ScopeLeases>) {
+        // A slice is open until the last decision made on it, if that is later.
+        for c in self.changes.iter_mut().filter(|c| c.closes) {
+            if let Some(held) = self.slices.get(&c.lease) {
+                c.at_ms = c.at_ms.max(held.last_decided_ms);
+            }
+        }
         self.changes
             .sort_by_key(|c| (c.at_ms, c.lease, c.closes, c.seq));
         let mut scopes: BTreeMap<(LeaseScope, String), Scope> = BTreeMap::new();
@@ -342,6 +364,9 @@ fn later_event(held: &mut Held, e: &Event, slice: &Slice) -> Option<String> {
     } else {
         match (slice.event, held.closed) {
             (LeaseEvent::Renew, Some(_)) => format!("a {event} after the slice closed"),
+            (LeaseEvent::Renew, None) if e.wall_ms > held.expires_at_ms => {
+                "a renewal written after the slice expired".to_owned()
+            }
             (LeaseEvent::Renew, None) if slice.expires_at_ms < held.expires_at_ms => {
                 "a renewal shortening the slice".to_owned()
             }
