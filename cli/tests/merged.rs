@@ -365,11 +365,12 @@ fn a_merged_verify_proves_two_hosts_slices_within_the_runs_cap_or_finds_them_pas
         "{text}"
     );
 
-    // Host A returns its slice before host B's grant: never more than 6 at once.
+    // Host A returns its slice (the return written) before host B's grant: never more
+    // than 6 at once.
     let tmp = setup();
     let d = tmp.path();
     let a2 = slice(1, "return", "host-a", 6, t);
-    let b2 = slice(2, "grant", "host-b", 6, t + 2_000);
+    let b2 = slice(2, "grant", "host-b", 6, t + 120_000);
     ledger(d, "a", &[start, &a1, allow, &a2]);
     ledger(d, "b", &[&b2]);
     let (code, out) = audit(d, "verify", &["a", "b"], &["--json"]);

@@ -218,6 +218,14 @@ pub enum OutsideLease {
     Closed,
     /// The decision's time is past the slice's expiry.
     Expired,
+    /// An outcome or refund giving back an attempt's reservation names another slice
+    /// than the one its allow took it on (or its allow named none): what is given back
+    /// is credited only to the slice that took it.
+    NotTheAllows,
+    /// The decision's run is outside the slice's scope: another run than a run
+    /// slice's, a run another uid owns than a principal slice's, a run under another
+    /// credential than a credential slice's.
+    OtherScope,
 }
 
 impl OutsideLease {
@@ -228,6 +236,8 @@ impl OutsideLease {
             OutsideLease::OtherHolder => "other_holder",
             OutsideLease::Closed => "closed",
             OutsideLease::Expired => "expired",
+            OutsideLease::NotTheAllows => "not_the_allows",
+            OutsideLease::OtherScope => "other_scope",
         }
     }
 }

@@ -10,8 +10,9 @@
 //! reserved), a rejected call or a refund gives back what it took. A poll is one of
 //! the slice's polls.
 
-use tally_record::decision::{Budget, SliceAmounts};
+use tally_record::decision::{Budget, LeaseScope, SliceAmounts};
 
+use crate::inconsistency::OutsideLease;
 use crate::principals::PrincipalLimits;
 use crate::state::RunState;
 
@@ -71,6 +72,42 @@ pub struct SliceUse {
     pub side_effects: u64,
     /// Polls.
     pub polls: u64,
+}
+
+/// Whether an outcome or refund of an attempt may be decided on slice `named`: only
+/// when its allow took the attempt on that slice (`allowed_on`; `None`: its allow named
+/// no slice, or none is known). What it gives back is credited to the slice that took
+/// it and never to another, so a give-back cannot make room on a slice it never used.
+pub fn gives_back_on(allowed_on: Option<u64>, named: u64) -> Result<(), OutsideLease> {
+    if allowed_on == Some(named) {
+        Ok(())
+    } else {
+        Err(OutsideLease::NotTheAllows)
+    }
+}
+
+/// Whether a decision of run `run` (owned by `owner_uid`, under `credential`) may be
+/// decided on a slice cut from scope `kind`, `key`: a run slice only for that run, a
+/// principal slice only for a run that uid owns (the uid in decimal, as the ledger
+/// records it), a credential slice only for a run under that credential. A bucket
+/// slice is not held to a run: no record says which bucket a call counts against.
+pub fn in_scope(
+    (kind, key): (LeaseScope, &str),
+    run: &str,
+    owner_uid: Option<u32>,
+    credential: Option<&str>,
+) -> Result<(), OutsideLease> {
+    let inside = match kind {
+        LeaseScope::Run => key == run,
+        LeaseScope::Principal => owner_uid.is_some_and(|uid| uid.to_string() == key),
+        LeaseScope::Credential => credential == Some(key),
+        _ => true,
+    };
+    if inside {
+        Ok(())
+    } else {
+        Err(OutsideLease::OtherScope)
+    }
 }
 
 /// A dimension past its bound or its cap.
@@ -198,6 +235,33 @@ mod tests {
         let (took, gave) = slice_use(RunCount::of(&after), RunCount::of(&settled));
         assert_eq!(took, SliceUse::default());
         assert_eq!(gave.each(), [0, 10, 0, 0]);
+    }
+
+    #[test]
+    fn a_give_back_is_on_the_slice_its_allow_took_only() {
+        assert_eq!(gives_back_on(Some(7), 7), Ok(()));
+        assert_eq!(gives_back_on(Some(6), 7), Err(OutsideLease::NotTheAllows));
+        assert_eq!(gives_back_on(None, 7), Err(OutsideLease::NotTheAllows));
+    }
+
+    #[test]
+    fn a_slice_is_decided_on_for_its_scope_only() {
+        let on = |kind, key| in_scope((kind, key), "r1", Some(1000), Some("c1"));
+        assert_eq!(on(LeaseScope::Run, "r1"), Ok(()));
+        assert_eq!(on(LeaseScope::Run, "r2"), Err(OutsideLease::OtherScope));
+        assert_eq!(on(LeaseScope::Principal, "1000"), Ok(()));
+        assert_eq!(
+            on(LeaseScope::Principal, "1001"),
+            Err(OutsideLease::OtherScope)
+        );
+        assert_eq!(on(LeaseScope::Credential, "c1"), Ok(()));
+        assert_eq!(
+            on(LeaseScope::Credential, "c2"),
+            Err(OutsideLease::OtherScope)
+        );
+        assert_eq!(on(LeaseScope::Bucket, "b"), Ok(()));
+        let unowned = in_scope((LeaseScope::Principal, "1000"), "r1", None, None);
+        assert_eq!(unowned, Err(OutsideLease::OtherScope));
     }
 
     #[test]

@@ -175,8 +175,8 @@ fn the_rules_of_a_slice_are_held() {
             r#""expires_at_ms":2000,"closed_at_ms":1500"#,
             "closed_at_ms",
         ),
-        // A return without its time, using more than its bound or a dimension it
-        // does not bound, closed before its grant.
+        // A return without its time, using a dimension it does not bound, closed
+        // before its grant.
         (r#""event":"grant""#, r#""event":"return""#, "closed_at_ms"),
         (
             r#""event":"grant","#,
@@ -209,7 +209,6 @@ fn the_rules_of_a_slice_are_held() {
     };
     stored(&ret(r#""closed_at_ms":1500,"used_attempts":10"#)).expect("a return within");
     for (tail, named) in [
-        (r#""closed_at_ms":1500,"used_attempts":11"#, "used_attempts"),
         (r#""closed_at_ms":1500,"used_nanos":1"#, "used_nanos"),
         (r#""closed_at_ms":999"#, "closed_at_ms"),
     ] {
@@ -243,4 +242,27 @@ fn decisions_name_their_lease_and_old_records_encode_as_before() {
     }
     let old = r#"{"run":"r1","kind":"allow","tool":"t","attempt":1}"#;
     assert_eq!(stored(old).unwrap(), old.as_bytes());
+}
+
+/// A holder that overspent its slice records its return truthfully: the record says
+/// more used than the bound (only u64 bounds it), and `tally verify` reports the
+/// overspending (`lease_overspent`), never the record.
+#[test]
+fn a_return_saying_more_used_than_its_bound_is_recorded_as_said() {
+    let ret = GRANT
+        .replacen(r#""event":"grant""#, r#""event":"return""#, 1)
+        .replacen(
+            r#""expires_at_ms":2000"#,
+            r#""expires_at_ms":2000,"closed_at_ms":1500,"used_attempts":18446744073709551615"#,
+            1,
+        );
+    let bytes = stored(&ret).unwrap_or_else(|e| panic!("{ret}: {e}"));
+    assert_eq!(String::from_utf8(bytes).unwrap(), ret);
+    let d = Decision::from_json(&ret).unwrap();
+    assert_eq!(d.slice.expect("a slice").used().attempts, Some(u64::MAX));
+    let eleven = ret.replacen("18446744073709551615", "11", 1);
+    stored(&eleven).unwrap_or_else(|e| panic!("{eleven}: {e}"));
+    // Past u64 it is still refused, as any amount is.
+    let past = ret.replacen("18446744073709551615", "18446744073709551616", 1);
+    assert!(!refused(&past).is_empty(), "{past}");
 }

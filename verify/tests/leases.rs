@@ -193,10 +193,11 @@ fn two_hosts_slices_open_at_once_past_the_runs_cap_are_found() {
     );
     assert_eq!(over[0]["seq"], "2:1", "in the second ledger given");
     assert!(report.inconsistent());
-    // The same slice granted after A's was returned: never more than 6 at once.
+    // The same slice granted after A's was returned (after its return was written):
+    // never more than 6 at once.
     let mut a = a;
     a.push(lease(1, "return", "host-a", "r1", 6, t));
-    let b = vec![lease(2, "grant", "host-b", "r1", 6, t + 10)];
+    let b = vec![lease(2, "grant", "host-b", "r1", 6, now_ms() + 60_000)];
     let (_tmp, report) = fleet(&[a, b]);
     assert!(!report.inconsistent(), "{}", report.to_text());
 }
@@ -278,4 +279,180 @@ fn forged_lease_records_are_found() {
     assert_eq!(principal["cap"], "unknown");
     let text = report.to_text();
     assert!(text.contains("cap unknown from the ledgers"), "{text}");
+}
+
+#[test]
+fn a_truthful_return_of_an_overspent_slice_is_recorded_and_found_overspent() {
+    let t = now_ms() - 10_000;
+    let mut back = lease(1, "return", "host-a", "r1", 2, t);
+    // The holder says what it used: 3 attempts of 2.
+    back["slice"]["used_attempts"] = json!(3);
+    let a = vec![
+        start("r1", 10, 1),
+        lease(1, "grant", "host-a", "r1", 2, t),
+        allow("r1", 1, 1, 2),
+        allow("r1", 2, 1, 3),
+        allow("r1", 3, 1, 4),
+        back,
+    ];
+    let (_tmp, report) = fleet(&[a]);
+    let over = findings(&report, "lease_overspent");
+    assert_eq!(over.len(), 1, "{}", report.to_text());
+    assert_eq!(
+        (over[0]["used"].clone(), over[0]["bound"].clone()),
+        (json!(3), json!(2))
+    );
+    assert!(
+        findings(&report, "lease_misrecorded").is_empty(),
+        "{}",
+        report.to_text()
+    );
+    assert!(report.inconsistent());
+}
+
+#[test]
+fn a_give_back_naming_a_slice_its_allow_did_not_take_is_found_and_not_credited() {
+    let t = now_ms() - 10_000;
+    let mut central = allow("r1", 1, 0, 4);
+    central.as_object_mut().unwrap().remove("lease");
+    central["reserve_nanos"] = json!(3_000_000);
+    // Attempt 1 reserved centrally, attempt 2 on slice 2; their outcomes name slice 1
+    // and settle nothing, to make room on slice 1 it never used.
+    let free = |attempt: u64, version: u64| {
+        let mut o = outcome("r1", attempt, 1, version);
+        o["settled_nanos"] = json!(0);
+        o
+    };
+    let a = vec![
+        start("r1", 40, 1),
+        lease(1, "grant", "host-a", "r1", 20, t),
+        lease(2, "grant", "host-a", "r1", 20, t),
+        central,
+        allow("r1", 2, 2, 5),
+        allow("r1", 3, 1, 6),
+        allow("r1", 4, 1, 7),
+        allow("r1", 5, 1, 8),
+        allow("r1", 6, 1, 9),
+        free(1, 10),
+        free(2, 11),
+        // Slice 1 has used its 4,000,000 nanodollars: this allow is past it.
+        allow("r1", 7, 1, 12),
+    ];
+    let (_tmp, report) = fleet(&[a]);
+    let outside = findings(&report, "decision_outside_lease");
+    let whys: Vec<(Value, Value)> = outside
+        .iter()
+        .map(|f| (f["lease"].clone(), f["why"].clone()))
+        .collect();
+    assert_eq!(
+        whys,
+        [
+            (json!(1), json!("not_the_allows")),
+            (json!(1), json!("not_the_allows")),
+        ],
+        "{}",
+        report.to_text()
+    );
+    let over = findings(&report, "lease_overspent");
+    assert_eq!(over.len(), 1, "{}", report.to_text());
+    assert_eq!(
+        (over[0]["lease"].clone(), over[0]["dimension"].clone()),
+        (json!(1), json!("nanos"))
+    );
+    assert_eq!(over[0]["used"], 5_000_000);
+    let text = report.to_text();
+    assert!(
+        text.contains("not the slice its attempt's allow took"),
+        "{text}"
+    );
+}
+
+#[test]
+fn decisions_of_runs_outside_a_slices_scope_are_found() {
+    let t = now_ms() - 10_000;
+    let scoped = |id: u64, kind: &str, key: &str| {
+        let mut g = lease(id, "grant", "host-a", "r1", 4, t);
+        g["slice"]["scope_kind"] = json!(kind);
+        g["slice"]["scope_key"] = json!(key);
+        g
+    };
+    let a = vec![
+        start("r1", 10, 1),
+        start("r2", 10, 1),
+        lease(1, "grant", "host-a", "r1", 4, t),
+        scoped(2, "principal", "1001"),
+        scoped(3, "principal", "1000"),
+        scoped(4, "credential", "cred-x"),
+        // Run r2 decides on run r1's slice; uid 1000's run on uid 1001's slice and
+        // on a credential's it does not run under.
+        allow("r2", 1, 1, 2),
+        allow("r1", 1, 2, 2),
+        allow("r1", 2, 4, 3),
+        // Its own principal's slice and its own run's: within scope.
+        allow("r1", 3, 3, 4),
+        allow("r1", 4, 1, 5),
+    ];
+    let (_tmp, report) = fleet(&[a]);
+    let outside = findings(&report, "decision_outside_lease");
+    let whys: Vec<(Value, Value, Value)> = outside
+        .iter()
+        .map(|f| (f["lease"].clone(), f["run"].clone(), f["why"].clone()))
+        .collect();
+    assert_eq!(
+        whys,
+        [
+            (json!(1), json!("r2"), json!("other_scope")),
+            (json!(2), json!("r1"), json!("other_scope")),
+            (json!(4), json!("r1"), json!("other_scope")),
+        ],
+        "{}",
+        report.to_text()
+    );
+    let text = report.to_text();
+    assert!(text.contains("is cut from another scope"), "{text}");
+}
+
+#[test]
+fn a_return_backdated_to_before_another_grant_still_overlaps_it() {
+    let t = now_ms() - 10_000;
+    // Host A's return says it closed at t + 1, but it is written now: its slice was
+    // open when host B's was granted at t + 5000, 12 attempts leased of 10.
+    let a = vec![
+        start("r1", 10, 1),
+        lease(1, "grant", "host-a", "r1", 6, t),
+        allow("r1", 1, 1, 2),
+        lease(1, "return", "host-a", "r1", 6, t),
+    ];
+    let b = vec![lease(2, "grant", "host-b", "r1", 6, t + 5_000)];
+    let (_tmp, report) = fleet(&[a, b]);
+    let over = findings(&report, "slices_over_cap");
+    assert_eq!(over.len(), 1, "{}", report.to_text());
+    assert_eq!(
+        (over[0]["lease"].clone(), over[0]["leased"].clone()),
+        (json!(2), json!(12))
+    );
+    assert!(report.inconsistent());
+}
+
+#[test]
+fn a_renewal_written_after_its_slice_expired_is_found_and_does_not_extend_it() {
+    let t = now_ms() - 10_000;
+    let mut grant = lease(1, "grant", "host-a", "r1", 4, t - 100_000);
+    grant["slice"]["expires_at_ms"] = json!(t - 50_000);
+    let mut renew = grant.clone();
+    renew["slice"]["event"] = json!("renew");
+    renew["slice"]["expires_at_ms"] = json!(t + 3_600_000);
+    let a = vec![start("r1", 10, 1), grant, renew, allow("r1", 1, 1, 2)];
+    let (_tmp, report) = fleet(&[a]);
+    let forged = findings(&report, "lease_misrecorded");
+    let whys: Vec<&str> = forged.iter().map(|f| f["why"].as_str().unwrap()).collect();
+    assert_eq!(
+        whys,
+        ["a renewal written after the slice expired"],
+        "{}",
+        report.to_text()
+    );
+    let outside = findings(&report, "decision_outside_lease");
+    assert_eq!(outside.len(), 1, "{}", report.to_text());
+    assert_eq!(outside[0]["why"], "expired");
 }

@@ -331,12 +331,6 @@ impl Slice {
                         why: "the slice does not bound this dimension",
                     })
                 }
-                (Some(u), Some(b)) if u > b => {
-                    return Err(DecisionError::Invalid {
-                        field,
-                        why: "more used than the slice covers",
-                    })
-                }
                 _ => {}
             }
         }

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use tally_ledger::decision::{LeaseEvent, LeaseScope, Slice, SliceAmounts};
-use tally_ledger::Decision;
-use tally_policy::{Inconsistency, OutsideLease, RunCount, SliceUse};
+use tally_ledger::{Decision, Kind};
+use tally_policy::{Inconsistency, OutsideLease, RunCount, RunState, SliceUse};
 
 use super::findings::AuditFinding;
 use super::report::{Cap, ScopeLeases};
@@ -35,6 +35,9 @@ struct Held {
     used: SliceUse,
     /// Whether its overspending was reported (once per slice).
     overspent: bool,
+    /// The ledger's wall time of the last decision naming it in its holder's ledger:
+    /// it was open at least until then, whatever its return says.
+    last_decided_ms: u64,
 }
 
 /// A slice opening or closing on its scope, for the check over time.
@@ -51,6 +54,9 @@ struct Change {
 #[derive(Debug, Default)]
 pub(super) struct Leases {
     slices: BTreeMap<u64, Held>,
+    /// Which slice each attempt's allow took its reservation on (run, attempt): only
+    /// that slice is credited what its outcome or refund gives back.
+    takers: BTreeMap<(String, u64), u64>,
     changes: Vec<Change>,
     findings: Vec<AuditFinding>,
     omitted: u64,
@@ -97,6 +103,7 @@ impl Leases {
                 returned: false,
                 used: SliceUse::default(),
                 overspent: false,
+                last_decided_ms: 0,
             },
         );
         self.changes.push(Change {
@@ -108,8 +115,10 @@ impl Leases {
     }
 
     /// A return or reclaim that follows from the slice's history: it closes the slice
-    /// on its scope the first time; a return saying less used than its decisions used
-    /// is a finding.
+    /// on its scope the first time, at the later of the `closed_at_ms` it says and the
+    /// ledger's wall time of its record (a holder cannot backdate it to before it was
+    /// written; the last decision made on it moves it later still, at the end); a
+    /// return saying less used than its decisions used is a finding.
     fn close(&mut self, e: &Event, id: u64, slice: &Slice) {
         let Some(held) = self.slices.get_mut(&id) else {
             return;
@@ -122,7 +131,10 @@ impl Leases {
         let short = (0..4).find(|&i| said[i].is_some_and(|s| s < used[i]));
         if first {
             self.changes.push(Change {
-                at_ms: slice.closed_at_ms.unwrap_or(slice.granted_at_ms),
+                at_ms: slice
+                    .closed_at_ms
+                    .unwrap_or(slice.granted_at_ms)
+                    .max(e.wall_ms),
                 lease: id,
                 closes: true,
                 seq: e.seq,
@@ -146,15 +158,39 @@ impl Leases {
 
     /// A decision naming slice `id`: where and when it may be made on it, and what it
     /// used of it (the change it made to its run's count, `before` to `after`).
-    pub(super) fn decision(&mut self, e: &Event, id: u64, (before, after): (RunCount, RunCount)) {
+    /// `core` is its run's state (its owner and credential, for the slice's scope).
+    pub(super) fn decision(
+        &mut self,
+        e: &Event,
+        id: u64,
+        (before, after): (RunCount, RunCount),
+        core: &RunState,
+    ) {
+        let d = &e.decision;
+        let credential = d.credential.as_deref().or(core.credential.as_deref());
+        if let Some(h) = self
+            .slices
+            .get_mut(&id)
+            .filter(|h| h.ledger == e.seq.ledger)
+        {
+            h.last_decided_ms = h.last_decided_ms.max(e.wall_ms);
+        }
+        // A run whose start is in no ledger given is owned by the uid its decision says.
+        let owner = core.owner_uid.or(d.uid);
         let outside = match self.slices.get(&id) {
             None => Some(OutsideLease::Unknown),
             Some(h) if h.ledger != e.seq.ledger => Some(OutsideLease::OtherHolder),
-            Some(h) if h.closed.is_some() => Some(OutsideLease::Closed),
-            Some(h) if e.wall_ms > h.expires_at_ms => Some(OutsideLease::Expired),
-            Some(_) => None,
+            Some(h) => match tally_policy::in_scope(
+                (h.grant.scope_kind, &h.grant.scope_key),
+                &d.run,
+                owner,
+                credential,
+            ) {
+                Err(why) => Some(why),
+                Ok(()) => self.outside_in_time(e, id),
+            },
         };
-        let run = e.decision.run.clone();
+        let run = d.run.clone();
         if let Some(why) = outside {
             self.find(
                 e.seq,
@@ -180,6 +216,39 @@ impl Leases {
         }
     }
 
+    /// Whether a decision naming slice `id` (granted in its ledger, of its scope) is
+    /// outside it: made after it closed or expired, or giving back on it what another
+    /// slice took.
+    fn outside_in_time(&mut self, e: &Event, id: u64) -> Option<OutsideLease> {
+        let h = self.slices.get(&id)?;
+        if h.closed.is_some() {
+            Some(OutsideLease::Closed)
+        } else if e.wall_ms > h.expires_at_ms {
+            Some(OutsideLease::Expired)
+        } else {
+            self.taker(&e.decision, id).err()
+        }
+    }
+
+    /// An allow on slice `id` takes its attempt on it; an outcome or a refund of an
+    /// attempt may give back only on the slice its allow took it on
+    /// (`tally_policy::gives_back_on`).
+    fn taker(&mut self, d: &Decision, id: u64) -> Result<(), OutsideLease> {
+        let attempt = match d.kind() {
+            Kind::Allow => {
+                if let Some(a) = d.attempt {
+                    self.takers.insert((d.run.clone(), a), id);
+                }
+                return Ok(());
+            }
+            Kind::Outcome => d.attempt,
+            Kind::Refund => d.of,
+            _ => return Ok(()),
+        };
+        let allowed_on = attempt.and_then(|a| self.takers.get(&(d.run.clone(), a)).copied());
+        tally_policy::gives_back_on(allowed_on, id)
+    }
+
     fn find(&mut self, seq: Seq, run: &str, kind: Inconsistency) {
         if self.findings.len() < MAX_LISTED {
             self.findings.push(AuditFinding {
@@ -199,6 +268,12 @@ impl Leases {
         mut self,
         cap: impl Fn(LeaseScope, &str) -> Option<SliceAmounts>,
     ) -> (Vec<AuditFinding>, u64, Vec<ScopeLeases>) {
+        // A slice is open until the last decision made on it, if that is later.
+        for c in self.changes.iter_mut().filter(|c| c.closes) {
+            if let Some(held) = self.slices.get(&c.lease) {
+                c.at_ms = c.at_ms.max(held.last_decided_ms);
+            }
+        }
         self.changes
             .sort_by_key(|c| (c.at_ms, c.lease, c.closes, c.seq));
         let mut scopes: BTreeMap<(LeaseScope, String), Scope> = BTreeMap::new();
@@ -289,6 +364,9 @@ fn later_event(held: &mut Held, e: &Event, slice: &Slice) -> Option<String> {
     } else {
         match (slice.event, held.closed) {
             (LeaseEvent::Renew, Some(_)) => format!("a {event} after the slice closed"),
+            (LeaseEvent::Renew, None) if e.wall_ms > held.expires_at_ms => {
+                "a renewal written after the slice expired".to_owned()
+            }
             (LeaseEvent::Renew, None) if slice.expires_at_ms < held.expires_at_ms => {
                 "a renewal shortening the slice".to_owned()
             }

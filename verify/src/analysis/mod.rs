@@ -233,7 +233,8 @@ impl Analysis {
         self.fold(&mut runs, slot, e);
         if let (Some(id), Some(before)) = (d.lease, before) {
             let after = RunCount::of(&runs[slot].core);
-            self.leases.decision(e, id, (before, after));
+            self.leases
+                .decision(e, id, (before, after), &runs[slot].core);
         }
         self.runs = runs;
     }

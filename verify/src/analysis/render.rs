@@ -385,6 +385,12 @@ fn lease_text(f: &Inconsistency) -> Option<String> {
                 tally_policy::OutsideLease::OtherHolder => "is another host's (granted in another ledger)",
                 tally_policy::OutsideLease::Closed => "was returned or reclaimed before it",
                 tally_policy::OutsideLease::Expired => "had expired",
+                tally_policy::OutsideLease::OtherScope => {
+                    "is cut from another scope (run, principal or credential) than its run's"
+                }
+                tally_policy::OutsideLease::NotTheAllows => {
+                    "is not the slice its attempt's allow took the reservation on"
+                }
                 _ => "it may not be decided on",
             }
         ),
