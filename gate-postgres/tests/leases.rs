@@ -8,26 +8,14 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
+use common::lease::{amounts, at_noon, manager, MARGIN, TTL};
 use common::Cluster;
 use tally_gate_postgres::{
-    Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, LeaseOptions, Leases, Options, Released,
-    Scope, ScopeKind,
+    Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, Leases, Released, Scope, ScopeKind,
 };
 use tally_policy::{slice_size, SliceSize};
-
-const TTL: Duration = Duration::from_secs(10);
-const MARGIN: Duration = Duration::from_secs(5);
-
-fn manager(cluster: &Cluster, holder: &str, clock: &LeaseClock) -> Leases {
-    let options = LeaseOptions {
-        ttl: TTL,
-        margin: MARGIN,
-        clock: clock.clone(),
-    };
-    Leases::open(&Options::new(&cluster.url()), holder, options).expect("lease manager")
-}
 
 /// One manager per host of `hosts`, each on its own connection, on `clock`.
 fn managers(cluster: &Cluster, hosts: &[&str], clock: &LeaseClock) -> Vec<Arc<Leases>> {
@@ -47,10 +35,6 @@ fn define_attempts(m: &Leases, scope: &Scope, n: u64) {
         .expect("define");
 }
 
-fn at_noon() -> LeaseClock {
-    LeaseClock::manual(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
-}
-
 fn attempts(n: u64) -> Amounts {
     Amounts {
         attempts: n,
@@ -60,17 +44,16 @@ fn attempts(n: u64) -> Amounts {
 
 /// A scope's `leased_*` and `settled_*` of attempts and nanos, as the database holds them.
 fn totals(cluster: &Cluster, scope: &Scope) -> [i64; 4] {
-    let out = cluster.psql(&format!(
-        "SELECT leased_attempts, leased_nanos, settled_attempts, settled_nanos FROM tally_lease_scopes WHERE kind = '{}' AND key = '{}'",
-        scope.kind.as_str(),
-        scope.key
-    ));
-    let v: Vec<i64> = out
-        .trim()
-        .split('|')
-        .map(|x| x.parse().expect("a number"))
-        .collect();
-    [v[0], v[1], v[2], v[3]]
+    amounts(
+        cluster,
+        scope,
+        [
+            "leased_attempts",
+            "leased_nanos",
+            "settled_attempts",
+            "settled_nanos",
+        ],
+    )
 }
 
 /// The sum of the held slices' attempts and nanos in `tally_leases`, and how many.

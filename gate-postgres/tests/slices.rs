@@ -9,24 +9,14 @@
 mod common;
 
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
+use common::lease::{amounts, at_noon, manager, TTL};
 use common::Cluster;
 use tally_gate_postgres::{
-    spawn_ticks, Amounts, Caps, LeaseClock, LeaseOptions, Leases, Options, Scope, ScopeKind,
-    SliceError, SliceOptions, Slices, Spent, Taken,
+    spawn_ticks, Amounts, Caps, LeaseClock, Leases, Scope, ScopeKind, SliceError, SliceOptions,
+    Slices, Spent, Taken,
 };
-
-const TTL: Duration = Duration::from_secs(10);
-
-fn manager(cluster: &Cluster, holder: &str, clock: &LeaseClock) -> Leases {
-    let options = LeaseOptions {
-        ttl: TTL,
-        margin: Duration::from_secs(5),
-        clock: clock.clone(),
-    };
-    Leases::open(&Options::new(&cluster.url()), holder, options).expect("lease manager")
-}
 
 fn holder(cluster: &Cluster, name: &str, clock: &LeaseClock, floor: u64) -> Slices {
     let options = SliceOptions {
@@ -58,21 +48,18 @@ fn caps(attempts: u64, nanos: u64) -> Caps {
 
 /// A scope's settled, held and leased attempts and nanos, as the database holds them.
 fn totals(cluster: &Cluster, scope: &Scope) -> [i64; 6] {
-    let out = cluster.psql(&format!(
-        "SELECT settled_attempts, settled_nanos, held_attempts, held_nanos, leased_attempts, leased_nanos FROM tally_lease_scopes WHERE kind = '{}' AND key = '{}'",
-        scope.kind.as_str(),
-        scope.key
-    ));
-    let v: Vec<i64> = out
-        .trim()
-        .split('|')
-        .map(|x| x.parse().expect("a number"))
-        .collect();
-    [v[0], v[1], v[2], v[3], v[4], v[5]]
-}
-
-fn at_noon() -> LeaseClock {
-    LeaseClock::manual(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+    amounts(
+        cluster,
+        scope,
+        [
+            "settled_attempts",
+            "settled_nanos",
+            "held_attempts",
+            "held_nanos",
+            "leased_attempts",
+            "leased_nanos",
+        ],
+    )
 }
 
 /// 8 workers per holder and 4 central ones use `need` of both scopes until refused:

@@ -12,6 +12,8 @@ use tally_ledger::{Ledger, Rotation};
 use tally_policy::Recorded;
 pub use tally_testkit::postgres::Cluster;
 
+pub mod lease;
+
 /// A new ledger in `dir`.
 pub fn ledger(dir: &Path) -> Arc<Ledger> {
     if !dir.join("ledger").exists() {

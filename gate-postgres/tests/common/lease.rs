@@ -1,0 +1,44 @@
+//! The lease tests' helpers: a lease manager on the cluster, a manual clock, and a
+//! scope's amounts as the database holds them.
+
+use std::time::{Duration, SystemTime};
+
+use tally_gate_postgres::{LeaseClock, LeaseOptions, Leases, Options, Scope};
+
+use super::Cluster;
+
+/// How long a slice is granted for in these tests.
+pub const TTL: Duration = Duration::from_secs(10);
+/// The clock-skew margin before a slice past its expiry is reclaimed.
+pub const MARGIN: Duration = Duration::from_secs(5);
+
+/// A lease manager for `holder` on the cluster, on `clock`.
+pub fn manager(cluster: &Cluster, holder: &str, clock: &LeaseClock) -> Leases {
+    let options = LeaseOptions {
+        ttl: TTL,
+        margin: MARGIN,
+        clock: clock.clone(),
+    };
+    Leases::open(&Options::new(&cluster.url()), holder, options).expect("lease manager")
+}
+
+/// A manual clock at a fixed moment, moved by the test.
+pub fn at_noon() -> LeaseClock {
+    LeaseClock::manual(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+}
+
+/// `columns` of `scope`'s row in `tally_lease_scopes`, in order.
+pub fn amounts<const N: usize>(cluster: &Cluster, scope: &Scope, columns: [&str; N]) -> [i64; N] {
+    let out = cluster.psql(&format!(
+        "SELECT {} FROM tally_lease_scopes WHERE kind = '{}' AND key = '{}'",
+        columns.join(", "),
+        scope.kind.as_str(),
+        scope.key
+    ));
+    let v: Vec<i64> = out
+        .trim()
+        .split('|')
+        .map(|x| x.parse().expect("a number"))
+        .collect();
+    v.try_into().expect("one value per column")
+}
