@@ -187,9 +187,10 @@ impl Served {
         v
     }
 
-    /// The run's standing once nothing is held: the proxy records a call's outcome as its
-    /// answer ends, so the client may read the last byte just before the settlement is
-    /// durable. Waits for that (at most 10 s), never for a fixed time.
+    /// The run's standing once nothing is held. An answer read to its end has its outcome
+    /// applied before the end reaches the client; an answer the client drops, or one cut
+    /// by the proxy, has it applied after, so this waits for that (at most 10 s), never
+    /// for a fixed time.
     async fn settled(&self, run: &str) -> Value {
         self.held_back_to(run, 0).await
     }

@@ -109,6 +109,24 @@ def anthropic_call(client, args, model, first=None):
     return out
 
 
+def warm_models(sdk):
+    """Build every pydantic model of the SDK now, on this thread.
+
+    The SDKs' models are built lazily, on first use; two threads building one model at
+    once can make pydantic raise `PydanticUserError` ("BaseModel cannot be instantiated
+    directly") in place of the SDK's own exception. The race mode's threads must see only
+    what the proxy answered, so the models are complete before the first thread starts.
+    """
+    import pydantic
+
+    stack = [pydantic.BaseModel]
+    while stack:
+        for model in stack.pop().__subclasses__():
+            stack.append(model)
+            if model.__module__.startswith(sdk + ".") and not model.__pydantic_complete__:
+                model.model_rebuild(raise_errors=False)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("sdk", choices=["openai", "anthropic"])
@@ -158,6 +176,7 @@ def main():
         print(json.dumps(one(args.model, first)), flush=True)
     else:
         models = [m for m in args.models.split(",") if m] or [args.model]
+        warm_models(args.sdk)
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.n) as pool:
             futures = [pool.submit(one, models[i % len(models)]) for i in range(args.n)]
             for f in futures:
