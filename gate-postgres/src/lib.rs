@@ -61,7 +61,7 @@ use schema::{Statements, WRITE};
 pub use txn::PostgresTxn;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -314,7 +314,7 @@ impl Postgres {
                 principal_write: p("UPDATE tally_principals SET state = $2, version = version + 1 WHERE uid = $1")?,
                 write: p(WRITE)?,
                 next_version: p("SELECT nextval('tally_state_version')")?,
-                lease_step: p("SELECT tally_lease_step('run', $1, $2, $3, $4, $5, $6)")?,
+                lease_step: p("SELECT tally_lease_step($1, $2, $3, $4, $5, $6, $7, $8)")?,
             })
         })();
         match prepared {

@@ -203,6 +203,71 @@ END
 $f$;
 ";
 
+/// Version 6: a central decision that settles what its run already did (an outcome
+/// above its reservation: `tally_policy::incurred`) is applied whatever room is left
+/// (`bill`): the bill was incurred before it was recorded. What it puts a scope past its
+/// cap beside the slices out is kept in `billed_*`, which the invariant allows for and
+/// nothing else raises: grants, renewals' scopes and central spends are still held to the
+/// cap itself, so later uses are refused instead.
+pub(crate) const SCHEMA_V6: &str = "
+ALTER TABLE tally_lease_scopes
+    ADD COLUMN IF NOT EXISTS billed_attempts bigint NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS billed_nanos bigint NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS billed_effects bigint NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS billed_polls bigint NOT NULL DEFAULT 0;
+ALTER TABLE tally_lease_scopes DROP CONSTRAINT IF EXISTS tally_lease_scopes_within;
+ALTER TABLE tally_lease_scopes ADD CONSTRAINT tally_lease_scopes_within CHECK (
+    leased_attempts + leased_nanos + leased_effects + leased_polls = 0 OR (
+    (cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts <= cap_attempts + billed_attempts)
+    AND (cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos <= cap_nanos + billed_nanos)
+    AND (cap_effects IS NULL OR settled_effects + held_effects + leased_effects <= cap_effects + billed_effects)
+    AND (cap_polls IS NULL OR settled_polls + held_polls + leased_polls <= cap_polls + billed_polls)));
+DROP FUNCTION IF EXISTS tally_lease_step(text, text, bigint, bigint, bigint, bigint, boolean);
+CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
+    r boolean, bill boolean)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    IF r IS NOT NULL THEN
+        UPDATE tally_lease_scopes SET revoked = r WHERE kind = k AND key = name;
+    END IF;
+    IF a = 0 AND n = 0 AND e = 0 AND p = 0 THEN
+        RETURN;
+    END IF;
+    IF bill THEN
+        UPDATE tally_lease_scopes SET
+            settled_attempts = greatest(settled_attempts + a, 0),
+            settled_nanos = greatest(settled_nanos + n, 0),
+            settled_effects = greatest(settled_effects + e, 0),
+            settled_polls = greatest(settled_polls + p, 0),
+            billed_attempts = CASE WHEN cap_attempts IS NULL THEN billed_attempts ELSE greatest(billed_attempts,
+                greatest(settled_attempts + a, 0) + held_attempts + leased_attempts - cap_attempts) END,
+            billed_nanos = CASE WHEN cap_nanos IS NULL THEN billed_nanos ELSE greatest(billed_nanos,
+                greatest(settled_nanos + n, 0) + held_nanos + leased_nanos - cap_nanos) END,
+            billed_effects = CASE WHEN cap_effects IS NULL THEN billed_effects ELSE greatest(billed_effects,
+                greatest(settled_effects + e, 0) + held_effects + leased_effects - cap_effects) END,
+            billed_polls = CASE WHEN cap_polls IS NULL THEN billed_polls ELSE greatest(billed_polls,
+                greatest(settled_polls + p, 0) + held_polls + leased_polls - cap_polls) END
+        WHERE kind = k AND key = name;
+        RETURN;
+    END IF;
+    UPDATE tally_lease_scopes SET
+        settled_attempts = greatest(settled_attempts + a, 0),
+        settled_nanos = greatest(settled_nanos + n, 0),
+        settled_effects = greatest(settled_effects + e, 0),
+        settled_polls = greatest(settled_polls + p, 0)
+    WHERE kind = k AND key = name
+      AND (a <= 0 OR cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts + a <= cap_attempts)
+      AND (n <= 0 OR cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos + n <= cap_nanos)
+      AND (e <= 0 OR cap_effects IS NULL OR settled_effects + held_effects + leased_effects + e <= cap_effects)
+      AND (p <= 0 OR cap_polls IS NULL OR settled_polls + held_polls + leased_polls + p <= cap_polls);
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes WHERE kind = k AND key = name) THEN
+        RAISE EXCEPTION 'lease scope % %: no room left beside the slices out', k, name
+            USING ERRCODE = 'check_violation';
+    END IF;
+END
+$f$;
+";
+
 /// One round trip of the migration: bounded by `timeout`, counted in `trips`, its
 /// failure said as the gate says it.
 struct Migration<'a> {
@@ -244,7 +309,9 @@ impl Migration<'_> {
             client.query("SELECT max(version) FROM tally_schema", &[]),
         )?;
         let found: Option<i32> = rows.first().and_then(|r| r.get(0));
-        let all = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
+        let all = [
+            SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6,
+        ];
         let from = match found {
             None => 0,
             Some(v) if v > crate::SCHEMA_VERSION => {

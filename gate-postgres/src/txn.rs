@@ -181,9 +181,13 @@ impl PostgresTxn<'_> {
     /// The transaction's last round trip: `last`'s write (if any), the next state
     /// version, and `COMMIT`, pipelined. Every row the decision touches is held by now,
     /// so the version orders it after every decision that touched one of them before.
-    /// What the decision moves in its runs' lease scopes: per run read and changed, what
-    /// it took less what it gave back ([`tally_policy::slice_use`]), and whether its
-    /// slices are revoked (the run paused or stopped) or allowed again (resumed).
+    /// What the decision moves in its runs' lease scopes and in their principals'
+    /// (the owner's uid, in decimal): per run read and changed, what it took less what
+    /// it gave back ([`tally_policy::slice_use`]), whether that is a bill already
+    /// incurred ([`tally_policy::incurred`]: applied whatever room is left), and whether
+    /// the run's slices are revoked (the run paused or stopped) or allowed again
+    /// (resumed). In the scopes' order (runs, then principals, each by key): the order a
+    /// central spend locks them in.
     pub(crate) fn lease_steps(&self, runs: &[String]) -> Vec<LeaseStep> {
         let mut steps = Vec::new();
         for name in runs {
@@ -197,14 +201,28 @@ impl PostgresTxn<'_> {
             });
             let held = |r: &RunState| r.paused || r.stop.is_some();
             let revoked = (held(before) != held(after)).then(|| held(after));
+            let bill = tally_policy::incurred(before, after);
             if d != [0; 4] || revoked.is_some() {
                 steps.push(LeaseStep {
-                    run: name.clone(),
+                    kind: "run",
+                    key: name.clone(),
                     delta: d,
                     revoked,
+                    bill,
+                });
+            }
+            if let Some(uid) = after.owner_uid.filter(|_| d != [0; 4]) {
+                steps.push(LeaseStep {
+                    kind: "principal",
+                    key: uid.to_string(),
+                    delta: d,
+                    revoked: None,
+                    bill,
                 });
             }
         }
+        let rank = |k: &str| u8::from(k != "run");
+        steps.sort_by(|a, b| (rank(a.kind), &a.key).cmp(&(rank(b.kind), &b.key)));
         steps
     }
 
@@ -287,8 +305,9 @@ impl PostgresTxn<'_> {
     }
 }
 
-/// Each run's lease scope moved in step (sent in order on the first poll): a use that
-/// does not fit beside the slices out fails the transaction (its COMMIT only rolls back).
+/// Each lease scope moved in step (sent in order on the first poll): a use that does not
+/// fit beside the slices out fails the transaction (its COMMIT only rolls back); a bill
+/// is applied whatever room is left.
 async fn step_scopes(
     client: &tokio_postgres::Client,
     statement: &Statement,
@@ -296,17 +315,23 @@ async fn step_scopes(
 ) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
     futures::future::join_all(steps.iter().map(|s| async move {
         let d = &s.delta;
-        let p: [&(dyn ToSql + Sync); 6] = [&s.run, &d[0], &d[1], &d[2], &d[3], &s.revoked];
+        let p: [&(dyn ToSql + Sync); 8] = [
+            &s.kind, &s.key, &d[0], &d[1], &d[2], &d[3], &s.revoked, &s.bill,
+        ];
         client.query(statement, &p).await
     }))
     .await
 }
 
-/// A run's lease scope moved by a central decision: settled up (or down) by `delta`
-/// (attempts, nanodollars, side effects, polls), and revoked or not.
+/// A lease scope (a run's or its principal's) moved by a central decision: settled up
+/// (or down) by `delta` (attempts, nanodollars, side effects, polls), and revoked or not.
 pub(crate) struct LeaseStep {
-    pub(crate) run: String,
+    /// `run` or `principal`.
+    pub(crate) kind: &'static str,
+    pub(crate) key: String,
     pub(crate) delta: [i64; 4],
+    /// A bill already incurred: applied whatever room is left.
+    pub(crate) bill: bool,
     /// The scope's slices revoked (`true`), allowed again (`false`), or left (`None`).
     pub(crate) revoked: Option<bool>,
 }

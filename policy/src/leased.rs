@@ -61,6 +61,15 @@ pub fn slice_use(before: RunCount, after: RunCount) -> (SliceUse, SliceUse) {
     (took, gave)
 }
 
+/// Whether a decision from `before` to `after` settled what its run had already done
+/// rather than asked for more: it opened no attempt (an outcome, a refund, a stop). What
+/// such a decision takes (an outcome settled above its reservation) was spent before it
+/// was recorded, so it is counted whatever room is left, and later uses are refused
+/// instead; only an allow, which opens its attempt, is held to the room left.
+pub fn incurred(before: &RunState, after: &RunState) -> bool {
+    after.open.keys().all(|a| before.open.contains_key(a))
+}
+
 /// What the decisions made on one slice have used of it so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SliceUse {
@@ -235,6 +244,38 @@ mod tests {
         let (took, gave) = slice_use(RunCount::of(&after), RunCount::of(&settled));
         assert_eq!(took, SliceUse::default());
         assert_eq!(gave.each(), [0, 10, 0, 0]);
+    }
+
+    #[test]
+    fn only_a_decision_that_opens_an_attempt_asks_for_room() {
+        let before = RunState::new("r");
+        let mut allowed = before.clone();
+        let attempt = crate::state::Attempt {
+            tool: None,
+            op: 0,
+            effect: None,
+            reserved: 5,
+            held: 5,
+            counted: true,
+            write: false,
+            poll: None,
+            settled: false,
+            status: None,
+            registered: None,
+        };
+        allowed.open.insert(1, attempt.clone());
+        let settled = crate::state::Attempt {
+            held: 0,
+            settled: true,
+            ..attempt
+        };
+        let mut pending = allowed.clone();
+        pending.open.insert(1, settled);
+        assert!(incurred(&allowed, &pending));
+        assert!(!incurred(&before, &allowed));
+        // Its outcome closes it (whatever it settles): a bill already incurred.
+        assert!(incurred(&allowed, &before));
+        assert!(incurred(&before, &before));
     }
 
     #[test]

@@ -19,7 +19,9 @@ enum Found {
 
 impl Leases {
     /// Set a scope's caps and what is settled and held centrally (`None` cap: no limit).
-    /// Refused, nothing changed, if the slices out would then exceed a cap.
+    /// While slices of it are out only the caps change (what is settled, held and
+    /// billed stays the database's). Refused, nothing changed, if the slices out would
+    /// then exceed a cap.
     pub fn define(
         &self,
         scope: &Scope,

@@ -89,6 +89,9 @@ pub enum SliceError {
     /// nothing spent (the gate's `gate_unavailable`, retry).
     #[error(transparent)]
     Unavailable(LeaseError),
+    /// A use of no scope: no slice would count it. Decide it centrally.
+    #[error("a use of no lease scope: no slice counts it; decide it centrally")]
+    NoScope,
 }
 
 /// A slice held, and what of it was used.
@@ -205,7 +208,23 @@ impl Slices {
     /// locally if it fits in every slice held, else after refilling, else centrally.
     /// Never a use that no slice covered and the database did not settle.
     pub fn take(&self, scopes: &[Scope], need: Amounts, now: Instant) -> Result<Taken, SliceError> {
+        self.take_at(scopes, need, || now)
+    }
+
+    /// [`Slices::take`], the time read by `clock` once the holder's lock is held: a use
+    /// that waited for the lock (behind another's refill) is judged against the slices'
+    /// deadlines when it is decided, not when it asked. No scope: [`SliceError::NoScope`].
+    pub fn take_at(
+        &self,
+        scopes: &[Scope],
+        need: Amounts,
+        clock: impl FnOnce() -> Instant,
+    ) -> Result<Taken, SliceError> {
+        if scopes.is_empty() {
+            return Err(SliceError::NoScope);
+        }
         let mut local = self.lock();
+        let now = clock();
         let margin = self.options.margin;
         let short: Vec<Scope> = scopes
             .iter()
@@ -350,6 +369,17 @@ impl Slices {
         }
     }
 
+    /// Return a slice saying `used`, without the holder's lock while the database
+    /// answers; kept to retry if it did not.
+    pub(super) fn give_back_unlocked(&self, lease: Lease, used: Amounts) {
+        let r = self.leases.release(lease.id, used);
+        if matches!(r, Err(LeaseError::Unavailable { .. })) {
+            self.lock().unreturned.push((lease, used));
+            return;
+        }
+        self.returned(lease, used, r);
+    }
+
     /// Return a slice saying `used`; kept to retry if the database did not answer.
     pub(super) fn give_back(&self, local: &mut Local, lease: Lease, used: Amounts) {
         let r = self.leases.release(lease.id, used);
@@ -360,7 +390,12 @@ impl Slices {
         self.returned(lease, used, r);
     }
 
-    fn returned(&self, lease: Lease, used: Amounts, r: Result<super::Released, LeaseError>) {
+    pub(super) fn returned(
+        &self,
+        lease: Lease,
+        used: Amounts,
+        r: Result<super::Released, LeaseError>,
+    ) {
         let event = match r {
             Ok(released) => LeaseEvent::Returned {
                 lease,

@@ -39,19 +39,29 @@ SELECT id, kind, key, epoch, attempts, nanos, effects, polls, granted_at, expire
 FROM tally_leases WHERE holder = $1 AND state = 'held' ORDER BY id";
 
 /// Define (or redefine) a scope: $1 kind, $2 key, $3..$6 caps, $7..$10 settled,
-/// $11..$14 held.
+/// $11..$14 held. While slices of it are out only its caps change: what is settled,
+/// held and billed stays as the database counts it (the holders' returns settle into
+/// it); with none out, all of it is set anew.
 pub(crate) const DEFINE: &str = "
-INSERT INTO tally_lease_scopes (kind, key, cap_attempts, cap_nanos, cap_effects, cap_polls,
+INSERT INTO tally_lease_scopes AS s (kind, key, cap_attempts, cap_nanos, cap_effects, cap_polls,
     settled_attempts, settled_nanos, settled_effects, settled_polls,
     held_attempts, held_nanos, held_effects, held_polls)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 ON CONFLICT (kind, key) DO UPDATE SET
     cap_attempts = EXCLUDED.cap_attempts, cap_nanos = EXCLUDED.cap_nanos,
     cap_effects = EXCLUDED.cap_effects, cap_polls = EXCLUDED.cap_polls,
-    settled_attempts = EXCLUDED.settled_attempts, settled_nanos = EXCLUDED.settled_nanos,
-    settled_effects = EXCLUDED.settled_effects, settled_polls = EXCLUDED.settled_polls,
-    held_attempts = EXCLUDED.held_attempts, held_nanos = EXCLUDED.held_nanos,
-    held_effects = EXCLUDED.held_effects, held_polls = EXCLUDED.held_polls";
+    settled_attempts = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.settled_attempts ELSE s.settled_attempts END,
+    settled_nanos = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.settled_nanos ELSE s.settled_nanos END,
+    settled_effects = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.settled_effects ELSE s.settled_effects END,
+    settled_polls = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.settled_polls ELSE s.settled_polls END,
+    held_attempts = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.held_attempts ELSE s.held_attempts END,
+    held_nanos = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.held_nanos ELSE s.held_nanos END,
+    held_effects = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.held_effects ELSE s.held_effects END,
+    held_polls = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.held_polls ELSE s.held_polls END,
+    billed_attempts = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN 0 ELSE s.billed_attempts END,
+    billed_nanos = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN 0 ELSE s.billed_nanos END,
+    billed_effects = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN 0 ELSE s.billed_effects END,
+    billed_polls = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN 0 ELSE s.billed_polls END";
 
 /// Grant a slice in one statement: $1 kind, $2 key, $3 holder, $4 epoch, $5..$8 the
 /// slice, $9 its time to live in ms, $10 $now. No row: refused (see the module's doc).

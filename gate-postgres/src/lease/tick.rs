@@ -1,7 +1,7 @@
 //! A holder's periodic work, at a time passed in: retry the returns the database did not
-//! confirm, renew the slices in use, give back idle ones and ones near their deadline,
-//! and reclaim every holder's slices past expiry and the margin (on the database's
-//! clock). Called every refresh interval by the daemon's lease thread; a revoked scope
+//! confirm, renew the slices in use, give back idle ones and ones near their deadline
+//! (and any granted to it whose answer was lost), and reclaim every holder's slices past
+//! expiry and the margin (on the database's clock). Called every refresh interval by the daemon's lease thread; a revoked scope
 //! (its run paused or killed) loses its slices here, so a pause reaches every holder
 //! within one interval.
 
@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use super::events::LeaseEvent;
 use super::holder::Slices;
-use super::types::LeaseError;
+use super::types::{Amounts, Lease, LeaseError, Released};
+use super::Scope;
 
 /// What one tick did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -27,46 +28,63 @@ pub struct Ticked {
     pub unavailable: bool,
 }
 
+/// What a tick does, decided under the holder's lock: the returns to send again, the
+/// slices to give back (taken out of use at once) and those to renew.
+struct Plan {
+    pending: Vec<(Lease, Amounts)>,
+    ending: Vec<(Lease, Amounts)>,
+    renew: Vec<(Scope, Lease)>,
+}
+
 impl Slices {
-    /// One round of the periodic work at `now`.
+    /// One round of the periodic work at `now`. The holder's lock is held only to read
+    /// and change what is held, never while the database answers: uses that fit in a
+    /// slice go on while a tick waits on the database (at most the bound per call).
     pub fn tick(&self, now: Instant) -> Ticked {
         let mut ticked = Ticked::default();
-        let mut local = self.lock();
-        for (lease, used) in std::mem::take(&mut local.unreturned) {
-            self.give_back(&mut local, lease, used);
+        let plan = self.plan(now);
+        ticked.returned = plan.ending.len();
+        for (lease, used) in plan.pending.into_iter().chain(plan.ending) {
+            self.give_back_unlocked(lease, used);
         }
-        let scopes: Vec<_> = local.held.keys().cloned().collect();
-        for scope in scopes {
-            let Some(h) = local.held.get(&scope).cloned() else {
-                continue;
-            };
-            let idle = now.saturating_duration_since(h.last_used) >= self.options.idle;
-            let ending = now + self.options.margin >= h.deadline;
-            if !idle && !ending {
-                match self.leases.renew(&h.lease) {
-                    Ok(lease) => {
-                        self.event(LeaseEvent::Renewed(lease.clone()));
-                        if let Some(held) = local.held.get_mut(&scope) {
-                            held.deadline = now + lease.valid_for;
-                            held.lease = lease;
-                        }
-                        ticked.renewed += 1;
-                        continue;
+        for (scope, lease) in plan.renew {
+            match self.leases.renew(&lease) {
+                Ok(renewed) => {
+                    self.event(LeaseEvent::Renewed(renewed.clone()));
+                    let mut local = self.lock();
+                    if let Some(held) = local
+                        .held
+                        .get_mut(&scope)
+                        .filter(|h| h.lease.id == lease.id)
+                    {
+                        held.deadline = now + renewed.valid_for;
+                        held.lease = renewed;
                     }
-                    Err(LeaseError::Unavailable { .. }) => {
-                        ticked.unavailable = true;
-                        continue;
+                    ticked.renewed += 1;
+                }
+                Err(LeaseError::Unavailable { .. }) => ticked.unavailable = true,
+                // Revoked, expired or fenced off: given back (unless a use replaced it).
+                Err(_) => {
+                    let mut local = self.lock();
+                    let same = local
+                        .held
+                        .get(&scope)
+                        .is_some_and(|h| h.lease.id == lease.id);
+                    let held = if same {
+                        local.held.remove(&scope)
+                    } else {
+                        None
+                    };
+                    drop(local);
+                    if let Some(h) = held {
+                        self.give_back_unlocked(h.lease, h.used);
+                        ticked.returned += 1;
                     }
-                    // Revoked, expired or fenced off: given back below.
-                    Err(_) => {}
                 }
             }
-            local.held.remove(&scope);
-            self.give_back(&mut local, h.lease, h.used);
-            ticked.returned += 1;
         }
-        ticked.unavailable |= !local.unreturned.is_empty();
-        drop(local);
+        ticked.returned += self.return_unseen(&mut ticked);
+        ticked.unavailable |= self.unreturned() > 0;
         match self.leases.reclaim_expired() {
             Ok(reclaimed) => {
                 ticked.reclaimed = reclaimed.len();
@@ -77,6 +95,72 @@ impl Slices {
             Err(_) => ticked.unavailable = true,
         }
         ticked
+    }
+
+    /// Under the lock: the returns to retry, the idle slices and those near their
+    /// deadline (out of use from now on), and the rest to renew.
+    fn plan(&self, now: Instant) -> Plan {
+        let mut local = self.lock();
+        let pending = std::mem::take(&mut local.unreturned);
+        let (mut ending, mut renew) = (Vec::new(), Vec::new());
+        let scopes: Vec<Scope> = local.held.keys().cloned().collect();
+        for scope in scopes {
+            let Some(h) = local.held.get(&scope) else {
+                continue;
+            };
+            let idle = now.saturating_duration_since(h.last_used) >= self.options.idle;
+            let near = now + self.options.margin >= h.deadline;
+            if idle || near {
+                if let Some(h) = local.held.remove(&scope) {
+                    ending.push((h.lease, h.used));
+                }
+            } else {
+                renew.push((scope, h.lease.clone()));
+            }
+        }
+        Plan {
+            pending,
+            ending,
+            renew,
+        }
+    }
+
+    /// The slices the database holds for this holder that it neither holds nor is
+    /// returning were granted to it unseen (a grant whose answer was lost: no use was
+    /// made of them): each is recorded granted and given back, used nothing. How many.
+    fn return_unseen(&self, ticked: &mut Ticked) -> usize {
+        let out = match self.leases.held() {
+            Ok(out) => out,
+            Err(_) => {
+                ticked.unavailable = true;
+                return 0;
+            }
+        };
+        let local = self.lock();
+        let known = |id: i64| {
+            local.held.values().any(|h| h.lease.id == id)
+                || local.unreturned.iter().any(|(l, _)| l.id == id)
+        };
+        let unseen: Vec<Lease> = out.into_iter().filter(|l| !known(l.id)).collect();
+        drop(local);
+        let mut n = 0;
+        for lease in unseen {
+            let r = self.leases.release(lease.id, Amounts::default());
+            match r {
+                // Given back meanwhile by a use's refill (it was seen after all).
+                Ok(Released::Already) => continue,
+                Err(LeaseError::Unavailable { .. }) => {
+                    self.event(LeaseEvent::Granted(lease.clone()));
+                    self.lock().unreturned.push((lease, Amounts::default()));
+                }
+                r => {
+                    self.event(LeaseEvent::Granted(lease.clone()));
+                    self.returned(lease, Amounts::default(), r);
+                }
+            }
+            n += 1;
+        }
+        n
     }
 }
 
