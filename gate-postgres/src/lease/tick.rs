@@ -50,7 +50,8 @@ impl Slices {
         for (scope, lease) in plan.renew {
             match self.leases.renew(&lease) {
                 Ok(renewed) => {
-                    self.event(LeaseEvent::Renewed(renewed.clone()));
+                    // Recorded only where it is used: a use's refill may have given the
+                    // slice back meanwhile (then nothing decided on the renewal).
                     let mut local = self.lock();
                     if let Some(held) = local
                         .held
@@ -58,7 +59,8 @@ impl Slices {
                         .filter(|h| h.lease.id == lease.id)
                     {
                         held.deadline = now + renewed.valid_for;
-                        held.lease = renewed;
+                        held.lease = renewed.clone();
+                        self.event(LeaseEvent::Renewed(renewed));
                     }
                     ticked.renewed += 1;
                 }
