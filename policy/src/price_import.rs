@@ -65,6 +65,8 @@ pub struct Imported {
     pub toml: String,
     /// Prices written, by upstream.
     pub written: BTreeMap<String, u64>,
+    /// Dated snapshots written as an alias of their model's price (the same rates).
+    pub aliased: u64,
     /// Entries skipped, by why (`mode embedding`, `other provider`, ...).
     pub skipped: BTreeMap<String, u64>,
 }
@@ -74,12 +76,19 @@ impl Imported {
     pub fn summary(&self) -> String {
         let total: u64 = self.written.values().sum();
         let skipped: u64 = self.skipped.values().sum();
+        let aliased = match self.aliased {
+            0 => String::new(),
+            n => format!(", {n} dated ids among their aliases"),
+        };
+        let written = format!(
+            "{total} prices written ({}){aliased}",
+            counts(&self.written)
+        );
         if skipped == 0 {
-            format!("{total} prices written ({})", counts(&self.written))
+            written
         } else {
             format!(
-                "{total} prices written ({}); {skipped} entries skipped ({})",
-                counts(&self.written),
+                "{written}; {skipped} entries skipped ({})",
                 counts(&self.skipped)
             )
         }
@@ -192,6 +201,22 @@ pub fn import_litellm(json: &str, opts: &ImportOptions) -> Result<Imported, Impo
         }
         prices.insert((upstream, id), (key.clone(), price));
     }
+    finish(prices, skipped, opts)
+}
+
+/// The prices read, as policy text: dated snapshots folded into their model's price,
+/// summed up, bounded and checked by the policy's own reader.
+fn finish(
+    mut prices: BTreeMap<(String, String), (String, ImportedPrice)>,
+    skipped: BTreeMap<String, u64>,
+    opts: &ImportOptions,
+) -> Result<Imported, ImportError> {
+    if prices.is_empty() {
+        return Err(ImportError::Nothing {
+            skipped: counts(&skipped),
+        });
+    }
+    let aliases = snapshots(&mut prices);
     let mut written: BTreeMap<String, u64> = BTreeMap::new();
     for (upstream, _) in prices.keys() {
         *written.entry(upstream.clone()).or_default() += 1;
@@ -199,14 +224,10 @@ pub fn import_litellm(json: &str, opts: &ImportOptions) -> Result<Imported, Impo
     let mut imported = Imported {
         toml: String::new(),
         written,
+        aliased: aliases.values().map(|a| a.len() as u64).sum(),
         skipped,
     };
-    if prices.is_empty() {
-        return Err(ImportError::Nothing {
-            skipped: counts(&imported.skipped),
-        });
-    }
-    imported.toml = render::toml(&prices, opts, &imported.summary());
+    imported.toml = render::toml(&prices, &aliases, opts, &imported.summary());
     if imported.toml.len() > MAX_POLICY_BYTES {
         return Err(ImportError::TooLarge {
             bytes: imported.toml.len(),
@@ -215,6 +236,52 @@ pub fn import_litellm(json: &str, opts: &ImportOptions) -> Result<Imported, Impo
     }
     render::check(&imported.toml)?;
     Ok(imported)
+}
+
+/// Dated snapshots (`BASE-YYYYMMDD`, `BASE-YYYY-MM-DD`) priced exactly as their
+/// undated model on the same upstream: taken out of `prices` and returned as that
+/// model's aliases, so one table prices both.
+fn snapshots(
+    prices: &mut BTreeMap<(String, String), (String, ImportedPrice)>,
+) -> BTreeMap<(String, String), Vec<String>> {
+    let mut aliases: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let dated: Vec<(String, String)> = prices.keys().cloned().collect();
+    for (upstream, id) in dated {
+        let Some(base) = undated(&id) else { continue };
+        let key = (upstream.clone(), base.to_owned());
+        let same = match (
+            prices.get(&key),
+            prices.get(&(upstream.clone(), id.clone())),
+        ) {
+            (Some((_, b)), Some((_, d))) => b == d,
+            _ => false,
+        };
+        if same {
+            prices.remove(&(upstream, id.clone()));
+            aliases.entry(key).or_default().push(id);
+        }
+    }
+    aliases
+}
+
+/// `id` less a date suffix: `-YYYYMMDD` or `-YYYY-MM-DD` (digits only).
+fn undated(id: &str) -> Option<&str> {
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    let b = id.as_bytes();
+    if id.len() > 11 && b[id.len() - 11] == b'-' {
+        let d = &id[id.len() - 10..];
+        let (y, m, day) = (&d[..4], &d[5..7], &d[8..]);
+        if d.as_bytes()[4] == b'-'
+            && d.as_bytes()[7] == b'-'
+            && digits(y)
+            && digits(m)
+            && digits(day)
+        {
+            return Some(&id[..id.len() - 11]);
+        }
+    }
+    let (base, date) = id.rsplit_once('-')?;
+    (!base.is_empty() && date.len() == 8 && digits(date)).then_some(base)
 }
 
 /// Whether the entry `key` is one to write: its upstream and model id if so; else it

@@ -12,6 +12,7 @@ use super::{ImportError, ImportOptions, ImportedPrice};
 /// comment saying where they came from and `summary`.
 pub(super) fn toml(
     prices: &BTreeMap<(String, String), (String, ImportedPrice)>,
+    aliases: &BTreeMap<(String, String), Vec<String>>,
     opts: &ImportOptions,
     summary: &str,
 ) -> String {
@@ -23,7 +24,8 @@ pub(super) fn toml(
         "# Model prices imported by `tally prices import` from \"{source}\", as of {}.\n# {summary}.",
         opts.as_of
     );
-    for ((upstream, id), (_, p)) in prices {
+    for (at, (_, p)) in prices {
+        let (upstream, id) = at;
         let _ = writeln!(out, "\n[prices.{upstream}.\"{}\"]", escaped(id));
         let mut amount = |name: &str, n: Option<Nanos>| {
             if let Some(n) = n {
@@ -44,6 +46,10 @@ pub(super) fn toml(
         }
         if let Some(n) = p.context_tokens {
             let _ = writeln!(out, "context_tokens = {n}");
+        }
+        if let Some(ids) = aliases.get(at) {
+            let ids: Vec<String> = ids.iter().map(|i| format!("\"{}\"", escaped(i))).collect();
+            let _ = writeln!(out, "aliases = [{}]", ids.join(", "));
         }
         let _ = writeln!(out, "source = \"{source}\"\nas_of = \"{}\"", opts.as_of);
     }

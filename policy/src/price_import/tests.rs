@@ -234,3 +234,46 @@ fn per_token_costs_become_exact_prices_per_million() {
     // Finer than a nanodollar per million tokens: not a price the policy can hold.
     assert_eq!(per_million(1e-16), None);
 }
+
+#[test]
+fn dated_snapshots_at_their_models_rates_become_its_aliases() {
+    let at = |input: &str| {
+        format!(
+            r#"{{"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": {input}, "output_cost_per_token": 6e-07}}"#
+        )
+    };
+    let table = format!(
+        "{{\"gpt-4o-mini\": {}, \"gpt-4o-mini-2024-07-18\": {}, \"claude-x\": {}, \"claude-x-20251001\": {}, \"gpt-4o\": {}, \"gpt-4o-2024-05-13\": {}}}",
+        at("1.5e-07"), at("1.5e-07"), at("1e-06"), at("1e-06"), at("2.5e-06"), at("5e-06")
+    );
+    let got = import_litellm(&table, &opts(&[])).expect("imports");
+    assert_eq!(got.aliased, 2);
+    assert!(
+        got.summary()
+            .starts_with("4 prices written (openai 4), 2 dated ids among their aliases"),
+        "{}",
+        got.summary()
+    );
+    let prices = crate::upstreams::Prices::read(&got.toml).expect("reads");
+    let mini = prices.model("openai", "gpt-4o-mini").expect("priced");
+    assert_eq!(mini.aliases, vec!["gpt-4o-mini-2024-07-18".to_owned()]);
+    assert_eq!(
+        prices
+            .model("openai", "claude-x-20251001")
+            .map(|m| m.input_per_mtok),
+        Some(Nanos(1_000_000_000))
+    );
+    // A snapshot at other rates keeps its own price.
+    let old = prices.model("openai", "gpt-4o-2024-05-13").expect("priced");
+    assert_eq!(old.input_per_mtok, Nanos(5_000_000_000));
+    assert!(prices
+        .model("openai", "gpt-4o")
+        .expect("priced")
+        .aliases
+        .is_empty());
+    assert_eq!(undated("gpt-4o-2024-05-13"), Some("gpt-4o"));
+    assert_eq!(undated("claude-x-20251001"), Some("claude-x"));
+    for id in ["gpt-4o", "o3-mini", "x-2024-5-13", "-20251001", "a-2025100"] {
+        assert_eq!(undated(id), None, "{id}");
+    }
+}
