@@ -111,7 +111,7 @@ pub enum ImportError {
     #[error("the price table is not a JSON object of models: {0}")]
     NotATable(String),
     /// An entry that would be written is malformed.
-    #[error("model {}: `{field}` {why}", shown(.model))]
+    #[error("model {}: `{field}` {why} (correct the table, or leave the model out with --provider or --model)", shown(.model))]
     Entry {
         /// The model's key in the table.
         model: String,
