@@ -148,6 +148,12 @@ pub enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Model prices: `tally prices import FILE` reads a published price table (LiteLLM's
+    /// JSON) into policy price entries with their source and date.
+    Prices {
+        #[command(subcommand)]
+        command: PricesCommand,
+    },
     /// Agent hooks answered by the gate: `tally hook claude-code` for Claude Code's
     /// PreToolUse, PostToolUse and SessionEnd hooks.
     Hook {
@@ -670,6 +676,44 @@ pub struct ClaudeCodeArgs {
 pub struct PolicyCheckArgs {
     /// The policy file (TOML), or `-` for standard input.
     pub file: PathBuf,
+    /// The day prices' ages are counted to (`max_price_age_days`), YYYY-MM-DD
+    /// [default: today, UTC].
+    #[arg(long, value_name = "DATE", value_parser = day)]
+    pub today: Option<tally_policy::dates::Date>,
+}
+
+/// `tally prices ...`.
+#[derive(Subcommand, Debug)]
+pub enum PricesCommand {
+    /// Read a published price table (LiteLLM's model_prices_and_context_window.json)
+    /// into `[prices.UPSTREAM."MODEL"]` tables, each with its source and as_of; chat
+    /// models only, the rest skipped and counted. Nothing is written if an entry is
+    /// malformed.
+    Import(PricesImportArgs),
+}
+
+/// `tally prices import`.
+#[derive(clap::Args, Debug)]
+pub struct PricesImportArgs {
+    /// The price table (JSON), as downloaded.
+    pub file: PathBuf,
+    /// Write the prices to this new file (never over one) [default: standard output].
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Import this provider's models (`litellm_provider`), under an upstream of its
+    /// name or the one given (`gemini=google`); repeatable [default: every provider].
+    #[arg(long, value_name = "PROVIDER[=UPSTREAM]", value_parser = provider)]
+    pub provider: Vec<(String, String)>,
+    /// Import only this model id (exact, or a prefix ending in `*`); repeatable.
+    #[arg(long, value_name = "ID")]
+    pub model: Vec<String>,
+    /// The prices' `source` [default: the table's file name].
+    #[arg(long, value_name = "TEXT")]
+    pub source: Option<String>,
+    /// The prices' `as_of`, YYYY-MM-DD: the day the table was published or fetched
+    /// [default: today, UTC].
+    #[arg(long, value_name = "DATE", value_parser = day)]
+    pub as_of: Option<tally_policy::dates::Date>,
 }
 
 /// `tally man`.
@@ -684,4 +728,27 @@ pub struct ManArgs {
 pub struct CompletionsArgs {
     /// The shell.
     pub shell: clap_complete::Shell,
+}
+
+/// `PROVIDER` or `PROVIDER=UPSTREAM`: a LiteLLM provider and the upstream its prices go
+/// under (its own name by default).
+fn provider(text: &str) -> Result<(String, String), String> {
+    let (provider, upstream) = text.split_once('=').unwrap_or((text, text));
+    if provider.is_empty() || upstream.is_empty() {
+        return Err(format!(
+            "`{}` is not PROVIDER or PROVIDER=UPSTREAM (e.g. openai, or gemini=google)",
+            text.escape_debug()
+        ));
+    }
+    Ok((provider.to_owned(), upstream.to_owned()))
+}
+
+/// A day, `YYYY-MM-DD`.
+fn day(text: &str) -> Result<tally_policy::dates::Date, String> {
+    tally_policy::dates::Date::parse(text).ok_or_else(|| {
+        format!(
+            "`{}` is not a date: write YYYY-MM-DD, e.g. 2026-12-01",
+            text.escape_debug()
+        )
+    })
 }

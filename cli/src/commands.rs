@@ -335,6 +335,14 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
     for (upstream, name, ids) in recorded.policy.prices.coverage() {
         outln!("# prices.{upstream}.{name:?} covers: {}", ids.join(", "));
     }
+    // Prices older than the policy's bound: a warning; the policy is still valid.
+    let today = args.today.unwrap_or_else(|| {
+        use tally_record::clock::Clock;
+        tally_policy::dates::Date::of_ms(tally_record::clock::SystemClock.now_ms())
+    });
+    for stale in recorded.policy.stale_prices(today) {
+        noteln!("warning: {stale}");
+    }
     Ok(Exit::Success)
 }
 

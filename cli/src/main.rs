@@ -20,6 +20,7 @@ mod hook;
 mod mcp;
 mod no_walk;
 mod operator;
+mod prices;
 mod prove;
 mod reindex;
 mod serve;
@@ -163,6 +164,9 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         Command::Policy {
             command: cli::PolicyCommand::Backtest(args),
         } => backtest::run(&args),
+        Command::Prices {
+            command: cli::PricesCommand::Import(args),
+        } => prices::import(&args),
         Command::Hook {
             command: cli::HookCommand::ClaudeCode(args),
         } => hook::run(&args),

@@ -9,6 +9,7 @@ mod append;
 mod edge;
 mod fixture;
 mod merged;
+mod prices;
 
 #[test]
 fn cases() {

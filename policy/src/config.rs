@@ -58,6 +58,11 @@ pub struct Policy {
     /// What calls through the proxy cost, by upstream (read exactly from the text).
     #[serde(skip_serializing_if = "crate::upstreams::Prices::is_empty")]
     pub prices: crate::upstreams::Prices,
+    /// The oldest a model price's `as_of` may be, days: `tally policy check` warns of an
+    /// older price, or one with no `as_of` (docs/PROXY.md, "Importing prices"). Default:
+    /// none (no warning). Prices are still enforced as written: this only warns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_price_age_days: Option<u64>,
 }
 
 /// Attempts per logical operation, by effect class (defaults after RFC 9110 §9.2.2).
@@ -326,6 +331,12 @@ impl Policy {
         Ok(policy)
     }
 
+    /// The model prices older than `max_price_age_days` on `today`, or with no
+    /// `as_of` (none without a bound): what `tally policy check` warns of.
+    pub fn stale_prices(&self, today: crate::dates::Date) -> Vec<crate::price_age::StalePrice> {
+        crate::price_age::stale_prices(&self.prices, self.max_price_age_days, today)
+    }
+
     /// The policy with every default filled in, as TOML (what `tally policy check` prints).
     pub fn to_toml(&self) -> String {
         // A struct of integers, strings, lists and maps always serializes.
@@ -343,6 +354,12 @@ impl Policy {
         self.check_approvers()?;
         self.check_periods()?;
         self.check_upstreams()?;
+        if self.max_price_age_days == Some(0) {
+            return Err((
+                "max_price_age_days".into(),
+                "must be at least 1 (days); leave it out for no warning".into(),
+            ));
+        }
         self.check_ask_on()
     }
 

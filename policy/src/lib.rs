@@ -24,7 +24,7 @@
 //! can reach output, checked arithmetic.
 //!
 //! Modules depend on each other one way, each only on those before it here (checked by
-//! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `upstreams` (the proxy's upstreams and prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
+//! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `dates` (a price's `as_of`), `upstreams` (the proxy's upstreams and prices), `price_age` (prices older than the policy's bound), `price_import` (a published price table read into prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
 //! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `refill` (continuations of runs a refusal stopped), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `refusals` (the refusal order: named rules, checked in one order), `request` (the approval request a `require_approval` is), `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits), `leased` (what counts against a slice), `slices` (how big a leased slice of a budget is, and whether a use fits in one). Items moved down
@@ -36,6 +36,7 @@ pub mod apply;
 pub mod approval;
 pub mod call;
 pub mod config;
+pub mod dates;
 pub mod decide;
 pub mod error;
 pub mod fields;
@@ -45,6 +46,8 @@ pub mod judge;
 pub mod leased;
 pub mod limits;
 pub mod overrun;
+pub mod price_age;
+pub mod price_import;
 pub mod prices;
 pub mod principals;
 pub mod refill;

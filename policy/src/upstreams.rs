@@ -189,6 +189,13 @@ pub struct ModelPrice {
     /// Other model ids that share this price (a dated snapshot, a short name).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
+    /// Where the rates were read from (`tally prices import` writes the table it read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The day the rates were last known true; with the policy's `max_price_age_days`,
+    /// `tally policy check` warns when it is older.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<crate::dates::Date>,
 }
 
 impl ModelPrice {
@@ -209,6 +216,8 @@ impl ModelPrice {
             image_tokens: None,
             tiers: BTreeMap::new(),
             aliases: Vec::new(),
+            source: None,
+            as_of: None,
         }
     }
 
@@ -490,6 +499,8 @@ impl PriceReader<'_> {
             image_tokens,
             tiers,
             aliases: model.ids("aliases", "model ids")?,
+            source: model.source()?,
+            as_of: model.as_of()?,
         })
     }
 
@@ -533,6 +544,8 @@ const MODEL_FIELDS: &[&str] = &[
     "image_tokens",
     "tiers",
     "aliases",
+    "source",
+    "as_of",
 ];
 
 /// One model's price table, read field by field.
@@ -576,6 +589,45 @@ impl ModelFields<'_> {
                     f.span.clone(),
                 )),
             },
+        }
+    }
+
+    /// `source`: where the rates came from, 1 to 256 bytes of text without control
+    /// characters (it is printed).
+    fn source(&self) -> Result<Option<String>, PolicyError> {
+        let Some(f) = self.fields.get("source") else {
+            return Ok(None);
+        };
+        match f.text.as_deref() {
+            Some(s)
+                if !s.is_empty()
+                    && s.len() <= 256
+                    && !s
+                        .chars()
+                        .any(|c| c.is_control() || tally_record::words::is_bidi(c)) =>
+            {
+                Ok(Some(s.to_owned()))
+            }
+            _ => Err(self.read.err(
+                format!("{}.source", self.key),
+                "must be text of 1 to 256 bytes without control characters, like \"litellm 2026-12-01\"".into(),
+                f.span.clone(),
+            )),
+        }
+    }
+
+    /// `as_of`: the day the rates were known true, `"YYYY-MM-DD"`.
+    fn as_of(&self) -> Result<Option<crate::dates::Date>, PolicyError> {
+        let Some(f) = self.fields.get("as_of") else {
+            return Ok(None);
+        };
+        match f.text.as_deref().and_then(crate::dates::Date::parse) {
+            Some(d) => Ok(Some(d)),
+            None => Err(self.read.err(
+                format!("{}.as_of", self.key),
+                "must be a quoted date, \"YYYY-MM-DD\" (1970 or later)".into(),
+                f.span.clone(),
+            )),
         }
     }
 

@@ -34,6 +34,7 @@ impl Default for Policy {
             principals: Principals::default(),
             upstreams: BTreeMap::new(),
             prices: crate::upstreams::Prices::default(),
+            max_price_age_days: None,
         }
     }
 }
