@@ -29,11 +29,26 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 /// One request without a body on the operator socket: the status and the JSON answer.
 async fn operator(served: &Served, method: &str, path: &str) -> (u16, Value) {
+    operator_with(served, method, path, None).await
+}
+
+/// [`operator`] with a JSON body.
+async fn operator_with(
+    served: &Served,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut client = tally_api::client::Client::unix(&served.daemon.operator_socket())
         .await
         .expect("connect");
     let reply = client
-        .request(method.parse().expect("method"), path, None, String::new())
+        .request(
+            method.parse().expect("method"),
+            path,
+            body.as_ref().map(|_| "application/json"),
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )
         .await
         .expect("request");
     let v = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
@@ -250,4 +265,37 @@ async fn a_runs_token_is_fetched_again_on_the_operator_socket_only() {
         "",
     );
     assert!(!out.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_the_operators_and_a_bad_request_makes_none() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let (status, v) = served
+        .agent("POST", "/v1/keys", Some(json!({"principal": 0})))
+        .await;
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(v["error"]["code"], ErrorCode::NotAuthorized.as_str());
+    let bad = [
+        (
+            json!({"principal": 0, "label": "x".repeat(201)}),
+            ErrorCode::FieldTooLong,
+        ),
+        (
+            json!({"principal": 0, "run_window_ms": 0}),
+            ErrorCode::InvalidValue,
+        ),
+        (json!({"principal": 0, "spend": 1}), ErrorCode::UnknownField),
+        (json!({"principal": -1}), ErrorCode::InvalidValue),
+    ];
+    for (body, code) in bad {
+        let (status, v) = operator_with(&served, "POST", "/v1/keys", Some(body.clone())).await;
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["code"], code.as_str(), "{body}: {v}");
+    }
+    let (status, v) = operator(&served, "POST", "/v1/keys/0011223344556677/revoke").await;
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = operator(&served, "GET", "/v1/keys").await;
+    assert_eq!((status, v), (200, json!([])), "nothing was made");
 }
