@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod operator;
-pub use operator::{ApprovalsArgs, ApproveArgs, DenyArgs, RunArgs, RunsArgs, SettleArgs, TopArgs};
+pub use operator::{
+    ApprovalsArgs, ApproveArgs, DenyArgs, KeyCreateArgs, KeyListArgs, KeyRevokeArgs, KeysCommand,
+    RunArgs, RunsArgs, SettleArgs, TopArgs,
+};
 
 /// tally: an append-only, hash-chained, encrypted audit ledger for AI-agent budget
 /// decisions, and the offline verifier that audits it.
@@ -87,6 +90,13 @@ pub enum Command {
     /// Every run the gate holds, nearest to a limit first: state, nearest limit, used
     /// of limit, its last refusal and the action it was told.
     Runs(RunsArgs),
+    /// A run's token again (its agent's API key for the proxy), for the operator.
+    Token(RunArgs),
+    /// Keys that start runs through the proxy: create, list, revoke (docs/KEYS.md).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Watch the gate live in the terminal: runs nearest to a limit first, their last
     /// refusal and action, breakers, refusals, approvals waiting (q quits). Without a
     /// terminal (a pipe, TERM=dumb) it prints one plain table and exits.

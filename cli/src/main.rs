@@ -17,6 +17,7 @@ mod desk;
 mod gate;
 mod generate;
 mod hook;
+mod keys;
 mod mcp;
 mod no_walk;
 mod operator;
@@ -132,6 +133,8 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             true => operator::runs(&args),
             false => top::runs_text(&args.operator_socket),
         },
+        Command::Token(args) => keys::token(&args),
+        Command::Keys { command } => keys::keys(&command),
         Command::Top(args) => top::top(&args),
         Command::Pause(args) => operator::lifecycle(&args, tally_api::RunAction::Pause),
         Command::Resume(args) => operator::lifecycle(&args, tally_api::RunAction::Resume),

@@ -38,9 +38,9 @@ pub(crate) fn router(app: Arc<App>, role: Role) -> Router {
                 Arc::clone(&app),
                 agent_rate,
             )),
-        Role::Operator => crate::page::routes(crate::tiles::log_routes(
+        Role::Operator => crate::page::routes(crate::tiles::log_routes(crate::keys_api::routes(
             crate::gate_api::operator_routes(common),
-        ))
+        )))
         .route("/v1/decisions", post(post_decisions))
         .route("/v1/export", get(get_export)),
     };
@@ -161,8 +161,10 @@ fn not_found(role: Role, method: Method, uri: axum::http::Uri) -> ApiError {
     let run_action = path.starts_with("/v1/runs/") && path.matches('/').count() == 4;
     match role {
         Role::Agent
-            if matches!(path, "/v1/approvals" | "/v1/export")
+            if matches!(path, "/v1/approvals" | "/v1/export" | "/v1/keys")
                 || path.starts_with("/v1/approvals/")
+                || path.starts_with("/v1/keys/")
+                || (run_action && tail == "token")
                 || crate::observe::operators_view(path)
                 || (run_action && matches!(tail, "pause" | "resume" | "kill" | "settle")) =>
         {
@@ -221,7 +223,8 @@ fn allowed(role: Role, path: &str) -> &'static str {
         },
         Role::Operator => match path {
             "/v1/decisions" | "/v1/approvals/continuations" | "/v1/approvals/denials" => "POST",
-            "/v1/approvals" => "GET, HEAD, POST",
+            "/v1/approvals" | "/v1/keys" => "GET, HEAD, POST",
+            _ if path.starts_with("/v1/keys/") => "POST",
             _ if run_action && matches!(tail, "pause" | "resume" | "kill" | "settle") => "POST",
             _ => "GET, HEAD",
         },

@@ -46,6 +46,8 @@ pub(crate) struct App {
     pub read_timeout: Duration,
     /// With the proxy on: the key that mints each started run's token.
     pub token_key: Option<Arc<tally_proxy::TokenKey>>,
+    /// With the proxy on: the keys a proxied call may present (docs/KEYS.md).
+    pub keys: Option<Arc<tally_proxy::KeyRing>>,
     /// Where the operator's views read the runs and breakers (never the decision thread).
     pub reader: crate::observe::reader::Reader,
 }
@@ -61,6 +63,8 @@ pub(crate) struct Limits {
     pub read_timeout: Duration,
     /// The run token key (the proxy is on).
     pub token_key: Option<Arc<tally_proxy::TokenKey>>,
+    /// The keys (the proxy is on).
+    pub keys: Option<Arc<tally_proxy::KeyRing>>,
     /// A networked state backend's bound: a gate call that waited longer than this for
     /// the decision thread is refused as unavailable without being made.
     pub queue_bound: Option<Duration>,
@@ -102,6 +106,7 @@ impl App {
             max_batch: limits.max_batch.max(1),
             read_timeout: limits.read_timeout,
             token_key: limits.token_key,
+            keys: limits.keys,
         })
     }
 }

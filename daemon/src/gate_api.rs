@@ -67,7 +67,7 @@ fn caller(peer: Peer, role: Role) -> Caller {
 }
 
 /// Read a JSON body strictly into `T`, naming the field at fault.
-async fn body<T: DeserializeOwned>(
+pub(crate) async fn body<T: DeserializeOwned>(
     app: &App,
     headers: &HeaderMap,
     body: Body,
@@ -157,11 +157,11 @@ pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> R
     Ok(value)
 }
 
-fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
+pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
     (status, Json(value)).into_response()
 }
 
-fn path_run(run: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+pub(crate) fn path_run(run: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     run.map(|Path(r)| r).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,

@@ -33,6 +33,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate_api;
+mod keys_api;
 mod limit;
 mod notify;
 mod observe;
@@ -292,6 +293,14 @@ fn app(
         )),
         None => None,
     };
+    // The keys a proxied call may present in place of a run token (docs/KEYS.md).
+    let keys = match &token_key {
+        Some(k) => Some(Arc::new(
+            tally_proxy::KeyRing::open(ledger.dir(), k, Arc::clone(&options.clock))
+                .map_err(tally_proxy::ProxyError::from)?,
+        )),
+        None => None,
+    };
     // Every decision, the handlers' and the proxy's alike, is observed where it is made.
     let gate: Arc<dyn tally_gate::Gatekeeper> =
         Arc::new(observe::gated::Observed::new(gate, Arc::clone(&observer)));
@@ -304,6 +313,7 @@ fn app(
         read_timeout: options.limits.read_timeout,
         queue_bound: options.state.as_ref().map(|s| s.timeout),
         token_key,
+        keys,
     };
     let app = api::App::new(ledger, Arc::clone(state), gate, limits, observer)
         .map_err(DaemonError::Runtime)?;

@@ -49,6 +49,9 @@ impl Proxies {
         if let Some(t) = &app.observer.tracer {
             proxy_options = proxy_options.with_tracer(t.boxed());
         }
+        if let Some(keys) = &app.keys {
+            proxy_options = proxy_options.with_keys(Arc::clone(keys));
+        }
         let read_timeout = if p.read_timeout.is_zero() {
             tally_proxy::DEFAULT_READ_TIMEOUT
         } else {

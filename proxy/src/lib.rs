@@ -31,6 +31,7 @@
 pub mod accept;
 pub mod dialect;
 mod endpoint;
+pub mod keys;
 pub mod media;
 mod phase;
 mod proxy;
@@ -48,6 +49,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty};
 
 pub use accept::Peer;
+pub use keys::KeyRing;
 pub use proxy::{
     read_credential, Admit, Proxy, ProxyError, ProxyOptions, Secret, Stage, DEFAULT_READ_TIMEOUT,
 };

@@ -65,6 +65,9 @@ pub enum ProxyError {
     /// The run token key.
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// The keys' file (docs/KEYS.md).
+    #[error(transparent)]
+    Keys(#[from] crate::keys::KeyRingError),
 }
 
 /// A secret read from a credential file (zeroized on drop, never logged).
@@ -112,6 +115,9 @@ pub struct ProxyOptions {
     pub credentials: BTreeMap<String, Secret>,
     /// The run token key.
     pub key: Arc<TokenKey>,
+    /// The keys a call may present in place of a run token (docs/KEYS.md); none: only
+    /// run tokens.
+    pub keys: Option<Arc<crate::keys::KeyRing>>,
     /// Connections of one peer at once (the daemon counts them: [`Admit`]); `None`
     /// admits every connection.
     pub admit: Option<Admit>,
@@ -132,6 +138,7 @@ impl ProxyOptions {
         ProxyOptions {
             credentials,
             key,
+            keys: None,
             admit: None,
             tracer: None,
             read_timeout: DEFAULT_READ_TIMEOUT,
@@ -141,6 +148,12 @@ impl ProxyOptions {
     /// The same, each request's headers and then its body read within `limit` (not 0).
     pub fn reading_within(mut self, limit: Duration) -> ProxyOptions {
         self.read_timeout = limit;
+        self
+    }
+
+    /// The same, calls with a key of `keys` starting their runs (docs/KEYS.md).
+    pub fn with_keys(mut self, keys: Arc<crate::keys::KeyRing>) -> ProxyOptions {
+        self.keys = Some(keys);
         self
     }
 
@@ -182,6 +195,7 @@ pub struct Proxy {
     pub(crate) gate: Arc<dyn Gatekeeper>,
     pub(crate) stage: Stage,
     pub(crate) key: Arc<TokenKey>,
+    pub(crate) keys: Option<Arc<crate::keys::KeyRing>>,
     pub(crate) admit: Option<Admit>,
     pub(crate) tracer: Option<Arc<opentelemetry::global::BoxedTracer>>,
     /// The headers, then the body, each within it ([`ProxyOptions::read_timeout`]).
@@ -258,6 +272,7 @@ impl Proxy {
             gate,
             stage,
             key: options.key,
+            keys: options.keys,
             admit: options.admit,
             tracer: options.tracer,
             read_timeout: options.read_timeout,

@@ -108,6 +108,12 @@ impl TokenKey {
         Ok(TokenKey::from_bytes(key))
     }
 
+    /// A key for another use, derived from this one under `context` (BLAKE3's key
+    /// derivation: a different context is an unrelated key).
+    pub(crate) fn derive(&self, context: &str) -> [u8; 32] {
+        blake3::derive_key(context, &self.0[..])
+    }
+
     /// The token of `run`.
     pub fn mint(&self, run: &str) -> String {
         let mac = blake3::keyed_hash(&self.0, run.as_bytes());

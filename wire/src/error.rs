@@ -58,6 +58,8 @@ pub enum ErrorCode {
     InvalidRun,
     /// The proxy's: a run token that is unknown or forged.
     InvalidToken,
+    /// The proxy's: a key (docs/KEYS.md) the operator revoked.
+    KeyRevoked,
     /// A field of the wrong type.
     InvalidType,
     /// A value out of range or not one of the allowed names.
@@ -121,7 +123,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code a daemon or proxy of this build sends.
-    pub const ALL: [ErrorCode; 51] = [
+    pub const ALL: [ErrorCode; 52] = [
         ErrorCode::ApprovalExpired,
         ErrorCode::ApprovalRefused,
         ErrorCode::ApprovalRequired,
@@ -145,6 +147,7 @@ impl ErrorCode {
         ErrorCode::InvalidRequest,
         ErrorCode::InvalidRun,
         ErrorCode::InvalidToken,
+        ErrorCode::KeyRevoked,
         ErrorCode::InvalidType,
         ErrorCode::InvalidValue,
         ErrorCode::LedgerUnavailable,
@@ -201,6 +204,7 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::InvalidRun => "invalid_run",
             ErrorCode::InvalidToken => "invalid_token",
+            ErrorCode::KeyRevoked => "key_revoked",
             ErrorCode::InvalidType => "invalid_type",
             ErrorCode::InvalidValue => "invalid_value",
             ErrorCode::LedgerUnavailable => "ledger_unavailable",

@@ -15,6 +15,7 @@ mod approval;
 mod daemon;
 mod error;
 mod gate;
+mod keys;
 mod live;
 mod notify;
 mod proxy;
@@ -26,6 +27,7 @@ pub use gate::{
     Approval, CheckAnswer, CheckRequest, CheckUnavailable, Denial, LastRefusal, ListedRun, Logged,
     OutcomeRequest, RunState, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
+pub use keys::{KeyCreate, KeyCreated, KeyInfo, RunToken};
 pub use live::{
     BreakerState, LiveBreaker, LivePending, LiveRefusals, LiveRun, LiveSnapshot, Spark,
 };

@@ -16,8 +16,9 @@ use crate::ErrorCode;
 pub enum RefusalCode {
     /// A decision of the run's: the gate's reason code, recorded.
     Reason(Reason),
-    /// What is not a decision of a run (`invalid_token`, `upstream_unreachable`,
-    /// `upstream_timeout`, `invalid_request`, `too_many_connections`, `refused`).
+    /// What is not a decision of a run (`invalid_token`, `key_revoked`,
+    /// `upstream_unreachable`, `upstream_timeout`, `invalid_request`,
+    /// `too_many_connections`, `refused`).
     Error(ErrorCode),
 }
 

@@ -145,3 +145,57 @@ pub struct TopArgs {
     #[arg(long, requires = "approver_key")]
     pub approver: Option<String>,
 }
+
+/// `tally keys`: keys that start runs through the proxy (docs/KEYS.md).
+#[derive(clap::Subcommand, Debug)]
+pub enum KeysCommand {
+    /// Make a key for a principal (a uid): printed this once, kept only as a MAC.
+    Create(KeyCreateArgs),
+    /// Every key: id, principal, label, made, revoked, what its runs spent this UTC day.
+    List(KeyListArgs),
+    /// Revoke a key: every call with it is refused from now on.
+    Revoke(KeyRevokeArgs),
+}
+
+/// `tally keys create`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct KeyCreateArgs {
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// The uid whose runs the key starts: its principal budget (the policy's
+    /// `[principals]`) bounds them all.
+    #[arg(long)]
+    pub principal: u32,
+    /// How long a call without `x-tally-task` continues the key's current run: `30m`,
+    /// `2h`, `1d` [default: 1d].
+    #[arg(long)]
+    pub run_window: Option<String>,
+    /// A label for the operator (at most 200 bytes).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tally keys list`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct KeyListArgs {
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+    /// JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tally keys revoke`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct KeyRevokeArgs {
+    /// The key's id (`tally keys list`).
+    pub id: String,
+    /// The daemon's operator socket.
+    #[arg(long)]
+    pub operator_socket: PathBuf,
+}

@@ -293,7 +293,7 @@ fn cli_md_covers_every_flag() {
     let mut seen = 0;
     for sub in commands(&[]) {
         let mut leaves = vec![vec![sub.clone()]];
-        if ["witness", "policy", "hook"].contains(&sub.as_str()) {
+        if ["witness", "policy", "hook", "keys"].contains(&sub.as_str()) {
             leaves = commands(&[&sub])
                 .into_iter()
                 .map(|s| vec![sub.clone(), s])

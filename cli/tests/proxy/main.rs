@@ -395,3 +395,4 @@ mod sequenced;
 mod streams;
 mod traced;
 mod usage;
+mod virtual_keys;

@@ -1,7 +1,8 @@
 //! The authenticate phase: the run the agent's token names, if it may spend. A token
 //! that is missing, forged or twice different is a 401; a run that has stopped or is
 //! past its deadline a 403 with its reason. Nothing is recorded: there is no run to
-//! record in, or it has ended.
+//! record in, or it has ended. A key (`tlk_`, docs/KEYS.md) in place of a run token
+//! names its run through [`super::keyed`], which starts it if it is new.
 
 use hyper::header::HeaderMap;
 use tally_gate::{Caller, GateError};
@@ -14,10 +15,19 @@ use crate::refuse::{unavailable, Caught};
 /// The run the request's token names, if it may spend.
 pub(super) async fn authenticate(proxy: &Proxy, headers: &HeaderMap) -> Result<Caught, Refusal> {
     let token = token(headers)?;
-    let run = proxy
-        .key
-        .run_of(token)
-        .ok_or_else(|| Refusal::token("this is not a run token of this tally"))?;
+    let run = if crate::keys::looks_like_key(token) {
+        super::keyed::run_of_key(proxy, headers, token).await?
+    } else {
+        proxy
+            .key
+            .run_of(token)
+            .ok_or_else(|| Refusal::token("this is not a run token of this tally"))?
+    };
+    standing(proxy, run).await
+}
+
+/// The run `run` and its standing, if it may spend.
+async fn standing(proxy: &Proxy, run: String) -> Result<Caught, Refusal> {
     let operator = Caller {
         uid: None,
         operator: true,

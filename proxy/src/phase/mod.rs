@@ -32,6 +32,7 @@ use crate::Body;
 mod authenticate;
 mod check;
 mod forward;
+mod keyed;
 mod plan;
 mod pump;
 mod settle;

@@ -1,0 +1,301 @@
+//! Keys in place of run tokens (docs/KEYS.md), on the real daemon and the fake upstream:
+//! a key's calls over ten tasks run in ten runs, each with its handoff, and its
+//! principal's budget stops them all; a revoked key is refused at once, and after a
+//! restart; the key is nowhere in the data directory; a run's token can be fetched again
+//! on the operator socket.
+
+use std::os::unix::fs::MetadataExt;
+
+use tally_record::Reason;
+use tally_wire::ErrorCode;
+
+use super::*;
+
+/// Every file under `dir`, its bytes.
+fn every_file(dir: &Path, out: &mut Vec<(std::path::PathBuf, Vec<u8>)>) {
+    for e in std::fs::read_dir(dir).expect("read dir") {
+        let path = e.expect("entry").path();
+        if path.is_dir() {
+            every_file(&path, out);
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            out.push((path, bytes));
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// One request without a body on the operator socket: the status and the JSON answer.
+async fn operator(served: &Served, method: &str, path: &str) -> (u16, Value) {
+    operator_with(served, method, path, None).await
+}
+
+/// [`operator`] with a JSON body.
+async fn operator_with(
+    served: &Served,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut client = tally_api::client::Client::unix(&served.daemon.operator_socket())
+        .await
+        .expect("connect");
+    let reply = client
+        .request(
+            method.parse().expect("method"),
+            path,
+            body.as_ref().map(|_| "application/json"),
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )
+        .await
+        .expect("request");
+    let v = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    (reply.status.as_u16(), v)
+}
+
+/// The proxy's refusal code (the OpenAI dialect's `error.code`).
+fn code(a: &Answer) -> String {
+    a.json()["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_calls_with_a_key_over_ten_tasks_stop_at_its_principals_budget() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let uid = std::fs::metadata(dir.path()).expect("meta").uid();
+    // Runs of $10 each; the key's principal (this uid) has $1 a day across all of them:
+    // a `fake-ok` call settles $0.051, so about nineteen calls fit.
+    let policy = format!(
+        "{}\n[principals.uid.{uid}]\nspend_usd = \"1\"\n",
+        policy(&upstream, 1000)
+    );
+    let mut served = Served::new(dir.path(), &policy);
+    let uid_arg = uid.to_string();
+    let made: Value = serde_json::from_str(&tally().ok(
+        dir.path(),
+        &[
+            "keys",
+            "create",
+            "--operator-socket",
+            "operator.sock",
+            "--principal",
+            &uid_arg,
+            "--label",
+            "team \u{1b}[31mred\u{202e} ops",
+            "--json",
+        ],
+        "",
+    ))
+    .expect("keys create --json");
+    let key = made["key"].as_str().expect("the key").to_owned();
+    let id = made["info"]["id"].as_str().expect("its id").to_owned();
+    assert!(key.starts_with("tlk_"), "{key}");
+
+    let (mut allowed, mut refused_at) = (0u64, None);
+    let mut runs = std::collections::BTreeSet::new();
+    for i in 0..200 {
+        let task = format!("task-{}", i % 10);
+        let a = call(
+            served.proxy,
+            "/openai/v1/chat/completions",
+            &[("authorization", &bearer(&key)), ("x-tally-task", &task)],
+            chat("fake-ok", json!({"max_tokens": 50})),
+        )
+        .await;
+        let run = a
+            .headers
+            .get("x-tally-run")
+            .map(|v| v.to_str().expect("ascii").to_owned());
+        match a.status {
+            200 => {
+                assert!(refused_at.is_none(), "call {i} allowed after a refusal");
+                allowed += 1;
+                let run = run.expect("the run in x-tally-run");
+                assert!(run.starts_with(&format!("key-{id}-")), "{run}");
+                assert!(run.ends_with(&format!("-{task}")), "{run}");
+                runs.insert(run);
+            }
+            _ => {
+                assert_eq!(a.status, 403, "call {i}: {}", a.text());
+                assert_eq!(
+                    code(&a),
+                    Reason::PrincipalBudgetExceeded.as_str(),
+                    "{}",
+                    a.text()
+                );
+                refused_at.get_or_insert(i);
+            }
+        }
+    }
+    assert!(
+        (15..=19).contains(&allowed),
+        "$1 of $0.051 calls, the last one's worst case reserved: {allowed}"
+    );
+    assert_eq!(runs.len(), 10, "each task its own run: {runs:?}");
+    assert_eq!(
+        upstream.seen().len() as u64,
+        allowed,
+        "no refused call went upstream"
+    );
+
+    // The listing: what the key's runs spent today, within the principal's budget.
+    let listed: Value = serde_json::from_str(&tally().ok(
+        dir.path(),
+        &[
+            "keys",
+            "list",
+            "--operator-socket",
+            "operator.sock",
+            "--json",
+        ],
+        "",
+    ))
+    .expect("keys list --json");
+    let spent = listed[0]["spend_today_nanos"].as_u64().expect("spend");
+    assert_eq!(spent, allowed * 51_000_000, "{listed}");
+    assert!(spent <= 1_000_000_000);
+    assert_eq!(listed[0]["revoked_ms"], Value::Null);
+    // Its label, shown to a human, cannot drive the terminal.
+    let text = tally().ok(
+        dir.path(),
+        &["keys", "list", "--operator-socket", "operator.sock"],
+        "",
+    );
+    assert!(text.contains(&id), "{text}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{202e}'),
+        "{text:?}"
+    );
+
+    // Revoked: refused at once, nothing sent upstream, and still after a restart.
+    tally().ok(
+        dir.path(),
+        &["keys", "revoke", &id, "--operator-socket", "operator.sock"],
+        "",
+    );
+    let seen = upstream.seen().len();
+    for _ in 0..2 {
+        let a = call(
+            served.proxy,
+            "/openai/v1/chat/completions",
+            &[("authorization", &bearer(&key)), ("x-tally-task", "task-0")],
+            chat("fake-ok", json!({"max_tokens": 50})),
+        )
+        .await;
+        assert_eq!(a.status, 403, "{}", a.text());
+        assert_eq!(code(&a), ErrorCode::KeyRevoked.as_str(), "{}", a.text());
+        served.daemon.stop();
+        served = Served::start(dir.path());
+    }
+    assert_eq!(upstream.seen().len(), seen);
+    // A key spelt otherwise is no key.
+    let forged = format!("{}0", &key[..key.len() - 1]);
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(&forged))],
+        chat("fake-ok", json!({"max_tokens": 50})),
+    )
+    .await;
+    assert_eq!(a.status, 401, "{}", a.text());
+    assert_eq!(code(&a), ErrorCode::InvalidToken.as_str());
+
+    // Every task has its run's handoff; the ledger verifies and equals the bill.
+    served.verifies_the_bill(&upstream, &prices(), 0);
+    let (out, handoffs) = tally().report(dir.path(), "handoff", &[]);
+    assert!(out.status.success(), "{handoffs}");
+    let handed: std::collections::BTreeSet<String> = handoffs["handoffs"]
+        .as_array()
+        .expect("handoffs")
+        .iter()
+        .filter_map(|h| h["run"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(handed, runs);
+
+    // The key is nowhere in the data directory (ledger, state, keys file, logs).
+    let secret = key.split_once('.').expect("dot").1;
+    let mut files = Vec::new();
+    every_file(dir.path(), &mut files);
+    for (path, bytes) in &files {
+        assert!(
+            !contains(bytes, secret.as_bytes()),
+            "the key's secret is in {}",
+            path.display()
+        );
+    }
+    let keys_file = dir.path().join("ledger").join(tally_proxy::keys::KEYS_FILE);
+    let mode = std::fs::metadata(&keys_file).expect("keys file").mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_token_is_fetched_again_on_the_operator_socket_only() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let token = served.start_run("r1").await;
+    let again = tally().ok(
+        dir.path(),
+        &["token", "--operator-socket", "operator.sock", "--run", "r1"],
+        "",
+    );
+    assert_eq!(again.trim_end(), token);
+    let (status, v) = operator(&served, "GET", "/v1/runs/r1/token").await;
+    assert_eq!((status, v["token"].as_str()), (200, Some(token.as_str())));
+    // Not on the agent socket; not for a run the gate does not know.
+    let (status, v) = served.agent("GET", "/v1/runs/r1/token", None).await;
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(v["error"]["code"], ErrorCode::NotAuthorized.as_str());
+    let (status, v) = operator(&served, "GET", "/v1/runs/nope/token").await;
+    assert_eq!(status, 404, "{v}");
+    let out = tally().run(
+        dir.path(),
+        &[
+            "token",
+            "--operator-socket",
+            "operator.sock",
+            "--run",
+            "nope",
+        ],
+        "",
+    );
+    assert!(!out.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_the_operators_and_a_bad_request_makes_none() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let (status, v) = served
+        .agent("POST", "/v1/keys", Some(json!({"principal": 0})))
+        .await;
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(v["error"]["code"], ErrorCode::NotAuthorized.as_str());
+    let bad = [
+        (
+            json!({"principal": 0, "label": "x".repeat(201)}),
+            ErrorCode::FieldTooLong,
+        ),
+        (
+            json!({"principal": 0, "run_window_ms": 0}),
+            ErrorCode::InvalidValue,
+        ),
+        (json!({"principal": 0, "spend": 1}), ErrorCode::UnknownField),
+        (json!({"principal": -1}), ErrorCode::InvalidValue),
+    ];
+    for (body, code) in bad {
+        let (status, v) = operator_with(&served, "POST", "/v1/keys", Some(body.clone())).await;
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["code"], code.as_str(), "{body}: {v}");
+    }
+    let (status, v) = operator(&served, "POST", "/v1/keys/0011223344556677/revoke").await;
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = operator(&served, "GET", "/v1/keys").await;
+    assert_eq!((status, v), (200, json!([])), "nothing was made");
+}
