@@ -301,6 +301,9 @@ fn app(
         )),
         None => None,
     };
+    if let Some(note) = keys.as_ref().and_then(|k| k.torn_note()) {
+        log(&format!("tally serve: {note}"));
+    }
     // Every decision, the handlers' and the proxy's alike, is observed where it is made.
     let gate: Arc<dyn tally_gate::Gatekeeper> =
         Arc::new(observe::gated::Observed::new(gate, Arc::clone(&observer)));

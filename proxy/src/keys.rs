@@ -148,6 +148,8 @@ pub struct KeyRing {
     mac_key: Zeroizing<[u8; 32]>,
     clock: Arc<dyn Clock>,
     ring: Mutex<Ring>,
+    /// The bytes of a last line cut short that opening dropped, if any.
+    torn: Option<u64>,
 }
 
 impl std::fmt::Debug for KeyRing {
@@ -182,12 +184,25 @@ impl KeyRing {
         if mode & 0o077 != 0 {
             return Err(KeyRingError::Permissions { path, mode });
         }
-        let keys = read_events(&path, &file)?;
+        let (keys, torn) = read_events(&path, &file)?;
         Ok(KeyRing {
             mac_key: Zeroizing::new(token.derive(MAC_CONTEXT)),
+            torn,
             path,
             clock,
             ring: Mutex::new(Ring { file, keys }),
+        })
+    }
+
+    /// What opening found torn, for the operator: a last line cut short (a create or a
+    /// revoke whose write never finished, so never acknowledged) that was dropped.
+    pub fn torn_note(&self) -> Option<String> {
+        self.torn.map(|bytes| {
+            format!(
+                "{}: dropped a last line cut short ({bytes} bytes): a key created or revoked \
+                 then was never acknowledged; list the keys (`tally keys list`) and repeat it",
+                self.path.display()
+            )
         })
     }
 
@@ -336,8 +351,12 @@ pub fn looks_like_key(token: &str) -> bool {
 }
 
 /// The keys the events of `file` make. A last line cut short (a write the machine did
-/// not finish) is dropped, and the file cut back to the line before it.
-fn read_events(path: &Path, file: &std::fs::File) -> Result<BTreeMap<String, Entry>, KeyRingError> {
+/// not finish) is dropped, and the file cut back to the line before it: its length is
+/// returned with the keys, for the operator to be told.
+fn read_events(
+    path: &Path,
+    file: &std::fs::File,
+) -> Result<(BTreeMap<String, Entry>, Option<u64>), KeyRingError> {
     let io = |source| KeyRingError::Io {
         path: path.to_path_buf(),
         source,
@@ -353,7 +372,7 @@ fn read_events(path: &Path, file: &std::fs::File) -> Result<BTreeMap<String, Ent
         }
         if line.last() != Some(&b'\n') {
             file.set_len(whole).map_err(io)?;
-            break;
+            return Ok((keys, Some(read as u64)));
         }
         n += 1;
         whole += read as u64;
@@ -365,7 +384,7 @@ fn read_events(path: &Path, file: &std::fs::File) -> Result<BTreeMap<String, Ent
         let event: Event = serde_json::from_slice(&line).map_err(|e| corrupt(e.to_string()))?;
         apply(&mut keys, event).map_err(corrupt)?;
     }
-    Ok(keys)
+    Ok((keys, None))
 }
 
 /// One event folded into the keys.
@@ -507,7 +526,7 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_last_line_is_dropped_and_a_corrupt_one_refused() {
+    fn a_torn_last_line_is_reported_and_dropped_and_a_corrupt_one_refused() {
         let dir = tempfile::tempdir().expect("dir");
         let clock = Arc::new(ManualClock::new(1_000));
         let (_, key) = ring(dir.path(), &clock)
@@ -522,7 +541,10 @@ mod tests {
         drop(f);
         let r = ring(dir.path(), &clock);
         assert!(r.check(&key).is_ok(), "the torn revoke was never answered");
+        let note = r.torn_note().expect("the torn line is reported");
+        assert!(note.contains("(14 bytes)"), "{note}");
         drop(r);
+        assert_eq!(ring(dir.path(), &clock).torn_note(), None, "cut back once");
         std::fs::write(&path, b"{\"event\":\"revoke\",\"id\":\"x\",\"at_ms\":1}\n").expect("write");
         assert!(matches!(
             KeyRing::open(dir.path(), &TokenKey::from_bytes([7; 32]), clock),
