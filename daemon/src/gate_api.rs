@@ -204,6 +204,13 @@ async fn start(
         request,
         StatusCode::CREATED,
         move |req: StartRequest, done| {
+            if role == Role::Agent && req.run.starts_with(tally_wire::KEY_RUN_PREFIX) {
+                return done(Err(GateError::NotAuthorized(format!(
+                    "run names beginning `{}` are the runs keys start (docs/KEYS.md): \
+                     choose another name",
+                    tally_wire::KEY_RUN_PREFIX
+                ))));
+            }
             gate.start(
                 caller(peer, role),
                 req,

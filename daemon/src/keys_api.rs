@@ -80,6 +80,18 @@ async fn create(State(app): AppState, request: Request) -> Result<Response, ApiE
     let ring = Arc::clone(ring(&app)?);
     let (parts, b) = request.into_parts();
     let asked: KeyCreate = body(&app, &parts.headers, b).await?;
+    if !app.gate.policy().policy.principal_bounded(asked.principal) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidValue,
+            format!(
+                "uid {} has no principal budget in the policy: a key starts a run per task, \
+                 so its uid needs [principals] spend or runs (docs/KEYS.md)",
+                asked.principal
+            ),
+        )
+        .field("principal"));
+    }
     let mut new = NewKey::new(asked.principal);
     new.label = asked.label;
     new.run_window_ms = asked.run_window_ms.unwrap_or(DEFAULT_RUN_WINDOW_MS);
@@ -136,7 +148,7 @@ async fn list(State(app): AppState) -> Result<Response, ApiError> {
             let prefix = tally_proxy::keys::runs_today(&k.id, now);
             k.spend_today_nanos = runs
                 .iter()
-                .filter(|r| r.run.starts_with(&prefix))
+                .filter(|r| r.run.starts_with(&prefix) && r.owner_uid == Some(k.principal))
                 .fold(0u64, |sum, r| {
                     sum.saturating_add(r.held_nanos.saturating_add(r.settled_nanos))
                 });

@@ -610,6 +610,15 @@ impl Policy {
             .or(self.principals.default.as_ref())
     }
 
+    /// Whether what `uid`'s runs may spend together is bounded: its principal budget
+    /// caps their spend or the runs it may start (each run within the ceiling). A key
+    /// starts a run per task, so a key is served only for a bounded principal
+    /// (docs/KEYS.md).
+    pub fn principal_bounded(&self, uid: u32) -> bool {
+        self.principal(uid)
+            .is_some_and(|p| p.spend_nanos.is_some() || p.runs.is_some())
+    }
+
     /// Whether a human may lift a refusal with `reason` (it is in `approvals.ask_on`).
     pub fn asks(&self, reason: Reason) -> bool {
         self.approvals.ask_on.contains(&reason)

@@ -17,7 +17,8 @@ pub struct StalePrice {
     pub model: String,
     /// Its `as_of`, if it has one.
     pub as_of: Option<Date>,
-    /// Its age in days on the day checked (`None` without an `as_of`).
+    /// Its age in days on the day checked (`None` without an `as_of`, or with one after
+    /// the day checked).
     pub age_days: Option<u32>,
     /// The bound, days.
     pub max_days: u64,
@@ -36,7 +37,12 @@ impl fmt::Display for StalePrice {
                 "`{at}` is {age} days old (as_of {d}; max_price_age_days = {}): import a current price table (`tally prices import`) or check the rates and update as_of",
                 self.max_days
             ),
-            _ => write!(
+            (Some(d), None) => write!(
+                f,
+                "`{at}` is dated after today (as_of {d}; max_price_age_days = {}): a day to come vouches for nothing; give the day its rates were known true",
+                self.max_days
+            ),
+            (None, _) => write!(
                 f,
                 "`{at}` has no as_of, so its age is unknown (max_price_age_days = {}): give the day its rates were known true",
                 self.max_days
@@ -54,7 +60,9 @@ pub fn stale_prices(prices: &Prices, max_days: Option<u64>, today: Date) -> Vec<
     let mut out = Vec::new();
     for (upstream, p) in &prices.0 {
         for (model, m) in &p.models {
-            let age_days = m.as_of.map(|d| d.days_until(today));
+            // A price dated after today is named too: a date to come would silence
+            // the warning for ever.
+            let age_days = m.as_of.filter(|d| *d <= today).map(|d| d.days_until(today));
             if age_days.is_some_and(|a| u64::from(a) <= max_days) {
                 continue;
             }
@@ -112,6 +120,14 @@ output_per_mtok = "10"
         assert_eq!(on.len(), 1);
         assert_eq!((on[0].model.as_str(), on[0].age_days), ("gpt-4o", None));
         assert!(on[0].to_string().contains("has no as_of"), "{}", on[0]);
+        // Checked on a day before its as_of: named, as a date to come.
+        let before = p.stale_prices(day("2026-09-07"));
+        let early = before
+            .iter()
+            .find(|s| s.model == "gpt-4o-mini")
+            .expect("a future as_of is named");
+        assert_eq!(early.age_days, None);
+        assert!(early.to_string().contains("dated after today"), "{early}");
         let after = p.stale_prices(day("2026-12-08"));
         assert_eq!(after.len(), 2);
         let old = after
@@ -123,8 +139,8 @@ output_per_mtok = "10"
             old.to_string().starts_with("`prices.openai.gpt-4o-mini` is 91 days old (as_of 2026-09-08; max_price_age_days = 90)"),
             "{old}"
         );
-        // A clock before the price's day: not stale.
-        assert_eq!(p.stale_prices(day("2026-01-01")).len(), 1);
+        // A clock before the price's day: named too (as dated after today).
+        assert_eq!(p.stale_prices(day("2026-01-01")).len(), 2);
     }
 
     #[test]

@@ -380,6 +380,11 @@ fn read_price(
     let output = field
         .cost("output_cost_per_token")?
         .ok_or_else(|| field.missing("output_cost_per_token"))?;
+    // A zero rate is a placeholder or a free tier: written, it would record every call
+    // at nothing, and no spend budget would bind it. Priced by hand if it is meant.
+    if input.0 == 0 || output.0 == 0 {
+        return Ok(Err("a zero input or output rate"));
+    }
     if let Some(reasoning) = field.cost("output_cost_per_reasoning_token")? {
         if reasoning != output {
             return Ok(Err("reasoning priced apart"));

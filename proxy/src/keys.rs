@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tally_record::clock::Clock;
-use tally_wire::KeyInfo;
+use tally_wire::{KeyInfo, KEY_RUN_PREFIX};
 use zeroize::Zeroizing;
 
 use crate::token::TokenKey;
@@ -328,8 +328,15 @@ impl KeyRing {
         };
         let mut line = serde_json::to_vec(event).map_err(|e| io(e.into()))?;
         line.push(b'\n');
-        file.write_all(&line).map_err(io)?;
-        file.sync_data().map_err(io)
+        let before = file.metadata().map_err(io)?.len();
+        let written = file.write_all(&line).and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            // A line written in part would run into the next one: cut it back, so the
+            // file holds whole answered events only (the event was not answered).
+            let _ = file.set_len(before).and_then(|()| file.sync_data());
+            return Err(io(e));
+        }
+        Ok(())
     }
 }
 
@@ -430,23 +437,27 @@ pub fn run_of(key: &KeyInfo, task: Option<&str>, now_ms: u64) -> String {
     let day = now_ms / 86_400_000;
     let date = utc_date(day);
     match task {
-        Some(t) => format!("key-{}-{date}-{t}", key.id),
+        Some(t) => format!("{KEY_RUN_PREFIX}{}-{date}-{t}", key.id),
         None => {
             let window = (now_ms % 86_400_000) / key.run_window_ms.max(1);
-            format!("key-{}-{date}-w{window}", key.id)
+            format!("{KEY_RUN_PREFIX}{}-{date}-w{window}", key.id)
         }
     }
 }
 
 /// The prefix of every run a key starts on the UTC day of `now_ms`.
 pub fn runs_today(id: &str, now_ms: u64) -> String {
-    format!("key-{id}-{}-", utc_date(now_ms / 86_400_000))
+    format!("{KEY_RUN_PREFIX}{id}-{}-", utc_date(now_ms / 86_400_000))
 }
 
 /// A task name as `x-tally-task` may give it: 1 to [`MAX_TASK_BYTES`] of letters,
 /// digits, `.`, `_` and `-`; `None` if it is not one.
 pub fn task_name(text: &str) -> Option<&str> {
-    let ok = !text.is_empty()
+    // `w` and digits name the key's window runs: a task of that name would be one.
+    let window =
+        text.len() > 1 && text.starts_with('w') && text[1..].bytes().all(|b| b.is_ascii_digit());
+    let ok = !window
+        && !text.is_empty()
         && text.len() <= MAX_TASK_BYTES
         && text
             .bytes()
@@ -585,9 +596,12 @@ mod tests {
         assert_eq!(run_of(&k, None, before), "key-00112233aabbccdd-20261207-w0");
         assert_eq!(utc_date(0), "19700101");
         assert_eq!(utc_date(11_016), "20000229");
-        for bad in ["", "a b", "a/b", "\u{202e}x", &"x".repeat(65)] {
+        // `w0`, `w17`: the window runs' names, never a task's (it would join that run).
+        for bad in ["", "a b", "a/b", "\u{202e}x", &"x".repeat(65), "w0", "w17"] {
             assert_eq!(task_name(bad), None, "{bad:?}");
         }
-        assert_eq!(task_name("task-1.a_b"), Some("task-1.a_b"));
+        for good in ["task-1.a_b", "w", "w1x", "W1", "ww1"] {
+            assert_eq!(task_name(good), Some(good));
+        }
     }
 }

@@ -3,6 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How the name of every run a key starts begins: reserved for them, so an agent cannot
+/// start one of those names on the agent socket and have a key's calls refused.
+pub const KEY_RUN_PREFIX: &str = "key-";
+
 /// One key as it is listed: never the key itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -271,13 +271,31 @@ async fn a_runs_token_is_fetched_again_on_the_operator_socket_only() {
 async fn keys_are_the_operators_and_a_bad_request_makes_none() {
     let upstream = FakeUpstream::start(FakeOptions::default());
     let dir = tempfile::tempdir().expect("dir");
-    let served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let policy = format!(
+        "{}\n[principals.uid.0]\nruns = 5\n",
+        policy(&upstream, 1000)
+    );
+    let served = Served::new(dir.path(), &policy);
+    for (method, path) in [("POST", "/v1/keys"), ("GET", "/v1/keys")] {
+        let body = (method == "POST").then(|| json!({"principal": 0}));
+        let (status, v) = served.agent(method, path, body).await;
+        assert_eq!(status, 403, "{method} {path}: {v}");
+        assert_eq!(v["error"]["code"], ErrorCode::NotAuthorized.as_str());
+    }
+    // The runs keys start are theirs: an agent cannot start one of those names (a key's
+    // calls would be refused `not_owner`, and its spend shown as the key's).
     let (status, v) = served
-        .agent("POST", "/v1/keys", Some(json!({"principal": 0})))
+        .agent(
+            "POST",
+            "/v1/runs",
+            Some(json!({"run": "key-0011223344556677-20261207-w0"})),
+        )
         .await;
     assert_eq!(status, 403, "{v}");
     assert_eq!(v["error"]["code"], ErrorCode::NotAuthorized.as_str());
     let bad = [
+        // A uid the policy gives no principal budget: its key would start runs unbounded.
+        (json!({"principal": 4242}), ErrorCode::InvalidValue),
         (
             json!({"principal": 0, "label": "x".repeat(201)}),
             ErrorCode::FieldTooLong,

@@ -148,9 +148,13 @@ fn a_malformed_entry_names_its_model_and_field() {
 fn rates_one_price_cannot_state_are_skipped_and_counted() {
     let long = r#"{"litellm_provider": "gemini", "mode": "chat", "input_cost_per_token": 1.25e-06, "input_cost_per_token_above_200k_tokens": 2.5e-06, "output_cost_per_token": 1e-05}"#;
     let reasoning = r#"{"litellm_provider": "gemini", "mode": "chat", "input_cost_per_token": 1e-07, "output_cost_per_token": 4e-07, "output_cost_per_reasoning_token": 3.5e-06}"#;
+    let free_output = r#"{"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": 1e-07, "output_cost_per_token": 0.0}"#;
+    let free_input = r#"{"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": 0, "output_cost_per_token": 1e-07}"#;
     for (entry, why) in [
         (long, "priced by prompt length"),
         (reasoning, "reasoning priced apart"),
+        (free_output, "a zero input or output rate"),
+        (free_input, "a zero input or output rate"),
     ] {
         match one(entry) {
             Err(ImportError::Nothing { skipped }) => assert_eq!(skipped, format!("{why} 1")),

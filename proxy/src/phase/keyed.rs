@@ -35,6 +35,17 @@ pub(super) async fn run_of_key(
         ),
         _ => Refusal::token("this is not a key of this tally"),
     })?;
+    if !proxy.gate.policy().policy.principal_bounded(info.principal) {
+        return Err(Refusal::own(
+            StatusCode::FORBIDDEN,
+            ErrorCode::Refused,
+            format!(
+                "key {}'s principal {} has no budget in the policy ([principals] with \
+                 spend or runs): the operator gives it one before the key is served",
+                info.id, info.principal
+            ),
+        ));
+    }
     let task = match headers.get(TASK_HEADER) {
         None => None,
         Some(v) => Some(v.to_str().ok().and_then(keys::task_name).ok_or_else(|| {
@@ -42,7 +53,8 @@ pub(super) async fn run_of_key(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::InvalidRequest,
                 format!(
-                    "{TASK_HEADER} must be 1 to {} letters, digits, `.`, `_` or `-`",
+                    "{TASK_HEADER} must be 1 to {} letters, digits, `.`, `_` or `-`, and \
+                     not `w` and digits (the key's window runs are named so)",
                     keys::MAX_TASK_BYTES
                 ),
             )
@@ -66,23 +78,9 @@ async fn start(proxy: &Proxy, uid: u32, run: &str, goal: String) -> Result<(), R
         operator: false,
         proxied: false,
     };
-    // Most calls continue a run: a read, not a start's transaction. A run of that name
-    // another uid started is not the key's (its owner's budget would pay).
-    let name = run.to_owned();
-    match proxy
-        .gate(move |gate, done| done(gate.run(caller, &name)))
-        .await
-    {
-        Ok(_) => return Ok(()),
-        Err(GateError::RunNotFound(_)) => {}
-        Err(GateError::Unavailable(_)) => return Err(unavailable()),
-        Err(e) => {
-            return Err(Refusal::own(
-                StatusCode::FORBIDDEN,
-                ErrorCode::NotOwner,
-                format!("the key's run `{run}` cannot be used: {e}"),
-            ))
-        }
+    // Most calls continue a run: a read, not a start's transaction.
+    if owned(proxy, caller, run).await? {
+        return Ok(());
     }
     let req = StartRequest {
         run: run.to_owned(),
@@ -98,7 +96,13 @@ async fn start(proxy: &Proxy, uid: u32, run: &str, goal: String) -> Result<(), R
         .gate(move |gate, done| gate.start(caller, req, done))
         .await;
     match started {
-        Ok(_) | Err(GateError::RunExists(_)) => Ok(()),
+        Ok(_) => Ok(()),
+        // Started between the read and the start: by this key's other call, or by
+        // someone else, whose run the key must not use. Read again, as its owner.
+        Err(GateError::RunExists(_)) => match owned(proxy, caller, run).await? {
+            true => Ok(()),
+            false => Err(not_the_keys(run, "it was started and then forgotten")),
+        },
         Err(GateError::Unavailable(_)) => Err(unavailable()),
         Err(GateError::Refused(reason)) => Err(Refusal::reason(
             reason,
@@ -116,4 +120,27 @@ async fn start(proxy: &Proxy, uid: u32, run: &str, goal: String) -> Result<(), R
             format!("the key's run `{run}` cannot start: {e}"),
         )),
     }
+}
+
+/// Whether `run` exists and is `caller`'s (`false`: not known). A run of that name
+/// another uid started is not the key's (its owner's budget would pay): refused.
+async fn owned(proxy: &Proxy, caller: Caller, run: &str) -> Result<bool, Refusal> {
+    let name = run.to_owned();
+    match proxy
+        .gate(move |gate, done| done(gate.run(caller, &name)))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(GateError::RunNotFound(_)) => Ok(false),
+        Err(GateError::Unavailable(_)) => Err(unavailable()),
+        Err(e) => Err(not_the_keys(run, &e.to_string())),
+    }
+}
+
+fn not_the_keys(run: &str, why: &str) -> Refusal {
+    Refusal::own(
+        StatusCode::FORBIDDEN,
+        ErrorCode::NotOwner,
+        format!("the key's run `{run}` cannot be used: {why}"),
+    )
 }
