@@ -26,7 +26,7 @@ pub mod wire;
 
 pub use gate::{run_path, Acted, Checked, GateClient, GateError, Retry, RunAction};
 pub use tally_wire::{
-    Approval, ApprovalRequest, CheckAnswer, CheckRequest, Denial, Dimension, ErrorCode, ListedRun,
-    Logged, OutcomeRequest, Reason, RequestState, RunState, SettleRequest, Standing, StartRequest,
-    Started, Verdict,
+    Approval, ApprovalRequest, CheckAnswer, CheckRequest, Denial, Dimension, ErrorCode, LimitKey,
+    ListedRun, Logged, OutcomeRequest, Reason, RequestState, RunState, SettleRequest, Standing,
+    StartRequest, Started, Verdict,
 };

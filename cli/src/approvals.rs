@@ -3,7 +3,7 @@
 //! preview, worker, credential) is escaped and bounded before it is shown.
 
 use anyhow::Result;
-use tally_api::{ApprovalRequest, RequestState};
+use tally_api::{ApprovalRequest, LimitKey, RequestState};
 use tally_ledger::decision::Scope;
 use tally_ledger::money::Nanos;
 use tally_verify::text::{duration, shown};
@@ -143,10 +143,10 @@ fn cost(s: &Scope) -> String {
 /// Where the run stood: attempts and spend used of limit, calls so far, time left.
 fn standing(r: &ApprovalRequest) -> String {
     let mut words = Vec::new();
-    if let Some(l) = r.limits.get("attempts") {
+    if let Some(l) = r.limits.get(&LimitKey::Attempts) {
         words.push(format!("attempts {}/{}", l.used, l.limit));
     }
-    if let Some(l) = r.limits.get("spend_nanos") {
+    if let Some(l) = r.limits.get(&LimitKey::SpendNanos) {
         words.push(format!("spend {}/{}", Nanos(l.used), Nanos(l.limit)));
     }
     words.push(format!("{} calls", r.calls));

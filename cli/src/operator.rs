@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use crate::cli::{ApproveArgs, RunArgs, RunsArgs, SettleArgs};
 use crate::output::outln;
 use crate::Exit;
-use tally_api::{Approval, Dimension, GateClient, GateError, Logged, RunAction, Standing};
+use tally_api::{Approval, GateClient, GateError, LimitKey, Logged, RunAction, Standing};
 use tally_ledger::decision::Scope;
 
 /// What `tally approve` grants.
@@ -225,11 +225,11 @@ fn granted_text(
     expires_ms: u64,
 ) -> String {
     use tally_verify::text::{duration, shown};
-    let limit = |d: &str| standing.limits.get(d).map(|l| l.limit);
+    let limit = |d: LimitKey| standing.limits.get(&d).map(|l| l.limit);
     let mut gives = Vec::new();
     if let Some(a) = scope.attempts.filter(|&a| a > 0) {
         let plural = if a == 1 { "attempt" } else { "attempts" };
-        gives.push(match limit(Dimension::Attempts.as_str()) {
+        gives.push(match limit(LimitKey::Attempts) {
             Some(l) => format!(
                 "{a} more {plural} (its limit {l} -> {})",
                 l.saturating_add(a)
@@ -239,7 +239,7 @@ fn granted_text(
     }
     if let Some(c) = scope.spend().filter(|c| c.0 > 0) {
         use tally_ledger::money::Nanos;
-        gives.push(match limit(Dimension::SpendNanos.as_str()) {
+        gives.push(match limit(LimitKey::SpendNanos) {
             Some(l) => format!(
                 "{c} more (its spend limit {} -> {})",
                 Nanos(l),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use tally_api::client::Method;
-use tally_api::Dimension;
+use tally_api::LimitKey;
 use tally_verify::text::shown;
 use tally_wire::{LiveRun, LiveSnapshot};
 
@@ -43,10 +43,10 @@ pub(crate) async fn all_runs(socket: &Path) -> Result<Vec<LiveRun>> {
 }
 
 /// `used/limit` of a dimension in a run's closeness; spend in dollars.
-fn used(r: &LiveRun, dim: Dimension) -> String {
+fn used(r: &LiveRun, dim: LimitKey) -> String {
     let each = &r.closeness.each;
-    match each.iter().find(|h| h.dimension == dim.as_str()) {
-        Some(h) if dim == Dimension::SpendNanos => format!("{}/{}", usd(h.used), usd(h.limit)),
+    match each.iter().find(|h| h.dimension == dim) {
+        Some(h) if dim == LimitKey::SpendNanos => format!("{}/{}", usd(h.used), usd(h.limit)),
         Some(h) => format!("{}/{}", h.used, h.limit),
         None => "-".into(),
     }
@@ -60,11 +60,7 @@ fn usd(nanos: u64) -> String {
 /// A run's nearest limit as people read it: `attempts 90%`, `spend 40%`.
 fn nearest(r: &LiveRun) -> String {
     match &r.closeness.nearest {
-        Some(d) => format!(
-            "{} {}%",
-            tally_record::dimension_label(d),
-            r.closeness.permille / 10
-        ),
+        Some(d) => format!("{} {}%", d.label(), r.closeness.permille / 10),
         None => "no limit".into(),
     }
 }
@@ -91,8 +87,8 @@ fn cells(r: &LiveRun) -> [String; 9] {
         shown(&r.run).into_owned(),
         state,
         nearest(r),
-        used(r, Dimension::Attempts),
-        used(r, Dimension::SpendNanos),
+        used(r, LimitKey::Attempts),
+        used(r, LimitKey::SpendNanos),
         usd(r.held_nanos),
         reason,
         action,

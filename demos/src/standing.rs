@@ -15,7 +15,7 @@ pub(crate) async fn standing(operator_socket: &Path, run: &str) -> Result<String
         (tally_api::RunState::Stopped, Some(reason)) => format!("stopped ({reason})"),
         (state, _) => state.as_str().replace('_', " "),
     };
-    let attempts = match v.limits.get(tally_api::Dimension::Attempts.as_str()) {
+    let attempts = match v.limits.get(&tally_api::LimitKey::Attempts) {
         Some(l) => format!("{} of {}", l.used, plural(l.limit, "attempt", "attempts")),
         None => plural(0, "attempt", "attempts"),
     };

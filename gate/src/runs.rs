@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use tally_ledger::decision::Limit;
 use tally_ledger::{Decision, Kind, Reason};
 use tally_policy::{apply, judge, RunState};
+use tally_wire::LimitKey;
 
 use crate::backend::{Scopes, StateBackend, StateTxn};
 use crate::commit::Commit;
@@ -15,7 +16,7 @@ use crate::{
 };
 
 /// What a stop or an approval answers, before its receipt.
-fn logged(limits: BTreeMap<String, Limit>) -> Logged {
+fn logged(limits: BTreeMap<LimitKey, Limit>) -> Logged {
     Logged {
         seq: 0,
         hash: String::new(),

@@ -326,7 +326,7 @@ fn a_proxied_check_the_gate_refuses_is_recorded_as_the_proxys() {
 
 /// `(used, limit)` of `dimension` in a snapshot.
 fn dim(
-    limits: &std::collections::BTreeMap<String, tally_ledger::decision::Limit>,
+    limits: &std::collections::BTreeMap<tally_wire::LimitKey, tally_ledger::decision::Limit>,
     dimension: &str,
 ) -> Option<(u64, u64)> {
     limits.get(dimension).map(|l| (l.used, l.limit))
@@ -383,7 +383,9 @@ fn a_principals_usage_is_in_every_snapshot_and_standing() {
     f.start(Caller::default(), "in-process").expect("no uid");
     let p = f.gate.run(operator, "in-process").expect("standing");
     assert!(
-        p.limits.keys().all(|k| !k.starts_with("principal_")),
+        p.limits
+            .keys()
+            .all(|k| !k.as_str().starts_with("principal_")),
         "{p:?}"
     );
     // A new period counts from nothing, in the standing too.
@@ -417,7 +419,7 @@ fn an_overrun_settles_whole_is_recorded_and_stops_later_spending() {
     assert_eq!((s.held_nanos, s.settled_nanos), (0, 9 * NANOS_PER_CENT));
     let principal = s
         .limits
-        .get(tally_policy::PRINCIPAL_SPEND)
+        .get(&tally_wire::LimitKey::PrincipalSpendNanos)
         .expect("principal");
     assert_eq!(
         principal.used,

@@ -4,8 +4,8 @@
 
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject};
 use serde_json::{json, Value};
-use tally_wire::CheckAnswer;
 use tally_wire::Verdict;
+use tally_wire::{CheckAnswer, LimitKey};
 
 use crate::classify::{Id, Why};
 
@@ -89,7 +89,7 @@ pub fn refusal_text(tool: &str, a: &CheckAnswer) -> String {
             escaped(note)
         ));
     }
-    if let Some(l) = a.limits.get("attempts") {
+    if let Some(l) = a.limits.get(&LimitKey::Attempts) {
         text.push_str(&format!(
             " The run has used {} of its {} attempts.",
             l.used, l.limit

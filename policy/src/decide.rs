@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use tally_record::decision::Limit;
-use tally_record::{Decision, Kind, Reason};
+use tally_record::{Decision, Kind, LimitKey, Reason};
 
 use crate::call::{grant_fits, grant_live, use_grant};
 pub use crate::call::{Call, View};
@@ -263,7 +263,7 @@ fn limits(
     call: &Call,
     now: Now,
     run_ms: u64,
-) -> BTreeMap<String, Limit> {
+) -> BTreeMap<LimitKey, Limit> {
     let run = state.run;
     let mut out = crate::state::standing(
         run,
@@ -280,7 +280,7 @@ fn limits(
         ));
     }
     if let (Some(depth), Some(limit)) = (call.depth, run.budget.depth) {
-        out.insert("depth".to_owned(), Limit { used: depth, limit });
+        out.insert(LimitKey::Depth, Limit { used: depth, limit });
     }
     let poll = run.poll_of(
         call.effect,
@@ -289,7 +289,7 @@ fn limits(
     );
     if let (Some(r), Some(limit)) = (poll, run.budget.polls) {
         let used = run.refs[&r].polls;
-        out.insert("polls".to_owned(), Limit { used, limit });
+        out.insert(LimitKey::Polls, Limit { used, limit });
     }
     out
 }

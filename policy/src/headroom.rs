@@ -9,6 +9,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
 use tally_record::decision::Limit;
+use tally_record::LimitKey;
 
 use crate::{Now, Policy, RunState};
 
@@ -26,7 +27,7 @@ pub fn permille(used: u64, limit: u64) -> u32 {
 /// How close a `{dimension: {used, limit}}` snapshot is to its limits.
 /// A snapshot of a record written before nanodollars (`spend_cents`) is read in
 /// nanodollars (`spend_nanos`).
-pub fn closeness(limits: &BTreeMap<String, Limit>) -> Closeness {
+pub fn closeness(limits: &BTreeMap<LimitKey, Limit>) -> Closeness {
     let limits = tally_record::decision::limits_in_nanos(limits);
     let mut each: Vec<Headroom> = limits
         .iter()
@@ -54,11 +55,11 @@ pub fn closeness(limits: &BTreeMap<String, Limit>) -> Closeness {
 /// remote operation against the per-operation allowance. Depth belongs to a call, not to
 /// the run's state: a caller that saw the run's decisions adds their `depth` snapshot.
 /// The run owner's principal usage is [`crate::principal_limits`].
-pub fn limits_now(run: &RunState, now: Now) -> BTreeMap<String, Limit> {
+pub fn limits_now(run: &RunState, now: Now) -> BTreeMap<LimitKey, Limit> {
     let mut out = crate::apply::standing(run, now);
     if let Some(limit) = run.budget.polls {
         if let Some(used) = run.refs.values().map(|r| r.polls).max() {
-            out.insert("polls".to_owned(), Limit { used, limit });
+            out.insert(LimitKey::Polls, Limit { used, limit });
         }
     }
     out
@@ -96,12 +97,12 @@ impl Policy {
 mod tests {
     use super::*;
 
-    fn limits(pairs: &[(&str, u64, u64)]) -> BTreeMap<String, Limit> {
+    fn limits(pairs: &[(&str, u64, u64)]) -> BTreeMap<LimitKey, Limit> {
         pairs
             .iter()
             .map(|(d, used, limit)| {
                 (
-                    d.to_string(),
+                    LimitKey::from_name(d),
                     Limit {
                         used: *used,
                         limit: *limit,
@@ -118,7 +119,7 @@ mod tests {
             ("spend_nanos", 100, 1000),
             ("deadline_ms", 10, 3_600_000),
         ]));
-        assert_eq!(c.nearest.as_deref(), Some("attempts"));
+        assert_eq!(c.nearest, Some(LimitKey::Attempts));
         assert_eq!(c.permille, 900);
         assert_eq!(
             c.each
@@ -177,7 +178,7 @@ mod tests {
                 limit: 30
             }
         );
-        assert_eq!(closeness(&l).nearest.as_deref(), Some("polls"));
+        assert_eq!(closeness(&l).nearest, Some(LimitKey::Polls));
     }
 
     #[test]

@@ -274,12 +274,14 @@ fn beyond_limits(
 /// reserves can be held; a count that would overflow is a finding (and `None`).
 fn counted_uses(run: &RunState, uses: &Uses, found: &mut Vec<Inconsistency>) -> Option<(u64, u64)> {
     let Some(attempts_used) = run.attempts_used.checked_add(u64::from(uses.counted)) else {
-        found.push(Inconsistency::Overflow { field: "attempts" });
+        found.push(Inconsistency::Overflow {
+            field: Dimension::Attempts.as_str(),
+        });
         return None;
     };
     let Some(side_effects_used) = run.side_effects_used.checked_add(u64::from(uses.write)) else {
         found.push(Inconsistency::Overflow {
-            field: "side_effects",
+            field: Dimension::SideEffects.as_str(),
         });
         return None;
     };

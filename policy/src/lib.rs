@@ -86,7 +86,6 @@ pub use start::{
 };
 pub use state::{
     principal_limits, Breaker, CredentialState, Denied, Now, PrincipalState, RunState, ToolState,
-    PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
 };
 pub use status::{
     is_failure, is_final, is_rejection, is_running, is_success, may_have_happened, recorded_status,

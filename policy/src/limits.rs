@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use tally_record::decision::{Budget, Limit};
 use tally_record::money::Nanos;
-use tally_record::Reason;
+use tally_record::{LimitKey, Reason};
 
-use crate::state::{RunState, PRINCIPAL_SPEND};
+use crate::state::RunState;
 
 /// Whether a run at `run_ms` on its own clock is past the deadline of `budget`: its next
 /// check is refused `run_deadline_exhausted`, and the gate stops it.
@@ -51,12 +51,12 @@ pub fn over_limit(used: u64, limit: Option<u64>) -> bool {
 /// What a run may still spend, from its limits snapshot (a decision's `limits`, or
 /// the run's standing): the least of what is left of its own spend limit (grants and
 /// carve-outs counted) and of its principal's. [`Nanos::MAX`] where neither is limited.
-pub fn spend_left(limits: &BTreeMap<String, Limit>) -> Nanos {
-    let left_of = |dimension: &str| match limits.get(dimension) {
+pub fn spend_left(limits: &BTreeMap<LimitKey, Limit>) -> Nanos {
+    let left_of = |dimension: LimitKey| match limits.get(&dimension) {
         None => Nanos::MAX,
         Some(l) => Nanos(left(l)),
     };
-    left_of("spend_nanos").min(left_of(PRINCIPAL_SPEND))
+    left_of(LimitKey::SpendNanos).min(left_of(LimitKey::PrincipalSpendNanos))
 }
 
 #[cfg(test)]
@@ -99,13 +99,13 @@ mod tests {
         let limit = |used, limit| Limit { used, limit };
         let mut s = BTreeMap::new();
         assert_eq!(spend_left(&s), Nanos::MAX, "no limit");
-        s.insert("spend_nanos".to_owned(), limit(40, 100));
+        s.insert(LimitKey::SpendNanos, limit(40, 100));
         assert_eq!(spend_left(&s), Nanos(60));
-        s.insert(PRINCIPAL_SPEND.to_owned(), limit(990, 1000));
+        s.insert(LimitKey::PrincipalSpendNanos, limit(990, 1000));
         assert_eq!(spend_left(&s), Nanos(10), "the owner has less left");
-        s.remove("spend_nanos");
+        s.remove(&LimitKey::SpendNanos);
         assert_eq!(spend_left(&s), Nanos(10));
-        s.insert(PRINCIPAL_SPEND.to_owned(), limit(2000, 1000));
+        s.insert(LimitKey::PrincipalSpendNanos, limit(2000, 1000));
         assert_eq!(spend_left(&s), Nanos(0), "never below nothing");
     }
 }

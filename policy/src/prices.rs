@@ -10,6 +10,7 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tally_record::decision::Budget;
 use tally_record::money::{parse_usd, Nanos};
+use tally_record::LimitKey;
 
 /// An exact amount of US dollars as the policy writes it: a quoted decimal (`"0.15"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -116,8 +117,13 @@ pub(crate) mod budget {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Budget, D::Error> {
         let t = BudgetToml::deserialize(d)?;
-        let spend_nanos = one_amount(t.spend_cents, t.spend_usd, "spend_cents", "spend_usd")
-            .map_err(de::Error::custom)?;
+        let spend_nanos = one_amount(
+            t.spend_cents,
+            t.spend_usd,
+            LimitKey::SpendCents.as_str(),
+            "spend_usd",
+        )
+        .map_err(de::Error::custom)?;
         Ok(Budget {
             attempts: t.attempts,
             deadline_ms: t.deadline_ms,

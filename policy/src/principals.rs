@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use tally_record::LimitKey;
 
 /// Principal budgets, by uid: `[principals.default]` for every uid without its own,
 /// `[principals.uid.1000]` for uid 1000 (it replaces the default for that uid, whole).
@@ -74,7 +75,7 @@ impl TryFrom<PrincipalToml> for PrincipalLimits {
             spend_nanos: crate::prices::one_amount(
                 t.spend_cents,
                 t.spend_usd,
-                "spend_cents",
+                LimitKey::SpendCents.as_str(),
                 "spend_usd",
             )?,
             period_ms: t.period_ms,

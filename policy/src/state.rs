@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use tally_record::decision::{Budget, Scope};
 use tally_record::money::Nanos;
-use tally_record::{Dimension, Effect, Reason, Status};
+use tally_record::{Effect, LimitKey, Reason, Status};
 
 mod frame;
 mod shared;
@@ -20,7 +20,6 @@ pub use frame::{decode as decode_frame, encode as encode_frame, Stored, STATE_FO
 
 pub use shared::{
     principal_limits, Breaker, Bucket, CredentialState, PrincipalState, Probe, ToolState,
-    PRINCIPAL_ATTEMPTS, PRINCIPAL_RUNS, PRINCIPAL_SPEND,
 };
 
 /// Attempt numbers as sorted, disjoint, non-adjacent inclusive ranges: attempts are
@@ -590,33 +589,22 @@ pub struct Now {
 pub fn standing(
     run: &RunState,
     now: Now,
-) -> std::collections::BTreeMap<String, tally_record::decision::Limit> {
+) -> std::collections::BTreeMap<LimitKey, tally_record::decision::Limit> {
     let mut out = std::collections::BTreeMap::new();
-    let mut put = |name: &str, used: u64, limit: Option<u64>| {
+    let mut put = |name: LimitKey, used: u64, limit: Option<u64>| {
         if let Some(limit) = limit {
-            out.insert(
-                name.to_owned(),
-                tally_record::decision::Limit { used, limit },
-            );
+            out.insert(name, tally_record::decision::Limit { used, limit });
         }
     };
+    put(LimitKey::Attempts, run.attempts_used, run.attempts_limit());
+    put(LimitKey::SpendNanos, run.spent_nanos(), run.spend_limit());
     put(
-        Dimension::Attempts.as_str(),
-        run.attempts_used,
-        run.attempts_limit(),
-    );
-    put(
-        Dimension::SpendNanos.as_str(),
-        run.spent_nanos(),
-        run.spend_limit(),
-    );
-    put(
-        Dimension::SideEffects.as_str(),
+        LimitKey::SideEffects,
         run.side_effects_used,
         run.side_effects_limit(),
     );
     put(
-        Dimension::DeadlineMs.as_str(),
+        LimitKey::DeadlineMs,
         run.run_ms(now),
         run.budget.deadline_ms,
     );

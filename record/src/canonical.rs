@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use crate::decision::{
     Budget, Channel, Decision, Effect, Kind, Limit, Reason, Scope, Status, Usage, UsageRefused,
 };
+use crate::LimitKey;
 
 /// Read a canonical stored decision, or `None` if the bytes are not exactly in canonical
 /// form. Does not validate the decision against docs/FORMAT.md.
@@ -372,17 +373,17 @@ impl<'a> Reader<'a> {
     }
 
     /// `{"name":{"used":n,"limit":n},...}` with names in strictly increasing byte order.
-    fn limits(&mut self) -> Option<BTreeMap<String, Limit>> {
+    fn limits(&mut self) -> Option<BTreeMap<LimitKey, Limit>> {
         if !self.eat(b"{") {
             return None;
         }
         let mut limits = BTreeMap::new();
-        let mut last: Option<String> = None;
+        let mut last: Option<LimitKey> = None;
         if self.eat(b"}") {
             return Some(limits);
         }
         loop {
-            let name = self.string()?;
+            let name = LimitKey::from_name(&self.string()?);
             if last.as_ref().is_some_and(|l| *l >= name) {
                 return None;
             }

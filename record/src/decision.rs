@@ -18,7 +18,7 @@ use crate::error::DecisionError;
 use crate::money::Nanos;
 pub use crate::strict::is_blank_line;
 use crate::strict::{limits, present};
-use crate::Dimension;
+use crate::LimitKey;
 
 pub use crate::codes::{Action, Channel, Effect, Kind, Reason, Status, UsageRefused};
 pub use request::Request;
@@ -267,7 +267,7 @@ pub struct Decision {
     /// Snapshot of `{dimension: {used, limit}}` at decision time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "limits")]
-    pub limits: Option<BTreeMap<String, Limit>>,
+    pub limits: Option<BTreeMap<LimitKey, Limit>>,
     /// Digest (lowercase hex BLAKE3) of the policy text the gate decided under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
@@ -386,21 +386,6 @@ pub struct Decision {
     pub prev_seq: Option<u64>,
 }
 
-/// The dimensions a `limits` snapshot may name.
-pub const LIMIT_DIMENSIONS: &[&str] = &[
-    "attempts",
-    "deadline_ms",
-    "spend_cents",
-    "spend_nanos",
-    "side_effects",
-    "polls",
-    "depth",
-    "rate",
-    "principal_runs",
-    "principal_attempts",
-    "principal_spend_nanos",
-];
-
 impl Decision {
     /// Parse one decision from JSON text, strictly: unknown fields, wrong types, trailing
     /// data, duplicate keys (in the decision, `budget`, `scope`, `limits`, and at every
@@ -512,12 +497,12 @@ pub(crate) fn amount(cents: Option<u64>, nanos: Option<u64>) -> Option<Nanos> {
 /// the dimension `spend_cents` (used and limit in cents); this gives it as `spend_nanos`,
 /// exactly (a cents amount too large, which validation refuses, reads as the most a
 /// `u64` holds). Every other dimension is as given.
-pub fn limits_in_nanos(limits: &BTreeMap<String, Limit>) -> BTreeMap<String, Limit> {
+pub fn limits_in_nanos(limits: &BTreeMap<LimitKey, Limit>) -> BTreeMap<LimitKey, Limit> {
     let mut out = limits.clone();
-    if let Some(l) = out.remove("spend_cents") {
+    if let Some(l) = out.remove(&LimitKey::SpendCents) {
         let n = |c: u64| Nanos::from_cents(c).unwrap_or(Nanos::MAX).0;
         out.insert(
-            Dimension::SpendNanos.as_str().to_owned(),
+            LimitKey::SpendNanos,
             Limit {
                 used: n(l.used),
                 limit: n(l.limit),

@@ -3,12 +3,14 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::LimitKey;
+
 /// One dimension's headroom.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Headroom {
     /// The dimension (`attempts`, `spend_nanos`, `side_effects`, `deadline_ms`, `polls`,
     /// `depth`, `rate`).
-    pub dimension: String,
+    pub dimension: LimitKey,
     /// Used.
     pub used: u64,
     /// The limit.
@@ -21,7 +23,7 @@ pub struct Headroom {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Closeness {
     /// The nearest limit's dimension (`None`: the run has no limit).
-    pub nearest: Option<String>,
+    pub nearest: Option<LimitKey>,
     /// The nearest limit's per mille used, 0..=1000.
     pub permille: u32,
     /// Every dimension, nearest first (ties by dimension name).

@@ -28,7 +28,7 @@ pub mod words;
 pub use args::Args;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Action, Decision, Effect, Kind, Reason, Status, Usage, UsageRefused};
-pub use dimension::{label as dimension_label, Dimension};
+pub use dimension::{Dimension, LimitKey};
 pub use error::{ArgsError, DecisionError};
 pub use headroom::{Closeness, Headroom};
 pub use money::{parse_usd, MoneyError, Nanos};

@@ -19,6 +19,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::Deserialize;
 
 use crate::error::DecisionError;
+use crate::LimitKey;
 
 /// An optional field that is present must hold a value of its type: `null` is refused.
 pub(crate) fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
@@ -30,20 +31,20 @@ where
 }
 
 /// `limits`: an object of dimensions (each a `Limit`), each named once.
-pub(crate) fn limits<'de, D, Limit>(d: D) -> Result<Option<BTreeMap<String, Limit>>, D::Error>
+pub(crate) fn limits<'de, D, Limit>(d: D) -> Result<Option<BTreeMap<LimitKey, Limit>>, D::Error>
 where
     D: Deserializer<'de>,
     Limit: Deserialize<'de>,
 {
     struct V<Limit>(std::marker::PhantomData<Limit>);
     impl<'de, Limit: Deserialize<'de>> Visitor<'de> for V<Limit> {
-        type Value = BTreeMap<String, Limit>;
+        type Value = BTreeMap<LimitKey, Limit>;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("an object of {used, limit} per dimension")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut out = BTreeMap::new();
-            while let Some(key) = map.next_key::<String>()? {
+            while let Some(key) = map.next_key::<LimitKey>()? {
                 let value: Limit = map.next_value()?;
                 if out.contains_key(&key) {
                     return Err(de::Error::custom(format_args!(

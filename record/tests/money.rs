@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use tally_record::decision::{limits_in_nanos, one_amount, Limit};
 use tally_record::money::Nanos;
-use tally_record::{Decision, DecisionError};
+use tally_record::{Decision, DecisionError, LimitKey};
 
 fn stored(text: &str) -> Decision {
     let d = Decision::from_stored(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -165,9 +165,9 @@ fn amounts_are_integers_only() {
 #[test]
 fn old_limits_snapshots_read_in_nanodollars() {
     let mut old = BTreeMap::new();
-    old.insert("attempts".to_owned(), Limit { used: 1, limit: 5 });
+    old.insert(LimitKey::Attempts, Limit { used: 1, limit: 5 });
     old.insert(
-        "spend_cents".to_owned(),
+        LimitKey::SpendCents,
         Limit {
             used: 30,
             limit: 100,

@@ -5,6 +5,7 @@ mod backup;
 mod bill_rule;
 mod crafted;
 mod cycles;
+mod dimension_names;
 mod edge;
 mod flips;
 mod judged;

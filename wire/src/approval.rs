@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tally_record::decision::{Limit, Scope};
-use tally_record::{Effect, Reason};
+use tally_record::{Effect, LimitKey, Reason};
 
 /// Where a request stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -88,7 +88,7 @@ pub struct ApprovalRequest {
     /// The scope an approval needs to let exactly this call through.
     pub cost: Scope,
     /// Every dimension of the run, used and limit, when it was refused.
-    pub limits: BTreeMap<String, Limit>,
+    pub limits: BTreeMap<LimitKey, Limit>,
     /// Calls the run was allowed before this one.
     pub calls: u64,
     /// Run time left before the run's deadline when it was refused, ms.

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tally_record::decision::{Args, Budget, Channel, Limit, Scope};
-use tally_record::{Action, Closeness, Effect, Reason, Status, Usage, UsageRefused, Verdict};
+use tally_record::{
+    Action, Closeness, Effect, LimitKey, Reason, Status, Usage, UsageRefused, Verdict,
+};
 
 use crate::{ErrorCode, ErrorDetail};
 
@@ -244,7 +246,7 @@ pub struct CheckAnswer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserve_nanos: Option<u64>,
     /// Every dimension, used and limit (spend as `spend_nanos`).
-    pub limits: BTreeMap<String, Limit>,
+    pub limits: BTreeMap<LimitKey, Limit>,
     /// The decision's seq in the ledger (`None`: nothing was recorded, the run is over).
     pub seq: Option<u64>,
     /// Its chain hash.
@@ -270,7 +272,7 @@ pub struct CheckUnavailable {
     /// None: nothing was recorded.
     pub hash: Option<String>,
     /// Empty: the run's state was not read.
-    pub limits: BTreeMap<String, Limit>,
+    pub limits: BTreeMap<LimitKey, Limit>,
     /// `gate_unavailable`.
     pub reason: Reason,
     /// Back off this long before asking again.
@@ -334,7 +336,7 @@ pub struct Logged {
     /// Its hash.
     pub hash: String,
     /// The run's limits after it.
-    pub limits: BTreeMap<String, Limit>,
+    pub limits: BTreeMap<LimitKey, Limit>,
     /// An outcome's overrun: how far it settled above its attempt's reservation,
     /// nanodollars (the record's `overrun_nanos`); absent when there was none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -379,7 +381,7 @@ pub struct Standing {
     /// The budget granted.
     pub budget: Budget,
     /// Every dimension, used and limit.
-    pub limits: BTreeMap<String, Limit>,
+    pub limits: BTreeMap<LimitKey, Limit>,
     /// Nanodollars held by calls not yet settled.
     pub held_nanos: u64,
     /// Nanodollars settled.

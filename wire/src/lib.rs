@@ -34,5 +34,5 @@ pub use live::{
 pub use notify::{Notification, NotifyKind};
 pub use proxy::RefusalCode;
 pub use tally_record::{
-    Action, Closeness, Dimension, Hash, Headroom, Reason, Receipt, Status, Verdict,
+    Action, Closeness, Dimension, Hash, Headroom, LimitKey, Reason, Receipt, Status, Verdict,
 };

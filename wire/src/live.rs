@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tally_record::decision::Limit;
-use tally_record::{Closeness, Reason};
+use tally_record::{Closeness, LimitKey, Reason};
 
 use crate::{LastRefusal, RunState};
 
@@ -46,7 +46,7 @@ pub struct LiveRun {
     /// How close it is to each limit, nearest first.
     pub closeness: Closeness,
     /// Per dimension the view tracks, the used values in time order.
-    pub spark: BTreeMap<String, Spark>,
+    pub spark: BTreeMap<LimitKey, Spark>,
     /// The last refusal it was given since the daemon started.
     pub last_refusal: Option<LastRefusal>,
     /// The depth limit as its last check saw it (depth belongs to a call).

@@ -5,7 +5,7 @@
 //! cut to [`MAX_FIELD`] characters.
 
 use tally_ledger::words::is_bidi;
-use tally_wire::{ApprovalRequest, NotifyKind, RequestState};
+use tally_wire::{ApprovalRequest, LimitKey, NotifyKind, RequestState};
 
 /// The most characters of one agent-chosen string shown.
 pub const MAX_FIELD: usize = 80;
@@ -98,11 +98,11 @@ fn standing(r: &ApprovalRequest) -> String {
     let mut parts: Vec<String> = r
         .limits
         .iter()
-        .filter_map(|(dim, l)| match dim.as_str() {
+        .filter_map(|(dim, l)| match dim {
             // Shown as the time left below.
-            "deadline_ms" => None,
-            "spend_nanos" => Some(format!("spend {}/{}", dollars(l.used), dollars(l.limit))),
-            _ => Some(format!("{} {}/{}", inert(dim), l.used, l.limit)),
+            LimitKey::DeadlineMs => None,
+            LimitKey::SpendNanos => Some(format!("spend {}/{}", dollars(l.used), dollars(l.limit))),
+            _ => Some(format!("{} {}/{}", inert(dim.as_str()), l.used, l.limit)),
         })
         .collect();
     let plural = if r.calls == 1 { "" } else { "s" };

@@ -12,7 +12,7 @@ use super::journal::{Journal, Line};
 
 use tally_ledger::decision::Limit;
 use tally_ledger::money::Nanos;
-use tally_wire::{Dimension, Spark};
+use tally_wire::{LimitKey, Spark};
 
 /// Runs whose trajectory is kept.
 pub(crate) const MAX_RUNS: usize = 20_000;
@@ -24,11 +24,11 @@ pub(crate) const MINUTES: u64 = 15;
 pub(crate) const MAX_PENDING: usize = 1_000;
 
 /// The dimensions a trajectory follows.
-pub(crate) const TRACKED: [&str; 4] = [
-    Dimension::Attempts.as_str(),
-    Dimension::SpendNanos.as_str(),
-    Dimension::Polls.as_str(),
-    Dimension::Depth.as_str(),
+pub(crate) const TRACKED: [LimitKey; 4] = [
+    LimitKey::Attempts,
+    LimitKey::SpendNanos,
+    LimitKey::Polls,
+    LimitKey::Depth,
 ];
 
 /// The last refusal a run was given.
@@ -51,7 +51,7 @@ struct RunLive {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RunView {
     /// Per dimension, the used values in time order (and the limit last seen).
-    pub spark: BTreeMap<String, Spark>,
+    pub spark: BTreeMap<LimitKey, Spark>,
     pub last_refusal: Option<Refusal>,
     pub depth: Option<Limit>,
 }
@@ -60,14 +60,14 @@ impl RunView {
     /// Ends each trajectory at `limits`, where the run stands now (what the page's bar is
     /// drawn from), so that a row's numbers are its bar's: a dimension the run has that
     /// no check has shown yet gets a trajectory of that one point.
-    pub fn now(&mut self, limits: &BTreeMap<String, Limit>) {
+    pub fn now(&mut self, limits: &BTreeMap<LimitKey, Limit>) {
         for dim in TRACKED {
-            if dim == "depth" {
+            if dim == LimitKey::Depth {
                 // Depth belongs to a call, not to the run: its last check's.
                 continue;
             }
-            let Some(l) = limits.get(dim) else { continue };
-            let spark = self.spark.entry(dim.to_owned()).or_default();
+            let Some(l) = limits.get(&dim) else { continue };
+            let spark = self.spark.entry(dim.clone()).or_default();
             if spark.used.last() != Some(&l.used) || spark.limit != l.limit {
                 if spark.used.len() == POINTS {
                     spark.used.remove(0);
@@ -75,14 +75,14 @@ impl RunView {
                 spark.used.push(l.used);
                 spark.limit = l.limit;
             }
-            spark.shown = shown(dim, l.used, l.limit);
+            spark.shown = shown(&dim, l.used, l.limit);
         }
     }
 }
 
 /// A point as people read it: `used/limit`, spend in dollars (`$0.15/$10.00`).
-fn shown(dim: &str, used: u64, limit: u64) -> String {
-    if dim == Dimension::SpendNanos.as_str() {
+fn shown(dim: &LimitKey, used: u64, limit: u64) -> String {
+    if *dim == LimitKey::SpendNanos {
         format!("{}/{}", Nanos(used), Nanos(limit))
     } else {
         format!("{used}/{limit}")
@@ -123,7 +123,7 @@ impl Inner {
                 p.pop_front();
             }
             p.push_back((at_ms, used, limit));
-            if TRACKED[i as usize] == "depth" {
+            if TRACKED[i as usize] == LimitKey::Depth {
                 r.depth = Some(Limit { used, limit });
             }
         }
@@ -131,11 +131,11 @@ impl Inner {
     }
 
     /// The tracked dimensions of `limits` as `run`'s point at `at_ms`, journaled.
-    fn point(&mut self, run: &str, limits: &BTreeMap<String, Limit>, at_ms: u64) -> &mut RunLive {
+    fn point(&mut self, run: &str, limits: &BTreeMap<LimitKey, Limit>, at_ms: u64) -> &mut RunLive {
         let points: Vec<(u8, u64, u64)> = TRACKED
             .iter()
             .enumerate()
-            .filter_map(|(i, dim)| limits.get(*dim).map(|l| (i as u8, l.used, l.limit)))
+            .filter_map(|(i, dim)| limits.get(dim).map(|l| (i as u8, l.used, l.limit)))
             .collect();
         if !points.is_empty() {
             if let Some(journal) = self.journal.as_mut() {
@@ -314,13 +314,13 @@ impl Live {
         refusal: Option<(&'static str, Option<&'static str>)>,
         approval: bool,
         args_digest: Option<String>,
-        limits: &BTreeMap<String, Limit>,
+        limits: &BTreeMap<LimitKey, Limit>,
         seq: Option<u64>,
         now_ms: u64,
     ) {
         let mut inner = self.lock();
         let r = inner.point(run, limits, now_ms);
-        if let Some(d) = limits.get("depth") {
+        if let Some(d) = limits.get(&LimitKey::Depth) {
             r.depth = Some(*d);
         }
         if let Some((reason, action)) = refusal {
@@ -365,7 +365,7 @@ impl Live {
 
     /// An outcome was recorded for `run`: `limits` are the run's after it (its spend
     /// settled), so the trajectory shows the settlement without waiting for a next check.
-    pub fn settled(&self, run: &str, limits: &BTreeMap<String, Limit>, now_ms: u64) {
+    pub fn settled(&self, run: &str, limits: &BTreeMap<LimitKey, Limit>, now_ms: u64) {
         let mut inner = self.lock();
         inner.point(run, limits, now_ms);
         if inner.journal.as_ref().is_some_and(Journal::due) {
@@ -394,7 +394,7 @@ impl Live {
                             let (used, limit) = p.back().map_or((0, 0), |x| (x.1, x.2));
                             let shown = shown(d, used, limit);
                             (
-                                (*d).to_owned(),
+                                d.clone(),
                                 Spark {
                                     used: p.iter().map(|x| x.1).collect(),
                                     limit,
@@ -491,7 +491,7 @@ mod tests {
             false,
             None,
             &[(
-                "attempts".to_owned(),
+                LimitKey::Attempts,
                 Limit {
                     used: 77,
                     limit: 100,

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tally_wire::{
-    BreakerState, ListedRun, LiveBreaker, LiveRefusals, LiveRun, LiveSnapshot, RunState,
+    BreakerState, LimitKey, ListedRun, LiveBreaker, LiveRefusals, LiveRun, LiveSnapshot, RunState,
 };
 
 use tally_gate::Standing;
@@ -240,9 +240,9 @@ pub(crate) fn ordered(
         .zip(views)
         .map(|(s, mut v)| {
             v.now(&s.limits);
-            let mut limits: BTreeMap<String, tally_ledger::decision::Limit> = s.limits.clone();
+            let mut limits: BTreeMap<LimitKey, tally_ledger::decision::Limit> = s.limits.clone();
             if let Some(d) = &v.depth {
-                limits.insert("depth".into(), *d);
+                limits.insert(LimitKey::Depth, *d);
             }
             let c = closeness(&limits);
             (s, v, c)

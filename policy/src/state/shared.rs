@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tally_record::decision::Limit;
+use tally_record::LimitKey;
 
 use crate::config::PrincipalLimits;
 
@@ -182,14 +183,6 @@ impl PrincipalState {
     }
 }
 
-/// The snapshot dimension of the runs a principal started in its period.
-pub const PRINCIPAL_RUNS: &str = "principal_runs";
-/// The snapshot dimension of the attempts a principal used in its period.
-pub const PRINCIPAL_ATTEMPTS: &str = "principal_attempts";
-/// The snapshot dimension of what a principal reserved or settled in its period,
-/// nanodollars.
-pub const PRINCIPAL_SPEND: &str = "principal_spend_nanos";
-
 /// A principal's usage against its budget at wall time `wall_ms`, as a
 /// `{dimension: {used, limit}}` snapshot adds it: `principal_runs`, `principal_attempts`
 /// and `principal_spend_nanos`, each only where the policy gives that limit. The period
@@ -200,16 +193,20 @@ pub fn principal_limits(
     limits: &PrincipalLimits,
     state: Option<&PrincipalState>,
     wall_ms: u64,
-) -> BTreeMap<String, Limit> {
+) -> BTreeMap<LimitKey, Limit> {
     let now = state
         .map(|p| p.at(wall_ms, limits.period_ms))
         .unwrap_or_default();
     [
-        (PRINCIPAL_RUNS, limits.runs, now.runs),
-        (PRINCIPAL_ATTEMPTS, limits.attempts, now.attempts),
-        (PRINCIPAL_SPEND, limits.spend_nanos, now.spent_nanos),
+        (LimitKey::PrincipalRuns, limits.runs, now.runs),
+        (LimitKey::PrincipalAttempts, limits.attempts, now.attempts),
+        (
+            LimitKey::PrincipalSpendNanos,
+            limits.spend_nanos,
+            now.spent_nanos,
+        ),
     ]
     .into_iter()
-    .filter_map(|(d, limit, used)| limit.map(|limit| (d.to_owned(), Limit { used, limit })))
+    .filter_map(|(d, limit, used)| limit.map(|limit| (d, Limit { used, limit })))
     .collect()
 }

@@ -9,7 +9,7 @@ use hyper::StatusCode;
 use tally_gate::{Caller, CheckAnswer, CheckRequest, GateError};
 use tally_policy::{UpstreamKind, Verdict};
 use tally_record::money::Nanos;
-use tally_record::{Dimension, Reason};
+use tally_record::{LimitKey, Reason};
 
 use super::plan::Plan;
 use super::settle::{Settle, Settling};
@@ -193,8 +193,8 @@ fn allowed(a: &CheckAnswer, needed: Nanos) -> Result<u64, Refusal> {
     ];
     if money.contains(&reason) || a.cause.is_some_and(|c| money.contains(&c)) {
         // The gate's own counts as it decided: settled plus held of each limit.
-        let left = |dimension: &str, whose: &str| {
-            a.limits.get(dimension).map(|l| {
+        let left = |dimension: LimitKey, whose: &str| {
+            a.limits.get(&dimension).map(|l| {
                 format!(
                     "{whose} has {} left of {}",
                     Nanos(tally_policy::left(l)),
@@ -203,8 +203,8 @@ fn allowed(a: &CheckAnswer, needed: Nanos) -> Result<u64, Refusal> {
             })
         };
         let mut parts = vec![format!("the call may cost up to {needed}")];
-        parts.extend(left(Dimension::SpendNanos.as_str(), "the run"));
-        parts.extend(left(tally_policy::PRINCIPAL_SPEND, "its owner's budget"));
+        parts.extend(left(LimitKey::SpendNanos, "the run"));
+        parts.extend(left(LimitKey::PrincipalSpendNanos, "its owner's budget"));
         words = format!("{words}: {}", parts.join("; "));
     }
     let mut r = Refusal::reason(reason, a.retry_after_ms, words);

@@ -73,9 +73,9 @@ fn scope() -> impl Strategy<Value = Scope> {
         })
 }
 
-fn limits() -> impl Strategy<Value = BTreeMap<String, Limit>> {
+fn limits() -> impl Strategy<Value = BTreeMap<LimitKey, Limit>> {
     prop::collection::btree_map(
-        text(),
+        text().prop_map(|name| LimitKey::from_name(&name)),
         (num(), num()).prop_map(|(used, limit)| Limit { used, limit }),
         0..4,
     )

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::decision::MAX_TEXT_BYTES;
 use crate::error::DecisionError;
 use crate::strict::present;
+use crate::Dimension;
 
 /// What happened to a slice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -84,7 +85,12 @@ pub struct SliceAmounts {
 
 impl SliceAmounts {
     /// The dimensions' names, in the order of [`SliceAmounts::each`].
-    pub const NAMES: [&'static str; 4] = ["attempts", "nanos", "side_effects", "polls"];
+    pub const NAMES: [&'static str; 4] = [
+        Dimension::Attempts.as_str(),
+        "nanos",
+        Dimension::SideEffects.as_str(),
+        Dimension::Polls.as_str(),
+    ];
 
     /// The four in the order of [`SliceAmounts::NAMES`].
     pub fn each(&self) -> [Option<u64>; 4] {

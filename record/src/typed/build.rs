@@ -9,10 +9,10 @@ use std::num::NonZeroU64;
 use crate::codes::{Reason, Status};
 use crate::decision::{
     is_digest_hex, is_trace_id, one_amount, policy_digest, Decision, Limit, Request,
-    LIMIT_DIMENSIONS,
 };
 use crate::error::DecisionError;
 use crate::money::Nanos;
+use crate::LimitKey;
 
 use super::kinds::{
     Allow, Amount, Call, Deny, Head, Lease, Mark, Observer, Outcome, Override, Policy, Refund,
@@ -420,8 +420,8 @@ fn only_true(
 }
 
 /// A `limits` spend in cents (records before nanodollars) fits in nanodollars.
-fn limits_cents(limits: Option<&BTreeMap<String, Limit>>) -> Result<(), DecisionError> {
-    if let Some(l) = limits.and_then(|l| l.get("spend_cents")) {
+fn limits_cents(limits: Option<&BTreeMap<LimitKey, Limit>>) -> Result<(), DecisionError> {
+    if let Some(l) = limits.and_then(|l| l.get(&LimitKey::SpendCents)) {
         for (cents, field) in [
             (l.used, "limits.spend_cents.used"),
             (l.limit, "limits.spend_cents.limit"),
@@ -435,20 +435,17 @@ fn limits_cents(limits: Option<&BTreeMap<String, Limit>>) -> Result<(), Decision
 }
 
 /// A `limits` snapshot names known dimensions, its spend in one unit.
-fn limits_known(limits: Option<&BTreeMap<String, Limit>>) -> Result<(), DecisionError> {
+fn limits_known(limits: Option<&BTreeMap<LimitKey, Limit>>) -> Result<(), DecisionError> {
     let Some(limits) = limits else {
         return Ok(());
     };
-    if limits
-        .keys()
-        .any(|name| !LIMIT_DIMENSIONS.contains(&name.as_str()))
-    {
+    if limits.keys().any(|key| !key.is_known()) {
         return Err(DecisionError::Invalid {
             field: "limits",
-            why: "unknown dimension (known: attempts, deadline_ms, spend_cents, spend_nanos, side_effects, polls, depth, rate, principal_runs, principal_attempts, principal_spend_nanos)",
+            why: LimitKey::UNKNOWN_WHY,
         });
     }
-    if limits.contains_key("spend_cents") && limits.contains_key("spend_nanos") {
+    if limits.contains_key(&LimitKey::SpendCents) && limits.contains_key(&LimitKey::SpendNanos) {
         return Err(DecisionError::BothUnits {
             cents: "limits.spend_cents",
             nanos: "limits.spend_nanos",

@@ -10,6 +10,7 @@ use crate::args::Args;
 use crate::codes::{Channel, Effect, Reason, Status, UsageRefused};
 use crate::decision::{Budget, Limit, Request, Scope, Slice, Usage};
 use crate::money::Nanos;
+use crate::LimitKey;
 
 /// What every record of a run carries (every kind but `policy`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,7 +126,7 @@ pub struct Call<'a> {
     /// The remote operation a poll reads.
     pub remote_ref: Option<&'a str>,
     /// Snapshot of `{dimension: {used, limit}}`: known dimensions, spend in one unit.
-    pub limits: Option<&'a BTreeMap<String, Limit>>,
+    pub limits: Option<&'a BTreeMap<LimitKey, Limit>>,
     /// The credential the call is made under.
     pub credential: Option<&'a str>,
     /// The call was asked for by tally's proxy (`proxied: true`; absent is false).
@@ -345,7 +346,7 @@ pub struct Stop<'a> {
     /// Why (`completed` among them).
     pub reason: Reason,
     /// Snapshot of the run's use at the end.
-    pub limits: Option<&'a BTreeMap<String, Limit>>,
+    pub limits: Option<&'a BTreeMap<LimitKey, Limit>>,
     /// Free text.
     pub note: Option<&'a str>,
 }

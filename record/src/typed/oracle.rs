@@ -4,10 +4,10 @@
 
 use crate::decision::{
     is_digest_hex, is_trace_id, one_amount, policy_digest, Decision, Kind, Reason, Status,
-    LIMIT_DIMENSIONS, MAX_POLICY_BYTES, MAX_PREVIEW_BYTES, MAX_TEXT_BYTES,
+    MAX_POLICY_BYTES, MAX_PREVIEW_BYTES, MAX_TEXT_BYTES,
 };
 use crate::error::DecisionError;
-use crate::Dimension;
+use crate::LimitKey;
 
 const CALL: &[Kind] = &[Kind::Allow, Kind::Deny];
 
@@ -63,7 +63,7 @@ fn validate_amounts(d: &Decision) -> Result<(), DecisionError> {
     for (cents_field, cents, nanos_field, nanos) in pairs {
         one_amount(cents_field, cents, nanos_field, nanos)?;
     }
-    if let Some(l) = d.limits.as_ref().and_then(|l| l.get("spend_cents")) {
+    if let Some(l) = d.limits.as_ref().and_then(|l| l.get(&LimitKey::SpendCents)) {
         for (v, field) in [
             (l.used, "limits.spend_cents.used"),
             (l.limit, "limits.spend_cents.limit"),
@@ -415,14 +415,14 @@ pub(super) fn validate(d: &Decision) -> Result<(), DecisionError> {
     }
     if let Some(limits) = &d.limits {
         for name in limits.keys() {
-            if !LIMIT_DIMENSIONS.contains(&name.as_str()) {
+            if !name.is_known() {
                 return Err(DecisionError::Invalid {
-                        field: "limits",
-                        why: "unknown dimension (known: attempts, deadline_ms, spend_cents, spend_nanos, side_effects, polls, depth, rate, principal_runs, principal_attempts, principal_spend_nanos)",
-                    });
+                    field: "limits",
+                    why: LimitKey::UNKNOWN_WHY,
+                });
             }
         }
-        if limits.contains_key("spend_cents") && limits.contains_key(Dimension::SpendNanos.as_str())
+        if limits.contains_key(&LimitKey::SpendCents) && limits.contains_key(&LimitKey::SpendNanos)
         {
             return Err(DecisionError::BothUnits {
                 cents: "limits.spend_cents",

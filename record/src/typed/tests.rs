@@ -16,6 +16,7 @@ use crate::decision::{
     policy_digest, Budget, Decision, LeaseScope, Limit, Scope, Slice, SliceAmounts, Usage,
 };
 use crate::error::DecisionError;
+use crate::LimitKey;
 
 const DIGEST: &str = "a3f1c0de00000000000000000000000000000000000000000000000000000001";
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -132,9 +133,9 @@ fn set(d: &mut Decision, field: &str, v: u64) {
         "note" => d.note = Some(text),
         "limits" => {
             let mut limits = std::collections::BTreeMap::new();
-            limits.insert(dims[(v % 4) as usize].to_owned(), limit);
+            limits.insert(LimitKey::from_name(dims[(v % 4) as usize]), limit);
             limits.insert(
-                dims[(v / 4 % 3) as usize].to_owned(),
+                LimitKey::from_name(dims[(v / 4 % 3) as usize]),
                 Limit {
                     used: num,
                     limit: 9,

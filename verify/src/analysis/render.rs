@@ -412,7 +412,7 @@ pub fn render_leases_text(report: &Report) -> String {
     for s in &report.leases {
         let amounts = |a: &super::report::LeaseAmounts| {
             let dims = [a.attempts, a.nanos, a.side_effects, a.polls];
-            let names = ["attempts", "nanos", "side_effects", "polls"];
+            let names = tally_record::decision::SliceAmounts::NAMES;
             let shown: Vec<String> = (dims.iter().zip(names))
                 .filter_map(|(v, n)| v.map(|v| format!("{n} {v}")))
                 .collect();
