@@ -61,7 +61,7 @@ use schema::{Statements, WRITE};
 pub use txn::PostgresTxn;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -436,6 +436,7 @@ impl StateBackend for Postgres {
             tools: BTreeMap::new(),
             credentials: BTreeMap::new(),
             principals: BTreeMap::new(),
+            principals_before: BTreeMap::new(),
             listed: Vec::new(),
             empty: RunState::default(),
         };

@@ -268,6 +268,49 @@ END
 $f$;
 ";
 
+/// Version 7: a rolling upgrade keeps working, and a bill is a bill of cost only.
+/// `tally_lease_step` with seven arguments (what daemons of schema 5 call on every
+/// central decision) is back, as the eight-argument one with `bill` false. A bill
+/// (`bill`) passes the cap in nanodollars only: attempts, side effects and polls are
+/// held to their caps as any central use is, and `billed_*` of those no longer rises.
+pub(crate) const SCHEMA_V7: &str = "
+CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
+    r boolean, bill boolean)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    IF r IS NOT NULL THEN
+        UPDATE tally_lease_scopes SET revoked = r WHERE kind = k AND key = name;
+    END IF;
+    IF a = 0 AND n = 0 AND e = 0 AND p = 0 THEN
+        RETURN;
+    END IF;
+    UPDATE tally_lease_scopes SET
+        settled_attempts = greatest(settled_attempts + a, 0),
+        settled_nanos = greatest(settled_nanos + n, 0),
+        settled_effects = greatest(settled_effects + e, 0),
+        settled_polls = greatest(settled_polls + p, 0),
+        billed_nanos = CASE WHEN NOT bill OR cap_nanos IS NULL THEN billed_nanos ELSE greatest(billed_nanos,
+            greatest(settled_nanos + n, 0) + held_nanos + leased_nanos - cap_nanos) END
+    WHERE kind = k AND key = name
+      AND (a <= 0 OR cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts + a <= cap_attempts)
+      AND (n <= 0 OR bill OR cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos + n <= cap_nanos)
+      AND (e <= 0 OR cap_effects IS NULL OR settled_effects + held_effects + leased_effects + e <= cap_effects)
+      AND (p <= 0 OR cap_polls IS NULL OR settled_polls + held_polls + leased_polls + p <= cap_polls);
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes WHERE kind = k AND key = name) THEN
+        RAISE EXCEPTION 'lease scope % %: no room left beside the slices out', k, name
+            USING ERRCODE = 'check_violation';
+    END IF;
+END
+$f$;
+CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
+    r boolean)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM tally_lease_step(k, name, a, n, e, p, r, false);
+END
+$f$;
+";
+
 /// One round trip of the migration: bounded by `timeout`, counted in `trips`, its
 /// failure said as the gate says it.
 struct Migration<'a> {
@@ -310,7 +353,7 @@ impl Migration<'_> {
         )?;
         let found: Option<i32> = rows.first().and_then(|r| r.get(0));
         let all = [
-            SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6,
+            SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7,
         ];
         let from = match found {
             None => 0,

@@ -203,6 +203,7 @@ impl StateTxn for PostgresTxn<'_> {
                 .unavailable("to read a principal", "no row came back")
         })?;
         let state: PrincipalState = decode("a principal", row.get::<_, &[u8]>(0))?;
+        self.principals_before.insert(principal.to_owned(), state);
         self.principals.insert(principal.to_owned(), state);
         Ok(())
     }

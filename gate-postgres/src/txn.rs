@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::MutexGuard;
 
 use tally_gate::GateError;
-use tally_policy::{CredentialState, PrincipalState, RunCount, RunState, ToolState};
+use tally_policy::{CredentialState, PrincipalState, RunCount, RunState, SliceUse, ToolState};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
@@ -30,6 +30,9 @@ pub struct PostgresTxn<'a> {
     pub(crate) tools: BTreeMap<String, ToolState>,
     pub(crate) credentials: BTreeMap<String, CredentialState>,
     pub(crate) principals: BTreeMap<String, PrincipalState>,
+    /// The principals as they were read, before the decision (what it took of their
+    /// leased scopes is the difference, [`tally_policy::principal_use`]).
+    pub(crate) principals_before: BTreeMap<String, PrincipalState>,
     pub(crate) listed: Vec<RunState>,
     pub(crate) empty: RunState,
 }
@@ -183,39 +186,50 @@ impl PostgresTxn<'_> {
     /// so the version orders it after every decision that touched one of them before.
     /// What the decision moves in its runs' lease scopes and in their principals'
     /// (the owner's uid, in decimal): per run read and changed, what it took less what
-    /// it gave back ([`tally_policy::slice_use`]), whether that is a bill already
-    /// incurred ([`tally_policy::incurred`]: applied whatever room is left), and whether
-    /// the run's slices are revoked (the run paused or stopped) or allowed again
-    /// (resumed). In the scopes' order (runs, then principals, each by key): the order a
-    /// central spend locks them in.
+    /// it gave back ([`tally_policy::slice_use`]); per owner, what its own counts moved
+    /// ([`tally_policy::principal_use`]: never its attempts down); whether that is a
+    /// bill already incurred ([`tally_policy::incurred`]: applied whatever room is left),
+    /// and whether the run's slices are revoked (the run paused or stopped) or allowed
+    /// again (resumed). In the scopes' order (runs, then principals, each by key): the
+    /// order a central spend locks them in.
     pub(crate) fn lease_steps(&self, runs: &[String]) -> Vec<LeaseStep> {
         let mut steps = Vec::new();
+        let mut owners: BTreeMap<String, (SliceUse, SliceUse, bool)> = BTreeMap::new();
         for name in runs {
             let (Some(before), Some(after)) = (self.before.get(name), self.runs.get(name)) else {
                 continue;
             };
             let (took, gave) = tally_policy::slice_use(RunCount::of(before), RunCount::of(after));
-            let (t, g) = (took.each(), gave.each());
-            let d = [0, 1, 2, 3].map(|i| {
-                i64::try_from(t[i]).unwrap_or(i64::MAX) - i64::try_from(g[i]).unwrap_or(i64::MAX)
-            });
             let held = |r: &RunState| r.paused || r.stop.is_some();
             let revoked = (held(before) != held(after)).then(|| held(after));
             let bill = tally_policy::incurred(before, after);
-            if d != [0; 4] || revoked.is_some() {
+            let delta = net(took, gave);
+            if delta != [0; 4] || revoked.is_some() {
                 steps.push(LeaseStep {
                     kind: "run",
                     key: name.clone(),
-                    delta: d,
+                    delta,
                     revoked,
                     bill,
                 });
             }
-            if let Some(uid) = after.owner_uid.filter(|_| d != [0; 4]) {
+            if let Some(uid) = after.owner_uid {
+                let o = owners.entry(uid.to_string()).or_default();
+                *o = (plus(o.0, took), plus(o.1, gave), o.2 || bill);
+            }
+        }
+        for (key, (took, gave, bill)) in owners {
+            let counts = self
+                .principals_before
+                .get(&key)
+                .zip(self.principals.get(&key));
+            let (took, gave) = tally_policy::principal_use(counts, (took, gave));
+            let delta = net(took, gave);
+            if delta != [0; 4] {
                 steps.push(LeaseStep {
                     kind: "principal",
-                    key: uid.to_string(),
-                    delta: d,
+                    key,
+                    delta,
                     revoked: None,
                     bill,
                 });
@@ -303,6 +317,25 @@ impl PostgresTxn<'_> {
             }
         }
     }
+}
+
+/// Two uses together.
+fn plus(a: SliceUse, b: SliceUse) -> SliceUse {
+    let (a, b) = (a.each(), b.each());
+    let [attempts, nanos, side_effects, polls] = [0, 1, 2, 3].map(|i| a[i].saturating_add(b[i]));
+    SliceUse {
+        attempts,
+        nanos,
+        side_effects,
+        polls,
+    }
+}
+
+/// What was taken less what was given back, per dimension, as the database counts it.
+fn net(took: SliceUse, gave: SliceUse) -> [i64; 4] {
+    let (t, g) = (took.each(), gave.each());
+    [0, 1, 2, 3]
+        .map(|i| i64::try_from(t[i]).unwrap_or(i64::MAX) - i64::try_from(g[i]).unwrap_or(i64::MAX))
 }
 
 /// Each lease scope moved in step (sent in order on the first poll): a use that does not

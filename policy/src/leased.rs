@@ -14,7 +14,7 @@ use tally_record::decision::{Budget, LeaseScope, SliceAmounts};
 
 use crate::inconsistency::OutsideLease;
 use crate::principals::PrincipalLimits;
-use crate::state::RunState;
+use crate::state::{PrincipalState, RunState};
 
 /// What a run counts that slices are cut from: attempts used (refunds given back),
 /// nanodollars settled and held, side effects used, and its open polls (a poll allowed
@@ -57,6 +57,43 @@ pub fn slice_use(before: RunCount, after: RunCount) -> (SliceUse, SliceUse) {
         nanos: up(after.nanos, before.nanos),
         side_effects: up(after.side_effects, before.side_effects),
         polls: 0,
+    };
+    (took, gave)
+}
+
+/// What one decision took of a principal's leased scope and gave back, from the
+/// principal's own counts around the decision (`None`: the decision did not read them;
+/// then its runs' attempts and nanodollars stand in for them) and what it took and gave
+/// of its runs owned by the principal (`runs`: side effects and polls, which a
+/// principal does not count itself). A principal's attempts are never given back (a
+/// refund or a rejected call gives back its run's, not its period's); a new period
+/// counts from nothing, so what its counts show is taken.
+pub fn principal_use(
+    counts: Option<(&PrincipalState, &PrincipalState)>,
+    runs: (SliceUse, SliceUse),
+) -> (SliceUse, SliceUse) {
+    let up = |from: u64, to: u64| to.saturating_sub(from);
+    let (took, gave) = runs;
+    let (attempts, nanos, nanos_back) = match counts {
+        Some((before, after)) if before.period_start_ms != after.period_start_ms => {
+            (after.attempts, after.spent_nanos, 0)
+        }
+        Some((before, after)) => (
+            up(before.attempts, after.attempts),
+            up(before.spent_nanos, after.spent_nanos),
+            up(after.spent_nanos, before.spent_nanos),
+        ),
+        None => (took.attempts, took.nanos, gave.nanos),
+    };
+    let took = SliceUse {
+        attempts,
+        nanos,
+        ..took
+    };
+    let gave = SliceUse {
+        attempts: 0,
+        nanos: nanos_back,
+        ..gave
     };
     (took, gave)
 }
@@ -333,5 +370,46 @@ mod tests {
             slices_past_cap([u64::MAX; 4], &SliceAmounts::default()),
             None
         );
+    }
+
+    #[test]
+    fn a_principal_scope_moves_by_the_principals_own_counts_never_its_attempts_down() {
+        let before = PrincipalState {
+            period_start_ms: 1,
+            runs: 1,
+            attempts: 5,
+            spent_nanos: 900,
+        };
+        // A refund: its run gives back an attempt and 300; the principal's attempts stay.
+        let after = PrincipalState {
+            spent_nanos: 600,
+            ..before
+        };
+        let run_gave = SliceUse {
+            attempts: 1,
+            nanos: 300,
+            side_effects: 1,
+            polls: 0,
+        };
+        let (took, gave) = principal_use(Some((&before, &after)), (SliceUse::default(), run_gave));
+        assert_eq!((took.each(), gave.each()), ([0; 4], [0, 300, 1, 0]));
+        // An allow in a new period counts what the period shows.
+        let fresh = PrincipalState {
+            period_start_ms: 2,
+            runs: 0,
+            attempts: 1,
+            spent_nanos: 70,
+        };
+        let run_took = SliceUse {
+            attempts: 1,
+            nanos: 70,
+            side_effects: 0,
+            polls: 1,
+        };
+        let (took, gave) = principal_use(Some((&before, &fresh)), (run_took, SliceUse::default()));
+        assert_eq!((took.each(), gave.each()), ([1, 70, 0, 1], [0; 4]));
+        // Unread counts: the run's stand in, its attempts never given back.
+        let (took, gave) = principal_use(None, (run_took, run_gave));
+        assert_eq!((took.each(), gave.each()), ([1, 70, 0, 1], [0, 300, 1, 0]));
     }
 }

@@ -70,8 +70,8 @@ pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use inconsistency::OutsideLease;
 pub use judge::{judge, Dimension, Inconsistency};
 pub use leased::{
-    gives_back_on, in_scope, incurred, principal_cap, run_cap, slice_use, slices_past_cap, Past,
-    RunCount, SliceUse,
+    gives_back_on, in_scope, incurred, principal_cap, principal_use, run_cap, slice_use,
+    slices_past_cap, Past, RunCount, SliceUse,
 };
 pub use limits::{
     call_timeout, deadline_left, deadline_stop, left, over_limit, past_deadline, spend_left,

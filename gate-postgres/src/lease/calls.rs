@@ -18,10 +18,12 @@ enum Found {
 }
 
 impl Leases {
-    /// Set a scope's caps and what is settled and held centrally (`None` cap: no limit).
-    /// While slices of it are out only the caps change (what is settled, held and
-    /// billed stays the database's). Refused, nothing changed, if the slices out would
-    /// then exceed a cap.
+    /// Define a scope: its caps and what is settled and held centrally (`None` cap: no
+    /// limit). Once defined, a redefinition changes its caps only: what is settled,
+    /// held and billed stays the database's ([`Leases::reset`] starts a period anew).
+    /// While slices of it are out, refused, nothing changed, if it would change which
+    /// dimensions are capped ([`LeaseError::SlicesOut`]) or put a cap below what is
+    /// settled, held and leased ([`LeaseError::Overcommitted`]).
     pub fn define(
         &self,
         scope: &Scope,
@@ -36,24 +38,50 @@ impl Leases {
         }
         let (s, h) = (bigs("settled", &settled)?, bigs("held", &held)?);
         let r = self.run("to define a lease scope", async |db| {
-            db.execute(
-                sql::DEFINE,
-                &[
-                    &kind, &key, &c[0], &c[1], &c[2], &c[3], &s[0], &s[1], &s[2], &s[3], &h[0],
-                    &h[1], &h[2], &h[3],
-                ],
-            )
-            .await
+            let p: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
+                &kind, &key, &c[0], &c[1], &c[2], &c[3], &s[0], &s[1], &s[2], &s[3], &h[0], &h[1],
+                &h[2], &h[3],
+            ];
+            if db.execute(sql::DEFINE, &p).await? == 1 {
+                return Ok(None);
+            }
+            let why = db.query_opt(sql::DEFINE_WHY, &p[..6]).await?;
+            Ok(Some(why.is_some_and(|r| r.get::<_, bool>(0))))
         })?;
+        let out = || scope.key.clone();
         match r {
-            Ok(_) => Ok(()),
+            Ok(None) => Ok(()),
+            Ok(Some(true)) => Err(LeaseError::SlicesOut { kind, key: out() }),
+            Ok(Some(false)) => Err(LeaseError::Overcommitted { kind, key: out() }),
             Err(e) if e.code() == Some(&SqlState::CHECK_VIOLATION) => {
-                Err(LeaseError::Overcommitted {
-                    kind,
-                    key: scope.key.clone(),
-                })
+                Err(LeaseError::Overcommitted { kind, key: out() })
             }
             Err(e) => Err(self.unavailable("to define a lease scope", crate::describe(&e))),
+        }
+    }
+
+    /// Start a defined scope's period anew: what is settled and held centrally set to
+    /// `settled` and `held`, nothing billed. Only while no slice of it is out
+    /// ([`LeaseError::SlicesOut`]: revoke it and wait for its slices to return or be
+    /// reclaimed); an unknown scope: [`LeaseError::UnknownScope`].
+    pub fn reset(&self, scope: &Scope, settled: Amounts, held: Amounts) -> Result<(), LeaseError> {
+        let (kind, key) = (scope.kind.as_str(), scope.key.as_str());
+        let (s, h) = (bigs("settled", &settled)?, bigs("held", &held)?);
+        let (done, known) = self.with("to reset a lease scope", async |db| {
+            let p: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+                &kind, &key, &s[0], &s[1], &s[2], &s[3], &h[0], &h[1], &h[2], &h[3],
+            ];
+            if db.execute(sql::RESET, &p).await? == 1 {
+                return Ok((true, true));
+            }
+            let known = db.query_opt(sql::KNOWN, &p[..2]).await?;
+            Ok((false, known.is_some()))
+        })?;
+        let key = scope.key.clone();
+        match (done, known) {
+            (true, _) => Ok(()),
+            (false, true) => Err(LeaseError::SlicesOut { kind, key }),
+            (false, false) => Err(LeaseError::UnknownScope { kind, key }),
         }
     }
 

@@ -11,7 +11,7 @@
 //! used past the database's expiry. While the database is away, uses that fit in a slice
 //! still valid go on; any other is refused [`SliceError::Unavailable`] (retry).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -117,11 +117,21 @@ pub(super) struct Local {
     granted: BTreeMap<Scope, Instant>,
 }
 
+/// Slices this holder stopped holding whose return the database refused (a used amount
+/// it would not take: [`LeaseEvent::Lost`]): left out to be reclaimed, spent whole,
+/// never given back at zero use by a tick that finds them unseen.
+pub(super) type LostIds = BTreeSet<i64>;
+
 /// One holder's slices (one daemon), over its lease manager.
 pub struct Slices {
     pub(super) leases: Leases,
     pub(super) options: SliceOptions,
     local: Mutex<Local>,
+    /// Slices lost: see [`LostIds`].
+    pub(super) lost: Mutex<LostIds>,
+    /// One [`Slices::tick`] at a time: a tick's give-backs are off the holder's lock, so
+    /// a second tick could otherwise find one in flight and take it for unseen.
+    pub(super) ticking: Mutex<()>,
     metrics: LeaseMetrics,
     sink: Option<Sink>,
 }
@@ -173,6 +183,8 @@ impl Slices {
             leases,
             options,
             local: Mutex::new(Local::default()),
+            lost: Mutex::new(LostIds::new()),
+            ticking: Mutex::new(()),
             metrics: LeaseMetrics::default(),
             sink,
         };
@@ -211,14 +223,15 @@ impl Slices {
         self.take_at(scopes, need, || now)
     }
 
-    /// [`Slices::take`], the time read by `clock` once the holder's lock is held: a use
-    /// that waited for the lock (behind another's refill) is judged against the slices'
-    /// deadlines when it is decided, not when it asked. No scope: [`SliceError::NoScope`].
+    /// [`Slices::take`], the time read by `clock` once the holder's lock is held, and
+    /// again after any refill: a use that waited for the lock (behind another's refill),
+    /// or for its own refills' round trips, is judged against every slice's deadline
+    /// when it is decided, not when it asked. No scope: [`SliceError::NoScope`].
     pub fn take_at(
         &self,
         scopes: &[Scope],
         need: Amounts,
-        clock: impl FnOnce() -> Instant,
+        clock: impl Fn() -> Instant,
     ) -> Result<Taken, SliceError> {
         if scopes.is_empty() {
             return Err(SliceError::NoScope);
@@ -243,6 +256,16 @@ impl Slices {
                 break;
             }
         }
+        // The refills' round trips took time: every slice covers the use at the time it
+        // is decided, or it goes the central way.
+        let now = if short.is_empty() { now } else { clock() };
+        central = central
+            || !scopes.iter().all(|s| {
+                local
+                    .held
+                    .get(s)
+                    .is_some_and(|h| h.covers(&need, now, margin))
+            });
         if !central {
             for scope in scopes {
                 if let Some(h) = local.held.get_mut(scope) {
@@ -370,14 +393,16 @@ impl Slices {
     }
 
     /// Return a slice saying `used`, without the holder's lock while the database
-    /// answers; kept to retry if it did not.
-    pub(super) fn give_back_unlocked(&self, lease: Lease, used: Amounts) {
+    /// answers; kept to retry if it did not. Whether the database confirmed the return.
+    pub(super) fn give_back_unlocked(&self, lease: Lease, used: Amounts) -> bool {
         let r = self.leases.release(lease.id, used);
         if matches!(r, Err(LeaseError::Unavailable { .. })) {
             self.lock().unreturned.push((lease, used));
-            return;
+            return false;
         }
+        let confirmed = r.is_ok();
         self.returned(lease, used, r);
+        confirmed
     }
 
     /// Return a slice saying `used`; kept to retry if the database did not answer.
@@ -402,10 +427,16 @@ impl Slices {
                 used,
                 released,
             },
-            Err(e) => LeaseEvent::Lost {
-                lease,
-                why: e.to_string(),
-            },
+            Err(e) => {
+                self.lost
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(lease.id);
+                LeaseEvent::Lost {
+                    lease,
+                    why: e.to_string(),
+                }
+            }
         };
         self.event(event);
     }

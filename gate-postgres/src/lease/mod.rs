@@ -295,12 +295,12 @@ impl Leases {
         })
     }
 
-    /// This holder's slices out now (after a grant whose answer was lost, one may be
-    /// here that the caller never saw).
+    /// This holder's slices out now, granted at this manager's epoch (after a grant
+    /// whose answer was lost, one may be here that the caller never saw).
     pub fn held(&self) -> Result<Vec<Lease>, LeaseError> {
-        let (holder, now) = (self.holder.as_str(), self.now());
+        let (holder, now, epoch) = (self.holder.as_str(), self.now(), self.epoch);
         self.with("to list the holder's slices", async |c| {
-            Ok(c.query(sql::HELD, &[&holder, &now])
+            Ok(c.query(sql::HELD, &[&holder, &now, &epoch])
                 .await?
                 .iter()
                 .map(lease_of)

@@ -32,16 +32,19 @@ UPDATE tally_leases SET epoch = $2 WHERE holder = $1 AND state = 'held'
 RETURNING id, kind, key, epoch, attempts, nanos, effects, polls, granted_at, expires_at,
     expires_at - granted_at";
 
-/// This holder's slices out: $1 holder, $2 $now.
+/// This holder's slices out granted at its epoch $3 (an older epoch's are adopted or
+/// not this manager's): $1 holder, $2 $now.
 pub(crate) const HELD: &str = "
 SELECT id, kind, key, epoch, attempts, nanos, effects, polls, granted_at, expires_at,
     greatest(expires_at - COALESCE($2::timestamptz, now()), interval '0')
-FROM tally_leases WHERE holder = $1 AND state = 'held' ORDER BY id";
+FROM tally_leases WHERE holder = $1 AND state = 'held' AND epoch = $3 ORDER BY id";
 
-/// Define (or redefine) a scope: $1 kind, $2 key, $3..$6 caps, $7..$10 settled,
-/// $11..$14 held. While slices of it are out only its caps change: what is settled,
-/// held and billed stays as the database counts it (the holders' returns settle into
-/// it); with none out, all of it is set anew.
+/// Define a scope, or change a defined scope's caps: $1 kind, $2 key, $3..$6 caps,
+/// $7..$10 settled, $11..$14 held. What is settled, held and billed is set only when the
+/// scope is new: a redefinition never moves it (a definer's counts may be stale; [`RESET`]
+/// starts a period anew). While slices of it are out a redefinition must keep which
+/// dimensions are capped (a slice's are fixed at its grant) and settled + held + leased
+/// within each new cap. No row: refused, nothing changed.
 pub(crate) const DEFINE: &str = "
 INSERT INTO tally_lease_scopes AS s (kind, key, cap_attempts, cap_nanos, cap_effects, cap_polls,
     settled_attempts, settled_nanos, settled_effects, settled_polls,
@@ -49,19 +52,38 @@ INSERT INTO tally_lease_scopes AS s (kind, key, cap_attempts, cap_nanos, cap_eff
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 ON CONFLICT (kind, key) DO UPDATE SET
     cap_attempts = EXCLUDED.cap_attempts, cap_nanos = EXCLUDED.cap_nanos,
-    cap_effects = EXCLUDED.cap_effects, cap_polls = EXCLUDED.cap_polls,
-    settled_attempts = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.settled_attempts ELSE s.settled_attempts END,
-    settled_nanos = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.settled_nanos ELSE s.settled_nanos END,
-    settled_effects = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.settled_effects ELSE s.settled_effects END,
-    settled_polls = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.settled_polls ELSE s.settled_polls END,
-    held_attempts = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.held_attempts ELSE s.held_attempts END,
-    held_nanos = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.held_nanos ELSE s.held_nanos END,
-    held_effects = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.held_effects ELSE s.held_effects END,
-    held_polls = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN EXCLUDED.held_polls ELSE s.held_polls END,
-    billed_attempts = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN 0 ELSE s.billed_attempts END,
-    billed_nanos = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN 0 ELSE s.billed_nanos END,
-    billed_effects = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN 0 ELSE s.billed_effects END,
-    billed_polls = CASE WHEN s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 THEN 0 ELSE s.billed_polls END";
+    cap_effects = EXCLUDED.cap_effects, cap_polls = EXCLUDED.cap_polls
+WHERE s.leased_attempts + s.leased_nanos + s.leased_effects + s.leased_polls = 0 OR (
+    (s.cap_attempts IS NULL) = (EXCLUDED.cap_attempts IS NULL)
+    AND (s.cap_nanos IS NULL) = (EXCLUDED.cap_nanos IS NULL)
+    AND (s.cap_effects IS NULL) = (EXCLUDED.cap_effects IS NULL)
+    AND (s.cap_polls IS NULL) = (EXCLUDED.cap_polls IS NULL)
+    AND (EXCLUDED.cap_attempts IS NULL OR s.settled_attempts + s.held_attempts + s.leased_attempts <= EXCLUDED.cap_attempts)
+    AND (EXCLUDED.cap_nanos IS NULL OR s.settled_nanos + s.held_nanos + s.leased_nanos <= EXCLUDED.cap_nanos)
+    AND (EXCLUDED.cap_effects IS NULL OR s.settled_effects + s.held_effects + s.leased_effects <= EXCLUDED.cap_effects)
+    AND (EXCLUDED.cap_polls IS NULL OR s.settled_polls + s.held_polls + s.leased_polls <= EXCLUDED.cap_polls))
+RETURNING 1";
+
+/// Why [`DEFINE`] was refused: whether it changed which dimensions are capped (else it
+/// put a cap below what is out): $1 kind, $2 key, $3..$6 the caps asked.
+pub(crate) const DEFINE_WHY: &str = "
+SELECT (cap_attempts IS NULL) <> ($3::bigint IS NULL) OR (cap_nanos IS NULL) <> ($4::bigint IS NULL)
+    OR (cap_effects IS NULL) <> ($5::bigint IS NULL) OR (cap_polls IS NULL) <> ($6::bigint IS NULL)
+FROM tally_lease_scopes WHERE kind = $1 AND key = $2";
+
+/// Start a scope's period anew: settled $3..$6 and held $7..$10, nothing billed, only
+/// while no slice of it is out: $1 kind, $2 key. No row: unknown, or slices are out.
+pub(crate) const RESET: &str = "
+UPDATE tally_lease_scopes SET
+    settled_attempts = $3, settled_nanos = $4, settled_effects = $5, settled_polls = $6,
+    held_attempts = $7, held_nanos = $8, held_effects = $9, held_polls = $10,
+    billed_attempts = 0, billed_nanos = 0, billed_effects = 0, billed_polls = 0
+WHERE kind = $1 AND key = $2
+  AND leased_attempts + leased_nanos + leased_effects + leased_polls = 0
+RETURNING 1";
+
+/// Whether a scope is defined: $1 kind, $2 key.
+pub(crate) const KNOWN: &str = "SELECT 1 FROM tally_lease_scopes WHERE kind = $1 AND key = $2";
 
 /// Grant a slice in one statement: $1 kind, $2 key, $3 holder, $4 epoch, $5..$8 the
 /// slice, $9 its time to live in ms, $10 $now. No row: refused (see the module's doc).
@@ -103,7 +125,8 @@ SELECT (SELECT epoch FROM tally_lease_holders WHERE holder = $3),
 FROM tally_lease_scopes WHERE kind = $1 AND key = $2";
 
 /// Renew a held slice, never shortening it: $1 id, $2 holder, $3 epoch, $4 time to live
-/// in ms, $5 $now. No row: refused (not this holder's, stale, ended or expired).
+/// in ms, $5 $now. No row: refused (not this holder's, stale, ended or expired, its
+/// scope revoked or past a cap: a central bill overran it, so its slices run out).
 pub(crate) const RENEW: &str = "
 WITH h AS MATERIALIZED (
     SELECT 1 FROM tally_lease_holders WHERE holder = $2 AND epoch = $3 FOR SHARE
@@ -114,14 +137,24 @@ UPDATE tally_leases l SET expires_at = greatest(l.expires_at, t.at + $4::bigint 
 FROM t
 WHERE l.id = $1 AND l.holder = $2 AND l.state = 'held' AND l.expires_at > t.at
   AND EXISTS (SELECT 1 FROM h)
-  AND NOT EXISTS (SELECT 1 FROM tally_lease_scopes s WHERE s.kind = l.kind AND s.key = l.key AND s.revoked)
+  AND NOT EXISTS (SELECT 1 FROM tally_lease_scopes s WHERE s.kind = l.kind AND s.key = l.key AND (s.revoked
+      OR s.settled_attempts + s.held_attempts + s.leased_attempts > s.cap_attempts
+      OR s.settled_nanos + s.held_nanos + s.leased_nanos > s.cap_nanos
+      OR s.settled_effects + s.held_effects + s.leased_effects > s.cap_effects
+      OR s.settled_polls + s.held_polls + s.leased_polls > s.cap_polls))
 RETURNING l.expires_at, l.expires_at - t.at";
 
-/// A lease as it stands, and its holder's epoch: $1 id, $2 $now.
+/// A lease as it stands, its holder's epoch, and whether its scope is revoked (paused,
+/// stopped, or overrun past a cap): $1 id, $2 $now.
 pub(crate) const LEASE: &str = "
 SELECT l.holder, l.state, l.expires_at <= COALESCE($2::timestamptz, now()),
     (SELECT epoch FROM tally_lease_holders h WHERE h.holder = l.holder),
-    (SELECT revoked FROM tally_lease_scopes s WHERE s.kind = l.kind AND s.key = l.key)
+    (SELECT s.revoked
+        OR s.settled_attempts + s.held_attempts + s.leased_attempts > s.cap_attempts
+        OR s.settled_nanos + s.held_nanos + s.leased_nanos > s.cap_nanos
+        OR s.settled_effects + s.held_effects + s.leased_effects > s.cap_effects
+        OR s.settled_polls + s.held_polls + s.leased_polls > s.cap_polls
+     FROM tally_lease_scopes s WHERE s.kind = l.kind AND s.key = l.key)
 FROM tally_leases l WHERE l.id = $1";
 
 /// The holder's row, shared to the end of the return's transaction: $1 holder.

@@ -18,9 +18,11 @@ use super::Scope;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Ticked {
-    /// Slices renewed.
+    /// Slices renewed and still held (a renewal of a slice a use gave back meanwhile
+    /// is not counted).
     pub renewed: usize,
-    /// Slices given back (idle, near their deadline, revoked, or pending a return).
+    /// Slices given back (idle, near their deadline, revoked, pending a return, or
+    /// granted unseen) whose return the database confirmed.
     pub returned: usize,
     /// Slices of any holder reclaimed.
     pub reclaimed: usize,
@@ -37,15 +39,16 @@ struct Plan {
 }
 
 impl Slices {
-    /// One round of the periodic work at `now`. The holder's lock is held only to read
-    /// and change what is held, never while the database answers: uses that fit in a
-    /// slice go on while a tick waits on the database (at most the bound per call).
+    /// One round of the periodic work at `now`, one tick at a time. The holder's lock
+    /// is held only to read and change what is held, never while the database answers:
+    /// uses that fit in a slice go on while a tick waits on the database (at most the
+    /// bound per call).
     pub fn tick(&self, now: Instant) -> Ticked {
+        let _one = self.ticking.lock().unwrap_or_else(|e| e.into_inner());
         let mut ticked = Ticked::default();
         let plan = self.plan(now);
-        ticked.returned = plan.ending.len();
         for (lease, used) in plan.pending.into_iter().chain(plan.ending) {
-            self.give_back_unlocked(lease, used);
+            ticked.returned += usize::from(self.give_back_unlocked(lease, used));
         }
         for (scope, lease) in plan.renew {
             match self.leases.renew(&lease) {
@@ -61,8 +64,8 @@ impl Slices {
                         held.deadline = now + renewed.valid_for;
                         held.lease = renewed.clone();
                         self.event(LeaseEvent::Renewed(renewed));
+                        ticked.renewed += 1;
                     }
-                    ticked.renewed += 1;
                 }
                 Err(LeaseError::Unavailable { .. }) => ticked.unavailable = true,
                 // Revoked, expired or fenced off: given back (unless a use replaced it).
@@ -79,8 +82,7 @@ impl Slices {
                     };
                     drop(local);
                     if let Some(h) = held {
-                        self.give_back_unlocked(h.lease, h.used);
-                        ticked.returned += 1;
+                        ticked.returned += usize::from(self.give_back_unlocked(h.lease, h.used));
                     }
                 }
             }
@@ -127,9 +129,12 @@ impl Slices {
         }
     }
 
-    /// The slices the database holds for this holder that it neither holds nor is
-    /// returning were granted to it unseen (a grant whose answer was lost: no use was
-    /// made of them): each is recorded granted and given back, used nothing. How many.
+    /// The slices the database holds for this holder at its epoch that it neither
+    /// holds, nor is returning, nor lost (its return refused: left to be reclaimed) were
+    /// granted to it unseen (a grant whose answer was lost: no use was made of them).
+    /// Each is given back, used nothing, and recorded granted and returned once the
+    /// database confirmed it (not answering: found unseen again at the next tick). How
+    /// many were given back.
     fn return_unseen(&self, ticked: &mut Ticked) -> usize {
         let out = match self.leases.held() {
             Ok(out) => out,
@@ -139,28 +144,30 @@ impl Slices {
             }
         };
         let local = self.lock();
+        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        // A lost slice no longer out (reclaimed) need not be remembered.
+        lost.retain(|id| out.iter().any(|l| l.id == *id));
         let known = |id: i64| {
             local.held.values().any(|h| h.lease.id == id)
                 || local.unreturned.iter().any(|(l, _)| l.id == id)
+                || lost.contains(&id)
         };
         let unseen: Vec<Lease> = out.into_iter().filter(|l| !known(l.id)).collect();
+        drop(lost);
         drop(local);
         let mut n = 0;
         for lease in unseen {
-            let r = self.leases.release(lease.id, Amounts::default());
-            match r {
+            match self.leases.release(lease.id, Amounts::default()) {
                 // Given back meanwhile by a use's refill (it was seen after all).
-                Ok(Released::Already) => continue,
-                Err(LeaseError::Unavailable { .. }) => {
+                Ok(Released::Already) => {}
+                Ok(released) => {
                     self.event(LeaseEvent::Granted(lease.clone()));
-                    self.lock().unreturned.push((lease, Amounts::default()));
+                    self.returned(lease, Amounts::default(), Ok(released));
+                    n += 1;
                 }
-                r => {
-                    self.event(LeaseEvent::Granted(lease.clone()));
-                    self.returned(lease, Amounts::default(), r);
-                }
+                Err(LeaseError::Unavailable { .. }) => ticked.unavailable = true,
+                Err(e) => self.returned(lease, Amounts::default(), Err(e)),
             }
-            n += 1;
         }
         n
     }

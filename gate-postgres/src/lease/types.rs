@@ -321,6 +321,15 @@ pub enum LeaseError {
         /// Its key.
         key: String,
     },
+    /// Slices of the scope are out: a redefinition that would change which dimensions
+    /// are capped (each slice's are fixed at its grant), or a reset, waits for them.
+    #[error("lease scope {kind} `{key}`: slices of it are out; revoke it and wait for them to return or be reclaimed, then retry")]
+    SlicesOut {
+        /// Its kind.
+        kind: &'static str,
+        /// Its key.
+        key: String,
+    },
     /// An argument the tables cannot hold (above 2^63 - 1), or a grant of nothing.
     #[error("lease: {0}")]
     Invalid(String),

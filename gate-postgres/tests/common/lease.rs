@@ -42,3 +42,49 @@ pub fn amounts<const N: usize>(cluster: &Cluster, scope: &Scope, columns: [&str;
         .collect();
     v.try_into().expect("one value per column")
 }
+
+/// A central check of `op` on `run` through `gate`, reserving `reserve` cents: its
+/// attempt if allowed, `None` if refused (denied, or the database unavailable).
+pub fn check(
+    gate: &tally_gate::Gate<tally_gate_postgres::Postgres>,
+    caller: tally_gate::Caller,
+    run: &str,
+    op: &str,
+    reserve: u64,
+) -> Option<u64> {
+    let req = serde_json::json!({"run": run, "tool": "llm", "operation": op, "effect": "read", "reserve_cents": reserve});
+    match gate.check_blocking(caller, serde_json::from_value(req).expect("check")) {
+        Ok(a) if format!("{:?}", a.decision).starts_with("Allow") => a.attempt,
+        Ok(_) => None,
+        Err(e) => {
+            assert!(matches!(e, tally_gate::GateError::Unavailable(_)), "{e:?}");
+            None
+        }
+    }
+}
+
+/// An outcome of `attempt` settled at `cents`, with `status`, through `gate`.
+pub fn outcome(
+    gate: &tally_gate::Gate<tally_gate_postgres::Postgres>,
+    caller: tally_gate::Caller,
+    run: &str,
+    attempt: u64,
+    status: tally_ledger::Status,
+    cents: u64,
+) -> Result<(), tally_gate::GateError> {
+    let req = tally_gate::OutcomeRequest {
+        run: run.into(),
+        attempt,
+        status,
+        settled_cents: Some(cents),
+        settled_nanos: None,
+        remote_ref: None,
+        observed: None,
+        retry_after_ms: None,
+        result_digest: None,
+        worker: None,
+        usage_refused: None,
+        usage: None,
+    };
+    gate.outcome_blocking(caller, req).map(drop)
+}
