@@ -20,6 +20,15 @@ use crate::LimitKey;
 /// Read a canonical stored decision, or `None` if the bytes are not exactly in canonical
 /// form. Does not validate the decision against docs/FORMAT.md.
 pub(crate) fn parse(bytes: &[u8]) -> Option<Decision> {
+    let mut d = Decision::default();
+    parse_into(bytes, &mut d)?;
+    Some(d)
+}
+
+/// [`parse`] into `d`, which must be `Decision::default()`: a decision is about a
+/// kilobyte, and one read where it will stay (in a box) is not moved there. On `None`,
+/// `d` holds whatever was read before the deviation.
+pub(crate) fn parse_into(bytes: &[u8], d: &mut Decision) -> Option<()> {
     // Strings are copied out as they are; the whole text must be UTF-8.
     let text = std::str::from_utf8(bytes).ok()?;
     let mut r = Reader {
@@ -27,8 +36,8 @@ pub(crate) fn parse(bytes: &[u8]) -> Option<Decision> {
         at: 0,
         next: None,
     };
-    let d = r.decision()?;
-    (r.at == bytes.len()).then_some(d)
+    r.decision(d)?;
+    (r.at == bytes.len()).then_some(())
 }
 
 struct Reader<'a> {
@@ -227,12 +236,11 @@ impl<'a> Reader<'a> {
         self.eat(b"\"").then_some(word)
     }
 
-    fn decision(&mut self) -> Option<Decision> {
+    fn decision(&mut self, d: &mut Decision) -> Option<()> {
         if !self.eat(b"{") {
             return None;
         }
         let mut first = true;
-        let mut d = Decision::default();
         // `run` and `kind` are always written; the rest only when present.
         if !self.key(&mut first, "run") {
             return None;
@@ -297,7 +305,7 @@ impl<'a> Reader<'a> {
             trace_id => self.string()?,
             prev_seq => self.u64()?,
         }
-        self.eat(b"}").then_some(d)
+        self.eat(b"}").then_some(())
     }
 
     fn budget(&mut self) -> Option<Budget> {

@@ -337,3 +337,27 @@ fn every_single_byte_edit_of_a_full_decision() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// `Decision::from_stored_boxed` reads what `Decision::from_stored` reads: the same
+    /// decision or the same refusal, also when a damaged byte sends it from the reader,
+    /// half-way through a decision read in place, to the general parse.
+    #[test]
+    fn boxed_reads_what_unboxed_reads(
+        d in decision(),
+        at in any::<prop::sample::Index>(),
+        b in any::<u8>(),
+    ) {
+        let bytes = serde_json::to_vec(&d).unwrap();
+        let mut damaged = bytes.clone();
+        damaged[at.index(bytes.len())] = b;
+        for x in [&bytes, &damaged] {
+            prop_assert_eq!(
+                Decision::from_stored_boxed(x).map(|d| *d),
+                Decision::from_stored(x)
+            );
+        }
+    }
+}

@@ -180,7 +180,5 @@ fn open(p: &Pending, plain: &mut Vec<u8>) -> Result<Box<Decision>, String> {
     p.key
         .open_into(&p.nonce, header, body, plain)
         .map_err(|e| e.to_string())?;
-    Decision::from_stored(plain)
-        .map(Box::new)
-        .map_err(|e| format!("invalid: {e}"))
+    Decision::from_stored_boxed(plain).map_err(|e| format!("invalid: {e}"))
 }
