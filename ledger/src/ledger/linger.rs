@@ -6,13 +6,14 @@
 use std::time::Duration;
 
 /// How long a deferred append waits for another append to ride with before it starts a
-/// commit group of its own: 5 ms, by the ledger's clock. Chosen by measurement
-/// (docs/PERFORMANCE.md, "The outcome rides the next decision's fsync"): longer than the
-/// time an agent on loopback takes from the end of one proxied answer to its next check
+/// commit group of its own: 5 ms, by the ledger's clock. Longer than the time an agent on
+/// loopback takes from the end of one proxied answer to its next check reaching the gate
 /// (a few hundred µs, a few ms on a loaded machine), so that check's fsync carries the
-/// outcome too; short enough that a run that makes no further call has its last outcome
-/// durable a few ms later. What it bounds is what a crash can lose: a deferred record no
-/// later acknowledged append followed (docs/GATE.md, "Durability and ordering").
+/// outcome too (measured: docs/PERFORMANCE.md, "The outcome rides the next decision's
+/// fsync"; not swept); short enough that a run that makes no further call has its last
+/// outcome durable a few ms later. It bounds what a crash of an otherwise idle gate can
+/// lose: a deferred record no later acknowledged append followed (docs/GATE.md,
+/// "Durability and ordering").
 pub const LINGER_MS: u64 = 5;
 
 /// What may start a group now, of what is queued: `eager` appends that are not deferred,
