@@ -265,14 +265,12 @@ impl<B: StateBackend> Gate<B> {
         // sequenced answer says so. A failure after queueing is the durable answer's.
         let refused = sequenced.as_ref().map(|_| Arc::new(Handed::default()));
         let refusing = refused.clone();
-        // A sequenced answer's records start no fsync of their own: they ride the next
-        // decision's (docs/GATE.md, "Durability and ordering").
-        let deferred = sequenced.is_some();
+        // Deferred if answered once sequenced: they ride the next decision's fsync.
         t.commit(
             plaintexts,
             &scopes,
             ledger_state,
-            deferred,
+            sequenced.is_some(),
             Box::new(move |result| {
                 if let (Some(r), Err(_)) = (&refusing, &result) {
                     if !r.returned.load(Ordering::SeqCst) {
