@@ -303,6 +303,7 @@ impl StateTxn for PostgresTxn<'_> {
         plaintexts: Vec<Vec<u8>>,
         scopes: &[Scopes<'_>],
         ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
+        deferred: bool,
         done: Committed,
     ) {
         let _ = scopes;
@@ -314,9 +315,12 @@ impl StateTxn for PostgresTxn<'_> {
             )));
         }
         // Queued under the local lock: this ledger's order is the order state changed.
-        self.backend
-            .ledger
-            .submit_with_state(plaintexts, ledger_state, done);
+        let ledger = &self.backend.ledger;
+        if deferred {
+            ledger.submit_deferred(plaintexts, ledger_state, done);
+        } else {
+            ledger.submit_with_state(plaintexts, ledger_state, done);
+        }
         drop(self);
     }
 }

@@ -265,10 +265,12 @@ impl<B: StateBackend> Gate<B> {
         // sequenced answer says so. A failure after queueing is the durable answer's.
         let refused = sequenced.as_ref().map(|_| Arc::new(Handed::default()));
         let refusing = refused.clone();
+        // Deferred if answered once sequenced: they ride the next decision's fsync.
         t.commit(
             plaintexts,
             &scopes,
             ledger_state,
+            sequenced.is_some(),
             Box::new(move |result| {
                 if let (Some(r), Err(_)) = (&refusing, &result) {
                     if !r.returned.load(Ordering::SeqCst) {

@@ -209,3 +209,84 @@ fn only_the_proxy_has_an_outcome_answered_before_it_is_durable() {
     );
     assert_eq!(gate.run(ALICE, "r").expect("standing").settled_nanos, 0);
 }
+
+/// Real time in which an outcome whose linger is not up on the ledger's held clock must
+/// not become durable: many times `LINGER_MS`.
+const QUIET: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A gate over a fresh ledger in `dir` whose clock the test holds: the ledger's clock,
+/// and the ledger's path.
+fn clocked_gate(
+    dir: &std::path::Path,
+) -> (
+    Gate,
+    Arc<tally_ledger::clock::ManualClock>,
+    std::path::PathBuf,
+) {
+    use tally_ledger::clock::{Clock, ManualClock};
+    let path = dir.join("l");
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let auditor = AuditorKey::generate();
+    Ledger::init_with_clock(
+        &path,
+        &auditor.public(),
+        Rotation::default(),
+        clock.as_ref(),
+    )
+    .expect("init");
+    let ledger = Ledger::open_with_clock(&path, Arc::clone(&clock) as Arc<dyn Clock>);
+    let policy = Recorded::new("[ceiling]\nspend_cents = 100\n").expect("policy");
+    let gate = Gate::open(Arc::new(ledger.expect("open")), policy).expect("gate");
+    (gate, clock, path)
+}
+
+#[test]
+fn a_sequenced_outcome_starts_no_fsync_and_is_durable_with_the_next_decision_before_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gate, _clock, path) = clocked_gate(dir.path());
+    let attempt = allowed(&gate, "r");
+    let on_disk = Ledger::read_checkpoint(&path).expect("checkpoint").size;
+    let (seq, durable) = sequenced(&gate, settled("r", attempt, 40_000_000));
+    seq.recv_timeout(WAIT).expect("sequenced").expect("queued");
+    // Applied: every later operation sees it. Not written, not durable: its linger is
+    // not up and nothing else was decided (a kill now loses this record, and only it).
+    let s = gate.run(ALICE, "r").expect("standing");
+    assert_eq!((s.held_nanos, s.settled_nanos), (0, 40_000_000));
+    assert!(durable.recv_timeout(QUIET).is_err(), "not durable alone");
+    assert_eq!(Ledger::read_checkpoint(&path).expect("read").size, on_disk);
+    // The next decision's commit carries it, just before that decision.
+    let req = serde_json::from_value(serde_json::json!({
+        "run": "r", "tool": "model", "effect": "read", "reserve_cents": 1,
+    }))
+    .expect("check");
+    let later = gate.check_blocking(PROXY, req).expect("check");
+    let later = later.seq.expect("an acknowledged decision's seq");
+    let logged = durable
+        .recv_timeout(WAIT)
+        .expect("durable")
+        .expect("recorded");
+    assert_eq!(logged.seq + 1, later);
+    assert_eq!(
+        Ledger::read_checkpoint(&path).expect("read").size,
+        later + 1
+    );
+}
+
+#[test]
+fn a_sequenced_outcome_alone_is_durable_once_its_linger_is_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gate, clock, path) = clocked_gate(dir.path());
+    let attempt = allowed(&gate, "r");
+    let (seq, durable) = sequenced(&gate, settled("r", attempt, 40_000_000));
+    seq.recv_timeout(WAIT).expect("sequenced").expect("queued");
+    assert!(durable.recv_timeout(QUIET).is_err(), "not durable alone");
+    clock.advance(tally_ledger::LINGER_MS);
+    let logged = durable
+        .recv_timeout(WAIT)
+        .expect("durable")
+        .expect("recorded");
+    assert_eq!(
+        Ledger::read_checkpoint(&path).expect("read").size,
+        logged.seq + 1
+    );
+}

@@ -13,13 +13,15 @@
 //! acknowledged before an fsync that began after it was written.
 //!
 //! Here: the public types and the read side. `open` creates and opens ledgers, `pipeline`
-//! runs the two stages, `writer` writes one group (and rotates epochs), `group` is what a
-//! group is made of, `index` rebuilds the sled index from the log, `own` reads the
-//! current epoch's decisions back with the writer's key. Among them dependencies point
-//! one way: open -> pipeline -> writer -> group, open -> index, own -> pipeline.
+//! runs the two stages, `linger` says when deferred appends may start a group, `writer`
+//! writes one group (and rotates epochs), `group` is what a group is made of, `index`
+//! rebuilds the sled index from the log, `own` reads the current epoch's decisions back
+//! with the writer's key. Among them dependencies point one way: open -> pipeline ->
+//! writer -> group, pipeline -> linger, open -> index, own -> pipeline.
 
 mod group;
 mod index;
+mod linger;
 mod open;
 mod own;
 mod pipeline;
@@ -39,6 +41,7 @@ use crate::tlog::merkle::TreeHash;
 use crate::tlog::LogKey;
 
 use self::group::{Pending, Reply};
+pub use self::linger::LINGER_MS;
 pub use self::own::EpochRead;
 pub use self::pipeline::SyncObserver;
 use self::pipeline::{lock, Shared};
@@ -295,6 +298,34 @@ impl Ledger {
         state: Vec<(Vec<u8>, Vec<u8>)>,
         done: impl FnOnce(Result<Vec<Receipt>>) + Send + 'static,
     ) {
+        self.queue(plaintexts, state, false, done)
+    }
+
+    /// [`Ledger::submit_with_state`], *deferred*: queued in the same order as every other
+    /// append (whatever is submitted after it is durable only after it), but it starts
+    /// no commit group, and so no fsync, of its own: it rides the next group another
+    /// append starts, or, if none is submitted within [`LINGER_MS`] (by the ledger's
+    /// clock), a group of its own after that. A ledger dropped commits it at once.
+    /// `done` is called once it is durable, as for any append; until then a crash
+    /// (`kill -9`, power) may lose it, and it is lost only if no append submitted after
+    /// it was acknowledged.
+    pub fn submit_deferred(
+        &self,
+        plaintexts: Vec<Vec<u8>>,
+        state: Vec<(Vec<u8>, Vec<u8>)>,
+        done: impl FnOnce(Result<Vec<Receipt>>) + Send + 'static,
+    ) {
+        self.queue(plaintexts, state, true, done)
+    }
+
+    /// Queue an append for the pipeline threads, `deferred` or not.
+    fn queue(
+        &self,
+        plaintexts: Vec<Vec<u8>>,
+        state: Vec<(Vec<u8>, Vec<u8>)>,
+        deferred: bool,
+        done: impl FnOnce(Result<Vec<Receipt>>) + Send + 'static,
+    ) {
         if plaintexts.is_empty() {
             return done(Ok(Vec::new()));
         }
@@ -314,10 +345,13 @@ impl Ledger {
             drop(queue);
             return done(Err(e));
         }
+        let deferred_since = deferred.then(|| shared.clock.now_ms());
+        queue.eager += usize::from(!deferred);
         queue.pending.push(Pending {
             plaintexts,
             state,
             rotate: false,
+            deferred_since,
             reply: Reply::new(done),
         });
         shared.wake_committer(&queue);
@@ -333,10 +367,12 @@ impl Ledger {
         if let Some(why) = &queue.poisoned {
             return Err(Error::Poisoned(why.clone()));
         }
+        queue.eager += 1;
         queue.pending.push(Pending {
             plaintexts,
             state: Vec::new(),
             rotate,
+            deferred_since: None,
             reply: Reply::new(move |result| {
                 let _ = tx.send(result);
             }),

@@ -44,4 +44,4 @@ pub use decision::{Action, Decision, Effect, Kind, Reason, Status, Usage, UsageR
 pub use error::{ArgsError, CryptoError, DecisionError, Error, FormatError, Result};
 pub use format::{Checkpoint, Entry, EntryType, Frame, Hash, Header, LedgerId};
 pub use keys::{AuditorKey, LedgerPublic};
-pub use ledger::{EpochRead, Ledger, Receipt, Rotation, SyncObserver};
+pub use ledger::{EpochRead, Ledger, Receipt, Rotation, SyncObserver, LINGER_MS};

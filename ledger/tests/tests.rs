@@ -3,6 +3,7 @@
 mod clock;
 mod crash;
 mod decisions;
+mod deferred;
 mod order;
 mod own;
 mod pipeline;

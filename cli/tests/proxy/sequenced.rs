@@ -77,3 +77,64 @@ async fn a_proxied_outcome_is_in_the_log_before_a_later_acknowledged_decision() 
         "the outcome ({seq}) before the check ({later})"
     );
 }
+
+/// The outcome's record rides the next decision's fsync, or commits alone 5 ms later: a
+/// `kill -9` right after the answer lands inside that window (or just after it). Either
+/// the outcome is in the log, settled, or, no decision having been acknowledged after
+/// it, it is lost whole: then the call's reservation is held after the restart, in the
+/// run's standing and in `tally handoff`, and `tally verify` finds the ledger intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_right_after_a_proxied_answer_loses_its_outcome_only_whole_and_held() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let token = served.start_run("r").await;
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(&token))],
+        chat("fake-ok", json!({})),
+    )
+    .await;
+    assert_eq!((a.status, a.cut), (200, false), "{}", a.text());
+    // Nothing decided after it: the daemon killed at once.
+    served.kill9();
+    let report = tally().verifies(served.dir());
+    assert_eq!(report["verdict"], "intact", "{report}");
+    let decisions = served.decisions("r");
+    let allowed = decisions
+        .iter()
+        .find(|d| d["decision"]["kind"] == "allow")
+        .expect("the check, durable before the call was forwarded");
+    let reserved = allowed["decision"]["reserve_nanos"]
+        .as_u64()
+        .expect("reserved");
+    let outcome = decisions
+        .iter()
+        .find(|d| d["decision"]["kind"] == "outcome");
+    let dir = served.dir().to_owned();
+    drop(served);
+    let served = Served::start(&dir);
+    let st = served.standing("r").await;
+    let h = served.handoff("r");
+    match outcome {
+        Some(o) => {
+            // Durable in time: whole and settled.
+            assert_eq!(o["decision"]["settled_nanos"], FAKE_OK, "{o}");
+            assert_eq!(
+                (st["held_nanos"].as_u64(), st["settled_nanos"].as_u64()),
+                (Some(0), Some(FAKE_OK)),
+                "{st}"
+            );
+        }
+        None => {
+            // Lost: the reservation held, never a settlement the ledger lacks.
+            assert_eq!(
+                (st["held_nanos"].as_u64(), st["settled_nanos"].as_u64()),
+                (Some(reserved), Some(0)),
+                "{st}"
+            );
+            assert_eq!(h["spend"]["reserved_nanos"], reserved, "{h}");
+        }
+    }
+}

@@ -172,14 +172,19 @@ impl StateTxn for EmbeddedTxn<'_> {
         plaintexts: Vec<Vec<u8>>,
         scopes: &[Scopes<'_>],
         mut ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
+        deferred: bool,
         done: Committed,
     ) {
         for s in scopes {
             ledger_state.extend(self.t.entries(s));
         }
         // Queued under the lock: the ledger's order is the state's order.
-        self.ledger
-            .submit_with_state(plaintexts, ledger_state, done);
+        if deferred {
+            self.ledger.submit_deferred(plaintexts, ledger_state, done);
+        } else {
+            self.ledger
+                .submit_with_state(plaintexts, ledger_state, done);
+        }
         drop(self.t);
     }
 }

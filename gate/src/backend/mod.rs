@@ -141,12 +141,15 @@ pub trait StateTxn {
     fn persist(&mut self, scopes: &[Scopes<'_>]) -> Result<u64, GateError>;
     /// Queue `plaintexts` with the state of `scopes` (and `ledger_state`, kept with the
     /// ledger itself), then release the transaction. Called only after
-    /// [`StateTxn::persist`] succeeded for the same scopes.
+    /// [`StateTxn::persist`] succeeded for the same scopes. `deferred`: queued with
+    /// [`tally_ledger::Ledger::submit_deferred`] (it rides the next decision's fsync),
+    /// else with [`tally_ledger::Ledger::submit_with_state`].
     fn commit(
         self,
         plaintexts: Vec<Vec<u8>>,
         scopes: &[Scopes<'_>],
         ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
+        deferred: bool,
         done: Committed,
     );
 }

@@ -42,6 +42,9 @@ pub(super) struct Pending {
     pub(super) state: Vec<(Vec<u8>, Vec<u8>)>,
     /// Start a new key epoch before this group (an explicit [`Ledger::rotate`]).
     pub(super) rotate: bool,
+    /// A deferred append ([`Ledger::submit_deferred`]): when it was queued (the ledger's
+    /// clock, ms). It starts no group of its own before its linger is up.
+    pub(super) deferred_since: Option<u64>,
     pub(super) reply: Reply,
 }
 

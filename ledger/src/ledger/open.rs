@@ -208,7 +208,7 @@ impl Ledger {
         let cipher = keys::data_key(&secrets.data);
         let writer = Writer {
             dir: dir.to_path_buf(),
-            clock,
+            clock: Arc::clone(&clock),
             ledger_id,
             recipient: end.recipient,
             rotation,
@@ -226,7 +226,7 @@ impl Ledger {
             links: RunLinks::default(),
             linked: Vec::new(),
         };
-        let shared = shared(log, store, checkpoint, durable_root, writer);
+        let shared = shared(log, store, (checkpoint, durable_root), writer, clock);
         let mut ledger = Ledger {
             dir: dir.to_path_buf(),
             ledger_id,
@@ -500,20 +500,22 @@ fn writer_secrets(
 fn shared(
     log: LogWriter,
     store: Store,
-    durable: Checkpoint,
-    durable_root: crate::tlog::merkle::TreeHash,
+    (durable, durable_root): (Checkpoint, crate::tlog::merkle::TreeHash),
     writer: Writer,
+    clock: Arc<dyn Clock>,
 ) -> Arc<Shared> {
     Arc::new(Shared {
         log,
         store,
         queue: Mutex::new(Queue {
             pending: Vec::new(),
+            eager: 0,
             applied: Vec::new(),
             committing: false,
             syncing: false,
             flushing: false,
             commit_idle: false,
+            commit_lingering: false,
             sync_idle: false,
             durable,
             durable_root,
@@ -524,6 +526,7 @@ fn shared(
         to_sync: Condvar::new(),
         writer: Mutex::new(writer),
         on_sync: std::sync::OnceLock::new(),
+        clock,
     })
 }
 

@@ -2,8 +2,9 @@
 //! writes it (through the [`Writer`](super::writer::Writer)), the *sync* stage makes what
 //! was written durable and only then acknowledges it.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use crate::clock::Clock;
 use crate::error::Error;
 use crate::format::Checkpoint;
 use crate::segment::{LogWriter, MAX_STATE_LEN};
@@ -11,6 +12,7 @@ use crate::store::Store;
 use crate::tlog::merkle::TreeHash;
 
 use super::group::{Applied, Pending, Reply};
+use super::linger::lingering;
 use super::writer::{state_bound, Writer, STATE_CHECK_LEN};
 
 /// Most decisions a commit group gathers from the queue, so one group's latency and memory
@@ -21,6 +23,8 @@ pub(super) const MAX_GROUP: usize = 16_384;
 pub(super) struct Queue {
     /// Decisions waiting for the next group.
     pub(super) pending: Vec<Pending>,
+    /// How many of `pending` are not deferred: any of them starts a group.
+    pub(super) eager: usize,
     /// Groups written, waiting for the next fsync.
     pub(super) applied: Vec<Applied>,
     /// Someone holds the commit role (encrypting and writing a group).
@@ -32,6 +36,9 @@ pub(super) struct Queue {
     /// The committer thread is asleep, waiting for work (so it is woken only when it has
     /// some: a condvar notify is a system call).
     pub(super) commit_idle: bool,
+    /// The committer thread's sleep is timed: only young deferred appends are queued,
+    /// and it looks again once the oldest one's linger is up.
+    pub(super) commit_lingering: bool,
     /// The syncer thread is asleep, waiting for work.
     pub(super) sync_idle: bool,
     /// The latest checkpoint whose group is durable and acknowledged.
@@ -59,6 +66,8 @@ pub(super) struct Shared {
     pub(super) writer: Mutex<Writer>,
     /// Told how long each flush and fsync took ([`super::Ledger::on_sync`]).
     pub(super) on_sync: std::sync::OnceLock<SyncObserver>,
+    /// Times deferred appends' lingers (the writer's clock).
+    pub(super) clock: Arc<dyn Clock>,
 }
 
 /// Told how long each flush and fsync of the log took.
@@ -90,17 +99,26 @@ pub(super) enum Role {
 }
 
 impl Shared {
-    /// Wake the committer thread if it sleeps and may start a group. Call holding the
-    /// queue's lock, after changing what it waits for.
+    /// Wake the committer thread if it sleeps and may start a group, or sleeps untimed
+    /// while a deferred append waits for its linger to be timed. Call holding the queue's
+    /// lock, after changing what it waits for.
     pub(super) fn wake_committer(&self, queue: &Queue) {
         if queue.commit_idle
             && !queue.committing
             && !queue.flushing
             && !queue.pending.is_empty()
             && queue.applied.is_empty()
+            && (!queue.commit_lingering || self.lingering(queue).is_none())
         {
             self.to_commit.notify_one();
         }
+    }
+
+    /// How long the queued appends wait before a group may start: `None` if it may
+    /// now (see [`lingering`]).
+    fn lingering(&self, queue: &Queue) -> Option<std::time::Duration> {
+        let oldest = queue.pending.first().and_then(|p| p.deferred_since);
+        lingering(queue.eager, queue.closing, oldest, self.clock.now_ms())
     }
 
     /// Wake the syncer thread if it sleeps and has written groups to sync.
@@ -115,8 +133,9 @@ impl Shared {
         let mut queue = lock(&self.queue);
         loop {
             // Start a group only once the syncer has taken the one before and sled's flush
-            // is over, so the next group gathers everything that arrives meanwhile.
-            if queue.committing
+            // is over, so the next group gathers everything that arrives meanwhile; and
+            // not for young deferred appends alone (they wait to ride a later one).
+            let linger = if queue.committing
                 || queue.flushing
                 || queue.pending.is_empty()
                 || !queue.applied.is_empty()
@@ -124,12 +143,25 @@ impl Shared {
                 if queue.closing && queue.pending.is_empty() {
                     return;
                 }
+                Some(None)
+            } else {
+                self.lingering(&queue).map(Some)
+            };
+            if let Some(timed) = linger {
                 queue.commit_idle = true;
-                queue = self
-                    .to_commit
-                    .wait(queue)
-                    .unwrap_or_else(|e| e.into_inner());
+                queue.commit_lingering = timed.is_some();
+                queue = match timed {
+                    None => self
+                        .to_commit
+                        .wait(queue)
+                        .unwrap_or_else(|e| e.into_inner()),
+                    Some(t) => {
+                        let waited = self.to_commit.wait_timeout(queue, t);
+                        waited.unwrap_or_else(|e| e.into_inner()).0
+                    }
+                };
                 queue.commit_idle = false;
+                queue.commit_lingering = false;
                 continue;
             }
             queue = self.commit_once(queue);
@@ -182,6 +214,8 @@ impl Shared {
             })
             .count();
         let group: Vec<Pending> = queue.pending.drain(..take).collect();
+        let eager = group.iter().filter(|p| p.deferred_since.is_none()).count();
+        queue.eager = queue.eager.saturating_sub(eager);
         let poisoned = queue.poisoned.clone();
         drop(queue);
         let guard = RoleGuard(self, Role::Commit);
@@ -302,6 +336,7 @@ impl Drop for RoleGuard<'_> {
             }
         }
         let pending = std::mem::take(&mut queue.pending);
+        queue.eager = 0;
         let applied = std::mem::take(&mut queue.applied);
         drop(queue);
         // Their replies answer with an error as they drop, outside the lock.

@@ -1,6 +1,7 @@
-//! The settle phase: the call's outcome recorded with the gate (its `outcome_sequenced`,
-//! on the decision thread), then its span ended with it. It returns once the outcome is
-//! sequenced, before it is durable (docs/PROXY.md, "The outcome off the answer's path").
+//! The settle phase: the call's outcome recorded with the gate (its `outcome_sequenced`:
+//! in place on the embedded store, on the decision thread for a networked one), then its
+//! span ended with it. It returns once the outcome is sequenced, before it is durable
+//! (docs/PROXY.md, "The outcome off the answer's path").
 //!
 //! It runs once for every call the check allowed, whatever ends it: the check arms a
 //! [`Settling`], forward and pump tell it what happened ([`Settling::ended`]), and it
@@ -14,7 +15,7 @@ use std::time::Instant;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use tally_gate::{Caller, GateError, OutcomeRequest};
+use tally_gate::{Caller, GateError, Gatekeeper, OutcomeRequest};
 use tally_policy::{ModelPrice, UpstreamKind};
 use tally_record::money::Nanos;
 use tally_record::{Effect, Status, UsageRefused};
@@ -78,35 +79,63 @@ impl Ended {
     }
 }
 
-/// Where an outcome is recorded: the gate, on its decision thread. The future resolves
-/// once the outcome is *sequenced* (its state change applied, its record queued in the
-/// ledger's commit order), not once it is durable.
+/// Where an outcome is recorded: the gate, here for the embedded store, on its decision
+/// thread for a networked one. The future resolves once the outcome is *sequenced* (its
+/// state change applied, its record queued in the ledger's commit order), not once it is
+/// durable.
 pub(crate) type Record =
     Arc<dyn Fn(Caller, OutcomeRequest) -> BoxFuture<'static, Result<(), GateError>> + Send + Sync>;
+
+/// A gate call that answers through its callback.
+type GateCall = Box<dyn FnOnce(Arc<dyn Gatekeeper>, Sequenced) + Send>;
+
+/// Where the gate says the outcome is sequenced.
+type Sequenced = Box<dyn FnOnce(Result<(), GateError>) + Send>;
 
 impl Proxy {
     /// The gate's `outcome_sequenced`, for a task that outlives the request: resolves
     /// once the outcome is sequenced; if the ledger then cannot make it durable (the
-    /// gate fails closed), that is said on stderr.
+    /// gate fails closed), that is said on stderr. On the embedded store it is sequenced
+    /// on this thread (a state lock held for the outcome's decision, and the ledger's
+    /// queue), as the daemon reads that store: no round trip to the decision thread at
+    /// the end of every answer. A networked backend blocks for its round trips, so there
+    /// it goes through the decision thread.
     pub(crate) fn recorder(&self) -> Record {
         let (gate, stage) = (Arc::clone(&self.gate), Arc::clone(&self.stage));
         Arc::new(move |caller, req| {
             let (gate, stage) = (Arc::clone(&gate), Arc::clone(&stage));
+            let sequence: GateCall = Box::new(move |gate, sequenced| {
+                let (run, attempt) = (req.run.clone(), req.attempt);
+                let durable = Box::new(move |r: Result<tally_gate::Logged, GateError>| {
+                    if let Err(e) = r {
+                        unrecorded(&run, attempt, &e);
+                    }
+                });
+                gate.outcome_sequenced(caller, req, sequenced, durable)
+            });
             async move {
-                crate::proxy::call(&gate, &stage, move |gate, sequenced| {
-                    let (run, attempt) = (req.run.clone(), req.attempt);
-                    let durable = Box::new(move |r: Result<tally_gate::Logged, GateError>| {
-                        if let Err(e) = r {
-                            unrecorded(&run, attempt, &e);
-                        }
-                    });
-                    gate.outcome_sequenced(caller, req, sequenced, durable)
-                })
-                .await
+                if gate.networked() {
+                    crate::proxy::call(&gate, &stage, sequence).await
+                } else {
+                    in_place(gate, sequence).await
+                }
             }
             .boxed()
         })
     }
+}
+
+/// `sequence` run on this thread; its answer.
+async fn in_place(gate: Arc<dyn Gatekeeper>, sequence: GateCall) -> Result<(), GateError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    sequence(
+        gate,
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    rx.await
+        .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
 }
 
 /// Said on stderr when the outcome of `run`'s `attempt` could not be recorded.
