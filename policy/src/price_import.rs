@@ -176,18 +176,40 @@ pub fn import_litellm(json: &str, opts: &ImportOptions) -> Result<Imported, Impo
         serde_json::from_str(json).map_err(|e| ImportError::NotATable(e.to_string()))?;
     let mut prices: BTreeMap<(String, String), (String, ImportedPrice)> = BTreeMap::new();
     let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
+    // Chat entries of a chosen upstream left unwritten (their rates, or --model): a
+    // dated one among them must not fall to its written model's price.
+    let mut left_out: Vec<LeftOut> = Vec::new();
     for (key, entry) in &table {
         // LiteLLM's first entry documents the fields; it prices nothing.
         if key == "sample_spec" {
             continue;
         }
-        let Some((upstream, id)) = selected(key, entry, opts, &mut skipped)? else {
-            continue;
+        let (upstream, id) = match selected(key, entry, opts, &mut skipped)? {
+            Selected::Write(upstream, id) => (upstream, id),
+            Selected::LeftOut(upstream, id) => {
+                // Its price if it reads as one (it is not written: never an error).
+                let object = entry.as_object();
+                let price = object.and_then(|e| read_price(key, e).ok()?.ok());
+                left_out.push(LeftOut {
+                    upstream,
+                    id,
+                    key: key.clone(),
+                    price,
+                });
+                continue;
+            }
+            Selected::Skipped => continue,
         };
         let price = match read_price(key, entry.as_object().unwrap_or(&Map::new()))? {
             Ok(price) => price,
             Err(why) => {
                 *skipped.entry(why.into()).or_default() += 1;
+                left_out.push(LeftOut {
+                    upstream,
+                    id,
+                    key: key.clone(),
+                    price: None,
+                });
                 continue;
             }
         };
@@ -201,7 +223,61 @@ pub fn import_litellm(json: &str, opts: &ImportOptions) -> Result<Imported, Impo
         }
         prices.insert((upstream, id), (key.clone(), price));
     }
+    undated_left_out(&prices, &left_out)?;
     finish(prices, skipped, opts)
+}
+
+/// A chat entry of a chosen upstream that is not written.
+struct LeftOut {
+    upstream: String,
+    id: String,
+    /// The table's key.
+    key: String,
+    /// Its price, if it has one a policy can state.
+    price: Option<ImportedPrice>,
+}
+
+/// Refused: a dated snapshot left unwritten whose model is written at other rates. The
+/// policy prices a `-YYYYMMDD` id it does not name at its model's price, so the
+/// snapshot would be billed at rates the table does not give it.
+fn undated_left_out(
+    prices: &BTreeMap<(String, String), (String, ImportedPrice)>,
+    left_out: &[LeftOut],
+) -> Result<(), ImportError> {
+    for LeftOut {
+        upstream,
+        id,
+        key,
+        price,
+    } in left_out
+    {
+        let Some(base) = crate::upstreams::undated(id) else {
+            continue;
+        };
+        let written = prices.get(&(upstream.clone(), base.to_owned()));
+        if written.is_some_and(|(_, at)| price.as_ref() != Some(at)) {
+            return Err(ImportError::Entry {
+                model: key.clone(),
+                field: "(dated snapshot)".to_owned(),
+                why: format!(
+                    "is left out while `{base}` is written: the policy would price it at \
+                     `{base}`'s rates, which the table does not give it; leave `{base}` out \
+                     too (--model), or price the snapshot by hand"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What [`selected`] makes of an entry.
+enum Selected {
+    /// Its upstream and model id: one to write.
+    Write(String, String),
+    /// A chat entry of a chosen upstream that `--model` leaves out.
+    LeftOut(String, String),
+    /// Not one to write (counted in `skipped`).
+    Skipped,
 }
 
 /// The prices read, as policy text: dated snapshots folded into their model's price,
@@ -291,7 +367,7 @@ fn selected(
     entry: &Value,
     opts: &ImportOptions,
     skipped: &mut BTreeMap<String, u64>,
-) -> Result<Option<(String, String)>, ImportError> {
+) -> Result<Selected, ImportError> {
     let bad = |field: &str, why: &str| ImportError::Entry {
         model: key.to_owned(),
         field: field.to_owned(),
@@ -311,7 +387,7 @@ fn selected(
     };
     let mut skip = |why: String| {
         *skipped.entry(why).or_default() += 1;
-        Ok(None)
+        Ok(Selected::Skipped)
     };
     let upstream = match opts.providers.get(provider) {
         Some(u) => u.clone(),
@@ -335,7 +411,8 @@ fn selected(
         .and_then(|k| k.strip_prefix('/'))
         .unwrap_or(key);
     if !opts.models.is_empty() && !opts.models.iter().any(|m| matches(m, id)) {
-        return skip("not in --model".into());
+        skip("not in --model".into())?;
+        return Ok(Selected::LeftOut(upstream, id.to_owned()));
     }
     if !crate::upstreams::valid_name(&upstream) {
         return Err(ImportError::Upstream {
@@ -348,7 +425,7 @@ fn selected(
             "must be 1 to 256 visible ASCII characters, without `\"` or `\\`",
         ));
     }
-    Ok(Some((upstream, id.to_owned())))
+    Ok(Selected::Write(upstream, id.to_owned()))
 }
 
 /// Whether `pattern` (an id, or a prefix ending in `*`) names `id`.

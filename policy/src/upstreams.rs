@@ -812,7 +812,7 @@ pub fn split_url(url: &str) -> Result<(&str, &str, &str), String> {
 }
 
 /// `model` less a dated suffix (`-YYYYMMDD`: a dash and exactly 8 ASCII digits).
-fn undated(model: &str) -> Option<&str> {
+pub(crate) fn undated(model: &str) -> Option<&str> {
     let (base, date) = model.rsplit_once('-')?;
     (!base.is_empty() && date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit()))
         .then_some(base)

@@ -281,3 +281,52 @@ fn dated_snapshots_at_their_models_rates_become_its_aliases() {
         assert_eq!(undated(id), None, "{id}");
     }
 }
+
+#[test]
+fn a_dated_snapshot_left_out_at_other_rates_than_its_written_model_is_refused() {
+    let at = |input: &str, extra: &str| {
+        format!(
+            r#"{{"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": {input}, "output_cost_per_token": 6e-07{extra}}}"#
+        )
+    };
+    let table = |snapshot: &str| {
+        format!(
+            "{{\"gpt-4o\": {}, \"gpt-4o-20240513\": {snapshot}}}",
+            at("2.5e-06", "")
+        )
+    };
+    let only_base = |t: &str| {
+        let mut o = opts(&[]);
+        o.models = vec!["gpt-4o".into()];
+        import_litellm(t, &o)
+    };
+    // Left out by --model at other rates, or skipped for rates one price cannot state:
+    // the policy would bill it at gpt-4o's rates.
+    let dearer = table(&at("5e-06", ""));
+    let tiered = table(&at(
+        "5e-06",
+        r#", "input_cost_per_token_above_200k_tokens": 1e-05"#,
+    ));
+    for got in [only_base(&dearer), import_litellm(&tiered, &opts(&[]))] {
+        match got {
+            Err(ImportError::Entry { model, field, why }) => {
+                assert_eq!(
+                    (model.as_str(), field.as_str()),
+                    ("gpt-4o-20240513", "(dated snapshot)")
+                );
+                assert!(why.contains("price the snapshot by hand"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Left out at its model's rates: priced right by the dated-suffix rule.
+    let same = table(&at("2.5e-06", ""));
+    let got = only_base(&same).expect("imports");
+    let prices = crate::upstreams::Prices::read(&got.toml).expect("reads");
+    assert_eq!(
+        prices
+            .model("openai", "gpt-4o-20240513")
+            .map(|m| m.input_per_mtok),
+        Some(Nanos(2_500_000_000))
+    );
+}
