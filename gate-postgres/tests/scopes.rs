@@ -10,7 +10,7 @@ mod common;
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use common::lease::{amounts, check, manager, outcome};
+use common::lease::{amounts, caps, check, manager, outcome, use_of};
 use common::Cluster;
 use tally_gate_postgres::{
     Amounts, Caps, Grant, LeaseClock, LeaseError, Scope, ScopeKind, SliceError, SliceOptions,
@@ -18,22 +18,6 @@ use tally_gate_postgres::{
 };
 
 const CENT: u64 = 10_000_000;
-
-fn use_of(attempts: u64, nanos: u64) -> Amounts {
-    Amounts {
-        attempts,
-        nanos,
-        ..Amounts::default()
-    }
-}
-
-fn caps(attempts: u64, nanos: u64) -> Caps {
-    Caps {
-        attempts: Some(attempts),
-        nanos: Some(nanos),
-        ..Caps::default()
-    }
-}
 
 fn holder(cluster: &Cluster, name: &str) -> Slices {
     let m = manager(cluster, name, &LeaseClock::database());

@@ -1,9 +1,12 @@
-//! The lease tests' helpers: a lease manager on the cluster, a manual clock, and a
-//! scope's amounts as the database holds them.
+//! The lease tests' helpers: a lease manager on the cluster, a manual clock, a holder
+//! of slices, uses and caps of attempts and nanos, and a scope's amounts as the database
+//! holds them.
 
 use std::time::{Duration, SystemTime};
 
-use tally_gate_postgres::{LeaseClock, LeaseOptions, Leases, Options, Scope};
+use tally_gate_postgres::{
+    Amounts, Caps, LeaseClock, LeaseOptions, Leases, Options, Scope, SliceOptions, Slices,
+};
 
 use super::Cluster;
 
@@ -87,4 +90,48 @@ pub fn outcome(
         usage: None,
     };
     gate.outcome_blocking(caller, req).map(drop)
+}
+
+pub fn holder(cluster: &Cluster, name: &str, clock: &LeaseClock, floor: u64) -> Slices {
+    let options = SliceOptions {
+        floor: Amounts {
+            attempts: floor,
+            nanos: floor * 7,
+            ..Amounts::default()
+        },
+        ..SliceOptions::default()
+    };
+    Slices::open(manager(cluster, name, clock), options, |l| l.granted, None)
+}
+
+pub fn use_of(attempts: u64, nanos: u64) -> Amounts {
+    Amounts {
+        attempts,
+        nanos,
+        ..Amounts::default()
+    }
+}
+
+pub fn caps(attempts: u64, nanos: u64) -> Caps {
+    Caps {
+        attempts: Some(attempts),
+        nanos: Some(nanos),
+        ..Caps::default()
+    }
+}
+
+/// A scope's settled, held and leased attempts and nanos, as the database holds them.
+pub fn totals(cluster: &Cluster, scope: &Scope) -> [i64; 6] {
+    amounts(
+        cluster,
+        scope,
+        [
+            "settled_attempts",
+            "settled_nanos",
+            "held_attempts",
+            "held_nanos",
+            "leased_attempts",
+            "leased_nanos",
+        ],
+    )
 }
