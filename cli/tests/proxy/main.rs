@@ -97,6 +97,25 @@ fn prices() -> Vec<(&'static str, Price)> {
 
 /// `tally serve` (testkit's [`Daemon`]) with the proxy on a loopback port and on
 /// `proxy.sock`; killed on drop.
+/// One request on the daemon's Unix socket `socket`: its status and JSON body (`null` if
+/// it is not JSON).
+async fn on_socket(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut client = tally_api::client::Client::unix(socket)
+        .await
+        .expect("connect");
+    let reply = client
+        .request(
+            method.parse().expect("method"),
+            path,
+            body.as_ref().map(|_| "application/json"),
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )
+        .await
+        .expect("request");
+    let v = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    (reply.status.as_u16(), v)
+}
+
 struct Served {
     daemon: Daemon,
     proxy: SocketAddr,
@@ -153,20 +172,7 @@ impl Served {
     }
 
     async fn agent(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut client = tally_api::client::Client::unix(&self.daemon.agent_socket())
-            .await
-            .expect("connect");
-        let reply = client
-            .request(
-                method.parse().expect("method"),
-                path,
-                body.as_ref().map(|_| "application/json"),
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )
-            .await
-            .expect("request");
-        let v = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
-        (reply.status.as_u16(), v)
+        on_socket(&self.daemon.agent_socket(), method, path, body).await
     }
 
     /// Starts `run`; its token.

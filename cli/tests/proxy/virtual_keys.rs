@@ -39,20 +39,7 @@ async fn operator_with(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut client = tally_api::client::Client::unix(&served.daemon.operator_socket())
-        .await
-        .expect("connect");
-    let reply = client
-        .request(
-            method.parse().expect("method"),
-            path,
-            body.as_ref().map(|_| "application/json"),
-            body.map(|b| b.to_string()).unwrap_or_default(),
-        )
-        .await
-        .expect("request");
-    let v = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
-    (reply.status.as_u16(), v)
+    super::on_socket(&served.daemon.operator_socket(), method, path, body).await
 }
 
 /// The proxy's refusal code (the OpenAI dialect's `error.code`).
