@@ -332,17 +332,12 @@ fn every_fuzz_target_is_listed() {
 /// test or the code is about instead.
 #[test]
 fn nothing_names_an_issue_a_clone_does_not_have() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new("git")
-        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
-        .current_dir(&root)
-        .output();
-    let Some(out) = out.ok().filter(|o| o.status.success()) else {
-        // Not a git checkout (a source archive): the files are what they are.
+    let root = super::sources::root();
+    let Some(paths) = super::sources::listed(&[]) else {
         return;
     };
     let mut named = Vec::new();
-    for path in String::from_utf8_lossy(&out.stdout).lines() {
+    for path in paths.iter().map(String::as_str) {
         let text_file = [".rs", ".md", ".toml", ".py", ".mjs", ".ts", ".yaml"]
             .iter()
             .any(|e| path.ends_with(e));

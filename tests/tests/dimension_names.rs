@@ -3,9 +3,6 @@
 //! source asks the enum (`LimitKey::SpendNanos`, `Dimension::SideEffects.as_str()`), so a
 //! misspelt key is a compile error, not a dimension no one reads.
 
-use std::path::Path;
-use std::process::Command;
-
 /// The file that spells the names.
 const NAMES_FILE: &str = "record/src/dimension.rs";
 
@@ -84,29 +81,14 @@ fn names_outside_the_enum(path: &str, text: &str) -> Vec<String> {
 /// name: the maps of `limits` are keyed by `LimitKey`, and a key is named by its variant.
 #[test]
 fn dimension_names_are_spelled_only_in_their_enum() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new("git")
-        .args([
-            "ls-files",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-            "*.rs",
-        ])
-        .current_dir(&root)
-        .output();
-    let Some(out) = out.ok().filter(|o| o.status.success()) else {
-        // Not a git checkout (a source archive): the files are what they are.
+    let root = super::sources::root();
+    let Some(paths) = super::sources::listed(&["*.rs"]) else {
         return;
     };
     let mut found = Vec::new();
     let mut read = 0;
-    for path in String::from_utf8_lossy(&out.stdout).lines() {
-        let test_code = path.contains("/tests/")
-            || path.contains("/benches/")
-            || path.ends_with("tests.rs")
-            || path.starts_with("fuzz/")
-            || path.starts_with("tests/");
+    for path in paths.iter().map(String::as_str) {
+        let test_code = super::sources::is_test_code(path) || path.starts_with("tests/");
         if test_code || path == NAMES_FILE {
             continue;
         }

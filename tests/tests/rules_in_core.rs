@@ -1,9 +1,6 @@
 //! Rules live only in the policy core: no crate but `tally-policy` matches on an
 //! outcome's `Status` or compares a budget limit (ARCHITECTURE.md, where the rules live).
 
-use std::path::Path;
-use std::process::Command;
-
 /// Sources that may match on a `Status` and compare a limit: the policy core (the rules),
 /// the record crate (which defines both), and test code.
 const RULE_HOLDERS: [&str; 3] = ["policy/", "record/", "tests/"];
@@ -118,28 +115,14 @@ fn rules_outside_the_core(path: &str, text: &str) -> Vec<String> {
 /// `call_timeout`, `spend_left`, the refusal order, ...).
 #[test]
 fn rules_live_only_in_the_policy_core() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new("git")
-        .args([
-            "ls-files",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-            "*.rs",
-        ])
-        .current_dir(&root)
-        .output();
-    let Some(out) = out.ok().filter(|o| o.status.success()) else {
-        // Not a git checkout (a source archive): the files are what they are.
+    let root = super::sources::root();
+    let Some(paths) = super::sources::listed(&["*.rs"]) else {
         return;
     };
     let mut found = Vec::new();
     let mut read = 0;
-    for path in String::from_utf8_lossy(&out.stdout).lines() {
-        let test_code = path.contains("/tests/")
-            || path.contains("/benches/")
-            || path.ends_with("tests.rs")
-            || path.starts_with("fuzz/");
+    for path in paths.iter().map(String::as_str) {
+        let test_code = super::sources::is_test_code(path);
         if test_code || RULE_HOLDERS.iter().any(|h| path.starts_with(h)) {
             continue;
         }

@@ -18,6 +18,7 @@ mod replay;
 mod roundtrip;
 mod rules_in_core;
 mod seals;
+mod sources;
 mod store;
 mod tamper;
 mod tree_thread;
