@@ -154,6 +154,14 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/PROXY.md",
+        "tally prices import model_prices_and_context_window.json",
+        Plan::Not(
+            "needs LiteLLM's whole table, which the operator downloads; the import runs in \
+             the prices-import cases (cli/tests/cmd) and cli/tests/prices.rs on an excerpt",
+        ),
+    ),
+    (
+        "docs/PROXY.md",
         "tally policy example claude-code > /etc/tally/policy.toml",
         Plan::Run {
             skip: &[],
