@@ -180,8 +180,10 @@ async fn two_hundred_calls_with_a_key_over_ten_tasks_stop_at_its_principals_budg
         served = Served::start(dir.path());
     }
     assert_eq!(upstream.seen().len(), seen);
-    // A key spelt otherwise is no key.
-    let forged = format!("{}0", &key[..key.len() - 1]);
+    // A key spelt otherwise is no key (its last digit changed, whatever it was).
+    let last = if key.ends_with('0') { '1' } else { '0' };
+    let forged = format!("{}{last}", &key[..key.len() - 1]);
+    assert_ne!(forged, key);
     let a = call(
         served.proxy,
         "/openai/v1/chat/completions",
