@@ -44,3 +44,27 @@ pub fn is_test_code(path: &str) -> bool {
         || path.ends_with("tests.rs")
         || path.starts_with("fuzz/")
 }
+
+/// What `check` finds in each production source file (Rust, not test code, not one
+/// `leave_out` names), by [`listed`]; `None` where the files cannot be listed. At least
+/// 100 files are read, so a check that reads nothing cannot pass.
+pub fn found_in_production_code(
+    leave_out: impl Fn(&str) -> bool,
+    check: impl Fn(&str, &str) -> Vec<String>,
+) -> Option<Vec<String>> {
+    let root = root();
+    let mut found = Vec::new();
+    let mut read = 0;
+    for path in listed(&["*.rs"])?.iter().map(String::as_str) {
+        if is_test_code(path) || leave_out(path) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(root.join(path)) else {
+            continue;
+        };
+        read += 1;
+        found.extend(check(path, &text));
+    }
+    assert!(read > 100, "only {read} source files read");
+    Some(found)
+}
