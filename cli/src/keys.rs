@@ -29,6 +29,16 @@ fn create(args: &KeyCreateArgs) -> Result<Exit> {
         principal: args.principal,
         label: args.label.clone(),
         run_window_ms: args.run_window.as_deref().map(duration_ms).transpose()?,
+        budget_per_day_nanos: args
+            .budget_per_day
+            .as_deref()
+            .map(|usd| {
+                tally_record::money::parse_usd(usd)
+                    .map(|n| n.0)
+                    .map_err(|e| anyhow::anyhow!("--budget-per-day: {e}"))
+            })
+            .transpose()?,
+        runs_per_day: args.runs_per_day,
     };
     block_on(async {
         let made: KeyCreated = gate(&args.operator_socket)

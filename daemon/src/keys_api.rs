@@ -67,6 +67,12 @@ fn ring_error(e: KeyRingError) -> ApiError {
             e.to_string(),
         )
         .field("run_window_ms"),
+        KeyRingError::RunsPerDay => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidValue,
+            e.to_string(),
+        )
+        .field("runs_per_day"),
         e => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::Internal,
@@ -95,6 +101,8 @@ async fn create(State(app): AppState, request: Request) -> Result<Response, ApiE
     let mut new = NewKey::new(asked.principal);
     new.label = asked.label;
     new.run_window_ms = asked.run_window_ms.unwrap_or(DEFAULT_RUN_WINDOW_MS);
+    new.budget_per_day_nanos = asked.budget_per_day_nanos;
+    new.runs_per_day = asked.runs_per_day;
     let (info, key) = tokio::task::spawn_blocking(move || ring.create(new))
         .await
         .map_err(|e| {
@@ -132,29 +140,27 @@ async fn revoke(
     Ok(json(StatusCode::OK, &info))
 }
 
-/// `GET /v1/keys`: every key, with what its runs of this UTC day reserved or settled.
+/// `GET /v1/keys`: every key, with what its runs of this UTC day reserved or settled,
+/// stopped runs too (read from the gate's durable state, which never lets one go).
 async fn list(State(app): AppState) -> Result<Response, ApiError> {
     let ring = Arc::clone(ring(&app)?);
     let gate = Arc::clone(&app.gate);
-    let runs = app
-        .at_once(move || gate.runs(OPERATOR))
+    let keys = app
+        .at_once(move || {
+            let now = ring.now_ms();
+            ring.list()
+                .into_iter()
+                .map(|mut k| {
+                    let prefix = tally_proxy::keys::runs_today(&k.id, now);
+                    let runs = gate.runs_named(&prefix)?;
+                    let used = tally_proxy::keys::day_use(&runs, k.principal, now);
+                    k.spend_today_nanos = used.held_nanos.saturating_add(used.settled_nanos);
+                    Ok(k)
+                })
+                .collect::<Result<Vec<KeyInfo>, GateError>>()
+        })
         .await
         .map_err(gate_error)?;
-    let now = ring.now_ms();
-    let keys: Vec<KeyInfo> = ring
-        .list()
-        .into_iter()
-        .map(|mut k| {
-            let prefix = tally_proxy::keys::runs_today(&k.id, now);
-            k.spend_today_nanos = runs
-                .iter()
-                .filter(|r| r.run.starts_with(&prefix) && r.owner_uid == Some(k.principal))
-                .fold(0u64, |sum, r| {
-                    sum.saturating_add(r.held_nanos.saturating_add(r.settled_nanos))
-                });
-            k
-        })
-        .collect();
     Ok(json(StatusCode::OK, &keys))
 }
 

@@ -80,6 +80,13 @@ pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::G
         entries: i64::try_from(cp.size).unwrap_or(i64::MAX),
         bytes: i64::try_from(log_bytes(app.ledger.dir())).unwrap_or(i64::MAX),
         round_trips: app.gate.round_trips().unwrap_or(0),
+        key_refusals: app.keys.as_ref().map_or_else(Vec::new, |k| {
+            k.spend()
+                .refusals()
+                .iter()
+                .map(|(r, n)| (r.as_str(), *n))
+                .collect()
+        }),
     };
     Ok(app.observer.metrics.encode(&scraped))
 }

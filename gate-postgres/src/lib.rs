@@ -300,6 +300,7 @@ impl Postgres {
                 run_claim: p("INSERT INTO tally_runs (name, state, version, open) VALUES ($1, NULL, 0, false) ON CONFLICT (name) DO NOTHING RETURNING version")?,
                 run_exists: p("SELECT 1 FROM tally_runs WHERE name = $1 AND state IS NOT NULL")?,
                 runs_open: p("SELECT state FROM tally_runs WHERE open AND state IS NOT NULL ORDER BY name")?,
+                runs_named: p("SELECT state FROM tally_runs WHERE starts_with(name, $1) AND state IS NOT NULL ORDER BY name")?,
                 children: p("SELECT name FROM tally_runs WHERE parent = $1 AND open AND state IS NOT NULL ORDER BY name")?,
                 owner_lock: p("INSERT INTO tally_owners (owner) VALUES ($1) ON CONFLICT (owner) DO UPDATE SET owner = EXCLUDED.owner")?,
                 owner_count: p("SELECT count(*) FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1")?,

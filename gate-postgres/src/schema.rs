@@ -71,6 +71,7 @@ pub(crate) struct Statements {
     pub(crate) run_claim: Statement,
     pub(crate) run_exists: Statement,
     pub(crate) runs_open: Statement,
+    pub(crate) runs_named: Statement,
     pub(crate) children: Statement,
     pub(crate) owner_lock: Statement,
     pub(crate) owner_count: Statement,

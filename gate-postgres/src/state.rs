@@ -100,6 +100,20 @@ impl StateTxn for PostgresTxn<'_> {
         Ok(self.listed.iter().collect())
     }
 
+    fn runs_named(&mut self, prefix: &str) -> Result<Vec<RunState>, GateError> {
+        let rows = self.rows("to list runs by name", |s| &s.runs_named, &[&prefix])?;
+        let mut out = std::collections::BTreeMap::new();
+        for row in &rows {
+            let state = decode::<RunState>("a run", row.get::<_, &[u8]>(0))?;
+            out.insert(state.run.clone(), state);
+        }
+        // What this transaction changed wins over what the database held.
+        for r in self.runs.values().filter(|r| r.run.starts_with(prefix)) {
+            out.insert(r.run.clone(), r.clone());
+        }
+        Ok(out.into_values().collect())
+    }
+
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError> {
         let rows = self.rows("to list a run's children", |s| &s.children, &[&run])?;
         let mut children: BTreeSet<String> = rows.iter().map(|r| r.get(0)).collect();

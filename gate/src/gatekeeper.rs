@@ -114,6 +114,9 @@ pub trait Gatekeeper: Send + Sync {
     fn run(&self, caller: Caller, run: &str) -> Result<Standing, GateError>;
     /// [`Gate::runs`].
     fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError>;
+    /// Every run named `prefix...`, open or stopped, none lost to memory's bound (for the
+    /// operator and the proxy's keys).
+    fn runs_named(&self, prefix: &str) -> Result<Vec<Standing>, GateError>;
     /// [`Gate::approval_requests`].
     fn approval_requests(&self) -> Result<Vec<ApprovalRequest>, GateError>;
     /// [`Gate::approval_request`].
@@ -188,6 +191,9 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn runs(&self, caller: Caller) -> Result<Vec<Standing>, GateError> {
         Gate::runs(self, caller)
+    }
+    fn runs_named(&self, prefix: &str) -> Result<Vec<Standing>, GateError> {
+        Gate::runs_named(self, prefix)
     }
     fn governs(&self, run: &str) -> Result<bool, GateError> {
         Gate::governs(self, run)

@@ -299,6 +299,14 @@ impl<B: StateBackend> Gate<B> {
         runs.iter().map(|r| self.standing_in(&mut t, r)).collect()
     }
 
+    /// Every run named `prefix...` (for the operator), open or stopped, from the durable
+    /// state too (a stopped run let go from memory is read back): read only.
+    pub fn runs_named(&self, prefix: &str) -> Result<Vec<Standing>, GateError> {
+        let mut t = self.begin()?;
+        let runs = t.runs_named(prefix)?;
+        Ok(runs.iter().map(|r| self.standing(r)).collect())
+    }
+
     /// Where a run stands now, with its owner's principal usage where the policy gives
     /// the owner a budget (the policy core's count, [`tally_policy::principal_limits`]).
     /// Reads only: the transaction is dropped, never committed.

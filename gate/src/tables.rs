@@ -153,6 +153,24 @@ impl Tables {
             .ok_or_else(|| GateError::RunNotFound(run.to_owned()))
     }
 
+    /// Every run named `prefix...`: those in memory as they stand, the others (stopped
+    /// runs let go) as the durable state holds them.
+    pub fn runs_named(&self, ledger: &Ledger, prefix: &str) -> Result<Vec<RunState>, GateError> {
+        let mut out: BTreeMap<String, RunState> = self
+            .runs
+            .range(prefix.to_owned()..)
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .map(|(name, r)| (name.clone(), r.clone()))
+            .collect();
+        for (k, v) in ledger.state(&run_key(prefix))? {
+            let name = String::from_utf8_lossy(&k[2..]).into_owned();
+            if let std::collections::btree_map::Entry::Vacant(e) = out.entry(name) {
+                e.insert(decode(&k, &v)?);
+            }
+        }
+        Ok(out.into_values().collect())
+    }
+
     pub fn insert_run(&mut self, run: RunState) {
         self.runs.insert(run.run.clone(), run);
     }

@@ -24,7 +24,7 @@
 //! can reach output, checked arithmetic.
 //!
 //! Modules depend on each other one way, each only on those before it here (checked by
-//! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `dates` (a price's `as_of`), `upstreams` (the proxy's upstreams and prices), `price_age` (prices older than the policy's bound), `price_import` (a published price table read into prices), `principals` (principal budgets), `config`, `approval`, `state` (with [`Now`]),
+//! `tests/layers`): `error`, `prices` (money in the policy), `fields` (price tables read from the text), `tiers` (billing tiers' rates), `dates` (a price's `as_of`), `upstreams` (the proxy's upstreams and prices), `price_age` (prices older than the policy's bound), `price_import` (a published price table read into prices), `principals` (principal budgets), `key_day` (a key's own budget per UTC day), `config`, `approval`, `state` (with [`Now`]),
 //! `limits` (what a run's limits answer at a moment), `status` (what an outcome's status means), `inconsistency` (what judging finds), `overrun` (settlements above their reservation), `refill` (continuations of runs a refusal stopped), `start`, `call` (a call, the view a decision
 //! reads, and what a grant covers), `rules`, `refusals` (the refusal order: named rules, checked in one order), `request` (the approval request a `require_approval` is), `decide`, `judge`, `apply`, `headroom` (how
 //! close a run is to its limits), `leased` (what counts against a slice), `slices` (how big a leased slice of a budget is, and whether a use fits in one). Items moved down
@@ -43,6 +43,7 @@ pub mod fields;
 pub mod headroom;
 pub mod inconsistency;
 pub mod judge;
+pub mod key_day;
 pub mod leased;
 pub mod limits;
 pub mod overrun;
@@ -69,6 +70,7 @@ pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use inconsistency::OutsideLease;
 pub use judge::{judge, Dimension, Inconsistency};
+pub use key_day::{key_call_fits, key_run_fits, KeyDayExceeded, KeyDayLimits, KeyDayUse};
 pub use leased::{
     gives_back_on, in_scope, incurred, principal_cap, principal_use, run_cap, slice_use,
     slices_past_cap, Past, RunCount, SliceUse,

@@ -38,6 +38,9 @@ pub struct Refusal {
     /// Close the connection after this answer (`Connection: close`): its request's
     /// body was not read to its end (RFC 9110 15.5.9 for a 408).
     pub close: bool,
+    /// For a call refused by its key's limits per day: the key and the amounts, in the
+    /// body (`tally.key`, OpenAI: `error.key`).
+    pub key: Option<Box<tally_wire::KeyDayRefused>>,
 }
 
 impl Refusal {
@@ -62,6 +65,7 @@ impl Refusal {
             cause: None,
             recorded: None,
             close: false,
+            key: None,
         }
     }
 
@@ -76,6 +80,7 @@ impl Refusal {
             cause: None,
             recorded: None,
             close: false,
+            key: None,
         }
     }
 
@@ -92,6 +97,7 @@ impl Refusal {
             recorded: None,
             cause: None,
             close: false,
+            key: None,
         }
     }
 
@@ -146,12 +152,22 @@ impl Refusal {
                     s if s.is_server_error() => "api_error",
                     _ => "invalid_request_error",
                 };
-                json!({"type": "error", "error": {"type": kind, "message": message},
-                       "tally": {"reason": self.code.as_str(), "action": action, "cause": cause}})
+                let mut b = json!({"type": "error", "error": {"type": kind, "message": message},
+                       "tally": {"reason": self.code.as_str(), "action": action, "cause": cause}});
+                if let Some(k) = &self.key {
+                    b["tally"]["key"] = json!(k);
+                }
+                b
             }
-            UpstreamKind::Openai | UpstreamKind::Http => json!({"error": {
+            UpstreamKind::Openai | UpstreamKind::Http => {
+                let mut b = json!({"error": {
                 "message": message, "type": "tally_refused", "code": self.code.as_str(),
-                "param": null, "action": action, "cause": cause}}),
+                "param": null, "action": action, "cause": cause}});
+                if let Some(k) = &self.key {
+                    b["error"]["key"] = json!(k);
+                }
+                b
+            }
         };
         let mut r = Response::builder()
             .status(status)

@@ -15,10 +15,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use tally_policy::KeyDayUse;
 use tally_record::clock::Clock;
 use tally_wire::{KeyInfo, KEY_RUN_PREFIX};
 use zeroize::Zeroizing;
 
+use crate::key_spend::KeySpend;
 use crate::token::TokenKey;
 
 /// The keys' file in the ledger's directory.
@@ -76,6 +78,9 @@ pub enum KeyRingError {
     /// A run window of zero.
     #[error("a run window must be longer than 0 ms")]
     Window,
+    /// Runs per day of zero: a key that could never start a run.
+    #[error("runs per day must be at least 1 (revoke a key that may start none)")]
+    RunsPerDay,
 }
 
 /// What a presented key is, if it is not a live key of this tally.
@@ -102,6 +107,10 @@ enum Event {
         created_ms: u64,
         run_window_ms: u64,
         mac: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        budget_per_day_nanos: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        runs_per_day: Option<u64>,
     },
     Revoke {
         id: String,
@@ -119,16 +128,31 @@ pub struct NewKey {
     pub label: Option<String>,
     /// How long a call without `x-tally-task` continues the key's current run.
     pub run_window_ms: u64,
+    /// What its runs may spend together per UTC day, nanodollars (`None`: no limit of
+    /// its own).
+    pub budget_per_day_nanos: Option<u64>,
+    /// How many runs it may start per UTC day (`None`: no limit of its own).
+    pub runs_per_day: Option<u64>,
 }
 
 impl NewKey {
-    /// A key for `principal`, with no label and the default window.
+    /// A key for `principal`, with no label, the default window and no budget of its own.
     pub fn new(principal: u32) -> NewKey {
         NewKey {
             principal,
             label: None,
             run_window_ms: DEFAULT_RUN_WINDOW_MS,
+            budget_per_day_nanos: None,
+            runs_per_day: None,
         }
+    }
+}
+
+/// A key's own limits per UTC day, for the policy core's rule.
+pub fn day_limits(info: &KeyInfo) -> tally_policy::KeyDayLimits {
+    tally_policy::KeyDayLimits {
+        spend_nanos: info.budget_per_day_nanos,
+        runs: info.runs_per_day,
     }
 }
 
@@ -150,6 +174,8 @@ pub struct KeyRing {
     ring: Mutex<Ring>,
     /// The bytes of a last line cut short that opening dropped, if any.
     torn: Option<u64>,
+    /// What each key's runs used this UTC day, and the key calls refused.
+    spend: Arc<KeySpend>,
 }
 
 impl std::fmt::Debug for KeyRing {
@@ -191,6 +217,7 @@ impl KeyRing {
             path,
             clock,
             ring: Mutex::new(Ring { file, keys }),
+            spend: Arc::default(),
         })
     }
 
@@ -204,6 +231,11 @@ impl KeyRing {
                 self.path.display()
             )
         })
+    }
+
+    /// What each key's runs used this UTC day, and the key calls refused.
+    pub fn spend(&self) -> &Arc<KeySpend> {
+        &self.spend
     }
 
     /// The time now on the ring's clock, ms since the epoch.
@@ -229,6 +261,9 @@ impl KeyRing {
         if new.run_window_ms == 0 {
             return Err(KeyRingError::Window);
         }
+        if new.runs_per_day == Some(0) {
+            return Err(KeyRingError::RunsPerDay);
+        }
         let mut id = [0u8; 8];
         let mut secret = Zeroizing::new([0u8; 32]);
         rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut id);
@@ -244,6 +279,8 @@ impl KeyRing {
             run_window_ms: new.run_window_ms,
             revoked_ms: None,
             spend_today_nanos: 0,
+            budget_per_day_nanos: new.budget_per_day_nanos,
+            runs_per_day: new.runs_per_day,
         };
         let mut ring = self.lock();
         if ring.keys.contains_key(&id) {
@@ -253,6 +290,8 @@ impl KeyRing {
                 principal: info.principal,
                 label: info.label,
                 run_window_ms: info.run_window_ms,
+                budget_per_day_nanos: info.budget_per_day_nanos,
+                runs_per_day: info.runs_per_day,
             });
         }
         let event = Event::Create {
@@ -262,6 +301,8 @@ impl KeyRing {
             created_ms: info.created_ms,
             run_window_ms: info.run_window_ms,
             mac: mac.to_hex().to_string(),
+            budget_per_day_nanos: info.budget_per_day_nanos,
+            runs_per_day: info.runs_per_day,
         };
         self.append(&mut ring.file, &event)?;
         ring.keys.insert(
@@ -404,6 +445,8 @@ fn apply(keys: &mut BTreeMap<String, Entry>, event: Event) -> Result<(), String>
             created_ms,
             run_window_ms,
             mac,
+            budget_per_day_nanos,
+            runs_per_day,
         } => {
             let mac = blake3::Hash::from_hex(&mac).map_err(|e| format!("mac: {e}"))?;
             if keys.contains_key(&id) {
@@ -417,6 +460,8 @@ fn apply(keys: &mut BTreeMap<String, Entry>, event: Event) -> Result<(), String>
                 run_window_ms,
                 revoked_ms: None,
                 spend_today_nanos: 0,
+                budget_per_day_nanos,
+                runs_per_day,
             };
             keys.insert(id, Entry { info, mac });
         }
@@ -448,6 +493,20 @@ pub fn run_of(key: &KeyInfo, task: Option<&str>, now_ms: u64) -> String {
 /// The prefix of every run a key starts on the UTC day of `now_ms`.
 pub fn runs_today(id: &str, now_ms: u64) -> String {
     format!("{KEY_RUN_PREFIX}{id}-{}-", utc_date(now_ms / 86_400_000))
+}
+
+/// What the key's `runs` of the UTC day of `now_ms` (those named
+/// [`runs_today`], read by [`tally_gate::Gatekeeper::runs_named`]) used: what they settled,
+/// what they hold, and how many there are, counting only the runs its `principal` owns
+/// (a run of a key's name another uid started is never the key's).
+pub fn day_use(runs: &[tally_wire::Standing], principal: u32, now_ms: u64) -> KeyDayUse {
+    let mut used = KeyDayUse::default().at(now_ms);
+    for r in runs.iter().filter(|r| r.owner_uid == Some(principal)) {
+        used.settled_nanos = used.settled_nanos.saturating_add(r.settled_nanos);
+        used.held_nanos = used.held_nanos.saturating_add(r.held_nanos);
+        used.runs = used.runs.saturating_add(1);
+    }
+    used
 }
 
 /// A task name as `x-tally-task` may give it: 1 to [`MAX_TASK_BYTES`] of letters,
@@ -537,6 +596,36 @@ mod tests {
     }
 
     #[test]
+    fn a_keys_limits_per_day_are_kept_and_read_back_and_a_line_without_them_has_none() {
+        let dir = tempfile::tempdir().expect("dir");
+        let clock = Arc::new(ManualClock::new(1_000));
+        let r = ring(dir.path(), &clock);
+        let mut new = NewKey::new(7);
+        new.budget_per_day_nanos = Some(5_000_000_000);
+        new.runs_per_day = Some(3);
+        let (info, _) = r.create(new.clone()).expect("made");
+        let (plain, _) = r.create(NewKey::new(7)).expect("made");
+        new.runs_per_day = Some(0);
+        assert!(matches!(r.create(new), Err(KeyRingError::RunsPerDay)));
+        drop(r);
+        let text = std::fs::read_to_string(dir.path().join(KEYS_FILE)).expect("file");
+        // A key without limits is written as an earlier tally wrote it.
+        let line = text.lines().find(|l| l.contains(&plain.id)).expect("line");
+        assert!(!line.contains("per_day"), "{line}");
+        let listed = ring(dir.path(), &clock).list();
+        let back = listed.iter().find(|k| k.id == info.id).expect("read back");
+        assert_eq!(
+            day_limits(back),
+            tally_policy::KeyDayLimits {
+                spend_nanos: Some(5_000_000_000),
+                runs: Some(3)
+            }
+        );
+        let back = listed.iter().find(|k| k.id == plain.id).expect("read back");
+        assert_eq!(day_limits(back), tally_policy::KeyDayLimits::default());
+    }
+
+    #[test]
     fn a_torn_last_line_is_reported_and_dropped_and_a_corrupt_one_refused() {
         let dir = tempfile::tempdir().expect("dir");
         let clock = Arc::new(ManualClock::new(1_000));
@@ -573,6 +662,8 @@ mod tests {
             run_window_ms: 3_600_000,
             revoked_ms: None,
             spend_today_nanos: 0,
+            budget_per_day_nanos: None,
+            runs_per_day: None,
         };
         // 2026-12-07 23:59:59.999 UTC, then the next day's first ms.
         let before = 1_796_687_999_999;

@@ -31,6 +31,7 @@
 pub mod accept;
 pub mod dialect;
 mod endpoint;
+pub mod key_spend;
 pub mod keys;
 pub mod media;
 mod phase;

@@ -18,6 +18,8 @@ use crate::proxy::Proxy;
 pub(crate) struct Caught {
     pub run: String,
     pub standing: Standing,
+    /// The key the call presented in place of a run token, if it did.
+    pub key: Option<tally_wire::KeyInfo>,
 }
 
 /// The gate cannot record decisions: the call is refused as unavailable (fail closed).

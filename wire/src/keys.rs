@@ -25,9 +25,17 @@ pub struct KeyInfo {
     /// When it was revoked, ms since the epoch; `None`: live.
     #[serde(default)]
     pub revoked_ms: Option<u64>,
-    /// Reserved or settled by the runs it started this UTC day, nanodollars.
+    /// Reserved or settled by the runs it started this UTC day, nanodollars: every
+    /// one, stopped runs too.
     #[serde(default)]
     pub spend_today_nanos: u64,
+    /// What its runs may spend together per UTC day, nanodollars; `None`: only its
+    /// principal's budget bounds them.
+    #[serde(default)]
+    pub budget_per_day_nanos: Option<u64>,
+    /// How many runs it may start per UTC day; `None`: no limit of its own.
+    #[serde(default)]
+    pub runs_per_day: Option<u64>,
 }
 
 /// `POST /v1/keys`: a key for a principal.
@@ -43,6 +51,12 @@ pub struct KeyCreate {
     /// (default a day).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_window_ms: Option<u64>,
+    /// What its runs may spend together per UTC day, nanodollars.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_per_day_nanos: Option<u64>,
+    /// How many runs it may start per UTC day.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_per_day: Option<u64>,
 }
 
 /// The answer to `POST /v1/keys`: the key, shown this once.
@@ -63,4 +77,32 @@ pub struct RunToken {
     pub run: String,
     /// Its token, as its start answered it.
     pub token: String,
+}
+
+/// What a call with a key refused by the key's own limits per UTC day was refused by:
+/// answered in the refusal's body (`tally.key` in Anthropic's dialect, `error.key` in
+/// OpenAI's), nanodollars.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyDayRefused {
+    /// The key's id.
+    pub id: String,
+    /// Its budget per day, if the call did not fit it.
+    #[serde(default)]
+    pub budget_per_day_nanos: Option<u64>,
+    /// Settled by its calls today.
+    #[serde(default)]
+    pub settled_today_nanos: Option<u64>,
+    /// Reserved by its calls today and not settled.
+    #[serde(default)]
+    pub held_today_nanos: Option<u64>,
+    /// What the refused call would have reserved.
+    #[serde(default)]
+    pub needed_nanos: Option<u64>,
+    /// Its runs per day, if the run's start did not fit them.
+    #[serde(default)]
+    pub runs_per_day: Option<u64>,
+    /// The runs it started today.
+    #[serde(default)]
+    pub runs_today: Option<u64>,
 }

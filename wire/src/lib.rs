@@ -27,7 +27,7 @@ pub use gate::{
     Approval, CheckAnswer, CheckRequest, CheckUnavailable, Denial, LastRefusal, ListedRun, Logged,
     OutcomeRequest, RunState, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
-pub use keys::{KeyCreate, KeyCreated, KeyInfo, RunToken, KEY_RUN_PREFIX};
+pub use keys::{KeyCreate, KeyCreated, KeyDayRefused, KeyInfo, RunToken, KEY_RUN_PREFIX};
 pub use live::{
     BreakerState, LiveBreaker, LivePending, LiveRefusals, LiveRun, LiveSnapshot, Spark,
 };

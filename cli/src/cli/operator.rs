@@ -171,6 +171,13 @@ pub struct KeyCreateArgs {
     /// `2h`, `1d` [default: 1d].
     #[arg(long)]
     pub run_window: Option<String>,
+    /// What the key's runs may spend together per UTC day, US dollars (`5`, `0.25`); its
+    /// principal's budget still applies too.
+    #[arg(long, value_name = "USD")]
+    pub budget_per_day: Option<String>,
+    /// How many runs (tasks and windows) the key may start per UTC day.
+    #[arg(long, value_name = "N")]
+    pub runs_per_day: Option<u64>,
     /// A label for the operator (at most 200 bytes).
     #[arg(long)]
     pub label: Option<String>,

@@ -72,7 +72,7 @@ fn agrees(what: &str, seen: &Counts, ledger: &Counts) {
 
 /// The exposition parsed by prometheus_client's OpenMetrics parser (the observe tests'
 /// script): (name, labels) -> value.
-fn parse_metrics(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
+pub(super) fn parse_metrics(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
     let mut child = Command::new("python3")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),

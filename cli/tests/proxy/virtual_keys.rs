@@ -293,6 +293,10 @@ async fn keys_are_the_operators_and_a_bad_request_makes_none() {
             json!({"principal": 0, "run_window_ms": 0}),
             ErrorCode::InvalidValue,
         ),
+        (
+            json!({"principal": 0, "runs_per_day": 0}),
+            ErrorCode::InvalidValue,
+        ),
         (json!({"principal": 0, "spend": 1}), ErrorCode::UnknownField),
         (json!({"principal": -1}), ErrorCode::InvalidValue),
     ];
@@ -305,4 +309,220 @@ async fn keys_are_the_operators_and_a_bad_request_makes_none() {
     assert_eq!(status, 404, "{v}");
     let (status, v) = operator(&served, "GET", "/v1/keys").await;
     assert_eq!((status, v), (200, json!([])), "nothing was made");
+}
+
+/// A key for this uid with `extra` arguments (`--budget-per-day`...): the key and its id.
+fn key_with(dir: &Path, uid: u32, extra: &[&str]) -> (String, String) {
+    let uid_arg = uid.to_string();
+    let mut args = vec![
+        "keys",
+        "create",
+        "--operator-socket",
+        "operator.sock",
+        "--principal",
+        &uid_arg,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let made: Value =
+        serde_json::from_str(&tally().ok(dir, &args, "")).expect("keys create --json");
+    let key = made["key"].as_str().expect("the key").to_owned();
+    let id = made["info"]["id"].as_str().expect("its id").to_owned();
+    (key, id)
+}
+
+/// A call with `key` in `task`.
+async fn key_call(served: &Served, key: &str, task: &str) -> Answer {
+    call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(key)), ("x-tally-task", task)],
+        chat("fake-ok", json!({"max_tokens": 50})),
+    )
+    .await
+}
+
+/// What `keys list --json` says the key `id`'s runs spent today.
+fn listed_spend(dir: &Path, id: &str) -> u64 {
+    let listed: Value = serde_json::from_str(&tally().ok(
+        dir,
+        &[
+            "keys",
+            "list",
+            "--operator-socket",
+            "operator.sock",
+            "--json",
+        ],
+        "",
+    ))
+    .expect("keys list --json");
+    listed
+        .as_array()
+        .expect("keys")
+        .iter()
+        .find(|k| k["id"] == id)
+        .and_then(|k| k["spend_today_nanos"].as_u64())
+        .expect("the key's spend")
+}
+
+/// The refusal of a call past the key's budget per day: `budget_exceeded`, action
+/// `stop`, the key and its amounts in the body.
+fn assert_key_refusal(a: &Answer, id: &str, budget: u64) -> Value {
+    assert_eq!(a.status, 403, "{}", a.text());
+    assert_eq!(code(a), Reason::BudgetExceeded.as_str(), "{}", a.text());
+    let body = a.json();
+    assert_eq!(body["error"]["action"], "stop", "{body}");
+    let k = body["error"]["key"].clone();
+    assert_eq!(k["id"], id, "{body}");
+    assert_eq!(k["budget_per_day_nanos"].as_u64(), Some(budget), "{body}");
+    let (settled, held, needed) = (
+        k["settled_today_nanos"].as_u64().expect("settled"),
+        k["held_today_nanos"].as_u64().expect("held"),
+        k["needed_nanos"].as_u64().expect("needed"),
+    );
+    assert!(settled + held + needed > budget, "{body}");
+    k
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_budget_per_day_stops_its_calls_over_ten_tasks_and_a_restart_keeps_it() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let uid = std::fs::metadata(dir.path()).expect("meta").uid();
+    // The principal may spend $100 a day: the key's own $1 a day is what stops it (a
+    // `fake-ok` call settles $0.051).
+    let policy = format!(
+        "{}\n[principals.uid.{uid}]\nspend_usd = \"100\"\n",
+        policy(&upstream, 1000)
+    );
+    let mut served = Served::new(dir.path(), &policy);
+    let (key, id) = key_with(dir.path(), uid, &["--budget-per-day", "1"]);
+    let budget = 1_000_000_000;
+    let (mut allowed, mut refused) = (0u64, 0u64);
+    for i in 0..200 {
+        let a = key_call(&served, &key, &format!("task-{}", i % 10)).await;
+        if a.status == 200 {
+            assert_eq!(refused, 0, "call {i} allowed after a refusal");
+            allowed += 1;
+        } else {
+            assert_key_refusal(&a, &id, budget);
+            refused += 1;
+        }
+    }
+    assert!(
+        (15..=19).contains(&allowed),
+        "$1 of $0.051 calls, the last one's worst case reserved: {allowed}"
+    );
+    assert_eq!(
+        upstream.seen().len() as u64,
+        allowed,
+        "no refused call went upstream"
+    );
+    assert_eq!(listed_spend(dir.path(), &id), allowed * 51_000_000);
+
+    // Counted on /metrics by reason, never by key.
+    if tally_testkit::have(
+        "python3",
+        &["-c", "import prometheus_client"],
+        "pip install prometheus-client==0.26.0 (README, Development)",
+    ) {
+        let text = super::observed::metrics_after(&served, allowed).await;
+        let samples = super::observed::parse_metrics(&text);
+        let by_reason: std::collections::BTreeMap<String, f64> = samples
+            .iter()
+            .filter(|(n, _, _)| n == "tally_key_refusals_total")
+            .map(|(_, l, v)| {
+                assert_eq!(l.keys().collect::<Vec<_>>(), ["reason"], "{l:?}");
+                (l["reason"].clone(), *v)
+            })
+            .collect();
+        assert_eq!(by_reason.get("budget_exceeded"), Some(&(refused as f64)));
+        assert_eq!(
+            by_reason.len(),
+            6,
+            "every reason, and only they: {by_reason:?}"
+        );
+        assert!(!text.contains(&id), "the key's id is no label");
+    }
+
+    // A restart reads the day's spend back from the runs: still refused, still listed.
+    served.daemon.stop();
+    served = Served::start(dir.path());
+    assert_eq!(listed_spend(dir.path(), &id), allowed * 51_000_000);
+    let a = key_call(&served, &key, "task-new").await;
+    let k = assert_key_refusal(&a, &id, budget);
+    assert_eq!(
+        k["settled_today_nanos"].as_u64(),
+        Some(allowed * 51_000_000)
+    );
+    assert_eq!(upstream.seen().len() as u64, allowed);
+    served.verifies_the_bill(&upstream, &prices(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_racing_calls_on_a_keys_last_cents_never_pass_its_budget() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let uid = std::fs::metadata(dir.path()).expect("meta").uid();
+    let policy = format!(
+        "{}\n[principals.uid.{uid}]\nspend_usd = \"100\"\nruns = 1000\n",
+        policy(&upstream, 1000)
+    );
+    let served = Served::new(dir.path(), &policy);
+    // A call's worst case, as a key of one nanodollar a day is told it needs.
+    let (tiny, tiny_id) = key_with(dir.path(), uid, &["--budget-per-day", "0.000000001"]);
+    let a = key_call(&served, &tiny, "probe").await;
+    let worst = assert_key_refusal(&a, &tiny_id, 1)["needed_nanos"]
+        .as_u64()
+        .expect("needed");
+    // Room for three worst cases and a half: three reservations at once, never four.
+    let budget = worst * 7 / 2;
+    let usd = format!("{}.{:09}", budget / 1_000_000_000, budget % 1_000_000_000);
+    let (key, id) = key_with(dir.path(), uid, &["--budget-per-day", &usd]);
+    let mut racing = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let (addr, auth) = (served.proxy, bearer(&key));
+        racing.spawn(async move {
+            let task = format!("t{}", i % 8);
+            call(
+                addr,
+                "/openai/v1/chat/completions",
+                &[("authorization", &auth), ("x-tally-task", &task)],
+                chat("fake-ok", json!({"max_tokens": 50})),
+            )
+            .await
+        });
+    }
+    let mut allowed = 0u64;
+    while let Some(a) = racing.join_next().await {
+        let a = a.expect("a call");
+        if a.status == 200 {
+            allowed += 1;
+        } else {
+            assert_key_refusal(&a, &id, budget);
+        }
+    }
+    assert!(allowed >= 3, "three worst cases fit: {allowed}");
+    let spent = listed_spend(dir.path(), &id);
+    assert_eq!(spent, allowed * 51_000_000);
+    assert!(spent <= budget, "{spent} settled of a budget of {budget}");
+    // The probe went nowhere either.
+    assert_eq!(upstream.seen().len() as u64, allowed);
+
+    // Its runs per day: two tasks start, a third is refused with the key's counts.
+    let (key, id) = key_with(dir.path(), uid, &["--runs-per-day", "2"]);
+    for task in ["a", "b", "a"] {
+        assert_eq!(key_call(&served, &key, task).await.status, 200);
+    }
+    let a = key_call(&served, &key, "c").await;
+    assert_eq!(a.status, 403, "{}", a.text());
+    assert_eq!(code(&a), Reason::BudgetExceeded.as_str(), "{}", a.text());
+    let k = &a.json()["error"]["key"];
+    assert_eq!(k["id"], id.as_str());
+    assert_eq!(
+        (k["runs_per_day"].as_u64(), k["runs_today"].as_u64()),
+        (Some(2), Some(2)),
+        "{}",
+        a.text()
+    );
 }

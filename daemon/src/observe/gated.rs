@@ -190,6 +190,10 @@ impl Gatekeeper for Observed {
         self.inner.runs(caller)
     }
 
+    fn runs_named(&self, prefix: &str) -> Result<Vec<Standing>, GateError> {
+        self.inner.runs_named(prefix)
+    }
+
     fn approval_requests(&self) -> Result<Vec<ApprovalRequest>, GateError> {
         self.inner.approval_requests()
     }

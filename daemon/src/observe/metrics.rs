@@ -43,6 +43,9 @@ pub(crate) struct Metrics {
     entries: Gauge,
     bytes: Gauge,
     round_trips: Counter,
+    /// Key calls refused, by a reason of [`tally_proxy::key_spend::KeyRefusal`] only (never
+    /// a key's id: a label per key would grow with whatever keys an agent makes up).
+    key_refusals: Family<Labels, Counter>,
     upstreams: Upstreams,
     upstream_checks: Family<Labels, Counter>,
     upstream_reserved: Family<Labels, Counter>,
@@ -174,6 +177,8 @@ pub(crate) struct Scraped {
     pub bytes: i64,
     /// PostgreSQL round trips so far (0 for the embedded store).
     pub round_trips: u64,
+    /// Key calls refused so far, by reason (none without the proxy's keys).
+    pub key_refusals: Vec<(&'static str, u64)>,
 }
 
 impl Metrics {
@@ -302,7 +307,17 @@ impl Metrics {
             "Round trips to the PostgreSQL state backend (0 with the embedded store)",
             round_trips.clone(),
         );
+        let key_refusals = Family::<Labels, Counter>::default();
+        registry.register(
+            "key_refusals",
+            "Calls with a key (docs/KEYS.md) refused by the key itself, by reason: invalid_key, key_revoked, budget_exceeded (its budget per day), runs_exceeded (its runs per day), principal_unbounded, invalid_task",
+            key_refusals.clone(),
+        );
+        for r in tally_proxy::key_spend::KeyRefusal::ALL {
+            let _ = key_refusals.get_or_create(&vec![("reason", r.as_str().to_owned())]);
+        }
         Metrics {
+            key_refusals,
             registry,
             scrape: Mutex::new(()),
             named_tools,
@@ -502,6 +517,12 @@ impl Metrics {
         let seen = self.round_trips.get();
         self.round_trips
             .inc_by(scraped.round_trips.saturating_sub(seen));
+        for (reason, n) in &scraped.key_refusals {
+            let c = self
+                .key_refusals
+                .get_or_create(&vec![("reason", (*reason).to_owned())]);
+            c.inc_by(n.saturating_sub(c.get()));
+        }
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);

@@ -102,6 +102,10 @@ impl StateTxn for EmbeddedTxn<'_> {
         Ok(self.t.runs.values().collect())
     }
 
+    fn runs_named(&mut self, prefix: &str) -> Result<Vec<RunState>, GateError> {
+        self.t.runs_named(self.ledger, prefix)
+    }
+
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError> {
         let mut children: Vec<String> = self
             .t

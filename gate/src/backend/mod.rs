@@ -100,6 +100,9 @@ pub trait StateTxn {
     ) -> Result<Vec<String>, GateError>;
     /// The runs held (open ones, and recently stopped ones).
     fn runs(&mut self) -> Result<Vec<&RunState>, GateError>;
+    /// Every run whose name begins with `prefix`, open or stopped, from the durable
+    /// state too: none is lost to a stopped run let go from memory (read only).
+    fn runs_named(&mut self, prefix: &str) -> Result<Vec<RunState>, GateError>;
     /// The open runs whose parent is `run`, by name (a kill stops them with it).
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError>;
     /// Every tool's breaker, as stored, by name (read only).

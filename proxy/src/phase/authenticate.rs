@@ -15,19 +15,25 @@ use crate::refuse::{unavailable, Caught};
 /// The run the request's token names, if it may spend.
 pub(super) async fn authenticate(proxy: &Proxy, headers: &HeaderMap) -> Result<Caught, Refusal> {
     let token = token(headers)?;
-    let run = if crate::keys::looks_like_key(token) {
-        super::keyed::run_of_key(proxy, headers, token).await?
+    let (run, key) = if crate::keys::looks_like_key(token) {
+        let (run, key) = super::keyed::run_of_key(proxy, headers, token).await?;
+        (run, Some(key))
     } else {
-        proxy
+        let run = proxy
             .key
             .run_of(token)
-            .ok_or_else(|| Refusal::token("this is not a run token of this tally"))?
+            .ok_or_else(|| Refusal::token("this is not a run token of this tally"))?;
+        (run, None)
     };
-    standing(proxy, run).await
+    standing(proxy, run, key).await
 }
 
 /// The run `run` and its standing, if it may spend.
-async fn standing(proxy: &Proxy, run: String) -> Result<Caught, Refusal> {
+async fn standing(
+    proxy: &Proxy,
+    run: String,
+    key: Option<tally_wire::KeyInfo>,
+) -> Result<Caught, Refusal> {
     let operator = Caller {
         uid: None,
         operator: true,
@@ -62,7 +68,7 @@ async fn standing(proxy: &Proxy, run: String) -> Result<Caught, Refusal> {
                 .into(),
         ));
     }
-    Ok(Caught { run, standing })
+    Ok(Caught { run, standing, key })
 }
 
 /// The run token the agent sent as its API key (`Authorization: Bearer` or

@@ -3,6 +3,7 @@
 //! the upstream's dialect, saying for money what the call needed and what is left.
 //! Allowed, the settle phase is armed ([`Settling`]).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
@@ -12,7 +13,7 @@ use tally_record::money::Nanos;
 use tally_record::{LimitKey, Reason};
 
 use super::plan::Plan;
-use super::settle::{Settle, Settling};
+use super::settle::{KeyHold, Settle, Settling};
 use super::{channel_of, Call};
 use crate::dialect::Refusal;
 use crate::proxy::Proxy;
@@ -25,6 +26,9 @@ pub(super) async fn check(
     call: &Call<'_>,
     plan: &Plan,
 ) -> Result<Settling, Refusal> {
+    // A key's call holds its worst case against the key's day first: the count read and
+    // the hold are one step, so racing calls of one key never pass its budget together.
+    let key = hold(proxy, call, plan)?;
     let (u, standing) = (&call.route.upstream, &call.caught.standing);
     let timeout_ms = tally_policy::call_timeout(&standing.budget, standing.at_ms, u.timeout_ms);
     // The call's span (with a tracer), the agent's trace its parent; the decision
@@ -47,6 +51,7 @@ pub(super) async fn check(
         Ok(a) => a,
         Err(GateError::Stopped(a)) => *a,
         Err(e) => {
+            release(key.as_ref());
             if let Some(mut s) = span {
                 s.decided("error", Some(Reason::GateUnavailable.as_str()), None);
                 s.finish();
@@ -64,6 +69,7 @@ pub(super) async fn check(
     let attempt = match allowed(&answer, plan.worst) {
         Ok(a) => a,
         Err(mut r) => {
+            release(key.as_ref());
             r.recorded = answer.seq.map(|seq| (call.caught.run.clone(), seq));
             if let Some(s) = span {
                 s.finish();
@@ -87,8 +93,32 @@ pub(super) async fn check(
         cost_header: u.cost_header.clone(),
         // What the gate reserved: the most this call may settle.
         reserved: Nanos(answer.reserve_nanos.unwrap_or(plan.worst.0)),
+        // The key's hold stays the call's worst case: what it settles above that is
+        // its overrun, as the run's.
+        key,
     };
     Ok(Settling::arm(proxy.recorder(), settle, deadline, span))
+}
+
+/// For a call with a key: `plan`'s worst case held against the key's day, or the
+/// refusal (the key's budget per day).
+fn hold(proxy: &Proxy, call: &Call<'_>, plan: &Plan) -> Result<Option<KeyHold>, Refusal> {
+    let (Some(info), Some(ring)) = (&call.caught.key, &proxy.keys) else {
+        return Ok(None);
+    };
+    let spend = ring.spend();
+    let limits = crate::keys::day_limits(info);
+    spend
+        .hold(&info.id, &limits, ring.now_ms(), plan.worst.0)
+        .map(|charge| Some((Arc::clone(spend), charge)))
+        .map_err(|e| super::keyed::exceeded(spend, &info.id, e))
+}
+
+/// A key's hold given back: its call was refused or not made.
+fn release(key: Option<&KeyHold>) {
+    if let Some((spend, charge)) = key {
+        spend.release(charge);
+    }
 }
 
 /// The call's span, with a tracer.

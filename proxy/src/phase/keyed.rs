@@ -1,41 +1,54 @@
 //! A key in place of a run token (docs/KEYS.md): the run it names for this call (the
 //! task `x-tally-task` names, else the key's current run), started under the key's
-//! principal if it is new. A key that is not one is a 401 `invalid_token`, a revoked
-//! key a 403 `key_revoked`, at once; a start the gate refuses is answered with the
-//! gate's reason. Nothing else is recorded here: the start is the run's own record.
+//! principal if it is new, within the key's runs per day. A key that is not one is a 401
+//! `invalid_token`, a revoked key a 403 `key_revoked`, at once; a start the gate refuses
+//! is answered with the gate's reason. Nothing else is recorded here: the start is the
+//! run's own record. Every refusal of a key call is counted by reason (the metric
+//! `tally_key_refusals_total`).
 
 use hyper::header::HeaderMap;
 use hyper::StatusCode;
 use tally_gate::{Caller, GateError, StartRequest};
-use tally_wire::ErrorCode;
+use tally_policy::KeyDayExceeded;
+use tally_record::Reason;
+use tally_wire::{ErrorCode, KeyDayRefused, KeyInfo};
 
 use crate::dialect::Refusal;
-use crate::keys::{self, KeyRefused};
+use crate::key_spend::{KeyRefusal, KeySpend};
+use crate::keys::{self, KeyRefused, KeyRing};
 use crate::proxy::Proxy;
 use crate::refuse::unavailable;
 
 /// The header that names the task a call with a key belongs to.
 pub(crate) const TASK_HEADER: &str = "x-tally-task";
 
-/// The run a call with `key` is in, started if it is new.
+/// The run a call with `key` is in, started if it is new, and the key.
 pub(super) async fn run_of_key(
     proxy: &Proxy,
     headers: &HeaderMap,
     key: &str,
-) -> Result<String, Refusal> {
+) -> Result<(String, KeyInfo), Refusal> {
     let ring = proxy
         .keys
         .as_ref()
         .ok_or_else(|| Refusal::token("this tally serves no keys: use a run token"))?;
+    let spend = ring.spend();
     let info = ring.check(key).map_err(|r| match r {
-        KeyRefused::Revoked { id } => Refusal::own(
-            StatusCode::FORBIDDEN,
-            ErrorCode::KeyRevoked,
-            format!("key {id} was revoked by the operator: ask them for another key"),
-        ),
-        _ => Refusal::token("this is not a key of this tally"),
+        KeyRefused::Revoked { id } => {
+            spend.refused(KeyRefusal::KeyRevoked);
+            Refusal::own(
+                StatusCode::FORBIDDEN,
+                ErrorCode::KeyRevoked,
+                format!("key {id} was revoked by the operator: ask them for another key"),
+            )
+        }
+        _ => {
+            spend.refused(KeyRefusal::InvalidKey);
+            Refusal::token("this is not a key of this tally")
+        }
     })?;
     if !proxy.gate.policy().policy.principal_bounded(info.principal) {
+        spend.refused(KeyRefusal::PrincipalUnbounded);
         return Err(Refusal::own(
             StatusCode::FORBIDDEN,
             ErrorCode::Refused,
@@ -49,6 +62,7 @@ pub(super) async fn run_of_key(
     let task = match headers.get(TASK_HEADER) {
         None => None,
         Some(v) => Some(v.to_str().ok().and_then(keys::task_name).ok_or_else(|| {
+            spend.refused(KeyRefusal::InvalidTask);
             Refusal::own(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::InvalidRequest,
@@ -60,17 +74,83 @@ pub(super) async fn run_of_key(
             )
         })?),
     };
-    let run = keys::run_of(&info, task, ring.now_ms());
+    let now = ring.now_ms();
+    seed(proxy, ring, &info, now).await?;
+    let run = keys::run_of(&info, task, now);
     let goal = match task {
         Some(t) => format!("task {t} of key {}", info.id),
         None => format!("the current run of key {}", info.id),
     };
-    start(proxy, info.principal, &run, goal).await?;
-    Ok(run)
+    start(proxy, ring, &info, &run, goal).await?;
+    Ok((run, info))
 }
 
-/// Start `run` for the key's principal `uid`, unless it exists (then it continues).
-async fn start(proxy: &Proxy, uid: u32, run: &str, goal: String) -> Result<(), Refusal> {
+/// The key's counts of the day read from the gate's runs of the day (open or stopped,
+/// its principal's), the first time the key is used since the daemon started.
+async fn seed(proxy: &Proxy, ring: &KeyRing, info: &KeyInfo, now: u64) -> Result<(), Refusal> {
+    let spend = ring.spend();
+    if spend.seeded(&info.id) {
+        return Ok(());
+    }
+    let prefix = keys::runs_today(&info.id, now);
+    let runs = proxy
+        .gate(move |gate, done| done(gate.runs_named(&prefix)))
+        .await
+        .map_err(|_| unavailable())?;
+    spend.seed(&info.id, keys::day_use(&runs, info.principal, now));
+    Ok(())
+}
+
+/// The refusal of a call or start that does not fit the key's day.
+pub(super) fn exceeded(spend: &KeySpend, id: &str, e: KeyDayExceeded) -> Refusal {
+    let mut body = KeyDayRefused {
+        id: id.to_owned(),
+        budget_per_day_nanos: None,
+        settled_today_nanos: None,
+        held_today_nanos: None,
+        needed_nanos: None,
+        runs_per_day: None,
+        runs_today: None,
+    };
+    let why = match e {
+        KeyDayExceeded::Spend {
+            limit_nanos,
+            settled_nanos,
+            held_nanos,
+            needed_nanos,
+        } => {
+            body.budget_per_day_nanos = Some(limit_nanos);
+            body.settled_today_nanos = Some(settled_nanos);
+            body.held_today_nanos = Some(held_nanos);
+            body.needed_nanos = Some(needed_nanos);
+            KeyRefusal::BudgetExceeded
+        }
+        KeyDayExceeded::Runs { limit, started } => {
+            body.runs_per_day = Some(limit);
+            body.runs_today = Some(started);
+            KeyRefusal::RunsExceeded
+        }
+        _ => KeyRefusal::BudgetExceeded,
+    };
+    spend.refused(why);
+    let mut r = Refusal::ended(
+        Reason::BudgetExceeded,
+        format!("key {id}: {e}; its day ends at 00:00 UTC"),
+    );
+    r.key = Some(Box::new(body));
+    r
+}
+
+/// Start `run` for the key's principal, unless it exists (then it continues), within
+/// the key's runs per day.
+async fn start(
+    proxy: &Proxy,
+    ring: &KeyRing,
+    info: &KeyInfo,
+    run: &str,
+    goal: String,
+) -> Result<(), Refusal> {
+    let uid = info.principal;
     // The principal is the run's owner: its budget, open runs and ownership are the
     // uid's, as if it had started the run on the agent socket.
     let caller = Caller {
@@ -82,6 +162,10 @@ async fn start(proxy: &Proxy, uid: u32, run: &str, goal: String) -> Result<(), R
     if owned(proxy, caller, run).await? {
         return Ok(());
     }
+    let spend = ring.spend();
+    let slot = spend
+        .start_run(&info.id, &keys::day_limits(info), ring.now_ms())
+        .map_err(|e| exceeded(spend, &info.id, e))?;
     let req = StartRequest {
         run: run.to_owned(),
         goal: Some(goal),
@@ -95,6 +179,10 @@ async fn start(proxy: &Proxy, uid: u32, run: &str, goal: String) -> Result<(), R
     let started = proxy
         .gate(move |gate, done| gate.start(caller, req, done))
         .await;
+    if started.is_err() {
+        // Not started by this call: the day's count is given back.
+        spend.unstart(&slot);
+    }
     match started {
         Ok(_) => Ok(()),
         // Started between the read and the start: by this key's other call, or by

@@ -20,6 +20,7 @@ use tally_policy::{ModelPrice, UpstreamKind};
 use tally_record::money::Nanos;
 use tally_record::{Effect, Status, UsageRefused};
 
+use crate::key_spend::{KeyCharge, KeySpend};
 use crate::proxy::Proxy;
 use crate::trace::CallSpan;
 
@@ -40,7 +41,12 @@ pub(crate) struct Settle {
     pub cost_header: Option<String>,
     /// What the gate reserved for the call: the worst case it can cost.
     pub reserved: Nanos,
+    /// For a call with a key: its reservation held against the key's day.
+    pub key: Option<KeyHold>,
 }
+
+/// A key call's hold on its key's day, settled with the call's outcome.
+pub(crate) type KeyHold = (Arc<KeySpend>, KeyCharge);
 
 /// How a call ended: its outcome as recorded, and what its span says of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,6 +232,10 @@ impl Drop for Settling {
 /// gate cannot record is said on stderr (its reservation stays held).
 pub(crate) async fn settle(record: Record, s: Settle, ended: Ended, span: Option<CallSpan>) {
     let status = ended.status;
+    // The key's day settles what the run settles (an unknown outcome keeps it held).
+    if let Some((spend, charge)) = &s.key {
+        spend.settle(charge, ended.nanos);
+    }
     let req = OutcomeRequest {
         run: s.run.clone(),
         attempt: s.attempt,
@@ -283,6 +293,7 @@ mod tests {
             lands: crate::tier::Lands::Default,
             cost_header: None,
             reserved: Nanos(500),
+            key: None,
         }
     }
 

@@ -1,0 +1,254 @@
+//! What each key's runs used this UTC day, for its own budget per day (docs/KEYS.md, "A
+//! key's budget per day"), and how many of its calls were refused, by reason. The rule
+//! (does a call or a start fit the day) is the policy core's
+//! ([`tally_policy::key_call_fits`], [`tally_policy::key_run_fits`]); this holds the
+//! counts it is asked with, under one lock, so the count read and the reservation taken
+//! are one step: concurrent calls of one key never reserve past its budget together.
+//!
+//! A call's reservation is held at its check and settled by its outcome (what the
+//! upstream reported, an overrun in full; an `unknown` outcome keeps it held). The
+//! counts of a key are read from the gate's runs of the day the first time the key is
+//! used after the daemon starts ([`KeySpend::seed`]): a restart never resets them.
+//! One entry per key: memory is bounded by the keys made.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use tally_policy::{key_call_fits, key_run_fits, KeyDayExceeded, KeyDayLimits, KeyDayUse};
+
+/// Why a call with a key was refused: the only values of the metric's `reason` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyRefusal {
+    /// Spelt as a key, but not a key of this tally (or the wrong secret).
+    InvalidKey,
+    /// A revoked key.
+    KeyRevoked,
+    /// The key's budget per day.
+    BudgetExceeded,
+    /// The key's runs per day.
+    RunsExceeded,
+    /// The key's principal has no budget in the policy.
+    PrincipalUnbounded,
+    /// A bad `x-tally-task`.
+    InvalidTask,
+}
+
+impl KeyRefusal {
+    /// Every reason, in the order they are listed.
+    pub const ALL: [KeyRefusal; 6] = [
+        KeyRefusal::InvalidKey,
+        KeyRefusal::KeyRevoked,
+        KeyRefusal::BudgetExceeded,
+        KeyRefusal::RunsExceeded,
+        KeyRefusal::PrincipalUnbounded,
+        KeyRefusal::InvalidTask,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyRefusal::InvalidKey => "invalid_key",
+            KeyRefusal::KeyRevoked => "key_revoked",
+            KeyRefusal::BudgetExceeded => "budget_exceeded",
+            KeyRefusal::RunsExceeded => "runs_exceeded",
+            KeyRefusal::PrincipalUnbounded => "principal_unbounded",
+            KeyRefusal::InvalidTask => "invalid_task",
+        }
+    }
+
+    fn index(self) -> usize {
+        KeyRefusal::ALL
+            .iter()
+            .position(|r| *r == self)
+            .unwrap_or_default()
+    }
+}
+
+/// A call's reservation held against its key's day, until its outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyCharge {
+    id: String,
+    day: u64,
+    held: u64,
+}
+
+/// A run start counted against its key's day, until the start is known to have failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunSlot {
+    id: String,
+    day: u64,
+}
+
+/// Each key's counts of the day, and the refusals of key calls.
+#[derive(Debug, Default)]
+pub struct KeySpend {
+    days: Mutex<BTreeMap<String, KeyDayUse>>,
+    refusals: [AtomicU64; 6],
+}
+
+impl KeySpend {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, KeyDayUse>> {
+        self.days.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the key `id` has counts here (else they are to be read from the gate, once).
+    pub fn seeded(&self, id: &str) -> bool {
+        self.lock().contains_key(id)
+    }
+
+    /// The key's counts as read from the gate's runs of the day (`used`), unless it has
+    /// counts already: a call that raced this one to seed them may have reserved since.
+    pub fn seed(&self, id: &str, used: KeyDayUse) {
+        self.lock().entry(id.to_owned()).or_insert(used);
+    }
+
+    /// The key's counts as of `now_ms`, if it has any.
+    pub fn usage(&self, id: &str, now_ms: u64) -> Option<KeyDayUse> {
+        self.lock().get(id).map(|u| u.at(now_ms))
+    }
+
+    /// Hold `reserve` nanodollars against the key's day, if the call fits it.
+    pub fn hold(
+        &self,
+        id: &str,
+        limits: &KeyDayLimits,
+        now_ms: u64,
+        reserve: u64,
+    ) -> Result<KeyCharge, KeyDayExceeded> {
+        let mut days = self.lock();
+        let entry = days.entry(id.to_owned()).or_default();
+        let mut used = entry.at(now_ms);
+        key_call_fits(limits, &used, reserve)?;
+        used.held_nanos = used.held_nanos.saturating_add(reserve);
+        *entry = used;
+        Ok(KeyCharge {
+            id: id.to_owned(),
+            day: used.day,
+            held: reserve,
+        })
+    }
+
+    /// The charge released: the call was refused or never made.
+    pub fn release(&self, charge: &KeyCharge) {
+        self.settle(charge, Some(0));
+    }
+
+    /// The charge's outcome: `Some(n)` settles `n` (an overrun in full) and releases the
+    /// reservation; `None` (nothing known of what the upstream did) keeps it held. A
+    /// charge of a day past is dropped with that day.
+    pub fn settle(&self, charge: &KeyCharge, settled: Option<u64>) {
+        let Some(n) = settled else { return };
+        let mut days = self.lock();
+        if let Some(u) = days.get_mut(&charge.id).filter(|u| u.day == charge.day) {
+            u.held_nanos = u.held_nanos.saturating_sub(charge.held);
+            u.settled_nanos = u.settled_nanos.saturating_add(n);
+        }
+    }
+
+    /// Count a run start against the key's day, if the key may start one more.
+    pub fn start_run(
+        &self,
+        id: &str,
+        limits: &KeyDayLimits,
+        now_ms: u64,
+    ) -> Result<RunSlot, KeyDayExceeded> {
+        let mut days = self.lock();
+        let entry = days.entry(id.to_owned()).or_default();
+        let mut used = entry.at(now_ms);
+        key_run_fits(limits, &used)?;
+        used.runs = used.runs.saturating_add(1);
+        *entry = used;
+        Ok(RunSlot {
+            id: id.to_owned(),
+            day: used.day,
+        })
+    }
+
+    /// The start counted by `slot` did not happen (refused, or another call started it).
+    pub fn unstart(&self, slot: &RunSlot) {
+        let mut days = self.lock();
+        if let Some(u) = days.get_mut(&slot.id).filter(|u| u.day == slot.day) {
+            u.runs = u.runs.saturating_sub(1);
+        }
+    }
+
+    /// A key call refused for `why`.
+    pub fn refused(&self, why: KeyRefusal) {
+        self.refusals[why.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The key calls refused so far, by reason (every reason, 0 too).
+    pub fn refusals(&self) -> [(KeyRefusal, u64); 6] {
+        KeyRefusal::ALL.map(|r| (r, self.refusals[r.index()].load(Ordering::Relaxed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_policy::key_day::DAY_MS;
+
+    const LIMITS: KeyDayLimits = KeyDayLimits {
+        spend_nanos: Some(1_000),
+        runs: Some(1),
+    };
+
+    #[test]
+    fn holds_settle_and_release_within_the_day_and_a_new_day_starts_from_nothing() {
+        let s = KeySpend::default();
+        let now = 10 * DAY_MS + 5;
+        s.seed("k", KeyDayUse::default().at(now));
+        let a = s.hold("k", &LIMITS, now, 500).expect("fits");
+        let b = s.hold("k", &LIMITS, now, 500).expect("fits exactly");
+        assert!(s.hold("k", &LIMITS, now, 1).is_err(), "1000 held");
+        s.release(&b);
+        // An overrun settles in full: 700 for a reservation of 500.
+        s.settle(&a, Some(700));
+        let used = s.usage("k", now).expect("seeded");
+        assert_eq!((used.settled_nanos, used.held_nanos), (700, 0));
+        assert!(s.hold("k", &LIMITS, now, 301).is_err());
+        // An unknown outcome keeps its reservation held.
+        let c = s.hold("k", &LIMITS, now, 300).expect("fits");
+        s.settle(&c, None);
+        assert_eq!(s.usage("k", now).map(|u| u.held_nanos), Some(300));
+        // One run a day; the day turns on the time passed in, not a sleep.
+        s.start_run("k", &LIMITS, now).expect("first run");
+        assert!(s.start_run("k", &LIMITS, now).is_err());
+        let tomorrow = 11 * DAY_MS;
+        assert!(s.hold("k", &LIMITS, tomorrow - 1, 1).is_err());
+        let d = s.hold("k", &LIMITS, tomorrow, 1_000).expect("a new day");
+        let slot = s
+            .start_run("k", &LIMITS, tomorrow)
+            .expect("a new day's run");
+        s.unstart(&slot);
+        s.start_run("k", &LIMITS, tomorrow)
+            .expect("the slot was given back");
+        // Yesterday's charge settling today changes nothing of today.
+        s.settle(&c, Some(5));
+        s.settle(&d, Some(10));
+        let used = s.usage("k", tomorrow).expect("seeded");
+        assert_eq!((used.settled_nanos, used.held_nanos, used.runs), (10, 0, 1));
+    }
+
+    #[test]
+    fn a_seed_never_overwrites_counts_a_call_made() {
+        let s = KeySpend::default();
+        s.seed("k", KeyDayUse::default());
+        let _held = s.hold("k", &LIMITS, 0, 100).expect("fits");
+        s.seed(
+            "k",
+            KeyDayUse {
+                settled_nanos: 1,
+                ..KeyDayUse::default()
+            },
+        );
+        assert_eq!(s.usage("k", 0).map(|u| u.held_nanos), Some(100));
+        s.refused(KeyRefusal::BudgetExceeded);
+        s.refused(KeyRefusal::BudgetExceeded);
+        let counts = s.refusals();
+        assert_eq!(counts[2], (KeyRefusal::BudgetExceeded, 2));
+        assert_eq!(counts.iter().map(|(_, n)| n).sum::<u64>(), 2);
+    }
+}
