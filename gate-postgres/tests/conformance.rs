@@ -453,6 +453,56 @@ fn principal_shared<F: Fleet>(fleet: &F) -> String {
     summary
 }
 
+/// The runs named by a prefix (a key's runs of a day), open and stopped, read on any gate
+/// and after the gates are opened again: what they hold and settled, none left out.
+fn runs_named<F: Fleet>(fleet: &F) -> String {
+    let gates = fleet.gates(HOSTS, "");
+    for run in ["key-a-1", "key-a-2", "key-ab", "key-b-1"] {
+        start(&gates[0], OPERATOR, json!({"run": run})).expect("start");
+    }
+    let allowed = check(
+        &gates[1],
+        json!({"run": "key-a-1", "tool": "llm", "effect": "read", "reserve_nanos": 300}),
+    )
+    .expect("check");
+    check(
+        &gates[2],
+        json!({"run": "key-a-2", "tool": "llm", "effect": "read", "reserve_nanos": 500}),
+    )
+    .expect("check");
+    let outcome: OutcomeRequest = serde_json::from_value(json!({
+        "run": "key-a-2", "attempt": 1, "status": "ok", "settled_nanos": 450}))
+    .expect("outcome");
+    gates[2]
+        .outcome_blocking(OPERATOR, outcome)
+        .expect("outcome");
+    gates[0]
+        .stop_blocking(OPERATOR, "key-a-2", StopRequest::default())
+        .expect("kill");
+    assert!(allowed.attempt.is_some());
+    let read = |g: &Gate<F::B>| -> String {
+        let runs = g.runs_named("key-a-").expect("runs named");
+        runs.iter()
+            .map(|r| {
+                format!(
+                    "{} {:?} held {} settled {}",
+                    r.run, r.state, r.held_nanos, r.settled_nanos
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let first = read(&*gates[1]);
+    drop(gates);
+    let again = read(&*fleet.gates(1, "")[0]);
+    assert_eq!(first, again, "read again after the gates are opened afresh");
+    assert_eq!(
+        first,
+        "key-a-1 Running held 300 settled 0; key-a-2 Stopped held 0 settled 450"
+    );
+    first
+}
+
 type Case<F> = (&'static str, fn(&F) -> String);
 
 fn cases<F: Fleet>() -> Vec<Case<F>> {
@@ -465,6 +515,7 @@ fn cases<F: Fleet>() -> Vec<Case<F>> {
         ("names_and_quota", names_and_quota::<F>),
         ("deadlines", deadlines::<F>),
         ("principal_shared", principal_shared::<F>),
+        ("runs_named", runs_named::<F>),
     ]
 }
 

@@ -398,12 +398,16 @@ async fn a_keys_budget_per_day_stops_its_calls_over_ten_tasks_and_a_restart_keep
     let mut served = Served::new(dir.path(), &policy);
     let (key, id) = key_with(dir.path(), uid, &["--budget-per-day", "1"]);
     let budget = 1_000_000_000;
-    let (mut allowed, mut refused) = (0u64, 0u64);
+    let (mut allowed, mut refused, mut first_run) = (0u64, 0u64, None);
     for i in 0..200 {
         let a = key_call(&served, &key, &format!("task-{}", i % 10)).await;
         if a.status == 200 {
             assert_eq!(refused, 0, "call {i} allowed after a refusal");
             allowed += 1;
+            first_run.get_or_insert_with(|| {
+                let run = a.headers.get("x-tally-run").expect("x-tally-run");
+                run.to_str().expect("ascii").to_owned()
+            });
         } else {
             assert_key_refusal(&a, &id, budget);
             refused += 1;
@@ -445,7 +449,20 @@ async fn a_keys_budget_per_day_stops_its_calls_over_ten_tasks_and_a_restart_keep
         assert!(!text.contains(&id), "the key's id is no label");
     }
 
-    // A restart reads the day's spend back from the runs: still refused, still listed.
+    // A restart reads the day's spend back from the runs: still refused, still listed,
+    // a killed run too (the gate keeps no stopped run in memory after a restart).
+    let killed = first_run.expect("a run");
+    tally().ok(
+        dir.path(),
+        &[
+            "kill",
+            "--operator-socket",
+            "operator.sock",
+            "--run",
+            &killed,
+        ],
+        "",
+    );
     served.daemon.stop();
     served = Served::start(dir.path());
     assert_eq!(listed_spend(dir.path(), &id), allowed * 51_000_000);
