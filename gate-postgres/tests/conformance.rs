@@ -492,9 +492,9 @@ fn runs_named<F: Fleet>(fleet: &F) -> String {
             .collect::<Vec<_>>()
             .join("; ")
     };
-    let first = read(&*gates[1]);
+    let first = read(&gates[1]);
     drop(gates);
-    let again = read(&*fleet.gates(1, "")[0]);
+    let again = read(&fleet.gates(1, "")[0]);
     assert_eq!(first, again, "read again after the gates are opened afresh");
     assert_eq!(
         first,
