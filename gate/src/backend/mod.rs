@@ -126,7 +126,8 @@ pub trait StateReads {
 }
 
 /// One transaction over the gate's state. Dropped without [`StateTxn::commit`], it
-/// keeps nothing: the snapshots it gave out are the gate's, and are let go.
+/// keeps nothing the gate changed: the snapshots it gave out are the gate's, and are let
+/// go (a backend may keep in memory what it read, and the fresh scopes it created).
 pub trait StateTxn: StateReads {
     /// Claim a new run's name: false if a run of this name was ever started or the name
     /// is taken by raw decisions (a run name is never reused). A networked backend
@@ -141,9 +142,11 @@ pub trait StateTxn: StateReads {
     /// that touched a common scope the later one has the larger version, and ordered by
     /// version the decisions of every ledger written on this state replay as they were
     /// decided); the records are queued while the scopes are still held. A networked
-    /// backend commits the state of `write.durable` before anything is queued (state
-    /// ahead of the ledger on a crash, never behind); the embedded backend writes it in
-    /// the ledger's batch. `done` gets the receipts once the records are durable.
+    /// backend commits the state (the runs of `write.durable` and, with them, every
+    /// tool, credential and principal it locked) before anything is queued: state
+    /// ahead of the ledger on a crash, never behind. The embedded backend writes the
+    /// state of `write.durable` in the ledger's batch, and keeps the whole snapshot in
+    /// memory. `done` gets the receipts once the records are durable.
     ///
     /// An error means nothing was queued (and, for a networked backend, nothing made
     /// durable, unless the records themselves failed after the state committed, which
