@@ -54,7 +54,6 @@ use std::time::Duration;
 use tally_gate::backend::StateBackend;
 use tally_gate::GateError;
 use tally_ledger::Ledger;
-use tally_policy::RunState;
 use tokio_postgres::{Client, NoTls};
 
 use schema::{Statements, WRITE};
@@ -438,8 +437,6 @@ impl StateBackend for Postgres {
             credentials: BTreeMap::new(),
             principals: BTreeMap::new(),
             principals_before: BTreeMap::new(),
-            listed: Vec::new(),
-            empty: RunState::default(),
         };
         // BEGIN goes with the transaction's first statement.
         t.open = true;

@@ -1,60 +1,19 @@
-//! The gate's state seam ([`StateTxn`]) over a [`PostgresTxn`]: runs, tools and
-//! credentials read and locked in one fixed order, written back with their versions.
+//! The gate's state seam ([`StateTxn`], [`StateReads`]) over a [`PostgresTxn`]: runs,
+//! tools, credentials and principals read and locked in one fixed order, written back
+//! with their versions.
 
-use std::collections::BTreeSet;
-
-use tally_gate::backend::{Committed, Scopes, StateTxn};
+use tally_gate::backend::{Committed, Keys, Scopes, Snapshot, StateReads, StateTxn, Write};
 use tally_gate::GateError;
-use tally_policy::{CredentialState, Policy, PrincipalState, RunState, ToolState, View, ViewMut};
+use tally_policy::{CredentialState, PrincipalState, RunState, ToolState};
 
 use crate::schema::{decode, encode, NO_UID};
 use crate::txn::{tool_from, PostgresTxn};
 
-impl StateTxn for PostgresTxn<'_> {
-    fn is_new(&mut self, run: &str) -> Result<bool, GateError> {
-        let raw = self
-            .backend
-            .ledger
-            .state_get(&tally_gate::raw_run_entry(run).0)?;
-        if raw.is_some() || self.runs.contains_key(run) {
-            return Ok(false);
-        }
-        // Claiming the name inserts its row: a second daemon starting the same name waits
-        // for this transaction, then finds the name taken.
-        let claimed = self.rows("to claim a run's name", |s| &s.run_claim, &[&run])?;
-        Ok(!claimed.is_empty())
-    }
-
+impl StateReads for PostgresTxn<'_> {
     fn governs(&mut self, run: &str) -> Result<bool, GateError> {
-        if self.runs.contains_key(run) {
-            return Ok(true);
-        }
         Ok(!self
             .rows("to look a run up", |s| &s.run_exists, &[&run])?
             .is_empty())
-    }
-
-    fn run(&mut self, run: &str) -> Result<&RunState, GateError> {
-        if !self.runs.contains_key(run) {
-            let rows = self.rows("to read a run", |s| &s.run_lock, &[&run])?;
-            let row = rows
-                .first()
-                .ok_or_else(|| GateError::RunNotFound(run.to_owned()))?;
-            let state: RunState = decode(&format!("run `{run}`"), row.get::<_, &[u8]>(0))?;
-            self.before.insert(run.to_owned(), state.clone());
-            self.runs.insert(run.to_owned(), state);
-        }
-        self.runs
-            .get(run)
-            .ok_or_else(|| GateError::RunNotFound(run.to_owned()))
-    }
-
-    fn run_mut(&mut self, run: &str) -> Option<&mut RunState> {
-        self.runs.get_mut(run)
-    }
-
-    fn insert_run(&mut self, run: RunState) {
-        self.runs.insert(run.run.clone(), run);
     }
 
     fn open_runs_of(&mut self, uid: Option<u32>) -> Result<u64, GateError> {
@@ -68,36 +27,23 @@ impl StateTxn for PostgresTxn<'_> {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    fn expired_runs_of(
-        &mut self,
-        uid: Option<u32>,
-        expired: &dyn Fn(&RunState) -> bool,
-    ) -> Result<Vec<String>, GateError> {
+    fn open_runs_listed(&mut self, uid: Option<u32>) -> Result<Vec<RunState>, GateError> {
         let uid = uid.map(i64::from);
         let rows = self.rows("to list a uid's runs", |s| &s.owner_runs, &[&uid])?;
-        let mut names = Vec::new();
+        let mut runs = Vec::with_capacity(rows.len());
         for row in &rows {
-            let name: String = row.get(0);
-            // What this transaction changed wins over what the database held.
-            let state = match self.runs.get(&name) {
-                Some(r) => r.clone(),
-                None => decode::<RunState>("a run", row.get::<_, &[u8]>(1))?,
-            };
-            if state.stop.is_none() && expired(&state) {
-                names.push(name);
-            }
+            runs.push(decode::<RunState>("a run", row.get::<_, &[u8]>(1))?);
         }
-        Ok(names)
+        Ok(runs)
     }
 
-    fn runs(&mut self) -> Result<Vec<&RunState>, GateError> {
+    fn runs(&mut self) -> Result<Vec<RunState>, GateError> {
         let rows = self.rows("to list the open runs", |s| &s.runs_open, &[])?;
         let mut listed = Vec::with_capacity(rows.len());
         for row in &rows {
             listed.push(decode::<RunState>("a run", row.get::<_, &[u8]>(0))?);
         }
-        self.listed = listed;
-        Ok(self.listed.iter().collect())
+        Ok(listed)
     }
 
     fn runs_named(&mut self, prefix: &str) -> Result<Vec<RunState>, GateError> {
@@ -116,18 +62,7 @@ impl StateTxn for PostgresTxn<'_> {
 
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError> {
         let rows = self.rows("to list a run's children", |s| &s.children, &[&run])?;
-        let mut children: BTreeSet<String> = rows.iter().map(|r| r.get(0)).collect();
-        // What this transaction changed wins over what the database held at its start.
-        for r in self.runs.values() {
-            if r.parent.as_deref() == Some(run) {
-                if r.stop.is_none() {
-                    children.insert(r.run.clone());
-                } else {
-                    children.remove(&r.run);
-                }
-            }
-        }
-        Ok(children.into_iter().collect())
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
@@ -139,10 +74,85 @@ impl StateTxn for PostgresTxn<'_> {
         }
         Ok(out)
     }
+}
 
-    fn ensure_tool(&mut self, tool: &str, _now_ms: u64, _policy: &Policy) -> Result<(), GateError> {
-        if self.tools.contains_key(tool) {
-            return Ok(());
+impl StateTxn for PostgresTxn<'_> {
+    fn claim(&mut self, run: &str) -> Result<bool, GateError> {
+        let raw = self
+            .backend
+            .ledger
+            .state_get(&tally_gate::raw_run_entry(run).0)?;
+        if raw.is_some() || self.runs.contains_key(run) {
+            return Ok(false);
+        }
+        // Claiming the name inserts its row: a second daemon starting the same name waits
+        // for this transaction, then finds the name taken.
+        let claimed = self.rows("to claim a run's name", |s| &s.run_claim, &[&run])?;
+        Ok(!claimed.is_empty())
+    }
+
+    fn load(&mut self, keys: &Keys<'_>) -> Result<Snapshot, GateError> {
+        let mut s = Snapshot::default();
+        for &run in &keys.runs {
+            if let Some(state) = self.load_run(run)? {
+                s.runs.insert(run.to_owned(), state);
+            }
+        }
+        for &tool in &keys.tools {
+            s.tools.insert(tool.to_owned(), self.load_tool(tool)?);
+        }
+        for &c in &keys.credentials {
+            s.credentials.insert(c.to_owned(), self.load_credential(c)?);
+        }
+        for &p in &keys.principals {
+            s.principals.insert(p.to_owned(), self.load_principal(p)?);
+        }
+        Ok(s)
+    }
+
+    fn commit(mut self, write: Write<'_>, done: Committed) -> Result<(), GateError> {
+        // What the decision left wins over the rows as read; what is written back is
+        // every row this transaction read (see `persist`).
+        self.runs.extend(write.snapshot.runs);
+        self.tools.extend(write.snapshot.tools);
+        self.credentials.extend(write.snapshot.credentials);
+        self.principals.extend(write.snapshot.principals);
+        let version = self.persist(write.durable)?;
+        let batch = (write.records)(version)?;
+        // Queued under the local lock: this ledger's order is the order state changed.
+        let ledger = &self.backend.ledger;
+        if write.deferred {
+            ledger.submit_deferred(batch.plaintexts, batch.ledger_state, done);
+        } else {
+            ledger.submit_with_state(batch.plaintexts, batch.ledger_state, done);
+        }
+        drop(self);
+        Ok(())
+    }
+}
+
+/// Each scope read (and locked) once per transaction, a missing tool, credential or
+/// principal row inserted first so there is always a row to lock.
+impl PostgresTxn<'_> {
+    /// A run's state (locked), if the run exists.
+    fn load_run(&mut self, run: &str) -> Result<Option<RunState>, GateError> {
+        if let Some(r) = self.runs.get(run) {
+            return Ok(Some(r.clone()));
+        }
+        let rows = self.rows("to read a run", |s| &s.run_lock, &[&run])?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let state: RunState = decode(&format!("run `{run}`"), row.get::<_, &[u8]>(0))?;
+        self.before.insert(run.to_owned(), state.clone());
+        self.runs.insert(run.to_owned(), state.clone());
+        Ok(Some(state))
+    }
+
+    /// A tool's state (locked).
+    fn load_tool(&mut self, tool: &str) -> Result<ToolState, GateError> {
+        if let Some(t) = self.tools.get(tool) {
+            return Ok(t.clone());
         }
         let mut rows = self.rows("to read a tool", |s| &s.tool_lock, &[&tool])?;
         if rows.is_empty() {
@@ -159,18 +169,14 @@ impl StateTxn for PostgresTxn<'_> {
                 .unavailable("to read a tool", "no row came back")
         })?;
         let state = tool_from(row)?;
-        self.tools.insert(tool.to_owned(), state);
-        Ok(())
+        self.tools.insert(tool.to_owned(), state.clone());
+        Ok(state)
     }
 
-    fn ensure_credential(
-        &mut self,
-        credential: &str,
-        _now_ms: u64,
-        _policy: &Policy,
-    ) -> Result<(), GateError> {
-        if self.credentials.contains_key(credential) {
-            return Ok(());
+    /// A credential's state (locked).
+    fn load_credential(&mut self, credential: &str) -> Result<CredentialState, GateError> {
+        if let Some(c) = self.credentials.get(credential) {
+            return Ok(c.clone());
         }
         let mut rows = self.rows(
             "to read a credential",
@@ -190,13 +196,15 @@ impl StateTxn for PostgresTxn<'_> {
                 .unavailable("to read a credential", "no row came back")
         })?;
         let state: CredentialState = decode("a credential", row.get::<_, &[u8]>(0))?;
-        self.credentials.insert(credential.to_owned(), state);
-        Ok(())
+        self.credentials
+            .insert(credential.to_owned(), state.clone());
+        Ok(state)
     }
 
-    fn ensure_principal(&mut self, principal: &str) -> Result<(), GateError> {
-        if self.principals.contains_key(principal) {
-            return Ok(());
+    /// A principal's state (locked; `principal`: a uid in decimal).
+    fn load_principal(&mut self, principal: &str) -> Result<PrincipalState, GateError> {
+        if let Some(p) = self.principals.get(principal) {
+            return Ok(*p);
         }
         let uid: i64 = principal.parse().map_err(|_| {
             GateError::Unavailable(format!("a principal is a uid, not `{principal}`"))
@@ -219,43 +227,12 @@ impl StateTxn for PostgresTxn<'_> {
         let state: PrincipalState = decode("a principal", row.get::<_, &[u8]>(0))?;
         self.principals_before.insert(principal.to_owned(), state);
         self.principals.insert(principal.to_owned(), state);
-        Ok(())
+        Ok(state)
     }
 
-    fn view(&self, s: &Scopes<'_>) -> View<'_> {
-        View {
-            run: self.runs.get(s.run).unwrap_or(&self.empty),
-            tool: s.tool.and_then(|t| self.tools.get(t)),
-            credential: s.credential.and_then(|c| self.credentials.get(c)),
-            principal: s.principal.and_then(|p| self.principals.get(p)),
-            family: Default::default(),
-        }
-    }
-
-    fn view_mut(&mut self, s: &Scopes<'_>) -> ViewMut<'_> {
-        let run = self
-            .runs
-            .entry(s.run.to_owned())
-            .or_insert_with(|| RunState::new(s.run));
-        ViewMut {
-            run,
-            tool: s.tool.and_then(|t| self.tools.get_mut(t)),
-            credential: s.credential.and_then(|c| self.credentials.get_mut(c)),
-            principal: s.principal.and_then(|p| self.principals.get_mut(p)),
-            parent: None,
-            continued: None,
-        }
-    }
-
-    fn mark_stopped(&mut self, _run: &str) {
-        // Nothing is kept in memory past the transaction.
-    }
-
-    fn pause_changed(&mut self, _run: &str, _paused: bool) -> Result<(), GateError> {
-        // The run's row, pause included, is written with the record (`persist`).
-        Ok(())
-    }
-
+    /// Write back the state of `scopes` and every tool, credential and principal read,
+    /// commit, and give the state version the decision is recorded at (taken once every
+    /// row it touches is held).
     fn persist(&mut self, scopes: &[Scopes<'_>]) -> Result<u64, GateError> {
         if !self.open {
             return Err(GateError::Unavailable(
@@ -310,31 +287,5 @@ impl StateTxn for PostgresTxn<'_> {
         });
         let steps = self.lease_steps(&runs);
         self.seal(last, &steps)
-    }
-
-    fn commit(
-        self,
-        plaintexts: Vec<Vec<u8>>,
-        scopes: &[Scopes<'_>],
-        ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
-        deferred: bool,
-        done: Committed,
-    ) {
-        let _ = scopes;
-        if self.open {
-            // The gate persists first (and so numbers the decision); a caller that did
-            // not is refused, not recorded. Dropping the transaction rolls it back.
-            return done(Err(tally_ledger::Error::Store(
-                "a decision was committed before its state was persisted".into(),
-            )));
-        }
-        // Queued under the local lock: this ledger's order is the order state changed.
-        let ledger = &self.backend.ledger;
-        if deferred {
-            ledger.submit_deferred(plaintexts, ledger_state, done);
-        } else {
-            ledger.submit_with_state(plaintexts, ledger_state, done);
-        }
-        drop(self);
     }
 }

@@ -33,8 +33,6 @@ pub struct PostgresTxn<'a> {
     /// The principals as they were read, before the decision (what it took of their
     /// leased scopes is the difference, [`tally_policy::principal_use`]).
     pub(crate) principals_before: BTreeMap<String, PrincipalState>,
-    pub(crate) listed: Vec<RunState>,
-    pub(crate) empty: RunState,
 }
 
 pub(crate) fn tool_from(row: &Row) -> Result<ToolState, GateError> {

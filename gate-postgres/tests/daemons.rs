@@ -132,7 +132,7 @@ fn three_daemons_on_one_database_share_one_budget() {
 #[test]
 fn checks_queued_on_a_daemon_behind_a_held_row_are_each_refused_within_the_bound() {
     use std::time::{Duration, Instant};
-    use tally_gate::backend::{StateBackend, StateTxn};
+    use tally_gate::backend::{Keys, StateBackend, StateTxn};
     const BOUND: Duration = Duration::from_secs(1);
     let Some(cluster) = Cluster::start() else {
         return;
@@ -190,7 +190,7 @@ fn checks_queued_on_a_daemon_behind_a_held_row_are_each_refused_within_the_bound
             )
             .expect("second backend");
             let mut held = other.begin().expect("begin");
-            held.run("r").expect("lock the run's row");
+            held.load(&Keys::run("r")).expect("lock the run's row");
             locked_tx.send(()).expect("signal");
             let _ = released.recv();
             drop(held);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tally_gate::backend::{StateBackend, StateTxn};
+use tally_gate::backend::{Keys, StateBackend, StateTxn};
 use tally_gate::{Caller, CheckRequest, Gate, GateError, StartRequest};
 use tally_gate_postgres::{Options, Postgres};
 
@@ -72,7 +72,7 @@ fn a_row_held_past_the_bound_is_refused_as_unavailable_then_decided_once_free() 
     )
     .expect("second backend");
     let mut held = other.begin().expect("begin");
-    held.run("r").expect("lock the run's row");
+    held.load(&Keys::run("r")).expect("lock the run's row");
 
     let began = Instant::now();
     let refused = check(&gate, "b");
@@ -150,7 +150,7 @@ fn a_gate_stalled_inside_a_transaction_has_its_rows_freed_by_the_server() {
     )
     .expect("second backend");
     let mut held = stalled.begin().expect("begin");
-    held.run("r").expect("lock the run's row");
+    held.load(&Keys::run("r")).expect("lock the run's row");
     // Past five times its bound the server ends its session and frees the row.
     std::thread::sleep(Duration::from_millis(800));
     assert!(allowed(&check(&gate, "a")), "the row was freed");
@@ -180,7 +180,7 @@ fn checks_queued_behind_a_slow_database_are_each_refused_within_the_bound() {
     )
     .expect("second backend");
     let mut held = other.begin().expect("begin");
-    held.run("r").expect("lock the run's row");
+    held.load(&Keys::run("r")).expect("lock the run's row");
     let workers: Vec<_> = (0..8)
         .map(|i| {
             let gate = Arc::clone(&gate);

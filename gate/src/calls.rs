@@ -5,7 +5,8 @@
 use tally_ledger::{Action, Decision, Kind, Reason};
 use tally_policy::{apply, decide, judge, Call, Decided, Now, Verdict};
 
-use crate::backend::{StateBackend, StateTxn};
+use crate::backend::StateBackend;
+use crate::work::Work;
 
 use crate::commit::{Answer, Commit};
 use crate::{
@@ -109,7 +110,7 @@ impl<B: StateBackend> Gate<B> {
     /// A check's step: the call decided by the core and folded into the transaction.
     fn decide_call(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         req: CheckRequest,
         unlocked: Unlocked,
@@ -168,7 +169,7 @@ impl<B: StateBackend> Gate<B> {
 
     /// The answer to a check of a stopped run: nothing to decide, nothing recorded. Bad
     /// input is refused the same whether or not the run is over.
-    fn over(&self, t: &mut B::Txn<'_>, call: &Call, now: Now) -> GateError {
+    fn over(&self, t: &mut Work<B::Txn<'_>>, call: &Call, now: Now) -> GateError {
         let run = match t.run(&call.run) {
             Ok(r) => r.clone(),
             Err(e) => return e,
@@ -200,24 +201,25 @@ impl<B: StateBackend> Gate<B> {
     /// bucket), and the run owner's principal if the policy gives the owner a budget.
     fn call_scopes(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         call: &Call,
         owner: Option<u32>,
         now: Now,
     ) -> Result<Touched, GateError> {
         let policy = &self.policy.policy;
-        t.ensure_tool(&call.tool, now.wall_ms, policy)?;
         let credential = call
             .credential
             .clone()
             .filter(|c| tracks_credential(policy, c));
-        if let Some(c) = &credential {
-            t.ensure_credential(c, now.wall_ms, policy)?;
-        }
         let principal = principal_scope(policy, owner);
-        if let Some(p) = &principal {
-            t.ensure_principal(p)?;
-        }
+        // Tool, credential, principal: one load, in the fixed order.
+        t.ensure(
+            Some(&call.tool),
+            credential.as_deref(),
+            principal.as_deref(),
+            now.wall_ms,
+            policy,
+        )?;
         Ok(Touched {
             run: call.run.clone(),
             tool: Some(call.tool.clone()),
@@ -296,7 +298,7 @@ impl<B: StateBackend> Gate<B> {
     /// An outcome's step: its record, judged by the core and folded into the transaction.
     fn settle_call(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         req: OutcomeRequest,
         by_operator: bool,
@@ -338,7 +340,7 @@ impl<B: StateBackend> Gate<B> {
     /// policy gives them state.
     fn outcome_scopes(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         run: &str,
         tool: Option<String>,
         credential: Option<String>,
@@ -347,16 +349,15 @@ impl<B: StateBackend> Gate<B> {
     ) -> Result<Touched, GateError> {
         let policy = &self.policy.policy;
         let credential = credential.filter(|c| tracks_credential(policy, c));
-        if let Some(tool) = &tool {
-            t.ensure_tool(tool, now.wall_ms, policy)?;
-        }
-        if let Some(c) = &credential {
-            t.ensure_credential(c, now.wall_ms, policy)?;
-        }
         let principal = principal_scope(policy, owner);
-        if let Some(p) = &principal {
-            t.ensure_principal(p)?;
-        }
+        // Tool, credential, principal: one load, in the fixed order.
+        t.ensure(
+            tool.as_deref(),
+            credential.as_deref(),
+            principal.as_deref(),
+            now.wall_ms,
+            policy,
+        )?;
         Ok(Touched {
             run: run.to_owned(),
             tool,

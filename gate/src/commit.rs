@@ -1,5 +1,5 @@
 //! Every gate operation as a value: a [`Commit`] (the records to append, the scopes
-//! whose state they wrote, the answer) that a step builds inside the state transaction,
+//! whose state they wrote, the answer) that a step builds over its snapshot,
 //! and [`Gate::transact`], the one path that makes any of them durable and answers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use tally_ledger::{Decision, Receipt};
 
-use crate::backend::{Scopes, StateBackend, StateTxn};
+use crate::backend::{Batch, Scopes, StateBackend, StateTxn, Write};
 use crate::tables::POLICY_KEY;
+use crate::work::Work;
 use crate::{encode, CheckAnswer, Done, Gate, GateError, Logged, Standing, Started, Touched};
 
 /// What one operation leaves to make durable, decided and folded into its transaction:
@@ -159,6 +160,28 @@ impl<T: Receipted> Receipts<T> {
     }
 }
 
+/// The ledger's answer to a commit, given to whoever still waits in `waiting`: the
+/// receipted answer, or the gate failed closed. `handed` (a sequenced answer's) learns
+/// whether the ledger refused the records before the commit returned.
+fn when_durable<T: Receipted + Send + 'static>(
+    receipted: Receipts<T>,
+    failure: Arc<Mutex<Option<String>>>,
+    handed: Option<Arc<Handed>>,
+    waiting: Arc<Mutex<Option<Done<T>>>>,
+) -> crate::backend::Committed {
+    Box::new(move |result| {
+        if let (Some(r), Err(_)) = (&handed, &result) {
+            if !r.returned.load(Ordering::SeqCst) {
+                r.refused.store(true, Ordering::SeqCst);
+            }
+        }
+        let done = waiting.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(done) = done {
+            done(receipted.answer(result, &failure));
+        }
+    })
+}
+
 /// Who an operation answers, and when: `done` once its records are durable; an operation
 /// answered once *sequenced* ([`Answer::sequenced`]) also answers `sequenced` as soon as
 /// its state change is applied and its records are queued in the ledger's commit order.
@@ -195,16 +218,17 @@ impl<T> Answer<T> {
 }
 
 impl<B: StateBackend> Gate<B> {
-    /// Run one operation: begin the state transaction, let `step` decide and fold what
-    /// it decides into it, then make its [`Commit`] durable (the state first where the
-    /// backend is networked, the records queued for the ledger's group commit while the
-    /// transaction still holds its scopes) and answer `done` once the ledger says the
-    /// records are durable. A step's error, or a commit of no records, answers at once
-    /// and records nothing.
+    /// Run one operation: begin the state transaction, let `step` load the scopes it
+    /// names and fold what it decides into their snapshot ([`Work`]), then hand the
+    /// snapshot and its [`Commit`] to the backend's commit, one step (the state made
+    /// durable first where the backend is networked, the records queued for the
+    /// ledger's group commit while the transaction still holds its scopes), and answer
+    /// `done` once the ledger says the records are durable. A step's error, or a commit
+    /// of no records, answers at once and records nothing (the snapshot is let go).
     pub(crate) fn transact<T: Receipted + Send + 'static>(
         &self,
         done: Done<T>,
-        step: impl FnOnce(&mut B::Txn<'_>) -> Result<Commit<T>, GateError>,
+        step: impl FnOnce(&mut Work<B::Txn<'_>>) -> Result<Commit<T>, GateError>,
     ) {
         self.transact_answering(Answer::durable(done), step)
     }
@@ -217,18 +241,18 @@ impl<B: StateBackend> Gate<B> {
     pub(crate) fn transact_answering<T: Receipted + Send + 'static>(
         &self,
         answer: Answer<T>,
-        step: impl FnOnce(&mut B::Txn<'_>) -> Result<Commit<T>, GateError>,
+        step: impl FnOnce(&mut Work<B::Txn<'_>>) -> Result<Commit<T>, GateError>,
     ) {
-        let mut t = match self.begin() {
-            Ok(t) => t,
+        let mut work = match self.begin() {
+            Ok(w) => w,
             Err(e) => return answer.now(Err(e)),
         };
-        let commit = match step(&mut t) {
+        let commit = match step(&mut work) {
             Ok(c) => c,
             Err(e) => return answer.now(Err(e)),
         };
         if commit.records.is_empty() {
-            drop(t);
+            drop(work);
             return answer.now(commit.answer);
         }
         let Commit {
@@ -238,20 +262,11 @@ impl<B: StateBackend> Gate<B> {
             answer: answered,
             durable,
         } = commit;
+        let (t, snapshot) = work.into_parts();
         let scopes: Vec<Scopes<'_>> = writes.iter().map(Touched::scopes).collect();
-        // A networked backend's state is durable before the decision is queued; if it
-        // cannot be, nothing was queued and the gate stays up (the caller retries).
-        let version = match t.persist(&scopes) {
-            Ok(v) => v,
-            Err(e) => return answer.now(Err(e)),
-        };
         let count = records.len();
         // Counted from the end: the policy record may come first.
         let from_end = records.len().saturating_sub(answering + 1);
-        let (plaintexts, ledger_state) = match self.plaintexts(records, version) {
-            Ok(p) => p,
-            Err(e) => return answer.now(Err(e)),
-        };
         let failure = Arc::clone(&self.failure);
         let Answer { sequenced, done } = answer;
         let receipted = Receipts {
@@ -265,21 +280,27 @@ impl<B: StateBackend> Gate<B> {
         // sequenced answer says so. A failure after queueing is the durable answer's.
         let refused = sequenced.as_ref().map(|_| Arc::new(Handed::default()));
         let refusing = refused.clone();
-        // Deferred if answered once sequenced: they ride the next decision's fsync.
-        t.commit(
-            plaintexts,
-            &scopes,
-            ledger_state,
-            sequenced.is_some(),
-            Box::new(move |result| {
-                if let (Some(r), Err(_)) = (&refusing, &result) {
-                    if !r.returned.load(Ordering::SeqCst) {
-                        r.refused.store(true, Ordering::SeqCst);
-                    }
-                }
-                done(receipted.answer(result, &failure))
-            }),
-        );
+        // Taken by the ledger's answer, or here if the commit refused the records.
+        let waiting = Arc::new(Mutex::new(Some(done)));
+        let answering = Arc::clone(&waiting);
+        let write = Write {
+            snapshot,
+            durable: &scopes,
+            records: Box::new(|version| self.plaintexts(records, version)),
+            // Deferred if answered once sequenced: they ride the next decision's fsync.
+            deferred: sequenced.is_some(),
+        };
+        // A networked backend's state is durable before the decision is queued; if it
+        // cannot be, nothing was queued and the gate stays up (the caller retries).
+        let committed = t.commit(write, when_durable(receipted, failure, refusing, answering));
+        if let Err(e) = committed {
+            let done = waiting.lock().unwrap_or_else(|p| p.into_inner()).take();
+            return match (sequenced, done) {
+                (Some(sequenced), _) => sequenced(Err(e)),
+                (None, Some(done)) => done(Err(e)),
+                (None, None) => {}
+            };
+        }
         if let Some(r) = &refused {
             r.returned.store(true, Ordering::SeqCst);
         }
@@ -298,12 +319,7 @@ impl<B: StateBackend> Gate<B> {
     /// The stored bytes of `records` at state version `version`, after the policy record
     /// if this is the first commit under the policy, and the ledger's own state to write
     /// with them. Called inside the transaction, so exactly one commit carries the policy.
-    #[allow(clippy::type_complexity)]
-    fn plaintexts(
-        &self,
-        mut records: Vec<Decision>,
-        version: u64,
-    ) -> Result<(Vec<Vec<u8>>, Vec<(Vec<u8>, Vec<u8>)>), GateError> {
+    fn plaintexts(&self, mut records: Vec<Decision>, version: u64) -> Result<Batch, GateError> {
         let mut plaintexts = Vec::with_capacity(records.len() + 1);
         let mut ledger_state = Vec::new();
         // A placeholder for the policy record, taken out again if it is not needed.
@@ -329,6 +345,9 @@ impl<B: StateBackend> Gate<B> {
             plaintexts[0] = self.policy_record.clone();
             ledger_state.push((POLICY_KEY.to_vec(), self.policy.digest.as_bytes().to_vec()));
         }
-        Ok((plaintexts, ledger_state))
+        Ok(Batch {
+            plaintexts,
+            ledger_state,
+        })
     }
 }

@@ -8,8 +8,9 @@ use tally_ledger::decision::{Budget, Scope};
 use tally_ledger::{Decision, Kind, Reason};
 use tally_policy::{apply, judge, RunState};
 
-use crate::backend::{Scopes, StateBackend, StateTxn};
+use crate::backend::{Scopes, StateBackend};
 use crate::commit::Commit;
+use crate::work::Work;
 use crate::{
     encodable, held, inconsistent, open_descendants, Approval, Caller, Done, Gate, GateError,
     StartRequest, Started, Touched,
@@ -50,7 +51,7 @@ impl<B: StateBackend> Gate<B> {
     /// The grant's step: the grant, the old run's stop if live, the new run's start.
     fn continue_step(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         a: Approval,
     ) -> Result<Commit<Started>, GateError> {
@@ -105,7 +106,7 @@ impl<B: StateBackend> Gate<B> {
     /// digest, signature, one use) and folded into the transaction.
     fn grant_record(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         a: Approval,
         state: &RunState,

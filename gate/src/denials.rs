@@ -7,8 +7,9 @@ use tally_ledger::{Decision, Kind, Reason};
 use tally_policy::{apply, judge};
 use tally_wire::Denial;
 
-use crate::backend::{Scopes, StateBackend, StateTxn};
+use crate::backend::{Scopes, StateBackend};
 use crate::commit::Commit;
+use crate::work::Work;
 use crate::{encodable, inconsistent, live, Caller, Done, Gate, GateError, Logged, Touched};
 
 impl<B: StateBackend> Gate<B> {
@@ -26,7 +27,7 @@ impl<B: StateBackend> Gate<B> {
     /// transaction.
     fn deny_run(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         d: Denial,
     ) -> Result<Commit<Logged>, GateError> {

@@ -31,8 +31,10 @@ mod messages;
 mod requests;
 mod runs;
 mod scopes;
+mod snapshot;
 mod start;
 mod tables;
+mod work;
 
 use std::sync::{Arc, Mutex};
 
@@ -48,6 +50,7 @@ pub use tally_wire::{
     Approval, ApprovalRequest, CheckAnswer, CheckRequest, Denial, Logged, OutcomeRequest,
     RequestState, SettleRequest, Standing, StartRequest, Started, StopRequest,
 };
+use work::Work;
 
 type Done<T> = Box<dyn FnOnce(Result<T, GateError>) + Send>;
 
@@ -128,7 +131,7 @@ impl Touched {
 /// (loopback TCP peers, uid unknown, are one identity of their own), or the operator.
 /// The gate's authority check, one for every backend.
 fn held<'t, T: StateTxn>(
-    t: &'t mut T,
+    t: &'t mut Work<T>,
     run: &str,
     caller: Caller,
 ) -> Result<&'t RunState, GateError> {
@@ -144,7 +147,7 @@ fn held<'t, T: StateTxn>(
 
 /// A run in the transaction that has not stopped, if `caller` may act on it.
 fn live<'t, T: StateTxn>(
-    t: &'t mut T,
+    t: &'t mut Work<T>,
     run: &str,
     caller: Caller,
 ) -> Result<&'t RunState, GateError> {
@@ -159,7 +162,7 @@ fn live<'t, T: StateTxn>(
 }
 
 /// The open runs below `run` (children, their children, ...), nearest first.
-fn open_descendants<T: StateTxn>(t: &mut T, run: &str) -> Result<Vec<String>, GateError> {
+fn open_descendants<T: StateTxn>(t: &mut Work<T>, run: &str) -> Result<Vec<String>, GateError> {
     let mut found: Vec<String> = Vec::new();
     let mut next = 0;
     let mut parent = run.to_owned();
@@ -264,11 +267,12 @@ impl<B: StateBackend> Gate<B> {
             .clone()
     }
 
-    fn begin(&self) -> Result<B::Txn<'_>, GateError> {
+    /// A transaction on the backend, with nothing loaded yet.
+    fn begin(&self) -> Result<Work<B::Txn<'_>>, GateError> {
         if let Some(why) = self.failure() {
             return Err(GateError::Unavailable(why));
         }
-        self.backend.begin()
+        self.backend.begin().map(Work::new)
     }
 }
 

@@ -16,6 +16,7 @@ use tally_wire::{ApprovalRequest, RequestState};
 
 use crate::backend::{StateBackend, StateTxn};
 use crate::commit::AfterDurable;
+use crate::work::Work;
 use crate::Approval;
 use crate::{Gate, GateError};
 
@@ -364,7 +365,7 @@ impl<B: StateBackend> Gate<B> {
     }
 
     /// One request as its run stands in `t` (a run the gate no longer holds: moot).
-    fn request_in<T: StateTxn>(&self, t: &mut T, e: &Entry) -> ApprovalRequest {
+    fn request_in<T: StateTxn>(&self, t: &mut Work<T>, e: &Entry) -> ApprovalRequest {
         let run = t.run(&e.record.run).ok().cloned();
         listed(e, run.as_ref().map(|r| (r, self.clock(r))))
     }

@@ -10,6 +10,7 @@ use tally_wire::LimitKey;
 
 use crate::backend::{Scopes, StateBackend, StateTxn};
 use crate::commit::Commit;
+use crate::work::Work;
 use crate::{
     encodable, held, inconsistent, live, open_descendants, principal_scope, Approval, Caller, Done,
     Gate, GateError, Logged, Standing, StopRequest, Touched,
@@ -38,7 +39,7 @@ impl<B: StateBackend> Gate<B> {
     /// folded into the transaction.
     fn stop_run(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         run: &str,
         req: StopRequest,
@@ -75,7 +76,7 @@ impl<B: StateBackend> Gate<B> {
     /// stopped and its calls give back their tools' in-flight slots.
     pub(crate) fn stop_one(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         run: &str,
         state: &RunState,
         reason: Reason,
@@ -115,7 +116,8 @@ impl<B: StateBackend> Gate<B> {
                     .remove(&tally_policy::state::call_id(run, attempt));
             }
         }
-        t.mark_stopped(run);
+        // A backend that keeps runs in memory sees the run stopped in the snapshot it
+        // commits, and lets it go later.
         Ok(record)
     }
 
@@ -137,7 +139,7 @@ impl<B: StateBackend> Gate<B> {
     /// changes, folded into the transaction; no records if none does.
     fn pause_run(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         run: &str,
         paused: bool,
@@ -165,7 +167,6 @@ impl<B: StateBackend> Gate<B> {
                 ..Decision::default()
             };
             encodable(&mut record)?;
-            t.pause_changed(name, paused)?;
             apply(policy, t.view_mut(&Scopes::run(name)), &record, now);
             records.push(record);
             writes.push(Touched::run(name));
@@ -188,7 +189,7 @@ impl<B: StateBackend> Gate<B> {
     /// transaction.
     fn approve_run(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         a: Approval,
     ) -> Result<Commit<Logged>, GateError> {
@@ -294,7 +295,6 @@ impl<B: StateBackend> Gate<B> {
             .runs()?
             .into_iter()
             .filter(|r| caller.operator || r.owner_uid == caller.uid)
-            .cloned()
             .collect();
         runs.iter().map(|r| self.standing_in(&mut t, r)).collect()
     }
@@ -310,7 +310,11 @@ impl<B: StateBackend> Gate<B> {
     /// Where a run stands now, with its owner's principal usage where the policy gives
     /// the owner a budget (the policy core's count, [`tally_policy::principal_limits`]).
     /// Reads only: the transaction is dropped, never committed.
-    fn standing_in<T: StateTxn>(&self, t: &mut T, run: &RunState) -> Result<Standing, GateError> {
+    fn standing_in<T: StateTxn>(
+        &self,
+        t: &mut Work<T>,
+        run: &RunState,
+    ) -> Result<Standing, GateError> {
         let mut out = self.standing(run);
         let policy = &self.policy.policy;
         let limits = run.owner_uid.and_then(|u| policy.principal(u));

@@ -6,8 +6,9 @@ use tally_ledger::decision::Budget;
 use tally_ledger::{Decision, Kind, Reason};
 use tally_policy::{apply, Now, PrincipalState, RunState, ViewMut};
 
-use crate::backend::{Scopes, StateBackend, StateTxn};
+use crate::backend::{Scopes, StateBackend};
 use crate::commit::Commit;
+use crate::work::Work;
 use crate::{
     clock, encodable, held, principal_scope, start_refused, Caller, Done, Gate, GateError,
     StartRequest, Started, Touched,
@@ -29,7 +30,7 @@ impl<B: StateBackend> Gate<B> {
     /// A start's step: the expired runs' stops, then the start if the core grants it.
     fn start_run(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         req: StartRequest,
     ) -> Result<Commit<Started>, GateError> {
@@ -75,7 +76,7 @@ impl<B: StateBackend> Gate<B> {
     /// (`run_deadline_exhausted`), folded into the transaction, and the runs to write.
     fn stop_expired(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
     ) -> Result<(Vec<Decision>, Vec<Touched>), GateError> {
         let wall = self.time.now_ms();
@@ -97,7 +98,7 @@ impl<B: StateBackend> Gate<B> {
     /// transaction ([`Gate::fold_start`]), the scopes it touched, and the budget.
     pub(crate) fn grant(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         req: &StartRequest,
         open_runs_of_uid: Option<u64>,
@@ -158,7 +159,7 @@ impl<B: StateBackend> Gate<B> {
     /// gives the uid one (`principal`: its scope), read into the transaction.
     fn principal_now(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         caller: Caller,
         run: &str,
         principal: Option<&str>,
@@ -208,7 +209,7 @@ impl<B: StateBackend> Gate<B> {
     #[allow(clippy::too_many_arguments)]
     fn fold_start(
         &self,
-        t: &mut B::Txn<'_>,
+        t: &mut Work<B::Txn<'_>>,
         req: &StartRequest,
         record: &Decision,
         principal: Option<String>,

@@ -9,10 +9,10 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use tally_ledger::Ledger;
-use tally_policy::state::Breaker;
-use tally_policy::{CredentialState, Policy, PrincipalState, RunState, ToolState, View, ViewMut};
+use tally_policy::{CredentialState, PrincipalState, RunState, ToolState};
 
 use crate::scopes::Scopes;
+use crate::snapshot::{Idle, Snapshot};
 
 use crate::GateError;
 
@@ -127,11 +127,12 @@ impl Tables {
         Ok(())
     }
 
-    /// Open runs started by `uid` (`None`: by loopback TCP peers, one identity).
+    /// Whether a run of this name was started through the gate (held, or on disk).
     pub fn governs(&self, ledger: &Ledger, run: &str) -> Result<bool, GateError> {
         Ok(self.runs.contains_key(run) || Tables::stored(ledger, run)?.is_some())
     }
 
+    /// Open runs started by `uid` (`None`: by loopback TCP peers, one identity).
     pub fn open_runs_of(&self, uid: Option<u32>) -> u64 {
         self.runs
             .values()
@@ -171,12 +172,8 @@ impl Tables {
         Ok(out.into_values().collect())
     }
 
-    pub fn insert_run(&mut self, run: RunState) {
-        self.runs.insert(run.run.clone(), run);
-    }
-
     /// The run stopped: keep it in memory a while, then let it go (it is on disk).
-    pub fn mark_stopped(&mut self, run: &str) {
+    fn mark_stopped(&mut self, run: &str) {
         self.stopped.push_back(run.to_owned());
         while self.stopped.len() > MAX_STOPPED {
             if let Some(old) = self.stopped.pop_front() {
@@ -194,26 +191,20 @@ impl Tables {
             .collect()
     }
 
+    /// Read (or create) a tool's state. When [`MAX_TOOLS`] are held, the idle ones
+    /// (as `idle` says; none without it) make room.
     pub fn ensure_tool(
         &mut self,
         tool: &str,
-        now_ms: u64,
-        policy: &Policy,
-    ) -> Result<(), GateError> {
-        if self.tools.contains_key(tool) {
-            return Ok(());
+        idle: Option<&Idle<'_>>,
+    ) -> Result<ToolState, GateError> {
+        if let Some(t) = self.tools.get(tool) {
+            return Ok(t.clone());
         }
         if self.tools.len() >= MAX_TOOLS {
-            // Idle: a closed breaker (its count of recent failures is forgotten, as
-            // after any success), nothing in flight, a full bucket.
-            let idle = |t: &ToolState| {
-                matches!(
-                    t.breaker.at(now_ms, policy.breaker.open_ms),
-                    Breaker::Closed { .. }
-                ) && t.in_flight_at(now_ms) == 0
-                    && t.bucket.is_full(policy.rate.tool_per_sec, now_ms)
-            };
-            self.tools.retain(|_, t| !idle(t));
+            if let Some(idle) = idle {
+                self.tools.retain(|_, t| !idle.tool(t));
+            }
             if self.tools.len() >= MAX_TOOLS {
                 return Err(GateError::TooManyNames {
                     what: "tools",
@@ -222,24 +213,23 @@ impl Tables {
             }
         }
         self.tools.insert(tool.to_owned(), ToolState::default());
-        Ok(())
+        Ok(ToolState::default())
     }
 
+    /// Read (or create) a credential's state. When [`MAX_CREDENTIALS`] are held, the
+    /// idle ones (as `idle` says; none without it) make room.
     pub fn ensure_credential(
         &mut self,
         credential: &str,
-        now_ms: u64,
-        policy: &Policy,
-    ) -> Result<(), GateError> {
-        if self.credentials.contains_key(credential) {
-            return Ok(());
+        idle: Option<&Idle<'_>>,
+    ) -> Result<CredentialState, GateError> {
+        if let Some(c) = self.credentials.get(credential) {
+            return Ok(c.clone());
         }
         if self.credentials.len() >= MAX_CREDENTIALS {
-            // Idle: nothing spent in its period (its backstop has nothing to remember)
-            // and a full bucket.
-            self.credentials.retain(|_, c| {
-                c.spent_nanos > 0 || !c.bucket.is_full(policy.rate.credential_per_sec, now_ms)
-            });
+            if let Some(idle) = idle {
+                self.credentials.retain(|_, c| !idle.credential(c));
+            }
         }
         if self.credentials.len() >= MAX_CREDENTIALS {
             return Err(GateError::TooManyNames {
@@ -249,44 +239,40 @@ impl Tables {
         }
         self.credentials
             .insert(credential.to_owned(), CredentialState::default());
-        Ok(())
+        Ok(CredentialState::default())
     }
 
     /// Read (or create) a principal's state. One per uid the policy budgets, and a uid
     /// is a u32: bounded by the uids that start runs, never dropped (its period's counts
     /// are its budget).
-    pub fn ensure_principal(&mut self, principal: &str) -> Result<(), GateError> {
-        self.principals.entry(principal.to_owned()).or_default();
-        Ok(())
+    pub fn ensure_principal(&mut self, principal: &str) -> PrincipalState {
+        *self.principals.entry(principal.to_owned()).or_default()
     }
 
-    pub fn view(&self, s: &Scopes<'_>) -> View<'_> {
-        static EMPTY: std::sync::OnceLock<RunState> = std::sync::OnceLock::new();
-        View {
-            run: self
-                .runs
-                .get(s.run)
-                .unwrap_or_else(|| EMPTY.get_or_init(RunState::default)),
-            tool: s.tool.and_then(|t| self.tools.get(t)),
-            credential: s.credential.and_then(|c| self.credentials.get(c)),
-            principal: s.principal.and_then(|p| self.principals.get(p)),
-            family: Default::default(),
-        }
-    }
-
-    pub fn view_mut(&mut self, s: &Scopes<'_>) -> ViewMut<'_> {
-        let state = self
+    /// The runs of `snapshot` whose pause differs from the one held, with their new one.
+    pub fn pause_changes(&self, snapshot: &Snapshot) -> Vec<(String, bool)> {
+        snapshot
             .runs
-            .entry(s.run.to_owned())
-            .or_insert_with(|| RunState::new(s.run));
-        ViewMut {
-            run: state,
-            tool: s.tool.and_then(|t| self.tools.get_mut(t)),
-            credential: s.credential.and_then(|c| self.credentials.get_mut(c)),
-            principal: s.principal.and_then(|p| self.principals.get_mut(p)),
-            parent: None,
-            continued: None,
+            .iter()
+            .filter(|(name, run)| self.runs.get(*name).is_some_and(|r| r.paused != run.paused))
+            .map(|(name, run)| (name.clone(), run.paused))
+            .collect()
+    }
+
+    /// Keep what a committed decision left: every scope of its snapshot. A run it
+    /// stopped is let go from memory a while later ([`Tables::mark_stopped`]).
+    pub fn put(&mut self, snapshot: Snapshot) {
+        for (name, run) in snapshot.runs {
+            let before = self.runs.get(&name);
+            let stopped = run.stop.is_some() && before.is_none_or(|r| r.stop.is_none());
+            self.runs.insert(name.clone(), run);
+            if stopped {
+                self.mark_stopped(&name);
+            }
         }
+        self.tools.extend(snapshot.tools);
+        self.credentials.extend(snapshot.credentials);
+        self.principals.extend(snapshot.principals);
     }
 
     /// The durable entries of the scopes a decision touched.

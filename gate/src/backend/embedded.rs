@@ -2,9 +2,9 @@
 //! ledger's own store, written in the batch of the decisions they follow from.
 
 use tally_ledger::Ledger;
-use tally_policy::{Policy, RunState, View, ViewMut};
+use tally_policy::RunState;
 
-use super::{Committed, Scopes, StateBackend, StateTxn};
+use super::{Committed, Keys, Snapshot, StateBackend, StateReads, StateTxn, Write};
 use crate::tables::{self, Tables};
 use crate::GateError;
 
@@ -55,51 +55,27 @@ impl StateBackend for Embedded {
     }
 }
 
-impl StateTxn for EmbeddedTxn<'_> {
-    fn is_new(&mut self, run: &str) -> Result<bool, GateError> {
-        match self.t.check_new_run(self.ledger, run) {
-            Ok(()) => Ok(true),
-            Err(GateError::RunExists(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
+impl StateReads for EmbeddedTxn<'_> {
     fn governs(&mut self, run: &str) -> Result<bool, GateError> {
         self.t.governs(self.ledger, run)
-    }
-
-    fn run(&mut self, run: &str) -> Result<&RunState, GateError> {
-        self.t.loaded(self.ledger, run)
-    }
-
-    fn run_mut(&mut self, run: &str) -> Option<&mut RunState> {
-        self.t.runs.get_mut(run)
-    }
-
-    fn insert_run(&mut self, run: RunState) {
-        self.t.insert_run(run);
     }
 
     fn open_runs_of(&mut self, uid: Option<u32>) -> Result<u64, GateError> {
         Ok(self.t.open_runs_of(uid))
     }
 
-    fn expired_runs_of(
-        &mut self,
-        uid: Option<u32>,
-        expired: &dyn Fn(&RunState) -> bool,
-    ) -> Result<Vec<String>, GateError> {
+    fn open_runs_listed(&mut self, uid: Option<u32>) -> Result<Vec<RunState>, GateError> {
         Ok(self
             .t
             .runs
             .values()
-            .filter(|r| r.stop.is_none() && r.owner_uid == uid && expired(r))
-            .map(|r| r.run.clone())
+            .filter(|r| r.stop.is_none() && r.owner_uid == uid)
+            .cloned()
             .collect())
     }
 
-    fn runs(&mut self) -> Result<Vec<&RunState>, GateError> {
-        Ok(self.t.runs.values().collect())
+    fn runs(&mut self) -> Result<Vec<RunState>, GateError> {
+        Ok(self.t.runs.values().cloned().collect())
     }
 
     fn runs_named(&mut self, prefix: &str) -> Result<Vec<RunState>, GateError> {
@@ -107,88 +83,86 @@ impl StateTxn for EmbeddedTxn<'_> {
     }
 
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError> {
-        let mut children: Vec<String> = self
+        // In name order: the runs are kept by name.
+        Ok(self
             .t
             .runs
             .values()
             .filter(|r| r.stop.is_none() && r.parent.as_deref() == Some(run))
             .map(|r| r.run.clone())
-            .collect();
-        children.sort();
-        Ok(children)
+            .collect())
     }
 
     fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
         Ok(self.t.breakers())
     }
+}
 
-    fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError> {
-        self.t.ensure_tool(tool, now_ms, policy)
-    }
-
-    fn ensure_credential(
-        &mut self,
-        credential: &str,
-        now_ms: u64,
-        policy: &Policy,
-    ) -> Result<(), GateError> {
-        self.t.ensure_credential(credential, now_ms, policy)
-    }
-
-    fn ensure_principal(&mut self, principal: &str) -> Result<(), GateError> {
-        self.t.ensure_principal(principal)
-    }
-
-    fn view(&self, s: &Scopes<'_>) -> View<'_> {
-        self.t.view(s)
-    }
-
-    fn view_mut(&mut self, s: &Scopes<'_>) -> ViewMut<'_> {
-        self.t.view_mut(s)
-    }
-
-    fn mark_stopped(&mut self, run: &str) {
-        self.t.mark_stopped(run);
-    }
-
-    fn pause_changed(&mut self, run: &str, paused: bool) -> Result<(), GateError> {
-        if self
-            .ledger
-            .state_get(&tables::pause_entry(run, paused).0)?
-            .is_some()
-        {
-            self.ledger
-                .put_state_durable(&[tables::pause_entry(run, paused)])?;
+impl StateTxn for EmbeddedTxn<'_> {
+    fn claim(&mut self, run: &str) -> Result<bool, GateError> {
+        match self.t.check_new_run(self.ledger, run) {
+            Ok(()) => Ok(true),
+            Err(GateError::RunExists(_)) => Ok(false),
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
-    fn persist(&mut self, _scopes: &[Scopes<'_>]) -> Result<u64, GateError> {
+    fn load(&mut self, keys: &Keys<'_>) -> Result<Snapshot, GateError> {
+        let mut s = Snapshot::default();
+        for &run in &keys.runs {
+            match self.t.loaded(self.ledger, run) {
+                Ok(state) => {
+                    s.runs.insert(run.to_owned(), state.clone());
+                }
+                Err(GateError::RunNotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let idle = keys.idle.as_ref();
+        for &tool in &keys.tools {
+            s.tools
+                .insert(tool.to_owned(), self.t.ensure_tool(tool, idle)?);
+        }
+        for &c in &keys.credentials {
+            s.credentials
+                .insert(c.to_owned(), self.t.ensure_credential(c, idle)?);
+        }
+        for &p in &keys.principals {
+            s.principals
+                .insert(p.to_owned(), self.t.ensure_principal(p));
+        }
+        Ok(s)
+    }
+
+    fn commit(mut self, write: Write<'_>, done: Committed) -> Result<(), GateError> {
         // Under the lock, and the decision is queued before it is released: versions
         // follow the ledger's order.
-        Ok(self
+        let version = self
             .next_version
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-    }
-
-    fn commit(
-        self,
-        plaintexts: Vec<Vec<u8>>,
-        scopes: &[Scopes<'_>],
-        mut ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
-        deferred: bool,
-        done: Committed,
-    ) {
-        for s in scopes {
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let batch = (write.records)(version)?;
+        // A pause an older build kept outside the log (`p/` + run) is rewritten before
+        // the record is queued, so the two never disagree after a restart.
+        for (run, paused) in self.t.pause_changes(&write.snapshot) {
+            let entry = tables::pause_entry(&run, paused);
+            if self.ledger.state_get(&entry.0)?.is_some() {
+                self.ledger.put_state_durable(&[entry])?;
+            }
+        }
+        self.t.put(write.snapshot);
+        let mut ledger_state = batch.ledger_state;
+        for s in write.durable {
             ledger_state.extend(self.t.entries(s));
         }
         // Queued under the lock: the ledger's order is the state's order.
-        if deferred {
-            self.ledger.submit_deferred(plaintexts, ledger_state, done);
+        if write.deferred {
+            self.ledger
+                .submit_deferred(batch.plaintexts, ledger_state, done);
         } else {
             self.ledger
-                .submit_with_state(plaintexts, ledger_state, done);
+                .submit_with_state(batch.plaintexts, ledger_state, done);
         }
         drop(self.t);
+        Ok(())
     }
 }

@@ -1,16 +1,21 @@
 //! The seam between the gate and where its state lives (DESIGN: the backend owns the
 //! atomicity; the policy core is pure and knows nothing of it).
 //!
-//! A decision is one transaction, driven by the gate's one `transact` path:
-//! [`StateBackend::begin`], read the scopes it touches (the run, its tool, its
-//! credential) in that fixed order, decide and apply with the core, then
-//! [`StateTxn::persist`] and [`StateTxn::commit`] with the decision's bytes. Who may act
-//! on a run, and what is recorded and answered, are the gate's; a backend reads, locks
-//! and writes state. It guarantees:
+//! A backend does two things for a decision: it **loads** the scopes the gate names
+//! ([`StateTxn::load`]: read and, where it locks, locked, in one fixed order: runs,
+//! tools, credentials, principals) into a [`Snapshot`], a plain value the gate owns;
+//! and it **commits** ([`StateTxn::commit`]) the snapshot the decision left with the
+//! decision's records, in one step. Everything between is the gate's (its one
+//! `transact` path): who may act on a run, what the core decides and folds into the
+//! snapshot, which runs a kill stops with it, what is recorded and answered. The
+//! listings (the runs, the breakers, a run's open children, a uid's open runs) are a
+//! read interface of their own ([`StateReads`]). What a backend keeps in memory, and
+//! when it lets it go, it decides from the snapshots it is given, not from calls of the
+//! gate. A backend guarantees:
 //!
-//! * isolation: no other transaction sees or changes those scopes between the read and
-//!   the commit (the embedded backend holds one lock; a networked one locks rows in the
-//!   fixed order);
+//! * isolation: no other transaction sees or changes the scopes loaded between the
+//!   load and the commit (the embedded backend holds one lock; a networked one locks
+//!   rows in the fixed order);
 //! * order: the decision is queued for the ledger before the scopes are released, so a
 //!   scope's order in the ledger is the order its state changed;
 //! * durability never behind the ledger: the state a decision leaves is durable no later
@@ -18,12 +23,13 @@
 //!   one commits the state first, which can only leave it ahead, the conservative side).
 
 use tally_ledger::Receipt;
-use tally_policy::{Policy, RunState, View, ViewMut};
+use tally_policy::RunState;
 
 pub use crate::scopes::Scopes;
 use crate::GateError;
 
 mod embedded;
+pub use crate::snapshot::{Idle, Keys, Snapshot};
 pub use embedded::{Embedded, EmbeddedTxn};
 
 /// Called once the decisions of a commit are durable (their receipts), or with the error
@@ -51,8 +57,8 @@ pub trait StateBackend: Send + Sync {
         false
     }
 
-    /// The runs held (as [`StateTxn::runs`]) and every tool's breaker (as
-    /// [`StateTxn::breakers`]), for the operator's views, read **apart from the
+    /// The runs held (as [`StateReads::runs`]) and every tool's breaker (as
+    /// [`StateReads::breakers`]), for the operator's views, read **apart from the
     /// decisions**: a networked backend reads them on a connection of its own, in one
     /// read-only transaction, without the turn decisions take, so a slow read never
     /// delays a decision. `None` (the default): the backend has no such path, and the
@@ -71,88 +77,82 @@ pub trait StateBackend: Send + Sync {
 /// each tool's breaker as stored, by name.
 pub type Overview = (Vec<RunState>, Vec<(String, tally_policy::Breaker)>);
 
-/// One transaction over the gate's state. Dropped without [`StateTxn::commit`], it
-/// keeps nothing durable (what it changed in memory is ahead of the ledger: conservative).
-pub trait StateTxn {
-    /// Whether no run of this name was ever started (a run name is never reused).
-    fn is_new(&mut self, run: &str) -> Result<bool, GateError>;
+/// The records of a commit as stored, and the ledger's own state to write with them.
+pub struct Batch {
+    /// The records' stored bytes, in order.
+    pub plaintexts: Vec<Vec<u8>>,
+    /// State kept with the ledger itself (the last policy recorded).
+    pub ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The records of a commit, given the state version they are recorded at.
+pub type Records<'a> = Box<dyn FnOnce(u64) -> Result<Batch, GateError> + 'a>;
+
+/// What one commit makes durable.
+pub struct Write<'a> {
+    /// Every scope the transaction loaded or added, as the decision left it.
+    pub snapshot: Snapshot,
+    /// The scopes whose state the records follow from: made durable with them. (What
+    /// else the snapshot changed is not durable state: a refusal's run clock, a
+    /// stopped run's tool slots in flight.)
+    pub durable: &'a [Scopes<'a>],
+    /// The records, once the state version is taken (after every scope is held).
+    pub records: Records<'a>,
+    /// Queued with [`tally_ledger::Ledger::submit_deferred`] (it rides the next
+    /// decision's fsync), else with [`tally_ledger::Ledger::submit_with_state`].
+    pub deferred: bool,
+}
+
+/// The listing reads, in the transaction: no scope is loaded by them (a run to act on
+/// is loaded by name). Each answers from the state as committed: changes of the
+/// transaction's snapshot are the gate's to lay over them.
+pub trait StateReads {
     /// Whether the gate started a run of this name (raw decisions' names are not).
     fn governs(&mut self, run: &str) -> Result<bool, GateError>;
-    /// A run the gate governs (`RunNotFound` if none), read into the transaction and,
-    /// where the backend locks, locked. Whether the caller may act on it is the gate's
-    /// check, the same over every backend.
-    fn run(&mut self, run: &str) -> Result<&RunState, GateError>;
-    /// A run already read in this transaction, to change.
-    fn run_mut(&mut self, run: &str) -> Option<&mut RunState>;
-    /// A new run.
-    fn insert_run(&mut self, run: RunState);
     /// Open runs started by `uid` (`None`: loopback TCP peers, one identity). A
     /// networked backend also holds that uid's count until the transaction ends, so two
     /// hosts cannot both start its last allowed run.
     fn open_runs_of(&mut self, uid: Option<u32>) -> Result<u64, GateError>;
-    /// The open runs started by `uid` for which `expired` holds (past their deadline),
-    /// by name, in name order. Read after [`StateTxn::open_runs_of`], which holds the
-    /// uid's count; the runs themselves are read (and locked) with [`StateTxn::run`].
-    fn expired_runs_of(
-        &mut self,
-        uid: Option<u32>,
-        expired: &dyn Fn(&RunState) -> bool,
-    ) -> Result<Vec<String>, GateError>;
-    /// The runs held (open ones, and recently stopped ones).
-    fn runs(&mut self) -> Result<Vec<&RunState>, GateError>;
+    /// The open runs started by `uid`, in name order. Read after
+    /// [`StateReads::open_runs_of`], which holds the uid's count; a run to act on is
+    /// then loaded (and locked) by name.
+    fn open_runs_listed(&mut self, uid: Option<u32>) -> Result<Vec<RunState>, GateError>;
+    /// The runs held (open ones, and recently stopped ones where the backend keeps them).
+    fn runs(&mut self) -> Result<Vec<RunState>, GateError>;
     /// Every run whose name begins with `prefix`, open or stopped, from the durable
-    /// state too: none is lost to a stopped run let go from memory (read only).
+    /// state too: none is lost to a stopped run let go from memory.
     fn runs_named(&mut self, prefix: &str) -> Result<Vec<RunState>, GateError>;
-    /// The open runs whose parent is `run`, by name (a kill stops them with it).
+    /// The open runs whose parent is `run`, by name, in name order.
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError>;
-    /// Every tool's breaker, as stored, by name (read only).
+    /// Every tool's breaker, as stored, by name.
     fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError>;
-    /// Read (or create) a tool's state.
-    fn ensure_tool(&mut self, tool: &str, now_ms: u64, policy: &Policy) -> Result<(), GateError>;
-    /// Read (or create) a credential's state.
-    fn ensure_credential(
-        &mut self,
-        credential: &str,
-        now_ms: u64,
-        policy: &Policy,
-    ) -> Result<(), GateError>;
-    /// Read (or create) a principal's state (`principal`: a uid in decimal).
-    fn ensure_principal(&mut self, principal: &str) -> Result<(), GateError>;
-    /// The scopes, to decide from.
-    fn view(&self, scopes: &Scopes<'_>) -> View<'_>;
-    /// The scopes, to apply a decision to.
-    fn view_mut(&mut self, scopes: &Scopes<'_>) -> ViewMut<'_>;
-    /// The run stopped.
-    fn mark_stopped(&mut self, run: &str);
-    /// A `pause` or `resume` record of this transaction changes the run's pause to
-    /// `paused` (already applied to its state, which the commit writes): keep in step
-    /// whatever else the backend holds of it. The embedded backend rewrites the pause
-    /// an older build kept outside the log (`p/` + run), if the run has one, before the
-    /// record is queued, so the two never disagree after a restart.
-    fn pause_changed(&mut self, run: &str, paused: bool) -> Result<(), GateError>;
-    /// Make the state of `scopes` durable before anything is queued for the ledger (a
-    /// networked backend commits its own transaction here: state ahead of the ledger on
-    /// a crash, never behind), and give the state version the decision is recorded at.
-    /// An error leaves nothing durable and nothing queued: the decision is refused and
-    /// the gate stays up. The embedded backend writes its state with the ledger's batch
-    /// instead, in [`StateTxn::commit`].
+}
+
+/// One transaction over the gate's state. Dropped without [`StateTxn::commit`], it
+/// keeps nothing the gate changed: the snapshots it gave out are the gate's, and are let
+/// go (a backend may keep in memory what it read, and the fresh scopes it created).
+pub trait StateTxn: StateReads {
+    /// Claim a new run's name: false if a run of this name was ever started or the name
+    /// is taken by raw decisions (a run name is never reused). A networked backend
+    /// holds the claim until the transaction ends.
+    fn claim(&mut self, run: &str) -> Result<bool, GateError>;
+    /// Read (and, where the backend locks, lock) the scopes `keys` names, in the fixed
+    /// order [`Keys`] gives: the state each holds now. A scope already loaded in this
+    /// transaction is not named again (the gate's snapshot holds it, maybe changed).
+    fn load(&mut self, keys: &Keys<'_>) -> Result<Snapshot, GateError>;
+    /// Make `write` durable and queue its records, then release the transaction, in one
+    /// step: the state version is taken once every scope is held (so of two decisions
+    /// that touched a common scope the later one has the larger version, and ordered by
+    /// version the decisions of every ledger written on this state replay as they were
+    /// decided); the records are queued while the scopes are still held. A networked
+    /// backend commits the state (the runs of `write.durable` and, with them, every
+    /// tool, credential and principal it locked) before anything is queued: state
+    /// ahead of the ledger on a crash, never behind. The embedded backend writes the
+    /// state of `write.durable` in the ledger's batch, and keeps the whole snapshot in
+    /// memory. `done` gets the receipts once the records are durable.
     ///
-    /// The version is taken once every scope the decision touches is held, so of two
-    /// decisions that touched a common scope the later one has the larger version:
-    /// ordered by version, the decisions of every ledger written on this state replay
-    /// as they were decided. No scope may be read after it.
-    fn persist(&mut self, scopes: &[Scopes<'_>]) -> Result<u64, GateError>;
-    /// Queue `plaintexts` with the state of `scopes` (and `ledger_state`, kept with the
-    /// ledger itself), then release the transaction. Called only after
-    /// [`StateTxn::persist`] succeeded for the same scopes. `deferred`: queued with
-    /// [`tally_ledger::Ledger::submit_deferred`] (it rides the next decision's fsync),
-    /// else with [`tally_ledger::Ledger::submit_with_state`].
-    fn commit(
-        self,
-        plaintexts: Vec<Vec<u8>>,
-        scopes: &[Scopes<'_>],
-        ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
-        deferred: bool,
-        done: Committed,
-    );
+    /// An error means nothing was queued (and, for a networked backend, nothing made
+    /// durable, unless the records themselves failed after the state committed, which
+    /// leaves it ahead): the decision is refused and `done` is never called.
+    fn commit(self, write: Write<'_>, done: Committed) -> Result<(), GateError>;
 }
