@@ -35,10 +35,12 @@ pub struct KeyDayUse {
 }
 
 impl KeyDayUse {
-    /// These counts as of `now_ms`: themselves within their day, nothing on a later one.
+    /// These counts as of `now_ms`: nothing on a later day; themselves within their day,
+    /// and on an earlier one too (a clock stepped back across midnight keeps the day's
+    /// counts: a new day only ever starts forward).
     pub fn at(self, now_ms: u64) -> KeyDayUse {
         let day = day_of(now_ms);
-        if day == self.day {
+        if day <= self.day {
             self
         } else {
             KeyDayUse {
@@ -177,5 +179,19 @@ mod tests {
         );
         assert_eq!(key_run_fits(&LIMITS, &next), Ok(()));
         assert_eq!(key_call_fits(&LIMITS, &next, 1_000), Ok(()));
+    }
+
+    #[test]
+    fn a_clock_stepped_back_across_midnight_keeps_the_days_counts() {
+        let used = KeyDayUse {
+            day: 6,
+            settled_nanos: 900,
+            held_nanos: 100,
+            runs: 2,
+        };
+        assert_eq!(used.at(6 * DAY_MS - 1), used);
+        assert_eq!(used.at(0), used);
+        assert!(key_call_fits(&LIMITS, &used.at(5 * DAY_MS), 1).is_err());
+        assert!(key_run_fits(&LIMITS, &used.at(5 * DAY_MS)).is_err());
     }
 }
