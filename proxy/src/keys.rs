@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use tally_policy::key_day::{day_of, DAY_MS};
 use tally_policy::KeyDayUse;
 use tally_record::clock::Clock;
 use tally_wire::{KeyInfo, KEY_RUN_PREFIX};
@@ -479,12 +480,11 @@ fn apply(keys: &mut BTreeMap<String, Entry>, event: Event) -> Result<(), String>
 /// `key-ID-YYYYMMDD-wN`, the key's current run (N counts its run windows from the UTC
 /// day's start). A new UTC day, or a new window, is a new run.
 pub fn run_of(key: &KeyInfo, task: Option<&str>, now_ms: u64) -> String {
-    let day = now_ms / 86_400_000;
-    let date = utc_date(day);
+    let date = utc_date(day_of(now_ms));
     match task {
         Some(t) => format!("{KEY_RUN_PREFIX}{}-{date}-{t}", key.id),
         None => {
-            let window = (now_ms % 86_400_000) / key.run_window_ms.max(1);
+            let window = (now_ms % DAY_MS) / key.run_window_ms.max(1);
             format!("{KEY_RUN_PREFIX}{}-{date}-w{window}", key.id)
         }
     }
@@ -492,7 +492,7 @@ pub fn run_of(key: &KeyInfo, task: Option<&str>, now_ms: u64) -> String {
 
 /// The prefix of every run a key starts on the UTC day of `now_ms`.
 pub fn runs_today(id: &str, now_ms: u64) -> String {
-    format!("{KEY_RUN_PREFIX}{id}-{}-", utc_date(now_ms / 86_400_000))
+    format!("{KEY_RUN_PREFIX}{id}-{}-", utc_date(day_of(now_ms)))
 }
 
 /// What the key's `runs` of the UTC day of `now_ms` (those named
