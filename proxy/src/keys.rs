@@ -79,9 +79,12 @@ pub enum KeyRingError {
     /// A run window of zero.
     #[error("a run window must be longer than 0 ms")]
     Window,
-    /// Runs per day of zero: a key that could never start a run.
-    #[error("runs per day must be at least 1 (revoke a key that may start none)")]
-    RunsPerDay,
+    /// A limit per day of zero (`runs_per_day` or `budget_per_day_nanos`, the field): a
+    /// key that could never start a run or make a call.
+    #[error(
+        "{0} must be more than 0 (a key that may do nothing is revoked, not limited to nothing)"
+    )]
+    DayLimitZero(&'static str),
 }
 
 /// What a presented key is, if it is not a live key of this tally.
@@ -263,7 +266,10 @@ impl KeyRing {
             return Err(KeyRingError::Window);
         }
         if new.runs_per_day == Some(0) {
-            return Err(KeyRingError::RunsPerDay);
+            return Err(KeyRingError::DayLimitZero("runs_per_day"));
+        }
+        if new.budget_per_day_nanos == Some(0) {
+            return Err(KeyRingError::DayLimitZero("budget_per_day_nanos"));
         }
         let mut id = [0u8; 8];
         let mut secret = Zeroizing::new([0u8; 32]);
@@ -606,7 +612,16 @@ mod tests {
         let (info, _) = r.create(new.clone()).expect("made");
         let (plain, _) = r.create(NewKey::new(7)).expect("made");
         new.runs_per_day = Some(0);
-        assert!(matches!(r.create(new), Err(KeyRingError::RunsPerDay)));
+        assert!(matches!(
+            r.create(new.clone()),
+            Err(KeyRingError::DayLimitZero("runs_per_day"))
+        ));
+        new.runs_per_day = Some(3);
+        new.budget_per_day_nanos = Some(0);
+        assert!(matches!(
+            r.create(new),
+            Err(KeyRingError::DayLimitZero("budget_per_day_nanos"))
+        ));
         drop(r);
         let text = std::fs::read_to_string(dir.path().join(KEYS_FILE)).expect("file");
         // A key without limits is written as an earlier tally wrote it.
