@@ -129,7 +129,8 @@ async fn hold(proxy: &Proxy, call: &Call<'_>, plan: &Plan) -> Result<Option<KeyH
         Ok(charge) => return Ok(Some(KeyHold::new(Arc::clone(spend), charge))),
         Err(e) => e,
     };
-    // A day turned is no refusal of the key's (not counted as one): sent again, it fits.
+    // A day turned is no refusal of the key's (not counted as one): sent again, the
+    // call names the new day's run.
     let turned = matches!(e, KeyDayExceeded::DayTurned { .. });
     let said = match turned {
         true => Refusal::own(
