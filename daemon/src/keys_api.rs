@@ -67,12 +67,12 @@ fn ring_error(e: KeyRingError) -> ApiError {
             e.to_string(),
         )
         .field("run_window_ms"),
-        KeyRingError::RunsPerDay => ApiError::new(
+        KeyRingError::DayLimitZero(field) => ApiError::new(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidValue,
             e.to_string(),
         )
-        .field("runs_per_day"),
+        .field(field),
         e => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::Internal,

@@ -35,10 +35,12 @@ pub struct KeyDayUse {
 }
 
 impl KeyDayUse {
-    /// These counts as of `now_ms`: themselves within their day, nothing on a later one.
+    /// These counts as of `now_ms`: nothing on a later day; themselves within their day,
+    /// and on an earlier one too (a clock stepped back across midnight keeps the day's
+    /// counts: a new day only ever starts forward).
     pub fn at(self, now_ms: u64) -> KeyDayUse {
         let day = day_of(now_ms);
-        if day == self.day {
+        if day <= self.day {
             self
         } else {
             KeyDayUse {
@@ -73,6 +75,16 @@ pub enum KeyDayExceeded {
         /// What the call reserves.
         needed_nanos: u64,
     },
+    /// The UTC day turned between the call naming its run (of `named_day`) and its hold
+    /// (on `day`): held on neither, so that what a day's runs spend is what that day
+    /// counts. Sent again, the call names the new day's run.
+    #[error("the call's run is of UTC day {named_day} and the day is now {day}: send it again")]
+    DayTurned {
+        /// The day of the run the call named.
+        named_day: u64,
+        /// The day now.
+        day: u64,
+    },
     /// The key started its runs of the day.
     #[error("the key may start {limit} runs per day and started {started} today")]
     Runs {
@@ -81,6 +93,19 @@ pub enum KeyDayExceeded {
         /// Started today.
         started: u64,
     },
+}
+
+/// The day a call whose run was named at `named_ms` is held on at `now_ms`: the run's
+/// day, the one its name carries, or [`KeyDayExceeded::DayTurned`] if the day turned
+/// between. One day for the name and the hold keeps a restart exact: the counts a day
+/// is read back from are the runs named for it ([`KeyDayUse`]).
+pub fn key_call_day(named_ms: u64, now_ms: u64) -> Result<u64, KeyDayExceeded> {
+    let (named_day, day) = (day_of(named_ms), day_of(now_ms));
+    if named_day == day {
+        Ok(day)
+    } else {
+        Err(KeyDayExceeded::DayTurned { named_day, day })
+    }
 }
 
 /// Whether a call reserving `reserve_nanos` fits the key's day `used` (counts of the
@@ -177,5 +202,31 @@ mod tests {
         );
         assert_eq!(key_run_fits(&LIMITS, &next), Ok(()));
         assert_eq!(key_call_fits(&LIMITS, &next, 1_000), Ok(()));
+    }
+
+    #[test]
+    fn a_call_is_held_on_the_day_its_run_is_named_for_or_not_at_all() {
+        assert_eq!(key_call_day(5 * DAY_MS, 6 * DAY_MS - 1), Ok(5));
+        assert_eq!(
+            key_call_day(6 * DAY_MS - 1, 6 * DAY_MS),
+            Err(KeyDayExceeded::DayTurned {
+                named_day: 5,
+                day: 6
+            })
+        );
+    }
+
+    #[test]
+    fn a_clock_stepped_back_across_midnight_keeps_the_days_counts() {
+        let used = KeyDayUse {
+            day: 6,
+            settled_nanos: 900,
+            held_nanos: 100,
+            runs: 2,
+        };
+        assert_eq!(used.at(6 * DAY_MS - 1), used);
+        assert_eq!(used.at(0), used);
+        assert!(key_call_fits(&LIMITS, &used.at(5 * DAY_MS), 1).is_err());
+        assert!(key_run_fits(&LIMITS, &used.at(5 * DAY_MS)).is_err());
     }
 }

@@ -70,7 +70,9 @@ pub use error::{ApprovalError, PolicyError};
 pub use headroom::{closeness, limits_now, Closeness, Headroom};
 pub use inconsistency::OutsideLease;
 pub use judge::{judge, Dimension, Inconsistency};
-pub use key_day::{key_call_fits, key_run_fits, KeyDayExceeded, KeyDayLimits, KeyDayUse};
+pub use key_day::{
+    key_call_day, key_call_fits, key_run_fits, KeyDayExceeded, KeyDayLimits, KeyDayUse,
+};
 pub use leased::{
     gives_back_on, in_scope, incurred, principal_cap, principal_use, run_cap, slice_use,
     slices_past_cap, Past, RunCount, SliceUse,

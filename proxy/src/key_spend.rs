@@ -13,9 +13,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use tally_policy::{key_call_fits, key_run_fits, KeyDayExceeded, KeyDayLimits, KeyDayUse};
+use tally_policy::{
+    key_call_day, key_call_fits, key_run_fits, KeyDayExceeded, KeyDayLimits, KeyDayUse,
+};
 
 /// Why a call with a key was refused: the only values of the metric's `reason` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +76,41 @@ pub struct KeyCharge {
     held: u64,
 }
 
+/// A call's charge on its key's day, owned: given back when dropped unless its outcome
+/// took it over ([`KeyHold::settle`]). A call dropped between its hold and its settle
+/// (the client gone during the gate's check, an early return) never keeps its hold.
+#[derive(Debug)]
+pub struct KeyHold {
+    spend: Arc<KeySpend>,
+    charge: Option<KeyCharge>,
+}
+
+impl KeyHold {
+    /// `charge`, held on `spend`, given back unless settled.
+    pub fn new(spend: Arc<KeySpend>, charge: KeyCharge) -> KeyHold {
+        KeyHold {
+            spend,
+            charge: Some(charge),
+        }
+    }
+
+    /// The call's outcome takes the charge over ([`KeySpend::settle`]: `None` keeps it
+    /// held, as the run keeps its reservation).
+    pub fn settle(mut self, settled: Option<u64>) {
+        if let Some(c) = self.charge.take() {
+            self.spend.settle(&c, settled);
+        }
+    }
+}
+
+impl Drop for KeyHold {
+    fn drop(&mut self) {
+        if let Some(c) = self.charge.take() {
+            self.spend.release(&c);
+        }
+    }
+}
+
 /// A run start counted against its key's day, until the start is known to have failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunSlot {
@@ -109,14 +146,16 @@ impl KeySpend {
         self.lock().get(id).map(|u| u.at(now_ms))
     }
 
-    /// Hold `reserve` nanodollars against the key's day, if the call fits it.
+    /// Hold `reserve` nanodollars against the key's day, if the call fits it and its
+    /// run, named at `named_ms`, is of the day of `now_ms` ([`key_call_day`]).
     pub fn hold(
         &self,
         id: &str,
         limits: &KeyDayLimits,
-        now_ms: u64,
+        (named_ms, now_ms): (u64, u64),
         reserve: u64,
     ) -> Result<KeyCharge, KeyDayExceeded> {
+        key_call_day(named_ms, now_ms)?;
         let mut days = self.lock();
         let entry = days.entry(id.to_owned()).or_default();
         let mut used = entry.at(now_ms);
@@ -200,25 +239,29 @@ mod tests {
         let s = KeySpend::default();
         let now = 10 * DAY_MS + 5;
         s.seed("k", KeyDayUse::default().at(now));
-        let a = s.hold("k", &LIMITS, now, 500).expect("fits");
-        let b = s.hold("k", &LIMITS, now, 500).expect("fits exactly");
-        assert!(s.hold("k", &LIMITS, now, 1).is_err(), "1000 held");
+        let a = s.hold("k", &LIMITS, (now, now), 500).expect("fits");
+        let b = s.hold("k", &LIMITS, (now, now), 500).expect("fits exactly");
+        assert!(s.hold("k", &LIMITS, (now, now), 1).is_err(), "1000 held");
         s.release(&b);
         // An overrun settles in full: 700 for a reservation of 500.
         s.settle(&a, Some(700));
         let used = s.usage("k", now).expect("seeded");
         assert_eq!((used.settled_nanos, used.held_nanos), (700, 0));
-        assert!(s.hold("k", &LIMITS, now, 301).is_err());
+        assert!(s.hold("k", &LIMITS, (now, now), 301).is_err());
         // An unknown outcome keeps its reservation held.
-        let c = s.hold("k", &LIMITS, now, 300).expect("fits");
+        let c = s.hold("k", &LIMITS, (now, now), 300).expect("fits");
         s.settle(&c, None);
         assert_eq!(s.usage("k", now).map(|u| u.held_nanos), Some(300));
         // One run a day; the day turns on the time passed in, not a sleep.
         s.start_run("k", &LIMITS, now).expect("first run");
         assert!(s.start_run("k", &LIMITS, now).is_err());
         let tomorrow = 11 * DAY_MS;
-        assert!(s.hold("k", &LIMITS, tomorrow - 1, 1).is_err());
-        let d = s.hold("k", &LIMITS, tomorrow, 1_000).expect("a new day");
+        assert!(s
+            .hold("k", &LIMITS, (tomorrow - 1, tomorrow - 1), 1)
+            .is_err());
+        let d = s
+            .hold("k", &LIMITS, (tomorrow, tomorrow), 1_000)
+            .expect("a new day");
         let slot = s
             .start_run("k", &LIMITS, tomorrow)
             .expect("a new day's run");
@@ -233,10 +276,39 @@ mod tests {
     }
 
     #[test]
+    fn a_hold_dropped_unsettled_is_given_back_and_a_settled_one_is_not() {
+        let s = Arc::new(KeySpend::default());
+        let now = 3 * DAY_MS;
+        let dropped = s.hold("k", &LIMITS, (now, now), 400).expect("fits");
+        drop(KeyHold::new(Arc::clone(&s), dropped));
+        assert_eq!(s.usage("k", now).map(|u| u.held_nanos), Some(0));
+        let unknown = s.hold("k", &LIMITS, (now, now), 400).expect("fits");
+        KeyHold::new(Arc::clone(&s), unknown).settle(None);
+        let settled = s.hold("k", &LIMITS, (now, now), 100).expect("fits");
+        KeyHold::new(Arc::clone(&s), settled).settle(Some(60));
+        let used = s.usage("k", now).expect("counts");
+        assert_eq!((used.held_nanos, used.settled_nanos), (400, 60));
+    }
+
+    #[test]
+    fn a_call_named_before_midnight_and_held_after_it_holds_nothing() {
+        let s = KeySpend::default();
+        let midnight = 4 * DAY_MS;
+        assert_eq!(
+            s.hold("k", &LIMITS, (midnight - 1, midnight), 1),
+            Err(KeyDayExceeded::DayTurned {
+                named_day: 3,
+                day: 4
+            })
+        );
+        assert_eq!(s.usage("k", midnight), None, "nothing held, no day begun");
+    }
+
+    #[test]
     fn a_seed_never_overwrites_counts_a_call_made() {
         let s = KeySpend::default();
         s.seed("k", KeyDayUse::default());
-        let _held = s.hold("k", &LIMITS, 0, 100).expect("fits");
+        let _held = s.hold("k", &LIMITS, (0, 0), 100).expect("fits");
         s.seed(
             "k",
             KeyDayUse {

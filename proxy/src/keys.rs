@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use tally_policy::key_day::{day_of, DAY_MS};
 use tally_policy::KeyDayUse;
 use tally_record::clock::Clock;
 use tally_wire::{KeyInfo, KEY_RUN_PREFIX};
@@ -78,9 +79,12 @@ pub enum KeyRingError {
     /// A run window of zero.
     #[error("a run window must be longer than 0 ms")]
     Window,
-    /// Runs per day of zero: a key that could never start a run.
-    #[error("runs per day must be at least 1 (revoke a key that may start none)")]
-    RunsPerDay,
+    /// A limit per day of zero (`runs_per_day` or `budget_per_day_nanos`, the field): a
+    /// key that could never start a run or make a call.
+    #[error(
+        "{0} must be more than 0 (a key that may do nothing is revoked, not limited to nothing)"
+    )]
+    DayLimitZero(&'static str),
 }
 
 /// What a presented key is, if it is not a live key of this tally.
@@ -262,7 +266,10 @@ impl KeyRing {
             return Err(KeyRingError::Window);
         }
         if new.runs_per_day == Some(0) {
-            return Err(KeyRingError::RunsPerDay);
+            return Err(KeyRingError::DayLimitZero("runs_per_day"));
+        }
+        if new.budget_per_day_nanos == Some(0) {
+            return Err(KeyRingError::DayLimitZero("budget_per_day_nanos"));
         }
         let mut id = [0u8; 8];
         let mut secret = Zeroizing::new([0u8; 32]);
@@ -479,12 +486,11 @@ fn apply(keys: &mut BTreeMap<String, Entry>, event: Event) -> Result<(), String>
 /// `key-ID-YYYYMMDD-wN`, the key's current run (N counts its run windows from the UTC
 /// day's start). A new UTC day, or a new window, is a new run.
 pub fn run_of(key: &KeyInfo, task: Option<&str>, now_ms: u64) -> String {
-    let day = now_ms / 86_400_000;
-    let date = utc_date(day);
+    let date = utc_date(day_of(now_ms));
     match task {
         Some(t) => format!("{KEY_RUN_PREFIX}{}-{date}-{t}", key.id),
         None => {
-            let window = (now_ms % 86_400_000) / key.run_window_ms.max(1);
+            let window = (now_ms % DAY_MS) / key.run_window_ms.max(1);
             format!("{KEY_RUN_PREFIX}{}-{date}-w{window}", key.id)
         }
     }
@@ -492,7 +498,7 @@ pub fn run_of(key: &KeyInfo, task: Option<&str>, now_ms: u64) -> String {
 
 /// The prefix of every run a key starts on the UTC day of `now_ms`.
 pub fn runs_today(id: &str, now_ms: u64) -> String {
-    format!("{KEY_RUN_PREFIX}{id}-{}-", utc_date(now_ms / 86_400_000))
+    format!("{KEY_RUN_PREFIX}{id}-{}-", utc_date(day_of(now_ms)))
 }
 
 /// What the key's `runs` of the UTC day of `now_ms` (those named
@@ -606,7 +612,16 @@ mod tests {
         let (info, _) = r.create(new.clone()).expect("made");
         let (plain, _) = r.create(NewKey::new(7)).expect("made");
         new.runs_per_day = Some(0);
-        assert!(matches!(r.create(new), Err(KeyRingError::RunsPerDay)));
+        assert!(matches!(
+            r.create(new.clone()),
+            Err(KeyRingError::DayLimitZero("runs_per_day"))
+        ));
+        new.runs_per_day = Some(3);
+        new.budget_per_day_nanos = Some(0);
+        assert!(matches!(
+            r.create(new),
+            Err(KeyRingError::DayLimitZero("budget_per_day_nanos"))
+        ));
         drop(r);
         let text = std::fs::read_to_string(dir.path().join(KEYS_FILE)).expect("file");
         // A key without limits is written as an earlier tally wrote it.

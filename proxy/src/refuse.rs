@@ -19,7 +19,14 @@ pub(crate) struct Caught {
     pub run: String,
     pub standing: Standing,
     /// The key the call presented in place of a run token, if it did.
-    pub key: Option<tally_wire::KeyInfo>,
+    pub key: Option<KeyCall>,
+}
+
+/// A call with a key: the key, and the time its run was named at (the run's UTC day is
+/// the one its call holds on, `tally_policy::key_call_day`).
+pub(crate) struct KeyCall {
+    pub info: tally_wire::KeyInfo,
+    pub named_ms: u64,
 }
 
 /// The gate cannot record decisions: the call is refused as unavailable (fail closed).

@@ -297,6 +297,10 @@ async fn keys_are_the_operators_and_a_bad_request_makes_none() {
             json!({"principal": 0, "runs_per_day": 0}),
             ErrorCode::InvalidValue,
         ),
+        (
+            json!({"principal": 0, "budget_per_day_nanos": 0}),
+            ErrorCode::InvalidValue,
+        ),
         (json!({"principal": 0, "spend": 1}), ErrorCode::UnknownField),
         (json!({"principal": -1}), ErrorCode::InvalidValue),
     ];
@@ -365,11 +369,25 @@ fn listed_spend(dir: &Path, id: &str) -> u64 {
         .expect("the key's spend")
 }
 
-/// The refusal of a call past the key's budget per day: `budget_exceeded`, action
-/// `stop`, the key and its amounts in the body.
+/// The refusal of a call past the key's budget per day: recorded as the run's
+/// `request_refused` (its run and seq answered), action `stop`, the key and its amounts
+/// in the body.
 fn assert_key_refusal(a: &Answer, id: &str, budget: u64) -> Value {
     assert_eq!(a.status, 403, "{}", a.text());
-    assert_eq!(code(a), Reason::BudgetExceeded.as_str(), "{}", a.text());
+    assert_eq!(code(a), Reason::RequestRefused.as_str(), "{}", a.text());
+    let run = a
+        .headers
+        .get("x-tally-run")
+        .expect("the run it is recorded in");
+    assert!(run.to_str().expect("ascii").starts_with("key-"), "{run:?}");
+    let seq = a
+        .headers
+        .get("x-tally-seq")
+        .expect("the seq it is recorded at");
+    assert!(
+        seq.to_str().expect("ascii").parse::<u64>().is_ok(),
+        "{seq:?}"
+    );
     let body = a.json();
     assert_eq!(body["error"]["action"], "stop", "{body}");
     let k = body["error"]["key"].clone();
@@ -382,6 +400,30 @@ fn assert_key_refusal(a: &Answer, id: &str, budget: u64) -> Value {
     );
     assert!(settled + held + needed > budget, "{body}");
     k
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_call_holds_what_the_gate_reserves_its_tools_price_if_more() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let uid = std::fs::metadata(dir.path()).expect("meta").uid();
+    // A call to `openai` reserves at least $0.50 (its worst case is far less): a key of
+    // $0.40 a day has no room for one.
+    let policy = format!(
+        "{}\n[principals.uid.{uid}]\nspend_usd = \"100\"\n\n[tool_prices]\nopenai = \"0.5\"\n",
+        policy(&upstream, 1000)
+    );
+    let mut served = Served::new(dir.path(), &policy);
+    let (key, id) = key_with(dir.path(), uid, &["--budget-per-day", "0.4"]);
+    let a = key_call(&served, &key, "priced").await;
+    let k = assert_key_refusal(&a, &id, 400_000_000);
+    assert_eq!(k["needed_nanos"].as_u64(), Some(500_000_000), "{k}");
+    assert!(upstream.seen().is_empty(), "nothing went upstream");
+    // A key with room for it: the call goes, and settles what it cost.
+    let (key, id) = key_with(dir.path(), uid, &["--budget-per-day", "0.6"]);
+    assert_eq!(key_call(&served, &key, "priced").await.status, 200);
+    assert_eq!(listed_spend(dir.path(), &id), 51_000_000);
+    served.verifies_the_bill(&upstream, &prices(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

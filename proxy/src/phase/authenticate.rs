@@ -10,7 +10,7 @@ use tally_record::Reason;
 
 use crate::dialect::Refusal;
 use crate::proxy::Proxy;
-use crate::refuse::{unavailable, Caught};
+use crate::refuse::{unavailable, Caught, KeyCall};
 
 /// The run the request's token names, if it may spend.
 pub(super) async fn authenticate(proxy: &Proxy, headers: &HeaderMap) -> Result<Caught, Refusal> {
@@ -29,11 +29,7 @@ pub(super) async fn authenticate(proxy: &Proxy, headers: &HeaderMap) -> Result<C
 }
 
 /// The run `run` and its standing, if it may spend.
-async fn standing(
-    proxy: &Proxy,
-    run: String,
-    key: Option<tally_wire::KeyInfo>,
-) -> Result<Caught, Refusal> {
+async fn standing(proxy: &Proxy, run: String, key: Option<KeyCall>) -> Result<Caught, Refusal> {
     let operator = Caller {
         uid: None,
         operator: true,

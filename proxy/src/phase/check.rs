@@ -8,16 +8,17 @@ use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
 use tally_gate::{Caller, CheckAnswer, CheckRequest, GateError};
-use tally_policy::{UpstreamKind, Verdict};
+use tally_policy::{KeyDayExceeded, UpstreamKind, Verdict};
 use tally_record::money::Nanos;
-use tally_record::{LimitKey, Reason};
+use tally_record::{Action, LimitKey, Reason};
 
 use super::plan::Plan;
-use super::settle::{KeyHold, Settle, Settling};
+use super::settle::{Settle, Settling};
 use super::{channel_of, Call};
 use crate::dialect::Refusal;
+use crate::key_spend::KeyHold;
 use crate::proxy::Proxy;
-use crate::refuse::{preview, unavailable};
+use crate::refuse::{preview, unavailable, Pre, Refused};
 use crate::trace::CallSpan;
 
 /// The gate's check of `plan`: the armed settle phase of an allowed call, or the refusal.
@@ -26,9 +27,11 @@ pub(super) async fn check(
     call: &Call<'_>,
     plan: &Plan,
 ) -> Result<Settling, Refusal> {
-    // A key's call holds its worst case against the key's day first: the count read and
-    // the hold are one step, so racing calls of one key never pass its budget together.
-    let key = hold(proxy, call, plan)?;
+    // A key's call holds what the gate will reserve against the key's day first: the
+    // count read and the hold are one step, so racing calls of one key never pass its
+    // budget together. Dropped before the settle phase takes it over (a refusal, the
+    // client gone during the check), the hold is given back.
+    let key = hold(proxy, call, plan).await?;
     let (u, standing) = (&call.route.upstream, &call.caught.standing);
     let timeout_ms = tally_policy::call_timeout(&standing.budget, standing.at_ms, u.timeout_ms);
     // The call's span (with a tracer), the agent's trace its parent; the decision
@@ -51,7 +54,7 @@ pub(super) async fn check(
         Ok(a) => a,
         Err(GateError::Stopped(a)) => *a,
         Err(e) => {
-            release(key.as_ref());
+            drop(key);
             if let Some(mut s) = span {
                 s.decided("error", Some(Reason::GateUnavailable.as_str()), None);
                 s.finish();
@@ -69,7 +72,7 @@ pub(super) async fn check(
     let attempt = match allowed(&answer, plan.worst) {
         Ok(a) => a,
         Err(mut r) => {
-            release(key.as_ref());
+            drop(key);
             r.recorded = answer.seq.map(|seq| (call.caught.run.clone(), seq));
             if let Some(s) = span {
                 s.finish();
@@ -93,32 +96,69 @@ pub(super) async fn check(
         cost_header: u.cost_header.clone(),
         // What the gate reserved: the most this call may settle.
         reserved: Nanos(answer.reserve_nanos.unwrap_or(plan.worst.0)),
-        // The key's hold stays the call's worst case: what it settles above that is
-        // its overrun, as the run's.
+        // The key's hold is what the gate reserved: what it settles above that is its
+        // overrun, as the run's.
         key,
     };
     Ok(Settling::arm(proxy.recorder(), settle, deadline, span))
 }
 
-/// For a call with a key: `plan`'s worst case held against the key's day, or the
-/// refusal (the key's budget per day).
-fn hold(proxy: &Proxy, call: &Call<'_>, plan: &Plan) -> Result<Option<KeyHold>, Refusal> {
-    let (Some(info), Some(ring)) = (&call.caught.key, &proxy.keys) else {
+/// For a call with a key: what the gate reserves for `plan` (its worst case, at least
+/// the tool's price: the policy's `reservation`) held against the key's day of the
+/// call's run, or the refusal: the key's budget per day, recorded as the run's
+/// `request_refused` (a refusal the gate itself would not make), with the key's amounts
+/// in the answer; or the day turned since the run was named, recorded too, to be sent
+/// again (it then names the new day's run).
+async fn hold(proxy: &Proxy, call: &Call<'_>, plan: &Plan) -> Result<Option<KeyHold>, Refusal> {
+    let (Some(key), Some(ring)) = (&call.caught.key, &proxy.keys) else {
         return Ok(None);
     };
     let spend = ring.spend();
-    let limits = crate::keys::day_limits(info);
-    spend
-        .hold(&info.id, &limits, ring.now_ms(), plan.worst.0)
-        .map(|charge| Some((Arc::clone(spend), charge)))
-        .map_err(|e| super::keyed::exceeded(spend, &info.id, e))
-}
-
-/// A key's hold given back: its call was refused or not made.
-fn release(key: Option<&KeyHold>) {
-    if let Some((spend, charge)) = key {
-        spend.release(charge);
+    let limits = crate::keys::day_limits(&key.info);
+    let reserve = proxy
+        .gate
+        .policy()
+        .policy
+        .reservation(&call.route.name, plan.worst.0);
+    let e = match spend.hold(
+        &key.info.id,
+        &limits,
+        (key.named_ms, ring.now_ms()),
+        reserve,
+    ) {
+        Ok(charge) => return Ok(Some(KeyHold::new(Arc::clone(spend), charge))),
+        Err(e) => e,
+    };
+    // A day turned is no refusal of the key's (not counted as one): sent again, the
+    // call names the new day's run.
+    let turned = matches!(e, KeyDayExceeded::DayTurned { .. });
+    let said = match turned {
+        true => Refusal::own(
+            StatusCode::TOO_MANY_REQUESTS,
+            tally_wire::ErrorCode::Refused,
+            format!("key {}: {e}", key.info.id),
+        ),
+        false => super::keyed::exceeded(spend, &key.info.id, e),
+    };
+    let pre = Pre::new(Reason::RequestRefused, StatusCode::FORBIDDEN, said.message)
+        .preview(format!("key {}: {e}", key.info.id));
+    let refused = Refused {
+        tool: call.route.name.clone(),
+        target: Some(call.route.host.clone()),
+        channel: channel_of(call.route.upstream.kind),
+        effect: plan.effect,
+    };
+    let mut r = proxy.refuse(&call.caught, refused, pre).await;
+    if r.recorded.is_some() {
+        r.key = said.key;
+        r.action = Action::Stop;
+        if turned {
+            r.status = StatusCode::TOO_MANY_REQUESTS;
+            r.action = Action::Retry;
+            r.retry_after_ms = Some(1000);
+        }
     }
+    Err(r)
 }
 
 /// The call's span, with a tracer.

@@ -17,17 +17,18 @@ use crate::dialect::Refusal;
 use crate::key_spend::{KeyRefusal, KeySpend};
 use crate::keys::{self, KeyRefused, KeyRing};
 use crate::proxy::Proxy;
-use crate::refuse::unavailable;
+use crate::refuse::{unavailable, KeyCall};
 
 /// The header that names the task a call with a key belongs to.
 pub(crate) const TASK_HEADER: &str = "x-tally-task";
 
-/// The run a call with `key` is in, started if it is new, and the key.
+/// The run a call with `key` is in, started if it is new, and the key with the time
+/// the run was named at (its day is the one the call holds on).
 pub(super) async fn run_of_key(
     proxy: &Proxy,
     headers: &HeaderMap,
     key: &str,
-) -> Result<(String, KeyInfo), Refusal> {
+) -> Result<(String, KeyCall), Refusal> {
     let ring = proxy
         .keys
         .as_ref()
@@ -81,8 +82,14 @@ pub(super) async fn run_of_key(
         Some(t) => format!("task {t} of key {}", info.id),
         None => format!("the current run of key {}", info.id),
     };
-    start(proxy, ring, &info, &run, goal).await?;
-    Ok((run, info))
+    start(proxy, ring, &info, (&run, now), goal).await?;
+    Ok((
+        run,
+        KeyCall {
+            info,
+            named_ms: now,
+        },
+    ))
 }
 
 /// The key's counts of the day read from the gate's runs of the day (open or stopped,
@@ -141,13 +148,13 @@ pub(super) fn exceeded(spend: &KeySpend, id: &str, e: KeyDayExceeded) -> Refusal
     r
 }
 
-/// Start `run` for the key's principal, unless it exists (then it continues), within
-/// the key's runs per day.
+/// Start `run` (named at `named_ms`) for the key's principal, unless it exists (then it
+/// continues), within the key's runs per day of the run's day.
 async fn start(
     proxy: &Proxy,
     ring: &KeyRing,
     info: &KeyInfo,
-    run: &str,
+    (run, named_ms): (&str, u64),
     goal: String,
 ) -> Result<(), Refusal> {
     let uid = info.principal;
@@ -163,9 +170,13 @@ async fn start(
         return Ok(());
     }
     let spend = ring.spend();
-    let slot = spend
-        .start_run(&info.id, &keys::day_limits(info), ring.now_ms())
-        .map_err(|e| exceeded(spend, &info.id, e))?;
+    let slot = match spend.start_run(&info.id, &keys::day_limits(info), named_ms) {
+        Ok(slot) => slot,
+        // The key's last run of the day may be the one its other call of this task is
+        // starting right now: read once more before refusing.
+        Err(_) if owned(proxy, caller, run).await? => return Ok(()),
+        Err(e) => return Err(exceeded(spend, &info.id, e)),
+    };
     let req = StartRequest {
         run: run.to_owned(),
         goal: Some(goal),

@@ -20,12 +20,11 @@ use tally_policy::{ModelPrice, UpstreamKind};
 use tally_record::money::Nanos;
 use tally_record::{Effect, Status, UsageRefused};
 
-use crate::key_spend::{KeyCharge, KeySpend};
+use crate::key_spend::KeyHold;
 use crate::proxy::Proxy;
 use crate::trace::CallSpan;
 
 /// What settling an attempt needs.
-#[derive(Clone)]
 pub(crate) struct Settle {
     pub run: String,
     pub attempt: u64,
@@ -41,12 +40,10 @@ pub(crate) struct Settle {
     pub cost_header: Option<String>,
     /// What the gate reserved for the call: the worst case it can cost.
     pub reserved: Nanos,
-    /// For a call with a key: its reservation held against the key's day.
+    /// For a call with a key: its reservation held against the key's day, taken over
+    /// by the outcome (else given back when dropped).
     pub key: Option<KeyHold>,
 }
-
-/// A key call's hold on its key's day, settled with the call's outcome.
-pub(crate) type KeyHold = (Arc<KeySpend>, KeyCharge);
 
 /// How a call ended: its outcome as recorded, and what its span says of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,11 +215,17 @@ impl Settling {
 impl Drop for Settling {
     /// Not settled by its phase: settled now, with what it holds, on a task of its own.
     fn drop(&mut self) {
-        let Some(p) = self.pending.take() else {
+        let Some(mut p) = self.pending.take() else {
             return;
         };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(settle(p.record, p.settle, p.ended, p.span));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(settle(p.record, p.settle, p.ended, p.span))),
+            // Nothing recorded: the run keeps its reservation, the key its hold.
+            Err(_) => {
+                if let Some(k) = p.settle.key.take() {
+                    k.settle(None);
+                }
+            }
         }
     }
 }
@@ -230,11 +233,11 @@ impl Drop for Settling {
 /// The settle phase: `ended` recorded as the outcome of `s`'s attempt (returns once it
 /// is sequenced: any later decision sees it), then the span ended with it. An outcome the
 /// gate cannot record is said on stderr (its reservation stays held).
-pub(crate) async fn settle(record: Record, s: Settle, ended: Ended, span: Option<CallSpan>) {
+pub(crate) async fn settle(record: Record, mut s: Settle, ended: Ended, span: Option<CallSpan>) {
     let status = ended.status;
     // The key's day settles what the run settles (an unknown outcome keeps it held).
-    if let Some((spend, charge)) = &s.key {
-        spend.settle(charge, ended.nanos);
+    if let Some(k) = s.key.take() {
+        k.settle(ended.nanos);
     }
     let req = OutcomeRequest {
         run: s.run.clone(),
