@@ -407,14 +407,19 @@ impl StreamUsage {
                 Keep::Pass
             }
             Endpoint::StreamGenerateContent => {
-                if v.get("usageMetadata").is_some_and(|u| !u.is_null()) {
-                    self.whole = Some(reported(v.get("usageMetadata"), gemini::usage));
-                }
-                self.ended |= gemini::ended(&v);
+                self.gemini_chunk(&v);
                 Keep::Pass
             }
             _ => Keep::Pass,
         }
+    }
+
+    /// Gemini: a chunk's usage so far, and whether it ends the answer.
+    fn gemini_chunk(&mut self, v: &Value) {
+        if v.get("usageMetadata").is_some_and(|u| !u.is_null()) {
+            self.whole = Some(reported(v.get("usageMetadata"), gemini::usage));
+        }
+        self.ended |= gemini::ended(v);
     }
 
     /// What the stream reported in full, if it did.

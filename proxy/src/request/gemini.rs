@@ -62,9 +62,36 @@ const CONFIG_UNPRICED: &[(&str, &str)] = &[
     ),
 ];
 
+/// A Gemini request to `endpoint` for the model its path `named`: the body names none.
+pub(super) fn read(
+    endpoint: Endpoint,
+    named: Option<&str>,
+    read: (Vec<(String, std::ops::Range<usize>)>, tally_record::Args),
+    whole: Option<Value>,
+) -> Result<ModelRequest, RequestError> {
+    let raw = Members {
+        text: read.1.canonical(),
+        members: &read.0,
+    };
+    let Some(model) = named else {
+        return Err(RequestError::Field {
+            field: "model",
+            why: "must be named in the path (/models/MODEL:generateContent)",
+        });
+    };
+    if raw.get("model").is_some() {
+        return Err(RequestError::Field {
+            field: "model",
+            why: "is named in the path (/models/MODEL:generateContent): leave it out of the body",
+        });
+    }
+    let whole = whole.ok_or(RequestError::NotObject)?;
+    request(endpoint, model.to_owned(), read, &whole)
+}
+
 /// A Gemini request to `endpoint` for `model` (the path's), its body read as `members`
 /// and `whole`.
-pub(super) fn request(
+fn request(
     endpoint: Endpoint,
     model: String,
     read: (Vec<(String, std::ops::Range<usize>)>, tally_record::Args),

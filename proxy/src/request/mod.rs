@@ -155,30 +155,16 @@ pub fn parse_named(
         text: args.canonical(),
         members: &members,
     };
+    if endpoint.gemini() {
+        return gemini::read(endpoint, named, (members, args), whole);
+    }
     let (model, body_model) = match named {
         None => (model_of(raw)?, None),
-        Some(_) if endpoint.gemini() && raw.get("model").is_some() => {
-            return Err(RequestError::Field {
-                field: "model",
-                why:
-                    "is named in the path (/models/MODEL:generateContent): leave it out of the body",
-            })
-        }
-        Some(n) if endpoint.gemini() => {
-            let whole = whole.ok_or(RequestError::NotObject)?;
-            return gemini::request(endpoint, n.to_owned(), (members, args), &whole);
-        }
         Some(n) => (
             n.to_owned(),
             raw.get("model").map(|_| model_of(raw)).transpose()?,
         ),
     };
-    if endpoint.gemini() {
-        return Err(RequestError::Field {
-            field: "model",
-            why: "must be named in the path (/models/MODEL:generateContent)",
-        });
-    }
     let whole = whole.ok_or(RequestError::NotObject)?;
     let stream = stream_of(raw)?;
     let service_tier = service_tier_of(&whole)?;
