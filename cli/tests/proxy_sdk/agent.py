@@ -12,7 +12,8 @@ and `OPENAI_API_VERSION`, the model being the deployment's name.
 
 usage: agent.py SDK MODE [options]
   SDK   openai | anthropic | gemini | azure
-  MODE  call   one call (--model, --stream, --max-tokens N or --no-max-tokens)
+  MODE  call   one call (--model, --stream, --max-tokens N or --no-max-tokens;
+               --responses: openai and azure call the Responses API, not streamed)
         race   --n calls at once on threads (--models a,b,c cycled), a JSON line each
   --default-retries: the SDK's own retries (max_retries left at its default), not none
         hold   one streaming call: prints {"first": ...} after the first chunk, then
@@ -58,7 +59,20 @@ def prompt():
     return [{"role": "user", "content": f"Say hello. ({uuid.uuid4()})"}]
 
 
+def responses_call(client, args, model):
+    """One Responses API call, not streamed (--responses)."""
+    kwargs = {"model": model, "input": prompt()[0]["content"]}
+    if not args.no_max_tokens:
+        kwargs["max_output_tokens"] = args.max_tokens
+    raw = client.responses.with_raw_response.create(**kwargs)
+    parsed = raw.parse()
+    return {"ok": True, "status": raw.status_code, "headers": tally_headers(raw),
+            "text": parsed.output_text, "usage": parsed.usage.model_dump()}
+
+
 def openai_call(client, args, model, first=None):
+    if args.responses:
+        return responses_call(client, args, model)
     kwargs = {"model": model, "messages": prompt()}
     if not args.no_max_tokens:
         kwargs["max_tokens"] = args.max_tokens
@@ -170,6 +184,7 @@ def main():
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--stream", action="store_true")
     p.add_argument("--include-usage", action="store_true")
+    p.add_argument("--responses", action="store_true")
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--no-max-tokens", action="store_true")
     p.add_argument("--timeout", type=float, default=60.0)

@@ -113,8 +113,26 @@ fn gemini_and_azure_sdks_call_through_the_proxy_and_the_ledger_is_the_bill() {
         assert_eq!(seen.max_tokens, Some(100), "{seen:?}");
         tokens.push(token);
     }
+    // The Responses API: the deployment in the body's `model`.
+    let token = proxy.run("azure-responses", json!({"spend_cents": 100}));
+    let r = proxy.call(
+        "azure",
+        false,
+        &token,
+        &["--model", AZURE_DEPLOYMENT, "--responses"],
+    );
+    assert_eq!(r["ok"], true, "{r}");
+    let s = proxy.standing_settled("azure-responses");
+    assert_eq!(nanos(&s, "settled"), 100 * 2_000 + 50 * 300_000, "{s}");
+    let seen = proxy.http.seen().last().cloned().expect("seen");
+    assert_eq!(
+        seen.path,
+        format!("/openai/responses?api-version={AZURE_API_VERSION}")
+    );
+    assert_eq!(seen.max_tokens, Some(100), "{seen:?}");
+    tokens.push(token);
     let t: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    assert_eq!(proxy.upstreams_saw_only_the_key(&t), 5);
+    assert_eq!(proxy.upstreams_saw_only_the_key(&t), 6);
     proxy.verifies_the_bill();
 }
 

@@ -149,8 +149,9 @@ fn model_priced(
         endpoint,
         body: priced.body,
         worst: priced.worst,
-        // Kept as the call's preview (bounded: a model name is at most 256 bytes).
-        operation: request.model.clone(),
+        // Kept as the call's preview (bounded: a model name is at most 256 bytes): the
+        // model priced (Azure OpenAI: the deployment's, so metrics and traces name it).
+        operation: model.to_owned(),
         // A completion changes nothing upstream: a read, whatever its method.
         effect: Effect::Read,
         args: Some(request.args),
