@@ -9,7 +9,8 @@
 //! refused, naming it. So is what no price covers: `cachedContent` (input kept
 //! upstream), a tool the API runs itself (`googleSearch`, `codeExecution`, `urlContext`,
 //! ...), output other than text (`responseModalities`, `speechConfig`, `imageConfig`),
-//! and media other than images (audio, video, documents).
+//! media other than images (audio, video, documents) and files the body does not
+//! carry (`fileData`).
 
 use std::collections::BTreeMap;
 
@@ -251,10 +252,11 @@ fn tools(whole: &Value) -> Result<bool, RequestError> {
 }
 
 /// The images in a body's parts (`contents[i].parts[j]`, `systemInstruction.parts[j]`,
-/// and a `functionResponse`'s `parts[k]` there): an `inlineData` (its base64 `data`
-/// left out of the byte bound) or `fileData` whose `mimeType` is `image/...`. Any
-/// other media (audio, video, documents), a media member anywhere else, or one spelt
-/// in snake_case (`inline_data`, `file_data`) is refused, naming where it is.
+/// and a `functionResponse`'s `parts[k]` there): an `inlineData` whose `mimeType` is
+/// `image/...` (its base64 `data` left out of the byte bound). Any other media (audio,
+/// video, documents), a `fileData` (a file the body does not carry: its tokens are the
+/// file's), a media member anywhere else, or one spelt in snake_case (`inline_data`,
+/// `file_data`) is refused, naming where it is.
 fn images(whole: &Value) -> Result<Images, RequestError> {
     let mut out = Images::default();
     let mut read: Vec<*const Value> = Vec::new();
@@ -271,7 +273,13 @@ fn images(whole: &Value) -> Result<Images, RequestError> {
             if let Some(f) = part.get("functionResponse") {
                 lists.push((format!("{at}.functionResponse"), f));
             }
-            for key in ["inlineData", "fileData"] {
+            if part.get("fileData").is_some() {
+                return Err(RequestError::unpriced(
+                    format!("{at}.fileData"),
+                    "names a file the body does not carry (an upload, a URL, a video), whose tokens tally cannot bound",
+                ));
+            }
+            for key in ["inlineData"] {
                 let Some(media) = part.get(key) else { continue };
                 let field = format!("{at}.{key}");
                 out.data_bytes = out.data_bytes.saturating_add(image(&field, key, media)?);
@@ -306,11 +314,10 @@ fn image(field: &str, key: &str, media: &Value) -> Result<u64, RequestError> {
         }
         None => return Err(bad("is media without a `mimeType` tally can read".into())),
     }
-    match (key, text("data"), text("fileUri")) {
-        ("inlineData", Some(d), _) => Ok(d.len() as u64),
-        ("fileData", _, Some(_)) => Ok(0),
+    match (key, text("data")) {
+        ("inlineData", Some(d)) => Ok(d.len() as u64),
         _ => Err(bad(
-            "is an image tally cannot read (an inlineData without its `data`, or a fileData without its `fileUri`)".into(),
+            "is an image tally cannot read (an inlineData without its `data`)".into(),
         )),
     }
 }

@@ -177,7 +177,7 @@ fn a_gemini_body_is_read_strictly() {
         ),
         (
             r#"{"contents":[{"parts":[{"fileData":{"mimeType":"video/mp4","fileUri":"f"}}]}]}"#,
-            "video/mp4",
+            "fileData",
         ),
         (
             r#"{"contents":[{"parts":[{"inline_data":{"mime_type":"image/png","data":"AAAA"}}]}]}"#,
@@ -200,10 +200,14 @@ fn a_gemini_body_is_read_strictly() {
     // Images: each at `image_tokens`, its base64 data out of the byte bound.
     let data = "A".repeat(4000);
     let body = format!(
-        r#"{{"contents":[{{"parts":[{{"text":"what"}},{{"inlineData":{{"mimeType":"image/png","data":"{data}"}}}},{{"fileData":{{"mimeType":"image/jpeg","fileUri":"https://x/y"}}}}]}}]}}"#
+        r#"{{"contents":[{{"parts":[{{"text":"what"}},{{"inlineData":{{"mimeType":"image/png","data":"{data}"}}}}]}}],"systemInstruction":{{"parts":[{{"inlineData":{{"mimeType":"image/jpeg","data":"AAAA"}}}}]}}}}"#
     );
     let r = gemini(&body).expect("reads");
-    assert_eq!((r.images.count, r.images.data_bytes), (2, 4000));
+    assert_eq!((r.images.count, r.images.data_bytes), (2, 4004));
+    // A file the body does not carry, even one said to be an image.
+    let e = gemini(r#"{"contents":[{"parts":[{"fileData":{"mimeType":"image/png","fileUri":"https://www.youtube.com/watch?v=x"}}]}]}"#)
+        .expect_err("refused");
+    assert!(e.to_string().contains("fileData"), "{e}");
 }
 
 fn price() -> ModelPrice {
