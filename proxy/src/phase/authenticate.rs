@@ -96,3 +96,41 @@ fn token(headers: &HeaderMap) -> Result<&str, Refusal> {
     }
     Ok(first)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::{HeaderName, HeaderValue};
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn the_token_is_read_from_each_sdks_key_header_and_must_agree() {
+        for h in [
+            headers(&[("authorization", "Bearer tly_a")]),
+            headers(&[("x-api-key", "tly_a")]),
+            headers(&[("x-goog-api-key", "tly_a")]),
+            headers(&[("api-key", " tly_a ")]),
+            headers(&[("authorization", "Bearer tly_a"), ("api-key", "tly_a")]),
+        ] {
+            assert_eq!(token(&h).ok(), Some("tly_a"), "{h:?}");
+        }
+        for h in [
+            headers(&[]),
+            headers(&[("x-goog-api-key", "tly_a"), ("api-key", "tly_b")]),
+            headers(&[
+                ("authorization", "Bearer tly_a"),
+                ("x-goog-api-key", "tly_b"),
+            ]),
+            headers(&[("x-api-key", "tly_a"), ("x-goog-api-key", "")]),
+        ] {
+            assert!(token(&h).is_err(), "{h:?}");
+        }
+    }
+}
