@@ -114,6 +114,14 @@ fn an_azure_deployment_and_api_version_are_read_exactly() {
         (r.model.as_str(), r.body_model.as_deref()),
         ("prod-4o", Some("gpt-4o"))
     );
+    // Azure's On Your Data searches a service tally has no price for.
+    let e = parse_named(
+        Endpoint::ChatCompletions,
+        Some("prod-4o"),
+        br#"{"messages":[],"data_sources":[{"type":"azure_search"}]}"#,
+    )
+    .expect_err("refused");
+    assert!(e.to_string().contains("data_sources"), "{e}");
 }
 
 #[test]

@@ -68,6 +68,11 @@ const UNPRICED: &[(Endpoint, &str, &str)] = &[
         "bills rejected predicted tokens the request does not bound",
     ),
     (
+        Endpoint::ChatCompletions,
+        "data_sources",
+        "searches Azure data sources (On Your Data), billed by those services and adding input the body does not carry",
+    ),
+    (
         Endpoint::Responses,
         "previous_response_id",
         "adds input kept upstream that the body does not carry",
