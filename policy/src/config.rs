@@ -491,6 +491,16 @@ impl Policy {
             if let Some((key, why)) = u.problem() {
                 return Err((format!("upstreams.{name}.{key}"), why));
             }
+            if let Some((d, m)) = u
+                .deployments
+                .iter()
+                .find(|(_, m)| self.prices.model(name, m).is_none())
+            {
+                return Err((
+                    format!("upstreams.{name}.deployments"),
+                    format!("deployment `{d}` maps to model `{m}`, which has no [prices.{name}.\"{m}\"]: tally never forwards a call it cannot price"),
+                ));
+            }
         }
         for (name, p) in &self.prices.0 {
             let Some(u) = self.upstreams.get(name) else {

@@ -2,6 +2,8 @@
 //! what their calls cost (`[prices.UPSTREAM."MODEL"]`, `[prices.UPSTREAM.routes."METHOD
 //! /path"]`): docs/GATE.md, "Upstreams and prices".
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 mod prices;
@@ -25,6 +27,21 @@ pub enum UpstreamKind {
     Anthropic,
     /// Any HTTP API, priced per route or by a cost header.
     Http,
+    /// Google's Gemini API (`generateContent`, `streamGenerateContent`), the model named
+    /// in the path.
+    Gemini,
+    /// Azure OpenAI: OpenAI's Chat Completions and Responses under
+    /// `/openai/deployments/DEPLOYMENT/...` and `/openai/responses`, each deployment
+    /// mapped to a priced model (`deployments`), with an `api-version` from
+    /// `api_versions`.
+    AzureOpenai,
+}
+
+impl UpstreamKind {
+    /// Whether it is a model API (priced per model, by usage), not `http`.
+    pub fn is_model(self) -> bool {
+        self != UpstreamKind::Http
+    }
 }
 
 /// One upstream (`[upstreams.NAME]`).
@@ -69,6 +86,15 @@ pub struct Upstream {
     /// dropped from the header (a beta can change what a call bills). Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub anthropic_beta: Vec<String>,
+    /// `azure_openai` kind: each deployment name the agent may call, and the model whose
+    /// price (`[prices.NAME."MODEL"]`) it is billed at. A deployment not listed is
+    /// refused, naming it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub deployments: BTreeMap<String, String>,
+    /// `azure_openai` kind: the `api-version` query values forwarded; any other query is
+    /// refused. At least one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_versions: Vec<String>,
 }
 
 fn default_methods() -> Vec<String> {
@@ -176,8 +202,11 @@ impl Upstream {
     }
 
     /// What is set that this kind of upstream does not take: beta names, a clamp on
-    /// output, a cost header.
+    /// output, a cost header, Azure's deployments and API versions.
     fn kind_problem(&self) -> Option<(&'static str, String)> {
+        if let Some(p) = self.azure_problem() {
+            return Some(p);
+        }
         if !self.anthropic_beta.is_empty() && self.kind != UpstreamKind::Anthropic {
             return Some(("anthropic_beta", "is for `anthropic` upstreams only".into()));
         }
@@ -199,7 +228,7 @@ impl Upstream {
             ));
         }
         match (&self.cost_header, self.kind) {
-            (Some(_), UpstreamKind::Openai | UpstreamKind::Anthropic) => {
+            (Some(_), k) if k.is_model() => {
                 return Some((
                     "cost_header",
                     "is for `http` upstreams only (model upstreams are priced by usage)".into(),
@@ -217,6 +246,70 @@ impl Upstream {
         }
         None
     }
+}
+
+impl Upstream {
+    /// What is wrong with `deployments` and `api_versions`: Azure's only, each at least
+    /// one there, each deployment a name Azure allows (letters, digits, `-`, `_`, `.`, at
+    /// most 64) mapped to a model id, each version letters, digits, `-` and `.`.
+    fn azure_problem(&self) -> Option<(&'static str, String)> {
+        let azure = self.kind == UpstreamKind::AzureOpenai;
+        if !azure {
+            if !self.deployments.is_empty() {
+                return Some(("deployments", "is for `azure_openai` upstreams only".into()));
+            }
+            if !self.api_versions.is_empty() {
+                return Some((
+                    "api_versions",
+                    "is for `azure_openai` upstreams only".into(),
+                ));
+            }
+            return None;
+        }
+        if self.deployments.is_empty() {
+            return Some((
+                "deployments",
+                "must map each deployment name to its priced model, like { \"prod-4o\" = \"gpt-4o\" }".into(),
+            ));
+        }
+        if let Some((d, m)) = self.deployments.iter().find(|(d, m)| {
+            !deployment_name(d) || m.is_empty() || m.len() > 256 || m.chars().any(char::is_control)
+        }) {
+            return Some((
+                "deployments",
+                format!("`{d}` = `{m}`: a deployment is 1 to 64 letters, digits, `-`, `_` or `.` (not starting with `.`), its model a model id of at most 256 bytes"),
+            ));
+        }
+        if self.api_versions.is_empty() {
+            return Some((
+                "api_versions",
+                "must list the `api-version` values forwarded, like [\"2024-10-21\"]".into(),
+            ));
+        }
+        if let Some(v) = self.api_versions.iter().find(|v| {
+            v.is_empty()
+                || v.len() > 64
+                || !v
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        }) {
+            return Some((
+                "api_versions",
+                format!("`{v}` is not an API version (letters, digits, `-`, `.`)"),
+            ));
+        }
+        None
+    }
+}
+
+/// An Azure OpenAI deployment name as the proxy accepts it in a path: 1 to 64 ASCII
+/// letters, digits, `-`, `_` or `.`, not starting with `.`.
+pub fn deployment_name(d: &str) -> bool {
+    !d.is_empty()
+        && d.len() <= 64
+        && !d.starts_with('.')
+        && d.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// An upstream URL's scheme (`http` or `https`), authority and base path (`""` or a

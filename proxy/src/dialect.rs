@@ -159,7 +159,14 @@ impl Refusal {
                 }
                 b
             }
-            UpstreamKind::Openai | UpstreamKind::Http => {
+            UpstreamKind::Gemini => {
+                let mut b = gemini_error(status, &message, self.code.as_str(), action, cause);
+                if let Some(k) = &self.key {
+                    b["error"]["key"] = json!(k);
+                }
+                b
+            }
+            UpstreamKind::Openai | UpstreamKind::AzureOpenai | UpstreamKind::Http => {
                 let mut b = json!({"error": {
                 "message": message, "type": "tally_refused", "code": self.code.as_str(),
                 "param": null, "action": action, "cause": cause}});
@@ -194,4 +201,42 @@ impl Refusal {
         )
         .unwrap_or_else(|_| Response::new(crate::empty()))
     }
+}
+
+/// Google's error shape (`google.rpc.Status` as JSON), which the `google-genai` SDK
+/// raises as its `ClientError` or `ServerError` with the code, status and message:
+/// tally's reason, action and cause in an `ErrorInfo` detail (domain `tally`).
+fn gemini_error(
+    status: StatusCode,
+    message: &str,
+    reason: &str,
+    action: &str,
+    cause: Option<&str>,
+) -> serde_json::Value {
+    let rpc = match status {
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "INVALID_ARGUMENT",
+        StatusCode::UNAUTHORIZED => "UNAUTHENTICATED",
+        StatusCode::FORBIDDEN => "PERMISSION_DENIED",
+        StatusCode::NOT_FOUND => "NOT_FOUND",
+        StatusCode::TOO_MANY_REQUESTS => "RESOURCE_EXHAUSTED",
+        StatusCode::REQUEST_TIMEOUT | StatusCode::GATEWAY_TIMEOUT => "DEADLINE_EXCEEDED",
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE => "UNAVAILABLE",
+        s if s.is_server_error() => "INTERNAL",
+        _ => "FAILED_PRECONDITION",
+    };
+    let mut metadata = json!({"action": action});
+    if let Some(c) = cause {
+        metadata["cause"] = json!(c);
+    }
+    json!({"error": {
+        "code": status.as_u16(),
+        "message": message,
+        "status": rpc,
+        "details": [{
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": reason,
+            "domain": "tally",
+            "metadata": metadata,
+        }],
+    }})
 }

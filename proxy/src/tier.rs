@@ -34,7 +34,10 @@ pub enum Lands {
 fn default_name(kind: UpstreamKind) -> &'static str {
     match kind {
         UpstreamKind::Anthropic => "standard",
-        UpstreamKind::Openai | UpstreamKind::Http => "default",
+        UpstreamKind::Openai
+        | UpstreamKind::AzureOpenai
+        | UpstreamKind::Gemini
+        | UpstreamKind::Http => "default",
     }
 }
 

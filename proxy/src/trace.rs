@@ -92,6 +92,8 @@ impl CallSpan {
             let provider = match about.kind {
                 UpstreamKind::Openai => Some("openai"),
                 UpstreamKind::Anthropic => Some("anthropic"),
+                UpstreamKind::Gemini => Some("gcp.gemini"),
+                UpstreamKind::AzureOpenai => Some("azure.ai.openai"),
                 UpstreamKind::Http => None,
             };
             match (provider, about.model) {

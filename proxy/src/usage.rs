@@ -16,6 +16,10 @@
 //!   none of them part of `input_tokens`; `usage.server_tool_use.web_search_requests` at
 //!   the per-search price. A stream reports the input in `message_start` and the output
 //!   (and, in newer answers, the totals again) in `message_delta`.
+//! * Gemini: `usageMetadata` ([`gemini`]): the prompt (less its cached part) and the
+//!   tool-use prompt as input, the cached part at the cached price, the candidates and
+//!   the thoughts as output; a stream's last `usageMetadata`, once a chunk says the
+//!   answer ended.
 //! * `count_tokens` is free: its answer costs nothing, whatever it says.
 //!
 //! Read strictly ([`Reported`]): no usage at all is [`Reported::Missing`]; usage that is
@@ -28,6 +32,8 @@ use tally_policy::ModelPrice;
 use tally_record::money::{per_million, Nanos};
 
 use crate::endpoint::Endpoint;
+
+mod gemini;
 
 /// Tokens (and server tool uses) a call used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -200,6 +206,7 @@ fn of_body(endpoint: Endpoint, v: &Value) -> Reported {
                 ..anthropic_input(u)?
             })
         }),
+        Endpoint::GenerateContent => reported(v.get("usageMetadata"), gemini::usage),
         _ => Reported::Missing,
     }
 }
@@ -287,6 +294,8 @@ pub struct StreamUsage {
     bad: Option<String>,
     /// The billing tier the stream last said served it.
     tier: Option<String>,
+    /// Gemini: whether a chunk said the answer ended.
+    ended: bool,
 }
 
 /// What to do with one event of a stream.
@@ -308,6 +317,7 @@ impl StreamUsage {
             whole: None,
             bad: None,
             tier: None,
+            ended: false,
         }
     }
 
@@ -396,8 +406,20 @@ impl StreamUsage {
                 }
                 Keep::Pass
             }
+            Endpoint::StreamGenerateContent => {
+                self.gemini_chunk(&v);
+                Keep::Pass
+            }
             _ => Keep::Pass,
         }
+    }
+
+    /// Gemini: a chunk's usage so far, and whether it ends the answer.
+    fn gemini_chunk(&mut self, v: &Value) {
+        if v.get("usageMetadata").is_some_and(|u| !u.is_null()) {
+            self.whole = Some(reported(v.get("usageMetadata"), gemini::usage));
+        }
+        self.ended |= gemini::ended(v);
     }
 
     /// What the stream reported in full, if it did.
@@ -414,6 +436,9 @@ impl StreamUsage {
                 _ => Reported::Missing,
             },
             Endpoint::CountTokens => Reported::Usage(Usage::default()),
+            Endpoint::StreamGenerateContent if self.ended => {
+                self.whole.clone().unwrap_or(Reported::Missing)
+            }
             _ => Reported::Missing,
         }
     }

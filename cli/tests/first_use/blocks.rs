@@ -149,6 +149,20 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/PROXY.md",
+        "export GOOGLE_GEMINI_BASE_URL",
+        Plan::Not(
+            "environment for the reader's own agent (cli/tests/proxy_sdk/dialects.rs sets it)",
+        ),
+    ),
+    (
+        "docs/PROXY.md",
+        "export AZURE_OPENAI_ENDPOINT",
+        Plan::Not(
+            "environment for the reader's own agent (cli/tests/proxy_sdk/dialects.rs sets it)",
+        ),
+    ),
+    (
+        "docs/PROXY.md",
         "S=/run/tally/agent.sock\ncurl -s",
         Plan::Not("calls a daemon already running on /run/tally"),
     ),

@@ -6,9 +6,14 @@ key (`OPENAI_API_KEY` / `ANTHROPIC_API_KEY`). Each call prints one JSON line: wh
 SDK returned (text, usage, tally's headers) or the exception it raised (its class, HTTP
 status, message and body), so the Rust test judges the SDK's own behaviour.
 
+Gemini (`google-genai`) reads `GEMINI_API_KEY` and `GOOGLE_GEMINI_BASE_URL`; Azure
+OpenAI (`openai.AzureOpenAI`) reads `AZURE_OPENAI_API_KEY`, `AZURE_OPENAI_ENDPOINT`
+and `OPENAI_API_VERSION`, the model being the deployment's name.
+
 usage: agent.py SDK MODE [options]
-  SDK   openai | anthropic
-  MODE  call   one call (--model, --stream, --max-tokens N or --no-max-tokens)
+  SDK   openai | anthropic | gemini | azure
+  MODE  call   one call (--model, --stream, --max-tokens N or --no-max-tokens;
+               --responses: openai and azure call the Responses API, not streamed)
         race   --n calls at once on threads (--models a,b,c cycled), a JSON line each
   --default-retries: the SDK's own retries (max_retries left at its default), not none
         hold   one streaming call: prints {"first": ...} after the first chunk, then
@@ -27,6 +32,10 @@ def sdk_error(e):
     """The SDK's exception as data: class, status, message, body."""
     out = {"error": type(e).__name__, "message": str(e)}
     status = getattr(e, "status_code", None)
+    if status is None and isinstance(getattr(e, "code", None), int):
+        # google-genai's APIError: `code` (HTTP), `status` (Google's), `details`.
+        status = e.code
+        out["rpc_status"] = getattr(e, "status", None)
     if status is not None:
         out["status"] = status
     body = getattr(e, "body", None)
@@ -50,7 +59,20 @@ def prompt():
     return [{"role": "user", "content": f"Say hello. ({uuid.uuid4()})"}]
 
 
+def responses_call(client, args, model):
+    """One Responses API call, not streamed (--responses)."""
+    kwargs = {"model": model, "input": prompt()[0]["content"]}
+    if not args.no_max_tokens:
+        kwargs["max_output_tokens"] = args.max_tokens
+    raw = client.responses.with_raw_response.create(**kwargs)
+    parsed = raw.parse()
+    return {"ok": True, "status": raw.status_code, "headers": tally_headers(raw),
+            "text": parsed.output_text, "usage": parsed.usage.model_dump()}
+
+
 def openai_call(client, args, model, first=None):
+    if args.responses:
+        return responses_call(client, args, model)
     kwargs = {"model": model, "messages": prompt()}
     if not args.no_max_tokens:
         kwargs["max_tokens"] = args.max_tokens
@@ -109,6 +131,32 @@ def anthropic_call(client, args, model, first=None):
     return out
 
 
+def gemini_call(client, args, model, first=None):
+    from google.genai import types
+
+    config = None if args.no_max_tokens else types.GenerateContentConfig(
+        max_output_tokens=args.max_tokens)
+    contents = prompt()[0]["content"]
+    if args.stream:
+        text, usage, chunks, headers = [], None, 0, {}
+        for chunk in client.models.generate_content_stream(
+                model=model, contents=contents, config=config):
+            chunks += 1
+            if chunks == 1 and first is not None:
+                first()
+            if chunk.sdk_http_response is not None:
+                headers = tally_headers(chunk.sdk_http_response)
+            if chunk.text:
+                text.append(chunk.text)
+            if chunk.usage_metadata is not None:
+                usage = chunk.usage_metadata.model_dump(exclude_none=True)
+        return {"ok": True, "status": 200, "headers": headers, "text": "".join(text),
+                "usage": usage, "chunks": chunks}
+    r = client.models.generate_content(model=model, contents=contents, config=config)
+    return {"ok": True, "status": 200, "headers": tally_headers(r.sdk_http_response),
+            "text": r.text, "usage": r.usage_metadata.model_dump(exclude_none=True)}
+
+
 def warm_models(sdk):
     """Build every pydantic model of the SDK now, on this thread.
 
@@ -129,13 +177,14 @@ def warm_models(sdk):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("sdk", choices=["openai", "anthropic"])
+    p.add_argument("sdk", choices=["openai", "anthropic", "gemini", "azure"])
     p.add_argument("mode", choices=["call", "race", "hold", "count"])
     p.add_argument("--model", default="fake-ok")
     p.add_argument("--models", default="")
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--stream", action="store_true")
     p.add_argument("--include-usage", action="store_true")
+    p.add_argument("--responses", action="store_true")
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--no-max-tokens", action="store_true")
     p.add_argument("--timeout", type=float, default=60.0)
@@ -150,6 +199,16 @@ def main():
         import openai
         client = openai.OpenAI(timeout=args.timeout, **retries)
         call = openai_call
+    elif args.sdk == "azure":
+        import openai
+        client = openai.AzureOpenAI(timeout=args.timeout, **retries)
+        call = openai_call
+    elif args.sdk == "gemini":
+        from google import genai
+        from google.genai import types
+        # google-genai retries nothing unless told to (no retry_options).
+        client = genai.Client(http_options=types.HttpOptions(timeout=int(args.timeout * 1000)))
+        call = gemini_call
     else:
         import anthropic
         client = anthropic.Anthropic(timeout=args.timeout, **retries)

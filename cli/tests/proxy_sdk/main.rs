@@ -98,9 +98,42 @@ fn policy(http: &FakeUpstream, https: &FakeUpstream, extra: &str) -> String {
             ));
         }
     }
+    // Gemini and Azure OpenAI (cli/tests/proxy_sdk/dialects.rs): the fake over HTTP.
+    p.push_str(&format!(
+        "[upstreams.gemini]\nurl = \"{url}\"\nkind = \"gemini\"\ncredential = \"real\"\n\
+         paths = [\"/v1beta/models\", \"/v1/models\"]\ntimeout_ms = 30000\n\
+         [upstreams.azure]\nurl = \"{url}\"\nkind = \"azure_openai\"\ncredential = \"real\"\n\
+         paths = [\"/openai/deployments\", \"/openai/responses\"]\ntimeout_ms = 30000\n\
+         api_versions = [\"{AZURE_API_VERSION}\"]\n\
+         deployments = {{ \"{AZURE_DEPLOYMENT}\" = \"{AZURE_MODEL}\" }}\n\
+         [prices.azure.\"{AZURE_MODEL}\"]\ninput_per_mtok = \"{AZURE_INPUT}\"\n\
+         output_per_mtok = \"{AZURE_OUTPUT}\"\nmax_output_tokens = 4096\n\
+         [prices.gemini.\"{GEMINI_CACHED_MODEL}\"]\ninput_per_mtok = \"{INPUT_PER_MTOK}\"\n\
+         cached_input_per_mtok = \"0.25\"\noutput_per_mtok = \"{OUTPUT_PER_MTOK}\"\n\
+         max_output_tokens = 4096\n",
+        url = http.url()
+    ));
+    for model in ["fake-ok", "fake-cut"] {
+        p.push_str(&format!(
+            "[prices.gemini.\"{model}\"]\ninput_per_mtok = \"{INPUT_PER_MTOK}\"\n\
+             output_per_mtok = \"{OUTPUT_PER_MTOK}\"\nmax_output_tokens = 4096\n"
+        ));
+    }
     p.push_str(extra);
     p
 }
+
+/// Azure OpenAI in the test policy: the one deployment, the model it maps to (priced
+/// apart from the fake's models, so that only the mapping's price settles it), and the
+/// one `api-version` forwarded.
+const AZURE_DEPLOYMENT: &str = "prod-chat";
+const AZURE_MODEL: &str = "azure-model";
+const AZURE_API_VERSION: &str = "2024-10-21";
+const AZURE_INPUT: u64 = 2;
+const AZURE_OUTPUT: u64 = 300;
+/// A Gemini model reporting 100 prompt tokens (40 cached, at $0.25 per million) and 50
+/// output tokens (20 of them thoughts).
+const GEMINI_CACHED_MODEL: &str = "fake-usage-100-50-40-20";
 
 /// Two fake upstreams (HTTP, and HTTPS with a test CA) and `tally serve` (testkit's
 /// [`Daemon`]) proxying to both, over a fresh ledger; the daemon is killed on drop.
@@ -214,6 +247,7 @@ impl Proxy {
         };
         match sdk {
             "openai" => format!("http://127.0.0.1:{}/{name}/v1", self.port),
+            // The SDKs add `/v1beta/models/...` and `/openai/deployments/...` themselves.
             _ => format!("http://127.0.0.1:{}/{name}", self.port),
         }
     }
@@ -237,15 +271,35 @@ impl Proxy {
         let mut c = Command::new("python3");
         c.arg(agent_py()).arg(sdk).args(args);
         // Only what a user sets; nothing of the test's own environment leaks a key in.
-        c.env_remove("OPENAI_API_KEY")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("OPENAI_BASE_URL")
-            .env_remove("ANTHROPIC_BASE_URL")
-            .env_remove("ANTHROPIC_AUTH_TOKEN");
+        for v in [
+            "OPENAI_API_KEY",
+            "ANTHROPIC_API_KEY",
+            "OPENAI_BASE_URL",
+            "ANTHROPIC_BASE_URL",
+            "ANTHROPIC_AUTH_TOKEN",
+            "GOOGLE_API_KEY",
+            "GEMINI_API_KEY",
+            "GOOGLE_GEMINI_BASE_URL",
+            "GOOGLE_GENAI_USE_VERTEXAI",
+            "GOOGLE_CLOUD_PROJECT",
+            "AZURE_OPENAI_API_KEY",
+            "AZURE_OPENAI_AD_TOKEN",
+            "AZURE_OPENAI_ENDPOINT",
+            "OPENAI_API_VERSION",
+        ] {
+            c.env_remove(v);
+        }
         match sdk {
             "openai" => c
                 .env("OPENAI_BASE_URL", self.base_url(sdk, tls))
                 .env("OPENAI_API_KEY", token),
+            "gemini" => c
+                .env("GOOGLE_GEMINI_BASE_URL", self.base_url(sdk, tls))
+                .env("GEMINI_API_KEY", token),
+            "azure" => c
+                .env("AZURE_OPENAI_ENDPOINT", self.base_url(sdk, tls))
+                .env("OPENAI_API_VERSION", AZURE_API_VERSION)
+                .env("AZURE_OPENAI_API_KEY", token),
             _ => c
                 .env("ANTHROPIC_BASE_URL", self.base_url(sdk, tls))
                 .env("ANTHROPIC_API_KEY", token),
@@ -294,11 +348,20 @@ impl Proxy {
             })
             .sum();
         let price = Price::usd(INPUT_PER_MTOK, OUTPUT_PER_MTOK);
-        let prices: Vec<(&str, Price)> = MODELS
+        let mut prices: Vec<(&str, Price)> = MODELS
             .iter()
             .chain(["fake-small"].iter())
             .map(|m| (*m, price))
             .collect();
+        // The fake bills Azure's calls under the deployment's name, at its model's price.
+        prices.push((AZURE_DEPLOYMENT, Price::usd(AZURE_INPUT, AZURE_OUTPUT)));
+        prices.push((
+            GEMINI_CACHED_MODEL,
+            Price {
+                cached_input_per_mtok: 250_000_000,
+                ..price
+            },
+        ));
         assert_bill(
             &[&self.http, &self.https],
             &prices,
@@ -389,6 +452,7 @@ fn refused(sdk: &str) -> (&'static str, u64) {
 
 mod authority;
 mod calls;
+mod dialects;
 mod held;
 #[path = "../common/ledger.rs"]
 mod ledger;

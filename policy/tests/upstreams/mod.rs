@@ -393,3 +393,44 @@ fn prices_name_the_ids_they_cover_and_the_overheads_they_add() {
     let again = Policy::from_toml(&p.to_toml()).expect("round trip");
     assert_eq!(again, p);
 }
+
+/// Azure OpenAI's `deployments` and `api_versions`: its own, both required, each name
+/// one Azure allows, each deployment mapped to a model priced on that upstream; the
+/// Gemini kind reads like any model upstream.
+#[test]
+fn azure_deployments_map_to_priced_models_and_versions_are_listed() {
+    let azure = "[upstreams.az]\nurl = \"https://x.openai.azure.com\"\nkind = \"azure_openai\"\ncredential = \"c\"\npaths = [\"/openai/deployments\"]\n";
+    let priced = "[prices.az.\"gpt-4o\"]\ninput_per_mtok = 1\noutput_per_mtok = 2\n";
+    let ok = format!("{azure}deployments = {{ \"prod-4o\" = \"gpt-4o\" }}\napi_versions = [\"2024-10-21\"]\n{priced}");
+    let p = Policy::from_toml(&ok).expect("an azure upstream");
+    let u = &p.upstreams["az"];
+    assert_eq!(u.kind, tally_policy::UpstreamKind::AzureOpenai);
+    assert_eq!(u.deployments["prod-4o"], "gpt-4o");
+    assert_eq!(u.api_versions, ["2024-10-21"]);
+    let g_head = "[upstreams.g]\nurl = \"https://generativelanguage.googleapis.com\"\nkind = \"gemini\"\ncredential = \"c\"\npaths = [\"/v1beta/models\"]\n";
+    let g_price =
+        "[prices.g.\"gemini-2.5-flash\"]\ninput_per_mtok = \"0.30\"\noutput_per_mtok = \"2.50\"\n";
+    let gemini = &format!("{g_head}{g_price}");
+    assert_eq!(
+        Policy::from_toml(gemini)
+            .expect("a gemini upstream")
+            .upstreams["g"]
+            .kind,
+        tally_policy::UpstreamKind::Gemini
+    );
+    for (text, key) in [
+        (format!("{azure}api_versions = [\"2024-10-21\"]\n{priced}"), "upstreams.az.deployments"),
+        (format!("{azure}deployments = {{ \"prod-4o\" = \"gpt-4o\" }}\n{priced}"), "upstreams.az.api_versions"),
+        (format!("{azure}deployments = {{ \"prod-4o\" = \"gpt-5\" }}\napi_versions = [\"v\"]\n{priced}"), "upstreams.az.deployments"),
+        (format!("{azure}deployments = {{ \"a/b\" = \"gpt-4o\" }}\napi_versions = [\"v\"]\n{priced}"), "upstreams.az.deployments"),
+        (format!("{azure}deployments = {{ \".x\" = \"gpt-4o\" }}\napi_versions = [\"v\"]\n{priced}"), "upstreams.az.deployments"),
+        (format!("{azure}deployments = {{ \"x\" = \"gpt-4o\" }}\napi_versions = [\"a&b=c\"]\n{priced}"), "upstreams.az.api_versions"),
+        (format!("{g_head}deployments = {{ \"x\" = \"gemini-2.5-flash\" }}\n{g_price}"), "upstreams.g.deployments"),
+        (format!("{g_head}api_versions = [\"v1\"]\n{g_price}"), "upstreams.g.api_versions"),
+    ] {
+        match refused(&text) {
+            PolicyError::Invalid { key: k, .. } => assert_eq!(k, key, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}

@@ -67,8 +67,12 @@ async fn standing(proxy: &Proxy, run: String, key: Option<KeyCall>) -> Result<Ca
     Ok(Caught { run, standing, key })
 }
 
-/// The run token the agent sent as its API key (`Authorization: Bearer` or
-/// `x-api-key`; both only if the same).
+/// The headers an SDK sends its API key in: `Authorization: Bearer` (OpenAI), then
+/// `x-api-key` (Anthropic), `x-goog-api-key` (Gemini), `api-key` (Azure OpenAI).
+const KEY_HEADERS: [&str; 3] = ["x-api-key", "x-goog-api-key", "api-key"];
+
+/// The run token the agent sent as its API key (in any of the headers SDKs send a key
+/// in; in several only if the same in each).
 fn token(headers: &HeaderMap) -> Result<&str, Refusal> {
     // A field's value without the whitespace around it (RFC 9110 5.5: it is HTTP's,
     // not the value's); the token itself must then be spelt exactly as minted.
@@ -79,13 +83,56 @@ fn token(headers: &HeaderMap) -> Result<&str, Refusal> {
             .map(|v| v.trim_matches([' ', '\t']))
     };
     let bearer = value("authorization").and_then(crate::token::bearer);
-    match (bearer, value("x-api-key")) {
-        (Some(a), Some(b)) if a != b => Err(Refusal::token(
-            "two different keys (Authorization and x-api-key): send the run token once",
-        )),
-        (Some(t), _) | (None, Some(t)) => Ok(t),
-        (None, None) => Err(Refusal::token(
+    let mut sent = bearer
+        .into_iter()
+        .chain(KEY_HEADERS.iter().filter_map(|h| value(h)));
+    let Some(first) = sent.next() else {
+        return Err(Refusal::token(
             "no run token: use the token of your run (the `token` of POST /v1/runs) as the API key",
-        )),
+        ));
+    };
+    if sent.any(|t| t != first) {
+        return Err(Refusal::token(
+            "two different keys (in Authorization, x-api-key, x-goog-api-key or api-key): send the run token once",
+        ));
+    }
+    Ok(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::{HeaderName, HeaderValue};
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn the_token_is_read_from_each_sdks_key_header_and_must_agree() {
+        for h in [
+            headers(&[("authorization", "Bearer tly_a")]),
+            headers(&[("x-api-key", "tly_a")]),
+            headers(&[("x-goog-api-key", "tly_a")]),
+            headers(&[("api-key", " tly_a ")]),
+            headers(&[("authorization", "Bearer tly_a"), ("api-key", "tly_a")]),
+        ] {
+            assert_eq!(token(&h).ok(), Some("tly_a"), "{h:?}");
+        }
+        for h in [
+            headers(&[]),
+            headers(&[("x-goog-api-key", "tly_a"), ("api-key", "tly_b")]),
+            headers(&[
+                ("authorization", "Bearer tly_a"),
+                ("x-goog-api-key", "tly_b"),
+            ]),
+            headers(&[("x-api-key", "tly_a"), ("x-goog-api-key", "")]),
+        ] {
+            assert!(token(&h).is_err(), "{h:?}");
+        }
     }
 }

@@ -125,6 +125,8 @@ fn outgoing(allowed: HeaderMap, route: &Route, trace: Option<&crate::trace::Trac
     let secret = route.secret.as_str();
     let (name, value) = match route.upstream.kind {
         UpstreamKind::Anthropic => ("x-api-key", secret.to_owned()),
+        UpstreamKind::Gemini => ("x-goog-api-key", secret.to_owned()),
+        UpstreamKind::AzureOpenai => ("api-key", secret.to_owned()),
         UpstreamKind::Openai | UpstreamKind::Http => ("authorization", format!("Bearer {secret}")),
     };
     if let Ok(mut v) = HeaderValue::from_str(&value) {

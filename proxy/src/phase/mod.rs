@@ -110,7 +110,10 @@ impl Proxy {
 fn channel_of(kind: UpstreamKind) -> Channel {
     match kind {
         UpstreamKind::Http => Channel::Http,
-        UpstreamKind::Openai | UpstreamKind::Anthropic => Channel::Model,
+        UpstreamKind::Openai
+        | UpstreamKind::Anthropic
+        | UpstreamKind::Gemini
+        | UpstreamKind::AzureOpenai => Channel::Model,
     }
 }
 

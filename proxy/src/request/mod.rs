@@ -68,6 +68,11 @@ const UNPRICED: &[(Endpoint, &str, &str)] = &[
         "bills rejected predicted tokens the request does not bound",
     ),
     (
+        Endpoint::ChatCompletions,
+        "data_sources",
+        "searches Azure data sources (On Your Data), billed by those services and adding input the body does not carry",
+    ),
+    (
         Endpoint::Responses,
         "previous_response_id",
         "adds input kept upstream that the body does not carry",
@@ -101,8 +106,12 @@ pub struct ModelRequest {
     members: Vec<(String, Range<usize>)>,
     /// The endpoint it is for.
     pub endpoint: Endpoint,
-    /// Its `model`.
+    /// Its `model`: the body's, or the one its path names (Gemini's model, Azure
+    /// OpenAI's deployment).
     pub model: String,
+    /// The body's own `model` where the path names one (Azure OpenAI: the deployment's
+    /// model or the deployment again), for the plan to check.
+    pub body_model: Option<String>,
     /// The output tokens it asks for at most, if it says, before any cap.
     pub max_tokens: Option<u64>,
     /// The member its limit was given in, if any.
@@ -131,6 +140,16 @@ pub struct ModelRequest {
 /// (model, stream, tier, output limit, choices, usage chunk), what no price covers
 /// refused, and what its tools, cache markers and images add.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestError> {
+    parse_named(endpoint, None, body)
+}
+
+/// [`parse`], for a path that names the model (Gemini) or deployment (Azure OpenAI)
+/// as `named`: Gemini's body names none; Azure's may, kept as `body_model`.
+pub fn parse_named(
+    endpoint: Endpoint,
+    named: Option<&str>,
+    body: &[u8],
+) -> Result<ModelRequest, RequestError> {
     let tally_record::args::Read {
         args,
         members,
@@ -141,7 +160,16 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
         text: args.canonical(),
         members: &members,
     };
-    let model = model_of(raw)?;
+    if endpoint.gemini() {
+        return gemini::read(endpoint, named, (members, args), whole);
+    }
+    let (model, body_model) = match named {
+        None => (model_of(raw)?, None),
+        Some(n) => (
+            n.to_owned(),
+            raw.get("model").map(|_| model_of(raw)).transpose()?,
+        ),
+    };
     let whole = whole.ok_or(RequestError::NotObject)?;
     let stream = stream_of(raw)?;
     let service_tier = service_tier_of(&whole)?;
@@ -151,6 +179,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
             members,
             endpoint,
             model,
+            body_model,
             max_tokens: None,
             limit_field: None,
             choices: 1,
@@ -179,6 +208,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ModelRequest, RequestErr
         members,
         endpoint,
         model,
+        body_model,
         max_tokens,
         limit_field,
         choices,
@@ -489,6 +519,7 @@ fn cache_mark(v: &Value) -> Result<CacheMark, RequestError> {
 }
 
 mod body;
+mod gemini;
 mod price;
 
 use body::Members;
@@ -496,3 +527,6 @@ pub use price::Priced;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod gemini_tests;

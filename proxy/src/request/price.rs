@@ -53,12 +53,12 @@ impl ModelRequest {
         let (input_rate, search_cost) = self.rates(price)?;
         let (mut set, field) = self.settings(price);
         // Measured with the longest count (20 digits) in place: the input bound.
-        set.insert(field, u64::MAX.to_string());
+        set.insert(field, self.limit_text(u64::MAX));
         let input_bound = self.input_bound(price, &set)?;
         let input_cost = per_million(input_bound, input_rate).unwrap_or(Nanos::MAX);
         let fixed = input_cost.checked_add(search_cost).unwrap_or(Nanos::MAX);
         let (max_tokens, injected, clamped) = self.output_limit(price, fixed, remaining, clamp);
-        set.insert(field, max_tokens.to_string());
+        set.insert(field, self.limit_text(max_tokens));
         Ok(Priced {
             body: self.render(&set).into_bytes(),
             max_tokens,
@@ -118,6 +118,16 @@ impl ModelRequest {
             (None, e) => e.limit_field(),
         };
         (set, field)
+    }
+
+    /// The JSON text of the member the output limit is set in, with `tokens`: the count
+    /// itself, or (Gemini) `generationConfig` with its `maxOutputTokens`.
+    fn limit_text(&self, tokens: u64) -> String {
+        if self.endpoint.gemini() {
+            self.gemini_config(tokens)
+        } else {
+            tokens.to_string()
+        }
     }
 
     /// The input token bound: the body's bytes (with the proxy's members `set`) less
@@ -201,7 +211,7 @@ fn affordable(left: Nanos, per_mtok: Nanos) -> u64 {
 }
 
 /// Raw JSON text the proxy writes itself (a literal or a rendered object).
-fn raw(text: &str) -> Box<RawValue> {
+pub(super) fn raw(text: &str) -> Box<RawValue> {
     RawValue::from_string(text.to_owned()).unwrap_or_else(|_| {
         // Only valid JSON is ever passed; `null` keeps the type total.
         RawValue::from_string("null".into()).expect("null is JSON")
@@ -210,7 +220,7 @@ fn raw(text: &str) -> Box<RawValue> {
 
 /// Members as one JSON object: keys in byte order (a `BTreeMap` of `String`s), each
 /// value its exact text.
-fn render(members: &BTreeMap<String, Box<RawValue>>) -> String {
+pub(super) fn render(members: &BTreeMap<String, Box<RawValue>>) -> String {
     let mut out = String::with_capacity(256);
     out.push('{');
     for (i, (k, v)) in members.iter().enumerate() {

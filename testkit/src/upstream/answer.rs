@@ -14,7 +14,10 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::reply::{End, Reply, LIMIT_FIELDS};
-use super::request::{api_of, has_tools, images, numbers_after, tool_results, Api, Numbers};
+use super::request::{
+    api_of, gemini_path, has_tools, images, key_at, numbers_after, tool_results, Api, KeyAt,
+    Numbers,
+};
 use super::{Billed, Body, Script, Seen, State};
 
 /// What one request asks, as the fake reads it.
@@ -41,8 +44,19 @@ impl Asked {
             .map(|p| p.as_str().to_owned())
             .unwrap_or_default();
         let api = api_of(&path);
-        let model = json.get("model").and_then(Value::as_str).map(str::to_owned);
-        let stream = json.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let mut model = json.get("model").and_then(Value::as_str).map(str::to_owned);
+        let mut stream = json.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        if let Some((m, s)) = gemini_path(&path) {
+            // Gemini: the model and the stream are the path's.
+            (model, stream) = (Some(m), s);
+        }
+        if model.is_none() {
+            // Azure OpenAI: the deployment in the path.
+            model = path
+                .strip_prefix("/openai/deployments/")
+                .and_then(|p| p.split('/').next())
+                .map(str::to_owned);
+        }
         Asked {
             path,
             api,
@@ -63,8 +77,8 @@ impl State {
             .map(|b| b.to_bytes())
             .unwrap_or_default();
         let asked = Asked::read(&parts, &bytes);
-        let real_key = self.real_key(&parts, asked.anthropic);
-        self.keep_seen(&parts, &asked, real_key, bytes.len());
+        let real_key = self.real_key(&parts, key_at(&asked.path, asked.api), &asked.path);
+        self.keep_seen(&parts, &asked, real_key, &bytes);
         if !real_key {
             return unauthorized(asked.anthropic);
         }
@@ -88,22 +102,35 @@ impl State {
         self.reply(&asked, script.as_ref(), n, at_limit).await
     }
 
-    /// Whether the request carries the real key where its API puts it.
-    fn real_key(&self, parts: &Parts, anthropic: bool) -> bool {
-        if anthropic {
-            header(parts, "x-api-key") == self.key
-        } else {
-            header(parts, "authorization") == format!("Bearer {}", self.key)
-        }
+    /// Whether the request carries the real key where its API puts it, and in no other
+    /// key header (nor, for Gemini, a `key=` query).
+    fn real_key(&self, parts: &Parts, at: KeyAt, path: &str) -> bool {
+        let bearer = format!("Bearer {}", self.key);
+        let (name, want) = match at {
+            KeyAt::Bearer => ("authorization", bearer.as_str()),
+            KeyAt::XApiKey => ("x-api-key", self.key.as_str()),
+            KeyAt::Goog => ("x-goog-api-key", self.key.as_str()),
+            KeyAt::Azure => ("api-key", self.key.as_str()),
+        };
+        let others = ["authorization", "x-api-key", "x-goog-api-key", "api-key"]
+            .iter()
+            .filter(|n| **n != name)
+            .all(|n| parts.headers.get(*n).is_none());
+        let query_key = path
+            .split_once('?')
+            .is_some_and(|(_, q)| q.split('&').any(|kv| kv.starts_with("key=")));
+        header(parts, name) == want && others && !query_key
     }
 
     /// Keep what the request carried, for the test to read ([`Seen`]).
-    fn keep_seen(&self, parts: &Parts, asked: &Asked, real_key: bool, body_len: usize) {
+    fn keep_seen(&self, parts: &Parts, asked: &Asked, real_key: bool, body: &[u8]) {
+        let body_len = body.len();
         let json = &asked.json;
-        let token_seen = parts
-            .headers
-            .values()
-            .any(|v| String::from_utf8_lossy(v.as_bytes()).contains("tly_"));
+        let token_seen = asked.path.contains("tly_")
+            || parts
+                .headers
+                .values()
+                .any(|v| String::from_utf8_lossy(v.as_bytes()).contains("tly_"));
         self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -122,6 +149,7 @@ impl State {
                     .get("max_tokens")
                     .or_else(|| json.get("max_completion_tokens"))
                     .or_else(|| json.get("max_output_tokens"))
+                    .or_else(|| json.pointer("/generationConfig/maxOutputTokens"))
                     .and_then(Value::as_u64),
                 limit_fields: LIMIT_FIELDS
                     .iter()
@@ -131,6 +159,7 @@ impl State {
                 stream_options: json.get("stream_options").map(|v| v.to_string()),
                 stream: asked.stream,
                 body_len,
+                body: String::from_utf8_lossy(body).into_owned(),
                 trace: ["traceparent", "tracestate"]
                     .iter()
                     .flat_map(|n| parts.headers.get_all(*n).iter())
@@ -330,6 +359,10 @@ fn numbers(asked: &Asked, script: Option<&Script>) -> (Numbers, bool) {
             let limit = LIMIT_FIELDS
                 .iter()
                 .find_map(|k| json.get(*k).and_then(Value::as_u64))
+                .or_else(|| {
+                    json.pointer("/generationConfig/maxOutputTokens")
+                        .and_then(Value::as_u64)
+                })
                 .unwrap_or(u64::MAX);
             let at_limit = script.is_none() && limit < output;
             let n = Numbers {
@@ -388,6 +421,7 @@ async fn whole(asked: &Asked, reply: &Reply<'_>, bill: AtEnd) -> Response<Body> 
     let body = match asked.api {
         Api::Messages => reply.message(),
         Api::Responses => reply.response(true),
+        Api::Gemini => reply.gemini(),
         _ => reply.completion(),
     };
     let text = Bytes::from(body.to_string());
@@ -416,6 +450,7 @@ fn stream(asked: &Asked, reply: &Reply<'_>, bill: AtEnd) -> Response<Body> {
     let mut chunks = match asked.api {
         Api::Messages => sse(&reply.message_events(pieces)),
         Api::Responses => sse(&reply.response_events(pieces)),
+        Api::Gemini => sse(&reply.gemini_chunks(pieces)),
         _ => {
             let include_usage = asked
                 .json

@@ -54,8 +54,17 @@
 //! already carries k tool results, then gives the final text. It is read from the request
 //! alone, so an agent's retries and parallel requests see the same script.
 //!
+//! Gemini's `generateContent` and `streamGenerateContent?alt=sse`
+//! (`/v1beta/models/MODEL:METHOD`, the model the path's) answer in Gemini's words
+//! (`candidates`, `usageMetadata`: `fake-usage-I-O-C-T` reports C of the I prompt
+//! tokens cached and T of the O output tokens as thoughts); Azure OpenAI's
+//! `/openai/deployments/DEPLOYMENT/chat/completions` (the deployment as the model where
+//! the body names none) and `/openai/responses` answer as OpenAI's.
+//!
 //! The key must be the one the upstream was started with (`Authorization: Bearer KEY`
-//! for OpenAI paths, `x-api-key: KEY` for Anthropic's), else 401. Every request is kept
+//! for OpenAI paths, `x-api-key: KEY` for Anthropic's, `x-goog-api-key: KEY` for
+//! Gemini's, `api-key: KEY` for Azure's), in no other key header and no `key=` query,
+//! else 401. Every request is kept
 //! in [`FakeUpstream::seen`], and what each answer billed in [`FakeUpstream::billed`]
 //! (an answer whose usage reached the client in full: not errors, cut answers, streams
 //! left before their end, `fake-huge-event`, or token counts); [`assert_bill`] prices
@@ -75,6 +84,7 @@ use serde_json::Value;
 
 mod answer;
 mod bill;
+mod gemini;
 mod reply;
 mod request;
 
@@ -124,6 +134,8 @@ pub struct Seen {
     pub stream: bool,
     /// The body's length in bytes.
     pub body_len: usize,
+    /// The body as received.
+    pub body: String,
     /// The `traceparent` and then the `tracestate` values it carried, as received.
     pub trace: Vec<String>,
 }

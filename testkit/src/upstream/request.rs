@@ -10,11 +10,48 @@ pub(super) enum Api {
     Responses,
     Messages,
     CountTokens,
+    /// Gemini's `generateContent` (`stream`: `streamGenerateContent`).
+    Gemini,
+}
+
+/// Where a request's key is, by its path: Gemini's `x-goog-api-key` on `/v1beta/`,
+/// Azure OpenAI's `api-key` on `/openai/`, Anthropic's `x-api-key`, else OpenAI's
+/// `Authorization: Bearer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KeyAt {
+    Bearer,
+    XApiKey,
+    Goog,
+    Azure,
+}
+
+pub(super) fn key_at(path: &str, api: Api) -> KeyAt {
+    match api {
+        Api::Gemini => KeyAt::Goog,
+        Api::Messages | Api::CountTokens => KeyAt::XApiKey,
+        _ if path.starts_with("/openai/") => KeyAt::Azure,
+        _ => KeyAt::Bearer,
+    }
+}
+
+/// Gemini's model and whether it streams, from `/v1beta/models/MODEL:METHOD` (or
+/// `/v1/...`).
+pub(super) fn gemini_path(path: &str) -> Option<(String, bool)> {
+    let p = path.split('?').next().unwrap_or("");
+    let (model, method) = p
+        .strip_prefix("/v1beta/models/")
+        .or_else(|| p.strip_prefix("/v1/models/"))?
+        .split_once(':')?;
+    Some((model.to_owned(), method == "streamGenerateContent"))
 }
 
 pub(super) fn api_of(path: &str) -> Api {
     let p = path.split('?').next().unwrap_or("");
-    if p.starts_with("/v1/messages/count_tokens") {
+    if gemini_path(path).is_some() {
+        Api::Gemini
+    } else if p == "/openai/responses" {
+        Api::Responses
+    } else if p.starts_with("/v1/messages/count_tokens") {
         Api::CountTokens
     } else if p.starts_with("/v1/messages") {
         Api::Messages
@@ -60,6 +97,7 @@ pub(super) fn tool_results(api: Api, json: &Value) -> usize {
             .iter()
             .filter(|m| m.get("type").and_then(Value::as_str) == Some("function_call_output"))
             .count(),
+        Api::Gemini => 0,
     }
 }
 
@@ -77,6 +115,7 @@ pub(super) fn images(api: Api, json: &Value) -> u64 {
         Api::Messages | Api::CountTokens => ("messages", "content", "image"),
         Api::Chat => ("messages", "content", "image_url"),
         Api::Responses => ("input", "content", "input_image"),
+        Api::Gemini => return 0,
     };
     for item in list(json, items) {
         let parts = if typed(&item, "function_call_output") {

@@ -9,6 +9,7 @@ use tally_record::money::Nanos;
 use tally_record::{Effect, Reason};
 
 use super::Plan;
+use crate::endpoint::{api_version_allowed, Routed};
 use crate::phase::effect_of;
 use crate::refuse::Pre;
 use crate::request::{Endpoint, RequestError};
@@ -30,7 +31,7 @@ pub(super) struct Asked<'a> {
 pub(super) fn priced(policy: &Policy, asked: &Asked<'_>, remaining: Nanos) -> Result<Plan, Pre> {
     let (method, rest, name) = (asked.method, asked.rest, asked.name);
     let kind = asked.upstream.kind;
-    let Some(endpoint) = Endpoint::of(kind, rest) else {
+    let Some(routed) = Routed::of(kind, rest) else {
         return Err(Pre::new(
             Reason::ScopeViolation,
             StatusCode::FORBIDDEN,
@@ -40,21 +41,51 @@ pub(super) fn priced(policy: &Policy, asked: &Asked<'_>, remaining: Nanos) -> Re
             ),
         ));
     };
-    if !endpoint.query_allowed(asked.query) {
-        return Err(Pre::new(
-            Reason::ScopeViolation,
-            StatusCode::FORBIDDEN,
-            format!(
-                "the query `?{}` is not forwarded to {rest} on upstream `{name}`",
-                asked.query.unwrap_or_default(),
-            ),
-        ));
-    }
+    let endpoint = routed.endpoint;
+    query_allowed(asked, endpoint)?;
     if kind == UpstreamKind::Http {
         route_priced(policy, asked, endpoint)
     } else {
-        model_priced(policy, asked, endpoint, remaining)
+        model_priced(policy, asked, &routed, remaining)
     }
+}
+
+/// Refuses a query the endpoint does not take: Azure OpenAI's must be one
+/// `api-version` the upstream lists; Gemini's stream must say `alt=sse`.
+fn query_allowed(asked: &Asked<'_>, endpoint: Endpoint) -> Result<(), Pre> {
+    let (rest, name, query) = (asked.rest, asked.name, asked.query);
+    let versions = &asked.upstream.api_versions;
+    let (ok, why) = if asked.upstream.kind == UpstreamKind::AzureOpenai {
+        (
+            api_version_allowed(query, versions),
+            format!(
+                "Azure OpenAI calls take exactly `?api-version=V`, V one of the upstream's api_versions ({})",
+                versions.join(", ")
+            ),
+        )
+    } else if endpoint == Endpoint::StreamGenerateContent && query.is_none() {
+        (
+            false,
+            "a Gemini stream is metered as server-sent events only: call it with `?alt=sse`".into(),
+        )
+    } else {
+        (endpoint.query_allowed(query), String::new())
+    };
+    if ok {
+        return Ok(());
+    }
+    let q = query
+        .map(|q| format!("the query `?{q}`"))
+        .unwrap_or_else(|| "no query".into());
+    let mut message = format!("{q} is not forwarded to {rest} on upstream `{name}`");
+    if !why.is_empty() {
+        message = format!("{message}: {why}");
+    }
+    Err(Pre::new(
+        Reason::ScopeViolation,
+        StatusCode::FORBIDDEN,
+        message,
+    ))
 }
 
 /// A call to an `http` upstream's route, at its `per_call` price.
@@ -88,21 +119,25 @@ fn route_priced(policy: &Policy, asked: &Asked<'_>, endpoint: Endpoint) -> Resul
     })
 }
 
-/// A call to a model, read strictly and priced at its model's price.
+/// A call to a model, read strictly and priced at its model's price (Azure OpenAI:
+/// its deployment's model's).
 fn model_priced(
     policy: &Policy,
     asked: &Asked<'_>,
-    endpoint: Endpoint,
+    routed: &Routed,
     remaining: Nanos,
 ) -> Result<Plan, Pre> {
-    let request = crate::request::parse(endpoint, asked.bytes).map_err(refused)?;
-    let Some(price) = policy.prices.model(asked.name, &request.model) else {
+    let endpoint = routed.endpoint;
+    let request = crate::request::parse_named(endpoint, routed.named.as_deref(), asked.bytes)
+        .map_err(refused)?;
+    let model = priced_as(asked, &request)?;
+    let Some(price) = policy.prices.model(asked.name, model) else {
         return Err(Pre::new(
             Reason::ScopeViolation,
             StatusCode::FORBIDDEN,
             format!(
-                "model `{}` on upstream `{}` has no price in the policy; tally never forwards a call it cannot price",
-                request.model, asked.name
+                "model `{model}` on upstream `{}` has no price in the policy; tally never forwards a call it cannot price",
+                asked.name
             ),
         )
         .preview(request.model.clone()));
@@ -114,8 +149,9 @@ fn model_priced(
         endpoint,
         body: priced.body,
         worst: priced.worst,
-        // Kept as the call's preview (bounded: a model name is at most 256 bytes).
-        operation: request.model.clone(),
+        // Kept as the call's preview (bounded: a model name is at most 256 bytes): the
+        // model priced (Azure OpenAI: the deployment's, so metrics and traces name it).
+        operation: model.to_owned(),
         // A completion changes nothing upstream: a read, whatever its method.
         effect: Effect::Read,
         args: Some(request.args),
@@ -127,6 +163,35 @@ fn model_priced(
         lands: crate::tier::lands(endpoint, request.service_tier.as_deref()),
         headers: HeaderMap::new(),
     })
+}
+
+/// The model a request is priced as: its own, or (Azure OpenAI) the one its deployment
+/// maps to in the upstream's `deployments`; a deployment not listed is refused naming
+/// it, and so is a body `model` that names neither the deployment nor its model.
+fn priced_as<'a>(
+    asked: &'a Asked<'_>,
+    request: &'a crate::request::ModelRequest,
+) -> Result<&'a str, Pre> {
+    let u = asked.upstream;
+    if u.kind != UpstreamKind::AzureOpenai {
+        return Ok(&request.model);
+    }
+    let deployment = &request.model;
+    let scope = |message: String| {
+        Pre::new(Reason::ScopeViolation, StatusCode::FORBIDDEN, message).preview(deployment.clone())
+    };
+    let Some(model) = u.deployments.get(deployment) else {
+        return Err(scope(format!(
+            "deployment `{deployment}` is not in upstreams.{}.deployments: tally prices only the deployments the policy maps to a model",
+            asked.name
+        )));
+    };
+    match &request.body_model {
+        Some(b) if b != deployment && b != model => Err(scope(format!(
+            "the body's model `{b}` is neither deployment `{deployment}` nor its model `{model}`: name one model per call"
+        ))),
+        _ => Ok(model),
+    }
 }
 
 /// A request the proxy cannot forward: 403 `scope_violation` for what it cannot price,
