@@ -141,7 +141,9 @@ async fn kill_9_right_after_a_proxied_answer_loses_its_outcome_only_whole_and_he
 
 /// SIGTERM right after a proxied answer: its outcome, still waiting to ride the next
 /// commit group, is committed before `tally serve` says how large the ledger is, so the
-/// size it says is what `tally verify` counts.
+/// size it says is what `tally verify` counts. (Whether the outcome is still waiting when
+/// the signal lands is up to the machine's timing: the daemon's own test holds the
+/// ledger's clock so that it always is.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_right_after_a_proxied_answer_says_the_size_verify_counts() {
     let upstream = FakeUpstream::start(FakeOptions::default());
