@@ -469,9 +469,17 @@ async fn serve_inner(
     while connections.join_next().await.is_some() {}
     let (drained, exports) = drain(&app, max_in_flight, pusher).await;
     notifier.stop().await;
+    // A proxied call's outcome may still linger in the ledger's queue (it rides the next
+    // commit group, and none will come now): committed before serving ends, so what the
+    // ledger holds is sealed when this returns.
+    let ledger = Arc::clone(&app.ledger);
+    let flushed = tokio::task::spawn_blocking(move || ledger.flush().err())
+        .await
+        .unwrap_or(None)
+        .map(|e| e.to_string());
     let gate_failure = app.gate.failure();
     drop((drained, exports, app));
-    match state.failure().or(gate_failure) {
+    match state.failure().or(gate_failure).or(flushed) {
         Some(why) => Err(DaemonError::LedgerFailed(why)),
         None => Ok(()),
     }

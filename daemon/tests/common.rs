@@ -84,6 +84,32 @@ impl Daemon {
     /// (Re)open the ledger and serve it.
     pub async fn restart(&mut self, configure: impl FnOnce(&mut ServeOptions)) {
         let ledger = Arc::new(open_ledger(&self.ledger_dir));
+        self.serve(ledger, configure).await;
+    }
+
+    /// Start a daemon on a new ledger opened on `clock` (its commit pipeline's times);
+    /// the ledger too, as the daemon holds it.
+    pub async fn start_on_clock(
+        clock: Arc<dyn tally_ledger::clock::Clock>,
+        configure: impl FnOnce(&mut ServeOptions),
+    ) -> (Daemon, Arc<Ledger>) {
+        let (dir, ledger_dir, auditor) = new_ledger(Rotation::default());
+        let ledger = Arc::new(Ledger::open_with_clock(&ledger_dir, clock).expect("open"));
+        let mut daemon = Daemon {
+            socket: dir.path().join("tally.sock"),
+            agent_socket: dir.path().join("agent.sock"),
+            dir,
+            ledger_dir,
+            auditor,
+            stop: None,
+            task: None,
+        };
+        daemon.serve(Arc::clone(&ledger), configure).await;
+        (daemon, ledger)
+    }
+
+    /// Serve `ledger`, the options adjusted by `configure`.
+    async fn serve(&mut self, ledger: Arc<Ledger>, configure: impl FnOnce(&mut ServeOptions)) {
         let mut options = self.options();
         configure(&mut options);
         let (stop, stopped) = oneshot::channel::<()>();

@@ -23,6 +23,14 @@ type Slot = Arc<Mutex<Option<Arc<dyn Gatekeeper>>>>;
 /// A daemon whose gate (the embedded one) the test also holds, as the proxy in
 /// `tally serve` does.
 async fn with_gate(policy: &str) -> (Daemon, Arc<dyn Gatekeeper>) {
+    let (slot, configure) = holding_gate(policy);
+    let d = Daemon::start(configure).await;
+    let gate = slot.lock().expect("slot").clone().expect("the gate opened");
+    (d, gate)
+}
+
+/// Options that open the embedded gate under `policy` and keep it in the slot.
+fn holding_gate(policy: &str) -> (Slot, impl FnOnce(&mut tally_daemon::ServeOptions)) {
     let slot: Slot = Arc::new(Mutex::new(None));
     let kept = Arc::clone(&slot);
     let recorded = Recorded::new(policy).expect("policy");
@@ -34,17 +42,15 @@ async fn with_gate(policy: &str) -> (Daemon, Arc<dyn Gatekeeper>) {
         *kept.lock().expect("slot") = Some(Arc::clone(&gate));
         Ok(gate)
     });
-    let d = Daemon::start(move |o| {
+    let configure = move |o: &mut tally_daemon::ServeOptions| {
         o.policy = recorded;
         o.state = Some(tally_daemon::SharedState {
             open,
             timeout: Duration::from_secs(2),
             label: "the test's gate".into(),
         });
-    })
-    .await;
-    let gate = slot.lock().expect("slot").clone().expect("the gate opened");
-    (d, gate)
+    };
+    (slot, configure)
 }
 
 /// Call the gate as the proxy does, for the run owner `uid`.
@@ -146,5 +152,78 @@ async fn the_agent_socket_refuses_outcomes_of_proxied_attempts() {
         ),
         (Some(0), Some(2 * 10_000_000)),
         "{standing}"
+    );
+}
+
+/// A proxied outcome answered once sequenced waits in the ledger's queue to ride the next
+/// commit group (here for good: the ledger's clock is held, so its linger never ends).
+/// Told to stop, the daemon commits it before `serve` returns: the size `tally serve`
+/// then says (the durable checkpoint's) counts it, as `tally verify` will.
+#[tokio::test]
+async fn an_outcome_still_lingering_at_shutdown_is_committed_before_serve_returns() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_millis() as u64;
+    let clock = Arc::new(tally_ledger::clock::ManualClock::new(now));
+    let (slot, configure) = holding_gate("");
+    let (mut d, ledger) = Daemon::start_on_clock(clock, configure).await;
+    let gate = slot.lock().expect("slot").clone().expect("the gate opened");
+    let mut c = d.agent().await;
+    let (status, body) = post_json(&mut c, "/v1/runs", &json!({"run": "r"}).to_string()).await;
+    assert_eq!(status, 201, "{body}");
+    let owner = standing_of(&mut c).await["owner_uid"]
+        .as_u64()
+        .map(|u| u as u32);
+    drop(c);
+    let attempt = proxied_check(&gate, owner, "r").await;
+    let req = OutcomeRequest {
+        run: "r".into(),
+        attempt,
+        status: tally_ledger::Status::Ok,
+        settled_cents: Some(2),
+        settled_nanos: None,
+        remote_ref: None,
+        observed: None,
+        retry_after_ms: None,
+        result_digest: None,
+        worker: None,
+        usage_refused: None,
+        usage: None,
+    };
+    let proxy = Caller {
+        uid: owner,
+        proxied: true,
+        ..Caller::default()
+    };
+    let (sequenced, is_sequenced) = tokio::sync::oneshot::channel();
+    let (durable, is_durable) = std::sync::mpsc::channel();
+    gate.outcome_sequenced(
+        proxy,
+        req,
+        Box::new(move |r| {
+            let _ = sequenced.send(r);
+        }),
+        Box::new(move |r| {
+            let _ = durable.send(r.map(|l| l.seq));
+        }),
+    );
+    is_sequenced.await.expect("answered").expect("sequenced");
+    let before = ledger.checkpoint().size;
+    assert!(
+        is_durable.recv_timeout(Duration::from_millis(200)).is_err(),
+        "lingering: the held clock never ends its wait"
+    );
+    drop(gate);
+    d.shutdown().await.expect("a clean stop");
+    let seq = is_durable
+        .recv_timeout(Duration::from_secs(10))
+        .expect("answered")
+        .expect("durable");
+    assert_eq!(seq, before, "the outcome is the next entry");
+    assert_eq!(
+        ledger.checkpoint().size,
+        before + 1,
+        "the durable size counts it once serve has returned"
     );
 }

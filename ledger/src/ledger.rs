@@ -409,6 +409,13 @@ impl Ledger {
         let _ = self.shared.on_sync.set(observer);
     }
 
+    /// Commits what is queued now, deferred appends too (their linger cut short), and
+    /// returns once nothing is queued or in flight: the durable checkpoint then. For a
+    /// server that stops: appends that keep arriving keep it waiting.
+    pub fn flush(&self) -> Result<Checkpoint> {
+        self.shared.flush()
+    }
+
     /// The latest signed checkpoint whose entries are durable.
     pub fn checkpoint(&self) -> Checkpoint {
         lock(&self.shared.queue).durable.clone()

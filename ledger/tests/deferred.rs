@@ -114,3 +114,26 @@ fn a_ledger_dropped_commits_its_deferred_appends() {
         "durable after the drop"
     );
 }
+
+#[test]
+fn a_flush_commits_deferred_appends_before_their_linger_is_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ledger, _clock, syncs) = held(&tmp.path().join("l"));
+    let before = ledger.checkpoint().size;
+    // Nothing queued: the checkpoint as it is, no fsync.
+    assert_eq!(ledger.flush().unwrap().size, before);
+    assert_eq!(syncs.load(Ordering::SeqCst), 0);
+    let first = deferred(&ledger, "r", 1);
+    let second = deferred(&ledger, "r", 2);
+    // The held clock never moves: only the flush commits them, and it returns once
+    // they are durable.
+    let flushed = ledger.flush().unwrap();
+    assert_eq!(flushed.size, before + 2);
+    assert_eq!(ledger.checkpoint().size, before + 2);
+    assert_eq!(syncs.load(Ordering::SeqCst), 1, "one group for both");
+    assert_eq!(first.recv_timeout(ANSWER).unwrap().unwrap()[0].seq, before);
+    assert_eq!(
+        second.recv_timeout(ANSWER).unwrap().unwrap()[0].seq,
+        before + 1
+    );
+}

@@ -350,6 +350,20 @@ impl Proxy {
         });
     }
 
+    /// A gate call that answers at once (a read of the state): on this task for the
+    /// embedded store (a lock and memory, as the daemon's own reads of that store), on
+    /// the decision thread for a networked backend, which blocks for its round trips.
+    pub(crate) async fn at_once<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Gatekeeper) -> Result<T, GateError> + Send + 'static,
+    ) -> Result<T, GateError> {
+        if self.gate.networked() {
+            self.gate(move |gate, done| done(f(gate.as_ref()))).await
+        } else {
+            f(self.gate.as_ref())
+        }
+    }
+
     /// Runs a gate call on the stage and awaits its answer.
     pub(crate) async fn gate<T: Send + 'static>(
         &self,

@@ -138,3 +138,42 @@ async fn kill_9_right_after_a_proxied_answer_loses_its_outcome_only_whole_and_he
         }
     }
 }
+
+/// SIGTERM right after a proxied answer: its outcome, still waiting to ride the next
+/// commit group, is committed before `tally serve` says how large the ledger is, so the
+/// size it says is what `tally verify` counts. (Whether the outcome is still waiting when
+/// the signal lands is up to the machine's timing: the daemon's own test holds the
+/// ledger's clock so that it always is.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_right_after_a_proxied_answer_says_the_size_verify_counts() {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut served = Served::new(dir.path(), &policy(&upstream, 1000));
+    let token = served.start_run("r").await;
+    let a = call(
+        served.proxy,
+        "/openai/v1/chat/completions",
+        &[("authorization", &bearer(&token))],
+        chat("fake-ok", json!({})),
+    )
+    .await;
+    assert_eq!((a.status, a.cut), (200, false), "{}", a.text());
+    // Nothing decided after it: the daemon stopped at once.
+    let stopped = served.daemon.stop().expect("it was running");
+    assert!(stopped.success(), "{stopped:?}");
+    let log = std::fs::read_to_string(served.dir().join("serve.log")).expect("serve.log");
+    let said: u64 = log
+        .split("ledger size ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the stop line says the size: {log}"));
+    let report = tally().verifies(served.dir());
+    assert_eq!(report["entries"], said, "{log}\n{report}");
+    let outcomes = served
+        .decisions("r")
+        .into_iter()
+        .filter(|d| d["decision"]["kind"] == "outcome")
+        .count();
+    assert_eq!(outcomes, 1, "the proxied outcome is in the ledger");
+}

@@ -524,6 +524,7 @@ fn shared(
         }),
         to_commit: Condvar::new(),
         to_sync: Condvar::new(),
+        synced: Condvar::new(),
         writer: Mutex::new(writer),
         on_sync: std::sync::OnceLock::new(),
         clock,

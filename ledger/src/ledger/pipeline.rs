@@ -63,6 +63,8 @@ pub(super) struct Shared {
     pub(super) to_commit: Condvar,
     /// Signalled when a group is written.
     pub(super) to_sync: Condvar,
+    /// Signalled when a sync has answered its groups ([`super::Ledger::flush`] waits on it).
+    pub(super) synced: Condvar,
     pub(super) writer: Mutex<Writer>,
     /// Told how long each flush and fsync took ([`super::Ledger::on_sync`]).
     pub(super) on_sync: std::sync::OnceLock<SyncObserver>,
@@ -119,6 +121,31 @@ impl Shared {
     fn lingering(&self, queue: &Queue) -> Option<std::time::Duration> {
         let oldest = queue.pending.first().and_then(|p| p.deferred_since);
         lingering(queue.eager, queue.closing, oldest, self.clock.now_ms())
+    }
+
+    /// Every deferred append queued now made due (it starts a group), then wait until
+    /// nothing is queued, being written or being synced (or the ledger is poisoned).
+    pub(super) fn flush(&self) -> Result<Checkpoint, Error> {
+        let mut queue = lock(&self.queue);
+        let mut due = 0;
+        for p in &mut queue.pending {
+            due += usize::from(p.deferred_since.take().is_some());
+        }
+        queue.eager += due;
+        self.wake_committer(&queue);
+        loop {
+            if let Some(why) = &queue.poisoned {
+                return Err(Error::Poisoned(why.clone()));
+            }
+            if queue.pending.is_empty()
+                && queue.applied.is_empty()
+                && !queue.committing
+                && !queue.syncing
+            {
+                return Ok(queue.durable.clone());
+            }
+            queue = self.synced.wait(queue).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Wake the syncer thread if it sleeps and has written groups to sync.
@@ -248,6 +275,7 @@ impl Shared {
                 refuse(replies.into_iter(), e, &why);
                 queue = lock(&self.queue);
                 self.wake_committer(&queue);
+                self.synced.notify_all();
             }
         }
         queue
@@ -312,6 +340,7 @@ impl Shared {
         let mut queue = lock(&self.queue);
         queue.syncing = false;
         self.wake_syncer(&queue);
+        self.synced.notify_all();
         queue
     }
 }
@@ -343,5 +372,6 @@ impl Drop for RoleGuard<'_> {
         drop((pending, applied));
         self.0.to_commit.notify_all();
         self.0.to_sync.notify_all();
+        self.0.synced.notify_all();
     }
 }

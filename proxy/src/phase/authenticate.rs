@@ -37,7 +37,7 @@ async fn standing(proxy: &Proxy, run: String, key: Option<KeyCall>) -> Result<Ca
     };
     let lookup = run.clone();
     let standing = proxy
-        .gate(move |gate, done| done(gate.run(operator, &lookup)))
+        .at_once(move |gate| gate.run(operator, &lookup))
         .await
         .map_err(|e| match e {
             GateError::Unavailable(_) => unavailable(),

@@ -21,11 +21,12 @@ use crate::proxy::Proxy;
 use crate::refuse::{preview, unavailable, Pre, Refused};
 use crate::trace::CallSpan;
 
-/// The gate's check of `plan`: the armed settle phase of an allowed call, or the refusal.
+/// The gate's check of `plan` (its arguments handed over to it, not copied): the armed
+/// settle phase of an allowed call, or the refusal.
 pub(super) async fn check(
     proxy: &Proxy,
     call: &Call<'_>,
-    plan: &Plan,
+    plan: &mut Plan,
 ) -> Result<Settling, Refusal> {
     // A key's call holds what the gate will reserve against the key's day first: the
     // count read and the hold are one step, so racing calls of one key never pass its
@@ -42,6 +43,12 @@ pub(super) async fn check(
         None => call.parent.as_ref().map(|(p, _)| p.trace_id.clone()),
     };
     let check = request(call, plan, timeout_ms, trace_id);
+    // The arguments' digest (BLAKE3 over a model call's whole body; remembered by the
+    // arguments) made here, on the call's task, not on the decision thread every check
+    // waits its turn for.
+    if let Some(args) = &check.args {
+        args.digest();
+    }
     let caller = Caller {
         uid: standing.owner_uid,
         operator: false,
@@ -180,10 +187,11 @@ fn span(proxy: &Proxy, call: &Call<'_>, plan: &Plan) -> Option<CallSpan> {
     })
 }
 
-/// The gate's check request for `plan`.
+/// The gate's check request for `plan`, its arguments taken (a model call's are its
+/// whole body: one copy fewer).
 fn request(
     call: &Call<'_>,
-    plan: &Plan,
+    plan: &mut Plan,
     timeout_ms: u64,
     trace_id: Option<String>,
 ) -> CheckRequest {
@@ -194,7 +202,7 @@ fn request(
         // A logical operation is the request itself (tool and arguments): concurrent
         // calls to one model are not retries of each other.
         operation: None,
-        args: plan.args.clone(),
+        args: plan.args.take(),
         args_preview: Some(preview(&plan.operation)),
         effect: plan.effect,
         idempotency_key: None,

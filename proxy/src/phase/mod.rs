@@ -92,8 +92,8 @@ impl Proxy {
     /// The phases past authenticate: plan, check, forward, pump, and settle, which runs
     /// once the check allowed the call whatever happens after it.
     async fn proxied(&self, call: &Call<'_>, body: Incoming) -> Result<Response<Body>, Refusal> {
-        let plan = plan::plan(self, call, body).await?;
-        let mut settling = check::check(self, call, &plan).await?;
+        let mut plan = plan::plan(self, call, body).await?;
+        let mut settling = check::check(self, call, &mut plan).await?;
         let strip_usage = plan.strip_usage;
         match forward::forward(call, plan.body, plan.headers, &mut settling).await {
             // Pump settles when the answer has ended (in its own task).

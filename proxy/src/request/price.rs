@@ -157,7 +157,7 @@ impl ModelRequest {
             self.web_searches
                 .saturating_mul(price.web_search_tokens_per_use),
         );
-        Ok((self.render(set).len() as u64)
+        Ok((self.rendered_len(set) as u64)
             .saturating_sub(self.images.data_bytes)
             .saturating_add(added)
             .saturating_add(image_tokens))

@@ -492,3 +492,22 @@ fn what_the_walks_cannot_read_is_refused_as_before() {
         r#"{"a":0.1,"max_tokens":1000,"model":"m","stream":true,"stream_options":{"include_usage":true,"x":1},"z":18446744073709551617}"#
     );
 }
+
+#[test]
+fn the_measured_length_is_the_rendered_bodys() {
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"h\u00e9\n"}],"tab\tkey":1,"q\"uote":2,"zz":null,"stream":true}"#;
+    let r = chat(body);
+    use std::collections::BTreeMap;
+    let mut sets: Vec<BTreeMap<&str, String>> = vec![BTreeMap::new()];
+    let mut set = BTreeMap::new();
+    set.insert("max_tokens", u64::MAX.to_string());
+    set.insert("stream", "false".to_owned());
+    set.insert("a\u{1}", "[]".to_owned());
+    set.insert("zzz", "{}".to_owned());
+    sets.push(set);
+    for set in &sets {
+        let text = r.render(set);
+        assert_eq!(r.rendered_len(set), text.len(), "{text}");
+        let _: serde_json::Value = serde_json::from_str(&text).expect(&text);
+    }
+}
