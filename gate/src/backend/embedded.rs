@@ -135,20 +135,22 @@ impl StateTxn for EmbeddedTxn<'_> {
     }
 
     fn commit(mut self, write: Write<'_>, done: Committed) -> Result<(), GateError> {
-        // Under the lock, and the decision is queued before it is released: versions
-        // follow the ledger's order.
-        let version = self
-            .next_version
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let batch = (write.records)(version)?;
         // A pause an older build kept outside the log (`p/` + run) is rewritten before
-        // the record is queued, so the two never disagree after a restart.
+        // the records are made (making them marks the policy recorded, so a failure here
+        // must come first: nothing made, nothing lost) and queued, so the two never
+        // disagree after a restart.
         for (run, paused) in self.t.pause_changes(&write.snapshot) {
             let entry = tables::pause_entry(&run, paused);
             if self.ledger.state_get(&entry.0)?.is_some() {
                 self.ledger.put_state_durable(&[entry])?;
             }
         }
+        // Under the lock, and the decision is queued before it is released: versions
+        // follow the ledger's order.
+        let version = self
+            .next_version
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let batch = (write.records)(version)?;
         self.t.put(write.snapshot);
         let mut ledger_state = batch.ledger_state;
         for s in write.durable {
