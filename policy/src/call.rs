@@ -141,22 +141,45 @@ impl Keyed {
 
     /// `call` with its keys.
     pub fn of(call: Call) -> Keyed {
+        Keyed::with_keys(call, None)
+    }
+
+    /// [`Keyed::from_record`], the keys of the call's names taken from `names` where it
+    /// has them (the same keys, hashed once per name rather than once per record).
+    pub fn from_record_named(d: &Decision, names: &mut NameKeys) -> Keyed {
+        Keyed::with_keys(Call::from_record(d), Some(names))
+    }
+
+    /// `call` with its keys; those of its names alone (its tool, its operation, the
+    /// remote operations it reads) through `names` when given.
+    fn with_keys(call: Call, mut names: Option<&mut NameKeys>) -> Keyed {
+        let mut named = |map: Name, name: &str, hash: fn(&str) -> u64| match names.as_mut() {
+            Some(names) => names.key(map, name, hash),
+            None => hash(name),
+        };
         // Only a read can be a poll (`poll`): a write's references are never looked up.
         let refs = if call.effect == Some(Effect::Read) {
             (
-                call.remote_ref.as_deref().map(ref_key),
+                call.remote_ref
+                    .as_deref()
+                    .map(|r| named(Name::Ref, r, ref_key)),
                 call.operation
                     .as_deref()
                     .and_then(|o| o.rsplit_once(':'))
-                    .map(|(_, t)| ref_key(t)),
+                    .map(|(_, t)| named(Name::Ref, t, ref_key)),
             )
         } else {
             (None, None)
         };
+        // A call's operation key is its operation's alone when it names one (`op_key`).
+        let op = match call.operation.as_deref() {
+            Some(o) => named(Name::Op, o, |o| op_key(None, Some(o), None)),
+            None => call.op(),
+        };
         Keyed {
             key: call.key(),
-            op: call.op(),
-            tool: tool_key(&call.tool),
+            op,
+            tool: named(Name::Tool, &call.tool, tool_key),
             refs,
             call,
         }
@@ -168,6 +191,43 @@ impl Keyed {
             return None;
         }
         run.poll_by(self.refs.0, self.refs.1)
+    }
+}
+
+/// Which of a call's names a key is of ([`NameKeys`]).
+#[derive(Clone, Copy, Debug)]
+enum Name {
+    Tool,
+    Op,
+    Ref,
+}
+
+/// The keys of the names calls carry (tools, operations, remote operations), each
+/// hashed once: a reader of many records (the verifier's fold) meets the same few names
+/// on most of them. The keys are [`tool_key`], [`op_key`] and [`ref_key`]'s, unchanged.
+/// Bounded: a map that reaches [`NameKeys::MAX`] names is emptied and starts again, so
+/// a ledger of ever new names costs what it did without the cache, never more memory.
+#[derive(Debug, Default)]
+pub struct NameKeys {
+    maps: [std::collections::HashMap<Box<str>, u64>; 3],
+}
+
+impl NameKeys {
+    /// Names kept per kind of name.
+    pub const MAX: usize = 4096;
+
+    /// The key of `name` (a name of kind `map`), hashed by `hash` the first time.
+    fn key(&mut self, map: Name, name: &str, hash: fn(&str) -> u64) -> u64 {
+        let map = &mut self.maps[map as usize];
+        if let Some(&k) = map.get(name) {
+            return k;
+        }
+        if map.len() >= NameKeys::MAX {
+            map.clear();
+        }
+        let k = hash(name);
+        map.insert(name.into(), k);
+        k
     }
 }
 
@@ -253,5 +313,66 @@ pub(crate) fn use_grant_op(run: &mut RunState, grant: &Grant, op: u64) {
     if s.attempts.is_some_and(|a| a > 0) {
         // More attempts for the operation too, not only for the run.
         run.ops.remove(&op);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(tool: &str, operation: Option<&str>, remote_ref: Option<&str>) -> Decision {
+        Decision {
+            run: "r".into(),
+            kind: Some(Kind::Allow),
+            tool: Some(tool.into()),
+            operation: operation.map(Into::into),
+            args_digest: Some("ab".repeat(32)),
+            remote_ref: remote_ref.map(Into::into),
+            effect: Some(Effect::Read),
+            ..Decision::default()
+        }
+    }
+
+    fn same(a: &Keyed, b: &Keyed) {
+        assert_eq!((a.key, a.op, a.tool, a.refs), (b.key, b.op, b.tool, b.refs));
+        assert_eq!(a.call, b.call);
+    }
+
+    #[test]
+    fn named_keys_are_the_keys_hashed_per_record() {
+        let mut names = NameKeys::default();
+        let records = [
+            allow("http.get", Some("export.status:ea91"), Some("ea91")),
+            allow("http.get", Some("export.status:ea91"), None),
+            allow("http.get", None, Some("ea91")),
+            allow("http.post", Some("export.start"), None),
+            allow("http.get", Some("export.status:ea91"), Some("ea91")),
+        ];
+        // Twice over: the second time every name is known.
+        for d in records.iter().chain(&records) {
+            same(
+                &Keyed::from_record_named(d, &mut names),
+                &Keyed::from_record(d),
+            );
+        }
+    }
+
+    #[test]
+    fn named_keys_stay_bounded_and_right_past_the_bound() {
+        let mut names = NameKeys::default();
+        for i in 0..NameKeys::MAX + 10 {
+            let (tool, op) = (format!("t{i}"), format!("op{i}:r{i}"));
+            let d = allow(&tool, Some(&op), Some(&op));
+            same(
+                &Keyed::from_record_named(&d, &mut names),
+                &Keyed::from_record(&d),
+            );
+            assert!(names.maps.iter().all(|m| m.len() <= NameKeys::MAX));
+        }
+        let d = allow("t1", Some("op1:r1"), None);
+        same(
+            &Keyed::from_record_named(&d, &mut names),
+            &Keyed::from_record(&d),
+        );
     }
 }

@@ -63,7 +63,7 @@ pub mod tiers;
 pub mod upstreams;
 
 pub use apply::{apply, apply_keyed, breaker_outcome, count_unrecorded, ViewMut};
-pub use call::{Keyed, PROXY_REFUSALS};
+pub use call::{Keyed, NameKeys, PROXY_REFUSALS};
 pub use config::{Policy, Recorded};
 pub use decide::{decide, Call, Decided, Verdict, View};
 pub use error::{ApprovalError, PolicyError};

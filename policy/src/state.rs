@@ -424,26 +424,61 @@ pub fn ref_key(remote_ref: &str) -> u64 {
 /// few bytes however long agent-chosen names are (a collision is a 2^-64 event, and
 /// would only merge two counters of one run).
 fn h64(parts: &[&str]) -> u64 {
+    // Short names (nearly all) are laid out in one buffer and hashed in one call: the
+    // same bytes, so the same hash, without a streaming hasher's work per part.
+    let mut buf = [0u8; SHORT];
+    let mut len = 0;
+    for p in parts {
+        let Some(part) = buf.get_mut(len..len + p.len() + 1) else {
+            return h64_streamed(parts);
+        };
+        part[..p.len()].copy_from_slice(p.as_bytes());
+        len += p.len() + 1;
+    }
+    first_64(&blake3::hash(&buf[..len]))
+}
+
+/// Longest concatenation of parts [`h64`] hashes from one buffer.
+const SHORT: usize = 192;
+
+/// [`h64`] by the streaming hasher, for parts of any length.
+fn h64_streamed(parts: &[&str]) -> u64 {
     let mut h = blake3::Hasher::new();
     for p in parts {
         h.update(p.as_bytes());
         h.update(&[0]);
     }
+    first_64(&h.finalize())
+}
+
+/// The first 64 bits of a hash, big-endian.
+fn first_64(hash: &blake3::Hash) -> u64 {
     let mut out = [0u8; 8];
-    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    out.copy_from_slice(&hash.as_bytes()[..8]);
     u64::from_be_bytes(out)
 }
 
 /// The key identical calls share: tool and argument digest (else operation), as the
 /// first 64 bits of their BLAKE3 hash.
 pub fn call_key(tool: Option<&str>, operation: Option<&str>, args_digest: Option<&str>) -> u64 {
-    let mut h = blake3::Hasher::new();
-    h.update(tool.unwrap_or("").as_bytes());
-    h.update(&[0]);
-    h.update(args_digest.or(operation).unwrap_or("").as_bytes());
-    let mut out = [0u8; 8];
-    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
-    u64::from_be_bytes(out)
+    let (tool, named) = (tool.unwrap_or(""), args_digest.or(operation).unwrap_or(""));
+    // As `h64`: one buffer for short names (tool, NUL, name: no NUL after the name).
+    let mut buf = [0u8; SHORT];
+    let len = tool.len() + 1 + named.len();
+    match buf.get_mut(..len) {
+        Some(b) => {
+            b[..tool.len()].copy_from_slice(tool.as_bytes());
+            b[tool.len() + 1..].copy_from_slice(named.as_bytes());
+            first_64(&blake3::hash(b))
+        }
+        None => {
+            let mut h = blake3::Hasher::new();
+            h.update(tool.as_bytes());
+            h.update(&[0]);
+            h.update(named.as_bytes());
+            first_64(&h.finalize())
+        }
+    }
 }
 
 impl RunState {
@@ -609,4 +644,56 @@ pub fn standing(
         run.budget.deadline_ms,
     );
     out
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    /// The keys as the streaming hasher gave them before the one-buffer path.
+    fn streamed(parts: &[&[u8]]) -> u64 {
+        let mut h = blake3::Hasher::new();
+        for p in parts {
+            h.update(p);
+        }
+        first_64(&h.finalize())
+    }
+
+    #[test]
+    fn keys_are_the_streamed_hashes_at_every_length() {
+        // Around the one-buffer bound and far beyond it.
+        for n in [
+            0, 1, 7, 60, 63, 64, 65, 180, 185, 186, 187, 188, 190, 191, 192, 193, 400, 3000,
+        ] {
+            let name = "x".repeat(n);
+            assert_eq!(
+                tool_key(&name),
+                streamed(&[b"tool\0", name.as_bytes(), b"\0"]),
+                "{n}"
+            );
+            assert_eq!(
+                ref_key(&name),
+                streamed(&[b"ref\0", name.as_bytes(), b"\0"]),
+                "{n}"
+            );
+            assert_eq!(
+                op_key(Some("t"), None, Some(&name)),
+                streamed(&[b"call\0t\0", name.as_bytes(), b"\0"]),
+                "{n}"
+            );
+            assert_eq!(
+                call_key(Some(&name), Some("op"), None),
+                streamed(&[name.as_bytes(), b"\0op"]),
+                "{n}"
+            );
+            assert_eq!(
+                call_key(Some("http.get"), None, Some(&name)),
+                streamed(&[b"http.get\0", name.as_bytes()]),
+                "{n}"
+            );
+            assert_eq!(h64_streamed(&["tool", &name]), tool_key(&name), "{n}");
+        }
+        // No names at all.
+        assert_eq!(call_key(None, None, None), streamed(&[b"\0"]));
+    }
 }

@@ -27,17 +27,20 @@ pub(crate) fn parse(bytes: &[u8]) -> Option<Decision> {
 
 /// [`parse`] into `d`, which must be `Decision::default()`: a decision is about a
 /// kilobyte, and one read where it will stay (in a box) is not moved there. On `None`,
-/// `d` holds whatever was read before the deviation.
-pub(crate) fn parse_into(bytes: &[u8], d: &mut Decision) -> Option<()> {
+/// `d` holds whatever was read before the deviation. Gives the length in bytes of the
+/// longest string read (a member's value, a `limits` name), so the caller knows which
+/// bounds on texts cannot be exceeded.
+pub(crate) fn parse_into(bytes: &[u8], d: &mut Decision) -> Option<usize> {
     // Strings are copied out as they are; the whole text must be UTF-8.
     let text = std::str::from_utf8(bytes).ok()?;
     let mut r = Reader {
         text,
         at: 0,
         next: None,
+        longest: 0,
     };
     r.decision(d)?;
-    (r.at == bytes.len()).then_some(())
+    (r.at == bytes.len()).then_some(r.longest)
 }
 
 struct Reader<'a> {
@@ -46,6 +49,8 @@ struct Reader<'a> {
     /// The member name read at `at`, if `at` has been looked at: `key` is asked for each
     /// field in turn at one position, and the name there is read once, not per field.
     next: Option<(usize, Option<Member>)>,
+    /// The longest string read so far, in bytes (as decoded).
+    longest: usize,
 }
 
 /// A member's start as the reader saw it: `[,]"name":`.
@@ -155,6 +160,7 @@ impl<'a> Reader<'a> {
                 b'"' => {
                     out.push_str(&self.text[run..self.at]);
                     self.at += 1;
+                    self.longest = self.longest.max(out.len());
                     return Some(out);
                 }
                 b'\\' => {

@@ -25,8 +25,8 @@ impl Decision {
     /// reader that hands decisions on boxed, as the verifier does.
     pub fn from_stored_boxed(bytes: &[u8]) -> Result<Box<Decision>, DecisionError> {
         let mut d = Box::<Decision>::default();
-        if canonical::parse_into(bytes, &mut d).is_some() {
-            d.validate()?;
+        if let Some(longest) = canonical::parse_into(bytes, &mut d) {
+            d.validate_read(longest)?;
             return Ok(d);
         }
         Decision::from_stored_general(bytes).map(Box::new)

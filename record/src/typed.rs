@@ -77,9 +77,17 @@ impl Decision {
     /// (docs/FORMAT.md): required fields per kind, fields only on the kinds they belong
     /// to, bounded text, amounts in one unit, well-formed digests.
     pub fn typed(&self) -> Result<Record<'_>, DecisionError> {
+        self.typed_bounded(true)
+    }
+
+    /// [`Decision::typed`], the bounds on texts checked only if `bounded` (a caller that
+    /// knows no text exceeds the shortest bound skips them: they cannot fail).
+    fn typed_bounded(&self, bounded: bool) -> Result<Record<'_>, DecisionError> {
         let kind = self.kind.ok_or(DecisionError::Missing { field: "kind" })?;
         run(self, kind)?;
-        bounds(self)?;
+        if bounded {
+            bounds(self)?;
+        }
         fields::only(self, kind)?;
         Ok(match kind {
             Kind::Start => Record::Start(build::start(self)?),
@@ -101,7 +109,29 @@ impl Decision {
     pub fn validate(&self) -> Result<(), DecisionError> {
         self.typed().map(drop)
     }
+
+    /// [`Decision::validate`] for a decision read by the canonical reader, whose longest
+    /// text is `longest` bytes: when that is within the shortest bound on a text
+    /// (`args_preview`'s), no bound can be exceeded and they are not checked again. The
+    /// same result as `validate` either way.
+    pub(crate) fn validate_read(&self, longest: usize) -> Result<(), DecisionError> {
+        self.typed_bounded(longest > SHORTEST_BOUND).map(drop)
+    }
 }
+
+/// The shortest bound [`bounds`] puts on a text.
+const SHORTEST_BOUND: usize = {
+    let b = if MAX_PREVIEW_BYTES < MAX_TEXT_BYTES {
+        MAX_PREVIEW_BYTES
+    } else {
+        MAX_TEXT_BYTES
+    };
+    if b < MAX_POLICY_BYTES {
+        b
+    } else {
+        MAX_POLICY_BYTES
+    }
+};
 
 /// A policy or lease record belongs to no run; every other record to one.
 fn run(d: &Decision, kind: Kind) -> Result<(), DecisionError> {

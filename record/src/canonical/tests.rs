@@ -361,3 +361,50 @@ proptest! {
         }
     }
 }
+
+/// Texts around each bound: the boxed read (which skips the bounds when no text can
+/// exceed one) refuses and accepts exactly what the full validation does.
+#[test]
+fn boxed_reads_refuse_texts_beyond_their_bounds() {
+    use crate::decision::{MAX_POLICY_BYTES, MAX_PREVIEW_BYTES, MAX_TEXT_BYTES};
+    use crate::error::DecisionError;
+    let allow = |preview: usize, tool: usize| Decision {
+        run: "r".into(),
+        kind: Some(Kind::Allow),
+        tool: Some("t".repeat(tool)),
+        args_preview: Some("p".repeat(preview)),
+        effect: Some(Effect::Read),
+        attempt: Some(1),
+        ..Decision::default()
+    };
+    let policy = |len: usize| {
+        let text = "x".repeat(len);
+        Decision {
+            kind: Some(Kind::Policy),
+            policy: Some(crate::decision::policy_digest(&text)),
+            policy_text: Some(text),
+            ..Decision::default()
+        }
+    };
+    let p = MAX_PREVIEW_BYTES;
+    let cases = [
+        allow(p, 1),
+        allow(p + 1, 1),
+        allow(1, p + 1),
+        allow(1, MAX_TEXT_BYTES),
+        allow(1, MAX_TEXT_BYTES + 1),
+        policy(MAX_POLICY_BYTES),
+        policy(MAX_POLICY_BYTES + 1),
+    ];
+    let mut refused = 0;
+    for d in cases {
+        let bytes = serde_json::to_vec(&d).unwrap();
+        let boxed = Decision::from_stored_boxed(&bytes).map(|d| *d);
+        assert_eq!(boxed, Decision::from_stored(&bytes));
+        if let Err(e) = boxed {
+            assert!(matches!(e, DecisionError::TooLong { .. }), "{e}");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 3);
+}

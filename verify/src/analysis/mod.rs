@@ -117,6 +117,9 @@ pub struct Analysis {
     links: refill::Links,
     /// The leased slices and the decisions made on them.
     leases: leases::Leases,
+    /// The keys of the tools, operations and remote operations calls name, each hashed
+    /// once.
+    name_keys: tally_policy::NameKeys,
 }
 
 /// What one record is judged under, as the fold's steps share it.
@@ -190,6 +193,7 @@ impl Analysis {
             replay: ReplayReport::default(),
             links: refill::Links::default(),
             leases: leases::Leases::default(),
+            name_keys: tally_policy::NameKeys::default(),
         }
     }
 
@@ -313,7 +317,8 @@ impl Analysis {
         let mut verdicts = run::Verdicts::default();
         // The call an allow or deny describes, hashed once for the rules, replay and the
         // fold.
-        let keyed = matches!(kind, Kind::Allow | Kind::Deny).then(|| Keyed::from_record(d));
+        let keyed = matches!(kind, Kind::Allow | Kind::Deny)
+            .then(|| Keyed::from_record_named(d, &mut self.name_keys));
         if let Some(keyed) = &keyed {
             verdicts = self.verdicts(run, &j, keyed);
             self.replay_call(run, &j, keyed);
