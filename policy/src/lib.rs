@@ -45,6 +45,7 @@ pub mod inconsistency;
 pub mod judge;
 pub mod leased;
 pub mod limits;
+pub mod mcp_servers;
 pub mod overrun;
 pub mod price_age;
 pub mod price_import;
