@@ -3,14 +3,23 @@
 //! (`tlk_`, docs/KEYS.md) names the run of its task (`x-tally-task`) or its current run,
 //! started under the key's principal if it is new (then the session that started it
 //! stops it when it ends). Anything else is refused (401), nothing contacted.
+//!
+//! The session's checks and outcomes go through the agent socket's own handlers, on an
+//! in-process connection whose peer is the run's owner ([`dialer`]): the path
+//! `tally mcp`'s take, acting as the uid that holds the run.
 
 use std::sync::Arc;
 
+use axum::extract::Request;
 use axum::Router;
+use hyper::body::Incoming;
 use hyper::header::{HeaderMap, AUTHORIZATION};
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
 use tally_gate::{Caller, GateError, StartRequest};
 use tally_mcp::gateway::{Authorize, Authorized};
 use tally_proxy::keys::{self, KeyRefused};
+use tower::ServiceExt;
 
 use crate::app::App;
 use crate::limit::Peer;
@@ -40,7 +49,7 @@ pub(crate) fn authorize(app: Arc<App>, agent: Router) -> Authorize {
             };
             let owner = owner(&app, &run).await?;
             let peer = owner.map_or(Peer::Tcp, Peer::Uid);
-            let dialer = crate::mcp_gateway::dialer(agent, peer);
+            let dialer = dialer(agent, peer);
             Ok(Authorized {
                 run,
                 started,
@@ -135,4 +144,24 @@ async fn key_run(app: &App, headers: &HeaderMap, key: &str) -> Result<(String, b
         Err(GateError::RunExists(_)) => Ok((run, false)),
         Err(e) => Err(format!("the key's run {run} cannot start: {e}")),
     }
+}
+
+/// An in-process connection to the agent socket's handlers, served as `peer`.
+pub(crate) fn dialer(agent: Router, peer: Peer) -> tally_api::Dialer {
+    Arc::new(move || {
+        let agent = agent.clone();
+        Box::pin(async move {
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            let service = agent.map_request(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(peer);
+                request
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(theirs), TowerToHyperService::new(service))
+                    .await;
+            });
+            Ok(ours)
+        })
+    })
 }

@@ -1,28 +1,20 @@
 //! The MCP gateway `tally serve --mcp-listen ADDR` runs (tally-mcp's [`gateway`]): the
 //! policy's `[mcp.NAME]` servers, their credentials read here (a file or an environment
 //! variable the policy names; the value is never logged), and the credential of every
-//! request read ([`crate::mcp_auth`]). The gateway's checks and outcomes go through the
-//! agent socket's own handlers, on an in-process connection whose peer is the run's
-//! owner: the path `tally mcp`'s take, acting as the uid that holds the run.
+//! request read ([`crate::mcp_auth`]).
 
 use std::sync::Arc;
 
-use axum::extract::Request;
 use axum::Router;
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use tally_mcp::gateway::{self, GatewayOptions, Secret, Server, Target};
 use tally_policy::mcp_servers::McpServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tower::ServiceExt;
 use zeroize::Zeroizing;
 
 use crate::app::App;
 use crate::error::DaemonError;
-use crate::limit::Peer;
 use crate::options::ServeOptions;
 
 /// The gateway's task.
@@ -73,26 +65,6 @@ impl Gateway {
         let _ = self.stop.send(());
         let _ = self.task.await;
     }
-}
-
-/// An in-process connection to the agent socket's handlers, served as `peer`.
-pub(crate) fn dialer(agent: Router, peer: Peer) -> tally_api::Dialer {
-    Arc::new(move || {
-        let agent = agent.clone();
-        Box::pin(async move {
-            let (ours, theirs) = tokio::io::duplex(64 * 1024);
-            let service = agent.map_request(move |mut request: Request<Incoming>| {
-                request.extensions_mut().insert(peer);
-                request
-            });
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(theirs), TowerToHyperService::new(service))
-                    .await;
-            });
-            Ok(ours)
-        })
-    })
 }
 
 /// A server of the policy, its credential read.
