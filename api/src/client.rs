@@ -92,6 +92,12 @@ impl Client {
         Client::handshake(stream, "localhost").await
     }
 
+    /// Speak HTTP/1.1 to the daemon over a stream the caller opened (an in-process
+    /// connection the daemon serves itself, as its MCP gateway's).
+    pub async fn over(io: tokio::io::DuplexStream) -> Result<Client, ClientError> {
+        Client::handshake(io, "localhost").await
+    }
+
     async fn handshake<I>(io: I, host: &'static str) -> Result<Client, ClientError>
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,

@@ -159,7 +159,17 @@ pub struct GateClient {
     socket: PathBuf,
     client: Option<Client>,
     retry: Retry,
+    dialer: Option<Dialer>,
 }
+
+/// Opens an in-process connection to the daemon, which serves the other end itself:
+/// what a client inside the daemon (its MCP gateway) asks through in place of a socket.
+pub type Dialer = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = std::io::Result<tokio::io::DuplexStream>> + Send>,
+        > + Send
+        + Sync,
+>;
 
 impl GateClient {
     /// A client of the daemon on `socket`; nothing is connected yet.
@@ -168,6 +178,15 @@ impl GateClient {
             socket: socket.as_ref().to_path_buf(),
             client: None,
             retry: Retry::default(),
+            dialer: None,
+        }
+    }
+
+    /// A client that connects through `dialer`; `name` stands for the socket in errors.
+    pub fn dialed(name: impl AsRef<Path>, dialer: Dialer) -> GateClient {
+        GateClient {
+            dialer: Some(dialer),
+            ..GateClient::new(name)
         }
     }
 
@@ -199,6 +218,10 @@ impl GateClient {
     }
 
     async fn dial(&self) -> Result<Client, GateError> {
+        if let Some(dialer) = &self.dialer {
+            let io = dialer().await.map_err(|e| self.unreachable(e))?;
+            return Client::over(io).await.map_err(|e| self.unreachable(e));
+        }
         Client::unix(&self.socket)
             .await
             .map_err(|e| self.unreachable(e))

@@ -24,7 +24,7 @@ pub mod client;
 mod gate;
 pub mod wire;
 
-pub use gate::{run_path, Acted, Checked, GateClient, GateError, Retry, RunAction};
+pub use gate::{run_path, Acted, Checked, Dialer, GateClient, GateError, Retry, RunAction};
 pub use tally_wire::{
     Approval, ApprovalRequest, CheckAnswer, CheckRequest, Denial, Dimension, ErrorCode, LimitKey,
     ListedRun, Logged, OutcomeRequest, Reason, RequestState, RunState, SettleRequest, Standing,

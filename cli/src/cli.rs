@@ -527,6 +527,11 @@ pub struct ServeArgs {
     /// token as the API key (docs/PROXY.md).
     #[arg(long, value_name = "ADDR")]
     pub proxy_listen: Option<String>,
+    /// Run the MCP gateway for the policy's `[mcp.NAME]` servers on this loopback TCP
+    /// address (e.g. 127.0.0.1:7391): MCP clients connect to http://ADDR/mcp
+    /// (Streamable HTTP) with their run's token as a Bearer credential (docs/MCP.md).
+    #[arg(long, value_name = "ADDR")]
+    pub mcp_listen: Option<String>,
     /// Run the proxy on this Unix socket too (the agent socket's mode and group).
     #[arg(long, value_name = "PATH")]
     pub proxy_socket: Option<PathBuf>,

@@ -77,6 +77,7 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         options.observe.otlp_sample = sample(ratio)?;
     }
     options.proxy = proxy(&args.proxy_listen, &args.proxy_socket, &args.credential)?;
+    options.mcp_listen = args.mcp_listen.as_deref().map(mcp_listen).transpose()?;
     match (&mut options.proxy, args.proxy_max_connections_per_peer) {
         (_, Some(0)) => bail!("--proxy-max-connections-per-peer: must be at least 1"),
         (Some(p), Some(n)) => p.max_connections_per_peer = n,
@@ -90,6 +91,17 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         (_, None) => {}
     }
     Ok(options)
+}
+
+/// `--mcp-listen`: a loopback address.
+fn mcp_listen(text: &str) -> Result<std::net::SocketAddr> {
+    let addr: std::net::SocketAddr = text.parse().with_context(|| {
+        format!("--mcp-listen: `{text}` is not ADDR:PORT (e.g. 127.0.0.1:7391)")
+    })?;
+    if !addr.ip().is_loopback() {
+        bail!("--mcp-listen: {addr} is not loopback; the gateway acts for whoever holds a run token, so it listens on loopback only");
+    }
+    Ok(addr)
 }
 
 /// `--otlp-sample`: a ratio from 0 to 1, written as a decimal number.

@@ -60,6 +60,10 @@ pub enum DaemonError {
         /// The refused address.
         addr: std::net::SocketAddr,
     },
+    /// The MCP gateway cannot start: a server's credential cannot be read, or the run
+    /// token key cannot be opened.
+    #[error("MCP gateway: {0}")]
+    McpGateway(String),
     /// The witness pusher cannot start (a CA file, a witness name).
     #[error("witnesses: {0}")]
     Witness(String),

@@ -35,6 +35,8 @@ pub mod fuzzing;
 mod gate_api;
 mod keys_api;
 mod limit;
+mod mcp_auth;
+mod mcp_gateway;
 mod notify;
 mod observe;
 mod options;
@@ -286,12 +288,13 @@ fn app(
     options: &ServeOptions,
     observer: Arc<observe::Observer>,
 ) -> Result<Arc<api::App>, DaemonError> {
-    let token_key = match &options.proxy {
-        Some(_) => Some(Arc::new(
+    // The proxy and the MCP gateway both take run tokens: starts answer one if either runs.
+    let token_key = match options.proxy.is_some() || options.mcp_listen.is_some() {
+        true => Some(Arc::new(
             tally_proxy::TokenKey::open_or_create(ledger.dir())
                 .map_err(tally_proxy::ProxyError::from)?,
         )),
-        None => None,
+        false => None,
     };
     // The keys a proxied call may present in place of a run token (docs/KEYS.md).
     let keys = match &token_key {
@@ -418,6 +421,7 @@ async fn serve_inner(
     let tcp = server::bind_tcp(options.listen).await?;
     let metrics_tcp = server::bind_tcp(options.observe.metrics_listen).await?;
     let proxy_tcp = server::bind_tcp(options.proxy.as_ref().and_then(|p| p.listen)).await?;
+    let mcp_tcp = server::bind_tcp(options.mcp_listen).await?;
     let tracer = tracer(&options)?;
     let notify = notify::Notify::open(&options.notify, Arc::clone(&options.clock))
         .map_err(DaemonError::Notify)?;
@@ -442,6 +446,7 @@ async fn serve_inner(
     let view = tasks::View::start(&app, &options, metrics_tcp);
     let notifier = tasks::notifier(&app);
     let router = api::router(Arc::clone(&app), api::Role::Agent);
+    let mcp_gateway = mcp_gateway::Gateway::start(&app, &options, &router, mcp_tcp)?;
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
     let (graceful, mut connections) = server::accept_loop(
         &socket,
@@ -461,6 +466,9 @@ async fn serve_inner(
     }
     drop(tcp);
     proxies.stop().await;
+    if let Some(g) = mcp_gateway {
+        g.stop().await;
+    }
     if let Some(v) = view {
         v.stop().await;
     }
@@ -512,6 +520,12 @@ fn started_line(options: &ServeOptions, ledger: &Ledger, metrics_at: Option<Sock
             "; proxy on {} for {} upstream(s)",
             at.join(" and "),
             options.policy.policy.upstreams.len()
+        ));
+    }
+    if let Some(at) = options.mcp_listen {
+        tcp.push_str(&format!(
+            "; MCP gateway on http://{at}/mcp for {} server(s)",
+            options.policy.policy.mcp.len()
         ));
     }
     if let Some(at) = metrics_at {

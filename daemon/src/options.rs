@@ -53,6 +53,10 @@ pub struct ServeOptions {
     /// The HTTP/model proxy for the policy's upstreams (docs/PROXY.md); `None` (the
     /// default): no proxy, and starts answer no run token.
     pub proxy: Option<ProxyServe>,
+    /// The MCP gateway's loopback TCP address (`--mcp-listen`): MCP's Streamable HTTP
+    /// transport in front of the policy's `[mcp.NAME]` servers (docs/MCP.md, "The HTTP
+    /// gateway"); `None` (the default): no gateway.
+    pub mcp_listen: Option<SocketAddr>,
     /// Where approval requests, their answers and their expiry are POSTed
     /// (docs/APPROVALS.md, "Notifications").
     pub notify: crate::NotifyOptions,
@@ -187,6 +191,7 @@ impl ServeOptions {
             witness: WitnessOptions::default(),
             observe: ObserveOptions::default(),
             proxy: None,
+            mcp_listen: None,
             notify: crate::NotifyOptions::default(),
         }
     }

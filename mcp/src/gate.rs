@@ -48,6 +48,9 @@ struct Worker {
     started: bool,
     /// Whether this proxy started the run (then it stops it at the end).
     owned: bool,
+    /// Join the run only (the HTTP gateway's run token names an open run): never start
+    /// or continue one.
+    join_only: bool,
     gate: GateClient,
 }
 
@@ -70,14 +73,26 @@ fn chained(base: &str, n: u64) -> String {
 impl Gate {
     /// Start the worker; it starts (or joins) the run before the first check.
     pub fn spawn(socket: PathBuf, start: StartRequest) -> Gate {
+        Gate::spawn_worker(GateClient::new(&socket), start, false, false)
+    }
+
+    /// Start a worker over `gate` that only joins the run `start` names, if it is open:
+    /// every check is refused (`run_stopped`, `run_not_found`) otherwise. It stops the
+    /// run at [`Gate::stop`] only if `owned` (its caller started it).
+    pub fn join(gate: GateClient, start: StartRequest, owned: bool) -> Gate {
+        Gate::spawn_worker(gate, start, true, owned)
+    }
+
+    fn spawn_worker(gate: GateClient, start: StartRequest, join_only: bool, owned: bool) -> Gate {
         let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
         let mut worker = Worker {
-            gate: GateClient::new(&socket),
-            socket,
+            socket: gate.socket().to_path_buf(),
+            gate,
             run: start.run.clone(),
             start,
             started: false,
-            owned: false,
+            owned,
+            join_only,
         };
         tokio::spawn(async move {
             // Start the run at once, so the ledger shows it even before any call.
@@ -159,11 +174,40 @@ impl Worker {
         }
     }
 
+    fn refused(&self, code: ErrorCode, message: String) -> GateFailure {
+        GateFailure::Refused {
+            status: 409,
+            code,
+            message,
+            field: None,
+            retry_after_ms: None,
+        }
+    }
+
     async fn ensure_started(&mut self) -> Result<(), GateFailure> {
         if self.started {
             return Ok(());
         }
         let base = self.start.run.clone();
+        if self.join_only {
+            return match self.standing(&base).await? {
+                Standing::Open => {
+                    self.started = true;
+                    Ok(())
+                }
+                Standing::Missing => Err(self.refused(
+                    ErrorCode::RunNotFound,
+                    format!("run {base} is not known to the gate"),
+                )),
+                Standing::Stopped(reason) => Err(self.refused(
+                    ErrorCode::RunStopped,
+                    format!(
+                        "run {base} has stopped ({}): a new task is a new run, with its own token",
+                        reason.map_or("stopped", Reason::as_str)
+                    ),
+                )),
+            };
+        }
         if self.start_run(&base, None).await? {
             self.run = base;
             self.owned = true;

@@ -18,10 +18,12 @@
 //! (`rmcp`) codecs, and rmcp's typed model for the answers the proxy reads.
 #![forbid(unsafe_code)]
 
+pub mod call;
 pub mod classify;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
+pub mod gateway;
 mod lines;
 pub mod map;
 mod proxy;
@@ -82,6 +84,13 @@ pub struct Options {
 }
 
 impl Options {
+    fn asker(&self) -> call::Asker {
+        call::Asker {
+            worker: self.worker.clone(),
+            credential: self.credential.clone(),
+        }
+    }
+
     fn start_request(&self) -> StartRequest {
         StartRequest {
             run: self.run.clone(),

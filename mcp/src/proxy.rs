@@ -22,8 +22,7 @@ use rmcp::model::{InitializeResult, ListToolsResult};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tally_record::{Action, Effect, Reason, Status};
-use tally_wire::Verdict;
-use tally_wire::{CheckRequest, OutcomeRequest};
+use tally_wire::OutcomeRequest;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::oneshot;
@@ -40,8 +39,6 @@ mod server;
 use gated::{call, outcome};
 use server::from_server;
 
-/// A call the gate gave no `timeout_ms` ends after this.
-const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the proxy waits for its own `tools/list`.
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 /// After the client hangs up, how long the server has to exit before it is killed.
@@ -218,20 +215,14 @@ async fn end_session(shared: &Shared, gate: &Gate, ended: &str) {
             .outcome(outcome(&shared.options, p.attempt, Status::Unknown));
     }
     let last_refusal = shared.state().last_refusal;
-    let reason = match last_refusal {
-        _ if unknown_write => Some(Reason::OutcomeUnknownNonIdempotent),
-        // The run cannot go on: the stop says why, not that the task was completed.
-        Some((reason, Action::Stop)) => Some(reason),
+    let reason = crate::call::end_reason(unknown_write, last_refusal);
+    if let (None, Some((reason, _))) = (reason, last_refusal) {
         // A human may grant more: the run stays open for the approval, and for the next
         // session under this --run, which joins it.
-        Some((reason, Action::Ask)) => {
-            log(&format!(
-                "{ended}: the run is left open: the gate's last answer ({reason}) waits for a human's decision"
-            ));
-            None
-        }
-        _ => Some(Reason::Completed),
-    };
+        log(&format!(
+            "{ended}: the run is left open: the gate's last answer ({reason}) waits for a human's decision"
+        ));
+    }
     if let Some(reason) = reason {
         match gate.stop(reason).await {
             Some(Ok(run)) => log(&format!("{ended}: run {run} stopped ({reason})")),

@@ -63,6 +63,10 @@ pub struct Policy {
     /// none (no warning). Prices are still enforced as written: this only warns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_price_age_days: Option<u64>,
+    /// The MCP servers `tally serve --mcp-listen` serves through its gateway, by name
+    /// (docs/MCP.md, "The HTTP gateway"). Default: none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub mcp: BTreeMap<String, crate::mcp_servers::McpServer>,
 }
 
 /// Attempts per logical operation, by effect class (defaults after RFC 9110 §9.2.2).
@@ -354,6 +358,7 @@ impl Policy {
         self.check_approvers()?;
         self.check_periods()?;
         self.check_upstreams()?;
+        crate::mcp_servers::check(&self.mcp)?;
         if self.max_price_age_days == Some(0) {
             return Err((
                 "max_price_age_days".into(),

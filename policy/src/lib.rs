@@ -46,6 +46,7 @@ pub mod judge;
 pub mod key_day;
 pub mod leased;
 pub mod limits;
+pub mod mcp_servers;
 pub mod overrun;
 pub mod price_age;
 pub mod price_import;

@@ -155,7 +155,8 @@ fn lower_hex(text: &str, bytes: usize) -> bool {
 
 /// The credentials of an `Authorization` field value: `Bearer` (any case, RFC 9110
 /// 11.1), one or more spaces, then the token as it was sent; any other scheme: `None`.
-pub(crate) fn bearer(value: &str) -> Option<&str> {
+/// The token of an `Authorization: Bearer TOKEN` value (the scheme in any case).
+pub fn bearer(value: &str) -> Option<&str> {
     let (scheme, rest) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")

@@ -128,6 +128,11 @@ const PLANS: &[(&str, &str, Plan)] = &[
         Plan::Not("a synopsis with placeholders (DIR, RUN, SERVER_COMMAND)"),
     ),
     (
+        "docs/MCP.md",
+        "tally serve --ledger ./ledger --socket ./agent.sock --policy policy.toml",
+        Plan::Not("`tally serve` in the foreground, in front of servers the policy names (files_server.py, a remote URL); the gateway's tests run it (mcp/tests/proxy/gateway.rs)"),
+    ),
+    (
         "docs/PROXY.md",
         "install -m 0600 /dev/stdin /etc/tally/openai.key",
         Plan::Not("needs real upstream keys and writes /etc"),

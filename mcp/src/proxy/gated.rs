@@ -3,23 +3,10 @@
 
 use super::server::learn_tools;
 use super::*;
-use tally_api::{CheckAnswer, ErrorCode};
+use crate::call::{Gated, Last};
 
 pub(super) fn outcome(options: &Options, attempt: u64, status: Status) -> OutcomeRequest {
-    OutcomeRequest {
-        run: options.run.clone(),
-        attempt,
-        status,
-        settled_cents: None,
-        settled_nanos: None,
-        remote_ref: None,
-        observed: None,
-        retry_after_ms: None,
-        result_digest: None,
-        worker: options.worker.clone(),
-        usage_refused: None,
-        usage: None,
-    }
+    crate::call::outcome(&options.run, &options.asker(), attempt, status)
 }
 
 /// A `tools/call`: asked of the gate first; forwarded, as the bytes classified, only on
@@ -28,10 +15,10 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
     let id_value = id.to_value();
     let server = shared.state().server_name.clone();
     let Some(server) = server else {
-        return not_made(shared, &id_value, None, "tally mcp has not seen the server's initialize answer, so it cannot name the tool for the gate: the call was not made. Initialize the session first (or start tally mcp with --server-name).".into());
+        return not_made(shared, &id_value, "tally mcp has not seen the server's initialize answer, so it cannot name the tool for the gate: the call was not made. Initialize the session first (or start tally mcp with --server-name).".into());
     };
     let tool = format!("{server}/{}", c.name);
-    let args = match tally_record::decision::Args::from_value(&Value::Object(c.arguments)) {
+    let args = match crate::call::args(&c.arguments) {
         Ok(a) => a,
         Err(e) => {
             return shared.to_client.send(reply::error(
@@ -43,74 +30,32 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         }
     };
     let effect = effect(shared, &c.name, &tool).await;
-    let request = check_request(shared, tool.clone(), args, effect);
-    let answer = shared.gate.check(request, c.trace).await;
-    if let Ok(a) = &answer {
-        let mut state = shared.state();
-        match (a.decision, a.reason, a.action) {
-            (Verdict::Allow, _, _) => state.last_refusal = None,
-            (_, Some(reason), Some(action)) => state.last_refusal = Some((reason, action)),
-            _ => {}
-        }
-    }
-    match answer {
-        Ok(answer) if answer.decision == Verdict::Allow => {
-            forward(shared, &id, &id_value, &answer, tool, effect, line)
-        }
-        Ok(answer) => {
-            let text = reply::refusal_text(&tool, &answer);
-            not_made(shared, &id_value, Some(&answer), text);
-        }
-        Err(GateFailure::Refused {
-            code: ErrorCode::RunStopped,
-            message,
-            ..
-        }) => {
-            let text = format!(
-                "tally did not make this call to {tool}: {message}. Action: ask: a human must decide how this task goes on; say so and wait."
-            );
-            not_made(shared, &id_value, None, text);
-        }
-        Err(failure) => {
-            let text = format!(
-                "tally could not check this call to {tool} with its gate, so the call was not made (fail closed): {failure}. Action: retry later; if it keeps failing, a human must check that `tally serve` runs on that socket{}.",
-                match failure.code() {
-                    Some(ErrorCode::RunNotFound | ErrorCode::NotOwner) => " and that the run is this user's",
-                    _ => "",
-                }
-            );
-            not_made(shared, &id_value, None, text);
-        }
-    }
-}
-
-/// The gate's question for a call: the server's tool, its arguments' digest and its
-/// effect, under the session's run.
-fn check_request(
-    shared: &Shared,
-    tool: String,
-    args: tally_record::decision::Args,
-    effect: tally_record::decision::Effect,
-) -> CheckRequest {
-    CheckRequest {
-        run: shared.options.run.clone(),
-        worker: shared.options.worker.clone(),
-        tool,
-        operation: None,
-        args: Some(args),
-        args_preview: None,
+    let request = crate::call::check_request(
+        &shared.options.run,
+        &shared.options.asker(),
+        tool.clone(),
+        args,
         effect,
-        idempotency_key: None,
-        target: None,
-        channel: Some(tally_record::decision::Channel::Tool),
-        depth: None,
-        reserve_cents: None,
-        reserve_nanos: None,
-        remote_ref: None,
-        credential: shared.options.credential.clone(),
-        timeout_ms: None,
-        trace_id: None,
-        refused: None,
+    );
+    let (gated, last) = crate::call::ask(&shared.gate, request, c.trace, &tool).await;
+    match last {
+        Last::Cleared => shared.state().last_refusal = None,
+        Last::Refused(reason, action) => shared.state().last_refusal = Some((reason, action)),
+        Last::Unchanged => {}
+    }
+    match gated {
+        Gated::Allowed { attempt, timeout } => forward(
+            shared,
+            &id,
+            &id_value,
+            (attempt, timeout),
+            tool,
+            effect,
+            line,
+        ),
+        Gated::NotMade(result) => shared
+            .to_client
+            .send(json!({"jsonrpc": "2.0", "id": id_value, "result": result}).to_string()),
     }
 }
 
@@ -120,18 +65,11 @@ fn forward(
     shared: &Shared,
     id: &Id,
     id_value: &Value,
-    answer: &CheckAnswer,
+    (attempt, timeout): (u64, Duration),
     tool: String,
     effect: tally_record::decision::Effect,
     line: String,
 ) {
-    let Some(attempt) = answer.attempt else {
-        return not_made(shared, id_value, Some(answer), "tally's gate allowed the call without an attempt number to record its outcome under: the call was not made.".into());
-    };
-    let timeout = answer
-        .timeout_ms
-        .map(Duration::from_millis)
-        .unwrap_or(DEFAULT_CALL_TIMEOUT);
     let timer = tokio::spawn(expire(shared.clone(), id_value.clone(), timeout)).abort_handle();
     let k = id.key();
     let mut state = shared.state();
@@ -150,13 +88,8 @@ fn forward(
     shared.to_server.send(line);
 }
 
-pub(super) fn not_made(
-    shared: &Shared,
-    id: &Value,
-    answer: Option<&tally_wire::CheckAnswer>,
-    text: String,
-) {
-    shared.to_client.send(reply::not_made(id, answer, text));
+pub(super) fn not_made(shared: &Shared, id: &Value, text: String) {
+    shared.to_client.send(reply::not_made(id, None, text));
 }
 
 /// No answer in time: the outcome is `timeout`, the server is told to cancel, and the
@@ -188,7 +121,7 @@ pub(super) async fn expire(shared: Shared, id: Value, after: Duration) {
             p.tool,
             tally_record::words::duration(after.as_millis() as u64)
         );
-        not_made(&shared, &id, None, text);
+        not_made(&shared, &id, text);
     }
 }
 

@@ -2,7 +2,6 @@
 //! and `tools/list` answers teach the server's name and the tools' annotations; everything is
 //! forwarded as it came.
 
-use super::gated::outcome;
 use super::*;
 
 /// One message from the server, on its way to the client. The server is the operator's
@@ -28,19 +27,13 @@ pub(super) fn from_server(shared: &Shared, message: &RawValue) {
                     if let Some(p) = state.pending.remove(&k) {
                         drop(state);
                         p.timer.abort();
-                        let failed = env.get("error").is_some()
-                            || env["result"]
-                                .get("isError")
-                                .and_then(Value::as_bool)
-                                .unwrap_or(false);
-                        let status = if failed { Status::Error } else { Status::Ok };
-                        let mut o = outcome(&shared.options, p.attempt, status);
-                        // A digest of what the tool returned (never the result): the same
-                        // call with a changed result is progress, not a loop.
-                        o.result_digest = env
-                            .get("result")
-                            .or_else(|| env.get("error"))
-                            .map(tally_record::decision::args_digest);
+                        let o = crate::call::answered(
+                            &shared.options.run,
+                            &shared.options.asker(),
+                            p.attempt,
+                            env.get("result"),
+                            env.get("error"),
+                        );
                         shared.gate.outcome(o);
                     }
                 }

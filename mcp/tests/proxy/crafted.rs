@@ -7,24 +7,24 @@
 use super::*;
 
 /// A tool that leaves a mark when it runs, and the argument that carries the mark.
-struct Target {
-    tool: &'static str,
-    arg: &'static str,
+pub(super) struct Target {
+    pub(super) tool: &'static str,
+    pub(super) arg: &'static str,
 }
 
 /// One crafted line, and the error the client must get (`None`: no answer at all, as it
 /// has no id the proxy can answer).
-struct Variant {
-    name: &'static str,
-    line: Vec<u8>,
-    answer: Option<(u64, i64)>,
+pub(super) struct Variant {
+    pub(super) name: &'static str,
+    pub(super) line: Vec<u8>,
+    pub(super) answer: Option<(u64, i64)>,
 }
 
-fn mark(name: &str) -> String {
+pub(super) fn mark(name: &str) -> String {
     format!("mark-{name}")
 }
 
-fn variants(t: &Target) -> Vec<Variant> {
+pub(super) fn variants(t: &Target) -> Vec<Variant> {
     let params = |name: &str| json!({"name": t.tool, "arguments": {t.arg: mark(name)}}).to_string();
     let harmless = json!({"name": "nonesuch", "arguments": {}}).to_string();
     let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
@@ -231,7 +231,7 @@ fn variants(t: &Target) -> Vec<Variant> {
 
 /// Calls that must pass, through the gate: plain, method names escaped in JSON (the same
 /// string once read), and an argument with a raw U+2028 (forwarded escaped).
-fn passing(t: &Target) -> Vec<(u64, String)> {
+pub(super) fn passing(t: &Target) -> Vec<(u64, String)> {
     let args = |m: &str| json!({t.arg: m}).to_string();
     vec![
         (

@@ -102,4 +102,13 @@ def review(path: str) -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    import sys
+
+    # `server.py --http PORT`: the same server on Streamable HTTP (http://127.0.0.1:PORT/mcp),
+    # for the HTTP gateway's tests; else on stdio.
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        server.settings.host = "127.0.0.1"
+        server.settings.port = int(sys.argv[2])
+        server.run("streamable-http")
+    else:
+        server.run("stdio")

@@ -35,6 +35,7 @@ impl Default for Policy {
             upstreams: BTreeMap::new(),
             prices: crate::upstreams::Prices::default(),
             max_price_age_days: None,
+            mcp: BTreeMap::new(),
         }
     }
 }

@@ -1,0 +1,112 @@
+//! The MCP gateway `tally serve --mcp-listen ADDR` runs (tally-mcp's [`gateway`]): the
+//! policy's `[mcp.NAME]` servers, their credentials read here (a file or an environment
+//! variable the policy names; the value is never logged), and the credential of every
+//! request read ([`crate::mcp_auth`]).
+
+use std::sync::Arc;
+
+use axum::Router;
+use tally_mcp::gateway::{self, GatewayOptions, Secret, Server, Target};
+use tally_policy::mcp_servers::McpServer;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use zeroize::Zeroizing;
+
+use crate::app::App;
+use crate::error::DaemonError;
+use crate::options::ServeOptions;
+
+/// The gateway's task.
+pub(crate) struct Gateway {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl Gateway {
+    /// Start the gateway on `listener` (bound from `--mcp-listen`), if there is one;
+    /// `agent` is the agent socket's router, which its checks go through.
+    pub(crate) fn start(
+        app: &Arc<App>,
+        options: &ServeOptions,
+        agent: &Router,
+        listener: Option<TcpListener>,
+    ) -> Result<Option<Gateway>, DaemonError> {
+        let Some(listener) = listener else {
+            return Ok(None);
+        };
+        let servers = options
+            .policy
+            .policy
+            .mcp
+            .iter()
+            .map(|(name, s)| server(name, s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let gateway_options = GatewayOptions {
+            servers,
+            authorize: crate::mcp_auth::authorize(Arc::clone(app), agent.clone()),
+            idle: gateway::DEFAULT_IDLE,
+            worker: Some("tally-mcp-gateway".to_owned()),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            if let Err(e) = gateway::serve(listener, gateway_options, shutdown).await {
+                crate::log(&format!("tally serve: the MCP gateway stopped: {e}"));
+            }
+        });
+        Ok(Some(Gateway { stop, task }))
+    }
+
+    /// Stop accepting, and end the gateway's sessions.
+    pub(crate) async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// A server of the policy, its credential read.
+fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
+    let target = match &s.url {
+        None => Target::Command(s.command.clone()),
+        Some(url) => Target::Url {
+            url: url.clone(),
+            credential: credential(name, s)?,
+        },
+    };
+    Ok(Server {
+        name: name.to_owned(),
+        target,
+    })
+}
+
+/// The header and value a `url` server's credential gives, if it has one.
+fn credential(name: &str, s: &McpServer) -> Result<Option<(String, Secret)>, DaemonError> {
+    let bad = |why: String| DaemonError::McpGateway(format!("[mcp.{name}]: {why}"));
+    let value = match (&s.credential_file, &s.credential_env) {
+        (Some(file), _) => {
+            let text = Zeroizing::new(
+                std::fs::read_to_string(file)
+                    .map_err(|e| bad(format!("credential_file {file}: {e}")))?,
+            );
+            Zeroizing::new(text.trim_end_matches(['\r', '\n']).to_owned())
+        }
+        (None, Some(var)) => Zeroizing::new(
+            std::env::var(var)
+                .map_err(|_| bad(format!("credential_env {var} is not set (or not UTF-8)")))?,
+        ),
+        (None, None) => return Ok(None),
+    };
+    if value.is_empty() || hyper::header::HeaderValue::from_str(&value).is_err() {
+        return Err(bad(
+            "the credential is empty or not a header value (one line of visible characters)".into(),
+        ));
+    }
+    let header = s
+        .header
+        .clone()
+        .unwrap_or_else(|| "Authorization".to_owned());
+    Ok(Some((header, Secret(value))))
+}

@@ -1,0 +1,315 @@
+//! One MCP server role per gateway session (rmcp makes one per `Mcp-Session-Id`):
+//! `tools/list` merges every server's tools as `NAME__tool`; a `tools/call` is the call
+//! the front classified, checked on the one gate path ([`crate::call`]) in the run the
+//! session's token names, then made on its server and its outcome recorded.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::Value;
+use tally_record::Status;
+use tally_wire::StartRequest;
+
+use super::servers::{Backend, Called};
+use super::SEPARATOR;
+use crate::call::{self, Asker, Gated, Last};
+use crate::classify::Call;
+use crate::gate::Gate;
+
+/// What the gateway's sessions share.
+pub(super) struct Shared {
+    pub(super) backends: Vec<Backend>,
+    pub(super) asker: Asker,
+}
+
+/// Whom a request acts for, as the front read it from the credential.
+#[derive(Clone, Debug)]
+pub(super) struct RunOf(pub(super) super::Authorized);
+
+/// The call the front classified, for the gate: exactly what the classifier read.
+#[derive(Clone, Debug)]
+pub(super) struct Classified(pub(super) Call);
+
+/// One session.
+pub(super) struct Session {
+    shared: Arc<Shared>,
+    /// The session's run and its gate worker, bound at its first request: joined, and
+    /// stopped at the session's end only if reading its credential started the run.
+    gate: OnceLock<(String, Gate)>,
+    /// The gate's last refusal in this session (an allow clears it) and whether a
+    /// non-idempotent write's outcome is unknown: how a run it started ends.
+    ending: Arc<Mutex<Ending>>,
+}
+
+#[derive(Default)]
+struct Ending {
+    last_refusal: Option<(tally_record::Reason, tally_record::Action)>,
+    unknown_write: bool,
+}
+
+impl Session {
+    pub(super) fn new(shared: Arc<Shared>) -> Session {
+        Session {
+            shared,
+            gate: OnceLock::new(),
+            ending: Arc::default(),
+        }
+    }
+
+    fn ending(&self) -> std::sync::MutexGuard<'_, Ending> {
+        self.ending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The request's HTTP parts, as rmcp hands them over.
+    fn parts(context: &RequestContext<RoleServer>) -> Option<&hyper::http::request::Parts> {
+        context.extensions.get::<hyper::http::request::Parts>()
+    }
+
+    /// The session's run and gate: bound on its first request, the same after.
+    fn gate(&self, context: &RequestContext<RoleServer>) -> Result<&(String, Gate), ErrorData> {
+        let run = Self::parts(context)
+            .and_then(|p| p.extensions.get::<RunOf>())
+            .ok_or_else(|| internal("the request carries no run"))?;
+        let bound = self.gate.get_or_init(|| {
+            let start = StartRequest {
+                run: run.0.run.clone(),
+                worker: self.shared.asker.worker.clone(),
+                ..StartRequest::default()
+            };
+            let gate = Gate::join((run.0.gate)(), start, run.0.started);
+            (run.0.run.clone(), gate)
+        });
+        if bound.0 != run.0.run {
+            return Err(ErrorData::new(
+                ErrorCode::INVALID_REQUEST,
+                "this session acts in another run: a credential drives only its own sessions",
+                None,
+            ));
+        }
+        Ok(bound)
+    }
+
+    fn backend(&self, name: &str) -> Option<&Backend> {
+        self.shared.backends.iter().find(|b| b.name == name)
+    }
+}
+
+fn internal(why: &str) -> ErrorData {
+    ErrorData::new(
+        ErrorCode::INTERNAL_ERROR,
+        format!("tally's MCP gateway: {why}; the call was not made"),
+        None,
+    )
+}
+
+fn invalid(why: String) -> ErrorData {
+    ErrorData::new(ErrorCode::INVALID_PARAMS, why, None)
+}
+
+impl ServerHandler for Session {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
+            Implementation::new("tally-mcp-gateway", env!("CARGO_PKG_VERSION")),
+        )
+    }
+
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::InitializeResult, ErrorData> {
+        // The session is bound to its credential's run from its first message.
+        self.gate(&context)?;
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.gate(&context)?;
+        let mut tools = Vec::new();
+        for b in &self.shared.backends {
+            match b.tools().await {
+                Ok(t) => tools.extend(t),
+                Err(e) => crate::log(&format!(
+                    "gateway: server {} did not list its tools, left out of this list: {e}",
+                    b.name
+                )),
+            }
+        }
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        _request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let (run, gate) = self.gate(&context)?;
+        // The call exactly as the classifier read it; rmcp's typed copy is not used.
+        let Some(Classified(c)) = Self::parts(&context)
+            .and_then(|p| p.extensions.get::<Classified>())
+            .cloned()
+        else {
+            return Err(internal("the call was not classified"));
+        };
+        let Some((server, tool)) = c.name.split_once(SEPARATOR) else {
+            return Err(invalid(format!(
+                "unknown tool `{}`: the gateway's tools are named SERVER{SEPARATOR}tool",
+                c.name
+            )));
+        };
+        let Some(backend) = self.backend(server) else {
+            return Err(invalid(format!(
+                "unknown tool `{}`: no server `{server}` behind this gateway",
+                c.name
+            )));
+        };
+        let args = call::args(&c.arguments).map_err(|e| {
+            invalid(format!(
+                "the call's arguments cannot be digested ({e}); the call was not made"
+            ))
+        })?;
+        let effect = backend.effect(tool).await;
+        let full = format!("{server}/{tool}");
+        let request = call::check_request(run, &self.shared.asker, full.clone(), args, effect);
+        let (gated, last) = call::ask(gate, request, c.trace.clone(), &full).await;
+        match last {
+            Last::Cleared => self.ending().last_refusal = None,
+            Last::Refused(reason, action) => self.ending().last_refusal = Some((reason, action)),
+            Last::Unchanged => {}
+        }
+        let (attempt, timeout) = match gated {
+            Gated::NotMade(result) => return tool_result(result),
+            Gated::Allowed { attempt, timeout } => (attempt, timeout),
+        };
+        let allowed = Allowed {
+            run: run.clone(),
+            gate: gate.clone(),
+            server: server.to_owned(),
+            tool: tool.to_owned(),
+            attempt,
+            timeout,
+            effect,
+        };
+        let called = allowed.make(&self.shared, &self.ending, c.arguments).await;
+        answer(called, &full, server, timeout)
+    }
+}
+
+/// A call the gate allowed.
+struct Allowed {
+    run: String,
+    gate: Gate,
+    server: String,
+    tool: String,
+    attempt: u64,
+    timeout: std::time::Duration,
+    effect: tally_record::Effect,
+}
+
+impl Allowed {
+    /// Make the call on its server and record its outcome, in a task of its own: a
+    /// session closed mid-call still records how the call ended.
+    async fn make(
+        self,
+        shared: &Arc<Shared>,
+        ending: &Arc<Mutex<Ending>>,
+        arguments: serde_json::Map<String, Value>,
+    ) -> Option<Called> {
+        let (shared, ending) = (Arc::clone(shared), Arc::clone(ending));
+        let made = tokio::spawn(async move {
+            let backend = shared.backends.iter().find(|b| b.name == self.server)?;
+            let called = backend.call(&self.tool, arguments, self.timeout).await;
+            let (run, asker, attempt) = (&self.run, &shared.asker, self.attempt);
+            let outcome = match &called {
+                Called::Result(r) => {
+                    let value = serde_json::to_value(r).unwrap_or(Value::Null);
+                    call::answered(run, asker, attempt, Some(&value), None)
+                }
+                Called::Error(e) => {
+                    let value = serde_json::to_value(e).unwrap_or(Value::Null);
+                    call::answered(run, asker, attempt, None, Some(&value))
+                }
+                Called::Timeout => call::outcome(run, asker, attempt, Status::Timeout),
+                Called::Lost(_) => {
+                    if self.effect == tally_record::Effect::NonIdempotentWrite {
+                        let mut e = ending.lock().unwrap_or_else(|p| p.into_inner());
+                        e.unknown_write = true;
+                    }
+                    call::outcome(run, asker, attempt, Status::Unknown)
+                }
+            };
+            self.gate.outcome(outcome);
+            Some(called)
+        });
+        made.await.ok().flatten()
+    }
+}
+
+/// What the client gets for a call that was made.
+fn answer(
+    called: Option<Called>,
+    full: &str,
+    server: &str,
+    timeout: std::time::Duration,
+) -> Result<CallToolResponse, ErrorData> {
+    match called {
+        Some(Called::Result(r)) => Ok(r.into()),
+        Some(Called::Error(e)) => Err(e),
+        Some(Called::Timeout) => tool_result(crate::reply::tool_error(
+            format!("tally: {full} did not answer within {}, the time the gate allowed this call; its outcome is recorded as timeout. The tool may or may not have acted: check before calling it again.",
+                tally_record::words::duration(timeout.as_millis() as u64)),
+            None,
+        )),
+        Some(Called::Lost(why)) => tool_result(crate::reply::tool_error(
+            format!("tally: the connection to {server} failed during this call ({why}); its outcome is recorded as unknown. The tool may or may not have acted: check before calling it again."),
+            None,
+        )),
+        None => Err(internal("the call's task ended")),
+    }
+}
+
+fn tool_result(result: Value) -> Result<CallToolResponse, ErrorData> {
+    serde_json::from_value::<CallToolResult>(result)
+        .map(Into::into)
+        .map_err(|e| internal(&format!("a tool result could not be written: {e}")))
+}
+
+impl Drop for Session {
+    /// The session ended (DELETE, or the idle bound): a run reading its credential
+    /// started is stopped, as `tally mcp` stops its run at the end of a session, after
+    /// the outcomes already queued.
+    fn drop(&mut self) {
+        let Some((run, gate)) = self.gate.take() else {
+            return;
+        };
+        let ending = self.ending();
+        let Some(reason) = call::end_reason(ending.unknown_write, ending.last_refusal) else {
+            return;
+        };
+        drop(ending);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            match gate.stop(reason).await {
+                Some(Ok(_)) => crate::log(&format!(
+                    "gateway: a session ended: run {run} stopped ({reason})"
+                )),
+                Some(Err(e)) => crate::log(&format!(
+                    "gateway: a session ended: run {run} could not be stopped: {e}"
+                )),
+                None => {}
+            }
+        });
+    }
+}
