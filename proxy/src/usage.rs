@@ -50,6 +50,10 @@ pub struct Usage {
     pub output: u64,
     /// Web searches (at the per-use price).
     pub web_searches: u64,
+    /// Whether it reports tokens of a modality no price covers (Gemini: output other
+    /// than text, input other than text and images): tally does not guess what they
+    /// cost.
+    pub other_modality: bool,
 }
 
 impl Usage {
@@ -78,9 +82,10 @@ impl Usage {
     }
 
     /// Whether it reports a class of usage `price` has no price for (cache writes, web
-    /// searches): tally does not guess what that costs.
+    /// searches, a modality no price covers): tally does not guess what that costs.
     pub fn unpriced(&self, price: &ModelPrice) -> bool {
-        (self.written > 0 && price.cache_write_per_mtok.is_none())
+        self.other_modality
+            || (self.written > 0 && price.cache_write_per_mtok.is_none())
             || (self.written_1h > 0 && price.cache_write_1h_per_mtok.is_none())
             || (self.web_searches > 0 && price.web_search_per_use.is_none())
     }
@@ -277,6 +282,7 @@ fn anthropic_input(u: &Value) -> Result<Usage, String> {
         written_1h,
         output: 0,
         web_searches: count(u, "/server_tool_use/web_search_requests")?.unwrap_or(0),
+        other_modality: false,
     })
 }
 
@@ -719,6 +725,7 @@ mod tests {
                 written_1h: 400,
                 output: 5,
                 web_searches: 0,
+                other_modality: false,
             }
         );
         // $3.75 and $6 per million writes: exact nanodollars.
