@@ -103,6 +103,7 @@ pub(super) async fn check(
         cost_header: u.cost_header.clone(),
         // What the gate reserved: the most this call may settle.
         reserved: Nanos(answer.reserve_nanos.unwrap_or(plan.worst.0)),
+        choices: plan.choices,
         // The key's hold is what the gate reserved: what it settles above that is its
         // overrun, as the run's.
         key,
