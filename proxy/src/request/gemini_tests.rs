@@ -88,6 +88,9 @@ fn an_azure_deployment_and_api_version_are_read_exactly() {
         "/openai/deployments/x%20y/chat/completions",
         "/v1/chat/completions",
         "/openai/v1/chat/completions",
+        "/v1/openai/responses",
+        "/v1/openai/deployments/x/chat/completions",
+        "/openai/v1/responses",
     ] {
         assert_eq!(Routed::of(AZ, off), None, "{off}");
     }
@@ -122,6 +125,13 @@ fn an_azure_deployment_and_api_version_are_read_exactly() {
     )
     .expect_err("refused");
     assert!(e.to_string().contains("data_sources"), "{e}");
+    // Their camelCase spellings, and the vision enhancements (OCR, grounding).
+    for member in ["dataSources", "enhancements"] {
+        let body = format!(r#"{{"messages":[],"{member}":[{{"type":"azure_search"}}]}}"#);
+        let e = parse_named(Endpoint::ChatCompletions, Some("prod-4o"), body.as_bytes())
+            .expect_err("refused");
+        assert!(e.to_string().contains(member), "{e}");
+    }
 }
 
 #[test]

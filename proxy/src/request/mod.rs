@@ -73,6 +73,16 @@ const UNPRICED: &[(Endpoint, &str, &str)] = &[
         "searches Azure data sources (On Your Data), billed by those services and adding input the body does not carry",
     ),
     (
+        Endpoint::ChatCompletions,
+        "dataSources",
+        "searches Azure data sources (On Your Data), billed by those services and adding input the body does not carry",
+    ),
+    (
+        Endpoint::ChatCompletions,
+        "enhancements",
+        "runs Azure vision enhancements (OCR, grounding), billed by those services",
+    ),
+    (
         Endpoint::Responses,
         "previous_response_id",
         "adds input kept upstream that the body does not carry",
