@@ -10,7 +10,9 @@
 //! upstream), a tool the API runs itself (`googleSearch`, `codeExecution`, `urlContext`,
 //! ...), output other than text (`responseModalities`, `speechConfig`, `imageConfig`),
 //! media other than images (audio, video, documents) and files the body does not
-//! carry (`fileData`).
+//! carry (`fileData`). An image is bounded by the price's `image_tokens`, which the
+//! operator gives as the most one image costs at the model's highest media resolution:
+//! `mediaResolution` is passed as the request gives it.
 
 use std::collections::BTreeMap;
 
