@@ -16,7 +16,7 @@ pub(super) fn allowed(incoming: &HeaderMap, upstream: &Upstream) -> HeaderMap {
     let mut out = HeaderMap::new();
     let model = kind.is_model();
     for (name, value) in incoming {
-        if passed(kind, name.as_str()) && !(model && !model_value(name.as_str(), value)) {
+        if passed(kind, name.as_str()) && (!model || model_value(name.as_str(), value)) {
             out.append(name.clone(), value.clone());
         }
     }
