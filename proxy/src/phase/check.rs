@@ -89,7 +89,20 @@ pub(super) async fn check(
     };
     let deadline = Instant::now()
         + Duration::from_millis(answer.timeout_ms.unwrap_or(timeout_ms).min(timeout_ms));
-    let settle = Settle {
+    let settle = facts(call, plan, (attempt, &answer), caller, key);
+    Ok(Settling::arm(proxy.recorder(), settle, deadline, span))
+}
+
+/// What the settle phase of `call`'s `attempt` knows, the gate's `answer` to `plan` in.
+fn facts(
+    call: &Call<'_>,
+    plan: &Plan,
+    (attempt, answer): (u64, &CheckAnswer),
+    caller: Caller,
+    key: Option<KeyHold>,
+) -> Settle {
+    let u = &call.route.upstream;
+    Settle {
         run: call.caught.run.clone(),
         attempt,
         seq: answer.seq,
@@ -107,8 +120,7 @@ pub(super) async fn check(
         // The key's hold is what the gate reserved: what it settles above that is its
         // overrun, as the run's.
         key,
-    };
-    Ok(Settling::arm(proxy.recorder(), settle, deadline, span))
+    }
 }
 
 /// For a call with a key: what the gate reserves for `plan` (its worst case, at least
