@@ -121,6 +121,10 @@ impl Routed {
                 named: None,
             })
         };
+        // Azure OpenAI's paths have no `/v1` in front: matched as they are.
+        if kind == UpstreamKind::AzureOpenai {
+            return azure(path);
+        }
         let v1 = path.strip_prefix("/v1").unwrap_or(path);
         match (kind, v1) {
             (UpstreamKind::Http, _) => plain(Endpoint::Route),
@@ -129,19 +133,27 @@ impl Routed {
             (UpstreamKind::Anthropic, "/messages") => plain(Endpoint::Messages),
             (UpstreamKind::Anthropic, "/messages/count_tokens") => plain(Endpoint::CountTokens),
             (UpstreamKind::Gemini, _) => gemini(path),
-            (UpstreamKind::AzureOpenai, "/openai/responses") => plain(Endpoint::Responses),
-            (UpstreamKind::AzureOpenai, _) => {
-                let d = path
-                    .strip_prefix("/openai/deployments/")?
-                    .strip_suffix("/chat/completions")?;
-                tally_policy::upstreams::deployment_name(d).then(|| Routed {
-                    endpoint: Endpoint::ChatCompletions,
-                    named: Some(d.to_owned()),
-                })
-            }
             _ => None,
         }
     }
+}
+
+/// Azure OpenAI's `/openai/responses` and `/openai/deployments/D/chat/completions`, the
+/// path exactly as sent.
+fn azure(path: &str) -> Option<Routed> {
+    if path == "/openai/responses" {
+        return Some(Routed {
+            endpoint: Endpoint::Responses,
+            named: None,
+        });
+    }
+    let d = path
+        .strip_prefix("/openai/deployments/")?
+        .strip_suffix("/chat/completions")?;
+    tally_policy::upstreams::deployment_name(d).then(|| Routed {
+        endpoint: Endpoint::ChatCompletions,
+        named: Some(d.to_owned()),
+    })
 }
 
 /// Gemini's `/v1beta/models/MODEL:METHOD` (or `/v1/...`): one method of the two metered,

@@ -50,6 +50,10 @@ pub struct Usage {
     pub output: u64,
     /// Web searches (at the per-use price).
     pub web_searches: u64,
+    /// Whether it reports tokens of a modality no price covers (Gemini: output other
+    /// than text, input other than text and images): tally does not guess what they
+    /// cost.
+    pub other_modality: bool,
 }
 
 impl Usage {
@@ -78,9 +82,10 @@ impl Usage {
     }
 
     /// Whether it reports a class of usage `price` has no price for (cache writes, web
-    /// searches): tally does not guess what that costs.
+    /// searches, a modality no price covers): tally does not guess what that costs.
     pub fn unpriced(&self, price: &ModelPrice) -> bool {
-        (self.written > 0 && price.cache_write_per_mtok.is_none())
+        self.other_modality
+            || (self.written > 0 && price.cache_write_per_mtok.is_none())
             || (self.written_1h > 0 && price.cache_write_1h_per_mtok.is_none())
             || (self.web_searches > 0 && price.web_search_per_use.is_none())
     }
@@ -121,16 +126,18 @@ pub enum Reported {
 
 impl Reported {
     /// The same, judged against the model's limits: more tokens than its context and
-    /// its output limit (once per sampling: a web search is one more) cannot be true.
-    /// Without a price, unchanged.
-    pub fn within(self, price: Option<&ModelPrice>) -> Reported {
+    /// its output limit times the `choices` asked for (once per sampling: a web search
+    /// is one more) cannot be true. Without a price, unchanged.
+    pub fn within(self, price: Option<&ModelPrice>, choices: u64) -> Reported {
         match (self, price) {
             (Reported::Usage(u), Some(p)) => {
-                let per_turn = p.context_tokens.saturating_add(p.max_output_tokens);
+                let per_turn = p
+                    .context_tokens
+                    .saturating_add(p.max_output_tokens.saturating_mul(choices.max(1)));
                 let most = per_turn.saturating_mul(u.web_searches.saturating_add(1));
                 if u.tokens() > most {
                     Reported::Implausible(format!(
-                        "{} tokens reported, above the model's context_tokens + max_output_tokens ({most})",
+                        "{} tokens reported, above the model's context_tokens + max_output_tokens per choice ({most})",
                         u.tokens()
                     ))
                 } else {
@@ -277,6 +284,7 @@ fn anthropic_input(u: &Value) -> Result<Usage, String> {
         written_1h,
         output: 0,
         web_searches: count(u, "/server_tool_use/web_search_requests")?.unwrap_or(0),
+        other_modality: false,
     })
 }
 
@@ -644,17 +652,17 @@ mod tests {
             ..Usage::default()
         });
         assert!(matches!(
-            big.clone().within(Some(&p)),
+            big.clone().within(Some(&p), 1),
             Reported::Implausible(_)
         ));
-        assert_eq!(big.clone().within(None), big, "no price, no bound");
-        assert_eq!(big.within(Some(&p)).usage(), None);
+        assert_eq!(big.clone().within(None, 1), big, "no price, no bound");
+        assert_eq!(big.within(Some(&p), 1).usage(), None);
         let fits = Reported::Usage(Usage {
             input: 1000,
             output: 1000,
             ..Usage::default()
         });
-        assert_eq!(fits.clone().within(Some(&p)), fits);
+        assert_eq!(fits.clone().within(Some(&p), 1), fits);
         // A search is one more turn of sampling.
         let searched = Reported::Usage(Usage {
             input: 3000,
@@ -662,7 +670,18 @@ mod tests {
             web_searches: 1,
             ..Usage::default()
         });
-        assert_eq!(searched.clone().within(Some(&p)), searched);
+        assert_eq!(searched.clone().within(Some(&p), 1), searched);
+        // Each choice (OpenAI's `n`, Gemini's `candidateCount`) has its own output limit.
+        let three = Reported::Usage(Usage {
+            input: 1000,
+            output: 3000,
+            ..Usage::default()
+        });
+        assert_eq!(three.clone().within(Some(&p), 3), three);
+        assert!(matches!(
+            three.within(Some(&p), 2),
+            Reported::Implausible(_)
+        ));
     }
 
     fn price(cache_write: Option<u64>, cache_write_1h: Option<u64>) -> ModelPrice {
@@ -719,6 +738,7 @@ mod tests {
                 written_1h: 400,
                 output: 5,
                 web_searches: 0,
+                other_modality: false,
             }
         );
         // $3.75 and $6 per million writes: exact nanodollars.

@@ -87,42 +87,40 @@ pub(super) async fn check(
             return Err(r);
         }
     };
-    let (settle, deadline) = armed(call, plan, &answer, attempt, caller, timeout_ms, key);
+    let deadline = Instant::now()
+        + Duration::from_millis(answer.timeout_ms.unwrap_or(timeout_ms).min(timeout_ms));
+    let settle = facts(call, plan, (attempt, &answer), caller, key);
     Ok(Settling::arm(proxy.recorder(), settle, deadline, span))
 }
 
-/// What the settle phase of an allowed call holds, and the call's deadline: the gate's
-/// timeout, never past the call's own.
-fn armed(
+/// What the settle phase of `call`'s `attempt` knows, the gate's `answer` to `plan` in.
+fn facts(
     call: &Call<'_>,
     plan: &Plan,
-    answer: &CheckAnswer,
-    attempt: u64,
+    (attempt, answer): (u64, &CheckAnswer),
     caller: Caller,
-    timeout_ms: u64,
     key: Option<KeyHold>,
-) -> (Settle, Instant) {
-    let deadline = Instant::now()
-        + Duration::from_millis(answer.timeout_ms.unwrap_or(timeout_ms).min(timeout_ms));
-    let settle = Settle {
+) -> Settle {
+    let u = &call.route.upstream;
+    Settle {
         run: call.caught.run.clone(),
         attempt,
         seq: answer.seq,
         caller,
         effect: plan.effect,
-        kind: call.route.upstream.kind,
+        kind: u.kind,
         endpoint: plan.endpoint,
         price: plan.price.clone(),
         route_price: plan.route_price,
         lands: plan.lands.clone(),
-        cost_header: call.route.upstream.cost_header.clone(),
+        cost_header: u.cost_header.clone(),
         // What the gate reserved: the most this call may settle.
         reserved: Nanos(answer.reserve_nanos.unwrap_or(plan.worst.0)),
+        choices: plan.choices,
         // The key's hold is what the gate reserved: what it settles above that is its
         // overrun, as the run's.
         key,
-    };
-    (settle, deadline)
+    }
 }
 
 /// For a call with a key: what the gate reserves for `plan` (its worst case, at least

@@ -41,6 +41,9 @@ pub(crate) struct Plan {
     pub lands: crate::tier::Lands,
     /// The agent's headers that go upstream ([`headers::allowed`]).
     pub headers: HeaderMap,
+    /// The answers a model call asks for (OpenAI's `n`, Gemini's `candidateCount`;
+    /// 1 otherwise), which its worst case reserved for.
+    pub choices: u64,
 }
 
 /// The plan of `call`, its body read from `body`, or the refusal, recorded.

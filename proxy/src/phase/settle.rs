@@ -40,6 +40,9 @@ pub(crate) struct Settle {
     pub cost_header: Option<String>,
     /// What the gate reserved for the call: the worst case it can cost.
     pub reserved: Nanos,
+    /// The answers (choices, candidates) the reservation was made for: the output
+    /// bound of a plausible usage is per answer.
+    pub choices: u64,
     /// For a call with a key: its reservation held against the key's day, taken over
     /// by the outcome (else given back when dropped).
     pub key: Option<KeyHold>,
@@ -296,6 +299,7 @@ mod tests {
             lands: crate::tier::Lands::Default,
             cost_header: None,
             reserved: Nanos(500),
+            choices: 1,
             key: None,
         }
     }

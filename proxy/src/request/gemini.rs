@@ -10,7 +10,9 @@
 //! upstream), a tool the API runs itself (`googleSearch`, `codeExecution`, `urlContext`,
 //! ...), output other than text (`responseModalities`, `speechConfig`, `imageConfig`),
 //! media other than images (audio, video, documents) and files the body does not
-//! carry (`fileData`).
+//! carry (`fileData`). An image is bounded by the price's `image_tokens`, which the
+//! operator gives as the most one image costs at the model's highest media resolution:
+//! `mediaResolution` is passed as the request gives it.
 
 use std::collections::BTreeMap;
 
@@ -187,6 +189,9 @@ fn config(whole: &Value) -> Result<Option<&serde_json::Map<String, Value>>, Requ
         if !CONFIG.contains(&k.as_str()) {
             return Err(unread(format!("generationConfig.{k}")));
         }
+        if k == "thinkingConfig" {
+            thinking(v)?;
+        }
         if k == "responseModalities" {
             let text_only = v
                 .as_array()
@@ -200,6 +205,38 @@ fn config(whole: &Value) -> Result<Option<&serde_json::Map<String, Value>>, Requ
         }
     }
     Ok(Some(c))
+}
+
+/// The `thinkingConfig` members passed (camelCase only).
+const THINKING: &[&str] = &["includeThoughts", "thinkingBudget"];
+
+/// `generationConfig.thinkingConfig`, checked: an object of the members tally reads, its
+/// `thinkingBudget` a whole number (the forwarded one is capped at the output limit);
+/// `-1` (a budget the model picks itself) is refused, as is any other member (a
+/// snake_case spelling the API would also read, or a `thinkingLevel` tally cannot tie to
+/// the output limit).
+fn thinking(v: &Value) -> Result<(), RequestError> {
+    let Value::Object(t) = v else {
+        return Err(RequestError::Field {
+            field: "generationConfig.thinkingConfig",
+            why: "must be an object",
+        });
+    };
+    for (k, x) in t {
+        if !THINKING.contains(&k.as_str()) {
+            return Err(RequestError::unpriced(
+                format!("generationConfig.thinkingConfig.{k}"),
+                "is not a thinkingConfig member tally reads (it takes includeThoughts and thinkingBudget, in camelCase): thinking it cannot tie to maxOutputTokens could cost what it cannot bound",
+            ));
+        }
+        if k == "thinkingBudget" && x.as_u64().is_none() {
+            return Err(RequestError::Field {
+                field: "generationConfig.thinkingConfig.thinkingBudget",
+                why: "must be a whole number of tokens (-1, a budget the model picks itself, is not bounded: give one)",
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A whole number member of `generationConfig`, if given.
@@ -305,6 +342,17 @@ fn numbered(v: Option<&Value>) -> impl Iterator<Item = (usize, &Value)> {
 fn image(field: &str, key: &str, media: &Value) -> Result<u64, RequestError> {
     let text = |k: &str| media.get(k).and_then(Value::as_str);
     let bad = |why: String| RequestError::unpriced(field.to_owned(), why);
+    let Value::Object(o) = media else {
+        return Err(bad("is not an object".into()));
+    };
+    if let Some(k) = o
+        .keys()
+        .find(|k| !["mimeType", "data", "displayName"].contains(&k.as_str()))
+    {
+        return Err(bad(format!(
+            "holds `{k}`, which tally does not read (an inlineData takes mimeType, data and displayName, in camelCase): a second spelling could name other media"
+        )));
+    }
     match text("mimeType") {
         Some(m) if m.starts_with("image/") => {}
         Some(m) => {
@@ -373,9 +421,12 @@ fn elsewhere(v: &Value, read: &[*const Value], at: &mut String) -> Result<(), Re
 
 impl ModelRequest {
     /// Gemini: `generationConfig` with `maxOutputTokens` set to `tokens` over the
-    /// request's own, its other members as read (keys in byte order).
+    /// request's own, `responseModalities` set to `["TEXT"]` (an image model asked for
+    /// none answers with images, billed at image rates), a `thinkingConfig.thinkingBudget`
+    /// above `tokens` lowered to it, its other members as read (keys in byte order).
     pub(super) fn gemini_config(&self, tokens: u64) -> String {
-        let mut o: BTreeMap<String, Box<serde_json::value::RawValue>> = self
+        type Raw = Box<serde_json::value::RawValue>;
+        let mut o: BTreeMap<String, Raw> = self
             .members()
             .get("generationConfig")
             .and_then(|v| serde_json::from_str(v).ok())
@@ -384,6 +435,28 @@ impl ModelRequest {
             "maxOutputTokens".into(),
             super::price::raw(&tokens.to_string()),
         );
+        o.insert(
+            "responseModalities".into(),
+            super::price::raw(r#"["TEXT"]"#),
+        );
+        let thinking = o
+            .get("thinkingConfig")
+            .and_then(|t| serde_json::from_str::<BTreeMap<String, Raw>>(t.get()).ok());
+        if let Some(mut t) = thinking {
+            let budget = t
+                .get("thinkingBudget")
+                .and_then(|b| b.get().parse::<u64>().ok());
+            if budget.is_some_and(|b| b > tokens) {
+                t.insert(
+                    "thinkingBudget".into(),
+                    super::price::raw(&tokens.to_string()),
+                );
+                o.insert(
+                    "thinkingConfig".into(),
+                    super::price::raw(&super::price::render(&t)),
+                );
+            }
+        }
         super::price::render(&o)
     }
 }

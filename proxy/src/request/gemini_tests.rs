@@ -88,6 +88,9 @@ fn an_azure_deployment_and_api_version_are_read_exactly() {
         "/openai/deployments/x%20y/chat/completions",
         "/v1/chat/completions",
         "/openai/v1/chat/completions",
+        "/v1/openai/responses",
+        "/v1/openai/deployments/x/chat/completions",
+        "/openai/v1/responses",
     ] {
         assert_eq!(Routed::of(AZ, off), None, "{off}");
     }
@@ -122,6 +125,13 @@ fn an_azure_deployment_and_api_version_are_read_exactly() {
     )
     .expect_err("refused");
     assert!(e.to_string().contains("data_sources"), "{e}");
+    // Their camelCase spellings, and the vision enhancements (OCR, grounding).
+    for member in ["dataSources", "enhancements"] {
+        let body = format!(r#"{{"messages":[],"{member}":[{{"type":"azure_search"}}]}}"#);
+        let e = parse_named(Endpoint::ChatCompletions, Some("prod-4o"), body.as_bytes())
+            .expect_err("refused");
+        assert!(e.to_string().contains(member), "{e}");
+    }
 }
 
 #[test]
@@ -321,4 +331,124 @@ fn gemini_usage_is_read_as_google_bills_it() {
     let mut s = StreamUsage::new(Endpoint::StreamGenerateContent);
     s.event(r#"{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":7,"totalTokenCount":7}}"#);
     assert_eq!(s.reported().usage().map(|u| u.input), Some(7));
+}
+
+#[test]
+fn a_gemini_request_is_forwarded_for_text_only() {
+    // No responseModalities (an image model would answer with images): TEXT written.
+    for body in [
+        r#"{"contents":[]}"#,
+        r#"{"contents":[],"generationConfig":{"responseModalities":[]}}"#,
+    ] {
+        let p = gemini(body)
+            .expect("reads")
+            .price(&price(), Nanos(1_000_000_000), false)
+            .expect("priced");
+        let sent: serde_json::Value = serde_json::from_slice(&p.body).expect("JSON");
+        assert_eq!(
+            sent["generationConfig"]["responseModalities"],
+            serde_json::json!(["TEXT"]),
+            "{body}"
+        );
+    }
+    // Usage with tokens of a modality no price covers is unpriced.
+    let p = price();
+    for (b, unpriced) in [
+        (
+            r#"{"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":5,"candidatesTokensDetails":[{"modality":"IMAGE","tokenCount":5}]}}"#,
+            true,
+        ),
+        (
+            r#"{"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":5,"promptTokensDetails":[{"modality":"AUDIO","tokenCount":10}]}}"#,
+            true,
+        ),
+        (
+            r#"{"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":5,"promptTokensDetails":[{"modality":"TEXT","tokenCount":4},{"modality":"IMAGE","tokenCount":6}],"candidatesTokensDetails":[{"modality":"TEXT","tokenCount":5}]}}"#,
+            false,
+        ),
+    ] {
+        let u = from_body(Endpoint::GenerateContent, b.as_bytes())
+            .usage()
+            .unwrap_or_else(|| panic!("read: {b}"));
+        assert_eq!(u.unpriced(&p), unpriced, "{b}");
+    }
+    assert!(matches!(
+        from_body(
+            Endpoint::GenerateContent,
+            br#"{"usageMetadata":{"promptTokenCount":1,"candidatesTokensDetails":[{"tokenCount":1}]}}"#
+        ),
+        Reported::Implausible(_)
+    ));
+}
+
+#[test]
+fn gemini_thinking_is_bounded_by_the_output_limit() {
+    let r = gemini(r#"{"contents":[],"generationConfig":{"maxOutputTokens":500,"thinkingConfig":{"thinkingBudget":8000,"includeThoughts":true}}}"#)
+        .expect("reads");
+    let p = r
+        .price(&price(), Nanos(1_000_000_000), false)
+        .expect("priced");
+    let sent: serde_json::Value = serde_json::from_slice(&p.body).expect("JSON");
+    assert_eq!(
+        sent["generationConfig"]["thinkingConfig"]["thinkingBudget"],
+        500
+    );
+    assert_eq!(
+        sent["generationConfig"]["thinkingConfig"]["includeThoughts"],
+        true
+    );
+    // A budget under the limit is kept.
+    let r = gemini(r#"{"contents":[],"generationConfig":{"thinkingConfig":{"thinkingBudget":0}}}"#)
+        .expect("reads");
+    let p = r
+        .price(&price(), Nanos(1_000_000_000), false)
+        .expect("priced");
+    let sent: serde_json::Value = serde_json::from_slice(&p.body).expect("JSON");
+    assert_eq!(
+        sent["generationConfig"]["thinkingConfig"]["thinkingBudget"],
+        0
+    );
+    for (body, names) in [
+        (
+            r#"{"contents":[],"generationConfig":{"thinkingConfig":{"thinkingBudget":-1}}}"#,
+            "thinkingBudget",
+        ),
+        (
+            r#"{"contents":[],"generationConfig":{"thinkingConfig":{"thinking_budget":9}}}"#,
+            "thinking_budget",
+        ),
+        (
+            r#"{"contents":[],"generationConfig":{"thinkingConfig":{"include_thoughts":true}}}"#,
+            "include_thoughts",
+        ),
+        (
+            r#"{"contents":[],"generationConfig":{"thinkingConfig":{"thinkingLevel":"high"}}}"#,
+            "thinkingLevel",
+        ),
+        (
+            r#"{"contents":[],"generationConfig":{"thinkingConfig":7}}"#,
+            "thinkingConfig",
+        ),
+    ] {
+        let e = gemini(body).err().unwrap_or_else(|| panic!("read: {body}"));
+        assert!(e.to_string().contains(names), "{body}: {e}");
+    }
+}
+
+#[test]
+fn gemini_inline_data_has_one_spelling() {
+    assert!(gemini(r#"{"contents":[{"parts":[{"inlineData":{"mimeType":"image/png","data":"AAAA","displayName":"x"}}]}]}"#).is_ok());
+    for (body, names) in [
+        (
+            r#"{"contents":[{"parts":[{"inlineData":{"mimeType":"image/png","mime_type":"audio/mp3","data":"AAAA"}}]}]}"#,
+            "mime_type",
+        ),
+        (
+            r#"{"contents":[{"parts":[{"inlineData":{"mimeType":"image/png","data":"AAAA","uri":"x"}}]}]}"#,
+            "uri",
+        ),
+    ] {
+        let e = gemini(body).err().unwrap_or_else(|| panic!("read: {body}"));
+        assert!(e.to_string().contains(names), "{body}: {e}");
+    }
 }

@@ -8,10 +8,14 @@
 //!
 //! # Endpoints
 //!
-//! The endpoint is decided by the exact path ([`Endpoint::of`]): OpenAI Chat Completions
-//! (`/v1/chat/completions`) and Responses (`/v1/responses`), Anthropic Messages
-//! (`/v1/messages`) and its free `count_tokens`. Any other path of a model upstream is
-//! not metered, so it is refused.
+//! The endpoint is decided by the exact path ([`crate::endpoint::Routed::of`]): OpenAI
+//! Chat Completions (`/v1/chat/completions`) and Responses (`/v1/responses`), Anthropic
+//! Messages (`/v1/messages`) and its free `count_tokens`, Gemini's
+//! `/v1beta/models/MODEL:generateContent` and `:streamGenerateContent` (or `/v1/...`;
+//! the model is the path's, [`gemini`]), Azure OpenAI's
+//! `/openai/deployments/DEPLOYMENT/chat/completions` and `/openai/responses` (matched as
+//! sent, with no `/v1` in front). Any other path of a model upstream is not metered, so
+//! it is refused.
 //!
 //! # The worst case
 //!
@@ -28,8 +32,9 @@
 //!   (Anthropic), the whole input at the dearer cache-write rate (the 1-hour one only if
 //!   a marker says `"ttl": "1h"`). A cache read is never dearer than the input.
 //! * **Output tokens** are the request's limit (Chat: `max_completion_tokens` or
-//!   `max_tokens`; Responses: `max_output_tokens`; Messages: `max_tokens`) times `n`
-//!   (Chat's choices), capped at the model's `max_output_tokens` (the forwarded value is
+//!   `max_tokens`; Responses: `max_output_tokens`; Messages: `max_tokens`; Gemini:
+//!   `generationConfig.maxOutputTokens`, a `thinkingBudget` above it lowered to it) times
+//!   the choices (Chat's `n`, Gemini's `candidateCount`), capped at the model's `max_output_tokens` (the forwarded value is
 //!   capped too, so the upstream itself enforces the cap). A request without one gets
 //!   one: what the budget can pay.
 //! * **Billing tiers** ([`crate::tier`]): every rate at the dearest tier the request can
@@ -71,6 +76,16 @@ const UNPRICED: &[(Endpoint, &str, &str)] = &[
         Endpoint::ChatCompletions,
         "data_sources",
         "searches Azure data sources (On Your Data), billed by those services and adding input the body does not carry",
+    ),
+    (
+        Endpoint::ChatCompletions,
+        "dataSources",
+        "searches Azure data sources (On Your Data), billed by those services and adding input the body does not carry",
+    ),
+    (
+        Endpoint::ChatCompletions,
+        "enhancements",
+        "runs Azure vision enhancements (OCR, grounding), billed by those services",
     ),
     (
         Endpoint::Responses,

@@ -2,7 +2,10 @@
 //! `cachedContentTokenCount` at the cached price) and `toolUsePromptTokenCount` at the
 //! input price; `candidatesTokenCount` and `thoughtsTokenCount` at the output price
 //! (thinking is billed as output). `totalTokenCount`, where given, must be the sum of
-//! those parts. A stream reports the usage so far in its chunks; it is the call's only
+//! those parts. Tokens of a modality no price covers (`candidatesTokensDetails` other
+//! than `TEXT`: images or audio out; `promptTokensDetails` other than `TEXT` and
+//! `IMAGE`, the latter priced through `image_tokens`) make the usage unpriced: tally
+//! does not guess what they cost. A stream reports the usage so far in its chunks; it is the call's only
 //! once a chunk says the answer ended (a candidate's `finishReason`, or the prompt's
 //! `promptFeedback.blockReason`).
 
@@ -40,8 +43,34 @@ pub(super) fn usage(u: &Value) -> Result<Usage, String> {
         input,
         cached,
         output,
+        other_modality: other_modality(u, "/promptTokensDetails", &["TEXT", "IMAGE"])?
+            || other_modality(u, "/cacheTokensDetails", &["TEXT", "IMAGE"])?
+            || other_modality(u, "/candidatesTokensDetails", &["TEXT"])?,
         ..Usage::default()
     })
+}
+
+/// Whether the per-modality counts at `path` (a list of `{modality, tokenCount}`) name
+/// tokens of a modality other than those `priced`: audio, video or document input, and
+/// image or audio output, are billed at rates no price has. An entry tally cannot read
+/// is an error.
+fn other_modality(u: &Value, path: &str, priced: &[&str]) -> Result<bool, String> {
+    let list = match u.pointer(path) {
+        None | Some(Value::Null) => return Ok(false),
+        Some(Value::Array(a)) => a,
+        Some(x) => return Err(format!("`usageMetadata{path}` is {x}: not a list")),
+    };
+    let mut other = false;
+    for e in list {
+        let Some(m) = e.get("modality").and_then(Value::as_str) else {
+            return Err(format!(
+                "`usageMetadata{path}` holds {e}: an entry without its modality"
+            ));
+        };
+        let tokens = count(e, "/tokenCount")?.unwrap_or(0);
+        other |= tokens > 0 && !priced.contains(&m);
+    }
+    Ok(other)
 }
 
 /// Whether a response (or a stream's chunk) says the answer ended.

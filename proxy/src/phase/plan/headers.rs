@@ -2,7 +2,9 @@
 //! dialect needs to be read right, nothing that can choose an account, a beta or a
 //! billing option (docs/PROXY.md, "Headers"). Every other header is dropped, hop-by-hop,
 //! credentials, `expect`, `openai-organization`, `openai-project` and `openai-beta`
-//! among them. Forward adds the trace context and the real credential.
+//! among them. A model upstream gets `content-type: application/json` (the body is the
+//! JSON the proxy wrote) and an `accept` only of JSON or server-sent events. Forward
+//! adds the trace context and the real credential.
 
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use tally_policy::{Upstream, UpstreamKind};
@@ -12,10 +14,19 @@ use tally_policy::{Upstream, UpstreamKind};
 pub(super) fn allowed(incoming: &HeaderMap, upstream: &Upstream) -> HeaderMap {
     let kind = upstream.kind;
     let mut out = HeaderMap::new();
+    let model = kind.is_model();
     for (name, value) in incoming {
-        if passed(kind, name.as_str()) {
+        if passed(kind, name.as_str()) && (!model || model_value(name.as_str(), value)) {
             out.append(name.clone(), value.clone());
         }
+    }
+    if model {
+        // The body forwarded is the canonical JSON the proxy wrote, whatever the agent
+        // said it sent.
+        out.insert(
+            hyper::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
     }
     if kind == UpstreamKind::Anthropic {
         if let Some(v) = betas(incoming, &upstream.anthropic_beta) {
@@ -29,6 +40,21 @@ pub(super) fn allowed(incoming: &HeaderMap, upstream: &Upstream) -> HeaderMap {
 fn passed(kind: UpstreamKind, name: &str) -> bool {
     matches!(name, "content-type" | "accept")
         || (kind == UpstreamKind::Anthropic && name == "anthropic-version")
+}
+
+/// Whether the agent's header `name` keeps `value` for a model upstream: never its
+/// `content-type` (the proxy sets `application/json`), an `accept` only of
+/// `application/json` or `text/event-stream`; any other passed header as it is.
+fn model_value(name: &str, value: &HeaderValue) -> bool {
+    match name {
+        "content-type" => false,
+        "accept" => value.to_str().is_ok_and(|v| {
+            let v = v.trim();
+            v.eq_ignore_ascii_case("application/json")
+                || v.eq_ignore_ascii_case("text/event-stream")
+        }),
+        _ => true,
+    }
 }
 
 /// The agent's `anthropic-beta` values that `allowed` lists, in its order, once each;
@@ -101,5 +127,55 @@ mod tests {
             "the long-context beta (billed at its own rates) is dropped"
         );
         assert_eq!(betas(&h, &[]), None);
+    }
+
+    #[test]
+    fn a_model_upstream_gets_json_and_only_the_accepts_it_answers() {
+        let up = |kind: UpstreamKind| {
+            let mut u: Upstream = serde_json::from_value(
+                serde_json::json!({"kind": "http", "url": "https://x.example", "credential": "k"}),
+            )
+            .expect("upstream");
+            u.kind = kind;
+            u
+        };
+        let with = |ct: &'static str, accept: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(hyper::header::CONTENT_TYPE, HeaderValue::from_static(ct));
+            h.insert(hyper::header::ACCEPT, HeaderValue::from_static(accept));
+            h
+        };
+        for kind in [
+            UpstreamKind::Openai,
+            UpstreamKind::Anthropic,
+            UpstreamKind::Gemini,
+            UpstreamKind::AzureOpenai,
+        ] {
+            let out = allowed(&with("text/plain", "text/event-stream"), &up(kind));
+            assert_eq!(
+                out.get("content-type").map(|v| v.as_bytes()),
+                Some(&b"application/json"[..]),
+                "{kind:?}"
+            );
+            assert_eq!(out.get_all("content-type").iter().count(), 1);
+            assert_eq!(
+                out.get("accept").map(|v| v.as_bytes()),
+                Some(&b"text/event-stream"[..])
+            );
+            let out = allowed(&with("application/json", "*/*"), &up(kind));
+            assert_eq!(out.get("accept"), None, "{kind:?}");
+            let out = allowed(&with("application/json", "application/json"), &up(kind));
+            assert_eq!(
+                out.get("accept").map(|v| v.as_bytes()),
+                Some(&b"application/json"[..])
+            );
+        }
+        // An http upstream's route gets the agent's own.
+        let out = allowed(&with("text/plain", "*/*"), &up(UpstreamKind::Http));
+        assert_eq!(
+            out.get("content-type").map(|v| v.as_bytes()),
+            Some(&b"text/plain"[..])
+        );
+        assert_eq!(out.get("accept").map(|v| v.as_bytes()), Some(&b"*/*"[..]));
     }
 }

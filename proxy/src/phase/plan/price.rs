@@ -116,6 +116,7 @@ fn route_priced(policy: &Policy, asked: &Asked<'_>, endpoint: Endpoint) -> Resul
         strip_usage: false,
         lands: crate::tier::Lands::Default,
         headers: HeaderMap::new(),
+        choices: 1,
     })
 }
 
@@ -162,6 +163,7 @@ fn model_priced(
             && !request.client_asked_usage,
         lands: crate::tier::lands(endpoint, request.service_tier.as_deref()),
         headers: HeaderMap::new(),
+        choices: request.choices,
     })
 }
 

@@ -56,7 +56,7 @@ pub(super) fn answered(
     digest: String,
 ) -> Ended {
     let status = answer.status;
-    let reported = reported.within(s.price.as_ref());
+    let reported = reported.within(s.price.as_ref(), s.choices);
     // The rates of the tier the answer says served it.
     let at_tier = s
         .price
@@ -169,7 +169,7 @@ mod tests {
 
     fn settle(reported: Reported, reserved: u64) -> Ended {
         let b = billed(
-            &reported.within(Some(&price())),
+            &reported.within(Some(&price()), 1),
             Some(&price()),
             Some(&price()),
         );
