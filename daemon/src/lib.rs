@@ -477,20 +477,24 @@ async fn serve_inner(
     while connections.join_next().await.is_some() {}
     let (drained, exports) = drain(&app, max_in_flight, pusher).await;
     notifier.stop().await;
-    // A proxied call's outcome may still linger in the ledger's queue (it rides the next
-    // commit group, and none will come now): committed before serving ends, so what the
-    // ledger holds is sealed when this returns.
-    let ledger = Arc::clone(&app.ledger);
-    let flushed = tokio::task::spawn_blocking(move || ledger.flush().err())
-        .await
-        .unwrap_or(None)
-        .map(|e| e.to_string());
+    let flushed = flush_lingering(&app.ledger).await;
     let gate_failure = app.gate.failure();
     drop((drained, exports, app));
     match state.failure().or(gate_failure).or(flushed) {
         Some(why) => Err(DaemonError::LedgerFailed(why)),
         None => Ok(()),
     }
+}
+
+/// Commits what still lingers in the ledger's queue (a proxied call's outcome rides the
+/// next commit group, and none will come once serving ends), so what the ledger holds is
+/// sealed when serving returns: why it could not, if it could not.
+async fn flush_lingering(ledger: &Arc<Ledger>) -> Option<String> {
+    let ledger = Arc::clone(ledger);
+    tokio::task::spawn_blocking(move || ledger.flush().err())
+        .await
+        .unwrap_or(None)
+        .map(|e| e.to_string())
 }
 
 /// What `tally serve` says once it listens: where, over which ledger, under which policy
