@@ -15,6 +15,7 @@ const LAYERS: &[&str] = &[
     "price_age",
     "price_import",
     "principals",
+    "mcp_servers",
     "config",
     "approval",
     "state",
@@ -34,6 +35,7 @@ const LAYERS: &[&str] = &[
     "headroom",
     "leased",
     "slices",
+    "key_day",
 ];
 
 /// The `crate::MODULE` paths a source file names outside comments.
