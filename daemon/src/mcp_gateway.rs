@@ -42,8 +42,17 @@ impl Gateway {
             .iter()
             .map(|(name, s)| server(name, s))
             .collect::<Result<Vec<_>, _>>()?;
+        // Every credential a policy entry names is kept from the stdio servers.
+        let hidden_env = options
+            .policy
+            .policy
+            .mcp
+            .values()
+            .filter_map(|s| s.credential_env.clone())
+            .collect();
         let gateway_options = GatewayOptions {
             servers,
+            hidden_env,
             authorize: crate::mcp_auth::authorize(Arc::clone(app), agent.clone()),
             idle: gateway::DEFAULT_IDLE,
             worker: Some("tally-mcp-gateway".to_owned()),

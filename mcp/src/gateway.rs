@@ -105,6 +105,9 @@ pub struct GatewayOptions {
     pub idle: Duration,
     /// The worker name the gateway's checks are recorded with.
     pub worker: Option<String>,
+    /// Environment variables every stdio server is started without: the credentials
+    /// of the remote servers (`credential_env`).
+    pub hidden_env: Vec<String>,
 }
 
 /// The default idle bound of a session.

@@ -53,8 +53,13 @@ pub(super) async fn serve(
     options: GatewayOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let hidden_env: Arc<[String]> = options.hidden_env.into();
     let shared = Arc::new(Shared {
-        backends: options.servers.into_iter().map(Backend::new).collect(),
+        backends: options
+            .servers
+            .into_iter()
+            .map(|s| Backend::new(s, Arc::clone(&hidden_env)))
+            .collect(),
         asker: Asker {
             worker: options.worker,
             credential: None,

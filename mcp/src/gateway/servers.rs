@@ -19,6 +19,13 @@ use super::{Server, Target, SEPARATOR};
 /// How long connecting to a server (its initialize exchange) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// How long a server's `tools/list` may take, connecting included: a server that does
+/// not answer in time is left out of that list.
+pub(super) const LIST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A tool a server did not list is looked up again at most this often.
+const RELIST_INTERVAL: Duration = Duration::from_secs(30);
+
 type Client = RunningService<RoleClient, ()>;
 
 /// One server and its client.
@@ -28,6 +35,10 @@ pub(super) struct Backend {
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     /// Effects learned from its `tools/list`, by its own tool name.
     effects: Mutex<HashMap<String, Effect>>,
+    /// When a lookup of an unlisted tool last listed the server's tools again.
+    relisted: Mutex<Option<tokio::time::Instant>>,
+    /// Environment variables a stdio server is started without (the credentials).
+    hidden_env: Arc<[String]>,
 }
 
 /// How a call to a server ended, when it was made.
@@ -40,15 +51,27 @@ pub(super) enum Called {
     Timeout,
     /// The transport failed: whether the server acted is unknown.
     Lost(String),
+    /// The server could not be reached: the call was never sent.
+    NotSent(String),
+}
+
+/// Why a tool's call is not made.
+pub(super) enum Unlisted {
+    /// The server's listing does not have it.
+    Unknown,
+    /// The server did not list its tools.
+    NoListing(String),
 }
 
 impl Backend {
-    pub(super) fn new(server: Server) -> Backend {
+    pub(super) fn new(server: Server, hidden_env: Arc<[String]>) -> Backend {
         Backend {
             name: server.name,
             target: server.target,
             client: tokio::sync::Mutex::new(None),
             effects: Mutex::new(HashMap::new()),
+            relisted: Mutex::new(None),
+            hidden_env,
         }
     }
 
@@ -58,7 +81,7 @@ impl Backend {
         if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
             return Ok(Arc::clone(c));
         }
-        let client = tokio::time::timeout(CONNECT_TIMEOUT, connect(&self.target))
+        let client = tokio::time::timeout(CONNECT_TIMEOUT, connect(&self.target, &self.hidden_env))
             .await
             .map_err(|_| "it did not finish initializing in time".to_owned())??;
         let client = Arc::new(client);
@@ -71,8 +94,20 @@ impl Backend {
         *self.client.lock().await = None;
     }
 
-    /// Its tools, each renamed `NAME__tool`; their effects learned on the way.
+    /// Its tools, each renamed `NAME__tool`; their effects learned on the way. A server
+    /// that does not answer within [`LIST_TIMEOUT`] is an error.
     pub(super) async fn tools(&self) -> Result<Vec<Tool>, String> {
+        tokio::time::timeout(LIST_TIMEOUT, self.list())
+            .await
+            .map_err(|_| {
+                format!(
+                    "it did not list its tools within {}",
+                    tally_record::words::duration(LIST_TIMEOUT.as_millis() as u64)
+                )
+            })?
+    }
+
+    async fn list(&self) -> Result<Vec<Tool>, String> {
         let client = self.client().await?;
         let tools = match client.peer().list_all_tools().await {
             Ok(t) => t,
@@ -82,6 +117,7 @@ impl Backend {
             }
         };
         let mut effects = self.effects.lock().unwrap_or_else(|p| p.into_inner());
+        effects.clear();
         Ok(tools
             .into_iter()
             .map(|mut tool| {
@@ -95,26 +131,36 @@ impl Backend {
             .collect())
     }
 
-    /// The effect a call of `tool` is checked under: its annotations (listing the
-    /// server's tools first if they are not known yet), else a non-idempotent write.
-    pub(super) async fn effect(&self, tool: &str) -> Effect {
-        let known = |b: &Backend| {
-            b.effects
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(tool)
-                .copied()
+    /// The effect a call of `tool` is checked under (its annotations), or why it is not
+    /// called: a tool the server's listing does not have. An unknown name lists the
+    /// server's tools again at most once per [`RELIST_INTERVAL`].
+    pub(super) async fn effect(&self, tool: &str) -> Result<Effect, Unlisted> {
+        if let Some(e) = self.known(tool) {
+            return Ok(e);
+        }
+        let due = {
+            let mut at = self.relisted.lock().unwrap_or_else(|p| p.into_inner());
+            let now = tokio::time::Instant::now();
+            let due = at.is_none_or(|t| now.duration_since(t) >= RELIST_INTERVAL);
+            if due {
+                *at = Some(now);
+            }
+            due
         };
-        if let Some(e) = known(self) {
-            return e;
+        if due {
+            if let Err(e) = self.tools().await {
+                return Err(Unlisted::NoListing(e));
+            }
         }
-        if let Err(e) = self.tools().await {
-            crate::log(&format!(
-                "gateway: server {} did not list its tools ({e}): unlisted tools count as non-idempotent writes",
-                self.name
-            ));
-        }
-        known(self).unwrap_or(Effect::NonIdempotentWrite)
+        self.known(tool).ok_or(Unlisted::Unknown)
+    }
+
+    fn known(&self, tool: &str) -> Option<Effect> {
+        self.effects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(tool)
+            .copied()
     }
 
     /// Call `tool` with `arguments`, waiting at most `timeout`.
@@ -126,7 +172,7 @@ impl Backend {
     ) -> Called {
         let client = match self.client().await {
             Ok(c) => c,
-            Err(e) => return Called::Lost(format!("cannot connect: {e}")),
+            Err(e) => return Called::NotSent(e),
         };
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         match tokio::time::timeout(timeout, client.peer().call_tool(params)).await {
@@ -142,12 +188,11 @@ impl Backend {
 }
 
 /// Start or reach the server and run MCP's initialize exchange with it.
-async fn connect(target: &Target) -> Result<Client, String> {
+async fn connect(target: &Target, hidden_env: &[String]) -> Result<Client, String> {
     match target {
         Target::Command(command) => {
             let (program, args) = command.split_first().ok_or("no command")?;
-            let mut c = tokio::process::Command::new(program);
-            c.args(args);
+            let c = command_of(program, args, hidden_env);
             // The server's stderr is the daemon's (a pipe no one reads would fill).
             let (transport, _) = TokioChildProcess::builder(c)
                 .stderr(std::process::Stdio::inherit())
@@ -170,5 +215,60 @@ async fn connect(target: &Target) -> Result<Client, String> {
             let transport = StreamableHttpClientTransport::from_config(config);
             ().serve(transport).await.map_err(|e| e.to_string())
         }
+    }
+}
+
+/// The command of a stdio server: `tally serve`'s environment without `hidden_env`.
+fn command_of(program: &str, args: &[String], hidden_env: &[String]) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(program);
+    c.args(args);
+    for name in hidden_env {
+        c.env_remove(name);
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stdio_server_is_started_without_the_credentials() {
+        let hidden = ["TALLY_TEST_SECRET_A".to_owned(), "PATH".to_owned()];
+        let c = command_of("true", &[], &hidden);
+        let envs: Vec<_> = c.as_std().get_envs().collect();
+        for name in &hidden {
+            assert!(
+                envs.contains(&(std::ffi::OsStr::new(name), None)),
+                "{name} is not removed: {envs:?}"
+            );
+        }
+    }
+
+    /// A server that never answers (`sleep` speaks no MCP): its listing ends at the time
+    /// bound, its tools are not called, and a second unknown name does not list again.
+    #[tokio::test]
+    async fn a_hung_server_costs_one_bounded_listing_and_its_tools_are_not_called() {
+        let server = Server {
+            name: "hung".to_owned(),
+            target: Target::Command(vec!["sleep".to_owned(), "12".to_owned()]),
+        };
+        let backend = Backend::new(server, Arc::from(Vec::new()));
+        let start = std::time::Instant::now();
+        assert!(matches!(
+            backend.effect("any").await,
+            Err(Unlisted::NoListing(_))
+        ));
+        let first = start.elapsed();
+        assert!(
+            first >= LIST_TIMEOUT && first < LIST_TIMEOUT * 2,
+            "{first:?}"
+        );
+        let again = std::time::Instant::now();
+        assert!(matches!(
+            backend.effect("other").await,
+            Err(Unlisted::Unknown)
+        ));
+        assert!(again.elapsed() < Duration::from_secs(1), "it listed again");
     }
 }

@@ -15,7 +15,7 @@ use serde_json::Value;
 use tally_record::Status;
 use tally_wire::StartRequest;
 
-use super::servers::{Backend, Called};
+use super::servers::{Backend, Called, Unlisted};
 use super::SEPARATOR;
 use crate::call::{self, Asker, Gated, Last};
 use crate::classify::Call;
@@ -111,6 +111,18 @@ fn invalid(why: String) -> ErrorData {
     ErrorData::new(ErrorCode::INVALID_PARAMS, why, None)
 }
 
+/// The answer to a call of a tool its server did not list: not checked, not made.
+fn unlisted(why: Unlisted, name: &str) -> ErrorData {
+    invalid(match why {
+        Unlisted::Unknown => format!(
+            "unknown tool `{name}`: its server did not list it (see tools/list); the call was not made"
+        ),
+        Unlisted::NoListing(e) => format!(
+            "tool `{name}`: its server did not list its tools ({e}); the call was not made"
+        ),
+    })
+}
+
 impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
@@ -135,9 +147,12 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         self.gate(&context)?;
+        // Every server at once: one that hangs costs the list its time bound, no more.
+        let listed =
+            futures::future::join_all(self.shared.backends.iter().map(|b| b.tools())).await;
         let mut tools = Vec::new();
-        for b in &self.shared.backends {
-            match b.tools().await {
+        for (b, listed) in self.shared.backends.iter().zip(listed) {
+            match listed {
                 Ok(t) => tools.extend(t),
                 Err(e) => crate::log(&format!(
                     "gateway: server {} did not list its tools, left out of this list: {e}",
@@ -178,7 +193,10 @@ impl ServerHandler for Session {
                 "the call's arguments cannot be digested ({e}); the call was not made"
             ))
         })?;
-        let effect = backend.effect(tool).await;
+        let effect = backend
+            .effect(tool)
+            .await
+            .map_err(|u| unlisted(u, &c.name))?;
         let full = format!("{server}/{tool}");
         let request = call::check_request(run, &self.shared.asker, full.clone(), args, effect);
         let (gated, last) = call::ask(gate, request, c.trace.clone(), &full).await;
@@ -240,6 +258,7 @@ impl Allowed {
                     call::answered(run, asker, attempt, None, Some(&value))
                 }
                 Called::Timeout => call::outcome(run, asker, attempt, Status::Timeout),
+                Called::NotSent(_) => call::outcome(run, asker, attempt, Status::Error),
                 Called::Lost(_) => {
                     if self.effect == tally_record::Effect::NonIdempotentWrite {
                         let mut e = ending.lock().unwrap_or_else(|p| p.into_inner());
@@ -268,6 +287,10 @@ fn answer(
         Some(Called::Timeout) => tool_result(crate::reply::tool_error(
             format!("tally: {full} did not answer within {}, the time the gate allowed this call; its outcome is recorded as timeout. The tool may or may not have acted: check before calling it again.",
                 tally_record::words::duration(timeout.as_millis() as u64)),
+            None,
+        )),
+        Some(Called::NotSent(why)) => tool_result(crate::reply::tool_error(
+            format!("tally: {server} could not be reached ({why}); the call was not sent and its outcome is recorded as error."),
             None,
         )),
         Some(Called::Lost(why)) => tool_result(crate::reply::tool_error(
