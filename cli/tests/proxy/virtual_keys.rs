@@ -52,16 +52,9 @@ fn code(a: &Answer) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_calls_with_a_key_over_ten_tasks_stop_at_its_principals_budget() {
-    let upstream = FakeUpstream::start(FakeOptions::default());
-    let dir = tempfile::tempdir().expect("dir");
-    let uid = std::fs::metadata(dir.path()).expect("meta").uid();
     // Runs of $10 each; the key's principal (this uid) has $1 a day across all of them:
     // a `fake-ok` call settles $0.051, so about nineteen calls fit.
-    let policy = format!(
-        "{}\n[principals.uid.{uid}]\nspend_usd = \"1\"\n",
-        policy(&upstream, 1000)
-    );
-    let mut served = Served::new(dir.path(), &policy);
+    let (upstream, dir, uid, mut served) = keyed("spend_usd = \"1\"\n");
     let uid_arg = uid.to_string();
     let made: Value = serde_json::from_str(&tally().ok(
         dir.path(),
@@ -314,6 +307,19 @@ async fn keys_are_the_operators_and_a_bad_request_makes_none() {
     let (status, v) = operator(&served, "GET", "/v1/keys").await;
     assert_eq!((status, v), (200, json!([])), "nothing was made");
 }
+/// A fake upstream, a directory, its owner's uid and `tally serve` on it, under the
+/// proxy's policy with the uid's principal lines `principal` (`spend_usd = ...` and so on).
+fn keyed(principal: &str) -> (FakeUpstream, tempfile::TempDir, u32, Served) {
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let dir = tempfile::tempdir().expect("dir");
+    let uid = std::fs::metadata(dir.path()).expect("meta").uid();
+    let policy = format!(
+        "{}\n[principals.uid.{uid}]\n{principal}",
+        policy(&upstream, 1000)
+    );
+    let served = Served::new(dir.path(), &policy);
+    (upstream, dir, uid, served)
+}
 
 /// A key for this uid with `extra` arguments (`--budget-per-day`...): the key and its id.
 fn key_with(dir: &Path, uid: u32, extra: &[&str]) -> (String, String) {
@@ -404,16 +410,10 @@ fn assert_key_refusal(a: &Answer, id: &str, budget: u64) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_call_holds_what_the_gate_reserves_its_tools_price_if_more() {
-    let upstream = FakeUpstream::start(FakeOptions::default());
-    let dir = tempfile::tempdir().expect("dir");
-    let uid = std::fs::metadata(dir.path()).expect("meta").uid();
     // A call to `openai` reserves at least $0.50 (its worst case is far less): a key of
     // $0.40 a day has no room for one.
-    let policy = format!(
-        "{}\n[principals.uid.{uid}]\nspend_usd = \"100\"\n\n[tool_prices]\nopenai = \"0.5\"\n",
-        policy(&upstream, 1000)
-    );
-    let mut served = Served::new(dir.path(), &policy);
+    let (upstream, dir, uid, mut served) =
+        keyed("spend_usd = \"100\"\n\n[tool_prices]\nopenai = \"0.5\"\n");
     let (key, id) = key_with(dir.path(), uid, &["--budget-per-day", "0.4"]);
     let a = key_call(&served, &key, "priced").await;
     let k = assert_key_refusal(&a, &id, 400_000_000);
@@ -428,16 +428,9 @@ async fn a_keys_call_holds_what_the_gate_reserves_its_tools_price_if_more() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_budget_per_day_stops_its_calls_over_ten_tasks_and_a_restart_keeps_it() {
-    let upstream = FakeUpstream::start(FakeOptions::default());
-    let dir = tempfile::tempdir().expect("dir");
-    let uid = std::fs::metadata(dir.path()).expect("meta").uid();
     // The principal may spend $100 a day: the key's own $1 a day is what stops it (a
     // `fake-ok` call settles $0.051).
-    let policy = format!(
-        "{}\n[principals.uid.{uid}]\nspend_usd = \"100\"\n",
-        policy(&upstream, 1000)
-    );
-    let mut served = Served::new(dir.path(), &policy);
+    let (upstream, dir, uid, mut served) = keyed("spend_usd = \"100\"\n");
     let (key, id) = key_with(dir.path(), uid, &["--budget-per-day", "1"]);
     let budget = 1_000_000_000;
     let (mut allowed, mut refused, mut first_run) = (0u64, 0u64, None);
@@ -520,14 +513,7 @@ async fn a_keys_budget_per_day_stops_its_calls_over_ten_tasks_and_a_restart_keep
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_racing_calls_on_a_keys_last_cents_never_pass_its_budget() {
-    let upstream = FakeUpstream::start(FakeOptions::default());
-    let dir = tempfile::tempdir().expect("dir");
-    let uid = std::fs::metadata(dir.path()).expect("meta").uid();
-    let policy = format!(
-        "{}\n[principals.uid.{uid}]\nspend_usd = \"100\"\nruns = 1000\n",
-        policy(&upstream, 1000)
-    );
-    let served = Served::new(dir.path(), &policy);
+    let (upstream, dir, uid, served) = keyed("spend_usd = \"100\"\nruns = 1000\n");
     // A call's worst case, as a key of one nanodollar a day is told it needs.
     let (tiny, tiny_id) = key_with(dir.path(), uid, &["--budget-per-day", "0.000000001"]);
     let a = key_call(&served, &tiny, "probe").await;
