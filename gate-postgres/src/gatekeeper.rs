@@ -23,3 +23,25 @@ pub fn gatekeeper(
         .with_clock(clock);
     Ok(Arc::new(gate))
 }
+
+/// [`gatekeeper`] in the leased mode (`tally serve --state URL --leases`): runs with a
+/// budget are decided at home on this daemon inside its slices (docs/FLEET.md, "The
+/// leased mode"), and the holder's lease thread ticks every `setup.refresh`. Also the
+/// holder's slices (their counters, for the daemon's metrics).
+pub fn leased_gatekeeper(
+    ledger: Arc<Ledger>,
+    options: &Options,
+    setup: &crate::LeaseSetup,
+    policy: tally_policy::Recorded,
+    clock: Arc<dyn tally_gate::Clock>,
+) -> Result<(Arc<dyn tally_gate::Gatekeeper>, Arc<crate::Slices>), String> {
+    let backend = crate::open_leased(Arc::clone(&ledger), options, setup, |_| None, None)
+        .map_err(|e| e.to_string())?;
+    let slices = Arc::clone(backend.slices());
+    crate::spawn_timer(Arc::clone(&slices), setup.refresh)
+        .map_err(|e| format!("cannot start the lease thread: {e}"))?;
+    let gate = tally_gate::Gate::with_backend(ledger, backend, policy)
+        .map_err(|e| e.to_string())?
+        .with_clock(clock);
+    Ok((Arc::new(gate), slices))
+}

@@ -38,10 +38,12 @@ mod schema;
 mod state;
 mod txn;
 pub use gatekeeper::gatekeeper;
+pub use gatekeeper::leased_gatekeeper;
 pub use lease::{
-    on_lease_event, spawn_ticks, Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, LeaseEvent,
-    LeaseMetrics, LeaseOptions, Leases, Outlook, Reclaimed, Released, Scope, ScopeKind, Sink,
-    SliceError, SliceOptions, Slices, Spent, Taken, Ticked,
+    on_lease_event, open_leased, spawn_ticks, spawn_timer, Amounts, Caps, Grant, Lease, LeaseClock,
+    LeaseError, LeaseEvent, LeaseMetrics, LeaseOptions, LeaseSetup, Leased, LeasedTxn, Leases,
+    Outlook, Reclaimed, Released, Scope, ScopeKind, Sink, SliceError, SliceOptions, Slices, Spent,
+    Taken, Ticked,
 };
 pub use overview::VIEW_SUFFIX;
 
@@ -60,7 +62,7 @@ use schema::{Statements, WRITE};
 pub use txn::PostgresTxn;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -315,6 +317,9 @@ impl Postgres {
                 write: p(WRITE)?,
                 next_version: p("SELECT nextval('tally_state_version')")?,
                 lease_step: p("SELECT tally_lease_step($1, $2, $3, $4, $5, $6, $7, $8)")?,
+                home_read: p(lease::HOME_READ)?,
+                home_peek: p(lease::HOME_PEEK)?,
+                home_write: p(lease::HOME_WRITE)?,
             })
         })();
         match prepared {

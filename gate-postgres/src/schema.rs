@@ -87,6 +87,12 @@ pub(crate) struct Statements {
     pub(crate) write: Statement,
     pub(crate) next_version: Statement,
     pub(crate) lease_step: Statement,
+    /// A run's row, home and scope, locked if this holder may decide it (`lease::home`).
+    pub(crate) home_read: Statement,
+    /// A run's row and home, not locked (`lease::home`).
+    pub(crate) home_peek: Statement,
+    /// A run's state written by the holder it lives on (`lease::home::HOME_WRITE`).
+    pub(crate) home_write: Statement,
 }
 
 pub(crate) const WRITE: &str = "
@@ -94,7 +100,8 @@ WITH r AS (
     INSERT INTO tally_runs (name, state, version, owner_uid, parent, open)
     SELECT $1::text, $2::bytea, 1, $3::bigint, $4::text, $5::boolean WHERE $1::text IS NOT NULL
     ON CONFLICT (name) DO UPDATE SET state = EXCLUDED.state, version = tally_runs.version + 1,
-        owner_uid = EXCLUDED.owner_uid, parent = EXCLUDED.parent, open = EXCLUDED.open
+        owner_uid = EXCLUDED.owner_uid, parent = EXCLUDED.parent, open = EXCLUDED.open,
+        home = NULL
     RETURNING version),
 t AS (
     INSERT INTO tally_tools (name, state, in_flight, version)
@@ -312,6 +319,25 @@ END
 $f$;
 ";
 
+/// Version 8: a run's home (docs/FLEET.md, "The leased mode"): the holder deciding a
+/// leased run on its own copy of the run's state, written through on every decision it
+/// makes (guarded by this column), or NULL. A central write of the run takes the home
+/// back (sets it NULL): the holder's next write fails its guard and reloads the row.
+pub(crate) const SCHEMA_V8: &str = "
+ALTER TABLE tally_runs ADD COLUMN IF NOT EXISTS home text;
+CREATE OR REPLACE FUNCTION tally_home_write(n text, s bytea, o boolean, h text, expected text)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    UPDATE tally_runs SET state = s, version = version + 1, open = o, home = h
+    WHERE name = n AND state IS NOT NULL AND home IS NOT DISTINCT FROM expected;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % is no longer at home on this host (a central decision took it back, or another host took it over): retry', n
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+END
+$f$;
+";
+
 /// One round trip of the migration: bounded by `timeout`, counted in `trips`, its
 /// failure said as the gate says it.
 struct Migration<'a> {
@@ -354,7 +380,7 @@ impl Migration<'_> {
         )?;
         let found: Option<i32> = rows.first().and_then(|r| r.get(0));
         let all = [
-            SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7,
+            SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
         ];
         let from = match found {
             None => 0,

@@ -7,7 +7,7 @@ use tally_gate::GateError;
 use tally_policy::{CredentialState, PrincipalState, RunState, ToolState};
 
 use crate::schema::{decode, encode, NO_UID};
-use crate::txn::{tool_from, PostgresTxn};
+use crate::txn::{tool_from, Extra, PostgresTxn};
 
 impl StateReads for PostgresTxn<'_> {
     fn governs(&mut self, run: &str) -> Result<bool, GateError> {
@@ -117,7 +117,7 @@ impl StateTxn for PostgresTxn<'_> {
         self.tools.extend(write.snapshot.tools);
         self.credentials.extend(write.snapshot.credentials);
         self.principals.extend(write.snapshot.principals);
-        let version = self.persist(write.durable)?;
+        let version = self.persist(write.durable, &Extra::default())?;
         let batch = (write.records)(version)?;
         // Queued under the local lock: this ledger's order is the order state changed.
         let ledger = &self.backend.ledger;
@@ -135,7 +135,7 @@ impl StateTxn for PostgresTxn<'_> {
 /// principal row inserted first so there is always a row to lock.
 impl PostgresTxn<'_> {
     /// A run's state (locked), if the run exists.
-    fn load_run(&mut self, run: &str) -> Result<Option<RunState>, GateError> {
+    pub(crate) fn load_run(&mut self, run: &str) -> Result<Option<RunState>, GateError> {
         if let Some(r) = self.runs.get(run) {
             return Ok(Some(r.clone()));
         }
@@ -233,7 +233,11 @@ impl PostgresTxn<'_> {
     /// Write back the state of `scopes` and every tool, credential and principal read,
     /// commit, and give the state version the decision is recorded at (taken once every
     /// row it touches is held).
-    fn persist(&mut self, scopes: &[Scopes<'_>]) -> Result<u64, GateError> {
+    pub(crate) fn persist(
+        &mut self,
+        scopes: &[Scopes<'_>],
+        extra: &Extra,
+    ) -> Result<u64, GateError> {
         if !self.open {
             return Err(GateError::Unavailable(
                 "the gate's transaction already ended".into(),
@@ -285,7 +289,10 @@ impl PostgresTxn<'_> {
                 creds.get(i).map(String::as_str),
             )
         });
-        let steps = self.lease_steps(&runs);
-        self.seal(last, &steps)
+        let mut steps = self.lease_steps(&runs);
+        steps.extend(extra.steps.iter().cloned());
+        let rank = |k: &str| u8::from(k != "run");
+        steps.sort_by(|a, b| (rank(a.kind), &a.key).cmp(&(rank(b.kind), &b.key)));
+        self.seal(last, &steps, &extra.homes)
     }
 }

@@ -242,6 +242,7 @@ impl PostgresTxn<'_> {
         &mut self,
         last: Option<WriteRow>,
         steps: &[LeaseStep],
+        homes: &[HomeWrite],
     ) -> Result<u64, GateError> {
         if !self.open {
             return Err(GateError::Unavailable(
@@ -281,10 +282,12 @@ impl PostgresTxn<'_> {
                 }
             }
             let stepped = step_scopes(client, &st.lease_step, steps);
-            let (_, _, stepped, version, committed) = tokio::join!(
+            let homed = write_homes(client, &st.home_write, homes);
+            let (_, _, stepped, homed, version, committed) = tokio::join!(
                 began.as_mut(),
                 written.as_mut(),
                 stepped,
+                homed,
                 client.query_one(&st.next_version, &[]),
                 client.batch_execute("COMMIT")
             );
@@ -294,7 +297,7 @@ impl PostgresTxn<'_> {
             if let Some(r) = written.as_mut().take_output() {
                 r?;
             }
-            for r in stepped {
+            for r in stepped.into_iter().chain(homed) {
                 r?;
             }
             let version = version?;
@@ -354,8 +357,43 @@ async fn step_scopes(
     .await
 }
 
+/// Each run at home written through, guarded (sent in order on the first poll): a
+/// guard that fails fails the transaction (its COMMIT only rolls back).
+async fn write_homes(
+    client: &tokio_postgres::Client,
+    statement: &Statement,
+    homes: &[HomeWrite],
+) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
+    futures::future::join_all(homes.iter().map(|h| async move {
+        let p: [&(dyn ToSql + Sync); 5] = [&h.run, &h.state, &h.open, &h.home, &h.expected];
+        client.query(statement, &p).await
+    }))
+    .await
+}
+
+/// A run's state written by the holder it is at home on ([`crate::lease::HOME_WRITE`]).
+#[derive(Clone, Debug)]
+pub(crate) struct HomeWrite {
+    pub(crate) run: String,
+    pub(crate) state: Vec<u8>,
+    pub(crate) open: bool,
+    /// Its home after the decision (NULL once stopped).
+    pub(crate) home: Option<String>,
+    /// The home the copy was read under: the write fails unless the row still says so.
+    pub(crate) expected: Option<String>,
+}
+
+/// What a leased decision writes besides what the transaction read: its runs at home,
+/// and the steps of their scopes (bills, revocations).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Extra {
+    pub(crate) homes: Vec<HomeWrite>,
+    pub(crate) steps: Vec<LeaseStep>,
+}
+
 /// A lease scope (a run's or its principal's) moved by a central decision: settled up
 /// (or down) by `delta` (attempts, nanodollars, side effects, polls), and revoked or not.
+#[derive(Clone, Debug)]
 pub(crate) struct LeaseStep {
     /// `run` or `principal`.
     pub(crate) kind: &'static str,

@@ -233,6 +233,18 @@ impl Slices {
         need: Amounts,
         clock: impl Fn() -> Instant,
     ) -> Result<Taken, SliceError> {
+        self.take_on(scopes, need, clock).map(|(taken, _)| taken)
+    }
+
+    /// [`Slices::take_at`], saying also the slice of the first scope the use was
+    /// counted on (`None`: taken centrally): what it gives back later is given back on
+    /// that slice only ([`Slices::give_on`]).
+    pub fn take_on(
+        &self,
+        scopes: &[Scope],
+        need: Amounts,
+        clock: impl Fn() -> Instant,
+    ) -> Result<(Taken, Option<i64>), SliceError> {
         if scopes.is_empty() {
             return Err(SliceError::NoScope);
         }
@@ -273,7 +285,8 @@ impl Slices {
                     h.last_used = now;
                 }
             }
-            return Ok(Taken::Local);
+            let on = scopes.first().and_then(|s| local.held.get(s));
+            return Ok((Taken::Local, on.map(|h| h.lease.id)));
         }
         // The host's own slices of these scopes go back first: its remnants never keep
         // the last units from the central path.
@@ -283,7 +296,7 @@ impl Slices {
             }
         }
         drop(local);
-        self.central(scopes, need)
+        self.central(scopes, need).map(|taken| (taken, None))
     }
 
     fn central(&self, scopes: &[Scope], need: Amounts) -> Result<Taken, SliceError> {
@@ -390,6 +403,20 @@ impl Slices {
                 h.used = Amounts::from_each([0, 1, 2, 3].map(|i| u[i].saturating_sub(f[i])));
             }
         }
+    }
+
+    /// An outcome gave back `freed` of what a use counted on slice `lease` of `scope`:
+    /// that slice has that much more room if it is still the one held (a slice
+    /// returned or replaced meanwhile keeps it counted as used: the conservative side).
+    /// Whether it was given back.
+    pub fn give_on(&self, scope: &Scope, lease: i64, freed: Amounts) -> bool {
+        let mut local = self.lock();
+        let Some(h) = local.held.get_mut(scope).filter(|h| h.lease.id == lease) else {
+            return false;
+        };
+        let (u, f) = (h.used.each(), h.counted(&freed).each());
+        h.used = Amounts::from_each([0, 1, 2, 3].map(|i| u[i].saturating_sub(f[i])));
+        true
     }
 
     /// Return a slice saying `used`, without the holder's lock while the database

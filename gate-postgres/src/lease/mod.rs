@@ -11,10 +11,13 @@
 //! fits ([`Slices::take`]), refills, central spends of the last units, and the periodic
 //! work ([`Slices::tick`]). The gate's decisions do not call it yet.
 
+mod backend;
 mod calls;
 mod central;
 mod events;
 mod holder;
+mod home;
+mod open;
 mod sql;
 mod tick;
 mod types;
@@ -25,8 +28,11 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::{Client, NoTls, Row};
 
+pub use backend::{Leased, LeasedTxn};
 pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 pub use holder::{SliceError, SliceOptions, Slices, Taken};
+pub(crate) use home::{HOME_PEEK, HOME_READ, HOME_WRITE};
+pub use open::{open_leased, spawn_timer, LeaseSetup};
 pub use tick::{spawn_ticks, Ticked};
 pub use types::{
     Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, Outlook, Reclaimed, Released, Scope,

@@ -1,0 +1,125 @@
+//! A leased run's home (docs/FLEET.md, "The leased mode"): the one holder deciding the
+//! run on its own copy of the run's state, folded by the same core. The copy is read
+//! from the run's row when the holder takes the run in ([`HOME_READ`]), and every
+//! decision the holder makes writes it through, guarded ([`HOME_WRITE`]): the write
+//! fails, and the decision is refused (retry), unless the row's home is still what the
+//! copy was read under. A central write of the run sets the home to NULL, so a copy a
+//! central decision (a pause, a stop, a kill through any gate) made stale is never
+//! written: the holder's next decision fails its guard, drops the copy and reads the
+//! row again. The row is never behind a decision the holder answered.
+//!
+//! What a decision used of the run's budget is read off the fold
+//! ([`tally_policy::slice_use`]) and counted in the holder's slice of the run's scope;
+//! what it gives back is given back on the slice the attempt was counted on, only.
+
+use std::collections::BTreeMap;
+
+use tally_policy::{RunCount, RunState, SliceUse};
+
+use super::types::Amounts;
+
+/// A run's row, its home and whether a lease scope is defined for it, read and locked
+/// only if this holder may decide it ($2: its name): no home, this holder's, or a
+/// home whose holder has no slice of it out (free to take). A run at home elsewhere is
+/// not locked (its home's writes are never kept waiting behind a refusal): no row,
+/// then [`HOME_PEEK`] says why.
+pub(crate) const HOME_READ: &str = "
+SELECT r.state, r.home,
+    EXISTS (SELECT 1 FROM tally_lease_scopes s WHERE s.kind = 'run' AND s.key = r.name)
+FROM tally_runs r WHERE r.name = $1 AND r.state IS NOT NULL
+  AND (r.home IS NULL OR r.home = $2 OR NOT EXISTS (SELECT 1 FROM tally_leases l
+        WHERE l.kind = 'run' AND l.key = r.name AND l.state = 'held' AND l.holder = r.home))
+FOR UPDATE OF r";
+
+/// A run's row and its home, not locked: $1 the run.
+pub(crate) const HOME_PEEK: &str =
+    "SELECT state, home FROM tally_runs WHERE name = $1 AND state IS NOT NULL";
+
+/// A run's state written by the holder it is at home on: $1 run, $2 state, $3 open,
+/// $4 the home after (NULL once stopped), $5 the home the copy was read under. Fails
+/// the transaction if the row's home is not $5 (`schema::SCHEMA_V8`).
+pub(crate) const HOME_WRITE: &str = "SELECT tally_home_write($1, $2, $3, $4, $5)";
+
+/// A run at home on this holder: its state as the last decision left it, and the
+/// slice each of its open attempts' uses was counted on.
+#[derive(Clone, Debug)]
+pub(crate) struct Home {
+    pub(crate) state: RunState,
+    /// The home its row holds (this holder's name), as the guard expects it.
+    pub(crate) expected: Option<String>,
+    /// Attempt number: the slice of the run's scope its allow was counted on.
+    pub(crate) taken_on: BTreeMap<u64, i64>,
+}
+
+/// How the gate found a run it named.
+#[derive(Clone, Debug)]
+pub(crate) enum Found {
+    /// No lease scope: decided centrally, as without leases.
+    Central,
+    /// At home here (taken in now, or kept): decided on the copy.
+    Home(Home),
+}
+
+/// What [`HOME_READ`] found: the row's state, home and whether it has a scope.
+pub(crate) fn found(state: RunState, home: Option<String>, scoped: bool) -> Found {
+    if !scoped {
+        return Found::Central;
+    }
+    Found::Home(Home {
+        state,
+        expected: home,
+        taken_on: BTreeMap::new(),
+    })
+}
+
+/// What a decision moved in its run's budget, read off the fold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Moved {
+    /// Taken (an allow's attempt, reservation, side effect, poll; an outcome's overrun).
+    pub(crate) took: Amounts,
+    /// Given back (an outcome below its reservation, a refund, a rejected call).
+    pub(crate) gave: Amounts,
+    /// Settled what was already done (it opened no attempt): a bill, applied whatever
+    /// room is left ([`tally_policy::incurred`]).
+    pub(crate) bill: bool,
+}
+
+/// What the decision from `before` to `after` moved.
+pub(crate) fn moved(before: &RunState, after: &RunState) -> Moved {
+    let (took, gave) = tally_policy::slice_use(RunCount::of(before), RunCount::of(after));
+    Moved {
+        took: amounts(took),
+        gave: amounts(gave),
+        bill: tally_policy::incurred(before, after),
+    }
+}
+
+fn amounts(u: SliceUse) -> Amounts {
+    Amounts {
+        attempts: u.attempts,
+        nanos: u.nanos,
+        effects: u.side_effects,
+        polls: u.polls,
+    }
+}
+
+/// Whether a run is held (paused or stopped): a change of it revokes or allows its
+/// scope's slices.
+pub(crate) fn held(run: &RunState) -> bool {
+    run.paused || run.stop.is_some()
+}
+
+/// The attempts `after` opened that `before` did not have.
+pub(crate) fn opened(before: &RunState, after: &RunState) -> Vec<u64> {
+    after
+        .open
+        .keys()
+        .filter(|a| !before.open.contains_key(a))
+        .copied()
+        .collect()
+}
+
+/// The attempts `before` had open that `after` closed.
+pub(crate) fn closed(before: &RunState, after: &RunState) -> Vec<u64> {
+    opened(after, before)
+}

@@ -1,0 +1,333 @@
+//! The leased mode on a real PostgreSQL (docs/FLEET.md, "The leased mode"): gates whose
+//! runs are decided at home on one holder, inside its slice of the run's scope. Two
+//! holders racing one run's last cents and attempts never pass its budget; a pause,
+//! resume or stop through another gate takes the run's home back and holds at the
+//! home's next call; a holder that dies leaves the run to another once its slice is
+//! reclaimed, with nothing it answered lost; an outcome below its reservation gives the
+//! difference back on the slice that took it. Lease time is on a manual clock and
+//! ticks are given their time: nothing sleeps.
+
+mod common;
+
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use common::lease::{amounts, at_noon, MARGIN, TTL};
+use common::Cluster;
+use serde_json::json;
+use tally_gate::{Caller, CheckAnswer, Gate, GateError, StopRequest};
+use tally_gate_postgres::{
+    open_leased, LeaseClock, LeaseOptions, LeaseSetup, Leased, Options, Scope, ScopeKind,
+    SliceOptions, Slices,
+};
+use tally_ledger::Reason;
+use tally_policy::{Recorded, Verdict};
+
+const OPERATOR: Caller = Caller {
+    uid: None,
+    operator: true,
+    proxied: false,
+};
+
+/// A leased gate named `holder` over its own ledger in `dir`, leases on `clock`.
+fn leased(cluster: &Cluster, dir: &std::path::Path, holder: &str, clock: &LeaseClock) -> Host {
+    let ledger = common::ledger(dir);
+    let setup = LeaseSetup {
+        leases: LeaseOptions {
+            ttl: TTL,
+            margin: MARGIN,
+            clock: clock.clone(),
+        },
+        slices: SliceOptions::default(),
+        ..LeaseSetup::new(holder)
+    };
+    let backend = open_leased(
+        Arc::clone(&ledger),
+        &Options::new(&cluster.url()),
+        &setup,
+        |_| None,
+        None,
+    )
+    .expect("leased backend");
+    let slices = Arc::clone(backend.slices());
+    let policy = Recorded::new("[approvals]\nask_on = []\n").expect("policy");
+    let gate = Gate::with_backend(ledger, backend, policy).expect("gate");
+    Host { gate, slices }
+}
+
+/// A leased gate and its holder's slices.
+struct Host {
+    gate: Gate<Leased>,
+    slices: Arc<Slices>,
+}
+
+impl std::ops::Deref for Host {
+    type Target = Gate<Leased>;
+    fn deref(&self) -> &Gate<Leased> {
+        &self.gate
+    }
+}
+
+fn slices(host: &Host) -> Arc<Slices> {
+    Arc::clone(&host.slices)
+}
+
+fn start(gate: &Gate<Leased>, req: serde_json::Value) {
+    gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
+        .expect("start");
+}
+
+/// A check of a call not made before (each a new operation: no loop breaker trips).
+fn check(gate: &Gate<Leased>, run: &str, reserve_cents: u64) -> Result<CheckAnswer, GateError> {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let req = json!({"run": run, "tool": "llm", "operation": format!("q{n}"), "effect": "read", "reserve_cents": reserve_cents});
+    gate.check_blocking(OPERATOR, serde_json::from_value(req).expect("check"))
+}
+
+fn outcome(gate: &Gate<Leased>, run: &str, attempt: u64, cents: u64) -> Result<(), GateError> {
+    let req = json!({"run": run, "attempt": attempt, "status": "ok", "settled_cents": cents});
+    gate.outcome_blocking(OPERATOR, serde_json::from_value(req).expect("outcome"))
+        .map(drop)
+}
+
+/// A check retried while it is refused as unavailable (the run at home elsewhere, or
+/// its home just taken back), at most `tries` times.
+fn check_retried(
+    gate: &Gate<Leased>,
+    run: &str,
+    cents: u64,
+    tries: usize,
+) -> Result<CheckAnswer, GateError> {
+    let mut last = check(gate, run, cents);
+    for _ in 1..tries {
+        match last {
+            Err(GateError::Unavailable(_)) => last = check(gate, run, cents),
+            _ => break,
+        }
+    }
+    last
+}
+
+fn verdict(r: &Result<CheckAnswer, GateError>) -> String {
+    match r {
+        Ok(a) => match a.reason {
+            None => format!("{:?}", a.decision),
+            Some(reason) => format!("{:?} {reason:?}", a.decision),
+        },
+        Err(GateError::Stopped(a)) => format!("stopped {:?}", a.reason),
+        Err(GateError::Unavailable(_)) => "unavailable".into(),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+/// 8 workers per gate check (reserving 30 cents) and settle 30 cents until refused; the
+/// holders tick at a time far ahead whenever no worker ended for a while, so a home
+/// idle elsewhere is given back. The allows per gate.
+fn race(gates: &[Arc<Host>], run: &str) -> Vec<u64> {
+    let (ended, ends) = mpsc::channel();
+    for (g, gate) in gates.iter().enumerate() {
+        for _ in 0..8 {
+            let (gate, ended, run) = (Arc::clone(gate), ended.clone(), run.to_owned());
+            std::thread::spawn(move || {
+                let mut allowed = 0;
+                loop {
+                    match check(&gate, &run, 30) {
+                        Ok(a) if a.decision == Verdict::Allow => {
+                            allowed += 1;
+                            let attempt = a.attempt.expect("attempt");
+                            while let Err(e) = outcome(&gate, &run, attempt, 30) {
+                                assert!(matches!(e, GateError::Unavailable(_)), "{e}");
+                            }
+                        }
+                        Err(GateError::Unavailable(_)) => continue,
+                        Ok(a) => {
+                            assert_eq!(a.reason, Some(Reason::ReservationInsufficient));
+                            break;
+                        }
+                        Err(GateError::Stopped(_)) => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                let _ = ended.send((g, allowed));
+            });
+        }
+    }
+    drop(ended);
+    let far = Instant::now() + Duration::from_secs(3600);
+    let mut allows = vec![0; gates.len()];
+    let mut left = gates.len() * 8;
+    while left > 0 {
+        match ends.recv_timeout(Duration::from_millis(200)) {
+            Ok((g, n)) => {
+                allows[g] += n;
+                left -= 1;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                for gate in gates {
+                    slices(gate).tick(far);
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    allows
+}
+
+#[test]
+fn two_holders_racing_one_runs_last_cents_never_pass_its_budget() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let dirs = [
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    ];
+    let gates: Vec<Arc<Host>> = ["host-a", "host-b"]
+        .iter()
+        .zip(&dirs)
+        .map(|(h, d)| Arc::new(leased(&cluster, d.path(), h, &clock)))
+        .collect();
+    // 1,000 cents at 30 a call: 33 calls; 40 attempts: the cents run out first.
+    start(
+        &gates[0],
+        json!({"run": "r", "budget": {"attempts": 40, "spend_cents": 1000}}),
+    );
+    let allows = race(&gates, "r");
+    assert_eq!(
+        allows.iter().sum::<u64>(),
+        33,
+        "allows per holder: {allows:?}"
+    );
+    for gate in &gates {
+        slices(gate).close();
+    }
+    let scope = Scope::new(ScopeKind::Run, "r");
+    let [settled_a, settled_n, leased_a, leased_n] = amounts(
+        &cluster,
+        &scope,
+        [
+            "settled_attempts",
+            "settled_nanos",
+            "leased_attempts",
+            "leased_nanos",
+        ],
+    );
+    assert_eq!([leased_a, leased_n], [0, 0], "every slice given back");
+    assert_eq!(settled_a, 33, "the scope settled what was allowed");
+    assert_eq!(settled_n, 990 * 10_000_000, "30 cents each, in nanodollars");
+    // A third gate, on the run's row: the budget's last 10 cents, nothing more.
+    let dir = tempfile::tempdir().expect("dir");
+    let late = leased(&cluster, dir.path(), "host-c", &clock);
+    assert_eq!(
+        verdict(&check_retried(&late, "r", 30, 50)),
+        "Deny ReservationInsufficient"
+    );
+}
+
+#[test]
+fn a_pause_through_another_gate_holds_the_run_at_its_homes_next_call() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let (da, db) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let a = leased(&cluster, da.path(), "host-a", &clock);
+    let b = leased(&cluster, db.path(), "host-b", &clock);
+    start(&a, json!({"run": "p", "budget": {"attempts": 20}}));
+    let home = verdict(&check(&a, "p", 0));
+    let elsewhere = verdict(&check(&b, "p", 0));
+    b.pause_blocking(OPERATOR, "p", true)
+        .expect("pause through b");
+    let first = verdict(&check(&a, "p", 0));
+    let then = verdict(&check(&a, "p", 0));
+    b.pause_blocking(OPERATOR, "p", false)
+        .expect("resume through b");
+    let resumed = verdict(&check_retried(&a, "p", 0, 3));
+    b.stop_blocking(OPERATOR, "p", StopRequest::default())
+        .expect("kill through b");
+    let killed = verdict(&check_retried(&a, "p", 0, 3));
+    assert_eq!(
+        format!("home {home}; elsewhere {elsewhere}; paused: {first}, then {then}; resumed {resumed}; killed {killed}"),
+        "home Allow; elsewhere unavailable; paused: unavailable, then Deny RunPaused; resumed Allow; killed stopped Some(KilledByOperator)"
+    );
+}
+
+#[test]
+fn a_dead_holders_run_goes_on_elsewhere_once_its_slice_is_reclaimed() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = at_noon();
+    let (da, db) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let a = leased(&cluster, da.path(), "host-a", &clock);
+    let b = leased(&cluster, db.path(), "host-b", &clock);
+    start(&a, json!({"run": "d", "budget": {"attempts": 20}}));
+    let mut last = 0;
+    for _ in 0..5 {
+        last = check(&a, "d", 0)
+            .expect("allowed at home")
+            .attempt
+            .expect("attempt");
+    }
+    // Host a dies holding the run's slice: nothing given back.
+    drop(a);
+    let now = Instant::now();
+    assert_eq!(
+        verdict(&check(&b, "d", 0)),
+        "unavailable",
+        "its slice is still out"
+    );
+    clock.advance(TTL);
+    assert_eq!(
+        slices(&b).tick(now).reclaimed,
+        0,
+        "not before expiry plus the margin"
+    );
+    assert_eq!(verdict(&check(&b, "d", 0)), "unavailable");
+    clock.advance(MARGIN + Duration::from_secs(1));
+    assert_eq!(slices(&b).tick(now).reclaimed, 1, "reclaimed once");
+    assert_eq!(slices(&b).tick(now).reclaimed, 0, "and only once");
+    let next = check(&b, "d", 0).expect("decided on b");
+    assert_eq!(next.decision, Verdict::Allow);
+    assert_eq!(
+        next.attempt,
+        Some(last + 1),
+        "the row was never behind what a answered"
+    );
+}
+
+#[test]
+fn an_outcome_below_its_reservation_gives_back_on_the_slice_that_took_it() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let dir = tempfile::tempdir().expect("dir");
+    let a = leased(&cluster, dir.path(), "host-a", &clock);
+    start(&a, json!({"run": "o", "budget": {"spend_cents": 1000}}));
+    let scope = Scope::new(ScopeKind::Run, "o");
+    let attempt = check(&a, "o", 30).expect("allow").attempt.expect("attempt");
+    let (_, used) = slices(&a).held(&scope).expect("a slice");
+    assert_eq!(
+        used.nanos,
+        30 * 10_000_000,
+        "the reservation counted in the slice"
+    );
+    outcome(&a, "o", attempt, 10).expect("outcome");
+    let (_, used) = slices(&a).held(&scope).expect("a slice");
+    assert_eq!(used.nanos, 10 * 10_000_000, "20 cents given back on it");
+    // Settled above a reservation: the overrun is billed to the scope centrally.
+    let attempt = check(&a, "o", 10).expect("allow").attempt.expect("attempt");
+    outcome(&a, "o", attempt, 25).expect("outcome above its reservation");
+    slices(&a).close();
+    let [settled] = amounts(&cluster, &scope, ["settled_nanos"]);
+    assert_eq!(settled, 35 * 10_000_000, "10 + 25 cents settled");
+}
