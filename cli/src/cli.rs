@@ -447,6 +447,31 @@ pub struct ServeArgs {
     /// a Unix socket with peer authentication: a password here is visible to `ps`.
     #[arg(long, value_name = "CONNINFO")]
     pub state: Option<String>,
+    /// Decide runs inside leased slices of their budgets (with --state): a run with a
+    /// budget is decided on the daemon holding its slice, without a round trip for
+    /// the run; its tool, credential and principal stay shared per call
+    /// (docs/FLEET.md, "The leased mode").
+    #[arg(long, requires = "state")]
+    pub leases: bool,
+    /// This daemon's name among the fleet's lease holders: unique in the fleet, the
+    /// same across its restarts [default: ledger-ID, the ledger's id].
+    #[arg(long, value_name = "NAME", requires = "leases")]
+    pub lease_holder: Option<String>,
+    /// How long a leased slice lasts, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    pub lease_ttl_ms: u64,
+    /// How long past its expiry a slice is left to its holder before another daemon
+    /// reclaims it (above the clocks' drift), in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5_000)]
+    pub lease_margin_ms: u64,
+    /// How often the lease thread renews slices in use, gives back idle ones and
+    /// reclaims expired ones, in milliseconds [default: a fifth of --lease-ttl-ms].
+    #[arg(long, value_name = "MS")]
+    pub lease_refresh_ms: Option<u64>,
+    /// A slice not used for this long is given back at the next refresh (its run may
+    /// then be decided on another daemon), in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5_000)]
+    pub lease_idle_ms: u64,
     /// The agent socket's permission bits, in octal.
     #[arg(long, value_name = "MODE", default_value = "0660")]
     pub socket_mode: String,

@@ -14,6 +14,7 @@ mod continuation;
 mod demo;
 mod deny;
 mod desk;
+mod fleet;
 mod gate;
 mod generate;
 mod hook;

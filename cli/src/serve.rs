@@ -14,23 +14,15 @@ pub fn serve(args: Serve) -> Result<Exit> {
 
 /// The daemon's options, or an error naming the flag at fault.
 fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
+    // The CLI wires the backend: the daemon links no database.
+    let state = crate::fleet::shared_state(&args)?;
     let mut options = tally_daemon::ServeOptions::new(args.ledger, args.socket);
+    options.state = state;
     options.listen = args.listen;
     options.operator_socket = args.operator_socket;
     if let Some(path) = args.policy {
         options.policy = read_policy(&path)?;
     }
-    // The CLI wires the backend: the daemon links no database.
-    options.state = args.state.as_deref().map(|url| {
-        let pg = tally_gate_postgres::Options::new(url);
-        tally_daemon::SharedState {
-            timeout: pg.timeout,
-            label: "gate state in PostgreSQL, shared".into(),
-            open: std::sync::Arc::new(move |ledger, policy, clock| {
-                tally_gate_postgres::gatekeeper(ledger, &pg, policy, clock)
-            }),
-        }
-    });
     options.socket_mode =
         tally_daemon::access::parse_socket_mode(&args.socket_mode).context("--socket-mode")?;
     if let Some(group) = &args.socket_group {

@@ -477,6 +477,9 @@ async fn serve_inner(
     while connections.join_next().await.is_some() {}
     let (drained, exports) = drain(&app, max_in_flight, pusher).await;
     notifier.stop().await;
+    // No decision is in flight: the backend gives back what it holds (leased slices).
+    let gate = Arc::clone(&app.gate);
+    let _ = tokio::task::spawn_blocking(move || gate.close()).await;
     let flushed = flush_lingering(&app.ledger).await;
     let gate_failure = app.gate.failure();
     drop((drained, exports, app));

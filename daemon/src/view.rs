@@ -87,6 +87,7 @@ pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::G
                 .map(|(r, n)| (r.as_str(), *n))
                 .collect()
         }),
+        lease_events: app.gate.lease_counts().unwrap_or_default(),
     };
     Ok(app.observer.metrics.encode(&scraped))
 }

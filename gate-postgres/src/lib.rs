@@ -318,7 +318,7 @@ impl Postgres {
                 next_version: p("SELECT nextval('tally_state_version')")?,
                 lease_step: p("SELECT tally_lease_step($1, $2, $3, $4, $5, $6, $7, $8)")?,
                 home_read: p(lease::HOME_READ)?,
-                home_peek: p(lease::HOME_PEEK)?,
+                home_guard: p(lease::HOME_GUARD)?,
                 home_write: p(lease::HOME_WRITE)?,
             })
         })();
@@ -442,6 +442,7 @@ impl StateBackend for Postgres {
             credentials: BTreeMap::new(),
             principals: BTreeMap::new(),
             principals_before: BTreeMap::new(),
+            guards: Vec::new(),
         };
         // BEGIN goes with the transaction's first statement.
         t.open = true;

@@ -87,10 +87,10 @@ pub(crate) struct Statements {
     pub(crate) write: Statement,
     pub(crate) next_version: Statement,
     pub(crate) lease_step: Statement,
-    /// A run's row, home and scope, locked if this holder may decide it (`lease::home`).
+    /// A run's row (locked), home and scope (`lease::home`).
     pub(crate) home_read: Statement,
-    /// A run's row and home, not locked (`lease::home`).
-    pub(crate) home_peek: Statement,
+    /// A run at home here locked, if still at home here (`lease::home`).
+    pub(crate) home_guard: Statement,
     /// A run's state written by the holder it lives on (`lease::home::HOME_WRITE`).
     pub(crate) home_write: Statement,
 }

@@ -33,6 +33,9 @@ pub struct PostgresTxn<'a> {
     /// The principals as they were read, before the decision (what it took of their
     /// leased scopes is the difference, [`tally_policy::principal_use`]).
     pub(crate) principals_before: BTreeMap<String, PrincipalState>,
+    /// Runs decided on their copy at home (run, holder): each locked, and its home
+    /// checked, with the next statement sent ([`crate::lease::HOME_GUARD`]).
+    pub(crate) guards: Vec<(String, String)>,
 }
 
 pub(crate) fn tool_from(row: &Row) -> Result<ToolState, GateError> {
@@ -101,6 +104,8 @@ impl PostgresTxn<'_> {
         let begin = !self.begun;
         let client = &conn.client;
         let statement = st(&conn.st);
+        let guards = std::mem::take(&mut self.guards);
+        let guarded = guard_homes(client, &conn.st.home_guard, &guards);
         let then = async {
             if commit {
                 let (rows, done) = tokio::join!(
@@ -115,20 +120,35 @@ impl PostgresTxn<'_> {
             }
         };
         let r = self.backend.wait(what, async {
-            if begin {
-                let (began, rows) = tokio::join!(client.batch_execute("BEGIN"), then);
-                began?;
-                rows
-            } else {
-                then.await
-            }
+            let began = async {
+                match begin {
+                    true => client.batch_execute("BEGIN").await,
+                    false => Ok(()),
+                }
+            };
+            let (began, held, rows) = tokio::join!(began, guarded, then);
+            began?;
+            Ok((held?, rows?))
         });
-        match &r {
-            Ok(_) if commit => self.open = false,
-            Ok(_) => self.begun = true,
-            Err(_) => self.broken(),
+        match r {
+            Ok((held, _)) if !held => {
+                self.begun = true;
+                Err(GateError::Unavailable(
+                    "a run decided here was taken back (a pause, resume or stop through another gate) or taken over by another host since: retry".into(),
+                ))
+            }
+            Ok((_, rows)) => {
+                match commit {
+                    true => self.open = false,
+                    false => self.begun = true,
+                }
+                Ok(rows)
+            }
+            Err(e) => {
+                self.broken();
+                Err(e)
+            }
         }
-        r
     }
 
     /// The parameters of one write statement: a run's, a tool's and a credential's rows
@@ -355,6 +375,25 @@ async fn step_scopes(
         client.query(statement, &p).await
     }))
     .await
+}
+
+/// Each run decided on its copy at home locked, if still at home here (sent in order on
+/// the first poll): whether every one was.
+async fn guard_homes(
+    client: &tokio_postgres::Client,
+    statement: &Statement,
+    guards: &[(String, String)],
+) -> Result<bool, tokio_postgres::Error> {
+    let rows = futures::future::join_all(guards.iter().map(|(run, me)| async move {
+        let p: [&(dyn ToSql + Sync); 2] = [run, me];
+        client.query(statement, &p).await
+    }))
+    .await;
+    let mut held = true;
+    for r in rows {
+        held &= !r?.is_empty();
+    }
+    Ok(held)
 }
 
 /// Each run at home written through, guarded (sent in order on the first poll): a

@@ -141,6 +141,13 @@ pub trait Gatekeeper: Send + Sync {
     fn policy(&self) -> &Recorded;
     /// Whether the backend blocks its caller on the network ([`StateBackend::networked`]).
     fn networked(&self) -> bool;
+    /// The backend's lease events so far ([`StateBackend::lease_counts`]).
+    fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
+        None
+    }
+    /// Serving ends ([`StateBackend::close`]): call once no decision is in flight, from
+    /// a thread that may block.
+    fn close(&self) {}
 }
 
 impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
@@ -218,5 +225,11 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn networked(&self) -> bool {
         self.backend.networked()
+    }
+    fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
+        self.backend.lease_counts()
+    }
+    fn close(&self) {
+        self.backend.close()
     }
 }

@@ -25,6 +25,7 @@ use load::*;
 mod audit;
 use audit::*;
 mod kill;
+mod leased;
 mod partition;
 mod race;
 mod restart;
@@ -51,8 +52,24 @@ struct Fleet {
     url: String,
     /// The network namespace the daemons run in (None: this process's).
     netns: Option<String>,
+    /// The daemons decide runs inside leased slices (`--leases`, [`LEASES`]).
+    leases: bool,
     children: Vec<Option<Child>>,
 }
+
+/// The leased daemons' flags: short slices (2 s, reclaimed 1 s past their expiry),
+/// ticks every 200 ms, given back idle after 300 ms; `hostN` the holder.
+const LEASES: [&str; 9] = [
+    "--leases",
+    "--lease-ttl-ms",
+    "2000",
+    "--lease-margin-ms",
+    "1000",
+    "--lease-refresh-ms",
+    "200",
+    "--lease-idle-ms",
+    "300",
+];
 
 impl Fleet {
     fn start(cluster: &pg::Cluster) -> Fleet {
@@ -61,6 +78,15 @@ impl Fleet {
 
     /// Daemons connecting to `url`, run in network namespace `netns` if given.
     fn start_on(url: String, netns: Option<String>) -> Fleet {
+        Fleet::start_with(url, netns, false)
+    }
+
+    /// Daemons deciding inside leased slices.
+    fn start_leased(cluster: &pg::Cluster) -> Fleet {
+        Fleet::start_with(cluster.url(), None, true)
+    }
+
+    fn start_with(url: String, netns: Option<String>, leases: bool) -> Fleet {
         let dir = tempfile::tempdir().expect("tempdir");
         tally(dir.path(), &["keygen", "--out", "auditor.key"]);
         std::fs::write(dir.path().join("policy.toml"), POLICY).expect("policy");
@@ -68,6 +94,7 @@ impl Fleet {
             dir,
             url,
             netns,
+            leases,
             children: Vec::new(),
         };
         for i in 0..DAEMONS {
@@ -117,8 +144,13 @@ impl Fleet {
             .arg("--policy")
             .arg(self.dir.path().join("policy.toml"))
             .arg("--state")
-            .arg(&self.url)
-            .stdin(Stdio::null())
+            .arg(&self.url);
+        if self.leases {
+            cmd.args(LEASES)
+                .arg("--lease-holder")
+                .arg(format!("host{i}"));
+        }
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -223,6 +223,14 @@ impl Gatekeeper for Observed {
         self.inner.round_trips()
     }
 
+    fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
+        self.inner.lease_counts()
+    }
+
+    fn close(&self) {
+        self.inner.close()
+    }
+
     fn failure(&self) -> Option<String> {
         self.inner.failure()
     }

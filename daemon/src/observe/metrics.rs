@@ -46,6 +46,7 @@ pub(crate) struct Metrics {
     /// Key calls refused, by a reason of [`tally_proxy::key_spend::KeyRefusal`] only (never
     /// a key's id: a label per key would grow with whatever keys an agent makes up).
     key_refusals: Family<Labels, Counter>,
+    lease_events: Family<Labels, Counter>,
     upstreams: Upstreams,
     upstream_checks: Family<Labels, Counter>,
     upstream_reserved: Family<Labels, Counter>,
@@ -179,6 +180,8 @@ pub(crate) struct Scraped {
     pub round_trips: u64,
     /// Key calls refused so far, by reason (none without the proxy's keys).
     pub key_refusals: Vec<(&'static str, u64)>,
+    /// Lease events of this holder so far, by event (none without `--leases`).
+    pub lease_events: Vec<(&'static str, u64)>,
 }
 
 impl Metrics {
@@ -313,11 +316,18 @@ impl Metrics {
             "Calls with a key (docs/KEYS.md) refused by the key itself, by reason: invalid_key, key_revoked, budget_exceeded (its budget per day), runs_exceeded (its runs per day), principal_unbounded, invalid_task",
             key_refusals.clone(),
         );
+        let lease_events = Family::<Labels, Counter>::default();
+        registry.register(
+            "lease_events",
+            "This daemon's leased slices (tally serve --leases), by event: granted, renewed, returned, reclaimed (expired slices of any holder it reclaimed), lost, refused (a use no slice covered)",
+            lease_events.clone(),
+        );
         for r in tally_proxy::key_spend::KeyRefusal::ALL {
             let _ = key_refusals.get_or_create(&vec![("reason", r.as_str().to_owned())]);
         }
         Metrics {
             key_refusals,
+            lease_events,
             registry,
             scrape: Mutex::new(()),
             named_tools,
@@ -521,6 +531,12 @@ impl Metrics {
             let c = self
                 .key_refusals
                 .get_or_create(&vec![("reason", (*reason).to_owned())]);
+            c.inc_by(n.saturating_sub(c.get()));
+        }
+        for (event, n) in &scraped.lease_events {
+            let c = self
+                .lease_events
+                .get_or_create(&vec![("event", (*event).to_owned())]);
             c.inc_by(n.saturating_sub(c.get()));
         }
         let mut out = String::new();

@@ -77,6 +77,7 @@ impl StateBackend for Leased {
             backend: self,
             homed: BTreeMap::new(),
             elsewhere: BTreeMap::new(),
+            committed: false,
         })
     }
 
@@ -95,6 +96,16 @@ impl StateBackend for Leased {
     fn overview_apart(&self) -> bool {
         true
     }
+
+    fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
+        Some(self.slices.metrics().counts())
+    }
+
+    /// Every slice given back, saying what was used (the runs' rows are already
+    /// written through): what was left of them is the fleet's again at once.
+    fn close(&self) {
+        self.slices.close();
+    }
 }
 
 /// One decision's transaction: the central one, and the runs it decides at home.
@@ -106,6 +117,18 @@ pub struct LeasedTxn<'a> {
     /// Runs at home on another holder (by name: that holder), read and locked: only a
     /// pause, resume or stop of them is decided (it takes the home back).
     elsewhere: BTreeMap<String, String>,
+    /// Committed: the copies kept are what the rows hold.
+    committed: bool,
+}
+
+impl Drop for LeasedTxn<'_> {
+    /// Not committed (refused, unavailable, its home moved): the copies of its runs are
+    /// let go and read again next time (one round trip), never decided on stale.
+    fn drop(&mut self) {
+        if !self.committed {
+            self.forget();
+        }
+    }
 }
 
 impl StateReads for LeasedTxn<'_> {
@@ -178,13 +201,8 @@ impl StateTxn for LeasedTxn<'_> {
         self.inner.credentials.extend(snapshot.credentials);
         self.inner.principals.extend(snapshot.principals);
         let moves = self.take(&after)?;
-        let version = match self.inner.persist(durable, &moves.extra) {
-            Ok(v) => v,
-            Err(e) => {
-                self.forget();
-                return Err(e);
-            }
-        };
+        let version = self.inner.persist(durable, &moves.extra)?;
+        self.committed = true;
         self.settled(moves);
         let batch = (records)(version)?;
         let ledger = &self.backend.central.ledger;
@@ -206,8 +224,8 @@ struct Moves {
 }
 
 impl LeasedTxn<'_> {
-    /// A run named by the gate: at home here (kept, or taken in now), central, or at
-    /// home elsewhere (read and locked).
+    /// A run named by the gate: at home here (kept: its row locked with the next
+    /// statement; or taken in now), central, or at home elsewhere (read and locked).
     fn find(&mut self, run: &str) -> Result<Option<RunState>, GateError> {
         if let Some(h) = self.homed.get(run) {
             return Ok(Some(h.state.clone()));
@@ -219,21 +237,26 @@ impl LeasedTxn<'_> {
         if let Some(h) = kept {
             let state = h.state.clone();
             self.homed.insert(run.to_owned(), h);
+            let me = self.backend.me().to_owned();
+            self.inner.guards.push((run.to_owned(), me));
             return Ok(Some(state));
         }
-        let me = self.backend.me();
         let rows = self
             .inner
-            .rows("to read a run", |s| &s.home_read, &[&run, &me])?;
+            .rows("to read a run", |s| &s.home_read, &[&run])?;
         let Some(row) = rows.first() else {
-            return self.peek(run);
+            return Ok(None);
         };
         let state: RunState = decode(&format!("run `{run}`"), row.get::<_, &[u8]>(0))?;
-        match home::found(state.clone(), row.get(1), row.get(2)) {
+        let me = self.backend.me();
+        match home::found(state.clone(), row.get(1), row.get(2), row.get(3), me) {
             Found::Home(h) => {
                 self.homed.insert(run.to_owned(), h);
             }
-            Found::Central => {
+            found => {
+                if let Found::Elsewhere(holder) = found {
+                    self.elsewhere.insert(run.to_owned(), holder);
+                }
                 self.inner.before.insert(run.to_owned(), state.clone());
                 self.inner.runs.insert(run.to_owned(), state.clone());
             }
@@ -241,62 +264,20 @@ impl LeasedTxn<'_> {
         Ok(Some(state))
     }
 
-    /// A run [`home::HOME_READ`] did not lock: none of this name, or at home on another
-    /// holder with a slice of it out (read unlocked; locked at commit if a pause,
-    /// resume or stop of it is decided).
-    fn peek(&mut self, run: &str) -> Result<Option<RunState>, GateError> {
-        let rows = self
-            .inner
-            .rows("to read a run", |s| &s.home_peek, &[&run])?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        let state: RunState = decode(&format!("run `{run}`"), row.get::<_, &[u8]>(0))?;
-        let holder: Option<String> = row.get(1);
-        self.elsewhere
-            .insert(run.to_owned(), holder.unwrap_or_default());
-        self.inner.before.insert(run.to_owned(), state.clone());
-        self.inner.runs.insert(run.to_owned(), state.clone());
-        Ok(Some(state))
-    }
-
-    /// A run at home elsewhere is decided here only to pause, resume or stop it: its
-    /// row is locked now and must be as it was read (else retry), and the write takes
-    /// its home back. Any other change waits for its home to give it back. One left as it was is not written at all (it was read unlocked).
-    fn refuse_elsewhere(&mut self, runs: &mut BTreeMap<String, RunState>) -> Result<(), GateError> {
-        let elsewhere: Vec<(String, String)> = self
-            .elsewhere
-            .iter()
-            .map(|(n, h)| (n.clone(), h.clone()))
-            .collect();
-        for (name, holder) in elsewhere {
-            let (Some(before), Some(after)) = (self.inner.before.get(&name), runs.get(&name))
-            else {
+    /// A run at home elsewhere (read and locked) is decided here only to pause, resume
+    /// or stop it: the write takes its home back. Any other change waits for its home
+    /// to give it back. One left as it was is not written.
+    fn refuse_elsewhere(&self, runs: &mut BTreeMap<String, RunState>) -> Result<(), GateError> {
+        for (name, holder) in &self.elsewhere {
+            let (Some(before), Some(after)) = (self.inner.before.get(name), runs.get(name)) else {
                 continue;
-            };
-            let retry = |why: &str| {
-                GateError::Unavailable(format!(
-                    "run `{name}` is decided on `{holder}`, which holds its slice{why}: retry once it is given back (an idle run's slice goes back within the lease's idle time)"
-                ))
             };
             if before == after {
-                runs.remove(&name);
-                self.inner.runs.remove(&name);
-                continue;
-            }
-            if home::held(before) == home::held(after) {
-                return Err(retry(""));
-            }
-            let before = before.clone();
-            let rows = self
-                .inner
-                .rows("to lock a run", |s| &s.run_lock, &[&name])?;
-            let now: Option<RunState> = match rows.first() {
-                Some(row) => Some(decode(&format!("run `{name}`"), row.get::<_, &[u8]>(0))?),
-                None => None,
-            };
-            if now.as_ref() != Some(&before) {
-                return Err(retry(" and decided on it meanwhile"));
+                runs.remove(name);
+            } else if home::held(before) == home::held(after) {
+                return Err(GateError::Unavailable(format!(
+                    "run `{name}` is decided on `{holder}`, which holds its slice: retry once it is given back (an idle run's slice goes back within the lease's idle time)"
+                )));
             }
         }
         Ok(())

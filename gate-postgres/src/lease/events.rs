@@ -83,6 +83,17 @@ impl LeaseMetrics {
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
+    /// Every counter, by the event it counts.
+    pub fn counts(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("granted", self.granted()),
+            ("renewed", self.renewed()),
+            ("returned", self.returned()),
+            ("reclaimed", self.reclaimed()),
+            ("lost", self.lost()),
+            ("refused", self.refused()),
+        ]
+    }
 }
 
 /// Every lease event of a holder passes here: counted, then given to the sink (the

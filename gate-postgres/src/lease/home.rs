@@ -18,22 +18,22 @@ use tally_policy::{RunCount, RunState, SliceUse};
 
 use super::types::Amounts;
 
-/// A run's row, its home and whether a lease scope is defined for it, read and locked
-/// only if this holder may decide it ($2: its name): no home, this holder's, or a
-/// home whose holder has no slice of it out (free to take). A run at home elsewhere is
-/// not locked (its home's writes are never kept waiting behind a refusal): no row,
-/// then [`HOME_PEEK`] says why.
+/// A run's row (locked), its home, whether a lease scope is defined for it, and whether
+/// its home's holder has a slice of it out (a home whose holder has none is free to
+/// take): $1 the run.
 pub(crate) const HOME_READ: &str = "
 SELECT r.state, r.home,
-    EXISTS (SELECT 1 FROM tally_lease_scopes s WHERE s.kind = 'run' AND s.key = r.name)
-FROM tally_runs r WHERE r.name = $1 AND r.state IS NOT NULL
-  AND (r.home IS NULL OR r.home = $2 OR NOT EXISTS (SELECT 1 FROM tally_leases l
-        WHERE l.kind = 'run' AND l.key = r.name AND l.state = 'held' AND l.holder = r.home))
-FOR UPDATE OF r";
+    EXISTS (SELECT 1 FROM tally_lease_scopes s WHERE s.kind = 'run' AND s.key = r.name),
+    EXISTS (SELECT 1 FROM tally_leases l
+            WHERE l.kind = 'run' AND l.key = r.name AND l.state = 'held' AND l.holder = r.home)
+FROM tally_runs r WHERE r.name = $1 AND r.state IS NOT NULL FOR UPDATE OF r";
 
-/// A run's row and its home, not locked: $1 the run.
-pub(crate) const HOME_PEEK: &str =
-    "SELECT state, home FROM tally_runs WHERE name = $1 AND state IS NOT NULL";
+/// A run decided on its copy at home locks its row first, sent with the transaction's
+/// first other statement (no round trip of its own): no row, its home moved since the
+/// copy was written ($1 the run, $2 this holder). Every gate then locks a run before
+/// its tool, as a central decision does: two never wait on each other in a cycle.
+pub(crate) const HOME_GUARD: &str =
+    "SELECT 1 FROM tally_runs WHERE name = $1 AND home = $2 FOR UPDATE";
 
 /// A run's state written by the holder it is at home on: $1 run, $2 state, $3 open,
 /// $4 the home after (NULL once stopped), $5 the home the copy was read under. Fails
@@ -56,20 +56,30 @@ pub(crate) struct Home {
 pub(crate) enum Found {
     /// No lease scope: decided centrally, as without leases.
     Central,
-    /// At home here (taken in now, or kept): decided on the copy.
+    /// At home here (taken in now): decided on the copy.
     Home(Home),
+    /// At home on another holder, which has a slice of it out: that holder.
+    Elsewhere(String),
 }
 
-/// What [`HOME_READ`] found: the row's state, home and whether it has a scope.
-pub(crate) fn found(state: RunState, home: Option<String>, scoped: bool) -> Found {
-    if !scoped {
-        return Found::Central;
+/// What [`HOME_READ`] found: the row's state, home, whether it has a scope and whether
+/// its home's holder has a slice of it out; `me`, this holder.
+pub(crate) fn found(
+    state: RunState,
+    home: Option<String>,
+    scoped: bool,
+    live: bool,
+    me: &str,
+) -> Found {
+    match home {
+        _ if !scoped => Found::Central,
+        Some(h) if live && h != me => Found::Elsewhere(h),
+        expected => Found::Home(Home {
+            state,
+            expected,
+            taken_on: BTreeMap::new(),
+        }),
     }
-    Found::Home(Home {
-        state,
-        expected: home,
-        taken_on: BTreeMap::new(),
-    })
 }
 
 /// What a decision moved in its run's budget, read off the fold.

@@ -71,6 +71,18 @@ pub trait StateBackend: Send + Sync {
     fn overview_apart(&self) -> bool {
         false
     }
+
+    /// What happened to this holder's leased slices so far, by event (`granted`,
+    /// `renewed`, `returned`, `reclaimed`, `lost`, `refused`), for the daemon's
+    /// metrics. `None` (the default): the backend leases nothing.
+    fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
+        None
+    }
+
+    /// Serving ends: give back what the backend holds of the shared state (a leased
+    /// backend's slices). Called once no decision is in flight, from a thread that may
+    /// block. The default holds nothing.
+    fn close(&self) {}
 }
 
 /// The runs and breakers as [`StateBackend::overview`] reads them: each run's state, and
