@@ -22,9 +22,11 @@
 //!
 //! Leased slices of budgets ([`Leases`]: grant, renew, return, reclaim, fenced by an
 //! epoch) and one daemon's side of them ([`Slices`]) are the foundation of deciding
-//! inside a slice; the decisions above do not decide inside slices yet, but a decision
-//! on a run whose lease scope is defined keeps that scope in step in its own transaction
-//! (docs/FLEET.md, "Deciding inside slices").
+//! inside a slice; a decision of this backend on a run whose lease scope is defined
+//! keeps that scope in step in its own transaction (docs/FLEET.md, "Deciding inside
+//! slices"). [`Leased`] is the backend that decides inside them (`tally serve --leases`:
+//! a run at home on one daemon, its uses counted in that daemon's slice; docs/FLEET.md,
+//! "The leased mode").
 //!
 //! Threads: the backend drives its client on its own runtime and blocks the calling
 //! thread for each round trip. Call the gate from a plain or blocking thread

@@ -251,7 +251,7 @@ impl LeasedTxn<'_> {
         let me = self.backend.me();
         match home::found(state.clone(), row.get(1), row.get(2), row.get(3), me) {
             Found::Home(h) => {
-                self.homed.insert(run.to_owned(), h);
+                self.homed.insert(run.to_owned(), *h);
             }
             found => {
                 if let Found::Elsewhere(holder) = found {

@@ -57,7 +57,7 @@ pub(crate) enum Found {
     /// No lease scope: decided centrally, as without leases.
     Central,
     /// At home here (taken in now): decided on the copy.
-    Home(Home),
+    Home(Box<Home>),
     /// At home on another holder, which has a slice of it out: that holder.
     Elsewhere(String),
 }
@@ -74,11 +74,11 @@ pub(crate) fn found(
     match home {
         _ if !scoped => Found::Central,
         Some(h) if live && h != me => Found::Elsewhere(h),
-        expected => Found::Home(Home {
+        expected => Found::Home(Box::new(Home {
             state,
             expected,
             taken_on: BTreeMap::new(),
-        }),
+        })),
     }
 }
 

@@ -9,7 +9,8 @@
 //! back, once) and [`Leases::reclaim_expired`] (only past expiry plus the skew margin).
 //! [`Slices`] is one daemon's side: the slices it holds, a use taken locally when it
 //! fits ([`Slices::take`]), refills, central spends of the last units, and the periodic
-//! work ([`Slices::tick`]). The gate's decisions do not call it yet.
+//! work ([`Slices::tick`]). [`Leased`] is the gate's backend that decides runs at home
+//! inside them ([`home`]), [`open_leased`] and [`spawn_timer`] how a daemon opens it.
 
 mod backend;
 mod calls;
