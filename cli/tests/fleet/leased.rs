@@ -10,6 +10,27 @@
 
 use super::*;
 
+/// Daemon `d`'s `tally_lease_events_total`, by event, from its `/metrics` (on the
+/// operator socket).
+async fn lease_events(fleet: &Fleet, d: usize) -> BTreeMap<String, u64> {
+    let mut c = Client::unix(fleet.host(d).join("operator.sock"))
+        .await
+        .expect("operator socket");
+    let reply = c
+        .request(Method::GET, "/metrics", None, "")
+        .await
+        .expect("metrics");
+    assert_eq!(reply.status.as_u16(), 200);
+    String::from_utf8_lossy(&reply.body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("tally_lease_events_total{event=\""))
+        .filter_map(|rest| {
+            let (event, n) = rest.split_once("\"} ")?;
+            Some((event.to_owned(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
 /// The holder a run is at home on (`hostN`), or none.
 fn home_of(cluster: &pg::Cluster, run: &str) -> Option<usize> {
     let out = cluster.psql(&format!("SELECT home FROM tally_runs WHERE name = '{run}'"));
@@ -62,6 +83,29 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
     let tries = joined(tasks).await;
     only_retries_and(&tries, "attempts_exhausted");
     let standing = get(&fleet.socket(2), "/v1/runs/cents").await;
+    let mut granted = 0;
+    for d in 0..DAEMONS {
+        let events = lease_events(&fleet, d).await;
+        let named: Vec<&str> = events.keys().map(String::as_str).collect();
+        assert_eq!(
+            named,
+            [
+                "granted",
+                "lost",
+                "reclaimed",
+                "refused",
+                "renewed",
+                "returned"
+            ],
+            "daemon {d}'s /metrics"
+        );
+        assert_eq!(events["lost"], 0, "daemon {d}");
+        granted += events["granted"];
+    }
+    assert!(
+        granted >= 2,
+        "each run's uses were counted in slices: {granted} granted"
+    );
     fleet.stop();
     merged_audit_is_one(&fleet, &["cents", "tries"], Replayed::Clean);
     let per_host = acknowledged_are_in_ledgers(&fleet, "cents", &cents);

@@ -66,6 +66,18 @@ impl Leased {
     fn homes(&self) -> MutexGuard<'_, BTreeMap<String, Home>> {
         self.homes.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The copy of `run` kept here, while this holder holds a slice of the run's scope:
+    /// once its slice went back (idle, near its deadline, revoked), another daemon may
+    /// take the run, so the copy is let go and the row read again.
+    fn kept(&self, run: &str) -> Option<Home> {
+        let scope = Scope::new(ScopeKind::Run, run);
+        let mut homes = self.homes();
+        if self.slices.held(&scope).is_none() {
+            homes.remove(run);
+        }
+        homes.get(run).cloned()
+    }
 }
 
 impl StateBackend for Leased {
@@ -233,7 +245,7 @@ impl LeasedTxn<'_> {
         if self.inner.runs.contains_key(run) {
             return self.inner.load_run(run);
         }
-        let kept = self.backend.homes().get(run).cloned();
+        let kept = self.backend.kept(run);
         if let Some(h) = kept {
             let state = h.state.clone();
             self.homed.insert(run.to_owned(), h);
