@@ -189,6 +189,22 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_flags_are_checked() {
+        let state = ["--state", "host=/run/postgresql dbname=tally"];
+        let leased = parsed(&[state[0], state[1], "--leases"]).expect("leases");
+        let label = leased.state.expect("shared state").label;
+        assert!(label.contains("leased slices"), "{label}");
+        let no_state = parsed(&["--leases"]).expect_err("no --state");
+        assert!(no_state.to_string().contains("--state"), "{no_state}");
+        let slow = parsed(&[state[0], state[1], "--leases", "--lease-refresh-ms", "6000"]);
+        let why = slow.expect_err("a refresh past half the ttl").to_string();
+        assert!(why.contains("--lease-refresh-ms"), "{why}");
+        let bad = parsed(&[state[0], state[1], "--leases", "--lease-holder", "a b"]);
+        let why = bad.expect_err("a holder with a space").to_string();
+        assert!(why.contains("--lease-holder"), "{why}");
+    }
+
+    #[test]
     fn the_operators_view_flags() {
         let d = parsed(&[]).expect("defaults");
         assert!(d.observe.metrics_listen.is_none() && d.observe.otlp_endpoint.is_none());
