@@ -6,6 +6,7 @@
 //! can keep it durable beside the decisions, and bounded: maps are capped, and evicting
 //! an entry never returns budget (see each cap).
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
@@ -14,6 +15,7 @@ use tally_record::money::Nanos;
 use tally_record::{Effect, LimitKey, Reason, Status};
 
 mod frame;
+mod memo;
 mod shared;
 
 pub use frame::{decode as decode_frame, encode as encode_frame, Stored, STATE_FORMAT};
@@ -402,7 +404,8 @@ pub fn op_key(tool: Option<&str>, operation: Option<&str>, args_digest: Option<&
 
 /// An observed state as state keeps it: only a change of it is progress.
 pub fn observed_key(observed: &str) -> u64 {
-    h64(&["observed", observed])
+    thread_local!(static LAST: RefCell<memo::Memo> = const { RefCell::new(memo::Memo::new()) });
+    memo::keyed(&LAST, observed, |o| h64(&["observed", o]))
 }
 
 /// The key a tool's per-run window is kept under.
@@ -417,7 +420,8 @@ pub fn result_key(result_digest: &str) -> u64 {
 
 /// The key a remote operation (`remote_ref`) is kept under.
 pub fn ref_key(remote_ref: &str) -> u64 {
-    h64(&["ref", remote_ref])
+    thread_local!(static LAST: RefCell<memo::Memo> = const { RefCell::new(memo::Memo::new()) });
+    memo::keyed(&LAST, remote_ref, |r| h64(&["ref", r]))
 }
 
 /// The first 64 bits of BLAKE3 over the parts, each ended by a NUL: state keys stay a
@@ -695,5 +699,36 @@ mod key_tests {
         }
         // No names at all.
         assert_eq!(call_key(None, None, None), streamed(&[b"\0"]));
+    }
+
+    #[test]
+    fn remembered_keys_are_the_names_hashes() {
+        // Repeated, alternating, a prefix of the last, empty, at and beyond the longest
+        // name remembered: each key is its own name's hash.
+        let long = "r".repeat(65);
+        let names = [
+            "running",
+            "running",
+            "done",
+            "running",
+            "run",
+            "",
+            "",
+            "r",
+            &long,
+            &long,
+            "running",
+            &long[..64],
+            &long[..64],
+            &long[..63],
+        ];
+        for name in names {
+            let observed = streamed(&[b"observed\0", name.as_bytes(), b"\0"]);
+            assert_eq!(observed_key(name), observed, "{name:?}");
+            let remote = streamed(&[b"ref\0", name.as_bytes(), b"\0"]);
+            assert_eq!(ref_key(name), remote, "{name:?}");
+            // The two memos are apart: asking one does not answer for the other.
+            assert_ne!(observed_key(name), ref_key(name), "{name:?}");
+        }
     }
 }

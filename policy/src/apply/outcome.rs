@@ -64,7 +64,14 @@ pub(super) fn outcome(
         if final_outcome || status == Status::Timeout || status == Status::Unknown {
             t.in_flight.remove(&id);
         }
-        breaker_outcome(policy, a.tool.as_deref().unwrap_or(""), t, id, status, now);
+        breaker_outcome(
+            policy,
+            a.tool.as_deref().unwrap_or(""),
+            t,
+            || id,
+            status,
+            now,
+        );
     }
 }
 
@@ -209,11 +216,13 @@ fn record_result(run: &mut RunState, attempt: u64, result: u64) {
 /// The breaker's transitions on an outcome of a call of `tool`, in one place: the gate
 /// and every report that follows a tool's breaker fold outcomes through it. A tool the
 /// policy gives no breaker (`[breaker.tools]`, 0) stays closed whatever it reports.
+/// `id` gives the call's [`call_id`]; it is asked only when a half-open breaker's probe
+/// must be told apart (a hash per outcome otherwise spent for nothing).
 pub fn breaker_outcome(
     policy: &Policy,
     tool: &str,
     t: &mut ToolState,
-    id: u64,
+    id: impl FnOnce() -> u64,
     status: Status,
     now: Now,
 ) {
@@ -235,7 +244,7 @@ pub fn breaker_outcome(
             }
         }
         Breaker::Closed { .. } if status == Status::Ok => Breaker::Closed { failures: 0 },
-        Breaker::HalfOpen { probe: Some(p) } if p.call == id => match status {
+        Breaker::HalfOpen { probe: Some(p) } if p.call == id() => match status {
             Status::Ok => Breaker::Closed { failures: 0 },
             _ if failed => reopen,
             // Rejected, running, unknown: the probe proved nothing; admit another.

@@ -694,10 +694,13 @@ fn lease_cap(
     }
 }
 
-/// Events handed to the background analysis at once.
-const BACKGROUND_BATCH: usize = 1024;
+/// Events handed to the background analysis at once. Few, so what the decryption
+/// workers wrote is still in a cache when the fold reads it: a decision is about two
+/// kilobytes, and 1,024 of them in each of five batches in flight (with the workers'
+/// own) were read back from memory (measured in docs/PERFORMANCE.md).
+const BACKGROUND_BATCH: usize = 128;
 /// Batches queued for it at most (bounded memory: the walk waits beyond).
-const BACKGROUND_BATCHES: usize = 4;
+const BACKGROUND_BATCHES: usize = 2;
 
 /// An [`Analysis`] running on its own thread ([`Analysis::in_background`]).
 #[derive(Debug)]

@@ -10,8 +10,10 @@ use tally_ledger::format::{Header, HEADER_LEN};
 use tally_ledger::keys::DataKey;
 use tally_ledger::Decision;
 
-/// Decisions per batch handed to the workers.
-const BATCH: usize = 512;
+/// Decisions per batch handed to the workers: small enough that the decisions in flight
+/// (the workers' batches and the analysis's) stay in a cache between the worker that
+/// reads them and the fold (see `BACKGROUND_BATCH` in `analysis`).
+const BATCH: usize = 128;
 
 /// A decision entry queued for decryption, with what the walk read of its header (the
 /// workers do not decode it again).

@@ -66,15 +66,16 @@ impl ToolStorms {
         }
     }
 
-    /// The outcome of a call of `tool` by `run`: folded through the core's breaker. A
-    /// failure opens (or extends) the series; an `ok` that closes the breaker ends it.
+    /// The outcome of `run`'s call `attempt` of `tool`: folded through the core's
+    /// breaker. A failure opens (or extends) the series; an `ok` that closes the breaker
+    /// ends it.
     #[allow(clippy::too_many_arguments)]
     pub fn outcome(
         &mut self,
         policy: &tally_policy::Policy,
         tool: &Arc<str>,
         run: &str,
-        call: u64,
+        attempt: u64,
         o: &OutcomeFacts<'_>,
         wall_ms: u64,
         sink: &mut Vec<Loop>,
@@ -89,7 +90,8 @@ impl ToolStorms {
             wall_ms,
             at_ms: None,
         };
-        tally_policy::breaker_outcome(policy, tool, &mut t.breaker, call, o.status, now);
+        let id = || tally_policy::state::call_id(run, attempt);
+        tally_policy::breaker_outcome(policy, tool, &mut t.breaker, id, o.status, now);
         let failed = tally_policy::is_failure(o.status);
         if failed {
             let s = t.series.get_or_insert_with(|| {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tally_ledger::{Effect, Status};
-use tally_policy::state::{call_id, ref_key};
+use tally_policy::state::ref_key;
 
 use super::RunAnalysis;
 use crate::analysis::handoff::{Completed, ModelCall, Observed, Pending, PendingStatus, When};
@@ -196,8 +196,7 @@ impl RunAnalysis {
                     series.outcome(facts);
                 }
             }
-            let id = call_id(&self.name, s.attempt);
-            storms.outcome(policy, &tool, &self.name, id, facts, wall_ms, loops);
+            storms.outcome(policy, &tool, &self.name, s.attempt, facts, wall_ms, loops);
         }
     }
 
