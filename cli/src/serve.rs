@@ -14,7 +14,9 @@ pub fn serve(args: Serve) -> Result<Exit> {
 
 /// The daemon's options, or an error naming the flag at fault.
 fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
+    let mcp_limits = mcp_limits(&args)?;
     let mut options = tally_daemon::ServeOptions::new(args.ledger, args.socket);
+    options.mcp_limits = mcp_limits;
     options.listen = args.listen;
     options.operator_socket = args.operator_socket;
     if let Some(path) = args.policy {
@@ -91,6 +93,27 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
         (_, None) => {}
     }
     Ok(options)
+}
+
+/// `--mcp-max-sessions`, `--mcp-idle-secs`, `--mcp-max-body-bytes`: each at least 1.
+fn mcp_limits(args: &Serve) -> Result<tally_mcp::gateway::GatewayLimits> {
+    use tally_mcp::gateway as g;
+    let at_least_one = |name: &str, n: Option<u64>| match n {
+        Some(0) => bail!("--{name}: must be at least 1"),
+        _ => Ok(()),
+    };
+    at_least_one("mcp-max-sessions", args.mcp_max_sessions.map(|n| n as u64))?;
+    at_least_one("mcp-idle-secs", args.mcp_idle_secs)?;
+    at_least_one(
+        "mcp-max-body-bytes",
+        args.mcp_max_body_bytes.map(|n| n as u64),
+    )?;
+    Ok(g::GatewayLimits::new(
+        args.mcp_max_sessions.unwrap_or(g::DEFAULT_MAX_SESSIONS),
+        args.mcp_idle_secs
+            .map_or(g::DEFAULT_IDLE, std::time::Duration::from_secs),
+        args.mcp_max_body_bytes.unwrap_or(g::DEFAULT_MAX_BODY),
+    ))
 }
 
 /// `--mcp-listen`: a loopback address.
