@@ -159,8 +159,10 @@ impl Backend {
     /// Let the server go: its client dropped and a stdio server's process killed and
     /// reaped. The next use starts or reaches it again.
     pub(super) async fn stop(&self) {
-        let client = self.client.lock().await.take();
+        // The process first: an initialize in progress (holding the client's lock) then
+        // fails at once instead of at its time bound.
         self.kill().await;
+        let client = self.client.lock().await.take();
         drop(client);
     }
 
@@ -319,12 +321,15 @@ mod tests {
     }
 
     /// A server that never answers (`sleep` speaks no MCP): its listing ends at the time
-    /// bound, its tools are not called, and a second unknown name does not list again.
+    /// bound, its process killed and reaped, its tools are not called, and a second
+    /// unknown name does not list again.
     #[tokio::test]
     async fn a_hung_server_costs_one_bounded_listing_and_its_tools_are_not_called() {
+        let dir = std::env::temp_dir().join(format!("tally-hung-{}", std::process::id()));
+        let script = format!("echo $$ > {}; exec sleep 30", dir.display());
         let server = Server {
             name: "hung".to_owned(),
-            target: Target::Command(vec!["sleep".to_owned(), "12".to_owned()]),
+            target: Target::Command(vec!["sh".to_owned(), "-c".to_owned(), script]),
         };
         let backend = Backend::new(server, Arc::from(Vec::new()));
         let start = std::time::Instant::now();
@@ -336,6 +341,12 @@ mod tests {
         assert!(
             first >= LIST_TIMEOUT && first < LIST_TIMEOUT * 2,
             "{first:?}"
+        );
+        let pid = std::fs::read_to_string(&dir).expect("the server wrote its pid");
+        let _ = std::fs::remove_file(&dir);
+        assert!(
+            !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists(),
+            "the hung server {pid} was not killed and reaped"
         );
         let again = std::time::Instant::now();
         assert!(matches!(
