@@ -248,7 +248,7 @@ impl Front {
             }
         };
         if parts.method == Method::POST {
-            if let Err(refused) = self.classified(Some(id), &bytes, &mut parts) {
+            if let Some(refused) = self.classified(Some(id), &bytes, &mut parts) {
                 return refused;
             }
         }
@@ -330,19 +330,19 @@ impl Front {
         response
     }
 
-    /// A POST body in a session classified: what passes (a call's reading put in
-    /// `parts` for the session), or the answer refusing it.
+    /// A POST body in a session classified: the answer refusing it, or none (it
+    /// passes; a call's reading put in `parts` for the session).
     fn classified(
         &self,
         session: Option<&str>,
         bytes: &Bytes,
         parts: &mut hyper::http::request::Parts,
-    ) -> Result<(), Response<Body>> {
+    ) -> Option<Response<Body>> {
         match classify::classify(bytes) {
             Ok(c) => match c.message {
                 Message::Call { call, .. } => {
                     parts.extensions.insert(Classified(call));
-                    Ok(())
+                    None
                 }
                 // The gateway asks clients nothing (no sampling, elicitation or roots):
                 // an answer answers no request of its own.
@@ -351,11 +351,11 @@ impl Front {
                         why: Why::UnexpectedAnswer,
                         answer: Vec::new(),
                     };
-                    Err(self.refuse(session, refused))
+                    Some(self.refuse(session, refused))
                 }
-                _ => Ok(()),
+                _ => None,
             },
-            Err(refused) => Err(self.refuse(session, refused)),
+            Err(refused) => Some(self.refuse(session, refused)),
         }
     }
 
