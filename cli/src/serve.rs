@@ -14,9 +14,7 @@ pub fn serve(args: Serve) -> Result<Exit> {
 
 /// The daemon's options, or an error naming the flag at fault.
 fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
-    let mcp_limits = mcp_limits(&args)?;
     let mut options = tally_daemon::ServeOptions::new(args.ledger, args.socket);
-    options.mcp_limits = mcp_limits;
     options.listen = args.listen;
     options.operator_socket = args.operator_socket;
     if let Some(path) = args.policy {
@@ -80,39 +78,61 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
     }
     options.proxy = proxy(&args.proxy_listen, &args.proxy_socket, &args.credential)?;
     options.mcp_listen = args.mcp_listen.as_deref().map(mcp_listen).transpose()?;
-    match (&mut options.proxy, args.proxy_max_connections_per_peer) {
+    options.mcp_limits = mcp_limits(
+        args.mcp_max_sessions,
+        args.mcp_idle_secs,
+        args.mcp_max_body_bytes,
+    )?;
+    proxy_limits(
+        options.proxy.as_mut(),
+        args.proxy_max_connections_per_peer,
+        args.proxy_read_timeout_ms,
+    )?;
+    Ok(options)
+}
+
+/// `--proxy-max-connections-per-peer` and `--proxy-read-timeout-ms`: the proxy's only.
+fn proxy_limits(
+    proxy: Option<&mut tally_daemon::ProxyServe>,
+    per_peer: Option<usize>,
+    read_timeout_ms: Option<u64>,
+) -> Result<()> {
+    let mut proxy = proxy;
+    match (&mut proxy, per_peer) {
         (_, Some(0)) => bail!("--proxy-max-connections-per-peer: must be at least 1"),
         (Some(p), Some(n)) => p.max_connections_per_peer = n,
         (None, Some(_)) => bail!("--proxy-max-connections-per-peer: only the proxy has it; give --proxy-listen ADDR or --proxy-socket PATH"),
         (_, None) => {}
     }
-    match (&mut options.proxy, args.proxy_read_timeout_ms) {
+    match (&mut proxy, read_timeout_ms) {
         (_, Some(0)) => bail!("--proxy-read-timeout-ms: must be at least 1"),
         (Some(p), Some(ms)) => p.read_timeout = std::time::Duration::from_millis(ms),
         (None, Some(_)) => bail!("--proxy-read-timeout-ms: only the proxy has it; give --proxy-listen ADDR or --proxy-socket PATH"),
         (_, None) => {}
     }
-    Ok(options)
+    Ok(())
 }
 
 /// `--mcp-max-sessions`, `--mcp-idle-secs`, `--mcp-max-body-bytes`: each at least 1.
-fn mcp_limits(args: &Serve) -> Result<tally_mcp::gateway::GatewayLimits> {
+fn mcp_limits(
+    sessions: Option<usize>,
+    idle_secs: Option<u64>,
+    body: Option<usize>,
+) -> Result<tally_mcp::gateway::GatewayLimits> {
     use tally_mcp::gateway as g;
-    let at_least_one = |name: &str, n: Option<u64>| match n {
-        Some(0) => bail!("--{name}: must be at least 1"),
-        _ => Ok(()),
-    };
-    at_least_one("mcp-max-sessions", args.mcp_max_sessions.map(|n| n as u64))?;
-    at_least_one("mcp-idle-secs", args.mcp_idle_secs)?;
-    at_least_one(
-        "mcp-max-body-bytes",
-        args.mcp_max_body_bytes.map(|n| n as u64),
-    )?;
+    for (name, n) in [
+        ("mcp-max-sessions", sessions.map(|n| n as u64)),
+        ("mcp-idle-secs", idle_secs),
+        ("mcp-max-body-bytes", body.map(|n| n as u64)),
+    ] {
+        if n == Some(0) {
+            bail!("--{name}: must be at least 1");
+        }
+    }
     Ok(g::GatewayLimits::new(
-        args.mcp_max_sessions.unwrap_or(g::DEFAULT_MAX_SESSIONS),
-        args.mcp_idle_secs
-            .map_or(g::DEFAULT_IDLE, std::time::Duration::from_secs),
-        args.mcp_max_body_bytes.unwrap_or(g::DEFAULT_MAX_BODY),
+        sessions.unwrap_or(g::DEFAULT_MAX_SESSIONS),
+        idle_secs.map_or(g::DEFAULT_IDLE, std::time::Duration::from_secs),
+        body.unwrap_or(g::DEFAULT_MAX_BODY),
     ))
 }
 

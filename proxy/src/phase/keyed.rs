@@ -14,7 +14,7 @@ use tally_record::Reason;
 use tally_wire::{ErrorCode, KeyDayRefused, KeyInfo};
 
 use crate::dialect::Refusal;
-use crate::key_spend::KeyRefusal;
+use crate::key_spend::{KeyRefusal, RunSlot};
 use crate::keys::{self, KeyRefused, KeyRing};
 use crate::proxy::Proxy;
 use crate::refuse::{unavailable, KeyCall};
@@ -192,23 +192,7 @@ async fn start(
         worker: Some("tally-proxy".to_owned()),
         credential: None,
     };
-    // The slot goes with the gate's answer: kept if the run started, else given back
-    // (dropped), there and once, even if this call's client has gone away by then.
-    let started = proxy
-        .gate(move |gate, done| {
-            gate.start(
-                caller,
-                req,
-                Box::new(move |r| {
-                    if r.is_ok() {
-                        slot.started();
-                    }
-                    done(r)
-                }),
-            )
-        })
-        .await;
-    match started {
+    match counted_start(proxy, caller, req, slot).await {
         Ok(_) => Ok(()),
         // Started between the read and the start: by this key's other call, or by
         // someone else, whose run the key must not use. Read again, as its owner.
@@ -233,6 +217,31 @@ async fn start(
             format!("the key's run `{run}` cannot start: {e}"),
         )),
     }
+}
+
+/// The gate's start of a key's run, its `slot` on the key's day going with the gate's
+/// answer: kept if the run started, else given back (dropped), there and once, even if
+/// this call's client has gone away by then.
+async fn counted_start(
+    proxy: &Proxy,
+    caller: Caller,
+    req: StartRequest,
+    slot: RunSlot,
+) -> Result<tally_wire::Started, GateError> {
+    proxy
+        .gate(move |gate, done| {
+            gate.start(
+                caller,
+                req,
+                Box::new(move |r| {
+                    if r.is_ok() {
+                        slot.started();
+                    }
+                    done(r)
+                }),
+            )
+        })
+        .await
 }
 
 /// Whether `run` exists and is `caller`'s (`false`: not known). A run of that name
