@@ -28,10 +28,15 @@ struct Gw {
 /// A daemon with the gateway on, bounded to `max_sessions` sessions idle at most
 /// [`IDLE`], bodies of at most 4096 bytes; one stdio server behind it.
 async fn gateway(max_sessions: usize) -> Gw {
+    gateway_under("", max_sessions).await
+}
+
+/// [`gateway`], `top` (top-level keys) at the head of its policy.
+async fn gateway_under(top: &str, max_sessions: usize) -> Gw {
     let uid = rustix::process::getuid().as_raw();
     let server = concat!(env!("CARGO_MANIFEST_DIR"), "/../mcp/tests/python/server.py");
     let policy = format!(
-        "[principals.uid.{uid}]\nruns = 100\n\n[mcp.local]\ncommand = [\"python3\", \"{server}\"]\n"
+        "{top}\n[principals.uid.{uid}]\nruns = 100\n\n[mcp.local]\ncommand = [\"python3\", \"{server}\"]\n"
     );
     let recorded = Recorded::new(&policy).expect("policy");
     let clock = Arc::new(ManualClock::new(1_800_000_000_000));
@@ -340,4 +345,37 @@ async fn a_body_over_the_bound_is_refused_unread_and_oversized_headers_are_not_r
     assert_eq!((status, session), (431, None));
     // Within the bounds, a session opens.
     open(gw.addr, &token, None).await;
+}
+
+#[tokio::test]
+async fn a_key_run_the_gate_refuses_to_start_gives_its_days_slot_back_once() {
+    // The key's uid may hold one open run, and holds one: the key's start is refused.
+    let gw = gateway_under("max_open_runs_per_uid = 1", 4).await;
+    let key = gw.key(1).await;
+    let _held = gw.token("held").await;
+    let auth = bearer(&key);
+    for _ in 0..3 {
+        let (status, session, answer) =
+            send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
+        assert_eq!((status, session), (429, None), "{answer}");
+        assert!(
+            answer.contains("open runs") || answer.contains("max_open_runs"),
+            "{answer}"
+        );
+    }
+    assert_eq!(gw.runs().await.len(), 1, "{:?}", gw.runs().await);
+    // Its run ends: the key's one run of the day was never taken by the refused starts.
+    let mut c = gw.daemon.agent().await;
+    let (status, body) = post_json(&mut c, "/v1/runs/held/stop", "{}").await;
+    assert_eq!(status, 200, "{body}");
+    open(gw.addr, &key, None).await;
+    assert!(gw
+        .runs()
+        .await
+        .iter()
+        .any(|(r, s)| r.starts_with("key-") && s == "running"));
+    // And that one counted: a second task's run is past the day's one.
+    let task = [("Authorization", auth.as_str()), ("x-tally-task", "two")];
+    let (status, _, answer) = send(gw.addr, "POST", &task, INIT).await;
+    assert_eq!(status, 429, "{answer}");
 }
