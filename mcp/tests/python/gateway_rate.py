@@ -75,8 +75,9 @@ def rate(url, tokens, tool, seconds):
     """Calls per second of len(tokens) sessions, over up to 4 processes."""
     procs = min(4, len(tokens))
     parts = [tokens[i::procs] for i in range(procs)]
-    # Every session opens first; the loops start together, 3 s from now.
-    t0 = time.monotonic() + 3.0 + len(tokens) * 0.05
+    # Every session opens first (imports and initialize take seconds on a loaded
+    # machine); the loops start together, 8 s and more from now.
+    t0 = time.monotonic() + 8.0 + len(tokens) * 0.1
     with multiprocessing.Pool(procs) as pool:
         total = sum(pool.map(worker, [(url, p, tool, seconds, t0) for p in parts]))
     return total / seconds
@@ -85,8 +86,11 @@ def rate(url, tokens, tool, seconds):
 def gate_rate(load, sock, clients, seconds):
     """`tally-load bench --check`: its JSON report (calls: `requests`)."""
     out = subprocess.run([load, "bench", "--socket", sock, "--clients", str(clients), "--seconds",
-                          str(seconds), "--check", "--json"], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
+                          str(seconds), "--check", "--json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"tally-load bench: {out.stderr}")
+    # The report is the last line that is JSON.
+    return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def main():
@@ -100,7 +104,9 @@ def main():
         run("keygen", "--out", f"{d}/auditor.key")
         run("init", "--ledger", f"{d}/ledger", "--recipient", f"{d}/auditor.pub")
         with open(f"{d}/policy.toml", "w") as f:
-            f.write(POLICY + f'\n[mcp.remote]\nurl = "http://127.0.0.1:{server_port}/mcp"\n')
+            # tally-load's checks reserve spend: the ceiling's spend lifted too.
+            policy = POLICY.replace("[ceiling]\n", '[ceiling]\nspend_usd = "1000000"\n')
+            f.write(policy + f'\n[mcp.remote]\nurl = "http://127.0.0.1:{server_port}/mcp"\n')
         sock = f"{d}/agent.sock"
         server = subprocess.Popen([sys.executable, os.path.join(HERE, "server.py"), "--http", str(server_port)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
