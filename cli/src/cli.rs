@@ -557,6 +557,18 @@ pub struct ServeArgs {
     /// (Streamable HTTP) with their run's token as a Bearer credential (docs/MCP.md).
     #[arg(long, value_name = "ADDR")]
     pub mcp_listen: Option<String>,
+    /// MCP gateway sessions open at once; one more initialize gets 503 and opens
+    /// nothing [default: 1024].
+    #[arg(long, value_name = "N", requires = "mcp_listen")]
+    pub mcp_max_sessions: Option<usize>,
+    /// Close an MCP gateway session after this many seconds without a request (a run
+    /// its initialize started is stopped) [default: 1800].
+    #[arg(long, value_name = "SECS", requires = "mcp_listen")]
+    pub mcp_idle_secs: Option<u64>,
+    /// The largest request body the MCP gateway reads; a larger one gets 413, refused
+    /// unread [default: 4194304].
+    #[arg(long, value_name = "BYTES", requires = "mcp_listen")]
+    pub mcp_max_body_bytes: Option<usize>,
     /// Run the proxy on this Unix socket too (the agent socket's mode and group).
     #[arg(long, value_name = "PATH")]
     pub proxy_socket: Option<PathBuf>,

@@ -70,19 +70,62 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
     }
     options.proxy = proxy(&args.proxy_listen, &args.proxy_socket, &args.credential)?;
     options.mcp_listen = args.mcp_listen.as_deref().map(mcp_listen).transpose()?;
-    match (&mut options.proxy, args.proxy_max_connections_per_peer) {
+    options.mcp_limits = mcp_limits(
+        args.mcp_max_sessions,
+        args.mcp_idle_secs,
+        args.mcp_max_body_bytes,
+    )?;
+    proxy_limits(
+        options.proxy.as_mut(),
+        args.proxy_max_connections_per_peer,
+        args.proxy_read_timeout_ms,
+    )?;
+    Ok(options)
+}
+
+/// `--proxy-max-connections-per-peer` and `--proxy-read-timeout-ms`: the proxy's only.
+fn proxy_limits(
+    proxy: Option<&mut tally_daemon::ProxyServe>,
+    per_peer: Option<usize>,
+    read_timeout_ms: Option<u64>,
+) -> Result<()> {
+    let mut proxy = proxy;
+    match (&mut proxy, per_peer) {
         (_, Some(0)) => bail!("--proxy-max-connections-per-peer: must be at least 1"),
         (Some(p), Some(n)) => p.max_connections_per_peer = n,
         (None, Some(_)) => bail!("--proxy-max-connections-per-peer: only the proxy has it; give --proxy-listen ADDR or --proxy-socket PATH"),
         (_, None) => {}
     }
-    match (&mut options.proxy, args.proxy_read_timeout_ms) {
+    match (&mut proxy, read_timeout_ms) {
         (_, Some(0)) => bail!("--proxy-read-timeout-ms: must be at least 1"),
         (Some(p), Some(ms)) => p.read_timeout = std::time::Duration::from_millis(ms),
         (None, Some(_)) => bail!("--proxy-read-timeout-ms: only the proxy has it; give --proxy-listen ADDR or --proxy-socket PATH"),
         (_, None) => {}
     }
-    Ok(options)
+    Ok(())
+}
+
+/// `--mcp-max-sessions`, `--mcp-idle-secs`, `--mcp-max-body-bytes`: each at least 1.
+fn mcp_limits(
+    sessions: Option<usize>,
+    idle_secs: Option<u64>,
+    body: Option<usize>,
+) -> Result<tally_mcp::gateway::GatewayLimits> {
+    use tally_mcp::gateway as g;
+    for (name, n) in [
+        ("mcp-max-sessions", sessions.map(|n| n as u64)),
+        ("mcp-idle-secs", idle_secs),
+        ("mcp-max-body-bytes", body.map(|n| n as u64)),
+    ] {
+        if n == Some(0) {
+            bail!("--{name}: must be at least 1");
+        }
+    }
+    Ok(g::GatewayLimits::new(
+        sessions.unwrap_or(g::DEFAULT_MAX_SESSIONS),
+        idle_secs.map_or(g::DEFAULT_IDLE, std::time::Duration::from_secs),
+        body.unwrap_or(g::DEFAULT_MAX_BODY),
+    ))
 }
 
 /// `--mcp-listen`: a loopback address.

@@ -1,8 +1,11 @@
 //! Whom a request to the MCP gateway acts for: the `Authorization: Bearer` credential
 //! read as the model proxy reads it. A run token of this tally names its run; a key
-//! (`tlk_`, docs/KEYS.md) names the run of its task (`x-tally-task`) or its current run,
-//! started under the key's principal if it is new (then the session that started it
-//! stops it when it ends). Anything else is refused (401), nothing contacted.
+//! (`tlk_`, docs/KEYS.md) names the run of its task (`x-tally-task`) or its current run.
+//! Every request's credential is only read ([`Credentials::holder`]); an `initialize`
+//! alone opens a session ([`Credentials::open`]): then, and only then, a key's run is
+//! started under the key's principal, within the key's runs per day (the session that
+//! started it stops it when it ends), or continued. Anything else is refused (401),
+//! nothing contacted.
 //!
 //! The session's checks and outcomes go through the agent socket's own handlers, on an
 //! in-process connection whose peer is the run's owner ([`dialer`]): the path
@@ -14,11 +17,14 @@ use axum::extract::Request;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, AUTHORIZATION};
+use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tally_gate::{Caller, GateError, StartRequest};
-use tally_mcp::gateway::{Authorize, Authorized};
+use tally_mcp::gateway::{Authorized, Credentials, NotOpened, Pending};
+use tally_proxy::key_spend::KeyRefusal;
 use tally_proxy::keys::{self, KeyRefused};
+use tally_wire::KeyInfo;
 use tower::ServiceExt;
 
 use crate::app::App;
@@ -27,27 +33,46 @@ use crate::limit::Peer;
 /// The header that names the task a key's session belongs to (the proxy's).
 const TASK_HEADER: &str = "x-tally-task";
 
-/// The gateway's credential check, over the daemon's gate; `agent` is the agent
-/// socket's router its checks go through.
-pub(crate) fn authorize(app: Arc<App>, agent: Router) -> Authorize {
-    Arc::new(move |headers: HeaderMap| {
-        let app = Arc::clone(&app);
-        let agent = agent.clone();
+/// The gateway's credentials, over the daemon's gate; `agent` is the agent socket's
+/// router its checks go through.
+pub(crate) struct Auth {
+    app: Arc<App>,
+    agent: Router,
+}
+
+impl Auth {
+    pub(crate) fn new(app: Arc<App>, agent: Router) -> Auth {
+        Auth { app, agent }
+    }
+}
+
+/// What a credential is.
+enum Held {
+    Run(String),
+    Key(KeyInfo),
+}
+
+impl Credentials for Auth {
+    fn holder(&self, headers: &HeaderMap) -> Result<String, String> {
+        Ok(match held(&self.app, headers)? {
+            Held::Run(run) => format!("run {run}"),
+            Held::Key(info) => format!("key {}", info.id),
+        })
+    }
+
+    fn open(&self, headers: HeaderMap) -> Pending<Result<Authorized, NotOpened>> {
+        let app = Arc::clone(&self.app);
+        let agent = self.agent.clone();
         Box::pin(async move {
-            let token = bearer(&headers)?;
-            let (run, started) = if keys::looks_like_key(&token) {
-                key_run(&app, &headers, &token).await?
-            } else {
-                let key = app
-                    .token_key
-                    .as_ref()
-                    .ok_or("this tally mints no run tokens")?;
-                let run = key
-                    .run_of(&token)
-                    .ok_or("this is not a run token of this tally")?;
-                (run, false)
+            let refused = |status, why| NotOpened { status, why };
+            let held = held(&app, &headers).map_err(|w| refused(StatusCode::UNAUTHORIZED, w))?;
+            let (run, started) = match held {
+                Held::Run(run) => (run, false),
+                Held::Key(info) => key_run(&app, &headers, info).await?,
             };
-            let owner = owner(&app, &run).await?;
+            let owner = owner(&app, &run)
+                .await
+                .map_err(|w| refused(StatusCode::FORBIDDEN, w))?;
             let peer = owner.map_or(Peer::Tcp, Peer::Uid);
             let dialer = dialer(agent, peer);
             Ok(Authorized {
@@ -58,7 +83,32 @@ pub(crate) fn authorize(app: Arc<App>, agent: Router) -> Authorize {
                 }),
             })
         })
-    })
+    }
+}
+
+/// The credential of `Authorization: Bearer TOKEN`: a run token's run, or a key.
+fn held(app: &App, headers: &HeaderMap) -> Result<Held, String> {
+    let token = bearer(headers)?;
+    if keys::looks_like_key(&token) {
+        let ring = app.keys.as_ref().ok_or("this tally serves no keys")?;
+        return ring.check(&token).map(Held::Key).map_err(|r| match r {
+            KeyRefused::Revoked { id } => {
+                ring.spend().refused(KeyRefusal::KeyRevoked);
+                format!("key {id} was revoked by the operator: ask them for another key")
+            }
+            _ => {
+                ring.spend().refused(KeyRefusal::InvalidKey);
+                "this is not a key of this tally".to_owned()
+            }
+        });
+    }
+    let key = app
+        .token_key
+        .as_ref()
+        .ok_or("this tally mints no run tokens")?;
+    key.run_of(&token)
+        .map(Held::Run)
+        .ok_or_else(|| "this is not a run token of this tally".to_owned())
 }
 
 /// The token of `Authorization: Bearer TOKEN`.
@@ -89,31 +139,43 @@ async fn owner(app: &App, run: &str) -> Result<Option<u32>, String> {
     }
 }
 
-/// The run a key's session acts in, and whether this started it.
-async fn key_run(app: &App, headers: &HeaderMap, key: &str) -> Result<(String, bool), String> {
-    let ring = app.keys.as_ref().ok_or("this tally serves no keys")?;
-    let info = ring.check(key).map_err(|r| match r {
-        KeyRefused::Revoked { id } => {
-            format!("key {id} was revoked by the operator: ask them for another key")
-        }
-        _ => "this is not a key of this tally".to_owned(),
-    })?;
+/// The run a key's new session acts in, and whether opening it started the run: the
+/// key's run of its task or window, continued if it is the principal's already, else
+/// started within the key's runs per day.
+async fn key_run(
+    app: &App,
+    headers: &HeaderMap,
+    info: KeyInfo,
+) -> Result<(String, bool), NotOpened> {
+    let refused = |status, why| NotOpened { status, why };
+    let ring = app
+        .keys
+        .as_ref()
+        .ok_or_else(|| refused(StatusCode::UNAUTHORIZED, "this tally serves no keys".into()))?;
+    let spend = ring.spend();
     if !app.gate.policy().policy.principal_bounded(info.principal) {
-        return Err(format!(
+        spend.refused(KeyRefusal::PrincipalUnbounded);
+        return Err(refused(
+            StatusCode::FORBIDDEN,
+            format!(
             "key {}'s principal {} has no budget in the policy ([principals] with spend or runs)",
             info.id, info.principal
+        ),
         ));
     }
     let task = match headers.get(TASK_HEADER) {
         None => None,
         Some(v) => Some(v.to_str().ok().and_then(keys::task_name).ok_or_else(|| {
-            format!(
+            spend.refused(KeyRefusal::InvalidTask);
+            refused(StatusCode::BAD_REQUEST, format!(
                 "{TASK_HEADER} must be 1 to {} letters, digits, `.`, `_` or `-`, and not `w` and digits",
                 keys::MAX_TASK_BYTES
-            )
+            ))
         })?),
     };
-    let run = keys::run_of(&info, task, ring.now_ms());
+    let now = ring.now_ms();
+    seed(app, ring, &info, now).await?;
+    let run = keys::run_of(&info, task, now);
     // The principal is the run's owner: its budget, open runs and ownership are the
     // uid's, as if it had started the run on the agent socket.
     let caller = Caller {
@@ -121,28 +183,118 @@ async fn key_run(app: &App, headers: &HeaderMap, key: &str) -> Result<(String, b
         operator: false,
         proxied: false,
     };
-    let gate = Arc::clone(&app.gate);
-    let name = run.clone();
-    match app.at_once(move || gate.run(caller, &name)).await {
-        Ok(_) => return Ok((run, false)),
-        Err(GateError::RunNotFound(_)) => {}
-        Err(e) => return Err(format!("the key's run {run} cannot be used: {e}")),
+    if owned(app, caller, &run).await? {
+        return Ok((run, false));
     }
+    let goal = match task {
+        Some(t) => format!("task {t} of key {}", info.id),
+        None => format!("the current run of key {}", info.id),
+    };
+    start(app, ring, &info, caller, (run, now), goal).await
+}
+
+/// The key's counts of the day read from the gate's runs of the day, the first time the
+/// key is used since the daemon started (as the proxy reads them).
+async fn seed(
+    app: &App,
+    ring: &tally_proxy::KeyRing,
+    info: &KeyInfo,
+    now: u64,
+) -> Result<(), NotOpened> {
+    if ring.spend().seeded(&info.id) {
+        return Ok(());
+    }
+    let prefix = keys::runs_today(&info.id, now);
+    let gate = Arc::clone(&app.gate);
+    let runs = app
+        .at_once(move || gate.runs_named(&prefix))
+        .await
+        .map_err(|e| NotOpened {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            why: format!("the gate cannot read the key's runs of the day: {e}"),
+        })?;
+    ring.spend()
+        .seed(&info.id, keys::day_use(&runs, info.principal, now));
+    Ok(())
+}
+
+/// Whether `run` exists and is `caller`'s; a run of that name another uid holds is not
+/// the key's.
+async fn owned(app: &App, caller: Caller, run: &str) -> Result<bool, NotOpened> {
+    let gate = Arc::clone(&app.gate);
+    let name = run.to_owned();
+    match app.at_once(move || gate.run(caller, &name)).await {
+        Ok(_) => Ok(true),
+        Err(GateError::RunNotFound(_)) => Ok(false),
+        Err(e @ GateError::Unavailable(_)) => Err(NotOpened {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            why: format!("the key's run {run} cannot be read: {e}"),
+        }),
+        Err(e) => Err(NotOpened {
+            status: StatusCode::FORBIDDEN,
+            why: format!("the key's run {run} cannot be used: {e}"),
+        }),
+    }
+}
+
+/// Start the key's `run` (named at `named_ms`), counted against the key's runs per day:
+/// the count goes with the gate's answer, kept if the run started, given back (once)
+/// if not, even if the client has gone away by then.
+async fn start(
+    app: &App,
+    ring: &tally_proxy::KeyRing,
+    info: &KeyInfo,
+    caller: Caller,
+    (run, named_ms): (String, u64),
+    goal: String,
+) -> Result<(String, bool), NotOpened> {
+    let spend = ring.spend();
+    let slot = match spend.start_run(&info.id, &keys::day_limits(info), named_ms) {
+        Ok(slot) => slot,
+        Err(e) => {
+            spend.refused(KeyRefusal::RunsExceeded);
+            return Err(NotOpened {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                why: format!("key {}: {e}; its day ends at 00:00 UTC", info.id),
+            });
+        }
+    };
     let req = StartRequest {
         run: run.clone(),
-        goal: Some(match task {
-            Some(t) => format!("task {t} of key {}", info.id),
-            None => format!("the current run of key {}", info.id),
-        }),
+        goal: Some(goal),
         worker: Some("tally-mcp-gateway".to_owned()),
         ..StartRequest::default()
     };
     let gate = Arc::clone(&app.gate);
-    match crate::stage::answered(&app.stage, move |done| gate.start(caller, req, done)).await {
+    let started = crate::stage::answered(&app.stage, move |done| {
+        gate.start(
+            caller,
+            req,
+            Box::new(move |r| {
+                if r.is_ok() {
+                    slot.started();
+                }
+                done(r)
+            }),
+        )
+    })
+    .await;
+    match started {
         Ok(_) => Ok((run, true)),
         // Started between the read and the start, by this key's other session.
-        Err(GateError::RunExists(_)) => Ok((run, false)),
-        Err(e) => Err(format!("the key's run {run} cannot start: {e}")),
+        Err(GateError::RunExists(_)) if owned(app, caller, &run).await? => Ok((run, false)),
+        Err(e @ GateError::Unavailable(_)) => Err(NotOpened {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            why: format!("the key's run {run} cannot start: {e}"),
+        }),
+        Err(e @ GateError::TooManyRuns { .. }) => Err(NotOpened {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            why: format!("the key's run {run} cannot start: {e}"),
+        }),
+        Err(e) => Err(NotOpened {
+            status: StatusCode::FORBIDDEN,
+            why: format!("the key's run {run} cannot start: {e}"),
+        }),
     }
 }
 

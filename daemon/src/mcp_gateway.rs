@@ -53,8 +53,9 @@ impl Gateway {
         let gateway_options = GatewayOptions {
             servers,
             hidden_env,
-            authorize: crate::mcp_auth::authorize(Arc::clone(app), agent.clone()),
-            idle: gateway::DEFAULT_IDLE,
+            credentials: Arc::new(crate::mcp_auth::Auth::new(Arc::clone(app), agent.clone())),
+            limits: options.mcp_limits,
+            clock: Arc::clone(&options.clock),
             worker: Some("tally-mcp-gateway".to_owned()),
         };
         let (stop, stopped) = oneshot::channel::<()>();
@@ -69,7 +70,8 @@ impl Gateway {
         Ok(Some(Gateway { stop, task }))
     }
 
-    /// Stop accepting, and end the gateway's sessions.
+    /// Stop accepting, end the gateway's sessions (the runs they started stopped) and
+    /// kill its stdio servers.
     pub(crate) async fn stop(self) {
         let _ = self.stop.send(());
         let _ = self.task.await;

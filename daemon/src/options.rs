@@ -57,6 +57,9 @@ pub struct ServeOptions {
     /// transport in front of the policy's `[mcp.NAME]` servers (docs/MCP.md, "The HTTP
     /// gateway"); `None` (the default): no gateway.
     pub mcp_listen: Option<SocketAddr>,
+    /// The MCP gateway's bounds: sessions open at once, their idle time, the largest
+    /// request body (`--mcp-max-sessions`, `--mcp-idle-secs`, `--mcp-max-body-bytes`).
+    pub mcp_limits: tally_mcp::gateway::GatewayLimits,
     /// Where approval requests, their answers and their expiry are POSTed
     /// (docs/APPROVALS.md, "Notifications").
     pub notify: crate::NotifyOptions,
@@ -192,6 +195,7 @@ impl ServeOptions {
             observe: ObserveOptions::default(),
             proxy: None,
             mcp_listen: None,
+            mcp_limits: tally_mcp::gateway::GatewayLimits::default(),
             notify: crate::NotifyOptions::default(),
         }
     }

@@ -14,6 +14,7 @@ mod gate;
 mod gate_client;
 mod kill;
 mod lifecycle;
+mod mcp_gateway;
 mod money;
 mod notify;
 mod ownership;

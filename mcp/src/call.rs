@@ -52,10 +52,16 @@ pub enum Last {
     Unchanged,
 }
 
-/// The arguments as the gate takes them (only their digest is kept), or why they cannot
-/// be digested: then the call is refused as bad params, never made.
-pub fn args(arguments: &Map<String, Value>) -> Result<Args, String> {
-    Args::from_value(&Value::Object(arguments.clone())).map_err(|e| e.to_string())
+/// The arguments as the gate takes them (only their digest is kept), and the arguments
+/// back (read in place, not copied); or why they cannot be digested: then the call is
+/// refused as bad params, never made.
+pub fn args(arguments: Map<String, Value>) -> Result<(Args, Map<String, Value>), String> {
+    let value = Value::Object(arguments);
+    let args = Args::from_value(&value).map_err(|e| e.to_string())?;
+    match value {
+        Value::Object(arguments) => Ok((args, arguments)),
+        _ => Err("the arguments are not an object".to_owned()),
+    }
 }
 
 /// The gate's question for a call of `tool` (`server/tool`) in `run`.

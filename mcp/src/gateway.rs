@@ -2,11 +2,13 @@
 //! MCP's Streamable HTTP transport in front of several MCP servers at once, each a
 //! command the gateway starts (stdio) or a remote Streamable HTTP server.
 //!
-//! * [`front`]: every request's credential first (a run token, else 401 and no server
-//!   contacted), then every POST body classified by the same classifier as `tally mcp`'s
+//! * [`front`]: every request's credential first (401 and no server contacted without
+//!   one), then its body (bounded) classified by the same classifier as `tally mcp`'s
 //!   ([`crate::classify`]); a refused one is answered with a JSON-RPC error, never
-//!   passed on. What passes goes to rmcp's Streamable HTTP service (sessions,
-//!   `Mcp-Session-Id`, SSE or JSON answers, GET streams, DELETE).
+//!   passed on. Only an `initialize` opens a session (and only then a key's run starts
+//!   or continues), within a bound on open sessions; a session idle too long is closed.
+//!   What passes goes to rmcp's Streamable HTTP service (sessions, `Mcp-Session-Id`,
+//!   SSE or JSON answers, GET streams, DELETE).
 //! * [`session`]: one MCP server role per session: `tools/list` merges the servers'
 //!   tools as `NAME__tool`; each `tools/call` goes the one gate path
 //!   ([`crate::call`]) in the run the session's token names, then to its server, and
@@ -24,19 +26,21 @@ use zeroize::Zeroizing;
 mod front;
 mod servers;
 mod session;
+mod table;
 
 /// Tool names are `NAME__tool`: the server's name (no `_` in it), two underscores, the
 /// server's own tool name. MCP's tool-name rule (letters, digits, `_`, `-`, `.`) and the
 /// stricter one of some clients (`^[a-zA-Z0-9_-]{1,64}$`) both allow it.
 pub const SEPARATOR: &str = "__";
 
-/// Who a request acts for, once its credential is read.
+/// The run a session acts in, read from the credential of the `initialize` that opened
+/// it.
 #[derive(Clone)]
 pub struct Authorized {
     /// The run it acts in.
     pub run: String,
-    /// Whether reading this credential started the run (a key's new run): the session
-    /// it opens stops the run when it ends (DELETE, or the idle bound).
+    /// Whether opening the session started the run (a key's new run): the session stops
+    /// the run when it ends (DELETE, the idle bound, the gateway's stop).
     pub started: bool,
     /// A client of the gate that acts as the run's owner.
     pub gate: Arc<dyn Fn() -> tally_api::GateClient + Send + Sync>,
@@ -51,16 +55,30 @@ impl std::fmt::Debug for Authorized {
     }
 }
 
-/// Reads a request's credential: whom it acts for, or why not (then the request is
-/// answered 401 and nothing else happens).
-pub type Authorize = Arc<
-    dyn Fn(
-            HeaderMap,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<Authorized, String>> + Send>,
-        > + Send
-        + Sync,
->;
+/// Why a session was not opened: the HTTP status and what the client reads.
+#[derive(Debug)]
+pub struct NotOpened {
+    /// 401 (not a credential), 403 (refused), 429 (a limit), 503 (the gate).
+    pub status: hyper::StatusCode,
+    /// Why.
+    pub why: String,
+}
+
+/// An answer that resolves later.
+pub type Pending<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// How the gateway reads credentials.
+pub trait Credentials: Send + Sync {
+    /// Who holds the request's credential (a run token's run, a key's id), read without
+    /// starting anything; or why it is no credential (answered 401, nothing else done).
+    /// A session answers only the holder whose `initialize` opened it.
+    fn holder(&self, headers: &HeaderMap) -> Result<String, String>;
+
+    /// The run a session opened by an `initialize` with this credential acts in: a run
+    /// token's run, or a key's run, started (and counted against the key's day) or
+    /// continued. Asked for nothing else: no other request starts or spends anything.
+    fn open(&self, headers: HeaderMap) -> Pending<Result<Authorized, NotOpened>>;
+}
 
 /// A header value the gateway sends a remote server (zeroized, never printed).
 pub struct Secret(pub Zeroizing<String>);
@@ -99,10 +117,12 @@ pub struct Server {
 pub struct GatewayOptions {
     /// The servers, by name.
     pub servers: Vec<Server>,
-    /// Reads a request's credential.
-    pub authorize: Authorize,
-    /// A session with no request for this long is closed (as a DELETE would).
-    pub idle: Duration,
+    /// Reads each request's credential.
+    pub credentials: Arc<dyn Credentials>,
+    /// The bounds on what clients may hold.
+    pub limits: GatewayLimits,
+    /// Where the idle bound reads the time (tests pass a `ManualClock`).
+    pub clock: Arc<dyn tally_record::Clock>,
     /// The worker name the gateway's checks are recorded with.
     pub worker: Option<String>,
     /// Environment variables every stdio server is started without: the credentials
@@ -110,8 +130,48 @@ pub struct GatewayOptions {
     pub hidden_env: Vec<String>,
 }
 
+/// The bounds on what the gateway's clients may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GatewayLimits {
+    /// Sessions open at once (default [`DEFAULT_MAX_SESSIONS`]); one more `initialize`
+    /// is answered 503 and opens nothing.
+    pub max_sessions: usize,
+    /// A session with no request for this long is closed, as a DELETE would (default
+    /// [`DEFAULT_IDLE`]).
+    pub idle: Duration,
+    /// The largest request body (default [`DEFAULT_MAX_BODY`]); a larger one is answered
+    /// 413, refused on its `Content-Length` before any of it is read.
+    pub max_body_bytes: usize,
+}
+
 /// The default idle bound of a session.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(30 * 60);
+/// The default bound on open sessions.
+pub const DEFAULT_MAX_SESSIONS: usize = 1024;
+/// The default largest request body: 4 MiB.
+pub const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
+
+impl Default for GatewayLimits {
+    fn default() -> GatewayLimits {
+        GatewayLimits {
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            idle: DEFAULT_IDLE,
+            max_body_bytes: DEFAULT_MAX_BODY,
+        }
+    }
+}
+
+impl GatewayLimits {
+    /// The limits, `max_sessions`, `idle` and `max_body_bytes` set (at least 1 each).
+    pub fn new(max_sessions: usize, idle: Duration, max_body_bytes: usize) -> GatewayLimits {
+        GatewayLimits {
+            max_sessions: max_sessions.max(1),
+            idle: idle.max(Duration::from_millis(1)),
+            max_body_bytes: max_body_bytes.max(1),
+        }
+    }
+}
 
 /// Serve MCP's Streamable HTTP transport on `listener` (at its root path and at `/mcp`)
 /// until `shutdown` resolves.

@@ -111,11 +111,32 @@ impl Drop for KeyHold {
     }
 }
 
-/// A run start counted against its key's day, until the start is known to have failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A run start counted against its key's day, owned: given back when dropped unless the
+/// run was started ([`RunSlot::started`]). Exactly once: a start refused, one another
+/// call made first, a client gone before the gate answered, a start the gate never
+/// answered each give it back when the slot is dropped, wherever that happens (move it
+/// into the gate's answer, so a client that goes away changes nothing).
+#[derive(Debug)]
 pub struct RunSlot {
+    spend: Arc<KeySpend>,
     id: String,
     day: u64,
+    started: bool,
+}
+
+impl RunSlot {
+    /// The run was started: the slot stays counted.
+    pub fn started(mut self) {
+        self.started = true;
+    }
+}
+
+impl Drop for RunSlot {
+    fn drop(&mut self) {
+        if !self.started {
+            self.spend.unstart(&self.id, self.day);
+        }
+    }
 }
 
 /// Each key's counts of the day, and the refusals of key calls.
@@ -188,7 +209,7 @@ impl KeySpend {
 
     /// Count a run start against the key's day, if the key may start one more.
     pub fn start_run(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         limits: &KeyDayLimits,
         now_ms: u64,
@@ -200,15 +221,18 @@ impl KeySpend {
         used.runs = used.runs.saturating_add(1);
         *entry = used;
         Ok(RunSlot {
+            spend: Arc::clone(self),
             id: id.to_owned(),
             day: used.day,
+            started: false,
         })
     }
 
-    /// The start counted by `slot` did not happen (refused, or another call started it).
-    pub fn unstart(&self, slot: &RunSlot) {
+    /// A start counted on `day` of key `id` did not happen (refused, or another call
+    /// started the run): its slot dropped unstarted.
+    fn unstart(&self, id: &str, day: u64) {
         let mut days = self.lock();
-        if let Some(u) = days.get_mut(&slot.id).filter(|u| u.day == slot.day) {
+        if let Some(u) = days.get_mut(id).filter(|u| u.day == day) {
             u.runs = u.runs.saturating_sub(1);
         }
     }
@@ -236,7 +260,7 @@ mod tests {
 
     #[test]
     fn holds_settle_and_release_within_the_day_and_a_new_day_starts_from_nothing() {
-        let s = KeySpend::default();
+        let s = Arc::new(KeySpend::default());
         let now = 10 * DAY_MS + 5;
         s.seed("k", KeyDayUse::default().at(now));
         let a = s.hold("k", &LIMITS, (now, now), 500).expect("fits");
@@ -253,7 +277,7 @@ mod tests {
         s.settle(&c, None);
         assert_eq!(s.usage("k", now).map(|u| u.held_nanos), Some(300));
         // One run a day; the day turns on the time passed in, not a sleep.
-        s.start_run("k", &LIMITS, now).expect("first run");
+        s.start_run("k", &LIMITS, now).expect("first run").started();
         assert!(s.start_run("k", &LIMITS, now).is_err());
         let tomorrow = 11 * DAY_MS;
         assert!(s
@@ -265,9 +289,10 @@ mod tests {
         let slot = s
             .start_run("k", &LIMITS, tomorrow)
             .expect("a new day's run");
-        s.unstart(&slot);
+        drop(slot);
         s.start_run("k", &LIMITS, tomorrow)
-            .expect("the slot was given back");
+            .expect("the slot was given back")
+            .started();
         // Yesterday's charge settling today changes nothing of today.
         s.settle(&c, Some(5));
         s.settle(&d, Some(10));
@@ -288,6 +313,40 @@ mod tests {
         KeyHold::new(Arc::clone(&s), settled).settle(Some(60));
         let used = s.usage("k", now).expect("counts");
         assert_eq!((used.held_nanos, used.settled_nanos), (400, 60));
+    }
+
+    /// A slot is given back exactly once, whether the start was refused, never answered,
+    /// or answered after its client went away; a started one stays counted.
+    #[test]
+    fn a_run_slot_not_started_is_given_back_once_wherever_it_is_dropped() {
+        let s = Arc::new(KeySpend::default());
+        let limits = KeyDayLimits {
+            spend_nanos: None,
+            runs: Some(2),
+        };
+        let now = 5 * DAY_MS;
+        let runs = |s: &KeySpend| s.usage("k", now).map(|u| u.runs);
+        let first = s.start_run("k", &limits, now).expect("fits");
+        let second = s.start_run("k", &limits, now).expect("fits");
+        assert!(s.start_run("k", &limits, now).is_err(), "two counted");
+        // The gate's answer owns the slot: the client is gone, the answer (a refusal)
+        // still arrives on another thread and drops it there.
+        let answer = move |started: bool| {
+            if started {
+                second.started();
+            }
+        };
+        std::thread::spawn(move || answer(false))
+            .join()
+            .expect("the answer");
+        assert_eq!(runs(&s), Some(1), "given back once");
+        first.started();
+        assert_eq!(runs(&s), Some(1), "a started run stays counted");
+        let third = s
+            .start_run("k", &limits, now)
+            .expect("the slot given back fits");
+        drop(third);
+        assert_eq!(runs(&s), Some(1));
     }
 
     #[test]

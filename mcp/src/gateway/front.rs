@@ -1,51 +1,52 @@
-//! The gateway's HTTP front: the credential of every request first (401, nothing else
-//! done, without one that names a run), then each POST body classified by
-//! [`crate::classify`] (a refused one is answered with a JSON-RPC error and never passed
-//! on), then rmcp's Streamable HTTP service for what passed. A session is bound to the
-//! run of the credential that opened it: another credential cannot drive it.
+//! The gateway's HTTP front. Every request: its credential first (401, nothing else
+//! done, without one), then its body, bounded (413 on its `Content-Length`, before any
+//! of it is read), classified by [`crate::classify`] (a refused one is answered with a
+//! JSON-RPC error and never passed on). A request without `Mcp-Session-Id` opens a
+//! session only if it is an `initialize` (anything else is a 400 and starts nothing),
+//! within the bound on open sessions (503 beyond it); a session id the gateway does not
+//! hold open is a 404, one another credential opened a 403. What passes goes to rmcp's
+//! Streamable HTTP service. Sessions idle past the bound are closed, on a timer and
+//! before each `initialize`, as a DELETE would close them.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 
 use super::servers::Backend;
 use super::session::{Classified, RunOf, Session, Shared};
-use super::{Authorize, GatewayOptions};
+use super::table::{Found, Table};
+use super::{Credentials, GatewayLimits, GatewayOptions, NotOpened};
 use crate::call::Asker;
 use crate::classify::{self, Message, Why};
 
-/// The largest request body read (the classifier's line limit).
-const MAX_BODY: usize = classify::MAX_LINE;
 /// MCP's session header.
 const SESSION: &str = "mcp-session-id";
+/// The most request headers read, and the most bytes of them.
+const MAX_HEADERS: usize = 64;
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Request headers must arrive within this.
+const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 type Body = BoxBody<Bytes, Infallible>;
 
-/// What the front keeps of a session.
-struct Bound {
-    run: String,
-    refused: u64,
-    last: std::time::Instant,
-}
-
 struct Front {
-    authorize: Authorize,
+    credentials: Arc<dyn Credentials>,
     service: StreamableHttpService<Session, LocalSessionManager>,
-    /// Each session's run, the messages refused in it so far, and its last request.
-    sessions: Mutex<HashMap<String, Bound>>,
-    /// A session idle this long is closed by rmcp; its entry here is dropped then too.
-    idle: std::time::Duration,
+    manager: Arc<LocalSessionManager>,
+    shared: Arc<Shared>,
+    table: Arc<Table>,
+    limits: GatewayLimits,
 }
 
 pub(super) async fn serve(
@@ -66,50 +67,33 @@ pub(super) async fn serve(
         },
     });
     let mut manager = LocalSessionManager::default();
-    manager.session_config.keep_alive = Some(options.idle);
+    // The front closes idle sessions itself, on its clock.
+    manager.session_config.keep_alive = None;
+    let manager = Arc::new(manager);
     let cancel = tokio_util::sync::CancellationToken::new();
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
         .with_cancellation_token(cancel.child_token());
+    let factory = Arc::clone(&shared);
     let service = StreamableHttpService::new(
-        move || Ok(Session::new(Arc::clone(&shared))),
-        Arc::new(manager),
+        move || Ok(Session::new(Arc::clone(&factory))),
+        Arc::clone(&manager),
         config,
     );
+    let limits = options.limits;
     let front = Arc::new(Front {
-        authorize: options.authorize,
+        credentials: options.credentials,
         service,
-        sessions: Mutex::new(HashMap::new()),
-        idle: options.idle,
+        manager,
+        shared,
+        table: Arc::new(Table::new(limits.max_sessions, limits.idle, options.clock)),
+        limits,
     });
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    crate::log(&format!("gateway: accept failed: {e}"));
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        // An answer is written in several pieces (headers, SSE events): without this,
-        // Nagle's algorithm holds the last one for the client's delayed ACK (~40 ms).
-        let _ = stream.set_nodelay(true);
-        let front = Arc::clone(&front);
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let front = Arc::clone(&front);
-                async move { Ok::<_, Infallible>(front.handle(req).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+    let sweeper = tokio::spawn(Arc::clone(&front).sweep_every());
+    front.accept(listener, shutdown).await;
+    sweeper.abort();
     cancel.cancel();
+    front.close().await;
     Ok(())
 }
 
@@ -119,6 +103,19 @@ fn answer(status: StatusCode, body: String) -> Response<Body> {
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
+}
+
+/// A JSON-RPC error with no id, under an HTTP status (what MCP's clients read).
+fn rpc_error(status: StatusCode, code: i64, why: &str) -> Response<Body> {
+    answer(
+        status,
+        crate::reply::error(
+            &serde_json::Value::Null,
+            code,
+            &format!("tally's MCP gateway: {why}"),
+            None,
+        ),
+    )
 }
 
 fn unauthorized(why: &str) -> Response<Body> {
@@ -132,82 +129,220 @@ fn unauthorized(why: &str) -> Response<Body> {
 }
 
 impl Front {
-    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Bound>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    /// Accept connections until `shutdown` resolves.
+    async fn accept(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, _) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        crate::log(&format!("gateway: accept failed: {e}"));
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => return,
+            };
+            // An answer is written in several pieces (headers, SSE events): without this,
+            // Nagle's algorithm holds the last one for the client's delayed ACK (~40 ms).
+            let _ = stream.set_nodelay(true);
+            let front = Arc::clone(self);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let front = Arc::clone(&front);
+                    async move { Ok::<_, Infallible>(front.handle(req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT)
+                    .max_headers(MAX_HEADERS)
+                    .max_header_size(MAX_HEAD_BYTES)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
-        let authorized = match (self.authorize)(req.headers().clone()).await {
-            Ok(a) => a,
+        let holder = match self.credentials.holder(req.headers()) {
+            Ok(h) => h,
             Err(why) => return unauthorized(&why),
         };
-        let run = authorized.run.clone();
         let session = req
             .headers()
             .get(SESSION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        if session
-            .as_deref()
-            .is_some_and(|s| self.held_by_another(s, &run))
-        {
-            return answer(
-                StatusCode::FORBIDDEN,
-                json!({"error": "tally's MCP gateway: this session belongs to another run's credential"}).to_string(),
-            );
-        }
-        let (mut parts, body) = req.into_parts();
-        parts.extensions.insert(RunOf(authorized));
-        let bytes = if parts.method == Method::POST {
-            match self.classified(session.as_deref(), body, &mut parts).await {
-                Ok(b) => b,
-                Err(refused) => return refused,
-            }
-        } else {
-            Bytes::new()
+        let (parts, body) = req.into_parts();
+        let bytes = match self.body(&parts, body).await {
+            Ok(b) => b,
+            Err(refused) => return refused,
         };
+        match session {
+            Some(s) => self.in_session(&s, &holder, parts, bytes).await,
+            None => self.open(holder, parts, bytes).await,
+        }
+    }
+
+    /// A POST's body, at most the bound (a larger `Content-Length` refused unread);
+    /// nothing for the other methods.
+    async fn body(
+        &self,
+        parts: &hyper::http::request::Parts,
+        body: Incoming,
+    ) -> Result<Bytes, Response<Body>> {
+        if parts.method != Method::POST {
+            return Ok(Bytes::new());
+        }
+        let max = self.limits.max_body_bytes;
+        let too_large = || {
+            rpc_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                -32600,
+                &format!(
+                    "a request body is at most {max} bytes (tally serve --mcp-max-body-bytes)"
+                ),
+            )
+        };
+        let declared = parts
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max as u64) {
+            return Err(too_large());
+        }
+        match Limited::new(body, max).collect().await {
+            Ok(b) => Ok(b.to_bytes()),
+            Err(_) => Err(too_large()),
+        }
+    }
+
+    /// A request in session `id`: the holder's own session only.
+    async fn in_session(
+        &self,
+        id: &str,
+        holder: &str,
+        mut parts: hyper::http::request::Parts,
+        bytes: Bytes,
+    ) -> Response<Body> {
+        let run = match self.table.find(id, holder) {
+            Found::Yours(run) => run,
+            Found::Unknown => {
+                return rpc_error(
+                    StatusCode::NOT_FOUND,
+                    -32001,
+                    "no such session (never opened, closed, or idle too long): send initialize without Mcp-Session-Id to open a new one",
+                )
+            }
+            Found::Another => {
+                return answer(
+                    StatusCode::FORBIDDEN,
+                    json!({"error": "tally's MCP gateway: this session belongs to another credential"}).to_string(),
+                )
+            }
+        };
+        if parts.method == Method::POST {
+            if let Some(refused) = self.classified(Some(id), &bytes, &mut parts) {
+                return refused;
+            }
+        }
+        parts.extensions.insert(RunOf(run));
         let deleting = parts.method == Method::DELETE;
         let mut response = self
             .service
             .handle(Request::from_parts(parts, Full::new(bytes)))
             .await;
-        if deleting && response.status() == StatusCode::ACCEPTED {
+        if deleting && response.status().is_success() {
             // The session is gone: 200, what MCP's clients read as a completed DELETE.
             *response.status_mut() = StatusCode::OK;
+            self.table.remove(id);
         }
-        self.track(session.as_deref(), deleting, &response, run);
         response
     }
 
-    /// Whether session `s` was opened by a credential of another run (and mark it used).
-    fn held_by_another(&self, s: &str, run: &str) -> bool {
-        self.sessions().get_mut(s).is_some_and(|b| {
-            b.last = std::time::Instant::now();
-            b.run != run
-        })
+    /// A request without a session: an `initialize` opens one (its credential's run
+    /// started or continued then, and only then); anything else is refused, nothing
+    /// started.
+    async fn open(
+        &self,
+        holder: String,
+        mut parts: hyper::http::request::Parts,
+        bytes: Bytes,
+    ) -> Response<Body> {
+        let no_session = || {
+            rpc_error(
+                StatusCode::BAD_REQUEST,
+                -32600,
+                "Bad Request: no Mcp-Session-Id; a session is opened by initialize, and only initialize is answered without one",
+            )
+        };
+        if parts.method != Method::POST {
+            return no_session();
+        }
+        match classify::classify(&bytes) {
+            Ok(c)
+                if matches!(
+                    c.message,
+                    Message::Request {
+                        method: "initialize",
+                        ..
+                    }
+                ) => {}
+            Ok(_) => return no_session(),
+            Err(refused) => return self.refuse(None, refused),
+        }
+        self.expire().await;
+        let Some(place) = self.table.reserve() else {
+            return rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                -32000,
+                &format!(
+                    "{} sessions are open, as many as this gateway holds (tally serve --mcp-max-sessions): close one (DELETE) or retry later",
+                    self.limits.max_sessions
+                ),
+            );
+        };
+        let run = match self.credentials.open(parts.headers.clone()).await {
+            Ok(run) => run,
+            Err(NotOpened { status, why }) if status == StatusCode::UNAUTHORIZED => {
+                return unauthorized(&why)
+            }
+            Err(NotOpened { status, why }) => return rpc_error(status, -32000, &why),
+        };
+        parts.extensions.insert(RunOf(run.clone()));
+        let response = self
+            .service
+            .handle(Request::from_parts(parts, Full::new(bytes)))
+            .await;
+        if let Some(id) = response
+            .headers()
+            .get(SESSION)
+            .and_then(|v| v.to_str().ok())
+        {
+            self.table.insert(id.to_owned(), holder, run, place);
+        }
+        response
     }
 
-    /// A POST's body, read and classified: what passes (a call's reading put in
-    /// `parts` for the session), or the answer refusing it.
-    async fn classified(
+    /// A POST body in a session classified: the answer refusing it, or none (it
+    /// passes; a call's reading put in `parts` for the session).
+    fn classified(
         &self,
         session: Option<&str>,
-        body: Incoming,
+        bytes: &Bytes,
         parts: &mut hyper::http::request::Parts,
-    ) -> Result<Bytes, Response<Body>> {
-        let bytes = match Limited::new(body, MAX_BODY).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(_) => {
-                return Err(answer(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    json!({"error": format!("tally's MCP gateway: a message is at most {MAX_BODY} bytes")}).to_string(),
-                ))
-            }
-        };
-        match classify::classify(&bytes) {
+    ) -> Option<Response<Body>> {
+        match classify::classify(bytes) {
             Ok(c) => match c.message {
                 Message::Call { call, .. } => {
                     parts.extensions.insert(Classified(call));
+                    None
                 }
                 // The gateway asks clients nothing (no sampling, elicitation or roots):
                 // an answer answers no request of its own.
@@ -216,51 +351,18 @@ impl Front {
                         why: Why::UnexpectedAnswer,
                         answer: Vec::new(),
                     };
-                    return Err(self.refuse(session, refused));
+                    Some(self.refuse(session, refused))
                 }
-                _ => {}
+                _ => None,
             },
-            Err(refused) => return Err(self.refuse(session, refused)),
-        }
-        Ok(bytes)
-    }
-
-    /// Keep the sessions' runs: a new session's, a deleted one's gone.
-    fn track(&self, session: Option<&str>, deleting: bool, response: &Response<Body>, run: String) {
-        match (session, response.headers().get(SESSION)) {
-            (Some(s), _) if deleting && response.status().is_success() => {
-                self.sessions().remove(s);
-            }
-            (None, Some(new)) => {
-                if let Ok(new) = new.to_str() {
-                    let mut sessions = self.sessions();
-                    // Sessions rmcp closed for idleness leave no entry behind.
-                    let idle = self.idle;
-                    sessions.retain(|_, b| b.last.elapsed() <= idle);
-                    let last = std::time::Instant::now();
-                    let bound = Bound {
-                        run,
-                        refused: 0,
-                        last,
-                    };
-                    sessions.insert(new.to_owned(), bound);
-                }
-            }
-            _ => {}
+            Err(refused) => Some(self.refuse(session, refused)),
         }
     }
 
     /// A message the classifier refused: a JSON-RPC error under its id (200, so that a
     /// client reads it as the answer to its request), or 400 when it has no usable id.
     fn refuse(&self, session: Option<&str>, refused: classify::Refused) -> Response<Body> {
-        let count = session
-            .and_then(|s| {
-                self.sessions().get_mut(s).map(|b| {
-                    b.refused += 1;
-                    b.refused
-                })
-            })
-            .unwrap_or(1);
+        let count = self.table.refused(session);
         crate::log(&format!(
             "gateway: refused a message from a client, not passed on ({count} refused so far in its session): {}",
             refused.why
@@ -272,6 +374,42 @@ impl Front {
             ),
             _ => answer(StatusCode::BAD_REQUEST, no_id(&refused.why, count)),
         }
+    }
+
+    /// Close the sessions idle past the bound: each as a DELETE would (a run its
+    /// `initialize` started is stopped).
+    async fn expire(&self) {
+        for id in self.table.expired() {
+            let _ = self.manager.close_session(&Arc::from(id.as_str())).await;
+            crate::log(&format!(
+                "gateway: a session was idle for {}, closed",
+                tally_record::words::duration(self.limits.idle.as_millis() as u64)
+            ));
+        }
+    }
+
+    /// [`Front::expire`] on a timer: a clock reading every so often (at most a second,
+    /// at least every tenth of the idle bound).
+    async fn sweep_every(self: Arc<Self>) {
+        let every = (self.limits.idle / 10).clamp(
+            std::time::Duration::from_millis(10),
+            std::time::Duration::from_secs(1),
+        );
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.expire().await;
+        }
+    }
+
+    /// The gateway stops: every session closed (runs they started stopped), every
+    /// stdio server killed and reaped.
+    async fn close(&self) {
+        for id in self.table.all() {
+            let _ = self.manager.close_session(&Arc::from(id.as_str())).await;
+        }
+        futures::future::join_all(self.shared.backends.iter().map(|b| b.stop())).await;
     }
 }
 

@@ -1,6 +1,11 @@
 //! The servers behind the gateway: one rmcp client each, shared by every session,
 //! connected on first use and again after its transport failed; the effect class of
 //! each tool, learned from its `tools/list` (as `tally mcp` learns it).
+//!
+//! A stdio server's process is the gateway's own child: killed and reaped (never left a
+//! zombie, never left running) when it does not finish initializing or listing in time,
+//! when a call to it times out (a server that does not answer may hang for good: the
+//! next call starts a new one), and when the gateway stops.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,7 +14,7 @@ use std::time::Duration;
 use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
 use rmcp::service::{RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
 use tally_record::Effect;
@@ -28,11 +33,16 @@ const RELIST_INTERVAL: Duration = Duration::from_secs(30);
 
 type Client = RunningService<RoleClient, ()>;
 
+/// A stdio server's process, shared by whoever may have to kill it.
+type Process = Arc<tokio::sync::Mutex<tokio::process::Child>>;
+
 /// One server and its client.
 pub(super) struct Backend {
     pub(super) name: String,
     target: Target,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
+    /// A stdio server's current process (started, initializing or serving).
+    process: Mutex<Option<Process>>,
     /// Effects learned from its `tools/list`, by its own tool name.
     effects: Mutex<HashMap<String, Effect>>,
     /// When a lookup of an unlisted tool last listed the server's tools again.
@@ -69,6 +79,7 @@ impl Backend {
             name: server.name,
             target: server.target,
             client: tokio::sync::Mutex::new(None),
+            process: Mutex::new(None),
             effects: Mutex::new(HashMap::new()),
             relisted: Mutex::new(None),
             hidden_env,
@@ -81,12 +92,78 @@ impl Backend {
         if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
             return Ok(Arc::clone(c));
         }
-        let client = tokio::time::timeout(CONNECT_TIMEOUT, connect(&self.target, &self.hidden_env))
-            .await
-            .map_err(|_| "it did not finish initializing in time".to_owned())??;
-        let client = Arc::new(client);
+        // A process whose client closed is not left behind.
+        self.kill().await;
+        let connected = match &self.target {
+            Target::Command(command) => self.start(command).await,
+            Target::Url { url, credential } => {
+                tokio::time::timeout(CONNECT_TIMEOUT, connect_url(url, credential.as_ref()))
+                    .await
+                    .map_err(|_| "it did not finish initializing in time".to_owned())?
+            }
+        };
+        let client = Arc::new(connected?);
         *slot = Some(Arc::clone(&client));
         Ok(client)
+    }
+
+    /// Start a stdio server and run MCP's initialize exchange with it; a server that
+    /// does not finish it within [`CONNECT_TIMEOUT`] is killed.
+    async fn start(&self, command: &[String]) -> Result<Client, String> {
+        let (program, args) = command.split_first().ok_or("no command")?;
+        let mut c = command_of(program, args, &self.hidden_env);
+        // The server's stderr is the daemon's (a pipe no one reads would fill).
+        c.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = c
+            .spawn()
+            .map_err(|e| format!("cannot start `{program}`: {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(format!("`{program}` was started without its pipes"));
+        };
+        *self.process.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Arc::new(tokio::sync::Mutex::new(child)));
+        match tokio::time::timeout(CONNECT_TIMEOUT, ().serve((stdout, stdin))).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => {
+                self.kill().await;
+                Err(e.to_string())
+            }
+            Err(_) => {
+                self.kill().await;
+                Err("it did not finish initializing in time".to_owned())
+            }
+        }
+    }
+
+    /// Kill the stdio server's process, if it has one, and reap it.
+    async fn kill(&self) {
+        let process = self
+            .process
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(p) = process {
+            let mut child = p.lock().await;
+            if let Err(e) = child.kill().await {
+                crate::log(&format!(
+                    "gateway: server {}: cannot kill it: {e}",
+                    self.name
+                ));
+            }
+        }
+    }
+
+    /// Let the server go: its client dropped and a stdio server's process killed and
+    /// reaped. The next use starts or reaches it again.
+    pub(super) async fn stop(&self) {
+        // The process first: an initialize in progress (holding the client's lock) then
+        // fails at once instead of at its time bound.
+        self.kill().await;
+        let client = self.client.lock().await.take();
+        drop(client);
     }
 
     /// Forget the client after a transport failure: the next use connects again.
@@ -97,14 +174,17 @@ impl Backend {
     /// Its tools, each renamed `NAME__tool`; their effects learned on the way. A server
     /// that does not answer within [`LIST_TIMEOUT`] is an error.
     pub(super) async fn tools(&self) -> Result<Vec<Tool>, String> {
-        tokio::time::timeout(LIST_TIMEOUT, self.list())
-            .await
-            .map_err(|_| {
-                format!(
+        match tokio::time::timeout(LIST_TIMEOUT, self.list()).await {
+            Ok(listed) => listed,
+            Err(_) => {
+                // Hung (or still initializing): a stdio server is killed, not left.
+                self.stop().await;
+                Err(format!(
                     "it did not list its tools within {}",
                     tally_record::words::duration(LIST_TIMEOUT.as_millis() as u64)
-                )
-            })?
+                ))
+            }
+        }
     }
 
     async fn list(&self) -> Result<Vec<Tool>, String> {
@@ -176,7 +256,15 @@ impl Backend {
         };
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         match tokio::time::timeout(timeout, client.peer().call_tool(params)).await {
-            Err(_) => Called::Timeout,
+            Err(_) => {
+                // A server that did not answer in time may never answer: a stdio one is
+                // killed (its other calls in flight end as lost), the next call starts it.
+                if matches!(self.target, Target::Command(_)) {
+                    drop(client);
+                    self.stop().await;
+                }
+                Called::Timeout
+            }
             Ok(Ok(result)) => Called::Result(result),
             Ok(Err(ServiceError::McpError(e))) => Called::Error(e),
             Ok(Err(e)) => {
@@ -187,35 +275,22 @@ impl Backend {
     }
 }
 
-/// Start or reach the server and run MCP's initialize exchange with it.
-async fn connect(target: &Target, hidden_env: &[String]) -> Result<Client, String> {
-    match target {
-        Target::Command(command) => {
-            let (program, args) = command.split_first().ok_or("no command")?;
-            let c = command_of(program, args, hidden_env);
-            // The server's stderr is the daemon's (a pipe no one reads would fill).
-            let (transport, _) = TokioChildProcess::builder(c)
-                .stderr(std::process::Stdio::inherit())
-                .spawn()
-                .map_err(|e| format!("cannot start `{program}`: {e}"))?;
-            ().serve(transport).await.map_err(|e| e.to_string())
-        }
-        Target::Url { url, credential } => {
-            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
-            if let Some((name, secret)) = credential {
-                let name = hyper::header::HeaderName::try_from(name.as_str())
-                    .map_err(|e| format!("header {name}: {e}"))?;
-                let mut value =
-                    hyper::header::HeaderValue::try_from(secret.0.as_str()).map_err(|_| {
-                        format!("the credential for header {name} is not a header value")
-                    })?;
-                value.set_sensitive(true);
-                config.custom_headers.insert(name, value);
-            }
-            let transport = StreamableHttpClientTransport::from_config(config);
-            ().serve(transport).await.map_err(|e| e.to_string())
-        }
+/// Reach a remote server and run MCP's initialize exchange with it.
+async fn connect_url(
+    url: &str,
+    credential: Option<&(String, super::Secret)>,
+) -> Result<Client, String> {
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url);
+    if let Some((name, secret)) = credential {
+        let name = hyper::header::HeaderName::try_from(name.as_str())
+            .map_err(|e| format!("header {name}: {e}"))?;
+        let mut value = hyper::header::HeaderValue::try_from(secret.0.as_str())
+            .map_err(|_| format!("the credential for header {name} is not a header value"))?;
+        value.set_sensitive(true);
+        config.custom_headers.insert(name, value);
     }
+    let transport = StreamableHttpClientTransport::from_config(config);
+    ().serve(transport).await.map_err(|e| e.to_string())
 }
 
 /// The command of a stdio server: `tally serve`'s environment without `hidden_env`.
@@ -246,12 +321,15 @@ mod tests {
     }
 
     /// A server that never answers (`sleep` speaks no MCP): its listing ends at the time
-    /// bound, its tools are not called, and a second unknown name does not list again.
+    /// bound, its process killed and reaped, its tools are not called, and a second
+    /// unknown name does not list again.
     #[tokio::test]
     async fn a_hung_server_costs_one_bounded_listing_and_its_tools_are_not_called() {
+        let dir = std::env::temp_dir().join(format!("tally-hung-{}", std::process::id()));
+        let script = format!("echo $$ > {}; exec sleep 30", dir.display());
         let server = Server {
             name: "hung".to_owned(),
-            target: Target::Command(vec!["sleep".to_owned(), "12".to_owned()]),
+            target: Target::Command(vec!["sh".to_owned(), "-c".to_owned(), script]),
         };
         let backend = Backend::new(server, Arc::from(Vec::new()));
         let start = std::time::Instant::now();
@@ -263,6 +341,12 @@ mod tests {
         assert!(
             first >= LIST_TIMEOUT && first < LIST_TIMEOUT * 2,
             "{first:?}"
+        );
+        let pid = std::fs::read_to_string(&dir).expect("the server wrote its pid");
+        let _ = std::fs::remove_file(&dir);
+        assert!(
+            !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists(),
+            "the hung server {pid} was not killed and reaped"
         );
         let again = std::time::Instant::now();
         assert!(matches!(

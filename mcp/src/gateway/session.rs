@@ -169,10 +169,13 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let (run, gate) = self.gate(&context)?;
-        // The call exactly as the classifier read it; rmcp's typed copy is not used.
-        let Some(Classified(c)) = Self::parts(&context)
-            .and_then(|p| p.extensions.get::<Classified>())
-            .cloned()
+        // The call exactly as the classifier read it (taken, not copied); rmcp's typed
+        // copy is not used.
+        let mut context = context;
+        let Some(Classified(c)) = context
+            .extensions
+            .get_mut::<hyper::http::request::Parts>()
+            .and_then(|p| p.extensions.remove::<Classified>())
         else {
             return Err(internal("the call was not classified"));
         };
@@ -188,7 +191,7 @@ impl ServerHandler for Session {
                 c.name
             )));
         };
-        let args = call::args(&c.arguments).map_err(|e| {
+        let (args, arguments) = call::args(c.arguments).map_err(|e| {
             invalid(format!(
                 "the call's arguments cannot be digested ({e}); the call was not made"
             ))
@@ -199,7 +202,7 @@ impl ServerHandler for Session {
             .map_err(|u| unlisted(u, &c.name))?;
         let full = format!("{server}/{tool}");
         let request = call::check_request(run, &self.shared.asker, full.clone(), args, effect);
-        let (gated, last) = call::ask(gate, request, c.trace.clone(), &full).await;
+        let (gated, last) = call::ask(gate, request, c.trace, &full).await;
         match last {
             Last::Cleared => self.ending().last_refusal = None,
             Last::Refused(reason, action) => self.ending().last_refusal = Some((reason, action)),
@@ -218,7 +221,7 @@ impl ServerHandler for Session {
             timeout,
             effect,
         };
-        let called = allowed.make(&self.shared, &self.ending, c.arguments).await;
+        let called = allowed.make(&self.shared, &self.ending, arguments).await;
         answer(called, &full, server, timeout)
     }
 }

@@ -18,8 +18,8 @@ pub(super) async fn call(shared: &Shared, id: Id, c: Call, line: String) {
         return not_made(shared, &id_value, "tally mcp has not seen the server's initialize answer, so it cannot name the tool for the gate: the call was not made. Initialize the session first (or start tally mcp with --server-name).".into());
     };
     let tool = format!("{server}/{}", c.name);
-    let args = match crate::call::args(&c.arguments) {
-        Ok(a) => a,
+    let args = match crate::call::args(c.arguments) {
+        Ok((a, _)) => a,
         Err(e) => {
             return shared.to_client.send(reply::error(
                 &id_value,

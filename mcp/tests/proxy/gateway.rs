@@ -79,6 +79,7 @@ impl Gateway {
             path("local-stdin.log"),
             "env",
             format!("TALLY_MCP_TEST_CALLS={}", path("local-calls.txt")),
+            format!("TALLY_MCP_TEST_PID={}", path("local-pid.txt")),
             "TALLY_MCP_TEST_ARGS=1",
             "python3",
             server_py(),
@@ -525,4 +526,106 @@ fn deleting_a_session_stops_the_run_it_started_and_only_that() {
     let a = hijack.post(call(9, "local__send", json!({"to": "x"})).as_bytes());
     assert_eq!(a.status, 403, "{}", a.body);
     gw.gate.finish_all(&["g4", "g5"]);
+}
+
+/// The process ids a server wrote to `file`, one a line.
+fn pids(gw: &Gateway, file: &str) -> Vec<u32> {
+    gw.read(file)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Whether process `pid` is gone: killed and reaped (a zombie still has its /proc entry).
+fn gone(pid: u32) -> bool {
+    !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn a_hung_stdio_server_is_killed_and_reaped_and_never_hangs_the_gateway() {
+    if !sdk_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hung_pids = p(dir.path(), "hung-pid.txt");
+    // `hung` never answers initialize (sleep speaks no MCP, and ignores its stdin);
+    // calls get 1.5 s.
+    let gw = Gateway::start(&format!(
+        "[rate]\ncall_timeout_ms = 1500\n\n[mcp.hung]\ncommand = [\"sh\", \"-c\", \"echo $$ >> {hung_pids}; exec sleep 600\"]\n"
+    ));
+    let token = gw.run("hung");
+    let s = RawSession::open(gw.addr, &token);
+    s.post(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    // The list is answered (the other servers' tools) within the list's bound; the
+    // hung server is left out, its process killed and reaped.
+    let started = Instant::now();
+    let list = s.post(br#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "{:?}",
+        started.elapsed()
+    );
+    let tools = list.answer_to(2).expect("the list");
+    assert!(tools.to_string().contains("local__lookup"), "{tools}");
+    assert!(!tools.to_string().contains("hung__"), "{tools}");
+    let read = |f: &str| -> Vec<u32> {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let hung = read(&hung_pids);
+    assert_eq!(hung.len(), 1, "{hung:?}");
+    assert!(gone(hung[0]), "the hung server {} is still there", hung[0]);
+    // A call that times out: the stdio server that did not answer is killed and reaped
+    // before the client reads the timeout; the next call starts a new one.
+    let local = pids(&gw, "local-pid.txt");
+    assert_eq!(local.len(), 1, "{local:?}");
+    let a = s.post(call(3, "local__slow", json!({"seconds": 600})).as_bytes());
+    let m = a.answer_to(3).expect("an answer");
+    assert_eq!(m["result"]["isError"], true, "{m}");
+    assert!(m.to_string().contains("did not answer within"), "{m}");
+    assert!(
+        gone(local[0]),
+        "the timed-out server {} is still there",
+        local[0]
+    );
+    let a = s.post(call(4, "local__lookup", json!({"key": "k"})).as_bytes());
+    assert_eq!(
+        a.answer_to(4)
+            .map(|m| m["result"]["content"][0]["text"].clone()),
+        Some(json!("value of k")),
+        "{}",
+        a.body
+    );
+    let local = pids(&gw, "local-pid.txt");
+    assert_eq!(local.len(), 2, "a new server: {local:?}");
+    // The gateway stops while the hung server is starting: it is killed too.
+    let addr = gw.addr;
+    let id = s.id.clone();
+    let bearer = s.bearer.clone();
+    let lister = std::thread::spawn(move || {
+        let s = RawSession { addr, bearer, id };
+        s.post(br#"{"jsonrpc":"2.0","id":5,"method":"tools/list"}"#)
+    });
+    let started = Instant::now();
+    while read(&hung_pids).len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "hung was not started again"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let again = read(&hung_pids)[1];
+    assert!(!gone(again));
+    let Gateway { gate, _remote, .. } = gw;
+    gate.finish("hung");
+    let _ = lister.join();
+    assert!(gone(again), "the hung server {again} outlived the gateway");
+    assert!(
+        gone(local[1]),
+        "the local server {} outlived the gateway",
+        local[1]
+    );
 }

@@ -104,6 +104,11 @@ def review(path: str) -> str:
 if __name__ == "__main__":
     import sys
 
+    # $TALLY_MCP_TEST_PID: append this process's id, for tests that check it was killed.
+    if os.environ.get("TALLY_MCP_TEST_PID"):
+        with open(os.environ["TALLY_MCP_TEST_PID"], "a") as f:
+            f.write(f"{os.getpid()}\n")
+
     # `server.py --http PORT`: the same server on Streamable HTTP (http://127.0.0.1:PORT/mcp),
     # for the HTTP gateway's tests; else on stdio.
     if len(sys.argv) == 3 and sys.argv[1] == "--http":

@@ -152,13 +152,19 @@ async fn hold(proxy: &Proxy, call: &Call<'_>, plan: &Plan) -> Result<Option<KeyH
     // A day turned is no refusal of the key's (not counted as one): sent again, the
     // call names the new day's run.
     let turned = matches!(e, KeyDayExceeded::DayTurned { .. });
-    let said = match turned {
-        true => Refusal::own(
-            StatusCode::TOO_MANY_REQUESTS,
-            tally_wire::ErrorCode::Refused,
-            format!("key {}: {e}", key.info.id),
+    let (said, counted) = match turned {
+        true => (
+            Refusal::own(
+                StatusCode::TOO_MANY_REQUESTS,
+                tally_wire::ErrorCode::Refused,
+                format!("key {}: {e}", key.info.id),
+            ),
+            None,
         ),
-        false => super::keyed::exceeded(spend, &key.info.id, e),
+        false => {
+            let (r, why) = super::keyed::exceeded(&key.info.id, e);
+            (r, Some(why))
+        }
     };
     let pre = Pre::new(Reason::RequestRefused, StatusCode::FORBIDDEN, said.message)
         .preview(format!("key {}: {e}", key.info.id));
@@ -170,6 +176,11 @@ async fn hold(proxy: &Proxy, call: &Call<'_>, plan: &Plan) -> Result<Option<KeyH
     };
     let mut r = proxy.refuse(&call.caught, refused, pre).await;
     if r.recorded.is_some() {
+        // Counted only as the answer it is: a refusal the gate could not record is
+        // answered `gate_unavailable`, which is no refusal of the key's.
+        if let Some(why) = counted {
+            spend.refused(why);
+        }
         r.key = said.key;
         r.action = Action::Stop;
         if turned {

@@ -14,7 +14,7 @@ use tally_record::Reason;
 use tally_wire::{ErrorCode, KeyDayRefused, KeyInfo};
 
 use crate::dialect::Refusal;
-use crate::key_spend::{KeyRefusal, KeySpend};
+use crate::key_spend::{KeyRefusal, RunSlot};
 use crate::keys::{self, KeyRefused, KeyRing};
 use crate::proxy::Proxy;
 use crate::refuse::{unavailable, KeyCall};
@@ -108,8 +108,10 @@ async fn seed(proxy: &Proxy, ring: &KeyRing, info: &KeyInfo, now: u64) -> Result
     Ok(())
 }
 
-/// The refusal of a call or start that does not fit the key's day.
-pub(super) fn exceeded(spend: &KeySpend, id: &str, e: KeyDayExceeded) -> Refusal {
+/// The refusal of a call or start that does not fit the key's day, and the reason it is
+/// counted under (by the caller, once the refusal is what the client is answered: a
+/// refusal the gate could not record is answered `gate_unavailable`, not counted).
+pub(super) fn exceeded(id: &str, e: KeyDayExceeded) -> (Refusal, KeyRefusal) {
     let mut body = KeyDayRefused {
         id: id.to_owned(),
         budget_per_day_nanos: None,
@@ -139,13 +141,12 @@ pub(super) fn exceeded(spend: &KeySpend, id: &str, e: KeyDayExceeded) -> Refusal
         }
         _ => KeyRefusal::BudgetExceeded,
     };
-    spend.refused(why);
     let mut r = Refusal::ended(
         Reason::BudgetExceeded,
         format!("key {id}: {e}; its day ends at 00:00 UTC"),
     );
     r.key = Some(Box::new(body));
-    r
+    (r, why)
 }
 
 /// Start `run` (named at `named_ms`) for the key's principal, unless it exists (then it
@@ -175,7 +176,11 @@ async fn start(
         // The key's last run of the day may be the one its other call of this task is
         // starting right now: read once more before refusing.
         Err(_) if owned(proxy, caller, run).await? => return Ok(()),
-        Err(e) => return Err(exceeded(spend, &info.id, e)),
+        Err(e) => {
+            let (refusal, why) = exceeded(&info.id, e);
+            spend.refused(why);
+            return Err(refusal);
+        }
     };
     let req = StartRequest {
         run: run.to_owned(),
@@ -187,14 +192,7 @@ async fn start(
         worker: Some("tally-proxy".to_owned()),
         credential: None,
     };
-    let started = proxy
-        .gate(move |gate, done| gate.start(caller, req, done))
-        .await;
-    if started.is_err() {
-        // Not started by this call: the day's count is given back.
-        spend.unstart(&slot);
-    }
-    match started {
+    match counted_start(proxy, caller, req, slot).await {
         Ok(_) => Ok(()),
         // Started between the read and the start: by this key's other call, or by
         // someone else, whose run the key must not use. Read again, as its owner.
@@ -219,6 +217,31 @@ async fn start(
             format!("the key's run `{run}` cannot start: {e}"),
         )),
     }
+}
+
+/// The gate's start of a key's run, its `slot` on the key's day going with the gate's
+/// answer: kept if the run started, else given back (dropped), there and once, even if
+/// this call's client has gone away by then.
+async fn counted_start(
+    proxy: &Proxy,
+    caller: Caller,
+    req: StartRequest,
+    slot: RunSlot,
+) -> Result<tally_wire::Started, GateError> {
+    proxy
+        .gate(move |gate, done| {
+            gate.start(
+                caller,
+                req,
+                Box::new(move |r| {
+                    if r.is_ok() {
+                        slot.started();
+                    }
+                    done(r)
+                }),
+            )
+        })
+        .await
 }
 
 /// Whether `run` exists and is `caller`'s (`false`: not known). A run of that name

@@ -1,0 +1,188 @@
+//! The gateway's open sessions: the holder of the credential that opened each, its run,
+//! the messages refused in it and when it was last used; the bound on how many are open
+//! (an `initialize` in progress holds a place too), and which have been idle too long,
+//! read on the clock the gateway was given.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::Authorized;
+
+/// One open session.
+struct Bound {
+    holder: String,
+    run: Authorized,
+    refused: u64,
+    last_ms: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    open: HashMap<String, Bound>,
+    /// `initialize`s admitted and not answered yet.
+    opening: usize,
+}
+
+/// The open sessions.
+pub(super) struct Table {
+    inner: Mutex<Inner>,
+    max: usize,
+    idle_ms: u64,
+    clock: Arc<dyn tally_record::Clock>,
+}
+
+/// What a session id names, for a holder.
+pub(super) enum Found {
+    /// No open session (never opened, closed, or expired).
+    Unknown,
+    /// A session another credential opened.
+    Another,
+    /// The holder's session, and its run.
+    Yours(Authorized),
+}
+
+/// A place among the open sessions, held while an `initialize` is answered: given back
+/// when dropped, the session it opened (if any) then counted as open.
+pub(super) struct Place(Arc<Table>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut inner = self.0.lock();
+        inner.opening = inner.opening.saturating_sub(1);
+    }
+}
+
+impl Table {
+    pub(super) fn new(
+        max: usize,
+        idle: std::time::Duration,
+        clock: Arc<dyn tally_record::Clock>,
+    ) -> Table {
+        Table {
+            inner: Mutex::default(),
+            max,
+            idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
+            clock,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session `id` for `holder`; the holder's own is marked used now.
+    pub(super) fn find(&self, id: &str, holder: &str) -> Found {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        match inner.open.get_mut(id) {
+            None => Found::Unknown,
+            Some(b) if b.holder != holder => Found::Another,
+            Some(b) => {
+                b.last_ms = now;
+                Found::Yours(b.run.clone())
+            }
+        }
+    }
+
+    /// A place for one more session, unless as many as the bound are open or opening.
+    pub(super) fn reserve(self: &Arc<Self>) -> Option<Place> {
+        let mut inner = self.lock();
+        if inner.open.len().saturating_add(inner.opening) >= self.max {
+            return None;
+        }
+        inner.opening += 1;
+        Some(Place(Arc::clone(self)))
+    }
+
+    /// The session `id`, opened by `holder` in `run` (its place given back after).
+    pub(super) fn insert(&self, id: String, holder: String, run: Authorized, place: Place) {
+        let last_ms = self.clock.now_ms();
+        let bound = Bound {
+            holder,
+            run,
+            refused: 0,
+            last_ms,
+        };
+        self.lock().open.insert(id, bound);
+        drop(place);
+    }
+
+    /// The session `id` is closed.
+    pub(super) fn remove(&self, id: &str) {
+        self.lock().open.remove(id);
+    }
+
+    /// One more message refused in session `id`: how many so far (1 outside a session).
+    pub(super) fn refused(&self, id: Option<&str>) -> u64 {
+        let mut inner = self.lock();
+        id.and_then(|id| inner.open.get_mut(id)).map_or(1, |b| {
+            b.refused += 1;
+            b.refused
+        })
+    }
+
+    /// The sessions idle longer than the bound, taken out of the table.
+    pub(super) fn expired(&self) -> Vec<String> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        let idle: Vec<String> = inner
+            .open
+            .iter()
+            .filter(|(_, b)| now.saturating_sub(b.last_ms) > self.idle_ms)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &idle {
+            inner.open.remove(id);
+        }
+        idle
+    }
+
+    /// Every open session, taken out of the table (the gateway stops).
+    pub(super) fn all(&self) -> Vec<String> {
+        self.lock().open.drain().map(|(id, _)| id).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_record::ManualClock;
+
+    fn run() -> Authorized {
+        Authorized {
+            run: "r".to_owned(),
+            started: false,
+            gate: Arc::new(|| tally_api::GateClient::new("/nonexistent")),
+        }
+    }
+
+    #[test]
+    fn the_bound_counts_open_and_opening_sessions_and_idle_ones_expire_on_the_clock() {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let table = Arc::new(Table::new(
+            2,
+            std::time::Duration::from_secs(60),
+            Arc::clone(&clock) as Arc<dyn tally_record::Clock>,
+        ));
+        let a = table.reserve().expect("a place");
+        let b = table.reserve().expect("a second place");
+        assert!(table.reserve().is_none(), "two opening fill a bound of 2");
+        drop(b);
+        table.insert("s1".into(), "h1".into(), run(), a);
+        let c = table.reserve().expect("one open, none opening");
+        table.insert("s2".into(), "h2".into(), run(), c);
+        assert!(table.reserve().is_none(), "two open fill it");
+        assert!(matches!(table.find("s1", "h2"), Found::Another));
+        assert!(matches!(table.find("nope", "h1"), Found::Unknown));
+        clock.advance(30_000);
+        assert!(matches!(table.find("s1", "h1"), Found::Yours(_)));
+        clock.advance(30_001);
+        assert_eq!(
+            table.expired(),
+            vec!["s2".to_owned()],
+            "s1 was used 30 s ago"
+        );
+        assert!(matches!(table.find("s2", "h2"), Found::Unknown));
+        assert!(table.reserve().is_some(), "the expired one's place is free");
+    }
+}
