@@ -61,6 +61,10 @@
 //! `/openai/deployments/DEPLOYMENT/chat/completions` (the deployment as the model where
 //! the body names none) and `/openai/responses` answer as OpenAI's.
 //!
+//! Bedrock's Converse (`/model/MODEL/converse`, `/converse-stream` in AWS event-stream
+//! frames, the model the path's) answers in Bedrock's words ([`bedrock`]); its calls
+//! must be SigV4-signed by [`AWS_CREDENTIAL`], checked by botocore.
+//!
 //! The key must be the one the upstream was started with (`Authorization: Bearer KEY`
 //! for OpenAI paths, `x-api-key: KEY` for Anthropic's, `x-goog-api-key: KEY` for
 //! Gemini's, `api-key: KEY` for Azure's), in no other key header and no `key=` query,
@@ -83,11 +87,13 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
 mod answer;
+mod bedrock;
 mod bill;
 mod gemini;
 mod reply;
 mod request;
 
+pub use bedrock::{AWS_CREDENTIAL, AWS_REGION};
 pub use bill::{assert_bill, bill, open_reservations, Ledger, Price, Unbilled};
 
 /// How to start a [`FakeUpstream`].
