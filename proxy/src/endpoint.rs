@@ -139,7 +139,7 @@ impl Routed {
         // Azure OpenAI's and Bedrock's paths have no `/v1` in front: matched as they are.
         match kind {
             UpstreamKind::AzureOpenai => return azure(path),
-            UpstreamKind::Bedrock => return crate::bedrock::route(path),
+            UpstreamKind::Bedrock => return bedrock(path),
             _ => {}
         }
         let v1 = path.strip_prefix("/v1").unwrap_or(path);
@@ -170,6 +170,20 @@ fn azure(path: &str) -> Option<Routed> {
     tally_policy::upstreams::deployment_name(d).then(|| Routed {
         endpoint: Endpoint::ChatCompletions,
         named: Some(d.to_owned()),
+    })
+}
+
+/// Bedrock's `/model/MODEL/converse` and `/model/MODEL/converse-stream`, the id read
+/// strictly ([`crate::bedrock::model_path`]).
+fn bedrock(path: &str) -> Option<Routed> {
+    let (id, stream) = crate::bedrock::model_path(path)?;
+    Some(Routed {
+        endpoint: if stream {
+            Endpoint::ConverseStream
+        } else {
+            Endpoint::Converse
+        },
+        named: Some(id),
     })
 }
 

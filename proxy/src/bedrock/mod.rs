@@ -1,10 +1,8 @@
 //! Amazon Bedrock's Converse API as the proxy reads its paths: `/model/MODEL/converse`
 //! and `/model/MODEL/converse-stream`, the model id the path's, read strictly
-//! ([`route`], [`ModelId`]), and the path forwarded rebuilt from it in one spelling
+//! ([`model_path`], [`ModelId`]), and the path forwarded rebuilt from it in one spelling
 //! ([`upstream_path`]). The operator's AWS credential signs each call ([`sign`]); a
 //! stream's AWS event-stream frames are read by [`frames`].
-
-use crate::endpoint::{Endpoint, Routed};
 
 pub mod frames;
 pub mod sign;
@@ -92,21 +90,19 @@ fn plain(m: &str) -> bool {
 /// Bedrock's `/model/MODEL/converse` or `/model/MODEL/converse-stream`, the model id
 /// percent-decoded strictly: `%3A` is `:` and `%2F` is `/` (as the AWS SDKs encode an
 /// id), any other escape, or a raw byte outside an id's, is refused; the id must then
-/// classify ([`ModelId::classify`]). `None` for any other path.
-pub(crate) fn route(path: &str) -> Option<Routed> {
+/// classify ([`ModelId::classify`]). The id and whether it is the stream's path;
+/// `None` for any other path.
+pub(crate) fn model_path(path: &str) -> Option<(String, bool)> {
     let rest = path.strip_prefix("/model/")?;
     let (raw, method) = rest.split_once('/')?;
-    let endpoint = match method {
-        "converse" => Endpoint::Converse,
-        "converse-stream" => Endpoint::ConverseStream,
+    let stream = match method {
+        "converse" => false,
+        "converse-stream" => true,
         _ => return None,
     };
     let id = decode(raw)?;
     ModelId::classify(&id)?;
-    Some(Routed {
-        endpoint,
-        named: Some(id),
-    })
+    Some((id, stream))
 }
 
 /// A path segment's model id: `%3A` (or `%3a`) as `:`, `%2F` (`%2f`) as `/`, no other
@@ -128,10 +124,11 @@ fn decode(raw: &str) -> Option<String> {
     Some(out)
 }
 
-/// The path forwarded for `endpoint` and model `id`: the id encoded as the AWS SDKs
-/// encode it (`:` as `%3A`, `/` as `%2F`), whatever spelling the agent sent.
-pub(crate) fn upstream_path(endpoint: Endpoint, id: &str) -> String {
-    let method = if endpoint == Endpoint::ConverseStream {
+/// The path forwarded for model `id` (`stream`: ConverseStream's): the id encoded as
+/// the AWS SDKs encode it (`:` as `%3A`, `/` as `%2F`), whatever spelling the agent
+/// sent.
+pub(crate) fn upstream_path(stream: bool, id: &str) -> String {
+    let method = if stream {
         "converse-stream"
     } else {
         "converse"
@@ -164,7 +161,7 @@ mod tests {
 
     #[test]
     fn a_model_id_is_read_from_the_path_in_one_spelling() {
-        let id = |p: &str| route(p).and_then(|r| r.named);
+        let id = |p: &str| model_path(p).map(|(id, _)| id);
         let haiku = "anthropic.claude-3-5-haiku-20241022-v1:0";
         for path in [
             format!("/model/{haiku}/converse"),
@@ -176,10 +173,7 @@ mod tests {
         let arn = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-5-haiku-20241022-v1:0";
         let sent = arn.replace(':', "%3A").replace('/', "%2F");
         assert_eq!(id(&format!("/model/{sent}/converse")).as_deref(), Some(arn));
-        assert_eq!(
-            upstream_path(Endpoint::Converse, arn),
-            format!("/model/{sent}/converse")
-        );
+        assert_eq!(upstream_path(false, arn), format!("/model/{sent}/converse"));
         for bad in [
             "/model/../converse",
             "/model/..%2F..%2Fx/converse",
@@ -200,10 +194,10 @@ mod tests {
             "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Afoundation-model%2Fx/converse",
             "/v1/model/x/converse",
         ] {
-            assert_eq!(route(bad), None, "{bad}");
+            assert_eq!(model_path(bad), None, "{bad}");
         }
         let long = "a".repeat(257);
-        assert_eq!(route(&format!("/model/{long}/converse")), None);
+        assert_eq!(model_path(&format!("/model/{long}/converse")), None);
     }
 
     #[test]

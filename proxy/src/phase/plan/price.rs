@@ -171,7 +171,7 @@ fn model_priced(
         headers: HeaderMap::new(),
         upstream_path: endpoint
             .bedrock()
-            .then(|| crate::bedrock::upstream_path(endpoint, &request.model)),
+            .then(|| crate::bedrock::upstream_path(request.stream, &request.model)),
         choices: request.choices,
     })
 }
