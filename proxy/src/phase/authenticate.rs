@@ -144,7 +144,7 @@ mod tests {
             "authorization",
             "AWS4-HMAC-SHA256 Credential=AKIA/20250101/us-east-1/bedrock/aws4_request",
         )]);
-        let refused = token(&signed).err().expect("refused");
+        let refused = token(&signed).expect_err("refused");
         assert!(
             refused.message.contains("AWS_BEARER_TOKEN_BEDROCK"),
             "{refused:?}"
