@@ -82,6 +82,9 @@ impl State {
             at => self.real_key(&parts, at, &asked.path),
         };
         self.keep_seen(&parts, &asked, real_key, &bytes);
+        if !real_key && asked.api == Api::Bedrock {
+            return super::bedrock::invalid_signature();
+        }
         if !real_key {
             return unauthorized(asked.anthropic);
         }
@@ -528,7 +531,7 @@ fn stream(asked: &Asked, reply: &Reply<'_>, bill: AtEnd) -> Response<Body> {
         .expect("response")
 }
 
-fn full(status: StatusCode, body: Value) -> Response<Body> {
+pub(super) fn full(status: StatusCode, body: Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")

@@ -77,6 +77,19 @@ pub(super) fn signed(input: String) -> bool {
     child.wait().is_ok_and(|s| s.success())
 }
 
+/// 403 `InvalidSignatureException`, as Bedrock answers a call it cannot verify.
+pub(super) fn invalid_signature() -> hyper::Response<super::Body> {
+    let mut r = super::answer::full(
+        hyper::StatusCode::FORBIDDEN,
+        json!({"message": "The request signature we calculated does not match the signature you provided."}),
+    );
+    r.headers_mut().insert(
+        "x-amzn-errortype",
+        hyper::header::HeaderValue::from_static("InvalidSignatureException"),
+    );
+    r
+}
+
 /// A Bedrock model path's model id (`%3A` and `%2F` decoded) and whether it streams.
 pub(super) fn bedrock_path(path: &str) -> Option<(String, bool)> {
     let p = path.split('?').next().unwrap_or("");
