@@ -1,7 +1,9 @@
 //! The model proxy's cost, side by side in one run: the same fake upstream (testkit's)
 //! called directly and through `tally serve --proxy-listen` (this build's `tally`), at 1,
-//! 8 and 64 clients, plain and streaming, for three request shapes: a short Chat
-//! Completions call, a short Responses call (the OpenAI Agents SDK's default API), and a
+//! 8 and 64 clients, plain and streaming, for four request shapes: a short Chat
+//! Completions call, a short Responses call (the OpenAI Agents SDK's default API), a
+//! short Bedrock Converse call (the proxy signs it with SigV4; its stream is AWS
+//! event-stream frames; the fake answers it unsigned when called directly), and a
 //! Claude Code-sized Messages call (its recorded first turn, 12 tools and three
 //! `cache_control` markers, padded to 76 KB); and proxied calls per second against the
 //! gate's own checks per second (a check and its outcome, the two decisions a proxied
@@ -10,7 +12,7 @@
 //! ```text
 //! cargo bench -p tally-cli --bench proxy                  # TALLY_BENCH_SECS=3 per line
 //! TALLY_BENCH_ONLY=1,8 cargo bench -p tally-cli --bench proxy
-//! TALLY_BENCH_SHAPES=responses,messages cargo bench -p tally-cli --bench proxy
+//! TALLY_BENCH_SHAPES=responses,messages,converse cargo bench -p tally-cli --bench proxy
 //! ```
 //! Each client is a closed loop on one keep-alive connection. Latency of a plain call:
 //! request sent to the whole answer read; of a streaming call: to the first byte of the
@@ -64,6 +66,9 @@ enum Shape {
     Responses,
     /// Claude Code's recorded turn padded to [`MESSAGES_BYTES`] (`/anthropic/v1/messages`).
     Messages,
+    /// A short Bedrock Converse call (`/bedrock/model/fake-ok/converse`, or
+    /// `converse-stream`).
+    Converse,
 }
 
 /// A Claude Code-sized Messages body: its system prompt and tools grow with the session.
@@ -75,14 +80,19 @@ const CLAUDE_CODE: &[u8] = include_bytes!("../../proxy/testdata/claude-code-2.1.
 impl Shape {
     fn all() -> Vec<Shape> {
         let named = std::env::var("TALLY_BENCH_SHAPES").ok();
-        [Shape::Chat, Shape::Responses, Shape::Messages]
-            .into_iter()
-            .filter(|s| {
-                named
-                    .as_deref()
-                    .is_none_or(|n| n.split(',').any(|x| x == s.name()))
-            })
-            .collect()
+        [
+            Shape::Chat,
+            Shape::Responses,
+            Shape::Messages,
+            Shape::Converse,
+        ]
+        .into_iter()
+        .filter(|s| {
+            named
+                .as_deref()
+                .is_none_or(|n| n.split(',').any(|x| x == s.name()))
+        })
+        .collect()
     }
 
     fn name(self) -> &'static str {
@@ -90,6 +100,7 @@ impl Shape {
             Shape::Chat => "chat",
             Shape::Responses => "responses",
             Shape::Messages => "messages",
+            Shape::Converse => "converse",
         }
     }
 
@@ -98,14 +109,17 @@ impl Shape {
         match self {
             Shape::Chat | Shape::Responses => "openai",
             Shape::Messages => "anthropic",
+            Shape::Converse => "bedrock",
         }
     }
 
-    fn path(self) -> &'static str {
+    fn path(self, stream: bool) -> &'static str {
         match self {
             Shape::Chat => "/v1/chat/completions",
             Shape::Responses => "/v1/responses",
             Shape::Messages => "/v1/messages",
+            Shape::Converse if stream => "/model/fake-ok/converse-stream",
+            Shape::Converse => "/model/fake-ok/converse",
         }
     }
 
@@ -117,6 +131,8 @@ impl Shape {
                 "messages": [{"role": "user", "content": text}]}),
             Shape::Responses => json!({"model": "fake-ok", "max_output_tokens": 100,
                 "stream": stream, "input": text}),
+            Shape::Converse => json!({"inferenceConfig": {"maxTokens": 100},
+                "messages": [{"role": "user", "content": [{"text": text}]}]}),
             Shape::Messages => {
                 let mut b = messages.clone();
                 b["stream"] = json!(stream);
@@ -202,7 +218,7 @@ async fn load(targets: Vec<Target>, shape: Shape, stream: bool) -> Measured {
             while Instant::now() < deadline {
                 n += 1;
                 let body = shape.body(c, n, stream, &messages);
-                let req = Request::post(format!("{}{}", target.prefix, shape.path()))
+                let req = Request::post(format!("{}{}", target.prefix, shape.path(stream)))
                     .header(hyper::header::HOST, "127.0.0.1")
                     .header(&key_name, &key_value)
                     .header("anthropic-version", "2023-06-01")
@@ -354,20 +370,30 @@ fn daemon(upstream: &FakeUpstream) -> Daemon {
          paths = [\"/v1/chat/completions\", \"/v1/responses\"]\n\
          [upstreams.anthropic]\nurl = \"{url}\"\nkind = \"anthropic\"\ncredential = \"real\"\n\
          paths = [\"/v1/messages\"]\nmax_request_bytes = 1048576\n\
+         [upstreams.bedrock]\nurl = \"{url}\"\nkind = \"bedrock\"\ncredential = \"aws\"\n\
+         aws_region = \"{region}\"\npaths = [\"/model\"]\n\
+         [prices.bedrock.\"fake-ok\"]\ninput_per_mtok = \"0.80\"\noutput_per_mtok = \"4\"\n\
+         max_output_tokens = 8192\n\
          [prices.openai.\"fake-ok\"]\ninput_per_mtok = \"0.15\"\noutput_per_mtok = \"0.60\"\n\
          max_output_tokens = 16384\n\
          [prices.anthropic.\"fake-ok\"]\ninput_per_mtok = \"5\"\noutput_per_mtok = \"25\"\n\
          cache_write_per_mtok = \"6.25\"\ncached_input_per_mtok = \"0.50\"\n\
          tool_prompt_tokens = 346\nmax_output_tokens = 128000\n",
-        url = upstream.url()
+        url = upstream.url(),
+        region = tally_testkit::upstream::AWS_REGION,
     );
     std::fs::write(d.join("policy.toml"), policy).expect("policy");
-    std::fs::write(d.join("real.key"), KEY).expect("key");
-    std::fs::set_permissions(
-        d.join("real.key"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .expect("chmod");
+    for (file, secret) in [
+        ("real.key", KEY),
+        ("aws.key", tally_testkit::upstream::AWS_CREDENTIAL),
+    ] {
+        std::fs::write(d.join(file), secret).expect("key");
+        std::fs::set_permissions(
+            d.join(file),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod");
+    }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("port")
@@ -388,6 +414,8 @@ fn daemon(upstream: &FakeUpstream) -> Daemon {
             &proxy.to_string(),
             "--credential",
             "real=real.key",
+            "--credential",
+            "aws=aws.key",
         ])
         .current_dir(d)
         .stdin(Stdio::null())
@@ -457,6 +485,7 @@ fn main() {
         tls: false,
         key: KEY.into(),
     });
+    upstream.accept_unsigned_bedrock();
     let daemon = daemon(&upstream);
     let direct_addr: SocketAddr = upstream
         .url()

@@ -35,6 +35,10 @@ pub enum UpstreamKind {
     /// mapped to a priced model (`deployments`), with an `api-version` from
     /// `api_versions`.
     AzureOpenai,
+    /// Amazon Bedrock's Converse API (`/model/MODEL/converse`, `/converse-stream`), the
+    /// model named in the path, each call signed with the operator's AWS credential
+    /// (SigV4, in `aws_region`).
+    Bedrock,
 }
 
 impl UpstreamKind {
@@ -95,6 +99,10 @@ pub struct Upstream {
     /// refused. At least one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub api_versions: Vec<String>,
+    /// `bedrock` kind: the AWS region each call is signed for (`us-east-1`); required
+    /// there, refused elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws_region: Option<String>,
 }
 
 fn default_methods() -> Vec<String> {
@@ -204,7 +212,7 @@ impl Upstream {
     /// What is set that this kind of upstream does not take: beta names, a clamp on
     /// output, a cost header, Azure's deployments and API versions.
     fn kind_problem(&self) -> Option<(&'static str, String)> {
-        if let Some(p) = self.azure_problem() {
+        if let Some(p) = self.azure_problem().or_else(|| self.bedrock_problem()) {
             return Some(p);
         }
         if !self.anthropic_beta.is_empty() && self.kind != UpstreamKind::Anthropic {
@@ -299,6 +307,35 @@ impl Upstream {
             ));
         }
         None
+    }
+}
+
+impl Upstream {
+    /// What is wrong with `aws_region`: Bedrock's only, and there a region's name
+    /// (lower-case letters, digits and `-`, at most 32).
+    fn bedrock_problem(&self) -> Option<(&'static str, String)> {
+        match (&self.aws_region, self.kind) {
+            (Some(_), k) if k != UpstreamKind::Bedrock => {
+                Some(("aws_region", "is for `bedrock` upstreams only".into()))
+            }
+            (None, UpstreamKind::Bedrock) => Some((
+                "aws_region",
+                "must name the AWS region calls are signed for, like \"us-east-1\"".into(),
+            )),
+            (Some(r), _)
+                if r.is_empty()
+                    || r.len() > 32
+                    || !r
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') =>
+            {
+                Some((
+                    "aws_region",
+                    format!("`{r}` is not an AWS region (lower-case letters, digits, `-`)"),
+                ))
+            }
+            _ => None,
+        }
     }
 }
 

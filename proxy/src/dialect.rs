@@ -166,6 +166,14 @@ impl Refusal {
                 }
                 b
             }
+            UpstreamKind::Bedrock => {
+                let mut b = json!({"message": message,
+                       "tally": {"reason": self.code.as_str(), "action": action, "cause": cause}});
+                if let Some(k) = &self.key {
+                    b["tally"]["key"] = json!(k);
+                }
+                b
+            }
             UpstreamKind::Openai | UpstreamKind::AzureOpenai | UpstreamKind::Http => {
                 let mut b = json!({"error": {
                 "message": message, "type": "tally_refused", "code": self.code.as_str(),
@@ -179,6 +187,9 @@ impl Refusal {
         let mut r = Response::builder()
             .status(status)
             .header("content-type", "application/json");
+        if kind == UpstreamKind::Bedrock {
+            r = r.header("x-amzn-errortype", bedrock_error_type(status));
+        }
         if let Some(retry) = self.should_retry() {
             r = r.header("x-should-retry", retry);
         }
@@ -200,6 +211,22 @@ impl Refusal {
                 .boxed(),
         )
         .unwrap_or_else(|_| Response::new(crate::empty()))
+    }
+}
+
+/// The exception Bedrock names for `status` (its `x-amzn-ErrorType`), which boto3
+/// raises as a `ClientError` with that code and the body's `message`.
+fn bedrock_error_type(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "ValidationException",
+        StatusCode::UNAUTHORIZED => "UnrecognizedClientException",
+        StatusCode::FORBIDDEN => "AccessDeniedException",
+        StatusCode::NOT_FOUND => "ResourceNotFoundException",
+        StatusCode::REQUEST_TIMEOUT => "ModelTimeoutException",
+        StatusCode::TOO_MANY_REQUESTS => "ThrottlingException",
+        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableException",
+        s if s.is_server_error() => "InternalServerException",
+        _ => "ValidationException",
     }
 }
 

@@ -21,6 +21,10 @@ pub enum Endpoint {
     GenerateContent,
     /// Gemini `/v1beta/models/MODEL:streamGenerateContent?alt=sse`.
     StreamGenerateContent,
+    /// Bedrock `/model/MODEL/converse`.
+    Converse,
+    /// Bedrock `/model/MODEL/converse-stream` (an AWS event stream).
+    ConverseStream,
     /// A route of an `http` upstream: priced per call or by a cost header, no usage.
     Route,
 }
@@ -45,6 +49,7 @@ impl Endpoint {
             UpstreamKind::AzureOpenai => {
                 "/openai/deployments/DEPLOYMENT/chat/completions, /openai/responses (each ?api-version=V)"
             }
+            UpstreamKind::Bedrock => "/model/MODEL/converse, /model/MODEL/converse-stream",
         }
     }
 
@@ -63,7 +68,9 @@ impl Endpoint {
                         | Endpoint::Responses
                         | Endpoint::Messages
                         | Endpoint::CountTokens
-                        | Endpoint::GenerateContent,
+                        | Endpoint::GenerateContent
+                        | Endpoint::Converse
+                        | Endpoint::ConverseStream,
                     None
                 )
                 | (
@@ -79,6 +86,7 @@ impl Endpoint {
             Endpoint::ChatCompletions | Endpoint::Responses => UpstreamKind::Openai,
             Endpoint::Messages | Endpoint::CountTokens => UpstreamKind::Anthropic,
             Endpoint::GenerateContent | Endpoint::StreamGenerateContent => UpstreamKind::Gemini,
+            Endpoint::Converse | Endpoint::ConverseStream => UpstreamKind::Bedrock,
             Endpoint::Route => UpstreamKind::Http,
         }
     }
@@ -89,8 +97,15 @@ impl Endpoint {
             Endpoint::Responses => "max_output_tokens",
             // Gemini's `generationConfig.maxOutputTokens`, set inside its member.
             Endpoint::GenerateContent | Endpoint::StreamGenerateContent => "generationConfig",
+            // Bedrock's `inferenceConfig.maxTokens`, likewise.
+            Endpoint::Converse | Endpoint::ConverseStream => "inferenceConfig",
             _ => "max_tokens",
         }
+    }
+
+    /// Whether it is one of Bedrock's.
+    pub fn bedrock(self) -> bool {
+        matches!(self, Endpoint::Converse | Endpoint::ConverseStream)
     }
 
     /// Whether it is one of Gemini's.
@@ -121,9 +136,11 @@ impl Routed {
                 named: None,
             })
         };
-        // Azure OpenAI's paths have no `/v1` in front: matched as they are.
-        if kind == UpstreamKind::AzureOpenai {
-            return azure(path);
+        // Azure OpenAI's and Bedrock's paths have no `/v1` in front: matched as they are.
+        match kind {
+            UpstreamKind::AzureOpenai => return azure(path),
+            UpstreamKind::Bedrock => return bedrock(path),
+            _ => {}
         }
         let v1 = path.strip_prefix("/v1").unwrap_or(path);
         match (kind, v1) {
@@ -153,6 +170,20 @@ fn azure(path: &str) -> Option<Routed> {
     tally_policy::upstreams::deployment_name(d).then(|| Routed {
         endpoint: Endpoint::ChatCompletions,
         named: Some(d.to_owned()),
+    })
+}
+
+/// Bedrock's `/model/MODEL/converse` and `/model/MODEL/converse-stream`, the id read
+/// strictly ([`crate::bedrock::model_path`]).
+fn bedrock(path: &str) -> Option<Routed> {
+    let (id, stream) = crate::bedrock::model_path(path)?;
+    Some(Routed {
+        endpoint: if stream {
+            Endpoint::ConverseStream
+        } else {
+            Endpoint::Converse
+        },
+        named: Some(id),
     })
 }
 

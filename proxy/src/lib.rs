@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod bedrock;
 pub mod dialect;
 mod endpoint;
 pub mod key_spend;

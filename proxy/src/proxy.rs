@@ -65,6 +65,16 @@ pub enum ProxyError {
     /// The run token key.
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// A `bedrock` upstream's credential is not an AWS credential.
+    #[error("upstream `{upstream}`: credential `{credential}`: {why}")]
+    AwsCredential {
+        /// The upstream.
+        upstream: String,
+        /// The credential it names.
+        credential: String,
+        /// What is wrong.
+        why: crate::bedrock::sign::AwsCredentialError,
+    },
     /// The keys' file (docs/KEYS.md).
     #[error(transparent)]
     Keys(#[from] crate::keys::KeyRingError),
@@ -185,6 +195,8 @@ pub(crate) struct Route {
     /// The base path (`""` or `/base`).
     pub base: String,
     pub secret: Secret,
+    /// A `bedrock` upstream's signer: its credential and region.
+    pub aws: Option<crate::bedrock::sign::AwsSigner>,
     pub client: HttpClient,
 }
 
@@ -222,6 +234,26 @@ fn client(name: &str, u: &Upstream) -> Result<HttpClient, ProxyError> {
     })
 }
 
+/// A `bedrock` upstream's signer, from its credential's secret and its region; `None`
+/// for any other kind.
+fn aws_signer(
+    name: &str,
+    u: &Upstream,
+    secret: &Secret,
+) -> Result<Option<crate::bedrock::sign::AwsSigner>, ProxyError> {
+    if u.kind != tally_policy::UpstreamKind::Bedrock {
+        return Ok(None);
+    }
+    let region = u.aws_region.as_deref().unwrap_or_default();
+    crate::bedrock::sign::AwsSigner::new(secret, region)
+        .map(Some)
+        .map_err(|why| ProxyError::AwsCredential {
+            upstream: name.to_owned(),
+            credential: u.credential.clone(),
+            why,
+        })
+}
+
 impl Proxy {
     /// The proxy for the policy's upstreams. Every upstream's credential must be given;
     /// `ca_file`s are read now.
@@ -252,6 +284,7 @@ impl Proxy {
                     why: e.to_string(),
                 },
             )?;
+            let aws = aws_signer(name, u, secret)?;
             routes.insert(
                 name.clone(),
                 Route {
@@ -262,6 +295,7 @@ impl Proxy {
                     host: uri.host().unwrap_or_default().to_owned(),
                     base: base.to_owned(),
                     secret: Zeroizing::new(secret.as_str().to_owned()),
+                    aws,
                     client: client(name, u)?,
                 },
             );

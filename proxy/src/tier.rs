@@ -37,6 +37,7 @@ fn default_name(kind: UpstreamKind) -> &'static str {
         UpstreamKind::Openai
         | UpstreamKind::AzureOpenai
         | UpstreamKind::Gemini
+        | UpstreamKind::Bedrock
         | UpstreamKind::Http => "default",
     }
 }

@@ -94,6 +94,7 @@ impl CallSpan {
                 UpstreamKind::Anthropic => Some("anthropic"),
                 UpstreamKind::Gemini => Some("gcp.gemini"),
                 UpstreamKind::AzureOpenai => Some("azure.ai.openai"),
+                UpstreamKind::Bedrock => Some("aws.bedrock"),
                 UpstreamKind::Http => None,
             };
             match (provider, about.model) {

@@ -20,6 +20,10 @@
 //!   tool-use prompt as input, the cached part at the cached price, the candidates and
 //!   the thoughts as output; a stream's last `usageMetadata`, once a chunk says the
 //!   answer ended.
+//! * Bedrock: Converse's `usage` ([`bedrock`]): `inputTokens`, `cacheReadInputTokens` (at
+//!   the cached price), `cacheWriteInputTokens` (at the cache-write price) and
+//!   `outputTokens`, `totalTokens` checked against them; a ConverseStream's in its
+//!   `metadata` event, an AWS event-stream frame ([`StreamUsage::frame`]).
 //! * `count_tokens` is free: its answer costs nothing, whatever it says.
 //!
 //! Read strictly ([`Reported`]): no usage at all is [`Reported::Missing`]; usage that is
@@ -33,6 +37,7 @@ use tally_record::money::{per_million, Nanos};
 
 use crate::endpoint::Endpoint;
 
+mod bedrock;
 mod gemini;
 
 /// Tokens (and server tool uses) a call used.
@@ -214,6 +219,7 @@ fn of_body(endpoint: Endpoint, v: &Value) -> Reported {
             })
         }),
         Endpoint::GenerateContent => reported(v.get("usageMetadata"), gemini::usage),
+        Endpoint::Converse => reported(v.get("usage"), bedrock::usage),
         _ => Reported::Missing,
     }
 }
@@ -422,6 +428,18 @@ impl StreamUsage {
         }
     }
 
+    /// Bedrock: one event of a ConverseStream (an event-stream frame of `kind`, its JSON
+    /// `payload`): the `metadata` event's usage is the call's.
+    pub fn frame(&mut self, kind: &str, payload: &[u8]) {
+        if self.endpoint != Endpoint::ConverseStream || kind != "metadata" {
+            return;
+        }
+        self.whole = Some(match serde_json::from_slice::<Value>(payload) {
+            Ok(v) => reported(v.get("usage"), bedrock::usage),
+            Err(e) => Reported::Implausible(format!("a metadata event that is not JSON: {e}")),
+        });
+    }
+
     /// Gemini: a chunk's usage so far, and whether it ends the answer.
     fn gemini_chunk(&mut self, v: &Value) {
         if v.get("usageMetadata").is_some_and(|u| !u.is_null()) {
@@ -447,6 +465,7 @@ impl StreamUsage {
             Endpoint::StreamGenerateContent if self.ended => {
                 self.whole.clone().unwrap_or(Reported::Missing)
             }
+            Endpoint::ConverseStream => self.whole.clone().unwrap_or(Reported::Missing),
             _ => Reported::Missing,
         }
     }

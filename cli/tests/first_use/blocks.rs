@@ -161,6 +161,18 @@ const PLANS: &[(&str, &str, Plan)] = &[
     ),
     (
         "docs/PROXY.md",
+        "export AWS_BEARER_TOKEN_BEDROCK",
+        Plan::Not(
+            "environment for the reader's own agent (cli/tests/proxy_sdk/bedrock.rs sets it)",
+        ),
+    ),
+    (
+        "docs/PROXY.md",
+        "printf '%s:%s:%s",
+        Plan::Not("writes the operator's AWS credential, which a test does not have"),
+    ),
+    (
+        "docs/PROXY.md",
         "export AZURE_OPENAI_ENDPOINT",
         Plan::Not(
             "environment for the reader's own agent (cli/tests/proxy_sdk/dialects.rs sets it)",

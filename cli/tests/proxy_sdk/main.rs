@@ -119,6 +119,7 @@ fn policy(http: &FakeUpstream, https: &FakeUpstream, extra: &str) -> String {
              output_per_mtok = \"{OUTPUT_PER_MTOK}\"\nmax_output_tokens = 4096\n"
         ));
     }
+    p.push_str(&bedrock::policy(http));
     p.push_str(extra);
     p
 }
@@ -163,6 +164,15 @@ impl Proxy {
         std::fs::write(&key, format!("{REAL_KEY}\n")).expect("credential");
         std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .expect("chmod");
+        // Bedrock's: the AWS credential the fake checks signatures against.
+        let aws = d.join("aws.key");
+        std::fs::write(
+            &aws,
+            format!("{}\n", tally_testkit::upstream::AWS_CREDENTIAL),
+        )
+        .expect("credential");
+        std::fs::set_permissions(&aws, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
         let port = free_port();
         // The proxy's port is bound before the daemon's sockets listen.
         let daemon = tally().serve(
@@ -172,6 +182,8 @@ impl Proxy {
                 &format!("127.0.0.1:{port}"),
                 "--credential",
                 "real=real.key",
+                "--credential",
+                "aws=aws.key",
             ],
         );
         Proxy {
@@ -355,6 +367,7 @@ impl Proxy {
             .collect();
         // The fake bills Azure's calls under the deployment's name, at its model's price.
         prices.push((AZURE_DEPLOYMENT, Price::usd(AZURE_INPUT, AZURE_OUTPUT)));
+        prices.extend(bedrock::prices());
         prices.push((
             GEMINI_CACHED_MODEL,
             Price {
@@ -451,6 +464,7 @@ fn refused(sdk: &str) -> (&'static str, u64) {
 }
 
 mod authority;
+mod bedrock;
 mod calls;
 mod dialects;
 mod held;

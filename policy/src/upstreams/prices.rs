@@ -224,6 +224,17 @@ impl Prices {
         p.models.get(undated(model)?)
     }
 
+    /// The price of a Bedrock model id on `upstream` ([`bedrock_ids`]): the first of its
+    /// spellings, most specific first, that [`Prices::model`] prices. So a price named
+    /// `anthropic.claude-3-5-haiku` covers `anthropic.claude-3-5-haiku-20241022-v1:0` and
+    /// the cross-region `us.anthropic.claude-3-5-haiku-20241022-v1:0`, unless a price (or
+    /// alias) names one of those itself.
+    pub fn bedrock_model(&self, upstream: &str, model: &str) -> Option<&ModelPrice> {
+        bedrock_ids(model)
+            .into_iter()
+            .find_map(|id| self.model(upstream, id))
+    }
+
     /// Which ids each model price covers, as `tally policy check` prints them:
     /// (upstream, price name, ids), the dated-suffix rule written `NAME-YYYYMMDD`.
     pub fn coverage(&self) -> Vec<(String, String, Vec<String>)> {
@@ -572,4 +583,44 @@ pub(crate) fn undated(model: &str) -> Option<&str> {
     let (base, date) = model.rsplit_once('-')?;
     (!base.is_empty() && date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit()))
         .then_some(base)
+}
+
+/// The geographic prefixes of Bedrock's cross-region inference profiles
+/// (`us.anthropic...`).
+pub const BEDROCK_GEOS: &[&str] = &["us", "eu", "apac", "us-gov", "jp", "au", "ca", "global"];
+
+/// A Bedrock model id's spellings a price may name, most specific first: the id; without
+/// its version suffix (`-vN` or `-vN:M`); then, for a cross-region profile
+/// ([`BEDROCK_GEOS`]), both again without its geographic prefix. [`Prices::model`]
+/// applies the dated-suffix rule to each.
+pub fn bedrock_ids(model: &str) -> Vec<&str> {
+    let mut out = vec![model];
+    if let Some(v) = unversioned(model) {
+        out.push(v);
+    }
+    let plain = BEDROCK_GEOS.iter().find_map(|g| {
+        model
+            .strip_prefix(g)
+            .and_then(|r| r.strip_prefix('.'))
+            .filter(|r| !r.is_empty())
+    });
+    if let Some(p) = plain {
+        out.push(p);
+        if let Some(v) = unversioned(p) {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// `model` less a Bedrock version suffix: `-v` and digits, then optionally `:` and
+/// digits (`-v1:0`, `-v2`); `None` without one.
+fn unversioned(model: &str) -> Option<&str> {
+    let (base, v) = model.rsplit_once("-v")?;
+    let (major, minor) = match v.split_once(':') {
+        Some((a, b)) => (a, Some(b)),
+        None => (v, None),
+    };
+    let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+    (!base.is_empty() && digits(major) && minor.is_none_or(digits)).then_some(base)
 }

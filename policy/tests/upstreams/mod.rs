@@ -434,3 +434,60 @@ fn azure_deployments_map_to_priced_models_and_versions_are_listed() {
         }
     }
 }
+
+/// Bedrock's `aws_region`: its own and required there, a region's name; a Bedrock id is
+/// priced with and without its version suffix and its geographic prefix, most specific
+/// first, each under the dated-suffix rule.
+#[test]
+fn bedrock_needs_its_region_and_prices_ids_by_version_and_geography() {
+    let head = "[upstreams.b]\nurl = \"https://bedrock-runtime.us-east-1.amazonaws.com\"\nkind = \"bedrock\"\ncredential = \"aws\"\npaths = [\"/model\"]\n";
+    let priced =
+        "[prices.b.\"amazon.nova-pro\"]\ninput_per_mtok = \"0.80\"\noutput_per_mtok = \"3.20\"\n";
+    let ok = format!("{head}aws_region = \"us-east-1\"\n{priced}");
+    let p = Policy::from_toml(&ok).expect("a bedrock upstream");
+    assert_eq!(p.upstreams["b"].kind, tally_policy::UpstreamKind::Bedrock);
+    assert_eq!(p.upstreams["b"].aws_region.as_deref(), Some("us-east-1"));
+    assert_eq!(Policy::from_toml(&p.to_toml()).expect("round trip"), p);
+    for (text, key) in [
+        (format!("{head}{priced}"), "upstreams.b.aws_region"),
+        (
+            format!("{head}aws_region = \"US East 1\"\n{priced}"),
+            "upstreams.b.aws_region",
+        ),
+        (
+            "[upstreams.o]\nurl = \"https://api.openai.com\"\nkind = \"openai\"\ncredential = \"c\"\naws_region = \"us-east-1\"\n".to_owned(),
+            "upstreams.o.aws_region",
+        ),
+    ] {
+        match refused(&text) {
+            PolicyError::Invalid { key: k, .. } => assert_eq!(k, key, "{text}"),
+            e => panic!("{text}: {e}"),
+        }
+    }
+    for id in [
+        "amazon.nova-pro",
+        "amazon.nova-pro-v1:0",
+        "us.amazon.nova-pro-v1:0",
+        "apac.amazon.nova-pro-v1",
+    ] {
+        assert!(p.prices.bedrock_model("b", id).is_some(), "{id}");
+    }
+    for id in [
+        "amazon.nova-pro-v1:0:300k",
+        "xx.amazon.nova-pro-v1:0",
+        "amazon.nova-pro-vx",
+    ] {
+        assert!(p.prices.bedrock_model("b", id).is_none(), "{id}");
+    }
+    // The common rule alone does not know Bedrock's suffix.
+    assert!(p.prices.model("b", "amazon.nova-pro-v1:0").is_none());
+    assert_eq!(
+        tally_policy::upstreams::bedrock_ids("us.amazon.nova-pro-v1:0"),
+        [
+            "us.amazon.nova-pro-v1:0",
+            "us.amazon.nova-pro",
+            "amazon.nova-pro-v1:0",
+            "amazon.nova-pro"
+        ]
+    );
+}

@@ -87,6 +87,12 @@ fn token(headers: &HeaderMap) -> Result<&str, Refusal> {
         .into_iter()
         .chain(KEY_HEADERS.iter().filter_map(|h| value(h)));
     let Some(first) = sent.next() else {
+        if value("authorization").is_some_and(|a| a.starts_with("AWS4-HMAC-SHA256")) {
+            // An AWS SDK that signed with AWS credentials: the proxy signs for Bedrock.
+            return Err(Refusal::token(
+                "an AWS signature is not a run token: give the run's token as the Bedrock API key (AWS_BEARER_TOKEN_BEDROCK), and no AWS credential",
+            ));
+        }
         return Err(Refusal::token(
             "no run token: use the token of your run (the `token` of POST /v1/runs) as the API key",
         ));
@@ -134,5 +140,14 @@ mod tests {
         ] {
             assert!(token(&h).is_err(), "{h:?}");
         }
+        let signed = headers(&[(
+            "authorization",
+            "AWS4-HMAC-SHA256 Credential=AKIA/20250101/us-east-1/bedrock/aws4_request",
+        )]);
+        let refused = token(&signed).expect_err("refused");
+        assert!(
+            refused.message.contains("AWS_BEARER_TOKEN_BEDROCK"),
+            "{refused:?}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! The forward phase: the planned request sent to the upstream with the real credential
-//! (the agent's key never is), within the call's time; a redirect is never followed,
+//! (the agent's key never is; a `bedrock` upstream's call is signed with the operator's
+//! AWS credential instead, [`crate::bedrock::sign`]), within the call's time; a redirect is never followed,
 //! and refused unless it stays on the upstream ([`crate::redirect`]). What went wrong
 //! is told to the settle phase with the refusal the agent gets.
 
@@ -16,11 +17,12 @@ use super::Call;
 use crate::dialect::Refusal;
 use crate::proxy::Route;
 
-/// The upstream's answer to `body` with the plan's `headers`; else the refusal, its
-/// outcome told to `settling`.
+/// The upstream's answer to `body` with the plan's `headers`, at the plan's `path` (the
+/// agent's path where the plan has none); else the refusal, its outcome told to
+/// `settling`.
 pub(super) async fn forward(
     call: &Call<'_>,
-    body: Vec<u8>,
+    (path, body): (Option<&str>, Vec<u8>),
     headers: HeaderMap,
     settling: &mut Settling,
 ) -> Result<Response<Incoming>, Refusal> {
@@ -35,12 +37,16 @@ pub(super) async fn forward(
         .unwrap_or_default();
     let uri = format!(
         "{}://{}{}{}{query}",
-        route.scheme, route.authority, route.base, call.rest
+        route.scheme,
+        route.authority,
+        route.base,
+        path.unwrap_or(&call.rest)
     );
+    let body = Bytes::from(body);
     let Ok(mut out) = Request::builder()
         .method(call.head.method.clone())
         .uri(&uri)
-        .body(Full::new(Bytes::from(body)))
+        .body(Full::new(body.clone()))
     else {
         // Nothing was sent.
         let refusal = Refusal::own(
@@ -54,6 +60,11 @@ pub(super) async fn forward(
     // valid one as it came; an invalid one never.
     let onward = settling.outgoing().or_else(|| call.parent.clone());
     *out.headers_mut() = outgoing(headers, route, onward.as_ref());
+    if let Some(signer) = &route.aws {
+        if let Err(refusal) = signed(out.headers_mut(), signer, route, &uri, &body) {
+            return refused(settling, Status::Rejected, None, refusal);
+        }
+    }
     let sent = tokio::time::timeout_at(settling.deadline.into(), route.client.request(out)).await;
     let response = match sent {
         Err(_) => {
@@ -87,6 +98,36 @@ pub(super) async fn forward(
         }
     }
     Ok(response)
+}
+
+/// `headers` with the SigV4 signature of a `POST` of `body` to `uri` by `signer` (over
+/// every header sent, the `host` set to the upstream's authority), or the refusal if
+/// it cannot be signed (nothing is sent).
+fn signed(
+    headers: &mut HeaderMap,
+    signer: &crate::bedrock::sign::AwsSigner,
+    route: &Route,
+    uri: &str,
+    body: &[u8],
+) -> Result<(), Refusal> {
+    let host = HeaderValue::from_str(&route.authority).map_err(|_| unsignable())?;
+    headers.insert(hyper::header::HOST, host);
+    let signature = signer
+        .sign(uri, headers, body, std::time::SystemTime::now())
+        .map_err(|_| unsignable())?;
+    for (name, value) in signature {
+        headers.insert(name, value);
+    }
+    Ok(())
+}
+
+/// The refusal of a call the proxy cannot sign.
+fn unsignable() -> Refusal {
+    Refusal::own(
+        StatusCode::BAD_REQUEST,
+        tally_wire::ErrorCode::InvalidRequest,
+        "the request cannot be signed for the upstream",
+    )
 }
 
 /// `refusal`, its outcome (`status`, with no answer) told to `settling`.
@@ -124,6 +165,8 @@ fn outgoing(allowed: HeaderMap, route: &Route, trace: Option<&crate::trace::Trac
     );
     let secret = route.secret.as_str();
     let (name, value) = match route.upstream.kind {
+        // Signed once the request is whole ([`signed`]): no key header.
+        UpstreamKind::Bedrock => return out,
         UpstreamKind::Anthropic => ("x-api-key", secret.to_owned()),
         UpstreamKind::Gemini => ("x-goog-api-key", secret.to_owned()),
         UpstreamKind::AzureOpenai => ("api-key", secret.to_owned()),

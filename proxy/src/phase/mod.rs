@@ -95,7 +95,8 @@ impl Proxy {
         let mut plan = plan::plan(self, call, body).await?;
         let mut settling = check::check(self, call, &mut plan).await?;
         let strip_usage = plan.strip_usage;
-        match forward::forward(call, plan.body, plan.headers, &mut settling).await {
+        let sent = (plan.upstream_path.as_deref(), plan.body);
+        match forward::forward(call, sent, plan.headers, &mut settling).await {
             // Pump settles when the answer has ended (in its own task).
             Ok(answer) => Ok(pump::pump(answer, strip_usage, settling)),
             Err(refusal) => {
@@ -113,7 +114,8 @@ fn channel_of(kind: UpstreamKind) -> Channel {
         UpstreamKind::Openai
         | UpstreamKind::Anthropic
         | UpstreamKind::Gemini
-        | UpstreamKind::AzureOpenai => Channel::Model,
+        | UpstreamKind::AzureOpenai
+        | UpstreamKind::Bedrock => Channel::Model,
     }
 }
 

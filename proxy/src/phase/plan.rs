@@ -41,6 +41,9 @@ pub(crate) struct Plan {
     pub lands: crate::tier::Lands,
     /// The agent's headers that go upstream ([`headers::allowed`]).
     pub headers: HeaderMap,
+    /// The path forwarded in place of the agent's (Bedrock: the model id in one
+    /// spelling); none: the agent's.
+    pub upstream_path: Option<String>,
     /// The answers a model call asks for (OpenAI's `n`, Gemini's `candidateCount`;
     /// 1 otherwise), which its worst case reserved for.
     pub choices: u64,
@@ -131,7 +134,7 @@ async fn read(proxy: &Proxy, call: &Call<'_>, body: Incoming) -> Result<Bytes, P
             format!("{method} is not allowed to upstream `{}`", route.name),
         ));
     }
-    if !path_allowed(&u.paths, rest) {
+    if !path_allowed(&u.paths, &as_checked(u.kind, rest)) {
         return Err(Pre::new(
             Reason::ScopeViolation,
             StatusCode::FORBIDDEN,
@@ -163,6 +166,19 @@ async fn read(proxy: &Proxy, call: &Call<'_>, body: Incoming) -> Result<Bytes, P
             StatusCode::BAD_REQUEST,
             "the request body could not be read",
         )),
+    }
+}
+
+/// The path the upstream's `paths` are checked against: as sent, except a Bedrock
+/// model path, checked with its model id decoded (`/model/arn:aws:...:inference-profile/ID/converse`):
+/// its escapes are the id's own, read strictly ([`crate::bedrock`]).
+fn as_checked(kind: UpstreamKind, rest: &str) -> std::borrow::Cow<'_, str> {
+    match crate::endpoint::Routed::of(kind, rest) {
+        Some(r) if kind == UpstreamKind::Bedrock => {
+            let method = rest.rsplit('/').next().unwrap_or_default();
+            format!("/model/{}/{method}", r.named.unwrap_or_default()).into()
+        }
+        _ => rest.into(),
     }
 }
 

@@ -32,11 +32,14 @@ pub(super) fn pump(
     settling: Settling,
 ) -> Response<Body> {
     let (parts, body) = response.into_parts();
-    let sse = parts
+    let content_type = parts
         .headers
         .get(hyper::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        .map(str::trim_start);
+    let sse = content_type.is_some_and(|v| v.starts_with("text/event-stream"));
+    // Bedrock's ConverseStream: AWS event-stream frames.
+    let framed = content_type.is_some_and(|v| v.starts_with("application/vnd.amazon.eventstream"));
     let reframe = sse && strip_usage;
     let facts = settling.facts();
     let headers = passed_back(&parts.headers, reframe, facts);
@@ -57,7 +60,10 @@ pub(super) fn pump(
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(16);
     let broken = Arc::new(AtomicBool::new(false));
     let stream = body_of(rx, Arc::clone(&broken));
-    let relay = Relay::new(facts.endpoint, sse, reframe, tx, broken, settling.deadline);
+    let mut relay = Relay::new(facts.endpoint, sse, reframe, tx, broken, settling.deadline);
+    if framed {
+        relay = relay.framed();
+    }
     tokio::spawn(relayed(body, relay, answer, settling));
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     *r.status_mut() = parts.status;

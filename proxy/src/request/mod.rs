@@ -178,6 +178,9 @@ pub fn parse_named(
     if endpoint.gemini() {
         return gemini::read(endpoint, named, (members, args), whole);
     }
+    if endpoint.bedrock() {
+        return bedrock::read(endpoint, named, (members, args), whole);
+    }
     let (model, body_model) = match named {
         None => (model_of(raw)?, None),
         Some(n) => (
@@ -533,6 +536,7 @@ fn cache_mark(v: &Value) -> Result<CacheMark, RequestError> {
     Ok(mark)
 }
 
+mod bedrock;
 mod body;
 mod gemini;
 mod price;
@@ -545,3 +549,6 @@ mod tests;
 
 #[cfg(test)]
 mod gemini_tests;
+
+#[cfg(test)]
+mod bedrock_tests;

@@ -121,10 +121,13 @@ impl ModelRequest {
     }
 
     /// The JSON text of the member the output limit is set in, with `tokens`: the count
-    /// itself, or (Gemini) `generationConfig` with its `maxOutputTokens`.
+    /// itself, or (Gemini) `generationConfig` with its `maxOutputTokens`, (Bedrock)
+    /// `inferenceConfig` with its `maxTokens`.
     fn limit_text(&self, tokens: u64) -> String {
         if self.endpoint.gemini() {
             self.gemini_config(tokens)
+        } else if self.endpoint.bedrock() {
+            self.bedrock_config(tokens)
         } else {
             tokens.to_string()
         }

@@ -46,8 +46,8 @@ impl Asked {
         let api = api_of(&path);
         let mut model = json.get("model").and_then(Value::as_str).map(str::to_owned);
         let mut stream = json.get("stream").and_then(Value::as_bool).unwrap_or(false);
-        if let Some((m, s)) = gemini_path(&path) {
-            // Gemini: the model and the stream are the path's.
+        if let Some((m, s)) = gemini_path(&path).or_else(|| super::bedrock::bedrock_path(&path)) {
+            // Gemini, Bedrock: the model and the stream are the path's.
             (model, stream) = (Some(m), s);
         }
         if model.is_none() {
@@ -77,8 +77,15 @@ impl State {
             .map(|b| b.to_bytes())
             .unwrap_or_default();
         let asked = Asked::read(&parts, &bytes);
-        let real_key = self.real_key(&parts, key_at(&asked.path, asked.api), &asked.path);
+        let real_key = match key_at(&asked.path, asked.api) {
+            KeyAt::Sigv4 if self.unsigned_ok.load(std::sync::atomic::Ordering::SeqCst) => true,
+            KeyAt::Sigv4 => signed(&parts, &bytes).await,
+            at => self.real_key(&parts, at, &asked.path),
+        };
         self.keep_seen(&parts, &asked, real_key, &bytes);
+        if !real_key && asked.api == Api::Bedrock {
+            return super::bedrock::invalid_signature();
+        }
         if !real_key {
             return unauthorized(asked.anthropic);
         }
@@ -107,7 +114,7 @@ impl State {
     fn real_key(&self, parts: &Parts, at: KeyAt, path: &str) -> bool {
         let bearer = format!("Bearer {}", self.key);
         let (name, want) = match at {
-            KeyAt::Bearer => ("authorization", bearer.as_str()),
+            KeyAt::Bearer | KeyAt::Sigv4 => ("authorization", bearer.as_str()),
             KeyAt::XApiKey => ("x-api-key", self.key.as_str()),
             KeyAt::Goog => ("x-goog-api-key", self.key.as_str()),
             KeyAt::Azure => ("api-key", self.key.as_str()),
@@ -150,6 +157,7 @@ impl State {
                     .or_else(|| json.get("max_completion_tokens"))
                     .or_else(|| json.get("max_output_tokens"))
                     .or_else(|| json.pointer("/generationConfig/maxOutputTokens"))
+                    .or_else(|| json.pointer("/inferenceConfig/maxTokens"))
                     .and_then(Value::as_u64),
                 limit_fields: LIMIT_FIELDS
                     .iter()
@@ -214,7 +222,8 @@ impl State {
         let tier = tier(asked);
         // Billed once the answer's usage has reached the client: never for a cut answer or
         // one with no usage, a stream only at its end (not one the client left).
-        let billed = (!cut && !unbilled && model != "fake-huge-event").then(|| Billed {
+        let broken = matches!(model, "fake-huge-event" | "fake-bad-crc" | "fake-bad-frame");
+        let billed = (!cut && !unbilled && !broken).then(|| Billed {
             path: asked.path.clone(),
             model: model.to_owned(),
             tier: tier.clone(),
@@ -247,6 +256,28 @@ impl State {
             whole(asked, &reply, bill).await
         }
     }
+}
+
+/// Whether a Bedrock request is signed by the fake's AWS credential (botocore's check,
+/// on a thread of its own), with no other key header.
+async fn signed(parts: &Parts, body: &[u8]) -> bool {
+    let others = ["x-api-key", "x-goog-api-key", "api-key"]
+        .iter()
+        .all(|n| parts.headers.get(*n).is_none());
+    let host = header(parts, "host");
+    let url = format!(
+        "http://{host}{}",
+        parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+    );
+    let input = super::bedrock::check_input(parts.method.as_str(), &url, &parts.headers, body);
+    others
+        && tokio::task::spawn_blocking(move || super::bedrock::signed(input))
+            .await
+            .unwrap_or(false)
 }
 
 /// A request header's value, empty if it has none (or none in text).
@@ -361,6 +392,7 @@ fn numbers(asked: &Asked, script: Option<&Script>) -> (Numbers, bool) {
                 .find_map(|k| json.get(*k).and_then(Value::as_u64))
                 .or_else(|| {
                     json.pointer("/generationConfig/maxOutputTokens")
+                        .or_else(|| json.pointer("/inferenceConfig/maxTokens"))
                         .and_then(Value::as_u64)
                 })
                 .unwrap_or(u64::MAX);
@@ -397,6 +429,13 @@ fn tier(asked: &Asked) -> Option<String> {
 /// The usage `n` by class of token, as the API's bill counts it.
 fn billed(api: Api, n: Numbers) -> Billed {
     match api {
+        Api::Bedrock => Billed {
+            input: n.input,
+            cached: n.third,
+            written: n.fourth,
+            output: n.output,
+            ..Billed::default()
+        },
         Api::Messages => Billed {
             input: n.input,
             written: n.third.saturating_sub(n.fourth),
@@ -422,6 +461,7 @@ async fn whole(asked: &Asked, reply: &Reply<'_>, bill: AtEnd) -> Response<Body> 
         Api::Messages => reply.message(),
         Api::Responses => reply.response(true),
         Api::Gemini => reply.gemini(),
+        Api::Bedrock => reply.converse(),
         _ => reply.completion(),
     };
     let text = Bytes::from(body.to_string());
@@ -451,6 +491,7 @@ fn stream(asked: &Asked, reply: &Reply<'_>, bill: AtEnd) -> Response<Body> {
         Api::Messages => sse(&reply.message_events(pieces)),
         Api::Responses => sse(&reply.response_events(pieces)),
         Api::Gemini => sse(&reply.gemini_chunks(pieces)),
+        Api::Bedrock => reply.converse_frames(pieces),
         _ => {
             let include_usage = asked
                 .json
@@ -479,14 +520,19 @@ fn stream(asked: &Asked, reply: &Reply<'_>, bill: AtEnd) -> Response<Body> {
     } else {
         Duration::ZERO
     };
+    let content_type = if asked.api == Api::Bedrock {
+        "application/vnd.amazon.eventstream"
+    } else {
+        "text/event-stream"
+    };
     Response::builder()
-        .header("content-type", "text/event-stream")
+        .header("content-type", content_type)
         .header("cache-control", "no-cache")
         .body(streamed(chunks, every, cut, Some(bill)))
         .expect("response")
 }
 
-fn full(status: StatusCode, body: Value) -> Response<Body> {
+pub(super) fn full(status: StatusCode, body: Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")

@@ -61,6 +61,10 @@
 //! `/openai/deployments/DEPLOYMENT/chat/completions` (the deployment as the model where
 //! the body names none) and `/openai/responses` answer as OpenAI's.
 //!
+//! Bedrock's Converse (`/model/MODEL/converse`, `/converse-stream` in AWS event-stream
+//! frames, the model the path's) answers in Bedrock's words ([`bedrock`]); its calls
+//! must be SigV4-signed by [`AWS_CREDENTIAL`], checked by botocore.
+//!
 //! The key must be the one the upstream was started with (`Authorization: Bearer KEY`
 //! for OpenAI paths, `x-api-key: KEY` for Anthropic's, `x-goog-api-key: KEY` for
 //! Gemini's, `api-key: KEY` for Azure's), in no other key header and no `key=` query,
@@ -83,11 +87,13 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
 mod answer;
+mod bedrock;
 mod bill;
 mod gemini;
 mod reply;
 mod request;
 
+pub use bedrock::{AWS_CREDENTIAL, AWS_REGION};
 pub use bill::{assert_bill, bill, open_reservations, Ledger, Price, Unbilled};
 
 /// How to start a [`FakeUpstream`].
@@ -212,6 +218,7 @@ pub struct FakeUpstream {
     billed: Arc<Mutex<Vec<Billed>>>,
     scripts: Arc<Mutex<BTreeMap<String, Script>>>,
     redirects: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
+    unsigned_ok: Arc<std::sync::atomic::AtomicBool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -232,6 +239,7 @@ impl FakeUpstream {
         let billed = Arc::new(Mutex::new(Vec::new()));
         let scripts = Arc::new(Mutex::new(BTreeMap::new()));
         let redirects = Arc::new(Mutex::new(BTreeMap::new()));
+        let unsigned_ok = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let state = Arc::new(State {
             key: options.key,
@@ -239,6 +247,7 @@ impl FakeUpstream {
             billed: Arc::clone(&billed),
             scripts: Arc::clone(&scripts),
             redirects: Arc::clone(&redirects),
+            unsigned_ok: Arc::clone(&unsigned_ok),
         });
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -287,6 +296,7 @@ impl FakeUpstream {
             billed,
             scripts,
             redirects,
+            unsigned_ok,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -328,6 +338,15 @@ impl FakeUpstream {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(model.to_owned(), script);
+    }
+
+    /// From now on, Bedrock calls are answered without their signature checked: for
+    /// the proxy's benchmark only, which calls the fake directly beside the proxy (the
+    /// check is a Python process per call, far slower than what it measures). A test
+    /// never calls it.
+    pub fn accept_unsigned_bedrock(&self) {
+        self.unsigned_ok
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// From now on, requests for `model` are answered `302 Found` with `location` as its
@@ -377,4 +396,5 @@ struct State {
     billed: Arc<Mutex<Vec<Billed>>>,
     scripts: Arc<Mutex<BTreeMap<String, Script>>>,
     redirects: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
+    unsigned_ok: Arc<std::sync::atomic::AtomicBool>,
 }

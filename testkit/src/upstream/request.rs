@@ -12,6 +12,8 @@ pub(super) enum Api {
     CountTokens,
     /// Gemini's `generateContent` (`stream`: `streamGenerateContent`).
     Gemini,
+    /// Bedrock's `converse` (`stream`: `converse-stream`).
+    Bedrock,
 }
 
 /// Where a request's key is, by its path: Gemini's `x-goog-api-key` on `/v1beta/`,
@@ -23,11 +25,14 @@ pub(super) enum KeyAt {
     XApiKey,
     Goog,
     Azure,
+    /// Bedrock: a SigV4 signature by the fake's AWS credential.
+    Sigv4,
 }
 
 pub(super) fn key_at(path: &str, api: Api) -> KeyAt {
     match api {
         Api::Gemini => KeyAt::Goog,
+        Api::Bedrock => KeyAt::Sigv4,
         Api::Messages | Api::CountTokens => KeyAt::XApiKey,
         _ if path.starts_with("/openai/") => KeyAt::Azure,
         _ => KeyAt::Bearer,
@@ -49,6 +54,8 @@ pub(super) fn api_of(path: &str) -> Api {
     let p = path.split('?').next().unwrap_or("");
     if gemini_path(path).is_some() {
         Api::Gemini
+    } else if super::bedrock::bedrock_path(path).is_some() {
+        Api::Bedrock
     } else if p == "/openai/responses" {
         Api::Responses
     } else if p.starts_with("/v1/messages/count_tokens") {
@@ -97,7 +104,7 @@ pub(super) fn tool_results(api: Api, json: &Value) -> usize {
             .iter()
             .filter(|m| m.get("type").and_then(Value::as_str) == Some("function_call_output"))
             .count(),
-        Api::Gemini => 0,
+        Api::Gemini | Api::Bedrock => 0,
     }
 }
 
@@ -115,7 +122,7 @@ pub(super) fn images(api: Api, json: &Value) -> u64 {
         Api::Messages | Api::CountTokens => ("messages", "content", "image"),
         Api::Chat => ("messages", "content", "image_url"),
         Api::Responses => ("input", "content", "input_image"),
-        Api::Gemini => return 0,
+        Api::Gemini | Api::Bedrock => return 0,
     };
     for item in list(json, items) {
         let parts = if typed(&item, "function_call_output") {

@@ -150,6 +150,7 @@ mod tests {
             UpstreamKind::Anthropic,
             UpstreamKind::Gemini,
             UpstreamKind::AzureOpenai,
+            UpstreamKind::Bedrock,
         ] {
             let out = allowed(&with("text/plain", "text/event-stream"), &up(kind));
             assert_eq!(
@@ -177,5 +178,29 @@ mod tests {
             Some(&b"text/plain"[..])
         );
         assert_eq!(out.get("accept").map(|v| v.as_bytes()), Some(&b"*/*"[..]));
+    }
+
+    #[test]
+    fn an_agents_aws_signing_headers_never_reach_bedrock() {
+        let u: Upstream = serde_json::from_value(serde_json::json!({"kind": "bedrock",
+            "url": "https://bedrock-runtime.us-east-1.amazonaws.com", "credential": "aws",
+            "aws_region": "us-east-1"}))
+        .expect("upstream");
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("authorization", "AWS4-HMAC-SHA256 Credential=AKIAAGENT/..."),
+            ("x-amz-date", "20250101T000000Z"),
+            ("x-amz-security-token", "agent-token"),
+            ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+            ("x-amz-user-agent", "Boto3/1.43.11"),
+            ("amz-sdk-invocation-id", "x"),
+            ("x-amzn-bedrock-guardrailidentifier", "g"),
+            ("content-type", "application/json"),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let out = allowed(&h, &u);
+        let names: Vec<&str> = out.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-type"]);
     }
 }

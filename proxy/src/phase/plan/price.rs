@@ -116,6 +116,7 @@ fn route_priced(policy: &Policy, asked: &Asked<'_>, endpoint: Endpoint) -> Resul
         strip_usage: false,
         lands: crate::tier::Lands::Default,
         headers: HeaderMap::new(),
+        upstream_path: None,
         choices: 1,
     })
 }
@@ -132,7 +133,12 @@ fn model_priced(
     let request = crate::request::parse_named(endpoint, routed.named.as_deref(), asked.bytes)
         .map_err(refused)?;
     let model = priced_as(asked, &request)?;
-    let Some(price) = policy.prices.model(asked.name, model) else {
+    let price = if endpoint.bedrock() {
+        crate::bedrock::price(&policy.prices, asked.name, model)
+    } else {
+        policy.prices.model(asked.name, model)
+    };
+    let Some(price) = price else {
         return Err(Pre::new(
             Reason::ScopeViolation,
             StatusCode::FORBIDDEN,
@@ -163,6 +169,9 @@ fn model_priced(
             && !request.client_asked_usage,
         lands: crate::tier::lands(endpoint, request.service_tier.as_deref()),
         headers: HeaderMap::new(),
+        upstream_path: endpoint
+            .bedrock()
+            .then(|| crate::bedrock::upstream_path(request.stream, &request.model)),
         choices: request.choices,
     })
 }

@@ -1,6 +1,7 @@
 //! The relay of an answer's body: each chunk hashed, passed to the agent (a stream the
 //! client did not ask usage of reframed without its usage chunk) and read for usage,
-//! an SSE stream event by event, a plain body kept (up to [`MAX_KEPT`]) to be read
+//! an SSE stream event by event, an AWS event stream frame by frame (a frame that
+//! fails its CRC or cannot be classified cuts it, its outcome unknown), a plain body kept (up to [`MAX_KEPT`]) to be read
 //! whole at its end. A client that went away stops receiving; the upstream is still
 //! read to its end (or the deadline) to settle what it cost. The end of the answer (a
 //! plain answer's last chunk, any body's end) is released only once the outcome is
@@ -55,6 +56,8 @@ pub(super) struct Relay {
     /// end, the outcome is sequenced ([`Relay::finish`]): the agent has no whole answer
     /// before any later decision would see what it cost.
     last: Option<Bytes>,
+    /// An AWS event stream's frames (Bedrock's ConverseStream), if the answer is one.
+    frames: Option<crate::bedrock::frames::Frames>,
     /// Set when the agent's answer is not whole (a send that timed out, a cut): its
     /// body then ends with an error after what was queued, never as if complete.
     broken: Arc<AtomicBool>,
@@ -85,8 +88,22 @@ impl Relay {
             pending: 0,
             unfed: Vec::new(),
             last: None,
+            frames: None,
             broken,
         }
+    }
+
+    /// The same, the answer read as an AWS event stream
+    /// (`application/vnd.amazon.eventstream`).
+    pub fn framed(mut self) -> Relay {
+        self.frames = Some(crate::bedrock::frames::Frames::new());
+        self
+    }
+
+    /// Whether the answer is a stream of events (SSE or AWS event-stream frames), each
+    /// chunk passed on as it comes.
+    fn streamed(&self) -> bool {
+        self.sse || self.frames.is_some()
     }
 
     /// Relays `body` to its end (`Ok`), or until it is cut: the status of the cut (a
@@ -95,6 +112,10 @@ impl Relay {
         loop {
             let frame = match tokio::time::timeout_at(self.deadline, body.frame()).await {
                 Err(_) => return Err(Status::Timeout),
+                // A stream that ends inside a frame was cut.
+                Ok(None) if self.frames.as_ref().is_some_and(|f| f.partial()) => {
+                    return Err(Status::Unknown)
+                }
                 Ok(None) => return Ok(()),
                 Ok(Some(Err(_))) => return Err(Status::Unknown),
                 Ok(Some(Ok(f))) => f,
@@ -106,6 +127,8 @@ impl Relay {
             let mut out = Vec::new();
             if self.sse {
                 out = self.events_of(&chunk)?;
+            } else if self.frames.is_some() {
+                self.frames_of(&chunk)?;
             } else {
                 self.keep(&chunk);
             }
@@ -147,6 +170,29 @@ impl Relay {
         Ok(out)
     }
 
+    /// An event stream's chunk decoded: the frames it completes read for usage. A frame
+    /// that fails its CRC, or that cannot be classified, cuts the stream (`unknown`: its
+    /// usage can no longer be read, what was used stays held); one past the bound is an
+    /// `error`, as an SSE event past it.
+    fn frames_of(&mut self, chunk: &Bytes) -> Result<(), Status> {
+        use crate::bedrock::frames::{FrameError, Framed};
+        let Some(frames) = self.frames.as_mut() else {
+            return Ok(());
+        };
+        match frames.feed(chunk, MAX_KEPT) {
+            Ok(read) => {
+                for f in read {
+                    if let Framed::Event { kind, payload } = f {
+                        self.usage.frame(kind, &payload);
+                    }
+                }
+                Ok(())
+            }
+            Err(FrameError::TooLarge(_)) => Err(Status::Error),
+            Err(_) => Err(Status::Unknown),
+        }
+    }
+
     /// A plain answer's chunk kept, until it is more than [`MAX_KEPT`].
     fn keep(&mut self, chunk: &Bytes) {
         if self.overflow {
@@ -167,7 +213,7 @@ impl Relay {
             if b.is_empty() {
                 continue;
             }
-            let b = if self.sse {
+            let b = if self.streamed() {
                 b
             } else {
                 match self.last.replace(b) {
@@ -237,7 +283,7 @@ impl Relay {
     pub fn reported(&self, status: StatusCode, kind: UpstreamKind) -> (Reported, Option<String>) {
         if !status.is_success() || kind == UpstreamKind::Http {
             (Reported::Missing, None)
-        } else if self.sse {
+        } else if self.streamed() {
             (self.usage.reported(), self.usage.tier().map(str::to_owned))
         } else if self.overflow {
             (Reported::Missing, None)
