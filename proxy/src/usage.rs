@@ -440,7 +440,9 @@ impl StreamUsage {
             return;
         }
         if let Some(what) = self.excepted.clone() {
-            self.note(Err(format!("a metadata event after the exception `{what}`")));
+            self.note(Err(format!(
+                "a metadata event after the exception `{what}`"
+            )));
         }
         if self.whole.is_some() {
             self.note(Err("a second metadata event".to_owned()));
@@ -500,7 +502,8 @@ mod tests {
 
     #[test]
     fn a_converse_stream_says_its_usage_once_and_never_after_an_exception() {
-        let big = br#"{"usage":{"inputTokens":900000,"outputTokens":900000,"totalTokens":1800000}}"#;
+        let big =
+            br#"{"usage":{"inputTokens":900000,"outputTokens":900000,"totalTokens":1800000}}"#;
         let wrong = br#"{"usage":{"inputTokens":900000,"outputTokens":900000,"totalTokens":5}}"#;
         let small = br#"{"usage":{"inputTokens":1,"outputTokens":1,"totalTokens":2}}"#;
         let mut one = StreamUsage::new(Endpoint::ConverseStream);

@@ -296,6 +296,9 @@ mod tests {
         ));
         // A whole prelude of a good frame waits for the rest.
         let good = frame("event", "metadata", "{}");
-        assert!(Frames::new().feed(&good[..12], 1 << 20).expect("a prelude").is_empty());
+        assert!(Frames::new()
+            .feed(&good[..12], 1 << 20)
+            .expect("a prelude")
+            .is_empty());
     }
 }

@@ -192,9 +192,17 @@ mod tests {
             .iter()
             .all(|(k, v)| k == "x-amz-date" || v.is_sensitive()));
         // A header that is not visible ASCII cannot be signed: a typed error, no signature.
-        h.insert("x-odd", HeaderValue::from_bytes(b"caf\xe9").expect("opaque"));
+        h.insert(
+            "x-odd",
+            HeaderValue::from_bytes(b"caf\xe9").expect("opaque"),
+        );
         assert!(matches!(
-            s.sign("https://bedrock-runtime.eu-west-1.amazonaws.com/model/x/converse", &h, b"{}", at),
+            s.sign(
+                "https://bedrock-runtime.eu-west-1.amazonaws.com/model/x/converse",
+                &h,
+                b"{}",
+                at
+            ),
             Err(SignError::Header(_))
         ));
     }
