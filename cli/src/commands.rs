@@ -332,7 +332,9 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
     outln!("# {name}: valid; digest {}", recorded.digest);
     out!("{}", recorded.policy.to_toml());
     // Which model ids each price covers (its name, its aliases, its dated snapshots).
-    for (upstream, name, ids) in recorded.policy.prices.coverage() {
+    let policy = &recorded.policy;
+    let kind_of = |u: &str| policy.upstreams.get(u).map(|u| u.kind);
+    for (upstream, name, ids) in policy.prices.coverage(kind_of) {
         outln!("# prices.{upstream}.{name:?} covers: {}", ids.join(", "));
     }
     // Prices older than the policy's bound: a warning; the policy is still valid.

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod bedrock;
 mod prices;
+pub use bedrock::BedrockModelId;
 pub use prices::*;
 
 /// Default `max_request_bytes`: 1 MiB.
@@ -312,8 +314,16 @@ impl Upstream {
 
 impl Upstream {
     /// What is wrong with `aws_region`: Bedrock's only, and there a region's name
-    /// (lower-case letters, digits and `-`, at most 32).
+    /// (lower-case letters, digits and `-`, at most 32); and with a `bedrock`
+    /// upstream's `methods`: `POST` only (Converse and ConverseStream are, and each call
+    /// is signed as one).
     fn bedrock_problem(&self) -> Option<(&'static str, String)> {
+        if self.kind == UpstreamKind::Bedrock && self.methods != ["POST"] {
+            return Some((
+                "methods",
+                "must be [\"POST\"] on a `bedrock` upstream (Converse and ConverseStream are called with POST, and each call is signed as one)".into(),
+            ));
+        }
         match (&self.aws_region, self.kind) {
             (Some(_), k) if k != UpstreamKind::Bedrock => {
                 Some(("aws_region", "is for `bedrock` upstreams only".into()))

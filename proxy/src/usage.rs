@@ -310,6 +310,8 @@ pub struct StreamUsage {
     tier: Option<String>,
     /// Gemini: whether a chunk said the answer ended.
     ended: bool,
+    /// Bedrock: the exception a ConverseStream sent, if it sent one.
+    excepted: Option<String>,
 }
 
 /// What to do with one event of a stream.
@@ -332,6 +334,7 @@ impl StreamUsage {
             bad: None,
             tier: None,
             ended: false,
+            excepted: None,
         }
     }
 
@@ -429,15 +432,33 @@ impl StreamUsage {
     }
 
     /// Bedrock: one event of a ConverseStream (an event-stream frame of `kind`, its JSON
-    /// `payload`): the `metadata` event's usage is the call's.
+    /// `payload`): the `metadata` event's usage is the call's. A stream sends one: a
+    /// second, or one after an exception, is a count that cannot be true (the stream's
+    /// usage is then implausible, never the last one said).
     pub fn frame(&mut self, kind: &str, payload: &[u8]) {
         if self.endpoint != Endpoint::ConverseStream || kind != "metadata" {
             return;
+        }
+        if let Some(what) = self.excepted.clone() {
+            self.note(Err(format!(
+                "a metadata event after the exception `{what}`"
+            )));
+        }
+        if self.whole.is_some() {
+            self.note(Err("a second metadata event".to_owned()));
         }
         self.whole = Some(match serde_json::from_slice::<Value>(payload) {
             Ok(v) => reported(v.get("usage"), bedrock::usage),
             Err(e) => Reported::Implausible(format!("a metadata event that is not JSON: {e}")),
         });
+    }
+
+    /// Bedrock: an exception a ConverseStream sent (`what`, its type): the answer has no
+    /// usage after it.
+    pub fn exception(&mut self, what: &str) {
+        if self.excepted.is_none() {
+            self.excepted = Some(what.to_owned());
+        }
     }
 
     /// Gemini: a chunk's usage so far, and whether it ends the answer.
@@ -477,6 +498,38 @@ mod tests {
 
     fn got(u: Usage) -> Reported {
         Reported::Usage(u)
+    }
+
+    #[test]
+    fn a_converse_stream_says_its_usage_once_and_never_after_an_exception() {
+        let big =
+            br#"{"usage":{"inputTokens":900000,"outputTokens":900000,"totalTokens":1800000}}"#;
+        let wrong = br#"{"usage":{"inputTokens":900000,"outputTokens":900000,"totalTokens":5}}"#;
+        let small = br#"{"usage":{"inputTokens":1,"outputTokens":1,"totalTokens":2}}"#;
+        let mut one = StreamUsage::new(Endpoint::ConverseStream);
+        one.frame("messageStart", b"{}");
+        one.frame("metadata", small);
+        assert!(matches!(one.reported(), Reported::Usage(u) if u.input == 1 && u.output == 1));
+        // A second metadata event does not overwrite the first: the stream is implausible.
+        let mut twice = StreamUsage::new(Endpoint::ConverseStream);
+        twice.frame("metadata", big);
+        twice.frame("metadata", small);
+        assert!(matches!(twice.reported(), Reported::Implausible(why) if why.contains("second")));
+        let mut twice = StreamUsage::new(Endpoint::ConverseStream);
+        twice.frame("metadata", wrong);
+        twice.frame("metadata", small);
+        assert!(matches!(twice.reported(), Reported::Implausible(why) if why.contains("second")));
+        // Usage after an exception cannot be the call's.
+        let mut after = StreamUsage::new(Endpoint::ConverseStream);
+        after.exception("throttlingException");
+        after.frame("metadata", small);
+        assert!(
+            matches!(after.reported(), Reported::Implausible(why) if why.contains("throttlingException"))
+        );
+        // An exception and no usage: missing, as any stream that never said it.
+        let mut cut = StreamUsage::new(Endpoint::ConverseStream);
+        cut.exception("modelStreamErrorException");
+        assert_eq!(cut.reported(), Reported::Missing);
     }
 
     #[test]

@@ -14,6 +14,10 @@ use super::*;
 /// A cross-region inference profile id, priced by the base model's price
 /// (`anthropic.claude-3-5-haiku`).
 const HAIKU: &str = "us.anthropic.claude-3-5-haiku-20241022-v1:0";
+/// A system inference profile's ARN for [`HAIKU`]: priced as its id, sent with its `/`
+/// encoded (`%2F`) as botocore encodes it.
+const HAIKU_ARN: &str =
+    "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-5-haiku-20241022-v1:0";
 /// 100 input tokens, 50 output, 10 read from the cache ($0.25/M), 20 written ($1.25/M).
 const CACHED: &str = "fake-usage-100-50-10-20";
 /// Billed far past any reservation of a 100-token limit.
@@ -39,6 +43,9 @@ pub(super) fn policy(http: &FakeUpstream) -> String {
         "fake-cut",
         "fake-bad-crc",
         "fake-bad-frame",
+        "fake-cut-frame",
+        "fake-exception",
+        "fake-metadata-twice",
         OVER,
     ] {
         p.push_str(&format!(
@@ -54,6 +61,7 @@ pub(super) fn prices() -> Vec<(&'static str, Price)> {
     let price = Price::usd(INPUT_PER_MTOK, OUTPUT_PER_MTOK);
     vec![
         (HAIKU, price),
+        (HAIKU_ARN, price),
         ("fake-ok", price),
         (OVER, price),
         (
@@ -116,10 +124,11 @@ impl Proxy {
 
 /// boto3's `converse` and `converse_stream`, through the proxy: settled at the usage the
 /// fake reported, at the price the id's rules find (a cross-region profile at its base
-/// model's), cache reads and writes at their own prices; the fake got a SigV4 signature
-/// botocore recomputes, the model id in the path encoded as the SDK encodes it, the
-/// output limit in `inferenceConfig.maxTokens` (the proxy's where the agent gave none),
-/// and none of the agent's key or its own signing headers.
+/// model's, an inference profile's ARN at its id's), cache reads and writes at their own
+/// prices; the fake got a SigV4 signature botocore recomputes, the model id in the path
+/// encoded as the SDK encodes it (`%3A`, and an ARN's `/` as `%2F`), the output limit in
+/// `inferenceConfig.maxTokens` (the proxy's where the agent gave none), and none of the
+/// agent's key or its own signing headers.
 #[test]
 fn boto3_converse_through_the_proxy_is_signed_and_the_ledger_is_the_bill() {
     if !boto3() {
@@ -132,44 +141,55 @@ fn boto3_converse_through_the_proxy_is_signed_and_the_ledger_is_the_bill() {
         (HAIKU, true),
         (CACHED, false),
         (CACHED, true),
+        (HAIKU_ARN, false),
+        (HAIKU_ARN, true),
     ] {
-        let run = format!("bedrock-{}-{stream}", tokens.len());
-        let token = proxy.run(&run, json!({"spend_cents": 100}));
-        let before = proxy.http.seen().len();
-        let mut args = vec![];
-        if stream {
-            args.push("--stream");
-        }
-        let r = proxy.bedrock(&token, model, &args);
-        assert_eq!(r["ok"], true, "{run}: {r}");
-        assert_eq!(r["headers"]["x-tally-run"], run.as_str(), "{r}");
-        assert_eq!(r["usage"]["inputTokens"], 100, "{r}");
-        assert!(!r["text"].as_str().unwrap_or("").is_empty(), "{r}");
-        let s = proxy.standing_settled(&run);
-        let want = if model == CACHED {
-            100 * IN_NANOS + 10 * 250 + 20 * 1250 + 50 * OUT_NANOS
-        } else {
-            100 * IN_NANOS + 50 * OUT_NANOS
-        };
-        assert_eq!(nanos(&s, "settled"), want, "{run}: {s}");
-        let seen = &proxy.http.seen()[before];
-        let method = if stream {
-            "converse-stream"
-        } else {
-            "converse"
-        };
-        assert_eq!(
-            seen.path,
-            format!("/model/{}/{method}", model.replace(':', "%3A"))
-        );
-        assert!(
-            seen.real_key,
-            "botocore did not verify the signature: {seen:?}"
-        );
-        assert_eq!(seen.max_tokens, Some(100), "{seen:?}");
-        tokens.push(token);
+        tokens.push(converses(&proxy, tokens.len(), model, stream));
     }
-    // No limit given: the proxy sets inferenceConfig.maxTokens to what the run can pay.
+    tokens.push(limit_set_by_the_proxy(&proxy));
+    tokens.push(agent_signing_headers_dropped(&proxy));
+    let t: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    assert!(proxy.upstreams_saw_only_the_key(&t) >= 8);
+    proxy.verifies_the_bill();
+}
+
+/// One boto3 call (the `n`th) to `model`, streamed or not, on a run of its own: what it
+/// was settled at, and what the fake got. The run's token.
+fn converses(proxy: &Proxy, n: usize, model: &str, stream: bool) -> String {
+    let run = format!("bedrock-{n}-{stream}");
+    let token = proxy.run(&run, json!({"spend_cents": 100}));
+    let before = proxy.http.seen().len();
+    let args: &[&str] = if stream { &["--stream"] } else { &[] };
+    let r = proxy.bedrock(&token, model, args);
+    assert_eq!(r["ok"], true, "{run}: {r}");
+    assert_eq!(r["headers"]["x-tally-run"], run.as_str(), "{r}");
+    assert_eq!(r["usage"]["inputTokens"], 100, "{r}");
+    assert!(!r["text"].as_str().unwrap_or("").is_empty(), "{r}");
+    let s = proxy.standing_settled(&run);
+    let want = if model == CACHED {
+        100 * IN_NANOS + 10 * 250 + 20 * 1250 + 50 * OUT_NANOS
+    } else {
+        100 * IN_NANOS + 50 * OUT_NANOS
+    };
+    assert_eq!(nanos(&s, "settled"), want, "{run}: {s}");
+    let seen = &proxy.http.seen()[before];
+    let method = if stream {
+        "converse-stream"
+    } else {
+        "converse"
+    };
+    let sent = model.replace(':', "%3A").replace('/', "%2F");
+    assert_eq!(seen.path, format!("/model/{sent}/{method}"));
+    assert!(
+        seen.real_key,
+        "botocore did not verify the signature: {seen:?}"
+    );
+    assert_eq!(seen.max_tokens, Some(100), "{seen:?}");
+    token
+}
+
+/// No limit given: the proxy sets `inferenceConfig.maxTokens` to what the run can pay.
+fn limit_set_by_the_proxy(proxy: &Proxy) -> String {
     let token = proxy.run("bedrock-nomax", json!({"spend_cents": 10}));
     let r = proxy.bedrock(&token, "fake-ok", &["--no-max-tokens"]);
     assert_eq!(r["ok"], true, "{r}");
@@ -178,9 +198,12 @@ fn boto3_converse_through_the_proxy_is_signed_and_the_ledger_is_the_bill() {
         injected.is_some_and(|n| (100..=200).contains(&n)),
         "{injected:?} output tokens for a 10-cent budget at 0.05 cent each"
     );
-    tokens.push(token);
-    // The agent's own signing headers are dropped: the session token and date the fake
-    // checks are the proxy's, and no content hash is forwarded.
+    token
+}
+
+/// The agent's own signing headers are dropped: the session token and date the fake
+/// checks are the proxy's, and no content hash is forwarded.
+fn agent_signing_headers_dropped(proxy: &Proxy) -> String {
     let token = proxy.run("bedrock-headers", json!({"spend_cents": 100}));
     let (status, head, body) = raw(
         proxy.port,
@@ -200,10 +223,7 @@ fn boto3_converse_through_the_proxy_is_signed_and_the_ledger_is_the_bill() {
         !seen.headers.iter().any(|h| h == "x-amz-content-sha256"),
         "{seen:?}"
     );
-    tokens.push(token);
-    let t: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    assert!(proxy.upstreams_saw_only_the_key(&t) >= 6);
-    proxy.verifies_the_bill();
+    token
 }
 
 /// One request to the proxy on a connection of its own: the status, the head and the
@@ -248,15 +268,38 @@ fn crafted_bedrock_calls_are_refused_and_bad_streams_held() {
     }
     let mut proxy = Proxy::start("");
     let token = proxy.run("crafted", json!({"spend_cents": 100}));
-    let bearer = format!("Bearer {token}");
-    let auth = [("authorization", bearer.as_str())];
     let hi = r#"{"messages":[{"role":"user","content":[{"text":"hi"}]}]}"#;
     let big = format!(
         r#"{{"messages":[{{"role":"user","content":[{{"text":"{}"}}]}}]}}"#,
         "x".repeat(MAX_BODY)
     );
     let before = proxy.http.seen().len();
-    for (path, body, status, kind, why) in [
+    for case in crafted(hi, &big) {
+        refused_in_bedrocks_shape(&proxy, &token, case);
+    }
+    assert_eq!(
+        proxy.http.seen().len(),
+        before,
+        "a refused request reached the upstream"
+    );
+    // boto3 raises ClientError with Bedrock's code and tally's reason.
+    let poor = proxy.run("poor-bedrock", json!({"spend_cents": 1}));
+    let r = proxy.bedrock(&poor, HAIKU, &[]);
+    assert_eq!(r["code"], "AccessDeniedException", "{r}");
+    raised(&r, "ClientError", 403, "reservation_insufficient");
+    let r = proxy.bedrock("tly_not.a-token", HAIKU, &[]);
+    assert_eq!(r["code"], "UnrecognizedClientException", "{r}");
+    raised(&r, "ClientError", 401, "invalid_token");
+    bad_frames_are_held(&proxy);
+    overrun_settled_whole(&mut proxy);
+}
+
+/// A crafted request: (path, body, status, `x-amzn-errortype`, what the message names).
+type Crafted<'a> = (&'static str, &'a str, u16, &'static str, &'static str);
+
+/// The crafted requests, each refused before the upstream.
+fn crafted<'a>(hi: &'a str, big: &'a str) -> Vec<Crafted<'a>> {
+    vec![
         (
             "/bedrock/model/..%2F..%2Fetc/converse",
             hi,
@@ -343,37 +386,33 @@ fn crafted_bedrock_calls_are_refused_and_bad_streams_held() {
         ),
         (
             "/bedrock/model/fake-ok/converse",
-            &big,
+            big,
             413,
             "validationexception",
             "max_request_bytes",
         ),
-    ] {
-        let (got, head, answer) = raw(proxy.port, path, &auth, body);
-        assert_eq!(got, status, "{path}: {head}{answer}");
-        assert!(
-            head.contains(&format!("x-amzn-errortype: {kind}")),
-            "{path}: {head}"
-        );
-        let v: Value = serde_json::from_str(&answer).unwrap_or(Value::Null);
-        let m = v["message"].as_str().unwrap_or("");
-        assert!(m.contains(why), "{path}: {why} not in {answer}");
-    }
-    assert_eq!(
-        proxy.http.seen().len(),
-        before,
-        "a refused request reached the upstream"
+    ]
+}
+
+/// `case` sent with `token`: refused in Bedrock's shape, with tally's reason.
+fn refused_in_bedrocks_shape(proxy: &Proxy, token: &str, case: Crafted<'_>) {
+    let (path, body, status, kind, why) = case;
+    let bearer = format!("Bearer {token}");
+    let auth = [("authorization", bearer.as_str())];
+    let (got, head, answer) = raw(proxy.port, path, &auth, body);
+    assert_eq!(got, status, "{path}: {head}{answer}");
+    assert!(
+        head.contains(&format!("x-amzn-errortype: {kind}")),
+        "{path}: {head}"
     );
-    // boto3 raises ClientError with Bedrock's code and tally's reason.
-    let poor = proxy.run("poor-bedrock", json!({"spend_cents": 1}));
-    let r = proxy.bedrock(&poor, HAIKU, &[]);
-    assert_eq!(r["code"], "AccessDeniedException", "{r}");
-    raised(&r, "ClientError", 403, "reservation_insufficient");
-    let r = proxy.bedrock("tly_not.a-token", HAIKU, &[]);
-    assert_eq!(r["code"], "UnrecognizedClientException", "{r}");
-    raised(&r, "ClientError", 401, "invalid_token");
-    // A stream cut by a frame that fails its CRC, or that cannot be classified: boto3
-    // sees an error, the call is held at its reservation.
+    let v: Value = serde_json::from_str(&answer).unwrap_or(Value::Null);
+    let m = v["message"].as_str().unwrap_or("");
+    assert!(m.contains(why), "{path}: {why} not in {answer}");
+}
+
+/// A stream cut by a frame that fails its CRC, or that cannot be classified: boto3 sees
+/// an error, the call is held at its reservation.
+fn bad_frames_are_held(proxy: &Proxy) {
     for model in ["fake-bad-crc", "fake-bad-frame"] {
         let run = format!("stream-{model}");
         let token = proxy.run(&run, json!({"spend_cents": 100}));
@@ -389,7 +428,10 @@ fn crafted_bedrock_calls_are_refused_and_bad_streams_held() {
             "{model}: held at its reservation: {s}"
         );
     }
-    // Billed past its reservation: settled whole, an overrun.
+}
+
+/// Billed past its reservation: settled whole, an overrun `tally verify` lists.
+fn overrun_settled_whole(proxy: &mut Proxy) {
     let token = proxy.run("overrun", json!({"spend_cents": 100}));
     let r = proxy.bedrock(&token, OVER, &[]);
     assert_eq!(r["ok"], true, "{r}");
@@ -407,4 +449,46 @@ fn crafted_bedrock_calls_are_refused_and_bad_streams_held() {
         .filter(|o| o["run"] == "overrun")
         .collect();
     assert_eq!(overruns.len(), 1, "{report}");
+}
+
+/// Streams that go wrong in their frames: one cut inside a frame (the body ending
+/// cleanly) is cut for the agent and held at its reservation; one with an exception
+/// frame and then usage anyway, or with two `metadata` events (a huge one with a
+/// wrong total, then a tiny one), is never settled at the usage it says last: its
+/// usage is refused (`implausible`) and it is settled at its reservation.
+#[test]
+fn bedrock_streams_cut_in_a_frame_excepted_or_told_twice_are_not_believed() {
+    if !boto3() {
+        return;
+    }
+    let proxy = Proxy::start("");
+    let token = proxy.run("cut-frame", json!({"spend_cents": 100}));
+    let r = proxy.bedrock(&token, "fake-cut-frame", &["--stream"]);
+    assert!(r.get("error").is_some() && r.get("ok").is_none(), "{r}");
+    let s = proxy.standing("cut-frame");
+    assert_eq!(nanos(&s, "settled"), 0, "{s}");
+    assert!(
+        nanos(&s, "held") > 50 * OUT_NANOS,
+        "held at its reservation: {s}"
+    );
+    // (model, whether boto3 raises, the usage it said last)
+    for (model, agent_sees_an_error, said) in [
+        ("fake-exception", true, 100 * IN_NANOS + 50 * OUT_NANOS),
+        ("fake-metadata-twice", false, IN_NANOS + OUT_NANOS),
+    ] {
+        let run = format!("stream-{model}");
+        let token = proxy.run(&run, json!({"spend_cents": 100}));
+        let r = proxy.bedrock(&token, model, &["--stream"]);
+        assert_eq!(
+            r.get("error").is_some(),
+            agent_sees_an_error,
+            "{model}: {r}"
+        );
+        let s = proxy.standing_settled(&run);
+        let settled = nanos(&s, "settled");
+        assert!(
+            settled != said && settled > 50 * OUT_NANOS,
+            "{model}: settled at its reservation, not at the last usage said: {s}"
+        );
+    }
 }

@@ -106,7 +106,7 @@ impl Upstreams {
             "none".to_owned()
         } else {
             model
-                .and_then(|m| self.priced(upstream, m))
+                .and_then(|m| self.priced(*kind, upstream, m))
                 .unwrap_or_else(|| OTHER.to_owned())
         };
         Call {
@@ -115,10 +115,17 @@ impl Upstreams {
         }
     }
 
-    /// The id of the price `model` is charged at on `upstream` (a price's own id, also for
-    /// an id the price covers under another name), or None if it is not priced.
-    fn priced(&self, upstream: &str, model: &str) -> Option<String> {
-        let price = self.prices.model(upstream, model)?;
+    /// The id of the price `model` is charged at on `upstream` (of `kind`), by the rule
+    /// the proxy charges it by ([`tally_policy::Prices::priced`]: a Bedrock id under its
+    /// version and geography rules): a price's own id, also for an id the price covers
+    /// under another name, or None if it is not priced.
+    fn priced(
+        &self,
+        kind: tally_policy::UpstreamKind,
+        upstream: &str,
+        model: &str,
+    ) -> Option<String> {
+        let price = self.prices.priced(kind, upstream, model)?;
         let models = &self.prices.0.get(upstream)?.models;
         if models.contains_key(model) {
             return Some(model.to_owned());
@@ -543,5 +550,53 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bedrock_id_is_labelled_with_the_price_it_is_charged_at() {
+        let policy = tally_policy::Policy::from_toml(
+            r#"
+[upstreams.b]
+url = "https://bedrock-runtime.us-east-1.amazonaws.com"
+kind = "bedrock"
+credential = "aws"
+aws_region = "us-east-1"
+
+[upstreams.o]
+url = "https://api.openai.com"
+kind = "openai"
+credential = "o"
+
+[prices.b."anthropic.claude-3-5-haiku"]
+input_per_mtok = "0.80"
+output_per_mtok = "4"
+
+[prices.o."us.gpt-4o-v1"]
+input_per_mtok = "1"
+output_per_mtok = "1"
+"#,
+        )
+        .expect("policy");
+        let u = Upstreams::of(&policy);
+        let model = |up: &str, m: &str| u.call(up, Some(m)).model;
+        for id in [
+            "anthropic.claude-3-5-haiku",
+            "anthropic.claude-3-5-haiku-20241022-v1:0",
+            "us.anthropic.claude-3-5-haiku-20241022-v1:0",
+            "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-5-haiku-20241022-v1:0",
+        ] {
+            assert_eq!(model("b", id), "anthropic.claude-3-5-haiku", "{id}");
+        }
+        // What the proxy would refuse or not price is `other`.
+        assert_eq!(model("b", "xx.anthropic.claude-3-5-haiku-v1:0"), OTHER);
+        assert_eq!(model("b", "Anthropic.claude-3-5-haiku"), OTHER);
+        // Bedrock's rules are Bedrock's only: another upstream's ids are as priced.
+        assert_eq!(model("o", "us.gpt-4o-v1"), "us.gpt-4o-v1");
+        assert_eq!(model("o", "gpt-4o"), OTHER);
     }
 }

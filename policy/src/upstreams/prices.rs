@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tally_record::money::Nanos;
 
-use super::{valid_path, MaxTokensField};
+use super::{valid_path, MaxTokensField, UpstreamKind};
 use crate::error::PolicyError;
 use crate::fields::{line_at, quoted, read_fields, required, usd, usd_or_unset};
 use crate::tiers::TierPrice;
@@ -236,14 +236,22 @@ impl Prices {
     }
 
     /// Which ids each model price covers, as `tally policy check` prints them:
-    /// (upstream, price name, ids), the dated-suffix rule written `NAME-YYYYMMDD`.
-    pub fn coverage(&self) -> Vec<(String, String, Vec<String>)> {
+    /// (upstream, price name, ids), the dated-suffix rule written `NAME-YYYYMMDD`; on an
+    /// upstream `kind_of` says is `bedrock`, also Bedrock's id rules
+    /// ([`Prices::priced`]), written as their patterns.
+    pub fn coverage(
+        &self,
+        kind_of: impl Fn(&str) -> Option<UpstreamKind>,
+    ) -> Vec<(String, String, Vec<String>)> {
         let mut out = Vec::new();
         for (upstream, p) in &self.0 {
             for (name, m) in &p.models {
                 let mut ids = vec![name.clone()];
                 ids.extend(m.aliases.iter().cloned());
                 ids.push(format!("{name}-YYYYMMDD"));
+                if kind_of(upstream) == Some(UpstreamKind::Bedrock) {
+                    ids.extend(super::bedrock::covered(name));
+                }
                 out.push((upstream.clone(), name.clone(), ids));
             }
         }

@@ -379,7 +379,7 @@ fn prices_name_the_ids_they_cover_and_the_overheads_they_add() {
             .map(|m| m.max_tokens_field),
         Some(MaxTokensField::MaxCompletionTokens)
     );
-    let covers = p.prices.coverage();
+    let covers = p.prices.coverage(|u| p.upstreams.get(u).map(|u| u.kind));
     assert!(covers.contains(&(
         "anthropic".into(),
         "claude-haiku-4-5".into(),
@@ -458,6 +458,15 @@ fn bedrock_needs_its_region_and_prices_ids_by_version_and_geography() {
             "[upstreams.o]\nurl = \"https://api.openai.com\"\nkind = \"openai\"\ncredential = \"c\"\naws_region = \"us-east-1\"\n".to_owned(),
             "upstreams.o.aws_region",
         ),
+        // Signed as a POST: no other method.
+        (
+            format!("{head}aws_region = \"us-east-1\"\nmethods = [\"POST\", \"GET\"]\n{priced}"),
+            "upstreams.b.methods",
+        ),
+        (
+            format!("{head}aws_region = \"us-east-1\"\nmethods = [\"PUT\"]\n{priced}"),
+            "upstreams.b.methods",
+        ),
     ] {
         match refused(&text) {
             PolicyError::Invalid { key: k, .. } => assert_eq!(k, key, "{text}"),
@@ -472,6 +481,36 @@ fn bedrock_needs_its_region_and_prices_ids_by_version_and_geography() {
     ] {
         assert!(p.prices.bedrock_model("b", id).is_some(), "{id}");
     }
+    // The one rule the proxy, the metrics and `tally policy check` use: by the id's class.
+    let bedrock = tally_policy::UpstreamKind::Bedrock;
+    for id in [
+        "us.amazon.nova-pro-v1:0",
+        "arn:aws:bedrock:us-east-1::foundation-model/amazon.nova-pro-v1:0",
+        "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.amazon.nova-pro-v1:0",
+    ] {
+        assert!(p.prices.priced(bedrock, "b", id).is_some(), "{id}");
+    }
+    for id in [
+        "Amazon.nova-pro",
+        "arn:aws:bedrock:us-east-1:123456789012:provisioned-model/amazon.nova-pro",
+        "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/x1",
+    ] {
+        assert!(p.prices.priced(bedrock, "b", id).is_none(), "{id}");
+    }
+    // Another kind's ids are as priced, no Bedrock rule.
+    let openai = tally_policy::UpstreamKind::Openai;
+    assert!(p
+        .prices
+        .priced(openai, "b", "us.amazon.nova-pro-v1:0")
+        .is_none());
+    let covers = p.prices.coverage(|u| p.upstreams.get(u).map(|u| u.kind));
+    assert!(
+        covers[0]
+            .2
+            .contains(&"[GEO.]amazon.nova-pro[-YYYYMMDD][-vN[:M]]".to_owned()),
+        "{covers:?}"
+    );
+    assert!(p.prices.coverage(|_| Some(openai))[0].2.len() == 2);
     for id in [
         "amazon.nova-pro-v1:0:300k",
         "xx.amazon.nova-pro-v1:0",

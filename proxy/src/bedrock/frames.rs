@@ -1,7 +1,9 @@
 //! A Bedrock ConverseStream answer as AWS event-stream frames
 //! (`application/vnd.amazon.eventstream`): each frame decoded, its prelude and message
-//! CRC32s checked, by smithy-rs's decoder (`aws-smithy-eventstream`), never by hand;
-//! then classified strictly ([`Framed`]). A frame that fails its CRC, cannot be decoded
+//! CRC32s checked, by smithy-rs's decoder (`aws-smithy-eventstream`), never by hand
+//! (the prelude's CRC also as soon as its 12 bytes are in, with `crc32fast`, so that a
+//! flipped length is corrupt at once and never a wait); then classified strictly
+//! ([`Framed`]). A frame that fails its CRC, cannot be decoded
 //! or classified, or grows past the bound, is an error: the relay then cuts the stream
 //! and its outcome stays unknown, its reservation held.
 
@@ -18,6 +20,9 @@ const EVENTS: &[&str] = &[
     "messageStop",
     "metadata",
 ];
+
+/// A frame's prelude: its total length, its headers' length, their CRC32.
+const PRELUDE: usize = 12;
 
 /// One frame, classified.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,18 +42,45 @@ pub enum Framed {
 }
 
 /// Why a stream's frames cannot be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FrameError {
     /// Not a frame: a CRC that does not match, a length that cannot be.
     #[error("an event-stream frame that cannot be decoded: {0}")]
-    Corrupt(String),
+    Corrupt(#[source] Corrupt),
     /// A frame whose headers say nothing tally reads.
     #[error("an event-stream frame tally cannot classify: {0}")]
-    Unclassified(String),
+    Unclassified(#[source] Unclassified),
     /// Bytes of one frame past the bound, not yet whole.
     #[error("an event-stream frame past {0} bytes")]
     TooLarge(usize),
+}
+
+/// Why bytes are not a frame.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Corrupt {
+    /// Its prelude (total and header lengths) fails the prelude's CRC32.
+    #[error("its prelude fails its CRC")]
+    Prelude,
+    /// smithy's decoder refused it (a message CRC, a length or a header that cannot be).
+    #[error(transparent)]
+    Decode(#[from] aws_smithy_eventstream::error::Error),
+}
+
+/// Why a whole frame is not one tally reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unclassified {
+    /// An event whose `:event-type` ConverseStream does not send (the type it said).
+    #[error("an event of type `{0}`")]
+    Event(String),
+    /// An event whose payload is not JSON.
+    #[error("a `{0}` event whose payload is not JSON")]
+    NotJson(&'static str),
+    /// A frame whose `:message-type` is neither an event nor an exception (what it said).
+    #[error("a frame with :message-type {0:?}")]
+    MessageType(Option<String>),
 }
 
 /// A stream's frames, read chunk by chunk.
@@ -72,6 +104,7 @@ impl Frames {
         self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
         loop {
+            self.check_prelude()?;
             let before = self.buf.len();
             match self.decoder.decode_frame(&mut self.buf) {
                 Ok(DecodedFrame::Complete(m)) => {
@@ -82,13 +115,27 @@ impl Frames {
                     self.started |= self.buf.len() < before;
                     break;
                 }
-                Err(e) => return Err(FrameError::Corrupt(e.to_string())),
+                Err(e) => return Err(FrameError::Corrupt(Corrupt::Decode(e))),
             }
         }
         if self.buf.len() > bound {
             return Err(FrameError::TooLarge(bound));
         }
         Ok(out)
+    }
+
+    /// A frame's prelude (its total and header lengths, then their CRC32) checked as soon
+    /// as its 12 bytes are in, before the decoder takes them: a prelude that fails its CRC
+    /// (a flipped length) is corrupt at once, never a wait for bytes that are not coming.
+    fn check_prelude(&self) -> Result<(), FrameError> {
+        if self.started || self.buf.len() < PRELUDE {
+            return Ok(());
+        }
+        let crc = u32::from_be_bytes([self.buf[8], self.buf[9], self.buf[10], self.buf[11]]);
+        if crc32fast::hash(&self.buf[..8]) != crc {
+            return Err(FrameError::Corrupt(Corrupt::Prelude));
+        }
+        Ok(())
     }
 
     /// Whether a frame was begun and not finished (the stream ended inside it).
@@ -113,14 +160,12 @@ fn classify(m: &Message) -> Result<Framed, FrameError> {
         Some("event") => {
             let sent = header(m, ":event-type").unwrap_or("");
             let Some(kind) = EVENTS.iter().find(|e| **e == sent) else {
-                return Err(FrameError::Unclassified(format!(
-                    "an event of type `{sent}`"
+                return Err(FrameError::Unclassified(Unclassified::Event(
+                    sent.to_owned(),
                 )));
             };
             if header(m, ":content-type").is_some_and(|c| c != "application/json") {
-                return Err(FrameError::Unclassified(format!(
-                    "a `{kind}` event whose payload is not JSON"
-                )));
+                return Err(FrameError::Unclassified(Unclassified::NotJson(kind)));
             }
             Ok(Framed::Event {
                 kind,
@@ -135,8 +180,8 @@ fn classify(m: &Message) -> Result<Framed, FrameError> {
         Some("error") => Ok(Framed::Exception(
             header(m, ":error-code").unwrap_or("error").to_owned(),
         )),
-        other => Err(FrameError::Unclassified(format!(
-            "a frame with :message-type {other:?}"
+        other => Err(FrameError::Unclassified(Unclassified::MessageType(
+            other.map(str::to_owned),
         ))),
     }
 }
@@ -197,24 +242,63 @@ mod tests {
         ));
         let mut bytes = frame("event", "metadata", r#"{}"#);
         bytes[9] ^= 1; // the prelude's CRC
-        assert!(Frames::new().feed(&bytes, 1 << 20).is_err());
+        assert!(matches!(
+            Frames::new().feed(&bytes, 1 << 20),
+            Err(FrameError::Corrupt(Corrupt::Prelude))
+        ));
         assert!(matches!(
             Frames::new().feed(&frame("event", "surprise", "{}"), 1 << 20),
-            Err(FrameError::Unclassified(_))
+            Err(FrameError::Unclassified(Unclassified::Event(e))) if e == "surprise"
         ));
         assert!(matches!(
             Frames::new().feed(&frame("weird", "metadata", "{}"), 1 << 20),
-            Err(FrameError::Unclassified(_))
+            Err(FrameError::Unclassified(Unclassified::MessageType(Some(t)))) if t == "weird"
         ));
         assert_eq!(
-            Frames::new().feed(&frame("exception", "x", "{}"), 1 << 20),
-            Ok(vec![Framed::Exception("exception".into())])
+            Frames::new()
+                .feed(&frame("exception", "x", "{}"), 1 << 20)
+                .expect("an exception"),
+            vec![Framed::Exception("exception".into())]
         );
         // A prelude that announces more than the bound.
         let big = frame("event", "metadata", &"x".repeat(2000));
-        assert_eq!(
+        assert!(matches!(
             Frames::new().feed(&big[..1500], 1000),
             Err(FrameError::TooLarge(1000))
-        );
+        ));
+    }
+
+    #[test]
+    fn a_flipped_length_is_corrupt_at_once_not_a_wait() {
+        // The total length's low byte flipped: without its prelude CRC checked, the
+        // decoder would wait for bytes the stream never sends.
+        for at in [1, 3, 5, 7] {
+            let mut bytes = frame("event", "metadata", r#"{"usage":{}}"#);
+            bytes[at] ^= 0x10;
+            let mut f = Frames::new();
+            assert!(
+                matches!(
+                    f.feed(&bytes[..12], 1 << 20),
+                    Err(FrameError::Corrupt(Corrupt::Prelude))
+                ),
+                "byte {at}"
+            );
+        }
+        // A second frame's prelude, checked once the first is read.
+        let mut bytes = frame("event", "messageStart", "{}");
+        let n = bytes.len();
+        bytes.extend(frame("event", "metadata", "{}"));
+        bytes[n + 3] ^= 0x40;
+        let mut f = Frames::new();
+        assert!(matches!(
+            f.feed(&bytes[..n + 12], 1 << 20),
+            Err(FrameError::Corrupt(Corrupt::Prelude))
+        ));
+        // A whole prelude of a good frame waits for the rest.
+        let good = frame("event", "metadata", "{}");
+        assert!(Frames::new()
+            .feed(&good[..12], 1 << 20)
+            .expect("a prelude")
+            .is_empty());
     }
 }

@@ -15,7 +15,7 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 /// The service name Bedrock's runtime is signed for.
 const SERVICE: &str = "bedrock";
 
-/// Why a credential cannot sign for Bedrock, or a request cannot be signed.
+/// Why a credential cannot sign for Bedrock.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AwsCredentialError {
@@ -25,9 +25,24 @@ pub enum AwsCredentialError {
     /// The access key id is not one (upper-case letters and digits, 16 to 128).
     #[error("the access key id (before the first `:`) must be 16 to 128 upper-case letters and digits, like AKIA...")]
     KeyId,
-    /// The signer refused the request (a header it cannot read).
-    #[error("the request cannot be signed: {0}")]
-    Sign(String),
+}
+
+/// Why a request cannot be signed: what refused it, its own error the source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SignError {
+    /// The signing parameters (credential, region, time) cannot be built.
+    #[error("the signing parameters cannot be built")]
+    Params(#[from] v4::signing_params::BuildError),
+    /// A header sent is not visible ASCII, so cannot be signed.
+    #[error("a header that cannot be signed")]
+    Header(#[from] hyper::header::ToStrError),
+    /// AWS's signer refused the request (its URI, its headers).
+    #[error("the signer refused the request")]
+    Signer(#[from] aws_sigv4::http_request::SigningError),
+    /// A header of the signature that cannot be sent.
+    #[error("a signature header that cannot be sent")]
+    Signature(#[from] hyper::header::InvalidHeaderValue),
 }
 
 /// What signs a `bedrock` upstream's calls: the credential and the region.
@@ -80,8 +95,7 @@ impl AwsSigner {
         headers: &HeaderMap,
         body: &[u8],
         now: SystemTime,
-    ) -> Result<Vec<(HeaderName, HeaderValue)>, AwsCredentialError> {
-        let bad = |e: &dyn std::fmt::Display| AwsCredentialError::Sign(e.to_string());
+    ) -> Result<Vec<(HeaderName, HeaderValue)>, SignError> {
         let identity = self.credentials.clone().into();
         let params = v4::SigningParams::builder()
             .identity(&identity)
@@ -89,22 +103,20 @@ impl AwsSigner {
             .name(SERVICE)
             .time(now)
             .settings(SigningSettings::default())
-            .build()
-            .map_err(|e| bad(&e))?
+            .build()?
             .into();
         let mut pairs = Vec::with_capacity(headers.len());
         for (n, v) in headers {
-            pairs.push((n.as_str(), v.to_str().map_err(|e| bad(&e))?));
+            pairs.push((n.as_str(), v.to_str()?));
         }
         let signable =
-            SignableRequest::new("POST", uri, pairs.into_iter(), SignableBody::Bytes(body))
-                .map_err(|e| bad(&e))?;
-        let (instructions, _) = sign(signable, &params).map_err(|e| bad(&e))?.into_parts();
+            SignableRequest::new("POST", uri, pairs.into_iter(), SignableBody::Bytes(body))?;
+        let (instructions, _) = sign(signable, &params)?.into_parts();
         let (signed, _) = instructions.into_parts();
         let mut out = Vec::with_capacity(signed.len());
         for h in signed {
             let name = HeaderName::from_static(h.name());
-            let mut value = HeaderValue::from_str(h.value()).map_err(|e| bad(&e))?;
+            let mut value = HeaderValue::from_str(h.value())?;
             value.set_sensitive(h.sensitive() || name == "authorization");
             out.push((name, value));
         }
@@ -179,5 +191,19 @@ mod tests {
         assert!(out
             .iter()
             .all(|(k, v)| k == "x-amz-date" || v.is_sensitive()));
+        // A header that is not visible ASCII cannot be signed: a typed error, no signature.
+        h.insert(
+            "x-odd",
+            HeaderValue::from_bytes(b"caf\xe9").expect("opaque"),
+        );
+        assert!(matches!(
+            s.sign(
+                "https://bedrock-runtime.eu-west-1.amazonaws.com/model/x/converse",
+                &h,
+                b"{}",
+                at
+            ),
+            Err(SignError::Header(_))
+        ));
     }
 }

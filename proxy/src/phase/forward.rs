@@ -27,44 +27,14 @@ pub(super) async fn forward(
     settling: &mut Settling,
 ) -> Result<Response<Incoming>, Refusal> {
     let route = call.route;
-    // The upstream request: the base path, the agent's path and query, the plan's
-    // headers, the trace context and the real credential.
-    let query = call
-        .head
-        .uri
-        .query()
-        .map(|q| format!("?{q}"))
-        .unwrap_or_default();
-    let uri = format!(
-        "{}://{}{}{}{query}",
-        route.scheme,
-        route.authority,
-        route.base,
-        path.unwrap_or(&call.rest)
-    );
-    let body = Bytes::from(body);
-    let Ok(mut out) = Request::builder()
-        .method(call.head.method.clone())
-        .uri(&uri)
-        .body(Full::new(body.clone()))
-    else {
-        // Nothing was sent.
-        let refusal = Refusal::own(
-            StatusCode::BAD_REQUEST,
-            tally_wire::ErrorCode::InvalidRequest,
-            "the request cannot be forwarded",
-        );
-        return refused(settling, Status::Rejected, None, refusal);
-    };
     // The upstream's traceparent: the proxy's span, or (without a tracer) the agent's
     // valid one as it came; an invalid one never.
     let onward = settling.outgoing().or_else(|| call.parent.clone());
-    *out.headers_mut() = outgoing(headers, route, onward.as_ref());
-    if let Some(signer) = &route.aws {
-        if let Err(refusal) = signed(out.headers_mut(), signer, route, &uri, &body) {
-            return refused(settling, Status::Rejected, None, refusal);
-        }
-    }
+    let (out, uri) = match upstream_request(call, (path, body), headers, onward.as_ref()) {
+        Ok(built) => built,
+        // Nothing was sent.
+        Err(refusal) => return refused(settling, Status::Rejected, None, refusal),
+    };
     let sent = tokio::time::timeout_at(settling.deadline.into(), route.client.request(out)).await;
     let response = match sent {
         Err(_) => {
@@ -98,6 +68,48 @@ pub(super) async fn forward(
         }
     }
     Ok(response)
+}
+
+/// The upstream request: the base path, the agent's path (or the plan's) and query, the
+/// plan's `headers`, the trace context and the real credential (a `bedrock` upstream's
+/// call signed, [`signed`]); and its URI. Else the refusal: nothing is sent.
+fn upstream_request(
+    call: &Call<'_>,
+    (path, body): (Option<&str>, Vec<u8>),
+    headers: HeaderMap,
+    onward: Option<&crate::trace::Trace>,
+) -> Result<(Request<Full<Bytes>>, String), Refusal> {
+    let route = call.route;
+    let query = call
+        .head
+        .uri
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let uri = format!(
+        "{}://{}{}{}{query}",
+        route.scheme,
+        route.authority,
+        route.base,
+        path.unwrap_or(&call.rest)
+    );
+    let body = Bytes::from(body);
+    let mut out = Request::builder()
+        .method(call.head.method.clone())
+        .uri(&uri)
+        .body(Full::new(body.clone()))
+        .map_err(|_| {
+            Refusal::own(
+                StatusCode::BAD_REQUEST,
+                tally_wire::ErrorCode::InvalidRequest,
+                "the request cannot be forwarded",
+            )
+        })?;
+    *out.headers_mut() = outgoing(headers, route, onward);
+    if let Some(signer) = &route.aws {
+        signed(out.headers_mut(), signer, route, &uri, &body)?;
+    }
+    Ok((out, uri))
 }
 
 /// `headers` with the SigV4 signature of a `POST` of `body` to `uri` by `signer` (over

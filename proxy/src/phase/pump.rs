@@ -15,6 +15,7 @@ use hyper::Response;
 use tally_record::money::parse_usd;
 
 use super::settle::{Settle, Settling};
+use crate::endpoint::Endpoint;
 use crate::Body;
 
 mod bill;
@@ -38,10 +39,9 @@ pub(super) fn pump(
         .and_then(|v| v.to_str().ok())
         .map(str::trim_start);
     let sse = content_type.is_some_and(|v| v.starts_with("text/event-stream"));
-    // Bedrock's ConverseStream: AWS event-stream frames.
-    let framed = content_type.is_some_and(|v| v.starts_with("application/vnd.amazon.eventstream"));
     let reframe = sse && strip_usage;
     let facts = settling.facts();
+    let framed = framed(facts.endpoint, content_type);
     let headers = passed_back(&parts.headers, reframe, facts);
     let answer = Answer {
         status: parts.status,
@@ -69,6 +69,15 @@ pub(super) fn pump(
     *r.status_mut() = parts.status;
     *r.headers_mut() = headers;
     r
+}
+
+/// Whether an answer is read as AWS event-stream frames: only Bedrock's ConverseStream
+/// answering in them. Any other endpoint's answer in that content type (an `http`
+/// route priced per call, say, in front of Bedrock's invoke-with-response-stream) is
+/// passed through as its route prices it, never cut by a reader its dialect lacks.
+fn framed(endpoint: Endpoint, content_type: Option<&str>) -> bool {
+    endpoint == Endpoint::ConverseStream
+        && content_type.is_some_and(|v| v.starts_with("application/vnd.amazon.eventstream"))
 }
 
 /// How long the end of an answer waits for its outcome to be sequenced: the decision
@@ -163,4 +172,22 @@ fn passed_back(upstream: &HeaderMap, reframe: bool, facts: &Settle) -> HeaderMap
         add("x-tally-seq", seq.to_string());
     }
     headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_converse_stream_is_read_as_frames() {
+        let frames = Some("application/vnd.amazon.eventstream");
+        assert!(framed(Endpoint::ConverseStream, frames));
+        // An `http` route (Bedrock's invoke-with-response-stream, priced per call) in
+        // the same content type passes through; so does any other dialect's.
+        assert!(!framed(Endpoint::Route, frames));
+        assert!(!framed(Endpoint::Converse, frames));
+        assert!(!framed(Endpoint::ChatCompletions, frames));
+        assert!(!framed(Endpoint::ConverseStream, Some("application/json")));
+        assert!(!framed(Endpoint::ConverseStream, None));
+    }
 }

@@ -215,8 +215,12 @@ aliases = ["arn:aws:bedrock:us-east-1:123456789012:application-inference-profile
 "#,
     )
     .expect("policy");
-    let input =
-        |id: &str| crate::bedrock::price(&policy.prices, "bedrock", id).map(|p| p.input_per_mtok.0);
+    let input = |id: &str| {
+        policy
+            .prices
+            .priced(tally_policy::UpstreamKind::Bedrock, "bedrock", id)
+            .map(|p| p.input_per_mtok.0)
+    };
     for id in [
         "anthropic.claude-3-5-haiku",
         "anthropic.claude-3-5-haiku-20241022",

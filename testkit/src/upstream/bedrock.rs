@@ -6,7 +6,11 @@
 //! `contentBlockStop`, `messageStop`, `metadata` with the usage), framed by smithy-rs's
 //! encoder. `fake-bad-crc` sends a `metadata` frame whose message CRC is wrong,
 //! `fake-bad-frame` an event of a type ConverseStream never sends, each after two good
-//! frames; neither is billed (no usage reaches the client).
+//! frames; neither is billed (no usage reaches the client). `fake-cut-frame` ends its
+//! body cleanly halfway through its `metadata` frame; `fake-exception` sends a
+//! `throttlingException` frame after two good frames, then a `metadata` event anyway;
+//! `fake-metadata-twice` sends a `metadata` event of a million tokens each way (its
+//! total wrong) and then one of a token each: none of these is billed either.
 //!
 //! Each call must be signed (SigV4, service `bedrock`, region [`AWS_REGION`]) with
 //! [`AWS_CREDENTIAL`]: the signature is recomputed by botocore, AWS's Python SDK, from
@@ -171,10 +175,48 @@ impl Reply<'_> {
                     &json!({"usage": self.converse_usage()}),
                 ));
             }
+            "fake-cut-frame" => {
+                let last = frames.pop().expect("metadata");
+                frames.push(last.slice(..last.len() / 2));
+            }
+            "fake-exception" => {
+                let last = frames.pop().expect("metadata");
+                frames.truncate(2);
+                frames.push(exception("throttlingException"));
+                frames.push(last);
+            }
+            "fake-metadata-twice" => {
+                let small =
+                    json!({"usage": {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2}});
+                let huge = json!({"usage": {"inputTokens": 1_000_000, "outputTokens": 1_000_000, "totalTokens": 5}});
+                frames.pop();
+                frames.push(frame("metadata", &huge));
+                frames.push(frame("metadata", &small));
+            }
             _ => {}
         }
         frames
     }
+}
+
+/// An exception frame of type `kind`, as Bedrock sends one mid-stream.
+fn exception(kind: &str) -> Bytes {
+    let m = Message::new(Bytes::from(json!({"message": "slow down"}).to_string()))
+        .add_header(Header::new(
+            ":exception-type",
+            HeaderValue::String(kind.to_owned().into()),
+        ))
+        .add_header(Header::new(
+            ":content-type",
+            HeaderValue::String("application/json".into()),
+        ))
+        .add_header(Header::new(
+            ":message-type",
+            HeaderValue::String("exception".into()),
+        ));
+    let mut out = Vec::new();
+    write_message_to(&m, &mut out).expect("an event-stream frame");
+    Bytes::from(out)
 }
 
 /// One event frame of type `kind` with a JSON payload.

@@ -133,11 +133,7 @@ fn model_priced(
     let request = crate::request::parse_named(endpoint, routed.named.as_deref(), asked.bytes)
         .map_err(refused)?;
     let model = priced_as(asked, &request)?;
-    let price = if endpoint.bedrock() {
-        crate::bedrock::price(&policy.prices, asked.name, model)
-    } else {
-        policy.prices.model(asked.name, model)
-    };
+    let price = policy.prices.priced(endpoint.kind(), asked.name, model);
     let Some(price) = price else {
         return Err(Pre::new(
             Reason::ScopeViolation,

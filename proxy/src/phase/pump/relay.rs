@@ -182,8 +182,9 @@ impl Relay {
         match frames.feed(chunk, MAX_KEPT) {
             Ok(read) => {
                 for f in read {
-                    if let Framed::Event { kind, payload } = f {
-                        self.usage.frame(kind, &payload);
+                    match f {
+                        Framed::Event { kind, payload } => self.usage.frame(kind, &payload),
+                        Framed::Exception(what) => self.usage.exception(&what),
                     }
                 }
                 Ok(())
