@@ -94,7 +94,13 @@ async fn client_loop(
     let mut sent = 0u64;
     let interval = plan.offered.map(|r| plan.batch as f64 / r);
     if plan.mode == Mode::Check {
-        start_gate_run(&mut client, id).await?;
+        match plan.start_on.get(id % plan.start_on.len().max(1)) {
+            Some(elsewhere) => {
+                let mut other = elsewhere.connect().await.map_err(|e| e.to_string())?;
+                start_gate_run(&mut other, id).await?;
+            }
+            None => start_gate_run(&mut client, id).await?,
+        }
     }
     while let Some(due) = next_due(&clock, interval, plan.duration).await {
         let first = sent * plan.batch as u64;

@@ -44,6 +44,7 @@ const USAGE: &str = "usage:
   tally-load bench (--socket PATH | --tcp ADDR) [--clients N] [--batch N] [--seconds S]
                    [--check | --pairs]   # a call through the gate (check + outcome), or the same two decisions appended
                    [--ask-every N]       # with --check: every Nth call names tool `ask.me` (refused require_approval where the policy blocks it)
+                   [--start-on SOCK,...] # with --check: client i's run started through the i-th socket (mod their number), e.g. another daemon of a fleet
                    [--offered DECISIONS_PER_SEC [--even]] [--json]";
 
 fn main() -> ExitCode {
@@ -75,6 +76,7 @@ fn run(mut argv: impl Iterator<Item = String>) -> Result<ExitCode, String> {
         "otlp-endpoint",
         "otlp-sample",
         "ask-every",
+        "start-on",
     ];
     let args = Args::parse(argv, &known, &["json", "even", "check", "pairs"])?;
     match command.as_str() {

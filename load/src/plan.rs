@@ -36,6 +36,10 @@ pub(crate) struct Plan {
     /// With `--check`: every this many calls (0: none) names the tool `ask.me`, which a
     /// policy blocking it refuses `require_approval` (an approval request, no outcome).
     pub(crate) ask_every: u64,
+    /// With `--check`: where each client's run is started (`--start-on`, client `id`
+    /// through `start_on[id % len]`); empty: through the bench's own target. A fleet
+    /// bench uses it to decide runs on daemons other than the one that started them.
+    pub(crate) start_on: Vec<Target>,
 }
 
 impl Plan {
@@ -99,6 +103,16 @@ impl Plan {
         if ask_every > 0 && mode != Mode::Check {
             return Err("--ask-every mixes refusals into --check: give --check too".into());
         }
+        let start_on: Vec<Target> = match args.take("start-on").flatten() {
+            None => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(|p| Target::Unix(PathBuf::from(p)))
+                .collect(),
+        };
+        if !start_on.is_empty() && mode != Mode::Check {
+            return Err("--start-on starts the runs of --check: give --check too".into());
+        }
         if even && offered.is_none() {
             return Err("--even paces an open loop: give --offered too".into());
         }
@@ -111,6 +125,7 @@ impl Plan {
             even,
             mode,
             ask_every,
+            start_on,
         })
     }
 }
