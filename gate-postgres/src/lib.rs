@@ -321,6 +321,7 @@ impl Postgres {
                 lease_step: p("SELECT tally_lease_step($1, $2, $3, $4, $5, $6, $7, $8)")?,
                 home_read: p(lease::HOME_READ)?,
                 home_guard: p(lease::HOME_GUARD)?,
+                lease_raise: p(lease::LEASE_RAISE)?,
                 home_write: p(lease::HOME_WRITE)?,
             })
         })();
@@ -445,6 +446,7 @@ impl StateBackend for Postgres {
             principals: BTreeMap::new(),
             principals_before: BTreeMap::new(),
             guards: Vec::new(),
+            unsure: false,
         };
         // BEGIN goes with the transaction's first statement.
         t.open = true;

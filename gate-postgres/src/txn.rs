@@ -36,6 +36,9 @@ pub struct PostgresTxn<'a> {
     /// Runs decided on their copy at home (run, holder): each locked, and its home
     /// checked, with the next statement sent ([`crate::lease::HOME_GUARD`]).
     pub(crate) guards: Vec<(String, String)>,
+    /// Its COMMIT went out and no answer says it rolled back: it may have committed.
+    /// Any other failure rolled it back, for certain.
+    pub(crate) unsure: bool,
 }
 
 pub(crate) fn tool_from(row: &Row) -> Result<ToolState, GateError> {
@@ -218,17 +221,19 @@ impl PostgresTxn<'_> {
                 continue;
             };
             let (took, gave) = tally_policy::slice_use(RunCount::of(before), RunCount::of(after));
-            let held = |r: &RunState| r.paused || r.stop.is_some();
+            let held = crate::lease::held;
             let revoked = (held(before) != held(after)).then(|| held(after));
             let bill = tally_policy::incurred(before, after);
             let delta = net(took, gave);
-            if delta != [0; 4] || revoked.is_some() {
+            let raise = tally_policy::raised_limit(before, after).map(|l| cap_params(l.each()));
+            if delta != [0; 4] || revoked.is_some() || raise.is_some() {
                 steps.push(LeaseStep {
                     kind: "run",
                     key: name.clone(),
                     delta,
                     revoked,
                     bill,
+                    raise,
                 });
             }
             if let Some(uid) = after.owner_uid {
@@ -250,6 +255,7 @@ impl PostgresTxn<'_> {
                     delta,
                     revoked: None,
                     bill,
+                    raise: None,
                 });
             }
         }
@@ -275,6 +281,10 @@ impl PostgresTxn<'_> {
         let begin = !self.begun;
         let client = &conn.client;
         let st = &conn.st;
+        let refused = std::cell::Cell::new(false);
+        // Runs decided at home whose lock no statement has sent yet are locked first:
+        // every path locks a run before its tool and before its scopes.
+        let guards = std::mem::take(&mut self.guards);
         let r = self.backend.wait("to commit a decision's state", async {
             let params = last.as_ref().map(WriteRow::params);
             let began = async {
@@ -292,26 +302,46 @@ impl PostgresTxn<'_> {
             // Requests go out on their futures' first polls, in order. A write that fails
             // before it is sent (its parameters do not encode) must not be followed by
             // the COMMIT of what came before it: polled once first, alone.
+            let guarded = guard_homes(client, &st.home_guard, &guards);
             let mut began = std::pin::pin!(futures::future::maybe_done(began));
+            let mut guarded = std::pin::pin!(futures::future::maybe_done(guarded));
             let mut written = std::pin::pin!(futures::future::maybe_done(written));
             let _ = futures::poll!(began.as_mut());
+            let _ = futures::poll!(guarded.as_mut());
             let _ = futures::poll!(written.as_mut());
             if let Some(Err(_)) = written.as_mut().output_mut() {
                 if let Some(Err(e)) = written.as_mut().take_output() {
+                    refused.set(true);
                     return Err(e);
                 }
             }
-            let stepped = step_scopes(client, &st.lease_step, steps);
+            let stepped = step_scopes(client, st, steps);
             let homed = write_homes(client, &st.home_write, homes);
-            let (_, _, stepped, homed, version, committed) = tokio::join!(
+            let (_, _, _, stepped, homed, version, committed) = tokio::join!(
                 began.as_mut(),
+                guarded.as_mut(),
                 written.as_mut(),
                 stepped,
                 homed,
                 client.query_one(&st.next_version, &[]),
                 client.batch_execute("COMMIT")
             );
+            let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
+            let answered = stepped
+                .iter()
+                .chain(&homed)
+                .any(|r| r.as_ref().is_err_and(server))
+                || committed.as_ref().is_err_and(server)
+                || written
+                    .as_mut()
+                    .output_mut()
+                    .is_some_and(|r| r.as_ref().is_err_and(server));
+            refused.set(answered);
             if let Some(r) = began.as_mut().take_output() {
+                r?;
+            }
+            if let Some(r) = guarded.as_mut().take_output() {
+                // A home moved since fails its home's write too: the COMMIT rolled back.
                 r?;
             }
             if let Some(r) = written.as_mut().take_output() {
@@ -333,6 +363,7 @@ impl PostgresTxn<'_> {
                 })
             }
             Err(e) => {
+                self.unsure = !refused.get();
                 self.broken();
                 Err(e)
             }
@@ -359,22 +390,43 @@ fn net(took: SliceUse, gave: SliceUse) -> [i64; 4] {
         .map(|i| i64::try_from(t[i]).unwrap_or(i64::MAX) - i64::try_from(g[i]).unwrap_or(i64::MAX))
 }
 
-/// Each lease scope moved in step (sent in order on the first poll): a use that does not
+/// A run's limit as the scope's cap parameters (`None`: not capped, or past a bigint).
+pub(crate) fn cap_params(limit: [Option<u64>; 4]) -> [Option<i64>; 4] {
+    limit.map(|c| c.and_then(|n| i64::try_from(n).ok()))
+}
+
+/// Each lease scope moved in step (sent in order on the first poll): its cap raised
+/// first where the decision raised its run's limit, then the use: a use that does not
 /// fit beside the slices out fails the transaction (its COMMIT only rolls back); a bill
 /// is applied whatever room is left.
 async fn step_scopes(
     client: &tokio_postgres::Client,
-    statement: &Statement,
+    st: &crate::schema::Statements,
     steps: &[LeaseStep],
 ) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
-    futures::future::join_all(steps.iter().map(|s| async move {
-        let d = &s.delta;
-        let p: [&(dyn ToSql + Sync); 8] = [
-            &s.kind, &s.key, &d[0], &d[1], &d[2], &d[3], &s.revoked, &s.bill,
-        ];
-        client.query(statement, &p).await
-    }))
-    .await
+    let sent = steps.iter().flat_map(|s| {
+        let raise = s.raise.map(|c| (s, c));
+        [
+            futures::future::Either::Left(async move {
+                match raise {
+                    Some((s, c)) => {
+                        let p: [&(dyn ToSql + Sync); 6] =
+                            [&s.kind, &s.key, &c[0], &c[1], &c[2], &c[3]];
+                        client.query(&st.lease_raise, &p).await
+                    }
+                    None => Ok(Vec::new()),
+                }
+            }),
+            futures::future::Either::Right(async move {
+                let d = &s.delta;
+                let p: [&(dyn ToSql + Sync); 8] = [
+                    &s.kind, &s.key, &d[0], &d[1], &d[2], &d[3], &s.revoked, &s.bill,
+                ];
+                client.query(&st.lease_step, &p).await
+            }),
+        ]
+    });
+    futures::future::join_all(sent).await
 }
 
 /// Each run decided on its copy at home locked, if still at home here (sent in order on
@@ -442,6 +494,9 @@ pub(crate) struct LeaseStep {
     pub(crate) bill: bool,
     /// The scope's slices revoked (`true`), allowed again (`false`), or left (`None`).
     pub(crate) revoked: Option<bool>,
+    /// The run's limit after a decision that raised it (an approval's grant used): the
+    /// scope's cap raised to it ([`crate::lease::LEASE_RAISE`]) before the use is stepped.
+    pub(crate) raise: Option<[Option<i64>; 4]>,
 }
 
 /// One write statement's parameters (see [`WRITE`]).

@@ -40,16 +40,30 @@ pub(crate) const HOME_GUARD: &str =
 /// the transaction if the row's home is not $5 (`schema::SCHEMA_V8`).
 pub(crate) const HOME_WRITE: &str = "SELECT tally_home_write($1, $2, $3, $4, $5)";
 
-/// A run at home on this holder: its state as the last decision left it, and the
-/// slice each of its open attempts' uses was counted on.
+/// A run at home on this holder: its state as the last decision left it.
 #[derive(Clone, Debug)]
 pub(crate) struct Home {
     pub(crate) state: RunState,
     /// The home its row holds (this holder's name), as the guard expects it.
     pub(crate) expected: Option<String>,
-    /// Attempt number: the slice of the run's scope its allow was counted on.
-    pub(crate) taken_on: BTreeMap<u64, i64>,
 }
+
+/// Where an open attempt's use of its run's scope was counted: what it gives back is
+/// given back there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TakenOn {
+    /// On this holder's slice with this id (while the slice is held; once it went back,
+    /// its use was settled in the scope: given back centrally).
+    Slice(i64),
+    /// Settled in the scope centrally (the scope's last units, a bill, a decision that
+    /// raised the run's limit): given back centrally, in the decision's transaction.
+    Central,
+}
+
+/// Per run at home here (or once at home here), per open attempt: where its use was
+/// counted. Kept by the holder apart from the copies, which an uncommitted decision
+/// lets go: an attempt's give-back is never lost with its copy.
+pub(crate) type TakenOns = BTreeMap<String, BTreeMap<u64, TakenOn>>;
 
 /// How the gate found a run it named.
 #[derive(Clone, Debug)]
@@ -74,11 +88,7 @@ pub(crate) fn found(
     match home {
         _ if !scoped => Found::Central,
         Some(h) if live && h != me => Found::Elsewhere(h),
-        expected => Found::Home(Box::new(Home {
-            state,
-            expected,
-            taken_on: BTreeMap::new(),
-        })),
+        expected => Found::Home(Box::new(Home { state, expected })),
     }
 }
 
