@@ -339,6 +339,38 @@ END
 $f$;
 ";
 
+/// Version 9: a run's home is kept only by its home's own write. Every other UPDATE of
+/// a run's row clears its home (a trigger), whatever the statement says: so a daemon of
+/// an earlier schema, whose central write leaves `home` as it is, still takes the home
+/// back, and the holder's next write fails its guard. `tally_home_write` says it is a
+/// home write with a transaction-local flag, set for its own UPDATE only.
+pub(crate) const SCHEMA_V9: &str = "
+CREATE OR REPLACE FUNCTION tally_home_kept() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    IF coalesce(current_setting('tally.home_write', true), '') <> 'on' THEN
+        NEW.home := NULL;
+    END IF;
+    RETURN NEW;
+END
+$f$;
+DROP TRIGGER IF EXISTS tally_runs_home ON tally_runs;
+CREATE TRIGGER tally_runs_home BEFORE UPDATE ON tally_runs
+    FOR EACH ROW EXECUTE FUNCTION tally_home_kept();
+CREATE OR REPLACE FUNCTION tally_home_write(n text, s bytea, o boolean, h text, expected text)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM set_config('tally.home_write', 'on', true);
+    UPDATE tally_runs SET state = s, version = version + 1, open = o, home = h
+    WHERE name = n AND state IS NOT NULL AND home IS NOT DISTINCT FROM expected;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % is no longer at home on this host (a central decision took it back, or another host took it over): retry', n
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    PERFORM set_config('tally.home_write', '', true);
+END
+$f$;
+";
+
 /// One round trip of the migration: bounded by `timeout`, counted in `trips`, its
 /// failure said as the gate says it.
 struct Migration<'a> {
@@ -382,6 +414,7 @@ impl Migration<'_> {
         let found: Option<i32> = rows.first().and_then(|r| r.get(0));
         let all = [
             SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
+            SCHEMA_V9,
         ];
         let from = match found {
             None => 0,

@@ -469,3 +469,54 @@ fn outcomes_below_their_reservations_give_back_so_the_run_reaches_exactly_its_bu
         "exactly its budget"
     );
 }
+
+#[test]
+fn a_deny_through_another_gate_leaves_the_run_at_home() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let (da, db) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let a = leased(&cluster, da.path(), "host-a", &clock);
+    let b = leased(&cluster, db.path(), "host-b", &clock);
+    start(&a, json!({"run": "n", "budget": {"spend_cents": 100}}));
+    let home = verdict(&check(&a, "n", 10));
+    let denied = verdict(&check(&b, "n", 1000));
+    let next = verdict(&check(&a, "n", 10));
+    let row = cluster.psql("SELECT home FROM tally_runs WHERE name = 'n'");
+    assert_eq!(
+        format!(
+            "home {home}; through b {denied}; home again {next}; row {}",
+            row.trim()
+        ),
+        "home Allow; through b Deny ReservationInsufficient; home again Allow; row host-a"
+    );
+}
+
+#[test]
+fn a_plain_update_of_a_runs_row_as_an_earlier_build_writes_takes_its_home_back() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let dir = tempfile::tempdir().expect("dir");
+    let a = leased(&cluster, dir.path(), "host-a", &clock);
+    start(&a, json!({"run": "u", "budget": {"attempts": 20}}));
+    let home = verdict(&check(&a, "u", 0));
+    let at = cluster.psql("SELECT coalesce(home, '-') FROM tally_runs WHERE name = 'u'");
+    // A daemon of schema 7 writes the row centrally, saying nothing of its home.
+    cluster.psql("UPDATE tally_runs SET version = version + 1 WHERE name = 'u'");
+    let after = cluster.psql("SELECT coalesce(home, '-') FROM tally_runs WHERE name = 'u'");
+    let next = verdict(&check_retried(&a, "u", 0, 3));
+    assert_eq!(
+        format!(
+            "{home}; home {}; after the update {}; then {next}",
+            at.trim(),
+            after.trim()
+        ),
+        "Allow; home host-a; after the update -; then Allow"
+    );
+}
