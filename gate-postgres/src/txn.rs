@@ -35,7 +35,7 @@ pub struct PostgresTxn<'a> {
     pub(crate) principals_before: BTreeMap<String, PrincipalState>,
     /// Runs decided on their copy at home (run, holder): each locked, and its home
     /// checked, with the next statement sent ([`crate::lease::HOME_GUARD`]).
-    pub(crate) guards: Vec<(String, String)>,
+    pub(crate) guards: Vec<(String, (String, i64))>,
     /// Its COMMIT went out and no answer says it rolled back: it may have committed.
     /// Any other failure rolled it back, for certain.
     pub(crate) unsure: bool,
@@ -434,10 +434,10 @@ async fn step_scopes(
 async fn guard_homes(
     client: &tokio_postgres::Client,
     statement: &Statement,
-    guards: &[(String, String)],
+    guards: &[(String, (String, i64))],
 ) -> Result<bool, tokio_postgres::Error> {
-    let rows = futures::future::join_all(guards.iter().map(|(run, me)| async move {
-        let p: [&(dyn ToSql + Sync); 2] = [run, me];
+    let rows = futures::future::join_all(guards.iter().map(|(run, (me, epoch))| async move {
+        let p: [&(dyn ToSql + Sync); 3] = [run, me, epoch];
         client.query(statement, &p).await
     }))
     .await;
@@ -456,7 +456,13 @@ async fn write_homes(
     homes: &[HomeWrite],
 ) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
     futures::future::join_all(homes.iter().map(|h| async move {
-        let p: [&(dyn ToSql + Sync); 5] = [&h.run, &h.state, &h.open, &h.home, &h.expected];
+        let (home, epoch) = (h.home.as_ref().map(|h| &h.0), h.home.as_ref().map(|h| h.1));
+        let (was, was_epoch) = (
+            h.expected.as_ref().map(|h| &h.0),
+            h.expected.as_ref().map(|h| h.1),
+        );
+        let p: [&(dyn ToSql + Sync); 7] =
+            [&h.run, &h.state, &h.open, &home, &epoch, &was, &was_epoch];
         client.query(statement, &p).await
     }))
     .await
@@ -468,10 +474,10 @@ pub(crate) struct HomeWrite {
     pub(crate) run: String,
     pub(crate) state: Vec<u8>,
     pub(crate) open: bool,
-    /// Its home after the decision (NULL once stopped).
-    pub(crate) home: Option<String>,
+    /// Its home after the decision, holder and epoch (NULL once stopped).
+    pub(crate) home: Option<(String, i64)>,
     /// The home the copy was read under: the write fails unless the row still says so.
-    pub(crate) expected: Option<String>,
+    pub(crate) expected: Option<(String, i64)>,
 }
 
 /// What a leased decision writes besides what the transaction read: its runs at home,

@@ -520,3 +520,32 @@ fn a_plain_update_of_a_runs_row_as_an_earlier_build_writes_takes_its_home_back()
         "Allow; home host-a; after the update -; then Allow"
     );
 }
+
+#[test]
+fn a_second_process_under_one_holder_name_never_writes_over_the_first() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let (d1, d2) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let old = leased(&cluster, d1.path(), "host-a", &clock);
+    start(&old, json!({"run": "e", "budget": {"attempts": 20}}));
+    let first = verdict(&check(&old, "e", 0));
+    // A rolling deploy starts the new process before the old one stopped: it adopts
+    // the old one's slices (gives them back) and takes the run in; the old one, still
+    // thinking it holds its slice, is refused instead of writing over the new one's.
+    let new = leased(&cluster, d2.path(), "host-a", &clock);
+    let taken = verdict(&check(&new, "e", 0));
+    let stale = verdict(&check(&old, "e", 0));
+    let next = check(&new, "e", 0).expect("decided on the new process");
+    assert_eq!(
+        format!(
+            "old {first}; new {taken}; old again {stale}; new {:?} attempt {:?}",
+            next.decision, next.attempt
+        ),
+        "old Allow; new Allow; old again unavailable; new Allow attempt Some(3)"
+    );
+}

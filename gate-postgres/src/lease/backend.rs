@@ -63,8 +63,11 @@ impl Leased {
         self.homes().keys().cloned().collect()
     }
 
-    fn me(&self) -> &str {
-        self.slices.leases().holder()
+    /// This process as a run's home: its holder's name and epoch (two processes under
+    /// one name never pass each other's guard).
+    fn me_now(&self) -> (String, i64) {
+        let leases = self.slices.leases();
+        (leases.holder().to_owned(), leases.epoch())
     }
 
     fn homes(&self) -> MutexGuard<'_, BTreeMap<String, Home>> {
@@ -290,8 +293,9 @@ impl LeasedTxn<'_> {
         if let Some(h) = kept {
             let state = h.state.clone();
             self.homed.insert(run.to_owned(), h);
-            let me = self.backend.me().to_owned();
-            self.inner.guards.push((run.to_owned(), me));
+            self.inner
+                .guards
+                .push((run.to_owned(), self.backend.me_now()));
             return Ok(Some(state));
         }
         let rows = self
@@ -301,8 +305,14 @@ impl LeasedTxn<'_> {
             return Ok(None);
         };
         let state: RunState = decode(&format!("run `{run}`"), row.get::<_, &[u8]>(0))?;
-        let me = self.backend.me();
-        match home::found(state.clone(), row.get(1), row.get(2), row.get(3), me) {
+        let home: Option<(String, i64)> = row.get::<_, Option<String>>(1).zip(row.get(4));
+        match home::found(
+            state.clone(),
+            home,
+            row.get(2),
+            row.get(3),
+            &self.backend.me_now(),
+        ) {
             Found::Home(h) => {
                 self.backend.prune(run, &h.state);
                 self.homed.insert(run.to_owned(), *h);
@@ -437,7 +447,7 @@ impl LeasedTxn<'_> {
         moves.extra.homes.push(self.home_write(name, was, now));
         let kept = now.stop.is_none().then(|| Home {
             state: now.clone(),
-            expected: Some(self.backend.me().to_owned()),
+            expected: Some(self.backend.me_now()),
         });
         moves.keep.push((name.to_owned(), kept));
         Ok(())
@@ -494,7 +504,7 @@ impl LeasedTxn<'_> {
             run: name.to_owned(),
             state: encode(now),
             open,
-            home: open.then(|| self.backend.me().to_owned()),
+            home: open.then(|| self.backend.me_now()),
             expected: was.expected.clone(),
         }
     }
