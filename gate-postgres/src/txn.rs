@@ -221,7 +221,7 @@ impl PostgresTxn<'_> {
                 continue;
             };
             let (took, gave) = tally_policy::slice_use(RunCount::of(before), RunCount::of(after));
-            let held = crate::lease::held;
+            let held = crate::txn::held;
             let revoked = (held(before) != held(after)).then(|| held(after));
             let bill = tally_policy::incurred(before, after);
             let delta = net(took, gave);
@@ -264,6 +264,9 @@ impl PostgresTxn<'_> {
         steps
     }
 
+    /// Runs decided at home whose lock no statement has sent yet are locked first
+    /// (every path locks a run before its tool and its scopes; a home moved since fails
+    /// its home's write too, so the COMMIT rolls back).
     pub(crate) fn seal(
         &mut self,
         last: Option<WriteRow>,
@@ -282,8 +285,6 @@ impl PostgresTxn<'_> {
         let client = &conn.client;
         let st = &conn.st;
         let refused = std::cell::Cell::new(false);
-        // Runs decided at home whose lock no statement has sent yet are locked first:
-        // every path locks a run before its tool and before its scopes.
         let guards = std::mem::take(&mut self.guards);
         let r = self.backend.wait("to commit a decision's state", async {
             let params = last.as_ref().map(WriteRow::params);
@@ -326,22 +327,12 @@ impl PostgresTxn<'_> {
                 client.query_one(&st.next_version, &[]),
                 client.batch_execute("COMMIT")
             );
-            let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
-            let answered = stepped
-                .iter()
-                .chain(&homed)
-                .any(|r| r.as_ref().is_err_and(server))
-                || committed.as_ref().is_err_and(server)
-                || written
-                    .as_mut()
-                    .output_mut()
-                    .is_some_and(|r| r.as_ref().is_err_and(server));
-            refused.set(answered);
+            let write = written.as_mut().output_mut().map(|r| r.as_ref().map(drop));
+            refused.set(rolled_back(&stepped, &homed, write, &committed));
             if let Some(r) = began.as_mut().take_output() {
                 r?;
             }
             if let Some(r) = guarded.as_mut().take_output() {
-                // A home moved since fails its home's write too: the COMMIT rolled back.
                 r?;
             }
             if let Some(r) = written.as_mut().take_output() {
@@ -354,6 +345,12 @@ impl PostgresTxn<'_> {
             committed?;
             Ok(version.get::<_, i64>(0))
         });
+        self.sealed(r, refused.get())
+    }
+
+    /// The last round trip's answer: its state version, or its failure (`refused`: the
+    /// server answered it with an error, so it rolled back for certain).
+    fn sealed(&mut self, r: Result<i64, GateError>, refused: bool) -> Result<u64, GateError> {
         match r {
             Ok(v) => {
                 self.open = false;
@@ -363,12 +360,35 @@ impl PostgresTxn<'_> {
                 })
             }
             Err(e) => {
-                self.unsure = !refused.get();
+                self.unsure = !refused;
                 self.broken();
                 Err(e)
             }
         }
     }
+}
+
+/// Whether the server answered a statement of the last round trip (or its COMMIT)
+/// with an error: the transaction then rolled back, for certain.
+fn rolled_back(
+    stepped: &[Result<Vec<Row>, tokio_postgres::Error>],
+    homed: &[Result<Vec<Row>, tokio_postgres::Error>],
+    written: Option<Result<(), &tokio_postgres::Error>>,
+    committed: &Result<(), tokio_postgres::Error>,
+) -> bool {
+    let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
+    stepped
+        .iter()
+        .chain(homed)
+        .any(|r| r.as_ref().is_err_and(server))
+        || committed.as_ref().is_err_and(server)
+        || written.is_some_and(|r| r.is_err_and(server))
+}
+
+/// Whether a run is held (paused or stopped): a change of it revokes or allows its
+/// scope's slices. The one definition, for the central and the leased decisions.
+pub(crate) fn held(run: &RunState) -> bool {
+    run.paused || run.stop.is_some()
 }
 
 /// Two uses together.

@@ -127,11 +127,7 @@ fn amounts(u: SliceUse) -> Amounts {
     }
 }
 
-/// Whether a run is held (paused or stopped): a change of it revokes or allows its
-/// scope's slices.
-pub(crate) fn held(run: &RunState) -> bool {
-    run.paused || run.stop.is_some()
-}
+pub(crate) use crate::txn::held;
 
 /// The attempts `after` opened that `before` did not have.
 pub(crate) fn opened(before: &RunState, after: &RunState) -> Vec<u64> {
