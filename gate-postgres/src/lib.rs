@@ -64,7 +64,7 @@ use schema::{Statements, WRITE};
 pub use txn::PostgresTxn;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 8;
+pub const SCHEMA_VERSION: i32 = 9;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -321,6 +321,7 @@ impl Postgres {
                 lease_step: p("SELECT tally_lease_step($1, $2, $3, $4, $5, $6, $7, $8)")?,
                 home_read: p(lease::HOME_READ)?,
                 home_guard: p(lease::HOME_GUARD)?,
+                lease_raise: p(lease::LEASE_RAISE)?,
                 home_write: p(lease::HOME_WRITE)?,
             })
         })();
@@ -445,6 +446,7 @@ impl StateBackend for Postgres {
             principals: BTreeMap::new(),
             principals_before: BTreeMap::new(),
             guards: Vec::new(),
+            unsure: false,
         };
         // BEGIN goes with the transaction's first statement.
         t.open = true;

@@ -91,6 +91,7 @@ pub(crate) struct Statements {
     pub(crate) home_read: Statement,
     /// A run at home here locked, if still at home here (`lease::home`).
     pub(crate) home_guard: Statement,
+    pub(crate) lease_raise: Statement,
     /// A run's state written by the holder it lives on (`lease::home::HOME_WRITE`).
     pub(crate) home_write: Statement,
 }
@@ -338,6 +339,45 @@ END
 $f$;
 ";
 
+/// Version 9: a run's home is kept only by its home's own write. Every other UPDATE of
+/// a run's row clears its home (a trigger), whatever the statement says: so a daemon of
+/// an earlier schema, whose central write leaves `home` as it is, still takes the home
+/// back, and the holder's next write fails its guard. `tally_home_write` says it is a
+/// home write with a transaction-local flag, set for its own UPDATE only. A home is its
+/// holder and the holder's epoch (`home_epoch`): two processes under one holder name (a
+/// rolling deploy, a frozen process resumed) never pass each other's guard.
+pub(crate) const SCHEMA_V9: &str = "
+ALTER TABLE tally_runs ADD COLUMN IF NOT EXISTS home_epoch bigint;
+UPDATE tally_runs SET home = NULL WHERE home IS NOT NULL;
+CREATE OR REPLACE FUNCTION tally_home_kept() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    IF coalesce(current_setting('tally.home_write', true), '') <> 'on' THEN
+        NEW.home := NULL;
+        NEW.home_epoch := NULL;
+    END IF;
+    RETURN NEW;
+END
+$f$;
+DROP TRIGGER IF EXISTS tally_runs_home ON tally_runs;
+CREATE TRIGGER tally_runs_home BEFORE UPDATE ON tally_runs
+    FOR EACH ROW EXECUTE FUNCTION tally_home_kept();
+CREATE OR REPLACE FUNCTION tally_home_write(n text, s bytea, o boolean, h text, he bigint,
+    expected text, expected_epoch bigint)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM set_config('tally.home_write', 'on', true);
+    UPDATE tally_runs SET state = s, version = version + 1, open = o, home = h, home_epoch = he
+    WHERE name = n AND state IS NOT NULL AND home IS NOT DISTINCT FROM expected
+      AND home_epoch IS NOT DISTINCT FROM expected_epoch;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % is no longer at home on this host (a central decision took it back, or another host took it over): retry', n
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    PERFORM set_config('tally.home_write', '', true);
+END
+$f$;
+";
+
 /// One round trip of the migration: bounded by `timeout`, counted in `trips`, its
 /// failure said as the gate says it.
 struct Migration<'a> {
@@ -381,6 +421,7 @@ impl Migration<'_> {
         let found: Option<i32> = rows.first().and_then(|r| r.get(0));
         let all = [
             SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
+            SCHEMA_V9,
         ];
         let from = match found {
             None => 0,

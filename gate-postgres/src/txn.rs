@@ -35,7 +35,10 @@ pub struct PostgresTxn<'a> {
     pub(crate) principals_before: BTreeMap<String, PrincipalState>,
     /// Runs decided on their copy at home (run, holder): each locked, and its home
     /// checked, with the next statement sent ([`crate::lease::HOME_GUARD`]).
-    pub(crate) guards: Vec<(String, String)>,
+    pub(crate) guards: Vec<(String, (String, i64))>,
+    /// Its COMMIT went out and no answer says it rolled back: it may have committed.
+    /// Any other failure rolled it back, for certain.
+    pub(crate) unsure: bool,
 }
 
 pub(crate) fn tool_from(row: &Row) -> Result<ToolState, GateError> {
@@ -218,17 +221,19 @@ impl PostgresTxn<'_> {
                 continue;
             };
             let (took, gave) = tally_policy::slice_use(RunCount::of(before), RunCount::of(after));
-            let held = |r: &RunState| r.paused || r.stop.is_some();
+            let held = crate::txn::held;
             let revoked = (held(before) != held(after)).then(|| held(after));
             let bill = tally_policy::incurred(before, after);
             let delta = net(took, gave);
-            if delta != [0; 4] || revoked.is_some() {
+            let raise = tally_policy::raised_limit(before, after).map(|l| cap_params(l.each()));
+            if delta != [0; 4] || revoked.is_some() || raise.is_some() {
                 steps.push(LeaseStep {
                     kind: "run",
                     key: name.clone(),
                     delta,
                     revoked,
                     bill,
+                    raise,
                 });
             }
             if let Some(uid) = after.owner_uid {
@@ -250,6 +255,7 @@ impl PostgresTxn<'_> {
                     delta,
                     revoked: None,
                     bill,
+                    raise: None,
                 });
             }
         }
@@ -258,6 +264,9 @@ impl PostgresTxn<'_> {
         steps
     }
 
+    /// Runs decided at home whose lock no statement has sent yet are locked first
+    /// (every path locks a run before its tool and its scopes; a home moved since fails
+    /// its home's write too, so the COMMIT rolls back).
     pub(crate) fn seal(
         &mut self,
         last: Option<WriteRow>,
@@ -275,6 +284,8 @@ impl PostgresTxn<'_> {
         let begin = !self.begun;
         let client = &conn.client;
         let st = &conn.st;
+        let refused = std::cell::Cell::new(false);
+        let guards = std::mem::take(&mut self.guards);
         let r = self.backend.wait("to commit a decision's state", async {
             let params = last.as_ref().map(WriteRow::params);
             let began = async {
@@ -292,26 +303,36 @@ impl PostgresTxn<'_> {
             // Requests go out on their futures' first polls, in order. A write that fails
             // before it is sent (its parameters do not encode) must not be followed by
             // the COMMIT of what came before it: polled once first, alone.
+            let guarded = guard_homes(client, &st.home_guard, &guards);
             let mut began = std::pin::pin!(futures::future::maybe_done(began));
+            let mut guarded = std::pin::pin!(futures::future::maybe_done(guarded));
             let mut written = std::pin::pin!(futures::future::maybe_done(written));
             let _ = futures::poll!(began.as_mut());
+            let _ = futures::poll!(guarded.as_mut());
             let _ = futures::poll!(written.as_mut());
             if let Some(Err(_)) = written.as_mut().output_mut() {
                 if let Some(Err(e)) = written.as_mut().take_output() {
+                    refused.set(true);
                     return Err(e);
                 }
             }
-            let stepped = step_scopes(client, &st.lease_step, steps);
+            let stepped = step_scopes(client, st, steps);
             let homed = write_homes(client, &st.home_write, homes);
-            let (_, _, stepped, homed, version, committed) = tokio::join!(
+            let (_, _, _, stepped, homed, version, committed) = tokio::join!(
                 began.as_mut(),
+                guarded.as_mut(),
                 written.as_mut(),
                 stepped,
                 homed,
                 client.query_one(&st.next_version, &[]),
                 client.batch_execute("COMMIT")
             );
+            let write = written.as_mut().output_mut().map(|r| r.as_ref().map(drop));
+            refused.set(rolled_back(&stepped, &homed, write, &committed));
             if let Some(r) = began.as_mut().take_output() {
+                r?;
+            }
+            if let Some(r) = guarded.as_mut().take_output() {
                 r?;
             }
             if let Some(r) = written.as_mut().take_output() {
@@ -324,6 +345,12 @@ impl PostgresTxn<'_> {
             committed?;
             Ok(version.get::<_, i64>(0))
         });
+        self.sealed(r, refused.get())
+    }
+
+    /// The last round trip's answer: its state version, or its failure (`refused`: the
+    /// server answered it with an error, so it rolled back for certain).
+    fn sealed(&mut self, r: Result<i64, GateError>, refused: bool) -> Result<u64, GateError> {
         match r {
             Ok(v) => {
                 self.open = false;
@@ -333,11 +360,35 @@ impl PostgresTxn<'_> {
                 })
             }
             Err(e) => {
+                self.unsure = !refused;
                 self.broken();
                 Err(e)
             }
         }
     }
+}
+
+/// Whether the server answered a statement of the last round trip (or its COMMIT)
+/// with an error: the transaction then rolled back, for certain.
+fn rolled_back(
+    stepped: &[Result<Vec<Row>, tokio_postgres::Error>],
+    homed: &[Result<Vec<Row>, tokio_postgres::Error>],
+    written: Option<Result<(), &tokio_postgres::Error>>,
+    committed: &Result<(), tokio_postgres::Error>,
+) -> bool {
+    let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
+    stepped
+        .iter()
+        .chain(homed)
+        .any(|r| r.as_ref().is_err_and(server))
+        || committed.as_ref().is_err_and(server)
+        || written.is_some_and(|r| r.is_err_and(server))
+}
+
+/// Whether a run is held (paused or stopped): a change of it revokes or allows its
+/// scope's slices. The one definition, for the central and the leased decisions.
+pub(crate) fn held(run: &RunState) -> bool {
+    run.paused || run.stop.is_some()
 }
 
 /// Two uses together.
@@ -359,22 +410,43 @@ fn net(took: SliceUse, gave: SliceUse) -> [i64; 4] {
         .map(|i| i64::try_from(t[i]).unwrap_or(i64::MAX) - i64::try_from(g[i]).unwrap_or(i64::MAX))
 }
 
-/// Each lease scope moved in step (sent in order on the first poll): a use that does not
+/// A run's limit as the scope's cap parameters (`None`: not capped, or past a bigint).
+pub(crate) fn cap_params(limit: [Option<u64>; 4]) -> [Option<i64>; 4] {
+    limit.map(|c| c.and_then(|n| i64::try_from(n).ok()))
+}
+
+/// Each lease scope moved in step (sent in order on the first poll): its cap raised
+/// first where the decision raised its run's limit, then the use: a use that does not
 /// fit beside the slices out fails the transaction (its COMMIT only rolls back); a bill
 /// is applied whatever room is left.
 async fn step_scopes(
     client: &tokio_postgres::Client,
-    statement: &Statement,
+    st: &crate::schema::Statements,
     steps: &[LeaseStep],
 ) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
-    futures::future::join_all(steps.iter().map(|s| async move {
-        let d = &s.delta;
-        let p: [&(dyn ToSql + Sync); 8] = [
-            &s.kind, &s.key, &d[0], &d[1], &d[2], &d[3], &s.revoked, &s.bill,
-        ];
-        client.query(statement, &p).await
-    }))
-    .await
+    let sent = steps.iter().flat_map(|s| {
+        let raise = s.raise.map(|c| (s, c));
+        [
+            futures::future::Either::Left(async move {
+                match raise {
+                    Some((s, c)) => {
+                        let p: [&(dyn ToSql + Sync); 6] =
+                            [&s.kind, &s.key, &c[0], &c[1], &c[2], &c[3]];
+                        client.query(&st.lease_raise, &p).await
+                    }
+                    None => Ok(Vec::new()),
+                }
+            }),
+            futures::future::Either::Right(async move {
+                let d = &s.delta;
+                let p: [&(dyn ToSql + Sync); 8] = [
+                    &s.kind, &s.key, &d[0], &d[1], &d[2], &d[3], &s.revoked, &s.bill,
+                ];
+                client.query(&st.lease_step, &p).await
+            }),
+        ]
+    });
+    futures::future::join_all(sent).await
 }
 
 /// Each run decided on its copy at home locked, if still at home here (sent in order on
@@ -382,10 +454,10 @@ async fn step_scopes(
 async fn guard_homes(
     client: &tokio_postgres::Client,
     statement: &Statement,
-    guards: &[(String, String)],
+    guards: &[(String, (String, i64))],
 ) -> Result<bool, tokio_postgres::Error> {
-    let rows = futures::future::join_all(guards.iter().map(|(run, me)| async move {
-        let p: [&(dyn ToSql + Sync); 2] = [run, me];
+    let rows = futures::future::join_all(guards.iter().map(|(run, (me, epoch))| async move {
+        let p: [&(dyn ToSql + Sync); 3] = [run, me, epoch];
         client.query(statement, &p).await
     }))
     .await;
@@ -404,7 +476,13 @@ async fn write_homes(
     homes: &[HomeWrite],
 ) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
     futures::future::join_all(homes.iter().map(|h| async move {
-        let p: [&(dyn ToSql + Sync); 5] = [&h.run, &h.state, &h.open, &h.home, &h.expected];
+        let (home, epoch) = (h.home.as_ref().map(|h| &h.0), h.home.as_ref().map(|h| h.1));
+        let (was, was_epoch) = (
+            h.expected.as_ref().map(|h| &h.0),
+            h.expected.as_ref().map(|h| h.1),
+        );
+        let p: [&(dyn ToSql + Sync); 7] =
+            [&h.run, &h.state, &h.open, &home, &epoch, &was, &was_epoch];
         client.query(statement, &p).await
     }))
     .await
@@ -416,10 +494,10 @@ pub(crate) struct HomeWrite {
     pub(crate) run: String,
     pub(crate) state: Vec<u8>,
     pub(crate) open: bool,
-    /// Its home after the decision (NULL once stopped).
-    pub(crate) home: Option<String>,
+    /// Its home after the decision, holder and epoch (NULL once stopped).
+    pub(crate) home: Option<(String, i64)>,
     /// The home the copy was read under: the write fails unless the row still says so.
-    pub(crate) expected: Option<String>,
+    pub(crate) expected: Option<(String, i64)>,
 }
 
 /// What a leased decision writes besides what the transaction read: its runs at home,
@@ -442,6 +520,9 @@ pub(crate) struct LeaseStep {
     pub(crate) bill: bool,
     /// The scope's slices revoked (`true`), allowed again (`false`), or left (`None`).
     pub(crate) revoked: Option<bool>,
+    /// The run's limit after a decision that raised it (an approval's grant used): the
+    /// scope's cap raised to it ([`crate::lease::LEASE_RAISE`]) before the use is stepped.
+    pub(crate) raise: Option<[Option<i64>; 4]>,
 }
 
 /// One write statement's parameters (see [`WRITE`]).

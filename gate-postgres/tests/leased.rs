@@ -31,6 +31,17 @@ const OPERATOR: Caller = Caller {
 
 /// A leased gate named `holder` over its own ledger in `dir`, leases on `clock`.
 fn leased(cluster: &Cluster, dir: &std::path::Path, holder: &str, clock: &LeaseClock) -> Host {
+    leased_under(cluster, dir, holder, clock, "[approvals]\nask_on = []\n")
+}
+
+/// [`leased`] under `policy`.
+fn leased_under(
+    cluster: &Cluster,
+    dir: &std::path::Path,
+    holder: &str,
+    clock: &LeaseClock,
+    policy: &str,
+) -> Host {
     let ledger = common::ledger(dir);
     let setup = LeaseSetup {
         leases: LeaseOptions {
@@ -50,7 +61,7 @@ fn leased(cluster: &Cluster, dir: &std::path::Path, holder: &str, clock: &LeaseC
     )
     .expect("leased backend");
     let slices = Arc::clone(backend.slices());
-    let policy = Recorded::new("[approvals]\nask_on = []\n").expect("policy");
+    let policy = Recorded::new(policy).expect("policy");
     let gate = Gate::with_backend(ledger, backend, policy).expect("gate");
     Host { gate, slices }
 }
@@ -121,10 +132,22 @@ fn verdict(r: &Result<CheckAnswer, GateError>) -> String {
     }
 }
 
+/// How long a retry loop may go on before the test fails (a hang is a failure).
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// Fails the test once `deadline` passed, saying what was retried.
+fn within(deadline: Instant, what: &str) {
+    assert!(
+        Instant::now() < deadline,
+        "{what}: still refused as unavailable after {PATIENCE:?}"
+    );
+}
+
 /// 8 workers per gate check (reserving 30 cents) and settle 30 cents until refused; the
 /// holders tick at a time far ahead whenever no worker ended for a while, so a home
 /// idle elsewhere is given back. The allows per gate.
 fn race(gates: &[Arc<Host>], run: &str) -> Vec<u64> {
+    let deadline = Instant::now() + PATIENCE;
     let (ended, ends) = mpsc::channel();
     for (g, gate) in gates.iter().enumerate() {
         for _ in 0..8 {
@@ -138,9 +161,10 @@ fn race(gates: &[Arc<Host>], run: &str) -> Vec<u64> {
                             let attempt = a.attempt.expect("attempt");
                             while let Err(e) = outcome(&gate, &run, attempt, 30) {
                                 assert!(matches!(e, GateError::Unavailable(_)), "{e}");
+                                within(deadline, "an outcome");
                             }
                         }
-                        Err(GateError::Unavailable(_)) => continue,
+                        Err(GateError::Unavailable(_)) => within(deadline, "a check"),
                         Ok(a) => {
                             assert_eq!(a.reason, Some(Reason::ReservationInsufficient));
                             break;
@@ -158,6 +182,7 @@ fn race(gates: &[Arc<Host>], run: &str) -> Vec<u64> {
     let mut allows = vec![0; gates.len()];
     let mut left = gates.len() * 8;
     while left > 0 {
+        within(deadline, "the race");
         match ends.recv_timeout(Duration::from_millis(200)) {
             Ok((g, n)) => {
                 allows[g] += n;
@@ -330,4 +355,197 @@ fn an_outcome_below_its_reservation_gives_back_on_the_slice_that_took_it() {
     slices(&a).close();
     let [settled] = amounts(&cluster, &scope, ["settled_nanos"]);
     assert_eq!(settled, 35 * 10_000_000, "10 + 25 cents settled");
+}
+
+/// The approver whose grants these tests sign.
+fn dana() -> ed25519_dalek::SigningKey {
+    ed25519_dalek::SigningKey::from_bytes(&[11u8; 32])
+}
+
+/// A policy where `dana` may approve.
+fn approving() -> String {
+    let key: String = dana()
+        .verifying_key()
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("[approvals.approvers]\ndana = \"{key}\"\n")
+}
+
+/// `dana`'s grant of `attempts` more attempts to `run`, valid for an hour of run time.
+fn grant(run: &str, attempts: u64) -> tally_gate::Approval {
+    let scope = tally_ledger::decision::Scope {
+        attempts: Some(attempts),
+        ..Default::default()
+    };
+    let expires_ms = 3_600_000;
+    let digest = tally_policy::approval::digest(run, "dana", &scope, expires_ms);
+    let signature = tally_policy::approval::sign(&dana(), &digest);
+    tally_gate::Approval {
+        run: run.into(),
+        approver: "dana".into(),
+        scope,
+        expires_ms,
+        digest,
+        signature,
+        note: None,
+        request: None,
+    }
+}
+
+#[test]
+fn an_approvals_grant_raises_the_runs_scope_so_the_granted_attempt_is_allowed() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let dir = tempfile::tempdir().expect("dir");
+    let a = leased_under(&cluster, dir.path(), "host-a", &clock, &approving());
+    start(&a, json!({"run": "g", "budget": {"attempts": 2}}));
+    let first = [verdict(&check(&a, "g", 0)), verdict(&check(&a, "g", 0))];
+    let spent = verdict(&check(&a, "g", 0));
+    a.approve_blocking(OPERATOR, grant("g", 1))
+        .expect("the grant is recorded");
+    let granted = verdict(&check(&a, "g", 0));
+    let after = verdict(&check(&a, "g", 0));
+    assert_eq!(
+        format!("{first:?}; spent {spent}; granted {granted}; then {after}"),
+        "[\"Allow\", \"Allow\"]; spent RequireApproval ApprovalRequired; granted Allow; then RequireApproval ApprovalRequired"
+    );
+    slices(&a).close();
+    let scope = Scope::new(ScopeKind::Run, "g");
+    let [cap, settled] = amounts(&cluster, &scope, ["cap_attempts", "settled_attempts"]);
+    assert_eq!(
+        [cap, settled],
+        [3, 3],
+        "the cap raised to the core's limit in the grant's use"
+    );
+}
+
+#[test]
+fn outcomes_below_their_reservations_give_back_so_the_run_reaches_exactly_its_budget() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let dir = tempfile::tempdir().expect("dir");
+    let a = leased(&cluster, dir.path(), "host-a", &clock);
+    start(&a, json!({"run": "s", "budget": {"spend_cents": 100}}));
+    let deadline = Instant::now() + PATIENCE;
+    let mut allows = 0;
+    // Each call reserves 30 cents and settles 10; between the check and its outcome, a
+    // decision that is refused (an outcome for no attempt) lets the run's copy go.
+    loop {
+        let answer = match check(&a, "s", 30) {
+            Err(GateError::Unavailable(e)) => panic!("refused as unavailable: {e}"),
+            r => r.expect("a check"),
+        };
+        if answer.decision != Verdict::Allow {
+            assert_eq!(answer.reason, Some(Reason::ReservationInsufficient));
+            break;
+        }
+        allows += 1;
+        let attempt = answer.attempt.expect("attempt");
+        assert!(
+            outcome(&a, "s", attempt + 1000, 10).is_err(),
+            "no such attempt"
+        );
+        outcome(&a, "s", attempt, 10).expect("outcome");
+        within(deadline, "the calls");
+    }
+    assert_eq!(allows, 8, "10 cents each while 30 more fit in 100");
+    let last = check(&a, "s", 20).expect("the last 20 cents");
+    assert_eq!(last.decision, Verdict::Allow, "{last:?}");
+    outcome(&a, "s", last.attempt.expect("attempt"), 20).expect("outcome");
+    let over = check(&a, "s", 1).expect("a check");
+    assert_eq!(over.reason, Some(Reason::BudgetExceeded), "every cent used");
+    slices(&a).close();
+    let scope = Scope::new(ScopeKind::Run, "s");
+    let [settled, leased] = amounts(&cluster, &scope, ["settled_nanos", "leased_nanos"]);
+    assert_eq!(
+        [settled, leased],
+        [100 * 10_000_000, 0],
+        "exactly its budget"
+    );
+}
+
+#[test]
+fn a_deny_through_another_gate_leaves_the_run_at_home() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let (da, db) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let a = leased(&cluster, da.path(), "host-a", &clock);
+    let b = leased(&cluster, db.path(), "host-b", &clock);
+    start(&a, json!({"run": "n", "budget": {"spend_cents": 100}}));
+    let home = verdict(&check(&a, "n", 10));
+    let denied = verdict(&check(&b, "n", 1000));
+    let next = verdict(&check(&a, "n", 10));
+    let row = cluster.psql("SELECT home FROM tally_runs WHERE name = 'n'");
+    assert_eq!(
+        format!(
+            "home {home}; through b {denied}; home again {next}; row {}",
+            row.trim()
+        ),
+        "home Allow; through b Deny ReservationInsufficient; home again Allow; row host-a"
+    );
+}
+
+#[test]
+fn a_plain_update_of_a_runs_row_as_an_earlier_build_writes_takes_its_home_back() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let dir = tempfile::tempdir().expect("dir");
+    let a = leased(&cluster, dir.path(), "host-a", &clock);
+    start(&a, json!({"run": "u", "budget": {"attempts": 20}}));
+    let home = verdict(&check(&a, "u", 0));
+    let at = cluster.psql("SELECT coalesce(home, '-') FROM tally_runs WHERE name = 'u'");
+    // A daemon of schema 7 writes the row centrally, saying nothing of its home.
+    cluster.psql("UPDATE tally_runs SET version = version + 1 WHERE name = 'u'");
+    let after = cluster.psql("SELECT coalesce(home, '-') FROM tally_runs WHERE name = 'u'");
+    let next = verdict(&check_retried(&a, "u", 0, 3));
+    assert_eq!(
+        format!(
+            "{home}; home {}; after the update {}; then {next}",
+            at.trim(),
+            after.trim()
+        ),
+        "Allow; home host-a; after the update -; then Allow"
+    );
+}
+
+#[test]
+fn a_second_process_under_one_holder_name_never_writes_over_the_first() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let (d1, d2) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let old = leased(&cluster, d1.path(), "host-a", &clock);
+    start(&old, json!({"run": "e", "budget": {"attempts": 20}}));
+    let first = verdict(&check(&old, "e", 0));
+    // A rolling deploy starts the new process before the old one stopped: it adopts
+    // the old one's slices (gives them back) and takes the run in; the old one, still
+    // thinking it holds its slice, is refused instead of writing over the new one's.
+    let new = leased(&cluster, d2.path(), "host-a", &clock);
+    let taken = verdict(&check(&new, "e", 0));
+    let stale = verdict(&check(&old, "e", 0));
+    let next = check(&new, "e", 0).expect("decided on the new process");
+    assert_eq!(
+        format!(
+            "old {first}; new {taken}; old again {stale}; new {:?} attempt {:?}",
+            next.decision, next.attempt
+        ),
+        "old Allow; new Allow; old again unavailable; new Allow attempt Some(3)"
+    );
 }

@@ -223,6 +223,26 @@ pub fn run_cap(budget: &Budget) -> SliceAmounts {
     }
 }
 
+/// A run's cap per dimension now: the limits the core holds the run to (its budget
+/// plus what approvals granted, less what it carved out for children), its polls from
+/// its budget. A leased run's scope is raised to this when a decision raised it.
+pub fn run_limit(run: &RunState) -> SliceAmounts {
+    SliceAmounts {
+        attempts: run.attempts_limit(),
+        nanos: run.spend_limit(),
+        side_effects: run.side_effects_limit(),
+        polls: run.budget.polls,
+    }
+}
+
+/// The run's limit after a decision that raised it in some dimension (an approval's
+/// grant used), or `None` if the decision raised none.
+pub fn raised_limit(before: &RunState, after: &RunState) -> Option<SliceAmounts> {
+    let (b, a) = (run_limit(before).each(), run_limit(after).each());
+    let rose = (0..4).any(|i| matches!((b[i], a[i]), (Some(x), Some(y)) if y > x));
+    rose.then(|| run_limit(after))
+}
+
 /// A principal's cap per dimension, from the policy's principal limits: its attempts
 /// and spend per period (it has no side effect or poll cap).
 pub fn principal_cap(limits: &PrincipalLimits) -> SliceAmounts {

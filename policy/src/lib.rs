@@ -75,8 +75,8 @@ pub use key_day::{
     key_call_day, key_call_fits, key_run_fits, KeyDayExceeded, KeyDayLimits, KeyDayUse,
 };
 pub use leased::{
-    gives_back_on, in_scope, incurred, principal_cap, principal_use, run_cap, slice_use,
-    slices_past_cap, Past, RunCount, SliceUse,
+    gives_back_on, in_scope, incurred, principal_cap, principal_use, raised_limit, run_cap,
+    run_limit, slice_use, slices_past_cap, Past, RunCount, SliceUse,
 };
 pub use limits::{
     call_timeout, deadline_left, deadline_stop, left, over_limit, past_deadline, spend_left,

@@ -72,7 +72,7 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
     )
     .await;
     let (_, tasks) = load(&fleet, "cents", RESERVE, &stop);
-    let cents = joined(tasks).await;
+    let cents = within(joined(tasks), "the race for the last cents").await;
     only_retries_and(&cents, "reservation_insufficient");
     start_run(
         &fleet.socket(1),
@@ -80,7 +80,7 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
     )
     .await;
     let (_, tasks) = load(&fleet, "tries", 1, &stop);
-    let tries = joined(tasks).await;
+    let tries = within(joined(tasks), "the race for the last attempts").await;
     only_retries_and(&tries, "attempts_exhausted");
     let standing = get(&fleet.socket(2), "/v1/runs/cents").await;
     let mut granted = 0;
@@ -90,6 +90,7 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
         assert_eq!(
             named,
             [
+                "adopted",
                 "granted",
                 "lost",
                 "reclaimed",
@@ -201,6 +202,15 @@ async fn kill_9_of_a_runs_home_gives_its_slice_back_once_after_expiry_and_margin
         "scope settled {settled} < {allowed} allowed"
     );
     eprintln!("kill -9 of the run's home: decided elsewhere again {resumed:?} after");
+}
+
+/// `work`, which retries while refused as unavailable, done within two minutes: a hang
+/// (a refusal retried forever) is a failure that says so.
+async fn within<T>(work: impl std::future::Future<Output = T>, what: &str) -> T {
+    match tokio::time::timeout(Duration::from_secs(120), work).await {
+        Ok(done) => done,
+        Err(_) => panic!("{what}: not done after 120 s (refused as unavailable, retried forever?)"),
+    }
 }
 
 /// A run scope's settled attempts.

@@ -17,10 +17,10 @@ use tally_gate::GateError;
 use tally_policy::RunState;
 
 use super::holder::Slices;
-use super::home::{self, Found, Home};
+use super::home::{self, Found, Home, TakenOn, TakenOns};
 use super::types::{Amounts, Caps, Scope, ScopeKind};
 use crate::schema::{decode, encode};
-use crate::txn::{Extra, HomeWrite, LeaseStep, PostgresTxn};
+use crate::txn::{cap_params, Extra, HomeWrite, LeaseStep, PostgresTxn};
 use crate::Postgres;
 
 /// The gate's state in PostgreSQL with leased runs decided at home on this holder.
@@ -28,6 +28,9 @@ pub struct Leased {
     central: Postgres,
     slices: Arc<Slices>,
     homes: Mutex<BTreeMap<String, Home>>,
+    /// Where each open attempt's use was counted, apart from the copies (which an
+    /// uncommitted decision lets go).
+    taken: Mutex<TakenOns>,
 }
 
 impl std::fmt::Debug for Leased {
@@ -46,6 +49,7 @@ impl Leased {
             central,
             slices,
             homes: Mutex::new(BTreeMap::new()),
+            taken: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -59,12 +63,34 @@ impl Leased {
         self.homes().keys().cloned().collect()
     }
 
-    fn me(&self) -> &str {
-        self.slices.leases().holder()
+    /// This process as a run's home: its holder's name and epoch (two processes under
+    /// one name never pass each other's guard).
+    fn me_now(&self) -> (String, i64) {
+        let leases = self.slices.leases();
+        (leases.holder().to_owned(), leases.epoch())
     }
 
     fn homes(&self) -> MutexGuard<'_, BTreeMap<String, Home>> {
         self.homes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A use of `run` refused for want of a slice (counted as the slices' own refusals).
+    fn refused(&self, run: &str) {
+        let scope = vec![Scope::new(ScopeKind::Run, run)];
+        self.slices.event(super::LeaseEvent::Refused { scope });
+    }
+
+    fn taken(&self) -> MutexGuard<'_, TakenOns> {
+        self.taken.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A run read from its row: where its attempts no longer open were counted is
+    /// forgotten (they closed elsewhere).
+    fn prune(&self, run: &str, state: &RunState) {
+        let mut taken = self.taken();
+        if let Some(on) = taken.get_mut(run) {
+            on.retain(|a, _| state.open.contains_key(a));
+        }
     }
 
     /// The copy of `run` kept here, while this holder holds a slice of the run's scope:
@@ -212,8 +238,20 @@ impl StateTxn for LeasedTxn<'_> {
         self.inner.tools.extend(snapshot.tools);
         self.inner.credentials.extend(snapshot.credentials);
         self.inner.principals.extend(snapshot.principals);
-        let moves = self.take(&after)?;
-        let version = self.inner.persist(durable, &moves.extra)?;
+        let mut moves = Moves::default();
+        if let Err(e) = self.take(&after, &mut moves) {
+            self.untake(&moves);
+            return Err(e);
+        }
+        let version = match self.inner.persist(durable, &moves.extra) {
+            Ok(v) => v,
+            Err(e) => {
+                if !self.inner.unsure {
+                    self.untake(&moves);
+                }
+                return Err(e);
+            }
+        };
         self.committed = true;
         self.settled(moves);
         let batch = (records)(version)?;
@@ -227,12 +265,18 @@ impl StateTxn for LeasedTxn<'_> {
     }
 }
 
-/// What the runs decided at home moved: what to write, the copies to keep, and what to
-/// give back on which slice once the decision is committed.
+/// What the runs decided at home moved: what to write, the copies to keep, what to
+/// give back on which slice once the decision is committed, what was taken on this
+/// holder's slices (given back if it rolled back), and where the attempts it opened
+/// were counted and which it closed.
+#[derive(Default)]
 struct Moves {
     extra: Extra,
     keep: Vec<(String, Option<Home>)>,
     gives: Vec<(Scope, i64, Amounts)>,
+    takes: Vec<(Scope, i64, Amounts)>,
+    opened: Vec<(String, u64, TakenOn)>,
+    closed: Vec<(String, u64)>,
 }
 
 impl LeasedTxn<'_> {
@@ -249,8 +293,9 @@ impl LeasedTxn<'_> {
         if let Some(h) = kept {
             let state = h.state.clone();
             self.homed.insert(run.to_owned(), h);
-            let me = self.backend.me().to_owned();
-            self.inner.guards.push((run.to_owned(), me));
+            self.inner
+                .guards
+                .push((run.to_owned(), self.backend.me_now()));
             return Ok(Some(state));
         }
         let rows = self
@@ -260,9 +305,16 @@ impl LeasedTxn<'_> {
             return Ok(None);
         };
         let state: RunState = decode(&format!("run `{run}`"), row.get::<_, &[u8]>(0))?;
-        let me = self.backend.me();
-        match home::found(state.clone(), row.get(1), row.get(2), row.get(3), me) {
+        let home: Option<(String, i64)> = row.get::<_, Option<String>>(1).zip(row.get(4));
+        match home::found(
+            state.clone(),
+            home,
+            row.get(2),
+            row.get(3),
+            &self.backend.me_now(),
+        ) {
             Found::Home(h) => {
+                self.backend.prune(run, &h.state);
                 self.homed.insert(run.to_owned(), *h);
             }
             found => {
@@ -278,17 +330,22 @@ impl LeasedTxn<'_> {
 
     /// A run at home elsewhere (read and locked) is decided here only to pause, resume
     /// or stop it: the write takes its home back. Any other change waits for its home
-    /// to give it back. One left as it was is not written.
-    fn refuse_elsewhere(&self, runs: &mut BTreeMap<String, RunState>) -> Result<(), GateError> {
+    /// to give it back. One left as it was is not written at all (its home stays).
+    /// The holder's name goes to the operator's log only, never to the agent.
+    fn refuse_elsewhere(&mut self, runs: &mut BTreeMap<String, RunState>) -> Result<(), GateError> {
         for (name, holder) in &self.elsewhere {
             let (Some(before), Some(after)) = (self.inner.before.get(name), runs.get(name)) else {
                 continue;
             };
             if before == after {
                 runs.remove(name);
+                self.inner.runs.remove(name);
+                self.inner.before.remove(name);
             } else if home::held(before) == home::held(after) {
+                let _ = holder;
+                self.backend.refused(name);
                 return Err(GateError::Unavailable(format!(
-                    "run `{name}` is decided on `{holder}`, which holds its slice: retry once it is given back (an idle run's slice goes back within the lease's idle time)"
+                    "run `{name}` is decided on another gate of the fleet, which holds its slice: retry once it is given back (an idle run's slice goes back within the lease's idle time)"
                 )));
             }
         }
@@ -327,63 +384,117 @@ impl LeasedTxn<'_> {
     /// Each run decided at home: its use counted in its slice (refused, nothing
     /// recorded, where no slice covers it), its bill and revocation stepped centrally,
     /// its state written through.
-    fn take(&self, after: &BTreeMap<String, RunState>) -> Result<Moves, GateError> {
-        let mut moves = Moves {
-            extra: Extra::default(),
-            keep: Vec::new(),
-            gives: Vec::new(),
-        };
+    fn take(&self, after: &BTreeMap<String, RunState>, moves: &mut Moves) -> Result<(), GateError> {
         for (name, now) in after {
-            let Some(was) = self.homed.get(name) else {
-                continue;
-            };
-            let scope = Scope::new(ScopeKind::Run, name);
-            let m = home::moved(&was.state, now);
-            let mut taken_on = was.taken_on.clone();
-            let mut step = LeaseStep {
-                kind: "run",
-                key: name.clone(),
-                delta: [0; 4],
-                bill: m.bill,
-                revoked: (home::held(&was.state) != home::held(now)).then(|| home::held(now)),
-            };
-            if m.took != Amounts::default() {
-                if m.bill {
-                    step.delta = m.took.each().map(|n| i64::try_from(n).unwrap_or(i64::MAX));
-                } else {
-                    let on = self.take_on(&scope, m.took)?;
-                    for a in home::opened(&was.state, now) {
-                        taken_on.extend(on.map(|id| (a, id)));
-                    }
-                }
+            if let Some(was) = self.homed.get(name) {
+                self.take_one(name, was, now, moves)?;
             }
-            if step.delta != [0; 4] || step.revoked.is_some() {
-                moves.extra.steps.push(step);
-            }
-            if let Some(id) = gave_on(&was.state, now, &mut taken_on) {
-                if m.gave != Amounts::default() {
-                    moves.gives.push((scope, id, m.gave));
-                }
-            }
-            moves.extra.homes.push(self.home_write(name, was, now));
-            let open = now.stop.is_none();
-            let kept = open.then(|| Home {
-                state: now.clone(),
-                expected: Some(self.backend.me().to_owned()),
-                taken_on,
-            });
-            moves.keep.push((name.clone(), kept));
         }
-        Ok(moves)
+        Ok(())
     }
 
-    fn take_on(&self, scope: &Scope, need: Amounts) -> Result<Option<i64>, GateError> {
+    /// One run decided at home. A decision that raised the run's limit (an approval's
+    /// grant used) raises its scope's cap to the core's limit and settles its use
+    /// centrally, both in the decision's own transaction; a bill is settled centrally
+    /// too; any other use is counted in this holder's slice.
+    fn take_one(
+        &self,
+        name: &str,
+        was: &Home,
+        now: &RunState,
+        moves: &mut Moves,
+    ) -> Result<(), GateError> {
+        let scope = Scope::new(ScopeKind::Run, name);
+        let m = home::moved(&was.state, now);
+        let raise = tally_policy::raised_limit(&was.state, now).map(|l| cap_params(l.each()));
+        let mut delta = [0i64; 4];
+        if m.took != Amounts::default() {
+            let on = if m.bill || raise.is_some() {
+                delta = signed(&m.took);
+                TakenOn::Central
+            } else {
+                self.take_on(&scope, m.took, moves)?
+            };
+            for a in home::opened(&was.state, now) {
+                moves.opened.push((name.to_owned(), a, on));
+            }
+        }
+        let closed = home::closed(&was.state, now);
+        if m.gave != Amounts::default() {
+            match self.gave_on(name, &scope, &closed) {
+                Some(TakenOn::Slice(id)) => moves.gives.push((scope, id, m.gave)),
+                Some(TakenOn::Central) => {
+                    let g = signed(&m.gave);
+                    delta = [0, 1, 2, 3].map(|i| delta[i].saturating_sub(g[i]));
+                }
+                None => {}
+            }
+        }
+        moves
+            .closed
+            .extend(closed.into_iter().map(|a| (name.to_owned(), a)));
+        let revoked = (home::held(&was.state) != home::held(now)).then(|| home::held(now));
+        if delta != [0; 4] || revoked.is_some() || raise.is_some() {
+            moves.extra.steps.push(LeaseStep {
+                kind: "run",
+                key: name.to_owned(),
+                delta,
+                bill: m.bill,
+                revoked,
+                raise,
+            });
+        }
+        moves.extra.homes.push(self.home_write(name, was, now));
+        let kept = now.stop.is_none().then(|| Home {
+            state: now.clone(),
+            expected: Some(self.backend.me_now()),
+        });
+        moves.keep.push((name.to_owned(), kept));
+        Ok(())
+    }
+
+    /// `need` counted in this holder's slice of `scope` (or, the scope's last units,
+    /// settled centrally at once): where it was counted.
+    fn take_on(
+        &self,
+        scope: &Scope,
+        need: Amounts,
+        moves: &mut Moves,
+    ) -> Result<TakenOn, GateError> {
         let scopes = [scope.clone()];
         match self.backend.slices.take_on(&scopes, need, Instant::now) {
-            Ok((_, on)) => Ok(on),
+            Ok((_, Some(id))) => {
+                moves.takes.push((scope.clone(), id, need));
+                Ok(TakenOn::Slice(id))
+            }
+            Ok((_, None)) => Ok(TakenOn::Central),
             Err(e) => Err(GateError::Unavailable(format!(
                 "{e}: no slice covers this use, nothing recorded (retry)"
             ))),
+        }
+    }
+
+    /// Where what closing `closed` gives back is credited: where every one of them was
+    /// counted (a slice gone back since: its use was settled, so centrally), or none
+    /// (then nothing is given back: the conservative side).
+    fn gave_on(&self, run: &str, scope: &Scope, closed: &[u64]) -> Option<TakenOn> {
+        let taken = self.backend.taken();
+        let of = taken.get(run)?;
+        let first = *of.get(closed.first()?)?;
+        if !closed.iter().all(|a| of.get(a) == Some(&first)) {
+            return None;
+        }
+        match first {
+            TakenOn::Slice(id) if !self.backend.slices.holds(scope, id) => Some(TakenOn::Central),
+            on => Some(on),
+        }
+    }
+
+    /// Rolled back for certain: what was taken on this holder's slices for it is
+    /// given back on them.
+    fn untake(&self, moves: &Moves) {
+        for (scope, id, need) in &moves.takes {
+            self.backend.slices.give_on(scope, *id, *need);
         }
     }
 
@@ -393,7 +504,7 @@ impl LeasedTxn<'_> {
             run: name.to_owned(),
             state: encode(now),
             open,
-            home: open.then(|| self.backend.me().to_owned()),
+            home: open.then(|| self.backend.me_now()),
             expected: was.expected.clone(),
         }
     }
@@ -409,6 +520,17 @@ impl LeasedTxn<'_> {
             };
         }
         drop(homes);
+        let mut taken = self.backend.taken();
+        for (run, a) in moves.closed {
+            if let Some(on) = taken.get_mut(&run) {
+                on.remove(&a);
+            }
+        }
+        for (run, a, on) in moves.opened {
+            taken.entry(run).or_default().insert(a, on);
+        }
+        taken.retain(|_, on| !on.is_empty());
+        drop(taken);
         for (scope, id, gave) in moves.gives {
             self.backend.slices.give_on(&scope, id, gave);
         }
@@ -424,14 +546,7 @@ impl LeasedTxn<'_> {
     }
 }
 
-/// The slice what the decision gave back is credited to: the one every attempt it
-/// closed was taken on (their entries dropped), or none (then nothing is given back:
-/// the conservative side).
-fn gave_on(before: &RunState, after: &RunState, taken_on: &mut BTreeMap<u64, i64>) -> Option<i64> {
-    let closed = home::closed(before, after);
-    let ids: Vec<Option<i64>> = closed.iter().map(|a| taken_on.remove(a)).collect();
-    match ids.first() {
-        Some(Some(id)) if ids.iter().all(|i| *i == Some(*id)) => Some(*id),
-        _ => None,
-    }
+/// An amount as the database's signed counts.
+fn signed(a: &Amounts) -> [i64; 4] {
+    a.each().map(|n| i64::try_from(n).unwrap_or(i64::MAX))
 }

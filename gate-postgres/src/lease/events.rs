@@ -56,6 +56,7 @@ pub struct LeaseMetrics {
     reclaimed: AtomicU64,
     lost: AtomicU64,
     refused: AtomicU64,
+    adopted: AtomicU64,
 }
 
 impl LeaseMetrics {
@@ -83,6 +84,10 @@ impl LeaseMetrics {
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
+    /// Slices an earlier process of this holder left out, adopted at start.
+    pub fn adopted(&self) -> u64 {
+        self.adopted.load(Ordering::Relaxed)
+    }
     /// Every counter, by the event it counts.
     pub fn counts(&self) -> Vec<(&'static str, u64)> {
         vec![
@@ -92,6 +97,7 @@ impl LeaseMetrics {
             ("reclaimed", self.reclaimed()),
             ("lost", self.lost()),
             ("refused", self.refused()),
+            ("adopted", self.adopted()),
         ]
     }
 }
@@ -106,12 +112,7 @@ pub fn on_lease_event(metrics: &LeaseMetrics, sink: Option<&Sink>, event: &Lease
         LeaseEvent::Reclaimed(_) => &metrics.reclaimed,
         LeaseEvent::Lost { .. } => &metrics.lost,
         LeaseEvent::Refused { .. } => &metrics.refused,
-        LeaseEvent::Adopted(_) => {
-            if let Some(sink) = sink {
-                sink(event);
-            }
-            return;
-        }
+        LeaseEvent::Adopted(_) => &metrics.adopted,
     };
     counter.fetch_add(1, Ordering::Relaxed);
     if let Some(sink) = sink {

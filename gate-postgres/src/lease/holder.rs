@@ -238,8 +238,25 @@ impl Slices {
 
     /// [`Slices::take_at`], saying also the slice of the first scope the use was
     /// counted on (`None`: taken centrally): what it gives back later is given back on
-    /// that slice only ([`Slices::give_on`]).
+    /// that slice only ([`Slices::give_on`]). Every refusal, whatever its cause (no
+    /// room, slices out elsewhere, revoked, a refill the database did not answer), is
+    /// counted as [`LeaseEvent::Refused`].
     pub fn take_on(
+        &self,
+        scopes: &[Scope],
+        need: Amounts,
+        clock: impl Fn() -> Instant,
+    ) -> Result<(Taken, Option<i64>), SliceError> {
+        let r = self.take_counted(scopes, need, clock);
+        if matches!(r, Err(ref e) if !matches!(e, SliceError::NoScope)) {
+            self.event(LeaseEvent::Refused {
+                scope: scopes.to_vec(),
+            });
+        }
+        r
+    }
+
+    fn take_counted(
         &self,
         scopes: &[Scope],
         need: Amounts,
@@ -306,18 +323,8 @@ impl Slices {
             Ok(Spent::Spent) => Ok(Taken::Central),
             Ok(Spent::Revoked) => Err(SliceError::Revoked { kind, key }),
             Ok(Spent::Leased) => Err(SliceError::Leased { kind, key }),
-            Ok(_) => {
-                self.event(LeaseEvent::Refused {
-                    scope: scopes.to_vec(),
-                });
-                Err(SliceError::Exhausted { kind, key })
-            }
-            Err(e) => {
-                self.event(LeaseEvent::Refused {
-                    scope: scopes.to_vec(),
-                });
-                Err(SliceError::Unavailable(e))
-            }
+            Ok(_) => Err(SliceError::Exhausted { kind, key }),
+            Err(e) => Err(SliceError::Unavailable(e)),
         }
     }
 
@@ -481,6 +488,14 @@ impl Slices {
     pub fn held(&self, scope: &Scope) -> Option<(Amounts, Amounts)> {
         let local = self.lock();
         local.held.get(scope).map(|h| (h.lease.granted, h.used))
+    }
+
+    /// Whether this holder holds slice `lease` of `scope` now.
+    pub fn holds(&self, scope: &Scope, lease: i64) -> bool {
+        self.lock()
+            .held
+            .get(scope)
+            .is_some_and(|h| h.lease.id == lease)
     }
 
     /// Slices whose return the database has not confirmed yet.

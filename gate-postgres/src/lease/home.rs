@@ -25,31 +25,48 @@ pub(crate) const HOME_READ: &str = "
 SELECT r.state, r.home,
     EXISTS (SELECT 1 FROM tally_lease_scopes s WHERE s.kind = 'run' AND s.key = r.name),
     EXISTS (SELECT 1 FROM tally_leases l
-            WHERE l.kind = 'run' AND l.key = r.name AND l.state = 'held' AND l.holder = r.home)
+            WHERE l.kind = 'run' AND l.key = r.name AND l.state = 'held' AND l.holder = r.home
+              AND l.epoch = r.home_epoch),
+    r.home_epoch
 FROM tally_runs r WHERE r.name = $1 AND r.state IS NOT NULL FOR UPDATE OF r";
 
 /// A run decided on its copy at home locks its row first, sent with the transaction's
 /// first other statement (no round trip of its own): no row, its home moved since the
-/// copy was written ($1 the run, $2 this holder). Every gate then locks a run before
+/// copy was written ($1 the run, $2 this holder, $3 its epoch). Every gate then locks a run before
 /// its tool, as a central decision does: two never wait on each other in a cycle.
 pub(crate) const HOME_GUARD: &str =
-    "SELECT 1 FROM tally_runs WHERE name = $1 AND home = $2 FOR UPDATE";
+    "SELECT 1 FROM tally_runs WHERE name = $1 AND home = $2 AND home_epoch = $3 FOR UPDATE";
 
 /// A run's state written by the holder it is at home on: $1 run, $2 state, $3 open,
-/// $4 the home after (NULL once stopped), $5 the home the copy was read under. Fails
-/// the transaction if the row's home is not $5 (`schema::SCHEMA_V8`).
-pub(crate) const HOME_WRITE: &str = "SELECT tally_home_write($1, $2, $3, $4, $5)";
+/// $4 and $5 the home after and its epoch (NULL once stopped), $6 and $7 the home the
+/// copy was read under. Fails the transaction if the row's home is not $6 and $7
+/// (`schema::SCHEMA_V9`).
+pub(crate) const HOME_WRITE: &str = "SELECT tally_home_write($1, $2, $3, $4, $5, $6, $7)";
 
-/// A run at home on this holder: its state as the last decision left it, and the
-/// slice each of its open attempts' uses was counted on.
+/// A run at home on this holder: its state as the last decision left it.
 #[derive(Clone, Debug)]
 pub(crate) struct Home {
     pub(crate) state: RunState,
-    /// The home its row holds (this holder's name), as the guard expects it.
-    pub(crate) expected: Option<String>,
-    /// Attempt number: the slice of the run's scope its allow was counted on.
-    pub(crate) taken_on: BTreeMap<u64, i64>,
+    /// The home its row holds (this holder's name and epoch), as the guard expects it.
+    pub(crate) expected: Option<(String, i64)>,
 }
+
+/// Where an open attempt's use of its run's scope was counted: what it gives back is
+/// given back there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TakenOn {
+    /// On this holder's slice with this id (while the slice is held; once it went back,
+    /// its use was settled in the scope: given back centrally).
+    Slice(i64),
+    /// Settled in the scope centrally (the scope's last units, a bill, a decision that
+    /// raised the run's limit): given back centrally, in the decision's transaction.
+    Central,
+}
+
+/// Per run at home here (or once at home here), per open attempt: where its use was
+/// counted. Kept by the holder apart from the copies, which an uncommitted decision
+/// lets go: an attempt's give-back is never lost with its copy.
+pub(crate) type TakenOns = BTreeMap<String, BTreeMap<u64, TakenOn>>;
 
 /// How the gate found a run it named.
 #[derive(Clone, Debug)]
@@ -58,7 +75,8 @@ pub(crate) enum Found {
     Central,
     /// At home here (taken in now): decided on the copy.
     Home(Box<Home>),
-    /// At home on another holder, which has a slice of it out: that holder.
+    /// At home on another holder (or another process of this one), which has a slice
+    /// of it out: that holder.
     Elsewhere(String),
 }
 
@@ -66,19 +84,15 @@ pub(crate) enum Found {
 /// its home's holder has a slice of it out; `me`, this holder.
 pub(crate) fn found(
     state: RunState,
-    home: Option<String>,
+    home: Option<(String, i64)>,
     scoped: bool,
     live: bool,
-    me: &str,
+    me: &(String, i64),
 ) -> Found {
     match home {
         _ if !scoped => Found::Central,
-        Some(h) if live && h != me => Found::Elsewhere(h),
-        expected => Found::Home(Box::new(Home {
-            state,
-            expected,
-            taken_on: BTreeMap::new(),
-        })),
+        Some(h) if live && h != *me => Found::Elsewhere(h.0),
+        expected => Found::Home(Box::new(Home { state, expected })),
     }
 }
 
@@ -113,11 +127,7 @@ fn amounts(u: SliceUse) -> Amounts {
     }
 }
 
-/// Whether a run is held (paused or stopped): a change of it revokes or allows its
-/// scope's slices.
-pub(crate) fn held(run: &RunState) -> bool {
-    run.paused || run.stop.is_some()
-}
+pub(crate) use crate::txn::held;
 
 /// The attempts `after` opened that `before` did not have.
 pub(crate) fn opened(before: &RunState, after: &RunState) -> Vec<u64> {

@@ -34,6 +34,7 @@ pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 pub use holder::{SliceError, SliceOptions, Slices, Taken};
 pub(crate) use home::{HOME_GUARD, HOME_READ, HOME_WRITE};
 pub use open::{open_leased, spawn_timer, LeaseSetup};
+pub(crate) use sql::LEASE_RAISE;
 pub use tick::{spawn_ticks, Ticked};
 pub use types::{
     Amounts, Caps, Grant, Lease, LeaseClock, LeaseError, Outlook, Reclaimed, Released, Scope,

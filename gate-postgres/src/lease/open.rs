@@ -67,16 +67,18 @@ pub fn open_leased(
 }
 
 /// The holder's timer: a tick of `slices` every `refresh` on the lease thread, for as
-/// long as the process lives (the reports are read and let go).
+/// long as the process lives (the reports are read and let go). At most one tick
+/// waits: while the lease thread is behind (its database slow), a time it has not
+/// taken yet is not queued behind another.
 pub fn spawn_timer(slices: Arc<Slices>, refresh: Duration) -> std::io::Result<()> {
-    let (times, ticks) = mpsc::channel();
+    let (times, ticks) = mpsc::sync_channel(1);
     let (done, reports) = mpsc::channel();
     spawn_ticks(slices, ticks, done)?;
     std::thread::Builder::new()
         .name("tally-lease-timer".into())
         .spawn(move || loop {
             std::thread::sleep(refresh);
-            if times.send(Instant::now()).is_err() {
+            if let Err(mpsc::TrySendError::Disconnected(_)) = times.try_send(Instant::now()) {
                 return;
             }
             while reports.try_recv().is_ok() {}

@@ -220,3 +220,15 @@ WHERE kind = $1 AND key = $2
   AND (cap_effects IS NULL OR settled_effects + held_effects + leased_effects + $5 <= cap_effects)
   AND (cap_polls IS NULL OR settled_polls + held_polls + leased_polls + $6 <= cap_polls)
 RETURNING 1";
+
+/// Raise a run's scope's cap to its run's limit after a decision that raised it (an
+/// approval's grant used), in the decision's own transaction: each capped dimension
+/// to the greater of its cap and the limit ($3..$6; NULL: left), never down, never
+/// capping what is not: $1 kind, $2 key.
+pub(crate) const LEASE_RAISE: &str = "
+UPDATE tally_lease_scopes SET
+    cap_attempts = CASE WHEN cap_attempts IS NULL OR $3::bigint IS NULL THEN cap_attempts ELSE greatest(cap_attempts, $3) END,
+    cap_nanos = CASE WHEN cap_nanos IS NULL OR $4::bigint IS NULL THEN cap_nanos ELSE greatest(cap_nanos, $4) END,
+    cap_effects = CASE WHEN cap_effects IS NULL OR $5::bigint IS NULL THEN cap_effects ELSE greatest(cap_effects, $5) END,
+    cap_polls = CASE WHEN cap_polls IS NULL OR $6::bigint IS NULL THEN cap_polls ELSE greatest(cap_polls, $6) END
+WHERE kind = $1 AND key = $2";
