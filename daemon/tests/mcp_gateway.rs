@@ -119,6 +119,13 @@ impl Gw {
     }
 }
 
+/// The headers every request of [`send`] carries.
+const USUAL: [(&str, &str); 3] = [
+    ("Host", "127.0.0.1"),
+    ("Content-Type", "application/json"),
+    ("Accept", "application/json, text/event-stream"),
+];
+
 /// One HTTP/1.0 request to the gateway: its status, session header and body.
 async fn send(
     addr: SocketAddr,
@@ -126,8 +133,19 @@ async fn send(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, Option<String>, String) {
+    let all: Vec<(&str, &str)> = USUAL.iter().chain(headers).copied().collect();
+    send_only(addr, method, &all, body).await
+}
+
+/// [`send`] with only `headers` (and `Content-Length`).
+async fn send_only(
+    addr: SocketAddr,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, Option<String>, String) {
     let mut head = format!(
-        "{method} /mcp HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
+        "{method} /mcp HTTP/1.0\r\nContent-Length: {}\r\n",
         body.len()
     );
     for (n, v) in headers {
@@ -242,6 +260,45 @@ async fn a_key_starts_its_run_only_on_initialize_and_nothing_else_starts_or_spen
     let (status, _, answer) = send(gw.addr, "POST", &in_first, call).await;
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("value of k"), "{answer}");
+}
+
+#[tokio::test]
+async fn an_initialize_rmcp_would_refuse_starts_no_run_and_leaves_the_keys_day() {
+    let gw = gateway(4).await;
+    // One run a day: a refused initialize that started (or counted) one leaves none.
+    let key = gw.key(1).await;
+    let auth = bearer(&key);
+    let with = |name: &'static str, value: &'static str| -> Vec<(&'static str, &'static str)> {
+        USUAL
+            .iter()
+            .copied()
+            .filter(|(n, _)| *n != name)
+            .chain([(name, value)])
+            .collect()
+    };
+    let refused = [
+        (with("Accept", "application/json"), 406),
+        (with("Accept", "text/event-stream"), 406),
+        (with("Content-Type", "text/plain"), 415),
+        (with("Host", "evil.example"), 403),
+        (with("MCP-Protocol-Version", "2099-01-01"), 400),
+        (with("MCP-Protocol-Version", "2026-07-28"), 400),
+    ];
+    for (mut headers, expected) in refused {
+        headers.push(("Authorization", auth.as_str()));
+        for _ in 0..3 {
+            let (status, session, answer) = send_only(gw.addr, "POST", &headers, INIT).await;
+            assert_eq!((status, session), (expected, None), "{headers:?}: {answer}");
+        }
+    }
+    assert!(
+        gw.runs().await.is_empty(),
+        "nothing started: {:?}",
+        gw.runs().await
+    );
+    // The key's one run of the day is still there to start.
+    open(gw.addr, &key, None).await;
+    assert_eq!(gw.runs().await.len(), 1, "{:?}", gw.runs().await);
 }
 
 #[tokio::test]

@@ -23,6 +23,7 @@ use std::time::Duration;
 use hyper::header::HeaderMap;
 use zeroize::Zeroizing;
 
+mod admit;
 mod front;
 mod servers;
 mod session;

@@ -178,6 +178,9 @@ impl Front {
             .get(SESSION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        if let Some((status, why)) = super::admit::unsupported_version(req.headers()) {
+            return rpc_error(status, -32600, &why);
+        }
         let (parts, body) = req.into_parts();
         let bytes = match self.body(&parts, body).await {
             Ok(b) => b,
@@ -297,6 +300,9 @@ impl Front {
             Ok(_) => return no_session(),
             Err(refused) => return self.refuse(None, refused),
         }
+        if let Some((status, why)) = super::admit::refusal(&parts.headers) {
+            return rpc_error(status, -32600, &why);
+        }
         self.expire().await;
         let Some(place) = self.table.reserve() else {
             return rpc_error(
@@ -326,6 +332,10 @@ impl Front {
             .and_then(|v| v.to_str().ok())
         {
             self.table.insert(id.to_owned(), holder, run, place);
+        } else if run.started {
+            // rmcp refused it after all (a body over its bound, say): no session will stop
+            // the run, so it is stopped now.
+            stop_unopened(&run).await;
         }
         response
     }
@@ -411,6 +421,28 @@ impl Front {
         }
         futures::future::join_all(self.shared.backends.iter().map(|b| b.stop())).await;
     }
+}
+
+/// A run an `initialize` started although rmcp opened no session for it, stopped.
+async fn stop_unopened(run: &super::Authorized) {
+    let mut gate = (run.gate)();
+    let stopped = gate
+        .stop(
+            &run.run,
+            tally_record::Reason::Completed,
+            Some("tally-mcp-gateway"),
+        )
+        .await;
+    crate::log(&match stopped {
+        Ok(_) => format!(
+            "gateway: an initialize opened no session: run {} it started stopped",
+            run.run
+        ),
+        Err(e) => format!(
+            "gateway: an initialize opened no session: run {} it started could not be stopped: {e}",
+            run.run
+        ),
+    });
 }
 
 /// The error for a refused message with no id to answer under (a notification, an
