@@ -302,6 +302,64 @@ async fn an_initialize_rmcp_would_refuse_starts_no_run_and_leaves_the_keys_day()
 }
 
 #[tokio::test]
+async fn a_run_started_for_an_initialize_that_opened_no_session_is_stopped() {
+    let gw = gateway(4).await;
+    let key = gw.key(2).await;
+    let auth = bearer(&key);
+    // The front's check passes it, the transport refuses it (a weight of 0): the run
+    // the initialize started has no session to stop it, so the front stops it.
+    let headers = [
+        ("Host", "127.0.0.1"),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream;q=0"),
+        ("Authorization", auth.as_str()),
+    ];
+    let (status, session, answer) = send_only(gw.addr, "POST", &headers, INIT).await;
+    assert_eq!((status, session), (406, None), "{answer}");
+    let runs = gw.runs().await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    gw.stopped(&runs[0].0).await;
+}
+
+#[tokio::test]
+async fn an_initialize_whose_client_leaves_still_opens_its_session_and_its_run_stops_with_it() {
+    let gw = gateway(1).await;
+    let key = gw.key(2).await;
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{INIT}",
+        bearer(&key),
+        INIT.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(gw.addr)
+        .await
+        .expect("connect");
+    s.write_all(request.as_bytes()).await.expect("write");
+    drop(s);
+    // The run starts although no one reads the answer ...
+    let mut run = None;
+    for _ in 0..500 {
+        run = gw.runs().await.into_iter().next().map(|(r, _)| r);
+        if run.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let run = run.expect("the key's run started");
+    // ... and its session holds the one place (from before the run started): the gateway
+    // knows it, so the idle bound closes it and stops the run; then the place is free.
+    let token = gw.token("t").await;
+    let (status, _, answer) =
+        send(gw.addr, "POST", &[("Authorization", &bearer(&token))], INIT).await;
+    assert_eq!(
+        status, 503,
+        "the left session holds the one place: {answer}"
+    );
+    gw.clock.advance(IDLE.as_millis() as u64 + 1);
+    gw.stopped(&run).await;
+    open(gw.addr, &token, None).await;
+}
+
+#[tokio::test]
 async fn sessions_are_bounded_and_idle_ones_close_on_the_clock_stopping_the_runs_they_started() {
     let gw = gateway(2).await;
     let key = gw.key(10).await;

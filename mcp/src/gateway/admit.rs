@@ -75,7 +75,10 @@ pub(super) fn unsupported_version(headers: &HeaderMap) -> Option<(StatusCode, St
             StatusCode::BAD_REQUEST,
             format!(
                 "Bad Request: MCP-Protocol-Version is not one this gateway speaks ({})",
-                supported().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+                supported()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         )
     })
@@ -134,7 +137,10 @@ mod tests {
                 Some(StatusCode::FORBIDDEN)
             );
         }
-        assert_eq!(refusal(&headers(&[("host", "[::1]:9"), ok[1], ok[2]])), None);
+        assert_eq!(
+            refusal(&headers(&[("host", "[::1]:9"), ok[1], ok[2]])),
+            None
+        );
         let known = [ok[0], ok[1], ok[2], ("mcp-protocol-version", "2025-06-18")];
         assert_eq!(refusal(&headers(&known)), None);
     }

@@ -155,7 +155,7 @@ impl Front {
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
                     let front = Arc::clone(&front);
-                    async move { Ok::<_, Infallible>(front.handle(req).await) }
+                    async move { Ok::<_, Infallible>(Front::handle(front, req).await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -168,7 +168,7 @@ impl Front {
         }
     }
 
-    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let holder = match self.credentials.holder(req.headers()) {
             Ok(h) => h,
             Err(why) => return unauthorized(&why),
@@ -188,7 +188,18 @@ impl Front {
         };
         match session {
             Some(s) => self.in_session(&s, &holder, parts, bytes).await,
-            None => self.open(holder, parts, bytes).await,
+            // Its own task: once a key's run may start, the session is opened (and
+            // held in the table, where the idle bound closes it and stops the run)
+            // even if the client goes away before its answer.
+            None => tokio::spawn(async move { self.open(holder, parts, bytes).await })
+                .await
+                .unwrap_or_else(|e| {
+                    rpc_error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        -32603,
+                        &format!("opening the session failed: {e}"),
+                    )
+                }),
         }
     }
 
