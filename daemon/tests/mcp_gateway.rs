@@ -33,6 +33,11 @@ async fn gateway(max_sessions: usize) -> Gw {
 
 /// [`gateway`], `top` (top-level keys) at the head of its policy.
 async fn gateway_under(top: &str, max_sessions: usize) -> Gw {
+    gateway_with(top, GatewayLimits::new(max_sessions, IDLE, 4096)).await
+}
+
+/// [`gateway_under`], with `limits`.
+async fn gateway_with(top: &str, limits: GatewayLimits) -> Gw {
     let uid = rustix::process::getuid().as_raw();
     let server = concat!(env!("CARGO_MANIFEST_DIR"), "/../mcp/tests/python/server.py");
     let policy = format!(
@@ -46,7 +51,7 @@ async fn gateway_under(top: &str, max_sessions: usize) -> Gw {
         o.policy = recorded;
         o.clock = moved;
         o.mcp_listen = Some(addr);
-        o.mcp_limits = GatewayLimits::new(max_sessions, IDLE, 4096);
+        o.mcp_limits = limits;
     })
     .await;
     Gw {
@@ -357,6 +362,70 @@ async fn an_initialize_whose_client_leaves_still_opens_its_session_and_its_run_s
     gw.clock.advance(IDLE.as_millis() as u64 + 1);
     gw.stopped(&run).await;
     open(gw.addr, &token, None).await;
+}
+
+#[tokio::test]
+async fn one_credential_holds_at_most_its_bound_of_sessions() {
+    let gw = gateway_with(
+        "",
+        GatewayLimits::new(16, IDLE, 4096).with_sessions_per_credential(2),
+    )
+    .await;
+    let key = gw.key(1).await;
+    let token = gw.token("t").await;
+    let first = open(gw.addr, &key, None).await;
+    open(gw.addr, &key, None).await;
+    let auth = bearer(&key);
+    let (status, session, answer) = send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
+    assert_eq!((status, session), (429, None), "{answer}");
+    assert!(
+        answer.contains("--mcp-max-sessions-per-credential"),
+        "{answer}"
+    );
+    // Another credential still opens its own.
+    open(gw.addr, &token, None).await;
+    // A session the key closes gives it its place back.
+    let (status, _, answer) = send(
+        gw.addr,
+        "DELETE",
+        &[
+            ("Authorization", auth.as_str()),
+            ("Mcp-Session-Id", first.as_str()),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    open(gw.addr, &key, None).await;
+}
+
+#[tokio::test]
+async fn a_body_bound_above_four_mib_holds_past_the_transport() {
+    let gw = gateway_with("", GatewayLimits::new(4, IDLE, 8 << 20)).await;
+    let token = gw.token("big").await;
+    let session = open(gw.addr, &token, None).await;
+    let auth = bearer(&token);
+    let in_session = [
+        ("Authorization", auth.as_str()),
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
+    let (status, _, _) = send(
+        gw.addr,
+        "POST",
+        &in_session,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+    assert_eq!(status, 202);
+    // 5 MiB: over rmcp's own default bound, within the gateway's.
+    let pad = "x".repeat(5 << 20);
+    let ping = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"ping","params":{{"_meta":{{"pad":"{pad}"}}}}}}"#
+    );
+    let (status, _, answer) = send(gw.addr, "POST", &in_session, &ping).await;
+    assert_eq!(status, 200, "{}", &answer[..answer.len().min(300)]);
+    assert!(answer.contains(r#""id":7"#), "{answer}");
 }
 
 #[tokio::test]

@@ -25,7 +25,7 @@ use serde_json::json;
 
 use super::servers::Backend;
 use super::session::{Classified, RunOf, Session, Shared};
-use super::table::{Found, Table};
+use super::table::{Found, NoPlace, Table};
 use super::{Credentials, GatewayLimits, GatewayOptions, NotOpened};
 use crate::call::Asker;
 use crate::classify::{self, Message, Why};
@@ -73,6 +73,8 @@ pub(super) async fn serve(
     let cancel = tokio_util::sync::CancellationToken::new();
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
+        // The front bounds bodies (413): rmcp's own bound no lower.
+        .with_max_request_body_bytes(options.limits.max_body_bytes)
         .with_cancellation_token(cancel.child_token());
     let factory = Arc::clone(&shared);
     let service = StreamableHttpService::new(
@@ -86,7 +88,11 @@ pub(super) async fn serve(
         service,
         manager,
         shared,
-        table: Arc::new(Table::new(limits.max_sessions, limits.idle, options.clock)),
+        table: Arc::new(Table::new(
+            (limits.max_sessions, limits.max_sessions_per_credential),
+            limits.idle,
+            options.clock,
+        )),
         limits,
     });
     let sweeper = tokio::spawn(Arc::clone(&front).sweep_every());
@@ -315,15 +321,24 @@ impl Front {
             return rpc_error(status, -32600, &why);
         }
         self.expire().await;
-        let Some(place) = self.table.reserve() else {
-            return rpc_error(
+        let place = match self.table.reserve(&holder) {
+            Ok(place) => place,
+            Err(NoPlace::Gateway) => return rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 -32000,
                 &format!(
                     "{} sessions are open, as many as this gateway holds (tally serve --mcp-max-sessions): close one (DELETE) or retry later",
                     self.limits.max_sessions
                 ),
-            );
+            ),
+            Err(NoPlace::Holder) => return rpc_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                -32000,
+                &format!(
+                    "this credential holds {} sessions open, as many as one may (tally serve --mcp-max-sessions-per-credential): close one (DELETE) or wait for one to be idle too long",
+                    self.limits.max_sessions_per_credential
+                ),
+            ),
         };
         let run = match self.credentials.open(parts.headers.clone()).await {
             Ok(run) => run,
