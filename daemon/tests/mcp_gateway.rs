@@ -243,8 +243,9 @@ async fn a_key_starts_its_run_only_on_initialize_and_nothing_else_starts_or_spen
     let auth_task = [("Authorization", auth.as_str()), ("x-tally-task", "other")];
     let (status, session, answer) = send(gw.addr, "POST", &auth_task, INIT).await;
     assert_eq!((status, session), (429, None), "{answer}");
+    // The key's day (RunsExceeded), not the principal's open runs (TooManyRuns).
     assert!(
-        answer.contains("runs per day") || answer.contains("run"),
+        answer.contains("may start 1 runs per day") && !answer.contains("open runs"),
         "{answer}"
     );
     assert_eq!(gw.runs().await.len(), 1);
@@ -371,7 +372,7 @@ async fn one_credential_holds_at_most_its_bound_of_sessions() {
         GatewayLimits::new(16, IDLE, 4096).with_sessions_per_credential(2),
     )
     .await;
-    let key = gw.key(1).await;
+    let key = gw.key(2).await;
     let token = gw.token("t").await;
     let first = open(gw.addr, &key, None).await;
     open(gw.addr, &key, None).await;
@@ -396,7 +397,17 @@ async fn one_credential_holds_at_most_its_bound_of_sessions() {
     )
     .await;
     assert_eq!(status, 200, "{answer}");
-    open(gw.addr, &key, None).await;
+    // Its run stopped with the session that started it: not continued, refused clearly.
+    let (status, session, answer) = send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
+    assert_eq!((status, session), (409, None), "{answer}");
+    assert!(
+        answer.contains("is stopped") && answer.contains("x-tally-task"),
+        "{answer}"
+    );
+    let task = [("Authorization", auth.as_str()), ("x-tally-task", "next")];
+    let (status, session, answer) = send(gw.addr, "POST", &task, INIT).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(session.is_some());
 }
 
 #[tokio::test]
