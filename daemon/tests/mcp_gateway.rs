@@ -303,8 +303,20 @@ async fn an_initialize_rmcp_would_refuse_starts_no_run_and_leaves_the_keys_day()
         gw.runs().await
     );
     // The key's one run of the day is still there to start.
-    open(gw.addr, &key, None).await;
+    let session = open(gw.addr, &key, None).await;
     assert_eq!(gw.runs().await.len(), 1, "{:?}", gw.runs().await);
+    // A call naming the revision without initialize in its _meta: refused, in a session
+    // or not (rmcp would serve it outside the session).
+    let call = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"local__lookup","arguments":{"key":"k"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let in_session = [
+        ("Authorization", auth.as_str()),
+        ("Mcp-Session-Id", session.as_str()),
+    ];
+    for headers in [&in_session[..], &in_session[..1]] {
+        let (status, _, answer) = send(gw.addr, "POST", headers, call).await;
+        assert_eq!(status, 400, "{answer}");
+        assert!(answer.contains("_meta"), "{answer}");
+    }
 }
 
 #[tokio::test]

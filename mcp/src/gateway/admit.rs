@@ -84,6 +84,32 @@ pub(super) fn unsupported_version(headers: &HeaderMap) -> Option<(StatusCode, St
     })
 }
 
+/// The per-request protocol version of the revision without `initialize`.
+const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+
+/// A body whose request names its protocol version in `params._meta` (the revision
+/// without `initialize`: rmcp would serve it outside any session), refused (400).
+pub(super) fn versioned_body(body: &[u8]) -> Option<(StatusCode, String)> {
+    let marker = META_VERSION.as_bytes();
+    if !body.windows(marker.len()).any(|w| w == marker) {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let messages = match &value {
+        serde_json::Value::Array(all) => all.iter().collect(),
+        one => vec![one],
+    };
+    messages
+        .iter()
+        .any(|m| m["params"]["_meta"].get(META_VERSION).is_some())
+        .then(|| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("Bad Request: `{META_VERSION}` in params._meta names a protocol revision this gateway does not speak; open a session with initialize"),
+            )
+        })
+}
+
 /// A media type without its parameters.
 fn essence(value: &str) -> &str {
     value.split(';').next().unwrap_or_default().trim()
@@ -139,6 +165,15 @@ mod tests {
         }
         assert_eq!(
             refusal(&headers(&[("host", "[::1]:9"), ok[1], ok[2]])),
+            None
+        );
+        let meta = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__b","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+        assert_eq!(
+            versioned_body(meta).map(|r| r.0),
+            Some(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(
+            versioned_body(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
             None
         );
         let known = [ok[0], ok[1], ok[2], ("mcp-protocol-version", "2025-06-18")];

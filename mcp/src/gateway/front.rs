@@ -192,6 +192,9 @@ impl Front {
             Ok(b) => b,
             Err(refused) => return refused,
         };
+        if let Some((status, why)) = super::admit::versioned_body(&bytes) {
+            return rpc_error(status, -32600, &why);
+        }
         match session {
             Some(s) => self.in_session(&s, &holder, parts, bytes).await,
             // Its own task: once a key's run may start, the session is opened (and
