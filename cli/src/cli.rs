@@ -561,6 +561,10 @@ pub struct ServeArgs {
     /// nothing [default: 1024].
     #[arg(long, value_name = "N", requires = "mcp_listen")]
     pub mcp_max_sessions: Option<usize>,
+    /// MCP gateway sessions one credential (a run token, a key) holds open at once;
+    /// one more initialize with it gets 429 and opens nothing [default: 64].
+    #[arg(long, value_name = "N", requires = "mcp_listen")]
+    pub mcp_max_sessions_per_credential: Option<usize>,
     /// Close an MCP gateway session after this many seconds without a request (a run
     /// its initialize started is stopped) [default: 1800].
     #[arg(long, value_name = "SECS", requires = "mcp_listen")]

@@ -71,7 +71,7 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
     options.proxy = proxy(&args.proxy_listen, &args.proxy_socket, &args.credential)?;
     options.mcp_listen = args.mcp_listen.as_deref().map(mcp_listen).transpose()?;
     options.mcp_limits = mcp_limits(
-        args.mcp_max_sessions,
+        (args.mcp_max_sessions, args.mcp_max_sessions_per_credential),
         args.mcp_idle_secs,
         args.mcp_max_body_bytes,
     )?;
@@ -105,15 +105,20 @@ fn proxy_limits(
     Ok(())
 }
 
-/// `--mcp-max-sessions`, `--mcp-idle-secs`, `--mcp-max-body-bytes`: each at least 1.
+/// `--mcp-max-sessions`, `--mcp-max-sessions-per-credential`, `--mcp-idle-secs`,
+/// `--mcp-max-body-bytes`: each at least 1.
 fn mcp_limits(
-    sessions: Option<usize>,
+    (sessions, per_credential): (Option<usize>, Option<usize>),
     idle_secs: Option<u64>,
     body: Option<usize>,
 ) -> Result<tally_mcp::gateway::GatewayLimits> {
     use tally_mcp::gateway as g;
     for (name, n) in [
         ("mcp-max-sessions", sessions.map(|n| n as u64)),
+        (
+            "mcp-max-sessions-per-credential",
+            per_credential.map(|n| n as u64),
+        ),
         ("mcp-idle-secs", idle_secs),
         ("mcp-max-body-bytes", body.map(|n| n as u64)),
     ] {
@@ -125,7 +130,8 @@ fn mcp_limits(
         sessions.unwrap_or(g::DEFAULT_MAX_SESSIONS),
         idle_secs.map_or(g::DEFAULT_IDLE, std::time::Duration::from_secs),
         body.unwrap_or(g::DEFAULT_MAX_BODY),
-    ))
+    )
+    .with_sessions_per_credential(per_credential.unwrap_or(g::DEFAULT_MAX_SESSIONS_PER_CREDENTIAL)))
 }
 
 /// `--mcp-listen`: a loopback address.

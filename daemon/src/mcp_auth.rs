@@ -183,8 +183,18 @@ async fn key_run(
         operator: false,
         proxied: false,
     };
-    if owned(app, caller, &run).await? {
-        return Ok((run, false));
+    match owned(app, caller, &run).await? {
+        Some(tally_wire::RunState::Stopped) => {
+            return Err(refused(
+                StatusCode::CONFLICT,
+                format!(
+                    "key {}'s run {run} is stopped (a session on it ended, or the operator stopped it): nothing more is decided in it; send {TASK_HEADER}: NAME with a new task name to start another run",
+                    info.id
+                ),
+            ))
+        }
+        Some(_) => return Ok((run, false)),
+        None => {}
     }
     let goal = match task {
         Some(t) => format!("task {t} of key {}", info.id),
@@ -218,14 +228,18 @@ async fn seed(
     Ok(())
 }
 
-/// Whether `run` exists and is `caller`'s; a run of that name another uid holds is not
-/// the key's.
-async fn owned(app: &App, caller: Caller, run: &str) -> Result<bool, NotOpened> {
+/// Whether `run` exists and is `caller`'s, and its state; a run of that name another
+/// uid holds is not the key's.
+async fn owned(
+    app: &App,
+    caller: Caller,
+    run: &str,
+) -> Result<Option<tally_wire::RunState>, NotOpened> {
     let gate = Arc::clone(&app.gate);
     let name = run.to_owned();
     match app.at_once(move || gate.run(caller, &name)).await {
-        Ok(_) => Ok(true),
-        Err(GateError::RunNotFound(_)) => Ok(false),
+        Ok(standing) => Ok(Some(standing.state)),
+        Err(GateError::RunNotFound(_)) => Ok(None),
         Err(e @ GateError::Unavailable(_)) => Err(NotOpened {
             status: StatusCode::SERVICE_UNAVAILABLE,
             why: format!("the key's run {run} cannot be read: {e}"),
@@ -271,8 +285,12 @@ async fn start(
             caller,
             req,
             Box::new(move |r| {
+                // Kept or given back before the answer goes: a request the answer
+                // lets through next reads the day as it is.
                 if r.is_ok() {
                     slot.started();
+                } else {
+                    drop(slot);
                 }
                 done(r)
             }),
@@ -282,7 +300,9 @@ async fn start(
     match started {
         Ok(_) => Ok((run, true)),
         // Started between the read and the start, by this key's other session.
-        Err(GateError::RunExists(_)) if owned(app, caller, &run).await? => Ok((run, false)),
+        Err(GateError::RunExists(_)) if owned(app, caller, &run).await?.is_some() => {
+            Ok((run, false))
+        }
         Err(e @ GateError::Unavailable(_)) => Err(NotOpened {
             status: StatusCode::SERVICE_UNAVAILABLE,
             why: format!("the key's run {run} cannot start: {e}"),

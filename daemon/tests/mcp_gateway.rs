@@ -33,6 +33,11 @@ async fn gateway(max_sessions: usize) -> Gw {
 
 /// [`gateway`], `top` (top-level keys) at the head of its policy.
 async fn gateway_under(top: &str, max_sessions: usize) -> Gw {
+    gateway_with(top, GatewayLimits::new(max_sessions, IDLE, 4096)).await
+}
+
+/// [`gateway_under`], with `limits`.
+async fn gateway_with(top: &str, limits: GatewayLimits) -> Gw {
     let uid = rustix::process::getuid().as_raw();
     let server = concat!(env!("CARGO_MANIFEST_DIR"), "/../mcp/tests/python/server.py");
     let policy = format!(
@@ -46,7 +51,7 @@ async fn gateway_under(top: &str, max_sessions: usize) -> Gw {
         o.policy = recorded;
         o.clock = moved;
         o.mcp_listen = Some(addr);
-        o.mcp_limits = GatewayLimits::new(max_sessions, IDLE, 4096);
+        o.mcp_limits = limits;
     })
     .await;
     Gw {
@@ -119,6 +124,13 @@ impl Gw {
     }
 }
 
+/// The headers every request of [`send`] carries.
+const USUAL: [(&str, &str); 3] = [
+    ("Host", "127.0.0.1"),
+    ("Content-Type", "application/json"),
+    ("Accept", "application/json, text/event-stream"),
+];
+
 /// One HTTP/1.0 request to the gateway: its status, session header and body.
 async fn send(
     addr: SocketAddr,
@@ -126,8 +138,19 @@ async fn send(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, Option<String>, String) {
+    let all: Vec<(&str, &str)> = USUAL.iter().chain(headers).copied().collect();
+    send_only(addr, method, &all, body).await
+}
+
+/// [`send`] with only `headers` (and `Content-Length`).
+async fn send_only(
+    addr: SocketAddr,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, Option<String>, String) {
     let mut head = format!(
-        "{method} /mcp HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
+        "{method} /mcp HTTP/1.0\r\nContent-Length: {}\r\n",
         body.len()
     );
     for (n, v) in headers {
@@ -220,8 +243,9 @@ async fn a_key_starts_its_run_only_on_initialize_and_nothing_else_starts_or_spen
     let auth_task = [("Authorization", auth.as_str()), ("x-tally-task", "other")];
     let (status, session, answer) = send(gw.addr, "POST", &auth_task, INIT).await;
     assert_eq!((status, session), (429, None), "{answer}");
+    // The key's day (RunsExceeded), not the principal's open runs (TooManyRuns).
     assert!(
-        answer.contains("runs per day") || answer.contains("run"),
+        answer.contains("may start 1 runs per day") && !answer.contains("open runs"),
         "{answer}"
     );
     assert_eq!(gw.runs().await.len(), 1);
@@ -242,6 +266,189 @@ async fn a_key_starts_its_run_only_on_initialize_and_nothing_else_starts_or_spen
     let (status, _, answer) = send(gw.addr, "POST", &in_first, call).await;
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("value of k"), "{answer}");
+}
+
+#[tokio::test]
+async fn an_initialize_rmcp_would_refuse_starts_no_run_and_leaves_the_keys_day() {
+    let gw = gateway(4).await;
+    // One run a day: a refused initialize that started (or counted) one leaves none.
+    let key = gw.key(1).await;
+    let auth = bearer(&key);
+    let with = |name: &'static str, value: &'static str| -> Vec<(&'static str, &'static str)> {
+        USUAL
+            .iter()
+            .copied()
+            .filter(|(n, _)| *n != name)
+            .chain([(name, value)])
+            .collect()
+    };
+    let refused = [
+        (with("Accept", "application/json"), 406),
+        (with("Accept", "text/event-stream"), 406),
+        (with("Content-Type", "text/plain"), 415),
+        (with("Host", "evil.example"), 403),
+        (with("MCP-Protocol-Version", "2099-01-01"), 400),
+        (with("MCP-Protocol-Version", "2026-07-28"), 400),
+    ];
+    for (mut headers, expected) in refused {
+        headers.push(("Authorization", auth.as_str()));
+        for _ in 0..3 {
+            let (status, session, answer) = send_only(gw.addr, "POST", &headers, INIT).await;
+            assert_eq!((status, session), (expected, None), "{headers:?}: {answer}");
+        }
+    }
+    assert!(
+        gw.runs().await.is_empty(),
+        "nothing started: {:?}",
+        gw.runs().await
+    );
+    // The key's one run of the day is still there to start.
+    let session = open(gw.addr, &key, None).await;
+    assert_eq!(gw.runs().await.len(), 1, "{:?}", gw.runs().await);
+    // A call naming the revision without initialize in its _meta: refused, in a session
+    // or not (rmcp would serve it outside the session).
+    let call = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"local__lookup","arguments":{"key":"k"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let in_session = [
+        ("Authorization", auth.as_str()),
+        ("Mcp-Session-Id", session.as_str()),
+    ];
+    for headers in [&in_session[..], &in_session[..1]] {
+        let (status, _, answer) = send(gw.addr, "POST", headers, call).await;
+        assert_eq!(status, 400, "{answer}");
+        assert!(answer.contains("_meta"), "{answer}");
+    }
+}
+
+#[tokio::test]
+async fn a_run_started_for_an_initialize_that_opened_no_session_is_stopped() {
+    let gw = gateway(4).await;
+    let key = gw.key(2).await;
+    let auth = bearer(&key);
+    // The front's check passes it, the transport refuses it (a weight of 0): the run
+    // the initialize started has no session to stop it, so the front stops it.
+    let headers = [
+        ("Host", "127.0.0.1"),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream;q=0"),
+        ("Authorization", auth.as_str()),
+    ];
+    let (status, session, answer) = send_only(gw.addr, "POST", &headers, INIT).await;
+    assert_eq!((status, session), (406, None), "{answer}");
+    let runs = gw.runs().await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    gw.stopped(&runs[0].0).await;
+}
+
+#[tokio::test]
+async fn an_initialize_whose_client_leaves_still_opens_its_session_and_its_run_stops_with_it() {
+    let gw = gateway(1).await;
+    let key = gw.key(2).await;
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{INIT}",
+        bearer(&key),
+        INIT.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(gw.addr)
+        .await
+        .expect("connect");
+    s.write_all(request.as_bytes()).await.expect("write");
+    drop(s);
+    // The run starts although no one reads the answer ...
+    let mut run = None;
+    for _ in 0..500 {
+        run = gw.runs().await.into_iter().next().map(|(r, _)| r);
+        if run.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let run = run.expect("the key's run started");
+    // ... and its session holds the one place (from before the run started): the gateway
+    // knows it, so the idle bound closes it and stops the run; then the place is free.
+    let token = gw.token("t").await;
+    let (status, _, answer) =
+        send(gw.addr, "POST", &[("Authorization", &bearer(&token))], INIT).await;
+    assert_eq!(
+        status, 503,
+        "the left session holds the one place: {answer}"
+    );
+    gw.clock.advance(IDLE.as_millis() as u64 + 1);
+    gw.stopped(&run).await;
+    open(gw.addr, &token, None).await;
+}
+
+#[tokio::test]
+async fn one_credential_holds_at_most_its_bound_of_sessions() {
+    let gw = gateway_with(
+        "",
+        GatewayLimits::new(16, IDLE, 4096).with_sessions_per_credential(2),
+    )
+    .await;
+    let key = gw.key(2).await;
+    let token = gw.token("t").await;
+    let first = open(gw.addr, &key, None).await;
+    open(gw.addr, &key, None).await;
+    let auth = bearer(&key);
+    let (status, session, answer) = send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
+    assert_eq!((status, session), (429, None), "{answer}");
+    assert!(
+        answer.contains("--mcp-max-sessions-per-credential"),
+        "{answer}"
+    );
+    // Another credential still opens its own.
+    open(gw.addr, &token, None).await;
+    // A session the key closes gives it its place back.
+    let (status, _, answer) = send(
+        gw.addr,
+        "DELETE",
+        &[
+            ("Authorization", auth.as_str()),
+            ("Mcp-Session-Id", first.as_str()),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    // Its run stopped with the session that started it: not continued, refused clearly.
+    let (status, session, answer) = send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
+    assert_eq!((status, session), (409, None), "{answer}");
+    assert!(
+        answer.contains("is stopped") && answer.contains("x-tally-task"),
+        "{answer}"
+    );
+    let task = [("Authorization", auth.as_str()), ("x-tally-task", "next")];
+    let (status, session, answer) = send(gw.addr, "POST", &task, INIT).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(session.is_some());
+}
+
+#[tokio::test]
+async fn a_body_bound_above_four_mib_holds_past_the_transport() {
+    let gw = gateway_with("", GatewayLimits::new(4, IDLE, 8 << 20)).await;
+    let token = gw.token("big").await;
+    let session = open(gw.addr, &token, None).await;
+    let auth = bearer(&token);
+    let in_session = [
+        ("Authorization", auth.as_str()),
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
+    let (status, _, _) = send(
+        gw.addr,
+        "POST",
+        &in_session,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+    assert_eq!(status, 202);
+    // 5 MiB: over rmcp's own default bound, within the gateway's.
+    let pad = "x".repeat(5 << 20);
+    let ping = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"ping","params":{{"_meta":{{"pad":"{pad}"}}}}}}"#
+    );
+    let (status, _, answer) = send(gw.addr, "POST", &in_session, &ping).await;
+    assert_eq!(status, 200, "{}", &answer[..answer.len().min(300)]);
+    assert!(answer.contains(r#""id":7"#), "{answer}");
 }
 
 #[tokio::test]

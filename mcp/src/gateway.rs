@@ -23,6 +23,7 @@ use std::time::Duration;
 use hyper::header::HeaderMap;
 use zeroize::Zeroizing;
 
+mod admit;
 mod front;
 mod servers;
 mod session;
@@ -137,6 +138,10 @@ pub struct GatewayLimits {
     /// Sessions open at once (default [`DEFAULT_MAX_SESSIONS`]); one more `initialize`
     /// is answered 503 and opens nothing.
     pub max_sessions: usize,
+    /// Sessions one credential (a run token's run, a key) holds open at once (default
+    /// [`DEFAULT_MAX_SESSIONS_PER_CREDENTIAL`]); one more `initialize` with it is
+    /// answered 429 and opens nothing, so one credential cannot take every session.
+    pub max_sessions_per_credential: usize,
     /// A session with no request for this long is closed, as a DELETE would (default
     /// [`DEFAULT_IDLE`]).
     pub idle: Duration,
@@ -149,6 +154,8 @@ pub struct GatewayLimits {
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(30 * 60);
 /// The default bound on open sessions.
 pub const DEFAULT_MAX_SESSIONS: usize = 1024;
+/// The default bound on the sessions one credential holds open.
+pub const DEFAULT_MAX_SESSIONS_PER_CREDENTIAL: usize = 64;
 /// The default largest request body: 4 MiB.
 pub const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
 
@@ -156,6 +163,7 @@ impl Default for GatewayLimits {
     fn default() -> GatewayLimits {
         GatewayLimits {
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_sessions_per_credential: DEFAULT_MAX_SESSIONS_PER_CREDENTIAL,
             idle: DEFAULT_IDLE,
             max_body_bytes: DEFAULT_MAX_BODY,
         }
@@ -167,8 +175,17 @@ impl GatewayLimits {
     pub fn new(max_sessions: usize, idle: Duration, max_body_bytes: usize) -> GatewayLimits {
         GatewayLimits {
             max_sessions: max_sessions.max(1),
+            max_sessions_per_credential: DEFAULT_MAX_SESSIONS_PER_CREDENTIAL,
             idle: idle.max(Duration::from_millis(1)),
             max_body_bytes: max_body_bytes.max(1),
+        }
+    }
+
+    /// These limits with at most `n` sessions open per credential (at least 1).
+    pub fn with_sessions_per_credential(self, n: usize) -> GatewayLimits {
+        GatewayLimits {
+            max_sessions_per_credential: n.max(1),
+            ..self
         }
     }
 }

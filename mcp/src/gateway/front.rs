@@ -25,7 +25,7 @@ use serde_json::json;
 
 use super::servers::Backend;
 use super::session::{Classified, RunOf, Session, Shared};
-use super::table::{Found, Table};
+use super::table::{Found, NoPlace, Table};
 use super::{Credentials, GatewayLimits, GatewayOptions, NotOpened};
 use crate::call::Asker;
 use crate::classify::{self, Message, Why};
@@ -73,6 +73,8 @@ pub(super) async fn serve(
     let cancel = tokio_util::sync::CancellationToken::new();
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
+        // The front bounds bodies (413): rmcp's own bound no lower.
+        .with_max_request_body_bytes(options.limits.max_body_bytes)
         .with_cancellation_token(cancel.child_token());
     let factory = Arc::clone(&shared);
     let service = StreamableHttpService::new(
@@ -86,7 +88,11 @@ pub(super) async fn serve(
         service,
         manager,
         shared,
-        table: Arc::new(Table::new(limits.max_sessions, limits.idle, options.clock)),
+        table: Arc::new(Table::new(
+            (limits.max_sessions, limits.max_sessions_per_credential),
+            limits.idle,
+            options.clock,
+        )),
         limits,
     });
     let sweeper = tokio::spawn(Arc::clone(&front).sweep_every());
@@ -155,7 +161,7 @@ impl Front {
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
                     let front = Arc::clone(&front);
-                    async move { Ok::<_, Infallible>(front.handle(req).await) }
+                    async move { Ok::<_, Infallible>(Front::handle(front, req).await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -168,7 +174,7 @@ impl Front {
         }
     }
 
-    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let holder = match self.credentials.holder(req.headers()) {
             Ok(h) => h,
             Err(why) => return unauthorized(&why),
@@ -178,14 +184,31 @@ impl Front {
             .get(SESSION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        if let Some((status, why)) = super::admit::unsupported_version(req.headers()) {
+            return rpc_error(status, -32600, &why);
+        }
         let (parts, body) = req.into_parts();
         let bytes = match self.body(&parts, body).await {
             Ok(b) => b,
             Err(refused) => return refused,
         };
+        if let Some((status, why)) = super::admit::versioned_body(&bytes) {
+            return rpc_error(status, -32600, &why);
+        }
         match session {
             Some(s) => self.in_session(&s, &holder, parts, bytes).await,
-            None => self.open(holder, parts, bytes).await,
+            // Its own task: once a key's run may start, the session is opened (and
+            // held in the table, where the idle bound closes it and stops the run)
+            // even if the client goes away before its answer.
+            None => tokio::spawn(async move { self.open(holder, parts, bytes).await })
+                .await
+                .unwrap_or_else(|e| {
+                    rpc_error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        -32603,
+                        &format!("opening the session failed: {e}"),
+                    )
+                }),
         }
     }
 
@@ -297,16 +320,28 @@ impl Front {
             Ok(_) => return no_session(),
             Err(refused) => return self.refuse(None, refused),
         }
+        if let Some((status, why)) = super::admit::refusal(&parts.headers) {
+            return rpc_error(status, -32600, &why);
+        }
         self.expire().await;
-        let Some(place) = self.table.reserve() else {
-            return rpc_error(
+        let place = match self.table.reserve(&holder) {
+            Ok(place) => place,
+            Err(NoPlace::Gateway) => return rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 -32000,
                 &format!(
                     "{} sessions are open, as many as this gateway holds (tally serve --mcp-max-sessions): close one (DELETE) or retry later",
                     self.limits.max_sessions
                 ),
-            );
+            ),
+            Err(NoPlace::Holder) => return rpc_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                -32000,
+                &format!(
+                    "this credential holds {} sessions open, as many as one may (tally serve --mcp-max-sessions-per-credential): close one (DELETE) or wait for one to be idle too long",
+                    self.limits.max_sessions_per_credential
+                ),
+            ),
         };
         let run = match self.credentials.open(parts.headers.clone()).await {
             Ok(run) => run,
@@ -326,6 +361,10 @@ impl Front {
             .and_then(|v| v.to_str().ok())
         {
             self.table.insert(id.to_owned(), holder, run, place);
+        } else if run.started {
+            // rmcp refused it after all (a body over its bound, say): no session will stop
+            // the run, so it is stopped now.
+            stop_unopened(&run).await;
         }
         response
     }
@@ -411,6 +450,28 @@ impl Front {
         }
         futures::future::join_all(self.shared.backends.iter().map(|b| b.stop())).await;
     }
+}
+
+/// A run an `initialize` started although rmcp opened no session for it, stopped.
+async fn stop_unopened(run: &super::Authorized) {
+    let mut gate = (run.gate)();
+    let stopped = gate
+        .stop(
+            &run.run,
+            tally_record::Reason::Completed,
+            Some("tally-mcp-gateway"),
+        )
+        .await;
+    crate::log(&match stopped {
+        Ok(_) => format!(
+            "gateway: an initialize opened no session: run {} it started stopped",
+            run.run
+        ),
+        Err(e) => format!(
+            "gateway: an initialize opened no session: run {} it started could not be stopped: {e}",
+            run.run
+        ),
+    });
 }
 
 /// The error for a refused message with no id to answer under (a notification, an

@@ -19,14 +19,15 @@ struct Bound {
 #[derive(Default)]
 struct Inner {
     open: HashMap<String, Bound>,
-    /// `initialize`s admitted and not answered yet.
-    opening: usize,
+    /// `initialize`s admitted and not answered yet, by holder.
+    opening: HashMap<String, usize>,
 }
 
 /// The open sessions.
 pub(super) struct Table {
     inner: Mutex<Inner>,
     max: usize,
+    per_holder: usize,
     idle_ms: u64,
     clock: Arc<dyn tally_record::Clock>,
 }
@@ -41,26 +42,41 @@ pub(super) enum Found {
     Yours(Authorized),
 }
 
+/// Why there is no place for one more session.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum NoPlace {
+    /// As many as the gateway's bound are open or opening.
+    Gateway,
+    /// As many as the bound per credential are its holder's.
+    Holder,
+}
+
 /// A place among the open sessions, held while an `initialize` is answered: given back
 /// when dropped, the session it opened (if any) then counted as open.
-pub(super) struct Place(Arc<Table>);
+pub(super) struct Place(Arc<Table>, String);
 
 impl Drop for Place {
     fn drop(&mut self) {
         let mut inner = self.0.lock();
-        inner.opening = inner.opening.saturating_sub(1);
+        if let Some(n) = inner.opening.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                inner.opening.remove(&self.1);
+            }
+        }
     }
 }
 
 impl Table {
     pub(super) fn new(
-        max: usize,
+        (max, per_holder): (usize, usize),
         idle: std::time::Duration,
         clock: Arc<dyn tally_record::Clock>,
     ) -> Table {
         Table {
             inner: Mutex::default(),
             max,
+            per_holder,
             idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
             clock,
         }
@@ -84,14 +100,21 @@ impl Table {
         }
     }
 
-    /// A place for one more session, unless as many as the bound are open or opening.
-    pub(super) fn reserve(self: &Arc<Self>) -> Option<Place> {
+    /// A place for one more session of `holder`, unless as many as the bound are open
+    /// or opening, or as many as the bound per credential are the holder's.
+    pub(super) fn reserve(self: &Arc<Self>, holder: &str) -> Result<Place, NoPlace> {
         let mut inner = self.lock();
-        if inner.open.len().saturating_add(inner.opening) >= self.max {
-            return None;
+        let opening: usize = inner.opening.values().sum();
+        if inner.open.len().saturating_add(opening) >= self.max {
+            return Err(NoPlace::Gateway);
         }
-        inner.opening += 1;
-        Some(Place(Arc::clone(self)))
+        let theirs = inner.open.values().filter(|b| b.holder == holder).count()
+            + inner.opening.get(holder).copied().unwrap_or(0);
+        if theirs >= self.per_holder {
+            return Err(NoPlace::Holder);
+        }
+        *inner.opening.entry(holder.to_owned()).or_default() += 1;
+        Ok(Place(Arc::clone(self), holder.to_owned()))
     }
 
     /// The session `id`, opened by `holder` in `run` (its place given back after).
@@ -160,18 +183,26 @@ mod tests {
     fn the_bound_counts_open_and_opening_sessions_and_idle_ones_expire_on_the_clock() {
         let clock = Arc::new(ManualClock::new(1_000));
         let table = Arc::new(Table::new(
-            2,
+            (2, 2),
             std::time::Duration::from_secs(60),
             Arc::clone(&clock) as Arc<dyn tally_record::Clock>,
         ));
-        let a = table.reserve().expect("a place");
-        let b = table.reserve().expect("a second place");
-        assert!(table.reserve().is_none(), "two opening fill a bound of 2");
+        let a = table.reserve("h1").expect("a place");
+        let b = table.reserve("h1").expect("a second place");
+        assert_eq!(
+            table.reserve("h2").err(),
+            Some(NoPlace::Gateway),
+            "two opening fill a bound of 2"
+        );
         drop(b);
         table.insert("s1".into(), "h1".into(), run(), a);
-        let c = table.reserve().expect("one open, none opening");
+        let c = table.reserve("h2").expect("one open, none opening");
         table.insert("s2".into(), "h2".into(), run(), c);
-        assert!(table.reserve().is_none(), "two open fill it");
+        assert_eq!(
+            table.reserve("h3").err(),
+            Some(NoPlace::Gateway),
+            "two open fill it"
+        );
         assert!(matches!(table.find("s1", "h2"), Found::Another));
         assert!(matches!(table.find("nope", "h1"), Found::Unknown));
         clock.advance(30_000);
@@ -183,6 +214,40 @@ mod tests {
             "s1 was used 30 s ago"
         );
         assert!(matches!(table.find("s2", "h2"), Found::Unknown));
-        assert!(table.reserve().is_some(), "the expired one's place is free");
+        assert!(
+            table.reserve("h2").is_ok(),
+            "the expired one's place is free"
+        );
+    }
+
+    #[test]
+    fn one_holder_holds_at_most_its_bound_open_and_opening() {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let table = Arc::new(Table::new(
+            (10, 2),
+            std::time::Duration::from_secs(60),
+            clock as Arc<dyn tally_record::Clock>,
+        ));
+        let a = table.reserve("h1").expect("a place");
+        table.insert("s1".into(), "h1".into(), run(), a);
+        let b = table.reserve("h1").expect("its second");
+        assert_eq!(
+            table.reserve("h1").err(),
+            Some(NoPlace::Holder),
+            "one open, one opening"
+        );
+        let other = table.reserve("h2").expect("another holder's");
+        drop(b);
+        let c = table
+            .reserve("h1")
+            .expect("the opening one gave its place back");
+        table.insert("s2".into(), "h1".into(), run(), c);
+        assert_eq!(table.reserve("h1").err(), Some(NoPlace::Holder), "two open");
+        table.remove("s1");
+        assert!(
+            table.reserve("h1").is_ok(),
+            "a closed one frees its holder's place"
+        );
+        drop(other);
     }
 }

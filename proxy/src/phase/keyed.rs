@@ -234,8 +234,12 @@ async fn counted_start(
                 caller,
                 req,
                 Box::new(move |r| {
+                    // Kept or given back before the answer goes: a request the answer
+                    // lets through next reads the day as it is.
                     if r.is_ok() {
                         slot.started();
+                    } else {
+                        drop(slot);
                     }
                     done(r)
                 }),
