@@ -34,6 +34,16 @@ fn leased(cluster: &Cluster, dir: &std::path::Path, holder: &str, clock: &LeaseC
     leased_under(cluster, dir, holder, clock, "[approvals]\nask_on = []\n")
 }
 
+/// Two gates on the cluster, `host-a` and `host-b`, each with its own ledger directory
+/// (kept alive beside it).
+fn two_hosts(cluster: &Cluster, clock: &LeaseClock) -> [(tempfile::TempDir, Host); 2] {
+    ["host-a", "host-b"].map(|holder| {
+        let dir = tempfile::tempdir().expect("dir");
+        let host = leased(cluster, dir.path(), holder, clock);
+        (dir, host)
+    })
+}
+
 /// [`leased`] under `policy`.
 fn leased_under(
     cluster: &Cluster,
@@ -257,12 +267,7 @@ fn a_pause_through_another_gate_holds_the_run_at_its_homes_next_call() {
         return;
     };
     let clock = LeaseClock::database();
-    let (da, db) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
-    let a = leased(&cluster, da.path(), "host-a", &clock);
-    let b = leased(&cluster, db.path(), "host-b", &clock);
+    let [(_da, a), (_db, b)] = two_hosts(&cluster, &clock);
     start(&a, json!({"run": "p", "budget": {"attempts": 20}}));
     let home = verdict(&check(&a, "p", 0));
     let elsewhere = verdict(&check(&b, "p", 0));
@@ -288,12 +293,7 @@ fn a_dead_holders_run_goes_on_elsewhere_once_its_slice_is_reclaimed() {
         return;
     };
     let clock = at_noon();
-    let (da, db) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
-    let a = leased(&cluster, da.path(), "host-a", &clock);
-    let b = leased(&cluster, db.path(), "host-b", &clock);
+    let [(_da, a), (_db, b)] = two_hosts(&cluster, &clock);
     start(&a, json!({"run": "d", "budget": {"attempts": 20}}));
     let mut last = 0;
     for _ in 0..5 {
@@ -476,12 +476,7 @@ fn a_deny_through_another_gate_leaves_the_run_at_home() {
         return;
     };
     let clock = LeaseClock::database();
-    let (da, db) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
-    let a = leased(&cluster, da.path(), "host-a", &clock);
-    let b = leased(&cluster, db.path(), "host-b", &clock);
+    let [(_da, a), (_db, b)] = two_hosts(&cluster, &clock);
     start(&a, json!({"run": "n", "budget": {"spend_cents": 100}}));
     let home = verdict(&check(&a, "n", 10));
     let denied = verdict(&check(&b, "n", 1000));
