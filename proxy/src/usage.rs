@@ -39,6 +39,7 @@ use crate::endpoint::Endpoint;
 
 mod bedrock;
 mod gemini;
+mod pruned;
 
 /// Tokens (and server tool uses) a call used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -202,7 +203,8 @@ pub fn answer(endpoint: Endpoint, body: &[u8]) -> (Reported, Option<String>) {
     if endpoint == Endpoint::CountTokens {
         return (Reported::Usage(Usage::default()), None);
     }
-    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+    // Only the members the readers look at are kept ([`pruned`]).
+    let Ok(v) = pruned::read(endpoint, body) else {
         return (Reported::Missing, None);
     };
     (of_body(endpoint, &v), crate::tier::said(endpoint, &v))
@@ -352,10 +354,15 @@ impl StreamUsage {
     /// Reads one event's data; whether to pass it to a client that did not ask for the
     /// usage chunk.
     pub fn event(&mut self, data: &str) -> Keep {
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
+        let Ok(v) = pruned::read(self.endpoint, data.as_bytes()) else {
             return Keep::Pass;
         };
-        if let Some(t) = crate::tier::said(self.endpoint, &v) {
+        self.event_value(&v)
+    }
+
+    /// Reads one event's data, as read ([`StreamUsage::event`]).
+    fn event_value(&mut self, v: &Value) -> Keep {
+        if let Some(t) = crate::tier::said(self.endpoint, v) {
             self.tier = Some(t);
         }
         match self.endpoint {
@@ -424,7 +431,7 @@ impl StreamUsage {
                 Keep::Pass
             }
             Endpoint::StreamGenerateContent => {
-                self.gemini_chunk(&v);
+                self.gemini_chunk(v);
                 Keep::Pass
             }
             _ => Keep::Pass,
