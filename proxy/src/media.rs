@@ -163,8 +163,35 @@ fn parts<'a>(v: &'a Value, key: &str) -> Vec<(usize, &'a Value)> {
         .unwrap_or_default()
 }
 
+/// One step of the path to a value: a member's name or an item's place.
+enum Step<'v> {
+    Key(&'v str),
+    Item(usize),
+}
+
+/// `path` as a refusal names it (`messages[0].content[1]`): rendered only for a refusal,
+/// never for each value walked.
+fn rendered(path: &[Step<'_>]) -> String {
+    let mut at = String::new();
+    for (i, step) in path.iter().enumerate() {
+        match step {
+            Step::Key(k) if i == 0 => at.push_str(k),
+            Step::Key(k) => {
+                at.push('.');
+                at.push_str(k);
+            }
+            Step::Item(i) => at.push_str(&format!("[{i}]")),
+        }
+    }
+    at
+}
+
 /// Refuses a media part anywhere but the image parts read (`read`), naming its path.
-fn elsewhere(v: &Value, read: &[*const Value], path: &mut Vec<String>) -> Result<(), RequestError> {
+fn elsewhere<'v>(
+    v: &'v Value,
+    read: &[*const Value],
+    path: &mut Vec<Step<'v>>,
+) -> Result<(), RequestError> {
     match v {
         Value::Object(o) => {
             if read.contains(&(v as *const Value)) {
@@ -172,7 +199,7 @@ fn elsewhere(v: &Value, read: &[*const Value], path: &mut Vec<String>) -> Result
             }
             if let Some(Value::String(t)) = o.get("type") {
                 if MEDIA.contains(&t.as_str()) {
-                    let at = path.concat();
+                    let at = rendered(path);
                     let why = if t.contains("image") {
                         format!("is `{t}` content where this endpoint's requests take no image, which tally does not price")
                     } else {
@@ -189,11 +216,7 @@ fn elsewhere(v: &Value, read: &[*const Value], path: &mut Vec<String>) -> Result
                 }
             }
             for (k, x) in o {
-                path.push(if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!(".{k}")
-                });
+                path.push(Step::Key(k));
                 elsewhere(x, read, path)?;
                 path.pop();
             }
@@ -201,7 +224,7 @@ fn elsewhere(v: &Value, read: &[*const Value], path: &mut Vec<String>) -> Result
         }
         Value::Array(a) => {
             for (i, x) in a.iter().enumerate() {
-                path.push(format!("[{i}]"));
+                path.push(Step::Item(i));
                 elsewhere(x, read, path)?;
                 path.pop();
             }

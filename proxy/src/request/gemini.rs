@@ -15,6 +15,7 @@
 //! `mediaResolution` is passed as the request gives it.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use serde_json::Value;
 use tally_policy::CacheMark;
@@ -373,7 +374,8 @@ fn image(field: &str, key: &str, media: &Value) -> Result<u64, RequestError> {
 /// Refuses a media member anywhere but the parts read (`read`), and any snake_case
 /// spelling of one, naming its path.
 fn elsewhere(v: &Value, read: &[*const Value], at: &mut String) -> Result<(), RequestError> {
-    let media: BTreeMap<&str, &str> = [
+    // A fixed list, not a map built for each value walked.
+    const MEDIA: &[(&str, &str)] = &[
         ("inlineData", "media outside a content part"),
         ("fileData", "media outside a content part"),
         (
@@ -381,9 +383,7 @@ fn elsewhere(v: &Value, read: &[*const Value], at: &mut String) -> Result<(), Re
             "media spelt in snake_case: write `inlineData`",
         ),
         ("file_data", "media spelt in snake_case: write `fileData`"),
-    ]
-    .into_iter()
-    .collect();
+    ];
     match v {
         Value::Object(o) => {
             for (k, x) in o {
@@ -392,7 +392,7 @@ fn elsewhere(v: &Value, read: &[*const Value], at: &mut String) -> Result<(), Re
                     at.push('.');
                 }
                 at.push_str(k);
-                if let Some(why) = media.get(k.as_str()) {
+                if let Some((_, why)) = MEDIA.iter().find(|(name, _)| *name == k.as_str()) {
                     if !read.contains(&(x as *const Value)) {
                         return Err(RequestError::unpriced(
                             at.clone(),
@@ -409,7 +409,8 @@ fn elsewhere(v: &Value, read: &[*const Value], at: &mut String) -> Result<(), Re
         Value::Array(a) => {
             for (i, x) in a.iter().enumerate() {
                 let len = at.len();
-                at.push_str(&format!("[{i}]"));
+                // Written in place: no string made for each item.
+                let _ = write!(at, "[{i}]");
                 elsewhere(x, read, at)?;
                 at.truncate(len);
             }
