@@ -104,6 +104,11 @@ pub fn settled(
     }
 }
 
+/// The member [`said`] reads where OpenAI says the tier (at the top of an answer or a
+/// chunk, or of a Responses event's `response`): kept whole by the usage readers'
+/// pruned reading. (Anthropic's is inside the usage, which they keep whole.)
+pub(crate) const OPENAI: (&str, crate::usage::Prune) = ("service_tier", crate::usage::Prune::Whole);
+
 /// The tier an answer (a whole body, or one event of a stream) says served it, if it
 /// says (`auto` says none): OpenAI's `service_tier` (a Responses event's `response.service_tier`),
 /// Anthropic's `usage.service_tier` (a stream's `message_start` or `message_delta`). A
@@ -226,8 +231,16 @@ mod tests {
         assert_eq!(settled(&p, a, &Lands::Any, Some("default")), None);
         let plain = ModelPrice::new(Nanos(1), Nanos(2));
         assert_eq!(settled(&plain, o, &Lands::Any, None), Some(plain));
-        // Where each API says it.
-        let said_in = |e, v: Value| said(e, &v);
+        // Where each API says it, read as the proxy reads an answer and a stream's event
+        // (only the members the readers keep: one not kept reads as unsaid).
+        let said_in = |e, v: Value| {
+            let text = v.to_string();
+            let plain = crate::usage::answer(e, text.as_bytes()).1;
+            let mut s = crate::usage::StreamUsage::new(e);
+            s.event(&text);
+            assert_eq!(s.tier(), plain.as_deref(), "{text}");
+            plain
+        };
         assert_eq!(
             said_in(
                 Endpoint::ChatCompletions,

@@ -41,6 +41,58 @@ mod bedrock;
 mod gemini;
 mod pruned;
 
+pub(crate) use pruned::Prune;
+
+/// What the readers of `endpoint` read of an answer (or of one event of its stream),
+/// declared next to them: the only members [`pruned`] keeps.
+fn shape(endpoint: Endpoint) -> &'static Prune {
+    match endpoint {
+        Endpoint::ChatCompletions => &CHAT,
+        Endpoint::Responses => &RESPONSES,
+        Endpoint::Messages => &MESSAGES,
+        Endpoint::GenerateContent | Endpoint::StreamGenerateContent => &gemini::KEPT,
+        Endpoint::Converse | Endpoint::ConverseStream => &bedrock::KEPT,
+        // Nothing is read of the others' answers: checked as JSON, kept as `null`.
+        _ => &Prune::Skip,
+    }
+}
+
+/// Chat Completions: the usage ([`chat`]), the tier ([`crate::tier::said`]) and the
+/// choices, counted (a stream's usage chunk has none: [`StreamUsage::event_value`]).
+const CHAT: Prune = Prune::Fields(&[
+    ("usage", Prune::Whole),
+    crate::tier::OPENAI,
+    ("choices", Prune::Items(&Prune::Skip)),
+]);
+
+/// Responses: a response's usage, tier and its output items' types ([`responses`]), at
+/// the top (a plain answer) or under `response` (a stream's event, named by its `type`).
+const RESPONSES: Prune = Prune::Fields(&[
+    ("usage", Prune::Whole),
+    crate::tier::OPENAI,
+    ("output", Prune::Items(&OUTPUT_TYPE)),
+    ("type", Prune::Whole),
+    (
+        "response",
+        Prune::Fields(&[
+            ("usage", Prune::Whole),
+            crate::tier::OPENAI,
+            ("output", Prune::Items(&OUTPUT_TYPE)),
+        ]),
+    ),
+]);
+
+/// A Responses output item: its type (a web search's, [`responses`]).
+const OUTPUT_TYPE: Prune = Prune::Fields(&[("type", Prune::Whole)]);
+
+/// Messages: the usage, at the top or under `message` (`message_start`), and the event's
+/// type; the tier ([`crate::tier::said`]) is read inside the usage, kept whole.
+const MESSAGES: Prune = Prune::Fields(&[
+    ("usage", Prune::Whole),
+    ("type", Prune::Whole),
+    ("message", Prune::Fields(&[("usage", Prune::Whole)])),
+]);
+
 /// Tokens (and server tool uses) a call used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -204,7 +256,7 @@ pub fn answer(endpoint: Endpoint, body: &[u8]) -> (Reported, Option<String>) {
         return (Reported::Usage(Usage::default()), None);
     }
     // Only the members the readers look at are kept ([`pruned`]).
-    let Ok(v) = pruned::read(endpoint, body) else {
+    let Ok(v) = pruned::read(shape(endpoint), body) else {
         return (Reported::Missing, None);
     };
     (of_body(endpoint, &v), crate::tier::said(endpoint, &v))
@@ -354,7 +406,7 @@ impl StreamUsage {
     /// Reads one event's data; whether to pass it to a client that did not ask for the
     /// usage chunk.
     pub fn event(&mut self, data: &str) -> Keep {
-        let Ok(v) = pruned::read(self.endpoint, data.as_bytes()) else {
+        let Ok(v) = pruned::read_str(shape(self.endpoint), data) else {
             return Keep::Pass;
         };
         self.event_value(&v)
@@ -454,7 +506,7 @@ impl StreamUsage {
         if self.whole.is_some() {
             self.note(Err("a second metadata event".to_owned()));
         }
-        self.whole = Some(match serde_json::from_slice::<Value>(payload) {
+        self.whole = Some(match pruned::read(&bedrock::KEPT, payload) {
             Ok(v) => reported(v.get("usage"), bedrock::usage),
             Err(e) => Reported::Implausible(format!("a metadata event that is not JSON: {e}")),
         });

@@ -6,7 +6,11 @@
 
 use serde_json::Value;
 
-use super::{count, needed, Usage};
+use super::{count, needed, Prune, Usage};
+
+/// What Bedrock's reader reads of a Converse answer or a ConverseStream's `metadata`
+/// event: the usage ([`usage`]).
+pub(super) const KEPT: Prune = Prune::Fields(&[("usage", Prune::Whole)]);
 
 /// The usage `usage` `u` reports.
 pub(super) fn usage(u: &Value) -> Result<Usage, String> {

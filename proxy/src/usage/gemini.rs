@@ -11,7 +11,21 @@
 
 use serde_json::Value;
 
-use super::{count, needed, Usage};
+use super::{count, needed, Prune, Usage};
+
+/// What Gemini's readers read of an answer or a stream's chunk: the usage ([`usage`]),
+/// and whether a candidate or the prompt's feedback ended it ([`ended`]).
+pub(super) const KEPT: Prune = Prune::Fields(&[
+    ("usageMetadata", Prune::Whole),
+    (
+        "candidates",
+        Prune::Items(&Prune::Fields(&[("finishReason", Prune::Whole)])),
+    ),
+    (
+        "promptFeedback",
+        Prune::Fields(&[("blockReason", Prune::Whole)]),
+    ),
+]);
 
 /// The usage `usageMetadata` `u` reports.
 pub(super) fn usage(u: &Value) -> Result<Usage, String> {

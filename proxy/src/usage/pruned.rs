@@ -9,20 +9,24 @@
 //! (Not serde's `IgnoredAny`, which skips a number or a string without checking it as
 //! a `Value`'s reader does: a number out of range, a string's UTF-8.)
 //!
-//! Whatever this reader cannot read (bad JSON, or a key serde_json would read as its
-//! own private marker) is an error, on which the caller reads the whole [`Value`] as
-//! before: an answer reads the same either way.
+//! The members kept are declared next to the readers that read them (`usage`'s
+//! dialects, [`crate::tier`]): this file only reads by them.
+//!
+//! This is the only reader of answers and of stream events. A key serde_json reads as
+//! its own private marker (`$serde_json::private::RawValue`, which a `Value`'s reader
+//! refuses when it comes first in an object) is an ordinary key in the parts not kept:
+//! a model's tool input may carry one, and it must not make the answer's usage
+//! unreadable. Inside a kept member read whole (the usage object) it is read as a
+//! `Value` reads it, as before.
 
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use crate::endpoint::Endpoint;
-
 /// What of a JSON value is kept.
 #[derive(Debug)]
-pub(super) enum Prune {
+pub(crate) enum Prune {
     /// All of it.
     Whole,
     /// An object's named members, each pruned by its shape; anything else is `null`.
@@ -33,83 +37,24 @@ pub(super) enum Prune {
     Skip,
 }
 
-const WHOLE: Prune = Prune::Whole;
-const TYPE_ONLY: Prune = Prune::Fields(&[("type", WHOLE)]);
-const FINISH: Prune = Prune::Fields(&[("finishReason", WHOLE)]);
-
-/// Chat Completions: the usage, its tier, and how many choices (a stream's usage chunk
-/// has none).
-const CHAT: Prune = Prune::Fields(&[
-    ("usage", WHOLE),
-    ("service_tier", WHOLE),
-    ("choices", Prune::Items(&Prune::Skip)),
-]);
-
-/// Responses: a response's usage, tier and its output items' types (web searches), at the
-/// top (a plain answer) or under `response` (a stream's event, named by its `type`).
-const RESPONSES: Prune = Prune::Fields(&[
-    ("usage", WHOLE),
-    ("service_tier", WHOLE),
-    ("output", Prune::Items(&TYPE_ONLY)),
-    ("type", WHOLE),
-    (
-        "response",
-        Prune::Fields(&[
-            ("usage", WHOLE),
-            ("service_tier", WHOLE),
-            ("output", Prune::Items(&TYPE_ONLY)),
-        ]),
-    ),
-]);
-
-/// Messages: the usage, at the top or under `message` (`message_start`), and the type.
-const MESSAGES: Prune = Prune::Fields(&[
-    ("usage", WHOLE),
-    ("type", WHOLE),
-    ("message", Prune::Fields(&[("usage", WHOLE)])),
-]);
-
-/// Gemini: the usage, and whether a candidate or the prompt's feedback ended it.
-const GEMINI: Prune = Prune::Fields(&[
-    ("usageMetadata", WHOLE),
-    ("candidates", Prune::Items(&FINISH)),
-    ("promptFeedback", Prune::Fields(&[("blockReason", WHOLE)])),
-]);
-
-/// Bedrock Converse: the usage.
-const CONVERSE: Prune = Prune::Fields(&[("usage", WHOLE)]);
-
-/// What the usage readers of `endpoint` read of an answer (or a stream's event); `None`:
-/// the whole value.
-fn shape(endpoint: Endpoint) -> Option<&'static Prune> {
-    match endpoint {
-        Endpoint::ChatCompletions => Some(&CHAT),
-        Endpoint::Responses => Some(&RESPONSES),
-        Endpoint::Messages => Some(&MESSAGES),
-        Endpoint::GenerateContent | Endpoint::StreamGenerateContent => Some(&GEMINI),
-        Endpoint::Converse => Some(&CONVERSE),
-        _ => None,
-    }
+/// `json` read as `shape` keeps it; an error for anything that is not one JSON value.
+pub(super) fn read(shape: &'static Prune, json: &[u8]) -> serde_json::Result<Value> {
+    read_from(shape, serde_json::Deserializer::from_slice(json))
 }
 
-/// `json` read as the usage readers of `endpoint` see it: pruned where it can be, else
-/// (or where it cannot be read pruned) the whole [`Value`].
-pub(super) fn read(endpoint: Endpoint, json: &[u8]) -> serde_json::Result<Value> {
-    if let Some(shape) = shape(endpoint) {
-        let mut de = serde_json::Deserializer::from_slice(json);
-        let pruned = shape
-            .deserialize(&mut de)
-            .and_then(|v| de.end().map(|()| v));
-        if let Ok(v) = pruned {
-            return Ok(v);
-        }
-    }
-    serde_json::from_slice(json)
+/// [`read`], of text (a stream's event: its UTF-8 checked once, where it was decoded).
+pub(super) fn read_str(shape: &'static Prune, json: &str) -> serde_json::Result<Value> {
+    read_from(shape, serde_json::Deserializer::from_str(json))
 }
 
-/// Keys serde_json reads as its own markers (a number's or a raw value's) when it reads
-/// a [`Value`]: an object with one is left to that reader.
-const PRIVATE: &str = "$serde_json::private::";
+fn read_from<'de, R: serde_json::de::Read<'de>>(
+    shape: &'static Prune,
+    mut de: serde_json::Deserializer<R>,
+) -> serde_json::Result<Value> {
+    let v = shape.deserialize(&mut de)?;
+    de.end()?;
+    Ok(v)
+}
 
 impl<'de> DeserializeSeed<'de> for &'static Prune {
     type Value = Value;
@@ -199,8 +144,8 @@ impl<'de> Visitor<'de> for Pruning {
     }
 }
 
-/// A member's key: which of `fields` it names, if any (an error for serde_json's own
-/// markers, which only the [`Value`] reader reads as it does).
+/// A member's key: which of `fields` it names, if any (any other key, serde_json's
+/// private markers among them, is one more member not kept).
 struct Key(&'static [(&'static str, Prune)]);
 
 impl<'de> DeserializeSeed<'de> for Key {
@@ -219,9 +164,6 @@ impl<'de> Visitor<'de> for Key {
     }
 
     fn visit_str<E: de::Error>(self, k: &str) -> Result<Option<usize>, E> {
-        if k.starts_with(PRIVATE) {
-            return Err(E::custom("a serde_json marker key"));
-        }
         Ok(self.0.iter().position(|(name, _)| *name == k))
     }
 }
@@ -229,7 +171,8 @@ impl<'de> Visitor<'de> for Key {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::{of_body, StreamUsage};
+    use crate::endpoint::Endpoint;
+    use crate::usage::{of_body, shape, StreamUsage};
 
     const ENDPOINTS: &[Endpoint] = &[
         Endpoint::ChatCompletions,
@@ -261,7 +204,6 @@ mod tests {
         r#"{"note":"\u00e9\n","usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
         r#"{"usage":{"prompt_tokens":1,"completion_tokens":2}} x"#,
         r#"{"usage":{"prompt_tokens":1,"completion_tokens":2}"#,
-        r#"{"$serde_json::private::RawValue":"{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}"}"#,
         r#"{"a":{"\u0024serde_json::private::RawValue":"{\"usage\":{\"input_tokens\":1,\"output_tokens\":2}}"},"usage":{"input_tokens":1,"output_tokens":2}}"#,
         r#"[{"usage":{"prompt_tokens":1,"completion_tokens":2}}]"#,
         r#""usage""#,
@@ -297,7 +239,7 @@ mod tests {
         for &endpoint in ENDPOINTS {
             for body in BODIES {
                 let whole = serde_json::from_slice::<Value>(body.as_bytes());
-                let pruned = read(endpoint, body.as_bytes());
+                let pruned = read(shape(endpoint), body.as_bytes());
                 assert_eq!(whole.is_ok(), pruned.is_ok(), "{endpoint:?} {body}");
                 let (Ok(whole), Ok(pruned)) = (whole, pruned) else {
                     continue;
@@ -340,13 +282,13 @@ mod tests {
     #[test]
     fn only_what_the_readers_look_at_is_kept() {
         let body = br#"{"id":"x","choices":[{"message":{"content":"a long answer"}}],"usage":{"prompt_tokens":1,"completion_tokens":2},"service_tier":"flex"}"#;
-        let v = read(Endpoint::ChatCompletions, body).expect("read");
+        let v = read(shape(Endpoint::ChatCompletions), body).expect("read");
         assert_eq!(
             v,
             serde_json::json!({"choices": [null], "usage": {"prompt_tokens": 1, "completion_tokens": 2}, "service_tier": "flex"})
         );
         let body = br#"{"type":"response.completed","response":{"output":[{"type":"message","content":[{"text":"x"}]}],"usage":{"input_tokens":1,"output_tokens":1}}}"#;
-        let v = read(Endpoint::Responses, body).expect("read");
+        let v = read(shape(Endpoint::Responses), body).expect("read");
         assert_eq!(
             v,
             serde_json::json!({"type": "response.completed", "response": {"output": [{"type": "message"}], "usage": {"input_tokens": 1, "output_tokens": 1}}})

@@ -347,3 +347,117 @@ fn cache_writes_are_priced_at_their_own_price_or_not_guessed() {
         })
     );
 }
+
+/// serde_json's private marker, as a model may write it as a key of its tool input.
+const MARKER: &str = "$serde_json::private::RawValue";
+
+#[test]
+fn a_marker_key_in_a_models_tool_input_leaves_the_usage_read() {
+    let usage = |input, output| {
+        got(Usage {
+            input,
+            output,
+            ..Usage::default()
+        })
+    };
+    // Where each dialect carries keys a model chose: its tool input (first, and not
+    // first, in the object), and elsewhere in what the readers do not keep.
+    for input in [
+        format!(r#"{{"{MARKER}":1}}"#),
+        format!(r#"{{"q":"x","{MARKER}":{{"{MARKER}":"{{"}}}}"#),
+    ] {
+        for (endpoint, body, want) in [
+            (
+                Endpoint::Messages,
+                format!(
+                    r#"{{"id":"m","type":"message","content":[{{"type":"tool_use","id":"t","name":"f","input":{input}}}],"stop_reason":"tool_use","usage":{{"input_tokens":10,"output_tokens":5}}}}"#
+                ),
+                usage(10, 5),
+            ),
+            (
+                Endpoint::GenerateContent,
+                format!(
+                    r#"{{"candidates":[{{"content":{{"parts":[{{"functionCall":{{"name":"f","args":{input}}}}}],"role":"model"}},"finishReason":"STOP"}}],"usageMetadata":{{"promptTokenCount":5,"candidatesTokenCount":3,"totalTokenCount":8}}}}"#
+                ),
+                usage(5, 3),
+            ),
+            (
+                Endpoint::Converse,
+                format!(
+                    r#"{{"output":{{"message":{{"role":"assistant","content":[{{"toolUse":{{"toolUseId":"t","name":"f","input":{input}}}}}]}}}},"stopReason":"tool_use","usage":{{"inputTokens":3,"outputTokens":2,"totalTokens":5}}}}"#
+                ),
+                usage(3, 2),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                format!(
+                    r#"{{"choices":[{{"message":{{"content":"x","extra":{input}}}}}],"usage":{{"prompt_tokens":4,"completion_tokens":1}}}}"#
+                ),
+                usage(4, 1),
+            ),
+            (
+                Endpoint::Responses,
+                format!(
+                    r#"{{"output":[{{"type":"function_call","extra":{input}}}],"usage":{{"input_tokens":4,"output_tokens":1}}}}"#
+                ),
+                usage(4, 1),
+            ),
+        ] {
+            assert_eq!(from_body(endpoint, body.as_bytes()), want, "{body}");
+        }
+        // Streamed: Gemini's chunks carry the call's args; Anthropic's a tool block's
+        // start its input.
+        let mut s = StreamUsage::new(Endpoint::StreamGenerateContent);
+        s.event(&format!(
+            r#"{{"candidates":[{{"content":{{"parts":[{{"functionCall":{{"name":"f","args":{input}}}}}]}},"finishReason":"STOP"}}],"usageMetadata":{{"promptTokenCount":5,"candidatesTokenCount":3,"totalTokenCount":8}}}}"#
+        ));
+        assert_eq!(s.reported(), usage(5, 3), "{input}");
+        let mut s = StreamUsage::new(Endpoint::Messages);
+        for e in [
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":10,"output_tokens":1}}}"#
+                .to_owned(),
+            format!(
+                r#"{{"type":"content_block_start","index":0,"content_block":{{"type":"tool_use","id":"t","name":"f","input":{input}}}}}"#
+            ),
+            format!(
+                r#"{{"type":"message_delta","delta":{{"stop_reason":"tool_use","extra":{input}}},"usage":{{"output_tokens":5}}}}"#
+            ),
+        ] {
+            s.event(&e);
+        }
+        assert_eq!(s.reported(), usage(10, 5), "{input}");
+    }
+    // A `Value`'s reader refuses the first of these: what made such an answer's usage
+    // unreadable before.
+    let first = format!(r#"{{"a":{{"{MARKER}":1}}}}"#);
+    assert!(serde_json::from_str::<serde_json::Value>(&first).is_err());
+}
+
+#[test]
+fn a_marker_key_in_the_usage_itself_is_read_as_a_value_reads_it() {
+    // The usage is the upstream's, kept whole: a marker first in it is what a `Value`'s
+    // reader refuses (no usage read), as before.
+    let body = format!(r#"{{"usage":{{"{MARKER}":1,"input_tokens":10,"output_tokens":5}}}}"#);
+    assert!(serde_json::from_str::<serde_json::Value>(&body).is_err());
+    assert_eq!(
+        from_body(Endpoint::Messages, body.as_bytes()),
+        Reported::Missing
+    );
+    // Not first, it is an ordinary key there too.
+    let body = format!(r#"{{"usage":{{"input_tokens":10,"{MARKER}":1,"output_tokens":5}}}}"#);
+    assert_eq!(
+        from_body(Endpoint::Messages, body.as_bytes()),
+        got(Usage {
+            input: 10,
+            output: 5,
+            ..Usage::default()
+        })
+    );
+    // At the top of an answer, it names no member the readers read.
+    let body =
+        format!(r#"{{"{MARKER}":"{{\"usage\":{{\"input_tokens\":1,\"output_tokens\":2}}}}"}}"#);
+    assert_eq!(
+        from_body(Endpoint::Messages, body.as_bytes()),
+        Reported::Missing
+    );
+}
