@@ -188,3 +188,57 @@ fn prices_with_cached() -> Vec<(&'static str, Price)> {
     ));
     p
 }
+
+/// A model's tool input may carry any key, serde_json's private marker among them
+/// (`$serde_json::private::RawValue`, which serde_json's `Value` reader refuses where it
+/// comes first in an object): the answer's usage is read all the same and the call
+/// settles at it, plain and streamed, never held at its reservation as unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_key_in_a_models_tool_input_leaves_the_call_settled_at_its_usage() {
+    use tally_testkit::upstream::{Script, ToolCall};
+    let upstream = FakeUpstream::start(FakeOptions::default());
+    let marker = json!({"$serde_json::private::RawValue": 1});
+    upstream.script(
+        "fake-marker",
+        Script {
+            calls: vec![ToolCall {
+                name: "f".to_owned(),
+                input: marker,
+            }],
+            then: "done".to_owned(),
+            usage: (100, 50),
+        },
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let mut text = policy(&upstream, 1000);
+    text.push_str(
+        "[prices.anthropic.\"fake-marker\"]\ninput_per_mtok = 10\noutput_per_mtok = \"1000\"\nmax_output_tokens = 100\n",
+    );
+    let mut served = Served::new(dir.path(), &text);
+    let token = served.start_run("r").await;
+    for stream in [false, true] {
+        let body = json!({"model": "fake-marker", "max_tokens": 50, "stream": stream,
+                          "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                          "messages": [{"role": "user", "content": "go"}]});
+        let r = call(
+            served.proxy,
+            "/anthropic/v1/messages",
+            &[("x-api-key", &token)],
+            body.to_string(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        // A stream sends the input as text (`input_json_delta`), the marker no key.
+        assert!(
+            stream || r.text().contains("serde_json::private::RawValue"),
+            "{}",
+            r.text()
+        );
+    }
+    let st = served.settled("r").await;
+    // 100 in at $10/M and 50 out at $1,000/M, twice: the upstream's usage.
+    assert_eq!(st["settled_nanos"], 2 * 51_000_000, "{st}");
+    let mut prices = prices();
+    prices.push(("fake-marker", Price::usd(10, 1000)));
+    served.verifies_the_bill(&upstream, &prices, 0);
+}

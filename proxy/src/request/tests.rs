@@ -511,3 +511,46 @@ fn the_measured_length_is_the_rendered_bodys() {
         let _: serde_json::Value = serde_json::from_str(&text).expect(&text);
     }
 }
+
+#[test]
+fn a_marker_key_an_agent_sends_back_is_an_ordinary_key() {
+    // A model's tool input, sent back in the next turn, may carry serde_json's private
+    // marker first in an object: the body reads and prices as any other, the marker
+    // kept (the request's reader builds its own value, never serde_json's `Value`).
+    let marker = "$serde_json::private::RawValue";
+    let body = serde_json::json!({"model": "m", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {marker: 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}]});
+    let text = body.to_string();
+    assert!(serde_json::from_str::<Value>(&text).is_err(), "{text}");
+    let priced = messages(&body)
+        .price(&price(), Nanos(u64::MAX), false)
+        .expect("priced");
+    assert!(String::from_utf8(priced.body)
+        .expect("UTF-8")
+        .contains(&format!(r#"{{"{marker}":1}}"#)));
+    for (endpoint, body) in [
+        (
+            Endpoint::GenerateContent,
+            format!(
+                r#"{{"contents":[{{"parts":[{{"functionCall":{{"name":"f","args":{{"{marker}":1}}}}}}]}}],"generationConfig":{{"maxOutputTokens":5}}}}"#
+            ),
+        ),
+        (
+            Endpoint::Converse,
+            format!(
+                r#"{{"messages":[{{"role":"user","content":[{{"text":"go"}}]}},{{"role":"assistant","content":[{{"toolUse":{{"toolUseId":"t","name":"f","input":{{"{marker}":1}}}}}}]}}]}}"#
+            ),
+        ),
+    ] {
+        let r = parse_named(endpoint, Some("m"), body.as_bytes()).expect("reads");
+        let priced = r.price(&price(), Nanos(u64::MAX), false).expect("priced");
+        assert!(
+            String::from_utf8(priced.body)
+                .expect("UTF-8")
+                .contains(marker),
+            "{body}"
+        );
+    }
+}
