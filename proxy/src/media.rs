@@ -20,6 +20,8 @@
 //! documents, video anywhere), is priced by a measure the policy has no price for, so
 //! it is refused, naming where it is.
 
+use std::collections::HashSet;
+
 use serde_json::Value;
 
 use crate::endpoint::{Endpoint, RequestError};
@@ -108,7 +110,8 @@ pub fn images(endpoint: Endpoint, body: &Value) -> Result<Images, RequestError> 
             .data_bytes
             .saturating_add(data_bytes(endpoint, at, part)?);
     }
-    let read: Vec<*const Value> = found.iter().map(|(_, v)| *v as *const Value).collect();
+    // A set: each object walked is looked up once, not against every image found.
+    let read: HashSet<*const Value> = found.iter().map(|(_, v)| *v as *const Value).collect();
     let mut path = Vec::new();
     elsewhere(body, &read, &mut path)?;
     Ok(out)
@@ -173,9 +176,9 @@ enum Step<'v> {
 /// never for each value walked.
 fn rendered(path: &[Step<'_>]) -> String {
     let mut at = String::new();
-    for (i, step) in path.iter().enumerate() {
+    for (n, step) in path.iter().enumerate() {
         match step {
-            Step::Key(k) if i == 0 => at.push_str(k),
+            Step::Key(k) if n == 0 => at.push_str(k),
             Step::Key(k) => {
                 at.push('.');
                 at.push_str(k);
@@ -189,7 +192,7 @@ fn rendered(path: &[Step<'_>]) -> String {
 /// Refuses a media part anywhere but the image parts read (`read`), naming its path.
 fn elsewhere<'v>(
     v: &'v Value,
-    read: &[*const Value],
+    read: &HashSet<*const Value>,
     path: &mut Vec<Step<'v>>,
 ) -> Result<(), RequestError> {
     match v {
@@ -362,5 +365,34 @@ mod tests {
             ),
             "messages[0].content[0]"
         );
+    }
+
+    #[test]
+    fn a_body_of_many_images_reads_the_same_walked_once() {
+        // 20,000 image parts where Chat takes them: each counted, and one more anywhere
+        // else (the last thing walked) refused by its exact path.
+        let n = 20_000;
+        let part = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}});
+        let parts = |n: usize| vec![part.clone(); n];
+        let body = json!({"model": "m", "messages": [
+            {"role": "user", "content": parts(n / 2)},
+            {"role": "user", "content": parts(n / 2)}]});
+        let got = images(Endpoint::ChatCompletions, &body).expect("reads");
+        assert_eq!(
+            got,
+            Images {
+                count: n as u64,
+                data_bytes: n as u64 * 26,
+                first: Some("messages[0].content[0]".into()),
+            }
+        );
+        let mut stray = body.clone();
+        stray["messages"][1]["z"] = json!([{"x": parts(2)}]);
+        match images(Endpoint::ChatCompletions, &stray) {
+            Err(RequestError::Unpriced { field, .. }) => {
+                assert_eq!(field, "messages[1].z[0].x[0].type")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -14,7 +14,7 @@
 //! operator gives as the most one image costs at the model's highest media resolution:
 //! `mediaResolution` is passed as the request gives it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
 use serde_json::Value;
@@ -297,7 +297,8 @@ fn tools(whole: &Value) -> Result<bool, RequestError> {
 /// `file_data`) is refused, naming where it is.
 fn images(whole: &Value) -> Result<Images, RequestError> {
     let mut out = Images::default();
-    let mut read: Vec<*const Value> = Vec::new();
+    // A set: each media member walked is looked up once, not against every part read.
+    let mut read: HashSet<*const Value> = HashSet::new();
     let mut lists: Vec<(String, &Value)> = Vec::new();
     for (i, c) in numbered(whole.get("contents")) {
         lists.push((format!("contents[{i}]"), c));
@@ -323,7 +324,7 @@ fn images(whole: &Value) -> Result<Images, RequestError> {
                 out.data_bytes = out.data_bytes.saturating_add(image(&field, key, media)?);
                 out.count += 1;
                 out.first.get_or_insert(field);
-                read.push(media as *const Value);
+                read.insert(media as *const Value);
             }
         }
     }
@@ -373,7 +374,7 @@ fn image(field: &str, key: &str, media: &Value) -> Result<u64, RequestError> {
 
 /// Refuses a media member anywhere but the parts read (`read`), and any snake_case
 /// spelling of one, naming its path.
-fn elsewhere(v: &Value, read: &[*const Value], at: &mut String) -> Result<(), RequestError> {
+fn elsewhere(v: &Value, read: &HashSet<*const Value>, at: &mut String) -> Result<(), RequestError> {
     // A fixed list, not a map built for each value walked.
     const MEDIA: &[(&str, &str)] = &[
         ("inlineData", "media outside a content part"),
@@ -410,7 +411,7 @@ fn elsewhere(v: &Value, read: &[*const Value], at: &mut String) -> Result<(), Re
             for (i, x) in a.iter().enumerate() {
                 let len = at.len();
                 // Written in place: no string made for each item.
-                let _ = write!(at, "[{i}]");
+                write!(at, "[{i}]").expect("writing to a String cannot fail");
                 elsewhere(x, read, at)?;
                 at.truncate(len);
             }

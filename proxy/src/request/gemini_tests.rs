@@ -452,3 +452,35 @@ fn gemini_inline_data_has_one_spelling() {
         assert!(e.to_string().contains(names), "{body}: {e}");
     }
 }
+
+#[test]
+fn a_body_of_many_images_reads_the_same_walked_once() {
+    // 20,000 inline images in parts: each counted; one more where no part is (the last
+    // member walked) refused by its exact path.
+    let n = 20_000;
+    let part = r#"{"inlineData":{"mimeType":"image/png","data":"AAAA"}}"#;
+    let parts = vec![part; n].join(",");
+    let body = format!(r#"{{"contents":[{{"parts":[{parts}]}}]}}"#);
+    let r = gemini(&body).expect("reads");
+    assert_eq!(
+        (
+            r.images.count,
+            r.images.data_bytes,
+            r.images.first.as_deref()
+        ),
+        (
+            n as u64,
+            4 * n as u64,
+            Some("contents[0].parts[0].inlineData")
+        )
+    );
+    let stray = format!(
+        r#"{{"contents":[{{"parts":[{parts}]}},{{"parts":[{{"functionCall":{{"name":"f","args":{{"z":{part}}}}}}}]}}]}}"#
+    );
+    let e = gemini(&stray).expect_err("refused");
+    assert!(
+        e.to_string()
+            .contains("contents[1].parts[0].functionCall.args.z.inlineData"),
+        "{e}"
+    );
+}
