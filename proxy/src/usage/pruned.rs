@@ -294,4 +294,82 @@ mod tests {
             serde_json::json!({"type": "response.completed", "response": {"output": [{"type": "message"}], "usage": {"input_tokens": 1, "output_tokens": 1}}})
         );
     }
+
+    /// Whether `body` reads, pruned by every dialect's shape (as an answer and as an
+    /// event), exactly where a `Value`'s reader reads it.
+    fn reads_as_a_value(body: &[u8]) -> bool {
+        let whole = serde_json::from_slice::<Value>(body).is_ok();
+        for &endpoint in ENDPOINTS {
+            let at = shape(endpoint);
+            assert_eq!(read(at, body).is_ok(), whole, "{endpoint:?}");
+            if let Ok(text) = std::str::from_utf8(body) {
+                assert_eq!(read_str(at, text).is_ok(), whole, "{endpoint:?}");
+            }
+        }
+        whole
+    }
+
+    #[test]
+    fn nesting_is_refused_at_the_depth_a_value_is() {
+        let arrays = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        let objects = |n: usize| format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n));
+        for nest in [arrays, objects] {
+            // 126 to 129 arrays or objects deep in all, the deepest in a member not kept
+            // and in the usage (kept whole): read to 127 levels as serde_json reads them
+            // (its limit of 128), refused past.
+            for levels in 126..=129 {
+                let body = format!(
+                    r#"{{"note":{},"usage":{{"prompt_tokens":1,"completion_tokens":2}}}}"#,
+                    nest(levels - 1)
+                );
+                assert_eq!(reads_as_a_value(body.as_bytes()), levels <= 127, "{levels}");
+                let body = format!(
+                    r#"{{"usage":{{"prompt_tokens":1,"completion_tokens":2,"x":{}}}}}"#,
+                    nest(levels - 2)
+                );
+                assert_eq!(reads_as_a_value(body.as_bytes()), levels <= 127, "{levels}");
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_refused_wherever_they_are() {
+        for body in [
+            &b"{\"note\":\"\xff\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}"[..],
+            b"{\"n\xc3\":1,\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}",
+            b"{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"x\":\"\xed\xa0\x80\"}}",
+            b"{\"choices\":[\"\xc0\xaf\"],\"usage\":null}",
+        ] {
+            assert!(!reads_as_a_value(body), "{body:?}");
+        }
+    }
+
+    #[test]
+    fn a_marker_key_is_ordinary_where_nothing_is_kept_and_read_whole_where_it_is() {
+        let marker = "$serde_json::private::RawValue";
+        let usage = r#""usage":{"prompt_tokens":1,"completion_tokens":2}"#;
+        // Not kept, first or not first in its object: skipped, the usage read.
+        for note in [
+            format!(r#"{{"{marker}":1}}"#),
+            format!(r#"{{"a":1,"{marker}":1}}"#),
+            format!(r#"[{{"{marker}":{{"{marker}":[]}}}}]"#),
+        ] {
+            let body = format!(r#"{{"note":{note},{usage}}}"#);
+            let v = read(shape(Endpoint::ChatCompletions), body.as_bytes()).expect("read");
+            assert_eq!(v["usage"]["prompt_tokens"], 1, "{body}");
+            // The same key at the top is one more member not kept.
+            let body = format!(r#"{{"{marker}":1,{usage}}}"#);
+            assert!(read(shape(Endpoint::ChatCompletions), body.as_bytes()).is_ok());
+        }
+        // In the usage, kept whole: as a `Value` reads it (first, refused; the string
+        // it names read in its place; not first, an ordinary key).
+        let body = format!(r#"{{"usage":{{"{marker}":1}}}}"#);
+        assert!(read(shape(Endpoint::ChatCompletions), body.as_bytes()).is_err());
+        let body = format!(r#"{{"usage":{{"{marker}":"{{\"prompt_tokens\":5}}"}}}}"#);
+        let v = read(shape(Endpoint::ChatCompletions), body.as_bytes()).expect("read");
+        assert_eq!(v["usage"], serde_json::json!({"prompt_tokens": 5}));
+        let body = format!(r#"{{"usage":{{"prompt_tokens":5,"{marker}":1}}}}"#);
+        let v = read(shape(Endpoint::ChatCompletions), body.as_bytes()).expect("read");
+        assert_eq!(v["usage"]["prompt_tokens"], 5);
+    }
 }
