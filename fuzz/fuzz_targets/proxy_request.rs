@@ -52,7 +52,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     }
     assert!(priced.input_bound >= priced.body.len() as u64);
     assert!(priced.max_tokens >= 1 && priced.max_tokens <= price.max_output_tokens);
-    let again = parse(kind, &priced.body).unwrap_or_else(|e| {
+    let again = parse(endpoint, &priced.body).unwrap_or_else(|e| {
         panic!(
             "the forwarded body is refused: {e}\n{}",
             String::from_utf8_lossy(&priced.body)
