@@ -81,8 +81,10 @@ fn answer_of(endpoint: Endpoint, bytes: usize) -> Vec<u8> {
             Endpoint::ChatCompletions => {
                 let tool_calls: Vec<Value> = calls
                     .iter()
-                    .map(|(k, input)| json!({"id": format!("call_{k}"), "type": "function",
-                        "function": {"name": "edit", "arguments": input.to_string()}}))
+                    .map(|(k, input)| {
+                        json!({"id": format!("call_{k}"), "type": "function",
+                        "function": {"name": "edit", "arguments": input.to_string()}})
+                    })
                     .collect();
                 json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1765000000, "model": "gpt-4.1",
                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
