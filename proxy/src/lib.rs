@@ -37,6 +37,7 @@ pub mod keys;
 pub mod media;
 mod phase;
 mod proxy;
+mod pruned;
 mod redirect;
 mod refuse;
 pub mod request;

@@ -17,6 +17,7 @@ use serde_json::Value;
 use tally_policy::{ModelPrice, UpstreamKind};
 
 use crate::endpoint::{Endpoint, RequestError};
+use crate::pruned::Prune;
 
 /// The tiers a request can land on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,7 +108,7 @@ pub fn settled(
 /// The member [`said`] reads where OpenAI says the tier (at the top of an answer or a
 /// chunk, or of a Responses event's `response`): kept whole by the usage readers'
 /// pruned reading. (Anthropic's is inside the usage, which they keep whole.)
-pub(crate) const OPENAI: (&str, crate::usage::Prune) = ("service_tier", crate::usage::Prune::Whole);
+pub(crate) const OPENAI: (&str, Prune) = ("service_tier", Prune::Whole);
 
 /// The tier an answer (a whole body, or one event of a stream) says served it, if it
 /// says (`auto` says none): OpenAI's `service_tier` (a Responses event's `response.service_tier`),

@@ -39,12 +39,11 @@ use crate::endpoint::Endpoint;
 
 mod bedrock;
 mod gemini;
-mod pruned;
 
-pub(crate) use pruned::Prune;
+use crate::pruned::{self, Prune};
 
 /// What the readers of `endpoint` read of an answer (or of one event of its stream),
-/// declared next to them: the only members [`pruned`] keeps.
+/// declared next to them: the only members [`crate::pruned`] keeps.
 fn shape(endpoint: Endpoint) -> &'static Prune {
     match endpoint {
         Endpoint::ChatCompletions => &CHAT,
@@ -551,5 +550,7 @@ impl StreamUsage {
     }
 }
 
+#[cfg(test)]
+mod pruned_tests;
 #[cfg(test)]
 mod tests;
