@@ -261,6 +261,15 @@ pub fn answer(endpoint: Endpoint, body: &[u8]) -> (Reported, Option<String>) {
     (of_body(endpoint, &v), crate::tier::said(endpoint, &v))
 }
 
+/// What [`answer`] says of an answer already read whole into `v`: the same readers over
+/// a whole `Value` (a differential fuzz target compares the two readings).
+pub fn answer_of_value(endpoint: Endpoint, v: &Value) -> (Reported, Option<String>) {
+    if endpoint == Endpoint::CountTokens {
+        return (Reported::Usage(Usage::default()), None);
+    }
+    (of_body(endpoint, v), crate::tier::said(endpoint, v))
+}
+
 fn of_body(endpoint: Endpoint, v: &Value) -> Reported {
     match endpoint {
         Endpoint::ChatCompletions => reported(v.get("usage"), chat),
