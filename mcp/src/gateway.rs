@@ -25,6 +25,7 @@ use zeroize::Zeroizing;
 
 mod admit;
 mod front;
+mod runs;
 mod servers;
 mod session;
 mod table;

@@ -23,8 +23,10 @@ use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 
+use super::admit::{Refusal, Unread};
+use super::runs::Runs;
 use super::servers::Backend;
-use super::session::{Classified, RunOf, Session, Shared};
+use super::session::{Classified, Opening, RunOf, Session, Shared};
 use super::table::{Found, NoPlace, Table};
 use super::{Credentials, GatewayLimits, GatewayOptions, NotOpened};
 use crate::call::Asker;
@@ -37,6 +39,9 @@ const MAX_HEADERS: usize = 64;
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Request headers must arrive within this.
 const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the gateway's stop waits for the `initialize`s being answered, then for the
+/// runs its sessions held to be given back and stopped.
+const SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -46,6 +51,7 @@ struct Front {
     manager: Arc<LocalSessionManager>,
     shared: Arc<Shared>,
     table: Arc<Table>,
+    runs: Arc<Runs>,
     limits: GatewayLimits,
 }
 
@@ -55,6 +61,7 @@ pub(super) async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let hidden_env: Arc<[String]> = options.hidden_env.into();
+    let runs = Arc::new(Runs::new(options.worker.clone()));
     let shared = Arc::new(Shared {
         backends: options
             .servers
@@ -93,13 +100,16 @@ pub(super) async fn serve(
             limits.idle,
             options.clock,
         )),
+        runs,
         limits,
     });
     let sweeper = tokio::spawn(Arc::clone(&front).sweep_every());
     front.accept(listener, shutdown).await;
     sweeper.abort();
-    cancel.cancel();
     front.close().await;
+    // What is left of rmcp's sessions ends: their holds on runs are given back.
+    cancel.cancel();
+    front.settle().await;
     Ok(())
 }
 
@@ -122,6 +132,10 @@ fn rpc_error(status: StatusCode, code: i64, why: &str) -> Response<Body> {
             None,
         ),
     )
+}
+
+fn refused(r: Refusal) -> Response<Body> {
+    rpc_error(r.status, r.code, &r.why)
 }
 
 fn unauthorized(why: &str) -> Response<Body> {
@@ -184,31 +198,45 @@ impl Front {
             .get(SESSION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        if let Some((status, why)) = super::admit::unsupported_version(req.headers()) {
-            return rpc_error(status, -32600, &why);
+        if let Some(r) = super::admit::unsupported_version(req.headers()) {
+            return refused(r);
         }
         let (parts, body) = req.into_parts();
         let bytes = match self.body(&parts, body).await {
             Ok(b) => b,
             Err(refused) => return refused,
         };
-        if let Some((status, why)) = super::admit::versioned_body(&bytes) {
-            return rpc_error(status, -32600, &why);
-        }
-        match session {
-            Some(s) => self.in_session(&s, &holder, parts, bytes).await,
+        let value = match (parts.method == Method::POST)
+            .then(|| super::admit::read_body(&bytes))
+            .transpose()
+        {
+            Ok(v) => v,
+            Err(Unread::Versioned(r)) => return refused(r),
+            Err(Unread::NotJson(why)) => {
+                let verdict = classify::classify(&bytes).err().unwrap_or(classify::Refused {
+                    why,
+                    answer: Vec::new(),
+                });
+                return self.refuse(session.as_deref(), verdict);
+            }
+        };
+        match (session, value) {
+            (Some(s), _) => self.in_session(&s, &holder, parts, bytes).await,
             // Its own task: once a key's run may start, the session is opened (and
             // held in the table, where the idle bound closes it and stops the run)
             // even if the client goes away before its answer.
-            None => tokio::spawn(async move { self.open(holder, parts, bytes).await })
+            (None, Some(value)) => {
+                tokio::spawn(async move { self.open(holder, parts, (bytes, value)).await })
                 .await
-                .unwrap_or_else(|e| {
-                    rpc_error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        -32603,
-                        &format!("opening the session failed: {e}"),
-                    )
-                }),
+                    .unwrap_or_else(|e| {
+                        rpc_error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            -32603,
+                            &format!("opening the session failed: {e}"),
+                        )
+                    })
+            }
+            (None, None) => no_session(),
         }
     }
 
@@ -255,7 +283,13 @@ impl Front {
         bytes: Bytes,
     ) -> Response<Body> {
         let run = match self.table.find(id, holder) {
-            Found::Yours(run) => run,
+            Found::Yours(run, version) => {
+                // A version other than the session's is refused here, not by rmcp.
+                if let Some(r) = super::admit::session_version(&parts.headers, version.as_deref()) {
+                    return refused(r);
+                }
+                run
+            }
             Found::Unknown => {
                 return rpc_error(
                     StatusCode::NOT_FOUND,
@@ -296,18 +330,8 @@ impl Front {
         &self,
         holder: String,
         mut parts: hyper::http::request::Parts,
-        bytes: Bytes,
+        (bytes, value): (Bytes, serde_json::Value),
     ) -> Response<Body> {
-        let no_session = || {
-            rpc_error(
-                StatusCode::BAD_REQUEST,
-                -32600,
-                "Bad Request: no Mcp-Session-Id; a session is opened by initialize, and only initialize is answered without one",
-            )
-        };
-        if parts.method != Method::POST {
-            return no_session();
-        }
         match classify::classify(&bytes) {
             Ok(c)
                 if matches!(
@@ -320,8 +344,10 @@ impl Front {
             Ok(_) => return no_session(),
             Err(refused) => return self.refuse(None, refused),
         }
-        if let Some((status, why)) = super::admit::refusal(&parts.headers) {
-            return rpc_error(status, -32600, &why);
+        if let Some(r) = super::admit::refusal(&parts.headers)
+            .or_else(|| super::admit::initialize_refusal(&parts.headers, &value))
+        {
+            return refused(r);
         }
         self.expire().await;
         let place = match self.table.reserve(&holder) {
@@ -342,6 +368,11 @@ impl Front {
                     self.limits.max_sessions_per_credential
                 ),
             ),
+            Err(NoPlace::Closing) => return rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                -32000,
+                "this gateway is stopping: nothing is opened",
+            ),
         };
         let run = match self.credentials.open(parts.headers.clone()).await {
             Ok(run) => run,
@@ -350,22 +381,29 @@ impl Front {
             }
             Err(NotOpened { status, why }) => return rpc_error(status, -32000, &why),
         };
+        // The run is held from here: by the session, once its initialize takes it.
+        let opening = Arc::new(Opening::new(self.runs.hold(run.clone())));
         parts.extensions.insert(RunOf(run.clone()));
+        parts.extensions.insert(Arc::clone(&opening));
         let response = self
             .service
             .handle(Request::from_parts(parts, Full::new(bytes)))
             .await;
+        // rmcp refused it after all (a weight of 0 in Accept, say), or its session did
+        // not take the hold: given back here (the run stopped if it was the last).
+        let untaken = opening.take();
         if let Some(id) = response
             .headers()
             .get(SESSION)
             .and_then(|v| v.to_str().ok())
         {
-            self.table.insert(id.to_owned(), holder, run, place);
-        } else if run.started {
-            // rmcp refused it after all (a body over its bound, say): no session will stop
-            // the run, so it is stopped now.
-            stop_unopened(&run).await;
+            let bound = (holder, run, opening.negotiated());
+            if !self.table.insert(id.to_owned(), bound, place) {
+                // The gateway stopped while it was answered: closed at once.
+                let _ = self.manager.close_session(&Arc::from(id)).await;
+            }
         }
+        drop(untaken);
         response
     }
 
@@ -442,36 +480,38 @@ impl Front {
         }
     }
 
-    /// The gateway stops: every session closed (runs they started stopped), every
-    /// stdio server killed and reaped.
+    /// The gateway stops: nothing more opened, the `initialize`s being answered
+    /// finished (a session one opens from now on is closed at once), every session
+    /// closed.
     async fn close(&self) {
-        for id in self.table.all() {
+        let open = self.table.close();
+        let answering = self.table.answered(SHUTDOWN_BOUND).await;
+        if answering > 0 {
+            crate::log(&format!("gateway: stopping with {answering} initialize(s) still unanswered after {SHUTDOWN_BOUND:?}"));
+        }
+        for id in open {
             let _ = self.manager.close_session(&Arc::from(id.as_str())).await;
+        }
+    }
+
+    /// Every hold on a run given back and every stop made (bounded), then every stdio
+    /// server killed and reaped.
+    async fn settle(&self) {
+        let left = self.runs.settled(SHUTDOWN_BOUND).await;
+        if left > 0 {
+            crate::log(&format!("gateway: stopping with {left} run hold(s) or stop(s) not done after {SHUTDOWN_BOUND:?}"));
         }
         futures::future::join_all(self.shared.backends.iter().map(|b| b.stop())).await;
     }
 }
 
-/// A run an `initialize` started although rmcp opened no session for it, stopped.
-async fn stop_unopened(run: &super::Authorized) {
-    let mut gate = (run.gate)();
-    let stopped = gate
-        .stop(
-            &run.run,
-            tally_record::Reason::Completed,
-            Some("tally-mcp-gateway"),
-        )
-        .await;
-    crate::log(&match stopped {
-        Ok(_) => format!(
-            "gateway: an initialize opened no session: run {} it started stopped",
-            run.run
-        ),
-        Err(e) => format!(
-            "gateway: an initialize opened no session: run {} it started could not be stopped: {e}",
-            run.run
-        ),
-    });
+/// The answer to a request without a session that is not an `initialize`.
+fn no_session() -> Response<Body> {
+    rpc_error(
+        StatusCode::BAD_REQUEST,
+        -32600,
+        "Bad Request: no Mcp-Session-Id; a session is opened by initialize, and only initialize is answered without one",
+    )
 }
 
 /// The error for a refused message with no id to answer under (a notification, an
