@@ -387,7 +387,7 @@ async fn one_credential_holds_at_most_its_bound_of_sessions() {
     let key = gw.key(2).await;
     let token = gw.token("t").await;
     let first = open(gw.addr, &key, None).await;
-    open(gw.addr, &key, None).await;
+    let second = open(gw.addr, &key, None).await;
     let auth = bearer(&key);
     let (status, session, answer) = send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
     assert_eq!((status, session), (429, None), "{answer}");
@@ -397,19 +397,28 @@ async fn one_credential_holds_at_most_its_bound_of_sessions() {
     );
     // Another credential still opens its own.
     open(gw.addr, &token, None).await;
-    // A session the key closes gives it its place back.
-    let (status, _, answer) = send(
-        gw.addr,
-        "DELETE",
-        &[
-            ("Authorization", auth.as_str()),
-            ("Mcp-Session-Id", first.as_str()),
-        ],
-        "",
-    )
-    .await;
-    assert_eq!(status, 200, "{answer}");
-    // Its run stopped with the session that started it: not continued, refused clearly.
+    // A session the key closes gives it its place back; the run goes on in the other.
+    let delete = |id: String| {
+        let auth = auth.clone();
+        async move {
+            let h = [("Authorization", auth.as_str()), ("Mcp-Session-Id", id.as_str())];
+            let (status, _, answer) = send(gw.addr, "DELETE", &h, "").await;
+            assert_eq!(status, 200, "{answer}");
+        }
+    };
+    delete(first).await;
+    let third = open(gw.addr, &key, None).await;
+    // Its run stopped with the last session on it: not continued, refused clearly.
+    delete(second).await;
+    delete(third).await;
+    let run = gw
+        .runs()
+        .await
+        .into_iter()
+        .find(|(r, _)| r.starts_with("key-"))
+        .expect("the key's run")
+        .0;
+    gw.stopped(&run).await;
     let (status, session, answer) = send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
     assert_eq!((status, session), (409, None), "{answer}");
     assert!(
