@@ -6,11 +6,13 @@
 //! its sessions started stopped before it returns); stdio servers that start processes
 //! of their own (killed with them).
 
+use std::time::Duration;
+
 use tally_mcp::gateway::GatewayLimits;
 
 use crate::common::walk;
 use crate::mcp_gateway::{
-    bearer, gateway, gateway_with, open, send, send_only, Gw, IDLE, INIT, USUAL,
+    bearer, gateway, gateway_with, open, raw, send, send_only, Gw, IDLE, INIT, USUAL,
 };
 
 const CALL: &str = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"local__lookup","arguments":{"key":"k"}}}"#;
@@ -250,4 +252,31 @@ async fn a_stdio_servers_own_processes_die_with_it_on_a_timeout_and_at_the_stop(
     assert!(!dead(both[1]));
     gw.daemon.shutdown().await.expect("shutdown");
     assert!(dead(both[1]), "the server's process {} outlived the gateway", both[1]);
+}
+
+#[tokio::test]
+async fn a_body_that_never_arrives_is_cut_at_its_time_bound() {
+    let limits = GatewayLimits::new(8, IDLE, 4096).with_body_timeout(Duration::from_millis(300));
+    let gw = gateway_with("", limits).await;
+    let token = gw.token("slow").await;
+    let auth = bearer(&token);
+    // Twenty clients announce a body and send one byte of it: each is answered 408 and
+    // let go, none holds the gateway.
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 100\r\n\r\n{{"
+    );
+    let stalled: Vec<_> = (0..20)
+        .map(|_| {
+            let head = head.clone();
+            let addr = gw.addr;
+            tokio::spawn(async move { raw(addr, head.as_bytes()).await })
+        })
+        .collect();
+    for s in stalled {
+        let (status, session, answer) = s.await.expect("a client");
+        assert_eq!((status, session), (408, None), "{answer}");
+        assert!(answer.contains("did not arrive"), "{answer}");
+    }
+    assert!(gw.runs().await.iter().all(|(r, _)| r == "slow"));
+    open(gw.addr, &token, None).await;
 }

@@ -149,6 +149,10 @@ pub struct GatewayLimits {
     /// The largest request body (default [`DEFAULT_MAX_BODY`]); a larger one is answered
     /// 413, refused on its `Content-Length` before any of it is read.
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive, whole (default
+    /// [`DEFAULT_BODY_TIMEOUT`]); a slower one is answered 408 and its connection closed,
+    /// so a client that announces a body and never sends it holds nothing for long.
+    pub body_timeout: Duration,
 }
 
 /// The default idle bound of a session.
@@ -159,6 +163,8 @@ pub const DEFAULT_MAX_SESSIONS: usize = 1024;
 pub const DEFAULT_MAX_SESSIONS_PER_CREDENTIAL: usize = 64;
 /// The default largest request body: 4 MiB.
 pub const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
+/// The default time a request body may take to arrive.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for GatewayLimits {
     fn default() -> GatewayLimits {
@@ -167,6 +173,7 @@ impl Default for GatewayLimits {
             max_sessions_per_credential: DEFAULT_MAX_SESSIONS_PER_CREDENTIAL,
             idle: DEFAULT_IDLE,
             max_body_bytes: DEFAULT_MAX_BODY,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
         }
     }
 }
@@ -179,6 +186,16 @@ impl GatewayLimits {
             max_sessions_per_credential: DEFAULT_MAX_SESSIONS_PER_CREDENTIAL,
             idle: idle.max(Duration::from_millis(1)),
             max_body_bytes: max_body_bytes.max(1),
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+        }
+    }
+
+    /// These limits with a request body given at most `timeout` to arrive (at least a
+    /// millisecond).
+    pub fn with_body_timeout(self, timeout: Duration) -> GatewayLimits {
+        GatewayLimits {
+            body_timeout: timeout.max(Duration::from_millis(1)),
+            ..self
         }
     }
 

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -240,8 +240,8 @@ impl Front {
         }
     }
 
-    /// A POST's body, at most the bound (a larger `Content-Length` refused unread);
-    /// nothing for the other methods.
+    /// A POST's body, at most the bound (a larger `Content-Length` refused unread),
+    /// within the time bound (408 past it); nothing for the other methods.
     async fn body(
         &self,
         parts: &hyper::http::request::Parts,
@@ -268,9 +268,23 @@ impl Front {
         if declared.is_some_and(|n| n > max as u64) {
             return Err(too_large());
         }
-        match Limited::new(body, max).collect().await {
-            Ok(b) => Ok(b.to_bytes()),
-            Err(_) => Err(too_large()),
+        let within = self.limits.body_timeout;
+        match tokio::time::timeout(within, Limited::new(body, max).collect()).await {
+            Ok(Ok(b)) => Ok(b.to_bytes()),
+            Ok(Err(_)) => Err(too_large()),
+            Err(_) => {
+                let mut r = rpc_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    -32600,
+                    &format!(
+                        "the request body did not arrive within {}; the connection is closed",
+                        tally_record::words::duration(within.as_millis() as u64)
+                    ),
+                );
+                r.headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                Err(r)
+            }
         }
     }
 
