@@ -3,8 +3,8 @@
 //! (`tlk_`, docs/KEYS.md) names the run of its task (`x-tally-task`) or its current run.
 //! Every request's credential is only read ([`Credentials::holder`]); an `initialize`
 //! alone opens a session ([`Credentials::open`]): then, and only then, a key's run is
-//! started under the key's principal, within the key's runs per day (the session that
-//! started it stops it when it ends), or continued. Anything else is refused (401),
+//! started under the key's principal, within the key's runs per day (the gateway stops
+//! it when the last session on it ends), or continued. Anything else is refused (401),
 //! nothing contacted.
 //!
 //! The session's checks and outcomes go through the agent socket's own handlers, on an

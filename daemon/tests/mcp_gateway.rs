@@ -401,7 +401,10 @@ async fn one_credential_holds_at_most_its_bound_of_sessions() {
     let delete = |id: String| {
         let auth = auth.clone();
         async move {
-            let h = [("Authorization", auth.as_str()), ("Mcp-Session-Id", id.as_str())];
+            let h = [
+                ("Authorization", auth.as_str()),
+                ("Mcp-Session-Id", id.as_str()),
+            ];
             let (status, _, answer) = send(gw.addr, "DELETE", &h, "").await;
             assert_eq!(status, 200, "{answer}");
         }

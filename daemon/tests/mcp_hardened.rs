@@ -83,7 +83,10 @@ async fn a_protocol_version_in_meta_is_refused_however_its_key_is_written() {
             let (status, opened, answer) = send(gw.addr, "POST", headers, body).await;
             assert_eq!((status, opened), (400, None), "{body}: {answer}");
             assert!(answer.contains("_meta"), "{answer}");
-            assert!(!answer.contains("value of k"), "it reached the server: {answer}");
+            assert!(
+                !answer.contains("value of k"),
+                "it reached the server: {answer}"
+            );
         }
     }
     // A body that is not JSON is refused before anything reads it.
@@ -107,7 +110,10 @@ async fn a_version_header_other_than_the_initializes_or_the_sessions_spends_noth
     let auth = bearer(&key);
     let older = INIT.replace("2025-06-18", "2025-03-26");
     let unreadable = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#;
-    let header = [("Authorization", auth.as_str()), ("MCP-Protocol-Version", "2025-06-18")];
+    let header = [
+        ("Authorization", auth.as_str()),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ];
     for (headers, body) in [(&header[..], older.as_str()), (&header[..1], unreadable)] {
         for _ in 0..3 {
             let (status, session, answer) = send(gw.addr, "POST", headers, body).await;
@@ -127,8 +133,13 @@ async fn a_version_header_other_than_the_initializes_or_the_sessions_spends_noth
         }
     }
     assert_eq!(gw.runs().await, vec![(run.clone(), "running".to_owned())]);
-    let (status, _, answer) =
-        send(gw.addr, "POST", &within(&auth, &session, "2025-06-18"), CALL).await;
+    let (status, _, answer) = send(
+        gw.addr,
+        "POST",
+        &within(&auth, &session, "2025-06-18"),
+        CALL,
+    )
+    .await;
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("value of k"), "{answer}");
 }
@@ -159,8 +170,7 @@ async fn sessions_sharing_a_run_stop_it_once_when_the_last_ends() {
     let a = open(gw.addr, &token, None).await;
     let b = open(gw.addr, &token, None).await;
     for s in [&a, &b] {
-        let (status, _, answer) =
-            send(gw.addr, "POST", &within(&t, s, "2025-06-18"), CALL).await;
+        let (status, _, answer) = send(gw.addr, "POST", &within(&t, s, "2025-06-18"), CALL).await;
         assert!(status == 200 && answer.contains("value of k"), "{answer}");
         let (status, _, _) = send(gw.addr, "DELETE", &within(&t, s, "2025-06-18"), "").await;
         assert_eq!(status, 200);
@@ -213,11 +223,10 @@ fn pids(file: &std::path::Path) -> Vec<u32> {
 
 /// Whether `pid` is dead: gone, or a zombie no one reaped yet (its parent killed too).
 fn dead(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_or(true, |stat| {
-            stat.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
 }
 
 #[tokio::test]
@@ -235,23 +244,41 @@ async fn a_stdio_servers_own_processes_die_with_it_on_a_timeout_and_at_the_stop(
     let auth = bearer(&token);
     let session = open(gw.addr, &token, None).await;
     let slow = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"forker__slow","arguments":{"seconds":600}}}"#;
-    let (status, _, answer) =
-        send(gw.addr, "POST", &within(&auth, &session, "2025-06-18"), slow).await;
+    let (status, _, answer) = send(
+        gw.addr,
+        "POST",
+        &within(&auth, &session, "2025-06-18"),
+        slow,
+    )
+    .await;
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("did not answer within"), "{answer}");
     let first = pids(&file);
     assert_eq!(first.len(), 1, "{first:?}");
-    assert!(dead(first[0]), "the timed-out server's process {} lives", first[0]);
+    assert!(
+        dead(first[0]),
+        "the timed-out server's process {} lives",
+        first[0]
+    );
     // The next call starts the server again, with its own process; the stop kills it.
     let lookup = CALL.replace("local__", "forker__");
-    let (_, _, answer) =
-        send(gw.addr, "POST", &within(&auth, &session, "2025-06-18"), &lookup).await;
+    let (_, _, answer) = send(
+        gw.addr,
+        "POST",
+        &within(&auth, &session, "2025-06-18"),
+        &lookup,
+    )
+    .await;
     assert!(answer.contains("value of k"), "{answer}");
     let both = pids(&file);
     assert_eq!(both.len(), 2, "{both:?}");
     assert!(!dead(both[1]));
     gw.daemon.shutdown().await.expect("shutdown");
-    assert!(dead(both[1]), "the server's process {} outlived the gateway", both[1]);
+    assert!(
+        dead(both[1]),
+        "the server's process {} outlived the gateway",
+        both[1]
+    );
 }
 
 #[tokio::test]

@@ -13,8 +13,11 @@
 //!   tools as `NAME__tool`; each `tools/call` goes the one gate path
 //!   ([`crate::call`]) in the run the session's token names, then to its server, and
 //!   its outcome is recorded.
+//! * [`runs`]: the count of sessions on each run; a run an `initialize` started is
+//!   stopped when the last session on it ends, once, and the gateway's stop waits for it.
 //! * [`servers`]: one rmcp client per server, shared by the sessions, connected on first
-//!   use and again after a transport failure.
+//!   use and again after a transport failure; a stdio server in a process group of its
+//!   own, killed whole.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,8 +44,8 @@ pub const SEPARATOR: &str = "__";
 pub struct Authorized {
     /// The run it acts in.
     pub run: String,
-    /// Whether opening the session started the run (a key's new run): the session stops
-    /// the run when it ends (DELETE, the idle bound, the gateway's stop).
+    /// Whether opening the session started the run (a key's new run): the gateway stops
+    /// the run when the last session on it ends (DELETE, the idle bound, its stop).
     pub started: bool,
     /// A client of the gate that acts as the run's owner.
     pub gate: Arc<dyn Fn() -> tally_api::GateClient + Send + Sync>,

@@ -1,9 +1,14 @@
 //! What rmcp's Streamable HTTP service refuses of an `initialize` before it opens a
 //! session, checked by the front before a key's run is started for it: the `Host`
-//! header (a loopback name: rmcp's DNS-rebinding guard), the `Accept` header (both `application/json` and `text/event-stream`), the `Content-Type`
-//! (`application/json`) and an `MCP-Protocol-Version` header (one the gateway speaks). A
-//! request these pass that rmcp still refuses (a weight of 0 in `Accept`, a body over
-//! its bound) opens no session: the front then stops a run it started.
+//! header (a loopback name: rmcp's DNS-rebinding guard), the `Accept` header (both
+//! `application/json` and `text/event-stream`), the `Content-Type` (`application/json`),
+//! an `MCP-Protocol-Version` header (one the gateway speaks, and the one the params ask
+//! for) and params rmcp reads as an `initialize`'s. A request these pass that rmcp still
+//! refuses (a weight of 0 in `Accept`) opens no session: the front then gives back the
+//! hold on the run it started (stopped if no other session is on it).
+//!
+//! Every POST body is read strictly first ([`read_body`]), and a request in a session
+//! must name the session's negotiated version if it names one ([`session_version`]).
 
 use hyper::header::{HeaderMap, ACCEPT, CONTENT_TYPE, HOST};
 use hyper::StatusCode;
@@ -143,10 +148,7 @@ pub(super) fn read_body(body: &[u8]) -> Result<serde_json::Value, Unread> {
 /// An `initialize` the transport would still refuse once passed (after a key's run
 /// started for it): params it cannot read, or an `MCP-Protocol-Version` header other
 /// than the version its params ask for.
-pub(super) fn initialize_refusal(
-    headers: &HeaderMap,
-    body: &serde_json::Value,
-) -> Option<Refusal> {
+pub(super) fn initialize_refusal(headers: &HeaderMap, body: &serde_json::Value) -> Option<Refusal> {
     let unread = |e: String| Refusal {
         status: StatusCode::BAD_REQUEST,
         code: -32602,
@@ -250,7 +252,9 @@ mod tests {
         };
         let bad = Some((StatusCode::BAD_REQUEST, -32600));
         let call = |meta: &str| {
-            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"a__b","_meta":{{{meta}:"2026-07-28"}}}}}}"#)
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"a__b","_meta":{{{meta}:"2026-07-28"}}}}}}"#
+            )
         };
         for key in [
             r#""io.modelcontextprotocol/protocolVersion""#,
@@ -263,14 +267,26 @@ mod tests {
         }
         let ping = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
         let escaped = call(r#""io.modelcontextprotocol\u002fprotocolVersion""#);
-        assert_eq!(refused(&format!("[{ping},{escaped}]")), bad, "a batch's second");
+        assert_eq!(
+            refused(&format!("[{ping},{escaped}]")),
+            bad,
+            "a batch's second"
+        );
         assert_eq!(refused(ping), None);
-        assert_eq!(refused(&format!("[{ping}]")), None, "a batch is the classifier's");
+        assert_eq!(
+            refused(&format!("[{ping}]")),
+            None,
+            "a batch is the classifier's"
+        );
         // Not JSON, not UTF-8, or a duplicate name (parsers disagree on which wins):
         // refused before anything reads it.
         let dup = r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"},"_meta":{}}}"#;
         for body in ["", "{", "not json", dup] {
-            assert_eq!(refused(body).map(|r| r.0), Some(StatusCode::BAD_REQUEST), "{body:?}");
+            assert_eq!(
+                refused(body).map(|r| r.0),
+                Some(StatusCode::BAD_REQUEST),
+                "{body:?}"
+            );
         }
         assert!(matches!(
             read_body(b"{\"a\":\"\xff\"}"),
@@ -285,7 +301,10 @@ mod tests {
         };
         let h = headers(&[("mcp-protocol-version", "2025-06-18")]);
         assert_eq!(initialize_refusal(&h, &init("2025-06-18")), None);
-        assert_eq!(initialize_refusal(&HeaderMap::new(), &init("2025-03-26")), None);
+        assert_eq!(
+            initialize_refusal(&HeaderMap::new(), &init("2025-03-26")),
+            None
+        );
         let r = initialize_refusal(&h, &init("2025-03-26")).expect("refused");
         assert_eq!((r.status, r.code), (StatusCode::BAD_REQUEST, -32600));
         let unreadable: serde_json::Value =

@@ -4,9 +4,12 @@
 //! JSON-RPC error and never passed on). A request without `Mcp-Session-Id` opens a
 //! session only if it is an `initialize` (anything else is a 400 and starts nothing),
 //! within the bound on open sessions (503 beyond it); a session id the gateway does not
-//! hold open is a 404, one another credential opened a 403. What passes goes to rmcp's
+//! hold open is a 404, one another credential opened a 403, one whose
+//! `MCP-Protocol-Version` header is not the session's a 400. What passes goes to rmcp's
 //! Streamable HTTP service. Sessions idle past the bound are closed, on a timer and
-//! before each `initialize`, as a DELETE would close them.
+//! before each `initialize`, as a DELETE would close them. At the stop: nothing more
+//! opened, the `initialize`s being answered finished, every session closed, every run
+//! hold given back and every stop made, then the servers stopped.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -213,10 +216,12 @@ impl Front {
             Ok(v) => v,
             Err(Unread::Versioned(r)) => return refused(r),
             Err(Unread::NotJson(why)) => {
-                let verdict = classify::classify(&bytes).err().unwrap_or(classify::Refused {
-                    why,
-                    answer: Vec::new(),
-                });
+                let verdict = classify::classify(&bytes)
+                    .err()
+                    .unwrap_or(classify::Refused {
+                        why,
+                        answer: Vec::new(),
+                    });
                 return self.refuse(session.as_deref(), verdict);
             }
         };
@@ -227,7 +232,7 @@ impl Front {
             // even if the client goes away before its answer.
             (None, Some(value)) => {
                 tokio::spawn(async move { self.open(holder, parts, (bytes, value)).await })
-                .await
+                    .await
                     .unwrap_or_else(|e| {
                         rpc_error(
                             StatusCode::INTERNAL_SERVER_ERROR,

@@ -154,11 +154,7 @@ impl Drop for Hold {
             self.runs.done();
             return;
         };
-        let (runs, run, gate) = (
-            Arc::clone(&self.runs),
-            self.run.clone(),
-            self.gate.take(),
-        );
+        let (runs, run, gate) = (Arc::clone(&self.runs), self.run.clone(), self.gate.take());
         runtime.spawn(async move {
             if let Some(gate) = gate {
                 gate.flush().await;
@@ -201,7 +197,11 @@ mod tests {
         assert_eq!(runs.holds("r"), 2);
         assert_eq!(runs.release("r"), None, "one left");
         assert_eq!(runs.release("r"), Some(Reason::Completed), "the last");
-        assert_eq!(runs.release("r"), None, "given back once: nothing to stop twice");
+        assert_eq!(
+            runs.release("r"),
+            None,
+            "given back once: nothing to stop twice"
+        );
         std::mem::forget((a, b));
         let _c = runs.hold(run("t", false));
         assert_eq!(runs.release("t"), None, "a run the gateway did not start");
@@ -215,7 +215,11 @@ mod tests {
         b.ending().lock().expect("lock").last_refusal = Some((Reason::Completed, Action::Ask));
         assert!(a.ending().lock().expect("lock").last_refusal.is_some());
         assert_eq!(runs.release("r"), None);
-        assert_eq!(runs.release("r"), None, "a refusal waiting for a human: left open");
+        assert_eq!(
+            runs.release("r"),
+            None,
+            "a refusal waiting for a human: left open"
+        );
         std::mem::forget((a, b));
     }
 

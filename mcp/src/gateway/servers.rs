@@ -425,7 +425,12 @@ mod tests {
     fn pid_of(backend: &Backend) -> u32 {
         let current = backend.process.lock().expect("lock");
         let (_, p) = current.as_ref().expect("a process");
-        let pid = p.try_lock().expect("not locked").child.id().expect("running");
+        let pid = p
+            .try_lock()
+            .expect("not locked")
+            .child
+            .id()
+            .expect("running");
         pid
     }
 
@@ -449,7 +454,10 @@ mod tests {
         assert_ne!(first, second);
         let two = pid_of(&backend);
         backend.stop_generation(first).await;
-        assert!(std::path::Path::new(&format!("/proc/{two}")).exists(), "generation 2 killed");
+        assert!(
+            std::path::Path::new(&format!("/proc/{two}")).exists(),
+            "generation 2 killed"
+        );
         assert_eq!(backend.client().await.expect("still").0, second);
         backend.stop().await;
         assert!(!std::path::Path::new(&format!("/proc/{two}")).exists());

@@ -178,7 +178,9 @@ impl ServerHandler for Session {
         context.peer.set_peer_info(request.clone());
         let result = self.negotiate_initialize(&request)?;
         if let Some(o) = Self::parts(&context).and_then(|p| p.extensions.get::<Arc<Opening>>()) {
-            let _ = o.negotiated.set(result.protocol_version.as_str().to_owned());
+            let _ = o
+                .negotiated
+                .set(result.protocol_version.as_str().to_owned());
         }
         Ok(result)
     }
