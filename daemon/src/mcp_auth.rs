@@ -17,11 +17,10 @@ use axum::extract::Request;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, AUTHORIZATION};
-use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tally_gate::{Caller, GateError, StartRequest};
-use tally_mcp::gateway::{Authorized, Credentials, NotOpened, Pending};
+use tally_mcp::gateway::{Authorized, Credentials, NoCredential, NotOpened, Pending};
 use tally_proxy::key_spend::KeyRefusal;
 use tally_proxy::keys::{self, KeyRefused};
 use tally_wire::KeyInfo;
@@ -53,7 +52,7 @@ enum Held {
 }
 
 impl Credentials for Auth {
-    fn holder(&self, headers: &HeaderMap) -> Result<String, String> {
+    fn holder(&self, headers: &HeaderMap) -> Result<String, NoCredential> {
         Ok(match held(&self.app, headers)? {
             Held::Run(run) => format!("run {run}"),
             Held::Key(info) => format!("key {}", info.id),
@@ -64,15 +63,12 @@ impl Credentials for Auth {
         let app = Arc::clone(&self.app);
         let agent = self.agent.clone();
         Box::pin(async move {
-            let refused = |status, why| NotOpened { status, why };
-            let held = held(&app, &headers).map_err(|w| refused(StatusCode::UNAUTHORIZED, w))?;
+            let held = held(&app, &headers)?;
             let (run, started) = match held {
                 Held::Run(run) => (run, false),
                 Held::Key(info) => key_run(&app, &headers, info).await?,
             };
-            let owner = owner(&app, &run)
-                .await
-                .map_err(|w| refused(StatusCode::FORBIDDEN, w))?;
+            let owner = owner(&app, &run).await.map_err(NotOpened::Forbidden)?;
             let peer = owner.map_or(Peer::Tcp, Peer::Uid);
             let dialer = dialer(agent, peer);
             Ok(Authorized {
@@ -87,40 +83,37 @@ impl Credentials for Auth {
 }
 
 /// The credential of `Authorization: Bearer TOKEN`: a run token's run, or a key.
-fn held(app: &App, headers: &HeaderMap) -> Result<Held, String> {
+fn held(app: &App, headers: &HeaderMap) -> Result<Held, NoCredential> {
     let token = bearer(headers)?;
     if keys::looks_like_key(&token) {
-        let ring = app.keys.as_ref().ok_or("this tally serves no keys")?;
+        let ring = app.keys.as_ref().ok_or(NoCredential::NoKeys)?;
         return ring.check(&token).map(Held::Key).map_err(|r| match r {
             KeyRefused::Revoked { id } => {
                 ring.spend().refused(KeyRefusal::KeyRevoked);
-                format!("key {id} was revoked by the operator: ask them for another key")
+                NoCredential::Revoked { id }
             }
             _ => {
                 ring.spend().refused(KeyRefusal::InvalidKey);
-                "this is not a key of this tally".to_owned()
+                NoCredential::NotAKey
             }
         });
     }
-    let key = app
-        .token_key
-        .as_ref()
-        .ok_or("this tally mints no run tokens")?;
+    let key = app.token_key.as_ref().ok_or(NoCredential::NoTokens)?;
     key.run_of(&token)
         .map(Held::Run)
-        .ok_or_else(|| "this is not a run token of this tally".to_owned())
+        .ok_or(NoCredential::NotAToken)
 }
 
 /// The token of `Authorization: Bearer TOKEN`.
-fn bearer(headers: &HeaderMap) -> Result<String, String> {
+fn bearer(headers: &HeaderMap) -> Result<String, NoCredential> {
     let value = headers
         .get(AUTHORIZATION)
-        .ok_or("no credential: send `Authorization: Bearer` with a run token (the `token` of POST /v1/runs) or a key")?
+        .ok_or(NoCredential::Missing)?
         .to_str()
-        .map_err(|_| "the Authorization header is not text")?;
+        .map_err(|_| NoCredential::NotText)?;
     tally_proxy::token::bearer(value.trim_matches([' ', '\t']))
         .map(str::to_owned)
-        .ok_or_else(|| "the Authorization header is not `Bearer TOKEN`".to_owned())
+        .ok_or(NoCredential::NotBearer)
 }
 
 /// The uid that holds `run` (`None`: a loopback TCP client's).
@@ -147,27 +140,20 @@ async fn key_run(
     headers: &HeaderMap,
     info: KeyInfo,
 ) -> Result<(String, bool), NotOpened> {
-    let refused = |status, why| NotOpened { status, why };
-    let ring = app
-        .keys
-        .as_ref()
-        .ok_or_else(|| refused(StatusCode::UNAUTHORIZED, "this tally serves no keys".into()))?;
+    let ring = app.keys.as_ref().ok_or(NoCredential::NoKeys)?;
     let spend = ring.spend();
     if !app.gate.policy().policy.principal_bounded(info.principal) {
         spend.refused(KeyRefusal::PrincipalUnbounded);
-        return Err(refused(
-            StatusCode::FORBIDDEN,
-            format!(
+        return Err(NotOpened::Forbidden(format!(
             "key {}'s principal {} has no budget in the policy ([principals] with spend or runs)",
             info.id, info.principal
-        ),
-        ));
+        )));
     }
     let task = match headers.get(TASK_HEADER) {
         None => None,
         Some(v) => Some(v.to_str().ok().and_then(keys::task_name).ok_or_else(|| {
             spend.refused(KeyRefusal::InvalidTask);
-            refused(StatusCode::BAD_REQUEST, format!(
+            NotOpened::BadHeader(format!(
                 "{TASK_HEADER} must be 1 to {} letters, digits, `.`, `_` or `-`, and not `w` and digits",
                 keys::MAX_TASK_BYTES
             ))
@@ -185,8 +171,7 @@ async fn key_run(
     };
     match owned(app, caller, &run).await? {
         Some(tally_wire::RunState::Stopped) => {
-            return Err(refused(
-                StatusCode::CONFLICT,
+            return Err(NotOpened::Stopped(
                 format!(
                     "key {}'s run {run} is stopped (a session on it ended, or the operator stopped it): nothing more is decided in it; send {TASK_HEADER}: NAME with a new task name to start another run",
                     info.id
@@ -219,9 +204,10 @@ async fn seed(
     let runs = app
         .at_once(move || gate.runs_named(&prefix))
         .await
-        .map_err(|e| NotOpened {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            why: format!("the gate cannot read the key's runs of the day: {e}"),
+        .map_err(|e| {
+            NotOpened::Unavailable(format!(
+                "the gate cannot read the key's runs of the day: {e}"
+            ))
         })?;
     ring.spend()
         .seed(&info.id, keys::day_use(&runs, info.principal, now));
@@ -240,14 +226,12 @@ async fn owned(
     match app.at_once(move || gate.run(caller, &name)).await {
         Ok(standing) => Ok(Some(standing.state)),
         Err(GateError::RunNotFound(_)) => Ok(None),
-        Err(e @ GateError::Unavailable(_)) => Err(NotOpened {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            why: format!("the key's run {run} cannot be read: {e}"),
-        }),
-        Err(e) => Err(NotOpened {
-            status: StatusCode::FORBIDDEN,
-            why: format!("the key's run {run} cannot be used: {e}"),
-        }),
+        Err(e @ GateError::Unavailable(_)) => Err(NotOpened::Unavailable(format!(
+            "the key's run {run} cannot be read: {e}"
+        ))),
+        Err(e) => Err(NotOpened::Forbidden(format!(
+            "the key's run {run} cannot be used: {e}"
+        ))),
     }
 }
 
@@ -267,10 +251,10 @@ async fn start(
         Ok(slot) => slot,
         Err(e) => {
             spend.refused(KeyRefusal::RunsExceeded);
-            return Err(NotOpened {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                why: format!("key {}: {e}; its day ends at 00:00 UTC", info.id),
-            });
+            return Err(NotOpened::Limit(format!(
+                "key {}: {e}; its day ends at 00:00 UTC",
+                info.id
+            )));
         }
     };
     let req = StartRequest {
@@ -303,18 +287,15 @@ async fn start(
         Err(GateError::RunExists(_)) if owned(app, caller, &run).await?.is_some() => {
             Ok((run, false))
         }
-        Err(e @ GateError::Unavailable(_)) => Err(NotOpened {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            why: format!("the key's run {run} cannot start: {e}"),
-        }),
-        Err(e @ GateError::TooManyRuns { .. }) => Err(NotOpened {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            why: format!("the key's run {run} cannot start: {e}"),
-        }),
-        Err(e) => Err(NotOpened {
-            status: StatusCode::FORBIDDEN,
-            why: format!("the key's run {run} cannot start: {e}"),
-        }),
+        Err(e @ GateError::Unavailable(_)) => Err(NotOpened::Unavailable(format!(
+            "the key's run {run} cannot start: {e}"
+        ))),
+        Err(e @ GateError::TooManyRuns { .. }) => Err(NotOpened::Limit(format!(
+            "the key's run {run} cannot start: {e}"
+        ))),
+        Err(e) => Err(NotOpened::Forbidden(format!(
+            "the key's run {run} cannot start: {e}"
+        ))),
     }
 }
 

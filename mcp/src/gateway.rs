@@ -60,13 +60,79 @@ impl std::fmt::Debug for Authorized {
     }
 }
 
-/// Why a session was not opened: the HTTP status and what the client reads.
-#[derive(Debug)]
-pub struct NotOpened {
-    /// 401 (not a credential), 403 (refused), 429 (a limit), 503 (the gate).
-    pub status: hyper::StatusCode,
-    /// Why.
-    pub why: String,
+/// Why a request carries no credential of this tally: answered 401 (with
+/// `WWW-Authenticate: Bearer`), nothing else done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoCredential {
+    /// No `Authorization` header.
+    #[error("no credential: send `Authorization: Bearer` with a run token (the `token` of POST /v1/runs) or a key")]
+    Missing,
+    /// An `Authorization` header that is not text.
+    #[error("the Authorization header is not text")]
+    NotText,
+    /// An `Authorization` header that is not `Bearer TOKEN`.
+    #[error("the Authorization header is not `Bearer TOKEN`")]
+    NotBearer,
+    /// A key, where this tally serves none.
+    #[error("this tally serves no keys")]
+    NoKeys,
+    /// A key the operator revoked.
+    #[error("key {id} was revoked by the operator: ask them for another key")]
+    Revoked {
+        /// The key's id.
+        id: String,
+    },
+    /// The shape of a key, not one of this tally.
+    #[error("this is not a key of this tally")]
+    NotAKey,
+    /// A run token, where this tally mints none.
+    #[error("this tally mints no run tokens")]
+    NoTokens,
+    /// Not a run token of this tally.
+    #[error("this is not a run token of this tally")]
+    NotAToken,
+}
+
+/// Why an `initialize` opened no session, by the kind of refusal (its HTTP status is
+/// [`NotOpened::status`]), with what the client reads.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotOpened {
+    /// Not a credential of this tally (401).
+    #[error(transparent)]
+    Credential(#[from] NoCredential),
+    /// A request header is not what it must be (400).
+    #[error("{0}")]
+    BadHeader(String),
+    /// Refused: the key's principal has no budget, the run is another uid's, the gate
+    /// refused the start (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The key's run is stopped: not continued (409).
+    #[error("{0}")]
+    Stopped(String),
+    /// A limit: the key's runs per day, the principal's open runs (429).
+    #[error("{0}")]
+    Limit(String),
+    /// The gate cannot answer (503).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl NotOpened {
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> hyper::StatusCode {
+        use hyper::StatusCode as S;
+        match self {
+            NotOpened::Credential(_) => S::UNAUTHORIZED,
+            NotOpened::BadHeader(_) => S::BAD_REQUEST,
+            NotOpened::Forbidden(_) => S::FORBIDDEN,
+            NotOpened::Stopped(_) => S::CONFLICT,
+            NotOpened::Limit(_) => S::TOO_MANY_REQUESTS,
+            NotOpened::Unavailable(_) => S::SERVICE_UNAVAILABLE,
+        }
+    }
 }
 
 /// An answer that resolves later.
@@ -77,7 +143,7 @@ pub trait Credentials: Send + Sync {
     /// Who holds the request's credential (a run token's run, a key's id), read without
     /// starting anything; or why it is no credential (answered 401, nothing else done).
     /// A session answers only the holder whose `initialize` opened it.
-    fn holder(&self, headers: &HeaderMap) -> Result<String, String>;
+    fn holder(&self, headers: &HeaderMap) -> Result<String, NoCredential>;
 
     /// The run a session opened by an `initialize` with this credential acts in: a run
     /// token's run, or a key's run, started (and counted against the key's day) or

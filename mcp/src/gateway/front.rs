@@ -194,7 +194,7 @@ impl Front {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let holder = match self.credentials.holder(req.headers()) {
             Ok(h) => h,
-            Err(why) => return unauthorized(&why),
+            Err(why) => return unauthorized(&why.to_string()),
         };
         let session = req
             .headers()
@@ -395,10 +395,8 @@ impl Front {
         };
         let run = match self.credentials.open(parts.headers.clone()).await {
             Ok(run) => run,
-            Err(NotOpened { status, why }) if status == StatusCode::UNAUTHORIZED => {
-                return unauthorized(&why)
-            }
-            Err(NotOpened { status, why }) => return rpc_error(status, -32000, &why),
+            Err(NotOpened::Credential(why)) => return unauthorized(&why.to_string()),
+            Err(why) => return rpc_error(why.status(), -32000, &why.to_string()),
         };
         // The run is held from here: by the session, once its initialize takes it.
         let opening = Arc::new(Opening::new(self.runs.hold(run.clone())));
