@@ -209,28 +209,17 @@ impl Front {
             Ok(b) => b,
             Err(refused) => return refused,
         };
-        let value = match (parts.method == Method::POST)
-            .then(|| super::admit::read_body(&bytes))
-            .transpose()
-        {
-            Ok(v) => v,
-            Err(Unread::Versioned(r)) => return refused(r),
-            Err(Unread::NotJson(why)) => {
-                let verdict = classify::classify(&bytes)
-                    .err()
-                    .unwrap_or(classify::Refused {
-                        why,
-                        answer: Vec::new(),
-                    });
-                return self.refuse(session.as_deref(), verdict);
-            }
-        };
-        match (session, value) {
-            (Some(s), _) => self.in_session(&s, &holder, parts, bytes).await,
+        match session {
+            Some(s) => self.in_session(&s, &holder, parts, bytes).await,
+            None if parts.method != Method::POST => no_session(),
             // Its own task: once a key's run may start, the session is opened (and
             // held in the table, where the idle bound closes it and stops the run)
             // even if the client goes away before its answer.
-            (None, Some(value)) => {
+            None => {
+                let value = match self.read(None, &bytes) {
+                    Ok(v) => v,
+                    Err(refused) => return *refused,
+                };
                 tokio::spawn(async move { self.open(holder, parts, (bytes, value)).await })
                     .await
                     .unwrap_or_else(|e| {
@@ -241,7 +230,29 @@ impl Front {
                         )
                     })
             }
-            (None, None) => no_session(),
+        }
+    }
+
+    /// A POST's body read strictly ([`super::admit::read_body`]) in `session` (if the
+    /// holder's): its value, or the answer refusing it (one that is not JSON gets the
+    /// classifier's verdict, counted in the session).
+    fn read(
+        &self,
+        session: Option<&str>,
+        bytes: &Bytes,
+    ) -> Result<serde_json::Value, Box<Response<Body>>> {
+        match super::admit::read_body(bytes) {
+            Ok(v) => Ok(v),
+            Err(Unread::Versioned(r)) => Err(Box::new(refused(r))),
+            Err(Unread::NotJson(why)) => {
+                let verdict = classify::classify(bytes)
+                    .err()
+                    .unwrap_or(classify::Refused {
+                        why,
+                        answer: Vec::new(),
+                    });
+                Err(Box::new(self.refuse(session, verdict)))
+            }
         }
     }
 
@@ -324,6 +335,9 @@ impl Front {
             }
         };
         if parts.method == Method::POST {
+            if let Err(refused) = self.read(Some(id), &bytes) {
+                return *refused;
+            }
             if let Some(refused) = self.classified(Some(id), &bytes, &mut parts) {
                 return refused;
             }

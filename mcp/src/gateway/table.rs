@@ -292,4 +292,27 @@ mod tests {
         );
         drop(other);
     }
+
+    #[tokio::test]
+    async fn a_closed_table_gives_no_place_takes_no_session_and_waits_for_the_answering() {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let table = Arc::new(Table::new(
+            (10, 10),
+            std::time::Duration::from_secs(60),
+            clock as Arc<dyn tally_record::Clock>,
+        ));
+        let a = table.reserve("h1").expect("a place");
+        assert!(table.insert("s1".into(), ("h1".into(), run(), None), a));
+        let answering = table.reserve("h1").expect("an initialize being answered");
+        assert_eq!(table.close(), vec!["s1".to_owned()]);
+        assert_eq!(table.reserve("h2").err(), Some(NoPlace::Closing));
+        let short = std::time::Duration::from_millis(1);
+        assert_eq!(table.answered(short).await, 1, "one still answering");
+        assert!(
+            !table.insert("s2".into(), ("h1".into(), run(), None), answering),
+            "a session answered after the close is not taken in"
+        );
+        assert_eq!(table.answered(short).await, 0);
+        assert!(matches!(table.find("s2", "h1"), Found::Unknown));
+    }
 }
