@@ -27,10 +27,10 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::json;
 
 use super::admit::{Refusal, Unread};
-use super::runs::Runs;
+use super::runs::{Hold, NotHeld, Runs};
 use super::servers::Backend;
 use super::session::{Classified, Opening, RunOf, Session, Shared};
-use super::table::{Found, NoPlace, Table};
+use super::table::{Found, NoPlace, Place, Table};
 use super::{Credentials, GatewayLimits, GatewayOptions, NotOpened};
 use crate::call::Asker;
 use crate::classify::{self, Message, Why};
@@ -45,6 +45,10 @@ const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long the gateway's stop waits for the `initialize`s being answered, then for the
 /// runs its sessions held to be given back and stopped.
 const SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How many times an `initialize` reads its credential's run when the run's stop is under
+/// way or a stop was recorded while it was read.
+const OPEN_READS: usize = 3;
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -362,10 +366,34 @@ impl Front {
     async fn open(
         &self,
         holder: String,
-        mut parts: hyper::http::request::Parts,
+        parts: hyper::http::request::Parts,
         (bytes, value): (Bytes, serde_json::Value),
     ) -> Response<Body> {
-        match classify::classify(&bytes) {
+        if let Some(r) = self.not_an_initialize(&bytes, &parts.headers, &value) {
+            return r;
+        }
+        self.expire().await;
+        let place = match self.place(&holder) {
+            Ok(place) => place,
+            Err(r) => return r,
+        };
+        let (run, hold) = match self.held_run(&parts.headers).await {
+            Ok(held) => held,
+            Err(r) => return r,
+        };
+        self.initialized(holder, parts, bytes, (run, hold), place)
+            .await
+    }
+
+    /// The refusal of a request without a session that is not an `initialize` the
+    /// transport takes, or none.
+    fn not_an_initialize(
+        &self,
+        bytes: &Bytes,
+        headers: &hyper::HeaderMap,
+        value: &serde_json::Value,
+    ) -> Option<Response<Body>> {
+        match classify::classify(bytes) {
             Ok(c)
                 if matches!(
                     c.message,
@@ -374,18 +402,18 @@ impl Front {
                         ..
                     }
                 ) => {}
-            Ok(_) => return no_session(),
-            Err(refused) => return self.refuse(None, refused),
+            Ok(_) => return Some(no_session()),
+            Err(refused) => return Some(self.refuse(None, refused)),
         }
-        if let Some(r) = super::admit::refusal(&parts.headers)
-            .or_else(|| super::admit::initialize_refusal(&parts.headers, &value))
-        {
-            return refused(r);
-        }
-        self.expire().await;
-        let place = match self.table.reserve(&holder) {
-            Ok(place) => place,
-            Err(NoPlace::Gateway) => return rpc_error(
+        super::admit::refusal(headers)
+            .or_else(|| super::admit::initialize_refusal(headers, value))
+            .map(refused)
+    }
+
+    /// A place for `holder`'s new session, within the bounds on sessions.
+    fn place(&self, holder: &str) -> Result<Place, Response<Body>> {
+        self.table.reserve(holder).map_err(|e| match e {
+            NoPlace::Gateway => rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 -32000,
                 &format!(
@@ -393,7 +421,7 @@ impl Front {
                     self.limits.max_sessions
                 ),
             ),
-            Err(NoPlace::Holder) => return rpc_error(
+            NoPlace::Holder => rpc_error(
                 StatusCode::TOO_MANY_REQUESTS,
                 -32000,
                 &format!(
@@ -401,19 +429,56 @@ impl Front {
                     self.limits.max_sessions_per_credential
                 ),
             ),
-            Err(NoPlace::Closing) => return rpc_error(
+            NoPlace::Closing => rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 -32000,
                 "this gateway is stopping: nothing is opened",
             ),
-        };
-        let run = match self.credentials.open(parts.headers.clone()).await {
-            Ok(run) => run,
-            Err(NotOpened::Credential(why)) => return unauthorized(&why.to_string()),
-            Err(why) => return rpc_error(why.status(), -32000, &why.to_string()),
-        };
+        })
+    }
+
+    /// The credential's run, started or continued, and a hold on it. A run whose stop
+    /// is under way (its last session just ended) is read again once the stop is
+    /// recorded, and so is a run read as running before a stop was recorded: a new
+    /// session never acts in a run stopped under it (a stopped key run is a 409).
+    async fn held_run(
+        &self,
+        headers: &hyper::HeaderMap,
+    ) -> Result<(super::Authorized, Hold), Response<Body>> {
+        for _ in 0..OPEN_READS {
+            let seen = self.runs.stops();
+            let run = match self.credentials.open(headers.clone()).await {
+                Ok(run) => run,
+                Err(NotOpened::Credential(why)) => return Err(unauthorized(&why.to_string())),
+                Err(why) => return Err(rpc_error(why.status(), -32000, &why.to_string())),
+            };
+            match self.runs.hold(run.clone(), seen) {
+                Ok(hold) => return Ok((run, hold)),
+                Err(NotHeld::Stopping) => {
+                    self.runs.stop_recorded(&run.run, SHUTDOWN_BOUND).await;
+                }
+                Err(NotHeld::Stale) => {}
+            }
+        }
+        Err(rpc_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            -32000,
+            "the credential's run was being stopped while this session opened: retry initialize",
+        ))
+    }
+
+    /// The `initialize` answered by rmcp with the run held; the session it opened put in
+    /// its `place`.
+    async fn initialized(
+        &self,
+        holder: String,
+        mut parts: hyper::http::request::Parts,
+        bytes: Bytes,
+        (run, hold): (super::Authorized, Hold),
+        place: Place,
+    ) -> Response<Body> {
         // The run is held from here: by the session, once its initialize takes it.
-        let opening = Arc::new(Opening::new(self.runs.hold(run.clone())));
+        let opening = Arc::new(Opening::new(hold));
         parts.extensions.insert(RunOf(run.clone()));
         parts.extensions.insert(Arc::clone(&opening));
         let response = self
@@ -461,6 +526,15 @@ impl Front {
                     };
                     Some(self.refuse(session, refused))
                 }
+                // A session is opened once: its initialize is not run again.
+                Message::Request {
+                    method: "initialize",
+                    ..
+                } => Some(rpc_error(
+                    StatusCode::BAD_REQUEST,
+                    -32600,
+                    "Bad Request: this session is initialized already: initialize without Mcp-Session-Id opens a new one",
+                )),
                 _ => None,
             },
             Err(refused) => Some(self.refuse(session, refused)),

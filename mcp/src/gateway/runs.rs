@@ -4,9 +4,13 @@
 //! sessions of one key share its run, and the first to end does not stop it under the
 //! other. Each hold is given back exactly once (its drop), so the stop is made exactly
 //! once; the gateway's shutdown waits until every hold is given back and every stop
-//! made.
+//! made. A run whose stop is under way stays in the table, marked, until the stop is
+//! recorded: a new hold on it is refused until then ([`Stopping`]), and a hold on a run
+//! read as running before a stop was recorded is refused as stale ([`Runs::hold`]), so
+//! that no new session acts in a run stopped under it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -33,6 +37,18 @@ struct Entry {
     /// its last hold is given back.
     started: bool,
     ending: Shared,
+    /// Its last hold was given back and its stop is under way, not recorded yet.
+    stopping: bool,
+}
+
+/// Why a run cannot be held now: read again (its state may have changed), after
+/// [`Runs::stop_recorded`] for a run whose stop is under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NotHeld {
+    /// Its stop is under way.
+    Stopping,
+    /// A stop was recorded since the run was read as running: the reading is stale.
+    Stale,
 }
 
 /// The runs held, by name.
@@ -40,6 +56,11 @@ pub(super) struct Runs {
     inner: Mutex<HashMap<String, Entry>>,
     /// Holds not given back and stops not made yet.
     pending: watch::Sender<usize>,
+    /// How many stops the gateway made (recorded or failed) so far: changed under the
+    /// table's lock.
+    stops: AtomicU64,
+    /// Told each time a stop is made (after the table's lock is let go).
+    made: watch::Sender<()>,
     /// The worker name the gateway's stops are recorded with.
     worker: Option<String>,
 }
@@ -60,6 +81,8 @@ impl Runs {
         Runs {
             inner: Mutex::default(),
             pending: watch::Sender::new(0),
+            stops: AtomicU64::new(0),
+            made: watch::Sender::new(()),
             worker,
         }
     }
@@ -68,27 +91,54 @@ impl Runs {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How many stops the gateway made so far: read before a run's state is read, and
+    /// given to [`Runs::hold`].
+    pub(super) fn stops(&self) -> u64 {
+        self.stops.load(Ordering::SeqCst)
+    }
+
     /// One more hold on `run` (its `started` counts: the run is then the gateway's to
-    /// stop).
-    pub(super) fn hold(self: &Arc<Self>, run: Authorized) -> Hold {
+    /// stop), read as running when [`Runs::stops`] was `seen`. Refused while the run's
+    /// stop is under way, and for a run the gateway did not start when any stop was
+    /// recorded since `seen` (it may have been this one: read it again).
+    pub(super) fn hold(self: &Arc<Self>, run: Authorized, seen: u64) -> Result<Hold, NotHeld> {
         let ending = {
             let mut inner = self.lock();
+            if inner.get(&run.run).is_some_and(|e| e.stopping) {
+                return Err(NotHeld::Stopping);
+            }
+            // Read under the table's lock: a stop recorded later finds this hold.
+            if !run.started && self.stops() != seen {
+                return Err(NotHeld::Stale);
+            }
             let entry = inner.entry(run.run.clone()).or_insert_with(|| Entry {
                 holds: 0,
                 started: false,
                 ending: Shared::default(),
+                stopping: false,
             });
             entry.holds += 1;
             entry.started |= run.started;
             Arc::clone(&entry.ending)
         };
         self.pending.send_modify(|n| *n += 1);
-        Hold {
+        Ok(Hold {
             runs: Arc::clone(self),
             run,
             ending,
             gate: OnceLock::new(),
-        }
+        })
+    }
+
+    /// Wait until `run`'s stop, if one is under way, is recorded (or failed), at most
+    /// `bound`.
+    pub(super) async fn stop_recorded(&self, run: &str, bound: Duration) {
+        let mut made = self.made.subscribe();
+        let _ = tokio::time::timeout(
+            bound,
+            made.wait_for(|_| !self.lock().get(run).is_some_and(|e| e.stopping)),
+        )
+        .await;
     }
 
     /// How many holds `run` has.
@@ -102,16 +152,42 @@ impl Runs {
     fn release(&self, run: &str) -> Option<Reason> {
         let mut inner = self.lock();
         let entry = inner.get_mut(run)?;
+        if entry.stopping {
+            return None;
+        }
         entry.holds = entry.holds.saturating_sub(1);
         if entry.holds > 0 {
             return None;
         }
-        let entry = inner.remove(run)?;
         if !entry.started {
+            inner.remove(run);
             return None;
         }
-        let ending = entry.ending.lock().unwrap_or_else(|p| p.into_inner());
-        crate::call::end_reason(ending.unknown_write, ending.last_refusal)
+        let reason = {
+            let ending = entry.ending.lock().unwrap_or_else(|p| p.into_inner());
+            crate::call::end_reason(ending.unknown_write, ending.last_refusal)
+        };
+        match reason {
+            // Its stop is under way: marked until it is recorded.
+            Some(_) => entry.stopping = true,
+            None => {
+                inner.remove(run);
+            }
+        }
+        reason
+    }
+
+    /// `run`'s stop is recorded (or failed): out of the table, and the stop counted
+    /// (under the table's lock, so that a hold reads the two together).
+    fn stopped(&self, run: &str) {
+        {
+            let mut inner = self.lock();
+            if inner.get(run).is_some_and(|e| e.stopping) {
+                inner.remove(run);
+            }
+            self.stops.fetch_add(1, Ordering::SeqCst);
+        }
+        self.made.send_replace(());
     }
 
     fn done(&self) {
@@ -151,6 +227,7 @@ impl Drop for Hold {
                 "gateway: run {} could not be stopped: no runtime",
                 self.run.run
             ));
+            self.runs.stopped(&self.run.run);
             self.runs.done();
             return;
         };
@@ -172,6 +249,7 @@ impl Drop for Hold {
                     run.run
                 ),
             });
+            runs.stopped(&run.run);
             runs.done();
         });
     }
@@ -192,8 +270,8 @@ mod tests {
     #[test]
     fn a_run_is_stopped_when_its_last_hold_goes_and_only_if_the_gateway_started_it() {
         let runs = Arc::new(Runs::new(None));
-        let a = runs.hold(run("r", true));
-        let b = runs.hold(run("r", false));
+        let a = runs.hold(run("r", true), 0).expect("held");
+        let b = runs.hold(run("r", false), 0).expect("held");
         assert_eq!(runs.holds("r"), 2);
         assert_eq!(runs.release("r"), None, "one left");
         assert_eq!(runs.release("r"), Some(Reason::Completed), "the last");
@@ -203,15 +281,15 @@ mod tests {
             "given back once: nothing to stop twice"
         );
         std::mem::forget((a, b));
-        let _c = runs.hold(run("t", false));
+        let _c = runs.hold(run("t", false), 0).expect("held");
         assert_eq!(runs.release("t"), None, "a run the gateway did not start");
     }
 
     #[test]
     fn the_runs_sessions_share_how_it_ended() {
         let runs = Arc::new(Runs::new(None));
-        let a = runs.hold(run("r", true));
-        let b = runs.hold(run("r", false));
+        let a = runs.hold(run("r", true), 0).expect("held");
+        let b = runs.hold(run("r", false), 0).expect("held");
         b.ending().lock().expect("lock").last_refusal = Some((Reason::Completed, Action::Ask));
         assert!(a.ending().lock().expect("lock").last_refusal.is_some());
         assert_eq!(runs.release("r"), None);
@@ -224,9 +302,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_run_whose_stop_is_under_way_or_was_made_since_it_was_read_is_not_held() {
+        let runs = Arc::new(Runs::new(None));
+        let a = runs.hold(run("r", true), 0).expect("held");
+        assert_eq!(runs.release("r"), Some(Reason::Completed));
+        // Its stop is under way: a session reading it as running does not attach.
+        assert_eq!(runs.hold(run("r", false), 0).err(), Some(NotHeld::Stopping));
+        let seen = runs.stops();
+        let waiting = {
+            let runs = Arc::clone(&runs);
+            tokio::spawn(async move { runs.stop_recorded("r", Duration::from_secs(30)).await })
+        };
+        runs.stopped("r");
+        waiting.await.expect("waited");
+        // Read as running before the stop was recorded: stale.
+        assert_eq!(runs.hold(run("r", false), seen).err(), Some(NotHeld::Stale));
+        // Read after: held (the caller read its state again).
+        let _b = runs.hold(run("r", false), runs.stops()).expect("held");
+        std::mem::forget(a);
+    }
+
+    #[tokio::test]
     async fn shutdown_waits_for_every_hold() {
         let runs = Arc::new(Runs::new(None));
-        let a = runs.hold(run("r", false));
+        let a = runs.hold(run("r", false), 0).expect("held");
         assert_eq!(runs.settled(Duration::from_millis(1)).await, 1);
         drop(a);
         assert_eq!(runs.settled(Duration::from_secs(5)).await, 0);
