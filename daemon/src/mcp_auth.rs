@@ -11,7 +11,8 @@
 //! in-process connection whose peer is the run's owner ([`dialer`]): the path
 //! `tally mcp`'s take, acting as the uid that holds the run.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 
 use axum::extract::Request;
 use axum::Router;
@@ -37,11 +38,41 @@ const TASK_HEADER: &str = "x-tally-task";
 pub(crate) struct Auth {
     app: Arc<App>,
     agent: Router,
+    starting: Arc<Starting>,
 }
 
 impl Auth {
     pub(crate) fn new(app: Arc<App>, agent: Router) -> Auth {
-        Auth { app, agent }
+        Auth {
+            app,
+            agent,
+            starting: Arc::default(),
+        }
+    }
+}
+
+/// The key runs being read or started, by name: the `initialize`s of one run take
+/// their turns, so that the second reads the run the first started (rather than the
+/// key's day with the first's start still counted and not yet made).
+#[derive(Default)]
+struct Starting(std::sync::Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
+
+impl Starting {
+    /// `run`'s turn: held until the run is read and, if new, started.
+    async fn turn(&self, run: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, w| w.strong_count() > 0);
+            match map.get(run).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    let lock = Arc::new(tokio::sync::Mutex::new(()));
+                    map.insert(run.to_owned(), Arc::downgrade(&lock));
+                    lock
+                }
+            }
+        };
+        lock.lock_owned().await
     }
 }
 
@@ -62,13 +93,22 @@ impl Credentials for Auth {
     fn open(&self, headers: HeaderMap) -> Pending<Result<Authorized, NotOpened>> {
         let app = Arc::clone(&self.app);
         let agent = self.agent.clone();
+        let starting = Arc::clone(&self.starting);
         Box::pin(async move {
-            let held = held(&app, &headers)?;
-            let (run, started) = match held {
-                Held::Run(run) => (run, false),
-                Held::Key(info) => key_run(&app, &headers, info).await?,
+            // A key's run is its principal's (read as such when it was continued, or
+            // started as such): its owner is not read again, so a run the key started
+            // is never left unstopped by a failed second read.
+            let (run, started, owner) = match held(&app, &headers)? {
+                Held::Run(run) => {
+                    let owner = owner(&app, &run).await?;
+                    (run, false, owner)
+                }
+                Held::Key(info) => {
+                    let principal = info.principal;
+                    let (run, started) = key_run(&app, &starting, &headers, info).await?;
+                    (run, started, Some(principal))
+                }
             };
-            let owner = owner(&app, &run).await.map_err(NotOpened::Forbidden)?;
             let peer = owner.map_or(Peer::Tcp, Peer::Uid);
             let dialer = dialer(agent, peer);
             Ok(Authorized {
@@ -116,8 +156,9 @@ fn bearer(headers: &HeaderMap) -> Result<String, NoCredential> {
         .ok_or(NoCredential::NotBearer)
 }
 
-/// The uid that holds `run` (`None`: a loopback TCP client's).
-async fn owner(app: &App, run: &str) -> Result<Option<u32>, String> {
+/// The uid that holds a run token's `run` (`None`: a loopback TCP client's): a gate
+/// that cannot answer is a 503, a run it does not know a 403.
+async fn owner(app: &App, run: &str) -> Result<Option<u32>, NotOpened> {
     let operator = Caller {
         uid: None,
         operator: true,
@@ -127,8 +168,15 @@ async fn owner(app: &App, run: &str) -> Result<Option<u32>, String> {
     let name = run.to_owned();
     match app.at_once(move || gate.run(operator, &name)).await {
         Ok(standing) => Ok(standing.owner_uid),
-        Err(GateError::RunNotFound(_)) => Err(format!("the run {run} is not known to the gate")),
-        Err(e) => Err(format!("the gate cannot read the run {run}: {e}")),
+        Err(GateError::RunNotFound(_)) => Err(NotOpened::Forbidden(format!(
+            "the run {run} is not known to the gate"
+        ))),
+        Err(e @ GateError::Unavailable(_)) => Err(NotOpened::Unavailable(format!(
+            "the gate cannot read the run {run}: {e}"
+        ))),
+        Err(e) => Err(NotOpened::Forbidden(format!(
+            "the gate cannot read the run {run}: {e}"
+        ))),
     }
 }
 
@@ -137,6 +185,7 @@ async fn owner(app: &App, run: &str) -> Result<Option<u32>, String> {
 /// started within the key's runs per day.
 async fn key_run(
     app: &App,
+    starting: &Starting,
     headers: &HeaderMap,
     info: KeyInfo,
 ) -> Result<(String, bool), NotOpened> {
@@ -162,6 +211,7 @@ async fn key_run(
     let now = ring.now_ms();
     seed(app, ring, &info, now).await?;
     let run = keys::run_of(&info, task, now);
+    let _turn = starting.turn(&run).await;
     // The principal is the run's owner: its budget, open runs and ownership are the
     // uid's, as if it had started the run on the agent socket.
     let caller = Caller {
@@ -249,6 +299,9 @@ async fn start(
     let spend = ring.spend();
     let slot = match spend.start_run(&info.id, &keys::day_limits(info), named_ms) {
         Ok(slot) => slot,
+        // The key's last run of the day may be the one its other session of this task
+        // is starting right now: read once more before refusing.
+        Err(_) if owned(app, caller, &run).await?.is_some() => return Ok((run, false)),
         Err(e) => {
             spend.refused(KeyRefusal::RunsExceeded);
             return Err(NotOpened::Limit(format!(
