@@ -307,3 +307,83 @@ async fn a_body_that_never_arrives_is_cut_at_its_time_bound() {
     assert!(gw.runs().await.iter().all(|(r, _)| r == "slow"));
     open(gw.addr, &token, None).await;
 }
+
+/// An `initialize` with `key` (and `task`): its status, session and answer.
+async fn initialize(gw: &Gw, key: &str, task: &str) -> (u16, Option<String>, String) {
+    let auth = bearer(key);
+    let h = [("Authorization", auth.as_str()), ("x-tally-task", task)];
+    send(gw.addr, "POST", &h, INIT).await
+}
+
+#[tokio::test]
+async fn a_session_opened_as_its_runs_last_session_ends_never_acts_in_the_stopped_run() {
+    let mut gw = gateway(8).await;
+    let key = gw.key(50).await;
+    let auth = bearer(&key);
+    for i in 0..12 {
+        let task = format!("t{i}");
+        let first = open(gw.addr, &key, Some(&task)).await;
+        let (status, _, _) =
+            send(gw.addr, "DELETE", &within(&auth, &first, "2025-06-18"), "").await;
+        assert_eq!(status, 200);
+        // At once: the run's stop may still be under way. The run it ended is stopped:
+        // a new session is refused (409) rather than opened on it.
+        let (status, session, answer) = initialize(&gw, &key, &task).await;
+        if status == 200 {
+            let session = session.expect("a session id");
+            let (_, _, answer) = send(
+                gw.addr,
+                "POST",
+                &within(&auth, &session, "2025-06-18"),
+                CALL,
+            )
+            .await;
+            panic!("a session opened on a run stopped under it (task {task}): {answer}");
+        }
+        assert_eq!(status, 409, "{answer}");
+        assert!(answer.contains("is stopped"), "{answer}");
+    }
+    // A new task: a new run, its calls answered.
+    let fresh = open(gw.addr, &key, Some("fresh")).await;
+    let (status, _, answer) =
+        send(gw.addr, "POST", &within(&auth, &fresh, "2025-06-18"), CALL).await;
+    assert!(status == 200 && answer.contains("value of k"), "{answer}");
+    gw.daemon.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn two_initializes_of_one_task_on_the_keys_last_run_of_the_day_share_it() {
+    let gw = gateway(16).await;
+    for _ in 0..3 {
+        // One run a day: the second initialize finds it started by the first.
+        let key = gw.key(1).await;
+        let (a, b) = tokio::join!(initialize(&gw, &key, "same"), initialize(&gw, &key, "same"));
+        assert_eq!(a.0, 200, "{}", a.2);
+        assert_eq!(b.0, 200, "{}", b.2);
+    }
+}
+
+#[tokio::test]
+async fn an_initialize_inside_a_session_is_refused_and_the_session_goes_on() {
+    let gw = gateway(8).await;
+    let token = gw.token("twice").await;
+    let auth = bearer(&token);
+    let session = open(gw.addr, &token, None).await;
+    let (status, again, answer) = send(
+        gw.addr,
+        "POST",
+        &within(&auth, &session, "2025-06-18"),
+        INIT,
+    )
+    .await;
+    assert_eq!((status, again), (400, None), "{answer}");
+    assert!(answer.contains("initialized already"), "{answer}");
+    let (status, _, answer) = send(
+        gw.addr,
+        "POST",
+        &within(&auth, &session, "2025-06-18"),
+        CALL,
+    )
+    .await;
+    assert!(status == 200 && answer.contains("value of k"), "{answer}");
+}
