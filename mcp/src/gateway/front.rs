@@ -375,11 +375,11 @@ impl Front {
         self.expire().await;
         let place = match self.place(&holder) {
             Ok(place) => place,
-            Err(r) => return r,
+            Err(r) => return *r,
         };
         let (run, hold) = match self.held_run(&parts.headers).await {
             Ok(held) => held,
-            Err(r) => return r,
+            Err(r) => return *r,
         };
         self.initialized(holder, parts, bytes, (run, hold), place)
             .await
@@ -411,8 +411,8 @@ impl Front {
     }
 
     /// A place for `holder`'s new session, within the bounds on sessions.
-    fn place(&self, holder: &str) -> Result<Place, Response<Body>> {
-        self.table.reserve(holder).map_err(|e| match e {
+    fn place(&self, holder: &str) -> Result<Place, Box<Response<Body>>> {
+        self.table.reserve(holder).map_err(|e| Box::new(match e {
             NoPlace::Gateway => rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 -32000,
@@ -434,7 +434,7 @@ impl Front {
                 -32000,
                 "this gateway is stopping: nothing is opened",
             ),
-        })
+        }))
     }
 
     /// The credential's run, started or continued, and a hold on it. A run whose stop
@@ -444,13 +444,17 @@ impl Front {
     async fn held_run(
         &self,
         headers: &hyper::HeaderMap,
-    ) -> Result<(super::Authorized, Hold), Response<Body>> {
+    ) -> Result<(super::Authorized, Hold), Box<Response<Body>>> {
         for _ in 0..OPEN_READS {
             let seen = self.runs.stops();
             let run = match self.credentials.open(headers.clone()).await {
                 Ok(run) => run,
-                Err(NotOpened::Credential(why)) => return Err(unauthorized(&why.to_string())),
-                Err(why) => return Err(rpc_error(why.status(), -32000, &why.to_string())),
+                Err(NotOpened::Credential(why)) => {
+                    return Err(Box::new(unauthorized(&why.to_string())))
+                }
+                Err(why) => {
+                    return Err(Box::new(rpc_error(why.status(), -32000, &why.to_string())))
+                }
             };
             match self.runs.hold(run.clone(), seen) {
                 Ok(hold) => return Ok((run, hold)),
@@ -460,11 +464,11 @@ impl Front {
                 Err(NotHeld::Stale) => {}
             }
         }
-        Err(rpc_error(
+        Err(Box::new(rpc_error(
             StatusCode::SERVICE_UNAVAILABLE,
             -32000,
             "the credential's run was being stopped while this session opened: retry initialize",
-        ))
+        )))
     }
 
     /// The `initialize` answered by rmcp with the run held; the session it opened put in
@@ -599,14 +603,21 @@ impl Front {
         }
     }
 
-    /// Every hold on a run given back and every stop made (bounded), then every stdio
-    /// server killed and reaped.
+    /// Every hold on a run given back and every stop made (bounded), then every server
+    /// let go for good (a stdio one killed and reaped, none started again), then the
+    /// holds of the calls that were still in flight (their servers gone, they end at
+    /// once; one in its gate check ends at the gate's timeout) waited for once more,
+    /// bounded.
     async fn settle(&self) {
         let left = self.runs.settled(SHUTDOWN_BOUND).await;
-        if left > 0 {
-            crate::log(&format!("gateway: stopping with {left} run hold(s) or stop(s) not done after {SHUTDOWN_BOUND:?}"));
+        futures::future::join_all(self.shared.backends.iter().map(|b| b.shut())).await;
+        if left == 0 {
+            return;
         }
-        futures::future::join_all(self.shared.backends.iter().map(|b| b.stop())).await;
+        let left = self.runs.settled(SHUTDOWN_BOUND).await;
+        if left > 0 {
+            crate::log(&format!("gateway: stopping with {left} run hold(s) or stop(s) not done after twice {SHUTDOWN_BOUND:?}: their runs are left as they are"));
+        }
     }
 }
 

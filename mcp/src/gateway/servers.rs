@@ -93,6 +93,8 @@ pub(super) struct Backend {
     relisted: Mutex<Option<tokio::time::Instant>>,
     /// Environment variables a stdio server is started without (the credentials).
     hidden_env: Arc<[String]>,
+    /// Set by the gateway's stop: the server is not started or reached again.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// How a call to a server ended, when it was made.
@@ -128,12 +130,18 @@ impl Backend {
             effects: Mutex::new(HashMap::new()),
             relisted: Mutex::new(None),
             hidden_env,
+            stopped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// The connected client and its generation, connecting if there is none.
     async fn client(&self) -> Result<(u64, Arc<Client>), String> {
         let mut slot = self.client.lock().await;
+        // Read under the client's lock, which the stop takes after setting it: nothing
+        // is started after the stop.
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err("the gateway is stopping: the server is not started again".to_owned());
+        }
         if let Some((generation, c)) = slot.as_ref().filter(|(_, c)| !c.is_closed()) {
             return Ok((*generation, Arc::clone(c)));
         }
@@ -209,8 +217,15 @@ impl Backend {
         }
     }
 
+    /// The gateway stops: the server let go ([`Backend::stop`]) and never started or
+    /// reached again (a call in flight that reaches for it then is not sent).
+    pub(super) async fn shut(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.stop().await;
+    }
+
     /// Let the server go: its client dropped and a stdio server's process killed and
-    /// reaped. The next use starts or reaches it again.
+    /// reaped. The next use starts or reaches it again (unless the gateway stopped).
     pub(super) async fn stop(&self) {
         // The process first: an initialize in progress (holding the client's lock) then
         // fails at once instead of at its time bound.
@@ -240,11 +255,18 @@ impl Backend {
     /// Its tools, each renamed `NAME__tool`; their effects learned on the way. A server
     /// that does not answer within [`LIST_TIMEOUT`] is an error.
     pub(super) async fn tools(&self) -> Result<Vec<Tool>, String> {
-        match tokio::time::timeout(LIST_TIMEOUT, self.list()).await {
+        let on = std::sync::OnceLock::new();
+        match tokio::time::timeout(LIST_TIMEOUT, self.list(&on)).await {
             Ok(listed) => listed,
             Err(_) => {
-                // Hung (or still initializing): a stdio server is killed, not left.
-                self.stop().await;
+                // Hung (or still initializing): a stdio server is killed, not left; the
+                // generation it listed on only (or, not connected yet, the one being
+                // started), never one started since.
+                let generation = match on.get() {
+                    Some(g) => *g,
+                    None => self.generation.load(Ordering::Relaxed),
+                };
+                self.stop_generation(generation).await;
                 Err(format!(
                     "it did not list its tools within {}",
                     tally_record::words::duration(LIST_TIMEOUT.as_millis() as u64)
@@ -253,8 +275,10 @@ impl Backend {
         }
     }
 
-    async fn list(&self) -> Result<Vec<Tool>, String> {
+    /// The listing, the generation it is made on put in `on`.
+    async fn list(&self, on: &std::sync::OnceLock<u64>) -> Result<Vec<Tool>, String> {
         let (generation, client) = self.client().await?;
+        let _ = on.set(generation);
         let tools = match client.peer().list_all_tools().await {
             Ok(t) => t,
             Err(e) => {
@@ -461,5 +485,42 @@ mod tests {
         assert_eq!(backend.client().await.expect("still").0, second);
         backend.stop().await;
         assert!(!std::path::Path::new(&format!("/proc/{two}")).exists());
+    }
+
+    /// After the gateway's stop a server is not started again: a handler still running
+    /// (in its gate check, say) cannot leave a process behind.
+    #[tokio::test]
+    async fn a_server_is_not_started_again_after_the_gateways_stop() {
+        let server = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/server.py");
+        let backend = Backend::new(
+            Server {
+                name: "py".to_owned(),
+                target: Target::Command(vec!["python3".to_owned(), server.to_owned()]),
+            },
+            Arc::from(Vec::new()),
+        );
+        backend.client().await.expect("started");
+        let pid = pid_of(&backend);
+        backend.shut().await;
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+        let Err(again) = backend.client().await else {
+            panic!("a server started after the gateway's stop");
+        };
+        assert!(again.contains("stopping"), "{again}");
+        assert!(
+            backend.process.lock().expect("lock").is_none(),
+            "a process started"
+        );
+        // A stop that is not the gateway's (a timeout's) lets the next use start it.
+        let other = Backend::new(
+            Server {
+                name: "py".to_owned(),
+                target: Target::Command(vec!["python3".to_owned(), server.to_owned()]),
+            },
+            Arc::from(Vec::new()),
+        );
+        other.stop().await;
+        other.client().await.expect("started after a stop");
+        other.shut().await;
     }
 }
