@@ -229,6 +229,18 @@ fn dead(pid: u32) -> bool {
     })
 }
 
+/// Whether `pid` dies within five seconds (it is killed as the answer goes, and may be
+/// reaped just after).
+async fn dies(pid: u32) -> bool {
+    for _ in 0..250 {
+        if dead(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 #[tokio::test]
 async fn a_stdio_servers_own_processes_die_with_it_on_a_timeout_and_at_the_stop() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -256,7 +268,7 @@ async fn a_stdio_servers_own_processes_die_with_it_on_a_timeout_and_at_the_stop(
     let first = pids(&file);
     assert_eq!(first.len(), 1, "{first:?}");
     assert!(
-        dead(first[0]),
+        dies(first[0]).await,
         "the timed-out server's process {} lives",
         first[0]
     );
@@ -275,7 +287,7 @@ async fn a_stdio_servers_own_processes_die_with_it_on_a_timeout_and_at_the_stop(
     assert!(!dead(both[1]));
     gw.daemon.shutdown().await.expect("shutdown");
     assert!(
-        dead(both[1]),
+        dies(both[1]).await,
         "the server's process {} outlived the gateway",
         both[1]
     );
@@ -304,8 +316,58 @@ async fn a_body_that_never_arrives_is_cut_at_its_time_bound() {
         assert_eq!((status, session), (408, None), "{answer}");
         assert!(answer.contains("did not arrive"), "{answer}");
     }
+    // One trickles its body, a byte every 50 ms (well within any bound on one read):
+    // the whole body would take 5 s, and it is cut at the bound on the whole, while
+    // bytes still arrive (a bound on each read would let it go on to the end).
+    let (status, answer, dripped) =
+        trickle(gw.addr, head.as_bytes(), Duration::from_millis(50)).await;
+    assert_eq!(status, 408, "{answer}");
+    assert!(answer.contains("did not arrive"), "{answer}");
+    assert!(
+        dripped < DRIPS,
+        "answered only once the bytes stopped: {dripped}"
+    );
     assert!(gw.runs().await.iter().all(|(r, _)| r == "slow"));
     open(gw.addr, &token, None).await;
+}
+
+/// How many bytes [`trickle`] sends at most: never the whole body.
+const DRIPS: usize = 98;
+
+/// `head` written, then one byte of the body every `every` (at most [`DRIPS`]) until the
+/// gateway answers: its status, its answer, and how many bytes were sent by then.
+async fn trickle(addr: std::net::SocketAddr, head: &[u8], every: Duration) -> (u16, String, usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut read, mut write) = s.into_split();
+    write.write_all(head).await.expect("write");
+    let mut dripped = 0;
+    let dripping = async {
+        while dripped < DRIPS {
+            tokio::time::sleep(every).await;
+            if write.write_all(b" ").await.is_err() {
+                break;
+            }
+            dripped += 1;
+        }
+        // Never the whole body: only the gateway's bound ends this.
+        std::future::pending::<()>().await;
+    };
+    let mut out = Vec::new();
+    let answered = async {
+        let _ = read.read_to_end(&mut out).await;
+    };
+    tokio::select! {
+        () = dripping => {}
+        _ = tokio::time::timeout(Duration::from_secs(30), answered) => {}
+    }
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text, dripped)
 }
 
 /// An `initialize` with `key` (and `task`): its status, session and answer.
