@@ -11,8 +11,7 @@
 //! in-process connection whose peer is the run's owner ([`dialer`]): the path
 //! `tally mcp`'s take, acting as the uid that holds the run.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use axum::extract::Request;
 use axum::Router;
@@ -20,8 +19,9 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderMap, AUTHORIZATION};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tally_gate::{Caller, GateError, StartRequest};
+use tally_gate::{Caller, GateError, Gatekeeper, StartRequest};
 use tally_mcp::gateway::{Authorized, Credentials, NoCredential, NotOpened, Pending};
+use tally_proxy::key_run::{self, Asked, Done, KeyGate, KeyRun, KeyRunError};
 use tally_proxy::key_spend::KeyRefusal;
 use tally_proxy::keys::{self, KeyRefused};
 use tally_wire::KeyInfo;
@@ -38,41 +38,11 @@ const TASK_HEADER: &str = "x-tally-task";
 pub(crate) struct Auth {
     app: Arc<App>,
     agent: Router,
-    starting: Arc<Starting>,
 }
 
 impl Auth {
     pub(crate) fn new(app: Arc<App>, agent: Router) -> Auth {
-        Auth {
-            app,
-            agent,
-            starting: Arc::default(),
-        }
-    }
-}
-
-/// The key runs being read or started, by name: the `initialize`s of one run take
-/// their turns, so that the second reads the run the first started (rather than the
-/// key's day with the first's start still counted and not yet made).
-#[derive(Default)]
-struct Starting(std::sync::Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
-
-impl Starting {
-    /// `run`'s turn: held until the run is read and, if new, started.
-    async fn turn(&self, run: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|_, w| w.strong_count() > 0);
-            match map.get(run).and_then(Weak::upgrade) {
-                Some(lock) => lock,
-                None => {
-                    let lock = Arc::new(tokio::sync::Mutex::new(()));
-                    map.insert(run.to_owned(), Arc::downgrade(&lock));
-                    lock
-                }
-            }
-        };
-        lock.lock_owned().await
+        Auth { app, agent }
     }
 }
 
@@ -93,7 +63,6 @@ impl Credentials for Auth {
     fn open(&self, headers: HeaderMap) -> Pending<Result<Authorized, NotOpened>> {
         let app = Arc::clone(&self.app);
         let agent = self.agent.clone();
-        let starting = Arc::clone(&self.starting);
         Box::pin(async move {
             // A key's run is its principal's (read as such when it was continued, or
             // started as such): its owner is not read again, so a run the key started
@@ -105,7 +74,7 @@ impl Credentials for Auth {
                 }
                 Held::Key(info) => {
                     let principal = info.principal;
-                    let (run, started) = key_run(&app, &starting, &headers, info).await?;
+                    let (run, started) = key_run(&app, &headers, info).await?;
                     (run, started, Some(principal))
                 }
             };
@@ -185,7 +154,6 @@ async fn owner(app: &App, run: &str) -> Result<Option<u32>, NotOpened> {
 /// started within the key's runs per day.
 async fn key_run(
     app: &App,
-    starting: &Starting,
     headers: &HeaderMap,
     info: KeyInfo,
 ) -> Result<(String, bool), NotOpened> {
@@ -209,9 +177,12 @@ async fn key_run(
         })?),
     };
     let now = ring.now_ms();
-    seed(app, ring, &info, now).await?;
+    key_run::seed(app, ring, &info, now).await.map_err(|e| {
+        NotOpened::Unavailable(format!(
+            "the gate cannot read the key's runs of the day: {e}"
+        ))
+    })?;
     let run = keys::run_of(&info, task, now);
-    let _turn = starting.turn(&run).await;
     // The principal is the run's owner: its budget, open runs and ownership are the
     // uid's, as if it had started the run on the agent socket.
     let caller = Caller {
@@ -219,96 +190,9 @@ async fn key_run(
         operator: false,
         proxied: false,
     };
-    match owned(app, caller, &run).await? {
-        Some(tally_wire::RunState::Stopped) => {
-            return Err(NotOpened::Stopped(
-                format!(
-                    "key {}'s run {run} is stopped (a session on it ended, or the operator stopped it): nothing more is decided in it; send {TASK_HEADER}: NAME with a new task name to start another run",
-                    info.id
-                ),
-            ))
-        }
-        Some(_) => return Ok((run, false)),
-        None => {}
-    }
     let goal = match task {
         Some(t) => format!("task {t} of key {}", info.id),
         None => format!("the current run of key {}", info.id),
-    };
-    start(app, ring, &info, caller, (run, now), goal).await
-}
-
-/// The key's counts of the day read from the gate's runs of the day, the first time the
-/// key is used since the daemon started (as the proxy reads them).
-async fn seed(
-    app: &App,
-    ring: &tally_proxy::KeyRing,
-    info: &KeyInfo,
-    now: u64,
-) -> Result<(), NotOpened> {
-    if ring.spend().seeded(&info.id) {
-        return Ok(());
-    }
-    let prefix = keys::runs_today(&info.id, now);
-    let gate = Arc::clone(&app.gate);
-    let runs = app
-        .at_once(move || gate.runs_named(&prefix))
-        .await
-        .map_err(|e| {
-            NotOpened::Unavailable(format!(
-                "the gate cannot read the key's runs of the day: {e}"
-            ))
-        })?;
-    ring.spend()
-        .seed(&info.id, keys::day_use(&runs, info.principal, now));
-    Ok(())
-}
-
-/// Whether `run` exists and is `caller`'s, and its state; a run of that name another
-/// uid holds is not the key's.
-async fn owned(
-    app: &App,
-    caller: Caller,
-    run: &str,
-) -> Result<Option<tally_wire::RunState>, NotOpened> {
-    let gate = Arc::clone(&app.gate);
-    let name = run.to_owned();
-    match app.at_once(move || gate.run(caller, &name)).await {
-        Ok(standing) => Ok(Some(standing.state)),
-        Err(GateError::RunNotFound(_)) => Ok(None),
-        Err(e @ GateError::Unavailable(_)) => Err(NotOpened::Unavailable(format!(
-            "the key's run {run} cannot be read: {e}"
-        ))),
-        Err(e) => Err(NotOpened::Forbidden(format!(
-            "the key's run {run} cannot be used: {e}"
-        ))),
-    }
-}
-
-/// Start the key's `run` (named at `named_ms`), counted against the key's runs per day:
-/// the count goes with the gate's answer, kept if the run started, given back (once)
-/// if not, even if the client has gone away by then.
-async fn start(
-    app: &App,
-    ring: &tally_proxy::KeyRing,
-    info: &KeyInfo,
-    caller: Caller,
-    (run, named_ms): (String, u64),
-    goal: String,
-) -> Result<(String, bool), NotOpened> {
-    let spend = ring.spend();
-    let slot = match spend.start_run(&info.id, &keys::day_limits(info), named_ms) {
-        Ok(slot) => slot,
-        // The key's last run of the day may be the one its other session of this task
-        // is starting right now: read once more before refusing.
-        Err(_) if owned(app, caller, &run).await?.is_some() => return Ok((run, false)),
-        Err(e) => {
-            spend.refused(KeyRefusal::RunsExceeded);
-            return Err(NotOpened::Limit(format!(
-                "key {}: {e}; its day ends at 00:00 UTC",
-                info.id
-            )));
-        }
     };
     let req = StartRequest {
         run: run.clone(),
@@ -316,39 +200,54 @@ async fn start(
         worker: Some("tally-mcp-gateway".to_owned()),
         ..StartRequest::default()
     };
-    let gate = Arc::clone(&app.gate);
-    let started = crate::stage::answered(&app.stage, move |done| {
-        gate.start(
-            caller,
-            req,
-            Box::new(move |r| {
-                // Kept or given back before the answer goes: a request the answer
-                // lets through next reads the day as it is.
-                if r.is_ok() {
-                    slot.started();
-                } else {
-                    drop(slot);
-                }
-                done(r)
-            }),
-        )
-    })
-    .await;
-    match started {
-        Ok(_) => Ok((run, true)),
-        // Started between the read and the start, by this key's other session.
-        Err(GateError::RunExists(_)) if owned(app, caller, &run).await?.is_some() => {
-            Ok((run, false))
+    match key_run::run_for_key(app, ring, &info, (caller, now), req).await {
+        Ok(KeyRun::Started) => Ok((run, true)),
+        Ok(KeyRun::Continued(tally_wire::RunState::Stopped)) => Err(NotOpened::Stopped(format!(
+            "key {}'s run {run} is stopped (a session on it ended, or the operator stopped it): nothing more is decided in it; send {TASK_HEADER}: NAME with a new task name to start another run",
+            info.id
+        ))),
+        Ok(_) => Ok((run, false)),
+        Err(e) => Err(not_started(ring, &info, &run, e)),
+    }
+}
+
+/// Why the key's `run` is neither continued nor started, as the gateway answers it.
+fn not_started(
+    ring: &tally_proxy::KeyRing,
+    info: &KeyInfo,
+    run: &str,
+    e: KeyRunError,
+) -> NotOpened {
+    match e {
+        KeyRunError::Day(e) => {
+            ring.spend().refused(KeyRefusal::RunsExceeded);
+            NotOpened::Limit(format!("key {}: {e}; its day ends at 00:00 UTC", info.id))
         }
-        Err(e @ GateError::Unavailable(_)) => Err(NotOpened::Unavailable(format!(
-            "the key's run {run} cannot start: {e}"
-        ))),
-        Err(e @ GateError::TooManyRuns { .. }) => Err(NotOpened::Limit(format!(
-            "the key's run {run} cannot start: {e}"
-        ))),
-        Err(e) => Err(NotOpened::Forbidden(format!(
-            "the key's run {run} cannot start: {e}"
-        ))),
+        KeyRunError::Read(e @ GateError::Unavailable(_)) => {
+            NotOpened::Unavailable(format!("the key's run {run} cannot be read: {e}"))
+        }
+        KeyRunError::Read(e) => {
+            NotOpened::Forbidden(format!("the key's run {run} cannot be used: {e}"))
+        }
+        KeyRunError::Start(e @ GateError::Unavailable(_)) => {
+            NotOpened::Unavailable(format!("the key's run {run} cannot start: {e}"))
+        }
+        KeyRunError::Start(e @ GateError::TooManyRuns { .. }) => {
+            NotOpened::Limit(format!("the key's run {run} cannot start: {e}"))
+        }
+        e => NotOpened::Forbidden(format!("the key's run {run} cannot start: {e}")),
+    }
+}
+
+impl KeyGate for App {
+    fn ask<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(Arc<dyn Gatekeeper>, Done<T>) + Send + 'static,
+    ) -> Asked<'_, T> {
+        let gate = Arc::clone(&self.gate);
+        Box::pin(crate::stage::answered(&self.stage, move |done| {
+            f(gate, done)
+        }))
     }
 }
 

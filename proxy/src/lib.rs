@@ -32,6 +32,7 @@ pub mod accept;
 pub mod bedrock;
 pub mod dialect;
 mod endpoint;
+pub mod key_run;
 pub mod key_spend;
 pub mod keys;
 pub mod media;
