@@ -6,10 +6,9 @@
 //! the second reads the run the first started rather than the key's day with the first's
 //! start counted and not made. Each front answers the outcome in its own words.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use tally_gate::{Caller, GateError, Gatekeeper, StartRequest};
 use tally_policy::KeyDayExceeded;
@@ -60,35 +59,6 @@ pub enum KeyRunError {
     /// A run of its name exists and is not the principal's.
     #[error("it was started and then forgotten")]
     Forgotten,
-}
-
-/// The key runs being started, by name: their turns.
-#[derive(Default)]
-pub struct KeyStarts(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
-
-impl std::fmt::Debug for KeyStarts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyStarts").finish_non_exhaustive()
-    }
-}
-
-impl KeyStarts {
-    /// `run`'s turn: held until it is read again and, if new, started.
-    async fn turn(&self, run: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|_, w| w.strong_count() > 0);
-            match map.get(run).and_then(Weak::upgrade) {
-                Some(lock) => lock,
-                None => {
-                    let lock = Arc::new(tokio::sync::Mutex::new(()));
-                    map.insert(run.to_owned(), Arc::downgrade(&lock));
-                    lock
-                }
-            }
-        };
-        lock.lock_owned().await
-    }
 }
 
 /// The key's counts of the day read from the gate's runs of the day (open or stopped,

@@ -181,7 +181,7 @@ pub struct KeyRing {
     /// What each key's runs used this UTC day, and the key calls refused.
     spend: Arc<KeySpend>,
     /// The key runs being started: their turns.
-    starts: crate::key_run::KeyStarts,
+    starts: crate::key_turns::KeyStarts,
 }
 
 impl std::fmt::Debug for KeyRing {
@@ -224,7 +224,7 @@ impl KeyRing {
             clock,
             ring: Mutex::new(Ring { file, keys }),
             spend: Arc::default(),
-            starts: crate::key_run::KeyStarts::default(),
+            starts: crate::key_turns::KeyStarts::default(),
         })
     }
 
@@ -245,8 +245,8 @@ impl KeyRing {
         &self.spend
     }
 
-    /// The key runs being started ([`crate::key_run`]).
-    pub(crate) fn starts(&self) -> &crate::key_run::KeyStarts {
+    /// The key runs being started, their turns.
+    pub(crate) fn starts(&self) -> &crate::key_turns::KeyStarts {
         &self.starts
     }
 

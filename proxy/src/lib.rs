@@ -34,6 +34,7 @@ pub mod dialect;
 mod endpoint;
 pub mod key_run;
 pub mod key_spend;
+mod key_turns;
 pub mod keys;
 pub mod media;
 mod phase;
