@@ -449,3 +449,45 @@ async fn an_initialize_inside_a_session_is_refused_and_the_session_goes_on() {
     .await;
     assert!(status == 200 && answer.contains("value of k"), "{answer}");
 }
+
+#[tokio::test]
+async fn a_keys_run_a_session_continued_is_stopped_when_its_last_session_ends() {
+    // One write a run: the second is refused `side_effect_limit_exceeded`, which waits
+    // for a human (the run is left open when its session ends).
+    let gw = gateway_with(
+        "[ceiling]\nside_effects = 1\n",
+        GatewayLimits::new(8, IDLE, 4096),
+    )
+    .await;
+    let key = gw.key(10).await;
+    let auth = bearer(&key);
+    let put = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"local__put","arguments":{"key":"a","value":"b"}}}"#;
+    let first = open(gw.addr, &key, Some("later")).await;
+    let run = key_run(&gw).await;
+    for expect in ["\"isError\":false", "side_effect_limit_exceeded"] {
+        let (_, _, answer) = send(gw.addr, "POST", &within(&auth, &first, "2025-06-18"), put).await;
+        assert!(answer.contains(expect), "{expect}: {answer}");
+    }
+    let (status, _, _) = send(gw.addr, "DELETE", &within(&auth, &first, "2025-06-18"), "").await;
+    assert_eq!(status, 200);
+    assert_eq!(state(&gw, &run).await, "running", "left open for a human");
+    // A new session continues it, and ends with nothing left waiting: the run stops.
+    let session = open(gw.addr, &key, Some("later")).await;
+    let (status, _, answer) = send(
+        gw.addr,
+        "POST",
+        &within(&auth, &session, "2025-06-18"),
+        CALL,
+    )
+    .await;
+    assert!(status == 200 && answer.contains("value of k"), "{answer}");
+    let (status, _, _) = send(
+        gw.addr,
+        "DELETE",
+        &within(&auth, &session, "2025-06-18"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+    gw.stopped(&run).await;
+}
