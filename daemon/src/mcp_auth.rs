@@ -3,9 +3,9 @@
 //! (`tlk_`, docs/KEYS.md) names the run of its task (`x-tally-task`) or its current run.
 //! Every request's credential is only read ([`Credentials::holder`]); an `initialize`
 //! alone opens a session ([`Credentials::open`]): then, and only then, a key's run is
-//! started under the key's principal, within the key's runs per day (the session that
-//! started it stops it when it ends), or continued. Anything else is refused (401),
-//! nothing contacted.
+//! started under the key's principal, within the key's runs per day, or continued (the
+//! gateway stops a key's run, however found, when the last session on it ends).
+//! Anything else is refused (401), nothing contacted.
 //!
 //! The session's checks and outcomes go through the agent socket's own handlers, on an
 //! in-process connection whose peer is the run's owner ([`dialer`]): the path
@@ -17,11 +17,11 @@ use axum::extract::Request;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, AUTHORIZATION};
-use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tally_gate::{Caller, GateError, StartRequest};
-use tally_mcp::gateway::{Authorized, Credentials, NotOpened, Pending};
+use tally_gate::{Caller, GateError, Gatekeeper, StartRequest};
+use tally_mcp::gateway::{Authorized, Credentials, NoCredential, NotOpened, Pending};
+use tally_proxy::key_run::{self, Asked, Done, KeyGate, KeyRun, KeyRunError};
 use tally_proxy::key_spend::KeyRefusal;
 use tally_proxy::keys::{self, KeyRefused};
 use tally_wire::KeyInfo;
@@ -53,7 +53,7 @@ enum Held {
 }
 
 impl Credentials for Auth {
-    fn holder(&self, headers: &HeaderMap) -> Result<String, String> {
+    fn holder(&self, headers: &HeaderMap) -> Result<String, NoCredential> {
         Ok(match held(&self.app, headers)? {
             Held::Run(run) => format!("run {run}"),
             Held::Key(info) => format!("key {}", info.id),
@@ -64,20 +64,31 @@ impl Credentials for Auth {
         let app = Arc::clone(&self.app);
         let agent = self.agent.clone();
         Box::pin(async move {
-            let refused = |status, why| NotOpened { status, why };
-            let held = held(&app, &headers).map_err(|w| refused(StatusCode::UNAUTHORIZED, w))?;
-            let (run, started) = match held {
-                Held::Run(run) => (run, false),
-                Held::Key(info) => key_run(&app, &headers, info).await?,
+            // A key's run is its principal's (read as such when it was continued, or
+            // started as such): its owner is not read again, so a run the key started
+            // is never left unstopped by a failed second read.
+            let held = held(&app, &headers)?;
+            let is_key = matches!(held, Held::Key(_));
+            let (run, started, owner) = match held {
+                Held::Run(run) => {
+                    let owner = owner(&app, &run).await?;
+                    (run, false, owner)
+                }
+                Held::Key(info) => {
+                    let principal = info.principal;
+                    let (run, started) = key_run(&app, &headers, info).await?;
+                    (run, started, Some(principal))
+                }
             };
-            let owner = owner(&app, &run)
-                .await
-                .map_err(|w| refused(StatusCode::FORBIDDEN, w))?;
             let peer = owner.map_or(Peer::Tcp, Peer::Uid);
             let dialer = dialer(agent, peer);
             Ok(Authorized {
                 run,
                 started,
+                // A key's run is the gateway's to stop, however it was found: one a
+                // session continued (its last session ended while a refusal waited for
+                // a human, or a restart left it open) would otherwise stay open.
+                ends_with_sessions: is_key,
                 gate: Arc::new(move || {
                     tally_api::GateClient::dialed("tally serve (in-process)", Arc::clone(&dialer))
                 }),
@@ -87,44 +98,42 @@ impl Credentials for Auth {
 }
 
 /// The credential of `Authorization: Bearer TOKEN`: a run token's run, or a key.
-fn held(app: &App, headers: &HeaderMap) -> Result<Held, String> {
+fn held(app: &App, headers: &HeaderMap) -> Result<Held, NoCredential> {
     let token = bearer(headers)?;
     if keys::looks_like_key(&token) {
-        let ring = app.keys.as_ref().ok_or("this tally serves no keys")?;
+        let ring = app.keys.as_ref().ok_or(NoCredential::NoKeys)?;
         return ring.check(&token).map(Held::Key).map_err(|r| match r {
             KeyRefused::Revoked { id } => {
                 ring.spend().refused(KeyRefusal::KeyRevoked);
-                format!("key {id} was revoked by the operator: ask them for another key")
+                NoCredential::Revoked { id }
             }
             _ => {
                 ring.spend().refused(KeyRefusal::InvalidKey);
-                "this is not a key of this tally".to_owned()
+                NoCredential::NotAKey
             }
         });
     }
-    let key = app
-        .token_key
-        .as_ref()
-        .ok_or("this tally mints no run tokens")?;
+    let key = app.token_key.as_ref().ok_or(NoCredential::NoTokens)?;
     key.run_of(&token)
         .map(Held::Run)
-        .ok_or_else(|| "this is not a run token of this tally".to_owned())
+        .ok_or(NoCredential::NotAToken)
 }
 
 /// The token of `Authorization: Bearer TOKEN`.
-fn bearer(headers: &HeaderMap) -> Result<String, String> {
+fn bearer(headers: &HeaderMap) -> Result<String, NoCredential> {
     let value = headers
         .get(AUTHORIZATION)
-        .ok_or("no credential: send `Authorization: Bearer` with a run token (the `token` of POST /v1/runs) or a key")?
+        .ok_or(NoCredential::Missing)?
         .to_str()
-        .map_err(|_| "the Authorization header is not text")?;
+        .map_err(|_| NoCredential::NotText)?;
     tally_proxy::token::bearer(value.trim_matches([' ', '\t']))
         .map(str::to_owned)
-        .ok_or_else(|| "the Authorization header is not `Bearer TOKEN`".to_owned())
+        .ok_or(NoCredential::NotBearer)
 }
 
-/// The uid that holds `run` (`None`: a loopback TCP client's).
-async fn owner(app: &App, run: &str) -> Result<Option<u32>, String> {
+/// The uid that holds a run token's `run` (`None`: a loopback TCP client's): a gate
+/// that cannot answer is a 503, a run it does not know a 403.
+async fn owner(app: &App, run: &str) -> Result<Option<u32>, NotOpened> {
     let operator = Caller {
         uid: None,
         operator: true,
@@ -134,8 +143,15 @@ async fn owner(app: &App, run: &str) -> Result<Option<u32>, String> {
     let name = run.to_owned();
     match app.at_once(move || gate.run(operator, &name)).await {
         Ok(standing) => Ok(standing.owner_uid),
-        Err(GateError::RunNotFound(_)) => Err(format!("the run {run} is not known to the gate")),
-        Err(e) => Err(format!("the gate cannot read the run {run}: {e}")),
+        Err(GateError::RunNotFound(_)) => Err(NotOpened::Forbidden(format!(
+            "the run {run} is not known to the gate"
+        ))),
+        Err(e @ GateError::Unavailable(_)) => Err(NotOpened::Unavailable(format!(
+            "the gate cannot read the run {run}: {e}"
+        ))),
+        Err(e) => Err(NotOpened::Forbidden(format!(
+            "the gate cannot read the run {run}: {e}"
+        ))),
     }
 }
 
@@ -147,34 +163,31 @@ async fn key_run(
     headers: &HeaderMap,
     info: KeyInfo,
 ) -> Result<(String, bool), NotOpened> {
-    let refused = |status, why| NotOpened { status, why };
-    let ring = app
-        .keys
-        .as_ref()
-        .ok_or_else(|| refused(StatusCode::UNAUTHORIZED, "this tally serves no keys".into()))?;
+    let ring = app.keys.as_ref().ok_or(NoCredential::NoKeys)?;
     let spend = ring.spend();
     if !app.gate.policy().policy.principal_bounded(info.principal) {
         spend.refused(KeyRefusal::PrincipalUnbounded);
-        return Err(refused(
-            StatusCode::FORBIDDEN,
-            format!(
+        return Err(NotOpened::Forbidden(format!(
             "key {}'s principal {} has no budget in the policy ([principals] with spend or runs)",
             info.id, info.principal
-        ),
-        ));
+        )));
     }
     let task = match headers.get(TASK_HEADER) {
         None => None,
         Some(v) => Some(v.to_str().ok().and_then(keys::task_name).ok_or_else(|| {
             spend.refused(KeyRefusal::InvalidTask);
-            refused(StatusCode::BAD_REQUEST, format!(
+            NotOpened::BadHeader(format!(
                 "{TASK_HEADER} must be 1 to {} letters, digits, `.`, `_` or `-`, and not `w` and digits",
                 keys::MAX_TASK_BYTES
             ))
         })?),
     };
     let now = ring.now_ms();
-    seed(app, ring, &info, now).await?;
+    key_run::seed(app, ring, &info, now).await.map_err(|e| {
+        NotOpened::Unavailable(format!(
+            "the gate cannot read the key's runs of the day: {e}"
+        ))
+    })?;
     let run = keys::run_of(&info, task, now);
     // The principal is the run's owner: its budget, open runs and ownership are the
     // uid's, as if it had started the run on the agent socket.
@@ -183,95 +196,9 @@ async fn key_run(
         operator: false,
         proxied: false,
     };
-    match owned(app, caller, &run).await? {
-        Some(tally_wire::RunState::Stopped) => {
-            return Err(refused(
-                StatusCode::CONFLICT,
-                format!(
-                    "key {}'s run {run} is stopped (a session on it ended, or the operator stopped it): nothing more is decided in it; send {TASK_HEADER}: NAME with a new task name to start another run",
-                    info.id
-                ),
-            ))
-        }
-        Some(_) => return Ok((run, false)),
-        None => {}
-    }
     let goal = match task {
         Some(t) => format!("task {t} of key {}", info.id),
         None => format!("the current run of key {}", info.id),
-    };
-    start(app, ring, &info, caller, (run, now), goal).await
-}
-
-/// The key's counts of the day read from the gate's runs of the day, the first time the
-/// key is used since the daemon started (as the proxy reads them).
-async fn seed(
-    app: &App,
-    ring: &tally_proxy::KeyRing,
-    info: &KeyInfo,
-    now: u64,
-) -> Result<(), NotOpened> {
-    if ring.spend().seeded(&info.id) {
-        return Ok(());
-    }
-    let prefix = keys::runs_today(&info.id, now);
-    let gate = Arc::clone(&app.gate);
-    let runs = app
-        .at_once(move || gate.runs_named(&prefix))
-        .await
-        .map_err(|e| NotOpened {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            why: format!("the gate cannot read the key's runs of the day: {e}"),
-        })?;
-    ring.spend()
-        .seed(&info.id, keys::day_use(&runs, info.principal, now));
-    Ok(())
-}
-
-/// Whether `run` exists and is `caller`'s, and its state; a run of that name another
-/// uid holds is not the key's.
-async fn owned(
-    app: &App,
-    caller: Caller,
-    run: &str,
-) -> Result<Option<tally_wire::RunState>, NotOpened> {
-    let gate = Arc::clone(&app.gate);
-    let name = run.to_owned();
-    match app.at_once(move || gate.run(caller, &name)).await {
-        Ok(standing) => Ok(Some(standing.state)),
-        Err(GateError::RunNotFound(_)) => Ok(None),
-        Err(e @ GateError::Unavailable(_)) => Err(NotOpened {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            why: format!("the key's run {run} cannot be read: {e}"),
-        }),
-        Err(e) => Err(NotOpened {
-            status: StatusCode::FORBIDDEN,
-            why: format!("the key's run {run} cannot be used: {e}"),
-        }),
-    }
-}
-
-/// Start the key's `run` (named at `named_ms`), counted against the key's runs per day:
-/// the count goes with the gate's answer, kept if the run started, given back (once)
-/// if not, even if the client has gone away by then.
-async fn start(
-    app: &App,
-    ring: &tally_proxy::KeyRing,
-    info: &KeyInfo,
-    caller: Caller,
-    (run, named_ms): (String, u64),
-    goal: String,
-) -> Result<(String, bool), NotOpened> {
-    let spend = ring.spend();
-    let slot = match spend.start_run(&info.id, &keys::day_limits(info), named_ms) {
-        Ok(slot) => slot,
-        Err(e) => {
-            spend.refused(KeyRefusal::RunsExceeded);
-            return Err(NotOpened {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                why: format!("key {}: {e}; its day ends at 00:00 UTC", info.id),
-            });
-        }
     };
     let req = StartRequest {
         run: run.clone(),
@@ -279,42 +206,54 @@ async fn start(
         worker: Some("tally-mcp-gateway".to_owned()),
         ..StartRequest::default()
     };
-    let gate = Arc::clone(&app.gate);
-    let started = crate::stage::answered(&app.stage, move |done| {
-        gate.start(
-            caller,
-            req,
-            Box::new(move |r| {
-                // Kept or given back before the answer goes: a request the answer
-                // lets through next reads the day as it is.
-                if r.is_ok() {
-                    slot.started();
-                } else {
-                    drop(slot);
-                }
-                done(r)
-            }),
-        )
-    })
-    .await;
-    match started {
-        Ok(_) => Ok((run, true)),
-        // Started between the read and the start, by this key's other session.
-        Err(GateError::RunExists(_)) if owned(app, caller, &run).await?.is_some() => {
-            Ok((run, false))
+    match key_run::run_for_key(app, ring, &info, (caller, now), req).await {
+        Ok(KeyRun::Started) => Ok((run, true)),
+        Ok(KeyRun::Continued(tally_wire::RunState::Stopped)) => Err(NotOpened::Stopped(format!(
+            "key {}'s run {run} is stopped (a session on it ended, or the operator stopped it): nothing more is decided in it; send {TASK_HEADER}: NAME with a new task name to start another run",
+            info.id
+        ))),
+        Ok(_) => Ok((run, false)),
+        Err(e) => Err(not_started(ring, &info, &run, e)),
+    }
+}
+
+/// Why the key's `run` is neither continued nor started, as the gateway answers it.
+fn not_started(
+    ring: &tally_proxy::KeyRing,
+    info: &KeyInfo,
+    run: &str,
+    e: KeyRunError,
+) -> NotOpened {
+    match e {
+        KeyRunError::Day(e) => {
+            ring.spend().refused(KeyRefusal::RunsExceeded);
+            NotOpened::Limit(format!("key {}: {e}; its day ends at 00:00 UTC", info.id))
         }
-        Err(e @ GateError::Unavailable(_)) => Err(NotOpened {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            why: format!("the key's run {run} cannot start: {e}"),
-        }),
-        Err(e @ GateError::TooManyRuns { .. }) => Err(NotOpened {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            why: format!("the key's run {run} cannot start: {e}"),
-        }),
-        Err(e) => Err(NotOpened {
-            status: StatusCode::FORBIDDEN,
-            why: format!("the key's run {run} cannot start: {e}"),
-        }),
+        KeyRunError::Read(e @ GateError::Unavailable(_)) => {
+            NotOpened::Unavailable(format!("the key's run {run} cannot be read: {e}"))
+        }
+        KeyRunError::Read(e) => {
+            NotOpened::Forbidden(format!("the key's run {run} cannot be used: {e}"))
+        }
+        KeyRunError::Start(e @ GateError::Unavailable(_)) => {
+            NotOpened::Unavailable(format!("the key's run {run} cannot start: {e}"))
+        }
+        KeyRunError::Start(e @ GateError::TooManyRuns { .. }) => {
+            NotOpened::Limit(format!("the key's run {run} cannot start: {e}"))
+        }
+        e => NotOpened::Forbidden(format!("the key's run {run} cannot start: {e}")),
+    }
+}
+
+impl KeyGate for App {
+    fn ask<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(Arc<dyn Gatekeeper>, Done<T>) + Send + 'static,
+    ) -> Asked<'_, T> {
+        let gate = Arc::clone(&self.gate);
+        Box::pin(crate::stage::answered(&self.stage, move |done| {
+            f(gate, done)
+        }))
     }
 }
 

@@ -16,18 +16,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::{free_loopback_addr, post_json, Daemon};
 
-const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
-const IDLE: Duration = Duration::from_secs(60);
+pub(crate) const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+pub(crate) const IDLE: Duration = Duration::from_secs(60);
 
-struct Gw {
-    daemon: Daemon,
-    addr: SocketAddr,
-    clock: Arc<ManualClock>,
+pub(crate) struct Gw {
+    pub(crate) daemon: Daemon,
+    pub(crate) addr: SocketAddr,
+    pub(crate) clock: Arc<ManualClock>,
 }
 
 /// A daemon with the gateway on, bounded to `max_sessions` sessions idle at most
 /// [`IDLE`], bodies of at most 4096 bytes; one stdio server behind it.
-async fn gateway(max_sessions: usize) -> Gw {
+pub(crate) async fn gateway(max_sessions: usize) -> Gw {
     gateway_under("", max_sessions).await
 }
 
@@ -37,7 +37,7 @@ async fn gateway_under(top: &str, max_sessions: usize) -> Gw {
 }
 
 /// [`gateway_under`], with `limits`.
-async fn gateway_with(top: &str, limits: GatewayLimits) -> Gw {
+pub(crate) async fn gateway_with(top: &str, limits: GatewayLimits) -> Gw {
     let uid = rustix::process::getuid().as_raw();
     let server = concat!(env!("CARGO_MANIFEST_DIR"), "/../mcp/tests/python/server.py");
     let policy = format!(
@@ -63,7 +63,7 @@ async fn gateway_with(top: &str, limits: GatewayLimits) -> Gw {
 
 impl Gw {
     /// A key of this uid with `runs_per_day`: the key.
-    async fn key(&self, runs_per_day: u64) -> String {
+    pub(crate) async fn key(&self, runs_per_day: u64) -> String {
         let uid = rustix::process::getuid().as_raw();
         let mut c = self.daemon.client().await;
         let body = json!({"principal": uid, "label": "gw", "runs_per_day": runs_per_day});
@@ -73,7 +73,7 @@ impl Gw {
     }
 
     /// A run on the agent socket: its token.
-    async fn token(&self, run: &str) -> String {
+    pub(crate) async fn token(&self, run: &str) -> String {
         let mut c = self.daemon.agent().await;
         let body = json!({"run": run, "goal": "gateway test"});
         let (status, v) = post_json(&mut c, "/v1/runs", &body.to_string()).await;
@@ -82,7 +82,7 @@ impl Gw {
     }
 
     /// The runs the gate holds, by name, with their state.
-    async fn runs(&self) -> Vec<(String, String)> {
+    pub(crate) async fn runs(&self) -> Vec<(String, String)> {
         let mut c = self.daemon.client().await;
         let reply = c
             .request(
@@ -108,7 +108,7 @@ impl Gw {
 
     /// Wait (bounded) until the gate shows `run` stopped: the session's end stops it
     /// in a task of its own.
-    async fn stopped(&self, run: &str) {
+    pub(crate) async fn stopped(&self, run: &str) {
         for _ in 0..200 {
             if self
                 .runs()
@@ -125,14 +125,14 @@ impl Gw {
 }
 
 /// The headers every request of [`send`] carries.
-const USUAL: [(&str, &str); 3] = [
+pub(crate) const USUAL: [(&str, &str); 3] = [
     ("Host", "127.0.0.1"),
     ("Content-Type", "application/json"),
     ("Accept", "application/json, text/event-stream"),
 ];
 
 /// One HTTP/1.0 request to the gateway: its status, session header and body.
-async fn send(
+pub(crate) async fn send(
     addr: SocketAddr,
     method: &str,
     headers: &[(&str, &str)],
@@ -143,7 +143,7 @@ async fn send(
 }
 
 /// [`send`] with only `headers` (and `Content-Length`).
-async fn send_only(
+pub(crate) async fn send_only(
     addr: SocketAddr,
     method: &str,
     headers: &[(&str, &str)],
@@ -161,7 +161,7 @@ async fn send_only(
 }
 
 /// Bytes written as they are; the answer read to the end of the connection.
-async fn raw(addr: SocketAddr, bytes: &[u8]) -> (u16, Option<String>, String) {
+pub(crate) async fn raw(addr: SocketAddr, bytes: &[u8]) -> (u16, Option<String>, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     s.write_all(bytes).await.expect("write");
     let mut out = Vec::new();
@@ -184,12 +184,12 @@ async fn raw(addr: SocketAddr, bytes: &[u8]) -> (u16, Option<String>, String) {
     (status, session, body.to_owned())
 }
 
-fn bearer(token: &str) -> String {
+pub(crate) fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
 /// An `initialize` with `token` (and `task`): the new session's id.
-async fn open(addr: SocketAddr, token: &str, task: Option<&str>) -> String {
+pub(crate) async fn open(addr: SocketAddr, token: &str, task: Option<&str>) -> String {
     let auth = bearer(token);
     let mut h = vec![("Authorization", auth.as_str())];
     if let Some(t) = task {
@@ -387,7 +387,7 @@ async fn one_credential_holds_at_most_its_bound_of_sessions() {
     let key = gw.key(2).await;
     let token = gw.token("t").await;
     let first = open(gw.addr, &key, None).await;
-    open(gw.addr, &key, None).await;
+    let second = open(gw.addr, &key, None).await;
     let auth = bearer(&key);
     let (status, session, answer) = send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
     assert_eq!((status, session), (429, None), "{answer}");
@@ -397,19 +397,31 @@ async fn one_credential_holds_at_most_its_bound_of_sessions() {
     );
     // Another credential still opens its own.
     open(gw.addr, &token, None).await;
-    // A session the key closes gives it its place back.
-    let (status, _, answer) = send(
-        gw.addr,
-        "DELETE",
-        &[
-            ("Authorization", auth.as_str()),
-            ("Mcp-Session-Id", first.as_str()),
-        ],
-        "",
-    )
-    .await;
-    assert_eq!(status, 200, "{answer}");
-    // Its run stopped with the session that started it: not continued, refused clearly.
+    // A session the key closes gives it its place back; the run goes on in the other.
+    let delete = |id: String| {
+        let auth = auth.clone();
+        async move {
+            let h = [
+                ("Authorization", auth.as_str()),
+                ("Mcp-Session-Id", id.as_str()),
+            ];
+            let (status, _, answer) = send(gw.addr, "DELETE", &h, "").await;
+            assert_eq!(status, 200, "{answer}");
+        }
+    };
+    delete(first).await;
+    let third = open(gw.addr, &key, None).await;
+    // Its run stopped with the last session on it: not continued, refused clearly.
+    delete(second).await;
+    delete(third).await;
+    let run = gw
+        .runs()
+        .await
+        .into_iter()
+        .find(|(r, _)| r.starts_with("key-"))
+        .expect("the key's run")
+        .0;
+    gw.stopped(&run).await;
     let (status, session, answer) = send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
     assert_eq!((status, session), (409, None), "{answer}");
     assert!(

@@ -15,6 +15,7 @@ mod gate_client;
 mod kill;
 mod lifecycle;
 mod mcp_gateway;
+mod mcp_hardened;
 mod money;
 mod notify;
 mod ownership;

@@ -13,8 +13,11 @@
 //!   tools as `NAME__tool`; each `tools/call` goes the one gate path
 //!   ([`crate::call`]) in the run the session's token names, then to its server, and
 //!   its outcome is recorded.
+//! * [`runs`]: the count of sessions on each run; a run an `initialize` started is
+//!   stopped when the last session on it ends, once, and the gateway's stop waits for it.
 //! * [`servers`]: one rmcp client per server, shared by the sessions, connected on first
-//!   use and again after a transport failure.
+//!   use and again after a transport failure; a stdio server in a process group of its
+//!   own, killed whole.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use zeroize::Zeroizing;
 
 mod admit;
 mod front;
+mod runs;
 mod servers;
 mod session;
 mod table;
@@ -40,9 +44,11 @@ pub const SEPARATOR: &str = "__";
 pub struct Authorized {
     /// The run it acts in.
     pub run: String,
-    /// Whether opening the session started the run (a key's new run): the session stops
-    /// the run when it ends (DELETE, the idle bound, the gateway's stop).
+    /// Whether opening the session started the run (a key's new run).
     pub started: bool,
+    /// Whether the gateway stops the run when the last session on it ends (DELETE, the
+    /// idle bound, its stop): a key's run, started or continued; never a run token's.
+    pub ends_with_sessions: bool,
     /// A client of the gate that acts as the run's owner.
     pub gate: Arc<dyn Fn() -> tally_api::GateClient + Send + Sync>,
 }
@@ -52,17 +58,84 @@ impl std::fmt::Debug for Authorized {
         f.debug_struct("Authorized")
             .field("run", &self.run)
             .field("started", &self.started)
+            .field("ends_with_sessions", &self.ends_with_sessions)
             .finish_non_exhaustive()
     }
 }
 
-/// Why a session was not opened: the HTTP status and what the client reads.
-#[derive(Debug)]
-pub struct NotOpened {
-    /// 401 (not a credential), 403 (refused), 429 (a limit), 503 (the gate).
-    pub status: hyper::StatusCode,
-    /// Why.
-    pub why: String,
+/// Why a request carries no credential of this tally: answered 401 (with
+/// `WWW-Authenticate: Bearer`), nothing else done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoCredential {
+    /// No `Authorization` header.
+    #[error("no credential: send `Authorization: Bearer` with a run token (the `token` of POST /v1/runs) or a key")]
+    Missing,
+    /// An `Authorization` header that is not text.
+    #[error("the Authorization header is not text")]
+    NotText,
+    /// An `Authorization` header that is not `Bearer TOKEN`.
+    #[error("the Authorization header is not `Bearer TOKEN`")]
+    NotBearer,
+    /// A key, where this tally serves none.
+    #[error("this tally serves no keys")]
+    NoKeys,
+    /// A key the operator revoked.
+    #[error("key {id} was revoked by the operator: ask them for another key")]
+    Revoked {
+        /// The key's id.
+        id: String,
+    },
+    /// The shape of a key, not one of this tally.
+    #[error("this is not a key of this tally")]
+    NotAKey,
+    /// A run token, where this tally mints none.
+    #[error("this tally mints no run tokens")]
+    NoTokens,
+    /// Not a run token of this tally.
+    #[error("this is not a run token of this tally")]
+    NotAToken,
+}
+
+/// Why an `initialize` opened no session, by the kind of refusal (its HTTP status is
+/// [`NotOpened::status`]), with what the client reads.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotOpened {
+    /// Not a credential of this tally (401).
+    #[error(transparent)]
+    Credential(#[from] NoCredential),
+    /// A request header is not what it must be (400).
+    #[error("{0}")]
+    BadHeader(String),
+    /// Refused: the key's principal has no budget, the run is another uid's, the gate
+    /// refused the start (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The key's run is stopped: not continued (409).
+    #[error("{0}")]
+    Stopped(String),
+    /// A limit: the key's runs per day, the principal's open runs (429).
+    #[error("{0}")]
+    Limit(String),
+    /// The gate cannot answer (503).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl NotOpened {
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> hyper::StatusCode {
+        use hyper::StatusCode as S;
+        match self {
+            NotOpened::Credential(_) => S::UNAUTHORIZED,
+            NotOpened::BadHeader(_) => S::BAD_REQUEST,
+            NotOpened::Forbidden(_) => S::FORBIDDEN,
+            NotOpened::Stopped(_) => S::CONFLICT,
+            NotOpened::Limit(_) => S::TOO_MANY_REQUESTS,
+            NotOpened::Unavailable(_) => S::SERVICE_UNAVAILABLE,
+        }
+    }
 }
 
 /// An answer that resolves later.
@@ -73,7 +146,7 @@ pub trait Credentials: Send + Sync {
     /// Who holds the request's credential (a run token's run, a key's id), read without
     /// starting anything; or why it is no credential (answered 401, nothing else done).
     /// A session answers only the holder whose `initialize` opened it.
-    fn holder(&self, headers: &HeaderMap) -> Result<String, String>;
+    fn holder(&self, headers: &HeaderMap) -> Result<String, NoCredential>;
 
     /// The run a session opened by an `initialize` with this credential acts in: a run
     /// token's run, or a key's run, started (and counted against the key's day) or
@@ -148,6 +221,10 @@ pub struct GatewayLimits {
     /// The largest request body (default [`DEFAULT_MAX_BODY`]); a larger one is answered
     /// 413, refused on its `Content-Length` before any of it is read.
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive, whole (default
+    /// [`DEFAULT_BODY_TIMEOUT`]); a slower one is answered 408 and its connection closed,
+    /// so a client that announces a body and never sends it holds nothing for long.
+    pub body_timeout: Duration,
 }
 
 /// The default idle bound of a session.
@@ -158,6 +235,8 @@ pub const DEFAULT_MAX_SESSIONS: usize = 1024;
 pub const DEFAULT_MAX_SESSIONS_PER_CREDENTIAL: usize = 64;
 /// The default largest request body: 4 MiB.
 pub const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
+/// The default time a request body may take to arrive.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for GatewayLimits {
     fn default() -> GatewayLimits {
@@ -166,6 +245,7 @@ impl Default for GatewayLimits {
             max_sessions_per_credential: DEFAULT_MAX_SESSIONS_PER_CREDENTIAL,
             idle: DEFAULT_IDLE,
             max_body_bytes: DEFAULT_MAX_BODY,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
         }
     }
 }
@@ -178,6 +258,16 @@ impl GatewayLimits {
             max_sessions_per_credential: DEFAULT_MAX_SESSIONS_PER_CREDENTIAL,
             idle: idle.max(Duration::from_millis(1)),
             max_body_bytes: max_body_bytes.max(1),
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+        }
+    }
+
+    /// These limits with a request body given at most `timeout` to arrive (at least a
+    /// millisecond).
+    pub fn with_body_timeout(self, timeout: Duration) -> GatewayLimits {
+        GatewayLimits {
+            body_timeout: timeout.max(Duration::from_millis(1)),
+            ..self
         }
     }
 

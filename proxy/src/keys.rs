@@ -180,6 +180,8 @@ pub struct KeyRing {
     torn: Option<u64>,
     /// What each key's runs used this UTC day, and the key calls refused.
     spend: Arc<KeySpend>,
+    /// The key runs being started: their turns.
+    starts: crate::key_turns::KeyStarts,
 }
 
 impl std::fmt::Debug for KeyRing {
@@ -222,6 +224,7 @@ impl KeyRing {
             clock,
             ring: Mutex::new(Ring { file, keys }),
             spend: Arc::default(),
+            starts: crate::key_turns::KeyStarts::default(),
         })
     }
 
@@ -240,6 +243,11 @@ impl KeyRing {
     /// What each key's runs used this UTC day, and the key calls refused.
     pub fn spend(&self) -> &Arc<KeySpend> {
         &self.spend
+    }
+
+    /// The key runs being started, their turns.
+    pub(crate) fn starts(&self) -> &crate::key_turns::KeyStarts {
+        &self.starts
     }
 
     /// The time now on the ring's clock, ms since the epoch.

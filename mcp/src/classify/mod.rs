@@ -380,6 +380,16 @@ pub fn classify(line: &[u8]) -> Result<Classified, Refused> {
     })
 }
 
+/// A whole body read as the classifier reads a line (UTF-8, RFC 8259, no duplicate
+/// member name, nesting bounded), into one value: what every conforming parser reads
+/// of it, member names unescaped. Not classified: a batch is an array here.
+pub fn strict_body(body: &[u8]) -> Result<Value, Why> {
+    let text = std::str::from_utf8(body).map_err(|e| Why::NotUtf8 {
+        at: e.valid_up_to(),
+    })?;
+    strict::strict_top(text)
+}
+
 /// A batch member: an object is classified like a line; anything else is refused.
 fn classify_object(text: &str) -> Result<Message, Refused> {
     match serde_json::from_str::<Top<'_>>(text) {

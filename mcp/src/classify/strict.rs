@@ -74,18 +74,28 @@ struct Trail {
 /// Parse one envelope member's value strictly: no duplicate names, at most
 /// [`MAX_DEPTH`] levels counting the envelope.
 pub(super) fn strict(text: &str, member: &str) -> Result<Value, Why> {
+    parse(text, 1, &format!(".{member}"))
+}
+
+/// Parse a whole message (or a batch) strictly: the envelope is level 1.
+pub(super) fn strict_top(text: &str) -> Result<Value, Why> {
+    parse(text, 0, "")
+}
+
+/// A strict parse of `text`, a value inside a container at `depth`, found at `prefix`.
+fn parse(text: &str, depth: usize, prefix: &str) -> Result<Value, Why> {
     let mut trail = Trail::default();
     let mut d = serde_json::Deserializer::from_str(text);
     let parsed = Strict {
         trail: &mut trail,
-        depth: 1,
+        depth,
     }
     .deserialize(&mut d)
     .and_then(|v| d.end().map(|()| v));
     match parsed {
         Ok(v) => Ok(v),
         Err(e) => {
-            trail.path.push(format!(".{member}"));
+            trail.path.push(prefix.to_owned());
             trail.path.reverse();
             let at = at(&trail.path);
             Err(match trail.why {

@@ -4,9 +4,12 @@
 //! JSON-RPC error and never passed on). A request without `Mcp-Session-Id` opens a
 //! session only if it is an `initialize` (anything else is a 400 and starts nothing),
 //! within the bound on open sessions (503 beyond it); a session id the gateway does not
-//! hold open is a 404, one another credential opened a 403. What passes goes to rmcp's
+//! hold open is a 404, one another credential opened a 403, one whose
+//! `MCP-Protocol-Version` header is not the session's a 400. What passes goes to rmcp's
 //! Streamable HTTP service. Sessions idle past the bound are closed, on a timer and
-//! before each `initialize`, as a DELETE would close them.
+//! before each `initialize`, as a DELETE would close them. At the stop: nothing more
+//! opened, the `initialize`s being answered finished, every session closed, every run
+//! hold given back and every stop made, then the servers stopped.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -23,9 +26,11 @@ use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 
+use super::admit::{Refusal, Unread};
+use super::runs::{Hold, NotHeld, Runs};
 use super::servers::Backend;
-use super::session::{Classified, RunOf, Session, Shared};
-use super::table::{Found, NoPlace, Table};
+use super::session::{Classified, Opening, RunOf, Session, Shared};
+use super::table::{Found, NoPlace, Place, Table};
 use super::{Credentials, GatewayLimits, GatewayOptions, NotOpened};
 use crate::call::Asker;
 use crate::classify::{self, Message, Why};
@@ -37,6 +42,13 @@ const MAX_HEADERS: usize = 64;
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Request headers must arrive within this.
 const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the gateway's stop waits for the `initialize`s being answered, then for the
+/// runs its sessions held to be given back and stopped.
+const SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How many times an `initialize` reads its credential's run when the run's stop is under
+/// way or a stop was recorded while it was read.
+const OPEN_READS: usize = 3;
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -46,6 +58,7 @@ struct Front {
     manager: Arc<LocalSessionManager>,
     shared: Arc<Shared>,
     table: Arc<Table>,
+    runs: Arc<Runs>,
     limits: GatewayLimits,
 }
 
@@ -55,6 +68,7 @@ pub(super) async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let hidden_env: Arc<[String]> = options.hidden_env.into();
+    let runs = Arc::new(Runs::new(options.worker.clone()));
     let shared = Arc::new(Shared {
         backends: options
             .servers
@@ -93,13 +107,16 @@ pub(super) async fn serve(
             limits.idle,
             options.clock,
         )),
+        runs,
         limits,
     });
     let sweeper = tokio::spawn(Arc::clone(&front).sweep_every());
     front.accept(listener, shutdown).await;
     sweeper.abort();
-    cancel.cancel();
     front.close().await;
+    // What is left of rmcp's sessions ends: their holds on runs are given back.
+    cancel.cancel();
+    front.settle().await;
     Ok(())
 }
 
@@ -122,6 +139,10 @@ fn rpc_error(status: StatusCode, code: i64, why: &str) -> Response<Body> {
             None,
         ),
     )
+}
+
+fn refused(r: Refusal) -> Response<Body> {
+    rpc_error(r.status, r.code, &r.why)
 }
 
 fn unauthorized(why: &str) -> Response<Body> {
@@ -177,43 +198,70 @@ impl Front {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let holder = match self.credentials.holder(req.headers()) {
             Ok(h) => h,
-            Err(why) => return unauthorized(&why),
+            Err(why) => return unauthorized(&why.to_string()),
         };
         let session = req
             .headers()
             .get(SESSION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        if let Some((status, why)) = super::admit::unsupported_version(req.headers()) {
-            return rpc_error(status, -32600, &why);
+        if let Some(r) = super::admit::unsupported_version(req.headers()) {
+            return refused(r);
         }
         let (parts, body) = req.into_parts();
         let bytes = match self.body(&parts, body).await {
             Ok(b) => b,
             Err(refused) => return refused,
         };
-        if let Some((status, why)) = super::admit::versioned_body(&bytes) {
-            return rpc_error(status, -32600, &why);
-        }
         match session {
             Some(s) => self.in_session(&s, &holder, parts, bytes).await,
+            None if parts.method != Method::POST => no_session(),
             // Its own task: once a key's run may start, the session is opened (and
             // held in the table, where the idle bound closes it and stops the run)
             // even if the client goes away before its answer.
-            None => tokio::spawn(async move { self.open(holder, parts, bytes).await })
-                .await
-                .unwrap_or_else(|e| {
-                    rpc_error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        -32603,
-                        &format!("opening the session failed: {e}"),
-                    )
-                }),
+            None => {
+                let value = match self.read(None, &bytes) {
+                    Ok(v) => v,
+                    Err(refused) => return *refused,
+                };
+                tokio::spawn(async move { self.open(holder, parts, (bytes, value)).await })
+                    .await
+                    .unwrap_or_else(|e| {
+                        rpc_error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            -32603,
+                            &format!("opening the session failed: {e}"),
+                        )
+                    })
+            }
         }
     }
 
-    /// A POST's body, at most the bound (a larger `Content-Length` refused unread);
-    /// nothing for the other methods.
+    /// A POST's body read strictly ([`super::admit::read_body`]) in `session` (if the
+    /// holder's): its value, or the answer refusing it (one that is not JSON gets the
+    /// classifier's verdict, counted in the session).
+    fn read(
+        &self,
+        session: Option<&str>,
+        bytes: &Bytes,
+    ) -> Result<serde_json::Value, Box<Response<Body>>> {
+        match super::admit::read_body(bytes) {
+            Ok(v) => Ok(v),
+            Err(Unread::Versioned(r)) => Err(Box::new(refused(r))),
+            Err(Unread::NotJson(why)) => {
+                let verdict = classify::classify(bytes)
+                    .err()
+                    .unwrap_or(classify::Refused {
+                        why,
+                        answer: Vec::new(),
+                    });
+                Err(Box::new(self.refuse(session, verdict)))
+            }
+        }
+    }
+
+    /// A POST's body, at most the bound (a larger `Content-Length` refused unread),
+    /// within the time bound (408 past it); nothing for the other methods.
     async fn body(
         &self,
         parts: &hyper::http::request::Parts,
@@ -240,9 +288,23 @@ impl Front {
         if declared.is_some_and(|n| n > max as u64) {
             return Err(too_large());
         }
-        match Limited::new(body, max).collect().await {
-            Ok(b) => Ok(b.to_bytes()),
-            Err(_) => Err(too_large()),
+        let within = self.limits.body_timeout;
+        match tokio::time::timeout(within, Limited::new(body, max).collect()).await {
+            Ok(Ok(b)) => Ok(b.to_bytes()),
+            Ok(Err(_)) => Err(too_large()),
+            Err(_) => {
+                let mut r = rpc_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    -32600,
+                    &format!(
+                        "the request body did not arrive within {}; the connection is closed",
+                        tally_record::words::duration(within.as_millis() as u64)
+                    ),
+                );
+                r.headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                Err(r)
+            }
         }
     }
 
@@ -255,7 +317,13 @@ impl Front {
         bytes: Bytes,
     ) -> Response<Body> {
         let run = match self.table.find(id, holder) {
-            Found::Yours(run) => run,
+            Found::Yours(run, version) => {
+                // A version other than the session's is refused here, not by rmcp.
+                if let Some(r) = super::admit::session_version(&parts.headers, version.as_deref()) {
+                    return refused(r);
+                }
+                run
+            }
             Found::Unknown => {
                 return rpc_error(
                     StatusCode::NOT_FOUND,
@@ -271,6 +339,9 @@ impl Front {
             }
         };
         if parts.method == Method::POST {
+            if let Err(refused) = self.read(Some(id), &bytes) {
+                return *refused;
+            }
             if let Some(refused) = self.classified(Some(id), &bytes, &mut parts) {
                 return refused;
             }
@@ -295,20 +366,34 @@ impl Front {
     async fn open(
         &self,
         holder: String,
-        mut parts: hyper::http::request::Parts,
-        bytes: Bytes,
+        parts: hyper::http::request::Parts,
+        (bytes, value): (Bytes, serde_json::Value),
     ) -> Response<Body> {
-        let no_session = || {
-            rpc_error(
-                StatusCode::BAD_REQUEST,
-                -32600,
-                "Bad Request: no Mcp-Session-Id; a session is opened by initialize, and only initialize is answered without one",
-            )
-        };
-        if parts.method != Method::POST {
-            return no_session();
+        if let Some(r) = self.not_an_initialize(&bytes, &parts.headers, &value) {
+            return r;
         }
-        match classify::classify(&bytes) {
+        self.expire().await;
+        let place = match self.place(&holder) {
+            Ok(place) => place,
+            Err(r) => return *r,
+        };
+        let (run, hold) = match self.held_run(&parts.headers).await {
+            Ok(held) => held,
+            Err(r) => return *r,
+        };
+        self.initialized(holder, parts, bytes, (run, hold), place)
+            .await
+    }
+
+    /// The refusal of a request without a session that is not an `initialize` the
+    /// transport takes, or none.
+    fn not_an_initialize(
+        &self,
+        bytes: &Bytes,
+        headers: &hyper::HeaderMap,
+        value: &serde_json::Value,
+    ) -> Option<Response<Body>> {
+        match classify::classify(bytes) {
             Ok(c)
                 if matches!(
                     c.message,
@@ -317,16 +402,18 @@ impl Front {
                         ..
                     }
                 ) => {}
-            Ok(_) => return no_session(),
-            Err(refused) => return self.refuse(None, refused),
+            Ok(_) => return Some(no_session()),
+            Err(refused) => return Some(self.refuse(None, refused)),
         }
-        if let Some((status, why)) = super::admit::refusal(&parts.headers) {
-            return rpc_error(status, -32600, &why);
-        }
-        self.expire().await;
-        let place = match self.table.reserve(&holder) {
-            Ok(place) => place,
-            Err(NoPlace::Gateway) => return rpc_error(
+        super::admit::refusal(headers)
+            .or_else(|| super::admit::initialize_refusal(headers, value))
+            .map(refused)
+    }
+
+    /// A place for `holder`'s new session, within the bounds on sessions.
+    fn place(&self, holder: &str) -> Result<Place, Box<Response<Body>>> {
+        self.table.reserve(holder).map_err(|e| Box::new(match e {
+            NoPlace::Gateway => rpc_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 -32000,
                 &format!(
@@ -334,7 +421,7 @@ impl Front {
                     self.limits.max_sessions
                 ),
             ),
-            Err(NoPlace::Holder) => return rpc_error(
+            NoPlace::Holder => rpc_error(
                 StatusCode::TOO_MANY_REQUESTS,
                 -32000,
                 &format!(
@@ -342,30 +429,81 @@ impl Front {
                     self.limits.max_sessions_per_credential
                 ),
             ),
-        };
-        let run = match self.credentials.open(parts.headers.clone()).await {
-            Ok(run) => run,
-            Err(NotOpened { status, why }) if status == StatusCode::UNAUTHORIZED => {
-                return unauthorized(&why)
+            NoPlace::Closing => rpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                -32000,
+                "this gateway is stopping: nothing is opened",
+            ),
+        }))
+    }
+
+    /// The credential's run, started or continued, and a hold on it. A run whose stop
+    /// is under way (its last session just ended) is read again once the stop is
+    /// recorded, and so is a run read as running before a stop was recorded: a new
+    /// session never acts in a run stopped under it (a stopped key run is a 409).
+    async fn held_run(
+        &self,
+        headers: &hyper::HeaderMap,
+    ) -> Result<(super::Authorized, Hold), Box<Response<Body>>> {
+        for _ in 0..OPEN_READS {
+            let seen = self.runs.stops();
+            let run = match self.credentials.open(headers.clone()).await {
+                Ok(run) => run,
+                Err(NotOpened::Credential(why)) => {
+                    return Err(Box::new(unauthorized(&why.to_string())))
+                }
+                Err(why) => {
+                    return Err(Box::new(rpc_error(why.status(), -32000, &why.to_string())))
+                }
+            };
+            match self.runs.hold(run.clone(), seen) {
+                Ok(hold) => return Ok((run, hold)),
+                Err(NotHeld::Stopping) => {
+                    self.runs.stop_recorded(&run.run, SHUTDOWN_BOUND).await;
+                }
+                Err(NotHeld::Stale) => {}
             }
-            Err(NotOpened { status, why }) => return rpc_error(status, -32000, &why),
-        };
+        }
+        Err(Box::new(rpc_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            -32000,
+            "the credential's run was being stopped while this session opened: retry initialize",
+        )))
+    }
+
+    /// The `initialize` answered by rmcp with the run held; the session it opened put in
+    /// its `place`.
+    async fn initialized(
+        &self,
+        holder: String,
+        mut parts: hyper::http::request::Parts,
+        bytes: Bytes,
+        (run, hold): (super::Authorized, Hold),
+        place: Place,
+    ) -> Response<Body> {
+        // The run is held from here: by the session, once its initialize takes it.
+        let opening = Arc::new(Opening::new(hold));
         parts.extensions.insert(RunOf(run.clone()));
+        parts.extensions.insert(Arc::clone(&opening));
         let response = self
             .service
             .handle(Request::from_parts(parts, Full::new(bytes)))
             .await;
+        // rmcp refused it after all (a weight of 0 in Accept, say), or its session did
+        // not take the hold: given back here (the run stopped if it was the last).
+        let untaken = opening.take();
         if let Some(id) = response
             .headers()
             .get(SESSION)
             .and_then(|v| v.to_str().ok())
         {
-            self.table.insert(id.to_owned(), holder, run, place);
-        } else if run.started {
-            // rmcp refused it after all (a body over its bound, say): no session will stop
-            // the run, so it is stopped now.
-            stop_unopened(&run).await;
+            let bound = (holder, run, opening.negotiated());
+            if !self.table.insert(id.to_owned(), bound, place) {
+                // The gateway stopped while it was answered: closed at once.
+                let _ = self.manager.close_session(&Arc::from(id)).await;
+            }
         }
+        drop(untaken);
         response
     }
 
@@ -392,6 +530,15 @@ impl Front {
                     };
                     Some(self.refuse(session, refused))
                 }
+                // A session is opened once: its initialize is not run again.
+                Message::Request {
+                    method: "initialize",
+                    ..
+                } => Some(rpc_error(
+                    StatusCode::BAD_REQUEST,
+                    -32600,
+                    "Bad Request: this session is initialized already: initialize without Mcp-Session-Id opens a new one",
+                )),
                 _ => None,
             },
             Err(refused) => Some(self.refuse(session, refused)),
@@ -442,36 +589,45 @@ impl Front {
         }
     }
 
-    /// The gateway stops: every session closed (runs they started stopped), every
-    /// stdio server killed and reaped.
+    /// The gateway stops: nothing more opened, the `initialize`s being answered
+    /// finished (a session one opens from now on is closed at once), every session
+    /// closed.
     async fn close(&self) {
-        for id in self.table.all() {
+        let open = self.table.close();
+        let answering = self.table.answered(SHUTDOWN_BOUND).await;
+        if answering > 0 {
+            crate::log(&format!("gateway: stopping with {answering} initialize(s) still unanswered after {SHUTDOWN_BOUND:?}"));
+        }
+        for id in open {
             let _ = self.manager.close_session(&Arc::from(id.as_str())).await;
         }
-        futures::future::join_all(self.shared.backends.iter().map(|b| b.stop())).await;
+    }
+
+    /// Every hold on a run given back and every stop made (bounded), then every server
+    /// let go for good (a stdio one killed and reaped, none started again), then the
+    /// holds of the calls that were still in flight (their servers gone, they end at
+    /// once; one in its gate check ends at the gate's timeout) waited for once more,
+    /// bounded.
+    async fn settle(&self) {
+        let left = self.runs.settled(SHUTDOWN_BOUND).await;
+        futures::future::join_all(self.shared.backends.iter().map(|b| b.shut())).await;
+        if left == 0 {
+            return;
+        }
+        let left = self.runs.settled(SHUTDOWN_BOUND).await;
+        if left > 0 {
+            crate::log(&format!("gateway: stopping with {left} run hold(s) or stop(s) not done after twice {SHUTDOWN_BOUND:?}: their runs are left as they are"));
+        }
     }
 }
 
-/// A run an `initialize` started although rmcp opened no session for it, stopped.
-async fn stop_unopened(run: &super::Authorized) {
-    let mut gate = (run.gate)();
-    let stopped = gate
-        .stop(
-            &run.run,
-            tally_record::Reason::Completed,
-            Some("tally-mcp-gateway"),
-        )
-        .await;
-    crate::log(&match stopped {
-        Ok(_) => format!(
-            "gateway: an initialize opened no session: run {} it started stopped",
-            run.run
-        ),
-        Err(e) => format!(
-            "gateway: an initialize opened no session: run {} it started could not be stopped: {e}",
-            run.run
-        ),
-    });
+/// The answer to a request without a session that is not an `initialize`.
+fn no_session() -> Response<Body> {
+    rpc_error(
+        StatusCode::BAD_REQUEST,
+        -32600,
+        "Bad Request: no Mcp-Session-Id; a session is opened by initialize, and only initialize is answered without one",
+    )
 }
 
 /// The error for a refused message with no id to answer under (a notification, an

@@ -2,12 +2,16 @@
 //! connected on first use and again after its transport failed; the effect class of
 //! each tool, learned from its `tools/list` (as `tally mcp` learns it).
 //!
-//! A stdio server's process is the gateway's own child: killed and reaped (never left a
-//! zombie, never left running) when it does not finish initializing or listing in time,
-//! when a call to it times out (a server that does not answer may hang for good: the
-//! next call starts a new one), and when the gateway stops.
+//! A stdio server's process is the gateway's own child, started in a process group of
+//! its own: the group is killed (the processes the server started too) and the child
+//! reaped (never left a zombie, never left running) when it does not finish
+//! initializing or listing in time, when a call to it times out (a server that does not
+//! answer may hang for good: the next call starts a new one), and when the gateway
+//! stops. Each start is a generation: a call that timed out kills the generation it was
+//! made on, never one started since.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,21 +38,63 @@ const RELIST_INTERVAL: Duration = Duration::from_secs(30);
 type Client = RunningService<RoleClient, ()>;
 
 /// A stdio server's process, shared by whoever may have to kill it.
-type Process = Arc<tokio::sync::Mutex<tokio::process::Child>>;
+type Process = Arc<tokio::sync::Mutex<Group>>;
+
+/// A stdio server's process, the leader of its own process group.
+struct Group {
+    child: tokio::process::Child,
+    /// The group (the child's pid), until it is killed.
+    id: Option<rustix::process::Pid>,
+}
+
+impl Group {
+    fn new(child: tokio::process::Child) -> Group {
+        let id = child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .and_then(rustix::process::Pid::from_raw);
+        Group { child, id }
+    }
+
+    /// `SIGKILL` to every process of the group, once.
+    fn signal(&mut self) {
+        if let Some(id) = self.id.take() {
+            let _ = rustix::process::kill_process_group(id, rustix::process::Signal::KILL);
+        }
+    }
+
+    /// Kill the group and reap the child.
+    async fn kill(&mut self) -> std::io::Result<()> {
+        self.signal();
+        self.child.kill().await
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.signal();
+    }
+}
 
 /// One server and its client.
 pub(super) struct Backend {
     pub(super) name: String,
     target: Target,
-    client: tokio::sync::Mutex<Option<Arc<Client>>>,
-    /// A stdio server's current process (started, initializing or serving).
-    process: Mutex<Option<Process>>,
+    /// The connected client, and the generation it was connected in.
+    client: tokio::sync::Mutex<Option<(u64, Arc<Client>)>>,
+    /// A stdio server's current process (started, initializing or serving), and its
+    /// generation.
+    process: Mutex<Option<(u64, Process)>>,
+    /// The last generation started.
+    generation: AtomicU64,
     /// Effects learned from its `tools/list`, by its own tool name.
     effects: Mutex<HashMap<String, Effect>>,
     /// When a lookup of an unlisted tool last listed the server's tools again.
     relisted: Mutex<Option<tokio::time::Instant>>,
     /// Environment variables a stdio server is started without (the credentials).
     hidden_env: Arc<[String]>,
+    /// Set by the gateway's stop: the server is not started or reached again.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// How a call to a server ended, when it was made.
@@ -80,22 +126,30 @@ impl Backend {
             target: server.target,
             client: tokio::sync::Mutex::new(None),
             process: Mutex::new(None),
+            generation: AtomicU64::new(0),
             effects: Mutex::new(HashMap::new()),
             relisted: Mutex::new(None),
             hidden_env,
+            stopped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
-    /// The connected client, connecting if there is none.
-    async fn client(&self) -> Result<Arc<Client>, String> {
+    /// The connected client and its generation, connecting if there is none.
+    async fn client(&self) -> Result<(u64, Arc<Client>), String> {
         let mut slot = self.client.lock().await;
-        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
-            return Ok(Arc::clone(c));
+        // Read under the client's lock, which the stop takes after setting it: nothing
+        // is started after the stop.
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err("the gateway is stopping: the server is not started again".to_owned());
+        }
+        if let Some((generation, c)) = slot.as_ref().filter(|(_, c)| !c.is_closed()) {
+            return Ok((*generation, Arc::clone(c)));
         }
         // A process whose client closed is not left behind.
-        self.kill().await;
+        self.kill(None).await;
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let connected = match &self.target {
-            Target::Command(command) => self.start(command).await,
+            Target::Command(command) => self.start(command, generation).await,
             Target::Url { url, credential } => {
                 tokio::time::timeout(CONNECT_TIMEOUT, connect_url(url, credential.as_ref()))
                     .await
@@ -103,19 +157,21 @@ impl Backend {
             }
         };
         let client = Arc::new(connected?);
-        *slot = Some(Arc::clone(&client));
-        Ok(client)
+        *slot = Some((generation, Arc::clone(&client)));
+        Ok((generation, client))
     }
 
     /// Start a stdio server and run MCP's initialize exchange with it; a server that
     /// does not finish it within [`CONNECT_TIMEOUT`] is killed.
-    async fn start(&self, command: &[String]) -> Result<Client, String> {
+    async fn start(&self, command: &[String], generation: u64) -> Result<Client, String> {
         let (program, args) = command.split_first().ok_or("no command")?;
         let mut c = command_of(program, args, &self.hidden_env);
-        // The server's stderr is the daemon's (a pipe no one reads would fill).
+        // The server's stderr is the daemon's (a pipe no one reads would fill). Its own
+        // process group: what it starts is killed with it.
         c.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = c
             .spawn()
@@ -123,29 +179,34 @@ impl Backend {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(format!("`{program}` was started without its pipes"));
         };
-        *self.process.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(Arc::new(tokio::sync::Mutex::new(child)));
+        *self.process.lock().unwrap_or_else(|p| p.into_inner()) = Some((
+            generation,
+            Arc::new(tokio::sync::Mutex::new(Group::new(child))),
+        ));
         match tokio::time::timeout(CONNECT_TIMEOUT, ().serve((stdout, stdin))).await {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(e)) => {
-                self.kill().await;
+                self.kill(Some(generation)).await;
                 Err(e.to_string())
             }
             Err(_) => {
-                self.kill().await;
+                self.kill(Some(generation)).await;
                 Err("it did not finish initializing in time".to_owned())
             }
         }
     }
 
-    /// Kill the stdio server's process, if it has one, and reap it.
-    async fn kill(&self) {
-        let process = self
-            .process
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(p) = process {
+    /// Kill the stdio server's process group, if it has one (of generation `only`, if
+    /// given), and reap its process.
+    async fn kill(&self, only: Option<u64>) {
+        let process = {
+            let mut current = self.process.lock().unwrap_or_else(|p| p.into_inner());
+            match (&*current, only) {
+                (Some((generation, _)), Some(only)) if *generation != only => None,
+                _ => current.take(),
+            }
+        };
+        if let Some((_, p)) = process {
             let mut child = p.lock().await;
             if let Err(e) = child.kill().await {
                 crate::log(&format!(
@@ -156,29 +217,56 @@ impl Backend {
         }
     }
 
+    /// The gateway stops: the server let go ([`Backend::stop`]) and never started or
+    /// reached again (a call in flight that reaches for it then is not sent).
+    pub(super) async fn shut(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.stop().await;
+    }
+
     /// Let the server go: its client dropped and a stdio server's process killed and
-    /// reaped. The next use starts or reaches it again.
+    /// reaped. The next use starts or reaches it again (unless the gateway stopped).
     pub(super) async fn stop(&self) {
         // The process first: an initialize in progress (holding the client's lock) then
         // fails at once instead of at its time bound.
-        self.kill().await;
+        self.kill(None).await;
         let client = self.client.lock().await.take();
         drop(client);
     }
 
-    /// Forget the client after a transport failure: the next use connects again.
-    async fn drop_client(&self) {
-        *self.client.lock().await = None;
+    /// [`Backend::stop`] for generation `generation` only: a later one is left serving.
+    async fn stop_generation(&self, generation: u64) {
+        self.kill(Some(generation)).await;
+        let mut slot = self.client.lock().await;
+        if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *slot = None;
+        }
+    }
+
+    /// Forget the client of `generation` after its transport failed: the next use
+    /// connects again (a client connected since is kept).
+    async fn drop_client(&self, generation: u64) {
+        let mut slot = self.client.lock().await;
+        if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *slot = None;
+        }
     }
 
     /// Its tools, each renamed `NAME__tool`; their effects learned on the way. A server
     /// that does not answer within [`LIST_TIMEOUT`] is an error.
     pub(super) async fn tools(&self) -> Result<Vec<Tool>, String> {
-        match tokio::time::timeout(LIST_TIMEOUT, self.list()).await {
+        let on = std::sync::OnceLock::new();
+        match tokio::time::timeout(LIST_TIMEOUT, self.list(&on)).await {
             Ok(listed) => listed,
             Err(_) => {
-                // Hung (or still initializing): a stdio server is killed, not left.
-                self.stop().await;
+                // Hung (or still initializing): a stdio server is killed, not left; the
+                // generation it listed on only (or, not connected yet, the one being
+                // started), never one started since.
+                let generation = match on.get() {
+                    Some(g) => *g,
+                    None => self.generation.load(Ordering::Relaxed),
+                };
+                self.stop_generation(generation).await;
                 Err(format!(
                     "it did not list its tools within {}",
                     tally_record::words::duration(LIST_TIMEOUT.as_millis() as u64)
@@ -187,12 +275,14 @@ impl Backend {
         }
     }
 
-    async fn list(&self) -> Result<Vec<Tool>, String> {
-        let client = self.client().await?;
+    /// The listing, the generation it is made on put in `on`.
+    async fn list(&self, on: &std::sync::OnceLock<u64>) -> Result<Vec<Tool>, String> {
+        let (generation, client) = self.client().await?;
+        let _ = on.set(generation);
         let tools = match client.peer().list_all_tools().await {
             Ok(t) => t,
             Err(e) => {
-                self.drop_client().await;
+                self.drop_client(generation).await;
                 return Err(e.to_string());
             }
         };
@@ -250,7 +340,7 @@ impl Backend {
         arguments: Map<String, Value>,
         timeout: Duration,
     ) -> Called {
-        let client = match self.client().await {
+        let (generation, client) = match self.client().await {
             Ok(c) => c,
             Err(e) => return Called::NotSent(e),
         };
@@ -261,14 +351,14 @@ impl Backend {
                 // killed (its other calls in flight end as lost), the next call starts it.
                 if matches!(self.target, Target::Command(_)) {
                     drop(client);
-                    self.stop().await;
+                    self.stop_generation(generation).await;
                 }
                 Called::Timeout
             }
             Ok(Ok(result)) => Called::Result(result),
             Ok(Err(ServiceError::McpError(e))) => Called::Error(e),
             Ok(Err(e)) => {
-                self.drop_client().await;
+                self.drop_client(generation).await;
                 Called::Lost(e.to_string())
             }
         }
@@ -354,5 +444,83 @@ mod tests {
             Err(Unlisted::Unknown)
         ));
         assert!(again.elapsed() < Duration::from_secs(1), "it listed again");
+    }
+
+    fn pid_of(backend: &Backend) -> u32 {
+        let current = backend.process.lock().expect("lock");
+        let (_, p) = current.as_ref().expect("a process");
+        let pid = p
+            .try_lock()
+            .expect("not locked")
+            .child
+            .id()
+            .expect("running");
+        pid
+    }
+
+    /// A late timeout of generation 1 (its server already killed, a new one started for
+    /// the next call) leaves generation 2 serving.
+    #[tokio::test]
+    async fn a_timeout_kills_its_own_generation_only() {
+        let server = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/server.py");
+        let backend = Backend::new(
+            Server {
+                name: "py".to_owned(),
+                target: Target::Command(vec!["python3".to_owned(), server.to_owned()]),
+            },
+            Arc::from(Vec::new()),
+        );
+        let (first, _) = backend.client().await.expect("generation 1");
+        let one = pid_of(&backend);
+        backend.stop_generation(first).await;
+        assert!(!std::path::Path::new(&format!("/proc/{one}")).exists());
+        let (second, _) = backend.client().await.expect("generation 2");
+        assert_ne!(first, second);
+        let two = pid_of(&backend);
+        backend.stop_generation(first).await;
+        assert!(
+            std::path::Path::new(&format!("/proc/{two}")).exists(),
+            "generation 2 killed"
+        );
+        assert_eq!(backend.client().await.expect("still").0, second);
+        backend.stop().await;
+        assert!(!std::path::Path::new(&format!("/proc/{two}")).exists());
+    }
+
+    /// After the gateway's stop a server is not started again: a handler still running
+    /// (in its gate check, say) cannot leave a process behind.
+    #[tokio::test]
+    async fn a_server_is_not_started_again_after_the_gateways_stop() {
+        let server = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/server.py");
+        let backend = Backend::new(
+            Server {
+                name: "py".to_owned(),
+                target: Target::Command(vec!["python3".to_owned(), server.to_owned()]),
+            },
+            Arc::from(Vec::new()),
+        );
+        backend.client().await.expect("started");
+        let pid = pid_of(&backend);
+        backend.shut().await;
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+        let Err(again) = backend.client().await else {
+            panic!("a server started after the gateway's stop");
+        };
+        assert!(again.contains("stopping"), "{again}");
+        assert!(
+            backend.process.lock().expect("lock").is_none(),
+            "a process started"
+        );
+        // A stop that is not the gateway's (a timeout's) lets the next use start it.
+        let other = Backend::new(
+            Server {
+                name: "py".to_owned(),
+                target: Target::Command(vec!["python3".to_owned(), server.to_owned()]),
+            },
+            Arc::from(Vec::new()),
+        );
+        other.stop().await;
+        other.client().await.expect("started after a stop");
+        other.shut().await;
     }
 }

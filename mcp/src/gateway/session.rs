@@ -15,6 +15,7 @@ use serde_json::Value;
 use tally_record::Status;
 use tally_wire::StartRequest;
 
+use super::runs::{self, Hold};
 use super::servers::{Backend, Called, Unlisted};
 use super::SEPARATOR;
 use crate::call::{self, Asker, Gated, Last};
@@ -35,34 +36,56 @@ pub(super) struct RunOf(pub(super) super::Authorized);
 #[derive(Clone, Debug)]
 pub(super) struct Classified(pub(super) Call);
 
+/// An `initialize` being answered: the hold on its run, taken by the session it opens
+/// (which then gives it back when it ends; one the session did not take, the front gives
+/// back), and the protocol version the session negotiated.
+pub(super) struct Opening {
+    hold: Mutex<Option<Hold>>,
+    negotiated: OnceLock<String>,
+}
+
+impl Opening {
+    pub(super) fn new(hold: Hold) -> Opening {
+        Opening {
+            hold: Mutex::new(Some(hold)),
+            negotiated: OnceLock::new(),
+        }
+    }
+
+    /// The hold, if no one took it yet.
+    pub(super) fn take(&self) -> Option<Hold> {
+        self.hold.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// The version the session's `initialize` negotiated, once answered.
+    pub(super) fn negotiated(&self) -> Option<String> {
+        self.negotiated.get().cloned()
+    }
+}
+
 /// One session.
 pub(super) struct Session {
     shared: Arc<Shared>,
-    /// The session's run and its gate worker, bound at its first request: joined, and
-    /// stopped at the session's end only if reading its credential started the run.
-    gate: OnceLock<(String, Gate)>,
-    /// The gate's last refusal in this session (an allow clears it) and whether a
-    /// non-idempotent write's outcome is unknown: how a run it started ends.
-    ending: Arc<Mutex<Ending>>,
+    /// The session's run, its gate worker, the run's ending (shared by the run's
+    /// sessions) and the session's hold on the run (given back when the session ends,
+    /// the run stopped if it was the last and the gateway started it): bound at its
+    /// first request.
+    bound: OnceLock<Bound>,
 }
 
-#[derive(Default)]
-struct Ending {
-    last_refusal: Option<(tally_record::Reason, tally_record::Action)>,
-    unknown_write: bool,
+struct Bound {
+    run: String,
+    gate: Gate,
+    ending: runs::Shared,
+    _hold: Option<Hold>,
 }
 
 impl Session {
     pub(super) fn new(shared: Arc<Shared>) -> Session {
         Session {
             shared,
-            gate: OnceLock::new(),
-            ending: Arc::default(),
+            bound: OnceLock::new(),
         }
-    }
-
-    fn ending(&self) -> std::sync::MutexGuard<'_, Ending> {
-        self.ending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The request's HTTP parts, as rmcp hands them over.
@@ -71,20 +94,35 @@ impl Session {
     }
 
     /// The session's run and gate: bound on its first request, the same after.
-    fn gate(&self, context: &RequestContext<RoleServer>) -> Result<&(String, Gate), ErrorData> {
-        let run = Self::parts(context)
+    fn gate(&self, context: &RequestContext<RoleServer>) -> Result<&Bound, ErrorData> {
+        let parts = Self::parts(context);
+        let run = parts
             .and_then(|p| p.extensions.get::<RunOf>())
             .ok_or_else(|| internal("the request carries no run"))?;
-        let bound = self.gate.get_or_init(|| {
+        let bound = self.bound.get_or_init(|| {
             let start = StartRequest {
                 run: run.0.run.clone(),
                 worker: self.shared.asker.worker.clone(),
                 ..StartRequest::default()
             };
-            let gate = Gate::join((run.0.gate)(), start, run.0.started);
-            (run.0.run.clone(), gate)
+            // The worker never stops the run: the last hold on it does.
+            let gate = Gate::join((run.0.gate)(), start, false);
+            let hold = parts
+                .and_then(|p| p.extensions.get::<Arc<Opening>>())
+                .and_then(|o| o.take());
+            if let Some(h) = &hold {
+                h.bind(gate.clone());
+            }
+            Bound {
+                run: run.0.run.clone(),
+                gate,
+                ending: hold
+                    .as_ref()
+                    .map_or_else(runs::Shared::default, |h| Arc::clone(h.ending())),
+                _hold: hold,
+            }
         });
-        if bound.0 != run.0.run {
+        if bound.run != run.0.run {
             return Err(ErrorData::new(
                 ErrorCode::INVALID_REQUEST,
                 "this session acts in another run: a credential drives only its own sessions",
@@ -138,7 +176,13 @@ impl ServerHandler for Session {
         // The session is bound to its credential's run from its first message.
         self.gate(&context)?;
         context.peer.set_peer_info(request.clone());
-        self.negotiate_initialize(&request)
+        let result = self.negotiate_initialize(&request)?;
+        if let Some(o) = Self::parts(&context).and_then(|p| p.extensions.get::<Arc<Opening>>()) {
+            let _ = o
+                .negotiated
+                .set(result.protocol_version.as_str().to_owned());
+        }
+        Ok(result)
     }
 
     async fn list_tools(
@@ -168,7 +212,8 @@ impl ServerHandler for Session {
         _request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let (run, gate) = self.gate(&context)?;
+        let bound = self.gate(&context)?;
+        let (run, gate) = (&bound.run, &bound.gate);
         // The call exactly as the classifier read it (taken, not copied); rmcp's typed
         // copy is not used.
         let mut context = context;
@@ -203,10 +248,13 @@ impl ServerHandler for Session {
         let full = format!("{server}/{tool}");
         let request = call::check_request(run, &self.shared.asker, full.clone(), args, effect);
         let (gated, last) = call::ask(gate, request, c.trace, &full).await;
-        match last {
-            Last::Cleared => self.ending().last_refusal = None,
-            Last::Refused(reason, action) => self.ending().last_refusal = Some((reason, action)),
-            Last::Unchanged => {}
+        {
+            let mut ending = bound.ending.lock().unwrap_or_else(|p| p.into_inner());
+            match last {
+                Last::Cleared => ending.last_refusal = None,
+                Last::Refused(reason, action) => ending.last_refusal = Some((reason, action)),
+                Last::Unchanged => {}
+            }
         }
         let (attempt, timeout) = match gated {
             Gated::NotMade(result) => return tool_result(result),
@@ -221,7 +269,7 @@ impl ServerHandler for Session {
             timeout,
             effect,
         };
-        let called = allowed.make(&self.shared, &self.ending, arguments).await;
+        let called = allowed.make(&self.shared, &bound.ending, arguments).await;
         answer(called, &full, server, timeout)
     }
 }
@@ -243,7 +291,7 @@ impl Allowed {
     async fn make(
         self,
         shared: &Arc<Shared>,
-        ending: &Arc<Mutex<Ending>>,
+        ending: &runs::Shared,
         arguments: serde_json::Map<String, Value>,
     ) -> Option<Called> {
         let (shared, ending) = (Arc::clone(shared), Arc::clone(ending));
@@ -308,34 +356,4 @@ fn tool_result(result: Value) -> Result<CallToolResponse, ErrorData> {
     serde_json::from_value::<CallToolResult>(result)
         .map(Into::into)
         .map_err(|e| internal(&format!("a tool result could not be written: {e}")))
-}
-
-impl Drop for Session {
-    /// The session ended (DELETE, or the idle bound): a run reading its credential
-    /// started is stopped, as `tally mcp` stops its run at the end of a session, after
-    /// the outcomes already queued.
-    fn drop(&mut self) {
-        let Some((run, gate)) = self.gate.take() else {
-            return;
-        };
-        let ending = self.ending();
-        let Some(reason) = call::end_reason(ending.unknown_write, ending.last_refusal) else {
-            return;
-        };
-        drop(ending);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            match gate.stop(reason).await {
-                Some(Ok(_)) => crate::log(&format!(
-                    "gateway: a session ended: run {run} stopped ({reason})"
-                )),
-                Some(Err(e)) => crate::log(&format!(
-                    "gateway: a session ended: run {run} could not be stopped: {e}"
-                )),
-                None => {}
-            }
-        });
-    }
 }

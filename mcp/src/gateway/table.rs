@@ -12,6 +12,8 @@ use super::Authorized;
 struct Bound {
     holder: String,
     run: Authorized,
+    /// The protocol version its `initialize` negotiated.
+    version: Option<String>,
     refused: u64,
     last_ms: u64,
 }
@@ -21,6 +23,8 @@ struct Inner {
     open: HashMap<String, Bound>,
     /// `initialize`s admitted and not answered yet, by holder.
     opening: HashMap<String, usize>,
+    /// The gateway stops: no place is given, no session taken in.
+    closed: bool,
 }
 
 /// The open sessions.
@@ -30,6 +34,8 @@ pub(super) struct Table {
     per_holder: usize,
     idle_ms: u64,
     clock: Arc<dyn tally_record::Clock>,
+    /// How many `initialize`s are being answered (the places held).
+    answering: tokio::sync::watch::Sender<usize>,
 }
 
 /// What a session id names, for a holder.
@@ -38,8 +44,8 @@ pub(super) enum Found {
     Unknown,
     /// A session another credential opened.
     Another,
-    /// The holder's session, and its run.
-    Yours(Authorized),
+    /// The holder's session: its run, and the protocol version it negotiated.
+    Yours(Authorized, Option<String>),
 }
 
 /// Why there is no place for one more session.
@@ -49,6 +55,8 @@ pub(super) enum NoPlace {
     Gateway,
     /// As many as the bound per credential are its holder's.
     Holder,
+    /// The gateway stops.
+    Closing,
 }
 
 /// A place among the open sessions, held while an `initialize` is answered: given back
@@ -64,6 +72,8 @@ impl Drop for Place {
                 inner.opening.remove(&self.1);
             }
         }
+        drop(inner);
+        self.0.answering.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -79,6 +89,7 @@ impl Table {
             per_holder,
             idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
             clock,
+            answering: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -95,15 +106,19 @@ impl Table {
             Some(b) if b.holder != holder => Found::Another,
             Some(b) => {
                 b.last_ms = now;
-                Found::Yours(b.run.clone())
+                Found::Yours(b.run.clone(), b.version.clone())
             }
         }
     }
 
     /// A place for one more session of `holder`, unless as many as the bound are open
-    /// or opening, or as many as the bound per credential are the holder's.
+    /// or opening, or as many as the bound per credential are the holder's, or the
+    /// gateway stops.
     pub(super) fn reserve(self: &Arc<Self>, holder: &str) -> Result<Place, NoPlace> {
         let mut inner = self.lock();
+        if inner.closed {
+            return Err(NoPlace::Closing);
+        }
         let opening: usize = inner.opening.values().sum();
         if inner.open.len().saturating_add(opening) >= self.max {
             return Err(NoPlace::Gateway);
@@ -114,20 +129,35 @@ impl Table {
             return Err(NoPlace::Holder);
         }
         *inner.opening.entry(holder.to_owned()).or_default() += 1;
+        self.answering.send_modify(|n| *n += 1);
         Ok(Place(Arc::clone(self), holder.to_owned()))
     }
 
-    /// The session `id`, opened by `holder` in `run` (its place given back after).
-    pub(super) fn insert(&self, id: String, holder: String, run: Authorized, place: Place) {
+    /// The session `id`, opened by `holder` in `run` having negotiated `version` (its
+    /// place given back after); false if the gateway stops (the caller closes it).
+    pub(super) fn insert(
+        &self,
+        id: String,
+        (holder, run, version): (String, Authorized, Option<String>),
+        place: Place,
+    ) -> bool {
         let last_ms = self.clock.now_ms();
         let bound = Bound {
             holder,
             run,
+            version,
             refused: 0,
             last_ms,
         };
-        self.lock().open.insert(id, bound);
+        let taken = {
+            let mut inner = self.lock();
+            if !inner.closed {
+                inner.open.insert(id, bound);
+            }
+            !inner.closed
+        };
         drop(place);
+        taken
     }
 
     /// The session `id` is closed.
@@ -160,9 +190,21 @@ impl Table {
         idle
     }
 
-    /// Every open session, taken out of the table (the gateway stops).
-    pub(super) fn all(&self) -> Vec<String> {
-        self.lock().open.drain().map(|(id, _)| id).collect()
+    /// The gateway stops: no place given from now on, no session taken in; every open
+    /// session taken out of the table.
+    pub(super) fn close(&self) -> Vec<String> {
+        let mut inner = self.lock();
+        inner.closed = true;
+        inner.open.drain().map(|(id, _)| id).collect()
+    }
+
+    /// Wait until no `initialize` is being answered, at most `bound`: how many still
+    /// were then.
+    pub(super) async fn answered(&self, bound: std::time::Duration) -> usize {
+        let mut answering = self.answering.subscribe();
+        let _ = tokio::time::timeout(bound, answering.wait_for(|n| *n == 0)).await;
+        let left = *answering.borrow();
+        left
     }
 }
 
@@ -175,6 +217,7 @@ mod tests {
         Authorized {
             run: "r".to_owned(),
             started: false,
+            ends_with_sessions: false,
             gate: Arc::new(|| tally_api::GateClient::new("/nonexistent")),
         }
     }
@@ -195,9 +238,9 @@ mod tests {
             "two opening fill a bound of 2"
         );
         drop(b);
-        table.insert("s1".into(), "h1".into(), run(), a);
+        assert!(table.insert("s1".into(), ("h1".into(), run(), None), a));
         let c = table.reserve("h2").expect("one open, none opening");
-        table.insert("s2".into(), "h2".into(), run(), c);
+        assert!(table.insert("s2".into(), ("h2".into(), run(), None), c));
         assert_eq!(
             table.reserve("h3").err(),
             Some(NoPlace::Gateway),
@@ -206,7 +249,7 @@ mod tests {
         assert!(matches!(table.find("s1", "h2"), Found::Another));
         assert!(matches!(table.find("nope", "h1"), Found::Unknown));
         clock.advance(30_000);
-        assert!(matches!(table.find("s1", "h1"), Found::Yours(_)));
+        assert!(matches!(table.find("s1", "h1"), Found::Yours(..)));
         clock.advance(30_001);
         assert_eq!(
             table.expired(),
@@ -229,7 +272,7 @@ mod tests {
             clock as Arc<dyn tally_record::Clock>,
         ));
         let a = table.reserve("h1").expect("a place");
-        table.insert("s1".into(), "h1".into(), run(), a);
+        assert!(table.insert("s1".into(), ("h1".into(), run(), None), a));
         let b = table.reserve("h1").expect("its second");
         assert_eq!(
             table.reserve("h1").err(),
@@ -241,7 +284,7 @@ mod tests {
         let c = table
             .reserve("h1")
             .expect("the opening one gave its place back");
-        table.insert("s2".into(), "h1".into(), run(), c);
+        assert!(table.insert("s2".into(), ("h1".into(), run(), None), c));
         assert_eq!(table.reserve("h1").err(), Some(NoPlace::Holder), "two open");
         table.remove("s1");
         assert!(
@@ -249,5 +292,28 @@ mod tests {
             "a closed one frees its holder's place"
         );
         drop(other);
+    }
+
+    #[tokio::test]
+    async fn a_closed_table_gives_no_place_takes_no_session_and_waits_for_the_answering() {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let table = Arc::new(Table::new(
+            (10, 10),
+            std::time::Duration::from_secs(60),
+            clock as Arc<dyn tally_record::Clock>,
+        ));
+        let a = table.reserve("h1").expect("a place");
+        assert!(table.insert("s1".into(), ("h1".into(), run(), None), a));
+        let answering = table.reserve("h1").expect("an initialize being answered");
+        assert_eq!(table.close(), vec!["s1".to_owned()]);
+        assert_eq!(table.reserve("h2").err(), Some(NoPlace::Closing));
+        let short = std::time::Duration::from_millis(1);
+        assert_eq!(table.answered(short).await, 1, "one still answering");
+        assert!(
+            !table.insert("s2".into(), ("h1".into(), run(), None), answering),
+            "a session answered after the close is not taken in"
+        );
+        assert_eq!(table.answered(short).await, 0);
+        assert!(matches!(table.find("s2", "h1"), Found::Unknown));
     }
 }

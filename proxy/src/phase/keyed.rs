@@ -6,15 +6,18 @@
 //! run's own record. Every refusal of a key call is counted by reason (the metric
 //! `tally_key_refusals_total`).
 
+use std::sync::Arc;
+
 use hyper::header::HeaderMap;
 use hyper::StatusCode;
-use tally_gate::{Caller, GateError, StartRequest};
+use tally_gate::{Caller, GateError, Gatekeeper, StartRequest};
 use tally_policy::KeyDayExceeded;
 use tally_record::Reason;
 use tally_wire::{ErrorCode, KeyDayRefused, KeyInfo};
 
 use crate::dialect::Refusal;
-use crate::key_spend::{KeyRefusal, RunSlot};
+use crate::key_run::{self, Asked, Done, KeyGate, KeyRunError};
+use crate::key_spend::KeyRefusal;
 use crate::keys::{self, KeyRefused, KeyRing};
 use crate::proxy::Proxy;
 use crate::refuse::{unavailable, KeyCall};
@@ -76,7 +79,9 @@ pub(super) async fn run_of_key(
         })?),
     };
     let now = ring.now_ms();
-    seed(proxy, ring, &info, now).await?;
+    key_run::seed(proxy, ring, &info, now)
+        .await
+        .map_err(|_| unavailable())?;
     let run = keys::run_of(&info, task, now);
     let goal = match task {
         Some(t) => format!("task {t} of key {}", info.id),
@@ -92,20 +97,13 @@ pub(super) async fn run_of_key(
     ))
 }
 
-/// The key's counts of the day read from the gate's runs of the day (open or stopped,
-/// its principal's), the first time the key is used since the daemon started.
-async fn seed(proxy: &Proxy, ring: &KeyRing, info: &KeyInfo, now: u64) -> Result<(), Refusal> {
-    let spend = ring.spend();
-    if spend.seeded(&info.id) {
-        return Ok(());
+impl KeyGate for Proxy {
+    fn ask<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(Arc<dyn Gatekeeper>, Done<T>) + Send + 'static,
+    ) -> Asked<'_, T> {
+        Box::pin(self.gate(f))
     }
-    let prefix = keys::runs_today(&info.id, now);
-    let runs = proxy
-        .gate(move |gate, done| done(gate.runs_named(&prefix)))
-        .await
-        .map_err(|_| unavailable())?;
-    spend.seed(&info.id, keys::day_use(&runs, info.principal, now));
-    Ok(())
 }
 
 /// The refusal of a call or start that does not fit the key's day, and the reason it is
@@ -150,7 +148,7 @@ pub(super) fn exceeded(id: &str, e: KeyDayExceeded) -> (Refusal, KeyRefusal) {
 }
 
 /// Start `run` (named at `named_ms`) for the key's principal, unless it exists (then it
-/// continues), within the key's runs per day of the run's day.
+/// continues), within the key's runs per day of the run's day ([`key_run`]).
 async fn start(
     proxy: &Proxy,
     ring: &KeyRing,
@@ -158,29 +156,12 @@ async fn start(
     (run, named_ms): (&str, u64),
     goal: String,
 ) -> Result<(), Refusal> {
-    let uid = info.principal;
     // The principal is the run's owner: its budget, open runs and ownership are the
     // uid's, as if it had started the run on the agent socket.
     let caller = Caller {
-        uid: Some(uid),
+        uid: Some(info.principal),
         operator: false,
         proxied: false,
-    };
-    // Most calls continue a run: a read, not a start's transaction.
-    if owned(proxy, caller, run).await? {
-        return Ok(());
-    }
-    let spend = ring.spend();
-    let slot = match spend.start_run(&info.id, &keys::day_limits(info), named_ms) {
-        Ok(slot) => slot,
-        // The key's last run of the day may be the one its other call of this task is
-        // starting right now: read once more before refusing.
-        Err(_) if owned(proxy, caller, run).await? => return Ok(()),
-        Err(e) => {
-            let (refusal, why) = exceeded(&info.id, e);
-            spend.refused(why);
-            return Err(refusal);
-        }
     };
     let req = StartRequest {
         run: run.to_owned(),
@@ -192,21 +173,23 @@ async fn start(
         worker: Some("tally-proxy".to_owned()),
         credential: None,
     };
-    match counted_start(proxy, caller, req, slot).await {
+    match key_run::run_for_key(proxy, ring, info, (caller, named_ms), req).await {
         Ok(_) => Ok(()),
-        // Started between the read and the start: by this key's other call, or by
-        // someone else, whose run the key must not use. Read again, as its owner.
-        Err(GateError::RunExists(_)) => match owned(proxy, caller, run).await? {
-            true => Ok(()),
-            false => Err(not_the_keys(run, "it was started and then forgotten")),
-        },
-        Err(GateError::Unavailable(_)) => Err(unavailable()),
-        Err(GateError::Refused(reason)) => Err(Refusal::reason(
+        Err(KeyRunError::Day(e)) => {
+            let (refusal, why) = exceeded(&info.id, e);
+            ring.spend().refused(why);
+            Err(refusal)
+        }
+        Err(KeyRunError::Read(GateError::Unavailable(_)))
+        | Err(KeyRunError::Start(GateError::Unavailable(_))) => Err(unavailable()),
+        Err(KeyRunError::Read(e)) => Err(not_the_keys(run, &e.to_string())),
+        Err(KeyRunError::Forgotten) => Err(not_the_keys(run, "it was started and then forgotten")),
+        Err(KeyRunError::Start(GateError::Refused(reason))) => Err(Refusal::reason(
             reason,
             None,
             format!("the key's run `{run}` cannot start: {}", reason.as_str()),
         )),
-        Err(GateError::TooManyRuns { max, .. }) => Err(Refusal::own(
+        Err(KeyRunError::Start(GateError::TooManyRuns { max, .. })) => Err(Refusal::own(
             StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::TooManyRuns,
             format!("the key's principal holds {max} open runs (the policy's max_open_runs_per_uid): stop finished ones"),
@@ -216,50 +199,6 @@ async fn start(
             ErrorCode::Refused,
             format!("the key's run `{run}` cannot start: {e}"),
         )),
-    }
-}
-
-/// The gate's start of a key's run, its `slot` on the key's day going with the gate's
-/// answer: kept if the run started, else given back (dropped), there and once, even if
-/// this call's client has gone away by then.
-async fn counted_start(
-    proxy: &Proxy,
-    caller: Caller,
-    req: StartRequest,
-    slot: RunSlot,
-) -> Result<tally_wire::Started, GateError> {
-    proxy
-        .gate(move |gate, done| {
-            gate.start(
-                caller,
-                req,
-                Box::new(move |r| {
-                    // Kept or given back before the answer goes: a request the answer
-                    // lets through next reads the day as it is.
-                    if r.is_ok() {
-                        slot.started();
-                    } else {
-                        drop(slot);
-                    }
-                    done(r)
-                }),
-            )
-        })
-        .await
-}
-
-/// Whether `run` exists and is `caller`'s (`false`: not known). A run of that name
-/// another uid started is not the key's (its owner's budget would pay): refused.
-async fn owned(proxy: &Proxy, caller: Caller, run: &str) -> Result<bool, Refusal> {
-    let name = run.to_owned();
-    match proxy
-        .gate(move |gate, done| done(gate.run(caller, &name)))
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(GateError::RunNotFound(_)) => Ok(false),
-        Err(GateError::Unavailable(_)) => Err(unavailable()),
-        Err(e) => Err(not_the_keys(run, &e.to_string())),
     }
 }
 
