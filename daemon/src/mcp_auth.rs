@@ -3,9 +3,9 @@
 //! (`tlk_`, docs/KEYS.md) names the run of its task (`x-tally-task`) or its current run.
 //! Every request's credential is only read ([`Credentials::holder`]); an `initialize`
 //! alone opens a session ([`Credentials::open`]): then, and only then, a key's run is
-//! started under the key's principal, within the key's runs per day, or continued (the
-//! gateway stops a key's run, however found, when the last session on it ends).
-//! Anything else is refused (401), nothing contacted.
+//! started under the key's principal, within the key's runs per day (the gateway stops
+//! it when the last session on it ends), or continued. Anything else is refused (401),
+//! nothing contacted.
 //!
 //! The session's checks and outcomes go through the agent socket's own handlers, on an
 //! in-process connection whose peer is the run's owner ([`dialer`]): the path
@@ -67,9 +67,7 @@ impl Credentials for Auth {
             // A key's run is its principal's (read as such when it was continued, or
             // started as such): its owner is not read again, so a run the key started
             // is never left unstopped by a failed second read.
-            let held = held(&app, &headers)?;
-            let is_key = matches!(held, Held::Key(_));
-            let (run, started, owner) = match held {
+            let (run, started, owner) = match held(&app, &headers)? {
                 Held::Run(run) => {
                     let owner = owner(&app, &run).await?;
                     (run, false, owner)
@@ -85,10 +83,6 @@ impl Credentials for Auth {
             Ok(Authorized {
                 run,
                 started,
-                // A key's run is the gateway's to stop, however it was found: one a
-                // session continued (its last session ended while a refusal waited for
-                // a human, or a restart left it open) would otherwise stay open.
-                ends_with_sessions: is_key,
                 gate: Arc::new(move || {
                     tally_api::GateClient::dialed("tally serve (in-process)", Arc::clone(&dialer))
                 }),

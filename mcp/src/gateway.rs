@@ -44,11 +44,9 @@ pub const SEPARATOR: &str = "__";
 pub struct Authorized {
     /// The run it acts in.
     pub run: String,
-    /// Whether opening the session started the run (a key's new run).
+    /// Whether opening the session started the run (a key's new run): the gateway stops
+    /// the run when the last session on it ends (DELETE, the idle bound, its stop).
     pub started: bool,
-    /// Whether the gateway stops the run when the last session on it ends (DELETE, the
-    /// idle bound, its stop): a key's run, started or continued; never a run token's.
-    pub ends_with_sessions: bool,
     /// A client of the gate that acts as the run's owner.
     pub gate: Arc<dyn Fn() -> tally_api::GateClient + Send + Sync>,
 }
@@ -58,7 +56,6 @@ impl std::fmt::Debug for Authorized {
         f.debug_struct("Authorized")
             .field("run", &self.run)
             .field("started", &self.started)
-            .field("ends_with_sessions", &self.ends_with_sessions)
             .finish_non_exhaustive()
     }
 }

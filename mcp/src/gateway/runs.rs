@@ -1,12 +1,12 @@
 //! The runs the gateway's sessions act in, each with a count of what holds it: an
-//! `initialize` being answered, then the session it opened. A run the gateway stops (a
-//! key's, started or continued) is stopped when the last of them lets go, and only then: two
+//! `initialize` being answered, then the session it opened. A run the gateway started
+//! (a key's new run) is stopped when the last of them lets go, and only then: two
 //! sessions of one key share its run, and the first to end does not stop it under the
 //! other. Each hold is given back exactly once (its drop), so the stop is made exactly
 //! once; the gateway's shutdown waits until every hold is given back and every stop
 //! made. A run whose stop is under way stays in the table, marked, until the stop is
-//! recorded: a new hold on it is refused until then ([`NotHeld::Stopping`]), and a hold on a run
-//! read as running before a stop was recorded is refused as stale ([`NotHeld::Stale`]), so
+//! recorded: a new hold on it is refused until then ([`Stopping`]), and a hold on a run
+//! read as running before a stop was recorded is refused as stale ([`Runs::hold`]), so
 //! that no new session acts in a run stopped under it.
 
 use std::collections::HashMap;
@@ -33,9 +33,9 @@ pub(super) type Shared = Arc<Mutex<Ending>>;
 
 struct Entry {
     holds: usize,
-    /// Whether the run is the gateway's to stop (a key's): it is then stopped when its
-    /// last hold is given back.
-    ends_with_sessions: bool,
+    /// Whether an `initialize` of the gateway started the run: it is then stopped when
+    /// its last hold is given back.
+    started: bool,
     ending: Shared,
     /// Its last hold was given back and its stop is under way, not recorded yet.
     stopping: bool,
@@ -97,8 +97,8 @@ impl Runs {
         self.stops.load(Ordering::SeqCst)
     }
 
-    /// One more hold on `run` (its `ends_with_sessions` counts: the run is then the
-    /// gateway's to stop), read as running when [`Runs::stops`] was `seen`. Refused while the run's
+    /// One more hold on `run` (its `started` counts: the run is then the gateway's to
+    /// stop), read as running when [`Runs::stops`] was `seen`. Refused while the run's
     /// stop is under way, and for a run the gateway did not start when any stop was
     /// recorded since `seen` (it may have been this one: read it again).
     pub(super) fn hold(self: &Arc<Self>, run: Authorized, seen: u64) -> Result<Hold, NotHeld> {
@@ -113,12 +113,12 @@ impl Runs {
             }
             let entry = inner.entry(run.run.clone()).or_insert_with(|| Entry {
                 holds: 0,
-                ends_with_sessions: false,
+                started: false,
                 ending: Shared::default(),
                 stopping: false,
             });
             entry.holds += 1;
-            entry.ends_with_sessions |= run.ends_with_sessions;
+            entry.started |= run.started;
             Arc::clone(&entry.ending)
         };
         self.pending.send_modify(|n| *n += 1);
@@ -147,7 +147,7 @@ impl Runs {
         self.lock().get(run).map_or(0, |e| e.holds)
     }
 
-    /// A hold on `run` given back: whether it was the last of a run the gateway stops
+    /// A hold on `run` given back: whether it was the last of a run the gateway started
     /// (then the caller stops it), and how.
     fn release(&self, run: &str) -> Option<Reason> {
         let mut inner = self.lock();
@@ -159,7 +159,7 @@ impl Runs {
         if entry.holds > 0 {
             return None;
         }
-        if !entry.ends_with_sessions {
+        if !entry.started {
             inner.remove(run);
             return None;
         }
@@ -263,7 +263,6 @@ mod tests {
         Authorized {
             run: name.to_owned(),
             started,
-            ends_with_sessions: started,
             gate: Arc::new(|| tally_api::GateClient::new("/nonexistent")),
         }
     }

@@ -217,7 +217,6 @@ mod tests {
         Authorized {
             run: "r".to_owned(),
             started: false,
-            ends_with_sessions: false,
             gate: Arc::new(|| tally_api::GateClient::new("/nonexistent")),
         }
     }
