@@ -114,8 +114,11 @@ pub async fn run_for_key(
     if let Some(state) = owned(gate, caller, &run).await.map_err(KeyRunError::Read)? {
         return Ok(KeyRun::Continued(state));
     }
-    // A start of this run under way finishes first: read again in turn.
-    let _turn = ring.starts().turn(&run).await;
+    // A start of this run under way finishes first: read again in turn. The turn is
+    // let go when the gate answers the start (below), not when this future ends: a
+    // caller that hangs up mid-start does not let the next one read before the run
+    // exists and be refused for the day's slot the start still holds.
+    let turn = ring.starts().turn(&run).await;
     if let Some(state) = owned(gate, caller, &run).await.map_err(KeyRunError::Read)? {
         return Ok(KeyRun::Continued(state));
     }
@@ -136,6 +139,7 @@ pub async fn run_for_key(
                     } else {
                         drop(slot);
                     }
+                    drop(turn);
                     done(r)
                 }),
             )

@@ -9,7 +9,7 @@
 //! read as running before a stop was recorded is refused as stale ([`Runs::hold`]), so
 //! that no new session acts in a run stopped under it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -19,6 +19,10 @@ use tokio::sync::watch;
 
 use super::Authorized;
 use crate::gate::Gate;
+
+/// How many of the last stops a hold can tell apart by run: past them, a run read before
+/// more stops than this were made is read again.
+const RECENT_STOPS: usize = 1024;
 
 /// How a run's sessions left it: the gate's last refusal in it (an allow clears it) and
 /// whether a non-idempotent write's outcome is unknown. Shared by the run's sessions.
@@ -59,6 +63,9 @@ pub(super) struct Runs {
     /// How many stops the gateway made (recorded or failed) so far: changed under the
     /// table's lock.
     stops: AtomicU64,
+    /// The last stops made, by number (1, 2, ...) and run: a hold asks whether its own
+    /// run is among those made since it was read. Changed under the table's lock.
+    recent: Mutex<VecDeque<(u64, String)>>,
     /// Told each time a stop is made (after the table's lock is let go).
     made: watch::Sender<()>,
     /// The worker name the gateway's stops are recorded with.
@@ -82,6 +89,7 @@ impl Runs {
             inner: Mutex::default(),
             pending: watch::Sender::new(0),
             stops: AtomicU64::new(0),
+            recent: Mutex::default(),
             made: watch::Sender::new(()),
             worker,
         }
@@ -99,8 +107,9 @@ impl Runs {
 
     /// One more hold on `run` (its `started` counts: the run is then the gateway's to
     /// stop), read as running when [`Runs::stops`] was `seen`. Refused while the run's
-    /// stop is under way, and for a run the gateway did not start when any stop was
-    /// recorded since `seen` (it may have been this one: read it again).
+    /// stop is under way, and for a run the gateway did not start when a stop of it may
+    /// have been recorded since `seen` (read it again). Stops of other runs do not
+    /// count, so that sessions ending elsewhere never refuse this one.
     pub(super) fn hold(self: &Arc<Self>, run: Authorized, seen: u64) -> Result<Hold, NotHeld> {
         let ending = {
             let mut inner = self.lock();
@@ -108,7 +117,7 @@ impl Runs {
                 return Err(NotHeld::Stopping);
             }
             // Read under the table's lock: a stop recorded later finds this hold.
-            if !run.started && self.stops() != seen {
+            if !run.started && self.stopped_since(&run.run, seen) {
                 return Err(NotHeld::Stale);
             }
             let entry = inner.entry(run.run.clone()).or_insert_with(|| Entry {
@@ -139,6 +148,24 @@ impl Runs {
             made.wait_for(|_| !self.lock().get(run).is_some_and(|e| e.stopping)),
         )
         .await;
+    }
+
+    /// Whether a stop of `run` may have been made since [`Runs::stops`] was `seen`: one
+    /// remembered under its name, or more stops than are remembered (the conservative
+    /// side). Called under the table's lock.
+    fn stopped_since(&self, run: &str, seen: u64) -> bool {
+        let now = self.stops();
+        if now == seen {
+            return false;
+        }
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let oldest = recent.front().map_or(now.saturating_add(1), |(n, _)| *n);
+        oldest > seen.saturating_add(1)
+            || recent
+                .iter()
+                .rev()
+                .take_while(|(n, _)| *n > seen)
+                .any(|(_, r)| r == run)
     }
 
     /// How many holds `run` has.
@@ -185,7 +212,12 @@ impl Runs {
             if inner.get(run).is_some_and(|e| e.stopping) {
                 inner.remove(run);
             }
-            self.stops.fetch_add(1, Ordering::SeqCst);
+            let made = self.stops.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if recent.len() == RECENT_STOPS {
+                recent.pop_front();
+            }
+            recent.push_back((made, run.to_owned()));
         }
         self.made.send_replace(());
     }
@@ -320,6 +352,29 @@ mod tests {
         // Read after: held (the caller read its state again).
         let _b = runs.hold(run("r", false), runs.stops()).expect("held");
         std::mem::forget(a);
+    }
+
+    #[test]
+    fn stops_of_other_runs_leave_a_reading_fresh_until_too_many_to_tell() {
+        let runs = Arc::new(Runs::new(None));
+        let seen = runs.stops();
+        runs.stopped("other");
+        let _a = runs
+            .hold(run("r", false), seen)
+            .expect("another run's stop: fresh");
+        for i in 0..RECENT_STOPS {
+            runs.stopped(&format!("o{i}"));
+        }
+        assert_eq!(
+            runs.hold(run("r", false), seen).err(),
+            Some(NotHeld::Stale),
+            "more stops than remembered since it was read: read again"
+        );
+        let seen = runs.stops();
+        runs.stopped("r");
+        runs.stopped("later");
+        assert_eq!(runs.hold(run("r", false), seen).err(), Some(NotHeld::Stale));
+        let _b = runs.hold(run("q", false), seen).expect("fresh");
     }
 
     #[tokio::test]
