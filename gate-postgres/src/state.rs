@@ -150,7 +150,7 @@ impl PostgresTxn<'_> {
     }
 
     /// A tool's state (locked).
-    fn load_tool(&mut self, tool: &str) -> Result<ToolState, GateError> {
+    pub(crate) fn load_tool(&mut self, tool: &str) -> Result<ToolState, GateError> {
         if let Some(t) = self.tools.get(tool) {
             return Ok(t.clone());
         }

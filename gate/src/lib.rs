@@ -254,6 +254,11 @@ impl<B: StateBackend> Gate<B> {
         &self.ledger
     }
 
+    /// The state backend (its own counters and views, for tests and metrics).
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
     /// Round trips to a networked state backend so far (None for the embedded store).
     pub fn backend_round_trips(&self) -> Option<u64> {
         self.backend.round_trips()

@@ -7,15 +7,17 @@
 //! pauses, stops and kills of runs at home elsewhere, which take the home back.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use tally_gate::backend::{
-    Committed, Keys, Overview, Snapshot, StateBackend, StateReads, StateTxn, Write,
+    Committed, Keys, Observed, Overview, Snapshot, StateBackend, StateReads, StateTxn, Write,
 };
 use tally_gate::GateError;
-use tally_policy::RunState;
+use tally_policy::{RunState, ToolState};
 
+use super::breakers::{self, Views};
 use super::holder::Slices;
 use super::home::{self, Found, Home, TakenOn, TakenOns};
 use super::types::{Amounts, Caps, Scope, ScopeKind};
@@ -25,8 +27,10 @@ use crate::Postgres;
 
 /// The gate's state in PostgreSQL with leased runs decided at home on this holder.
 pub struct Leased {
-    central: Postgres,
+    central: Arc<Postgres>,
     slices: Arc<Slices>,
+    /// The tools' breakers as this holder sees them ([`super::breakers`]).
+    views: Arc<Views>,
     homes: Mutex<BTreeMap<String, Home>>,
     /// Where each open attempt's use was counted, apart from the copies (which an
     /// uncommitted decision lets go).
@@ -43,11 +47,21 @@ impl std::fmt::Debug for Leased {
 }
 
 impl Leased {
-    /// The central backend, with this holder's slices.
+    /// The central backend, with this holder's slices. Every tick of the slices ends
+    /// with the tools' breakers' views flushed and refreshed.
     pub fn new(central: Postgres, slices: Arc<Slices>) -> Leased {
+        let (central, views) = (Arc::new(central), Arc::new(Views::default()));
+        let (c, v) = (Arc::downgrade(&central), Arc::downgrade(&views));
+        slices.after_tick(Box::new(move || {
+            if let (Some(c), Some(v)) = (Weak::upgrade(&c), Weak::upgrade(&v)) {
+                breakers::flush(&c, &v);
+                breakers::refresh(&c, &v);
+            }
+        }));
         Leased {
             central,
             slices,
+            views,
             homes: Mutex::new(BTreeMap::new()),
             taken: Mutex::new(BTreeMap::new()),
         }
@@ -56,6 +70,12 @@ impl Leased {
     /// The holder's slices (its counters, its ticks).
     pub fn slices(&self) -> &Arc<Slices> {
         &self.slices
+    }
+
+    /// Outcomes seen here whose breaker's fold has not reached the tool's row yet (the
+    /// next tick, or [`StateBackend::close`], folds them there).
+    pub fn unflushed(&self) -> usize {
+        self.views.pending()
     }
 
     /// The runs at home here now, by name.
@@ -115,6 +135,8 @@ impl StateBackend for Leased {
             backend: self,
             homed: BTreeMap::new(),
             elsewhere: BTreeMap::new(),
+            viewed: BTreeSet::new(),
+            watched: BTreeSet::new(),
             committed: false,
         })
     }
@@ -142,6 +164,7 @@ impl StateBackend for Leased {
     /// Every slice given back, saying what was used (the runs' rows are already
     /// written through): what was left of them is the fleet's again at once.
     fn close(&self) {
+        breakers::flush(&self.central, &self.views);
         self.slices.close();
     }
 }
@@ -155,6 +178,12 @@ pub struct LeasedTxn<'a> {
     /// Runs at home on another holder (by name: that holder), read and locked: only a
     /// pause, resume or stop of them is decided (it takes the home back).
     elsewhere: BTreeMap<String, String>,
+    /// Tools decided from this holder's view of their breaker (their rows neither
+    /// locked nor written).
+    viewed: BTreeSet<String>,
+    /// Tools that could be viewed, read and locked centrally here: their views follow
+    /// what this transaction writes.
+    watched: BTreeSet<String>,
     /// Committed: the copies kept are what the rows hold.
     committed: bool,
 }
@@ -211,21 +240,30 @@ impl StateTxn for LeasedTxn<'_> {
                 s.runs.insert(run.to_owned(), state);
             }
         }
-        let rest = Keys {
+        let mut rest = Keys {
             runs: Vec::new(),
             ..keys.clone()
         };
+        rest.tools.retain(|tool| match self.view_of(tool, keys) {
+            Some(state) => {
+                s.tools.insert((*tool).to_owned(), state);
+                false
+            }
+            None => true,
+        });
         s.absorb(self.inner.load(&rest)?);
         Ok(s)
     }
 
     fn commit(mut self, write: Write<'_>, done: Committed) -> Result<(), GateError> {
         let Write {
-            snapshot,
+            mut snapshot,
             durable,
             records,
             deferred,
+            observed,
         } = write;
+        let viewed = self.viewed_after(&mut snapshot.tools, observed);
         let mut runs = snapshot.runs;
         let after: BTreeMap<String, RunState> = self
             .homed
@@ -246,13 +284,20 @@ impl StateTxn for LeasedTxn<'_> {
         let version = match self.inner.persist(durable, &moves.extra) {
             Ok(v) => v,
             Err(e) => {
-                if !self.inner.unsure {
+                if self.inner.unsure {
+                    // It may have committed: its outcomes count (the closed side).
+                    self.seen_here(viewed);
+                } else {
                     self.untake(&moves);
                 }
                 return Err(e);
             }
         };
         self.committed = true;
+        self.seen_here(viewed);
+        if !durable.is_empty() {
+            self.seen_central();
+        }
         self.settled(moves);
         let batch = (records)(version)?;
         let ledger = &self.backend.central.ledger;
@@ -262,6 +307,73 @@ impl StateTxn for LeasedTxn<'_> {
             ledger.submit_with_state(batch.plaintexts, batch.ledger_state, done);
         }
         Ok(())
+    }
+}
+
+/// A tool decided from the view: its breaker as the decision left it, and the outcomes
+/// it folded there.
+type ViewedTool = (String, ToolState, Vec<Observed>);
+
+impl LeasedTxn<'_> {
+    /// The tool's state from this holder's view, if the decision may read it there: the
+    /// policy counts nothing per call for tools (no rate bucket, no calls in flight),
+    /// every run of the transaction is at home here, and the view is not half-open.
+    /// A tool that could be viewed but is read centrally is watched: its view follows.
+    fn view_of(&mut self, tool: &str, keys: &Keys<'_>) -> Option<ToolState> {
+        let idle = keys.idle.as_ref()?;
+        if !breakers::viewable(idle.policy) {
+            return None;
+        }
+        let views = &self.backend.views;
+        views.remember(idle.policy);
+        let home_only = self.inner.runs.is_empty() && !self.homed.is_empty();
+        let open_ms = idle.policy.breaker.open_ms;
+        match home_only.then(|| views.decide_from(tool, idle.now_ms, open_ms)) {
+            Some(Some(state)) => {
+                self.viewed.insert(tool.to_owned());
+                Some(state)
+            }
+            _ => {
+                self.watched.insert(tool.to_owned());
+                None
+            }
+        }
+    }
+
+    /// The tools decided from the view, taken out of what is written: each with its
+    /// state after the decision and the outcomes folded into it.
+    fn viewed_after(
+        &self,
+        tools: &mut BTreeMap<String, ToolState>,
+        observed: Vec<Observed>,
+    ) -> Vec<ViewedTool> {
+        let mut out: Vec<ViewedTool> = self
+            .viewed
+            .iter()
+            .filter_map(|t| tools.remove(t).map(|s| (t.clone(), s, Vec::new())))
+            .collect();
+        for o in observed {
+            if let Some(v) = out.iter_mut().find(|v| v.0 == o.tool) {
+                v.2.push(o);
+            }
+        }
+        out
+    }
+
+    /// The views of the tools decided here take what the decision left.
+    fn seen_here(&self, viewed: Vec<ViewedTool>) {
+        for (tool, state, observed) in viewed {
+            self.backend.views.decided(&tool, state.breaker, observed);
+        }
+    }
+
+    /// The watched tools' rows as this transaction wrote them: their views follow.
+    fn seen_central(&self) {
+        for tool in &self.watched {
+            if let Some(t) = self.inner.tools.get(tool) {
+                self.backend.views.seen(tool, t.breaker.clone());
+            }
+        }
     }
 }
 

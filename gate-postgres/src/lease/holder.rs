@@ -134,7 +134,13 @@ pub struct Slices {
     pub(super) ticking: Mutex<()>,
     metrics: LeaseMetrics,
     sink: Option<Sink>,
+    /// Run at the end of every tick, on the lease thread (the leased backend's breaker
+    /// views flushed and refreshed: [`Slices::after_tick`]).
+    after: Mutex<Option<AfterTick>>,
 }
+
+/// Work done at the end of every tick.
+pub(crate) type AfterTick = Box<dyn Fn() + Send + Sync>;
 
 fn add(a: &Amounts, b: &Amounts) -> Amounts {
     let (a, b) = (a.each(), b.each());
@@ -187,6 +193,7 @@ impl Slices {
             ticking: Mutex::new(()),
             metrics: LeaseMetrics::default(),
             sink,
+            after: Mutex::new(None),
         };
         let mut local = slices.lock();
         for lease in slices.leases.adopted().to_vec() {
@@ -481,6 +488,18 @@ impl Slices {
         let held = std::mem::take(&mut local.held);
         for (_, h) in held {
             self.give_back(&mut local, h.lease, h.used);
+        }
+    }
+
+    /// `work` done at the end of every tick from now on (in place of any before).
+    pub(crate) fn after_tick(&self, work: AfterTick) {
+        *self.after.lock().unwrap_or_else(|e| e.into_inner()) = Some(work);
+    }
+
+    /// The work done at the end of a tick, if any.
+    pub(super) fn ticked(&self) {
+        if let Some(work) = self.after.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            work();
         }
     }
 

@@ -13,6 +13,7 @@
 //! inside them ([`home`]), [`open_leased`] and [`spawn_timer`] how a daemon opens it.
 
 mod backend;
+mod breakers;
 mod calls;
 mod central;
 mod events;

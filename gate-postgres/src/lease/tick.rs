@@ -98,6 +98,7 @@ impl Slices {
             }
             Err(_) => ticked.unavailable = true,
         }
+        self.ticked();
         ticked
     }
 

@@ -113,6 +113,27 @@ pub struct Write<'a> {
     /// Queued with [`tally_ledger::Ledger::submit_deferred`] (it rides the next
     /// decision's fsync), else with [`tally_ledger::Ledger::submit_with_state`].
     pub deferred: bool,
+    /// The outcomes this commit folded into a tool's breaker, in order: for a backend
+    /// that keeps a tool's breaker apart from its row and folds them there later (the
+    /// leased backend's view of a breaker). Already folded into `snapshot`.
+    pub observed: Vec<Observed>,
+}
+
+/// An outcome as a tool's breaker folds it ([`tally_policy::breaker_outcome`]): its
+/// tool, its call (run and attempt: [`tally_policy::state::call_id`]), what it said and
+/// when it was decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// The attempt's tool.
+    pub tool: String,
+    /// The run.
+    pub run: String,
+    /// The attempt.
+    pub attempt: u64,
+    /// What the outcome said of the call.
+    pub status: tally_ledger::Status,
+    /// When it was decided.
+    pub now: tally_policy::Now,
 }
 
 /// The listing reads, in the transaction: no scope is loaded by them (a run to act on
