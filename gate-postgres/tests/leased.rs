@@ -211,6 +211,22 @@ fn race(gates: &[Arc<Host>], run: &str) -> Vec<u64> {
 
 #[test]
 fn two_holders_racing_one_runs_last_cents_never_pass_its_budget() {
+    race_for_the_last_cents("[approvals]\nask_on = []\n");
+}
+
+/// The race above with the tool's breaker read from each holder's view (no tool rate
+/// bucket, no limit on calls in flight: the tool's row is not locked by a decision at
+/// home; the races' ticks flush and refresh the views meanwhile).
+#[test]
+fn two_holders_racing_one_runs_last_cents_with_breakers_from_a_view() {
+    race_for_the_last_cents(
+        "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[approvals]\nask_on = []\n",
+    );
+}
+
+/// Two holders x 8 workers race for a run's 1,000 cents at 30 a call under `policy`:
+/// exactly 33 allowed, the scope settles exactly that, and a third holder gets nothing.
+fn race_for_the_last_cents(policy: &str) {
     let Some(cluster) = Cluster::start() else {
         return;
     };
@@ -222,7 +238,7 @@ fn two_holders_racing_one_runs_last_cents_never_pass_its_budget() {
     let gates: Vec<Arc<Host>> = ["host-a", "host-b"]
         .iter()
         .zip(&dirs)
-        .map(|(h, d)| Arc::new(leased(&cluster, d.path(), h, &clock)))
+        .map(|(h, d)| Arc::new(leased_under(&cluster, d.path(), h, &clock, policy)))
         .collect();
     // 1,000 cents at 30 a call: 33 calls; 40 attempts: the cents run out first.
     start(
@@ -254,7 +270,7 @@ fn two_holders_racing_one_runs_last_cents_never_pass_its_budget() {
     assert_eq!(settled_n, 990 * 10_000_000, "30 cents each, in nanodollars");
     // A third gate, on the run's row: the budget's last 10 cents, nothing more.
     let dir = tempfile::tempdir().expect("dir");
-    let late = leased(&cluster, dir.path(), "host-c", &clock);
+    let late = leased_under(&cluster, dir.path(), "host-c", &clock, policy);
     assert_eq!(
         verdict(&check_retried(&late, "r", 30, 50)),
         "Deny ReservationInsufficient"

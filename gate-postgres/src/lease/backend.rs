@@ -386,7 +386,7 @@ struct Moves {
     extra: Extra,
     keep: Vec<(String, Option<Home>)>,
     gives: Vec<(Scope, i64, Amounts)>,
-    takes: Vec<(Scope, i64, Amounts)>,
+    takes: Vec<(Scope, Option<i64>, Amounts)>,
     opened: Vec<(String, u64, TakenOn)>,
     closed: Vec<(String, u64)>,
 }
@@ -576,10 +576,13 @@ impl LeasedTxn<'_> {
         let scopes = [scope.clone()];
         match self.backend.slices.take_on(&scopes, need, Instant::now) {
             Ok((_, Some(id))) => {
-                moves.takes.push((scope.clone(), id, need));
+                moves.takes.push((scope.clone(), Some(id), need));
                 Ok(TakenOn::Slice(id))
             }
-            Ok((_, None)) => Ok(TakenOn::Central),
+            Ok((_, None)) => {
+                moves.takes.push((scope.clone(), None, need));
+                Ok(TakenOn::Central)
+            }
             Err(e) => Err(GateError::Unavailable(format!(
                 "{e}: no slice covers this use, nothing recorded (retry)"
             ))),
@@ -605,8 +608,8 @@ impl LeasedTxn<'_> {
     /// Rolled back for certain: what was taken on this holder's slices for it is
     /// given back on them.
     fn untake(&self, moves: &Moves) {
-        for (scope, id, need) in &moves.takes {
-            self.backend.slices.give_on(scope, *id, *need);
+        for (scope, on, need) in &moves.takes {
+            self.backend.slices.untake(scope, *on, *need);
         }
     }
 

@@ -433,6 +433,18 @@ impl Slices {
         true
     }
 
+    /// A use of `need` in `scope` whose decision rolled back for certain, given back
+    /// where it was counted: on slice `on` while this holder still holds it; otherwise
+    /// (taken centrally, `None`; or its slice went back since, saying it used it) the
+    /// scope is settled down by it ([`Leases::unspend`]). A give-back the database did
+    /// not answer is not retried: the room stays counted (the closed side).
+    pub fn untake(&self, scope: &Scope, on: Option<i64>, need: Amounts) {
+        if on.is_some_and(|id| self.give_on(scope, id, need)) {
+            return;
+        }
+        let _ = self.leases.unspend(scope, need);
+    }
+
     /// Return a slice saying `used`, without the holder's lock while the database
     /// answers; kept to retry if it did not. Whether the database confirmed the return.
     pub(super) fn give_back_unlocked(&self, lease: Lease, used: Amounts) -> bool {
