@@ -321,6 +321,7 @@ impl Postgres {
                 lease_step: p("SELECT tally_lease_step($1, $2, $3, $4, $5, $6, $7, $8)")?,
                 home_read: p(lease::HOME_READ)?,
                 home_guard: p(lease::HOME_GUARD)?,
+                home_guard_sealed: p(lease::HOME_GUARD_SEALED)?,
                 lease_raise: p(lease::LEASE_RAISE)?,
                 home_write: p(lease::HOME_WRITE)?,
             })

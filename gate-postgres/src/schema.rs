@@ -91,6 +91,7 @@ pub(crate) struct Statements {
     pub(crate) home_read: Statement,
     /// A run at home here locked, if still at home here (`lease::home`).
     pub(crate) home_guard: Statement,
+    pub(crate) home_guard_sealed: Statement,
     pub(crate) lease_raise: Statement,
     /// A run's state written by the holder it lives on (`lease::home::HOME_WRITE`).
     pub(crate) home_write: Statement,

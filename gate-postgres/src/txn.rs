@@ -136,9 +136,7 @@ impl PostgresTxn<'_> {
         match r {
             Ok((held, _)) if !held => {
                 self.begun = true;
-                Err(GateError::Unavailable(
-                    "a run decided here was taken back (a pause, resume or stop through another gate) or taken over by another host since: retry".into(),
-                ))
+                Err(taken_back())
             }
             Ok((_, rows)) => {
                 match commit {
@@ -285,6 +283,7 @@ impl PostgresTxn<'_> {
         let client = &conn.client;
         let st = &conn.st;
         let refused = std::cell::Cell::new(false);
+        let away = std::cell::Cell::new(false);
         let guards = std::mem::take(&mut self.guards);
         let r = self.backend.wait("to commit a decision's state", async {
             let params = last.as_ref().map(WriteRow::params);
@@ -303,7 +302,7 @@ impl PostgresTxn<'_> {
             // Requests go out on their futures' first polls, in order. A write that fails
             // before it is sent (its parameters do not encode) must not be followed by
             // the COMMIT of what came before it: polled once first, alone.
-            let guarded = guard_homes(client, &st.home_guard, &guards);
+            let guarded = guard_homes(client, &st.home_guard_sealed, &guards);
             let mut began = std::pin::pin!(futures::future::maybe_done(began));
             let mut guarded = std::pin::pin!(futures::future::maybe_done(guarded));
             let mut written = std::pin::pin!(futures::future::maybe_done(written));
@@ -328,7 +327,9 @@ impl PostgresTxn<'_> {
                 client.batch_execute("COMMIT")
             );
             let write = written.as_mut().output_mut().map(|r| r.as_ref().map(drop));
-            refused.set(rolled_back(&stepped, &homed, write, &committed));
+            let guard = guarded.as_mut().output_mut().map(|r| r.as_ref().map(drop));
+            away.set(guard.as_ref().is_some_and(|r| r.is_err_and(moved)));
+            refused.set(rolled_back(&stepped, &homed, write, &committed) || away.get());
             if let Some(r) = began.as_mut().take_output() {
                 r?;
             }
@@ -345,6 +346,11 @@ impl PostgresTxn<'_> {
             committed?;
             Ok(version.get::<_, i64>(0))
         });
+        if away.get() {
+            // Answered in full: its COMMIT rolled back, the connection is clean.
+            self.open = false;
+            return Err(taken_back());
+        }
         self.sealed(r, refused.get())
     }
 
@@ -366,6 +372,19 @@ impl PostgresTxn<'_> {
             }
         }
     }
+}
+
+/// A guard's refusal in the last round trip: the run is no longer at home here
+/// ([`crate::lease::HOME_GUARD_SEALED`]).
+fn moved(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO)
+}
+
+/// A decision refused because a run it decided at home was taken back or over.
+fn taken_back() -> GateError {
+    GateError::Unavailable(
+        "a run decided here was taken back (a pause, resume or stop through another gate) or taken over by another host since: retry".into(),
+    )
 }
 
 /// Whether the server answered a statement of the last round trip (or its COMMIT)
@@ -565,3 +584,7 @@ impl Drop for PostgresTxn<'_> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "txn_tests.rs"]
+mod tests;

@@ -33,7 +33,7 @@ use tokio_postgres::{Client, NoTls, Row};
 pub use backend::{Leased, LeasedTxn};
 pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 pub use holder::{SliceError, SliceOptions, Slices, Taken};
-pub(crate) use home::{HOME_GUARD, HOME_READ, HOME_WRITE};
+pub(crate) use home::{HOME_GUARD, HOME_GUARD_SEALED, HOME_READ, HOME_WRITE};
 pub use open::{open_leased, spawn_timer, LeaseSetup};
 pub(crate) use sql::LEASE_RAISE;
 pub use tick::{spawn_ticks, Ticked};
