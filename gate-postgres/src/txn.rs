@@ -280,10 +280,8 @@ impl PostgresTxn<'_> {
             return Err(self.gone());
         };
         let begin = !self.begun;
-        let client = &conn.client;
-        let st = &conn.st;
-        let refused = std::cell::Cell::new(false);
-        let away = std::cell::Cell::new(false);
+        let (client, st) = (&conn.client, &conn.st);
+        let (refused, away) = (std::cell::Cell::new(false), std::cell::Cell::new(false));
         let guards = std::mem::take(&mut self.guards);
         let r = self.backend.wait("to commit a decision's state", async {
             let params = last.as_ref().map(WriteRow::params);
@@ -327,8 +325,7 @@ impl PostgresTxn<'_> {
                 client.batch_execute("COMMIT")
             );
             let write = written.as_mut().output_mut().map(|r| r.as_ref().map(drop));
-            let guard = guarded.as_mut().output_mut().map(|r| r.as_ref().map(drop));
-            away.set(guard.as_ref().is_some_and(|r| r.is_err_and(moved)));
+            away.set(matches!(guarded.as_mut().output_mut(), Some(Err(e)) if moved(e)));
             refused.set(rolled_back(&stepped, &homed, write, &committed) || away.get());
             if let Some(r) = began.as_mut().take_output() {
                 r?;
@@ -346,17 +343,23 @@ impl PostgresTxn<'_> {
             committed?;
             Ok(version.get::<_, i64>(0))
         });
-        if away.get() {
-            // Answered in full: its COMMIT rolled back, the connection is clean.
-            self.open = false;
-            return Err(taken_back());
-        }
-        self.sealed(r, refused.get())
+        self.sealed(r, refused.get(), away.get())
     }
 
     /// The last round trip's answer: its state version, or its failure (`refused`: the
-    /// server answered it with an error, so it rolled back for certain).
-    fn sealed(&mut self, r: Result<i64, GateError>, refused: bool) -> Result<u64, GateError> {
+    /// server answered it with an error, so it rolled back for certain; `away`: a run's
+    /// guard found it no longer at home here, and every statement was answered, so the
+    /// connection is clean).
+    fn sealed(
+        &mut self,
+        r: Result<i64, GateError>,
+        refused: bool,
+        away: bool,
+    ) -> Result<u64, GateError> {
+        if away {
+            self.open = false;
+            return Err(taken_back());
+        }
         match r {
             Ok(v) => {
                 self.open = false;

@@ -24,7 +24,8 @@ fn a_guard_finding_its_run_no_longer_at_home_rolls_the_last_round_trip_back() {
     let ledger = Arc::new(Ledger::open(&path).expect("open"));
     let pg = Postgres::open(ledger, &Options::new(&cluster.url())).expect("postgres");
     // A run whose row says it is at home on nobody: the guard of `host-a` finds no row.
-    cluster.psql("INSERT INTO tally_runs (name, state, version, open) VALUES ('r', '\\x00', 1, true)");
+    cluster
+        .psql("INSERT INTO tally_runs (name, state, version, open) VALUES ('r', '\\x00', 1, true)");
     let mut t = pg.begin().expect("begin");
     t.guards.push(("r".into(), ("host-a".into(), 1)));
     t.tools.insert("llm".into(), ToolState::default());
@@ -37,7 +38,11 @@ fn a_guard_finding_its_run_no_longer_at_home_rolls_the_last_round_trip_back() {
     assert!(!t.unsure, "rolled back for certain");
     drop(t);
     let tools = cluster.psql("SELECT count(*) FROM tally_tools WHERE name = 'llm'");
-    assert_eq!(tools.trim(), "0", "nothing sent with the guard was committed");
+    assert_eq!(
+        tools.trim(),
+        "0",
+        "nothing sent with the guard was committed"
+    );
     // The connection is clean: the next transaction commits.
     let mut t = pg.begin().expect("begin");
     t.tools.insert("llm".into(), ToolState::default());

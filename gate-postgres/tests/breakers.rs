@@ -165,11 +165,19 @@ fn a_failure_burst_at_home_trips_here_at_once_and_on_a_second_holder_within_one_
     // Three failures here: refused here at once, with the core's reason.
     fail(&f.a, "ra", 3);
     assert_eq!(verdict(check(&f.a, "ra")), OPEN, "tripped here at once");
-    assert_eq!(f.a.backend().unflushed(), 5, "five outcomes not yet in the row");
+    assert_eq!(
+        f.a.backend().unflushed(),
+        5,
+        "five outcomes not yet in the row"
+    );
     // Not yet on b (its view is the row's, which has not heard of them).
     allowed(&f.b, "rb");
     tick(&f.a);
-    assert_eq!(f.a.backend().unflushed(), 0, "folded into the row at the tick");
+    assert_eq!(
+        f.a.backend().unflushed(),
+        0,
+        "folded into the row at the tick"
+    );
     allowed(&f.b, "rb");
     tick(&f.b);
     assert_eq!(verdict(check(&f.b, "rb")), OPEN, "on b within one tick");

@@ -332,13 +332,17 @@ impl<B: StateBackend> Gate<B> {
             limits,
             overrun_nanos: record.overrun_nanos,
         };
-        let observed = touched.tool.clone().zip(record.status).map(|(tool, status)| Observed {
-            tool,
-            run: record.run.clone(),
-            attempt: record.attempt.unwrap_or(0),
-            status,
-            now,
-        });
+        let observed = touched
+            .tool
+            .clone()
+            .zip(record.status)
+            .map(|(tool, status)| Observed {
+                tool,
+                run: record.run.clone(),
+                attempt: record.attempt.unwrap_or(0),
+                status,
+                now,
+            });
         let commit = Commit::new(vec![record], vec![touched], answer);
         Ok(match observed {
             Some(o) => commit.observing(o),

@@ -121,7 +121,9 @@ impl Views {
             now: row.clone(),
         });
         v.now = match &policy {
-            Some(p) if !v.pending.is_empty() => fold(p, tool, only(row.clone()), &v.pending).breaker,
+            Some(p) if !v.pending.is_empty() => {
+                fold(p, tool, only(row.clone()), &v.pending).breaker
+            }
             _ => row.clone(),
         };
         v.row = row;

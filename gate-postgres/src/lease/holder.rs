@@ -510,7 +510,12 @@ impl Slices {
 
     /// The work done at the end of a tick, if any.
     pub(super) fn ticked(&self) {
-        if let Some(work) = self.after.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(work) = self
+            .after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
             work();
         }
     }
