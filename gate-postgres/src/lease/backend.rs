@@ -2,9 +2,12 @@
 //! over PostgreSQL, where a run with a lease scope is decided at home on this holder
 //! ([`super::home`]) and every use it makes of its budget is counted in the holder's
 //! slice of the run's scope ([`Slices::take_on`]); whatever no slice covers is refused
-//! as unavailable (retry), nothing recorded. Tools, credentials and principals stay
-//! central (their rows locked per decision, as without leases), and so do run starts,
-//! pauses, stops and kills of runs at home elsewhere, which take the home back.
+//! as unavailable (retry), nothing recorded. A tool's breaker is read from this
+//! holder's view where the policy counts nothing per call for tools ([`super::breakers`]:
+//! no rate bucket, no limit on calls in flight) and every run of the decision is at home
+//! here; otherwise tools, and always credentials and principals, stay central (their
+//! rows locked per decision, as without leases), and so do run starts, pauses, stops
+//! and kills of runs at home elsewhere, which take the home back.
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
