@@ -560,3 +560,53 @@ fn a_second_process_under_one_holder_name_never_writes_over_the_first() {
         "old Allow; new Allow; old again unavailable; new Allow attempt Some(3)"
     );
 }
+
+/// A use spent centrally (the scope's last units, another host asking) whose decision
+/// then rolled back for certain (its run taken back meanwhile) is given back: the scope
+/// settles what the answered decisions used, no more.
+#[test]
+fn a_central_spend_whose_decision_rolled_back_is_given_back() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = at_noon();
+    let dir = tempfile::tempdir().expect("dir");
+    // The tool's breaker from a view: the run's guard goes with the last round trip,
+    // after the use was taken.
+    let policy = "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[approvals]\nask_on = []\n";
+    let a = leased_under(&cluster, dir.path(), "host-a", &clock, policy);
+    start(&a, json!({"run": "g", "budget": {"attempts": 10}}));
+    let scope = Scope::new(ScopeKind::Run, "g");
+    // Allowed on a's slices until the one it holds has no room left.
+    let mut allowed = 0;
+    while slices(&a)
+        .held(&scope)
+        .is_none_or(|(granted, used)| used.attempts != granted.attempts)
+    {
+        assert_eq!(verdict(&check(&a, "g", 0)), "Allow");
+        allowed += 1;
+        assert!(allowed < 10, "a slice filled before the budget");
+    }
+    // Another host takes a slice of what is left but one attempt: the last one is
+    // spent centrally (two hosts asking).
+    let other = common::lease::manager(&cluster, "host-x", &clock);
+    let left = 10 - allowed;
+    let want = tally_gate_postgres::Amounts {
+        attempts: left - 1,
+        ..Default::default()
+    };
+    assert!(matches!(
+        other.grant(&scope, want).expect("granted"),
+        tally_gate_postgres::Grant::Granted(_)
+    ));
+    // The run's home taken back (as an earlier build's central write does) before a's
+    // next decision, which spends centrally and then fails its guard.
+    cluster.psql("UPDATE tally_runs SET version = version + 1 WHERE name = 'g'");
+    assert_eq!(verdict(&check(&a, "g", 0)), "unavailable");
+    let [settled] = amounts(&cluster, &scope, ["settled_attempts"]);
+    assert_eq!(
+        settled,
+        i64::try_from(allowed).expect("small"),
+        "the rolled-back spend was given back"
+    );
+}
