@@ -332,12 +332,12 @@ impl<B: StateBackend> Gate<B> {
             limits,
             overrun_nanos: record.overrun_nanos,
         };
-        let observed = touched
-            .tool
-            .clone()
+        // Only for a backend that keeps them (a copy per outcome otherwise for nothing).
+        let observed = (touched.tool.as_ref())
+            .filter(|_| self.backend.observes())
             .zip(record.status)
             .map(|(tool, status)| Observed {
-                tool,
+                tool: tool.clone(),
                 run: record.run.clone(),
                 attempt: record.attempt.unwrap_or(0),
                 status,

@@ -160,6 +160,11 @@ impl StateBackend for Leased {
         true
     }
 
+    /// Outcomes folded into a view's breaker are kept to fold into the tool's row.
+    fn observes(&self) -> bool {
+        true
+    }
+
     fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
         Some(self.slices.metrics().counts())
     }

@@ -72,6 +72,13 @@ pub trait StateBackend: Send + Sync {
         false
     }
 
+    /// Whether the backend wants the outcomes a commit folds into tools' breakers
+    /// ([`Write::observed`]); the gate leaves them out otherwise (a copy per outcome
+    /// spent for nothing). The default: no.
+    fn observes(&self) -> bool {
+        false
+    }
+
     /// What happened to this holder's leased slices so far, by event (`granted`,
     /// `renewed`, `returned`, `reclaimed`, `lost`, `refused`), for the daemon's
     /// metrics. `None` (the default): the backend leases nothing.
@@ -113,9 +120,10 @@ pub struct Write<'a> {
     /// Queued with [`tally_ledger::Ledger::submit_deferred`] (it rides the next
     /// decision's fsync), else with [`tally_ledger::Ledger::submit_with_state`].
     pub deferred: bool,
-    /// The outcomes this commit folded into a tool's breaker, in order: for a backend
-    /// that keeps a tool's breaker apart from its row and folds them there later (the
-    /// leased backend's view of a breaker). Already folded into `snapshot`.
+    /// The outcomes this commit folded into a tool's breaker, in order, where the
+    /// backend [`StateBackend::observes`] them: for a backend that keeps a tool's
+    /// breaker apart from its row and folds them there later (the leased backend's
+    /// view of a breaker). Already folded into `snapshot`.
     pub observed: Vec<Observed>,
 }
 
