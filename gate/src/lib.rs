@@ -254,7 +254,10 @@ impl<B: StateBackend> Gate<B> {
         &self.ledger
     }
 
-    /// The state backend (its own counters and views, for tests and metrics).
+    /// The state backend (its own counters and views), for tests only: its
+    /// transactions begin and commit state with no ledger record, so it is behind the
+    /// `testing` feature, which only dev-dependencies enable.
+    #[cfg(feature = "testing")]
     pub fn backend(&self) -> &B {
         &self.backend
     }
