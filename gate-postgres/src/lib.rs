@@ -42,10 +42,10 @@ mod txn;
 pub use gatekeeper::gatekeeper;
 pub use gatekeeper::leased_gatekeeper;
 pub use lease::{
-    on_lease_event, open_leased, spawn_ticks, spawn_timer, Amounts, Caps, Grant, Lease, LeaseClock,
-    LeaseError, LeaseEvent, LeaseMetrics, LeaseOptions, LeaseSetup, Leased, LeasedTxn, Leases,
-    Outlook, Reclaimed, Released, Scope, ScopeKind, Sink, SliceError, SliceOptions, Slices, Spent,
-    Taken, Ticked,
+    on_lease_event, open_leased, spawn_ticks, spawn_timer, Amounts, BreakersTicked, Caps, Grant,
+    Lease, LeaseClock, LeaseError, LeaseEvent, LeaseMetrics, LeaseOptions, LeaseSetup, Leased,
+    LeasedTxn, Leases, Outlook, Reclaimed, Released, Scope, ScopeKind, Sink, SliceError,
+    SliceOptions, Slices, Spent, Taken, Ticked, ViewLimits,
 };
 pub use overview::VIEW_SUFFIX;
 
@@ -310,6 +310,7 @@ impl Postgres {
                 owner_runs: p("SELECT name, state FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1 ORDER BY name")?,
                 tool_lock: p("SELECT state, in_flight FROM tally_tools WHERE name = $1 FOR UPDATE")?,
                 breakers: p("SELECT name, state FROM tally_tools ORDER BY name")?,
+                breakers_of: p("SELECT name, state FROM tally_tools WHERE name = ANY($1) ORDER BY name")?,
                 tool_insert: p("INSERT INTO tally_tools (name, state, in_flight, version) VALUES ($1, $2, $3, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state, in_flight")?,
                 credential_lock: p("SELECT state FROM tally_credentials WHERE name = $1 FOR UPDATE")?,
                 credential_insert: p("INSERT INTO tally_credentials (name, state, version) VALUES ($1, $2, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state")?,

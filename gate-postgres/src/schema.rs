@@ -79,6 +79,8 @@ pub(crate) struct Statements {
     pub(crate) tool_lock: Statement,
     pub(crate) tool_insert: Statement,
     pub(crate) breakers: Statement,
+    /// The breakers of the tools named (a holder's views, refreshed).
+    pub(crate) breakers_of: Statement,
     pub(crate) credential_lock: Statement,
     pub(crate) credential_insert: Statement,
     pub(crate) principal_lock: Statement,

@@ -150,6 +150,22 @@ impl PostgresTxn<'_> {
     }
 
     /// A tool's state (locked).
+    /// The breakers of the tools named (not locked), each row decoded apart: a row the
+    /// decoder refuses is that tool's error, never the others'.
+    pub(crate) fn breakers_of(
+        &mut self,
+        names: &[String],
+    ) -> Result<Vec<(String, Result<tally_policy::Breaker, GateError>)>, GateError> {
+        let rows = self.rows("to read the tools' breakers", |s| &s.breakers_of, &[&names])?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let tool = decode::<ToolState>("a tool", row.get::<_, &[u8]>(1));
+                (row.get::<_, String>(0), tool.map(|t| t.breaker))
+            })
+            .collect())
+    }
+
     pub(crate) fn load_tool(&mut self, tool: &str) -> Result<ToolState, GateError> {
         if let Some(t) = self.tools.get(tool) {
             return Ok(t.clone());

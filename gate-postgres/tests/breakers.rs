@@ -16,8 +16,10 @@ use common::lease::{at_noon, MARGIN, TTL};
 use common::Cluster;
 use serde_json::json;
 use tally_gate::{Caller, CheckAnswer, Gate, GateError, Gatekeeper, ManualClock};
+use tally_gate::backend::StateBackend;
 use tally_gate_postgres::{
-    open_leased, LeaseClock, LeaseOptions, LeaseSetup, Leased, Options, SliceOptions,
+    open_leased, LeaseClock, LeaseOptions, LeaseSetup, Leased, Options, SliceOptions, Ticked,
+    ViewLimits,
 };
 use tally_policy::{Recorded, Verdict};
 
@@ -32,13 +34,13 @@ const OPERATOR: Caller = Caller {
 const POLICY: &str = "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[breaker]\nfailures = 3\nopen_ms = 30000\nprobe_timeout_ms = 10000\n[approvals]\nask_on = []\n";
 
 /// A leased gate named `holder` over its own ledger in `dir`: leases on `leases`, the
-/// gate's time on `time`.
+/// gate's time on `time`, its views kept within `views`.
 fn host(
     cluster: &Cluster,
     dir: &std::path::Path,
     holder: &str,
-    leases: &LeaseClock,
-    time: &Arc<ManualClock>,
+    (leases, time): (&LeaseClock, &Arc<ManualClock>),
+    views: ViewLimits,
 ) -> Gate<Leased> {
     let ledger = common::ledger(dir);
     let setup = LeaseSetup {
@@ -48,6 +50,7 @@ fn host(
             clock: leases.clone(),
         },
         slices: SliceOptions::default(),
+        views,
         ..LeaseSetup::new(holder)
     };
     let backend = open_leased(
@@ -74,14 +77,20 @@ struct Fleet {
 }
 
 fn fleet(cluster: &Cluster) -> Fleet {
+    fleet_with(cluster, ViewLimits::default())
+}
+
+/// [`fleet`] with `a`'s views kept within `views`.
+fn fleet_with(cluster: &Cluster, views: ViewLimits) -> Fleet {
     let leases = at_noon();
     let time = Arc::new(ManualClock::new(1_800_000_000_000));
     let dirs = [
         tempfile::tempdir().expect("dir"),
         tempfile::tempdir().expect("dir"),
     ];
-    let a = host(cluster, dirs[0].path(), "host-a", &leases, &time);
-    let b = host(cluster, dirs[1].path(), "host-b", &leases, &time);
+    let clocks = (&leases, &time);
+    let a = host(cluster, dirs[0].path(), "host-a", clocks, views);
+    let b = host(cluster, dirs[1].path(), "host-b", clocks, ViewLimits::default());
     for (gate, run) in [(&a, "ra"), (&b, "rb")] {
         let req = json!({"run": run, "budget": {"attempts": 100}});
         gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
@@ -97,9 +106,14 @@ fn fleet(cluster: &Cluster) -> Fleet {
 
 /// A check of a call of the tool `llm` not made before (no loop rule trips).
 fn check(gate: &Gate<Leased>, run: &str) -> Result<CheckAnswer, GateError> {
+    check_tool(gate, run, "llm")
+}
+
+/// A check of a call of `tool` not made before.
+fn check_tool(gate: &Gate<Leased>, run: &str, tool: &str) -> Result<CheckAnswer, GateError> {
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let req = json!({"run": run, "tool": "llm", "operation": format!("q{n}"), "effect": "read"});
+    let req = json!({"run": run, "tool": tool, "operation": format!("q{n}"), "effect": "read"});
     gate.check_blocking(OPERATOR, serde_json::from_value(req).expect("check"))
 }
 
@@ -138,9 +152,20 @@ fn verdict(r: Result<CheckAnswer, GateError>) -> String {
 const OPEN: &str = "Deny CircuitOpen";
 
 /// One tick of `gate`'s holder (its slices' work, then its breakers flushed and
-/// refreshed).
-fn tick(gate: &Gate<Leased>) {
-    gate.backend().slices().tick(Instant::now());
+/// refreshed): its report.
+fn tick(gate: &Gate<Leased>) -> Ticked {
+    gate.backend().slices().tick(Instant::now())
+}
+
+/// The count of lease event `event` of `gate`'s holder (as `/metrics` shows it in
+/// `tally_lease_events_total`).
+fn count(gate: &Gate<Leased>, event: &str) -> u64 {
+    let counts = gate.backend().slices().metrics().counts();
+    counts
+        .into_iter()
+        .find(|(e, _)| *e == event)
+        .map(|(_, n)| n)
+        .expect("a counted event")
 }
 
 #[test]
@@ -246,4 +271,139 @@ fn a_holder_dropped_without_a_flush_loses_only_its_unflushed_outcomes() {
     allowed(&b, "rb");
     fail(&b, "rb", 1);
     assert_eq!(verdict(check(&b, "rb")), OPEN, "two from a and one here");
+}
+
+/// The tool's row's bytes, as hex.
+fn row_hex(cluster: &Cluster, tool: &str) -> String {
+    let sql = format!("SELECT encode(state, 'hex') FROM tally_tools WHERE name = '{tool}'");
+    cluster.psql(&sql).trim().to_owned()
+}
+
+/// The tool's row set to `hex` (empty: bytes the decoder refuses).
+fn set_row(cluster: &Cluster, tool: &str, hex: &str) {
+    cluster.psql(&format!(
+        "UPDATE tally_tools SET state = decode('{hex}', 'hex') WHERE name = '{tool}'"
+    ));
+}
+
+#[test]
+fn a_row_the_decoder_refuses_is_skipped_counted_and_its_tool_refused_while_the_others_refresh() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let f = fleet(&cluster);
+    for tool in ["llm", "web"] {
+        let a = check_tool(&f.b, "rb", tool).expect("decided");
+        assert_eq!(a.decision, Verdict::Allow, "{tool} on b: {a:?}");
+    }
+    fail(&f.a, "ra", 3);
+    assert!(!tick(&f.a).unavailable, "a's flush and refresh went through");
+    set_row(&cluster, "web", "");
+    let t = tick(&f.b);
+    assert_eq!(t.breakers.unreadable, 1, "{t:?}");
+    assert!(!t.breakers.refresh_failed, "{t:?}");
+    assert!(t.unavailable, "the tick says some of its work failed");
+    assert_eq!(count(&f.b, "breaker_unreadable"), 1);
+    // The other tool's view followed its row all the same.
+    assert_eq!(verdict(check(&f.b, "rb")), OPEN, "llm refreshed on b");
+    // The unreadable one is decided centrally, where its row is refused again: never
+    // allowed on a guess.
+    for _ in 0..2 {
+        let v = verdict(check_tool(&f.b, "rb", "web"));
+        assert!(v.starts_with("error") || v == "unavailable", "{v}");
+    }
+}
+
+#[test]
+fn a_failed_flush_is_reported_counted_and_kept_then_folded_once_the_row_reads_again() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let f = fleet(&cluster);
+    allowed(&f.b, "rb");
+    fail(&f.a, "ra", 3);
+    let unflushed = |g: &Gate<Leased>| StateBackend::breaker_outcomes_unflushed(g.backend());
+    assert_eq!(unflushed(&f.a), Some(3), "the gauge /metrics shows");
+    let good = row_hex(&cluster, "llm");
+    set_row(&cluster, "llm", "");
+    let t = tick(&f.a);
+    assert_eq!(t.breakers.flush_failed, 1, "{t:?}");
+    assert_eq!(t.breakers.flushed, 0, "{t:?}");
+    assert_eq!(t.breakers.unflushed, 3, "{t:?}");
+    assert!(t.unavailable, "{t:?}");
+    assert_eq!(count(&f.a, "breaker_flush_failed"), 1);
+    assert_eq!(unflushed(&f.a), Some(3), "kept for the next tick");
+    assert_ne!(verdict(check(&f.a, "ra")), "Allow", "never allowed on a guess");
+    // The row reads again: the kept outcomes are folded in, once.
+    set_row(&cluster, "llm", &good);
+    let t = tick(&f.a);
+    assert_eq!((t.breakers.flushed, t.breakers.unflushed), (1, 0), "{t:?}");
+    assert!(!t.unavailable, "{t:?}");
+    assert_eq!(count(&f.a, "breaker_flushed"), 1, "{t:?}");
+    assert_eq!(unflushed(&f.a), Some(0));
+    tick(&f.b);
+    assert_eq!(verdict(check(&f.b, "rb")), OPEN, "b hears of all three");
+}
+
+#[test]
+fn at_the_batch_bound_a_tools_decisions_go_central_until_a_flush() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let f = fleet_with(
+        &cluster,
+        ViewLimits {
+            batch: 4,
+            ..ViewLimits::default()
+        },
+    );
+    let trips = || f.a.backend_round_trips().expect("counted");
+    allowed(&f.a, "ra");
+    while f.a.backend().unflushed() < 4 {
+        let attempt = allowed(&f.a, "ra");
+        outcome(&f.a, "ra", attempt, "ok");
+    }
+    assert_eq!(f.a.backend().unflushed(), 4);
+    // At the bound: the tool's row is locked and written per decision again.
+    let before = trips();
+    let attempt = allowed(&f.a, "ra");
+    assert!(trips() - before > 1, "central at the bound");
+    outcome(&f.a, "ra", attempt, "ok");
+    assert_eq!(f.a.backend().unflushed(), 4, "nothing more kept");
+    let t = tick(&f.a);
+    assert_eq!((t.breakers.flushed, t.breakers.unflushed), (1, 0), "{t:?}");
+    let before = trips();
+    allowed(&f.a, "ra");
+    assert_eq!(trips() - before, 1, "from the view again");
+}
+
+#[test]
+fn tools_beyond_the_views_kept_and_idle_views_dropped_are_decided_centrally() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let f = fleet_with(
+        &cluster,
+        ViewLimits {
+            views: 1,
+            ..ViewLimits::default()
+        },
+    );
+    let trips = || f.a.backend_round_trips().expect("counted");
+    let one = |tool: &str| {
+        let before = trips();
+        let a = check_tool(&f.a, "ra", tool).expect("decided");
+        assert_eq!(a.decision, Verdict::Allow, "{a:?}");
+        trips() - before
+    };
+    one("llm");
+    assert_eq!(one("llm"), 1, "llm viewed");
+    one("web");
+    assert!(one("web") > 1, "web beyond the one view kept: central");
+    // llm read since the last refresh: kept; then idle a whole tick: dropped.
+    assert_eq!(tick(&f.a).breakers.dropped, 0);
+    assert_eq!(tick(&f.a).breakers.dropped, 1);
+    assert!(one("web") > 1, "central once more");
+    assert_eq!(one("web"), 1, "web viewed in llm's place");
+    assert!(one("llm") > 1, "llm's view dropped, and no room for it: central");
 }

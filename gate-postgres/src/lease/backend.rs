@@ -4,7 +4,8 @@
 //! slice of the run's scope ([`Slices::take_on`]); whatever no slice covers is refused
 //! as unavailable (retry), nothing recorded. A tool's breaker is read from this
 //! holder's view where the policy counts nothing per call for tools ([`super::breakers`]:
-//! no rate bucket, no limit on calls in flight) and every run of the decision is at home
+//! no rate bucket, no limit on calls in flight) and every run the decision named before
+//! the tool is at home
 //! here; otherwise tools, and always credentials and principals, stay central (their
 //! rows locked per decision, as without leases), and so do run starts, pauses, stops
 //! and kills of runs at home elsewhere, which take the home back.
@@ -20,7 +21,7 @@ use tally_gate::backend::{
 use tally_gate::GateError;
 use tally_policy::{RunState, ToolState};
 
-use super::breakers::{self, Views};
+use super::breakers::{self, BreakersTicked, ViewLimits, Views};
 use super::holder::Slices;
 use super::home::{self, Found, Home, TakenOn, TakenOns};
 use super::types::{Amounts, Caps, Scope, ScopeKind};
@@ -52,13 +53,22 @@ impl std::fmt::Debug for Leased {
 impl Leased {
     /// The central backend, with this holder's slices. Every tick of the slices ends
     /// with the tools' breakers' views flushed and refreshed.
-    pub fn new(central: Postgres, slices: Arc<Slices>) -> Leased {
-        let (central, views) = (Arc::new(central), Arc::new(Views::default()));
-        let (c, v) = (Arc::downgrade(&central), Arc::downgrade(&views));
-        slices.after_tick(Box::new(move || {
+    /// The tick's report says what the views did ([`BreakersTicked`]), and the
+    /// holder's lease metrics count it.
+    pub fn new(central: Postgres, slices: Arc<Slices>, limits: ViewLimits) -> Leased {
+        let (central, views) = (Arc::new(central), Arc::new(Views::new(limits)));
+        let (c, v, s) = (
+            Arc::downgrade(&central),
+            Arc::downgrade(&views),
+            Arc::downgrade(&slices),
+        );
+        slices.after_tick(Box::new(move |ticked| {
             if let (Some(c), Some(v)) = (Weak::upgrade(&c), Weak::upgrade(&v)) {
-                breakers::flush(&c, &v);
-                breakers::refresh(&c, &v);
+                breakers::flush(&c, &v, &mut ticked.breakers);
+                breakers::refresh(&c, &v, &mut ticked.breakers);
+                if let Some(s) = Weak::upgrade(&s) {
+                    s.metrics().breakers(&ticked.breakers);
+                }
             }
         }));
         Leased {
@@ -169,10 +179,16 @@ impl StateBackend for Leased {
         Some(self.slices.metrics().counts())
     }
 
+    fn breaker_outcomes_unflushed(&self) -> Option<u64> {
+        Some(u64::try_from(self.unflushed()).unwrap_or(u64::MAX))
+    }
+
     /// Every slice given back, saying what was used (the runs' rows are already
     /// written through): what was left of them is the fleet's again at once.
     fn close(&self) {
-        breakers::flush(&self.central, &self.views);
+        let mut flushed = BreakersTicked::default();
+        breakers::flush(&self.central, &self.views, &mut flushed);
+        self.slices.metrics().breakers(&flushed);
         self.slices.close();
     }
 }
@@ -293,7 +309,9 @@ impl StateTxn for LeasedTxn<'_> {
             Ok(v) => v,
             Err(e) => {
                 if self.inner.unsure {
-                    // It may have committed: its outcomes count (the closed side).
+                    // It may have committed: its outcomes count in the view (the closed
+                    // side: if it rolled back, the breaker counts outcomes no ledger
+                    // holds, each once; docs/FLEET.md, "Breakers from a view").
                     self.seen_here(viewed);
                 } else {
                     self.untake(&moves);
@@ -325,11 +343,14 @@ type ViewedTool = (String, ToolState, Vec<Observed>);
 impl LeasedTxn<'_> {
     /// The tool's state from this holder's view, if the decision may read it there: the
     /// policy counts nothing per call for tools (no rate bucket, no calls in flight),
-    /// every run of the transaction is at home here, and the view is not half-open.
+    /// every run the transaction named so far is at home here (checked when the tool is
+    /// loaded, not again at commit: a run read centrally after it, as a parent's is,
+    /// changes nothing for the tool, whose breaker alone is read and whose row is
+    /// neither locked nor written), and the view is not half-open.
     /// A tool that could be viewed but is read centrally is watched: its view follows.
     fn view_of(&mut self, tool: &str, keys: &Keys<'_>) -> Option<ToolState> {
         let idle = keys.idle.as_ref()?;
-        if !breakers::viewable(idle.policy) {
+        if tally_policy::tools_counted_per_call(idle.policy) {
             return None;
         }
         let views = &self.backend.views;

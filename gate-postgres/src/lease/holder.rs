@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use tally_policy::{fits_in_slice, slice_for, SliceSize, SliceUse};
 
 use super::events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
+use super::tick::Ticked;
 use super::types::{Amounts, Grant, Lease, LeaseError, Spent};
 use super::{Leases, Scope};
 
@@ -140,7 +141,7 @@ pub struct Slices {
 }
 
 /// Work done at the end of every tick.
-pub(crate) type AfterTick = Box<dyn Fn() + Send + Sync>;
+pub(crate) type AfterTick = Box<dyn Fn(&mut Ticked) + Send + Sync>;
 
 fn add(a: &Amounts, b: &Amounts) -> Amounts {
     let (a, b) = (a.each(), b.each());
@@ -509,14 +510,14 @@ impl Slices {
     }
 
     /// The work done at the end of a tick, if any.
-    pub(super) fn ticked(&self) {
+    pub(super) fn ticked(&self, ticked: &mut Ticked) {
         if let Some(work) = self
             .after
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
         {
-            work();
+            work(ticked);
         }
     }
 

@@ -31,6 +31,7 @@ use std::time::{Duration, SystemTime};
 use tokio_postgres::{Client, NoTls, Row};
 
 pub use backend::{Leased, LeasedTxn};
+pub use breakers::{BreakersTicked, ViewLimits};
 pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 pub use holder::{SliceError, SliceOptions, Slices, Taken};
 pub(crate) use home::{HOME_GUARD, HOME_GUARD_SEALED, HOME_READ, HOME_WRITE};

@@ -86,6 +86,13 @@ pub trait StateBackend: Send + Sync {
         None
     }
 
+    /// Outcomes a leased backend folded into its own views of the tools' breakers and
+    /// has not folded into the shared rows yet, for the daemon's metrics. `None` (the
+    /// default): the backend keeps none.
+    fn breaker_outcomes_unflushed(&self) -> Option<u64> {
+        None
+    }
+
     /// Serving ends: give back what the backend holds of the shared state (a leased
     /// backend's slices). Called once no decision is in flight, from a thread that may
     /// block. The default holds nothing.
