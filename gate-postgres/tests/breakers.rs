@@ -15,8 +15,8 @@ use std::time::Instant;
 use common::lease::{at_noon, MARGIN, TTL};
 use common::Cluster;
 use serde_json::json;
-use tally_gate::{Caller, CheckAnswer, Gate, GateError, Gatekeeper, ManualClock};
 use tally_gate::backend::StateBackend;
+use tally_gate::{Caller, CheckAnswer, Gate, GateError, Gatekeeper, ManualClock};
 use tally_gate_postgres::{
     open_leased, LeaseClock, LeaseOptions, LeaseSetup, Leased, Options, SliceOptions, Ticked,
     ViewLimits,
@@ -90,7 +90,13 @@ fn fleet_with(cluster: &Cluster, views: ViewLimits) -> Fleet {
     ];
     let clocks = (&leases, &time);
     let a = host(cluster, dirs[0].path(), "host-a", clocks, views);
-    let b = host(cluster, dirs[1].path(), "host-b", clocks, ViewLimits::default());
+    let b = host(
+        cluster,
+        dirs[1].path(),
+        "host-b",
+        clocks,
+        ViewLimits::default(),
+    );
     for (gate, run) in [(&a, "ra"), (&b, "rb")] {
         let req = json!({"run": run, "budget": {"attempts": 100}});
         gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
@@ -297,7 +303,10 @@ fn a_row_the_decoder_refuses_is_skipped_counted_and_its_tool_refused_while_the_o
         assert_eq!(a.decision, Verdict::Allow, "{tool} on b: {a:?}");
     }
     fail(&f.a, "ra", 3);
-    assert!(!tick(&f.a).unavailable, "a's flush and refresh went through");
+    assert!(
+        !tick(&f.a).unavailable,
+        "a's flush and refresh went through"
+    );
     set_row(&cluster, "web", "");
     let t = tick(&f.b);
     assert_eq!(t.breakers.unreadable, 1, "{t:?}");
@@ -333,7 +342,11 @@ fn a_failed_flush_is_reported_counted_and_kept_then_folded_once_the_row_reads_ag
     assert!(t.unavailable, "{t:?}");
     assert_eq!(count(&f.a, "breaker_flush_failed"), 1);
     assert_eq!(unflushed(&f.a), Some(3), "kept for the next tick");
-    assert_ne!(verdict(check(&f.a, "ra")), "Allow", "never allowed on a guess");
+    assert_ne!(
+        verdict(check(&f.a, "ra")),
+        "Allow",
+        "never allowed on a guess"
+    );
     // The row reads again: the kept outcomes are folded in, once.
     set_row(&cluster, "llm", &good);
     let t = tick(&f.a);
@@ -405,5 +418,8 @@ fn tools_beyond_the_views_kept_and_idle_views_dropped_are_decided_centrally() {
     assert_eq!(tick(&f.a).breakers.dropped, 1);
     assert!(one("web") > 1, "central once more");
     assert_eq!(one("web"), 1, "web viewed in llm's place");
-    assert!(one("llm") > 1, "llm's view dropped, and no room for it: central");
+    assert!(
+        one("llm") > 1,
+        "llm's view dropped, and no room for it: central"
+    );
 }

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tally_gate::backend::{Idle, Observed, StateBackend};
+use tally_gate::backend::{Idle, Observed};
 use tally_gate::GateError;
 use tally_policy::state::{call_id, Breaker};
 use tally_policy::{Policy, ToolState};
@@ -310,8 +310,8 @@ enum Flushed {
     Failed(Vec<Observed>),
 }
 
-/// One tool's flush, in the central backend's turn (no decision of this holder
-/// between its read and its view's update).
+/// One tool's flush, in the central backend's turn, taken before any decision waiting
+/// (no decision of this holder between its read and its view's update).
 fn flush_one(
     central: &Postgres,
     views: &Views,
@@ -319,7 +319,7 @@ fn flush_one(
     tool: &str,
     outcomes: Vec<Observed>,
 ) -> Flushed {
-    let Ok(mut t) = central.begin() else {
+    let Ok(mut t) = central.begin_first() else {
         return Flushed::Failed(outcomes);
     };
     let written = (|| {
@@ -349,7 +349,7 @@ pub(crate) fn refresh(central: &Postgres, views: &Views, out: &mut BreakersTicke
         return;
     }
     let read = (|| {
-        let mut t = central.begin()?;
+        let mut t = central.begin_first()?;
         t.breakers_of(&tools)
     })();
     let Ok(rows) = read else {
