@@ -9,6 +9,9 @@ use tally_policy::{CredentialState, PrincipalState, RunState, ToolState};
 use crate::schema::{decode, encode, NO_UID};
 use crate::txn::{tool_from, Extra, PostgresTxn};
 
+/// A tool's name and its breaker, or why its row could not be decoded.
+pub(crate) type BreakerRow = (String, Result<tally_policy::Breaker, GateError>);
+
 impl StateReads for PostgresTxn<'_> {
     fn governs(&mut self, run: &str) -> Result<bool, GateError> {
         Ok(!self
@@ -152,10 +155,7 @@ impl PostgresTxn<'_> {
     /// A tool's state (locked).
     /// The breakers of the tools named (not locked), each row decoded apart: a row the
     /// decoder refuses is that tool's error, never the others'.
-    pub(crate) fn breakers_of(
-        &mut self,
-        names: &[String],
-    ) -> Result<Vec<(String, Result<tally_policy::Breaker, GateError>)>, GateError> {
+    pub(crate) fn breakers_of(&mut self, names: &[String]) -> Result<Vec<BreakerRow>, GateError> {
         let rows = self.rows("to read the tools' breakers", |s| &s.breakers_of, &[&names])?;
         Ok(rows
             .iter()
