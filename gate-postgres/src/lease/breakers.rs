@@ -343,13 +343,17 @@ fn flush_one(
 /// view whose row the decoder refuses sends its decisions the central way (where
 /// reading the row fails the same way: refused, never decided on a guess).
 pub(crate) fn refresh(central: &Postgres, views: &Views, out: &mut BreakersTicked) {
-    out.dropped = views.drop_idle();
-    let tools = views.tools();
-    if tools.is_empty() {
+    if views.tools().is_empty() {
         return;
     }
     let read = (|| {
         let mut t = central.begin_first()?;
+        // In the turn: no decision is between reading a view and leaving its outcomes.
+        out.dropped = views.drop_idle();
+        let tools = views.tools();
+        if tools.is_empty() {
+            return Ok(Vec::new());
+        }
         t.breakers_of(&tools)
     })();
     let Ok(rows) = read else {
