@@ -80,8 +80,9 @@ pub trait StateBackend: Send + Sync {
     }
 
     /// What happened to this holder's leased slices so far, by event (`granted`,
-    /// `renewed`, `returned`, `reclaimed`, `lost`, `refused`), for the daemon's
-    /// metrics. `None` (the default): the backend leases nothing.
+    /// `renewed`, `returned`, `reclaimed`, `lost`, `refused`, `adopted`), and to its
+    /// views of the tools' breakers (`breaker_flushed`, `breaker_flush_failed`, ...), for
+    /// the daemon's metrics. `None` (the default): the backend leases nothing.
     fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
         None
     }
