@@ -36,8 +36,10 @@ trap cleanup EXIT
 
 # PostgreSQL as the tests start it (testkit/src/postgres.rs): trust on a private Unix
 # socket, no TCP, fsync on; pg_stat_statements loaded to count statements.
+# As root, the server runs as postgres, which must enter $W (mktemp makes it 0700 root)
+# and own its data and socket dirs, as testkit does with its own.
 mkdir -p "$PG" "$SOCK"
-[ "$(id -u)" = 0 ] && chown postgres: "$PG" "$SOCK"
+if [ "$(id -u)" = 0 ]; then chown postgres: "$W" "$PG" "$SOCK"; fi
 as_pg "$BIN/initdb" -D "$PG/data" -U tally --auth=trust -E UTF8 --no-sync > /dev/null
 as_pg "$BIN/pg_ctl" -D "$PG/data" -l "$PG/log" -w start \
   -o "-k $SOCK -c listen_addresses= -p $PORT -c fsync=on -c shared_preload_libraries=pg_stat_statements -c max_connections=200" > /dev/null

@@ -88,6 +88,7 @@ pub(crate) async fn metrics_text(app: &Arc<App>) -> Result<String, tally_gate::G
                 .collect()
         }),
         lease_events: app.gate.lease_counts().unwrap_or_default(),
+        breaker_outcomes_unflushed: app.gate.breaker_outcomes_unflushed().unwrap_or(0),
     };
     Ok(app.observer.metrics.encode(&scraped))
 }

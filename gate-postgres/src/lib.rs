@@ -42,10 +42,10 @@ mod txn;
 pub use gatekeeper::gatekeeper;
 pub use gatekeeper::leased_gatekeeper;
 pub use lease::{
-    on_lease_event, open_leased, spawn_ticks, spawn_timer, Amounts, Caps, Grant, Lease, LeaseClock,
-    LeaseError, LeaseEvent, LeaseMetrics, LeaseOptions, LeaseSetup, Leased, LeasedTxn, Leases,
-    Outlook, Reclaimed, Released, Scope, ScopeKind, Sink, SliceError, SliceOptions, Slices, Spent,
-    Taken, Ticked,
+    on_lease_event, open_leased, spawn_ticks, spawn_timer, Amounts, BreakersTicked, Caps, Grant,
+    Lease, LeaseClock, LeaseError, LeaseEvent, LeaseMetrics, LeaseOptions, LeaseSetup, Leased,
+    LeasedTxn, Leases, Outlook, Reclaimed, Released, Scope, ScopeKind, Sink, SliceError,
+    SliceOptions, Slices, Spent, Taken, Ticked, ViewLimits,
 };
 pub use overview::VIEW_SUFFIX;
 
@@ -310,6 +310,7 @@ impl Postgres {
                 owner_runs: p("SELECT name, state FROM tally_runs WHERE open AND state IS NOT NULL AND owner_uid IS NOT DISTINCT FROM $1 ORDER BY name")?,
                 tool_lock: p("SELECT state, in_flight FROM tally_tools WHERE name = $1 FOR UPDATE")?,
                 breakers: p("SELECT name, state FROM tally_tools ORDER BY name")?,
+                breakers_of: p("SELECT name, state FROM tally_tools WHERE name = ANY($1) ORDER BY name")?,
                 tool_insert: p("INSERT INTO tally_tools (name, state, in_flight, version) VALUES ($1, $2, $3, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state, in_flight")?,
                 credential_lock: p("SELECT state FROM tally_credentials WHERE name = $1 FOR UPDATE")?,
                 credential_insert: p("INSERT INTO tally_credentials (name, state, version) VALUES ($1, $2, 0) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING state")?,
@@ -321,6 +322,7 @@ impl Postgres {
                 lease_step: p("SELECT tally_lease_step($1, $2, $3, $4, $5, $6, $7, $8)")?,
                 home_read: p(lease::HOME_READ)?,
                 home_guard: p(lease::HOME_GUARD)?,
+                home_guard_sealed: p(lease::HOME_GUARD_SEALED)?,
                 lease_raise: p(lease::LEASE_RAISE)?,
                 home_write: p(lease::HOME_WRITE)?,
             })
@@ -358,42 +360,76 @@ impl Postgres {
 }
 
 /// The gate's local lock, with a deadline: a decision queued behind others on a slow
-/// database is refused once the bound has passed, not one bound after another.
+/// database is refused once the bound has passed, not one bound after another. The
+/// lease thread's work (the breakers' views flushed and refreshed) takes it first:
+/// while it waits, no decision takes the turn before it, so a steady stream of
+/// decisions never keeps a tick's flush out for the bound.
 #[derive(Default)]
 struct Turn {
-    busy: Mutex<bool>,
+    state: Mutex<TurnState>,
+    /// Decisions wait here.
     freed: std::sync::Condvar,
+    /// The lease thread's work waits here.
+    freed_first: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct TurnState {
+    busy: bool,
+    /// Takers waiting to go first.
+    first: usize,
+    /// Takers waiting, in all.
+    waiting: usize,
 }
 
 /// A held [`Turn`], given back on drop.
 struct TurnGuard<'a>(&'a Turn);
 
 impl Turn {
-    fn take(&self, bound: Duration) -> Result<TurnGuard<'_>, GateError> {
+    fn take(&self, bound: Duration, first: bool) -> Result<TurnGuard<'_>, GateError> {
         fn poisoned<T>(_: T) -> GateError {
             GateError::Unavailable("the gate's state lock was poisoned".into())
         }
         let deadline = std::time::Instant::now() + bound;
-        let mut busy = self.busy.lock().map_err(poisoned)?;
-        while *busy {
+        let mut s = self.state.lock().map_err(poisoned)?;
+        s.first += usize::from(first);
+        s.waiting += 1;
+        while s.busy || (!first && s.first > 0) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
+                s.first -= usize::from(first);
+                s.waiting -= 1;
+                if first && s.first == 0 && !s.busy {
+                    self.freed.notify_one();
+                }
                 return Err(GateError::Unavailable(format!(
                     "this gate's earlier decisions held PostgreSQL for more than {} ms; the gate refuses until the database answers (retry)",
                     bound.as_millis()
                 )));
             }
-            busy = self.freed.wait_timeout(busy, left).map_err(poisoned)?.0;
+            let cv = if first {
+                &self.freed_first
+            } else {
+                &self.freed
+            };
+            s = cv.wait_timeout(s, left).map_err(poisoned)?.0;
         }
-        *busy = true;
+        s.first -= usize::from(first);
+        s.waiting -= 1;
+        s.busy = true;
         Ok(TurnGuard(self))
     }
 }
 
 impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
-        *self.0.busy.lock().unwrap_or_else(|e| e.into_inner()) = false;
-        self.0.freed.notify_one();
+        let mut s = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.busy = false;
+        if s.first > 0 {
+            self.0.freed_first.notify_one();
+        } else {
+            self.0.freed.notify_one();
+        }
     }
 }
 
@@ -419,7 +455,19 @@ impl StateBackend for Postgres {
     }
 
     fn begin(&self) -> Result<PostgresTxn<'_>, GateError> {
-        let turn = self.turn.take(self.timeout)?;
+        self.begin_in(self.turn.take(self.timeout, false)?)
+    }
+}
+
+impl Postgres {
+    /// A transaction for the lease thread's work: it takes the turn before any decision
+    /// waiting for it ([`Turn`]).
+    pub(crate) fn begin_first(&self) -> Result<PostgresTxn<'_>, GateError> {
+        self.begin_in(self.turn.take(self.timeout, true)?)
+    }
+
+    /// A transaction in the turn held.
+    fn begin_in<'a>(&'a self, turn: TurnGuard<'a>) -> Result<PostgresTxn<'a>, GateError> {
         // Uncontended: only the holder of the turn takes it.
         let mut conn = self
             .conn
@@ -451,5 +499,53 @@ impl StateBackend for Postgres {
         // BEGIN goes with the transaction's first statement.
         t.open = true;
         Ok(t)
+    }
+}
+
+#[cfg(test)]
+mod turn {
+    use super::Turn;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    /// Spins (no sleep) until `n` takers wait on `turn`.
+    fn until_waiting(turn: &Turn, n: usize) {
+        while turn.state.lock().expect("state").waiting < n {
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn the_lease_threads_work_takes_the_turn_before_a_decision_that_waited_longer() {
+        let turn = Arc::new(Turn::default());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let bound = Duration::from_secs(600);
+        let held = turn.take(bound, false).expect("taken");
+        let spawn = |first: bool, name: &'static str| {
+            let (turn, order) = (Arc::clone(&turn), Arc::clone(&order));
+            std::thread::spawn(move || {
+                let _g = turn.take(bound, first).expect("taken");
+                order.lock().expect("order").push(name);
+            })
+        };
+        let decision = spawn(false, "decision");
+        until_waiting(&turn, 1);
+        let lease = spawn(true, "lease thread");
+        until_waiting(&turn, 2);
+        drop(held);
+        decision.join().expect("decision");
+        lease.join().expect("lease thread");
+        assert_eq!(*order.lock().expect("order"), ["lease thread", "decision"]);
+    }
+
+    #[test]
+    fn a_first_taker_that_gives_up_lets_the_decisions_behind_it_go() {
+        let turn = Arc::new(Turn::default());
+        let held = turn.take(Duration::from_secs(600), false).expect("taken");
+        // Gives up at once: its bound is zero.
+        assert!(turn.take(Duration::ZERO, true).is_err());
+        assert_eq!(turn.state.lock().expect("state").first, 0);
+        drop(held);
+        drop(turn.take(Duration::ZERO, false).expect("free again"));
     }
 }

@@ -79,6 +79,8 @@ pub(crate) struct Statements {
     pub(crate) tool_lock: Statement,
     pub(crate) tool_insert: Statement,
     pub(crate) breakers: Statement,
+    /// The breakers of the tools named (a holder's views, refreshed).
+    pub(crate) breakers_of: Statement,
     pub(crate) credential_lock: Statement,
     pub(crate) credential_insert: Statement,
     pub(crate) principal_lock: Statement,
@@ -91,6 +93,7 @@ pub(crate) struct Statements {
     pub(crate) home_read: Statement,
     /// A run at home here locked, if still at home here (`lease::home`).
     pub(crate) home_guard: Statement,
+    pub(crate) home_guard_sealed: Statement,
     pub(crate) lease_raise: Statement,
     /// A run's state written by the holder it lives on (`lease::home::HOME_WRITE`).
     pub(crate) home_write: Statement,

@@ -9,6 +9,9 @@ use tally_policy::{CredentialState, PrincipalState, RunState, ToolState};
 use crate::schema::{decode, encode, NO_UID};
 use crate::txn::{tool_from, Extra, PostgresTxn};
 
+/// A tool's name and its breaker, or why its row could not be decoded.
+pub(crate) type BreakerRow = (String, Result<tally_policy::Breaker, GateError>);
+
 impl StateReads for PostgresTxn<'_> {
     fn governs(&mut self, run: &str) -> Result<bool, GateError> {
         Ok(!self
@@ -150,7 +153,20 @@ impl PostgresTxn<'_> {
     }
 
     /// A tool's state (locked).
-    fn load_tool(&mut self, tool: &str) -> Result<ToolState, GateError> {
+    /// The breakers of the tools named (not locked), each row decoded apart: a row the
+    /// decoder refuses is that tool's error, never the others'.
+    pub(crate) fn breakers_of(&mut self, names: &[String]) -> Result<Vec<BreakerRow>, GateError> {
+        let rows = self.rows("to read the tools' breakers", |s| &s.breakers_of, &[&names])?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let tool = decode::<ToolState>("a tool", row.get::<_, &[u8]>(1));
+                (row.get::<_, String>(0), tool.map(|t| t.breaker))
+            })
+            .collect())
+    }
+
+    pub(crate) fn load_tool(&mut self, tool: &str) -> Result<ToolState, GateError> {
         if let Some(t) = self.tools.get(tool) {
             return Ok(t.clone());
         }

@@ -136,9 +136,7 @@ impl PostgresTxn<'_> {
         match r {
             Ok((held, _)) if !held => {
                 self.begun = true;
-                Err(GateError::Unavailable(
-                    "a run decided here was taken back (a pause, resume or stop through another gate) or taken over by another host since: retry".into(),
-                ))
+                Err(taken_back())
             }
             Ok((_, rows)) => {
                 match commit {
@@ -282,9 +280,8 @@ impl PostgresTxn<'_> {
             return Err(self.gone());
         };
         let begin = !self.begun;
-        let client = &conn.client;
-        let st = &conn.st;
-        let refused = std::cell::Cell::new(false);
+        let (client, st) = (&conn.client, &conn.st);
+        let (refused, away) = (std::cell::Cell::new(false), std::cell::Cell::new(false));
         let guards = std::mem::take(&mut self.guards);
         let r = self.backend.wait("to commit a decision's state", async {
             let params = last.as_ref().map(WriteRow::params);
@@ -303,7 +300,7 @@ impl PostgresTxn<'_> {
             // Requests go out on their futures' first polls, in order. A write that fails
             // before it is sent (its parameters do not encode) must not be followed by
             // the COMMIT of what came before it: polled once first, alone.
-            let guarded = guard_homes(client, &st.home_guard, &guards);
+            let guarded = guard_homes(client, &st.home_guard_sealed, &guards);
             let mut began = std::pin::pin!(futures::future::maybe_done(began));
             let mut guarded = std::pin::pin!(futures::future::maybe_done(guarded));
             let mut written = std::pin::pin!(futures::future::maybe_done(written));
@@ -328,7 +325,8 @@ impl PostgresTxn<'_> {
                 client.batch_execute("COMMIT")
             );
             let write = written.as_mut().output_mut().map(|r| r.as_ref().map(drop));
-            refused.set(rolled_back(&stepped, &homed, write, &committed));
+            away.set(matches!(guarded.as_mut().output_mut(), Some(Err(e)) if moved(e)));
+            refused.set(rolled_back(&stepped, &homed, write, &committed) || away.get());
             if let Some(r) = began.as_mut().take_output() {
                 r?;
             }
@@ -345,12 +343,23 @@ impl PostgresTxn<'_> {
             committed?;
             Ok(version.get::<_, i64>(0))
         });
-        self.sealed(r, refused.get())
+        self.sealed(r, refused.get(), away.get())
     }
 
     /// The last round trip's answer: its state version, or its failure (`refused`: the
-    /// server answered it with an error, so it rolled back for certain).
-    fn sealed(&mut self, r: Result<i64, GateError>, refused: bool) -> Result<u64, GateError> {
+    /// server answered it with an error, so it rolled back for certain; `away`: a run's
+    /// guard found it no longer at home here, and every statement was answered, so the
+    /// connection is clean).
+    fn sealed(
+        &mut self,
+        r: Result<i64, GateError>,
+        refused: bool,
+        away: bool,
+    ) -> Result<u64, GateError> {
+        if away {
+            self.open = false;
+            return Err(taken_back());
+        }
         match r {
             Ok(v) => {
                 self.open = false;
@@ -366,6 +375,19 @@ impl PostgresTxn<'_> {
             }
         }
     }
+}
+
+/// A guard's refusal in the last round trip: the run is no longer at home here
+/// ([`crate::lease::HOME_GUARD_SEALED`]).
+fn moved(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO)
+}
+
+/// A decision refused because a run it decided at home was taken back or over.
+fn taken_back() -> GateError {
+    GateError::Unavailable(
+        "a run decided here was taken back (a pause, resume or stop through another gate) or taken over by another host since: retry".into(),
+    )
 }
 
 /// Whether the server answered a statement of the last round trip (or its COMMIT)
@@ -565,3 +587,7 @@ impl Drop for PostgresTxn<'_> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "txn_tests.rs"]
+mod tests;

@@ -211,6 +211,22 @@ fn race(gates: &[Arc<Host>], run: &str) -> Vec<u64> {
 
 #[test]
 fn two_holders_racing_one_runs_last_cents_never_pass_its_budget() {
+    race_for_the_last_cents("[approvals]\nask_on = []\n");
+}
+
+/// The race above with the tool's breaker read from each holder's view (no tool rate
+/// bucket, no limit on calls in flight: the tool's row is not locked by a decision at
+/// home; the races' ticks flush and refresh the views meanwhile).
+#[test]
+fn two_holders_racing_one_runs_last_cents_with_breakers_from_a_view() {
+    race_for_the_last_cents(
+        "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[approvals]\nask_on = []\n",
+    );
+}
+
+/// Two holders x 8 workers race for a run's 1,000 cents at 30 a call under `policy`:
+/// exactly 33 allowed, the scope settles exactly that, and a third holder gets nothing.
+fn race_for_the_last_cents(policy: &str) {
     let Some(cluster) = Cluster::start() else {
         return;
     };
@@ -222,7 +238,7 @@ fn two_holders_racing_one_runs_last_cents_never_pass_its_budget() {
     let gates: Vec<Arc<Host>> = ["host-a", "host-b"]
         .iter()
         .zip(&dirs)
-        .map(|(h, d)| Arc::new(leased(&cluster, d.path(), h, &clock)))
+        .map(|(h, d)| Arc::new(leased_under(&cluster, d.path(), h, &clock, policy)))
         .collect();
     // 1,000 cents at 30 a call: 33 calls; 40 attempts: the cents run out first.
     start(
@@ -254,7 +270,7 @@ fn two_holders_racing_one_runs_last_cents_never_pass_its_budget() {
     assert_eq!(settled_n, 990 * 10_000_000, "30 cents each, in nanodollars");
     // A third gate, on the run's row: the budget's last 10 cents, nothing more.
     let dir = tempfile::tempdir().expect("dir");
-    let late = leased(&cluster, dir.path(), "host-c", &clock);
+    let late = leased_under(&cluster, dir.path(), "host-c", &clock, policy);
     assert_eq!(
         verdict(&check_retried(&late, "r", 30, 50)),
         "Deny ReservationInsufficient"
@@ -542,5 +558,55 @@ fn a_second_process_under_one_holder_name_never_writes_over_the_first() {
             next.decision, next.attempt
         ),
         "old Allow; new Allow; old again unavailable; new Allow attempt Some(3)"
+    );
+}
+
+/// A use spent centrally (the scope's last units, another host asking) whose decision
+/// then rolled back for certain (its run taken back meanwhile) is given back: the scope
+/// settles what the answered decisions used, no more.
+#[test]
+fn a_central_spend_whose_decision_rolled_back_is_given_back() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = at_noon();
+    let dir = tempfile::tempdir().expect("dir");
+    // The tool's breaker from a view: the run's guard goes with the last round trip,
+    // after the use was taken.
+    let policy = "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[approvals]\nask_on = []\n";
+    let a = leased_under(&cluster, dir.path(), "host-a", &clock, policy);
+    start(&a, json!({"run": "g", "budget": {"attempts": 10}}));
+    let scope = Scope::new(ScopeKind::Run, "g");
+    // Allowed on a's slices until the one it holds has no room left.
+    let mut allowed = 0;
+    while slices(&a)
+        .held(&scope)
+        .is_none_or(|(granted, used)| used.attempts != granted.attempts)
+    {
+        assert_eq!(verdict(&check(&a, "g", 0)), "Allow");
+        allowed += 1;
+        assert!(allowed < 10, "a slice filled before the budget");
+    }
+    // Another host takes a slice of what is left but one attempt: the last one is
+    // spent centrally (two hosts asking).
+    let other = common::lease::manager(&cluster, "host-x", &clock);
+    let left = 10 - allowed;
+    let want = tally_gate_postgres::Amounts {
+        attempts: left - 1,
+        ..Default::default()
+    };
+    assert!(matches!(
+        other.grant(&scope, want).expect("granted"),
+        tally_gate_postgres::Grant::Granted(_)
+    ));
+    // The run's home taken back (as an earlier build's central write does) before a's
+    // next decision, which spends centrally and then fails its guard.
+    cluster.psql("UPDATE tally_runs SET version = version + 1 WHERE name = 'g'");
+    assert_eq!(verdict(&check(&a, "g", 0)), "unavailable");
+    let [settled] = amounts(&cluster, &scope, ["settled_attempts"]);
+    assert_eq!(
+        settled,
+        i64::try_from(allowed).expect("small"),
+        "the rolled-back spend was given back"
     );
 }

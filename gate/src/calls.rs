@@ -5,7 +5,7 @@
 use tally_ledger::{Action, Decision, Kind, Reason};
 use tally_policy::{apply, decide, judge, Call, Decided, Now, Verdict};
 
-use crate::backend::StateBackend;
+use crate::backend::{Observed, StateBackend};
 use crate::work::Work;
 
 use crate::commit::{Answer, Commit};
@@ -332,7 +332,22 @@ impl<B: StateBackend> Gate<B> {
             limits,
             overrun_nanos: record.overrun_nanos,
         };
-        Ok(Commit::new(vec![record], vec![touched], answer))
+        // Only for a backend that keeps them (a copy per outcome otherwise for nothing).
+        let observed = (touched.tool.as_ref())
+            .filter(|_| self.backend.observes())
+            .zip(record.status)
+            .map(|(tool, status)| Observed {
+                tool: tool.clone(),
+                run: record.run.clone(),
+                attempt: record.attempt.unwrap_or(0),
+                status,
+                now,
+            });
+        let commit = Commit::new(vec![record], vec![touched], answer);
+        Ok(match observed {
+            Some(o) => commit.observing(o),
+            None => commit,
+        })
     }
 
     /// The scopes an outcome of `run` reads and writes, read into the transaction: the

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tally_ledger::{Decision, Receipt};
 
-use crate::backend::{Batch, Scopes, StateBackend, StateTxn, Write};
+use crate::backend::{Batch, Observed, Scopes, StateBackend, StateTxn, Write};
 use crate::tables::POLICY_KEY;
 use crate::work::Work;
 use crate::{encode, CheckAnswer, Done, Gate, GateError, Logged, Standing, Started, Touched};
@@ -24,6 +24,8 @@ pub(crate) struct Commit<T> {
     answer: Result<T, GateError>,
     /// What to do with the records' receipts once they are durable, before answering.
     durable: Option<AfterDurable>,
+    /// The outcomes folded into a tool's breaker ([`Write::observed`]).
+    observed: Vec<Observed>,
 }
 
 /// A step's follow-up on its records' receipts (in record order, the policy record's
@@ -41,6 +43,7 @@ impl<T> Commit<T> {
             answering,
             answer: Ok(answer),
             durable: None,
+            observed: Vec::new(),
         }
     }
 
@@ -52,12 +55,19 @@ impl<T> Commit<T> {
             writes,
             answer: Err(why),
             durable: None,
+            observed: Vec::new(),
         }
     }
 
     /// The answer carries the receipt of `records[index]` instead of the last one's.
     pub(crate) fn answering(mut self, index: usize) -> Commit<T> {
         self.answering = index;
+        self
+    }
+
+    /// The commit folded `observed` into its tool's breaker.
+    pub(crate) fn observing(mut self, observed: Observed) -> Commit<T> {
+        self.observed.push(observed);
         self
     }
 
@@ -261,6 +271,7 @@ impl<B: StateBackend> Gate<B> {
             answering,
             answer: answered,
             durable,
+            observed,
         } = commit;
         let (t, snapshot) = work.into_parts();
         let scopes: Vec<Scopes<'_>> = writes.iter().map(Touched::scopes).collect();
@@ -289,6 +300,7 @@ impl<B: StateBackend> Gate<B> {
             records: Box::new(|version| self.plaintexts(records, version)),
             // Deferred if answered once sequenced: they ride the next decision's fsync.
             deferred: sequenced.is_some(),
+            observed,
         };
         // A networked backend's state is durable before the decision is queued; if it
         // cannot be, nothing was queued and the gate stays up (the caller retries).

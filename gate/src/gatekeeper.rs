@@ -145,6 +145,11 @@ pub trait Gatekeeper: Send + Sync {
     fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
         None
     }
+    /// The backend's outcomes not yet in the shared rows
+    /// ([`StateBackend::breaker_outcomes_unflushed`]).
+    fn breaker_outcomes_unflushed(&self) -> Option<u64> {
+        None
+    }
     /// Serving ends ([`StateBackend::close`]): call once no decision is in flight, from
     /// a thread that may block.
     fn close(&self) {}
@@ -228,6 +233,9 @@ impl<B: StateBackend + 'static> Gatekeeper for Gate<B> {
     }
     fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
         self.backend.lease_counts()
+    }
+    fn breaker_outcomes_unflushed(&self) -> Option<u64> {
+        self.backend.breaker_outcomes_unflushed()
     }
     fn close(&self) {
         self.backend.close()

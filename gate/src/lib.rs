@@ -254,6 +254,14 @@ impl<B: StateBackend> Gate<B> {
         &self.ledger
     }
 
+    /// The state backend (its own counters and views), for tests only: its
+    /// transactions begin and commit state with no ledger record, so it is behind the
+    /// `testing` feature, which only dev-dependencies enable.
+    #[cfg(feature = "testing")]
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
     /// Round trips to a networked state backend so far (None for the embedded store).
     pub fn backend_round_trips(&self) -> Option<u64> {
         self.backend.round_trips()

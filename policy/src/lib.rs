@@ -82,7 +82,9 @@ pub use limits::{
     call_timeout, deadline_left, deadline_stop, left, over_limit, past_deadline, spend_left,
 };
 pub use overrun::{overrun, Overrun};
-pub use refusals::{breaker_wait, outcome_unknown, taken_as_recorded, Rule, RULES};
+pub use refusals::{
+    breaker_wait, outcome_unknown, taken_as_recorded, tools_counted_per_call, Rule, RULES,
+};
 pub use request::request_id;
 pub use rules::{loop_rule, poll_rule, retries_used, retry_rule, LoopRule, PollRule};
 pub use slices::{fits_in_slice, slice_for, slice_size, SliceSize};

@@ -192,6 +192,14 @@ pub fn offline(policy: &Policy) -> Policy {
     offline
 }
 
+/// Whether the core keeps a count per call for each tool under `policy`, shared by every
+/// gate of a fleet: a rate bucket ([`Rule::ToolRate`]) or a limit on calls in flight
+/// ([`Rule::ToolInFlight`]). Without either, a tool's state that any decision reads is
+/// its breaker alone (a leased gate may then read it from its own view).
+pub fn tools_counted_per_call(policy: &Policy) -> bool {
+    policy.rate.tool_per_sec != 0 || policy.rate.tool_in_flight != 0
+}
+
 /// How long a tool's shared breaker refuses calls at `wall_ms`, if it does: open, or
 /// half-open with its probe out.
 pub fn breaker_wait(policy: &Policy, tool: &ToolState, wall_ms: u64) -> Option<u64> {

@@ -10,9 +10,8 @@
 
 use super::*;
 
-/// Daemon `d`'s `tally_lease_events_total`, by event, from its `/metrics` (on the
-/// operator socket).
-async fn lease_events(fleet: &Fleet, d: usize) -> BTreeMap<String, u64> {
+/// Daemon `d`'s `/metrics` (on the operator socket).
+async fn metrics(fleet: &Fleet, d: usize) -> String {
     let mut c = Client::unix(fleet.host(d).join("operator.sock"))
         .await
         .expect("operator socket");
@@ -21,7 +20,13 @@ async fn lease_events(fleet: &Fleet, d: usize) -> BTreeMap<String, u64> {
         .await
         .expect("metrics");
     assert_eq!(reply.status.as_u16(), 200);
-    String::from_utf8_lossy(&reply.body)
+    String::from_utf8_lossy(&reply.body).into_owned()
+}
+
+/// Daemon `d`'s `tally_lease_events_total`, by event, from its `/metrics`.
+async fn lease_events(fleet: &Fleet, d: usize) -> BTreeMap<String, u64> {
+    metrics(fleet, d)
+        .await
         .lines()
         .filter_map(|l| l.strip_prefix("tally_lease_events_total{event=\""))
         .filter_map(|rest| {
@@ -91,6 +96,11 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
             named,
             [
                 "adopted",
+                "breaker_flush_failed",
+                "breaker_flush_unsure",
+                "breaker_flushed",
+                "breaker_refresh_failed",
+                "breaker_unreadable",
                 "granted",
                 "lost",
                 "reclaimed",
@@ -101,6 +111,14 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
             "daemon {d}'s /metrics"
         );
         assert_eq!(events["lost"], 0, "daemon {d}");
+        assert_eq!(events["breaker_unreadable"], 0, "daemon {d}");
+        let gauge = metrics(&fleet, d).await;
+        assert!(
+            gauge
+                .lines()
+                .any(|l| l.starts_with("tally_breaker_outcomes_unflushed ")),
+            "daemon {d}'s /metrics: {gauge}"
+        );
         granted += events["granted"];
     }
     assert!(

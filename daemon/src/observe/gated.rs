@@ -227,6 +227,10 @@ impl Gatekeeper for Observed {
         self.inner.lease_counts()
     }
 
+    fn breaker_outcomes_unflushed(&self) -> Option<u64> {
+        self.inner.breaker_outcomes_unflushed()
+    }
+
     fn close(&self) {
         self.inner.close()
     }

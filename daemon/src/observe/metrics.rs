@@ -47,6 +47,7 @@ pub(crate) struct Metrics {
     /// a key's id: a label per key would grow with whatever keys an agent makes up).
     key_refusals: Family<Labels, Counter>,
     lease_events: Family<Labels, Counter>,
+    breaker_outcomes_unflushed: Gauge,
     upstreams: Upstreams,
     upstream_checks: Family<Labels, Counter>,
     upstream_reserved: Family<Labels, Counter>,
@@ -189,6 +190,9 @@ pub(crate) struct Scraped {
     pub key_refusals: Vec<(&'static str, u64)>,
     /// Lease events of this holder so far, by event (none without `--leases`).
     pub lease_events: Vec<(&'static str, u64)>,
+    /// Outcomes this holder's breaker views keep, not yet in the tools' rows (0
+    /// without `--leases`).
+    pub breaker_outcomes_unflushed: u64,
 }
 
 impl Metrics {
@@ -326,8 +330,14 @@ impl Metrics {
         let lease_events = Family::<Labels, Counter>::default();
         registry.register(
             "lease_events",
-            "This daemon's leased slices (tally serve --leases), by event: granted, renewed, returned, reclaimed (expired slices of any holder it reclaimed), lost, refused (a use no slice covered)",
+            "This daemon's leased slices (tally serve --leases), by event: granted, renewed, returned, reclaimed (expired slices of any holder it reclaimed), lost, refused (a use no slice covered); and its views of the tools' breakers: breaker_flushed (a tool's outcomes folded into its row), breaker_flush_failed (kept for the next tick), breaker_flush_unsure (let go, the flush's COMMIT unanswered), breaker_refresh_failed (the rows not read again), breaker_unreadable (a row the decoder refused)",
             lease_events.clone(),
+        );
+        let breaker_outcomes_unflushed = Gauge::default();
+        registry.register(
+            "breaker_outcomes_unflushed",
+            "Outcomes this daemon's views of the tools' breakers keep (tally serve --leases), not yet folded into the tools' rows: bounded per tool while flushes succeed, growing while they fail",
+            breaker_outcomes_unflushed.clone(),
         );
         for r in tally_proxy::key_spend::KeyRefusal::ALL {
             let _ = key_refusals.get_or_create(&vec![("reason", r.as_str().to_owned())]);
@@ -335,6 +345,7 @@ impl Metrics {
         Metrics {
             key_refusals,
             lease_events,
+            breaker_outcomes_unflushed,
             registry,
             scrape: Mutex::new(()),
             named_tools,
@@ -546,6 +557,8 @@ impl Metrics {
                 .get_or_create(&vec![("event", (*event).to_owned())]);
             c.inc_by(n.saturating_sub(c.get()));
         }
+        self.breaker_outcomes_unflushed
+            .set(i64::try_from(scraped.breaker_outcomes_unflushed).unwrap_or(i64::MAX));
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);

@@ -2,20 +2,26 @@
 //! over PostgreSQL, where a run with a lease scope is decided at home on this holder
 //! ([`super::home`]) and every use it makes of its budget is counted in the holder's
 //! slice of the run's scope ([`Slices::take_on`]); whatever no slice covers is refused
-//! as unavailable (retry), nothing recorded. Tools, credentials and principals stay
-//! central (their rows locked per decision, as without leases), and so do run starts,
-//! pauses, stops and kills of runs at home elsewhere, which take the home back.
+//! as unavailable (retry), nothing recorded. A tool's breaker is read from this
+//! holder's view where the policy counts nothing per call for tools ([`super::breakers`]:
+//! no rate bucket, no limit on calls in flight) and every run the decision named before
+//! the tool is at home
+//! here; otherwise tools, and always credentials and principals, stay central (their
+//! rows locked per decision, as without leases), and so do run starts, pauses, stops
+//! and kills of runs at home elsewhere, which take the home back.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use tally_gate::backend::{
-    Committed, Keys, Overview, Snapshot, StateBackend, StateReads, StateTxn, Write,
+    Committed, Keys, Observed, Overview, Snapshot, StateBackend, StateReads, StateTxn, Write,
 };
 use tally_gate::GateError;
-use tally_policy::RunState;
+use tally_policy::{RunState, ToolState};
 
+use super::breakers::{self, BreakersTicked, ViewLimits, Views};
 use super::holder::Slices;
 use super::home::{self, Found, Home, TakenOn, TakenOns};
 use super::types::{Amounts, Caps, Scope, ScopeKind};
@@ -25,8 +31,10 @@ use crate::Postgres;
 
 /// The gate's state in PostgreSQL with leased runs decided at home on this holder.
 pub struct Leased {
-    central: Postgres,
+    central: Arc<Postgres>,
     slices: Arc<Slices>,
+    /// The tools' breakers as this holder sees them ([`super::breakers`]).
+    views: Arc<Views>,
     homes: Mutex<BTreeMap<String, Home>>,
     /// Where each open attempt's use was counted, apart from the copies (which an
     /// uncommitted decision lets go).
@@ -43,11 +51,30 @@ impl std::fmt::Debug for Leased {
 }
 
 impl Leased {
-    /// The central backend, with this holder's slices.
-    pub fn new(central: Postgres, slices: Arc<Slices>) -> Leased {
+    /// The central backend, with this holder's slices. Every tick of the slices ends
+    /// with the tools' breakers' views flushed and refreshed.
+    /// The tick's report says what the views did ([`BreakersTicked`]), and the
+    /// holder's lease metrics count it.
+    pub fn new(central: Postgres, slices: Arc<Slices>, limits: ViewLimits) -> Leased {
+        let (central, views) = (Arc::new(central), Arc::new(Views::new(limits)));
+        let (c, v, s) = (
+            Arc::downgrade(&central),
+            Arc::downgrade(&views),
+            Arc::downgrade(&slices),
+        );
+        slices.after_tick(Box::new(move |ticked| {
+            if let (Some(c), Some(v)) = (Weak::upgrade(&c), Weak::upgrade(&v)) {
+                breakers::flush(&c, &v, &mut ticked.breakers);
+                breakers::refresh(&c, &v, &mut ticked.breakers);
+                if let Some(s) = Weak::upgrade(&s) {
+                    s.metrics().breakers(&ticked.breakers);
+                }
+            }
+        }));
         Leased {
             central,
             slices,
+            views,
             homes: Mutex::new(BTreeMap::new()),
             taken: Mutex::new(BTreeMap::new()),
         }
@@ -56,6 +83,12 @@ impl Leased {
     /// The holder's slices (its counters, its ticks).
     pub fn slices(&self) -> &Arc<Slices> {
         &self.slices
+    }
+
+    /// Outcomes seen here whose breaker's fold has not reached the tool's row yet (the
+    /// next tick, or [`StateBackend::close`], folds them there).
+    pub fn unflushed(&self) -> usize {
+        self.views.pending()
     }
 
     /// The runs at home here now, by name.
@@ -115,6 +148,8 @@ impl StateBackend for Leased {
             backend: self,
             homed: BTreeMap::new(),
             elsewhere: BTreeMap::new(),
+            viewed: BTreeSet::new(),
+            watched: BTreeSet::new(),
             committed: false,
         })
     }
@@ -135,13 +170,25 @@ impl StateBackend for Leased {
         true
     }
 
+    /// Outcomes folded into a view's breaker are kept to fold into the tool's row.
+    fn observes(&self) -> bool {
+        true
+    }
+
     fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
         Some(self.slices.metrics().counts())
+    }
+
+    fn breaker_outcomes_unflushed(&self) -> Option<u64> {
+        Some(u64::try_from(self.unflushed()).unwrap_or(u64::MAX))
     }
 
     /// Every slice given back, saying what was used (the runs' rows are already
     /// written through): what was left of them is the fleet's again at once.
     fn close(&self) {
+        let mut flushed = BreakersTicked::default();
+        breakers::flush(&self.central, &self.views, &mut flushed);
+        self.slices.metrics().breakers(&flushed);
         self.slices.close();
     }
 }
@@ -155,6 +202,12 @@ pub struct LeasedTxn<'a> {
     /// Runs at home on another holder (by name: that holder), read and locked: only a
     /// pause, resume or stop of them is decided (it takes the home back).
     elsewhere: BTreeMap<String, String>,
+    /// Tools decided from this holder's view of their breaker (their rows neither
+    /// locked nor written).
+    viewed: BTreeSet<String>,
+    /// Tools that could be viewed, read and locked centrally here: their views follow
+    /// what this transaction writes.
+    watched: BTreeSet<String>,
     /// Committed: the copies kept are what the rows hold.
     committed: bool,
 }
@@ -211,21 +264,30 @@ impl StateTxn for LeasedTxn<'_> {
                 s.runs.insert(run.to_owned(), state);
             }
         }
-        let rest = Keys {
+        let mut rest = Keys {
             runs: Vec::new(),
             ..keys.clone()
         };
+        rest.tools.retain(|tool| match self.view_of(tool, keys) {
+            Some(state) => {
+                s.tools.insert((*tool).to_owned(), state);
+                false
+            }
+            None => true,
+        });
         s.absorb(self.inner.load(&rest)?);
         Ok(s)
     }
 
     fn commit(mut self, write: Write<'_>, done: Committed) -> Result<(), GateError> {
         let Write {
-            snapshot,
+            mut snapshot,
             durable,
             records,
             deferred,
+            observed,
         } = write;
+        let viewed = self.viewed_after(&mut snapshot.tools, observed);
         let mut runs = snapshot.runs;
         let after: BTreeMap<String, RunState> = self
             .homed
@@ -246,13 +308,22 @@ impl StateTxn for LeasedTxn<'_> {
         let version = match self.inner.persist(durable, &moves.extra) {
             Ok(v) => v,
             Err(e) => {
-                if !self.inner.unsure {
+                if self.inner.unsure {
+                    // It may have committed: its outcomes count in the view (the closed
+                    // side: if it rolled back, the breaker counts outcomes no ledger
+                    // holds, each once; docs/FLEET.md, "Breakers from a view").
+                    self.seen_here(viewed);
+                } else {
                     self.untake(&moves);
                 }
                 return Err(e);
             }
         };
         self.committed = true;
+        self.seen_here(viewed);
+        if !durable.is_empty() {
+            self.seen_central();
+        }
         self.settled(moves);
         let batch = (records)(version)?;
         let ledger = &self.backend.central.ledger;
@@ -265,6 +336,76 @@ impl StateTxn for LeasedTxn<'_> {
     }
 }
 
+/// A tool decided from the view: its breaker as the decision left it, and the outcomes
+/// it folded there.
+type ViewedTool = (String, ToolState, Vec<Observed>);
+
+impl LeasedTxn<'_> {
+    /// The tool's state from this holder's view, if the decision may read it there: the
+    /// policy counts nothing per call for tools (no rate bucket, no calls in flight),
+    /// every run the transaction named so far is at home here (checked when the tool is
+    /// loaded, not again at commit: a run read centrally after it, as a parent's is,
+    /// changes nothing for the tool, whose breaker alone is read and whose row is
+    /// neither locked nor written), and the view is not half-open.
+    /// A tool that could be viewed but is read centrally is watched: its view follows.
+    fn view_of(&mut self, tool: &str, keys: &Keys<'_>) -> Option<ToolState> {
+        let idle = keys.idle.as_ref()?;
+        if tally_policy::tools_counted_per_call(idle.policy) {
+            return None;
+        }
+        let views = &self.backend.views;
+        views.remember(idle.policy);
+        let home_only = self.inner.runs.is_empty() && !self.homed.is_empty();
+        let open_ms = idle.policy.breaker.open_ms;
+        match home_only.then(|| views.decide_from(tool, idle.now_ms, open_ms)) {
+            Some(Some(state)) => {
+                self.viewed.insert(tool.to_owned());
+                Some(state)
+            }
+            _ => {
+                self.watched.insert(tool.to_owned());
+                None
+            }
+        }
+    }
+
+    /// The tools decided from the view, taken out of what is written: each with its
+    /// state after the decision and the outcomes folded into it.
+    fn viewed_after(
+        &self,
+        tools: &mut BTreeMap<String, ToolState>,
+        observed: Vec<Observed>,
+    ) -> Vec<ViewedTool> {
+        let mut out: Vec<ViewedTool> = self
+            .viewed
+            .iter()
+            .filter_map(|t| tools.remove(t).map(|s| (t.clone(), s, Vec::new())))
+            .collect();
+        for o in observed {
+            if let Some(v) = out.iter_mut().find(|v| v.0 == o.tool) {
+                v.2.push(o);
+            }
+        }
+        out
+    }
+
+    /// The views of the tools decided here take what the decision left.
+    fn seen_here(&self, viewed: Vec<ViewedTool>) {
+        for (tool, state, observed) in viewed {
+            self.backend.views.decided(&tool, state.breaker, observed);
+        }
+    }
+
+    /// The watched tools' rows as this transaction wrote them: their views follow.
+    fn seen_central(&self) {
+        for tool in &self.watched {
+            if let Some(t) = self.inner.tools.get(tool) {
+                self.backend.views.seen(tool, t.breaker.clone());
+            }
+        }
+    }
+}
+
 /// What the runs decided at home moved: what to write, the copies to keep, what to
 /// give back on which slice once the decision is committed, what was taken on this
 /// holder's slices (given back if it rolled back), and where the attempts it opened
@@ -274,7 +415,7 @@ struct Moves {
     extra: Extra,
     keep: Vec<(String, Option<Home>)>,
     gives: Vec<(Scope, i64, Amounts)>,
-    takes: Vec<(Scope, i64, Amounts)>,
+    takes: Vec<(Scope, Option<i64>, Amounts)>,
     opened: Vec<(String, u64, TakenOn)>,
     closed: Vec<(String, u64)>,
 }
@@ -464,10 +605,13 @@ impl LeasedTxn<'_> {
         let scopes = [scope.clone()];
         match self.backend.slices.take_on(&scopes, need, Instant::now) {
             Ok((_, Some(id))) => {
-                moves.takes.push((scope.clone(), id, need));
+                moves.takes.push((scope.clone(), Some(id), need));
                 Ok(TakenOn::Slice(id))
             }
-            Ok((_, None)) => Ok(TakenOn::Central),
+            Ok((_, None)) => {
+                moves.takes.push((scope.clone(), None, need));
+                Ok(TakenOn::Central)
+            }
             Err(e) => Err(GateError::Unavailable(format!(
                 "{e}: no slice covers this use, nothing recorded (retry)"
             ))),
@@ -493,8 +637,8 @@ impl LeasedTxn<'_> {
     /// Rolled back for certain: what was taken on this holder's slices for it is
     /// given back on them.
     fn untake(&self, moves: &Moves) {
-        for (scope, id, need) in &moves.takes {
-            self.backend.slices.give_on(scope, *id, *need);
+        for (scope, on, need) in &moves.takes {
+            self.backend.slices.untake(scope, *on, *need);
         }
     }
 

@@ -25,6 +25,21 @@ impl Leases {
         Ok(())
     }
 
+    /// Give back `need` settled in `scope` for a use whose decision then rolled back
+    /// (spent centrally, or counted on a slice that went back saying it used it): the
+    /// scope settled down by it, never below nothing, in one statement.
+    pub fn unspend(&self, scope: &Scope, need: Amounts) -> Result<(), LeaseError> {
+        let n = bigs("a give-back", &need)?.map(|x| -x);
+        let (kind, key) = (scope.kind.as_str(), scope.key.as_str());
+        self.with("to give back a spend", async |db| {
+            let none: Option<bool> = None;
+            let p: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+                [&kind, &key, &n[0], &n[1], &n[2], &n[3], &none, &false];
+            db.execute(sql::STEP, &p).await
+        })?;
+        Ok(())
+    }
+
     /// Spend `need` in every scope of `scopes` at once, centrally: settled up by it in
     /// one transaction, only if it fits in each scope beside what is settled, held and
     /// leased (the scopes locked in their order, so two spends never deadlock).

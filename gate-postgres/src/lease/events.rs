@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::breakers::BreakersTicked;
 use super::types::{Amounts, Lease, Reclaimed, Released};
 use super::Scope;
 
@@ -57,6 +58,12 @@ pub struct LeaseMetrics {
     lost: AtomicU64,
     refused: AtomicU64,
     adopted: AtomicU64,
+    /// The tools' breakers' views ([`BreakersTicked`]), summed over ticks and stops.
+    breaker_flushed: AtomicU64,
+    breaker_flush_failed: AtomicU64,
+    breaker_flush_unsure: AtomicU64,
+    breaker_refresh_failed: AtomicU64,
+    breaker_unreadable: AtomicU64,
 }
 
 impl LeaseMetrics {
@@ -88,8 +95,27 @@ impl LeaseMetrics {
     pub fn adopted(&self) -> u64 {
         self.adopted.load(Ordering::Relaxed)
     }
-    /// Every counter, by the event it counts.
+    /// What the views of the tools' breakers did in a tick or a stop, counted.
+    pub fn breakers(&self, b: &BreakersTicked) {
+        let n = |x: usize| u64::try_from(x).unwrap_or(u64::MAX);
+        self.breaker_flushed
+            .fetch_add(n(b.flushed), Ordering::Relaxed);
+        self.breaker_flush_failed
+            .fetch_add(n(b.flush_failed), Ordering::Relaxed);
+        self.breaker_flush_unsure
+            .fetch_add(n(b.flush_unsure), Ordering::Relaxed);
+        self.breaker_refresh_failed
+            .fetch_add(u64::from(b.refresh_failed), Ordering::Relaxed);
+        self.breaker_unreadable
+            .fetch_add(n(b.unreadable), Ordering::Relaxed);
+    }
+    /// Every counter, by the event it counts: the slices', then the views' of the
+    /// tools' breakers (`breaker_flushed`: a tool's outcomes folded into its row;
+    /// `breaker_flush_failed`: kept for the next tick; `breaker_flush_unsure`: let go,
+    /// its COMMIT unanswered; `breaker_refresh_failed`: the rows not read again;
+    /// `breaker_unreadable`: a row the decoder refused at a refresh).
     pub fn counts(&self) -> Vec<(&'static str, u64)> {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         vec![
             ("granted", self.granted()),
             ("renewed", self.renewed()),
@@ -98,6 +124,11 @@ impl LeaseMetrics {
             ("lost", self.lost()),
             ("refused", self.refused()),
             ("adopted", self.adopted()),
+            ("breaker_flushed", load(&self.breaker_flushed)),
+            ("breaker_flush_failed", load(&self.breaker_flush_failed)),
+            ("breaker_flush_unsure", load(&self.breaker_flush_unsure)),
+            ("breaker_refresh_failed", load(&self.breaker_refresh_failed)),
+            ("breaker_unreadable", load(&self.breaker_unreadable)),
         ]
     }
 }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use tally_policy::{fits_in_slice, slice_for, SliceSize, SliceUse};
 
 use super::events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
+use super::tick::Ticked;
 use super::types::{Amounts, Grant, Lease, LeaseError, Spent};
 use super::{Leases, Scope};
 
@@ -134,7 +135,13 @@ pub struct Slices {
     pub(super) ticking: Mutex<()>,
     metrics: LeaseMetrics,
     sink: Option<Sink>,
+    /// Run at the end of every tick, on the lease thread (the leased backend's breaker
+    /// views flushed and refreshed: [`Slices::after_tick`]).
+    after: Mutex<Option<AfterTick>>,
 }
+
+/// Work done at the end of every tick.
+pub(crate) type AfterTick = Box<dyn Fn(&mut Ticked) + Send + Sync>;
 
 fn add(a: &Amounts, b: &Amounts) -> Amounts {
     let (a, b) = (a.each(), b.each());
@@ -187,6 +194,7 @@ impl Slices {
             ticking: Mutex::new(()),
             metrics: LeaseMetrics::default(),
             sink,
+            after: Mutex::new(None),
         };
         let mut local = slices.lock();
         for lease in slices.leases.adopted().to_vec() {
@@ -426,6 +434,18 @@ impl Slices {
         true
     }
 
+    /// A use of `need` in `scope` whose decision rolled back for certain, given back
+    /// where it was counted: on slice `on` while this holder still holds it; otherwise
+    /// (taken centrally, `None`; or its slice went back since, saying it used it) the
+    /// scope is settled down by it ([`Leases::unspend`]). A give-back the database did
+    /// not answer is not retried: the room stays counted (the closed side).
+    pub fn untake(&self, scope: &Scope, on: Option<i64>, need: Amounts) {
+        if on.is_some_and(|id| self.give_on(scope, id, need)) {
+            return;
+        }
+        let _ = self.leases.unspend(scope, need);
+    }
+
     /// Return a slice saying `used`, without the holder's lock while the database
     /// answers; kept to retry if it did not. Whether the database confirmed the return.
     pub(super) fn give_back_unlocked(&self, lease: Lease, used: Amounts) -> bool {
@@ -481,6 +501,23 @@ impl Slices {
         let held = std::mem::take(&mut local.held);
         for (_, h) in held {
             self.give_back(&mut local, h.lease, h.used);
+        }
+    }
+
+    /// `work` done at the end of every tick from now on (in place of any before).
+    pub(crate) fn after_tick(&self, work: AfterTick) {
+        *self.after.lock().unwrap_or_else(|e| e.into_inner()) = Some(work);
+    }
+
+    /// The work done at the end of a tick, if any.
+    pub(super) fn ticked(&self, ticked: &mut Ticked) {
+        if let Some(work) = self
+            .after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            work(ticked);
         }
     }
 

@@ -37,6 +37,11 @@ FROM tally_runs r WHERE r.name = $1 AND r.state IS NOT NULL FOR UPDATE OF r";
 pub(crate) const HOME_GUARD: &str =
     "SELECT 1 FROM tally_runs WHERE name = $1 AND home = $2 AND home_epoch = $3 FOR UPDATE";
 
+/// [`HOME_GUARD`] as the last round trip sends it, beside its COMMIT: a run no longer
+/// at home here fails the statement (a division by zero, SQLSTATE 22012), so the
+/// transaction rolls back instead of committing what was sent with it.
+pub(crate) const HOME_GUARD_SEALED: &str = "SELECT 1 / count(*)::int FROM (SELECT 1 FROM tally_runs WHERE name = $1 AND home = $2 AND home_epoch = $3 FOR UPDATE) g";
+
 /// A run's state written by the holder it is at home on: $1 run, $2 state, $3 open,
 /// $4 and $5 the home after and its epoch (NULL once stopped), $6 and $7 the home the
 /// copy was read under. Fails the transaction if the row's home is not $6 and $7

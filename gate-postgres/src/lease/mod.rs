@@ -13,6 +13,7 @@
 //! inside them ([`home`]), [`open_leased`] and [`spawn_timer`] how a daemon opens it.
 
 mod backend;
+mod breakers;
 mod calls;
 mod central;
 mod events;
@@ -30,9 +31,10 @@ use std::time::{Duration, SystemTime};
 use tokio_postgres::{Client, NoTls, Row};
 
 pub use backend::{Leased, LeasedTxn};
+pub use breakers::{BreakersTicked, ViewLimits};
 pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 pub use holder::{SliceError, SliceOptions, Slices, Taken};
-pub(crate) use home::{HOME_GUARD, HOME_READ, HOME_WRITE};
+pub(crate) use home::{HOME_GUARD, HOME_GUARD_SEALED, HOME_READ, HOME_WRITE};
 pub use open::{open_leased, spawn_timer, LeaseSetup};
 pub(crate) use sql::LEASE_RAISE;
 pub use tick::{spawn_ticks, Ticked};

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tally_ledger::Ledger;
 
 use super::backend::Leased;
+use super::breakers::ViewLimits;
 use super::events::Sink;
 use super::holder::{SliceOptions, Slices};
 use super::tick::spawn_ticks;
@@ -26,13 +27,17 @@ pub struct LeaseSetup {
     pub leases: LeaseOptions,
     /// How slices are sized, kept and given back.
     pub slices: SliceOptions,
-    /// How often the lease thread ticks (renews, gives back idle slices, reclaims).
+    /// How often the lease thread ticks (renews, gives back idle slices, reclaims;
+    /// flushes and refreshes the tools' breakers' views).
     pub refresh: Duration,
+    /// How much the views of the tools' breakers keep.
+    pub views: ViewLimits,
 }
 
 impl LeaseSetup {
     /// `holder` with the defaults: slices of 10 s, reclaimed 5 s past their expiry,
-    /// given back idle after 5 s, ticks every 2 s (a fifth of the time to live).
+    /// given back idle after 5 s, ticks every 2 s (a fifth of the time to live), views
+    /// kept as [`ViewLimits::default`] says.
     pub fn new(holder: &str) -> LeaseSetup {
         let leases = LeaseOptions::default();
         let refresh = leases.ttl / 5;
@@ -41,6 +46,7 @@ impl LeaseSetup {
             leases,
             slices: SliceOptions::default(),
             refresh,
+            views: ViewLimits::default(),
         }
     }
 }
@@ -63,11 +69,12 @@ pub fn open_leased(
         |l| used_of(l).unwrap_or(l.granted),
         sink,
     );
-    Ok(Leased::new(central, Arc::new(slices)))
+    Ok(Leased::new(central, Arc::new(slices), setup.views))
 }
 
 /// The holder's timer: a tick of `slices` every `refresh` on the lease thread, for as
-/// long as the process lives (the reports are read and let go). At most one tick
+/// long as the process lives (the reports are read and let go: what they say is in the
+/// holder's lease metrics, [`super::LeaseMetrics::counts`]). At most one tick
 /// waits: while the lease thread is behind (its database slow), a time it has not
 /// taken yet is not queued behind another.
 pub fn spawn_timer(slices: Arc<Slices>, refresh: Duration) -> std::io::Result<()> {

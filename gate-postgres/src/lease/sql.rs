@@ -232,3 +232,7 @@ UPDATE tally_lease_scopes SET
     cap_effects = CASE WHEN cap_effects IS NULL OR $5::bigint IS NULL THEN cap_effects ELSE greatest(cap_effects, $5) END,
     cap_polls = CASE WHEN cap_polls IS NULL OR $6::bigint IS NULL THEN cap_polls ELSE greatest(cap_polls, $6) END
 WHERE kind = $1 AND key = $2";
+
+/// A scope settled by a step of its own ($1 kind, $2 key, $3-$6 the amounts, $7 revoked
+/// or not, $8 a bill): `tally_lease_step`, as a central decision calls it.
+pub(super) const STEP: &str = "SELECT tally_lease_step($1, $2, $3, $4, $5, $6, $7, $8)";

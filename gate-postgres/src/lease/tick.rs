@@ -9,6 +9,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::breakers::BreakersTicked;
 use super::events::LeaseEvent;
 use super::holder::Slices;
 use super::types::{Amounts, Lease, LeaseError, Released};
@@ -26,8 +27,12 @@ pub struct Ticked {
     pub returned: usize,
     /// Slices of any holder reclaimed.
     pub reclaimed: usize,
-    /// The database did not answer some call (the rest of the tick went on).
+    /// The database did not answer some call, or some of the breakers' work failed
+    /// (the rest of the tick went on).
     pub unavailable: bool,
+    /// What the tools' breakers' views did at the end of the tick (flushed, refreshed:
+    /// [`BreakersTicked`]), counted in the holder's lease metrics too.
+    pub breakers: BreakersTicked,
 }
 
 /// What a tick does, decided under the holder's lock: the returns to send again, the
@@ -98,6 +103,8 @@ impl Slices {
             }
             Err(_) => ticked.unavailable = true,
         }
+        self.ticked(&mut ticked);
+        ticked.unavailable |= ticked.breakers.failed();
         ticked
     }
 

@@ -72,10 +72,25 @@ pub trait StateBackend: Send + Sync {
         false
     }
 
+    /// Whether the backend wants the outcomes a commit folds into tools' breakers
+    /// ([`Write::observed`]); the gate leaves them out otherwise (a copy per outcome
+    /// spent for nothing). The default: no.
+    fn observes(&self) -> bool {
+        false
+    }
+
     /// What happened to this holder's leased slices so far, by event (`granted`,
-    /// `renewed`, `returned`, `reclaimed`, `lost`, `refused`), for the daemon's
-    /// metrics. `None` (the default): the backend leases nothing.
+    /// `renewed`, `returned`, `reclaimed`, `lost`, `refused`, `adopted`), and to its
+    /// views of the tools' breakers (`breaker_flushed`, `breaker_flush_failed`, ...), for
+    /// the daemon's metrics. `None` (the default): the backend leases nothing.
     fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
+        None
+    }
+
+    /// Outcomes a leased backend folded into its own views of the tools' breakers and
+    /// has not folded into the shared rows yet, for the daemon's metrics. `None` (the
+    /// default): the backend keeps none.
+    fn breaker_outcomes_unflushed(&self) -> Option<u64> {
         None
     }
 
@@ -113,6 +128,28 @@ pub struct Write<'a> {
     /// Queued with [`tally_ledger::Ledger::submit_deferred`] (it rides the next
     /// decision's fsync), else with [`tally_ledger::Ledger::submit_with_state`].
     pub deferred: bool,
+    /// The outcomes this commit folded into a tool's breaker, in order, where the
+    /// backend [`StateBackend::observes`] them: for a backend that keeps a tool's
+    /// breaker apart from its row and folds them there later (the leased backend's
+    /// view of a breaker). Already folded into `snapshot`.
+    pub observed: Vec<Observed>,
+}
+
+/// An outcome as a tool's breaker folds it ([`tally_policy::breaker_outcome`]): its
+/// tool, its call (run and attempt: [`tally_policy::state::call_id`]), what it said and
+/// when it was decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// The attempt's tool.
+    pub tool: String,
+    /// The run.
+    pub run: String,
+    /// The attempt.
+    pub attempt: u64,
+    /// What the outcome said of the call.
+    pub status: tally_ledger::Status,
+    /// When it was decided.
+    pub now: tally_policy::Now,
 }
 
 /// The listing reads, in the transaction: no scope is loaded by them (a run to act on
