@@ -12,15 +12,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::lease::{at_noon, MARGIN, TTL};
+use common::lease::at_noon;
 use common::Cluster;
 use serde_json::json;
 use tally_gate::backend::StateBackend;
 use tally_gate::{Caller, CheckAnswer, Gate, GateError, Gatekeeper, ManualClock};
-use tally_gate_postgres::{
-    open_leased, LeaseClock, LeaseOptions, LeaseSetup, Leased, Options, SliceOptions, Ticked,
-    ViewLimits,
-};
+use tally_gate_postgres::{LeaseClock, Leased, Ticked, ViewLimits};
 use tally_policy::{Recorded, Verdict};
 
 const OPERATOR: Caller = Caller {
@@ -43,24 +40,7 @@ fn host(
     views: ViewLimits,
 ) -> Gate<Leased> {
     let ledger = common::ledger(dir);
-    let setup = LeaseSetup {
-        leases: LeaseOptions {
-            ttl: TTL,
-            margin: MARGIN,
-            clock: leases.clone(),
-        },
-        slices: SliceOptions::default(),
-        views,
-        ..LeaseSetup::new(holder)
-    };
-    let backend = open_leased(
-        Arc::clone(&ledger),
-        &Options::new(&cluster.url()),
-        &setup,
-        |_| None,
-        None,
-    )
-    .expect("leased backend");
+    let backend = common::lease::backend(cluster, &ledger, holder, leases, views);
     let policy = Recorded::new(POLICY).expect("policy");
     Gate::with_backend(ledger, backend, policy)
         .expect("gate")

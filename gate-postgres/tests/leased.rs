@@ -16,10 +16,7 @@ use common::lease::{amounts, at_noon, MARGIN, TTL};
 use common::Cluster;
 use serde_json::json;
 use tally_gate::{Caller, CheckAnswer, Gate, GateError, StopRequest};
-use tally_gate_postgres::{
-    open_leased, LeaseClock, LeaseOptions, LeaseSetup, Leased, Options, Scope, ScopeKind,
-    SliceOptions, Slices,
-};
+use tally_gate_postgres::{LeaseClock, Leased, Scope, ScopeKind, Slices, ViewLimits};
 use tally_ledger::Reason;
 use tally_policy::{Recorded, Verdict};
 
@@ -53,23 +50,7 @@ fn leased_under(
     policy: &str,
 ) -> Host {
     let ledger = common::ledger(dir);
-    let setup = LeaseSetup {
-        leases: LeaseOptions {
-            ttl: TTL,
-            margin: MARGIN,
-            clock: clock.clone(),
-        },
-        slices: SliceOptions::default(),
-        ..LeaseSetup::new(holder)
-    };
-    let backend = open_leased(
-        Arc::clone(&ledger),
-        &Options::new(&cluster.url()),
-        &setup,
-        |_| None,
-        None,
-    )
-    .expect("leased backend");
+    let backend = common::lease::backend(cluster, &ledger, holder, clock, ViewLimits::default());
     let slices = Arc::clone(backend.slices());
     let policy = Recorded::new(policy).expect("policy");
     let gate = Gate::with_backend(ledger, backend, policy).expect("gate");

@@ -4,8 +4,11 @@
 
 use std::time::{Duration, SystemTime};
 
+use std::sync::Arc;
+
 use tally_gate_postgres::{
-    Amounts, Caps, LeaseClock, LeaseOptions, Leases, Options, Scope, SliceOptions, Slices,
+    open_leased, Amounts, Caps, LeaseClock, LeaseOptions, LeaseSetup, Leased, Leases, Options,
+    Scope, SliceOptions, Slices, ViewLimits,
 };
 
 use super::Cluster;
@@ -23,6 +26,35 @@ pub fn manager(cluster: &Cluster, holder: &str, clock: &LeaseClock) -> Leases {
         clock: clock.clone(),
     };
     Leases::open(&Options::new(&cluster.url()), holder, options).expect("lease manager")
+}
+
+/// The leased backend of `holder` on the cluster over `ledger`: leases on `clock` (slices
+/// of [`TTL`], reclaimed past [`MARGIN`]), its breakers' views kept within `views`.
+pub fn backend(
+    cluster: &Cluster,
+    ledger: &Arc<tally_ledger::Ledger>,
+    holder: &str,
+    clock: &LeaseClock,
+    views: ViewLimits,
+) -> Leased {
+    let setup = LeaseSetup {
+        leases: LeaseOptions {
+            ttl: TTL,
+            margin: MARGIN,
+            clock: clock.clone(),
+        },
+        slices: SliceOptions::default(),
+        views,
+        ..LeaseSetup::new(holder)
+    };
+    open_leased(
+        Arc::clone(ledger),
+        &Options::new(&cluster.url()),
+        &setup,
+        |_| None,
+        None,
+    )
+    .expect("leased backend")
 }
 
 /// A manual clock at a fixed moment, moved by the test.
