@@ -56,6 +56,17 @@ fn within<'a>(auth: &'a str, session: &'a str, version: &'a str) -> [(&'a str, &
     ]
 }
 
+/// One request in a session at the version it negotiated (`2025-06-18`), with the
+/// `Authorization` header's value and the session's id.
+async fn in_session(
+    addr: std::net::SocketAddr,
+    method: &str,
+    (auth, session): (&str, &str),
+    body: &str,
+) -> (u16, Option<String>, String) {
+    send(addr, method, &within(auth, session, "2025-06-18"), body).await
+}
+
 #[tokio::test]
 async fn a_protocol_version_in_meta_is_refused_however_its_key_is_written() {
     let gw = gateway(4).await;
@@ -133,13 +144,7 @@ async fn a_version_header_other_than_the_initializes_or_the_sessions_spends_noth
         }
     }
     assert_eq!(gw.runs().await, vec![(run.clone(), "running".to_owned())]);
-    let (status, _, answer) = send(
-        gw.addr,
-        "POST",
-        &within(&auth, &session, "2025-06-18"),
-        CALL,
-    )
-    .await;
+    let (status, _, answer) = in_session(gw.addr, "POST", (&auth, &session), CALL).await;
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("value of k"), "{answer}");
 }
@@ -152,16 +157,14 @@ async fn sessions_sharing_a_run_stop_it_once_when_the_last_ends() {
     let first = open(gw.addr, &key, None).await;
     let second = open(gw.addr, &key, None).await;
     let run = key_run(&gw).await;
-    let (status, _, answer) =
-        send(gw.addr, "DELETE", &within(&auth, &first, "2025-06-18"), "").await;
+    let (status, _, answer) = in_session(gw.addr, "DELETE", (&auth, &first), "").await;
     assert_eq!(status, 200, "{answer}");
     // The session that started the run ended; the other still acts in it.
-    let (status, _, answer) =
-        send(gw.addr, "POST", &within(&auth, &second, "2025-06-18"), CALL).await;
+    let (status, _, answer) = in_session(gw.addr, "POST", (&auth, &second), CALL).await;
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("value of k"), "{answer}");
     assert_eq!(state(&gw, &run).await, "running");
-    let (status, _, _) = send(gw.addr, "DELETE", &within(&auth, &second, "2025-06-18"), "").await;
+    let (status, _, _) = in_session(gw.addr, "DELETE", (&auth, &second), "").await;
     assert_eq!(status, 200);
     gw.stopped(&run).await;
     // A run token's sessions: the agent's run, never stopped by the gateway.
@@ -170,9 +173,9 @@ async fn sessions_sharing_a_run_stop_it_once_when_the_last_ends() {
     let a = open(gw.addr, &token, None).await;
     let b = open(gw.addr, &token, None).await;
     for s in [&a, &b] {
-        let (status, _, answer) = send(gw.addr, "POST", &within(&t, s, "2025-06-18"), CALL).await;
+        let (status, _, answer) = in_session(gw.addr, "POST", (&t, s), CALL).await;
         assert!(status == 200 && answer.contains("value of k"), "{answer}");
-        let (status, _, _) = send(gw.addr, "DELETE", &within(&t, s, "2025-06-18"), "").await;
+        let (status, _, _) = in_session(gw.addr, "DELETE", (&t, s), "").await;
         assert_eq!(status, 200);
     }
     assert_eq!(state(&gw, "shared").await, "running");
@@ -256,13 +259,7 @@ async fn a_stdio_servers_own_processes_die_with_it_on_a_timeout_and_at_the_stop(
     let auth = bearer(&token);
     let session = open(gw.addr, &token, None).await;
     let slow = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"forker__slow","arguments":{"seconds":600}}}"#;
-    let (status, _, answer) = send(
-        gw.addr,
-        "POST",
-        &within(&auth, &session, "2025-06-18"),
-        slow,
-    )
-    .await;
+    let (status, _, answer) = in_session(gw.addr, "POST", (&auth, &session), slow).await;
     assert_eq!(status, 200, "{answer}");
     assert!(answer.contains("did not answer within"), "{answer}");
     let first = pids(&file);
@@ -274,13 +271,7 @@ async fn a_stdio_servers_own_processes_die_with_it_on_a_timeout_and_at_the_stop(
     );
     // The next call starts the server again, with its own process; the stop kills it.
     let lookup = CALL.replace("local__", "forker__");
-    let (_, _, answer) = send(
-        gw.addr,
-        "POST",
-        &within(&auth, &session, "2025-06-18"),
-        &lookup,
-    )
-    .await;
+    let (_, _, answer) = in_session(gw.addr, "POST", (&auth, &session), &lookup).await;
     assert!(answer.contains("value of k"), "{answer}");
     let both = pids(&file);
     assert_eq!(both.len(), 2, "{both:?}");
@@ -385,21 +376,14 @@ async fn a_session_opened_as_its_runs_last_session_ends_never_acts_in_the_stoppe
     for i in 0..12 {
         let task = format!("t{i}");
         let first = open(gw.addr, &key, Some(&task)).await;
-        let (status, _, _) =
-            send(gw.addr, "DELETE", &within(&auth, &first, "2025-06-18"), "").await;
+        let (status, _, _) = in_session(gw.addr, "DELETE", (&auth, &first), "").await;
         assert_eq!(status, 200);
         // At once: the run's stop may still be under way. The run it ended is stopped:
         // a new session is refused (409) rather than opened on it.
         let (status, session, answer) = initialize(&gw, &key, &task).await;
         if status == 200 {
             let session = session.expect("a session id");
-            let (_, _, answer) = send(
-                gw.addr,
-                "POST",
-                &within(&auth, &session, "2025-06-18"),
-                CALL,
-            )
-            .await;
+            let (_, _, answer) = in_session(gw.addr, "POST", (&auth, &session), CALL).await;
             panic!("a session opened on a run stopped under it (task {task}): {answer}");
         }
         assert_eq!(status, 409, "{answer}");
@@ -407,8 +391,7 @@ async fn a_session_opened_as_its_runs_last_session_ends_never_acts_in_the_stoppe
     }
     // A new task: a new run, its calls answered.
     let fresh = open(gw.addr, &key, Some("fresh")).await;
-    let (status, _, answer) =
-        send(gw.addr, "POST", &within(&auth, &fresh, "2025-06-18"), CALL).await;
+    let (status, _, answer) = in_session(gw.addr, "POST", (&auth, &fresh), CALL).await;
     assert!(status == 200 && answer.contains("value of k"), "{answer}");
     gw.daemon.shutdown().await.expect("shutdown");
 }
@@ -431,21 +414,9 @@ async fn an_initialize_inside_a_session_is_refused_and_the_session_goes_on() {
     let token = gw.token("twice").await;
     let auth = bearer(&token);
     let session = open(gw.addr, &token, None).await;
-    let (status, again, answer) = send(
-        gw.addr,
-        "POST",
-        &within(&auth, &session, "2025-06-18"),
-        INIT,
-    )
-    .await;
+    let (status, again, answer) = in_session(gw.addr, "POST", (&auth, &session), INIT).await;
     assert_eq!((status, again), (400, None), "{answer}");
     assert!(answer.contains("initialized already"), "{answer}");
-    let (status, _, answer) = send(
-        gw.addr,
-        "POST",
-        &within(&auth, &session, "2025-06-18"),
-        CALL,
-    )
-    .await;
+    let (status, _, answer) = in_session(gw.addr, "POST", (&auth, &session), CALL).await;
     assert!(status == 200 && answer.contains("value of k"), "{answer}");
 }
