@@ -458,18 +458,23 @@ mod tests {
         pid
     }
 
-    /// A late timeout of generation 1 (its server already killed, a new one started for
-    /// the next call) leaves generation 2 serving.
-    #[tokio::test]
-    async fn a_timeout_kills_its_own_generation_only() {
+    /// The test suite's Python MCP server, as a stdio backend.
+    fn python_server() -> Backend {
         let server = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/server.py");
-        let backend = Backend::new(
+        Backend::new(
             Server {
                 name: "py".to_owned(),
                 target: Target::Command(vec!["python3".to_owned(), server.to_owned()]),
             },
             Arc::from(Vec::new()),
-        );
+        )
+    }
+
+    /// A late timeout of generation 1 (its server already killed, a new one started for
+    /// the next call) leaves generation 2 serving.
+    #[tokio::test]
+    async fn a_timeout_kills_its_own_generation_only() {
+        let backend = python_server();
         let (first, _) = backend.client().await.expect("generation 1");
         let one = pid_of(&backend);
         backend.stop_generation(first).await;
@@ -491,14 +496,7 @@ mod tests {
     /// (in its gate check, say) cannot leave a process behind.
     #[tokio::test]
     async fn a_server_is_not_started_again_after_the_gateways_stop() {
-        let server = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/server.py");
-        let backend = Backend::new(
-            Server {
-                name: "py".to_owned(),
-                target: Target::Command(vec!["python3".to_owned(), server.to_owned()]),
-            },
-            Arc::from(Vec::new()),
-        );
+        let backend = python_server();
         backend.client().await.expect("started");
         let pid = pid_of(&backend);
         backend.shut().await;
@@ -512,13 +510,7 @@ mod tests {
             "a process started"
         );
         // A stop that is not the gateway's (a timeout's) lets the next use start it.
-        let other = Backend::new(
-            Server {
-                name: "py".to_owned(),
-                target: Target::Command(vec!["python3".to_owned(), server.to_owned()]),
-            },
-            Arc::from(Vec::new()),
-        );
+        let other = python_server();
         other.stop().await;
         other.client().await.expect("started after a stop");
         other.shut().await;
