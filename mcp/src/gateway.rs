@@ -27,6 +27,7 @@ use hyper::header::HeaderMap;
 use zeroize::Zeroizing;
 
 mod admit;
+mod conns;
 mod front;
 mod runs;
 mod servers;
@@ -222,6 +223,9 @@ pub struct GatewayLimits {
     /// [`DEFAULT_BODY_TIMEOUT`]); a slower one is answered 408 and its connection closed,
     /// so a client that announces a body and never sends it holds nothing for long.
     pub body_timeout: Duration,
+    /// Connections open at once (default [`DEFAULT_MAX_CONNECTIONS`]); one more is
+    /// answered 503 with `Retry-After: 1` at once, its request unread, and closed.
+    pub max_connections: usize,
 }
 
 /// The default idle bound of a session.
@@ -234,6 +238,8 @@ pub const DEFAULT_MAX_SESSIONS_PER_CREDENTIAL: usize = 64;
 pub const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
 /// The default time a request body may take to arrive.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default bound on open connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 impl Default for GatewayLimits {
     fn default() -> GatewayLimits {
@@ -243,6 +249,7 @@ impl Default for GatewayLimits {
             idle: DEFAULT_IDLE,
             max_body_bytes: DEFAULT_MAX_BODY,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -256,6 +263,7 @@ impl GatewayLimits {
             idle: idle.max(Duration::from_millis(1)),
             max_body_bytes: max_body_bytes.max(1),
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 
@@ -264,6 +272,14 @@ impl GatewayLimits {
     pub fn with_body_timeout(self, timeout: Duration) -> GatewayLimits {
         GatewayLimits {
             body_timeout: timeout.max(Duration::from_millis(1)),
+            ..self
+        }
+    }
+
+    /// These limits with at most `n` connections open at once (at least 1).
+    pub fn with_max_connections(self, n: usize) -> GatewayLimits {
+        GatewayLimits {
+            max_connections: n.max(1),
             ..self
         }
     }

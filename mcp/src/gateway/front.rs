@@ -1,15 +1,17 @@
-//! The gateway's HTTP front. Every request: its credential first (401, nothing else
-//! done, without one), then its body, bounded (413 on its `Content-Length`, before any
-//! of it is read), classified by [`crate::classify`] (a refused one is answered with a
-//! JSON-RPC error and never passed on). A request without `Mcp-Session-Id` opens a
-//! session only if it is an `initialize` (anything else is a 400 and starts nothing),
-//! within the bound on open sessions (503 beyond it); a session id the gateway does not
-//! hold open is a 404, one another credential opened a 403, one whose
-//! `MCP-Protocol-Version` header is not the session's a 400. What passes goes to rmcp's
-//! Streamable HTTP service. Sessions idle past the bound are closed, on a timer and
-//! before each `initialize`, as a DELETE would close them. At the stop: nothing more
-//! opened, the `initialize`s being answered finished, every session closed, every run
-//! hold given back and every stop made, then the servers stopped.
+//! The gateway's HTTP front. Every connection takes a place of the connection bound
+//! first ([`super::conns`]: one over it is answered 503, unread). Every request: its
+//! credential first (401, nothing else done, without one), then its body, bounded (413
+//! on its `Content-Length`, before any of it is read), classified by
+//! [`crate::classify`] (a refused one is answered with a JSON-RPC error and never
+//! passed on). A request without `Mcp-Session-Id` opens a session only if it is an
+//! `initialize` (anything else is a 400 and starts nothing), within the bound on open
+//! sessions (503 beyond it); a session id the gateway does not hold open is a 404, one
+//! another credential opened a 403, one whose `MCP-Protocol-Version` header is not the
+//! session's a 400. What passes goes to rmcp's Streamable HTTP service. Sessions idle
+//! past the bound are closed, on a timer and before each `initialize`, as a DELETE
+//! would close them. At the stop: nothing more opened, the `initialize`s being answered
+//! finished, every session closed, every run hold given back and every stop made, then
+//! the servers stopped.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::json;
 
 use super::admit::{Refusal, Unread};
+use super::conns::Connections;
 use super::runs::{Hold, NotHeld, Runs};
 use super::servers::Backend;
 use super::session::{Classified, Opening, RunOf, Session, Shared};
@@ -60,6 +63,7 @@ struct Front {
     table: Arc<Table>,
     runs: Arc<Runs>,
     limits: GatewayLimits,
+    connections: Connections,
 }
 
 pub(super) async fn serve(
@@ -109,6 +113,7 @@ pub(super) async fn serve(
         )),
         runs,
         limits,
+        connections: Connections::new(limits.max_connections),
     });
     let sweeper = tokio::spawn(Arc::clone(&front).sweep_every());
     front.accept(listener, shutdown).await;
@@ -178,12 +183,22 @@ impl Front {
             // An answer is written in several pieces (headers, SSE events): without this,
             // Nagle's algorithm holds the last one for the client's delayed ACK (~40 ms).
             let _ = stream.set_nodelay(true);
+            let Some(place) = self.connections.place() else {
+                self.connections.refuse(stream);
+                continue;
+            };
             let front = Arc::clone(self);
             tokio::spawn(async move {
+                // Held while the connection is open.
+                let _place = place;
                 let service = hyper::service::service_fn(move |req| {
                     let front = Arc::clone(&front);
                     async move { Ok::<_, Infallible>(Front::handle(front, req).await) }
                 });
+                // The header timer also runs while a kept-alive connection waits for its
+                // next request (hyper arms it again each time the connection goes idle):
+                // an idle connection, or one that never sends anything, is closed after
+                // HEAD_TIMEOUT and gives its place back.
                 let _ = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEAD_TIMEOUT)
