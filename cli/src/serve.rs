@@ -73,7 +73,7 @@ fn options(args: Serve) -> Result<tally_daemon::ServeOptions> {
     options.mcp_limits = mcp_limits(
         (args.mcp_max_sessions, args.mcp_max_sessions_per_credential),
         args.mcp_idle_secs,
-        args.mcp_max_body_bytes,
+        (args.mcp_max_body_bytes, args.mcp_max_connections),
     )?;
     proxy_limits(
         options.proxy.as_mut(),
@@ -106,11 +106,11 @@ fn proxy_limits(
 }
 
 /// `--mcp-max-sessions`, `--mcp-max-sessions-per-credential`, `--mcp-idle-secs`,
-/// `--mcp-max-body-bytes`: each at least 1.
+/// `--mcp-max-body-bytes`, `--mcp-max-connections`: each at least 1.
 fn mcp_limits(
     (sessions, per_credential): (Option<usize>, Option<usize>),
     idle_secs: Option<u64>,
-    body: Option<usize>,
+    (body, connections): (Option<usize>, Option<usize>),
 ) -> Result<tally_mcp::gateway::GatewayLimits> {
     use tally_mcp::gateway as g;
     for (name, n) in [
@@ -121,6 +121,7 @@ fn mcp_limits(
         ),
         ("mcp-idle-secs", idle_secs),
         ("mcp-max-body-bytes", body.map(|n| n as u64)),
+        ("mcp-max-connections", connections.map(|n| n as u64)),
     ] {
         if n == Some(0) {
             bail!("--{name}: must be at least 1");
@@ -131,7 +132,8 @@ fn mcp_limits(
         idle_secs.map_or(g::DEFAULT_IDLE, std::time::Duration::from_secs),
         body.unwrap_or(g::DEFAULT_MAX_BODY),
     )
-    .with_sessions_per_credential(per_credential.unwrap_or(g::DEFAULT_MAX_SESSIONS_PER_CREDENTIAL)))
+    .with_sessions_per_credential(per_credential.unwrap_or(g::DEFAULT_MAX_SESSIONS_PER_CREDENTIAL))
+    .with_max_connections(connections.unwrap_or(g::DEFAULT_MAX_CONNECTIONS)))
 }
 
 /// `--mcp-listen`: a loopback address.

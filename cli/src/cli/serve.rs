@@ -153,6 +153,10 @@ pub struct ServeArgs {
     /// unread [default: 4194304].
     #[arg(long, value_name = "BYTES", requires = "mcp_listen")]
     pub mcp_max_body_bytes: Option<usize>,
+    /// MCP gateway connections open at once; one more is answered 503 with Retry-After
+    /// at once, unread, and closed [default: 1024].
+    #[arg(long, value_name = "N", requires = "mcp_listen")]
+    pub mcp_max_connections: Option<usize>,
     /// Run the proxy on this Unix socket too (the agent socket's mode and group).
     #[arg(long, value_name = "PATH")]
     pub proxy_socket: Option<PathBuf>,
