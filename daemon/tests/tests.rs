@@ -14,6 +14,7 @@ mod gate;
 mod gate_client;
 mod kill;
 mod lifecycle;
+mod mcp_connections;
 mod mcp_gateway;
 mod mcp_hardened;
 mod money;
