@@ -20,6 +20,10 @@ const REFUSE_BOUND: Duration = Duration::from_secs(1);
 /// The most bytes of a refused connection's request read (and dropped) before it is
 /// closed.
 const DRAIN_BYTES: usize = 64 * 1024;
+/// The most refusals being written at once: past them, a connection over the bound is
+/// closed at once, unanswered, so a flood cannot hold the daemon's descriptors for
+/// [`REFUSE_BOUND`] each.
+const REFUSING: usize = 64;
 /// Refusals are logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -27,6 +31,8 @@ const LOG_EVERY: Duration = Duration::from_secs(1);
 pub(super) struct Connections {
     places: Arc<Semaphore>,
     max: usize,
+    /// The places of the refusals being written.
+    refusing: Arc<Semaphore>,
     /// Refusals not yet logged.
     refused: AtomicU64,
     /// When refusals were last logged.
@@ -55,6 +61,7 @@ impl Connections {
         Connections {
             places: Arc::new(Semaphore::new(max)),
             max,
+            refusing: Arc::new(Semaphore::new(REFUSING)),
             refused: AtomicU64::new(0),
             logged: Mutex::new(None),
         }
@@ -66,12 +73,17 @@ impl Connections {
         Arc::clone(&self.places).try_acquire_owned().ok()
     }
 
-    /// Answer `stream` (over the bound) `503` and close it, in a task of its own.
+    /// Answer `stream` (over the bound) `503` and close it, in a task of its own; closed
+    /// at once, unanswered, while [`REFUSING`] refusals are being written.
     pub(super) fn refuse(&self, stream: TcpStream) {
         self.count();
+        let Ok(writing) = Arc::clone(&self.refusing).try_acquire_owned() else {
+            return;
+        };
         let answer = refusal(self.max);
         tokio::spawn(async move {
             let _ = tokio::time::timeout(REFUSE_BOUND, answer_and_close(stream, &answer)).await;
+            drop(writing);
         });
     }
 
