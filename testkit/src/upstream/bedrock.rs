@@ -201,29 +201,28 @@ impl Reply<'_> {
 
 /// An exception frame of type `kind`, as Bedrock sends one mid-stream.
 fn exception(kind: &str) -> Bytes {
-    let m = Message::new(Bytes::from(json!({"message": "slow down"}).to_string()))
-        .add_header(Header::new(
-            ":exception-type",
-            HeaderValue::String(kind.to_owned().into()),
-        ))
-        .add_header(Header::new(
-            ":content-type",
-            HeaderValue::String("application/json".into()),
-        ))
-        .add_header(Header::new(
-            ":message-type",
-            HeaderValue::String("exception".into()),
-        ));
-    let mut out = Vec::new();
-    write_message_to(&m, &mut out).expect("an event-stream frame");
-    Bytes::from(out)
+    encoded(
+        (":exception-type", kind),
+        "exception",
+        &json!({"message": "slow down"}),
+    )
 }
 
 /// One event frame of type `kind` with a JSON payload.
 fn frame(kind: &str, payload: &Value) -> Bytes {
+    encoded((":event-type", kind), "event", payload)
+}
+
+/// One event-stream frame: its type header (`name`, `kind`), its message type, and
+/// `payload` as JSON.
+fn encoded(
+    (name, kind): (&'static str, &str),
+    message_type: &'static str,
+    payload: &Value,
+) -> Bytes {
     let m = Message::new(Bytes::from(payload.to_string()))
         .add_header(Header::new(
-            ":event-type",
+            name,
             HeaderValue::String(kind.to_owned().into()),
         ))
         .add_header(Header::new(
@@ -232,7 +231,7 @@ fn frame(kind: &str, payload: &Value) -> Bytes {
         ))
         .add_header(Header::new(
             ":message-type",
-            HeaderValue::String("event".into()),
+            HeaderValue::String(message_type.into()),
         ));
     let mut out = Vec::new();
     write_message_to(&m, &mut out).expect("an event-stream frame");
