@@ -152,21 +152,8 @@ async fn kill_9_of_a_runs_home_gives_its_slice_back_once_after_expiry_and_margin
     let Some(cluster) = pg::Cluster::start() else {
         return;
     };
-    let mut fleet = Fleet::start_leased(&cluster);
-    fleet.ready().await;
     let stop = Arc::new(AtomicBool::new(false));
-    start_run(
-        &fleet.socket(0),
-        json!({"run": "k", "budget": {"attempts": 1_000_000, "spend_cents": 1_000_000}}),
-    )
-    .await;
-    let (allows, tasks) = load(&fleet, "k", 1, &stop);
-    let total = |a: &[Arc<AtomicU64>]| a.iter().map(|a| a.load(Ordering::Relaxed)).sum::<u64>();
-    let waited = Instant::now();
-    while total(&allows) < 40 {
-        assert!(waited.elapsed() < Duration::from_secs(60), "no load");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (mut fleet, allows, tasks) = loaded(&cluster, "k", &stop).await;
     let home = home_of(&cluster, "k").expect("the run is at home on a daemon");
     fleet.kill(home);
     let killed = Instant::now();
@@ -231,6 +218,34 @@ async fn within<T>(work: impl std::future::Future<Output = T>, what: &str) -> T 
     }
 }
 
+/// Three leased daemons, run `run` started through the first with room for the whole
+/// test, and every worker calling it (until `stop`) once 40 calls were allowed.
+async fn loaded(
+    cluster: &pg::Cluster,
+    run: &str,
+    stop: &Arc<AtomicBool>,
+) -> (Fleet, Vec<Arc<AtomicU64>>, Tasks) {
+    let mut fleet = Fleet::start_leased(cluster);
+    fleet.ready().await;
+    start_run(
+        &fleet.socket(0),
+        json!({"run": run, "budget": {"attempts": 1_000_000, "spend_cents": 1_000_000}}),
+    )
+    .await;
+    let (allows, tasks) = load(&fleet, run, 1, stop);
+    let waited = Instant::now();
+    while allows
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .sum::<u64>()
+        < 40
+    {
+        assert!(waited.elapsed() < Duration::from_secs(60), "no load");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    (fleet, allows, tasks)
+}
+
 /// A run scope's settled attempts.
 fn scope_attempts(cluster: &pg::Cluster, run: &str) -> [u64; 1] {
     let out = cluster.psql(&format!(
@@ -244,25 +259,8 @@ async fn a_pause_through_one_daemon_stops_the_run_on_its_home_at_its_next_call()
     let Some(cluster) = pg::Cluster::start() else {
         return;
     };
-    let mut fleet = Fleet::start_leased(&cluster);
-    fleet.ready().await;
     let stop = Arc::new(AtomicBool::new(false));
-    start_run(
-        &fleet.socket(0),
-        json!({"run": "p", "budget": {"attempts": 1_000_000, "spend_cents": 1_000_000}}),
-    )
-    .await;
-    let (allows, tasks) = load(&fleet, "p", 1, &stop);
-    let waited = Instant::now();
-    while allows
-        .iter()
-        .map(|a| a.load(Ordering::Relaxed))
-        .sum::<u64>()
-        < 40
-    {
-        assert!(waited.elapsed() < Duration::from_secs(60), "no load");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (fleet, _allows, tasks) = loaded(&cluster, "p", &stop).await;
     let home = home_of(&cluster, "p").expect("at home on a daemon");
     let other = (home + 1) % DAEMONS;
     let mut c = Client::unix(fleet.host(other).join("operator.sock"))
