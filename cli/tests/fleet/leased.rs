@@ -225,7 +225,7 @@ async fn loaded(
     run: &str,
     stop: &Arc<AtomicBool>,
 ) -> (Fleet, Vec<Arc<AtomicU64>>, Tasks) {
-    let mut fleet = Fleet::start_leased(cluster);
+    let fleet = Fleet::start_leased(cluster);
     fleet.ready().await;
     start_run(
         &fleet.socket(0),
@@ -260,7 +260,7 @@ async fn a_pause_through_one_daemon_stops_the_run_on_its_home_at_its_next_call()
         return;
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let (fleet, _allows, tasks) = loaded(&cluster, "p", &stop).await;
+    let (mut fleet, _allows, tasks) = loaded(&cluster, "p", &stop).await;
     let home = home_of(&cluster, "p").expect("at home on a daemon");
     let other = (home + 1) % DAEMONS;
     let mut c = Client::unix(fleet.host(other).join("operator.sock"))
