@@ -11,7 +11,7 @@
 use super::*;
 
 /// Daemon `d`'s `/metrics` (on the operator socket).
-async fn metrics(fleet: &Fleet, d: usize) -> String {
+pub(crate) async fn metrics(fleet: &Fleet, d: usize) -> String {
     let mut c = Client::unix(fleet.host(d).join("operator.sock"))
         .await
         .expect("operator socket");
@@ -24,7 +24,7 @@ async fn metrics(fleet: &Fleet, d: usize) -> String {
 }
 
 /// Daemon `d`'s `tally_lease_events_total`, by event, from its `/metrics`.
-async fn lease_events(fleet: &Fleet, d: usize) -> BTreeMap<String, u64> {
+pub(crate) async fn lease_events(fleet: &Fleet, d: usize) -> BTreeMap<String, u64> {
     metrics(fleet, d)
         .await
         .lines()
@@ -37,7 +37,7 @@ async fn lease_events(fleet: &Fleet, d: usize) -> BTreeMap<String, u64> {
 }
 
 /// The holder a run is at home on (`hostN`), or none.
-fn home_of(cluster: &pg::Cluster, run: &str) -> Option<usize> {
+pub(crate) fn home_of(cluster: &pg::Cluster, run: &str) -> Option<usize> {
     let out = cluster.psql(&format!("SELECT home FROM tally_runs WHERE name = '{run}'"));
     out.trim().strip_prefix("host").and_then(|n| n.parse().ok())
 }
@@ -211,7 +211,7 @@ async fn kill_9_of_a_runs_home_gives_its_slice_back_once_after_expiry_and_margin
 
 /// `work`, which retries while refused as unavailable, done within two minutes: a hang
 /// (a refusal retried forever) is a failure that says so.
-async fn within<T>(work: impl std::future::Future<Output = T>, what: &str) -> T {
+pub(crate) async fn within<T>(work: impl std::future::Future<Output = T>, what: &str) -> T {
     match tokio::time::timeout(Duration::from_secs(120), work).await {
         Ok(done) => done,
         Err(_) => panic!("{what}: not done after 120 s (refused as unavailable, retried forever?)"),
@@ -220,7 +220,7 @@ async fn within<T>(work: impl std::future::Future<Output = T>, what: &str) -> T 
 
 /// Three leased daemons, run `run` started through the first with room for the whole
 /// test, and every worker calling it (until `stop`) once 40 calls were allowed.
-async fn loaded(
+pub(crate) async fn loaded(
     cluster: &pg::Cluster,
     run: &str,
     stop: &Arc<AtomicBool>,
@@ -247,7 +247,7 @@ async fn loaded(
 }
 
 /// A run scope's settled attempts.
-fn scope_attempts(cluster: &pg::Cluster, run: &str) -> [u64; 1] {
+pub(crate) fn scope_attempts(cluster: &pg::Cluster, run: &str) -> [u64; 1] {
     let out = cluster.psql(&format!(
         "SELECT settled_attempts FROM tally_lease_scopes WHERE kind = 'run' AND key = '{run}'"
     ));

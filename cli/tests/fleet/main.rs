@@ -26,6 +26,7 @@ mod audit;
 use audit::*;
 mod kill;
 mod leased;
+mod leased_restart;
 mod partition;
 mod race;
 mod restart;
