@@ -152,7 +152,18 @@ impl<'a> Reader<'a> {
             return None;
         }
         let bytes = self.bytes();
-        let mut out = String::new();
+        // Most strings hold no escape: up to the closing quote, copied in one allocation
+        // of their exact length. A backslash or a control character takes the loop below.
+        let plain = bytes[self.at..]
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        if bytes[self.at + plain] == b'"' {
+            let out = self.text[self.at..self.at + plain].to_owned();
+            self.at += plain + 1;
+            self.longest = self.longest.max(out.len());
+            return Some(out);
+        }
+        let mut out = String::with_capacity(plain);
         let mut run = self.at;
         loop {
             let b = *bytes.get(self.at)?;
