@@ -192,6 +192,18 @@ fn when_durable<T: Receipted + Send + 'static>(
     })
 }
 
+/// The refusal of a decision whose state a group commit then failed to commit: to whoever
+/// still waits for its answer (nothing was queued; the gate is not failed).
+fn refuser<T: Send + 'static>(waiting: &Arc<Mutex<Option<Done<T>>>>) -> crate::backend::Refuse {
+    let waiting = Arc::clone(waiting);
+    Box::new(move |e| {
+        let done = waiting.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(done) = done {
+            done(Err(e));
+        }
+    })
+}
+
 /// Who an operation answers, and when: `done` once its records are durable; an operation
 /// answered once *sequenced* ([`Answer::sequenced`]) also answers `sequenced` as soon as
 /// its state change is applied and its records are queued in the ledger's commit order.
@@ -301,6 +313,7 @@ impl<B: StateBackend> Gate<B> {
             // Deferred if answered once sequenced: they ride the next decision's fsync.
             deferred: sequenced.is_some(),
             observed,
+            refuse: refuser(&waiting),
         };
         // A networked backend's state is durable before the decision is queued; if it
         // cannot be, nothing was queued and the gate stays up (the caller retries).

@@ -16,12 +16,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use tally_gate::backend::{
-    Committed, Keys, Observed, Overview, Snapshot, StateBackend, StateReads, StateTxn, Write,
+    Committed, Keys, Observed, Overview, Records, Refuse, Snapshot, StateBackend, StateReads,
+    StateTxn, Write,
 };
 use tally_gate::GateError;
 use tally_policy::{RunState, ToolState};
 
 use super::breakers::{self, BreakersTicked, ViewLimits, Views};
+use super::group::{Group, Item, Outcome};
 use super::holder::Slices;
 use super::home::{self, Found, Home, TakenOn, TakenOns};
 use super::types::{Amounts, Caps, Scope, ScopeKind};
@@ -35,10 +37,12 @@ pub struct Leased {
     slices: Arc<Slices>,
     /// The tools' breakers as this holder sees them ([`super::breakers`]).
     views: Arc<Views>,
-    homes: Mutex<BTreeMap<String, Home>>,
+    homes: Arc<Mutex<BTreeMap<String, Home>>>,
     /// Where each open attempt's use was counted, apart from the copies (which an
     /// uncommitted decision lets go).
     taken: Mutex<TakenOns>,
+    /// The group commit of the decisions at home that lock no shared row ([`super::group`]).
+    group: Group,
 }
 
 impl std::fmt::Debug for Leased {
@@ -54,8 +58,13 @@ impl Leased {
     /// The central backend, with this holder's slices. Every tick of the slices ends
     /// with the tools' breakers' views flushed and refreshed.
     /// The tick's report says what the views did ([`BreakersTicked`]), and the
-    /// holder's lease metrics count it.
-    pub fn new(central: Postgres, slices: Arc<Slices>, limits: ViewLimits) -> Leased {
+    /// holder's lease metrics count it. Fails only if the group commit's thread cannot
+    /// be started.
+    pub fn new(
+        central: Postgres,
+        slices: Arc<Slices>,
+        limits: ViewLimits,
+    ) -> std::io::Result<Leased> {
         let (central, views) = (Arc::new(central), Arc::new(Views::new(limits)));
         let (c, v, s) = (
             Arc::downgrade(&central),
@@ -71,13 +80,16 @@ impl Leased {
                 }
             }
         }));
-        Leased {
+        let homes = Arc::new(Mutex::new(BTreeMap::new()));
+        let group = Group::start(&central, Arc::clone(&homes))?;
+        Ok(Leased {
             central,
             slices,
             views,
-            homes: Mutex::new(BTreeMap::new()),
+            homes,
             taken: Mutex::new(BTreeMap::new()),
-        }
+            group,
+        })
     }
 
     /// The holder's slices (its counters, its ticks).
@@ -143,8 +155,11 @@ impl StateBackend for Leased {
     type Txn<'a> = LeasedTxn<'a>;
 
     fn begin(&self) -> Result<LeasedTxn<'_>, GateError> {
+        let inner = self.central.begin()?;
         Ok(LeasedTxn {
-            inner: self.central.begin()?,
+            generation: self.group.generation(),
+            drained: false,
+            inner,
             backend: self,
             homed: BTreeMap::new(),
             elsewhere: BTreeMap::new(),
@@ -186,6 +201,7 @@ impl StateBackend for Leased {
     /// Every slice given back, saying what was used (the runs' rows are already
     /// written through): what was left of them is the fleet's again at once.
     fn close(&self) {
+        self.group.close();
         let mut flushed = BreakersTicked::default();
         breakers::flush(&self.central, &self.views, &mut flushed);
         self.slices.metrics().breakers(&flushed);
@@ -208,8 +224,14 @@ pub struct LeasedTxn<'a> {
     /// Tools that could be viewed, read and locked centrally here: their views follow
     /// what this transaction writes.
     watched: BTreeSet<String>,
-    /// Committed: the copies kept are what the rows hold.
+    /// Committed (or queued in the group commit): the copies kept are what the rows
+    /// hold, or will once the group commits (a failed group commit lets them go).
     committed: bool,
+    /// The group commit's generation when this began ([`Group::queue`]).
+    generation: u64,
+    /// Every decision queued in the group commit was committed before this one sent
+    /// its first statement ([`LeasedTxn::central`]).
+    drained: bool,
 }
 
 impl Drop for LeasedTxn<'_> {
@@ -227,25 +249,25 @@ impl StateReads for LeasedTxn<'_> {
         if self.homed.contains_key(run) || self.backend.homes().contains_key(run) {
             return Ok(true);
         }
-        self.inner.governs(run)
+        self.central()?.governs(run)
     }
     fn open_runs_of(&mut self, uid: Option<u32>) -> Result<u64, GateError> {
-        self.inner.open_runs_of(uid)
+        self.central()?.open_runs_of(uid)
     }
     fn open_runs_listed(&mut self, uid: Option<u32>) -> Result<Vec<RunState>, GateError> {
-        self.inner.open_runs_listed(uid)
+        self.central()?.open_runs_listed(uid)
     }
     fn runs(&mut self) -> Result<Vec<RunState>, GateError> {
-        self.inner.runs()
+        self.central()?.runs()
     }
     fn runs_named(&mut self, prefix: &str) -> Result<Vec<RunState>, GateError> {
-        self.inner.runs_named(prefix)
+        self.central()?.runs_named(prefix)
     }
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError> {
-        self.inner.open_children(run)
+        self.central()?.open_children(run)
     }
     fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
-        self.inner.breakers()
+        self.central()?.breakers()
     }
 }
 
@@ -254,7 +276,7 @@ impl StateTxn for LeasedTxn<'_> {
         if self.homed.contains_key(run) {
             return Ok(false);
         }
-        self.inner.claim(run)
+        self.central()?.claim(run)
     }
 
     fn load(&mut self, keys: &Keys<'_>) -> Result<Snapshot, GateError> {
@@ -275,7 +297,12 @@ impl StateTxn for LeasedTxn<'_> {
             }
             None => true,
         });
-        s.absorb(self.inner.load(&rest)?);
+        let named = !(rest.tools.is_empty()
+            && rest.credentials.is_empty()
+            && rest.principals.is_empty());
+        if named {
+            s.absorb(self.central()?.load(&rest)?);
+        }
         Ok(s)
     }
 
@@ -286,6 +313,7 @@ impl StateTxn for LeasedTxn<'_> {
             records,
             deferred,
             observed,
+            refuse,
         } = write;
         let viewed = self.viewed_after(&mut snapshot.tools, observed);
         let mut runs = snapshot.runs;
@@ -305,6 +333,18 @@ impl StateTxn for LeasedTxn<'_> {
             self.untake(&moves);
             return Err(e);
         }
+        // A decision sent nothing while it was made, and writes its runs at home only:
+        // into the group commit. Anything else waits for the group to drain, and takes
+        // a version of its own (the ones taken ahead are let go: versions only rise).
+        let apart = moves.extra.steps.is_empty() && !moves.extra.homes.is_empty();
+        if !deferred && apart && self.inner.untouched() {
+            return self.grouped(moves, viewed, records, done, refuse);
+        }
+        if let Err(e) = self.central() {
+            self.untake(&moves);
+            return Err(e);
+        }
+        self.backend.group.forget_versions();
         let version = match self.inner.persist(durable, &moves.extra) {
             Ok(v) => v,
             Err(e) => {
@@ -332,6 +372,89 @@ impl StateTxn for LeasedTxn<'_> {
         } else {
             ledger.submit_with_state(batch.plaintexts, batch.ledger_state, done);
         }
+        Ok(())
+    }
+}
+
+impl<'a> LeasedTxn<'a> {
+    /// The central transaction, once every decision queued in the group commit was
+    /// committed and handed to the ledger (so this one's version and records come after
+    /// theirs, and no row they write is locked here first).
+    fn central(&mut self) -> Result<&mut PostgresTxn<'a>, GateError> {
+        if !self.drained {
+            self.backend.group.drain()?;
+            self.drained = true;
+        }
+        Ok(&mut self.inner)
+    }
+
+    /// Into the group commit ([`super::group`]): a version taken ahead, the records
+    /// made at it, the copies kept now (later decisions on these runs are made on
+    /// them), and once the group committed: what was given back credited, the records
+    /// handed to the ledger. A group that did not commit refuses it (`refuse`), what it
+    /// took given back if that rolled back for certain.
+    fn grouped(
+        &mut self,
+        mut moves: Moves,
+        viewed: Vec<ViewedTool>,
+        records: Records<'_>,
+        done: Committed,
+        refuse: Refuse,
+    ) -> Result<(), GateError> {
+        let made = self
+            .backend
+            .group
+            .version(&mut self.inner)
+            .and_then(|v| records(v));
+        let batch = match made {
+            Ok(b) => b,
+            Err(e) => {
+                self.untake(&moves);
+                return Err(e);
+            }
+        };
+        let (ledger, slices) = (
+            Arc::clone(&self.backend.central.ledger),
+            Arc::clone(&self.backend.slices),
+        );
+        let (takes, gives) = (moves.takes.clone(), std::mem::take(&mut moves.gives));
+        // The policy's own record (and the ledger's state with it) is marked recorded
+        // once made: if its group did not commit, the gate fails closed, never goes on
+        // without it.
+        let policy = !batch.ledger_state.is_empty();
+        let then = Box::new(move |o: Outcome| {
+            let e = match o {
+                Outcome::Committed => {
+                    for (scope, id, gave) in gives {
+                        slices.give_on(&scope, id, gave);
+                    }
+                    let (plaintexts, state) = (batch.plaintexts, batch.ledger_state);
+                    return ledger.submit_with_state(plaintexts, state, done);
+                }
+                Outcome::RolledBack(e) => {
+                    untake(&slices, &takes);
+                    e
+                }
+                Outcome::Unsure(e) => e,
+            };
+            match policy {
+                true => done(Err(tally_ledger::Error::Store(e.to_string()))),
+                false => refuse(e),
+            }
+        });
+        let homes = moves.extra.homes.clone();
+        let untaken = moves.takes.clone();
+        let item = Item { homes, then };
+        let queued = self.backend.group.queue(self.generation, item, || {
+            self.copies_settled(moves);
+        });
+        if let Err(e) = queued {
+            // Not queued: nothing was sent, nothing kept.
+            untake(&self.backend.slices, &untaken);
+            return Err(e);
+        }
+        self.committed = true;
+        self.seen_here(viewed);
         Ok(())
     }
 }
@@ -428,7 +551,7 @@ impl LeasedTxn<'_> {
             return Ok(Some(h.state.clone()));
         }
         if self.inner.runs.contains_key(run) {
-            return self.inner.load_run(run);
+            return self.central()?.load_run(run);
         }
         let kept = self.backend.kept(run);
         if let Some(h) = kept {
@@ -440,7 +563,7 @@ impl LeasedTxn<'_> {
             return Ok(Some(state));
         }
         let rows = self
-            .inner
+            .central()?
             .rows("to read a run", |s| &s.home_read, &[&run])?;
         let Some(row) = rows.first() else {
             return Ok(None);
@@ -637,9 +760,7 @@ impl LeasedTxn<'_> {
     /// Rolled back for certain: what was taken on this holder's slices for it is
     /// given back on them.
     fn untake(&self, moves: &Moves) {
-        for (scope, on, need) in &moves.takes {
-            self.backend.slices.untake(scope, *on, *need);
-        }
+        untake(&self.backend.slices, &moves.takes);
     }
 
     fn home_write(&self, name: &str, was: &Home, now: &RunState) -> HomeWrite {
@@ -655,7 +776,17 @@ impl LeasedTxn<'_> {
 
     /// Committed: the copies kept (a stopped run's let go), what was given back
     /// credited to the slices that took it.
-    fn settled(&self, moves: Moves) {
+    fn settled(&self, mut moves: Moves) {
+        let gives = std::mem::take(&mut moves.gives);
+        self.copies_settled(moves);
+        for (scope, id, gave) in gives {
+            self.backend.slices.give_on(&scope, id, gave);
+        }
+    }
+
+    /// The copies kept (a stopped run's let go), and where the attempts it opened were
+    /// counted (those it closed forgotten).
+    fn copies_settled(&self, moves: Moves) {
         let mut homes = self.backend.homes();
         for (name, kept) in moves.keep {
             match kept {
@@ -674,10 +805,6 @@ impl LeasedTxn<'_> {
             taken.entry(run).or_default().insert(a, on);
         }
         taken.retain(|_, on| !on.is_empty());
-        drop(taken);
-        for (scope, id, gave) in moves.gives {
-            self.backend.slices.give_on(&scope, id, gave);
-        }
     }
 
     /// Not committed: the copies of this transaction's runs are let go (read again
@@ -687,6 +814,14 @@ impl LeasedTxn<'_> {
         for name in self.homed.keys() {
             homes.remove(name);
         }
+    }
+}
+
+/// What was taken on `slices` for a decision that rolled back for certain, given back
+/// where it was taken.
+fn untake(slices: &Slices, takes: &[(Scope, Option<i64>, Amounts)]) {
+    for (scope, on, need) in takes {
+        slices.untake(scope, *on, *need);
     }
 }
 

@@ -17,6 +17,7 @@ mod breakers;
 mod calls;
 mod central;
 mod events;
+mod group;
 mod holder;
 mod home;
 mod open;
@@ -32,6 +33,7 @@ use tokio_postgres::{Client, NoTls, Row};
 
 pub use backend::{Leased, LeasedTxn};
 pub use breakers::{BreakersTicked, ViewLimits};
+pub use group::GROUP_SUFFIX;
 pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 pub use holder::{SliceError, SliceOptions, Slices, Taken};
 pub(crate) use home::{HOME_GUARD, HOME_GUARD_SEALED, HOME_READ, HOME_WRITE};
