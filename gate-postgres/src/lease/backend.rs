@@ -103,6 +103,12 @@ impl Leased {
         self.views.pending()
     }
 
+    /// Decisions waiting in the group commit now, and whether a commit of them is in
+    /// flight ([`super::group`]).
+    pub fn group_pending(&self) -> (usize, bool) {
+        self.group.pending()
+    }
+
     /// The runs at home here now, by name.
     pub fn at_home(&self) -> Vec<String> {
         self.homes().keys().cloned().collect()
@@ -190,8 +196,11 @@ impl StateBackend for Leased {
         true
     }
 
+    /// The slices' and the views' events, then the group commit's counts.
     fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
-        Some(self.slices.metrics().counts())
+        let mut counts = self.slices.metrics().counts();
+        counts.extend(self.group.counts());
+        Some(counts)
     }
 
     fn breaker_outcomes_unflushed(&self) -> Option<u64> {

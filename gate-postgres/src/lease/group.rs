@@ -71,6 +71,8 @@ struct Shared {
     emptied: Condvar,
     homes: Arc<Mutex<BTreeMap<String, Home>>>,
     link: Link,
+    /// Transactions committed, decisions committed in them, decisions refused.
+    counts: [AtomicU64; 3],
 }
 
 /// How the committer reaches the database.
@@ -109,6 +111,7 @@ impl Group {
             queued: Condvar::new(),
             emptied: Condvar::new(),
             homes,
+            counts: Default::default(),
             link: Link {
                 config,
                 target: central.target.clone(),
@@ -197,6 +200,24 @@ impl Group {
         Ok(())
     }
 
+    /// Decisions queued now, and whether a commit of them is in flight.
+    pub(crate) fn pending(&self) -> (usize, bool) {
+        let q = lock(&self.shared.queue);
+        (q.items.len(), q.in_flight)
+    }
+
+    /// Transactions committed (`group_commits`), the decisions committed in them
+    /// (`group_decisions`), and decisions refused because their group did not commit
+    /// (`group_refused`).
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 3] {
+        let c = |i: usize| self.shared.counts[i].load(Ordering::Relaxed);
+        [
+            ("group_commits", c(0)),
+            ("group_decisions", c(1)),
+            ("group_refused", c(2)),
+        ]
+    }
+
     /// Every queued decision committed (or refused), then the thread ended.
     pub(crate) fn close(&self) {
         lock(&self.shared.queue).closed = true;
@@ -241,6 +262,9 @@ fn committer(s: &Shared, rt: &Rt) {
 fn answer(s: &Shared, batch: Vec<Item>, r: Result<(), (bool, String)>) {
     let (certain, why) = match r {
         Ok(()) => {
+            s.counts[0].fetch_add(1, Ordering::Relaxed);
+            let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+            s.counts[1].fetch_add(n, Ordering::Relaxed);
             for item in batch {
                 (item.then)(Outcome::Committed);
             }
@@ -261,6 +285,8 @@ fn answer(s: &Shared, batch: Vec<Item>, r: Result<(), (bool, String)>) {
         q.generation += 1;
         behind
     };
+    let n = u64::try_from(batch.len() + behind.len()).unwrap_or(u64::MAX);
+    s.counts[2].fetch_add(n, Ordering::Relaxed);
     let refusal = || {
         GateError::Unavailable(format!(
             "PostgreSQL at {} failed to commit a group of decisions: {why}; nothing of this decision was recorded (retry)",

@@ -1,0 +1,287 @@
+//! The group commit of the leased mode on a real PostgreSQL (docs/FLEET.md, "Group
+//! commit"): decisions at home of many runs in flight at once are committed several to
+//! a transaction and each run still gets exactly its budget; decisions of one run from
+//! many threads stay serialised; a group whose commit fails refuses every decision in
+//! it and every one queued behind it, records nothing for them, and the runs are read
+//! again from their rows (what they took counted nowhere). Lease time is on a manual
+//! clock; nothing sleeps (a test waits for the group's queue to say what it holds).
+
+mod common;
+
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use common::lease::{at_noon, MARGIN, TTL};
+use common::Cluster;
+use serde_json::json;
+use tally_gate::{Caller, CheckAnswer, Gate, GateError};
+use tally_gate_postgres::{
+    open_leased, LeaseClock, LeaseOptions, LeaseSetup, Leased, Options, SliceOptions, ViewLimits,
+};
+use tally_policy::{Recorded, Verdict};
+
+const OPERATOR: Caller = Caller {
+    uid: None,
+    operator: true,
+    proxied: false,
+};
+
+/// No tool rate bucket, no limit on calls in flight: a tool's breaker is read from the
+/// holder's view, so a decision at home sends nothing while it is made.
+const VIEWED: &str = "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[approvals]\nask_on = []\n";
+
+/// A leased gate `holder` over its own ledger in `dir`, every round trip bounded by
+/// `timeout`.
+fn leased(
+    cluster: &Cluster,
+    dir: &std::path::Path,
+    holder: &str,
+    clock: &LeaseClock,
+    timeout: Duration,
+) -> Gate<Leased> {
+    let ledger = common::ledger(dir);
+    let setup = LeaseSetup {
+        leases: LeaseOptions {
+            ttl: TTL,
+            margin: MARGIN,
+            clock: clock.clone(),
+        },
+        slices: SliceOptions::default(),
+        views: ViewLimits::default(),
+        ..LeaseSetup::new(holder)
+    };
+    let options = Options {
+        timeout,
+        ..Options::new(&cluster.url())
+    };
+    let backend =
+        open_leased(Arc::clone(&ledger), &options, &setup, |_| None, None).expect("backend");
+    Gate::with_backend(ledger, backend, Recorded::new(VIEWED).expect("policy")).expect("gate")
+}
+
+fn start(gate: &Gate<Leased>, run: &str, attempts: u64) {
+    let req = json!({"run": run, "budget": {"attempts": attempts}});
+    gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
+        .expect("start");
+}
+
+fn check(gate: &Gate<Leased>, run: &str) -> Result<CheckAnswer, GateError> {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let req = json!({"run": run, "tool": "llm", "operation": format!("q{n}"), "effect": "read"});
+    gate.check_blocking(OPERATOR, serde_json::from_value(req).expect("check"))
+}
+
+fn outcome(gate: &Gate<Leased>, run: &str, attempt: u64) -> Result<(), GateError> {
+    let req = json!({"run": run, "attempt": attempt, "status": "ok"});
+    gate.outcome_blocking(OPERATOR, serde_json::from_value(req).expect("outcome"))
+        .map(drop)
+}
+
+/// The group commit's count `name` (`group_commits`, `group_decisions`, `group_refused`).
+fn count(gate: &Gate<Leased>, name: &str) -> u64 {
+    use tally_gate::backend::StateBackend;
+    gate.backend()
+        .lease_counts()
+        .and_then(|c| c.into_iter().find(|(n, _)| *n == name))
+        .map_or(0, |(_, v)| v)
+}
+
+/// Checks and outcomes on `run` until a check is denied: the allows. Every answer is
+/// an allow, a deny of the run's attempts, or (never here) a refusal: a failure.
+fn spend(gate: &Gate<Leased>, run: &str) -> u64 {
+    let mut allowed = 0;
+    loop {
+        let a = check(gate, run).unwrap_or_else(|e| panic!("check of {run}: {e}"));
+        if a.decision != Verdict::Allow {
+            return allowed;
+        }
+        allowed += 1;
+        outcome(gate, run, a.attempt.expect("attempt"))
+            .unwrap_or_else(|e| panic!("outcome of {run}: {e}"));
+    }
+}
+
+/// `threads` threads, thread i spending run `runs[i % runs.len()]` until it is denied:
+/// the allows per run.
+fn spent(gate: &Arc<Gate<Leased>>, runs: &[String], threads: usize) -> Vec<u64> {
+    let (tx, rx) = mpsc::channel();
+    for i in 0..threads {
+        let (gate, tx) = (Arc::clone(gate), tx.clone());
+        let r = i % runs.len();
+        let run = runs[r].clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((r, spend(&gate, &run)));
+        });
+    }
+    drop(tx);
+    let mut allows = vec![0; runs.len()];
+    for _ in 0..threads {
+        let (r, n) = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a thread ended");
+        allows[r] += n;
+    }
+    allows
+}
+
+#[test]
+fn decisions_of_many_runs_in_flight_are_committed_together_and_each_run_gets_its_budget() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = Arc::new(leased(
+        &cluster,
+        dir.path(),
+        "host-a",
+        &at_noon(),
+        Duration::from_secs(30),
+    ));
+    let runs: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
+    for run in &runs {
+        start(&gate, run, 15);
+    }
+    let allows = spent(&gate, &runs, runs.len());
+    assert_eq!(allows, vec![15; runs.len()]);
+    let (commits, decisions) = (
+        count(&gate, "group_commits"),
+        count(&gate, "group_decisions"),
+    );
+    // Each run's first check takes it in (central); the later decisions at home are
+    // grouped: 12 runs x (15 allows + 15 outcomes + 1 deny), the 12 first checks less.
+    assert!(decisions >= 12 * 29, "{decisions} decisions committed in groups");
+    assert!(
+        commits < decisions,
+        "{decisions} decisions in {commits} commits: never two in one"
+    );
+    assert_eq!(count(&gate, "group_refused"), 0);
+    // Every run's row holds every attempt the gate answered.
+    let rows = cluster.psql("SELECT count(*) FROM tally_runs WHERE home = 'host-a'");
+    assert_eq!(rows.trim(), "12");
+}
+
+#[test]
+fn decisions_of_one_run_from_many_threads_stay_serialised() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = Arc::new(leased(
+        &cluster,
+        dir.path(),
+        "host-a",
+        &at_noon(),
+        Duration::from_secs(30),
+    ));
+    start(&gate, "one", 40);
+    let allows = spent(&gate, &["one".to_owned()], 8);
+    // Two decisions made on one copy would allow past the run's 40 attempts.
+    assert_eq!(allows, vec![40]);
+    let grouped = count(&gate, "group_decisions");
+    assert!(grouped >= 80, "{grouped} decisions committed in groups");
+}
+
+/// A session of the test's own, holding a run's row locked.
+struct Locker {
+    rt: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Locker {
+    fn lock(cluster: &Cluster, run: &str) -> Locker {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (client, conn) = rt
+            .block_on(tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls))
+            .expect("connect");
+        rt.spawn(async move {
+            let _ = conn.await;
+        });
+        let sql = format!("BEGIN; SELECT 1 FROM tally_runs WHERE name = '{run}' FOR UPDATE");
+        rt.block_on(client.batch_execute(&sql)).expect("lock");
+        Locker { rt, client }
+    }
+
+    fn run(&self, sql: &str) {
+        self.rt
+            .block_on(self.client.batch_execute(sql))
+            .expect("statement");
+    }
+}
+
+/// Wait (no sleep: the gate's own queue is read) until `holds` says yes, at most 60 s.
+fn until(gate: &Gate<Leased>, what: &str, holds: impl Fn((usize, bool)) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !holds(gate.backend().group_pending()) {
+        assert!(Instant::now() < deadline, "{what}: {:?}", gate.backend().group_pending());
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_failed_group_commit_refuses_every_decision_in_it_and_behind_it_and_records_nothing() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = Arc::new(leased(
+        &cluster,
+        dir.path(),
+        "host-a",
+        &at_noon(),
+        Duration::from_secs(30),
+    ));
+    for run in ["a", "b", "c"] {
+        start(&gate, run, 4);
+        // Taken in: the next decisions on it are made at home.
+        assert_eq!(check(&gate, run).expect("first check").decision, Verdict::Allow);
+    }
+    let records = gate.ledger().snapshot().size();
+    // Run a's row locked by another session: the group carrying a's decision waits.
+    let locker = Locker::lock(&cluster, "a");
+    let spawn = |run: &'static str| {
+        let gate = Arc::clone(&gate);
+        std::thread::spawn(move || check(&gate, run))
+    };
+    let first = spawn("a");
+    until(&gate, "a's group in flight", |(queued, flying)| {
+        flying && queued == 0
+    });
+    let behind = [spawn("b"), spawn("c")];
+    until(&gate, "b and c queued behind it", |(queued, _)| queued == 2);
+    // The other session takes a's home back (a central write clears it) and commits:
+    // the group's write of a fails, the group rolls back.
+    locker.run("UPDATE tally_runs SET version = version + 1 WHERE name = 'a'; COMMIT");
+    let answers: Vec<String> = std::iter::once(first)
+        .chain(behind)
+        .map(|t| match t.join().expect("thread") {
+            Err(GateError::Unavailable(_)) => "unavailable".to_owned(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(answers, ["unavailable"; 3]);
+    assert_eq!(count(&gate, "group_refused"), 3);
+    gate.ledger().flush().expect("flush");
+    assert_eq!(
+        gate.ledger().snapshot().size(),
+        records,
+        "nothing recorded for them"
+    );
+    // Read again from their rows: each run has exactly its 3 attempts left (nothing of
+    // the refused decisions counted), a retaken home included.
+    for run in ["a", "b", "c"] {
+        let mut left = 0;
+        loop {
+            match check(&gate, run) {
+                Ok(a) if a.decision == Verdict::Allow => left += 1,
+                Ok(_) => break,
+                Err(GateError::Unavailable(_)) if run == "a" && left == 0 => continue,
+                Err(e) => panic!("{run}: {e}"),
+            }
+        }
+        assert_eq!(left, 3, "run {run}: attempts left after the failed group");
+    }
+}
