@@ -41,13 +41,13 @@ mod state;
 mod txn;
 pub use gatekeeper::gatekeeper;
 pub use gatekeeper::leased_gatekeeper;
+pub use lease::GROUP_SUFFIX;
 pub use lease::{
     on_lease_event, open_leased, spawn_ticks, spawn_timer, Amounts, BreakersTicked, Caps, Grant,
     Lease, LeaseClock, LeaseError, LeaseEvent, LeaseMetrics, LeaseOptions, LeaseSetup, Leased,
     LeasedTxn, Leases, Outlook, Reclaimed, Released, Scope, ScopeKind, Sink, SliceError,
     SliceOptions, Slices, Spent, Taken, Ticked, ViewLimits,
 };
-pub use lease::GROUP_SUFFIX;
 pub use overview::VIEW_SUFFIX;
 
 use std::collections::BTreeMap;

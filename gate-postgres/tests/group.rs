@@ -150,7 +150,10 @@ fn decisions_of_many_runs_in_flight_are_committed_together_and_each_run_gets_its
     );
     // Each run's first check takes it in (central); the later decisions at home are
     // grouped: 12 runs x (15 allows + 15 outcomes + 1 deny), the 12 first checks less.
-    assert!(decisions >= 12 * 29, "{decisions} decisions committed in groups");
+    assert!(
+        decisions >= 12 * 29,
+        "{decisions} decisions committed in groups"
+    );
     assert!(
         commits < decisions,
         "{decisions} decisions in {commits} commits: never two in one"
@@ -195,7 +198,10 @@ impl Locker {
             .build()
             .expect("runtime");
         let (client, conn) = rt
-            .block_on(tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls))
+            .block_on(tokio_postgres::connect(
+                &cluster.url(),
+                tokio_postgres::NoTls,
+            ))
             .expect("connect");
         rt.spawn(async move {
             let _ = conn.await;
@@ -216,7 +222,11 @@ impl Locker {
 fn until(gate: &Gate<Leased>, what: &str, holds: impl Fn((usize, bool)) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !holds(gate.backend().group_pending()) {
-        assert!(Instant::now() < deadline, "{what}: {:?}", gate.backend().group_pending());
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {:?}",
+            gate.backend().group_pending()
+        );
         std::thread::yield_now();
     }
 }
@@ -237,7 +247,10 @@ fn a_failed_group_commit_refuses_every_decision_in_it_and_behind_it_and_records_
     for run in ["a", "b", "c"] {
         start(&gate, run, 4);
         // Taken in: the next decisions on it are made at home.
-        assert_eq!(check(&gate, run).expect("first check").decision, Verdict::Allow);
+        assert_eq!(
+            check(&gate, run).expect("first check").decision,
+            Verdict::Allow
+        );
     }
     let records = gate.ledger().snapshot().size();
     // Run a's row locked by another session: the group carrying a's decision waits.

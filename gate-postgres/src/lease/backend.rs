@@ -306,9 +306,8 @@ impl StateTxn for LeasedTxn<'_> {
             }
             None => true,
         });
-        let named = !(rest.tools.is_empty()
-            && rest.credentials.is_empty()
-            && rest.principals.is_empty());
+        let named =
+            !(rest.tools.is_empty() && rest.credentials.is_empty() && rest.principals.is_empty());
         if named {
             s.absorb(self.central()?.load(&rest)?);
         }

@@ -33,8 +33,8 @@ use tokio_postgres::{Client, NoTls, Row};
 
 pub use backend::{Leased, LeasedTxn};
 pub use breakers::{BreakersTicked, ViewLimits};
-pub use group::GROUP_SUFFIX;
 pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
+pub use group::GROUP_SUFFIX;
 pub use holder::{SliceError, SliceOptions, Slices, Taken};
 pub(crate) use home::{HOME_GUARD, HOME_GUARD_SEALED, HOME_READ, HOME_WRITE};
 pub use open::{open_leased, spawn_timer, LeaseSetup};
