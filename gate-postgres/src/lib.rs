@@ -320,7 +320,6 @@ impl Postgres {
                 principal_write: p("UPDATE tally_principals SET state = $2, version = version + 1 WHERE uid = $1")?,
                 write: p(WRITE)?,
                 next_version: p("SELECT nextval('tally_state_version')")?,
-                next_versions: p("SELECT nextval('tally_state_version') FROM generate_series(1, $1::int)")?,
                 lease_step: p("SELECT tally_lease_step($1, $2, $3, $4, $5, $6, $7, $8)")?,
                 home_read: p(lease::HOME_READ)?,
                 home_guard: p(lease::HOME_GUARD)?,

@@ -88,9 +88,6 @@ pub(crate) struct Statements {
     pub(crate) principal_write: Statement,
     pub(crate) write: Statement,
     pub(crate) next_version: Statement,
-    /// State versions taken ahead, $1 of them (`lease::group`: decisions committed in
-    /// a group take theirs before they are queued).
-    pub(crate) next_versions: Statement,
     pub(crate) lease_step: Statement,
     /// A run's row (locked), home and scope (`lease::home`).
     pub(crate) home_read: Statement,

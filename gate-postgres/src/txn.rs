@@ -357,37 +357,6 @@ impl PostgresTxn<'_> {
             && self.principals.is_empty()
     }
 
-    /// `n` state versions taken ahead, in ascending order, outside any transaction
-    /// (nothing locked); only before the transaction's first statement.
-    pub(crate) fn versions(&mut self, n: i32) -> Result<Vec<u64>, GateError> {
-        if self.begun || !self.open {
-            return Err(GateError::Unavailable(
-                "the gate's transaction already began".into(),
-            ));
-        }
-        let Some(conn) = self.conn.as_ref() else {
-            return Err(self.gone());
-        };
-        let (client, st) = (&conn.client, &conn.st.next_versions);
-        match self
-            .backend
-            .wait("to take state versions", client.query(st, &[&n]))
-        {
-            Ok(rows) => {
-                let mut v: Vec<u64> = rows
-                    .iter()
-                    .filter_map(|r| u64::try_from(r.get::<_, i64>(0)).ok())
-                    .collect();
-                v.sort_unstable();
-                Ok(v)
-            }
-            Err(e) => {
-                self.broken();
-                Err(e)
-            }
-        }
-    }
-
     /// The last round trip's answer: its state version, or its failure (`refused`: the
     /// server answered it with an error, so it rolled back for certain; `away`: a run's
     /// guard found it no longer at home here, and every statement was answered, so the

@@ -309,7 +309,10 @@ impl<B: StateBackend> Gate<B> {
         let write = Write {
             snapshot,
             durable: &scopes,
-            records: Box::new(|version| self.plaintexts(records, version)),
+            records: {
+                let stamp = self.stamp();
+                Box::new(move |version| stamp.plaintexts(records, version))
+            },
             // Deferred if answered once sequenced: they ride the next decision's fsync.
             deferred: sequenced.is_some(),
             observed,
@@ -341,9 +344,31 @@ impl<B: StateBackend> Gate<B> {
         }
     }
 
+    /// What makes the records of a commit: the policy record and whether it was recorded,
+    /// and where a failure goes (owned: a backend may make them on its own thread).
+    fn stamp(&self) -> Stamp {
+        Stamp {
+            failure: Arc::clone(&self.failure),
+            recorded: Arc::clone(&self.policy_recorded),
+            record: Arc::clone(&self.policy_record),
+            digest: self.policy.digest.clone(),
+        }
+    }
+}
+
+/// What makes a commit's records at their state version ([`Stamp::plaintexts`]).
+struct Stamp {
+    failure: Arc<Mutex<Option<String>>>,
+    recorded: Arc<AtomicBool>,
+    record: Arc<Vec<u8>>,
+    digest: String,
+}
+
+impl Stamp {
     /// The stored bytes of `records` at state version `version`, after the policy record
     /// if this is the first commit under the policy, and the ledger's own state to write
-    /// with them. Called inside the transaction, so exactly one commit carries the policy.
+    /// with them. Called once the state version is taken, before the records are queued
+    /// and in the order they are: exactly one commit carries the policy.
     fn plaintexts(&self, mut records: Vec<Decision>, version: u64) -> Result<Batch, GateError> {
         let mut plaintexts = Vec::with_capacity(records.len() + 1);
         let mut ledger_state = Vec::new();
@@ -361,14 +386,11 @@ impl<B: StateBackend> Gate<B> {
             })?;
             plaintexts.push(bytes);
         }
-        if self
-            .policy_recorded
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
+        if self.recorded.swap(true, Ordering::SeqCst) {
             plaintexts.remove(0);
         } else {
-            plaintexts[0] = self.policy_record.clone();
-            ledger_state.push((POLICY_KEY.to_vec(), self.policy.digest.as_bytes().to_vec()));
+            plaintexts[0] = self.record.as_ref().clone();
+            ledger_state.push((POLICY_KEY.to_vec(), self.digest.as_bytes().to_vec()));
         }
         Ok(Batch {
             plaintexts,

@@ -342,8 +342,7 @@ impl StateTxn for LeasedTxn<'_> {
             return Err(e);
         }
         // A decision sent nothing while it was made, and writes its runs at home only:
-        // into the group commit. Anything else waits for the group to drain, and takes
-        // a version of its own (the ones taken ahead are let go: versions only rise).
+        // into the group commit. Anything else waits for the group to drain first.
         let apart = moves.extra.steps.is_empty() && !moves.extra.homes.is_empty();
         if !deferred && apart && self.inner.untouched() {
             return self.grouped(moves, viewed, records, done, refuse);
@@ -352,7 +351,6 @@ impl StateTxn for LeasedTxn<'_> {
             self.untake(&moves);
             return Err(e);
         }
-        self.backend.group.forget_versions();
         let version = match self.inner.persist(durable, &moves.extra) {
             Ok(v) => v,
             Err(e) => {
@@ -396,48 +394,38 @@ impl<'a> LeasedTxn<'a> {
         Ok(&mut self.inner)
     }
 
-    /// Into the group commit ([`super::group`]): a version taken ahead, the records
-    /// made at it, the copies kept now (later decisions on these runs are made on
-    /// them), and once the group committed: what was given back credited, the records
-    /// handed to the ledger. A group that did not commit refuses it (`refuse`), what it
-    /// took given back if that rolled back for certain.
+    /// Into the group commit ([`super::group`]): the copies kept now (later decisions
+    /// on these runs are made on them), and once the group committed: what was given
+    /// back credited, the records made at the version the group took for it and handed
+    /// to the ledger. A group that did not commit refuses it (`refuse`), what it took
+    /// given back if that rolled back for certain.
     fn grouped(
         &mut self,
         mut moves: Moves,
         viewed: Vec<ViewedTool>,
-        records: Records<'_>,
+        records: Records,
         done: Committed,
         refuse: Refuse,
     ) -> Result<(), GateError> {
-        let made = self
-            .backend
-            .group
-            .version(&mut self.inner)
-            .and_then(|v| records(v));
-        let batch = match made {
-            Ok(b) => b,
-            Err(e) => {
-                self.untake(&moves);
-                return Err(e);
-            }
-        };
         let (ledger, slices) = (
             Arc::clone(&self.backend.central.ledger),
             Arc::clone(&self.backend.slices),
         );
         let (takes, gives) = (moves.takes.clone(), std::mem::take(&mut moves.gives));
-        // The policy's own record (and the ledger's state with it) is marked recorded
-        // once made: if its group did not commit, the gate fails closed, never goes on
-        // without it.
-        let policy = !batch.ledger_state.is_empty();
         let then = Box::new(move |o: Outcome| {
             let e = match o {
-                Outcome::Committed => {
+                Outcome::Committed(version) => {
                     for (scope, id, gave) in gives {
                         slices.give_on(&scope, id, gave);
                     }
-                    let (plaintexts, state) = (batch.plaintexts, batch.ledger_state);
-                    return ledger.submit_with_state(plaintexts, state, done);
+                    // Made now, in the order queued: the state is ahead if they fail.
+                    match records(version) {
+                        Ok(b) => {
+                            let (plaintexts, state) = (b.plaintexts, b.ledger_state);
+                            return ledger.submit_with_state(plaintexts, state, done);
+                        }
+                        Err(e) => e,
+                    }
                 }
                 Outcome::RolledBack(e) => {
                     untake(&slices, &takes);
@@ -445,10 +433,7 @@ impl<'a> LeasedTxn<'a> {
                 }
                 Outcome::Unsure(e) => e,
             };
-            match policy {
-                true => done(Err(tally_ledger::Error::Store(e.to_string()))),
-                false => refuse(e),
-            }
+            refuse(e);
         });
         let homes = moves.extra.homes.clone();
         let untaken = moves.takes.clone();

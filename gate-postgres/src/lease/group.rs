@@ -1,12 +1,12 @@
 //! Group commit of the decisions at home (docs/FLEET.md, "Group commit"): a decision
 //! at home that sent nothing to the database while it was made (its run's copy kept
-//! here, its tool's breaker read from this daemon's view, no shared row read) takes a
-//! state version taken ahead ([`Group::version`]) and is queued here; one thread of
-//! the backend's, on a connection of its own, commits every decision queued while the
-//! previous commit was in flight in ONE transaction (each run's guarded write,
-//! `tally_home_write`, then `COMMIT`, in one round trip), and only then, in the order
-//! they were queued, hands each decision's records to the ledger (which answers once
-//! they are durable). A commit that fails answers every decision of it, and every one
+//! here, its tool's breaker read from this daemon's view, no shared row read) is queued
+//! here; one thread of the backend's, on a connection of its own, commits every
+//! decision queued while the previous commit was in flight in ONE transaction (per
+//! decision its runs' guarded writes, `tally_home_write`, which lock their rows, then
+//! its state version; then `COMMIT`; in one round trip), and only then, in the order
+//! they were queued, makes each decision's records at its version and hands them to
+//! the ledger (which answers once they are durable). A commit that fails answers every decision of it, and every one
 //! queued behind it, with a refusal (nothing queued for the ledger) and lets their
 //! runs' copies go (read again from their rows next time).
 //!
@@ -14,10 +14,12 @@
 //! daemon's turn), each on the copy the previous one left; a later one is queued after
 //! it, written after it in the same transaction or a later one, and refused with it if
 //! its commit fails. Whatever is not such a decision ([`Group::drain`]) waits until
-//! every queued one was committed and handed to the ledger, and takes no version taken
-//! ahead before that ([`Group::forget_versions`]): each ledger's versions still rise.
+//! every queued one was committed and handed to the ledger: each ledger's versions
+//! still rise, and each version is taken once its decision's rows are locked, as
+//! before (so a decision of another daemon that locked a run's row before it has a
+//! smaller version, one after it a larger).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -26,22 +28,21 @@ use tally_gate::GateError;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::home::Home;
-use crate::txn::{write_homes, HomeWrite, PostgresTxn};
+use crate::txn::{write_homes, HomeWrite};
 use crate::Rt;
 
-/// How many versions one round trip takes ahead.
-const AHEAD: i32 = 64;
-
-/// The most decisions one transaction carries.
-const MOST: usize = 512;
+/// The most decisions one transaction carries: few enough that their statements are
+/// sent in the order queued (`join_all` of at most 30 polls them in order), so their
+/// versions rise in the order their records are queued.
+const MOST: usize = 30;
 
 /// The `application_name` of the group commit's connection, appended to the gate's own.
 pub const GROUP_SUFFIX: &str = "-group";
 
 /// What became of a queued decision's state.
 pub(crate) enum Outcome {
-    /// Committed: its records go to the ledger.
-    Committed,
+    /// Committed at this state version: its records go to the ledger.
+    Committed(u64),
     /// Rolled back for certain (or never sent): what it took may be given back.
     RolledBack(GateError),
     /// Its `COMMIT` went out unanswered: it may have committed (its use stays counted).
@@ -86,7 +87,6 @@ struct Link {
 /// The group commit of one leased backend.
 pub(crate) struct Group {
     shared: Arc<Shared>,
-    versions: Mutex<VecDeque<u64>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -128,7 +128,6 @@ impl Group {
             .spawn(move || committer(&s, &Rt(Some(rt))))?;
         Ok(Group {
             shared,
-            versions: Mutex::new(VecDeque::new()),
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -136,23 +135,6 @@ impl Group {
     /// The generation a decision begins in (see [`Group::queue`]).
     pub(crate) fn generation(&self) -> u64 {
         lock(&self.shared.queue).generation
-    }
-
-    /// A state version taken ahead (more taken on `txn`'s connection when none is left):
-    /// above every version of a decision this gate committed before it.
-    pub(crate) fn version(&self, txn: &mut PostgresTxn<'_>) -> Result<u64, GateError> {
-        let mut v = lock(&self.versions);
-        if v.is_empty() {
-            v.extend(txn.versions(AHEAD)?);
-        }
-        v.pop_front()
-            .ok_or_else(|| GateError::Unavailable("no state version was taken".into()))
-    }
-
-    /// The versions taken ahead are let go: a decision committed apart from the group
-    /// took a newer one, and this gate's versions only rise.
-    pub(crate) fn forget_versions(&self) {
-        lock(&self.versions).clear();
     }
 
     /// Queue `item` if no commit failed since `generation` (a decision made on copies a
@@ -259,14 +241,14 @@ fn committer(s: &Shared, rt: &Rt) {
 
 /// Each decision of a commit answered in order; after a failure, every decision queued
 /// behind it too, and all their runs' copies let go before a new decision may begin.
-fn answer(s: &Shared, batch: Vec<Item>, r: Result<(), (bool, String)>) {
+fn answer(s: &Shared, batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
     let (certain, why) = match r {
-        Ok(()) => {
+        Ok(versions) => {
             s.counts[0].fetch_add(1, Ordering::Relaxed);
             let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
             s.counts[1].fetch_add(n, Ordering::Relaxed);
-            for item in batch {
-                (item.then)(Outcome::Committed);
+            for (item, version) in batch.into_iter().zip(versions) {
+                (item.then)(Outcome::Committed(version));
             }
             return;
         }
@@ -310,6 +292,7 @@ struct GroupConn {
     client: Client,
     task: tokio::task::JoinHandle<()>,
     home_write: Statement,
+    next_version: Statement,
 }
 
 impl Link {
@@ -334,12 +317,17 @@ impl Link {
         );
         let ready = self
             .bounded(rt, client.batch_execute(&setup))
-            .and_then(|()| self.bounded(rt, client.prepare(super::HOME_WRITE)));
+            .and_then(|()| self.bounded(rt, client.prepare(super::HOME_WRITE)))
+            .and_then(|w| {
+                let next = "SELECT nextval('tally_state_version')";
+                Ok((w, self.bounded(rt, client.prepare(next))?))
+            });
         match ready {
-            Ok(home_write) => Ok(GroupConn {
+            Ok((home_write, next_version)) => Ok(GroupConn {
                 client,
                 task,
                 home_write,
+                next_version,
             }),
             Err(e) => {
                 drop(client);
@@ -349,15 +337,16 @@ impl Link {
         }
     }
 
-    /// One transaction of every run's write of `batch`, in one round trip. Its failure:
-    /// whether it rolled back for certain (the server answered a statement with an
-    /// error, or nothing was sent), and why.
+    /// One transaction of `batch` in one round trip: per decision its runs' writes
+    /// (each locks its row), then its state version; then `COMMIT`. The versions, in
+    /// order; or whether it rolled back for certain (the server answered a statement
+    /// with an error, or nothing was sent), and why.
     fn commit(
         &self,
         rt: &Rt,
         conn: &mut Option<GroupConn>,
         batch: &[Item],
-    ) -> Result<(), (bool, String)> {
+    ) -> Result<Vec<u64>, (bool, String)> {
         if conn.as_ref().is_some_and(|c| c.client.is_closed()) {
             if let Some(c) = conn.take() {
                 c.task.abort();
@@ -369,26 +358,40 @@ impl Link {
         let Some(c) = conn.as_ref() else {
             return Err((true, "no connection".into()));
         };
-        let homes: Vec<HomeWrite> = batch.iter().flat_map(|i| i.homes.clone()).collect();
-        let (client, st) = (&c.client, &c.home_write);
+        let client = &c.client;
         let rolled_back = std::cell::Cell::new(false);
         let r = self.bounded(rt, async {
-            let (began, written, committed) = tokio::join!(
+            // Sent in order on their first polls: each decision's writes, then its version.
+            let each = futures::future::join_all(batch.iter().map(|i| async move {
+                let written = write_homes(client, &c.home_write, &i.homes);
+                let (written, version) =
+                    tokio::join!(written, client.query_one(&c.next_version, &[]));
+                (written, version)
+            }));
+            let (began, each, committed) = tokio::join!(
                 client.batch_execute("BEGIN"),
-                write_homes(client, st, &homes),
+                each,
                 client.batch_execute("COMMIT")
             );
             let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
             rolled_back.set(
                 began.as_ref().is_err_and(server)
-                    || written.iter().any(|w| w.as_ref().is_err_and(server))
+                    || each.iter().any(|(w, v)| {
+                        w.iter().any(|w| w.as_ref().is_err_and(server))
+                            || v.as_ref().is_err_and(server)
+                    })
                     || committed.as_ref().is_err_and(server),
             );
             began?;
-            for w in written {
-                w?;
+            let mut versions = Vec::with_capacity(each.len());
+            for (written, version) in each {
+                for w in written {
+                    w?;
+                }
+                versions.push(u64::try_from(version?.get::<_, i64>(0)).unwrap_or(0));
             }
-            committed
+            committed?;
+            Ok(versions)
         });
         r.map_err(|why| {
             if let Some(c) = conn.take() {

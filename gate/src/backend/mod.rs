@@ -118,8 +118,10 @@ pub struct Batch {
     pub ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
-/// The records of a commit, given the state version they are recorded at.
-pub type Records<'a> = Box<dyn FnOnce(u64) -> Result<Batch, GateError> + 'a>;
+/// The records of a commit, given the state version they are recorded at: called once,
+/// after the version is taken and before the records are queued (by a backend that
+/// commits decisions in groups, on its own thread, once their group committed).
+pub type Records = Box<dyn FnOnce(u64) -> Result<Batch, GateError> + Send>;
 
 /// What one commit makes durable.
 pub struct Write<'a> {
@@ -130,7 +132,7 @@ pub struct Write<'a> {
     /// stopped run's tool slots in flight.)
     pub durable: &'a [Scopes<'a>],
     /// The records, once the state version is taken (after every scope is held).
-    pub records: Records<'a>,
+    pub records: Records,
     /// Queued with [`tally_ledger::Ledger::submit_deferred`] (it rides the next
     /// decision's fsync), else with [`tally_ledger::Ledger::submit_with_state`].
     pub deferred: bool,
