@@ -175,9 +175,8 @@ fn a_failure_burst_at_home_trips_here_at_once_and_on_a_second_holder_within_one_
     let first = allowed(&f.a, "ra");
     outcome(&f.a, "ra", first, "ok");
     allowed(&f.b, "rb");
-    // At home, closed: one round trip per decision (the run's guarded write and the
-    // commit, in the group commit; its versions were taken ahead), the tool's row
-    // neither locked nor written.
+    // At home, closed: one round trip per decision (the run's guarded write, its version
+    // and the commit, in the group commit), the tool's row neither locked nor written.
     let trips = || f.a.backend_round_trips().expect("counted");
     let before = trips();
     let attempt = allowed(&f.a, "ra");
