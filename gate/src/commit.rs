@@ -309,10 +309,7 @@ impl<B: StateBackend> Gate<B> {
         let write = Write {
             snapshot,
             durable: &scopes,
-            records: {
-                let stamp = self.stamp();
-                Box::new(move |version| stamp.plaintexts(records, version))
-            },
+            records: self.records(records),
             // Deferred if answered once sequenced: they ride the next decision's fsync.
             deferred: sequenced.is_some(),
             observed,
@@ -342,6 +339,13 @@ impl<B: StateBackend> Gate<B> {
                 sequenced(Ok(()));
             }
         }
+    }
+
+    /// `records` made at the state version the backend takes for them (owned: a backend
+    /// may make them on its own thread, once its group of decisions committed).
+    fn records(&self, records: Vec<Decision>) -> crate::backend::Records {
+        let stamp = self.stamp();
+        Box::new(move |version| stamp.plaintexts(records, version))
     }
 
     /// What makes the records of a commit: the policy record and whether it was recorded,
