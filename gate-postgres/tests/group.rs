@@ -298,3 +298,88 @@ fn a_failed_group_commit_refuses_every_decision_in_it_and_behind_it_and_records_
         assert_eq!(left, 3, "run {run}: attempts left after the failed group");
     }
 }
+
+fn check_tool(gate: &Gate<Leased>, run: &str, tool: &str) -> Result<CheckAnswer, GateError> {
+    let req = json!({"run": run, "tool": tool, "operation": "q", "effect": "read"});
+    gate.check_blocking(OPERATOR, serde_json::from_value(req).expect("check"))
+}
+
+/// Attempts `run` is still allowed (each check answered with its outcome).
+fn left(gate: &Gate<Leased>, run: &str) -> u64 {
+    let mut left = 0;
+    loop {
+        match check(gate, run) {
+            Ok(a) if a.decision == Verdict::Allow => left += 1,
+            Ok(_) => return left,
+            Err(e) => panic!("{run}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_decision_on_a_copy_holding_a_queued_decision_whose_group_failed_is_refused() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = Arc::new(leased(
+        &cluster,
+        dir.path(),
+        "host-a",
+        &at_noon(),
+        Duration::from_secs(30),
+    ));
+    start(&gate, "a", 4);
+    assert_eq!(check(&gate, "a").expect("first").decision, Verdict::Allow);
+    let locker = Locker::lock(&cluster, "a");
+    // D1 at home, queued, its group waiting on a's row.
+    let d1 = {
+        let gate = Arc::clone(&gate);
+        std::thread::spawn(move || check(&gate, "a"))
+    };
+    until(&gate, "D1's group in flight", |(queued, flying)| {
+        flying && queued == 0
+    });
+    // D2 on the same run takes the kept copy (holding D1), then needs a tool this
+    // holder has no view of: central, so it waits for the group first.
+    let d2 = {
+        let gate = Arc::clone(&gate);
+        std::thread::spawn(move || check_tool(&gate, "a", "fresh"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while gate.backend().group_draining() == 0 {
+        assert!(Instant::now() < deadline, "D2 never waited for the group");
+        std::thread::yield_now();
+    }
+    // D1's group fails (its statement cancelled), a's home untouched.
+    // Once the group's write waits on a's row (not before: a cancel of an idle session
+    // does nothing), its statement is cancelled.
+    let group = "application_name LIKE '%-group' AND wait_event_type = 'Lock'";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cluster
+        .psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE {group}"
+        ))
+        .trim()
+        != "1"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the group never waited on a's row"
+        );
+    }
+    let cancelled = cluster.psql(&format!(
+        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE {group}"
+    ));
+    assert_eq!(cancelled.trim(), "t");
+    until(&gate, "D1's group answered", |(_, flying)| !flying);
+    locker.run("ROLLBACK");
+    for (name, t) in [("D1", d1), ("D2", d2)] {
+        match t.join().expect("thread") {
+            Err(GateError::Unavailable(_)) => {}
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    // Neither D1 nor D2 is in the row: 3 attempts left of 4.
+    assert_eq!(left(&gate, "a"), 3);
+}

@@ -109,6 +109,12 @@ impl Leased {
         self.group.pending()
     }
 
+    /// Decisions waiting now for the group commit to drain before they send anything
+    /// ([`super::group`]).
+    pub fn group_draining(&self) -> usize {
+        self.group.draining()
+    }
+
     /// The runs at home here now, by name.
     pub fn at_home(&self) -> Vec<String> {
         self.homes().keys().cloned().collect()
@@ -386,9 +392,17 @@ impl<'a> LeasedTxn<'a> {
     /// The central transaction, once every decision queued in the group commit was
     /// committed and handed to the ledger (so this one's version and records come after
     /// theirs, and no row they write is locked here first).
+    /// A decision that took a run's kept copy before a commit of the group failed is
+    /// refused: that copy may hold a queued decision the failure rolled back (the
+    /// transaction's drop lets the copies go, read again from their rows next time).
     fn central(&mut self) -> Result<&mut PostgresTxn<'a>, GateError> {
         if !self.drained {
             self.backend.group.drain()?;
+            if !self.homed.is_empty() && self.backend.group.generation() != self.generation {
+                return Err(GateError::Unavailable(
+                    "a commit of decisions made before this one failed: retry".into(),
+                ));
+            }
             self.drained = true;
         }
         Ok(&mut self.inner)

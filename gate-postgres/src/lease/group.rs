@@ -62,6 +62,8 @@ struct Queue {
     /// Bumped by every failed commit: a decision made before it is not queued.
     generation: u64,
     closed: bool,
+    /// Decisions waiting in [`Group::drain`] now.
+    draining: usize,
 }
 
 struct Shared {
@@ -164,13 +166,16 @@ impl Group {
         let bound = self.shared.link.timeout.saturating_mul(2);
         let deadline = Instant::now() + bound;
         let mut q = lock(&self.shared.queue);
+        q.draining += 1;
+        let mut r = Ok(());
         while !q.items.is_empty() || q.in_flight {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(GateError::Unavailable(format!(
+                r = Err(GateError::Unavailable(format!(
                     "this gate's queued decisions held PostgreSQL for more than {} ms; the gate refuses until the database answers (retry)",
                     bound.as_millis()
                 )));
+                break;
             }
             q = self
                 .shared
@@ -179,7 +184,13 @@ impl Group {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        Ok(())
+        q.draining -= 1;
+        r
+    }
+
+    /// Decisions waiting now for the queued ones to be committed ([`Group::drain`]).
+    pub(crate) fn draining(&self) -> usize {
+        lock(&self.shared.queue).draining
     }
 
     /// Decisions queued now, and whether a commit of them is in flight.
