@@ -16,7 +16,8 @@ use common::Cluster;
 use serde_json::json;
 use tally_gate::{Caller, CheckAnswer, Gate, GateError};
 use tally_gate_postgres::{
-    open_leased, LeaseClock, LeaseOptions, LeaseSetup, Leased, Options, SliceOptions, ViewLimits,
+    open_leased, LeaseClock, LeaseOptions, LeaseSetup, Leased, Options, Scope, ScopeKind,
+    SliceOptions, ViewLimits,
 };
 use tally_policy::{Recorded, Verdict};
 
@@ -299,6 +300,23 @@ fn a_failed_group_commit_refuses_every_decision_in_it_and_behind_it_and_records_
     }
 }
 
+/// Once the group commit's write waits on a locked row (not before: a cancel of an
+/// idle session does nothing), its statement cancelled: the group rolls back for
+/// certain, the rows as they were.
+fn cancel_group(cluster: &Cluster) {
+    let group = "application_name LIKE '%-group' AND wait_event_type = 'Lock'";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {group}");
+    while cluster.psql(&waiting).trim() != "1" {
+        assert!(
+            Instant::now() < deadline,
+            "the group never waited on the row"
+        );
+    }
+    let cancel = format!("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE {group}");
+    assert_eq!(cluster.psql(&cancel).trim(), "t");
+}
+
 fn check_tool(gate: &Gate<Leased>, run: &str, tool: &str) -> Result<CheckAnswer, GateError> {
     let req = json!({"run": run, "tool": tool, "operation": "q", "effect": "read"});
     gate.check_blocking(OPERATOR, serde_json::from_value(req).expect("check"))
@@ -352,26 +370,7 @@ fn a_decision_on_a_copy_holding_a_queued_decision_whose_group_failed_is_refused(
         std::thread::yield_now();
     }
     // D1's group fails (its statement cancelled), a's home untouched.
-    // Once the group's write waits on a's row (not before: a cancel of an idle session
-    // does nothing), its statement is cancelled.
-    let group = "application_name LIKE '%-group' AND wait_event_type = 'Lock'";
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while cluster
-        .psql(&format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE {group}"
-        ))
-        .trim()
-        != "1"
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the group never waited on a's row"
-        );
-    }
-    let cancelled = cluster.psql(&format!(
-        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE {group}"
-    ));
-    assert_eq!(cancelled.trim(), "t");
+    cancel_group(&cluster);
     until(&gate, "D1's group answered", |(_, flying)| !flying);
     locker.run("ROLLBACK");
     for (name, t) in [("D1", d1), ("D2", d2)] {
@@ -382,4 +381,68 @@ fn a_decision_on_a_copy_holding_a_queued_decision_whose_group_failed_is_refused(
     }
     // Neither D1 nor D2 is in the row: 3 attempts left of 4.
     assert_eq!(left(&gate, "a"), 3);
+}
+
+#[test]
+fn an_outcome_whose_group_failed_still_gives_back_on_the_slice_when_retried() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = Arc::new(leased(
+        &cluster,
+        dir.path(),
+        "host-a",
+        &at_noon(),
+        Duration::from_secs(30),
+    ));
+    let req = json!({"run": "o", "budget": {"spend_cents": 1000}});
+    gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
+        .expect("start");
+    let reserve = |cents: u64| {
+        let req = json!({"run": "o", "tool": "llm", "operation": format!("r{cents}"), "effect": "read", "reserve_cents": cents});
+        let a = gate.check_blocking(OPERATOR, serde_json::from_value(req).expect("check"));
+        let a = a.expect("check");
+        a.attempt.unwrap_or_else(|| panic!("no attempt: {a:?}"))
+    };
+    let settle = |gate: &Gate<Leased>, attempt: u64, cents: u64| {
+        let req = json!({"run": "o", "attempt": attempt, "status": "ok", "settled_cents": cents});
+        gate.outcome_blocking(OPERATOR, serde_json::from_value(req).expect("outcome"))
+            .map(drop)
+    };
+    // Taken in, then an attempt at home reserving 30 cents on this holder's slice.
+    let first = reserve(1);
+    settle(&gate, first, 1).expect("first outcome");
+    let attempt = reserve(30);
+    let scope = Scope::new(ScopeKind::Run, "o");
+    let used = || {
+        gate.backend()
+            .slices()
+            .held(&scope)
+            .expect("a slice")
+            .1
+            .nanos
+    };
+    let before = used();
+    // Its outcome (10 cents: 20 given back) queued, its group rolled back.
+    let locker = Locker::lock(&cluster, "o");
+    let refused = {
+        let gate = Arc::clone(&gate);
+        std::thread::spawn(move || settle(&gate, attempt, 10))
+    };
+    cancel_group(&cluster);
+    match refused.join().expect("thread") {
+        Err(GateError::Unavailable(_)) => {}
+        other => panic!("outcome: {other:?}"),
+    }
+    locker.run("ROLLBACK");
+    assert_eq!(used(), before, "nothing given back for the refused outcome");
+    // Retried: the attempt is still open in the row, and what it gives back is credited
+    // on the slice that took it.
+    settle(&gate, attempt, 10).expect("outcome retried");
+    assert_eq!(
+        used(),
+        before - 20 * 10_000_000,
+        "20 cents given back on the slice"
+    );
 }

@@ -40,7 +40,7 @@ pub struct Leased {
     homes: Arc<Mutex<BTreeMap<String, Home>>>,
     /// Where each open attempt's use was counted, apart from the copies (which an
     /// uncommitted decision lets go).
-    taken: Mutex<TakenOns>,
+    taken: Arc<Mutex<TakenOns>>,
     /// The group commit of the decisions at home that lock no shared row ([`super::group`]).
     group: Group,
 }
@@ -87,7 +87,7 @@ impl Leased {
             slices,
             views,
             homes,
-            taken: Mutex::new(BTreeMap::new()),
+            taken: Arc::new(Mutex::new(BTreeMap::new())),
             group,
         })
     }
@@ -412,7 +412,7 @@ impl<'a> LeasedTxn<'a> {
     /// on these runs are made on them), and once the group committed: what was given
     /// back credited, the records made at the version the group took for it and handed
     /// to the ledger. A group that did not commit refuses it (`refuse`), what it took
-    /// given back if that rolled back for certain.
+    /// given back if that rolled back for certain ([`Queued::answered`]).
     fn grouped(
         &mut self,
         mut moves: Moves,
@@ -421,34 +421,18 @@ impl<'a> LeasedTxn<'a> {
         done: Committed,
         refuse: Refuse,
     ) -> Result<(), GateError> {
-        let (ledger, slices) = (
-            Arc::clone(&self.backend.central.ledger),
-            Arc::clone(&self.backend.slices),
-        );
-        let (takes, gives) = (moves.takes.clone(), std::mem::take(&mut moves.gives));
-        let then = Box::new(move |o: Outcome| {
-            let e = match o {
-                Outcome::Committed(version) => {
-                    for (scope, id, gave) in gives {
-                        slices.give_on(&scope, id, gave);
-                    }
-                    // Made now, in the order queued: the state is ahead if they fail.
-                    match records(version) {
-                        Ok(b) => {
-                            let (plaintexts, state) = (b.plaintexts, b.ledger_state);
-                            return ledger.submit_with_state(plaintexts, state, done);
-                        }
-                        Err(e) => e,
-                    }
-                }
-                Outcome::RolledBack(e) => {
-                    untake(&slices, &takes);
-                    e
-                }
-                Outcome::Unsure(e) => e,
-            };
-            refuse(e);
-        });
+        let queued = Queued {
+            ledger: Arc::clone(&self.backend.central.ledger),
+            slices: Arc::clone(&self.backend.slices),
+            taken: Arc::clone(&self.backend.taken),
+            takes: moves.takes.clone(),
+            gives: std::mem::take(&mut moves.gives),
+            closed: self.closed_on(&moves.closed),
+            records,
+            done,
+            refuse,
+        };
+        let then = Box::new(move |o: Outcome| queued.answered(o));
         let homes = moves.extra.homes.clone();
         let untaken = moves.takes.clone();
         let item = Item { homes, then };
@@ -463,6 +447,75 @@ impl<'a> LeasedTxn<'a> {
         self.committed = true;
         self.seen_here(viewed);
         Ok(())
+    }
+
+    /// Where each attempt of `closed` was counted (forgotten once the decision that
+    /// closes them is queued, reinstated if its group does not commit).
+    fn closed_on(&self, closed: &[(String, u64)]) -> Vec<(String, u64, TakenOn)> {
+        let taken = self.backend.taken();
+        closed
+            .iter()
+            .filter_map(|(run, a)| {
+                let on = *taken.get(run)?.get(a)?;
+                Some((run.clone(), *a, on))
+            })
+            .collect()
+    }
+}
+
+/// A decision queued in the group commit: what follows its commit, or its failure.
+struct Queued {
+    ledger: Arc<tally_ledger::Ledger>,
+    slices: Arc<Slices>,
+    taken: Arc<Mutex<TakenOns>>,
+    takes: Vec<(Scope, Option<i64>, Amounts)>,
+    gives: Vec<(Scope, i64, Amounts)>,
+    closed: Vec<(String, u64, TakenOn)>,
+    records: Records,
+    done: Committed,
+    refuse: Refuse,
+}
+
+impl Queued {
+    /// Committed: what was given back credited, its records made (now, in the order
+    /// queued: the state is ahead if they fail) and handed to the ledger. Not
+    /// committed: where the attempts it closed were counted is known again (the row
+    /// still holds them open, or, its `COMMIT` unanswered, may: a closed one is pruned
+    /// when the row is next read), what it took given back if it rolled back for
+    /// certain, and it is refused.
+    fn answered(self, o: Outcome) {
+        let e = match o {
+            Outcome::Committed(version) => {
+                for (scope, id, gave) in self.gives {
+                    self.slices.give_on(&scope, id, gave);
+                }
+                match (self.records)(version) {
+                    Ok(b) => {
+                        let (plaintexts, state) = (b.plaintexts, b.ledger_state);
+                        return self.ledger.submit_with_state(plaintexts, state, self.done);
+                    }
+                    Err(e) => e,
+                }
+            }
+            Outcome::RolledBack(e) => {
+                reinstate(&self.taken, self.closed);
+                untake(&self.slices, &self.takes);
+                e
+            }
+            Outcome::Unsure(e) => {
+                reinstate(&self.taken, self.closed);
+                e
+            }
+        };
+        (self.refuse)(e);
+    }
+}
+
+/// Where attempts were counted, known again (unless known already).
+fn reinstate(taken: &Mutex<TakenOns>, closed: Vec<(String, u64, TakenOn)>) {
+    let mut taken = taken.lock().unwrap_or_else(|e| e.into_inner());
+    for (run, a, on) in closed {
+        taken.entry(run).or_default().entry(a).or_insert(on);
     }
 }
 
