@@ -384,7 +384,7 @@ fn a_decision_on_a_copy_holding_a_queued_decision_whose_group_failed_is_refused(
 }
 
 #[test]
-fn an_outcome_whose_group_failed_still_gives_back_on_the_slice_when_retried() {
+fn an_outcome_whose_group_failed_gives_back_and_counts_in_the_breaker_once_retried() {
     let Some(cluster) = Cluster::start() else {
         return;
     };
@@ -424,6 +424,7 @@ fn an_outcome_whose_group_failed_still_gives_back_on_the_slice_when_retried() {
             .nanos
     };
     let before = used();
+    let unflushed = gate.backend().unflushed();
     // Its outcome (10 cents: 20 given back) queued, its group rolled back.
     let locker = Locker::lock(&cluster, "o");
     let refused = {
@@ -437,6 +438,11 @@ fn an_outcome_whose_group_failed_still_gives_back_on_the_slice_when_retried() {
     }
     locker.run("ROLLBACK");
     assert_eq!(used(), before, "nothing given back for the refused outcome");
+    assert_eq!(
+        gate.backend().unflushed(),
+        unflushed,
+        "the refused outcome is not counted in the tool's breaker"
+    );
     // Retried: the attempt is still open in the row, and what it gives back is credited
     // on the slice that took it.
     settle(&gate, attempt, 10).expect("outcome retried");
@@ -445,4 +451,5 @@ fn an_outcome_whose_group_failed_still_gives_back_on_the_slice_when_retried() {
         before - 20 * 10_000_000,
         "20 cents given back on the slice"
     );
+    assert_eq!(gate.backend().unflushed(), unflushed + 1, "counted once");
 }

@@ -428,6 +428,11 @@ impl<'a> LeasedTxn<'a> {
             takes: moves.takes.clone(),
             gives: std::mem::take(&mut moves.gives),
             closed: self.closed_on(&moves.closed),
+            views: Arc::clone(&self.backend.views),
+            viewed: viewed
+                .iter()
+                .map(|(tool, _, observed)| (tool.clone(), observed.clone()))
+                .collect(),
             records,
             done,
             refuse,
@@ -438,6 +443,9 @@ impl<'a> LeasedTxn<'a> {
         let item = Item { homes, then };
         let queued = self.backend.group.queue(self.generation, item, || {
             self.copies_settled(moves);
+            for (tool, state, _) in viewed {
+                self.backend.views.queued(&tool, state.breaker);
+            }
         });
         if let Err(e) = queued {
             // Not queued: nothing was sent, nothing kept.
@@ -445,7 +453,6 @@ impl<'a> LeasedTxn<'a> {
             return Err(e);
         }
         self.committed = true;
-        self.seen_here(viewed);
         Ok(())
     }
 
@@ -471,19 +478,31 @@ struct Queued {
     takes: Vec<(Scope, Option<i64>, Amounts)>,
     gives: Vec<(Scope, i64, Amounts)>,
     closed: Vec<(String, u64, TakenOn)>,
+    /// The tools decided from the view, and the outcomes the decision folded there.
+    views: Arc<Views>,
+    viewed: Vec<(String, Vec<Observed>)>,
     records: Records,
     done: Committed,
     refuse: Refuse,
 }
 
 impl Queued {
-    /// Committed: what was given back credited, its records made (now, in the order
-    /// queued: the state is ahead if they fail) and handed to the ledger. Not
-    /// committed: where the attempts it closed were counted is known again (the row
-    /// still holds them open, or, its `COMMIT` unanswered, may: a closed one is pruned
-    /// when the row is next read), what it took given back if it rolled back for
-    /// certain, and it is refused.
+    /// Committed: its outcomes kept for the tools' rows, what was given back credited,
+    /// its records made (now, in the order queued: the state is ahead if they fail) and
+    /// handed to the ledger. Not committed: where the attempts it closed were counted
+    /// is known again (the row still holds them open, or, its `COMMIT` unanswered, may:
+    /// a closed one is pruned when the row is next read), its outcomes kept for the
+    /// tools' rows only if it may have committed (as a central decision's), what it
+    /// took given back if it rolled back for certain, and it is refused.
     fn answered(self, o: Outcome) {
+        let certain = matches!(o, Outcome::RolledBack(_));
+        for (tool, observed) in self.viewed {
+            if certain {
+                self.views.undone(&tool);
+            } else {
+                self.views.observed(&tool, observed);
+            }
+        }
         let e = match o {
             Outcome::Committed(version) => {
                 for (scope, id, gave) in self.gives {
