@@ -28,7 +28,7 @@ use tally_gate::GateError;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::home::Home;
-use crate::txn::{write_homes, HomeWrite};
+use crate::txn::{commit_refused, write_homes, HomeWrite};
 use crate::Rt;
 
 /// The most decisions one transaction carries: few enough that their statements are
@@ -351,7 +351,8 @@ impl Link {
     /// One transaction of `batch` in one round trip: per decision its runs' writes
     /// (each locks its row), then its state version; then `COMMIT`. The versions, in
     /// order; or whether it rolled back for certain (the server answered a statement
-    /// with an error, or nothing was sent), and why.
+    /// with an error or refused the `COMMIT` ([`commit_refused`]), or nothing was
+    /// sent), and why.
     fn commit(
         &self,
         rt: &Rt,
@@ -391,7 +392,7 @@ impl Link {
                         w.iter().any(|w| w.as_ref().is_err_and(server))
                             || v.as_ref().is_err_and(server)
                     })
-                    || committed.as_ref().is_err_and(server),
+                    || committed.as_ref().is_err_and(commit_refused),
             );
             began?;
             let mut versions = Vec::with_capacity(each.len());
