@@ -453,3 +453,36 @@ fn an_outcome_whose_group_failed_gives_back_and_counts_in_the_breaker_once_retri
     );
     assert_eq!(gate.backend().unflushed(), unflushed + 1, "counted once");
 }
+
+#[test]
+fn a_group_waiting_on_a_locked_row_rolls_back_for_certain_before_the_bound() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = leased(
+        &cluster,
+        dir.path(),
+        "host-a",
+        &at_noon(),
+        Duration::from_secs(1),
+    );
+    start(&gate, "w", 10);
+    assert_eq!(check(&gate, "w").expect("first").decision, Verdict::Allow);
+    let scope = Scope::new(ScopeKind::Run, "w");
+    let used = || gate.backend().slices().held(&scope).expect("a slice").1;
+    let before = used();
+    // The row held by another session past the server's lock_timeout (half the bound):
+    // the group's write fails with an error, so what the decision took is given back.
+    let locker = Locker::lock(&cluster, "w");
+    match check(&gate, "w") {
+        Err(GateError::Unavailable(_)) => {}
+        other => panic!("check: {other:?}"),
+    }
+    locker.run("ROLLBACK");
+    assert_eq!(
+        used(),
+        before,
+        "what it took given back: a certain rollback"
+    );
+}

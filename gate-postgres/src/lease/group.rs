@@ -321,9 +321,12 @@ impl Link {
         let task = rt.spawn(async move {
             let _ = connection.await;
         });
+        // A row lock waited for half the bound at most (as the central connection's):
+        // that wait ends in an error, a certain rollback, not in the client's bound.
         let ms = self.timeout.as_millis().max(1);
         let setup = format!(
-            "SET statement_timeout = {ms}; SET lock_timeout = {ms}; SET idle_in_transaction_session_timeout = {}",
+            "SET statement_timeout = {ms}; SET lock_timeout = {}; SET idle_in_transaction_session_timeout = {}",
+            (ms / 2).max(1),
             ms * 5
         );
         let ready = self
