@@ -143,8 +143,6 @@ fn tick(gate: &Gate<Leased>) -> Ticked {
     gate.backend().slices().tick(Instant::now())
 }
 
-/// The count of lease event `event` of `gate`'s holder (as `/metrics` shows it in
-/// `tally_lease_events_total`).
 /// Decisions at home committed in the group commit so far: a decision on a tool read
 /// from the view is one (nothing sent while it is made), one that locks the tool's
 /// row is not.
@@ -156,6 +154,8 @@ fn grouped(gate: &Gate<Leased>) -> u64 {
         .map_or(0, |(_, n)| n)
 }
 
+/// The count of lease event `event` of `gate`'s holder (as `/metrics` shows it in
+/// `tally_lease_events_total`).
 fn count(gate: &Gate<Leased>, event: &str) -> u64 {
     let counts = gate.backend().slices().metrics().counts();
     counts

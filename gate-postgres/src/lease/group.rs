@@ -388,6 +388,10 @@ impl Link {
                 each,
                 client.batch_execute("COMMIT")
             );
+            // A request that failed before any answer came (the connection found closed
+            // when the batch was sent, as the first batch after a server restart is) is
+            // not a certain rollback: nothing here proves no byte of the batch reached a
+            // server that ran it, so the group counts as unknown (docs/FLEET.md).
             let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
             rolled_back.set(
                 began.as_ref().is_err_and(server)
@@ -403,16 +407,22 @@ impl Link {
                 for w in written {
                     w?;
                 }
-                versions.push(u64::try_from(version?.get::<_, i64>(0)).unwrap_or(0));
+                versions.push(version?.get::<_, i64>(0));
             }
             committed?;
             Ok(versions)
         });
-        r.map_err(|why| {
+        let versions = r.map_err(|why| {
             if let Some(c) = conn.take() {
                 c.task.abort();
             }
             (rolled_back.get(), why)
-        })
+        })?;
+        // Committed, but a negative version numbers no record: refused as an unknown
+        // outcome (what the decisions took stays counted), as a central decision's.
+        versions
+            .into_iter()
+            .map(|v| u64::try_from(v).map_err(|_| (false, "the state version is negative".into())))
+            .collect()
     }
 }
