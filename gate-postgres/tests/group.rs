@@ -3,7 +3,10 @@
 //! a transaction and each run still gets exactly its budget; decisions of one run from
 //! many threads stay serialised; a group whose commit fails refuses every decision in
 //! it and every one queued behind it, records nothing for them, and the runs are read
-//! again from their rows (what they took counted nowhere). Lease time is on a manual
+//! again from their rows (what they took counted nowhere); a decision on a copy that
+//! held a refused one is refused too; a refused outcome gives back and counts in the
+//! breaker once retried; a row-lock wait ends as a certain rollback; a `COMMIT` ended
+//! by a FATAL is an unknown outcome (its use stays counted). Lease time is on a manual
 //! clock; nothing sleeps (a test waits for the group's queue to say what it holds).
 
 mod common;
@@ -485,4 +488,61 @@ fn a_group_waiting_on_a_locked_row_rolls_back_for_certain_before_the_bound() {
         before,
         "what it took given back: a certain rollback"
     );
+}
+
+#[test]
+fn a_group_whose_commit_is_ended_by_a_fatal_is_unsure() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = Arc::new(leased(
+        &cluster,
+        dir.path(),
+        "host-a",
+        &at_noon(),
+        Duration::from_secs(30),
+    ));
+    start(&gate, "u", 10);
+    assert_eq!(check(&gate, "u").expect("first").decision, Verdict::Allow);
+    let scope = Scope::new(ScopeKind::Run, "u");
+    let used = || gate.backend().slices().held(&scope).expect("a slice").1;
+    let before = used();
+    // A deferred trigger holds every COMMIT that wrote a run on a lock this test holds.
+    cluster.psql(
+        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER test_hold AFTER UPDATE ON tally_runs \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_hold()",
+    );
+    let locker = Locker::lock(&cluster, "none");
+    locker.run("SELECT pg_advisory_xact_lock(4242)");
+    let d = {
+        let gate = Arc::clone(&gate);
+        std::thread::spawn(move || check(&gate, "u"))
+    };
+    // The group's COMMIT waits on the lock: its session ended (a FATAL, 57P01).
+    let group = "application_name LIKE '%-group' AND wait_event = 'advisory'";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {group}");
+    while cluster.psql(&waiting).trim() != "1" {
+        assert!(Instant::now() < deadline, "the group's COMMIT never waited");
+    }
+    let end = format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {group}");
+    assert_eq!(cluster.psql(&end).trim(), "t");
+    match d.join().expect("thread") {
+        Err(GateError::Unavailable(_)) => {}
+        other => panic!("check: {other:?}"),
+    }
+    locker.run("ROLLBACK");
+    cluster.psql("DROP TRIGGER test_hold ON tally_runs");
+    assert_eq!(count(&gate, "group_refused"), 1);
+    // It may have committed: what it took stays counted in the slice.
+    assert_eq!(
+        used().attempts,
+        before.attempts + 1,
+        "an unknown outcome keeps its use counted"
+    );
+    // The next decision reads the row (here: rolled back) and goes on.
+    assert_eq!(check(&gate, "u").expect("next").decision, Verdict::Allow);
 }
