@@ -41,6 +41,7 @@ mod state;
 mod txn;
 pub use gatekeeper::gatekeeper;
 pub use gatekeeper::leased_gatekeeper;
+pub use lease::GROUP_SUFFIX;
 pub use lease::{
     on_lease_event, open_leased, spawn_ticks, spawn_timer, Amounts, BreakersTicked, Caps, Grant,
     Lease, LeaseClock, LeaseError, LeaseEvent, LeaseMetrics, LeaseOptions, LeaseSetup, Leased,
@@ -105,7 +106,8 @@ pub struct Options {
     /// A libpq-style connection string (`postgres://user@host:port/db`, or key=value).
     pub url: String,
     /// Bound on connecting and on each round trip (also the server's
-    /// `statement_timeout` and `lock_timeout`): past it the decision is refused.
+    /// `statement_timeout`; `lock_timeout` is half of it): past it the decision is
+    /// refused.
     pub timeout: Duration,
 }
 
@@ -287,11 +289,14 @@ impl Postgres {
         let task = self.rt.spawn(async move {
             let _ = connection.await;
         });
-        // statement_timeout and lock_timeout bound the server's side of a round trip,
+        // statement_timeout and lock_timeout bound the server's side of a round trip
+        // (a row lock waited for half the bound at most: that wait ends in an error, a
+        // certain rollback, before the client's bound makes the outcome unknown),
         // idle_in_transaction_session_timeout frees the rows of a daemon that stalls.
         let ms = self.timeout.as_millis().max(1);
         let setup = format!(
-            "SET statement_timeout = {ms}; SET lock_timeout = {ms}; SET idle_in_transaction_session_timeout = {}",
+            "SET statement_timeout = {ms}; SET lock_timeout = {}; SET idle_in_transaction_session_timeout = {}",
+            (ms / 2).max(1),
             ms * 5
         );
         let prepared = (|| {

@@ -6,6 +6,7 @@ use std::sync::MutexGuard;
 
 use tally_gate::GateError;
 use tally_policy::{CredentialState, PrincipalState, RunCount, RunState, SliceUse, ToolState};
+use tokio_postgres::error::{Severity, SqlState};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
@@ -346,6 +347,17 @@ impl PostgresTxn<'_> {
         self.sealed(r, refused.get(), away.get())
     }
 
+    /// Whether this transaction sent nothing yet and holds no row to write: what it
+    /// decides at home may then go into a group commit (`lease::group`).
+    pub(crate) fn untouched(&self) -> bool {
+        self.open
+            && !self.begun
+            && self.runs.is_empty()
+            && self.tools.is_empty()
+            && self.credentials.is_empty()
+            && self.principals.is_empty()
+    }
+
     /// The last round trip's answer: its state version, or its failure (`refused`: the
     /// server answered it with an error, so it rolled back for certain; `away`: a run's
     /// guard found it no longer at home here, and every statement was answered, so the
@@ -390,8 +402,9 @@ fn taken_back() -> GateError {
     )
 }
 
-/// Whether the server answered a statement of the last round trip (or its COMMIT)
-/// with an error: the transaction then rolled back, for certain.
+/// Whether the server answered a statement of the last round trip with an error, or
+/// refused its COMMIT ([`commit_refused`]): the transaction then rolled back, for
+/// certain.
 fn rolled_back(
     stepped: &[Result<Vec<Row>, tokio_postgres::Error>],
     homed: &[Result<Vec<Row>, tokio_postgres::Error>],
@@ -403,8 +416,25 @@ fn rolled_back(
         .iter()
         .chain(homed)
         .any(|r| r.as_ref().is_err_and(server))
-        || committed.as_ref().is_err_and(server)
+        || committed.as_ref().is_err_and(commit_refused)
         || written.is_some_and(|r| r.is_err_and(server))
+}
+
+/// Whether an error answering a `COMMIT` says it rolled back for certain
+/// ([`commit_refused_as`]).
+pub(crate) fn commit_refused(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|d| commit_refused_as(d.parsed_severity(), d.code()))
+}
+
+/// A `COMMIT` answered at ERROR severity (the session goes on, the transaction was
+/// aborted) rolled back for certain, unless its class is a connection exception (08)
+/// or an operator intervention (57: an administrator's or the server's shutdown, a
+/// cancel): those, and a FATAL or PANIC (the session ended), may come after the commit
+/// was made durable, so its outcome is unknown.
+pub(crate) fn commit_refused_as(severity: Option<Severity>, code: &SqlState) -> bool {
+    let class = code.code().get(..2).unwrap_or("");
+    matches!(severity, Some(Severity::Error)) && class != "08" && class != "57"
 }
 
 /// Whether a run is held (paused or stopped): a change of it revokes or allows its
@@ -492,7 +522,7 @@ async fn guard_homes(
 
 /// Each run at home written through, guarded (sent in order on the first poll): a
 /// guard that fails fails the transaction (its COMMIT only rolls back).
-async fn write_homes(
+pub(crate) async fn write_homes(
     client: &tokio_postgres::Client,
     statement: &Statement,
     homes: &[HomeWrite],

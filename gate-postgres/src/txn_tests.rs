@@ -51,3 +51,34 @@ fn a_guard_finding_its_run_no_longer_at_home_rolls_the_last_round_trip_back() {
     let tools = cluster.psql("SELECT count(*) FROM tally_tools WHERE name = 'llm'");
     assert_eq!(tools.trim(), "1");
 }
+
+#[test]
+fn a_commit_error_is_a_certain_rollback_only_at_error_severity_outside_classes_08_and_57() {
+    use super::commit_refused_as;
+    use tokio_postgres::error::{Severity, SqlState};
+    let error = Some(Severity::Error);
+    // The transaction aborted, the session goes on: rolled back.
+    assert!(commit_refused_as(
+        error,
+        &SqlState::T_R_SERIALIZATION_FAILURE
+    ));
+    assert!(commit_refused_as(error, &SqlState::UNIQUE_VIOLATION));
+    assert!(commit_refused_as(error, &SqlState::from_code("P0001")));
+    // Connection exceptions and operator interventions: unknown.
+    assert!(!commit_refused_as(error, &SqlState::ADMIN_SHUTDOWN));
+    assert!(!commit_refused_as(error, &SqlState::QUERY_CANCELED));
+    assert!(!commit_refused_as(error, &SqlState::CONNECTION_FAILURE));
+    // The session ended: unknown, whatever the code.
+    for severity in [Severity::Fatal, Severity::Panic] {
+        assert!(!commit_refused_as(
+            Some(severity),
+            &SqlState::T_R_SERIALIZATION_FAILURE
+        ));
+    }
+    assert!(!commit_refused_as(
+        Some(Severity::Fatal),
+        &SqlState::ADMIN_SHUTDOWN
+    ));
+    // No severity the client can read: unknown.
+    assert!(!commit_refused_as(None, &SqlState::UNIQUE_VIOLATION));
+}

@@ -192,6 +192,18 @@ fn when_durable<T: Receipted + Send + 'static>(
     })
 }
 
+/// The refusal of a decision whose state a group commit then failed to commit: to whoever
+/// still waits for its answer (nothing was queued; the gate is not failed).
+fn refuser<T: Send + 'static>(waiting: &Arc<Mutex<Option<Done<T>>>>) -> crate::backend::Refuse {
+    let waiting = Arc::clone(waiting);
+    Box::new(move |e| {
+        let done = waiting.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(done) = done {
+            done(Err(e));
+        }
+    })
+}
+
 /// Who an operation answers, and when: `done` once its records are durable; an operation
 /// answered once *sequenced* ([`Answer::sequenced`]) also answers `sequenced` as soon as
 /// its state change is applied and its records are queued in the ledger's commit order.
@@ -297,10 +309,11 @@ impl<B: StateBackend> Gate<B> {
         let write = Write {
             snapshot,
             durable: &scopes,
-            records: Box::new(|version| self.plaintexts(records, version)),
+            records: self.records(records),
             // Deferred if answered once sequenced: they ride the next decision's fsync.
             deferred: sequenced.is_some(),
             observed,
+            refuse: refuser(&waiting),
         };
         // A networked backend's state is durable before the decision is queued; if it
         // cannot be, nothing was queued and the gate stays up (the caller retries).
@@ -328,9 +341,38 @@ impl<B: StateBackend> Gate<B> {
         }
     }
 
+    /// `records` made at the state version the backend takes for them (owned: a backend
+    /// may make them on its own thread, once its group of decisions committed).
+    fn records(&self, records: Vec<Decision>) -> crate::backend::Records {
+        let stamp = self.stamp();
+        Box::new(move |version| stamp.plaintexts(records, version))
+    }
+
+    /// What makes the records of a commit: the policy record and whether it was recorded,
+    /// and where a failure goes (owned: a backend may make them on its own thread).
+    fn stamp(&self) -> Stamp {
+        Stamp {
+            failure: Arc::clone(&self.failure),
+            recorded: Arc::clone(&self.policy_recorded),
+            record: Arc::clone(&self.policy_record),
+            digest: self.policy.digest.clone(),
+        }
+    }
+}
+
+/// What makes a commit's records at their state version ([`Stamp::plaintexts`]).
+struct Stamp {
+    failure: Arc<Mutex<Option<String>>>,
+    recorded: Arc<AtomicBool>,
+    record: Arc<Vec<u8>>,
+    digest: String,
+}
+
+impl Stamp {
     /// The stored bytes of `records` at state version `version`, after the policy record
     /// if this is the first commit under the policy, and the ledger's own state to write
-    /// with them. Called inside the transaction, so exactly one commit carries the policy.
+    /// with them. Called once the state version is taken, before the records are queued
+    /// and in the order they are: exactly one commit carries the policy.
     fn plaintexts(&self, mut records: Vec<Decision>, version: u64) -> Result<Batch, GateError> {
         let mut plaintexts = Vec::with_capacity(records.len() + 1);
         let mut ledger_state = Vec::new();
@@ -348,14 +390,11 @@ impl<B: StateBackend> Gate<B> {
             })?;
             plaintexts.push(bytes);
         }
-        if self
-            .policy_recorded
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
+        if self.recorded.swap(true, Ordering::SeqCst) {
             plaintexts.remove(0);
         } else {
-            plaintexts[0] = self.policy_record.clone();
-            ledger_state.push((POLICY_KEY.to_vec(), self.policy.digest.as_bytes().to_vec()));
+            plaintexts[0] = self.record.as_ref().clone();
+            ledger_state.push((POLICY_KEY.to_vec(), self.digest.as_bytes().to_vec()));
         }
         Ok(Batch {
             plaintexts,

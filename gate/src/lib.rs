@@ -86,13 +86,13 @@ pub struct Gate<B: StateBackend = Embedded> {
     ledger: Arc<Ledger>,
     policy: Recorded,
     /// The policy record's stored bytes (checked when the gate opens).
-    policy_record: Vec<u8>,
+    policy_record: Arc<Vec<u8>>,
     backend: B,
     failure: Arc<Mutex<Option<String>>>,
     /// Whether the ledger already holds this policy as its last policy record. If not,
     /// the first decision made under it carries the policy record in its own commit, just
     /// before it: no gate decision is ever recorded before the policy it was made under.
-    policy_recorded: std::sync::atomic::AtomicBool,
+    policy_recorded: Arc<std::sync::atomic::AtomicBool>,
     /// Where the time is read.
     time: Arc<dyn Clock>,
     /// The approval requests recorded, with their answers.
@@ -209,10 +209,10 @@ impl<B: StateBackend> Gate<B> {
         let gate = Gate {
             ledger,
             policy,
-            policy_record,
+            policy_record: Arc::new(policy_record),
             backend,
             failure: Arc::new(Mutex::new(None)),
-            policy_recorded: std::sync::atomic::AtomicBool::new(false),
+            policy_recorded: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             time: Arc::new(SystemClock),
             requests: Arc::default(),
         };

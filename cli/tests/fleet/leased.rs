@@ -88,7 +88,7 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
     let tries = within(joined(tasks), "the race for the last attempts").await;
     only_retries_and(&tries, "attempts_exhausted");
     let standing = get(&fleet.socket(2), "/v1/runs/cents").await;
-    let mut granted = 0;
+    let (mut granted, mut grouped) = (0, 0);
     for d in 0..DAEMONS {
         let events = lease_events(&fleet, d).await;
         let named: Vec<&str> = events.keys().map(String::as_str).collect();
@@ -102,6 +102,9 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
                 "breaker_refresh_failed",
                 "breaker_unreadable",
                 "granted",
+                "group_commits",
+                "group_decisions",
+                "group_refused",
                 "lost",
                 "reclaimed",
                 "refused",
@@ -120,7 +123,11 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
             "daemon {d}'s /metrics: {gauge}"
         );
         granted += events["granted"];
+        grouped += events["group_decisions"];
     }
+    // The policy reads the tool's breaker from each daemon's view: decisions at home
+    // are committed in groups (docs/FLEET.md, "Group commit").
+    assert!(grouped > 0, "no decision committed in a group");
     assert!(
         granted >= 2,
         "each run's uses were counted in slices: {granted} granted"

@@ -330,7 +330,7 @@ impl Metrics {
         let lease_events = Family::<Labels, Counter>::default();
         registry.register(
             "lease_events",
-            "This daemon's leased slices (tally serve --leases), by event: granted, renewed, returned, reclaimed (expired slices of any holder it reclaimed), lost, refused (a use no slice covered); and its views of the tools' breakers: breaker_flushed (a tool's outcomes folded into its row), breaker_flush_failed (kept for the next tick), breaker_flush_unsure (let go, the flush's COMMIT unanswered), breaker_refresh_failed (the rows not read again), breaker_unreadable (a row the decoder refused)",
+            "This daemon's leased slices (tally serve --leases), by event: granted, renewed, returned, reclaimed (expired slices of any holder it reclaimed), lost, refused (a use no slice covered); and its views of the tools' breakers: breaker_flushed (a tool's outcomes folded into its row), breaker_flush_failed (kept for the next tick), breaker_flush_unsure (let go, the flush's COMMIT unanswered), breaker_refresh_failed (the rows not read again), breaker_unreadable (a row the decoder refused); and its group commit of decisions at home: group_commits (transactions committed), group_decisions (decisions committed in them), group_refused (decisions refused by a group that did not commit)",
             lease_events.clone(),
         );
         let breaker_outcomes_unflushed = Gauge::default();

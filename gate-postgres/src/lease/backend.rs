@@ -16,12 +16,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use tally_gate::backend::{
-    Committed, Keys, Observed, Overview, Snapshot, StateBackend, StateReads, StateTxn, Write,
+    Committed, Keys, Observed, Overview, Records, Refuse, Snapshot, StateBackend, StateReads,
+    StateTxn, Write,
 };
 use tally_gate::GateError;
 use tally_policy::{RunState, ToolState};
 
 use super::breakers::{self, BreakersTicked, ViewLimits, Views};
+use super::group::{Group, Item, Outcome};
 use super::holder::Slices;
 use super::home::{self, Found, Home, TakenOn, TakenOns};
 use super::types::{Amounts, Caps, Scope, ScopeKind};
@@ -35,10 +37,12 @@ pub struct Leased {
     slices: Arc<Slices>,
     /// The tools' breakers as this holder sees them ([`super::breakers`]).
     views: Arc<Views>,
-    homes: Mutex<BTreeMap<String, Home>>,
+    homes: Arc<Mutex<BTreeMap<String, Home>>>,
     /// Where each open attempt's use was counted, apart from the copies (which an
     /// uncommitted decision lets go).
-    taken: Mutex<TakenOns>,
+    taken: Arc<Mutex<TakenOns>>,
+    /// The group commit of the decisions at home that lock no shared row ([`super::group`]).
+    group: Group,
 }
 
 impl std::fmt::Debug for Leased {
@@ -54,8 +58,13 @@ impl Leased {
     /// The central backend, with this holder's slices. Every tick of the slices ends
     /// with the tools' breakers' views flushed and refreshed.
     /// The tick's report says what the views did ([`BreakersTicked`]), and the
-    /// holder's lease metrics count it.
-    pub fn new(central: Postgres, slices: Arc<Slices>, limits: ViewLimits) -> Leased {
+    /// holder's lease metrics count it. Fails only if the group commit's thread cannot
+    /// be started.
+    pub fn new(
+        central: Postgres,
+        slices: Arc<Slices>,
+        limits: ViewLimits,
+    ) -> std::io::Result<Leased> {
         let (central, views) = (Arc::new(central), Arc::new(Views::new(limits)));
         let (c, v, s) = (
             Arc::downgrade(&central),
@@ -71,13 +80,16 @@ impl Leased {
                 }
             }
         }));
-        Leased {
+        let homes = Arc::new(Mutex::new(BTreeMap::new()));
+        let group = Group::start(&central, Arc::clone(&homes))?;
+        Ok(Leased {
             central,
             slices,
             views,
-            homes: Mutex::new(BTreeMap::new()),
-            taken: Mutex::new(BTreeMap::new()),
-        }
+            homes,
+            taken: Arc::new(Mutex::new(BTreeMap::new())),
+            group,
+        })
     }
 
     /// The holder's slices (its counters, its ticks).
@@ -89,6 +101,18 @@ impl Leased {
     /// next tick, or [`StateBackend::close`], folds them there).
     pub fn unflushed(&self) -> usize {
         self.views.pending()
+    }
+
+    /// Decisions waiting in the group commit now, and whether a commit of them is in
+    /// flight ([`super::group`]).
+    pub fn group_pending(&self) -> (usize, bool) {
+        self.group.pending()
+    }
+
+    /// Decisions waiting now for the group commit to drain before they send anything
+    /// ([`super::group`]).
+    pub fn group_draining(&self) -> usize {
+        self.group.draining()
     }
 
     /// The runs at home here now, by name.
@@ -143,8 +167,11 @@ impl StateBackend for Leased {
     type Txn<'a> = LeasedTxn<'a>;
 
     fn begin(&self) -> Result<LeasedTxn<'_>, GateError> {
+        let inner = self.central.begin()?;
         Ok(LeasedTxn {
-            inner: self.central.begin()?,
+            generation: self.group.generation(),
+            drained: false,
+            inner,
             backend: self,
             homed: BTreeMap::new(),
             elsewhere: BTreeMap::new(),
@@ -175,8 +202,11 @@ impl StateBackend for Leased {
         true
     }
 
+    /// The slices' and the views' events, then the group commit's counts.
     fn lease_counts(&self) -> Option<Vec<(&'static str, u64)>> {
-        Some(self.slices.metrics().counts())
+        let mut counts = self.slices.metrics().counts();
+        counts.extend(self.group.counts());
+        Some(counts)
     }
 
     fn breaker_outcomes_unflushed(&self) -> Option<u64> {
@@ -186,6 +216,7 @@ impl StateBackend for Leased {
     /// Every slice given back, saying what was used (the runs' rows are already
     /// written through): what was left of them is the fleet's again at once.
     fn close(&self) {
+        self.group.close();
         let mut flushed = BreakersTicked::default();
         breakers::flush(&self.central, &self.views, &mut flushed);
         self.slices.metrics().breakers(&flushed);
@@ -208,8 +239,14 @@ pub struct LeasedTxn<'a> {
     /// Tools that could be viewed, read and locked centrally here: their views follow
     /// what this transaction writes.
     watched: BTreeSet<String>,
-    /// Committed: the copies kept are what the rows hold.
+    /// Committed (or queued in the group commit): the copies kept are what the rows
+    /// hold, or will once the group commits (a failed group commit lets them go).
     committed: bool,
+    /// The group commit's generation when this began ([`Group::queue`]).
+    generation: u64,
+    /// Every decision queued in the group commit was committed before this one sent
+    /// its first statement ([`LeasedTxn::central`]).
+    drained: bool,
 }
 
 impl Drop for LeasedTxn<'_> {
@@ -227,25 +264,25 @@ impl StateReads for LeasedTxn<'_> {
         if self.homed.contains_key(run) || self.backend.homes().contains_key(run) {
             return Ok(true);
         }
-        self.inner.governs(run)
+        self.central()?.governs(run)
     }
     fn open_runs_of(&mut self, uid: Option<u32>) -> Result<u64, GateError> {
-        self.inner.open_runs_of(uid)
+        self.central()?.open_runs_of(uid)
     }
     fn open_runs_listed(&mut self, uid: Option<u32>) -> Result<Vec<RunState>, GateError> {
-        self.inner.open_runs_listed(uid)
+        self.central()?.open_runs_listed(uid)
     }
     fn runs(&mut self) -> Result<Vec<RunState>, GateError> {
-        self.inner.runs()
+        self.central()?.runs()
     }
     fn runs_named(&mut self, prefix: &str) -> Result<Vec<RunState>, GateError> {
-        self.inner.runs_named(prefix)
+        self.central()?.runs_named(prefix)
     }
     fn open_children(&mut self, run: &str) -> Result<Vec<String>, GateError> {
-        self.inner.open_children(run)
+        self.central()?.open_children(run)
     }
     fn breakers(&mut self) -> Result<Vec<(String, tally_policy::Breaker)>, GateError> {
-        self.inner.breakers()
+        self.central()?.breakers()
     }
 }
 
@@ -254,7 +291,7 @@ impl StateTxn for LeasedTxn<'_> {
         if self.homed.contains_key(run) {
             return Ok(false);
         }
-        self.inner.claim(run)
+        self.central()?.claim(run)
     }
 
     fn load(&mut self, keys: &Keys<'_>) -> Result<Snapshot, GateError> {
@@ -275,7 +312,11 @@ impl StateTxn for LeasedTxn<'_> {
             }
             None => true,
         });
-        s.absorb(self.inner.load(&rest)?);
+        let named =
+            !(rest.tools.is_empty() && rest.credentials.is_empty() && rest.principals.is_empty());
+        if named {
+            s.absorb(self.central()?.load(&rest)?);
+        }
         Ok(s)
     }
 
@@ -286,6 +327,7 @@ impl StateTxn for LeasedTxn<'_> {
             records,
             deferred,
             observed,
+            refuse,
         } = write;
         let viewed = self.viewed_after(&mut snapshot.tools, observed);
         let mut runs = snapshot.runs;
@@ -302,6 +344,16 @@ impl StateTxn for LeasedTxn<'_> {
         self.inner.principals.extend(snapshot.principals);
         let mut moves = Moves::default();
         if let Err(e) = self.take(&after, &mut moves) {
+            self.untake(&moves);
+            return Err(e);
+        }
+        // A decision sent nothing while it was made, and writes its runs at home only:
+        // into the group commit. Anything else waits for the group to drain first.
+        let apart = moves.extra.steps.is_empty() && !moves.extra.homes.is_empty();
+        if !deferred && apart && self.inner.untouched() {
+            return self.grouped(moves, viewed, records, done, refuse);
+        }
+        if let Err(e) = self.central() {
             self.untake(&moves);
             return Err(e);
         }
@@ -333,6 +385,156 @@ impl StateTxn for LeasedTxn<'_> {
             ledger.submit_with_state(batch.plaintexts, batch.ledger_state, done);
         }
         Ok(())
+    }
+}
+
+impl<'a> LeasedTxn<'a> {
+    /// The central transaction, once every decision queued in the group commit was
+    /// committed and handed to the ledger (so this one's version and records come after
+    /// theirs, and no row they write is locked here first).
+    /// A decision that took a run's kept copy before a commit of the group failed is
+    /// refused: that copy may hold a queued decision the failure rolled back (the
+    /// transaction's drop lets the copies go, read again from their rows next time).
+    fn central(&mut self) -> Result<&mut PostgresTxn<'a>, GateError> {
+        if !self.drained {
+            self.backend.group.drain()?;
+            if !self.homed.is_empty() && self.backend.group.generation() != self.generation {
+                return Err(GateError::Unavailable(
+                    "a commit of decisions made before this one failed: retry".into(),
+                ));
+            }
+            self.drained = true;
+        }
+        Ok(&mut self.inner)
+    }
+
+    /// Into the group commit ([`super::group`]): the copies kept now (later decisions
+    /// on these runs are made on them), and once the group committed: what was given
+    /// back credited, the records made at the version the group took for it and handed
+    /// to the ledger. A group that did not commit refuses it (`refuse`), what it took
+    /// given back if that rolled back for certain ([`Queued::answered`]).
+    fn grouped(
+        &mut self,
+        mut moves: Moves,
+        viewed: Vec<ViewedTool>,
+        records: Records,
+        done: Committed,
+        refuse: Refuse,
+    ) -> Result<(), GateError> {
+        let queued = Queued {
+            ledger: Arc::clone(&self.backend.central.ledger),
+            slices: Arc::clone(&self.backend.slices),
+            taken: Arc::clone(&self.backend.taken),
+            takes: moves.takes.clone(),
+            gives: std::mem::take(&mut moves.gives),
+            closed: self.closed_on(&moves.closed),
+            views: Arc::clone(&self.backend.views),
+            viewed: viewed
+                .iter()
+                .map(|(tool, _, observed)| (tool.clone(), observed.clone()))
+                .collect(),
+            records,
+            done,
+            refuse,
+        };
+        let then = Box::new(move |o: Outcome| queued.answered(o));
+        let homes = moves.extra.homes.clone();
+        let untaken = moves.takes.clone();
+        let item = Item { homes, then };
+        let queued = self.backend.group.queue(self.generation, item, || {
+            self.copies_settled(moves);
+            for (tool, state, _) in viewed {
+                self.backend.views.queued(&tool, state.breaker);
+            }
+        });
+        if let Err(e) = queued {
+            // Not queued: nothing was sent, nothing kept.
+            untake(&self.backend.slices, &untaken);
+            return Err(e);
+        }
+        self.committed = true;
+        Ok(())
+    }
+
+    /// Where each attempt of `closed` was counted (forgotten once the decision that
+    /// closes them is queued, reinstated if its group does not commit).
+    fn closed_on(&self, closed: &[(String, u64)]) -> Vec<(String, u64, TakenOn)> {
+        let taken = self.backend.taken();
+        closed
+            .iter()
+            .filter_map(|(run, a)| {
+                let on = *taken.get(run)?.get(a)?;
+                Some((run.clone(), *a, on))
+            })
+            .collect()
+    }
+}
+
+/// A decision queued in the group commit: what follows its commit, or its failure.
+struct Queued {
+    ledger: Arc<tally_ledger::Ledger>,
+    slices: Arc<Slices>,
+    taken: Arc<Mutex<TakenOns>>,
+    takes: Vec<(Scope, Option<i64>, Amounts)>,
+    gives: Vec<(Scope, i64, Amounts)>,
+    closed: Vec<(String, u64, TakenOn)>,
+    /// The tools decided from the view, and the outcomes the decision folded there.
+    views: Arc<Views>,
+    viewed: Vec<(String, Vec<Observed>)>,
+    records: Records,
+    done: Committed,
+    refuse: Refuse,
+}
+
+impl Queued {
+    /// Committed: its outcomes kept for the tools' rows, what was given back credited,
+    /// its records made (now, in the order queued: the state is ahead if they fail) and
+    /// handed to the ledger. Not committed: where the attempts it closed were counted
+    /// is known again (the row still holds them open, or, its `COMMIT` unanswered, may:
+    /// a closed one is pruned when the row is next read), its outcomes kept for the
+    /// tools' rows only if it may have committed (as a central decision's), what it
+    /// took given back if it rolled back for certain, and it is refused.
+    fn answered(self, o: Outcome) {
+        let certain = matches!(o, Outcome::RolledBack(_));
+        for (tool, observed) in self.viewed {
+            if certain {
+                self.views.undone(&tool);
+            } else {
+                self.views.observed(&tool, observed);
+            }
+        }
+        let e = match o {
+            Outcome::Committed(version) => {
+                for (scope, id, gave) in self.gives {
+                    self.slices.give_on(&scope, id, gave);
+                }
+                match (self.records)(version) {
+                    Ok(b) => {
+                        let (plaintexts, state) = (b.plaintexts, b.ledger_state);
+                        return self.ledger.submit_with_state(plaintexts, state, self.done);
+                    }
+                    Err(e) => e,
+                }
+            }
+            Outcome::RolledBack(e) => {
+                reinstate(&self.taken, self.closed);
+                untake(&self.slices, &self.takes);
+                e
+            }
+            Outcome::Unsure(e) => {
+                reinstate(&self.taken, self.closed);
+                e
+            }
+        };
+        (self.refuse)(e);
+    }
+}
+
+/// Where attempts were counted, known again (unless known already).
+fn reinstate(taken: &Mutex<TakenOns>, closed: Vec<(String, u64, TakenOn)>) {
+    let mut taken = taken.lock().unwrap_or_else(|e| e.into_inner());
+    for (run, a, on) in closed {
+        taken.entry(run).or_default().entry(a).or_insert(on);
     }
 }
 
@@ -428,7 +630,7 @@ impl LeasedTxn<'_> {
             return Ok(Some(h.state.clone()));
         }
         if self.inner.runs.contains_key(run) {
-            return self.inner.load_run(run);
+            return self.central()?.load_run(run);
         }
         let kept = self.backend.kept(run);
         if let Some(h) = kept {
@@ -440,7 +642,7 @@ impl LeasedTxn<'_> {
             return Ok(Some(state));
         }
         let rows = self
-            .inner
+            .central()?
             .rows("to read a run", |s| &s.home_read, &[&run])?;
         let Some(row) = rows.first() else {
             return Ok(None);
@@ -637,9 +839,7 @@ impl LeasedTxn<'_> {
     /// Rolled back for certain: what was taken on this holder's slices for it is
     /// given back on them.
     fn untake(&self, moves: &Moves) {
-        for (scope, on, need) in &moves.takes {
-            self.backend.slices.untake(scope, *on, *need);
-        }
+        untake(&self.backend.slices, &moves.takes);
     }
 
     fn home_write(&self, name: &str, was: &Home, now: &RunState) -> HomeWrite {
@@ -655,7 +855,17 @@ impl LeasedTxn<'_> {
 
     /// Committed: the copies kept (a stopped run's let go), what was given back
     /// credited to the slices that took it.
-    fn settled(&self, moves: Moves) {
+    fn settled(&self, mut moves: Moves) {
+        let gives = std::mem::take(&mut moves.gives);
+        self.copies_settled(moves);
+        for (scope, id, gave) in gives {
+            self.backend.slices.give_on(&scope, id, gave);
+        }
+    }
+
+    /// The copies kept (a stopped run's let go), and where the attempts it opened were
+    /// counted (those it closed forgotten).
+    fn copies_settled(&self, moves: Moves) {
         let mut homes = self.backend.homes();
         for (name, kept) in moves.keep {
             match kept {
@@ -674,10 +884,6 @@ impl LeasedTxn<'_> {
             taken.entry(run).or_default().insert(a, on);
         }
         taken.retain(|_, on| !on.is_empty());
-        drop(taken);
-        for (scope, id, gave) in moves.gives {
-            self.backend.slices.give_on(&scope, id, gave);
-        }
     }
 
     /// Not committed: the copies of this transaction's runs are let go (read again
@@ -687,6 +893,14 @@ impl LeasedTxn<'_> {
         for name in self.homed.keys() {
             homes.remove(name);
         }
+    }
+}
+
+/// What was taken on `slices` for a decision that rolled back for certain, given back
+/// where it was taken.
+fn untake(slices: &Slices, takes: &[(Scope, Option<i64>, Amounts)]) {
+    for (scope, on, need) in takes {
+        slices.untake(scope, *on, *need);
     }
 }
 

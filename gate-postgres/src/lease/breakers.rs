@@ -199,6 +199,32 @@ impl Views {
         }
     }
 
+    /// A decision here, queued in the group commit, left the tool's breaker at `after`:
+    /// the decisions after it read that; its outcomes are kept to fold into the row only
+    /// once it may have committed ([`Views::observed`]); a certain rollback undoes it
+    /// ([`Views::undone`]).
+    pub(crate) fn queued(&self, tool: &str, after: Breaker) {
+        if let Some(v) = self.lock().get_mut(tool) {
+            v.now = after;
+        }
+    }
+
+    /// A queued decision's outcomes, its group committed (or its `COMMIT` unanswered).
+    pub(crate) fn observed(&self, tool: &str, observed: Vec<Observed>) {
+        if let Some(v) = self.lock().get_mut(tool) {
+            v.pending.extend(observed);
+        }
+    }
+
+    /// A queued decision rolled back for certain: the view is its row with what is
+    /// pending folded on top again.
+    pub(crate) fn undone(&self, tool: &str) {
+        let policy = self.policy();
+        if let Some(v) = self.lock().get_mut(tool) {
+            v.recompute(policy.as_deref(), tool);
+        }
+    }
+
     /// The tool's row read or written with `row`: the view is `row` with what is still
     /// pending here folded on top. A tool not viewed yet is viewed from now on, unless
     /// as many tools as the limit are.

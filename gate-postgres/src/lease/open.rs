@@ -69,7 +69,11 @@ pub fn open_leased(
         |l| used_of(l).unwrap_or(l.granted),
         sink,
     );
-    Ok(Leased::new(central, Arc::new(slices), setup.views))
+    let target = central.target().to_owned();
+    Leased::new(central, Arc::new(slices), setup.views).map_err(|e| PostgresError::Database {
+        target,
+        why: format!("cannot start the group commit's thread: {e}"),
+    })
 }
 
 /// The holder's timer: a tick of `slices` every `refresh` on the lease thread, for as

@@ -36,6 +36,12 @@ pub use embedded::{Embedded, EmbeddedTxn};
 /// that refused them.
 pub type Committed = Box<dyn FnOnce(tally_ledger::Result<Vec<Receipt>>) + Send>;
 
+/// Answers a decision with a refusal instead of its receipts: for a backend whose
+/// [`StateTxn::commit`] returned before its state was durable (a group commit) and
+/// whose state then did not commit. Nothing of the decision was queued for the ledger;
+/// the gate is not failed (the caller retries).
+pub type Refuse = Box<dyn FnOnce(GateError) + Send>;
+
 /// Where the gate's state lives.
 pub trait StateBackend: Send + Sync {
     /// One open transaction.
@@ -112,8 +118,10 @@ pub struct Batch {
     pub ledger_state: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
-/// The records of a commit, given the state version they are recorded at.
-pub type Records<'a> = Box<dyn FnOnce(u64) -> Result<Batch, GateError> + 'a>;
+/// The records of a commit, given the state version they are recorded at: called once,
+/// after the version is taken and before the records are queued (by a backend that
+/// commits decisions in groups, on its own thread, once their group committed).
+pub type Records = Box<dyn FnOnce(u64) -> Result<Batch, GateError> + Send>;
 
 /// What one commit makes durable.
 pub struct Write<'a> {
@@ -124,7 +132,7 @@ pub struct Write<'a> {
     /// stopped run's tool slots in flight.)
     pub durable: &'a [Scopes<'a>],
     /// The records, once the state version is taken (after every scope is held).
-    pub records: Records<'a>,
+    pub records: Records,
     /// Queued with [`tally_ledger::Ledger::submit_deferred`] (it rides the next
     /// decision's fsync), else with [`tally_ledger::Ledger::submit_with_state`].
     pub deferred: bool,
@@ -133,6 +141,9 @@ pub struct Write<'a> {
     /// breaker apart from its row and folds them there later (the leased backend's
     /// view of a breaker). Already folded into `snapshot`.
     pub observed: Vec<Observed>,
+    /// Called instead of `done` by a backend that answered [`StateTxn::commit`] before
+    /// its state was durable, if that state then did not commit ([`Refuse`]).
+    pub refuse: Refuse,
 }
 
 /// An outcome as a tool's breaker folds it ([`tally_policy::breaker_outcome`]): its
@@ -199,6 +210,13 @@ pub trait StateTxn: StateReads {
     /// ahead of the ledger on a crash, never behind. The embedded backend writes the
     /// state of `write.durable` in the ledger's batch, and keeps the whole snapshot in
     /// memory. `done` gets the receipts once the records are durable.
+    ///
+    /// A backend may instead take the decision into a group commit and return before
+    /// its state is durable (the leased backend, for decisions at home that lock no
+    /// shared row): it then queues the records only once the state committed, in the
+    /// order the commits were made, and if the state does not commit it answers
+    /// `write.refuse` and never `done`. Until then it decides later operations on the
+    /// state this one left, and fails them too if this one does not commit.
     ///
     /// An error means nothing was queued (and, for a networked backend, nothing made
     /// durable, unless the records themselves failed after the state committed, which
