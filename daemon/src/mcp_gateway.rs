@@ -1,7 +1,9 @@
 //! The MCP gateway `tally serve --mcp-listen ADDR` runs (tally-mcp's [`gateway`]): the
 //! policy's `[mcp.NAME]` servers, their credentials read here (a file or an environment
-//! variable the policy names; the value is never logged), and the credential of every
-//! request read ([`crate::mcp_auth`]).
+//! variable the policy names; the value is never logged) and their TLS configured here
+//! (tally-proxy's one HTTPS client configuration, with a server's `ca_file`), the
+//! credential of every request read ([`crate::mcp_auth`]), and the connections it refuses
+//! counted in the metrics.
 
 use std::sync::Arc;
 
@@ -57,6 +59,10 @@ impl Gateway {
             limits: options.mcp_limits,
             clock: Arc::clone(&options.clock),
             worker: Some("tally-mcp-gateway".to_owned()),
+            on_refused: {
+                let observer = Arc::clone(&app.observer);
+                Arc::new(move || observer.metrics.mcp_refused_connection())
+            },
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -85,11 +91,27 @@ fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
         Some(url) => Target::Url {
             url: url.clone(),
             credential: credential(name, s)?,
+            tls: Box::new(tls(name, s)?),
         },
     };
     Ok(Server {
         name: name.to_owned(),
         target,
+    })
+}
+
+/// The TLS configuration a `url` server is reached with: tally's one HTTPS client's
+/// (the Mozilla roots), trusting its `ca_file` too, read now.
+fn tls(name: &str, s: &McpServer) -> Result<rustls::ClientConfig, DaemonError> {
+    let ca_file = s.ca_file.as_deref().map(std::path::Path::new);
+    tally_proxy::tls::client_config(ca_file).map_err(|e| {
+        let why = match (e, &s.ca_file) {
+            (tally_proxy::tls::TlsError::CaFile { why }, Some(file)) => {
+                format!("ca_file {file}: {why}")
+            }
+            (e, _) => e.to_string(),
+        };
+        DaemonError::McpGateway(format!("[mcp.{name}]: {why}"))
     })
 }
 

@@ -169,10 +169,14 @@ pub enum Target {
     Command(Vec<String>),
     /// A remote Streamable HTTP server, with the header the credential goes in.
     Url {
-        /// Its URL.
+        /// Its URL: `https://`, or `http://` to a loopback host (the policy's rule).
         url: String,
         /// The credential's header and value.
         credential: Option<(String, Secret)>,
+        /// The TLS configuration an `https://` server is reached with: the one every
+        /// HTTPS client of tally uses (tally-proxy's `tls::client_config`: the Mozilla
+        /// roots and the server's `ca_file`).
+        tls: Box<rustls::ClientConfig>,
     },
 }
 
@@ -200,6 +204,9 @@ pub struct GatewayOptions {
     /// Environment variables every stdio server is started without: the credentials
     /// of the remote servers (`credential_env`).
     pub hidden_env: Vec<String>,
+    /// Called once for each connection refused over [`GatewayLimits::max_connections`]
+    /// (the daemon counts them in its metrics).
+    pub on_refused: Arc<dyn Fn() + Send + Sync>,
 }
 
 /// The bounds on what the gateway's clients may hold.
