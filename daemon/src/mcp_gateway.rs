@@ -84,8 +84,14 @@ impl Gateway {
     }
 }
 
-/// A server of the policy, its credential read.
+/// A server of the policy, its credential read. An entry a policy in force could not
+/// have (a recorded policy's plain `http://` to another host) is refused.
 fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
+    if let Some((key, why)) = s.in_force_problem() {
+        return Err(DaemonError::McpGateway(format!(
+            "[mcp.{name}] {key}: {why}"
+        )));
+    }
     let target = match &s.url {
         None => Target::Command(s.command.clone()),
         Some(url) => Target::Url {
@@ -142,4 +148,26 @@ fn credential(name: &str, s: &McpServer) -> Result<Option<(String, Secret)>, Dae
         .clone()
         .unwrap_or_else(|| "Authorization".to_owned());
     Ok(Some((header, Secret(value))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A policy a ledger recorded reads with plain `http://` to any host (earlier builds
+    /// took it); the gateway still never reaches such a server.
+    #[test]
+    fn a_recorded_plain_http_server_elsewhere_is_not_started() {
+        let text = "[mcp.search]\nurl = \"http://10.0.0.7:8000/mcp\"\n";
+        let recorded = tally_policy::Recorded::from_ledger(text).expect("a recorded policy");
+        match server("search", &recorded.policy.mcp["search"]) {
+            Err(DaemonError::McpGateway(why)) => {
+                assert!(
+                    why.contains("[mcp.search] url") && why.contains("loopback"),
+                    "{why}"
+                )
+            }
+            other => panic!("{:?}", other.map(|s| s.name)),
+        }
+    }
 }

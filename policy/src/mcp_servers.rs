@@ -71,8 +71,26 @@ fn valid_header(name: &str) -> bool {
         && !OWNED.contains(&name.to_ascii_lowercase().as_str())
 }
 
-/// What is wrong with a server's URL, if anything: `https://host[:port]/path`, or
-/// `http://` to a loopback host ([`loopback_host`]); no user info, fragment or spaces.
+/// What is wrong with a recorded server's URL, if anything: what every build accepted
+/// (`http://` or `https://`, a host, no user info, fragment or spaces). A ledger written
+/// by an earlier build, which took plain `http://` to any host, still reads its policy
+/// record; [`url_problem`]'s stricter rules are for a policy being put in force.
+fn recorded_url_problem(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    let ok = rest.is_some_and(|r| {
+        !r.is_empty()
+            && !r.starts_with('/')
+            && r.bytes().all(|b| b.is_ascii_graphic())
+            && !r.contains(['#', '@'])
+    });
+    (!ok).then(|| format!("`{url}` is not a server URL (no user info, fragment or spaces)"))
+}
+
+/// What is wrong with the URL of a server being put in force, if anything:
+/// `https://host[:port]/path`, or `http://` to a loopback host ([`loopback_host`]); no
+/// user info, fragment or spaces.
 fn url_problem(url: &str) -> Option<String> {
     let (scheme, rest) = match url.split_once("://") {
         Some((s @ ("http" | "https"), rest)) => (s, rest),
@@ -112,7 +130,9 @@ fn url_problem(url: &str) -> Option<String> {
 
 impl McpServer {
     /// What is wrong with this entry, if anything: the key under `mcp.NAME` and why.
-    pub(crate) fn problem(&self) -> Option<(&'static str, String)> {
+    /// `new`: a policy being put in force, whose `url` meets [`url_problem`]; a recorded
+    /// one meets [`recorded_url_problem`].
+    pub(crate) fn problem(&self, new: bool) -> Option<(&'static str, String)> {
         match (self.command.is_empty(), &self.url) {
             (true, None) => Some((
                 "command",
@@ -120,10 +140,21 @@ impl McpServer {
             )),
             (false, Some(_)) => Some(("url", "give `command` or `url`, not both".into())),
             (false, None) => self.command_problem(),
-            (true, Some(url)) => url_problem(url)
-                .map(|why| ("url", why))
+            (true, Some(url)) => if new {
+                url_problem(url)
+            } else {
+                recorded_url_problem(url)
+            }
+            .map(|why| ("url", why))
                 .or_else(|| self.remote_problem(url)),
         }
+    }
+
+    /// What keeps this entry from being put in force, if anything (the rules of a new
+    /// policy, whatever a ledger recorded): the key under `mcp.NAME` and why. The gateway
+    /// asks before it starts a server.
+    pub fn in_force_problem(&self) -> Option<(&'static str, String)> {
+        self.problem(true)
     }
 
     /// What a stdio server has that it may not: an empty program, a remote server's keys.
@@ -196,8 +227,12 @@ impl McpServer {
     }
 }
 
-/// Every `[mcp.NAME]`: valid names, each entry valid; the key of the first problem.
-pub(crate) fn check(servers: &BTreeMap<String, McpServer>) -> Result<(), (String, String)> {
+/// Every `[mcp.NAME]`: valid names, each entry valid (`new`: a policy being put in force,
+/// see [`McpServer::problem`]); the key of the first problem.
+pub(crate) fn check(
+    servers: &BTreeMap<String, McpServer>,
+    new: bool,
+) -> Result<(), (String, String)> {
     for (name, s) in servers {
         if !valid_name(name) {
             return Err((
@@ -205,7 +240,7 @@ pub(crate) fn check(servers: &BTreeMap<String, McpServer>) -> Result<(), (String
                 format!("a server name is 1 to {MAX_NAME} lowercase letters, digits and `-` (no `_`: tools are exposed as NAME__tool)"),
             ));
         }
-        if let Some((key, why)) = s.problem() {
+        if let Some((key, why)) = s.problem(new) {
             return Err((format!("mcp.{name}.{key}"), why));
         }
     }
