@@ -12,6 +12,7 @@ use super::*;
 
 mod failing;
 mod https;
+mod redirects;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

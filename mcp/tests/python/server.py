@@ -123,6 +123,30 @@ if _hang and not os.path.exists(_hang):
     server._mcp_server.list_tools()(_never_listed)
 
 
+def redirecting(app):
+    """The ASGI `app`, except that a request to /moved is answered 308 to /mcp, and with
+    $TALLY_MCP_TEST_REDIRECT=URL every request to /mcp is answered 307 to URL."""
+    elsewhere = os.environ.get("TALLY_MCP_TEST_REDIRECT")
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "http":
+            status, location = {
+                "/moved": (308, "/mcp"),
+                "/mcp": (307, elsewhere),
+            }.get(scope["path"], (None, None))
+            if location:
+                await send({
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [(b"location", location.encode()), (b"content-length", b"0")],
+                })
+                await send({"type": "http.response.body", "body": b""})
+                return
+        await app(scope, receive, send)
+
+    return wrapped
+
+
 if __name__ == "__main__":
     import sys
 
@@ -135,15 +159,23 @@ if __name__ == "__main__":
     # for the HTTP gateway's tests; `server.py --https PORT CERT KEY`: the same over TLS
     # (https://127.0.0.1:PORT/mcp) with the certificate and key of PEM files; else on
     # stdio.
+    # On HTTP, a request to /moved is answered 308 to /mcp (a same-origin redirect);
+    # with $TALLY_MCP_TEST_REDIRECT=URL, every request to /mcp is answered 307 to URL (a
+    # redirect elsewhere).
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
-        server.settings.host = "127.0.0.1"
-        server.settings.port = int(sys.argv[2])
-        server.run("streamable-http")
+        import uvicorn
+
+        uvicorn.run(
+            redirecting(server.streamable_http_app()),
+            host="127.0.0.1",
+            port=int(sys.argv[2]),
+            log_level="error",
+        )
     elif len(sys.argv) == 5 and sys.argv[1] == "--https":
         import uvicorn
 
         uvicorn.run(
-            server.streamable_http_app(),
+            redirecting(server.streamable_http_app()),
             host="127.0.0.1",
             port=int(sys.argv[2]),
             ssl_certfile=sys.argv[3],

@@ -34,7 +34,7 @@ impl Remote {
 
 /// The text of a call's answer (and whether it is an error result), or its JSON-RPC
 /// error's message (`true`).
-fn text_of(a: &Answer, id: u64) -> (bool, String) {
+pub(super) fn text_of(a: &Answer, id: u64) -> (bool, String) {
     let m = a
         .answer_to(id)
         .unwrap_or_else(|| panic!("no answer to {id}: {} {}", a.status, a.body));
