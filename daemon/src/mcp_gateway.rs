@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use tally_mcp::gateway::{self, GatewayOptions, Secret, Server, Target};
+use tally_mcp::gateway::{self, GatewayOptions, RemoteClient, Secret, Server, Target};
 use tally_policy::mcp_servers::McpServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -84,7 +84,8 @@ impl Gateway {
     }
 }
 
-/// A server of the policy, its credential read. An entry a policy in force could not
+/// A server of the policy, its credential read and a remote one's HTTP client built
+/// (whatever would keep it from being reached stops the start). An entry a policy in force could not
 /// have (a recorded policy's plain `http://` to another host) is refused.
 fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
     if let Some((key, why)) = s.in_force_problem() {
@@ -97,7 +98,8 @@ fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
         Some(url) => Target::Url {
             url: url.clone(),
             credential: credential(name, s)?,
-            tls: Box::new(tls(name, s)?),
+            client: RemoteClient::new(tls(name, s)?)
+                .map_err(|e| DaemonError::McpGateway(format!("[mcp.{name}]: {e}")))?,
         },
     };
     Ok(Server {
@@ -168,6 +170,24 @@ mod tests {
                 )
             }
             other => panic!("{:?}", other.map(|s| s.name)),
+        }
+    }
+
+    /// A remote server's HTTP client is built at start, over tally's one TLS
+    /// configuration: a configuration the HTTP client does not take fails here (and
+    /// `tally serve` at its start), not at a first call.
+    #[test]
+    fn a_remote_servers_http_client_is_built_at_start() {
+        let s = McpServer {
+            url: Some("https://mcp.example.com/mcp".into()),
+            ..McpServer::default()
+        };
+        match server("web", &s) {
+            Ok(Server {
+                target: Target::Url { url, .. },
+                ..
+            }) => assert_eq!(url, "https://mcp.example.com/mcp"),
+            other => panic!("{other:?}"),
         }
     }
 }

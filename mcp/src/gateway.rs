@@ -173,10 +173,23 @@ pub enum Target {
         url: String,
         /// The credential's header and value.
         credential: Option<(String, Secret)>,
-        /// The TLS configuration an `https://` server is reached with: the one every
-        /// HTTPS client of tally uses (tally-proxy's `tls::client_config`: the Mozilla
-        /// roots and the server's `ca_file`).
-        tls: Box<rustls::ClientConfig>,
+        /// The HTTP client it is reached with, built at start ([`RemoteClient::new`]).
+        client: RemoteClient,
+    },
+}
+
+pub use servers::RemoteClient;
+
+/// Why a remote server's HTTP client could not be built (at the gateway's start).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoClient {
+    /// The HTTP client refused its configuration (a TLS configuration of a version it
+    /// does not take).
+    #[error("its HTTP client: {why}")]
+    Build {
+        /// What the HTTP client said, with its causes.
+        why: String,
     },
 }
 

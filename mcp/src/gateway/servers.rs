@@ -153,10 +153,13 @@ impl Backend {
             Target::Url {
                 url,
                 credential,
-                tls,
-            } => tokio::time::timeout(CONNECT_TIMEOUT, connect_url(url, credential.as_ref(), tls))
-                .await
-                .map_err(|_| "it did not finish initializing in time".to_owned())?,
+                client,
+            } => tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                connect_url(url, credential.as_ref(), client),
+            )
+            .await
+            .map_err(|_| "it did not finish initializing in time".to_owned())?,
         };
         let client = Arc::new(connected?);
         *slot = Some((generation, Arc::clone(&client)));
@@ -371,7 +374,7 @@ impl Backend {
 async fn connect_url(
     url: &str,
     credential: Option<&(String, super::Secret)>,
-    tls: &rustls::ClientConfig,
+    client: &RemoteClient,
 ) -> Result<Client, String> {
     let mut config = StreamableHttpClientTransportConfig::with_uri(url);
     if let Some((name, secret)) = credential {
@@ -382,7 +385,7 @@ async fn connect_url(
         value.set_sensitive(true);
         config.custom_headers.insert(name, value);
     }
-    let transport = StreamableHttpClientTransport::with_client(http_client(tls)?, config);
+    let transport = StreamableHttpClientTransport::with_client(client.0.clone(), config);
     ().serve(transport).await.map_err(|e| unreached(&e))
 }
 
@@ -403,13 +406,30 @@ fn unreached(e: &rmcp::service::ClientInitializeError) -> String {
     e.to_string()
 }
 
+/// The HTTP client of a remote server, built once when the gateway starts (a
+/// configuration the HTTP client refuses stops the start, not a first call) and cloned
+/// for each connection.
+#[derive(Clone, Debug)]
+pub struct RemoteClient(reqwest::Client);
+
+impl RemoteClient {
+    /// The client of a remote server reached with `tls`: the TLS configuration every
+    /// HTTPS client of tally uses (tally-proxy's `tls::client_config`: the Mozilla roots
+    /// and the server's `ca_file`).
+    pub fn new(tls: rustls::ClientConfig) -> Result<RemoteClient, super::NoClient> {
+        http_client(tls)
+            .map(RemoteClient)
+            .map_err(|e| super::NoClient::Build { why: describe(&e) })
+    }
+}
+
 /// The HTTP client of a remote server: reqwest over `tls` (an `https://` URL's only
 /// trust), speaking to the URL's host only (no system proxy: the credential goes to the
 /// server directly), as rmcp's own client does otherwise: no idle connection kept (a
 /// reused one can wait on a delayed ACK), and only a same-origin 307 or 308 followed (a
 /// redirect elsewhere would carry the credential and the session there; 301 to 303
 /// would turn a POST into a GET).
-fn http_client(tls: &rustls::ClientConfig) -> Result<reqwest::Client, String> {
+fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, reqwest::Error> {
     const MAX_REDIRECTS: usize = 10;
     let redirects = reqwest::redirect::Policy::custom(|attempt| {
         let keeps_body = matches!(
@@ -429,12 +449,11 @@ fn http_client(tls: &rustls::ClientConfig) -> Result<reqwest::Client, String> {
         }
     });
     reqwest::Client::builder()
-        .tls_backend_preconfigured(tls.clone())
+        .tls_backend_preconfigured(tls)
         .no_proxy()
         .pool_max_idle_per_host(0)
         .redirect(redirects)
         .build()
-        .map_err(|e| format!("its HTTP client: {}", describe(&e)))
 }
 
 /// An error and its sources, one after the other (a TLS refusal is a source's).
