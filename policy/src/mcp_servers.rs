@@ -90,7 +90,7 @@ fn recorded_url_problem(url: &str) -> Option<String> {
 
 /// What is wrong with the URL of a server being put in force, if anything:
 /// `https://host[:port]/path`, or `http://` to a loopback host ([`loopback_host`]); no
-/// user info, fragment or spaces.
+/// user info, query, fragment or spaces.
 fn url_problem(url: &str) -> Option<String> {
     let (scheme, rest) = match url.split_once("://") {
         Some((s @ ("http" | "https"), rest)) => (s, rest),
@@ -118,6 +118,11 @@ fn url_problem(url: &str) -> Option<String> {
     {
         return Some(format!(
             "`{url}`: write `https://host[:port]/path` (no user info, fragment or spaces)"
+        ));
+    }
+    if rest.contains('?') {
+        return Some(format!(
+            "`{url}` has a query: it would be shown in errors to agents and in the log. Give the server's credential in `credential_file` or `credential_env` (sent in a header)"
         ));
     }
     if scheme == "http" && !loopback_host(host) {
@@ -287,6 +292,7 @@ mod tests {
             ("[mcp.web]\nurl = \"https://h:port/mcp\"\n", "mcp.web.url"),
             ("[mcp.web]\nurl = \"https://u:p@h/mcp\"\n", "mcp.web.url"),
             ("[mcp.web]\nurl = \"https://h/mcp#x\"\n", "mcp.web.url"),
+            ("[mcp.web]\nurl = \"https://h/mcp?key=x\"\n", "mcp.web.url"),
             ("[mcp.web]\nurl = \"https://h/m cp\"\n", "mcp.web.url"),
             ("[mcp.web]\nurl = \"http://127.0.0.1/mcp\"\nca_file = \"/ca.pem\"\n", "mcp.web.ca_file"),
             ("[mcp.web]\nurl = \"https://h/mcp\"\nca_file = \"\"\n", "mcp.web.ca_file"),
@@ -342,6 +348,20 @@ mod tests {
                 "{host}: {why}"
             );
         }
+    }
+
+    /// A URL's query would be shown in errors (to agents, in the log): refused in a
+    /// policy put in force; a recorded one that has one (earlier builds took it) reads.
+    #[test]
+    fn a_query_is_refused_in_force_but_read_from_a_ledger() {
+        let text = "[mcp.web]\nurl = \"https://h/mcp?key=x\"\n";
+        let (k, why) = refused(text);
+        assert!(
+            k == "mcp.web.url" && why.contains("credential_env"),
+            "{k}: {why}"
+        );
+        let p = Policy::from_recorded(text).expect("a recorded policy");
+        assert_eq!(p.mcp["web"].url.as_deref(), Some("https://h/mcp?key=x"));
     }
 
     #[test]

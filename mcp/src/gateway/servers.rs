@@ -423,9 +423,16 @@ impl RemoteClient {
     }
 }
 
+/// Where `localhost` is: the policy takes plain `http://` to it as loopback by its name,
+/// so it is never asked of the resolver (the port is the URL's).
+const LOCALHOST: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    0,
+));
+
 /// The HTTP client of a remote server: reqwest over `tls` (an `https://` URL's only
 /// trust), speaking to the URL's host only (no system proxy: the credential goes to the
-/// server directly), as rmcp's own client does otherwise: no idle connection kept (a
+/// server directly; `localhost` is [`LOCALHOST`]), as rmcp's own client does otherwise: no idle connection kept (a
 /// reused one can wait on a delayed ACK), and only a same-origin 307 or 308 followed (a
 /// redirect elsewhere would carry the credential and the session there; 301 to 303
 /// would turn a POST into a GET).
@@ -451,6 +458,7 @@ fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, reqwest::Er
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .no_proxy()
+        .resolve("localhost", LOCALHOST)
         .pool_max_idle_per_host(0)
         .redirect(redirects)
         .build()
