@@ -1,12 +1,14 @@
 //! The MCP gateway `tally serve --mcp-listen ADDR` runs (tally-mcp's [`gateway`]): the
 //! policy's `[mcp.NAME]` servers, their credentials read here (a file or an environment
-//! variable the policy names; the value is never logged), and the credential of every
-//! request read ([`crate::mcp_auth`]).
+//! variable the policy names; the value is never logged) and their TLS configured here
+//! (tally-proxy's one HTTPS client configuration, with a server's `ca_file`), the
+//! credential of every request read ([`crate::mcp_auth`]), and the connections it refuses
+//! counted in the metrics.
 
 use std::sync::Arc;
 
 use axum::Router;
-use tally_mcp::gateway::{self, GatewayOptions, Secret, Server, Target};
+use tally_mcp::gateway::{self, GatewayOptions, RemoteClient, Secret, Server, Target};
 use tally_policy::mcp_servers::McpServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -57,6 +59,10 @@ impl Gateway {
             limits: options.mcp_limits,
             clock: Arc::clone(&options.clock),
             worker: Some("tally-mcp-gateway".to_owned()),
+            on_refused: {
+                let observer = Arc::clone(&app.observer);
+                Arc::new(move || observer.metrics.mcp_refused_connection())
+            },
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -78,18 +84,42 @@ impl Gateway {
     }
 }
 
-/// A server of the policy, its credential read.
+/// A server of the policy, its credential read and a remote one's HTTP client built
+/// (whatever would keep it from being reached stops the start). An entry a policy in force could not
+/// have (a recorded policy's plain `http://` to another host) is refused.
 fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
+    if let Some((key, why)) = s.in_force_problem() {
+        return Err(DaemonError::McpGateway(format!(
+            "[mcp.{name}] {key}: {why}"
+        )));
+    }
     let target = match &s.url {
         None => Target::Command(s.command.clone()),
         Some(url) => Target::Url {
             url: url.clone(),
             credential: credential(name, s)?,
+            client: RemoteClient::new(tls(name, s)?)
+                .map_err(|e| DaemonError::McpGateway(format!("[mcp.{name}]: {e}")))?,
         },
     };
     Ok(Server {
         name: name.to_owned(),
         target,
+    })
+}
+
+/// The TLS configuration a `url` server is reached with: tally's one HTTPS client's
+/// (the Mozilla roots), trusting its `ca_file` too, read now.
+fn tls(name: &str, s: &McpServer) -> Result<rustls::ClientConfig, DaemonError> {
+    let ca_file = s.ca_file.as_deref().map(std::path::Path::new);
+    tally_proxy::tls::client_config(ca_file).map_err(|e| {
+        let why = match (e, &s.ca_file) {
+            (tally_proxy::tls::TlsError::CaFile { why }, Some(file)) => {
+                format!("ca_file {file}: {why}")
+            }
+            (e, _) => e.to_string(),
+        };
+        DaemonError::McpGateway(format!("[mcp.{name}]: {why}"))
     })
 }
 
@@ -120,4 +150,44 @@ fn credential(name: &str, s: &McpServer) -> Result<Option<(String, Secret)>, Dae
         .clone()
         .unwrap_or_else(|| "Authorization".to_owned());
     Ok(Some((header, Secret(value))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A policy a ledger recorded reads with plain `http://` to any host (earlier builds
+    /// took it); the gateway still never reaches such a server.
+    #[test]
+    fn a_recorded_plain_http_server_elsewhere_is_not_started() {
+        let text = "[mcp.search]\nurl = \"http://10.0.0.7:8000/mcp\"\n";
+        let recorded = tally_policy::Recorded::from_ledger(text).expect("a recorded policy");
+        match server("search", &recorded.policy.mcp["search"]) {
+            Err(DaemonError::McpGateway(why)) => {
+                assert!(
+                    why.contains("[mcp.search] url") && why.contains("loopback"),
+                    "{why}"
+                )
+            }
+            other => panic!("{:?}", other.map(|s| s.name)),
+        }
+    }
+
+    /// A remote server's HTTP client is built at start, over tally's one TLS
+    /// configuration: a configuration the HTTP client does not take fails here (and
+    /// `tally serve` at its start), not at a first call.
+    #[test]
+    fn a_remote_servers_http_client_is_built_at_start() {
+        let s = McpServer {
+            url: Some("https://mcp.example.com/mcp".into()),
+            ..McpServer::default()
+        };
+        match server("web", &s) {
+            Ok(Server {
+                target: Target::Url { url, .. },
+                ..
+            }) => assert_eq!(url, "https://mcp.example.com/mcp"),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -54,15 +54,6 @@ fn rustls_provider() -> Arc<rustls::crypto::CryptoProvider> {
     tally_proxy::tls::provider()
 }
 
-/// Whether `host` (a URL's host, IPv6 in brackets) is a loopback host.
-fn loopback_host(host: &str) -> bool {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || bare
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
 /// The client a log (or an auditor) talks to witnesses with: HTTPS with the Mozilla
 /// roots and an optional extra CA, plain HTTP to loopback hosts only. Cheap to clone.
 #[derive(Clone)]
@@ -100,7 +91,7 @@ impl WitnessClient {
         let host = uri.host().ok_or_else(|| format!("{url}: no host"))?;
         match uri.scheme_str() {
             Some("https") => {}
-            Some("http") if loopback_host(host) => {}
+            Some("http") if tally_policy::upstreams::loopback_host(host) => {}
             Some("http") => {
                 return Err(format!(
                     "{url}: plain http:// only to a loopback host; use https://"
@@ -521,22 +512,6 @@ pub fn describe(addr: SocketAddr, tls: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_hosts_only_for_plain_http() {
-        for h in ["127.0.0.1", "127.8.9.1", "[::1]", "localhost", "LOCALHOST"] {
-            assert!(loopback_host(h), "{h}");
-        }
-        for h in [
-            "10.0.0.1",
-            "example.org",
-            "[::2]",
-            "localhost.example.org",
-            "0.0.0.0",
-        ] {
-            assert!(!loopback_host(h), "{h}");
-        }
-    }
 
     #[tokio::test]
     async fn the_client_refuses_plain_http_beyond_loopback_and_other_schemes() {

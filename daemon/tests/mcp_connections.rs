@@ -1,8 +1,9 @@
 //! The bound on the MCP gateway's open connections (`--mcp-max-connections`), on the
 //! real daemon over real TCP: connections that hold their places idle (one never sent
 //! anything, others kept alive after a request) fill the bound; one more is answered
-//! `503` with `Retry-After` at once and closed; once one of them closes, a new
-//! connection is served.
+//! `503` with `Retry-After` at once and closed, and counted in `/metrics`
+//! (`tally_mcp_refused_connections_total`); once one of them closes, a new connection is
+//! served.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,7 +12,19 @@ use tally_mcp::gateway::GatewayLimits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::common::{get, Daemon};
 use crate::mcp_gateway::{bearer, gateway_with, send, IDLE, INIT};
+
+const REFUSED: &str = "tally_mcp_refused_connections_total";
+
+/// The value of the series `name` in the daemon's `/metrics` (`None` when absent).
+async fn metric(d: &Daemon, name: &str) -> Option<u64> {
+    let mut c = d.client().await;
+    let text = String::from_utf8(get(&mut c, "/metrics").await.body.to_vec()).expect("utf8");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}
 
 /// A `ping` with no session on a kept-alive HTTP/1.1 connection: answered (400, no
 /// session) and the connection left open.
@@ -77,6 +90,7 @@ async fn a_connection_over_the_bound_is_answered_503_at_once_and_a_freed_place_s
     .await;
     let token = gw.token("conns").await;
     let auth = bearer(&token);
+    assert_eq!(metric(&gw.daemon, REFUSED).await, Some(0));
     // One connection sends nothing; three are kept alive after a request each.
     let silent = TcpStream::connect(gw.addr).await.expect("connect");
     let mut alive = Vec::new();
@@ -94,6 +108,8 @@ async fn a_connection_over_the_bound_is_answered_503_at_once_and_a_freed_place_s
         assert!(head.contains("\r\nConnection: close"), "{answer}");
         assert!(body.contains("--mcp-max-connections"), "{answer}");
     }
+    // Each refusal is counted (before its answer is written).
+    assert_eq!(metric(&gw.daemon, REFUSED).await, Some(2));
     // The kept-alive connections still hold their places and are served.
     assert_eq!(kept_alive(&mut alive[0], &auth).await, 400);
     // The silent one closes: its place is given back once the gateway sees the close
@@ -112,6 +128,8 @@ async fn a_connection_over_the_bound_is_answered_503_at_once_and_a_freed_place_s
         }
         assert_eq!(status, 200, "{answer}");
         assert!(session.is_some(), "{answer}");
+        let refusals = statuses.iter().filter(|s| **s == 503).count() as u64;
+        assert_eq!(metric(&gw.daemon, REFUSED).await, Some(2 + refusals));
         return;
     }
     panic!("no place given back after a connection closed: {statuses:?}");

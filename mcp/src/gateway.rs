@@ -169,10 +169,27 @@ pub enum Target {
     Command(Vec<String>),
     /// A remote Streamable HTTP server, with the header the credential goes in.
     Url {
-        /// Its URL.
+        /// Its URL: `https://`, or `http://` to a loopback host (the policy's rule).
         url: String,
         /// The credential's header and value.
         credential: Option<(String, Secret)>,
+        /// The HTTP client it is reached with, built at start ([`RemoteClient::new`]).
+        client: RemoteClient,
+    },
+}
+
+pub use servers::RemoteClient;
+
+/// Why a remote server's HTTP client could not be built (at the gateway's start).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoClient {
+    /// The HTTP client refused its configuration (a TLS configuration of a version it
+    /// does not take).
+    #[error("its HTTP client: {why}")]
+    Build {
+        /// What the HTTP client said, with its causes.
+        why: String,
     },
 }
 
@@ -200,6 +217,9 @@ pub struct GatewayOptions {
     /// Environment variables every stdio server is started without: the credentials
     /// of the remote servers (`credential_env`).
     pub hidden_env: Vec<String>,
+    /// Called once for each connection refused over [`GatewayLimits::max_connections`]
+    /// (the daemon counts them in its metrics).
+    pub on_refused: Arc<dyn Fn() + Send + Sync>,
 }
 
 /// The bounds on what the gateway's clients may hold.

@@ -358,7 +358,7 @@ impl Policy {
         self.check_approvers()?;
         self.check_periods()?;
         self.check_upstreams()?;
-        crate::mcp_servers::check(&self.mcp)?;
+        crate::mcp_servers::check(&self.mcp, new)?;
         if self.max_price_age_days == Some(0) {
             return Err((
                 "max_price_age_days".into(),

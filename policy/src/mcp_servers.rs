@@ -1,11 +1,16 @@
 //! The MCP servers `tally serve --mcp-listen` puts its gateway in front of
 //! (`[mcp.NAME]`, docs/MCP.md, "The HTTP gateway"): each one either a command the
 //! gateway starts and speaks to on stdio, or the URL of a remote Streamable HTTP server,
-//! with an optional credential the gateway sends it in a header.
+//! with an optional credential the gateway sends it in a header. A remote server is
+//! reached over `https://` (plain `http://` to a loopback host only, so a credential
+//! never crosses a network unencrypted), trusting the Mozilla roots and, for a server
+//! whose certificate a private CA issued, the CA certificates of a `ca_file`.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::upstreams::loopback_host;
 
 /// The longest server name.
 pub const MAX_NAME: usize = 32;
@@ -17,9 +22,14 @@ pub struct McpServer {
     /// The server's command and arguments (a stdio server the gateway starts).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
-    /// The URL of a remote Streamable HTTP server (`http://` only).
+    /// The URL of a remote Streamable HTTP server: `https://`, or `http://` to a
+    /// loopback host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// A PEM file of CA certificates trusted for an `https://` server beside the Mozilla
+    /// roots (for a certificate a private CA issued).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
     /// The header the credential goes in (default `Authorization`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
@@ -61,53 +71,132 @@ fn valid_header(name: &str) -> bool {
         && !OWNED.contains(&name.to_ascii_lowercase().as_str())
 }
 
+/// What is wrong with a recorded server's URL, if anything: what every build accepted
+/// (`http://` or `https://`, a host, no user info, fragment or spaces). A ledger written
+/// by an earlier build, which took plain `http://` to any host, still reads its policy
+/// record; [`url_problem`]'s stricter rules are for a policy being put in force.
+fn recorded_url_problem(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    let ok = rest.is_some_and(|r| {
+        !r.is_empty()
+            && !r.starts_with('/')
+            && r.bytes().all(|b| b.is_ascii_graphic())
+            && !r.contains(['#', '@'])
+    });
+    (!ok).then(|| format!("`{url}` is not a server URL (no user info, fragment or spaces)"))
+}
+
+/// What is wrong with the URL of a server being put in force, if anything:
+/// `https://host[:port]/path`, or `http://` to a loopback host ([`loopback_host`]); no
+/// user info, query, fragment or spaces.
+fn url_problem(url: &str) -> Option<String> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s @ ("http" | "https"), rest)) => (s, rest),
+        _ => {
+            return Some(format!(
+                "`{url}` is not a server URL: write `https://host[:port]/path`"
+            ))
+        }
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map(|(h, _)| &authority[..h.len() + 2]),
+        None => authority.split(':').next(),
+    }
+    .unwrap_or_default();
+    let port = &authority[host.len()..];
+    let port_ok = port.is_empty()
+        || port.strip_prefix(':').is_some_and(|p| {
+            !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
+        });
+    if host.is_empty()
+        || !port_ok
+        || !rest.bytes().all(|b| b.is_ascii_graphic())
+        || rest.contains(['#', '@'])
+    {
+        return Some(format!(
+            "`{url}`: write `https://host[:port]/path` (no user info, fragment or spaces)"
+        ));
+    }
+    if rest.contains('?') {
+        return Some(format!(
+            "`{url}` has a query: it would be shown in errors to agents and in the log. Give the server's credential in `credential_file` or `credential_env` (sent in a header)"
+        ));
+    }
+    if scheme == "http" && !loopback_host(host) {
+        return Some(format!(
+            "`{url}` is plain http to a host that is not loopback: the credential and every call would cross the network unencrypted. Write `https://{rest}` (plain `http://` is for 127.0.0.1, ::1 and localhost only)"
+        ));
+    }
+    None
+}
+
 impl McpServer {
     /// What is wrong with this entry, if anything: the key under `mcp.NAME` and why.
-    pub(crate) fn problem(&self) -> Option<(&'static str, String)> {
+    /// `new`: a policy being put in force, whose `url` meets [`url_problem`]; a recorded
+    /// one meets [`recorded_url_problem`].
+    pub(crate) fn problem(&self, new: bool) -> Option<(&'static str, String)> {
         match (self.command.is_empty(), &self.url) {
-            (true, None) => {
+            (true, None) => Some((
+                "command",
+                "give the server: `command = [\"program\", \"arg\"]` (a stdio server) or `url = \"https://host:port/mcp\"` (a Streamable HTTP server)".into(),
+            )),
+            (false, Some(_)) => Some(("url", "give `command` or `url`, not both".into())),
+            (false, None) => self.command_problem(),
+            (true, Some(url)) => if new {
+                url_problem(url)
+            } else {
+                recorded_url_problem(url)
+            }
+            .map(|why| ("url", why))
+                .or_else(|| self.remote_problem(url)),
+        }
+    }
+
+    /// What keeps this entry from being put in force, if anything (the rules of a new
+    /// policy, whatever a ledger recorded): the key under `mcp.NAME` and why. The gateway
+    /// asks before it starts a server.
+    pub fn in_force_problem(&self) -> Option<(&'static str, String)> {
+        self.problem(true)
+    }
+
+    /// What a stdio server has that it may not: an empty program, a remote server's keys.
+    fn command_problem(&self) -> Option<(&'static str, String)> {
+        if self.command[0].is_empty() {
+            return Some(("command", "the program is empty".into()));
+        }
+        for (key, set) in [
+            ("header", self.header.is_some()),
+            ("credential_file", self.credential_file.is_some()),
+            ("credential_env", self.credential_env.is_some()),
+        ] {
+            if set {
+                return Some((key, "only a `url` server takes a credential".into()));
+            }
+        }
+        if self.ca_file.is_some() {
+            return Some((
+                "ca_file",
+                "only an `https://` server takes a `ca_file`".into(),
+            ));
+        }
+        None
+    }
+
+    /// What is wrong with a remote server's CA file and credential (its `url` is valid).
+    fn remote_problem(&self, url: &str) -> Option<(&'static str, String)> {
+        match self.ca_file.as_deref() {
+            Some("") => return Some(("ca_file", "is empty: give a PEM file's path".into())),
+            Some(_) if !url.starts_with("https://") => {
                 return Some((
-                    "command",
-                    "give the server: `command = [\"program\", \"arg\"]` (a stdio server) or `url = \"http://host:port/mcp\"` (a Streamable HTTP server)".into(),
+                    "ca_file",
+                    "is for an `https://` server: a plain `http://` one shows no certificate"
+                        .into(),
                 ))
             }
-            (false, Some(_)) => {
-                return Some((
-                    "url",
-                    "give `command` or `url`, not both".into(),
-                ))
-            }
-            (false, None) => {
-                if self.command[0].is_empty() {
-                    return Some(("command", "the program is empty".into()));
-                }
-                for (key, set) in [
-                    ("header", self.header.is_some()),
-                    ("credential_file", self.credential_file.is_some()),
-                    ("credential_env", self.credential_env.is_some()),
-                ] {
-                    if set {
-                        return Some((key, "only a `url` server takes a credential".into()));
-                    }
-                }
-                return None;
-            }
-            (true, Some(url)) => {
-                let rest = url.strip_prefix("http://");
-                let ok = rest.is_some_and(|r| {
-                    !r.is_empty()
-                        && !r.starts_with('/')
-                        && r.bytes().all(|b| b.is_ascii_graphic())
-                        && !r.contains('#')
-                        && !r.contains('@')
-                });
-                if !ok {
-                    return Some((
-                        "url",
-                        "must be `http://host:port/path` (no user info, fragment or spaces; `https` is not served yet)".into(),
-                    ));
-                }
-            }
+            _ => {}
         }
         if self.credential_file.is_some() && self.credential_env.is_some() {
             return Some((
@@ -143,8 +232,12 @@ impl McpServer {
     }
 }
 
-/// Every `[mcp.NAME]`: valid names, each entry valid; the key of the first problem.
-pub(crate) fn check(servers: &BTreeMap<String, McpServer>) -> Result<(), (String, String)> {
+/// Every `[mcp.NAME]`: valid names, each entry valid (`new`: a policy being put in force,
+/// see [`McpServer::problem`]); the key of the first problem.
+pub(crate) fn check(
+    servers: &BTreeMap<String, McpServer>,
+    new: bool,
+) -> Result<(), (String, String)> {
     for (name, s) in servers {
         if !valid_name(name) {
             return Err((
@@ -152,7 +245,7 @@ pub(crate) fn check(servers: &BTreeMap<String, McpServer>) -> Result<(), (String
                 format!("a server name is 1 to {MAX_NAME} lowercase letters, digits and `-` (no `_`: tools are exposed as NAME__tool)"),
             ));
         }
-        if let Some((key, why)) = s.problem() {
+        if let Some((key, why)) = s.problem(new) {
             return Err((format!("mcp.{name}.{key}"), why));
         }
     }
@@ -189,14 +282,23 @@ mod tests {
     fn each_mistake_is_refused_naming_its_key() {
         for (text, key) in [
             ("[mcp.files]\n", "mcp.files.command"),
-            ("[mcp.files]\ncommand = [\"a\"]\nurl = \"http://h/mcp\"\n", "mcp.files.url"),
+            ("[mcp.files]\ncommand = [\"a\"]\nurl = \"https://h/mcp\"\n", "mcp.files.url"),
             ("[mcp.files]\ncommand = [\"\"]\n", "mcp.files.command"),
             ("[mcp.files]\ncommand = [\"a\"]\ncredential_env = \"T\"\n", "mcp.files.credential_env"),
-            ("[mcp.web]\nurl = \"https://h/mcp\"\n", "mcp.web.url"),
-            ("[mcp.web]\nurl = \"http://u:p@h/mcp\"\n", "mcp.web.url"),
-            ("[mcp.web]\nurl = \"http://h/mcp\"\nheader = \"X-Key\"\n", "mcp.web.header"),
-            ("[mcp.web]\nurl = \"http://h/mcp\"\nheader = \"Mcp-Session-Id\"\ncredential_env = \"T\"\n", "mcp.web.header"),
-            ("[mcp.web]\nurl = \"http://h/mcp\"\ncredential_env = \"T\"\ncredential_file = \"/f\"\n", "mcp.web.credential_env"),
+            ("[mcp.files]\ncommand = [\"a\"]\nca_file = \"/ca.pem\"\n", "mcp.files.ca_file"),
+            ("[mcp.web]\nurl = \"ftp://h/mcp\"\n", "mcp.web.url"),
+            ("[mcp.web]\nurl = \"h/mcp\"\n", "mcp.web.url"),
+            ("[mcp.web]\nurl = \"https:///mcp\"\n", "mcp.web.url"),
+            ("[mcp.web]\nurl = \"https://h:port/mcp\"\n", "mcp.web.url"),
+            ("[mcp.web]\nurl = \"https://u:p@h/mcp\"\n", "mcp.web.url"),
+            ("[mcp.web]\nurl = \"https://h/mcp#x\"\n", "mcp.web.url"),
+            ("[mcp.web]\nurl = \"https://h/mcp?key=x\"\n", "mcp.web.url"),
+            ("[mcp.web]\nurl = \"https://h/m cp\"\n", "mcp.web.url"),
+            ("[mcp.web]\nurl = \"http://127.0.0.1/mcp\"\nca_file = \"/ca.pem\"\n", "mcp.web.ca_file"),
+            ("[mcp.web]\nurl = \"https://h/mcp\"\nca_file = \"\"\n", "mcp.web.ca_file"),
+            ("[mcp.web]\nurl = \"https://h/mcp\"\nheader = \"X-Key\"\n", "mcp.web.header"),
+            ("[mcp.web]\nurl = \"https://h/mcp\"\nheader = \"Mcp-Session-Id\"\ncredential_env = \"T\"\n", "mcp.web.header"),
+            ("[mcp.web]\nurl = \"https://h/mcp\"\ncredential_env = \"T\"\ncredential_file = \"/f\"\n", "mcp.web.credential_env"),
             ("[mcp.my_files]\ncommand = [\"a\"]\n", "mcp.my_files"),
             ("[mcp.Files]\ncommand = [\"a\"]\n", "mcp.Files"),
         ] {
@@ -204,10 +306,79 @@ mod tests {
             assert_eq!(k, key, "{text}: {why}");
         }
         // An unknown key is the parser's refusal, naming it.
-        let (k, why) = refused("[mcp.web]\nurl = \"http://h/mcp\"\ntoken = \"x\"\n");
+        let (k, why) = refused("[mcp.web]\nurl = \"https://h/mcp\"\ntoken = \"x\"\n");
         assert!(
             k.starts_with("mcp.web") && why.contains("token"),
             "{k}: {why}"
         );
+    }
+
+    /// An `https://` server takes a CA file; plain `http://` is for loopback hosts only,
+    /// and its refusal says what to write instead.
+    #[test]
+    fn plain_http_reaches_loopback_hosts_only() {
+        let p = Policy::from_toml(
+            "[mcp.web]\nurl = \"https://mcp.example.com/mcp\"\nca_file = \"/etc/tally/ca.pem\"\ncredential_env = \"T\"\n",
+        )
+        .expect("an https server");
+        assert_eq!(p.mcp["web"].ca_file.as_deref(), Some("/etc/tally/ca.pem"));
+        for host in [
+            "127.0.0.1:8000",
+            "127.8.9.1",
+            "[::1]:8080",
+            "localhost",
+            "LOCALHOST:1",
+        ] {
+            let text = format!("[mcp.web]\nurl = \"http://{host}/mcp\"\ncredential_env = \"T\"\n");
+            Policy::from_toml(&text).unwrap_or_else(|e| panic!("{host}: {e}"));
+        }
+        for host in [
+            "10.0.0.1",
+            "mcp.example.com:80",
+            "localhost.example.com",
+            "127.0.0.1.example.com",
+            "[::2]",
+            "0.0.0.0",
+        ] {
+            let text = format!("[mcp.web]\nurl = \"http://{host}/mcp\"\n");
+            let (k, why) = refused(&text);
+            assert_eq!(k, "mcp.web.url", "{host}: {why}");
+            assert!(
+                why.contains(&format!("`https://{host}/mcp`")) && why.contains("loopback"),
+                "{host}: {why}"
+            );
+        }
+    }
+
+    /// A URL's query would be shown in errors (to agents, in the log): refused in a
+    /// policy put in force; a recorded one that has one (earlier builds took it) reads.
+    #[test]
+    fn a_query_is_refused_in_force_but_read_from_a_ledger() {
+        let text = "[mcp.web]\nurl = \"https://h/mcp?key=x\"\n";
+        let (k, why) = refused(text);
+        assert!(
+            k == "mcp.web.url" && why.contains("credential_env"),
+            "{k}: {why}"
+        );
+        let p = Policy::from_recorded(text).expect("a recorded policy");
+        assert_eq!(p.mcp["web"].url.as_deref(), Some("https://h/mcp?key=x"));
+    }
+
+    #[test]
+    fn loopback_hosts_are_localhost_127_0_0_0_8_and_v6_one() {
+        use crate::upstreams::loopback_host;
+        for h in ["127.0.0.1", "127.8.9.1", "[::1]", "localhost", "LOCALHOST"] {
+            assert!(loopback_host(h), "{h}");
+        }
+        for h in [
+            "10.0.0.1",
+            "example.org",
+            "[::2]",
+            "localhost.example.org",
+            "0.0.0.0",
+            "[::1",
+        ] {
+            assert!(!loopback_host(h), "{h}");
+        }
     }
 }

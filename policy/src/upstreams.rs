@@ -390,3 +390,18 @@ pub fn split_url(url: &str) -> Result<(&str, &str, &str), String> {
     }
     Ok((scheme, authority, path))
 }
+
+/// Whether `host` (a URL's host: a name, an IPv4 address or an IPv6 one in brackets) is
+/// a loopback host: `localhost`, 127.0.0.0/8 or `::1`. Where an MCP server's `url` (its
+/// credential) and a witness's checkpoints may go over plain `http://`. A model-proxy
+/// upstream is not held to it: its `base_url` may be plain `http://` to any host.
+pub fn loopback_host(host: &str) -> bool {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    host.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}

@@ -1,7 +1,9 @@
-//! The one HTTPS client tally builds, for the model proxy's upstreams and `tally serve`'s
-//! witnesses alike: rustls with the ring provider, TLS 1.2 and 1.3, the Mozilla roots
-//! compiled in, plus the CA certificates of a PEM file for a peer whose certificate a
-//! private CA issued. Plain `http://` is the caller's to allow or refuse.
+//! The one HTTPS client tally builds, for the model proxy's upstreams, `tally serve`'s
+//! witnesses and the MCP gateway's remote servers alike: rustls with the ring provider,
+//! TLS 1.2 and 1.3, the Mozilla roots compiled in, plus the CA certificates of a PEM file
+//! for a peer whose certificate a private CA issued. The gateway's client is rmcp's, over
+//! reqwest: it is handed this configuration ([`client_config`]), not a second one. Plain
+//! `http://` is the caller's to allow or refuse.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -62,13 +64,19 @@ pub fn roots(ca_file: Option<&Path>) -> Result<rustls::RootCertStore, TlsError> 
     Ok(roots)
 }
 
-/// A client trusting [`roots`] of `ca_file`, HTTP/1.1, idle connections kept 30 s.
-pub fn https_client(ca_file: Option<&Path>) -> Result<HttpsClient, TlsError> {
-    let config = rustls::ClientConfig::builder_with_provider(provider())
+/// The TLS configuration of every client: TLS 1.2 and 1.3 with [`provider`], trusting
+/// [`roots`] of `ca_file`, no client certificate.
+pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, TlsError> {
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_root_certificates(roots(ca_file)?)
-        .with_no_client_auth();
+        .with_no_client_auth())
+}
+
+/// A client of [`client_config`], HTTP/1.1, idle connections kept 30 s.
+pub fn https_client(ca_file: Option<&Path>) -> Result<HttpsClient, TlsError> {
+    let config = client_config(ca_file)?;
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(config)
         .https_or_http()

@@ -34,6 +34,7 @@ pub(crate) struct Metrics {
     overruns: Counter,
     overrun_nanos: Counter,
     rate_limited: Counter,
+    mcp_refused_connections: Counter,
     check_seconds: Histogram,
     commit_seconds: Histogram,
     runs_open: Gauge,
@@ -275,6 +276,12 @@ impl Metrics {
             "Agent requests refused by the per-peer rate limit (429)",
             rate_limited.clone(),
         );
+        let mcp_refused_connections = Counter::default();
+        registry.register(
+            "mcp_refused_connections",
+            "Connections the MCP gateway (tally serve --mcp-listen) refused over its bound (--mcp-max-connections): answered 503, or closed unanswered while too many refusals were being written",
+            mcp_refused_connections.clone(),
+        );
         // 50 us to ~1.6 s.
         let check_seconds = Histogram::new(exponential_buckets(0.00005, 2.0, 16));
         registry.register_with_unit(
@@ -356,6 +363,7 @@ impl Metrics {
             overruns,
             overrun_nanos,
             rate_limited,
+            mcp_refused_connections,
             check_seconds,
             commit_seconds,
             runs_open,
@@ -493,6 +501,11 @@ impl Metrics {
 
     pub fn rate_limited(&self) {
         self.rate_limited.inc();
+    }
+
+    /// The MCP gateway refused a connection over its bound.
+    pub fn mcp_refused_connection(&self) {
+        self.mcp_refused_connections.inc();
     }
 
     pub fn synced(&self, secs: f64) {

@@ -2,8 +2,9 @@
 //! A connection takes a place when it is accepted and holds it until it is closed; one
 //! over the bound is answered `503` with `Retry-After: 1` at once, its request never
 //! read, and closed. The refusal is written in a task of its own, within
-//! [`REFUSE_BOUND`], so a flood never slows the accept loop. Refusals are counted and
-//! logged at most once a second.
+//! [`REFUSE_BOUND`], so a flood never slows the accept loop. Each refusal is told to
+//! the gateway's owner (the daemon's `tally_mcp_refused_connections_total`), and they
+//! are logged at most once a second.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +38,8 @@ pub(super) struct Connections {
     refused: AtomicU64,
     /// When refusals were last logged.
     logged: Mutex<Option<Instant>>,
+    /// Told of each refusal.
+    on_refused: Arc<dyn Fn() + Send + Sync>,
 }
 
 /// The answer to a connection over the bound.
@@ -55,8 +58,9 @@ fn refusal(max: usize) -> Vec<u8> {
 }
 
 impl Connections {
-    /// At most `max` connections open at once (at least 1).
-    pub(super) fn new(max: usize) -> Connections {
+    /// At most `max` connections open at once (at least 1), `on_refused` told of each
+    /// one refused.
+    pub(super) fn new(max: usize, on_refused: Arc<dyn Fn() + Send + Sync>) -> Connections {
         let max = max.max(1);
         Connections {
             places: Arc::new(Semaphore::new(max)),
@@ -64,6 +68,7 @@ impl Connections {
             refusing: Arc::new(Semaphore::new(REFUSING)),
             refused: AtomicU64::new(0),
             logged: Mutex::new(None),
+            on_refused,
         }
     }
 
@@ -89,6 +94,7 @@ impl Connections {
 
     /// One more refusal; a log line if none was written in the last [`LOG_EVERY`].
     fn count(&self) {
+        (self.on_refused)();
         self.refused.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let Ok(mut logged) = self.logged.lock() else {
@@ -143,7 +149,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_place_given_back_is_taken_again() {
-        let c = Connections::new(2);
+        let c = Connections::new(2, Arc::new(|| ()));
         let a = c.place().expect("a first place");
         let _b = c.place().expect("a second place");
         assert!(c.place().is_none());

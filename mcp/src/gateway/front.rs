@@ -113,7 +113,7 @@ pub(super) async fn serve(
         )),
         runs,
         limits,
-        connections: Connections::new(limits.max_connections),
+        connections: Connections::new(limits.max_connections, options.on_refused),
     });
     let sweeper = tokio::spawn(Arc::clone(&front).sweep_every());
     front.accept(listener, shutdown).await;

@@ -150,11 +150,16 @@ impl Backend {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let connected = match &self.target {
             Target::Command(command) => self.start(command, generation).await,
-            Target::Url { url, credential } => {
-                tokio::time::timeout(CONNECT_TIMEOUT, connect_url(url, credential.as_ref()))
-                    .await
-                    .map_err(|_| "it did not finish initializing in time".to_owned())?
-            }
+            Target::Url {
+                url,
+                credential,
+                client,
+            } => tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                connect_url(url, credential.as_ref(), client),
+            )
+            .await
+            .map_err(|_| "it did not finish initializing in time".to_owned())?,
         };
         let client = Arc::new(connected?);
         *slot = Some((generation, Arc::clone(&client)));
@@ -369,6 +374,7 @@ impl Backend {
 async fn connect_url(
     url: &str,
     credential: Option<&(String, super::Secret)>,
+    client: &RemoteClient,
 ) -> Result<Client, String> {
     let mut config = StreamableHttpClientTransportConfig::with_uri(url);
     if let Some((name, secret)) = credential {
@@ -379,8 +385,97 @@ async fn connect_url(
         value.set_sensitive(true);
         config.custom_headers.insert(name, value);
     }
-    let transport = StreamableHttpClientTransport::from_config(config);
-    ().serve(transport).await.map_err(|e| e.to_string())
+    let transport = StreamableHttpClientTransport::with_client(client.0.clone(), config);
+    ().serve(transport).await.map_err(|e| unreached(&e))
+}
+
+/// Why a remote server could not be reached. rmcp's words chain no cause past the HTTP
+/// client's error, so a refused certificate would read as "error sending request": that
+/// error (reqwest's) is said with its causes instead (`invalid peer certificate:
+/// UnknownIssuer`).
+fn unreached(e: &rmcp::service::ClientInitializeError) -> String {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    if let rmcp::service::ClientInitializeError::TransportError { error, .. } = e {
+        if let Some(StreamableHttpError::Client(client)) = error
+            .error
+            .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            return describe(client);
+        }
+    }
+    e.to_string()
+}
+
+/// The HTTP client of a remote server, built once when the gateway starts (a
+/// configuration the HTTP client refuses stops the start, not a first call) and cloned
+/// for each connection.
+#[derive(Clone, Debug)]
+pub struct RemoteClient(reqwest::Client);
+
+impl RemoteClient {
+    /// The client of a remote server reached with `tls`: the TLS configuration every
+    /// HTTPS client of tally uses (tally-proxy's `tls::client_config`: the Mozilla roots
+    /// and the server's `ca_file`).
+    pub fn new(tls: rustls::ClientConfig) -> Result<RemoteClient, super::NoClient> {
+        http_client(tls)
+            .map(RemoteClient)
+            .map_err(|e| super::NoClient::Build { why: describe(&e) })
+    }
+}
+
+/// Where `localhost` is: the policy takes plain `http://` to it as loopback by its name,
+/// so it is never asked of the resolver (the port is the URL's).
+const LOCALHOST: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    0,
+));
+
+/// The HTTP client of a remote server: reqwest over `tls` (an `https://` URL's only
+/// trust), speaking to the URL's host only (no system proxy: the credential goes to the
+/// server directly; `localhost` is [`LOCALHOST`]), as rmcp's own client does otherwise: no idle connection kept (a
+/// reused one can wait on a delayed ACK), and only a same-origin 307 or 308 followed (a
+/// redirect elsewhere would carry the credential and the session there; 301 to 303
+/// would turn a POST into a GET).
+fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, reqwest::Error> {
+    const MAX_REDIRECTS: usize = 10;
+    let redirects = reqwest::redirect::Policy::custom(|attempt| {
+        let keeps_body = matches!(
+            attempt.status(),
+            reqwest::StatusCode::TEMPORARY_REDIRECT | reqwest::StatusCode::PERMANENT_REDIRECT
+        );
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if !keeps_body || !same_origin {
+            attempt.stop()
+        } else if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else {
+            attempt.follow()
+        }
+    });
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .no_proxy()
+        .resolve("localhost", LOCALHOST)
+        .pool_max_idle_per_host(0)
+        .redirect(redirects)
+        .build()
+}
+
+/// An error and its sources, one after the other (a TLS refusal is a source's).
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut why = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !why.contains(&next) {
+            why = format!("{why}: {next}");
+        }
+        source = s.source();
+    }
+    why
 }
 
 /// The command of a stdio server: `tally serve`'s environment without `hidden_env`.

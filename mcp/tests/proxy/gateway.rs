@@ -10,6 +10,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use super::crafted::{mark, passing, variants, Target};
 use super::*;
 
+mod failing;
+mod https;
+mod redirects;
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -140,3 +140,37 @@ fn a_useless_zero_is_refused_in_force_but_read_from_a_ledger() {
     // What earlier builds refused stays refused everywhere.
     assert!(Recorded::from_ledger("[retries]\nread = 0\n").is_err());
 }
+
+/// docs/MCP.md: a remote server is `https://`, plain `http://` to a loopback host only.
+/// Earlier builds took plain `http://` to any host (the docs' own example was
+/// `http://10.0.0.7:8000/mcp`): such a policy is refused in force, with its key and line,
+/// but a ledger that recorded it still reads its policy record.
+#[test]
+fn a_plain_http_server_elsewhere_is_refused_in_force_but_read_from_a_ledger() {
+    use tally_policy::{Policy, PolicyError, Recorded};
+    let text =
+        "[mcp.search]\nurl = \"http://10.0.0.7:8000/mcp\"\ncredential_env = \"SEARCH_TOKEN\"\n";
+    match Policy::from_toml(text) {
+        Err(PolicyError::Invalid { key, line, .. }) => {
+            assert_eq!((key.as_str(), line), ("mcp.search.url", Some(2)))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(Recorded::new(text).is_err());
+    let recorded = Recorded::from_ledger(text).expect("a recorded policy reads");
+    assert_eq!(
+        recorded.policy.mcp["search"].url.as_deref(),
+        Some("http://10.0.0.7:8000/mcp")
+    );
+    assert!(recorded.policy.mcp["search"].in_force_problem().is_some());
+    // What earlier builds refused stays refused everywhere.
+    for url in [
+        "ftp://h/mcp",
+        "http://u:p@h/mcp",
+        "http://h/mcp#x",
+        "http:///mcp",
+    ] {
+        let text = format!("[mcp.search]\nurl = \"{url}\"\n");
+        assert!(Recorded::from_ledger(&text).is_err(), "{url}");
+    }
+}
