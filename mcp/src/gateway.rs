@@ -28,6 +28,7 @@ use zeroize::Zeroizing;
 
 mod admit;
 mod conns;
+mod ends;
 mod front;
 mod runs;
 mod servers;

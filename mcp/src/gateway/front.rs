@@ -30,6 +30,7 @@ use serde_json::json;
 
 use super::admit::{Refusal, Unread};
 use super::conns::Connections;
+use super::ends::EndsAtAnswer;
 use super::runs::{Hold, NotHeld, Runs};
 use super::servers::Backend;
 use super::session::{Classified, Opening, RunOf, Session, Shared};
@@ -363,6 +364,7 @@ impl Front {
         }
         parts.extensions.insert(RunOf(run));
         let deleting = parts.method == Method::DELETE;
+        let posted = parts.method == Method::POST;
         let mut response = self
             .service
             .handle(Request::from_parts(parts, Full::new(bytes)))
@@ -371,6 +373,11 @@ impl Front {
             // The session is gone: 200, what MCP's clients read as a completed DELETE.
             *response.status_mut() = StatusCode::OK;
             self.table.remove(id);
+        }
+        if posted && is_event_stream(&response) {
+            // A POST's stream answers its one request: ended with the answer, the
+            // connection is kept for the client's next request.
+            return response.map(|b| EndsAtAnswer::new(b).boxed());
         }
         response
     }
@@ -634,6 +641,15 @@ impl Front {
             crate::log(&format!("gateway: stopping with {left} run hold(s) or stop(s) not done after twice {SHUTDOWN_BOUND:?}: their runs are left as they are"));
         }
     }
+}
+
+/// Whether a response is an SSE stream.
+fn is_event_stream(response: &Response<Body>) -> bool {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// The answer to a request without a session that is not an `initialize`.
