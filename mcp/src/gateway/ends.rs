@@ -3,6 +3,12 @@
 //! stream"). rmcp's stream is left open a while after it; a client that has read its
 //! answer then closes the connection (its body unfinished) and opens a new one for its
 //! next request. Ended here, the connection is kept alive for the next request.
+//!
+//! A POST passed on holds one request: the gateway refuses JSON-RPC batches (MCP has
+//! none since 2025-06-18; the classifier refuses an array whatever the session's
+//! version). The count is still taken from the body read, not assumed: a stream is
+//! ended only once every request the body holds has its answer, and left as rmcp made
+//! it when the body's requests cannot be counted with certainty.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -11,36 +17,58 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use serde::de::IgnoredAny;
 
-/// A request's SSE body, ended once an event carrying a JSON-RPC answer (a `result` or
-/// an `error`, no `method`) has passed. Every byte passes unchanged.
+/// A POST's SSE body, ended once as many events carrying a JSON-RPC answer (a `result`
+/// or an `error`, no `method`) as the POST held requests have passed. Every byte passes
+/// unchanged.
 pub(super) struct EndsAtAnswer<B> {
     inner: B,
     /// The current event's text so far (`\r` left out).
     event: Vec<u8>,
-    answered: bool,
+    /// The answers still awaited.
+    left: usize,
 }
 
 impl<B> EndsAtAnswer<B> {
-    pub(super) fn new(inner: B) -> EndsAtAnswer<B> {
+    /// `inner` ended after `requests` answers (see [`requests`]).
+    pub(super) fn new(inner: B, requests: usize) -> EndsAtAnswer<B> {
         EndsAtAnswer {
             inner,
             event: Vec::new(),
-            answered: false,
+            left: requests,
         }
     }
 
-    /// Read `data`: whether an event it completes is an answer.
-    fn answers(&mut self, data: &[u8]) -> bool {
-        let mut answered = false;
+    /// Read `data`: the answers still awaited once the events it completes are read.
+    fn answers(&mut self, data: &[u8]) -> usize {
         for &b in data.iter().filter(|&&b| b != b'\r') {
             self.event.push(b);
             if self.event.ends_with(b"\n\n") {
-                answered |= is_answer(&self.event);
+                if is_answer(&self.event) {
+                    self.left = self.left.saturating_sub(1);
+                }
                 self.event.clear();
             }
         }
-        answered
+        self.left
     }
+}
+
+/// The requests (messages with an `id` and a `method`) a POST's body, as read strictly,
+/// holds: one message or each of a batch. None when they cannot be counted with
+/// certainty (a batch member that is not an object, or no request at all): such a
+/// stream is not ended here.
+pub(super) fn requests(body: &serde_json::Value) -> Option<usize> {
+    let is_request = |m: &serde_json::Value| -> Option<bool> {
+        let m = m.as_object()?;
+        Some(m.contains_key("id") && m.contains_key("method"))
+    };
+    let count = match body {
+        serde_json::Value::Array(all) => all
+            .iter()
+            .try_fold(0, |n, m| is_request(m).map(|r| n + usize::from(r)))?,
+        one => usize::from(is_request(one)?),
+    };
+    (count > 0).then_some(count)
 }
 
 /// The JSON-RPC fields that tell an answer from a request or a notification.
@@ -77,20 +105,20 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        if self.answered {
+        if self.left == 0 {
             return Poll::Ready(None);
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {
-                self.answered = self.answers(data);
+                self.answers(data);
             }
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.answered || self.inner.is_end_stream()
+        self.left == 0 || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -116,7 +144,12 @@ mod tests {
 
     /// The whole body, if it ends without waiting: `None` if it is left open.
     fn read(frames: &[&'static str]) -> Option<String> {
-        let body = EndsAtAnswer::new(Box::pin(open(frames)));
+        read_after(frames, 1)
+    }
+
+    /// [`read`], for a POST of `requests` requests.
+    fn read_after(frames: &[&'static str], requests: usize) -> Option<String> {
+        let body = EndsAtAnswer::new(Box::pin(open(frames)), requests);
         let collected = body.collect().now_or_never()?.expect("infallible");
         Some(String::from_utf8(collected.to_bytes().to_vec()).expect("utf-8"))
     }
@@ -154,5 +187,39 @@ mod tests {
             None
         );
         assert_eq!(read(&["data: result error\n\n", ": comment\n\n"]), None);
+    }
+
+    #[test]
+    fn a_batch_of_two_ends_with_its_second_answer_not_its_first() {
+        let one = "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n";
+        let two = "data: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{}}\n\n";
+        assert_eq!(read_after(&[one], 2), None, "cut after its first answer");
+        assert_eq!(
+            read_after(&[one, two], 2).as_deref(),
+            Some(&*format!("{one}{two}"))
+        );
+        let body: serde_json::Value = serde_json::from_str(
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/x"},{"jsonrpc":"2.0","id":2,"method":"tools/list"}]"#,
+        )
+        .expect("json");
+        assert_eq!(requests(&body), Some(2));
+    }
+
+    #[test]
+    fn a_body_whose_requests_cannot_be_counted_is_not_ended() {
+        let count = |text: &str| requests(&serde_json::from_str(text).expect("json"));
+        assert_eq!(
+            count(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
+            Some(1)
+        );
+        for text in [
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},2]"#,
+            r#"[]"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+            r#""ping""#,
+        ] {
+            assert_eq!(count(text), None, "{text}");
+        }
     }
 }

@@ -354,9 +354,11 @@ impl Front {
                 )
             }
         };
+        let mut requests = None;
         if parts.method == Method::POST {
-            if let Err(refused) = self.read(Some(id), &bytes) {
-                return *refused;
+            match self.read(Some(id), &bytes) {
+                Ok(body) => requests = super::ends::requests(&body),
+                Err(refused) => return *refused,
             }
             if let Some(refused) = self.classified(Some(id), &bytes, &mut parts) {
                 return refused;
@@ -364,7 +366,6 @@ impl Front {
         }
         parts.extensions.insert(RunOf(run));
         let deleting = parts.method == Method::DELETE;
-        let posted = parts.method == Method::POST;
         let mut response = self
             .service
             .handle(Request::from_parts(parts, Full::new(bytes)))
@@ -374,10 +375,11 @@ impl Front {
             *response.status_mut() = StatusCode::OK;
             self.table.remove(id);
         }
-        if posted && is_event_stream(&response) {
-            // A POST's stream answers its one request: ended with the answer, the
-            // connection is kept for the client's next request.
-            return response.map(|b| EndsAtAnswer::new(b).boxed());
+        if let Some(requests) = requests.filter(|_| is_event_stream(&response)) {
+            // A POST's stream answers its requests (one: batches are refused above):
+            // ended with their answers, the connection is kept for the client's next
+            // request.
+            return response.map(|b| EndsAtAnswer::new(b, requests).boxed());
         }
         response
     }
