@@ -30,6 +30,7 @@ mod admit;
 mod conns;
 mod ends;
 mod front;
+mod keeps;
 mod runs;
 mod servers;
 mod session;

@@ -379,7 +379,10 @@ async fn connect_url(
         value.set_sensitive(true);
         config.custom_headers.insert(name, value);
     }
-    let transport = StreamableHttpClientTransport::from_config(config);
+    let transport = StreamableHttpClientTransport::with_client(
+        super::keeps::Keeps(reqwest::Client::default()),
+        config,
+    );
     ().serve(transport).await.map_err(|e| e.to_string())
 }
 
