@@ -204,21 +204,22 @@ where
     }
 }
 
-/// The size an event's fields take (what reading it cost).
+/// The size an event's fields take (what reading it cost); none for an error.
 trait Weighs {
-    fn weight(&self) -> usize;
+    fn weight(&self) -> Option<usize>;
 }
 
 impl Weighs for Result<Sse, SseError> {
-    fn weight(&self) -> usize {
-        let Ok(sse) = self else {
-            return 0;
-        };
-        [&sse.event, &sse.data, &sse.id]
-            .iter()
-            .map(|f| f.as_ref().map_or(0, String::len))
-            .sum::<usize>()
-            + 1
+    fn weight(&self) -> Option<usize> {
+        let sse = self.as_ref().ok()?;
+        let fields = [&sse.event, &sse.data, &sse.id];
+        Some(
+            fields
+                .iter()
+                .map(|f| f.as_ref().map_or(0, String::len))
+                .sum::<usize>()
+                + 1,
+        )
     }
 }
 
@@ -231,9 +232,9 @@ where
     let _ = tokio::time::timeout(DRAIN_TIME, async {
         let mut read = 0;
         while let Some(event) = events.next().await {
-            read += event.weight();
-            if read > DRAIN_BYTES {
-                return;
+            match event.weight() {
+                Some(w) if read + w <= DRAIN_BYTES => read += w,
+                _ => return,
             }
         }
     })
@@ -248,8 +249,8 @@ mod tests {
     type Item = Result<bytes::Bytes, std::convert::Infallible>;
 
     impl Weighs for Item {
-        fn weight(&self) -> usize {
-            self.as_ref().map_or(0, |b| b.len() + 1)
+        fn weight(&self) -> Option<usize> {
+            self.as_ref().ok().map(|b| b.len() + 1)
         }
     }
 
