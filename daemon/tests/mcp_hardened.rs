@@ -114,6 +114,28 @@ async fn a_protocol_version_in_meta_is_refused_however_its_key_is_written() {
 }
 
 #[tokio::test]
+async fn a_batch_of_two_calls_is_refused_whole_and_neither_reaches_the_server() {
+    // A POST's SSE answer is ended with its requests' answers (counted from the body):
+    // a batch would hold two, but none is passed on at all.
+    let gw = gateway(4).await;
+    let key = gw.key(1).await;
+    let auth = bearer(&key);
+    let session = open(gw.addr, &key, None).await;
+    let in_session = within(&auth, &session, "2025-06-18");
+    let batch = format!("[{CALL},{}]", CALL.replace(r#""id":2"#, r#""id":3"#));
+    let (status, _, answer) = send(gw.addr, "POST", &in_session, &batch).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("batch"), "{answer}");
+    assert!(
+        !answer.contains("value of k"),
+        "it reached the server: {answer}"
+    );
+    let (status, _, answer) = send(gw.addr, "POST", &in_session, CALL).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("value of k"), "{answer}");
+}
+
+#[tokio::test]
 async fn a_version_header_other_than_the_initializes_or_the_sessions_spends_nothing() {
     let gw = gateway(4).await;
     // One run a day: a refused request that started (or counted) one would leave none.

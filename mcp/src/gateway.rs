@@ -28,7 +28,9 @@ use zeroize::Zeroizing;
 
 mod admit;
 mod conns;
+mod ends;
 mod front;
+mod keeps;
 mod runs;
 mod servers;
 mod session;

@@ -30,6 +30,7 @@ use serde_json::json;
 
 use super::admit::{Refusal, Unread};
 use super::conns::Connections;
+use super::ends::EndsAtAnswer;
 use super::runs::{Hold, NotHeld, Runs};
 use super::servers::Backend;
 use super::session::{Classified, Opening, RunOf, Session, Shared};
@@ -353,9 +354,11 @@ impl Front {
                 )
             }
         };
+        let mut requests = None;
         if parts.method == Method::POST {
-            if let Err(refused) = self.read(Some(id), &bytes) {
-                return *refused;
+            match self.read(Some(id), &bytes) {
+                Ok(body) => requests = super::ends::requests(&body),
+                Err(refused) => return *refused,
             }
             if let Some(refused) = self.classified(Some(id), &bytes, &mut parts) {
                 return refused;
@@ -371,6 +374,12 @@ impl Front {
             // The session is gone: 200, what MCP's clients read as a completed DELETE.
             *response.status_mut() = StatusCode::OK;
             self.table.remove(id);
+        }
+        if let Some(requests) = requests.filter(|_| is_event_stream(&response)) {
+            // A POST's stream answers its requests (one: batches are refused above):
+            // ended with their answers, the connection is kept for the client's next
+            // request.
+            return response.map(|b| EndsAtAnswer::new(b, requests).boxed());
         }
         response
     }
@@ -634,6 +643,15 @@ impl Front {
             crate::log(&format!("gateway: stopping with {left} run hold(s) or stop(s) not done after twice {SHUTDOWN_BOUND:?}: their runs are left as they are"));
         }
     }
+}
+
+/// Whether a response is an SSE stream.
+fn is_event_stream(response: &Response<Body>) -> bool {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// The answer to a request without a session that is not an `initialize`.

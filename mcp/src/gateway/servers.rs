@@ -385,7 +385,8 @@ async fn connect_url(
         value.set_sensitive(true);
         config.custom_headers.insert(name, value);
     }
-    let transport = StreamableHttpClientTransport::with_client(client.0.clone(), config);
+    let transport =
+        StreamableHttpClientTransport::with_client(super::keeps::Keeps(client.0.clone()), config);
     ().serve(transport).await.map_err(|e| unreached(&e))
 }
 
@@ -432,10 +433,12 @@ const LOCALHOST: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::Socke
 
 /// The HTTP client of a remote server: reqwest over `tls` (an `https://` URL's only
 /// trust), speaking to the URL's host only (no system proxy: the credential goes to the
-/// server directly; `localhost` is [`LOCALHOST`]), as rmcp's own client does otherwise: no idle connection kept (a
-/// reused one can wait on a delayed ACK), and only a same-origin 307 or 308 followed (a
-/// redirect elsewhere would carry the credential and the session there; 301 to 303
-/// would turn a POST into a GET).
+/// server directly; `localhost` is [`LOCALHOST`]), its connections kept idle for the
+/// next call (reqwest sets `TCP_NODELAY`, so a reused one does not wait on a delayed
+/// ACK; [`super::keeps::Keeps`] reads each answer to its end so it can be reused), and,
+/// as rmcp's own client does, only a same-origin 307 or 308 followed (a redirect
+/// elsewhere would carry the credential and the session there; 301 to 303 would turn a
+/// POST into a GET).
 fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, reqwest::Error> {
     const MAX_REDIRECTS: usize = 10;
     let redirects = reqwest::redirect::Policy::custom(|attempt| {
@@ -459,7 +462,6 @@ fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, reqwest::Er
         .tls_backend_preconfigured(tls)
         .no_proxy()
         .resolve("localhost", LOCALHOST)
-        .pool_max_idle_per_host(0)
         .redirect(redirects)
         .build()
 }

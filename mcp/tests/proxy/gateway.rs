@@ -72,6 +72,11 @@ struct Gateway {
 
 impl Gateway {
     fn start(policy: &str) -> Gateway {
+        Gateway::start_via(policy, |port| port)
+    }
+
+    /// [`Gateway::start`], the gateway told to reach the HTTP server at `via(its port)`.
+    fn start_via(policy: &str, via: impl FnOnce(u16) -> u16) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = |n: &str| p(dir.path(), n);
         let remote = Remote::start(&path("remote-calls.txt"));
@@ -90,7 +95,7 @@ impl Gateway {
         ]);
         let policy = format!(
             "{policy}\n[mcp.local]\ncommand = {local}\n\n[mcp.remote]\nurl = \"http://127.0.0.1:{}/mcp\"\n",
-            remote.port
+            via(remote.port)
         );
         tally().init(dir.path(), &policy);
         let listen = format!("127.0.0.1:{port}");
@@ -329,6 +334,57 @@ fn the_sdk_client_reaches_a_stdio_and_an_http_server_through_the_gateway_gated_a
             Status::Ok,
             Status::Error
         ]
+    );
+}
+
+#[test]
+fn calls_to_an_http_server_behind_reuse_the_gateways_connection_to_it() {
+    if !sdk_available() {
+        return;
+    }
+    // rmcp's client lets go of a POST's SSE answer once it has the JSON-RPC answer; read
+    // to its end (gateway/keeps.rs), the body gives its connection back for the next
+    // call. Counted, not timed: the connections the server behind accepted, each
+    // answer's end held back until the gateway has answered the call (the end then
+    // comes after rmcp let go of it, whatever the timing).
+    let mut forward = None;
+    let gw = Gateway::start_via("", |port| {
+        let f = super::forward::Forward::to(port);
+        let port = f.port;
+        forward = Some(f);
+        port
+    });
+    let forward = forward.expect("a forwarder");
+    let token = gw.run("kept");
+    let session = RawSession::open(gw.addr, &token);
+    let call = |i: usize| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"remote__lookup","arguments":{{"key":"k{i}"}}}}}}"#,
+            i + 2
+        );
+        let answer = session.post(body.as_bytes());
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert!(
+            answer.body.contains(&format!("value of k{i}")),
+            "{}",
+            answer.body
+        );
+    };
+    // The first call connects (initialize, the listing); then the ends are held.
+    call(0);
+    let before = forward.accepted();
+    forward.hold();
+    let calls = 10;
+    for i in 1..=calls {
+        call(i);
+        forward.release();
+    }
+    // With reqwest's client as rmcp uses it, 9 of the 10 calls opened one (each
+    // connection closed with its body unread).
+    let opened = forward.accepted() - before;
+    assert!(
+        opened <= 2,
+        "{opened} connections to the server behind for {calls} calls"
     );
 }
 

@@ -22,6 +22,7 @@ mod crafted;
 mod session;
 
 mod faults;
+mod forward;
 mod gateway;
 mod map;
 mod passthrough;
