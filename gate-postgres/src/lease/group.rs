@@ -52,6 +52,9 @@ pub(crate) enum Outcome {
 /// One decision queued: its runs' writes, and what follows its commit.
 pub(crate) struct Item {
     pub(crate) homes: Vec<HomeWrite>,
+    /// Its effect on the tools' breaker views undone: run under the queue's lock if it
+    /// rolled back for certain, before a later decision may be made.
+    pub(crate) undo: Box<dyn FnOnce() + Send>,
     pub(crate) then: Box<dyn FnOnce(Outcome) + Send>,
 }
 
@@ -251,8 +254,9 @@ fn committer(s: &Shared, rt: &Rt) {
 }
 
 /// Each decision of a commit answered in order; after a failure, every decision queued
-/// behind it too, and all their runs' copies let go before a new decision may begin.
-fn answer(s: &Shared, batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
+/// behind it too, and all their runs' copies let go (and the breaker views' outcomes of
+/// those rolled back for certain taken out) before a new decision may begin.
+fn answer(s: &Shared, mut batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
     let (certain, why) = match r {
         Ok(versions) => {
             s.counts[0].fetch_add(1, Ordering::Relaxed);
@@ -267,7 +271,7 @@ fn answer(s: &Shared, batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
     };
     let behind = {
         let mut q = lock(&s.queue);
-        let behind: Vec<Item> = q.items.drain(..).collect();
+        let mut behind: Vec<Item> = q.items.drain(..).collect();
         let mut homes = lock(&s.homes);
         for item in batch.iter().chain(&behind) {
             for h in &item.homes {
@@ -275,6 +279,10 @@ fn answer(s: &Shared, batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
             }
         }
         drop(homes);
+        let undone = if certain { &mut batch[..] } else { &mut [] };
+        for item in undone.iter_mut().chain(&mut behind) {
+            std::mem::replace(&mut item.undo, Box::new(|| ()))();
+        }
         q.generation += 1;
         behind
     };
