@@ -330,7 +330,8 @@ impl Link {
             let _ = connection.await;
         });
         // A row lock waited for half the bound at most (as the central connection's):
-        // that wait ends in an error, a certain rollback, not in the client's bound.
+        // one such wait ends in an error, a certain rollback, not in the client's bound
+        // (two in one batch may reach the bound: an unknown outcome).
         let ms = self.timeout.as_millis().max(1);
         let setup = format!(
             "SET statement_timeout = {ms}; SET lock_timeout = {}; SET idle_in_transaction_session_timeout = {}",
@@ -427,10 +428,14 @@ impl Link {
             (rolled_back.get(), why)
         })?;
         // Committed, but a negative version numbers no record: refused as an unknown
-        // outcome (what the decisions took stays counted), as a central decision's.
-        versions
-            .into_iter()
-            .map(|v| u64::try_from(v).map_err(|_| (false, "the state version is negative".into())))
-            .collect()
+        // outcome (what the decisions took stays counted), as a central decision's, and
+        // the connection dropped, as after any unknown outcome.
+        let versions: Result<Vec<u64>, _> = versions.into_iter().map(u64::try_from).collect();
+        versions.map_err(|_| {
+            if let Some(c) = conn.take() {
+                c.task.abort();
+            }
+            (false, "the state version is negative".into())
+        })
     }
 }
