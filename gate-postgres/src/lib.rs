@@ -290,8 +290,9 @@ impl Postgres {
             let _ = connection.await;
         });
         // statement_timeout and lock_timeout bound the server's side of a round trip
-        // (a row lock waited for half the bound at most: that wait ends in an error, a
-        // certain rollback, before the client's bound makes the outcome unknown),
+        // (a row lock waited for half the bound at most: one such wait ends in an error,
+        // a certain rollback, before the client's bound makes the outcome unknown; two
+        // in one round trip may reach the bound),
         // idle_in_transaction_session_timeout frees the rows of a daemon that stalls.
         let ms = self.timeout.as_millis().max(1);
         let setup = format!(

@@ -430,11 +430,15 @@ pub(crate) fn commit_refused(e: &tokio_postgres::Error) -> bool {
 /// A `COMMIT` answered at ERROR severity (the session goes on, the transaction was
 /// aborted) rolled back for certain, unless its class is a connection exception (08)
 /// or an operator intervention (57: an administrator's or the server's shutdown, a
-/// cancel): those, and a FATAL or PANIC (the session ended), may come after the commit
-/// was made durable, so its outcome is unknown.
+/// cancel), and `statement_completion_unknown` (40003): those, and a FATAL or PANIC
+/// (the session ended), may come after the commit was made durable, so its outcome is
+/// unknown.
 pub(crate) fn commit_refused_as(severity: Option<Severity>, code: &SqlState) -> bool {
     let class = code.code().get(..2).unwrap_or("");
-    matches!(severity, Some(Severity::Error)) && class != "08" && class != "57"
+    matches!(severity, Some(Severity::Error))
+        && class != "08"
+        && class != "57"
+        && *code != SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN
 }
 
 /// Whether a run is held (paused or stopped): a change of it revokes or allows its

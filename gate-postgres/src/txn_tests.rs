@@ -53,7 +53,8 @@ fn a_guard_finding_its_run_no_longer_at_home_rolls_the_last_round_trip_back() {
 }
 
 #[test]
-fn a_commit_error_is_a_certain_rollback_only_at_error_severity_outside_classes_08_and_57() {
+fn a_commit_error_is_a_certain_rollback_only_at_error_severity_outside_classes_08_and_57_and_40003()
+{
     use super::commit_refused_as;
     use tokio_postgres::error::{Severity, SqlState};
     let error = Some(Severity::Error);
@@ -68,6 +69,11 @@ fn a_commit_error_is_a_certain_rollback_only_at_error_severity_outside_classes_0
     assert!(!commit_refused_as(error, &SqlState::ADMIN_SHUTDOWN));
     assert!(!commit_refused_as(error, &SqlState::QUERY_CANCELED));
     assert!(!commit_refused_as(error, &SqlState::CONNECTION_FAILURE));
+    // The server itself cannot say whether it completed: unknown.
+    assert!(!commit_refused_as(
+        error,
+        &SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN
+    ));
     // The session ended: unknown, whatever the code.
     for severity in [Severity::Fatal, Severity::Panic] {
         assert!(!commit_refused_as(

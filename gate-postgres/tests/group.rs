@@ -5,7 +5,8 @@
 //! it and every one queued behind it, records nothing for them, and the runs are read
 //! again from their rows (what they took counted nowhere); a decision on a copy that
 //! held a refused one is refused too; a refused outcome gives back and counts in the
-//! breaker once retried; a row-lock wait ends as a certain rollback; a `COMMIT` ended
+//! breaker once retried; a queued failure that trips a tool's breaker view stays in it
+//! while a tick flushes and refreshes the row, and once committed; a row-lock wait ends as a certain rollback; a `COMMIT` ended
 //! by a FATAL is an unknown outcome (its use stays counted). Lease time is on a manual
 //! clock; nothing sleeps (a test waits for the group's queue to say what it holds).
 
@@ -34,6 +35,9 @@ const OPERATOR: Caller = Caller {
 /// holder's view, so a decision at home sends nothing while it is made.
 const VIEWED: &str = "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[approvals]\nask_on = []\n";
 
+/// [`VIEWED`], and three failures open a tool's breaker for 30 s.
+const TRIPS: &str = "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[breaker]\nfailures = 3\nopen_ms = 30000\nprobe_timeout_ms = 10000\n[approvals]\nask_on = []\n";
+
 /// A leased gate `holder` over its own ledger in `dir`, every round trip bounded by
 /// `timeout`.
 fn leased(
@@ -42,6 +46,18 @@ fn leased(
     holder: &str,
     clock: &LeaseClock,
     timeout: Duration,
+) -> Gate<Leased> {
+    leased_under(cluster, dir, holder, clock, timeout, VIEWED)
+}
+
+/// [`leased`] under `policy`.
+fn leased_under(
+    cluster: &Cluster,
+    dir: &std::path::Path,
+    holder: &str,
+    clock: &LeaseClock,
+    timeout: Duration,
+    policy: &str,
 ) -> Gate<Leased> {
     let ledger = common::ledger(dir);
     let setup = LeaseSetup {
@@ -60,7 +76,7 @@ fn leased(
     };
     let backend =
         open_leased(Arc::clone(&ledger), &options, &setup, |_| None, None).expect("backend");
-    Gate::with_backend(ledger, backend, Recorded::new(VIEWED).expect("policy")).expect("gate")
+    Gate::with_backend(ledger, backend, Recorded::new(policy).expect("policy")).expect("gate")
 }
 
 fn start(gate: &Gate<Leased>, run: &str, attempts: u64) {
@@ -455,6 +471,73 @@ fn an_outcome_whose_group_failed_gives_back_and_counts_in_the_breaker_once_retri
         "20 cents given back on the slice"
     );
     assert_eq!(gate.backend().unflushed(), unflushed + 1, "counted once");
+}
+
+#[test]
+fn a_queued_failure_that_trips_the_breaker_stays_in_the_view_through_a_tick() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = Arc::new(leased_under(
+        &cluster,
+        dir.path(),
+        "host-a",
+        &at_noon(),
+        Duration::from_secs(30),
+        TRIPS,
+    ));
+    start(&gate, "t", 10);
+    let allowed = |gate: &Gate<Leased>| {
+        let a = check(gate, "t").expect("check");
+        assert_eq!(a.decision, Verdict::Allow, "{a:?}");
+        a.attempt.expect("attempt")
+    };
+    let failed = |gate: &Gate<Leased>, attempt: u64| {
+        let req = json!({"run": "t", "attempt": attempt, "status": "error"});
+        gate.outcome_blocking(OPERATOR, serde_json::from_value(req).expect("outcome"))
+            .map(drop)
+    };
+    // Taken in (the tool's row read: its view starts), then two failures at home.
+    let first = allowed(&gate);
+    outcome(&gate, "t", first).expect("first outcome");
+    for _ in 0..2 {
+        let attempt = allowed(&gate);
+        failed(&gate, attempt).expect("a failure");
+    }
+    // The third failure trips the view; its group waits on t's locked row.
+    let attempt = allowed(&gate);
+    let locker = Locker::lock(&cluster, "t");
+    let third = {
+        let gate = Arc::clone(&gate);
+        std::thread::spawn(move || failed(&gate, attempt))
+    };
+    until(
+        &gate,
+        "the third failure's group in flight",
+        |(queued, flying)| flying && queued == 0,
+    );
+    // The tick meanwhile: the first outcomes flushed into the row, the rows read again.
+    let ticked = gate.backend().slices().tick(Instant::now());
+    assert_eq!(ticked.breakers.flushed, 1, "{ticked:?}");
+    assert!(!ticked.breakers.refresh_failed, "{ticked:?}");
+    locker.run("ROLLBACK");
+    third
+        .join()
+        .expect("thread")
+        .expect("the third failure committed");
+    // Its failure counts in the view: the next decision is refused from it.
+    let a = check(&gate, "t").expect("decided");
+    assert_eq!(
+        (a.decision, a.reason),
+        (Verdict::Deny, Some(tally_ledger::Reason::CircuitOpen)),
+        "{a:?}"
+    );
+    assert_eq!(
+        gate.backend().unflushed(),
+        1,
+        "the third failure, for the row"
+    );
 }
 
 #[test]

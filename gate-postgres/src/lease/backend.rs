@@ -421,6 +421,8 @@ impl<'a> LeasedTxn<'a> {
         done: Committed,
         refuse: Refuse,
     ) -> Result<(), GateError> {
+        let ticket = self.backend.views.ticket();
+        let tools: Vec<String> = viewed.iter().map(|(tool, _, _)| tool.clone()).collect();
         let queued = Queued {
             ledger: Arc::clone(&self.backend.central.ledger),
             slices: Arc::clone(&self.backend.slices),
@@ -429,10 +431,8 @@ impl<'a> LeasedTxn<'a> {
             gives: std::mem::take(&mut moves.gives),
             closed: self.closed_on(&moves.closed),
             views: Arc::clone(&self.backend.views),
-            viewed: viewed
-                .iter()
-                .map(|(tool, _, observed)| (tool.clone(), observed.clone()))
-                .collect(),
+            ticket,
+            viewed: tools.clone(),
             records,
             done,
             refuse,
@@ -440,11 +440,17 @@ impl<'a> LeasedTxn<'a> {
         let then = Box::new(move |o: Outcome| queued.answered(o));
         let homes = moves.extra.homes.clone();
         let untaken = moves.takes.clone();
-        let item = Item { homes, then };
+        let views = Arc::clone(&self.backend.views);
+        let undo = Box::new(move || {
+            for tool in tools {
+                views.undone(&tool, ticket);
+            }
+        });
+        let item = Item { homes, undo, then };
         let queued = self.backend.group.queue(self.generation, item, || {
             self.copies_settled(moves);
-            for (tool, state, _) in viewed {
-                self.backend.views.queued(&tool, state.breaker);
+            for (tool, _, observed) in viewed {
+                self.backend.views.queued(&tool, ticket, observed);
             }
         });
         if let Err(e) = queued {
@@ -478,9 +484,10 @@ struct Queued {
     takes: Vec<(Scope, Option<i64>, Amounts)>,
     gives: Vec<(Scope, i64, Amounts)>,
     closed: Vec<(String, u64, TakenOn)>,
-    /// The tools decided from the view, and the outcomes the decision folded there.
+    /// The tools decided from the view, their outcomes queued there under `ticket`.
     views: Arc<Views>,
-    viewed: Vec<(String, Vec<Observed>)>,
+    ticket: u64,
+    viewed: Vec<String>,
     records: Records,
     done: Committed,
     refuse: Refuse,
@@ -495,12 +502,11 @@ impl Queued {
     /// tools' rows only if it may have committed (as a central decision's), what it
     /// took given back if it rolled back for certain, and it is refused.
     fn answered(self, o: Outcome) {
-        let certain = matches!(o, Outcome::RolledBack(_));
-        for (tool, observed) in self.viewed {
-            if certain {
-                self.views.undone(&tool);
-            } else {
-                self.views.observed(&tool, observed);
+        // A certain rollback's outcomes were taken out of the views already, under the
+        // queue's lock ([`Item::undo`]).
+        if !matches!(o, Outcome::RolledBack(_)) {
+            for tool in self.viewed {
+                self.views.observed(&tool, self.ticket);
             }
         }
         let e = match o {

@@ -88,7 +88,11 @@ struct View {
     /// Outcomes seen here since, not yet folded into the row, in order (a batch of at
     /// most about [`ViewLimits::batch`]: past it, decisions go central).
     pending: Vec<Observed>,
-    /// `row` with `pending` folded in: what a decision here reads.
+    /// The outcomes of decisions here queued in the group commit, not yet committed, by
+    /// ticket (in the order queued): they count in `now`, moved to `pending` once their
+    /// group may have committed, dropped if it rolled back for certain.
+    queued: BTreeMap<u64, Vec<Observed>>,
+    /// `row` with `pending` and `queued` folded in: what a decision here reads.
     now: Breaker,
     /// The row could not be decoded at the last refresh: decisions go central.
     unreadable: bool,
@@ -106,6 +110,8 @@ pub(crate) struct Views {
     /// The latest wall time (ms) a decision here read the views at: what a view is
     /// judged idle at.
     now_ms: AtomicU64,
+    /// The next ticket for a queued decision's outcomes.
+    tickets: AtomicU64,
 }
 
 /// `outcomes` folded, in order, into `t` by the core's rule.
@@ -127,14 +133,21 @@ fn only(breaker: Breaker) -> ToolState {
 }
 
 impl View {
-    /// `now` made again from the row and what is pending.
+    /// `now` made again from the row, what is pending, then what is queued.
     fn recompute(&mut self, policy: Option<&Policy>, tool: &str) {
         self.now = match policy {
-            Some(p) if !self.pending.is_empty() => {
-                fold(p, tool, only(self.row.clone()), &self.pending).breaker
+            Some(p) if self.unflushed() > 0 => {
+                let t = fold(p, tool, only(self.row.clone()), &self.pending);
+                let t = self.queued.values().fold(t, |t, o| fold(p, tool, t, o));
+                t.breaker
             }
             _ => self.row.clone(),
         };
+    }
+
+    /// Outcomes here not in the row: pending and queued.
+    fn unflushed(&self) -> usize {
+        self.pending.len() + self.queued.values().map(Vec::len).sum::<usize>()
     }
 }
 
@@ -181,7 +194,7 @@ impl Views {
         self.now_ms.fetch_max(now_ms, Ordering::Relaxed);
         let mut views = self.lock();
         let v = views.get_mut(tool)?;
-        if v.unreadable || v.pending.len() >= self.limits.batch {
+        if v.unreadable || v.unflushed() >= self.limits.batch {
             return None;
         }
         v.used = true;
@@ -199,29 +212,44 @@ impl Views {
         }
     }
 
-    /// A decision here, queued in the group commit, left the tool's breaker at `after`:
-    /// the decisions after it read that; its outcomes are kept to fold into the row only
-    /// once it may have committed ([`Views::observed`]); a certain rollback undoes it
-    /// ([`Views::undone`]).
-    pub(crate) fn queued(&self, tool: &str, after: Breaker) {
-        if let Some(v) = self.lock().get_mut(tool) {
-            v.now = after;
-        }
+    /// A ticket for a decision to be queued in the group commit.
+    pub(crate) fn ticket(&self) -> u64 {
+        self.tickets.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A queued decision's outcomes, its group committed (or its `COMMIT` unanswered).
-    pub(crate) fn observed(&self, tool: &str, observed: Vec<Observed>) {
-        if let Some(v) = self.lock().get_mut(tool) {
-            v.pending.extend(observed);
-        }
-    }
-
-    /// A queued decision rolled back for certain: the view is its row with what is
-    /// pending folded on top again.
-    pub(crate) fn undone(&self, tool: &str) {
+    /// A decision here, queued in the group commit under `ticket`, folded `observed`:
+    /// they count in the view (the decisions after it read them) and are kept apart, to
+    /// fold into the row only once it may have committed ([`Views::observed`]); a
+    /// certain rollback takes them out ([`Views::undone`]). A read of the row meanwhile
+    /// keeps them in the view.
+    pub(crate) fn queued(&self, tool: &str, ticket: u64, observed: Vec<Observed>) {
         let policy = self.policy();
         if let Some(v) = self.lock().get_mut(tool) {
+            v.queued.insert(ticket, observed);
             v.recompute(policy.as_deref(), tool);
+        }
+    }
+
+    /// The group of the decision queued under `ticket` committed (or its `COMMIT` went
+    /// unanswered): its outcomes are pending, for the row.
+    pub(crate) fn observed(&self, tool: &str, ticket: u64) {
+        let policy = self.policy();
+        if let Some(v) = self.lock().get_mut(tool) {
+            if let Some(mut observed) = v.queued.remove(&ticket) {
+                v.pending.append(&mut observed);
+                v.recompute(policy.as_deref(), tool);
+            }
+        }
+    }
+
+    /// The decision queued under `ticket` rolled back for certain: its outcomes are
+    /// taken out of the view.
+    pub(crate) fn undone(&self, tool: &str, ticket: u64) {
+        let policy = self.policy();
+        if let Some(v) = self.lock().get_mut(tool) {
+            if v.queued.remove(&ticket).is_some() {
+                v.recompute(policy.as_deref(), tool);
+            }
         }
     }
 
@@ -237,6 +265,7 @@ impl Views {
         let v = views.entry(tool.to_owned()).or_insert_with(|| View {
             row: row.clone(),
             pending: Vec::new(),
+            queued: BTreeMap::new(),
             now: row.clone(),
             unreadable: false,
             used: true,
@@ -283,7 +312,7 @@ impl Views {
         }
     }
 
-    /// The views no decision read since the last refresh, with nothing pending, whose
+    /// The views no decision read since the last refresh, with nothing pending or queued, whose
     /// breaker is idle by the gate's rule ([`Idle::tool`]) are dropped (their rows hold
     /// all they knew); the rest are marked unread. How many were dropped.
     fn drop_idle(&self) -> usize {
@@ -298,7 +327,7 @@ impl Views {
         let before = views.len();
         views.retain(|_, v| {
             let keep =
-                v.used || v.unreadable || !v.pending.is_empty() || !idle.tool(&only(v.now.clone()));
+                v.used || v.unreadable || v.unflushed() > 0 || !idle.tool(&only(v.now.clone()));
             v.used = false;
             keep
         });

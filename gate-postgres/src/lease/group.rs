@@ -52,6 +52,9 @@ pub(crate) enum Outcome {
 /// One decision queued: its runs' writes, and what follows its commit.
 pub(crate) struct Item {
     pub(crate) homes: Vec<HomeWrite>,
+    /// Its effect on the tools' breaker views undone: run under the queue's lock if it
+    /// rolled back for certain, before a later decision may be made.
+    pub(crate) undo: Box<dyn FnOnce() + Send>,
     pub(crate) then: Box<dyn FnOnce(Outcome) + Send>,
 }
 
@@ -251,8 +254,9 @@ fn committer(s: &Shared, rt: &Rt) {
 }
 
 /// Each decision of a commit answered in order; after a failure, every decision queued
-/// behind it too, and all their runs' copies let go before a new decision may begin.
-fn answer(s: &Shared, batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
+/// behind it too, and all their runs' copies let go (and the breaker views' outcomes of
+/// those rolled back for certain taken out) before a new decision may begin.
+fn answer(s: &Shared, mut batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
     let (certain, why) = match r {
         Ok(versions) => {
             s.counts[0].fetch_add(1, Ordering::Relaxed);
@@ -267,7 +271,7 @@ fn answer(s: &Shared, batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
     };
     let behind = {
         let mut q = lock(&s.queue);
-        let behind: Vec<Item> = q.items.drain(..).collect();
+        let mut behind: Vec<Item> = q.items.drain(..).collect();
         let mut homes = lock(&s.homes);
         for item in batch.iter().chain(&behind) {
             for h in &item.homes {
@@ -275,6 +279,10 @@ fn answer(s: &Shared, batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
             }
         }
         drop(homes);
+        let undone = if certain { &mut batch[..] } else { &mut [] };
+        for item in undone.iter_mut().chain(&mut behind) {
+            std::mem::replace(&mut item.undo, Box::new(|| ()))();
+        }
         q.generation += 1;
         behind
     };
@@ -322,7 +330,8 @@ impl Link {
             let _ = connection.await;
         });
         // A row lock waited for half the bound at most (as the central connection's):
-        // that wait ends in an error, a certain rollback, not in the client's bound.
+        // one such wait ends in an error, a certain rollback, not in the client's bound
+        // (two in one batch may reach the bound: an unknown outcome).
         let ms = self.timeout.as_millis().max(1);
         let setup = format!(
             "SET statement_timeout = {ms}; SET lock_timeout = {}; SET idle_in_transaction_session_timeout = {}",
@@ -419,10 +428,14 @@ impl Link {
             (rolled_back.get(), why)
         })?;
         // Committed, but a negative version numbers no record: refused as an unknown
-        // outcome (what the decisions took stays counted), as a central decision's.
-        versions
-            .into_iter()
-            .map(|v| u64::try_from(v).map_err(|_| (false, "the state version is negative".into())))
-            .collect()
+        // outcome (what the decisions took stays counted), as a central decision's, and
+        // the connection dropped, as after any unknown outcome.
+        let versions: Result<Vec<u64>, _> = versions.into_iter().map(u64::try_from).collect();
+        versions.map_err(|_| {
+            if let Some(c) = conn.take() {
+                c.task.abort();
+            }
+            (false, "the state version is negative".into())
+        })
     }
 }
