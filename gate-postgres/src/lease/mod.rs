@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::{Client, NoTls, Row};
 
-pub use backend::{Leased, LeasedTxn};
+pub use backend::{txn::LeasedTxn, Leased};
 pub use breakers::{BreakersTicked, ViewLimits};
 pub use events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 pub use group::GROUP_SUFFIX;
