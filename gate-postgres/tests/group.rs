@@ -38,19 +38,8 @@ const VIEWED: &str = "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[approvals]\
 /// [`VIEWED`], and three failures open a tool's breaker for 30 s.
 const TRIPS: &str = "[rate]\ntool_per_sec = 0\ntool_in_flight = 0\n[breaker]\nfailures = 3\nopen_ms = 30000\nprobe_timeout_ms = 10000\n[approvals]\nask_on = []\n";
 
-/// A leased gate `holder` over its own ledger in `dir`, every round trip bounded by
-/// `timeout`.
-fn leased(
-    cluster: &Cluster,
-    dir: &std::path::Path,
-    holder: &str,
-    clock: &LeaseClock,
-    timeout: Duration,
-) -> Gate<Leased> {
-    leased_under(cluster, dir, holder, clock, timeout, VIEWED)
-}
-
-/// [`leased`] under `policy`.
+/// A leased gate `holder` over its own ledger in `dir` under `policy`, every round
+/// trip bounded by `timeout`.
 fn leased_under(
     cluster: &Cluster,
     dir: &std::path::Path,
@@ -79,10 +68,46 @@ fn leased_under(
     Gate::with_backend(ledger, backend, Recorded::new(policy).expect("policy")).expect("gate")
 }
 
+/// A cluster, the ledger's directory and a leased gate `host-a` on it at noon under
+/// `policy`, every round trip bounded by `timeout` (none without a cluster: skipped).
+fn home_under(
+    policy: &str,
+    timeout: Duration,
+) -> Option<(Cluster, tempfile::TempDir, Arc<Gate<Leased>>)> {
+    let cluster = Cluster::start()?;
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = leased_under(&cluster, dir.path(), "host-a", &at_noon(), timeout, policy);
+    Some((cluster, dir, Arc::new(gate)))
+}
+
+/// [`home_under`] the [`VIEWED`] policy, every round trip bounded by 30 s.
+fn home() -> Option<(Cluster, tempfile::TempDir, Arc<Gate<Leased>>)> {
+    home_under(VIEWED, Duration::from_secs(30))
+}
+
+/// `f` on the gate, on a thread of its own.
+fn on_thread<T: Send + 'static>(
+    gate: &Arc<Gate<Leased>>,
+    f: impl FnOnce(&Gate<Leased>) -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let gate = Arc::clone(gate);
+    std::thread::spawn(move || f(&gate))
+}
+
 fn start(gate: &Gate<Leased>, run: &str, attempts: u64) {
     let req = json!({"run": run, "budget": {"attempts": attempts}});
     gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
         .expect("start");
+}
+
+/// `run` started with `attempts` and taken in: its first check allowed, the next
+/// decisions on it made at home.
+fn taken_in(gate: &Gate<Leased>, run: &str, attempts: u64) {
+    start(gate, run, attempts);
+    assert_eq!(
+        check(gate, run).expect("first check").decision,
+        Verdict::Allow
+    );
 }
 
 fn check(gate: &Gate<Leased>, run: &str) -> Result<CheckAnswer, GateError> {
@@ -147,17 +172,9 @@ fn spent(gate: &Arc<Gate<Leased>>, runs: &[String], threads: usize) -> Vec<u64> 
 
 #[test]
 fn decisions_of_many_runs_in_flight_are_committed_together_and_each_run_gets_its_budget() {
-    let Some(cluster) = Cluster::start() else {
+    let Some((cluster, _dir, gate)) = home() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("dir");
-    let gate = Arc::new(leased(
-        &cluster,
-        dir.path(),
-        "host-a",
-        &at_noon(),
-        Duration::from_secs(30),
-    ));
     let runs: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
     for run in &runs {
         start(&gate, run, 15);
@@ -186,17 +203,9 @@ fn decisions_of_many_runs_in_flight_are_committed_together_and_each_run_gets_its
 
 #[test]
 fn decisions_of_one_run_from_many_threads_stay_serialised() {
-    let Some(cluster) = Cluster::start() else {
+    let Some((_cluster, _dir, gate)) = home() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("dir");
-    let gate = Arc::new(leased(
-        &cluster,
-        dir.path(),
-        "host-a",
-        &at_noon(),
-        Duration::from_secs(30),
-    ));
     start(&gate, "one", 40);
     let allows = spent(&gate, &["one".to_owned()], 8);
     // Two decisions made on one copy would allow past the run's 40 attempts.
@@ -253,32 +262,17 @@ fn until(gate: &Gate<Leased>, what: &str, holds: impl Fn((usize, bool)) -> bool)
 
 #[test]
 fn a_failed_group_commit_refuses_every_decision_in_it_and_behind_it_and_records_nothing() {
-    let Some(cluster) = Cluster::start() else {
+    let Some((cluster, _dir, gate)) = home() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("dir");
-    let gate = Arc::new(leased(
-        &cluster,
-        dir.path(),
-        "host-a",
-        &at_noon(),
-        Duration::from_secs(30),
-    ));
     for run in ["a", "b", "c"] {
-        start(&gate, run, 4);
         // Taken in: the next decisions on it are made at home.
-        assert_eq!(
-            check(&gate, run).expect("first check").decision,
-            Verdict::Allow
-        );
+        taken_in(&gate, run, 4);
     }
     let records = gate.ledger().snapshot().size();
     // Run a's row locked by another session: the group carrying a's decision waits.
     let locker = Locker::lock(&cluster, "a");
-    let spawn = |run: &'static str| {
-        let gate = Arc::clone(&gate);
-        std::thread::spawn(move || check(&gate, run))
-    };
+    let spawn = |run: &'static str| on_thread(&gate, move |g| check(g, run));
     let first = spawn("a");
     until(&gate, "a's group in flight", |(queued, flying)| {
         flying && queued == 0
@@ -319,19 +313,22 @@ fn a_failed_group_commit_refuses_every_decision_in_it_and_behind_it_and_records_
     }
 }
 
+/// Wait (no sleep: the server's activity is read) until one session is `group`, at
+/// most 60 s; else `never` fails the test.
+fn until_one(cluster: &Cluster, group: &str, never: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {group}");
+    while cluster.psql(&waiting).trim() != "1" {
+        assert!(Instant::now() < deadline, "{never}");
+    }
+}
+
 /// Once the group commit's write waits on a locked row (not before: a cancel of an
 /// idle session does nothing), its statement cancelled: the group rolls back for
 /// certain, the rows as they were.
 fn cancel_group(cluster: &Cluster) {
     let group = "application_name LIKE '%-group' AND wait_event_type = 'Lock'";
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {group}");
-    while cluster.psql(&waiting).trim() != "1" {
-        assert!(
-            Instant::now() < deadline,
-            "the group never waited on the row"
-        );
-    }
+    until_one(cluster, group, "the group never waited on the row");
     let cancel = format!("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE {group}");
     assert_eq!(cluster.psql(&cancel).trim(), "t");
 }
@@ -355,34 +352,19 @@ fn left(gate: &Gate<Leased>, run: &str) -> u64 {
 
 #[test]
 fn a_decision_on_a_copy_holding_a_queued_decision_whose_group_failed_is_refused() {
-    let Some(cluster) = Cluster::start() else {
+    let Some((cluster, _dir, gate)) = home() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("dir");
-    let gate = Arc::new(leased(
-        &cluster,
-        dir.path(),
-        "host-a",
-        &at_noon(),
-        Duration::from_secs(30),
-    ));
-    start(&gate, "a", 4);
-    assert_eq!(check(&gate, "a").expect("first").decision, Verdict::Allow);
+    taken_in(&gate, "a", 4);
     let locker = Locker::lock(&cluster, "a");
     // D1 at home, queued, its group waiting on a's row.
-    let d1 = {
-        let gate = Arc::clone(&gate);
-        std::thread::spawn(move || check(&gate, "a"))
-    };
+    let d1 = on_thread(&gate, |g| check(g, "a"));
     until(&gate, "D1's group in flight", |(queued, flying)| {
         flying && queued == 0
     });
     // D2 on the same run takes the kept copy (holding D1), then needs a tool this
     // holder has no view of: central, so it waits for the group first.
-    let d2 = {
-        let gate = Arc::clone(&gate);
-        std::thread::spawn(move || check_tool(&gate, "a", "fresh"))
-    };
+    let d2 = on_thread(&gate, |g| check_tool(g, "a", "fresh"));
     let deadline = Instant::now() + Duration::from_secs(60);
     while gate.backend().group_draining() == 0 {
         assert!(Instant::now() < deadline, "D2 never waited for the group");
@@ -404,17 +386,9 @@ fn a_decision_on_a_copy_holding_a_queued_decision_whose_group_failed_is_refused(
 
 #[test]
 fn an_outcome_whose_group_failed_gives_back_and_counts_in_the_breaker_once_retried() {
-    let Some(cluster) = Cluster::start() else {
+    let Some((cluster, _dir, gate)) = home() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("dir");
-    let gate = Arc::new(leased(
-        &cluster,
-        dir.path(),
-        "host-a",
-        &at_noon(),
-        Duration::from_secs(30),
-    ));
     let req = json!({"run": "o", "budget": {"spend_cents": 1000}});
     gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
         .expect("start");
@@ -446,10 +420,7 @@ fn an_outcome_whose_group_failed_gives_back_and_counts_in_the_breaker_once_retri
     let unflushed = gate.backend().unflushed();
     // Its outcome (10 cents: 20 given back) queued, its group rolled back.
     let locker = Locker::lock(&cluster, "o");
-    let refused = {
-        let gate = Arc::clone(&gate);
-        std::thread::spawn(move || settle(&gate, attempt, 10))
-    };
+    let refused = on_thread(&gate, move |g| settle(g, attempt, 10));
     cancel_group(&cluster);
     match refused.join().expect("thread") {
         Err(GateError::Unavailable(_)) => {}
@@ -475,18 +446,9 @@ fn an_outcome_whose_group_failed_gives_back_and_counts_in_the_breaker_once_retri
 
 #[test]
 fn a_queued_failure_that_trips_the_breaker_stays_in_the_view_through_a_tick() {
-    let Some(cluster) = Cluster::start() else {
+    let Some((cluster, _dir, gate)) = home_under(TRIPS, Duration::from_secs(30)) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("dir");
-    let gate = Arc::new(leased_under(
-        &cluster,
-        dir.path(),
-        "host-a",
-        &at_noon(),
-        Duration::from_secs(30),
-        TRIPS,
-    ));
     start(&gate, "t", 10);
     let allowed = |gate: &Gate<Leased>| {
         let a = check(gate, "t").expect("check");
@@ -508,10 +470,7 @@ fn a_queued_failure_that_trips_the_breaker_stays_in_the_view_through_a_tick() {
     // The third failure trips the view; its group waits on t's locked row.
     let attempt = allowed(&gate);
     let locker = Locker::lock(&cluster, "t");
-    let third = {
-        let gate = Arc::clone(&gate);
-        std::thread::spawn(move || failed(&gate, attempt))
-    };
+    let third = on_thread(&gate, move |g| failed(g, attempt));
     until(
         &gate,
         "the third failure's group in flight",
@@ -542,19 +501,10 @@ fn a_queued_failure_that_trips_the_breaker_stays_in_the_view_through_a_tick() {
 
 #[test]
 fn a_group_waiting_on_a_locked_row_rolls_back_for_certain_before_the_bound() {
-    let Some(cluster) = Cluster::start() else {
+    let Some((cluster, _dir, gate)) = home_under(VIEWED, Duration::from_secs(1)) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("dir");
-    let gate = leased(
-        &cluster,
-        dir.path(),
-        "host-a",
-        &at_noon(),
-        Duration::from_secs(1),
-    );
-    start(&gate, "w", 10);
-    assert_eq!(check(&gate, "w").expect("first").decision, Verdict::Allow);
+    taken_in(&gate, "w", 10);
     let scope = Scope::new(ScopeKind::Run, "w");
     let used = || gate.backend().slices().held(&scope).expect("a slice").1;
     let before = used();
@@ -575,19 +525,10 @@ fn a_group_waiting_on_a_locked_row_rolls_back_for_certain_before_the_bound() {
 
 #[test]
 fn a_group_whose_commit_is_ended_by_a_fatal_is_unsure() {
-    let Some(cluster) = Cluster::start() else {
+    let Some((cluster, _dir, gate)) = home() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("dir");
-    let gate = Arc::new(leased(
-        &cluster,
-        dir.path(),
-        "host-a",
-        &at_noon(),
-        Duration::from_secs(30),
-    ));
-    start(&gate, "u", 10);
-    assert_eq!(check(&gate, "u").expect("first").decision, Verdict::Allow);
+    taken_in(&gate, "u", 10);
     let scope = Scope::new(ScopeKind::Run, "u");
     let used = || gate.backend().slices().held(&scope).expect("a slice").1;
     let before = used();
@@ -600,17 +541,10 @@ fn a_group_whose_commit_is_ended_by_a_fatal_is_unsure() {
     );
     let locker = Locker::lock(&cluster, "none");
     locker.run("SELECT pg_advisory_xact_lock(4242)");
-    let d = {
-        let gate = Arc::clone(&gate);
-        std::thread::spawn(move || check(&gate, "u"))
-    };
+    let d = on_thread(&gate, |g| check(g, "u"));
     // The group's COMMIT waits on the lock: its session ended (a FATAL, 57P01).
     let group = "application_name LIKE '%-group' AND wait_event = 'advisory'";
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let waiting = format!("SELECT count(*) FROM pg_stat_activity WHERE {group}");
-    while cluster.psql(&waiting).trim() != "1" {
-        assert!(Instant::now() < deadline, "the group's COMMIT never waited");
-    }
+    until_one(&cluster, group, "the group's COMMIT never waited");
     let end = format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {group}");
     assert_eq!(cluster.psql(&end).trim(), "t");
     match d.join().expect("thread") {
