@@ -37,6 +37,19 @@ pub(crate) struct CheckSpan(opentelemetry_sdk::trace::Span);
 
 pub use tally_proxy::trace::{incoming, remote, Trace};
 
+/// The exporter's HTTP client: reqwest's blocking client over `tls`, the one TLS
+/// configuration every HTTPS client of tally uses (tally-proxy's `tls::client_config`:
+/// ring, the Mozilla roots). Handed to the exporter, so it never builds reqwest's own
+/// TLS setup, which has no crypto provider in this build (reqwest's rustls without
+/// one: the MCP gateway hands it tally's configuration too).
+fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::blocking::Client, String> {
+    reqwest::blocking::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .timeout(std::time::Duration::from_secs(5))
+        .build()
+        .map_err(|e| format!("the OTLP exporter's HTTP client: {e}"))
+}
+
 impl Exporter {
     /// Export to `endpoint` (`http://host:4318`, `/v1/traces` added when no path is
     /// given), sampling root spans at `sample` (0 to 1). Builds the HTTP client on a
@@ -44,7 +57,7 @@ impl Exporter {
     /// worker.
     pub fn new(endpoint: &str, sample: f64) -> Result<Exporter, String> {
         use opentelemetry::trace::TracerProvider as _;
-        use opentelemetry_otlp::WithExportConfig;
+        use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
         use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, Sampler};
         if !(0.0..=1.0).contains(&sample) {
             return Err(format!("the sample ratio {sample} is not between 0 and 1"));
@@ -55,9 +68,11 @@ impl Exporter {
             }
             _ => endpoint.to_owned(),
         };
+        let tls = tally_proxy::tls::client_config(None).map_err(|e| e.to_string())?;
         let built = std::thread::spawn(move || {
             opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
+                .with_http_client(http_client(tls)?)
                 .with_endpoint(url)
                 .with_timeout(std::time::Duration::from_secs(5))
                 .build()
