@@ -303,10 +303,7 @@ fn the_sdk_client_reaches_a_stdio_and_an_http_server_through_the_gateway_gated_a
     assert!(gw.read("remote-calls.txt").contains("flaky"));
 
     let ds = gw.gate.finish("g1");
-    let effects: Vec<(String, Effect)> = allows(&ds)
-        .iter()
-        .map(|d| (d.tool.clone().unwrap(), d.effect.unwrap()))
-        .collect();
+    let effects = allowed_effects(&ds);
     assert_eq!(
         effects,
         vec![

@@ -212,6 +212,14 @@ fn allows(ds: &[Decision]) -> Vec<&Decision> {
     ds.iter().filter(|d| d.kind == Some(Kind::Allow)).collect()
 }
 
+/// Each allowed call's tool and the effect class it was checked under, in order.
+fn allowed_effects(ds: &[Decision]) -> Vec<(String, Effect)> {
+    allows(ds)
+        .iter()
+        .map(|d| (d.tool.clone().unwrap(), d.effect.unwrap()))
+        .collect()
+}
+
 const POLICY: &str = "[ceiling]\nattempts = 5\n[breaker]\nfailures = 50\n";
 
 /// A raw JSON-RPC session: each line is sent, then the lines that answer it are read

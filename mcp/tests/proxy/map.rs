@@ -30,10 +30,7 @@ fn the_policy_map_overrides_annotations_and_unlisted_tools_are_looked_up() {
         "the proxy's own requests stay between it and the server: {got:#?}"
     );
     let ds = gate.finish("map1");
-    let effects: Vec<(String, Effect)> = allows(&ds)
-        .iter()
-        .map(|d| (d.tool.clone().unwrap(), d.effect.unwrap()))
-        .collect();
+    let effects = allowed_effects(&ds);
     assert_eq!(
         effects,
         vec![

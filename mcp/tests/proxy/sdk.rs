@@ -19,10 +19,7 @@ fn a_session_through_the_proxy_is_the_session_with_the_server() {
     assert_eq!(proxied["log"].as_array().map(Vec::len), Some(3));
 
     let ds = gate.finish("s1");
-    let effects: Vec<(String, Effect)> = allows(&ds)
-        .iter()
-        .map(|d| (d.tool.clone().unwrap(), d.effect.unwrap()))
-        .collect();
+    let effects = allowed_effects(&ds);
     // The effect class comes from each tool's annotations.
     assert_eq!(
         effects,

@@ -130,10 +130,7 @@ fn an_https_server_is_reached_with_its_ca_file_and_one_of_an_unknown_ca_is_refus
     assert_eq!(read("stranger-headers.txt"), "");
 
     let ds = gw.gate.finish("tls");
-    let effects: Vec<(String, Effect)> = allows(&ds)
-        .iter()
-        .map(|d| (d.tool.clone().unwrap(), d.effect.unwrap()))
-        .collect();
+    let effects = allowed_effects(&ds);
     assert_eq!(
         effects,
         vec![
