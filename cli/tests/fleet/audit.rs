@@ -121,3 +121,32 @@ pub(crate) fn merged_audit_is_one(fleet: &Fleet, runs: &[&str], replayed: Replay
     want.sort_unstable();
     assert_eq!(named, want, "one handoff per run, whichever hosts wrote it");
 }
+
+/// Each host's allows and outcomes on a run: (attempts, reserved cents, settled cents).
+pub(crate) type PerHost = Vec<(Vec<u64>, u64, u64)>;
+
+/// A stopped fleet whose daemons all lived through a fault on `run` (nothing killed),
+/// read back: the merged audit clean but for crash gaps; every acknowledged decision in
+/// its ledger; every allow in a ledger acknowledged, and the other way; the run's state
+/// (`standing`, read before the stop) never behind the ledgers and ahead by at most one
+/// commit per daemon whose answer was lost with the fault (refused as unavailable, so
+/// never recorded). The ledgers' allows and outcomes per host, the allows given, and
+/// the attempts the state issued.
+pub(crate) fn none_lost_state_at_most_one_ahead(
+    fleet: &Fleet,
+    run: &str,
+    seen: &[Vec<Seen>],
+    standing: &Value,
+) -> (PerHost, u64, u64) {
+    merged_audit_is_one(fleet, &[run], Replayed::CrashGapsAllowed);
+    let per_host = acknowledged_are_in_ledgers(fleet, run, seen);
+    let given = distinct_attempts(&per_host);
+    let acked: usize = seen.iter().map(|s| count(s, is_allow)).sum();
+    assert_eq!(given, acked as u64);
+    let issued = standing["calls_allowed"].as_u64().expect("calls_allowed");
+    assert!(
+        issued >= given && issued <= given + DAEMONS as u64,
+        "state {issued}, ledgers {given}"
+    );
+    (per_host, given, issued)
+}

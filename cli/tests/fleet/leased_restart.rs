@@ -99,19 +99,7 @@ async fn a_postgres_restart_under_leased_load_refuses_then_recovers_with_every_s
         lost += lease_events(&fleet, d).await["lost"];
     }
     fleet.stop();
-    merged_audit_is_one(&fleet, &["lr"], Replayed::CrashGapsAllowed);
-    let per_host = acknowledged_are_in_ledgers(&fleet, "lr", &seen);
-    let given = distinct_attempts(&per_host);
-    let acked: usize = seen.iter().map(|s| count(s, is_allow)).sum();
-    // No daemon was killed: every allow in a ledger was acknowledged, and the other way.
-    assert_eq!(given, acked as u64);
-    // The run's state is never behind the ledgers; ahead by at most one commit per
-    // daemon whose answer was lost with the server.
-    let issued = standing["calls_allowed"].as_u64().expect("calls_allowed");
-    assert!(
-        issued >= given && issued <= given + DAEMONS as u64,
-        "state {issued}, ledgers {given}"
-    );
+    let (_, given, issued) = none_lost_state_at_most_one_ahead(&fleet, "lr", &seen, &standing);
     // The scope counts at least what was allowed (a slice lost or reclaimed counts whole:
     // the conservative side), and nothing is out once every daemon stopped.
     let [settled] = scope_attempts(&cluster, "lr");

@@ -189,16 +189,7 @@ async fn a_network_partition_from_postgres_refuses_then_recovers() {
     }
     let standing = get(&fleet.socket(2), "/v1/runs/r").await;
     fleet.stop();
-    merged_audit_is_one(&fleet, &["r"], Replayed::CrashGapsAllowed);
-    let per_host = acknowledged_are_in_ledgers(&fleet, "r", &seen);
-    let given = distinct_attempts(&per_host);
-    let acked: usize = seen.iter().map(|s| count(s, is_allow)).sum();
-    assert_eq!(given, acked as u64);
-    let issued = standing["calls_allowed"].as_u64().expect("calls_allowed");
-    assert!(
-        issued >= given && issued <= given + DAEMONS as u64,
-        "state {issued}, ledgers {given}"
-    );
+    let (_, given, issued) = none_lost_state_at_most_one_ahead(&fleet, "r", &seen, &standing);
     let refused: Vec<Duration> = seen
         .iter()
         .flatten()

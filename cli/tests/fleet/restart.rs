@@ -78,19 +78,8 @@ async fn postgres_restart_mid_load_refuses_then_recovers() {
     }
     let standing = get(&fleet.socket(2), "/v1/runs/r").await;
     fleet.stop();
-    merged_audit_is_one(&fleet, &["r"], Replayed::CrashGapsAllowed);
-    let per_host = acknowledged_are_in_ledgers(&fleet, "r", &seen);
-    let given = distinct_attempts(&per_host);
-    let acked: usize = seen.iter().map(|s| count(s, is_allow)).sum();
-    // No daemon was killed: every allow in a ledger was acknowledged, and the other way.
-    assert_eq!(given, acked as u64);
-    // The state is never behind the ledgers; ahead by at most one commit per daemon whose
-    // answer was lost with the server (refused as unavailable, so never recorded).
-    let issued = standing["calls_allowed"].as_u64().expect("calls_allowed");
-    assert!(
-        issued >= given && issued <= given + DAEMONS as u64,
-        "state {issued}, ledgers {given}"
-    );
+    let (per_host, given, issued) =
+        none_lost_state_at_most_one_ahead(&fleet, "r", &seen, &standing);
     let settled: u64 = per_host.iter().map(|h| h.2).sum();
     let refused: usize = seen
         .iter()
