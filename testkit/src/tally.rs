@@ -171,15 +171,10 @@ impl Tally {
     }
 }
 
-/// Binary `bin` of workspace package `package`, as the workspace's test build makes it:
-/// built once per test process by `cargo build --workspace --bins --tests` in this test's
-/// target directory and profile. How a package's tests run another package's binary,
-/// which only that package's own tests can name (`CARGO_BIN_EXE_*`). Never a stale build.
-///
-/// The whole workspace's selection, not `-p PACKAGE --bin BIN`: cargo resolves a
-/// package's features from what is selected, so a build of one package compiles every
-/// tally crate a second time, beside the test build's. Under `cargo test --workspace`
-/// this is a no-op; run from one package's tests it first builds the workspace's tests.
+/// Binary `bin` of workspace package `package`, built once per test process by `cargo
+/// build -p PACKAGE --bin BIN` in this test's target directory and profile (a no-op when
+/// it is up to date): how a package's tests run another package's binary, which only
+/// that package's own tests can name (`CARGO_BIN_EXE_*`). Never a stale build.
 pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
     static BUILT: Mutex<BTreeMap<(String, String), PathBuf>> = Mutex::new(BTreeMap::new());
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
@@ -196,7 +191,7 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
         .to_path_buf();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut build = Command::new(cargo);
-    build.args(["build", "--quiet", "--workspace", "--bins", "--tests"]);
+    build.args(["build", "--quiet", "-p", package, "--bin", bin]);
     if profile_dir.file_name().is_some_and(|n| n == "release") {
         build.arg("--release");
     }
@@ -204,10 +199,7 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .expect("run cargo build");
-    assert!(
-        status.success(),
-        "building the workspace for {bin} (package {package}) failed"
-    );
+    assert!(status.success(), "building {bin} (-p {package}) failed");
     let path = profile_dir.join(bin);
     built.insert(key, path.clone());
     path
