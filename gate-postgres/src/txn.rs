@@ -396,7 +396,7 @@ fn moved(e: &tokio_postgres::Error) -> bool {
 }
 
 /// A decision refused because a run it decided at home was taken back or over.
-fn taken_back() -> GateError {
+pub(crate) fn taken_back() -> GateError {
     GateError::Unavailable(
         "a run decided here was taken back (a pause, resume or stop through another gate) or taken over by another host since: retry".into(),
     )

@@ -31,6 +31,8 @@ use super::home::Home;
 use crate::txn::{commit_refused, write_homes, HomeWrite};
 use crate::Rt;
 
+mod taken;
+
 /// The most decisions one transaction carries: few enough that their statements are
 /// sent in the order queued (`join_all` of at most 30 polls them in order), so their
 /// versions rise in the order their records are queued.
@@ -77,8 +79,20 @@ struct Shared {
     emptied: Condvar,
     homes: Arc<Mutex<BTreeMap<String, Home>>>,
     link: Link,
-    /// Transactions committed, decisions committed in them, decisions refused.
-    counts: [AtomicU64; 3],
+    /// Transactions committed, decisions committed in them, decisions refused, those
+    /// of them refused because their run was taken back.
+    counts: [AtomicU64; 4],
+}
+
+/// Why a group's transaction did not commit.
+pub(crate) struct Failed {
+    /// It rolled back for certain.
+    certain: bool,
+    why: String,
+    /// The decision whose run's guarded write the server refused first (a run taken
+    /// back or taken over since its copy was kept here): every statement was answered,
+    /// so the connection is clean and the other decisions may be committed again.
+    taken_back: Option<usize>,
 }
 
 /// How the committer reaches the database.
@@ -203,14 +217,16 @@ impl Group {
     }
 
     /// Transactions committed (`group_commits`), the decisions committed in them
-    /// (`group_decisions`), and decisions refused because their group did not commit
-    /// (`group_refused`).
-    pub(crate) fn counts(&self) -> [(&'static str, u64); 3] {
+    /// (`group_decisions`), decisions refused because their group did not commit or
+    /// their run was taken back (`group_refused`), and those refused by their run's
+    /// guard (`group_taken_back`, also counted in `group_refused`).
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 4] {
         let c = |i: usize| self.shared.counts[i].load(Ordering::Relaxed);
         [
             ("group_commits", c(0)),
             ("group_decisions", c(1)),
             ("group_refused", c(2)),
+            ("group_taken_back", c(3)),
         ]
     }
 
@@ -246,7 +262,19 @@ fn committer(s: &Shared, rt: &Rt) {
             let n = q.items.len().min(MOST);
             q.items.drain(..n).collect::<Vec<Item>>()
         };
-        let r = s.link.commit(rt, &mut conn, &batch);
+        let mut batch = batch;
+        let r = loop {
+            match s.link.commit(rt, &mut conn, &batch) {
+                Err(Failed {
+                    taken_back: Some(at),
+                    ..
+                }) => batch = taken::refuse(s, batch, at),
+                r => break r,
+            }
+            if batch.is_empty() {
+                break Ok(Vec::new());
+            }
+        };
         answer(s, batch, r);
         lock(&s.queue).in_flight = false;
         s.emptied.notify_all();
@@ -256,8 +284,9 @@ fn committer(s: &Shared, rt: &Rt) {
 /// Each decision of a commit answered in order; after a failure, every decision queued
 /// behind it too, and all their runs' copies let go (and the breaker views' outcomes of
 /// those rolled back for certain taken out) before a new decision may begin.
-fn answer(s: &Shared, mut batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
-    let (certain, why) = match r {
+fn answer(s: &Shared, mut batch: Vec<Item>, r: Result<Vec<u64>, Failed>) {
+    let Failed { certain, why, .. } = match r {
+        Ok(_) if batch.is_empty() => return,
         Ok(versions) => {
             s.counts[0].fetch_add(1, Ordering::Relaxed);
             let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
@@ -362,28 +391,33 @@ impl Link {
 
     /// One transaction of `batch` in one round trip: per decision its runs' writes
     /// (each locks its row), then its state version; then `COMMIT`. The versions, in
-    /// order; or whether it rolled back for certain (the server answered a statement
-    /// with an error or refused the `COMMIT` ([`commit_refused`]), or nothing was
-    /// sent), and why.
+    /// order; or why not: whether it rolled back for certain (the server answered a
+    /// statement with an error or refused the `COMMIT` ([`commit_refused`]), or nothing
+    /// was sent), and which decision's guarded write was refused first, if that is why.
     fn commit(
         &self,
         rt: &Rt,
         conn: &mut Option<GroupConn>,
         batch: &[Item],
-    ) -> Result<Vec<u64>, (bool, String)> {
+    ) -> Result<Vec<u64>, Failed> {
+        let failed = |certain: bool, why: String| Failed {
+            certain,
+            why,
+            taken_back: None,
+        };
         if conn.as_ref().is_some_and(|c| c.client.is_closed()) {
             if let Some(c) = conn.take() {
                 c.task.abort();
             }
         }
         if conn.is_none() {
-            *conn = Some(self.connect(rt).map_err(|why| (true, why))?);
+            *conn = Some(self.connect(rt).map_err(|why| failed(true, why))?);
         }
         let Some(c) = conn.as_ref() else {
-            return Err((true, "no connection".into()));
+            return Err(failed(true, "no connection".into()));
         };
         let client = &c.client;
-        let rolled_back = std::cell::Cell::new(false);
+        let (rolled_back, taken) = (std::cell::Cell::new(false), std::cell::Cell::new(None));
         let r = self.bounded(rt, async {
             // Sent in order on their first polls: each decision's writes, then its version.
             let each = futures::future::join_all(batch.iter().map(|i| async move {
@@ -410,6 +444,11 @@ impl Link {
                     })
                     || committed.as_ref().is_err_and(commit_refused),
             );
+            // A `COMMIT` after a refused statement is answered (as a rollback): the
+            // connection is clean.
+            if began.is_ok() && committed.is_ok() {
+                taken.set(first_refused_guard(&each));
+            }
             began?;
             let mut versions = Vec::with_capacity(each.len());
             for (written, version) in each {
@@ -422,10 +461,17 @@ impl Link {
             Ok(versions)
         });
         let versions = r.map_err(|why| {
-            if let Some(c) = conn.take() {
-                c.task.abort();
+            let taken_back = taken.get().filter(|_| rolled_back.get());
+            if taken_back.is_none() {
+                if let Some(c) = conn.take() {
+                    c.task.abort();
+                }
             }
-            (rolled_back.get(), why)
+            Failed {
+                certain: rolled_back.get(),
+                why,
+                taken_back,
+            }
         })?;
         // Committed, but a negative version numbers no record: refused as an unknown
         // outcome (what the decisions took stays counted), as a central decision's, and
@@ -435,7 +481,29 @@ impl Link {
             if let Some(c) = conn.take() {
                 c.task.abort();
             }
-            (false, "the state version is negative".into())
+            failed(false, "the state version is negative".into())
         })
     }
+}
+
+/// Written and numbered per decision, as the group's round trip answered them.
+type Each = [(
+    Vec<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>,
+    Result<tokio_postgres::Row, tokio_postgres::Error>,
+)];
+
+/// The decision whose statement the server refused first, if that refusal is a run's
+/// guarded write finding the run no longer at home here (`tally_home_write`'s
+/// `serialization_failure`: every statement after it was refused as in a failed
+/// transaction, none of them ran).
+fn first_refused_guard(each: &Each) -> Option<usize> {
+    let first = each
+        .iter()
+        .enumerate()
+        .find_map(|(i, (written, version))| {
+            let refused = written.iter().find_map(|w| w.as_ref().err());
+            refused.or(version.as_ref().err()).map(|e| (i, e))
+        })?;
+    let guard = first.1.code() == Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE);
+    guard.then_some(first.0)
 }
