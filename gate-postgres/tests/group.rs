@@ -125,7 +125,8 @@ fn outcome(gate: &Gate<Leased>, run: &str, attempt: u64) -> Result<(), GateError
         .map(drop)
 }
 
-/// The group commit's count `name` (`group_commits`, `group_decisions`, `group_refused`).
+/// The group commit's count `name` (`group_commits`, `group_decisions`, `group_refused`,
+/// `guard_taken_back`, `guard_stale_copy`).
 fn count(gate: &Gate<Leased>, name: &str) -> u64 {
     use tally_gate::backend::StateBackend;
     gate.backend()
@@ -350,7 +351,7 @@ fn a_run_taken_back_mid_group_refuses_only_its_own_decisions() {
         assert!(a.seq.is_some(), "recorded: {a:?}");
     }
     assert_eq!(count(&gate, "group_refused"), 1);
-    assert_eq!(count(&gate, "group_taken_back"), 1);
+    assert_eq!(count(&gate, "guard_taken_back"), 1);
     // As one decision at a time would leave them: a's refused decision counted nowhere
     // (its row read again: 3 of 4 left), b's two counted (2 of 5 left), z's (2 of 4).
     for (run, expected) in [("a", 3), ("b", 2), ("z", 2)] {
@@ -425,7 +426,9 @@ fn a_decision_on_a_copy_holding_a_queued_decision_whose_group_failed_is_refused(
             other => panic!("{name}: {other:?}"),
         }
     }
-    // Neither D1 nor D2 is in the row: 3 attempts left of 4.
+    // Neither D1 nor D2 is in the row: 3 attempts left of 4. D2, made on the copy the
+    // failure let go, is counted as a stale copy's refusal.
+    assert_eq!(count(&gate, "guard_stale_copy"), 1);
     assert_eq!(left(&gate, "a"), 3);
 }
 

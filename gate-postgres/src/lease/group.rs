@@ -38,6 +38,11 @@ mod taken;
 /// versions rise in the order their records are queued.
 const MOST: usize = 30;
 
+/// Where [`Group::counts`] counts a decision whose run's guard found it no longer at
+/// home here, and one made on a copy a failed group commit let go.
+pub(crate) const GUARD_TAKEN_BACK: usize = 3;
+pub(crate) const GUARD_STALE: usize = 4;
+
 /// The `application_name` of the group commit's connection, appended to the gate's own.
 pub const GROUP_SUFFIX: &str = "-group";
 
@@ -79,9 +84,9 @@ struct Shared {
     emptied: Condvar,
     homes: Arc<Mutex<BTreeMap<String, Home>>>,
     link: Link,
-    /// Transactions committed, decisions committed in them, decisions refused, those
-    /// of them refused because their run was taken back.
-    counts: [AtomicU64; 4],
+    /// Transactions committed, decisions committed in them, decisions refused; and the
+    /// lease guards' refusals (`GUARD_TAKEN_BACK`, `GUARD_STALE`), here or centrally.
+    counts: [AtomicU64; 5],
 }
 
 /// Why a group's transaction did not commit.
@@ -167,6 +172,9 @@ impl Group {
     ) -> Result<(), GateError> {
         let mut q = lock(&self.shared.queue);
         if q.closed || q.generation != generation {
+            if !q.closed {
+                self.guard_refused(GUARD_STALE);
+            }
             return Err(GateError::Unavailable(
                 "a commit of decisions made before this one failed: retry".into(),
             ));
@@ -218,16 +226,24 @@ impl Group {
 
     /// Transactions committed (`group_commits`), the decisions committed in them
     /// (`group_decisions`), decisions refused because their group did not commit or
-    /// their run was taken back (`group_refused`), and those refused by their run's
-    /// guard (`group_taken_back`, also counted in `group_refused`).
-    pub(crate) fn counts(&self) -> [(&'static str, u64); 4] {
+    /// their run was taken back (`group_refused`); and the decisions the lease guards
+    /// refused, in a group or centrally: their run's home taken back, taken over or its
+    /// epoch fenced (`guard_taken_back`), or made on a copy a failed group commit let go
+    /// (`guard_stale_copy`).
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 5] {
         let c = |i: usize| self.shared.counts[i].load(Ordering::Relaxed);
         [
             ("group_commits", c(0)),
             ("group_decisions", c(1)),
             ("group_refused", c(2)),
-            ("group_taken_back", c(3)),
+            ("guard_taken_back", c(GUARD_TAKEN_BACK)),
+            ("guard_stale_copy", c(GUARD_STALE)),
         ]
+    }
+
+    /// One decision refused by a lease guard (`GUARD_TAKEN_BACK`, `GUARD_STALE`).
+    pub(crate) fn guard_refused(&self, which: usize) {
+        self.shared.counts[which].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every queued decision committed (or refused), then the thread ended.
@@ -389,6 +405,19 @@ impl Link {
         }
     }
 
+    /// The committer's connection, made again if it was lost or dropped.
+    fn ready<'c>(&self, rt: &Rt, conn: &'c mut Option<GroupConn>) -> Result<&'c GroupConn, String> {
+        if conn.as_ref().is_some_and(|c| c.client.is_closed()) {
+            if let Some(c) = conn.take() {
+                c.task.abort();
+            }
+        }
+        if conn.is_none() {
+            *conn = Some(self.connect(rt)?);
+        }
+        conn.as_ref().ok_or_else(|| "no connection".to_owned())
+    }
+
     /// One transaction of `batch` in one round trip: per decision its runs' writes
     /// (each locks its row), then its state version; then `COMMIT`. The versions, in
     /// order; or why not: whether it rolled back for certain (the server answered a
@@ -405,17 +434,7 @@ impl Link {
             why,
             taken_back: None,
         };
-        if conn.as_ref().is_some_and(|c| c.client.is_closed()) {
-            if let Some(c) = conn.take() {
-                c.task.abort();
-            }
-        }
-        if conn.is_none() {
-            *conn = Some(self.connect(rt).map_err(|why| failed(true, why))?);
-        }
-        let Some(c) = conn.as_ref() else {
-            return Err(failed(true, "no connection".into()));
-        };
+        let c = self.ready(rt, conn).map_err(|why| failed(true, why))?;
         let client = &c.client;
         let (rolled_back, taken) = (std::cell::Cell::new(false), std::cell::Cell::new(None));
         let r = self.bounded(rt, async {
@@ -435,15 +454,7 @@ impl Link {
             // when the batch was sent, as the first batch after a server restart is) is
             // not a certain rollback: nothing here proves no byte of the batch reached a
             // server that ran it, so the group counts as unknown (docs/FLEET.md).
-            let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
-            rolled_back.set(
-                began.as_ref().is_err_and(server)
-                    || each.iter().any(|(w, v)| {
-                        w.iter().any(|w| w.as_ref().is_err_and(server))
-                            || v.as_ref().is_err_and(server)
-                    })
-                    || committed.as_ref().is_err_and(commit_refused),
-            );
+            rolled_back.set(certain(&began, &each, &committed));
             // A `COMMIT` after a refused statement is answered (as a rollback): the
             // connection is clean.
             if began.is_ok() && committed.is_ok() {
@@ -484,6 +495,21 @@ impl Link {
             failed(false, "the state version is negative".into())
         })
     }
+}
+
+/// Whether the server answered a statement of the group's round trip with an error,
+/// or refused its `COMMIT` ([`commit_refused`]): it rolled back for certain.
+fn certain(
+    began: &Result<(), tokio_postgres::Error>,
+    each: &Each,
+    committed: &Result<(), tokio_postgres::Error>,
+) -> bool {
+    let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
+    began.as_ref().is_err_and(server)
+        || each.iter().any(|(w, v)| {
+            w.iter().any(|w| w.as_ref().is_err_and(server)) || v.as_ref().is_err_and(server)
+        })
+        || committed.as_ref().is_err_and(commit_refused)
 }
 
 /// Written and numbered per decision, as the group's round trip answered them.

@@ -55,7 +55,7 @@ pub(super) fn refuse(s: &Shared, batch: Vec<Item>, at: usize) -> Vec<Item> {
     }
     let n = u64::try_from(refused.len()).unwrap_or(u64::MAX);
     s.counts[2].fetch_add(n, Ordering::Relaxed);
-    s.counts[3].fetch_add(n, Ordering::Relaxed);
+    s.counts[super::GUARD_TAKEN_BACK].fetch_add(n, Ordering::Relaxed);
     for item in refused {
         (item.then)(Outcome::RolledBack(taken_back()));
     }
