@@ -8,7 +8,9 @@
 //! they were queued, makes each decision's records at its version and hands them to
 //! the ledger (which answers once they are durable). A commit that fails answers every decision of it, and every one
 //! queued behind it, with a refusal (nothing queued for the ledger) and lets their
-//! runs' copies go (read again from their rows next time).
+//! runs' copies go (read again from their rows next time); but where it failed only
+//! because a run was taken back (its guarded write refused), only that run's decisions
+//! are refused and the others committed again ([`taken`]).
 //!
 //! Decisions on one run stay serialised: the gate makes them one at a time (the
 //! daemon's turn), each on the copy the previous one left; a later one is queued after
@@ -278,22 +280,33 @@ fn committer(s: &Shared, rt: &Rt) {
             let n = q.items.len().min(MOST);
             q.items.drain(..n).collect::<Vec<Item>>()
         };
-        let mut batch = batch;
-        let r = loop {
-            match s.link.commit(rt, &mut conn, &batch) {
-                Err(Failed {
-                    taken_back: Some(at),
-                    ..
-                }) => batch = taken::refuse(s, batch, at),
-                r => break r,
-            }
-            if batch.is_empty() {
-                break Ok(Vec::new());
-            }
-        };
+        let (batch, r) = committed(s, rt, &mut conn, batch);
         answer(s, batch, r);
         lock(&s.queue).in_flight = false;
         s.emptied.notify_all();
+    }
+}
+
+/// `batch` committed in one transaction; where a decision's run was taken back, that
+/// decision and every later one on its runs refused ([`taken::refuse`]) and the others
+/// committed again. What is left of the batch, and how its commit ended.
+fn committed(
+    s: &Shared,
+    rt: &Rt,
+    conn: &mut Option<GroupConn>,
+    mut batch: Vec<Item>,
+) -> (Vec<Item>, Result<Vec<u64>, Failed>) {
+    loop {
+        match s.link.commit(rt, conn, &batch) {
+            Err(Failed {
+                taken_back: Some(at),
+                ..
+            }) => batch = taken::refuse(s, batch, at),
+            r => return (batch, r),
+        }
+        if batch.is_empty() {
+            return (batch, Ok(Vec::new()));
+        }
     }
 }
 
