@@ -1,10 +1,10 @@
-//! A group commit whose `COMMIT` landed and whose answer was lost (docs/FLEET.md,
-//! "Group commit"): the connection between the gate and PostgreSQL is cut by a relay
-//! after the server committed and before its answer reached the gate. The gate cannot
-//! know it committed: the decision is refused (never answered allow), nothing of it is
-//! recorded, what it took stays counted once, and after the gate reconnects it decides
-//! on the row as committed: no attempt spent twice, none an allow was answered for
-//! lost.
+//! A group commit whose `COMMIT` outcome the gate cannot know (docs/FLEET.md, "Group
+//! commit"): the connection between the gate and PostgreSQL is cut by a relay after the
+//! server committed and before its answer reached the gate, or before the `COMMIT`
+//! reached the server. Either way the decision is refused (never answered allow),
+//! nothing of it is recorded, what it took stays counted (once), and after the gate
+//! reconnects it decides on the row as it is: no attempt spent twice, none an allow
+//! was answered for lost.
 
 mod common;
 
@@ -137,4 +137,40 @@ fn a_group_whose_commit_landed_and_whose_answer_was_lost_is_refused_and_counted_
     // The four decisions after it (three allows, the deny) are in the ledger.
     gate.ledger().flush().expect("flush");
     assert!(gate.ledger().snapshot().size() >= records + 4);
+}
+
+#[test]
+fn a_group_whose_commit_never_reached_the_server_is_refused_and_the_row_read_again() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let relay = Relay::start(socket(&cluster));
+    let dir = tempfile::tempdir().expect("dir");
+    let gate = leased_via(&relay, dir.path());
+    let req = json!({"run": "l", "budget": {"attempts": 5}});
+    gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
+        .expect("start");
+    let first = check(&gate, 0).expect("first check");
+    assert_eq!((first.decision, first.attempt), (Verdict::Allow, Some(1)));
+    gate.ledger().flush().expect("flush");
+    let records = gate.ledger().snapshot().size();
+    relay.arm_unsent();
+    match check(&gate, 1) {
+        Err(GateError::Unavailable(_)) => {}
+        other => panic!("a decision whose COMMIT went unanswered: {other:?}"),
+    }
+    let cut = relay.cut.recv_timeout(Duration::from_secs(60));
+    assert_eq!(cut.expect("the relay cut a COMMIT"), "unsent");
+    gate.ledger().flush().expect("flush");
+    assert_eq!(gate.ledger().snapshot().size(), records, "nothing recorded");
+    // Reconnected, the row is read as it is (rolled back): attempt 2 is the next one.
+    let next = check(&gate, 2).expect("next check");
+    assert_eq!((next.decision, next.attempt), (Verdict::Allow, Some(2)));
+    // The lost decision's use stays counted in the slice (it may have committed: the
+    // conservative side), one attempt past the row's two, never under them.
+    gate.backend().slices().close();
+    let scope = cluster.psql(
+        "SELECT settled_attempts, leased_attempts FROM tally_lease_scopes WHERE kind = 'run' AND key = 'l'",
+    );
+    assert_eq!(scope.trim(), "3|0");
 }

@@ -2,22 +2,24 @@
 //! lose one answer: armed, it passes the group commit's next `COMMIT` (a simple query
 //! on a connection whose `application_name` ends `-group`) to the server, holds every
 //! answer after it, and once the server has answered that `COMMIT` (the tag proves
-//! what became of the transaction) closes both sides, the gate's unanswered. A fault
-//! no test can cause otherwise: a server killed between its commit and its reply
-//! cannot be timed without sleeping.
+//! what became of the transaction) closes both sides, the gate's unanswered. Or, armed
+//! to lose the `COMMIT` itself, closes both sides instead of passing it on (the server
+//! rolls the transaction back). Faults no test can cause otherwise: a server killed
+//! between its commit and its reply cannot be timed without sleeping.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::SeqCst};
 use std::sync::{mpsc, Arc};
 
 /// The relay, listening on 127.0.0.1:`port`.
 pub struct Relay {
     pub port: u16,
-    armed: Arc<AtomicBool>,
-    /// The tag the server answered each cut `COMMIT` with (`COMMIT`, or `ROLLBACK`).
+    armed: Arc<AtomicU8>,
+    /// The tag the server answered each cut `COMMIT` with (`COMMIT`, or `ROLLBACK`), or
+    /// `unsent` for a `COMMIT` never passed on.
     pub cut: mpsc::Receiver<String>,
 }
 
@@ -26,7 +28,7 @@ impl Relay {
     pub fn start(socket: PathBuf) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("address").port();
-        let armed = Arc::new(AtomicBool::new(false));
+        let armed = Arc::new(AtomicU8::new(NONE));
         let (tx, cut) = mpsc::channel();
         let a = Arc::clone(&armed);
         std::thread::spawn(move || {
@@ -44,19 +46,29 @@ impl Relay {
 
     /// The next group commit's `COMMIT` loses its answer.
     pub fn arm(&self) {
-        self.armed.store(true, SeqCst);
+        self.armed.store(ANSWER, SeqCst);
+    }
+
+    /// The next group commit's `COMMIT` never reaches the server.
+    pub fn arm_unsent(&self) {
+        self.armed.store(UNSENT, SeqCst);
     }
 }
 
+/// Nothing armed; a `COMMIT`'s answer to lose; a `COMMIT` not to pass on.
+const NONE: u8 = 0;
+const ANSWER: u8 = 1;
+const UNSENT: u8 = 2;
+
 /// One connection relayed both ways.
-fn pair(client: TcpStream, server: UnixStream, armed: &AtomicBool, tx: mpsc::Sender<String>) {
+fn pair(client: TcpStream, server: UnixStream, armed: &AtomicU8, tx: mpsc::Sender<String>) {
     let hold = Arc::new(AtomicBool::new(false));
     let (Ok(c), Ok(s)) = (client.try_clone(), server.try_clone()) else {
         return;
     };
-    let h = Arc::clone(&hold);
-    std::thread::spawn(move || answers(s, c, &h, &tx));
-    requests(client, server, armed, &hold);
+    let (h, t) = (Arc::clone(&hold), tx.clone());
+    std::thread::spawn(move || answers(s, c, &h, &t));
+    requests(client, server, armed, &hold, &tx);
 }
 
 /// One protocol message, its header included (`typed`: a type byte first; the startup
@@ -72,8 +84,15 @@ fn message(r: &mut impl Read, typed: bool) -> Option<Vec<u8>> {
     Some(m)
 }
 
-/// The gate's messages to the server; an armed group `COMMIT` holds the answers.
-fn requests(mut client: TcpStream, mut server: UnixStream, armed: &AtomicBool, hold: &AtomicBool) {
+/// The gate's messages to the server; an armed group `COMMIT` holds the answers, or is
+/// not passed on.
+fn requests(
+    mut client: TcpStream,
+    mut server: UnixStream,
+    armed: &AtomicU8,
+    hold: &AtomicBool,
+    tx: &mpsc::Sender<String>,
+) {
     let Some(startup) = message(&mut client, false) else {
         return;
     };
@@ -82,8 +101,17 @@ fn requests(mut client: TcpStream, mut server: UnixStream, armed: &AtomicBool, h
         return;
     }
     while let Some(m) = message(&mut client, true) {
-        if group && m[0] == b'Q' && &m[5..] == b"COMMIT\0" && armed.swap(false, SeqCst) {
-            hold.store(true, SeqCst);
+        if group && m[0] == b'Q' && &m[5..] == b"COMMIT\0" {
+            match armed.swap(NONE, SeqCst) {
+                ANSWER => hold.store(true, SeqCst),
+                UNSENT => {
+                    let _ = client.shutdown(Shutdown::Both);
+                    let _ = server.shutdown(Shutdown::Both);
+                    let _ = tx.send("unsent".into());
+                    return;
+                }
+                _ => {}
+            }
         }
         if server.write_all(&m).is_err() {
             return;
