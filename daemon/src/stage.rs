@@ -37,7 +37,14 @@ pub(crate) fn gate_error(e: GateError) -> ApiError {
             ErrorCode::PrincipalBudgetExceeded,
             format!("{msg} (action {}): {}", r.action(), r.meaning()),
         ),
-        GateError::Refused(_) => ApiError::new(S::FORBIDDEN, ErrorCode::Refused, msg),
+        // Refused outright (a start's depth, a leased scope with no room left): the
+        // reason typed beside the code, with its action.
+        GateError::Refused(r) => {
+            let said = format!("{msg} (action {}): {}", r.action(), r.meaning());
+            let mut e = ApiError::new(S::FORBIDDEN, ErrorCode::Refused, said);
+            e.detail.cause = Some(r);
+            e
+        }
         // A start a human must grant: the code is the verdict's, the cause typed beside it.
         GateError::ApprovalRequired { cause, .. } => {
             let mut e = ApiError::new(

@@ -65,7 +65,7 @@ use schema::{Statements, WRITE};
 pub use txn::PostgresTxn;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 9;
+pub const SCHEMA_VERSION: i32 = 10;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -501,6 +501,7 @@ impl Postgres {
             principals_before: BTreeMap::new(),
             guards: Vec::new(),
             unsure: false,
+            taken_back: false,
         };
         // BEGIN goes with the transaction's first statement.
         t.open = true;

@@ -381,6 +381,56 @@ END
 $f$;
 ";
 
+/// Version 10: a scope with no room left is told apart from one whose room is in
+/// slices out. `tally_lease_step` (same arguments, so a daemon of schema 9 beside it calls
+/// it unchanged and is refused as before) raises its `check_violation` with the detail
+/// `exhausted` where the use would not fit even with no slice out and every slice
+/// reclaimed (settled whole) but not yet given back by its holder refunded whole
+/// (settled less those + held + use past a cap): the gate then refuses with the
+/// budget's reason instead of a retry.
+pub(crate) const SCHEMA_V10: &str = "
+CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
+    r boolean, bill boolean)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    IF r IS NOT NULL THEN
+        UPDATE tally_lease_scopes SET revoked = r WHERE kind = k AND key = name;
+    END IF;
+    IF a = 0 AND n = 0 AND e = 0 AND p = 0 THEN
+        RETURN;
+    END IF;
+    UPDATE tally_lease_scopes SET
+        settled_attempts = greatest(settled_attempts + a, 0),
+        settled_nanos = greatest(settled_nanos + n, 0),
+        settled_effects = greatest(settled_effects + e, 0),
+        settled_polls = greatest(settled_polls + p, 0),
+        billed_nanos = CASE WHEN NOT bill OR cap_nanos IS NULL THEN billed_nanos ELSE greatest(billed_nanos,
+            greatest(settled_nanos + n, 0) + held_nanos + leased_nanos - cap_nanos) END
+    WHERE kind = k AND key = name
+      AND (a <= 0 OR cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts + a <= cap_attempts)
+      AND (n <= 0 OR bill OR cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos + n <= cap_nanos)
+      AND (e <= 0 OR cap_effects IS NULL OR settled_effects + held_effects + leased_effects + e <= cap_effects)
+      AND (p <= 0 OR cap_polls IS NULL OR settled_polls + held_polls + leased_polls + p <= cap_polls);
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes s, LATERAL (
+        SELECT coalesce(sum(attempts), 0) ra, coalesce(sum(nanos), 0) rn,
+            coalesce(sum(effects), 0) re, coalesce(sum(polls), 0) rp
+        FROM tally_leases l WHERE l.kind = k AND l.key = name AND l.state = 'reclaimed') r
+      WHERE s.kind = k AND s.key = name
+      AND ((a > 0 AND cap_attempts IS NOT NULL AND settled_attempts - ra + held_attempts + a > cap_attempts)
+        OR (n > 0 AND NOT bill AND cap_nanos IS NOT NULL AND settled_nanos - rn + held_nanos + n > cap_nanos)
+        OR (e > 0 AND cap_effects IS NOT NULL AND settled_effects - re + held_effects + e > cap_effects)
+        OR (p > 0 AND cap_polls IS NOT NULL AND settled_polls - rp + held_polls + p > cap_polls))) THEN
+        RAISE EXCEPTION 'lease scope % %: no room left', k, name
+            USING ERRCODE = 'check_violation', DETAIL = 'exhausted';
+    END IF;
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes WHERE kind = k AND key = name) THEN
+        RAISE EXCEPTION 'lease scope % %: no room left beside the slices out', k, name
+            USING ERRCODE = 'check_violation';
+    END IF;
+END
+$f$;
+";
+
 /// One round trip of the migration: bounded by `timeout`, counted in `trips`, its
 /// failure said as the gate says it.
 struct Migration<'a> {
@@ -424,7 +474,7 @@ impl Migration<'_> {
         let found: Option<i32> = rows.first().and_then(|r| r.get(0));
         let all = [
             SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
-            SCHEMA_V9,
+            SCHEMA_V9, SCHEMA_V10,
         ];
         let from = match found {
             None => 0,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::MutexGuard;
 
 use tally_gate::GateError;
+use tally_ledger::Reason;
 use tally_policy::{CredentialState, PrincipalState, RunCount, RunState, SliceUse, ToolState};
 use tokio_postgres::error::{Severity, SqlState};
 use tokio_postgres::types::ToSql;
@@ -40,6 +41,9 @@ pub struct PostgresTxn<'a> {
     /// Its COMMIT went out and no answer says it rolled back: it may have committed.
     /// Any other failure rolled it back, for certain.
     pub(crate) unsure: bool,
+    /// Refused because a run's guard found it no longer at home here (taken back, taken
+    /// over, or its holder's epoch fenced): the leased backend counts it.
+    pub(crate) taken_back: bool,
 }
 
 pub(crate) fn tool_from(row: &Row) -> Result<ToolState, GateError> {
@@ -54,6 +58,16 @@ impl PostgresTxn<'_> {
         self.open = false;
         if let Some(c) = self.conn.take() {
             self.backend.close(c);
+        }
+    }
+
+    /// Refused once the transaction ended.
+    fn still_open(&self) -> Result<(), GateError> {
+        match self.open {
+            true => Ok(()),
+            false => Err(GateError::Unavailable(
+                "the gate's transaction already ended".into(),
+            )),
         }
     }
 
@@ -137,6 +151,7 @@ impl PostgresTxn<'_> {
         match r {
             Ok((held, _)) if !held => {
                 self.begun = true;
+                self.taken_back = true;
                 Err(taken_back())
             }
             Ok((_, rows)) => {
@@ -272,17 +287,14 @@ impl PostgresTxn<'_> {
         steps: &[LeaseStep],
         homes: &[HomeWrite],
     ) -> Result<u64, GateError> {
-        if !self.open {
-            return Err(GateError::Unavailable(
-                "the gate's transaction already ended".into(),
-            ));
-        }
+        self.still_open()?;
         let Some(conn) = self.conn.as_ref() else {
             return Err(self.gone());
         };
         let begin = !self.begun;
         let (client, st) = (&conn.client, &conn.st);
         let (refused, away) = (std::cell::Cell::new(false), std::cell::Cell::new(false));
+        let out = std::cell::Cell::new(None);
         let guards = std::mem::take(&mut self.guards);
         let r = self.backend.wait("to commit a decision's state", async {
             let params = last.as_ref().map(WriteRow::params);
@@ -328,6 +340,7 @@ impl PostgresTxn<'_> {
             let write = written.as_mut().output_mut().map(|r| r.as_ref().map(drop));
             away.set(matches!(guarded.as_mut().output_mut(), Some(Err(e)) if moved(e)));
             refused.set(rolled_back(&stepped, &homed, write, &committed) || away.get());
+            out.set(exhausted(&stepped, steps));
             if let Some(r) = began.as_mut().take_output() {
                 r?;
             }
@@ -344,7 +357,26 @@ impl PostgresTxn<'_> {
             committed?;
             Ok(version.get::<_, i64>(0))
         });
-        self.sealed(r, refused.get(), away.get())
+        self.sealed_out(r, refused.get(), away.get(), out.get())
+    }
+
+    /// [`PostgresTxn::sealed`], but a scope with no room left (`out`: its budget's
+    /// reason) rolled back for certain is refused with that reason (no retry would fit),
+    /// not as unavailable.
+    fn sealed_out(
+        &mut self,
+        r: Result<i64, GateError>,
+        refused: bool,
+        away: bool,
+        out: Option<Reason>,
+    ) -> Result<u64, GateError> {
+        match out {
+            Some(reason) if r.is_err() && refused && !away => {
+                let _rolled_back = self.sealed(r, true, false);
+                Err(GateError::Refused(reason))
+            }
+            _ => self.sealed(r, refused, away),
+        }
     }
 
     /// Whether this transaction sent nothing yet and holds no row to write: what it
@@ -370,6 +402,7 @@ impl PostgresTxn<'_> {
     ) -> Result<u64, GateError> {
         if away {
             self.open = false;
+            self.taken_back = true;
             return Err(taken_back());
         }
         match r {
@@ -396,10 +429,36 @@ fn moved(e: &tokio_postgres::Error) -> bool {
 }
 
 /// A decision refused because a run it decided at home was taken back or over.
-fn taken_back() -> GateError {
+pub(crate) fn taken_back() -> GateError {
     GateError::Unavailable(
         "a run decided here was taken back (a pause, resume or stop through another gate) or taken over by another host since: retry".into(),
     )
+}
+
+/// The budget's reason where a scope's step refused the use for want of room even
+/// with no slice out (`tally_lease_step`'s detail `exhausted`, schema 10; each step is
+/// sent as its raise, then its use): a retry would be refused the same way.
+fn exhausted(
+    stepped: &[Result<Vec<Row>, tokio_postgres::Error>],
+    steps: &[LeaseStep],
+) -> Option<Reason> {
+    let out = |r: &Result<Vec<Row>, tokio_postgres::Error>| {
+        let db = r.as_ref().err().and_then(|e| e.as_db_error());
+        db.is_some_and(|d| d.detail() == Some("exhausted"))
+    };
+    let at = stepped.iter().position(out)?;
+    steps.get(at / 2).map(|s| out_of_room(s.kind))
+}
+
+/// The reason a use is refused when its scope has no room left, slices out elsewhere or
+/// not (a retry would be refused the same way until a human grants more): a
+/// principal's budget across its runs (`principal_budget_exceeded`), else the run's own
+/// (`budget_exceeded`); both ask.
+pub(crate) fn out_of_room(kind: &str) -> Reason {
+    match kind {
+        "principal" => Reason::PrincipalBudgetExceeded,
+        _ => Reason::BudgetExceeded,
+    }
 }
 
 /// Whether the server answered a statement of the last round trip with an error, or

@@ -235,3 +235,159 @@ fn shared(pg: PostgresOptions) -> tally_daemon::SharedState {
         }),
     }
 }
+
+/// The daemon's shared gate state in the database `pg` names, leased as `tally serve
+/// --state --leases` wires it, under the holder name `holder`.
+/// The lease thread ticks every 100 ms.
+fn leased(pg: PostgresOptions, holder: &str) -> tally_daemon::SharedState {
+    let mut setup = tally_gate_postgres::LeaseSetup::new(holder);
+    setup.refresh = std::time::Duration::from_millis(100);
+    tally_daemon::SharedState {
+        timeout: pg.timeout,
+        label: "gate state in PostgreSQL, shared; runs decided inside leased slices".into(),
+        open: std::sync::Arc::new(move |ledger, policy, clock| {
+            tally_gate_postgres::leased_gatekeeper(ledger, &pg, &setup, policy, clock)
+                .map(|(gate, _)| gate)
+        }),
+    }
+}
+
+/// A leased run whose scope has no room left (its row still shows room: the room was
+/// lost, as a slice reclaimed after a kill is counted whole) is refused `503` until a
+/// whole lease tick interval passed, then with the budget's typed reason and its action
+/// (`ask`), every time: not a `503 gate_unavailable` inviting retries forever. Nothing
+/// is counted for it.
+#[test]
+fn a_leased_run_whose_scope_has_no_room_is_refused_typed_not_unavailable() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = Recorded::new("[approvals]\nask_on = []\n").expect("policy");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let ledger = ledger(dir.path());
+        let socket = dir.path().join("agent.sock");
+        let mut options = ServeOptions::new(dir.path().join("ledger"), &socket);
+        options.policy = policy;
+        options.state = Some(leased(PostgresOptions::new(&cluster.url()), "host-a"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(tally_daemon::serve(ledger, options, async move {
+            let _ = stopped.await;
+        }));
+        for _ in 0..400 {
+            if socket.exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        let start = serde_json::json!({"run": "r", "goal": "g", "budget": {"attempts": 3}});
+        let (status, started) = post(&socket, "/v1/runs", start).await;
+        assert_eq!(status, 201, "{started}");
+        // The run's scope has no room left, though its row shows 3 attempts.
+        cluster.psql(
+            "UPDATE tally_lease_scopes SET settled_attempts = cap_attempts WHERE kind = 'run' AND key = 'r'",
+        );
+        let check = || async {
+            let body = serde_json::json!({"run": "r", "tool": "api", "operation": "op", "effect": "read"});
+            post(&socket, "/v1/check", body).await
+        };
+        // Until a whole tick interval passed since the daemon first found it so (the
+        // row may be behind the scope for a moment): unavailable, retry.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut unavailable = 0;
+        loop {
+            let (status, answer) = check().await;
+            if status == 403 {
+                break;
+            }
+            assert_eq!((status, &answer["error"]["code"]), (503, &serde_json::json!("gate_unavailable")), "{answer}");
+            unavailable += 1;
+            assert!(std::time::Instant::now() < deadline, "still 503 after {unavailable} checks");
+        }
+        assert!(unavailable > 0, "refused typed at once");
+        for _ in 0..3 {
+            let (status, answer) = check().await;
+            assert_eq!(status, 403, "{answer}");
+            let error = &answer["error"];
+            assert_eq!(
+                (&error["code"], &error["cause"]),
+                (&serde_json::json!("refused"), &serde_json::json!("budget_exceeded")),
+                "{answer}"
+            );
+            let said = error["message"].as_str().unwrap_or_default();
+            assert!(said.contains("action ask"), "{answer}");
+        }
+        let used = cluster.psql("SELECT settled_attempts, leased_attempts FROM tally_lease_scopes WHERE key = 'r'");
+        assert_eq!(used.trim(), "3|0", "nothing more counted");
+        let _ = stop.send(());
+        served.await.expect("join").expect("the daemon failed");
+    });
+}
+
+/// A principal's lease scope with no room left (its uid's budget across its runs, as
+/// settled in `tally_lease_scopes`) refuses a check through a central daemon with
+/// `principal_budget_exceeded` (action ask), every time; while the room is in slices out
+/// elsewhere it is `503 gate_unavailable` (retry: they come back). Nothing is settled.
+#[test]
+fn a_principal_scope_with_no_room_is_refused_with_the_principals_reason() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let uid = std::fs::metadata(dir.path()).expect("dir").uid();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let ledger = ledger(dir.path());
+        let socket = dir.path().join("agent.sock");
+        let mut options = ServeOptions::new(dir.path().join("ledger"), &socket);
+        options.policy = Recorded::new("[approvals]\nask_on = []\n").expect("policy");
+        options.state = Some(shared(PostgresOptions::new(&cluster.url())));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(tally_daemon::serve(ledger, options, async move {
+            let _ = stopped.await;
+        }));
+        for _ in 0..400 {
+            if socket.exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        let (status, started) = post(&socket, "/v1/runs", serde_json::json!({"run": "p", "goal": "g"})).await;
+        assert_eq!(status, 201, "{started}");
+        // The uid's scope: 3 attempts, 1 settled, 2 in a slice out elsewhere.
+        cluster.psql(&format!(
+            "INSERT INTO tally_lease_scopes (kind, key, cap_attempts, settled_attempts, leased_attempts) VALUES ('principal', '{uid}', 3, 1, 2)"
+        ));
+        let check = || async {
+            let body = serde_json::json!({"run": "p", "tool": "api", "operation": "op", "effect": "read"});
+            post(&socket, "/v1/check", body).await
+        };
+        let (status, answer) = check().await;
+        assert_eq!((status, &answer["error"]["code"]), (503, &serde_json::json!("gate_unavailable")), "{answer}");
+        // The slice came back used up: no room left at all.
+        cluster.psql(&format!(
+            "UPDATE tally_lease_scopes SET settled_attempts = 3, leased_attempts = 0 WHERE kind = 'principal' AND key = '{uid}'"
+        ));
+        for _ in 0..3 {
+            let (status, answer) = check().await;
+            assert_eq!(status, 403, "{answer}");
+            assert_eq!(answer["error"]["code"], "principal_budget_exceeded", "{answer}");
+            let said = answer["error"]["message"].as_str().unwrap_or_default();
+            assert!(said.contains("action ask"), "{answer}");
+        }
+        let settled = cluster.psql(&format!("SELECT settled_attempts FROM tally_lease_scopes WHERE key = '{uid}'"));
+        assert_eq!(settled.trim(), "3", "nothing more settled");
+        let _ = stop.send(());
+        served.await.expect("join").expect("the daemon failed");
+    });
+}

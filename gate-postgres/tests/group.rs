@@ -3,7 +3,9 @@
 //! a transaction and each run still gets exactly its budget; decisions of one run from
 //! many threads stay serialised; a group whose commit fails refuses every decision in
 //! it and every one queued behind it, records nothing for them, and the runs are read
-//! again from their rows (what they took counted nowhere); a decision on a copy that
+//! again from their rows (what they took counted nowhere); a run taken back while its
+//! decision is in a group refuses only its own decisions, the others' are committed
+//! (as one decision at a time would leave the rows); a decision on a copy that
 //! held a refused one is refused too; a refused outcome gives back and counts in the
 //! breaker once retried; a queued failure that trips a tool's breaker view stays in it
 //! while a tick flushes and refreshes the row, and once committed; a row-lock wait ends as a certain rollback; a `COMMIT` ended
@@ -123,7 +125,8 @@ fn outcome(gate: &Gate<Leased>, run: &str, attempt: u64) -> Result<(), GateError
         .map(drop)
 }
 
-/// The group commit's count `name` (`group_commits`, `group_decisions`, `group_refused`).
+/// The group commit's count `name` (`group_commits`, `group_decisions`, `group_refused`,
+/// `guard_taken_back`, `guard_stale_copy`).
 fn count(gate: &Gate<Leased>, name: &str) -> u64 {
     use tally_gate::backend::StateBackend;
     gate.backend()
@@ -279,9 +282,9 @@ fn a_failed_group_commit_refuses_every_decision_in_it_and_behind_it_and_records_
     });
     let behind = [spawn("b"), spawn("c")];
     until(&gate, "b and c queued behind it", |(queued, _)| queued == 2);
-    // The other session takes a's home back (a central write clears it) and commits:
-    // the group's write of a fails, the group rolls back.
-    locker.run("UPDATE tally_runs SET version = version + 1 WHERE name = 'a'; COMMIT");
+    // The group's write of a, waiting on the row, is cancelled: the group rolls back.
+    cancel_group(&cluster);
+    locker.run("ROLLBACK");
     let answers: Vec<String> = std::iter::once(first)
         .chain(behind)
         .map(|t| match t.join().expect("thread") {
@@ -298,18 +301,61 @@ fn a_failed_group_commit_refuses_every_decision_in_it_and_behind_it_and_records_
         "nothing recorded for them"
     );
     // Read again from their rows: each run has exactly its 3 attempts left (nothing of
-    // the refused decisions counted), a retaken home included.
+    // the refused decisions counted).
     for run in ["a", "b", "c"] {
-        let mut left = 0;
-        loop {
-            match check(&gate, run) {
-                Ok(a) if a.decision == Verdict::Allow => left += 1,
-                Ok(_) => break,
-                Err(GateError::Unavailable(_)) if run == "a" && left == 0 => continue,
-                Err(e) => panic!("{run}: {e}"),
-            }
-        }
-        assert_eq!(left, 3, "run {run}: attempts left after the failed group");
+        assert_eq!(
+            left(&gate, run),
+            3,
+            "run {run}: attempts left after the failed group"
+        );
+    }
+}
+
+#[test]
+fn a_run_taken_back_mid_group_refuses_only_its_own_decisions() {
+    let Some((cluster, _dir, gate)) = home() else {
+        return;
+    };
+    for (run, attempts) in [("z", 4), ("a", 4), ("b", 5)] {
+        taken_in(&gate, run, attempts);
+    }
+    // z's group waits on z's row; b, a, b queue behind it: the next group holds them.
+    let locker = Locker::lock(&cluster, "z");
+    let z = on_thread(&gate, |g| check(g, "z"));
+    until(&gate, "z's group in flight", |(queued, flying)| {
+        flying && queued == 0
+    });
+    let mut queued = Vec::new();
+    for (i, run) in ["b", "a", "b"].into_iter().enumerate() {
+        queued.push(on_thread(&gate, move |g| check(g, run)));
+        until(&gate, "queued behind z", |(q, _)| q == i + 1);
+    }
+    // Another session takes a's home back (a central write clears it) and commits.
+    cluster.psql("UPDATE tally_runs SET version = version + 1 WHERE name = 'a'");
+    locker.run("ROLLBACK");
+    let z = z.join().expect("thread").expect("z's check");
+    assert_eq!(z.decision, Verdict::Allow);
+    let answers: Vec<Result<CheckAnswer, GateError>> = queued
+        .into_iter()
+        .map(|t| t.join().expect("thread"))
+        .collect();
+    // a's decision refused by its guard (retry: the next decision reads the row); b's
+    // two committed and answered allow, attempts 2 and 3.
+    match &answers[1] {
+        Err(GateError::Unavailable(why)) => assert!(why.contains("taken back"), "{why}"),
+        other => panic!("a: {other:?}"),
+    }
+    for (answer, attempt) in [(&answers[0], 2), (&answers[2], 3)] {
+        let a = answer.as_ref().expect("b's check");
+        assert_eq!((a.decision, a.attempt), (Verdict::Allow, Some(attempt)));
+        assert!(a.seq.is_some(), "recorded: {a:?}");
+    }
+    assert_eq!(count(&gate, "group_refused"), 1);
+    assert_eq!(count(&gate, "guard_taken_back"), 1);
+    // As one decision at a time would leave them: a's refused decision counted nowhere
+    // (its row read again: 3 of 4 left), b's two counted (2 of 5 left), z's (2 of 4).
+    for (run, expected) in [("a", 3), ("b", 2), ("z", 2)] {
+        assert_eq!(left(&gate, run), expected, "run {run}: attempts left");
     }
 }
 
@@ -380,7 +426,9 @@ fn a_decision_on_a_copy_holding_a_queued_decision_whose_group_failed_is_refused(
             other => panic!("{name}: {other:?}"),
         }
     }
-    // Neither D1 nor D2 is in the row: 3 attempts left of 4.
+    // Neither D1 nor D2 is in the row: 3 attempts left of 4. D2, made on the copy the
+    // failure let go, is counted as a stale copy's refusal.
+    assert_eq!(count(&gate, "guard_stale_copy"), 1);
     assert_eq!(left(&gate, "a"), 3);
 }
 

@@ -258,6 +258,15 @@ fn race_for_the_last_cents(policy: &str) {
     );
 }
 
+/// The decisions `host`'s lease guards refused because their run was taken back.
+fn guard_taken_back(host: &Host) -> u64 {
+    use tally_gate::backend::StateBackend;
+    host.backend()
+        .lease_counts()
+        .and_then(|c| c.into_iter().find(|(n, _)| *n == "guard_taken_back"))
+        .map_or(0, |(_, v)| v)
+}
+
 #[test]
 fn a_pause_through_another_gate_holds_the_run_at_its_homes_next_call() {
     let Some(cluster) = Cluster::start() else {
@@ -271,6 +280,8 @@ fn a_pause_through_another_gate_holds_the_run_at_its_homes_next_call() {
     b.pause_blocking(OPERATOR, "p", true)
         .expect("pause through b");
     let first = verdict(&check(&a, "p", 0));
+    // The home's refusal by its run's guard is counted (`/metrics`' lease events).
+    assert_eq!(guard_taken_back(&a), 1);
     let then = verdict(&check(&a, "p", 0));
     b.pause_blocking(OPERATOR, "p", false)
         .expect("resume through b");

@@ -284,7 +284,8 @@ pub struct ErrorDetail {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub column: Option<usize>,
     /// For `approval_required`: the reason a human must decide
-    /// (`refill_without_approval`).
+    /// (`refill_without_approval`); for `refused`: the reason typed (its action is the
+    /// reason's, section "Reason codes" of docs/GATE.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<tally_record::Reason>,
 }

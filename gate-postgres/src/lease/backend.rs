@@ -17,6 +17,7 @@ pub(super) mod txn;
 mod view;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tally_policy::RunState;
@@ -40,6 +41,11 @@ pub struct Leased {
     taken: Arc<Mutex<TakenOns>>,
     /// The group commit of the decisions at home that lock no shared row ([`super::group`]).
     group: Group,
+    /// Runs whose uses are refused for want of room in their scope, slices out or not,
+    /// with the tick that first found it ([`Leased::exhausted`]).
+    exhausted: Mutex<BTreeMap<String, u64>>,
+    /// This holder's ticks so far.
+    ticks: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Leased {
@@ -68,7 +74,12 @@ impl Leased {
             Arc::downgrade(&views),
             Arc::downgrade(&slices),
         );
+        let ticks = Arc::new(AtomicU64::new(0));
+        let t = Arc::downgrade(&ticks);
         slices.after_tick(Box::new(move |ticked| {
+            if let Some(t) = Weak::upgrade(&t) {
+                t.fetch_add(1, Ordering::Relaxed);
+            }
             if let (Some(c), Some(v)) = (Weak::upgrade(&c), Weak::upgrade(&v)) {
                 breakers::flush(&c, &v, &mut ticked.breakers);
                 breakers::refresh(&c, &v, &mut ticked.breakers);
@@ -86,6 +97,8 @@ impl Leased {
             homes,
             taken: Arc::new(Mutex::new(BTreeMap::new())),
             group,
+            exhausted: Mutex::new(BTreeMap::new()),
+            ticks,
         })
     }
 
@@ -132,6 +145,32 @@ impl Leased {
     fn refused(&self, run: &str) {
         let scope = vec![Scope::new(ScopeKind::Run, run)];
         self.slices.event(super::LeaseEvent::Refused { scope });
+    }
+
+    /// A use refused because its scope (`kind`, `key`) has no room left even with no
+    /// slice out (`SliceError::Exhausted`). Until a whole tick interval has passed since
+    /// this holder first found it so, refused as unavailable (retry; the run's copy is
+    /// let go): for a moment the scope may count a use the run's row does not hold yet
+    /// (a decision of another daemon, counted in a slice it gave back, whose group
+    /// commit is still writing the row, or refused and about to give the use back).
+    /// After that, the budget's own refusal ([`crate::txn::out_of_room`]: action ask),
+    /// every time, not a retry that would be refused forever.
+    fn exhausted(&self, kind: &'static str, key: String) -> tally_gate::GateError {
+        let now = self.ticks.load(Ordering::Relaxed);
+        let mut runs = self.exhausted.lock().unwrap_or_else(|e| e.into_inner());
+        let since = *runs.entry(key.clone()).or_insert(now);
+        if now >= since.saturating_add(2) {
+            return tally_gate::GateError::Refused(crate::txn::out_of_room(kind));
+        }
+        tally_gate::GateError::Unavailable(format!(
+            "lease scope {kind} `{key}` has no room left for this use, though the run's row may be behind it for a moment: retry (if it stays so, the budget's own refusal follows within two lease ticks)"
+        ))
+    }
+
+    /// A use of `run`'s scope counted: its scope had room.
+    fn has_room(&self, run: &str) {
+        let mut runs = self.exhausted.lock().unwrap_or_else(|e| e.into_inner());
+        runs.remove(run);
     }
 
     fn taken(&self) -> MutexGuard<'_, TakenOns> {

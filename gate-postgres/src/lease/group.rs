@@ -8,7 +8,9 @@
 //! they were queued, makes each decision's records at its version and hands them to
 //! the ledger (which answers once they are durable). A commit that fails answers every decision of it, and every one
 //! queued behind it, with a refusal (nothing queued for the ledger) and lets their
-//! runs' copies go (read again from their rows next time).
+//! runs' copies go (read again from their rows next time); but where it failed only
+//! because a run was taken back (its guarded write refused), only that run's decisions
+//! are refused and the others committed again ([`taken`]).
 //!
 //! Decisions on one run stay serialised: the gate makes them one at a time (the
 //! daemon's turn), each on the copy the previous one left; a later one is queued after
@@ -31,10 +33,17 @@ use super::home::Home;
 use crate::txn::{commit_refused, write_homes, HomeWrite};
 use crate::Rt;
 
+mod taken;
+
 /// The most decisions one transaction carries: few enough that their statements are
 /// sent in the order queued (`join_all` of at most 30 polls them in order), so their
 /// versions rise in the order their records are queued.
 const MOST: usize = 30;
+
+/// Where [`Group::counts`] counts a decision whose run's guard found it no longer at
+/// home here, and one made on a copy a failed group commit let go.
+pub(crate) const GUARD_TAKEN_BACK: usize = 3;
+pub(crate) const GUARD_STALE: usize = 4;
 
 /// The `application_name` of the group commit's connection, appended to the gate's own.
 pub const GROUP_SUFFIX: &str = "-group";
@@ -77,8 +86,20 @@ struct Shared {
     emptied: Condvar,
     homes: Arc<Mutex<BTreeMap<String, Home>>>,
     link: Link,
-    /// Transactions committed, decisions committed in them, decisions refused.
-    counts: [AtomicU64; 3],
+    /// Transactions committed, decisions committed in them, decisions refused; and the
+    /// lease guards' refusals (`GUARD_TAKEN_BACK`, `GUARD_STALE`), here or centrally.
+    counts: [AtomicU64; 5],
+}
+
+/// Why a group's transaction did not commit.
+pub(crate) struct Failed {
+    /// It rolled back for certain.
+    certain: bool,
+    why: String,
+    /// The decision whose run's guarded write the server refused first (a run taken
+    /// back or taken over since its copy was kept here): every statement was answered,
+    /// so the connection is clean and the other decisions may be committed again.
+    taken_back: Option<usize>,
 }
 
 /// How the committer reaches the database.
@@ -153,6 +174,9 @@ impl Group {
     ) -> Result<(), GateError> {
         let mut q = lock(&self.shared.queue);
         if q.closed || q.generation != generation {
+            if !q.closed {
+                self.guard_refused(GUARD_STALE);
+            }
             return Err(GateError::Unavailable(
                 "a commit of decisions made before this one failed: retry".into(),
             ));
@@ -203,15 +227,25 @@ impl Group {
     }
 
     /// Transactions committed (`group_commits`), the decisions committed in them
-    /// (`group_decisions`), and decisions refused because their group did not commit
-    /// (`group_refused`).
-    pub(crate) fn counts(&self) -> [(&'static str, u64); 3] {
+    /// (`group_decisions`), decisions refused because their group did not commit or
+    /// their run was taken back (`group_refused`); and the decisions the lease guards
+    /// refused, in a group or centrally: their run's home taken back, taken over or its
+    /// epoch fenced (`guard_taken_back`), or made on a copy a failed group commit let go
+    /// (`guard_stale_copy`).
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 5] {
         let c = |i: usize| self.shared.counts[i].load(Ordering::Relaxed);
         [
             ("group_commits", c(0)),
             ("group_decisions", c(1)),
             ("group_refused", c(2)),
+            ("guard_taken_back", c(GUARD_TAKEN_BACK)),
+            ("guard_stale_copy", c(GUARD_STALE)),
         ]
+    }
+
+    /// One decision refused by a lease guard (`GUARD_TAKEN_BACK`, `GUARD_STALE`).
+    pub(crate) fn guard_refused(&self, which: usize) {
+        self.shared.counts[which].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every queued decision committed (or refused), then the thread ended.
@@ -246,18 +280,42 @@ fn committer(s: &Shared, rt: &Rt) {
             let n = q.items.len().min(MOST);
             q.items.drain(..n).collect::<Vec<Item>>()
         };
-        let r = s.link.commit(rt, &mut conn, &batch);
+        let (batch, r) = committed(s, rt, &mut conn, batch);
         answer(s, batch, r);
         lock(&s.queue).in_flight = false;
         s.emptied.notify_all();
     }
 }
 
+/// `batch` committed in one transaction; where a decision's run was taken back, that
+/// decision and every later one on its runs refused ([`taken::refuse`]) and the others
+/// committed again. What is left of the batch, and how its commit ended.
+fn committed(
+    s: &Shared,
+    rt: &Rt,
+    conn: &mut Option<GroupConn>,
+    mut batch: Vec<Item>,
+) -> (Vec<Item>, Result<Vec<u64>, Failed>) {
+    loop {
+        match s.link.commit(rt, conn, &batch) {
+            Err(Failed {
+                taken_back: Some(at),
+                ..
+            }) => batch = taken::refuse(s, batch, at),
+            r => return (batch, r),
+        }
+        if batch.is_empty() {
+            return (batch, Ok(Vec::new()));
+        }
+    }
+}
+
 /// Each decision of a commit answered in order; after a failure, every decision queued
 /// behind it too, and all their runs' copies let go (and the breaker views' outcomes of
 /// those rolled back for certain taken out) before a new decision may begin.
-fn answer(s: &Shared, mut batch: Vec<Item>, r: Result<Vec<u64>, (bool, String)>) {
-    let (certain, why) = match r {
+fn answer(s: &Shared, mut batch: Vec<Item>, r: Result<Vec<u64>, Failed>) {
+    let Failed { certain, why, .. } = match r {
+        Ok(_) if batch.is_empty() => return,
         Ok(versions) => {
             s.counts[0].fetch_add(1, Ordering::Relaxed);
             let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
@@ -360,30 +418,38 @@ impl Link {
         }
     }
 
-    /// One transaction of `batch` in one round trip: per decision its runs' writes
-    /// (each locks its row), then its state version; then `COMMIT`. The versions, in
-    /// order; or whether it rolled back for certain (the server answered a statement
-    /// with an error or refused the `COMMIT` ([`commit_refused`]), or nothing was
-    /// sent), and why.
-    fn commit(
-        &self,
-        rt: &Rt,
-        conn: &mut Option<GroupConn>,
-        batch: &[Item],
-    ) -> Result<Vec<u64>, (bool, String)> {
+    /// The committer's connection, made again if it was lost or dropped.
+    fn ready<'c>(&self, rt: &Rt, conn: &'c mut Option<GroupConn>) -> Result<&'c GroupConn, String> {
         if conn.as_ref().is_some_and(|c| c.client.is_closed()) {
             if let Some(c) = conn.take() {
                 c.task.abort();
             }
         }
         if conn.is_none() {
-            *conn = Some(self.connect(rt).map_err(|why| (true, why))?);
+            *conn = Some(self.connect(rt)?);
         }
-        let Some(c) = conn.as_ref() else {
-            return Err((true, "no connection".into()));
+        conn.as_ref().ok_or_else(|| "no connection".to_owned())
+    }
+
+    /// One transaction of `batch` in one round trip: per decision its runs' writes
+    /// (each locks its row), then its state version; then `COMMIT`. The versions, in
+    /// order; or why not: whether it rolled back for certain (the server answered a
+    /// statement with an error or refused the `COMMIT` ([`commit_refused`]), or nothing
+    /// was sent), and which decision's guarded write was refused first, if that is why.
+    fn commit(
+        &self,
+        rt: &Rt,
+        conn: &mut Option<GroupConn>,
+        batch: &[Item],
+    ) -> Result<Vec<u64>, Failed> {
+        let failed = |certain: bool, why: String| Failed {
+            certain,
+            why,
+            taken_back: None,
         };
+        let c = self.ready(rt, conn).map_err(|why| failed(true, why))?;
         let client = &c.client;
-        let rolled_back = std::cell::Cell::new(false);
+        let (rolled_back, taken) = (std::cell::Cell::new(false), std::cell::Cell::new(None));
         let r = self.bounded(rt, async {
             // Sent in order on their first polls: each decision's writes, then its version.
             let each = futures::future::join_all(batch.iter().map(|i| async move {
@@ -401,15 +467,12 @@ impl Link {
             // when the batch was sent, as the first batch after a server restart is) is
             // not a certain rollback: nothing here proves no byte of the batch reached a
             // server that ran it, so the group counts as unknown (docs/FLEET.md).
-            let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
-            rolled_back.set(
-                began.as_ref().is_err_and(server)
-                    || each.iter().any(|(w, v)| {
-                        w.iter().any(|w| w.as_ref().is_err_and(server))
-                            || v.as_ref().is_err_and(server)
-                    })
-                    || committed.as_ref().is_err_and(commit_refused),
-            );
+            rolled_back.set(certain(&began, &each, &committed));
+            // A `COMMIT` after a refused statement is answered (as a rollback): the
+            // connection is clean.
+            if began.is_ok() && committed.is_ok() {
+                taken.set(first_refused_guard(&each));
+            }
             began?;
             let mut versions = Vec::with_capacity(each.len());
             for (written, version) in each {
@@ -422,10 +485,17 @@ impl Link {
             Ok(versions)
         });
         let versions = r.map_err(|why| {
-            if let Some(c) = conn.take() {
-                c.task.abort();
+            let taken_back = taken.get().filter(|_| rolled_back.get());
+            if taken_back.is_none() {
+                if let Some(c) = conn.take() {
+                    c.task.abort();
+                }
             }
-            (rolled_back.get(), why)
+            Failed {
+                certain: rolled_back.get(),
+                why,
+                taken_back,
+            }
         })?;
         // Committed, but a negative version numbers no record: refused as an unknown
         // outcome (what the decisions took stays counted), as a central decision's, and
@@ -435,7 +505,44 @@ impl Link {
             if let Some(c) = conn.take() {
                 c.task.abort();
             }
-            (false, "the state version is negative".into())
+            failed(false, "the state version is negative".into())
         })
     }
+}
+
+/// Whether the server answered a statement of the group's round trip with an error,
+/// or refused its `COMMIT` ([`commit_refused`]): it rolled back for certain.
+fn certain(
+    began: &Result<(), tokio_postgres::Error>,
+    each: &Each,
+    committed: &Result<(), tokio_postgres::Error>,
+) -> bool {
+    let server = |e: &tokio_postgres::Error| e.as_db_error().is_some();
+    began.as_ref().is_err_and(server)
+        || each.iter().any(|(w, v)| {
+            w.iter().any(|w| w.as_ref().is_err_and(server)) || v.as_ref().is_err_and(server)
+        })
+        || committed.as_ref().is_err_and(commit_refused)
+}
+
+/// Written and numbered per decision, as the group's round trip answered them.
+type Each = [(
+    Vec<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>,
+    Result<tokio_postgres::Row, tokio_postgres::Error>,
+)];
+
+/// The decision whose statement the server refused first, if that refusal is a run's
+/// guarded write finding the run no longer at home here (`tally_home_write`'s
+/// `serialization_failure`: every statement after it was refused as in a failed
+/// transaction, none of them ran).
+fn first_refused_guard(each: &Each) -> Option<usize> {
+    let first = each
+        .iter()
+        .enumerate()
+        .find_map(|(i, (written, version))| {
+            let refused = written.iter().find_map(|w| w.as_ref().err());
+            refused.or(version.as_ref().err()).map(|e| (i, e))
+        })?;
+    let guard = first.1.code() == Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE);
+    guard.then_some(first.0)
 }

@@ -199,14 +199,19 @@ pub(crate) const REVOKE: &str =
     "UPDATE tally_lease_scopes SET revoked = $3 WHERE kind = $1 AND key = $2";
 
 /// A scope, locked for a central spend, and whether $3..$6 would fit in it were no
-/// slice out: $1 kind, $2 key.
+/// slice out, and every slice reclaimed (settled whole) and not yet given back by its
+/// holder refunded whole: only then is the scope out of room for good ($1 kind, $2 key).
 pub(crate) const SCOPE_LOCK: &str = "
-SELECT revoked,
-    (cap_attempts IS NULL OR settled_attempts + held_attempts + $3 <= cap_attempts)
-    AND (cap_nanos IS NULL OR settled_nanos + held_nanos + $4 <= cap_nanos)
-    AND (cap_effects IS NULL OR settled_effects + held_effects + $5 <= cap_effects)
-    AND (cap_polls IS NULL OR settled_polls + held_polls + $6 <= cap_polls)
-FROM tally_lease_scopes WHERE kind = $1 AND key = $2 FOR UPDATE";
+SELECT s.revoked,
+    (cap_attempts IS NULL OR settled_attempts - r.a + held_attempts + $3 <= cap_attempts)
+    AND (cap_nanos IS NULL OR settled_nanos - r.n + held_nanos + $4 <= cap_nanos)
+    AND (cap_effects IS NULL OR settled_effects - r.e + held_effects + $5 <= cap_effects)
+    AND (cap_polls IS NULL OR settled_polls - r.p + held_polls + $6 <= cap_polls)
+FROM tally_lease_scopes s, LATERAL (
+    SELECT coalesce(sum(attempts), 0)::bigint a, coalesce(sum(nanos), 0)::bigint n,
+        coalesce(sum(effects), 0)::bigint e, coalesce(sum(polls), 0)::bigint p
+    FROM tally_leases l WHERE l.kind = s.kind AND l.key = s.key AND l.state = 'reclaimed') r
+WHERE s.kind = $1 AND s.key = $2 FOR UPDATE OF s";
 
 /// Spend centrally, within the invariant (slices out counted as unavailable): settled
 /// up by $3..$6: $1 kind, $2 key. No row: it does not fit.

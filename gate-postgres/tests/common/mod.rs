@@ -13,6 +13,7 @@ use tally_policy::Recorded;
 pub use tally_testkit::postgres::Cluster;
 
 pub mod lease;
+pub mod relay;
 
 /// A new ledger in `dir`.
 pub fn ledger(dir: &Path) -> Arc<Ledger> {

@@ -8,7 +8,7 @@ use std::time::Instant;
 use tally_gate::GateError;
 use tally_policy::RunState;
 
-use super::super::holder::Slices;
+use super::super::holder::{SliceError, Slices};
 use super::super::home::{self, Found, Home, TakenOn};
 use super::super::types::{Amounts, Caps, Scope, ScopeKind};
 use super::txn::{LeasedTxn, Moves};
@@ -207,13 +207,16 @@ impl LeasedTxn<'_> {
         let scopes = [scope.clone()];
         match self.backend.slices.take_on(&scopes, need, Instant::now) {
             Ok((_, Some(id))) => {
+                self.backend.has_room(&scope.key);
                 moves.takes.push((scope.clone(), Some(id), need));
                 Ok(TakenOn::Slice(id))
             }
             Ok((_, None)) => {
+                self.backend.has_room(&scope.key);
                 moves.takes.push((scope.clone(), None, need));
                 Ok(TakenOn::Central)
             }
+            Err(SliceError::Exhausted { kind, key }) => Err(self.backend.exhausted(kind, key)),
             Err(e) => Err(GateError::Unavailable(format!(
                 "{e}: no slice covers this use, nothing recorded (retry)"
             ))),

@@ -9,6 +9,7 @@ use tally_gate::backend::{Committed, Keys, Snapshot, StateReads, StateTxn, Write
 use tally_gate::GateError;
 use tally_policy::RunState;
 
+use super::super::group::{GUARD_STALE, GUARD_TAKEN_BACK};
 use super::super::home::{Home, TakenOn};
 use super::super::types::{Amounts, Scope};
 use super::Leased;
@@ -42,10 +43,14 @@ pub struct LeasedTxn<'a> {
 
 impl Drop for LeasedTxn<'_> {
     /// Not committed (refused, unavailable, its home moved): the copies of its runs are
-    /// let go and read again next time (one round trip), never decided on stale.
+    /// let go and read again next time (one round trip), never decided on stale; one
+    /// refused by a run's guard is counted.
     fn drop(&mut self) {
         if !self.committed {
             self.forget();
+            if self.inner.taken_back {
+                self.backend.group.guard_refused(GUARD_TAKEN_BACK);
+            }
         }
     }
 }
@@ -190,6 +195,7 @@ impl<'a> LeasedTxn<'a> {
         if !self.drained {
             self.backend.group.drain()?;
             if !self.homed.is_empty() && self.backend.group.generation() != self.generation {
+                self.backend.group.guard_refused(GUARD_STALE);
                 return Err(GateError::Unavailable(
                     "a commit of decisions made before this one failed: retry".into(),
                 ));
