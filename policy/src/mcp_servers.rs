@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use tally_record::url::redacted;
+
 use crate::upstreams::loopback_host;
 
 /// The longest server name.
@@ -85,18 +87,25 @@ fn recorded_url_problem(url: &str) -> Option<String> {
             && r.bytes().all(|b| b.is_ascii_graphic())
             && !r.contains(['#', '@'])
     });
-    (!ok).then(|| format!("`{url}` is not a server URL (no user info, fragment or spaces)"))
+    (!ok).then(|| {
+        format!(
+            "`{}` is not a server URL (no user info, fragment or spaces)",
+            redacted(url)
+        )
+    })
 }
 
 /// What is wrong with the URL of a server being put in force, if anything:
 /// `https://host[:port]/path`, or `http://` to a loopback host ([`loopback_host`]); no
-/// user info, query, fragment or spaces.
+/// user info, query, fragment or spaces. The URL is shown [`redacted`]: it may carry a
+/// secret.
 fn url_problem(url: &str) -> Option<String> {
+    let shown = redacted(url);
     let (scheme, rest) = match url.split_once("://") {
         Some((s @ ("http" | "https"), rest)) => (s, rest),
         _ => {
             return Some(format!(
-                "`{url}` is not a server URL: write `https://host[:port]/path`"
+                "`{shown}` is not a server URL: write `https://host[:port]/path`"
             ))
         }
     };
@@ -117,17 +126,18 @@ fn url_problem(url: &str) -> Option<String> {
         || rest.contains(['#', '@'])
     {
         return Some(format!(
-            "`{url}`: write `https://host[:port]/path` (no user info, fragment or spaces)"
+            "`{shown}`: write `https://host[:port]/path` (no user info, fragment or spaces; a credential goes in `credential_file` or `credential_env`)"
         ));
     }
     if rest.contains('?') {
         return Some(format!(
-            "`{url}` has a query: it would be shown in errors to agents and in the log. Give the server's credential in `credential_file` or `credential_env` (sent in a header)"
+            "`{shown}` has a query: give the server's credential in `credential_file` or `credential_env` (sent in a header)"
         ));
     }
     if scheme == "http" && !loopback_host(host) {
         return Some(format!(
-            "`{url}` is plain http to a host that is not loopback: the credential and every call would cross the network unencrypted. Write `https://{rest}` (plain `http://` is for 127.0.0.1, ::1 and localhost only)"
+            "`{shown}` is plain http to a host that is not loopback: the credential and every call would cross the network unencrypted. Write `{}` (plain `http://` is for 127.0.0.1, ::1 and localhost only)",
+            redacted(&format!("https://{rest}"))
         ));
     }
     None
@@ -344,7 +354,7 @@ mod tests {
             let (k, why) = refused(&text);
             assert_eq!(k, "mcp.web.url", "{host}: {why}");
             assert!(
-                why.contains(&format!("`https://{host}/mcp`")) && why.contains("loopback"),
+                why.contains(&format!("`https://{host}/…`")) && why.contains("loopback"),
                 "{host}: {why}"
             );
         }
@@ -362,6 +372,30 @@ mod tests {
         );
         let p = Policy::from_recorded(text).expect("a recorded policy");
         assert_eq!(p.mcp["web"].url.as_deref(), Some("https://h/mcp?key=x"));
+    }
+
+    /// A refused server URL is shown redacted: a secret in its user info, path or query
+    /// is not repeated in the refusal (on the terminal, in the log), in force or read
+    /// from a ledger.
+    #[test]
+    fn a_refused_url_is_shown_without_its_secrets() {
+        for url in [
+            "http://mcp.example.com/t/SECRET/mcp",
+            "https://u:SECRET@mcp.example.com/mcp",
+            "https://mcp.example.com/mcp?key=SECRET",
+            "https://mcp.example.com/SECRET#x",
+            "https://mcp.example.com/SE CRET",
+            "ftp://mcp.example.com/SECRET",
+            "mcp.example.com/SECRET",
+        ] {
+            let text = format!("[mcp.web]\nurl = \"{url}\"\n");
+            let (k, why) = refused(&text);
+            assert_eq!(k, "mcp.web.url", "{url}: {why}");
+            assert!(!why.contains("SECRET"), "{url}: {why}");
+            if let Err(e) = Policy::from_recorded(&text) {
+                assert!(!e.to_string().contains("SECRET"), "{url}: {e}");
+            }
+        }
     }
 
     #[test]
