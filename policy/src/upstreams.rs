@@ -389,9 +389,9 @@ pub fn deployment_name(d: &str) -> bool {
 /// ([`tally_record::url::redacted`]): it may carry a secret.
 pub fn split_url(url: &str) -> Result<(&str, &str, &str), String> {
     let shown = tally_record::url::redacted(url);
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-        format!("`{shown}` is not a URL: write https://host[:port][/base]")
-    })?;
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("`{shown}` is not a URL: write https://host[:port][/base]"))?;
     if scheme != "http" && scheme != "https" {
         return Err(format!("`{shown}`: the scheme must be https (or http)"));
     }

@@ -540,8 +540,9 @@ fn bedrock_needs_its_region_and_prices_ids_by_version_and_geography() {
 #[test]
 fn plain_http_upstreams_reach_loopback_hosts_only_in_a_policy_put_in_force() {
     use tally_policy::Recorded;
-    let upstream =
-        |url: &str| format!("[upstreams.gw]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"c\"\n");
+    let upstream = |url: &str| {
+        format!("[upstreams.gw]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"c\"\n")
+    };
     for url in [
         "http://127.0.0.1:8080",
         "http://127.9.9.9/v1",
@@ -557,7 +558,10 @@ fn plain_http_upstreams_reach_loopback_hosts_only_in_a_policy_put_in_force() {
         ("http://10.0.0.7:8000/t/SECRET/v1", "10.0.0.7:8000"),
         ("http://gateway.example.com/SECRET", "gateway.example.com"),
         ("http://localhost.example.com", "localhost.example.com"),
-        ("http://127.0.0.1.example.com/SECRET", "127.0.0.1.example.com"),
+        (
+            "http://127.0.0.1.example.com/SECRET",
+            "127.0.0.1.example.com",
+        ),
         ("http://[::2]:80/SECRET", "[::2]:80"),
         ("http://0.0.0.0:8080", "0.0.0.0:8080"),
     ] {
@@ -567,7 +571,11 @@ fn plain_http_upstreams_reach_loopback_hosts_only_in_a_policy_put_in_force() {
                 let PolicyError::Invalid { key, why, line } = &e else {
                     unreachable!()
                 };
-                assert_eq!((key.as_str(), *line), ("upstreams.gw.url", Some(4)), "{url}");
+                assert_eq!(
+                    (key.as_str(), *line),
+                    ("upstreams.gw.url", Some(4)),
+                    "{url}"
+                );
                 assert!(
                     why.contains("not loopback")
                         && why.contains(&format!("`https://{host}`"))
@@ -575,7 +583,10 @@ fn plain_http_upstreams_reach_loopback_hosts_only_in_a_policy_put_in_force() {
                     "{url}: {why}"
                 );
                 let said = e.to_string();
-                assert!(said.starts_with("policy: line 4: `upstreams.gw.url`"), "{said}");
+                assert!(
+                    said.starts_with("policy: line 4: `upstreams.gw.url`"),
+                    "{said}"
+                );
                 assert!(!said.contains("SECRET"), "{said}");
             }
             other => panic!("{url}: {other:?}"),
