@@ -164,7 +164,6 @@ impl std::fmt::Debug for Secret {
 }
 
 /// Where a server is.
-#[derive(Debug)]
 #[non_exhaustive]
 pub enum Target {
     /// A command the gateway starts and speaks to on stdio.
@@ -178,6 +177,23 @@ pub enum Target {
         /// The HTTP client it is reached with, built at start ([`RemoteClient::new`]).
         client: RemoteClient,
     },
+}
+
+/// A remote server's URL shows redacted (`tally_record::url::redacted`): it may carry a
+/// secret.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Command(command) => f.debug_tuple("Command").field(command).finish(),
+            Target::Url {
+                url, credential, ..
+            } => f
+                .debug_struct("Url")
+                .field("url", &tally_record::url::redacted(url))
+                .field("credential", credential)
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 pub use servers::RemoteClient;
