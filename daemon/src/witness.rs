@@ -532,6 +532,26 @@ mod tests {
             .is_err());
     }
 
+    /// A witness URL may carry a secret (user info, a token in its path): an error shows
+    /// it redacted, whatever failed (the scheme, a refused connection).
+    #[tokio::test]
+    async fn an_error_shows_the_url_redacted() {
+        let c = WitnessClient::new(None).expect("client");
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a port")
+            .port();
+        for url in [
+            "http://u:SECRET@10.1.2.3/t/SECRET/add-checkpoint".to_owned(),
+            format!("http://127.0.0.1:{closed}/t/SECRET/add-checkpoint"),
+            "ftp://h/SECRET".to_owned(),
+            "SECRET".to_owned(),
+        ] {
+            let e = c.request("POST", &url, Vec::new()).await.unwrap_err();
+            assert!(!e.contains("SECRET"), "{url}: {e}");
+        }
+    }
+
     #[test]
     fn a_ca_file_without_a_certificate_is_refused() {
         let dir = tempfile::tempdir().expect("tmp");
