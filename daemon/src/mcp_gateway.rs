@@ -63,6 +63,10 @@ impl Gateway {
                 let observer = Arc::clone(&app.observer);
                 Arc::new(move || observer.metrics.mcp_refused_connection())
             },
+            on_session_refused: {
+                let observer = Arc::clone(&app.observer);
+                Arc::new(move |bound| observer.metrics.mcp_refused_session(bound))
+            },
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {

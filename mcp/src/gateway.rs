@@ -238,6 +238,30 @@ pub struct GatewayOptions {
     /// Called once for each connection refused over [`GatewayLimits::max_connections`]
     /// (the daemon counts them in its metrics).
     pub on_refused: Arc<dyn Fn() + Send + Sync>,
+    /// Called once for each `initialize` refused over a bound on sessions, with the
+    /// bound (the daemon counts them in its metrics).
+    pub on_session_refused: Arc<dyn Fn(SessionBound) + Send + Sync>,
+}
+
+/// The bound on sessions an `initialize` was refused over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionBound {
+    /// The gateway's ([`GatewayLimits::max_sessions`]): answered 503.
+    Gateway,
+    /// One credential's (a run token's run, a key:
+    /// [`GatewayLimits::max_sessions_per_credential`]): answered 429.
+    Credential,
+}
+
+impl SessionBound {
+    /// Its name, as a metric's label: `gateway`, `credential`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionBound::Gateway => "gateway",
+            SessionBound::Credential => "credential",
+        }
+    }
 }
 
 /// The bounds on what the gateway's clients may hold.
