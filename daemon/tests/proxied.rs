@@ -237,7 +237,7 @@ async fn a_recorded_plain_http_upstream_elsewhere_is_never_forwarded_to() {
     let text = "[upstreams.gw]\nurl = \"http://10.0.0.7:8000/t/SECRET/v1\"\nkind = \"openai\"\ncredential = \"key\"\n\n[prices.gw.\"m\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\n";
     assert!(Recorded::new(text).is_err());
     let (dir, ledger_dir, _) = crate::common::new_ledger(Default::default());
-    let mut options = tally_daemon::ServeOptions::new(&ledger_dir, &dir.path().join("agent.sock"));
+    let mut options = tally_daemon::ServeOptions::new(&ledger_dir, dir.path().join("agent.sock"));
     options.policy = Recorded::from_ledger(text).expect("a recorded policy reads");
     let mut proxy = tally_daemon::ProxyServe::default();
     proxy.listen = Some("127.0.0.1:0".parse().expect("an address"));
