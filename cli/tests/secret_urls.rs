@@ -11,6 +11,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -28,6 +29,9 @@ fn tally() -> Tally {
 const PATH_SECRET: &str = "tok-path-5c81d0e7";
 /// The secret in the URLs' user info.
 const USER_SECRET: &str = "pw-user-93ab42f1";
+/// The secret in the path of a URL given in a `url_file`: not in the policy, so in no
+/// record at all.
+const FILE_SECRET: &str = "tok-file-0d6e2a94";
 
 /// A loopback port nothing listens on.
 fn closed_port() -> u16 {
@@ -98,20 +102,23 @@ fn free_addr() -> SocketAddr {
 
 /// Neither secret in `text` (what `what` is).
 fn holds_no_secret(what: &str, text: &str) {
-    for secret in [PATH_SECRET, USER_SECRET] {
+    for secret in [PATH_SECRET, USER_SECRET, FILE_SECRET] {
         assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
     }
 }
 
 /// The servers and upstreams, each reached where it fails: `refused` (nothing
 /// listens), `missing` (a 404 whose body repeats the request's path), `tls` (`https://`
-/// to a server that speaks plain HTTP).
-fn policy(closed: u16, echo: u16, failing: u16) -> String {
+/// to a server that speaks plain HTTP), and `hidden` (nothing listens) at the URL in
+/// `url_file`.
+fn policy(closed: u16, echo: u16, failing: u16, url_file: &Path) -> String {
     let mut text = format!(
         "[ceiling]\nspend_cents = 100\n\n\
+         [mcp.hidden]\nurl_file = {:?}\n\n\
          [mcp.refused]\nurl = \"http://127.0.0.1:{closed}/t/{PATH_SECRET}/mcp\"\n\n\
          [mcp.missing]\nurl = \"http://127.0.0.1:{echo}/t/{PATH_SECRET}/mcp\"\n\n\
-         [mcp.tls]\nurl = \"https://127.0.0.1:{echo}/t/{PATH_SECRET}/mcp\"\n\n"
+         [mcp.tls]\nurl = \"https://127.0.0.1:{echo}/t/{PATH_SECRET}/mcp\"\n\n",
+        url_file.display().to_string()
     );
     for (name, url) in [
         (
@@ -164,7 +171,7 @@ fn mcp_calls(gateway: SocketAddr, token: &str) -> Vec<(u16, String)> {
         &headers,
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
     ));
-    for (id, server) in [(3, "refused"), (4, "missing"), (5, "tls")] {
+    for (id, server) in [(3, "refused"), (4, "missing"), (5, "tls"), (6, "hidden")] {
         let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": format!("{server}__lookup"), "arguments": {"q": "x"}}});
         answers.push(send(gateway, "/mcp", &headers, &call.to_string()));
@@ -197,7 +204,13 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
         answering("404 Not Found", |line| format!("no route for {line}")),
     );
     let failing = answering("500 Internal Server Error", |_| "upstream failed".into());
-    tally().init(dir.path(), &policy(closed, echo, failing));
+    let url_file = dir.path().join("hidden.url");
+    std::fs::write(
+        &url_file,
+        format!("http://127.0.0.1:{closed}/t/{FILE_SECRET}/mcp\n"),
+    )
+    .expect("url_file");
+    tally().init(dir.path(), &policy(closed, echo, failing, &url_file));
     let key = dir.path().join("key.secret");
     std::fs::write(&key, "sk-upstream\n").expect("key");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -230,8 +243,8 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     // redacted.
     let said: String = mcp.iter().map(|(_, a)| a.as_str()).collect();
     assert!(
-        said.contains(&format!("127.0.0.1:{closed}/…")),
-        "the refused server's error is not told: {said}"
+        said.contains(&format!("127.0.0.1:{closed}/…")) && said.contains("hidden__lookup"),
+        "the refused servers' errors are not told: {said}"
     );
     assert!(said.contains("404"), "the 404 is not told: {said}");
     let statuses: Vec<u16> = proxied.iter().map(|(s, _)| *s).collect();
@@ -250,11 +263,12 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     holds_no_secret("tally serve's standard output", &serve.out());
 
     // Every record decrypted (the ledger verifies intact): the policy's own text holds
-    // the URLs as written; nothing else does.
+    // the URLs as written (not the one in `url_file`); nothing else does.
     let mut texts = 0;
     for mut d in ledger::decisions(dir.path()) {
         if let Some(text) = d.as_object_mut().and_then(|o| o.remove("policy_text")) {
-            assert!(text.as_str().is_some_and(|t| t.contains(PATH_SECRET)));
+            let text = text.as_str().unwrap_or_default();
+            assert!(text.contains(PATH_SECRET) && !text.contains(FILE_SECRET));
             texts += 1;
         }
         holds_no_secret("a record of the ledger", &d.to_string());

@@ -28,6 +28,11 @@ pub struct McpServer {
     /// loopback host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// A file whose content (trailing line end removed) is the remote server's URL, read
+    /// when `tally serve` starts: for a URL that carries a secret (a token in its path),
+    /// which the policy, recorded in the ledger as written, then does not hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url_file: Option<String>,
     /// A PEM file of CA certificates trusted for an `https://` server beside the Mozilla
     /// roots (for a certificate a private CA issued).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -148,21 +153,42 @@ impl McpServer {
     /// `new`: a policy being put in force, whose `url` meets [`url_problem`]; a recorded
     /// one meets [`recorded_url_problem`].
     pub(crate) fn problem(&self, new: bool) -> Option<(&'static str, String)> {
-        match (self.command.is_empty(), &self.url) {
-            (true, None) => Some((
+        let remote = self.url.is_some() || self.url_file.is_some();
+        match (self.command.is_empty(), &self.url, &self.url_file) {
+            (true, None, None) => Some((
                 "command",
-                "give the server: `command = [\"program\", \"arg\"]` (a stdio server) or `url = \"https://host:port/mcp\"` (a Streamable HTTP server)".into(),
+                "give the server: `command = [\"program\", \"arg\"]` (a stdio server) or `url = \"https://host:port/mcp\"` (a Streamable HTTP server; `url_file` names a file holding it)".into(),
             )),
-            (false, Some(_)) => Some(("url", "give `command` or `url`, not both".into())),
-            (false, None) => self.command_problem(),
-            (true, Some(url)) => if new {
+            (false, _, _) if remote => Some((
+                if self.url.is_some() { "url" } else { "url_file" },
+                "give `command` or `url`, not both".into(),
+            )),
+            (false, _, _) => self.command_problem(),
+            (true, Some(_), Some(_)) => Some((
+                "url_file",
+                "give `url` or `url_file`, not both".into(),
+            )),
+            (true, None, Some(file)) => if file.is_empty() {
+                Some(("url_file", "is empty: give a file's path".into()))
+            } else {
+                self.remote_problem(None)
+            },
+            (true, Some(url), None) => if new {
                 url_problem(url)
             } else {
                 recorded_url_problem(url)
             }
             .map(|why| ("url", why))
-                .or_else(|| self.remote_problem(url)),
+            .or_else(|| self.remote_problem(Some(url))),
         }
+    }
+
+    /// What keeps `url`, read from this entry's `url_file` when `tally serve` starts,
+    /// from being put in force: the key (`url_file`) and why, the URL shown redacted.
+    pub fn url_file_problem(&self, url: &str) -> Option<(&'static str, String)> {
+        url_problem(url)
+            .map(|why| ("url_file", why))
+            .or_else(|| self.remote_problem(Some(url)))
     }
 
     /// What keeps this entry from being put in force, if anything (the rules of a new
@@ -195,11 +221,12 @@ impl McpServer {
         None
     }
 
-    /// What is wrong with a remote server's CA file and credential (its `url` is valid).
-    fn remote_problem(&self, url: &str) -> Option<(&'static str, String)> {
+    /// What is wrong with a remote server's CA file and credential (its `url` is valid;
+    /// `None` while it is in a `url_file` not yet read).
+    fn remote_problem(&self, url: Option<&str>) -> Option<(&'static str, String)> {
         match self.ca_file.as_deref() {
             Some("") => return Some(("ca_file", "is empty: give a PEM file's path".into())),
-            Some(_) if !url.starts_with("https://") => {
+            Some(_) if url.is_some_and(|u| !u.starts_with("https://")) => {
                 return Some((
                     "ca_file",
                     "is for an `https://` server: a plain `http://` one shows no certificate"
@@ -311,6 +338,9 @@ mod tests {
             ("[mcp.web]\nurl = \"https://h/mcp\"\ncredential_env = \"T\"\ncredential_file = \"/f\"\n", "mcp.web.credential_env"),
             ("[mcp.my_files]\ncommand = [\"a\"]\n", "mcp.my_files"),
             ("[mcp.Files]\ncommand = [\"a\"]\n", "mcp.Files"),
+            ("[mcp.web]\nurl = \"https://h/mcp\"\nurl_file = \"/u\"\n", "mcp.web.url_file"),
+            ("[mcp.web]\ncommand = [\"a\"]\nurl_file = \"/u\"\n", "mcp.web.url_file"),
+            ("[mcp.web]\nurl_file = \"\"\n", "mcp.web.url_file"),
         ] {
             let (k, why) = refused(text);
             assert_eq!(k, key, "{text}: {why}");
@@ -396,6 +426,37 @@ mod tests {
                 assert!(!e.to_string().contains("SECRET"), "{url}: {e}");
             }
         }
+    }
+
+    /// A URL that carries a secret is given in a file, read when `tally serve` starts:
+    /// the policy names the file only, and what is read is held to the rules of a URL
+    /// put in force, shown redacted.
+    #[test]
+    fn a_url_file_names_the_file_and_its_url_is_checked_when_read() {
+        let p = Policy::from_toml(
+            "[mcp.web]\nurl_file = \"/etc/tally/web.url\"\ncredential_env = \"T\"\nca_file = \"/ca.pem\"\n",
+        )
+        .expect("a url_file server");
+        let web = &p.mcp["web"];
+        assert_eq!(web.url_file.as_deref(), Some("/etc/tally/web.url"));
+        assert_eq!(web.url, None);
+        assert_eq!(web.in_force_problem(), None);
+        assert_eq!(web.url_file_problem("https://h/t/SECRET/mcp"), None);
+        for url in [
+            "http://mcp.example.com/t/SECRET/mcp",
+            "https://u:SECRET@h/mcp",
+            "https://h/mcp?k=SECRET",
+            "SECRET",
+        ] {
+            let (key, why) = web.url_file_problem(url).expect("refused");
+            assert_eq!(key, "url_file", "{url}: {why}");
+            assert!(!why.contains("SECRET"), "{url}: {why}");
+        }
+        // Its `ca_file` is for an `https://` URL, which is known once the file is read.
+        let (key, _) = web
+            .url_file_problem("http://127.0.0.1:9/mcp")
+            .expect("a ca_file for plain http");
+        assert_eq!(key, "ca_file");
     }
 
     #[test]
