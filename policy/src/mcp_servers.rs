@@ -1,10 +1,11 @@
 //! The MCP servers `tally serve --mcp-listen` puts its gateway in front of
 //! (`[mcp.NAME]`, docs/MCP.md, "The HTTP gateway"): each one either a command the
-//! gateway starts and speaks to on stdio, or the URL of a remote Streamable HTTP server,
-//! with an optional credential the gateway sends it in a header. A remote server is
-//! reached over `https://` (plain `http://` to a loopback host only, so a credential
-//! never crosses a network unencrypted), trusting the Mozilla roots and, for a server
-//! whose certificate a private CA issued, the CA certificates of a `ca_file`.
+//! gateway starts and speaks to on stdio, or the URL of a remote Streamable HTTP server
+//! (or a file holding it, for a URL that carries a secret), with an optional credential
+//! the gateway sends it in a header. A remote server is reached over `https://` (plain
+//! `http://` to a loopback host only, so a credential never crosses a network
+//! unencrypted), trusting the Mozilla roots and, for a server whose certificate a
+//! private CA issued, the CA certificates of a `ca_file`.
 
 use std::collections::BTreeMap;
 
@@ -161,7 +162,7 @@ impl McpServer {
             )),
             (false, _, _) if remote => Some((
                 if self.url.is_some() { "url" } else { "url_file" },
-                "give `command` or `url`, not both".into(),
+                "give `command` or a URL (`url`, `url_file`), not both".into(),
             )),
             (false, _, _) => self.command_problem(),
             (true, Some(_), Some(_)) => Some((
