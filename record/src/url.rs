@@ -56,8 +56,10 @@ pub fn scrubbed(text: &str, url: &str) -> String {
     if let Some((_, rest)) = url.split_once("://") {
         let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         let (authority, tail) = rest.split_at(end);
+        // Its user info where a URL shows it, before an `@` (alone, a short one would
+        // match words of the text).
         if let Some((user, _)) = authority.rsplit_once('@') {
-            out = out.replace(user, ELIDED);
+            out = out.replace(&format!("{user}@"), &format!("{ELIDED}@"));
         }
         if !tail.is_empty() && tail != "/" {
             out = out.replace(tail, "/…");
@@ -148,7 +150,7 @@ mod tests {
             format!("error sending request for url ({url})"),
             "error sending request for url (https://me:SECRET1@h.example:8443/t/SECRET2/mcp?k=SECRET3)".to_owned(),
             "HTTP 404: no route /t/SECRET2/mcp?k=SECRET3".to_owned(),
-            "user me:SECRET1 refused".to_owned(),
+            "to me:SECRET1@h.example, refused".to_owned(),
         ] {
             let out = scrubbed(&said, url);
             assert!(!out.contains("SECRET"), "{said} -> {out}");
@@ -158,5 +160,10 @@ mod tests {
             "for url (https://…@H.example:8443/…): refused"
         );
         assert_eq!(scrubbed("connection refused", url), "connection refused");
+        // A short user info is replaced where it is one, not in the words of the text.
+        assert_eq!(
+            scrubbed("a refused: https://a@h/x", "https://a@h/x"),
+            "a refused: https://…@h/…"
+        );
     }
 }
