@@ -330,7 +330,7 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
         path.display().to_string()
     };
     outln!("# {name}: valid; digest {}", recorded.digest);
-    out!("{}", recorded.policy.to_toml());
+    out!("{}", shown(&recorded.policy).to_toml());
     // Which model ids each price covers (its name, its aliases, its dated snapshots).
     let policy = &recorded.policy;
     let kind_of = |u: &str| policy.upstreams.get(u).map(|u| u.kind);
@@ -346,6 +346,20 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
         noteln!("warning: {stale}");
     }
     Ok(Exit::Success)
+}
+
+/// `policy` as `tally policy check` prints it: each upstream's and MCP server's URL
+/// redacted (`tally_record::url::redacted`), as everywhere tally shows one (it may carry
+/// a secret).
+fn shown(policy: &tally_policy::Policy) -> tally_policy::Policy {
+    let mut shown = policy.clone();
+    for u in shown.upstreams.values_mut() {
+        u.url = tally_record::url::redacted(&u.url);
+    }
+    for url in shown.mcp.values_mut().filter_map(|s| s.url.as_mut()) {
+        *url = tally_record::url::redacted(url);
+    }
+    shown
 }
 
 /// `tally policy example NAME`: the policy tally ships for one kind of agent, as the

@@ -92,12 +92,18 @@ pub fn apply_policy(
                 404 => continue,
                 200 => {}
                 s => bail!(
-                    "witness {} answered {s} for its view of {origin} ({url})",
-                    w.name
+                    "witness {} answered {s} for its view of {origin} ({})",
+                    w.name,
+                    tally_record::url::redacted(&url)
                 ),
             }
-            let note = Note::parse(&reply.body)
-                .with_context(|| format!("witness {} answered {url} with no checkpoint", w.name))?;
+            let note = Note::parse(&reply.body).with_context(|| {
+                format!(
+                    "witness {} answered {} with no checkpoint",
+                    w.name,
+                    tally_record::url::redacted(&url)
+                )
+            })?;
             let sig = note
                 .sig_of(&w.vkey.name, w.vkey.key_id())
                 .with_context(|| {

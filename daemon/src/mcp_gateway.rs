@@ -63,6 +63,10 @@ impl Gateway {
                 let observer = Arc::clone(&app.observer);
                 Arc::new(move || observer.metrics.mcp_refused_connection())
             },
+            on_session_refused: {
+                let observer = Arc::clone(&app.observer);
+                Arc::new(move |bound| observer.metrics.mcp_refused_session(bound))
+            },
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -93,10 +97,15 @@ fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
             "[mcp.{name}] {key}: {why}"
         )));
     }
-    let target = match &s.url {
+    let url = match (&s.url, &s.url_file) {
+        (Some(url), _) => Some(url.clone()),
+        (None, Some(file)) => Some(url_of_file(name, s, file)?),
+        (None, None) => None,
+    };
+    let target = match url {
         None => Target::Command(s.command.clone()),
         Some(url) => Target::Url {
-            url: url.clone(),
+            url,
             credential: credential(name, s)?,
             client: RemoteClient::new(tls(name, s)?)
                 .map_err(|e| DaemonError::McpGateway(format!("[mcp.{name}]: {e}")))?,
@@ -106,6 +115,18 @@ fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
         name: name.to_owned(),
         target,
     })
+}
+
+/// The URL a server's `url_file` holds (its content, the trailing line end removed),
+/// held to the rules of a URL put in force; an error shows it redacted.
+fn url_of_file(name: &str, s: &McpServer, file: &str) -> Result<String, DaemonError> {
+    let bad = |why: String| DaemonError::McpGateway(format!("[mcp.{name}] url_file {file}: {why}"));
+    let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
+    let url = text.trim_end_matches(['\r', '\n']).to_owned();
+    match s.url_file_problem(&url) {
+        Some((key, why)) => Err(bad(format!("{key}: {why}"))),
+        None => Ok(url),
+    }
 }
 
 /// The TLS configuration a `url` server is reached with: tally's one HTTPS client's
@@ -171,6 +192,38 @@ mod tests {
             }
             other => panic!("{:?}", other.map(|s| s.name)),
         }
+    }
+
+    /// A server's URL given in a `url_file` is read at start and held to the rules of a
+    /// URL put in force; a refusal shows it redacted.
+    #[test]
+    fn a_url_file_is_read_at_start_and_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("web.url");
+        let s = McpServer {
+            url_file: Some(file.display().to_string()),
+            ..McpServer::default()
+        };
+        std::fs::write(&file, "http://127.0.0.1:9/t/SECRET/mcp\n").expect("write");
+        match server("web", &s) {
+            Ok(Server {
+                target: Target::Url { url, .. },
+                ..
+            }) => assert_eq!(url, "http://127.0.0.1:9/t/SECRET/mcp"),
+            other => panic!("{other:?}"),
+        }
+        for text in ["http://10.0.0.7/t/SECRET/mcp", "https://u:SECRET@h/mcp", ""] {
+            std::fs::write(&file, text).expect("write");
+            match server("web", &s) {
+                Err(DaemonError::McpGateway(why)) => {
+                    assert!(why.contains("[mcp.web] url_file"), "{why}");
+                    assert!(!why.contains("SECRET"), "{why}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        std::fs::remove_file(&file).expect("rm");
+        assert!(server("web", &s).is_err());
     }
 
     /// A remote server's HTTP client is built at start, over tally's one TLS

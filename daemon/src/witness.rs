@@ -87,19 +87,21 @@ impl WitnessClient {
         url: &str,
         body: Vec<u8>,
     ) -> Result<HttpReply, String> {
-        let uri: axum::http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-        let host = uri.host().ok_or_else(|| format!("{url}: no host"))?;
+        // Shown redacted: the URL may carry a secret.
+        let shown = tally_record::url::redacted(url);
+        let uri: axum::http::Uri = url.parse().map_err(|e| format!("{shown}: {e}"))?;
+        let host = uri.host().ok_or_else(|| format!("{shown}: no host"))?;
         match uri.scheme_str() {
             Some("https") => {}
             Some("http") if tally_policy::upstreams::loopback_host(host) => {}
             Some("http") => {
                 return Err(format!(
-                    "{url}: plain http:// only to a loopback host; use https://"
+                    "{shown}: plain http:// only to a loopback host; use https://"
                 ))
             }
             _ => {
                 return Err(format!(
-                    "{url}: only https:// (and http:// on loopback) URLs"
+                    "{shown}: only https:// (and http:// on loopback) URLs"
                 ))
             }
         }
@@ -111,7 +113,7 @@ impl WitnessClient {
             .uri(uri)
             .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
             .body(Full::new(Bytes::from(body)))
-            .map_err(|e| format!("{url}: {e}"))?;
+            .map_err(|e| format!("{shown}: {e}"))?;
         let work = async {
             let res = self.client.request(req).await.map_err(|e| {
                 // The connector's error (TLS, refused) is in the chain: say it.
@@ -121,7 +123,7 @@ impl WitnessClient {
                     why = format!("{why}: {s}");
                     src = s.source();
                 }
-                format!("{url}: {why}")
+                format!("{shown}: {why}")
             })?;
             let status = res.status().as_u16();
             let content_type = res
@@ -132,7 +134,7 @@ impl WitnessClient {
             let body = http_body_util::Limited::new(res.into_body(), MAX_BODY)
                 .collect()
                 .await
-                .map_err(|e| format!("{url}: {e}"))?
+                .map_err(|e| format!("{shown}: {e}"))?
                 .to_bytes()
                 .to_vec();
             Ok(HttpReply {
@@ -143,7 +145,7 @@ impl WitnessClient {
         };
         tokio::time::timeout(REQUEST_TIMEOUT, work)
             .await
-            .map_err(|_| format!("{url}: no answer in {} s", REQUEST_TIMEOUT.as_secs()))?
+            .map_err(|_| format!("{shown}: no answer in {} s", REQUEST_TIMEOUT.as_secs()))?
     }
 }
 
@@ -528,6 +530,26 @@ mod tests {
             .request("POST", "127.0.0.1:80/x", Vec::new())
             .await
             .is_err());
+    }
+
+    /// A witness URL may carry a secret (user info, a token in its path): an error shows
+    /// it redacted, whatever failed (the scheme, a refused connection).
+    #[tokio::test]
+    async fn an_error_shows_the_url_redacted() {
+        let c = WitnessClient::new(None).expect("client");
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a port")
+            .port();
+        for url in [
+            "http://u:SECRET@10.1.2.3/t/SECRET/add-checkpoint".to_owned(),
+            format!("http://127.0.0.1:{closed}/t/SECRET/add-checkpoint"),
+            "ftp://h/SECRET".to_owned(),
+            "SECRET".to_owned(),
+        ] {
+            let e = c.request("POST", &url, Vec::new()).await.unwrap_err();
+            assert!(!e.contains("SECRET"), "{url}: {e}");
+        }
     }
 
     #[test]

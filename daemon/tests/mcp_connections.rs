@@ -18,7 +18,7 @@ use crate::mcp_gateway::{bearer, gateway_with, send, IDLE, INIT};
 const REFUSED: &str = "tally_mcp_refused_connections_total";
 
 /// The value of the series `name` in the daemon's `/metrics` (`None` when absent).
-async fn metric(d: &Daemon, name: &str) -> Option<u64> {
+pub(crate) async fn metric(d: &Daemon, name: &str) -> Option<u64> {
     let mut c = d.client().await;
     let text = String::from_utf8(get(&mut c, "/metrics").await.body.to_vec()).expect("utf8");
     text.lines()

@@ -389,12 +389,21 @@ async fn one_credential_holds_at_most_its_bound_of_sessions() {
     let first = open(gw.addr, &key, None).await;
     let second = open(gw.addr, &key, None).await;
     let auth = bearer(&key);
+    let refused = |bound: &'static str| {
+        let name = format!("tally_mcp_refused_sessions_total{{bound=\"{bound}\"}}");
+        let daemon = &gw.daemon;
+        async move { crate::mcp_connections::metric(daemon, &name).await }
+    };
+    assert_eq!(refused("credential").await, Some(0));
     let (status, session, answer) = send(gw.addr, "POST", &[("Authorization", &auth)], INIT).await;
     assert_eq!((status, session), (429, None), "{answer}");
     assert!(
         answer.contains("--mcp-max-sessions-per-credential"),
         "{answer}"
     );
+    // Counted by its bound, in `/metrics`.
+    assert_eq!(refused("credential").await, Some(1));
+    assert_eq!(refused("gateway").await, Some(0));
     // Another credential still opens its own.
     open(gw.addr, &token, None).await;
     // A session the key closes gives it its place back; the run goes on in the other.

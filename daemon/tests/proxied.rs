@@ -227,3 +227,38 @@ async fn an_outcome_still_lingering_at_shutdown_is_committed_before_serve_return
         "the durable size counts it once serve has returned"
     );
 }
+
+/// A policy an earlier build recorded may name an upstream over plain `http://` to a
+/// host that is not loopback (such a policy is refused in force now): the daemon given
+/// it (a `Recorded` read from a ledger) does not start its proxy, naming the upstream,
+/// its URL redacted.
+#[tokio::test]
+async fn a_recorded_plain_http_upstream_elsewhere_is_never_forwarded_to() {
+    let text = "[upstreams.gw]\nurl = \"http://10.0.0.7:8000/t/SECRET/v1\"\nkind = \"openai\"\ncredential = \"key\"\n\n[prices.gw.\"m\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\n";
+    assert!(Recorded::new(text).is_err());
+    let (dir, ledger_dir, _) = crate::common::new_ledger(Default::default());
+    let mut options = tally_daemon::ServeOptions::new(&ledger_dir, dir.path().join("agent.sock"));
+    options.policy = Recorded::from_ledger(text).expect("a recorded policy reads");
+    let mut proxy = tally_daemon::ProxyServe::default();
+    proxy.listen = Some("127.0.0.1:0".parse().expect("an address"));
+    proxy.credentials.insert(
+        "key".into(),
+        tally_proxy::Secret::new("sk-upstream".to_owned()),
+    );
+    options.proxy = Some(proxy);
+    let ledger = std::sync::Arc::new(crate::common::open_ledger(&ledger_dir));
+    let served = tokio::time::timeout(
+        Duration::from_secs(30),
+        tally_daemon::serve(ledger, options, std::future::pending()),
+    )
+    .await
+    .expect("the daemon refused to start");
+    let why = served
+        .expect_err("a proxy over a plain-http upstream")
+        .to_string();
+    assert!(
+        why.contains("upstream `gw`") && why.contains("not loopback"),
+        "{why}"
+    );
+    assert!(!why.contains("SECRET"), "{why}");
+}

@@ -164,7 +164,6 @@ impl std::fmt::Debug for Secret {
 }
 
 /// Where a server is.
-#[derive(Debug)]
 #[non_exhaustive]
 pub enum Target {
     /// A command the gateway starts and speaks to on stdio.
@@ -178,6 +177,23 @@ pub enum Target {
         /// The HTTP client it is reached with, built at start ([`RemoteClient::new`]).
         client: RemoteClient,
     },
+}
+
+/// A remote server's URL shows redacted (`tally_record::url::redacted`): it may carry a
+/// secret.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Command(command) => f.debug_tuple("Command").field(command).finish(),
+            Target::Url {
+                url, credential, ..
+            } => f
+                .debug_struct("Url")
+                .field("url", &tally_record::url::redacted(url))
+                .field("credential", credential)
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 pub use servers::RemoteClient;
@@ -222,6 +238,30 @@ pub struct GatewayOptions {
     /// Called once for each connection refused over [`GatewayLimits::max_connections`]
     /// (the daemon counts them in its metrics).
     pub on_refused: Arc<dyn Fn() + Send + Sync>,
+    /// Called once for each `initialize` refused over a bound on sessions, with the
+    /// bound (the daemon counts them in its metrics).
+    pub on_session_refused: Arc<dyn Fn(SessionBound) + Send + Sync>,
+}
+
+/// The bound on sessions an `initialize` was refused over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionBound {
+    /// The gateway's ([`GatewayLimits::max_sessions`]): answered 503.
+    Gateway,
+    /// One credential's (a run token's run, a key:
+    /// [`GatewayLimits::max_sessions_per_credential`]): answered 429.
+    Credential,
+}
+
+impl SessionBound {
+    /// Its name, as a metric's label: `gateway`, `credential`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionBound::Gateway => "gateway",
+            SessionBound::Credential => "credential",
+        }
+    }
 }
 
 /// The bounds on what the gateway's clients may hold.

@@ -357,7 +357,7 @@ impl Policy {
         self.check_rules()?;
         self.check_approvers()?;
         self.check_periods()?;
-        self.check_upstreams()?;
+        self.check_upstreams(new)?;
         crate::mcp_servers::check(&self.mcp, new)?;
         if self.max_price_age_days == Some(0) {
             return Err((
@@ -483,8 +483,9 @@ impl Policy {
     }
 
     /// Upstreams and their prices: names that fit a URL path, valid URLs and lists, a
-    /// price table for each model upstream's models and only for upstreams named.
-    fn check_upstreams(&self) -> Result<(), (String, String)> {
+    /// price table for each model upstream's models and only for upstreams named (`new`:
+    /// a policy being put in force, see [`crate::upstreams::Upstream::in_force_problem`]).
+    fn check_upstreams(&self, new: bool) -> Result<(), (String, String)> {
         use crate::upstreams::UpstreamKind;
         for (name, u) in &self.upstreams {
             if !crate::upstreams::valid_name(name) {
@@ -493,7 +494,7 @@ impl Policy {
                     "a name is one URL path segment: letters, digits, `_`, `-`, at most 64".into(),
                 ));
             }
-            if let Some((key, why)) = u.problem() {
+            if let Some((key, why)) = u.problem(new) {
                 return Err((format!("upstreams.{name}.{key}"), why));
             }
             if let Some((d, m)) = u

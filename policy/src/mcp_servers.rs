@@ -1,14 +1,17 @@
 //! The MCP servers `tally serve --mcp-listen` puts its gateway in front of
 //! (`[mcp.NAME]`, docs/MCP.md, "The HTTP gateway"): each one either a command the
-//! gateway starts and speaks to on stdio, or the URL of a remote Streamable HTTP server,
-//! with an optional credential the gateway sends it in a header. A remote server is
-//! reached over `https://` (plain `http://` to a loopback host only, so a credential
-//! never crosses a network unencrypted), trusting the Mozilla roots and, for a server
-//! whose certificate a private CA issued, the CA certificates of a `ca_file`.
+//! gateway starts and speaks to on stdio, or the URL of a remote Streamable HTTP server
+//! (or a file holding it, for a URL that carries a secret), with an optional credential
+//! the gateway sends it in a header. A remote server is reached over `https://` (plain
+//! `http://` to a loopback host only, so a credential never crosses a network
+//! unencrypted), trusting the Mozilla roots and, for a server whose certificate a
+//! private CA issued, the CA certificates of a `ca_file`.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use tally_record::url::redacted;
 
 use crate::upstreams::loopback_host;
 
@@ -26,6 +29,11 @@ pub struct McpServer {
     /// loopback host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// A file whose content (trailing line end removed) is the remote server's URL, read
+    /// when `tally serve` starts: for a URL that carries a secret (a token in its path),
+    /// which the policy, recorded in the ledger as written, then does not hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url_file: Option<String>,
     /// A PEM file of CA certificates trusted for an `https://` server beside the Mozilla
     /// roots (for a certificate a private CA issued).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -85,18 +93,25 @@ fn recorded_url_problem(url: &str) -> Option<String> {
             && r.bytes().all(|b| b.is_ascii_graphic())
             && !r.contains(['#', '@'])
     });
-    (!ok).then(|| format!("`{url}` is not a server URL (no user info, fragment or spaces)"))
+    (!ok).then(|| {
+        format!(
+            "`{}` is not a server URL (no user info, fragment or spaces)",
+            redacted(url)
+        )
+    })
 }
 
 /// What is wrong with the URL of a server being put in force, if anything:
 /// `https://host[:port]/path`, or `http://` to a loopback host ([`loopback_host`]); no
-/// user info, query, fragment or spaces.
+/// user info, query, fragment or spaces. The URL is shown [`redacted`]: it may carry a
+/// secret.
 fn url_problem(url: &str) -> Option<String> {
+    let shown = redacted(url);
     let (scheme, rest) = match url.split_once("://") {
         Some((s @ ("http" | "https"), rest)) => (s, rest),
         _ => {
             return Some(format!(
-                "`{url}` is not a server URL: write `https://host[:port]/path`"
+                "`{shown}` is not a server URL: write `https://host[:port]/path`"
             ))
         }
     };
@@ -117,17 +132,18 @@ fn url_problem(url: &str) -> Option<String> {
         || rest.contains(['#', '@'])
     {
         return Some(format!(
-            "`{url}`: write `https://host[:port]/path` (no user info, fragment or spaces)"
+            "`{shown}`: write `https://host[:port]/path` (no user info, fragment or spaces; a credential goes in `credential_file` or `credential_env`)"
         ));
     }
     if rest.contains('?') {
         return Some(format!(
-            "`{url}` has a query: it would be shown in errors to agents and in the log. Give the server's credential in `credential_file` or `credential_env` (sent in a header)"
+            "`{shown}` has a query: give the server's credential in `credential_file` or `credential_env` (sent in a header)"
         ));
     }
     if scheme == "http" && !loopback_host(host) {
         return Some(format!(
-            "`{url}` is plain http to a host that is not loopback: the credential and every call would cross the network unencrypted. Write `https://{rest}` (plain `http://` is for 127.0.0.1, ::1 and localhost only)"
+            "`{shown}` is plain http to a host that is not loopback: the credential and every call would cross the network unencrypted. Write `{}` (plain `http://` is for 127.0.0.1, ::1 and localhost only)",
+            redacted(&format!("https://{rest}"))
         ));
     }
     None
@@ -138,21 +154,42 @@ impl McpServer {
     /// `new`: a policy being put in force, whose `url` meets [`url_problem`]; a recorded
     /// one meets [`recorded_url_problem`].
     pub(crate) fn problem(&self, new: bool) -> Option<(&'static str, String)> {
-        match (self.command.is_empty(), &self.url) {
-            (true, None) => Some((
+        let remote = self.url.is_some() || self.url_file.is_some();
+        match (self.command.is_empty(), &self.url, &self.url_file) {
+            (true, None, None) => Some((
                 "command",
-                "give the server: `command = [\"program\", \"arg\"]` (a stdio server) or `url = \"https://host:port/mcp\"` (a Streamable HTTP server)".into(),
+                "give the server: `command = [\"program\", \"arg\"]` (a stdio server) or `url = \"https://host:port/mcp\"` (a Streamable HTTP server; `url_file` names a file holding it)".into(),
             )),
-            (false, Some(_)) => Some(("url", "give `command` or `url`, not both".into())),
-            (false, None) => self.command_problem(),
-            (true, Some(url)) => if new {
+            (false, _, _) if remote => Some((
+                if self.url.is_some() { "url" } else { "url_file" },
+                "give `command` or a URL (`url`, `url_file`), not both".into(),
+            )),
+            (false, _, _) => self.command_problem(),
+            (true, Some(_), Some(_)) => Some((
+                "url_file",
+                "give `url` or `url_file`, not both".into(),
+            )),
+            (true, None, Some(file)) => if file.is_empty() {
+                Some(("url_file", "is empty: give a file's path".into()))
+            } else {
+                self.remote_problem(None)
+            },
+            (true, Some(url), None) => if new {
                 url_problem(url)
             } else {
                 recorded_url_problem(url)
             }
             .map(|why| ("url", why))
-                .or_else(|| self.remote_problem(url)),
+            .or_else(|| self.remote_problem(Some(url))),
         }
+    }
+
+    /// What keeps `url`, read from this entry's `url_file` when `tally serve` starts,
+    /// from being put in force: the key (`url_file`) and why, the URL shown redacted.
+    pub fn url_file_problem(&self, url: &str) -> Option<(&'static str, String)> {
+        url_problem(url)
+            .map(|why| ("url_file", why))
+            .or_else(|| self.remote_problem(Some(url)))
     }
 
     /// What keeps this entry from being put in force, if anything (the rules of a new
@@ -185,11 +222,12 @@ impl McpServer {
         None
     }
 
-    /// What is wrong with a remote server's CA file and credential (its `url` is valid).
-    fn remote_problem(&self, url: &str) -> Option<(&'static str, String)> {
+    /// What is wrong with a remote server's CA file and credential (its `url` is valid;
+    /// `None` while it is in a `url_file` not yet read).
+    fn remote_problem(&self, url: Option<&str>) -> Option<(&'static str, String)> {
         match self.ca_file.as_deref() {
             Some("") => return Some(("ca_file", "is empty: give a PEM file's path".into())),
-            Some(_) if !url.starts_with("https://") => {
+            Some(_) if url.is_some_and(|u| !u.starts_with("https://")) => {
                 return Some((
                     "ca_file",
                     "is for an `https://` server: a plain `http://` one shows no certificate"
@@ -301,6 +339,9 @@ mod tests {
             ("[mcp.web]\nurl = \"https://h/mcp\"\ncredential_env = \"T\"\ncredential_file = \"/f\"\n", "mcp.web.credential_env"),
             ("[mcp.my_files]\ncommand = [\"a\"]\n", "mcp.my_files"),
             ("[mcp.Files]\ncommand = [\"a\"]\n", "mcp.Files"),
+            ("[mcp.web]\nurl = \"https://h/mcp\"\nurl_file = \"/u\"\n", "mcp.web.url_file"),
+            ("[mcp.web]\ncommand = [\"a\"]\nurl_file = \"/u\"\n", "mcp.web.url_file"),
+            ("[mcp.web]\nurl_file = \"\"\n", "mcp.web.url_file"),
         ] {
             let (k, why) = refused(text);
             assert_eq!(k, key, "{text}: {why}");
@@ -344,7 +385,7 @@ mod tests {
             let (k, why) = refused(&text);
             assert_eq!(k, "mcp.web.url", "{host}: {why}");
             assert!(
-                why.contains(&format!("`https://{host}/mcp`")) && why.contains("loopback"),
+                why.contains(&format!("`https://{host}/…`")) && why.contains("loopback"),
                 "{host}: {why}"
             );
         }
@@ -362,6 +403,61 @@ mod tests {
         );
         let p = Policy::from_recorded(text).expect("a recorded policy");
         assert_eq!(p.mcp["web"].url.as_deref(), Some("https://h/mcp?key=x"));
+    }
+
+    /// A refused server URL is shown redacted: a secret in its user info, path or query
+    /// is not repeated in the refusal (on the terminal, in the log), in force or read
+    /// from a ledger.
+    #[test]
+    fn a_refused_url_is_shown_without_its_secrets() {
+        for url in [
+            "http://mcp.example.com/t/SECRET/mcp",
+            "https://u:SECRET@mcp.example.com/mcp",
+            "https://mcp.example.com/mcp?key=SECRET",
+            "https://mcp.example.com/SECRET#x",
+            "https://mcp.example.com/SE CRET",
+            "ftp://mcp.example.com/SECRET",
+            "mcp.example.com/SECRET",
+        ] {
+            let text = format!("[mcp.web]\nurl = \"{url}\"\n");
+            let (k, why) = refused(&text);
+            assert_eq!(k, "mcp.web.url", "{url}: {why}");
+            assert!(!why.contains("SECRET"), "{url}: {why}");
+            if let Err(e) = Policy::from_recorded(&text) {
+                assert!(!e.to_string().contains("SECRET"), "{url}: {e}");
+            }
+        }
+    }
+
+    /// A URL that carries a secret is given in a file, read when `tally serve` starts:
+    /// the policy names the file only, and what is read is held to the rules of a URL
+    /// put in force, shown redacted.
+    #[test]
+    fn a_url_file_names_the_file_and_its_url_is_checked_when_read() {
+        let p = Policy::from_toml(
+            "[mcp.web]\nurl_file = \"/etc/tally/web.url\"\ncredential_env = \"T\"\nca_file = \"/ca.pem\"\n",
+        )
+        .expect("a url_file server");
+        let web = &p.mcp["web"];
+        assert_eq!(web.url_file.as_deref(), Some("/etc/tally/web.url"));
+        assert_eq!(web.url, None);
+        assert_eq!(web.in_force_problem(), None);
+        assert_eq!(web.url_file_problem("https://h/t/SECRET/mcp"), None);
+        for url in [
+            "http://mcp.example.com/t/SECRET/mcp",
+            "https://u:SECRET@h/mcp",
+            "https://h/mcp?k=SECRET",
+            "SECRET",
+        ] {
+            let (key, why) = web.url_file_problem(url).expect("refused");
+            assert_eq!(key, "url_file", "{url}: {why}");
+            assert!(!why.contains("SECRET"), "{url}: {why}");
+        }
+        // Its `ca_file` is for an `https://` URL, which is known once the file is read.
+        let (key, _) = web
+            .url_file_problem("http://127.0.0.1:9/mcp")
+            .expect("a ca_file for plain http");
+        assert_eq!(key, "ca_file");
     }
 
     #[test]

@@ -157,9 +157,34 @@ pub fn valid_name(name: &str) -> bool {
 
 impl Upstream {
     /// What is wrong with this upstream, if anything: the key under
-    /// `upstreams.NAME` and why.
-    pub(crate) fn problem(&self) -> Option<(&'static str, String)> {
-        self.request_problem().or_else(|| self.kind_problem())
+    /// `upstreams.NAME` and why. `new`: a policy being put in force, whose `url` is also
+    /// held to [`Upstream::in_force_problem`]; a recorded one is read as earlier builds,
+    /// which took plain `http://` to any host, enforced it.
+    pub(crate) fn problem(&self, new: bool) -> Option<(&'static str, String)> {
+        self.request_problem()
+            .or_else(|| self.kind_problem())
+            .or_else(|| new.then(|| self.in_force_problem()).flatten())
+    }
+
+    /// What keeps this upstream from being put in force, whatever a ledger recorded:
+    /// plain `http://` to a host that is not loopback ([`loopback_host`]), where the
+    /// credential the proxy injects, and every prompt and answer, would cross the
+    /// network unencrypted. The proxy asks before it forwards to it.
+    pub fn in_force_problem(&self) -> Option<(&'static str, String)> {
+        let (scheme, authority, _) = split_url(&self.url).ok()?;
+        let host = match authority.find(']') {
+            Some(i) if authority.starts_with('[') => &authority[..=i],
+            _ => authority.split(':').next().unwrap_or(authority),
+        };
+        (scheme == "http" && !loopback_host(host)).then(|| {
+            (
+                "url",
+                format!(
+                    "`{}` is plain http to a host that is not loopback: the credential the proxy injects, and every request and answer, would cross the network unencrypted. Use `https://{authority}`, or, for a gateway on this machine, a loopback address (127.0.0.1, ::1 or localhost)",
+                    tally_record::url::redacted(&self.url)
+                ),
+            )
+        })
     }
 
     /// What is wrong with where and how requests go: the URL, the credential, the
@@ -360,13 +385,15 @@ pub fn deployment_name(d: &str) -> bool {
 }
 
 /// An upstream URL's scheme (`http` or `https`), authority and base path (`""` or a
-/// path without a trailing `/`).
+/// path without a trailing `/`). An error shows the URL redacted
+/// ([`tally_record::url::redacted`]): it may carry a secret.
 pub fn split_url(url: &str) -> Result<(&str, &str, &str), String> {
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-        format!("`{url}` is not a URL: write http://host[:port][/base] or https://...")
-    })?;
+    let shown = tally_record::url::redacted(url);
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("`{shown}` is not a URL: write https://host[:port][/base]"))?;
     if scheme != "http" && scheme != "https" {
-        return Err(format!("`{url}`: the scheme must be http or https"));
+        return Err(format!("`{shown}`: the scheme must be https (or http)"));
     }
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -379,22 +406,24 @@ pub fn split_url(url: &str) -> Result<(&str, &str, &str), String> {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
     {
         return Err(format!(
-            "`{url}`: give a host and optional port, no user name or password"
+            "`{shown}`: give a host and optional port, no user name or password (the credential goes in `credential`)"
         ));
     }
     let path = path.trim_end_matches('/');
     if !path.is_empty() && !valid_path(path) {
         return Err(format!(
-            "`{url}`: the base path may not hold `?`, `#`, `%` or dot segments"
+            "`{shown}`: the base path may not hold `?`, `#`, `%` or dot segments"
         ));
     }
     Ok((scheme, authority, path))
 }
 
 /// Whether `host` (a URL's host: a name, an IPv4 address or an IPv6 one in brackets) is
-/// a loopback host: `localhost`, 127.0.0.0/8 or `::1`. Where an MCP server's `url` (its
-/// credential) and a witness's checkpoints may go over plain `http://`. A model-proxy
-/// upstream is not held to it: its `base_url` may be plain `http://` to any host.
+/// a loopback host: `localhost`, 127.0.0.0/8 or `::1`. The only hosts plain `http://` may
+/// reach: an MCP server's `url` (its credential), a witness's checkpoints and a proxy
+/// upstream's `url` (the credential the proxy injects) in a policy put in force. A
+/// policy an earlier build recorded in a ledger, when MCP servers and upstreams could be
+/// plain `http://` to any host, still reads ([`crate::Policy::from_recorded`]).
 pub fn loopback_host(host: &str) -> bool {
     let bare = host
         .strip_prefix('[')

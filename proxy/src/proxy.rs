@@ -49,12 +49,13 @@ pub enum ProxyError {
         /// What is wrong.
         why: String,
     },
-    /// An upstream's URL is not one the client can reach.
+    /// An upstream's URL is not one the client can reach, or not one a policy put in
+    /// force may give (plain `http://` to a host that is not loopback).
     #[error("upstream `{upstream}`: url `{url}` cannot be used: {why}")]
     Url {
         /// The upstream.
         upstream: String,
-        /// Its URL.
+        /// Its URL, redacted (`tally_record::url::redacted`: it may carry a secret).
         url: String,
         /// Why.
         why: String,
@@ -271,19 +272,21 @@ impl Proxy {
                     credential: u.credential.clone(),
                 }
             })?;
+            let bad_url = |why: String| ProxyError::Url {
+                upstream: name.clone(),
+                url: tally_record::url::redacted(&u.url),
+                why,
+            };
+            // What a policy put in force could not give (a recorded policy's plain
+            // `http://` to another host) is not forwarded to.
+            if let Some((_, why)) = u.in_force_problem() {
+                return Err(bad_url(why));
+            }
             let (scheme, authority, base) =
-                tally_policy::upstreams::split_url(&u.url).map_err(|why| ProxyError::Url {
-                    upstream: name.clone(),
-                    url: u.url.clone(),
-                    why,
-                })?;
-            let uri: hyper::Uri = format!("{scheme}://{authority}/").parse().map_err(
-                |e: hyper::http::uri::InvalidUri| ProxyError::Url {
-                    upstream: name.clone(),
-                    url: u.url.clone(),
-                    why: e.to_string(),
-                },
-            )?;
+                tally_policy::upstreams::split_url(&u.url).map_err(bad_url)?;
+            let uri: hyper::Uri = format!("{scheme}://{authority}/")
+                .parse()
+                .map_err(|e: hyper::http::uri::InvalidUri| bad_url(e.to_string()))?;
             let aws = aws_signer(name, u, secret)?;
             routes.insert(
                 name.clone(),

@@ -1,6 +1,6 @@
 //! tally's decision records: what the gate decides and the ledger stores (one JSON
 //! object per decision), the typed reason codes and the one action each carries,
-//! canonical JSON and the argument digest.
+//! canonical JSON and the argument digest, and how a URL is shown ([`url::redacted`]).
 //!
 //! No cryptography, no I/O: the ledger (bytes, keys, store), the policy core and the
 //! verifier all read these types, and none of them defines its own. The one thing read
@@ -22,6 +22,7 @@ mod stored;
 mod strict;
 pub mod trace;
 pub mod typed;
+pub mod url;
 mod verdict;
 pub mod words;
 

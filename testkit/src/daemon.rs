@@ -22,7 +22,7 @@ impl Tally {
 
 /// `tally serve` over `DIR/ledger` under `DIR/policy.toml` (what [`Tally::init`] makes), on
 /// the agent socket `DIR/agent.sock` and the operator socket `DIR/operator.sock`, its
-/// standard error in `DIR/serve.log`. Killed (SIGKILL) if still running when dropped.
+/// standard error in `DIR/serve.log` and its standard output in `DIR/serve.out`. Killed (SIGKILL) if still running when dropped.
 #[derive(Debug)]
 pub struct Daemon {
     tally: Tally,
@@ -51,6 +51,7 @@ impl Daemon {
         let _ = std::fs::remove_file(self.agent_socket());
         let _ = std::fs::remove_file(self.operator_socket());
         let log = std::fs::File::create(self.dir.join("serve.log")).expect("serve.log");
+        let out = std::fs::File::create(self.dir.join("serve.out")).expect("serve.out");
         let child = self
             .tally
             .command()
@@ -68,7 +69,7 @@ impl Daemon {
             .args(&self.extra)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(log)
             .spawn()
             .expect("spawn tally serve");
@@ -122,6 +123,11 @@ impl Daemon {
     /// What it wrote on its standard error so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+    }
+
+    /// What it wrote on its standard output so far.
+    pub fn out(&self) -> String {
+        std::fs::read_to_string(self.dir.join("serve.out")).unwrap_or_default()
     }
 
     /// Its process id, while it runs.

@@ -43,15 +43,17 @@ impl std::fmt::Debug for Notify {
     }
 }
 
-/// A receiver URL, checked: `http://` or `https://` with a host.
+/// A receiver URL, checked: `http://` or `https://` with a host. An error shows it
+/// redacted: a webhook's URL carries its secret in its path.
 fn receiver_url(url: &str) -> Result<axum::http::Uri, String> {
+    let shown = tally_record::url::redacted(url);
     let uri: axum::http::Uri = url
         .parse()
-        .map_err(|e| format!("receiver `{url}`: {e}; give an http:// or https:// URL"))?;
+        .map_err(|e| format!("receiver `{shown}`: {e}; give an http:// or https:// URL"))?;
     match (uri.scheme_str(), uri.host()) {
         (Some("http" | "https"), Some(_)) => Ok(uri),
         _ => Err(format!(
-            "receiver `{url}`: only http:// and https:// URLs with a host are sent to"
+            "receiver `{shown}`: only http:// and https:// URLs with a host are sent to"
         )),
     }
 }

@@ -35,6 +35,9 @@ pub(crate) struct Metrics {
     overrun_nanos: Counter,
     rate_limited: Counter,
     mcp_refused_connections: Counter,
+    /// `initialize`s the MCP gateway refused, by the bound on sessions they were over
+    /// (`tally_mcp::gateway::SessionBound`).
+    mcp_refused_sessions: Family<Labels, Counter>,
     check_seconds: Histogram,
     commit_seconds: Histogram,
     runs_open: Gauge,
@@ -282,6 +285,15 @@ impl Metrics {
             "Connections the MCP gateway (tally serve --mcp-listen) refused over its bound (--mcp-max-connections): answered 503, or closed unanswered while too many refusals were being written",
             mcp_refused_connections.clone(),
         );
+        let mcp_refused_sessions = Family::<Labels, Counter>::default();
+        registry.register(
+            "mcp_refused_sessions",
+            "initialize requests the MCP gateway (tally serve --mcp-listen) refused over a bound on sessions, by bound: gateway (--mcp-max-sessions, answered 503), credential (one run token's or key's, --mcp-max-sessions-per-credential, answered 429)",
+            mcp_refused_sessions.clone(),
+        );
+        for bound in ["gateway", "credential"] {
+            let _ = mcp_refused_sessions.get_or_create(&vec![("bound", bound.to_owned())]);
+        }
         // 50 us to ~1.6 s.
         let check_seconds = Histogram::new(exponential_buckets(0.00005, 2.0, 16));
         registry.register_with_unit(
@@ -364,6 +376,7 @@ impl Metrics {
             overrun_nanos,
             rate_limited,
             mcp_refused_connections,
+            mcp_refused_sessions,
             check_seconds,
             commit_seconds,
             runs_open,
@@ -506,6 +519,13 @@ impl Metrics {
     /// The MCP gateway refused a connection over its bound.
     pub fn mcp_refused_connection(&self) {
         self.mcp_refused_connections.inc();
+    }
+
+    /// The MCP gateway refused an `initialize` over a bound on sessions.
+    pub fn mcp_refused_session(&self, bound: tally_mcp::gateway::SessionBound) {
+        self.mcp_refused_sessions
+            .get_or_create(&vec![("bound", bound.as_str().to_owned())])
+            .inc();
     }
 
     pub fn synced(&self, secs: f64) {

@@ -65,6 +65,8 @@ struct Front {
     runs: Arc<Runs>,
     limits: GatewayLimits,
     connections: Connections,
+    /// Told of each `initialize` refused over a bound on sessions.
+    on_session_refused: Arc<dyn Fn(super::SessionBound) + Send + Sync>,
 }
 
 pub(super) async fn serve(
@@ -115,6 +117,7 @@ pub(super) async fn serve(
         runs,
         limits,
         connections: Connections::new(limits.max_connections, options.on_refused),
+        on_session_refused: options.on_session_refused,
     });
     let sweeper = tokio::spawn(Arc::clone(&front).sweep_every());
     front.accept(listener, shutdown).await;
@@ -434,31 +437,38 @@ impl Front {
             .map(refused)
     }
 
-    /// A place for `holder`'s new session, within the bounds on sessions.
+    /// A place for `holder`'s new session, within the bounds on sessions (a refusal over
+    /// one is told to the gateway's owner).
     fn place(&self, holder: &str) -> Result<Place, Box<Response<Body>>> {
-        self.table.reserve(holder).map_err(|e| Box::new(match e {
-            NoPlace::Gateway => rpc_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                -32000,
-                &format!(
-                    "{} sessions are open, as many as this gateway holds (tally serve --mcp-max-sessions): close one (DELETE) or retry later",
-                    self.limits.max_sessions
+        self.table.reserve(holder).map_err(|e| {
+            let (bound, status, why) = match e {
+                NoPlace::Gateway => (
+                    Some(super::SessionBound::Gateway),
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "{} sessions are open, as many as this gateway holds (tally serve --mcp-max-sessions): close one (DELETE) or retry later",
+                        self.limits.max_sessions
+                    ),
                 ),
-            ),
-            NoPlace::Holder => rpc_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                -32000,
-                &format!(
-                    "this credential holds {} sessions open, as many as one may (tally serve --mcp-max-sessions-per-credential): close one (DELETE) or wait for one to be idle too long",
-                    self.limits.max_sessions_per_credential
+                NoPlace::Holder => (
+                    Some(super::SessionBound::Credential),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "this credential holds {} sessions open, as many as one may (tally serve --mcp-max-sessions-per-credential): close one (DELETE) or wait for one to be idle too long",
+                        self.limits.max_sessions_per_credential
+                    ),
                 ),
-            ),
-            NoPlace::Closing => rpc_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                -32000,
-                "this gateway is stopping: nothing is opened",
-            ),
-        }))
+                NoPlace::Closing => (
+                    None,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "this gateway is stopping: nothing is opened".to_owned(),
+                ),
+            };
+            if let Some(bound) = bound {
+                (self.on_session_refused)(bound);
+            }
+            Box::new(rpc_error(status, -32000, &why))
+        })
     }
 
     /// The credential's run, started or continued, and a hold on it. A run whose stop

@@ -161,9 +161,19 @@ impl Backend {
             .await
             .map_err(|_| "it did not finish initializing in time".to_owned())?,
         };
-        let client = Arc::new(connected?);
+        let client = Arc::new(connected.map_err(|why| self.said(why))?);
         *slot = Some((generation, Arc::clone(&client)));
         Ok((generation, client))
+    }
+
+    /// `why` (what the server's client said) with a remote server's URL scrubbed from it
+    /// (`tally_record::url::scrubbed`): the URL may carry a secret, and `why` goes to
+    /// the agent, the log and the ledger.
+    fn said(&self, why: String) -> String {
+        match &self.target {
+            Target::Url { url, .. } => tally_record::url::scrubbed(&why, url),
+            Target::Command(_) => why,
+        }
     }
 
     /// Start a stdio server and run MCP's initialize exchange with it; a server that
@@ -288,7 +298,7 @@ impl Backend {
             Ok(t) => t,
             Err(e) => {
                 self.drop_client(generation).await;
-                return Err(e.to_string());
+                return Err(self.said(e.to_string()));
             }
         };
         let mut effects = self.effects.lock().unwrap_or_else(|p| p.into_inner());
@@ -364,7 +374,7 @@ impl Backend {
             Ok(Err(ServiceError::McpError(e))) => Called::Error(e),
             Ok(Err(e)) => {
                 self.drop_client(generation).await;
-                Called::Lost(e.to_string())
+                Called::Lost(self.said(e.to_string()))
             }
         }
     }

@@ -530,3 +530,92 @@ fn bedrock_needs_its_region_and_prices_ids_by_version_and_geography() {
         ]
     );
 }
+
+/// docs/PROXY.md: the proxy injects the upstream's credential, so a policy put in force
+/// reaches an upstream over `https://`, plain `http://` to a loopback host only. The
+/// refusal names the upstream's key and line, says what to write, and shows the URL
+/// redacted (its path may hold a secret). A ledger recorded under an earlier build's
+/// policy with such an upstream still reads its policy record, but the proxy is never
+/// built over it.
+#[test]
+fn plain_http_upstreams_reach_loopback_hosts_only_in_a_policy_put_in_force() {
+    use tally_policy::Recorded;
+    let upstream = |url: &str| {
+        format!("[upstreams.gw]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"c\"\n")
+    };
+    for url in [
+        "http://127.0.0.1:8080",
+        "http://127.9.9.9/v1",
+        "http://[::1]:4000/base",
+        "http://localhost:4000",
+        "http://LOCALHOST",
+        "https://gateway.example.com/v1",
+        "https://10.0.0.7:8443",
+    ] {
+        Policy::from_toml(&upstream(url)).unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+    for (url, host) in [
+        ("http://10.0.0.7:8000/t/SECRET/v1", "10.0.0.7:8000"),
+        ("http://gateway.example.com/SECRET", "gateway.example.com"),
+        ("http://localhost.example.com", "localhost.example.com"),
+        (
+            "http://127.0.0.1.example.com/SECRET",
+            "127.0.0.1.example.com",
+        ),
+        ("http://[::2]:80/SECRET", "[::2]:80"),
+        ("http://0.0.0.0:8080", "0.0.0.0:8080"),
+    ] {
+        let text = format!("# a gateway\n\n{}", upstream(url));
+        match Policy::from_toml(&text) {
+            Err(e @ PolicyError::Invalid { .. }) => {
+                let PolicyError::Invalid { key, why, line } = &e else {
+                    unreachable!()
+                };
+                assert_eq!(
+                    (key.as_str(), *line),
+                    ("upstreams.gw.url", Some(4)),
+                    "{url}"
+                );
+                assert!(
+                    why.contains("not loopback")
+                        && why.contains(&format!("`https://{host}`"))
+                        && why.contains("127.0.0.1"),
+                    "{url}: {why}"
+                );
+                let said = e.to_string();
+                assert!(
+                    said.starts_with("policy: line 4: `upstreams.gw.url`"),
+                    "{said}"
+                );
+                assert!(!said.contains("SECRET"), "{said}");
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+        assert!(Recorded::new(&text).is_err(), "{url}");
+        let recorded = Recorded::from_ledger(&text).expect("a recorded policy reads");
+        let u = &recorded.policy.upstreams["gw"];
+        assert_eq!(u.url, url);
+        assert!(u.in_force_problem().is_some(), "{url}");
+    }
+}
+
+/// A URL the policy refuses is shown redacted in the refusal: a secret in its user info
+/// or path is not repeated (to the terminal, `tally policy check`'s output, the log).
+#[test]
+fn a_refused_upstream_url_is_shown_without_its_secrets() {
+    for url in [
+        "https://user:SECRET@gateway.example.com/v1",
+        "https://SECRET@gateway.example.com",
+        "https://gateway.example.com/SECRET?x=1",
+        "https://gateway.example.com/SECRET/../v1",
+        "ftp://gateway.example.com/SECRET",
+        "gateway.example.com/SECRET",
+    ] {
+        let text =
+            format!("[upstreams.gw]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"c\"\n");
+        let e = refused(&text);
+        let said = e.to_string();
+        assert!(said.contains("upstreams.gw.url"), "{url}: {said}");
+        assert!(!said.contains("SECRET"), "{url}: {said}");
+    }
+}

@@ -1,0 +1,419 @@
+//! A URL's secret stays where the operator put it. An MCP server's and a proxy
+//! upstream's URL may carry a secret in their path (a hosted MCP server's token) or
+//! user info: the real `tally serve`, made to fail every way it can reach them (a
+//! refused connection, a bad status echoing the path, a TLS handshake that fails) and
+//! `tally policy check` and `tally serve` refusing policies that hold them, never repeat
+//! the secret: not on standard error or output, not to the agent, not in the metrics,
+//! not in any record of the ledger but the policy's own text (the file the operator
+//! wrote, recorded as it is: docs/MCP.md and docs/PROXY.md say so). And a ledger recorded
+//! under an earlier policy whose upstream is plain `http://` elsewhere still verifies.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tally_testkit::Tally;
+
+#[path = "common/ledger.rs"]
+#[allow(dead_code)]
+mod ledger;
+
+fn tally() -> Tally {
+    Tally::new(env!("CARGO_BIN_EXE_tally"))
+}
+
+/// The secret in the URLs' paths.
+const PATH_SECRET: &str = "tok-path-5c81d0e7";
+/// The secret in the URLs' user info.
+const USER_SECRET: &str = "pw-user-93ab42f1";
+/// The secret in the path of a URL given in a `url_file`: not in the policy, so in no
+/// record at all.
+const FILE_SECRET: &str = "tok-file-0d6e2a94";
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// A plain HTTP server answering every request `status` with `body(request line)`,
+/// serving until the test ends.
+fn answering(status: &'static str, body: fn(&str) -> String) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in l.incoming().flatten() {
+            std::thread::spawn(move || answer(stream, status, body));
+        }
+    });
+    port
+}
+
+fn answer(mut s: TcpStream, status: &str, body: fn(&str) -> String) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).map(|n| n == 1).unwrap_or(false) {
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let line = text.lines().next().unwrap_or_default();
+    let body = body(line);
+    let _ = write!(
+        s,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// One HTTP/1.0 request to `addr`: the status and the whole answer (head and body).
+fn send(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut head = format!(
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("write");
+    s.write_all(body.as_bytes()).expect("write");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// Neither secret in `text` (what `what` is).
+fn holds_no_secret(what: &str, text: &str) {
+    for secret in [PATH_SECRET, USER_SECRET, FILE_SECRET] {
+        assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
+    }
+}
+
+/// The servers and upstreams, each reached where it fails: `refused` (nothing
+/// listens), `missing` (a 404 whose body repeats the request's path), `tls` (`https://`
+/// to a server that speaks plain HTTP), and `hidden` (nothing listens) at the URL in
+/// `url_file`.
+fn policy(closed: u16, echo: u16, failing: u16, url_file: &Path) -> String {
+    let mut text = format!(
+        "[ceiling]\nspend_cents = 100\n\n\
+         [mcp.hidden]\nurl_file = {:?}\n\n\
+         [mcp.refused]\nurl = \"http://127.0.0.1:{closed}/t/{PATH_SECRET}/mcp\"\n\n\
+         [mcp.missing]\nurl = \"http://127.0.0.1:{echo}/t/{PATH_SECRET}/mcp\"\n\n\
+         [mcp.tls]\nurl = \"https://127.0.0.1:{echo}/t/{PATH_SECRET}/mcp\"\n\n",
+        url_file.display().to_string()
+    );
+    for (name, url) in [
+        (
+            "refused",
+            format!("http://127.0.0.1:{closed}/t/{PATH_SECRET}"),
+        ),
+        (
+            "failing",
+            format!("http://127.0.0.1:{failing}/t/{PATH_SECRET}"),
+        ),
+        ("tls", format!("https://127.0.0.1:{echo}/t/{PATH_SECRET}")),
+    ] {
+        text.push_str(&format!(
+            "[upstreams.{name}]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"key\"\npaths = [\"/v1/chat/completions\"]\n\n\
+             [prices.{name}.\"m\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\nmax_output_tokens = 100\n\n"
+        ));
+    }
+    text
+}
+
+/// The gateway's answers to one session's calls of each failing server's tool, and its
+/// listing.
+fn mcp_calls(gateway: SocketAddr, token: &str) -> Vec<(u16, String)> {
+    let bearer = format!("Bearer {token}");
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let (status, opened) = send(gateway, "/mcp", &[("Authorization", &bearer)], init);
+    assert_eq!(status, 200, "{opened}");
+    let session = opened
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("mcp-session-id:")
+                .then(|| l["mcp-session-id:".len()..].trim().to_owned())
+        })
+        .expect("a session");
+    let headers = [
+        ("Authorization", bearer.as_str()),
+        ("Mcp-Session-Id", session.as_str()),
+    ];
+    let mut answers = vec![(status, opened)];
+    answers.push(send(
+        gateway,
+        "/mcp",
+        &headers,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    ));
+    answers.push(send(
+        gateway,
+        "/mcp",
+        &headers,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    ));
+    for (id, server) in [(3, "refused"), (4, "missing"), (5, "tls"), (6, "hidden")] {
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": format!("{server}__lookup"), "arguments": {"q": "x"}}});
+        answers.push(send(gateway, "/mcp", &headers, &call.to_string()));
+    }
+    answers
+}
+
+/// The proxy's answers to one call through each failing upstream.
+fn proxy_calls(proxy: SocketAddr, token: &str) -> Vec<(u16, String)> {
+    let bearer = format!("Bearer {token}");
+    let body = r#"{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
+    ["refused", "failing", "tls"]
+        .into_iter()
+        .map(|up| {
+            send(
+                proxy,
+                &format!("/{up}/v1/chat/completions"),
+                &[("Authorization", &bearer)],
+                body,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (closed, echo) = (
+        closed_port(),
+        answering("404 Not Found", |line| format!("no route for {line}")),
+    );
+    let failing = answering("500 Internal Server Error", |_| "upstream failed".into());
+    let url_file = dir.path().join("hidden.url");
+    std::fs::write(
+        &url_file,
+        format!("http://127.0.0.1:{closed}/t/{FILE_SECRET}/mcp\n"),
+    )
+    .expect("url_file");
+    tally().init(dir.path(), &policy(closed, echo, failing, &url_file));
+    let key = dir.path().join("key.secret");
+    std::fs::write(&key, "sk-upstream\n").expect("key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let (gateway, proxy) = (free_addr(), free_addr());
+    let (gw, px) = (gateway.to_string(), proxy.to_string());
+    let mut serve = tally().serve(
+        dir.path(),
+        &[
+            "--mcp-listen",
+            &gw,
+            "--proxy-listen",
+            &px,
+            "--proxy-socket",
+            "proxy.sock",
+            "--credential",
+            "key=key.secret",
+        ],
+    );
+    serve.wait_for_socket("proxy.sock");
+    let (status, v) = serve.agent("POST", "/v1/runs", Some(json!({"run": "r"})));
+    assert_eq!(status, 201, "{v}");
+    let token = v["token"].as_str().expect("a token").to_owned();
+
+    let mcp = mcp_calls(gateway, &token);
+    let proxied = proxy_calls(proxy, &token);
+    for (status, answer) in mcp.iter().chain(&proxied) {
+        holds_no_secret(&format!("an answer to the agent ({status})"), answer);
+    }
+    // Each failure happened, and where the clients' errors quote the URL it is shown
+    // redacted.
+    let said: String = mcp.iter().map(|(_, a)| a.as_str()).collect();
+    assert!(
+        said.contains(&format!("127.0.0.1:{closed}/…")) && said.contains("hidden__lookup"),
+        "the refused servers' errors are not told: {said}"
+    );
+    assert!(said.contains("404"), "the 404 is not told: {said}");
+    let statuses: Vec<u16> = proxied.iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses, [502, 500, 502], "{proxied:?}");
+
+    let (status, metrics) =
+        tally_testkit::daemon::request(&serve.operator_socket(), "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8_lossy(&metrics).into_owned();
+    assert!(metrics.contains("tally_"), "{metrics}");
+    holds_no_secret("the metrics", &metrics);
+
+    let exited = serve.stop().expect("tally serve running");
+    assert!(exited.success(), "{exited}: {}", serve.log());
+    holds_no_secret("tally serve's standard error", &serve.log());
+    holds_no_secret("tally serve's standard output", &serve.out());
+
+    // Every record decrypted (the ledger verifies intact): the policy's own text holds
+    // the URLs as written (not the one in `url_file`); nothing else does.
+    let mut texts = 0;
+    for mut d in ledger::decisions(dir.path()) {
+        if let Some(text) = d.as_object_mut().and_then(|o| o.remove("policy_text")) {
+            let text = text.as_str().unwrap_or_default();
+            assert!(text.contains(PATH_SECRET) && !text.contains(FILE_SECRET));
+            texts += 1;
+        }
+        holds_no_secret("a record of the ledger", &d.to_string());
+    }
+    assert_eq!(texts, 1, "the policy is recorded once");
+    tally().verifies(dir.path());
+}
+
+/// Policies that cannot be put in force because of a URL (user info, plain `http://`
+/// to a host that is not loopback, a query, no URL at all) are refused by `tally policy
+/// check` and `tally serve` naming the key and its line, the URL shown redacted.
+#[test]
+fn a_policy_refused_for_its_url_does_not_repeat_its_secret() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    tally().ledger(dir.path());
+    let upstream = |url: &str| {
+        format!("# upstreams\n\n[upstreams.gw]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"key\"\n")
+    };
+    let server = |url: &str| format!("# servers\n\n[mcp.web]\nurl = \"{url}\"\n");
+    for (policy, key) in [
+        (
+            upstream(&format!("https://admin:{USER_SECRET}@gw.example.com/v1")),
+            "upstreams.gw.url",
+        ),
+        (
+            upstream(&format!("https://{USER_SECRET}@gw.example.com")),
+            "upstreams.gw.url",
+        ),
+        (
+            upstream(&format!("http://10.0.0.7:8000/t/{PATH_SECRET}")),
+            "upstreams.gw.url",
+        ),
+        (
+            upstream(&format!("https://gw.example.com/t/{PATH_SECRET}?k=1")),
+            "upstreams.gw.url",
+        ),
+        (
+            upstream(&format!("gw.example.com/t/{PATH_SECRET}")),
+            "upstreams.gw.url",
+        ),
+        (
+            server(&format!("https://admin:{USER_SECRET}@mcp.example.com/mcp")),
+            "mcp.web.url",
+        ),
+        (
+            server(&format!("http://mcp.example.com/t/{PATH_SECRET}/mcp")),
+            "mcp.web.url",
+        ),
+        (
+            server(&format!("https://mcp.example.com/mcp?token={PATH_SECRET}")),
+            "mcp.web.url",
+        ),
+        (
+            server(&format!("ftp://mcp.example.com/t/{PATH_SECRET}")),
+            "mcp.web.url",
+        ),
+    ] {
+        std::fs::write(dir.path().join("policy.toml"), &policy).expect("policy");
+        let checked = tally().run(dir.path(), &["policy", "check", "policy.toml"], "");
+        let served = tally().run(
+            dir.path(),
+            &[
+                "serve",
+                "--ledger",
+                "ledger",
+                "--socket",
+                "agent.sock",
+                "--policy",
+                "policy.toml",
+            ],
+            "",
+        );
+        for (what, out) in [("tally policy check", &checked), ("tally serve", &served)] {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{what} {policy}: {stderr}");
+            assert!(
+                stderr.contains(&format!("line 4: `{key}`")),
+                "{what} {policy}: {stderr}"
+            );
+            holds_no_secret(&format!("{what}'s standard error"), &stderr);
+            holds_no_secret(
+                &format!("{what}'s standard output"),
+                &String::from_utf8_lossy(&out.stdout),
+            );
+        }
+    }
+}
+
+/// `tally policy check` prints a valid policy with each URL redacted.
+#[test]
+fn policy_check_prints_urls_redacted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = format!(
+        "[upstreams.gw]\nurl = \"https://gw.example.com/t/{PATH_SECRET}\"\nkind = \"http\"\ncredential = \"key\"\n\n\
+         [mcp.web]\nurl = \"https://mcp.example.com/t/{PATH_SECRET}/mcp\"\n"
+    );
+    std::fs::write(dir.path().join("policy.toml"), &policy).expect("policy");
+    let out = tally().ok(dir.path(), &["policy", "check", "policy.toml"], "");
+    assert!(out.contains("url = \"https://gw.example.com/…\""), "{out}");
+    assert!(out.contains("url = \"https://mcp.example.com/…\""), "{out}");
+    holds_no_secret("tally policy check's output", &out);
+}
+
+/// A ledger an earlier build wrote under a policy whose upstream is plain `http://` to
+/// another host (such a policy is refused in force now) still verifies, and replays
+/// clean; a policy record no build accepted is a finding, its URL shown redacted.
+#[test]
+fn a_ledger_recorded_under_a_plain_http_upstream_still_verifies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    tally().ledger(dir.path());
+    let recorded = |text: &str| -> String {
+        let digest = tally_record::decision::policy_digest(text);
+        [
+            json!({"kind": "policy", "policy": digest, "policy_text": text}),
+            json!({"run": "r", "kind": "start", "at_ms": 0, "policy": digest, "budget": {
+                "attempts": 10, "deadline_ms": 60000, "spend_nanos": 1_000_000_000_u64,
+                "side_effects": 1, "polls": 1, "depth": 1}}),
+        ]
+        .iter()
+        .map(|d| format!("{d}\n"))
+        .collect()
+    };
+    let old = "[upstreams.gw]\nurl = \"http://10.0.0.7:8000/v1\"\nkind = \"openai\"\ncredential = \"key\"\n\n\
+               [prices.gw.\"m\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\n";
+    assert!(tally_policy::Policy::from_toml(old).is_err());
+    tally().ok(
+        dir.path(),
+        &["append", "--ledger", "ledger"],
+        &recorded(old),
+    );
+    let report: Value = tally().verifies(dir.path());
+    assert_eq!(report["replay"]["findings"], json!([]), "{report}");
+
+    let broken = format!(
+        "[upstreams.gw]\nurl = \"https://admin:{USER_SECRET}@gw.example.com\"\nkind = \"openai\"\ncredential = \"key\"\n"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    tally().ledger(dir.path());
+    tally().ok(
+        dir.path(),
+        &["append", "--ledger", "ledger"],
+        &recorded(&broken),
+    );
+    let (_, report) = tally().report(dir.path(), "verify", &[]);
+    let findings = report["replay"]["findings"].to_string();
+    assert!(findings.contains("upstreams.gw.url"), "{report}");
+    holds_no_secret("tally verify's report", &report.to_string());
+}
