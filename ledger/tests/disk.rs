@@ -180,3 +180,27 @@ fn a_failed_index_write_on_a_full_disk_is_refused_promptly_and_closing_returns()
         assert!(stored.contains(&r.seq), "acknowledged seq {} lost", r.seq);
     }
 }
+
+/// A group whose write fails while the ledger closes: the group is refused and closing
+/// returns (the syncer, which waits for the committer to finish before it exits, is woken
+/// though the failed group left it nothing to sync).
+#[test]
+fn a_group_failing_while_the_ledger_closes_is_refused_and_closing_returns() {
+    let Some(fs) = Tmpfs::mount(TMPFS_BYTES) else {
+        return;
+    };
+    let dir = fs.path().join("l");
+    let (ledger, _) = new_ledger(&dir, Rotation::default());
+    fs.fill(0);
+    let group = (0..4000).map(|i| decision("closing", i)).collect();
+    let (tx, rx) = mpsc::channel();
+    ledger.submit_prepared(tally_ledger::ledger::prepare(group).unwrap(), move |r| {
+        let _ = tx.send(r.map(|v| v.len()));
+    });
+    bounded("closing the ledger", move || drop(ledger));
+    let answer = rx.recv_timeout(BOUND).expect("the group is answered");
+    assert!(
+        matches!(&answer, Err(e) if is_full_disk(e)),
+        "a group that does not fit is refused with the disk's error: {answer:?}"
+    );
+}
