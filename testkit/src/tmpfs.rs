@@ -11,7 +11,10 @@ use std::process::Command;
 
 /// A mounted tmpfs, unmounted when dropped.
 pub struct Tmpfs {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
+    /// The temporary directory it is mounted on, if [`Tmpfs::mount`] made it (removed
+    /// after the unmount).
+    _made: Option<tempfile::TempDir>,
 }
 
 /// The file [`Tmpfs::fill`] writes.
@@ -21,15 +24,27 @@ impl Tmpfs {
     /// Mount a tmpfs of `bytes` on a new temporary directory. `None` (the test skipped)
     /// where this process may not mount.
     pub fn mount(bytes: u64) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().expect("a directory to mount on");
+        let made = tempfile::tempdir().expect("a directory to mount on");
+        let mut fs = Tmpfs::mount_on(made.path(), bytes)?;
+        fs._made = Some(made);
+        Some(fs)
+    }
+
+    /// Mount a tmpfs of `bytes` on `dir` (created if missing). `None` (the test skipped)
+    /// where this process may not mount.
+    pub fn mount_on(dir: &Path, bytes: u64) -> Option<Tmpfs> {
+        fs::create_dir_all(dir).expect("a directory to mount on");
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o"])
-            .arg(format!("size={bytes},mode=0700"))
+            .arg(format!("size={bytes}"))
             .arg("tmpfs")
-            .arg(dir.path())
+            .arg(dir)
             .output();
         match out {
-            Ok(o) if o.status.success() => Some(Tmpfs { dir }),
+            Ok(o) if o.status.success() => Some(Tmpfs {
+                dir: dir.to_path_buf(),
+                _made: None,
+            }),
             Ok(o) => {
                 crate::skip(
                     &format!(
@@ -52,7 +67,7 @@ impl Tmpfs {
 
     /// Where it is mounted.
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        &self.dir
     }
 
     /// Fill the file system until a write fails with ENOSPC, then give back `leave`
@@ -100,9 +115,6 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         // Lazily: a file a failed test left open must not keep the mount (and its memory).
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
     }
 }
