@@ -262,7 +262,7 @@ fn a_full_tmpdir_writes_nothing() {
     setup(d);
     let small = d.join("small");
     // CI runs as root: there the test must run.
-    let Some(_unmount) = fixture::mount_tmpfs(&small, "1m") else {
+    let Some(_unmount) = fixture::mount_tmpfs(&small, 1) else {
         return;
     };
     let before = hashes(&d.join("ledger"));

@@ -594,7 +594,7 @@ fn a_failed_commit_says_what_was_committed() {
     let d = tmp.path();
     let small = d.join("small");
     // CI runs as root: there the test must run.
-    let Some(_unmount) = fixture::mount_tmpfs(&small, "12m") else {
+    let Some(_unmount) = fixture::mount_tmpfs(&small, 12) else {
         return;
     };
     fixture::ok(d, &["keygen", "--out", "a.key"], "");

@@ -2,8 +2,9 @@
 //! a ledger with the README's four decisions, an anchor, an export and a tampered copy.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use tally_testkit::tmpfs::Tmpfs;
 use tally_testkit::Tally;
 
 /// The README walkthrough's decisions for run `r1`.
@@ -90,31 +91,9 @@ pub fn build_once() -> PathBuf {
     .to_path_buf()
 }
 
-/// A tmpfs of `size` (e.g. `"12m"`) mounted on `dir` (created), unmounted on drop: a real
-/// full disk. `None` where mounting needs a root this process lacks (under CI, which runs
-/// as root, that fails the test instead).
-pub fn mount_tmpfs(dir: &Path, size: &str) -> Option<Tmpfs> {
-    std::fs::create_dir_all(dir).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-        .arg(dir)
-        .stderr(Stdio::null())
-        .status();
-    if !matches!(mounted, Ok(s) if s.success()) {
-        tally_testkit::skip(
-            "mounting a small tmpfs (a real full disk) needs root",
-            "run the suite as root, as CI does (.ci/run)",
-        );
-        return None;
-    }
-    Some(Tmpfs(dir.to_path_buf()))
-}
-
-/// A mounted tmpfs ([`mount_tmpfs`]), unmounted when dropped.
-pub struct Tmpfs(PathBuf);
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
+/// A tmpfs of `mib` MiB mounted on `dir` (created), unmounted on drop: a real full disk.
+/// `None` where mounting needs a root this process lacks (under CI, which runs as root,
+/// that fails the test instead).
+pub fn mount_tmpfs(dir: &Path, mib: u64) -> Option<Tmpfs> {
+    Tmpfs::mount_on(dir, mib << 20)
 }

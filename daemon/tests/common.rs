@@ -40,7 +40,12 @@ pub struct Daemon {
 
 /// A new ledger in a new temporary directory.
 pub fn new_ledger(rotation: Rotation) -> (TempDir, PathBuf, AuditorKey) {
-    let dir = tempfile::tempdir().expect("tempdir");
+    new_ledger_in(&std::env::temp_dir(), rotation)
+}
+
+/// A new ledger in a new temporary directory under `parent`.
+pub fn new_ledger_in(parent: &Path, rotation: Rotation) -> (TempDir, PathBuf, AuditorKey) {
+    let dir = tempfile::tempdir_in(parent).expect("tempdir");
     let ledger_dir = dir.path().join("ledger");
     let auditor = AuditorKey::generate();
     Ledger::init(&ledger_dir, &auditor.public(), rotation).expect("init ledger");
@@ -58,7 +63,17 @@ impl Daemon {
         rotation: Rotation,
         configure: impl FnOnce(&mut ServeOptions),
     ) -> Daemon {
-        let (dir, ledger_dir, auditor) = new_ledger(rotation);
+        Daemon::start_in(&std::env::temp_dir(), rotation, configure).await
+    }
+
+    /// Start a daemon on a new ledger in a new directory under `parent` (its sockets
+    /// beside the ledger).
+    pub async fn start_in(
+        parent: &Path,
+        rotation: Rotation,
+        configure: impl FnOnce(&mut ServeOptions),
+    ) -> Daemon {
+        let (dir, ledger_dir, auditor) = new_ledger_in(parent, rotation);
         let socket = dir.path().join("tally.sock");
         let agent_socket = dir.path().join("agent.sock");
         let mut daemon = Daemon {

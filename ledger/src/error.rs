@@ -116,6 +116,16 @@ pub enum Error {
     /// The embedded store failed.
     #[error("store: {0}")]
     Store(String),
+    /// A write to the index (the sled store beside the log, `DIR/index`) failed, or was
+    /// refused because an earlier one did (a full disk): the index takes no more writes
+    /// from this process. The log, the record of truth, keeps everything acknowledged.
+    #[error("{}: index write failed: {why}", path.display())]
+    Index {
+        /// The index directory.
+        path: PathBuf,
+        /// What was being written, and the error.
+        why: String,
+    },
     /// A public key file given where a secret key is read (`--auditor-key auditor.pub`).
     #[error("{path} is a public key ({what}); this takes the secret half: give {secret} (the file `tally keygen` wrote beside it, mode 0600)")]
     PublicKeyGiven {

@@ -28,6 +28,20 @@
 //! Durability of [`Store::put_durable`]: sled 0.34's `flush()` ends in
 //! `sync_file_range`, which neither flushes the drive's cache nor the file's metadata
 //! (sled's own GitHub issue #1452, upstream), so after its flush we `fsync` sled's log file (`db`) ourselves.
+//!
+//! A failed write (a full disk): after the first sled write or flush that fails, the
+//! store sends sled no other write or flush and answers each with [`Error::Index`]. sled
+//! 0.34 can wedge on such a failure: a value too large for its log buffer goes to a
+//! `blobs/` file, written while the buffer's writer count is held
+//! (`Log::reserve_inner` -> `IoBufs::encapsulate` -> `write_blob`); when that write
+//! fails, the count is never given back, so the buffer is never written, and from then
+//! on every `flush` waits for it forever (`make_stable_inner`), every write that meets
+//! the sealed buffer spins forever (`reserve_inner`), and so does dropping the database
+//! (`TreeInner::drop` flushes). Worse, sled's flush waits holding a lock shared by every
+//! sled database in the process (`concurrency_control`), and every write takes it
+//! exclusively: one wedged flush stops every index in the process. So a failed store is
+//! never flushed again, nor dropped: its sled handle is kept until the process exits
+//! (with sled's lock on `DIR/index`), and the ledger opens again after a restart.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File};
@@ -89,6 +103,34 @@ fn store_err(e: sled::Error) -> Error {
     Error::Store(e.to_string())
 }
 
+/// Write what is folded, so a clean close leaves nothing for the next open to replay, and
+/// let sled go; an index that failed a write is neither written nor flushed nor dropped
+/// (module doc: sled may be wedged, and its drop would flush).
+fn close(store: &mut Store) {
+    if store.failed().is_none() {
+        // An error here only leaves more of the log to replay.
+        let _ = store.fold();
+    }
+    if store.failed().is_some() {
+        if let Some(db) = store.db.0.take() {
+            std::mem::forget(db);
+        }
+    }
+}
+
+/// The sled handle, taken out only when a failed store is closed (`close`).
+struct Db(Option<sled::Db>);
+
+impl std::ops::Deref for Db {
+    type Target = sled::Db;
+
+    fn deref(&self) -> &sled::Db {
+        self.0
+            .as_ref()
+            .expect("the sled handle is only taken by the store's drop")
+    }
+}
+
 /// An index point: where the frame of entry `seq` starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Point {
@@ -112,7 +154,7 @@ struct Fold {
 
 /// The open index. Holds sled's exclusive lock while open.
 pub struct Store {
-    db: sled::Db,
+    db: Db,
     fold: Mutex<Fold>,
     path: PathBuf,
     log: File,
@@ -121,6 +163,9 @@ pub struct Store {
     synced_blobs: Mutex<HashSet<std::ffi::OsString>>,
     /// Serializes fsyncs, and remembers the first that failed (see `LogWriter::sync`).
     fsync_failed: Mutex<Option<String>>,
+    /// The first sled write or flush that failed: none is sent to sled after it (module
+    /// doc).
+    failed: Mutex<Option<String>>,
 }
 
 impl Store {
@@ -159,12 +204,41 @@ impl Store {
         let log_path = path.join("db");
         let log = File::open(&log_path).map_err(|e| Error::io(&log_path, e))?;
         Ok(Store {
-            db,
+            db: Db(Some(db)),
             fold: Mutex::new(Fold::default()),
             path,
             log,
             synced_blobs: Mutex::new(HashSet::new()),
             fsync_failed: Mutex::new(None),
+            failed: Mutex::new(None),
+        })
+    }
+
+    /// What failed, if a sled write or flush has.
+    fn failed(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Run one sled write or flush, unless one failed before; the first failure is kept,
+    /// and every write after it refused without reaching sled.
+    fn write<T>(&self, what: &str, op: impl FnOnce(&sled::Db) -> sled::Result<T>) -> Result<T> {
+        if let Some(why) = self.failed() {
+            return Err(Error::Index {
+                path: self.path.clone(),
+                why: format!("{what} refused: an earlier write failed ({why}); reopen the ledger once that is fixed"),
+            });
+        }
+        op(&self.db).map_err(|e| {
+            let why = format!("{what}: {e}");
+            let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+            failed.get_or_insert_with(|| why.clone());
+            Error::Index {
+                path: self.path.clone(),
+                why,
+            }
         })
     }
 
@@ -211,7 +285,7 @@ impl Store {
             batch.insert(&key(POINT_PREFIX, p.seq), &two_u64(p.segment, p.offset));
         }
         batch.insert(MARK_KEY, &two_u64(mark.0, mark.1));
-        self.db.apply_batch(batch).map_err(store_err)?;
+        self.write("writing folded state", |db| db.apply_batch(batch))?;
         *fold = Fold::default();
         Ok(())
     }
@@ -232,7 +306,7 @@ impl Store {
             batch.remove(k);
         }
         batch.insert(MARK_KEY, &two_u64(mark.0, mark.1));
-        self.db.apply_batch(batch).map_err(store_err)?;
+        self.write("moving the index mark back", |db| db.apply_batch(batch))?;
         drop(fold);
         self.sync()
     }
@@ -255,7 +329,7 @@ impl Store {
         for (k, v) in state {
             batch.insert(prefixed(PUT_PREFIX, k), v.as_slice());
         }
-        self.db.apply_batch(batch).map_err(store_err)?;
+        self.write("writing durable state", |db| db.apply_batch(batch))?;
         self.sync()
     }
 
@@ -317,7 +391,7 @@ impl Store {
     /// The first half of [`Store::sync`]: sled writes out everything applied so far. Not
     /// durable yet. sled holds its own lock meanwhile, so an `apply` waits for it.
     pub fn flush(&self) -> Result<()> {
-        self.db.flush().map(|_| ()).map_err(store_err)
+        self.write("flushing", |db| db.flush()).map(|_| ())
     }
 
     /// The second half of [`Store::sync`]: fsync the log and any new blob files, making
@@ -433,10 +507,8 @@ impl Store {
 }
 
 impl Drop for Store {
-    /// Write what is folded, so a clean close leaves nothing for the next open to replay
-    /// (an error here only leaves more of the log to replay).
     fn drop(&mut self) {
-        let _ = self.fold();
+        close(self);
     }
 }
 

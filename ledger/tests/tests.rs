@@ -4,6 +4,7 @@ mod clock;
 mod crash;
 mod decisions;
 mod deferred;
+mod disk;
 mod order;
 mod own;
 mod pipeline;

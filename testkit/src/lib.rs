@@ -3,14 +3,15 @@
 //! test that cannot run here says so ([`skip`]).
 //!
 //! A test that needs something this machine may lack (PostgreSQL, pytest, schemathesis,
-//! the MCP SDKs, node, root, `chattr`, `ip`, `curl`) never passes quietly without it: it
-//! calls [`skip`], which prints `SKIPPED` where the person running `cargo test` sees it,
-//! and under `CI` fails the test instead. README.md lists what the full suite needs and
+//! the MCP SDKs, node, root (to mount a [`tmpfs::Tmpfs`] and fill it), `chattr`, `ip`,
+//! `curl`) never passes quietly without it: it calls [`skip`], which prints `SKIPPED`
+//! where the person running `cargo test` sees it, and under `CI` fails the test instead. README.md lists what the full suite needs and
 //! the one command that installs it.
 #![forbid(unsafe_code)]
 
 pub mod otlp;
 pub mod tls;
+pub mod tmpfs;
 pub mod upstream;
 
 use std::io::Write;

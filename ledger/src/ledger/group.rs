@@ -28,10 +28,17 @@ impl Reply {
 
 impl Drop for Reply {
     fn drop(&mut self) {
-        if let Some(done) = self.0.take() {
-            done(Err(Error::Poisoned(
-                "the commit pipeline stopped before answering".into(),
-            )));
+        let Some(done) = self.0.take() else {
+            return;
+        };
+        let refused = Error::Poisoned("the commit pipeline stopped before answering".into());
+        if std::thread::panicking() {
+            // Dropped while unwinding (another reply's callback panicked in `refuse`): a
+            // second panic here would abort the process, so this one is contained and the
+            // rest of the group still answered.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(Err(refused))));
+        } else {
+            done(Err(refused));
         }
     }
 }

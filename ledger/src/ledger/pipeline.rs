@@ -168,6 +168,10 @@ impl Shared {
                 || !queue.applied.is_empty()
             {
                 if queue.closing && queue.pending.is_empty() {
+                    // The syncer exits only once no group is being committed, and may
+                    // be asleep waiting for that (a last group that failed leaves it
+                    // nothing to sync, so nothing else wakes it).
+                    self.to_sync.notify_all();
                     return;
                 }
                 Some(None)
@@ -250,7 +254,9 @@ impl Shared {
             Some(why) => Err((Error::Poisoned(why), group)),
             None => lock(&self.writer).apply(&self.log, &self.store, group),
         };
-        std::mem::forget(guard);
+        // The guard stays until the refusals below are sent: a reply callback that panics
+        // there must poison the ledger and wake the syncer like any panic in this role,
+        // not leave it waiting for a committer that is gone.
         let mut queue = lock(&self.queue);
         queue.committing = false;
         // Poisoned while this group was written (the syncer failed or died): no one may
@@ -278,6 +284,7 @@ impl Shared {
                 self.synced.notify_all();
             }
         }
+        std::mem::forget(guard);
         queue
     }
 
