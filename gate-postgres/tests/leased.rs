@@ -386,6 +386,45 @@ fn an_outcome_below_its_reservation_gives_back_on_the_slice_that_took_it() {
     assert_eq!(settled, 35 * 10_000_000, "10 + 25 cents settled");
 }
 
+/// A run whose scope has no room left (its row still shows room) is refused as
+/// unavailable until twice the group commit's drain bound and one database bound (5 x
+/// the 2 s bound) passed on the clock the lease ticks are run with, from the first tick
+/// after it was found so; then with the budget's reason. A tick with no use refused
+/// starts it again: a later refusal is a retry first, not the budget's at once.
+#[test]
+fn a_scope_with_no_room_is_refused_typed_only_after_the_grace_on_the_ticks_clock() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let dir = tempfile::tempdir().expect("dir");
+    let a = leased(&cluster, dir.path(), "host-a", &clock);
+    start(&a, json!({"run": "x", "budget": {"attempts": 3}}));
+    cluster.psql(
+        "UPDATE tally_lease_scopes SET settled_attempts = cap_attempts WHERE kind = 'run' AND key = 'x'",
+    );
+    let grace = tally_gate_postgres::DEFAULT_TIMEOUT * 5;
+    let said = |a: &Host| match check(a, "x", 0) {
+        Err(GateError::Refused(reason)) => format!("refused {reason:?}"),
+        r => verdict(&r),
+    };
+    let t0 = Instant::now();
+    assert_eq!(said(&a), "unavailable", "no tick since it was found so");
+    slices(&a).tick(t0);
+    assert_eq!(said(&a), "unavailable", "the grace starts");
+    slices(&a).tick(t0 + grace - Duration::from_millis(1));
+    assert_eq!(said(&a), "unavailable", "many ticks, not yet the grace");
+    slices(&a).tick(t0 + grace);
+    assert_eq!(said(&a), "refused BudgetExceeded");
+    assert_eq!(said(&a), "refused BudgetExceeded", "every time");
+    // Two ticks with no use refused: forgotten; found so again, a retry first.
+    slices(&a).tick(t0 + grace * 2);
+    slices(&a).tick(t0 + grace * 3);
+    assert_eq!(said(&a), "unavailable", "started again");
+    slices(&a).tick(t0 + grace * 4);
+    assert_eq!(said(&a), "unavailable");
+}
+
 /// The approver whose grants these tests sign.
 fn dana() -> ed25519_dalek::SigningKey {
     ed25519_dalek::SigningKey::from_bytes(&[11u8; 32])
