@@ -63,6 +63,10 @@ pub(crate) enum Outcome {
 /// One decision queued: its runs' writes, and what follows its commit.
 pub(crate) struct Item {
     pub(crate) homes: Vec<HomeWrite>,
+    /// The tools whose breakers it decided from this holder's views, and of those the
+    /// ones whose views it changed (outcomes folded there while it is queued).
+    pub(crate) tools: Vec<String>,
+    pub(crate) changed: Vec<String>,
     /// Its effect on the tools' breaker views undone: run under the queue's lock if it
     /// rolled back for certain, before a later decision may be made.
     pub(crate) undo: Box<dyn FnOnce() + Send>,
