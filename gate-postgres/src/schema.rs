@@ -387,8 +387,12 @@ $f$;
 /// `exhausted` where the use would not fit even with no slice out and every slice
 /// reclaimed (settled whole) but not yet given back by its holder refunded whole
 /// (settled less those + held + use past a cap): the gate then refuses with the
-/// budget's reason instead of a retry.
+/// budget's reason instead of a retry. Only a reclaimed slice whose holder's epoch is
+/// still the slice's may be given back (a later epoch's `release` of it is refused):
+/// one of a dead and restarted, or fenced, holder is settled whole for good.
+/// `tally_leases_reclaimed` finds a scope's reclaimed slices.
 pub(crate) const SCHEMA_V10: &str = "
+CREATE INDEX IF NOT EXISTS tally_leases_reclaimed ON tally_leases (kind, key) WHERE state = 'reclaimed';
 CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
     r boolean, bill boolean)
 RETURNS void LANGUAGE plpgsql AS $f$
@@ -414,7 +418,8 @@ BEGIN
     IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes s, LATERAL (
         SELECT coalesce(sum(attempts), 0) ra, coalesce(sum(nanos), 0) rn,
             coalesce(sum(effects), 0) re, coalesce(sum(polls), 0) rp
-        FROM tally_leases l WHERE l.kind = k AND l.key = name AND l.state = 'reclaimed') r
+        FROM tally_leases l JOIN tally_lease_holders h ON h.holder = l.holder AND h.epoch = l.epoch
+        WHERE l.kind = k AND l.key = name AND l.state = 'reclaimed') r
       WHERE s.kind = k AND s.key = name
       AND ((a > 0 AND cap_attempts IS NOT NULL AND settled_attempts - ra + held_attempts + a > cap_attempts)
         OR (n > 0 AND NOT bill AND cap_nanos IS NOT NULL AND settled_nanos - rn + held_nanos + n > cap_nanos)

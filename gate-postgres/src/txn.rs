@@ -416,7 +416,10 @@ impl PostgresTxn<'_> {
             Err(e) => {
                 self.unsure = !refused;
                 self.broken();
-                Err(e)
+                match (refused, e) {
+                    (false, GateError::Unavailable(why)) => Err(unsure(&why)),
+                    (_, e) => Err(e),
+                }
             }
         }
     }
@@ -426,6 +429,18 @@ impl PostgresTxn<'_> {
 /// ([`crate::lease::HOME_GUARD_SEALED`]).
 fn moved(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO)
+}
+
+/// A decision refused after `failed`, its `COMMIT` unanswered: it may have been
+/// recorded. A check retried is a new decision; an outcome retried and refused as
+/// already settled (`attempt_settled`) was recorded by the first try.
+pub(crate) fn unsure(failed: &str) -> GateError {
+    let failed = failed
+        .strip_suffix("; the gate refuses until the database answers (retry)")
+        .unwrap_or(failed);
+    GateError::Unavailable(format!(
+        "{failed}; its COMMIT went unanswered, so this decision may have been recorded: retry (a check retried is a new decision; an outcome retried and refused as already settled was recorded by this try)"
+    ))
 }
 
 /// A decision refused because a run it decided at home was taken back or over.

@@ -253,8 +253,9 @@ fn leased(pg: PostgresOptions, holder: &str) -> tally_daemon::SharedState {
 }
 
 /// A leased run whose scope has no room left (its row still shows room: the room was
-/// lost, as a slice reclaimed after a kill is counted whole) is refused `503` until a
-/// whole lease tick interval passed, then with the budget's typed reason and its action
+/// lost, as a slice reclaimed after a kill is counted whole) is refused `503` for twice
+/// the group commit's drain bound and one database bound of lease ticks (the row may be
+/// behind the scope for a moment), then with the budget's typed reason and its action
 /// (`ask`), every time: not a `503 gate_unavailable` inviting retries forever. Nothing
 /// is counted for it.
 #[test]
@@ -274,7 +275,10 @@ fn a_leased_run_whose_scope_has_no_room_is_refused_typed_not_unavailable() {
         let socket = dir.path().join("agent.sock");
         let mut options = ServeOptions::new(dir.path().join("ledger"), &socket);
         options.policy = policy;
-        options.state = Some(leased(PostgresOptions::new(&cluster.url()), "host-a"));
+        // A 1 s bound: the daemon refuses it as unavailable for 5 s of lease ticks.
+        let mut pg = PostgresOptions::new(&cluster.url());
+        pg.timeout = std::time::Duration::from_secs(1);
+        options.state = Some(leased(pg, "host-a"));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let served = tokio::spawn(tally_daemon::serve(ledger, options, async move {
             let _ = stopped.await;
@@ -296,8 +300,8 @@ fn a_leased_run_whose_scope_has_no_room_is_refused_typed_not_unavailable() {
             let body = serde_json::json!({"run": "r", "tool": "api", "operation": "op", "effect": "read"});
             post(&socket, "/v1/check", body).await
         };
-        // Until a whole tick interval passed since the daemon first found it so (the
-        // row may be behind the scope for a moment): unavailable, retry.
+        // Until the grace passed since the daemon first found it so (the row may be
+        // behind the scope for a moment): unavailable, retry.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let mut unavailable = 0;
         loop {
@@ -332,7 +336,9 @@ fn a_leased_run_whose_scope_has_no_room_is_refused_typed_not_unavailable() {
 /// A principal's lease scope with no room left (its uid's budget across its runs, as
 /// settled in `tally_lease_scopes`) refuses a check through a central daemon with
 /// `principal_budget_exceeded` (action ask), every time; while the room is in slices out
-/// elsewhere it is `503 gate_unavailable` (retry: they come back). Nothing is settled.
+/// elsewhere, or in a slice reclaimed whose holder may still give it back, it is `503
+/// gate_unavailable` (retry: they come back); a reclaimed slice of a restarted (or
+/// fenced) holder never comes back. Nothing is settled.
 #[test]
 fn a_principal_scope_with_no_room_is_refused_with_the_principals_reason() {
     use std::os::unix::fs::MetadataExt;
@@ -374,10 +380,19 @@ fn a_principal_scope_with_no_room_is_refused_with_the_principals_reason() {
         };
         let (status, answer) = check().await;
         assert_eq!((status, &answer["error"]["code"]), (503, &serde_json::json!("gate_unavailable")), "{answer}");
-        // The slice came back used up: no room left at all.
+        // The slice reclaimed (settled whole) while its holder still has the slice's
+        // epoch: it may give it back, unused: still retry.
         cluster.psql(&format!(
-            "UPDATE tally_lease_scopes SET settled_attempts = 3, leased_attempts = 0 WHERE kind = 'principal' AND key = '{uid}'"
+            "INSERT INTO tally_lease_holders (holder, epoch) VALUES ('host-x', 1); \
+             INSERT INTO tally_leases (kind, key, holder, epoch, attempts, nanos, effects, polls, state, granted_at, expires_at, ended_at) \
+             VALUES ('principal', '{uid}', 'host-x', 1, 2, 0, 0, 0, 'reclaimed', now(), now(), now()); \
+             UPDATE tally_lease_scopes SET settled_attempts = 3, leased_attempts = 0 WHERE kind = 'principal' AND key = '{uid}'"
         ));
+        let (status, answer) = check().await;
+        assert_eq!((status, &answer["error"]["code"]), (503, &serde_json::json!("gate_unavailable")), "{answer}");
+        // Its holder restarted (a later epoch): its release of the slice is refused, the
+        // slice settled whole for good: no room left at all.
+        cluster.psql("UPDATE tally_lease_holders SET epoch = 2 WHERE holder = 'host-x'");
         for _ in 0..3 {
             let (status, answer) = check().await;
             assert_eq!(status, 403, "{answer}");

@@ -359,6 +359,60 @@ fn a_run_taken_back_mid_group_refuses_only_its_own_decisions() {
     }
 }
 
+/// A run taken back whose refused decision changed a tool's breaker view (a third
+/// failure that opens it) refuses, with it, a later decision of the group on another
+/// run that decided the tool from that view: otherwise that decision would be recorded
+/// `circuit_open` on a failure no ledger holds. Retried, it is decided on the view
+/// without the refused failure: allowed.
+#[test]
+fn a_decision_on_a_breaker_view_a_taken_back_decision_changed_is_refused_with_it() {
+    let Some((cluster, _dir, gate)) = home_under(TRIPS, Duration::from_secs(30)) else {
+        return;
+    };
+    for (run, attempts) in [("z", 4), ("a", 6), ("c", 4)] {
+        taken_in(&gate, run, attempts);
+    }
+    let failed = |gate: &Gate<Leased>, attempt: u64| {
+        let req = json!({"run": "a", "attempt": attempt, "status": "error"});
+        gate.outcome_blocking(OPERATOR, serde_json::from_value(req).expect("outcome"))
+            .map(drop)
+    };
+    let allowed = |gate: &Gate<Leased>, run: &str| {
+        let a = check(gate, run).expect("check");
+        assert_eq!(a.decision, Verdict::Allow, "{a:?}");
+        a.attempt.expect("attempt")
+    };
+    for _ in 0..2 {
+        let attempt = allowed(&gate, "a");
+        failed(&gate, attempt).expect("a failure");
+    }
+    let third = allowed(&gate, "a");
+    // z's group waits on z's row; a's third failure, then c's check, queue behind it.
+    let locker = Locker::lock(&cluster, "z");
+    let z = on_thread(&gate, |g| check(g, "z"));
+    until(&gate, "z's group in flight", |(queued, flying)| {
+        flying && queued == 0
+    });
+    let a = on_thread(&gate, move |g| failed(g, third));
+    until(&gate, "a's failure queued", |(q, _)| q == 1);
+    let c = on_thread(&gate, |g| check(g, "c"));
+    until(&gate, "c's check queued", |(q, _)| q == 2);
+    cluster.psql("UPDATE tally_runs SET version = version + 1 WHERE name = 'a'");
+    locker.run("ROLLBACK");
+    z.join().expect("thread").expect("z's check");
+    match a.join().expect("thread") {
+        Err(GateError::Unavailable(why)) => assert!(why.contains("taken back"), "{why}"),
+        other => panic!("a: {other:?}"),
+    }
+    match c.join().expect("thread") {
+        Err(GateError::Unavailable(why)) => assert!(why.contains("taken back"), "{why}"),
+        other => panic!("c, decided on a view counting a's refused failure: {other:?}"),
+    }
+    assert_eq!(count(&gate, "guard_taken_back"), 2);
+    // Retried: two failures in the view, the breaker closed.
+    allowed(&gate, "c");
+}
+
 /// Wait (no sleep: the server's activity is read) until one session is `group`, at
 /// most 60 s; else `never` fails the test.
 fn until_one(cluster: &Cluster, group: &str, never: &str) {

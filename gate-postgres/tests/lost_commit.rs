@@ -97,7 +97,8 @@ fn a_group_whose_commit_landed_and_whose_answer_was_lost_is_refused_and_counted_
     let records = gate.ledger().snapshot().size();
     relay.arm();
     match check(&gate, 1) {
-        Err(GateError::Unavailable(_)) => {}
+        // Never "nothing recorded": it was.
+        Err(GateError::Unavailable(e)) => assert!(e.contains("may have been recorded"), "{e}"),
         other => panic!("a decision whose COMMIT went unanswered: {other:?}"),
     }
     let tag = relay
@@ -106,6 +107,7 @@ fn a_group_whose_commit_landed_and_whose_answer_was_lost_is_refused_and_counted_
         .expect("the relay cut a COMMIT");
     assert_eq!(tag, "COMMIT", "the server committed the group");
     assert_eq!(count(&gate, "group_refused"), 1);
+    assert_eq!(count(&gate, "group_unsure"), 1);
     gate.ledger().flush().expect("flush");
     assert_eq!(
         gate.ledger().snapshot().size(),
@@ -156,11 +158,12 @@ fn a_group_whose_commit_never_reached_the_server_is_refused_and_the_row_read_aga
     let records = gate.ledger().snapshot().size();
     relay.arm_unsent();
     match check(&gate, 1) {
-        Err(GateError::Unavailable(_)) => {}
+        Err(GateError::Unavailable(e)) => assert!(e.contains("may have been recorded"), "{e}"),
         other => panic!("a decision whose COMMIT went unanswered: {other:?}"),
     }
     let cut = relay.cut.recv_timeout(Duration::from_secs(60));
     assert_eq!(cut.expect("the relay cut a COMMIT"), "unsent");
+    assert_eq!(count(&gate, "group_unsure"), 1);
     gate.ledger().flush().expect("flush");
     assert_eq!(gate.ledger().snapshot().size(), records, "nothing recorded");
     // Reconnected, the row is read as it is (rolled back): attempt 2 is the next one.

@@ -540,3 +540,17 @@ fn a_run_paused_through_a_central_gate_revokes_its_slices_until_resumed() {
     assert!(matches!(r, Err(SliceError::Revoked { .. })), "{r:?}");
     assert_eq!(totals(&cluster, &run)[..1], [2]);
 }
+
+/// A use of a scope never defined is refused as unavailable (retry), never as a scope
+/// with no room left (which the gate answers with the budget's reason).
+#[test]
+fn a_use_of_a_scope_not_defined_is_unavailable_not_out_of_room() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let h = holder(&cluster, "host-a", &clock, 2);
+    let scopes = [Scope::new(ScopeKind::Run, "nowhere")];
+    let r = h.take(&scopes, use_of(1, 1), Instant::now());
+    assert!(matches!(r, Err(SliceError::Unavailable(_))), "{r:?}");
+}

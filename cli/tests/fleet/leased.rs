@@ -105,6 +105,7 @@ async fn leased_daemons_racing_a_runs_last_cents_and_attempts_never_pass_them() 
                 "group_commits",
                 "group_decisions",
                 "group_refused",
+                "group_unsure",
                 "guard_stale_copy",
                 "guard_taken_back",
                 "lost",

@@ -17,8 +17,8 @@ pub(super) mod txn;
 mod view;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use tally_policy::RunState;
 
@@ -41,11 +41,20 @@ pub struct Leased {
     taken: Arc<Mutex<TakenOns>>,
     /// The group commit of the decisions at home that lock no shared row ([`super::group`]).
     group: Group,
-    /// Runs whose uses are refused for want of room in their scope, slices out or not,
-    /// with the tick that first found it ([`Leased::exhausted`]).
-    exhausted: Mutex<BTreeMap<String, u64>>,
-    /// This holder's ticks so far.
-    ticks: Arc<AtomicU64>,
+    /// Scopes whose uses are refused for want of room, slices out or not: since when,
+    /// and the last tick that found it so ([`Leased::exhausted`]).
+    exhausted: Arc<Mutex<BTreeMap<String, Exhausted>>>,
+    /// This holder's ticks so far, and the time the last one was run at.
+    ticks: Arc<Mutex<(u64, Option<Instant>)>>,
+}
+
+/// A scope found with no room left: since the time of the first tick after the first
+/// use refused (on the clock passed to the ticks; none before it), and the tick count
+/// when a use was last refused.
+#[derive(Clone, Copy, Debug)]
+struct Exhausted {
+    since: Option<Instant>,
+    tick: u64,
 }
 
 impl std::fmt::Debug for Leased {
@@ -74,11 +83,23 @@ impl Leased {
             Arc::downgrade(&views),
             Arc::downgrade(&slices),
         );
-        let ticks = Arc::new(AtomicU64::new(0));
-        let t = Arc::downgrade(&ticks);
+        let ticks = Arc::new(Mutex::new((0, None)));
+        let exhausted: Arc<Mutex<BTreeMap<String, Exhausted>>> = Arc::default();
+        let (t, x) = (Arc::downgrade(&ticks), Arc::downgrade(&exhausted));
         slices.after_tick(Box::new(move |ticked| {
-            if let Some(t) = Weak::upgrade(&t) {
-                t.fetch_add(1, Ordering::Relaxed);
+            if let (Some(t), Some(x)) = (Weak::upgrade(&t), Weak::upgrade(&x)) {
+                let n = {
+                    let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+                    *t = (t.0 + 1, ticked.at.or(t.1));
+                    t.0
+                };
+                // A scope not refused for a whole tick is forgotten (its run stopped,
+                // got room, or is no longer asked for).
+                let mut x = x.lock().unwrap_or_else(|e| e.into_inner());
+                x.retain(|_, e| e.tick + 2 > n);
+                for e in x.values_mut() {
+                    e.since = e.since.or(ticked.at);
+                }
             }
             if let (Some(c), Some(v)) = (Weak::upgrade(&c), Weak::upgrade(&v)) {
                 breakers::flush(&c, &v, &mut ticked.breakers);
@@ -97,7 +118,7 @@ impl Leased {
             homes,
             taken: Arc::new(Mutex::new(BTreeMap::new())),
             group,
-            exhausted: Mutex::new(BTreeMap::new()),
+            exhausted,
             ticks,
         })
     }
@@ -148,23 +169,45 @@ impl Leased {
     }
 
     /// A use refused because its scope (`kind`, `key`) has no room left even with no
-    /// slice out (`SliceError::Exhausted`). Until a whole tick interval has passed since
-    /// this holder first found it so, refused as unavailable (retry; the run's copy is
-    /// let go): for a moment the scope may count a use the run's row does not hold yet
-    /// (a decision of another daemon, counted in a slice it gave back, whose group
-    /// commit is still writing the row, or refused and about to give the use back).
-    /// After that, the budget's own refusal ([`crate::txn::out_of_room`]: action ask),
-    /// every time, not a retry that would be refused forever.
+    /// slice out (`SliceError::Exhausted`). Refused as unavailable (retry; the run's
+    /// copy is let go) until [`Leased::grace`] has passed on the clock the ticks are run
+    /// with, from the first tick after this holder first found it so, with a use
+    /// refused so at least once a tick (a tick with none starts it again): for a moment the scope may count a use the
+    /// run's row does not hold yet (a decision of another daemon, counted in a slice it
+    /// gave back, whose group commit is still writing the row, or refused and about to
+    /// give the use back). After that, the budget's own refusal
+    /// ([`crate::txn::out_of_room`]: action ask), every time, not a retry that would be
+    /// refused forever.
     fn exhausted(&self, kind: &'static str, key: String) -> tally_gate::GateError {
-        let now = self.ticks.load(Ordering::Relaxed);
-        let mut runs = self.exhausted.lock().unwrap_or_else(|e| e.into_inner());
-        let since = *runs.entry(key.clone()).or_insert(now);
-        if now >= since.saturating_add(2) {
+        let (tick, at) = *self.ticks.lock().unwrap_or_else(|e| e.into_inner());
+        let grace = self.grace();
+        let since = {
+            let mut scopes = self.exhausted.lock().unwrap_or_else(|e| e.into_inner());
+            let fresh = Exhausted { since: None, tick };
+            let seen = scopes.entry(key.clone()).or_insert(fresh);
+            if seen.tick + 1 < tick {
+                *seen = fresh;
+            }
+            seen.tick = tick;
+            seen.since
+        };
+        let out = matches!((since, at), (Some(s), Some(now)) if now.saturating_duration_since(s) >= grace);
+        if out {
             return tally_gate::GateError::Refused(crate::txn::out_of_room(kind));
         }
         tally_gate::GateError::Unavailable(format!(
-            "lease scope {kind} `{key}` has no room left for this use, though the run's row may be behind it for a moment: retry (if it stays so, the budget's own refusal follows within two lease ticks)"
+            "lease scope {kind} `{key}` has no room left for this use, though the run's row may be behind it for a moment: retry (if it stays so, the budget's own refusal follows after {} ms of lease ticks)",
+            grace.as_millis()
         ))
+    }
+
+    /// How long a scope found with no room is refused as unavailable first: twice the
+    /// group commit's drain bound (two database timeouts each) and one database timeout,
+    /// so a decision counted in a slice given back has written its run's row, or given
+    /// the use back, by then.
+    fn grace(&self) -> Duration {
+        let timeout = self.central.timeout;
+        timeout.saturating_mul(5)
     }
 
     /// A use of `run`'s scope counted: its scope had room.

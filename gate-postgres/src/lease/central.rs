@@ -2,8 +2,6 @@
 //! killed), and spending the last units in the database, one decision at a time, with
 //! every slice out counted as unavailable.
 
-use tokio_postgres::error::SqlState;
-
 use super::types::{Amounts, LeaseError, Spent};
 use super::{bigs, sql, Leases, Scope};
 
@@ -84,7 +82,6 @@ impl Leases {
         match r {
             Ok(Ok(spent)) => Ok(spent),
             Ok(Err((kind, key))) => Err(LeaseError::UnknownScope { kind, key }),
-            Err(e) if e.code() == Some(&SqlState::CHECK_VIOLATION) => Ok(Spent::Refused),
             Err(e) => Err(self.unavailable("to spend centrally", crate::describe(&e))),
         }
     }

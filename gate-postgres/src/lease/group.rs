@@ -44,6 +44,8 @@ const MOST: usize = 30;
 /// home here, and one made on a copy a failed group commit let go.
 pub(crate) const GUARD_TAKEN_BACK: usize = 3;
 pub(crate) const GUARD_STALE: usize = 4;
+/// Where [`Group::counts`] counts a decision whose group's `COMMIT` went unanswered.
+const GROUP_UNSURE: usize = 5;
 
 /// The `application_name` of the group commit's connection, appended to the gate's own.
 pub const GROUP_SUFFIX: &str = "-group";
@@ -61,6 +63,10 @@ pub(crate) enum Outcome {
 /// One decision queued: its runs' writes, and what follows its commit.
 pub(crate) struct Item {
     pub(crate) homes: Vec<HomeWrite>,
+    /// The tools whose breakers it decided from this holder's views, and of those the
+    /// ones whose views it changed (outcomes folded there while it is queued).
+    pub(crate) tools: Vec<String>,
+    pub(crate) changed: Vec<String>,
     /// Its effect on the tools' breaker views undone: run under the queue's lock if it
     /// rolled back for certain, before a later decision may be made.
     pub(crate) undo: Box<dyn FnOnce() + Send>,
@@ -88,7 +94,7 @@ struct Shared {
     link: Link,
     /// Transactions committed, decisions committed in them, decisions refused; and the
     /// lease guards' refusals (`GUARD_TAKEN_BACK`, `GUARD_STALE`), here or centrally.
-    counts: [AtomicU64; 5],
+    counts: [AtomicU64; 6],
 }
 
 /// Why a group's transaction did not commit.
@@ -231,13 +237,16 @@ impl Group {
     /// their run was taken back (`group_refused`); and the decisions the lease guards
     /// refused, in a group or centrally: their run's home taken back, taken over or its
     /// epoch fenced (`guard_taken_back`), or made on a copy a failed group commit let go
-    /// (`guard_stale_copy`).
-    pub(crate) fn counts(&self) -> [(&'static str, u64); 5] {
+    /// (`guard_stale_copy`); and the decisions refused because their group's `COMMIT`
+    /// went unanswered, which may have been recorded (`group_unsure`, within
+    /// `group_refused`).
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 6] {
         let c = |i: usize| self.shared.counts[i].load(Ordering::Relaxed);
         [
             ("group_commits", c(0)),
             ("group_decisions", c(1)),
             ("group_refused", c(2)),
+            ("group_unsure", c(GROUP_UNSURE)),
             ("guard_taken_back", c(GUARD_TAKEN_BACK)),
             ("guard_stale_copy", c(GUARD_STALE)),
         ]
@@ -346,17 +355,24 @@ fn answer(s: &Shared, mut batch: Vec<Item>, r: Result<Vec<u64>, Failed>) {
     };
     let n = u64::try_from(batch.len() + behind.len()).unwrap_or(u64::MAX);
     s.counts[2].fetch_add(n, Ordering::Relaxed);
+    if !certain {
+        let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        s.counts[GROUP_UNSURE].fetch_add(n, Ordering::Relaxed);
+    }
+    let failed = format!(
+        "PostgreSQL at {} failed to commit a group of decisions: {why}",
+        s.link.target
+    );
     let refusal = || {
         GateError::Unavailable(format!(
-            "PostgreSQL at {} failed to commit a group of decisions: {why}; nothing of this decision was recorded (retry)",
-            s.link.target
+            "{failed}; nothing of this decision was recorded (retry)"
         ))
     };
     for item in batch {
         let o = if certain {
             Outcome::RolledBack(refusal())
         } else {
-            Outcome::Unsure(refusal())
+            Outcome::Unsure(crate::txn::unsure(&failed))
         };
         (item.then)(o);
     }

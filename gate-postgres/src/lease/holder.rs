@@ -345,10 +345,9 @@ impl Slices {
         need: &Amounts,
         now: Instant,
     ) -> Result<bool, SliceError> {
-        let unavailable = |e| match e {
-            LeaseError::UnknownScope { kind, key } => SliceError::Exhausted { kind, key },
-            e => SliceError::Unavailable(e),
-        };
+        // A scope not known (not defined yet, or its row gone) is no scope out of room:
+        // refused as unavailable (retry), never as the budget's reason.
+        let unavailable = SliceError::Unavailable;
         if let Some(h) = local.held.remove(scope) {
             match self.leases.release(h.lease.id, h.used) {
                 Err(e @ LeaseError::Unavailable { .. }) => {

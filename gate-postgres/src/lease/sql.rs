@@ -199,8 +199,11 @@ pub(crate) const REVOKE: &str =
     "UPDATE tally_lease_scopes SET revoked = $3 WHERE kind = $1 AND key = $2";
 
 /// A scope, locked for a central spend, and whether $3..$6 would fit in it were no
-/// slice out, and every slice reclaimed (settled whole) and not yet given back by its
-/// holder refunded whole: only then is the scope out of room for good ($1 kind, $2 key).
+/// slice out, and every slice reclaimed (settled whole) whose holder may still give it
+/// back (its epoch still the slice's: not restarted, not fenced) refunded whole: only
+/// then is the scope out of room for good ($1 kind, $2 key). A reclaimed slice of an
+/// earlier epoch is never given back (`release` refuses a stale epoch, adoption moves
+/// only held slices): settled whole for good.
 pub(crate) const SCOPE_LOCK: &str = "
 SELECT s.revoked,
     (cap_attempts IS NULL OR settled_attempts - r.a + held_attempts + $3 <= cap_attempts)
@@ -210,7 +213,8 @@ SELECT s.revoked,
 FROM tally_lease_scopes s, LATERAL (
     SELECT coalesce(sum(attempts), 0)::bigint a, coalesce(sum(nanos), 0)::bigint n,
         coalesce(sum(effects), 0)::bigint e, coalesce(sum(polls), 0)::bigint p
-    FROM tally_leases l WHERE l.kind = s.kind AND l.key = s.key AND l.state = 'reclaimed') r
+    FROM tally_leases l JOIN tally_lease_holders h ON h.holder = l.holder AND h.epoch = l.epoch
+    WHERE l.kind = s.kind AND l.key = s.key AND l.state = 'reclaimed') r
 WHERE s.kind = $1 AND s.key = $2 FOR UPDATE OF s";
 
 /// Spend centrally, within the invariant (slices out counted as unavailable): settled

@@ -33,6 +33,8 @@ pub struct Ticked {
     /// What the tools' breakers' views did at the end of the tick (flushed, refreshed:
     /// [`BreakersTicked`]), counted in the holder's lease metrics too.
     pub breakers: BreakersTicked,
+    /// The time the tick was run at (its `now`).
+    pub at: Option<Instant>,
 }
 
 /// What a tick does, decided under the holder's lock: the returns to send again, the
@@ -50,7 +52,10 @@ impl Slices {
     /// bound per call).
     pub fn tick(&self, now: Instant) -> Ticked {
         let _one = self.ticking.lock().unwrap_or_else(|e| e.into_inner());
-        let mut ticked = Ticked::default();
+        let mut ticked = Ticked {
+            at: Some(now),
+            ..Ticked::default()
+        };
         let plan = self.plan(now);
         for (lease, used) in plan.pending.into_iter().chain(plan.ending) {
             ticked.returned += usize::from(self.give_back_unlocked(lease, used));

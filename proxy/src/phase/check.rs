@@ -63,7 +63,12 @@ pub(super) async fn check(
         Err(e) => {
             drop(key);
             if let Some(mut s) = span {
-                s.decided("error", Some(Reason::GateUnavailable.as_str()), None);
+                // A refusal the gate typed (a leased scope with no room left) says its
+                // reason; anything else, that the gate could not decide.
+                match &e {
+                    GateError::Refused(r) => s.decided("deny", Some(r.as_str()), None),
+                    _ => s.decided("error", Some(Reason::GateUnavailable.as_str()), None),
+                }
                 s.finish();
             }
             return Err(refused_by(e));
@@ -254,6 +259,17 @@ fn refused_by(e: GateError) -> Refusal {
         GateError::RunNotFound(_) => {
             Refusal::token("the run of this token is not known to the gate")
         }
+        // Refused with a reason of the budget's (a scope with no room left): that
+        // reason and its action, as the agent API types it; nothing recorded.
+        GateError::Refused(reason) => Refusal::reason(
+            reason,
+            None,
+            format!(
+                "the gate refused the call: {} ({})",
+                reason.as_str(),
+                reason.meaning()
+            ),
+        ),
         e => Refusal::own(
             StatusCode::FORBIDDEN,
             tally_wire::ErrorCode::Refused,
@@ -312,4 +328,23 @@ fn allowed(a: &CheckAnswer, needed: Nanos) -> Result<u64, Refusal> {
     let mut r = Refusal::reason(reason, a.retry_after_ms, words);
     r.cause = a.cause;
     Err(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_the_gate_typed_keeps_its_reason_and_action() {
+        for reason in [Reason::BudgetExceeded, Reason::PrincipalBudgetExceeded] {
+            let r = refused_by(GateError::Refused(reason));
+            assert_eq!(r.status, StatusCode::FORBIDDEN, "{reason:?}");
+            assert_eq!(r.code, tally_wire::RefusalCode::Reason(reason));
+            assert_eq!(r.action, Action::Ask);
+            assert_eq!(r.retry_after_ms, None);
+            assert!(r.message.contains(reason.as_str()), "{}", r.message);
+        }
+        let r = refused_by(GateError::Unavailable("down".into()));
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
 }

@@ -49,12 +49,24 @@ impl LeasedTxn<'_> {
         let homes = moves.extra.homes.clone();
         let untaken = moves.takes.clone();
         let views = Arc::clone(&self.backend.views);
+        let read = tools.clone();
+        let changed = viewed
+            .iter()
+            .filter(|(_, _, observed)| !observed.is_empty())
+            .map(|(tool, _, _)| tool.clone())
+            .collect();
         let undo = Box::new(move || {
             for tool in tools {
                 views.undone(&tool, ticket);
             }
         });
-        let item = Item { homes, undo, then };
+        let item = Item {
+            homes,
+            tools: read,
+            changed,
+            undo,
+            then,
+        };
         let queued = self.backend.group.queue(self.generation, item, || {
             self.copies_settled(moves);
             for (tool, _, observed) in viewed {

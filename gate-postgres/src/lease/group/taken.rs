@@ -7,7 +7,10 @@
 //! writes one of its runs (each was made on the copy the refused one left); the runs'
 //! copies are let go (read again from their rows next time), and the other decisions
 //! are committed again, in a transaction of their own, as if the refused ones had been
-//! made one at a time and refused by their guards.
+//! made one at a time and refused by their guards. A decision after a refused one that
+//! decided a tool's breaker from a view the refused one changed is refused too (its
+//! breaker counted an outcome no ledger will hold), and so is every decision begun on
+//! such a view before it is put right ([`super::Group::queue`]'s generation).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -22,24 +25,25 @@ use crate::txn::taken_back;
 pub(super) fn refuse(s: &Shared, batch: Vec<Item>, at: usize) -> Vec<Item> {
     let mut refused = Vec::new();
     let mut kept = Vec::with_capacity(batch.len());
-    let mut runs = BTreeSet::new();
+    let mut on = On::default();
     {
         let mut q = lock(&s.queue);
         for (i, item) in batch.into_iter().enumerate() {
-            match i == at || (i > at && writes_any(&item, &runs)) {
-                true => refused.push(with_runs(item, &mut runs)),
+            match i == at || (i > at && on.touched_by(&item)) {
+                true => refused.push(on.with(item)),
                 false => kept.push(item),
             }
         }
         let queued = std::mem::take(&mut q.items);
         for item in queued {
-            match writes_any(&item, &runs) {
-                true => refused.push(with_runs(item, &mut runs)),
+            match on.touched_by(&item) {
+                true => refused.push(on.with(item)),
                 false => q.items.push(item),
             }
         }
+        let runs = &on.runs;
         let mut homes = lock(&s.homes);
-        for run in &runs {
+        for run in runs {
             homes.remove(run);
         }
         drop(homes);
@@ -47,9 +51,10 @@ pub(super) fn refuse(s: &Shared, batch: Vec<Item>, at: usize) -> Vec<Item> {
             std::mem::replace(&mut item.undo, Box::new(|| ()))();
         }
         // A refused decision that also wrote a run still at home here left that run's
-        // copy holding it: a decision that took the copy before it was let go is
+        // copy holding it, and one that decided a tool from its view left the view
+        // counting its outcomes until undone: a decision that read either before is
         // refused ([`super::Group::queue`]), as after any failed commit.
-        if runs.len() > 1 {
+        if runs.len() > 1 || !on.tools.is_empty() {
             q.generation += 1;
         }
     }
@@ -62,13 +67,25 @@ pub(super) fn refuse(s: &Shared, batch: Vec<Item>, at: usize) -> Vec<Item> {
     kept
 }
 
-/// Whether `item` writes one of `runs`.
-fn writes_any(item: &Item, runs: &BTreeSet<String>) -> bool {
-    item.homes.iter().any(|h| runs.contains(&h.run))
+/// The runs the refused decisions write, and the tools whose views they changed (a
+/// decision that only read a view changed nothing another decision read).
+#[derive(Default)]
+struct On {
+    runs: BTreeSet<String>,
+    tools: BTreeSet<String>,
 }
 
-/// `item`, its runs added to `runs`.
-fn with_runs(item: Item, runs: &mut BTreeSet<String>) -> Item {
-    runs.extend(item.homes.iter().map(|h| h.run.clone()));
-    item
+impl On {
+    /// Whether `item` writes one of the runs or decided one of the tools from its view.
+    fn touched_by(&self, item: &Item) -> bool {
+        item.homes.iter().any(|h| self.runs.contains(&h.run))
+            || item.tools.iter().any(|t| self.tools.contains(t))
+    }
+
+    /// `item`, refused: its runs and the tools whose views it changed added.
+    fn with(&mut self, item: Item) -> Item {
+        self.runs.extend(item.homes.iter().map(|h| h.run.clone()));
+        self.tools.extend(item.changed.iter().cloned());
+        item
+    }
 }
