@@ -58,7 +58,7 @@ fn rustls_provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// roots and an optional extra CA, plain HTTP to loopback hosts only. Cheap to clone.
 #[derive(Clone)]
 pub struct WitnessClient {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: tally_proxy::tls::HttpsClient,
 }
 
 impl std::fmt::Debug for WitnessClient {
