@@ -171,7 +171,7 @@ impl Backend {
     /// the agent, the log and the ledger.
     fn said(&self, why: String) -> String {
         match &self.target {
-            Target::Url { url, .. } => tally_record::url::scrubbed(&why, url),
+            Target::Url { url, .. } => tally_record::url::scrubbed(status_only(&why), url),
             Target::Command(_) => why,
         }
     }
@@ -417,6 +417,24 @@ fn unreached(e: &rmcp::service::ClientInitializeError) -> String {
     e.to_string()
 }
 
+/// What a remote server's client said, up to the status of an HTTP error it quotes
+/// (rmcp says `HTTP 404: BODY`): the body is the server's, which may echo its URL's
+/// token in any spelling, and goes no further than the client.
+fn status_only(why: &str) -> &str {
+    let mut from = 0;
+    while let Some(at) = why[from..].find("HTTP ").map(|i| from + i) {
+        let status = &why[at + 5..];
+        if status.len() >= 5
+            && status.as_bytes()[..3].iter().all(u8::is_ascii_digit)
+            && status[3..].starts_with(": ")
+        {
+            return &why[..at + 8];
+        }
+        from = at + 5;
+    }
+    why
+}
+
 /// The HTTP client of a remote server, built once when the gateway starts (a
 /// configuration the HTTP client refuses stops the start, not a first call) and cloned
 /// for each connection.
@@ -434,10 +452,11 @@ impl RemoteClient {
     }
 }
 
-/// Where `localhost` is: the policy takes plain `http://` to it as loopback by its name,
-/// so it is never asked of the resolver (the port is the URL's).
+/// Where `localhost` is ([`tally_record::url::LOCALHOST`]): the policy takes plain
+/// `http://` to it as loopback by its name, so it is never asked of the resolver (the
+/// port is the URL's).
 const LOCALHOST: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
-    std::net::Ipv4Addr::LOCALHOST,
+    tally_record::url::LOCALHOST,
     0,
 ));
 
@@ -503,6 +522,23 @@ fn command_of(program: &str, args: &[String], hidden_env: &[String]) -> tokio::p
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remote_servers_error_body_is_dropped_its_status_kept() {
+        assert_eq!(
+            super::status_only("unexpected server response: HTTP 404: no token tok-1 here"),
+            "unexpected server response: HTTP 404"
+        );
+        assert_eq!(
+            super::status_only("HTTP 403: {\"path\":\"\\/t\\/tok\"}"),
+            "HTTP 403"
+        );
+        assert_eq!(super::status_only("HTTP 503"), "HTTP 503");
+        assert_eq!(
+            super::status_only("connection refused (HTTP server down)"),
+            "connection refused (HTTP server down)"
+        );
+    }
 
     #[test]
     fn a_stdio_server_is_started_without_the_credentials() {
