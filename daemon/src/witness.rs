@@ -24,8 +24,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tally_ledger::tlog::note::{Note, NoteSig};
 use tally_ledger::tlog::policy::Policy;
