@@ -418,17 +418,21 @@ fn unreached(e: &rmcp::service::ClientInitializeError) -> String {
 }
 
 /// What a remote server's client said, up to the status of an HTTP error it quotes
-/// (rmcp says `HTTP 404: BODY`): the body is the server's, which may echo its URL's
-/// token in any spelling, and goes no further than the client.
+/// (rmcp says `HTTP 404 Not Found: BODY`, the reason the canonical one of the code): the
+/// body is the server's, which may echo its URL's token in any spelling, and goes no
+/// further than the client.
 fn status_only(why: &str) -> &str {
     let mut from = 0;
     while let Some(at) = why[from..].find("HTTP ").map(|i| from + i) {
         let status = &why[at + 5..];
-        if status.len() >= 5
-            && status.as_bytes()[..3].iter().all(u8::is_ascii_digit)
-            && status[3..].starts_with(": ")
+        let reason = status.get(3..).unwrap_or_default();
+        let reason_len = reason
+            .find(|c: char| !(c.is_ascii_alphabetic() || matches!(c, ' ' | '-' | '\'')))
+            .unwrap_or(reason.len());
+        if status.as_bytes().iter().take(3).filter(|b| b.is_ascii_digit()).count() == 3
+            && reason[reason_len..].starts_with(": ")
         {
-            return &why[..at + 8];
+            return &why[..at + 8 + reason_len];
         }
         from = at + 5;
     }
@@ -534,6 +538,14 @@ mod tests {
             "HTTP 403"
         );
         assert_eq!(super::status_only("HTTP 503"), "HTTP 503");
+        assert_eq!(
+            super::status_only("response: HTTP 404 Not Found: no such token: tok-1, when sent"),
+            "response: HTTP 404 Not Found"
+        );
+        assert_eq!(
+            super::status_only("HTTP 418 I'm a teapot: tok-1"),
+            "HTTP 418 I'm a teapot"
+        );
         assert_eq!(
             super::status_only("connection refused (HTTP server down)"),
             "connection refused (HTTP server down)"
