@@ -238,7 +238,10 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
             format!("no such token: {segment}")
         }),
         escaped: answering("404 Not Found", |line| {
-            format!("{{\"error\":\"no route\",\"request\":{:?}}}", line.replace('/', "\\/"))
+            format!(
+                "{{\"error\":\"no route\",\"request\":{:?}}}",
+                line.replace('/', "\\/")
+            )
         }),
         failing: answering("500 Internal Server Error", |_| "upstream failed".into()),
     };
@@ -480,7 +483,9 @@ fn a_url_file_is_checked_by_policy_check_and_before_serve_starts() {
     )
     .expect("good");
     let gateway = free_addr().to_string();
-    let setups: [(&str, fn(&Path)); 3] = [
+    /// How a case leaves `web.url` in the directory.
+    type Setup = fn(&Path);
+    let setups: [(&str, Setup); 3] = [
         ("plain http elsewhere", |d| {
             let url = format!("http://10.0.0.7/t/{FILE_SECRET}/mcp\n");
             std::fs::write(d.join("web.url"), url).expect("url")

@@ -440,10 +440,7 @@ async fn serve_inner(
     let max_in_flight = options.limits.max_in_flight.max(1);
     let app = app(ledger, &state, gate, &options, observer)?;
     let proxies = tasks::Proxies::start(&app, &options, proxy_tcp)?;
-    let mcp_servers = match mcp_tcp {
-        Some(_) => mcp_gateway::Gateway::servers(&options)?,
-        None => Vec::new(),
-    };
+    let mcp_servers = mcp_gateway::Gateway::servers(&options, mcp_tcp.as_ref())?;
     if log_start {
         let metrics_at = metrics_tcp.as_ref().and_then(|l| l.local_addr().ok());
         log(&started_line(&options, &app.ledger, metrics_at));

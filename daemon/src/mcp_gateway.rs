@@ -27,9 +27,15 @@ pub(crate) struct Gateway {
 
 impl Gateway {
     /// The policy's servers, their files read, credentials read and HTTP clients built
-    /// ([`server`]): before `tally serve` says it started, so a server that could not be
-    /// reached stops the start.
-    pub(crate) fn servers(options: &ServeOptions) -> Result<Vec<Server>, DaemonError> {
+    /// ([`server`]), if the gateway has a `listener`: before `tally serve` says it
+    /// started, so a server that could not be reached stops the start.
+    pub(crate) fn servers(
+        options: &ServeOptions,
+        listener: Option<&TcpListener>,
+    ) -> Result<Vec<Server>, DaemonError> {
+        if listener.is_none() {
+            return Ok(Vec::new());
+        }
         options
             .policy
             .policy
@@ -174,7 +180,9 @@ fn read_file(file: &str) -> Result<Zeroizing<String>, String> {
         return Err(format!("is longer than {MAX_FILE_BYTES} bytes"));
     }
     let text = std::str::from_utf8(&bytes).map_err(|_| "is not UTF-8".to_owned())?;
-    Ok(Zeroizing::new(text.trim_end_matches(['\r', '\n']).to_owned()))
+    Ok(Zeroizing::new(
+        text.trim_end_matches(['\r', '\n']).to_owned(),
+    ))
 }
 
 /// The TLS configuration a `url` server is reached with: tally's one HTTPS client's
@@ -196,7 +204,9 @@ fn tls(name: &str, s: &McpServer) -> Result<rustls::ClientConfig, DaemonError> {
 fn credential(name: &str, s: &McpServer) -> Result<Option<(String, Secret)>, DaemonError> {
     let bad = |why: String| DaemonError::McpGateway(format!("[mcp.{name}]: {why}"));
     let value = match (&s.credential_file, &s.credential_env) {
-        (Some(file), _) => read_file(file).map_err(|e| bad(format!("credential_file {file}: {e}")))?,
+        (Some(file), _) => {
+            read_file(file).map_err(|e| bad(format!("credential_file {file}: {e}")))?
+        }
         (None, Some(var)) => Zeroizing::new(
             std::env::var(var)
                 .map_err(|_| bad(format!("credential_env {var} is not set (or not UTF-8)")))?,
@@ -276,7 +286,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let at = |name: &str| dir.path().join(name).display().to_string();
         std::fs::write(at("url"), "https://h/mcp\r\n").expect("write");
-        assert_eq!(read_file(&at("url")).as_deref().map(|s| s.as_str()), Ok("https://h/mcp"));
+        assert_eq!(
+            read_file(&at("url")).as_deref().map(|s| s.as_str()),
+            Ok("https://h/mcp")
+        );
         std::os::unix::fs::symlink(at("url"), at("link")).expect("symlink");
         assert_eq!(
             read_file(&at("link")).map(|_| ()),
@@ -304,7 +317,9 @@ mod tests {
             credential_file: Some(at("link")),
             ..McpServer::default()
         };
-        assert!(matches!(credential("web", &s), Err(DaemonError::McpGateway(why)) if why.contains("symbolic link")));
+        assert!(
+            matches!(credential("web", &s), Err(DaemonError::McpGateway(why)) if why.contains("symbolic link"))
+        );
     }
 
     /// A remote server's HTTP client is built at start, over tally's one TLS

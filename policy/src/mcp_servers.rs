@@ -477,7 +477,7 @@ mod tests {
 
     #[test]
     fn loopback_hosts_are_localhost_127_0_0_0_8_and_v6_one() {
-        use crate::upstreams::{loopback_host, valid_path};
+        use crate::upstreams::loopback_host;
         for h in ["127.0.0.1", "127.8.9.1", "[::1]", "localhost", "LOCALHOST"] {
             assert!(loopback_host(h), "{h}");
         }

@@ -41,9 +41,8 @@ type Addrs = std::vec::IntoIter<std::net::SocketAddr>;
 impl tower::Service<Name> for Pinned {
     type Response = Addrs;
     type Error = std::io::Error;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Addrs, std::io::Error>> + Send>,
-    >;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Addrs, std::io::Error>> + Send>>;
 
     fn poll_ready(
         &mut self,

@@ -254,11 +254,17 @@ mod tests {
         }
         let url = "http://127.0.0.1:8000/mcp";
         assert_eq!(
-            scrubbed("the /mcp endpoint of http://127.0.0.1:8000/mcp refused", url),
+            scrubbed(
+                "the /mcp endpoint of http://127.0.0.1:8000/mcp refused",
+                url
+            ),
             "the /mcp endpoint of http://127.0.0.1:8000/… refused"
         );
         assert_eq!(
-            scrubbed("for url (http://127.0.0.1:8000/mcp)", "http://127.0.0.1/mcp"),
+            scrubbed(
+                "for url (http://127.0.0.1:8000/mcp)",
+                "http://127.0.0.1/mcp"
+            ),
             "for url (http://127.0.0.1:8000/…)"
         );
     }

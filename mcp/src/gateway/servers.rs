@@ -429,7 +429,13 @@ fn status_only(why: &str) -> &str {
         let reason_len = reason
             .find(|c: char| !(c.is_ascii_alphabetic() || matches!(c, ' ' | '-' | '\'')))
             .unwrap_or(reason.len());
-        if status.as_bytes().iter().take(3).filter(|b| b.is_ascii_digit()).count() == 3
+        if status
+            .as_bytes()
+            .iter()
+            .take(3)
+            .filter(|b| b.is_ascii_digit())
+            .count()
+            == 3
             && reason[reason_len..].starts_with(": ")
         {
             return &why[..at + 8 + reason_len];
@@ -459,10 +465,8 @@ impl RemoteClient {
 /// Where `localhost` is ([`tally_record::url::LOCALHOST`]): the policy takes plain
 /// `http://` to it as loopback by its name, so it is never asked of the resolver (the
 /// port is the URL's).
-const LOCALHOST: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
-    tally_record::url::LOCALHOST,
-    0,
-));
+const LOCALHOST: std::net::SocketAddr =
+    std::net::SocketAddr::V4(std::net::SocketAddrV4::new(tally_record::url::LOCALHOST, 0));
 
 /// The HTTP client of a remote server: reqwest over `tls` (an `https://` URL's only
 /// trust), speaking to the URL's host only (no system proxy: the credential goes to the

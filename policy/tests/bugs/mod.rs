@@ -206,7 +206,12 @@ fn a_server_url_its_client_would_rewrite_is_refused_in_force() {
             other => panic!("{url}: {other:?}"),
         }
     }
-    for url in ["https://h/t/tok-SECRET/mcp", "https://h", "https://h/", "http://[::1]:8/mcp"] {
+    for url in [
+        "https://h/t/tok-SECRET/mcp",
+        "https://h",
+        "https://h/",
+        "http://[::1]:8/mcp",
+    ] {
         let text = format!("[mcp.search]\nurl = \"{url}\"\n");
         assert!(Policy::from_toml(&text).is_ok(), "{url}");
     }
