@@ -329,6 +329,9 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
     } else {
         path.display().to_string()
     };
+    // A server's `url_file` is read as `tally serve` reads it (the URL it holds is
+    // checked as one written in the policy would be).
+    tally_daemon::check_url_files(&recorded.policy).with_context(|| name.clone())?;
     outln!("# {name}: valid; digest {}", recorded.digest);
     out!("{}", shown(&recorded.policy).to_toml());
     // Which model ids each price covers (its name, its aliases, its dated snapshots).

@@ -107,16 +107,40 @@ fn holds_no_secret(what: &str, text: &str) {
     }
 }
 
+/// The ports of the servers a test's MCP servers and upstreams are at.
+struct Ports {
+    /// Nothing listens.
+    closed: u16,
+    /// A 404 whose body repeats the request line.
+    echo: u16,
+    /// A 404 whose body is the request path's secret segment alone.
+    segment: u16,
+    /// A 404 whose body is the request line JSON-escaped (`\/t\/SECRET\/mcp`).
+    escaped: u16,
+    /// A 500.
+    failing: u16,
+}
+
 /// The servers and upstreams, each reached where it fails: `refused` (nothing
-/// listens), `missing` (a 404 whose body repeats the request's path), `tls` (`https://`
-/// to a server that speaks plain HTTP), and `hidden` (nothing listens) at the URL in
-/// `url_file`.
-fn policy(closed: u16, echo: u16, failing: u16, url_file: &Path) -> String {
+/// listens), `missing` (a 404 whose body repeats the request's path), `segment` and
+/// `escaped` (a 404 whose body says the path's secret alone, or JSON-escaped), `tls`
+/// (`https://` to a server that speaks plain HTTP), and `hidden` at the URL in
+/// `url_file` (nothing listens; a port of its own, so its refusal is told by it).
+fn policy(ports: &Ports, url_file: &Path) -> String {
+    let Ports {
+        closed,
+        echo,
+        segment,
+        escaped,
+        failing,
+    } = *ports;
     let mut text = format!(
         "[ceiling]\nspend_cents = 100\n\n\
          [mcp.hidden]\nurl_file = {:?}\n\n\
          [mcp.refused]\nurl = \"http://127.0.0.1:{closed}/t/{PATH_SECRET}/mcp\"\n\n\
          [mcp.missing]\nurl = \"http://127.0.0.1:{echo}/t/{PATH_SECRET}/mcp\"\n\n\
+         [mcp.segment]\nurl = \"http://127.0.0.1:{segment}/t/{PATH_SECRET}/mcp\"\n\n\
+         [mcp.escaped]\nurl = \"http://127.0.0.1:{escaped}/t/{PATH_SECRET}/mcp\"\n\n\
          [mcp.tls]\nurl = \"https://127.0.0.1:{echo}/t/{PATH_SECRET}/mcp\"\n\n",
         url_file.display().to_string()
     );
@@ -171,7 +195,14 @@ fn mcp_calls(gateway: SocketAddr, token: &str) -> Vec<(u16, String)> {
         &headers,
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
     ));
-    for (id, server) in [(3, "refused"), (4, "missing"), (5, "tls"), (6, "hidden")] {
+    for (id, server) in [
+        (3, "refused"),
+        (4, "missing"),
+        (5, "tls"),
+        (6, "hidden"),
+        (7, "segment"),
+        (8, "escaped"),
+    ] {
         let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": format!("{server}__lookup"), "arguments": {"q": "x"}}});
         answers.push(send(gateway, "/mcp", &headers, &call.to_string()));
@@ -199,18 +230,30 @@ fn proxy_calls(proxy: SocketAddr, token: &str) -> Vec<(u16, String)> {
 #[test]
 fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (closed, echo) = (
-        closed_port(),
-        answering("404 Not Found", |line| format!("no route for {line}")),
-    );
-    let failing = answering("500 Internal Server Error", |_| "upstream failed".into());
+    let ports = Ports {
+        closed: closed_port(),
+        echo: answering("404 Not Found", |line| format!("no route for {line}")),
+        segment: answering("404 Not Found", |line| {
+            let segment = line.split('/').nth(2).unwrap_or_default();
+            format!("no such token: {segment}")
+        }),
+        escaped: answering("404 Not Found", |line| {
+            format!(
+                "{{\"error\":\"no route\",\"request\":{:?}}}",
+                line.replace('/', "\\/")
+            )
+        }),
+        failing: answering("500 Internal Server Error", |_| "upstream failed".into()),
+    };
+    let (closed, hidden) = (ports.closed, closed_port());
+    assert_ne!(closed, hidden);
     let url_file = dir.path().join("hidden.url");
     std::fs::write(
         &url_file,
-        format!("http://127.0.0.1:{closed}/t/{FILE_SECRET}/mcp\n"),
+        format!("http://127.0.0.1:{hidden}/t/{FILE_SECRET}/mcp\n"),
     )
     .expect("url_file");
-    tally().init(dir.path(), &policy(closed, echo, failing, &url_file));
+    tally().init(dir.path(), &policy(&ports, &url_file));
     let key = dir.path().join("key.secret");
     std::fs::write(&key, "sk-upstream\n").expect("key");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -243,10 +286,13 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     // redacted.
     let said: String = mcp.iter().map(|(_, a)| a.as_str()).collect();
     assert!(
-        said.contains(&format!("127.0.0.1:{closed}/…")) && said.contains("hidden__lookup"),
+        said.contains(&format!("127.0.0.1:{closed}/…"))
+            && said.contains(&format!("127.0.0.1:{hidden}/…")),
         "the refused servers' errors are not told: {said}"
     );
-    assert!(said.contains("404"), "the 404 is not told: {said}");
+    assert!(said.contains("HTTP 404"), "the 404 is not told: {said}");
+    // A server's error body is not passed on (it may say the token in any spelling).
+    assert!(!said.contains("no such token"), "{said}");
     let statuses: Vec<u16> = proxied.iter().map(|(s, _)| *s).collect();
     assert_eq!(statuses, [502, 500, 502], "{proxied:?}");
 
@@ -416,4 +462,70 @@ fn a_ledger_recorded_under_a_plain_http_upstream_still_verifies() {
     let findings = report["replay"]["findings"].to_string();
     assert!(findings.contains("upstreams.gw.url"), "{report}");
     holds_no_secret("tally verify's report", &report.to_string());
+}
+
+/// A server's `url_file` is read by `tally policy check` and by `tally serve` before
+/// it says it started, as it will be read for the gateway: a URL the gateway would
+/// refuse, a symbolic link, a file that is not there are each refused, naming the
+/// server and the file, the URL redacted.
+#[test]
+fn a_url_file_is_checked_by_policy_check_and_before_serve_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    tally().ledger(dir.path());
+    std::fs::write(
+        dir.path().join("policy.toml"),
+        "[mcp.web]\nurl_file = \"web.url\"\n",
+    )
+    .expect("policy");
+    std::fs::write(
+        dir.path().join("good.url"),
+        format!("http://127.0.0.1:9/t/{FILE_SECRET}/mcp\n"),
+    )
+    .expect("good");
+    let gateway = free_addr().to_string();
+    /// How a case leaves `web.url` in the directory.
+    type Setup = fn(&Path);
+    let setups: [(&str, Setup); 3] = [
+        ("plain http elsewhere", |d| {
+            let url = format!("http://10.0.0.7/t/{FILE_SECRET}/mcp\n");
+            std::fs::write(d.join("web.url"), url).expect("url")
+        }),
+        ("a symbolic link", |d| {
+            std::os::unix::fs::symlink(d.join("good.url"), d.join("web.url")).expect("link")
+        }),
+        ("no file", |_| {}),
+    ];
+    for (what, setup) in setups {
+        let _ = std::fs::remove_file(dir.path().join("web.url"));
+        setup(dir.path());
+        let checked = tally().run(dir.path(), &["policy", "check", "policy.toml"], "");
+        let served = tally().run(
+            dir.path(),
+            &[
+                "serve",
+                "--ledger",
+                "ledger",
+                "--socket",
+                "agent.sock",
+                "--policy",
+                "policy.toml",
+                "--mcp-listen",
+                &gateway,
+            ],
+            "",
+        );
+        for (cmd, out) in [("tally policy check", &checked), ("tally serve", &served)] {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{cmd}, {what}: {stderr}");
+            assert!(
+                stderr.contains("[mcp.web] url_file web.url"),
+                "{cmd}, {what}: {stderr}"
+            );
+            assert!(!stderr.contains("listening on"), "{cmd}, {what}: {stderr}");
+            holds_no_secret(&format!("{cmd}'s standard error"), &stderr);
+        }
+    }
+    std::fs::rename(dir.path().join("good.url"), dir.path().join("web.url")).expect("mv");
+    let out = tally().ok(dir.path(), &["policy", "check", "policy.toml"], "");
+    holds_no_secret("tally policy check's output", &out);
 }

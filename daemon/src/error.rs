@@ -76,7 +76,7 @@ pub enum DaemonError {
     /// `--otlp-endpoint` could not be used; nothing was started.
     #[error("--otlp-endpoint {endpoint}: {why}; give the collector's OTLP/HTTP address, e.g. http://127.0.0.1:4318")]
     Otlp {
-        /// The endpoint given.
+        /// The endpoint given, shown redacted (`tally_record::url::redacted`).
         endpoint: String,
         /// Why it cannot be used.
         why: String,

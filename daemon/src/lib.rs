@@ -37,6 +37,7 @@ mod keys_api;
 mod limit;
 mod mcp_auth;
 mod mcp_gateway;
+pub use mcp_gateway::check_url_files;
 mod notify;
 mod observe;
 mod options;
@@ -274,8 +275,9 @@ fn tracer(options: &ServeOptions) -> Result<Option<observe::trace::Exporter>, Da
     observe::trace::Exporter::new(url, options.observe.otlp_sample)
         .map(Some)
         .map_err(|why| DaemonError::Otlp {
-            endpoint: url.clone(),
-            why,
+            // Shown redacted: a collector's URL may carry a secret.
+            endpoint: tally_record::url::redacted(url),
+            why: tally_record::url::scrubbed(&why, url),
         })
 }
 
@@ -438,6 +440,7 @@ async fn serve_inner(
     let max_in_flight = options.limits.max_in_flight.max(1);
     let app = app(ledger, &state, gate, &options, observer)?;
     let proxies = tasks::Proxies::start(&app, &options, proxy_tcp)?;
+    let mcp_servers = mcp_gateway::Gateway::servers(&options, mcp_tcp.as_ref())?;
     if log_start {
         let metrics_at = metrics_tcp.as_ref().and_then(|l| l.local_addr().ok());
         log(&started_line(&options, &app.ledger, metrics_at));
@@ -446,7 +449,7 @@ async fn serve_inner(
     let view = tasks::View::start(&app, &options, metrics_tcp);
     let notifier = tasks::notifier(&app);
     let router = api::router(Arc::clone(&app), api::Role::Agent);
-    let mcp_gateway = mcp_gateway::Gateway::start(&app, &options, &router, mcp_tcp)?;
+    let mcp_gateway = mcp_gateway::Gateway::start(&app, &options, mcp_servers, &router, mcp_tcp)?;
     let operator_router = api::router(Arc::clone(&app), api::Role::Operator);
     let (graceful, mut connections) = server::accept_loop(
         &socket,

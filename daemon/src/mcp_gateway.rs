@@ -26,24 +26,38 @@ pub(crate) struct Gateway {
 }
 
 impl Gateway {
-    /// Start the gateway on `listener` (bound from `--mcp-listen`), if there is one;
-    /// `agent` is the agent socket's router, which its checks go through.
+    /// The policy's servers, their files read, credentials read and HTTP clients built
+    /// ([`server`]), if the gateway has a `listener`: before `tally serve` says it
+    /// started, so a server that could not be reached stops the start.
+    pub(crate) fn servers(
+        options: &ServeOptions,
+        listener: Option<&TcpListener>,
+    ) -> Result<Vec<Server>, DaemonError> {
+        if listener.is_none() {
+            return Ok(Vec::new());
+        }
+        options
+            .policy
+            .policy
+            .mcp
+            .iter()
+            .map(|(name, s)| server(name, s))
+            .collect()
+    }
+
+    /// Start the gateway to `servers` ([`Gateway::servers`]) on `listener` (bound from
+    /// `--mcp-listen`), if there is one; `agent` is the agent socket's router, which its
+    /// checks go through.
     pub(crate) fn start(
         app: &Arc<App>,
         options: &ServeOptions,
+        servers: Vec<Server>,
         agent: &Router,
         listener: Option<TcpListener>,
     ) -> Result<Option<Gateway>, DaemonError> {
         let Some(listener) = listener else {
             return Ok(None);
         };
-        let servers = options
-            .policy
-            .policy
-            .mcp
-            .iter()
-            .map(|(name, s)| server(name, s))
-            .collect::<Result<Vec<_>, _>>()?;
         // Every credential a policy entry names is kept from the stdio servers.
         let hidden_env = options
             .policy
@@ -117,16 +131,58 @@ fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
     })
 }
 
-/// The URL a server's `url_file` holds (its content, the trailing line end removed),
-/// held to the rules of a URL put in force; an error shows it redacted.
+/// The URL a server's `url_file` holds ([`read_file`]), held to the rules of a URL put
+/// in force; an error shows it redacted.
 fn url_of_file(name: &str, s: &McpServer, file: &str) -> Result<String, DaemonError> {
     let bad = |why: String| DaemonError::McpGateway(format!("[mcp.{name}] url_file {file}: {why}"));
-    let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
-    let url = text.trim_end_matches(['\r', '\n']).to_owned();
+    let url = read_file(file).map_err(bad)?;
     match s.url_file_problem(&url) {
         Some((key, why)) => Err(bad(format!("{key}: {why}"))),
-        None => Ok(url),
+        None => Ok(url.to_string()),
     }
+}
+
+/// Whether each `url_file` of `policy`'s MCP servers holds a URL the gateway would put
+/// in force (`tally policy check` asks, as `tally serve` does before it starts): the
+/// first that does not, the error naming its server and file, the URL redacted.
+pub fn check_url_files(policy: &tally_policy::Policy) -> Result<(), DaemonError> {
+    for (name, s) in &policy.mcp {
+        if let (None, Some(file)) = (&s.url, &s.url_file) {
+            url_of_file(name, s, file)?;
+        }
+    }
+    Ok(())
+}
+
+/// The longest `url_file` or `credential_file`: a URL or a header's value.
+pub const MAX_FILE_BYTES: usize = 4096;
+
+/// The content of a file a server's entry names (`url_file`, `credential_file`: each
+/// holds a secret), its trailing line end removed: a regular file (a symbolic link is
+/// not followed, a FIFO or device not read), of at most [`MAX_FILE_BYTES`], UTF-8.
+fn read_file(file: &str) -> Result<Zeroizing<String>, String> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = rustix::fs::open(file, flags, Mode::empty()).map_err(|e| match e {
+        rustix::io::Errno::LOOP => "is a symbolic link: name the file itself".to_owned(),
+        e => std::io::Error::from(e).to_string(),
+    })?;
+    let f = std::fs::File::from(fd);
+    if !f.metadata().map_err(|e| e.to_string())?.is_file() {
+        return Err("is not a regular file".into());
+    }
+    let mut bytes = Zeroizing::new(Vec::new());
+    f.take(MAX_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() > MAX_FILE_BYTES {
+        return Err(format!("is longer than {MAX_FILE_BYTES} bytes"));
+    }
+    let text = std::str::from_utf8(&bytes).map_err(|_| "is not UTF-8".to_owned())?;
+    Ok(Zeroizing::new(
+        text.trim_end_matches(['\r', '\n']).to_owned(),
+    ))
 }
 
 /// The TLS configuration a `url` server is reached with: tally's one HTTPS client's
@@ -149,11 +205,7 @@ fn credential(name: &str, s: &McpServer) -> Result<Option<(String, Secret)>, Dae
     let bad = |why: String| DaemonError::McpGateway(format!("[mcp.{name}]: {why}"));
     let value = match (&s.credential_file, &s.credential_env) {
         (Some(file), _) => {
-            let text = Zeroizing::new(
-                std::fs::read_to_string(file)
-                    .map_err(|e| bad(format!("credential_file {file}: {e}")))?,
-            );
-            Zeroizing::new(text.trim_end_matches(['\r', '\n']).to_owned())
+            read_file(file).map_err(|e| bad(format!("credential_file {file}: {e}")))?
         }
         (None, Some(var)) => Zeroizing::new(
             std::env::var(var)
@@ -224,6 +276,50 @@ mod tests {
         }
         std::fs::remove_file(&file).expect("rm");
         assert!(server("web", &s).is_err());
+    }
+
+    /// A `url_file` or `credential_file` is read only as a regular file of at most
+    /// [`MAX_FILE_BYTES`], never through a symbolic link, never a FIFO (whose open would
+    /// wait for a writer) or a directory.
+    #[test]
+    fn a_servers_file_is_a_small_regular_file_not_a_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let at = |name: &str| dir.path().join(name).display().to_string();
+        std::fs::write(at("url"), "https://h/mcp\r\n").expect("write");
+        assert_eq!(
+            read_file(&at("url")).as_deref().map(|s| s.as_str()),
+            Ok("https://h/mcp")
+        );
+        std::os::unix::fs::symlink(at("url"), at("link")).expect("symlink");
+        assert_eq!(
+            read_file(&at("link")).map(|_| ()),
+            Err("is a symbolic link: name the file itself".to_owned())
+        );
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(at("fifo"))
+            .status()
+            .expect("mkfifo");
+        assert!(fifo.success());
+        assert_eq!(
+            read_file(&at("fifo")).map(|_| ()),
+            Err("is not a regular file".to_owned())
+        );
+        assert_eq!(
+            read_file(&dir.path().display().to_string()).map(|_| ()),
+            Err("is not a regular file".to_owned())
+        );
+        std::fs::write(at("big"), "x".repeat(MAX_FILE_BYTES + 1)).expect("write");
+        assert!(read_file(&at("big")).is_err_and(|e| e.contains("longer than 4096")));
+        std::fs::write(at("max"), "x".repeat(MAX_FILE_BYTES)).expect("write");
+        assert!(read_file(&at("max")).is_ok());
+        let s = McpServer {
+            url: Some("https://h/mcp".into()),
+            credential_file: Some(at("link")),
+            ..McpServer::default()
+        };
+        assert!(
+            matches!(credential("web", &s), Err(DaemonError::McpGateway(why)) if why.contains("symbolic link"))
+        );
     }
 
     /// A remote server's HTTP client is built at start, over tally's one TLS

@@ -24,8 +24,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tally_ledger::tlog::note::{Note, NoteSig};
 use tally_ledger::tlog::policy::Policy;
@@ -58,7 +56,7 @@ fn rustls_provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// roots and an optional extra CA, plain HTTP to loopback hosts only. Cheap to clone.
 #[derive(Clone)]
 pub struct WitnessClient {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: tally_proxy::tls::HttpsClient,
 }
 
 impl std::fmt::Debug for WitnessClient {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use tally_record::url::redacted;
 
-use crate::upstreams::loopback_host;
+use crate::upstreams::{loopback_host, valid_path};
 
 /// The longest server name.
 pub const MAX_NAME: usize = 32;
@@ -140,6 +140,12 @@ fn url_problem(url: &str) -> Option<String> {
             "`{shown}` has a query: give the server's credential in `credential_file` or `credential_env` (sent in a header)"
         ));
     }
+    let path = &rest[authority.len()..];
+    if !path.is_empty() && !printed_as_written(path) {
+        return Some(format!(
+            "`{shown}`: its path would be sent as other text than written (a `.` or `..` segment, `%`, `\\`, or one of {{ }} \" < > `): write the path the server is at"
+        ));
+    }
     if scheme == "http" && !loopback_host(host) {
         return Some(format!(
             "`{shown}` is plain http to a host that is not loopback: the credential and every call would cross the network unencrypted. Write `{}` (plain `http://` is for 127.0.0.1, ::1 and localhost only)",
@@ -147,6 +153,15 @@ fn url_problem(url: &str) -> Option<String> {
         ));
     }
     None
+}
+
+/// Whether the HTTP client sends, and says in its errors, `path` as written: a
+/// [`valid_path`] (no `%`, `\\`, `?`, `#`, `.` or `..` segment), none of the characters
+/// it percent-encodes (`{ } " < >` and the backtick). A path it rewrote
+/// (`/a/../t/TOKEN` sent as `/t/TOKEN`) would be quoted in a form the redaction of the
+/// URL as written does not find.
+fn printed_as_written(path: &str) -> bool {
+    valid_path(path) && !path.contains(['{', '}', '"', '<', '>', '`'])
 }
 
 impl McpServer {

@@ -171,7 +171,7 @@ impl Backend {
     /// the agent, the log and the ledger.
     fn said(&self, why: String) -> String {
         match &self.target {
-            Target::Url { url, .. } => tally_record::url::scrubbed(&why, url),
+            Target::Url { url, .. } => tally_record::url::scrubbed(status_only(&why), url),
             Target::Command(_) => why,
         }
     }
@@ -417,6 +417,34 @@ fn unreached(e: &rmcp::service::ClientInitializeError) -> String {
     e.to_string()
 }
 
+/// What a remote server's client said, up to the status of an HTTP error it quotes
+/// (rmcp says `HTTP 404 Not Found: BODY`, the reason the canonical one of the code): the
+/// body is the server's, which may echo its URL's token in any spelling, and goes no
+/// further than the client.
+fn status_only(why: &str) -> &str {
+    let mut from = 0;
+    while let Some(at) = why[from..].find("HTTP ").map(|i| from + i) {
+        let status = &why[at + 5..];
+        let reason = status.get(3..).unwrap_or_default();
+        let reason_len = reason
+            .find(|c: char| !(c.is_ascii_alphabetic() || matches!(c, ' ' | '-' | '\'')))
+            .unwrap_or(reason.len());
+        if status
+            .as_bytes()
+            .iter()
+            .take(3)
+            .filter(|b| b.is_ascii_digit())
+            .count()
+            == 3
+            && reason[reason_len..].starts_with(": ")
+        {
+            return &why[..at + 8 + reason_len];
+        }
+        from = at + 5;
+    }
+    why
+}
+
 /// The HTTP client of a remote server, built once when the gateway starts (a
 /// configuration the HTTP client refuses stops the start, not a first call) and cloned
 /// for each connection.
@@ -434,12 +462,11 @@ impl RemoteClient {
     }
 }
 
-/// Where `localhost` is: the policy takes plain `http://` to it as loopback by its name,
-/// so it is never asked of the resolver (the port is the URL's).
-const LOCALHOST: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
-    std::net::Ipv4Addr::LOCALHOST,
-    0,
-));
+/// Where `localhost` is ([`tally_record::url::LOCALHOST`]): the policy takes plain
+/// `http://` to it as loopback by its name, so it is never asked of the resolver (the
+/// port is the URL's).
+const LOCALHOST: std::net::SocketAddr =
+    std::net::SocketAddr::V4(std::net::SocketAddrV4::new(tally_record::url::LOCALHOST, 0));
 
 /// The HTTP client of a remote server: reqwest over `tls` (an `https://` URL's only
 /// trust), speaking to the URL's host only (no system proxy: the credential goes to the
@@ -503,6 +530,31 @@ fn command_of(program: &str, args: &[String], hidden_env: &[String]) -> tokio::p
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remote_servers_error_body_is_dropped_its_status_kept() {
+        assert_eq!(
+            super::status_only("unexpected server response: HTTP 404: no token tok-1 here"),
+            "unexpected server response: HTTP 404"
+        );
+        assert_eq!(
+            super::status_only("HTTP 403: {\"path\":\"\\/t\\/tok\"}"),
+            "HTTP 403"
+        );
+        assert_eq!(super::status_only("HTTP 503"), "HTTP 503");
+        assert_eq!(
+            super::status_only("response: HTTP 404 Not Found: no such token: tok-1, when sent"),
+            "response: HTTP 404 Not Found"
+        );
+        assert_eq!(
+            super::status_only("HTTP 418 I'm a teapot: tok-1"),
+            "HTTP 418 I'm a teapot"
+        );
+        assert_eq!(
+            super::status_only("connection refused (HTTP server down)"),
+            "connection refused (HTTP server down)"
+        );
+    }
 
     #[test]
     fn a_stdio_server_is_started_without_the_credentials() {

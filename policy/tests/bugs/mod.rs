@@ -174,3 +174,45 @@ fn a_plain_http_server_elsewhere_is_refused_in_force_but_read_from_a_ledger() {
         assert!(Recorded::from_ledger(&text).is_err(), "{url}");
     }
 }
+
+/// docs/MCP.md: a remote server's URL is held to what its HTTP client sends and says as
+/// written. The `url` crate rewrites a dot segment (`/a/../t/TOKEN` is sent, and quoted
+/// in an error, as `/t/TOKEN`), decodes nothing but may re-encode `%`, turns `\` into
+/// `/` and percent-encodes `{ } " < >` and the backtick: a URL so written is refused in
+/// force (so its redaction finds it as quoted), naming its key and line, the token in no
+/// word of the refusal.
+#[test]
+fn a_server_url_its_client_would_rewrite_is_refused_in_force() {
+    use tally_policy::{Policy, PolicyError};
+    for url in [
+        "https://h/a/../t/tok-SECRET/mcp",
+        "https://h/./t/tok-SECRET/mcp",
+        "https://h/a/%2e%2e/t/tok-SECRET/mcp",
+        "https://h/t\\\\tok-SECRET/mcp",
+        "https://h/t/{tok-SECRET}/mcp",
+        "https://h/t/tok-SECRET`/mcp",
+        "https://h/t/<tok-SECRET>/mcp",
+        "http://localhost:8000/t/tok-SECRET/../mcp",
+    ] {
+        let text = format!("[mcp.search]\nurl = \"{url}\"\n");
+        match Policy::from_toml(&text) {
+            Err(e @ PolicyError::Invalid { .. }) => {
+                let PolicyError::Invalid { key, line, .. } = &e else {
+                    unreachable!()
+                };
+                assert_eq!((key.as_str(), *line), ("mcp.search.url", Some(2)), "{url}");
+                assert!(!e.to_string().contains("SECRET"), "{url}: {e}");
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    for url in [
+        "https://h/t/tok-SECRET/mcp",
+        "https://h",
+        "https://h/",
+        "http://[::1]:8/mcp",
+    ] {
+        let text = format!("[mcp.search]\nurl = \"{url}\"\n");
+        assert!(Policy::from_toml(&text).is_ok(), "{url}");
+    }
+}
