@@ -453,12 +453,23 @@ impl Ledger {
     /// returning (for state no decision carries; the gate's pauses were, before they
     /// became records). Keys
     /// written here must not also be written through [`Ledger::submit_with_state`]:
-    /// the two paths are not ordered with each other.
+    /// the two paths are not ordered with each other. If it fails, the ledger refuses
+    /// every append after it (a group already written to the log is still acknowledged
+    /// once durable).
     pub fn put_state_durable(&self, state: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
         if let Some(why) = &lock(&self.shared.queue).poisoned {
             return Err(Error::Poisoned(why.clone()));
         }
-        self.shared.store.put_durable(state)
+        let put = self.shared.store.put_durable(state);
+        if let Err(e) = &put {
+            // The index is failed for good (or its durability unknown): no group is
+            // written after this (the store's module doc), the queued ones are refused.
+            let mut queue = lock(&self.shared.queue);
+            queue.poisoned.get_or_insert_with(|| e.to_string());
+            self.shared.wake_committer(&queue);
+            self.shared.synced.notify_all();
+        }
+        put
     }
 
     /// The current key epoch.

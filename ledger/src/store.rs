@@ -29,8 +29,11 @@
 //! `sync_file_range`, which neither flushes the drive's cache nor the file's metadata
 //! (sled's own GitHub issue #1452, upstream), so after its flush we `fsync` sled's log file (`db`) ourselves.
 //!
-//! A failed write (a full disk): after the first sled write or flush that fails, the
-//! store sends sled no other write or flush and answers each with [`Error::Index`]. sled
+//! A failed write (a full disk): after the first sled write or flush through the store
+//! that fails, the store sends sled no other write or flush of its own and answers each
+//! with [`Error::Index`] (the check and the write are one step, so none racing the
+//! failing one gets through). The commit group whose fold failed is whole in the log, so
+//! it is still acknowledged once fsynced; the pipeline refuses every group after it. sled
 //! 0.34 can wedge on such a failure: a value too large for its log buffer goes to a
 //! `blobs/` file, written while the buffer's writer count is held
 //! (`Log::reserve_inner` -> `IoBufs::encapsulate` -> `write_blob`); when that write
@@ -42,6 +45,15 @@
 //! exclusively: one wedged flush stops every index in the process. So a failed store is
 //! never flushed again, nor dropped: its sled handle is kept until the process exits
 //! (with sled's lock on `DIR/index`), and the ledger opens again after a restart.
+//!
+//! What this does not stop: sled's own threads. Its flusher (`flush_every_ms` below)
+//! still flushes the failed database every second for the life of the process, and so
+//! may wedge itself and, through that shared lock, every other index in the process;
+//! and a write failing inside sled's own work (its segment cleaning rewriting a blob)
+//! never reaches the store, so `failed` stays unset and a clean close folds and drops the
+//! database as usual, and may hang there. Turning the flusher off would stop the first,
+//! but sled's background flush is what bounds the log a restart replays into the index
+//! (module doc above), so it stays; a process whose index failed is to be restarted.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File};
@@ -166,6 +178,10 @@ pub struct Store {
     /// The first sled write or flush that failed: none is sent to sled after it (module
     /// doc).
     failed: Mutex<Option<String>>,
+    /// Held across each sled write or flush with the check of `failed` before it (sled
+    /// serialises its writes and flushes anyway); `failed` itself is only held briefly,
+    /// so reading it never waits for sled.
+    gate: Mutex<()>,
 }
 
 impl Store {
@@ -211,11 +227,14 @@ impl Store {
             synced_blobs: Mutex::new(HashSet::new()),
             fsync_failed: Mutex::new(None),
             failed: Mutex::new(None),
+            gate: Mutex::new(()),
         })
     }
 
-    /// What failed, if a sled write or flush has.
-    fn failed(&self) -> Option<String> {
+    /// What failed, if a sled write or flush has: the store is then failed for good, and
+    /// the commit pipeline refuses every group after the one that saw it. Never waits for
+    /// sled.
+    pub fn failed(&self) -> Option<String> {
         self.failed
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -223,8 +242,11 @@ impl Store {
     }
 
     /// Run one sled write or flush, unless one failed before; the first failure is kept,
-    /// and every write after it refused without reaching sled.
+    /// and every write after it refused without reaching sled. The check and the write
+    /// are one step (`gate` held across both), so no write that starts while another is
+    /// failing reaches sled after it.
     fn write<T>(&self, what: &str, op: impl FnOnce(&sled::Db) -> sled::Result<T>) -> Result<T> {
+        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = self.failed() {
             return Err(Error::Index {
                 path: self.path.clone(),

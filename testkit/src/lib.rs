@@ -5,8 +5,8 @@
 //! A test that needs something this machine may lack (PostgreSQL, pytest, schemathesis,
 //! the MCP SDKs, node, root (to mount a [`tmpfs::Tmpfs`] and fill it), `chattr`, `ip`,
 //! `curl`) never passes quietly without it: it calls [`skip`], which prints `SKIPPED`
-//! where the person running `cargo test` sees it, and under `CI` fails the test instead. README.md lists what the full suite needs and
-//! the one command that installs it.
+//! where the person running `cargo test` sees it, and under `CI` fails the test instead.
+//! README.md lists what the full suite needs and the one command that installs it.
 #![forbid(unsafe_code)]
 
 pub mod otlp;

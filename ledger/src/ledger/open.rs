@@ -520,6 +520,7 @@ fn shared(
             durable,
             durable_root,
             poisoned: None,
+            unknown: None,
             closing: false,
         }),
         to_commit: Condvar::new(),

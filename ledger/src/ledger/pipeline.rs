@@ -45,9 +45,15 @@ pub(super) struct Queue {
     pub(super) durable: Checkpoint,
     /// The Merkle tree's root at the durable checkpoint's size.
     pub(super) durable_root: TreeHash,
-    /// Set once a write or fsync failed: whether earlier groups are durable is then
-    /// unknown, so everything after is refused.
+    /// Set once a write or fsync failed: every group not yet written is refused, and so
+    /// is every later append.
     pub(super) poisoned: Option<String>,
+    /// Set once an fsync failed or a pipeline thread panicked: whether the groups written
+    /// are durable is then unknown, so those not yet acknowledged are refused too. A
+    /// failed write of the log or the index leaves this unset: each group written whole
+    /// before it is still synced and acknowledged (the log holds it, and a restart finds
+    /// it there).
+    pub(super) unknown: Option<String>,
     /// The ledger is being dropped: the threads finish what is queued and exit.
     pub(super) closing: bool,
 }
@@ -259,9 +265,10 @@ impl Shared {
         // not leave it waiting for a committer that is gone.
         let mut queue = lock(&self.queue);
         queue.committing = false;
-        // Poisoned while this group was written (the syncer failed or died): no one may
-        // sync it now, so it is refused, never left waiting.
-        let outcome = match (outcome, queue.poisoned.clone()) {
+        // An fsync failed or the syncer died while this group was written: no one may
+        // sync it now, so it is refused, never left waiting. (Poisoned by a failed index
+        // write meanwhile, it is whole in the log and is synced like any other.)
+        let outcome = match (outcome, queue.unknown.clone()) {
             (Ok(applied), Some(why)) => {
                 let replies: Vec<Reply> = applied
                     .replies
@@ -274,7 +281,16 @@ impl Shared {
             (Err((e, group)), _) => Err((e, group.into_iter().map(|p| p.reply).collect())),
         };
         match outcome {
-            Ok(applied) => queue.applied.push(applied),
+            Ok(applied) => {
+                queue.applied.push(applied);
+                // The index failed (this group's fold, or a durable write meanwhile): this
+                // group is whole in the log and goes on to the syncer; every group after
+                // it is refused before its log write.
+                if let Some(why) = self.store.failed() {
+                    queue.poisoned.get_or_insert(why);
+                    self.synced.notify_all();
+                }
+            }
             Err((e, replies)) => {
                 let why = queue.poisoned.get_or_insert_with(|| e.to_string()).clone();
                 drop(queue);
@@ -297,7 +313,7 @@ impl Shared {
         queue.syncing = true;
         queue.flushing = true;
         let groups = std::mem::take(&mut queue.applied);
-        let poisoned = queue.poisoned.clone();
+        let poisoned = queue.unknown.clone();
         drop(queue);
         let guard = RoleGuard(self, Role::Sync);
         let flushed = match poisoned {
@@ -336,6 +352,7 @@ impl Shared {
             }
             Err(e) => {
                 let why = queue.poisoned.get_or_insert_with(|| e.to_string()).clone();
+                queue.unknown.get_or_insert_with(|| why.clone());
                 drop(queue);
                 let replies = groups
                     .into_iter()
@@ -361,9 +378,11 @@ pub(super) struct RoleGuard<'a>(&'a Shared, Role);
 impl Drop for RoleGuard<'_> {
     fn drop(&mut self) {
         let mut queue = lock(&self.0.queue);
-        queue
+        let why = queue
             .poisoned
-            .get_or_insert_with(|| "a commit thread panicked".into());
+            .get_or_insert_with(|| "a commit thread panicked".into())
+            .clone();
+        queue.unknown.get_or_insert(why);
         match self.1 {
             Role::Commit => queue.committing = false,
             Role::Sync => {

@@ -182,7 +182,14 @@ impl Writer {
             self.bases.put(k, v);
         }
         let point = self.index_point(first_seq, placed.segment, placed.offset);
-        store.apply_group(changed, point, (placed.segment, placed.end))?;
+        // The group is whole in the log now, and will be there after a restart: an index
+        // that fails to take it must not refuse it (its retry would be a second copy). The
+        // fold keeps its state in memory, the index is rebuilt from the log, and the store
+        // keeps the failure (`Store::failed`), which refuses every group after this one
+        // (`Shared::commit_once`); this one is acknowledged once its fsync succeeds.
+        if let Err(e) = store.apply_group(changed, point, (placed.segment, placed.end)) {
+            debug_assert!(store.failed().is_some(), "an index error not kept: {e}");
+        }
         self.last_wall = wall;
         if rotated {
             self.finish_rotation(log)?;
