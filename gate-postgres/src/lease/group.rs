@@ -73,12 +73,25 @@ pub(crate) struct Item {
     pub(crate) then: Box<dyn FnOnce(Outcome) + Send>,
 }
 
+/// The group commit's generation a decision began in: its failed commits, and its
+/// decisions taken back that changed tools' breaker views ([`Group::queue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Generation {
+    pub(crate) all: u64,
+    taint: u64,
+}
+
 #[derive(Default)]
 struct Queue {
     items: Vec<Item>,
     in_flight: bool,
     /// Bumped by every failed commit: a decision made before it is not queued.
     generation: u64,
+    /// Bumped when a decision taken back had changed tools' breaker views, and each
+    /// such tool with the count it was bumped to: a decision that decided one of them
+    /// from its view before is not queued ([`taken`]).
+    taint: u64,
+    tainted: BTreeMap<String, u64>,
     closed: bool,
     /// Decisions waiting in [`Group::drain`] now.
     draining: usize,
@@ -165,21 +178,30 @@ impl Group {
     }
 
     /// The generation a decision begins in (see [`Group::queue`]).
-    pub(crate) fn generation(&self) -> u64 {
-        lock(&self.shared.queue).generation
+    pub(crate) fn generation(&self) -> Generation {
+        let q = lock(&self.shared.queue);
+        Generation {
+            all: q.generation,
+            taint: q.taint,
+        }
     }
 
     /// Queue `item` if no commit failed since `generation` (a decision made on copies a
-    /// failed commit let go is refused: nothing queued), `apply` run first under the
-    /// queue's lock (the copies it keeps are let go by any later failure).
+    /// failed commit let go is refused: nothing queued) and no decision taken back since
+    /// changed the view of a tool `item` decided from its view, `apply` run first under
+    /// the queue's lock (the copies it keeps are let go by any later failure).
     pub(crate) fn queue(
         &self,
-        generation: u64,
+        generation: Generation,
         item: Item,
         apply: impl FnOnce(),
     ) -> Result<(), GateError> {
         let mut q = lock(&self.shared.queue);
-        if q.closed || q.generation != generation {
+        let tainted = item
+            .tools
+            .iter()
+            .any(|t| q.tainted.get(t).is_some_and(|&at| at > generation.taint));
+        if q.closed || q.generation != generation.all || tainted {
             if !q.closed {
                 self.guard_refused(GUARD_STALE);
             }
