@@ -77,7 +77,7 @@ pub(crate) struct Item {
 /// decisions taken back that changed tools' breaker views ([`Group::queue`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Generation {
-    pub(crate) all: u64,
+    all: u64,
     taint: u64,
 }
 
@@ -95,6 +95,20 @@ struct Queue {
     closed: bool,
     /// Decisions waiting in [`Group::drain`] now.
     draining: usize,
+}
+
+impl Queue {
+    /// See [`Group::stale`].
+    fn stale<'t>(
+        &self,
+        generation: Generation,
+        tools: impl IntoIterator<Item = &'t String>,
+    ) -> bool {
+        self.generation != generation.all
+            || tools
+                .into_iter()
+                .any(|t| self.tainted.get(t).is_some_and(|&at| at > generation.taint))
+    }
 }
 
 struct Shared {
@@ -186,6 +200,17 @@ impl Group {
         }
     }
 
+    /// Whether a commit failed since `generation`, or a decision taken back since changed
+    /// the view of one of `tools` (a decision begun then, that decided them from their
+    /// views, is refused).
+    pub(crate) fn stale<'t>(
+        &self,
+        generation: Generation,
+        tools: impl IntoIterator<Item = &'t String>,
+    ) -> bool {
+        lock(&self.shared.queue).stale(generation, tools)
+    }
+
     /// Queue `item` if no commit failed since `generation` (a decision made on copies a
     /// failed commit let go is refused: nothing queued) and no decision taken back since
     /// changed the view of a tool `item` decided from its view, `apply` run first under
@@ -197,11 +222,7 @@ impl Group {
         apply: impl FnOnce(),
     ) -> Result<(), GateError> {
         let mut q = lock(&self.shared.queue);
-        let tainted = item
-            .tools
-            .iter()
-            .any(|t| q.tainted.get(t).is_some_and(|&at| at > generation.taint));
-        if q.closed || q.generation != generation.all || tainted {
+        if q.closed || q.stale(generation, &item.tools) {
             if !q.closed {
                 self.guard_refused(GUARD_STALE);
             }

@@ -194,8 +194,7 @@ impl<'a> LeasedTxn<'a> {
     pub(super) fn central(&mut self) -> Result<&mut PostgresTxn<'a>, GateError> {
         if !self.drained {
             self.backend.group.drain()?;
-            if !self.homed.is_empty() && self.backend.group.generation().all != self.generation.all
-            {
+            if !self.homed.is_empty() && self.backend.group.stale(self.generation, &self.viewed) {
                 self.backend.group.guard_refused(GUARD_STALE);
                 return Err(GateError::Unavailable(
                     "a commit of decisions made before this one failed: retry".into(),
