@@ -391,6 +391,11 @@ $f$;
 /// still the slice's may be given back (a later epoch's `release` of it is refused):
 /// one of a dead and restarted, or fenced, holder is settled whole for good.
 /// `tally_leases_reclaimed` finds a scope's reclaimed slices.
+/// Step 10 was amended in place after it shipped (the partial index, and reclaimed
+/// slices counted only while their holder's epoch holds): a database found at 10 runs
+/// it again. Every statement in it is `CREATE OR REPLACE` or `IF NOT EXISTS`.
+const AMENDED: i32 = 10;
+
 pub(crate) const SCHEMA_V10: &str = "
 CREATE INDEX IF NOT EXISTS tally_leases_reclaimed ON tally_leases (kind, key) WHERE state = 'reclaimed';
 CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
@@ -493,6 +498,11 @@ impl Migration<'_> {
             Some(v) => usize::try_from(v).unwrap_or(0).min(all.len()),
         };
         let steps = &all[from..];
+        if found == Some(AMENDED) {
+            // A database already at this version may hold its first form: its step is
+            // idempotent, so it is run again (the version is not recorded again).
+            self.wait("to update the schema", client.batch_execute(SCHEMA_V10))?;
+        }
         if !steps.is_empty() {
             for step in steps {
                 self.wait("to create the schema", client.batch_execute(step))?;

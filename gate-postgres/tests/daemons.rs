@@ -302,7 +302,10 @@ fn a_leased_run_whose_scope_has_no_room_is_refused_typed_not_unavailable() {
         };
         // Until the grace passed since the daemon first found it so (the row may be
         // behind the scope for a moment): unavailable, retry.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        // A stall between checks no longer starts the window again (a scope is
+        // forgotten only after 10 s with no use refused); 60 s leaves a loaded machine
+        // margin over the 5 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         let mut unavailable = 0;
         loop {
             let (status, answer) = check().await;

@@ -389,8 +389,8 @@ fn an_outcome_below_its_reservation_gives_back_on_the_slice_that_took_it() {
 /// A run whose scope has no room left (its row still shows room) is refused as
 /// unavailable until twice the group commit's drain bound and one database bound (5 x
 /// the 2 s bound) passed on the clock the lease ticks are run with, from the first tick
-/// after it was found so; then with the budget's reason. A tick with no use refused
-/// starts it again: a later refusal is a retry first, not the budget's at once.
+/// after it was found so; then with the budget's reason. With no use refused for twice
+/// the grace it is forgotten: a later refusal is a retry first, not the budget's at once.
 #[test]
 fn a_scope_with_no_room_is_refused_typed_only_after_the_grace_on_the_ticks_clock() {
     let Some(cluster) = Cluster::start() else {
@@ -417,12 +417,57 @@ fn a_scope_with_no_room_is_refused_typed_only_after_the_grace_on_the_ticks_clock
     slices(&a).tick(t0 + grace);
     assert_eq!(said(&a), "refused BudgetExceeded");
     assert_eq!(said(&a), "refused BudgetExceeded", "every time");
-    // Two ticks with no use refused: forgotten; found so again, a retry first.
+    // No use refused for twice the grace: forgotten; found so again, a retry first.
     slices(&a).tick(t0 + grace * 2);
-    slices(&a).tick(t0 + grace * 3);
-    assert_eq!(said(&a), "unavailable", "started again");
+    slices(&a).tick(t0 + grace * 4 - Duration::from_millis(1));
+    assert_eq!(said(&a), "refused BudgetExceeded", "not forgotten yet");
     slices(&a).tick(t0 + grace * 4);
+    slices(&a).tick(t0 + grace * 6);
+    assert_eq!(said(&a), "unavailable", "started again");
+    slices(&a).tick(t0 + grace * 7);
     assert_eq!(said(&a), "unavailable");
+}
+
+/// A client that retries slowly (many ticks between its tries, as long as the grace the
+/// `503` names) keeps its window: once the grace passed since the first refusal, it is
+/// refused with the budget's reason, not `503` forever.
+#[test]
+fn a_slow_retry_keeps_its_grace_window_and_reaches_the_typed_refusal() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = LeaseClock::database();
+    let dir = tempfile::tempdir().expect("dir");
+    let a = leased(&cluster, dir.path(), "host-a", &clock);
+    start(&a, json!({"run": "x", "budget": {"attempts": 3}}));
+    cluster.psql(
+        "UPDATE tally_lease_scopes SET settled_attempts = cap_attempts WHERE kind = 'run' AND key = 'x'",
+    );
+    let grace = tally_gate_postgres::DEFAULT_TIMEOUT * 5;
+    let tick = grace / 5;
+    let said = |a: &Host| match check(a, "x", 0) {
+        Err(GateError::Refused(reason)) => format!("refused {reason:?}"),
+        r => verdict(&r),
+    };
+    let t0 = Instant::now();
+    assert_eq!(said(&a), "unavailable", "first refusal");
+    // Ticks every `tick`; the client tries again only after a whole grace of them.
+    for k in 0..=4 {
+        slices(&a).tick(t0 + tick * k);
+    }
+    assert_eq!(
+        said(&a),
+        "unavailable",
+        "four ticks later, the grace not passed yet"
+    );
+    for k in 5..=8 {
+        slices(&a).tick(t0 + tick * k);
+    }
+    assert_eq!(
+        said(&a),
+        "refused BudgetExceeded",
+        "the grace passed since the first refusal"
+    );
 }
 
 /// The approver whose grants these tests sign.

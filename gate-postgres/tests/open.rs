@@ -88,3 +88,35 @@ fn a_version_1_schema_is_migrated_in_place() {
         "1"
     );
 }
+
+/// A database already at schema 10 in its first form (no partial index on reclaimed
+/// slices, the older `tally_lease_step`) is brought to its amended form on open, under
+/// the same lock, with the version not recorded twice.
+#[test]
+fn a_version_10_schema_in_its_first_form_is_amended_on_open() {
+    let Some(cluster) = common::Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    drop(Postgres::open(common::ledger(dir.path()), &Options::new(&cluster.url())).expect("open"));
+    let amended = "SELECT (SELECT count(*) FROM pg_indexes WHERE indexname = 'tally_leases_reclaimed') || '|' || \
+        (SELECT prosrc LIKE '%tally_lease_holders%' FROM pg_proc WHERE proname = 'tally_lease_step' AND pronargs = 8)";
+    assert_eq!(cluster.psql(amended).trim(), "1|true");
+    // What the first form of schema 10 left.
+    cluster.psql(
+        "DROP INDEX tally_leases_reclaimed; \
+         CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint, \
+         r boolean, bill boolean) RETURNS void LANGUAGE plpgsql AS $f$ BEGIN RETURN; END $f$",
+    );
+    assert_eq!(cluster.psql(amended).trim(), "0|false");
+    drop(
+        Postgres::open(common::ledger(dir.path()), &Options::new(&cluster.url())).expect("reopen"),
+    );
+    assert_eq!(cluster.psql(amended).trim(), "1|true", "amended on open");
+    assert_eq!(
+        cluster
+            .psql("SELECT count(*) || '|' || max(version) FROM tally_schema")
+            .trim(),
+        format!("1|{SCHEMA_VERSION}")
+    );
+}

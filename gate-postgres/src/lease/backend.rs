@@ -49,12 +49,45 @@ pub struct Leased {
 }
 
 /// A scope found with no room left: since the time of the first tick after the first
-/// use refused (on the clock passed to the ticks; none before it), and the tick count
-/// when a use was last refused.
+/// use refused (on the clock passed to the ticks; none before it), the tick count when a
+/// use was last refused, and the time of the first tick after that refusal (no earlier
+/// than the refusal itself).
 #[derive(Clone, Copy, Debug)]
 struct Exhausted {
     since: Option<Instant>,
     tick: u64,
+    last: Option<Instant>,
+}
+
+/// How long a scope found with no room is refused as unavailable first, for a database
+/// timeout of `timeout` ([`Leased::grace`]).
+fn grace(timeout: Duration) -> Duration {
+    timeout.saturating_mul(5)
+}
+
+/// Tick `n`, run at `at`, over the scopes found with no room: a scope refused since the
+/// last tick is stamped with this tick's time (its grace starts here if it had not), and
+/// a scope with no use refused for `forget` on the ticks' clock (twice the grace) is
+/// forgotten: its run stopped, got room, or is no longer asked for. A client that retries
+/// slowly (even waiting a whole grace between tries) keeps its window.
+fn forget_exhausted(
+    scopes: &mut BTreeMap<String, Exhausted>,
+    n: u64,
+    at: Option<Instant>,
+    forget: Duration,
+) {
+    for e in scopes.values_mut() {
+        // Refused since the last tick (a refusal reads the tick count holding the
+        // scopes' lock): this tick's time is no earlier than it.
+        if e.tick + 1 == n {
+            e.last = at.or(e.last);
+        }
+        e.since = e.since.or(at);
+    }
+    scopes.retain(|_, e| match (e.last, at) {
+        (Some(last), Some(now)) => now.saturating_duration_since(last) < forget,
+        _ => true,
+    });
 }
 
 impl std::fmt::Debug for Leased {
@@ -86,6 +119,7 @@ impl Leased {
         let ticks = Arc::new(Mutex::new((0, None)));
         let exhausted: Arc<Mutex<BTreeMap<String, Exhausted>>> = Arc::default();
         let (t, x) = (Arc::downgrade(&ticks), Arc::downgrade(&exhausted));
+        let forget = grace(central.timeout).saturating_mul(2);
         slices.after_tick(Box::new(move |ticked| {
             if let (Some(t), Some(x)) = (Weak::upgrade(&t), Weak::upgrade(&x)) {
                 let n = {
@@ -93,13 +127,8 @@ impl Leased {
                     *t = (t.0 + 1, ticked.at.or(t.1));
                     t.0
                 };
-                // A scope not refused for a whole tick is forgotten (its run stopped,
-                // got room, or is no longer asked for).
                 let mut x = x.lock().unwrap_or_else(|e| e.into_inner());
-                x.retain(|_, e| e.tick + 2 > n);
-                for e in x.values_mut() {
-                    e.since = e.since.or(ticked.at);
-                }
+                forget_exhausted(&mut x, n, ticked.at, forget);
             }
             if let (Some(c), Some(v)) = (Weak::upgrade(&c), Weak::upgrade(&v)) {
                 breakers::flush(&c, &v, &mut ticked.breakers);
@@ -171,25 +200,26 @@ impl Leased {
     /// A use refused because its scope (`kind`, `key`) has no room left even with no
     /// slice out (`SliceError::Exhausted`). Refused as unavailable (retry; the run's
     /// copy is let go) until [`Leased::grace`] has passed on the clock the ticks are run
-    /// with, from the first tick after this holder first found it so, with a use
-    /// refused so at least once a tick (a tick with none starts it again): for a moment the scope may count a use the
+    /// with, from the first tick after this holder first found it so (a scope with no use
+    /// refused so for twice the grace is forgotten, and starts again): for a moment the scope may count a use the
     /// run's row does not hold yet (a decision of another daemon, counted in a slice it
     /// gave back, whose group commit is still writing the row, or refused and about to
     /// give the use back). After that, the budget's own refusal
     /// ([`crate::txn::out_of_room`]: action ask), every time, not a retry that would be
     /// refused forever.
     fn exhausted(&self, kind: &'static str, key: String) -> tally_gate::GateError {
-        let (tick, at) = *self.ticks.lock().unwrap_or_else(|e| e.into_inner());
         let grace = self.grace();
-        let since = {
+        let (since, at) = {
             let mut scopes = self.exhausted.lock().unwrap_or_else(|e| e.into_inner());
-            let fresh = Exhausted { since: None, tick };
+            let (tick, at) = *self.ticks.lock().unwrap_or_else(|e| e.into_inner());
+            let fresh = Exhausted {
+                since: None,
+                tick,
+                last: None,
+            };
             let seen = scopes.entry(key.clone()).or_insert(fresh);
-            if seen.tick + 1 < tick {
-                *seen = fresh;
-            }
             seen.tick = tick;
-            seen.since
+            (seen.since, at)
         };
         let out = matches!((since, at), (Some(s), Some(now)) if now.saturating_duration_since(s) >= grace);
         if out {
@@ -206,8 +236,7 @@ impl Leased {
     /// so a decision counted in a slice given back has written its run's row, or given
     /// the use back, by then.
     fn grace(&self) -> Duration {
-        let timeout = self.central.timeout;
-        timeout.saturating_mul(5)
+        grace(self.central.timeout)
     }
 
     /// A use of `run`'s scope counted: its scope had room.

@@ -73,15 +73,42 @@ pub(crate) struct Item {
     pub(crate) then: Box<dyn FnOnce(Outcome) + Send>,
 }
 
+/// The group commit's generation a decision began in: its failed commits, and its
+/// decisions taken back that changed tools' breaker views ([`Group::queue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Generation {
+    all: u64,
+    taint: u64,
+}
+
 #[derive(Default)]
 struct Queue {
     items: Vec<Item>,
     in_flight: bool,
     /// Bumped by every failed commit: a decision made before it is not queued.
     generation: u64,
+    /// Bumped when a decision taken back had changed tools' breaker views, and each
+    /// such tool with the count it was bumped to: a decision that decided one of them
+    /// from its view before is not queued ([`taken`]).
+    taint: u64,
+    tainted: BTreeMap<String, u64>,
     closed: bool,
     /// Decisions waiting in [`Group::drain`] now.
     draining: usize,
+}
+
+impl Queue {
+    /// See [`Group::stale`].
+    fn stale<'t>(
+        &self,
+        generation: Generation,
+        tools: impl IntoIterator<Item = &'t String>,
+    ) -> bool {
+        self.generation != generation.all
+            || tools
+                .into_iter()
+                .any(|t| self.tainted.get(t).is_some_and(|&at| at > generation.taint))
+    }
 }
 
 struct Shared {
@@ -165,21 +192,37 @@ impl Group {
     }
 
     /// The generation a decision begins in (see [`Group::queue`]).
-    pub(crate) fn generation(&self) -> u64 {
-        lock(&self.shared.queue).generation
+    pub(crate) fn generation(&self) -> Generation {
+        let q = lock(&self.shared.queue);
+        Generation {
+            all: q.generation,
+            taint: q.taint,
+        }
+    }
+
+    /// Whether a commit failed since `generation`, or a decision taken back since changed
+    /// the view of one of `tools` (a decision begun then, that decided them from their
+    /// views, is refused).
+    pub(crate) fn stale<'t>(
+        &self,
+        generation: Generation,
+        tools: impl IntoIterator<Item = &'t String>,
+    ) -> bool {
+        lock(&self.shared.queue).stale(generation, tools)
     }
 
     /// Queue `item` if no commit failed since `generation` (a decision made on copies a
-    /// failed commit let go is refused: nothing queued), `apply` run first under the
-    /// queue's lock (the copies it keeps are let go by any later failure).
+    /// failed commit let go is refused: nothing queued) and no decision taken back since
+    /// changed the view of a tool `item` decided from its view, `apply` run first under
+    /// the queue's lock (the copies it keeps are let go by any later failure).
     pub(crate) fn queue(
         &self,
-        generation: u64,
+        generation: Generation,
         item: Item,
         apply: impl FnOnce(),
     ) -> Result<(), GateError> {
         let mut q = lock(&self.shared.queue);
-        if q.closed || q.generation != generation {
+        if q.closed || q.stale(generation, &item.tools) {
             if !q.closed {
                 self.guard_refused(GUARD_STALE);
             }

@@ -35,7 +35,7 @@ pub struct LeasedTxn<'a> {
     pub(super) committed: bool,
     /// The group commit's generation when this began
     /// ([`Group::queue`](super::super::group::Group::queue)).
-    pub(super) generation: u64,
+    pub(super) generation: crate::lease::group::Generation,
     /// Every decision queued in the group commit was committed before this one sent
     /// its first statement ([`LeasedTxn::central`]).
     pub(super) drained: bool,
@@ -194,7 +194,7 @@ impl<'a> LeasedTxn<'a> {
     pub(super) fn central(&mut self) -> Result<&mut PostgresTxn<'a>, GateError> {
         if !self.drained {
             self.backend.group.drain()?;
-            if !self.homed.is_empty() && self.backend.group.generation() != self.generation {
+            if !self.homed.is_empty() && self.backend.group.stale(self.generation, &self.viewed) {
                 self.backend.group.guard_refused(GUARD_STALE);
                 return Err(GateError::Unavailable(
                     "a commit of decisions made before this one failed: retry".into(),

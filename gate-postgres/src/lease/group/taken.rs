@@ -10,7 +10,8 @@
 //! made one at a time and refused by their guards. A decision after a refused one that
 //! decided a tool's breaker from a view the refused one changed is refused too (its
 //! breaker counted an outcome no ledger will hold), and so is every decision begun on
-//! such a view before it is put right ([`super::Group::queue`]'s generation).
+//! such a view before it is put right ([`super::Group::queue`]'s generation, kept per
+//! tool for this: decisions on other tools, and decisions that read no view, are kept).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -54,8 +55,15 @@ pub(super) fn refuse(s: &Shared, batch: Vec<Item>, at: usize) -> Vec<Item> {
         // copy holding it, and one that decided a tool from its view left the view
         // counting its outcomes until undone: a decision that read either before is
         // refused ([`super::Group::queue`]), as after any failed commit.
-        if runs.len() > 1 || !on.tools.is_empty() {
+        if runs.len() > 1 {
             q.generation += 1;
+        }
+        if !on.tools.is_empty() {
+            q.taint += 1;
+            let taint = q.taint;
+            for tool in &on.tools {
+                q.tainted.insert(tool.clone(), taint);
+            }
         }
     }
     let n = u64::try_from(refused.len()).unwrap_or(u64::MAX);
