@@ -488,7 +488,7 @@ fn a_url_file_is_checked_by_policy_check_and_before_serve_starts() {
     .expect("good");
     /// How a case leaves `web.url` in the directory.
     type Setup = fn(&Path);
-    /// Each case: what it is, its setup, whether `tally policy check` refuses it.
+    // Each case: what it is, its setup, whether `tally policy check` refuses it.
     let setups: [(&str, Setup, bool); 3] = [
         (
             "plain http elsewhere",
