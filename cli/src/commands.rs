@@ -330,8 +330,9 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
         path.display().to_string()
     };
     // A server's `url_file` is read as `tally serve` reads it (the URL it holds is
-    // checked as one written in the policy would be).
-    tally_daemon::check_url_files(&recorded.policy).with_context(|| name.clone())?;
+    // checked as one written in the policy would be); one not readable here (a policy
+    // checked in CI, away from its secrets) is a warning.
+    let unread = tally_daemon::check_url_files(&recorded.policy).with_context(|| name.clone())?;
     outln!("# {name}: valid; digest {}", recorded.digest);
     out!("{}", shown(&recorded.policy).to_toml());
     // Which model ids each price covers (its name, its aliases, its dated snapshots).
@@ -347,6 +348,9 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
     });
     for stale in recorded.policy.stale_prices(today) {
         noteln!("warning: {stale}");
+    }
+    for file in unread {
+        noteln!("warning: {file}");
     }
     Ok(Exit::Success)
 }

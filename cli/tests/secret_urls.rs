@@ -33,10 +33,13 @@ const USER_SECRET: &str = "pw-user-93ab42f1";
 /// record at all.
 const FILE_SECRET: &str = "tok-file-0d6e2a94";
 
-/// A loopback port nothing listens on.
-fn closed_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+/// Two distinct loopback ports nothing listens on (both held bound until each is taken,
+/// so the system cannot give the same one twice).
+fn closed_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let b = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = |l: &TcpListener| l.local_addr().expect("addr").port();
+    (port(&a), port(&b))
 }
 
 /// A plain HTTP server answering every request `status` with `body(request line)`,
@@ -230,8 +233,9 @@ fn proxy_calls(proxy: SocketAddr, token: &str) -> Vec<(u16, String)> {
 #[test]
 fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let (closed, hidden) = closed_ports();
     let ports = Ports {
-        closed: closed_port(),
+        closed,
         echo: answering("404 Not Found", |line| format!("no route for {line}")),
         segment: answering("404 Not Found", |line| {
             let segment = line.split('/').nth(2).unwrap_or_default();
@@ -245,8 +249,6 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
         }),
         failing: answering("500 Internal Server Error", |_| "upstream failed".into()),
     };
-    let (closed, hidden) = (ports.closed, closed_port());
-    assert_ne!(closed, hidden);
     let url_file = dir.path().join("hidden.url");
     std::fs::write(
         &url_file,
@@ -464,10 +466,12 @@ fn a_ledger_recorded_under_a_plain_http_upstream_still_verifies() {
     holds_no_secret("tally verify's report", &report.to_string());
 }
 
-/// A server's `url_file` is read by `tally policy check` and by `tally serve` before
-/// it says it started, as it will be read for the gateway: a URL the gateway would
-/// refuse, a symbolic link, a file that is not there are each refused, naming the
-/// server and the file, the URL redacted.
+/// A server's `url_file` is read by `tally serve` before it says it started, as it will
+/// be read for the gateway: a URL the gateway would refuse, a FIFO, a file that is not
+/// there are each refused, naming the server and the file, the URL redacted. `tally
+/// policy check` refuses the URL too; a file it cannot read (a policy checked in CI,
+/// away from its secrets) is a warning. A symbolic link (a Kubernetes secret volume's
+/// key) is followed.
 #[test]
 fn a_url_file_is_checked_by_policy_check_and_before_serve_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -482,23 +486,37 @@ fn a_url_file_is_checked_by_policy_check_and_before_serve_starts() {
         format!("http://127.0.0.1:9/t/{FILE_SECRET}/mcp\n"),
     )
     .expect("good");
-    let gateway = free_addr().to_string();
     /// How a case leaves `web.url` in the directory.
     type Setup = fn(&Path);
-    let setups: [(&str, Setup); 3] = [
-        ("plain http elsewhere", |d| {
-            let url = format!("http://10.0.0.7/t/{FILE_SECRET}/mcp\n");
-            std::fs::write(d.join("web.url"), url).expect("url")
-        }),
-        ("a symbolic link", |d| {
-            std::os::unix::fs::symlink(d.join("good.url"), d.join("web.url")).expect("link")
-        }),
-        ("no file", |_| {}),
+    // Each case: what it is, its setup, whether `tally policy check` refuses it.
+    let setups: [(&str, Setup, bool); 3] = [
+        (
+            "plain http elsewhere",
+            |d| {
+                let url = format!("http://10.0.0.7/t/{FILE_SECRET}/mcp\n");
+                std::fs::write(d.join("web.url"), url).expect("url")
+            },
+            true,
+        ),
+        (
+            "a link to a FIFO",
+            |d| {
+                let fifo = std::process::Command::new("mkfifo")
+                    .arg(d.join("fifo"))
+                    .status()
+                    .expect("mkfifo");
+                assert!(fifo.success());
+                std::os::unix::fs::symlink(d.join("fifo"), d.join("web.url")).expect("link")
+            },
+            false,
+        ),
+        ("no file", |_| {}, false),
     ];
-    for (what, setup) in setups {
+    for (what, setup, check_refuses) in setups {
         let _ = std::fs::remove_file(dir.path().join("web.url"));
         setup(dir.path());
         let checked = tally().run(dir.path(), &["policy", "check", "policy.toml"], "");
+        // Port 0: the refusal comes before any listener is bound.
         let served = tally().run(
             dir.path(),
             &[
@@ -510,22 +528,29 @@ fn a_url_file_is_checked_by_policy_check_and_before_serve_starts() {
                 "--policy",
                 "policy.toml",
                 "--mcp-listen",
-                &gateway,
+                "127.0.0.1:0",
             ],
             "",
         );
-        for (cmd, out) in [("tally policy check", &checked), ("tally serve", &served)] {
+        for (cmd, out, refuses) in [
+            ("tally policy check", &checked, check_refuses),
+            ("tally serve", &served, true),
+        ] {
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(!out.status.success(), "{cmd}, {what}: {stderr}");
+            assert_eq!(!out.status.success(), refuses, "{cmd}, {what}: {stderr}");
             assert!(
                 stderr.contains("[mcp.web] url_file web.url"),
                 "{cmd}, {what}: {stderr}"
             );
+            if !refuses {
+                assert!(stderr.contains("warning: "), "{cmd}, {what}: {stderr}");
+            }
             assert!(!stderr.contains("listening on"), "{cmd}, {what}: {stderr}");
             holds_no_secret(&format!("{cmd}'s standard error"), &stderr);
         }
     }
-    std::fs::rename(dir.path().join("good.url"), dir.path().join("web.url")).expect("mv");
+    std::os::unix::fs::symlink(dir.path().join("good.url"), dir.path().join("web.url"))
+        .expect("link");
     let out = tally().ok(dir.path(), &["policy", "check", "policy.toml"], "");
     holds_no_secret("tally policy check's output", &out);
 }

@@ -136,22 +136,38 @@ fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
 fn url_of_file(name: &str, s: &McpServer, file: &str) -> Result<String, DaemonError> {
     let bad = |why: String| DaemonError::McpGateway(format!("[mcp.{name}] url_file {file}: {why}"));
     let url = read_file(file).map_err(bad)?;
-    match s.url_file_problem(&url) {
-        Some((key, why)) => Err(bad(format!("{key}: {why}"))),
-        None => Ok(url.to_string()),
+    checked_url(name, s, file, &url)
+}
+
+/// `url` (what a server's `url_file` holds) if it is a URL the gateway would put in
+/// force; an error shows it redacted.
+fn checked_url(name: &str, s: &McpServer, file: &str, url: &str) -> Result<String, DaemonError> {
+    match s.url_file_problem(url) {
+        Some((key, why)) => Err(DaemonError::McpGateway(format!(
+            "[mcp.{name}] url_file {file}: {key}: {why}"
+        ))),
+        None => Ok(url.to_owned()),
     }
 }
 
 /// Whether each `url_file` of `policy`'s MCP servers holds a URL the gateway would put
-/// in force (`tally policy check` asks, as `tally serve` does before it starts): the
-/// first that does not, the error naming its server and file, the URL redacted.
-pub fn check_url_files(policy: &tally_policy::Policy) -> Result<(), DaemonError> {
+/// in force (`tally policy check` asks; `tally serve` refuses before it starts): the
+/// first whose URL does not, the error naming its server and file, the URL redacted.
+/// A file that cannot be read here (a policy checked in CI, away from its secrets) is
+/// no error: it is one of the warnings returned.
+pub fn check_url_files(policy: &tally_policy::Policy) -> Result<Vec<String>, DaemonError> {
+    let mut unread = Vec::new();
     for (name, s) in &policy.mcp {
         if let (None, Some(file)) = (&s.url, &s.url_file) {
-            url_of_file(name, s, file)?;
+            match read_file(file) {
+                Ok(url) => checked_url(name, s, file, &url).map(drop)?,
+                Err(why) => unread.push(format!(
+                    "[mcp.{name}] url_file {file}: {why} (not checked here; tally serve reads it)"
+                )),
+            }
         }
     }
-    Ok(())
+    Ok(unread)
 }
 
 /// The longest `url_file` or `credential_file`: a URL or a header's value.
@@ -159,15 +175,15 @@ pub const MAX_FILE_BYTES: usize = 4096;
 
 /// The content of a file a server's entry names (`url_file`, `credential_file`: each
 /// holds a secret), its trailing line end removed: a regular file (a symbolic link is
-/// not followed, a FIFO or device not read), of at most [`MAX_FILE_BYTES`], UTF-8.
+/// followed, as a Kubernetes secret volume's keys are links; what is opened is checked,
+/// and opened without blocking, so a FIFO or device is refused, never waited on), of at
+/// most [`MAX_FILE_BYTES`], UTF-8.
 fn read_file(file: &str) -> Result<Zeroizing<String>, String> {
     use rustix::fs::{Mode, OFlags};
     use std::io::Read;
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let fd = rustix::fs::open(file, flags, Mode::empty()).map_err(|e| match e {
-        rustix::io::Errno::LOOP => "is a symbolic link: name the file itself".to_owned(),
-        e => std::io::Error::from(e).to_string(),
-    })?;
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = rustix::fs::open(file, flags, Mode::empty())
+        .map_err(|e| std::io::Error::from(e).to_string())?;
     let f = std::fs::File::from(fd);
     if !f.metadata().map_err(|e| e.to_string())?.is_file() {
         return Err("is not a regular file".into());
@@ -279,10 +295,10 @@ mod tests {
     }
 
     /// A `url_file` or `credential_file` is read only as a regular file of at most
-    /// [`MAX_FILE_BYTES`], never through a symbolic link, never a FIFO (whose open would
-    /// wait for a writer) or a directory.
+    /// [`MAX_FILE_BYTES`], never a FIFO (whose open would wait for a writer) or a
+    /// directory, through a symbolic link or not.
     #[test]
-    fn a_servers_file_is_a_small_regular_file_not_a_link() {
+    fn a_servers_file_is_a_small_regular_file_not_a_fifo() {
         let dir = tempfile::tempdir().expect("tempdir");
         let at = |name: &str| dir.path().join(name).display().to_string();
         std::fs::write(at("url"), "https://h/mcp\r\n").expect("write");
@@ -290,36 +306,78 @@ mod tests {
             read_file(&at("url")).as_deref().map(|s| s.as_str()),
             Ok("https://h/mcp")
         );
-        std::os::unix::fs::symlink(at("url"), at("link")).expect("symlink");
-        assert_eq!(
-            read_file(&at("link")).map(|_| ()),
-            Err("is a symbolic link: name the file itself".to_owned())
-        );
         let fifo = std::process::Command::new("mkfifo")
             .arg(at("fifo"))
             .status()
             .expect("mkfifo");
         assert!(fifo.success());
-        assert_eq!(
-            read_file(&at("fifo")).map(|_| ()),
-            Err("is not a regular file".to_owned())
-        );
-        assert_eq!(
-            read_file(&dir.path().display().to_string()).map(|_| ()),
-            Err("is not a regular file".to_owned())
-        );
+        std::os::unix::fs::symlink(at("fifo"), at("to-fifo")).expect("symlink");
+        std::os::unix::fs::symlink(dir.path(), at("to-dir")).expect("symlink");
+        for refused in [at("fifo"), at("to-fifo"), at("to-dir"), at("")] {
+            assert_eq!(
+                read_file(&refused).map(|_| ()),
+                Err("is not a regular file".to_owned()),
+                "{refused}"
+            );
+        }
         std::fs::write(at("big"), "x".repeat(MAX_FILE_BYTES + 1)).expect("write");
         assert!(read_file(&at("big")).is_err_and(|e| e.contains("longer than 4096")));
         std::fs::write(at("max"), "x".repeat(MAX_FILE_BYTES)).expect("write");
         assert!(read_file(&at("max")).is_ok());
+    }
+
+    /// A Kubernetes secret volume's key is a link to a link (`token -> ..data/token`,
+    /// `..data -> ..2026_12_07...`): it is followed to the file.
+    #[test]
+    fn a_secret_volumes_linked_key_is_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let at = |name: &str| dir.path().join(name);
+        std::fs::create_dir(at("..2026_12_07")).expect("mkdir");
+        std::fs::write(at("..2026_12_07/token"), "Bearer tok\n").expect("write");
+        std::os::unix::fs::symlink("..2026_12_07", at("..data")).expect("symlink");
+        std::os::unix::fs::symlink("..data/token", at("token")).expect("symlink");
         let s = McpServer {
             url: Some("https://h/mcp".into()),
-            credential_file: Some(at("link")),
+            credential_file: Some(at("token").display().to_string()),
             ..McpServer::default()
         };
+        match credential("web", &s) {
+            Ok(Some((header, value))) => {
+                assert_eq!(header, "Authorization");
+                assert_eq!(value.0.as_str(), "Bearer tok");
+            }
+            other => panic!("{:?}", other.map(|c| c.map(|(h, _)| h))),
+        }
+    }
+
+    /// `tally policy check` away from a server's secrets (in CI): a `url_file` it cannot
+    /// read is a warning; one it reads whose URL breaks a rule is an error.
+    #[test]
+    fn an_unreadable_url_file_is_a_warning_a_bad_url_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("web.url");
+        let text = format!("[mcp.web]\nurl_file = {:?}\n", file.display().to_string());
+        let policy = tally_policy::Policy::from_toml(&text).expect("policy");
+        let warnings = check_url_files(&policy).expect("a missing file is no error");
         assert!(
-            matches!(credential("web", &s), Err(DaemonError::McpGateway(why)) if why.contains("symbolic link"))
+            matches!(warnings.as_slice(), [w] if w.contains("[mcp.web] url_file") && w.contains("not checked here")),
+            "{warnings:?}"
         );
+        std::fs::write(&file, "https://127.0.0.1:9/mcp\n").expect("write");
+        assert_eq!(
+            check_url_files(&policy).expect("a good URL"),
+            Vec::<String>::new()
+        );
+        std::fs::write(&file, "http://10.0.0.7:8000/t/SECRET/mcp\n").expect("write");
+        match check_url_files(&policy) {
+            Err(DaemonError::McpGateway(why)) => {
+                assert!(
+                    why.contains("[mcp.web] url_file") && !why.contains("SECRET"),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A remote server's HTTP client is built at start, over tally's one TLS

@@ -4,7 +4,7 @@
 //! for a peer whose certificate a private CA issued. The gateway's client is rmcp's, over
 //! reqwest: it is handed this configuration ([`client_config`]), not a second one. Plain
 //! `http://` is the caller's to allow or refuse; `localhost`, which a policy takes as
-//! loopback by its name, is reached at 127.0.0.1 without asking the resolver
+//! loopback by its name, is reached at 127.0.0.1 and ::1 without asking the resolver
 //! ([`Pinned`]).
 
 use std::path::Path;
@@ -52,9 +52,10 @@ impl tower::Service<Name> for Pinned {
     }
 
     fn call(&mut self, name: Name) -> Self::Future {
-        if let Some(ip) = tally_record::url::pinned(name.as_str()) {
-            // The port is the URL's: the connector sets it.
-            let addrs = vec![std::net::SocketAddr::new(ip, 0)].into_iter();
+        if let Some(ips) = tally_record::url::pinned(name.as_str()) {
+            // The port is the URL's: the connector sets it (and tries each address).
+            let addrs: Vec<_> = ips.map(|ip| std::net::SocketAddr::new(ip, 0)).into();
+            let addrs = addrs.into_iter();
             return Box::pin(std::future::ready(Ok(addrs)));
         }
         let asked = self.0.call(name);
@@ -136,7 +137,7 @@ pub fn https_client(ca_file: Option<&Path>) -> Result<HttpsClient, TlsError> {
 mod tests {
     use super::*;
 
-    /// `localhost` is reached at 127.0.0.1 whatever the system resolver would say;
+    /// `localhost` is reached at 127.0.0.1 and ::1 whatever the system resolver would say;
     /// another name is asked of it.
     #[tokio::test]
     async fn the_clients_resolver_pins_localhost_to_loopback() {
@@ -145,7 +146,11 @@ mod tests {
         for name in ["localhost", "LOCALHOST"] {
             let name: Name = name.parse().expect("name");
             let addrs: Vec<_> = resolver.call(name).await.expect("resolved").collect();
-            assert_eq!(addrs, ["127.0.0.1:0".parse().expect("addr")], "{addrs:?}");
+            let both: [std::net::SocketAddr; 2] = [
+                "127.0.0.1:0".parse().expect("v4"),
+                "[::1]:0".parse().expect("v6"),
+            ];
+            assert_eq!(addrs, both, "{addrs:?}");
         }
         let other: Name = "127.0.0.2".parse().expect("name");
         let addrs: Vec<_> = resolver.call(other).await.expect("resolved").collect();

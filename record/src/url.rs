@@ -24,29 +24,81 @@ pub fn redacted(url: &str) -> String {
     if !scheme_ok {
         return ELIDED.to_owned();
     }
-    // User info is whatever precedes the last `@` (`https://alice:p/ss@h` is user info
-    // with a `/` in it, not the host `alice`): nothing before it is shown.
-    let (user, rest) = match rest.rsplit_once('@') {
-        Some((_, after)) => (format!("{ELIDED}@"), after),
-        None => (String::new(), rest),
+    let reading = Reading::of(rest);
+    if reading.ambiguous() {
+        // `https://alice:p/ss@h/x`: the authority (up to the first `/`) is no host and
+        // port, and an `@` follows; whether `alice:p/ss` is user info or `alice` a host
+        // is not told: nothing of it is shown.
+        return format!("{}://{ELIDED}/{ELIDED}", scheme.to_ascii_lowercase());
+    }
+    let user = if reading.user.is_some() {
+        format!("{ELIDED}@")
+    } else {
+        String::new()
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (hostport, tail) = rest.split_at(end);
-    let (host, port) = split_port(hostport);
+    let (host, port) = split_port(reading.hostport);
     let host = if host_like(host) { host } else { ELIDED };
     let port = match port {
         None => String::new(),
-        Some(p) if !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) => {
-            format!(":{p}")
-        }
+        Some(p) if port_like(p) => format!(":{p}"),
         Some(_) => format!(":{ELIDED}"),
     };
+    let tail = reading.tail;
     let tail = if tail.is_empty() || tail == "/" {
         tail
     } else {
         "/…"
     };
     format!("{}://{user}{host}{port}{tail}", scheme.to_ascii_lowercase())
+}
+
+/// A URL's text after `://` in parts: its user info, host and port, and what follows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Reading<'a> {
+    user: Option<&'a str>,
+    hostport: &'a str,
+    tail: &'a str,
+}
+
+impl<'a> Reading<'a> {
+    /// As RFC 3986 (and the `url` crate) reads it: the authority ends at the first `/`,
+    /// `?` or `#`; its user info is what precedes its last `@`.
+    fn of(rest: &'a str) -> Reading<'a> {
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (user, hostport) = match authority.rsplit_once('@') {
+            Some((user, hostport)) => (Some(user), hostport),
+            None => (None, authority),
+        };
+        Reading {
+            user,
+            hostport,
+            tail,
+        }
+    }
+
+    /// As a lax reader takes it: user info is what precedes the last `@` anywhere.
+    fn lax(rest: &'a str) -> Reading<'a> {
+        match rest.rsplit_once('@') {
+            Some((user, after)) => Reading {
+                user: Some(user),
+                ..Reading::of(after)
+            },
+            None => Reading::of(rest),
+        }
+    }
+
+    /// Whether an `@` follows an authority that is no host and port: the text may
+    /// be meant as user info with a `/` in it.
+    fn ambiguous(&self) -> bool {
+        let (host, port) = split_port(self.hostport);
+        self.tail.contains('@') && !(host_like(host) && port.is_none_or(port_like))
+    }
+}
+
+/// Whether `port` reads as a port: 1 to 5 digits.
+fn port_like(port: &str) -> bool {
+    !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The shortest path segment (or query part) replaced wherever it appears in a text
@@ -61,26 +113,42 @@ pub const MIN_SECRET_SEGMENT: usize = 8;
 /// [`MIN_SECRET_SEGMENT`] bytes or longer on its own (a server may echo a token alone or
 /// in another spelling: `\/t\/TOKEN`) is replaced.
 pub fn scrubbed(text: &str, url: &str) -> String {
-    let mut out = text.replace(url, &redacted(url));
+    let shown = redacted(url);
+    let mut out = text.replace(url, &shown);
     let Some((_, rest)) = url.split_once("://") else {
         return out;
     };
-    let (user, rest) = match rest.rsplit_once('@') {
-        Some((user, after)) => (Some(user), after),
-        None => (None, rest),
+    let reading = Reading::of(rest);
+    let lax = Reading::lax(rest);
+    // Where the reading is ambiguous, the text is scrubbed under both (the lax one,
+    // whose user info is longer, first).
+    let readings = if reading.ambiguous() && lax != reading {
+        vec![lax, reading]
+    } else {
+        vec![reading]
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (hostport, tail) = rest.split_at(end);
+    for r in readings {
+        out = scrubbed_as(out, &r, &shown.to_ascii_lowercase());
+    }
+    out
+}
+
+/// `text` with the user info and the path and query parts of `r` replaced, parts that
+/// `shown` (the URL redacted, lowercased) holds left: they are shown anyway, and a part
+/// inside the host (`https://searchapi.example/searchapi/mcp`) stays in it.
+fn scrubbed_as(mut out: String, r: &Reading<'_>, shown: &str) -> String {
     // Its user info where a URL shows it, before an `@` (alone, a short one would
     // match words of the text).
-    if let Some(user) = user {
+    if let Some(user) = r.user {
         out = out.replace(&format!("{user}@"), &format!("{ELIDED}@"));
     }
+    let tail = r.tail;
     if !tail.is_empty() && tail != "/" {
-        out = tail_replaced(&out, hostport, tail);
+        out = tail_replaced(&out, r.hostport, tail);
     }
-    for part in tail.split(['/', '?', '#', '&', '=', ';']) {
-        if part.len() >= MIN_SECRET_SEGMENT {
+    let parts = r.user.into_iter().flat_map(|u| u.split([':', '/']));
+    for part in parts.chain(tail.split(['/', '?', '#', '&', '=', ';', '@'])) {
+        if part.len() >= MIN_SECRET_SEGMENT && !shown.contains(&part.to_ascii_lowercase()) {
             out = out.replace(part, ELIDED);
         }
     }
@@ -112,19 +180,22 @@ fn tail_replaced(text: &str, hostport: &str, tail: &str) -> String {
     out
 }
 
-/// Where a URL's `localhost` is reached: 127.0.0.1, never asked of the resolver. A
-/// policy takes plain `http://` to `localhost` as loopback by its name, so every client
-/// of such a URL (the proxy's upstreams, a witness, the MCP gateway's remote servers)
-/// connects here: a resolver that answered otherwise (no hosts entry, and a search
-/// domain that made it `localhost.corp.example`) would send a credential off the machine
-/// in the clear.
-pub const LOCALHOST: std::net::Ipv4Addr = std::net::Ipv4Addr::LOCALHOST;
+/// Where a URL's `localhost` is reached: 127.0.0.1 and ::1 (a client tries each: a
+/// server may listen on either alone), never asked of the resolver. A policy takes
+/// plain `http://` to `localhost` as loopback by its name, so every client of such a
+/// URL (the proxy's upstreams, a witness, the MCP gateway's remote servers) connects
+/// here: a resolver that answered otherwise (no hosts entry, and a search domain that
+/// made it `localhost.corp.example`) would send a credential off the machine in the
+/// clear.
+pub const LOCALHOST: [std::net::IpAddr; 2] = [
+    std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+    std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+];
 
-/// The address `host` (a URL's host name, as a client resolves it) is pinned to
+/// The addresses `host` (a URL's host name, as a client resolves it) is pinned to
 /// without the resolver: [`LOCALHOST`] for `localhost` (any case), `None` otherwise.
-pub fn pinned(host: &str) -> Option<std::net::IpAddr> {
-    host.eq_ignore_ascii_case("localhost")
-        .then_some(std::net::IpAddr::V4(LOCALHOST))
+pub fn pinned(host: &str) -> Option<[std::net::IpAddr; 2]> {
+    host.eq_ignore_ascii_case("localhost").then_some(LOCALHOST)
 }
 
 /// A host and its port, if one is written (`[::1]:8080`, `h:443`, `h`).
@@ -170,9 +241,10 @@ mod tests {
     #[test]
     fn localhost_is_pinned_to_loopback_other_names_are_resolved() {
         use super::pinned;
-        let v4 = Some(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-        assert_eq!(pinned("localhost"), v4);
-        assert_eq!(pinned("LocalHost"), v4);
+        let both: Option<[std::net::IpAddr; 2]> =
+            Some(["127.0.0.1".parse().expect("v4"), "::1".parse().expect("v6")]);
+        assert_eq!(pinned("localhost"), both);
+        assert_eq!(pinned("LocalHost"), both);
         assert_eq!(pinned("localhost.corp.example"), None);
         assert_eq!(pinned("api.openai.com"), None);
     }
@@ -193,7 +265,18 @@ mod tests {
             ("https://user:SECRET@h/x", "https://…@h/…"),
             ("https://SECRET@h", "https://…@h"),
             ("https://a@b:SECRET@h:1", "https://…@h:1"),
-            ("https://alice:SE/CRET@h/x", "https://…@h/…"),
+            ("https://alice:SE/CRET@h/x", "https://…/…"),
+            ("https://alice:SECRET/x@h/y", "https://…/…"),
+            ("https://gw.example/@team/v1", "https://gw.example/…"),
+            (
+                "https://gw.example/t/SECRET@team/v1",
+                "https://gw.example/…",
+            ),
+            ("https://gw.example?x=@SECRET", "https://gw.example/…"),
+            (
+                "https://u:SECRET@gw.example/@team",
+                "https://…@gw.example/…",
+            ),
             ("https://h:SECRET/x", "https://h:…/…"),
             ("https://h:/x", "https://h:…/…"),
             ("https://SE CRET/x", "https://…/…"),
@@ -267,5 +350,52 @@ mod tests {
             ),
             "for url (http://127.0.0.1:8000/…)"
         );
+    }
+
+    /// The authority ends at the first `/`, `?` or `#`: an `@` in the path is no user
+    /// info's end; where the reading is ambiguous, the text is scrubbed under both.
+    #[test]
+    fn an_at_in_the_path_is_the_paths_an_ambiguous_url_is_scrubbed_both_ways() {
+        use super::scrubbed;
+        for (url, said, out) in [
+            (
+                "https://gw.example/@team/tok-SECRET-0123",
+                "for url (https://gw.example/@team/tok-SECRET-0123): refused",
+                "for url (https://gw.example/…): refused",
+            ),
+            (
+                "https://gw.example/t/tok-SECRET-0123@team/v1",
+                "no route tok-SECRET-0123@team",
+                "no route …@team",
+            ),
+            (
+                "https://alice:pa/ss-SECRET@h/tok-SECRET-0123",
+                "for url (https://alice:pa/ss-SECRET@h/tok-SECRET-0123)",
+                "for url (https://…/…)",
+            ),
+            (
+                "https://alice:pa/ss-SECRET@h/tok-SECRET-0123",
+                "no such token tok-SECRET-0123 for alice:pa/ss-SECRET@h",
+                "no such token … for …@h",
+            ),
+            (
+                "https://alice:pa/ss-SECRET@h/tok-SECRET-0123",
+                "invalid port pa/ss-SECRET",
+                "invalid port pa/…",
+            ),
+            // A path part the host holds is shown (it is, in the host).
+            (
+                "https://searchapi.example/searchapi/mcp",
+                "for url (https://searchapi.example/searchapi/mcp)",
+                "for url (https://searchapi.example/…)",
+            ),
+            (
+                "https://searchapi.example/searchapi/mcp",
+                "https://searchapi.example:443/searchapi/mcp refused",
+                "https://searchapi.example:443/… refused",
+            ),
+        ] {
+            assert_eq!(scrubbed(said, url), out, "{url}: {said}");
+        }
     }
 }

@@ -462,15 +462,16 @@ impl RemoteClient {
     }
 }
 
-/// Where `localhost` is ([`tally_record::url::LOCALHOST`]): the policy takes plain
-/// `http://` to it as loopback by its name, so it is never asked of the resolver (the
-/// port is the URL's).
-const LOCALHOST: std::net::SocketAddr =
-    std::net::SocketAddr::V4(std::net::SocketAddrV4::new(tally_record::url::LOCALHOST, 0));
+/// Where `localhost` is ([`tally_record::url::LOCALHOST`], each tried): the policy
+/// takes plain `http://` to it as loopback by its name, so it is never asked of the
+/// resolver (the port is the URL's).
+fn localhost() -> [std::net::SocketAddr; 2] {
+    tally_record::url::LOCALHOST.map(|ip| std::net::SocketAddr::new(ip, 0))
+}
 
 /// The HTTP client of a remote server: reqwest over `tls` (an `https://` URL's only
 /// trust), speaking to the URL's host only (no system proxy: the credential goes to the
-/// server directly; `localhost` is [`LOCALHOST`]), its connections kept idle for the
+/// server directly; `localhost` is [`localhost`]), its connections kept idle for the
 /// next call (reqwest sets `TCP_NODELAY`, so a reused one does not wait on a delayed
 /// ACK; [`super::keeps::Keeps`] reads each answer to its end so it can be reused), and,
 /// as rmcp's own client does, only a same-origin 307 or 308 followed (a redirect
@@ -498,7 +499,7 @@ fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, reqwest::Er
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .no_proxy()
-        .resolve("localhost", LOCALHOST)
+        .resolve_to_addrs("localhost", &localhost())
         .redirect(redirects)
         .build()
 }
