@@ -398,34 +398,26 @@ fn a_scope_with_no_room_is_refused_typed_only_after_the_grace_on_the_ticks_clock
     };
     let clock = LeaseClock::database();
     let dir = tempfile::tempdir().expect("dir");
-    let a = leased(&cluster, dir.path(), "host-a", &clock);
-    start(&a, json!({"run": "x", "budget": {"attempts": 3}}));
-    cluster.psql(
-        "UPDATE tally_lease_scopes SET settled_attempts = cap_attempts WHERE kind = 'run' AND key = 'x'",
-    );
+    let a = out_of_room(&cluster, dir.path(), &clock);
     let grace = tally_gate_postgres::DEFAULT_TIMEOUT * 5;
-    let said = |a: &Host| match check(a, "x", 0) {
-        Err(GateError::Refused(reason)) => format!("refused {reason:?}"),
-        r => verdict(&r),
-    };
     let t0 = Instant::now();
-    assert_eq!(said(&a), "unavailable", "no tick since it was found so");
+    assert_eq!(said_to(&a), "unavailable", "no tick since it was found so");
     slices(&a).tick(t0);
-    assert_eq!(said(&a), "unavailable", "the grace starts");
+    assert_eq!(said_to(&a), "unavailable", "the grace starts");
     slices(&a).tick(t0 + grace - Duration::from_millis(1));
-    assert_eq!(said(&a), "unavailable", "many ticks, not yet the grace");
+    assert_eq!(said_to(&a), "unavailable", "many ticks, not yet the grace");
     slices(&a).tick(t0 + grace);
-    assert_eq!(said(&a), "refused BudgetExceeded");
-    assert_eq!(said(&a), "refused BudgetExceeded", "every time");
+    assert_eq!(said_to(&a), "refused BudgetExceeded");
+    assert_eq!(said_to(&a), "refused BudgetExceeded", "every time");
     // No use refused for twice the grace: forgotten; found so again, a retry first.
     slices(&a).tick(t0 + grace * 2);
     slices(&a).tick(t0 + grace * 4 - Duration::from_millis(1));
-    assert_eq!(said(&a), "refused BudgetExceeded", "not forgotten yet");
+    assert_eq!(said_to(&a), "refused BudgetExceeded", "not forgotten yet");
     slices(&a).tick(t0 + grace * 4);
     slices(&a).tick(t0 + grace * 6);
-    assert_eq!(said(&a), "unavailable", "started again");
+    assert_eq!(said_to(&a), "unavailable", "started again");
     slices(&a).tick(t0 + grace * 7);
-    assert_eq!(said(&a), "unavailable");
+    assert_eq!(said_to(&a), "unavailable");
 }
 
 /// A client that retries slowly (many ticks between its tries, as long as the grace the
@@ -438,25 +430,17 @@ fn a_slow_retry_keeps_its_grace_window_and_reaches_the_typed_refusal() {
     };
     let clock = LeaseClock::database();
     let dir = tempfile::tempdir().expect("dir");
-    let a = leased(&cluster, dir.path(), "host-a", &clock);
-    start(&a, json!({"run": "x", "budget": {"attempts": 3}}));
-    cluster.psql(
-        "UPDATE tally_lease_scopes SET settled_attempts = cap_attempts WHERE kind = 'run' AND key = 'x'",
-    );
+    let a = out_of_room(&cluster, dir.path(), &clock);
     let grace = tally_gate_postgres::DEFAULT_TIMEOUT * 5;
     let tick = grace / 5;
-    let said = |a: &Host| match check(a, "x", 0) {
-        Err(GateError::Refused(reason)) => format!("refused {reason:?}"),
-        r => verdict(&r),
-    };
     let t0 = Instant::now();
-    assert_eq!(said(&a), "unavailable", "first refusal");
+    assert_eq!(said_to(&a), "unavailable", "first refusal");
     // Ticks every `tick`; the client tries again only after a whole grace of them.
     for k in 0..=4 {
         slices(&a).tick(t0 + tick * k);
     }
     assert_eq!(
-        said(&a),
+        said_to(&a),
         "unavailable",
         "four ticks later, the grace not passed yet"
     );
@@ -464,10 +448,29 @@ fn a_slow_retry_keeps_its_grace_window_and_reaches_the_typed_refusal() {
         slices(&a).tick(t0 + tick * k);
     }
     assert_eq!(
-        said(&a),
+        said_to(&a),
         "refused BudgetExceeded",
         "the grace passed since the first refusal"
     );
+}
+
+/// Host `host-a` with run `x` started (3 attempts) and its scope's attempts all settled
+/// behind its back: the run's row still shows room, its scope has none.
+fn out_of_room(cluster: &Cluster, dir: &std::path::Path, clock: &LeaseClock) -> Host {
+    let a = leased(cluster, dir, "host-a", clock);
+    start(&a, json!({"run": "x", "budget": {"attempts": 3}}));
+    cluster.psql(
+        "UPDATE tally_lease_scopes SET settled_attempts = cap_attempts WHERE kind = 'run' AND key = 'x'",
+    );
+    a
+}
+
+/// What a check of run `x` is answered: its verdict, or the budget's typed refusal.
+fn said_to(a: &Host) -> String {
+    match check(a, "x", 0) {
+        Err(GateError::Refused(reason)) => format!("refused {reason:?}"),
+        r => verdict(&r),
+    }
 }
 
 /// The approver whose grants these tests sign.

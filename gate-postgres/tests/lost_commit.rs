@@ -70,6 +70,32 @@ fn check(gate: &Gate<Leased>, n: u64) -> Result<CheckAnswer, GateError> {
     gate.check_blocking(OPERATOR, serde_json::from_value(req).expect("check"))
 }
 
+/// Run `l` (5 attempts) taken in by an allow (attempt 1) on a leased gate behind a new
+/// relay; then `arm` sets the relay to cut the next COMMIT, and the decision at home
+/// whose COMMIT goes unanswered is refused, never as "nothing recorded". The relay, the
+/// gate and the ledger's size before that decision.
+fn unanswered(
+    cluster: &Cluster,
+    dir: &std::path::Path,
+    arm: impl FnOnce(&Relay),
+) -> (Relay, Gate<Leased>, u64) {
+    let relay = Relay::start(socket(cluster));
+    let gate = leased_via(&relay, dir);
+    let req = json!({"run": "l", "budget": {"attempts": 5}});
+    gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
+        .expect("start");
+    let first = check(&gate, 0).expect("first check");
+    assert_eq!((first.decision, first.attempt), (Verdict::Allow, Some(1)));
+    gate.ledger().flush().expect("flush");
+    let records = gate.ledger().snapshot().size();
+    arm(&relay);
+    match check(&gate, 1) {
+        Err(GateError::Unavailable(e)) => assert!(e.contains("may have been recorded"), "{e}"),
+        other => panic!("a decision whose COMMIT went unanswered: {other:?}"),
+    }
+    (relay, gate, records)
+}
+
 fn count(gate: &Gate<Leased>, name: &str) -> u64 {
     use tally_gate::backend::StateBackend;
     gate.backend()
@@ -83,24 +109,9 @@ fn a_group_whose_commit_landed_and_whose_answer_was_lost_is_refused_and_counted_
     let Some(cluster) = Cluster::start() else {
         return;
     };
-    let relay = Relay::start(socket(&cluster));
     let dir = tempfile::tempdir().expect("dir");
-    let gate = leased_via(&relay, dir.path());
-    let req = json!({"run": "l", "budget": {"attempts": 5}});
-    gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
-        .expect("start");
-    // Taken in (attempt 1), then a decision at home, grouped: its COMMIT lands and its
-    // answer is lost.
-    let first = check(&gate, 0).expect("first check");
-    assert_eq!((first.decision, first.attempt), (Verdict::Allow, Some(1)));
-    gate.ledger().flush().expect("flush");
-    let records = gate.ledger().snapshot().size();
-    relay.arm();
-    match check(&gate, 1) {
-        // Never "nothing recorded": it was.
-        Err(GateError::Unavailable(e)) => assert!(e.contains("may have been recorded"), "{e}"),
-        other => panic!("a decision whose COMMIT went unanswered: {other:?}"),
-    }
+    // The COMMIT lands and its answer is lost.
+    let (relay, gate, records) = unanswered(&cluster, dir.path(), Relay::arm);
     let tag = relay
         .cut
         .recv_timeout(Duration::from_secs(60))
@@ -146,21 +157,8 @@ fn a_group_whose_commit_never_reached_the_server_is_refused_and_the_row_read_aga
     let Some(cluster) = Cluster::start() else {
         return;
     };
-    let relay = Relay::start(socket(&cluster));
     let dir = tempfile::tempdir().expect("dir");
-    let gate = leased_via(&relay, dir.path());
-    let req = json!({"run": "l", "budget": {"attempts": 5}});
-    gate.start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
-        .expect("start");
-    let first = check(&gate, 0).expect("first check");
-    assert_eq!((first.decision, first.attempt), (Verdict::Allow, Some(1)));
-    gate.ledger().flush().expect("flush");
-    let records = gate.ledger().snapshot().size();
-    relay.arm_unsent();
-    match check(&gate, 1) {
-        Err(GateError::Unavailable(e)) => assert!(e.contains("may have been recorded"), "{e}"),
-        other => panic!("a decision whose COMMIT went unanswered: {other:?}"),
-    }
+    let (relay, gate, records) = unanswered(&cluster, dir.path(), Relay::arm_unsent);
     let cut = relay.cut.recv_timeout(Duration::from_secs(60));
     assert_eq!(cut.expect("the relay cut a COMMIT"), "unsent");
     assert_eq!(count(&gate, "group_unsure"), 1);
