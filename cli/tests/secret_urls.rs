@@ -33,13 +33,13 @@ const USER_SECRET: &str = "pw-user-93ab42f1";
 /// record at all.
 const FILE_SECRET: &str = "tok-file-0d6e2a94";
 
-/// Two distinct loopback ports nothing listens on (both held bound until each is taken,
-/// so the system cannot give the same one twice).
-fn closed_ports() -> (u16, u16) {
-    let a = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let b = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = |l: &TcpListener| l.local_addr().expect("addr").port();
-    (port(&a), port(&b))
+/// `N` distinct loopback ports nothing listens on: all held bound until each is read, so
+/// the system cannot give the same one twice (a port for a server that must stay closed,
+/// one for the daemon's listener, ...).
+fn free_ports<const N: usize>() -> [u16; N] {
+    let held: [TcpListener; N] =
+        std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").expect("bind"));
+    held.map(|l| l.local_addr().expect("addr").port())
 }
 
 /// A plain HTTP server answering every request `status` with `body(request line)`,
@@ -96,11 +96,6 @@ fn send(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> (
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     (status, text)
-}
-
-fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
 }
 
 /// Neither secret in `text` (what `what` is).
@@ -233,7 +228,8 @@ fn proxy_calls(proxy: SocketAddr, token: &str) -> Vec<(u16, String)> {
 #[test]
 fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (closed, hidden) = closed_ports();
+    // Nothing at `closed` and `hidden`; the daemon's gateway and proxy listen on the others.
+    let [closed, hidden, gateway, proxy] = free_ports();
     let ports = Ports {
         closed,
         echo: answering("404 Not Found", |line| format!("no route for {line}")),
@@ -259,7 +255,8 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     let key = dir.path().join("key.secret");
     std::fs::write(&key, "sk-upstream\n").expect("key");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let (gateway, proxy) = (free_addr(), free_addr());
+    let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let (gateway, proxy) = (loopback(gateway), loopback(proxy));
     let (gw, px) = (gateway.to_string(), proxy.to_string());
     let mut serve = tally().serve(
         dir.path(),
