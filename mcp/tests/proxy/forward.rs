@@ -2,7 +2,8 @@
 //! a server behind it: how many connections the gateway opened to the server. While
 //! holding, it holds back the end of each chunked answer (`0\r\n\r\n`) until the test
 //! releases it: a body the gateway's client let go of before its end is then not read
-//! to it by chance, whatever the timing.
+//! to it by chance, whatever the timing. A closing forwarder plays a server that closes
+//! its connection after each answer: it says so (`Connection: close`) and does.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -19,6 +20,13 @@ pub(crate) struct Forward {
     pub(crate) port: u16,
     accepted: Arc<AtomicUsize>,
     held: Arc<Held>,
+}
+
+/// Whether the connections are kept or closed after each answer.
+#[derive(Clone, Copy, PartialEq)]
+enum Answers {
+    Kept,
+    Closed,
 }
 
 /// Whether ends are held, and the releases not yet used.
@@ -43,6 +51,16 @@ impl Held {
 
 impl Forward {
     pub(crate) fn to(to: u16) -> Forward {
+        Forward::start(to, Answers::Kept)
+    }
+
+    /// A forwarder to `to` that closes each connection after its first answer's end,
+    /// having said `Connection: close` in that answer's head.
+    pub(crate) fn closing(to: u16) -> Forward {
+        Forward::start(to, Answers::Closed)
+    }
+
+    fn start(to: u16, answers: Answers) -> Forward {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("an address").port();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -54,8 +72,8 @@ impl Forward {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
                     continue;
                 };
-                pipe(&client, &server, None);
-                pipe(&server, &client, Some(Arc::clone(&holds)));
+                pipe(&client, &server, None, Answers::Kept);
+                pipe(&server, &client, Some(Arc::clone(&holds)), answers);
             }
         });
         Forward {
@@ -83,15 +101,25 @@ impl Forward {
 }
 
 /// Copy what `from` reads to `to` until `from` ends, then end `to`'s writing side; an
-/// answer's end held back while `held` is on.
-fn pipe(from: &TcpStream, to: &TcpStream, held: Option<Arc<Held>>) {
+/// answer's end held back while `held` is on. [`Answers::Closed`]: the first answer's
+/// head says `Connection: close`, and both ends are shut once its end is passed on.
+fn pipe(from: &TcpStream, to: &TcpStream, held: Option<Arc<Held>>, answers: Answers) {
     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
+        let mut first = true;
         while let Ok(n @ 1..) = from.read(&mut buf) {
-            let data = &buf[..n];
+            let closing = answers == Answers::Closed;
+            let said;
+            let data = if closing && std::mem::take(&mut first) {
+                said = saying_close(&buf[..n]);
+                &said[..]
+            } else {
+                &buf[..n]
+            };
+            let ends = closing && chunked_end(data).is_some();
             let end = held
                 .as_ref()
                 .filter(|h| h.on.load(Ordering::SeqCst))
@@ -103,12 +131,25 @@ fn pipe(from: &TcpStream, to: &TcpStream, held: Option<Arc<Held>>) {
                     .and_then(|()| to.write_all(&data[at..])),
                 None => to.write_all(data),
             };
-            if sent.is_err() {
+            if sent.is_err() || ends {
                 break;
             }
         }
+        if answers == Answers::Closed {
+            let _ = from.shutdown(std::net::Shutdown::Both);
+            let _ = to.shutdown(std::net::Shutdown::Both);
+        }
         let _ = to.shutdown(std::net::Shutdown::Write);
     });
+}
+
+/// `data` (an answer's start) with `Connection: close` after its status line.
+fn saying_close(data: &[u8]) -> Vec<u8> {
+    let at = data
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map_or(data.len(), |at| at + 2);
+    [&data[..at], b"Connection: close\r\n", &data[at..]].concat()
 }
 
 /// Where a chunked body's last chunk (`0\r\n\r\n`) starts in `data`, if it is there.

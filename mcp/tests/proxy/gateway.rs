@@ -386,6 +386,46 @@ fn calls_to_an_http_server_behind_reuse_the_gateways_connection_to_it() {
 }
 
 #[test]
+fn a_server_behind_that_closes_after_each_answer_still_answers_every_call() {
+    if !sdk_available() {
+        return;
+    }
+    // A kept connection is not assumed: a server that closes its connection after each
+    // answer (saying `Connection: close`) gets a new one for each call, and every call
+    // is answered.
+    let mut forward = None;
+    let gw = Gateway::start_via("", |port| {
+        let f = super::forward::Forward::closing(port);
+        let port = f.port;
+        forward = Some(f);
+        port
+    });
+    let forward = forward.expect("a forwarder");
+    let token = gw.run("closed");
+    let session = RawSession::open(gw.addr, &token);
+    let calls = 10;
+    for i in 0..calls {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"remote__lookup","arguments":{{"key":"k{i}"}}}}}}"#,
+            i + 2
+        );
+        let answer = session.post(body.as_bytes());
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert!(
+            answer.body.contains(&format!("value of k{i}")),
+            "call {i}: {}",
+            answer.body
+        );
+    }
+    // Each call's POST on a connection of its own (and the session's setup on more).
+    let opened = forward.accepted();
+    assert!(
+        opened > calls,
+        "{opened} connections to the server behind for {calls} calls"
+    );
+}
+
+#[test]
 fn a_missing_or_bad_credential_is_refused_and_no_server_is_contacted() {
     if !sdk_available() {
         return;
