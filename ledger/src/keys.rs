@@ -1,13 +1,10 @@
 //! Keys: epoch signing keys, per-epoch data keys agreed with the auditor, key files.
 //!
 //! No primitive is implemented here: Ed25519 is ed25519-dalek, X25519 is x25519-dalek,
-//! the AEAD is XChaCha20-Poly1305 from RustCrypto (sealing with `chacha20poly1305`,
-//! opening from the same crates' XChaCha20 and Poly1305 in one keystream call: `open`),
-//! the KDF is BLAKE3's derive_key.
+//! the AEAD is XChaCha20-Poly1305 from RustCrypto, the KDF is BLAKE3's derive_key.
 //! Secrets live in zeroizing types and in 0600 files; they are never printed.
 
 mod epoch;
-mod open;
 
 use std::fs::{self};
 use std::path::Path;
@@ -35,15 +32,12 @@ pub use epoch::EpochSecrets;
 /// An epoch's symmetric key for record encryption. Zeroized on drop.
 pub struct DataKey {
     cipher: XChaCha20Poly1305,
-    /// The same key, for [`DataKey::open_into`]'s one-call keystream.
-    key: Zeroizing<[u8; 32]>,
 }
 
 impl DataKey {
     fn from_bytes(key: &Zeroizing<[u8; 32]>) -> DataKey {
         DataKey {
             cipher: XChaCha20Poly1305::new(key.as_ref().into()),
-            key: key.clone(),
         }
     }
 
@@ -127,7 +121,14 @@ impl DataKey {
         body: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), CryptoError> {
-        open::open_into(&self.key, nonce, header, body, out)
+        out.clear();
+        let Some(split) = body.len().checked_sub(TAG_LEN) else {
+            return Err(CryptoError::Decrypt);
+        };
+        out.extend_from_slice(&body[..split]);
+        self.cipher
+            .decrypt_in_place_detached(XNonce::from_slice(nonce), header, out, body[split..].into())
+            .map_err(|_| CryptoError::Decrypt)
     }
 
     /// Decrypt a decision body; fails if header or body were modified or the key is wrong.
