@@ -412,7 +412,7 @@ impl<B: StateBackend> Gate<B> {
             proxied: caller.proxied.then_some(true),
             operator: by_operator.then_some(true),
             usage_refused: req.usage_refused.filter(|_| caller.proxied),
-            usage: req.usage.filter(|_| caller.proxied),
+            usage: req.usage.filter(|_| caller.proxied).map(Box::new),
             uid: caller.uid,
             policy: Some(self.policy.digest.clone()),
             ..Decision::default()

@@ -118,7 +118,7 @@ impl<B: StateBackend> Gate<B> {
             kind: Some(Kind::Override),
             at_ms: now.at_ms,
             approver: Some(a.approver),
-            scope: Some(a.scope),
+            scope: Some(Box::new(a.scope)),
             digest: Some(a.digest),
             expires_ms: Some(a.expires_ms),
             signature: Some(a.signature),

@@ -151,7 +151,7 @@ impl Book {
     /// Keep the request `record` is (recorded at `seq`). The same request asked again
     /// keeps its first record; an unanswered request of the same call is asked again.
     fn add(&self, record: Decision, seq: u64) {
-        let Some(request) = record.request.clone() else {
+        let Some(request) = record.request.as_deref().cloned() else {
             return;
         };
         let id = request.id.clone();
@@ -461,13 +461,13 @@ mod tests {
             kind: Some(Kind::Deny),
             tool: Some("email.send".into()),
             args_digest: Some(format!("{n:064x}")),
-            request: Some(Request {
+            request: Some(Box::new(Request {
                 id: format!("{run}-{n}"),
                 cause: Reason::ApprovalRequired,
                 cost: Scope::default(),
                 calls: n,
                 left_ms: None,
-            }),
+            })),
             ..Decision::default()
         }
     }

@@ -192,7 +192,7 @@ impl<B: StateBackend> Gate<B> {
             worker: req.worker.clone(),
             at_ms: Some(0),
             goal: req.goal.clone(),
-            budget: Some(budget.clone()),
+            budget: Some(Box::new(budget.clone())),
             parent: req.parent.clone(),
             policy: Some(self.policy.digest.clone()),
             uid: caller.uid,

@@ -300,7 +300,7 @@ fn start(run: &mut RunState, d: &Decision, now: Now) {
     run.credential = d.credential.clone();
     run.owner_uid = d.uid;
     run.governed = d.policy.is_some();
-    run.budget = d.budget.clone().unwrap_or_default();
+    run.budget = d.budget.as_deref().cloned().unwrap_or_default();
     // Money in one unit: a start in cents is kept as the same amount in nanodollars.
     run.budget.spend_nanos = run.budget.spend().map(|n| n.0);
     run.budget.spend_cents = None;
@@ -521,7 +521,7 @@ fn approve(run: &mut RunState, d: &Decision) {
     let (Some(digest), Some(approver), Some(scope), Some(expires_ms)) = (
         d.digest.clone(),
         d.approver.clone(),
-        d.scope.clone(),
+        d.scope.as_deref().cloned(),
         d.expires_ms,
     ) else {
         return;

@@ -268,7 +268,7 @@ mod tests {
             approver: Some("ana".into()),
             signature: Some(sign(&key(), &d)),
             digest: Some(d),
-            scope: Some(scope),
+            scope: Some(Box::new(scope)),
             expires_ms: Some(1_000),
             ..Decision::default()
         }
@@ -321,12 +321,12 @@ mod tests {
             },
         ] {
             let mut t = grant.clone();
-            t.scope = Some(tamper);
+            t.scope = Some(Box::new(tamper));
             assert_eq!(check(&p, &t), Err(ApprovalError::Digest));
         }
         // An ordinary approval given a new run after signing is none either.
         let mut ordinary = signed("a", allocation(None));
-        ordinary.scope = Some(allocation(Some("b")));
+        ordinary.scope = Some(Box::new(allocation(Some("b"))));
         assert_eq!(check(&p, &ordinary), Err(ApprovalError::Digest));
     }
 

@@ -81,7 +81,7 @@ pub fn decide(policy: &Policy, digest: &str, state: View<'_>, call: &Call, now: 
             record.retry_after_ms = r.retry_after_ms;
             if r.reason == Reason::ApprovalRequired {
                 // The refusal is an approval request: its context is decided with it.
-                record.request = cause.map(|c| request(policy, run, call, c, run_ms));
+                record.request = cause.map(|c| Box::new(request(policy, run, call, c, run_ms)));
                 Verdict::RequireApproval
             } else {
                 Verdict::Deny

@@ -194,7 +194,7 @@ pub fn judge_start(
         found.push(Inconsistency::SecondStart);
         return found;
     }
-    let granted = record.budget.clone().unwrap_or_default();
+    let granted = record.budget.as_deref().cloned().unwrap_or_default();
     if record.policy.is_some() {
         let ask = Ask {
             budget: Some(&granted),

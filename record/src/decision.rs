@@ -116,6 +116,10 @@ pub struct Limit {
 /// Deserialize it from the agent's JSON, then [`Decision::validate`] and
 /// [`Decision::seal_args`] (the ledger's append does both). What the ledger stores is the
 /// canonical JSON of the sealed decision: no raw `args`, only `args_digest`.
+///
+/// The rare parts (`budget`, `scope`, `usage`, `request`, `slice`: a few records of a run
+/// have one) are boxed, so a decision is about 1 KiB, not 1.7: the verifier's workers
+/// read millions and hand them to the fold on another core. The JSON is the same.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Decision {
@@ -140,7 +144,7 @@ pub struct Decision {
     /// The allocation (start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
-    pub budget: Option<Budget>,
+    pub budget: Option<Box<Budget>>,
     /// Tool name (allow, deny).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
@@ -251,7 +255,7 @@ pub struct Decision {
     /// What was approved (override).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
-    pub scope: Option<Scope>,
+    pub scope: Option<Box<Scope>>,
     /// Digest of exactly what was approved (override), lowercase hex BLAKE3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
@@ -338,7 +342,7 @@ pub struct Decision {
     /// Written by the gate for tally's proxy alone, on the outcome it observed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
-    pub usage: Option<Usage>,
+    pub usage: Option<Box<Usage>>,
     /// The outcome was recorded by the operator (outcome; only `true` is written):
     /// `tally settle` settling what a call held when nobody observed how it ended (a cut
     /// stream, a daemon killed mid-call), from the upstream's own figure. Only the gate
@@ -352,7 +356,7 @@ pub struct Decision {
     /// (docs/APPROVALS.md). Computed by the policy core with the decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
-    pub request: Option<Request>,
+    pub request: Option<Box<Request>>,
     /// The approval request (its id) an override answers (override): the approver's
     /// signature covers it (docs/APPROVALS.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -376,7 +380,7 @@ pub struct Decision {
     /// holder, scope, bounds and times.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(deserialize_with = "present")]
-    pub slice: Option<Slice>,
+    pub slice: Option<Box<Slice>>,
     /// The seq of the previous decision of the same run in this ledger, if there is one
     /// (every kind but `policy`, which belongs to no run). Written by the ledger alone,
     /// when it assigns seqs: it links a run's decisions to each other, so a proof of a
@@ -413,7 +417,7 @@ impl Decision {
         Decision {
             kind: Some(Kind::Lease),
             lease: Some(id),
-            slice: Some(slice),
+            slice: Some(Box::new(slice)),
             ..Decision::default()
         }
     }

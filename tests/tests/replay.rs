@@ -167,12 +167,12 @@ fn a_refusal_the_policy_would_not_make_is_reported() {
             run: "fresh".into(),
             kind: Some(tally_ledger::Kind::Start),
             at_ms: Some(0),
-            budget: Some(tally_policy::grant_budget(
+            budget: Some(Box::new(tally_policy::grant_budget(
                 &tally_policy::Policy::from_toml(POLICY).expect("policy"),
                 None,
                 None,
                 None,
-            )),
+            ))),
             policy: Some(digest.to_owned()),
             ..Decision::default()
         };
@@ -200,12 +200,12 @@ fn an_allow_while_the_run_is_paused_is_reported() {
             run: "held".into(),
             kind: Some(tally_ledger::Kind::Start),
             at_ms: Some(0),
-            budget: Some(tally_policy::grant_budget(
+            budget: Some(Box::new(tally_policy::grant_budget(
                 &tally_policy::Policy::from_toml(POLICY).expect("policy"),
                 None,
                 None,
                 None,
-            )),
+            ))),
             policy: Some(digest.to_owned()),
             ..Decision::default()
         };
@@ -368,10 +368,10 @@ fn crafted_gate_records_are_reported() {
             run: "rich".into(),
             kind: Some(tally_ledger::Kind::Start),
             at_ms: Some(0),
-            budget: Some(tally_ledger::decision::Budget {
+            budget: Some(Box::new(tally_ledger::decision::Budget {
                 attempts: Some(1000),
                 ..Default::default()
-            }),
+            })),
             policy: p.clone(),
             ..Decision::default()
         };

@@ -134,7 +134,7 @@ impl Backtest {
             parent.map(|p| &self.runs[p].would),
         );
         let mut again = d.as_ref().clone();
-        again.budget = Some(budget);
+        again.budget = Some(Box::new(budget));
         again.policy = Some(self.digest.clone());
         let mut sim = Sim {
             recorded: RunState::new(&d.run),

@@ -66,7 +66,7 @@ impl Gate {
             run: run.into(),
             kind: Some(Kind::Start),
             at_ms: Some(0),
-            budget: Some(budget),
+            budget: Some(Box::new(budget)),
             policy: Some(self.policy.digest.clone()),
             ..Decision::default()
         };

@@ -137,7 +137,7 @@ fn start(d: BoxedStrategy<Decision>) -> BoxedStrategy<Decision> {
     (d, o(text()), o(budget()), o(text()), o(text()), o(text()))
         .prop_map(|(mut d, goal, budget, parent, credential, continues)| {
             d.goal = goal;
-            d.budget = budget;
+            d.budget = budget.map(Box::new);
             d.parent = parent;
             d.credential = credential;
             d.continues = continues;
@@ -237,7 +237,7 @@ fn outcome(d: BoxedStrategy<Decision>) -> BoxedStrategy<Decision> {
                 d.overrun_nanos = overrun;
                 d.operator = operator;
                 d.usage_refused = usage_refused;
-                d.usage = usage;
+                d.usage = usage.map(Box::new);
                 d
             },
         )
@@ -256,7 +256,9 @@ fn rest(d: BoxedStrategy<Decision>) -> BoxedStrategy<Decision> {
     )
         .prop_map(|(mut d, refund, approval, signature, note, policy_text)| {
             (d.of, d.slots, d.cents, d.nanos) = refund;
-            (d.approver, d.scope, d.digest, d.expires_ms) = approval;
+            let scope;
+            (d.approver, scope, d.digest, d.expires_ms) = approval;
+            d.scope = scope.map(Box::new);
             d.signature = signature;
             d.note = note;
             d.policy_text = policy_text;

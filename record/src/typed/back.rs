@@ -35,7 +35,7 @@ fn start(d: &mut Decision, s: Start<'_>) {
     head(d, s.head);
     d.reason = s.reason;
     d.goal = s.goal.map(str::to_owned);
-    d.budget = s.budget.cloned();
+    d.budget = s.budget.cloned().map(Box::new);
     d.parent = s.parent.map(str::to_owned);
     d.credential = s.credential.map(str::to_owned);
     d.continues = s.continues.map(str::to_owned);
@@ -54,7 +54,7 @@ fn deny(d: &mut Decision, n: Deny<'_>) {
     d.reason = Some(n.reason);
     call(d, n.call);
     d.retry_after_ms = n.retry_after_ms;
-    d.request = n.request.cloned();
+    d.request = n.request.cloned().map(Box::new);
 }
 
 fn outcome(d: &mut Decision, o: Outcome<'_>) {
@@ -76,7 +76,7 @@ fn outcome(d: &mut Decision, o: Outcome<'_>) {
         } => {
             d.proxied = Some(true);
             d.usage_refused = usage_refused;
-            d.usage = usage.cloned();
+            d.usage = usage.cloned().map(Box::new);
         }
         Observer::Operator => d.operator = Some(true),
     }
@@ -96,7 +96,7 @@ fn grant(d: &mut Decision, o: Override<'_>) {
     head(d, o.head);
     d.reason = o.reason;
     d.approver = o.approver.map(str::to_owned);
-    d.scope = o.scope.cloned();
+    d.scope = o.scope.cloned().map(Box::new);
     d.digest = o.digest.map(str::to_owned);
     d.expires_ms = o.expires_ms;
     d.signature = o.signature.map(str::to_owned);
@@ -128,7 +128,7 @@ fn lease(d: &mut Decision, l: Lease<'_>) {
     d.at_ms = l.at_ms;
     d.uid = l.uid;
     d.lease = Some(l.id);
-    d.slice = Some(l.slice.clone());
+    d.slice = Some(Box::new(l.slice.clone()));
 }
 
 fn mark(d: &mut Decision, m: Mark<'_>) {

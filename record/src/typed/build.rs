@@ -34,7 +34,7 @@ pub(super) fn start(d: &Decision) -> Result<Start<'_>, DecisionError> {
         head: head(d),
         reason: d.reason,
         goal: d.goal.as_deref(),
-        budget: d.budget.as_ref(),
+        budget: d.budget.as_deref(),
         parent: d.parent.as_deref(),
         credential: d.credential.as_deref(),
         continues: d.continues.as_deref(),
@@ -155,7 +155,7 @@ fn observer(
         }
         (true, false) => Observer::Proxy {
             usage_refused: d.usage_refused,
-            usage: d.usage.as_ref(),
+            usage: d.usage.as_deref(),
         },
         (false, true) => Observer::Operator,
         (false, false) => Observer::Agent,
@@ -198,7 +198,7 @@ pub(super) fn grant(d: &Decision) -> Result<Override<'_>, DecisionError> {
         head: head(d),
         reason: d.reason,
         approver: d.approver.as_deref(),
-        scope: d.scope.as_ref(),
+        scope: d.scope.as_deref(),
         digest: d.digest.as_deref(),
         expires_ms: d.expires_ms,
         signature: d.signature.as_deref(),

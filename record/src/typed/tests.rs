@@ -76,12 +76,12 @@ fn set(d: &mut Decision, field: &str, v: u64) {
         "at_ms" => d.at_ms = Some(num),
         "goal" => d.goal = Some(text),
         "budget" => {
-            d.budget = Some(Budget {
+            d.budget = Some(Box::new(Budget {
                 attempts: Some(3),
                 spend_cents: (!v.is_multiple_of(3)).then_some(num),
                 spend_nanos: (v % 3 != 1).then_some(5),
                 ..Budget::default()
-            })
+            }))
         }
         "tool" => d.tool = Some(text),
         "operation" => d.operation = Some(text),
@@ -119,14 +119,14 @@ fn set(d: &mut Decision, field: &str, v: u64) {
         "nanos" => d.nanos = Some(num),
         "approver" => d.approver = Some(text),
         "scope" => {
-            d.scope = Some(Scope {
+            d.scope = Some(Box::new(Scope {
                 attempts: Some(1),
                 cents: (!v.is_multiple_of(3)).then_some(num),
                 nanos: (v % 3 != 1).then_some(5),
                 tool: Some(text.clone()),
                 operation: v.is_multiple_of(2).then_some(text.clone()),
                 new_run: v.is_multiple_of(5).then_some(text),
-            })
+            }))
         }
         "digest" => d.digest = Some(hex(DIGEST)),
         "expires_ms" => d.expires_ms = Some(num),
@@ -172,14 +172,14 @@ fn set(d: &mut Decision, field: &str, v: u64) {
                 Some([UsageRefused::Unpriced, UsageRefused::Implausible][(v % 2) as usize])
         }
         "usage" => {
-            d.usage = Some(match v % 4 {
+            d.usage = Some(Box::new(match v % 4 {
                 0 => Usage::default(),
                 1 => Usage {
                     input_tokens: Some(0),
                     ..Usage::default()
                 },
                 _ => Usage::of(10, 0, 0, 0, 5, 0),
-            })
+            }))
         }
         "trace_id" => {
             d.trace_id = Some(match v % 5 {
@@ -190,7 +190,7 @@ fn set(d: &mut Decision, field: &str, v: u64) {
         }
         "prev_seq" => d.prev_seq = Some(num),
         "lease" => d.lease = Some(num),
-        "slice" => d.slice = Some(slice(v, &text)),
+        "slice" => d.slice = Some(Box::new(slice(v, &text))),
         other => panic!("no field {other}"),
     }
 }

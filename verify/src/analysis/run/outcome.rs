@@ -142,7 +142,7 @@ impl RunAnalysis {
                 upstream: s.names.tool.as_deref().map(str::to_owned),
                 model,
                 status: facts.status,
-                usage: d.usage,
+                usage: d.usage.as_deref().copied(),
                 settled_nanos: facts.settled,
                 overrun_nanos: d.overrun_nanos,
                 usage_refused: d.usage_refused,
