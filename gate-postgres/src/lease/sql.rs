@@ -30,13 +30,14 @@ RETURNING epoch";
 pub(crate) const ADOPT: &str = "
 UPDATE tally_leases SET epoch = $2 WHERE holder = $1 AND state = 'held'
 RETURNING id, kind, key, epoch, attempts, nanos, effects, polls, granted_at, expires_at,
-    expires_at - granted_at";
+    expires_at - granted_at, committed_attempts, committed_nanos, committed_effects, committed_polls";
 
 /// This holder's slices out granted at its epoch $3 (an older epoch's are adopted or
 /// not this manager's): $1 holder, $2 $now.
 pub(crate) const HELD: &str = "
 SELECT id, kind, key, epoch, attempts, nanos, effects, polls, granted_at, expires_at,
-    greatest(expires_at - COALESCE($2::timestamptz, now()), interval '0')
+    greatest(expires_at - COALESCE($2::timestamptz, now()), interval '0'),
+    committed_attempts, committed_nanos, committed_effects, committed_polls
 FROM tally_leases WHERE holder = $1 AND state = 'held' AND epoch = $3 ORDER BY id";
 
 /// Define a scope, or change a defined scope's caps: $1 kind, $2 key, $3..$6 caps,
@@ -86,7 +87,9 @@ RETURNING 1";
 pub(crate) const KNOWN: &str = "SELECT 1 FROM tally_lease_scopes WHERE kind = $1 AND key = $2";
 
 /// Grant a slice in one statement: $1 kind, $2 key, $3 holder, $4 epoch, $5..$8 the
-/// slice, $9 its time to live in ms, $10 $now. No row: refused (see the module's doc).
+/// slice, $9 its time to live in ms, $10 $now, $11 whether its holder commits each use
+/// of it (its committed use starts at 0; else NULL: not known). No row: refused (see
+/// the module's doc).
 pub(crate) const GRANT: &str = "
 WITH h AS MATERIALIZED (
     SELECT 1 FROM tally_lease_holders WHERE holder = $3 AND epoch = $4 FOR SHARE
@@ -104,9 +107,10 @@ WITH h AS MATERIALIZED (
     SELECT COALESCE($10::timestamptz, now()) AS at
 )
 INSERT INTO tally_leases (kind, key, holder, epoch, attempts, nanos, effects, polls, state,
-    granted_at, expires_at)
-SELECT s.kind, s.key, $3, $4, $5, $6, $7, $8, 'held', t.at, t.at + $9::bigint * interval '1 millisecond'
-FROM s, t
+    granted_at, expires_at, committed_attempts, committed_nanos, committed_effects, committed_polls)
+SELECT s.kind, s.key, $3, $4, $5, $6, $7, $8, 'held', t.at, t.at + $9::bigint * interval '1 millisecond',
+    c.n, c.n, c.n, c.n
+FROM s, t, (SELECT CASE WHEN $11::boolean THEN 0::bigint END AS n) c
 RETURNING id, granted_at, expires_at";
 
 /// What a scope has left, the holder's epoch (why a grant matched nothing) and the
@@ -161,9 +165,11 @@ FROM tally_leases l WHERE l.id = $1";
 pub(crate) const HOLDER_SHARE: &str =
     "SELECT epoch FROM tally_lease_holders WHERE holder = $1 FOR SHARE";
 
-/// A lease, locked to the end of the return's transaction: $1 id.
+/// A lease, locked to the end of the return's transaction, and its committed use
+/// (NULL: not known): $1 id.
 pub(crate) const LEASE_LOCK: &str = "
-SELECT holder, state, kind, key, attempts, nanos, effects, polls
+SELECT holder, state, kind, key, attempts, nanos, effects, polls,
+    committed_attempts, committed_nanos, committed_effects, committed_polls
 FROM tally_leases WHERE id = $1 FOR UPDATE";
 
 /// Close a lease as returned: $1 id, $2..$5 used, $6 $now.
@@ -187,12 +193,17 @@ pub(crate) const RECLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(7400332)";
 
 /// Every held slice past its expiry and the margin, reclaimed: $1 margin in ms, $2
 /// $now. An `UPDATE` re-reads a row changed meanwhile, so a slice renewed or returned
-/// since the statement began is left alone; each slice is reclaimed once.
+/// since the statement began is left alone; each slice is reclaimed once. What it
+/// settles: its committed use, or the whole slice where that is not known (NULL). A
+/// use committed on it later is refused (`tally_home_write` wants it held), and one
+/// committed before is in the row this statement locks and reads.
 pub(crate) const RECLAIM: &str = "
 UPDATE tally_leases SET state = 'reclaimed', ended_at = COALESCE($2::timestamptz, now())
 WHERE state = 'held'
   AND expires_at + $1::bigint * interval '1 millisecond' < COALESCE($2::timestamptz, now())
-RETURNING id, kind, key, holder, attempts, nanos, effects, polls";
+RETURNING id, kind, key, holder, attempts, nanos, effects, polls,
+    coalesce(committed_attempts, attempts), coalesce(committed_nanos, nanos),
+    coalesce(committed_effects, effects), coalesce(committed_polls, polls)";
 
 /// Revoke (or restore) a scope's slices: $1 kind, $2 key, $3 revoked.
 pub(crate) const REVOKE: &str =
@@ -203,7 +214,8 @@ pub(crate) const REVOKE: &str =
 /// back (its epoch still the slice's: not restarted, not fenced) refunded whole: only
 /// then is the scope out of room for good ($1 kind, $2 key). A reclaimed slice of an
 /// earlier epoch is never given back (`release` refuses a stale epoch, adoption moves
-/// only held slices): settled whole for good.
+/// only held slices): settled whole for good; nor is one whose committed use is known
+/// (it settled that use, which a return never takes back).
 pub(crate) const SCOPE_LOCK: &str = "
 SELECT s.revoked,
     (cap_attempts IS NULL OR settled_attempts - r.a + held_attempts + $3 <= cap_attempts)
@@ -214,7 +226,8 @@ FROM tally_lease_scopes s, LATERAL (
     SELECT coalesce(sum(attempts), 0)::bigint a, coalesce(sum(nanos), 0)::bigint n,
         coalesce(sum(effects), 0)::bigint e, coalesce(sum(polls), 0)::bigint p
     FROM tally_leases l JOIN tally_lease_holders h ON h.holder = l.holder AND h.epoch = l.epoch
-    WHERE l.kind = s.kind AND l.key = s.key AND l.state = 'reclaimed') r
+    WHERE l.kind = s.kind AND l.key = s.key AND l.state = 'reclaimed'
+      AND l.committed_attempts IS NULL) r
 WHERE s.kind = $1 AND s.key = $2 FOR UPDATE OF s";
 
 /// Spend centrally, within the invariant (slices out counted as unavailable): settled

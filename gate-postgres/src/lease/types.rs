@@ -140,6 +140,9 @@ pub struct Lease {
     /// How long it was valid for when the database answered: the holder's own deadline
     /// is the moment it sent the request plus this (never later than the database's).
     pub valid_for: Duration,
+    /// The use its holder's decisions committed on it so far (an upper bound of what
+    /// it answered on it; `None`: not known, its holder commits no use of it).
+    pub committed: Option<Amounts>,
 }
 
 /// What a grant gave.
@@ -196,8 +199,11 @@ pub struct Reclaimed {
     pub scope: Scope,
     /// Who held it.
     pub holder: String,
-    /// What it covered, now counted as settled.
+    /// What it covered.
     pub granted: Amounts,
+    /// What of it is now counted as settled: its committed use, or all it covered
+    /// where that is not known. The rest went back to the scope.
+    pub settled: Amounts,
 }
 
 /// What a scope has left and who leases from it.

@@ -1,0 +1,305 @@
+//! A slice's committed use on a real PostgreSQL (docs/FLEET.md, "Committed use"):
+//! every decision at home commits what it took of its slice (and gave back on it) with
+//! its run's write, so a reclaim settles exactly what the holder's decisions committed
+//! and gives the rest back (once, whatever number of reclaimers race), a restarted
+//! holder adopts its slices with their committed use, and a use committed on a slice
+//! reclaimed meanwhile is refused, nothing counted. Lease time is on manual clocks and
+//! ticks are given their time: nothing sleeps.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::lease::{amounts, at_noon, manager, MARGIN, TTL};
+use common::Cluster;
+use serde_json::json;
+use tally_gate::{Caller, CheckAnswer, Gate, GateError};
+use tally_gate_postgres::{
+    Amounts, Grant, LeaseClock, Leased, Scope, ScopeKind, Slices, ViewLimits,
+};
+use tally_policy::{Recorded, Verdict};
+
+const OPERATOR: Caller = Caller {
+    uid: None,
+    operator: true,
+    proxied: false,
+};
+
+/// Nanodollars in a cent.
+const CENT: i64 = 10_000_000;
+
+/// A leased gate named `holder` over its ledger in `dir`, leases on `clock`.
+struct Host {
+    gate: Gate<Leased>,
+    slices: Arc<Slices>,
+}
+
+fn leased(cluster: &Cluster, dir: &std::path::Path, holder: &str, clock: &LeaseClock) -> Host {
+    let ledger = common::ledger(dir);
+    let backend = common::lease::backend(cluster, &ledger, holder, clock, ViewLimits::default());
+    let slices = Arc::clone(backend.slices());
+    let policy = Recorded::new("[approvals]\nask_on = []\n").expect("policy");
+    let gate = Gate::with_backend(ledger, backend, policy).expect("gate");
+    Host { gate, slices }
+}
+
+fn start(host: &Host, req: serde_json::Value) {
+    host.gate
+        .start_blocking(OPERATOR, serde_json::from_value(req).expect("start"))
+        .expect("start");
+}
+
+/// A check of a call not made before, reserving `cents`.
+fn check(host: &Host, run: &str, cents: u64) -> Result<CheckAnswer, GateError> {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let req = json!({"run": run, "tool": "llm", "operation": format!("c{n}"), "effect": "read", "reserve_cents": cents});
+    host.gate
+        .check_blocking(OPERATOR, serde_json::from_value(req).expect("check"))
+}
+
+/// A check that must be allowed: its attempt.
+fn allowed(host: &Host, run: &str, cents: u64) -> u64 {
+    let a = check(host, run, cents).expect("answered");
+    assert_eq!(a.decision, Verdict::Allow, "{a:?}");
+    a.attempt.expect("attempt")
+}
+
+fn outcome(host: &Host, run: &str, attempt: u64, cents: u64) {
+    let req = json!({"run": run, "attempt": attempt, "status": "ok", "settled_cents": cents});
+    host.gate
+        .outcome_blocking(OPERATOR, serde_json::from_value(req).expect("outcome"))
+        .expect("outcome");
+}
+
+/// Slice `id`'s state and committed attempts and nanodollars, as the database holds them
+/// (`null` where not known).
+fn committed(cluster: &Cluster, id: i64) -> String {
+    cluster
+        .psql(&format!(
+            "SELECT state || ' ' || coalesce(committed_attempts::text, 'null') || ' ' || \
+             coalesce(committed_nanos::text, 'null') FROM tally_leases WHERE id = {id}"
+        ))
+        .trim()
+        .to_owned()
+}
+
+/// The id of the slice of `run`'s scope `holder` holds.
+fn slice_of(cluster: &Cluster, run: &str, holder: &str) -> i64 {
+    cluster
+        .psql(&format!(
+            "SELECT id FROM tally_leases WHERE kind = 'run' AND key = '{run}' \
+             AND holder = '{holder}' AND state = 'held'"
+        ))
+        .trim()
+        .parse()
+        .expect("one held slice")
+}
+
+/// The run's scope settled and leased, attempts and nanodollars.
+fn scope_counts(cluster: &Cluster, run: &str) -> [i64; 4] {
+    amounts(
+        cluster,
+        &Scope::new(ScopeKind::Run, run),
+        [
+            "settled_attempts",
+            "settled_nanos",
+            "leased_attempts",
+            "leased_nanos",
+        ],
+    )
+}
+
+/// Host `host-a` used 3 attempts of its 10-attempt slice of run `r` (13 attempts, 400
+/// cents) and 50 cents of its 300-cent slice (three reservations of 30 cents, two
+/// settled at 10), then died without giving anything back. Its slice's id.
+fn three_used_then_dead(cluster: &Cluster, dir: &std::path::Path, clock: &LeaseClock) -> i64 {
+    let a = leased(cluster, dir, "host-a", clock);
+    start(&a, json!({"run": "r", "budget": {"attempts": 13, "spend_cents": 400}}));
+    let first = allowed(&a, "r", 30);
+    let second = allowed(&a, "r", 30);
+    outcome(&a, "r", first, 10);
+    outcome(&a, "r", second, 10);
+    allowed(&a, "r", 30);
+    let scope = Scope::new(ScopeKind::Run, "r");
+    let (granted, used) = a.slices.held(&scope).expect("a slice");
+    assert_eq!(
+        (granted.attempts, granted.nanos, used.attempts, used.nanos),
+        (10, 300 * 10_000_000, 3, 50 * 10_000_000),
+        "a 10-attempt, 300-cent slice, 3 attempts and 50 cents of it used"
+    );
+    let id = slice_of(cluster, "r", "host-a");
+    assert_eq!(
+        committed(cluster, id),
+        format!("held 3 {}", 50 * CENT),
+        "committed with the decisions"
+    );
+    // Host a dies holding its slice: nothing given back.
+    drop(a);
+    id
+}
+
+#[test]
+fn a_dead_holders_slice_reclaimed_by_eight_at_once_settles_exactly_its_committed_use_once() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = at_noon();
+    let dir = tempfile::tempdir().expect("dir");
+    let id = three_used_then_dead(&cluster, dir.path(), &clock);
+    assert_eq!(
+        scope_counts(&cluster, "r"),
+        [0, 0, 10, 300 * CENT],
+        "the slice is out"
+    );
+    clock.advance(TTL + MARGIN + Duration::from_secs(1));
+    let reclaimers: Vec<_> = (0..8)
+        .map(|i| manager(&cluster, &format!("reclaimer-{i}"), &clock))
+        .collect();
+    let gate = Arc::new(Barrier::new(reclaimers.len()));
+    let reclaimed: Vec<_> = std::thread::scope(|s| {
+        let each: Vec<_> = reclaimers
+            .iter()
+            .map(|m| {
+                let gate = Arc::clone(&gate);
+                s.spawn(move || {
+                    gate.wait();
+                    m.reclaim_expired().expect("reclaim")
+                })
+            })
+            .collect();
+        each.into_iter()
+            .flat_map(|h| h.join().expect("reclaimer"))
+            .collect()
+    });
+    assert_eq!(reclaimed.len(), 1, "reclaimed once: {reclaimed:?}");
+    let r = &reclaimed[0];
+    assert_eq!(
+        (r.id, r.settled.attempts, r.settled.nanos),
+        (id, 3, 50 * 10_000_000),
+        "settles its committed use"
+    );
+    assert_eq!(
+        scope_counts(&cluster, "r"),
+        [3, 50 * CENT, 0, 0],
+        "exactly the used part settled, the rest given back"
+    );
+    assert_eq!(committed(&cluster, id), format!("reclaimed 3 {}", 50 * CENT));
+    // The rest is grantable again, and no more.
+    let other = manager(&cluster, "host-x", &clock);
+    let scope = Scope::new(ScopeKind::Run, "r");
+    let rest = Amounts {
+        attempts: 10,
+        nanos: 350 * 10_000_000,
+        ..Amounts::default()
+    };
+    let more = Amounts {
+        attempts: 1,
+        ..Amounts::default()
+    };
+    assert!(matches!(other.grant(&scope, rest), Ok(Grant::Granted(_))));
+    assert!(matches!(other.grant(&scope, more), Ok(Grant::Refused { .. })));
+}
+
+#[test]
+fn a_restarted_holder_adopts_its_slice_with_its_committed_use() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = at_noon();
+    let dir = tempfile::tempdir().expect("dir");
+    let id = three_used_then_dead(&cluster, dir.path(), &clock);
+    // The same holder back: its slice adopted and given back saying what was committed.
+    let a = leased(&cluster, dir.path(), "host-a", &clock);
+    assert_eq!(committed(&cluster, id), format!("returned 3 {}", 50 * CENT));
+    assert_eq!(
+        scope_counts(&cluster, "r"),
+        [3, 50 * CENT, 0, 0],
+        "settled its committed use, not the whole slice"
+    );
+    assert_eq!(allowed(&a, "r", 0), 4, "the run goes on from its row");
+}
+
+#[test]
+fn a_use_committed_on_a_slice_reclaimed_meanwhile_is_refused_and_counts_nothing() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    // Host a's clock runs slow past the margin: to it the slice is still valid when a
+    // reclaimer, whose clock is right, reclaims it.
+    let slow = at_noon();
+    let right = LeaseClock::manual(
+        SystemTime::UNIX_EPOCH
+            + Duration::from_secs(1_800_000_000)
+            + TTL
+            + MARGIN
+            + Duration::from_secs(1),
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let a = leased(&cluster, dir.path(), "host-a", &slow);
+    start(&a, json!({"run": "l", "budget": {"attempts": 13}}));
+    assert_eq!(allowed(&a, "l", 0), 1);
+    let id = slice_of(&cluster, "l", "host-a");
+    let reclaimer = manager(&cluster, "reclaimer", &right);
+    assert_eq!(reclaimer.reclaim_expired().expect("reclaim").len(), 1);
+    assert_eq!(scope_counts(&cluster, "l")[..3], [1, 0, 0]);
+    // The use fits in the slice a still holds: decided, then refused at its commit.
+    assert!(
+        matches!(check(&a, "l", 0), Err(GateError::Unavailable(_))),
+        "a late use on a reclaimed slice is refused"
+    );
+    assert_eq!(committed(&cluster, id), "reclaimed 1 0", "nothing counted on it");
+    assert_eq!(
+        scope_counts(&cluster, "l")[..3],
+        [1, 0, 0],
+        "nor in the scope"
+    );
+    // At its next tick a finds its slice ended; its next use is on a new slice, and
+    // the refused one never took an attempt.
+    a.slices.tick(Instant::now());
+    assert_eq!(allowed(&a, "l", 0), 2);
+    let new = slice_of(&cluster, "l", "host-a");
+    assert_ne!(new, id);
+    assert_eq!(committed(&cluster, new), "held 1 0");
+}
+
+/// A database of schema 10 (no committed use), populated: a holder's slice out with 3
+/// attempts used of it. Opened by this build, it is migrated: that slice's use is not
+/// known (settled whole when reclaimed), and slices granted since count theirs.
+#[test]
+fn a_populated_schema_10_database_is_migrated_its_slices_out_settled_whole() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = at_noon();
+    let dir = tempfile::tempdir().expect("dir");
+    let id = three_used_then_dead(&cluster, dir.path(), &clock);
+    // What schema 10 left: no committed use, the guarded write of seven arguments only.
+    cluster.psql(
+        "ALTER TABLE tally_leases DROP CONSTRAINT tally_leases_committed_within, \
+         DROP COLUMN committed_attempts, DROP COLUMN committed_nanos, \
+         DROP COLUMN committed_effects, DROP COLUMN committed_polls; \
+         DROP FUNCTION tally_home_write(text, bytea, boolean, text, bigint, text, bigint, \
+         text, bigint, bigint, bigint[], bigint, bigint[], timestamptz); \
+         UPDATE tally_schema SET version = 10",
+    );
+    let dir_b = tempfile::tempdir().expect("dir");
+    let b = leased(&cluster, dir_b.path(), "host-b", &clock);
+    assert_eq!(
+        cluster.psql("SELECT max(version) FROM tally_schema").trim(),
+        tally_gate_postgres::SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(committed(&cluster, id), "held null null", "not known");
+    assert!(matches!(check(&b, "r", 0), Err(GateError::Unavailable(_))));
+    clock.advance(TTL + MARGIN + Duration::from_secs(1));
+    assert_eq!(b.slices.tick(Instant::now()).reclaimed, 1);
+    assert_eq!(
+        scope_counts(&cluster, "r"),
+        [10, 300 * CENT, 0, 0],
+        "a slice of unknown use settled whole"
+    );
+    assert_eq!(allowed(&b, "r", 0), 4, "the row holds what a answered");
+    let new = slice_of(&cluster, "r", "host-b");
+    assert_eq!(committed(&cluster, new), "held 1 0", "counted from 0");
+}
