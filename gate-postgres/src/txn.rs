@@ -614,8 +614,14 @@ pub(crate) async fn write_homes(
             h.expected.as_ref().map(|h| h.1),
         );
         let (me, me_epoch) = (&h.slices.holder.0, h.slices.holder.1);
-        let (took_on, took) = (h.slices.took.map(|t| t.0), h.slices.took.map(|t| t.1.to_vec()));
-        let (gave_on, gave) = (h.slices.gave.map(|t| t.0), h.slices.gave.map(|t| t.1.to_vec()));
+        let (took_on, took) = (
+            h.slices.took.map(|t| t.0),
+            h.slices.took.map(|t| t.1.to_vec()),
+        );
+        let (gave_on, gave) = (
+            h.slices.gave.map(|t| t.0),
+            h.slices.gave.map(|t| t.1.to_vec()),
+        );
         let p: [&(dyn ToSql + Sync); 14] = [
             &h.run,
             &h.state,

@@ -116,7 +116,10 @@ fn scope_counts(cluster: &Cluster, run: &str) -> [i64; 4] {
 /// settled at 10), then died without giving anything back. Its slice's id.
 fn three_used_then_dead(cluster: &Cluster, dir: &std::path::Path, clock: &LeaseClock) -> i64 {
     let a = leased(cluster, dir, "host-a", clock);
-    start(&a, json!({"run": "r", "budget": {"attempts": 13, "spend_cents": 400}}));
+    start(
+        &a,
+        json!({"run": "r", "budget": {"attempts": 13, "spend_cents": 400}}),
+    );
     let first = allowed(&a, "r", 30);
     let second = allowed(&a, "r", 30);
     outcome(&a, "r", first, 10);
@@ -185,7 +188,10 @@ fn a_dead_holders_slice_reclaimed_by_eight_at_once_settles_exactly_its_committed
         [3, 50 * CENT, 0, 0],
         "exactly the used part settled, the rest given back"
     );
-    assert_eq!(committed(&cluster, id), format!("reclaimed 3 {}", 50 * CENT));
+    assert_eq!(
+        committed(&cluster, id),
+        format!("reclaimed 3 {}", 50 * CENT)
+    );
     // The rest is grantable again, and no more.
     let other = manager(&cluster, "host-x", &clock);
     let scope = Scope::new(ScopeKind::Run, "r");
@@ -199,7 +205,10 @@ fn a_dead_holders_slice_reclaimed_by_eight_at_once_settles_exactly_its_committed
         ..Amounts::default()
     };
     assert!(matches!(other.grant(&scope, rest), Ok(Grant::Granted(_))));
-    assert!(matches!(other.grant(&scope, more), Ok(Grant::Refused { .. })));
+    assert!(matches!(
+        other.grant(&scope, more),
+        Ok(Grant::Refused { .. })
+    ));
 }
 
 #[test]
@@ -249,7 +258,11 @@ fn a_use_committed_on_a_slice_reclaimed_meanwhile_is_refused_and_counts_nothing(
         matches!(check(&a, "l", 0), Err(GateError::Unavailable(_))),
         "a late use on a reclaimed slice is refused"
     );
-    assert_eq!(committed(&cluster, id), "reclaimed 1 0", "nothing counted on it");
+    assert_eq!(
+        committed(&cluster, id),
+        "reclaimed 1 0",
+        "nothing counted on it"
+    );
     assert_eq!(
         scope_counts(&cluster, "l")[..3],
         [1, 0, 0],

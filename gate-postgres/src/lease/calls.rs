@@ -127,8 +127,7 @@ impl Leases {
             db.query(
                 sql::GRANT,
                 &[
-                    &kind, &key, holder, epoch, &w[0], &w[1], &w[2], &w[3], &ttl, &now,
-                    &commits,
+                    &kind, &key, holder, epoch, &w[0], &w[1], &w[2], &w[3], &ttl, &now, &commits,
                 ],
             )
             .await
@@ -252,7 +251,15 @@ impl Leases {
                 },
             };
             let mut released = None;
-            if let (Found::Open { reclaimed, granted, committed }, Some(r)) = (&found, &row) {
+            if let (
+                Found::Open {
+                    reclaimed,
+                    granted,
+                    committed,
+                },
+                Some(r),
+            ) = (&found, &row)
+            {
                 if used.within(granted) {
                     let (leased, settled, u) = settles(*reclaimed, granted, *committed, u);
                     let (kind, key): (&str, &str) = (r.get(2), r.get(3));
@@ -316,7 +323,13 @@ impl Leases {
             let big = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
             for r in &reclaimed {
                 let (leased, settled) = per.entry(&r.scope).or_default();
-                for (i, (g, u)) in r.granted.each().into_iter().zip(r.settled.each()).enumerate() {
+                for (i, (g, u)) in r
+                    .granted
+                    .each()
+                    .into_iter()
+                    .zip(r.settled.each())
+                    .enumerate()
+                {
                     leased[i] += big(g);
                     settled[i] += big(u);
                 }

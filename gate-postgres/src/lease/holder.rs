@@ -119,8 +119,9 @@ pub(super) struct Local {
 }
 
 /// Slices this holder stopped holding whose return the database refused (a used amount
-/// it would not take: [`LeaseEvent::Lost`]): left out to be reclaimed, spent whole,
-/// never given back at zero use by a tick that finds them unseen.
+/// it would not take: [`LeaseEvent::Lost`]): left out to be reclaimed (settling its
+/// committed use, or the whole slice where that is not known), never given back at zero
+/// use by a tick that finds them unseen.
 pub(super) type LostIds = BTreeSet<i64>;
 
 /// One holder's slices (one daemon), over its lease manager.
@@ -179,7 +180,8 @@ impl Held {
 impl Slices {
     /// A holder over `leases`: the slices it adopted (an earlier process of the same
     /// holder left them out) are given back first, each saying it used what `used_of`
-    /// says (what this holder's ledger recorded of it; the whole slice when unknown).
+    /// says (what this holder's ledger recorded of it, or its committed use; the whole
+    /// slice when unknown). A return never settles less than the committed use.
     pub fn open(
         leases: Leases,
         options: SliceOptions,

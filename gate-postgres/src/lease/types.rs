@@ -140,8 +140,9 @@ pub struct Lease {
     /// How long it was valid for when the database answered: the holder's own deadline
     /// is the moment it sent the request plus this (never later than the database's).
     pub valid_for: Duration,
-    /// The use its holder's decisions committed on it so far (an upper bound of what
-    /// it answered on it; `None`: not known, its holder commits no use of it).
+    /// The use its holder's decisions had committed on it when it was read (granted,
+    /// adopted or listed): an upper bound of what the holder answered on it. `None`: not
+    /// known (granted by a manager whose uses are not committed, or before schema 11).
     pub committed: Option<Amounts>,
 }
 
@@ -183,8 +184,9 @@ pub enum Released {
     /// The slice was held: its unused part went back to the scope, its used part is
     /// settled.
     Returned,
-    /// The slice had been reclaimed (counted as spent whole): its unused part went back
-    /// to the scope now.
+    /// The slice had been reclaimed: where its use was not known (counted as spent
+    /// whole) its unused part went back to the scope now; where it was (its committed
+    /// use), the reclaim settled exactly that and gave the rest back: nothing moves.
     Refunded,
     /// It was returned before: nothing changed (a return counts once).
     Already,

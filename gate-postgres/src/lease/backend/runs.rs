@@ -199,7 +199,10 @@ impl LeasedTxn<'_> {
                 raise,
             });
         }
-        moves.extra.homes.push(self.home_write(name, was, now, slices));
+        moves
+            .extra
+            .homes
+            .push(self.home_write(name, was, now, slices));
         let kept = now.stop.is_none().then(|| Home {
             state: now.clone(),
             expected: Some(self.backend.me_now()),
