@@ -316,3 +316,58 @@ fn a_populated_schema_10_database_is_migrated_its_slices_out_settled_whole() {
     let new = slice_of(&cluster, "r", "host-b");
     assert_eq!(committed(&cluster, new), "held 1 0", "counted from 0");
 }
+
+/// A reclaimed slice whose committed use was known settled exactly that use, which no
+/// return of its holder takes back: a central spend past what is left is refused as out
+/// of room for good (`Refused`), not as room leased out that may come back (`Leased`,
+/// what a reclaimed slice of unknown use still answers).
+#[test]
+fn a_reclaimed_slice_of_known_use_is_no_room_that_may_come_back() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let clock = at_noon();
+    let known = Scope::new(ScopeKind::Run, "known");
+    let unknown = Scope::new(ScopeKind::Run, "unknown");
+    // Two holders: one whose uses are committed, one whose are not.
+    let committing = manager(&cluster, "host-a", &clock);
+    committing.commits_use();
+    let plain = manager(&cluster, "host-b", &clock);
+    let ten = Amounts {
+        attempts: 10,
+        ..Amounts::default()
+    };
+    let caps = tally_gate_postgres::Caps {
+        attempts: Some(10),
+        ..tally_gate_postgres::Caps::default()
+    };
+    let none = Amounts::default();
+    let spender = manager(&cluster, "host-x", &clock);
+    for (scope, holder) in [(&known, &committing), (&unknown, &plain)] {
+        spender.define(scope, caps, none, none).expect("define");
+        let Ok(Grant::Granted(lease)) = holder.grant(scope, ten) else {
+            panic!("granted");
+        };
+        assert_eq!(lease.committed.is_some(), scope == &known);
+        if lease.committed.is_some() {
+            // Its holder's decisions committed all of it (as `tally_home_write` does).
+            cluster.psql(&format!(
+                "UPDATE tally_leases SET committed_attempts = 10 WHERE id = {}",
+                lease.id
+            ));
+        }
+    }
+    clock.advance(TTL + MARGIN + Duration::from_secs(1));
+    assert_eq!(spender.reclaim_expired().expect("reclaim").len(), 2);
+    let one = Amounts {
+        attempts: 1,
+        ..Amounts::default()
+    };
+    let known_spent = spender.spend(&[known], one).expect("spend");
+    let unknown_spent = spender.spend(&[unknown], one).expect("spend");
+    assert_eq!(
+        format!("{known_spent:?} {unknown_spent:?}"),
+        "Refused Leased",
+        "only a slice of unknown use may still be refunded"
+    );
+}
