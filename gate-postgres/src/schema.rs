@@ -459,10 +459,15 @@ $f$;
 /// as possibly refunded only where its use is not known (a known one settled its
 /// committed use, which no return takes back).
 pub(crate) const SCHEMA_V11: &str = "
-ALTER TABLE tally_leases
-    ADD COLUMN IF NOT EXISTS committed_attempts bigint, ADD COLUMN IF NOT EXISTS committed_nanos bigint,
-    ADD COLUMN IF NOT EXISTS committed_effects bigint, ADD COLUMN IF NOT EXISTS committed_polls bigint;
 DO $d$ BEGIN
+    IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'tally_leases'::regclass AND NOT attisdropped
+        AND attname IN ('committed_attempts', 'committed_nanos', 'committed_effects', 'committed_polls',
+            'covers_use')) < 5 THEN
+        ALTER TABLE tally_leases
+            ADD COLUMN IF NOT EXISTS committed_attempts bigint, ADD COLUMN IF NOT EXISTS committed_nanos bigint,
+            ADD COLUMN IF NOT EXISTS committed_effects bigint, ADD COLUMN IF NOT EXISTS committed_polls bigint,
+            ADD COLUMN IF NOT EXISTS covers_use boolean;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'tally_leases_committed_within') THEN
         ALTER TABLE tally_leases ADD CONSTRAINT tally_leases_committed_within CHECK (
             (committed_attempts IS NULL) = (committed_nanos IS NULL)
@@ -471,7 +476,7 @@ DO $d$ BEGIN
             AND coalesce(committed_attempts BETWEEN 0 AND attempts, true)
             AND coalesce(committed_nanos BETWEEN 0 AND nanos, true)
             AND coalesce(committed_effects BETWEEN 0 AND effects, true)
-            AND coalesce(committed_polls BETWEEN 0 AND polls, true));
+            AND coalesce(committed_polls BETWEEN 0 AND polls, true)) NOT VALID;
     END IF;
 END $d$;
 CREATE OR REPLACE FUNCTION tally_home_write(n text, s bytea, o boolean, h text, he bigint,
@@ -504,11 +509,11 @@ BEGIN
       AND (effects = 0 OR coalesce(committed_effects, 0) + took[3] <= effects)
       AND (polls = 0 OR coalesce(committed_polls, 0) + took[4] <= polls);
     IF FOUND OR EXISTS (SELECT 1 FROM tally_leases WHERE id = took_on AND holder = me
-        AND epoch = me_epoch AND state = 'returned') THEN
+        AND epoch = me_epoch AND state = 'returned' AND covers_use) THEN
         RETURN;
     END IF;
     RAISE EXCEPTION 'slice % of run % is no longer held by this host (reclaimed, expired, or its holder restarted): retry', took_on, n
-        USING ERRCODE = 'serialization_failure';
+        USING ERRCODE = 'serialization_failure', DETAIL = 'slice ended';
 END
 $f$;
 CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
@@ -534,10 +539,12 @@ BEGIN
       AND (e <= 0 OR cap_effects IS NULL OR settled_effects + held_effects + leased_effects + e <= cap_effects)
       AND (p <= 0 OR cap_polls IS NULL OR settled_polls + held_polls + leased_polls + p <= cap_polls);
     IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes s, LATERAL (
-        SELECT coalesce(sum(attempts), 0) ra, coalesce(sum(nanos), 0) rn,
-            coalesce(sum(effects), 0) re, coalesce(sum(polls), 0) rp
+        SELECT coalesce(sum(coalesce(used_attempts, attempts) - coalesce(committed_attempts, 0)), 0) ra,
+            coalesce(sum(coalesce(used_nanos, nanos) - coalesce(committed_nanos, 0)), 0) rn,
+            coalesce(sum(coalesce(used_effects, effects) - coalesce(committed_effects, 0)), 0) re,
+            coalesce(sum(coalesce(used_polls, polls) - coalesce(committed_polls, 0)), 0) rp
         FROM tally_leases l JOIN tally_lease_holders h ON h.holder = l.holder AND h.epoch = l.epoch
-        WHERE l.kind = k AND l.key = name AND l.state = 'reclaimed' AND l.committed_attempts IS NULL) r
+        WHERE l.kind = k AND l.key = name AND l.state = 'reclaimed') r
       WHERE s.kind = k AND s.key = name
       AND ((a > 0 AND cap_attempts IS NOT NULL AND settled_attempts - ra + held_attempts + a > cap_attempts)
         OR (n > 0 AND NOT bill AND cap_nanos IS NOT NULL AND settled_nanos - rn + held_nanos + n > cap_nanos)
@@ -585,10 +592,13 @@ impl Migration<'_> {
     fn steps(&self, client: &tokio_postgres::Client) -> Result<(), crate::PostgresError> {
         self.wait(
             "to create the schema",
-            client.batch_execute(
-                "BEGIN; SELECT pg_advisory_xact_lock(7400331); \
-                 CREATE TABLE IF NOT EXISTS tally_schema (version integer NOT NULL);",
-            ),
+            client.batch_execute(&format!(
+                "BEGIN; SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock(7400331); \
+                     CREATE TABLE IF NOT EXISTS tally_schema (version integer NOT NULL);",
+                // Within the round trip's bound: the server ends a statement
+                // queued behind another's lock and answers, before the bound.
+                (self.timeout.as_millis() / 2).max(1)
+            )),
         )?;
         let rows = self.wait(
             "to read the schema version",
@@ -611,12 +621,12 @@ impl Migration<'_> {
             Some(v) => usize::try_from(v).unwrap_or(0).min(all.len()),
         };
         let steps = &all[from..];
-        // A database already at the amended version may hold its first form: its step
-        // and every later one found are idempotent, so they are run again, in order (the
-        // version is not recorded again).
-        let again = usize::try_from(AMENDED - 1).unwrap_or(0)..from;
-        for step in all.get(again).unwrap_or_default() {
-            self.wait("to update the schema", client.batch_execute(step))?;
+        // A database already at the amended version may hold its first form: its step is
+        // idempotent, so it is run again (the version is not recorded again), before the
+        // later steps (whose functions replace its own). A database at a later version
+        // had it run already: nothing is run again (no table lock taken at each open).
+        if found == Some(AMENDED) {
+            self.wait("to update the schema", client.batch_execute(SCHEMA_V10))?;
         }
         if !steps.is_empty() {
             for step in steps {
@@ -655,6 +665,8 @@ pub(crate) fn migrate(
     });
     let result = m.steps(&client);
     drop(client);
-    let _ = rt.block_on(task);
+    // The connection ends once the server answered what was sent: within the bound
+    // (its `lock_timeout` ends a statement queued behind a lock), else left to end.
+    let _ = rt.block_on(async { tokio::time::timeout(timeout, task).await });
     result
 }

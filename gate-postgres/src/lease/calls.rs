@@ -19,6 +19,8 @@ enum Found {
         granted: Amounts,
         /// Its committed use (`None`: not known).
         committed: Option<Amounts>,
+        /// Reclaimed: what its reclaim settled (`None`: not recorded, the whole slice).
+        settled: Option<Amounts>,
     },
 }
 
@@ -224,11 +226,12 @@ impl Leases {
 
     /// Give a slice back, saying what of it was `used`: the used part is settled, the
     /// rest goes back to the scope. Once: a second return of the same lease changes
-    /// nothing ([`Released::Already`]). A slice reclaimed meanwhile (counted as spent
-    /// whole) has its unused part refunded now ([`Released::Refunded`]). A slice whose
-    /// committed use is known never settles less than it (the decisions committed on it
-    /// are in their runs' rows): a reclaimed one settled exactly that use already, and
-    /// its return changes no count.
+    /// nothing ([`Released::Already`]). A slice reclaimed meanwhile settled its
+    /// committed use (or, not known, the whole slice): where that covers `used`, what it
+    /// settled beyond `used` is refunded now ([`Released::Refunded`]); where it does not
+    /// (uses counted, not committed yet) nothing moves, and those uses are refused at
+    /// their commit ([`Released::Late`]). A slice whose committed use is known never
+    /// settles less than it (the decisions committed on it are in their runs' rows).
     pub fn release(&self, id: i64, used: Amounts) -> Result<Released, LeaseError> {
         let u = bigs("used", &used)?;
         let (holder, epoch, now) = (&self.holder, self.epoch, self.now());
@@ -248,6 +251,7 @@ impl Leases {
                     reclaimed: r.get::<_, &str>(1) == "reclaimed",
                     granted: amounts_at(r, 4),
                     committed: super::committed_at(r, 8),
+                    settled: super::committed_at(r, 12),
                 },
             };
             let mut released = None;
@@ -256,21 +260,23 @@ impl Leases {
                     reclaimed,
                     granted,
                     committed,
+                    settled,
                 },
                 Some(r),
             ) = (&found, &row)
             {
                 if used.within(granted) {
-                    let (leased, settled, u) = settles(*reclaimed, granted, *committed, u);
+                    let was = reclaimed.then(|| settled.unwrap_or(*granted));
+                    let s = settles(was, granted, *committed, u);
                     let (kind, key): (&str, &str) = (r.get(2), r.get(3));
-                    db.execute(sql::CLOSE, &[&id, &u[0], &u[1], &u[2], &u[3], &now])
-                        .await?;
-                    move_amounts(db, kind, key, leased, settled).await?;
-                    released = Some(if *reclaimed {
-                        Released::Refunded
-                    } else {
-                        Released::Returned
-                    });
+                    let (c, covers) = (s.closed, s.released != Released::Late);
+                    db.execute(
+                        sql::CLOSE,
+                        &[&id, &c[0], &c[1], &c[2], &c[3], &now, &covers],
+                    )
+                    .await?;
+                    move_amounts(db, kind, key, s.leased, s.settled).await?;
+                    released = Some(s.released);
                 }
             }
             db.batch_execute("COMMIT").await?;
@@ -343,28 +349,54 @@ impl Leases {
     }
 }
 
+/// What a return moves ([`settles`]).
+struct Settles {
+    /// The scope's leased amounts down by this.
+    leased: [i64; 4],
+    /// Its settled amounts up by this (negative: down).
+    settled: [i64; 4],
+    /// The use the slice closes with (what is settled of it).
+    closed: [i64; 4],
+    released: Released,
+}
+
 /// What a return of a slice covering `granted` with `committed` use (`None`: not known)
-/// moves, its holder saying it used `u`: the scope's leased amounts down, its settled
-/// amounts up (negative: down), and the use the slice closes with. Held: leased down by
-/// the slice, the greater of `u` and the committed use settled. Reclaimed (settled its
-/// committed use, or the whole slice where that is not known): settled down to the
-/// greater of `u` and the committed use, never up (the rest went back to the scope).
+/// moves, its holder saying it used `u`; `reclaimed`: what its reclaim settled (`None`:
+/// held). Held: leased down by the slice, the greater of `u` and the committed use
+/// settled. Reclaimed: settled down to the greater of `u` and the committed use, never
+/// up (the rest went back to the scope at the reclaim, and may be leased again): where
+/// the reclaim settled less than that (its committed use, the holder counting uses not
+/// committed yet) nothing moves, and those uses are refused at their commit
+/// ([`Released::Late`]).
 fn settles(
-    reclaimed: bool,
+    reclaimed: Option<Amounts>,
     granted: &Amounts,
     committed: Option<Amounts>,
     u: [i64; 4],
-) -> ([i64; 4], [i64; 4], [i64; 4]) {
+) -> Settles {
     let big = |a: &Amounts| a.each().map(|n| i64::try_from(n).unwrap_or(i64::MAX));
     let g = big(granted);
     let floor = committed.as_ref().map_or([0; 4], big);
     let used = [0, 1, 2, 3].map(|i| u[i].max(floor[i]));
-    if !reclaimed {
-        return (g, used, used);
-    }
-    let was = committed.as_ref().map_or(g, big);
+    let Some(was) = reclaimed.as_ref().map(big) else {
+        return Settles {
+            leased: g,
+            settled: used,
+            closed: used,
+            released: Released::Returned,
+        };
+    };
     let now = [0, 1, 2, 3].map(|i| used[i].min(was[i]));
-    ([0; 4], [0, 1, 2, 3].map(|i| now[i] - was[i]), now)
+    Settles {
+        leased: [0; 4],
+        settled: [0, 1, 2, 3].map(|i| now[i] - was[i]),
+        closed: now,
+        released: if now == used {
+            Released::Refunded
+        } else {
+            Released::Late
+        },
+    }
 }
 
 /// A scope's leased amounts down by `leased`, its settled amounts up by `settled`.

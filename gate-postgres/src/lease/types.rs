@@ -184,10 +184,16 @@ pub enum Released {
     /// The slice was held: its unused part went back to the scope, its used part is
     /// settled.
     Returned,
-    /// The slice had been reclaimed: where its use was not known (counted as spent
-    /// whole) its unused part went back to the scope now; where it was (its committed
-    /// use), the reclaim settled exactly that and gave the rest back: nothing moves.
+    /// The slice had been reclaimed, settling at least what its holder said it used
+    /// (the whole slice where its use was not known): what it settled beyond that went
+    /// back to the scope now (nothing, where it settled exactly that). A use its holder
+    /// counted on it and commits later is counted in it.
     Refunded,
+    /// The slice had been reclaimed, settling its committed use, less than what its
+    /// holder said it used (uses counted, their decisions not committed yet): nothing
+    /// moved (the rest went back to the scope at the reclaim), and those uses are
+    /// refused at their commit: never answered, never counted.
+    Late,
     /// It was returned before: nothing changed (a return counts once).
     Already,
 }
