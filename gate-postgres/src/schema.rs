@@ -392,10 +392,10 @@ $f$;
 /// one of a dead and restarted, or fenced, holder is settled whole for good.
 /// `tally_leases_reclaimed` finds a scope's reclaimed slices.
 /// Step 10 was amended in place after it shipped (the partial index, and reclaimed
-/// slices counted only while their holder's epoch holds): a database found at 10 or
-/// later runs it again, and every later step it found after it (their functions
-/// replace step 10's). Every statement in them is `CREATE OR REPLACE` or `IF NOT
-/// EXISTS`.
+/// slices counted only while their holder's epoch holds): a database found at 10 runs
+/// it again, before the later steps (their functions replace step 10's). Every
+/// statement in it is `CREATE OR REPLACE` or `IF NOT EXISTS`. A database found later
+/// runs nothing again: no lock taken on a table at each open.
 const AMENDED: i32 = 10;
 
 pub(crate) const SCHEMA_V10: &str = "
@@ -450,14 +450,19 @@ $f$;
 /// holder answered on it. The write locks the slice's row and is refused (the
 /// transaction fails, `serialization_failure` as a run taken back) unless the slice is
 /// held by this holder at this epoch and unexpired, or was returned by it at this epoch
-/// (its return said a use counting this one: the holder counts a use before its
-/// decision is queued, and returns a slice only after); the committed use never passes
-/// the slice. A reclaim settles the committed use and gives the rest back; an adoption
-/// starts from it. NULL (a slice granted by a manager that commits no use, or out
-/// before this version): not known, settled whole as before (and a use on it checked
-/// as above, never counted). `tally_lease_step`'s `exhausted` counts a reclaimed slice
-/// as possibly refunded only where its use is not known (a known one settled its
-/// committed use, which no return takes back).
+/// by a return that settled all it said it used (`covers_use`: that return said a use
+/// counting this one: the holder counts a use before its decision is queued, and
+/// returns a slice only after); the committed use never passes the slice. A reclaim
+/// settles the committed use, records it (`used_*`) and gives the rest back; a late
+/// return starts from what it recorded (NULL, a schema-10 build's reclaim: the whole
+/// slice), and where that is less than its holder says, settles nothing and leaves
+/// `covers_use` false; an adoption starts from the committed use. NULL committed use (a
+/// slice granted by a manager that commits no use, or out before this version): not
+/// known, settled whole as before (and a use on it checked as above, never counted).
+/// `tally_lease_step`'s `exhausted` counts of a reclaimed slice what its return may still
+/// refund: what its reclaim settled above its committed use. The columns are added only
+/// where missing and the CHECK `NOT VALID` (new columns, all NULL: no scan under the
+/// table's lock).
 pub(crate) const SCHEMA_V11: &str = "
 DO $d$ BEGIN
     IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'tally_leases'::regclass AND NOT attisdropped

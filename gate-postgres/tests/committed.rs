@@ -271,6 +271,16 @@ fn a_use_committed_on_a_slice_reclaimed_meanwhile_is_refused_and_counts_nothing(
     // At its next tick a finds its slice ended; its next use is on a new slice, and
     // the refused one never took an attempt.
     a.slices.tick(Instant::now());
+    assert_eq!(
+        scope_counts(&cluster, "l")[..3],
+        [1, 0, 0],
+        "its return, after the reclaim, moved nothing"
+    );
+    assert_eq!(
+        ended(&cluster, id),
+        "returned 1 true",
+        "nothing counted past the use"
+    );
     assert_eq!(allowed(&a, "l", 0), 2);
     let new = slice_of(&cluster, "l", "host-a");
     assert_ne!(new, id);

@@ -245,6 +245,12 @@ impl Leases {
     /// from 0, so a reclaim settles that use and gives the rest back. A manager whose
     /// uses are not committed so (the default) grants slices whose use is not known:
     /// settled whole when reclaimed.
+    ///
+    /// **It is the whole manager's, for every slice it grants from now on**, not a
+    /// grant's: call it only on a manager every use of whose slices is committed so (the
+    /// leased backend calls it on its own). A use of such a slice that is not committed
+    /// with its decision (a `Slices::take` outside the leased backend) is missing from
+    /// its committed use: a reclaim would settle less than was used, and give it back.
     pub fn commits_use(&self) {
         self.commits.store(true, Ordering::Relaxed);
     }
