@@ -65,7 +65,7 @@ use schema::{Statements, WRITE};
 pub use txn::PostgresTxn;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 10;
+pub const SCHEMA_VERSION: i32 = 11;
 
 /// The default bound on connecting and on each round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -393,7 +393,9 @@ $f$;
 /// `tally_leases_reclaimed` finds a scope's reclaimed slices.
 /// Step 10 was amended in place after it shipped (the partial index, and reclaimed
 /// slices counted only while their holder's epoch holds): a database found at 10 runs
-/// it again. Every statement in it is `CREATE OR REPLACE` or `IF NOT EXISTS`.
+/// it again, before the later steps (their functions replace step 10's). Every
+/// statement in it is `CREATE OR REPLACE` or `IF NOT EXISTS`. A database found later
+/// runs nothing again: no lock taken on a table at each open.
 const AMENDED: i32 = 10;
 
 pub(crate) const SCHEMA_V10: &str = "
@@ -423,6 +425,129 @@ BEGIN
     IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes s, LATERAL (
         SELECT coalesce(sum(attempts), 0) ra, coalesce(sum(nanos), 0) rn,
             coalesce(sum(effects), 0) re, coalesce(sum(polls), 0) rp
+        FROM tally_leases l JOIN tally_lease_holders h ON h.holder = l.holder AND h.epoch = l.epoch
+        WHERE l.kind = k AND l.key = name AND l.state = 'reclaimed') r
+      WHERE s.kind = k AND s.key = name
+      AND ((a > 0 AND cap_attempts IS NOT NULL AND settled_attempts - ra + held_attempts + a > cap_attempts)
+        OR (n > 0 AND NOT bill AND cap_nanos IS NOT NULL AND settled_nanos - rn + held_nanos + n > cap_nanos)
+        OR (e > 0 AND cap_effects IS NOT NULL AND settled_effects - re + held_effects + e > cap_effects)
+        OR (p > 0 AND cap_polls IS NOT NULL AND settled_polls - rp + held_polls + p > cap_polls))) THEN
+        RAISE EXCEPTION 'lease scope % %: no room left', k, name
+            USING ERRCODE = 'check_violation', DETAIL = 'exhausted';
+    END IF;
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes WHERE kind = k AND key = name) THEN
+        RAISE EXCEPTION 'lease scope % %: no room left beside the slices out', k, name
+            USING ERRCODE = 'check_violation';
+    END IF;
+END
+$f$;
+";
+
+/// Version 11: a slice's committed use (docs/FLEET.md, "Committed use"). Every decision
+/// at home commits, in its run's guarded write (`tally_home_write`, now with the slice it
+/// took on and the one it gave back on), the use it took of its slice and what it gave
+/// back, so `committed_*` of a held slice is always an upper bound of the net use its
+/// holder answered on it. The write locks the slice's row and is refused (the
+/// transaction fails, `serialization_failure` as a run taken back) unless the slice is
+/// held by this holder at this epoch and unexpired, or was returned by it at this epoch
+/// by a return that settled all it said it used (`covers_use`: that return said a use
+/// counting this one: the holder counts a use before its decision is queued, and
+/// returns a slice only after); the committed use never passes the slice. A reclaim
+/// settles the committed use, records it (`used_*`) and gives the rest back; a late
+/// return starts from what it recorded (NULL, a schema-10 build's reclaim: the whole
+/// slice), and where that is less than its holder says, settles nothing and leaves
+/// `covers_use` false; an adoption starts from the committed use. NULL committed use (a
+/// slice granted by a manager that commits no use, or out before this version): not
+/// known, settled whole as before (and a use on it checked as above, never counted).
+/// `tally_lease_step`'s `exhausted` counts of a reclaimed slice what its return may still
+/// refund: what its reclaim settled above its committed use. The columns are added only
+/// where missing and the CHECK `NOT VALID` (new columns, all NULL: no scan under the
+/// table's lock).
+pub(crate) const SCHEMA_V11: &str = "
+DO $d$ BEGIN
+    IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'tally_leases'::regclass AND NOT attisdropped
+        AND attname IN ('committed_attempts', 'committed_nanos', 'committed_effects', 'committed_polls',
+            'covers_use')) < 5 THEN
+        ALTER TABLE tally_leases
+            ADD COLUMN IF NOT EXISTS committed_attempts bigint, ADD COLUMN IF NOT EXISTS committed_nanos bigint,
+            ADD COLUMN IF NOT EXISTS committed_effects bigint, ADD COLUMN IF NOT EXISTS committed_polls bigint,
+            ADD COLUMN IF NOT EXISTS covers_use boolean;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'tally_leases_committed_within') THEN
+        ALTER TABLE tally_leases ADD CONSTRAINT tally_leases_committed_within CHECK (
+            (committed_attempts IS NULL) = (committed_nanos IS NULL)
+            AND (committed_attempts IS NULL) = (committed_effects IS NULL)
+            AND (committed_attempts IS NULL) = (committed_polls IS NULL)
+            AND coalesce(committed_attempts BETWEEN 0 AND attempts, true)
+            AND coalesce(committed_nanos BETWEEN 0 AND nanos, true)
+            AND coalesce(committed_effects BETWEEN 0 AND effects, true)
+            AND coalesce(committed_polls BETWEEN 0 AND polls, true)) NOT VALID;
+    END IF;
+END $d$;
+CREATE OR REPLACE FUNCTION tally_home_write(n text, s bytea, o boolean, h text, he bigint,
+    expected text, expected_epoch bigint, me text, me_epoch bigint, took_on bigint,
+    took bigint[], gave_on bigint, gave bigint[], at timestamptz)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM tally_home_write(n, s, o, h, he, expected, expected_epoch);
+    IF gave_on IS NOT NULL THEN
+        UPDATE tally_leases SET
+            committed_attempts = greatest(committed_attempts - gave[1], 0),
+            committed_nanos = greatest(committed_nanos - gave[2], 0),
+            committed_effects = greatest(committed_effects - gave[3], 0),
+            committed_polls = greatest(committed_polls - gave[4], 0)
+        WHERE id = gave_on AND holder = me AND epoch = me_epoch AND state = 'held'
+          AND committed_attempts IS NOT NULL;
+    END IF;
+    IF took_on IS NULL THEN
+        RETURN;
+    END IF;
+    UPDATE tally_leases SET
+        committed_attempts = committed_attempts + CASE WHEN attempts = 0 THEN 0 ELSE took[1] END,
+        committed_nanos = committed_nanos + CASE WHEN nanos = 0 THEN 0 ELSE took[2] END,
+        committed_effects = committed_effects + CASE WHEN effects = 0 THEN 0 ELSE took[3] END,
+        committed_polls = committed_polls + CASE WHEN polls = 0 THEN 0 ELSE took[4] END
+    WHERE id = took_on AND holder = me AND epoch = me_epoch AND state = 'held'
+      AND expires_at > coalesce(at, now())
+      AND (attempts = 0 OR coalesce(committed_attempts, 0) + took[1] <= attempts)
+      AND (nanos = 0 OR coalesce(committed_nanos, 0) + took[2] <= nanos)
+      AND (effects = 0 OR coalesce(committed_effects, 0) + took[3] <= effects)
+      AND (polls = 0 OR coalesce(committed_polls, 0) + took[4] <= polls);
+    IF FOUND OR EXISTS (SELECT 1 FROM tally_leases WHERE id = took_on AND holder = me
+        AND epoch = me_epoch AND state = 'returned' AND covers_use) THEN
+        RETURN;
+    END IF;
+    RAISE EXCEPTION 'slice % of run % is no longer held by this host (reclaimed, expired, or its holder restarted): retry', took_on, n
+        USING ERRCODE = 'serialization_failure', DETAIL = 'slice ended';
+END
+$f$;
+CREATE OR REPLACE FUNCTION tally_lease_step(k text, name text, a bigint, n bigint, e bigint, p bigint,
+    r boolean, bill boolean)
+RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    IF r IS NOT NULL THEN
+        UPDATE tally_lease_scopes SET revoked = r WHERE kind = k AND key = name;
+    END IF;
+    IF a = 0 AND n = 0 AND e = 0 AND p = 0 THEN
+        RETURN;
+    END IF;
+    UPDATE tally_lease_scopes SET
+        settled_attempts = greatest(settled_attempts + a, 0),
+        settled_nanos = greatest(settled_nanos + n, 0),
+        settled_effects = greatest(settled_effects + e, 0),
+        settled_polls = greatest(settled_polls + p, 0),
+        billed_nanos = CASE WHEN NOT bill OR cap_nanos IS NULL THEN billed_nanos ELSE greatest(billed_nanos,
+            greatest(settled_nanos + n, 0) + held_nanos + leased_nanos - cap_nanos) END
+    WHERE kind = k AND key = name
+      AND (a <= 0 OR cap_attempts IS NULL OR settled_attempts + held_attempts + leased_attempts + a <= cap_attempts)
+      AND (n <= 0 OR bill OR cap_nanos IS NULL OR settled_nanos + held_nanos + leased_nanos + n <= cap_nanos)
+      AND (e <= 0 OR cap_effects IS NULL OR settled_effects + held_effects + leased_effects + e <= cap_effects)
+      AND (p <= 0 OR cap_polls IS NULL OR settled_polls + held_polls + leased_polls + p <= cap_polls);
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM tally_lease_scopes s, LATERAL (
+        SELECT coalesce(sum(coalesce(used_attempts, attempts) - coalesce(committed_attempts, 0)), 0) ra,
+            coalesce(sum(coalesce(used_nanos, nanos) - coalesce(committed_nanos, 0)), 0) rn,
+            coalesce(sum(coalesce(used_effects, effects) - coalesce(committed_effects, 0)), 0) re,
+            coalesce(sum(coalesce(used_polls, polls) - coalesce(committed_polls, 0)), 0) rp
         FROM tally_leases l JOIN tally_lease_holders h ON h.holder = l.holder AND h.epoch = l.epoch
         WHERE l.kind = k AND l.key = name AND l.state = 'reclaimed') r
       WHERE s.kind = k AND s.key = name
@@ -472,10 +597,13 @@ impl Migration<'_> {
     fn steps(&self, client: &tokio_postgres::Client) -> Result<(), crate::PostgresError> {
         self.wait(
             "to create the schema",
-            client.batch_execute(
-                "BEGIN; SELECT pg_advisory_xact_lock(7400331); \
-                 CREATE TABLE IF NOT EXISTS tally_schema (version integer NOT NULL);",
-            ),
+            client.batch_execute(&format!(
+                "BEGIN; SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock(7400331); \
+                     CREATE TABLE IF NOT EXISTS tally_schema (version integer NOT NULL);",
+                // Within the round trip's bound: the server ends a statement
+                // queued behind another's lock and answers, before the bound.
+                (self.timeout.as_millis() / 2).max(1)
+            )),
         )?;
         let rows = self.wait(
             "to read the schema version",
@@ -484,7 +612,7 @@ impl Migration<'_> {
         let found: Option<i32> = rows.first().and_then(|r| r.get(0));
         let all = [
             SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
-            SCHEMA_V9, SCHEMA_V10,
+            SCHEMA_V9, SCHEMA_V10, SCHEMA_V11,
         ];
         let from = match found {
             None => 0,
@@ -498,9 +626,11 @@ impl Migration<'_> {
             Some(v) => usize::try_from(v).unwrap_or(0).min(all.len()),
         };
         let steps = &all[from..];
+        // A database already at the amended version may hold its first form: its step is
+        // idempotent, so it is run again (the version is not recorded again), before the
+        // later steps (whose functions replace its own). A database at a later version
+        // had it run already: nothing is run again (no table lock taken at each open).
         if found == Some(AMENDED) {
-            // A database already at this version may hold its first form: its step is
-            // idempotent, so it is run again (the version is not recorded again).
             self.wait("to update the schema", client.batch_execute(SCHEMA_V10))?;
         }
         if !steps.is_empty() {
@@ -540,6 +670,8 @@ pub(crate) fn migrate(
     });
     let result = m.steps(&client);
     drop(client);
-    let _ = rt.block_on(task);
+    // The connection ends once the server answered what was sent: within the bound
+    // (its `lock_timeout` ends a statement queued behind a lock), else left to end.
+    let _ = rt.block_on(async { tokio::time::timeout(timeout, task).await });
     result
 }

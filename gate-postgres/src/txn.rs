@@ -326,14 +326,16 @@ impl PostgresTxn<'_> {
                     return Err(e);
                 }
             }
-            let stepped = step_scopes(client, st, steps);
+            // The runs' writes (which lock their slices' rows) before the scopes' steps:
+            // a return and a reclaim lock a slice before its scope too.
             let homed = write_homes(client, &st.home_write, homes);
-            let (_, _, _, stepped, homed, version, committed) = tokio::join!(
+            let stepped = step_scopes(client, st, steps);
+            let (_, _, _, homed, stepped, version, committed) = tokio::join!(
                 began.as_mut(),
                 guarded.as_mut(),
                 written.as_mut(),
-                stepped,
                 homed,
+                stepped,
                 client.query_one(&st.next_version, &[]),
                 client.batch_execute("COMMIT")
             );
@@ -611,8 +613,31 @@ pub(crate) async fn write_homes(
             h.expected.as_ref().map(|h| &h.0),
             h.expected.as_ref().map(|h| h.1),
         );
-        let p: [&(dyn ToSql + Sync); 7] =
-            [&h.run, &h.state, &h.open, &home, &epoch, &was, &was_epoch];
+        let (me, me_epoch) = (&h.slices.holder.0, h.slices.holder.1);
+        let (took_on, took) = (
+            h.slices.took.map(|t| t.0),
+            h.slices.took.map(|t| t.1.to_vec()),
+        );
+        let (gave_on, gave) = (
+            h.slices.gave.map(|t| t.0),
+            h.slices.gave.map(|t| t.1.to_vec()),
+        );
+        let p: [&(dyn ToSql + Sync); 14] = [
+            &h.run,
+            &h.state,
+            &h.open,
+            &home,
+            &epoch,
+            &was,
+            &was_epoch,
+            me,
+            &me_epoch,
+            &took_on,
+            &took,
+            &gave_on,
+            &gave,
+            &h.slices.at,
+        ];
         client.query(statement, &p).await
     }))
     .await
@@ -628,6 +653,23 @@ pub(crate) struct HomeWrite {
     pub(crate) home: Option<(String, i64)>,
     /// The home the copy was read under: the write fails unless the row still says so.
     pub(crate) expected: Option<(String, i64)>,
+    /// The use the decision committed on this holder's slices of the run's scope.
+    pub(crate) slices: SliceWrite,
+}
+
+/// What a decision at home took of a slice and gave back on one, committed with its
+/// run's write (`schema::SCHEMA_V11`): the take refused, failing the transaction, unless
+/// the slice is still held by `holder` (or was returned by it, the return counting it).
+#[derive(Clone, Debug)]
+pub(crate) struct SliceWrite {
+    /// This holder and its epoch.
+    pub(crate) holder: (String, i64),
+    /// The slice taken on, and the use (attempts, nanodollars, side effects, polls).
+    pub(crate) took: Option<(i64, [i64; 4])>,
+    /// The slice given back on, and what.
+    pub(crate) gave: Option<(i64, [i64; 4])>,
+    /// The lease manager's time (`None`: the database's), against the slice's expiry.
+    pub(crate) at: Option<std::time::SystemTime>,
 }
 
 /// What a leased decision writes besides what the transaction read: its runs at home,

@@ -96,6 +96,17 @@ fn unanswered(
     (relay, gate, records)
 }
 
+/// The committed attempts of the run's slice held (`docs/FLEET.md`, "Committed use").
+fn held_slice_committed(cluster: &Cluster) -> String {
+    cluster
+        .psql(
+            "SELECT committed_attempts FROM tally_leases \
+             WHERE kind = 'run' AND key = 'l' AND state = 'held'",
+        )
+        .trim()
+        .to_owned()
+}
+
 fn count(gate: &Gate<Leased>, name: &str) -> u64 {
     use tally_gate::backend::StateBackend;
     gate.backend()
@@ -119,6 +130,11 @@ fn a_group_whose_commit_landed_and_whose_answer_was_lost_is_refused_and_counted_
     assert_eq!(tag, "COMMIT", "the server committed the group");
     assert_eq!(count(&gate, "group_refused"), 1);
     assert_eq!(count(&gate, "group_unsure"), 1);
+    assert_eq!(
+        held_slice_committed(&cluster),
+        "2",
+        "the slice's committed use holds the landed decision, as the run's row does"
+    );
     gate.ledger().flush().expect("flush");
     assert_eq!(
         gate.ledger().snapshot().size(),
@@ -162,6 +178,11 @@ fn a_group_whose_commit_never_reached_the_server_is_refused_and_the_row_read_aga
     let cut = relay.cut.recv_timeout(Duration::from_secs(60));
     assert_eq!(cut.expect("the relay cut a COMMIT"), "unsent");
     assert_eq!(count(&gate, "group_unsure"), 1);
+    assert_eq!(
+        held_slice_committed(&cluster),
+        "1",
+        "rolled back: neither the slice's committed use nor the row holds it"
+    );
     gate.ledger().flush().expect("flush");
     assert_eq!(gate.ledger().snapshot().size(), records, "nothing recorded");
     // Reconnected, the row is read as it is (rolled back): attempt 2 is the next one.

@@ -205,8 +205,8 @@ async fn kill_9_of_a_runs_home_gives_its_slice_back_once_after_expiry_and_margin
         .expect("two counts");
     assert_eq!(held, 0, "the dead daemon's slices are all back");
     assert!(reclaimed >= 1, "its slice of the run was reclaimed");
-    // A reclaim counts the slice as spent whole: the scope settled at least what the
-    // ledgers allowed, never less.
+    // A reclaim settles the slice's committed use (every decision committed on it,
+    // answered or not): the scope settled at least what the ledgers allowed, never less.
     fleet.stop();
     merged_audit_is_one(&fleet, &["k"], Replayed::CrashGapsAllowed);
     let per_host = acknowledged_are_in_ledgers(&fleet, "k", &seen);

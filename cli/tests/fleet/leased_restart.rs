@@ -100,8 +100,9 @@ async fn a_postgres_restart_under_leased_load_refuses_then_recovers_with_every_s
     }
     fleet.stop();
     let (_, given, issued) = none_lost_state_at_most_one_ahead(&fleet, "lr", &seen, &standing);
-    // The scope counts at least what was allowed (a slice lost or reclaimed counts whole:
-    // the conservative side), and nothing is out once every daemon stopped.
+    // The scope counts at least what was allowed (a slice reclaimed, a lost one too,
+    // settles its committed use: every decision committed on it, answered or not), and
+    // nothing is out once every daemon stopped.
     let [settled] = scope_attempts(&cluster, "lr");
     assert!(
         settled >= given,
@@ -115,7 +116,7 @@ async fn a_postgres_restart_under_leased_load_refuses_then_recovers_with_every_s
     eprintln!(
         "leased, PostgreSQL restart: 20 allows in the fleet {:.1} s after pg_ctl start \
          returned; the run at home on host{home}, then on {home_after:?}; {given} allows in the ledgers, the state issued {issued}, the scope \
-         settled {settled}; {lost} slice returns refused (spent whole)",
+         settled {settled}; {lost} slice returns refused (left to be reclaimed)",
         recovered.as_secs_f64()
     );
 }

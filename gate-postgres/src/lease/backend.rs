@@ -110,6 +110,9 @@ impl Leased {
         slices: Arc<Slices>,
         limits: ViewLimits,
     ) -> std::io::Result<Leased> {
+        // Every use of its slices is committed with its decision (`runs`): its slices
+        // count their committed use, which a reclaim settles.
+        slices.leases().commits_use();
         let (central, views) = (Arc::new(central), Arc::new(Views::new(limits)));
         let (c, v, s) = (
             Arc::downgrade(&central),

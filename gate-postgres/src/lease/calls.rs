@@ -14,7 +14,14 @@ enum Found {
     Stale(i64),
     NotHolder,
     Returned,
-    Open { reclaimed: bool, granted: Amounts },
+    Open {
+        reclaimed: bool,
+        granted: Amounts,
+        /// Its committed use (`None`: not known).
+        committed: Option<Amounts>,
+        /// Reclaimed: what its reclaim settled (`None`: not recorded, the whole slice).
+        settled: Option<Amounts>,
+    },
 }
 
 impl Leases {
@@ -117,12 +124,12 @@ impl Leases {
             &self.holder,
             &self.epoch,
         );
-        let (ttl, now) = (ms(self.options.ttl), self.now());
+        let (ttl, now, commits) = (ms(self.options.ttl), self.now(), self.commits());
         let rows = self.with("to grant a slice", async |db| {
             db.query(
                 sql::GRANT,
                 &[
-                    &kind, &key, holder, epoch, &w[0], &w[1], &w[2], &w[3], &ttl, &now,
+                    &kind, &key, holder, epoch, &w[0], &w[1], &w[2], &w[3], &ttl, &now, &commits,
                 ],
             )
             .await
@@ -137,6 +144,7 @@ impl Leases {
                 granted_at,
                 expires_at,
                 valid_for: self.options.ttl,
+                committed: commits.then(Amounts::default),
             }));
         }
         self.why_refused(scope)
@@ -218,8 +226,12 @@ impl Leases {
 
     /// Give a slice back, saying what of it was `used`: the used part is settled, the
     /// rest goes back to the scope. Once: a second return of the same lease changes
-    /// nothing ([`Released::Already`]). A slice reclaimed meanwhile (counted as spent
-    /// whole) has its unused part refunded now ([`Released::Refunded`]).
+    /// nothing ([`Released::Already`]). A slice reclaimed meanwhile settled its
+    /// committed use (or, not known, the whole slice): where that covers `used`, what it
+    /// settled beyond `used` is refunded now ([`Released::Refunded`]); where it does not
+    /// (uses counted, not committed yet) nothing moves, and those uses are refused at
+    /// their commit ([`Released::Late`]). A slice whose committed use is known never
+    /// settles less than it (the decisions committed on it are in their runs' rows).
     pub fn release(&self, id: i64, used: Amounts) -> Result<Released, LeaseError> {
         let u = bigs("used", &used)?;
         let (holder, epoch, now) = (&self.holder, self.epoch, self.now());
@@ -238,28 +250,33 @@ impl Leases {
                 (_, Some(r)) => Found::Open {
                     reclaimed: r.get::<_, &str>(1) == "reclaimed",
                     granted: amounts_at(r, 4),
+                    committed: super::committed_at(r, 8),
+                    settled: super::committed_at(r, 12),
                 },
             };
             let mut released = None;
-            if let (Found::Open { reclaimed, granted }, Some(r)) = (&found, &row) {
+            if let (
+                Found::Open {
+                    reclaimed,
+                    granted,
+                    committed,
+                    settled,
+                },
+                Some(r),
+            ) = (&found, &row)
+            {
                 if used.within(granted) {
-                    let g = granted.each().map(|n| i64::try_from(n).unwrap_or(i64::MAX));
-                    // Held: leased down by the slice, settled up by the used part.
-                    // Reclaimed (settled whole already): settled down by the unused part.
-                    let (leased, settled) = if *reclaimed {
-                        ([0; 4], [0, 1, 2, 3].map(|i| u[i] - g[i]))
-                    } else {
-                        (g, u)
-                    };
+                    let was = reclaimed.then(|| settled.unwrap_or(*granted));
+                    let s = settles(was, granted, *committed, u);
                     let (kind, key): (&str, &str) = (r.get(2), r.get(3));
-                    db.execute(sql::CLOSE, &[&id, &u[0], &u[1], &u[2], &u[3], &now])
-                        .await?;
-                    move_amounts(db, kind, key, leased, settled).await?;
-                    released = Some(if *reclaimed {
-                        Released::Refunded
-                    } else {
-                        Released::Returned
-                    });
+                    let (c, covers) = (s.closed, s.released != Released::Late);
+                    db.execute(
+                        sql::CLOSE,
+                        &[&id, &c[0], &c[1], &c[2], &c[3], &now, &covers],
+                    )
+                    .await?;
+                    move_amounts(db, kind, key, s.leased, s.settled).await?;
+                    released = Some(s.released);
                 }
             }
             db.batch_execute("COMMIT").await?;
@@ -284,9 +301,11 @@ impl Leases {
     }
 
     /// Reclaim every slice (of any holder) that expired more than the margin ago: each
-    /// is counted as spent whole (its holder may have spent all of it before its
-    /// expiry) and no longer leased; its holder's late return refunds the unused part.
-    /// Each slice is reclaimed once, whoever calls this, however often.
+    /// settles its committed use (or, where that is not known, is counted as spent
+    /// whole: its holder may have spent all of it before its expiry) and is no longer
+    /// leased; the rest goes back to the scope now (a slice spent whole: at its
+    /// holder's late return, which refunds the unused part). Each slice is reclaimed
+    /// once, whoever calls this, however often.
     pub fn reclaim_expired(&self) -> Result<Vec<Reclaimed>, LeaseError> {
         let (margin, now) = (ms(self.options.margin), self.now());
         self.with("to reclaim expired slices", async |db| {
@@ -300,22 +319,83 @@ impl Leases {
                     scope: scope_at(r, 1),
                     holder: r.get(3),
                     granted: amounts_at(r, 4),
+                    settled: amounts_at(r, 8),
                 })
                 .collect();
-            // One update per scope, in the scopes' order.
-            let mut per: std::collections::BTreeMap<&Scope, [i64; 4]> = Default::default();
+            // One update per scope, in the scopes' order: leased down by the slices,
+            // settled up by what each settles.
+            type Sums = ([i64; 4], [i64; 4]);
+            let mut per: std::collections::BTreeMap<&Scope, Sums> = Default::default();
+            let big = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
             for r in &reclaimed {
-                let sum = per.entry(&r.scope).or_default();
-                for (s, g) in sum.iter_mut().zip(r.granted.each()) {
-                    *s += i64::try_from(g).unwrap_or(i64::MAX);
+                let (leased, settled) = per.entry(&r.scope).or_default();
+                for (i, (g, u)) in r
+                    .granted
+                    .each()
+                    .into_iter()
+                    .zip(r.settled.each())
+                    .enumerate()
+                {
+                    leased[i] += big(g);
+                    settled[i] += big(u);
                 }
             }
-            for (scope, sum) in per {
-                move_amounts(db, scope.kind.as_str(), &scope.key, sum, sum).await?;
+            for (scope, (leased, settled)) in per {
+                move_amounts(db, scope.kind.as_str(), &scope.key, leased, settled).await?;
             }
             db.batch_execute("COMMIT").await?;
             Ok(reclaimed)
         })
+    }
+}
+
+/// What a return moves ([`settles`]).
+struct Settles {
+    /// The scope's leased amounts down by this.
+    leased: [i64; 4],
+    /// Its settled amounts up by this (negative: down).
+    settled: [i64; 4],
+    /// The use the slice closes with (what is settled of it).
+    closed: [i64; 4],
+    released: Released,
+}
+
+/// What a return of a slice covering `granted` with `committed` use (`None`: not known)
+/// moves, its holder saying it used `u`; `reclaimed`: what its reclaim settled (`None`:
+/// held). Held: leased down by the slice, the greater of `u` and the committed use
+/// settled. Reclaimed: settled down to the greater of `u` and the committed use, never
+/// up (the rest went back to the scope at the reclaim, and may be leased again): where
+/// the reclaim settled less than that (its committed use, the holder counting uses not
+/// committed yet) nothing moves, and those uses are refused at their commit
+/// ([`Released::Late`]).
+fn settles(
+    reclaimed: Option<Amounts>,
+    granted: &Amounts,
+    committed: Option<Amounts>,
+    u: [i64; 4],
+) -> Settles {
+    let big = |a: &Amounts| a.each().map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+    let g = big(granted);
+    let floor = committed.as_ref().map_or([0; 4], big);
+    let used = [0, 1, 2, 3].map(|i| u[i].max(floor[i]));
+    let Some(was) = reclaimed.as_ref().map(big) else {
+        return Settles {
+            leased: g,
+            settled: used,
+            closed: used,
+            released: Released::Returned,
+        };
+    };
+    let now = [0, 1, 2, 3].map(|i| used[i].min(was[i]));
+    Settles {
+        leased: [0; 4],
+        settled: [0, 1, 2, 3].map(|i| now[i] - was[i]),
+        closed: now,
+        released: if now == used {
+            Released::Refunded
+        } else {
+            Released::Late
+        },
     }
 }
 

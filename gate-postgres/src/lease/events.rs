@@ -29,14 +29,16 @@ pub enum LeaseEvent {
         released: Released,
     },
     /// A slice could not be kept nor returned (revoked and refused, or fenced off by a
-    /// newer epoch): it expires and is reclaimed as spent whole.
+    /// newer epoch): it expires and is reclaimed (its committed use settled, or the
+    /// whole slice where that is not known).
     Lost {
         /// The slice.
         lease: Lease,
         /// Why.
         why: String,
     },
-    /// A slice past its expiry and the margin was reclaimed (counted as spent whole).
+    /// A slice past its expiry and the margin was reclaimed (its committed use settled,
+    /// or the whole slice where that is not known: [`Reclaimed::settled`]).
     Reclaimed(Reclaimed),
     /// A use was refused for want of a slice (no room, or no database).
     Refused {

@@ -19,7 +19,7 @@ use tally_policy::{fits_in_slice, slice_for, SliceSize, SliceUse};
 
 use super::events::{on_lease_event, LeaseEvent, LeaseMetrics, Sink};
 use super::tick::Ticked;
-use super::types::{Amounts, Grant, Lease, LeaseError, Spent};
+use super::types::{Amounts, Grant, Lease, LeaseError, Released, Spent};
 use super::{Leases, Scope};
 
 /// How a holder sizes, keeps and gives back its slices.
@@ -116,11 +116,30 @@ pub(super) struct Local {
     /// When this holder was last granted a slice of a scope (it then counts among the
     /// hosts the outlook saw).
     granted: BTreeMap<Scope, Instant>,
+    /// Slices whose return settled all this holder said it used of them
+    /// ([`Released::Returned`] or [`Released::Refunded`]), and what of that a use
+    /// rolled back since may still give back ([`Slices::untake`]). The latest
+    /// [`COVERED`] only (a use rolls back within a group commit's time of its take).
+    covered: BTreeMap<i64, Amounts>,
+}
+
+/// How many returned slices [`Local::covered`] remembers.
+const COVERED: usize = 4096;
+
+/// Slice `id`'s return answered `r`: remembered if it settled `used`.
+fn cover(local: &mut Local, id: i64, used: Amounts, r: &Result<Released, LeaseError>) {
+    if let Ok(Released::Returned | Released::Refunded) = r {
+        local.covered.insert(id, used);
+        while local.covered.len() > COVERED {
+            local.covered.pop_first();
+        }
+    }
 }
 
 /// Slices this holder stopped holding whose return the database refused (a used amount
-/// it would not take: [`LeaseEvent::Lost`]): left out to be reclaimed, spent whole,
-/// never given back at zero use by a tick that finds them unseen.
+/// it would not take: [`LeaseEvent::Lost`]): left out to be reclaimed (settling its
+/// committed use, or the whole slice where that is not known), never given back at zero
+/// use by a tick that finds them unseen.
 pub(super) type LostIds = BTreeSet<i64>;
 
 /// One holder's slices (one daemon), over its lease manager.
@@ -179,7 +198,8 @@ impl Held {
 impl Slices {
     /// A holder over `leases`: the slices it adopted (an earlier process of the same
     /// holder left them out) are given back first, each saying it used what `used_of`
-    /// says (what this holder's ledger recorded of it; the whole slice when unknown).
+    /// says (what this holder's ledger recorded of it, or its committed use; the whole
+    /// slice when unknown). A return never settles less than the committed use.
     pub fn open(
         leases: Leases,
         options: SliceOptions,
@@ -354,7 +374,7 @@ impl Slices {
                     local.held.insert(scope.clone(), h);
                     return Err(SliceError::Unavailable(e));
                 }
-                r => self.returned(h.lease, h.used, r),
+                r => self.returned_in(local, h.lease, h.used, r),
             }
         }
         let outlook = self
@@ -434,15 +454,31 @@ impl Slices {
     }
 
     /// A use of `need` in `scope` whose decision rolled back for certain, given back
-    /// where it was counted: on slice `on` while this holder still holds it; otherwise
-    /// (taken centrally, `None`; or its slice went back since, saying it used it) the
-    /// scope is settled down by it ([`Leases::unspend`]). A give-back the database did
-    /// not answer is not retried: the room stays counted (the closed side).
+    /// where it was counted: on slice `on` while this holder still holds it; taken
+    /// centrally (`None`), the scope is settled down by it ([`Leases::unspend`]); its
+    /// slice returned since by a return that settled the use (it said a use counting
+    /// this one: [`Released::Returned`], [`Released::Refunded`]), the scope is settled
+    /// down by it, within what that return said. Otherwise the room stays counted (the
+    /// closed side): the slice was reclaimed (settling its committed use, which this use
+    /// is not part of), lost, or its return is not answered yet. A give-back the
+    /// database did not answer is not retried: the room stays counted.
     pub fn untake(&self, scope: &Scope, on: Option<i64>, need: Amounts) {
-        if on.is_some_and(|id| self.give_on(scope, id, need)) {
-            return;
+        let need = match on {
+            None => need,
+            Some(id) if self.give_on(scope, id, need) => return,
+            Some(id) => match self.lock().covered.get_mut(&id) {
+                Some(left) => {
+                    let (l, n) = (left.each(), need.each());
+                    let back = [0, 1, 2, 3].map(|i| l[i].min(n[i]));
+                    *left = Amounts::from_each([0, 1, 2, 3].map(|i| l[i] - back[i]));
+                    Amounts::from_each(back)
+                }
+                None => return,
+            },
+        };
+        if need != Amounts::default() {
+            let _ = self.leases.unspend(scope, need);
         }
-        let _ = self.leases.unspend(scope, need);
     }
 
     /// Return a slice saying `used`, without the holder's lock while the database
@@ -465,15 +501,35 @@ impl Slices {
             local.unreturned.push((lease, used));
             return;
         }
-        self.returned(lease, used, r);
+        self.returned_in(local, lease, used, r);
     }
 
+    /// A return answered: remembered where it settled `used` ([`Local::covered`]), and
+    /// said (returned, or lost).
     pub(super) fn returned(
         &self,
         lease: Lease,
         used: Amounts,
         r: Result<super::Released, LeaseError>,
     ) {
+        cover(&mut self.lock(), lease.id, used, &r);
+        self.said(lease, used, r);
+    }
+
+    /// [`Slices::returned`], under the holder's lock.
+    pub(super) fn returned_in(
+        &self,
+        local: &mut Local,
+        lease: Lease,
+        used: Amounts,
+        r: Result<super::Released, LeaseError>,
+    ) {
+        cover(local, lease.id, used, &r);
+        self.said(lease, used, r);
+    }
+
+    /// A return answered, said: returned, or lost (left to be reclaimed).
+    fn said(&self, lease: Lease, used: Amounts, r: Result<Released, LeaseError>) {
         let event = match r {
             Ok(released) => LeaseEvent::Returned {
                 lease,

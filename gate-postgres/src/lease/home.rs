@@ -44,9 +44,13 @@ pub(crate) const HOME_GUARD_SEALED: &str = "SELECT 1 / count(*)::int FROM (SELEC
 
 /// A run's state written by the holder it is at home on: $1 run, $2 state, $3 open,
 /// $4 and $5 the home after and its epoch (NULL once stopped), $6 and $7 the home the
-/// copy was read under. Fails the transaction if the row's home is not $6 and $7
-/// (`schema::SCHEMA_V9`).
-pub(crate) const HOME_WRITE: &str = "SELECT tally_home_write($1, $2, $3, $4, $5, $6, $7)";
+/// copy was read under, $8 and $9 this holder and its epoch, $10 and $11 the slice the
+/// decision took on and what (attempts, nanodollars, side effects, polls), $12 and $13
+/// the slice it gave back on and what, $14 the lease clock's time. Fails the
+/// transaction if the row's home is not $6 and $7 (`schema::SCHEMA_V9`), or the slice
+/// taken on is no longer held by this holder at this epoch (`schema::SCHEMA_V11`).
+pub(crate) const HOME_WRITE: &str =
+    "SELECT tally_home_write($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 
 /// A run at home on this holder: its state as the last decision left it.
 #[derive(Clone, Debug)]

@@ -25,7 +25,7 @@ mod sql;
 mod tick;
 mod types;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -86,6 +86,9 @@ pub struct Leases {
     epoch: i64,
     options: LeaseOptions,
     adopted: Vec<Lease>,
+    /// Every use of this manager's slices is committed with its decision (the leased
+    /// backend's): its slices' committed use is counted from 0 ([`Leases::commits_use`]).
+    commits: AtomicBool,
 }
 
 impl std::fmt::Debug for Leases {
@@ -179,7 +182,19 @@ fn lease_of(row: &Row) -> Lease {
         granted_at: row.get(8),
         expires_at: row.get(9),
         valid_for: interval_of(row, 10),
+        committed: committed_at(row, 11),
     }
+}
+
+/// Four nullable bigint columns from `at`, a slice's committed use (NULL: not known).
+fn committed_at(row: &Row, at: usize) -> Option<Amounts> {
+    row.get::<_, Option<i64>>(at).map(|_| {
+        let v = |i: usize| {
+            row.get::<_, Option<i64>>(at + i)
+                .map_or(0, |n| u64::try_from(n).unwrap_or(0))
+        };
+        Amounts::from_each([v(0), v(1), v(2), v(3)])
+    })
 }
 
 impl Leases {
@@ -203,6 +218,7 @@ impl Leases {
             epoch: 0,
             options: leases,
             adopted: Vec::new(),
+            commits: AtomicBool::new(false),
         };
         let (epoch, adopted) = manager.bump().map_err(|e| PostgresError::Database {
             target,
@@ -221,6 +237,32 @@ impl Leases {
     /// This manager's epoch.
     pub fn epoch(&self) -> i64 {
         self.epoch
+    }
+
+    /// From now on every use of this manager's slices is committed with its decision,
+    /// in the decision's transaction (`tally_home_write` with the slice: the leased
+    /// backend's decisions at home do): the slices it grants count their committed use
+    /// from 0, so a reclaim settles that use and gives the rest back. A manager whose
+    /// uses are not committed so (the default) grants slices whose use is not known:
+    /// settled whole when reclaimed.
+    ///
+    /// **It is the whole manager's, for every slice it grants from now on**, not a
+    /// grant's: call it only on a manager every use of whose slices is committed so (the
+    /// leased backend calls it on its own). A use of such a slice that is not committed
+    /// with its decision (a `Slices::take` outside the leased backend) is missing from
+    /// its committed use: a reclaim would settle less than was used, and give it back.
+    pub fn commits_use(&self) {
+        self.commits.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether this manager's slices count their committed use ([`Leases::commits_use`]).
+    pub(crate) fn commits(&self) -> bool {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// The manager's time, as the lease statements take it (`None`: the database's).
+    pub(crate) fn clock_now(&self) -> Option<SystemTime> {
+        self.now()
     }
 
     /// The holder's slices that were out when this manager opened (granted by an earlier

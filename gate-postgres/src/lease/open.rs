@@ -52,8 +52,10 @@ impl LeaseSetup {
 }
 
 /// The leased backend of `ledger`'s daemon: its slices adopted from an earlier process
-/// of the holder are given back first, each saying it used the whole slice unless
-/// `used_of` knows better (the conservative side).
+/// of the holder are given back first, each saying it used what `used_of` says, else
+/// the use its decisions committed on it ([`Lease::committed`]: what the runs' rows
+/// hold of it), else (not known: granted before its use was committed) the whole slice
+/// (the conservative side). A return never settles less than the committed use.
 pub fn open_leased(
     ledger: Arc<Ledger>,
     options: &Options,
@@ -66,7 +68,7 @@ pub fn open_leased(
     let slices = Slices::open(
         leases,
         setup.slices.clone(),
-        |l| used_of(l).unwrap_or(l.granted),
+        |l| used_of(l).or(l.committed).unwrap_or(l.granted),
         sink,
     );
     let target = central.target().to_owned();

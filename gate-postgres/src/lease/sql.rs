@@ -30,13 +30,14 @@ RETURNING epoch";
 pub(crate) const ADOPT: &str = "
 UPDATE tally_leases SET epoch = $2 WHERE holder = $1 AND state = 'held'
 RETURNING id, kind, key, epoch, attempts, nanos, effects, polls, granted_at, expires_at,
-    expires_at - granted_at";
+    expires_at - granted_at, committed_attempts, committed_nanos, committed_effects, committed_polls";
 
 /// This holder's slices out granted at its epoch $3 (an older epoch's are adopted or
 /// not this manager's): $1 holder, $2 $now.
 pub(crate) const HELD: &str = "
 SELECT id, kind, key, epoch, attempts, nanos, effects, polls, granted_at, expires_at,
-    greatest(expires_at - COALESCE($2::timestamptz, now()), interval '0')
+    greatest(expires_at - COALESCE($2::timestamptz, now()), interval '0'),
+    committed_attempts, committed_nanos, committed_effects, committed_polls
 FROM tally_leases WHERE holder = $1 AND state = 'held' AND epoch = $3 ORDER BY id";
 
 /// Define a scope, or change a defined scope's caps: $1 kind, $2 key, $3..$6 caps,
@@ -86,7 +87,9 @@ RETURNING 1";
 pub(crate) const KNOWN: &str = "SELECT 1 FROM tally_lease_scopes WHERE kind = $1 AND key = $2";
 
 /// Grant a slice in one statement: $1 kind, $2 key, $3 holder, $4 epoch, $5..$8 the
-/// slice, $9 its time to live in ms, $10 $now. No row: refused (see the module's doc).
+/// slice, $9 its time to live in ms, $10 $now, $11 whether its holder commits each use
+/// of it (its committed use starts at 0; else NULL: not known). No row: refused (see
+/// the module's doc).
 pub(crate) const GRANT: &str = "
 WITH h AS MATERIALIZED (
     SELECT 1 FROM tally_lease_holders WHERE holder = $3 AND epoch = $4 FOR SHARE
@@ -104,9 +107,10 @@ WITH h AS MATERIALIZED (
     SELECT COALESCE($10::timestamptz, now()) AS at
 )
 INSERT INTO tally_leases (kind, key, holder, epoch, attempts, nanos, effects, polls, state,
-    granted_at, expires_at)
-SELECT s.kind, s.key, $3, $4, $5, $6, $7, $8, 'held', t.at, t.at + $9::bigint * interval '1 millisecond'
-FROM s, t
+    granted_at, expires_at, committed_attempts, committed_nanos, committed_effects, committed_polls)
+SELECT s.kind, s.key, $3, $4, $5, $6, $7, $8, 'held', t.at, t.at + $9::bigint * interval '1 millisecond',
+    c.n, c.n, c.n, c.n
+FROM s, t, (SELECT CASE WHEN $11::boolean THEN 0::bigint END AS n) c
 RETURNING id, granted_at, expires_at";
 
 /// What a scope has left, the holder's epoch (why a grant matched nothing) and the
@@ -161,15 +165,22 @@ FROM tally_leases l WHERE l.id = $1";
 pub(crate) const HOLDER_SHARE: &str =
     "SELECT epoch FROM tally_lease_holders WHERE holder = $1 FOR SHARE";
 
-/// A lease, locked to the end of the return's transaction: $1 id.
+/// A lease, locked to the end of the return's transaction, its committed use (NULL:
+/// not known) and, reclaimed, what its reclaim settled (NULL: reclaimed by a build of
+/// schema 10, which settled it whole): $1 id.
 pub(crate) const LEASE_LOCK: &str = "
-SELECT holder, state, kind, key, attempts, nanos, effects, polls
+SELECT holder, state, kind, key, attempts, nanos, effects, polls,
+    committed_attempts, committed_nanos, committed_effects, committed_polls,
+    used_attempts, used_nanos, used_effects, used_polls
 FROM tally_leases WHERE id = $1 FOR UPDATE";
 
-/// Close a lease as returned: $1 id, $2..$5 used, $6 $now.
+/// Close a lease as returned: $1 id, $2..$5 used, $6 $now, $7 whether the return
+/// settled all its holder said it used (`covers_use`: a use its holder commits on it
+/// later is then counted; else refused, `schema::SCHEMA_V11`).
 pub(crate) const CLOSE: &str = "
 UPDATE tally_leases SET state = 'returned', used_attempts = $2, used_nanos = $3,
-    used_effects = $4, used_polls = $5, ended_at = COALESCE($6::timestamptz, now())
+    used_effects = $4, used_polls = $5, ended_at = COALESCE($6::timestamptz, now()),
+    covers_use = $7
 WHERE id = $1";
 
 /// Move amounts of a scope: leased down by $3..$6, settled up by $7..$10 (negative:
@@ -187,23 +198,37 @@ pub(crate) const RECLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(7400332)";
 
 /// Every held slice past its expiry and the margin, reclaimed: $1 margin in ms, $2
 /// $now. An `UPDATE` re-reads a row changed meanwhile, so a slice renewed or returned
-/// since the statement began is left alone; each slice is reclaimed once.
+/// since the statement began is left alone; each slice is reclaimed once. What it
+/// settles: its committed use, or the whole slice where that is not known (NULL). A
+/// use committed on it later is refused (`tally_home_write` wants it held), and one
+/// committed before is in the row this statement locks and reads. What it settled is
+/// kept in `used_*` (its holder's late return starts from it). The slices are locked in
+/// their ids' order, as a group's writes lock them (no two lockers cross).
 pub(crate) const RECLAIM: &str = "
-UPDATE tally_leases SET state = 'reclaimed', ended_at = COALESCE($2::timestamptz, now())
-WHERE state = 'held'
-  AND expires_at + $1::bigint * interval '1 millisecond' < COALESCE($2::timestamptz, now())
-RETURNING id, kind, key, holder, attempts, nanos, effects, polls";
+WITH due AS (
+    SELECT id FROM tally_leases
+    WHERE state = 'held'
+      AND expires_at + $1::bigint * interval '1 millisecond' < COALESCE($2::timestamptz, now())
+    ORDER BY id FOR UPDATE
+)
+UPDATE tally_leases l SET state = 'reclaimed', ended_at = COALESCE($2::timestamptz, now()),
+    used_attempts = coalesce(committed_attempts, attempts), used_nanos = coalesce(committed_nanos, nanos),
+    used_effects = coalesce(committed_effects, effects), used_polls = coalesce(committed_polls, polls)
+FROM due WHERE l.id = due.id AND l.state = 'held'
+RETURNING l.id, l.kind, l.key, l.holder, l.attempts, l.nanos, l.effects, l.polls,
+    l.used_attempts, l.used_nanos, l.used_effects, l.used_polls";
 
 /// Revoke (or restore) a scope's slices: $1 kind, $2 key, $3 revoked.
 pub(crate) const REVOKE: &str =
     "UPDATE tally_lease_scopes SET revoked = $3 WHERE kind = $1 AND key = $2";
 
 /// A scope, locked for a central spend, and whether $3..$6 would fit in it were no
-/// slice out, and every slice reclaimed (settled whole) whose holder may still give it
-/// back (its epoch still the slice's: not restarted, not fenced) refunded whole: only
-/// then is the scope out of room for good ($1 kind, $2 key). A reclaimed slice of an
-/// earlier epoch is never given back (`release` refuses a stale epoch, adoption moves
-/// only held slices): settled whole for good.
+/// slice out, and every reclaimed slice whose holder may still give it back (its epoch
+/// still the slice's: not restarted, not fenced) refunded all it may refund (what its
+/// reclaim settled, `used_*`, NULL: whole, above its committed use, NULL: 0): only then
+/// is the scope out of room for good ($1 kind, $2 key). A reclaimed slice of an earlier
+/// epoch is never given back (`release` refuses a stale epoch, adoption moves only held
+/// slices): settled for good; a return never settles less than the committed use.
 pub(crate) const SCOPE_LOCK: &str = "
 SELECT s.revoked,
     (cap_attempts IS NULL OR settled_attempts - r.a + held_attempts + $3 <= cap_attempts)
@@ -211,8 +236,10 @@ SELECT s.revoked,
     AND (cap_effects IS NULL OR settled_effects - r.e + held_effects + $5 <= cap_effects)
     AND (cap_polls IS NULL OR settled_polls - r.p + held_polls + $6 <= cap_polls)
 FROM tally_lease_scopes s, LATERAL (
-    SELECT coalesce(sum(attempts), 0)::bigint a, coalesce(sum(nanos), 0)::bigint n,
-        coalesce(sum(effects), 0)::bigint e, coalesce(sum(polls), 0)::bigint p
+    SELECT coalesce(sum(coalesce(used_attempts, attempts) - coalesce(committed_attempts, 0)), 0)::bigint a,
+        coalesce(sum(coalesce(used_nanos, nanos) - coalesce(committed_nanos, 0)), 0)::bigint n,
+        coalesce(sum(coalesce(used_effects, effects) - coalesce(committed_effects, 0)), 0)::bigint e,
+        coalesce(sum(coalesce(used_polls, polls) - coalesce(committed_polls, 0)), 0)::bigint p
     FROM tally_leases l JOIN tally_lease_holders h ON h.holder = l.holder AND h.epoch = l.epoch
     WHERE l.kind = s.kind AND l.key = s.key AND l.state = 'reclaimed') r
 WHERE s.kind = $1 AND s.key = $2 FOR UPDATE OF s";

@@ -140,6 +140,10 @@ pub struct Lease {
     /// How long it was valid for when the database answered: the holder's own deadline
     /// is the moment it sent the request plus this (never later than the database's).
     pub valid_for: Duration,
+    /// The use its holder's decisions had committed on it when it was read (granted,
+    /// adopted or listed): an upper bound of what the holder answered on it. `None`: not
+    /// known (granted by a manager whose uses are not committed, or before schema 11).
+    pub committed: Option<Amounts>,
 }
 
 /// What a grant gave.
@@ -180,9 +184,16 @@ pub enum Released {
     /// The slice was held: its unused part went back to the scope, its used part is
     /// settled.
     Returned,
-    /// The slice had been reclaimed (counted as spent whole): its unused part went back
-    /// to the scope now.
+    /// The slice had been reclaimed, settling at least what its holder said it used
+    /// (the whole slice where its use was not known): what it settled beyond that went
+    /// back to the scope now (nothing, where it settled exactly that). A use its holder
+    /// counted on it and commits later is counted in it.
     Refunded,
+    /// The slice had been reclaimed, settling its committed use, less than what its
+    /// holder said it used (uses counted, their decisions not committed yet): nothing
+    /// moved (the rest went back to the scope at the reclaim), and those uses are
+    /// refused at their commit: never answered, never counted.
+    Late,
     /// It was returned before: nothing changed (a return counts once).
     Already,
 }
@@ -196,8 +207,11 @@ pub struct Reclaimed {
     pub scope: Scope,
     /// Who held it.
     pub holder: String,
-    /// What it covered, now counted as settled.
+    /// What it covered.
     pub granted: Amounts,
+    /// What of it is now counted as settled: its committed use, or all it covered
+    /// where that is not known. The rest went back to the scope.
+    pub settled: Amounts,
 }
 
 /// What a scope has left and who leases from it.

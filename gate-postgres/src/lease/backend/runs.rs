@@ -13,7 +13,7 @@ use super::super::home::{self, Found, Home, TakenOn};
 use super::super::types::{Amounts, Caps, Scope, ScopeKind};
 use super::txn::{LeasedTxn, Moves};
 use crate::schema::{decode, encode};
-use crate::txn::{cap_params, HomeWrite, LeaseStep};
+use crate::txn::{cap_params, HomeWrite, LeaseStep, SliceWrite};
 
 impl LeasedTxn<'_> {
     /// A run named by the gate: at home here (kept: its row locked with the next
@@ -151,6 +151,12 @@ impl LeasedTxn<'_> {
         let m = home::moved(&was.state, now);
         let raise = tally_policy::raised_limit(&was.state, now).map(|l| cap_params(l.each()));
         let mut delta = [0i64; 4];
+        let mut slices = SliceWrite {
+            holder: self.backend.me_now(),
+            took: None,
+            gave: None,
+            at: self.backend.slices.leases().clock_now(),
+        };
         if m.took != Amounts::default() {
             let on = if m.bill || raise.is_some() {
                 delta = signed(&m.took);
@@ -158,6 +164,9 @@ impl LeasedTxn<'_> {
             } else {
                 self.take_on(&scope, m.took, moves)?
             };
+            if let TakenOn::Slice(id) = on {
+                slices.took = Some((id, signed(&m.took)));
+            }
             for a in home::opened(&was.state, now) {
                 moves.opened.push((name.to_owned(), a, on));
             }
@@ -165,7 +174,10 @@ impl LeasedTxn<'_> {
         let closed = home::closed(&was.state, now);
         if m.gave != Amounts::default() {
             match self.gave_on(name, &scope, &closed) {
-                Some(TakenOn::Slice(id)) => moves.gives.push((scope, id, m.gave)),
+                Some(TakenOn::Slice(id)) => {
+                    slices.gave = Some((id, signed(&m.gave)));
+                    moves.gives.push((scope, id, m.gave));
+                }
                 Some(TakenOn::Central) => {
                     let g = signed(&m.gave);
                     delta = [0, 1, 2, 3].map(|i| delta[i].saturating_sub(g[i]));
@@ -187,7 +199,10 @@ impl LeasedTxn<'_> {
                 raise,
             });
         }
-        moves.extra.homes.push(self.home_write(name, was, now));
+        moves
+            .extra
+            .homes
+            .push(self.home_write(name, was, now, slices));
         let kept = now.stop.is_none().then(|| Home {
             state: now.clone(),
             expected: Some(self.backend.me_now()),
@@ -245,7 +260,7 @@ impl LeasedTxn<'_> {
         untake(&self.backend.slices, &moves.takes);
     }
 
-    fn home_write(&self, name: &str, was: &Home, now: &RunState) -> HomeWrite {
+    fn home_write(&self, name: &str, was: &Home, now: &RunState, slices: SliceWrite) -> HomeWrite {
         let open = now.stop.is_none();
         HomeWrite {
             run: name.to_owned(),
@@ -253,6 +268,7 @@ impl LeasedTxn<'_> {
             open,
             home: open.then(|| self.backend.me_now()),
             expected: was.expected.clone(),
+            slices,
         }
     }
 
