@@ -360,8 +360,8 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
 /// a secret).
 fn shown(policy: &tally_policy::Policy) -> tally_policy::Policy {
     let mut shown = policy.clone();
-    for u in shown.upstreams.values_mut() {
-        u.url = tally_record::url::redacted(&u.url);
+    for url in shown.upstreams.values_mut().filter_map(|u| u.url.as_mut()) {
+        *url = tally_record::url::redacted(url);
     }
     for url in shown.mcp.values_mut().filter_map(|s| s.url.as_mut()) {
         *url = tally_record::url::redacted(url);

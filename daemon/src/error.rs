@@ -70,6 +70,10 @@ pub enum DaemonError {
     /// Notifications cannot start (the secret file, a receiver URL, the CA file).
     #[error("--notify: {0}")]
     Notify(String),
+    /// A proxy upstream's `url_file` cannot be read, or holds a URL a policy put in
+    /// force may not give (shown redacted).
+    #[error("proxy: {0}")]
+    UpstreamUrlFile(String),
     /// The proxy cannot start (a missing credential, a `ca_file`, the run token key).
     #[error("proxy: {0}")]
     Proxy(#[from] tally_proxy::ProxyError),

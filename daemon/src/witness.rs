@@ -30,6 +30,7 @@ use tally_ledger::tlog::policy::Policy;
 use tally_ledger::tlog::proof::ConsistencyProof;
 use tally_ledger::tlog::witness::{parse_cosignatures, Refusal, Witness};
 use tally_ledger::Ledger;
+use tally_record::url::{Scheme, UpstreamUrl};
 use tokio::net::TcpListener;
 
 /// Largest add-checkpoint body a witness reads.
@@ -87,22 +88,14 @@ impl WitnessClient {
     ) -> Result<HttpReply, String> {
         // Shown redacted: the URL may carry a secret.
         let shown = tally_record::url::redacted(url);
-        let uri: axum::http::Uri = url.parse().map_err(|e| format!("{shown}: {e}"))?;
-        let host = uri.host().ok_or_else(|| format!("{shown}: no host"))?;
-        match uri.scheme_str() {
-            Some("https") => {}
-            Some("http") if tally_policy::upstreams::loopback_host(host) => {}
-            Some("http") => {
-                return Err(format!(
-                    "{shown}: plain http:// only to a loopback host; use https://"
-                ))
-            }
-            _ => {
-                return Err(format!(
-                    "{shown}: only https:// (and http:// on loopback) URLs"
-                ))
-            }
+        // The one reading of a URL tally sends to: what is sent is the URL as written.
+        let read = UpstreamUrl::parse(url).map_err(|e| format!("{shown}: {e}"))?;
+        if read.scheme() == Scheme::Http && !read.is_loopback() {
+            return Err(format!(
+                "{shown}: plain http:// only to a loopback host; use https://"
+            ));
         }
+        let uri: axum::http::Uri = read.as_str().parse().map_err(|e| format!("{shown}: {e}"))?;
         let method: axum::http::Method = method
             .parse()
             .map_err(|_| format!("{method}: not a method"))?;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tally_gate::{GateError, Gatekeeper};
 use tally_policy::{Policy, Upstream};
+use tally_record::url::UpstreamUrl;
 use zeroize::Zeroizing;
 
 use crate::accept::Peer;
@@ -138,6 +139,9 @@ pub struct ProxyOptions {
     /// (default [`DEFAULT_READ_TIMEOUT`]); a body that does not is answered 408 and its
     /// connection closed, slow headers a closed connection.
     pub read_timeout: Duration,
+    /// The URL of each upstream given by `url_file`, read from its file when `tally
+    /// serve` starts (the daemon reads it, as it reads credentials), by upstream name.
+    pub urls: BTreeMap<String, UpstreamUrl>,
 }
 
 /// The time a request's headers, and then its body, have to arrive by default.
@@ -153,7 +157,14 @@ impl ProxyOptions {
             admit: None,
             tracer: None,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            urls: BTreeMap::new(),
         }
+    }
+
+    /// The same, with the URLs read from the `url_file`s of upstreams that have one.
+    pub fn with_urls(mut self, urls: BTreeMap<String, UpstreamUrl>) -> ProxyOptions {
+        self.urls = urls;
+        self
     }
 
     /// The same, each request's headers and then its body read within `limit` (not 0).
@@ -223,6 +234,31 @@ impl std::fmt::Debug for Proxy {
     }
 }
 
+/// Where upstream `name` is: its `url`, if a policy put in force may give it (a recorded
+/// policy's plain `http://` to another host is not forwarded to), or the URL read from
+/// its `url_file` (`urls`). An error shows the URL redacted.
+fn upstream_url(
+    name: &str,
+    u: &Upstream,
+    urls: &BTreeMap<String, UpstreamUrl>,
+) -> Result<UpstreamUrl, ProxyError> {
+    let bad = |url: &str, why: String| ProxyError::Url {
+        upstream: name.to_owned(),
+        url: tally_record::url::redacted(url),
+        why,
+    };
+    match (&u.url, &u.url_file) {
+        (Some(url), None) => {
+            tally_policy::upstreams::url_in_force(url).map_err(|why| bad(url, why))
+        }
+        (None, Some(_)) => urls
+            .get(name)
+            .cloned()
+            .ok_or_else(|| bad("", "its url_file was not read".into())),
+        _ => Err(bad("", "give `url` or `url_file`, one of them".into())),
+    }
+}
+
 fn client(name: &str, u: &Upstream) -> Result<HttpClient, ProxyError> {
     let ca_file = u.ca_file.as_deref().map(Path::new);
     crate::tls::https_client(ca_file).map_err(|e| match e {
@@ -272,31 +308,17 @@ impl Proxy {
                     credential: u.credential.clone(),
                 }
             })?;
-            let bad_url = |why: String| ProxyError::Url {
-                upstream: name.clone(),
-                url: tally_record::url::redacted(&u.url),
-                why,
-            };
-            // What a policy put in force could not give (a recorded policy's plain
-            // `http://` to another host) is not forwarded to.
-            if let Some((_, why)) = u.in_force_problem() {
-                return Err(bad_url(why));
-            }
-            let (scheme, authority, base) =
-                tally_policy::upstreams::split_url(&u.url).map_err(bad_url)?;
-            let uri: hyper::Uri = format!("{scheme}://{authority}/")
-                .parse()
-                .map_err(|e: hyper::http::uri::InvalidUri| bad_url(e.to_string()))?;
+            let url = upstream_url(name, u, &options.urls)?;
             let aws = aws_signer(name, u, secret)?;
             routes.insert(
                 name.clone(),
                 Route {
                     name: name.clone(),
                     upstream: u.clone(),
-                    scheme: scheme.to_owned(),
-                    authority: authority.to_owned(),
-                    host: uri.host().unwrap_or_default().to_owned(),
-                    base: base.to_owned(),
+                    scheme: url.scheme().as_str().to_owned(),
+                    authority: url.authority(),
+                    host: url.host().to_owned(),
+                    base: url.base().to_owned(),
                     secret: Zeroizing::new(secret.as_str().to_owned()),
                     aws,
                     client: client(name, u)?,

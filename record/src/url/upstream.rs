@@ -21,7 +21,7 @@ pub enum UrlError {
     #[error("is not a URL: write https://host[:port][/path]")]
     NotAUrl,
     /// A scheme other than `https` or `http` (in lower case).
-    #[error("the scheme must be https (or http), in lower case")]
+    #[error("the scheme must be https:// (or http://), in lower case")]
     Scheme,
     /// User info (`user:password@`) before the host.
     #[error(
