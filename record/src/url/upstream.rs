@@ -108,6 +108,8 @@ pub struct UpstreamUrl {
     port: Option<u16>,
     /// `""` where none was written, else starting with `/`.
     path: String,
+    /// After `?`, where [`UpstreamUrl::parse_with_query`] read one.
+    query: Option<String>,
 }
 
 /// The parts of a URL's text whose shape every build checked ([`UpstreamUrl::shape`]).
@@ -132,7 +134,29 @@ impl UpstreamUrl {
             host,
             port,
             path: shape.path.to_owned(),
+            query: None,
         })
+    }
+
+    /// `text` read as [`UpstreamUrl::parse`] reads it, but for a query after the path
+    /// (a notification receiver's webhook may take its token in one): visible ASCII, no
+    /// `#` and none of the characters the client percent-encodes in a query (`" < > '`).
+    pub fn parse_with_query(text: &str) -> Result<UpstreamUrl, UrlError> {
+        let Some((url, query)) = text.split_once('?') else {
+            return UpstreamUrl::parse(text);
+        };
+        let mut read = UpstreamUrl::parse(url)?;
+        if !query.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(UrlError::NotVisible);
+        }
+        if query.contains('#') {
+            return Err(UrlError::Fragment);
+        }
+        if let Some(c) = query.chars().find(|c| "\"<>'".contains(*c)) {
+            return Err(UrlError::Encoded(c));
+        }
+        read.query = Some(query.to_owned());
+        Ok(read)
     }
 
     /// What every build refused in a proxy upstream's URL: no `scheme://` of `http` or
@@ -197,9 +221,10 @@ impl UpstreamUrl {
     }
 
     /// The URL as it may be shown: `scheme://host[:port]`, then `/…` where a path other
-    /// than `/` followed ([`super::redacted`]).
+    /// than `/` or a query followed ([`super::redacted`]).
     pub fn shown(&self) -> String {
         let tail = match self.path.as_str() {
+            _ if self.query.is_some() => "/…",
             "" => "",
             "/" => "/",
             _ => "/…",
@@ -209,8 +234,13 @@ impl UpstreamUrl {
 
     /// The canonical form: what the client sends, and the `url` crate prints.
     pub fn as_str(&self) -> String {
+        let query = self
+            .query
+            .as_ref()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
         format!(
-            "{}://{}{}",
+            "{}://{}{}{query}",
             self.scheme.as_str(),
             self.authority(),
             self.path()
