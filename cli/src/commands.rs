@@ -329,9 +329,9 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
     } else {
         path.display().to_string()
     };
-    // An MCP server's or upstream's `url_file` is read as `tally serve` reads it (the URL it holds is
-    // checked as one written in the policy would be); one not readable here (a policy
-    // checked in CI, away from its secrets) is a warning.
+    // An MCP server's or upstream's `url_file` is read as `tally serve` reads it (the URL
+    // it holds is checked as one written in the policy would be); one not readable here
+    // (a policy checked in CI, away from its secrets) is a warning.
     let unread = tally_daemon::check_url_files(&recorded.policy).with_context(|| name.clone())?;
     outln!("# {name}: valid; digest {}", recorded.digest);
     out!("{}", shown(&recorded.policy).to_toml());
