@@ -438,6 +438,39 @@ fn policy_check_prints_urls_redacted() {
     holds_no_secret("tally policy check's output", &out);
 }
 
+/// The records of a ledger holding `text` as its policy, and a run started under it.
+fn recorded(text: &str) -> String {
+    let digest = tally_record::decision::policy_digest(text);
+    [
+        json!({"kind": "policy", "policy": digest, "policy_text": text}),
+        json!({"run": "r", "kind": "start", "at_ms": 0, "policy": digest, "budget": {
+            "attempts": 10, "deadline_ms": 60000, "spend_nanos": 1_000_000_000_u64,
+            "side_effects": 1, "polls": 1, "depth": 1}}),
+    ]
+    .iter()
+    .map(|d| format!("{d}\n"))
+    .collect()
+}
+
+/// A policy put in force whose MCP server's, or upstream's, URL has an `@` in its path
+/// (a team's handle) is recorded as written, and its ledger verifies and replays clean.
+#[test]
+fn a_ledger_under_a_url_with_an_at_sign_in_its_path_verifies() {
+    let text = "[mcp.x]\nurl = \"https://mcp.example/u/@me/mcp\"\n\n\
+                [upstreams.gw]\nurl = \"https://gw.example/t/@team/v1\"\nkind = \"openai\"\ncredential = \"key\"\n\n\
+                [prices.gw.\"m\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\n";
+    tally_policy::Policy::from_toml(text).expect("a policy put in force");
+    let dir = tempfile::tempdir().expect("tempdir");
+    tally().ledger(dir.path());
+    tally().ok(
+        dir.path(),
+        &["append", "--ledger", "ledger"],
+        &recorded(text),
+    );
+    let report: Value = tally().verifies(dir.path());
+    assert_eq!(report["replay"]["findings"], json!([]), "{report}");
+}
+
 /// A ledger an earlier build wrote under a policy whose upstream is plain `http://` to
 /// another host (such a policy is refused in force now) still verifies, and replays
 /// clean; a policy record no build accepted is a finding, its URL shown redacted.
@@ -445,18 +478,6 @@ fn policy_check_prints_urls_redacted() {
 fn a_ledger_recorded_under_a_plain_http_upstream_still_verifies() {
     let dir = tempfile::tempdir().expect("tempdir");
     tally().ledger(dir.path());
-    let recorded = |text: &str| -> String {
-        let digest = tally_record::decision::policy_digest(text);
-        [
-            json!({"kind": "policy", "policy": digest, "policy_text": text}),
-            json!({"run": "r", "kind": "start", "at_ms": 0, "policy": digest, "budget": {
-                "attempts": 10, "deadline_ms": 60000, "spend_nanos": 1_000_000_000_u64,
-                "side_effects": 1, "polls": 1, "depth": 1}}),
-        ]
-        .iter()
-        .map(|d| format!("{d}\n"))
-        .collect()
-    };
     let old = "[upstreams.gw]\nurl = \"http://10.0.0.7:8000/v1\"\nkind = \"openai\"\ncredential = \"key\"\n\n\
                [prices.gw.\"m\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\n";
     assert!(tally_policy::Policy::from_toml(old).is_err());

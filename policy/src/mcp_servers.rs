@@ -77,19 +77,21 @@ fn valid_header(name: &str) -> bool {
         && !OWNED.contains(&name.to_ascii_lowercase().as_str())
 }
 
-/// What is wrong with a recorded server's URL, if anything: what every build accepted
-/// (`http://` or `https://`, a host, no user info, fragment or spaces). A ledger written
-/// by an earlier build, which took plain `http://` to any host, still reads its policy
-/// record; [`url_problem`]'s stricter rules are for a policy being put in force.
+/// What is wrong with a recorded server's URL, if anything: `http://` or `https://`, a
+/// host, no user info before it, no fragment or spaces. It accepts what every build
+/// accepted (a ledger written by an earlier build, which took plain `http://` to any
+/// host, still reads its policy record) and every URL [`url_problem`] puts in force (an
+/// `@` in the path), so that a ledger this build writes verifies.
 fn recorded_url_problem(url: &str) -> Option<String> {
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"));
     let ok = rest.is_some_and(|r| {
-        !r.is_empty()
-            && !r.starts_with('/')
+        let authority = r.split('/').next().unwrap_or(r);
+        !authority.is_empty()
             && r.bytes().all(|b| b.is_ascii_graphic())
-            && !r.contains(['#', '@'])
+            && !r.contains('#')
+            && !authority.contains('@')
     });
     (!ok).then(|| {
         format!(

@@ -678,3 +678,66 @@ fn an_upstream_url_file_names_the_file_only() {
         assert!(!why.contains("SECRET"), "{url}: {why}");
     }
 }
+
+/// Text built of the pieces an attacker would try in a URL.
+fn crafted_url() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let scheme = prop::sample::select(vec!["http", "https", "HTTP", "ftp", ""]);
+    let user = prop::sample::select(vec!["", "", "", "u@", "u:p@", "@"]);
+    let host = prop_oneof![
+        "[a-zA-Z0-9._-]{0,10}",
+        "[0-9]{1,3}(\\.[0-9]{1,4}){0,4}",
+        Just("localhost".to_owned()),
+        Just("[::1]".to_owned()),
+    ];
+    let port = prop_oneof![Just(String::new()), ":[0-9a-z]{0,6}"];
+    let path = "(/[a-zA-Z0-9.%\\\\{}<>\"'`@!$&()*+,;=:~_|^\\[\\] ?#-]{0,5}){0,4}";
+    (scheme, user, host, port, path).prop_map(|(s, u, h, p, path)| format!("{s}://{u}{h}{p}{path}"))
+}
+
+/// `text` as a TOML basic string's content.
+fn toml_escaped(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+    /// Whatever URL a policy puts in force (the one strict reading accepts it, `@` in the
+    /// path included), its recorded policy reads back from the ledger, for a proxy
+    /// upstream as for an MCP server: an honest ledger always verifies.
+    #[test]
+    fn a_url_put_in_force_reads_back_from_the_ledger(url in crafted_url()) {
+        use tally_policy::Recorded;
+        if tally_record::url::UpstreamUrl::parse(&url).is_ok() {
+            let url = toml_escaped(&url);
+            for text in [
+                format!("[upstreams.gw]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"c\"\n"),
+                format!("[mcp.web]\nurl = \"{url}\"\n"),
+            ] {
+                let read = Recorded::from_ledger(&text);
+                proptest::prop_assert!(read.is_ok(), "{}: {:?}", text, read.err());
+            }
+        }
+    }
+}
+
+/// An `@` in a URL's path (a team's handle) is put in force and reads back from the
+/// ledger; an `@` before the host (user info) is refused in both.
+#[test]
+fn an_at_sign_in_the_path_reads_back_but_user_info_does_not() {
+    use tally_policy::Recorded;
+    for text in [
+        "[mcp.x]\nurl = \"https://mcp.example/u/@me/mcp\"\n",
+        "[upstreams.gw]\nurl = \"https://gw.example/t/@team/v1\"\nkind = \"openai\"\ncredential = \"c\"\n",
+    ] {
+        Policy::from_toml(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        Recorded::from_ledger(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    }
+    for text in [
+        "[mcp.x]\nurl = \"https://me@mcp.example/mcp\"\n",
+        "[mcp.x]\nurl = \"https://u:p@mcp.example/u/@me\"\n",
+    ] {
+        assert!(Recorded::from_ledger(text).is_err(), "{text}");
+    }
+}
