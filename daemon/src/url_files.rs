@@ -10,22 +10,46 @@ use tally_record::url::UpstreamUrl;
 use crate::error::DaemonError;
 use crate::secret_file::read_file;
 
-/// The URL of each `[upstreams.NAME]` given by `url_file`, read ([`read_file`]) and
-/// held to the rules of a URL put in force (`tally_policy::upstreams::url_in_force`),
-/// by upstream name; an error names the upstream and the file and shows the URL
-/// redacted.
+/// Why an upstream's `url_file` gave no URL put in force, the text naming the upstream
+/// and the file, the URL redacted.
+enum Fault {
+    /// The file could not be read.
+    Unread(String),
+    /// Its URL is not one put in force.
+    Refused(String),
+}
+
+/// The URL in the `url_file` of upstream `name`, where it gives one: read
+/// ([`read_file`]) and held to the rules of a URL put in force
+/// (`tally_policy::upstreams::url_in_force`).
+fn upstream_url(name: &str, u: &tally_policy::Upstream) -> Option<Result<UpstreamUrl, Fault>> {
+    let (None, Some(file)) = (&u.url, &u.url_file) else {
+        return None;
+    };
+    let named = |why: String| format!("[upstreams.{name}] url_file {file}: {why}");
+    Some(match read_file(file) {
+        Err(why) => Err(Fault::Unread(named(why))),
+        Ok(url) => {
+            tally_policy::upstreams::url_in_force(&url).map_err(|why| Fault::Refused(named(why)))
+        }
+    })
+}
+
+/// The URL of each `[upstreams.NAME]` given by `url_file` ([`upstream_url`]), by
+/// upstream name; an error names the upstream and the file and shows the URL redacted.
 pub(crate) fn upstream_urls(
     policy: &tally_policy::Policy,
 ) -> Result<BTreeMap<String, UpstreamUrl>, DaemonError> {
     let mut urls = BTreeMap::new();
     for (name, u) in &policy.upstreams {
-        if let (None, Some(file)) = (&u.url, &u.url_file) {
-            let bad = |why: String| {
-                DaemonError::UpstreamUrlFile(format!("[upstreams.{name}] url_file {file}: {why}"))
-            };
-            let url = read_file(file).map_err(bad)?;
-            let url = tally_policy::upstreams::url_in_force(&url).map_err(bad)?;
-            urls.insert(name.clone(), url);
+        match upstream_url(name, u) {
+            None => {}
+            Some(Ok(url)) => {
+                urls.insert(name.clone(), url);
+            }
+            Some(Err(Fault::Unread(why) | Fault::Refused(why))) => {
+                return Err(DaemonError::UpstreamUrlFile(why))
+            }
         }
     }
     Ok(urls)
@@ -39,18 +63,11 @@ pub(crate) fn upstream_urls(
 pub fn check_url_files(policy: &tally_policy::Policy) -> Result<Vec<String>, DaemonError> {
     let mut unread = crate::mcp_gateway::unread_url_files(policy)?;
     for (name, u) in &policy.upstreams {
-        if let (None, Some(file)) = (&u.url, &u.url_file) {
-            match read_file(file) {
-                Ok(url) => {
-                    if let Err(why) = tally_policy::upstreams::url_in_force(&url) {
-                        return Err(DaemonError::UpstreamUrlFile(format!(
-                            "[upstreams.{name}] url_file {file}: {why}"
-                        )));
-                    }
-                }
-                Err(why) => unread.push(format!(
-                    "[upstreams.{name}] url_file {file}: {why} (not checked here; tally serve reads it)"
-                )),
+        match upstream_url(name, u) {
+            None | Some(Ok(_)) => {}
+            Some(Err(Fault::Refused(why))) => return Err(DaemonError::UpstreamUrlFile(why)),
+            Some(Err(Fault::Unread(why))) => {
+                unread.push(format!("{why} (not checked here; tally serve reads it)"))
             }
         }
     }
