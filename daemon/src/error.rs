@@ -64,6 +64,9 @@ pub enum DaemonError {
     /// token key cannot be opened.
     #[error("MCP gateway: {0}")]
     McpGateway(String),
+    /// A witness's URL is one the pusher would not send to.
+    #[error("--witness-policy: {0}")]
+    WitnessUrl(#[from] crate::witness::WitnessUrlError),
     /// The witness pusher cannot start (a CA file, a witness name).
     #[error("witnesses: {0}")]
     Witness(String),

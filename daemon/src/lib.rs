@@ -422,6 +422,9 @@ async fn serve_inner(
     log_start: bool,
 ) -> Result<(), DaemonError> {
     check_socket_paths(&options)?;
+    if let Some(w) = &options.witness.policy {
+        witness::check_urls(w)?;
+    }
     let tcp = server::bind_tcp(options.listen).await?;
     let metrics_tcp = server::bind_tcp(options.observe.metrics_listen).await?;
     let proxy_tcp = server::bind_tcp(options.proxy.as_ref().and_then(|p| p.listen)).await?;
