@@ -234,9 +234,11 @@ impl std::fmt::Debug for Proxy {
     }
 }
 
-/// Where upstream `name` is: its `url`, if a policy put in force may give it (a recorded
-/// policy's plain `http://` to another host is not forwarded to), or the URL read from
-/// its `url_file` (`urls`). An error shows the URL redacted.
+/// Where upstream `name` is: its `url`, or the URL read from its `url_file` (`urls`,
+/// given by [`ProxyOptions::with_urls`]), either only if a policy put in force may give
+/// it (a recorded policy's plain `http://` to another host is not forwarded to, nor is
+/// a URL a caller of `with_urls` read without checking). An error shows the URL
+/// redacted.
 fn upstream_url(
     name: &str,
     u: &Upstream,
@@ -251,10 +253,13 @@ fn upstream_url(
         (Some(url), None) => {
             tally_policy::upstreams::url_in_force(url).map_err(|why| bad(url, why))
         }
-        (None, Some(_)) => urls
-            .get(name)
-            .cloned()
-            .ok_or_else(|| bad("", "its url_file was not read".into())),
+        (None, Some(_)) => {
+            let url = urls
+                .get(name)
+                .ok_or_else(|| bad("", "its url_file was not read".into()))?
+                .as_str();
+            tally_policy::upstreams::url_in_force(&url).map_err(|why| bad(&url, why))
+        }
         _ => Err(bad("", "give `url` or `url_file`, one of them".into())),
     }
 }
@@ -483,4 +488,38 @@ pub(crate) async fn call<T: Send + 'static>(
     }));
     rx.await
         .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A URL given for a `url_file` upstream is held to the rules of a URL put in force
+    /// as a policy's `url` is, whoever read it: plain `http://` beyond loopback is
+    /// refused, shown redacted.
+    #[test]
+    fn a_url_given_for_a_url_file_is_held_to_the_rules_in_force() {
+        let policy = tally_policy::Policy::from_toml(
+            "[upstreams.gw]\nurl_file = \"/gw.url\"\nkind = \"openai\"\ncredential = \"gw\"\n",
+        )
+        .expect("policy");
+        let u = &policy.upstreams["gw"];
+        let given = |url: &str| {
+            let read = UpstreamUrl::parse(url).expect("a URL");
+            BTreeMap::from([("gw".to_owned(), read)])
+        };
+        let ok = upstream_url("gw", u, &given("https://gw.example/t/SECRET/v1")).expect("ok");
+        assert_eq!(ok.as_str(), "https://gw.example/t/SECRET/v1");
+        match upstream_url("gw", u, &given("http://10.0.0.7:8000/t/SECRET/v1")) {
+            Err(e @ ProxyError::Url { .. }) => {
+                let said = e.to_string();
+                assert!(
+                    said.contains("loopback") && !said.contains("SECRET"),
+                    "{said}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(upstream_url("gw", u, &BTreeMap::new()).is_err());
+    }
 }
