@@ -114,9 +114,18 @@ fn a_urls_parts_are_read_and_it_is_shown_redacted() {
         ("http://localhost.corp.example", false),
         ("http://10.0.0.7", false),
         ("http://[::2]", false),
+        ("http://0.0.0.0", false),
+        ("http://0.0.0.0:8080/v1", false),
+        ("http://[::]", false),
+        ("http://127.0.0.1.example.org", false),
+        ("http://example.org", false),
     ] {
         let u = UpstreamUrl::parse(text).expect("a URL");
         assert_eq!(u.is_loopback(), loopback, "{text}");
+    }
+    // An unclosed bracket is no host at all: never read as `::1`.
+    for text in ["http://[::1", "http://[::1/v1", "http://[::1:80", "http://::1"] {
+        assert!(UpstreamUrl::parse(text).is_err(), "{text}");
     }
 }
 
