@@ -124,7 +124,12 @@ fn a_urls_parts_are_read_and_it_is_shown_redacted() {
         assert_eq!(u.is_loopback(), loopback, "{text}");
     }
     // An unclosed bracket is no host at all: never read as `::1`.
-    for text in ["http://[::1", "http://[::1/v1", "http://[::1:80", "http://::1"] {
+    for text in [
+        "http://[::1",
+        "http://[::1/v1",
+        "http://[::1:80",
+        "http://::1",
+    ] {
         assert!(UpstreamUrl::parse(text).is_err(), "{text}");
     }
 }
