@@ -42,8 +42,8 @@ fn free_ports<const N: usize>() -> [u16; N] {
     held.map(|l| l.local_addr().expect("addr").port())
 }
 
-/// A plain HTTP server answering every request `status` with `body(request line)`,
-/// serving until the test ends.
+/// A plain HTTP server answering every request `status` (and any header lines after
+/// it) with `body(request line)`, serving until the test ends.
 fn answering(status: &'static str, body: fn(&str) -> String) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = l.local_addr().expect("addr").port();
@@ -125,7 +125,7 @@ struct Ports {
 /// (`https://` to a server that speaks plain HTTP), and `hidden` at the URL in
 /// `url_file` (nothing listens; a port of its own, so its refusal is told by it); the
 /// upstream `filed` at the URL in `upstream_file` (`missing`'s server, echoing its path).
-fn policy(ports: &Ports, url_file: &Path, upstream_file: &Path) -> String {
+fn policy(ports: &Ports, url_file: &Path, upstream_files: [&Path; 2]) -> String {
     let Ports {
         closed,
         echo,
@@ -154,11 +154,12 @@ fn policy(ports: &Ports, url_file: &Path, upstream_file: &Path) -> String {
         ),
         ("tls", format!("https://127.0.0.1:{echo}/t/{PATH_SECRET}")),
         ("filed", String::new()),
+        ("moved", String::new()),
     ] {
-        let url = if url.is_empty() {
-            format!("url_file = {:?}", upstream_file.display().to_string())
-        } else {
-            format!("url = \"{url}\"")
+        let url = match name {
+            "filed" => format!("url_file = {:?}", upstream_files[0].display().to_string()),
+            "moved" => format!("url_file = {:?}", upstream_files[1].display().to_string()),
+            _ => format!("url = \"{url}\""),
         };
         text.push_str(&format!(
             "[upstreams.{name}]\n{url}\nkind = \"openai\"\ncredential = \"key\"\npaths = [\"/v1/chat/completions\"]\n\n\
@@ -219,7 +220,7 @@ fn mcp_calls(gateway: SocketAddr, token: &str) -> Vec<(u16, String)> {
 fn proxy_calls(proxy: SocketAddr, token: &str) -> Vec<(u16, String)> {
     let bearer = format!("Bearer {token}");
     let body = r#"{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
-    ["refused", "failing", "tls", "filed"]
+    ["refused", "failing", "tls", "filed", "moved"]
         .into_iter()
         .map(|up| {
             send(
@@ -265,7 +266,22 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
         format!("http://127.0.0.1:{}/t/{FILE_SECRET}\n", ports.echo),
     )
     .expect("upstream url_file");
-    tally().init(dir.path(), &policy(&ports, &url_file, &upstream_file));
+    // The upstream `moved`'s too, at a server redirecting on its own host, the
+    // `Location` echoing the secret path.
+    let moved = answering(
+        "302 Found\r\nLocation: /t/tok-file-0d6e2a94/v2/chat/completions",
+        |_| "moved".into(),
+    );
+    let moved_file = dir.path().join("moved.url");
+    std::fs::write(
+        &moved_file,
+        format!("http://127.0.0.1:{moved}/t/{FILE_SECRET}\n"),
+    )
+    .expect("upstream url_file");
+    tally().init(
+        dir.path(),
+        &policy(&ports, &url_file, [&upstream_file, &moved_file]),
+    );
     let key = dir.path().join("key.secret");
     std::fs::write(&key, "sk-upstream\n").expect("key");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -292,14 +308,21 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
 
     let mcp = mcp_calls(gateway, &token);
     let proxied = proxy_calls(proxy, &token);
-    // `filed`'s answer is the upstream's own 404, relayed as it is (the proxy does not
-    // rewrite an upstream's answer: its body repeats the path the upstream was sent,
-    // docs/PROXY.md says so); its head, what tally adds, holds no secret.
-    let (filed, relayed) = proxied.split_last().expect("filed's answer");
-    let (head, body) = filed.1.split_once("\r\n\r\n").expect("a head");
-    assert!(body.starts_with("no route for POST /t/"), "{body}");
-    holds_no_secret("the head of filed's answer", head);
-    for (status, answer) in mcp.iter().chain(relayed) {
+    // `filed`'s upstream (its URL in a url_file) answered a 404 whose body repeats the
+    // path it was sent: the agent gets the upstream's status in the dialect's own error,
+    // not its body or headers; `moved`'s redirect on its own host, its `Location`
+    // echoing the path, is refused as one off the host is.
+    let (_, filed) = &proxied[3];
+    let (_, body) = filed.split_once("\r\n\r\n").expect("a head");
+    let body: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+    assert!(!filed.contains("no route for"), "{filed}");
+    let (_, moved) = &proxied[4];
+    assert!(
+        moved.contains("scope_violation") && !moved.to_ascii_lowercase().contains("location:"),
+        "{moved}"
+    );
+    for (status, answer) in mcp.iter().chain(&proxied) {
         holds_no_secret(&format!("an answer to the agent ({status})"), answer);
     }
     // Each failure happened, and where the clients' errors quote the URL it is shown
@@ -314,7 +337,7 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     // A server's error body is not passed on (it may say the token in any spelling).
     assert!(!said.contains("no such token"), "{said}");
     let statuses: Vec<u16> = proxied.iter().map(|(s, _)| *s).collect();
-    assert_eq!(statuses, [502, 500, 502, 404], "{proxied:?}");
+    assert_eq!(statuses, [502, 500, 502, 404, 403], "{proxied:?}");
 
     let (status, metrics) =
         tally_testkit::daemon::request(&serve.operator_socket(), "GET", "/metrics", None);

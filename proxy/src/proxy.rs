@@ -210,6 +210,9 @@ pub(crate) struct Route {
     /// A `bedrock` upstream's signer: its credential and region.
     pub aws: Option<crate::bedrock::sign::AwsSigner>,
     pub client: HttpClient,
+    /// Its URL is given by `url_file` (a secret): no redirect from it is passed back,
+    /// nor an error answer's body or headers (either may echo the URL).
+    pub withheld: bool,
 }
 
 /// The proxy: cheap to share (`Arc`), one per daemon.
@@ -327,6 +330,7 @@ impl Proxy {
                     secret: Zeroizing::new(secret.as_str().to_owned()),
                     aws,
                     client: client(name, u)?,
+                    withheld: u.url.is_none(),
                 },
             );
         }
