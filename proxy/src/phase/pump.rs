@@ -87,7 +87,8 @@ pub(super) fn pump(
 
 /// What the agent gets for an error answer of an upstream whose URL is secret: the
 /// dialect's own error, with the upstream's status and the call's `x-tally-` headers,
-/// none of the upstream's headers or body (an error page may echo the URL's path).
+/// none of the upstream's headers or body (an error page may echo the URL's path), and
+/// no `x-should-retry`: the client retries as it would the upstream's own status.
 fn withheld_error(
     kind: tally_policy::UpstreamKind,
     status: hyper::StatusCode,
@@ -103,6 +104,8 @@ fn withheld_error(
     .response(kind);
     let (mut parts, body) = said.into_parts();
     parts.status = status;
+    // The client retries by the status alone, as it would the upstream's own answer.
+    parts.headers.remove("x-should-retry");
     let ours = passed_back(&HeaderMap::new(), false, facts);
     for (name, value) in &ours {
         parts.headers.insert(name.clone(), value.clone());
