@@ -329,9 +329,9 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
     } else {
         path.display().to_string()
     };
-    // A server's `url_file` is read as `tally serve` reads it (the URL it holds is
-    // checked as one written in the policy would be); one not readable here (a policy
-    // checked in CI, away from its secrets) is a warning.
+    // An MCP server's or upstream's `url_file` is read as `tally serve` reads it (the URL
+    // it holds is checked as one written in the policy would be); one not readable here
+    // (a policy checked in CI, away from its secrets) is a warning.
     let unread = tally_daemon::check_url_files(&recorded.policy).with_context(|| name.clone())?;
     outln!("# {name}: valid; digest {}", recorded.digest);
     out!("{}", shown(&recorded.policy).to_toml());
@@ -360,8 +360,8 @@ pub fn policy_check(args: &crate::cli::PolicyCheckArgs) -> Result<Exit> {
 /// a secret).
 fn shown(policy: &tally_policy::Policy) -> tally_policy::Policy {
     let mut shown = policy.clone();
-    for u in shown.upstreams.values_mut() {
-        u.url = tally_record::url::redacted(&u.url);
+    for url in shown.upstreams.values_mut().filter_map(|u| u.url.as_mut()) {
+        *url = tally_record::url::redacted(url);
     }
     for url in shown.mcp.values_mut().filter_map(|s| s.url.as_mut()) {
         *url = tally_record::url::redacted(url);

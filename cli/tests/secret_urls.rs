@@ -42,8 +42,8 @@ fn free_ports<const N: usize>() -> [u16; N] {
     held.map(|l| l.local_addr().expect("addr").port())
 }
 
-/// A plain HTTP server answering every request `status` with `body(request line)`,
-/// serving until the test ends.
+/// A plain HTTP server answering every request `status` (and any header lines after
+/// it) with `body(request line)`, serving until the test ends.
 fn answering(status: &'static str, body: fn(&str) -> String) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = l.local_addr().expect("addr").port();
@@ -123,8 +123,9 @@ struct Ports {
 /// listens), `missing` (a 404 whose body repeats the request's path), `segment` and
 /// `escaped` (a 404 whose body says the path's secret alone, or JSON-escaped), `tls`
 /// (`https://` to a server that speaks plain HTTP), and `hidden` at the URL in
-/// `url_file` (nothing listens; a port of its own, so its refusal is told by it).
-fn policy(ports: &Ports, url_file: &Path) -> String {
+/// `url_file` (nothing listens; a port of its own, so its refusal is told by it); the
+/// upstream `filed` at the URL in `upstream_file` (`missing`'s server, echoing its path).
+fn policy(ports: &Ports, url_file: &Path, upstream_files: [&Path; 2]) -> String {
     let Ports {
         closed,
         echo,
@@ -152,9 +153,16 @@ fn policy(ports: &Ports, url_file: &Path) -> String {
             format!("http://127.0.0.1:{failing}/t/{PATH_SECRET}"),
         ),
         ("tls", format!("https://127.0.0.1:{echo}/t/{PATH_SECRET}")),
+        ("filed", String::new()),
+        ("moved", String::new()),
     ] {
+        let url = match name {
+            "filed" => format!("url_file = {:?}", upstream_files[0].display().to_string()),
+            "moved" => format!("url_file = {:?}", upstream_files[1].display().to_string()),
+            _ => format!("url = \"{url}\""),
+        };
         text.push_str(&format!(
-            "[upstreams.{name}]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"key\"\npaths = [\"/v1/chat/completions\"]\n\n\
+            "[upstreams.{name}]\n{url}\nkind = \"openai\"\ncredential = \"key\"\npaths = [\"/v1/chat/completions\"]\n\n\
              [prices.{name}.\"m\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\nmax_output_tokens = 100\n\n"
         ));
     }
@@ -212,7 +220,7 @@ fn mcp_calls(gateway: SocketAddr, token: &str) -> Vec<(u16, String)> {
 fn proxy_calls(proxy: SocketAddr, token: &str) -> Vec<(u16, String)> {
     let bearer = format!("Bearer {token}");
     let body = r#"{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
-    ["refused", "failing", "tls"]
+    ["refused", "failing", "tls", "filed", "moved"]
         .into_iter()
         .map(|up| {
             send(
@@ -251,7 +259,29 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
         format!("http://127.0.0.1:{hidden}/t/{FILE_SECRET}/mcp\n"),
     )
     .expect("url_file");
-    tally().init(dir.path(), &policy(&ports, &url_file));
+    // The upstream `filed`'s URL, its secret in the path, is in a file too.
+    let upstream_file = dir.path().join("filed.url");
+    std::fs::write(
+        &upstream_file,
+        format!("http://127.0.0.1:{}/t/{FILE_SECRET}\n", ports.echo),
+    )
+    .expect("upstream url_file");
+    // The upstream `moved`'s too, at a server redirecting on its own host, the
+    // `Location` echoing the secret path.
+    let moved = answering(
+        "302 Found\r\nLocation: /t/tok-file-0d6e2a94/v2/chat/completions",
+        |_| "moved".into(),
+    );
+    let moved_file = dir.path().join("moved.url");
+    std::fs::write(
+        &moved_file,
+        format!("http://127.0.0.1:{moved}/t/{FILE_SECRET}\n"),
+    )
+    .expect("upstream url_file");
+    tally().init(
+        dir.path(),
+        &policy(&ports, &url_file, [&upstream_file, &moved_file]),
+    );
     let key = dir.path().join("key.secret");
     std::fs::write(&key, "sk-upstream\n").expect("key");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -278,6 +308,20 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
 
     let mcp = mcp_calls(gateway, &token);
     let proxied = proxy_calls(proxy, &token);
+    // `filed`'s upstream (its URL in a url_file) answered a 404 whose body repeats the
+    // path it was sent: the agent gets the upstream's status in the dialect's own error,
+    // not its body or headers; `moved`'s redirect on its own host, its `Location`
+    // echoing the path, is refused as one off the host is.
+    let (_, filed) = &proxied[3];
+    let (_, body) = filed.split_once("\r\n\r\n").expect("a head");
+    let body: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+    assert!(!filed.contains("no route for"), "{filed}");
+    let (_, moved) = &proxied[4];
+    assert!(
+        moved.contains("scope_violation") && !moved.to_ascii_lowercase().contains("location:"),
+        "{moved}"
+    );
     for (status, answer) in mcp.iter().chain(&proxied) {
         holds_no_secret(&format!("an answer to the agent ({status})"), answer);
     }
@@ -293,7 +337,7 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     // A server's error body is not passed on (it may say the token in any spelling).
     assert!(!said.contains("no such token"), "{said}");
     let statuses: Vec<u16> = proxied.iter().map(|(s, _)| *s).collect();
-    assert_eq!(statuses, [502, 500, 502], "{proxied:?}");
+    assert_eq!(statuses, [502, 500, 502, 404, 403], "{proxied:?}");
 
     let (status, metrics) =
         tally_testkit::daemon::request(&serve.operator_socket(), "GET", "/metrics", None);
@@ -417,6 +461,39 @@ fn policy_check_prints_urls_redacted() {
     holds_no_secret("tally policy check's output", &out);
 }
 
+/// The records of a ledger holding `text` as its policy, and a run started under it.
+fn recorded(text: &str) -> String {
+    let digest = tally_record::decision::policy_digest(text);
+    [
+        json!({"kind": "policy", "policy": digest, "policy_text": text}),
+        json!({"run": "r", "kind": "start", "at_ms": 0, "policy": digest, "budget": {
+            "attempts": 10, "deadline_ms": 60000, "spend_nanos": 1_000_000_000_u64,
+            "side_effects": 1, "polls": 1, "depth": 1}}),
+    ]
+    .iter()
+    .map(|d| format!("{d}\n"))
+    .collect()
+}
+
+/// A policy put in force whose MCP server's, or upstream's, URL has an `@` in its path
+/// (a team's handle) is recorded as written, and its ledger verifies and replays clean.
+#[test]
+fn a_ledger_under_a_url_with_an_at_sign_in_its_path_verifies() {
+    let text = "[mcp.x]\nurl = \"https://mcp.example/u/@me/mcp\"\n\n\
+                [upstreams.gw]\nurl = \"https://gw.example/t/@team/v1\"\nkind = \"openai\"\ncredential = \"key\"\n\n\
+                [prices.gw.\"m\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\n";
+    tally_policy::Policy::from_toml(text).expect("a policy put in force");
+    let dir = tempfile::tempdir().expect("tempdir");
+    tally().ledger(dir.path());
+    tally().ok(
+        dir.path(),
+        &["append", "--ledger", "ledger"],
+        &recorded(text),
+    );
+    let report: Value = tally().verifies(dir.path());
+    assert_eq!(report["replay"]["findings"], json!([]), "{report}");
+}
+
 /// A ledger an earlier build wrote under a policy whose upstream is plain `http://` to
 /// another host (such a policy is refused in force now) still verifies, and replays
 /// clean; a policy record no build accepted is a finding, its URL shown redacted.
@@ -424,18 +501,6 @@ fn policy_check_prints_urls_redacted() {
 fn a_ledger_recorded_under_a_plain_http_upstream_still_verifies() {
     let dir = tempfile::tempdir().expect("tempdir");
     tally().ledger(dir.path());
-    let recorded = |text: &str| -> String {
-        let digest = tally_record::decision::policy_digest(text);
-        [
-            json!({"kind": "policy", "policy": digest, "policy_text": text}),
-            json!({"run": "r", "kind": "start", "at_ms": 0, "policy": digest, "budget": {
-                "attempts": 10, "deadline_ms": 60000, "spend_nanos": 1_000_000_000_u64,
-                "side_effects": 1, "polls": 1, "depth": 1}}),
-        ]
-        .iter()
-        .map(|d| format!("{d}\n"))
-        .collect()
-    };
     let old = "[upstreams.gw]\nurl = \"http://10.0.0.7:8000/v1\"\nkind = \"openai\"\ncredential = \"key\"\n\n\
                [prices.gw.\"m\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\n";
     assert!(tally_policy::Policy::from_toml(old).is_err());
@@ -463,9 +528,9 @@ fn a_ledger_recorded_under_a_plain_http_upstream_still_verifies() {
     holds_no_secret("tally verify's report", &report.to_string());
 }
 
-/// A server's `url_file` is read by `tally serve` before it says it started, as it will
-/// be read for the gateway: a URL the gateway would refuse, a FIFO, a file that is not
-/// there are each refused, naming the server and the file, the URL redacted. `tally
+/// A server's `url_file`, and a proxy upstream's, is read by `tally serve` before it
+/// says it started, as it will be read for the gateway or the proxy: a URL the gateway would refuse, a FIFO, a file that is not
+/// there are each refused, naming the entry and the file, the URL redacted. `tally
 /// policy check` refuses the URL too; a file it cannot read (a policy checked in CI,
 /// away from its secrets) is a warning. A symbolic link (a Kubernetes secret volume's
 /// key) is followed.
@@ -473,13 +538,43 @@ fn a_ledger_recorded_under_a_plain_http_upstream_still_verifies() {
 fn a_url_file_is_checked_by_policy_check_and_before_serve_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
     tally().ledger(dir.path());
+    let key = dir.path().join("key.secret");
+    std::fs::write(&key, "sk-upstream\n").expect("key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    // An MCP server's `url_file`, and a proxy upstream's, each read the same way.
+    let entries: [(&str, &str, &[&str]); 2] = [
+        (
+            "[mcp.web]\nurl_file = \"web.url\"\n",
+            "[mcp.web] url_file web.url",
+            &["--mcp-listen", "127.0.0.1:0"],
+        ),
+        (
+            "[upstreams.gw]\nurl_file = \"web.url\"\nkind = \"openai\"\ncredential = \"key\"\n",
+            "[upstreams.gw] url_file web.url",
+            &[
+                "--proxy-listen",
+                "127.0.0.1:0",
+                "--credential",
+                "key=key.secret",
+            ],
+        ),
+    ];
+    for (policy, named, flags) in entries {
+        url_file_cases(dir.path(), policy, named, flags);
+    }
+    std::os::unix::fs::symlink(dir.path().join("good.url"), dir.path().join("web.url"))
+        .expect("link");
+    let out = tally().ok(dir.path(), &["policy", "check", "policy.toml"], "");
+    holds_no_secret("tally policy check's output", &out);
+}
+
+/// Each way `web.url` may be wrong, under `policy` (whose entry's refusal says `named`),
+/// `tally serve` run with `flags`.
+fn url_file_cases(dir: &Path, policy: &str, named: &str, flags: &[&str]) {
+    std::fs::write(dir.join("policy.toml"), policy).expect("policy");
+    let _ = std::fs::remove_file(dir.join("fifo"));
     std::fs::write(
-        dir.path().join("policy.toml"),
-        "[mcp.web]\nurl_file = \"web.url\"\n",
-    )
-    .expect("policy");
-    std::fs::write(
-        dir.path().join("good.url"),
+        dir.join("good.url"),
         format!("http://127.0.0.1:9/t/{FILE_SECRET}/mcp\n"),
     )
     .expect("good");
@@ -510,35 +605,29 @@ fn a_url_file_is_checked_by_policy_check_and_before_serve_starts() {
         ("no file", |_| {}, false),
     ];
     for (what, setup, check_refuses) in setups {
-        let _ = std::fs::remove_file(dir.path().join("web.url"));
-        setup(dir.path());
-        let checked = tally().run(dir.path(), &["policy", "check", "policy.toml"], "");
-        // Port 0: the refusal comes before any listener is bound.
-        let served = tally().run(
-            dir.path(),
-            &[
-                "serve",
-                "--ledger",
-                "ledger",
-                "--socket",
-                "agent.sock",
-                "--policy",
-                "policy.toml",
-                "--mcp-listen",
-                "127.0.0.1:0",
-            ],
-            "",
-        );
+        let _ = std::fs::remove_file(dir.join("web.url"));
+        let _ = std::fs::remove_file(dir.join("fifo"));
+        setup(dir);
+        let checked = tally().run(dir, &["policy", "check", "policy.toml"], "");
+        // Port 0: the refusal comes before anything is served.
+        let mut args = vec![
+            "serve",
+            "--ledger",
+            "ledger",
+            "--socket",
+            "agent.sock",
+            "--policy",
+            "policy.toml",
+        ];
+        args.extend_from_slice(flags);
+        let served = tally().run(dir, &args, "");
         for (cmd, out, refuses) in [
             ("tally policy check", &checked, check_refuses),
             ("tally serve", &served, true),
         ] {
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(!out.status.success(), refuses, "{cmd}, {what}: {stderr}");
-            assert!(
-                stderr.contains("[mcp.web] url_file web.url"),
-                "{cmd}, {what}: {stderr}"
-            );
+            assert!(stderr.contains(named), "{cmd}, {what}: {stderr}");
             if !refuses {
                 assert!(stderr.contains("warning: "), "{cmd}, {what}: {stderr}");
             }
@@ -546,8 +635,4 @@ fn a_url_file_is_checked_by_policy_check_and_before_serve_starts() {
             holds_no_secret(&format!("{cmd}'s standard error"), &stderr);
         }
     }
-    std::os::unix::fs::symlink(dir.path().join("good.url"), dir.path().join("web.url"))
-        .expect("link");
-    let out = tally().ok(dir.path(), &["policy", "check", "policy.toml"], "");
-    holds_no_secret("tally policy check's output", &out);
 }

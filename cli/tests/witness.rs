@@ -650,3 +650,60 @@ fn witnesses_over_https_with_a_private_ca() {
         "{v:?}"
     );
 }
+
+/// A witness URL the pusher would not send to (plain HTTP beyond loopback, a path the
+/// client would rewrite) stops `tally serve` before it says it started, naming the
+/// witness and showing the URL redacted, instead of failing each push later.
+#[test]
+fn a_witness_url_the_pusher_would_refuse_stops_serve_before_it_starts() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path();
+    ok(&tally(dir, &["keygen", "--out", "auditor.key"], None));
+    ok(&tally(
+        dir,
+        &["init", "--ledger", "L", "--recipient", "auditor.pub"],
+        None,
+    ));
+    let vkey = ok(&tally(
+        dir,
+        &[
+            "witness",
+            "keygen",
+            "--name",
+            "example.org/w1",
+            "--out",
+            "w1.key",
+        ],
+        None,
+    ))
+    .trim()
+    .to_owned();
+    for url in [
+        "http://10.0.0.7:8080/t/SECRET",
+        "https://w.example/t/%53ECRET",
+    ] {
+        std::fs::write(
+            dir.join("policy"),
+            format!("witness w1 {vkey} {url}\nquorum w1\n"),
+        )
+        .expect("policy");
+        let v = tally(
+            dir,
+            &[
+                "serve",
+                "--ledger",
+                "L",
+                "--socket",
+                "s.sock",
+                "--witness-policy",
+                "policy",
+            ],
+            None,
+        );
+        let said = String::from_utf8_lossy(&v.stderr);
+        assert_eq!(v.status.code(), Some(2), "{url}: {said}");
+        assert!(said.contains("witness w1"), "{url}: {said}");
+        assert!(!said.contains("listening"), "{url}: {said}");
+        assert!(!said.contains("SECRET"), "{url}: {said}");
+    }
+}

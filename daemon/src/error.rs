@@ -64,12 +64,19 @@ pub enum DaemonError {
     /// token key cannot be opened.
     #[error("MCP gateway: {0}")]
     McpGateway(String),
+    /// A witness's URL is one the pusher would not send to.
+    #[error("--witness-policy: {0}")]
+    WitnessUrl(#[from] crate::witness::WitnessUrlError),
     /// The witness pusher cannot start (a CA file, a witness name).
     #[error("witnesses: {0}")]
     Witness(String),
     /// Notifications cannot start (the secret file, a receiver URL, the CA file).
     #[error("--notify: {0}")]
     Notify(String),
+    /// A proxy upstream's `url_file` cannot be read, or holds a URL a policy put in
+    /// force may not give (shown redacted).
+    #[error("proxy: {0}")]
+    UpstreamUrlFile(String),
     /// The proxy cannot start (a missing credential, a `ca_file`, the run token key).
     #[error("proxy: {0}")]
     Proxy(#[from] tally_proxy::ProxyError),

@@ -37,17 +37,19 @@ mod keys_api;
 mod limit;
 mod mcp_auth;
 mod mcp_gateway;
-pub use mcp_gateway::check_url_files;
+pub use url_files::check_url_files;
 mod notify;
 mod observe;
 mod options;
 mod page;
 mod parse;
 mod peers;
+mod secret_file;
 mod server;
 mod stage;
 mod tasks;
 mod tiles;
+mod url_files;
 mod view;
 pub mod witness;
 
@@ -412,6 +414,17 @@ fn observer(
     observer
 }
 
+/// What of `options` is checked before anything is bound: the socket paths, and each
+/// witness's URL ([`witness::check_urls`]), so that a URL the pusher would refuse stops
+/// the start rather than fails each push.
+fn check_options(options: &ServeOptions) -> Result<(), DaemonError> {
+    check_socket_paths(options)?;
+    if let Some(w) = &options.witness.policy {
+        witness::check_urls(w)?;
+    }
+    Ok(())
+}
+
 /// [`serve`], writing the start line to stderr if `log_start`.
 async fn serve_inner(
     ledger: Arc<Ledger>,
@@ -419,7 +432,7 @@ async fn serve_inner(
     shutdown: impl Future<Output = ()> + Send,
     log_start: bool,
 ) -> Result<(), DaemonError> {
-    check_socket_paths(&options)?;
+    check_options(&options)?;
     let tcp = server::bind_tcp(options.listen).await?;
     let metrics_tcp = server::bind_tcp(options.observe.metrics_listen).await?;
     let proxy_tcp = server::bind_tcp(options.proxy.as_ref().and_then(|p| p.listen)).await?;

@@ -18,6 +18,7 @@ use zeroize::Zeroizing;
 use crate::app::App;
 use crate::error::DaemonError;
 use crate::options::ServeOptions;
+use crate::secret_file::read_file;
 
 /// The gateway's task.
 pub(crate) struct Gateway {
@@ -131,7 +132,7 @@ fn server(name: &str, s: &McpServer) -> Result<Server, DaemonError> {
     })
 }
 
-/// The URL a server's `url_file` holds ([`read_file`]), held to the rules of a URL put
+/// The URL a server's `url_file` holds ([`crate::secret_file::read_file`]), held to the rules of a URL put
 /// in force; an error shows it redacted.
 fn url_of_file(name: &str, s: &McpServer, file: &str) -> Result<String, DaemonError> {
     let bad = |why: String| DaemonError::McpGateway(format!("[mcp.{name}] url_file {file}: {why}"));
@@ -150,12 +151,10 @@ fn checked_url(name: &str, s: &McpServer, file: &str, url: &str) -> Result<Strin
     }
 }
 
-/// Whether each `url_file` of `policy`'s MCP servers holds a URL the gateway would put
-/// in force (`tally policy check` asks; `tally serve` refuses before it starts): the
-/// first whose URL does not, the error naming its server and file, the URL redacted.
-/// A file that cannot be read here (a policy checked in CI, away from its secrets) is
-/// no error: it is one of the warnings returned.
-pub fn check_url_files(policy: &tally_policy::Policy) -> Result<Vec<String>, DaemonError> {
+/// The `url_file`s of `policy`'s MCP servers that cannot be read here (warnings, see
+/// [`crate::url_files::check_url_files`]), or the first whose URL the gateway would
+/// not put in force.
+pub(crate) fn unread_url_files(policy: &tally_policy::Policy) -> Result<Vec<String>, DaemonError> {
     let mut unread = Vec::new();
     for (name, s) in &policy.mcp {
         if let (None, Some(file)) = (&s.url, &s.url_file) {
@@ -168,37 +167,6 @@ pub fn check_url_files(policy: &tally_policy::Policy) -> Result<Vec<String>, Dae
         }
     }
     Ok(unread)
-}
-
-/// The longest `url_file` or `credential_file`: a URL or a header's value.
-pub const MAX_FILE_BYTES: usize = 4096;
-
-/// The content of a file a server's entry names (`url_file`, `credential_file`: each
-/// holds a secret), its trailing line end removed: a regular file (a symbolic link is
-/// followed, as a Kubernetes secret volume's keys are links; what is opened is checked,
-/// and opened without blocking, so a FIFO or device is refused, never waited on), of at
-/// most [`MAX_FILE_BYTES`], UTF-8.
-fn read_file(file: &str) -> Result<Zeroizing<String>, String> {
-    use rustix::fs::{Mode, OFlags};
-    use std::io::Read;
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let fd = rustix::fs::open(file, flags, Mode::empty())
-        .map_err(|e| std::io::Error::from(e).to_string())?;
-    let f = std::fs::File::from(fd);
-    if !f.metadata().map_err(|e| e.to_string())?.is_file() {
-        return Err("is not a regular file".into());
-    }
-    let mut bytes = Zeroizing::new(Vec::new());
-    f.take(MAX_FILE_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() > MAX_FILE_BYTES {
-        return Err(format!("is longer than {MAX_FILE_BYTES} bytes"));
-    }
-    let text = std::str::from_utf8(&bytes).map_err(|_| "is not UTF-8".to_owned())?;
-    Ok(Zeroizing::new(
-        text.trim_end_matches(['\r', '\n']).to_owned(),
-    ))
 }
 
 /// The TLS configuration a `url` server is reached with: tally's one HTTPS client's
@@ -294,38 +262,6 @@ mod tests {
         assert!(server("web", &s).is_err());
     }
 
-    /// A `url_file` or `credential_file` is read only as a regular file of at most
-    /// [`MAX_FILE_BYTES`], never a FIFO (whose open would wait for a writer) or a
-    /// directory, through a symbolic link or not.
-    #[test]
-    fn a_servers_file_is_a_small_regular_file_not_a_fifo() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let at = |name: &str| dir.path().join(name).display().to_string();
-        std::fs::write(at("url"), "https://h/mcp\r\n").expect("write");
-        assert_eq!(
-            read_file(&at("url")).as_deref().map(|s| s.as_str()),
-            Ok("https://h/mcp")
-        );
-        let fifo = std::process::Command::new("mkfifo")
-            .arg(at("fifo"))
-            .status()
-            .expect("mkfifo");
-        assert!(fifo.success());
-        std::os::unix::fs::symlink(at("fifo"), at("to-fifo")).expect("symlink");
-        std::os::unix::fs::symlink(dir.path(), at("to-dir")).expect("symlink");
-        for refused in [at("fifo"), at("to-fifo"), at("to-dir"), at("")] {
-            assert_eq!(
-                read_file(&refused).map(|_| ()),
-                Err("is not a regular file".to_owned()),
-                "{refused}"
-            );
-        }
-        std::fs::write(at("big"), "x".repeat(MAX_FILE_BYTES + 1)).expect("write");
-        assert!(read_file(&at("big")).is_err_and(|e| e.contains("longer than 4096")));
-        std::fs::write(at("max"), "x".repeat(MAX_FILE_BYTES)).expect("write");
-        assert!(read_file(&at("max")).is_ok());
-    }
-
     /// A Kubernetes secret volume's key is a link to a link (`token -> ..data/token`,
     /// `..data -> ..2026_12_07...`): it is followed to the file.
     #[test]
@@ -358,18 +294,19 @@ mod tests {
         let file = dir.path().join("web.url");
         let text = format!("[mcp.web]\nurl_file = {:?}\n", file.display().to_string());
         let policy = tally_policy::Policy::from_toml(&text).expect("policy");
-        let warnings = check_url_files(&policy).expect("a missing file is no error");
+        let warnings =
+            crate::url_files::check_url_files(&policy).expect("a missing file is no error");
         assert!(
             matches!(warnings.as_slice(), [w] if w.contains("[mcp.web] url_file") && w.contains("not checked here")),
             "{warnings:?}"
         );
         std::fs::write(&file, "https://127.0.0.1:9/mcp\n").expect("write");
         assert_eq!(
-            check_url_files(&policy).expect("a good URL"),
+            crate::url_files::check_url_files(&policy).expect("a good URL"),
             Vec::<String>::new()
         );
         std::fs::write(&file, "http://10.0.0.7:8000/t/SECRET/mcp\n").expect("write");
-        match check_url_files(&policy) {
+        match crate::url_files::check_url_files(&policy) {
             Err(DaemonError::McpGateway(why)) => {
                 assert!(
                     why.contains("[mcp.web] url_file") && !why.contains("SECRET"),

@@ -44,8 +44,10 @@ impl Proxies {
             .token_key
             .as_ref()
             .ok_or_else(|| DaemonError::Gate("the run token key is missing".into()))?;
+        let urls = crate::url_files::upstream_urls(&app.gate.policy().policy)?;
         let mut proxy_options =
-            tally_proxy::ProxyOptions::new(p.credentials.clone(), Arc::clone(token_key));
+            tally_proxy::ProxyOptions::new(p.credentials.clone(), Arc::clone(token_key))
+                .with_urls(urls);
         if let Some(t) = &app.observer.tracer {
             proxy_options = proxy_options.with_tracer(t.boxed());
         }

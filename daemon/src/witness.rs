@@ -30,6 +30,7 @@ use tally_ledger::tlog::policy::Policy;
 use tally_ledger::tlog::proof::ConsistencyProof;
 use tally_ledger::tlog::witness::{parse_cosignatures, Refusal, Witness};
 use tally_ledger::Ledger;
+use tally_record::url::{Scheme, UpstreamUrl};
 use tokio::net::TcpListener;
 
 /// Largest add-checkpoint body a witness reads.
@@ -50,6 +51,46 @@ pub struct HttpReply {
 
 fn rustls_provider() -> Arc<rustls::crypto::CryptoProvider> {
     tally_proxy::tls::provider()
+}
+
+/// `url` read as a witness's URL the client sends to: the one reading of a URL tally
+/// sends to (what is sent is the URL as written), plain `http://` to a loopback host
+/// only. The error does not quote the URL.
+pub fn url_sent_to(url: &str) -> Result<UpstreamUrl, String> {
+    let read = UpstreamUrl::parse(url).map_err(|e| e.to_string())?;
+    if read.scheme() == Scheme::Http && !read.is_loopback() {
+        return Err("plain http:// only to a loopback host; use https://".into());
+    }
+    Ok(read)
+}
+
+/// A witness of a witness policy whose URL the pusher would not send to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("witness {witness}: its URL `{shown}` {why}")]
+#[non_exhaustive]
+pub struct WitnessUrlError {
+    /// The witness's name in the policy.
+    pub witness: String,
+    /// Its URL, redacted.
+    pub shown: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+/// Whether the pusher would send to the URL of each witness of `policy` that gives one
+/// ([`url_sent_to`]): `tally serve` asks before it says it started, so that a URL it
+/// would refuse stops it rather than fails each push.
+pub fn check_urls(policy: &Policy) -> Result<(), WitnessUrlError> {
+    for w in &policy.witnesses {
+        if let Some(url) = &w.url {
+            url_sent_to(url).map_err(|why| WitnessUrlError {
+                witness: w.name.clone(),
+                shown: tally_record::url::redacted(url),
+                why,
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// The client a log (or an auditor) talks to witnesses with: HTTPS with the Mozilla
@@ -87,22 +128,8 @@ impl WitnessClient {
     ) -> Result<HttpReply, String> {
         // Shown redacted: the URL may carry a secret.
         let shown = tally_record::url::redacted(url);
-        let uri: axum::http::Uri = url.parse().map_err(|e| format!("{shown}: {e}"))?;
-        let host = uri.host().ok_or_else(|| format!("{shown}: no host"))?;
-        match uri.scheme_str() {
-            Some("https") => {}
-            Some("http") if tally_policy::upstreams::loopback_host(host) => {}
-            Some("http") => {
-                return Err(format!(
-                    "{shown}: plain http:// only to a loopback host; use https://"
-                ))
-            }
-            _ => {
-                return Err(format!(
-                    "{shown}: only https:// (and http:// on loopback) URLs"
-                ))
-            }
-        }
+        let read = url_sent_to(url).map_err(|e| format!("{shown}: {e}"))?;
+        let uri: axum::http::Uri = read.as_str().parse().map_err(|e| format!("{shown}: {e}"))?;
         let method: axum::http::Method = method
             .parse()
             .map_err(|_| format!("{method}: not a method"))?;
@@ -512,6 +539,41 @@ pub fn describe(addr: SocketAddr, tls: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A witness policy whose witness gives a URL the pusher would not send to (plain
+    /// http beyond loopback, what the client would rewrite, user info) is refused as a
+    /// whole, naming the witness, the URL redacted; one it would send to passes.
+    #[test]
+    fn a_witness_url_the_pusher_would_refuse_is_named() {
+        use tally_ledger::tlog::note::{Vkey, TYPE_COSIGNATURE};
+        let vkey = Vkey::new("example.org/w1", TYPE_COSIGNATURE, [7; 32])
+            .expect("vkey")
+            .to_text();
+        let policy = |url: &str| {
+            Policy::parse(format!("witness w1 {vkey} {url}\nquorum w1\n").as_bytes())
+                .expect("a witness policy")
+        };
+        for url in [
+            "https://w.example/t/SECRET",
+            "http://127.0.0.1:8080/t/SECRET",
+            "http://[::1]/w",
+        ] {
+            assert_eq!(check_urls(&policy(url)), Ok(()), "{url}");
+        }
+        for url in [
+            "http://10.0.0.7:8080/t/SECRET",
+            "https://w.example/t/%53ECRET",
+            "https://127.1/t/SECRET",
+            "https://u:SECRET@w.example/w",
+            "https://w.example/t/SECRET?k=1",
+        ] {
+            let e = check_urls(&policy(url)).expect_err(url);
+            assert_eq!(e.witness, "w1", "{url}");
+            let said = e.to_string();
+            assert!(said.starts_with("witness w1: its URL `"), "{said}");
+            assert!(!said.contains("SECRET"), "{url}: {said}");
+        }
+    }
 
     #[tokio::test]
     async fn the_client_refuses_plain_http_beyond_loopback_and_other_schemes() {

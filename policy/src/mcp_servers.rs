@@ -11,9 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use tally_record::url::redacted;
-
-use crate::upstreams::{loopback_host, valid_path};
+use tally_record::url::{redacted, Scheme, UpstreamUrl, UrlError};
 
 /// The longest server name.
 pub const MAX_NAME: usize = 32;
@@ -79,19 +77,21 @@ fn valid_header(name: &str) -> bool {
         && !OWNED.contains(&name.to_ascii_lowercase().as_str())
 }
 
-/// What is wrong with a recorded server's URL, if anything: what every build accepted
-/// (`http://` or `https://`, a host, no user info, fragment or spaces). A ledger written
-/// by an earlier build, which took plain `http://` to any host, still reads its policy
-/// record; [`url_problem`]'s stricter rules are for a policy being put in force.
+/// What is wrong with a recorded server's URL, if anything: `http://` or `https://`, a
+/// host, no user info before it, no fragment or spaces. It accepts what every build
+/// accepted (a ledger written by an earlier build, which took plain `http://` to any
+/// host, still reads its policy record) and every URL [`url_problem`] puts in force (an
+/// `@` in the path), so that a ledger this build writes verifies.
 fn recorded_url_problem(url: &str) -> Option<String> {
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"));
     let ok = rest.is_some_and(|r| {
-        !r.is_empty()
-            && !r.starts_with('/')
+        let authority = r.split('/').next().unwrap_or(r);
+        !authority.is_empty()
             && r.bytes().all(|b| b.is_ascii_graphic())
-            && !r.contains(['#', '@'])
+            && !r.contains('#')
+            && !authority.contains('@')
     });
     (!ok).then(|| {
         format!(
@@ -101,67 +101,31 @@ fn recorded_url_problem(url: &str) -> Option<String> {
     })
 }
 
-/// What is wrong with the URL of a server being put in force, if anything:
-/// `https://host[:port]/path`, or `http://` to a loopback host ([`loopback_host`]); no
-/// user info, query, fragment or spaces. The URL is shown [`redacted`]: it may carry a
-/// secret.
+/// What is wrong with the URL of a server being put in force, if anything: a URL the
+/// gateway sends to as written ([`UpstreamUrl::parse`], the one reading of a URL tally
+/// sends to: `https://host[:port]/path`, no user info, query, fragment, spaces or path
+/// the client would rewrite), plain `http://` to a loopback host only. The URL is shown
+/// [`redacted`]: it may carry a secret.
 fn url_problem(url: &str) -> Option<String> {
     let shown = redacted(url);
-    let (scheme, rest) = match url.split_once("://") {
-        Some((s @ ("http" | "https"), rest)) => (s, rest),
-        _ => {
-            return Some(format!(
-                "`{shown}` is not a server URL: write `https://host[:port]/path`"
-            ))
-        }
-    };
-    let authority = rest.split(['/', '?']).next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split_once(']').map(|(h, _)| &authority[..h.len() + 2]),
-        None => authority.split(':').next(),
-    }
-    .unwrap_or_default();
-    let port = &authority[host.len()..];
-    let port_ok = port.is_empty()
-        || port.strip_prefix(':').is_some_and(|p| {
-            !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
-        });
-    if host.is_empty()
-        || !port_ok
-        || !rest.bytes().all(|b| b.is_ascii_graphic())
-        || rest.contains(['#', '@'])
-    {
-        return Some(format!(
-            "`{shown}`: write `https://host[:port]/path` (no user info, fragment or spaces; a credential goes in `credential_file` or `credential_env`)"
-        ));
-    }
-    if rest.contains('?') {
-        return Some(format!(
+    let u = match UpstreamUrl::parse(url) {
+        Ok(u) => u,
+        Err(UrlError::Query) => return Some(format!(
             "`{shown}` has a query: give the server's credential in `credential_file` or `credential_env` (sent in a header)"
-        ));
-    }
-    let path = &rest[authority.len()..];
-    if !path.is_empty() && !printed_as_written(path) {
-        return Some(format!(
-            "`{shown}`: its path would be sent as other text than written (a `.` or `..` segment, `%`, `\\`, or one of {{ }} \" < > `): write the path the server is at"
-        ));
-    }
-    if scheme == "http" && !loopback_host(host) {
+        )),
+        Err(UrlError::UserInfo) => return Some(format!(
+            "`{shown}`: no user info before the host: a credential goes in `credential_file` or `credential_env`"
+        )),
+        Err(e) => return Some(format!("`{shown}`: {e} (write `https://host[:port]/path`)")),
+    };
+    if u.scheme() == Scheme::Http && !u.is_loopback() {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
         return Some(format!(
             "`{shown}` is plain http to a host that is not loopback: the credential and every call would cross the network unencrypted. Write `{}` (plain `http://` is for 127.0.0.1, ::1 and localhost only)",
             redacted(&format!("https://{rest}"))
         ));
     }
     None
-}
-
-/// Whether the HTTP client sends, and says in its errors, `path` as written: a
-/// [`valid_path`] (no `%`, `\\`, `?`, `#`, `.` or `..` segment), none of the characters
-/// it percent-encodes (`{ } " < >` and the backtick). A path it rewrote
-/// (`/a/../t/TOKEN` sent as `/t/TOKEN`) would be quoted in a form the redaction of the
-/// URL as written does not find.
-fn printed_as_written(path: &str) -> bool {
-    valid_path(path) && !path.contains(['{', '}', '"', '<', '>', '`'])
 }
 
 impl McpServer {
@@ -473,23 +437,5 @@ mod tests {
             .url_file_problem("http://127.0.0.1:9/mcp")
             .expect("a ca_file for plain http");
         assert_eq!(key, "ca_file");
-    }
-
-    #[test]
-    fn loopback_hosts_are_localhost_127_0_0_0_8_and_v6_one() {
-        use crate::upstreams::loopback_host;
-        for h in ["127.0.0.1", "127.8.9.1", "[::1]", "localhost", "LOCALHOST"] {
-            assert!(loopback_host(h), "{h}");
-        }
-        for h in [
-            "10.0.0.1",
-            "example.org",
-            "[::2]",
-            "localhost.example.org",
-            "0.0.0.0",
-            "[::1",
-        ] {
-            assert!(!loopback_host(h), "{h}");
-        }
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use tally_record::url::{redacted, Scheme, UpstreamUrl};
 
 mod bedrock;
 mod prices;
@@ -55,8 +56,14 @@ impl UpstreamKind {
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
     /// Where it is: `http://` or `https://`, a host, an optional port and base path; no
-    /// user, query or fragment.
-    pub url: String,
+    /// user, query or fragment. This or `url_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A file whose content (trailing line end removed) is the upstream's URL, read when
+    /// `tally serve` starts: for a URL that carries a secret (a gateway's token in its
+    /// path), which the policy, recorded in the ledger as written, then does not hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_file: Option<String>,
     /// Its API.
     pub kind: UpstreamKind,
     /// The name of the credential the proxy injects (`tally serve --credential
@@ -166,32 +173,21 @@ impl Upstream {
             .or_else(|| new.then(|| self.in_force_problem()).flatten())
     }
 
-    /// What keeps this upstream from being put in force, whatever a ledger recorded:
-    /// plain `http://` to a host that is not loopback ([`loopback_host`]), where the
-    /// credential the proxy injects, and every prompt and answer, would cross the
-    /// network unencrypted. The proxy asks before it forwards to it.
+    /// What keeps this upstream from being put in force, whatever a ledger recorded: a
+    /// `url` the proxy would not send to as written ([`url_in_force`]: the strict
+    /// reading, and plain `http://` to a loopback host only, where the credential the
+    /// proxy injects, and every prompt and answer, would otherwise cross the network
+    /// unencrypted). A `url_file`'s URL is held to [`url_in_force`] when it is read.
     pub fn in_force_problem(&self) -> Option<(&'static str, String)> {
-        let (scheme, authority, _) = split_url(&self.url).ok()?;
-        let host = match authority.find(']') {
-            Some(i) if authority.starts_with('[') => &authority[..=i],
-            _ => authority.split(':').next().unwrap_or(authority),
-        };
-        (scheme == "http" && !loopback_host(host)).then(|| {
-            (
-                "url",
-                format!(
-                    "`{}` is plain http to a host that is not loopback: the credential the proxy injects, and every request and answer, would cross the network unencrypted. Use `https://{authority}`, or, for a gateway on this machine, a loopback address (127.0.0.1, ::1 or localhost)",
-                    tally_record::url::redacted(&self.url)
-                ),
-            )
-        })
+        let url = self.url.as_deref()?;
+        url_in_force(url).err().map(|why| ("url", why))
     }
 
     /// What is wrong with where and how requests go: the URL, the credential, the
     /// methods and paths allowed, the bounds, the CA file.
     fn request_problem(&self) -> Option<(&'static str, String)> {
-        if let Err(why) = split_url(&self.url) {
-            return Some(("url", why));
+        if let Some(p) = self.where_problem() {
+            return Some(p);
         }
         if self.credential.is_empty()
             || !self
@@ -384,53 +380,41 @@ pub fn deployment_name(d: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-/// An upstream URL's scheme (`http` or `https`), authority and base path (`""` or a
-/// path without a trailing `/`). An error shows the URL redacted
-/// ([`tally_record::url::redacted`]): it may carry a secret.
-pub fn split_url(url: &str) -> Result<(&str, &str, &str), String> {
-    let shown = tally_record::url::redacted(url);
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format!("`{shown}` is not a URL: write https://host[:port][/base]"))?;
-    if scheme != "http" && scheme != "https" {
-        return Err(format!("`{shown}`: the scheme must be https (or http)"));
+impl Upstream {
+    /// What is wrong with where the upstream is: `url` or `url_file`, one of them; a
+    /// `url` of the shape every build took ([`UpstreamUrl::shape`]: a recorded policy is
+    /// held to it alone, one put in force to [`Upstream::in_force_problem`] too).
+    fn where_problem(&self) -> Option<(&'static str, String)> {
+        match (&self.url, &self.url_file) {
+            (None, None) => Some((
+                "url",
+                "give the upstream's `url` (or `url_file`, a file holding it)".into(),
+            )),
+            (Some(_), Some(_)) => Some(("url_file", "give `url` or `url_file`, not both".into())),
+            (None, Some(file)) => file
+                .is_empty()
+                .then(|| ("url_file", "is empty: give a file's path".into())),
+            (Some(url), None) => UpstreamUrl::shape(url)
+                .err()
+                .map(|e| ("url", format!("`{}`: {e}", redacted(url)))),
+        }
     }
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    if authority.is_empty()
-        || authority.contains('@')
-        || !authority
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
-    {
-        return Err(format!(
-            "`{shown}`: give a host and optional port, no user name or password (the credential goes in `credential`)"
-        ));
-    }
-    let path = path.trim_end_matches('/');
-    if !path.is_empty() && !valid_path(path) {
-        return Err(format!(
-            "`{shown}`: the base path may not hold `?`, `#`, `%` or dot segments"
-        ));
-    }
-    Ok((scheme, authority, path))
 }
 
-/// Whether `host` (a URL's host: a name, an IPv4 address or an IPv6 one in brackets) is
-/// a loopback host: `localhost`, 127.0.0.0/8 or `::1`. The only hosts plain `http://` may
-/// reach: an MCP server's `url` (its credential), a witness's checkpoints and a proxy
-/// upstream's `url` (the credential the proxy injects) in a policy put in force. A
-/// policy an earlier build recorded in a ledger, when MCP servers and upstreams could be
-/// plain `http://` to any host, still reads ([`crate::Policy::from_recorded`]).
-pub fn loopback_host(host: &str) -> bool {
-    let bare = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    host.eq_ignore_ascii_case("localhost")
-        || bare
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+/// `url` (an upstream's `url`, or what its `url_file` holds) read as the proxy sends
+/// to it ([`UpstreamUrl::parse`]), if a policy put in force may give it: `https://`, or
+/// plain `http://` to a loopback host. An error shows the URL [`redacted`]: it may
+/// carry a secret.
+pub fn url_in_force(url: &str) -> Result<UpstreamUrl, String> {
+    let shown = redacted(url);
+    let u = UpstreamUrl::parse(url).map_err(|e| format!("`{shown}`: {e}"))?;
+    if u.scheme() == Scheme::Http && !u.is_loopback() {
+        // The authority as written: its port (a default one for `http`) is kept.
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let authority = rest.split('/').next().unwrap_or(rest);
+        return Err(format!(
+            "`{shown}` is plain http to a host that is not loopback: the credential the proxy injects, and every request and answer, would cross the network unencrypted. Use `https://{authority}`, or, for a gateway on this machine, a loopback address (127.0.0.1, ::1 or localhost)"
+        ));
+    }
+    Ok(u)
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tally_gate::{GateError, Gatekeeper};
 use tally_policy::{Policy, Upstream};
+use tally_record::url::UpstreamUrl;
 use zeroize::Zeroizing;
 
 use crate::accept::Peer;
@@ -138,6 +139,9 @@ pub struct ProxyOptions {
     /// (default [`DEFAULT_READ_TIMEOUT`]); a body that does not is answered 408 and its
     /// connection closed, slow headers a closed connection.
     pub read_timeout: Duration,
+    /// The URL of each upstream given by `url_file`, read from its file when `tally
+    /// serve` starts (the daemon reads it, as it reads credentials), by upstream name.
+    pub urls: BTreeMap<String, UpstreamUrl>,
 }
 
 /// The time a request's headers, and then its body, have to arrive by default.
@@ -153,7 +157,14 @@ impl ProxyOptions {
             admit: None,
             tracer: None,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            urls: BTreeMap::new(),
         }
+    }
+
+    /// The same, with the URLs read from the `url_file`s of upstreams that have one.
+    pub fn with_urls(mut self, urls: BTreeMap<String, UpstreamUrl>) -> ProxyOptions {
+        self.urls = urls;
+        self
     }
 
     /// The same, each request's headers and then its body read within `limit` (not 0).
@@ -199,6 +210,9 @@ pub(crate) struct Route {
     /// A `bedrock` upstream's signer: its credential and region.
     pub aws: Option<crate::bedrock::sign::AwsSigner>,
     pub client: HttpClient,
+    /// Its URL is given by `url_file` (a secret): no redirect from it is passed back,
+    /// nor an error answer's body or headers (either may echo the URL).
+    pub withheld: bool,
 }
 
 /// The proxy: cheap to share (`Arc`), one per daemon.
@@ -220,6 +234,36 @@ impl std::fmt::Debug for Proxy {
         f.debug_struct("Proxy")
             .field("upstreams", &self.routes.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
+    }
+}
+
+/// Where upstream `name` is: its `url`, or the URL read from its `url_file` (`urls`,
+/// given by [`ProxyOptions::with_urls`]), either only if a policy put in force may give
+/// it (a recorded policy's plain `http://` to another host is not forwarded to, nor is
+/// a URL a caller of `with_urls` read without checking). An error shows the URL
+/// redacted.
+fn upstream_url(
+    name: &str,
+    u: &Upstream,
+    urls: &BTreeMap<String, UpstreamUrl>,
+) -> Result<UpstreamUrl, ProxyError> {
+    let bad = |url: &str, why: String| ProxyError::Url {
+        upstream: name.to_owned(),
+        url: tally_record::url::redacted(url),
+        why,
+    };
+    match (&u.url, &u.url_file) {
+        (Some(url), None) => {
+            tally_policy::upstreams::url_in_force(url).map_err(|why| bad(url, why))
+        }
+        (None, Some(_)) => {
+            let url = urls
+                .get(name)
+                .ok_or_else(|| bad("", "its url_file was not read".into()))?
+                .as_str();
+            tally_policy::upstreams::url_in_force(&url).map_err(|why| bad(&url, why))
+        }
+        _ => Err(bad("", "give `url` or `url_file`, one of them".into())),
     }
 }
 
@@ -272,34 +316,21 @@ impl Proxy {
                     credential: u.credential.clone(),
                 }
             })?;
-            let bad_url = |why: String| ProxyError::Url {
-                upstream: name.clone(),
-                url: tally_record::url::redacted(&u.url),
-                why,
-            };
-            // What a policy put in force could not give (a recorded policy's plain
-            // `http://` to another host) is not forwarded to.
-            if let Some((_, why)) = u.in_force_problem() {
-                return Err(bad_url(why));
-            }
-            let (scheme, authority, base) =
-                tally_policy::upstreams::split_url(&u.url).map_err(bad_url)?;
-            let uri: hyper::Uri = format!("{scheme}://{authority}/")
-                .parse()
-                .map_err(|e: hyper::http::uri::InvalidUri| bad_url(e.to_string()))?;
+            let url = upstream_url(name, u, &options.urls)?;
             let aws = aws_signer(name, u, secret)?;
             routes.insert(
                 name.clone(),
                 Route {
                     name: name.clone(),
                     upstream: u.clone(),
-                    scheme: scheme.to_owned(),
-                    authority: authority.to_owned(),
-                    host: uri.host().unwrap_or_default().to_owned(),
-                    base: base.to_owned(),
+                    scheme: url.scheme().as_str().to_owned(),
+                    authority: url.authority(),
+                    host: url.host().to_owned(),
+                    base: url.base().to_owned(),
                     secret: Zeroizing::new(secret.as_str().to_owned()),
                     aws,
                     client: client(name, u)?,
+                    withheld: u.url.is_none(),
                 },
             );
         }
@@ -461,4 +492,38 @@ pub(crate) async fn call<T: Send + 'static>(
     }));
     rx.await
         .unwrap_or_else(|_| Err(GateError::Unavailable("the gate dropped a request".into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A URL given for a `url_file` upstream is held to the rules of a URL put in force
+    /// as a policy's `url` is, whoever read it: plain `http://` beyond loopback is
+    /// refused, shown redacted.
+    #[test]
+    fn a_url_given_for_a_url_file_is_held_to_the_rules_in_force() {
+        let policy = tally_policy::Policy::from_toml(
+            "[upstreams.gw]\nurl_file = \"/gw.url\"\nkind = \"openai\"\ncredential = \"gw\"\n",
+        )
+        .expect("policy");
+        let u = &policy.upstreams["gw"];
+        let given = |url: &str| {
+            let read = UpstreamUrl::parse(url).expect("a URL");
+            BTreeMap::from([("gw".to_owned(), read)])
+        };
+        let ok = upstream_url("gw", u, &given("https://gw.example/t/SECRET/v1")).expect("ok");
+        assert_eq!(ok.as_str(), "https://gw.example/t/SECRET/v1");
+        match upstream_url("gw", u, &given("http://10.0.0.7:8000/t/SECRET/v1")) {
+            Err(e @ ProxyError::Url { .. }) => {
+                let said = e.to_string();
+                assert!(
+                    said.contains("loopback") && !said.contains("SECRET"),
+                    "{said}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(upstream_url("gw", u, &BTreeMap::new()).is_err());
+    }
 }

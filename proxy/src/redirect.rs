@@ -36,6 +36,16 @@ pub(crate) fn refused(sent_to: &str, headers: &HeaderMap) -> Option<Refusal> {
     })
 }
 
+/// The refusal of any redirect from an upstream whose URL is given by `url_file`: its
+/// `Location` may echo the URL's secret, on the upstream or not.
+pub(crate) fn withheld() -> Refusal {
+    Refusal::reason(
+        Reason::ScopeViolation,
+        None,
+        "the upstream redirected; tally passes back no redirect from an upstream whose URL is secret (url_file)".into(),
+    )
+}
+
 /// Whether `location`, resolved against `base`, names `base`'s scheme, host and port
 /// and no user.
 fn stays(base: &Url, location: &[u8]) -> bool {

@@ -5,6 +5,9 @@
 //! elided as `…` ([`redacted`]). An error also names the server, upstream or witness
 //! (and a policy error its line), which says which URL it is.
 
+mod upstream;
+pub use upstream::{Scheme, UpstreamUrl, UrlError};
+
 /// What stands for an elided part.
 const ELIDED: &str = "…";
 
@@ -12,8 +15,13 @@ const ELIDED: &str = "…";
 /// `/`, a query or a fragment followed, with `…@` before the host where user info did.
 /// A part that is not what it should be (a scheme of other characters, a host that is no
 /// host name or address, a port of other than digits) is `…` itself, and text that is no
-/// URL is `…` whole: nothing of it is shown but what cannot be a secret's.
+/// URL is `…` whole: nothing of it is shown but what cannot be a secret's. A URL tally
+/// sends to ([`UpstreamUrl::parse`] reads it) is shown as it is sent
+/// ([`UpstreamUrl::shown`]: the host in lower case, the scheme's own port left out).
 pub fn redacted(url: &str) -> String {
+    if let Ok(u) = UpstreamUrl::parse(url) {
+        return u.shown();
+    }
     let Some((scheme, rest)) = url.split_once("://") else {
         return ELIDED.to_owned();
     };

@@ -112,6 +112,9 @@ pub enum ErrorCode {
     UnknownField,
     /// A content type the route does not read.
     UnsupportedMediaType,
+    /// The proxy's: an upstream whose URL is given by `url_file` answered an error
+    /// status; its body and headers are withheld (they may echo the URL's secret).
+    UpstreamError,
     /// The proxy's: the upstream did not answer in time.
     UpstreamTimeout,
     /// The proxy's: the upstream could not be reached.
@@ -123,7 +126,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code a daemon or proxy of this build sends.
-    pub const ALL: [ErrorCode; 52] = [
+    pub const ALL: [ErrorCode; 53] = [
         ErrorCode::ApprovalExpired,
         ErrorCode::ApprovalRefused,
         ErrorCode::ApprovalRequired,
@@ -174,6 +177,7 @@ impl ErrorCode {
         ErrorCode::TooManyStreams,
         ErrorCode::UnknownField,
         ErrorCode::UnsupportedMediaType,
+        ErrorCode::UpstreamError,
         ErrorCode::UpstreamTimeout,
         ErrorCode::UpstreamUnreachable,
     ];
@@ -231,6 +235,7 @@ impl ErrorCode {
             ErrorCode::TooManyStreams => "too_many_streams",
             ErrorCode::UnknownField => "unknown_field",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::UpstreamError => "upstream_error",
             ErrorCode::UpstreamTimeout => "upstream_timeout",
             ErrorCode::UpstreamUnreachable => "upstream_unreachable",
             ErrorCode::Other => "other",

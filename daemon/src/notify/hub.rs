@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tally_ledger::clock::Clock;
+use tally_record::url::UpstreamUrl;
 use tally_wire::{ApprovalRequest, Notification, NotifyKind};
 
 use super::queue::{Counters, Queue};
@@ -43,19 +44,18 @@ impl std::fmt::Debug for Notify {
     }
 }
 
-/// A receiver URL, checked: `http://` or `https://` with a host. An error shows it
+/// A receiver URL, checked: `http://` or `https://` with a host, read as every URL
+/// tally sends to is, a query allowed ([`UpstreamUrl::parse_with_query`]: sent as
+/// written). An error shows it
 /// redacted: a webhook's URL carries its secret in its path.
 fn receiver_url(url: &str) -> Result<axum::http::Uri, String> {
     let shown = tally_record::url::redacted(url);
-    let uri: axum::http::Uri = url
+    let read = UpstreamUrl::parse_with_query(url).map_err(|e| {
+        format!("receiver `{shown}`: {e}; only http:// and https:// URLs with a host are sent to, as written")
+    })?;
+    read.as_str()
         .parse()
-        .map_err(|e| format!("receiver `{shown}`: {e}; give an http:// or https:// URL"))?;
-    match (uri.scheme_str(), uri.host()) {
-        (Some("http" | "https"), Some(_)) => Ok(uri),
-        _ => Err(format!(
-            "receiver `{shown}`: only http:// and https:// URLs with a host are sent to"
-        )),
-    }
+        .map_err(|e| format!("receiver `{shown}`: {e}"))
 }
 
 impl Notify {

@@ -62,11 +62,17 @@ impl Exporter {
         if !(0.0..=1.0).contains(&sample) {
             return Err(format!("the sample ratio {sample} is not between 0 and 1"));
         }
-        let url = match endpoint.split_once("://") {
-            Some((_, rest)) if !rest.trim_end_matches('/').contains('/') => {
-                format!("{}/v1/traces", endpoint.trim_end_matches('/'))
-            }
-            _ => endpoint.to_owned(),
+        // The one reading of a URL tally sends to: what is sent is the URL as written,
+        // `/v1/traces` where it gives no path.
+        let read = tally_record::url::UpstreamUrl::parse(endpoint).map_err(|e| e.to_string())?;
+        let url = if read.base().is_empty() {
+            format!(
+                "{}://{}/v1/traces",
+                read.scheme().as_str(),
+                read.authority()
+            )
+        } else {
+            read.as_str()
         };
         let tls = tally_proxy::tls::client_config(None).map_err(|e| e.to_string())?;
         let built = std::thread::spawn(move || {

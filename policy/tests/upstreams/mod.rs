@@ -227,6 +227,11 @@ fn bad_upstreams_and_prices_are_refused_with_key_and_line() {
     for (text, key) in [
         ("[upstreams.a]\nurl = \"ftp://x\"\nkind = \"openai\"\ncredential = \"c\"\n", "upstreams.a.url"),
         ("[upstreams.a]\nurl = \"https://u:p@x\"\nkind = \"openai\"\ncredential = \"c\"\n", "upstreams.a.url"),
+        ("[upstreams.a]\nkind = \"openai\"\ncredential = \"c\"\n", "upstreams.a.url"),
+        ("[upstreams.a]\nurl = \"https://x\"\nurl_file = \"/u\"\nkind = \"openai\"\ncredential = \"c\"\n", "upstreams.a.url_file"),
+        ("[upstreams.a]\nurl_file = \"\"\nkind = \"openai\"\ncredential = \"c\"\n", "upstreams.a.url_file"),
+        ("[upstreams.a]\nurl = \"https://x:99999/v1\"\nkind = \"openai\"\ncredential = \"c\"\n", "upstreams.a.url"),
+        ("[upstreams.a]\nurl = \"https://x/{v1}\"\nkind = \"openai\"\ncredential = \"c\"\n", "upstreams.a.url"),
         ("[upstreams.a]\nurl = \"https://x\"\nkind = \"openai\"\ncredential = \"\"\n", "upstreams.a.credential"),
         ("[upstreams.a]\nurl = \"https://x\"\nkind = \"openai\"\ncredential = \"c\"\npaths = [\"v1\"]\n", "upstreams.a.paths"),
         ("[upstreams.a]\nurl = \"https://x\"\nkind = \"openai\"\ncredential = \"c\"\npaths = [\"/v1/../admin\"]\n", "upstreams.a.paths"),
@@ -247,7 +252,6 @@ fn bad_upstreams_and_prices_are_refused_with_key_and_line() {
     for text in [
         "[upstreams.a]\nurl = \"https://x\"\nkind = \"openai\"\ncredential = \"c\"\nretries = 3\n",
         "[upstreams.a]\nurl = \"https://x\"\nkind = \"grpc\"\ncredential = \"c\"\n",
-        "[upstreams.a]\nkind = \"openai\"\ncredential = \"c\"\n",
     ] {
         match refused(text) {
             PolicyError::Toml { line, .. } => assert!(line.is_some(), "{text}"),
@@ -594,7 +598,7 @@ fn plain_http_upstreams_reach_loopback_hosts_only_in_a_policy_put_in_force() {
         assert!(Recorded::new(&text).is_err(), "{url}");
         let recorded = Recorded::from_ledger(&text).expect("a recorded policy reads");
         let u = &recorded.policy.upstreams["gw"];
-        assert_eq!(u.url, url);
+        assert_eq!(u.url.as_deref(), Some(url));
         assert!(u.in_force_problem().is_some(), "{url}");
     }
 }
@@ -617,5 +621,123 @@ fn a_refused_upstream_url_is_shown_without_its_secrets() {
         let said = e.to_string();
         assert!(said.contains("upstreams.gw.url"), "{url}: {said}");
         assert!(!said.contains("SECRET"), "{url}: {said}");
+    }
+}
+
+/// A URL every earlier build took in a proxy upstream, which the one strict reading now
+/// refuses in force (a port out of range, a path the client would percent-encode, a host
+/// that is no host name), still reads from a ledger's recorded policy; what every build
+/// refused stays refused there too.
+#[test]
+fn a_recorded_upstream_url_of_the_old_shape_reads_but_is_not_put_in_force() {
+    use tally_policy::Recorded;
+    let upstream = |url: &str| {
+        format!("[upstreams.gw]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"c\"\n")
+    };
+    for url in [
+        "https://x:99999/v1",
+        "https://x/{v1}",
+        "https://x..y/v1",
+        "https://127.1/v1",
+    ] {
+        let text = upstream(url);
+        assert!(Policy::from_toml(&text).is_err(), "{url}");
+        let recorded = Recorded::from_ledger(&text).expect("a recorded policy reads");
+        let u = &recorded.policy.upstreams["gw"];
+        assert!(u.in_force_problem().is_some(), "{url}");
+    }
+    for url in [
+        "https://u:p@x/v1",
+        "https://x/v1?k=v",
+        "https://x/%41",
+        "https://x/../v1",
+    ] {
+        assert!(Recorded::from_ledger(&upstream(url)).is_err(), "{url}");
+    }
+}
+
+/// An upstream's URL given in a `url_file`: the policy names the file only (recorded in
+/// the ledger as written, it holds no URL); the file is read when `tally serve` starts.
+#[test]
+fn an_upstream_url_file_names_the_file_only() {
+    let text = "[upstreams.gw]\nurl_file = \"/etc/tally/gw.url\"\nkind = \"openai\"\ncredential = \"gw\"\n";
+    let p = Policy::from_toml(text).expect("a url_file upstream");
+    let gw = &p.upstreams["gw"];
+    assert_eq!(
+        (gw.url.as_deref(), gw.url_file.as_deref()),
+        (None, Some("/etc/tally/gw.url"))
+    );
+    assert_eq!(gw.in_force_problem(), None);
+    assert!(tally_policy::upstreams::url_in_force("https://gw.example/t/SECRET/v1").is_ok());
+    for url in [
+        "http://10.0.0.7/t/SECRET",
+        "https://gw.example/t/SECRET?k=1",
+        "SECRET",
+    ] {
+        let why = tally_policy::upstreams::url_in_force(url).expect_err(url);
+        assert!(!why.contains("SECRET"), "{url}: {why}");
+    }
+}
+
+/// Text built of the pieces an attacker would try in a URL.
+fn crafted_url() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let scheme = prop::sample::select(vec!["http", "https", "HTTP", "ftp", ""]);
+    let user = prop::sample::select(vec!["", "", "", "u@", "u:p@", "@"]);
+    let host = prop_oneof![
+        "[a-zA-Z0-9._-]{0,10}",
+        "[0-9]{1,3}(\\.[0-9]{1,4}){0,4}",
+        Just("localhost".to_owned()),
+        Just("[::1]".to_owned()),
+    ];
+    let port = prop_oneof![Just(String::new()), ":[0-9a-z]{0,6}"];
+    let path = "(/[a-zA-Z0-9.%\\\\{}<>\"'`@!$&()*+,;=:~_|^\\[\\] ?#-]{0,5}){0,4}";
+    (scheme, user, host, port, path).prop_map(|(s, u, h, p, path)| format!("{s}://{u}{h}{p}{path}"))
+}
+
+/// `text` as a TOML basic string's content.
+fn toml_escaped(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+    /// Whatever URL a policy puts in force (the one strict reading accepts it, `@` in the
+    /// path included), its recorded policy reads back from the ledger, for a proxy
+    /// upstream as for an MCP server: an honest ledger always verifies.
+    #[test]
+    fn a_url_put_in_force_reads_back_from_the_ledger(url in crafted_url()) {
+        use tally_policy::Recorded;
+        if tally_record::url::UpstreamUrl::parse(&url).is_ok() {
+            let url = toml_escaped(&url);
+            for text in [
+                format!("[upstreams.gw]\nurl = \"{url}\"\nkind = \"openai\"\ncredential = \"c\"\n"),
+                format!("[mcp.web]\nurl = \"{url}\"\n"),
+            ] {
+                let read = Recorded::from_ledger(&text);
+                proptest::prop_assert!(read.is_ok(), "{}: {:?}", text, read.err());
+            }
+        }
+    }
+}
+
+/// An `@` in a URL's path (a team's handle) is put in force and reads back from the
+/// ledger; an `@` before the host (user info) is refused in both.
+#[test]
+fn an_at_sign_in_the_path_reads_back_but_user_info_does_not() {
+    use tally_policy::Recorded;
+    for text in [
+        "[mcp.x]\nurl = \"https://mcp.example/u/@me/mcp\"\n",
+        "[upstreams.gw]\nurl = \"https://gw.example/t/@team/v1\"\nkind = \"openai\"\ncredential = \"c\"\n",
+    ] {
+        Policy::from_toml(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        Recorded::from_ledger(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    }
+    for text in [
+        "[mcp.x]\nurl = \"https://me@mcp.example/mcp\"\n",
+        "[mcp.x]\nurl = \"https://u:p@mcp.example/u/@me\"\n",
+    ] {
+        assert!(Recorded::from_ledger(text).is_err(), "{text}");
     }
 }

@@ -1,7 +1,8 @@
 //! The forward phase: the planned request sent to the upstream with the real credential
 //! (the agent's key never is; a `bedrock` upstream's call is signed with the operator's
 //! AWS credential instead, [`crate::bedrock::sign`]), within the call's time; a redirect is never followed,
-//! and refused unless it stays on the upstream ([`crate::redirect`]). What went wrong
+//! and refused unless it stays on the upstream ([`crate::redirect`]) and the upstream's
+//! URL is not secret (given by `url_file`), whose `Location` may echo it. What went wrong
 //! is told to the settle phase with the refusal the agent gets.
 
 use bytes::Bytes;
@@ -62,7 +63,11 @@ pub(super) async fn forward(
         Ok(Ok(r)) => r,
     };
     if response.status().is_redirection() {
-        if let Some(refusal) = crate::redirect::refused(&uri, response.headers()) {
+        let refused_here = match route.withheld {
+            true => Some(crate::redirect::withheld()),
+            false => crate::redirect::refused(&uri, response.headers()),
+        };
+        if let Some(refusal) = refused_here {
             let observed = Some("redirect_refused:scope_violation".into());
             return refused(settling, Status::Rejected, observed, refusal);
         }

@@ -98,7 +98,11 @@ impl Proxy {
         let sent = (plan.upstream_path.as_deref(), plan.body);
         match forward::forward(call, sent, plan.headers, &mut settling).await {
             // Pump settles when the answer has ended (in its own task).
-            Ok(answer) => Ok(pump::pump(answer, strip_usage, settling)),
+            Ok(answer) => Ok(pump::pump(
+                answer,
+                (strip_usage, call.route.withheld),
+                settling,
+            )),
             Err(refusal) => {
                 settling.settle().await;
                 Err(refusal)

@@ -26,10 +26,12 @@ use relay::Relay;
 
 /// The answer to the agent, its body relayed by a task that settles when it has ended;
 /// with `strip_usage`, an SSE stream is reframed without the usage chunk the client
-/// did not ask for.
+/// did not ask for. With `withheld` (an upstream whose URL is secret), an error answer
+/// is read and settled as any other but the agent gets, in its place, the dialect's
+/// own error with the upstream's status alone ([`withheld_error`]).
 pub(super) fn pump(
     response: Response<Incoming>,
-    strip_usage: bool,
+    (strip_usage, withheld): (bool, bool),
     settling: Settling,
 ) -> Response<Body> {
     let (parts, body) = response.into_parts();
@@ -64,11 +66,67 @@ pub(super) fn pump(
     if framed {
         relay = relay.framed();
     }
+    let kind = facts.kind;
+    let status = parts.status;
+    let said = (withheld && !status.is_success()).then(|| withheld_error(kind, status, facts));
     tokio::spawn(relayed(body, relay, answer, settling));
-    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
-    *r.status_mut() = parts.status;
-    *r.headers_mut() = headers;
-    r
+    match said {
+        Some(said) => {
+            let (said_parts, said_body) = said.into_parts();
+            let body = after(stream, said_body);
+            Response::from_parts(said_parts, BodyExt::boxed(StreamBody::new(body)))
+        }
+        None => {
+            let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+            *r.status_mut() = status;
+            *r.headers_mut() = headers;
+            r
+        }
+    }
+}
+
+/// What the agent gets for an error answer of an upstream whose URL is secret: the
+/// dialect's own error, with the upstream's status and the call's `x-tally-` headers,
+/// none of the upstream's headers or body (an error page may echo the URL's path), and
+/// no `x-should-retry`: the client retries as it would the upstream's own status.
+fn withheld_error(
+    kind: tally_policy::UpstreamKind,
+    status: hyper::StatusCode,
+    facts: &Settle,
+) -> Response<Body> {
+    let said = crate::dialect::Refusal::own(
+        status,
+        tally_wire::ErrorCode::UpstreamError,
+        format!(
+            "the upstream answered {status}; its answer is not passed back (the upstream's URL is secret, given by url_file)"
+        ),
+    )
+    .response(kind);
+    let (mut parts, body) = said.into_parts();
+    parts.status = status;
+    // The client retries by the status alone, as it would the upstream's own answer.
+    parts.headers.remove("x-should-retry");
+    let ours = passed_back(&HeaderMap::new(), false, facts);
+    for (name, value) in &ours {
+        parts.headers.insert(name.clone(), value.clone());
+    }
+    Response::from_parts(parts, body)
+}
+
+/// The frames of `relayed` dropped (read to their end, so the relay runs as for any
+/// answer), then `said`'s; an error in its place where the relayed answer was cut.
+fn after(
+    relayed: impl futures::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send + 'static,
+    said: Body,
+) -> impl futures::Stream<Item = Result<Frame<Bytes>, std::io::Error>> {
+    use futures::StreamExt;
+    let relayed = relayed.filter_map(|item| async move { item.err().map(Err) });
+    let said = futures::stream::unfold(Some(said), |state| async move {
+        let mut said = state?;
+        let frame = said.frame().await?;
+        Some((frame, Some(said)))
+    });
+    relayed.chain(said)
 }
 
 /// Whether an answer is read as AWS event-stream frames: only Bedrock's ConverseStream
