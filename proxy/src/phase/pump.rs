@@ -68,7 +68,9 @@ pub(super) fn pump(
     }
     let kind = facts.kind;
     let status = parts.status;
-    let said = (withheld && !status.is_success()).then(|| withheld_error(kind, status, facts));
+    let retry_after_ms = answer.retry_after_ms;
+    let said = (withheld && !status.is_success())
+        .then(|| withheld_error(kind, status, retry_after_ms, facts));
     tokio::spawn(relayed(body, relay, answer, settling));
     match said {
         Some(said) => {
@@ -88,20 +90,24 @@ pub(super) fn pump(
 /// What the agent gets for an error answer of an upstream whose URL is secret: the
 /// dialect's own error, with the upstream's status and the call's `x-tally-` headers,
 /// none of the upstream's headers or body (an error page may echo the URL's path), and
-/// no `x-should-retry`: the client retries as it would the upstream's own status.
+/// no `x-should-retry`: the client retries as it would the upstream's own status. The
+/// upstream's `Retry-After` (read as a number of seconds, so it cannot carry the path) is
+/// passed on, so that a rate-limited client waits as long as the upstream asked.
 fn withheld_error(
     kind: tally_policy::UpstreamKind,
     status: hyper::StatusCode,
+    retry_after_ms: Option<u64>,
     facts: &Settle,
 ) -> Response<Body> {
-    let said = crate::dialect::Refusal::own(
+    let mut refusal = crate::dialect::Refusal::own(
         status,
         tally_wire::ErrorCode::UpstreamError,
         format!(
             "the upstream answered {status}; its answer is not passed back (the upstream's URL is secret, given by url_file)"
         ),
-    )
-    .response(kind);
+    );
+    refusal.retry_after_ms = retry_after_ms;
+    let said = refusal.response(kind);
     let (mut parts, body) = said.into_parts();
     parts.status = status;
     // The client retries by the status alone, as it would the upstream's own answer.
@@ -247,5 +253,26 @@ mod tests {
         assert!(!framed(Endpoint::ChatCompletions, frames));
         assert!(!framed(Endpoint::ConverseStream, Some("application/json")));
         assert!(!framed(Endpoint::ConverseStream, None));
+    }
+
+    /// A url_file upstream's error answer withheld: the agent gets the upstream's status
+    /// and its `Retry-After` (a number, never its text), and no `x-should-retry`.
+    #[test]
+    fn a_withheld_error_keeps_the_upstreams_status_and_retry_after() {
+        let facts = crate::phase::settle::tests::facts(tally_record::Effect::Read);
+        let kind = tally_policy::UpstreamKind::Openai;
+        let waited = |status: u16, after: Option<u64>| {
+            let status = hyper::StatusCode::from_u16(status).unwrap();
+            let r = withheld_error(kind, status, after, &facts);
+            assert_eq!(r.status(), status);
+            assert!(r.headers().get("x-should-retry").is_none());
+            r.headers()
+                .get(hyper::header::RETRY_AFTER)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(waited(429, Some(30_000)).as_deref(), Some("30"));
+        assert_eq!(waited(503, Some(1_500)).as_deref(), Some("2"));
+        assert_eq!(waited(503, None), None);
+        assert_eq!(waited(404, None), None);
     }
 }

@@ -265,7 +265,7 @@ pub(crate) async fn settle(record: Record, mut s: Settle, ended: Ended, span: Op
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Mutex;
     use std::time::Duration;
@@ -281,7 +281,7 @@ mod tests {
         (record, all)
     }
 
-    fn facts(effect: Effect) -> Settle {
+    pub(crate) fn facts(effect: Effect) -> Settle {
         Settle {
             run: "r1".into(),
             attempt: 3,
