@@ -19,7 +19,6 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,23 +36,10 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt};
 use serde_json::json;
 
-fn secs() -> Duration {
-    Duration::from_secs_f64(
-        std::env::var("TALLY_BENCH_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(3.0),
-    )
-}
+mod common;
 
-fn only() -> Option<Vec<usize>> {
-    std::env::var("TALLY_BENCH_ONLY")
-        .ok()
-        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
-}
+use common::{only, runs, secs, us, Daemon};
 
-/// The server behind: one read-only tool that answers at once.
-#[derive(Clone)]
 struct Lookup;
 
 impl ServerHandler for Lookup {
@@ -227,97 +213,24 @@ async fn calls(sessions: Vec<Session>, tool: &'static str) -> Measured {
 /// The gate's own checks: closed loops of a check and its outcome on the agent socket,
 /// each client its own run (as the proxy bench does).
 async fn checks(socket: &Path, runs: &[String]) -> Measured {
-    let start = Instant::now();
-    let deadline = start + secs();
-    let mut tasks = vec![];
-    for run in runs {
-        let (socket, run) = (socket.to_path_buf(), run.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut c = tally_api::client::Client::unix(&socket)
-                .await
-                .expect("connect");
-            let (mut lat, mut n) = (vec![], 0u64);
-            while Instant::now() < deadline {
-                n += 1;
-                let t = Instant::now();
-                let check = json!({"run": run, "tool": "bench", "effect": "read",
-                                   "args": {"n": n}, "reserve_cents": 0});
-                let a = c
-                    .request(
-                        hyper::Method::POST,
-                        "/v1/check",
-                        Some("application/json"),
-                        check.to_string(),
-                    )
-                    .await
-                    .expect("check");
-                let a: serde_json::Value = serde_json::from_slice(&a.body).expect("JSON");
-                assert_eq!(a["decision"], "allow", "{a}");
-                let outcome = json!({"run": run, "attempt": a["attempt"], "status": "ok"});
-                c.request(
-                    hyper::Method::POST,
-                    "/v1/outcome",
-                    Some("application/json"),
-                    outcome.to_string(),
-                )
-                .await
-                .expect("outcome");
-                lat.push(t.elapsed());
-            }
-            (lat, 0)
-        }));
-    }
-    let mut per_client = vec![];
-    for t in tasks {
-        per_client.push(t.await.expect("client"));
-    }
-    Measured::new(per_client, start.elapsed())
+    let (per_client, elapsed) = common::check_pairs(socket, runs).await;
+    Measured::new(per_client.into_iter().map(|l| (l, 0)).collect(), elapsed)
 }
 
-struct Daemon {
-    _dir: tempfile::TempDir,
-    child: Child,
-    socket: std::path::PathBuf,
-    gateway: SocketAddr,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Daemon {
-    /// The daemon's user + system CPU so far, in seconds (`/proc/PID/stat`'s utime and
-    /// stime, in USER_HZ ticks: 100 a second on Linux).
-    fn cpu(&self) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
-        // Fields after the command's closing parenthesis: state is field 3, utime 14.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-        Some(ticks as f64 / 100.0)
-    }
-}
-
-fn tally(dir: &Path, args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("tally");
-    assert!(out.status.success(), "tally {args:?}: {out:?}");
+/// The daemon's user + system CPU so far, in seconds (`/proc/PID/stat`'s utime and
+/// stime, in USER_HZ ticks: 100 a second on Linux).
+fn cpu(daemon: &Daemon) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", daemon.child.id())).ok()?;
+    // Fields after the command's closing parenthesis: state is field 3, utime 14.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
 }
 
 fn daemon(server: SocketAddr) -> Daemon {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = common::ledger_dir();
     let d = dir.path();
-    tally(d, &["keygen", "--out", "auditor.key"]);
-    tally(
-        d,
-        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-    );
     // Nothing but the budget in the way: rates off, loop bars and the breaker out of reach.
     let policy = format!(
         "max_open_runs_per_uid = 100000\n\
@@ -328,80 +241,7 @@ fn daemon(server: SocketAddr) -> Daemon {
          [mcp.remote]\nurl = \"http://{server}/mcp\"\n"
     );
     std::fs::write(d.join("policy.toml"), policy).expect("policy");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let gateway: SocketAddr = ([127, 0, 0, 1], port).into();
-    let child = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args([
-            "serve",
-            "--ledger",
-            "ledger",
-            "--socket",
-            "agent.sock",
-            "--operator-socket",
-            "operator.sock",
-            "--policy",
-            "policy.toml",
-            "--mcp-listen",
-            &gateway.to_string(),
-            "--max-connections-per-peer",
-            "1024",
-        ])
-        .current_dir(d)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("tally serve");
-    let socket = d.join("agent.sock");
-    let t = Instant::now();
-    while !socket.exists() || std::net::TcpStream::connect(gateway).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "tally serve did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Daemon {
-        _dir: dir,
-        child,
-        socket,
-        gateway,
-    }
-}
-
-/// Start `n` runs named `PREFIX-i`; their names and tokens.
-async fn runs(socket: &Path, prefix: &str, n: usize) -> Vec<(String, String)> {
-    let mut c = tally_api::client::Client::unix(socket)
-        .await
-        .expect("connect");
-    let mut out = vec![];
-    for i in 0..n {
-        let run = format!("{prefix}-{i}");
-        let r = c
-            .request(
-                hyper::Method::POST,
-                "/v1/runs",
-                Some("application/json"),
-                json!({"run": run, "budget": {"spend_cents": 1000000000u64, "attempts": 1000000000u64}})
-                    .to_string(),
-            )
-            .await
-            .expect("start");
-        let v: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
-        let token = v["token"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{v}"))
-            .to_string();
-        out.push((run, token));
-    }
-    out
-}
-
-fn us(d: Duration) -> String {
-    format!("{:.0}", d.as_secs_f64() * 1e6)
+    Daemon::serve(dir, "--mcp-listen", &["--max-connections-per-peer", "1024"])
 }
 
 /// One count of sessions: direct, through the gateway, then the gate's checks.
@@ -413,24 +253,24 @@ fn line(rt: &tokio::runtime::Runtime, daemon: &Daemon, server: SocketAddr, n: us
     let d = rt.block_on(calls(sessions, "lookup"));
 
     let tokens = rt.block_on(runs(&daemon.socket, &format!("m{n}"), n));
-    let gateway_url = format!("http://{}/mcp", daemon.gateway);
+    let gateway_url = format!("http://{}/mcp", daemon.addr);
     let sessions = rt.block_on(futures::future::join_all(
         tokens
             .iter()
             .map(|(_, t)| open(gateway_url.clone(), Some(t.clone()))),
     ));
-    let before = daemon.cpu();
+    let before = cpu(daemon);
     let mut g = rt.block_on(calls(sessions, "remote__lookup"));
-    g.cpu = before.zip(daemon.cpu()).map(|(b, a)| a - b);
+    g.cpu = before.zip(cpu(daemon)).map(|(b, a)| a - b);
 
     let names: Vec<String> = rt
         .block_on(runs(&daemon.socket, &format!("g{n}"), n))
         .into_iter()
         .map(|(r, _)| r)
         .collect();
-    let before = daemon.cpu();
+    let before = cpu(daemon);
     let mut c = rt.block_on(checks(&daemon.socket, &names));
-    c.cpu = before.zip(daemon.cpu()).map(|(b, a)| a - b);
+    c.cpu = before.zip(cpu(daemon)).map(|(b, a)| a - b);
 
     println!(
         "| {n} | {:.0} | {:.0} | {:.0} | {:.2} | {:.3} | {}/{} | {}/{} | {}/{} | {} | {} | {} |",

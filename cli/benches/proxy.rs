@@ -20,7 +20,6 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,22 +31,11 @@ use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tally_testkit::upstream::{FakeOptions, FakeUpstream};
 
+mod common;
+
+use common::{only, runs, secs, us, Daemon};
+
 const KEY: &str = "sk-bench-real-key";
-
-fn secs() -> Duration {
-    Duration::from_secs_f64(
-        std::env::var("TALLY_BENCH_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(3.0),
-    )
-}
-
-fn only() -> Option<Vec<usize>> {
-    std::env::var("TALLY_BENCH_ONLY")
-        .ok()
-        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
-}
 
 /// Where a client sends its calls: an address, the path prefix and the key it sends.
 #[derive(Clone)]
@@ -274,52 +262,8 @@ async fn load(targets: Vec<Target>, shape: Shape, stream: bool) -> Measured {
 /// The gate's own checks: `clients` closed loops of a check and its outcome on the agent
 /// socket, each client its own run.
 async fn checks(socket: &Path, runs: &[String]) -> Measured {
-    let deadline = Instant::now() + secs();
-    let start = Instant::now();
-    let mut tasks = vec![];
-    for run in runs {
-        let (socket, run) = (socket.to_path_buf(), run.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut c = tally_api::client::Client::unix(&socket)
-                .await
-                .expect("connect");
-            let mut lat = vec![];
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                n += 1;
-                let t = Instant::now();
-                let check = json!({"run": run, "tool": "bench", "effect": "read",
-                                   "args": {"n": n}, "reserve_cents": 0});
-                let a = c
-                    .request(
-                        hyper::Method::POST,
-                        "/v1/check",
-                        Some("application/json"),
-                        check.to_string(),
-                    )
-                    .await
-                    .expect("check");
-                let a: serde_json::Value = serde_json::from_slice(&a.body).expect("JSON");
-                assert_eq!(a["decision"], "allow", "{a}");
-                let outcome = json!({"run": run, "attempt": a["attempt"], "status": "ok"});
-                c.request(
-                    hyper::Method::POST,
-                    "/v1/outcome",
-                    Some("application/json"),
-                    outcome.to_string(),
-                )
-                .await
-                .expect("outcome");
-                lat.push(t.elapsed());
-            }
-            lat
-        }));
-    }
-    let mut latencies = vec![];
-    for t in tasks {
-        latencies.extend(t.await.expect("client"));
-    }
-    let elapsed = start.elapsed();
+    let (per_client, elapsed) = common::check_pairs(socket, runs).await;
+    let mut latencies: Vec<Duration> = per_client.into_iter().flatten().collect();
     latencies.sort();
     Measured {
         calls: latencies.len() as u64,
@@ -329,37 +273,9 @@ async fn checks(socket: &Path, runs: &[String]) -> Measured {
     }
 }
 
-struct Daemon {
-    _dir: tempfile::TempDir,
-    child: Child,
-    socket: std::path::PathBuf,
-    proxy: SocketAddr,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tally(dir: &Path, args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("tally");
-    assert!(out.status.success(), "tally {args:?}: {out:?}");
-}
-
 fn daemon(upstream: &FakeUpstream) -> Daemon {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = common::ledger_dir();
     let d = dir.path();
-    tally(d, &["keygen", "--out", "auditor.key"]);
-    tally(
-        d,
-        &["init", "--ledger", "ledger", "--recipient", "auditor.pub"],
-    );
     // Nothing but the budget in the way: rates off, loop bars out of reach.
     let policy = format!(
         "max_open_runs_per_uid = 100000\n\
@@ -394,82 +310,16 @@ fn daemon(upstream: &FakeUpstream) -> Daemon {
         )
         .expect("chmod");
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let proxy: SocketAddr = ([127, 0, 0, 1], port).into();
-    let child = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args([
-            "serve",
-            "--ledger",
-            "ledger",
-            "--socket",
-            "agent.sock",
-            "--operator-socket",
-            "operator.sock",
-            "--policy",
-            "policy.toml",
-            "--proxy-listen",
-            &proxy.to_string(),
+    Daemon::serve(
+        dir,
+        "--proxy-listen",
+        &[
             "--credential",
             "real=real.key",
             "--credential",
             "aws=aws.key",
-        ])
-        .current_dir(d)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("tally serve");
-    let socket = d.join("agent.sock");
-    let t = Instant::now();
-    while !socket.exists() || std::net::TcpStream::connect(proxy).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "tally serve did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Daemon {
-        _dir: dir,
-        child,
-        socket,
-        proxy,
-    }
-}
-
-/// Start `n` runs named `PREFIX-i`; their tokens.
-async fn runs(socket: &Path, prefix: &str, n: usize) -> Vec<(String, String)> {
-    let mut c = tally_api::client::Client::unix(socket)
-        .await
-        .expect("connect");
-    let mut out = vec![];
-    for i in 0..n {
-        let run = format!("{prefix}-{i}");
-        let r = c
-            .request(
-                hyper::Method::POST,
-                "/v1/runs",
-                Some("application/json"),
-                json!({"run": run, "budget": {"spend_cents": 1000000000u64, "attempts": 1000000000u64}})
-                    .to_string(),
-            )
-            .await
-            .expect("start");
-        let v: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
-        let token = v["token"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{v}"))
-            .to_string();
-        out.push((run, token));
-    }
-    out
-}
-
-fn us(d: Duration) -> String {
-    format!("{:.0}", d.as_secs_f64() * 1e6)
+        ],
+    )
 }
 
 fn added(a: Duration, b: Duration) -> String {
@@ -524,7 +374,7 @@ fn main() {
             let proxied: Vec<Target> = tokens
                 .iter()
                 .map(|(_, t)| Target {
-                    addr: daemon.proxy,
+                    addr: daemon.addr,
                     prefix: format!("/{}", shape.upstream()),
                     key: t.clone(),
                 })
