@@ -354,6 +354,7 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
     // Every record decrypted (the ledger verifies intact): the policy's own text holds
     // the URLs as written (not the one in `url_file`); nothing else does.
     let mut texts = 0;
+    let (mut tools, mut ended) = (std::collections::BTreeMap::new(), vec![]);
     for mut d in ledger::decisions(dir.path()) {
         if let Some(text) = d.as_object_mut().and_then(|o| o.remove("policy_text")) {
             let text = text.as_str().unwrap_or_default();
@@ -361,8 +362,30 @@ fn a_secret_in_a_servers_or_upstreams_url_is_shown_nowhere() {
             texts += 1;
         }
         holds_no_secret("a record of the ledger", &d.to_string());
+        match (d["run"].as_str(), d["kind"].as_str()) {
+            (Some("r"), Some("allow")) => {
+                tools.insert(d["attempt"].as_u64(), d["tool"].to_string());
+            }
+            (Some("r"), Some("outcome")) => ended.push(d),
+            _ => {}
+        }
     }
     assert_eq!(texts, 1, "the policy is recorded once");
+    // What was withheld from the agent is recorded as any answer is: `filed`'s 404 a
+    // rejection, `moved`'s redirect refused as one off its host.
+    let outcome_of = |tool: &str| {
+        let of: Vec<&Value> = ended
+            .iter()
+            .filter(|d| tools.get(&d["attempt"].as_u64()) == Some(&format!("{tool:?}")))
+            .collect();
+        assert_eq!(of.len(), 1, "{tool}: {ended:?}");
+        (of[0]["status"].clone(), of[0]["observed"].clone())
+    };
+    assert_eq!(outcome_of("filed"), (json!("rejected"), Value::Null));
+    assert_eq!(
+        outcome_of("moved"),
+        (json!("rejected"), json!("redirect_refused:scope_violation"))
+    );
     tally().verifies(dir.path());
 }
 

@@ -473,7 +473,8 @@ DO $d$ BEGIN
             ADD COLUMN IF NOT EXISTS committed_effects bigint, ADD COLUMN IF NOT EXISTS committed_polls bigint,
             ADD COLUMN IF NOT EXISTS covers_use boolean;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'tally_leases_committed_within') THEN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'tally_leases_committed_within'
+                   AND conrelid = 'tally_leases'::regclass) THEN
         ALTER TABLE tally_leases ADD CONSTRAINT tally_leases_committed_within CHECK (
             (committed_attempts IS NULL) = (committed_nanos IS NULL)
             AND (committed_attempts IS NULL) = (committed_effects IS NULL)

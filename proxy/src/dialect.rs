@@ -20,7 +20,8 @@ pub struct Refusal {
     pub status: StatusCode,
     /// The code: a reason code of the gate (recorded), or the proxy's own for what is
     /// not a decision of a run (`invalid_token`, `upstream_unreachable`,
-    /// `upstream_timeout`, `invalid_request` for a request the upstream cannot be sent).
+    /// `upstream_timeout`, `upstream_error` for a url_file upstream's error answer
+    /// withheld, `invalid_request` for a request the upstream cannot be sent).
     pub code: RefusalCode,
     /// What the agent must do (`stop`, `retry`, `ask`).
     pub action: Action,

@@ -17,7 +17,7 @@ pub enum RefusalCode {
     /// A decision of the run's: the gate's reason code, recorded.
     Reason(Reason),
     /// What is not a decision of a run (`invalid_token`, `key_revoked`,
-    /// `upstream_unreachable`, `upstream_timeout`, `invalid_request`,
+    /// `upstream_unreachable`, `upstream_timeout`, `upstream_error`, `invalid_request`,
     /// `too_many_connections`, `refused`).
     Error(ErrorCode),
 }

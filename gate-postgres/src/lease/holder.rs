@@ -121,6 +121,9 @@ pub(super) struct Local {
     /// rolled back since may still give back ([`Slices::untake`]). The latest
     /// [`COVERED`] only (a use rolls back within a group commit's time of its take).
     covered: BTreeMap<i64, Amounts>,
+    /// [`Local::covered`]'s ids in the order their returns were answered, oldest first
+    /// (a slice's id says when it was granted, not when it went back).
+    covered_order: std::collections::VecDeque<i64>,
 }
 
 /// How many returned slices [`Local::covered`] remembers.
@@ -129,9 +132,14 @@ const COVERED: usize = 4096;
 /// Slice `id`'s return answered `r`: remembered if it settled `used`.
 fn cover(local: &mut Local, id: i64, used: Amounts, r: &Result<Released, LeaseError>) {
     if let Ok(Released::Returned | Released::Refunded) = r {
-        local.covered.insert(id, used);
+        if local.covered.insert(id, used).is_none() {
+            local.covered_order.push_back(id);
+        }
         while local.covered.len() > COVERED {
-            local.covered.pop_first();
+            match local.covered_order.pop_front() {
+                Some(oldest) => local.covered.remove(&oldest),
+                None => local.covered.pop_first().map(|(_, a)| a),
+            };
         }
     }
 }
@@ -593,5 +601,35 @@ impl Slices {
     /// Slices whose return the database has not confirmed yet.
     pub fn unreturned(&self) -> usize {
         self.lock().unreturned.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The covered returns kept are the latest answered, whatever their slices' ids: a
+    /// long-held slice (a low id) returned last is kept, the oldest return dropped.
+    #[test]
+    fn the_latest_returns_are_kept_not_the_highest_ids() {
+        let mut local = Local::default();
+        let used = Amounts::default();
+        for id in 1_000..1_000 + COVERED as i64 {
+            cover(&mut local, id, used, &Ok(Released::Returned));
+        }
+        cover(&mut local, 7, used, &Ok(Released::Refunded));
+        assert_eq!(local.covered.len(), COVERED);
+        assert!(
+            local.covered.contains_key(&7),
+            "the latest return was dropped"
+        );
+        assert!(
+            !local.covered.contains_key(&1_000),
+            "the oldest return was kept"
+        );
+        assert!(local.covered.contains_key(&1_001));
+        // A return not covering its use is not remembered.
+        cover(&mut local, 3, used, &Ok(Released::Late));
+        assert!(!local.covered.contains_key(&3));
     }
 }

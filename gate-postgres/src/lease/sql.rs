@@ -203,7 +203,10 @@ pub(crate) const RECLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(7400332)";
 /// use committed on it later is refused (`tally_home_write` wants it held), and one
 /// committed before is in the row this statement locks and reads. What it settled is
 /// kept in `used_*` (its holder's late return starts from it). The slices are locked in
-/// their ids' order, as a group's writes lock them (no two lockers cross).
+/// their ids' order. A group commit's home writes lock theirs in queue order, so a group
+/// writing two slices already past their expiry can cross a reclaim of both: PostgreSQL
+/// aborts one side (a deadlock or the lock timeout), a refused group or a reclaim left
+/// to the next tick, never a hang.
 pub(crate) const RECLAIM: &str = "
 WITH due AS (
     SELECT id FROM tally_leases

@@ -63,9 +63,10 @@ pub(super) async fn forward(
         Ok(Ok(r)) => r,
     };
     if response.status().is_redirection() {
-        let refused_here = match route.withheld {
-            true => Some(crate::redirect::withheld()),
-            false => crate::redirect::refused(&uri, response.headers()),
+        let refused_here = if route.withheld {
+            Some(crate::redirect::withheld())
+        } else {
+            crate::redirect::refused(&uri, response.headers())
         };
         if let Some(refusal) = refused_here {
             let observed = Some("redirect_refused:scope_violation".into());
